@@ -1,0 +1,115 @@
+/*
+** ctx.c -- execution contexts: device, stream, allocator hooks, logger, RNG stream.
+*/
+#include "config.h"
+#include "hq_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_ctx_create: out is NULL");
+  *out = NULL;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = HQ_DEVICE_HOST;
+  if (desc) {
+    if (desc->struct_size < offsetof(hq_ctx_desc, seed) + sizeof desc->seed)
+      return hqi_error(HQ_EINVAL, "hq_ctx_create: desc->struct_size %u is too small (set it to "
+                       "sizeof(hq_ctx_desc))", desc->struct_size);
+    memcpy(&d, desc, sizeof d);
+  }
+  if (d.device < HQ_DEVICE_HOST)
+    return hqi_error(HQ_EINVAL, "hq_ctx_create: device %d is not a CUDA ordinal or host", d.device);
+  if (d.device >= 0) {
+    int n = hq_device_count();
+    if (!hq_built_with_cuda())
+      return hqi_error(HQ_ENOTSUP, "hq_ctx_create: device %d asked for, but this libhqcore was "
+                       "built without CUDA", d.device);
+    if (d.device >= n)
+      return hqi_error(HQ_EINVAL, "hq_ctx_create: CUDA device %d does not exist (%d found)",
+                       d.device, n);
+    int rc = hqi_cuda_set_device(d.device);
+    if (rc) return rc;
+  }
+  if (d.allocator && (!d.allocator->alloc || !d.allocator->free))
+    return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
+  hq_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return hqi_error(HQ_ENOMEM, "out of memory");
+  ctx->device = d.device;
+  ctx->stream = d.stream;
+  if (d.allocator) {
+    ctx->allocator = *d.allocator;
+    ctx->has_allocator = 1;
+  }
+  ctx->log = d.log;
+  ctx->log_user = d.log_user;
+  ctx->seed = d.seed;
+  *out = ctx;
+  return HQ_OK;
+}
+
+void hq_ctx_destroy(hq_ctx *ctx) { free(ctx); }
+
+int hq_ctx_device(const hq_ctx *ctx) { return ctx ? ctx->device : HQ_DEVICE_HOST; }
+
+void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes) {
+  if (ctx->has_allocator)
+    return ctx->allocator.alloc(ctx->allocator.user, ctx->device, bytes, ctx->stream);
+  if (ctx->device < 0) return hqi_host_alloc(bytes);
+  void *p = NULL;
+  if (hqi_cuda_malloc(ctx->device, bytes, ctx->stream, &p)) return NULL;
+  return p;
+}
+
+void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr) {
+  if (!ptr) return;
+  if (ctx->has_allocator) ctx->allocator.free(ctx->allocator.user, ctx->device, ptr, ctx->stream);
+  else if (ctx->device < 0) hqi_host_free(ptr);
+  else hqi_cuda_free(ctx->device, ptr, ctx->stream);
+}
+
+int hq_ctx_alloc(hq_ctx *ctx, size_t bytes, void **out) {
+  if (!ctx || !out) return hqi_error(HQ_EINVAL, "hq_ctx_alloc: NULL argument");
+  *out = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
+  if (!*out)
+    return hqi_error(HQ_ENOMEM, "hq_ctx_alloc: %zu bytes on device %d failed", bytes, ctx->device);
+  return HQ_OK;
+}
+
+void hq_ctx_free(hq_ctx *ctx, void *ptr) {
+  if (ctx) hqi_ctx_free_raw(ctx, ptr);
+}
+
+int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
+                  size_t bytes) {
+  if (!ctx || (!dst && bytes) || (!src && bytes))
+    return hqi_error(HQ_EINVAL, "hq_ctx_memcpy: NULL argument");
+  if ((dst_device >= 0 && dst_device != ctx->device) ||
+      (src_device >= 0 && src_device != ctx->device))
+    return hqi_error(HQ_EINVAL, "hq_ctx_memcpy: device %d/%d is not the context's device %d",
+                     dst_device, src_device, ctx->device);
+  if (dst_device < 0 && src_device < 0) {
+    memmove(dst, src, bytes);
+    return HQ_OK;
+  }
+  return hqi_cuda_memcpy(dst, dst_device, src, src_device, bytes, ctx->stream);
+}
+
+int hq_ctx_sync(hq_ctx *ctx) {
+  if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_sync: ctx is NULL");
+  if (ctx->device < 0) return HQ_OK;
+  return hqi_cuda_sync(ctx->stream);
+}
+
+void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state) {
+  memset(call, 0, sizeof *call);
+  call->struct_size = sizeof *call;
+  call->device = ctx->device;
+  call->stream = ctx->stream;
+  call->seed = ctx->seed;
+  call->offset = ctx->offset++;
+  call->state = state;
+  call->host = &hqi_host_api;
+  call->core_private = ctx;
+}

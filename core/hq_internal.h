@@ -1,0 +1,117 @@
+/*
+** hq_internal.h -- declarations shared by the files of libhqcore (never installed).
+** Every core .c file includes "config.h" and then this header first.
+*/
+#ifndef HQ_INTERNAL_H
+#define HQ_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "hq/hq.h"
+
+/* Internal cross-file functions are hqi_*; file-local ones are static. */
+
+// --- errors (error.c) -----------------------------------------------------------------------
+/* Record a formatted message as the thread's last error; returns code. */
+int hqi_error(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
+int hqi_verror(int code, const char *fmt, va_list ap);
+/* Prepend "<prefix>: " to the thread's last error; returns code. */
+int hqi_error_prefix(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
+void hqi_log(const hq_ctx *ctx, int level, const char *fmt, ...) HQ_PRINTF(3, 4);
+extern const hq_host_api hqi_host_api;
+
+// --- small utilities (util.c) --------------------------------------------------------------
+char *hqi_strdup(const char *s);
+char *hqi_strndup(const char *s, size_t n);
+char *hqi_asprintf(const char *fmt, ...) HQ_PRINTF(1, 2);
+/* Growable array of pointers. */
+typedef struct hqi_vec { void **v; size_t n, cap; } hqi_vec;
+int hqi_vec_push(hqi_vec *a, void *p);
+void hqi_vec_free(hqi_vec *a);
+/* 64-byte aligned host memory. */
+void *hqi_host_alloc(size_t bytes);
+void hqi_host_free(void *p);
+int hqi_check_tensor(const hq_tensor *t, const char *what);
+
+// --- devices (device.c) --------------------------------------------------------------------
+int hqi_cuda_set_device(int device);
+int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
+void hqi_cuda_free(int device, void *ptr, void *stream);
+int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
+                    void *stream);
+int hqi_cuda_sync(void *stream);
+int hqi_cuda_arch(int device);
+
+// --- contexts (ctx.c) ----------------------------------------------------------------------
+struct hq_ctx {
+  int device;
+  void *stream;
+  hq_allocator allocator;
+  int has_allocator;
+  void (*log)(void *user, int level, const char *msg);
+  void *log_user;
+  uint64_t seed;
+  uint64_t offset;          /* advanced by every call that may draw random numbers */
+};
+void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
+void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
+/* Fill an hq_call for one plugin operation on ctx. */
+void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state);
+
+// --- plugins (loader.c) --------------------------------------------------------------------
+struct hq_plugin {
+  char *file;
+  void *handle;
+  hq_format_ops ops;        /* a zero-extended copy of the module's table (struct_size bytes) */
+  size_t n_options;
+};
+void hqi_plugins_retain(hq_plugins *set);
+
+// --- options (options.c) -------------------------------------------------------------------
+/* Parse `text` as a value of option `opt`; on failure write a message into err. */
+int hqi_option_parse(const hq_option *opt, const char *text, hq_optval *out, char *err,
+                     size_t err_len);
+/* Validate an option table entry (used when loading a module). */
+int hqi_option_check(const hq_option *opt, char *err, size_t err_len);
+
+// --- formats (format.c) --------------------------------------------------------------------
+/* A configured format instance: one [format] section (or an implicit one). Refcounted; it keeps
+   its plugin set alive. */
+typedef struct hqi_format {
+  int refs;
+  char *name;
+  const hq_plugin *plugin;
+  hq_plugins *set;
+  void *cfg;
+  hq_optval *vals;
+  char **val_text;           /* resolved value text per option (for hq recipe check / info) */
+  uint64_t caps;
+  uint32_t state_floats;
+} hqi_format;
+/* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.
+   On error the message names the option; the caller adds file:line. */
+int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set,
+                      const char *const *texts, hqi_format **out);
+hqi_format *hqi_format_retain(hqi_format *f);
+void hqi_format_release(hqi_format *f);
+
+// --- glob roles (role.c) -------------------------------------------------------------------
+typedef struct hqi_pattern {
+  char *part[3];
+  int wildcards;            /* '*', '?' and bracket classes, over the three parts */
+  int literals;             /* literal characters, over the three parts */
+} hqi_pattern;
+int hqi_pattern_parse(const char *text, hqi_pattern *out, char *err, size_t err_len);
+void hqi_pattern_free(hqi_pattern *p);
+int hqi_pattern_match(const hqi_pattern *p, const hq_role *role);
+/* >0 when a is more specific than b, <0 when less, 0 when equal. */
+int hqi_pattern_compare(const hqi_pattern *a, const hqi_pattern *b);
+/* Whether every role matched by `inner` is matched by `outer` (decided conservatively: a "no"
+   may be a missed containment, a "yes" is always right). */
+int hqi_pattern_contains(const hqi_pattern *outer, const hqi_pattern *inner);
+
+// --- recipes (recipe.c) --------------------------------------------------------------------
+hqi_format *hqi_recipe_format_of(hq_recipe *r, long role_index, uint32_t dir, int *source);
+
+#endif /* HQ_INTERNAL_H */

@@ -1,0 +1,14 @@
+# core/local.mk -- libhqcore and its public headers
+lib_LTLIBRARIES += core/libhqcore.la
+nobase_include_HEADERS += core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h
+core_libhqcore_la_SOURCES = core/hq_internal.h core/error.c core/util.c core/device.c core/ctx.c \
+	core/loader.c core/options.c core/role.c core/recipe.c core/quantizer.c
+core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) $(INIH_CFLAGS) $(CUDA_CPPFLAGS) \
+	-DHQ_PLUGINDIR='"$(hqplugindir)"'
+core_libhqcore_la_LIBADD = $(INIH_LIBS)
+core_libhqcore_la_LDFLAGS = -version-info $(HQCORE_LT_VERSION) -no-undefined \
+	-export-symbols-regex '^hq_' $(HQ_SAN_LDFLAGS)
+if HAVE_CUDA
+core_libhqcore_la_LIBADD += -lcudart
+core_libhqcore_la_LDFLAGS += $(CUDA_LDFLAGS)
+endif

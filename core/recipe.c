@@ -1,0 +1,734 @@
+/*
+** recipe.c -- reading a recipe .ini with inih and resolving it into format instances and roles.
+**
+** Debian's inih (r55) misreads some input silently: lines longer than its 200-byte buffer are
+** split and the tail parsed as a new line, section and key names are truncated at 49 bytes, an
+** indented line after a key is taken as a continuation of that key, and a repeated key calls the
+** handler again. And its handler gets no line numbers. So before inih runs, a pre-scan walks the
+** same bytes with inih's own line rules, records each section header and key with its line, and
+** reports each of those cases as an error with file:line. inih then parses the text and the k-th
+** handler call is matched to the k-th key the pre-scan saw (checked by name).
+*/
+#include "config.h"
+#include "hq_internal.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INIH_MAX_LINE 198   /* characters per line that inih r55 reads whole (200-byte buffer) */
+#define INIH_MAX_NAME 49    /* section / key characters it keeps */
+#define MAX_RECIPE_BYTES (1 << 20)
+
+enum { SEC_NONE, SEC_RECIPE, SEC_FORMAT, SEC_ROLE, SEC_UNKNOWN };
+
+typedef struct kv {
+  char *key;
+  char *value;     /* set by the inih handler */
+  int line;
+} kv;
+
+typedef struct section {
+  int kind;
+  char *arg;       /* format name / role pattern */
+  int line;
+  hqi_vec kvs;     /* kv * */
+} section;
+
+typedef struct fmt_entry {
+  char *name;
+  int line;              /* 0 for implicit instances */
+  hqi_format *f;         /* NULL when it failed to resolve */
+  const char **opt_names;
+} fmt_entry;
+
+typedef struct role_entry {
+  hqi_pattern pat;
+  char *pattern;
+  int line;
+  fmt_entry *fmt[2];     /* ROWWISE, COLWISE (NULL: identity, or unresolved) */
+  char *fmt_name[2];     /* the names the section gave, NULL when unset */
+  int source;
+  long shadowed_by;
+} role_entry;
+
+struct hq_recipe {
+  char *path;            /* as given (for messages) */
+  char *dir;             /* directory plugin_dirs are relative to */
+  char *name;
+  hqi_vec errors;        /* char * "file:line: msg" */
+  hqi_vec sections;      /* section * */
+  hqi_vec keys;          /* kv *, in file order: what the inih handler must see */
+  size_t next_key;       /* handler cursor */
+  hq_plugins *set;
+  hqi_vec formats;       /* fmt_entry * */
+  hqi_vec roles;         /* role_entry * */
+  fmt_entry *identity;   /* the implicit identity instance, when available */
+};
+
+static void add_error(hq_recipe *r, int line, const char *fmt, ...) HQ_PRINTF(3, 4);
+static void add_error(hq_recipe *r, int line, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  char *e = line > 0 ? hqi_asprintf("%s:%d: %s", r->path, line, msg)
+                     : hqi_asprintf("%s: %s", r->path, msg);
+  if (e && hqi_vec_push(&r->errors, e)) free(e);
+}
+
+// --- pre-scan ---------------------------------------------------------------------------------
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+/* inih's find_chars_or_comment: first char of `chars`, or a ';' preceded by whitespace. */
+static const char *find_chars_or_comment(const char *s, const char *chars) {
+  int was_space = 0;
+  while (*s && (!chars || !strchr(chars, *s)) && !(was_space && *s == ';')) {
+    was_space = is_space(*s);
+    s++;
+  }
+  return s;
+}
+
+static char *trimmed(const char *s, size_t n) {
+  while (n && is_space(*s)) s++, n--;
+  while (n && is_space(s[n - 1])) n--;
+  return hqi_strndup(s, n);
+}
+
+static section *new_section(hq_recipe *r, int kind, char *arg, int line) {
+  section *s = calloc(1, sizeof *s);
+  if (!s || hqi_vec_push(&r->sections, s)) {
+    free(s);
+    free(arg);
+    return NULL;
+  }
+  s->kind = kind;
+  s->arg = arg;
+  s->line = line;
+  return s;
+}
+
+static void scan_header(hq_recipe *r, const char *start, int line, section **cur) {
+  const char *end = find_chars_or_comment(start + 1, "]");
+  if (*end != ']') {
+    add_error(r, line, "section header has no closing ']'");
+    *cur = new_section(r, SEC_UNKNOWN, NULL, line);
+    return;
+  }
+  char *name = trimmed(start + 1, (size_t)(end - start - 1));
+  if (!name) return;
+  if ((size_t)(end - start - 1) > INIH_MAX_NAME)
+    add_error(r, line, "section name '%s' is longer than %d characters (inih truncates it)",
+              name, INIH_MAX_NAME);
+  const char *rest = end + 1;
+  while (is_space(*rest)) rest++;
+  if (*rest && *rest != ';')
+    add_error(r, line, "unexpected text '%s' after the section header", rest);
+  if (strcmp(name, "recipe") == 0) {
+    free(name);
+    *cur = new_section(r, SEC_RECIPE, NULL, line);
+  } else if (strncmp(name, "format", 6) == 0 && is_space(name[6])) {
+    char *arg = trimmed(name + 7, strlen(name + 7));
+    free(name);
+    *cur = new_section(r, SEC_FORMAT, arg, line);
+  } else if (strncmp(name, "role", 4) == 0 && is_space(name[4])) {
+    char *arg = trimmed(name + 5, strlen(name + 5));
+    free(name);
+    *cur = new_section(r, SEC_ROLE, arg, line);
+  } else {
+    add_error(r, line, "unknown section [%s]: expected [recipe], [format NAME] or "
+              "[role module_type:tensor_type:name]", name);
+    free(name);
+    *cur = new_section(r, SEC_UNKNOWN, NULL, line);
+  }
+}
+
+static void scan_key(hq_recipe *r, const char *start, int line, section *cur) {
+  const char *end = find_chars_or_comment(start, "=:");
+  if (*end != '=' && *end != ':') {
+    add_error(r, line, "expected 'key = value', found '%s'", start);
+    return;
+  }
+  char *key = trimmed(start, (size_t)(end - start));
+  if (!key) return;
+  kv *e = calloc(1, sizeof *e);
+  if (!e || hqi_vec_push(&r->keys, e)) {
+    free(e);
+    free(key);
+    return;
+  }
+  e->key = key;
+  e->line = line;
+  if (strlen(key) > INIH_MAX_NAME)
+    add_error(r, line, "key '%s' is longer than %d characters (inih truncates it)", key,
+              INIH_MAX_NAME);
+  if (key[0] == '\0') add_error(r, line, "empty key before '%c'", *end);
+  if (!cur) {
+    add_error(r, line, "key '%s' appears before any section", key);
+    return;
+  }
+  for (size_t i = 0; i < cur->kvs.n; i++) {
+    kv *o = cur->kvs.v[i];
+    if (strcmp(o->key, key) == 0) {
+      add_error(r, line, "key '%s' repeated in this section (first at line %d)", key, o->line);
+      return;
+    }
+  }
+  hqi_vec_push(&cur->kvs, e);
+}
+
+/* Walk the text with inih r55's rules (BOM, comments, continuation, sections, keys). */
+static void prescan(hq_recipe *r, const char *text) {
+  section *cur = NULL;
+  int line = 0;
+  const char *prev_key = NULL; /* inih's prev_name: continuation lines follow a key */
+  int prev_key_line = 0;
+  for (const char *p = text; *p;) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p) : strlen(p);
+    line++;
+    char *buf = hqi_strndup(p, len);
+    if (!buf) return;
+    p += len + (nl ? 1 : 0);
+    if (len > INIH_MAX_LINE) {
+      add_error(r, line, "line is %zu characters long; inih reads at most %d per line and would "
+                "split it", len, INIH_MAX_LINE);
+      free(buf);
+      prev_key = NULL;
+      continue;
+    }
+    char *start = buf;
+    if (line == 1 && (unsigned char)start[0] == 0xEF && (unsigned char)start[1] == 0xBB &&
+        (unsigned char)start[2] == 0xBF)
+      start += 3;
+    char *lead = start;
+    while (is_space(*start)) start++;
+    size_t n = strlen(start);
+    while (n && is_space(start[n - 1])) start[--n] = '\0';
+    if (*start == '\0' || *start == ';' || *start == '#') {
+      /* blank or comment */
+    } else if (prev_key && start > lead) {
+      add_error(r, line, "indented line is read by inih as a continuation of '%s' (line %d); "
+                "remove the indentation", prev_key, prev_key_line);
+    } else if (*start == '[') {
+      scan_header(r, start, line, &cur);
+      prev_key = NULL;
+    } else {
+      size_t before = r->keys.n;
+      scan_key(r, start, line, cur);
+      if (r->keys.n > before) {
+        kv *k = r->keys.v[r->keys.n - 1];
+        prev_key = k->key;
+        prev_key_line = line;
+      }
+    }
+    free(buf);
+  }
+}
+
+static int ini_handler_fn(void *user, const char *sec, const char *name, const char *value) {
+  (void)sec;
+  hq_recipe *r = user;
+  if (r->next_key >= r->keys.n) {
+    add_error(r, 0, "internal: inih reported key '%s' the pre-scan did not see", name);
+    return 0;
+  }
+  kv *k = r->keys.v[r->next_key++];
+  if (strncmp(k->key, name, INIH_MAX_NAME) != 0) {
+    add_error(r, k->line, "internal: inih read key '%s' where the pre-scan saw '%s'", name,
+              k->key);
+    return 0;
+  }
+  free(k->value);
+  k->value = hqi_strdup(value);
+  return 1;
+}
+
+// --- resolution -------------------------------------------------------------------------------
+
+static kv *find_kv(const section *s, const char *key) {
+  for (size_t i = 0; i < s->kvs.n; i++) {
+    kv *k = s->kvs.v[i];
+    if (strcmp(k->key, key) == 0) return k;
+  }
+  return NULL;
+}
+
+static fmt_entry *find_format(const hq_recipe *r, const char *name) {
+  for (size_t i = 0; i < r->formats.n; i++) {
+    fmt_entry *e = r->formats.v[i];
+    if (strcmp(e->name, name) == 0) return e;
+  }
+  return NULL;
+}
+
+static fmt_entry *add_format(hq_recipe *r, const char *name, int line) {
+  fmt_entry *e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  e->name = hqi_strdup(name);
+  e->line = line;
+  if (!e->name || hqi_vec_push(&r->formats, e)) {
+    free(e->name);
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+/* Why a plugin name is unavailable: mention a rejected module of that file name, if any. */
+static void explain_missing_plugin(hq_recipe *r, int line, const char *what, const char *plugin) {
+  for (size_t i = 0; i < hq_plugins_rejected_count(r->set); i++) {
+    const char *file = hq_plugins_rejected_file(r->set, i);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    size_t n = strlen(plugin);
+    if (strncmp(base, plugin, n) == 0 && strcmp(base + n, ".so") == 0) {
+      add_error(r, line, "%s '%s': the module %s was rejected: %s", what, plugin, file,
+                hq_plugins_rejected_reason(r->set, i));
+      return;
+    }
+  }
+  add_error(r, line, "%s '%s' was not found on the plugin search path (%zu directories; see "
+            "`hq info`)", what, plugin, hq_plugins_dir_count(r->set));
+}
+
+static int valid_format_name(const char *s) {
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+          *s == '_' || *s == '-' || *s == '.'))
+      return 0;
+  return 1;
+}
+
+static void build_format(hq_recipe *r, const section *s) {
+  if (!valid_format_name(s->arg)) {
+    add_error(r, s->line, "format name '%s' must be letters, digits, '_', '-' or '.'", s->arg);
+    return;
+  }
+  fmt_entry *prev = find_format(r, s->arg);
+  if (prev) {
+    add_error(r, s->line, "format '%s' is defined twice (first at line %d)", s->arg, prev->line);
+    return;
+  }
+  fmt_entry *e = add_format(r, s->arg, s->line);
+  if (!e) return;
+  kv *pk = find_kv(s, "plugin");
+  if (!pk || !pk->value || !pk->value[0]) {
+    add_error(r, s->line, "format '%s' has no 'plugin = NAME' key", s->arg);
+    return;
+  }
+  if (strcmp(s->arg, "identity") == 0 && strcmp(pk->value, "identity") != 0) {
+    add_error(r, pk->line, "format 'identity' must use plugin = identity (the name is reserved)");
+    return;
+  }
+  const hq_plugin *p = hq_plugins_find(r->set, pk->value);
+  if (!p) {
+    explain_missing_plugin(r, pk->line, "plugin", pk->value);
+    return;
+  }
+  const hq_option *opts = hq_plugin_options(p);
+  size_t nopt = p->n_options;
+  const char **texts = calloc(nopt + 1, sizeof *texts);
+  if (!texts) return;
+  int bad = 0;
+  for (size_t i = 0; i < s->kvs.n; i++) {
+    kv *k = s->kvs.v[i];
+    if (k == pk) continue;
+    size_t j = 0;
+    while (j < nopt && strcmp(opts[j].name, k->key) != 0) j++;
+    if (j == nopt) {
+      char known[512] = "";
+      size_t used = 0;
+      for (size_t m = 0; m < nopt && used < sizeof known - 40; m++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", m ? ", " : "",
+                                 opts[m].name);
+      add_error(r, k->line, "unknown option '%s' for plugin '%s' (it accepts: %s)", k->key,
+                pk->value, nopt ? known : "no options");
+      bad = 1;
+      continue;
+    }
+    hq_optval v;
+    char why[300];
+    if (hqi_option_parse(&opts[j], k->value ? k->value : "", &v, why, sizeof why)) {
+      add_error(r, k->line, "option '%s' (%s) of format '%s': %s", k->key,
+                hq_opt_type_name(opts[j].type), s->arg, why);
+      bad = 1;
+      continue;
+    }
+    texts[j] = k->value;
+  }
+  if (!bad) {
+    int rc = hqi_format_create(s->arg, p, r->set, texts, &e->f);
+    if (rc) add_error(r, s->line, "format '%s' (plugin %s): %s", s->arg, pk->value,
+                      hq_last_error());
+  }
+  free(texts);
+}
+
+/* An instance named by a plugin directly ("rowwise = mxfp8"): that plugin with its defaults. */
+static fmt_entry *implicit_format(hq_recipe *r, const char *name) {
+  const hq_plugin *p = hq_plugins_find(r->set, name);
+  if (!p) return NULL;
+  fmt_entry *e = add_format(r, name, 0);
+  if (!e) return NULL;
+  if (hqi_format_create(name, p, r->set, NULL, &e->f)) {
+    add_error(r, 0, "plugin '%s' with its default options: %s", name, hq_last_error());
+    return NULL;
+  }
+  return e;
+}
+
+static fmt_entry *resolve_format_ref(hq_recipe *r, const kv *k) {
+  fmt_entry *e = find_format(r, k->value);
+  if (e) return e->f ? e : NULL; /* its own error was reported at its section */
+  e = implicit_format(r, k->value);
+  if (e) return e;
+  if (strcmp(k->value, "identity") == 0) {
+    explain_missing_plugin(r, k->line, "format", "identity");
+    return NULL;
+  }
+  add_error(r, k->line, "unknown format '%s' for %s (no [format %s] section and no plugin of "
+            "that name)", k->value, k->key, k->value);
+  return NULL;
+}
+
+static void build_role(hq_recipe *r, const section *s) {
+  role_entry *e = calloc(1, sizeof *e);
+  if (!e) return;
+  char why[300];
+  if (hqi_pattern_parse(s->arg ? s->arg : "", &e->pat, why, sizeof why)) {
+    add_error(r, s->line, "%s", why);
+    free(e);
+    return;
+  }
+  e->pattern = hqi_strdup(s->arg);
+  e->line = s->line;
+  e->shadowed_by = -1;
+  if (!e->pattern || hqi_vec_push(&r->roles, e)) {
+    hqi_pattern_free(&e->pat);
+    free(e->pattern);
+    free(e);
+    return;
+  }
+  int set_any = 0;
+  for (size_t i = 0; i < s->kvs.n; i++) {
+    kv *k = s->kvs.v[i];
+    const char *v = k->value ? k->value : "";
+    if (strcmp(k->key, "rowwise") == 0 || strcmp(k->key, "columnwise") == 0) {
+      int d = k->key[0] == 'r' ? 0 : 1;
+      set_any = 1;
+      if (!v[0]) {
+        add_error(r, k->line, "'%s' needs a format name", k->key);
+        continue;
+      }
+      free(e->fmt_name[d]);
+      e->fmt_name[d] = hqi_strdup(v);
+      e->fmt[d] = resolve_format_ref(r, k);
+    } else if (strcmp(k->key, "columnwise_source") == 0) {
+      if (strcmp(v, "original") == 0) e->source = HQ_SOURCE_ORIGINAL;
+      else if (strcmp(v, "rowwise_dequantized") == 0) e->source = HQ_SOURCE_ROWWISE_DEQUANTIZED;
+      else add_error(r, k->line, "columnwise_source '%s' is not one of original|"
+                     "rowwise_dequantized", v);
+    } else {
+      add_error(r, k->line, "unknown key '%s' in a [role] section (expected rowwise, columnwise, "
+                "columnwise_source)", k->key);
+    }
+  }
+  if (!set_any)
+    add_error(r, s->line, "role section [role %s] sets neither rowwise nor columnwise", s->arg);
+}
+
+static void build_recipe_section(hq_recipe *r, const section *s, int *seen_line,
+                                 hqi_vec *dirs) {
+  if (*seen_line) {
+    add_error(r, s->line, "[recipe] appears twice (first at line %d)", *seen_line);
+    return;
+  }
+  *seen_line = s->line;
+  for (size_t i = 0; i < s->kvs.n; i++) {
+    kv *k = s->kvs.v[i];
+    const char *v = k->value ? k->value : "";
+    if (strcmp(k->key, "name") == 0 || strcmp(k->key, "description") == 0) {
+      if (k->key[0] == 'n') {
+        free(r->name);
+        r->name = hqi_strdup(v);
+      }
+    } else if (strcmp(k->key, "plugin_dirs") == 0) {
+      for (const char *p = v; *p;) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        char *d = trimmed(p, len);
+        if (d && d[0]) {
+          char *full = d[0] == '/' ? d : hqi_asprintf("%s/%s", r->dir, d);
+          if (full != d) free(d);
+          if (full && hqi_vec_push(dirs, full)) free(full);
+        } else {
+          free(d);
+        }
+        p = colon ? colon + 1 : p + len;
+      }
+    } else {
+      add_error(r, k->line, "unknown key '%s' in [recipe] (expected name, description, "
+                "plugin_dirs)", k->key);
+    }
+  }
+}
+
+static void compute_shadows(hq_recipe *r) {
+  for (size_t i = 0; i < r->roles.n; i++) {
+    role_entry *a = r->roles.v[i];
+    for (size_t j = 0; j < r->roles.n; j++) {
+      role_entry *b = r->roles.v[j];
+      if (i == j || !hqi_pattern_contains(&b->pat, &a->pat)) continue;
+      int c = hqi_pattern_compare(&b->pat, &a->pat);
+      if (c > 0 || (c == 0 && j > i)) {
+        a->shadowed_by = (long)j;
+        break;
+      }
+    }
+  }
+}
+
+static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
+  hqi_vec dirs = {0};
+  int recipe_line = 0;
+  for (size_t i = 0; i < r->sections.n; i++) {
+    section *s = r->sections.v[i];
+    if (s->kind == SEC_RECIPE) build_recipe_section(r, s, &recipe_line, &dirs);
+  }
+  hqi_vec all = {0};
+  if (opts)
+    for (size_t i = 0; i < opts->n_extra_dirs; i++) hqi_vec_push(&all, (void *)opts->extra_dirs[i]);
+  for (size_t i = 0; i < dirs.n; i++) hqi_vec_push(&all, dirs.v[i]);
+  int rc = hq_plugins_open((const char *const *)all.v, all.n, opts ? opts->plugin_flags : 0,
+                           &r->set);
+  hqi_vec_free(&all);
+  for (size_t i = 0; i < dirs.n; i++) free(dirs.v[i]);
+  hqi_vec_free(&dirs);
+  if (rc) return rc;
+  for (size_t i = 0; i < r->sections.n; i++) {
+    section *s = r->sections.v[i];
+    if (s->kind == SEC_FORMAT) build_format(r, s);
+  }
+  if (!find_format(r, "identity")) r->identity = implicit_format(r, "identity");
+  else r->identity = find_format(r, "identity");
+  for (size_t i = 0; i < r->sections.n; i++) {
+    section *s = r->sections.v[i];
+    if (s->kind == SEC_ROLE) build_role(r, s);
+  }
+  compute_shadows(r);
+  return HQ_OK;
+}
+
+// --- public API -----------------------------------------------------------------------------
+
+static int parse_text(const char *text, const char *path, const char *dir,
+                      const hq_recipe_opts *opts, hq_recipe **out) {
+  hq_recipe *r = calloc(1, sizeof *r);
+  if (!r) return hqi_error(HQ_ENOMEM, "out of memory");
+  r->path = hqi_strdup(path);
+  r->dir = hqi_strdup(dir);
+  if (!r->path || !r->dir) {
+    hq_recipe_free(r);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
+  if (opts && opts->struct_size < sizeof *opts) {
+    hq_recipe_free(r);
+    return hqi_error(HQ_EINVAL, "hq_recipe_opts.struct_size %u is too small", opts->struct_size);
+  }
+  if (strlen(text) > MAX_RECIPE_BYTES) {
+    add_error(r, 0, "file is larger than %d bytes", MAX_RECIPE_BYTES);
+  } else {
+    prescan(r, text);
+    if (r->errors.n == 0) {
+      int line = ini_parse_string(text, ini_handler_fn, r);
+      if (line != 0 && r->errors.n == 0)
+        add_error(r, line > 0 ? line : 0, "inih could not parse this line");
+      if (r->errors.n == 0 && r->next_key != r->keys.n)
+        add_error(r, 0, "internal: inih reported %zu keys, the pre-scan saw %zu", r->next_key,
+                  r->keys.n);
+    }
+  }
+  if (r->errors.n == 0) {
+    int rc = resolve(r, opts);
+    if (rc) {
+      hq_recipe_free(r);
+      return rc;
+    }
+  }
+  *out = r;
+  return HQ_OK;
+}
+
+int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **out) {
+  if (!path || !out) return hqi_error(HQ_EINVAL, "hq_recipe_parse: NULL argument");
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return hqi_error(HQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+  char *text = malloc(MAX_RECIPE_BYTES + 2);
+  if (!text) {
+    fclose(f);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
+  size_t n = fread(text, 1, MAX_RECIPE_BYTES + 1, f);
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    free(text);
+    return hqi_error(HQ_EIO, "%s: read error", path);
+  }
+  text[n] = '\0';
+  if (memchr(text, '\0', n)) {
+    free(text);
+    return hqi_error(HQ_EPARSE, "%s: contains a NUL byte (not a text file)", path);
+  }
+  char *copy = hqi_strdup(path);
+  if (!copy) {
+    free(text);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
+  int rc = parse_text(text, path, dirname(copy), opts, out);
+  free(copy);
+  free(text);
+  return rc;
+}
+
+int hq_recipe_parse_string(const char *text, const char *name, const hq_recipe_opts *opts,
+                           hq_recipe **out) {
+  if (!text || !out) return hqi_error(HQ_EINVAL, "hq_recipe_parse_string: NULL argument");
+  *out = NULL;
+  return parse_text(text, name ? name : "<string>", ".", opts, out);
+}
+
+int hq_recipe_load(const char *path, const hq_recipe_opts *opts, hq_recipe **out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_recipe_load: out is NULL");
+  int rc = hq_recipe_parse(path, opts, out);
+  if (rc) return rc;
+  if ((*out)->errors.n) {
+    hqi_error(HQ_EPARSE, "%s%s", (const char *)(*out)->errors.v[0],
+              (*out)->errors.n > 1 ? " (and more errors; run `hq recipe check`)" : "");
+    hq_recipe_free(*out);
+    *out = NULL;
+    return HQ_EPARSE;
+  }
+  return HQ_OK;
+}
+
+void hq_recipe_free(hq_recipe *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->errors.n; i++) free(r->errors.v[i]);
+  for (size_t i = 0; i < r->sections.n; i++) {
+    section *s = r->sections.v[i];
+    free(s->arg);
+    hqi_vec_free(&s->kvs);
+    free(s);
+  }
+  for (size_t i = 0; i < r->keys.n; i++) {
+    kv *k = r->keys.v[i];
+    free(k->key);
+    free(k->value);
+    free(k);
+  }
+  for (size_t i = 0; i < r->formats.n; i++) {
+    fmt_entry *e = r->formats.v[i];
+    hqi_format_release(e->f);
+    free(e->opt_names);
+    free(e->name);
+    free(e);
+  }
+  for (size_t i = 0; i < r->roles.n; i++) {
+    role_entry *e = r->roles.v[i];
+    hqi_pattern_free(&e->pat);
+    free(e->pattern);
+    free(e->fmt_name[0]);
+    free(e->fmt_name[1]);
+    free(e);
+  }
+  hqi_vec_free(&r->errors);
+  hqi_vec_free(&r->sections);
+  hqi_vec_free(&r->keys);
+  hqi_vec_free(&r->formats);
+  hqi_vec_free(&r->roles);
+  hq_plugins_close(r->set);
+  free(r->path);
+  free(r->dir);
+  free(r->name);
+  free(r);
+}
+
+size_t hq_recipe_error_count(const hq_recipe *r) { return r ? r->errors.n : 0; }
+const char *hq_recipe_error(const hq_recipe *r, size_t i) {
+  return r && i < r->errors.n ? r->errors.v[i] : NULL;
+}
+const char *hq_recipe_path(const hq_recipe *r) { return r ? r->path : NULL; }
+const char *hq_recipe_name(const hq_recipe *r) { return r && r->name ? r->name : ""; }
+const hq_plugins *hq_recipe_plugins(const hq_recipe *r) { return r ? r->set : NULL; }
+
+size_t hq_recipe_format_count(const hq_recipe *r) { return r ? r->formats.n : 0; }
+
+int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
+  if (!r || !out || i >= r->formats.n)
+    return hqi_error(HQ_EINVAL, "hq_recipe_format_info: no format %zu", i);
+  fmt_entry *e = r->formats.v[i];
+  memset(out, 0, sizeof *out);
+  out->name = e->name;
+  out->line = e->line;
+  if (!e->f) return HQ_OK;
+  out->plugin = e->f->plugin->ops.name;
+  size_t n = e->f->plugin->n_options;
+  if (!e->opt_names && n) {
+    e->opt_names = calloc(n, sizeof *e->opt_names);
+    if (!e->opt_names) return hqi_error(HQ_ENOMEM, "out of memory");
+    for (size_t j = 0; j < n; j++) e->opt_names[j] = e->f->plugin->ops.options[j].name;
+  }
+  out->n_options = n;
+  out->option_names = e->opt_names;
+  out->option_values = (const char *const *)e->f->val_text;
+  return HQ_OK;
+}
+
+size_t hq_recipe_role_count(const hq_recipe *r) { return r ? r->roles.n : 0; }
+
+int hq_recipe_role_info(const hq_recipe *r, size_t i, hq_role_info *out) {
+  if (!r || !out || i >= r->roles.n)
+    return hqi_error(HQ_EINVAL, "hq_recipe_role_info: no role section %zu", i);
+  role_entry *e = r->roles.v[i];
+  out->pattern = e->pattern;
+  out->line = e->line;
+  out->rowwise = e->fmt_name[0] ? e->fmt_name[0] : "identity";
+  out->columnwise = e->fmt_name[1] ? e->fmt_name[1] : "identity";
+  out->columnwise_source = e->source;
+  out->shadowed_by = e->shadowed_by;
+  return HQ_OK;
+}
+
+long hq_recipe_match(const hq_recipe *r, const hq_role *role) {
+  if (!r || !role) return -1;
+  long best = -1;
+  for (size_t i = 0; i < r->roles.n; i++) {
+    role_entry *e = r->roles.v[i];
+    if (!hqi_pattern_match(&e->pat, role)) continue;
+    if (best < 0 || hqi_pattern_compare(&e->pat, &((role_entry *)r->roles.v[best])->pat) >= 0)
+      best = (long)i; /* >= : ties go to the later section */
+  }
+  return best;
+}
+
+hqi_format *hqi_recipe_format_of(hq_recipe *r, long role_index, uint32_t dir, int *source) {
+  *source = HQ_SOURCE_ORIGINAL;
+  fmt_entry *e = NULL;
+  if (role_index >= 0) {
+    role_entry *re = r->roles.v[role_index];
+    e = re->fmt[dir == HQ_COLWISE ? 1 : 0];
+    *source = re->source;
+  }
+  if (!e) e = r->identity;
+  return e ? e->f : NULL;
+}

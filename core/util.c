@@ -1,0 +1,108 @@
+/*
+** util.c -- strings, vectors, aligned host memory, dtype tables, tensor checks.
+*/
+#include "config.h"
+#include "hq_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *hq_version(void) { return PACKAGE_VERSION; }
+
+char *hqi_strdup(const char *s) { return s ? hqi_strndup(s, strlen(s)) : NULL; }
+
+char *hqi_strndup(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (!d) return NULL;
+  memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+char *hqi_asprintf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) return NULL;
+  char *s = malloc((size_t)n + 1);
+  if (!s) return NULL;
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+int hqi_vec_push(hqi_vec *a, void *p) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 8;
+    void **v = realloc(a->v, cap * sizeof *v);
+    if (!v) return hqi_error(HQ_ENOMEM, "out of memory");
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n++] = p;
+  return HQ_OK;
+}
+
+void hqi_vec_free(hqi_vec *a) {
+  free(a->v);
+  a->v = NULL;
+  a->n = a->cap = 0;
+}
+
+void *hqi_host_alloc(size_t bytes) {
+  void *p = NULL;
+  size_t rounded = (bytes + 63) & ~(size_t)63;
+  if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) return NULL;
+  return p;
+}
+
+void hqi_host_free(void *p) { free(p); }
+
+// --- dtypes ---------------------------------------------------------------------------------
+
+static const struct {
+  hq_dtype t;
+  const char *name;
+  size_t size;
+} dtypes[] = {
+    {HQ_F32, "f32", 4},   {HQ_F16, "f16", 2},   {HQ_BF16, "bf16", 2},
+    {HQ_U8, "u8", 1},     {HQ_E4M3, "e4m3", 1}, {HQ_E5M2, "e5m2", 1},
+    {HQ_E8M0, "e8m0", 1}, {HQ_E2M1X2, "e2m1x2", 1}, {HQ_I32, "i32", 4},
+};
+
+const char *hq_dtype_name(hq_dtype t) {
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+    if (dtypes[i].t == t) return dtypes[i].name;
+  return "invalid";
+}
+
+hq_dtype hq_dtype_from_name(const char *name) {
+  if (!name) return HQ_DTYPE_INVALID;
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+    if (strcmp(dtypes[i].name, name) == 0) return dtypes[i].t;
+  return HQ_DTYPE_INVALID;
+}
+
+size_t hq_dtype_size(hq_dtype t) {
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+    if (dtypes[i].t == t) return dtypes[i].size;
+  return 0;
+}
+
+int hqi_check_tensor(const hq_tensor *t, const char *what) {
+  if (!t) return hqi_error(HQ_EINVAL, "%s: tensor is NULL", what);
+  if (t->dtype != HQ_F32 && t->dtype != HQ_F16 && t->dtype != HQ_BF16)
+    return hqi_error(HQ_EINVAL, "%s: dtype %s is not a high-precision type (f32, f16, bf16)",
+                     what, hq_dtype_name(t->dtype));
+  if (t->rows <= 0 || t->cols <= 0)
+    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] must be positive", what,
+                     (long long)t->rows, (long long)t->cols);
+  if (t->rows > (INT64_MAX / 4) / t->cols)
+    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] is too large", what,
+                     (long long)t->rows, (long long)t->cols);
+  if (!t->data) return hqi_error(HQ_EINVAL, "%s: data pointer is NULL", what);
+  return HQ_OK;
+}

@@ -1,0 +1,6 @@
+# plugins/identity/local.mk -- the high-precision passthrough format
+hqplugin_LTLIBRARIES += plugins/identity/identity.la
+plugins_identity_identity_la_SOURCES = plugins/identity/identity.c
+plugins_identity_identity_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS)
+plugins_identity_identity_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
+HQ_TEST_PLUGIN_DIRS += $(abs_top_builddir)/plugins/identity/.libs

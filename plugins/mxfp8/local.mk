@@ -1,0 +1,1 @@
+# plugins/mxfp8/local.mk -- the mxfp8 format (see issue: block-scaled formats)

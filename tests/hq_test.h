@@ -1,0 +1,116 @@
+/*
+** hq_test.h -- what every CMocka test of hq includes: cmocka's prerequisites, fallbacks for
+** macros that differ between cmocka 1.1.5 and 2.x, and small helpers (contexts, recipes from
+** text, random tensors, an exit-77 guard for GPU tests).
+*/
+#ifndef HQ_TEST_H
+#define HQ_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "hq/hq.h"
+#include "hq/numerics.h"
+
+#ifndef assert_float_equal
+#define assert_float_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
+#endif
+
+/* Exit status automake reads as "skipped". */
+#define HQ_TEST_SKIP 77
+
+/* Assert a call succeeds, printing hq_last_error() when it does not. */
+#define HQ_OK_OR_FAIL(expr)                                                                   \
+  do {                                                                                        \
+    int rc_ = (expr);                                                                         \
+    if (rc_ != HQ_OK) fail_msg("%s -> %d: %s", #expr, rc_, hq_last_error());                  \
+  } while (0)
+
+/* Assert that hq_last_error() contains `needle`. */
+#define HQ_ERROR_HAS(needle)                                                                  \
+  do {                                                                                        \
+    if (!strstr(hq_last_error(), (needle)))                                                   \
+      fail_msg("error '%s' lacks '%s'", hq_last_error(), (needle));                           \
+  } while (0)
+
+/* xorshift64*: deterministic test data. */
+static inline uint64_t hq_test_rand(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+/* Uniform in [-1, 1). */
+static inline float hq_test_uniform(uint64_t *s) {
+  return (float)((double)(hq_test_rand(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+/* Approximately N(0,1) (sum of 12 uniforms). */
+static inline float hq_test_normal(uint64_t *s) {
+  double acc = 0;
+  for (int i = 0; i < 12; i++) acc += (double)(hq_test_rand(s) >> 11) * (1.0 / 9007199254740992.0);
+  return (float)(acc - 6.0);
+}
+
+/* A host tensor of dtype t filled with N(0,1) * scale values (stored in t). */
+static inline hq_tensor hq_test_tensor(hq_dtype t, int64_t rows, int64_t cols, uint64_t seed,
+                                       float scale) {
+  hq_tensor x = {0};
+  x.dtype = t;
+  x.device = HQ_DEVICE_HOST;
+  x.rows = rows;
+  x.cols = cols;
+  x.data = calloc((size_t)(rows * cols), hq_dtype_size(t));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < rows * cols; i++) hq_store_hp(x.data, i, t, hq_test_normal(&s) * scale);
+  return x;
+}
+
+static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
+  hq_tensor x = {0};
+  x.dtype = t;
+  x.device = HQ_DEVICE_HOST;
+  x.rows = rows;
+  x.cols = cols;
+  x.data = calloc((size_t)(rows * cols), hq_dtype_size(t));
+  return x;
+}
+
+/* Parse a recipe from text with the test plugin path ($HQ_PLUGIN_PATH, no installed dir);
+   fails the test when it has errors. */
+static inline hq_recipe *hq_test_recipe(const char *text) {
+  hq_recipe_opts o = {0};
+  o.struct_size = sizeof o;
+  o.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
+  hq_recipe *r = NULL;
+  if (hq_recipe_parse_string(text, "test.ini", &o, &r) != HQ_OK) fail_msg("%s", hq_last_error());
+  if (hq_recipe_error_count(r)) fail_msg("%s", hq_recipe_error(r, 0));
+  return r;
+}
+
+/* A quantizer for role M:T:N of recipe r. */
+static inline hq_quantizer *hq_test_quantizer(hq_recipe *r, const char *role_text) {
+  char buf[256];
+  hq_role role;
+  hq_quantizer *q = NULL;
+  if (hq_role_parse(role_text, buf, sizeof buf, &role)) fail_msg("%s", hq_last_error());
+  if (hq_quantizer_create(r, &role, &q)) fail_msg("%s", hq_last_error());
+  return q;
+}
+
+/* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
+static inline const char *hq_test_path(const char *rel) {
+  static char buf[4096];
+  const char *dir = getenv("HQ_TEST_SRCDIR");
+  snprintf(buf, sizeof buf, "%s/%s", dir ? dir : "tests", rel);
+  return buf;
+}
+
+#endif

@@ -1,0 +1,220 @@
+/*
+** test_numerics_fp8.c -- the FP8 / FP16 / BF16 element rules of hq/numerics.h, against
+** independent expectations: every code point decoded by a formula written here, encodes checked
+** against a brute-force nearest-value search (ties to the even code), hand-computed vectors for
+** subnormals, saturation, NaN and signed zero, and TE's current-scaling scale rule.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+
+/* Independent decode: sign / exponent / mantissa fields -> value, in double. */
+static double ref_decode(unsigned code, int ebits, int mbits, int bias, int ieee_inf) {
+  unsigned s = (code >> (ebits + mbits)) & 1u;
+  unsigned e = (code >> mbits) & ((1u << ebits) - 1u);
+  unsigned m = code & ((1u << mbits) - 1u);
+  double v;
+  if (e == (1u << ebits) - 1u) {
+    if (ieee_inf) return m ? NAN : (s ? -INFINITY : INFINITY);
+    if (m == (1u << mbits) - 1u) return NAN; /* E4M3: only S.1111.111 is NaN */
+  }
+  if (e == 0) v = ldexp((double)m, 1 - bias - mbits);
+  else v = ldexp(1.0 + (double)m / (double)(1u << mbits), (int)e - bias);
+  return s ? -v : v;
+}
+
+static double e4m3_ref(unsigned c) { return ref_decode(c, 4, 3, 7, 0); }
+static double e5m2_ref(unsigned c) { return ref_decode(c, 5, 2, 15, 1); }
+
+/* Brute-force RNE-satfinite encode: the nearest finite code; on a tie the even code. */
+static unsigned ref_encode(double x, double (*dec)(unsigned), double maxv) {
+  if (isnan(x)) return 0x7f;
+  unsigned sign = signbit(x) ? 0x80u : 0u;
+  double a = fabs(x);
+  if (a > maxv) a = maxv;
+  unsigned best = 0;
+  double bestd = INFINITY;
+  for (unsigned c = 0; c < 0x80; c++) {
+    double v = dec(c);
+    if (isnan(v) || isinf(v)) continue;
+    double d = fabs(v - a);
+    if (d < bestd || (d == bestd && (c & 1u) == 0)) {
+      bestd = d;
+      best = c;
+    }
+  }
+  return sign | best;
+}
+
+static void test_e4m3_decode_every_code(void **state) {
+  (void)state;
+  int nans = 0;
+  for (unsigned c = 0; c < 256; c++) {
+    double ref = e4m3_ref(c);
+    float got = hq_e4m3_to_f32((uint8_t)c);
+    if (isnan(ref)) {
+      assert_true(isnan(got));
+      nans++;
+      continue;
+    }
+    assert_true((double)got == ref);
+    assert_int_equal(signbit(got) != 0, (c & 0x80) != 0);
+  }
+  assert_int_equal(nans, 2); /* 0x7F and 0xFF */
+  assert_true(hq_e4m3_to_f32(0x7e) == 448.0f);
+  assert_true(hq_e4m3_to_f32(0x01) == 0.001953125f); /* smallest subnormal 2^-9 */
+  assert_true(hq_e4m3_to_f32(0x08) == 0.015625f);    /* smallest normal 2^-6 */
+  assert_true(hq_e4m3_to_f32(0x38) == 1.0f);
+}
+
+static void test_e5m2_decode_every_code(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 256; c++) {
+    double ref = e5m2_ref(c);
+    float got = hq_e5m2_to_f32((uint8_t)c);
+    if (isnan(ref)) assert_true(isnan(got));
+    else assert_true((double)got == ref);
+  }
+  assert_true(isinf(hq_e5m2_to_f32(0x7c)) && hq_e5m2_to_f32(0x7c) > 0);
+  assert_true(hq_e5m2_to_f32(0x7b) == 57344.0f);
+  assert_true(hq_e5m2_to_f32(0x01) == 1.52587890625e-05f); /* 2^-16 */
+  assert_true(hq_e5m2_to_f32(0x3c) == 1.0f);
+}
+
+/* Every finite code re-encodes to itself. */
+static void test_fp8_roundtrip_every_code(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 256; c++) {
+    float v = hq_e4m3_to_f32((uint8_t)c);
+    if (!isnan(v)) assert_int_equal(hq_f32_to_e4m3(v), c);
+    float w = hq_e5m2_to_f32((uint8_t)c);
+    if (!isnan(w) && !isinf(w)) assert_int_equal(hq_f32_to_e5m2(w), c);
+  }
+}
+
+/* Midpoints between neighbouring codes are ties: they go to the even code; a hair above or
+   below goes to the nearer one. */
+static void test_fp8_ties_to_even(void **state) {
+  (void)state;
+  struct { double (*dec)(unsigned); uint8_t (*enc)(float); unsigned maxc; } f[2] = {
+      {e4m3_ref, hq_f32_to_e4m3, 0x7e}, {e5m2_ref, hq_f32_to_e5m2, 0x7b}};
+  for (int k = 0; k < 2; k++) {
+    for (unsigned c = 0; c < f[k].maxc; c++) {
+      double lo = f[k].dec(c), hi = f[k].dec(c + 1);
+      float mid = (float)((lo + hi) / 2); /* exact in FP32 */
+      assert_true((double)mid == (lo + hi) / 2);
+      unsigned even = (c & 1u) ? c + 1 : c;
+      assert_int_equal(f[k].enc(mid), even);
+      assert_int_equal(f[k].enc(-mid), 0x80u | even);
+      assert_int_equal(f[k].enc(nextafterf(mid, 0.0f)), c);
+      assert_int_equal(f[k].enc(nextafterf(mid, INFINITY)), c + 1);
+    }
+  }
+  /* hand-picked E4M3 ties: 1.0625 lies between 1.0 (0x38) and 1.125 (0x39) -> even 0x38;
+     1.1875 between 1.125 (0x39) and 1.25 (0x3A) -> 0x3A; subnormal 1.5*2^-9 -> 0x02;
+     0.5*2^-9 -> 0 (ties to even zero) */
+  assert_int_equal(hq_f32_to_e4m3(1.0625f), 0x38);
+  assert_int_equal(hq_f32_to_e4m3(1.1875f), 0x3a);
+  assert_int_equal(hq_f32_to_e4m3(0.0029296875f), 0x02);
+  assert_int_equal(hq_f32_to_e4m3(0.0009765625f), 0x00);
+  assert_int_equal(hq_f32_to_e4m3(-0.0009765625f), 0x80);
+  /* the largest subnormal rounds up into the smallest normal: 7.5*2^-9 -> 2^-6 = 0x08 */
+  assert_int_equal(hq_f32_to_e4m3(0.0146484375f), 0x08);
+}
+
+static void test_fp8_saturation_nan_zero(void **state) {
+  (void)state;
+  assert_int_equal(hq_f32_to_e4m3(448.0f), 0x7e);
+  assert_int_equal(hq_f32_to_e4m3(449.0f), 0x7e);
+  assert_int_equal(hq_f32_to_e4m3(464.0f), 0x7e); /* would round to 480: saturates */
+  assert_int_equal(hq_f32_to_e4m3(1e30f), 0x7e);
+  assert_int_equal(hq_f32_to_e4m3(INFINITY), 0x7e);
+  assert_int_equal(hq_f32_to_e4m3(-INFINITY), 0xfe);
+  assert_int_equal(hq_f32_to_e4m3(NAN), 0x7f);
+  assert_int_equal(hq_f32_to_e5m2(60000.0f), 0x7b);
+  assert_int_equal(hq_f32_to_e5m2(INFINITY), 0x7b); /* satfinite: never Inf */
+  assert_int_equal(hq_f32_to_e5m2(-INFINITY), 0xfb);
+  assert_int_equal(hq_f32_to_e5m2(NAN), 0x7f);
+  assert_int_equal(hq_f32_to_e4m3(0.0f), 0x00);
+  assert_int_equal(hq_f32_to_e4m3(-0.0f), 0x80);
+  assert_int_equal(hq_f32_to_e5m2(-0.0f), 0x80);
+  assert_int_equal(hq_f32_to_e4m3(1e-30f), 0x00);  /* underflow keeps the sign */
+  assert_int_equal(hq_f32_to_e4m3(-1e-30f), 0x80);
+  assert_int_equal(hq_f32_to_e4m3(1.4e-45f), 0x00); /* FP32 subnormal input */
+}
+
+/* Random inputs over many binades against the brute-force encoder. */
+static void test_fp8_random_vs_bruteforce(void **state) {
+  (void)state;
+  uint64_t s = 12345;
+  for (int i = 0; i < 200000; i++) {
+    float x = ldexpf(hq_test_uniform(&s), (int)(hq_test_rand(&s) % 40) - 24);
+    assert_int_equal(hq_f32_to_e4m3(x), ref_encode(x, e4m3_ref, 448.0));
+    float y = ldexpf(hq_test_uniform(&s), (int)(hq_test_rand(&s) % 50) - 28);
+    assert_int_equal(hq_f32_to_e5m2(y), ref_encode(y, e5m2_ref, 57344.0));
+  }
+}
+
+static double f16_ref(unsigned c) { return ref_decode(c, 5, 10, 15, 1); }
+
+static void test_f16_bf16(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 65536; c++) {
+    double ref = f16_ref(c);
+    float got = hq_f16_to_f32((uint16_t)c);
+    if (isnan(ref)) assert_true(isnan(got));
+    else {
+      assert_true((double)got == ref);
+      if (!isinf(ref)) assert_int_equal(hq_f32_to_f16(got), c); /* exact values round-trip */
+    }
+    /* bf16 is the top half of an FP32 */
+    uint32_t bits = (uint32_t)c << 16;
+    float b = hq_bf16_to_f32((uint16_t)c);
+    uint32_t bb;
+    memcpy(&bb, &b, 4);
+    assert_int_equal(bb, bits);
+  }
+  assert_int_equal(hq_f32_to_f16(65504.0f), 0x7bff);
+  assert_int_equal(hq_f32_to_f16(65519.0f), 0x7bff);
+  assert_int_equal(hq_f32_to_f16(65520.0f), 0x7c00); /* tie to even -> Inf */
+  assert_int_equal(hq_f32_to_f16(5.9604644775390625e-08f), 0x0001);
+  assert_int_equal(hq_f32_to_f16(2.98023223876953125e-08f), 0x0000); /* tie -> even 0 */
+  assert_int_equal(hq_f32_to_bf16(1.0f), 0x3f80);
+  assert_int_equal(hq_f32_to_bf16(1.00390625f), 0x3f80); /* tie: 1 + 2^-8 -> even 0x3f80 */
+  assert_int_equal(hq_f32_to_bf16(1.01171875f), 0x3f82); /* tie: 1 + 3*2^-8 -> even 0x3f82 */
+  assert_true(isnan(hq_bf16_to_f32(hq_f32_to_bf16(NAN))));
+}
+
+/* TE compute_scale_from_amax, hand-computed cases. */
+static void test_scale_from_amax(void **state) {
+  (void)state;
+  assert_true(hq_scale_from_amax(0.0f, 448.0f, 0, 0.0f, FLT_MAX) == 1.0f);
+  assert_true(hq_scale_from_amax(INFINITY, 448.0f, 0, 0.0f, FLT_MAX) == 1.0f);
+  assert_true(hq_scale_from_amax(NAN, 448.0f, 0, 0.0f, FLT_MAX) == 1.0f);
+  assert_true(hq_scale_from_amax(2.0f, 448.0f, 0, 0.0f, FLT_MAX) == 224.0f);
+  assert_true(hq_scale_from_amax(3.0f, 448.0f, 0, 0.0f, FLT_MAX) == 448.0f / 3.0f);
+  assert_true(hq_scale_from_amax(3.0f, 448.0f, 1, 0.0f, FLT_MAX) == 128.0f); /* pow2 rounds down */
+  assert_true(hq_scale_from_amax(448.0f, 448.0f, 1, 0.0f, FLT_MAX) == 1.0f);
+  assert_true(hq_scale_from_amax(1e-3f, 448.0f, 0, 0.5f, FLT_MAX) == 896.0f); /* eps floor */
+  assert_true(hq_scale_from_amax(1e-40f, 57344.0f, 0, 0.0f, FLT_MAX) == FLT_MAX); /* Inf -> */
+  assert_true(hq_scale_from_amax(1e-40f, 448.0f, 1, 0.0f, 65504.0f) == 32768.0f);
+  assert_true(hq_rcp_rn(224.0f) == 1.0f / 224.0f);
+  /* NaN is ignored by amax, Inf is not */
+  assert_true(hq_fmax_nan_ignoring(1.0f, NAN) == 1.0f);
+  assert_true(hq_fmax_nan_ignoring(NAN, 2.0f) == 2.0f);
+  assert_true(isinf(hq_fmax_nan_ignoring(1.0f, INFINITY)));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_e4m3_decode_every_code),
+      cmocka_unit_test(test_e5m2_decode_every_code),
+      cmocka_unit_test(test_fp8_roundtrip_every_code),
+      cmocka_unit_test(test_fp8_ties_to_even),
+      cmocka_unit_test(test_fp8_saturation_nan_zero),
+      cmocka_unit_test(test_fp8_random_vs_bruteforce),
+      cmocka_unit_test(test_f16_bf16),
+      cmocka_unit_test(test_scale_from_amax),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

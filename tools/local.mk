@@ -1,0 +1,1 @@
+# tools/local.mk
