@@ -1,1 +1,5 @@
-# conf/local.mk
+# conf/local.mk -- the default recipe and examples, installed to $(datadir)/hq
+dist_hqrecipe_DATA += conf/recipe.ini
+hqexampledir = $(hqrecipedir)/examples
+dist_hqexample_DATA = conf/examples/fp8_current.ini conf/examples/high_precision.ini \
+	conf/examples/hybrid_fp8_identity.ini

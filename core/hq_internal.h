@@ -99,8 +99,9 @@ void hqi_format_release(hqi_format *f);
 // --- glob roles (role.c) -------------------------------------------------------------------
 typedef struct hqi_pattern {
   char *part[3];
-  int wildcards;            /* '*', '?' and bracket classes, over the three parts */
-  int literals;             /* literal characters, over the three parts */
+  int stars;                /* '*' wildcards, over the three parts */
+  int qmarks;               /* '?' wildcards */
+  int literals;             /* literal characters */
 } hqi_pattern;
 int hqi_pattern_parse(const char *text, hqi_pattern *out, char *err, size_t err_len);
 void hqi_pattern_free(hqi_pattern *p);

@@ -1,10 +1,10 @@
 # core/local.mk -- libhqcore and its public headers
 lib_LTLIBRARIES += core/libhqcore.la
-nobase_include_HEADERS += core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h
+hqincludedir = $(includedir)/hq
+hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/error.c core/util.c core/device.c core/ctx.c \
 	core/loader.c core/options.c core/role.c core/recipe.c core/quantizer.c
-core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) $(INIH_CFLAGS) $(CUDA_CPPFLAGS) \
-	-DHQ_PLUGINDIR='"$(hqplugindir)"'
+core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(CUDA_CPPFLAGS)
 core_libhqcore_la_LIBADD = $(INIH_LIBS)
 core_libhqcore_la_LDFLAGS = -version-info $(HQCORE_LT_VERSION) -no-undefined \
 	-export-symbols-regex '^hq_' $(HQ_SAN_LDFLAGS)
@@ -12,3 +12,12 @@ if HAVE_CUDA
 core_libhqcore_la_LIBADD += -lcudart
 core_libhqcore_la_LDFLAGS += $(CUDA_LDFLAGS)
 endif
+# The installed plugin directory is compiled into the loader through a generated header that
+# is rewritten (only when it changes) whenever configure's answers change.
+nodist_core_libhqcore_la_SOURCES = core/hq_paths.h
+BUILT_SOURCES = core/hq_paths.h
+CLEANFILES += core/hq_paths.h
+core/hq_paths.h: Makefile
+	$(AM_V_GEN)mkdir -p core && \
+	echo '#define HQ_PLUGINDIR "$(hqplugindir)"' > $@.tmp && \
+	if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi

@@ -128,7 +128,10 @@ static void scan_header(hq_recipe *r, const char *start, int line, section **cur
               name, INIH_MAX_NAME);
   const char *rest = end + 1;
   while (is_space(*rest)) rest++;
-  if (*rest && *rest != ';')
+  if (*rest && *rest != ';' && strchr(rest, ']') && strncmp(name, "role", 4) == 0)
+    add_error(r, line, "a role pattern cannot hold a '[...]' class: inih ends the section name "
+              "at the first ']' (use '*' and '?')");
+  else if (*rest && *rest != ';')
     add_error(r, line, "unexpected text '%s' after the section header", rest);
   if (strcmp(name, "recipe") == 0) {
     free(name);

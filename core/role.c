@@ -25,29 +25,18 @@ int hq_role_parse(const char *text, char *buf, size_t buf_len, hq_role *out) {
   return HQ_OK;
 }
 
-/* Count wildcards and literal characters of one glob part; reject a malformed one. */
-static int scan_glob(const char *s, int *wild, int *lit, char *err, size_t err_len) {
+/* Count '*', '?' and literal characters of one glob part; reject a malformed one. */
+static int scan_glob(const char *s, int *stars, int *qmarks, int *lit, char *err,
+                     size_t err_len) {
   for (const char *p = s; *p; p++) {
-    if (*p == '*' || *p == '?') {
-      (*wild)++;
-    } else if (*p == '[') {
-      const char *q = p + 1;
-      if (*q == '!' || *q == '^') q++;
-      if (*q == ']') q++;
-      while (*q && *q != ']') q++;
-      if (!*q) {
-        snprintf(err, err_len, "unterminated '[' in pattern part '%s'", s);
-        return HQ_EPARSE;
-      }
-      (*wild)++;
-      p = q;
-    } else if (*p == '\\') {
-      if (!p[1]) {
-        snprintf(err, err_len, "trailing '\\' in pattern part '%s'", s);
-        return HQ_EPARSE;
-      }
-      p++;
-      (*lit)++;
+    if (*p == '*') {
+      (*stars)++;
+    } else if (*p == '?') {
+      (*qmarks)++;
+    } else if (*p == '[' || *p == ']' || *p == '\\') {
+      snprintf(err, err_len, "pattern part '%s' holds '%c': role patterns use only '*' and '?' "
+               "wildcards", s, *p);
+      return HQ_EPARSE;
     } else {
       (*lit)++;
     }
@@ -78,7 +67,7 @@ int hqi_pattern_parse(const char *text, hqi_pattern *out, char *err, size_t err_
       hqi_pattern_free(out);
       return HQ_EPARSE;
     }
-    int rc = scan_glob(out->part[i], &out->wildcards, &out->literals, err, err_len);
+    int rc = scan_glob(out->part[i], &out->stars, &out->qmarks, &out->literals, err, err_len);
     if (rc) {
       hqi_pattern_free(out);
       return rc;
@@ -102,9 +91,11 @@ int hqi_pattern_match(const hqi_pattern *p, const hq_role *role) {
   return 1;
 }
 
+/* Fewer '*' first, then more literal characters, then fewer '?'. */
 int hqi_pattern_compare(const hqi_pattern *a, const hqi_pattern *b) {
-  if (a->wildcards != b->wildcards) return a->wildcards < b->wildcards ? 1 : -1;
+  if (a->stars != b->stars) return a->stars < b->stars ? 1 : -1;
   if (a->literals != b->literals) return a->literals > b->literals ? 1 : -1;
+  if (a->qmarks != b->qmarks) return a->qmarks < b->qmarks ? 1 : -1;
   return 0;
 }
 
@@ -113,7 +104,7 @@ int hqi_pattern_contains(const hqi_pattern *outer, const hqi_pattern *inner) {
   for (int i = 0; i < 3; i++) {
     const char *o = outer->part[i], *in = inner->part[i];
     if (strcmp(o, "*") == 0 || strcmp(o, in) == 0) continue;
-    if (strpbrk(in, "*?[\\") == NULL && fnmatch(o, in, 0) == 0) continue;
+    if (strpbrk(in, "*?") == NULL && fnmatch(o, in, 0) == 0) continue;
     return 0;
   }
   return 1;

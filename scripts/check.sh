@@ -1,0 +1,66 @@
+#!/bin/bash
+# check.sh -- hq's test command (the README's second command; .ci/run runs it on CI).
+#
+# From a clean checkout (autoconf, automake, libtool, pkg-config, libinih-dev and
+# libcmocka-dev installed), in build/ (git-ignored):
+#   1. build/default: configure (CUDA paths built when nvcc is found) + make check
+#   2. build/asan:    --without-cuda --enable-sanitizers (ASan + UBSan) + make check
+#   3. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
+# and print the automake totals of 1 and 2 as one line: "N passed, N failed[, N skipped]".
+# GPU tests exit 77 (skipped) on a machine without a CUDA device.
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+jobs=$(nproc 2>/dev/null || echo 2)
+if [ -f config.status ]; then
+  echo "check.sh: this source tree is configured in place; run 'make distclean' first" >&2
+  echo "          (check.sh builds out of tree, in build/)" >&2
+  exit 2
+fi
+[ -x configure ] || autoreconf -fi || exit 1
+[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+passed=0 failed=0 skipped=0 status=0
+run() { # name, configure args...
+  local name=$1; shift
+  local dir=build/$name
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "== $name: configure $*"
+  (cd "$dir" && "$top/configure" -q "$@" > configure.log 2>&1) || { tail -20 "$dir/configure.log"; status=1; failed=$((failed + 1)); return; }
+  echo "== $name: make -j$jobs check"
+  (cd "$dir" && make -j"$jobs" check > check.log 2>&1)
+  local rc=$?
+  grep -E '^(PASS|FAIL|SKIP|XFAIL|XPASS|ERROR):' "$dir/check.log"
+  if [ -f "$dir/test-suite.log" ]; then
+    local p f s
+    p=$(awk '/^# PASS:/ {print $3}' "$dir/test-suite.log")
+    f=$(awk '/^# (FAIL|ERROR|XPASS):/ {n += $3} END {print n + 0}' "$dir/test-suite.log")
+    s=$(awk '/^# SKIP:/ {print $3}' "$dir/test-suite.log")
+    passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0})) skipped=$((skipped + ${s:-0}))
+  fi
+  if [ $rc -ne 0 ]; then
+    status=1
+    [ -f "$dir/test-suite.log" ] && tail -80 "$dir/test-suite.log" || tail -40 "$dir/check.log"
+    [ -f "$dir/test-suite.log" ] || failed=$((failed + 1))
+  fi
+}
+
+run default
+run asan --without-cuda --enable-sanitizers
+if [ -f build/default/Makefile ]; then
+  echo "== make distcheck"
+  if ! (cd build/default && make -j"$jobs" distcheck > distcheck.log 2>&1); then
+    tail -40 build/default/distcheck.log
+    echo "distcheck failed"
+    status=1
+    failed=$((failed + 1))
+  else
+    grep -E '^hq-.*archives ready' -A2 build/default/distcheck.log | head -3
+  fi
+fi
+line="$passed passed, $failed failed"
+[ $skipped -gt 0 ] && line="$line, $skipped skipped"
+echo "$line"
+exit $status

@@ -55,34 +55,45 @@ static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t c
   return HQ_OK;
 }
 
-/* Element-wise convert n values (host memory). Equal dtypes copy bytes, so NaN payloads and
-   signed zeros pass through unchanged. */
-static void convert(void *dst, int dt, const void *src, int st, int64_t n) {
+#ifdef HQ_HAVE_CUDA
+int identity_cuda_convert(const hq_call *call, void *dst, int dt, const void *src, int st,
+                          int64_t n);
+#endif
+
+/* Element-wise convert n values on the call's device. Equal dtypes copy bytes, so NaN payloads
+   and signed zeros pass through unchanged. */
+static int convert(const hq_call *call, void *dst, int dt, const void *src, int st, int64_t n) {
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    return identity_cuda_convert(call, dst, dt, src, st, n);
+#else
+    return call->host->error(HQ_ENOTSUP, "identity was built without CUDA");
+#endif
+  }
   if (dt == st) {
     memcpy(dst, src, (size_t)n * (dt == HQ_F32 ? 4u : 2u));
-    return;
+    return HQ_OK;
   }
   for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
+  return HQ_OK;
 }
 
 static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
-  if (call->device != HQ_DEVICE_HOST)
-    return call->host->error(HQ_ENOTSUP, "identity: no CUDA path in this build");
   (void)cfg;
   int64_t n = src->rows * src->cols;
-  if (dirs & HQ_ROWWISE) convert(row->buf[0].ptr, row->buf[0].dtype, src->data, src->dtype, n);
-  if ((dirs & HQ_COLWISE) && !((dirs & HQ_ROWWISE) && (col->buf[0].flags & HQ_BUF_SHARED)))
-    convert(col->buf[0].ptr, col->buf[0].dtype, src->data, src->dtype, n);
-  return HQ_OK;
+  int rc = HQ_OK;
+  if (dirs & HQ_ROWWISE)
+    rc = convert(call, row->buf[0].ptr, row->buf[0].dtype, src->data, src->dtype, n);
+  if (!rc && (dirs & HQ_COLWISE) && !((dirs & HQ_ROWWISE) && (col->buf[0].flags & HQ_BUF_SHARED)))
+    rc = convert(call, col->buf[0].ptr, col->buf[0].dtype, src->data, src->dtype, n);
+  return rc;
 }
 
 static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfg;
-  if (call->device != HQ_DEVICE_HOST)
-    return call->host->error(HQ_ENOTSUP, "identity: no CUDA path in this build");
-  convert(dst->data, dst->dtype, s->buf[0].ptr, s->buf[0].dtype, dst->rows * dst->cols);
-  return HQ_OK;
+  return convert(call, dst->data, dst->dtype, s->buf[0].ptr, s->buf[0].dtype,
+                 dst->rows * dst->cols);
 }
 
 static const hq_format_ops ops = {
@@ -93,7 +104,11 @@ static const hq_format_ops ops = {
     .name = "identity",
     .version = "1.0",
     .description = "high-precision passthrough (f32/bf16/f16), one buffer for both directions",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY,
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
+#ifdef HQ_HAVE_CUDA
+            | HQ_CAP_CUDA
+#endif
+    ,
     .options = options,
     .configure = configure,
     .layout = layout,

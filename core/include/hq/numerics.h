@@ -229,9 +229,15 @@ HQ_HD uint8_t hq_fp8_quantize(float x, float scale, int kind) {
   return hq_f32_to_fp8(hq_mul_rn(x, scale), kind);
 }
 
-/* Dequantize one element: x = RN(fp32(q) * scale_inv). */
+/* The one NaN hq writes: arithmetic on NaN keeps the payload on x86 but canonicalizes it on a
+   GPU, so every result that may be NaN is produced from this constant instead. */
+#define HQ_F32_NAN_BITS 0x7fc00000u
+
+/* Dequantize one element: x = RN(fp32(q) * scale_inv); a NaN code gives HQ_F32_NAN_BITS. */
 HQ_HD float hq_fp8_dequantize(uint8_t q, float scale_inv, int kind) {
-  return hq_mul_rn(hq_fp8_to_f32(q, kind), scale_inv);
+  float v = hq_fp8_to_f32(q, kind);
+  if (hq_isnan(v)) return hq_bits_f32(HQ_F32_NAN_BITS);
+  return hq_mul_rn(v, scale_inv);
 }
 
 /* --------------------------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+/*
+** test_loader.c -- the plugin loader: a valid module is accepted; each broken fixture module is
+** rejected with a message naming its file and the reason, while loading goes on; the search
+** path honours HQ_PLUGIN_PATH, extra directories and never the current directory implicitly.
+*/
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hq_test.h"
+
+static const char *fixtures(void) {
+  const char *d = getenv("HQ_TEST_FIXTURES");
+  return d ? d : "tests/plugins/.libs";
+}
+
+/* The rejection reason recorded for the module file named `base` ("bad_major.so"). */
+static const char *reason_for(const hq_plugins *set, const char *base) {
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
+    const char *f = hq_plugins_rejected_file(set, i);
+    const char *b = strrchr(f, '/');
+    if (strcmp(b ? b + 1 : f, base) == 0) return hq_plugins_rejected_reason(set, i);
+  }
+  return NULL;
+}
+
+static void expect_reason(const hq_plugins *set, const char *base, const char *needle) {
+  const char *r = reason_for(set, base);
+  if (!r) fail_msg("%s was not rejected", base);
+  if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
+}
+
+static void test_fixtures(void **state) {
+  (void)state;
+  const char *dirs[] = {fixtures()};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  /* exactly one module survives: good.so (good_dup.so sorts after it) */
+  assert_int_equal(hq_plugins_count(set), 1);
+  const hq_plugin *p = hq_plugins_get(set, 0);
+  assert_string_equal(hq_plugin_name(p), "test_good");
+  assert_non_null(strstr(hq_plugin_file(p), "/good.so"));
+  assert_ptr_equal(hq_plugins_find(set, "test_good"), p);
+  assert_null(hq_plugins_find(set, "test_bad_major"));
+  const hq_option *o = hq_plugin_options(p);
+  assert_string_equal(o[0].name, "level");
+  assert_int_equal(o[2].type, HQ_OPT_ENUM);
+
+  expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
+  expect_reason(set, "good_dup.so", "/good.so");
+  expect_reason(set, "bad_major.so", "ABI 2.0");
+  expect_reason(set, "bad_major.so", "major versions must match");
+  expect_reason(set, "newer_minor.so", "newer than this core");
+  expect_reason(set, "small_struct.so", "struct_size 24");
+  expect_reason(set, "no_entry.so", "no entry point hq_format_module_v1");
+  expect_reason(set, "missing_op.so", "lacks the required field 'quantize'");
+  expect_reason(set, "bad_option.so", "option 'broken': invalid default");
+  expect_reason(set, "refuses.so", "this fixture refuses every core");
+  expect_reason(set, "bad_name.so", "'Test_Bad' is not 1-31 characters");
+  assert_int_equal(hq_plugins_rejected_count(set), 9);
+  /* every rejected file path is absolute and names its file */
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
+    assert_non_null(strstr(hq_plugins_rejected_file(set, i), fixtures()));
+  hq_plugins_close(set);
+}
+
+/* A file that is not a shared object is rejected with dlopen's reason; a subdirectory named
+   *.so is skipped; other files are ignored. */
+static void test_garbage_files(void **state) {
+  (void)state;
+  char dir[] = "/tmp/hq_loader_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[512];
+  snprintf(path, sizeof path, "%s/garbage.so", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("this is not an ELF file\n", f);
+  fclose(f);
+  char sub[512], txt[512];
+  snprintf(sub, sizeof sub, "%s/dir.so", dir);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  snprintf(txt, sizeof txt, "%s/readme.txt", dir);
+  f = fopen(txt, "w");
+  fclose(f);
+  const char *dirs[] = {dir};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  assert_int_equal(hq_plugins_count(set), 0);
+  assert_int_equal(hq_plugins_rejected_count(set), 1);
+  assert_non_null(strstr(hq_plugins_rejected_reason(set, 0), "dlopen failed"));
+  assert_non_null(strstr(hq_plugins_rejected_file(set, 0), "garbage.so"));
+  hq_plugins_close(set);
+  unlink(path);
+  unlink(txt);
+  rmdir(sub);
+  rmdir(dir);
+}
+
+/* HQ_PLUGIN_PATH first, then extra dirs, then (not here) the default; empty entries never
+   become the current directory; duplicates collapse; a missing directory is harmless. */
+static void test_search_path(void **state) {
+  (void)state;
+  char *saved = getenv("HQ_PLUGIN_PATH") ? strdup(getenv("HQ_PLUGIN_PATH")) : NULL;
+  char env[1024];
+  snprintf(env, sizeof env, "::/nonexistent/a::%s:", fixtures());
+  setenv("HQ_PLUGIN_PATH", env, 1);
+  const char *extra[] = {"/nonexistent/b", fixtures()};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(extra, 2, HQ_PLUGINS_NO_DEFAULT, &set));
+  assert_int_equal(hq_plugins_dir_count(set), 3);
+  assert_string_equal(hq_plugins_dir(set, 0), "/nonexistent/a");
+  assert_string_equal(hq_plugins_dir(set, 1), fixtures());
+  assert_string_equal(hq_plugins_dir(set, 2), "/nonexistent/b");
+  for (size_t i = 0; i < hq_plugins_dir_count(set); i++) {
+    assert_true(strlen(hq_plugins_dir(set, i)) > 0);
+    assert_string_not_equal(hq_plugins_dir(set, i), ".");
+  }
+  assert_non_null(hq_plugins_find(set, "test_good"));
+  hq_plugins_close(set);
+
+  /* with the environment ignored and no dirs, nothing is searched */
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  assert_int_equal(hq_plugins_dir_count(set), 0);
+  assert_int_equal(hq_plugins_count(set), 0);
+  hq_plugins_close(set);
+
+  /* the default directory is last */
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_ENV, &set));
+  assert_int_equal(hq_plugins_dir_count(set), 1);
+  assert_string_equal(hq_plugins_dir(set, 0), hq_plugins_default_dir());
+  hq_plugins_close(set);
+  if (saved) {
+    setenv("HQ_PLUGIN_PATH", saved, 1);
+    free(saved);
+  } else {
+    unsetenv("HQ_PLUGIN_PATH");
+  }
+}
+
+/* The stock modules on HQ_PLUGIN_PATH load and declare what they implement. */
+static void test_stock_plugins(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
+  const hq_plugin *id = hq_plugins_find(set, "identity");
+  const hq_plugin *f8 = hq_plugins_find(set, "fp8_tensor");
+  assert_non_null(id);
+  assert_non_null(f8);
+  assert_true(hq_plugin_caps(f8) & HQ_CAP_CPU);
+  assert_true(hq_plugin_caps(f8) & HQ_CAP_REQUANT_SAFE);
+  assert_int_equal(hq_plugin_abi_minor(f8), HQ_ABI_MINOR);
+  const char *want[] = {"dtype", "scaling", "power_2_scale", "amax_epsilon", "amax_history_len",
+                        "margin", "amax_compute_algo", "reduce_amax"};
+  const hq_option *o = hq_plugin_options(f8);
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    assert_non_null(o[i].name);
+    assert_string_equal(o[i].name, want[i]);
+    assert_non_null(o[i].help);
+  }
+  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  hq_plugins_close(set);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fixtures),
+      cmocka_unit_test(test_garbage_files),
+      cmocka_unit_test(test_search_path),
+      cmocka_unit_test(test_stock_plugins),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

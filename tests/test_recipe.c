@@ -1,0 +1,344 @@
+/*
+** test_recipe.c -- recipe parsing and resolution: valid recipes, every error class with its
+** file:line, the inih r55 pitfalls (long lines, long names, repeated keys, continuation lines),
+** option validation against a module's table, role globbing, specificity ordering, ties to the
+** later section, shadowed sections, implicit formats, plugin_dirs relative to the recipe.
+*/
+#include <unistd.h>
+
+#include "hq_test.h"
+
+static hq_recipe *parse(const char *text) {
+  hq_recipe_opts o = {0};
+  o.struct_size = sizeof o;
+  o.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
+  const char *dirs[1] = {getenv("HQ_TEST_FIXTURES")};
+  o.extra_dirs = dirs;
+  o.n_extra_dirs = dirs[0] ? 1 : 0;
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "test.ini", &o, &r));
+  return r;
+}
+
+/* The recipe has exactly one error and it contains "test.ini:LINE:" and `needle`. */
+static void expect_error(const char *text, int line, const char *needle) {
+  hq_recipe *r = parse(text);
+  char where[64];
+  if (line > 0) snprintf(where, sizeof where, "test.ini:%d: ", line);
+  else snprintf(where, sizeof where, "test.ini: ");
+  if (hq_recipe_error_count(r) == 0) fail_msg("no error for: %s (wanted '%s')", text, needle);
+  const char *e = hq_recipe_error(r, 0);
+  if (strncmp(e, where, strlen(where)) != 0) fail_msg("error '%s' is not at '%s'", e, where);
+  if (!strstr(e, needle)) fail_msg("error '%s' lacks '%s'", e, needle);
+  if (hq_recipe_error_count(r) != 1)
+    fail_msg("%zu errors, wanted 1; second: %s", hq_recipe_error_count(r), hq_recipe_error(r, 1));
+  hq_recipe_free(r);
+}
+
+static const char *HEAD = "[format f8]\nplugin = fp8_tensor\n";
+
+static void test_valid_and_introspection(void **state) {
+  (void)state;
+  hq_recipe *r = parse("; a comment\n# another\n[recipe]\nname = demo\n\n"
+                       "[format f8]\nplugin = fp8_tensor\ndtype = e5m2 ; inline comment\n"
+                       "power_2_scale = yes\n"
+                       "[role linear:weight:*]\nrowwise = f8\ncolumnwise = identity\n"
+                       "[role linear:grad_output:*]\ncolumnwise = f8\n"
+                       "columnwise_source = rowwise_dequantized\n");
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  assert_string_equal(hq_recipe_name(r), "demo");
+  assert_int_equal(hq_recipe_role_count(r), 2);
+  hq_role_info ri;
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 0, &ri));
+  assert_string_equal(ri.pattern, "linear:weight:*");
+  assert_int_equal(ri.line, 10);
+  assert_string_equal(ri.rowwise, "f8");
+  assert_string_equal(ri.columnwise, "identity");
+  assert_int_equal(ri.shadowed_by, -1);
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 1, &ri));
+  assert_string_equal(ri.rowwise, "identity"); /* unset direction stays high precision */
+  assert_int_equal(ri.columnwise_source, HQ_SOURCE_ROWWISE_DEQUANTIZED);
+  /* format f8 with its resolved options */
+  hq_format_info fi;
+  int found = 0;
+  for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
+    HQ_OK_OR_FAIL(hq_recipe_format_info(r, i, &fi));
+    if (strcmp(fi.name, "f8") != 0) continue;
+    found = 1;
+    assert_string_equal(fi.plugin, "fp8_tensor");
+    assert_int_equal(fi.line, 6);
+    assert_string_equal(fi.option_names[0], "dtype");
+    assert_string_equal(fi.option_values[0], "e5m2"); /* inline comment stripped */
+    assert_string_equal(fi.option_values[2], "yes");
+    assert_string_equal(fi.option_values[3], "0"); /* default filled in */
+  }
+  assert_true(found);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:fc1");
+  assert_string_equal(hq_quantizer_format(q, HQ_ROWWISE), "f8");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "fp8_tensor");
+  assert_string_equal(hq_quantizer_format(q, HQ_COLWISE), "identity");
+  assert_false(hq_quantizer_fused(q));
+  hq_quantizer_free(q);
+  /* an unmatched role is high precision in both directions */
+  q = hq_test_quantizer(r, "conv:weight:x");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "identity");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_COLWISE), "identity");
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* A plugin name may be used as a format name (its defaults); 'identity' needs no section. */
+static void test_implicit_formats(void **state) {
+  (void)state;
+  hq_recipe *r = parse("[role *:*:*]\nrowwise = fp8_tensor\ncolumnwise = identity\n");
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "fp8_tensor");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_COLWISE), "identity");
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+static void test_inih_pitfalls(void **state) {
+  (void)state;
+  char text[1024], longv[300];
+  memset(longv, 'x', 190);
+  longv[190] = '\0';
+  snprintf(text, sizeof text, "%s[recipe]\nname = %s\n", HEAD, longv); /* 197 chars: fine */
+  hq_recipe *r = parse(text);
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_recipe_free(r);
+  memset(longv, 'x', 199);
+  longv[199] = '\0';
+  snprintf(text, sizeof text, "%s[recipe]\nname = %s\n", HEAD, longv);
+  expect_error(text, 4, "line is 206 characters long");
+  char longsec[80];
+  memset(longsec, 'a', 60);
+  longsec[60] = '\0';
+  snprintf(text, sizeof text, "[format %s]\nplugin = fp8_tensor\n", longsec);
+  expect_error(text, 1, "longer than 49 characters (inih truncates it)");
+  char longkey[80];
+  memset(longkey, 'k', 55);
+  longkey[55] = '\0';
+  snprintf(text, sizeof text, "[recipe]\n%s = 1\n", longkey);
+  expect_error(text, 2, "longer than 49 characters");
+  expect_error("[format f8]\nplugin = fp8_tensor\ndtype = e4m3\ndtype = e5m2\n", 4,
+               "key 'dtype' repeated in this section (first at line 3)");
+  expect_error("[format f8]\nplugin = fp8_tensor\ndtype = e4m3\n  e5m2\n", 4,
+               "continuation of 'dtype' (line 3)");
+  expect_error("[format f8]\nplugin = fp8_tensor\n\tdtype = e5m2\n", 3, "continuation of 'plugin'");
+}
+
+static void test_syntax_errors(void **state) {
+  (void)state;
+  expect_error("[format f8\nplugin = fp8_tensor\n", 1, "no closing ']'");
+  expect_error("plugin = fp8_tensor\n[recipe]\n", 1, "before any section");
+  expect_error("[recipe]\nname\n", 2, "expected 'key = value'");
+  expect_error("[recipe]\n= x\n", 2, "empty key");
+  expect_error("[foo]\n", 1, "unknown section [foo]");
+  expect_error("[recipe] junk\n", 1, "unexpected text 'junk'");
+  expect_error("[recipe]\n[recipe]\n", 2, "[recipe] appears twice (first at line 1)");
+  expect_error("[recipe]\ncolor = red\n", 2, "unknown key 'color' in [recipe]");
+}
+
+static void test_format_errors(void **state) {
+  (void)state;
+  expect_error("[format f8]\ndtype = e4m3\n", 1, "has no 'plugin = NAME' key");
+  expect_error("[format f8]\nplugin = nosuch\n", 2, "plugin 'nosuch' was not found");
+  expect_error("[format f8]\nplugin = bad_major\n", 2, "was rejected: built for plugin ABI 2.0");
+  expect_error("[format f8]\nplugin = fp8_tensor\n[format f8]\nplugin = identity\n", 3,
+               "format 'f8' is defined twice (first at line 1)");
+  expect_error("[format f 8]\nplugin = fp8_tensor\n", 1, "format name 'f 8' must be");
+  expect_error("[format identity]\nplugin = fp8_tensor\n", 2, "name is reserved");
+  expect_error("[format f8]\nplugin = fp8_tensor\nscale = 2\n", 3,
+               "unknown option 'scale' for plugin 'fp8_tensor' (it accepts: dtype, scaling");
+  expect_error("[format f8]\nplugin = fp8_tensor\ndtype = e3m4\n", 3,
+               "option 'dtype' (enum) of format 'f8': 'e3m4' is not one of e4m3|e5m2");
+  expect_error("[format f8]\nplugin = fp8_tensor\npower_2_scale = maybe\n", 3, "is not a bool");
+  expect_error("[format f8]\nplugin = fp8_tensor\namax_epsilon = -1\n", 3, "out of range");
+  expect_error("[format f8]\nplugin = fp8_tensor\namax_epsilon = 1e999\n", 3,
+               "is not a finite number");
+  /* the fixture module's option table: int range, int syntax, float range */
+  expect_error("[format t]\nplugin = test_good\nlevel = 11\n", 3,
+               "11 is out of range [0, 10]");
+  expect_error("[format t]\nplugin = test_good\nlevel = 3x\n", 3, "'3x' is not an integer");
+  expect_error("[format t]\nplugin = test_good\nratio = 1.5\n", 3, "out of range [0, 1]");
+  expect_error("[format t]\nplugin = test_good\nmode = slow\n", 3, "not one of fast|exact");
+  /* configure() refusing a combination is reported at the section header */
+  expect_error("[format t]\nplugin = test_good\nlevel = 7\n", 1, "level 7 is unlucky");
+  expect_error("[format f8]\nplugin = fp8_tensor\nscaling = delayed\n", 1,
+               "scaling = delayed is reserved");
+  hq_recipe *r = parse("[format t]\nplugin = test_good\nlevel = 0x0a\nratio = 1e-1\nflag = ON\n"
+                       "label = any text ; comment\n");
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_recipe_free(r);
+}
+
+static void test_role_errors(void **state) {
+  (void)state;
+  expect_error("[role linear:weight]\nrowwise = identity\n", 1, "not module_type:tensor_type:name");
+  expect_error("[role a:b:c:d]\nrowwise = identity\n", 1, "not module_type:tensor_type:name");
+  expect_error("[role linear::x]\nrowwise = identity\n", 1, "empty part");
+  expect_error("[role linear:[ab:x]\nrowwise = identity\n", 1, "holds '['");
+  expect_error("[role linear:w:layers.[0-3].fc1]\nrowwise = identity\n", 1,
+               "cannot hold a '[...]' class");
+  expect_error("[role a:b:c]\n", 1, "sets neither rowwise nor columnwise");
+  expect_error("[role a:b:c]\nrowwise = nosuch\n", 2, "unknown format 'nosuch' for rowwise");
+  expect_error("[role a:b:c]\nrowwise =\n", 2, "'rowwise' needs a format name");
+  expect_error("[role a:b:c]\nrowwise = identity\nrowise = identity\n", 3,
+               "unknown key 'rowise' in a [role] section");
+  expect_error("[role a:b:c]\ncolumnwise = identity\ncolumnwise_source = original2\n", 3,
+               "columnwise_source 'original2' is not one of");
+  /* several errors are all reported, in order */
+  hq_recipe *r = parse("[format f8]\nplugin = fp8_tensor\ndtype = x\n[role a:b]\nrowwise = f8\n"
+                       "[role a:b:c]\nrowwise = y\n");
+  assert_int_equal(hq_recipe_error_count(r), 3);
+  assert_non_null(strstr(hq_recipe_error(r, 0), "test.ini:3:"));
+  assert_non_null(strstr(hq_recipe_error(r, 1), "test.ini:4:"));
+  assert_non_null(strstr(hq_recipe_error(r, 2), "test.ini:7:"));
+  /* a recipe with errors gives no quantizers */
+  hq_role role = {"a", "b", "c"};
+  hq_quantizer *q = NULL;
+  assert_int_equal(hq_quantizer_create(r, &role, &q), HQ_EPARSE);
+  assert_null(q);
+  hq_recipe_free(r);
+}
+
+static long match(const hq_recipe *r, const char *m, const char *t, const char *n) {
+  hq_role role = {m, t, n};
+  return hq_recipe_match(r, &role);
+}
+
+static void test_specificity_and_globs(void **state) {
+  (void)state;
+  hq_recipe *r = parse("[role *:*:*]\nrowwise = identity\n"                 /* 0 */
+                       "[role linear:*:*]\nrowwise = identity\n"            /* 1 */
+                       "[role linear:weight:*]\nrowwise = identity\n"       /* 2 */
+                       "[role linear:weight:layers.?.fc?]\nrowwise = identity\n"     /* 3 */
+                       "[role linear:weight:layers.1.fc1]\nrowwise = identity\n"     /* 4 */
+                       "[role *:weight:*]\nrowwise = identity\n"            /* 5 */
+                       "[role linear:*:x]\nrowwise = identity\n"            /* 6 */
+                       "[role *:input:head]\nrowwise = identity\n");        /* 7 */
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  assert_int_equal(match(r, "conv", "input", "z"), 0);
+  assert_int_equal(match(r, "linear", "input", "z"), 1);
+  assert_int_equal(match(r, "linear", "weight", "z"), 2);
+  assert_int_equal(match(r, "linear", "weight", "layers.2.fc2"), 3);
+  assert_int_equal(match(r, "linear", "weight", "layers.12.fc2"), 2); /* ? is one character */
+  assert_int_equal(match(r, "linear", "weight", "layers.1.fc1"), 4); /* no wildcard wins */
+  assert_int_equal(match(r, "dpa", "weight", "z"), 5);
+  /* one '*' each: *:input:head (9 literal characters) beats linear:*:x (7) */
+  assert_int_equal(match(r, "linear", "input", "head"), 7);
+  assert_int_equal(match(r, "linear", "input", "x"), 6);
+  /* NULL and empty strings are "" */
+  assert_int_equal(match(r, NULL, NULL, NULL), 0);
+  hq_recipe_free(r);
+
+  /* equal specificity: the later section wins */
+  r = parse("[role linear:*:*]\nrowwise = identity\n[role *:weight:*]\nrowwise = fp8_tensor\n");
+  assert_int_equal(match(r, "linear", "weight", "a"), 1);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:a");
+  assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "fp8_tensor");
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  r = parse("[role *:weight:*]\nrowwise = fp8_tensor\n[role linear:*:*]\nrowwise = identity\n");
+  assert_int_equal(match(r, "linear", "weight", "a"), 1);
+  hq_recipe_free(r);
+}
+
+static void test_shadowed(void **state) {
+  (void)state;
+  hq_recipe *r = parse("[role linear:weight:*]\nrowwise = identity\n"    /* 0: shadowed by 2 */
+                       "[role *:*:*]\nrowwise = identity\n"              /* 1 */
+                       "[role linear:weight:*]\nrowwise = fp8_tensor\n"  /* 2 */
+                       "[role linear:weight:fc1]\nrowwise = identity\n"  /* 3: by 4 */
+                       "[role linear:*:fc1]\nrowwise = identity\n"       /* 4? no: less specific */
+                       "[role linear:weight:fc1]\nrowwise = fp8_tensor\n");
+  hq_role_info ri;
+  long want[] = {2, -1, -1, 5, -1, -1};
+  for (size_t i = 0; i < 6; i++) {
+    HQ_OK_OR_FAIL(hq_recipe_role_info(r, i, &ri));
+    if (ri.shadowed_by != want[i]) fail_msg("section %zu shadowed_by %ld, want %ld", i,
+                                            ri.shadowed_by, want[i]);
+  }
+  hq_recipe_free(r);
+}
+
+/* plugin_dirs are relative to the recipe file's directory. */
+static void test_plugin_dirs_relative(void **state) {
+  (void)state;
+  const char *fx = getenv("HQ_TEST_FIXTURES");
+  if (!fx) skip();
+  char dir[] = "/tmp/hq_recipe_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char link[600], path[600];
+  snprintf(link, sizeof link, "%s/fmts", dir);
+  assert_int_equal(symlink(fx, link), 0);
+  snprintf(path, sizeof path, "%s/r.ini", dir);
+  FILE *f = fopen(path, "w");
+  fputs("[recipe]\nplugin_dirs = fmts:/nonexistent\n[format t]\nplugin = test_good\n"
+        "[role *:*:*]\nrowwise = t\n", f);
+  fclose(f);
+  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_load(path, &o, &r));
+  const hq_plugins *set = hq_recipe_plugins(r);
+  assert_non_null(hq_plugins_find(set, "test_good"));
+  assert_int_equal(hq_plugins_dir_count(set), 2);
+  assert_string_equal(hq_plugins_dir(set, 0), link);
+  hq_recipe_free(r);
+  /* load fails with the first error (file:line) */
+  f = fopen(path, "w");
+  fputs("[recipe]\nplugin_dirs = fmts\n[format t]\nplugin = test_good\nlevel = 99\n", f);
+  fclose(f);
+  assert_int_equal(hq_recipe_load(path, &o, &r), HQ_EPARSE);
+  assert_null(r);
+  HQ_ERROR_HAS("r.ini:5: option 'level'");
+  unlink(path);
+  unlink(link);
+  rmdir(dir);
+}
+
+static void test_files(void **state) {
+  (void)state;
+  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe *r = NULL;
+  assert_int_equal(hq_recipe_load("/nonexistent/recipe.ini", &o, &r), HQ_EIO);
+  HQ_ERROR_HAS("/nonexistent/recipe.ini: cannot open");
+  /* a binary file */
+  char path[] = "/tmp/hq_bin_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, "[recipe]\n\0\0\0", 12), 12);
+  close(fd);
+  assert_int_equal(hq_recipe_parse(path, &o, &r), HQ_EPARSE);
+  HQ_ERROR_HAS("contains a NUL byte");
+  unlink(path);
+  /* the shipped recipes are valid */
+  const char *conf = getenv("HQ_CONF_DIR");
+  if (!conf) return;
+  const char *files[] = {"recipe.ini", "examples/fp8_current.ini", "examples/high_precision.ini",
+                         "examples/hybrid_fp8_identity.ini"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", conf, files[i]);
+    if (hq_recipe_load(p, &o, &r) != HQ_OK) fail_msg("%s: %s", p, hq_last_error());
+    hq_recipe_free(r);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_valid_and_introspection),
+      cmocka_unit_test(test_implicit_formats),
+      cmocka_unit_test(test_inih_pitfalls),
+      cmocka_unit_test(test_syntax_errors),
+      cmocka_unit_test(test_format_errors),
+      cmocka_unit_test(test_role_errors),
+      cmocka_unit_test(test_specificity_and_globs),
+      cmocka_unit_test(test_shadowed),
+      cmocka_unit_test(test_plugin_dirs_relative),
+      cmocka_unit_test(test_files),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

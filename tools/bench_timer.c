@@ -1,0 +1,116 @@
+/*
+** bench_timer.c -- see bench_timer.h.
+*/
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "bench_timer.h"
+
+#ifdef HQ_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+struct bench_timer {
+  int device;
+  struct timespec t0;
+#ifdef HQ_HAVE_CUDA
+  cudaEvent_t e0, e1;
+#endif
+};
+
+bench_timer *bench_timer_create(int device, char *err, size_t err_len) {
+  bench_timer *t = calloc(1, sizeof *t);
+  if (!t) {
+    snprintf(err, err_len, "out of memory");
+    return NULL;
+  }
+  t->device = device;
+  if (device < 0) return t;
+#ifdef HQ_HAVE_CUDA
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaEventCreate(&t->e0);
+  if (e == cudaSuccess) e = cudaEventCreate(&t->e1);
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "CUDA events on device %d: %s", device, cudaGetErrorString(e));
+    free(t);
+    return NULL;
+  }
+  return t;
+#else
+  snprintf(err, err_len, "this hq was built without CUDA");
+  free(t);
+  return NULL;
+#endif
+}
+
+void bench_timer_destroy(bench_timer *t) {
+  if (!t) return;
+#ifdef HQ_HAVE_CUDA
+  if (t->device >= 0) {
+    cudaEventDestroy(t->e0);
+    cudaEventDestroy(t->e1);
+  }
+#endif
+  free(t);
+}
+
+int bench_timer_start(bench_timer *t) {
+#ifdef HQ_HAVE_CUDA
+  if (t->device >= 0) return cudaEventRecord(t->e0, 0) == cudaSuccess ? 0 : -1;
+#endif
+  clock_gettime(CLOCK_MONOTONIC, &t->t0);
+  return 0;
+}
+
+double bench_timer_stop(bench_timer *t) {
+#ifdef HQ_HAVE_CUDA
+  if (t->device >= 0) {
+    float ms = 0;
+    if (cudaEventRecord(t->e1, 0) != cudaSuccess || cudaEventSynchronize(t->e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, t->e0, t->e1) != cudaSuccess)
+      return -1;
+    return ms;
+  }
+#endif
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t->t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t->t0.tv_nsec) * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double bench_copy_bandwidth(int device, size_t bytes, int iters) {
+#ifdef HQ_HAVE_CUDA
+  void *a = NULL, *b = NULL;
+  char err[128];
+  bench_timer *t = bench_timer_create(device, err, sizeof err);
+  double *ms = calloc((size_t)iters, sizeof *ms), bw = 0;
+  if (!t || !ms || cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
+    goto out;
+  cudaMemset(a, 1, bytes);
+  for (int i = 0; i < 3; i++) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+  for (int i = 0; i < iters; i++) {
+    bench_timer_start(t);
+    if (cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) goto out;
+    ms[i] = bench_timer_stop(t);
+    if (ms[i] <= 0) goto out;
+  }
+  qsort(ms, (size_t)iters, sizeof *ms, cmp_double);
+  bw = 2.0 * (double)bytes / (ms[iters / 2] * 1e-3);
+out:
+  cudaFree(a);
+  cudaFree(b);
+  free(ms);
+  bench_timer_destroy(t);
+  return bw;
+#else
+  (void)device; (void)bytes; (void)iters;
+  return 0;
+#endif
+}
