@@ -80,10 +80,12 @@ double bench_timer_stop(bench_timer *t) {
   return (double)(t1.tv_sec - t->t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t->t0.tv_nsec) * 1e-6;
 }
 
+#ifdef HQ_HAVE_CUDA
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
+#endif
 
 double bench_copy_bandwidth(int device, size_t bytes, int iters) {
 #ifdef HQ_HAVE_CUDA
