@@ -1,0 +1,95 @@
+#!/bin/sh
+# test_cli.sh -- the hq command: help, info (text and JSON), recipe check of the shipped and of
+# broken recipes (exit status, file:line), quantize (random, .npy, raw, bad input), usage errors.
+# Exit 0 pass, 1 fail (automake's protocol).
+set -u
+hq=${HQ_BIN:?HQ_BIN is set by make check}
+conf=${HQ_CONF_DIR:?}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_cli.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+n=0
+fail() { echo "FAIL: $*"; exit 1; }
+ok() { n=$((n + 1)); }
+
+# help and usage errors
+$hq --help | grep -q "recipe check" || fail "hq --help"; ok
+for c in info quantize bench; do $hq $c --help | grep -q "usage: hq $c" || fail "hq $c --help"; ok; done
+$hq recipe --help | grep -q "usage: hq recipe check" || fail "hq recipe --help"; ok
+$hq help quantize | grep -q "usage: hq quantize" || fail "hq help quantize"; ok
+$hq frobnicate 2>"$tmp/e"; [ $? -eq 2 ] || fail "unknown command exit status"
+grep -q "'frobnicate' is not a command" "$tmp/e" || fail "unknown command message"; ok
+$hq info --bogus 2>/dev/null; [ $? -eq 2 ] || fail "unknown option exit status"; ok
+$hq --version | grep -q "plugin ABI 1.0" || fail "--version"; ok
+
+# info lists identity and fp8_tensor with their options
+$hq info --json > "$tmp/info.json" || fail "info --json"
+for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"power_2_scale","type":"bool","default":"false"' \
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":1,"minor":0}'; do
+  grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
+done
+$hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
+
+# recipe check: the shipped recipes are valid
+for f in "$conf"/recipe.ini "$conf"/examples/*.ini; do
+  $hq recipe check "$f" > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "recipe check $f"; }
+  grep -q "^valid" "$tmp/out" || fail "recipe check $f did not say valid"; ok
+done
+$hq recipe check --json "$conf/recipe.ini" | grep -q '"valid":true' || fail "check --json valid"; ok
+
+# broken recipes: exit 1, every error with file:line
+cat > "$tmp/bad.ini" <<'INI'
+[format f8]
+plugin = fp8_tensor
+dtype = e9m9
+[role linear:weight:*]
+rowwise = nosuch
+[role linear:weight:*]
+columnwise = f8
+INI
+$hq recipe check "$tmp/bad.ini" > "$tmp/out" 2> "$tmp/err"; [ $? -eq 1 ] || fail "bad recipe exit status"
+grep -q "bad.ini:3: option 'dtype'" "$tmp/err" || fail "bad.ini:3 error"; ok
+grep -q "bad.ini:5: unknown format 'nosuch'" "$tmp/err" || fail "bad.ini:5 error"; ok
+$hq recipe check --json "$tmp/bad.ini" > "$tmp/out"; [ $? -eq 1 ] || fail "bad --json exit"
+grep -q '"valid":false' "$tmp/out" || fail "bad --json valid:false"; ok
+printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\n[role *:*:*]\nrowwise = identity\n' > "$tmp/shadow.ini"
+$hq recipe check "$tmp/shadow.ini" | grep -q "shadowed: \[role \*:\*:\*\] (line 5)" || fail "shadowed report"; ok
+$hq recipe check "$tmp/nonexistent.ini" 2>"$tmp/err"; [ $? -eq 1 ] || fail "missing file exit"
+grep -q "cannot open" "$tmp/err" || fail "missing file message"; ok
+$hq recipe check 2>/dev/null; [ $? -eq 2 ] || fail "recipe check without file"; ok
+
+# quantize: random input, JSON fields, error in the FP8 band
+$hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 128x256 --json > "$tmp/q.json" || fail "quantize --json"
+for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tensor"' '"rel_rms_error":0.02' '"bytes":32776' '"fused":true'; do
+  grep -q "$s" "$tmp/q.json" || { cat "$tmp/q.json"; fail "quantize --json lacks $s"; }; ok
+done
+$hq quantize --recipe "$conf/recipe.ini" --role linear:weight:lm_head --random 8x8 | grep -q "identity" || fail "lm_head stays identity"; ok
+# a .npy input (float32, shape (2, 3)) written byte by byte; values 1 -2 3 448 0.5 -0.25 are exact in E4M3
+hdr="{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
+pad=$((128 - 10 - ${#hdr} - 1))   # header length 118 = octal 166; data starts at byte 128
+{ printf '\223NUMPY\001\000\166\000'; printf '%s' "$hdr"; printf "%${pad}s\n" ""; \
+  printf '\000\000\200\077\000\000\000\300\000\000\100\100\000\000\340\103\000\000\000\077\000\000\200\276'; } > "$tmp/x.npy"
+$hq quantize --recipe "$conf/examples/fp8_current.ini" --role a:b:c --input "$tmp/x.npy" --json > "$tmp/q.json" || fail "quantize .npy"
+grep -q '"shape":\[2,3\]' "$tmp/q.json" || fail ".npy shape"; ok
+grep -q '"rel_rms_error":0,' "$tmp/q.json" || { cat "$tmp/q.json"; fail ".npy exact values"; }; ok
+head -c 40 "$tmp/x.npy" > "$tmp/cut.npy"
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/cut.npy" 2>"$tmp/err"; [ $? -eq 1 ] || fail "corrupt .npy exit"
+grep -q "corrupt .npy header" "$tmp/err" || fail "corrupt .npy message"; ok
+# raw input with --shape; a size mismatch is an error naming both sizes
+head -c 96 /dev/zero > "$tmp/raw.bin"
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" --shape 4x6 --dtype f32 >/dev/null || fail "raw input"; ok
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" --shape 4x7 2>"$tmp/err"; [ $? -eq 1 ] || fail "raw size exit"
+grep -q "holds 96 data bytes, the shape 4x7 of f32 needs 112" "$tmp/err" || fail "raw size message"; ok
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" 2>"$tmp/err"; [ $? -eq 1 ] || fail "raw without shape"
+grep -q "not a .npy file" "$tmp/err" || fail "raw without shape message"; ok
+# usage errors
+$hq quantize --recipe "$conf/recipe.ini" --role a:b --random 4x4 2>"$tmp/err"; [ $? -eq 2 ] || fail "bad role exit"
+grep -q "not module_type:tensor_type:name" "$tmp/err" || fail "bad role message"; ok
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --random 4x 2>/dev/null; [ $? -eq 2 ] || fail "bad shape"; ok
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c 2>/dev/null; [ $? -eq 2 ] || fail "no input"; ok
+$hq quantize --recipe "$tmp/bad.ini" --role a:b:c --random 4x4 2>"$tmp/err"; [ $? -eq 1 ] || fail "bad recipe in quantize"
+grep -q "bad.ini:3:" "$tmp/err" || fail "quantize names recipe error"; ok
+# bench runs (tiny) on the CPU
+$hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
+grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
+$hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
+echo "PASS: $n checks"
