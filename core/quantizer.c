@@ -550,17 +550,58 @@ void hq_qtensor_free(hq_qtensor *qt) {
 }
 
 // --- save / restore ---------------------------------------------------------------------------
-/* The saved list: every buffer the rowwise storage owns, in buf[] order, then every buffer the
-   columnwise storage owns. Shared buffers are not listed (they travel with the rowwise storage)
-   and are re-linked on restore. */
+/* The saved list: the buffers the rowwise storage owns, in its format's save order (buf[] order
+   unless the format defines save()), then those the columnwise storage owns. Shared buffers are
+   not listed (they travel with the rowwise storage) and are re-linked on restore. */
+
+static uint32_t owned_count(const qdir *q) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < q->st.nbuf; i++) n += q->owned[i];
+  return n;
+}
 
 size_t hq_qtensor_saved_count(const hq_qtensor *qt) {
   size_t n = 0;
   if (!qt) return 0;
   for (int d = 0; d < 2; d++)
-    if (qt->d[d].present)
-      for (uint32_t i = 0; i < qt->d[d].st.nbuf; i++) n += qt->d[d].owned[i];
+    if (qt->d[d].present) n += owned_count(&qt->d[d]);
   return n;
+}
+
+/* Hand out one storage's owned buffers into out (room for HQ_MAX_BUFFERS). */
+static int save_dir(hq_qtensor *qt, int d, void **out, uint32_t *n) {
+  qdir *q = &qt->d[d];
+  const hqi_format *f = qt->fmt[d];
+  *n = 0;
+  if (!f->plugin->ops.save) {
+    for (uint32_t i = 0; i < q->st.nbuf; i++) {
+      if (q->owned[i]) out[(*n)++] = q->st.buf[i].ptr;
+      q->st.buf[i].ptr = NULL;
+    }
+    return HQ_OK;
+  }
+  hq_storage tmp = q->st;
+  for (uint32_t i = 0; i < tmp.nbuf; i++)
+    if (!q->owned[i]) tmp.buf[i].ptr = NULL;
+  hq_clear_error();
+  int rc = f->plugin->ops.save(f->cfg, &tmp, out, n);
+  if (rc) return hqi_error_prefix(rc, "role %s, %s format '%s': save", qt->role, dname(d + 1u),
+                                  f->name);
+  /* exactly the owned buffers, each once, and the storage emptied */
+  uint32_t want = owned_count(q);
+  int ok = *n == want;
+  for (uint32_t i = 0; ok && i < q->st.nbuf; i++) {
+    if (!q->owned[i]) continue;
+    int seen = 0;
+    for (uint32_t k = 0; k < *n; k++) seen += out[k] == q->st.buf[i].ptr;
+    ok = seen == 1 && tmp.buf[i].ptr == NULL;
+  }
+  if (!ok)
+    return hqi_error(HQ_EABI, "role %s, format '%s' (plugin %s): save() did not hand out exactly "
+                     "the %u buffers the storage owns", qt->role, f->name, f->plugin->ops.name,
+                     want);
+  for (uint32_t i = 0; i < q->st.nbuf; i++) q->st.buf[i].ptr = NULL;
+  return HQ_OK;
 }
 
 int hq_qtensor_save(hq_qtensor *qt, void **out, size_t cap, size_t *n) {
@@ -571,15 +612,21 @@ int hq_qtensor_save(hq_qtensor *qt, void **out, size_t cap, size_t *n) {
   if (cap < need)
     return hqi_error(HQ_EINVAL, "hq_qtensor_save: role %s needs %zu slots, %zu given", qt->role,
                      need, cap);
-  size_t k = 0;
+  void *list[2][HQ_MAX_BUFFERS];
+  uint32_t cnt[2] = {0, 0};
+  hq_storage keep[2];
+  for (int d = 0; d < 2; d++) keep[d] = qt->d[d].st;
   for (int d = 0; d < 2; d++) {
-    qdir *q = &qt->d[d];
-    if (!q->present) continue;
-    for (uint32_t i = 0; i < q->st.nbuf; i++) {
-      if (q->owned[i]) out[k++] = q->st.buf[i].ptr;
-      q->st.buf[i].ptr = NULL;
+    if (!qt->d[d].present) continue;
+    int rc = save_dir(qt, d, list[d], &cnt[d]);
+    if (rc) {
+      for (int e = 0; e < 2; e++) qt->d[e].st = keep[e]; /* nothing moved */
+      return rc;
     }
   }
+  size_t k = 0;
+  for (int d = 0; d < 2; d++)
+    for (uint32_t i = 0; i < cnt[d]; i++) out[k++] = list[d][i];
   qt->saved = 1;
   return HQ_OK;
 }
@@ -597,11 +644,24 @@ int hq_qtensor_restore(hq_qtensor *qt, void *const *in, size_t n) {
   for (int d = 0; d < 2; d++) {
     qdir *q = &qt->d[d];
     if (!q->present) continue;
-    for (uint32_t i = 0; i < q->st.nbuf; i++) {
-      if (q->owned[i]) q->st.buf[i].ptr = in[k++];
-      else q->st.buf[i].ptr = qt->d[0].st.buf[q->st.buf[i].shared_with].ptr;
+    uint32_t m = owned_count(q);
+    const hqi_format *f = qt->fmt[d];
+    if (f->plugin->ops.restore) {
+      int rc = f->plugin->ops.restore(f->cfg, &q->st, in + k, m);
+      if (rc) return hqi_error_prefix(rc, "role %s, format '%s': restore", qt->role, f->name);
+      for (uint32_t i = 0; i < q->st.nbuf; i++)
+        if (q->owned[i] && !q->st.buf[i].ptr)
+          return hqi_error(HQ_EABI, "role %s, format '%s': restore() left buffer '%s' empty",
+                           qt->role, f->name, q->st.buf[i].name);
+    } else {
+      uint32_t j = 0;
+      for (uint32_t i = 0; i < q->st.nbuf; i++)
+        if (q->owned[i]) q->st.buf[i].ptr = in[k + j++];
     }
+    k += m;
   }
+  for (uint32_t i = 0; qt->d[1].present && i < qt->d[1].st.nbuf; i++)
+    if (!qt->d[1].owned[i]) qt->d[1].st.buf[i].ptr = qt->d[0].st.buf[qt->d[1].st.buf[i].shared_with].ptr;
   qt->saved = 0;
   return HQ_OK;
 }

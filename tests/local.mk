@@ -45,6 +45,14 @@ check_LTLIBRARIES += tests/plugins/bad_name.la
 tests_plugins_bad_name_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_bad_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_NAME
 tests_plugins_bad_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/save_rev.la
+tests_plugins_save_rev_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_save_rev_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_SAVE_REV
+tests_plugins_save_rev_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/save_bad.la
+tests_plugins_save_bad_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_save_bad_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_SAVE_BAD
+tests_plugins_save_bad_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h

@@ -279,6 +279,52 @@ static void test_make_empty_and_save_restore(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* A format's own save order is honoured (and checked); shared buffers are never listed. */
+static void test_plugin_save_order(void **state) {
+  (void)state;
+  const char *fx = getenv("HQ_TEST_FIXTURES");
+  if (!fx) skip();
+  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, &fx, 1};
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:rev]\nrowwise = test_save_rev\n"
+                                       "columnwise = test_save_rev\n[role *:*:bad]\n"
+                                       "rowwise = test_save_bad\ncolumnwise = identity\n",
+                                       "t.ini", &o, &r));
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_ctx *ctx = host_ctx();
+  hq_tensor x = hq_test_tensor(HQ_F32, 2, 3, 1, 1.0f);
+  hq_quantizer *q = hq_test_quantizer(r, "a:b:rev");
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  const hq_storage *rs = hq_qtensor_storage(qt, HQ_ROWWISE), *cs = hq_qtensor_storage(qt, HQ_COLWISE);
+  void *want[6] = {rs->buf[2].ptr, rs->buf[1].ptr, rs->buf[0].ptr,
+                   cs->buf[2].ptr, cs->buf[1].ptr, cs->buf[0].ptr};
+  void *got[8];
+  size_t n = 0;
+  assert_int_equal(hq_qtensor_saved_count(qt), 6);
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, got, 8, &n));
+  assert_int_equal(n, 6);
+  assert_memory_equal(got, want, sizeof want);
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, got, 6));
+  assert_ptr_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].ptr, want[2]);
+  assert_ptr_equal(hq_qtensor_storage(qt, HQ_COLWISE)->buf[2].ptr, want[3]);
+  hq_qtensor_free(qt);
+  hq_quantizer_free(q);
+  /* a save() that loses a buffer is refused and nothing moves */
+  q = hq_test_quantizer(r, "a:b:bad");
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  void *first = hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr;
+  assert_int_equal(hq_qtensor_save(qt, got, 8, &n), HQ_EABI);
+  HQ_ERROR_HAS("did not hand out exactly the 3 buffers");
+  assert_false(hq_qtensor_is_saved(qt));
+  assert_ptr_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr, first);
+  hq_qtensor_free(qt);
+  hq_quantizer_free(q);
+  free(x.data);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 /* Quantizers and tensors keep their formats alive after the recipe is freed. */
 static void test_lifetimes(void **state) {
   (void)state;
@@ -357,6 +403,7 @@ int main(void) {
       cmocka_unit_test(test_rowwise_dequantized_source),
       cmocka_unit_test(test_update_usage_and_sharing),
       cmocka_unit_test(test_make_empty_and_save_restore),
+      cmocka_unit_test(test_plugin_save_order),
       cmocka_unit_test(test_lifetimes),
       cmocka_unit_test(test_allocator_hooks),
   };

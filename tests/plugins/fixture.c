@@ -11,6 +11,9 @@
 **   bad_option.so    an option whose default is not a valid value
 **   refuses.so       the entry function returns NULL after host->error()
 **   bad_name.so      format name with an upper-case letter
+**   save_rev.so      a valid module "test_save_rev": three buffers, save() hands them out in
+**                    reverse order, restore() takes them back
+**   save_bad.so      a valid module "test_save_bad" whose save() forgets a buffer
 */
 #include <string.h>
 
@@ -45,8 +48,40 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
   out->buf[0].ndim = 2;
   out->buf[0].shape[0] = rows;
   out->buf[0].shape[1] = cols;
+#if defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
+  static const char *names[3] = {"data", "first", "second"};
+  out->nbuf = 3;
+  for (int i = 1; i < 3; i++) {
+    out->buf[i].name = names[i];
+    out->buf[i].dtype = HQ_U8;
+    out->buf[i].ndim = 1;
+    out->buf[i].shape[0] = i;
+  }
+#endif
   return HQ_OK;
 }
+
+#if defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
+static int save(const void *c, hq_storage *s, void **out, uint32_t *n) {
+  (void)c;
+  *n = 0;
+  for (int i = (int)s->nbuf - 1; i >= 0; i--) {
+#ifdef FIXTURE_SAVE_BAD
+    if (i == 1) continue; /* forgets "first" */
+#endif
+    if (s->buf[i].ptr) out[(*n)++] = s->buf[i].ptr;
+    s->buf[i].ptr = NULL;
+  }
+  return HQ_OK;
+}
+
+static int restore(const void *c, hq_storage *s, void *const *in, uint32_t n) {
+  (void)c;
+  if (n != s->nbuf) return HQ_EINVAL;
+  for (uint32_t i = 0; i < n; i++) s->buf[s->nbuf - 1 - i].ptr = in[i];
+  return HQ_OK;
+}
+#endif
 
 static int quantize(const void *c, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
@@ -101,6 +136,15 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *hos
   return NULL;
 #elif defined(FIXTURE_BAD_NAME)
   ops.name = "Test_Bad";
+#elif defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
+#ifdef FIXTURE_SAVE_REV
+  ops.name = "test_save_rev";
+#else
+  ops.name = "test_save_bad";
+#endif
+  ops.save = save;
+  ops.restore = restore;
+  ops.caps |= HQ_CAP_COLWISE_ONLY;
 #endif
   (void)host;
   return &ops;

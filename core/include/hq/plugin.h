@@ -315,15 +315,21 @@ typedef struct hq_format_ops {
   int (*dequantize)(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst);
 
   /* --- lifecycle ---------------------------------------------------------------------------- */
-  /* Hand the buffers out (ownership moves to the caller; the storage keeps its description with
-     ptr = NULL) in the format's documented order, writing *n pointers into out[0..*n).
-     NULL: every buffer in buf[] order. */
+  /* Hand the storage's buffers out (activation recompute, offload, checkpoints): write the
+     pointers of every buffer the storage owns into out[0..*n) in the format's save order and set
+     their buf[i].ptr to NULL; ownership moves to the caller. Buffers the storage shares with the
+     rowwise storage (HQ_BUF_SHARED) arrive with ptr == NULL and are not listed. The core checks
+     that exactly the owned buffers were handed out, each once. NULL: the owned buffers in buf[]
+     order. */
   int (*save)(const void *cfg, hq_storage *s, void **out, uint32_t *n);
-  /* Take back exactly what save() handed out, in the same order. NULL: the inverse of the
-     default save. */
+  /* Take back exactly what save() handed out, in the same order (n pointers), setting buf[i].ptr.
+     NULL: the inverse of the default save. */
   int (*restore)(const void *cfg, hq_storage *s, void *const *in, uint32_t n);
 
-  /* --- FSDP buffer protocol ------------------------------------------------------------------ */
+  /* --- FSDP buffer protocol ------------------------------------------------------------------
+     Reserved in ABI 1.0 for the core's FSDP all-gather (it gathers each listed buffer along
+     dim 0 across ranks). This core version does not call them yet; a format may leave them
+     NULL, which selects the defaults described here. */
   /* Which buffers are gathered along dim 0 (bit i = buf[i]). NULL: those with HQ_BUF_SHARDED. */
   int (*fsdp_buffer_fields)(const void *cfg, const hq_storage *s, uint32_t *mask);
   /* Make a shard's buffers concatenable along dim 0 (undo padding, undo transposes): describe
