@@ -102,13 +102,13 @@ int hq_ctx_sync(hq_ctx *ctx) {
   return hqi_cuda_sync(ctx->stream);
 }
 
-void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state) {
+void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state, uint64_t offset) {
   memset(call, 0, sizeof *call);
   call->struct_size = sizeof *call;
   call->device = ctx->device;
   call->stream = ctx->stream;
   call->seed = ctx->seed;
-  call->offset = ctx->offset++;
+  call->offset = offset;
   call->state = state;
   call->host = &hqi_host_api;
   call->core_private = ctx;

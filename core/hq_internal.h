@@ -52,12 +52,14 @@ struct hq_ctx {
   void (*log)(void *user, int level, const char *msg);
   void *log_user;
   uint64_t seed;
-  uint64_t offset;          /* advanced by every call that may draw random numbers */
+  uint64_t offset;          /* advanced once per quantize / update operation */
 };
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
-/* Fill an hq_call for one plugin operation on ctx. */
-void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state);
+/* Fill an hq_call for one plugin operation on ctx. `offset` selects the random stream: every
+   plugin call of one quantize/update operation gets the same offset (the directions of a
+   tensor draw the same numbers whether they are made by one call or by two). */
+void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state, uint64_t offset);
 
 // --- plugins (loader.c) --------------------------------------------------------------------
 struct hq_plugin {

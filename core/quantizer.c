@@ -38,6 +38,7 @@ struct hq_qtensor {
   hq_dtype nominal;
   qdir d[2];
   int saved;
+  uint64_t offset;        /* random stream of the operation in progress */
 };
 
 static int di(uint32_t dir) { return dir == HQ_COLWISE ? 1 : 0; }
@@ -202,7 +203,7 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
     }
     if (f->plugin->ops.make_empty) {
       hq_call call;
-      hqi_call_init(ctx, &call, NULL);
+      hqi_call_init(ctx, &call, NULL, qt->offset);
       rc = f->plugin->ops.make_empty(f->cfg, &call, &q->st);
       if (rc)
         return hqi_error_prefix(rc, "role %s, %s format '%s': make_empty", qt->role, dname(dir),
@@ -249,7 +250,7 @@ static void reshare(hq_qtensor *qt) {
 static int call_quantize(hq_qtensor *qt, hqi_format *f, const hq_tensor *src, uint32_t dirs,
                          hq_storage *row, hq_storage *col, int update) {
   hq_call call;
-  hqi_call_init(qt->ctx, &call, NULL);
+  hqi_call_init(qt->ctx, &call, NULL, qt->offset);
   const hq_format_ops *ops = &f->plugin->ops;
   if (dirs == HQ_COLWISE && !(f->caps & HQ_CAP_COLWISE_ONLY))
     return hqi_error(HQ_ENOTSUP, "role %s, columnwise format '%s' (plugin %s) cannot make a "
@@ -269,7 +270,7 @@ static int call_dequantize(const hq_qtensor *qt, uint32_t dir, const hq_storage 
                            hq_tensor *dst) {
   hqi_format *f = qt->fmt[di(dir)];
   hq_call call;
-  hqi_call_init(qt->ctx, &call, NULL);
+  hqi_call_init(qt->ctx, &call, NULL, qt->offset);
   hq_clear_error();
   int rc = f->plugin->ops.dequantize(f->cfg, &call, st, dst);
   if (rc)
@@ -294,6 +295,7 @@ static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage
     t.rows = qt->rows;
     t.cols = qt->cols;
     t.nominal = src->dtype;
+    t.offset = qt->offset;
     rc = make_storages(&t, qt->fmt[0], HQ_ROWWISE);
     if (!rc) rc = call_quantize(&t, qt->fmt[0], src, HQ_ROWWISE, &t.d[0].st, NULL, 0);
     row = &t.d[0].st;
@@ -322,6 +324,7 @@ static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage
 static int run(hq_qtensor *qt, const hq_tensor *src, uint32_t dirs, int update) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
   int rc;
+  qt->offset = qt->ctx->offset++;
   if (dirs == HQ_BOTH && fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
     if (!update) rc = make_storages(qt, fr, HQ_BOTH);
     else {

@@ -237,8 +237,11 @@ typedef struct hq_call {
   void *blas;                      /* cublasLtHandle_t, or NULL */
   void *workspace;                 /* GEMM workspace on `device`, or NULL */
   size_t workspace_bytes;
-  uint64_t seed;                   /* random stream for stochastic rounding: seed ... */
-  uint64_t offset;                 /* ... and a per-call offset the core advances */
+  uint64_t seed;                   /* random stream for stochastic rounding: the context's seed */
+  uint64_t offset;                 /* ... and an offset the core advances once per quantize or
+                                      update operation: the calls that make the two directions
+                                      of one tensor share it, so derive each direction's stream
+                                      from (seed, offset, direction, element position) */
   float *state;                    /* this quantizer's slice of the shared scaling state
                                       (state_floats() floats, on `device`), or NULL */
   const hq_host_api *host;
