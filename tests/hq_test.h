@@ -59,20 +59,7 @@ static inline float hq_test_normal(uint64_t *s) {
   return (float)(acc - 6.0);
 }
 
-/* A host tensor of dtype t filled with N(0,1) * scale values (stored in t). */
-static inline hq_tensor hq_test_tensor(hq_dtype t, int64_t rows, int64_t cols, uint64_t seed,
-                                       float scale) {
-  hq_tensor x = {0};
-  x.dtype = t;
-  x.device = HQ_DEVICE_HOST;
-  x.rows = rows;
-  x.cols = cols;
-  x.data = calloc((size_t)(rows * cols), hq_dtype_size(t));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < rows * cols; i++) hq_store_hp(x.data, i, t, hq_test_normal(&s) * scale);
-  return x;
-}
-
+/* A zero-filled host tensor (free x.data). */
 static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
   hq_tensor x = {0};
   x.dtype = t;
@@ -80,6 +67,15 @@ static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
   x.rows = rows;
   x.cols = cols;
   x.data = calloc((size_t)(rows * cols), hq_dtype_size(t));
+  return x;
+}
+
+/* A host tensor of dtype t filled with N(0,1) * scale values (stored in t). */
+static inline hq_tensor hq_test_tensor(hq_dtype t, int64_t rows, int64_t cols, uint64_t seed,
+                                       float scale) {
+  hq_tensor x = hq_test_empty(t, rows, cols);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < rows * cols; i++) hq_store_hp(x.data, i, t, hq_test_normal(&s) * scale);
   return x;
 }
 

@@ -29,6 +29,16 @@ int cli_shape(const char *s, int64_t *rows, int64_t *cols);
 int cli_device(const char *s, int *device);
 int cli_u64(const char *s, uint64_t *out);
 
+/* Extra plugin directories from repeated --plugin-dir options. */
+#define CLI_MAX_DIRS 32
+typedef struct cli_dirs {
+  const char *v[CLI_MAX_DIRS];
+  size_t n;
+} cli_dirs;
+/* If argv[*i] is --plugin-dir, record its value: 1 consumed, 0 not this option, -1 error
+   (printed, naming `cmd`). */
+int cli_plugin_dir(int argc, char **argv, int *i, cli_dirs *dirs, const char *cmd);
+
 // --- a minimal streaming JSON writer ----------------------------------------------------------
 typedef struct json {
   FILE *f;

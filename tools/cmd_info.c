@@ -55,26 +55,22 @@ static void option_json(json *j, const hq_option *o) {
 
 int hq_cmd_info(int argc, char **argv) {
   int as_json = 0;
-  const char *dirs[32] = {NULL};
-  size_t ndirs = 0;
+  cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
-    const char *v;
     int r;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       fputs(usage, stdout);
       return 0;
     } else if (!strcmp(argv[i], "--json")) {
       as_json = 1;
-    } else if ((r = cli_opt(argc, argv, &i, "--plugin-dir", &v)) != 0) {
-      if (r < 0) return cli_fail(2, "info", "--plugin-dir needs a directory");
-      if (ndirs == 32) return cli_fail(2, "info", "too many --plugin-dir options");
-      dirs[ndirs++] = v;
+    } else if ((r = cli_plugin_dir(argc, argv, &i, &dirs, "info")) != 0) {
+      if (r < 0) return 2;
     } else {
       return cli_fail(2, "info", "unknown argument '%s' (see `hq info --help`)", argv[i]);
     }
   }
   hq_plugins *set = NULL;
-  if (hq_plugins_open(dirs, ndirs, 0, &set)) return cli_fail(1, "info", "%s", hq_last_error());
+  if (hq_plugins_open(dirs.v, dirs.n, 0, &set)) return cli_fail(1, "info", "%s", hq_last_error());
   int ndev = hq_device_count();
   if (as_json) {
     json j;

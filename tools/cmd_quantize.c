@@ -189,8 +189,7 @@ static stats compare(const hq_tensor *x, const float *d) {
 int hq_cmd_quantize(int argc, char **argv) {
   const char *recipe = NULL, *role_text = NULL, *random = NULL, *input = NULL, *shape = NULL;
   const char *dtype_s = "f32", *device_s = "cpu";
-  const char *dirs[32] = {NULL};
-  size_t ndirs = 0;
+  cli_dirs dirs = {{NULL}, 0};
   uint64_t seed = 1;
   double scale = 1.0;
   int as_json = 0;
@@ -205,8 +204,12 @@ int hq_cmd_quantize(int argc, char **argv) {
       as_json = 1;
       continue;
     }
+    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
+      if (r < 0) return 2;
+      continue;
+    }
     const char *names[] = {"--recipe", "--role", "--random", "--input", "--shape", "--dtype",
-                           "--device", "--seed", "--scale", "--plugin-dir"};
+                           "--device", "--seed", "--scale"};
     size_t k = 0;
     for (; k < sizeof names / sizeof names[0]; k++)
       if ((r = cli_opt(argc, argv, &i, names[k], &v)) != 0) break;
@@ -231,10 +234,6 @@ int hq_cmd_quantize(int argc, char **argv) {
         return cli_fail(2, CMD, "--scale '%s' is not a positive number", v);
       break;
     }
-    case 9:
-      if (ndirs == 32) return cli_fail(2, CMD, "too many --plugin-dir options");
-      dirs[ndirs++] = v;
-      break;
     }
   }
   if (!recipe || !role_text) return cli_fail(2, CMD, "--recipe and --role are required");
@@ -264,7 +263,7 @@ int hq_cmd_quantize(int argc, char **argv) {
   }
 
   int status = 1;
-  hq_recipe_opts o = {sizeof o, 0, dirs, ndirs};
+  hq_recipe_opts o = {sizeof o, 0, dirs.v, dirs.n};
   hq_recipe *r = NULL;
   hq_quantizer *q = NULL;
   hq_ctx *ctx = NULL;

@@ -21,15 +21,13 @@ static const char *source_name(int s) {
 int hq_cmd_recipe(int argc, char **argv) {
   int as_json = 0;
   const char *file = NULL;
-  const char *dirs[32] = {NULL};
-  size_t ndirs = 0;
+  cli_dirs dirs = {{NULL}, 0};
   if (argc < 2 || (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "--help") != 0 &&
                    strcmp(argv[1], "-h") != 0)) {
     fputs(usage, stderr);
     return 2;
   }
   for (int i = 1; i < argc; i++) {
-    const char *v;
     int r;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       fputs(usage, stdout);
@@ -38,10 +36,8 @@ int hq_cmd_recipe(int argc, char **argv) {
       continue; /* "check" */
     } else if (!strcmp(argv[i], "--json")) {
       as_json = 1;
-    } else if ((r = cli_opt(argc, argv, &i, "--plugin-dir", &v)) != 0) {
-      if (r < 0) return cli_fail(2, "recipe check", "--plugin-dir needs a directory");
-      if (ndirs == 32) return cli_fail(2, "recipe check", "too many --plugin-dir options");
-      dirs[ndirs++] = v;
+    } else if ((r = cli_plugin_dir(argc, argv, &i, &dirs, "recipe check")) != 0) {
+      if (r < 0) return 2;
     } else if (argv[i][0] == '-' && argv[i][1]) {
       return cli_fail(2, "recipe check", "unknown option '%s'", argv[i]);
     } else if (!file) {
@@ -51,7 +47,7 @@ int hq_cmd_recipe(int argc, char **argv) {
     }
   }
   if (!file) return cli_fail(2, "recipe check", "no recipe file given (see --help)");
-  hq_recipe_opts o = {sizeof o, 0, dirs, ndirs};
+  hq_recipe_opts o = {sizeof o, 0, dirs.v, dirs.n};
   hq_recipe *r = NULL;
   if (hq_recipe_parse(file, &o, &r)) return cli_fail(1, "recipe check", "%s", hq_last_error());
   size_t nerr = hq_recipe_error_count(r);

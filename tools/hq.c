@@ -57,6 +57,16 @@ int cli_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
+int cli_plugin_dir(int argc, char **argv, int *i, cli_dirs *dirs, const char *cmd) {
+  const char *v;
+  int r = cli_opt(argc, argv, i, "--plugin-dir", &v);
+  if (r == 0) return 0;
+  if (r < 0) return cli_fail(-1, cmd, "--plugin-dir needs a directory");
+  if (dirs->n == CLI_MAX_DIRS) return cli_fail(-1, cmd, "too many --plugin-dir options");
+  dirs->v[dirs->n++] = v;
+  return 1;
+}
+
 int cli_shape(const char *s, int64_t *rows, int64_t *cols) {
   char *end;
   errno = 0;
