@@ -220,6 +220,12 @@ static void tile_2d(const fp8b_cfg *c, int src_dtype, tile *t, int64_t M, int64_
   }
 }
 
+static int host_only(const hq_call *call, const char *op) {
+  if (call->device == HQ_DEVICE_HOST) return HQ_OK;
+  return call->host->error(HQ_ENOTSUP, "fp8_block has no CUDA path yet (CPU reference only): %s "
+                           "on device %d is not supported", op, (int)call->device);
+}
+
 static int check_hp(const hq_host_api *host, hq_dtype t, const char *what) {
   if (t == HQ_F32 || t == HQ_F16 || t == HQ_BF16) return HQ_OK;
   return host->error(HQ_EINVAL, "%s dtype %d is not f32, f16 or bf16", what, (int)t);
@@ -229,10 +235,8 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
                     hq_storage *row, hq_storage *col) {
   const fp8b_cfg *c = cfgp;
   const hq_host_api *host = call->host;
-  if (call->device != HQ_DEVICE_HOST)
-    return host->error(HQ_ENOTSUP, "fp8_block has no CUDA path yet (CPU reference only): "
-                       "quantize on device %d is not supported", (int)call->device);
-  int rc = check_hp(host, src->dtype, "source");
+  int rc = host_only(call, "quantize");
+  if (!rc) rc = check_hp(host, src->dtype, "source");
   if (rc) return rc;
   const int64_t M = src->rows, K = src->cols;
   uint8_t *rd = NULL, *cd = NULL;
@@ -270,10 +274,8 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   const fp8b_cfg *c = cfgp;
   const hq_host_api *host = call->host;
-  if (call->device != HQ_DEVICE_HOST)
-    return host->error(HQ_ENOTSUP, "fp8_block has no CUDA path yet (CPU reference only): "
-                       "dequantize on device %d is not supported", (int)call->device);
-  int rc = check_hp(host, dst->dtype, "destination");
+  int rc = host_only(call, "dequantize");
+  if (!rc) rc = check_hp(host, dst->dtype, "destination");
   if (rc) return rc;
   const int64_t M = dst->rows, K = dst->cols;
   if (M != s->rows || K != s->cols)
