@@ -7,6 +7,7 @@
 ** block membership, TE's scale rule restated with frexp, a nearest-code FP8 encoder) over odd
 ** shapes, every option combination and every input dtype.
 */
+#include <dlfcn.h>
 #include <float.h>
 #include <math.h>
 
@@ -720,6 +721,118 @@ static void test_dequantize_error_bound(void **state) {
   free(x.data);
 }
 
+// --- the module's ABI directly: caps, option table, defensive error paths -----------------------
+
+static char g_err[512];
+static int fake_error(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+static void fake_log(int level, const char *fmt, ...) {
+  (void)level;
+  (void)fmt;
+}
+static void *fake_alloc(const hq_call *call, size_t bytes) {
+  (void)call;
+  return malloc(bytes);
+}
+static void fake_free(const hq_call *call, void *p) {
+  (void)call;
+  free(p);
+}
+static int fake_arch(int device) {
+  (void)device;
+  return 0;
+}
+
+/* Paths the core guards before the plugin sees them (a CUDA call to a CPU-only format, a bad
+   dtype, a mismatched destination) still fail cleanly, with a message, when called directly. */
+static void test_module_direct(void **state) {
+  (void)state;
+  const char *path = getenv("HQ_PLUGIN_PATH");
+  if (!path) fail_msg("HQ_PLUGIN_PATH is not set");
+  void *h = NULL;
+  char dir[4096], so[4200];
+  while (!h && *path) {
+    size_t n = strcspn(path, ":");
+    snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+    snprintf(so, sizeof so, "%s/fp8_block.so", dir);
+    h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    path += n + (path[n] == ':');
+  }
+  if (!h) fail_msg("fp8_block.so not found on HQ_PLUGIN_PATH");
+  hq_format_entry_fn entry;
+  *(void **)&entry = dlsym(h, HQ_FORMAT_ENTRY_NAME);
+  assert_non_null(entry);
+  hq_host_api host = {HQ_ABI_MAJOR, HQ_ABI_MINOR, sizeof host, "test", fake_error, fake_log,
+                      fake_alloc, fake_free, fake_arch};
+  hq_host_api future = host;
+  future.abi_major = HQ_ABI_MAJOR + 1;
+  assert_null(entry(&future));
+  const hq_format_ops *ops = entry(&host);
+  assert_non_null(ops);
+  assert_string_equal(ops->name, "fp8_block");
+  assert_int_equal(ops->caps, HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);
+  int nopt = 0;
+  for (const hq_option *o = ops->options; o->name; o++, nopt++)
+    assert_true(o->help && o->help[0] && !strchr(o->help, '\n'));
+  assert_int_equal(nopt, 4);
+
+  void *cfg = calloc(1, ops->config_size);
+  hq_optval v[4] = {{0}};
+  v[2].i = 1; /* block 1d, e4m3, pow2, eps 0 */
+  assert_int_equal(ops->configure(cfg, v, &host), HQ_OK);
+  hq_storage st;
+  memset(&st, 0, sizeof st);
+  st.dir = HQ_ROWWISE;
+  st.rows = 2;
+  st.cols = 3;
+  assert_int_equal(ops->layout(cfg, &host, 2, 3, HQ_ROWWISE, HQ_ROWWISE, &st), HQ_OK);
+  st.buf[0].ptr = calloc(6, 1);
+  st.buf[1].ptr = calloc((size_t)(st.buf[1].shape[0] * st.buf[1].shape[1]), sizeof(float));
+  float xs[6] = {1, 2, 3, 4, 5, 6};
+  hq_tensor src = {xs, HQ_F32, 0, 2, 3};
+  hq_call call;
+  memset(&call, 0, sizeof call);
+  call.struct_size = sizeof call;
+  call.host = &host;
+  call.device = 0;
+  g_err[0] = 0;
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_ENOTSUP);
+  assert_non_null(strstr(g_err, "no CUDA path"));
+  assert_non_null(strstr(g_err, "quantize on device 0"));
+  float ys[6];
+  hq_tensor dst = {ys, HQ_F32, 0, 2, 3};
+  assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_ENOTSUP);
+  assert_non_null(strstr(g_err, "dequantize on device 0"));
+  call.device = HQ_DEVICE_HOST;
+  src.device = dst.device = HQ_DEVICE_HOST;
+  src.dtype = HQ_U8;
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "source dtype"));
+  src.dtype = HQ_F32;
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_OK);
+  dst.dtype = HQ_E4M3;
+  assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "destination dtype"));
+  dst.dtype = HQ_F32;
+  dst.rows = 3;
+  dst.cols = 2;
+  assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_ESHAPE);
+  assert_non_null(strstr(g_err, "[3, 2]"));
+  dst.rows = 2;
+  dst.cols = 3;
+  assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_OK);
+  assert_true(ys[5] == 6.0f); /* 6 * 64 = 384 is exact in E4M3 */
+  free(st.buf[0].ptr);
+  free(st.buf[1].ptr);
+  free(cfg);
+  dlclose(h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options_defaults),
@@ -739,6 +852,7 @@ int main(void) {
       cmocka_unit_test(test_2d_columnwise_is_transpose),
       cmocka_unit_test(test_padding_rezeroed_on_update),
       cmocka_unit_test(test_dequantize_error_bound),
+      cmocka_unit_test(test_module_direct),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
