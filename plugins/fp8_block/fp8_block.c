@@ -143,8 +143,9 @@ static float amax_of(const float *x, int n) {
   return hq_bits_f32(m);
 }
 
-/* q[j*qs] = fp8(RN(x[j] * scale[j*ss])) for j < n; the element kind is a literal at each call
-   site so that the conversion inlines without a per-element branch. */
+/* q[j*qs] = fp8(RN(x[j] * scale[j*ss])) for j < n (ss = 0: one scale for all). cast() picks
+   the element kind once per call, so each loop inlines one conversion with no per-element kind
+   branch. */
 static inline void cast_e4m3(const float *x, const float *scale, int ss, int n, uint8_t *q,
                              int qs) {
   for (int j = 0; j < n; j++) q[j * qs] = hq_f32_to_e4m3(hq_mul_rn(x[j], scale[j * ss]));
