@@ -23,7 +23,7 @@ $hq --version | grep -q "plugin ABI 1.0" || fail "--version"; ok
 
 # info lists identity and fp8_tensor with their options
 $hq info --json > "$tmp/info.json" || fail "info --json"
-for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"power_2_scale","type":"bool","default":"false"' \
+for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"power_2_scales","type":"bool","default":"false"' \
          '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":1,"minor":0}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done

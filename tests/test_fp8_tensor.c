@@ -88,7 +88,7 @@ static void test_scale_options(void **state) {
   hq_recipe *r;
   /* amax 3: plain scale 448/3 = 149.33 (3 -> 448 = 0x7E); pow2 scale 128 (3 -> 384 = 0x7C) */
   float x[2] = {3, -1.5f};
-  hq_qtensor *qt = quantize(ctx, "power_2_scale = true", x, 1, 2, HQ_ROWWISE, &r);
+  hq_qtensor *qt = quantize(ctx, "power_2_scales = true", x, 1, 2, HQ_ROWWISE, &r);
   assert_int_equal(bytes(qt, HQ_ROWWISE)[0], 0x7c);
   assert_int_equal(bytes(qt, HQ_ROWWISE)[1], 0xf4); /* -192 = -1.5*2^7 -> e=14 m=4 */
   assert_true(scale_inv(qt, HQ_ROWWISE) == 1.0f / 128.0f);

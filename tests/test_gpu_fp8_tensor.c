@@ -126,7 +126,7 @@ static void test_bitwise_equal(void **state) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       check_case("", dts[t], shapes[s][0], shapes[s][1], (uint64_t)(t * 10 + s), 0);
   check_case("dtype = e5m2", HQ_BF16, 128, 96, 1, 0);
-  check_case("power_2_scale = true", HQ_F32, 64, 64, 2, 0);
+  check_case("power_2_scales = true", HQ_F32, 64, 64, 2, 0);
   check_case("amax_epsilon = 100", HQ_F32, 64, 64, 3, 0);
   check_case("", HQ_F32, 64, 80, 4, 1);   /* NaN and a tiny value */
   check_case("", HQ_BF16, 64, 80, 5, 2);  /* NaN and Inf */

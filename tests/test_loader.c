@@ -150,7 +150,7 @@ static void test_stock_plugins(void **state) {
   assert_true(hq_plugin_caps(f8) & HQ_CAP_CPU);
   assert_true(hq_plugin_caps(f8) & HQ_CAP_REQUANT_SAFE);
   assert_int_equal(hq_plugin_abi_minor(f8), HQ_ABI_MINOR);
-  const char *want[] = {"dtype", "scaling", "power_2_scale", "amax_epsilon", "amax_history_len",
+  const char *want[] = {"dtype", "scaling", "power_2_scales", "amax_epsilon", "amax_history_len",
                         "margin", "amax_compute_algo", "reduce_amax"};
   const hq_option *o = hq_plugin_options(f8);
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

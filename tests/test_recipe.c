@@ -41,7 +41,7 @@ static void test_valid_and_introspection(void **state) {
   (void)state;
   hq_recipe *r = parse("; a comment\n# another\n[recipe]\nname = demo\n\n"
                        "[format f8]\nplugin = fp8_tensor\ndtype = e5m2 ; inline comment\n"
-                       "power_2_scale = yes\n"
+                       "power_2_scales = yes\n"
                        "[role linear:weight:*]\nrowwise = f8\ncolumnwise = identity\n"
                        "[role linear:grad_output:*]\ncolumnwise = f8\n"
                        "columnwise_source = rowwise_dequantized\n");

@@ -31,7 +31,7 @@ static const hq_option options[] = {
     [OPT_SCALING] = {"scaling", HQ_OPT_ENUM, "current",
                      "current: scale from this tensor's amax; delayed: from the amax history "
                      "(reserved, arrives with the lifecycle work)", "current|delayed", 0, -1},
-    [OPT_POW2] = {"power_2_scale", HQ_OPT_BOOL, "false",
+    [OPT_POW2] = {"power_2_scales", HQ_OPT_BOOL, "false",
                   "round the scale down to a power of two (current scaling)", NULL, 0, -1},
     [OPT_EPS] = {"amax_epsilon", HQ_OPT_FLOAT, "0",
                  "floor applied to amax before the scale is computed (current scaling)", NULL, 0,

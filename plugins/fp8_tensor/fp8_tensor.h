@@ -14,7 +14,7 @@ extern "C" {
 typedef struct fp8t_cfg {
   int kind;          /* HQ_FP8_E4M3 / HQ_FP8_E5M2 */
   int delayed;       /* scaling = delayed */
-  int pow2;          /* power_2_scale */
+  int pow2;          /* power_2_scales */
   float epsilon;     /* amax_epsilon */
   int history_len;   /* amax_history_len (delayed) */
   int margin;        /* margin (delayed) */
