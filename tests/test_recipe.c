@@ -154,7 +154,7 @@ static void test_format_errors(void **state) {
                "unknown option 'scale' for plugin 'fp8_tensor' (it accepts: dtype, scaling");
   expect_error("[format f8]\nplugin = fp8_tensor\ndtype = e3m4\n", 3,
                "option 'dtype' (enum) of format 'f8': 'e3m4' is not one of e4m3|e5m2");
-  expect_error("[format f8]\nplugin = fp8_tensor\npower_2_scale = maybe\n", 3, "is not a bool");
+  expect_error("[format f8]\nplugin = fp8_tensor\npower_2_scales = maybe\n", 3, "is not a bool");
   expect_error("[format f8]\nplugin = fp8_tensor\namax_epsilon = -1\n", 3, "out of range");
   expect_error("[format f8]\nplugin = fp8_tensor\namax_epsilon = 1e999\n", 3,
                "is not a finite number");
