@@ -138,7 +138,8 @@ static void test_e2m1_stochastic_rule(void **state) {
     for (unsigned r = 0; r < 256; r++)
       assert_int_equal(hq_f32_to_e2m1_sr(hq_e2m1_to_f32(c), r), c);
   /* 1.25 lies halfway between 1 and 1.5: up exactly when u >= 0.5 */
-  for (unsigned r = 0; r < 256; r++) assert_int_equal(hq_f32_to_e2m1_sr(1.25f, r), r >= 128 ? 3 : 2);
+  for (unsigned r = 0; r < 256; r++)
+    assert_int_equal(hq_f32_to_e2m1_sr(1.25f, r), r >= 128 ? 3 : 2);
   /* 2.25 (step 1): up to 3 when u >= 0.75; 5.0 (step 2): up to 6 when u >= 0.5 */
   for (unsigned r = 0; r < 256; r++) {
     assert_int_equal(hq_f32_to_e2m1_sr(2.25f, r), r >= 192 ? 5 : 4);
@@ -333,7 +334,8 @@ static void test_block_scale_random_vs_double(void **state) {
       assert_int_equal(sf, ref_sf(ab, &r));
       assert_true(hq_nvfp4_encode_mult((uint8_t)sf, r.s_dec) == ref_enc(sf, &r));
       float dm = hq_nvfp4_decode_mult((uint8_t)sf, A);
-      float dref = (float)((double)(float)(e4m3_ref(sf) * (double)A) * (double)(float)(1.0 / 2688.0));
+      float dref =
+          (float)((double)(float)(e4m3_ref(sf) * (double)A) * (double)(float)(1.0 / 2688.0));
       assert_true(dm == dref);
       float x = ab * hq_test_uniform(&s);
       assert_int_equal(hq_nvfp4_quantize(x, ref_enc(sf, &r)),
@@ -486,7 +488,9 @@ static void test_rht_lanes_and_bf16_round(void **state) {
     float v[256], g[16];
     for (int k = 0; k < 256; k++) {
       uint64_t r = hq_test_rand(&s);
-      v[k] = (r % 97 == 0) ? NAN : (r % 89 == 0) ? INFINITY : hq_test_normal(&s) * ldexpf(1, (int)(r % 40) - 20);
+      v[k] = (r % 97 == 0)   ? NAN
+             : (r % 89 == 0) ? INFINITY
+                             : hq_test_normal(&s) * ldexpf(1, (int)(r % 40) - 20);
     }
     float w[256];
     memcpy(w, v, sizeof w);
