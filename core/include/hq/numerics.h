@@ -416,7 +416,9 @@ HQ_HD float hq_nvfp4_bf16_round(float x) {
      3. v_i = RN(v_i * 0.25)
      4. v_i = RN_bf16(v_i)            (the BF16 the columnwise amax and quantization see)
    In exact arithmetic the matrix diag(s) H16 / 4 is orthogonal; its inverse is its transpose
-   H16 diag(s) / 4. */
+   H16 diag(s) / 4. A NaN input makes NaN outputs whose sign and payload are not defined (they
+   differ between compilers and devices); any NaN is ignored by amax and quantizes to +6, so the
+   quantized bytes do not depend on them. */
 HQ_HD void hq_nvfp4_rht16(float v[16], uint32_t sign_mask) {
   for (int i = 0; i < 16; i++)
     v[i] = hq_bits_f32(hq_f32_bits(hq_nvfp4_bf16_round(v[i])) ^ (((sign_mask >> i) & 1u) << 31));
