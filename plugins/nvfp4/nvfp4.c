@@ -196,6 +196,9 @@ static void qdir_start(qdir *d, hq_storage *s, float amax) {
   memset(d->scale, 0, s->buf[NVFP4_SCALE_INV].bytes); /* padding: deterministic zeros */
 }
 
+/* The CPU loops below keep a constant trip count of 16 innermost: that is what GCC vectorizes
+   at -O2 (its "very cheap" cost model refuses loops that need an epilogue). */
+
 /* Rows [r0, r0 + n) of src as FP32 into S (row stride ld). */
 static void load_rows(const hq_tensor *src, int64_t r0, int64_t n, float *S, int64_t ld) {
   const int64_t K = src->cols;
@@ -208,19 +211,34 @@ static void load_rows(const hq_tensor *src, int64_t r0, int64_t n, float *S, int
       for (int64_t k = 0; k < K; k++) o[k] = hq_f16_to_f32(p[k]);
     } else {
       const uint16_t *p = (const uint16_t *)src->data + (r0 + r) * K;
-      for (int64_t k = 0; k < K; k++) o[k] = hq_bf16_to_f32(p[k]);
+      for (int64_t k = 0; k < K; k += 16)
+        for (int l = 0; l < 16; l++) o[k + l] = hq_bf16_to_f32(p[k + l]);
     }
   }
+}
+
+/* hq_nvfp4_amax of n values, n a multiple of 16, with 16 running maxima. */
+static float amax16(const float *v, int64_t n) {
+  float mx[16] = {0};
+  for (int64_t i = 0; i < n; i += 16) {
+    for (int l = 0; l < 16; l++) {
+      int32_t b = (int32_t)(hq_f32_bits(v[i + l]) & 0x7fffffffu);
+      b = b > 0x7f800000 ? 0 : b;
+      int32_t m = (int32_t)hq_f32_bits(mx[l]);
+      mx[l] = hq_bits_f32((uint32_t)(b > m ? b : m));
+    }
+  }
+  return hq_nvfp4_amax(mx, 16);
 }
 
 /* amax of the whole input (FORMATS.md 0.4); half-precision inputs go through the strip buffer. */
 static float input_amax(const hq_tensor *src, float *S, int64_t ld) {
   float m = 0.0f;
-  if (src->dtype == HQ_F32) return hq_nvfp4_amax(src->data, src->rows * src->cols);
+  if (src->dtype == HQ_F32) return amax16(src->data, src->rows * src->cols);
   for (int64_t r0 = 0; r0 < src->rows; r0 += HQ_NVFP4_BLOCK) {
     load_rows(src, r0, HQ_NVFP4_BLOCK, S, ld);
     for (int r = 0; r < HQ_NVFP4_BLOCK; r++) {
-      float b = hq_nvfp4_amax(S + r * ld, src->cols);
+      float b = amax16(S + r * ld, src->cols);
       m = b > m ? b : m;
     }
   }
@@ -265,11 +283,29 @@ static inline void pack16(const float *g, float enc, const uint32_t *bits, uint8
   if (!bits) {
     for (int e = 0; e < 16; e++) c[e] = (uint8_t)hq_nvfp4_quantize(g[e], enc);
   } else {
-    uint32_t r[16];
-    for (int e = 0; e < 16; e++) r[e] = hq_nvfp4_sr_byte(bits, e);
+    uint32_t r[16]; /* r[e] = hq_nvfp4_sr_byte(bits, e), with constant shifts */
+    for (int w = 0; w < 4; w++) {
+      r[4 * w] = bits[w] & 0xffu;
+      r[4 * w + 1] = (bits[w] >> 8) & 0xffu;
+      r[4 * w + 2] = (bits[w] >> 16) & 0xffu;
+      r[4 * w + 3] = bits[w] >> 24;
+    }
     for (int e = 0; e < 16; e++) c[e] = (uint8_t)hq_nvfp4_quantize_sr(g[e], enc, r[e]);
   }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  /* the same packing on 64-bit words: byte 2b of a word is c[2b], byte 2b+1 is c[2b+1] */
+  for (int h = 0; h < 2; h++) {
+    uint64_t x;
+    memcpy(&x, c + 8 * h, 8);
+    x = (x | x >> 4) & 0x00ff00ff00ff00ffull;
+    x = (x | x >> 8) & 0x0000ffff0000ffffull;
+    x = (x | x >> 16) & 0x00000000ffffffffull;
+    uint32_t y = (uint32_t)x;
+    memcpy(out + 4 * h, &y, 4);
+  }
+#else
   for (int b = 0; b < 8; b++) out[b] = (uint8_t)(c[2 * b] | c[2 * b + 1] << 4);
+#endif
 }
 
 /* One 16-element block: its scale code (returned) and its 8 bytes. */
