@@ -1,1 +1,20 @@
-# plugins/nvfp4/local.mk -- the nvfp4 format (see issue: block-scaled formats)
+# plugins/nvfp4/local.mk -- NVFP4 (CPU reference; CUDA kernels are a later issue)
+hqplugin_LTLIBRARIES += plugins/nvfp4/nvfp4.la
+plugins_nvfp4_nvfp4_la_SOURCES = plugins/nvfp4/nvfp4.c plugins/nvfp4/nvfp4.h
+plugins_nvfp4_nvfp4_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS)
+plugins_nvfp4_nvfp4_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
+HQ_TEST_PLUGIN_DIRS += $(abs_top_builddir)/plugins/nvfp4/.libs
+
+if HQ_TESTS
+# the NVFP4 rules of hq/numerics.h, against independent references
+check_PROGRAMS += tests/test_nvfp4_numerics
+tests_test_nvfp4_numerics_SOURCES = tests/test_nvfp4_numerics.c tests/hq_test.h
+tests_test_nvfp4_numerics_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_nvfp4_numerics_LDADD = $(HQ_TEST_LDADD)
+
+# the plugin through the public API (recipes, quantizers, storages)
+check_PROGRAMS += tests/test_nvfp4
+tests_test_nvfp4_SOURCES = tests/test_nvfp4.c tests/hq_test.h
+tests_test_nvfp4_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_nvfp4_LDADD = $(HQ_TEST_LDADD)
+endif

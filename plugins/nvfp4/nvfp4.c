@@ -1,0 +1,507 @@
+/*
+** nvfp4.c -- NVFP4 (FP4 E2M1 elements in 16-element blocks, an E4M3 scale per block and an FP32
+** global amax per direction): the plugin ABI and the CPU reference (FORMATS.md section 3). There
+** is no CUDA path yet: a device call fails with HQ_ENOTSUP.
+**
+** Quantize, per direction, with TE's operation order (FORMATS.md 3.3; every rule is a function of
+** hq/numerics.h, section NVFP4, which the CUDA kernels will share):
+**   A     = the direction's global amax: max |x| over the whole input, NaN ignored, Inf counted.
+**           Without RHT both directions use amax(x); with RHT the columnwise A is the amax of the
+**           BF16-rounded transformed values (FORMATS.md 3.3 "Global amax per direction").
+**   S_enc = min(2688 / A, FLT_MAX) (1 if A == 0 or Inf), S_dec = RN(1 / S_enc),
+**   sf    = E4M3(a_b * RN(S_enc * RN(1/6))) per block (stored),
+**   enc   = min(1 / (sf * S_dec), FLT_MAX),
+**   q     = E2M1(RN(x * enc)): round to nearest even, saturating to +-6, NaN -> +6; or stochastic.
+** The rowwise blocks are 1x16 along K; the columnwise blocks are 16x1 along M and the columnwise
+** copy is stored transposed, [K, M/2]. A columnwise-only quantize is supported.
+**
+** Dequantize (either direction, into f32 / bf16 / f16 [M, K]; the columnwise copy un-transposed):
+**   x' = RN(e2m1(q) * RN(RN(fp32(sf) * A) * RN(1/2688))), then RN to the output dtype.
+** With rht = true the columnwise copy dequantizes to the TRANSFORMED values (x^T's 16-groups times
+** diag(s) H16 / 4): it is a GEMM operand whose partner along M is transformed the same way, so
+** the product over M is preserved; the inverse transform is not applied.
+**
+** Buffers of each storage, in save order (FORMATS.md 3.7; index functions in hq/numerics.h):
+**   0 data                  e2m1x2 [M, K/2]                       HQ_BUF_SHARDED
+**     columnwise_data       e2m1x2 [K, M/2]   (transposed)
+**   1 scale_inv             e4m3   [roundup(M,128), roundup(K/16,4)] HQ_BUF_SHARDED
+**     columnwise_scale_inv  e4m3   [roundup(K,128), roundup(M/16,4)]
+**   2 amax / columnwise_amax f32   [1]        (the direction's global amax A)
+**   Element (i, k): rowwise byte hq_nvfp4_row_data_index(i, k, K), low nibble when k is even;
+**   columnwise byte hq_nvfp4_col_data_index(i, k, M), low nibble when i is even. Its scale:
+**   hq_nvfp4_row_scale_index(i, k, K, swizzle) / hq_nvfp4_col_scale_index(i, k, M, swizzle):
+**   compact row-major [r][k/16] or, with swizzle = true, the cuBLAS 128x4-tile layout of
+**   FORMATS.md 2.4 for both copies ("row" scaling, the columnwise data being transposed). Every
+**   padded scale entry is written as zero, so the bytes of a quantized tensor are deterministic.
+**   meta[0] holds NVFP4_META_* flags, meta[1..2] the RHT sign mask (nvfp4.h).
+**
+** Options:
+**   rht (false), rht_sign_mask (0xD7E8): the 16-point random Hadamard transform of the
+**     columnwise copy only, in the fixed FP32 order of hq_nvfp4_rht16 (sign flip, butterfly
+**     stages 1, 2, 4, 8 with RN adds, exact * 0.25, RN to BF16). Any input dtype is accepted:
+**     f32 and f16 inputs are rounded to BF16 first (TE accepts BF16 only; BF16 is unchanged).
+**   stochastic_rounding (false), seed (0 = the context's seed): E2M1 stochastic rounding in both
+**     directions, random bits from Philox4x32-10, one call per (direction, block, call offset)
+**     (hq_nvfp4_sr_bits: key = seed, counter = block index | direction, hq_call.offset), byte e
+**     of the 16 for element e of the block; the same on every device and thread mapping.
+**   block_2d (false): one scale per 16x16 tile, written for all its 16 rows (rowwise) and 16
+**     columns (columnwise); both directions share amax(x), so the columnwise copy is exactly the
+**     nibble transpose of the rowwise copy. Refused with rht or stochastic_rounding.
+**   swizzle (false): scales in the swizzled layout above.
+** Shape rule: M % 16 == 0 and K % 16 == 0.
+*/
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "hq/numerics.h"
+#include "hq/plugin.h"
+#include "nvfp4.h"
+
+enum { OPT_RHT, OPT_SIGNS, OPT_SR, OPT_SEED, OPT_2D, OPT_SWIZZLE };
+
+static const hq_option options[] = {
+    [OPT_RHT] = {"rht", HQ_OPT_BOOL, "false",
+                 "16-point random Hadamard transform of the columnwise copy (rounded to BF16)",
+                 NULL, 0, -1},
+    [OPT_SIGNS] = {"rht_sign_mask", HQ_OPT_INT, "0xD7E8",
+                   "RHT signs: bit i set makes s_i = -1 (default: TE's fixed vector)", NULL, 0,
+                   65535},
+    [OPT_SR] = {"stochastic_rounding", HQ_OPT_BOOL, "false",
+                "stochastic rounding of the E2M1 elements (Philox4x32-10), both directions", NULL,
+                0, -1},
+    [OPT_SEED] = {"seed", HQ_OPT_INT, "0",
+                  "stochastic rounding seed; 0 uses the context's seed", NULL, 0,
+                  9223372036854775807.0},
+    [OPT_2D] = {"block_2d", HQ_OPT_BOOL, "false",
+                "one scale per 16x16 tile (weights): columnwise = nibble transpose of rowwise",
+                NULL, 0, -1},
+    [OPT_SWIZZLE] = {"swizzle", HQ_OPT_BOOL, "false",
+                     "block scales in cuBLAS's swizzled 128x4-tile layout (GEMM-ready)", NULL, 0,
+                     -1},
+    {NULL, 0, NULL, NULL, NULL, 0, 0},
+};
+
+static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
+  nvfp4_cfg *c = cfgp;
+  c->rht = (int)v[OPT_RHT].i;
+  c->rht_sign_mask = (uint32_t)v[OPT_SIGNS].i;
+  c->sr = (int)v[OPT_SR].i;
+  c->seed = (uint64_t)v[OPT_SEED].i;
+  c->block_2d = (int)v[OPT_2D].i;
+  c->swizzle = (int)v[OPT_SWIZZLE].i;
+  if (c->block_2d && (c->rht || c->sr))
+    return host->error(HQ_EINVAL, "nvfp4: block_2d = true cannot be combined with %s = true "
+                       "(2-D quantization makes the columnwise copy the nibble transpose of the "
+                       "rowwise one; TE's weights use neither RHT nor stochastic rounding)",
+                       c->rht ? "rht" : "stochastic_rounding");
+  return HQ_OK;
+}
+
+static uint64_t instance_caps(const void *cfgp) {
+  const nvfp4_cfg *c = cfgp;
+  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY;
+  if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
+  return caps;
+}
+
+static int check_shape(const hq_host_api *host, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0)
+    return host->error(HQ_ESHAPE, "nvfp4: shape [%lld, %lld] is negative", (long long)rows,
+                       (long long)cols);
+  if (rows % HQ_NVFP4_BLOCK)
+    return host->error(HQ_ESHAPE, "nvfp4: rows = %lld is not a multiple of 16", (long long)rows);
+  if (cols % HQ_NVFP4_BLOCK)
+    return host->error(HQ_ESHAPE, "nvfp4: cols = %lld is not a multiple of 16", (long long)cols);
+  return HQ_OK;
+}
+
+static void set_buf(hq_buffer *b, const char *name, hq_dtype t, int ndim, int64_t d0,
+                    int64_t d1, uint32_t flags) {
+  b->name = name;
+  b->dtype = t;
+  b->ndim = ndim;
+  b->shape[0] = d0;
+  b->shape[1] = d1;
+  b->flags = flags;
+}
+
+static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
+                  uint32_t dir, uint32_t dirs, hq_storage *out) {
+  const nvfp4_cfg *c = cfgp;
+  (void)dirs;
+  int rc = check_shape(host, rows, cols);
+  if (rc) return rc;
+  int row = dir == HQ_ROWWISE;
+  int64_t R = row ? rows : cols, C = row ? cols : rows; /* the stored data is [R, C/2] */
+  uint32_t sharded = row ? HQ_BUF_SHARDED : 0;
+  out->nbuf = NVFP4_NBUF;
+  set_buf(&out->buf[NVFP4_DATA], row ? "data" : "columnwise_data", HQ_E2M1X2, 2, R, C / 2,
+          sharded);
+  set_buf(&out->buf[NVFP4_SCALE_INV], row ? "scale_inv" : "columnwise_scale_inv", HQ_E4M3, 2,
+          hq_nvfp4_scale_rows(R), hq_nvfp4_scale_cols(C), sharded);
+  set_buf(&out->buf[NVFP4_AMAX], row ? "amax" : "columnwise_amax", HQ_F32, 1, 1, 0, 0);
+  out->meta[0] = (uint8_t)((c->rht ? NVFP4_META_RHT : 0) | (c->sr ? NVFP4_META_SR : 0) |
+                           (c->block_2d ? NVFP4_META_2D : 0) |
+                           (c->swizzle ? NVFP4_META_SWIZZLE : 0));
+  out->meta[1] = (uint8_t)(c->rht ? c->rht_sign_mask : 0);
+  out->meta[2] = (uint8_t)(c->rht ? c->rht_sign_mask >> 8 : 0);
+  return HQ_OK;
+}
+
+/* A storage must be the one layout() describes for [M, K] (never write out of bounds). */
+static int check_storage(const hq_host_api *host, const hq_storage *s, uint32_t dir, int64_t M,
+                         int64_t K) {
+  int64_t R = dir == HQ_ROWWISE ? M : K, C = dir == HQ_ROWWISE ? K : M;
+  if (!s || s->dir != dir || s->nbuf != NVFP4_NBUF || s->rows != M || s->cols != K ||
+      s->buf[NVFP4_DATA].bytes != (size_t)(R * (C / 2)) ||
+      s->buf[NVFP4_SCALE_INV].bytes !=
+          (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C)) ||
+      s->buf[NVFP4_AMAX].bytes != sizeof(float) || !s->buf[NVFP4_DATA].ptr ||
+      !s->buf[NVFP4_SCALE_INV].ptr || !s->buf[NVFP4_AMAX].ptr)
+    return host->error(HQ_EINVAL, "nvfp4: the %s storage does not match a [%lld, %lld] tensor",
+                       dir == HQ_ROWWISE ? "rowwise" : "columnwise", (long long)M, (long long)K);
+  return HQ_OK;
+}
+
+static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
+  (void)cfgp;
+  if (call->device != HQ_DEVICE_HOST)
+    return call->host->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only)");
+  for (uint32_t i = 0; i < s->nbuf; i++)
+    if (s->buf[i].ptr) memset(s->buf[i].ptr, 0, s->buf[i].bytes);
+  return HQ_OK;
+}
+
+// --- CPU reference: quantize -------------------------------------------------------------------
+
+/* One direction being quantized. */
+typedef struct qdir {
+  uint8_t *data, *scale;   /* NULL: the direction is not made by this call */
+  float *amax_out;
+  float amax;              /* the global amax A */
+  float m;                 /* RN(S_enc * RN(1/6)) */
+  float enc[256];          /* hq_nvfp4_encode_mult of every scale code, for this S_dec */
+} qdir;
+
+static void qdir_start(qdir *d, hq_storage *s, float amax) {
+  d->data = s->buf[NVFP4_DATA].ptr;
+  d->scale = s->buf[NVFP4_SCALE_INV].ptr;
+  d->amax_out = s->buf[NVFP4_AMAX].ptr;
+  d->amax = amax;
+  float s_enc = hq_nvfp4_global_encode_scale(amax);
+  float s_dec = hq_nvfp4_global_decode_scale(s_enc);
+  d->m = hq_nvfp4_block_scale_mult(s_enc);
+  for (int c = 0; c < 256; c++) d->enc[c] = hq_nvfp4_encode_mult((uint8_t)c, s_dec);
+  memset(d->scale, 0, s->buf[NVFP4_SCALE_INV].bytes); /* padding: deterministic zeros */
+}
+
+/* The CPU loops below keep a constant trip count of 16 innermost: that is what GCC vectorizes
+   at -O2 (its "very cheap" cost model refuses loops that need an epilogue). */
+
+/* Rows [r0, r0 + n) of src as FP32 into S (row stride ld). */
+static void load_rows(const hq_tensor *src, int64_t r0, int64_t n, float *S, int64_t ld) {
+  const int64_t K = src->cols;
+  for (int64_t r = 0; r < n; r++) {
+    float *o = S + r * ld;
+    if (src->dtype == HQ_F32) {
+      memcpy(o, (const float *)src->data + (r0 + r) * K, (size_t)K * sizeof(float));
+    } else if (src->dtype == HQ_F16) {
+      const uint16_t *p = (const uint16_t *)src->data + (r0 + r) * K;
+      for (int64_t k = 0; k < K; k++) o[k] = hq_f16_to_f32(p[k]);
+    } else {
+      const uint16_t *p = (const uint16_t *)src->data + (r0 + r) * K;
+      for (int64_t k = 0; k < K; k += 16)
+        for (int l = 0; l < 16; l++) o[k + l] = hq_bf16_to_f32(p[k + l]);
+    }
+  }
+}
+
+/* hq_nvfp4_amax of n values, n a multiple of 16, with 16 running maxima. */
+static float amax16(const float *v, int64_t n) {
+  float mx[16] = {0};
+  for (int64_t i = 0; i < n; i += 16) {
+    for (int l = 0; l < 16; l++) {
+      int32_t b = (int32_t)(hq_f32_bits(v[i + l]) & 0x7fffffffu);
+      b = b > 0x7f800000 ? 0 : b;
+      int32_t m = (int32_t)hq_f32_bits(mx[l]);
+      mx[l] = hq_bits_f32((uint32_t)(b > m ? b : m));
+    }
+  }
+  return hq_nvfp4_amax(mx, 16);
+}
+
+/* amax of the whole input (FORMATS.md 0.4); half-precision inputs go through the strip buffer. */
+static float input_amax(const hq_tensor *src, float *S, int64_t ld) {
+  float m = 0.0f;
+  if (src->dtype == HQ_F32) return amax16(src->data, src->rows * src->cols);
+  for (int64_t r0 = 0; r0 < src->rows; r0 += HQ_NVFP4_BLOCK) {
+    load_rows(src, r0, HQ_NVFP4_BLOCK, S, ld);
+    for (int r = 0; r < HQ_NVFP4_BLOCK; r++) {
+      float b = amax16(S + r * ld, src->cols);
+      m = b > m ? b : m;
+    }
+  }
+  return m;
+}
+
+/* Columns j0..j0+15 of a 16-row strip as 16 contiguous groups: T[16 * l + e] = element e (row
+   r0 + e) of column j0 + l, through the RHT when rht is on. */
+static inline void column_tile(const float *S, int64_t ld, int64_t j0, const nvfp4_cfg *c,
+                               float T[256]) {
+  if (c->rht) {
+    float v[256]; /* v[16 * e + l]: lanes are columns, as hq_nvfp4_rht16x16 wants */
+    for (int e = 0; e < 16; e++) memcpy(v + 16 * e, S + e * ld + j0, 16 * sizeof(float));
+    hq_nvfp4_rht16x16(v, c->rht_sign_mask);
+    for (int e = 0; e < 16; e++)
+      for (int l = 0; l < 16; l++) T[16 * l + e] = v[16 * e + l];
+  } else {
+    for (int e = 0; e < 16; e++)
+      for (int l = 0; l < 16; l++) T[16 * l + e] = S[e * ld + j0 + l];
+  }
+}
+
+/* amax of RHT(x^T) (BF16-rounded), the columnwise global amax with rht. */
+static float rht_amax(const hq_tensor *src, const nvfp4_cfg *c, float *S, int64_t ld) {
+  float m = 0.0f, T[256];
+  for (int64_t r0 = 0; r0 < src->rows; r0 += HQ_NVFP4_BLOCK) {
+    load_rows(src, r0, HQ_NVFP4_BLOCK, S, ld);
+    for (int64_t j0 = 0; j0 < src->cols; j0 += 16) {
+      column_tile(S, ld, j0, c, T);
+      float b = hq_nvfp4_amax(T, 256);
+      m = b > m ? b : m;
+    }
+  }
+  return m;
+}
+
+/* Encode 16 values with one multiplier into 8 packed bytes (element 2b low nibble of byte b).
+   bits: the block's Philox words for stochastic rounding, or NULL for RNE. The codes are made
+   first in a flat loop (vectorizable), then packed. */
+static inline void pack16(const float *g, float enc, const uint32_t *bits, uint8_t out[8]) {
+  uint8_t c[16];
+  if (!bits) {
+    for (int e = 0; e < 16; e++) c[e] = (uint8_t)hq_nvfp4_quantize(g[e], enc);
+  } else {
+    uint32_t r[16]; /* r[e] = hq_nvfp4_sr_byte(bits, e), with constant shifts */
+    for (int w = 0; w < 4; w++) {
+      r[4 * w] = bits[w] & 0xffu;
+      r[4 * w + 1] = (bits[w] >> 8) & 0xffu;
+      r[4 * w + 2] = (bits[w] >> 16) & 0xffu;
+      r[4 * w + 3] = bits[w] >> 24;
+    }
+    for (int e = 0; e < 16; e++) c[e] = (uint8_t)hq_nvfp4_quantize_sr(g[e], enc, r[e]);
+  }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  /* the same packing on 64-bit words: byte 2b of a word is c[2b], byte 2b+1 is c[2b+1] */
+  for (int h = 0; h < 2; h++) {
+    uint64_t x;
+    memcpy(&x, c + 8 * h, 8);
+    x = (x | x >> 4) & 0x00ff00ff00ff00ffull;
+    x = (x | x >> 8) & 0x0000ffff0000ffffull;
+    x = (x | x >> 16) & 0x00000000ffffffffull;
+    uint32_t y = (uint32_t)x;
+    memcpy(out + 4 * h, &y, 4);
+  }
+#else
+  for (int b = 0; b < 8; b++) out[b] = (uint8_t)(c[2 * b] | c[2 * b + 1] << 4);
+#endif
+}
+
+/* One 16-element block: its scale code (returned) and its 8 bytes. */
+static inline uint8_t encode_block(const float *g, const qdir *d, const uint32_t *bits,
+                                   uint8_t out[8]) {
+  uint8_t sf = hq_nvfp4_block_scale(hq_nvfp4_amax(g, 16), d->m);
+  pack16(g, d->enc[sf], bits, out);
+  return sf;
+}
+
+typedef struct qjob {
+  const nvfp4_cfg *cfg;
+  int64_t M, K;
+  uint64_t seed, offset;
+} qjob;
+
+/* 1-D blocks of the 16-row strip S (rows r0..r0+15). */
+static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir *rd, qdir *cd) {
+  const int64_t M = q->M, K = q->K;
+  const int sw = q->cfg->swizzle, sr = q->cfg->sr;
+  uint32_t bits[4];
+  if (rd) {
+    for (int e = 0; e < 16; e++) {
+      const int64_t i = r0 + e;
+      for (int64_t k = 0; k < K; k += 16) {
+        if (sr) hq_nvfp4_sr_bits(q->seed, q->offset, 0, (uint64_t)(i * (K / 16) + k / 16), bits);
+        rd->scale[hq_nvfp4_row_scale_index(i, k, K, sw)] =
+            encode_block(S + e * ld + k, rd, sr ? bits : NULL,
+                         rd->data + hq_nvfp4_row_data_index(i, k, K));
+      }
+    }
+  }
+  if (cd) {
+    float T[256];
+    for (int64_t j0 = 0; j0 < K; j0 += 16) {
+      column_tile(S, ld, j0, q->cfg, T);
+      for (int l = 0; l < 16; l++) {
+        const int64_t k = j0 + l;
+        if (sr) hq_nvfp4_sr_bits(q->seed, q->offset, 1, (uint64_t)(k * (M / 16) + r0 / 16), bits);
+        cd->scale[hq_nvfp4_col_scale_index(r0, k, M, sw)] =
+            encode_block(T + 16 * l, cd, sr ? bits : NULL,
+                         cd->data + hq_nvfp4_col_data_index(r0, k, M));
+      }
+    }
+  }
+}
+
+/* 16x16 tiles of the strip: one amax, one scale and one multiplier per tile; the same codes go
+   to both copies (rd and cd share the amax, hence m and enc). */
+static void strip_2d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir *rd, qdir *cd) {
+  const int64_t M = q->M, K = q->K;
+  const int sw = q->cfg->swizzle;
+  const qdir *d = rd ? rd : cd;
+  uint8_t codes[16][8]; /* rowwise bytes of the tile: codes[row][byte] */
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    float a = 0.0f;
+    for (int e = 0; e < 16; e++) {
+      float b = hq_nvfp4_amax(S + e * ld + k0, 16);
+      a = b > a ? b : a;
+    }
+    uint8_t sf = hq_nvfp4_block_scale(a, d->m);
+    float enc = d->enc[sf];
+    for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, enc, NULL, codes[e]);
+    if (rd) {
+      for (int e = 0; e < 16; e++) {
+        memcpy(rd->data + hq_nvfp4_row_data_index(r0 + e, k0, K), codes[e], 8);
+        rd->scale[hq_nvfp4_row_scale_index(r0 + e, k0, K, sw)] = sf;
+      }
+    }
+    if (cd) {
+      for (int t = 0; t < 16; t++) {
+        uint8_t col[8];
+        const int sh = (t & 1) * 4;
+        for (int b = 0; b < 8; b++)
+          col[b] = (uint8_t)(((codes[2 * b][t >> 1] >> sh) & 0xfu) |
+                             ((codes[2 * b + 1][t >> 1] >> sh) & 0xfu) << 4);
+        memcpy(cd->data + hq_nvfp4_col_data_index(r0, k0 + t, M), col, 8);
+        cd->scale[hq_nvfp4_col_scale_index(r0, k0 + t, M, sw)] = sf;
+      }
+    }
+  }
+}
+
+static int check_src(const hq_host_api *host, const hq_tensor *t, const char *what) {
+  if (!t || !t->data || (t->dtype != HQ_F32 && t->dtype != HQ_F16 && t->dtype != HQ_BF16))
+    return host->error(HQ_EINVAL, "nvfp4: the %s tensor must be f32, f16 or bf16", what);
+  return check_shape(host, t->rows, t->cols);
+}
+
+static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                    hq_storage *row, hq_storage *col) {
+  const nvfp4_cfg *c = cfgp;
+  const hq_host_api *h = call->host;
+  if (call->device != HQ_DEVICE_HOST)
+    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); quantize on a "
+                    "host context");
+  int rc = check_src(h, src, "input");
+  const int64_t M = src->rows, K = src->cols;
+  if (!rc && (dirs & HQ_ROWWISE)) rc = check_storage(h, row, HQ_ROWWISE, M, K);
+  if (!rc && (dirs & HQ_COLWISE)) rc = check_storage(h, col, HQ_COLWISE, M, K);
+  if (rc) return rc;
+  if (!(dirs & HQ_BOTH)) return HQ_OK;
+
+  qjob q = {c, M, K, c->seed ? c->seed : call->seed, call->offset};
+  const int64_t ld = K + 16; /* one spare cache line per row: columns don't alias in L1 */
+  float *S = NULL;
+  if (M && K) {
+    S = h->alloc(call, (size_t)(16 * ld) * sizeof(float));
+    if (!S) return HQ_ENOMEM;
+  }
+  /* pass 1: the global amaxes */
+  const int col_rht = (dirs & HQ_COLWISE) && c->rht;
+  float amax_x = 0.0f, amax_t = 0.0f;
+  if (S && ((dirs & HQ_ROWWISE) || !col_rht)) amax_x = input_amax(src, S, ld);
+  if (S && col_rht) amax_t = rht_amax(src, c, S, ld);
+  qdir rd, cd;
+  if (dirs & HQ_ROWWISE) qdir_start(&rd, row, amax_x);
+  if (dirs & HQ_COLWISE) qdir_start(&cd, col, c->rht ? amax_t : amax_x);
+  qdir *rp = (dirs & HQ_ROWWISE) ? &rd : NULL, *cp = (dirs & HQ_COLWISE) ? &cd : NULL;
+  /* pass 2: 16-row strips */
+  for (int64_t r0 = 0; S && r0 < M; r0 += 16) {
+    load_rows(src, r0, 16, S, ld);
+    if (c->block_2d) strip_2d(&q, S, ld, r0, rp, cp);
+    else strip_1d(&q, S, ld, r0, rp, cp);
+  }
+  if (rp) *rp->amax_out = rp->amax;
+  if (cp) *cp->amax_out = cp->amax;
+  if (S) h->free(call, S);
+  return HQ_OK;
+}
+
+// --- CPU reference: dequantize -----------------------------------------------------------------
+
+static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
+  const nvfp4_cfg *c = cfgp;
+  const hq_host_api *h = call->host;
+  if (call->device != HQ_DEVICE_HOST)
+    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); dequantize on a "
+                    "host context");
+  int rc = check_src(h, dst, "output");
+  if (rc) return rc;
+  const int64_t M = dst->rows, K = dst->cols;
+  const uint32_t dir = s ? s->dir : 0;
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return h->error(HQ_EINVAL, "nvfp4: dequantize of a storage without a direction");
+  rc = check_storage(h, s, dir, M, K);
+  if (rc) return rc;
+  const uint8_t *q = s->buf[NVFP4_DATA].ptr, *sc = s->buf[NVFP4_SCALE_INV].ptr;
+  const float amax = *(const float *)s->buf[NVFP4_AMAX].ptr;
+  const int sw = c->swizzle, t = dst->dtype;
+  float dec[256];
+  for (int v = 0; v < 256; v++) dec[v] = hq_nvfp4_decode_mult((uint8_t)v, amax);
+  if (dir == HQ_ROWWISE) {
+    for (int64_t i = 0; i < M; i++) {
+      for (int64_t k = 0; k < K; k += 16) {
+        const float dm = dec[sc[hq_nvfp4_row_scale_index(i, k, K, sw)]];
+        const uint8_t *p = q + hq_nvfp4_row_data_index(i, k, K);
+        for (int e = 0; e < 16; e++)
+          hq_store_hp(dst->data, i * K + k + e, t,
+                      hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+      }
+    }
+  } else {
+    /* stored row k holds column k of the output; 16 output rows advance together */
+    for (int64_t i0 = 0; i0 < M; i0 += 16) {
+      for (int64_t k = 0; k < K; k++) {
+        const float dm = dec[sc[hq_nvfp4_col_scale_index(i0, k, M, sw)]];
+        const uint8_t *p = q + hq_nvfp4_col_data_index(i0, k, M);
+        for (int e = 0; e < 16; e++)
+          hq_store_hp(dst->data, (i0 + e) * K + k, t,
+                      hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+      }
+    }
+  }
+  return HQ_OK;
+}
+
+static const hq_format_ops ops = {
+    .abi_major = HQ_ABI_MAJOR,
+    .abi_minor = HQ_ABI_MINOR,
+    .struct_size = sizeof(hq_format_ops),
+    .config_size = sizeof(nvfp4_cfg),
+    .name = "nvfp4",
+    .version = "1.0",
+    .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
+    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY,
+    .options = options,
+    .configure = configure,
+    .instance_caps = instance_caps,
+    .layout = layout,
+    .make_empty = make_empty,
+    .quantize = quantize,
+    .dequantize = dequantize,
+};
+
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host) {
+  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
+  return &ops;
+}

@@ -1,0 +1,658 @@
+/*
+** test_nvfp4_numerics.c -- the NVFP4 rules of hq/numerics.h against independent expectations:
+** E2M1 code points decoded from their bit fields, encodes against a brute-force nearest search
+** (ties to the even code) and FORMATS.md 0.3's tie table, stochastic rounding against a
+** double-precision statement of FORMATS.md 3.6's rule, the scale chain of FORMATS.md 3.3 computed
+** by hand and in double precision, Philox4x32-10 against Random123's published known answers, the
+** RHT against the dense matrix diag(s) H16 / 4, and the scale layouts against an enumeration of
+** FORMATS.md 2.4's tile order.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+
+static const double E2M1_MAG[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+
+/* E2M1 from its fields: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0. */
+static double e2m1_ref(unsigned c) {
+  unsigned s = (c >> 3) & 1u, e = (c >> 1) & 3u, m = c & 1u;
+  double v = e ? ldexp(1.0 + m / 2.0, (int)e - 1) : m * 0.5;
+  return s ? -v : v;
+}
+
+/* Brute force: nearest magnitude, ties to the even code, saturating at 6; NaN -> +6; the sign
+   bit of x is kept. */
+static unsigned e2m1_ref_encode(double x) {
+  if (isnan(x)) return 7u;
+  unsigned s = signbit(x) ? 8u : 0u;
+  double a = fabs(x);
+  if (a > 6.0) a = 6.0;
+  unsigned best = 0;
+  double bd = INFINITY;
+  for (unsigned c = 0; c < 8; c++) {
+    double d = fabs(E2M1_MAG[c] - a);
+    if (d < bd || (d == bd && (c & 1u) == 0)) {
+      bd = d;
+      best = c;
+    }
+  }
+  return s | best;
+}
+
+static float bits_f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint32_t f_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static void test_e2m1_decode_every_code(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 16; c++) {
+    float v = hq_e2m1_to_f32(c);
+    assert_true((double)v == e2m1_ref(c));
+    assert_true(fabs((double)v) == E2M1_MAG[c & 7u]);
+    assert_int_equal(signbit(v) != 0, (c & 8u) != 0);
+    assert_int_equal(hq_f32_to_e2m1(v), c); /* every code re-encodes to itself (8 is -0.0) */
+  }
+  assert_true(hq_e2m1_to_f32(7) == 6.0f);
+  assert_true(hq_e2m1_to_f32(15) == -6.0f);
+  assert_true(hq_e2m1_to_f32(1) == 0.5f);
+}
+
+static void test_e2m1_rne_tie_table(void **state) {
+  (void)state;
+  /* FORMATS.md 0.3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 */
+  static const float in[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  static const float out[7] = {0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f};
+  static const unsigned code[7] = {0, 2, 2, 4, 4, 6, 6};
+  for (int i = 0; i < 7; i++) {
+    assert_int_equal(hq_f32_to_e2m1(in[i]), code[i]);
+    assert_true(hq_e2m1_to_f32(hq_f32_to_e2m1(in[i])) == out[i]);
+    assert_int_equal(hq_f32_to_e2m1(-in[i]), 8u | code[i]);
+  }
+  /* every midpoint: a hair below goes down, a hair above goes up */
+  for (unsigned c = 0; c < 7; c++) {
+    float mid = (float)((E2M1_MAG[c] + E2M1_MAG[c + 1]) / 2);
+    unsigned even = (c & 1u) ? c + 1 : c;
+    assert_int_equal(hq_f32_to_e2m1(mid), even);
+    assert_int_equal(hq_f32_to_e2m1(nextafterf(mid, 0.0f)), c);
+    assert_int_equal(hq_f32_to_e2m1(nextafterf(mid, INFINITY)), c + 1);
+  }
+}
+
+static void test_e2m1_saturation_nan_sign(void **state) {
+  (void)state;
+  assert_int_equal(hq_f32_to_e2m1(6.0f), 7);
+  assert_int_equal(hq_f32_to_e2m1(5.0001f), 7);
+  assert_int_equal(hq_f32_to_e2m1(7.0f), 7);
+  assert_int_equal(hq_f32_to_e2m1(1e30f), 7);
+  assert_int_equal(hq_f32_to_e2m1(INFINITY), 7);
+  assert_int_equal(hq_f32_to_e2m1(-INFINITY), 15);
+  assert_int_equal(hq_f32_to_e2m1(-100.0f), 15);
+  assert_int_equal(hq_f32_to_e2m1(NAN), 7);   /* satfinite: NaN -> +6 */
+  assert_int_equal(hq_f32_to_e2m1(-NAN), 7);
+  assert_int_equal(hq_f32_to_e2m1(bits_f(0x7f800001u)), 7); /* signalling NaN */
+  assert_int_equal(hq_f32_to_e2m1(bits_f(0xffc00000u)), 7);
+  assert_int_equal(hq_f32_to_e2m1(0.0f), 0);
+  assert_int_equal(hq_f32_to_e2m1(-0.0f), 8);
+  assert_int_equal(hq_f32_to_e2m1(-0.1f), 8);
+  assert_int_equal(hq_f32_to_e2m1(1e-45f), 0);
+}
+
+static void test_e2m1_random_vs_bruteforce(void **state) {
+  (void)state;
+  uint64_t s = 777;
+  for (int i = 0; i < 300000; i++) {
+    float x = ldexpf(hq_test_uniform(&s), (int)(hq_test_rand(&s) % 16) - 10);
+    assert_int_equal(hq_f32_to_e2m1(x), e2m1_ref_encode(x));
+  }
+}
+
+/* FORMATS.md 3.6 in double: t = RN_f32(a + u * step(a)); q = the largest E2M1 value <= t (the
+   grid of step(t)), at most 6. */
+static double step_of(double v) { return v < 2 ? 0.5 : (v < 4 ? 1.0 : 2.0); }
+static unsigned sr_ref(float x, unsigned r8) {
+  if (isnan(x)) return 7u;
+  unsigned s = signbit(x) ? 8u : 0u;
+  double a = fabs((double)x);
+  if (a >= 6.0) return s | 7u;
+  double t = (double)(float)(a + (r8 / 256.0) * step_of(a));
+  double q = floor(t / step_of(t)) * step_of(t);
+  if (q > 6.0) q = 6.0;
+  for (unsigned c = 0; c < 8; c++)
+    if (E2M1_MAG[c] == q) return s | c;
+  fail_msg("sr_ref: %g is not an E2M1 value", q);
+  return 0;
+}
+
+static void test_e2m1_stochastic_rule(void **state) {
+  (void)state;
+  /* representable values never move */
+  for (unsigned c = 0; c < 16; c++)
+    for (unsigned r = 0; r < 256; r++)
+      assert_int_equal(hq_f32_to_e2m1_sr(hq_e2m1_to_f32(c), r), c);
+  /* 1.25 lies halfway between 1 and 1.5: up exactly when u >= 0.5 */
+  for (unsigned r = 0; r < 256; r++)
+    assert_int_equal(hq_f32_to_e2m1_sr(1.25f, r), r >= 128 ? 3 : 2);
+  /* 2.25 (step 1): up to 3 when u >= 0.75; 5.0 (step 2): up to 6 when u >= 0.5 */
+  for (unsigned r = 0; r < 256; r++) {
+    assert_int_equal(hq_f32_to_e2m1_sr(2.25f, r), r >= 192 ? 5 : 4);
+    assert_int_equal(hq_f32_to_e2m1_sr(-5.0f, r), r >= 128 ? 15 : 14);
+  }
+  /* crossing a binade: 1.9 + u*0.5 >= 2 goes to 2 (code 4) */
+  for (unsigned r = 0; r < 256; r++)
+    assert_int_equal(hq_f32_to_e2m1_sr(1.875f, r), r >= 64 ? 4 : 3);
+  assert_int_equal(hq_f32_to_e2m1_sr(NAN, 0), 7);
+  assert_int_equal(hq_f32_to_e2m1_sr(-NAN, 255), 7);
+  assert_int_equal(hq_f32_to_e2m1_sr(INFINITY, 255), 7);
+  assert_int_equal(hq_f32_to_e2m1_sr(-INFINITY, 0), 15);
+  assert_int_equal(hq_f32_to_e2m1_sr(-1e-9f, 0), 8);
+  assert_int_equal(hq_f32_to_e2m1_sr(5.99f, 255), 7);
+  /* random values, every r8, against the double statement; and the mean over all 256 r8 is
+     the value within 2 * step/256 (8-bit u: a bias below step/256; the FP32 add may move one
+     of the 256 decisions) */
+  uint64_t s = 4242;
+  for (int i = 0; i < 3000; i++) {
+    float x = hq_test_uniform(&s) * 6.5f;
+    if (i & 1) x = ldexpf(x, -(int)(hq_test_rand(&s) % 12)); /* small values too */
+    double sum = 0;
+    for (unsigned r = 0; r < 256; r++) {
+      unsigned c = hq_f32_to_e2m1_sr(x, r);
+      assert_int_equal(c, sr_ref(x, r));
+      sum += e2m1_ref(c);
+    }
+    double a = fabs((double)x) > 6 ? (x > 0 ? 6.0 : -6.0) : (double)x;
+    double err = fabs(sum / 256 - a);
+    assert_true(err <= 2 * step_of(fabs(a)) / 256);
+  }
+}
+
+/* ---- scales ------------------------------------------------------------------------------- */
+
+static double e4m3_ref(unsigned c) {
+  unsigned s = (c >> 7) & 1u, e = (c >> 3) & 0xfu, m = c & 7u;
+  double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp((double)m, -9);
+  return s ? -v : v;
+}
+
+/* brute-force E4M3 RNE-satfinite for a non-negative, non-NaN value */
+static unsigned e4m3_ref_encode(double a) {
+  if (a > 448.0) a = 448.0;
+  unsigned best = 0;
+  double bd = INFINITY;
+  for (unsigned c = 0; c <= 0x7e; c++) {
+    double d = fabs(e4m3_ref(c) - a);
+    if (d < bd || (d == bd && (c & 1u) == 0)) {
+      bd = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+/* RN to FP32 of a double, Inf past the rounding threshold (no UB cast). */
+static float rf(double v) {
+  if (fabs(v) >= (double)FLT_MAX + ldexp(1.0, 103)) return v > 0 ? INFINITY : -INFINITY;
+  if (fabs(v) > (double)FLT_MAX) return v > 0 ? FLT_MAX : -FLT_MAX;
+  return (float)v;
+}
+
+/* FORMATS.md 3.3 steps 1-4 in double (each FP32 operation as an exact double op rounded once) */
+typedef struct ref_chain {
+  float s_enc, s_dec, m;
+} ref_chain;
+
+static ref_chain ref_global(float A) {
+  ref_chain r;
+  if (A == 0.0f) r.s_enc = 1.0f;
+  else {
+    double q = 2688.0 / (double)A;
+    r.s_enc = q >= (double)FLT_MAX ? FLT_MAX : (float)q;
+    if (r.s_enc == 0.0f) r.s_enc = 1.0f;
+  }
+  r.s_dec = (float)(1.0 / (double)r.s_enc);
+  r.m = (float)((double)r.s_enc * (double)(float)(1.0 / 6.0));
+  return r;
+}
+
+static unsigned ref_sf(float block_amax, const ref_chain *r) {
+  float p = rf((double)block_amax * r->m);
+  if (p > FLT_MAX) p = FLT_MAX;
+  return e4m3_ref_encode(p);
+}
+
+static float ref_enc(unsigned sf, const ref_chain *r) {
+  float d = (float)(e4m3_ref(sf) * (double)r->s_dec);
+  if (d == 0.0f) return FLT_MAX;
+  double e = 1.0 / (double)d;
+  return e >= (double)FLT_MAX ? FLT_MAX : (float)e;
+}
+
+static void test_global_scale_hand(void **state) {
+  (void)state;
+  assert_true(hq_nvfp4_global_encode_scale(2688.0f) == 1.0f); /* 448 * 6 / 2688 */
+  assert_true(hq_nvfp4_global_encode_scale(1.0f) == 2688.0f);
+  assert_true(hq_nvfp4_global_encode_scale(3.0f) == 896.0f);
+  assert_true(hq_nvfp4_global_encode_scale(0.0f) == 1.0f);      /* A == 0 */
+  assert_true(hq_nvfp4_global_encode_scale(INFINITY) == 1.0f);  /* S_enc == 0 */
+  assert_true(hq_nvfp4_global_encode_scale(1e-45f) == FLT_MAX); /* Inf quotient clamped */
+  assert_true(hq_nvfp4_global_encode_scale(1e-36f) == FLT_MAX); /* finite but > FLT_MAX */
+  assert_true(hq_nvfp4_global_encode_scale(NAN) == FLT_MAX);    /* fminf(NaN, FLT_MAX) */
+  /* A = 10: 268.8 is not representable; RN gives 0x43866666 = 268.79998779296875 */
+  assert_int_equal(f_bits(hq_nvfp4_global_encode_scale(10.0f)), 0x43866666u);
+  assert_int_equal(f_bits(hq_nvfp4_global_decode_scale(268.79998779296875f)), 0x3b73cf3eu);
+  assert_true(hq_nvfp4_global_decode_scale(1.0f) == 1.0f);
+  /* RN(1/6) = 0x3E2AAAAB; m = RN(S_enc * RN(1/6)) */
+  assert_int_equal(f_bits(hq_nvfp4_block_scale_mult(1.0f)), 0x3e2aaaabu);
+  assert_int_equal(f_bits(hq_nvfp4_block_scale_mult(268.79998779296875f)), 0x42333333u);
+  assert_true(hq_nvfp4_block_scale_mult(2688.0f) == 448.0f);
+  /* random amaxes against the double statement */
+  uint64_t s = 99;
+  for (int i = 0; i < 100000; i++) {
+    float A = ldexpf(fabsf(hq_test_uniform(&s)), (int)(hq_test_rand(&s) % 200) - 100);
+    ref_chain r = ref_global(A);
+    assert_true(hq_nvfp4_global_encode_scale(A) == r.s_enc);
+    assert_true(hq_nvfp4_global_decode_scale(r.s_enc) == r.s_dec);
+    assert_true(hq_nvfp4_block_scale_mult(r.s_enc) == r.m);
+  }
+}
+
+/* FORMATS.md 3.3 step by step, by hand. */
+static void test_block_scale_hand(void **state) {
+  (void)state;
+  /* A = 2688: S_enc = 1, S_dec = 1, m = RN(1/6). A block of amax 6: 6 * 0.16666667 =
+     1.0000000298 -> RN 1.0 -> sf = E4M3(1.0) = 0x38; enc = 1 / (1 * 1) = 1. */
+  float m = hq_nvfp4_block_scale_mult(hq_nvfp4_global_encode_scale(2688.0f));
+  assert_int_equal(hq_nvfp4_block_scale(6.0f, m), 0x38);
+  assert_true(hq_nvfp4_encode_mult(0x38, 1.0f) == 1.0f);
+  /* amax 3 -> 0.5 = 0x30; amax 2688 -> 448 = 0x7E; beyond and Inf saturate to 0x7E */
+  assert_int_equal(hq_nvfp4_block_scale(3.0f, m), 0x30);
+  assert_int_equal(hq_nvfp4_block_scale(2688.0f, m), 0x7e);
+  assert_int_equal(hq_nvfp4_block_scale(1e9f, m), 0x7e);
+  assert_int_equal(hq_nvfp4_block_scale(INFINITY, m), 0x7e);
+  assert_int_equal(hq_nvfp4_block_scale(0.0f, m), 0x00);
+  /* enc of 448 with S_dec 1: RN(1/448) */
+  assert_true(hq_nvfp4_encode_mult(0x7e, 1.0f) == 1.0f / 448.0f);
+  /* A = 10, a block of amax 2.5: m = 44.8 (0x42333333), 2.5 * m = 112 exactly = E4M3 0x6E
+     (1.75 * 2^6); RN(112 * S_dec) = 0.41666669 (0x3ED55556); enc = RN(1/that) = 2.3999999
+     (0x40199999). */
+  float se = hq_nvfp4_global_encode_scale(10.0f), sd = hq_nvfp4_global_decode_scale(se);
+  m = hq_nvfp4_block_scale_mult(se);
+  assert_int_equal(hq_nvfp4_block_scale(2.5f, m), 0x6e);
+  assert_int_equal(f_bits(hq_nvfp4_encode_mult(0x6e, sd)), 0x40199999u);
+  /* q = E2M1(RN(x * 2.3999999)): 2.5 -> 5.9999995 -> 6 (7); -1 -> -2.4 -> -2 (12);
+     0.3 -> 0.72 -> 0.5 (1); 1.25 -> 2.9999998 -> 3 (5); 0.1 -> 0.24 -> 0 (0);
+     1.5 -> 3.6 -> 4 (6); -0.21 -> -0.504 -> -0.5 (9); 0.625 -> 1.4999999 -> 1.5 (3) */
+  float enc = hq_nvfp4_encode_mult(0x6e, sd);
+  static const float x[8] = {2.5f, -1.0f, 0.3f, 1.25f, 0.1f, 1.5f, -0.21f, 0.625f};
+  static const unsigned q[8] = {7, 12, 1, 5, 0, 6, 9, 3};
+  for (int i = 0; i < 8; i++) assert_int_equal(hq_nvfp4_quantize(x[i], enc), q[i]);
+  /* dequantize: RN(RN(112 * 10) * RN(1/2688)) = 0.41666669 (0x3ED55556); code 7 -> 2.5 */
+  float dm = hq_nvfp4_decode_mult(0x6e, 10.0f);
+  assert_int_equal(f_bits(dm), 0x3ed55556u);
+  assert_true(hq_nvfp4_dequantize(7, dm) == 2.5f);
+  assert_true(hq_nvfp4_dequantize(12, dm) == -0.8333333730697632f);
+  assert_int_equal(f_bits((float)(1.0 / 2688.0)), 0x39c30c31u);
+}
+
+/* A zero block: sf = 0, enc = FLT_MAX; zeros stay zero; a tiny block's codes may saturate but
+   dequantize to 0 because sf = 0. */
+static void test_zero_and_tiny_block(void **state) {
+  (void)state;
+  float m = hq_nvfp4_block_scale_mult(hq_nvfp4_global_encode_scale(0.0f));
+  assert_true(m == (float)(1.0 / 6.0));
+  assert_int_equal(hq_nvfp4_block_scale(0.0f, m), 0);
+  assert_true(hq_nvfp4_encode_mult(0, 1.0f) == FLT_MAX);
+  assert_int_equal(hq_nvfp4_quantize(0.0f, FLT_MAX), 0);
+  assert_int_equal(hq_nvfp4_quantize(-0.0f, FLT_MAX), 8);
+  /* A = 1000, block amax 1e-4: 1e-4 * 0.448 < 2^-10 -> sf 0; x = 1e-4 * FLT_MAX = Inf -> 6 */
+  float se = hq_nvfp4_global_encode_scale(1000.0f);
+  m = hq_nvfp4_block_scale_mult(se);
+  assert_int_equal(hq_nvfp4_block_scale(1e-4f, m), 0);
+  assert_int_equal(hq_nvfp4_quantize(1e-4f, hq_nvfp4_encode_mult(0, 0.372f)), 7);
+  assert_true(hq_nvfp4_dequantize(7, hq_nvfp4_decode_mult(0, 1000.0f)) == 0.0f);
+  /* a product that underflows to 0 also gives FLT_MAX: sf 2^-9 times S_dec 2^-140 */
+  assert_true(hq_nvfp4_encode_mult(0x01, ldexpf(1.0f, -140)) == FLT_MAX);
+}
+
+static void test_block_scale_random_vs_double(void **state) {
+  (void)state;
+  uint64_t s = 1234;
+  for (int i = 0; i < 20000; i++) {
+    float A = ldexpf(fabsf(hq_test_uniform(&s)) + 0.01f, (int)(hq_test_rand(&s) % 60) - 30);
+    ref_chain r = ref_global(A);
+    for (int j = 0; j < 8; j++) {
+      float ab = A * fabsf(hq_test_uniform(&s));
+      if (j == 0) ab = A;
+      unsigned sf = hq_nvfp4_block_scale(ab, r.m);
+      assert_int_equal(sf, ref_sf(ab, &r));
+      assert_true(hq_nvfp4_encode_mult((uint8_t)sf, r.s_dec) == ref_enc(sf, &r));
+      float dm = hq_nvfp4_decode_mult((uint8_t)sf, A);
+      float dref =
+          (float)((double)(float)(e4m3_ref(sf) * (double)A) * (double)(float)(1.0 / 2688.0));
+      assert_true(dm == dref);
+      float x = ab * hq_test_uniform(&s);
+      assert_int_equal(hq_nvfp4_quantize(x, ref_enc(sf, &r)),
+                       e2m1_ref_encode(rf((double)x * ref_enc(sf, &r))));
+    }
+  }
+}
+
+static void test_amax_nan_inf(void **state) {
+  (void)state;
+  float v[5] = {1.0f, -3.0f, NAN, 2.0f, -NAN};
+  assert_true(hq_nvfp4_amax(v, 5) == 3.0f);
+  v[1] = -INFINITY;
+  assert_true(isinf(hq_nvfp4_amax(v, 5)));
+  float w[2] = {NAN, NAN};
+  assert_true(hq_nvfp4_amax(w, 2) == 0.0f);
+  assert_true(hq_nvfp4_amax(w, 0) == 0.0f);
+}
+
+/* ---- Philox4x32-10 ------------------------------------------------------------------------ */
+
+/* Random123 tests/kat_vectors, the three "philox4x32 10" lines (counter[4] key[2] -> out[4]). */
+static void test_philox_known_answers(void **state) {
+  (void)state;
+  static const uint32_t kat[3][10] = {
+      {0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x6627e8d5,
+       0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+      {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d,
+       0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+      {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09,
+       0x94fdcceb, 0x5001e420, 0x24126ea1},
+  };
+  for (int t = 0; t < 3; t++) {
+    uint32_t out[4];
+    hq_philox4x32_10(kat[t], kat[t] + 4, out);
+    for (int w = 0; w < 4; w++) assert_int_equal(out[w], kat[t][6 + w]);
+  }
+}
+
+/* The documented SR mapping: key = seed, counter = {block, block_hi | colwise << 31, offset}. */
+static void test_sr_bits_mapping(void **state) {
+  (void)state;
+  uint64_t seed = 0x0123456789abcdefull, off = 0xfedcba9876543210ull, blk = 0x123456789ull;
+  for (uint32_t col = 0; col < 2; col++) {
+    uint32_t a[4], b[4];
+    const uint32_t key[2] = {0x89abcdefu, 0x01234567u};
+    const uint32_t ctr[4] = {0x23456789u, 0x1u | (col << 31), 0x76543210u, 0xfedcba98u};
+    hq_philox4x32_10(ctr, key, a);
+    hq_nvfp4_sr_bits(seed, off, col, blk, b);
+    assert_memory_equal(a, b, sizeof a);
+    for (int e = 0; e < 16; e++) /* byte e % 4 of word e / 4, the low byte first */
+      assert_int_equal(hq_nvfp4_sr_byte(a, e), (a[e / 4] >> (8 * (e % 4))) & 0xffu);
+  }
+  uint32_t r0[4], r1[4], c0[4];
+  hq_nvfp4_sr_bits(1, 0, 0, 0, r0);
+  hq_nvfp4_sr_bits(1, 0, 1, 0, c0);
+  hq_nvfp4_sr_bits(1, 1, 0, 0, r1);
+  assert_memory_not_equal(r0, c0, sizeof r0);
+  assert_memory_not_equal(r0, r1, sizeof r0);
+  assert_int_equal(hq_nvfp4_sr_byte(r0, 5), (r0[1] >> 8) & 0xffu);
+}
+
+/* ---- RHT ---------------------------------------------------------------------------------- */
+
+static int hsign(int r, int c) { return __builtin_popcount((unsigned)(r & c)) & 1 ? -1 : 1; }
+
+/* RNE of a double to BF16 precision (8 significant bits), for normal magnitudes and zero. */
+static double bf16_ref(double v) {
+  if (v == 0.0) return v;
+  int e;
+  double f = frexp(v, &e); /* v = f * 2^e, 0.5 <= |f| < 1 */
+  return ldexp(nearbyint(ldexp(f, 8)), e - 8);
+}
+
+/* y = g diag(s) H16 / 4, in double */
+static void rht_dense(const double g[16], uint32_t mask, double y[16]) {
+  for (int c = 0; c < 16; c++) {
+    double acc = 0;
+    for (int r = 0; r < 16; r++) acc += g[r] * (((mask >> r) & 1u) ? -1 : 1) * hsign(r, c);
+    y[c] = acc / 4;
+  }
+}
+
+static void test_rht_te_signs(void **state) {
+  (void)state;
+  /* TE's get_wgrad_sign_vector: bit i set when s_i = -1 */
+  static const int s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+  uint32_t mask = 0;
+  for (int i = 0; i < 16; i++)
+    if (s[i] < 0) mask |= 1u << i;
+  assert_int_equal(mask, HQ_NVFP4_RHT_SIGNS);
+  assert_int_equal(mask, 55272);
+}
+
+/* Inputs on a 1/16 grid in [-4, 4]: every FP32 partial sum is exact, so hq's fixed order must
+   give exactly bf16(dense product). Random BF16 inputs: within one BF16 step. */
+static void test_rht_matches_dense_matrix(void **state) {
+  (void)state;
+  uint64_t s = 5;
+  uint32_t masks[3] = {HQ_NVFP4_RHT_SIGNS, 0, 0xffff};
+  for (int m = 0; m < 3; m++) {
+    for (int it = 0; it < 2000; it++) {
+      float v[16];
+      double g[16], y[16];
+      for (int i = 0; i < 16; i++) {
+        g[i] = (double)((int)(hq_test_rand(&s) % 129) - 64) / 16.0;
+        v[i] = (float)g[i];
+      }
+      rht_dense(g, masks[m], y);
+      hq_nvfp4_rht16(v, masks[m]);
+      for (int i = 0; i < 16; i++) assert_true((double)v[i] == bf16_ref(y[i]));
+    }
+  }
+  int exact = 0, n = 0;
+  for (int it = 0; it < 5000; it++) {
+    float v[16];
+    double g[16], y[16];
+    for (int i = 0; i < 16; i++) {
+      g[i] = bf16_ref(hq_test_normal(&s));
+      v[i] = (float)g[i];
+    }
+    rht_dense(g, HQ_NVFP4_RHT_SIGNS, y);
+    hq_nvfp4_rht16(v, HQ_NVFP4_RHT_SIGNS);
+    double l1 = 0;
+    for (int i = 0; i < 16; i++) l1 += fabs(g[i]);
+    for (int i = 0; i < 16; i++, n++) {
+      if ((double)v[i] == bf16_ref(y[i])) exact++;
+      /* BF16 rounding (2^-8 relative) plus FP32 accumulation under cancellation */
+      assert_true(fabs((double)v[i] - y[i]) <= ldexp(fabs(y[i]), -8) + ldexp(l1, -21));
+    }
+  }
+  assert_true(exact >= n * 99 / 100);
+  /* non-BF16 input is rounded to BF16 first: 1 + 2^-10 acts as 1 */
+  float a[16] = {0}, b[16] = {0};
+  a[0] = 1.0f + ldexpf(1.0f, -10);
+  b[0] = 1.0f;
+  hq_nvfp4_rht16(a, HQ_NVFP4_RHT_SIGNS);
+  hq_nvfp4_rht16(b, HQ_NVFP4_RHT_SIGNS);
+  assert_memory_equal(a, b, sizeof a);
+  /* a unit vector e_0 becomes s_0 * H[0][c] / 4 = 0.25 everywhere */
+  for (int i = 0; i < 16; i++) assert_true(b[i] == 0.25f);
+}
+
+/* The 16-lane form gives the bits of the single-group form (a NaN only as a NaN: its sign and
+   payload are not defined); the branch-free BF16 rounding is the core's BF16 round trip. */
+static int same_or_both_nan(float a, float b) {
+  return (isnan(a) && isnan(b)) || f_bits(a) == f_bits(b);
+}
+
+static void test_rht_lanes_and_bf16_round(void **state) {
+  (void)state;
+  uint64_t s = 23;
+  for (int it = 0; it < 500; it++) {
+    float v[256], g[16];
+    for (int k = 0; k < 256; k++) {
+      uint64_t r = hq_test_rand(&s);
+      v[k] = (r % 97 == 0)   ? NAN
+             : (r % 89 == 0) ? INFINITY
+                             : hq_test_normal(&s) * ldexpf(1, (int)(r % 40) - 20);
+    }
+    float w[256];
+    memcpy(w, v, sizeof w);
+    uint32_t mask = (uint32_t)hq_test_rand(&s) & 0xffffu;
+    hq_nvfp4_rht16x16(w, mask);
+    for (int l = 0; l < 16; l++) {
+      for (int i = 0; i < 16; i++) g[i] = v[16 * i + l];
+      hq_nvfp4_rht16(g, mask);
+      for (int i = 0; i < 16; i++) assert_true(same_or_both_nan(g[i], w[16 * i + l]));
+    }
+  }
+  static const uint32_t special[] = {0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                     0xffc00001u, 0x7f800001u, 0x7f7fffffu, 0x3f808000u,
+                                     0x3f818000u, 0x00000001u, 0x807fffffu, 0x3f807fffu};
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+    float x = bits_f(special[i]);
+    assert_int_equal(f_bits(hq_nvfp4_bf16_round(x)), f_bits(hq_bf16_to_f32(hq_f32_to_bf16(x))));
+  }
+  for (int i = 0; i < 2000000; i++) {
+    float x = bits_f((uint32_t)hq_test_rand(&s));
+    assert_int_equal(f_bits(hq_nvfp4_bf16_round(x)), f_bits(hq_bf16_to_f32(hq_f32_to_bf16(x))));
+  }
+}
+
+/* Orthogonality: the transpose undoes the transform within BF16 rounding. */
+static void test_rht_orthogonal(void **state) {
+  (void)state;
+  uint64_t s = 11;
+  for (int it = 0; it < 3000; it++) {
+    float v[16], w[16];
+    double g[16], norm = 0, err = 0, err2 = 0;
+    for (int i = 0; i < 16; i++) {
+      g[i] = bf16_ref(hq_test_normal(&s) * 3);
+      v[i] = (float)g[i];
+      norm += g[i] * g[i];
+    }
+    hq_nvfp4_rht16(v, HQ_NVFP4_RHT_SIGNS);
+    /* (a) transpose in double: z = y H16 diag(s) / 4 */
+    for (int c = 0; c < 16; c++) {
+      double acc = 0;
+      for (int r = 0; r < 16; r++) acc += (double)v[r] * hsign(c, r);
+      acc = acc / 4 * (((HQ_NVFP4_RHT_SIGNS >> c) & 1u) ? -1 : 1);
+      err += (acc - g[c]) * (acc - g[c]);
+    }
+    /* (b) with hq's own transform: H16/4 is its own transpose, then the sign flip */
+    memcpy(w, v, sizeof w);
+    hq_nvfp4_rht16(w, 0);
+    for (int c = 0; c < 16; c++) {
+      double z = (double)w[c] * (((HQ_NVFP4_RHT_SIGNS >> c) & 1u) ? -1 : 1);
+      err2 += (z - g[c]) * (z - g[c]);
+    }
+    /* each output carries at most 2^-8 relative BF16 rounding; (b) rounds twice */
+    assert_true(sqrt(err) <= 1.5 * ldexp(sqrt(norm), -8));
+    assert_true(sqrt(err2) <= 1.5 * ldexp(sqrt(norm), -7));
+  }
+}
+
+/* Dot products of two transformed vectors equal those of the originals. Inputs k/4, |k| <= 8:
+   the outputs are multiples of 1/16 below 8, exact in BF16, so the equality is exact. */
+static void test_rht_preserves_dot_products(void **state) {
+  (void)state;
+  uint64_t s = 17;
+  for (int it = 0; it < 2000; it++) {
+    float a[16], b[16];
+    double da = 0, dt = 0;
+    for (int i = 0; i < 16; i++) {
+      a[i] = (float)((int)(hq_test_rand(&s) % 17) - 8) / 4.0f;
+      b[i] = (float)((int)(hq_test_rand(&s) % 17) - 8) / 4.0f;
+      da += (double)a[i] * b[i];
+    }
+    hq_nvfp4_rht16(a, HQ_NVFP4_RHT_SIGNS);
+    hq_nvfp4_rht16(b, HQ_NVFP4_RHT_SIGNS);
+    for (int i = 0; i < 16; i++) dt += (double)a[i] * b[i];
+    assert_true(dt == da);
+  }
+}
+
+/* ---- layouts ------------------------------------------------------------------------------ */
+
+/* FORMATS.md 2.4 by enumeration: tiles of 128 rows x 4 columns, tile-row-major; inside a tile
+   the rows are stored in the order 0,32,64,96,1,33,65,97,...,31,63,95,127, 4 bytes each. */
+static void test_scale_layouts(void **state) {
+  (void)state;
+  static const int64_t shapes[][2] = {{16, 16}, {128, 64}, {144, 80}, {256, 272}, {16, 1040}};
+  for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+    int64_t R = shapes[t][0], C = shapes[t][1];
+    int64_t rows = hq_nvfp4_scale_rows(R), cols = hq_nvfp4_scale_cols(C);
+    assert_int_equal(rows, (R + 127) / 128 * 128);
+    assert_int_equal(cols, ((C / 16) + 3) / 4 * 4);
+    int64_t n = rows * cols;
+    int64_t *want = malloc((size_t)n * sizeof *want);
+    uint8_t *seen = calloc((size_t)n, 1);
+    int64_t pos = 0;
+    for (int64_t tr = 0; tr < rows / 128; tr++)
+      for (int64_t tc = 0; tc < cols / 4; tc++)
+        for (int64_t a = 0; a < 32; a++)
+          for (int64_t b = 0; b < 4; b++)
+            for (int64_t c = 0; c < 4; c++)
+              want[(tr * 128 + a + 32 * b) * cols + tc * 4 + c] = pos++;
+    for (int64_t r = 0; r < rows; r++) {
+      for (int64_t b = 0; b < cols; b++) {
+        assert_int_equal(hq_nvfp4_scale_offset(r, b, C, 0), r * cols + b);
+        int64_t o = hq_nvfp4_scale_offset(r, b, C, 1);
+        assert_int_equal(o, want[r * cols + b]);
+        assert_true(o >= 0 && o < n && !seen[o]);
+        seen[o] = 1;
+      }
+    }
+    free(want);
+    free(seen);
+    /* element (i, k) of an [M, K] = [R, C] tensor */
+    assert_int_equal(hq_nvfp4_row_scale_index(R - 1, C - 1, C, 0), (R - 1) * cols + (C - 1) / 16);
+    assert_int_equal(hq_nvfp4_col_scale_index(R - 1, C - 1, R, 0),
+                     (C - 1) * hq_nvfp4_scale_cols(R) + (R - 1) / 16);
+  }
+  /* hand-picked swizzled offsets: (r=1, c=0) -> 16; (32, 0) -> 4; (0, 1) -> 1; (0, 4) -> 512
+     with 8 scale columns; (128, 0) -> 1024 with 8 scale columns */
+  assert_int_equal(hq_nvfp4_scale_offset(1, 0, 128, 1), 16);
+  assert_int_equal(hq_nvfp4_scale_offset(32, 0, 128, 1), 4);
+  assert_int_equal(hq_nvfp4_scale_offset(0, 1, 128, 1), 1);
+  assert_int_equal(hq_nvfp4_scale_offset(0, 4, 128, 1), 512);
+  assert_int_equal(hq_nvfp4_scale_offset(128, 0, 128, 1), 1024);
+  assert_int_equal(hq_nvfp4_scale_offset(127, 3, 128, 1), 511);
+}
+
+static void test_data_layouts(void **state) {
+  (void)state;
+  /* rowwise [M, K/2]: (i, k) -> i*K/2 + k/2; columnwise [K, M/2]: (i, k) -> k*M/2 + i/2 */
+  assert_int_equal(hq_nvfp4_row_data_index(0, 0, 32), 0);
+  assert_int_equal(hq_nvfp4_row_data_index(0, 1, 32), 0);
+  assert_int_equal(hq_nvfp4_row_data_index(0, 2, 32), 1);
+  assert_int_equal(hq_nvfp4_row_data_index(3, 31, 32), 3 * 16 + 15);
+  assert_int_equal(hq_nvfp4_col_data_index(0, 0, 48), 0);
+  assert_int_equal(hq_nvfp4_col_data_index(5, 0, 48), 2);
+  assert_int_equal(hq_nvfp4_col_data_index(5, 7, 48), 7 * 24 + 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_e2m1_decode_every_code),
+      cmocka_unit_test(test_e2m1_rne_tie_table),
+      cmocka_unit_test(test_e2m1_saturation_nan_sign),
+      cmocka_unit_test(test_e2m1_random_vs_bruteforce),
+      cmocka_unit_test(test_e2m1_stochastic_rule),
+      cmocka_unit_test(test_global_scale_hand),
+      cmocka_unit_test(test_block_scale_hand),
+      cmocka_unit_test(test_zero_and_tiny_block),
+      cmocka_unit_test(test_block_scale_random_vs_double),
+      cmocka_unit_test(test_amax_nan_inf),
+      cmocka_unit_test(test_philox_known_answers),
+      cmocka_unit_test(test_sr_bits_mapping),
+      cmocka_unit_test(test_rht_te_signs),
+      cmocka_unit_test(test_rht_matches_dense_matrix),
+      cmocka_unit_test(test_rht_lanes_and_bf16_round),
+      cmocka_unit_test(test_rht_orthogonal),
+      cmocka_unit_test(test_rht_preserves_dot_products),
+      cmocka_unit_test(test_scale_layouts),
+      cmocka_unit_test(test_data_layouts),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
