@@ -154,40 +154,65 @@ static int no_device(const hq_call *call, const char *what) {
 
 // --- CPU reference ----------------------------------------------------------------------------
 
-/* Columns per tile: a tile of 32 rows x TW columns (16 KiB of FP32) is loaded once and feeds
-   both directions; the 32 columnwise blocks of a tile column are then in cache. */
-#define TW 128
+/* Columns per tile: a tile of 32 rows x TW columns (64 KiB of FP32, host->alloc scratch) is
+   loaded once and feeds both directions, so the columnwise blocks are read from cache; 32 long
+   row runs of the source keep the hardware prefetchers streaming. */
+#define TW 512
+#define BLK HQ_MXFP8_BLOCK
 
-/* Convert n high-precision elements to FP32 (exact for every input dtype). */
-static void load_row(float *dst, const void *src, int64_t off, int64_t n, hq_dtype t) {
+/* Convert n high-precision elements to FP32 (exact for every input dtype). f16 goes through
+   `f16`, a table of hq_f16_to_f32 over all 65536 codes, when the caller built one. */
+static void load_row(float *dst, const void *src, int64_t off, int64_t n, hq_dtype t,
+                     const float *f16) {
+  const uint16_t *p = (const uint16_t *)src + off;
   if (t == HQ_F32) {
     memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float));
   } else if (t == HQ_BF16) {
-    const uint16_t *p = (const uint16_t *)src + off;
-    for (int64_t k = 0; k < n; k++) dst[k] = hq_bf16_to_f32(p[k]);
+    for (int64_t k0 = 0; k0 < n; k0 += BLK) /* n is a multiple of 32: fixed-count inner loops */
+      for (int k = 0; k < BLK; k++) dst[k0 + k] = hq_bf16_to_f32(p[k0 + k]);
+  } else if (f16) {
+    for (int64_t k = 0; k < n; k++) dst[k] = f16[p[k]];
   } else {
-    const uint16_t *p = (const uint16_t *)src + off;
     for (int64_t k = 0; k < n; k++) dst[k] = hq_f16_to_f32(p[k]);
   }
 }
 
-/* max|x| of FP32 bits, NaN ignored: |x| compared as integers (monotonic for non-negative
-   floats), a NaN's bits counted as 0. Equals the hq_fmax_nan_ignoring chain from 0. */
-static inline uint32_t absbits_nonan(float x) {
-  uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
-  return a > 0x7f800000u ? 0u : a;
+/* The loops below have a fixed trip count of 32, restrict pointers and branch-free bodies (the
+   casts and selects of numerics.h), so that the compiler vectorizes them. */
+
+/* max|x| of 32 elements (NaN ignored), as FP32 bits. */
+static uint32_t amax32(const float *restrict x) {
+  uint32_t m = 0;
+  for (int k = 0; k < BLK; k++) {
+    uint32_t a = hq_mxfp8_absbits_nonan(x[k]);
+    m = a > m ? a : m;
+  }
+  return m;
 }
 
-static inline uint8_t quant(float x, float mult, int kind) {
-  return kind == HQ_FP8_E5M2 ? hq_f32_to_e5m2(hq_mul_rn(x, mult))
-                             : hq_f32_to_e4m3(hq_mul_rn(x, mult));
+/* m[k] = max(m[k], |x[k]|) over 32 columns (NaN ignored). */
+static void colmax32(uint32_t *restrict m, const float *restrict x) {
+  for (int k = 0; k < BLK; k++) {
+    uint32_t a = hq_mxfp8_absbits_nonan(x[k]);
+    m[k] = a > m[k] ? a : m[k];
+  }
 }
 
-static void quant_run(uint8_t *dst, const float *x, float mult, int n, int kind) {
+/* dst[k] = fp8(RN(x[k] * mult)) for 32 elements sharing one multiplier ... */
+static void quant32(uint8_t *restrict dst, const float *restrict x, float mult, int kind) {
   if (kind == HQ_FP8_E5M2)
-    for (int k = 0; k < n; k++) dst[k] = hq_f32_to_e5m2(hq_mul_rn(x[k], mult));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e5m2(hq_mul_rn(x[k], mult));
   else
-    for (int k = 0; k < n; k++) dst[k] = hq_f32_to_e4m3(hq_mul_rn(x[k], mult));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e4m3(hq_mul_rn(x[k], mult));
+}
+
+/* ... or each with its own (32 columns of one tile row). */
+static void quant32_cols(uint8_t *restrict dst, const float *restrict x,
+                         const float *restrict mult, int kind) {
+  if (kind == HQ_FP8_E5M2)
+    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e5m2(hq_mul_rn(x[k], mult[k]));
+  else
+    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e4m3(hq_mul_rn(x[k], mult[k]));
 }
 
 typedef struct qjob {
@@ -195,84 +220,88 @@ typedef struct qjob {
   int64_t M, K;
   uint8_t *rd, *rs;   /* rowwise data / scales, or NULL */
   uint8_t *cd, *cs;   /* columnwise data / scales, or NULL */
+  size_t rs_bytes, cs_bytes;
   int rswz, cswz;     /* the storages' layouts */
 } qjob;
 
 /* One tile: rows i0 .. i0+31, columns j0 .. j0+w-1 (w a multiple of 32), already in FP32. */
-static void quant_tile(const qjob *q, float tile[HQ_MXFP8_BLOCK][TW], int64_t i0, int64_t j0,
-                       int w) {
+static void quant_tile(const qjob *q, float (*tile)[TW], int64_t i0, int64_t j0, int w) {
   const int kind = q->c->kind;
   const int64_t K = q->K, M = q->M;
   if (q->c->block_2d) {
-    for (int b = 0; b < w; b += HQ_MXFP8_BLOCK) {
+    for (int b = 0; b < w; b += BLK) {
       uint32_t m = 0;
-      for (int r = 0; r < HQ_MXFP8_BLOCK; r++)
-        for (int k = 0; k < HQ_MXFP8_BLOCK; k++) {
-          uint32_t a = absbits_nonan(tile[r][b + k]);
-          m = a > m ? a : m;
-        }
+      for (int r = 0; r < BLK; r++) {
+        uint32_t a = amax32(&tile[r][b]);
+        m = a > m ? a : m;
+      }
       uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), kind);
       float mult = hq_e8m0_quant_mult(e);
-      for (int r = 0; r < HQ_MXFP8_BLOCK; r++) {
+      for (int r = 0; r < BLK; r++) {
         int64_t off = (i0 + r) * K + j0 + b;
         uint8_t *dst = q->rd ? q->rd + off : q->cd + off;
-        quant_run(dst, &tile[r][b], mult, HQ_MXFP8_BLOCK, kind);
-        if (q->rd && q->cd) memcpy(q->cd + off, dst, HQ_MXFP8_BLOCK);
+        quant32(dst, &tile[r][b], mult, kind);
+        if (q->rd && q->cd) memcpy(q->cd + off, dst, BLK);
       }
       if (q->rs)
-        for (int r = 0; r < HQ_MXFP8_BLOCK; r++)
-          q->rs[hq_mxfp8_row_scale_idx(i0 + r, (j0 + b) / 32, K, q->rswz)] = e;
+        for (int r = 0; r < BLK; r++)
+          q->rs[hq_mxfp8_row_scale_idx(i0 + r, (j0 + b) / BLK, K, q->rswz)] = e;
       if (q->cs)
-        for (int k = 0; k < HQ_MXFP8_BLOCK; k++)
-          q->cs[hq_mxfp8_col_scale_idx(i0 / 32, j0 + b + k, M, K, q->cswz)] = e;
+        for (int k = 0; k < BLK; k++)
+          q->cs[hq_mxfp8_col_scale_idx(i0 / BLK, j0 + b + k, M, K, q->cswz)] = e;
     }
     return;
   }
   if (q->rd) {
-    for (int r = 0; r < HQ_MXFP8_BLOCK; r++) {
-      for (int b = 0; b < w; b += HQ_MXFP8_BLOCK) {
-        const float *x = &tile[r][b];
-        uint32_t m = 0;
-        for (int k = 0; k < HQ_MXFP8_BLOCK; k++) {
-          uint32_t a = absbits_nonan(x[k]);
-          m = a > m ? a : m;
-        }
-        uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), kind);
-        quant_run(q->rd + (i0 + r) * K + j0 + b, x, hq_e8m0_quant_mult(e), HQ_MXFP8_BLOCK, kind);
-        q->rs[hq_mxfp8_row_scale_idx(i0 + r, (j0 + b) / 32, K, q->rswz)] = e;
+    for (int r = 0; r < BLK; r++)
+      for (int b = 0; b < w; b += BLK) {
+        uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(amax32(&tile[r][b])), kind);
+        quant32(q->rd + (i0 + r) * K + j0 + b, &tile[r][b], hq_e8m0_quant_mult(e), kind);
+        q->rs[hq_mxfp8_row_scale_idx(i0 + r, (j0 + b) / BLK, K, q->rswz)] = e;
       }
-    }
   }
   if (q->cd) {
     uint32_t m[TW];
     float mult[TW];
-    for (int k = 0; k < w; k++) m[k] = 0;
-    for (int r = 0; r < HQ_MXFP8_BLOCK; r++)
-      for (int k = 0; k < w; k++) {
-        uint32_t a = absbits_nonan(tile[r][k]);
-        m[k] = a > m[k] ? a : m[k];
-      }
+    memset(m, 0, sizeof m);
+    for (int r = 0; r < BLK; r++)
+      for (int b = 0; b < w; b += BLK) colmax32(&m[b], &tile[r][b]);
     for (int k = 0; k < w; k++) {
       uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m[k]), kind);
       mult[k] = hq_e8m0_quant_mult(e);
-      q->cs[hq_mxfp8_col_scale_idx(i0 / 32, j0 + k, M, K, q->cswz)] = e;
+      q->cs[hq_mxfp8_col_scale_idx(i0 / BLK, j0 + k, M, K, q->cswz)] = e;
     }
-    for (int r = 0; r < HQ_MXFP8_BLOCK; r++) {
-      uint8_t *dst = q->cd + (i0 + r) * K + j0;
-      for (int k = 0; k < w; k++) dst[k] = quant(tile[r][k], mult[k], kind);
-    }
+    for (int r = 0; r < BLK; r++)
+      for (int b = 0; b < w; b += BLK)
+        quant32_cols(q->cd + (i0 + r) * K + j0 + b, &tile[r][b], &mult[b], kind);
   }
 }
 
-static void quantize_cpu(const qjob *q, const hq_tensor *src) {
-  float tile[HQ_MXFP8_BLOCK][TW];
-  for (int64_t i0 = 0; i0 < q->M; i0 += HQ_MXFP8_BLOCK)
+/* f16 sources of at least this many elements are decoded through a 256 KiB table (building it
+   costs about as much as decoding this many elements directly). */
+#define F16_TABLE_MIN (1 << 16)
+
+static int quantize_cpu(const qjob *q, const hq_call *call, const hq_tensor *src) {
+  int table = src->dtype == HQ_F16 && q->M * q->K >= F16_TABLE_MIN;
+  size_t tile_bytes = BLK * TW * sizeof(float);
+  float *scratch = call->host->alloc(call, tile_bytes + (table ? 65536 * sizeof(float) : 0));
+  if (!scratch) return HQ_ENOMEM; /* host->alloc recorded the message */
+  float (*tile)[TW] = (float (*)[TW])scratch;
+  float *f16 = table ? scratch + BLK * TW : NULL;
+  if (f16)
+    for (uint32_t h = 0; h < 65536; h++) f16[h] = hq_f16_to_f32((uint16_t)h);
+  /* padding is zero; every in-bounds entry is overwritten below */
+  if (q->rs) memset(q->rs, 0, q->rs_bytes);
+  if (q->cs) memset(q->cs, 0, q->cs_bytes);
+  for (int64_t i0 = 0; i0 < q->M; i0 += BLK)
     for (int64_t j0 = 0; j0 < q->K; j0 += TW) {
       int w = (int)(q->K - j0 < TW ? q->K - j0 : TW);
-      for (int r = 0; r < HQ_MXFP8_BLOCK; r++) load_row(tile[r], src->data, (i0 + r) * q->K + j0, w,
-                                                  src->dtype);
+      for (int r = 0; r < BLK; r++)
+        load_row(tile[r], src->data, (i0 + r) * q->K + j0, w, src->dtype, f16);
       quant_tile(q, tile, i0, j0, w);
     }
+  call->host->free(call, scratch);
+  return HQ_OK;
 }
 
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
@@ -290,22 +319,20 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return rc;
   if ((dirs & HQ_COLWISE) && (rc = check_storage(host, col, HQ_COLWISE, M, K, "quantize")))
     return rc;
-  qjob q = {c, M, K, NULL, NULL, NULL, NULL, 0, 0};
+  qjob q = {c, M, K, NULL, NULL, NULL, NULL, 0, 0, 0, 0};
   if (dirs & HQ_ROWWISE) {
     q.rd = row->buf[MXFP8_DATA].ptr;
     q.rs = row->buf[MXFP8_SCALE_INV].ptr;
+    q.rs_bytes = row->buf[MXFP8_SCALE_INV].bytes;
     q.rswz = row->meta[MXFP8_META_SWIZZLED];
-    /* padding is zero; the in-bounds entries are all overwritten below */
-    memset(q.rs, 0, row->buf[MXFP8_SCALE_INV].bytes);
   }
   if (dirs & HQ_COLWISE) {
     q.cd = col->buf[MXFP8_DATA].ptr;
     q.cs = col->buf[MXFP8_SCALE_INV].ptr;
+    q.cs_bytes = col->buf[MXFP8_SCALE_INV].bytes;
     q.cswz = col->meta[MXFP8_META_SWIZZLED];
-    memset(q.cs, 0, col->buf[MXFP8_SCALE_INV].bytes);
   }
-  quantize_cpu(&q, src);
-  return HQ_OK;
+  return quantize_cpu(&q, call, src);
 }
 
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
