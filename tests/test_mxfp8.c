@@ -219,7 +219,8 @@ static void test_shape_errors(void **state) {
 static void test_reference_all_combinations(void **state) {
   (void)state;
   hq_ctx *ctx = make_ctx();
-  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {160, 96}, {256, 384}};
+  /* 64 x 1056: more than one 512-column tile of the CPU loop, and a partial last one */
+  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {160, 96}, {256, 384}, {64, 1056}};
   const hq_dtype dts[] = {HQ_F32, HQ_BF16, HQ_F16};
   for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++)
     for (int di = 0; di < 3; di++)
@@ -251,7 +252,7 @@ static void test_reference_all_combinations(void **state) {
 static void test_block_2d(void **state) {
   (void)state;
   hq_ctx *ctx = make_ctx();
-  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {160, 96}};
+  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {160, 96}, {64, 1056}};
   for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++)
     for (int kind = 0; kind < 2; kind++)
       for (int swz = 0; swz < 2; swz++) {

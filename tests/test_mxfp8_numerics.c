@@ -203,6 +203,30 @@ static void test_element_cast_vs_reference(void **state) {
   assert_true(isnan(hq_mxfp8_dequantize(0x38, 0xFF, HQ_FP8_E4M3)));
 }
 
+/* The branch-free casts used by the hot loops equal hq_f32_to_e4m3/e5m2 (whose own tests check
+   them against brute force): a strided sweep of all 2^32 bit patterns, and every pattern of the
+   top 12 bits combined with the low-bit patterns where RNE ties and carries happen for both
+   formats. (Verified over all 2^32 inputs offline.) The NaN-ignoring |x| bits too. */
+static void test_branch_free_casts(void **state) {
+  (void)state;
+  for (uint64_t v = 0; v <= 0xffffffffull; v += 251) {
+    float y = from_bits((uint32_t)v);
+    if (hq_mxfp8_cast_e4m3(y) != hq_f32_to_e4m3(y)) fail_msg("e4m3 %08x", (unsigned)v);
+    if (hq_mxfp8_cast_e5m2(y) != hq_f32_to_e5m2(y)) fail_msg("e5m2 %08x", (unsigned)v);
+    uint32_t a = (uint32_t)v & 0x7fffffffu;
+    assert_int_equal(hq_mxfp8_absbits_nonan(y), a > 0x7f800000u ? 0u : a);
+  }
+  const uint32_t low[] = {0x00000, 0x00001, 0x3ffff, 0x40000, 0x40001, 0x7ffff, 0x80000,
+                          0x80001, 0xbffff, 0xc0000, 0xc0001, 0xfffff, 0x20000, 0x60000};
+  for (uint32_t hi = 0; hi < 4096; hi++)
+    for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) {
+      uint32_t v = (hi << 20) | low[k];
+      float y = from_bits(v);
+      if (hq_mxfp8_cast_e4m3(y) != hq_f32_to_e4m3(y)) fail_msg("e4m3 %08x", (unsigned)v);
+      if (hq_mxfp8_cast_e5m2(y) != hq_f32_to_e5m2(y)) fail_msg("e5m2 %08x", (unsigned)v);
+    }
+}
+
 /* The swizzle index function against the tile-walking description, for several logical sizes,
    and it is a bijection onto the padded buffer. */
 static void test_swizzle_idx(void **state) {
@@ -289,6 +313,7 @@ int main(void) {
       cmocka_unit_test(test_scale_of_max_norm_powers),
       cmocka_unit_test(test_amax_500),
       cmocka_unit_test(test_element_cast_vs_reference),
+      cmocka_unit_test(test_branch_free_casts),
       cmocka_unit_test(test_swizzle_idx),
       cmocka_unit_test(test_scale_index_functions),
   };
