@@ -12,9 +12,11 @@
 ** transposed: it is [M, K] like the rowwise one, only its blocks run down the columns.
 **
 ** Special values: a NaN element does not enter amax and is stored as NaN (0x7F); its block's
-** scale comes from the other elements (all-NaN block: e = 0). A +-Inf element makes its block's
-** amax Inf, so e = 0xFE (2^127): the Inf element becomes +-max (0x7E E4M3, 0x7B E5M2) and every
-** finite element of that block underflows to +-0. An all-zero block has e = 0 and zero elements.
+** scale comes from the other elements (all-NaN block: e = 0); it dequantizes to NaN. A +-Inf
+** element makes its block's amax Inf, so e = 0xFE (2^127): the Inf element becomes +-max (0x7E
+** E4M3, 0x7B E5M2), which dequantizes to +-Inf again (max * 2^127 overflows FP32), and the finite
+** elements of that block are multiplied by 2^-127, so all below about 2^117 (E4M3; 2^110 E5M2)
+** become +-0. An all-zero block has e = 0 and zero elements (signs kept).
 **
 ** Buffers of each storage, in save order (M % 32 == 0 and K % 32 == 0 are required):
 **   rowwise:
