@@ -265,7 +265,151 @@ HQ_HD float hq_hp_max(int dtype) {
 
 /* --------------------------------------------------------------------------------------------
 ** MXFP8: E8M0 scales (FORMATS.md 2.2)                         [filled by the mxfp8 plugin work]
+**
+** One E8M0 scale per 32 elements (1x32 rowwise, 32x1 columnwise, or 32x32 in 2-D mode). A code
+** e (0..254) stands for scale_inv = 2^(e-127); 0xFF is NaN; there is no zero. TE's rule, not
+** OCP's floor rule: the scale is rounded UP from amax/max_norm, so elements never saturate.
+**   t = RN(amax * RN(1/max_norm))               (one FP32 multiply)
+**   e = E8M0 code of t rounded toward +Inf       (cvt.rp.satfinite.ue8m0; 0 -> 0, Inf -> 0xFE,
+**                                                 NaN -> 0xFF)
+**   q = fp8_rne_satfinite(RN(x * 2^(127-e)))     (the multiply is exact but for FP32 underflow)
+**   x' = RN(fp32(q) * 2^(e-127))                 (dequantize)
 */
+#define HQ_E8M0_NAN 0xFFu
+#define HQ_MXFP8_BLOCK 32
+
+/* Decode: 2^(e-127). e = 0 is the FP32 subnormal 2^-127 (bits 0x00400000), e = 0xFF is NaN. */
+HQ_HD float hq_e8m0_to_f32(uint8_t e) {
+  if (e == 0xFFu) return hq_bits_f32(0x7fc00000u);
+  if (e == 0) return hq_bits_f32(0x00400000u);
+  return hq_bits_f32((uint32_t)e << 23);
+}
+
+/* Encode a non-negative FP32 value to E8M0 rounding toward +Inf with saturation to the finite
+   range (cvt.rp.satfinite.ue8m0x2.f32): NaN -> 0xFF; +-Inf -> 0xFE; +-0 -> 0x00; otherwise the
+   biased FP32 exponent, plus one when the mantissa is not zero -- except at 0xFE (saturation) and
+   for FP32 subnormals <= 2^-127 (mantissa <= 0x400000), which are code 0 = 2^-127 already.
+   The sign is ignored (amax-derived inputs are never negative). */
+HQ_HD uint8_t hq_e8m0_from_f32_rp(float t) {
+  uint32_t a = hq_f32_bits(t) & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint8_t)HQ_E8M0_NAN;
+  if (a == 0x7f800000u) return 0xFEu;
+  uint32_t e = a >> 23, m = a & 0x7fffffu;
+  if (m != 0 && e != 0xFEu && !(e == 0 && m <= 0x400000u)) e++;
+  return (uint8_t)e;
+}
+
+/* The encode multiplier 2^(127-e) (TE exp2f_rcp): bits (254-e) << 23 for e < 254; e = 254 gives
+   the FP32 subnormal 2^-127; e = 0xFF gives NaN. */
+HQ_HD float hq_e8m0_quant_mult(uint8_t e) {
+  if (e == 0xFFu) return hq_bits_f32(0x7fc00000u);
+  if (e == 0xFEu) return hq_bits_f32(0x00400000u);
+  return hq_bits_f32((254u - (uint32_t)e) << 23);
+}
+
+/* The E8M0 scale code of a block from its amax (max |x| with NaN ignored, Inf included):
+   steps 2 and 3 of FORMATS.md 2.2. kind is HQ_FP8_E4M3 or HQ_FP8_E5M2. */
+HQ_HD uint8_t hq_mxfp8_scale_code(float amax, int kind) {
+  float t = hq_mul_rn(amax, hq_rcp_rn(hq_fp8_max(kind)));
+  return hq_e8m0_from_f32_rp(t);
+}
+
+/* One element: q = fp8_rne_satfinite(RN(x * mult)) with mult = hq_e8m0_quant_mult(e). NaN -> 0x7F;
+   +-Inf -> +-max (its block has e = 0xFE). */
+HQ_HD uint8_t hq_mxfp8_quantize(float x, float mult, int kind) {
+  return hq_f32_to_fp8(hq_mul_rn(x, mult), kind);
+}
+
+/* Branch-free select: c ? a : b for c in {0, 1}, as mask arithmetic a compiler can vectorize. */
+HQ_HD uint32_t hq_mxfp8_sel(uint32_t c, uint32_t a, uint32_t b) {
+  uint32_t m = 0u - c;
+  return (a & m) | (b & ~m);
+}
+
+/* The FP8 casts of hq_f32_to_e4m3 / hq_f32_to_e5m2 (RNE, satfinite, NaN -> 0x7F) in branch-free
+   form, for the vectorizable hot loops of the block quantizers; bit-identical to those for every
+   FP32 input (verified over all 2^32 inputs; tests/test_mxfp8_numerics.c sweeps a subset). The
+   normal range rounds the mantissa with an integer RNE; below the smallest normal,
+   |y| * 2^(bias-1+mbits) is exact and adding 2^23 rounds it to an integer RNE, read back from the
+   bits (|y| is clamped first so that this arithmetic stays small for inputs that take the other
+   path). */
+HQ_HD uint8_t hq_mxfp8_cast_e4m3(float y) {
+  uint32_t u = hq_f32_bits(y), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  uint32_t n = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  uint32_t small = a < 0x3c800000u;                                   /* below 2^-6 */
+  uint32_t as = hq_mxfp8_sel(small, a, 0x3c800000u);
+  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 512.0f), 8388608.0f)) -
+                 0x4b000000u;
+  uint32_t c = hq_mxfp8_sel(small, sub, n);
+  c = hq_mxfp8_sel(a > 0x43e00000u, 0x7eu, c);                        /* > 448, Inf */
+  return (uint8_t)hq_mxfp8_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
+}
+
+HQ_HD uint8_t hq_mxfp8_cast_e5m2(float y) {
+  uint32_t u = hq_f32_bits(y), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  uint32_t n = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
+  uint32_t small = a < 0x38800000u;                                   /* below 2^-14 */
+  uint32_t as = hq_mxfp8_sel(small, a, 0x38800000u);
+  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 65536.0f), 8388608.0f)) -
+                 0x4b000000u;
+  uint32_t c = hq_mxfp8_sel(small, sub, n);
+  c = hq_mxfp8_sel(a > 0x47600000u, 0x7bu, c);                        /* > 57344, Inf */
+  return (uint8_t)hq_mxfp8_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
+}
+
+/* |x| as FP32 bits with NaN counted as 0: for amax over a block as an integer max (|x| bits
+   order like the values), equal to the hq_fmax_nan_ignoring chain started at 0. */
+HQ_HD uint32_t hq_mxfp8_absbits_nonan(float x) {
+  uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
+  return hq_mxfp8_sel(a > 0x7f800000u, 0u, a);
+}
+
+/* One element back: RN(fp32(q) * 2^(e-127)). */
+HQ_HD float hq_mxfp8_dequantize(uint8_t q, uint8_t e, int kind) {
+  return hq_mul_rn(hq_fp8_to_f32(q, kind), hq_e8m0_to_f32(e));
+}
+
+HQ_HD int64_t hq_mxfp8_roundup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Shapes of the scale buffers of an [M, K] tensor (M % 32 == 0, K % 32 == 0), the same for the
+   compact and the swizzled layout:
+     rowwise  scale_inv            [roundup(M, 128), roundup(K/32, 4)]
+     columnwise columnwise_scale_inv [roundup(M/32, 4), roundup(K, 128)] */
+HQ_HD int64_t hq_mxfp8_row_scale_rows(int64_t M) { return hq_mxfp8_roundup(M, 128); }
+HQ_HD int64_t hq_mxfp8_row_scale_cols(int64_t K) { return hq_mxfp8_roundup(K / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_rows(int64_t M) { return hq_mxfp8_roundup(M / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_cols(int64_t K) { return hq_mxfp8_roundup(K, 128); }
+
+/* The cuBLAS "swizzled" scale layout (VEC32_UE8M0, FORMATS.md 2.4). S[r][c] is a logical scale
+   matrix: r runs along the GEMM operand's non-contracted dimension, c over the contracted
+   dimension's blocks; `cols` is its column count (unpadded or padded: it is rounded up to a
+   multiple of 4 here). It is padded to [roundup(rows, 128), roundup(cols, 4)] and cut into 128x4
+   tiles of 512 bytes stored in row-major tile order; inside a tile the 128 rows of 4 bytes are
+   stored in the order 0, 32, 64, 96, 1, 33, 65, 97, ..., 31, 63, 95, 127. Byte offset of S[r][c]:
+     ((r/128) * (Cp/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + c%4,   Cp = roundup(cols,4). */
+HQ_HD int64_t hq_mxfp8_swizzle_idx(int64_t r, int64_t c, int64_t cols) {
+  int64_t tiles_c = hq_mxfp8_roundup(cols, 4) / 4;
+  return ((r / 128) * tiles_c + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+/* Byte offset, in the rowwise scale_inv buffer of an [M, K] tensor, of the scale of row i, K-block
+   kb (elements (i, 32kb .. 32kb+31)).
+     compact (swizzled = 0): row-major [roundup(M,128)][roundup(K/32,4)]: i * roundup(K/32,4) + kb
+     swizzled: hq_mxfp8_swizzle_idx(r = i, c = kb, cols = K/32). */
+HQ_HD int64_t hq_mxfp8_row_scale_idx(int64_t i, int64_t kb, int64_t K, int swizzled) {
+  if (swizzled) return hq_mxfp8_swizzle_idx(i, kb, K / 32);
+  return i * hq_mxfp8_row_scale_cols(K) + kb;
+}
+
+/* Byte offset, in the columnwise_scale_inv buffer of an [M, K] tensor, of the scale of M-block
+   mb, column j (elements (32mb .. 32mb+31, j)).
+     compact (swizzled = 0): row-major [roundup(M/32,4)][roundup(K,128)]: mb * roundup(K,128) + j
+     swizzled: the compact [M/32][K] matrix is used as its transpose, r = column j, c = M-block mb:
+       hq_mxfp8_swizzle_idx(r = j, c = mb, cols = M/32). */
+HQ_HD int64_t hq_mxfp8_col_scale_idx(int64_t mb, int64_t j, int64_t M, int64_t K, int swizzled) {
+  if (swizzled) return hq_mxfp8_swizzle_idx(j, mb, M / 32);
+  return mb * hq_mxfp8_col_scale_cols(K) + j;
+}
 
 /* --------------------------------------------------------------------------------------------
 ** NVFP4: E2M1 elements, E4M3 block scales, global scale, RHT, stochastic rounding (FORMATS.md 3)
