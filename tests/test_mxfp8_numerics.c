@@ -203,18 +203,18 @@ static void test_element_cast_vs_reference(void **state) {
   assert_true(isnan(hq_mxfp8_dequantize(0x38, 0xFF, HQ_FP8_E4M3)));
 }
 
-/* The branch-free casts used by the hot loops equal hq_f32_to_e4m3/e5m2 (whose own tests check
-   them against brute force): a strided sweep of all 2^32 bit patterns, and every pattern of the
-   top 12 bits combined with the low-bit patterns where RNE ties and carries happen for both
-   formats. (Verified over all 2^32 inputs offline.) The NaN-ignoring |x| bits too. */
-static void test_branch_free_casts(void **state) {
+/* The FP8 casts the hot loops use (hq_f32_to_e4m3 / e5m2, branch-free) against the brute-force
+   nearest-code encoder over FP32 bit patterns: a strided sweep of all 2^32 patterns, and every
+   pattern of the top 12 bits combined with the low-bit patterns where RNE ties and carries happen
+   for both formats. The NaN-ignoring |x| bits too. */
+static void test_fp8_casts_bit_patterns(void **state) {
   (void)state;
-  for (uint64_t v = 0; v <= 0xffffffffull; v += 251) {
+  for (uint64_t v = 0; v <= 0xffffffffull; v += 4093) {
     float y = from_bits((uint32_t)v);
-    if (hq_mxfp8_cast_e4m3(y) != hq_f32_to_e4m3(y)) fail_msg("e4m3 %08x", (unsigned)v);
-    if (hq_mxfp8_cast_e5m2(y) != hq_f32_to_e5m2(y)) fail_msg("e5m2 %08x", (unsigned)v);
+    if (hq_f32_to_e4m3(y) != ref_fp8_encode(y, 0)) fail_msg("e4m3 %08x", (unsigned)v);
+    if (hq_f32_to_e5m2(y) != ref_fp8_encode(y, 1)) fail_msg("e5m2 %08x", (unsigned)v);
     uint32_t a = (uint32_t)v & 0x7fffffffu;
-    assert_int_equal(hq_mxfp8_absbits_nonan(y), a > 0x7f800000u ? 0u : a);
+    assert_int_equal(hq_abs_bits_nonan(y), a > 0x7f800000u ? 0u : a);
   }
   const uint32_t low[] = {0x00000, 0x00001, 0x3ffff, 0x40000, 0x40001, 0x7ffff, 0x80000,
                           0x80001, 0xbffff, 0xc0000, 0xc0001, 0xfffff, 0x20000, 0x60000};
@@ -222,8 +222,8 @@ static void test_branch_free_casts(void **state) {
     for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) {
       uint32_t v = (hi << 20) | low[k];
       float y = from_bits(v);
-      if (hq_mxfp8_cast_e4m3(y) != hq_f32_to_e4m3(y)) fail_msg("e4m3 %08x", (unsigned)v);
-      if (hq_mxfp8_cast_e5m2(y) != hq_f32_to_e5m2(y)) fail_msg("e5m2 %08x", (unsigned)v);
+      if (hq_f32_to_e4m3(y) != ref_fp8_encode(y, 0)) fail_msg("e4m3 %08x", (unsigned)v);
+      if (hq_f32_to_e5m2(y) != ref_fp8_encode(y, 1)) fail_msg("e5m2 %08x", (unsigned)v);
     }
 }
 
@@ -251,7 +251,7 @@ static void test_swizzle_idx(void **state) {
     uint8_t *seen = calloc((size_t)(Rp * Cp), 1);
     for (int64_t r = 0; r < Rp; r++)
       for (int64_t c = 0; c < Cp; c++) {
-        int64_t off = hq_mxfp8_swizzle_idx(r, c, C);
+        int64_t off = hq_swizzle_offset(r, c, C);
         assert_true(off >= 0 && off < Rp * Cp);
         assert_int_equal(want[off], (uint16_t)(r * Cp + c + 1));
         assert_int_equal(seen[off], 0);
@@ -261,14 +261,14 @@ static void test_swizzle_idx(void **state) {
     free(want);
   }
   /* hand-picked: rows 0,32,64,96 are the first 16 bytes of a tile; row 1 follows */
-  assert_int_equal(hq_mxfp8_swizzle_idx(0, 0, 4), 0);
-  assert_int_equal(hq_mxfp8_swizzle_idx(32, 0, 4), 4);
-  assert_int_equal(hq_mxfp8_swizzle_idx(96, 3, 4), 15);
-  assert_int_equal(hq_mxfp8_swizzle_idx(1, 0, 4), 16);
-  assert_int_equal(hq_mxfp8_swizzle_idx(127, 3, 4), 511);
-  assert_int_equal(hq_mxfp8_swizzle_idx(0, 4, 8), 512);    /* second tile along c */
-  assert_int_equal(hq_mxfp8_swizzle_idx(128, 0, 8), 1024); /* next tile row: after 2 tiles */
-  assert_int_equal(hq_mxfp8_swizzle_idx(128, 0, 5), 1024); /* 5 cols pad to 8 */
+  assert_int_equal(hq_swizzle_offset(0, 0, 4), 0);
+  assert_int_equal(hq_swizzle_offset(32, 0, 4), 4);
+  assert_int_equal(hq_swizzle_offset(96, 3, 4), 15);
+  assert_int_equal(hq_swizzle_offset(1, 0, 4), 16);
+  assert_int_equal(hq_swizzle_offset(127, 3, 4), 511);
+  assert_int_equal(hq_swizzle_offset(0, 4, 8), 512);    /* second tile along c */
+  assert_int_equal(hq_swizzle_offset(128, 0, 8), 1024); /* next tile row: after 2 tiles */
+  assert_int_equal(hq_swizzle_offset(128, 0, 5), 1024); /* 5 cols pad to 8 */
 }
 
 /* Per-direction index functions: compact = row-major with the padded row stride; swizzled =
@@ -313,7 +313,7 @@ int main(void) {
       cmocka_unit_test(test_scale_of_max_norm_powers),
       cmocka_unit_test(test_amax_500),
       cmocka_unit_test(test_element_cast_vs_reference),
-      cmocka_unit_test(test_branch_free_casts),
+      cmocka_unit_test(test_fp8_casts_bit_patterns),
       cmocka_unit_test(test_swizzle_idx),
       cmocka_unit_test(test_scale_index_functions),
   };

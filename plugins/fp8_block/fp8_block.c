@@ -137,7 +137,7 @@ static void load_tile(const hq_tensor *src, int64_t m0, int64_t k0, int nr, int 
 static float amax_of(const float *x, int n) {
   uint32_t m = 0;
   for (int j = 0; j < n; j++) {
-    uint32_t a = hq_fp8b_abs_bits(x[j]);
+    uint32_t a = hq_abs_bits_nonan(x[j]);
     m = a > m ? a : m;
   }
   return hq_bits_f32(m);
@@ -182,7 +182,7 @@ static void tile_1d(const fp8b_cfg *c, int src_dtype, tile *t, int64_t M, int64_
     for (int i = 0; i < nr; i++) {
       const float *xi = t->x + i * B;
       for (int j = 0; j < nc; j++) {
-        uint32_t a = hq_fp8b_abs_bits(xi[j]);
+        uint32_t a = hq_abs_bits_nonan(xi[j]);
         am[j] = a > am[j] ? a : am[j];
       }
     }

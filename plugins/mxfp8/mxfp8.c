@@ -186,7 +186,7 @@ static void load_row(float *dst, const void *src, int64_t off, int64_t n, hq_dty
 static uint32_t amax32(const float *restrict x) {
   uint32_t m = 0;
   for (int k = 0; k < BLK; k++) {
-    uint32_t a = hq_mxfp8_absbits_nonan(x[k]);
+    uint32_t a = hq_abs_bits_nonan(x[k]);
     m = a > m ? a : m;
   }
   return m;
@@ -195,7 +195,7 @@ static uint32_t amax32(const float *restrict x) {
 /* m[k] = max(m[k], |x[k]|) over 32 columns (NaN ignored). */
 static void colmax32(uint32_t *restrict m, const float *restrict x) {
   for (int k = 0; k < BLK; k++) {
-    uint32_t a = hq_mxfp8_absbits_nonan(x[k]);
+    uint32_t a = hq_abs_bits_nonan(x[k]);
     m[k] = a > m[k] ? a : m[k];
   }
 }
@@ -203,18 +203,18 @@ static void colmax32(uint32_t *restrict m, const float *restrict x) {
 /* dst[k] = fp8(RN(x[k] * mult)) for 32 elements sharing one multiplier ... */
 static void quant32(uint8_t *restrict dst, const float *restrict x, float mult, int kind) {
   if (kind == HQ_FP8_E5M2)
-    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e5m2(hq_mul_rn(x[k], mult));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e5m2(hq_mul_rn(x[k], mult));
   else
-    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e4m3(hq_mul_rn(x[k], mult));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e4m3(hq_mul_rn(x[k], mult));
 }
 
 /* ... or each with its own (32 columns of one tile row). */
 static void quant32_cols(uint8_t *restrict dst, const float *restrict x,
                          const float *restrict mult, int kind) {
   if (kind == HQ_FP8_E5M2)
-    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e5m2(hq_mul_rn(x[k], mult[k]));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e5m2(hq_mul_rn(x[k], mult[k]));
   else
-    for (int k = 0; k < BLK; k++) dst[k] = hq_mxfp8_cast_e4m3(hq_mul_rn(x[k], mult[k]));
+    for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e4m3(hq_mul_rn(x[k], mult[k]));
 }
 
 typedef struct qjob {

@@ -91,6 +91,23 @@ HQ_HD float hq_fmax_nan_ignoring(float a, float b) {
   return a > b ? a : b;
 }
 
+/* Branch-free select: c ? a : b for c in {0, 1}, as mask arithmetic a compiler can vectorize. */
+HQ_HD uint32_t hq_sel(uint32_t c, uint32_t a, uint32_t b) {
+  uint32_t m = 0u - c;
+  return (a & m) | (b & ~m);
+}
+
+/* |x| as FP32 bits, NaN counted as 0. For non-NaN magnitudes the bit order is the numeric order,
+   so the integer max of these over a set is the bits of its NaN-ignoring amax (FORMATS.md 0.4;
+   the hq_fmax_nan_ignoring chain started at 0), Inf included: the branch-free block amax. */
+HQ_HD uint32_t hq_abs_bits_nonan(float x) {
+  uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
+  return hq_sel(a > 0x7f800000u, 0u, a);
+}
+
+/* x rounded up to a multiple of m (m > 0). */
+HQ_HD int64_t hq_roundup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 /* --------------------------------------------------------------------------------------------
 ** BF16 / FP16 <-> FP32
 */
@@ -140,40 +157,36 @@ HQ_HD uint16_t hq_f32_to_f16(float x) {
 #define HQ_E5M2_MAX 57344.0f
 #define HQ_FP8_NAN 0x7Fu
 
-/* Round |x| (FP32 bits `a`, not NaN, not above max) to a format with `mbits` mantissa bits and
-   exponent bias `bias`; returns the magnitude code. Normal numbers round their mantissa with an
-   integer RNE; values below the smallest normal count subnormal steps 2^(1-bias-mbits) with an
-   exact power-of-two scale and an RNE integer rounding (the 2^23 trick). A subnormal that rounds
-   up to the smallest normal yields exactly its code, by construction of the encoding. */
-HQ_HD uint32_t hq_round_minifloat(uint32_t a, int mbits, int bias) {
-  int e = (int)(a >> 23) - 127;
-  if (e < 1 - bias) {
-    /* a * 2^(bias - 1 + mbits): an exact power-of-two scaling into [0, 2^mbits] */
-    float q = hq_mul_rn(hq_bits_f32(a), hq_bits_f32((uint32_t)(127 + bias - 1 + mbits) << 23));
-    float r = hq_add_rn(hq_add_rn(q, 8388608.0f), -8388608.0f);
-    return (uint32_t)r;
-  }
-  uint32_t shift = 23u - (uint32_t)mbits;
-  uint32_t r = a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);
-  return (r >> shift) - ((uint32_t)(127 - bias) << mbits);
-}
-
+/* Encode, in branch-free form (vectorizable in the CPU loops, divergence-free on a GPU). The
+   normal range rounds the FP32 mantissa to the FP8 width with an integer RNE on the bits (a carry
+   into the exponent is the right result); below the smallest normal, |x| * 2^(bias-1+mbits) is
+   exact and adding 2^23 rounds it to an integer with RNE, read back from the bits (|x| is clamped
+   first so that this arithmetic stays small for inputs that take the other path); a subnormal
+   that rounds up to the smallest normal yields exactly its code. Then saturation (|x| > max and
+   Inf -> max) and NaN -> 0x7F. Verified against a brute-force nearest-code search
+   (tests/test_numerics_fp8.c) and, over all 2^32 inputs, against the branching form. */
 HQ_HD uint8_t hq_f32_to_e4m3(float x) {
-  uint32_t u = hq_f32_bits(x);
-  uint32_t s = (u >> 24) & 0x80u;
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint8_t)HQ_FP8_NAN;
-  if (a > 0x43e00000u) return (uint8_t)(s | 0x7eu);                /* |x| > 448 (Inf too) */
-  return (uint8_t)(s | hq_round_minifloat(a, 3, 7));
+  uint32_t u = hq_f32_bits(x), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  uint32_t n = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  uint32_t small = a < 0x3c800000u;                                   /* below 2^-6 */
+  uint32_t as = hq_sel(small, a, 0x3c800000u);
+  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 512.0f), 8388608.0f)) -
+                 0x4b000000u;
+  uint32_t c = hq_sel(small, sub, n);
+  c = hq_sel(a > 0x43e00000u, 0x7eu, c);                              /* > 448, Inf */
+  return (uint8_t)hq_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
 }
 
 HQ_HD uint8_t hq_f32_to_e5m2(float x) {
-  uint32_t u = hq_f32_bits(x);
-  uint32_t s = (u >> 24) & 0x80u;
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint8_t)HQ_FP8_NAN;
-  if (a > 0x47600000u) return (uint8_t)(s | 0x7bu);                /* |x| > 57344 (Inf too) */
-  return (uint8_t)(s | hq_round_minifloat(a, 2, 15));
+  uint32_t u = hq_f32_bits(x), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  uint32_t n = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
+  uint32_t small = a < 0x38800000u;                                   /* below 2^-14 */
+  uint32_t as = hq_sel(small, a, 0x38800000u);
+  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 65536.0f), 8388608.0f)) -
+                 0x4b000000u;
+  uint32_t c = hq_sel(small, sub, n);
+  c = hq_sel(a > 0x47600000u, 0x7bu, c);                              /* > 57344, Inf */
+  return (uint8_t)hq_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
 }
 
 HQ_HD float hq_e4m3_to_f32(uint8_t q) {
@@ -264,6 +277,20 @@ HQ_HD float hq_hp_max(int dtype) {
 }
 
 /* --------------------------------------------------------------------------------------------
+** The cuBLAS "swizzled" block-scale layout (VEC32_UE8M0 for MXFP8, VEC16_UE4M3 for NVFP4;
+** FORMATS.md 2.4). S[r][c] is a logical scale matrix: r runs along the GEMM operand's
+** non-contracted dimension, c over the contracted dimension's blocks; `cols` is its column count
+** (rounded up to a multiple of 4 here). It is padded to [roundup(rows, 128), roundup(cols, 4)] and
+** cut into 128x4 tiles of 512 bytes stored in row-major tile order; inside a tile the 128 rows of
+** 4 bytes are stored in the order 0, 32, 64, 96, 1, 33, 65, 97, ..., 31, 63, 95, 127. Offset:
+**   ((r/128) * (Cp/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + c%4,   Cp = roundup(cols,4)
+*/
+HQ_HD int64_t hq_swizzle_offset(int64_t r, int64_t c, int64_t cols) {
+  int64_t tiles_c = hq_roundup(cols, 4) / 4;
+  return ((r / 128) * tiles_c + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+/* --------------------------------------------------------------------------------------------
 ** MXFP8: E8M0 scales (FORMATS.md 2.2)                         [filled by the mxfp8 plugin work]
 **
 ** One E8M0 scale per 32 elements (1x32 rowwise, 32x1 columnwise, or 32x32 in 2-D mode). A code
@@ -320,84 +347,26 @@ HQ_HD uint8_t hq_mxfp8_quantize(float x, float mult, int kind) {
   return hq_f32_to_fp8(hq_mul_rn(x, mult), kind);
 }
 
-/* Branch-free select: c ? a : b for c in {0, 1}, as mask arithmetic a compiler can vectorize. */
-HQ_HD uint32_t hq_mxfp8_sel(uint32_t c, uint32_t a, uint32_t b) {
-  uint32_t m = 0u - c;
-  return (a & m) | (b & ~m);
-}
-
-/* The FP8 casts of hq_f32_to_e4m3 / hq_f32_to_e5m2 (RNE, satfinite, NaN -> 0x7F) in branch-free
-   form, for the vectorizable hot loops of the block quantizers; bit-identical to those for every
-   FP32 input (verified over all 2^32 inputs; tests/test_mxfp8_numerics.c sweeps a subset). The
-   normal range rounds the mantissa with an integer RNE; below the smallest normal,
-   |y| * 2^(bias-1+mbits) is exact and adding 2^23 rounds it to an integer RNE, read back from the
-   bits (|y| is clamped first so that this arithmetic stays small for inputs that take the other
-   path). */
-HQ_HD uint8_t hq_mxfp8_cast_e4m3(float y) {
-  uint32_t u = hq_f32_bits(y), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  uint32_t n = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  uint32_t small = a < 0x3c800000u;                                   /* below 2^-6 */
-  uint32_t as = hq_mxfp8_sel(small, a, 0x3c800000u);
-  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 512.0f), 8388608.0f)) -
-                 0x4b000000u;
-  uint32_t c = hq_mxfp8_sel(small, sub, n);
-  c = hq_mxfp8_sel(a > 0x43e00000u, 0x7eu, c);                        /* > 448, Inf */
-  return (uint8_t)hq_mxfp8_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
-}
-
-HQ_HD uint8_t hq_mxfp8_cast_e5m2(float y) {
-  uint32_t u = hq_f32_bits(y), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  uint32_t n = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
-  uint32_t small = a < 0x38800000u;                                   /* below 2^-14 */
-  uint32_t as = hq_mxfp8_sel(small, a, 0x38800000u);
-  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 65536.0f), 8388608.0f)) -
-                 0x4b000000u;
-  uint32_t c = hq_mxfp8_sel(small, sub, n);
-  c = hq_mxfp8_sel(a > 0x47600000u, 0x7bu, c);                        /* > 57344, Inf */
-  return (uint8_t)hq_mxfp8_sel(a > 0x7f800000u, HQ_FP8_NAN, c | s);
-}
-
-/* |x| as FP32 bits with NaN counted as 0: for amax over a block as an integer max (|x| bits
-   order like the values), equal to the hq_fmax_nan_ignoring chain started at 0. */
-HQ_HD uint32_t hq_mxfp8_absbits_nonan(float x) {
-  uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
-  return hq_mxfp8_sel(a > 0x7f800000u, 0u, a);
-}
-
 /* One element back: RN(fp32(q) * 2^(e-127)). */
 HQ_HD float hq_mxfp8_dequantize(uint8_t q, uint8_t e, int kind) {
   return hq_mul_rn(hq_fp8_to_f32(q, kind), hq_e8m0_to_f32(e));
 }
 
-HQ_HD int64_t hq_mxfp8_roundup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 /* Shapes of the scale buffers of an [M, K] tensor (M % 32 == 0, K % 32 == 0), the same for the
    compact and the swizzled layout:
      rowwise  scale_inv            [roundup(M, 128), roundup(K/32, 4)]
      columnwise columnwise_scale_inv [roundup(M/32, 4), roundup(K, 128)] */
-HQ_HD int64_t hq_mxfp8_row_scale_rows(int64_t M) { return hq_mxfp8_roundup(M, 128); }
-HQ_HD int64_t hq_mxfp8_row_scale_cols(int64_t K) { return hq_mxfp8_roundup(K / 32, 4); }
-HQ_HD int64_t hq_mxfp8_col_scale_rows(int64_t M) { return hq_mxfp8_roundup(M / 32, 4); }
-HQ_HD int64_t hq_mxfp8_col_scale_cols(int64_t K) { return hq_mxfp8_roundup(K, 128); }
-
-/* The cuBLAS "swizzled" scale layout (VEC32_UE8M0, FORMATS.md 2.4). S[r][c] is a logical scale
-   matrix: r runs along the GEMM operand's non-contracted dimension, c over the contracted
-   dimension's blocks; `cols` is its column count (unpadded or padded: it is rounded up to a
-   multiple of 4 here). It is padded to [roundup(rows, 128), roundup(cols, 4)] and cut into 128x4
-   tiles of 512 bytes stored in row-major tile order; inside a tile the 128 rows of 4 bytes are
-   stored in the order 0, 32, 64, 96, 1, 33, 65, 97, ..., 31, 63, 95, 127. Byte offset of S[r][c]:
-     ((r/128) * (Cp/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + c%4,   Cp = roundup(cols,4). */
-HQ_HD int64_t hq_mxfp8_swizzle_idx(int64_t r, int64_t c, int64_t cols) {
-  int64_t tiles_c = hq_mxfp8_roundup(cols, 4) / 4;
-  return ((r / 128) * tiles_c + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
-}
+HQ_HD int64_t hq_mxfp8_row_scale_rows(int64_t M) { return hq_roundup(M, 128); }
+HQ_HD int64_t hq_mxfp8_row_scale_cols(int64_t K) { return hq_roundup(K / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_rows(int64_t M) { return hq_roundup(M / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_cols(int64_t K) { return hq_roundup(K, 128); }
 
 /* Byte offset, in the rowwise scale_inv buffer of an [M, K] tensor, of the scale of row i, K-block
    kb (elements (i, 32kb .. 32kb+31)).
      compact (swizzled = 0): row-major [roundup(M,128)][roundup(K/32,4)]: i * roundup(K/32,4) + kb
-     swizzled: hq_mxfp8_swizzle_idx(r = i, c = kb, cols = K/32). */
+     swizzled: hq_swizzle_offset(r = i, c = kb, cols = K/32). */
 HQ_HD int64_t hq_mxfp8_row_scale_idx(int64_t i, int64_t kb, int64_t K, int swizzled) {
-  if (swizzled) return hq_mxfp8_swizzle_idx(i, kb, K / 32);
+  if (swizzled) return hq_swizzle_offset(i, kb, K / 32);
   return i * hq_mxfp8_row_scale_cols(K) + kb;
 }
 
@@ -405,9 +374,9 @@ HQ_HD int64_t hq_mxfp8_row_scale_idx(int64_t i, int64_t kb, int64_t K, int swizz
    mb, column j (elements (32mb .. 32mb+31, j)).
      compact (swizzled = 0): row-major [roundup(M/32,4)][roundup(K,128)]: mb * roundup(K,128) + j
      swizzled: the compact [M/32][K] matrix is used as its transpose, r = column j, c = M-block mb:
-       hq_mxfp8_swizzle_idx(r = j, c = mb, cols = M/32). */
+       hq_swizzle_offset(r = j, c = mb, cols = M/32). */
 HQ_HD int64_t hq_mxfp8_col_scale_idx(int64_t mb, int64_t j, int64_t M, int64_t K, int swizzled) {
-  if (swizzled) return hq_mxfp8_swizzle_idx(j, mb, M / 32);
+  if (swizzled) return hq_swizzle_offset(j, mb, M / 32);
   return mb * hq_mxfp8_col_scale_cols(K) + j;
 }
 
@@ -537,13 +506,12 @@ HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
    patterns of |v_i| (as signed integers: they are below 2^31), which order like the values;
    NaN patterns count as 0. */
 HQ_HD float hq_nvfp4_amax(const float *v, int64_t n) {
-  int32_t mx = 0;
+  uint32_t mx = 0;
   for (int64_t i = 0; i < n; i++) {
-    int32_t b = (int32_t)(hq_f32_bits(v[i]) & 0x7fffffffu);
-    b = b > 0x7f800000 ? 0 : b;
+    uint32_t b = hq_abs_bits_nonan(v[i]);
     mx = b > mx ? b : mx;
   }
-  return hq_bits_f32((uint32_t)mx);
+  return hq_bits_f32(mx);
 }
 
 /* RN to BF16 and back: hq_bf16_to_f32(hq_f32_to_bf16(x)), without branches (NaN stays a quiet
@@ -674,14 +642,12 @@ HQ_HD uint32_t hq_nvfp4_sr_byte(const uint32_t bits[4], int e) {
      swizzled: ((r/128) * (ld/4) + b/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + b%4
    (cuBLAS's 128x4 tiles, tile-row-major; NVFP4 uses it as "row" scaling for both copies).
    Every entry outside the logical [R, C/16] (the padding) is zero. */
-HQ_HD int64_t hq_nvfp4_roundup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-HQ_HD int64_t hq_nvfp4_scale_rows(int64_t rows) { return hq_nvfp4_roundup(rows, 128); }
-HQ_HD int64_t hq_nvfp4_scale_cols(int64_t cols) { return hq_nvfp4_roundup(cols / 16, 4); }
+HQ_HD int64_t hq_nvfp4_scale_rows(int64_t rows) { return hq_roundup(rows, 128); }
+HQ_HD int64_t hq_nvfp4_scale_cols(int64_t cols) { return hq_roundup(cols / 16, 4); }
 
 HQ_HD int64_t hq_nvfp4_scale_offset(int64_t r, int64_t b, int64_t cols, int swizzle) {
-  int64_t ld = hq_nvfp4_scale_cols(cols);
-  if (!swizzle) return r * ld + b;
-  return ((r >> 7) * (ld >> 2) + (b >> 2)) * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (b & 3);
+  if (swizzle) return hq_swizzle_offset(r, b, cols / 16);
+  return r * hq_nvfp4_scale_cols(cols) + b;
 }
 
 HQ_HD int64_t hq_nvfp4_row_data_index(int64_t i, int64_t k, int64_t K) {
@@ -725,7 +691,6 @@ HQ_HD int64_t hq_nvfp4_col_scale_index(int64_t i, int64_t k, int64_t M, int swiz
 /* ceil(n / 128): blocks covering n elements. */
 HQ_HD int64_t hq_fp8b_nblocks(int64_t n) { return (n + HQ_FP8B_BLOCK - 1) / HQ_FP8B_BLOCK; }
 /* n rounded up to a multiple of 4 (the scale buffers' padded dim 1). */
-HQ_HD int64_t hq_fp8b_pad4(int64_t n) { return (n + 3) & ~(int64_t)3; }
 
 /* scale_inv shape [d0, d1] of one direction (colwise 0/1, two_d 0/1) of a [M, K] tensor, and the
    unpadded extent n1 <= d1 of dim 1 (entries [.][n1, d1) are padding). */
@@ -736,38 +701,30 @@ HQ_HD void hq_fp8b_scale_shape(int64_t M, int64_t K, int colwise, int two_d, int
   int64_t outer = colwise ? K : M, inner = colwise ? M : K;
   *d0 = two_d ? hq_fp8b_nblocks(outer) : hq_fp8b_nblocks(inner);
   *n1 = two_d ? hq_fp8b_nblocks(inner) : outer;
-  *d1 = hq_fp8b_pad4(*n1);
+  *d1 = hq_roundup(*n1, 4);
 }
 
 /* rowwise 1-D: [ceil(K/128), r4(M)], entry [k/128][m]. */
 HQ_HD int64_t hq_fp8b_row1d_index(int64_t m, int64_t k, int64_t M) {
-  return (k / HQ_FP8B_BLOCK) * hq_fp8b_pad4(M) + m;
+  return (k / HQ_FP8B_BLOCK) * hq_roundup(M, 4) + m;
 }
 /* rowwise 2-D: [ceil(M/128), r4(ceil(K/128))], entry [m/128][k/128]. */
 HQ_HD int64_t hq_fp8b_row2d_index(int64_t m, int64_t k, int64_t K) {
-  return (m / HQ_FP8B_BLOCK) * hq_fp8b_pad4(hq_fp8b_nblocks(K)) + k / HQ_FP8B_BLOCK;
+  return (m / HQ_FP8B_BLOCK) * hq_roundup(hq_fp8b_nblocks(K), 4) + k / HQ_FP8B_BLOCK;
 }
 /* columnwise 1-D: [ceil(M/128), r4(K)], entry [m/128][k]. */
 HQ_HD int64_t hq_fp8b_col1d_index(int64_t m, int64_t k, int64_t K) {
-  return (m / HQ_FP8B_BLOCK) * hq_fp8b_pad4(K) + k;
+  return (m / HQ_FP8B_BLOCK) * hq_roundup(K, 4) + k;
 }
 /* columnwise 2-D: [ceil(K/128), r4(ceil(M/128))], entry [k/128][m/128]. */
 HQ_HD int64_t hq_fp8b_col2d_index(int64_t m, int64_t k, int64_t M) {
-  return (k / HQ_FP8B_BLOCK) * hq_fp8b_pad4(hq_fp8b_nblocks(M)) + m / HQ_FP8B_BLOCK;
+  return (k / HQ_FP8B_BLOCK) * hq_roundup(hq_fp8b_nblocks(M), 4) + m / HQ_FP8B_BLOCK;
 }
 /* The one of the four above that a direction uses. */
 HQ_HD int64_t hq_fp8b_scale_index(int64_t m, int64_t k, int64_t M, int64_t K, int colwise,
                                   int two_d) {
   if (two_d) return colwise ? hq_fp8b_col2d_index(m, k, M) : hq_fp8b_row2d_index(m, k, K);
   return colwise ? hq_fp8b_col1d_index(m, k, K) : hq_fp8b_row1d_index(m, k, M);
-}
-
-/* Block amax as integer bits: |x|'s FP32 bits, or 0 for NaN. For non-NaN magnitudes the bit
-   order is the numeric order, so the max of these over a block is the bits of its NaN-ignoring
-   amax (hq_fmax_nan_ignoring over hq_fabs), Inf included; a branch-free, vectorisable form. */
-HQ_HD uint32_t hq_fp8b_abs_bits(float x) {
-  uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
-  return a > 0x7f800000u ? 0u : a;
 }
 
 /* The block scale of FORMATS.md 4.2: value_for_inf is the max of the input dtype `src_dtype`
