@@ -38,50 +38,75 @@ static hq_qtensor *quantize_with(hq_recipe *r, hq_ctx *ctx, const hq_tensor *x, 
   return qt;
 }
 
-/* For every plugin on the path, with its default options: one format instance for both
-   directions (one fused call) == two instances of the same options (two calls) == each
-   direction quantized alone. */
+/* One configuration: one format instance for both directions (one fused call) == two instances
+   of the same options (two calls) == each direction quantized alone. */
+static void check_equal_format(const hq_tensor *x, const char *plugin, const char *options) {
+  char ta[512], tb[512], what[256];
+  snprintf(what, sizeof what, "%s [%s]", plugin, options);
+  snprintf(ta, sizeof ta, "[format a]\nplugin = %s\n%s\n[role *:*:*]\nrowwise = a\ncolumnwise = a\n",
+           plugin, options);
+  snprintf(tb, sizeof tb, "[format r]\nplugin = %s\n%s\n[format c]\nplugin = %s\n%s\n[role *:*:*]\n"
+           "rowwise = r\ncolumnwise = c\n", plugin, options, plugin, options);
+  hq_recipe *ra = hq_test_recipe(ta), *rb = hq_test_recipe(tb);
+  hq_quantizer *qa = hq_test_quantizer(ra, "x:y:z"), *qb = hq_test_quantizer(rb, "x:y:z");
+  assert_true(hq_quantizer_fused(qa));
+  assert_false(hq_quantizer_fused(qb));
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  /* a fresh context each: every operation starts from random-stream offset 0 */
+  hq_ctx *ctx[4] = {host_ctx(), host_ctx(), host_ctx(), host_ctx()};
+  hq_qtensor *fused = quantize_with(ra, ctx[0], x, HQ_BOTH);
+  hq_qtensor *split = quantize_with(rb, ctx[1], x, HQ_BOTH);
+  hq_qtensor *row = quantize_with(ra, ctx[2], x, HQ_ROWWISE);
+  hq_qtensor *col = quantize_with(ra, ctx[3], x, HQ_COLWISE);
+  assert_int_equal(hq_qtensor_dirs(row), HQ_ROWWISE);
+  assert_int_equal(hq_qtensor_dirs(col), HQ_COLWISE);
+  assert_same_storage(fused, split, HQ_ROWWISE, what);
+  assert_same_storage(fused, split, HQ_COLWISE, what);
+  assert_same_storage(fused, row, HQ_ROWWISE, what);
+  assert_same_storage(fused, col, HQ_COLWISE, what);
+  hq_qtensor_free(fused);
+  hq_qtensor_free(split);
+  hq_qtensor_free(row);
+  hq_qtensor_free(col);
+  for (int i = 0; i < 4; i++) hq_ctx_destroy(ctx[i]);
+  hq_recipe_free(ra);
+  hq_recipe_free(rb);
+}
+
+/* Every plugin on the path with its default options, and the stock plugins' other option sets
+   (stochastic rounding included: every operation draws from one random stream, whether its
+   directions are made by one call or two). */
 static void test_equal_format_hybrid_every_plugin(void **state) {
   (void)state;
-  hq_ctx *ctx = host_ctx();
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
   assert_true(hq_plugins_count(set) >= 2);
   hq_tensor x = hq_test_tensor(HQ_BF16, 128, 256, 3, 1.0f);
+  static const char *extra[][2] = {
+      {"fp8_tensor", "dtype = e5m2\npower_2_scales = true"},
+      {"mxfp8", "swizzle = true"},
+      {"mxfp8", "block_2d = true\ndtype = e5m2"},
+      {"nvfp4", "stochastic_rounding = true\nrht = true"},
+      {"nvfp4", "block_2d = true\nswizzle = true"},
+      {"fp8_block", "block = 2d\npower_2_scales = false"},
+      {"identity", "dtype = f16"},
+  };
+  int checked = 0;
   for (size_t p = 0; p < hq_plugins_count(set); p++) {
-    const char *name = hq_plugin_name(hq_plugins_get(set, p));
-    if (!(hq_plugin_caps(hq_plugins_get(set, p)) & HQ_CAP_CPU)) continue;
-    char ta[256], tb[256];
-    snprintf(ta, sizeof ta, "[format a]\nplugin = %s\n[role *:*:*]\nrowwise = a\ncolumnwise = a\n",
-             name);
-    snprintf(tb, sizeof tb, "[format r]\nplugin = %s\n[format c]\nplugin = %s\n[role *:*:*]\n"
-             "rowwise = r\ncolumnwise = c\n", name, name);
-    hq_recipe *ra = hq_test_recipe(ta), *rb = hq_test_recipe(tb);
-    hq_quantizer *qa = hq_test_quantizer(ra, "x:y:z"), *qb = hq_test_quantizer(rb, "x:y:z");
-    assert_true(hq_quantizer_fused(qa));
-    assert_false(hq_quantizer_fused(qb));
-    hq_quantizer_free(qa);
-    hq_quantizer_free(qb);
-    hq_qtensor *fused = quantize_with(ra, ctx, &x, HQ_BOTH);
-    hq_qtensor *split = quantize_with(rb, ctx, &x, HQ_BOTH);
-    hq_qtensor *row = quantize_with(ra, ctx, &x, HQ_ROWWISE);
-    hq_qtensor *col = quantize_with(ra, ctx, &x, HQ_COLWISE);
-    assert_int_equal(hq_qtensor_dirs(row), HQ_ROWWISE);
-    assert_int_equal(hq_qtensor_dirs(col), HQ_COLWISE);
-    assert_same_storage(fused, split, HQ_ROWWISE, name);
-    assert_same_storage(fused, split, HQ_COLWISE, name);
-    assert_same_storage(fused, row, HQ_ROWWISE, name);
-    assert_same_storage(fused, col, HQ_COLWISE, name);
-    hq_qtensor_free(fused);
-    hq_qtensor_free(split);
-    hq_qtensor_free(row);
-    hq_qtensor_free(col);
-    hq_recipe_free(ra);
-    hq_recipe_free(rb);
+    const hq_plugin *pl = hq_plugins_get(set, p);
+    if (!(hq_plugin_caps(pl) & HQ_CAP_CPU)) continue;
+    check_equal_format(&x, hq_plugin_name(pl), "");
+    for (size_t e = 0; e < sizeof extra / sizeof extra[0]; e++) {
+      if (strcmp(extra[e][0], hq_plugin_name(pl)) != 0) continue;
+      check_equal_format(&x, extra[e][0], extra[e][1]);
+      checked++;
+    }
   }
+  /* all five stock plugins are built in this tree */
+  assert_int_equal(checked, (int)(sizeof extra / sizeof extra[0]));
   free(x.data);
   hq_plugins_close(set);
-  hq_ctx_destroy(ctx);
 }
 
 static const char *MIXED =
