@@ -58,9 +58,14 @@ grep -q "cannot open" "$tmp/err" || fail "missing file message"; ok
 $hq recipe check 2>/dev/null; [ $? -eq 2 ] || fail "recipe check without file"; ok
 
 # quantize: random input, JSON fields, error in the FP8 band
-$hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 128x256 --json > "$tmp/q.json" || fail "quantize --json"
+$hq quantize --recipe "$conf/examples/fp8_current_hybrid.ini" --role linear:weight:fc1 --random 128x256 --json > "$tmp/q.json" || fail "quantize --json"
 for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tensor"' '"rel_rms_error":0.02' '"bytes":32776' '"fused":true'; do
   grep -q "$s" "$tmp/q.json" || { cat "$tmp/q.json"; fail "quantize --json lacks $s"; }; ok
+done
+# the default recipe: MXFP8 rowwise (E4M3: 2-3% error), NVFP4 columnwise (8-12%)
+$hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 256x256 --json > "$tmp/q.json" || fail "quantize default recipe"
+for s in '"format":"mx","plugin":"mxfp8","bytes":67584' '"format":"nv_w","plugin":"nvfp4","bytes":36868' '"fused":false'; do
+  grep -q "$s" "$tmp/q.json" || { cat "$tmp/q.json"; fail "default recipe lacks $s"; }; ok
 done
 $hq quantize --recipe "$conf/recipe.ini" --role linear:weight:lm_head --random 8x8 | grep -q "identity" || fail "lm_head stays identity"; ok
 # a .npy input (float32, shape (2, 3)) written byte by byte; values 1 -2 3 448 0.5 -0.25 are exact in E4M3

@@ -317,8 +317,9 @@ static void test_files(void **state) {
   /* the shipped recipes are valid */
   const char *conf = getenv("HQ_CONF_DIR");
   if (!conf) return;
-  const char *files[] = {"recipe.ini", "examples/fp8_current.ini", "examples/high_precision.ini",
-                         "examples/hybrid_fp8_identity.ini"};
+  const char *files[] = {"recipe.ini", "examples/fp8_current.ini",
+                         "examples/fp8_current_hybrid.ini", "examples/fp8_block.ini",
+                         "examples/high_precision.ini", "examples/hybrid_fp8_identity.ini"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", conf, files[i]);
