@@ -520,6 +520,40 @@ static void test_rht_lanes_and_bf16_round(void **state) {
 }
 
 /* Orthogonality: the transpose undoes the transform within BF16 rounding. */
+/* The inverse transform: (a) on inputs in {-1, 0, 1} every step of both transforms is exact, so
+   inverse(forward(v)) == v bit for bit; (b) on random inputs it equals the dense product with
+   the transpose H16 diag(s) / 4, computed in double here, within FP32 rounding. */
+static void test_rht_inverse(void **state) {
+  (void)state;
+  uint64_t st = 77;
+  const uint32_t masks[3] = {HQ_NVFP4_RHT_SIGNS, 0x0000, 0xffff};
+  for (int m = 0; m < 3; m++) {
+    for (int it = 0; it < 2000; it++) {
+      float v[16], w[16];
+      for (int i = 0; i < 16; i++) v[i] = w[i] = (float)((int)(hq_test_rand(&st) % 3) - 1);
+      hq_nvfp4_rht16(w, masks[m]);
+      hq_nvfp4_rht16_inverse(w, masks[m]);
+      for (int i = 0; i < 16; i++)
+        if (w[i] != v[i]) fail_msg("mask %04x: element %d %g != %g", masks[m], i, w[i], v[i]);
+    }
+    for (int it = 0; it < 2000; it++) {
+      float v[16];
+      double want[16];
+      for (int i = 0; i < 16; i++) v[i] = hq_test_normal(&st);
+      for (int c = 0; c < 16; c++) { /* (v H diag(s) / 4)[c] = s_c/4 * sum_r v_r H[r][c] */
+        double acc = 0;
+        for (int r = 0; r < 16; r++)
+          acc += (__builtin_popcount((unsigned)(r & c)) & 1 ? -1 : 1) * (double)v[r];
+        want[c] = ((masks[m] >> c) & 1 ? -0.25 : 0.25) * acc;
+      }
+      hq_nvfp4_rht16_inverse(v, masks[m]);
+      for (int c = 0; c < 16; c++)
+        if (fabs(v[c] - want[c]) > 1e-5 * (1 + fabs(want[c])))
+          fail_msg("mask %04x: inverse[%d] = %.9g, dense %.9g", masks[m], c, v[c], want[c]);
+    }
+  }
+}
+
 static void test_rht_orthogonal(void **state) {
   (void)state;
   uint64_t s = 11;
@@ -649,6 +683,7 @@ int main(void) {
       cmocka_unit_test(test_rht_te_signs),
       cmocka_unit_test(test_rht_matches_dense_matrix),
       cmocka_unit_test(test_rht_lanes_and_bf16_round),
+      cmocka_unit_test(test_rht_inverse),
       cmocka_unit_test(test_rht_orthogonal),
       cmocka_unit_test(test_rht_preserves_dot_products),
       cmocka_unit_test(test_scale_layouts),

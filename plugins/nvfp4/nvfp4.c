@@ -17,9 +17,11 @@
 **
 ** Dequantize (either direction, into f32 / bf16 / f16 [M, K]; the columnwise copy un-transposed):
 **   x' = RN(e2m1(q) * RN(RN(fp32(sf) * A) * RN(1/2688))), then RN to the output dtype.
-** With rht = true the columnwise copy dequantizes to the TRANSFORMED values (x^T's 16-groups times
-** diag(s) H16 / 4): it is a GEMM operand whose partner along M is transformed the same way, so
-** the product over M is preserved; the inverse transform is not applied.
+** With rht = true the columnwise copy holds the TRANSFORMED values (x^T's 16-groups times
+** diag(s) H16 / 4: a GEMM operand whose partner along M is transformed the same way, so the
+** product over M is preserved); dequantize applies the inverse transform
+** (hq_nvfp4_rht16_inverse), so that every direction dequantizes to an approximation of x itself
+** and may meet any partner in an emulated GEMM.
 **
 ** Buffers of each storage, in save order (FORMATS.md 3.7; index functions in hq/numerics.h):
 **   0 data                  e2m1x2 [M, K/2]                       HQ_BUF_SHARDED
@@ -469,14 +471,19 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
       }
     }
   } else {
-    /* stored row k holds column k of the output; 16 output rows advance together */
+    /* stored row k holds column k of the output; 16 output rows advance together. An RHT copy
+       is transformed back (the storage's meta says which signs made it). */
+    const int rht = (s->meta[0] & NVFP4_META_RHT) != 0;
+    const uint32_t mask = (uint32_t)s->meta[1] | (uint32_t)s->meta[2] << 8;
     for (int64_t i0 = 0; i0 < M; i0 += 16) {
       for (int64_t k = 0; k < K; k++) {
         const float dm = dec[sc[hq_nvfp4_col_scale_index(i0, k, M, sw)]];
         const uint8_t *p = q + hq_nvfp4_col_data_index(i0, k, M);
+        float g[16];
         for (int e = 0; e < 16; e++)
-          hq_store_hp(dst->data, (i0 + e) * K + k, t,
-                      hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+          g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
+        if (rht) hq_nvfp4_rht16_inverse(g, mask);
+        for (int e = 0; e < 16; e++) hq_store_hp(dst->data, (i0 + e) * K + k, t, g[e]);
       }
     }
   }

@@ -551,6 +551,23 @@ HQ_HD void hq_nvfp4_rht16(float v[16], uint32_t sign_mask) {
   for (int i = 0; i < 16; i++) v[i] = hq_nvfp4_bf16_round(hq_mul_rn(v[i], 0.25f));
 }
 
+/* The inverse transform, applied when a columnwise RHT copy is dequantized: the RHT matrix
+   diag(s) H16 / 4 is orthogonal, so its inverse is its transpose H16 diag(s) / 4. Fixed FP32
+   order: the butterfly stages 1, 2, 4, 8 with RN adds, the exact * 0.25, then the sign flip (no
+   BF16 rounding: the result is the dequantized value). */
+HQ_HD void hq_nvfp4_rht16_inverse(float v[16], uint32_t sign_mask) {
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i++) {
+      if (i & h) continue;
+      float a = v[i], b = v[i + h];
+      v[i] = hq_add_rn(a, b);
+      v[i + h] = hq_add_rn(a, -b);
+    }
+  }
+  for (int i = 0; i < 16; i++)
+    v[i] = hq_bits_f32(hq_f32_bits(hq_mul_rn(v[i], 0.25f)) ^ (((sign_mask >> i) & 1u) << 31));
+}
+
 /* hq_nvfp4_rht16 of 16 groups at once: v[16 * i + l] is element i of group l. Every group goes
    through exactly the operations of hq_nvfp4_rht16, in its order (the same bits); the groups are
    independent lanes, which lets a CPU compiler vectorize across them. */
