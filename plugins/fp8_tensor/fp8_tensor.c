@@ -99,31 +99,76 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
 
 // --- CPU reference ----------------------------------------------------------------------------
 
+/* NaN-ignoring amax as an integer max over |x| bits, one typed loop per input dtype. */
 static float amax_of(const hq_tensor *src) {
-  int64_t n = src->rows * src->cols;
-  float m = 0.0f;
-  for (int64_t i = 0; i < n; i++) m = hq_fmax_nan_ignoring(m, hq_fabs(hq_load_hp(src->data, i, src->dtype)));
-  return m;
+  const int64_t n = src->rows * src->cols;
+  uint32_t m = 0;
+  if (src->dtype == HQ_F32) {
+    const float *p = src->data;
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t a = hq_abs_bits_nonan(p[i]);
+      m = a > m ? a : m;
+    }
+  } else {
+    const uint16_t *p = src->data;
+    const int f16 = src->dtype == HQ_F16;
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t a = hq_abs_bits_nonan(f16 ? hq_f16_to_f32(p[i]) : hq_bf16_to_f32(p[i]));
+      m = a > m ? a : m;
+    }
+  }
+  return hq_bits_f32(m);
 }
 
 #define TILE 64
 
-/* Quantize with one scale into row [M,K] and/or col [K,M]; 64x64 tiles keep the transposed
-   writes in cache. */
+/* Rows [i0, i0+nr) x columns [j0, j0+nc) of src as FP32, row stride TILE. */
+static void load_tile(const hq_tensor *src, int64_t i0, int64_t j0, int nr, int nc, float *x) {
+  for (int r = 0; r < nr; r++) {
+    const int64_t off = (i0 + r) * src->cols + j0;
+    float *xr = x + r * TILE;
+    if (src->dtype == HQ_F32) {
+      memcpy(xr, (const float *)src->data + off, (size_t)nc * sizeof(float));
+    } else if (src->dtype == HQ_BF16) {
+      const uint16_t *p = (const uint16_t *)src->data + off;
+      for (int c = 0; c < nc; c++) xr[c] = hq_bf16_to_f32(p[c]);
+    } else {
+      const uint16_t *p = (const uint16_t *)src->data + off;
+      for (int c = 0; c < nc; c++) xr[c] = hq_f16_to_f32(p[c]);
+    }
+  }
+}
+
+/* q[c] = fp8(RN(x[c] * scale)), the element kind chosen once per row so the loop vectorizes. */
+static void cast_row(int kind, const float *x, float scale, int n, uint8_t *q) {
+  if (kind == HQ_FP8_E5M2)
+    for (int c = 0; c < n; c++) q[c] = hq_f32_to_e5m2(hq_mul_rn(x[c], scale));
+  else
+    for (int c = 0; c < n; c++) q[c] = hq_f32_to_e4m3(hq_mul_rn(x[c], scale));
+}
+
+/* Quantize with one scale into row [M,K] and/or col [K,M], 64x64 tiles: each tile is read once,
+   cast row by row, its bytes written to the rowwise copy and, transposed through the tile, to
+   the columnwise copy. */
 static void cast_transpose(const hq_tensor *src, float scale, int kind, uint8_t *row,
                            uint8_t *col) {
   const int64_t M = src->rows, K = src->cols;
+  float x[TILE * TILE];
+  uint8_t q[TILE * TILE];
   for (int64_t i0 = 0; i0 < M; i0 += TILE) {
-    int64_t i1 = i0 + TILE < M ? i0 + TILE : M;
+    const int nr = (int)(M - i0 < TILE ? M - i0 : TILE);
     for (int64_t j0 = 0; j0 < K; j0 += TILE) {
-      int64_t j1 = j0 + TILE < K ? j0 + TILE : K;
-      for (int64_t i = i0; i < i1; i++) {
-        for (int64_t j = j0; j < j1; j++) {
-          uint8_t q = hq_fp8_quantize(hq_load_hp(src->data, i * K + j, src->dtype), scale, kind);
-          if (row) row[i * K + j] = q;
-          if (col) col[j * M + i] = q;
-        }
+      const int nc = (int)(K - j0 < TILE ? K - j0 : TILE);
+      load_tile(src, i0, j0, nr, nc, x);
+      for (int r = 0; r < nr; r++) {
+        cast_row(kind, x + r * TILE, scale, nc, q + r * TILE);
+        if (row) memcpy(row + (i0 + r) * K + j0, q + r * TILE, (size_t)nc);
       }
+      if (col)
+        for (int c = 0; c < nc; c++) {
+          uint8_t *o = col + (j0 + c) * M + i0;
+          for (int r = 0; r < nr; r++) o[r] = q[r * TILE + c];
+        }
     }
   }
 }

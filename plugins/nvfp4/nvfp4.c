@@ -263,8 +263,12 @@ static inline void column_tile(const float *S, int64_t ld, int64_t j0, const nvf
   }
 }
 
-/* amax of RHT(x^T) (BF16-rounded), the columnwise global amax with rht. */
-static float rht_amax(const hq_tensor *src, const nvfp4_cfg *c, float *S, int64_t ld) {
+/* amax of RHT(x^T) (BF16-rounded), the columnwise global amax with rht. When `cache` is given
+   (M*K values), every transformed 16x16 tile is kept there as BF16 -- exact, the transform
+   rounds to BF16 -- tile (r0, j0) at ((r0/16) * (K/16) + j0/16) * 256, so that the quantize
+   pass reads it instead of transforming again. */
+static float rht_amax(const hq_tensor *src, const nvfp4_cfg *c, float *S, int64_t ld,
+                      uint16_t *cache) {
   float m = 0.0f, T[256];
   for (int64_t r0 = 0; r0 < src->rows; r0 += HQ_NVFP4_BLOCK) {
     load_rows(src, r0, HQ_NVFP4_BLOCK, S, ld);
@@ -272,6 +276,10 @@ static float rht_amax(const hq_tensor *src, const nvfp4_cfg *c, float *S, int64_
       column_tile(S, ld, j0, c, T);
       float b = hq_nvfp4_amax(T, 256);
       m = b > m ? b : m;
+      if (cache) {
+        uint16_t *o = cache + ((r0 / 16) * (src->cols / 16) + j0 / 16) * 256;
+        for (int e = 0; e < 256; e++) o[e] = (uint16_t)(hq_f32_bits(T[e]) >> 16);
+      }
     }
   }
   return m;
@@ -322,33 +330,52 @@ typedef struct qjob {
   const nvfp4_cfg *cfg;
   int64_t M, K;
   uint64_t seed, offset;
+  const uint16_t *rht_cache;  /* transformed tiles from rht_amax(), or NULL */
 } qjob;
 
-/* 1-D blocks of the 16-row strip S (rows r0..r0+15). */
-static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir *rd, qdir *cd) {
+/* The SR words of n consecutive blocks first, .. first+n-1 of one direction: the same values as
+   hq_nvfp4_sr_bits() block by block, made in one loop over independent blocks so that the
+   compiler can run several Philox streams side by side. */
+static void sr_bits_run(const qjob *q, uint32_t colwise, uint64_t first, int64_t n,
+                        uint32_t (*out)[4]) {
+  for (int64_t b = 0; b < n; b++)
+    hq_nvfp4_sr_bits(q->seed, q->offset, colwise, first + (uint64_t)b, out[b]);
+}
+
+/* 1-D blocks of the 16-row strip S (rows r0..r0+15). `bits` has room for max(K, M)/16 blocks'
+   words when stochastic rounding is on. */
+static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir *rd, qdir *cd,
+                     uint32_t (*bits)[4]) {
   const int64_t M = q->M, K = q->K;
   const int sw = q->cfg->swizzle, sr = q->cfg->sr;
-  uint32_t bits[4];
   if (rd) {
     for (int e = 0; e < 16; e++) {
       const int64_t i = r0 + e;
-      for (int64_t k = 0; k < K; k += 16) {
-        if (sr) hq_nvfp4_sr_bits(q->seed, q->offset, 0, (uint64_t)(i * (K / 16) + k / 16), bits);
+      if (sr) sr_bits_run(q, 0, (uint64_t)(i * (K / 16)), K / 16, bits);
+      for (int64_t k = 0; k < K; k += 16)
         rd->scale[hq_nvfp4_row_scale_index(i, k, K, sw)] =
-            encode_block(S + e * ld + k, rd, sr ? bits : NULL,
+            encode_block(S + e * ld + k, rd, sr ? bits[k / 16] : NULL,
                          rd->data + hq_nvfp4_row_data_index(i, k, K));
-      }
     }
   }
   if (cd) {
     float T[256];
     for (int64_t j0 = 0; j0 < K; j0 += 16) {
-      column_tile(S, ld, j0, q->cfg, T);
+      if (q->rht_cache) {
+        const uint16_t *t = q->rht_cache + ((r0 / 16) * (K / 16) + j0 / 16) * 256;
+        for (int e = 0; e < 256; e++) T[e] = hq_bf16_to_f32(t[e]);
+      } else {
+        column_tile(S, ld, j0, q->cfg, T);
+      }
+      /* columnwise block of column k in this strip: k * (M/16) + r0/16 (stride M/16) */
+      if (sr)
+        for (int l = 0; l < 16; l++)
+          hq_nvfp4_sr_bits(q->seed, q->offset, 1, (uint64_t)((j0 + l) * (M / 16) + r0 / 16),
+                           bits[l]);
       for (int l = 0; l < 16; l++) {
         const int64_t k = j0 + l;
-        if (sr) hq_nvfp4_sr_bits(q->seed, q->offset, 1, (uint64_t)(k * (M / 16) + r0 / 16), bits);
         cd->scale[hq_nvfp4_col_scale_index(r0, k, M, sw)] =
-            encode_block(T + 16 * l, cd, sr ? bits : NULL,
+            encode_block(T + 16 * l, cd, sr ? bits[l] : NULL,
                          cd->data + hq_nvfp4_col_data_index(r0, k, M));
       }
     }
@@ -411,7 +438,7 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   if (rc) return rc;
   if (!(dirs & HQ_BOTH)) return HQ_OK;
 
-  qjob q = {c, M, K, c->seed ? c->seed : call->seed, call->offset};
+  qjob q = {c, M, K, c->seed ? c->seed : call->seed, call->offset, NULL};
   const int64_t ld = K + 16; /* one spare cache line per row: columns don't alias in L1 */
   float *S = NULL;
   if (M && K) {
@@ -422,20 +449,36 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   const int col_rht = (dirs & HQ_COLWISE) && c->rht;
   float amax_x = 0.0f, amax_t = 0.0f;
   if (S && ((dirs & HQ_ROWWISE) || !col_rht)) amax_x = input_amax(src, S, ld);
-  if (S && col_rht) amax_t = rht_amax(src, c, S, ld);
+  uint16_t *cache = NULL; /* optional: without it the quantize pass transforms again */
+  if (S && col_rht) {
+    cache = h->alloc(call, (size_t)(M * K) * sizeof(uint16_t));
+    amax_t = rht_amax(src, c, S, ld, cache);
+    q.rht_cache = cache;
+  }
   qdir rd, cd;
   if (dirs & HQ_ROWWISE) qdir_start(&rd, row, amax_x);
   if (dirs & HQ_COLWISE) qdir_start(&cd, col, c->rht ? amax_t : amax_x);
   qdir *rp = (dirs & HQ_ROWWISE) ? &rd : NULL, *cp = (dirs & HQ_COLWISE) ? &cd : NULL;
   /* pass 2: 16-row strips */
+  uint32_t (*bits)[4] = NULL;
+  if (S && c->sr) {
+    bits = h->alloc(call, (size_t)((K > 256 ? K : 256) / 16) * sizeof *bits);
+    if (!bits) {
+      h->free(call, S);
+      if (cache) h->free(call, cache);
+      return HQ_ENOMEM;
+    }
+  }
   for (int64_t r0 = 0; S && r0 < M; r0 += 16) {
     load_rows(src, r0, 16, S, ld);
     if (c->block_2d) strip_2d(&q, S, ld, r0, rp, cp);
-    else strip_1d(&q, S, ld, r0, rp, cp);
+    else strip_1d(&q, S, ld, r0, rp, cp, bits);
   }
+  if (bits) h->free(call, bits);
   if (rp) *rp->amax_out = rp->amax;
   if (cp) *cp->amax_out = cp->amax;
   if (S) h->free(call, S);
+  if (cache) h->free(call, cache);
   return HQ_OK;
 }
 
