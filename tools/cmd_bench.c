@@ -242,6 +242,26 @@ int hq_cmd_bench(int argc, char **argv) {
       hq_recipe_free(r);
       goto out;
     }
+    /* a format without a path on this device is listed, not timed */
+    uint64_t need = device >= 0 ? HQ_CAP_CUDA : HQ_CAP_CPU;
+    const char *missing = NULL;
+    for (uint32_t d = HQ_ROWWISE; d <= HQ_COLWISE; d++) {
+      const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), hq_quantizer_plugin(q, d));
+      if (p && !(hq_plugin_caps(p) & need)) missing = hq_plugin_name(p);
+    }
+    if (missing) {
+      if (as_json) {
+        json_obj(&j);
+        json_kstr(&j, "format", label);
+        json_kstr(&j, "skipped", device >= 0 ? "no CUDA path" : "no CPU path");
+        json_close_obj(&j);
+      } else {
+        printf("%-34s (%s has no %s path: skipped)\n", label, missing, device >= 0 ? "CUDA" : "CPU");
+      }
+      hq_quantizer_free(q);
+      hq_recipe_free(r);
+      continue;
+    }
     result res = {{0}, {0}, {0}};
     const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
     const char *unames[3] = {"both", "rowwise", "columnwise"};
