@@ -121,7 +121,7 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
 static void test_bitwise_equal(void **state) {
   (void)state;
   hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  int64_t shapes[][2] = {{1, 1}, {37, 53}, {256, 512}, {1000, 333}, {31, 2049}};
+  int64_t shapes[][2] = {{1, 1}, {37, 53}, {256, 512}, {1000, 333}, {31, 2049}, {72, 200}, {8, 8}};
   for (int t = 0; t < 3; t++)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       check_case("", dts[t], shapes[s][0], shapes[s][1], (uint64_t)(t * 10 + s), 0);
