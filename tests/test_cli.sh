@@ -23,7 +23,8 @@ $hq --version | grep -q "plugin ABI 1.0" || fail "--version"; ok
 
 # info lists identity and fp8_tensor with their options
 $hq info --json > "$tmp/info.json" || fail "info --json"
-for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"power_2_scales","type":"bool","default":"false"' \
+for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
+         '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
          '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":1,"minor":0}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
@@ -86,6 +87,9 @@ $hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" --s
 grep -q "holds 96 data bytes, the shape 4x7 of f32 needs 112" "$tmp/err" || fail "raw size message"; ok
 $hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" 2>"$tmp/err"; [ $? -eq 1 ] || fail "raw without shape"
 grep -q "not a .npy file" "$tmp/err" || fail "raw without shape message"; ok
+# a shape a format cannot take: the error names the role, direction, format, shape and rule
+$hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 100x64 2>"$tmp/err"; [ $? -eq 1 ] || fail "bad shape exit"
+grep -q "role linear:weight:fc1, rowwise format 'mx' (plugin mxfp8), shape \[100, 64\]: mxfp8: rows = 100 is not a multiple of 32" "$tmp/err" || { cat "$tmp/err"; fail "bad shape message"; }; ok
 # usage errors
 $hq quantize --recipe "$conf/recipe.ini" --role a:b --random 4x4 2>"$tmp/err"; [ $? -eq 2 ] || fail "bad role exit"
 grep -q "not module_type:tensor_type:name" "$tmp/err" || fail "bad role message"; ok
