@@ -664,7 +664,8 @@ int hq_qtensor_restore(hq_qtensor *qt, void *const *in, size_t n) {
     k += m;
   }
   for (uint32_t i = 0; qt->d[1].present && i < qt->d[1].st.nbuf; i++)
-    if (!qt->d[1].owned[i]) qt->d[1].st.buf[i].ptr = qt->d[0].st.buf[qt->d[1].st.buf[i].shared_with].ptr;
+    if (!qt->d[1].owned[i])
+      qt->d[1].st.buf[i].ptr = qt->d[0].st.buf[qt->d[1].st.buf[i].shared_with].ptr;
   qt->saved = 0;
   return HQ_OK;
 }

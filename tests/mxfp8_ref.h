@@ -127,7 +127,8 @@ static inline void ref_quantize(const float *x, int64_t M, int64_t K, int kind, 
         for (int r = 0; r < 32; r++) v[r] = &x[(ib * 32 + r) * K + j];
         unsigned e = ref_block_code(v, 32, kind);
         codes[ib * K + j] = (uint8_t)e;
-        for (int r = 0; r < 32; r++) data[(ib * 32 + r) * K + j] = (uint8_t)ref_elem(*v[r], e, kind);
+        for (int r = 0; r < 32; r++)
+          data[(ib * 32 + r) * K + j] = (uint8_t)ref_elem(*v[r], e, kind);
       }
   }
 }
@@ -136,8 +137,8 @@ static inline int64_t ref_up(int64_t x, int64_t m) { return ((x + m - 1) / m) * 
 
 /* Expected scale buffer bytes of a logical scale matrix S [R, C] (S[r * C + c]), padded to
    [Rp, Cp]; compact: row-major, padding zero; swizzled: by walking the tiles (see the top). */
-static inline uint8_t *ref_scale_buffer(const uint8_t *S, int64_t R, int64_t C, int64_t Rp, int64_t Cp,
-                                 int swizzled) {
+static inline uint8_t *ref_scale_buffer(const uint8_t *S, int64_t R, int64_t C, int64_t Rp,
+                                        int64_t Cp, int swizzled) {
   uint8_t *out = calloc((size_t)(Rp * Cp), 1);
   if (!swizzled) {
     for (int64_t r = 0; r < R; r++)
@@ -158,8 +159,8 @@ static inline uint8_t *ref_scale_buffer(const uint8_t *S, int64_t R, int64_t C, 
 }
 
 /* Expected scale buffer of a direction from the reference codes (layout of ref_quantize). */
-static inline uint8_t *ref_dir_scales(const uint8_t *codes, int64_t M, int64_t K, int dir, int swizzled,
-                               size_t *bytes) {
+static inline uint8_t *ref_dir_scales(const uint8_t *codes, int64_t M, int64_t K, int dir,
+                                      int swizzled, size_t *bytes) {
   uint8_t *out;
   if (dir == 1) {
     /* rowwise: S[i][kb], compact shape [r128(M), r4(K/32)], swizzled the same S */

@@ -409,7 +409,8 @@ static void test_tiny_amax_value_for_inf(void **state) {
       run_free(&u);
       free(x.data);
     }
-  /* hand-checked codes: bf16 2^-133 * 0x1.FEp127 = 0x1.FEp-6 -> 2^-5 = 0x10; with pow2 2^-6 = 0x08 */
+  /* hand-checked codes: bf16 2^-133 * 0x1.FEp127 = 0x1.FEp-6 -> 2^-5 = 0x10; with pow2 2^-6 = 0x08
+   */
   assert_int_equal(ref_encode(0x1.FEp-6, 0), 0x10);
   /* the rule itself for each input dtype, where no input can reach it (f16) too */
   const float tiny = 1e-38f;
@@ -486,7 +487,8 @@ static void test_row1d_m_contiguous(void **state) {
     p[m * 256 + 200] = ldexpf(448.0f, -m);
   }
   run u = quantize_with((opts){0, 0, 1, 0}, &x, HQ_ROWWISE);
-  const float want[16] = {1, 2, 4, 8, 16, 32, 0, 0, 1, 0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0, 0};
+  const float want[16] = {1, 2,    4,     8,      16,      32,       0, 0,
+                          1, 0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0, 0};
   for (int i = 0; i < 16; i++) ASSERT_F32_SAME(scales_of(&u, HQ_ROWWISE)[i], want[i]);
   run_free(&u);
   free(x.data);
@@ -723,52 +725,13 @@ static void test_dequantize_error_bound(void **state) {
 
 // --- the module's ABI directly: caps, option table, defensive error paths -----------------------
 
-static char g_err[512];
-static int fake_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_err, sizeof g_err, fmt, ap);
-  va_end(ap);
-  return code;
-}
-static void fake_log(int level, const char *fmt, ...) {
-  (void)level;
-  (void)fmt;
-}
-static void *fake_alloc(const hq_call *call, size_t bytes) {
-  (void)call;
-  return malloc(bytes);
-}
-static void fake_free(const hq_call *call, void *p) {
-  (void)call;
-  free(p);
-}
-static int fake_arch(int device) {
-  (void)device;
-  return 0;
-}
-
 /* Paths the core guards before the plugin sees them (a CUDA call to a CPU-only format, a bad
    dtype, a mismatched destination) still fail cleanly, with a message, when called directly. */
 static void test_module_direct(void **state) {
   (void)state;
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  if (!path) fail_msg("HQ_PLUGIN_PATH is not set");
-  void *h = NULL;
-  char dir[4096], so[4200];
-  while (!h && *path) {
-    size_t n = strcspn(path, ":");
-    snprintf(dir, sizeof dir, "%.*s", (int)n, path);
-    snprintf(so, sizeof so, "%s/fp8_block.so", dir);
-    h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    path += n + (path[n] == ':');
-  }
-  if (!h) fail_msg("fp8_block.so not found on HQ_PLUGIN_PATH");
-  hq_format_entry_fn entry;
-  *(void **)&entry = dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  assert_non_null(entry);
-  hq_host_api host = {HQ_ABI_MAJOR, HQ_ABI_MINOR, sizeof host, "test", fake_error, fake_log,
-                      fake_alloc, fake_free, fake_arch};
+  hq_format_entry_fn entry = hq_test_module_entry("fp8_block");
+  hq_host_api host = hq_test_host();
+  char *g_err = hq_test_module_error();
   hq_host_api future = host;
   future.abi_major = HQ_ABI_MAJOR + 1;
   assert_null(entry(&future));
@@ -830,7 +793,6 @@ static void test_module_direct(void **state) {
   free(st.buf[0].ptr);
   free(st.buf[1].ptr);
   free(cfg);
-  dlclose(h);
 }
 
 int main(void) {

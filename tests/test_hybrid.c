@@ -43,8 +43,9 @@ static hq_qtensor *quantize_with(hq_recipe *r, hq_ctx *ctx, const hq_tensor *x, 
 static void check_equal_format(const hq_tensor *x, const char *plugin, const char *options) {
   char ta[512], tb[512], what[256];
   snprintf(what, sizeof what, "%s [%s]", plugin, options);
-  snprintf(ta, sizeof ta, "[format a]\nplugin = %s\n%s\n[role *:*:*]\nrowwise = a\ncolumnwise = a\n",
-           plugin, options);
+  snprintf(ta, sizeof ta,
+           "[format a]\nplugin = %s\n%s\n[role *:*:*]\nrowwise = a\ncolumnwise = a\n", plugin,
+           options);
   snprintf(tb, sizeof tb, "[format r]\nplugin = %s\n%s\n[format c]\nplugin = %s\n%s\n[role *:*:*]\n"
            "rowwise = r\ncolumnwise = c\n", plugin, options, plugin, options);
   hq_recipe *ra = hq_test_recipe(ta), *rb = hq_test_recipe(tb);
@@ -321,7 +322,8 @@ static void test_plugin_save_order(void **state) {
   hq_quantizer *q = hq_test_quantizer(r, "a:b:rev");
   hq_qtensor *qt = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
-  const hq_storage *rs = hq_qtensor_storage(qt, HQ_ROWWISE), *cs = hq_qtensor_storage(qt, HQ_COLWISE);
+  const hq_storage *rs = hq_qtensor_storage(qt, HQ_ROWWISE),
+                   *cs = hq_qtensor_storage(qt, HQ_COLWISE);
   void *want[6] = {rs->buf[2].ptr, rs->buf[1].ptr, rs->buf[0].ptr,
                    cs->buf[2].ptr, cs->buf[1].ptr, cs->buf[0].ptr};
   void *got[8];

@@ -311,7 +311,8 @@ static void hand_block(hq_ctx *ctx, int kind, const float *blk, unsigned code, c
   assert_int_equal(cs[0], code);
   for (int k = 0; k < 32; k++) {
     if (rd[k] != q[k]) fail_msg("rowwise element %d: 0x%02x, want 0x%02x", k, rd[k], q[k]);
-    if (cd[k * 32] != q[k]) fail_msg("columnwise element %d: 0x%02x, want 0x%02x", k, cd[k * 32], q[k]);
+    if (cd[k * 32] != q[k])
+      fail_msg("columnwise element %d: 0x%02x, want 0x%02x", k, cd[k * 32], q[k]);
   }
   /* the other blocks of the tensor are zero blocks: code 0 (rows 1.. rowwise, cols 1.. colwise) */
   assert_int_equal(rs[4], 0);
@@ -506,8 +507,9 @@ static void test_dequantize(void **state) {
             double xv = xf[i * K + j], err = fabs(xv - (double)got);
             double y_scaled = fabs(xv) / sinv;
             double min_normal = kind ? ldexp(1.0, -14) : ldexp(1.0, -6);
-            double bound = y_scaled >= min_normal ? fabs(xv) * (kind ? 0.125 : 0.0625)
-                                                  : sinv * (kind ? ldexp(1.0, -17) : ldexp(1.0, -10));
+            double bound = y_scaled >= min_normal
+                               ? fabs(xv) * (kind ? 0.125 : 0.0625)
+                               : sinv * (kind ? ldexp(1.0, -17) : ldexp(1.0, -10));
             if (err > bound)
               fail_msg("error %g > bound %g at (%lld,%lld) x %a", err, bound, (long long)i,
                        (long long)j, xv);
@@ -658,37 +660,13 @@ static void test_options(void **state) {
   }
 }
 
-static char host_msg[1024];
-static int host_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(host_msg, sizeof host_msg, fmt, ap);
-  va_end(ap);
-  return code;
-}
-static void host_log(int level, const char *fmt, ...) { (void)level, (void)fmt; }
-static void *host_alloc(const hq_call *c, size_t n) { (void)c; return malloc(n); }
-static void host_free(const hq_call *c, void *p) { (void)c; free(p); }
-static int host_arch(int d) { (void)d; return 0; }
-
 /* Load the module directly (from $HQ_PLUGIN_PATH) to drive what the core never lets through:
    a CUDA-device call, and layout() on its own. */
 static void test_module_direct(void **state) {
   (void)state;
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  if (!path) skip();
-  char dirs[4096], file[4200];
-  snprintf(dirs, sizeof dirs, "%s", path);
-  void *h = NULL;
-  for (char *d = strtok(dirs, ":"); d && !h; d = strtok(NULL, ":")) {
-    snprintf(file, sizeof file, "%s/mxfp8.so", d);
-    h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-  }
-  if (!h) fail_msg("mxfp8.so not found on HQ_PLUGIN_PATH=%s", path);
-  hq_format_entry_fn entry = (hq_format_entry_fn)(uintptr_t)dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  assert_non_null(entry);
-  hq_host_api host = {HQ_ABI_MAJOR, HQ_ABI_MINOR, sizeof(hq_host_api), "test", host_error,
-                      host_log, host_alloc, host_free, host_arch};
+  hq_format_entry_fn entry = hq_test_module_entry("mxfp8");
+  hq_host_api host = hq_test_host();
+  char *host_msg = hq_test_module_error();
   const hq_format_ops *ops = entry(&host);
   assert_non_null(ops);
   assert_string_equal(ops->name, "mxfp8");
@@ -751,7 +729,6 @@ static void test_module_direct(void **state) {
   row.buf[1].bytes = 16;
   assert_int_equal(ops->quantize(cfg, &call, &x, HQ_ROWWISE, &row, NULL), HQ_EINVAL);
   free(cfg);
-  dlclose(h);
 }
 
 int main(void) {

@@ -108,7 +108,8 @@ static void test_scale_rule_vs_bruteforce(void **state) {
         float q = (float)(p * maxn);
         amax = (hq_test_rand(&s) & 1) ? nextafterf(q, INFINITY) : nextafterf(q, 0.0f);
         if (hq_test_rand(&s) % 3 == 0) amax = q;
-      } else amax = (float)ldexp(fabs((double)hq_test_uniform(&s)), (int)(hq_test_rand(&s) % 280) - 150);
+      } else
+        amax = (float)ldexp(fabs((double)hq_test_uniform(&s)), (int)(hq_test_rand(&s) % 280) - 150);
       if (isnan(amax)) continue; /* amax never is NaN */
       const float *p = &amax;
       unsigned want = ref_block_code(&p, 1, kind);
@@ -279,7 +280,8 @@ static void test_scale_index_functions(void **state) {
                                {32, 8192}};
   for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++) {
     int64_t M = shapes[n][0], K = shapes[n][1];
-    int64_t rr = ref_up(M, 128), rc = ref_up(K / 32, 4), cr = ref_up(M / 32, 4), cc = ref_up(K, 128);
+    int64_t rr = ref_up(M, 128), rc = ref_up(K / 32, 4), cr = ref_up(M / 32, 4),
+            cc = ref_up(K, 128);
     assert_int_equal(hq_mxfp8_row_scale_rows(M), rr);
     assert_int_equal(hq_mxfp8_row_scale_cols(K), rc);
     assert_int_equal(hq_mxfp8_col_scale_rows(M), cr);

@@ -976,27 +976,6 @@ static void test_padding_is_zero(void **state) {
 
 // --- the ops table directly: device calls, configure, dequantize checks --------------------
 
-static char last_err[512];
-static int fake_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(last_err, sizeof last_err, fmt, ap);
-  va_end(ap);
-  return code;
-}
-static void fake_log(int level, const char *fmt, ...) {
-  (void)level;
-  (void)fmt;
-}
-static void *fake_alloc(const hq_call *call, size_t bytes) {
-  (void)call;
-  return malloc(bytes);
-}
-static void fake_free(const hq_call *call, void *p) {
-  (void)call;
-  free(p);
-}
-
 /* Allocate the buffers layout() described (sizes from dtype and shape). */
 static void alloc_storage(hq_storage *st) {
   for (uint32_t i = 0; i < st->nbuf; i++) {
@@ -1059,28 +1038,9 @@ static void sr_direct(const hq_format_ops *ops, hq_host_api *host) {
 
 static void test_ops_direct(void **state) {
   (void)state;
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  char file[4096] = "";
-  void *h = NULL;
-  /* find nvfp4.so in the test plugin path */
-  for (const char *p = path; p && *p && !h;) {
-    const char *c = strchr(p, ':');
-    size_t n = c ? (size_t)(c - p) : strlen(p);
-    snprintf(file, sizeof file, "%.*s/nvfp4.so", (int)n, p);
-    h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    p = c ? c + 1 : NULL;
-  }
-  if (!h) fail_msg("nvfp4.so not found in HQ_PLUGIN_PATH=%s", path ? path : "(unset)");
-  hq_format_entry_fn entry = (hq_format_entry_fn)(uintptr_t)dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  assert_non_null(entry);
-  hq_host_api host = {0};
-  host.abi_major = HQ_ABI_MAJOR;
-  host.abi_minor = HQ_ABI_MINOR;
-  host.struct_size = sizeof host;
-  host.error = fake_error;
-  host.log = fake_log;
-  host.alloc = fake_alloc;
-  host.free = fake_free;
+  hq_format_entry_fn entry = hq_test_module_entry("nvfp4");
+  hq_host_api host = hq_test_host();
+  char *last_err = hq_test_module_error();
   const hq_format_ops *ops = entry(&host);
   assert_non_null(ops);
   assert_string_equal(ops->name, "nvfp4");
@@ -1136,7 +1096,6 @@ static void test_ops_direct(void **state) {
   assert_int_equal(ops->layout(cfg, &host, 32, 8, HQ_COLWISE, HQ_COLWISE, &st), HQ_ESHAPE);
   assert_non_null(strstr(last_err, "cols = 8"));
   sr_direct(ops, &host);
-  dlclose(h);
 }
 
 int main(void) {

@@ -128,7 +128,8 @@ int hq_cmd_bench(int argc, char **argv) {
     else if (k == 6) role_s = v;
   }
   int device;
-  if (cli_device(device_s, &device)) return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
+  if (cli_device(device_s, &device))
+    return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
   hq_dtype dtype = hq_dtype_from_name(dtype_s);
   if (dtype != HQ_F32 && dtype != HQ_BF16 && dtype != HQ_F16)
     return cli_fail(2, CMD, "--dtype '%s' is not f32, bf16 or f16", dtype_s);
@@ -256,7 +257,8 @@ int hq_cmd_bench(int argc, char **argv) {
         json_kstr(&j, "skipped", device >= 0 ? "no CUDA path" : "no CPU path");
         json_close_obj(&j);
       } else {
-        printf("%-34s (%s has no %s path: skipped)\n", label, missing, device >= 0 ? "CUDA" : "CPU");
+        printf("%-34s (%s has no %s path: skipped)\n", label, missing,
+               device >= 0 ? "CUDA" : "CPU");
       }
       hq_quantizer_free(q);
       hq_recipe_free(r);
@@ -266,7 +268,8 @@ int hq_cmd_bench(int argc, char **argv) {
     const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
     const char *unames[3] = {"both", "rowwise", "columnwise"};
     for (int u = 0; u < 3; u++) {
-      res.ok[u] = time_usage(q, ctx, &x, usages[u], iters, timer, &res.ms[u], &res.bytes_out[u]) == 0;
+      res.ok[u] =
+          time_usage(q, ctx, &x, usages[u], iters, timer, &res.ms[u], &res.bytes_out[u]) == 0;
       if (!res.ok[u]) {
         fprintf(stderr, "hq bench: %s %s: %s\n", label, unames[u], hq_last_error());
         continue;

@@ -242,10 +242,12 @@ int hq_cmd_quantize(int argc, char **argv) {
   if (dtype != HQ_F32 && dtype != HQ_BF16 && dtype != HQ_F16)
     return cli_fail(2, CMD, "--dtype '%s' is not f32, bf16 or f16", dtype_s);
   int device;
-  if (cli_device(device_s, &device)) return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
+  if (cli_device(device_s, &device))
+    return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
   char rbuf[512];
   hq_role role;
-  if (hq_role_parse(role_text, rbuf, sizeof rbuf, &role)) return cli_fail(2, CMD, "%s", hq_last_error());
+  if (hq_role_parse(role_text, rbuf, sizeof rbuf, &role))
+    return cli_fail(2, CMD, "%s", hq_last_error());
 
   hq_tensor x = {0};
   if (random) {
@@ -287,7 +289,8 @@ int hq_cmd_quantize(int argc, char **argv) {
   dd.data = deq;
   if (device >= 0) {
     size_t bx = (size_t)(x.rows * x.cols) * hq_dtype_size(x.dtype);
-    if (hq_ctx_alloc(ctx, bx, &xd.data) || hq_ctx_alloc(ctx, sizeof(float) * (size_t)(x.rows * x.cols), &dd.data) ||
+    if (hq_ctx_alloc(ctx, bx, &xd.data) ||
+        hq_ctx_alloc(ctx, sizeof(float) * (size_t)(x.rows * x.cols), &dd.data) ||
         hq_ctx_memcpy(ctx, xd.data, device, x.data, HQ_DEVICE_HOST, bx)) {
       cli_fail(1, CMD, "%s", hq_last_error());
       goto out;
@@ -345,8 +348,9 @@ int hq_cmd_quantize(int argc, char **argv) {
       json_kint(&j, "nonfinite", s.nonfinite);
       json_close_obj(&j);
     } else {
-      printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname, hq_qtensor_format(qt, dir),
-             hq_quantizer_plugin(q, dir), bytes, bpe, s.rel_rms, s.max_abs, s.sqnr_db);
+      printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
+             hq_qtensor_format(qt, dir), hq_quantizer_plugin(q, dir), bytes, bpe, s.rel_rms,
+             s.max_abs, s.sqnr_db);
       if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
                               (long long)s.nonfinite);
     }

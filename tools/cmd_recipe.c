@@ -124,7 +124,8 @@ int hq_cmd_recipe(int argc, char **argv) {
       for (size_t k = 0; k < fi.n_options; k++)
         printf("      %s = %s\n", fi.option_names[k], fi.option_values[k]);
     }
-    if (hq_recipe_role_count(r)) printf("\nroles (most specific wins; unmatched roles: identity):\n");
+    if (hq_recipe_role_count(r))
+      printf("\nroles (most specific wins; unmatched roles: identity):\n");
     for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
       hq_role_info ri;
       if (hq_recipe_role_info(r, i, &ri)) continue;

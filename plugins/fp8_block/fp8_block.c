@@ -71,16 +71,6 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-static void set_buf(hq_buffer *b, const char *name, hq_dtype t, int64_t d0, int64_t d1,
-                    uint32_t flags) {
-  b->name = name;
-  b->dtype = t;
-  b->ndim = 2;
-  b->shape[0] = d0;
-  b->shape[1] = d1;
-  b->flags = flags;
-}
-
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const fp8b_cfg *c = cfgp;
@@ -96,11 +86,12 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   out->meta[0] = (uint8_t)c->kind;
   out->meta[1] = (uint8_t)(c->two_d ? 2 : 1);
   if (!colwise) {
-    set_buf(&out->buf[FP8B_DATA], "data", t, rows, cols, HQ_BUF_SHARDED);
-    set_buf(&out->buf[FP8B_SCALE_INV], "scale_inv", HQ_F32, d0, d1, scale_flags);
+    hq_buffer_describe(&out->buf[FP8B_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
+    hq_buffer_describe(&out->buf[FP8B_SCALE_INV], "scale_inv", HQ_F32, 2, d0, d1, scale_flags);
   } else {
-    set_buf(&out->buf[FP8B_DATA], "columnwise_data", t, cols, rows, 0);
-    set_buf(&out->buf[FP8B_SCALE_INV], "columnwise_scale_inv", HQ_F32, d0, d1, scale_flags);
+    hq_buffer_describe(&out->buf[FP8B_DATA], "columnwise_data", t, 2, cols, rows, 0);
+    hq_buffer_describe(&out->buf[FP8B_SCALE_INV], "columnwise_scale_inv", HQ_F32, 2, d0, d1,
+                       scale_flags);
   }
   return HQ_OK;
 }

@@ -26,11 +26,12 @@
 enum { OPT_DTYPE, OPT_SCALING, OPT_POW2, OPT_EPS, OPT_HIST, OPT_MARGIN, OPT_ALGO, OPT_REDUCE };
 
 static const hq_option options[] = {
-    [OPT_DTYPE] = {"dtype", HQ_OPT_ENUM, "e4m3", "FP8 element type (max 448 / 57344)",
-                   "e4m3|e5m2", 0, -1},
+    [OPT_DTYPE] = {"dtype", HQ_OPT_ENUM, "e4m3", "FP8 element type (max 448 / 57344)", "e4m3|e5m2",
+                   0, -1},
     [OPT_SCALING] = {"scaling", HQ_OPT_ENUM, "current",
                      "current: scale from this tensor's amax; delayed: from the amax history "
-                     "(reserved, arrives with the lifecycle work)", "current|delayed", 0, -1},
+                     "(reserved, arrives with the lifecycle work)",
+                     "current|delayed", 0, -1},
     [OPT_POW2] = {"power_2_scales", HQ_OPT_BOOL, "false",
                   "round the scale down to a power of two (current scaling)", NULL, 0, -1},
     [OPT_EPS] = {"amax_epsilon", HQ_OPT_FLOAT, "0",
@@ -38,8 +39,8 @@ static const hq_option options[] = {
                  3.4e38},
     [OPT_HIST] = {"amax_history_len", HQ_OPT_INT, "1024", "delayed scaling: amax history length",
                   NULL, 1, 65536},
-    [OPT_MARGIN] = {"margin", HQ_OPT_INT, "0", "delayed scaling: scale = max_fp8 * 2^-margin / amax",
-                    NULL, 0, 64},
+    [OPT_MARGIN] = {"margin", HQ_OPT_INT, "0",
+                    "delayed scaling: scale = max_fp8 * 2^-margin / amax", NULL, 0, 64},
     [OPT_ALGO] = {"amax_compute_algo", HQ_OPT_ENUM, "max",
                   "delayed scaling: amax from the history's max or its most recent entry",
                   "max|most_recent", 0, -1},
@@ -65,16 +66,6 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-static void set_buf(hq_buffer *b, const char *name, hq_dtype t, int ndim, int64_t d0,
-                    int64_t d1, uint32_t flags) {
-  b->name = name;
-  b->dtype = t;
-  b->ndim = ndim;
-  b->shape[0] = d0;
-  b->shape[1] = d1;
-  b->flags = flags;
-}
-
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const fp8t_cfg *c = cfgp;
@@ -83,14 +74,14 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   out->nbuf = 3;
   out->meta[0] = (uint8_t)c->kind;
   if (dir == HQ_ROWWISE) {
-    set_buf(&out->buf[FP8T_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
-    set_buf(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, 0);
-    set_buf(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, 0);
+    hq_buffer_describe(&out->buf[FP8T_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
+    hq_buffer_describe(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, 0);
+    hq_buffer_describe(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, 0);
   } else {
     uint32_t shared = (dirs & HQ_ROWWISE) ? HQ_BUF_SHARED : 0;
-    set_buf(&out->buf[FP8T_DATA], "columnwise_data", t, 2, cols, rows, 0);
-    set_buf(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, shared);
-    set_buf(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, shared);
+    hq_buffer_describe(&out->buf[FP8T_DATA], "columnwise_data", t, 2, cols, rows, 0);
+    hq_buffer_describe(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, shared);
+    hq_buffer_describe(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, shared);
     out->buf[FP8T_SCALE_INV].shared_with = FP8T_SCALE_INV;
     out->buf[FP8T_AMAX].shared_with = FP8T_AMAX;
   }

@@ -54,7 +54,8 @@ __global__ void amax_kernel(const void *__restrict__ x, int64_t n, float *__rest
   if (warp == 0) {
     m = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0.0f;
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0 && m > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(m));
+    if (lane == 0 && m > 0.0f)
+      atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(m));
   }
 }
 
@@ -170,9 +171,11 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
       load8<DT>(a.x, i * a.K + j, x);
       uint64_t packed = 0;
       if (a.kind == HQ_FP8_E5M2)
-        for (int k = 0; k < 8; k++) packed |= (uint64_t)hq_f32_to_e5m2(hq_mul_rn(x[k], scale)) << (8 * k);
+        for (int k = 0; k < 8; k++)
+          packed |= (uint64_t)hq_f32_to_e5m2(hq_mul_rn(x[k], scale)) << (8 * k);
       else
-        for (int k = 0; k < 8; k++) packed |= (uint64_t)hq_f32_to_e4m3(hq_mul_rn(x[k], scale)) << (8 * k);
+        for (int k = 0; k < 8; k++)
+          packed |= (uint64_t)hq_f32_to_e4m3(hq_mul_rn(x[k], scale)) << (8 * k);
       if (a.row) *reinterpret_cast<uint64_t *>(a.row + i * a.K + j) = packed;
       *reinterpret_cast<uint64_t *>(tile + r * kVStride + cg * 8) = packed;
     }
@@ -203,7 +206,8 @@ __global__ void dequantize_kernel(const uint8_t *__restrict__ q, int transposed,
     const int64_t j = j0 + threadIdx.x;
     for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
       const int64_t i = i0 + r;
-      if (i < M && j < K) hq_store_hp(dst, i * K + j, DT, hq_fp8_dequantize(q[i * K + j], scale_inv, kind));
+      if (i < M && j < K)
+        hq_store_hp(dst, i * K + j, DT, hq_fp8_dequantize(q[i * K + j], scale_inv, kind));
     }
     return;
   }
@@ -269,7 +273,8 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src, u
   a.pow2 = cfg->pow2;
   a.epsilon = cfg->epsilon;
   if (vec) {
-    dim3 vgrid((unsigned)((src->rows + kVTile - 1) / kVTile), (unsigned)((src->cols + kVTile - 1) / kVTile));
+    dim3 vgrid((unsigned)((src->rows + kVTile - 1) / kVTile),
+               (unsigned)((src->cols + kVTile - 1) / kVTile));
     cast_transpose_vec_kernel<DT><<<vgrid, kVThreads, 0, stream>>>(a);
   } else {
     cast_transpose_kernel<DT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
@@ -284,9 +289,12 @@ extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, cons
                                   uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
                                   float *col_scale_inv, float *col_amax) {
   switch (src->dtype) {
-  case HQ_F32: return quantize_t<HQ_F32>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
-  case HQ_F16: return quantize_t<HQ_F16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
-  case HQ_BF16: return quantize_t<HQ_BF16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+  case HQ_F32:
+    return quantize_t<HQ_F32>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+  case HQ_F16:
+    return quantize_t<HQ_F16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+  case HQ_BF16:
+    return quantize_t<HQ_BF16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
   default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
   }
 }
@@ -299,10 +307,20 @@ extern "C" int fp8t_cuda_dequantize(const fp8t_cfg *cfg, const hq_call *call, co
   if (rc) return rc;
   dim3 block(kTile, kRowsPerPass);
   switch (dst->dtype) {
-  case HQ_F32: dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind, dst->data, dst->rows, dst->cols); break;
-  case HQ_F16: dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind, dst->data, dst->rows, dst->cols); break;
-  case HQ_BF16: dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind, dst->data, dst->rows, dst->cols); break;
-  default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: destination dtype %d", (int)dst->dtype);
+  case HQ_F32:
+    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+                                                          dst->data, dst->rows, dst->cols);
+    break;
+  case HQ_F16:
+    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+                                                          dst->data, dst->rows, dst->cols);
+    break;
+  case HQ_BF16:
+    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+                                                           dst->data, dst->rows, dst->cols);
+    break;
+  default:
+    return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: destination dtype %d", (int)dst->dtype);
   }
   CHECK_LAUNCH(call, "dequantize kernel");
   return HQ_OK;

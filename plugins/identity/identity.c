@@ -41,17 +41,10 @@ static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t c
   if (t != HQ_F32 && t != HQ_F16 && t != HQ_BF16)
     return h->error(HQ_EINVAL, "identity: nominal dtype %d is not f32, f16 or bf16", (int)t);
   out->nbuf = 1;
-  hq_buffer *b = &out->buf[0];
-  b->name = "data";
-  b->dtype = t;
-  b->ndim = 2;
-  b->shape[0] = rows;
-  b->shape[1] = cols;
-  b->flags = HQ_BUF_SHARDED;
-  if (dir == HQ_COLWISE && (dirs & HQ_ROWWISE)) {
-    b->flags |= HQ_BUF_SHARED;
-    b->shared_with = 0;
-  }
+  const int shared = dir == HQ_COLWISE && (dirs & HQ_ROWWISE);
+  hq_buffer_describe(&out->buf[0], "data", t, 2, rows, cols,
+                     HQ_BUF_SHARDED | (shared ? HQ_BUF_SHARED : 0u));
+  out->buf[0].shared_with = 0;
   return HQ_OK;
 }
 

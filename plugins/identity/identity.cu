@@ -23,7 +23,8 @@ void launch(void *dst, int dt, const void *src, int64_t n, cudaStream_t stream) 
   int64_t blocks = (n + 255) / 256;
   if (blocks > 65536) blocks = 65536;
   if (dt == HQ_F32) convert_kernel<ST, HQ_F32><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
-  else if (dt == HQ_F16) convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+  else if (dt == HQ_F16)
+    convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
   else convert_kernel<ST, HQ_BF16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
 }
 

@@ -66,16 +66,6 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-static void set_buf(hq_buffer *b, const char *name, hq_dtype t, int64_t d0, int64_t d1,
-                    uint32_t flags) {
-  b->name = name;
-  b->dtype = t;
-  b->ndim = 2;
-  b->shape[0] = d0;
-  b->shape[1] = d1;
-  b->flags = flags;
-}
-
 static int check_shape(const hq_host_api *host, int64_t rows, int64_t cols) {
   if (rows < 0 || rows % HQ_MXFP8_BLOCK)
     return host->error(HQ_ESHAPE, "mxfp8: rows = %lld is not a multiple of %d", (long long)rows,
@@ -99,13 +89,14 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   out->meta[MXFP8_META_SWIZZLED] = (uint8_t)c->swizzle;
   out->meta[MXFP8_META_2D] = (uint8_t)c->block_2d;
   if (dir == HQ_ROWWISE) {
-    set_buf(&out->buf[MXFP8_DATA], "data", t, rows, cols, HQ_BUF_SHARDED);
-    set_buf(&out->buf[MXFP8_SCALE_INV], "scale_inv", HQ_E8M0, hq_mxfp8_row_scale_rows(rows),
-            hq_mxfp8_row_scale_cols(cols), HQ_BUF_SHARDED);
+    hq_buffer_describe(&out->buf[MXFP8_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
+    hq_buffer_describe(&out->buf[MXFP8_SCALE_INV], "scale_inv", HQ_E8M0, 2,
+                       hq_mxfp8_row_scale_rows(rows), hq_mxfp8_row_scale_cols(cols),
+                       HQ_BUF_SHARDED);
   } else {
-    set_buf(&out->buf[MXFP8_DATA], "columnwise_data", t, rows, cols, HQ_BUF_SHARDED);
-    set_buf(&out->buf[MXFP8_SCALE_INV], "columnwise_scale_inv", HQ_E8M0,
-            hq_mxfp8_col_scale_rows(rows), hq_mxfp8_col_scale_cols(cols), 0);
+    hq_buffer_describe(&out->buf[MXFP8_DATA], "columnwise_data", t, 2, rows, cols, HQ_BUF_SHARDED);
+    hq_buffer_describe(&out->buf[MXFP8_SCALE_INV], "columnwise_scale_inv", HQ_E8M0, 2,
+                       hq_mxfp8_col_scale_rows(rows), hq_mxfp8_col_scale_cols(cols), 0);
   }
   return HQ_OK;
 }

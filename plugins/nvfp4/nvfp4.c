@@ -118,16 +118,6 @@ static int check_shape(const hq_host_api *host, int64_t rows, int64_t cols) {
   return HQ_OK;
 }
 
-static void set_buf(hq_buffer *b, const char *name, hq_dtype t, int ndim, int64_t d0,
-                    int64_t d1, uint32_t flags) {
-  b->name = name;
-  b->dtype = t;
-  b->ndim = ndim;
-  b->shape[0] = d0;
-  b->shape[1] = d1;
-  b->flags = flags;
-}
-
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const nvfp4_cfg *c = cfgp;
@@ -138,11 +128,11 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   int64_t R = row ? rows : cols, C = row ? cols : rows; /* the stored data is [R, C/2] */
   uint32_t sharded = row ? HQ_BUF_SHARDED : 0;
   out->nbuf = NVFP4_NBUF;
-  set_buf(&out->buf[NVFP4_DATA], row ? "data" : "columnwise_data", HQ_E2M1X2, 2, R, C / 2,
-          sharded);
-  set_buf(&out->buf[NVFP4_SCALE_INV], row ? "scale_inv" : "columnwise_scale_inv", HQ_E4M3, 2,
-          hq_nvfp4_scale_rows(R), hq_nvfp4_scale_cols(C), sharded);
-  set_buf(&out->buf[NVFP4_AMAX], row ? "amax" : "columnwise_amax", HQ_F32, 1, 1, 0, 0);
+  hq_buffer_describe(&out->buf[NVFP4_DATA], row ? "data" : "columnwise_data", HQ_E2M1X2, 2, R,
+                     C / 2, sharded);
+  hq_buffer_describe(&out->buf[NVFP4_SCALE_INV], row ? "scale_inv" : "columnwise_scale_inv",
+                     HQ_E4M3, 2, hq_nvfp4_scale_rows(R), hq_nvfp4_scale_cols(C), sharded);
+  hq_buffer_describe(&out->buf[NVFP4_AMAX], row ? "amax" : "columnwise_amax", HQ_F32, 1, 1, 0, 0);
   out->meta[0] = (uint8_t)((c->rht ? NVFP4_META_RHT : 0) | (c->sr ? NVFP4_META_SR : 0) |
                            (c->block_2d ? NVFP4_META_2D : 0) |
                            (c->swizzle ? NVFP4_META_SWIZZLE : 0));

@@ -155,7 +155,8 @@ HQ_API const char *hq_opt_type_name(hq_opt_type t);
 **
 ** Each part of a role pattern is a glob of literal characters, '*' (any run) and '?' (any one
 ** character). The most specific matching [role] wins: fewer '*', then more literal characters,
-** then fewer '?'; ties go to the later section. A direction a section does not set, and every role no section
+** then fewer '?'; ties go to the later section. A direction a section does not set, and every role
+*no section
 ** matches, stays in high precision (the identity format).
 */
 typedef struct hq_recipe hq_recipe;

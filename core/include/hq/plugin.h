@@ -24,7 +24,8 @@
 **
 **     core                              plugin
 **     ----                              ------
-**     parse [format] options  ------->  configure(cfg, vals)      cfg: config_size bytes, core-owned
+**     parse [format] options  ------->  configure(cfg, vals)      cfg: config_size bytes,
+*core-owned
 **     make a storage          ------->  layout(cfg, M, K, dir)    describe buffers
 **     allocate every buffer             (make_empty(cfg, s))      optional: initialise them
 **     quantize                ------->  quantize(cfg, call, src, dirs, row, col)
@@ -165,6 +166,18 @@ typedef struct hq_buffer {
   size_t bytes;            /* set by the core from dtype and shape */
   void *ptr;               /* set by the core: device memory when the storage's device >= 0 */
 } hq_buffer;
+
+/* Describe one buffer in layout(): name, dtype, 1-D [d0] (ndim = 1, d1 ignored) or 2-D [d0, d1],
+   HQ_BUF_* flags. */
+static inline void hq_buffer_describe(hq_buffer *b, const char *name, hq_dtype dtype, int ndim,
+                                      int64_t d0, int64_t d1, uint32_t flags) {
+  b->name = name;
+  b->dtype = dtype;
+  b->ndim = ndim;
+  b->shape[0] = d0;
+  b->shape[1] = ndim > 1 ? d1 : 0;
+  b->flags = flags;
+}
 
 typedef struct hq_storage {
   uint32_t dir;            /* HQ_ROWWISE or HQ_COLWISE */
