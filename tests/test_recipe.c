@@ -166,6 +166,8 @@ static void test_format_errors(void **state) {
   expect_error("[format t]\nplugin = test_good\nmode = slow\n", 3, "not one of fast|exact");
   /* configure() refusing a combination is reported at the section header */
   expect_error("[format t]\nplugin = test_good\nlevel = 7\n", 1, "level 7 is unlucky");
+  expect_error("[format t]\nplugin = test_good\nlevel = 9\n", 1,
+               "4 floats of shared scaling state per quantizer, which this core does not");
   expect_error("[format f8]\nplugin = fp8_tensor\nscaling = delayed\n", 1,
                "scaling = delayed is reserved");
   hq_recipe *r = parse("[format t]\nplugin = test_good\nlevel = 0x0a\nratio = 1e-1\nflag = ON\n"

@@ -33,6 +33,9 @@ static const hq_option options[] = {
 
 typedef struct cfg { int level; } cfg;
 
+/* level 9 asks for shared scaling state, which the core does not provide yet */
+static uint32_t state_floats(const void *c) { return ((const cfg *)c)->level == 9 ? 4u : 0u; }
+
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
   if (v[0].i == 7) return host->error(HQ_EINVAL, "level 7 is unlucky");
@@ -108,6 +111,7 @@ static hq_format_ops ops = {
     .layout = layout,
     .quantize = quantize,
     .dequantize = dequantize,
+    .state_floats = state_floats,
 };
 
 #ifdef FIXTURE_NO_ENTRY

@@ -299,7 +299,8 @@ typedef struct hq_format_ops {
   /* Capabilities of this instance (e.g. REQUANT_SAFE only without stochastic rounding).
      NULL: `caps`. */
   uint64_t (*instance_caps)(const void *cfg);
-  /* Floats of shared scaling state per quantizer (delayed scaling). NULL: 0. */
+  /* Floats of shared scaling state per quantizer (delayed scaling). NULL: 0. Reserved: this
+     core version refuses an instance that asks for state (the recipe reports it). */
   uint32_t (*state_floats)(const void *cfg);
   /* Initialise a fresh state slice (host memory). NULL: zeroes. */
   int (*init_state)(const void *cfg, float *state);
