@@ -360,9 +360,11 @@ typedef struct hq_format_ops {
                      hq_storage *full);
 
   /* --- GEMM -------------------------------------------------------------------------------- */
-  /* D = alpha * op(A) * op(B) + beta * D in the cuBLAS column-major convention (see hq.h).
+  /* D = alpha * op(A) * op(B) + beta * D in the cuBLAS column-major convention: A's rowwise
+     storage is used when transa, its columnwise one otherwise; B's rowwise one when !transb.
      Return HQ_ENOTSUP when this pair, layout or device is not handled natively: the core then
-     dequantizes both operands and runs its emulated GEMM. NULL: always emulated. */
+     dequantizes both operands and runs its emulated GEMM. NULL: always emulated. Reserved in
+     ABI 1.0 for the core's GEMM dispatch, which does not call it yet. */
   int (*gemm)(const void *cfg_a, const hq_storage *a, int transa, const void *cfg_b,
               const hq_storage *b, int transb, hq_tensor *d, float alpha, float beta,
               const hq_call *call);
