@@ -21,59 +21,6 @@
 
 #ifndef assert_float_equal
 #define assert_float_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
-// --- calling a module's ops directly (what the core never lets through) -------------------
-
-/* The message the last host->error() of a direct call recorded. */
-static inline char *hq_test_module_error(void) {
-  static char buf[1024];
-  return buf;
-}
-static inline int hq_test_host_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(hq_test_module_error(), 1024, fmt, ap);
-  va_end(ap);
-  return code;
-}
-static inline void hq_test_host_log(int level, const char *fmt, ...) {
-  (void)level;
-  (void)fmt;
-}
-static inline void *hq_test_host_alloc(const hq_call *call, size_t bytes) {
-  (void)call;
-  return malloc(bytes ? bytes : 1);
-}
-static inline void hq_test_host_free(const hq_call *call, void *p) {
-  (void)call;
-  free(p);
-}
-static inline int hq_test_host_arch(int device) {
-  (void)device;
-  return 0;
-}
-/* A host table for direct calls: host memory from malloc, errors into hq_test_module_error(). */
-static inline hq_host_api hq_test_host(void) {
-  hq_host_api h = {HQ_ABI_MAJOR, HQ_ABI_MINOR, sizeof h, "test", hq_test_host_error,
-                   hq_test_host_log, hq_test_host_alloc, hq_test_host_free, hq_test_host_arch};
-  return h;
-}
-/* The entry function of module NAME.so, found on $HQ_PLUGIN_PATH (fails the test if absent). */
-static inline hq_format_entry_fn hq_test_module_entry(const char *name) {
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  void *h = NULL;
-  char file[4200];
-  for (const char *p = path; p && *p && !h;) {
-    size_t n = strcspn(p, ":");
-    snprintf(file, sizeof file, "%.*s/%s.so", (int)n, p, name);
-    if (n) h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    p += n + (p[n] == ':');
-  }
-  if (!h) fail_msg("%s.so not found on HQ_PLUGIN_PATH=%s", name, path ? path : "(unset)");
-  hq_format_entry_fn entry = (hq_format_entry_fn)(uintptr_t)dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  if (!entry) fail_msg("%s has no %s", file, HQ_FORMAT_ENTRY_NAME);
-  return entry;
-}
-
 #endif
 
 /* Exit status automake reads as "skipped". */
