@@ -2,8 +2,7 @@
 ** mxfp8_ref.h -- an independent MXFP8 reference for the tests: written from FORMATS.md 2
 ** in plain double arithmetic and brute-force searches, sharing no code with hq/numerics.h's MXFP8
 ** section or the plugin.
-**   - FP8 decode from the sign/exponent/mantissa fields; encode by scanning every code for the
-**     nearest value (ties to the even code), saturating to the largest finite value.
+**   - FP8 decode and encode: fp8_ref.h.
 **   - E8M0 scale: t = amax * RN(1/max_norm) rounded once to FP32 (a double product of two floats
 **     is exact), then the smallest 2^(e-127), e = 0..254, with 2^(e-127) >= t, found by doubling
 **     from 2^-127.
@@ -19,47 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* kind: 0 = E4M3, 1 = E5M2 (the values of hq_fp8_kind, written out) */
-static inline double ref_fp8_decode(unsigned code, int kind) {
-  int ebits = kind ? 5 : 4, mbits = kind ? 2 : 3, bias = kind ? 15 : 7;
-  unsigned s = (code >> 7) & 1u;
-  unsigned e = (code >> mbits) & ((1u << ebits) - 1u);
-  unsigned m = code & ((1u << mbits) - 1u);
-  double v;
-  if (kind && e == 31u) return m ? NAN : (s ? -INFINITY : INFINITY);
-  if (!kind && e == 15u && m == 7u) return NAN;
-  if (e == 0) v = ldexp((double)m, 1 - bias - mbits);
-  else v = ldexp(1.0 + (double)m / (double)(1u << mbits), (int)e - bias);
-  return s ? -v : v;
-}
-
-static inline double ref_fp8_max(int kind) { return kind ? 57344.0 : 448.0; }
-
-/* Nearest finite code to x (ties to the even code), |x| > max and +-Inf saturate, NaN -> 0x7F. */
-static inline unsigned ref_fp8_encode(double x, int kind) {
-  static double tab[2][128];
-  static int ready[2];
-  if (!ready[kind]) {
-    for (unsigned c = 0; c < 128; c++) tab[kind][c] = ref_fp8_decode(c, kind);
-    ready[kind] = 1;
-  }
-  if (isnan(x)) return 0x7f;
-  unsigned sign = signbit(x) ? 0x80u : 0u;
-  double a = fabs(x);
-  if (a > ref_fp8_max(kind)) a = ref_fp8_max(kind);
-  unsigned best = 0;
-  double bestd = INFINITY;
-  for (unsigned c = 0; c < 128; c++) {
-    double v = tab[kind][c];
-    if (isnan(v) || isinf(v)) continue;
-    double d = fabs(v - a);
-    if (d < bestd || (d == bestd && (c & 1u) == 0)) {
-      bestd = d;
-      best = c;
-    }
-  }
-  return sign | best;
-}
+#include "fp8_ref.h"
 
 /* E8M0 code by doubling: the smallest e in 0..254 with 2^(e-127) >= t; NaN -> 255. */
 static inline unsigned ref_e8m0_ceil(double t) {

@@ -12,43 +12,11 @@
 #include <math.h>
 
 #include "hq_test.h"
+#include "fp8_ref.h"
 
 #define BLK 128
 
 // --- independent reference ---------------------------------------------------------------------
-
-/* FP8 decode from the fields, in double. kind 0 = E4M3 (no Inf; S.1111.111 NaN), 1 = E5M2. */
-static double ref_decode(unsigned code, int kind) {
-  int ebits = kind ? 5 : 4, mbits = kind ? 2 : 3, bias = kind ? 15 : 7;
-  unsigned s = (code >> 7) & 1u, e = (code >> mbits) & ((1u << ebits) - 1u);
-  unsigned m = code & ((1u << mbits) - 1u);
-  if (kind == 1 && e == 31) return m ? NAN : (s ? -INFINITY : INFINITY);
-  if (kind == 0 && e == 15 && m == 7) return NAN;
-  double v = e ? ldexp(1.0 + (double)m / (1 << mbits), (int)e - bias)
-               : ldexp((double)m, 1 - bias - mbits);
-  return s ? -v : v;
-}
-
-static double ref_max(int kind) { return kind ? 57344.0 : 448.0; }
-
-/* RNE-satfinite encode by searching the sorted positive codes: the nearest value, ties to the
-   even code, |y| above max -> max, NaN -> 0x7F. */
-static unsigned ref_encode(double y, int kind) {
-  if (isnan(y)) return 0x7f;
-  unsigned sign = signbit(y) ? 0x80u : 0u;
-  unsigned top = kind ? 0x7bu : 0x7eu;
-  double a = fabs(y);
-  if (a >= ref_max(kind)) return sign | top;
-  unsigned lo = 0, hi = top; /* invariant: dec(lo) <= a < dec(hi) */
-  while (hi - lo > 1) {
-    unsigned mid = (lo + hi) / 2;
-    if (ref_decode(mid, kind) <= a) lo = mid;
-    else hi = mid;
-  }
-  double dl = a - ref_decode(lo, kind), dh = ref_decode(hi, kind) - a;
-  unsigned c = dl < dh ? lo : dh < dl ? hi : ((lo & 1u) ? hi : lo);
-  return sign | c;
-}
 
 /* The input dtype's largest finite value, TE's value_for_inf for FP8 block scaling. */
 static float ref_vinf(hq_dtype t) {
@@ -60,7 +28,7 @@ static float ref_vinf(hq_dtype t) {
 static float ref_scale(float amax, int kind, int pow2, float eps, hq_dtype in) {
   if (amax < eps) amax = eps;
   if (amax == 0.0f || isinf(amax) || isnan(amax)) return 1.0f;
-  float s = (float)((float)ref_max(kind) / amax);
+  float s = (float)((float)ref_fp8_max(kind) / amax);
   if (isinf(s)) s = ref_vinf(in);
   if (pow2) {
     int e;
@@ -405,13 +373,13 @@ static void test_tiny_amax_value_for_inf(void **state) {
       ASSERT_F32_SAME(scales_of(&u, HQ_ROWWISE)[0], ref_rcp(s));
       for (int j = 0; j < 128; j++)
         assert_int_equal(data_of(&u, HQ_ROWWISE)[j],
-                         ref_encode(ref_mul((j & 1) ? c[i].v1 : c[i].v0, s), 0));
+                         ref_fp8_encode(ref_mul((j & 1) ? c[i].v1 : c[i].v0, s), 0));
       run_free(&u);
       free(x.data);
     }
   /* hand-checked codes: bf16 2^-133 * 0x1.FEp127 = 0x1.FEp-6 -> 2^-5 = 0x10; with pow2 2^-6 = 0x08
    */
-  assert_int_equal(ref_encode(0x1.FEp-6, 0), 0x10);
+  assert_int_equal(ref_fp8_encode(0x1.FEp-6, 0), 0x10);
   /* the rule itself for each input dtype, where no input can reach it (f16) too */
   const float tiny = 1e-38f;
   ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 0, 0.0f, HQ_F16), 65504.0f);
@@ -606,14 +574,14 @@ static void check_dir(const run *u, const hq_tensor *x, int col, opts o) {
       float si = ref_rcp(sc);
       ASSERT_F32_SAME(s[ref_scale_at(m, k, M, K, col, o.two_d)], si);
       float xv = hq_load_hp(x->data, m * K + k, x->dtype);
-      unsigned want = ref_encode(ref_mul(xv, sc), o.kind);
+      unsigned want = ref_fp8_encode(ref_mul(xv, sc), o.kind);
       unsigned got = col ? q[k * M + m] : q[m * K + k];
       if (got != want)
         fail_msg("%s %s [%lld,%lld] (%lld,%lld): x=%a scale=%a q=0x%02x want 0x%02x",
                  col ? "col" : "row", o.two_d ? "2d" : "1d", (long long)M, (long long)K,
                  (long long)m, (long long)k, (double)xv, (double)sc, got, want);
       /* dequantize: RN(decode(q) * scale_inv), then rounded to the destination dtype */
-      double dv = ref_decode(want, o.kind);
+      double dv = ref_fp8_decode(want, o.kind);
       float d32 = (float)(dv * (double)si);
       float got32 = ((float *)deq[0].data)[m * K + k];
       if (isnan(d32)) assert_true(isnan(got32));

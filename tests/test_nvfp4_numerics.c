@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "hq_test.h"
+#include "fp8_ref.h"
 
 static const double E2M1_MAG[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
 
@@ -175,27 +176,6 @@ static void test_e2m1_stochastic_rule(void **state) {
 
 /* ---- scales ------------------------------------------------------------------------------- */
 
-static double e4m3_ref(unsigned c) {
-  unsigned s = (c >> 7) & 1u, e = (c >> 3) & 0xfu, m = c & 7u;
-  double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp((double)m, -9);
-  return s ? -v : v;
-}
-
-/* brute-force E4M3 RNE-satfinite for a non-negative, non-NaN value */
-static unsigned e4m3_ref_encode(double a) {
-  if (a > 448.0) a = 448.0;
-  unsigned best = 0;
-  double bd = INFINITY;
-  for (unsigned c = 0; c <= 0x7e; c++) {
-    double d = fabs(e4m3_ref(c) - a);
-    if (d < bd || (d == bd && (c & 1u) == 0)) {
-      bd = d;
-      best = c;
-    }
-  }
-  return best;
-}
-
 /* RN to FP32 of a double, Inf past the rounding threshold (no UB cast). */
 static float rf(double v) {
   if (fabs(v) >= (double)FLT_MAX + ldexp(1.0, 103)) return v > 0 ? INFINITY : -INFINITY;
@@ -224,11 +204,11 @@ static ref_chain ref_global(float A) {
 static unsigned ref_sf(float block_amax, const ref_chain *r) {
   float p = rf((double)block_amax * r->m);
   if (p > FLT_MAX) p = FLT_MAX;
-  return e4m3_ref_encode(p);
+  return ref_fp8_encode(p, 0);
 }
 
 static float ref_enc(unsigned sf, const ref_chain *r) {
-  float d = (float)(e4m3_ref(sf) * (double)r->s_dec);
+  float d = (float)(ref_fp8_decode(sf, 0) * (double)r->s_dec);
   if (d == 0.0f) return FLT_MAX;
   double e = 1.0 / (double)d;
   return e >= (double)FLT_MAX ? FLT_MAX : (float)e;
@@ -334,8 +314,8 @@ static void test_block_scale_random_vs_double(void **state) {
       assert_int_equal(sf, ref_sf(ab, &r));
       assert_true(hq_nvfp4_encode_mult((uint8_t)sf, r.s_dec) == ref_enc(sf, &r));
       float dm = hq_nvfp4_decode_mult((uint8_t)sf, A);
-      float dref =
-          (float)((double)(float)(e4m3_ref(sf) * (double)A) * (double)(float)(1.0 / 2688.0));
+      float dref = (float)((double)(float)(ref_fp8_decode(sf, 0) * (double)A) *
+                           (double)(float)(1.0 / 2688.0));
       assert_true(dm == dref);
       float x = ab * hq_test_uniform(&s);
       assert_int_equal(hq_nvfp4_quantize(x, ref_enc(sf, &r)),
