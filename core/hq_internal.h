@@ -77,7 +77,7 @@ int hqi_option_parse(const hq_option *opt, const char *text, hq_optval *out, cha
 /* Validate an option table entry (used when loading a module). */
 int hqi_option_check(const hq_option *opt, char *err, size_t err_len);
 
-// --- format instances (options.c, beside the option parsing they rest on) --------------------------------------------------------------------
+// --- format instances (options.c, beside the option parsing they rest on) -----------------
 /* A configured format instance: one [format] section (or an implicit one). Refcounted; it keeps
    its plugin set alive. */
 typedef struct hqi_format {
