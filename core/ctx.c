@@ -14,10 +14,10 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   d.struct_size = sizeof d;
   d.device = HQ_DEVICE_HOST;
   if (desc) {
-    if (desc->struct_size < offsetof(hq_ctx_desc, seed) + sizeof desc->seed)
-      return hqi_error(HQ_EINVAL, "hq_ctx_create: desc->struct_size %u is too small (set it to "
-                       "sizeof(hq_ctx_desc))", desc->struct_size);
-    memcpy(&d, desc, sizeof d);
+    /* an older caller's smaller struct: read only its bytes, the rest stays zero */
+    int rc = hqi_struct_in(&d, sizeof d, desc, desc->struct_size, HQ_CTX_DESC_SIZE_0_1,
+                           "hq_ctx_desc");
+    if (rc) return rc;
   }
   if (d.device < HQ_DEVICE_HOST)
     return hqi_error(HQ_EINVAL, "hq_ctx_create: device %d is not a CUDA ordinal or host", d.device);
@@ -29,8 +29,6 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
     if (d.device >= n)
       return hqi_error(HQ_EINVAL, "hq_ctx_create: CUDA device %d does not exist (%d found)",
                        d.device, n);
-    int rc = hqi_cuda_set_device(d.device);
-    if (rc) return rc;
   }
   if (d.allocator && (!d.allocator->alloc || !d.allocator->free))
     return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
@@ -81,6 +79,14 @@ void hq_ctx_free(hq_ctx *ctx, void *ptr) {
   if (ctx) hqi_ctx_free_raw(ctx, ptr);
 }
 
+int hqi_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes) {
+  if (ctx->device < 0) {
+    if (bytes) memset(dst, value, bytes);
+    return HQ_OK;
+  }
+  return hqi_cuda_memset(dst, value, bytes, ctx->stream);
+}
+
 int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
                   size_t bytes) {
   if (!ctx || (!dst && bytes) || (!src && bytes))
@@ -93,23 +99,39 @@ int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src, int s
     memmove(dst, src, bytes);
     return HQ_OK;
   }
-  return hqi_cuda_memcpy(dst, dst_device, src, src_device, bytes, ctx->stream);
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  rc = hqi_cuda_memcpy(dst, dst_device, src, src_device, bytes, ctx->stream);
+  hqi_device_leave(saved);
+  return rc;
 }
 
 int hq_ctx_sync(hq_ctx *ctx) {
   if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_sync: ctx is NULL");
   if (ctx->device < 0) return HQ_OK;
-  return hqi_cuda_sync(ctx->stream);
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  rc = hqi_cuda_sync(ctx->stream);
+  hqi_device_leave(saved);
+  return rc;
 }
 
-void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state, uint64_t offset) {
+uint64_t hq_ctx_seed(const hq_ctx *ctx) { return ctx ? ctx->seed : 0; }
+uint64_t hq_ctx_rng_offset(const hq_ctx *ctx) { return ctx ? ctx->offset : 0; }
+int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
+  if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset: ctx is NULL");
+  ctx->offset = offset;
+  return HQ_OK;
+}
+
+void hqi_call_init(hq_ctx *ctx, hq_call *call, uint32_t flags, uint64_t offset) {
   memset(call, 0, sizeof *call);
   call->struct_size = sizeof *call;
+  call->flags = flags;
   call->device = ctx->device;
   call->stream = ctx->stream;
   call->seed = ctx->seed;
   call->offset = offset;
-  call->state = state;
   call->host = &hqi_host_api;
   call->core_private = ctx;
 }

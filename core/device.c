@@ -55,20 +55,55 @@ int hqi_cuda_set_device(int device) {
   return HQ_OK;
 }
 
+/* Stream-ordered allocation (the device's default memory pool) on `stream`, with the caller's
+   current device restored. */
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
-  (void)stream;
   *out = NULL;
-  HQ_CUDA_CHECK(cudaSetDevice(device));
-  HQ_CUDA_CHECK(cudaMalloc(out, bytes ? bytes : 1));
+  int saved;
+  int rc = hqi_device_enter(device, &saved);
+  if (rc) return rc;
+  cudaError_t e = cudaMallocAsync(out, bytes ? bytes : 1, (cudaStream_t)stream);
+  hqi_device_leave(saved);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *out = NULL;
+    return hqi_error(e == cudaErrorMemoryAllocation ? HQ_ENOMEM : HQ_EDEVICE,
+                     "cudaMallocAsync of %zu bytes on device %d: %s", bytes, device,
+                     cudaGetErrorString(e));
+  }
   return HQ_OK;
 }
 
 void hqi_cuda_free(int device, void *ptr, void *stream) {
-  (void)stream;
   if (!ptr) return;
-  cudaSetDevice(device);
-  cudaFree(ptr);
+  int saved;
+  if (hqi_device_enter(device, &saved)) return;
+  if (cudaFreeAsync(ptr, (cudaStream_t)stream) != cudaSuccess) cudaGetLastError();
+  hqi_device_leave(saved);
 }
+
+int hqi_device_enter(int device, int *saved) {
+  *saved = -1;
+  if (device < 0) return HQ_OK;
+  int cur = -1;
+  HQ_CUDA_CHECK(cudaGetDevice(&cur));
+  *saved = cur;
+  if (cur != device) HQ_CUDA_CHECK(cudaSetDevice(device));
+  return HQ_OK;
+}
+
+void hqi_device_leave(int saved) {
+  int cur = -1;
+  if (saved < 0) return;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur != saved) cudaSetDevice(saved);
+}
+
+int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream) {
+  if (!bytes) return HQ_OK;
+  HQ_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, (cudaStream_t)stream));
+  return HQ_OK;
+}
+
 
 int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
                     void *stream) {
@@ -110,5 +145,24 @@ int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, 
   return no_cuda();
 }
 int hqi_cuda_sync(void *stream) { (void)stream; return no_cuda(); }
+int hqi_device_enter(int device, int *saved) {
+  *saved = -1;
+  return device < 0 ? HQ_OK : no_cuda();
+}
+void hqi_device_leave(int saved) { (void)saved; }
+int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream) {
+  (void)dst; (void)value; (void)bytes; (void)stream;
+  return no_cuda();
+}
+int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n) {
+  (void)stream; (void)dst; (void)dt; (void)src; (void)st; (void)n;
+  return no_cuda();
+}
+int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
+                       int64_t rows, int64_t cols, int elem_bytes) {
+  (void)stream; (void)dst; (void)dld; (void)src; (void)sld; (void)rows; (void)cols;
+  (void)elem_bytes;
+  return no_cuda();
+}
 
 #endif

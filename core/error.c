@@ -86,19 +86,25 @@ static int host_error(int code, const char *fmt, ...) {
   return code;
 }
 
-static void host_log(int level, const char *fmt, ...) {
+/* A plugin's message goes to the logger of the context its call runs on. */
+static void host_log(const hq_call *call, int level, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  hqi_log(NULL, level, "%s", msg);
+  hqi_log(call ? (const hq_ctx *)call->core_private : NULL, level, "%s", msg);
 }
 
 static void *host_alloc(const hq_call *call, size_t bytes) {
   hq_ctx *ctx = call ? (hq_ctx *)call->core_private : NULL;
   if (!ctx) {
     hqi_error(HQ_EINVAL, "host->alloc: the call has no context");
+    return NULL;
+  }
+  if (call->flags & HQ_CALL_UPDATE) {
+    hqi_error(HQ_EABI, "host->alloc(%zu bytes) during an update: an update must not allocate "
+              "(declare scratch_size and use call->scratch)", bytes);
     return NULL;
   }
   void *p = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);

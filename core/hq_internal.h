@@ -32,6 +32,13 @@ void hqi_vec_free(hqi_vec *a);
 /* 64-byte aligned host memory. */
 void *hqi_host_alloc(size_t bytes);
 void hqi_host_free(void *p);
+/* Copy a caller's versioned struct (struct_size bytes, at least `floor`) into a zeroed `dst` of
+   dst_size bytes: an older, smaller struct leaves the newer fields zero; a newer, larger one
+   contributes the fields this core knows. */
+int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, size_t floor,
+                  const char *what);
+/* Check a caller's hq_tensor (struct_size, dtype, shape, data) and copy it into *out. */
+int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out);
 int hqi_check_tensor(const hq_tensor *t, const char *what);
 
 // --- devices (device.c) --------------------------------------------------------------------
@@ -42,6 +49,15 @@ int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, 
                     void *stream);
 int hqi_cuda_sync(void *stream);
 int hqi_cuda_arch(int device);
+/* Make `device` current (a no-op for the host), remembering the caller's current device in
+   *saved; hqi_device_leave(saved) restores it. */
+int hqi_device_enter(int device, int *saved);
+void hqi_device_leave(int saved);
+int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream);
+/* core/cuda/kernels.cu (without CUDA: HQ_ENOTSUP) */
+int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n);
+int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
+                       int64_t rows, int64_t cols, int elem_bytes);
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
 struct hq_ctx {
@@ -59,7 +75,8 @@ void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
 /* Fill an hq_call for one plugin operation on ctx. `offset` selects the random stream: every
    plugin call of one quantize/update operation gets the same offset (the directions of a
    tensor draw the same numbers whether they are made by one call or by two). */
-void hqi_call_init(hq_ctx *ctx, hq_call *call, float *state, uint64_t offset);
+void hqi_call_init(hq_ctx *ctx, hq_call *call, uint32_t flags, uint64_t offset);
+int hqi_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes);
 
 // --- plugins (loader.c) --------------------------------------------------------------------
 struct hq_plugin {
@@ -69,6 +86,9 @@ struct hq_plugin {
   size_t n_options;
 };
 void hqi_plugins_retain(hq_plugins *set);
+#define HQI_BUILTIN_FILE "(built into libhqcore)"
+int hqi_builtin_register(hq_plugins *set);
+extern const hq_format_ops hqi_identity_ops;   /* identity.c */
 
 // --- options (options.c) -------------------------------------------------------------------
 /* Parse `text` as a value of option `opt`; on failure write a message into err. */
@@ -89,7 +109,6 @@ typedef struct hqi_format {
   hq_optval *vals;
   char **val_text;           /* resolved value text per option (for hq recipe check / info) */
   uint64_t caps;
-  uint32_t state_floats;
 } hqi_format;
 /* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.
    On error the message names the option; the caller adds file:line. */
@@ -113,6 +132,31 @@ int hqi_pattern_compare(const hqi_pattern *a, const hqi_pattern *b);
 /* Whether every role matched by `inner` is matched by `outer` (decided conservatively: a "no"
    may be a missed containment, a "yes" is always right). */
 int hqi_pattern_contains(const hqi_pattern *outer, const hqi_pattern *inner);
+
+// --- quantized tensors (quantizer.c; fsdp.c reads them) -------------------------------------
+typedef struct hqi_qdir {
+  int present;
+  hq_storage st;
+  uint8_t owned[HQ_MAX_BUFFERS];   /* 1: this storage owns its buffer i; 0: it aliases rowwise */
+  char own_name[HQ_MAX_BUFFERS][48]; /* "columnwise_<name>" of a shared buffer made private */
+} hqi_qdir;
+
+struct hq_qtensor {
+  hq_ctx *ctx;               /* the owner: its allocator made (and frees) the buffers */
+  hqi_format *fmt[2];
+  uint32_t usage;
+  int source;
+  char *role;
+  int64_t rows, cols;
+  hq_dtype nominal;
+  hqi_qdir d[2];
+  int saved;
+  uint64_t offset;           /* random stream of the operation in progress */
+  void *scratch;             /* plugin scratch reserved for quantize/update (owner's memory) */
+  size_t scratch_bytes;
+  void *fsdp_staging;        /* hq_fsdp_extract's transposed copies (owner's memory) */
+};
+#define HQI_DIR_NAME(dir) ((dir) == HQ_COLWISE ? "columnwise" : "rowwise")
 
 // --- recipes (recipe.c) --------------------------------------------------------------------
 hqi_format *hqi_recipe_format_of(hq_recipe *r, long role_index, uint32_t dir, int *source);

@@ -1,7 +1,8 @@
 /*
 ** loader.c -- finding, loading and checking format modules.
 **
-** Each "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+** The identity format is compiled into the core and present in every set (a module of that name
+** is rejected). Each "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
 ** (modules may hold CUDA state, so they are never unmapped), its single entry symbol is called
 ** with the core's host table, and the returned ops table is checked: ABI major/minor, struct
 ** size, name, required operations, option table, uniqueness. A module failing any check is
@@ -87,6 +88,10 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
       return 0;
     }
   }
+  if (ops->amax_kind && !ops->amax) {
+    snprintf(why, len, "format '%s' has amax_kind but no amax operation", ops->name);
+    return 0;
+  }
   if (!(ops->caps & (HQ_CAP_CPU | HQ_CAP_CUDA))) {
     snprintf(why, len, "format '%s' declares neither HQ_CAP_CPU nor HQ_CAP_CUDA", ops->name);
     return 0;
@@ -125,6 +130,23 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
   return 1;
 }
 
+/* The formats compiled into libhqcore (identity): present in every set, first, file
+   HQI_BUILTIN_FILE, no handle. */
+int hqi_builtin_register(hq_plugins *set) {
+  hq_plugin *p = calloc(1, sizeof *p);
+  if (!p) return hqi_error(HQ_ENOMEM, "out of memory");
+  p->ops = hqi_identity_ops;
+  p->file = hqi_strdup(HQI_BUILTIN_FILE);
+  char why[256];
+  if (!p->file || !check_ops(&p->ops, &p->n_options, why, sizeof why) ||
+      hqi_vec_push(&set->plugins, p)) {
+    free(p->file);
+    free(p);
+    return hqi_error(HQ_ENOMEM, "registering the built-in identity format failed");
+  }
+  return HQ_OK;
+}
+
 static int load_one(hq_plugins *set, const char *file) {
   char why[768];
   if (strlen(file) >= PATH_MAX) return reject(set, file, "path is longer than PATH_MAX");
@@ -138,7 +160,12 @@ static int load_one(hq_plugins *set, const char *file) {
   dlerror();
   entry.obj = dlsym(h, HQ_FORMAT_ENTRY_NAME);
   if (!entry.obj) {
+    int v1 = dlsym(h, "hq_format_module_v1") != NULL;
     dlclose(h);
+    if (v1)
+      return reject(set, file, "built for plugin ABI 1 (it exports hq_format_module_v1), but this "
+                    "core implements ABI %u.%u: rebuild the module against hq/plugin.h %u.x",
+                    HQ_ABI_MAJOR, HQ_ABI_MINOR, HQ_ABI_MAJOR);
     return reject(set, file, "no entry point %s in the module (is it an hq format?)",
                   HQ_FORMAT_ENTRY_NAME);
   }
@@ -152,20 +179,20 @@ static int load_one(hq_plugins *set, const char *file) {
   }
   if (ops->abi_major != HQ_ABI_MAJOR) {
     dlclose(h);
-    return reject(set, file, "built for plugin ABI %u.%u, but this core implements ABI %u.%u "
-                  "(major versions must match)", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR,
-                  HQ_ABI_MINOR);
+    return reject(set, file, "built for plugin ABI %u (requires %u.%u), but this core implements "
+                  "ABI %u.%u (major versions must match)", ops->abi_major, ops->abi_major,
+                  ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
   }
   if (ops->abi_minor > HQ_ABI_MINOR) {
     dlclose(h);
-    return reject(set, file, "built for plugin ABI %u.%u, newer than this core's %u.%u "
+    return reject(set, file, "requires plugin ABI %u.%u, newer than this core's %u.%u "
                   "(upgrade libhqcore)", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR,
                   HQ_ABI_MINOR);
   }
-  if (ops->struct_size < HQ_FORMAT_OPS_V1_0_SIZE) {
+  if (ops->struct_size < HQ_FORMAT_OPS_SIZE_2_0) {
     dlclose(h);
-    return reject(set, file, "ops table struct_size %u is smaller than ABI 1.0's %zu bytes",
-                  ops->struct_size, (size_t)HQ_FORMAT_OPS_V1_0_SIZE);
+    return reject(set, file, "ops table struct_size %u is smaller than ABI 2.0's %zu bytes",
+                  ops->struct_size, (size_t)HQ_FORMAT_OPS_SIZE_2_0);
   }
   hq_plugin *p = calloc(1, sizeof *p);
   if (!p) {
@@ -181,6 +208,13 @@ static int load_one(hq_plugins *set, const char *file) {
     return reject(set, file, "%s", why);
   }
   const hq_plugin *dup = hq_plugins_find(set, p->ops.name);
+  if (dup && !dup->handle) {
+    int rc = reject(set, file, "format name '%s' is built into libhqcore; a module cannot "
+                    "replace it", p->ops.name);
+    free(p);
+    dlclose(h);
+    return rc;
+  }
   if (dup) {
     int rc = reject(set, file, "duplicate format name '%s' (already provided by %s)",
                     p->ops.name, dup->file);
@@ -265,8 +299,9 @@ int hq_plugins_open(const char *const *dirs, size_t ndirs, unsigned flags, hq_pl
   hq_plugins *set = calloc(1, sizeof *set);
   if (!set) return hqi_error(HQ_ENOMEM, "out of memory");
   set->refs = 1;
-  int rc = HQ_OK;
-  if (!(flags & HQ_PLUGINS_NO_ENV)) rc = add_path_list(set, getenv("HQ_PLUGIN_PATH"));
+  int rc = hqi_builtin_register(set);
+  if (rc == HQ_OK && !(flags & HQ_PLUGINS_NO_ENV))
+    rc = add_path_list(set, getenv("HQ_PLUGIN_PATH"));
   for (size_t i = 0; i < ndirs && rc == HQ_OK; i++)
     if (dirs[i]) rc = add_dir(set, dirs[i], strlen(dirs[i]));
   if (rc == HQ_OK && !(flags & HQ_PLUGINS_NO_DEFAULT))
@@ -286,7 +321,7 @@ void hq_plugins_close(hq_plugins *set) {
   if (!set || __atomic_sub_fetch(&set->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   for (size_t i = 0; i < set->plugins.n; i++) {
     hq_plugin *p = set->plugins.v[i];
-    dlclose(p->handle); /* RTLD_NODELETE: the code stays mapped */
+    if (p->handle) dlclose(p->handle); /* RTLD_NODELETE: the code stays mapped */
     free(p->file);
     free(p);
   }

@@ -178,15 +178,6 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
     return hqi_error(rc == HQ_EPARSE ? HQ_EPARSE : HQ_EINVAL, "%s", copy);
   }
   f->caps = ops->instance_caps ? ops->instance_caps(f->cfg) : ops->caps;
-  f->state_floats = ops->state_floats ? ops->state_floats(f->cfg) : 0;
-  if (f->state_floats) {
-    /* the recipe-wide scaling state (delayed scaling's amax history) is not allocated by this
-       core version: refuse rather than hand the module a NULL hq_call.state */
-    uint32_t n = f->state_floats;
-    hqi_format_release(f);
-    return hqi_error(HQ_ENOTSUP, "the module asks for %u floats of shared scaling state per "
-                     "quantizer, which this core does not provide yet", n);
-  }
   f->set = set;
   hqi_plugins_retain(set);
   *out = f;

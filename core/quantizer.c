@@ -22,27 +22,11 @@ struct hq_quantizer {
   char *role;             /* "module_type:tensor_type:name", for messages */
 };
 
-typedef struct qdir {
-  int present;
-  hq_storage st;
-  uint8_t owned[HQ_MAX_BUFFERS];   /* 1: this storage owns buf[i].ptr; 0: it aliases rowwise */
-} qdir;
-
-struct hq_qtensor {
-  hq_ctx *ctx;
-  hqi_format *fmt[2];
-  uint32_t usage;
-  int source;
-  char *role;
-  int64_t rows, cols;
-  hq_dtype nominal;
-  qdir d[2];
-  int saved;
-  uint64_t offset;        /* random stream of the operation in progress */
-};
+typedef hqi_qdir qdir;
 
 static int di(uint32_t dir) { return dir == HQ_COLWISE ? 1 : 0; }
-static const char *dname(uint32_t dir) { return dir == HQ_COLWISE ? "columnwise" : "rowwise"; }
+static const char *dname(uint32_t dir) { return HQI_DIR_NAME(dir); }
+#define BUF(st, i) HQ_STORAGE_BUF(st, i)
 
 // --- quantizers -------------------------------------------------------------------------------
 
@@ -115,10 +99,6 @@ int hq_quantizer_requant_safe(const hq_quantizer *q) {
 
 // --- storages ---------------------------------------------------------------------------------
 
-static int ctx_ready(hq_ctx *ctx) {
-  return ctx->device >= 0 ? hqi_cuda_set_device(ctx->device) : HQ_OK;
-}
-
 static int check_device(const hqi_format *f, const hq_ctx *ctx, const char *role, uint32_t dir) {
   uint64_t need = ctx->device >= 0 ? HQ_CAP_CUDA : HQ_CAP_CPU;
   if (!(f->caps & need))
@@ -130,41 +110,149 @@ static int check_device(const hqi_format *f, const hq_ctx *ctx, const char *role
 static void free_dir(hq_ctx *ctx, qdir *q) {
   if (!q->present) return;
   for (uint32_t i = 0; i < q->st.nbuf; i++)
-    if (q->owned[i] && q->st.buf[i].ptr) hqi_ctx_free_raw(ctx, q->st.buf[i].ptr);
+    if (q->owned[i] && BUF(&q->st, i)->ptr) hqi_ctx_free_raw(ctx, BUF(&q->st, i)->ptr);
   memset(q, 0, sizeof *q);
 }
 
-/* Check what layout() described and compute byte sizes. */
+/* An empty storage as layout() receives it. */
+static void storage_init(hq_storage *st, uint32_t dir, int64_t rows, int64_t cols, int device,
+                         hq_dtype nominal) {
+  memset(st, 0, sizeof *st);
+  st->struct_size = sizeof *st;
+  st->buf_size = sizeof(hq_buffer);
+  st->dir = dir;
+  st->rows = rows;
+  st->cols = cols;
+  st->device = device;
+  st->nominal = nominal;
+  st->desc.struct_size = sizeof st->desc;
+  for (int i = 0; i < HQ_MAX_BUFFERS; i++) st->buf[i].struct_size = sizeof(hq_buffer);
+}
+
+static size_t scale_dtype_ok(uint32_t mode, hq_dtype t) {
+  switch (mode) {
+  case HQ_SCALE_TENSOR_F32:
+  case HQ_SCALE_OUTER_VEC_F32:
+  case HQ_SCALE_VEC128_F32:
+  case HQ_SCALE_BLK128X128_F32: return t == HQ_F32;
+  case HQ_SCALE_VEC16_UE4M3: return t == HQ_E4M3;
+  case HQ_SCALE_VEC32_UE8M0: return t == HQ_E8M0;
+  case HQ_SCALE_OTHER: return 1;
+  default: return 0;
+  }
+}
+
+/* Check what layout() described -- buffers, names, descriptor -- and compute byte sizes. `row`
+   is the rowwise storage made by the same call, or NULL. A failure is a plugin bug (HQ_EABI). */
 static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *row) {
-  if (st->nbuf > HQ_MAX_BUFFERS)
-    return hqi_error(HQ_EABI, "layout() described %u buffers (at most %d)", st->nbuf,
+  const char *pn = f->plugin->ops.name;
+  const hq_operand_desc *d = &st->desc;
+  const int col = st->dir == HQ_COLWISE;
+  int ndata = 0, nscale = 0, namax = 0;
+  if (st->nbuf < 1 || st->nbuf > HQ_MAX_BUFFERS)
+    return hqi_error(HQ_EABI, "layout() of '%s' described %u buffers (1 to %d)", pn, st->nbuf,
                      HQ_MAX_BUFFERS);
   for (uint32_t i = 0; i < st->nbuf; i++) {
-    hq_buffer *b = &st->buf[i];
+    hq_buffer *b = BUF(st, i);
     size_t es = hq_dtype_size(b->dtype);
-    if (!b->name || !es || b->ndim < 1 || b->ndim > HQ_MAX_BUFFER_DIMS)
+    if (!b->name || !b->name[0] || !es || b->ndim < 1 || b->ndim > HQ_MAX_BUFFER_DIMS)
       return hqi_error(HQ_EABI, "layout() of '%s' described an invalid buffer %u (name, dtype or "
-                       "ndim)", f->plugin->ops.name, i);
+                       "ndim)", pn, i);
     size_t n = es;
     for (int k = 0; k < b->ndim; k++) {
       if (b->shape[k] < 0 || (b->shape[k] && n > SIZE_MAX / (size_t)b->shape[k]))
-        return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an invalid shape",
-                         f->plugin->ops.name, b->name);
+        return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an invalid shape", pn,
+                         b->name);
       n *= (size_t)b->shape[k];
     }
     b->bytes = n;
     b->ptr = NULL;
-    if (b->flags & HQ_BUF_SHARED) {
-      if (st->dir != HQ_COLWISE)
-        return hqi_error(HQ_EABI, "layout() of '%s': rowwise buffer '%s' is marked shared",
-                         f->plugin->ops.name, b->name);
-      if (row && (b->shared_with < 0 || (uint32_t)b->shared_with >= row->nbuf ||
-                  row->buf[b->shared_with].bytes != b->bytes))
+    int shared = (b->flags & HQ_BUF_SHARED) != 0;
+    int prefixed = strncmp(b->name, "columnwise_", 11) == 0;
+    if (shared && !col)
+      return hqi_error(HQ_EABI, "layout() of '%s': rowwise buffer '%s' is marked shared", pn,
+                       b->name);
+    if (shared && row) {
+      if (b->shared_with < 0 || (uint32_t)b->shared_with >= row->nbuf ||
+          HQ_STORAGE_BUF(row, b->shared_with)->bytes != b->bytes)
         return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' is shared with a rowwise buffer "
-                         "that does not exist or differs in size", f->plugin->ops.name, b->name);
+                         "that does not exist or differs in size", pn, b->name);
+      if (strcmp(HQ_STORAGE_BUF(row, b->shared_with)->name, b->name) != 0)
+        return hqi_error(HQ_EABI, "layout() of '%s': shared columnwise buffer '%s' must keep the "
+                         "name of the rowwise buffer it is ('%s')", pn, b->name,
+                         HQ_STORAGE_BUF(row, b->shared_with)->name);
+    } else if (col && !prefixed) {
+      return hqi_error(HQ_EABI, "layout() of '%s': columnwise buffer '%s' must be named "
+                       "'columnwise_%s' (a columnwise storage's own buffers carry that prefix)",
+                       pn, b->name, b->name);
+    } else if (!col && prefixed) {
+      return hqi_error(HQ_EABI, "layout() of '%s': rowwise buffer '%s' must not carry the "
+                       "'columnwise_' prefix", pn, b->name);
     }
+    for (uint32_t k = 0; k < i; k++)
+      if (strcmp(BUF(st, k)->name, b->name) == 0)
+        return hqi_error(HQ_EABI, "layout() of '%s': two buffers are named '%s'", pn, b->name);
+    if (b->role > HQ_ROLE_AMAX)
+      return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an unknown role %u", pn,
+                       b->name, b->role);
+    ndata += b->role == HQ_ROLE_DATA;
+    nscale += b->role == HQ_ROLE_SCALE;
+    namax += b->role == HQ_ROLE_AMAX;
+    if (b->gather > HQ_GATHER_SAME || (b->gather == HQ_GATHER_COLS && b->ndim != 2) ||
+        ((b->gather == HQ_GATHER_ROWS || b->gather == HQ_GATHER_COLS) &&
+         (b->m_div < 1 || (d->shard_rows > 0 && d->shard_rows % b->m_div))))
+      return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an invalid gather rule (rule "
+                       "%u, m_div %d, ndim %d, shard_rows %lld)", pn, b->name, b->gather,
+                       b->m_div, b->ndim, (long long)d->shard_rows);
+    if (b->role == HQ_ROLE_DATA) {
+      const int64_t M = st->rows, K = st->cols;
+      int64_t d0 = d->order == HQ_ORDER_KM ? K : M, d1 = d->order == HQ_ORDER_KM ? M : K;
+      if (b->dtype == HQ_E2M1X2) d1 = d1 % 2 ? -1 : d1 / 2;
+      if (b->dtype != d->elem || b->ndim != 2 || b->shape[0] != d0 || b->shape[1] != d1)
+        return hqi_error(HQ_EABI, "layout() of '%s': data buffer '%s' (%s [%lld, %lld]) does not "
+                         "match the descriptor (elem %s, order %s of [%lld, %lld])", pn, b->name,
+                         hq_dtype_name(b->dtype), (long long)b->shape[0],
+                         (long long)(b->ndim > 1 ? b->shape[1] : 0), hq_dtype_name(d->elem),
+                         d->order == HQ_ORDER_KM ? "KM" : "MK", (long long)M, (long long)K);
+    }
+    if (b->role == HQ_ROLE_SCALE) {
+      if (!scale_dtype_ok(d->scale_mode, b->dtype))
+        return hqi_error(HQ_EABI, "layout() of '%s': scale buffer '%s' of dtype %s does not fit "
+                         "scale mode %u", pn, b->name, hq_dtype_name(b->dtype), d->scale_mode);
+      if (d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED && b->gather != HQ_GATHER_NEVER)
+        return hqi_error(HQ_EABI, "layout() of '%s': swizzled scale buffer '%s' cannot be "
+                         "gathered by rows or columns (use HQ_GATHER_NEVER)", pn, b->name);
+    }
+    if (b->role == HQ_ROLE_AMAX && (b->dtype != HQ_F32 || b->bytes != sizeof(float)))
+      return hqi_error(HQ_EABI, "layout() of '%s': amax buffer '%s' must be f32 [1]", pn,
+                       b->name);
   }
+  if (d->order > HQ_ORDER_KM || d->transform > HQ_TRANSFORM_RHT16 ||
+      d->scale_layout > HQ_SCALE_LAYOUT_SWIZZLED ||
+      (d->scale_mode > HQ_SCALE_BLK128X128_F32 && d->scale_mode != HQ_SCALE_OTHER) ||
+      d->block_m < 0 || d->block_k < 0 || d->shard_rows < 0)
+    return hqi_error(HQ_EABI, "layout() of '%s': the operand descriptor has an out-of-range "
+                     "field (order %u, scale mode %u, scale layout %u, transform %u, block "
+                     "%dx%d, shard_rows %lld)", pn, d->order, d->scale_mode, d->scale_layout,
+                     d->transform, d->block_m, d->block_k, (long long)d->shard_rows);
+  if (ndata != 1)
+    return hqi_error(HQ_EABI, "layout() of '%s': %d buffers have the data role (exactly one "
+                     "must)", pn, ndata);
+  if ((d->scale_mode == HQ_SCALE_NONE) != (nscale == 0) || nscale > 1)
+    return hqi_error(HQ_EABI, "layout() of '%s': scale mode %u with %d scale buffers", pn,
+                     d->scale_mode, nscale);
+  if (d->scale_mode == HQ_SCALE_VEC16_UE4M3 && namax != 1)
+    return hqi_error(HQ_EABI, "layout() of '%s': VEC16_UE4M3 scales need one amax buffer (the "
+                     "global scale)", pn);
+  st->desc.struct_size = sizeof st->desc;
   return HQ_OK;
+}
+
+static int call_prefix(int rc, const hq_qtensor *qt, const hqi_format *f, uint32_t dirs,
+                       const char *what) {
+  return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s", qt->role,
+                          dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs), f->name,
+                          f->plugin->ops.name, what);
 }
 
 /* Describe and allocate the storages of `dirs` made by one call of format f. */
@@ -175,11 +263,8 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
     if (!(dirs & dir)) continue;
     qdir *q = &qt->d[d];
     memset(q, 0, sizeof *q);
-    q->st.dir = dir;
-    q->st.rows = qt->rows;
-    q->st.cols = qt->cols;
-    q->st.device = ctx->device;
-    q->st.nominal = qt->nominal;
+    storage_init(&q->st, dir, qt->rows, qt->cols, ctx->device, qt->nominal);
+    hq_clear_error();
     int rc = f->plugin->ops.layout(f->cfg, &hqi_host_api, qt->rows, qt->cols, dir, dirs, &q->st);
     if (!rc) rc = check_layout(f, &q->st, (dirs & HQ_ROWWISE) && d ? &qt->d[0].st : NULL);
     if (rc) {
@@ -190,9 +275,9 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
     }
     q->present = 1;
     for (uint32_t i = 0; i < q->st.nbuf; i++) {
-      hq_buffer *b = &q->st.buf[i];
+      hq_buffer *b = BUF(&q->st, i);
       if ((b->flags & HQ_BUF_SHARED) && d == 1 && (dirs & HQ_ROWWISE)) {
-        b->ptr = qt->d[0].st.buf[b->shared_with].ptr;
+        b->ptr = BUF(&qt->d[0].st, b->shared_with)->ptr;
         continue;
       }
       b->ptr = hqi_ctx_alloc_raw(ctx, b->bytes ? b->bytes : 1);
@@ -203,33 +288,63 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
     }
     if (f->plugin->ops.make_empty) {
       hq_call call;
-      hqi_call_init(ctx, &call, NULL, qt->offset);
+      hqi_call_init(ctx, &call, 0, qt->offset);
+      hq_clear_error();
       rc = f->plugin->ops.make_empty(f->cfg, &call, &q->st);
-      if (rc)
-        return hqi_error_prefix(rc, "role %s, %s format '%s': make_empty", qt->role, dname(dir),
-                                f->name);
+      if (rc) return call_prefix(rc, qt, f, dir, "make_empty");
     }
   }
   return HQ_OK;
 }
 
+/* Reserve the plugin scratch every quantize/update of qt will need (owner's memory). */
+static int reserve_scratch(hq_qtensor *qt) {
+  size_t need = 0;
+  hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
+  const int64_t M = qt->rows, K = qt->cols;
+  const int dev = qt->ctx->device;
+#define SCRATCH(f, dirs)                                                                      \
+  ((f)->plugin->ops.scratch_size ? (f)->plugin->ops.scratch_size((f)->cfg, M, K, dirs, dev) : 0)
+  if (fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
+    size_t s = SCRATCH(fr, HQ_BOTH);
+    need = s > need ? s : need;
+  }
+  for (int d = 0; d < 2; d++) {
+    size_t s = SCRATCH(qt->fmt[d], d ? HQ_COLWISE : HQ_ROWWISE);
+    need = s > need ? s : need;
+  }
+#undef SCRATCH
+  if (need <= qt->scratch_bytes) return HQ_OK;
+  void *p = hqi_ctx_alloc_raw(qt->ctx, need);
+  if (!p)
+    return hqi_error(HQ_ENOMEM, "role %s: %zu bytes of plugin scratch on device %d failed",
+                     qt->role, need, dev);
+  if (qt->scratch) hqi_ctx_free_raw(qt->ctx, qt->scratch);
+  qt->scratch = p;
+  qt->scratch_bytes = need;
+  return HQ_OK;
+}
+
 /* Give the columnwise storage private copies of the buffers it shares with the rowwise one. */
-static int unshare(hq_qtensor *qt) {
+static int unshare(hq_qtensor *qt, hq_ctx *ctx) {
   qdir *c = &qt->d[1];
   if (!c->present) return HQ_OK;
   for (uint32_t i = 0; i < c->st.nbuf; i++) {
-    hq_buffer *b = &c->st.buf[i];
+    hq_buffer *b = BUF(&c->st, i);
     if (c->owned[i] || !b->ptr) continue;
     void *p = hqi_ctx_alloc_raw(qt->ctx, b->bytes ? b->bytes : 1);
     if (!p) return hqi_error(HQ_ENOMEM, "role %s: copying shared buffer '%s' failed", qt->role,
                              b->name);
-    int rc = hq_ctx_memcpy(qt->ctx, p, qt->ctx->device, b->ptr, qt->ctx->device, b->bytes);
+    int rc = hq_ctx_memcpy(ctx, p, ctx->device, b->ptr, ctx->device, b->bytes);
     if (rc) {
       hqi_ctx_free_raw(qt->ctx, p);
       return rc;
     }
     b->ptr = p;
     c->owned[i] = 1;
+    /* a private copy is the columnwise storage's own buffer: it takes the columnwise name */
+    snprintf(c->own_name[i], sizeof c->own_name[i], "columnwise_%s", b->name);
+    b->name = c->own_name[i];
   }
   return HQ_OK;
 }
@@ -239,18 +354,24 @@ static void reshare(hq_qtensor *qt) {
   qdir *c = &qt->d[1], *r = &qt->d[0];
   if (!c->present || !r->present) return;
   for (uint32_t i = 0; i < c->st.nbuf; i++) {
-    hq_buffer *b = &c->st.buf[i];
+    hq_buffer *b = BUF(&c->st, i);
     if (!(b->flags & HQ_BUF_SHARED) || !c->owned[i]) continue;
     hqi_ctx_free_raw(qt->ctx, b->ptr);
-    b->ptr = r->st.buf[b->shared_with].ptr;
+    b->ptr = BUF(&r->st, b->shared_with)->ptr;
+    b->name = BUF(&r->st, b->shared_with)->name;
     c->owned[i] = 0;
   }
 }
 
-static int call_quantize(hq_qtensor *qt, hqi_format *f, const hq_tensor *src, uint32_t dirs,
-                         hq_storage *row, hq_storage *col, int update) {
+/* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's). */
+static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                         const float *amax) {
   hq_call call;
-  hqi_call_init(qt->ctx, &call, NULL, qt->offset);
+  hqi_call_init(ctx, &call, update ? HQ_CALL_UPDATE : 0, qt->offset);
+  call.scratch = qt->scratch;
+  call.scratch_bytes = qt->scratch_bytes;
+  call.amax = amax;
   const hq_format_ops *ops = &f->plugin->ops;
   if (dirs == HQ_COLWISE && !(f->caps & HQ_CAP_COLWISE_ONLY))
     return hqi_error(HQ_ENOTSUP, "role %s, columnwise format '%s' (plugin %s) cannot make a "
@@ -266,27 +387,25 @@ static int call_quantize(hq_qtensor *qt, hqi_format *f, const hq_tensor *src, ui
   return HQ_OK;
 }
 
-static int call_dequantize(const hq_qtensor *qt, uint32_t dir, const hq_storage *st,
+static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, const hq_storage *st,
                            hq_tensor *dst) {
   hqi_format *f = qt->fmt[di(dir)];
   hq_call call;
-  hqi_call_init(qt->ctx, &call, NULL, qt->offset);
+  hqi_call_init(ctx, &call, 0, qt->offset);
   hq_clear_error();
   int rc = f->plugin->ops.dequantize(f->cfg, &call, st, dst);
-  if (rc)
-    return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), dequantize", qt->role,
-                            dname(dir), f->name, f->plugin->ops.name);
+  if (rc) return call_prefix(rc, qt, f, dir, "dequantize");
   return HQ_OK;
 }
 
 /* Columnwise input for the "rowwise_dequantized" source: dequantize a rowwise storage (the
    tensor's own if `row` is given, else a transient quantization) into a temporary of src's
-   dtype. *tmp receives the temporary (free with hqi_ctx_free_raw). */
-static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage *row,
-                          hq_tensor *out, void **tmp) {
-  hq_ctx *ctx = qt->ctx;
-  hq_qtensor t = {0};
+   dtype, allocated from ctx. *tmp receives the temporary (free with hqi_ctx_free_raw(ctx)). */
+static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
+                          const hq_storage *row, const float *amax, hq_tensor *out, void **tmp) {
+  hq_qtensor t;
   int rc = HQ_OK;
+  memset(&t, 0, sizeof t);
   *tmp = NULL;
   if (!row) {
     t.ctx = ctx;
@@ -296,8 +415,10 @@ static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage
     t.cols = qt->cols;
     t.nominal = src->dtype;
     t.offset = qt->offset;
+    t.scratch = qt->scratch;
+    t.scratch_bytes = qt->scratch_bytes;
     rc = make_storages(&t, qt->fmt[0], HQ_ROWWISE);
-    if (!rc) rc = call_quantize(&t, qt->fmt[0], src, HQ_ROWWISE, &t.d[0].st, NULL, 0);
+    if (!rc) rc = call_quantize(&t, ctx, qt->fmt[0], src, HQ_ROWWISE, &t.d[0].st, NULL, 0, amax);
     row = &t.d[0].st;
   }
   size_t bytes = (size_t)qt->rows * (size_t)qt->cols * hq_dtype_size(src->dtype);
@@ -309,9 +430,9 @@ static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage
   if (!rc) {
     *out = *src;
     out->data = *tmp;
-    rc = call_dequantize(qt, HQ_ROWWISE, row, out);
+    rc = call_dequantize(qt, ctx, HQ_ROWWISE, row, out);
   }
-  free_dir(ctx, &t.d[0]);
+  free_dir(ctx, &t.d[0]); /* stream-ordered: the frees follow the work that reads them */
   if (rc && *tmp) {
     hqi_ctx_free_raw(ctx, *tmp);
     *tmp = NULL;
@@ -319,54 +440,55 @@ static int rowwise_source(hq_qtensor *qt, const hq_tensor *src, const hq_storage
   return rc;
 }
 
-/* Quantize (update = 0) or refresh (update = 1) the directions `dirs` of qt from src. For a
-   fresh quantize the storages are made here; for an update they exist. */
-static int run(hq_qtensor *qt, const hq_tensor *src, uint32_t dirs, int update) {
+/* Quantize (update = 0) or refresh (update = 1) the directions `dirs` of qt from src, on ctx.
+   For a fresh quantize the storages are made here; for an update they exist. */
+static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
+               const float *amax) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
   int rc;
-  qt->offset = qt->ctx->offset++;
+  qt->offset = ctx->offset++;
+  if (!update && (rc = reserve_scratch(qt))) return rc;
   if (dirs == HQ_BOTH && fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
     if (!update) rc = make_storages(qt, fr, HQ_BOTH);
     else {
       reshare(qt);
       rc = HQ_OK;
     }
-    return rc ? rc : call_quantize(qt, fr, src, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, update);
+    return rc ? rc
+              : call_quantize(qt, ctx, fr, src, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, update,
+                              amax);
   }
   if (update && dirs != HQ_BOTH) {
-    rc = unshare(qt); /* the direction left alone must not see the other's new scales */
+    rc = unshare(qt, ctx); /* the direction left alone must not see the other's new scales */
     if (rc) return rc;
   }
   if (dirs & HQ_ROWWISE) {
     if (!update && (rc = make_storages(qt, fr, HQ_ROWWISE))) return rc;
-    if ((rc = call_quantize(qt, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update))) return rc;
+    rc = call_quantize(qt, ctx, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update, amax);
+    if (rc) return rc;
   }
   if (dirs & HQ_COLWISE) {
     hq_tensor csrc = *src;
     void *tmp = NULL;
     if (qt->source == HQ_SOURCE_ROWWISE_DEQUANTIZED) {
-      rc = rowwise_source(qt, src, (dirs & HQ_ROWWISE) ? &qt->d[0].st : NULL, &csrc, &tmp);
+      rc = rowwise_source(qt, ctx, src, (dirs & HQ_ROWWISE) ? &qt->d[0].st : NULL, amax, &csrc,
+                          &tmp);
       if (rc) return rc;
     }
     rc = update ? HQ_OK : make_storages(qt, fc, HQ_COLWISE);
-    if (!rc) rc = call_quantize(qt, fc, &csrc, HQ_COLWISE, NULL, &qt->d[1].st, update);
-    if (tmp) {
-      /* the plugin may still be reading tmp on the stream */
-      int s = hq_ctx_sync(qt->ctx);
-      if (!rc) rc = s;
-      hqi_ctx_free_raw(qt->ctx, tmp);
-    }
+    if (!rc) rc = call_quantize(qt, ctx, fc, &csrc, HQ_COLWISE, NULL, &qt->d[1].st, update, amax);
+    if (tmp) hqi_ctx_free_raw(ctx, tmp); /* stream-ordered free: no synchronization */
     if (rc) return rc;
   }
   return HQ_OK;
 }
 
-static int check_src(const hq_ctx *ctx, const hq_tensor *src, const char *what) {
-  int rc = hqi_check_tensor(src, what);
+static int check_src(const hq_ctx *ctx, const hq_tensor *src, const char *what, hq_tensor *out) {
+  int rc = hqi_tensor_in(src, what, out);
   if (rc) return rc;
-  if (src->device != ctx->device)
+  if (out->device != ctx->device)
     return hqi_error(HQ_EINVAL, "%s: tensor is on device %d but the context runs on %d", what,
-                     src->device, ctx->device);
+                     out->device, ctx->device);
   return HQ_OK;
 }
 
@@ -402,24 +524,44 @@ static int prepare(hq_quantizer *q, hq_ctx *ctx, const char *what) {
       rc = check_device(q->fmt[0], ctx, q->role, HQ_ROWWISE);
     if (rc) return rc;
   }
-  return ctx_ready(ctx);
+  return HQ_OK;
 }
 
-int hq_quantize(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, hq_qtensor **out) {
+static int args_in(const hq_quantize_args *args, hq_quantize_args *out) {
+  if (!args) {
+    memset(out, 0, sizeof *out);
+    return HQ_OK;
+  }
+  return hqi_struct_in(out, sizeof *out, args, args->struct_size,
+                       offsetof(hq_quantize_args, amax) + sizeof(void *), "hq_quantize_args");
+}
+
+int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
+                   const hq_quantize_args *argsp, hq_qtensor **out) {
   if (!out) return hqi_error(HQ_EINVAL, "hq_quantize: out is NULL");
   *out = NULL;
+  hq_tensor src;
+  hq_quantize_args args;
   int rc = prepare(q, ctx, "hq_quantize");
-  if (!rc) rc = check_src(ctx, src, "hq_quantize: source");
+  if (!rc) rc = check_src(ctx, srcp, "hq_quantize: source", &src);
+  if (!rc) rc = args_in(argsp, &args);
   if (rc) return rc;
-  hq_qtensor *qt = new_qtensor(q, ctx, src->rows, src->cols, src->dtype);
-  if (!qt) return hqi_error(HQ_ENOMEM, "out of memory");
-  rc = run(qt, src, q->usage, 0);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  hq_qtensor *qt = new_qtensor(q, ctx, src.rows, src.cols, src.dtype);
+  if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
+  else rc = run(qt, ctx, &src, q->usage, 0, args.amax);
+  hqi_device_leave(saved);
   if (rc) {
     hq_qtensor_free(qt);
     return rc;
   }
   *out = qt;
   return HQ_OK;
+}
+
+int hq_quantize(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, hq_qtensor **out) {
+  return hq_quantize_ex(q, ctx, src, NULL, out);
 }
 
 int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_dtype nominal,
@@ -434,13 +576,19 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
   if (nominal != HQ_F32 && nominal != HQ_F16 && nominal != HQ_BF16)
     return hqi_error(HQ_EINVAL, "hq_make_empty: nominal dtype %s is not f32, f16 or bf16",
                      hq_dtype_name(nominal));
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   hq_qtensor *qt = new_qtensor(q, ctx, rows, cols, nominal);
-  if (!qt) return hqi_error(HQ_ENOMEM, "out of memory");
-  if (q->fmt[0] == q->fmt[1] && q->usage == HQ_BOTH) rc = make_storages(qt, q->fmt[0], HQ_BOTH);
-  else {
+  if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
+  else rc = reserve_scratch(qt);
+  if (!rc && q->fmt[0] == q->fmt[1] && q->usage == HQ_BOTH &&
+      q->source == HQ_SOURCE_ORIGINAL)
+    rc = make_storages(qt, q->fmt[0], HQ_BOTH);
+  else if (!rc) {
     if (q->usage & HQ_ROWWISE) rc = make_storages(qt, q->fmt[0], HQ_ROWWISE);
     if (!rc && (q->usage & HQ_COLWISE)) rc = make_storages(qt, q->fmt[1], HQ_COLWISE);
   }
+  hqi_device_leave(saved);
   if (rc) {
     hq_qtensor_free(qt);
     return rc;
@@ -449,24 +597,42 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
   return HQ_OK;
 }
 
-int hq_qtensor_update(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src) {
+/* A call on qt through ctx: the devices must agree. */
+static int same_device(const hq_qtensor *qt, const hq_ctx *ctx, const char *what) {
+  if (ctx->device != qt->ctx->device)
+    return hqi_error(HQ_EINVAL, "%s: role %s: the context runs on device %d, the tensor lives on "
+                     "%d", what, qt->role, ctx->device, qt->ctx->device);
+  return HQ_OK;
+}
+
+int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
+                         const hq_quantize_args *argsp) {
   if (!qt || !ctx) return hqi_error(HQ_EINVAL, "hq_qtensor_update: NULL argument");
-  if (ctx != qt->ctx && ctx->device != qt->ctx->device)
-    return hqi_error(HQ_EINVAL, "hq_qtensor_update: context device %d differs from the "
-                     "tensor's %d", ctx->device, qt->ctx->device);
+  int rc = same_device(qt, ctx, "hq_qtensor_update");
+  if (rc) return rc;
   if (qt->saved)
     return hqi_error(HQ_ESTATE, "hq_qtensor_update: role %s is saved (restore it first)",
                      qt->role);
-  int rc = check_src(qt->ctx, src, "hq_qtensor_update: source");
+  hq_tensor src;
+  hq_quantize_args args;
+  rc = check_src(ctx, srcp, "hq_qtensor_update: source", &src);
+  if (!rc) rc = args_in(argsp, &args);
   if (rc) return rc;
-  if (src->rows != qt->rows || src->cols != qt->cols)
+  if (src.rows != qt->rows || src.cols != qt->cols)
     return hqi_error(HQ_ESHAPE, "hq_qtensor_update: role %s: source [%lld, %lld] does not match "
-                     "the quantized tensor's [%lld, %lld]", qt->role, (long long)src->rows,
-                     (long long)src->cols, (long long)qt->rows, (long long)qt->cols);
+                     "the quantized tensor's [%lld, %lld]", qt->role, (long long)src.rows,
+                     (long long)src.cols, (long long)qt->rows, (long long)qt->cols);
   uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
   if (!dirs) return HQ_OK;
-  if ((rc = ctx_ready(qt->ctx))) return rc;
-  return run(qt, src, dirs, 1);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  rc = run(qt, ctx, &src, dirs, 1, args.amax);
+  hqi_device_leave(saved);
+  return rc;
+}
+
+int hq_qtensor_update(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src) {
+  return hq_qtensor_update_ex(qt, ctx, src, NULL);
 }
 
 int hq_qtensor_set_usage(hq_qtensor *qt, uint32_t dirs) {
@@ -481,35 +647,114 @@ uint32_t hq_qtensor_usage(const hq_qtensor *qt) { return qt ? qt->usage : 0; }
 int hq_qtensor_drop(hq_qtensor *qt, uint32_t dirs) {
   if (!qt) return hqi_error(HQ_EINVAL, "hq_qtensor_drop: qt is NULL");
   if (qt->saved) return hqi_error(HQ_ESTATE, "hq_qtensor_drop: role %s is saved", qt->role);
-  if ((dirs & HQ_ROWWISE) && qt->d[0].present && !(dirs & HQ_COLWISE)) {
-    int rc = unshare(qt);
-    if (rc) return rc;
-  }
-  if (dirs & HQ_COLWISE) free_dir(qt->ctx, &qt->d[1]);
-  if (dirs & HQ_ROWWISE) free_dir(qt->ctx, &qt->d[0]);
-  return HQ_OK;
+  int saved, rc = hqi_device_enter(qt->ctx->device, &saved);
+  if (rc) return rc;
+  if ((dirs & HQ_ROWWISE) && qt->d[0].present && !(dirs & HQ_COLWISE)) rc = unshare(qt, qt->ctx);
+  if (!rc && (dirs & HQ_COLWISE)) free_dir(qt->ctx, &qt->d[1]);
+  if (!rc && (dirs & HQ_ROWWISE)) free_dir(qt->ctx, &qt->d[0]);
+  hqi_device_leave(saved);
+  return rc;
 }
 
-int hq_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, hq_tensor *dst) {
+int hq_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, hq_tensor *dstp) {
   if (!qt || !ctx) return hqi_error(HQ_EINVAL, "hq_dequantize: NULL argument");
   if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
     return hqi_error(HQ_EINVAL, "hq_dequantize: dir must be HQ_ROWWISE or HQ_COLWISE");
-  if (ctx->device != qt->ctx->device)
-    return hqi_error(HQ_EINVAL, "hq_dequantize: context device %d differs from the tensor's %d",
-                     ctx->device, qt->ctx->device);
+  int rc = same_device(qt, ctx, "hq_dequantize");
+  if (rc) return rc;
   if (qt->saved) return hqi_error(HQ_ESTATE, "hq_dequantize: role %s is saved", qt->role);
   if (!qt->d[di(dir)].present)
     return hqi_error(HQ_ENOENT, "hq_dequantize: role %s has no %s representation (not in its "
                      "usage, or dropped)", qt->role, dname(dir));
-  int rc = check_src(ctx, dst, "hq_dequantize: destination");
+  hq_tensor dst;
+  rc = check_src(ctx, dstp, "hq_dequantize: destination", &dst);
   if (rc) return rc;
-  if (dst->rows != qt->rows || dst->cols != qt->cols)
+  if (dst.rows != qt->rows || dst.cols != qt->cols)
     return hqi_error(HQ_ESHAPE, "hq_dequantize: destination [%lld, %lld] does not match [%lld, "
-                     "%lld]", (long long)dst->rows, (long long)dst->cols, (long long)qt->rows,
+                     "%lld]", (long long)dst.rows, (long long)dst.cols, (long long)qt->rows,
                      (long long)qt->cols);
-  if ((rc = ctx_ready(ctx))) return rc;
-  return call_dequantize(qt, dir, &qt->d[di(dir)].st, dst);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  rc = call_dequantize(qt, ctx, dir, &qt->d[di(dir)].st, &dst);
+  hqi_device_leave(saved);
+  return rc;
 }
+
+// --- per-tensor amax --------------------------------------------------------------------------
+
+static uint32_t fmt_amax_kind(const hqi_format *f, uint32_t dir) {
+  const hq_format_ops *ops = &f->plugin->ops;
+  return ops->amax_kind ? ops->amax_kind(f->cfg, dir) : HQ_AMAX_NONE;
+}
+
+uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir) {
+  if (!q || (dir != HQ_ROWWISE && dir != HQ_COLWISE)) return HQ_AMAX_NONE;
+  uint32_t k = fmt_amax_kind(q->fmt[di(dir)], dir);
+  /* the columnwise copy of a rowwise_dequantized quantizer sees the dequantized values */
+  if (dir == HQ_COLWISE && k == HQ_AMAX_INPUT && q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+    k = HQ_AMAX_OWN;
+  return k;
+}
+
+/* One plugin amax call into a private 2-float buffer; out[slot] <- its result for `dir`. */
+static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                    uint32_t dirs, float *tmp, float *out) {
+  hq_call call;
+  hqi_call_init(ctx, &call, 0, qt->offset);
+  call.scratch = qt->scratch;
+  call.scratch_bytes = qt->scratch_bytes;
+  hq_clear_error();
+  int rc = f->plugin->ops.amax(f->cfg, &call, src, dirs, tmp);
+  if (rc) return call_prefix(rc, qt, f, dirs, "amax");
+  for (int d = 0; d < 2; d++)
+    if (dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) {
+      rc = hq_ctx_memcpy(ctx, out + d, ctx->device, tmp + d, ctx->device, sizeof(float));
+      if (rc) return rc;
+    }
+  return HQ_OK;
+}
+
+int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float *amax) {
+  if (!amax) return hqi_error(HQ_EINVAL, "hq_quantizer_amax: amax is NULL");
+  hq_tensor src;
+  int rc = prepare(q, ctx, "hq_quantizer_amax");
+  if (!rc) rc = check_src(ctx, srcp, "hq_quantizer_amax: source", &src);
+  if (rc) return rc;
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  hq_qtensor *qt = new_qtensor(q, ctx, src.rows, src.cols, src.dtype);
+  float *tmp = NULL;
+  if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
+  if (!rc) rc = reserve_scratch(qt);
+  if (!rc) {
+    tmp = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
+    if (!tmp) rc = hqi_error(HQ_ENOMEM, "hq_quantizer_amax: 8 bytes on device %d", ctx->device);
+  }
+  if (!rc) rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof(float));
+  uint32_t kr = fmt_amax_kind(q->fmt[0], HQ_ROWWISE), kc = fmt_amax_kind(q->fmt[1], HQ_COLWISE);
+  uint32_t need = ((q->usage & HQ_ROWWISE) && kr ? HQ_ROWWISE : 0) |
+                  ((q->usage & HQ_COLWISE) && kc ? HQ_COLWISE : 0);
+  if (qt) qt->offset = ctx->offset; /* an amax draws no random numbers: no advance */
+  if (!rc && need == HQ_BOTH && q->fmt[0] == q->fmt[1] && q->source == HQ_SOURCE_ORIGINAL) {
+    rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_BOTH, tmp, amax);
+  } else if (!rc) {
+    if (need & HQ_ROWWISE) rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_ROWWISE, tmp, amax);
+    if (!rc && (need & HQ_COLWISE)) {
+      hq_tensor csrc = src;
+      void *deq = NULL;
+      if (q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+        rc = rowwise_source(qt, ctx, &src, NULL, NULL, &csrc, &deq);
+      if (!rc) rc = amax_one(qt, ctx, q->fmt[1], &csrc, HQ_COLWISE, tmp, amax);
+      if (deq) hqi_ctx_free_raw(ctx, deq);
+    }
+  }
+  if (tmp) hqi_ctx_free_raw(ctx, tmp);
+  hq_qtensor_free(qt);
+  hqi_device_leave(saved);
+  return rc;
+}
+
+// --- queries ----------------------------------------------------------------------------------
 
 uint32_t hq_qtensor_dirs(const hq_qtensor *qt) {
   if (!qt) return 0;
@@ -532,7 +777,7 @@ size_t hq_qtensor_bytes(const hq_qtensor *qt, uint32_t dir) {
   size_t n = 0;
   if (!q->present) return 0;
   for (uint32_t i = 0; i < q->st.nbuf; i++)
-    if (q->owned[i]) n += q->st.buf[i].bytes;
+    if (q->owned[i]) n += hq_storage_cbuf(&q->st, i)->bytes;
   return n;
 }
 
@@ -542,10 +787,15 @@ const char *hq_qtensor_format(const hq_qtensor *qt, uint32_t dir) {
 
 void hq_qtensor_free(hq_qtensor *qt) {
   if (!qt) return;
+  int saved;
+  int entered = hqi_device_enter(qt->ctx->device, &saved) == HQ_OK;
   if (!qt->saved) {
     free_dir(qt->ctx, &qt->d[1]);
     free_dir(qt->ctx, &qt->d[0]);
   }
+  if (qt->scratch) hqi_ctx_free_raw(qt->ctx, qt->scratch);
+  hq_fsdp_release(qt);
+  if (entered) hqi_device_leave(saved);
   hqi_format_release(qt->fmt[0]);
   hqi_format_release(qt->fmt[1]);
   free(qt->role);
@@ -553,9 +803,9 @@ void hq_qtensor_free(hq_qtensor *qt) {
 }
 
 // --- save / restore ---------------------------------------------------------------------------
-/* The saved list: the buffers the rowwise storage owns, in its format's save order (buf[] order
-   unless the format defines save()), then those the columnwise storage owns. Shared buffers are
-   not listed (they travel with the rowwise storage) and are re-linked on restore. */
+/* The saved list: the buffers the rowwise storage owns, in its buffer order, then those the
+   columnwise storage owns. Shared buffers are not listed (they travel with the rowwise storage)
+   and are re-linked on restore. */
 
 static uint32_t owned_count(const qdir *q) {
   uint32_t n = 0;
@@ -571,101 +821,97 @@ size_t hq_qtensor_saved_count(const hq_qtensor *qt) {
   return n;
 }
 
-/* Hand out one storage's owned buffers into out (room for HQ_MAX_BUFFERS). */
-static int save_dir(hq_qtensor *qt, int d, void **out, uint32_t *n) {
-  qdir *q = &qt->d[d];
-  const hqi_format *f = qt->fmt[d];
-  *n = 0;
-  if (!f->plugin->ops.save) {
-    for (uint32_t i = 0; i < q->st.nbuf; i++) {
-      if (q->owned[i]) out[(*n)++] = q->st.buf[i].ptr;
-      q->st.buf[i].ptr = NULL;
-    }
-    return HQ_OK;
-  }
-  hq_storage tmp = q->st;
-  for (uint32_t i = 0; i < tmp.nbuf; i++)
-    if (!q->owned[i]) tmp.buf[i].ptr = NULL;
-  hq_clear_error();
-  int rc = f->plugin->ops.save(f->cfg, &tmp, out, n);
-  if (rc) return hqi_error_prefix(rc, "role %s, %s format '%s': save", qt->role, dname(d + 1u),
-                                  f->name);
-  /* exactly the owned buffers, each once, and the storage emptied */
-  uint32_t want = owned_count(q);
-  int ok = *n == want;
-  for (uint32_t i = 0; ok && i < q->st.nbuf; i++) {
-    if (!q->owned[i]) continue;
-    int seen = 0;
-    for (uint32_t k = 0; k < *n; k++) seen += out[k] == q->st.buf[i].ptr;
-    ok = seen == 1 && tmp.buf[i].ptr == NULL;
-  }
-  if (!ok)
-    return hqi_error(HQ_EABI, "role %s, format '%s' (plugin %s): save() did not hand out exactly "
-                     "the %u buffers the storage owns", qt->role, f->name, f->plugin->ops.name,
-                     want);
-  for (uint32_t i = 0; i < q->st.nbuf; i++) q->st.buf[i].ptr = NULL;
-  return HQ_OK;
-}
+#define ELEM(base, i, size) ((const char *)(base) + (size_t)(i) * (size))
 
-int hq_qtensor_save(hq_qtensor *qt, void **out, size_t cap, size_t *n) {
+int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t elem_size,
+                    size_t *n) {
   if (!qt || !n || (!out && cap)) return hqi_error(HQ_EINVAL, "hq_qtensor_save: NULL argument");
+  if (cap && elem_size < HQ_SAVED_BUFFER_SIZE_0_2)
+    return hqi_error(HQ_EINVAL, "hq_qtensor_save: elem_size %zu is smaller than the oldest "
+                     "hq_saved_buffer (%zu bytes)", elem_size, (size_t)HQ_SAVED_BUFFER_SIZE_0_2);
   if (qt->saved) return hqi_error(HQ_ESTATE, "hq_qtensor_save: role %s is already saved", qt->role);
   size_t need = hq_qtensor_saved_count(qt);
   *n = need;
   if (cap < need)
-    return hqi_error(HQ_EINVAL, "hq_qtensor_save: role %s needs %zu slots, %zu given", qt->role,
+    return hqi_error(HQ_EINVAL, "hq_qtensor_save: role %s needs %zu entries, %zu given", qt->role,
                      need, cap);
-  void *list[2][HQ_MAX_BUFFERS];
-  uint32_t cnt[2] = {0, 0};
-  hq_storage keep[2];
-  for (int d = 0; d < 2; d++) keep[d] = qt->d[d].st;
+  size_t k = 0;
   for (int d = 0; d < 2; d++) {
-    if (!qt->d[d].present) continue;
-    int rc = save_dir(qt, d, list[d], &cnt[d]);
-    if (rc) {
-      for (int e = 0; e < 2; e++) qt->d[e].st = keep[e]; /* nothing moved */
-      return rc;
+    qdir *q = &qt->d[d];
+    if (!q->present) continue;
+    for (uint32_t i = 0; i < q->st.nbuf; i++) {
+      hq_buffer *b = BUF(&q->st, i);
+      if (!q->owned[i]) continue;
+      hq_saved_buffer e;
+      memset(&e, 0, sizeof e);
+      e.struct_size = (uint32_t)(elem_size < sizeof e ? elem_size : sizeof e);
+      e.dir = q->st.dir;
+      e.name = b->name;
+      e.dtype = b->dtype;
+      e.ndim = b->ndim;
+      memcpy(e.shape, b->shape, sizeof e.shape);
+      e.bytes = b->bytes;
+      e.device = q->st.device;
+      e.ptr = b->ptr;
+      memcpy((char *)out + k++ * elem_size, &e, e.struct_size);
     }
   }
-  size_t k = 0;
   for (int d = 0; d < 2; d++)
-    for (uint32_t i = 0; i < cnt[d]; i++) out[k++] = list[d][i];
+    for (uint32_t i = 0; qt->d[d].present && i < qt->d[d].st.nbuf; i++)
+      BUF(&qt->d[d].st, i)->ptr = NULL;
   qt->saved = 1;
   return HQ_OK;
 }
 
-int hq_qtensor_restore(hq_qtensor *qt, void *const *in, size_t n) {
+int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size_t elem_size) {
   if (!qt || (!in && n)) return hqi_error(HQ_EINVAL, "hq_qtensor_restore: NULL argument");
+  if (n && elem_size < HQ_SAVED_BUFFER_SIZE_0_2)
+    return hqi_error(HQ_EINVAL, "hq_qtensor_restore: elem_size %zu is smaller than the oldest "
+                     "hq_saved_buffer (%zu bytes)", elem_size, (size_t)HQ_SAVED_BUFFER_SIZE_0_2);
   if (!qt->saved) return hqi_error(HQ_ESTATE, "hq_qtensor_restore: role %s is not saved", qt->role);
   size_t need = hq_qtensor_saved_count(qt);
   if (n != need)
     return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s saved %zu buffers, %zu given back",
                      qt->role, need, n);
-  for (size_t i = 0; i < n; i++)
-    if (!in[i]) return hqi_error(HQ_EINVAL, "hq_qtensor_restore: buffer %zu is NULL", i);
+  /* check every entry against the skeleton before anything changes */
   size_t k = 0;
-  for (int d = 0; d < 2; d++) {
-    qdir *q = &qt->d[d];
-    if (!q->present) continue;
-    uint32_t m = owned_count(q);
-    const hqi_format *f = qt->fmt[d];
-    if (f->plugin->ops.restore) {
-      int rc = f->plugin->ops.restore(f->cfg, &q->st, in + k, m);
-      if (rc) return hqi_error_prefix(rc, "role %s, format '%s': restore", qt->role, f->name);
-      for (uint32_t i = 0; i < q->st.nbuf; i++)
-        if (q->owned[i] && !q->st.buf[i].ptr)
-          return hqi_error(HQ_EABI, "role %s, format '%s': restore() left buffer '%s' empty",
-                           qt->role, f->name, q->st.buf[i].name);
-    } else {
-      uint32_t j = 0;
-      for (uint32_t i = 0; i < q->st.nbuf; i++)
-        if (q->owned[i]) q->st.buf[i].ptr = in[k + j++];
+  for (int pass = 0; pass < 2; pass++) {
+    k = 0;
+    for (int d = 0; d < 2; d++) {
+      qdir *q = &qt->d[d];
+      if (!q->present) continue;
+      for (uint32_t i = 0; i < q->st.nbuf; i++) {
+        if (!q->owned[i]) continue;
+        hq_buffer *b = BUF(&q->st, i);
+        hq_saved_buffer e;
+        memset(&e, 0, sizeof e);
+        memcpy(&e, ELEM(in, k, elem_size), elem_size < sizeof e ? elem_size : sizeof e);
+        if (pass == 0) {
+          for (size_t j = 0; j < k && e.ptr; j++) {
+            hq_saved_buffer f;
+            memset(&f, 0, sizeof f);
+            memcpy(&f, ELEM(in, j, elem_size), elem_size < sizeof f ? elem_size : sizeof f);
+            if (f.ptr == e.ptr)
+              return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s: entries %zu and %zu hand "
+                               "back the same memory", qt->role, j, k);
+          }
+          if (!e.ptr || e.dir != q->st.dir || !e.name || strcmp(e.name, b->name) != 0 ||
+              e.bytes != b->bytes || e.device != q->st.device)
+            return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s: entry %zu (%s %s, %zu "
+                             "bytes, device %d%s) is not the saved %s buffer '%s' (%zu bytes, "
+                             "device %d)", qt->role, k, dname(e.dir), e.name ? e.name : "?",
+                             e.bytes, e.device, e.ptr ? "" : ", NULL pointer", dname(q->st.dir),
+                             b->name, b->bytes, q->st.device);
+        } else {
+          b->ptr = e.ptr;
+        }
+        k++;
+      }
     }
-    k += m;
   }
   for (uint32_t i = 0; qt->d[1].present && i < qt->d[1].st.nbuf; i++)
     if (!qt->d[1].owned[i])
-      qt->d[1].st.buf[i].ptr = qt->d[0].st.buf[qt->d[1].st.buf[i].shared_with].ptr;
+      BUF(&qt->d[1].st, i)->ptr = BUF(&qt->d[0].st, BUF(&qt->d[1].st, i)->shared_with)->ptr;
   qt->saved = 0;
   return HQ_OK;
 }

@@ -393,9 +393,16 @@ static fmt_entry *resolve_format_ref(hq_recipe *r, const kv *k) {
   if (e) return e->f ? e : NULL; /* its own error was reported at its section */
   e = implicit_format(r, k->value);
   if (e) return e;
-  if (strcmp(k->value, "identity") == 0) {
-    explain_missing_plugin(r, k->line, "format", "identity");
-    return NULL;
+  /* a module file of that name that was rejected: say why */
+  for (size_t i = 0; i < hq_plugins_rejected_count(r->set); i++) {
+    const char *file = hq_plugins_rejected_file(r->set, i);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    size_t n = strlen(k->value);
+    if (strncmp(base, k->value, n) == 0 && strcmp(base + n, ".so") == 0) {
+      explain_missing_plugin(r, k->line, "format", k->value);
+      return NULL;
+    }
   }
   add_error(r, k->line, "unknown format '%s' for %s (no [format %s] section and no plugin of "
             "that name)", k->value, k->key, k->value);
@@ -542,9 +549,16 @@ static int parse_text(const char *text, const char *path, const char *dir,
     hq_recipe_free(r);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
-  if (opts && opts->struct_size < sizeof *opts) {
-    hq_recipe_free(r);
-    return hqi_error(HQ_EINVAL, "hq_recipe_opts.struct_size %u is too small", opts->struct_size);
+  hq_recipe_opts o;
+  if (opts) {
+    /* an older caller's smaller struct: read only its bytes, the rest stays zero */
+    int rc = hqi_struct_in(&o, sizeof o, opts, opts->struct_size, HQ_RECIPE_OPTS_SIZE_0_1,
+                           "hq_recipe_opts");
+    if (rc) {
+      hq_recipe_free(r);
+      return rc;
+    }
+    opts = &o;
   }
   if (strlen(text) > MAX_RECIPE_BYTES) {
     add_error(r, 0, "file is larger than %d bytes", MAX_RECIPE_BYTES);

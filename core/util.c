@@ -71,6 +71,7 @@ static const struct {
     {HQ_F32, "f32", 4},   {HQ_F16, "f16", 2},   {HQ_BF16, "bf16", 2},
     {HQ_U8, "u8", 1},     {HQ_E4M3, "e4m3", 1}, {HQ_E5M2, "e5m2", 1},
     {HQ_E8M0, "e8m0", 1}, {HQ_E2M1X2, "e2m1x2", 1}, {HQ_I32, "i32", 4},
+    {HQ_I8, "i8", 1},
 };
 
 const char *hq_dtype_name(hq_dtype t) {
@@ -90,6 +91,24 @@ size_t hq_dtype_size(hq_dtype t) {
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
     if (dtypes[i].t == t) return dtypes[i].size;
   return 0;
+}
+
+int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, size_t floor,
+                  const char *what) {
+  memset(dst, 0, dst_size);
+  if (src_size < floor)
+    return hqi_error(HQ_EINVAL, "%s.struct_size = %zu is smaller than the oldest layout (%zu "
+                     "bytes): set it to sizeof(%s)", what, src_size, floor, what);
+  memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
+  ((uint32_t *)dst)[0] = (uint32_t)dst_size; /* struct_size is the first field of each struct */
+  return HQ_OK;
+}
+
+int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out) {
+  if (!t) return hqi_error(HQ_EINVAL, "%s: tensor is NULL", what);
+  int rc = hqi_struct_in(out, sizeof *out, t, t->struct_size, HQ_TENSOR_SIZE_2_0, "hq_tensor");
+  if (rc) return hqi_error_prefix(rc, "%s", what);
+  return hqi_check_tensor(out, what);
 }
 
 int hqi_check_tensor(const hq_tensor *t, const char *what) {

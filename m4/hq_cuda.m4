@@ -5,7 +5,8 @@ AC_ARG_WITH([cuda],
   [AS_HELP_STRING([--with-cuda@<:@=DIR@:>@], [build the CUDA paths (default: when nvcc is found); DIR is the toolkit root])],
   [], [with_cuda=guess])
 AC_ARG_VAR([NVCC], [the CUDA compiler])
-AC_ARG_VAR([NVCC_GENCODE], [nvcc -gencode flags (default: sm_90 and sm_100)])
+AC_ARG_VAR([NVCC_GENCODE], [nvcc -gencode flags (default: sm_90 and sm_100 code, compute_100 PTX)])
+AC_ARG_VAR([NVCCFLAGS], [extra nvcc flags, added after the project's])
 hq_have_cuda=no
 AS_IF([test "x$with_cuda" != xno], [
   hq_cuda_dir=
@@ -32,7 +33,7 @@ AS_IF([test "x$with_cuda" != xno], [
 ])
 AS_IF([test "x$hq_have_cuda" = xyes], [
   AS_IF([test -z "$NVCC_GENCODE"],
-    [NVCC_GENCODE="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100"])
+    [NVCC_GENCODE="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_100,code=compute_100"])
   CUDA_LIBS="-lcublasLt -lcudart -lstdc++"
   AC_DEFINE([HQ_HAVE_CUDA], [1], [Define to 1 when the CUDA paths are built])
 ], [NVCC=; NVCC_GENCODE=])

@@ -62,13 +62,8 @@ static inline float hq_test_normal(uint64_t *s) {
 
 /* A zero-filled host tensor (free x.data). */
 static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
-  hq_tensor x = {0};
-  x.dtype = t;
-  x.device = HQ_DEVICE_HOST;
-  x.rows = rows;
-  x.cols = cols;
-  x.data = calloc((size_t)(rows * cols), hq_dtype_size(t));
-  return x;
+  return hq_tensor_2d(calloc((size_t)(rows * cols), hq_dtype_size(t)), t, HQ_DEVICE_HOST, rows,
+                      cols);
 }
 
 /* A host tensor of dtype t filled with N(0,1) * scale values (stored in t). */
@@ -124,12 +119,16 @@ static inline int hq_test_host_error(int code, const char *fmt, ...) {
   va_end(ap);
   return code;
 }
-static inline void hq_test_host_log(int level, const char *fmt, ...) {
+static inline void hq_test_host_log(const hq_call *call, int level, const char *fmt, ...) {
+  (void)call;
   (void)level;
   (void)fmt;
 }
 static inline void *hq_test_host_alloc(const hq_call *call, size_t bytes) {
-  (void)call;
+  if (call && (call->flags & HQ_CALL_UPDATE)) {
+    hq_test_host_error(HQ_ENOMEM, "host->alloc during an update");
+    return NULL;
+  }
   return malloc(bytes ? bytes : 1);
 }
 static inline void hq_test_host_free(const hq_call *call, void *p) {
@@ -146,6 +145,32 @@ static inline hq_host_api hq_test_host(void) {
                    hq_test_host_log, hq_test_host_alloc, hq_test_host_free, hq_test_host_arch};
   return h;
 }
+/* A host call for direct module calls: host device, the given host table, seed and offset. */
+static inline hq_call hq_test_call(const hq_host_api *host, uint64_t seed, uint64_t offset) {
+  hq_call c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.device = HQ_DEVICE_HOST;
+  c.seed = seed;
+  c.offset = offset;
+  c.host = host;
+  return c;
+}
+/* An empty storage as the core hands it to layout(): sizes and stride set, the rest zero. */
+static inline void hq_test_storage_init(hq_storage *s, uint32_t dir, int64_t rows, int64_t cols,
+                                        hq_dtype nominal) {
+  memset(s, 0, sizeof *s);
+  s->struct_size = sizeof *s;
+  s->buf_size = sizeof(hq_buffer);
+  s->dir = dir;
+  s->rows = rows;
+  s->cols = cols;
+  s->device = HQ_DEVICE_HOST;
+  s->nominal = nominal;
+  s->desc.struct_size = sizeof s->desc;
+  for (int i = 0; i < HQ_MAX_BUFFERS; i++) s->buf[i].struct_size = sizeof(hq_buffer);
+}
+
 /* The entry function of module NAME.so, found on $HQ_PLUGIN_PATH (fails the test if absent). */
 static inline hq_format_entry_fn hq_test_module_entry(const char *name) {
   const char *path = getenv("HQ_PLUGIN_PATH");

@@ -1,6 +1,8 @@
 # tests/local.mk -- CMocka tests (make check). GPU tests exit 77 (skip) without a device.
 if HQ_TESTS
-HQ_TEST_CPPFLAGS = $(AM_CPPFLAGS) $(CMOCKA_CFLAGS)
+HQ_TEST_CPPFLAGS = $(AM_CPPFLAGS) $(CMOCKA_CFLAGS) -I$(top_srcdir)/plugins/common \
+	-I$(top_srcdir)/plugins/mxfp8 -I$(top_srcdir)/plugins/nvfp4 -I$(top_srcdir)/plugins/fp8_block \
+	-I$(top_srcdir)/plugins/fp8_tensor
 HQ_TEST_LDADD = core/libhqcore.la $(CMOCKA_LIBS) -lm
 
 # Fixture modules for the loader tests: built (as shared modules, hence -rpath) only for make check.
@@ -45,14 +47,14 @@ check_LTLIBRARIES += tests/plugins/bad_name.la
 tests_plugins_bad_name_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_bad_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_NAME
 tests_plugins_bad_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
-check_LTLIBRARIES += tests/plugins/save_rev.la
-tests_plugins_save_rev_la_SOURCES = tests/plugins/fixture.c
-tests_plugins_save_rev_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_SAVE_REV
-tests_plugins_save_rev_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
-check_LTLIBRARIES += tests/plugins/save_bad.la
-tests_plugins_save_bad_la_SOURCES = tests/plugins/fixture.c
-tests_plugins_save_bad_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_SAVE_BAD
-tests_plugins_save_bad_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/v1_entry.la
+tests_plugins_v1_entry_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_v1_entry_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_V1_ENTRY
+tests_plugins_v1_entry_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/identity.la
+tests_plugins_identity_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_identity_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_IDENTITY
+tests_plugins_identity_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h
@@ -74,10 +76,27 @@ check_PROGRAMS += tests/test_hybrid
 tests_test_hybrid_SOURCES = tests/test_hybrid.c tests/hq_test.h
 tests_test_hybrid_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_hybrid_LDADD = $(HQ_TEST_LDADD)
+check_PROGRAMS += tests/test_abi
+tests_test_abi_SOURCES = tests/test_abi.c tests/hq_test.h
+tests_test_abi_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_abi_LDADD = $(HQ_TEST_LDADD)
+check_PROGRAMS += tests/test_fsdp
+tests_test_fsdp_SOURCES = tests/test_fsdp.c tests/hq_test.h
+tests_test_fsdp_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_fsdp_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_gpu_fp8_tensor
 tests_test_gpu_fp8_tensor_SOURCES = tests/test_gpu_fp8_tensor.c tests/hq_test.h
 tests_test_gpu_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gpu_fp8_tensor_LDADD = $(HQ_TEST_LDADD)
+
+if HAVE_CUDA
+# the core's CUDA contract (streams, graph capture, devices); calls the CUDA runtime itself
+check_PROGRAMS += tests/test_gpu_core
+tests_test_gpu_core_SOURCES = tests/test_gpu_core.c tests/hq_test.h
+tests_test_gpu_core_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_core_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_core_LDFLAGS = $(CUDA_LDFLAGS)
+endif
 
 TESTS += $(check_PROGRAMS) tests/test_cli.sh
 endif

@@ -1,7 +1,8 @@
 /*
 ** mxfp8_ref.h -- an independent MXFP8 reference for the tests: written from FORMATS.md 2
-** in plain double arithmetic and brute-force searches, sharing no code with hq/numerics.h's MXFP8
-** section or the plugin.
+** in plain double arithmetic and brute-force searches, sharing no code with the plugin's rules
+** (plugins/mxfp8/mxfp8_rules.h), hq/numerics.h or the plugin. Element kinds are numbered as in
+** fp8_ref.h (0 = E4M3, 1 = E5M2), not as hq_dtype values.
 **   - FP8 decode and encode: fp8_ref.h.
 **   - E8M0 scale: t = amax * RN(1/max_norm) rounded once to FP32 (a double product of two floats
 **     is exact), then the smallest 2^(e-127), e = 0..254, with 2^(e-127) >= t, found by doubling

@@ -19,16 +19,35 @@ $hq help quantize | grep -q "usage: hq quantize" || fail "hq help quantize"; ok
 $hq frobnicate 2>"$tmp/e"; [ $? -eq 2 ] || fail "unknown command exit status"
 grep -q "'frobnicate' is not a command" "$tmp/e" || fail "unknown command message"; ok
 $hq info --bogus 2>/dev/null; [ $? -eq 2 ] || fail "unknown option exit status"; ok
-$hq --version | grep -q "plugin ABI 1.0" || fail "--version"; ok
+$hq --version | grep -q "plugin ABI 2.0" || fail "--version"; ok
 
-# info lists identity and fp8_tensor with their options
+# info lists the built-in identity and the stock formats with their options
 $hq info --json > "$tmp/info.json" || fail "info --json"
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":1,"minor":0}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":0}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
+# identity is built into libhqcore: listed first, with that in place of a file, in both forms
+grep -q '"plugins":\[{"name":"identity",' "$tmp/info.json" || fail "info --json: identity is not the first format"; ok
+grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(built into libhqcore)"' "$tmp/info.json" || fail "info --json: identity's file"; ok
+[ "$(grep -o '"name":"identity"' "$tmp/info.json" | wc -l)" -eq 1 ] || fail "info --json lists identity more than once"; ok
+$hq info > "$tmp/info.txt" || fail "info"
+grep -A2 '^  identity ' "$tmp/info.txt" | grep -q '^    (built into libhqcore)$' || { cat "$tmp/info.txt"; fail "info text: identity's file"; }; ok
+grep -q 'plugins/identity' "$tmp/info.json" && fail "info --json mentions a plugins/identity directory"; ok
+grep -q '"rejected":\[\]' "$tmp/info.json" || fail "info --json: a stock module was rejected"; ok
+# fp8_tensor's delayed-scaling options are gone (ABI 2.0)
+for o in scaling amax_history_len margin amax_compute_algo reduce_amax; do
+  grep -q "\"name\":\"$o\"" "$tmp/info.json" && fail "info --json still lists option $o"; ok
+done
+# a module named identity, or one built for ABI 1, is reported as rejected with its reason
+if [ -n "${HQ_TEST_FIXTURES:-}" ] && [ -f "$HQ_TEST_FIXTURES/identity.so" ]; then
+  $hq info --plugin-dir "$HQ_TEST_FIXTURES" > "$tmp/info.txt" || fail "info --plugin-dir"
+  grep -q "identity.so: format name 'identity' is built into libhqcore" "$tmp/info.txt" || { cat "$tmp/info.txt"; fail "info: identity.so not rejected"; }; ok
+  grep -q "v1_entry.so: built for plugin ABI 1 (it exports hq_format_module_v1)" "$tmp/info.txt" || fail "info: v1 module reason"; ok
+  grep -A2 '^  identity ' "$tmp/info.txt" | grep -q '^    (built into libhqcore)$' || fail "info: the module replaced the built-in identity"; ok
+fi
 
 # recipe check: the shipped recipes are valid
 for f in "$conf"/recipe.ini "$conf"/examples/*.ini; do

@@ -1,17 +1,22 @@
 /*
 ** test_fp8_block.c -- the fp8_block format (FORMATS.md 4) through the public API (a recipe, a
-** quantizer, hq_quantize / hq_dequantize) and the FP8-block helpers of hq/numerics.h, each
+** quantizer, hq_quantize / hq_dequantize) and the FP8-block helpers of fp8_block_rules.h, each
 ** against an expectation written here: hand-computed blocks (outliers, zeros, NaN/Inf, exact
 ** powers, tiny amax and the input dtype's value_for_inf, the epsilon floor, E5M2), scale-buffer
 ** layouts from index formulas written out in this file, and a brute-force reference (per-element
 ** block membership, TE's scale rule restated with frexp, a nearest-code FP8 encoder) over odd
 ** shapes, every option combination and every input dtype.
+** ABI 2.0: the operand descriptor and every buffer's name, role, dtype, shape and FSDP gather
+** rule against the table written here; a storage dequantized through a differently configured
+** instance (direct module calls) equals its own instance's dequantize bit for bit; an update
+** equals a fresh quantize byte for byte; scratch declared by scratch_size() and no host->alloc.
 */
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
 
 #include "hq_test.h"
+#include "fp8_block_rules.h" /* the index and scale functions under test (test_index_functions) */
 #include "fp8_ref.h"
 
 #define BLK 128
@@ -106,10 +111,10 @@ static void run_free(run *u) {
 }
 
 static const uint8_t *data_of(const run *u, uint32_t dir) {
-  return hq_qtensor_storage(u->qt, dir)->buf[0].ptr;
+  return hq_storage_cbuf(hq_qtensor_storage(u->qt, dir), 0)->ptr;
 }
 static const float *scales_of(const run *u, uint32_t dir) {
-  return hq_qtensor_storage(u->qt, dir)->buf[1].ptr;
+  return hq_storage_cbuf(hq_qtensor_storage(u->qt, dir), 1)->ptr;
 }
 
 static uint32_t fbits(float x) {
@@ -184,44 +189,121 @@ static void test_option_errors(void **state) {
   }
 }
 
-/* The described buffers (names, dtypes, shapes, flags) of both directions, all block shapes. */
-static void test_layout_description(void **state) {
-  (void)state;
-  const int64_t shapes[][2] = {{130, 202}, {1, 1}, {256, 512}, {127, 129}};
-  for (size_t s = 0; s < 4; s++)
-    for (int two_d = 0; two_d < 2; two_d++)
-      for (int kind = 0; kind < 2; kind++) {
-        const int64_t M = shapes[s][0], K = shapes[s][1];
-        hq_tensor x = hq_test_tensor(HQ_F32, M, K, 1, 1.0f);
-        run u = quantize_with((opts){two_d, kind, 1, 0}, &x, HQ_BOTH);
-        for (int col = 0; col < 2; col++) {
-          const hq_storage *st = hq_qtensor_storage(u.qt, col ? HQ_COLWISE : HQ_ROWWISE);
-          assert_non_null(st);
-          assert_int_equal(st->nbuf, 2);
-          const hq_buffer *d = &st->buf[0], *sc = &st->buf[1];
-          assert_string_equal(d->name, col ? "columnwise_data" : "data");
-          assert_int_equal(d->dtype, kind ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(d->ndim, 2);
-          assert_int_equal(d->shape[0], col ? K : M);
-          assert_int_equal(d->shape[1], col ? M : K);
-          assert_int_equal(d->flags, col ? 0u : HQ_BUF_SHARDED);
-          assert_string_equal(sc->name, col ? "columnwise_scale_inv" : "scale_inv");
-          assert_int_equal(sc->dtype, HQ_F32);
-          assert_int_equal(sc->ndim, 2);
-          int64_t rows, cols, used;
-          ref_scale_dims(M, K, col, two_d, &rows, &cols, &used);
-          assert_int_equal(sc->shape[0], rows);
-          assert_int_equal(sc->shape[1], cols);
-          /* dim 0 runs along M: 2-D rowwise (M blocks) and 1-D columnwise (M blocks) */
-          assert_int_equal(sc->flags, (two_d && !col) || (!two_d && col) ? HQ_BUF_SHARDED : 0u);
-          assert_int_equal(sc->bytes, (size_t)(rows * cols * 4));
-        }
-        run_free(&u);
-        free(x.data);
-      }
+/* The ABI 2.0 description of both directions, every block shape, dtype and usage, against the
+   table of the conversion brief written out here: the operand descriptor (through
+   hq_qtensor_storage()->desc) and each buffer's name, role, dtype, shape, flags, FSDP gather rule
+   and rows-per-entry (through hq_storage_cbuf()). Mb = ceil(M/128), Kb = ceil(K/128). */
+static const struct want_desc {
+  int two_d, col;
+  uint32_t order, mode, layout;
+  int32_t block_m, block_k;
+  int64_t shard_rows;
+  uint32_t data_gather;
+  uint32_t scale_gather;
+  int32_t scale_m_div;
+} want_descs[4] = {
+    /* 1d rowwise: scale [Kb, r4(M)], M along dim 1, one entry per row */
+    {0, 0, HQ_ORDER_MK, HQ_SCALE_VEC128_F32, HQ_SCALE_LAYOUT_BLOCK_MAJOR, 1, 128, 1,
+     HQ_GATHER_ROWS, HQ_GATHER_COLS, 1},
+    /* 1d columnwise: data [K, M], scale [Mb, r4(K)], M blocks along dim 0 */
+    {0, 1, HQ_ORDER_KM, HQ_SCALE_VEC128_F32, HQ_SCALE_LAYOUT_BLOCK_MAJOR, 128, 1, 128,
+     HQ_GATHER_COLS, HQ_GATHER_ROWS, 128},
+    /* 2d rowwise: scale [Mb, r4(Kb)] */
+    {1, 0, HQ_ORDER_MK, HQ_SCALE_BLK128X128_F32, HQ_SCALE_LAYOUT_OUTER_MAJOR, 128, 128, 128,
+     HQ_GATHER_ROWS, HQ_GATHER_ROWS, 128},
+    /* 2d columnwise: data [K, M], scale [Kb, r4(Mb)] */
+    {1, 1, HQ_ORDER_KM, HQ_SCALE_BLK128X128_F32, HQ_SCALE_LAYOUT_OUTER_MAJOR, 128, 128, 128,
+     HQ_GATHER_COLS, HQ_GATHER_COLS, 128},
+};
+
+static void check_description(const hq_storage *st, int64_t M, int64_t K, int two_d, int col,
+                              int kind) {
+  const struct want_desc *w = &want_descs[two_d * 2 + col];
+  assert_int_equal(w->two_d, two_d);
+  assert_int_equal(w->col, col);
+  assert_non_null(st);
+  assert_int_equal(st->dir, col ? HQ_COLWISE : HQ_ROWWISE);
+  assert_int_equal(st->rows, M);
+  assert_int_equal(st->cols, K);
+  const hq_operand_desc *d = &st->desc;
+  assert_true(d->struct_size >= sizeof *d);
+  assert_int_equal(d->elem, kind ? HQ_E5M2 : HQ_E4M3);
+  assert_int_equal(d->order, w->order);
+  assert_int_equal(d->scale_mode, w->mode);
+  assert_int_equal(d->scale_layout, w->layout);
+  assert_int_equal(d->block_m, w->block_m);
+  assert_int_equal(d->block_k, w->block_k);
+  assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
+  assert_int_equal(d->transform_param, 0);
+  assert_int_equal(d->shard_rows, w->shard_rows);
+  for (int i = 0; i < 8; i++) assert_int_equal(d->reserved[i], 0);
+  /* meta is not the home of any layout fact: it stays zero */
+  for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(st->meta[i], 0);
+  assert_int_equal(st->nbuf, 2);
+  const hq_buffer *b = hq_storage_cbuf(st, 0), *sc = hq_storage_cbuf(st, 1);
+  assert_string_equal(b->name, col ? "columnwise_data" : "data");
+  assert_int_equal(b->role, HQ_ROLE_DATA);
+  assert_int_equal(b->dtype, kind ? HQ_E5M2 : HQ_E4M3);
+  assert_int_equal(b->ndim, 2);
+  assert_int_equal(b->shape[0], col ? K : M);
+  assert_int_equal(b->shape[1], col ? M : K);
+  assert_int_equal(b->flags, 0u);
+  assert_int_equal(b->gather, w->data_gather);
+  assert_int_equal(b->m_div, 1);
+  assert_int_equal(b->bytes, (size_t)(M * K));
+  assert_non_null(b->ptr);
+  assert_string_equal(sc->name, col ? "columnwise_scale_inv" : "scale_inv");
+  assert_int_equal(sc->role, HQ_ROLE_SCALE);
+  assert_int_equal(sc->dtype, HQ_F32);
+  assert_int_equal(sc->ndim, 2);
+  const int64_t Mb = nb(M), Kb = nb(K);
+  const int64_t want0 = two_d ? (col ? Kb : Mb) : (col ? Mb : Kb);
+  const int64_t want1 = two_d ? (col ? r4(Mb) : r4(Kb)) : (col ? r4(K) : r4(M));
+  assert_int_equal(sc->shape[0], want0);
+  assert_int_equal(sc->shape[1], want1);
+  int64_t rows, cols, used; /* the same shape from the layout formulas of this file */
+  ref_scale_dims(M, K, col, two_d, &rows, &cols, &used);
+  assert_int_equal(rows, want0);
+  assert_int_equal(cols, want1);
+  assert_int_equal(sc->flags, 0u);
+  assert_int_equal(sc->gather, w->scale_gather);
+  assert_int_equal(sc->m_div, w->scale_m_div);
+  assert_int_equal(sc->bytes, (size_t)(want0 * want1 * 4));
+  assert_non_null(sc->ptr);
 }
 
-/* The numerics.h index and shape functions against the formulas written out here. */
+static void test_layout_description(void **state) {
+  (void)state;
+  const int64_t shapes[][2] = {{130, 202}, {1, 1}, {256, 512}, {127, 129}, {3, 517}};
+  const uint32_t usages[] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int two_d = 0; two_d < 2; two_d++)
+      for (int kind = 0; kind < 2; kind++)
+        for (size_t us = 0; us < 3; us++) {
+          const int64_t M = shapes[s][0], K = shapes[s][1];
+          const int pow2 = (int)((s + us) & 1);
+          hq_tensor x = hq_test_tensor(HQ_F32, M, K, 1, 1.0f);
+          run u = quantize_with((opts){two_d, kind, pow2, pow2 ? 0.0f : 1e-6f}, &x, usages[us]);
+          assert_int_equal(hq_qtensor_dirs(u.qt), usages[us]);
+          int64_t shard = 1;
+          for (int col = 0; col < 2; col++) {
+            const uint32_t dir = col ? HQ_COLWISE : HQ_ROWWISE;
+            if (!(usages[us] & dir)) {
+              assert_null(hq_qtensor_storage(u.qt, dir));
+              continue;
+            }
+            check_description(hq_qtensor_storage(u.qt, dir), M, K, two_d, col, kind);
+            if (want_descs[two_d * 2 + col].shard_rows > shard) shard = 128;
+          }
+          /* the tensor's shard multiple: 1 only for 1-D rowwise alone, else whole blocks */
+          assert_int_equal(hq_qtensor_shard_rows(u.qt), shard);
+          assert_int_equal(shard, (!two_d && usages[us] == HQ_ROWWISE) ? 1 : 128);
+          run_free(&u);
+          free(x.data);
+        }
+}
+
+/* The fp8_block_rules.h index and shape functions against the formulas written out here. */
 static void test_index_functions(void **state) {
   (void)state;
   const int64_t dims[] = {1, 2, 3, 4, 5, 127, 128, 129, 255, 256, 257, 385, 1000};
@@ -382,12 +464,12 @@ static void test_tiny_amax_value_for_inf(void **state) {
   assert_int_equal(ref_fp8_encode(0x1.FEp-6, 0), 0x10);
   /* the rule itself for each input dtype, where no input can reach it (f16) too */
   const float tiny = 1e-38f;
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 0, 0.0f, HQ_F16), 65504.0f);
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 1, 0.0f, HQ_F16), 32768.0f);
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E5M2, 0, 0.0f, HQ_BF16), 0x1.FEp127f);
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 1, 0.0f, HQ_BF16), 0x1p127f);
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 0, 0.0f, HQ_F32), FLT_MAX);
-  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_FP8_E4M3, 1, 0.0f, HQ_F32), 0x1p127f);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E4M3, 0, 0.0f, HQ_F16), 65504.0f);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E4M3, 1, 0.0f, HQ_F16), 32768.0f);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E5M2, 0, 0.0f, HQ_BF16), 0x1.FEp127f);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E4M3, 1, 0.0f, HQ_BF16), 0x1p127f);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E4M3, 0, 0.0f, HQ_F32), FLT_MAX);
+  ASSERT_F32_SAME(hq_fp8b_scale(tiny, HQ_E4M3, 1, 0.0f, HQ_F32), 0x1p127f);
 }
 
 static void test_epsilon_floor(void **state) {
@@ -646,7 +728,8 @@ static void test_padding_rezeroed_on_update(void **state) {
   for (int two_d = 0; two_d < 2; two_d++) {
     run u = quantize_with((opts){two_d, 0, 1, 0}, &x, HQ_BOTH);
     for (int col = 0; col < 2; col++) {
-      const hq_buffer *b = &hq_qtensor_storage(u.qt, col ? HQ_COLWISE : HQ_ROWWISE)->buf[1];
+      const hq_buffer *b = hq_storage_cbuf(hq_qtensor_storage(u.qt, col ? HQ_COLWISE : HQ_ROWWISE),
+                                           1);
       memset(b->ptr, 0xff, b->bytes);
     }
     HQ_OK_OR_FAIL(hq_qtensor_update(u.qt, u.ctx, &x));
@@ -693,50 +776,136 @@ static void test_dequantize_error_bound(void **state) {
 
 // --- the module's ABI directly: caps, option table, defensive error paths -----------------------
 
+/* Allocation counter of the direct calls' host table: quantize and update take their scratch
+   from call->scratch and never call host->alloc. */
+static int g_allocs;
+static void *count_alloc(const hq_call *call, size_t bytes) {
+  g_allocs++;
+  return hq_test_host_alloc(call, bytes);
+}
+
+static hq_host_api direct_host(void) {
+  hq_host_api h = hq_test_host();
+  h.alloc = count_alloc;
+  return h;
+}
+
+static const hq_format_ops *fb_ops(const hq_host_api *host) {
+  const hq_format_ops *ops = hq_test_module_entry("fp8_block")(host);
+  assert_non_null(ops);
+  return ops;
+}
+
+/* An instance configured with o (values placed by option name). */
+static void *fb_configure(const hq_format_ops *ops, const hq_host_api *host, opts o) {
+  hq_optval v[8];
+  memset(v, 0, sizeof v);
+  int n = 0;
+  for (const hq_option *p = ops->options; p->name; p++, n++) {
+    assert_true(n < 8);
+    if (!strcmp(p->name, "block")) v[n].i = o.two_d;
+    else if (!strcmp(p->name, "dtype")) v[n].i = o.kind;
+    else if (!strcmp(p->name, "power_2_scales")) v[n].i = o.pow2;
+    else if (!strcmp(p->name, "amax_epsilon")) v[n].f = o.eps;
+    else fail_msg("unexpected option '%s'", p->name);
+  }
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  assert_int_equal(ops->configure(cfg, v, host), HQ_OK);
+  return cfg;
+}
+
+/* What the core does before a quantize: layout() into an initialised storage, then every buffer
+   allocated (filled with 0xA5, so that anything quantize leaves unwritten shows). */
+static void fb_storage(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                       uint32_t dir, uint32_t dirs, int64_t M, int64_t K, hq_dtype nominal,
+                       hq_storage *st) {
+  hq_test_storage_init(st, dir, M, K, nominal);
+  if (ops->layout(cfg, host, M, K, dir, dirs, st) != HQ_OK)
+    fail_msg("layout: %s", hq_test_module_error());
+  for (uint32_t i = 0; i < st->nbuf; i++) {
+    hq_buffer *b = hq_storage_buf(st, i);
+    size_t n = hq_dtype_size(b->dtype);
+    for (int d = 0; d < b->ndim; d++) n *= (size_t)b->shape[d];
+    b->bytes = n;
+    b->ptr = malloc(n ? n : 1);
+    memset(b->ptr, 0xa5, n);
+  }
+}
+
+static void fb_storage_free(hq_storage *st) {
+  for (uint32_t i = 0; i < st->nbuf; i++) free(hq_storage_buf(st, i)->ptr);
+}
+
+/* A quantize call with exactly scratch_size() bytes of scratch (sanitizers see any overrun; a
+   canary after it catches one without them), no host->alloc. */
+static int fb_quantize(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                       const hq_tensor *x, uint32_t dirs, hq_storage *row, hq_storage *col,
+                       uint32_t flags) {
+  const size_t need = ops->scratch_size(cfg, x->rows, x->cols, dirs, HQ_DEVICE_HOST);
+  uint8_t *scratch = malloc(need + 64);
+  memset(scratch + need, 0x5a, 64);
+  hq_call call = hq_test_call(host, 0, 0);
+  call.flags = flags;
+  call.scratch = need ? scratch : NULL;
+  call.scratch_bytes = need;
+  const int before = g_allocs;
+  int rc = ops->quantize(cfg, &call, x, dirs, row, col);
+  assert_int_equal(g_allocs, before);
+  for (int i = 0; i < 64; i++) assert_int_equal(scratch[need + (size_t)i], 0x5a);
+  free(scratch);
+  return rc;
+}
+
+static int fb_dequantize(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                         const hq_storage *st, hq_tensor *y) {
+  hq_call call = hq_test_call(host, 0, 0);
+  return ops->dequantize(cfg, &call, st, y);
+}
+
 /* Paths the core guards before the plugin sees them (a CUDA call to a CPU-only format, a bad
-   dtype, a mismatched destination) still fail cleanly, with a message, when called directly. */
+   dtype, a mismatched destination, missing scratch) still fail cleanly, with a message, when
+   called directly. */
 static void test_module_direct(void **state) {
   (void)state;
   hq_format_entry_fn entry = hq_test_module_entry("fp8_block");
-  hq_host_api host = hq_test_host();
+  hq_host_api host = direct_host();
   char *g_err = hq_test_module_error();
   hq_host_api future = host;
   future.abi_major = HQ_ABI_MAJOR + 1;
   assert_null(entry(&future));
   const hq_format_ops *ops = entry(&host);
   assert_non_null(ops);
+  assert_int_equal(ops->abi_major, 2);
+  assert_int_equal(ops->abi_minor, 0); /* requires ABI 2.0, nothing newer */
+  assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
   assert_string_equal(ops->name, "fp8_block");
+  assert_string_equal(ops->version, "2.0");
   assert_int_equal(ops->caps, HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);
+  assert_non_null(ops->scratch_size);
+  /* no per-tensor amax: amax_kind NONE for both directions (the op is absent) */
+  assert_true(ops->amax_kind == NULL || (ops->amax_kind(NULL, HQ_ROWWISE) == HQ_AMAX_NONE &&
+                                         ops->amax_kind(NULL, HQ_COLWISE) == HQ_AMAX_NONE));
   int nopt = 0;
   for (const hq_option *o = ops->options; o->name; o++, nopt++)
     assert_true(o->help && o->help[0] && !strchr(o->help, '\n'));
   assert_int_equal(nopt, 4);
 
-  void *cfg = calloc(1, ops->config_size);
-  hq_optval v[4] = {{0}};
-  v[2].i = 1; /* block 1d, e4m3, pow2, eps 0 */
-  assert_int_equal(ops->configure(cfg, v, &host), HQ_OK);
+  void *cfg = fb_configure(ops, &host, (opts){0, 0, 1, 0});
+  /* no scratch for a device (that call is refused), some for a host tensor */
+  assert_int_equal(ops->scratch_size(cfg, 300, 300, HQ_BOTH, 0), 0);
+  assert_true(ops->scratch_size(cfg, 2, 3, HQ_ROWWISE, HQ_DEVICE_HOST) > 0);
   hq_storage st;
-  memset(&st, 0, sizeof st);
-  st.dir = HQ_ROWWISE;
-  st.rows = 2;
-  st.cols = 3;
-  assert_int_equal(ops->layout(cfg, &host, 2, 3, HQ_ROWWISE, HQ_ROWWISE, &st), HQ_OK);
-  st.buf[0].ptr = calloc(6, 1);
-  st.buf[1].ptr = calloc((size_t)(st.buf[1].shape[0] * st.buf[1].shape[1]), sizeof(float));
+  fb_storage(ops, cfg, &host, HQ_ROWWISE, HQ_ROWWISE, 2, 3, HQ_F32, &st);
   float xs[6] = {1, 2, 3, 4, 5, 6};
-  hq_tensor src = {xs, HQ_F32, 0, 2, 3};
-  hq_call call;
-  memset(&call, 0, sizeof call);
-  call.struct_size = sizeof call;
-  call.host = &host;
+  hq_tensor src = hq_tensor_2d(xs, HQ_F32, 0, 2, 3);
+  hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
   g_err[0] = 0;
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_ENOTSUP);
   assert_non_null(strstr(g_err, "no CUDA path"));
   assert_non_null(strstr(g_err, "quantize on device 0"));
   float ys[6];
-  hq_tensor dst = {ys, HQ_F32, 0, 2, 3};
+  hq_tensor dst = hq_tensor_2d(ys, HQ_F32, 0, 2, 3);
   assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_ENOTSUP);
   assert_non_null(strstr(g_err, "dequantize on device 0"));
   call.device = HQ_DEVICE_HOST;
@@ -745,7 +914,22 @@ static void test_module_direct(void **state) {
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
   assert_non_null(strstr(g_err, "source dtype"));
   src.dtype = HQ_F32;
+  /* the scratch is call->scratch, never host->alloc: none given, or too little, is an error */
+  g_err[0] = 0;
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "scratch"));
+  const size_t need = ops->scratch_size(cfg, 2, 3, HQ_ROWWISE, HQ_DEVICE_HOST);
+  void *scratch = malloc(need);
+  call.scratch = scratch;
+  call.scratch_bytes = need - 1;
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "scratch"));
+  call.scratch_bytes = need;
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_OK);
+  /* a direction without its storage */
+  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_BOTH, &st, NULL), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "columnwise"));
+  free(scratch);
   dst.dtype = HQ_E4M3;
   assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_EINVAL);
   assert_non_null(strstr(g_err, "destination dtype"));
@@ -758,9 +942,337 @@ static void test_module_direct(void **state) {
   dst.cols = 3;
   assert_int_equal(ops->dequantize(cfg, &call, &st, &dst), HQ_OK);
   assert_true(ys[5] == 6.0f); /* 6 * 64 = 384 is exact in E4M3 */
-  free(st.buf[0].ptr);
-  free(st.buf[1].ptr);
+  fb_storage_free(&st);
   free(cfg);
+}
+
+/* Quantize with instance A, dequantize the storage through a differently configured instance B
+   (other block shape, other FP8 dtype, other pow2 and epsilon): B reads the layout from the
+   storage, so the values equal A's own dequantize bit for bit, in every destination dtype. The
+   directly quantized storages equal the library's (hq_quantize), which the brute-force test
+   checks against the reference. */
+static void test_cross_instance_dequantize(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  const int64_t shapes[][2] = {{130, 200}, {1, 1}, {257, 131}, {3, 517}, {128, 128}, {129, 1}};
+  const hq_dtype ins[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+    for (int a = 0; a < 8; a++) {
+      const int64_t M = shapes[sh][0], K = shapes[sh][1];
+      const opts oa = {a & 1, (a >> 1) & 1, (a >> 2) & 1, (a >> 2) & 1 ? 0.0f : 1e-3f};
+      const opts ob = {!oa.two_d, !oa.kind, !oa.pow2, oa.pow2 ? 0.25f : 0.0f};
+      const hq_dtype in = ins[(sh + (size_t)a) % 3];
+      void *ca = fb_configure(ops, &host, oa), *cb = fb_configure(ops, &host, ob);
+      hq_tensor x = make_input(in, M, K, sh * 13 + (size_t)a, 1);
+      hq_storage row, col;
+      fb_storage(ops, ca, &host, HQ_ROWWISE, HQ_BOTH, M, K, in, &row);
+      fb_storage(ops, ca, &host, HQ_COLWISE, HQ_BOTH, M, K, in, &col);
+      if (fb_quantize(ops, ca, &host, &x, HQ_BOTH, &row, &col, 0) != HQ_OK)
+        fail_msg("quantize: %s", hq_test_module_error());
+      run u = quantize_with(oa, &x, HQ_BOTH);
+      for (int c = 0; c < 2; c++) {
+        const hq_storage *st = c ? &col : &row;
+        const uint32_t dir = c ? HQ_COLWISE : HQ_ROWWISE;
+        /* B would lay this direction out differently: the difference matters */
+        hq_storage other;
+        hq_test_storage_init(&other, dir, M, K, in);
+        assert_int_equal(ops->layout(cb, &host, M, K, dir, HQ_BOTH, &other), HQ_OK);
+        assert_int_not_equal(other.desc.scale_mode, st->desc.scale_mode);
+        assert_int_not_equal(other.desc.elem, st->desc.elem);
+        /* the direct quantize is the library's */
+        const hq_storage *lib = hq_qtensor_storage(u.qt, dir);
+        for (uint32_t i = 0; i < 2; i++) {
+          const hq_buffer *p = hq_storage_cbuf(st, i), *q = hq_storage_cbuf(lib, i);
+          assert_int_equal(p->bytes, q->bytes);
+          assert_memory_equal(p->ptr, q->ptr, p->bytes);
+        }
+        for (int t = 0; t < 3; t++) {
+          hq_tensor ya = hq_test_empty(outs[t], M, K), yb = hq_test_empty(outs[t], M, K);
+          memset(yb.data, 0xcd, (size_t)(M * K) * hq_dtype_size(outs[t]));
+          if (fb_dequantize(ops, ca, &host, st, &ya) != HQ_OK)
+            fail_msg("dequantize A: %s", hq_test_module_error());
+          if (fb_dequantize(ops, cb, &host, st, &yb) != HQ_OK)
+            fail_msg("dequantize B: %s", hq_test_module_error());
+          if (memcmp(ya.data, yb.data, (size_t)(M * K) * hq_dtype_size(outs[t])) != 0)
+            fail_msg("[%lld, %lld] %s %s %s -> %s: instance B dequantizes differently",
+                     (long long)M, (long long)K, c ? "col" : "row", oa.two_d ? "2d" : "1d",
+                     oa.kind ? "e5m2" : "e4m3", hq_dtype_name(outs[t]));
+          /* and the library's dequantize agrees */
+          hq_tensor yl = hq_test_empty(outs[t], M, K);
+          HQ_OK_OR_FAIL(hq_dequantize(u.qt, u.ctx, dir, &yl));
+          assert_memory_equal(yl.data, ya.data, (size_t)(M * K) * hq_dtype_size(outs[t]));
+          free(ya.data);
+          free(yb.data);
+          free(yl.data);
+        }
+      }
+      run_free(&u);
+      fb_storage_free(&row);
+      fb_storage_free(&col);
+      free(x.data);
+      free(ca);
+      free(cb);
+    }
+}
+
+/* A storage whose description is not an fp8_block one, or whose buffers do not match its
+   description, is refused by dequantize with a message; a quantize into a storage another
+   instance described is refused too (never a write out of bounds). */
+static void test_foreign_storage_refused(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  char *g_err = hq_test_module_error();
+  const int64_t M = 130, K = 200;
+  void *ca = fb_configure(ops, &host, (opts){0, 0, 1, 0});
+  void *cb = fb_configure(ops, &host, (opts){1, 1, 1, 0});
+  hq_tensor x = make_input(HQ_F32, M, K, 3, 0);
+  hq_storage st, bad;
+  fb_storage(ops, ca, &host, HQ_ROWWISE, HQ_ROWWISE, M, K, HQ_F32, &st);
+  assert_int_equal(fb_quantize(ops, ca, &host, &x, HQ_ROWWISE, &st, NULL, 0), HQ_OK);
+  hq_tensor y = hq_test_empty(HQ_F32, M, K);
+  struct {
+    int field, code;
+    const char *needle;
+  } cases[] = {
+      {0, HQ_ENOTSUP, "scale mode"},    /* per-tensor scale mode */
+      {1, HQ_EINVAL, "data buffer"},    /* desc says e5m2, the data buffer is e4m3 */
+      {2, HQ_ENOTSUP, "not an fp8_block layout"}, /* KM order with 1x128 blocks */
+      {3, HQ_ENOTSUP, "not an fp8_block layout"}, /* a transform */
+      {4, HQ_EINVAL, "scale buffer"},   /* a scale buffer of the wrong shape */
+      {5, HQ_EINVAL, "element dtype"},  /* a non-FP8 element */
+      {6, HQ_EINVAL, "data buffer"},    /* a data buffer of the wrong shape */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(&bad, &st, sizeof st);
+    switch (cases[i].field) {
+    case 0: bad.desc.scale_mode = HQ_SCALE_TENSOR_F32; break;
+    case 1: bad.desc.elem = HQ_E5M2; break;
+    case 2: bad.desc.order = HQ_ORDER_KM; break;
+    case 3: bad.desc.transform = HQ_TRANSFORM_RHT16; break;
+    case 4: hq_storage_buf(&bad, 1)->shape[1] += 4; break;
+    case 5: bad.desc.elem = HQ_BF16; break;
+    default: hq_storage_buf(&bad, 0)->shape[0] = K; break;
+    }
+    g_err[0] = 0;
+    int rc = fb_dequantize(ops, cb, &host, &bad, &y);
+    if (rc != cases[i].code || !strstr(g_err, cases[i].needle))
+      fail_msg("case %zu: %d '%s', expected %d with '%s'", i, rc, g_err, cases[i].code,
+               cases[i].needle);
+  }
+  /* instance B (2-D, e5m2) must not write into A's (1-D, e4m3) storage */
+  g_err[0] = 0;
+  assert_int_equal(fb_quantize(ops, cb, &host, &x, HQ_ROWWISE, &st, NULL, 0), HQ_EINVAL);
+  assert_non_null(strstr(g_err, "not one this instance"));
+  /* a tensor of another shape than the storage's */
+  hq_tensor x2 = hq_tensor_2d(x.data, HQ_F32, HQ_DEVICE_HOST, M - 1, K);
+  assert_int_equal(fb_quantize(ops, ca, &host, &x2, HQ_ROWWISE, &st, NULL, 0), HQ_ESHAPE);
+  fb_storage_free(&st);
+  free(y.data);
+  free(x.data);
+  free(ca);
+  free(cb);
+}
+
+/* An update (HQ_CALL_UPDATE: host->alloc refuses) with exactly the declared scratch writes the
+   same bytes as a plain quantize, padding included, for edge shapes and every usage. */
+static void test_direct_update_scratch(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  const int64_t shapes[][2] = {{1, 1}, {3, 517}, {517, 3}, {130, 200}, {300, 300}, {129, 2}};
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+    for (int two_d = 0; two_d < 2; two_d++)
+      for (uint32_t dirs = 1; dirs <= HQ_BOTH; dirs++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        void *cfg = fb_configure(ops, &host, (opts){two_d, (int)(sh & 1), 1, 0});
+        hq_tensor x = make_input(HQ_BF16, M, K, sh + 100, 1);
+        hq_storage s[2][2]; /* [plain, update][row, col] */
+        for (int u = 0; u < 2; u++)
+          for (int c = 0; c < 2; c++)
+            if (dirs & (c ? HQ_COLWISE : HQ_ROWWISE))
+              fb_storage(ops, cfg, &host, c ? HQ_COLWISE : HQ_ROWWISE, dirs, M, K, HQ_BF16,
+                         &s[u][c]);
+        for (int u = 0; u < 2; u++)
+          if (fb_quantize(ops, cfg, &host, &x, dirs, (dirs & HQ_ROWWISE) ? &s[u][0] : NULL,
+                          (dirs & HQ_COLWISE) ? &s[u][1] : NULL, u ? HQ_CALL_UPDATE : 0))
+            fail_msg("[%lld, %lld] dirs %u %s: %s", (long long)M, (long long)K, dirs,
+                     u ? "update" : "quantize", hq_test_module_error());
+        for (int c = 0; c < 2; c++) {
+          if (!(dirs & (c ? HQ_COLWISE : HQ_ROWWISE))) continue;
+          for (uint32_t i = 0; i < 2; i++) {
+            const hq_buffer *p = hq_storage_cbuf(&s[0][c], i), *q = hq_storage_cbuf(&s[1][c], i);
+            assert_memory_equal(p->ptr, q->ptr, p->bytes);
+          }
+          fb_storage_free(&s[0][c]);
+          fb_storage_free(&s[1][c]);
+        }
+        free(x.data);
+        free(cfg);
+      }
+}
+
+// --- through the library: update, per-tensor amax, FSDP ----------------------------------------
+
+static void assert_same_qtensors(const hq_qtensor *a, const hq_qtensor *b) {
+  assert_int_equal(hq_qtensor_dirs(a), hq_qtensor_dirs(b));
+  for (int c = 0; c < 2; c++) {
+    const hq_storage *sa = hq_qtensor_storage(a, c ? HQ_COLWISE : HQ_ROWWISE);
+    const hq_storage *sb = hq_qtensor_storage(b, c ? HQ_COLWISE : HQ_ROWWISE);
+    if (!sa) {
+      assert_null(sb);
+      continue;
+    }
+    assert_int_equal(sa->nbuf, sb->nbuf);
+    assert_memory_equal(&sa->desc, &sb->desc, sizeof sa->desc);
+    for (uint32_t i = 0; i < sa->nbuf; i++) {
+      const hq_buffer *p = hq_storage_cbuf(sa, i), *q = hq_storage_cbuf(sb, i);
+      assert_string_equal(p->name, q->name);
+      assert_int_equal(p->bytes, q->bytes);
+      assert_memory_equal(p->ptr, q->ptr, p->bytes);
+    }
+  }
+}
+
+/* hq_qtensor_update with new values equals a fresh hq_quantize of them, byte for byte (scale
+   padding made dirty first), for every usage, both block shapes and edge shapes. */
+static void test_update_equals_fresh(void **state) {
+  (void)state;
+  const int64_t shapes[][2] = {{130, 202}, {1, 1}, {257, 3}, {128, 256}};
+  const uint32_t usages[] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+    for (int two_d = 0; two_d < 2; two_d++)
+      for (size_t us = 0; us < 3; us++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        const opts o = {two_d, (int)((sh + us) & 1), (int)(us != 1), 0};
+        hq_tensor x1 = make_input(HQ_F32, M, K, 20 + sh, 0);
+        hq_tensor x2 = make_input(HQ_F32, M, K, 40 + sh, 1);
+        for (int64_t i = 0; i < M * K; i++) ((float *)x2.data)[i] *= 3.0f;
+        run u = quantize_with(o, &x1, usages[us]);
+        for (int c = 0; c < 2; c++) {
+          const hq_storage *st = hq_qtensor_storage(u.qt, c ? HQ_COLWISE : HQ_ROWWISE);
+          if (!st) continue;
+          const hq_buffer *b = hq_storage_cbuf(st, 1);
+          memset(b->ptr, 0xff, b->bytes);
+        }
+        HQ_OK_OR_FAIL(hq_qtensor_update(u.qt, u.ctx, &x2));
+        run v = quantize_with(o, &x2, usages[us]);
+        assert_same_qtensors(u.qt, v.qt);
+        /* and back: the update really rewrites (x1 again equals x1's fresh quantize) */
+        HQ_OK_OR_FAIL(hq_qtensor_update(u.qt, u.ctx, &x1));
+        run w = quantize_with(o, &x1, usages[us]);
+        assert_same_qtensors(u.qt, w.qt);
+        run_free(&u);
+        run_free(&v);
+        run_free(&w);
+        free(x1.data);
+        free(x2.data);
+      }
+}
+
+/* No per-tensor amax: both directions report HQ_AMAX_NONE, hq_quantizer_amax writes zeros, and a
+   caller's amax (any value) leaves the bytes of hq_quantize unchanged. */
+static void test_amax_none(void **state) {
+  (void)state;
+  hq_tensor x = make_input(HQ_BF16, 130, 260, 8, 1);
+  for (int two_d = 0; two_d < 2; two_d++) {
+    const opts o = {two_d, 0, 1, 0};
+    run u = quantize_with(o, &x, HQ_BOTH);
+    assert_int_equal(hq_quantizer_amax_kind(u.q, HQ_ROWWISE), HQ_AMAX_NONE);
+    assert_int_equal(hq_quantizer_amax_kind(u.q, HQ_COLWISE), HQ_AMAX_NONE);
+    float a[2] = {-1.0f, -1.0f};
+    HQ_OK_OR_FAIL(hq_quantizer_amax(u.q, u.ctx, &x, a));
+    ASSERT_F32_SAME(a[0], 0.0f);
+    ASSERT_F32_SAME(a[1], 0.0f);
+    const float given[2] = {1e-30f, 1e30f};
+    hq_quantize_args args = {sizeof args, 0, given};
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize_ex(u.q, u.ctx, &x, &args, &qt));
+    assert_same_qtensors(qt, u.qt);
+    HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, u.ctx, &x, &args));
+    assert_same_qtensors(qt, u.qt);
+    hq_qtensor_free(qt);
+    run_free(&u);
+  }
+  free(x.data);
+}
+
+/* The gather rules hold on edge shapes (test_fsdp covers 4 x 128-row shards): 1-D rowwise alone
+   shards by single rows (its scale runs along M in dim 1, padded to 4), and every other storage
+   by whole 128-row blocks, with K not a multiple of 128 or of 4. The shards' extracted buffers,
+   concatenated, assigned into a full tensor, equal the whole tensor quantized. */
+static void fsdp_case(opts o, uint32_t usage, int64_t M, int64_t K, int64_t ms) {
+  hq_recipe *r = recipe_for(o);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = make_input(HQ_BF16, M, K, (uint64_t)(M + K), 0);
+  const int world = (int)(M / ms);
+  hq_qtensor *shard[8] = {0};
+  hq_fsdp_buffer ext[8][2 * HQ_MAX_BUFFERS];
+  size_t n[8];
+  assert_true(world <= 8 && world * ms == M);
+  for (int s = 0; s < world; s++) {
+    hq_tensor xs = hq_tensor_2d((uint16_t *)x.data + s * ms * K, HQ_BF16, HQ_DEVICE_HOST, ms, K);
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &xs, &shard[s]));
+    HQ_OK_OR_FAIL(hq_fsdp_extract(shard[s], ctx, ext[s], 2 * HQ_MAX_BUFFERS,
+                                  sizeof(hq_fsdp_buffer), &n[s]));
+    assert_int_equal(n[s], n[0]);
+  }
+  hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
+  void *mem[2 * HQ_MAX_BUFFERS];
+  for (size_t e = 0; e < n[0]; e++) {
+    gathered[e] = ext[0][e];
+    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+    mem[e] = malloc(per * (size_t)world + 1);
+    for (int s = 0; s < world; s++) memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
+    gathered[e].rows = ext[0][e].rows * world;
+    gathered[e].ptr = mem[e];
+  }
+  hq_qtensor *full = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_make_empty(q, ctx, M, K, HQ_BF16, &full));
+  HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0], sizeof(hq_fsdp_buffer)));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
+  assert_same_qtensors(full, ref);
+  for (size_t e = 0; e < n[0]; e++) free(mem[e]);
+  for (int s = 0; s < world; s++) hq_qtensor_free(shard[s]);
+  hq_qtensor_free(full);
+  hq_qtensor_free(ref);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  free(x.data);
+}
+
+static void test_fsdp_edge_shapes(void **state) {
+  (void)state;
+  fsdp_case((opts){0, 0, 1, 0}, HQ_ROWWISE, 15, 130, 5);   /* shards of 5 rows, r4 padding */
+  fsdp_case((opts){0, 1, 0, 0}, HQ_ROWWISE, 14, 3, 2);     /* K < 128 */
+  fsdp_case((opts){0, 0, 1, 0}, HQ_BOTH, 384, 130, 128);
+  fsdp_case((opts){0, 0, 1, 0}, HQ_COLWISE, 256, 3, 128);
+  fsdp_case((opts){1, 0, 1, 0}, HQ_BOTH, 640, 131, 128);   /* 5 shards: Mb = 5, r4 -> 8 */
+  fsdp_case((opts){1, 1, 0, 0}, HQ_ROWWISE, 256, 600, 128);
+  /* a shard of 1-D columnwise or 2-D must hold whole 128-row blocks: refused before any move */
+  hq_recipe *r = recipe_for((opts){1, 0, 1, 0});
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = make_input(HQ_F32, 64, 130, 1, 0);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  hq_fsdp_buffer out[2 * HQ_MAX_BUFFERS];
+  size_t n = 0;
+  assert_int_not_equal(hq_fsdp_extract(qt, ctx, out, 2 * HQ_MAX_BUFFERS, sizeof out[0], &n),
+                       HQ_OK);
+  HQ_ERROR_HAS("128");
+  hq_qtensor_free(qt);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  free(x.data);
 }
 
 int main(void) {
@@ -783,6 +1295,12 @@ int main(void) {
       cmocka_unit_test(test_padding_rezeroed_on_update),
       cmocka_unit_test(test_dequantize_error_bound),
       cmocka_unit_test(test_module_direct),
+      cmocka_unit_test(test_cross_instance_dequantize),
+      cmocka_unit_test(test_foreign_storage_refused),
+      cmocka_unit_test(test_direct_update_scratch),
+      cmocka_unit_test(test_update_equals_fresh),
+      cmocka_unit_test(test_amax_none),
+      cmocka_unit_test(test_fsdp_edge_shapes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

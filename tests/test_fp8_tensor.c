@@ -1,11 +1,16 @@
 /*
-** test_fp8_tensor.c -- the fp8_tensor plugin through the public API: hand-computed codes and
-** scales, power-of-two scales, epsilon, E5M2, NaN/Inf inputs, the transposed columnwise layout,
-** columnwise-only quantize, dequantize, input dtypes, option errors.
+** test_fp8_tensor.c -- the fp8_tensor plugin (ABI 2.0) through the public API and by direct
+** module calls: hand-computed codes and scales, power-of-two scales, epsilon, E5M2, NaN/Inf
+** inputs, the transposed columnwise layout, columnwise-only quantize, dequantize, input dtypes,
+** option errors (the removed delayed-scaling options included), the operand descriptor and
+** buffer descriptions, dequantize through a differently configured instance, caller-supplied
+** amax (hq_quantizer_amax / hq_quantize_ex / hq_qtensor_update_ex), update == fresh quantize.
+** Expected values come from hand computation or from tests/fp8_ref.h (an independent FP8 codec).
 */
 #include <math.h>
 
 #include "hq_test.h"
+#include "fp8_ref.h"
 
 static hq_ctx *host_ctx(void) {
   hq_ctx *ctx = NULL;
@@ -13,16 +18,21 @@ static hq_ctx *host_ctx(void) {
   return ctx;
 }
 
-/* Quantize x [rows, cols] with a single fp8_tensor format given by its option lines. */
-static hq_qtensor *quantize(hq_ctx *ctx, const char *options, float *x, int64_t rows,
-                            int64_t cols, uint32_t usage, hq_recipe **rp) {
+/* A recipe with one fp8_tensor format `f` (given option lines) for both directions. */
+static hq_recipe *recipe(const char *options) {
   char text[512];
   snprintf(text, sizeof text, "[format f]\nplugin = fp8_tensor\n%s\n[role *:*:*]\nrowwise = f\n"
            "columnwise = f\n", options);
-  hq_recipe *r = hq_test_recipe(text);
+  return hq_test_recipe(text);
+}
+
+/* Quantize x [rows, cols] with a single fp8_tensor format given by its option lines. */
+static hq_qtensor *quantize(hq_ctx *ctx, const char *options, float *x, int64_t rows,
+                            int64_t cols, uint32_t usage, hq_recipe **rp) {
+  hq_recipe *r = recipe(options);
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
   HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
-  hq_tensor t = {x, HQ_F32, HQ_DEVICE_HOST, rows, cols};
+  hq_tensor t = hq_tensor_2d(x, HQ_F32, HQ_DEVICE_HOST, rows, cols);
   hq_qtensor *qt = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &t, &qt));
   hq_quantizer_free(q);
@@ -30,14 +40,32 @@ static hq_qtensor *quantize(hq_ctx *ctx, const char *options, float *x, int64_t 
   return qt;
 }
 
-static const uint8_t *bytes(const hq_qtensor *qt, uint32_t dir) {
-  return hq_qtensor_storage(qt, dir)->buf[0].ptr;
+static const hq_buffer *buf(const hq_qtensor *qt, uint32_t dir, uint32_t i) {
+  const hq_storage *s = hq_qtensor_storage(qt, dir);
+  assert_non_null(s);
+  assert_true(i < s->nbuf);
+  return hq_storage_cbuf(s, i);
 }
+static const uint8_t *bytes(const hq_qtensor *qt, uint32_t dir) { return buf(qt, dir, 0)->ptr; }
 static float scale_inv(const hq_qtensor *qt, uint32_t dir) {
-  return *(const float *)hq_qtensor_storage(qt, dir)->buf[1].ptr;
+  return *(const float *)buf(qt, dir, 1)->ptr;
 }
 static float amax(const hq_qtensor *qt, uint32_t dir) {
-  return *(const float *)hq_qtensor_storage(qt, dir)->buf[2].ptr;
+  return *(const float *)buf(qt, dir, 2)->ptr;
+}
+
+/* Every buffer of direction dir of a and b is equal, byte for byte. */
+static void same_bytes(const hq_qtensor *a, const hq_qtensor *b, uint32_t dir, const char *what) {
+  const hq_storage *sa = hq_qtensor_storage(a, dir), *sb = hq_qtensor_storage(b, dir);
+  assert_non_null(sa);
+  assert_non_null(sb);
+  assert_int_equal(sa->nbuf, sb->nbuf);
+  for (uint32_t i = 0; i < sa->nbuf; i++) {
+    const hq_buffer *x = hq_storage_cbuf(sa, i), *y = hq_storage_cbuf(sb, i);
+    assert_int_equal(x->bytes, y->bytes);
+    if (memcmp(x->ptr, y->ptr, x->bytes) != 0)
+      fail_msg("%s: dir %u buffer '%s' differs", what, dir, x->name);
+  }
 }
 
 /* amax 448 -> scale 1: the codes are the plain E4M3 encodings, worked out by hand:
@@ -55,16 +83,16 @@ static void test_hand_computed(void **state) {
   assert_memory_equal(bytes(qt, HQ_COLWISE), want_t, 6);
   assert_true(scale_inv(qt, HQ_ROWWISE) == 1.0f);
   assert_true(amax(qt, HQ_ROWWISE) == 448.0f);
-  const hq_storage *s = hq_qtensor_storage(qt, HQ_ROWWISE), *c = hq_qtensor_storage(qt, HQ_COLWISE);
-  assert_string_equal(s->buf[0].name, "data");
-  assert_int_equal(s->buf[0].dtype, HQ_E4M3);
-  assert_int_equal(s->buf[0].shape[0], 2);
-  assert_int_equal(s->buf[0].shape[1], 3);
-  assert_string_equal(c->buf[0].name, "columnwise_data");
-  assert_int_equal(c->buf[0].shape[0], 3);
-  assert_int_equal(c->buf[0].shape[1], 2);
+  assert_string_equal(buf(qt, HQ_ROWWISE, 0)->name, "data");
+  assert_int_equal(buf(qt, HQ_ROWWISE, 0)->dtype, HQ_E4M3);
+  assert_int_equal(buf(qt, HQ_ROWWISE, 0)->shape[0], 2);
+  assert_int_equal(buf(qt, HQ_ROWWISE, 0)->shape[1], 3);
+  assert_string_equal(buf(qt, HQ_COLWISE, 0)->name, "columnwise_data");
+  assert_int_equal(buf(qt, HQ_COLWISE, 0)->shape[0], 3);
+  assert_int_equal(buf(qt, HQ_COLWISE, 0)->shape[1], 2);
   /* made together, the two directions share one scale_inv and amax */
-  assert_ptr_equal(c->buf[1].ptr, s->buf[1].ptr);
+  assert_ptr_equal(buf(qt, HQ_COLWISE, 1)->ptr, buf(qt, HQ_ROWWISE, 1)->ptr);
+  assert_ptr_equal(buf(qt, HQ_COLWISE, 2)->ptr, buf(qt, HQ_ROWWISE, 2)->ptr);
   assert_int_equal(hq_qtensor_bytes(qt, HQ_ROWWISE), 6 + 4 + 4);
   assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE), 6);
   hq_qtensor_free(qt);
@@ -104,6 +132,7 @@ static void test_scale_options(void **state) {
   qt = quantize(ctx, "amax_epsilon = 0.5", z, 1, 1, HQ_ROWWISE, &r);
   assert_true(scale_inv(qt, HQ_ROWWISE) == 1.0f / 896.0f);
   assert_int_equal(bytes(qt, HQ_ROWWISE)[0], hq_f32_to_e4m3(0.896f));
+  assert_int_equal(bytes(qt, HQ_ROWWISE)[0], ref_fp8_encode((double)(1e-3f * 896.0f), 0));
   hq_qtensor_free(qt);
   hq_recipe_free(r);
   /* E5M2: amax 57344 -> scale 1; 57344 -> 0x7B, -1 -> 0xBC */
@@ -111,7 +140,7 @@ static void test_scale_options(void **state) {
   qt = quantize(ctx, "dtype = e5m2", w, 1, 2, HQ_BOTH, &r);
   assert_int_equal(bytes(qt, HQ_ROWWISE)[0], 0x7b);
   assert_int_equal(bytes(qt, HQ_ROWWISE)[1], 0xbc);
-  assert_int_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].dtype, HQ_E5M2);
+  assert_int_equal(buf(qt, HQ_ROWWISE, 0)->dtype, HQ_E5M2);
   hq_qtensor_free(qt);
   hq_recipe_free(r);
   /* all zeros -> scale 1, every code 0 */
@@ -168,7 +197,10 @@ static void test_layout_and_dtypes(void **state) {
   float am = 0;
   for (int64_t i = 0; i < M * K; i++) am = fabsf(xf[i]) > am ? fabsf(xf[i]) : am;
   float scale = 448.0f / am;
-  for (int64_t i = 0; i < M * K; i++) assert_int_equal(row[i], hq_f32_to_e4m3(xf[i] * scale));
+  for (int64_t i = 0; i < M * K; i++) {
+    assert_int_equal(row[i], hq_f32_to_e4m3(xf[i] * scale));
+    assert_int_equal(row[i], ref_fp8_encode((double)(xf[i] * scale), 0));
+  }
   /* dequantize both directions */
   hq_tensor d = hq_test_empty(HQ_F32, M, K);
   for (int dir = 1; dir <= 2; dir++) {
@@ -176,6 +208,7 @@ static void test_layout_and_dtypes(void **state) {
     for (int64_t i = 0; i < M * K; i++) {
       float v = ((float *)d.data)[i];
       assert_true(v == hq_e4m3_to_f32(row[i]) * (1.0f / scale));
+      assert_true(v == (float)ref_fp8_decode(row[i], 0) * (1.0f / scale));
       assert_true(fabsf(v - xf[i]) <= fabsf(xf[i]) / 16 + 1e-3f * am); /* 3 mantissa bits */
     }
   }
@@ -185,6 +218,7 @@ static void test_layout_and_dtypes(void **state) {
   assert_int_equal(hq_qtensor_dirs(qc), HQ_COLWISE);
   assert_memory_equal(bytes(qc, HQ_COLWISE), col, (size_t)(M * K));
   assert_true(scale_inv(qc, HQ_COLWISE) == scale_inv(qt, HQ_ROWWISE));
+  assert_true(amax(qc, HQ_COLWISE) == am);
   hq_qtensor_free(qc);
   hq_recipe_free(r2);
   /* the same values as bf16 and f16 input */
@@ -223,7 +257,7 @@ static void test_errors(void **state) {
   hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
   float x[4] = {1, 2, 3, 4};
   hq_qtensor *qt = NULL;
-  hq_tensor t = {x, HQ_E4M3, HQ_DEVICE_HOST, 2, 2};
+  hq_tensor t = hq_tensor_2d(x, HQ_E4M3, HQ_DEVICE_HOST, 2, 2);
   assert_int_equal(hq_quantize(q, ctx, &t, &qt), HQ_EINVAL);
   HQ_ERROR_HAS("dtype e4m3 is not a high-precision type");
   t.dtype = HQ_F32;
@@ -247,6 +281,550 @@ static void test_errors(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* The options: exactly dtype, power_2_scales, amax_epsilon; the delayed-scaling options that
+   were accepted and ignored are unknown keys now. */
+static void test_options(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
+  const hq_plugin *p = hq_plugins_find(set, "fp8_tensor");
+  assert_non_null(p);
+  assert_string_equal(hq_plugin_version(p), "2.0");
+  assert_int_equal(hq_plugin_abi_minor(p), 0);
+  const hq_option *o = hq_plugin_options(p);
+  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon"};
+  for (size_t i = 0; i < 3; i++) {
+    assert_non_null(o[i].name);
+    assert_string_equal(o[i].name, want[i]);
+    assert_non_null(o[i].help);
+  }
+  assert_null(o[3].name);
+  assert_int_equal(o[0].type, HQ_OPT_ENUM);
+  assert_string_equal(o[0].choices, "e4m3|e5m2");
+  assert_string_equal(o[0].def, "e4m3");
+  assert_int_equal(o[1].type, HQ_OPT_BOOL);
+  assert_string_equal(o[1].def, "false");
+  assert_int_equal(o[2].type, HQ_OPT_FLOAT);
+  assert_string_equal(o[2].def, "0");
+  hq_plugins_close(set);
+  const char *gone[] = {"scaling = current", "amax_history_len = 16", "margin = 1",
+                        "amax_compute_algo = max", "reduce_amax = false"};
+  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+    char text[256], key[64];
+    snprintf(text, sizeof text, "[format f]\nplugin = fp8_tensor\n%s\n", gone[i]);
+    snprintf(key, sizeof key, "unknown option '%.*s'", (int)strcspn(gone[i], " "), gone[i]);
+    hq_recipe_opts ro = {0};
+    ro.struct_size = sizeof ro;
+    ro.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
+    hq_recipe *r = NULL;
+    HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "test.ini", &ro, &r));
+    assert_int_equal(hq_recipe_error_count(r), 1);
+    if (!strstr(hq_recipe_error(r, 0), key))
+      fail_msg("error '%s' lacks \"%s\"", hq_recipe_error(r, 0), key);
+    if (!strstr(hq_recipe_error(r, 0), "test.ini:3:"))
+      fail_msg("error '%s' is not at line 3", hq_recipe_error(r, 0));
+    hq_recipe_free(r);
+  }
+}
+
+// --- operand descriptor and buffer descriptions (the table of the ABI 2.0 brief) -------------
+
+static void check_buffer(const hq_storage *s, uint32_t i, const char *name, uint32_t role,
+                         hq_dtype dtype, int ndim, int64_t d0, int64_t d1, uint32_t gather,
+                         int32_t m_div, int shared_with /* -1: own buffer */) {
+  const hq_buffer *b = hq_storage_cbuf(s, i);
+  assert_non_null(b->name);
+  assert_string_equal(b->name, name);
+  assert_int_equal(b->role, role);
+  assert_int_equal(b->dtype, dtype);
+  assert_int_equal(b->ndim, ndim);
+  assert_int_equal(b->shape[0], d0);
+  if (ndim > 1) assert_int_equal(b->shape[1], d1);
+  assert_int_equal(b->gather, gather);
+  assert_int_equal(b->m_div, m_div);
+  if (shared_with < 0) {
+    assert_int_equal(b->flags & HQ_BUF_SHARED, 0);
+  } else {
+    assert_int_equal(b->flags & HQ_BUF_SHARED, HQ_BUF_SHARED);
+    assert_int_equal(b->shared_with, shared_with);
+  }
+  size_t n = hq_dtype_size(dtype) * (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+  assert_int_equal(b->bytes, n);
+  assert_non_null(b->ptr);
+}
+
+static void check_desc(const hq_storage *s, hq_dtype elem, uint32_t order) {
+  const hq_operand_desc *d = &s->desc;
+  assert_int_equal(d->elem, elem);
+  assert_int_equal(d->order, order);
+  assert_int_equal(d->scale_mode, HQ_SCALE_TENSOR_F32);
+  assert_int_equal(d->scale_layout, HQ_SCALE_LAYOUT_NONE);
+  assert_int_equal(d->block_m, 0);
+  assert_int_equal(d->block_k, 0);
+  assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
+  assert_true(d->transform_param == 0);
+  assert_int_equal(d->shard_rows, 1);
+  for (int i = 0; i < 8; i++) assert_true(d->reserved[i] == 0);
+  for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(s->meta[i], 0); /* meta unused */
+}
+
+static void test_desc_and_buffers(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  struct {
+    const char *options;
+    hq_dtype elem;
+  } sets[] = {{"", HQ_E4M3},
+              {"dtype = e5m2", HQ_E5M2},
+              {"dtype = e4m3\npower_2_scales = true\namax_epsilon = 0.25", HQ_E4M3}};
+  const int64_t shapes[][2] = {{37, 53}, {1, 1}, {65, 130}};
+  const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  for (size_t o = 0; o < sizeof sets / sizeof sets[0]; o++)
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+      for (int u = 0; u < 3; u++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        hq_tensor x = hq_test_tensor(HQ_F32, M, K, 11 + sh, 2.0f);
+        hq_recipe *r;
+        hq_qtensor *qt = quantize(ctx, sets[o].options, x.data, M, K, usages[u], &r);
+        assert_int_equal(hq_qtensor_dirs(qt), usages[u]);
+        assert_int_equal(hq_qtensor_shard_rows(qt), 1);
+        if (usages[u] & HQ_ROWWISE) {
+          const hq_storage *s = hq_qtensor_storage(qt, HQ_ROWWISE);
+          assert_int_equal(s->dir, HQ_ROWWISE);
+          assert_int_equal(s->nbuf, 3);
+          check_desc(s, sets[o].elem, HQ_ORDER_MK);
+          check_buffer(s, 0, "data", HQ_ROLE_DATA, sets[o].elem, 2, M, K, HQ_GATHER_ROWS, 1, -1);
+          check_buffer(s, 1, "scale_inv", HQ_ROLE_SCALE, HQ_F32, 1, 1, 0, HQ_GATHER_SAME, 1, -1);
+          check_buffer(s, 2, "amax", HQ_ROLE_AMAX, HQ_F32, 1, 1, 0, HQ_GATHER_SAME, 1, -1);
+        }
+        if (usages[u] & HQ_COLWISE) {
+          const hq_storage *s = hq_qtensor_storage(qt, HQ_COLWISE);
+          const int with_row = (usages[u] & HQ_ROWWISE) != 0;
+          assert_int_equal(s->dir, HQ_COLWISE);
+          assert_int_equal(s->nbuf, 3);
+          check_desc(s, sets[o].elem, HQ_ORDER_KM);
+          check_buffer(s, 0, "columnwise_data", HQ_ROLE_DATA, sets[o].elem, 2, K, M,
+                       HQ_GATHER_COLS, 1, -1);
+          check_buffer(s, 1, with_row ? "scale_inv" : "columnwise_scale_inv", HQ_ROLE_SCALE,
+                       HQ_F32, 1, 1, 0, HQ_GATHER_SAME, 1, with_row ? 1 : -1);
+          check_buffer(s, 2, with_row ? "amax" : "columnwise_amax", HQ_ROLE_AMAX, HQ_F32, 1, 1,
+                       0, HQ_GATHER_SAME, 1, with_row ? 2 : -1);
+          if (with_row) {
+            const hq_storage *rs = hq_qtensor_storage(qt, HQ_ROWWISE);
+            assert_ptr_equal(hq_storage_cbuf(s, 1)->ptr, hq_storage_cbuf(rs, 1)->ptr);
+            assert_ptr_equal(hq_storage_cbuf(s, 2)->ptr, hq_storage_cbuf(rs, 2)->ptr);
+          }
+        }
+        hq_qtensor_free(qt);
+        hq_recipe_free(r);
+        free(x.data);
+      }
+  hq_ctx_destroy(ctx);
+}
+
+// --- direct module calls -------------------------------------------------------------------
+
+typedef struct module {
+  hq_host_api host;
+  const hq_format_ops *ops;
+} module;
+
+static module open_module(void) {
+  module m;
+  m.host = hq_test_host();
+  m.ops = hq_test_module_entry("fp8_tensor")(&m.host);
+  assert_non_null(m.ops);
+  assert_int_equal(m.ops->abi_major, HQ_ABI_MAJOR);
+  assert_int_equal(m.ops->abi_minor, 0);
+  assert_string_equal(m.ops->version, "2.0");
+  assert_string_equal(m.ops->name, "fp8_tensor");
+  return m;
+}
+
+/* A configured instance: option values found by name in the module's table. */
+static void *configure(const module *m, int e5m2, int pow2, double eps) {
+  hq_optval v[8];
+  memset(v, 0, sizeof v);
+  size_t n = 0;
+  for (; m->ops->options[n].name; n++) {
+    const char *name = m->ops->options[n].name;
+    assert_true(n < 8);
+    if (!strcmp(name, "dtype")) v[n].i = e5m2;
+    else if (!strcmp(name, "power_2_scales")) v[n].i = pow2;
+    else if (!strcmp(name, "amax_epsilon")) v[n].f = eps;
+    else fail_msg("unexpected option '%s'", name);
+  }
+  assert_int_equal(n, 3);
+  void *cfg = calloc(1, m->ops->config_size ? m->ops->config_size : 1);
+  HQ_OK_OR_FAIL(m->ops->configure(cfg, v, &m->host));
+  return cfg;
+}
+
+/* Describe (layout) and allocate the storages of dirs of a [M, K] tensor as the core does: a
+   buffer the columnwise storage shares is the rowwise storage's memory. */
+static void make_storages(const module *m, const void *cfg, int64_t M, int64_t K, uint32_t dirs,
+                          hq_storage *row, hq_storage *col) {
+  hq_storage *st[2] = {row, col};
+  for (int d = 0; d < 2; d++) {
+    uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
+    if (!(dirs & dir)) continue;
+    hq_test_storage_init(st[d], dir, M, K, HQ_F32);
+    HQ_OK_OR_FAIL(m->ops->layout(cfg, &m->host, M, K, dir, dirs, st[d]));
+    for (uint32_t i = 0; i < st[d]->nbuf; i++) {
+      hq_buffer *b = hq_storage_buf(st[d], i);
+      size_t n = hq_dtype_size(b->dtype);
+      for (int k = 0; k < b->ndim; k++) n *= (size_t)b->shape[k];
+      b->bytes = n;
+      if (d == 1 && (dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED)) {
+        b->ptr = hq_storage_buf(row, (uint32_t)b->shared_with)->ptr;
+        continue;
+      }
+      b->ptr = malloc(n);
+      memset(b->ptr, 0x5a, n); /* poison: quantize must write every byte */
+    }
+  }
+}
+static void free_storages(uint32_t dirs, hq_storage *row, hq_storage *col) {
+  if (dirs & HQ_ROWWISE)
+    for (uint32_t i = 0; i < row->nbuf; i++) free(hq_storage_buf(row, i)->ptr);
+  if (dirs & HQ_COLWISE)
+    for (uint32_t i = 0; i < col->nbuf; i++) {
+      hq_buffer *b = hq_storage_buf(col, i);
+      if (!((dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED))) free(b->ptr);
+    }
+}
+
+/* Quantize with instance A, dequantize each storage through a differently configured instance
+   B of the same plugin: B reads the element dtype and the order from the storage, so its values
+   equal A's own dequantize bit for bit (and the independent decode of the codes). */
+static void test_cross_instance_dequantize(void **state) {
+  (void)state;
+  module m = open_module();
+  struct {
+    int e5m2, pow2;
+    double eps;
+  } cfgs[] = {{0, 0, 0.0}, {1, 1, 0.5}, {1, 0, 0.0}, {0, 1, 1e-3}};
+  const int64_t shapes[][2] = {{37, 53}, {1, 1}, {65, 130}};
+  for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 4; b++) {
+      if (a == b || cfgs[a].e5m2 == cfgs[b].e5m2) continue; /* the elem must differ */
+      void *ca = configure(&m, cfgs[a].e5m2, cfgs[a].pow2, cfgs[a].eps);
+      void *cb = configure(&m, cfgs[b].e5m2, cfgs[b].pow2, cfgs[b].eps);
+      for (size_t sh = 0; sh < 3; sh++)
+        for (uint32_t dirs = 1; dirs <= 3; dirs++) {
+          const int64_t M = shapes[sh][0], K = shapes[sh][1];
+          hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 100 + sh, 1000.0f);
+          if (M * K > 2) hq_store_hp(x.data, 1, HQ_BF16, NAN);
+          hq_storage row, col;
+          make_storages(&m, ca, M, K, dirs, &row, &col);
+          hq_call call = hq_test_call(&m.host, 0, 0);
+          HQ_OK_OR_FAIL(m.ops->quantize(ca, &call, &x, dirs, (dirs & HQ_ROWWISE) ? &row : NULL,
+                                        (dirs & HQ_COLWISE) ? &col : NULL));
+          for (uint32_t dir = 1; dir <= 2; dir++) {
+            if (!(dirs & dir)) continue;
+            const hq_storage *s = dir == HQ_ROWWISE ? &row : &col;
+            hq_tensor da = hq_test_empty(HQ_F32, M, K), db = hq_test_empty(HQ_F32, M, K);
+            hq_tensor hb = hq_test_empty(HQ_BF16, M, K), ha = hq_test_empty(HQ_BF16, M, K);
+            HQ_OK_OR_FAIL(m.ops->dequantize(ca, &call, s, &da));
+            HQ_OK_OR_FAIL(m.ops->dequantize(cb, &call, s, &db));
+            HQ_OK_OR_FAIL(m.ops->dequantize(ca, &call, s, &ha));
+            HQ_OK_OR_FAIL(m.ops->dequantize(cb, &call, s, &hb));
+            assert_memory_equal(da.data, db.data, (size_t)(M * K) * 4);
+            assert_memory_equal(ha.data, hb.data, (size_t)(M * K) * 2);
+            /* and they are the values of the codes in A's element dtype */
+            const uint8_t *q = hq_storage_cbuf(s, 0)->ptr;
+            const float si = *(const float *)hq_storage_cbuf(s, 1)->ptr;
+            for (int64_t i = 0; i < M; i++)
+              for (int64_t k = 0; k < K; k++) {
+                uint8_t c = q[dir == HQ_ROWWISE ? i * K + k : k * M + i];
+                double dv = ref_fp8_decode(c, cfgs[a].e5m2);
+                float v = ((float *)da.data)[i * K + k];
+                if (isnan(dv)) assert_true(isnan(v));
+                else assert_true(v == (float)dv * si);
+              }
+            free(da.data);
+            free(db.data);
+            free(ha.data);
+            free(hb.data);
+          }
+          free_storages(dirs, &row, &col);
+          free(x.data);
+        }
+      free(ca);
+      free(cb);
+    }
+}
+
+/* The ops a direct caller sees: scratch 0, amax_kind INPUT both ways, amax() writes both
+   entries (0 for a direction not asked for), quantize with call->amax, update flags (host->alloc
+   refuses) work, a storage that is not per-tensor FP8 is refused, device calls of a host-only
+   build are refused. */
+static void test_ops_direct(void **state) {
+  (void)state;
+  module m = open_module();
+  void *cfg = configure(&m, 0, 0, 0.0);
+  assert_non_null(m.ops->scratch_size);
+  assert_int_equal(m.ops->scratch_size(cfg, 37, 53, HQ_BOTH, HQ_DEVICE_HOST), 0);
+  assert_int_equal(m.ops->scratch_size(cfg, 4096, 4096, HQ_BOTH, 0), 0);
+  assert_non_null(m.ops->amax_kind);
+  assert_non_null(m.ops->amax);
+  assert_null(m.ops->update); /* update = quantize, which neither allocates nor syncs */
+  assert_int_equal(m.ops->amax_kind(cfg, HQ_ROWWISE), HQ_AMAX_INPUT);
+  assert_int_equal(m.ops->amax_kind(cfg, HQ_COLWISE), HQ_AMAX_INPUT);
+  /* amax: max |x| with NaN ignored, per requested direction, 0 for the other */
+  const int64_t M = 9, K = 7;
+  hq_tensor x = hq_test_tensor(HQ_F16, M, K, 5, 1.0f); /* |x| <= 6 */
+  hq_store_hp(x.data, 3, HQ_F16, NAN);
+  hq_store_hp(x.data, 20, HQ_F16, -9.5f);
+  hq_call call = hq_test_call(&m.host, 0, 0);
+  for (uint32_t dirs = 0; dirs <= 3; dirs++) {
+    float out[2] = {-1.0f, -1.0f};
+    HQ_OK_OR_FAIL(m.ops->amax(cfg, &call, &x, dirs, out));
+    assert_true(out[0] == ((dirs & HQ_ROWWISE) ? 9.5f : 0.0f));
+    assert_true(out[1] == ((dirs & HQ_COLWISE) ? 9.5f : 0.0f));
+  }
+  /* quantize under HQ_CALL_UPDATE (host->alloc returns NULL) with and without call->amax */
+  hq_storage r1, c1, r2, c2;
+  make_storages(&m, cfg, M, K, HQ_BOTH, &r1, &c1);
+  make_storages(&m, cfg, M, K, HQ_BOTH, &r2, &c2);
+  hq_call up = call;
+  up.flags = HQ_CALL_UPDATE;
+  HQ_OK_OR_FAIL(m.ops->quantize(cfg, &up, &x, HQ_BOTH, &r1, &c1));
+  const float given[2] = {9.5f, 9.5f};
+  up.amax = given;
+  HQ_OK_OR_FAIL(m.ops->quantize(cfg, &up, &x, HQ_BOTH, &r2, &c2));
+  for (uint32_t i = 0; i < 3; i++) {
+    assert_memory_equal(hq_storage_buf(&r1, i)->ptr, hq_storage_buf(&r2, i)->ptr,
+                        hq_storage_buf(&r1, i)->bytes);
+    assert_memory_equal(hq_storage_buf(&c1, i)->ptr, hq_storage_buf(&c2, i)->ptr,
+                        hq_storage_buf(&c1, i)->bytes);
+  }
+  assert_true(*(float *)hq_storage_buf(&r1, 2)->ptr == 9.5f);
+  assert_true(*(float *)hq_storage_buf(&r1, 1)->ptr == 1.0f / (448.0f / 9.5f));
+  /* a storage that is not per-tensor FP8 is refused, not misread */
+  hq_tensor d = hq_test_empty(HQ_F32, M, K);
+  hq_storage bad = r1;
+  bad.desc.elem = HQ_E2M1X2;
+  assert_int_equal(m.ops->dequantize(cfg, &call, &bad, &d), HQ_EINVAL);
+  bad = r1;
+  bad.desc.scale_mode = HQ_SCALE_VEC32_UE8M0;
+  assert_int_equal(m.ops->dequantize(cfg, &call, &bad, &d), HQ_EINVAL);
+  hq_tensor wrong = hq_test_empty(HQ_F32, K, M);
+  assert_int_equal(m.ops->dequantize(cfg, &call, &r1, &wrong), HQ_ESHAPE);
+  free(wrong.data);
+  HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &c1, &d));
+  if (!hq_built_with_cuda()) {
+    hq_call dev = call;
+    dev.device = 0;
+    hq_tensor xd = x;
+    xd.device = 0;
+    char *msg = hq_test_module_error();
+    msg[0] = 0;
+    assert_int_equal(m.ops->quantize(cfg, &dev, &xd, HQ_BOTH, &r1, &c1), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, "without CUDA"));
+    float out[2];
+    assert_int_equal(m.ops->amax(cfg, &dev, &xd, HQ_BOTH, out), HQ_ENOTSUP);
+    hq_tensor dd = d;
+    dd.device = 0;
+    assert_int_equal(m.ops->dequantize(cfg, &dev, &r1, &dd), HQ_ENOTSUP);
+  }
+  free(d.data);
+  free_storages(HQ_BOTH, &r1, &c1);
+  free_storages(HQ_BOTH, &r2, &c2);
+  free(x.data);
+  free(cfg);
+}
+
+// --- caller-supplied amax and update, through the public API ---------------------------------
+
+static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
+                               const float *given) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = given;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
+  return qt;
+}
+
+/* hq_quantizer_amax then hq_quantize_ex with that amax == hq_quantize, byte for byte, for every
+   usage, option set, input dtype and edge shape. */
+static void test_caller_amax_equals_internal(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  const char *sets[] = {"", "dtype = e5m2", "power_2_scales = true\namax_epsilon = 0.125"};
+  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {65, 130}, {3, 200}};
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (size_t o = 0; o < 3; o++) {
+    hq_recipe *r = recipe(sets[o]);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_INPUT);
+    assert_int_equal(hq_quantizer_amax_kind(q, HQ_COLWISE), HQ_AMAX_INPUT);
+    for (size_t sh = 0; sh < 4; sh++)
+      for (int t = 0; t < 3; t++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        hq_tensor x = hq_test_tensor(dts[t], M, K, 31 * sh + t, 5.0f);
+        if (M * K > 4) {
+          hq_store_hp(x.data, 2, dts[t], NAN);
+          hq_store_hp(x.data, M * K - 1, dts[t], -77.0f); /* the amax, exact in every dtype */
+        }
+        /* independent amax: max |x| over the stored values, NaN ignored */
+        float want = 0;
+        for (int64_t i = 0; i < M * K; i++) {
+          float v = fabsf(hq_load_hp(x.data, i, dts[t]));
+          if (!isnan(v) && v > want) want = v;
+        }
+        const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+        for (int u = 0; u < 3; u++) {
+          HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
+          float a[2] = {-1.0f, -1.0f};
+          HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, a));
+          if (usages[u] & HQ_ROWWISE) assert_true(a[0] == want);
+          if (usages[u] & HQ_COLWISE) assert_true(a[1] == want);
+          hq_qtensor *ref = NULL;
+          HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
+          hq_qtensor *got = quantize_ex(q, ctx, &x, a);
+          if (usages[u] & HQ_ROWWISE) same_bytes(ref, got, HQ_ROWWISE, "quantize_ex rowwise");
+          if (usages[u] & HQ_COLWISE) same_bytes(ref, got, HQ_COLWISE, "quantize_ex columnwise");
+          if (usages[u] & HQ_ROWWISE) assert_true(amax(got, HQ_ROWWISE) == want);
+          if (usages[u] & HQ_COLWISE) assert_true(amax(got, HQ_COLWISE) == want);
+          /* args without an amax is hq_quantize */
+          hq_qtensor *plain = quantize_ex(q, ctx, &x, NULL);
+          if (usages[u] & HQ_ROWWISE) same_bytes(ref, plain, HQ_ROWWISE, "quantize_ex NULL");
+          if (usages[u] & HQ_COLWISE) same_bytes(ref, plain, HQ_COLWISE, "quantize_ex NULL");
+          hq_qtensor_free(plain);
+          hq_qtensor_free(got);
+          hq_qtensor_free(ref);
+        }
+        free(x.data);
+      }
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  hq_ctx_destroy(ctx);
+}
+
+/* A supplied amax is used as given (the input is not read for it), by the scale rule
+   scale = RN(max_fp8 / amax) (pow2: rounded down to a power of two), scale_inv = RN(1/scale):
+     x = {1, -2, 0.5, 2} (amax 2), supplied 4: scale 448/4 = 112, scale_inv 1/112;
+       1 -> 112 = 1.75*2^6 (e=13, m=6) 0x6E; -2 -> -224 = -1.75*2^7 (e=14, m=6) 0xF6;
+       0.5 -> 56 = 1.75*2^5 (e=12, m=6) 0x66; 2 -> 224 0x76.
+     pow2, supplied 4: 112 -> 64; 1 -> 64 = 2^6 0x68; -2 -> -128 0xF0; 0.5 -> 32 0x60; 2 -> 0x70.
+     e5m2, supplied 4: scale 57344/4 = 14336; 1 -> 14336 = 1.75*2^13 (e=28, m=3) 0x73;
+       -2 -> -28672 (e=29, m=3) 0xF7; 0.5 -> 7168 (e=27, m=3) 0x6F; 2 -> 0x77.
+     supplied 1 (smaller than the data): scale 448; 1 -> 448 0x7E; -2 -> -896 saturates 0xFE;
+       0.5 -> 224 0x76; 2 -> 0x7E.
+   Both directions made together share one scale: from max(amax[0], amax[1]); one direction
+   alone uses its own entry. */
+static void test_caller_amax_rule(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  float xv[4] = {1, -2, 0.5f, 2};
+  hq_tensor x = hq_tensor_2d(xv, HQ_F32, HQ_DEVICE_HOST, 2, 2);
+  struct {
+    const char *options;
+    float a[2];
+    uint32_t usage;
+    float used, scale;
+    uint8_t codes[4];
+  } cases[] = {
+      {"", {4, 4}, HQ_BOTH, 4, 112.0f, {0x6e, 0xf6, 0x66, 0x76}},
+      {"power_2_scales = true", {4, 4}, HQ_BOTH, 4, 64.0f, {0x68, 0xf0, 0x60, 0x70}},
+      {"dtype = e5m2", {4, 4}, HQ_BOTH, 4, 14336.0f, {0x73, 0xf7, 0x6f, 0x77}},
+      {"", {1, 1}, HQ_BOTH, 1, 448.0f, {0x7e, 0xfe, 0x76, 0x7e}},
+      {"", {4, 1}, HQ_BOTH, 4, 112.0f, {0x6e, 0xf6, 0x66, 0x76}},   /* max of the two */
+      {"", {1, 4}, HQ_BOTH, 4, 112.0f, {0x6e, 0xf6, 0x66, 0x76}},
+      {"", {4, 1}, HQ_ROWWISE, 4, 112.0f, {0x6e, 0xf6, 0x66, 0x76}}, /* its own entry */
+      {"", {1, 4}, HQ_ROWWISE, 1, 448.0f, {0x7e, 0xfe, 0x76, 0x7e}},
+      {"", {4, 1}, HQ_COLWISE, 1, 448.0f, {0x7e, 0xfe, 0x76, 0x7e}},
+      {"", {1, 4}, HQ_COLWISE, 4, 112.0f, {0x6e, 0xf6, 0x66, 0x76}},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    hq_recipe *r = recipe(cases[c].options);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, cases[c].usage));
+    hq_qtensor *qt = quantize_ex(q, ctx, &x, cases[c].a);
+    const float want_si = 1.0f / cases[c].scale;
+    const uint8_t *cd = cases[c].codes;
+    const uint8_t want_t[4] = {cd[0], cd[2], cd[1], cd[3]};
+    if (cases[c].usage & HQ_ROWWISE) {
+      assert_memory_equal(bytes(qt, HQ_ROWWISE), cd, 4);
+      assert_true(scale_inv(qt, HQ_ROWWISE) == want_si);
+      assert_true(amax(qt, HQ_ROWWISE) == cases[c].used);
+    }
+    if (cases[c].usage & HQ_COLWISE) {
+      assert_memory_equal(bytes(qt, HQ_COLWISE), want_t, 4);
+      assert_true(scale_inv(qt, HQ_COLWISE) == want_si);
+      assert_true(amax(qt, HQ_COLWISE) == cases[c].used);
+    }
+    /* the same through an update of a qtensor made from other data */
+    float other[4] = {100, -3, 7, 0.125f};
+    hq_tensor y = hq_tensor_2d(other, HQ_F32, HQ_DEVICE_HOST, 2, 2);
+    hq_qtensor *u = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &u));
+    hq_quantize_args args;
+    memset(&args, 0, sizeof args);
+    args.struct_size = sizeof args;
+    args.amax = cases[c].a;
+    HQ_OK_OR_FAIL(hq_qtensor_update_ex(u, ctx, &x, &args));
+    if (cases[c].usage & HQ_ROWWISE) same_bytes(qt, u, HQ_ROWWISE, "update_ex");
+    if (cases[c].usage & HQ_COLWISE) same_bytes(qt, u, HQ_COLWISE, "update_ex");
+    hq_qtensor_free(u);
+    hq_qtensor_free(qt);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  hq_ctx_destroy(ctx);
+}
+
+/* hq_qtensor_update with new data equals a fresh quantize of it, byte for byte (every usage,
+   option set and edge shape); so does update_ex with the new data's amax. */
+static void test_update_equals_quantize(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  const char *sets[] = {"", "dtype = e5m2\npower_2_scales = true"};
+  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {65, 130}};
+  for (size_t o = 0; o < 2; o++) {
+    hq_recipe *r = recipe(sets[o]);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    for (size_t sh = 0; sh < 3; sh++) {
+      const int64_t M = shapes[sh][0], K = shapes[sh][1];
+      hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 70 + sh, 1.0f);
+      hq_tensor y = hq_test_tensor(HQ_BF16, M, K, 80 + sh, 30.0f);
+      const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+      for (int u = 0; u < 3; u++) {
+        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
+        hq_qtensor *fresh = NULL, *upd = NULL, *upd2 = NULL;
+        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &fresh));
+        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &upd));
+        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &upd2));
+        HQ_OK_OR_FAIL(hq_qtensor_update(upd, ctx, &y));
+        float a[2];
+        HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &y, a));
+        hq_quantize_args args;
+        memset(&args, 0, sizeof args);
+        args.struct_size = sizeof args;
+        args.amax = a;
+        HQ_OK_OR_FAIL(hq_qtensor_update_ex(upd2, ctx, &y, &args));
+        for (uint32_t dir = 1; dir <= 2; dir++) {
+          if (!(usages[u] & dir)) continue;
+          same_bytes(fresh, upd, dir, "update");
+          same_bytes(fresh, upd2, dir, "update_ex");
+        }
+        hq_qtensor_free(fresh);
+        hq_qtensor_free(upd);
+        hq_qtensor_free(upd2);
+      }
+      free(x.data);
+      free(y.data);
+    }
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_computed),
@@ -254,6 +832,13 @@ int main(void) {
       cmocka_unit_test(test_nan_inf),
       cmocka_unit_test(test_layout_and_dtypes),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_desc_and_buffers),
+      cmocka_unit_test(test_cross_instance_dequantize),
+      cmocka_unit_test(test_ops_direct),
+      cmocka_unit_test(test_caller_amax_equals_internal),
+      cmocka_unit_test(test_caller_amax_rule),
+      cmocka_unit_test(test_update_equals_quantize),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

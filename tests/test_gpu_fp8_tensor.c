@@ -1,7 +1,10 @@
 /*
 ** test_gpu_fp8_tensor.c -- fp8_tensor on a CUDA device is bit-identical to the CPU reference:
 ** quantize (both directions, each alone), scale_inv and amax, dequantize into every dtype, for
-** f32 / bf16 / f16 inputs, odd and large shapes, NaN/Inf inputs, power-of-two scales, E5M2.
+** f32 / bf16 / f16 inputs, odd and large shapes, NaN/Inf inputs, power-of-two scales, E5M2;
+** the per-tensor amax on the device (hq_quantizer_amax, and the module's amax op for every set
+** of directions), quantize with a caller-supplied device amax (the same amax, a larger one,
+** different rowwise/columnwise ones), and update with and without a supplied amax.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -44,19 +47,119 @@ static void compare(const hq_qtensor *h, const hq_qtensor *g, uint32_t dir, cons
   const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
   assert_non_null(sh);
   assert_non_null(sg);
+  assert_int_equal(sh->nbuf, sg->nbuf);
   for (uint32_t i = 0; i < sh->nbuf; i++) {
-    size_t n = sh->buf[i].bytes;
+    const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
+    size_t n = bh->bytes;
+    assert_int_equal(bg->bytes, n);
     uint8_t *tmp = malloc(n);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, sg->buf[i].ptr, 0, n));
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, bg->ptr, 0, n));
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    if (memcmp(tmp, sh->buf[i].ptr, n) != 0) {
+    if (memcmp(tmp, bh->ptr, n) != 0) {
       size_t k = 0;
-      while (((uint8_t *)sh->buf[i].ptr)[k] == tmp[k]) k++;
+      while (((uint8_t *)bh->ptr)[k] == tmp[k]) k++;
       fail_msg("%s: dir %u buffer '%s' differs at byte %zu: cpu %02x gpu %02x", what, dir,
-               sh->buf[i].name, k, ((uint8_t *)sh->buf[i].ptr)[k], tmp[k]);
+               bh->name, k, ((uint8_t *)bh->ptr)[k], tmp[k]);
     }
     free(tmp);
   }
+}
+
+/* Both present directions of a usage. */
+static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
+                          const char *what) {
+  if (usage & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
+  if (usage & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
+}
+
+/* Two floats in device memory (free with hq_ctx_free). */
+static float *amax_to_gpu(const float a[2]) {
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), &p));
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, p, 0, a, HQ_DEVICE_HOST, 2 * sizeof(float)));
+  return p;
+}
+static void amax_to_host(const float *dev, float out[2]) {
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, out, HQ_DEVICE_HOST, dev, 0, 2 * sizeof(float)));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+}
+
+static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
+                               const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
+  return qt;
+}
+
+static void update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x, const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
+}
+
+/* Caller-supplied amax and update on the device, against the CPU: hq_quantizer_amax agrees bit
+   for bit; hq_quantize_ex with it equals hq_quantize; a larger supplied amax and different
+   rowwise/columnwise amaxes give the CPU's bytes; update (plain and with an amax) with new data
+   equals the CPU's fresh quantize of that data. */
+static void check_amax_and_update(hq_quantizer *q, uint32_t usage, const hq_tensor *x,
+                                  const hq_tensor *xg, const hq_qtensor *h, const hq_tensor *y,
+                                  const hq_tensor *yg, const char *what) {
+  char w[256];
+  float ah[2] = {-1, -1}, back[2];
+  float *ag = amax_to_gpu(ah);
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, x, ah));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, xg, ag));
+  amax_to_host(ag, back);
+  if (memcmp(ah, back, sizeof ah) != 0)
+    fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
+  /* the same amax, passed in device memory: the bytes of hq_quantize */
+  hq_qtensor *g = quantize_ex(q, gpu, xg, ag);
+  snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
+  compare_usage(h, g, usage, w);
+  hq_qtensor_free(g);
+  /* other amaxes: larger (x4) rowwise and smaller (/2) columnwise, and both larger (x3) */
+  const float others[2][2] = {{ah[0] * 4.0f, ah[1] * 0.5f}, {ah[0] * 3.0f, ah[1] * 3.0f}};
+  for (int k = 0; k < 2; k++) {
+    float *og = amax_to_gpu(others[k]);
+    hq_qtensor *hc = quantize_ex(q, cpu, x, others[k]);
+    hq_qtensor *gc = quantize_ex(q, gpu, xg, og);
+    snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    compare_usage(hc, gc, usage, w);
+    /* update on the device with that amax: the same bytes again */
+    hq_qtensor *gu = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
+    update_ex(gu, gpu, xg, og);
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    compare_usage(hc, gu, usage, w);
+    hq_qtensor_free(gu);
+    hq_qtensor_free(hc);
+    hq_qtensor_free(gc);
+    hq_ctx_free(gpu, og);
+  }
+  /* update with new data y, plain and with y's device amax == the CPU's fresh quantize of y */
+  hq_qtensor *hy = NULL, *g1 = NULL, *g2 = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, y, &hy));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g1));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g2));
+  HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
+  update_ex(g2, gpu, yg, ag);
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  snprintf(w, sizeof w, "%s, update(y)", what);
+  compare_usage(hy, g1, usage, w);
+  snprintf(w, sizeof w, "%s, update_ex(y, amax(y))", what);
+  compare_usage(hy, g2, usage, w);
+  hq_qtensor_free(hy);
+  hq_qtensor_free(g1);
+  hq_qtensor_free(g2);
+  hq_ctx_free(gpu, ag);
 }
 
 static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, uint64_t seed,
@@ -74,6 +177,8 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     hq_store_hp(x.data, (M * K) / 2, dt, special > 1 ? INFINITY : 1e-6f);
   }
   hq_tensor xg = to_gpu(&x);
+  hq_tensor y = hq_test_tensor(dt, M, K, seed + 1000, 40.0f);
+  hq_tensor yg = to_gpu(&y);
   uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
   for (int u = 0; u < 3; u++) {
     HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
@@ -109,9 +214,13 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &xg));
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     if (usages[u] & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
+    if (usages[u] & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
+    check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
     hq_qtensor_free(h);
     hq_qtensor_free(g);
   }
+  hq_ctx_free(gpu, yg.data);
+  free(y.data);
   hq_ctx_free(gpu, xg.data);
   free(x.data);
   hq_quantizer_free(q);
@@ -165,6 +274,56 @@ static void test_hybrid_on_device(void **state) {
   hq_recipe_free(r);
 }
 
+/* The module's amax op on the device, called directly: out[0] / out[1] get max |x| (NaN ignored,
+   Inf counted) for the requested directions and 0 for the others (written over whatever was
+   there), for aligned (vectorized) and odd shapes, every input dtype; its scratch is 0. */
+static void test_amax_op_direct(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("fp8_tensor")(&host);
+  assert_non_null(ops);
+  assert_non_null(ops->amax);
+  hq_optval v[3];
+  memset(v, 0, sizeof v);
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  assert_int_equal(ops->scratch_size ? ops->scratch_size(cfg, 4096, 4096, HQ_BOTH, 0) : 0, 0);
+  hq_call call = hq_test_call(&host, 0, 0);
+  call.device = 0;
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {64, 64}, {1000, 333}};
+  for (int t = 0; t < 3; t++)
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+      const int64_t M = shapes[sh][0], K = shapes[sh][1];
+      hq_tensor x = hq_test_tensor(dts[t], M, K, 500 + sh, 2.0f);
+      if (M * K > 8) {
+        hq_store_hp(x.data, 5, dts[t], NAN);
+        hq_store_hp(x.data, M * K - 2, dts[t], -300.0f);
+      }
+      float want = 0;
+      for (int64_t i = 0; i < M * K; i++) {
+        float a = fabsf(hq_load_hp(x.data, i, dts[t]));
+        if (!isnan(a) && a > want) want = a;
+      }
+      hq_tensor xg = to_gpu(&x);
+      for (uint32_t dirs = 0; dirs <= 3; dirs++) {
+        const float junk[2] = {-7.0f, NAN};
+        float *og = amax_to_gpu(junk), out[2];
+        HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+        assert_int_equal(ops->amax(cfg, &call, &xg, dirs, og), HQ_OK);
+        amax_to_host(og, out);
+        if (out[0] != ((dirs & HQ_ROWWISE) ? want : 0.0f) ||
+            out[1] != ((dirs & HQ_COLWISE) ? want : 0.0f))
+          fail_msg("%s %lldx%lld dirs %u: amax {%a, %a}, want %a", hq_dtype_name(dts[t]),
+                   (long long)M, (long long)K, dirs, out[0], out[1], want);
+        hq_ctx_free(gpu, og);
+      }
+      hq_ctx_free(gpu, xg.data);
+      free(x.data);
+    }
+  free(cfg);
+}
+
 /* The host module refuses the wrong device for a tensor; errors name the device. */
 static void test_device_mismatch(void **state) {
   (void)state;
@@ -192,6 +351,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bitwise_equal),
       cmocka_unit_test(test_hybrid_on_device),
+      cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_device_mismatch),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

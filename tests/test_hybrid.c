@@ -3,7 +3,10 @@
 ** bit-identical to the single-format quantize for every loaded plugin; usage flags decide which
 ** directions are made and refreshed; mixed formats; the rowwise_dequantized source; update in
 ** place keeps a skipped direction intact (even when it shared buffers); drop; make_empty;
-** save/restore; snapshots; error paths.
+** save/restore through hq_saved_buffer descriptors (names, directions, dtypes, shapes and bytes
+** against hand-written tables for every stock format, an offload round trip through fresh
+** blocks, rejected entries that change nothing); snapshots; error paths. Storages are read
+** through the public descriptions only (hq_storage_cbuf: the buffer stride is buf_size).
 */
 #include <math.h>
 
@@ -15,6 +18,14 @@ static hq_ctx *host_ctx(void) {
   return ctx;
 }
 
+/* Buffer i of direction dir of qt (fails the test when absent). */
+static const hq_buffer *qbuf(const hq_qtensor *qt, uint32_t dir, uint32_t i) {
+  const hq_storage *s = hq_qtensor_storage(qt, dir);
+  if (!s || i >= s->nbuf) fail_msg("direction %u has no buffer %u", dir, i);
+  assert_int_equal(s->buf_size, sizeof(hq_buffer));
+  return hq_storage_cbuf(s, i);
+}
+
 /* Every buffer of direction dir holds the same bytes in a and b. */
 static void assert_same_storage(const hq_qtensor *a, const hq_qtensor *b, uint32_t dir,
                                 const char *what) {
@@ -22,10 +33,45 @@ static void assert_same_storage(const hq_qtensor *a, const hq_qtensor *b, uint32
   if (!sa || !sb) fail_msg("%s: direction %u missing", what, dir);
   assert_int_equal(sa->nbuf, sb->nbuf);
   for (uint32_t i = 0; i < sa->nbuf; i++) {
-    assert_string_equal(sa->buf[i].name, sb->buf[i].name);
-    assert_int_equal(sa->buf[i].bytes, sb->buf[i].bytes);
-    if (memcmp(sa->buf[i].ptr, sb->buf[i].ptr, sa->buf[i].bytes) != 0)
-      fail_msg("%s: direction %u buffer '%s' differs", what, dir, sa->buf[i].name);
+    const hq_buffer *ba = hq_storage_cbuf(sa, i), *bb = hq_storage_cbuf(sb, i);
+    /* a columnwise buffer shared in one tensor and a private copy in the other (after a
+       one-direction update) carry the rowwise name and the "columnwise_" one */
+    if (strcmp(ba->name, bb->name) != 0) {
+      const hq_buffer *pr = strncmp(ba->name, "columnwise_", 11) == 0 ? ba : bb;
+      const hq_buffer *sh = pr == ba ? bb : ba;
+      assert_int_equal(dir, HQ_COLWISE);
+      assert_true(sh->flags & HQ_BUF_SHARED);
+      assert_true(strncmp(pr->name, "columnwise_", 11) == 0);
+      assert_string_equal(pr->name + 11, sh->name);
+    }
+    assert_int_equal(ba->bytes, bb->bytes);
+    if (!ba->ptr || !bb->ptr) fail_msg("%s: direction %u buffer '%s' has no memory", what, dir,
+                                       ba->name);
+    if (memcmp(ba->ptr, bb->ptr, ba->bytes) != 0)
+      fail_msg("%s: direction %u buffer '%s' differs", what, dir, ba->name);
+  }
+}
+
+/* Like assert_same_storage, for a columnwise storage `b` made WITHOUT the rowwise one while
+   `a`'s was made with it: a buffer `a` shares with its rowwise storage (keeping the rowwise name)
+   is `b`'s own, named with the columnwise prefix; the bytes are equal either way. */
+static void assert_same_column_alone(const hq_qtensor *a, const hq_qtensor *b, const char *what) {
+  const hq_storage *sa = hq_qtensor_storage(a, HQ_COLWISE);
+  const hq_storage *sb = hq_qtensor_storage(b, HQ_COLWISE);
+  if (!sa || !sb) fail_msg("%s: columnwise direction missing", what);
+  assert_int_equal(sa->nbuf, sb->nbuf);
+  for (uint32_t i = 0; i < sa->nbuf; i++) {
+    const hq_buffer *ba = hq_storage_cbuf(sa, i), *bb = hq_storage_cbuf(sb, i);
+    char want[64];
+    if (ba->flags & HQ_BUF_SHARED) snprintf(want, sizeof want, "columnwise_%s", ba->name);
+    else snprintf(want, sizeof want, "%s", ba->name);
+    if (strcmp(bb->name, want) != 0)
+      fail_msg("%s: columnwise buffer %u made alone is '%s', want '%s'", what, i, bb->name, want);
+    assert_int_equal(bb->flags & HQ_BUF_SHARED, 0);
+    assert_int_equal(strncmp(bb->name, "columnwise_", 11), 0);
+    assert_int_equal(ba->bytes, bb->bytes);
+    if (memcmp(ba->ptr, bb->ptr, ba->bytes) != 0)
+      fail_msg("%s: columnwise buffer '%s' differs", what, bb->name);
   }
 }
 
@@ -63,9 +109,10 @@ static void check_equal_format(const hq_tensor *x, const char *plugin, const cha
   assert_int_equal(hq_qtensor_dirs(row), HQ_ROWWISE);
   assert_int_equal(hq_qtensor_dirs(col), HQ_COLWISE);
   assert_same_storage(fused, split, HQ_ROWWISE, what);
-  assert_same_storage(fused, split, HQ_COLWISE, what);
   assert_same_storage(fused, row, HQ_ROWWISE, what);
-  assert_same_storage(fused, col, HQ_COLWISE, what);
+  /* two calls: the columnwise storage is made on its own, in the split tensor too */
+  assert_same_column_alone(fused, split, what);
+  assert_same_column_alone(fused, col, what);
   hq_qtensor_free(fused);
   hq_qtensor_free(split);
   hq_qtensor_free(row);
@@ -128,9 +175,13 @@ static void test_mixed_formats(void **state) {
   assert_string_equal(hq_qtensor_format(qt, HQ_ROWWISE), "f8");
   assert_string_equal(hq_qtensor_format(qt, HQ_COLWISE), "hp");
   assert_same_storage(qt, ref, HQ_ROWWISE, "fp8 rowwise");
-  const hq_storage *c = hq_qtensor_storage(qt, HQ_COLWISE);
-  assert_int_equal(c->buf[0].dtype, HQ_F32);
-  assert_memory_equal(c->buf[0].ptr, x.data, 33 * 65 * 4); /* the original, untouched */
+  const hq_buffer *c = qbuf(qt, HQ_COLWISE, 0);
+  assert_int_equal(hq_qtensor_storage(qt, HQ_COLWISE)->nbuf, 1);
+  assert_int_equal(c->dtype, HQ_F32);
+  /* made by its own call (another format): its own buffer, with the columnwise prefix */
+  assert_string_equal(c->name, "columnwise_data");
+  assert_int_equal(c->flags & HQ_BUF_SHARED, 0);
+  assert_memory_equal(c->ptr, x.data, 33 * 65 * 4); /* the original, untouched */
   hq_qtensor_free(qt);
   hq_qtensor_free(ref);
   hq_recipe_free(r8);
@@ -152,7 +203,7 @@ static void test_rowwise_dequantized_source(void **state) {
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
   hq_tensor deq = hq_test_empty(HQ_F32, 16, 48);
   HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, HQ_ROWWISE, &deq));
-  const float *col = hq_qtensor_storage(qt, HQ_COLWISE)->buf[0].ptr;
+  const float *col = qbuf(qt, HQ_COLWISE, 0)->ptr;
   assert_memory_equal(col, deq.data, 16 * 48 * 4);
   int differs = 0;
   for (int i = 0; i < 16 * 48; i++) differs |= col[i] != ((float *)x.data)[i];
@@ -161,7 +212,7 @@ static void test_rowwise_dequantized_source(void **state) {
   HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_COLWISE));
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
   assert_int_equal(hq_qtensor_dirs(qt), HQ_COLWISE);
-  assert_memory_equal(hq_qtensor_storage(qt, HQ_COLWISE)->buf[0].ptr, deq.data, 16 * 48 * 4);
+  assert_memory_equal(qbuf(qt, HQ_COLWISE, 0)->ptr, deq.data, 16 * 48 * 4);
   /* update with the source rule: columnwise follows the new rowwise rounding */
   hq_tensor y = hq_test_tensor(HQ_F32, 16, 48, 6, 3.0f);
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &y));
@@ -195,6 +246,21 @@ static void test_update_usage_and_sharing(void **state) {
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &fx));
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &fy));
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &z, &fz));
+  /* made by one call: the columnwise storage IS the rowwise scale_inv and amax (same memory,
+     rowwise names, marked shared); its own data carries the columnwise prefix */
+  assert_string_equal(qbuf(qt, HQ_COLWISE, 0)->name, "columnwise_data");
+  assert_int_equal(qbuf(qt, HQ_COLWISE, 0)->flags & HQ_BUF_SHARED, 0);
+  static const char *shared_names[3] = {NULL, "scale_inv", "amax"};
+  for (uint32_t i = 1; i < 3; i++) {
+    const hq_buffer *cb = qbuf(qt, HQ_COLWISE, i), *rb = qbuf(qt, HQ_ROWWISE, i);
+    assert_string_equal(cb->name, shared_names[i]);
+    assert_string_equal(rb->name, shared_names[i]);
+    assert_true(cb->flags & HQ_BUF_SHARED);
+    assert_int_equal(cb->shared_with, (int)i);
+    assert_ptr_equal(cb->ptr, rb->ptr);
+  }
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_ROWWISE), 32 * 40 + 4 + 4);
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE), 40 * 32); /* shared ones count once */
   /* the tensor snapshots the quantizer: later changes to q do not reach it */
   HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
   assert_int_equal(hq_qtensor_usage(qt), HQ_BOTH);
@@ -207,6 +273,16 @@ static void test_update_usage_and_sharing(void **state) {
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &z));
   assert_same_storage(qt, fz, HQ_ROWWISE, "row refreshed");
   assert_same_storage(qt, fy, HQ_COLWISE, "column stale but intact");
+  /* ... because the column got private copies of the shared buffers before the refresh */
+  for (uint32_t i = 1; i < 3; i++)
+    assert_ptr_not_equal(qbuf(qt, HQ_COLWISE, i)->ptr, qbuf(qt, HQ_ROWWISE, i)->ptr);
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE), 40 * 32 + 4 + 4);
+  assert_true(*(const float *)qbuf(qt, HQ_COLWISE, 1)->ptr ==
+              *(const float *)qbuf(fy, HQ_ROWWISE, 1)->ptr);
+  assert_true(*(const float *)qbuf(qt, HQ_ROWWISE, 1)->ptr ==
+              *(const float *)qbuf(fz, HQ_ROWWISE, 1)->ptr);
+  assert_true(*(const float *)qbuf(fy, HQ_ROWWISE, 1)->ptr !=
+              *(const float *)qbuf(fz, HQ_ROWWISE, 1)->ptr); /* the scales really differ */
   hq_tensor d1 = hq_test_empty(HQ_F32, 32, 40), d2 = hq_test_empty(HQ_F32, 32, 40);
   HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, HQ_COLWISE, &d1));
   HQ_OK_OR_FAIL(hq_dequantize(fy, ctx, HQ_COLWISE, &d2));
@@ -216,8 +292,9 @@ static void test_update_usage_and_sharing(void **state) {
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &x));
   assert_same_storage(qt, fx, HQ_ROWWISE, "back to both rowwise");
   assert_same_storage(qt, fx, HQ_COLWISE, "back to both columnwise");
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_COLWISE)->buf[1].ptr,
-                   hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr);
+  for (uint32_t i = 1; i < 3; i++)
+    assert_ptr_equal(qbuf(qt, HQ_COLWISE, i)->ptr, qbuf(qt, HQ_ROWWISE, i)->ptr);
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE), 40 * 32);
   /* columnwise only, then drop rowwise: the column survives with its own scale */
   HQ_OK_OR_FAIL(hq_qtensor_set_usage(qt, HQ_COLWISE));
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &z));
@@ -226,6 +303,9 @@ static void test_update_usage_and_sharing(void **state) {
   HQ_OK_OR_FAIL(hq_qtensor_drop(qt, HQ_ROWWISE));
   assert_int_equal(hq_qtensor_dirs(qt), HQ_COLWISE);
   assert_same_storage(qt, fz, HQ_COLWISE, "column after drop");
+  assert_null(hq_qtensor_storage(qt, HQ_ROWWISE));
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_ROWWISE), 0);
+  assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE), 40 * 32 + 4 + 4); /* owns its scale now */
   assert_int_equal(hq_dequantize(qt, ctx, HQ_ROWWISE, &d1), HQ_ENOENT);
   HQ_ERROR_HAS("has no rowwise representation");
   /* nothing is ever created by an update */
@@ -252,6 +332,366 @@ static void test_update_usage_and_sharing(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* A bring-your-own allocator that counts live blocks (save/restore hands memory back and forth
+   between the caller and the qtensor: every block must be freed exactly once). */
+typedef struct counting { int live, total; } counting;
+static void *count_alloc(void *user, int device, size_t bytes, void *stream) {
+  (void)device; (void)stream;
+  counting *c = user;
+  c->live++;
+  c->total++;
+  return malloc(bytes);
+}
+static void count_free(void *user, int device, void *ptr, void *stream) {
+  (void)device; (void)stream;
+  ((counting *)user)->live--;
+  free(ptr);
+}
+
+static hq_ctx *counting_ctx(counting *c, hq_allocator *a) {
+  a->alloc = count_alloc;
+  a->free = count_free;
+  a->user = c;
+  hq_ctx_desc desc = {0};
+  desc.struct_size = sizeof desc;
+  desc.device = HQ_DEVICE_HOST;
+  desc.allocator = a;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&desc, &ctx));
+  return ctx;
+}
+
+/* What a saved entry must say, written by hand from each format's buffer table. */
+typedef struct want_buf {
+  uint32_t dir;
+  const char *name;
+  hq_dtype dtype;
+  int ndim;
+  int64_t d0, d1;
+} want_buf;
+
+static size_t want_bytes(const want_buf *w) {
+  size_t n = hq_dtype_size(w->dtype) * (size_t)w->d0;
+  return w->ndim > 1 ? n * (size_t)w->d1 : n;
+}
+
+/* The storage buffer of qt named `name` in direction dir, or NULL. */
+static const hq_buffer *find_buf(const hq_qtensor *qt, uint32_t dir, const char *name) {
+  const hq_storage *s = hq_qtensor_storage(qt, dir);
+  for (uint32_t i = 0; s && i < s->nbuf; i++)
+    if (strcmp(hq_storage_cbuf(s, i)->name, name) == 0) return hq_storage_cbuf(s, i);
+  return NULL;
+}
+
+/* Every buffer of every present direction of qt has ptr == NULL (saved) or != NULL. */
+static void expect_skeleton(const hq_qtensor *qt, int saved) {
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const hq_storage *s = hq_qtensor_storage(qt, dir);
+    for (uint32_t i = 0; s && i < s->nbuf; i++) {
+      const hq_buffer *b = hq_storage_cbuf(s, i);
+      if (saved && b->ptr) fail_msg("saved: direction %u buffer '%s' still has memory", dir,
+                                    b->name);
+      if (!saved && !b->ptr) fail_msg("direction %u buffer '%s' has no memory", dir, b->name);
+    }
+  }
+  assert_int_equal(hq_qtensor_is_saved(qt), saved);
+}
+
+/* Every entry of a saved list matches the hand-written table (and the pointers the storages
+   held before the save, `before`). */
+static void expect_entries(const hq_saved_buffer *e, size_t n, const want_buf *w, size_t nw,
+                           void *const *before, const char *what) {
+  if (n != nw) fail_msg("%s: %zu saved entries, want %zu", what, n, nw);
+  for (size_t k = 0; k < n; k++) {
+    if (e[k].dir != w[k].dir || !e[k].name || strcmp(e[k].name, w[k].name) != 0)
+      fail_msg("%s: entry %zu is (%u, %s), want (%u, %s)", what, k, e[k].dir,
+               e[k].name ? e[k].name : "NULL", w[k].dir, w[k].name);
+    assert_int_equal(e[k].struct_size, sizeof(hq_saved_buffer));
+    if (e[k].dtype != w[k].dtype)
+      fail_msg("%s: entry %zu '%s' dtype %s, want %s", what, k, w[k].name,
+               hq_dtype_name(e[k].dtype), hq_dtype_name(w[k].dtype));
+    assert_int_equal(e[k].ndim, w[k].ndim);
+    int64_t want_shape[HQ_MAX_BUFFER_DIMS] = {w[k].d0, w[k].ndim > 1 ? w[k].d1 : 0};
+    for (int d = 0; d < HQ_MAX_BUFFER_DIMS; d++)
+      if (e[k].shape[d] != want_shape[d])
+        fail_msg("%s: entry %zu '%s' shape[%d] = %lld, want %lld", what, k, w[k].name, d,
+                 (long long)e[k].shape[d], (long long)want_shape[d]);
+    if (e[k].bytes != want_bytes(&w[k]))
+      fail_msg("%s: entry %zu '%s' has %zu bytes, want %zu", what, k, w[k].name, e[k].bytes,
+               want_bytes(&w[k]));
+    assert_int_equal(e[k].device, HQ_DEVICE_HOST);
+    assert_non_null(e[k].ptr);
+    if (before) assert_ptr_equal(e[k].ptr, before[k]);
+    for (size_t j = 0; j < k; j++) /* one entry per buffer: no pointer handed out twice */
+      assert_ptr_not_equal(e[j].ptr, e[k].ptr);
+  }
+}
+
+/* Restore rejects `bad` (a corrupted copy of the good list) and changes nothing. */
+static void expect_restore_refused(hq_qtensor *qt, const hq_saved_buffer *bad, size_t n,
+                                   const char *needle) {
+  hq_clear_error();
+  assert_int_equal(hq_qtensor_restore(qt, bad, n, sizeof *bad), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_qtensor_restore");
+  if (needle) HQ_ERROR_HAS(needle);
+  expect_skeleton(qt, 1);
+}
+
+static const char *SAVE_RECIPE =
+    "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = identity\ndtype = f32\n"
+    "[format nv]\nplugin = nvfp4\n[format mx]\nplugin = mxfp8\n"
+    "[format b1]\nplugin = fp8_block\n[format b2]\nplugin = fp8_block\nblock = 2d\n"
+    "[role *:*:f8]\nrowwise = f8\ncolumnwise = f8\n"
+    "[role *:*:mixed]\nrowwise = f8\ncolumnwise = hp\n"
+    "[role *:*:hp]\nrowwise = hp\ncolumnwise = hp\n"
+    "[role *:*:nv]\nrowwise = nv\ncolumnwise = nv\n"
+    "[role *:*:mx]\nrowwise = mx\ncolumnwise = mx\n"
+    "[role *:*:b1]\nrowwise = b1\ncolumnwise = b1\n"
+    "[role *:*:b2]\nrowwise = b2\ncolumnwise = b2\n";
+
+typedef struct save_case {
+  const char *role;
+  uint32_t usage;
+  int64_t M, K;
+  size_t n;
+  want_buf w[6];
+} save_case;
+
+#define R HQ_ROWWISE
+#define C HQ_COLWISE
+static const save_case SAVE_CASES[] = {
+    /* fp8_tensor made together: the shared scale_inv / amax travel once, with the rowwise
+       storage */
+    {"f8", HQ_BOTH, 24, 8, 4,
+     {{R, "data", HQ_E4M3, 2, 24, 8}, {R, "scale_inv", HQ_F32, 1, 1, 0},
+      {R, "amax", HQ_F32, 1, 1, 0}, {C, "columnwise_data", HQ_E4M3, 2, 8, 24}}},
+    {"f8", HQ_ROWWISE, 24, 8, 3,
+     {{R, "data", HQ_E4M3, 2, 24, 8}, {R, "scale_inv", HQ_F32, 1, 1, 0},
+      {R, "amax", HQ_F32, 1, 1, 0}}},
+    /* made alone: its own, prefixed, scale_inv and amax */
+    {"f8", HQ_COLWISE, 24, 8, 3,
+     {{C, "columnwise_data", HQ_E4M3, 2, 8, 24}, {C, "columnwise_scale_inv", HQ_F32, 1, 1, 0},
+      {C, "columnwise_amax", HQ_F32, 1, 1, 0}}},
+    /* two formats: FP8 rowwise, the f32 identity columnwise (its own buffer) */
+    {"mixed", HQ_BOTH, 33, 65, 4,
+     {{R, "data", HQ_E4M3, 2, 33, 65}, {R, "scale_inv", HQ_F32, 1, 1, 0},
+      {R, "amax", HQ_F32, 1, 1, 0}, {C, "columnwise_data", HQ_F32, 2, 33, 65}}},
+    /* identity in both directions: one buffer serves both */
+    {"hp", HQ_BOTH, 5, 7, 1, {{R, "data", HQ_F32, 2, 5, 7}}},
+    {"hp", HQ_COLWISE, 5, 7, 1, {{C, "columnwise_data", HQ_F32, 2, 5, 7}}},
+    /* nvfp4: packed FP4 [M, K/2] / transposed [K, M/2], E4M3 scales padded to
+       [roundup(outer,128), roundup(blocks,4)], an amax per direction */
+    {"nv", HQ_BOTH, 64, 48, 6,
+     {{R, "data", HQ_E2M1X2, 2, 64, 24}, {R, "scale_inv", HQ_E4M3, 2, 128, 4},
+      {R, "amax", HQ_F32, 1, 1, 0}, {C, "columnwise_data", HQ_E2M1X2, 2, 48, 32},
+      {C, "columnwise_scale_inv", HQ_E4M3, 2, 128, 4}, {C, "columnwise_amax", HQ_F32, 1, 1, 0}}},
+    /* mxfp8: both copies [M, K]; E8M0 scales [roundup(M,128), roundup(K/32,4)] and
+       [roundup(M/32,4), roundup(K,128)] */
+    {"mx", HQ_BOTH, 64, 96, 4,
+     {{R, "data", HQ_E4M3, 2, 64, 96}, {R, "scale_inv", HQ_E8M0, 2, 128, 4},
+      {C, "columnwise_data", HQ_E4M3, 2, 64, 96},
+      {C, "columnwise_scale_inv", HQ_E8M0, 2, 4, 128}}},
+    /* fp8_block 1d on a non-multiple shape: Mb = 2, Kb = 3; scales [Kb, r4(M)] / [Mb, r4(K)] */
+    {"b1", HQ_BOTH, 200, 300, 4,
+     {{R, "data", HQ_E4M3, 2, 200, 300}, {R, "scale_inv", HQ_F32, 2, 3, 200},
+      {C, "columnwise_data", HQ_E4M3, 2, 300, 200},
+      {C, "columnwise_scale_inv", HQ_F32, 2, 2, 300}}},
+    /* fp8_block 2d: tiles [Mb, r4(Kb)] / [Kb, r4(Mb)] */
+    {"b2", HQ_BOTH, 200, 300, 4,
+     {{R, "data", HQ_E4M3, 2, 200, 300}, {R, "scale_inv", HQ_F32, 2, 2, 4},
+      {C, "columnwise_data", HQ_E4M3, 2, 300, 200},
+      {C, "columnwise_scale_inv", HQ_F32, 2, 3, 4}}},
+};
+#undef R
+#undef C
+
+/* Dequantize every present direction of a and b and compare bit for bit. */
+static void assert_same_dequantized(const hq_qtensor *a, const hq_qtensor *b, hq_ctx *ctx,
+                                    const char *what) {
+  const int64_t M = hq_qtensor_rows(a), K = hq_qtensor_cols(a);
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    if (!(hq_qtensor_dirs(a) & dir)) continue;
+    hq_tensor da = hq_test_empty(HQ_F32, M, K), db = hq_test_empty(HQ_F32, M, K);
+    HQ_OK_OR_FAIL(hq_dequantize(a, ctx, dir, &da));
+    HQ_OK_OR_FAIL(hq_dequantize(b, ctx, dir, &db));
+    if (memcmp(da.data, db.data, (size_t)(M * K) * 4u) != 0)
+      fail_msg("%s: direction %u dequantizes differently", what, dir);
+    free(da.data);
+    free(db.data);
+  }
+}
+
+/* For every case: the saved list equals the hand-written table, in order, and holds the
+   storages' own pointers; the saved tensor is an empty skeleton that refuses to be used;
+   restore refuses a wrong count, name, direction, size, device or a NULL pointer without
+   changing anything; an offload round trip (every buffer copied out to host memory, freed, and
+   copied back into a fresh hq_ctx_alloc block) restores a tensor bit-identical to a reference
+   quantization, which then updates and frees normally (every block freed exactly once). */
+static void test_save_restore_descriptors(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(SAVE_RECIPE);
+  for (size_t ci = 0; ci < sizeof SAVE_CASES / sizeof SAVE_CASES[0]; ci++) {
+    const save_case *sc = &SAVE_CASES[ci];
+    char what[96], role[64];
+    snprintf(what, sizeof what, "%s usage %u [%lld, %lld]", sc->role, sc->usage,
+             (long long)sc->M, (long long)sc->K);
+    snprintf(role, sizeof role, "linear:weight:%s", sc->role);
+    counting cnt = {0, 0};
+    hq_allocator alloc;
+    hq_ctx *ctx = counting_ctx(&cnt, &alloc);
+    hq_quantizer *q = hq_test_quantizer(r, role);
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, sc->usage));
+    hq_tensor x = hq_test_tensor(HQ_BF16, sc->M, sc->K, 40 + ci, 2.0f);
+    hq_tensor y = hq_test_tensor(HQ_BF16, sc->M, sc->K, 80 + ci, 0.5f);
+    hq_qtensor *qt = NULL, *ref = NULL, *fy = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &fy));
+    const uint32_t dirs = hq_qtensor_dirs(qt);
+    assert_int_equal(dirs, sc->usage);
+    assert_int_equal(hq_qtensor_saved_count(qt), sc->n);
+    /* the pointers the storages hold now, in table order */
+    void *before[6];
+    for (size_t k = 0; k < sc->n; k++) {
+      const hq_buffer *b = find_buf(qt, sc->w[k].dir, sc->w[k].name);
+      if (!b) fail_msg("%s: no %u buffer '%s'", what, sc->w[k].dir, sc->w[k].name);
+      before[k] = b->ptr;
+    }
+
+    /* too small an array: the count comes back, nothing is saved */
+    hq_saved_buffer list[8], bad[8];
+    memset(list, 0, sizeof list);
+    memset(bad, 0, sizeof bad);
+    size_t n = 0;
+    assert_int_equal(hq_qtensor_save(qt, list, sc->n - 1, sizeof list[0], &n), HQ_EINVAL);
+    assert_int_equal(n, sc->n);
+    expect_skeleton(qt, 0);
+    assert_int_equal(hq_qtensor_save(qt, list, 8, HQ_SAVED_BUFFER_SIZE_0_2 - 1, &n), HQ_EINVAL);
+    expect_skeleton(qt, 0);
+
+    /* a padded element (a newer caller's bigger struct): the stride is honoured and the bytes
+       beyond the struct this core knows are left alone */
+    struct { hq_saved_buffer e; unsigned char pad[24]; } wide[8];
+    memset(wide, 0x5a, sizeof wide);
+    HQ_OK_OR_FAIL(hq_qtensor_save(qt, &wide[0].e, 8, sizeof wide[0], &n));
+    assert_int_equal(n, sc->n);
+    for (size_t k = 0; k < n; k++) {
+      list[k] = wide[k].e;
+      for (size_t j = 0; j < sizeof wide[k].pad; j++) assert_int_equal(wide[k].pad[j], 0x5a);
+    }
+    expect_entries(list, n, sc->w, sc->n, before, what);
+    expect_skeleton(qt, 1);
+    /* the skeleton keeps its descriptions and refuses to be used */
+    assert_int_equal(hq_qtensor_dirs(qt), dirs);
+    assert_int_equal(hq_qtensor_saved_count(qt), sc->n);
+    for (size_t k = 0; k < sc->n; k++)
+      assert_non_null(find_buf(qt, sc->w[k].dir, sc->w[k].name));
+    hq_tensor d = hq_test_empty(HQ_F32, sc->M, sc->K);
+    uint32_t some = dirs & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE;
+    assert_int_equal(hq_dequantize(qt, ctx, some, &d), HQ_ESTATE);
+    assert_int_equal(hq_qtensor_update(qt, ctx, &x), HQ_ESTATE);
+    assert_int_equal(hq_qtensor_drop(qt, some), HQ_ESTATE);
+    assert_int_equal(hq_qtensor_save(qt, bad, 8, sizeof bad[0], &n), HQ_ESTATE);
+    HQ_ERROR_HAS("already saved");
+    expect_skeleton(qt, 1);
+
+    /* restore refuses, and changes nothing: a wrong count, then one bad entry (first, then
+       last: nothing before it may have been taken) */
+    expect_restore_refused(qt, list, sc->n - 1, "given back");
+    for (int at = 0; at < 2; at++) {
+      size_t k = at ? sc->n - 1 : 0;
+      memcpy(bad, list, sizeof list);
+      bad[k].name = "bogus";
+      expect_restore_refused(qt, bad, sc->n, "bogus");
+      memcpy(bad, list, sizeof list);
+      bad[k].name = NULL;
+      expect_restore_refused(qt, bad, sc->n, NULL);
+      memcpy(bad, list, sizeof list);
+      bad[k].bytes += 1;
+      expect_restore_refused(qt, bad, sc->n, list[k].name);
+      memcpy(bad, list, sizeof list);
+      bad[k].bytes -= 1;
+      expect_restore_refused(qt, bad, sc->n, list[k].name);
+      memcpy(bad, list, sizeof list);
+      bad[k].ptr = NULL;
+      expect_restore_refused(qt, bad, sc->n, "NULL pointer");
+      memcpy(bad, list, sizeof list);
+      bad[k].dir = bad[k].dir == HQ_ROWWISE ? HQ_COLWISE : HQ_ROWWISE;
+      expect_restore_refused(qt, bad, sc->n, list[k].name);
+      memcpy(bad, list, sizeof list);
+      bad[k].device = 0;
+      expect_restore_refused(qt, bad, sc->n, list[k].name);
+    }
+    if (sc->n > 1) { /* two entries swapped: each is in the wrong place */
+      memcpy(bad, list, sizeof list);
+      bad[0] = list[1];
+      bad[1] = list[0];
+      expect_restore_refused(qt, bad, sc->n, NULL);
+    }
+    assert_int_equal(hq_qtensor_restore(qt, list, sc->n, HQ_SAVED_BUFFER_SIZE_0_2 - 1),
+                     HQ_EINVAL);
+    expect_skeleton(qt, 1);
+
+    /* offload: out to host memory, the device block freed, back into a fresh block */
+    void *fresh[8];
+    for (size_t k = 0; k < n; k++) {
+      void *host = malloc(list[k].bytes);
+      assert_non_null(host);
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(ctx, host, HQ_DEVICE_HOST, list[k].ptr, list[k].device,
+                                  list[k].bytes));
+      HQ_OK_OR_FAIL(hq_ctx_alloc(ctx, list[k].bytes, &fresh[k]));
+      assert_ptr_not_equal(fresh[k], list[k].ptr); /* both live: a different block */
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(ctx, fresh[k], list[k].device, host, HQ_DEVICE_HOST,
+                                  list[k].bytes));
+      memset(list[k].ptr, 0xa5, list[k].bytes); /* poison the old block, then free it */
+      hq_ctx_free(ctx, list[k].ptr);
+      list[k].ptr = fresh[k];
+      free(host);
+    }
+    HQ_OK_OR_FAIL(hq_qtensor_restore(qt, list, n, sizeof list[0]));
+    expect_skeleton(qt, 0);
+    for (size_t k = 0; k < n; k++)
+      assert_ptr_equal(find_buf(qt, sc->w[k].dir, sc->w[k].name)->ptr, fresh[k]);
+    /* a columnwise buffer shared with the rowwise storage points at the restored rowwise one */
+    const hq_storage *cs = hq_qtensor_storage(qt, HQ_COLWISE);
+    int shared = 0;
+    for (uint32_t i = 0; cs && (dirs & HQ_ROWWISE) && i < cs->nbuf; i++) {
+      const hq_buffer *b = hq_storage_cbuf(cs, i);
+      if (!(b->flags & HQ_BUF_SHARED)) continue;
+      shared++;
+      assert_ptr_equal(b->ptr, qbuf(qt, HQ_ROWWISE, (uint32_t)b->shared_with)->ptr);
+    }
+    if (strcmp(sc->role, "f8") == 0 && sc->usage == HQ_BOTH) assert_int_equal(shared, 2);
+    if (strcmp(sc->role, "hp") == 0 && sc->usage == HQ_BOTH) assert_int_equal(shared, 1);
+    for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
+      if (dirs & dir) assert_same_storage(qt, ref, dir, what);
+    assert_same_dequantized(qt, ref, ctx, what);
+    assert_int_equal(hq_qtensor_restore(qt, list, n, sizeof list[0]), HQ_ESTATE);
+    /* the restored tensor is whole again: it updates in place like a fresh one */
+    HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &y));
+    for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
+      if (dirs & dir) assert_same_storage(qt, fy, dir, what);
+    for (size_t k = 0; k < n; k++) /* in the restored blocks */
+      assert_ptr_equal(find_buf(qt, sc->w[k].dir, sc->w[k].name)->ptr, fresh[k]);
+
+    /* a saved tensor may be freed: the caller then owns (and frees) the buffers */
+    HQ_OK_OR_FAIL(hq_qtensor_save(qt, list, 8, sizeof list[0], &n));
+    expect_entries(list, n, sc->w, sc->n, fresh, what);
+    hq_qtensor_free(qt);
+    for (size_t k = 0; k < n; k++) hq_ctx_free(ctx, list[k].ptr);
+    hq_qtensor_free(ref);
+    hq_qtensor_free(fy);
+    assert_int_equal(cnt.live, 0); /* every block freed, once */
+    free(d.data);
+    free(x.data);
+    free(y.data);
+    hq_quantizer_free(q);
+    hq_ctx_destroy(ctx);
+  }
+  hq_recipe_free(r);
+}
+
+/* make_empty + update == quantize; a saved list of a make_empty tensor is the same list. */
 static void test_make_empty_and_save_restore(void **state) {
   (void)state;
   hq_ctx *ctx = host_ctx();
@@ -262,41 +702,58 @@ static void test_make_empty_and_save_restore(void **state) {
   HQ_OK_OR_FAIL(hq_make_empty(q, ctx, 24, 8, HQ_BF16, &qt));
   assert_int_equal(hq_qtensor_dirs(qt), HQ_BOTH);
   assert_int_equal(hq_qtensor_nominal_dtype(qt), HQ_BF16);
+  assert_int_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->nominal, HQ_BF16);
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &x));
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
   assert_same_storage(qt, ref, HQ_ROWWISE, "make_empty + update");
   assert_same_storage(qt, ref, HQ_COLWISE, "make_empty + update");
   /* save: rowwise data, scale_inv, amax, then columnwise data (the shared scale is not
      listed twice) */
+  static const want_buf want[4] = {{HQ_ROWWISE, "data", HQ_E4M3, 2, 24, 8},
+                                   {HQ_ROWWISE, "scale_inv", HQ_F32, 1, 1, 0},
+                                   {HQ_ROWWISE, "amax", HQ_F32, 1, 1, 0},
+                                   {HQ_COLWISE, "columnwise_data", HQ_E4M3, 2, 8, 24}};
   assert_int_equal(hq_qtensor_saved_count(qt), 4);
-  void *saved[8];
+  hq_saved_buffer saved[8];
   size_t n = 0;
-  const void *row_data = hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].ptr;
-  const void *col_data = hq_qtensor_storage(qt, HQ_COLWISE)->buf[0].ptr;
-  assert_int_equal(hq_qtensor_save(qt, saved, 2, &n), HQ_EINVAL);
+  void *before[4] = {qbuf(qt, HQ_ROWWISE, 0)->ptr, qbuf(qt, HQ_ROWWISE, 1)->ptr,
+                     qbuf(qt, HQ_ROWWISE, 2)->ptr, qbuf(qt, HQ_COLWISE, 0)->ptr};
+  assert_int_equal(hq_qtensor_save(qt, saved, 2, sizeof saved[0], &n), HQ_EINVAL);
   assert_int_equal(n, 4);
-  HQ_OK_OR_FAIL(hq_qtensor_save(qt, saved, 8, &n));
+  assert_int_equal(hq_qtensor_save(qt, NULL, 0, sizeof saved[0], &n), HQ_EINVAL);
   assert_int_equal(n, 4);
-  assert_ptr_equal(saved[0], row_data);
-  assert_ptr_equal(saved[3], col_data);
-  assert_true(hq_qtensor_is_saved(qt));
-  assert_null(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].ptr);
+  assert_false(hq_qtensor_is_saved(qt));
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, saved, 8, sizeof saved[0], &n));
+  expect_entries(saved, n, want, 4, before, "make_empty");
+  /* the scale really is the amax rule's: scale_inv = amax / 448 rounded through 1/scale */
+  const float amax = *(const float *)saved[2].ptr, sinv = *(const float *)saved[1].ptr;
+  float m = 0;
+  for (int i = 0; i < 24 * 8; i++) m = fmaxf(m, fabsf(((const float *)x.data)[i]));
+  assert_true(amax == m);
+  assert_true(sinv == 1.0f / (448.0f / m));
+  expect_skeleton(qt, 1);
   hq_tensor d = hq_test_empty(HQ_F32, 24, 8);
   assert_int_equal(hq_dequantize(qt, ctx, HQ_ROWWISE, &d), HQ_ESTATE);
+  HQ_ERROR_HAS("is saved");
   assert_int_equal(hq_qtensor_update(qt, ctx, &x), HQ_ESTATE);
-  assert_int_equal(hq_qtensor_save(qt, saved, 8, &n), HQ_ESTATE);
-  assert_int_equal(hq_qtensor_restore(qt, saved, 3), HQ_EINVAL);
-  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, saved, 4));
+  assert_int_equal(hq_qtensor_save(qt, saved, 8, sizeof saved[0], &n), HQ_ESTATE);
+  assert_int_equal(hq_qtensor_restore(qt, saved, 3, sizeof saved[0]), HQ_EINVAL);
+  assert_int_equal(hq_qtensor_restore(NULL, saved, 4, sizeof saved[0]), HQ_EINVAL);
+  assert_int_equal(hq_qtensor_restore(qt, NULL, 4, sizeof saved[0]), HQ_EINVAL);
+  expect_skeleton(qt, 1);
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, saved, 4, sizeof saved[0]));
   assert_false(hq_qtensor_is_saved(qt));
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].ptr, row_data);
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_COLWISE)->buf[1].ptr,
-                   hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr);
+  assert_ptr_equal(qbuf(qt, HQ_ROWWISE, 0)->ptr, before[0]);
+  assert_ptr_equal(qbuf(qt, HQ_COLWISE, 0)->ptr, before[3]);
+  assert_ptr_equal(qbuf(qt, HQ_COLWISE, 1)->ptr, qbuf(qt, HQ_ROWWISE, 1)->ptr);
+  assert_ptr_equal(qbuf(qt, HQ_COLWISE, 2)->ptr, qbuf(qt, HQ_ROWWISE, 2)->ptr);
+  assert_same_storage(qt, ref, HQ_ROWWISE, "after restore");
   assert_same_storage(qt, ref, HQ_COLWISE, "after restore");
-  assert_int_equal(hq_qtensor_restore(qt, saved, 4), HQ_ESTATE);
+  assert_int_equal(hq_qtensor_restore(qt, saved, 4, sizeof saved[0]), HQ_ESTATE);
   /* a saved tensor may be freed; the caller then owns the buffers */
-  HQ_OK_OR_FAIL(hq_qtensor_save(qt, saved, 8, &n));
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, saved, 8, sizeof saved[0], &n));
   hq_qtensor_free(qt);
-  for (size_t i = 0; i < n; i++) hq_ctx_free(ctx, saved[i]);
+  for (size_t i = 0; i < n; i++) hq_ctx_free(ctx, saved[i].ptr);
   free(d.data);
   free(x.data);
   hq_qtensor_free(ref);
@@ -305,48 +762,116 @@ static void test_make_empty_and_save_restore(void **state) {
   hq_ctx_destroy(ctx);
 }
 
-/* A format's own save order is honoured (and checked); shared buffers are never listed. */
+/* Saving a tensor whose directions were refreshed apart (the columnwise storage then holds
+   private copies of the formerly shared buffers): every buffer travels once, each (direction,
+   name) pair is unique, and the round trip restores both directions with their own scales. */
+static void test_save_after_unshare(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  hq_recipe *r = hq_test_recipe(MIXED);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:both8");
+  hq_tensor x = hq_test_tensor(HQ_F32, 16, 24, 1, 1.0f);
+  hq_tensor y = hq_test_tensor(HQ_F32, 16, 24, 2, 7.0f);
+  hq_qtensor *qt = NULL, *fx = NULL, *fy = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &fx));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &fy));
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(qt, HQ_ROWWISE));
+  HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &y)); /* row: y; column: x, with x's scale */
+  assert_int_equal(hq_qtensor_saved_count(qt), 6);
+  hq_saved_buffer list[8];
+  size_t n = 0;
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, list, 8, sizeof list[0], &n));
+  assert_int_equal(n, 6);
+  /* the private copies are the columnwise storage's own buffers now: names stay unique */
+  static const char *names[6] = {"data",            "scale_inv",            "amax",
+                                 "columnwise_data", "columnwise_scale_inv", "columnwise_amax"};
+  for (size_t k = 0; k < n; k++) {
+    assert_int_equal(list[k].dir, k < 3 ? HQ_ROWWISE : HQ_COLWISE);
+    assert_string_equal(list[k].name, names[k]);
+    for (size_t j = 0; j < k; j++) {
+      assert_ptr_not_equal(list[j].ptr, list[k].ptr);
+      assert_string_not_equal(list[j].name, list[k].name);
+    }
+  }
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, list, n, sizeof list[0]));
+  assert_same_storage(qt, fy, HQ_ROWWISE, "row after unshared round trip");
+  assert_same_storage(qt, fx, HQ_COLWISE, "column after unshared round trip");
+  for (uint32_t i = 1; i < 3; i++)
+    assert_ptr_not_equal(qbuf(qt, HQ_COLWISE, i)->ptr, qbuf(qt, HQ_ROWWISE, i)->ptr);
+  /* refreshing both again shares the scale once more */
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(qt, HQ_BOTH));
+  HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &y));
+  assert_same_storage(qt, fy, HQ_COLWISE, "both refreshed");
+  assert_ptr_equal(qbuf(qt, HQ_COLWISE, 1)->ptr, qbuf(qt, HQ_ROWWISE, 1)->ptr);
+  assert_string_equal(qbuf(qt, HQ_COLWISE, 1)->name, "scale_inv"); /* shared again */
+  assert_int_equal(hq_qtensor_saved_count(qt), 4);
+  hq_qtensor_free(qt);
+  hq_qtensor_free(fx);
+  hq_qtensor_free(fy);
+  free(x.data);
+  free(y.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
+/* A format's buffer order is the save order, rowwise storage first (the fixture module
+   test_good: "data", "aux" / "columnwise_data", "columnwise_aux", none shared). */
 static void test_plugin_save_order(void **state) {
   (void)state;
   const char *fx = getenv("HQ_TEST_FIXTURES");
   if (!fx) skip();
   hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, &fx, 1};
   hq_recipe *r = NULL;
-  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:rev]\nrowwise = test_save_rev\n"
-                                       "columnwise = test_save_rev\n[role *:*:bad]\n"
-                                       "rowwise = test_save_bad\ncolumnwise = identity\n",
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:both]\nrowwise = test_good\n"
+                                       "columnwise = test_good\n[role *:*:mixed]\n"
+                                       "rowwise = test_good\ncolumnwise = identity\n",
                                        "t.ini", &o, &r));
   assert_int_equal(hq_recipe_error_count(r), 0);
   hq_ctx *ctx = host_ctx();
   hq_tensor x = hq_test_tensor(HQ_F32, 2, 3, 1, 1.0f);
-  hq_quantizer *q = hq_test_quantizer(r, "a:b:rev");
-  hq_qtensor *qt = NULL;
-  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
-  const hq_storage *rs = hq_qtensor_storage(qt, HQ_ROWWISE),
-                   *cs = hq_qtensor_storage(qt, HQ_COLWISE);
-  void *want[6] = {rs->buf[2].ptr, rs->buf[1].ptr, rs->buf[0].ptr,
-                   cs->buf[2].ptr, cs->buf[1].ptr, cs->buf[0].ptr};
-  void *got[8];
-  size_t n = 0;
-  assert_int_equal(hq_qtensor_saved_count(qt), 6);
-  HQ_OK_OR_FAIL(hq_qtensor_save(qt, got, 8, &n));
-  assert_int_equal(n, 6);
-  assert_memory_equal(got, want, sizeof want);
-  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, got, 6));
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[0].ptr, want[2]);
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_COLWISE)->buf[2].ptr, want[3]);
-  hq_qtensor_free(qt);
-  hq_quantizer_free(q);
-  /* a save() that loses a buffer is refused and nothing moves */
-  q = hq_test_quantizer(r, "a:b:bad");
-  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
-  void *first = hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr;
-  assert_int_equal(hq_qtensor_save(qt, got, 8, &n), HQ_EABI);
-  HQ_ERROR_HAS("did not hand out exactly the 3 buffers");
-  assert_false(hq_qtensor_is_saved(qt));
-  assert_ptr_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->buf[1].ptr, first);
-  hq_qtensor_free(qt);
-  hq_quantizer_free(q);
+  static const want_buf both[4] = {{HQ_ROWWISE, "data", HQ_F32, 2, 2, 3},
+                                   {HQ_ROWWISE, "aux", HQ_U8, 1, 2, 0},
+                                   {HQ_COLWISE, "columnwise_data", HQ_F32, 2, 2, 3},
+                                   {HQ_COLWISE, "columnwise_aux", HQ_U8, 1, 2, 0}};
+  static const want_buf mixed[3] = {{HQ_ROWWISE, "data", HQ_F32, 2, 2, 3},
+                                    {HQ_ROWWISE, "aux", HQ_U8, 1, 2, 0},
+                                    {HQ_COLWISE, "columnwise_data", HQ_F32, 2, 2, 3}};
+  struct { const char *role; uint32_t usage; const want_buf *w; size_t n; } cases[] = {
+      {"a:b:both", HQ_BOTH, both, 4},
+      {"a:b:both", HQ_COLWISE, both + 2, 2},
+      {"a:b:both", HQ_ROWWISE, both, 2},
+      {"a:b:mixed", HQ_BOTH, mixed, 3},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    hq_quantizer *q = hq_test_quantizer(r, cases[c].role);
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, cases[c].usage));
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+    void *before[4];
+    for (size_t k = 0; k < cases[c].n; k++)
+      before[k] = find_buf(qt, cases[c].w[k].dir, cases[c].w[k].name)->ptr;
+    hq_saved_buffer got[8];
+    size_t n = 0;
+    assert_int_equal(hq_qtensor_saved_count(qt), cases[c].n);
+    HQ_OK_OR_FAIL(hq_qtensor_save(qt, got, 8, sizeof got[0], &n));
+    expect_entries(got, n, cases[c].w, cases[c].n, before, cases[c].role);
+    for (size_t k = 0; k < n; k++) {
+      if (strstr(got[k].name, "aux")) { /* the fixture writes {1, 2 + direction index} */
+        const uint8_t *aux = got[k].ptr;
+        assert_int_equal(aux[0], 1);
+        assert_int_equal(aux[1], got[k].dir == HQ_ROWWISE ? 2 : 3);
+      } else {
+        assert_memory_equal(got[k].ptr, x.data, 2 * 3 * 4);
+      }
+    }
+    HQ_OK_OR_FAIL(hq_qtensor_restore(qt, got, n, sizeof got[0]));
+    for (size_t k = 0; k < n; k++)
+      assert_ptr_equal(find_buf(qt, cases[c].w[k].dir, cases[c].w[k].name)->ptr, before[k]);
+    hq_qtensor_free(qt);
+    hq_quantizer_free(q);
+  }
   free(x.data);
   hq_recipe_free(r);
   hq_ctx_destroy(ctx);
@@ -374,19 +899,6 @@ static void test_lifetimes(void **state) {
 }
 
 /* A bring-your-own allocator sees every allocation and every free. */
-typedef struct counting { int live, total; } counting;
-static void *count_alloc(void *user, int device, size_t bytes, void *stream) {
-  (void)device; (void)stream;
-  counting *c = user;
-  c->live++;
-  c->total++;
-  return malloc(bytes);
-}
-static void count_free(void *user, int device, void *ptr, void *stream) {
-  (void)device; (void)stream;
-  ((counting *)user)->live--;
-  free(ptr);
-}
 
 static void test_allocator_hooks(void **state) {
   (void)state;
@@ -430,6 +942,8 @@ int main(void) {
       cmocka_unit_test(test_rowwise_dequantized_source),
       cmocka_unit_test(test_update_usage_and_sharing),
       cmocka_unit_test(test_make_empty_and_save_restore),
+      cmocka_unit_test(test_save_restore_descriptors),
+      cmocka_unit_test(test_save_after_unshare),
       cmocka_unit_test(test_plugin_save_order),
       cmocka_unit_test(test_lifetimes),
       cmocka_unit_test(test_allocator_hooks),

@@ -2,6 +2,9 @@
 ** test_loader.c -- the plugin loader: a valid module is accepted; each broken fixture module is
 ** rejected with a message naming its file and the reason, while loading goes on; the search
 ** path honours HQ_PLUGIN_PATH, extra directories and never the current directory implicitly.
+** Every set holds the built-in identity format first (file "(built into libhqcore)"), whatever
+** the search path; a module of ABI 1 (hq_format_module_v1) is told to be rebuilt, and a module
+** named "identity" cannot replace the built-in.
 */
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,39 +32,86 @@ static void expect_reason(const hq_plugins *set, const char *base, const char *n
   if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
 }
 
+/* The built-in identity format as every set holds it: first, file "(built into libhqcore)", the
+   core's own version, ABI 2.0, its one option `dtype`. */
+static void expect_builtin_identity(const hq_plugins *set) {
+  const hq_plugin *id = hq_plugins_find(set, "identity");
+  assert_non_null(id);
+  assert_ptr_equal(hq_plugins_get(set, 0), id);
+  assert_string_equal(hq_plugin_name(id), "identity");
+  assert_string_equal(hq_plugin_file(id), "(built into libhqcore)");
+  assert_string_equal(hq_plugin_version(id), hq_version());
+  assert_int_equal(hq_plugin_abi_minor(id), 0);
+  assert_true(hq_plugin_caps(id) & HQ_CAP_CPU);
+  assert_true(hq_plugin_caps(id) & HQ_CAP_REQUANT_SAFE);
+  assert_true(hq_plugin_caps(id) & HQ_CAP_COLWISE_ONLY);
+  assert_int_equal(!!(hq_plugin_caps(id) & HQ_CAP_CUDA), !!hq_built_with_cuda());
+  const hq_option *o = hq_plugin_options(id);
+  assert_string_equal(o[0].name, "dtype");
+  assert_int_equal(o[0].type, HQ_OPT_ENUM);
+  assert_string_equal(o[0].def, "auto");
+  assert_string_equal(o[0].choices, "auto|f32|bf16|f16");
+  assert_null(o[1].name);
+}
+
 static void test_fixtures(void **state) {
   (void)state;
   const char *dirs[] = {fixtures()};
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
-  /* the valid modules survive: good.so (good_dup.so sorts after it), save_bad.so, save_rev.so */
-  assert_int_equal(hq_plugins_count(set), 3);
-  assert_non_null(hq_plugins_find(set, "test_save_rev"));
-  assert_non_null(hq_plugins_find(set, "test_save_bad"));
+  /* the built-in identity (first) and the one valid module good.so (good_dup.so sorts after it
+     and is the duplicate) */
+  assert_int_equal(hq_plugins_count(set), 2);
+  expect_builtin_identity(set);
   const hq_plugin *p = hq_plugins_find(set, "test_good");
+  assert_ptr_equal(hq_plugins_get(set, 1), p);
   assert_string_equal(hq_plugin_name(p), "test_good");
+  assert_string_equal(hq_plugin_version(p), "0.0");
+  assert_string_equal(hq_plugin_description(p), "loader test fixture");
+  assert_int_equal(hq_plugin_abi_minor(p), 0);
+  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE);
   assert_non_null(strstr(hq_plugin_file(p), "/good.so"));
   assert_ptr_equal(hq_plugins_find(set, "test_good"), p);
-  assert_null(hq_plugins_find(set, "test_bad_major"));
+  assert_null(hq_plugins_get(set, 2));
   const hq_option *o = hq_plugin_options(p);
   assert_string_equal(o[0].name, "level");
+  assert_int_equal(o[0].type, HQ_OPT_INT);
   assert_int_equal(o[2].type, HQ_OPT_ENUM);
+  assert_string_equal(o[4].name, "label");
+  assert_null(o[5].name);
 
   expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
   expect_reason(set, "good_dup.so", "/good.so");
-  expect_reason(set, "bad_major.so", "ABI 2.0");
-  expect_reason(set, "bad_major.so", "major versions must match");
-  expect_reason(set, "newer_minor.so", "newer than this core");
-  expect_reason(set, "small_struct.so", "struct_size 24");
-  expect_reason(set, "no_entry.so", "no entry point hq_format_module_v1");
+  expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
+  expect_reason(set, "bad_major.so", "this core implements ABI 2.0 (major versions must match)");
+  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.1, newer than this core's 2.0");
+  expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
+  expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
+  /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */
+  expect_reason(set, "v1_entry.so", "built for plugin ABI 1");
+  expect_reason(set, "v1_entry.so", "hq_format_module_v1");
+  expect_reason(set, "v1_entry.so", "rebuild");
+  assert_null(strstr(reason_for(set, "no_entry.so"), "ABI 1"));
   expect_reason(set, "missing_op.so", "lacks the required field 'quantize'");
   expect_reason(set, "bad_option.so", "option 'broken': invalid default");
   expect_reason(set, "refuses.so", "this fixture refuses every core");
   expect_reason(set, "bad_name.so", "'Test_Bad' is not 1-31 characters");
-  assert_int_equal(hq_plugins_rejected_count(set), 9);
+  /* a module cannot replace the built-in identity: the built-in stays */
+  expect_reason(set, "identity.so", "'identity' is built into libhqcore");
+  assert_null(reason_for(set, "good.so"));
+  assert_int_equal(hq_plugins_rejected_count(set), 11);
+  /* none of the rejected modules' names is in the set */
+  const char *gone[] = {"test_bad_major", "test_newer_minor", "test_small_struct",
+                        "test_missing_op", "test_bad_option", "Test_Bad"};
+  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++)
+    assert_null(hq_plugins_find(set, gone[i]));
   /* every rejected file path is absolute and names its file */
-  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
     assert_non_null(strstr(hq_plugins_rejected_file(set, i), fixtures()));
+    assert_true(strlen(hq_plugins_rejected_reason(set, i)) > 0);
+  }
+  assert_null(hq_plugins_rejected_file(set, 11));
+  assert_null(hq_plugins_rejected_reason(set, 11));
   hq_plugins_close(set);
 }
 
@@ -86,7 +136,8 @@ static void test_garbage_files(void **state) {
   const char *dirs[] = {dir};
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
-  assert_int_equal(hq_plugins_count(set), 0);
+  assert_int_equal(hq_plugins_count(set), 1); /* the built-in identity only */
+  expect_builtin_identity(set);
   assert_int_equal(hq_plugins_rejected_count(set), 1);
   assert_non_null(strstr(hq_plugins_rejected_reason(set, 0), "dlopen failed"));
   assert_non_null(strstr(hq_plugins_rejected_file(set, 0), "garbage.so"));
@@ -119,10 +170,13 @@ static void test_search_path(void **state) {
   assert_non_null(hq_plugins_find(set, "test_good"));
   hq_plugins_close(set);
 
-  /* with the environment ignored and no dirs, nothing is searched */
+  /* with the environment ignored and no dirs, nothing is searched: the set holds only the
+     built-in identity, which needs no directory */
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
   assert_int_equal(hq_plugins_dir_count(set), 0);
-  assert_int_equal(hq_plugins_count(set), 0);
+  assert_int_equal(hq_plugins_count(set), 1);
+  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  expect_builtin_identity(set);
   hq_plugins_close(set);
 
   /* the default directory is last */
@@ -138,27 +192,46 @@ static void test_search_path(void **state) {
   }
 }
 
-/* The stock modules on HQ_PLUGIN_PATH load and declare what they implement. */
+/* The stock modules on HQ_PLUGIN_PATH load and declare what they implement: ABI 2.0 modules
+   (requiring minor 0, version "2.0"), next to the built-in identity (no identity module exists
+   any more); fp8_tensor offers exactly dtype, power_2_scales, amax_epsilon (its delayed-scaling
+   options, accepted and ignored in 1.0, are gone). */
 static void test_stock_plugins(void **state) {
   (void)state;
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
-  const hq_plugin *id = hq_plugins_find(set, "identity");
+  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  expect_builtin_identity(set);
+  const char *stock[] = {"fp8_tensor", "mxfp8", "nvfp4", "fp8_block"};
+  for (size_t i = 0; i < sizeof stock / sizeof stock[0]; i++) {
+    const hq_plugin *p = hq_plugins_find(set, stock[i]);
+    if (!p) fail_msg("stock plugin %s not found", stock[i]);
+    assert_int_equal(hq_plugin_abi_minor(p), 0);
+    assert_string_equal(hq_plugin_version(p), "2.0");
+    assert_true(hq_plugin_caps(p) & HQ_CAP_CPU);
+    char want[64];
+    snprintf(want, sizeof want, "/%s.so", stock[i]);
+    const char *file = hq_plugin_file(p);
+    assert_true(strlen(file) > strlen(want));
+    assert_string_equal(file + strlen(file) - strlen(want), want);
+  }
+  assert_int_equal(hq_plugins_count(set), 5); /* identity + the four stock modules */
   const hq_plugin *f8 = hq_plugins_find(set, "fp8_tensor");
-  assert_non_null(id);
-  assert_non_null(f8);
-  assert_true(hq_plugin_caps(f8) & HQ_CAP_CPU);
   assert_true(hq_plugin_caps(f8) & HQ_CAP_REQUANT_SAFE);
+  assert_true(hq_plugin_caps(f8) & HQ_CAP_COLWISE_ONLY);
   assert_int_equal(hq_plugin_abi_minor(f8), HQ_ABI_MINOR);
-  const char *want[] = {"dtype", "scaling", "power_2_scales", "amax_epsilon", "amax_history_len",
-                        "margin", "amax_compute_algo", "reduce_amax"};
+  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon"};
+  const hq_opt_type types[] = {HQ_OPT_ENUM, HQ_OPT_BOOL, HQ_OPT_FLOAT};
   const hq_option *o = hq_plugin_options(f8);
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     assert_non_null(o[i].name);
     assert_string_equal(o[i].name, want[i]);
+    assert_int_equal(o[i].type, types[i]);
     assert_non_null(o[i].help);
   }
-  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  assert_null(o[3].name);
+  assert_string_equal(o[0].choices, "e4m3|e5m2");
+  assert_string_equal(o[0].def, "e4m3");
   hq_plugins_close(set);
 }
 

@@ -1,15 +1,21 @@
 /*
-** test_mxfp8.c -- the mxfp8 plugin through the public API (recipes, quantizers, qtensors), plus
-** a few direct calls into the loaded module (device refusal, layout messages). Every expectation
-** is independent of the plugin: hand-computed codes, or the reference of mxfp8_ref.h (its own
-** FP8 encoder, scale search and scale-layout writer). Buffers are allocated poisoned (0xA5) so
-** that unwritten padding shows.
+** test_mxfp8.c -- the mxfp8 plugin (ABI 2.0) through the public API (recipes, quantizers,
+** qtensors, their storages' descriptors and buffers, updates), plus direct calls into the loaded
+** module (device refusal, layout messages, scratch, updates without allocation, and storages
+** dequantized -- and written -- by a differently configured instance). Every expectation is
+** independent of the plugin: hand-computed codes, the descriptor table of the ABI 2.0 brief, or
+** the reference of mxfp8_ref.h (its own FP8 encoder, scale search and scale-layout writer).
+** Buffers are allocated poisoned (0xA5) so that unwritten padding shows.
+** The reference numbers its element kinds 0 = E4M3, 1 = E5M2; DT() gives the hq_dtype.
 */
 #include <dlfcn.h>
 #include <math.h>
 
 #include "hq_test.h"
 #include "mxfp8_ref.h"
+
+/* The hq_dtype of reference kind k (0 = E4M3, 1 = E5M2). */
+#define DT(k) ((k) ? HQ_E5M2 : HQ_E4M3)
 
 // --- helpers ----------------------------------------------------------------------------------
 
@@ -69,6 +75,16 @@ static const hq_storage *storage(const hq_qtensor *qt, uint32_t dir) {
   return s;
 }
 
+/* Buffer i of qt's storage of direction dir (through the stride: hq_storage_cbuf). */
+static const hq_buffer *sbuf(const hq_qtensor *qt, uint32_t dir, uint32_t i) {
+  return hq_storage_cbuf(storage(qt, dir), i);
+}
+
+/* Its bytes. */
+static const uint8_t *sbytes(const hq_qtensor *qt, uint32_t dir, uint32_t i) {
+  return sbuf(qt, dir, i)->ptr;
+}
+
 static hq_qtensor *quantize(hq_recipe *r, hq_ctx *ctx, const hq_tensor *x, uint32_t usage) {
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
   HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
@@ -87,17 +103,18 @@ static void check_dir(const hq_qtensor *qt, const float *xf, int64_t M, int64_t 
   uint8_t *data = malloc((size_t)(M * K));
   uint8_t *codes = malloc((size_t)(M * K)); /* >= M*K/32 */
   ref_quantize(xf, M, K, kind, d, two_d, data, codes);
-  size_t sbytes;
-  uint8_t *want = ref_dir_scales(codes, M, K, d, swz, &sbytes);
-  assert_int_equal(s->buf[0].bytes, (size_t)(M * K));
-  assert_int_equal(s->buf[1].bytes, sbytes);
-  const uint8_t *got = s->buf[0].ptr, *gs = s->buf[1].ptr;
+  size_t nbytes;
+  uint8_t *want = ref_dir_scales(codes, M, K, d, swz, &nbytes);
+  const hq_buffer *db = hq_storage_cbuf(s, 0), *sb = hq_storage_cbuf(s, 1);
+  assert_int_equal(db->bytes, (size_t)(M * K));
+  assert_int_equal(sb->bytes, nbytes);
+  const uint8_t *got = db->ptr, *gs = sb->ptr;
   for (int64_t i = 0; i < M * K; i++)
     if (got[i] != data[i])
       fail_msg("%s data[%lld][%lld] = 0x%02x, want 0x%02x (x = %a, kind %d swz %d 2d %d)",
                d == 1 ? "rowwise" : "columnwise", (long long)(i / K), (long long)(i % K), got[i],
                data[i], (double)xf[i], kind, swz, two_d);
-  for (size_t i = 0; i < sbytes; i++)
+  for (size_t i = 0; i < nbytes; i++)
     if (gs[i] != want[i])
       fail_msg("%s scale byte %zu = 0x%02x, want 0x%02x (M %lld K %lld kind %d swz %d 2d %d)",
                d == 1 ? "rowwise" : "columnwise", i, gs[i], want[i], (long long)M, (long long)K,
@@ -134,48 +151,113 @@ static float *gen(int64_t M, int64_t K, uint64_t seed, int lo, int hi, int speci
   return x;
 }
 
-// --- layout -----------------------------------------------------------------------------------
+// --- layout: descriptor and buffers (the ABI 2.0 table) -----------------------------------------
 
-static void check_buf(const hq_buffer *b, const char *name, hq_dtype t, int64_t d0, int64_t d1,
-                      uint32_t flags) {
+/* One buffer against the table: name, role, dtype, 2-D shape, no flags (nothing is shared),
+   gather rule and, for a ROWS rule, the rows of M per entry (m_div is meaningless under NEVER). */
+static void check_buf(const hq_buffer *b, const char *name, uint32_t role, hq_dtype t, int64_t d0,
+                      int64_t d1, uint32_t gather, int32_t m_div) {
   assert_string_equal(b->name, name);
+  assert_int_equal(b->role, role);
   assert_int_equal(b->dtype, t);
   assert_int_equal(b->ndim, 2);
   assert_int_equal(b->shape[0], d0);
   assert_int_equal(b->shape[1], d1);
-  assert_int_equal(b->flags, flags);
+  assert_int_equal(b->flags, 0);
+  assert_int_equal(b->gather, gather);
+  if (gather != HQ_GATHER_NEVER) assert_int_equal(b->m_div, m_div);
+  assert_int_equal(b->bytes, (size_t)(d0 * d1)); /* one byte per element (FP8, E8M0) */
 }
 
-/* Buffer names, order, dtypes, shapes (padded as FORMATS.md 2.3 says) and flags. */
-static void test_layout_buffers(void **state) {
+/* A storage of direction dir of an [M, K] tensor, made by an instance (kind, swz, two_d), is
+   what the table says:
+     rowwise: "data" DATA [M,K] ROWS 1; "scale_inv" E8M0 [r128(M), r4(K/32)] ROWS 1 (swizzle:
+       NEVER); desc VEC32_UE8M0, OUTER_MAJOR (SWIZZLED), block 1x32 (2-D 32x32), shard_rows 32;
+     columnwise: "columnwise_data" [M,K] order MK ROWS 1; "columnwise_scale_inv" E8M0
+       [r4(M/32), r128(K)] ROWS m_div 32 (swizzle: NEVER); desc VEC32_UE8M0, BLOCK_MAJOR
+       (SWIZZLED), block 32x1 (2-D 32x32), shard_rows 32.
+   Both: elem = the dtype option, transform none. */
+static void check_storage_table(const hq_storage *s, uint32_t dir, int64_t M, int64_t K, int kind,
+                                int swz, int two_d) {
+  const int row = dir == HQ_ROWWISE;
+  const hq_operand_desc *d = &s->desc;
+  assert_int_equal(s->dir, dir);
+  assert_int_equal(s->rows, M);
+  assert_int_equal(s->cols, K);
+  assert_int_equal(s->nbuf, 2);
+  assert_int_equal(d->struct_size, sizeof(hq_operand_desc));
+  assert_int_equal(d->elem, DT(kind));
+  assert_int_equal(d->order, HQ_ORDER_MK);
+  assert_int_equal(d->scale_mode, HQ_SCALE_VEC32_UE8M0);
+  assert_int_equal(d->scale_layout, swz   ? HQ_SCALE_LAYOUT_SWIZZLED
+                                    : row ? HQ_SCALE_LAYOUT_OUTER_MAJOR
+                                          : HQ_SCALE_LAYOUT_BLOCK_MAJOR);
+  assert_int_equal(d->block_m, two_d || !row ? 32 : 1);
+  assert_int_equal(d->block_k, two_d || row ? 32 : 1);
+  assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
+  assert_int_equal(d->transform_param, 0);
+  assert_int_equal(d->shard_rows, 32);
+  for (int i = 0; i < 8; i++) assert_int_equal(d->reserved[i], 0);
+  /* meta holds no layout fact any more: it stays as the core zeroed it */
+  for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(s->meta[i], 0);
+  const uint32_t sg = swz ? HQ_GATHER_NEVER : HQ_GATHER_ROWS;
+  if (row) {
+    check_buf(hq_storage_cbuf(s, 0), "data", HQ_ROLE_DATA, DT(kind), M, K, HQ_GATHER_ROWS, 1);
+    check_buf(hq_storage_cbuf(s, 1), "scale_inv", HQ_ROLE_SCALE, HQ_E8M0, ref_up(M, 128),
+              ref_up(K / 32, 4), sg, 1);
+  } else {
+    check_buf(hq_storage_cbuf(s, 0), "columnwise_data", HQ_ROLE_DATA, DT(kind), M, K,
+              HQ_GATHER_ROWS, 1);
+    check_buf(hq_storage_cbuf(s, 1), "columnwise_scale_inv", HQ_ROLE_SCALE, HQ_E8M0,
+              ref_up(M / 32, 4), ref_up(K, 128), sg, 32);
+  }
+}
+
+/* Every option set (dtype x swizzle x block_2d), usage (both, rowwise only, columnwise only) and
+   shapes with and without scale padding: the descriptors and buffers of the quantized storages
+   (and of hq_make_empty's) are the table's; sizes, shard rows, the amax kind (none) too. */
+static void test_layout_desc_buffers(void **state) {
   (void)state;
   hq_ctx *ctx = make_ctx();
-  const int64_t shapes[][2] = {{96, 160}, {32, 32}, {256, 4096}, {160, 96}};
-  for (int kind = 0; kind < 2; kind++)
-    for (int swz = 0; swz < 2; swz++)
-      for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++) {
-        int64_t M = shapes[n][0], K = shapes[n][1];
-        hq_recipe *r = mx_recipe(kind, swz, 0);
-        hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 1, 1.0f);
-        hq_qtensor *qt = quantize(r, ctx, &x, HQ_BOTH);
-        hq_dtype t = kind ? HQ_E5M2 : HQ_E4M3;
-        const hq_storage *row = storage(qt, HQ_ROWWISE), *col = storage(qt, HQ_COLWISE);
-        assert_int_equal(row->nbuf, 2);
-        assert_int_equal(col->nbuf, 2);
-        check_buf(&row->buf[0], "data", t, M, K, HQ_BUF_SHARDED);
-        check_buf(&row->buf[1], "scale_inv", HQ_E8M0, ref_up(M, 128), ref_up(K / 32, 4),
-                  HQ_BUF_SHARDED);
-        check_buf(&col->buf[0], "columnwise_data", t, M, K, HQ_BUF_SHARDED);
-        check_buf(&col->buf[1], "columnwise_scale_inv", HQ_E8M0, ref_up(M / 32, 4),
-                  ref_up(K, 128), 0);
-        assert_int_equal(hq_qtensor_bytes(qt, HQ_ROWWISE),
-                         (size_t)(M * K + ref_up(M, 128) * ref_up(K / 32, 4)));
-        assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE),
-                         (size_t)(M * K + ref_up(M / 32, 4) * ref_up(K, 128)));
-        hq_qtensor_free(qt);
-        free(x.data);
-        hq_recipe_free(r);
-      }
+  const int64_t shapes[][2] = {{96, 160}, {32, 32}, {256, 4096}, {160, 96}, {64, 1056}};
+  for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++) {
+    const int64_t M = shapes[n][0], K = shapes[n][1];
+    hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 1, 1.0f);
+    for (int kind = 0; kind < 2; kind++)
+      for (int swz = 0; swz < 2; swz++)
+        for (int two_d = 0; two_d < 2; two_d++)
+          for (uint32_t usage = 1; usage <= 3; usage++) {
+            hq_recipe *r = mx_recipe(kind, swz, two_d);
+            hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+            HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+            assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_NONE);
+            assert_int_equal(hq_quantizer_amax_kind(q, HQ_COLWISE), HQ_AMAX_NONE);
+            hq_qtensor *qt = NULL, *e = NULL;
+            HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+            HQ_OK_OR_FAIL(hq_make_empty(q, ctx, M, K, HQ_F32, &e));
+            assert_int_equal(hq_qtensor_dirs(qt), usage);
+            assert_int_equal(hq_qtensor_shard_rows(qt), 32);
+            for (uint32_t dir = 1; dir <= 2; dir++) {
+              if (!(usage & dir)) {
+                assert_null(hq_qtensor_storage(qt, dir));
+                continue;
+              }
+              check_storage_table(storage(qt, dir), dir, M, K, kind, swz, two_d);
+              check_storage_table(storage(e, dir), dir, M, K, kind, swz, two_d);
+            }
+            if (usage & HQ_ROWWISE)
+              assert_int_equal(hq_qtensor_bytes(qt, HQ_ROWWISE),
+                               (size_t)(M * K + ref_up(M, 128) * ref_up(K / 32, 4)));
+            if (usage & HQ_COLWISE)
+              assert_int_equal(hq_qtensor_bytes(qt, HQ_COLWISE),
+                               (size_t)(M * K + ref_up(M / 32, 4) * ref_up(K, 128)));
+            hq_qtensor_free(qt);
+            hq_qtensor_free(e);
+            hq_quantizer_free(q);
+            hq_recipe_free(r);
+          }
+    free(x.data);
+  }
   hq_ctx_destroy(ctx);
 }
 
@@ -219,8 +301,11 @@ static void test_shape_errors(void **state) {
 static void test_reference_all_combinations(void **state) {
   (void)state;
   hq_ctx *ctx = make_ctx();
-  /* 64 x 1056: more than one 512-column tile of the CPU loop, and a partial last one */
-  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {160, 96}, {256, 384}, {64, 1056}};
+  /* 64 x 1056: more than one 512-column tile of the CPU loop, and a partial last one; 416 x 32
+     and 32 x 544: a tile narrower than 512 columns, M and K/32 off the scale padding multiples;
+     256 x 384 f16: the f16 decode table (>= 65536 elements) */
+  const int64_t shapes[][2] = {{32, 32},   {96, 160},  {160, 96}, {256, 384},
+                               {64, 1056}, {416, 32}, {32, 544}};
   const hq_dtype dts[] = {HQ_F32, HQ_BF16, HQ_F16};
   for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++)
     for (int di = 0; di < 3; di++)
@@ -265,8 +350,8 @@ static void test_block_2d(void **state) {
           if (usage & HQ_ROWWISE) check_dir(qt, xf, M, K, kind, swz, 1, HQ_ROWWISE);
           if (usage & HQ_COLWISE) check_dir(qt, xf, M, K, kind, swz, 1, HQ_COLWISE);
           if (usage == HQ_BOTH)
-            assert_memory_equal(storage(qt, HQ_ROWWISE)->buf[0].ptr,
-                                storage(qt, HQ_COLWISE)->buf[0].ptr, (size_t)(M * K));
+            assert_memory_equal(sbytes(qt, HQ_ROWWISE, 0),
+                                sbytes(qt, HQ_COLWISE, 0), (size_t)(M * K));
           hq_qtensor_free(qt);
         }
         hq_recipe_free(r);
@@ -280,9 +365,9 @@ static void test_block_2d(void **state) {
     hq_tensor x = tensor_of(xf, HQ_F32, 32, 32);
     hq_recipe *r = mx_recipe(0, 0, 1);
     hq_qtensor *qt = quantize(r, ctx, &x, HQ_BOTH);
-    const uint8_t *rs = storage(qt, HQ_ROWWISE)->buf[1].ptr;
-    const uint8_t *cs = storage(qt, HQ_COLWISE)->buf[1].ptr;
-    const uint8_t *rd = storage(qt, HQ_ROWWISE)->buf[0].ptr;
+    const uint8_t *rs = sbytes(qt, HQ_ROWWISE, 1);
+    const uint8_t *cs = sbytes(qt, HQ_COLWISE, 1);
+    const uint8_t *rd = sbytes(qt, HQ_ROWWISE, 0);
     for (int i = 0; i < 32; i++) assert_int_equal(rs[i * 4], 129);  /* compact stride 4 */
     for (int j = 0; j < 32; j++) assert_int_equal(cs[j], 129);
     assert_int_equal(rd[0], 0x78);      /* 1000 / 4 = 250 -> 256 */
@@ -305,8 +390,8 @@ static void hand_block(hq_ctx *ctx, int kind, const float *blk, unsigned code, c
   hq_recipe *r = mx_recipe(kind, 0, 0);
   hq_tensor tr = tensor_of(xr, HQ_F32, 32, 32), tc = tensor_of(xc, HQ_F32, 32, 32);
   hq_qtensor *a = quantize(r, ctx, &tr, HQ_BOTH), *b = quantize(r, ctx, &tc, HQ_BOTH);
-  const uint8_t *rs = storage(a, HQ_ROWWISE)->buf[1].ptr, *rd = storage(a, HQ_ROWWISE)->buf[0].ptr;
-  const uint8_t *cs = storage(b, HQ_COLWISE)->buf[1].ptr, *cd = storage(b, HQ_COLWISE)->buf[0].ptr;
+  const uint8_t *rs = sbytes(a, HQ_ROWWISE, 1), *rd = sbytes(a, HQ_ROWWISE, 0);
+  const uint8_t *cs = sbytes(b, HQ_COLWISE, 1), *cd = sbytes(b, HQ_COLWISE, 0);
   assert_int_equal(rs[0], code);
   assert_int_equal(cs[0], code);
   for (int k = 0; k < 32; k++) {
@@ -436,8 +521,8 @@ static void test_directions_pick_right_blocks(void **state) {
   hq_tensor x = tensor_of(xf, HQ_F32, M, K);
   hq_recipe *r = mx_recipe(0, 0, 0);
   hq_qtensor *qt = quantize(r, ctx, &x, HQ_BOTH);
-  const uint8_t *rs = storage(qt, HQ_ROWWISE)->buf[1].ptr;
-  const uint8_t *cs = storage(qt, HQ_COLWISE)->buf[1].ptr;
+  const uint8_t *rs = sbytes(qt, HQ_ROWWISE, 1);
+  const uint8_t *cs = sbytes(qt, HQ_COLWISE, 1);
   for (int64_t i = 0; i < M; i++)
     for (int64_t kb = 0; kb < K / 32; kb++) {
       unsigned want = 119;
@@ -455,11 +540,11 @@ static void test_directions_pick_right_blocks(void **state) {
   /* an element's byte differs between the directions when only one block has an outlier:
      (5, 71) is 1.0 next to the 1024 in its row -> 1/4 -> 0x28 rowwise; its column has no outlier
      -> 1 * 2^8 = 256 -> 0x78 columnwise */
-  assert_int_equal(((uint8_t *)storage(qt, HQ_ROWWISE)->buf[0].ptr)[5 * K + 71], 0x28);
-  assert_int_equal(((uint8_t *)storage(qt, HQ_COLWISE)->buf[0].ptr)[5 * K + 71], 0x78);
+  assert_int_equal(sbytes(qt, HQ_ROWWISE, 0)[5 * K + 71], 0x28);
+  assert_int_equal(sbytes(qt, HQ_COLWISE, 0)[5 * K + 71], 0x78);
   /* (6, 70) is 1.0 under the 1024 in its column -> 0x28 columnwise, 0x78 rowwise */
-  assert_int_equal(((uint8_t *)storage(qt, HQ_ROWWISE)->buf[0].ptr)[6 * K + 70], 0x78);
-  assert_int_equal(((uint8_t *)storage(qt, HQ_COLWISE)->buf[0].ptr)[6 * K + 70], 0x28);
+  assert_int_equal(sbytes(qt, HQ_ROWWISE, 0)[6 * K + 70], 0x78);
+  assert_int_equal(sbytes(qt, HQ_COLWISE, 0)[6 * K + 70], 0x28);
   hq_qtensor_free(qt);
   hq_recipe_free(r);
   free(x.data);
@@ -561,19 +646,22 @@ static void test_dequantize_specials(void **state) {
 
 // --- lifecycle ----------------------------------------------------------------------------------
 
+/* Every byte of every buffer of the present directions, rowwise first, in buffer order. */
 static void copy_bytes(const hq_qtensor *qt, uint8_t **out, size_t *n) {
   size_t total = 0;
   for (uint32_t d = 1; d <= 2; d++)
-    for (int b = 0; b < 2; b++) total += storage(qt, d)->buf[b].bytes;
-  *out = malloc(total);
+    if (hq_qtensor_storage(qt, d))
+      for (uint32_t b = 0; b < storage(qt, d)->nbuf; b++) total += sbuf(qt, d, b)->bytes;
+  *out = malloc(total ? total : 1);
   *n = total;
   size_t k = 0;
   for (uint32_t d = 1; d <= 2; d++)
-    for (int b = 0; b < 2; b++) {
-      const hq_buffer *bb = &storage(qt, d)->buf[b];
-      memcpy(*out + k, bb->ptr, bb->bytes);
-      k += bb->bytes;
-    }
+    if (hq_qtensor_storage(qt, d))
+      for (uint32_t b = 0; b < storage(qt, d)->nbuf; b++) {
+        const hq_buffer *bb = sbuf(qt, d, b);
+        memcpy(*out + k, bb->ptr, bb->bytes);
+        k += bb->bytes;
+      }
 }
 
 /* Quantizing the same input twice gives the same bytes (REQUANT_SAFE); an update in place
@@ -614,13 +702,93 @@ static void test_requant_update_make_empty(void **state) {
   hq_qtensor *e = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(q, ctx, 96, 160, HQ_F32, &e));
   for (uint32_t d = 1; d <= 2; d++) {
-    const hq_buffer *s = &storage(e, d)->buf[1];
+    const hq_buffer *s = sbuf(e, d, 1);
     for (size_t i = 0; i < s->bytes; i++) assert_int_equal(((uint8_t *)s->ptr)[i], 0);
   }
   hq_qtensor_free(e);
   hq_quantizer_free(q);
   free(x.data);
   free(y.data);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
+/* An update in place (hq_qtensor_update) equals a fresh quantize of the new input, byte for byte
+   (padding included), and the reference, for every option set and usage. The sources: bf16 with
+   scale padding, f32 over more than one column tile, and f16 of 65536 elements, where a fresh
+   quantize may decode through a cached table but an update must not allocate. */
+static void test_update_equals_fresh(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  struct { hq_dtype t; int64_t M, K; } srcs[] = {
+      {HQ_BF16, 96, 160}, {HQ_F32, 64, 1056}, {HQ_F16, 256, 256}};
+  for (size_t n = 0; n < sizeof srcs / sizeof srcs[0]; n++) {
+    const int64_t M = srcs[n].M, K = srcs[n].K;
+    hq_tensor x = hq_test_tensor(srcs[n].t, M, K, 40 + n, 3.0f);
+    hq_tensor y = hq_test_tensor(srcs[n].t, M, K, 50 + n, 0.01f);
+    float *yf = malloc((size_t)(M * K) * sizeof *yf);
+    for (int64_t i = 0; i < M * K; i++) yf[i] = hq_load_hp(y.data, i, srcs[n].t);
+    for (int kind = 0; kind < 2; kind++)
+      for (int swz = 0; swz < 2; swz++)
+        for (int two_d = 0; two_d < 2; two_d++) {
+          hq_recipe *r = mx_recipe(kind, swz, two_d);
+          for (uint32_t usage = 1; usage <= 3; usage++) {
+            hq_qtensor *a = quantize(r, ctx, &x, usage);
+            HQ_OK_OR_FAIL(hq_qtensor_update(a, ctx, &y));
+            hq_qtensor *c = quantize(r, ctx, &y, usage);
+            uint8_t *ba, *bc;
+            size_t na, nc;
+            copy_bytes(a, &ba, &na);
+            copy_bytes(c, &bc, &nc);
+            assert_int_equal(na, nc);
+            assert_memory_equal(ba, bc, na);
+            for (uint32_t d = 1; d <= 2; d++)
+              if (usage & d) check_dir(a, yf, M, K, kind, swz, two_d, d);
+            free(ba);
+            free(bc);
+            hq_qtensor_free(a);
+            hq_qtensor_free(c);
+          }
+          hq_recipe_free(r);
+        }
+    free(yf);
+    free(x.data);
+    free(y.data);
+  }
+  hq_ctx_destroy(ctx);
+}
+
+/* No per-tensor amax: hq_quantizer_amax gives 0 for both directions, and an amax passed to
+   hq_quantize_ex / hq_qtensor_update_ex changes nothing (the scales are per block). */
+static void test_amax_none(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  hq_recipe *r = mx_recipe(0, 0, 0);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_tensor x = hq_test_tensor(HQ_F32, 64, 96, 61, 2.0f);
+  float amax[2] = {-1.0f, -1.0f};
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, amax));
+  assert_true(amax[0] == 0.0f && amax[1] == 0.0f);
+  const float big[2] = {1e30f, 3.0f};
+  hq_quantize_args args = {sizeof args, 0, big};
+  hq_qtensor *a = NULL, *b = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a));
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &args, &b));
+  uint8_t *ba, *bb;
+  size_t na, nb;
+  copy_bytes(a, &ba, &na);
+  copy_bytes(b, &bb, &nb);
+  assert_memory_equal(ba, bb, na);
+  free(bb);
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(b, ctx, &x, &args));
+  copy_bytes(b, &bb, &nb);
+  assert_memory_equal(ba, bb, na);
+  free(ba);
+  free(bb);
+  hq_qtensor_free(a);
+  hq_qtensor_free(b);
+  free(x.data);
+  hq_quantizer_free(q);
   hq_recipe_free(r);
   hq_ctx_destroy(ctx);
 }
@@ -660,80 +828,349 @@ static void test_options(void **state) {
   }
 }
 
-/* Load the module directly (from $HQ_PLUGIN_PATH) to drive what the core never lets through:
-   a CUDA-device call, and layout() on its own. */
+// --- the module called directly ---------------------------------------------------------------
+
+/* Load the module (from $HQ_PLUGIN_PATH) with the test host table. */
+static const hq_format_ops *load_ops(hq_host_api *host) {
+  hq_format_entry_fn entry = hq_test_module_entry("mxfp8");
+  *host = hq_test_host();
+  const hq_format_ops *ops = entry(host);
+  assert_non_null(ops);
+  return ops;
+}
+
+/* A configured instance: kind (0 e4m3, 1 e5m2), swizzle, block_2d (the option table's order). */
+static void *direct_cfg(const hq_format_ops *ops, const hq_host_api *host, int kind, int swz,
+                        int two_d) {
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  hq_optval v[3] = {{kind, 0, NULL}, {swz, 0, NULL}, {two_d, 0, NULL}};
+  assert_int_equal(ops->configure(cfg, v, host), HQ_OK);
+  return cfg;
+}
+
+/* A storage as the core makes one: hq_test_storage_init, layout(), then every buffer allocated
+   here (poisoned), its bytes computed from dtype and shape. */
+static void direct_storage(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                           hq_storage *s, uint32_t dir, uint32_t dirs, int64_t M, int64_t K) {
+  hq_test_storage_init(s, dir, M, K, HQ_F32);
+  int rc = ops->layout(cfg, host, M, K, dir, dirs, s);
+  if (rc) fail_msg("layout -> %d: %s", rc, hq_test_module_error());
+  for (uint32_t i = 0; i < s->nbuf; i++) {
+    hq_buffer *b = hq_storage_buf(s, i);
+    size_t n = hq_dtype_size(b->dtype);
+    for (int k = 0; k < b->ndim; k++) n *= (size_t)b->shape[k];
+    b->bytes = n;
+    b->ptr = malloc(n ? n : 1);
+    memset(b->ptr, 0xA5, n);
+  }
+}
+
+static void direct_free(hq_storage *s) {
+  for (uint32_t i = 0; i < s->nbuf; i++) {
+    free(hq_storage_buf(s, i)->ptr);
+    hq_storage_buf(s, i)->ptr = NULL;
+  }
+}
+
+/* A quantize (or, with HQ_CALL_UPDATE, an update) as the core makes it: call->scratch of
+   scratch_size() bytes (poisoned), or none with no_scratch. */
+static int direct_quantize(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                           const hq_tensor *x, uint32_t dirs, hq_storage *row, hq_storage *col,
+                           uint32_t flags, int no_scratch) {
+  size_t ns = ops->scratch_size(cfg, x->rows, x->cols, dirs, HQ_DEVICE_HOST);
+  void *scratch = no_scratch || !ns ? NULL : malloc(ns);
+  if (scratch) memset(scratch, 0xA5, ns);
+  hq_call call = hq_test_call(host, 0, 0);
+  call.flags = flags;
+  call.scratch = scratch;
+  call.scratch_bytes = scratch ? ns : 0;
+  hq_test_module_error()[0] = 0;
+  int rc = ops->quantize(cfg, &call, x, dirs, row, col);
+  free(scratch);
+  return rc;
+}
+
+static int direct_dequantize(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                             const hq_storage *s, hq_tensor *y) {
+  hq_call call = hq_test_call(host, 0, 0);
+  hq_test_module_error()[0] = 0;
+  return ops->dequantize(cfg, &call, s, y);
+}
+
+/* The storage's bytes against the reference quantization of xf (kind, two_d from the instance
+   that wrote it; the scale layout swz). */
+static void check_direct(const hq_storage *s, const float *xf, int kind, int swz, int two_d) {
+  const int64_t M = s->rows, K = s->cols;
+  int d = s->dir == HQ_ROWWISE ? 1 : 2;
+  uint8_t *data = malloc((size_t)(M * K)), *codes = malloc((size_t)(M * K));
+  ref_quantize(xf, M, K, kind, d, two_d, data, codes);
+  size_t nb;
+  uint8_t *want = ref_dir_scales(codes, M, K, d, swz, &nb);
+  assert_int_equal(hq_storage_cbuf(s, 1)->bytes, nb);
+  assert_memory_equal(hq_storage_cbuf(s, 0)->ptr, data, (size_t)(M * K));
+  assert_memory_equal(hq_storage_cbuf(s, 1)->ptr, want, nb);
+  free(want);
+  free(codes);
+  free(data);
+}
+
+/* What the core never lets through: a CUDA-device call, layout() on its own, storages that do
+   not match their tensor or are not MXFP8 layouts, a fused call over two storages that disagree,
+   and the ops table's identity (ABI 2.0: entry hq_format_module_v2, required minor 0). */
 static void test_module_direct(void **state) {
   (void)state;
-  hq_format_entry_fn entry = hq_test_module_entry("mxfp8");
-  hq_host_api host = hq_test_host();
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
   char *host_msg = hq_test_module_error();
-  const hq_format_ops *ops = entry(&host);
-  assert_non_null(ops);
   assert_string_equal(ops->name, "mxfp8");
-  assert_null(ops->gemm);
+  assert_string_equal(ops->version, "2.0");
+  assert_int_equal(ops->abi_major, 2);
+  assert_int_equal(ops->abi_minor, 0);
+  assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_0);
+  assert_null(ops->amax_kind); /* no per-tensor amax */
+  assert_null(ops->amax);
+  assert_null(ops->update);    /* quantize serves updates */
+  assert_non_null(ops->scratch_size);
+  assert_non_null(ops->make_empty);
+  /* a core of another major is refused */
+  hq_host_api other = host;
+  other.abi_major = 1;
+  assert_null(hq_test_module_entry("mxfp8")(&other));
 
-  /* configure with the defaults, then describe a storage */
-  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
-  hq_optval v[3] = {{0, 0, NULL}, {1, 0, NULL}, {0, 0, NULL}}; /* e4m3, swizzle, no 2-D */
-  assert_int_equal(ops->configure(cfg, v, &host), HQ_OK);
-  hq_storage row = {0}, col = {0};
-  row.dir = HQ_ROWWISE, col.dir = HQ_COLWISE;
-  row.rows = col.rows = 64, row.cols = col.cols = 64;
+  /* configure e4m3, swizzle, no 2-D, then describe storages */
+  void *cfg = direct_cfg(ops, &host, 0, 1, 0);
+  hq_storage row, col;
+  hq_test_storage_init(&row, HQ_ROWWISE, 64, 97, HQ_F32);
   assert_int_equal(ops->layout(cfg, &host, 64, 96 + 1, HQ_ROWWISE, HQ_BOTH, &row), HQ_ESHAPE);
   assert_string_equal(host_msg, "mxfp8: cols = 97 is not a multiple of 32");
+  hq_test_storage_init(&col, HQ_COLWISE, 100, 64, HQ_F32);
   assert_int_equal(ops->layout(cfg, &host, 100, 64, HQ_COLWISE, HQ_COLWISE, &col), HQ_ESHAPE);
   assert_string_equal(host_msg, "mxfp8: rows = 100 is not a multiple of 32");
-  memset(&row, 0, sizeof row);
-  row.dir = HQ_ROWWISE, row.rows = 64, row.cols = 64;
-  assert_int_equal(ops->layout(cfg, &host, 64, 64, HQ_ROWWISE, HQ_BOTH, &row), HQ_OK);
-  uint8_t data[64 * 64], scales[128 * 4];
-  row.buf[0].ptr = data, row.buf[0].bytes = sizeof data;
-  row.buf[1].ptr = scales, row.buf[1].bytes = sizeof scales;
-  float xs[64 * 64] = {0};
-  hq_tensor x = {xs, HQ_F32, 0, 64, 64}; /* on CUDA device 0 */
-  hq_call call = {0};
-  call.struct_size = sizeof call;
+  direct_storage(ops, cfg, &host, &row, HQ_ROWWISE, HQ_BOTH, 64, 64);
+  assert_int_equal(hq_storage_cbuf(&row, 0)->bytes, 64 * 64);
+  assert_int_equal(hq_storage_cbuf(&row, 1)->bytes, 128 * 4);
+  static float xs[64 * 64];
+  memset(xs, 0, sizeof xs);
+  hq_tensor x = hq_tensor_2d(xs, HQ_F32, 0, 64, 64); /* on CUDA device 0 */
+  hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
-  call.host = &host;
   host_msg[0] = 0;
   assert_int_equal(ops->quantize(cfg, &call, &x, HQ_ROWWISE, &row, NULL), HQ_ENOTSUP);
   assert_non_null(strstr(host_msg, "CUDA device 0 is not supported"));
   host_msg[0] = 0;
   assert_int_equal(ops->dequantize(cfg, &call, &row, &x), HQ_ENOTSUP);
   assert_non_null(strstr(host_msg, "not supported"));
+  host_msg[0] = 0;
+  assert_int_equal(ops->make_empty(cfg, &call, &row), HQ_ENOTSUP);
+  assert_non_null(strstr(host_msg, "not supported"));
+  assert_int_equal(ops->scratch_size(cfg, 64, 64, HQ_BOTH, 0), 0);
+
   /* on the host it works and writes every scale byte, the padding too (here into a poisoned
-     buffer the core's make_empty never saw); a mismatched storage is refused, not overrun */
-  call.device = HQ_DEVICE_HOST;
+     buffer make_empty never saw) */
   x.device = HQ_DEVICE_HOST;
   for (int i = 0; i < 64 * 64; i++) xs[i] = (i % 64 == 3) ? -5.0f : 1.0f;
-  uint8_t cdata[64 * 64], cscales[4 * 128];
-  assert_int_equal(ops->layout(cfg, &host, 64, 64, HQ_COLWISE, HQ_BOTH, &col), HQ_OK);
-  col.dir = HQ_COLWISE, col.rows = 64, col.cols = 64;
-  col.buf[0].ptr = cdata, col.buf[0].bytes = sizeof cdata;
-  col.buf[1].ptr = cscales, col.buf[1].bytes = sizeof cscales;
-  memset(scales, 0xA5, sizeof scales);
-  memset(cscales, 0xA5, sizeof cscales);
-  assert_int_equal(ops->quantize(cfg, &call, &x, HQ_BOTH, &row, &col), HQ_OK);
-  for (int d = 1; d <= 2; d++) {
-    uint8_t rdata[64 * 64], codes[64 * 64];
-    size_t nb;
-    ref_quantize(xs, 64, 64, 0, d, 0, rdata, codes);
-    uint8_t *want = ref_dir_scales(codes, 64, 64, d, 1, &nb);
-    assert_int_equal(nb, d == 1 ? sizeof scales : sizeof cscales);
-    assert_memory_equal(d == 1 ? scales : cscales, want, nb);
-    assert_memory_equal(d == 1 ? data : cdata, rdata, sizeof rdata);
-    free(want);
-  }
-  hq_tensor big = {xs, HQ_F32, HQ_DEVICE_HOST, 32, 128};
-  assert_int_equal(ops->quantize(cfg, &call, &big, HQ_ROWWISE, &row, NULL), HQ_ESHAPE);
-  row.buf[1].bytes = 16;
-  assert_int_equal(ops->quantize(cfg, &call, &x, HQ_ROWWISE, &row, NULL), HQ_EINVAL);
+  direct_storage(ops, cfg, &host, &col, HQ_COLWISE, HQ_BOTH, 64, 64);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_BOTH, &row, &col, 0, 0), HQ_OK);
+  check_direct(&row, xs, 0, 1, 0);
+  check_direct(&col, xs, 0, 1, 0);
+
+  /* a mismatched or broken storage is refused, not overrun */
+  hq_tensor big = hq_tensor_2d(xs, HQ_F32, HQ_DEVICE_HOST, 32, 128);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &big, HQ_ROWWISE, &row, NULL, 0, 0),
+                   HQ_ESHAPE);
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &row, &big), HQ_ESHAPE);
+  hq_storage_buf(&row, 1)->bytes = 16;
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_ROWWISE, &row, NULL, 0, 0), HQ_EINVAL);
+  hq_storage_buf(&row, 1)->bytes = 128 * 4;
+  float ys[64 * 64];
+  hq_tensor y = hq_tensor_2d(ys, HQ_F32, HQ_DEVICE_HOST, 64, 64);
+  hq_storage bad = row;
+  bad.desc.scale_mode = HQ_SCALE_VEC16_UE4M3;
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &bad, &y), HQ_EINVAL);
+  assert_non_null(strstr(host_msg, "descriptor"));
+  bad = row;
+  bad.desc.elem = HQ_E5M2; /* the data buffer is e4m3 */
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &bad, &y), HQ_EINVAL);
+  bad = row;
+  bad.desc.block_m = 16;
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &bad, &y), HQ_EINVAL);
+  bad = row;
+  bad.desc.scale_layout = HQ_SCALE_LAYOUT_BLOCK_MAJOR; /* columnwise's compact layout */
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_ROWWISE, &bad, NULL, 0, 0), HQ_EINVAL);
+  bad = row;
+  hq_storage_buf(&bad, 0)->role = HQ_ROLE_OTHER;
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &bad, &y), HQ_EINVAL);
+  bad = row;
+  bad.dir = HQ_COLWISE;
+  assert_int_equal(direct_dequantize(ops, cfg, &host, &bad, &y), HQ_EINVAL);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_COLWISE, NULL, &bad, 0, 0), HQ_EINVAL);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, 0, &row, &col, 0, 0), HQ_EINVAL);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, 4, &row, &col, 0, 0), HQ_EINVAL);
+  /* a fused call over storages of different element dtypes (made by different instances) */
+  void *cfg5 = direct_cfg(ops, &host, 1, 1, 0);
+  hq_storage col5;
+  direct_storage(ops, cfg5, &host, &col5, HQ_COLWISE, HQ_BOTH, 64, 64);
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_BOTH, &row, &col5, 0, 0), HQ_EINVAL);
+  assert_non_null(strstr(host_msg, "differ"));
+  /* ... one direction at a time each is written as its storage says */
+  assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_COLWISE, NULL, &col5, 0, 0), HQ_OK);
+  check_direct(&col5, xs, 1, 1, 0);
+  direct_free(&col5);
+  direct_free(&row);
+  direct_free(&col);
+  free(cfg5);
   free(cfg);
+}
+
+/* Scratch and updates: scratch_size() is a 32-row FP32 tile at most 512 columns wide; an update
+   (HQ_CALL_UPDATE) runs on call->scratch alone -- host->alloc, which refuses during an update, is
+   never called, even for an f16 source large enough for the f16 table -- and writes the same
+   bytes as a quantize; without scratch an update is refused before anything is written, while a
+   plain quantize falls back to host->alloc. */
+static void test_direct_scratch_and_update(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  char *host_msg = hq_test_module_error();
+  void *cfg = direct_cfg(ops, &host, 1, 0, 0);
+  assert_int_equal(ops->scratch_size(cfg, 64, 64, HQ_BOTH, HQ_DEVICE_HOST), 32 * 64 * 4);
+  assert_int_equal(ops->scratch_size(cfg, 32, 4096, HQ_ROWWISE, HQ_DEVICE_HOST), 32 * 512 * 4);
+  assert_int_equal(ops->scratch_size(cfg, 64, 1056, HQ_COLWISE, HQ_DEVICE_HOST), 32 * 512 * 4);
+  assert_int_equal(ops->scratch_size(cfg, 0, 64, HQ_BOTH, HQ_DEVICE_HOST), 0);
+  const int64_t M = 256, K = 256; /* 65536 f16 elements: the size that uses the table */
+  hq_tensor x = hq_test_tensor(HQ_F16, M, K, 71, 4.0f);
+  hq_tensor x2 = hq_test_tensor(HQ_F16, M, K, 72, 0.5f);
+  float *xf = malloc((size_t)(M * K) * sizeof *xf);
+  for (int64_t i = 0; i < M * K; i++) xf[i] = hq_load_hp(x.data, i, HQ_F16);
+  for (int two_d = 0; two_d < 2; two_d++) {
+    void *c = direct_cfg(ops, &host, 1, 0, two_d);
+    hq_storage fr, fc, ur, uc;
+    direct_storage(ops, c, &host, &fr, HQ_ROWWISE, HQ_BOTH, M, K);
+    direct_storage(ops, c, &host, &fc, HQ_COLWISE, HQ_BOTH, M, K);
+    direct_storage(ops, c, &host, &ur, HQ_ROWWISE, HQ_BOTH, M, K);
+    direct_storage(ops, c, &host, &uc, HQ_COLWISE, HQ_BOTH, M, K);
+    /* a plain quantize without scratch: host->alloc */
+    assert_int_equal(direct_quantize(ops, c, &host, &x, HQ_BOTH, &fr, &fc, 0, 1), HQ_OK);
+    check_direct(&fr, xf, 1, 0, two_d);
+    check_direct(&fc, xf, 1, 0, two_d);
+    /* updates: first of other values, then of x; no allocation attempted */
+    assert_int_equal(direct_quantize(ops, c, &host, &x2, HQ_BOTH, &ur, &uc, HQ_CALL_UPDATE, 0),
+                     HQ_OK);
+    assert_string_equal(host_msg, "");
+    uint8_t *before = malloc(hq_storage_cbuf(&ur, 1)->bytes);
+    memcpy(before, hq_storage_cbuf(&ur, 1)->ptr, hq_storage_cbuf(&ur, 1)->bytes);
+    assert_int_equal(direct_quantize(ops, c, &host, &x, HQ_ROWWISE, &ur, NULL, HQ_CALL_UPDATE, 1),
+                     HQ_EINVAL);
+    assert_non_null(strstr(host_msg, "scratch"));
+    assert_memory_equal(hq_storage_cbuf(&ur, 1)->ptr, before, hq_storage_cbuf(&ur, 1)->bytes);
+    free(before);
+    assert_int_equal(direct_quantize(ops, c, &host, &x, HQ_BOTH, &ur, &uc, HQ_CALL_UPDATE, 0),
+                     HQ_OK);
+    assert_string_equal(host_msg, "");
+    for (uint32_t i = 0; i < 2; i++) {
+      assert_memory_equal(hq_storage_cbuf(&ur, i)->ptr, hq_storage_cbuf(&fr, i)->ptr,
+                          hq_storage_cbuf(&fr, i)->bytes);
+      assert_memory_equal(hq_storage_cbuf(&uc, i)->ptr, hq_storage_cbuf(&fc, i)->ptr,
+                          hq_storage_cbuf(&fc, i)->bytes);
+    }
+    direct_free(&fr);
+    direct_free(&fc);
+    direct_free(&ur);
+    direct_free(&uc);
+    free(c);
+  }
+  free(xf);
+  free(x.data);
+  free(x2.data);
+  free(cfg);
+}
+
+/* A storage is read as it describes itself. Quantize with instance A, then dequantize through a
+   differently configured instance B (other element dtype, swizzle on/off, 1-D vs 2-D): the
+   values equal A's own dequantize bit for bit (f32, bf16, f16), and A's equal the reference
+   RN(fp8(q) * 2^(e-127)). Quantizing with B into A's storages writes A's bytes (the layout is the
+   storage's, the instance is only what layout() consults). */
+static void test_cross_instance_dequantize(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  const int cfgs[][3] = {{0, 1, 0}, {1, 0, 1}, {0, 0, 0}, {1, 1, 1}, {0, 0, 1}, {1, 1, 0}};
+  const int nc = (int)(sizeof cfgs / sizeof cfgs[0]);
+  const int64_t shapes[][2] = {{96, 160}, {160, 544}};
+  const hq_dtype outs[] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (size_t n = 0; n < sizeof shapes / sizeof shapes[0]; n++) {
+    const int64_t M = shapes[n][0], K = shapes[n][1];
+    float *xf = gen(M, K, 500 + n, -20, 20, 1);
+    hq_tensor x = tensor_of(xf, HQ_F32, M, K);
+    for (int a = 0; a < nc; a++) {
+      const int kind = cfgs[a][0], swz = cfgs[a][1], two_d = cfgs[a][2];
+      void *ca = direct_cfg(ops, &host, kind, swz, two_d);
+      hq_storage st[2];
+      direct_storage(ops, ca, &host, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+      direct_storage(ops, ca, &host, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+      assert_int_equal(direct_quantize(ops, ca, &host, &x, HQ_BOTH, &st[0], &st[1], 0, 0), HQ_OK);
+      for (int d = 0; d < 2; d++) {
+        check_direct(&st[d], xf, kind, swz, two_d);
+        /* A's own dequantize against the reference decode */
+        uint8_t *data = malloc((size_t)(M * K)), *codes = malloc((size_t)(M * K));
+        ref_quantize(xf, M, K, kind, d + 1, two_d, data, codes);
+        hq_tensor ya[3];
+        for (int o = 0; o < 3; o++) {
+          ya[o] = hq_test_empty(outs[o], M, K);
+          assert_int_equal(direct_dequantize(ops, ca, &host, &st[d], &ya[o]), HQ_OK);
+        }
+        const float *yf = ya[0].data;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < K; j++) {
+            int e = d == 0 ? codes[i * (K / 32) + j / 32] : codes[(i / 32) * K + j];
+            float want = (float)(ref_fp8_decode(data[i * K + j], kind) * ldexp(1.0, e - 127));
+            float got = yf[i * K + j];
+            int ok = isnan(want) ? isnan(got) != 0
+                                 : got == want && signbit(got) == signbit(want);
+            if (!ok)
+              fail_msg("cfg %d dir %d (%lld,%lld): %a, want %a", a, d + 1, (long long)i,
+                         (long long)j, (double)got, (double)want);
+          }
+        /* every other instance reads it the same */
+        for (int b = 0; b < nc; b++) {
+          if (b == a) continue;
+          void *cb = direct_cfg(ops, &host, cfgs[b][0], cfgs[b][1], cfgs[b][2]);
+          for (int o = 0; o < 3; o++) {
+            hq_tensor yb = hq_test_empty(outs[o], M, K);
+            assert_int_equal(direct_dequantize(ops, cb, &host, &st[d], &yb), HQ_OK);
+            if (memcmp(yb.data, ya[o].data, (size_t)(M * K) * hq_dtype_size(outs[o])))
+              fail_msg("storage of cfg %d dir %d dequantized by cfg %d differs (out dtype %d)", a,
+                       d + 1, b, (int)outs[o]);
+            free(yb.data);
+          }
+          free(cb);
+        }
+        for (int o = 0; o < 3; o++) free(ya[o].data);
+        free(data);
+        free(codes);
+      }
+      /* B quantizing into A's storages writes what A wrote */
+      const int b = (a + 1) % nc;
+      void *cb = direct_cfg(ops, &host, cfgs[b][0], cfgs[b][1], cfgs[b][2]);
+      for (int d = 0; d < 2; d++)
+        for (uint32_t i = 0; i < 2; i++) memset(hq_storage_buf(&st[d], i)->ptr, 0xA5,
+                                                 hq_storage_buf(&st[d], i)->bytes);
+      assert_int_equal(direct_quantize(ops, cb, &host, &x, HQ_BOTH, &st[0], &st[1], 0, 0), HQ_OK);
+      check_direct(&st[0], xf, kind, swz, two_d);
+      check_direct(&st[1], xf, kind, swz, two_d);
+      free(cb);
+      direct_free(&st[0]);
+      direct_free(&st[1]);
+      free(ca);
+    }
+    free(x.data);
+    free(xf);
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_layout_buffers),
+      cmocka_unit_test(test_layout_desc_buffers),
       cmocka_unit_test(test_shape_errors),
       cmocka_unit_test(test_reference_all_combinations),
       cmocka_unit_test(test_block_2d),
@@ -742,8 +1179,12 @@ int main(void) {
       cmocka_unit_test(test_dequantize),
       cmocka_unit_test(test_dequantize_specials),
       cmocka_unit_test(test_requant_update_make_empty),
+      cmocka_unit_test(test_update_equals_fresh),
+      cmocka_unit_test(test_amax_none),
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_module_direct),
+      cmocka_unit_test(test_direct_scratch_and_update),
+      cmocka_unit_test(test_cross_instance_dequantize),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

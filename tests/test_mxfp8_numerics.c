@@ -1,14 +1,20 @@
 /*
-** test_mxfp8_numerics.c -- the MXFP8 section of hq/numerics.h (E8M0 encode/decode, TE's scale
-** rule, the element cast, the scale-layout index functions) against the independent reference of
-** mxfp8_ref.h and hand-computed values: every E8M0 code point, the scale rule against a
-** doubling search and against the exact ratio amax/max_norm, amax = max_norm * 2^k, amax = 500,
-** and the swizzle / compact index functions element by element.
+** test_mxfp8_numerics.c -- the MXFP8 rules (plugins/mxfp8/mxfp8_rules.h: TE's scale rule, the
+** element cast, the scale-layout index functions) and the E8M0 / FP8 codecs of hq/numerics.h
+** they use, against the independent reference of mxfp8_ref.h and hand-computed values: every
+** E8M0 code point, the scale rule against a doubling search and against the exact ratio
+** amax/max_norm, amax = max_norm * 2^k, amax = 500, and the swizzle / compact index functions
+** element by element. The rules take the element kind as an hq_dtype (HQ_E4M3 / HQ_E5M2); the
+** reference (fp8_ref.h) numbers its kinds 0 = E4M3, 1 = E5M2, hence DT().
 */
 #include <math.h>
 
 #include "hq_test.h"
 #include "mxfp8_ref.h"
+#include "mxfp8_rules.h"
+
+/* The hq_dtype of reference kind k (0 = E4M3, 1 = E5M2). */
+#define DT(k) ((k) ? HQ_E5M2 : HQ_E4M3)
 
 static uint32_t bits(float x) {
   uint32_t u;
@@ -113,7 +119,7 @@ static void test_scale_rule_vs_bruteforce(void **state) {
       if (isnan(amax)) continue; /* amax never is NaN */
       const float *p = &amax;
       unsigned want = ref_block_code(&p, 1, kind);
-      assert_int_equal(hq_mxfp8_scale_code(amax, kind), want);
+      assert_int_equal(hq_mxfp8_scale_code(amax, DT(kind)), want);
       float t = (float)((double)amax * (double)(1.0f / (float)maxn));
       if (!isinf(amax) && t >= ldexpf(1.0f, -126)) {
         double ratio = (double)amax / maxn;
@@ -129,12 +135,12 @@ static void test_scale_rule_vs_bruteforce(void **state) {
     assert_true(n_exact > 100000);
   }
   /* special amax values */
-  assert_int_equal(hq_mxfp8_scale_code(0.0f, HQ_FP8_E4M3), 0);
-  assert_int_equal(hq_mxfp8_scale_code(INFINITY, HQ_FP8_E4M3), 0xFE);
-  assert_int_equal(hq_mxfp8_scale_code(INFINITY, HQ_FP8_E5M2), 0xFE);
-  assert_int_equal(hq_mxfp8_scale_code(NAN, HQ_FP8_E4M3), 0xFF);
-  assert_int_equal(hq_mxfp8_scale_code(FLT_MAX, HQ_FP8_E4M3), 247); /* 2^128/448 -> 2^120 */
-  assert_int_equal(hq_mxfp8_scale_code(from_bits(1), HQ_FP8_E4M3), 0);
+  assert_int_equal(hq_mxfp8_scale_code(0.0f, HQ_E4M3), 0);
+  assert_int_equal(hq_mxfp8_scale_code(INFINITY, HQ_E4M3), 0xFE);
+  assert_int_equal(hq_mxfp8_scale_code(INFINITY, HQ_E5M2), 0xFE);
+  assert_int_equal(hq_mxfp8_scale_code(NAN, HQ_E4M3), 0xFF);
+  assert_int_equal(hq_mxfp8_scale_code(FLT_MAX, HQ_E4M3), 247); /* 2^128/448 -> 2^120 */
+  assert_int_equal(hq_mxfp8_scale_code(from_bits(1), HQ_E4M3), 0);
 }
 
 /* amax = max_norm * 2^k gives scale_inv exactly 2^k (448 * RN(1/448) rounds to 1.0). */
@@ -146,15 +152,15 @@ static void test_scale_of_max_norm_powers(void **state) {
     for (int k = -127; k <= 127; k++) {
       float amax = ldexpf(maxn, k);
       if (isinf(amax)) continue; /* 448 * 2^127 overflows */
-      unsigned e = hq_mxfp8_scale_code(amax, kind);
+      unsigned e = hq_mxfp8_scale_code(amax, DT(kind));
       assert_int_equal(e, (unsigned)(k + 127));
       assert_true((double)hq_e8m0_to_f32((uint8_t)e) == ldexp(1.0, k));
       /* the block max maps exactly onto max_norm: no saturation, no rounding */
-      assert_int_equal(hq_mxfp8_quantize(amax, hq_e8m0_quant_mult((uint8_t)e), kind),
+      assert_int_equal(hq_mxfp8_quantize(amax, hq_e8m0_quant_mult((uint8_t)e), DT(kind)),
                        kind ? 0x7B : 0x7E);
     }
     /* below 2^-127 the code clamps at 0 */
-    assert_int_equal(hq_mxfp8_scale_code(ldexpf(maxn, -130), kind), 0);
+    assert_int_equal(hq_mxfp8_scale_code(ldexpf(maxn, -130), DT(kind)), 0);
   }
 }
 
@@ -162,19 +168,27 @@ static void test_scale_of_max_norm_powers(void **state) {
    (E4M3 256: exponent field 15, mantissa 0; 250 lies nearer 256 than 240). */
 static void test_amax_500(void **state) {
   (void)state;
-  uint8_t e = hq_mxfp8_scale_code(500.0f, HQ_FP8_E4M3);
+  uint8_t e = hq_mxfp8_scale_code(500.0f, HQ_E4M3);
   assert_int_equal(e, 128);
   assert_true(hq_e8m0_to_f32(e) == 2.0f);
   float mult = hq_e8m0_quant_mult(e);
   assert_true(hq_mul_rn(500.0f, mult) == 250.0f);
-  uint8_t q = hq_mxfp8_quantize(500.0f, mult, HQ_FP8_E4M3);
+  uint8_t q = hq_mxfp8_quantize(500.0f, mult, HQ_E4M3);
   assert_int_equal(q, 0x78);
-  assert_true(hq_mxfp8_dequantize(q, e, HQ_FP8_E4M3) == 512.0f);
-  assert_int_equal(hq_mxfp8_quantize(-500.0f, mult, HQ_FP8_E4M3), 0xF8);
+  assert_true(hq_mxfp8_dequantize(q, e, HQ_E4M3) == 512.0f);
+  assert_int_equal(hq_mxfp8_quantize(-500.0f, mult, HQ_E4M3), 0xF8);
   /* 464 (would round to 480 > 448 under scale 1) also takes scale 2 */
-  assert_int_equal(hq_mxfp8_scale_code(464.0f, HQ_FP8_E4M3), 128);
+  assert_int_equal(hq_mxfp8_scale_code(464.0f, HQ_E4M3), 128);
   /* one FP32 step above 448: still 2 */
-  assert_int_equal(hq_mxfp8_scale_code(nextafterf(448.0f, 1000.0f), HQ_FP8_E4M3), 128);
+  assert_int_equal(hq_mxfp8_scale_code(nextafterf(448.0f, 1000.0f), HQ_E4M3), 128);
+  /* the element kind is the hq_dtype: HQ_E5M2 selects max 57344. 500/57344 -> 2^-6 (e 121);
+     500 * 2^6 = 32000 -> E5M2 32768 (0x78; the step there is 4096); 57344 = 448 * 2^7 */
+  assert_int_equal(hq_mxfp8_scale_code(500.0f, HQ_E5M2), 121);
+  assert_int_equal(hq_mxfp8_quantize(500.0f, hq_e8m0_quant_mult(121), HQ_E5M2), 0x78);
+  assert_int_equal(hq_mxfp8_scale_code(57344.0f, HQ_E4M3), 134);
+  assert_int_equal(hq_mxfp8_scale_code(57344.0f, HQ_E5M2), 127);
+  assert_true(hq_mxfp8_dequantize(0x7B, 127, HQ_E5M2) == 57344.0f);
+  assert_true(hq_mxfp8_dequantize(0x7E, 127, HQ_E4M3) == 448.0f);
 }
 
 /* Element cast: random values over many binades against the reference, both kinds. */
@@ -189,19 +203,19 @@ static void test_element_cast_vs_reference(void **state) {
     /* the block max of a block: every smaller element of a block also through the same scale */
     float y = ldexpf(hq_test_uniform(&s), -(int)(hq_test_rand(&s) % 30));
     float mult = hq_e8m0_quant_mult((uint8_t)e);
-    assert_int_equal(hq_mxfp8_quantize(x, mult, kind), ref_elem(x, e, kind));
-    assert_int_equal(hq_mxfp8_quantize(x * y, mult, kind), ref_elem(x * y, e, kind));
-    uint8_t q = hq_mxfp8_quantize(x, mult, kind);
-    assert_true((double)hq_mxfp8_dequantize(q, (uint8_t)e, kind) ==
+    assert_int_equal(hq_mxfp8_quantize(x, mult, DT(kind)), ref_elem(x, e, kind));
+    assert_int_equal(hq_mxfp8_quantize(x * y, mult, DT(kind)), ref_elem(x * y, e, kind));
+    uint8_t q = hq_mxfp8_quantize(x, mult, DT(kind));
+    assert_true((double)hq_mxfp8_dequantize(q, (uint8_t)e, DT(kind)) ==
                 (double)(float)(ref_fp8_decode(q, kind) * ldexp(1.0, (int)e - 127)));
   }
   /* NaN -> 0x7F; Inf in a block (e = 0xFE) -> +-max */
-  assert_int_equal(hq_mxfp8_quantize(NAN, 1.0f, HQ_FP8_E4M3), 0x7F);
+  assert_int_equal(hq_mxfp8_quantize(NAN, 1.0f, HQ_E4M3), 0x7F);
   float m = hq_e8m0_quant_mult(0xFE);
-  assert_int_equal(hq_mxfp8_quantize(INFINITY, m, HQ_FP8_E4M3), 0x7E);
-  assert_int_equal(hq_mxfp8_quantize(-INFINITY, m, HQ_FP8_E5M2), 0xFB);
-  assert_int_equal(hq_mxfp8_quantize(1e30f, m, HQ_FP8_E4M3), 0x00);
-  assert_true(isnan(hq_mxfp8_dequantize(0x38, 0xFF, HQ_FP8_E4M3)));
+  assert_int_equal(hq_mxfp8_quantize(INFINITY, m, HQ_E4M3), 0x7E);
+  assert_int_equal(hq_mxfp8_quantize(-INFINITY, m, HQ_E5M2), 0xFB);
+  assert_int_equal(hq_mxfp8_quantize(1e30f, m, HQ_E4M3), 0x00);
+  assert_true(isnan(hq_mxfp8_dequantize(0x38, 0xFF, HQ_E4M3)));
 }
 
 /* The FP8 casts the hot loops use (hq_f32_to_e4m3 / e5m2, branch-free) against the brute-force

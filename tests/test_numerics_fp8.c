@@ -2,12 +2,16 @@
 ** test_numerics_fp8.c -- the FP8 / FP16 / BF16 element rules of hq/numerics.h, against
 ** independent expectations: every code point decoded by a formula written here, encodes checked
 ** against fp8_ref.h's nearest-value search (ties to the even code), hand-computed vectors for
-** subnormals, saturation, NaN and signed zero, and TE's current-scaling scale rule.
+** subnormals, saturation, NaN and signed zero, the FP8 element kind as an hq_dtype (HQ_E4M3 /
+** HQ_E5M2 select the codec; there is no second FP8 enum), and TE's current-scaling scale rule
+** (hq_scale_from_amax, now the stock plugins' plugins/common/fp8_scale.h).
 */
+#include <float.h>
 #include <math.h>
 
 #include "hq_test.h"
 #include "fp8_ref.h"
+#include "fp8_scale.h"
 
 /* Independent decode: sign / exponent / mantissa fields -> value, in double. */
 static double ref_decode(unsigned code, int ebits, int mbits, int bias, int ieee_inf) {
@@ -166,6 +170,58 @@ static void test_f16_bf16(void **state) {
   assert_true(isnan(hq_bf16_to_f32(hq_f32_to_bf16(NAN))));
 }
 
+/* The FP8 element kind is the hq_dtype: the ABI values are fixed, and the dtype-selected codecs
+   equal the named ones for every code and for random inputs, scaled or not. */
+static uint32_t bits_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static void test_fp8_dtype_selectors(void **state) {
+  (void)state;
+  assert_int_equal(HQ_E4M3, 5); /* ABI values: never renumbered */
+  assert_int_equal(HQ_E5M2, 6);
+  assert_int_equal(hq_dtype_size(HQ_E4M3), 1);
+  assert_int_equal(hq_dtype_size(HQ_E5M2), 1);
+  assert_string_equal(hq_dtype_name(HQ_E4M3), "e4m3");
+  assert_string_equal(hq_dtype_name(HQ_E5M2), "e5m2");
+  assert_int_equal(hq_dtype_from_name("e4m3"), HQ_E4M3);
+  assert_int_equal(hq_dtype_from_name("e5m2"), HQ_E5M2);
+  assert_true(hq_fp8_max(HQ_E4M3) == 448.0f);
+  assert_true(hq_fp8_max(HQ_E5M2) == 57344.0f);
+  for (unsigned c = 0; c < 256; c++) {
+    double r4 = e4m3_ref(c), r5 = e5m2_ref(c);
+    float g4 = hq_fp8_to_f32((uint8_t)c, HQ_E4M3), g5 = hq_fp8_to_f32((uint8_t)c, HQ_E5M2);
+    if (isnan(r4)) assert_true(isnan(g4));
+    else assert_true((double)g4 == r4 && !signbit(g4) == !signbit(r4));
+    if (isnan(r5)) assert_true(isnan(g5));
+    else assert_true((double)g5 == r5 && !signbit(g5) == !signbit(r5));
+    /* dequantize: RN(value * scale_inv); a NaN code gives the one canonical NaN */
+    float d4 = hq_fp8_dequantize((uint8_t)c, 0.375f, HQ_E4M3);
+    float d5 = hq_fp8_dequantize((uint8_t)c, 0.375f, HQ_E5M2);
+    if (isnan(r4)) assert_int_equal(bits_of(d4), 0x7fc00000u);
+    else assert_true(d4 == (float)(r4 * 0.375)); /* exact: 3 mantissa bits times 0.375 */
+    if (isnan(r5)) assert_int_equal(bits_of(d5), 0x7fc00000u);
+    else assert_true(d5 == (float)(r5 * 0.375));
+  }
+  uint64_t s = 777;
+  for (int i = 0; i < 50000; i++) {
+    float x = ldexpf(hq_test_uniform(&s), (int)(hq_test_rand(&s) % 44) - 26);
+    float scale = ldexpf(1.0f + (float)(hq_test_rand(&s) % 255) / 256.0f, 3);
+    assert_int_equal(hq_f32_to_fp8(x, HQ_E4M3), ref_fp8_encode(x, 0));
+    assert_int_equal(hq_f32_to_fp8(x, HQ_E5M2), ref_fp8_encode(x, 1));
+    float xs = x * scale; /* one FP32 rounding, as the codec's RN(x * scale) */
+    assert_int_equal(hq_fp8_quantize(x, scale, HQ_E4M3), ref_fp8_encode(xs, 0));
+    assert_int_equal(hq_fp8_quantize(x, scale, HQ_E5M2), ref_fp8_encode(xs, 1));
+  }
+  /* where the kinds differ: 500 saturates in E4M3 and is 512 in E5M2; Inf saturates in both */
+  assert_int_equal(hq_f32_to_fp8(500.0f, HQ_E4M3), 0x7e);
+  assert_int_equal(hq_f32_to_fp8(500.0f, HQ_E5M2), 0x60);
+  assert_int_equal(hq_f32_to_fp8(-INFINITY, HQ_E5M2), 0xfb);
+  assert_true(hq_fp8_to_f32(0x60, HQ_E5M2) == 512.0f);
+}
+
 /* TE compute_scale_from_amax, hand-computed cases. */
 static void test_scale_from_amax(void **state) {
   (void)state;
@@ -195,6 +251,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_saturation_nan_zero),
       cmocka_unit_test(test_fp8_random_vs_bruteforce),
       cmocka_unit_test(test_f16_bf16),
+      cmocka_unit_test(test_fp8_dtype_selectors),
       cmocka_unit_test(test_scale_from_amax),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

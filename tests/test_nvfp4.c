@@ -1,15 +1,17 @@
 /*
-** test_nvfp4.c -- the nvfp4 plugin through the public API (recipes, quantizers, storages) and,
-** for the device and option checks, through its ops table. Expectations are independent of the
-** plugin's code: hand-built rows and scales, and a reference quantizer written here in double
-** precision from FORMATS.md 3.3 (brute-force E4M3 / E2M1 encoders, its own index arithmetic,
-** the swizzle of FORMATS.md 2.4, the dense RHT matrix).
+** test_nvfp4.c -- the nvfp4 plugin through the public API (recipes, quantizers, storages, the
+** split amax, updates) and, for the device, option, scratch and cross-instance checks, through
+** its ops table (ABI 2.0). Expectations are independent of the plugin's code: hand-built rows
+** and scales, the descriptor table of the ABI 2.0 brief, and a reference quantizer written here
+** in double precision from FORMATS.md 3.3 (brute-force E4M3 / E2M1 encoders, its own index
+** arithmetic, the swizzle of FORMATS.md 2.4, the dense RHT matrix).
 */
 #include <dlfcn.h>
 #include <math.h>
 
 #include "hq_test.h"
 #include "hq/plugin.h"
+#include "nvfp4_rules.h" /* HQ_NVFP4_RHT_SIGNS and the (KAT-checked) Philox4x32-10 */
 
 // --- running a quantize through the API --------------------------------------------------------
 
@@ -60,7 +62,7 @@ static void run_free(run *u) {
 static const hq_buffer *bufp(const run *u, uint32_t dir, int i) {
   const hq_storage *s = hq_qtensor_storage(u->t, dir);
   assert_non_null(s);
-  return &s->buf[i];
+  return hq_storage_cbuf(s, (uint32_t)i);
 }
 static const uint8_t *bytes_of(const run *u, uint32_t dir, int i) { return bufp(u, dir, i)->ptr; }
 static float amax_of(const run *u, uint32_t dir) { return *(const float *)bufp(u, dir, 2)->ptr; }
@@ -320,43 +322,114 @@ static void test_configure_errors(void **state) {
   expect_recipe_error("seed = -1", "seed", "out of range");
 }
 
-static void test_layout_and_meta(void **state) {
+/* One buffer as the ABI 2.0 table describes it. */
+typedef struct want_buf {
+  const char *name;
+  uint32_t role;
+  hq_dtype dtype;
+  int ndim;
+  int64_t d0, d1;
+  uint32_t gather;
+  int32_t m_div;
+} want_buf;
+
+static void expect_buf(const hq_storage *s, uint32_t i, const want_buf *w) {
+  const hq_buffer *b = hq_storage_cbuf(s, i);
+  assert_string_equal(b->name, w->name);
+  if (b->role != w->role || b->dtype != w->dtype || b->ndim != w->ndim ||
+      b->shape[0] != w->d0 || (w->ndim > 1 && b->shape[1] != w->d1) || b->gather != w->gather ||
+      b->m_div != w->m_div)
+    fail_msg("%s: role %u dtype %d ndim %d shape [%lld, %lld] gather %u m_div %d; want role %u "
+             "dtype %d ndim %d shape [%lld, %lld] gather %u m_div %d",
+             w->name, b->role, (int)b->dtype, b->ndim, (long long)b->shape[0],
+             (long long)b->shape[1], b->gather, b->m_div, w->role, (int)w->dtype, w->ndim,
+             (long long)w->d0, (long long)w->d1, w->gather, w->m_div);
+  assert_int_equal(b->flags, 0); /* nothing is shared between the directions */
+  size_t elem = w->dtype == HQ_F32 ? 4 : 1;
+  assert_int_equal(b->bytes, elem * (size_t)w->d0 * (size_t)(w->ndim > 1 ? w->d1 : 1));
+}
+
+/* The descriptor and buffer table of the ABI 2.0 brief, for every option that changes it, on
+   shapes whose scale buffers are padded (M and K not multiples of 128, K/16 or M/16 not
+   multiples of 4), through the public API. */
+static void test_layout_desc_buffers(void **state) {
   (void)state;
-  hq_tensor x = hq_test_tensor(HQ_F32, 48, 32, 1, 1.0f);
-  for (int swz = 0; swz < 2; swz++) {
-    run u;
-    run_quant(&u, swz ? "swizzle = true\nrht = true\nrht_sign_mask = 0x1234" : NULL, &x, 0,
-              HQ_BOTH);
-    const hq_storage *r = hq_qtensor_storage(u.t, HQ_ROWWISE);
-    const hq_storage *c = hq_qtensor_storage(u.t, HQ_COLWISE);
-    assert_int_equal(r->nbuf, 3);
-    assert_int_equal(c->nbuf, 3);
-    static const char *rn[] = {"data", "scale_inv", "amax"};
-    static const char *cn[] = {"columnwise_data", "columnwise_scale_inv", "columnwise_amax"};
-    static const hq_dtype dt[] = {HQ_E2M1X2, HQ_E4M3, HQ_F32};
-    const int64_t rs[3][2] = {{48, 16}, {128, 4}, {1, 0}}, cs[3][2] = {{32, 24}, {128, 4}, {1, 0}};
-    for (int i = 0; i < 3; i++) {
-      assert_string_equal(r->buf[i].name, rn[i]);
-      assert_string_equal(c->buf[i].name, cn[i]);
-      assert_int_equal(r->buf[i].dtype, dt[i]);
-      assert_int_equal(c->buf[i].dtype, dt[i]);
-      assert_int_equal(r->buf[i].ndim, i == 2 ? 1 : 2);
-      assert_int_equal(r->buf[i].shape[0], rs[i][0]);
-      assert_int_equal(c->buf[i].shape[0], cs[i][0]);
-      if (i < 2) {
-        assert_int_equal(r->buf[i].shape[1], rs[i][1]);
-        assert_int_equal(c->buf[i].shape[1], cs[i][1]);
+  static const struct {
+    const char *opts;
+    int swz, two_d, sr;
+    uint64_t rht_mask; /* 0: no RHT */
+  } cases[] = {
+      {NULL, 0, 0, 0, 0},
+      {"swizzle = true", 1, 0, 0, 0},
+      {"rht = true", 0, 0, 0, HQ_NVFP4_RHT_SIGNS},
+      {"swizzle = true\nrht = true\nrht_sign_mask = 0x1234", 1, 0, 0, 0x1234},
+      {"block_2d = true", 0, 1, 0, 0},
+      {"block_2d = true\nswizzle = true", 1, 1, 0, 0},
+      {"stochastic_rounding = true", 0, 0, 1, 0},
+      {"stochastic_rounding = true\nrht = true\nswizzle = true", 1, 0, 1, HQ_NVFP4_RHT_SIGNS},
+  };
+  static const int64_t shapes[][2] = {{48, 32}, {144, 80}, {16, 272}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      const int64_t M = shapes[si][0], K = shapes[si][1];
+      hq_tensor x = hq_test_tensor(HQ_F32, M, K, 1, 1.0f);
+      run u;
+      run_quant(&u, cases[ci].opts, &x, 0, HQ_BOTH);
+      const hq_storage *r = hq_qtensor_storage(u.t, HQ_ROWWISE);
+      const hq_storage *c = hq_qtensor_storage(u.t, HQ_COLWISE);
+      assert_non_null(r);
+      assert_non_null(c);
+      assert_int_equal(r->nbuf, 3);
+      assert_int_equal(c->nbuf, 3);
+      /* swizzled scales cannot be gathered (m_div then keeps its default, 1) */
+      const uint32_t scale_row = cases[ci].swz ? HQ_GATHER_NEVER : HQ_GATHER_ROWS;
+      const uint32_t scale_col = cases[ci].swz ? HQ_GATHER_NEVER : HQ_GATHER_COLS;
+      const want_buf wr[3] = {
+          {"data", HQ_ROLE_DATA, HQ_E2M1X2, 2, M, K / 2, HQ_GATHER_ROWS, 1},
+          {"scale_inv", HQ_ROLE_SCALE, HQ_E4M3, 2, ru(M, 128), ru(K / 16, 4), scale_row, 1},
+          {"amax", HQ_ROLE_AMAX, HQ_F32, 1, 1, 0, HQ_GATHER_SAME, 1},
+      };
+      const want_buf wc[3] = {
+          {"columnwise_data", HQ_ROLE_DATA, HQ_E2M1X2, 2, K, M / 2, HQ_GATHER_COLS, 2},
+          {"columnwise_scale_inv", HQ_ROLE_SCALE, HQ_E4M3, 2, ru(K, 128), ru(M / 16, 4),
+           scale_col, cases[ci].swz ? 1 : 16},
+          {"columnwise_amax", HQ_ROLE_AMAX, HQ_F32, 1, 1, 0, HQ_GATHER_SAME, 1},
+      };
+      for (uint32_t i = 0; i < 3; i++) {
+        expect_buf(r, i, &wr[i]);
+        expect_buf(c, i, &wc[i]);
       }
-      assert_int_equal(r->buf[i].flags, i < 2 ? HQ_BUF_SHARDED : 0);
-      assert_int_equal(c->buf[i].flags, 0);
+      for (int d = 0; d < 2; d++) {
+        const hq_storage *st = d ? c : r;
+        const hq_operand_desc *o = &st->desc;
+        const int col = d == 1, rht = col && cases[ci].rht_mask != 0;
+        assert_int_equal(st->dir, col ? HQ_COLWISE : HQ_ROWWISE);
+        assert_int_equal(o->elem, HQ_E2M1X2);
+        assert_int_equal(o->order, col ? HQ_ORDER_KM : HQ_ORDER_MK);
+        assert_int_equal(o->scale_mode, HQ_SCALE_VEC16_UE4M3);
+        assert_int_equal(o->scale_layout,
+                         cases[ci].swz ? HQ_SCALE_LAYOUT_SWIZZLED : HQ_SCALE_LAYOUT_OUTER_MAJOR);
+        assert_int_equal(o->block_m, cases[ci].two_d || col ? 16 : 1);
+        assert_int_equal(o->block_k, cases[ci].two_d || !col ? 16 : 1);
+        assert_int_equal(o->transform, rht ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE);
+        assert_int_equal(o->transform_param, rht ? cases[ci].rht_mask : 0);
+        assert_int_equal(o->shard_rows, cases[ci].sr ? 0 : 16);
+        for (int k = 0; k < 8; k++) assert_int_equal(o->reserved[k], 0);
+        for (int k = 0; k < HQ_META_BYTES; k++) assert_int_equal(st->meta[k], 0); /* unused */
+      }
+      assert_int_equal(hq_qtensor_shard_rows(u.t), cases[ci].sr ? 0 : 16);
+      assert_int_equal(hq_qtensor_saved_count(u.t), 6);
+      /* a columnwise-only tensor describes the same columnwise storage */
+      run co;
+      run_quant(&co, cases[ci].opts, &x, 0, HQ_COLWISE);
+      const hq_storage *c2 = hq_qtensor_storage(co.t, HQ_COLWISE);
+      for (uint32_t i = 0; i < 3; i++) expect_buf(c2, i, &wc[i]);
+      assert_memory_equal(&c2->desc, &c->desc, sizeof c->desc);
+      run_free(&co);
+      run_free(&u);
+      free(x.data);
     }
-    assert_int_equal(r->buf[1].bytes, 128 * 4);
-    assert_int_equal(r->meta[0], swz ? (1 | 8) : 0);
-    assert_int_equal(r->meta[1] | r->meta[2] << 8, swz ? 0x1234 : 0);
-    assert_int_equal(hq_qtensor_saved_count(u.t), 6);
-    run_free(&u);
   }
-  free(x.data);
 }
 
 static void test_shape_errors(void **state) {
@@ -674,7 +747,8 @@ static void test_sr_reproducible(void **state) {
   /* the next call of a context has another offset: other bytes */
   hq_qtensor *t2 = NULL;
   HQ_OK_OR_FAIL(hq_quantize(a.q, a.ctx, &x, &t2));
-  assert_false(memcmp(bytes_of(&a, HQ_ROWWISE, 0), hq_qtensor_storage(t2, HQ_ROWWISE)->buf[0].ptr,
+  assert_false(memcmp(bytes_of(&a, HQ_ROWWISE, 0),
+                      hq_storage_cbuf(hq_qtensor_storage(t2, HQ_ROWWISE), 0)->ptr,
                       bufp(&a, HQ_ROWWISE, 0)->bytes) == 0);
   hq_qtensor_free(t2);
   run_free(&a);
@@ -931,8 +1005,8 @@ static void test_colwise_only_and_hybrid(void **state) {
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &t));
   run ref;
   run_quant(&ref, NULL, &x, 0, HQ_ROWWISE);
-  assert_memory_equal(hq_qtensor_storage(t, HQ_ROWWISE)->buf[0].ptr, bytes_of(&ref, HQ_ROWWISE, 0),
-                      48 * 32);
+  assert_memory_equal(hq_storage_cbuf(hq_qtensor_storage(t, HQ_ROWWISE), 0)->ptr,
+                      bytes_of(&ref, HQ_ROWWISE, 0), 48 * 32);
   run_free(&ref);
   hq_qtensor_free(t);
   hq_ctx_destroy(ctx);
@@ -952,7 +1026,7 @@ static void test_padding_is_zero(void **state) {
   HQ_OK_OR_FAIL(hq_make_empty(u.q, u.ctx, 48, 32, HQ_F32, &e));
   for (uint32_t d = 1; d <= 2; d++)
     for (int b = 0; b < 3; b++) {
-      const hq_buffer *bf = &hq_qtensor_storage(e, d)->buf[b];
+      const hq_buffer *bf = hq_storage_cbuf(hq_qtensor_storage(e, d), (uint32_t)b);
       for (size_t i = 0; i < bf->bytes; i++) assert_int_equal(((uint8_t *)bf->ptr)[i], 0);
     }
   hq_qtensor_free(e);
@@ -974,12 +1048,48 @@ static void test_padding_is_zero(void **state) {
   free(x.data);
 }
 
-// --- the ops table directly: device calls, configure, dequantize checks --------------------
+// --- the ops table directly: device calls, configure, scratch, cross-instance dequantize ------
 
-/* Allocate the buffers layout() described (sizes from dtype and shape). */
+/* Assert a direct module call succeeds, printing the message it recorded when it does not. */
+#define DIRECT_OK(expr)                                                                       \
+  do {                                                                                        \
+    int rc_ = (expr);                                                                         \
+    if (rc_ != HQ_OK) fail_msg("%s -> %d: %s", #expr, rc_, hq_test_module_error());           \
+  } while (0)
+
+static const hq_format_ops *module_ops(const hq_host_api *host) {
+  const hq_format_ops *ops = hq_test_module_entry("nvfp4")(host);
+  assert_non_null(ops);
+  return ops;
+}
+
+/* Configure an instance (cfg: 256 bytes) from its six option values. */
+typedef struct nv_opts {
+  int rht;
+  uint32_t mask;
+  int sr;
+  uint64_t seed;
+  int two_d, swz;
+} nv_opts;
+
+static void configure_nv(const hq_format_ops *ops, const hq_host_api *host, void *cfg,
+                         nv_opts o) {
+  assert_true(ops->config_size <= 256);
+  memset(cfg, 0, 256);
+  hq_optval v[6] = {{0}};
+  v[0].i = o.rht;
+  v[1].i = o.mask;
+  v[2].i = o.sr;
+  v[3].i = (int64_t)o.seed;
+  v[4].i = o.two_d;
+  v[5].i = o.swz;
+  DIRECT_OK(ops->configure(cfg, v, host));
+}
+
+/* Allocate the buffers layout() described (sizes from dtype and shape), filled with garbage. */
 static void alloc_storage(hq_storage *st) {
   for (uint32_t i = 0; i < st->nbuf; i++) {
-    hq_buffer *b = &st->buf[i];
+    hq_buffer *b = hq_storage_buf(st, i);
     size_t n = b->dtype == HQ_F32 ? 4 : 1;
     for (int d = 0; d < b->ndim; d++) n *= (size_t)b->shape[d];
     b->bytes = n;
@@ -988,49 +1098,67 @@ static void alloc_storage(hq_storage *st) {
   }
 }
 static void free_storage(hq_storage *st) {
-  for (uint32_t i = 0; i < st->nbuf; i++) free(st->buf[i].ptr);
+  for (uint32_t i = 0; i < st->nbuf; i++) free(hq_storage_buf(st, i)->ptr);
+}
+
+/* A storage of direction `dir` of an [M, K] tensor as instance cfg lays it out, allocated. */
+static void make_storage(const hq_format_ops *ops, const hq_host_api *host, const void *cfg,
+                         hq_storage *st, uint32_t dir, uint32_t dirs, int64_t M, int64_t K) {
+  hq_test_storage_init(st, dir, M, K, HQ_F32);
+  DIRECT_OK(ops->layout(cfg, host, M, K, dir, dirs, st));
+  alloc_storage(st);
+}
+
+/* A host call carrying the scratch the instance declares for [M, K] / dirs (free_call). */
+static hq_call scratch_call(const hq_format_ops *ops, const hq_host_api *host, const void *cfg,
+                            uint64_t seed, uint64_t offset, int64_t M, int64_t K, uint32_t dirs) {
+  hq_call c = hq_test_call(host, seed, offset);
+  assert_non_null(ops->scratch_size);
+  c.scratch_bytes = ops->scratch_size(cfg, M, K, dirs, HQ_DEVICE_HOST);
+  c.scratch = c.scratch_bytes ? malloc(c.scratch_bytes) : NULL;
+  return c;
+}
+static void free_call(hq_call *c) {
+  free(c->scratch);
+  c->scratch = NULL;
+}
+
+static int same_storage_bytes(const hq_storage *a, const hq_storage *b) {
+  if (a->nbuf != b->nbuf) return 0;
+  for (uint32_t i = 0; i < a->nbuf; i++) {
+    const hq_buffer *x = hq_storage_cbuf(a, i), *y = hq_storage_cbuf(b, i);
+    if (x->bytes != y->bytes || memcmp(x->ptr, y->ptr, x->bytes)) return 0;
+  }
+  return 1;
 }
 
 /* SR with an explicit hq_call seed and offset, and the seed option overriding it. */
 static void sr_direct(const hq_format_ops *ops, hq_host_api *host) {
   const int64_t M = 32, K = 48;
-  uint8_t cfg[256] = {0};
-  hq_optval vals[6] = {{0}};
-  vals[1].i = 0xD7E8;
-  vals[2].i = 1; /* stochastic_rounding */
+  uint8_t cfg[256];
   hq_tensor x = spread_tensor(HQ_F32, M, K, 61);
   float *t = stored_colwise(&x, 0, 0);
   for (int with_seed = 0; with_seed < 2; with_seed++) {
-    vals[3].i = with_seed ? 555 : 0;
-    HQ_OK_OR_FAIL(ops->configure(cfg, vals, host));
-    hq_call call = {0};
-    call.struct_size = sizeof call;
-    call.device = HQ_DEVICE_HOST;
-    call.host = host;
-    call.seed = 0x1234;
-    call.offset = 99;
-    hq_storage rs = {0}, cs = {0};
-    rs.dir = HQ_ROWWISE;
-    cs.dir = HQ_COLWISE;
-    rs.rows = cs.rows = M;
-    rs.cols = cs.cols = K;
-    HQ_OK_OR_FAIL(ops->layout(cfg, host, M, K, HQ_ROWWISE, HQ_BOTH, &rs));
-    HQ_OK_OR_FAIL(ops->layout(cfg, host, M, K, HQ_COLWISE, HQ_BOTH, &cs));
-    alloc_storage(&rs);
-    alloc_storage(&cs);
-    HQ_OK_OR_FAIL(ops->quantize(cfg, &call, &x, HQ_BOTH, &rs, &cs));
+    nv_opts o = {0, 0xD7E8, 1, with_seed ? 555 : 0, 0, 0};
+    configure_nv(ops, host, cfg, o);
+    hq_call call = scratch_call(ops, host, cfg, 0x1234, 99, M, K, HQ_BOTH);
+    hq_storage rs, cs;
+    make_storage(ops, host, cfg, &rs, HQ_ROWWISE, HQ_BOTH, M, K);
+    make_storage(ops, host, cfg, &cs, HQ_COLWISE, HQ_BOTH, M, K);
+    DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &rs, &cs));
     sr_ctx rc = {with_seed ? 555 : 0x1234, 99, 0}, cc = rc;
     cc.col = 1;
     ref_out ro = ref_quantize(x.data, M, K, 0, 0, sr_bits_ref, &rc);
     ref_out co = ref_quantize(t, K, M, 0, 0, sr_bits_ref, &cc);
-    assert_memory_equal(rs.buf[0].ptr, ro.data, ro.data_bytes);
-    assert_memory_equal(rs.buf[1].ptr, ro.scale, ro.scale_bytes);
-    assert_memory_equal(cs.buf[0].ptr, co.data, co.data_bytes);
-    assert_memory_equal(cs.buf[1].ptr, co.scale, co.scale_bytes);
+    assert_memory_equal(hq_storage_buf(&rs, 0)->ptr, ro.data, ro.data_bytes);
+    assert_memory_equal(hq_storage_buf(&rs, 1)->ptr, ro.scale, ro.scale_bytes);
+    assert_memory_equal(hq_storage_buf(&cs, 0)->ptr, co.data, co.data_bytes);
+    assert_memory_equal(hq_storage_buf(&cs, 1)->ptr, co.scale, co.scale_bytes);
     ref_free(&ro);
     ref_free(&co);
     free_storage(&rs);
     free_storage(&cs);
+    free_call(&call);
   }
   free(t);
   free(x.data);
@@ -1038,12 +1166,15 @@ static void sr_direct(const hq_format_ops *ops, hq_host_api *host) {
 
 static void test_ops_direct(void **state) {
   (void)state;
-  hq_format_entry_fn entry = hq_test_module_entry("nvfp4");
   hq_host_api host = hq_test_host();
   char *last_err = hq_test_module_error();
-  const hq_format_ops *ops = entry(&host);
-  assert_non_null(ops);
+  const hq_format_ops *ops = module_ops(&host);
   assert_string_equal(ops->name, "nvfp4");
+  /* ABI 2.0: the minor REQUIRED (2.0), the module's own version */
+  assert_int_equal(ops->abi_major, 2);
+  assert_int_equal(ops->abi_minor, 0);
+  assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
+  assert_string_equal(ops->version, "2.0");
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
   hq_optval vals[6] = {{0}};
@@ -1055,38 +1186,32 @@ static void test_ops_direct(void **state) {
   vals[0].i = 0;
   vals[4].i = 0;
   vals[2].i = 1; /* stochastic_rounding */
-  HQ_OK_OR_FAIL(ops->configure(cfg, vals, &host));
+  DIRECT_OK(ops->configure(cfg, vals, &host));
   assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY);
   vals[2].i = 0;
-  HQ_OK_OR_FAIL(ops->configure(cfg, vals, &host));
+  DIRECT_OK(ops->configure(cfg, vals, &host));
   assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE);
   /* a device call is refused with a clear message, before touching any pointer */
-  hq_call call = {0};
-  call.struct_size = sizeof call;
+  hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
-  call.host = &host;
-  hq_storage st = {0};
-  st.dir = HQ_ROWWISE;
-  st.rows = 16;
-  st.cols = 16;
-  HQ_OK_OR_FAIL(ops->layout(cfg, &host, 16, 16, HQ_ROWWISE, HQ_ROWWISE, &st));
-  hq_tensor src = {0};
-  src.dtype = HQ_F32;
-  src.device = 0;
-  src.rows = 16;
-  src.cols = 16;
+  hq_storage st;
+  hq_test_storage_init(&st, HQ_ROWWISE, 16, 16, HQ_F32);
+  DIRECT_OK(ops->layout(cfg, &host, 16, 16, HQ_ROWWISE, HQ_ROWWISE, &st));
+  hq_tensor src = hq_tensor_2d(NULL, HQ_F32, 0, 16, 16);
   last_err[0] = 0;
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_ENOTSUP);
   assert_non_null(strstr(last_err, "nvfp4: no CUDA path"));
   last_err[0] = 0;
   assert_int_equal(ops->dequantize(cfg, &call, &st, &src), HQ_ENOTSUP);
   assert_non_null(strstr(last_err, "CUDA"));
+  last_err[0] = 0;
+  float dev_amax[2];
+  assert_int_equal(ops->amax(cfg, &call, &src, HQ_BOTH, dev_amax), HQ_ENOTSUP);
+  assert_non_null(strstr(last_err, "nvfp4: no CUDA path"));
   /* host calls with a storage that does not fit the tensor are refused (no OOB access) */
   call.device = HQ_DEVICE_HOST;
-  src.device = HQ_DEVICE_HOST;
   float data[32 * 16] = {0};
-  src.data = data;
-  src.rows = 32;
+  src = hq_tensor_2d(data, HQ_F32, HQ_DEVICE_HOST, 32, 16);
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
   assert_non_null(strstr(last_err, "does not match"));
   src.rows = 16;
@@ -1095,14 +1220,456 @@ static void test_ops_direct(void **state) {
   assert_non_null(strstr(last_err, "cols = 24 is not a multiple of 16"));
   assert_int_equal(ops->layout(cfg, &host, 32, 8, HQ_COLWISE, HQ_COLWISE, &st), HQ_ESHAPE);
   assert_non_null(strstr(last_err, "cols = 8"));
+  /* amax_kind, per the table: rowwise INPUT; columnwise INPUT, OWN with rht */
+  static const struct {
+    nv_opts o;
+    uint32_t col_kind;
+  } kinds[] = {{{0, 0xD7E8, 0, 0, 0, 0}, HQ_AMAX_INPUT},
+               {{1, 0xD7E8, 0, 0, 0, 0}, HQ_AMAX_OWN},
+               {{1, 0x1234, 1, 0, 0, 1}, HQ_AMAX_OWN},
+               {{0, 0xD7E8, 1, 0, 0, 0}, HQ_AMAX_INPUT},
+               {{0, 0xD7E8, 0, 0, 1, 1}, HQ_AMAX_INPUT}};
+  assert_non_null(ops->amax_kind);
+  assert_non_null(ops->amax);
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    configure_nv(ops, &host, cfg, kinds[i].o);
+    assert_int_equal(ops->amax_kind(cfg, HQ_ROWWISE), HQ_AMAX_INPUT);
+    assert_int_equal(ops->amax_kind(cfg, HQ_COLWISE), kinds[i].col_kind);
+  }
   sr_direct(ops, &host);
+}
+
+/* Scratch: quantize takes what scratch_size declares from call->scratch and refuses less; an
+   update (HQ_CALL_UPDATE: host->alloc refuses) never allocates and makes the bytes of a plain
+   quantize, with RHT (whose optional tile cache is then skipped) and with stochastic rounding. */
+static void test_direct_scratch_and_update(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  char *last_err = hq_test_module_error();
+  const hq_format_ops *ops = module_ops(&host);
+  const int64_t M = 48, K = 80;
+  hq_tensor xs[3] = {spread_tensor(HQ_F32, M, K, 71), spread_tensor(HQ_BF16, M, K, 72),
+                     spread_tensor(HQ_F16, M, K, 73)};
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1},
+                                 {1, 0x00ff, 1, 9, 0, 0}, {0, 0xD7E8, 0, 0, 1, 0}};
+  uint8_t cfg[256];
+  for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
+    configure_nv(ops, &host, cfg, opts[oi]);
+    /* the declaration: at least the 16-row FP32 strip; nothing on a device (no CUDA path) */
+    size_t need = ops->scratch_size(cfg, M, K, HQ_BOTH, HQ_DEVICE_HOST);
+    assert_true(need >= (size_t)(16 * K) * sizeof(float));
+    assert_int_equal(ops->scratch_size(cfg, M, K, HQ_BOTH, 0), 0);
+    for (int xi = 0; xi < 3; xi++) {
+      const hq_tensor *x = &xs[xi];
+      hq_storage r0, c0, r1, c1;
+      make_storage(ops, &host, cfg, &r0, HQ_ROWWISE, HQ_BOTH, M, K);
+      make_storage(ops, &host, cfg, &c0, HQ_COLWISE, HQ_BOTH, M, K);
+      make_storage(ops, &host, cfg, &r1, HQ_ROWWISE, HQ_BOTH, M, K);
+      make_storage(ops, &host, cfg, &c1, HQ_COLWISE, HQ_BOTH, M, K);
+      hq_call call = scratch_call(ops, &host, cfg, 5, 3, M, K, HQ_BOTH);
+      assert_int_equal(call.scratch_bytes, need);
+      /* less scratch than declared, or none: refused, naming scratch_size */
+      call.scratch_bytes = need - 1;
+      last_err[0] = 0;
+      assert_int_equal(ops->quantize(cfg, &call, x, HQ_BOTH, &r0, &c0), HQ_EINVAL);
+      assert_non_null(strstr(last_err, "scratch_size"));
+      void *keep = call.scratch;
+      call.scratch = NULL;
+      call.scratch_bytes = need;
+      assert_int_equal(ops->quantize(cfg, &call, x, HQ_BOTH, &r0, &c0), HQ_EINVAL);
+      call.scratch = keep;
+      /* exactly the declared scratch (the sanitizer build checks the bounds) */
+      DIRECT_OK(ops->quantize(cfg, &call, x, HQ_BOTH, &r0, &c0));
+      /* an update: the test host's alloc fails and records a message if it is called */
+      call.flags = HQ_CALL_UPDATE;
+      last_err[0] = 0;
+      DIRECT_OK(ops->quantize(cfg, &call, x, HQ_BOTH, &r1, &c1));
+      assert_null(strstr(last_err, "host->alloc during an update"));
+      assert_true(same_storage_bytes(&r0, &r1));
+      assert_true(same_storage_bytes(&c0, &c1));
+      /* one direction at a time, in an update, still the same bytes */
+      memset(hq_storage_buf(&c1, 0)->ptr, 0x33, hq_storage_buf(&c1, 0)->bytes);
+      DIRECT_OK(ops->quantize(cfg, &call, x, HQ_COLWISE, NULL, &c1));
+      assert_true(same_storage_bytes(&c0, &c1));
+      free_call(&call);
+      free_storage(&r0);
+      free_storage(&c0);
+      free_storage(&r1);
+      free_storage(&c1);
+    }
+  }
+  for (int i = 0; i < 3; i++) free(xs[i].data);
+}
+
+/* amax(): out[0] = max |x| (NaN ignored), out[1] = max |x| or, with rht, the max of the
+   BF16-rounded transformed values (the dense reference, exact on a 1/16 grid); a direction not
+   asked for is written as 0. With call->amax, quantize uses the values given: the same bytes as
+   computing them, and the given value is what the AMAX buffer holds. */
+static void test_direct_amax(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  const int64_t M = 64, K = 48;
+  hq_tensor x = hq_test_empty(HQ_BF16, M, K);
+  uint64_t s = 13;
+  for (int64_t i = 0; i < M * K; i++)
+    hq_store_hp(x.data, i, HQ_BF16, (float)((int)(hq_test_rand(&s) % 129) - 64) / 16.0f);
+  hq_store_hp(x.data, 5 * K + 7, HQ_BF16, -7.5f);  /* the input amax */
+  hq_store_hp(x.data, 9 * K + 2, HQ_BF16, NAN);    /* ignored */
+  double amax_x = 0, amax_t[2] = {0, 0};
+  for (int64_t i = 0; i < M * K; i++) {
+    double v = fabs((double)hq_load_hp(x.data, i, HQ_BF16));
+    if (!isnan(v) && v > amax_x) amax_x = v;
+  }
+  /* the dense reference: the NaN makes its whole 16-group NaN, which the amax ignores */
+  static const uint32_t masks[2] = {HQ_NVFP4_RHT_SIGNS, 0x0f0f};
+  for (int m = 0; m < 2; m++) {
+    float *t = stored_colwise(&x, 1, masks[m]);
+    for (int64_t i = 0; i < M * K; i++)
+      if (fabs((double)t[i]) > amax_t[m]) amax_t[m] = fabs((double)t[i]);
+    free(t);
+    assert_true(amax_t[m] != amax_x); /* the data tells the two amaxes apart */
+  }
+  assert_true(amax_x == 7.5);
+  uint8_t cfg[256];
+  for (int o = 0; o < 4; o++) {
+    const int rht = o >= 1 && o <= 2;
+    nv_opts no = {rht, rht ? masks[o - 1] : 0xD7E8, o == 2, 0, o == 3, o == 3};
+    configure_nv(ops, &host, cfg, no);
+    const double want_col = rht ? amax_t[o - 1] : amax_x;
+    for (uint32_t dirs = 1; dirs <= 3; dirs++) {
+      hq_call call = scratch_call(ops, &host, cfg, 7, 0, M, K, dirs);
+      float a[2] = {123.0f, 123.0f};
+      DIRECT_OK(ops->amax(cfg, &call, &x, dirs, a));
+      assert_true(a[0] == ((dirs & HQ_ROWWISE) ? (float)amax_x : 0.0f));
+      assert_true(a[1] == ((dirs & HQ_COLWISE) ? (float)want_col : 0.0f));
+      /* quantize with the computed amaxes == quantize computing them */
+      hq_storage r0, c0, r1, c1;
+      make_storage(ops, &host, cfg, &r0, HQ_ROWWISE, dirs, M, K);
+      make_storage(ops, &host, cfg, &c0, HQ_COLWISE, dirs, M, K);
+      make_storage(ops, &host, cfg, &r1, HQ_ROWWISE, dirs, M, K);
+      make_storage(ops, &host, cfg, &c1, HQ_COLWISE, dirs, M, K);
+      hq_storage *rp0 = (dirs & HQ_ROWWISE) ? &r0 : NULL, *cp0 = (dirs & HQ_COLWISE) ? &c0 : NULL;
+      hq_storage *rp1 = (dirs & HQ_ROWWISE) ? &r1 : NULL, *cp1 = (dirs & HQ_COLWISE) ? &c1 : NULL;
+      DIRECT_OK(ops->quantize(cfg, &call, &x, dirs, rp0, cp0));
+      call.amax = a;
+      DIRECT_OK(ops->quantize(cfg, &call, &x, dirs, rp1, cp1));
+      if (rp0) assert_true(same_storage_bytes(rp0, rp1));
+      if (cp0) assert_true(same_storage_bytes(cp0, cp1));
+      /* a larger given amax is stored as given and changes the scales */
+      if (!rht && dirs == HQ_BOTH) {
+        float big[2] = {a[0] * 3.0f, a[1] * 3.0f};
+        call.amax = big;
+        DIRECT_OK(ops->quantize(cfg, &call, &x, dirs, rp1, cp1));
+        assert_true(*(float *)hq_storage_buf(&r1, 2)->ptr == big[0]);
+        assert_true(*(float *)hq_storage_buf(&c1, 2)->ptr == big[1]);
+        assert_false(same_storage_bytes(&r0, &r1));
+        /* each direction uses its own given amax, also where both are made in one pass (2-D:
+           the columnwise copy is not the rowwise one transposed then): the bytes of making
+           each direction alone with its amax */
+        float two[2] = {a[0], a[1] * 2.0f};
+        call.amax = two;
+        DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &r1, &c1));
+        DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_ROWWISE, &r0, NULL));
+        DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_COLWISE, NULL, &c0));
+        assert_true(same_storage_bytes(&r0, &r1));
+        assert_true(same_storage_bytes(&c0, &c1));
+        assert_true(*(float *)hq_storage_buf(&c1, 2)->ptr == two[1]);
+      }
+      free_call(&call);
+      free_storage(&r0);
+      free_storage(&c0);
+      free_storage(&r1);
+      free_storage(&c1);
+    }
+  }
+  free(x.data);
+}
+
+/* Dequantize reads the layout from the storage: quantize with instance A, dequantize with A and
+   with a differently configured instance B; B's values equal A's bit for bit, for every output
+   dtype. Flipping a layout fact in the storage's descriptor changes the values (so the
+   descriptor is what is read), and a storage of A is refused by B's quantize. */
+static void test_cross_instance_dequantize(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  char *last_err = hq_test_module_error();
+  const hq_format_ops *ops = module_ops(&host);
+  static const struct {
+    nv_opts a, b;
+  } pairs[] = {
+      {{0, 0xD7E8, 0, 0, 0, 1}, {0, 0xD7E8, 0, 0, 0, 0}}, /* swizzled, read by compact */
+      {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1}}, /* compact, read by swizzle + rht */
+      {{1, 0x1234, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 0}}, /* rht, read without rht */
+      {{1, 0xD7E8, 0, 0, 0, 1}, {1, 0x00ff, 0, 0, 0, 0}}, /* rht signs A, read with signs B */
+      {{0, 0xD7E8, 0, 0, 1, 1}, {1, 0xD7E8, 0, 0, 0, 0}}, /* 2-D swizzled, read by 1-D rht */
+      {{1, 0xD7E8, 1, 3, 0, 0}, {0, 0xD7E8, 0, 0, 1, 1}}, /* SR + rht, read by 2-D swizzled */
+  };
+  static const int64_t shapes[][2] = {{144, 80}, {48, 32}};
+  static const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  uint8_t ca[256], cb[256];
+  for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
+    for (size_t si = 0; si < 2; si++) {
+      const int64_t M = shapes[si][0], K = shapes[si][1];
+      hq_tensor x = spread_tensor(HQ_BF16, M, K, 500 + pi);
+      configure_nv(ops, &host, ca, pairs[pi].a);
+      configure_nv(ops, &host, cb, pairs[pi].b);
+      hq_storage st[2];
+      make_storage(ops, &host, ca, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+      make_storage(ops, &host, ca, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+      hq_call call = scratch_call(ops, &host, ca, 11, 0, M, K, HQ_BOTH);
+      DIRECT_OK(ops->quantize(ca, &call, &x, HQ_BOTH, &st[0], &st[1]));
+      free_call(&call);
+      /* B's quantize refuses A's storages (their descriptor is not B's) */
+      hq_call cbc = scratch_call(ops, &host, cb, 11, 0, M, K, HQ_BOTH);
+      last_err[0] = 0;
+      assert_int_equal(ops->quantize(cb, &cbc, &x, HQ_BOTH, &st[0], &st[1]), HQ_EINVAL);
+      assert_non_null(strstr(last_err, "not described by this instance"));
+      free_call(&cbc);
+      for (int d = 0; d < 2; d++) {
+        for (int od = 0; od < 3; od++) {
+          hq_call c = hq_test_call(&host, 0, 0);
+          hq_tensor ya = hq_test_empty(dts[od], M, K), yb = hq_test_empty(dts[od], M, K);
+          DIRECT_OK(ops->dequantize(ca, &c, &st[d], &ya));
+          DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
+          size_t bytes = (size_t)(M * K) * hq_dtype_size(dts[od]);
+          if (memcmp(ya.data, yb.data, bytes))
+            fail_msg("pair %zu shape %zu %s dtype %d: instance B dequantizes differently", pi,
+                     si, d ? "columnwise" : "rowwise", (int)dts[od]);
+          /* what the descriptor says matters: the other scale layout gives other values */
+          if (od == 0) {
+            hq_operand_desc keep = st[d].desc;
+            st[d].desc.scale_layout = keep.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED
+                                          ? HQ_SCALE_LAYOUT_OUTER_MAJOR
+                                          : HQ_SCALE_LAYOUT_SWIZZLED;
+            DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
+            assert_true(memcmp(ya.data, yb.data, bytes) != 0);
+            st[d].desc = keep;
+            if (d == 1) { /* ... and so does the RHT transform and its signs */
+              st[d].desc.transform =
+                  keep.transform == HQ_TRANSFORM_RHT16 ? HQ_TRANSFORM_NONE : HQ_TRANSFORM_RHT16;
+              st[d].desc.transform_param = keep.transform == HQ_TRANSFORM_RHT16 ? 0 : 0x5555;
+              DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
+              assert_true(memcmp(ya.data, yb.data, bytes) != 0);
+              st[d].desc = keep;
+            }
+          }
+          free(ya.data);
+          free(yb.data);
+        }
+      }
+      free_storage(&st[0]);
+      free_storage(&st[1]);
+      free(x.data);
+    }
+  }
+  /* descriptors no nvfp4 instance makes are refused, naming the field */
+  const int64_t M = 32, K = 32;
+  configure_nv(ops, &host, ca, pairs[0].b);
+  hq_storage s;
+  make_storage(ops, &host, ca, &s, HQ_ROWWISE, HQ_BOTH, M, K);
+  hq_tensor y = hq_test_empty(HQ_F32, M, K);
+  hq_call c = hq_test_call(&host, 0, 0);
+  s.desc.transform = HQ_TRANSFORM_RHT16; /* a rowwise RHT */
+  assert_int_equal(ops->dequantize(ca, &c, &s, &y), HQ_ENOTSUP);
+  assert_non_null(strstr(last_err, "desc.transform"));
+  s.desc.transform = HQ_TRANSFORM_NONE;
+  s.desc.scale_layout = HQ_SCALE_LAYOUT_BLOCK_MAJOR;
+  assert_int_equal(ops->dequantize(ca, &c, &s, &y), HQ_ENOTSUP);
+  assert_non_null(strstr(last_err, "desc.scale_layout"));
+  s.desc.scale_layout = HQ_SCALE_LAYOUT_OUTER_MAJOR;
+  s.desc.order = HQ_ORDER_KM;
+  assert_int_equal(ops->dequantize(ca, &c, &s, &y), HQ_ENOTSUP);
+  assert_non_null(strstr(last_err, "desc.order"));
+  s.desc.order = HQ_ORDER_MK;
+  s.desc.scale_mode = HQ_SCALE_VEC32_UE8M0;
+  assert_int_equal(ops->dequantize(ca, &c, &s, &y), HQ_EINVAL);
+  assert_non_null(strstr(last_err, "not NVFP4"));
+  free_storage(&s);
+  free(y.data);
+}
+
+// --- the split amax and updates through the public API ------------------------------------
+
+/* The 16x16 tensor of test_hand_computed_chain (A = 10, a block of amax 2.5) quantized with a
+   caller's amax of 15 instead: S_enc = RN(2688/15) = 179.2 (0x43333333), m = 29.866667
+   (0x41EEEEEF), the block's sf = E4M3(RN(2.5 * m) = 74.666664) = 72 (0x69), S_dec =
+   0x3BB6DB6E, enc = RN(1 / RN(72 * S_dec) = 0.40178573) = 2.4888887 (0x401F49F4): the same
+   codes; dequantized with RN(RN(72 * 15) * RN(1/2688)) = 0.40178573 (0x3ECDB6DC). The amax
+   block (-10): sf = E4M3(298.66666) = 288 (0x79), code 15, dequantized to -9.642858. (Numbers
+   from a separate float32 calculation.) */
+static void test_caller_amax_hand(void **state) {
+  (void)state;
+  float v[16 * 16] = {0};
+  static const float blk[16] = {2.5f, -1.0f, 0.3f, 0.0f, 1.25f, -2.5f, 0.7f, 0.1f,
+                                1.9f, -0.4f, 2.0f, 1.5f, -0.21f, 0.625f, 1.66f, -2.2f};
+  memcpy(v, blk, sizeof blk);
+  v[16 * 3 + 5] = -10.0f;
+  hq_tensor x = f32_from(v, 16, 16);
+  hq_recipe *r = nv_recipe(NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
+  hq_ctx *ctx = ctx_with_seed(0);
+  float a[2] = {-1.0f, -1.0f};
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, a));
+  assert_true(a[0] == 10.0f);
+  float given[2] = {15.0f, 15.0f};
+  hq_quantize_args args = {0};
+  args.struct_size = sizeof args;
+  args.amax = given;
+  hq_qtensor *t = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &args, &t));
+  const hq_storage *s = hq_qtensor_storage(t, HQ_ROWWISE);
+  const uint8_t *data = hq_storage_cbuf(s, 0)->ptr, *sc = hq_storage_cbuf(s, 1)->ptr;
+  static const uint8_t want[8] = {0xc7, 0x01, 0xf5, 0x03, 0xa6, 0x66, 0x39, 0xf6};
+  assert_memory_equal(data, want, 8);
+  assert_int_equal(sc[0], 0x69);     /* was 0x6E with A = 10 */
+  assert_int_equal(sc[3 * 4], 0x79); /* the amax block: was 0x7E (448) */
+  assert_true(*(const float *)hq_storage_cbuf(s, 2)->ptr == 15.0f);
+  hq_tensor y = hq_test_empty(HQ_F32, 16, 16);
+  HQ_OK_OR_FAIL(hq_dequantize(t, ctx, HQ_ROWWISE, &y));
+  static const float deq[16] = {2.4107143878936768f, -0.8035714626312256f, 0.2008928656578064f,
+                                0.0f, 1.2053571939468384f, -2.4107143878936768f,
+                                0.6026785969734192f, 0.0f, 1.6071429252624512f,
+                                -0.4017857313156128f, 1.6071429252624512f, 1.6071429252624512f,
+                                -0.2008928656578064f, 0.6026785969734192f, 1.6071429252624512f,
+                                -2.4107143878936768f};
+  for (int k = 0; k < 16; k++) assert_true(getf(&y, 0, k) == deq[k]);
+  assert_true(getf(&y, 3, 5) == -9.642857551574707f);
+  free(y.data);
+  hq_qtensor_free(t);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  free(x.data);
+}
+
+static void expect_same_qtensors(const hq_qtensor *a, const hq_qtensor *b, const char *what) {
+  for (uint32_t d = 1; d <= 2; d++) {
+    const hq_storage *x = hq_qtensor_storage(a, d), *y = hq_qtensor_storage(b, d);
+    assert_true((x == NULL) == (y == NULL));
+    if (!x) continue;
+    if (!same_storage_bytes(x, y))
+      fail_msg("%s: the %s storages differ", what, d == 1 ? "rowwise" : "columnwise");
+  }
+}
+
+/* hq_quantizer_amax then hq_quantize_ex with that amax == hq_quantize, byte for byte, for every
+   option that changes the amax or the bytes; the quantizer's amax kinds per the table. */
+static void test_caller_amax_api(void **state) {
+  (void)state;
+  static const struct {
+    const char *opts;
+    uint32_t col_kind;
+  } cases[] = {
+      {NULL, HQ_AMAX_INPUT},
+      {"rht = true", HQ_AMAX_OWN},
+      {"swizzle = true\nrht = true\nrht_sign_mask = 0x1234", HQ_AMAX_OWN},
+      {"block_2d = true", HQ_AMAX_INPUT},
+      {"stochastic_rounding = true\nrht = true", HQ_AMAX_OWN},
+      {"stochastic_rounding = true", HQ_AMAX_INPUT},
+  };
+  static const int64_t shapes[][2] = {{48, 80}, {144, 32}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    for (size_t si = 0; si < 2; si++) {
+      const int64_t M = shapes[si][0], K = shapes[si][1];
+      hq_tensor x = spread_tensor(si ? HQ_F32 : HQ_BF16, M, K, 300 + ci);
+      hq_recipe *r = nv_recipe(cases[ci].opts);
+      for (uint32_t usage = 1; usage <= 3; usage++) {
+        hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+        assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_INPUT);
+        assert_int_equal(hq_quantizer_amax_kind(q, HQ_COLWISE), cases[ci].col_kind);
+        hq_ctx *c1 = ctx_with_seed(21), *c2 = ctx_with_seed(21), *c3 = ctx_with_seed(21);
+        float a[2] = {-1.0f, -1.0f};
+        HQ_OK_OR_FAIL(hq_quantizer_amax(q, c1, &x, a));
+        hq_quantize_args args = {0};
+        args.struct_size = sizeof args;
+        args.amax = a;
+        hq_qtensor *t1 = NULL, *t2 = NULL;
+        HQ_OK_OR_FAIL(hq_quantize_ex(q, c2, &x, &args, &t1));
+        HQ_OK_OR_FAIL(hq_quantize(q, c3, &x, &t2));
+        expect_same_qtensors(t1, t2, cases[ci].opts ? cases[ci].opts : "plain");
+        /* the AMAX buffers hold the amaxes */
+        if (usage & HQ_ROWWISE)
+          assert_true(*(const float *)hq_storage_cbuf(hq_qtensor_storage(t1, 1), 2)->ptr == a[0]);
+        if (usage & HQ_COLWISE)
+          assert_true(*(const float *)hq_storage_cbuf(hq_qtensor_storage(t1, 2), 2)->ptr == a[1]);
+        hq_qtensor_free(t1);
+        hq_qtensor_free(t2);
+        hq_ctx_destroy(c1);
+        hq_ctx_destroy(c2);
+        hq_ctx_destroy(c3);
+        hq_quantizer_free(q);
+      }
+      hq_recipe_free(r);
+      free(x.data);
+    }
+  }
+}
+
+/* hq_qtensor_update (in place, the optimizer's write-back) makes the bytes of a fresh quantize
+   of the new values: from a quantized tensor of other values, from an empty one, and with a
+   caller's amax (hq_qtensor_update_ex). With stochastic rounding the update draws at the
+   context's next offset, which a fresh context reproduces with hq_ctx_set_rng_offset. */
+static void test_update_equals_fresh(void **state) {
+  (void)state;
+  static const char *opts[] = {NULL,
+                               "rht = true",
+                               "swizzle = true\nrht = true\nrht_sign_mask = 0x00ff",
+                               "block_2d = true",
+                               "block_2d = true\nswizzle = true",
+                               "stochastic_rounding = true\nrht = true"};
+  const int64_t M = 48, K = 80;
+  for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
+    for (int dt = 0; dt < 2; dt++) {
+      hq_tensor x1 = spread_tensor(dt ? HQ_BF16 : HQ_F32, M, K, 400 + oi);
+      hq_tensor x2 = spread_tensor(dt ? HQ_BF16 : HQ_F32, M, K, 450 + oi);
+      hq_recipe *r = nv_recipe(opts[oi]);
+      for (uint32_t usage = 1; usage <= 3; usage++) {
+        hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+        hq_ctx *ctx = ctx_with_seed(77), *f = ctx_with_seed(77);
+        hq_qtensor *t = NULL, *e = NULL, *fresh = NULL;
+        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(f, 5));
+        HQ_OK_OR_FAIL(hq_quantize(q, f, &x2, &fresh)); /* draws at offset 5 */
+        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x1, &t));
+        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
+        HQ_OK_OR_FAIL(hq_qtensor_update(t, ctx, &x2));
+        expect_same_qtensors(t, fresh, "update");
+        HQ_OK_OR_FAIL(hq_make_empty(q, ctx, M, K, HQ_F32, &e));
+        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
+        HQ_OK_OR_FAIL(hq_qtensor_update(e, ctx, &x2));
+        expect_same_qtensors(e, fresh, "update of an empty tensor");
+        /* update_ex with the caller's amax of x2 */
+        float a[2];
+        HQ_OK_OR_FAIL(hq_quantizer_amax(q, f, &x2, a));
+        hq_quantize_args args = {0};
+        args.struct_size = sizeof args;
+        args.amax = a;
+        HQ_OK_OR_FAIL(hq_qtensor_update(t, ctx, &x1));
+        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
+        HQ_OK_OR_FAIL(hq_qtensor_update_ex(t, ctx, &x2, &args));
+        expect_same_qtensors(t, fresh, "update_ex with the amax");
+        hq_qtensor_free(t);
+        hq_qtensor_free(e);
+        hq_qtensor_free(fresh);
+        hq_ctx_destroy(ctx);
+        hq_ctx_destroy(f);
+        hq_quantizer_free(q);
+      }
+      hq_recipe_free(r);
+      free(x1.data);
+      free(x2.data);
+    }
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plugin_caps_and_options),
       cmocka_unit_test(test_configure_errors),
-      cmocka_unit_test(test_layout_and_meta),
+      cmocka_unit_test(test_layout_desc_buffers),
       cmocka_unit_test(test_shape_errors),
       cmocka_unit_test(test_hand_built_packing),
       cmocka_unit_test(test_hand_computed_chain),
@@ -1119,6 +1686,12 @@ int main(void) {
       cmocka_unit_test(test_colwise_only_and_hybrid),
       cmocka_unit_test(test_padding_is_zero),
       cmocka_unit_test(test_ops_direct),
+      cmocka_unit_test(test_direct_scratch_and_update),
+      cmocka_unit_test(test_direct_amax),
+      cmocka_unit_test(test_cross_instance_dequantize),
+      cmocka_unit_test(test_caller_amax_hand),
+      cmocka_unit_test(test_caller_amax_api),
+      cmocka_unit_test(test_update_equals_fresh),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /*
-** test_nvfp4_numerics.c -- the NVFP4 rules of hq/numerics.h against independent expectations:
+** test_nvfp4_numerics.c -- the NVFP4 rules (plugins/nvfp4/nvfp4_rules.h) and the generic E2M1
+** element codecs of hq/numerics.h against independent expectations:
 ** E2M1 code points decoded from their bit fields, encodes against a brute-force nearest search
 ** (ties to the even code) and FORMATS.md 0.3's tie table, stochastic rounding against a
 ** double-precision statement of FORMATS.md 3.6's rule, the scale chain of FORMATS.md 3.3 computed
@@ -11,6 +12,7 @@
 
 #include "hq_test.h"
 #include "fp8_ref.h"
+#include "nvfp4_rules.h"
 
 static const double E2M1_MAG[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
 

@@ -152,7 +152,7 @@ int hq_cmd_bench(int argc, char **argv) {
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
   size_t in_bytes = (size_t)(rows * cols) * hq_dtype_size(dtype);
-  hq_tensor x = {NULL, dtype, device, rows, cols};
+  hq_tensor x = hq_tensor_2d(NULL, dtype, device, rows, cols);
   void *host = malloc(in_bytes);
   int status = 1;
   if (!host) {

@@ -126,7 +126,7 @@ static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_te
   fclose(f);
   char err[512];
   size_t off = 0;
-  memset(t, 0, sizeof *t);
+  *t = hq_tensor_2d(NULL, HQ_DTYPE_INVALID, HQ_DEVICE_HOST, 0, 0);
   int npy = read_npy(path, buf, (size_t)size, t, &off, err, sizeof err);
   if (npy < 0) {
     free(buf);
@@ -249,7 +249,7 @@ int hq_cmd_quantize(int argc, char **argv) {
   if (hq_role_parse(role_text, rbuf, sizeof rbuf, &role))
     return cli_fail(2, CMD, "%s", hq_last_error());
 
-  hq_tensor x = {0};
+  hq_tensor x = hq_tensor_2d(NULL, dtype, HQ_DEVICE_HOST, 0, 0);
   if (random) {
     if (cli_shape(random, &x.rows, &x.cols))
       return cli_fail(2, CMD, "--random '%s' is not RxC with positive R and C", random);
@@ -270,7 +270,7 @@ int hq_cmd_quantize(int argc, char **argv) {
   hq_quantizer *q = NULL;
   hq_ctx *ctx = NULL;
   hq_qtensor *qt = NULL;
-  hq_tensor xd = x, dd = {0};
+  hq_tensor xd = x, dd = hq_tensor_2d(NULL, HQ_F32, device, x.rows, x.cols);
   float *deq = malloc(sizeof(float) * (size_t)(x.rows * x.cols));
   hq_ctx_desc desc = {sizeof desc, device, NULL, NULL, NULL, NULL, seed};
   if (!deq) {

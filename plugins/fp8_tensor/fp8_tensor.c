@@ -1,68 +1,64 @@
 /*
-** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI and the CPU
-** reference (FORMATS.md section 1).
+** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI (2.0) and
+** the CPU reference (FORMATS.md section 1).
 **
-** Quantize: amax = max|x| (NaN ignored); scale = RN(max_fp8 / amax) with TE's edge cases
-** (hq_scale_from_amax); scale_inv = RN(1/scale); q = fp8_satfinite(RN(x * scale)).
-** The rowwise copy is [M, K]; the columnwise copy is its exact byte transpose [K, M] (the layout
-** TN-only GEMMs need), made from the same read and the same scale. A columnwise-only quantize is
-** supported (TE has none on Hopper).
+** Quantize: amax = max|x| (NaN ignored, Inf counts); scale = RN(max_fp8 / amax) with TE's edge
+** cases (hq_scale_from_amax, plugins/common/fp8_scale.h); scale_inv = RN(1/scale);
+** q = fp8_satfinite(RN(x * scale)). The rowwise copy is [M, K]; the columnwise copy is its exact
+** byte transpose [K, M] (the layout TN-only GEMMs need), made from the same read and the same
+** scale. A columnwise-only quantize is supported (TE has none on Hopper).
 **
-** Buffers of each storage, in save order:
-**   0 data / columnwise_data   e4m3|e5m2 [M, K] / [K, M]
-**   1 scale_inv                f32 [1]   (columnwise: shared with rowwise when made together)
-**   2 amax                     f32 [1]   (ditto; the amax the scale came from)
+** Per-tensor amax (amax_kind INPUT for both directions): amax() computes max|x| of the input for
+** each requested direction. quantize() with call->amax uses amax[0] (rowwise) / amax[1]
+** (columnwise) instead of reading the input for it; a call making both directions uses one
+** scale for both, from max(amax[0], amax[1]) (fp8t_one_amax; equal values from amax()). Given
+** the amax quantize() itself would compute, the bytes are identical. No scratch is needed
+** (scratch_size 0): on a device the amax pass accumulates in the storage's own amax buffer.
+** update() is quantize() (no allocation, no synchronization on either device).
 **
-** Delayed scaling (scaling = delayed and its options) is reserved: its shared amax history
-** arrives with the training-lifecycle work; until then configure() refuses it by name.
+** Storages (buffer order = save order; every M of a shard works, shard_rows 1):
+**   rowwise     0 "data"             DATA  elem [M, K]  gather ROWS, m_div 1
+**               1 "scale_inv"        SCALE f32  [1]     gather SAME
+**               2 "amax"             AMAX  f32  [1]     gather SAME (the amax the scale came from)
+**               desc: elem = dtype, order MK, scale_mode TENSOR_F32, scale_layout NONE, block
+**                     0x0, transform NONE, shard_rows 1
+**   columnwise  0 "columnwise_data"  DATA  elem [K, M]  gather COLS, m_div 1
+**               1 "scale_inv"        SCALE f32  [1]     gather SAME, shared with rowwise buffer 1
+**               2 "amax"             AMAX  f32  [1]     gather SAME, shared with rowwise buffer 2
+**                 (made without a rowwise storage: own "columnwise_scale_inv", "columnwise_amax")
+**               desc: as rowwise but order KM
+** meta is unused (zero): dequantize() reads the element dtype from desc.elem and the order from
+** desc.order, so it accepts a storage of any fp8_tensor instance.
+**
+** Options: dtype (e4m3|e5m2), power_2_scales, amax_epsilon. Delayed scaling (an amax history)
+** is not offered; it returns, implemented, with its own issue.
 */
 #include <float.h>
 #include <string.h>
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+#include "fp8_scale.h"
 #include "fp8_tensor.h"
 
-enum { OPT_DTYPE, OPT_SCALING, OPT_POW2, OPT_EPS, OPT_HIST, OPT_MARGIN, OPT_ALGO, OPT_REDUCE };
+enum { OPT_DTYPE, OPT_POW2, OPT_EPS };
 
 static const hq_option options[] = {
     [OPT_DTYPE] = {"dtype", HQ_OPT_ENUM, "e4m3", "FP8 element type (max 448 / 57344)", "e4m3|e5m2",
                    0, -1},
-    [OPT_SCALING] = {"scaling", HQ_OPT_ENUM, "current",
-                     "current: scale from this tensor's amax; delayed: from the amax history "
-                     "(reserved, arrives with the lifecycle work)",
-                     "current|delayed", 0, -1},
-    [OPT_POW2] = {"power_2_scales", HQ_OPT_BOOL, "false",
-                  "round the scale down to a power of two (current scaling)", NULL, 0, -1},
+    [OPT_POW2] = {"power_2_scales", HQ_OPT_BOOL, "false", "round the scale down to a power of two",
+                  NULL, 0, -1},
     [OPT_EPS] = {"amax_epsilon", HQ_OPT_FLOAT, "0",
-                 "floor applied to amax before the scale is computed (current scaling)", NULL, 0,
-                 3.4e38},
-    [OPT_HIST] = {"amax_history_len", HQ_OPT_INT, "1024", "delayed scaling: amax history length",
-                  NULL, 1, 65536},
-    [OPT_MARGIN] = {"margin", HQ_OPT_INT, "0",
-                    "delayed scaling: scale = max_fp8 * 2^-margin / amax", NULL, 0, 64},
-    [OPT_ALGO] = {"amax_compute_algo", HQ_OPT_ENUM, "max",
-                  "delayed scaling: amax from the history's max or its most recent entry",
-                  "max|most_recent", 0, -1},
-    [OPT_REDUCE] = {"reduce_amax", HQ_OPT_BOOL, "true",
-                    "delayed scaling: all-reduce the amaxes over the data-parallel group", NULL, 0,
-                    -1},
+                 "floor applied to amax before the scale is computed", NULL, 0, 3.4e38},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
 
 static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   fp8t_cfg *c = cfgp;
-  c->kind = v[OPT_DTYPE].i ? HQ_FP8_E5M2 : HQ_FP8_E4M3;
-  c->delayed = (int)v[OPT_SCALING].i;
+  (void)host;
+  c->elem = v[OPT_DTYPE].i ? HQ_E5M2 : HQ_E4M3;
   c->pow2 = (int)v[OPT_POW2].i;
   c->epsilon = (float)v[OPT_EPS].f;
-  c->history_len = (int)v[OPT_HIST].i;
-  c->margin = (int)v[OPT_MARGIN].i;
-  c->algo_max = v[OPT_ALGO].i == 0;
-  if (c->delayed)
-    return host->error(HQ_ENOTSUP, "scaling = delayed is reserved and not implemented yet (its "
-                       "shared amax history comes with the training-lifecycle work); use "
-                       "scaling = current");
   return HQ_OK;
 }
 
@@ -70,21 +66,70 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const fp8t_cfg *c = cfgp;
   (void)host;
-  hq_dtype t = c->kind == HQ_FP8_E5M2 ? HQ_E5M2 : HQ_E4M3;
-  out->nbuf = 3;
-  out->meta[0] = (uint8_t)c->kind;
-  if (dir == HQ_ROWWISE) {
-    hq_buffer_describe(&out->buf[FP8T_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
-    hq_buffer_describe(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, 0);
-    hq_buffer_describe(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, 0);
+  hq_operand_desc *d = &out->desc;
+  d->elem = c->elem;
+  d->order = dir == HQ_COLWISE ? HQ_ORDER_KM : HQ_ORDER_MK;
+  d->scale_mode = HQ_SCALE_TENSOR_F32;
+  d->scale_layout = HQ_SCALE_LAYOUT_NONE;
+  d->block_m = 0;
+  d->block_k = 0;
+  d->transform = HQ_TRANSFORM_NONE;
+  d->transform_param = 0;
+  d->shard_rows = 1;
+  if (dir == HQ_COLWISE) {
+    hq_buffer_gather(hq_buffer_describe(out, FP8T_DATA, "columnwise_data", HQ_ROLE_DATA, c->elem,
+                                        2, cols, rows),
+                     HQ_GATHER_COLS, 1);
+    const int shared = (dirs & HQ_ROWWISE) != 0;
+    hq_buffer *s = hq_buffer_describe(out, FP8T_SCALE_INV,
+                                      shared ? "scale_inv" : "columnwise_scale_inv",
+                                      HQ_ROLE_SCALE, HQ_F32, 1, 1, 0);
+    hq_buffer *a = hq_buffer_describe(out, FP8T_AMAX, shared ? "amax" : "columnwise_amax",
+                                      HQ_ROLE_AMAX, HQ_F32, 1, 1, 0);
+    hq_buffer_gather(s, HQ_GATHER_SAME, 1);
+    hq_buffer_gather(a, HQ_GATHER_SAME, 1);
+    if (shared) {
+      hq_buffer_share(s, FP8T_SCALE_INV);
+      hq_buffer_share(a, FP8T_AMAX);
+    }
   } else {
-    uint32_t shared = (dirs & HQ_ROWWISE) ? HQ_BUF_SHARED : 0;
-    hq_buffer_describe(&out->buf[FP8T_DATA], "columnwise_data", t, 2, cols, rows, 0);
-    hq_buffer_describe(&out->buf[FP8T_SCALE_INV], "scale_inv", HQ_F32, 1, 1, 0, shared);
-    hq_buffer_describe(&out->buf[FP8T_AMAX], "amax", HQ_F32, 1, 1, 0, shared);
-    out->buf[FP8T_SCALE_INV].shared_with = FP8T_SCALE_INV;
-    out->buf[FP8T_AMAX].shared_with = FP8T_AMAX;
+    hq_buffer_gather(hq_buffer_describe(out, FP8T_DATA, "data", HQ_ROLE_DATA, c->elem, 2, rows,
+                                        cols),
+                     HQ_GATHER_ROWS, 1);
+    hq_buffer_gather(hq_buffer_describe(out, FP8T_SCALE_INV, "scale_inv", HQ_ROLE_SCALE, HQ_F32,
+                                        1, 1, 0),
+                     HQ_GATHER_SAME, 1);
+    hq_buffer_gather(hq_buffer_describe(out, FP8T_AMAX, "amax", HQ_ROLE_AMAX, HQ_F32, 1, 1, 0),
+                     HQ_GATHER_SAME, 1);
   }
+  return HQ_OK;
+}
+
+/* No scratch: the CPU path works in stack tiles, the CUDA path accumulates its amax in the
+   storage's amax buffer. */
+static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
+                           int32_t device) {
+  (void)cfgp;
+  (void)rows;
+  (void)cols;
+  (void)dirs;
+  (void)device;
+  return 0;
+}
+
+/* Both directions depend on the input's amax (a producer's max|x| fits). */
+static uint32_t amax_kind(const void *cfgp, uint32_t dir) {
+  (void)cfgp;
+  return dir == HQ_ROWWISE || dir == HQ_COLWISE ? HQ_AMAX_INPUT : HQ_AMAX_NONE;
+}
+
+static int check_src(const hq_call *call, const hq_tensor *src) {
+  if (src->dtype != HQ_F32 && src->dtype != HQ_F16 && src->dtype != HQ_BF16)
+    return call->host->error(HQ_EINVAL, "fp8_tensor: source dtype %d is not f32, f16 or bf16",
+                             (int)src->dtype);
+  if (src->device != call->device)
+    return call->host->error(HQ_EINVAL, "fp8_tensor: source on device %d, call on device %d",
+                             (int)src->device, (int)call->device);
   return HQ_OK;
 }
 
@@ -130,9 +175,9 @@ static void load_tile(const hq_tensor *src, int64_t i0, int64_t j0, int nr, int 
   }
 }
 
-/* q[c] = fp8(RN(x[c] * scale)), the element kind chosen once per row so the loop vectorizes. */
-static void cast_row(int kind, const float *x, float scale, int n, uint8_t *q) {
-  if (kind == HQ_FP8_E5M2)
+/* q[c] = fp8(RN(x[c] * scale)), the element dtype chosen once per row so the loop vectorizes. */
+static void cast_row(hq_dtype elem, const float *x, float scale, int n, uint8_t *q) {
+  if (elem == HQ_E5M2)
     for (int c = 0; c < n; c++) q[c] = hq_f32_to_e5m2(hq_mul_rn(x[c], scale));
   else
     for (int c = 0; c < n; c++) q[c] = hq_f32_to_e4m3(hq_mul_rn(x[c], scale));
@@ -141,7 +186,7 @@ static void cast_row(int kind, const float *x, float scale, int n, uint8_t *q) {
 /* Quantize with one scale into row [M,K] and/or col [K,M], 64x64 tiles: each tile is read once,
    cast row by row, its bytes written to the rowwise copy and, transposed through the tile, to
    the columnwise copy. */
-static void cast_transpose(const hq_tensor *src, float scale, int kind, uint8_t *row,
+static void cast_transpose(const hq_tensor *src, float scale, hq_dtype elem, uint8_t *row,
                            uint8_t *col) {
   const int64_t M = src->rows, K = src->cols;
   float x[TILE * TILE];
@@ -152,7 +197,7 @@ static void cast_transpose(const hq_tensor *src, float scale, int kind, uint8_t 
       const int nc = (int)(K - j0 < TILE ? K - j0 : TILE);
       load_tile(src, i0, j0, nr, nc, x);
       for (int r = 0; r < nr; r++) {
-        cast_row(kind, x + r * TILE, scale, nc, q + r * TILE);
+        cast_row(elem, x + r * TILE, scale, nc, q + r * TILE);
         if (row) memcpy(row + (i0 + r) * K + j0, q + r * TILE, (size_t)nc);
       }
       if (col)
@@ -164,56 +209,109 @@ static void cast_transpose(const hq_tensor *src, float scale, int kind, uint8_t 
   }
 }
 
-static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
-                    hq_storage *row, hq_storage *col) {
-  const fp8t_cfg *c = cfgp;
-  uint8_t *rd = (dirs & HQ_ROWWISE) ? row->buf[FP8T_DATA].ptr : NULL;
-  uint8_t *cd = (dirs & HQ_COLWISE) ? col->buf[FP8T_DATA].ptr : NULL;
-  float *rs = rd ? row->buf[FP8T_SCALE_INV].ptr : NULL, *ra = rd ? row->buf[FP8T_AMAX].ptr : NULL;
-  float *cs = cd ? col->buf[FP8T_SCALE_INV].ptr : NULL, *ca = cd ? col->buf[FP8T_AMAX].ptr : NULL;
+static int amax(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                float *out) {
+  (void)cfgp;
+  int rc = check_src(call, src);
+  if (rc) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return fp8t_cuda_quantize(c, call, src, rd, cd, rs, ra, cs, ca);
+    return fp8t_cuda_amax(call, src, dirs, out);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
   }
-  float amax = amax_of(src);
-  float scale = hq_scale_from_amax(amax, hq_fp8_max(c->kind), c->pow2, c->epsilon, FLT_MAX);
+  const float a = (dirs & HQ_BOTH) ? amax_of(src) : 0.0f;
+  out[0] = (dirs & HQ_ROWWISE) ? a : 0.0f;
+  out[1] = (dirs & HQ_COLWISE) ? a : 0.0f;
+  return HQ_OK;
+}
+
+static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                    hq_storage *row, hq_storage *col) {
+  const fp8t_cfg *c = cfgp;
+  int rc = check_src(call, src);
+  if (rc) return rc;
+  if (!(dirs & HQ_BOTH) || ((dirs & HQ_ROWWISE) && !row) || ((dirs & HQ_COLWISE) && !col))
+    return call->host->error(HQ_EINVAL, "fp8_tensor: quantize of directions %u without their "
+                             "storages", dirs);
+  dirs &= HQ_BOTH;
+  uint8_t *rd = NULL, *cd = NULL;
+  float *rs = NULL, *ra = NULL, *cs = NULL, *ca = NULL;
+  if (dirs & HQ_ROWWISE) {
+    rd = hq_storage_buf(row, FP8T_DATA)->ptr;
+    rs = hq_storage_buf(row, FP8T_SCALE_INV)->ptr;
+    ra = hq_storage_buf(row, FP8T_AMAX)->ptr;
+  }
+  if (dirs & HQ_COLWISE) {
+    cd = hq_storage_buf(col, FP8T_DATA)->ptr;
+    cs = hq_storage_buf(col, FP8T_SCALE_INV)->ptr;
+    ca = hq_storage_buf(col, FP8T_AMAX)->ptr;
+  }
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    return fp8t_cuda_quantize(c, call, src, call->amax, rd, cd, rs, ra, cs, ca);
+#else
+    return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
+#endif
+  }
+  const float amax = call->amax ? fp8t_one_amax(dirs, call->amax) : amax_of(src);
+  float scale = hq_scale_from_amax(amax, hq_fp8_max(c->elem), c->pow2, c->epsilon, FLT_MAX);
   float scale_inv = hq_rcp_rn(scale);
-  cast_transpose(src, scale, c->kind, rd, cd);
+  cast_transpose(src, scale, c->elem, rd, cd);
   if (rs) *rs = scale_inv, *ra = amax;
   if (cs) *cs = scale_inv, *ca = amax;
   return HQ_OK;
 }
 
+/* The element dtype and order come from the storage, so a storage of any fp8_tensor instance
+   (e4m3 or e5m2, any scale options) dequantizes here. */
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  const fp8t_cfg *c = cfgp;
-  const uint8_t *q = s->buf[FP8T_DATA].ptr;
-  int transposed = s->dir == HQ_COLWISE;
+  (void)cfgp;
+  const hq_dtype elem = s->desc.elem;
+  if (s->nbuf < 2 || (elem != HQ_E4M3 && elem != HQ_E5M2) ||
+      s->desc.scale_mode != HQ_SCALE_TENSOR_F32 ||
+      (s->desc.order != HQ_ORDER_MK && s->desc.order != HQ_ORDER_KM) ||
+      hq_storage_cbuf(s, FP8T_DATA)->role != HQ_ROLE_DATA ||
+      hq_storage_cbuf(s, FP8T_DATA)->dtype != elem ||
+      hq_storage_cbuf(s, FP8T_SCALE_INV)->role != HQ_ROLE_SCALE ||
+      hq_storage_cbuf(s, FP8T_SCALE_INV)->dtype != HQ_F32)
+    return call->host->error(HQ_EINVAL, "fp8_tensor: the storage is not a per-tensor FP8 storage "
+                             "(elem %d, scale mode %u, order %u, %u buffers)", (int)elem,
+                             s->desc.scale_mode, s->desc.order, s->nbuf);
+  if (dst->rows != s->rows || dst->cols != s->cols)
+    return call->host->error(HQ_ESHAPE, "fp8_tensor: dequantize of a [%lld, %lld] storage into "
+                             "[%lld, %lld]", (long long)s->rows, (long long)s->cols,
+                             (long long)dst->rows, (long long)dst->cols);
+  if (dst->dtype != HQ_F32 && dst->dtype != HQ_F16 && dst->dtype != HQ_BF16)
+    return call->host->error(HQ_EINVAL, "fp8_tensor: destination dtype %d is not f32, f16 or "
+                             "bf16", (int)dst->dtype);
+  const uint8_t *q = hq_storage_cbuf(s, FP8T_DATA)->ptr;
+  const float *sp = hq_storage_cbuf(s, FP8T_SCALE_INV)->ptr;
+  const int transposed = s->desc.order == HQ_ORDER_KM;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return fp8t_cuda_dequantize(c, call, q, transposed, s->buf[FP8T_SCALE_INV].ptr, dst);
+    return fp8t_cuda_dequantize(elem, call, q, transposed, sp, dst);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
   }
-  const float scale_inv = *(const float *)s->buf[FP8T_SCALE_INV].ptr;
+  const float scale_inv = *sp;
   const int64_t M = dst->rows, K = dst->cols;
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < K; j++)
       hq_store_hp(dst->data, i * K + j, dst->dtype,
-                  hq_fp8_dequantize(q[transposed ? j * M + i : i * K + j], scale_inv, c->kind));
+                  hq_fp8_dequantize(q[transposed ? j * M + i : i * K + j], scale_inv, elem));
   return HQ_OK;
 }
 
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
+    .abi_minor = 0, /* requires ABI 2.0 */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(fp8t_cfg),
     .name = "fp8_tensor",
-    .version = "1.0",
+    .version = "2.0",
     .description = "per-tensor FP8 (E4M3/E5M2), current scaling; columnwise = byte transpose",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
@@ -223,11 +321,14 @@ static const hq_format_ops ops = {
     .options = options,
     .configure = configure,
     .layout = layout,
+    .scratch_size = scratch_size,
+    .amax_kind = amax_kind,
+    .amax = amax,
     .quantize = quantize,
     .dequantize = dequantize,
 };
 
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host) {
-  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
+  if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;
   return &ops;
 }

@@ -1,13 +1,21 @@
 /*
 ** fp8_tensor.cu -- CUDA kernels of the fp8_tensor plugin: amax reduction, fused cast +
-** transpose, dequantize. Element and scale rules come from hq/numerics.h, the same code the CPU
-** reference runs, so the bytes agree bit for bit.
+** transpose, dequantize. Element rules come from hq/numerics.h and the scale rule from
+** plugins/common/fp8_scale.h, the same code the CPU reference runs, so the bytes agree bit for
+** bit.
 **
-** quantize: (1) amax kernel: grid-stride max|x| ignoring NaN, atomicMax on the FP32 bits (valid
-**           for non-negative floats) into the storage's amax buffer;
-**           (2) cast kernel: each block recomputes the scale from that amax (a few flops), then
-**           quantizes a tile read once from global memory, writes the rowwise bytes and, through
-**           shared memory, the transposed columnwise bytes.
+** Every launch, memset and copy is queued on call->stream; nothing allocates (no scratch) and
+** nothing synchronizes, so quantize/update can be captured in a CUDA graph.
+**
+** amax op:  memset out[0..1] to 0, the amax kernel into out[0] (or out[1] for a columnwise-only
+**           request), and a device-to-device copy to out[1] when both directions are asked for.
+** quantize: (1) amax kernel, skipped when the caller passes call->amax: grid-stride max|x|
+**           ignoring NaN, atomicMax on the FP32 bits (valid for non-negative floats) into the
+**           storage's amax buffer (zeroed first, on the stream);
+**           (2) cast kernel: each block recomputes the scale from that amax -- or from the
+**           caller's (fp8t_one_amax) -- (a few flops), then quantizes a tile read once from
+**           global memory, writes the rowwise bytes and, through shared memory, the transposed
+**           columnwise bytes.
 ** Fast path (rows % 8 == 0, cols % 8 == 0, 16-byte aligned pointers): 64x64 tiles, 8 elements per
 ** 16-byte (bf16/f16) or 2x16-byte (f32) load, 8-byte stores of both copies. Otherwise a scalar
 ** 32x32-tile kernel. Both compute every byte with the same hq/numerics.h rules.
@@ -17,6 +25,7 @@
 #include <stdint.h>
 
 #include "hq/numerics.h"
+#include "fp8_scale.h"
 #include "fp8_tensor.h"
 
 #define CHECK_LAUNCH(call, what)                                                              \
@@ -108,19 +117,22 @@ struct CastArgs {
   const void *x;
   int64_t M, K;
   uint8_t *row, *col;
-  const float *amax;
+  const float *acc;    /* the amax pass's result, or NULL with `given` */
+  const float *given;  /* the caller's amax[2] (device memory), or NULL */
+  uint32_t dirs;       /* the directions made (for fp8t_one_amax) */
   float *scale_inv_out[2], *amax_out[2];
-  int kind, pow2;
+  int elem, pow2;      /* elem: HQ_E4M3 / HQ_E5M2 */
   float epsilon;
 };
 
 /* The scale of a cast kernel's block, from the amax; block (0,0) also writes scale_inv and amax
-   of each storage. */
+   of each storage. `given` may even be a storage's own amax buffer: block (0,0) then writes the
+   value the other blocks compute from it again (fp8t_one_amax of it is the same). */
 __device__ float block_scale(const CastArgs &a) {
   __shared__ float s_scale;
   if (threadIdx.x == 0 && threadIdx.y == 0) {
-    float amax = *a.amax;
-    float scale = hq_scale_from_amax(amax, hq_fp8_max(a.kind), a.pow2, a.epsilon, FLT_MAX);
+    float amax = a.given ? fp8t_one_amax(a.dirs, a.given) : *a.acc;
+    float scale = hq_scale_from_amax(amax, hq_fp8_max(a.elem), a.pow2, a.epsilon, FLT_MAX);
     s_scale = scale;
     if (blockIdx.x == 0 && blockIdx.y == 0) {
       float scale_inv = hq_rcp_rn(scale);
@@ -143,7 +155,7 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
     const int64_t i = i0 + r;
     if (i < a.M && j < a.K) {
-      uint8_t q = hq_fp8_quantize(hq_load_hp(a.x, i * a.K + j, DT), scale, a.kind);
+      uint8_t q = hq_fp8_quantize(hq_load_hp(a.x, i * a.K + j, DT), scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
       tile[r][threadIdx.x] = q;
     }
@@ -170,7 +182,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
       float x[8];
       load8<DT>(a.x, i * a.K + j, x);
       uint64_t packed = 0;
-      if (a.kind == HQ_FP8_E5M2)
+      if (a.elem == HQ_E5M2)
         for (int k = 0; k < 8; k++)
           packed |= (uint64_t)hq_f32_to_e5m2(hq_mul_rn(x[k], scale)) << (8 * k);
       else
@@ -197,7 +209,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
    both through a shared tile so that reads and writes are coalesced. */
 template <int DT>
 __global__ void dequantize_kernel(const uint8_t *__restrict__ q, int transposed,
-                                  const float *__restrict__ scale_inv_p, int kind, void *dst,
+                                  const float *__restrict__ scale_inv_p, int elem, void *dst,
                                   int64_t M, int64_t K) {
   __shared__ float tile[kTile][kTile + 1];
   const float scale_inv = *scale_inv_p;
@@ -207,14 +219,14 @@ __global__ void dequantize_kernel(const uint8_t *__restrict__ q, int transposed,
     for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
       const int64_t i = i0 + r;
       if (i < M && j < K)
-        hq_store_hp(dst, i * K + j, DT, hq_fp8_dequantize(q[i * K + j], scale_inv, kind));
+        hq_store_hp(dst, i * K + j, DT, hq_fp8_dequantize(q[i * K + j], scale_inv, elem));
     }
     return;
   }
   const int64_t ii = i0 + threadIdx.x;
   for (int c = threadIdx.y; c < kTile; c += kRowsPerPass) {
     const int64_t jj = j0 + c;
-    if (ii < M && jj < K) tile[threadIdx.x][c] = hq_fp8_dequantize(q[jj * M + ii], scale_inv, kind);
+    if (ii < M && jj < K) tile[threadIdx.x][c] = hq_fp8_dequantize(q[jj * M + ii], scale_inv, elem);
   }
   __syncthreads();
   const int64_t j = j0 + threadIdx.x;
@@ -235,41 +247,58 @@ int grid_for(const hq_call *call, int64_t M, int64_t K, dim3 *grid) {
   return HQ_OK;
 }
 
+/* The amax pass: max |x| of the n elements of x, atomically maxed into *acc (which the caller
+   zeroed on the stream). vec: n % 8 == 0 and x 16-byte aligned. */
 template <int DT>
-int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src, uint8_t *row,
-               uint8_t *col, float *scale_inv, float *amax, float *col_scale_inv,
-               float *col_amax) {
+int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t n, int vec,
+                float *acc) {
+  if (n <= 0) return HQ_OK;
+  if (vec) {
+    int64_t n8 = n / 8, blocks = (n8 + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16;
+    amax_kernel_vec<DT><<<(unsigned)blocks, 256, 0, stream>>>(x, n8, acc);
+  } else {
+    int blocks = (int)((n + 1023) / 1024);
+    if (blocks > 4096) blocks = 4096;
+    amax_kernel<DT><<<blocks, 256, 0, stream>>>(x, n, acc);
+  }
+  CHECK_LAUNCH(call, "amax kernel");
+  return HQ_OK;
+}
+
+template <int DT>
+int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
+               const float *given, uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
+               float *col_scale_inv, float *col_amax) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  float *acc = amax ? amax : col_amax;
   const int64_t n = src->rows * src->cols;
   dim3 grid;
   int rc = grid_for(call, src->rows, src->cols, &grid);
   if (rc) return rc;
-  CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
   const int vec = src->rows % 8 == 0 && src->cols % 8 == 0 && aligned16(src->data) &&
                   aligned16(row) && aligned16(col);
-  if (vec) {
-    int64_t n8 = n / 8, blocks = (n8 + 255) / 256;
-    if (blocks > 132 * 16) blocks = 132 * 16;
-    amax_kernel_vec<DT><<<(unsigned)blocks, 256, 0, stream>>>(src->data, n8, acc);
-  } else {
-    int blocks = (int)((n + 1023) / 1024);
-    if (blocks > 4096) blocks = 4096;
-    amax_kernel<DT><<<blocks, 256, 0, stream>>>(src->data, n, acc);
+  float *acc = NULL;
+  if (!given) {
+    /* the storage's own amax buffer accumulates the amax pass (no scratch, no allocation) */
+    acc = amax ? amax : col_amax;
+    CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
+    rc = launch_amax<DT>(call, stream, src->data, n, vec, acc);
+    if (rc) return rc;
   }
-  CHECK_LAUNCH(call, "amax kernel");
   CastArgs a;
   a.x = src->data;
   a.M = src->rows;
   a.K = src->cols;
   a.row = row;
   a.col = col;
-  a.amax = acc;
+  a.acc = acc;
+  a.given = given;
+  a.dirs = (row ? HQ_ROWWISE : 0u) | (col ? HQ_COLWISE : 0u);
   a.scale_inv_out[0] = scale_inv;
   a.scale_inv_out[1] = col_scale_inv != scale_inv ? col_scale_inv : NULL;
   a.amax_out[0] = amax != acc ? amax : NULL;
   a.amax_out[1] = col_amax != acc && col_amax != amax ? col_amax : NULL;
-  a.kind = cfg->kind;
+  a.elem = cfg->elem;
   a.pow2 = cfg->pow2;
   a.epsilon = cfg->epsilon;
   if (vec) {
@@ -285,21 +314,47 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src, u
 
 } // namespace
 
+extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                              float *out) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
+  if (!(dirs & HQ_BOTH)) return HQ_OK;
+  float *acc = (dirs & HQ_ROWWISE) ? out : out + 1;
+  const int64_t n = src->rows * src->cols;
+  const int vec = n % 8 == 0 && aligned16(src->data);
+  int rc;
+  switch (src->dtype) {
+  case HQ_F32: rc = launch_amax<HQ_F32>(call, stream, src->data, n, vec, acc); break;
+  case HQ_F16: rc = launch_amax<HQ_F16>(call, stream, src->data, n, vec, acc); break;
+  case HQ_BF16: rc = launch_amax<HQ_BF16>(call, stream, src->data, n, vec, acc); break;
+  default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
+  }
+  if (rc) return rc;
+  if ((dirs & HQ_BOTH) == HQ_BOTH)
+    CHECK_CUDA(call, cudaMemcpyAsync(out + 1, out, sizeof(float), cudaMemcpyDeviceToDevice,
+                                     stream));
+  return HQ_OK;
+}
+
 extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
-                                  uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
-                                  float *col_scale_inv, float *col_amax) {
+                                  const float *given, uint8_t *row, uint8_t *col,
+                                  float *scale_inv, float *amax, float *col_scale_inv,
+                                  float *col_amax) {
   switch (src->dtype) {
   case HQ_F32:
-    return quantize_t<HQ_F32>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+    return quantize_t<HQ_F32>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
+                              col_amax);
   case HQ_F16:
-    return quantize_t<HQ_F16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+    return quantize_t<HQ_F16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
+                              col_amax);
   case HQ_BF16:
-    return quantize_t<HQ_BF16>(cfg, call, src, row, col, scale_inv, amax, col_scale_inv, col_amax);
+    return quantize_t<HQ_BF16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
+                               col_amax);
   default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
   }
 }
 
-extern "C" int fp8t_cuda_dequantize(const fp8t_cfg *cfg, const hq_call *call, const uint8_t *q,
+extern "C" int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q,
                                     int transposed, const float *scale_inv, hq_tensor *dst) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   dim3 grid;
@@ -308,15 +363,15 @@ extern "C" int fp8t_cuda_dequantize(const fp8t_cfg *cfg, const hq_call *call, co
   dim3 block(kTile, kRowsPerPass);
   switch (dst->dtype) {
   case HQ_F32:
-    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
                                                           dst->data, dst->rows, dst->cols);
     break;
   case HQ_F16:
-    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
                                                           dst->data, dst->rows, dst->cols);
     break;
   case HQ_BF16:
-    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, cfg->kind,
+    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
                                                            dst->data, dst->rows, dst->cols);
     break;
   default:

@@ -11,30 +11,50 @@
 extern "C" {
 #endif
 
+/* The instance configuration: only what quantize() needs. dequantize() reads the element dtype
+   and the order from the storage (hq_storage.desc), never from here. */
 typedef struct fp8t_cfg {
-  int kind;          /* HQ_FP8_E4M3 / HQ_FP8_E5M2 */
-  int delayed;       /* scaling = delayed */
+  hq_dtype elem;     /* dtype: HQ_E4M3 or HQ_E5M2 */
   int pow2;          /* power_2_scales */
   float epsilon;     /* amax_epsilon */
-  int history_len;   /* amax_history_len (delayed) */
-  int margin;        /* margin (delayed) */
-  int algo_max;      /* amax_compute_algo = max (delayed) */
 } fp8t_cfg;
 
 /* Buffer indices, both storages (save order): data, scale_inv, amax. */
 enum { FP8T_DATA = 0, FP8T_SCALE_INV = 1, FP8T_AMAX = 2 };
 
-/* GPU quantize of src into row ([M,K]) and/or col ([K,M]) bytes, one amax pass and one fused
-   cast(+transpose) pass on call->stream. scale_inv/amax of each present storage are written.
-   Any pointer of an absent direction is NULL. */
+/* GPU amax: out[0] (rowwise) and out[1] (columnwise), device memory, = max |x| of src (NaN
+   ignored) for each direction in dirs and 0 for the others; on call->stream, no sync. */
+int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs, float *out);
+
+/* GPU quantize of src into row ([M,K]) and/or col ([K,M]) bytes on call->stream: an amax pass
+   (skipped when `given` is not NULL) and one fused cast(+transpose) pass. given: NULL, or the
+   caller's amaxes (device memory), given[0] used for the rowwise and given[1] for the columnwise
+   direction (fp8t_one_amax() when both are made). scale_inv/amax of each present storage are
+   written. Any pointer of an absent direction is NULL. */
 int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
-                       uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
-                       float *col_scale_inv, float *col_amax);
-/* GPU dequantize: q is [M,K] (transposed == 0) or [K,M] (transposed == 1). */
-int fp8t_cuda_dequantize(const fp8t_cfg *cfg, const hq_call *call, const uint8_t *q,
-                         int transposed, const float *scale_inv, hq_tensor *dst);
+                       const float *given, uint8_t *row, uint8_t *col, float *scale_inv,
+                       float *amax, float *col_scale_inv, float *col_amax);
+
+/* GPU dequantize: q is [M,K] (transposed == 0) or [K,M] (transposed == 1) of element dtype elem
+   (HQ_E4M3 / HQ_E5M2). */
+int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q, int transposed,
+                         const float *scale_inv, hq_tensor *dst);
 
 #ifdef __cplusplus
 }
 #endif
+
+#include "hq/numerics.h"
+
+/* The one amax of a quantize call (both directions of one call share one scale_inv and amax)
+   from the caller's amaxes a[0] (rowwise) and a[1] (columnwise): the rowwise direction alone
+   uses a[0], the columnwise direction alone a[1], both together max(a[0], a[1]) (NaN ignored,
+   as in amax() itself), so that neither direction saturates below its own amax. From amax() the
+   two are equal and this is that value. Reads only the entries it uses. Host and device. */
+HQ_HD float fp8t_one_amax(uint32_t dirs, const float *a) {
+  if (dirs == HQ_ROWWISE) return a[0];
+  if (dirs == HQ_COLWISE) return a[1];
+  return hq_fmax_nan_ignoring(a[0], a[1]);
+}
+
 #endif

@@ -1,6 +1,6 @@
 /*
-** mxfp8.c -- MXFP8 (E4M3 / E5M2 elements, one E8M0 scale per 32 elements): the plugin ABI and
-** the CPU reference (FORMATS.md section 2, TE's numerics bit for bit).
+** mxfp8.c -- MXFP8 (E4M3 / E5M2 elements, one E8M0 scale per 32 elements): the plugin ABI 2.0
+** entry and the CPU reference (FORMATS.md section 2, TE's numerics bit for bit).
 **
 ** Quantize, per block of 32 elements (1x32 along K rowwise, 32x1 down a column columnwise, or one
 ** 32x32 tile shared by both directions with block_2d):
@@ -9,7 +9,8 @@
 **   q    = fp8_rne_satfinite(RN(x * 2^(127-e))).
 ** Both directions are quantized independently from the high-precision input; when both are
 ** asked for in one call (dirs == HQ_BOTH) the input is read once. The columnwise copy is NOT
-** transposed: it is [M, K] like the rowwise one, only its blocks run down the columns.
+** transposed: it is [M, K] like the rowwise one, only its blocks run down the columns. There is
+** no per-tensor amax (amax_kind: none for both directions).
 **
 ** Special values: a NaN element does not enter amax and is stored as NaN (0x7F); its block's
 ** scale comes from the other elements (all-NaN block: e = 0); it dequantizes to NaN. A +-Inf
@@ -18,23 +19,36 @@
 ** elements of that block are multiplied by 2^-127, so all below about 2^117 (E4M3; 2^110 E5M2)
 ** become +-0. An all-zero block has e = 0 and zero elements (signs kept).
 **
-** Buffers of each storage, in save order (M % 32 == 0 and K % 32 == 0 are required):
+** Buffers of each storage, in save order (M % 32 == 0 and K % 32 == 0 are required), with their
+** role and FSDP gather rule (shards split M; every shard's M must be a multiple of 32):
 **   rowwise:
-**     0 data                  e4m3|e5m2 [M, K]                           HQ_BUF_SHARDED
-**     1 scale_inv             e8m0 [roundup(M,128), roundup(K/32,4)]     HQ_BUF_SHARDED
+**     0 data                  DATA  e4m3|e5m2 [M, K]                        ROWS, m_div 1
+**     1 scale_inv             SCALE e8m0 [roundup(M,128), roundup(K/32,4)]  ROWS, m_div 1
 **   columnwise:
-**     0 columnwise_data       e4m3|e5m2 [M, K] (not transposed)          HQ_BUF_SHARDED
-**     1 columnwise_scale_inv  e8m0 [roundup(M/32,4), roundup(K,128)]
+**     0 columnwise_data       DATA  e4m3|e5m2 [M, K] (not transposed)       ROWS, m_div 1
+**     1 columnwise_scale_inv  SCALE e8m0 [roundup(M/32,4), roundup(K,128)]  ROWS, m_div 32
+**   With swizzle = true both scale buffers are HQ_GATHER_NEVER (a swizzled tile mixes rows of
+**   different shards); the rest is unchanged.
+** Operand descriptor (storage->desc):
+**   elem = the dtype option; order MK (both directions); scale_mode HQ_SCALE_VEC32_UE8M0;
+**   scale_layout: rowwise OUTER_MAJOR, columnwise BLOCK_MAJOR (swizzle = true: SWIZZLED);
+**   block rowwise 1x32, columnwise 32x1 (block_2d: 32x32 both); transform NONE; shard_rows 32.
 ** Element (i, j) of data is scaled by rowwise scale (i, j/32), at byte
-** hq_mxfp8_row_scale_idx(i, j/32, K, swizzle); element (i, j) of columnwise_data by columnwise
-** scale (i/32, j), at byte hq_mxfp8_col_scale_idx(i/32, j, M, K, swizzle). With swizzle = false
-** the scale buffers are row-major as their shapes say (FORMATS.md 2.3); with swizzle = true they
-** hold the cuBLAS VEC32_UE8M0 layout (FORMATS.md 2.4; columnwise: the [M/32][K] scale matrix used
-** as its transpose). Every padded scale byte is written as zero, in both layouts, so the bytes
-** of a quantized storage are fully deterministic. The layout is recorded in the storage's meta
-** (mxfp8.h), so dequantize reads a storage the way it was written.
+** hq_mxfp8_row_scale_idx(i, j/32, K, swizzled); element (i, j) of columnwise_data by columnwise
+** scale (i/32, j), at byte hq_mxfp8_col_scale_idx(i/32, j, M, K, swizzled) (mxfp8_rules.h).
+** Compact scale buffers are row-major as their shapes say (FORMATS.md 2.3); swizzled ones hold
+** the cuBLAS VEC32_UE8M0 layout (FORMATS.md 2.4; columnwise: the [M/32][K] scale matrix used as
+** its transpose). Every padded scale byte is written as zero, in both layouts, so the bytes of a
+** quantized storage are fully deterministic (and an FSDP gather equals a full quantize).
+**
+** The storage describes itself: quantize and dequantize take the element dtype, the scale layout
+** (swizzled or not) and the block shape (1-D or 2-D) from storage->desc and the buffers, never
+** from the instance configuration or meta (meta stays zero), so a storage made by one instance
+** is read correctly by a differently configured one.
 **
 ** Dequantize: x = RN(fp32(q) * 2^(e-127)) from either direction, into f32/bf16/f16.
+** Scratch: a 32-row tile of the input in FP32 (scratch_size()); an f16 decode table is an
+** optional cache from host->alloc, never during an update.
 ** CPU only for now: a call on a CUDA device returns HQ_ENOTSUP.
 */
 #include <string.h>
@@ -42,6 +56,7 @@
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 #include "mxfp8.h"
+#include "mxfp8_rules.h"
 
 enum { OPT_DTYPE, OPT_SWIZZLE, OPT_2D };
 
@@ -60,44 +75,61 @@ static const hq_option options[] = {
 static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   mxfp8_cfg *c = cfgp;
   (void)host;
-  c->kind = v[OPT_DTYPE].i ? HQ_FP8_E5M2 : HQ_FP8_E4M3;
+  c->elem = v[OPT_DTYPE].i ? HQ_E5M2 : HQ_E4M3;
   c->swizzle = (int)v[OPT_SWIZZLE].i;
   c->block_2d = (int)v[OPT_2D].i;
   return HQ_OK;
 }
 
+#define BLK HQ_MXFP8_BLOCK
+
 static int check_shape(const hq_host_api *host, int64_t rows, int64_t cols) {
-  if (rows < 0 || rows % HQ_MXFP8_BLOCK)
+  if (rows < 0 || rows % BLK)
     return host->error(HQ_ESHAPE, "mxfp8: rows = %lld is not a multiple of %d", (long long)rows,
-                       HQ_MXFP8_BLOCK);
-  if (cols < 0 || cols % HQ_MXFP8_BLOCK)
+                       BLK);
+  if (cols < 0 || cols % BLK)
     return host->error(HQ_ESHAPE, "mxfp8: cols = %lld is not a multiple of %d", (long long)cols,
-                       HQ_MXFP8_BLOCK);
+                       BLK);
   return HQ_OK;
+}
+
+/* The compact (unswizzled) scale layout of a direction: rowwise [M][K/32] is [outer][block],
+   columnwise [M/32][K] is [block][outer]. */
+static uint32_t compact_layout(uint32_t dir) {
+  return dir == HQ_ROWWISE ? HQ_SCALE_LAYOUT_OUTER_MAJOR : HQ_SCALE_LAYOUT_BLOCK_MAJOR;
 }
 
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const mxfp8_cfg *c = cfgp;
-  (void)dirs;
+  (void)dirs; /* the two directions share no buffer */
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return host->error(HQ_EINVAL, "mxfp8: layout: dir = 0x%x is not rowwise or columnwise", dir);
   int rc = check_shape(host, rows, cols);
   if (rc) return rc;
-  hq_dtype t = c->kind == HQ_FP8_E5M2 ? HQ_E5M2 : HQ_E4M3;
-  out->nbuf = MXFP8_NBUF;
-  out->meta[MXFP8_META_MAGIC] = MXFP8_MAGIC;
-  out->meta[MXFP8_META_KIND] = (uint8_t)c->kind;
-  out->meta[MXFP8_META_SWIZZLED] = (uint8_t)c->swizzle;
-  out->meta[MXFP8_META_2D] = (uint8_t)c->block_2d;
-  if (dir == HQ_ROWWISE) {
-    hq_buffer_describe(&out->buf[MXFP8_DATA], "data", t, 2, rows, cols, HQ_BUF_SHARDED);
-    hq_buffer_describe(&out->buf[MXFP8_SCALE_INV], "scale_inv", HQ_E8M0, 2,
-                       hq_mxfp8_row_scale_rows(rows), hq_mxfp8_row_scale_cols(cols),
-                       HQ_BUF_SHARDED);
-  } else {
-    hq_buffer_describe(&out->buf[MXFP8_DATA], "columnwise_data", t, 2, rows, cols, HQ_BUF_SHARDED);
-    hq_buffer_describe(&out->buf[MXFP8_SCALE_INV], "columnwise_scale_inv", HQ_E8M0, 2,
-                       hq_mxfp8_col_scale_rows(rows), hq_mxfp8_col_scale_cols(cols), 0);
-  }
+  const int row = dir == HQ_ROWWISE;
+  hq_operand_desc *d = &out->desc;
+  d->elem = c->elem;
+  d->order = HQ_ORDER_MK; /* the columnwise copy is not transposed */
+  d->scale_mode = HQ_SCALE_VEC32_UE8M0;
+  d->scale_layout = c->swizzle ? HQ_SCALE_LAYOUT_SWIZZLED : compact_layout(dir);
+  d->block_m = c->block_2d || !row ? BLK : 1;
+  d->block_k = c->block_2d || row ? BLK : 1;
+  d->transform = HQ_TRANSFORM_NONE;
+  d->transform_param = 0;
+  d->shard_rows = BLK;
+  hq_buffer *b = hq_buffer_describe(out, MXFP8_DATA, row ? "data" : "columnwise_data",
+                                    HQ_ROLE_DATA, c->elem, 2, rows, cols);
+  hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
+  if (row)
+    b = hq_buffer_describe(out, MXFP8_SCALE_INV, "scale_inv", HQ_ROLE_SCALE, HQ_E8M0, 2,
+                           hq_mxfp8_row_scale_rows(rows), hq_mxfp8_row_scale_cols(cols));
+  else
+    b = hq_buffer_describe(out, MXFP8_SCALE_INV, "columnwise_scale_inv", HQ_ROLE_SCALE, HQ_E8M0,
+                           2, hq_mxfp8_col_scale_rows(rows), hq_mxfp8_col_scale_cols(cols));
+  /* compact: one scale row per row of M (rowwise) or per 32 rows (columnwise), padding rows
+     after them; swizzled: 128-row tiles interleave rows, so it cannot be concatenated */
+  if (!c->swizzle) hq_buffer_gather(b, HQ_GATHER_ROWS, row ? 1 : BLK);
   return HQ_OK;
 }
 
@@ -107,31 +139,64 @@ static size_t scale_bytes(uint32_t dir, int64_t M, int64_t K) {
   return (size_t)(hq_mxfp8_col_scale_rows(M) * hq_mxfp8_col_scale_cols(K));
 }
 
-/* A storage is usable when it is one layout() described for this shape and direction and its
-   buffers are allocated (guards every index computed below). */
-static int check_storage(const hq_host_api *host, const hq_storage *s, uint32_t dir, int64_t M,
-                         int64_t K, const char *what) {
-  if (!s) return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage is missing", what,
-                             dir == HQ_ROWWISE ? "rowwise" : "columnwise");
-  if (s->meta[MXFP8_META_MAGIC] != MXFP8_MAGIC || s->nbuf != MXFP8_NBUF || s->dir != dir)
-    return host->error(HQ_EINVAL, "mxfp8: %s: the storage was not laid out by mxfp8", what);
+/* What the CPU loops need of one storage, read from its descriptor and buffers. */
+typedef struct sview {
+  uint8_t *data, *scale;
+  size_t scale_bytes;
+  hq_dtype elem;      /* HQ_E4M3 / HQ_E5M2 */
+  int swizzled;       /* desc.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED */
+  int two_d;          /* desc block 32x32 */
+} sview;
+
+/* A storage is usable when its descriptor and buffers are an MXFP8 layout of this direction and
+   shape and its buffers are allocated (guards every index computed below). Whichever instance
+   made it, everything the loops need comes from here. */
+static int read_storage(const hq_host_api *host, const hq_storage *s, uint32_t dir, int64_t M,
+                        int64_t K, const char *what, sview *v) {
+  const char *dn = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
+  if (!s) return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage is missing", what, dn);
+  if (s->dir != dir || s->nbuf != MXFP8_NBUF)
+    return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage was not laid out by mxfp8 (dir %u, "
+                       "%u buffers)", what, dn, s->dir, s->nbuf);
   if (s->rows != M || s->cols != K)
     return host->error(HQ_ESHAPE, "mxfp8: %s: tensor [%lld, %lld] does not match the storage's "
                        "[%lld, %lld]", what, (long long)M, (long long)K, (long long)s->rows,
                        (long long)s->cols);
   int rc = check_shape(host, M, K);
   if (rc) return rc;
-  const hq_buffer *d = &s->buf[MXFP8_DATA], *e = &s->buf[MXFP8_SCALE_INV];
-  if ((d->dtype != HQ_E4M3 && d->dtype != HQ_E5M2) || e->dtype != HQ_E8M0 ||
-      d->bytes != (size_t)(M * K) || e->bytes != scale_bytes(dir, M, K))
-    return host->error(HQ_EINVAL, "mxfp8: %s: buffer dtypes or sizes differ from the layout", what);
-  if ((M * K != 0 && !d->ptr) || (e->bytes != 0 && !e->ptr))
-    return host->error(HQ_EINVAL, "mxfp8: %s: a buffer is not allocated", what);
+  const hq_operand_desc *d = &s->desc;
+  const int row = dir == HQ_ROWWISE;
+  const int two_d = d->block_m == BLK && d->block_k == BLK;
+  const int one_d = row ? (d->block_m == 1 && d->block_k == BLK)
+                        : (d->block_m == BLK && d->block_k == 1);
+  if ((d->elem != HQ_E4M3 && d->elem != HQ_E5M2) || d->order != HQ_ORDER_MK ||
+      d->scale_mode != HQ_SCALE_VEC32_UE8M0 || d->transform != HQ_TRANSFORM_NONE ||
+      (d->scale_layout != HQ_SCALE_LAYOUT_SWIZZLED && d->scale_layout != compact_layout(dir)) ||
+      !(two_d || one_d))
+    return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage's descriptor is not an MXFP8 one "
+                       "(elem %d, order %u, scale mode %u, scale layout %u, block %dx%d, "
+                       "transform %u)", what, dn, (int)d->elem, d->order, d->scale_mode,
+                       d->scale_layout, d->block_m, d->block_k, d->transform);
+  const hq_buffer *db = hq_storage_cbuf(s, MXFP8_DATA), *eb = hq_storage_cbuf(s, MXFP8_SCALE_INV);
+  if (db->role != HQ_ROLE_DATA || db->dtype != d->elem || db->bytes != (size_t)(M * K) ||
+      eb->role != HQ_ROLE_SCALE || eb->dtype != HQ_E8M0 || eb->bytes != scale_bytes(dir, M, K))
+    return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage's buffer roles, dtypes or sizes "
+                       "differ from an MXFP8 layout of [%lld, %lld]", what, dn, (long long)M,
+                       (long long)K);
+  if ((db->bytes != 0 && !db->ptr) || (eb->bytes != 0 && !eb->ptr))
+    return host->error(HQ_EINVAL, "mxfp8: %s: a buffer of the %s storage is not allocated", what,
+                       dn);
+  v->data = db->ptr;
+  v->scale = eb->ptr;
+  v->scale_bytes = eb->bytes;
+  v->elem = d->elem;
+  v->swizzled = d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED;
+  v->two_d = two_d;
   return HQ_OK;
 }
 
 static int check_hp(const hq_host_api *host, const hq_tensor *t, const char *what) {
-  if (!t || (t->rows * t->cols != 0 && !t->data))
+  if (!t || t->rows < 0 || t->cols < 0 || (t->rows * t->cols != 0 && !t->data))
     return host->error(HQ_EINVAL, "mxfp8: %s: NULL tensor", what);
   if (t->dtype != HQ_F32 && t->dtype != HQ_F16 && t->dtype != HQ_BF16)
     return host->error(HQ_EINVAL, "mxfp8: %s: dtype %d is not f32, f16 or bf16", what,
@@ -147,11 +212,21 @@ static int no_device(const hq_call *call, const char *what) {
 
 // --- CPU reference ----------------------------------------------------------------------------
 
-/* Columns per tile: a tile of 32 rows x TW columns (64 KiB of FP32, host->alloc scratch) is
+/* Columns per tile: a tile of 32 rows x TW columns (at most 64 KiB of FP32, in call->scratch) is
    loaded once and feeds both directions, so the columnwise blocks are read from cache; 32 long
-   row runs of the source keep the hardware prefetchers streaming. */
+   row runs of the source keep the hardware prefetchers streaming. A tensor narrower than TW
+   uses a tile of its own width (row stride tile_width(K)). */
 #define TW 512
-#define BLK HQ_MXFP8_BLOCK
+
+static int64_t tile_width(int64_t K) { return K < TW ? K : TW; }
+
+/* Scratch of a quantize or update: the FP32 tile. Nothing on a CUDA device (no CUDA path). */
+static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
+                           int32_t device) {
+  (void)cfgp, (void)dirs;
+  if (device != HQ_DEVICE_HOST || rows <= 0 || cols <= 0) return 0;
+  return (size_t)(BLK * tile_width(cols)) * sizeof(float);
+}
 
 /* Convert n high-precision elements to FP32 (exact for every input dtype). f16 goes through
    `f16`, a table of hq_f16_to_f32 over all 65536 codes, when the caller built one. */
@@ -192,8 +267,8 @@ static void colmax32(uint32_t *restrict m, const float *restrict x) {
 }
 
 /* dst[k] = fp8(RN(x[k] * mult)) for 32 elements sharing one multiplier ... */
-static void quant32(uint8_t *restrict dst, const float *restrict x, float mult, int kind) {
-  if (kind == HQ_FP8_E5M2)
+static void quant32(uint8_t *restrict dst, const float *restrict x, float mult, hq_dtype elem) {
+  if (elem == HQ_E5M2)
     for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e5m2(hq_mul_rn(x[k], mult));
   else
     for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e4m3(hq_mul_rn(x[k], mult));
@@ -201,39 +276,44 @@ static void quant32(uint8_t *restrict dst, const float *restrict x, float mult, 
 
 /* ... or each with its own (32 columns of one tile row). */
 static void quant32_cols(uint8_t *restrict dst, const float *restrict x,
-                         const float *restrict mult, int kind) {
-  if (kind == HQ_FP8_E5M2)
+                         const float *restrict mult, hq_dtype elem) {
+  if (elem == HQ_E5M2)
     for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e5m2(hq_mul_rn(x[k], mult[k]));
   else
     for (int k = 0; k < BLK; k++) dst[k] = hq_f32_to_e4m3(hq_mul_rn(x[k], mult[k]));
 }
 
+/* One quantize, as the storages describe it (both present ones agree on elem and two_d). */
 typedef struct qjob {
-  const mxfp8_cfg *c;
+  hq_dtype elem;      /* HQ_E4M3 / HQ_E5M2 */
+  int two_d;          /* one code per 32x32 tile */
   int64_t M, K;
   uint8_t *rd, *rs;   /* rowwise data / scales, or NULL */
   uint8_t *cd, *cs;   /* columnwise data / scales, or NULL */
   size_t rs_bytes, cs_bytes;
-  int rswz, cswz;     /* the storages' layouts */
+  int rswz, cswz;     /* the storages' scale layouts: swizzled or compact */
 } qjob;
 
-/* One tile: rows i0 .. i0+31, columns j0 .. j0+w-1 (w a multiple of 32), already in FP32. */
-static void quant_tile(const qjob *q, float (*tile)[TW], int64_t i0, int64_t j0, int w) {
-  const int kind = q->c->kind;
+/* One tile: rows i0 .. i0+31, columns j0 .. j0+w-1 (w a multiple of 32), already in FP32, row r
+   at tile + r * ts. */
+static void quant_tile(const qjob *q, const float *tile, int64_t ts, int64_t i0, int64_t j0,
+                       int w) {
+  const hq_dtype elem = q->elem;
   const int64_t K = q->K, M = q->M;
-  if (q->c->block_2d) {
+#define T(r, c) (tile + (int64_t)(r) * ts + (c))
+  if (q->two_d) {
     for (int b = 0; b < w; b += BLK) {
       uint32_t m = 0;
       for (int r = 0; r < BLK; r++) {
-        uint32_t a = amax32(&tile[r][b]);
+        uint32_t a = amax32(T(r, b));
         m = a > m ? a : m;
       }
-      uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), kind);
+      uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), elem);
       float mult = hq_e8m0_quant_mult(e);
       for (int r = 0; r < BLK; r++) {
         int64_t off = (i0 + r) * K + j0 + b;
         uint8_t *dst = q->rd ? q->rd + off : q->cd + off;
-        quant32(dst, &tile[r][b], mult, kind);
+        quant32(dst, T(r, b), mult, elem);
         if (q->rd && q->cd) memcpy(q->cd + off, dst, BLK);
       }
       if (q->rs)
@@ -248,8 +328,8 @@ static void quant_tile(const qjob *q, float (*tile)[TW], int64_t i0, int64_t j0,
   if (q->rd) {
     for (int r = 0; r < BLK; r++)
       for (int b = 0; b < w; b += BLK) {
-        uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(amax32(&tile[r][b])), kind);
-        quant32(q->rd + (i0 + r) * K + j0 + b, &tile[r][b], hq_e8m0_quant_mult(e), kind);
+        uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(amax32(T(r, b))), elem);
+        quant32(q->rd + (i0 + r) * K + j0 + b, T(r, b), hq_e8m0_quant_mult(e), elem);
         q->rs[hq_mxfp8_row_scale_idx(i0 + r, (j0 + b) / BLK, K, q->rswz)] = e;
       }
   }
@@ -258,31 +338,47 @@ static void quant_tile(const qjob *q, float (*tile)[TW], int64_t i0, int64_t j0,
     float mult[TW];
     memset(m, 0, sizeof m);
     for (int r = 0; r < BLK; r++)
-      for (int b = 0; b < w; b += BLK) colmax32(&m[b], &tile[r][b]);
+      for (int b = 0; b < w; b += BLK) colmax32(&m[b], T(r, b));
     for (int k = 0; k < w; k++) {
-      uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m[k]), kind);
+      uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m[k]), elem);
       mult[k] = hq_e8m0_quant_mult(e);
       q->cs[hq_mxfp8_col_scale_idx(i0 / BLK, j0 + k, M, K, q->cswz)] = e;
     }
     for (int r = 0; r < BLK; r++)
       for (int b = 0; b < w; b += BLK)
-        quant32_cols(q->cd + (i0 + r) * K + j0 + b, &tile[r][b], &mult[b], kind);
+        quant32_cols(q->cd + (i0 + r) * K + j0 + b, T(r, b), &mult[b], elem);
   }
+#undef T
 }
 
 /* f16 sources of at least this many elements are decoded through a 256 KiB table (building it
-   costs about as much as decoding this many elements directly). */
+   costs about as much as decoding this many elements directly). The table is an optional cache:
+   never during an update (host->alloc refuses there), and without it the values are the same. */
 #define F16_TABLE_MIN (1 << 16)
 
 static int quantize_cpu(const qjob *q, const hq_call *call, const hq_tensor *src) {
-  int table = src->dtype == HQ_F16 && q->M * q->K >= F16_TABLE_MIN;
-  size_t tile_bytes = BLK * TW * sizeof(float);
-  float *scratch = call->host->alloc(call, tile_bytes + (table ? 65536 * sizeof(float) : 0));
-  if (!scratch) return HQ_ENOMEM; /* host->alloc recorded the message */
-  float (*tile)[TW] = (float (*)[TW])scratch;
-  float *f16 = table ? scratch + BLK * TW : NULL;
-  if (f16)
-    for (uint32_t h = 0; h < 65536; h++) f16[h] = hq_f16_to_f32((uint16_t)h);
+  const hq_host_api *host = call->host;
+  const int update = (call->flags & HQ_CALL_UPDATE) != 0;
+  const int64_t ts = tile_width(q->K);
+  const size_t tile_bytes = (size_t)(BLK * ts) * sizeof(float);
+  float *tile = NULL, *own_tile = NULL, *f16 = NULL;
+  if (q->M * q->K != 0) {
+    if (call->scratch && call->scratch_bytes >= tile_bytes) {
+      tile = call->scratch;
+    } else if (update) {
+      return host->error(HQ_EINVAL, "mxfp8: update: the call's scratch holds %zu bytes, %zu "
+                         "needed (scratch_size())", call->scratch ? call->scratch_bytes : 0,
+                         tile_bytes);
+    } else {
+      tile = own_tile = host->alloc(call, tile_bytes);
+      if (!tile) return HQ_ENOMEM; /* host->alloc recorded the message */
+    }
+    if (src->dtype == HQ_F16 && q->M * q->K >= F16_TABLE_MIN && !update) {
+      f16 = host->alloc(call, 65536 * sizeof(float)); /* NULL: decode directly */
+      if (f16)
+        for (uint32_t h = 0; h < 65536; h++) f16[h] = hq_f16_to_f32((uint16_t)h);
+    }
+  }
   /* padding is zero; every in-bounds entry is overwritten below */
   if (q->rs) memset(q->rs, 0, q->rs_bytes);
   if (q->cs) memset(q->cs, 0, q->cs_bytes);
@@ -290,16 +386,20 @@ static int quantize_cpu(const qjob *q, const hq_call *call, const hq_tensor *src
     for (int64_t j0 = 0; j0 < q->K; j0 += TW) {
       int w = (int)(q->K - j0 < TW ? q->K - j0 : TW);
       for (int r = 0; r < BLK; r++)
-        load_row(tile[r], src->data, (i0 + r) * q->K + j0, w, src->dtype, f16);
-      quant_tile(q, tile, i0, j0, w);
+        load_row(tile + r * ts, src->data, (i0 + r) * q->K + j0, w, src->dtype, f16);
+      quant_tile(q, tile, ts, i0, j0, w);
     }
-  call->host->free(call, scratch);
+  if (f16) host->free(call, f16);
+  if (own_tile) host->free(call, own_tile);
   return HQ_OK;
 }
 
+/* quantize and update (the core calls quantize with HQ_CALL_UPDATE for an update): the layout
+   written -- element dtype, scale layout, 1-D or 2-D blocks -- is the one each storage's
+   descriptor states. */
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
-  const mxfp8_cfg *c = cfgp;
+  (void)cfgp;
   const hq_host_api *host = call->host;
   if (call->device != HQ_DEVICE_HOST) return no_device(call, "quantize");
   int rc = check_hp(host, src, "quantize source");
@@ -308,26 +408,22 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return host->error(HQ_EINVAL, "mxfp8: quantize: dirs = 0x%x is not rowwise, columnwise or "
                        "both", dirs);
   const int64_t M = src->rows, K = src->cols;
-  if ((dirs & HQ_ROWWISE) && (rc = check_storage(host, row, HQ_ROWWISE, M, K, "quantize")))
+  sview r = {0}, c = {0};
+  if ((dirs & HQ_ROWWISE) && (rc = read_storage(host, row, HQ_ROWWISE, M, K, "quantize", &r)))
     return rc;
-  if ((dirs & HQ_COLWISE) && (rc = check_storage(host, col, HQ_COLWISE, M, K, "quantize")))
+  if ((dirs & HQ_COLWISE) && (rc = read_storage(host, col, HQ_COLWISE, M, K, "quantize", &c)))
     return rc;
-  qjob q = {c, M, K, NULL, NULL, NULL, NULL, 0, 0, 0, 0};
-  if (dirs & HQ_ROWWISE) {
-    q.rd = row->buf[MXFP8_DATA].ptr;
-    q.rs = row->buf[MXFP8_SCALE_INV].ptr;
-    q.rs_bytes = row->buf[MXFP8_SCALE_INV].bytes;
-    q.rswz = row->meta[MXFP8_META_SWIZZLED];
-  }
-  if (dirs & HQ_COLWISE) {
-    q.cd = col->buf[MXFP8_DATA].ptr;
-    q.cs = col->buf[MXFP8_SCALE_INV].ptr;
-    q.cs_bytes = col->buf[MXFP8_SCALE_INV].bytes;
-    q.cswz = col->meta[MXFP8_META_SWIZZLED];
-  }
+  if (dirs == HQ_BOTH && (r.elem != c.elem || r.two_d != c.two_d))
+    return host->error(HQ_EINVAL, "mxfp8: quantize: the rowwise and columnwise storages differ "
+                       "in element dtype or block shape; quantize them one direction at a time");
+  const sview *v = (dirs & HQ_ROWWISE) ? &r : &c;
+  qjob q = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
+            r.scale_bytes, c.scale_bytes, r.swizzled, c.swizzled};
   return quantize_cpu(&q, call, src);
 }
 
+/* Reads the storage alone (any instance's): element dtype and scale layout from its descriptor;
+   the block shape does not matter here (every element has its scale entry). */
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp;
   const hq_host_api *host = call->host;
@@ -335,13 +431,17 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   int rc = check_hp(host, dst, "dequantize destination");
   if (rc) return rc;
   if (!s) return host->error(HQ_EINVAL, "mxfp8: dequantize: NULL storage");
+  if (s->dir != HQ_ROWWISE && s->dir != HQ_COLWISE)
+    return host->error(HQ_EINVAL, "mxfp8: dequantize: storage dir = 0x%x is not rowwise or "
+                       "columnwise", s->dir);
   const int64_t M = dst->rows, K = dst->cols;
-  if ((rc = check_storage(host, s, s->dir, M, K, "dequantize"))) return rc;
-  const uint8_t *qd = s->buf[MXFP8_DATA].ptr, *qs = s->buf[MXFP8_SCALE_INV].ptr;
-  const int kind = s->buf[MXFP8_DATA].dtype == HQ_E5M2 ? HQ_FP8_E5M2 : HQ_FP8_E4M3;
-  const int swz = s->meta[MXFP8_META_SWIZZLED], colwise = s->dir == HQ_COLWISE;
+  sview v;
+  if ((rc = read_storage(host, s, s->dir, M, K, "dequantize", &v))) return rc;
+  const uint8_t *qd = v.data, *qs = v.scale;
+  const hq_dtype elem = v.elem;
+  const int swz = v.swizzled, colwise = s->dir == HQ_COLWISE;
   float lut[256], sinv[TW];
-  for (int k = 0; k < 256; k++) lut[k] = hq_fp8_to_f32((uint8_t)k, kind);
+  for (int k = 0; k < 256; k++) lut[k] = hq_fp8_to_f32((uint8_t)k, elem);
   float *out = dst->dtype == HQ_F32 ? dst->data : NULL;
   for (int64_t i = 0; i < M; i++) {
     for (int64_t j0 = 0; j0 < K; j0 += TW) {
@@ -365,35 +465,40 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   return HQ_OK;
 }
 
-/* Fresh storages (hq_make_empty): zero the scale buffers, so their padding is zero from the
-   start, as after a quantize. The data is left for the caller to fill. */
+/* Fresh storages (hq_make_empty): zero the scale buffer, so its padding is zero from the start,
+   as after a quantize. The data is left for the caller to fill. */
 static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   (void)cfgp;
   if (call->device != HQ_DEVICE_HOST) return no_device(call, "make_empty");
-  hq_buffer *e = &s->buf[MXFP8_SCALE_INV];
-  if (s->nbuf == MXFP8_NBUF && e->ptr) memset(e->ptr, 0, e->bytes);
+  for (uint32_t i = 0; i < s->nbuf; i++) {
+    hq_buffer *b = hq_storage_buf(s, i);
+    if (b->role == HQ_ROLE_SCALE && b->ptr) memset(b->ptr, 0, b->bytes);
+  }
   return HQ_OK;
 }
 
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
+    .abi_minor = 0, /* required: nothing added after ABI 2.0 is used */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(mxfp8_cfg),
     .name = "mxfp8",
-    .version = "1.0",
+    .version = "2.0",
     .description = "MXFP8 (E4M3/E5M2, E8M0 scale per 32 elements, TE numerics); columnwise "
                    "copy untransposed",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY,
     .options = options,
     .configure = configure,
     .layout = layout,
+    .scratch_size = scratch_size,
     .make_empty = make_empty,
+    /* amax_kind / amax: NULL, no per-tensor amax; update: NULL, quantize handles the flag */
     .quantize = quantize,
     .dequantize = dequantize,
 };
 
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host) {
-  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
+  /* another major's host table may be laid out differently: refuse without calling into it */
+  if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;
   return &ops;
 }

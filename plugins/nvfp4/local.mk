@@ -1,12 +1,12 @@
 # plugins/nvfp4/local.mk -- NVFP4 (CPU reference; CUDA kernels are a later issue)
 hqplugin_LTLIBRARIES += plugins/nvfp4/nvfp4.la
-plugins_nvfp4_nvfp4_la_SOURCES = plugins/nvfp4/nvfp4.c plugins/nvfp4/nvfp4.h
+plugins_nvfp4_nvfp4_la_SOURCES = plugins/nvfp4/nvfp4_rules.h plugins/nvfp4/nvfp4.c plugins/nvfp4/nvfp4.h
 plugins_nvfp4_nvfp4_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS)
 plugins_nvfp4_nvfp4_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
 HQ_TEST_PLUGIN_DIRS += $(abs_top_builddir)/plugins/nvfp4/.libs
 
 if HQ_TESTS
-# the NVFP4 rules of hq/numerics.h, against independent references
+# the NVFP4 rules (plugins/nvfp4/nvfp4_rules.h), against independent references
 check_PROGRAMS += tests/test_nvfp4_numerics
 tests_test_nvfp4_numerics_SOURCES = tests/test_nvfp4_numerics.c tests/hq_test.h
 tests_test_nvfp4_numerics_CPPFLAGS = $(HQ_TEST_CPPFLAGS)

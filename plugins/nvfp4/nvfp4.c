@@ -1,13 +1,18 @@
 /*
 ** nvfp4.c -- NVFP4 (FP4 E2M1 elements in 16-element blocks, an E4M3 scale per block and an FP32
-** global amax per direction): the plugin ABI and the CPU reference (FORMATS.md section 3). There
-** is no CUDA path yet: a device call fails with HQ_ENOTSUP.
+** global amax per direction): the plugin (ABI 2.0) and its CPU reference (FORMATS.md section 3).
+** There is no CUDA path yet: a device call fails with HQ_ENOTSUP.
 **
 ** Quantize, per direction, with TE's operation order (FORMATS.md 3.3; every rule is a function of
-** hq/numerics.h, section NVFP4, which the CUDA kernels will share):
+** nvfp4_rules.h, which the CUDA kernels will share):
 **   A     = the direction's global amax: max |x| over the whole input, NaN ignored, Inf counted.
 **           Without RHT both directions use amax(x); with RHT the columnwise A is the amax of the
 **           BF16-rounded transformed values (FORMATS.md 3.3 "Global amax per direction").
+**           amax_kind(): rowwise HQ_AMAX_INPUT; columnwise HQ_AMAX_INPUT, or HQ_AMAX_OWN with
+**           rht. The amax() op computes them; quantize/update compute them too, unless the call
+**           brings them (hq_call.amax[0] rowwise, [1] columnwise): then those values are used as
+**           given, the input is read once, and the bytes are those of the internal path given
+**           the same A (a larger A only changes S_enc and what follows from it).
 **   S_enc = min(2688 / A, FLT_MAX) (1 if A == 0 or Inf), S_dec = RN(1 / S_enc),
 **   sf    = E4M3(a_b * RN(S_enc * RN(1/6))) per block (stored),
 **   enc   = min(1 / (sf * S_dec), FLT_MAX),
@@ -21,21 +26,48 @@
 ** diag(s) H16 / 4: a GEMM operand whose partner along M is transformed the same way, so the
 ** product over M is preserved); dequantize applies the inverse transform
 ** (hq_nvfp4_rht16_inverse), so that every direction dequantizes to an approximation of x itself
-** and may meet any partner in an emulated GEMM.
+** and may meet any partner in an emulated GEMM. Dequantize reads every layout fact from the
+** storage (desc.scale_layout, desc.transform and desc.transform_param, the buffers), never from
+** the instance's options: a storage made by a differently configured nvfp4 instance dequantizes
+** the same.
 **
-** Buffers of each storage, in save order (FORMATS.md 3.7; index functions in hq/numerics.h):
-**   0 data                  e2m1x2 [M, K/2]                       HQ_BUF_SHARDED
-**     columnwise_data       e2m1x2 [K, M/2]   (transposed)
-**   1 scale_inv             e4m3   [roundup(M,128), roundup(K/16,4)] HQ_BUF_SHARDED
-**     columnwise_scale_inv  e4m3   [roundup(K,128), roundup(M/16,4)]
-**   2 amax / columnwise_amax f32   [1]        (the direction's global amax A)
+** Buffers of each storage, in save order (FORMATS.md 3.7; index functions in nvfp4_rules.h):
+**      name                  dtype  shape                             role   FSDP gather
+**   rowwise storage
+**   0  data                  e2m1x2 [M, K/2]                          DATA   ROWS, m_div 1
+**   1  scale_inv             e4m3   [roundup(M,128), roundup(K/16,4)] SCALE  ROWS, m_div 1
+**   2  amax                  f32    [1]                               AMAX   SAME
+**   columnwise storage (stored transposed)
+**   0  columnwise_data       e2m1x2 [K, M/2]                          DATA   COLS, m_div 2
+**   1  columnwise_scale_inv  e4m3   [roundup(K,128), roundup(M/16,4)] SCALE  COLS, m_div 16
+**   2  columnwise_amax       f32    [1]                               AMAX   SAME
+**   With swizzle = true the scale buffers are HQ_GATHER_NEVER (a swizzled buffer cannot be
+**   concatenated). No buffer is shared between the directions (each has its own amax).
 **   Element (i, k): rowwise byte hq_nvfp4_row_data_index(i, k, K), low nibble when k is even;
 **   columnwise byte hq_nvfp4_col_data_index(i, k, M), low nibble when i is even. Its scale:
 **   hq_nvfp4_row_scale_index(i, k, K, swizzle) / hq_nvfp4_col_scale_index(i, k, M, swizzle):
-**   compact row-major [r][k/16] or, with swizzle = true, the cuBLAS 128x4-tile layout of
-**   FORMATS.md 2.4 for both copies ("row" scaling, the columnwise data being transposed). Every
-**   padded scale entry is written as zero, so the bytes of a quantized tensor are deterministic.
-**   meta[0] holds NVFP4_META_* flags, meta[1..2] the RHT sign mask (nvfp4.h).
+**   compact row-major [r][k/16] or, with swizzle, the cuBLAS 128x4-tile layout of FORMATS.md
+**   2.4 for both copies ("row" scaling, the columnwise data being transposed). Every padded
+**   scale entry is written as zero, so the bytes of a quantized tensor are deterministic.
+** The operand descriptor (hq_storage.desc) of each storage:
+**   elem HQ_E2M1X2; order HQ_ORDER_MK (rowwise) / HQ_ORDER_KM (columnwise);
+**   scale_mode HQ_SCALE_VEC16_UE4M3 (the AMAX buffer holds the global amax A);
+**   scale_layout HQ_SCALE_LAYOUT_OUTER_MAJOR, or HQ_SCALE_LAYOUT_SWIZZLED with swizzle;
+**   block_m x block_k 1x16 (rowwise) / 16x1 (columnwise), 16x16 for both with block_2d;
+**   transform HQ_TRANSFORM_RHT16 with transform_param = rht_sign_mask on the columnwise storage
+**   with rht, else HQ_TRANSFORM_NONE and 0;
+**   shard_rows 16 (FSDP shards are whole 16-row blocks; shards quantized with the shared amax
+**   concatenate to the full tensor's bytes), 0 with stochastic_rounding (its random stream
+**   follows each block's position in the whole tensor: not shardable).
+**   hq_storage.meta is not used.
+**
+** Scratch: scratch_size() declares the 16-row FP32 strip buffer (16 * (K + 16) floats) and, with
+** stochastic rounding, the Philox words of max(K, 256)/16 blocks; quantize, update and amax take
+** them from call->scratch. The one allocation left is optional: with rht and no caller amax,
+** a quantize outside an update keeps the transformed tiles of its amax pass (M*K BF16) in
+** host->alloc memory so that the quantize pass reads them instead of transforming again; during
+** an update (HQ_CALL_UPDATE), or when that allocation fails, the pass transforms again (the same
+** bits).
 **
 ** Options:
 **   rht (false), rht_sign_mask (0xD7E8): the 16-point random Hadamard transform of the
@@ -56,9 +88,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "hq/numerics.h"
 #include "hq/plugin.h"
 #include "nvfp4.h"
+#include "nvfp4_rules.h"
 
 enum { OPT_RHT, OPT_SIGNS, OPT_SR, OPT_SEED, OPT_2D, OPT_SWIZZLE };
 
@@ -118,41 +150,88 @@ static int check_shape(const hq_host_api *host, int64_t rows, int64_t cols) {
   return HQ_OK;
 }
 
+static const char *dir_name(uint32_t dir) {
+  return dir == HQ_ROWWISE ? "rowwise" : dir == HQ_COLWISE ? "columnwise" : "(no direction)";
+}
+
+/* The descriptor fields this instance gives direction `dir` (all but struct_size). */
+static void instance_desc(const nvfp4_cfg *c, uint32_t dir, hq_operand_desc *d) {
+  const int row = dir == HQ_ROWWISE, rht = !row && c->rht;
+  d->elem = HQ_E2M1X2;
+  d->order = row ? HQ_ORDER_MK : HQ_ORDER_KM;
+  d->scale_mode = HQ_SCALE_VEC16_UE4M3;
+  d->scale_layout = c->swizzle ? HQ_SCALE_LAYOUT_SWIZZLED : HQ_SCALE_LAYOUT_OUTER_MAJOR;
+  d->block_m = c->block_2d || !row ? HQ_NVFP4_BLOCK : 1;
+  d->block_k = c->block_2d || row ? HQ_NVFP4_BLOCK : 1;
+  d->transform = rht ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE;
+  d->transform_param = rht ? (uint64_t)c->rht_sign_mask : 0;
+  d->shard_rows = c->sr ? 0 : HQ_NVFP4_BLOCK;
+}
+
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const nvfp4_cfg *c = cfgp;
-  (void)dirs;
+  (void)dirs; /* no buffer is shared between the directions */
   int rc = check_shape(host, rows, cols);
   if (rc) return rc;
-  int row = dir == HQ_ROWWISE;
-  int64_t R = row ? rows : cols, C = row ? cols : rows; /* the stored data is [R, C/2] */
-  uint32_t sharded = row ? HQ_BUF_SHARDED : 0;
-  out->nbuf = NVFP4_NBUF;
-  hq_buffer_describe(&out->buf[NVFP4_DATA], row ? "data" : "columnwise_data", HQ_E2M1X2, 2, R,
-                     C / 2, sharded);
-  hq_buffer_describe(&out->buf[NVFP4_SCALE_INV], row ? "scale_inv" : "columnwise_scale_inv",
-                     HQ_E4M3, 2, hq_nvfp4_scale_rows(R), hq_nvfp4_scale_cols(C), sharded);
-  hq_buffer_describe(&out->buf[NVFP4_AMAX], row ? "amax" : "columnwise_amax", HQ_F32, 1, 1, 0, 0);
-  out->meta[0] = (uint8_t)((c->rht ? NVFP4_META_RHT : 0) | (c->sr ? NVFP4_META_SR : 0) |
-                           (c->block_2d ? NVFP4_META_2D : 0) |
-                           (c->swizzle ? NVFP4_META_SWIZZLE : 0));
-  out->meta[1] = (uint8_t)(c->rht ? c->rht_sign_mask : 0);
-  out->meta[2] = (uint8_t)(c->rht ? c->rht_sign_mask >> 8 : 0);
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return host->error(HQ_EINVAL, "nvfp4: layout of direction %u (want rowwise or columnwise)",
+                       dir);
+  const int row = dir == HQ_ROWWISE;
+  /* the stored data is [R, C/2]: rowwise [M, K/2], columnwise [K, M/2] (M contiguous) */
+  const int64_t R = row ? rows : cols, C = row ? cols : rows;
+  /* shards split M: dim 0 of the rowwise buffers, dim 1 of the transposed columnwise ones */
+  const uint32_t along_m = row ? HQ_GATHER_ROWS : HQ_GATHER_COLS;
+  hq_buffer *b = hq_buffer_describe(out, NVFP4_DATA, row ? "data" : "columnwise_data",
+                                    HQ_ROLE_DATA, HQ_E2M1X2, 2, R, C / 2);
+  hq_buffer_gather(b, along_m, row ? 1 : 2); /* a columnwise byte holds two rows of M */
+  b = hq_buffer_describe(out, NVFP4_SCALE_INV, row ? "scale_inv" : "columnwise_scale_inv",
+                         HQ_ROLE_SCALE, HQ_E4M3, 2, hq_nvfp4_scale_rows(R),
+                         hq_nvfp4_scale_cols(C));
+  if (!c->swizzle) hq_buffer_gather(b, along_m, row ? 1 : HQ_NVFP4_BLOCK);
+  b = hq_buffer_describe(out, NVFP4_AMAX, row ? "amax" : "columnwise_amax", HQ_ROLE_AMAX, HQ_F32,
+                         1, 1, 0);
+  hq_buffer_gather(b, HQ_GATHER_SAME, 1);
+  instance_desc(c, dir, &out->desc);
   return HQ_OK;
 }
 
-/* A storage must be the one layout() describes for [M, K] (never write out of bounds). */
+/* A storage must be an nvfp4 storage of direction `dir` for [M, K], with its buffers allocated
+   (never write or read out of bounds). */
 static int check_storage(const hq_host_api *host, const hq_storage *s, uint32_t dir, int64_t M,
                          int64_t K) {
-  int64_t R = dir == HQ_ROWWISE ? M : K, C = dir == HQ_ROWWISE ? K : M;
-  if (!s || s->dir != dir || s->nbuf != NVFP4_NBUF || s->rows != M || s->cols != K ||
-      s->buf[NVFP4_DATA].bytes != (size_t)(R * (C / 2)) ||
-      s->buf[NVFP4_SCALE_INV].bytes !=
-          (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C)) ||
-      s->buf[NVFP4_AMAX].bytes != sizeof(float) || !s->buf[NVFP4_DATA].ptr ||
-      !s->buf[NVFP4_SCALE_INV].ptr || !s->buf[NVFP4_AMAX].ptr)
+  const int64_t R = dir == HQ_ROWWISE ? M : K, C = dir == HQ_ROWWISE ? K : M;
+  int ok = s && s->dir == dir && s->nbuf == NVFP4_NBUF && s->buf_size >= sizeof(hq_buffer) &&
+           s->rows == M && s->cols == K;
+  if (ok) {
+    const hq_buffer *d = hq_storage_cbuf(s, NVFP4_DATA), *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV),
+                    *a = hq_storage_cbuf(s, NVFP4_AMAX);
+    ok = d->role == HQ_ROLE_DATA && d->dtype == HQ_E2M1X2 && d->bytes == (size_t)(R * (C / 2)) &&
+         sc->role == HQ_ROLE_SCALE && sc->dtype == HQ_E4M3 &&
+         sc->bytes == (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C)) &&
+         a->role == HQ_ROLE_AMAX && a->dtype == HQ_F32 && a->bytes == sizeof(float) && d->ptr &&
+         sc->ptr && a->ptr;
+  }
+  if (!ok)
     return host->error(HQ_EINVAL, "nvfp4: the %s storage does not match a [%lld, %lld] tensor",
-                       dir == HQ_ROWWISE ? "rowwise" : "columnwise", (long long)M, (long long)K);
+                       dir_name(dir), (long long)M, (long long)K);
+  return HQ_OK;
+}
+
+/* quantize() writes what this instance's layout() described: refuse a storage whose descriptor
+   says otherwise (a storage of another instance), rather than write bytes it mislabels. */
+static int check_made_here(const hq_host_api *host, const nvfp4_cfg *c, const hq_storage *s) {
+  hq_operand_desc want;
+  memset(&want, 0, sizeof want);
+  instance_desc(c, s->dir, &want);
+  const hq_operand_desc *d = &s->desc;
+  if (d->elem != want.elem || d->order != want.order || d->scale_mode != want.scale_mode ||
+      d->scale_layout != want.scale_layout || d->block_m != want.block_m ||
+      d->block_k != want.block_k || d->transform != want.transform ||
+      d->transform_param != want.transform_param)
+    return host->error(HQ_EINVAL, "nvfp4: the %s storage was not described by this instance "
+                       "(its descriptor differs: another nvfp4 configuration made it)",
+                       dir_name(s->dir));
   return HQ_OK;
 }
 
@@ -160,8 +239,49 @@ static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   (void)cfgp;
   if (call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only)");
-  for (uint32_t i = 0; i < s->nbuf; i++)
-    if (s->buf[i].ptr) memset(s->buf[i].ptr, 0, s->buf[i].bytes);
+  for (uint32_t i = 0; i < s->nbuf; i++) {
+    hq_buffer *b = hq_storage_buf(s, i);
+    if (b->ptr) memset(b->ptr, 0, b->bytes);
+  }
+  return HQ_OK;
+}
+
+// --- scratch -----------------------------------------------------------------------------------
+
+/* call->scratch, in this order: the strip buffer S, 16 rows of ld = K + 16 floats (one spare
+   cache line per row: columns don't alias in L1); with stochastic rounding, the Philox words of
+   max(K, 256)/16 blocks (a row's K/16 blocks, or the 16 columns of a columnwise tile). */
+static int64_t strip_ld(int64_t cols) { return cols + 16; }
+static size_t strip_bytes(int64_t cols) { return (size_t)(16 * strip_ld(cols)) * sizeof(float); }
+static size_t bits_bytes(int64_t cols) {
+  return (size_t)((cols > 256 ? cols : 256) / 16) * sizeof(uint32_t[4]);
+}
+static size_t scratch_need(const nvfp4_cfg *c, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return strip_bytes(cols) + (c->sr ? bits_bytes(cols) : 0);
+}
+
+static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
+                           int32_t device) {
+  (void)dirs;
+  if (device != HQ_DEVICE_HOST) return 0; /* no CUDA path: such a call is refused */
+  return scratch_need(cfgp, rows, cols);
+}
+
+/* The strip buffer (and SR words) of a call on [rows, cols]; NULLs for an empty tensor. */
+static int scratch_take(const nvfp4_cfg *c, const hq_call *call, int64_t rows, int64_t cols,
+                        float **S, uint32_t (**bits)[4]) {
+  const size_t need = scratch_need(c, rows, cols);
+  *S = NULL;
+  if (bits) *bits = NULL;
+  if (!need) return HQ_OK;
+  if (!call->scratch || call->scratch_bytes < need)
+    return call->host->error(HQ_EINVAL, "nvfp4: call->scratch holds %zu bytes, a [%lld, %lld] "
+                             "tensor needs %zu (scratch_size)",
+                             call->scratch ? call->scratch_bytes : (size_t)0, (long long)rows,
+                             (long long)cols, need);
+  *S = call->scratch;
+  if (bits && c->sr) *bits = (uint32_t(*)[4])((char *)call->scratch + strip_bytes(cols));
   return HQ_OK;
 }
 
@@ -177,15 +297,16 @@ typedef struct qdir {
 } qdir;
 
 static void qdir_start(qdir *d, hq_storage *s, float amax) {
-  d->data = s->buf[NVFP4_DATA].ptr;
-  d->scale = s->buf[NVFP4_SCALE_INV].ptr;
-  d->amax_out = s->buf[NVFP4_AMAX].ptr;
+  hq_buffer *scale = hq_storage_buf(s, NVFP4_SCALE_INV);
+  d->data = hq_storage_buf(s, NVFP4_DATA)->ptr;
+  d->scale = scale->ptr;
+  d->amax_out = hq_storage_buf(s, NVFP4_AMAX)->ptr;
   d->amax = amax;
   float s_enc = hq_nvfp4_global_encode_scale(amax);
   float s_dec = hq_nvfp4_global_decode_scale(s_enc);
   d->m = hq_nvfp4_block_scale_mult(s_enc);
   for (int c = 0; c < 256; c++) d->enc[c] = hq_nvfp4_encode_mult((uint8_t)c, s_dec);
-  memset(d->scale, 0, s->buf[NVFP4_SCALE_INV].bytes); /* padding: deterministic zeros */
+  memset(d->scale, 0, scale->bytes); /* padding: deterministic zeros */
 }
 
 /* The CPU loops below keep a constant trip count of 16 innermost: that is what GCC vectorizes
@@ -372,12 +493,13 @@ static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
   }
 }
 
-/* 16x16 tiles of the strip: one amax, one scale and one multiplier per tile; the same codes go
-   to both copies (rd and cd share the amax, hence m and enc). */
+/* 16x16 tiles of the strip: one amax and one scale per tile. Both copies come from the same
+   tile amax; when their global amaxes are equal (always, unless a caller hands two different
+   ones), so are m and enc, and the columnwise codes are the rowwise codes transposed. */
 static void strip_2d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir *rd, qdir *cd) {
   const int64_t M = q->M, K = q->K;
   const int sw = q->cfg->swizzle;
-  const qdir *d = rd ? rd : cd;
+  const int share = rd && cd && hq_f32_bits(rd->amax) == hq_f32_bits(cd->amax);
   uint8_t codes[16][8]; /* rowwise bytes of the tile: codes[row][byte] */
   for (int64_t k0 = 0; k0 < K; k0 += 16) {
     float a = 0.0f;
@@ -385,16 +507,20 @@ static void strip_2d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
       float b = hq_nvfp4_amax(S + e * ld + k0, 16);
       a = b > a ? b : a;
     }
-    uint8_t sf = hq_nvfp4_block_scale(a, d->m);
-    float enc = d->enc[sf];
-    for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, enc, NULL, codes[e]);
+    uint8_t sf = 0;
     if (rd) {
+      sf = hq_nvfp4_block_scale(a, rd->m);
+      for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, rd->enc[sf], NULL, codes[e]);
       for (int e = 0; e < 16; e++) {
         memcpy(rd->data + hq_nvfp4_row_data_index(r0 + e, k0, K), codes[e], 8);
         rd->scale[hq_nvfp4_row_scale_index(r0 + e, k0, K, sw)] = sf;
       }
     }
     if (cd) {
+      if (!share) {
+        sf = hq_nvfp4_block_scale(a, cd->m);
+        for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, cd->enc[sf], NULL, codes[e]);
+      }
       for (int t = 0; t < 16; t++) {
         uint8_t col[8];
         const int sh = (t & 1) * 4;
@@ -414,6 +540,45 @@ static int check_src(const hq_host_api *host, const hq_tensor *t, const char *wh
   return check_shape(host, t->rows, t->cols);
 }
 
+/* The global amaxes of the directions in dirs: a[0] = amax(x) (rowwise), a[1] = amax(x), or
+   the amax of the transformed values with rht (columnwise); 0 for a direction not in dirs.
+   S: the strip buffer (NULL for an empty tensor); cache: see rht_amax(). */
+static void global_amaxes(const nvfp4_cfg *c, const hq_tensor *src, uint32_t dirs, float *S,
+                          int64_t ld, uint16_t *cache, float a[2]) {
+  const int col_rht = (dirs & HQ_COLWISE) && c->rht;
+  float amax_x = 0.0f, amax_t = 0.0f;
+  if (S && ((dirs & HQ_ROWWISE) || ((dirs & HQ_COLWISE) && !c->rht)))
+    amax_x = input_amax(src, S, ld);
+  if (S && col_rht) amax_t = rht_amax(src, c, S, ld, cache);
+  a[0] = (dirs & HQ_ROWWISE) ? amax_x : 0.0f;
+  a[1] = (dirs & HQ_COLWISE) ? (c->rht ? amax_t : amax_x) : 0.0f;
+}
+
+static uint32_t amax_kind(const void *cfgp, uint32_t dir) {
+  const nvfp4_cfg *c = cfgp;
+  if (dir == HQ_ROWWISE) return HQ_AMAX_INPUT;
+  if (dir == HQ_COLWISE) return c->rht ? HQ_AMAX_OWN : HQ_AMAX_INPUT;
+  return HQ_AMAX_NONE;
+}
+
+static int amax_op(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                   float *out) {
+  const nvfp4_cfg *c = cfgp;
+  const hq_host_api *h = call->host;
+  if (call->device != HQ_DEVICE_HOST)
+    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); compute the amax "
+                    "on a host context");
+  if (!out) return h->error(HQ_EINVAL, "nvfp4: amax without an output");
+  out[0] = out[1] = 0.0f;
+  int rc = check_src(h, src, "input");
+  if (rc) return rc;
+  float *S = NULL;
+  rc = scratch_take(c, call, src->rows, src->cols, &S, NULL);
+  if (rc) return rc;
+  global_amaxes(c, src, dirs & HQ_BOTH, S, strip_ld(src->cols), NULL, out);
+  return HQ_OK;
+}
+
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
   const nvfp4_cfg *c = cfgp;
@@ -424,58 +589,85 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   int rc = check_src(h, src, "input");
   const int64_t M = src->rows, K = src->cols;
   if (!rc && (dirs & HQ_ROWWISE)) rc = check_storage(h, row, HQ_ROWWISE, M, K);
+  if (!rc && (dirs & HQ_ROWWISE)) rc = check_made_here(h, c, row);
   if (!rc && (dirs & HQ_COLWISE)) rc = check_storage(h, col, HQ_COLWISE, M, K);
+  if (!rc && (dirs & HQ_COLWISE)) rc = check_made_here(h, c, col);
   if (rc) return rc;
   if (!(dirs & HQ_BOTH)) return HQ_OK;
 
   qjob q = {c, M, K, c->seed ? c->seed : call->seed, call->offset, NULL};
-  const int64_t ld = K + 16; /* one spare cache line per row: columns don't alias in L1 */
-  float *S = NULL;
-  if (M && K) {
-    S = h->alloc(call, (size_t)(16 * ld) * sizeof(float));
-    if (!S) return HQ_ENOMEM;
-  }
-  /* pass 1: the global amaxes */
-  const int col_rht = (dirs & HQ_COLWISE) && c->rht;
-  float amax_x = 0.0f, amax_t = 0.0f;
-  if (S && ((dirs & HQ_ROWWISE) || !col_rht)) amax_x = input_amax(src, S, ld);
+  const int64_t ld = strip_ld(K);
+  float *S;
+  uint32_t (*bits)[4];
+  rc = scratch_take(c, call, M, K, &S, &bits);
+  if (rc) return rc;
+  /* pass 1: the global amaxes, unless the call brings them */
+  float a[2];
   uint16_t *cache = NULL; /* optional: without it the quantize pass transforms again */
-  if (S && col_rht) {
-    cache = h->alloc(call, (size_t)(M * K) * sizeof(uint16_t));
-    amax_t = rht_amax(src, c, S, ld, cache);
+  if (call->amax) {
+    a[0] = (dirs & HQ_ROWWISE) ? call->amax[0] : 0.0f;
+    a[1] = (dirs & HQ_COLWISE) ? call->amax[1] : 0.0f;
+  } else {
+    if (S && (dirs & HQ_COLWISE) && c->rht && !(call->flags & HQ_CALL_UPDATE))
+      cache = h->alloc(call, (size_t)(M * K) * sizeof(uint16_t));
+    global_amaxes(c, src, dirs, S, ld, cache, a);
     q.rht_cache = cache;
   }
   qdir rd, cd;
-  if (dirs & HQ_ROWWISE) qdir_start(&rd, row, amax_x);
-  if (dirs & HQ_COLWISE) qdir_start(&cd, col, c->rht ? amax_t : amax_x);
+  if (dirs & HQ_ROWWISE) qdir_start(&rd, row, a[0]);
+  if (dirs & HQ_COLWISE) qdir_start(&cd, col, a[1]);
   qdir *rp = (dirs & HQ_ROWWISE) ? &rd : NULL, *cp = (dirs & HQ_COLWISE) ? &cd : NULL;
   /* pass 2: 16-row strips */
-  uint32_t (*bits)[4] = NULL;
-  if (S && c->sr) {
-    bits = h->alloc(call, (size_t)((K > 256 ? K : 256) / 16) * sizeof *bits);
-    if (!bits) {
-      h->free(call, S);
-      if (cache) h->free(call, cache);
-      return HQ_ENOMEM;
-    }
-  }
   for (int64_t r0 = 0; S && r0 < M; r0 += 16) {
     load_rows(src, r0, 16, S, ld);
     if (c->block_2d) strip_2d(&q, S, ld, r0, rp, cp);
     else strip_1d(&q, S, ld, r0, rp, cp, bits);
   }
-  if (bits) h->free(call, bits);
   if (rp) *rp->amax_out = rp->amax;
   if (cp) *cp->amax_out = cp->amax;
-  if (S) h->free(call, S);
   if (cache) h->free(call, cache);
   return HQ_OK;
 }
 
 // --- CPU reference: dequantize -----------------------------------------------------------------
 
+/* What dequantize needs from a storage's descriptor: the scale layout and the transform. Any
+   descriptor an nvfp4 instance makes for that direction is accepted, nothing else. */
+static int read_desc(const hq_host_api *h, const hq_storage *s, int *swizzle, uint32_t *rht_mask,
+                     int *rht) {
+  const hq_operand_desc *d = &s->desc;
+  const int row = s->dir == HQ_ROWWISE;
+  const char *dn = dir_name(s->dir);
+  if (d->elem != HQ_E2M1X2 || d->scale_mode != HQ_SCALE_VEC16_UE4M3)
+    return h->error(HQ_EINVAL, "nvfp4: the %s storage is not NVFP4 (desc.elem = %d, "
+                    "desc.scale_mode = %u)", dn, (int)d->elem, d->scale_mode);
+  if (d->order != (row ? HQ_ORDER_MK : HQ_ORDER_KM))
+    return h->error(HQ_ENOTSUP, "nvfp4: a %s storage with desc.order = %u is not supported (the "
+                    "%s copy is stored %s)", dn, d->order, dn, row ? "[M, K]" : "transposed");
+  if (d->scale_layout == HQ_SCALE_LAYOUT_OUTER_MAJOR) *swizzle = 0;
+  else if (d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED) *swizzle = 1;
+  else
+    return h->error(HQ_ENOTSUP, "nvfp4: desc.scale_layout = %u of the %s storage is not "
+                    "supported (outer-major or swizzled)", d->scale_layout, dn);
+  const int b1 = row ? d->block_m == 1 && d->block_k == 16 : d->block_m == 16 && d->block_k == 1;
+  if (!b1 && !(d->block_m == 16 && d->block_k == 16))
+    return h->error(HQ_ENOTSUP, "nvfp4: a %dx%d block in the %s storage is not supported",
+                    (int)d->block_m, (int)d->block_k, dn);
+  *rht = 0;
+  *rht_mask = 0;
+  if (d->transform == HQ_TRANSFORM_RHT16 && !row && d->transform_param <= 0xffffu) {
+    *rht = 1;
+    *rht_mask = (uint32_t)d->transform_param;
+  } else if (d->transform != HQ_TRANSFORM_NONE) {
+    return h->error(HQ_ENOTSUP, "nvfp4: desc.transform = %u (parameter %#llx) of the %s storage "
+                    "is not supported (RHT16 of the columnwise copy, 16-bit sign mask)",
+                    d->transform, (unsigned long long)d->transform_param, dn);
+  }
+  return HQ_OK;
+}
+
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  const nvfp4_cfg *c = cfgp;
+  (void)cfgp; /* the storage describes itself: it may come from another nvfp4 instance */
   const hq_host_api *h = call->host;
   if (call->device != HQ_DEVICE_HOST)
     return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); dequantize on a "
@@ -487,10 +679,14 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
     return h->error(HQ_EINVAL, "nvfp4: dequantize of a storage without a direction");
   rc = check_storage(h, s, dir, M, K);
+  int sw = 0, rht = 0;
+  uint32_t mask = 0;
+  if (!rc) rc = read_desc(h, s, &sw, &mask, &rht);
   if (rc) return rc;
-  const uint8_t *q = s->buf[NVFP4_DATA].ptr, *sc = s->buf[NVFP4_SCALE_INV].ptr;
-  const float amax = *(const float *)s->buf[NVFP4_AMAX].ptr;
-  const int sw = c->swizzle, t = dst->dtype;
+  const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
+  const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
+  const float amax = *(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  const int t = dst->dtype;
   float dec[256];
   for (int v = 0; v < 256; v++) dec[v] = hq_nvfp4_decode_mult((uint8_t)v, amax);
   if (dir == HQ_ROWWISE) {
@@ -505,9 +701,7 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
     }
   } else {
     /* stored row k holds column k of the output; 16 output rows advance together. An RHT copy
-       is transformed back (the storage's meta says which signs made it). */
-    const int rht = (s->meta[0] & NVFP4_META_RHT) != 0;
-    const uint32_t mask = (uint32_t)s->meta[1] | (uint32_t)s->meta[2] << 8;
+       is transformed back with the signs its descriptor names. */
     for (int64_t i0 = 0; i0 < M; i0 += 16) {
       for (int64_t k = 0; k < K; k++) {
         const float dm = dec[sc[hq_nvfp4_col_scale_index(i0, k, M, sw)]];
@@ -525,23 +719,27 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
 
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
+    .abi_minor = 0, /* requires ABI 2.0 */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(nvfp4_cfg),
     .name = "nvfp4",
-    .version = "1.0",
+    .version = "2.0",
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY,
     .options = options,
     .configure = configure,
     .instance_caps = instance_caps,
     .layout = layout,
+    .scratch_size = scratch_size,
     .make_empty = make_empty,
+    .amax_kind = amax_kind,
+    .amax = amax_op,
     .quantize = quantize,
+    .update = NULL, /* the core calls quantize() with HQ_CALL_UPDATE */
     .dequantize = dequantize,
 };
 
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host) {
-  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
+  if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;
   return &ops;
 }

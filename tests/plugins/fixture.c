@@ -1,19 +1,26 @@
 /*
-** fixture.c -- test-only format modules for the loader and recipe tests. One source, built
+** fixture.c -- test-only format modules for the loader, recipe and ABI tests. One source, built
 ** several times with a FIXTURE_* macro selecting what is wrong with each module:
-**   good.so          a valid module "test_good" with one option of each type
+**   good.so          a valid module "test_good" with one option of each type (see below)
 **   good_dup.so      a valid module that reuses the name "test_good"
 **   bad_major.so     abi_major = HQ_ABI_MAJOR + 1
-**   newer_minor.so   abi_minor = HQ_ABI_MINOR + 1
-**   small_struct.so  struct_size smaller than ABI 1.0's table
+**   newer_minor.so   requires abi_minor = HQ_ABI_MINOR + 1
+**   small_struct.so  struct_size smaller than ABI 2.0's table
 **   no_entry.so      exports a differently named function, not the entry point
+**   v1_entry.so      exports only the ABI 1 entry point hq_format_module_v1
 **   missing_op.so    quantize = NULL
 **   bad_option.so    an option whose default is not a valid value
 **   refuses.so       the entry function returns NULL after host->error()
 **   bad_name.so      format name with an upper-case letter
-**   save_rev.so      a valid module "test_save_rev": three buffers, save() hands them out in
-**                    reverse order, restore() takes them back
-**   save_bad.so      a valid module "test_save_bad" whose save() forgets a buffer
+**   identity.so      a valid module named "identity" (built into the core: must be rejected)
+**
+** test_good stores an f32 tensor as it is ("data", or "columnwise_data" made alone) plus a
+** 2-byte "aux" buffer, and logs one info line per quantize through host->log. Its `level`
+** option selects a deliberate bug in layout() or update(), so that the core's checks can be
+** tested: 1 no data buffer, 2 data dtype differs from desc.elem, 4 columnwise buffer without the
+** "columnwise_" prefix, 5 swizzled scale marked gatherable, 6 two buffers of one name, 7
+** configure() refuses, 8 update() allocates through host->alloc, 9 data shape differs from the
+** descriptor's order. Any other level is valid.
 */
 #include <string.h>
 
@@ -33,9 +40,6 @@ static const hq_option options[] = {
 
 typedef struct cfg { int level; } cfg;
 
-/* level 9 asks for shared scaling state, which the core does not provide yet */
-static uint32_t state_floats(const void *c) { return ((const cfg *)c)->level == 9 ? 4u : 0u; }
-
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
   if (v[0].i == 7) return host->error(HQ_EINVAL, "level 7 is unlucky");
@@ -44,83 +48,96 @@ static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
 
 static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
-  (void)c; (void)host; (void)dir; (void)dirs;
-  out->nbuf = 1;
-  out->buf[0].name = "data";
-  out->buf[0].dtype = HQ_F32;
-  out->buf[0].ndim = 2;
-  out->buf[0].shape[0] = rows;
-  out->buf[0].shape[1] = cols;
-#if defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
-  static const char *names[3] = {"data", "first", "second"};
-  out->nbuf = 3;
-  for (int i = 1; i < 3; i++) {
-    out->buf[i].name = names[i];
-    out->buf[i].dtype = HQ_U8;
-    out->buf[i].ndim = 1;
-    out->buf[i].shape[0] = i;
-  }
-#endif
-  return HQ_OK;
-}
-
-#if defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
-static int save(const void *c, hq_storage *s, void **out, uint32_t *n) {
-  (void)c;
-  *n = 0;
-  for (int i = (int)s->nbuf - 1; i >= 0; i--) {
-#ifdef FIXTURE_SAVE_BAD
-    if (i == 1) continue; /* forgets "first" */
-#endif
-    if (s->buf[i].ptr) out[(*n)++] = s->buf[i].ptr;
-    s->buf[i].ptr = NULL;
+  const int level = ((const cfg *)c)->level;
+  const int col = dir == HQ_COLWISE;
+  (void)host;
+  (void)dirs;
+  hq_buffer *d = hq_buffer_describe(out, 0, col && level != 4 ? "columnwise_data" : "data",
+                                    level == 1 ? HQ_ROLE_OTHER : HQ_ROLE_DATA, HQ_F32, 2, rows,
+                                    level == 9 ? cols + 1 : cols);
+  hq_buffer_gather(d, HQ_GATHER_ROWS, 1);
+  hq_buffer *a = hq_buffer_describe(out, 1, level == 6 ? d->name : col ? "columnwise_aux" : "aux",
+                                    HQ_ROLE_OTHER, HQ_U8, 1, 2, 0);
+  hq_buffer_gather(a, HQ_GATHER_SAME, 1);
+  out->desc.elem = level == 2 ? HQ_BF16 : HQ_F32;
+  out->desc.order = HQ_ORDER_MK;
+  out->desc.shard_rows = 1;
+  if (level == 5) {
+    hq_buffer *s = hq_buffer_describe(out, 2, col ? "columnwise_scale_inv" : "scale_inv",
+                                      HQ_ROLE_SCALE, HQ_E8M0, 2, rows, 4);
+    hq_buffer_gather(s, HQ_GATHER_ROWS, 1);
+    out->desc.scale_mode = HQ_SCALE_VEC32_UE8M0;
+    out->desc.scale_layout = HQ_SCALE_LAYOUT_SWIZZLED;
   }
   return HQ_OK;
 }
-
-static int restore(const void *c, hq_storage *s, void *const *in, uint32_t n) {
-  (void)c;
-  if (n != s->nbuf) return HQ_EINVAL;
-  for (uint32_t i = 0; i < n; i++) s->buf[s->nbuf - 1 - i].ptr = in[i];
-  return HQ_OK;
-}
-#endif
 
 static int quantize(const void *c, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
-  (void)c; (void)call; (void)src; (void)dirs; (void)row; (void)col;
+  (void)c;
+  if (src->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
+    return call->host->error(HQ_ENOTSUP, "test_good stores f32 host tensors only");
+  call->host->log(call, 2, "test_good: quantize [%lld, %lld]", (long long)src->rows,
+                  (long long)src->cols);
+  for (int d = 0; d < 2; d++) {
+    hq_storage *s = d ? col : row;
+    if (!(dirs & (d ? HQ_COLWISE : HQ_ROWWISE))) continue;
+    memcpy(hq_storage_buf(s, 0)->ptr, src->data, (size_t)(src->rows * src->cols) * 4u);
+    uint8_t *aux = hq_storage_buf(s, 1)->ptr;
+    aux[0] = 1;
+    aux[1] = (uint8_t)(2 + d);
+  }
   return HQ_OK;
 }
 
+static int update(const void *c, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+                  hq_storage *row, hq_storage *col) {
+  if (((const cfg *)c)->level == 8) {
+    void *p = call->host->alloc(call, 16);
+    if (!p) return HQ_ENOMEM;
+    call->host->free(call, p);
+  }
+  return quantize(c, call, src, dirs, row, col);
+}
+
 static int dequantize(const void *c, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  (void)c; (void)call; (void)s; (void)dst;
+  (void)c;
+  if (dst->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
+    return call->host->error(HQ_ENOTSUP, "test_good dequantizes into f32 host tensors only");
+  memcpy(dst->data, hq_storage_cbuf(s, 0)->ptr, (size_t)(dst->rows * dst->cols) * 4u);
   return HQ_OK;
 }
 
 static hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
+    .abi_minor = 0,
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(cfg),
     .name = "test_good",
     .version = "0.0",
     .description = "loader test fixture",
-    .caps = HQ_CAP_CPU,
+    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE,
     .options = options,
     .configure = configure,
     .layout = layout,
     .quantize = quantize,
+    .update = update,
     .dequantize = dequantize,
-    .state_floats = state_floats,
 };
 
-#ifdef FIXTURE_NO_ENTRY
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
+#if defined(FIXTURE_NO_ENTRY) || defined(FIXTURE_V1_ENTRY)
+#ifdef FIXTURE_V1_ENTRY
+#define WRONG_ENTRY hq_format_module_v1
+#else
+#define WRONG_ENTRY hq_format_module_v3
+#endif
+HQ_FORMAT_EXPORT const hq_format_ops *WRONG_ENTRY(const hq_host_api *host);
+HQ_FORMAT_EXPORT const hq_format_ops *WRONG_ENTRY(const hq_host_api *host) {
   (void)host;
   return &ops;
 }
 #else
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host) {
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
 #if defined(FIXTURE_BAD_MAJOR)
   ops.abi_major = HQ_ABI_MAJOR + 1;
   ops.name = "test_bad_major";
@@ -140,17 +157,10 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *hos
   return NULL;
 #elif defined(FIXTURE_BAD_NAME)
   ops.name = "Test_Bad";
-#elif defined(FIXTURE_SAVE_REV) || defined(FIXTURE_SAVE_BAD)
-#ifdef FIXTURE_SAVE_REV
-  ops.name = "test_save_rev";
-#else
-  ops.name = "test_save_bad";
+#elif defined(FIXTURE_IDENTITY)
+  ops.name = "identity";
 #endif
-  ops.save = save;
-  ops.restore = restore;
-  ops.caps |= HQ_CAP_COLWISE_ONLY;
-#endif
-  (void)host;
+  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
   return &ops;
 }
 #endif

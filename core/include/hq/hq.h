@@ -18,13 +18,35 @@
 **   - Objects are not thread-safe; distinct objects may be used from distinct threads.
 **   - Lifetimes: a quantizer and a qtensor keep the formats they use alive (the recipe may be
 **     freed first); a qtensor must be freed before the hq_ctx it was made with.
+**   - Versioned structs: every struct the caller fills starts with struct_size (set it to
+**     sizeof(the struct); older, smaller sizes down to the documented floor are accepted and
+**     their missing fields read as zero). Arrays of structs are passed with their element size.
+**
+** Contexts, streams and devices (the per-call contract)
+**   - The context passed to a call is authoritative for that call: its device must be the
+**     tensor's, all device work of the call is queued on its stream in order, and its allocator
+**     provides the call's scratch and temporaries. No call synchronizes the stream unless its
+**     documentation says so (hq_ctx_sync, hq_ctx_memcpy to or from host memory).
+**   - The buffers of a qtensor belong to the context that made it (hq_quantize, hq_make_empty):
+**     they are allocated and freed through its allocator, on its stream. Using a qtensor on
+**     another stream of the same device is allowed; order that stream's work before freeing the
+**     qtensor (as with any stream-ordered memory).
+**   - Device memory comes, by default, from the stream-ordered allocator (cudaMallocAsync /
+**     cudaFreeAsync on the context's stream); an hq_allocator replaces it and receives the
+**     stream with every request and release.
+**   - A call that touches a CUDA device makes the context's device current for its duration and
+**     restores the caller's current device before it returns.
+**   - hq_qtensor_update queues no allocation and no synchronization (its scratch was reserved
+**     when the qtensor was made): it can be captured in a CUDA graph. The one exception is a
+**     quantizer with columnwise_source = rowwise_dequantized, which allocates (stream-ordered)
+**     a temporary of the source's size for the dequantized copy.
 **
 ** Example
 **     hq_ctx *ctx;       hq_ctx_create(NULL, &ctx);                     // host
 **     hq_recipe *r;      if (hq_recipe_load("recipe.ini", NULL, &r)) die(hq_last_error());
 **     hq_role role = { "linear", "weight", "layers.3.fc2" };
 **     hq_quantizer *q;   hq_quantizer_create(r, &role, &q);
-**     hq_tensor w = { ptr, HQ_BF16, HQ_DEVICE_HOST, 4096, 1024 };
+**     hq_tensor w = hq_tensor_2d(ptr, HQ_BF16, HQ_DEVICE_HOST, 4096, 1024);
 **     hq_qtensor *qw;    hq_quantize(q, ctx, &w, &qw);                  // both directions
 **     ...                hq_qtensor_update(qw, ctx, &w);                // optimizer write-back
 **     hq_qtensor_free(qw); hq_quantizer_free(q); hq_recipe_free(r); hq_ctx_destroy(ctx);
@@ -49,7 +71,7 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------
 ** Version, errors, dtypes, devices
 */
-HQ_API const char *hq_version(void);                  /* "0.1.0" */
+HQ_API const char *hq_version(void);                  /* "0.2.0" */
 HQ_API const char *hq_last_error(void);               /* "" when none; per thread */
 HQ_API void hq_clear_error(void);
 HQ_API const char *hq_strerror(int status);           /* static text for a status code */
@@ -74,7 +96,7 @@ typedef struct hq_allocator {
 } hq_allocator;
 
 typedef struct hq_ctx_desc {
-  uint32_t struct_size;          /* sizeof(hq_ctx_desc) */
+  uint32_t struct_size;          /* sizeof(hq_ctx_desc); at least HQ_CTX_DESC_SIZE_0_1 */
   int32_t device;                /* HQ_DEVICE_HOST or a CUDA ordinal */
   void *stream;                  /* cudaStream_t to run on (NULL: the default stream) */
   const hq_allocator *allocator; /* NULL: malloc / cudaMalloc */
@@ -83,6 +105,9 @@ typedef struct hq_ctx_desc {
   void *log_user;
   uint64_t seed;                 /* random stream for stochastic rounding */
 } hq_ctx_desc;
+
+/* The smallest hq_ctx_desc accepted (the fields up to `seed`). */
+#define HQ_CTX_DESC_SIZE_0_1 (offsetof(hq_ctx_desc, seed) + sizeof(uint64_t))
 
 typedef struct hq_ctx hq_ctx;
 HQ_API int hq_ctx_create(const hq_ctx_desc *desc /* NULL: host */, hq_ctx **out);
@@ -96,6 +121,12 @@ HQ_API int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src
                          size_t bytes);
 /* Wait until all work queued on the context's stream has finished. */
 HQ_API int hq_ctx_sync(hq_ctx *ctx);
+/* The random stream of stochastic rounding: every quantize or update operation on the context
+   draws from (seed, offset) and then advances offset by one. Read the position to checkpoint it
+   and set it to resume a run reproducibly. */
+HQ_API uint64_t hq_ctx_seed(const hq_ctx *ctx);
+HQ_API uint64_t hq_ctx_rng_offset(const hq_ctx *ctx);
+HQ_API int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset);
 
 /* ---------------------------------------------------------------------------------------------
 ** Plugins
@@ -162,11 +193,14 @@ HQ_API const char *hq_opt_type_name(hq_opt_type t);
 typedef struct hq_recipe hq_recipe;
 
 typedef struct hq_recipe_opts {
-  uint32_t struct_size;          /* sizeof(hq_recipe_opts) */
+  uint32_t struct_size;          /* sizeof(hq_recipe_opts); at least HQ_RECIPE_OPTS_SIZE_0_1 */
   unsigned plugin_flags;         /* HQ_PLUGINS_* for the plugin search */
   const char *const *extra_dirs; /* searched before the recipe's own plugin_dirs */
   size_t n_extra_dirs;
 } hq_recipe_opts;
+
+/* The smallest hq_recipe_opts accepted (the fields up to n_extra_dirs). */
+#define HQ_RECIPE_OPTS_SIZE_0_1 (offsetof(hq_recipe_opts, n_extra_dirs) + sizeof(size_t))
 
 /* Parse and resolve a recipe. hq_recipe_parse() returns a recipe object even when the file has
    errors (only ENOMEM/EIO fail), so that every error can be listed; hq_recipe_load() fails with
@@ -242,6 +276,30 @@ HQ_API int hq_quantizer_fused(const hq_quantizer *q);
 /* Quantizing the same input again reproduces the same bytes (see HQ_CAP_REQUANT_SAFE). */
 HQ_API int hq_quantizer_requant_safe(const hq_quantizer *q);
 
+/* Per-tensor amax, split from the cast. Formats with a per-tensor scale (fp8_tensor, nvfp4's
+   global scale) read their input twice when they compute the amax themselves; a trainer that
+   knows it (the producing kernel computed it, an FSDP group reduced it) passes it in and the
+   quantize reads the input once.
+   hq_quantizer_amax_kind: what the amax of direction `dir` is (HQ_AMAX_NONE: unused;
+   HQ_AMAX_INPUT: max |x| of the input, NaN ignored, so a producer's amax fits; HQ_AMAX_OWN: a
+   format-specific amax, e.g. of nvfp4's RHT-transformed columnwise values).
+   hq_quantizer_amax: compute amax[0] (rowwise) and amax[1] (columnwise) of src as the
+   quantizer's formats define them, into 2 floats of memory on the context's device (a direction
+   whose amax kind is NONE gets 0). Reduce them with max across shards or ranks and pass them to
+   hq_quantize_ex / hq_qtensor_update_ex: the result is then bit-identical to quantizing the
+   whole tensor. */
+HQ_API uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir);
+HQ_API int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, float *amax);
+
+/* Optional arguments of hq_quantize_ex / hq_qtensor_update_ex. */
+typedef struct hq_quantize_args {
+  uint32_t struct_size;          /* sizeof(hq_quantize_args) */
+  uint32_t reserved0;
+  const float *amax;             /* NULL, or amax[0] rowwise, amax[1] columnwise, as
+                                    hq_quantizer_amax computes them, on the context's device:
+                                    used as given (directions of kind NONE ignore theirs) */
+} hq_quantize_args;
+
 /* ---------------------------------------------------------------------------------------------
 ** Quantized tensors
 */
@@ -250,12 +308,17 @@ typedef struct hq_qtensor hq_qtensor;
 /* Quantize src into a new qtensor holding the directions of the quantizer's usage. The qtensor
    snapshots the quantizer (later changes to q do not affect it). */
 HQ_API int hq_quantize(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, hq_qtensor **out);
+/* hq_quantize with optional arguments (args may be NULL). */
+HQ_API int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src,
+                          const hq_quantize_args *args, hq_qtensor **out);
 /* Allocate a qtensor of [rows, cols] for the quantizer's usage without quantizing. */
 HQ_API int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols,
                          hq_dtype nominal, hq_qtensor **out);
 /* Re-quantize src into the existing buffers of qt (the optimizer's write-back): a direction is
    refreshed only if it is present and in qt's usage; nothing is created. */
 HQ_API int hq_qtensor_update(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src);
+HQ_API int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
+                                const hq_quantize_args *args);
 /* qt's usage flags (which present directions hq_qtensor_update refreshes). */
 HQ_API int hq_qtensor_set_usage(hq_qtensor *qt, uint32_t dirs);
 HQ_API uint32_t hq_qtensor_usage(const hq_qtensor *qt);
@@ -273,14 +336,76 @@ HQ_API size_t hq_qtensor_bytes(const hq_qtensor *qt, uint32_t dir);
 HQ_API const char *hq_qtensor_format(const hq_qtensor *qt, uint32_t dir);
 HQ_API void hq_qtensor_free(hq_qtensor *qt);
 
-/* Save / restore (activation recompute, offload): hand every buffer out -- the rowwise
-   storage's list, then the columnwise storage's, each in its format's documented order --
-   leaving the qtensor an empty skeleton; restore takes exactly that list back. The caller owns
-   the saved pointers until restore (they were allocated by the context's allocator). */
+/* Save / restore (activation recompute, offload, checkpoints): hand every buffer out -- the
+   rowwise storage's own buffers, then the columnwise storage's, each in its format's buffer
+   order; a buffer the columnwise storage shares with the rowwise one travels once, with the
+   rowwise storage -- leaving the qtensor an empty skeleton; restore takes the list back.
+   Each entry describes its buffer (name, direction, dtype, shape, bytes, device) beside the
+   pointer, so that an embedder can move it (device -> pinned host -> device) and hand back a
+   different pointer: restore checks name, direction and size of every entry against the
+   skeleton. The caller owns the saved memory until restore; memory handed back must come from
+   the qtensor's context's allocator (hq_ctx_alloc), since the qtensor frees it there.
+   Arrays are passed with elem_size = sizeof(hq_saved_buffer) (older, smaller sizes down to
+   HQ_SAVED_BUFFER_SIZE_0_2 are accepted). */
+typedef struct hq_saved_buffer {
+  uint32_t struct_size;          /* set by hq_qtensor_save */
+  uint32_t dir;                  /* HQ_ROWWISE or HQ_COLWISE: the storage it belongs to */
+  const char *name;              /* "data", "scale_inv", "columnwise_data", ... (unique) */
+  hq_dtype dtype;
+  int32_t ndim;
+  int64_t shape[HQ_MAX_BUFFER_DIMS];
+  size_t bytes;
+  int32_t device;                /* where ptr lives: the qtensor's device */
+  int32_t reserved0;
+  void *ptr;
+} hq_saved_buffer;
+#define HQ_SAVED_BUFFER_SIZE_0_2 (offsetof(hq_saved_buffer, ptr) + sizeof(void *))
 HQ_API size_t hq_qtensor_saved_count(const hq_qtensor *qt);
-HQ_API int hq_qtensor_save(hq_qtensor *qt, void **out, size_t cap, size_t *n);
-HQ_API int hq_qtensor_restore(hq_qtensor *qt, void *const *in, size_t n);
+HQ_API int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t elem_size,
+                           size_t *n);
+HQ_API int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n,
+                              size_t elem_size);
 HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
+
+/* ---------------------------------------------------------------------------------------------
+** FSDP buffer protocol (no communication here: the caller gathers along dim 0, with NCCL, MPI or
+** memcpy).
+**
+** A fully sharded tensor is split along M; rank i quantizes its shard [M_i, K] with the amax
+** shared by all ranks (hq_quantizer_amax on every shard, max-reduced, passed to
+** hq_quantize_ex). hq_fsdp_extract lists, for the shard's present directions (rowwise first),
+** every buffer the gather must move, each as a row-major [rows, row_bytes] byte matrix whose
+** dim 0 runs along M (scale padding trimmed, transposed copies turned M-major). The caller
+** concatenates each entry along dim 0 in rank order and hq_fsdp_assign writes the result into a
+** full-size qtensor of the same quantizer (made with hq_make_empty, or the previous result),
+** redoing padding and transposes, and copying the buffers that are equal on every shard (a
+** per-tensor scale or amax) from the local shard. The result equals, byte for byte, quantizing
+** the whole tensor with that amax. What cannot be gathered (swizzled scales, stochastic
+** rounding, a shard whose M is not a multiple of hq_qtensor_shard_rows) is refused by
+** hq_fsdp_extract, before any communication, naming the buffer and the rule.
+** The extracted buffers stay valid until hq_fsdp_release(shard), the next hq_fsdp_extract of the
+** shard, or its free; they may alias the shard's own buffers (do not modify them).
+*/
+typedef struct hq_fsdp_buffer {
+  uint32_t struct_size;          /* set by hq_fsdp_extract; the caller sets it in the gathered
+                                    list given to hq_fsdp_assign */
+  uint32_t dir;                  /* HQ_ROWWISE or HQ_COLWISE */
+  const char *name;              /* the storage buffer it carries */
+  hq_dtype dtype;                /* element dtype (row_bytes is a whole number of elements) */
+  int32_t device;
+  int64_t rows;                  /* extract: this shard's rows; assign: the gathered rows */
+  int64_t row_bytes;             /* bytes per row, equal on every shard */
+  void *ptr;
+} hq_fsdp_buffer;
+#define HQ_FSDP_BUFFER_SIZE_0_2 (offsetof(hq_fsdp_buffer, ptr) + sizeof(void *))
+/* The multiple every shard's M must be for qt's directions (the least common multiple of its
+   storages'); 0 when one of them cannot be sharded at all. */
+HQ_API int64_t hq_qtensor_shard_rows(const hq_qtensor *qt);
+HQ_API int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t cap,
+                           size_t elem_size, size_t *n);
+HQ_API int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
+                          const hq_fsdp_buffer *gathered, size_t n, size_t elem_size);
+HQ_API void hq_fsdp_release(hq_qtensor *shard);
 
 #ifdef __cplusplus
 }

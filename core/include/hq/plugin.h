@@ -1,13 +1,15 @@
 /*
-** hq/plugin.h -- the format plugin ABI of libhqcore.
+** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.
 **
-** This is the only header a format author needs. A format is a shared object (a libtool module)
-** that exports exactly one function, hq_format_module_v1(), and hides every other symbol. It does
-** not link against libhqcore: everything it needs from the core arrives through the const host
-** table passed to that function and through the hq_call passed to every operation.
+** This is the only header a format author needs (hq/numerics.h, optional, adds the element
+** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
+** A format is a shared object (a libtool module) that exports exactly one function,
+** hq_format_module_v2(), and hides every other symbol. It does not link against libhqcore:
+** everything it needs from the core arrives through the const host table passed to that
+** function and through the hq_call passed to every operation.
 **
-** Install a format next to the stock ones:
-**     cc -shared -fPIC -fvisibility=hidden myfmt.c -o myfmt.so
+** Build and install a format next to the stock ones:
+**     cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags hqcore) myfmt.c -o myfmt.so
 **     install myfmt.so "$(pkg-config --variable=plugindir hqcore)"
 ** or put its directory in HQ_PLUGIN_PATH, or in a recipe's [recipe] plugin_dirs.
 **
@@ -18,16 +20,18 @@
 ** M). A quantized tensor has up to two *directions*:
 **   - ROWWISE: read by a GEMM that contracts along K (blocks run along K);
 **   - COLWISE: read by a GEMM that contracts along M (blocks run down the columns).
-** Each direction is one hq_storage: a list of named buffers the plugin *describes* (name, dtype,
-** shape) and the core *allocates*, moves, saves, offloads and gathers without knowing the format.
-** The plugin writes numerics and layout rules, nothing else:
+** Each direction is one hq_storage: a list of named buffers the plugin *describes* (name, role,
+** dtype, shape, FSDP gather rule) plus a public operand descriptor (element dtype, data order,
+** scale mode and layout, block shape, transform, shard-row multiple). The core *allocates*,
+** checks, moves, saves, offloads and gathers storages without knowing the format, and a GEMM
+** or another instance of the same plugin reads a storage from its description alone:
 **
 **     core                              plugin
 **     ----                              ------
-**     parse [format] options  ------->  configure(cfg, vals)      cfg: config_size bytes,
-*core-owned
-**     make a storage          ------->  layout(cfg, M, K, dir)    describe buffers
-**     allocate every buffer             (make_empty(cfg, s))      optional: initialise them
+**     parse [format] options  ------->  configure(cfg, vals)      cfg: config_size bytes
+**     make a storage          ------->  layout(cfg, M, K, dir)    describe buffers + desc
+**     allocate every buffer             make_empty(cfg, s)        optional: initialise them
+**     per-tensor amax         ------->  amax(cfg, call, src)      optional (amax_kind)
 **     quantize                ------->  quantize(cfg, call, src, dirs, row, col)
 **     optimizer write-back    ------->  update(...)               NULL: quantize again
 **     dequantize              ------->  dequantize(cfg, call, s, dst)
@@ -36,33 +40,63 @@
 ** call with dirs = HQ_ROWWISE|HQ_COLWISE (one read of the input). Otherwise it makes one call per
 ** direction with the other storage pointer NULL.
 **
+** Layout facts live in the storage, never only in the configuration: quantize() writes a storage
+** that layout() of the same instance described, but dequantize() (and later a GEMM) may be
+** handed a storage made by a *differently configured* instance of the plugin, and must read
+** element dtype, order, scale layout, transform and its parameter from s->desc and the buffers.
+**
 ** ---------------------------------------------------------------------------------------------
-** Compatibility rules (append-only ABI)
+** Compatibility rules
 ** ---------------------------------------------------------------------------------------------
-** - Every struct crossing the boundary in a versioned way starts with abi_major, abi_minor,
-**   struct_size (hq_format_ops, hq_host_api) or struct_size (hq_call).
-** - The core refuses a module whose abi_major differs from HQ_ABI_MAJOR, or whose abi_minor is
-**   newer than the core's. It reads only struct_size bytes of the ops table and treats absent
-**   trailing fields as NULL ("not supported" / "use the core default").
-** - Fields are only ever appended; enum values are never renumbered.
-** - A plugin must check host->abi_major (and host->struct_size before using a host field added
-**   after 1.0) and may return NULL from its entry function to refuse a core it cannot use.
+** - Every struct crossing the boundary starts with uint32_t struct_size (after abi_major and
+**   abi_minor for the two tables). Fields are only appended; enum values never renumbered.
+**   Whoever reads a struct it did not fill reads at most struct_size bytes and takes absent
+**   trailing fields as zero / NULL. Structs embedded in arrays are reached through their stride:
+**   hq_storage.buf[] through hq_storage_buf() (stride hq_storage.buf_size), never buf[i].
+** - A module states in abi_minor the minor version it REQUIRES (the oldest core it works with),
+**   not the header it was compiled with. The core refuses a different abi_major and a required
+**   minor newer than its own; it reads only struct_size bytes of the ops table.
+** - A module must check host->abi_major, and host->abi_minor / host->struct_size before using a
+**   host field added after 2.0. It may return NULL from its entry function to refuse a core.
+**
+** What changed from ABI 1.0 (hq_format_module_v1), which this core refuses with that reason:
+**   - entry point renamed hq_format_module_v2; ops.abi_minor is the minor *required*;
+**   - hq_tensor, hq_buffer, hq_storage and hq_call carry struct_size (hq_tensor_2d() fills a
+**     tensor); buffers are reached through hq_storage_buf() (the stride is hq_storage.buf_size);
+**   - hq_storage.desc: the public operand descriptor (hq_operand_desc), filled by layout() and
+**     checked by the core; hq_buffer.role (data / scale / amax); per-buffer FSDP gather rules
+**     (hq_buffer.gather, m_div) replace the fsdp_* ops, which are gone: the core gathers any
+**     storage from its rules, or refuses before any communication;
+**   - save()/restore() ops are gone: the core hands out every buffer with its description;
+**   - amax_kind() and amax() split the per-tensor amax from the cast: hq_call.amax hands a
+**     caller's (or a reduced, shared) amax to quantize()/update();
+**   - scratch_size(): the core keeps that much scratch per quantized tensor and passes it as
+**     hq_call.scratch, so update() neither allocates (host->alloc refuses during update) nor
+**     synchronizes;
+**   - host->log() takes the call, so a plugin's messages reach the embedder's logger;
+**   - the FP8 element kind is the hq_dtype (HQ_E4M3 / HQ_E5M2), one enum; HQ_I8 appended;
+**   - the reserved ops of 1.0 (state_floats, init_state, fsdp_*, gemm) and HQ_CAP_STATEFUL are
+**     removed; delayed-scaling state and GEMMs arrive as appended 2.x fields.
 **
 ** ---------------------------------------------------------------------------------------------
 ** Errors
 ** ---------------------------------------------------------------------------------------------
 ** Every operation returns an hq_status (0 = HQ_OK). On failure, call host->error(code, fmt, ...)
 ** to record a message naming the cause ("rows = 100 is not a multiple of 32"); it returns code,
-** so `return host->error(HQ_ESHAPE, ...)` is the idiom. The core prefixes the role, format and
-** plugin name. A plugin never aborts the process, never exits, never prints.
+** so `return host->error(HQ_ESHAPE, ...)` is the idiom. The core clears the message before each
+** call and prefixes the role, format and plugin name. A plugin never aborts the process, never
+** exits, never prints.
 **
 ** ---------------------------------------------------------------------------------------------
-** Memory
+** Memory and streams
 ** ---------------------------------------------------------------------------------------------
-** The plugin never allocates tensor memory itself. Buffers described by layout() are allocated by
-** the core (through the embedder's allocator) before quantize() runs. Scratch memory for one call
-** comes from host->alloc()/host->free() on the call's device and stream. Per-instance
-** configuration is config_size bytes the core allocates, zeroes and frees.
+** The plugin never allocates tensor memory itself. Buffers described by layout() are allocated
+** by the core (through the embedder's allocator) before quantize() runs. A call runs all its
+** device work on call->stream, in order, and returns without synchronizing; call->device is the
+** current CUDA device during the call. Scratch: call->scratch (scratch_size() bytes on
+** call->device, valid for the call, ordered on call->stream), or host->alloc()/host->free()
+** outside update. Per-instance configuration is config_size bytes the core allocates, zeroes and
+** frees.
 */
 #ifndef HQ_PLUGIN_H
 #define HQ_PLUGIN_H
@@ -75,11 +109,11 @@ extern "C" {
 #endif
 
 /* ABI version this header describes. */
-#define HQ_ABI_MAJOR 1
+#define HQ_ABI_MAJOR 2
 #define HQ_ABI_MINOR 0
 
 /* The one symbol a format module exports. */
-#define HQ_FORMAT_ENTRY_NAME "hq_format_module_v1"
+#define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
 
 #if defined(__GNUC__)
 #define HQ_FORMAT_EXPORT __attribute__((visibility("default")))
@@ -109,7 +143,8 @@ typedef enum hq_status {
 
 /* ---------------------------------------------------------------------------------------------
 ** Data types. HQ_E2M1X2 is one byte holding two FP4 E2M1 elements (element 2i in the low
-** nibble, 2i+1 in the high nibble); shapes of such buffers count bytes.
+** nibble, 2i+1 in the high nibble); shapes of such buffers count bytes. The FP8 element kind of a
+** format is its hq_dtype (HQ_E4M3 or HQ_E5M2): there is no second FP8 enum.
 */
 typedef enum hq_dtype {
   HQ_DTYPE_INVALID = 0,
@@ -121,7 +156,8 @@ typedef enum hq_dtype {
   HQ_E5M2 = 6,     /* FP8 E5M2, max 57344 */
   HQ_E8M0 = 7,     /* unsigned power-of-two scale 2^(e-127), 0xFF = NaN */
   HQ_E2M1X2 = 8,   /* two FP4 E2M1 per byte */
-  HQ_I32 = 9
+  HQ_I32 = 9,
+  HQ_I8 = 10       /* signed 8-bit integer codes */
 } hq_dtype;
 
 /* Directions (a bit mask). */
@@ -132,64 +168,204 @@ typedef enum hq_dtype {
 /* Device ordinal of host memory; values >= 0 are CUDA device ordinals. */
 #define HQ_DEVICE_HOST (-1)
 
-/* A non-owning view of a contiguous row-major 2-D high-precision tensor [rows, cols]. */
+/* ---------------------------------------------------------------------------------------------
+** hq_tensor: a non-owning view of a contiguous row-major 2-D high-precision tensor [rows, cols].
+** Fill it with hq_tensor_2d() (or set struct_size = sizeof(hq_tensor) yourself).
+*/
 typedef struct hq_tensor {
+  uint32_t struct_size;    /* sizeof(hq_tensor) as the filler saw it (>= HQ_TENSOR_SIZE_2_0) */
+  hq_dtype dtype;          /* HQ_F32, HQ_F16 or HQ_BF16 */
   void *data;
-  hq_dtype dtype;    /* HQ_F32, HQ_F16 or HQ_BF16 */
-  int32_t device;    /* HQ_DEVICE_HOST or a CUDA ordinal */
-  int64_t rows;      /* M: the product of all leading dimensions */
-  int64_t cols;      /* K: the last (contiguous) dimension */
+  int32_t device;          /* HQ_DEVICE_HOST or a CUDA ordinal */
+  int32_t reserved0;       /* zero */
+  int64_t rows;            /* M: the product of all leading dimensions */
+  int64_t cols;            /* K: the last (contiguous) dimension */
 } hq_tensor;
 
+#define HQ_TENSOR_SIZE_2_0 (offsetof(hq_tensor, cols) + sizeof(int64_t))
+
+static inline hq_tensor hq_tensor_2d(void *data, hq_dtype dtype, int32_t device, int64_t rows,
+                                     int64_t cols) {
+  hq_tensor t;
+  t.struct_size = (uint32_t)sizeof(hq_tensor);
+  t.dtype = dtype;
+  t.data = data;
+  t.device = device;
+  t.reserved0 = 0;
+  t.rows = rows;
+  t.cols = cols;
+  return t;
+}
+
 /* ---------------------------------------------------------------------------------------------
-** Storages: one direction of one quantized tensor, as a list of named buffers.
+** The operand descriptor: how one direction's storage is laid out, in terms a GEMM (cuBLASLt)
+** and the core understand. Filled by layout(); the core checks it against the buffers.
+*/
+
+/* hq_operand_desc.order: how the data buffer stores the logical [M, K] tensor. */
+#define HQ_ORDER_MK 0u   /* [M, K] row-major: K contiguous (a packed dtype packs along K) */
+#define HQ_ORDER_KM 1u   /* transposed, [K, M] row-major: M contiguous (packed along M) */
+
+/* hq_operand_desc.scale_mode: what the scale buffer holds. The values mirror cuBLASLt's
+   cublasLtMatmulMatrixScale_t where one exists (+1: 0 means "no scale"). */
+#define HQ_SCALE_NONE 0u          /* no scale (high precision, or integer codes) */
+#define HQ_SCALE_TENSOR_F32 1u    /* one FP32 scale_inv for the whole tensor (SCALAR_32F) */
+#define HQ_SCALE_VEC16_UE4M3 2u   /* one E4M3 scale per 16 elements along the contraction dim,
+                                     times a per-tensor global scale from the AMAX buffer */
+#define HQ_SCALE_VEC32_UE8M0 3u   /* one E8M0 scale per 32 elements along the contraction dim */
+#define HQ_SCALE_OUTER_VEC_F32 4u /* one FP32 scale per row of the non-contracted dim */
+#define HQ_SCALE_VEC128_F32 5u    /* one FP32 scale per 128 elements (1x128 blocks) */
+#define HQ_SCALE_BLK128X128_F32 6u /* one FP32 scale per 128x128 tile */
+#define HQ_SCALE_OTHER 255u       /* a plugin-specific scheme; no native GEMM can read it */
+
+/* hq_operand_desc.scale_layout: how the scale buffer is arranged. "outer" is the dimension the
+   GEMM does not contract (M for the rowwise direction, K for the columnwise one), "block" the
+   index of a scale block along the contracted dimension. Padding is whatever the buffer's shape
+   adds beyond the logical extents; it is written as zero. */
+#define HQ_SCALE_LAYOUT_NONE 0u         /* no scale buffer, or a single value */
+#define HQ_SCALE_LAYOUT_OUTER_MAJOR 1u  /* [outer][block] row-major (for 128x128 tiles:
+                                           [outer/128][block]) */
+#define HQ_SCALE_LAYOUT_BLOCK_MAJOR 2u  /* [block][outer] row-major (cuBLASLt's M-major 1x128
+                                           "GEMM-ready" layout; MXFP8's compact columnwise) */
+#define HQ_SCALE_LAYOUT_SWIZZLED 3u     /* cuBLAS 128x4-tile swizzle with r = outer, c = block
+                                           (hq_swizzle_offset() in hq/numerics.h): GEMM-ready,
+                                           cannot be FSDP-gathered */
+
+/* hq_operand_desc.transform: a transform applied to the values along this direction's
+   contraction dimension before quantization (a GEMM of two operands is correct only when both
+   carry the same transform along K). */
+#define HQ_TRANSFORM_NONE 0u
+#define HQ_TRANSFORM_RHT16 1u  /* 16-point random Hadamard transform; transform_param = the sign
+                                  mask (bit i set: s_i = -1) */
+
+typedef struct hq_operand_desc {
+  uint32_t struct_size;     /* set by the core */
+  hq_dtype elem;            /* element dtype of the data buffer */
+  uint32_t order;           /* HQ_ORDER_* */
+  uint32_t scale_mode;      /* HQ_SCALE_* */
+  uint32_t scale_layout;    /* HQ_SCALE_LAYOUT_* */
+  int32_t block_m, block_k; /* the quantization block in logical [M, K] terms: rows x cols that
+                               share one scale (1x32, 32x1, 32x32, 16x16, 1x128, ...); 0 x 0
+                               for a per-tensor scale or none */
+  uint32_t transform;       /* HQ_TRANSFORM_* */
+  uint64_t transform_param; /* the transform's parameter (RHT16: sign mask) */
+  int64_t shard_rows;       /* FSDP: every shard's M must be a multiple of this for the shards'
+                               storages to concatenate into the full tensor's, byte for byte;
+                               0: this storage cannot be sharded (the core refuses) */
+  uint64_t reserved[8];     /* zero: room for 2.x fields */
+} hq_operand_desc;
+
+/* ---------------------------------------------------------------------------------------------
+** Buffers and storages.
 */
 #define HQ_MAX_BUFFERS 8
 #define HQ_MAX_BUFFER_DIMS 4
 #define HQ_META_BYTES 64
 
+/* hq_buffer.role */
+#define HQ_ROLE_OTHER 0u  /* plugin-specific */
+#define HQ_ROLE_DATA 1u   /* the quantized elements (exactly one per storage) */
+#define HQ_ROLE_SCALE 2u  /* the scale the data is multiplied by (scale_inv): at most one */
+#define HQ_ROLE_AMAX 3u   /* the per-tensor amax the scales came from (FP32 [1]) */
+
 /* hq_buffer.flags */
-#define HQ_BUF_SHARDED 1u  /* dim 0 runs along the tensor's rows (M): the default FSDP protocol
-                              gathers this buffer along dim 0 */
-#define HQ_BUF_SHARED 2u   /* COLWISE storage only: when the ROWWISE storage of the same tensor is
-                              made by the same call, this buffer IS rowwise buffer `shared_with`
-                              (same memory; e.g. per-tensor FP8's single scale_inv). The core
-                              allocates it on its own when no rowwise storage exists. */
+#define HQ_BUF_SHARED 1u  /* COLWISE storage only: when the ROWWISE storage of the same tensor is
+                             made by the same call, this buffer IS rowwise buffer `shared_with`
+                             (same memory; e.g. per-tensor FP8's single scale_inv). It then keeps
+                             the rowwise buffer's name. The core allocates it on its own when no
+                             rowwise storage exists. */
+
+/* hq_buffer.gather: how FSDP concatenates the shards' copies of this buffer (shards split M). */
+#define HQ_GATHER_NEVER 0u /* cannot be gathered (e.g. swizzled scales): the core refuses */
+#define HQ_GATHER_ROWS 1u  /* dim 0 runs along M: entry r covers rows [r*m_div, (r+1)*m_div);
+                              the shards' first ceil(M_shard/m_div) rows are concatenated and any
+                              further (padding) rows are zero in the full buffer */
+#define HQ_GATHER_COLS 2u  /* dim 1 runs along M (a transposed copy): the core transports the
+                              first ceil(M_shard/m_div) columns transposed (M-major), gathers them
+                              along dim 0 and transposes them back; padding columns are zero */
+#define HQ_GATHER_SAME 3u  /* not gathered: equal on every shard once they share the amax (a
+                              per-tensor scale or amax); the full tensor takes the local copy */
+
+/* Buffer names (they are what checkpoints and `hq quantize --json` show) follow one convention,
+   which the core enforces: a rowwise storage's buffers are named "data", "scale_inv", "amax",
+   ...; a columnwise storage's own buffers carry the prefix "columnwise_" ("columnwise_data",
+   "columnwise_scale_inv", ...); a columnwise buffer marked HQ_BUF_SHARED keeps the name of the
+   rowwise buffer it is. Names are unique within a quantized tensor. */
 
 typedef struct hq_buffer {
-  const char *name;        /* static string: "data", "scale_inv", "amax", ... */
+  uint32_t struct_size;      /* set by the core */
   hq_dtype dtype;
-  uint32_t flags;          /* HQ_BUF_* */
-  int32_t ndim;            /* 1..HQ_MAX_BUFFER_DIMS */
-  int32_t shared_with;     /* with HQ_BUF_SHARED: index into the rowwise storage's buf[] */
+  const char *name;          /* static string, see the convention above */
+  uint32_t role;             /* HQ_ROLE_* */
+  uint32_t flags;            /* HQ_BUF_* */
+  int32_t ndim;              /* 1..HQ_MAX_BUFFER_DIMS */
+  int32_t shared_with;       /* with HQ_BUF_SHARED: index into the rowwise storage's buffers */
   int64_t shape[HQ_MAX_BUFFER_DIMS];
-  size_t bytes;            /* set by the core from dtype and shape */
-  void *ptr;               /* set by the core: device memory when the storage's device >= 0 */
+  uint32_t gather;           /* HQ_GATHER_* */
+  int32_t m_div;             /* HQ_GATHER_ROWS / COLS: rows of M per entry along the M dim (1 for
+                                one per row; 32 for one per 32-row block; 2 for packed FP4 whose
+                                bytes hold two rows) */
+  uint64_t reserved[4];      /* zero: room for 2.x fields */
+  size_t bytes;              /* set by the core from dtype and shape */
+  void *ptr;                 /* set by the core: device memory when the storage's device >= 0 */
 } hq_buffer;
 
-/* Describe one buffer in layout(): name, dtype, 1-D [d0] (ndim = 1, d1 ignored) or 2-D [d0, d1],
-   HQ_BUF_* flags. */
-static inline void hq_buffer_describe(hq_buffer *b, const char *name, hq_dtype dtype, int ndim,
-                                      int64_t d0, int64_t d1, uint32_t flags) {
+typedef struct hq_storage {
+  uint32_t struct_size;      /* set by the core */
+  uint32_t buf_size;         /* set by the core: the stride of buf[] (use hq_storage_buf()) */
+  uint32_t dir;              /* HQ_ROWWISE or HQ_COLWISE */
+  uint32_t nbuf;             /* number of buffers described, <= HQ_MAX_BUFFERS */
+  int64_t rows, cols;        /* the logical [M, K] of the quantized tensor */
+  int32_t device;            /* where the buffers live */
+  hq_dtype nominal;          /* dtype of the high-precision tensor it stands for (f32, f16,
+                                bf16): the source dtype of a quantize, the caller's for
+                                make_empty */
+  hq_operand_desc desc;      /* filled by layout(), checked by the core */
+  uint8_t meta[HQ_META_BYTES]; /* plugin-private, zeroed by the core before layout(); travels
+                                with the storage. Never the only home of a layout fact. */
+  uint64_t reserved[4];      /* zero */
+  hq_buffer buf[HQ_MAX_BUFFERS]; /* last; fixed order per format (= save order). Reach element i
+                                through hq_storage_buf(s, i): the stride is buf_size. */
+} hq_storage;
+
+#define HQ_STORAGE_BUF(s, i) ((hq_buffer *)((char *)(s)->buf + (size_t)(i) * (s)->buf_size))
+static inline hq_buffer *hq_storage_buf(hq_storage *s, uint32_t i) {
+  return HQ_STORAGE_BUF(s, i);
+}
+static inline const hq_buffer *hq_storage_cbuf(const hq_storage *s, uint32_t i) {
+  return (const hq_buffer *)((const char *)s->buf + (size_t)i * s->buf_size);
+}
+
+/* Describe buffer i of storage s in layout(): name, role, dtype, 1-D [d0] (ndim = 1, d1 ignored)
+   or 2-D [d0, d1]; gather rule HQ_GATHER_NEVER until hq_buffer_gather() says otherwise. Returns
+   the buffer for further settings. */
+static inline hq_buffer *hq_buffer_describe(hq_storage *s, uint32_t i, const char *name,
+                                            uint32_t role, hq_dtype dtype, int ndim, int64_t d0,
+                                            int64_t d1) {
+  hq_buffer *b = hq_storage_buf(s, i);
   b->name = name;
+  b->role = role;
   b->dtype = dtype;
   b->ndim = ndim;
   b->shape[0] = d0;
   b->shape[1] = ndim > 1 ? d1 : 0;
-  b->flags = flags;
+  b->flags = 0;
+  b->shared_with = 0;
+  b->gather = HQ_GATHER_NEVER;
+  b->m_div = 1;
+  if (s->nbuf < i + 1) s->nbuf = i + 1;
+  return b;
 }
-
-typedef struct hq_storage {
-  uint32_t dir;            /* HQ_ROWWISE or HQ_COLWISE */
-  uint32_t nbuf;           /* number of buffers described, <= HQ_MAX_BUFFERS */
-  int64_t rows, cols;      /* the logical [M, K] of the quantized tensor */
-  int32_t device;          /* where the buffers live */
-  int32_t nominal;         /* hq_dtype of the high-precision tensor it stands for (f32, f16,
-                              bf16): the source dtype of a quantize, the caller's for make_empty */
-  hq_buffer buf[HQ_MAX_BUFFERS];   /* fixed, documented order per format (= save order) */
-  uint8_t meta[HQ_META_BYTES];     /* plugin-private metadata, zeroed by the core before layout(),
-                                      travels with the storage (copy, save, checkpoint) */
-} hq_storage;
+/* Set a buffer's FSDP gather rule (HQ_GATHER_*) and its rows of M per entry. */
+static inline void hq_buffer_gather(hq_buffer *b, uint32_t rule, int32_t m_div) {
+  b->gather = rule;
+  b->m_div = m_div > 0 ? m_div : 1;
+}
+/* Mark a columnwise buffer as being rowwise buffer `index` when both are made together. */
+static inline void hq_buffer_share(hq_buffer *b, int32_t index) {
+  b->flags |= HQ_BUF_SHARED;
+  b->shared_with = index;
+}
 
 /* ---------------------------------------------------------------------------------------------
 ** Options: each plugin declares the recipe keys it accepts. The core validates every key of a
@@ -226,13 +402,16 @@ struct hq_call;
 
 typedef struct hq_host_api {
   uint32_t abi_major, abi_minor, struct_size;
-  const char *core_version;        /* "0.1.0" */
+  const char *core_version;        /* "0.2.0" */
   /* Record the message of the current failure (per thread); returns `code`. */
   int (*error)(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
-  /* Log through the embedder's logger: level 0 = error, 1 = warning, 2 = info, 3 = debug. */
-  void (*log)(int level, const char *fmt, ...) HQ_PRINTF(2, 3);
+  /* Log through the logger of the call's context (call may be NULL outside a call: then the
+     process default, stderr for errors and warnings). level 0 = error, 1 = warning, 2 = info,
+     3 = debug. */
+  void (*log)(const struct hq_call *call, int level, const char *fmt, ...) HQ_PRINTF(3, 4);
   /* Scratch memory for the duration of one call, on call->device, ordered on call->stream.
-     Returns NULL (with an error recorded) on failure. */
+     Returns NULL (with an error recorded) on failure, and always during update (HQ_CALL_UPDATE):
+     use call->scratch there. */
   void *(*alloc)(const struct hq_call *call, size_t bytes);
   void (*free)(const struct hq_call *call, void *ptr);
   /* Compute capability of a CUDA device as major*10+minor (90 = Hopper), 0 for the host or when
@@ -243,20 +422,26 @@ typedef struct hq_host_api {
 /* ---------------------------------------------------------------------------------------------
 ** hq_call: where and how one operation runs. Built by the core for every call.
 */
+#define HQ_CALL_UPDATE 1u  /* an in-place update: no allocation (host->alloc refuses), no sync */
+
 typedef struct hq_call {
   uint32_t struct_size;
+  uint32_t flags;                  /* HQ_CALL_* */
   int32_t device;                  /* HQ_DEVICE_HOST or the CUDA ordinal (already current) */
+  int32_t reserved0;
   void *stream;                    /* cudaStream_t (NULL = legacy default stream) */
-  void *blas;                      /* cublasLtHandle_t, or NULL */
-  void *workspace;                 /* GEMM workspace on `device`, or NULL */
-  size_t workspace_bytes;
+  void *scratch;                   /* scratch_size() bytes on `device` (quantize, update, amax),
+                                      or NULL when the format declares none */
+  size_t scratch_bytes;
   uint64_t seed;                   /* random stream for stochastic rounding: the context's seed */
   uint64_t offset;                 /* ... and an offset the core advances once per quantize or
                                       update operation: the calls that make the two directions
                                       of one tensor share it, so derive each direction's stream
                                       from (seed, offset, direction, element position) */
-  float *state;                    /* this quantizer's slice of the shared scaling state
-                                      (state_floats() floats, on `device`), or NULL */
+  const float *amax;               /* quantize/update: NULL (compute the per-tensor amax from
+                                      src) or amax[0] for the rowwise, amax[1] for the columnwise
+                                      direction, as amax() would compute them, in memory of
+                                      `device`. Use the value; do not recompute it. */
   const hq_host_api *host;
   void *core_private;              /* owned by the core; do not touch */
 } hq_call;
@@ -270,7 +455,13 @@ typedef struct hq_call {
                                              (no RNG, no state): an activation may be dropped and
                                              rebuilt from the original */
 #define HQ_CAP_COLWISE_ONLY (1ull << 3)   /* a COLWISE storage can be made without a ROWWISE one */
-#define HQ_CAP_STATEFUL (1ull << 4)       /* uses the shared scaling state (delayed scaling) */
+/* bit 4 (HQ_CAP_STATEFUL of ABI 1.0) is retired */
+
+/* amax_kind(): what per-tensor amax a direction's quantization depends on. */
+#define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */
+#define HQ_AMAX_INPUT 1u  /* max |x| over the input, NaN ignored: a producer's amax fits */
+#define HQ_AMAX_OWN 2u    /* a format-specific amax (e.g. of the RHT-transformed values):
+                             only the format's amax() computes it */
 
 /* ---------------------------------------------------------------------------------------------
 ** The ops table a module returns. Fields marked (required) must be non-NULL; the core rejects
@@ -278,9 +469,9 @@ typedef struct hq_call {
 ** core's default, described at the field.
 */
 typedef struct hq_format_ops {
-  /* --- identification (ABI 1.0) ------------------------------------------------------------ */
-  uint32_t abi_major;          /* = HQ_ABI_MAJOR the module was built with */
-  uint32_t abi_minor;          /* = HQ_ABI_MINOR the module was built with */
+  /* --- identification ----------------------------------------------------------------------- */
+  uint32_t abi_major;          /* = HQ_ABI_MAJOR */
+  uint32_t abi_minor;          /* the minor version of ABI 2 this module REQUIRES of the core */
   uint32_t struct_size;        /* = sizeof(hq_format_ops) as the module saw it */
   uint32_t config_size;        /* bytes of per-instance configuration (0 allowed) */
   const char *name;            /* (required) unique format name, [a-z0-9_]{1,31} */
@@ -299,85 +490,57 @@ typedef struct hq_format_ops {
   /* Capabilities of this instance (e.g. REQUANT_SAFE only without stochastic rounding).
      NULL: `caps`. */
   uint64_t (*instance_caps)(const void *cfg);
-  /* Floats of shared scaling state per quantizer (delayed scaling). NULL: 0. Reserved: this
-     core version refuses an instance that asks for state (the recipe reports it). */
-  uint32_t (*state_floats)(const void *cfg);
-  /* Initialise a fresh state slice (host memory). NULL: zeroes. */
-  int (*init_state)(const void *cfg, float *state);
 
   /* --- storages ----------------------------------------------------------------------------- */
-  /* (required) Describe the buffers of direction `dir` of a [rows, cols] tensor into *out: set
-     nbuf and for each buffer name, dtype, ndim, shape, flags (and shared_with). `dirs` is the set
-     of directions made together in this tensor. Check the shape rules here and fail with
-     HQ_ESHAPE naming the dimension and the required multiple. out->dir, rows, cols, device and
-     nominal are set and meta is zeroed by the core; the plugin may write meta. */
+  /* (required) Describe direction `dir` of a [rows, cols] tensor into *out: its buffers (with
+     hq_buffer_describe(): name, role, dtype, shape; hq_buffer_gather(): FSDP rule;
+     hq_buffer_share()) and out->desc (every field but struct_size). `dirs` is the set of
+     directions made together in this tensor. Check the shape rules here and fail with HQ_ESHAPE
+     naming the dimension and the required multiple. out->dir, rows, cols, device, nominal,
+     struct_size and buf_size are set, nbuf, desc, meta and the buffers zeroed by the core. */
   int (*layout)(const void *cfg, const hq_host_api *host, int64_t rows, int64_t cols,
                 uint32_t dir, uint32_t dirs, hq_storage *out);
+  /* Bytes of scratch a quantize / update / amax of a [rows, cols] tensor making `dirs` on
+     `device` needs (handed over as call->scratch). NULL: 0. */
+  size_t (*scratch_size)(const void *cfg, int64_t rows, int64_t cols, uint32_t dirs,
+                         int32_t device);
   /* Initialise freshly allocated buffers (e.g. zero scale padding). NULL: buffers are left
      uninitialised. */
   int (*make_empty)(const void *cfg, const hq_call *call, hq_storage *s);
 
   /* --- numerics ----------------------------------------------------------------------------- */
+  /* Which per-tensor amax direction `dir` of this instance depends on (HQ_AMAX_*). NULL: none. */
+  uint32_t (*amax_kind)(const void *cfg, uint32_t dir);
+  /* Compute the amaxes of `src` for the directions in `dirs` (those whose amax_kind is not
+     NONE): out[0] rowwise, out[1] columnwise, in memory of call->device, on call->stream.
+     Required when amax_kind() can return anything but NONE. */
+  int (*amax)(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
+              float *out);
   /* (required) Quantize `src` into the allocated storages of the directions in `dirs`; `row` is
      NULL unless dirs has HQ_ROWWISE, `col` NULL unless it has HQ_COLWISE. src->device equals
-     call->device. Run on call->stream; a CUDA path may return before the stream finishes. */
+     call->device. With call->amax, use those amaxes (one read of the input). */
   int (*quantize)(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                   hq_storage *row, hq_storage *col);
   /* Re-quantize into existing storages in place (the optimizer's write-back). Same contract as
-     quantize(). NULL: the core calls quantize(). */
+     quantize(), with call->flags & HQ_CALL_UPDATE: no allocation, no synchronization.
+     NULL: the core calls quantize() with the same flags. */
   int (*update)(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                 hq_storage *row, hq_storage *col);
   /* (required) Write the values a storage represents into dst ([rows, cols], any of F32, F16,
-     BF16, on call->device). A storage that cannot be dequantized alone returns HQ_ENOTSUP. */
+     BF16, on call->device). The storage may come from a differently configured instance of this
+     plugin: read its layout from s->desc and its buffers. A storage that cannot be dequantized
+     alone returns HQ_ENOTSUP. */
   int (*dequantize)(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst);
-
-  /* --- lifecycle ---------------------------------------------------------------------------- */
-  /* Hand the storage's buffers out (activation recompute, offload, checkpoints): write the
-     pointers of every buffer the storage owns into out[0..*n) in the format's save order and set
-     their buf[i].ptr to NULL; ownership moves to the caller. Buffers the storage shares with the
-     rowwise storage (HQ_BUF_SHARED) arrive with ptr == NULL and are not listed. The core checks
-     that exactly the owned buffers were handed out, each once. NULL: the owned buffers in buf[]
-     order. */
-  int (*save)(const void *cfg, hq_storage *s, void **out, uint32_t *n);
-  /* Take back exactly what save() handed out, in the same order (n pointers), setting buf[i].ptr.
-     NULL: the inverse of the default save. */
-  int (*restore)(const void *cfg, hq_storage *s, void *const *in, uint32_t n);
-
-  /* --- FSDP buffer protocol ------------------------------------------------------------------
-     Reserved in ABI 1.0 for the core's FSDP all-gather (it gathers each listed buffer along
-     dim 0 across ranks). This core version does not call them yet; a format may leave them
-     NULL, which selects the defaults described here. */
-  /* Which buffers are gathered along dim 0 (bit i = buf[i]). NULL: those with HQ_BUF_SHARDED. */
-  int (*fsdp_buffer_fields)(const void *cfg, const hq_storage *s, uint32_t *mask);
-  /* Make a shard's buffers concatenable along dim 0 (undo padding, undo transposes): describe
-     them into out[0..*n) (ptr may alias the shard or come from host->alloc()).
-     NULL: the fields of fsdp_buffer_fields() as they are. */
-  int (*fsdp_extract)(const void *cfg, const hq_call *call, const hq_storage *shard,
-                      hq_buffer *out, uint32_t *n);
-  /* Put gathered buffers back into a full-size storage (redo padding and transposes).
-     NULL: copy each gathered buffer into the same-index field. */
-  int (*fsdp_assign)(const void *cfg, const hq_call *call, const hq_buffer *gathered, uint32_t n,
-                     hq_storage *full);
-
-  /* --- GEMM -------------------------------------------------------------------------------- */
-  /* D = alpha * op(A) * op(B) + beta * D in the cuBLAS column-major convention: A's rowwise
-     storage is used when transa, its columnwise one otherwise; B's rowwise one when !transb.
-     Return HQ_ENOTSUP when this pair, layout or device is not handled natively: the core then
-     dequantizes both operands and runs its emulated GEMM. NULL: always emulated. Reserved in
-     ABI 1.0 for the core's GEMM dispatch, which does not call it yet. */
-  int (*gemm)(const void *cfg_a, const hq_storage *a, int transa, const void *cfg_b,
-              const hq_storage *b, int transb, hq_tensor *d, float alpha, float beta,
-              const hq_call *call);
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
    core's host table; returns the module's static ops table, or NULL (after host->error()) to
    refuse this core. */
 typedef const hq_format_ops *(*hq_format_entry_fn)(const hq_host_api *host);
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *host);
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host);
 
-/* Size of the ABI 1.0 ops table: the smallest struct_size the core accepts. */
-#define HQ_FORMAT_OPS_V1_0_SIZE (offsetof(hq_format_ops, gemm) + sizeof(void (*)(void)))
+/* Size of the ABI 2.0 ops table: the smallest struct_size the core accepts. */
+#define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))
 
 #ifdef __cplusplus
 }

@@ -1,17 +1,21 @@
 /*
-** identity.c -- the high-precision passthrough format.
+** identity.c -- the high-precision passthrough format, built into libhqcore (it cannot go
+** missing: a role or direction a recipe leaves unset stays in high precision through it).
 **
 ** Stores the tensor as it is (or cast to `dtype`). One buffer serves both directions: when both
-** are made together the columnwise storage shares the rowwise buffer; the GEMM reads it
-** transposed through its layout flags. No scale, no amax, no padding (FORMATS.md 5).
+** are made together the columnwise storage shares the rowwise buffer; a GEMM reads it transposed
+** through its layout flags. No scale, no amax, no padding (FORMATS.md 5).
 **
-** Buffers (save order): data [rows, cols] of the storage dtype.
+** Buffers (save order): rowwise "data" [rows, cols] of the storage dtype (FSDP: gathered by
+** rows); columnwise the same buffer shared (name "data") or, made alone, its own
+** "columnwise_data" [rows, cols]. desc: elem = the storage dtype, order MK, no scale.
 */
-#include <stdint.h>
+#include "config.h"
+#include "hq_internal.h"
+
 #include <string.h>
 
 #include "hq/numerics.h"
-#include "hq/plugin.h"
 
 typedef struct identity_cfg {
   int dtype; /* 0 = same as the source, else HQ_F32 / HQ_F16 / HQ_BF16 */
@@ -30,39 +34,31 @@ static int configure(void *cfg, const hq_optval *vals, const hq_host_api *h) {
   return HQ_OK;
 }
 
-static hq_dtype storage_dtype(const identity_cfg *c, int nominal) {
-  return (hq_dtype)(c->dtype ? c->dtype : nominal);
-}
+static int is_hp(int t) { return t == HQ_F32 || t == HQ_F16 || t == HQ_BF16; }
 
 static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const identity_cfg *c = cfg;
-  hq_dtype t = storage_dtype(c, out->nominal);
-  if (t != HQ_F32 && t != HQ_F16 && t != HQ_BF16)
+  hq_dtype t = (hq_dtype)(c->dtype ? c->dtype : (int)out->nominal);
+  if (!is_hp(t))
     return h->error(HQ_EINVAL, "identity: nominal dtype %d is not f32, f16 or bf16", (int)t);
-  out->nbuf = 1;
   const int shared = dir == HQ_COLWISE && (dirs & HQ_ROWWISE);
-  hq_buffer_describe(&out->buf[0], "data", t, 2, rows, cols,
-                     HQ_BUF_SHARDED | (shared ? HQ_BUF_SHARED : 0u));
-  out->buf[0].shared_with = 0;
+  const char *name = dir == HQ_ROWWISE || shared ? "data" : "columnwise_data";
+  hq_buffer *b = hq_buffer_describe(out, 0, name, HQ_ROLE_DATA, t, 2, rows, cols);
+  hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
+  if (shared) hq_buffer_share(b, 0);
+  out->desc.elem = t;
+  out->desc.order = HQ_ORDER_MK;
+  out->desc.scale_mode = HQ_SCALE_NONE;
+  out->desc.scale_layout = HQ_SCALE_LAYOUT_NONE;
+  out->desc.shard_rows = 1;
   return HQ_OK;
 }
-
-#ifdef HQ_HAVE_CUDA
-int identity_cuda_convert(const hq_call *call, void *dst, int dt, const void *src, int st,
-                          int64_t n);
-#endif
 
 /* Element-wise convert n values on the call's device. Equal dtypes copy bytes, so NaN payloads
    and signed zeros pass through unchanged. */
 static int convert(const hq_call *call, void *dst, int dt, const void *src, int st, int64_t n) {
-  if (call->device != HQ_DEVICE_HOST) {
-#ifdef HQ_HAVE_CUDA
-    return identity_cuda_convert(call, dst, dt, src, st, n);
-#else
-    return call->host->error(HQ_ENOTSUP, "identity was built without CUDA");
-#endif
-  }
+  if (call->device != HQ_DEVICE_HOST) return hqi_cuda_convert(call->stream, dst, dt, src, st, n);
   if (dt == st) {
     memcpy(dst, src, (size_t)n * (dt == HQ_F32 ? 4u : 2u));
     return HQ_OK;
@@ -76,26 +72,34 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   (void)cfg;
   int64_t n = src->rows * src->cols;
   int rc = HQ_OK;
-  if (dirs & HQ_ROWWISE)
-    rc = convert(call, row->buf[0].ptr, row->buf[0].dtype, src->data, src->dtype, n);
-  if (!rc && (dirs & HQ_COLWISE) && !((dirs & HQ_ROWWISE) && (col->buf[0].flags & HQ_BUF_SHARED)))
-    rc = convert(call, col->buf[0].ptr, col->buf[0].dtype, src->data, src->dtype, n);
+  if (dirs & HQ_ROWWISE) {
+    hq_buffer *b = hq_storage_buf(row, 0);
+    rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
+  }
+  if (!rc && (dirs & HQ_COLWISE)) {
+    hq_buffer *b = hq_storage_buf(col, 0);
+    if (!((dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED)))
+      rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
+  }
   return rc;
 }
 
 static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfg;
-  return convert(call, dst->data, dst->dtype, s->buf[0].ptr, s->buf[0].dtype,
-                 dst->rows * dst->cols);
+  const hq_buffer *b = hq_storage_cbuf(s, 0);
+  if (!is_hp(b->dtype) || b->dtype != s->desc.elem)
+    return call->host->error(HQ_EINVAL, "identity: the storage's data is %d, not f32/f16/bf16",
+                             (int)b->dtype);
+  return convert(call, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
-static const hq_format_ops ops = {
+const hq_format_ops hqi_identity_ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
+    .abi_minor = 0,
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(identity_cfg),
     .name = "identity",
-    .version = "1.0",
+    .version = PACKAGE_VERSION,
     .description = "high-precision passthrough (f32/bf16/f16), one buffer for both directions",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
@@ -108,8 +112,3 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
 };
-
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v1(const hq_host_api *h) {
-  if (h->abi_major != HQ_ABI_MAJOR) return NULL;
-  return &ops;
-}

@@ -1,0 +1,99 @@
+/*
+** kernels.cu -- the core's few CUDA kernels: the identity format's element conversion (a
+** device-to-device copy when the dtypes match, otherwise hq/numerics.h's integer rounding, the
+** same code as the CPU path, so the bytes agree) and the 2-D transpose the FSDP protocol uses to
+** move transposed copies M-major and back. Everything runs on the caller's stream.
+*/
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "hq/numerics.h"
+#include "hq/plugin.h"
+
+extern "C" int hqi_error(int code, const char *fmt, ...);
+
+namespace {
+
+template <int ST, int DT>
+__global__ void convert_kernel(void *__restrict__ dst, const void *__restrict__ src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    hq_store_hp(dst, i, DT, hq_load_hp(src, i, ST));
+}
+
+template <int ST>
+void launch(void *dst, int dt, const void *src, int64_t n, cudaStream_t stream) {
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  if (blocks < 1) blocks = 1;
+  if (dt == HQ_F32) convert_kernel<ST, HQ_F32><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+  else if (dt == HQ_F16)
+    convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+  else convert_kernel<ST, HQ_BF16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+}
+
+/* dst[c * dld + r] = src[r * sld + c] for r < rows, c < cols, 32x32 tiles through shared memory. */
+template <typename T>
+__global__ void transpose_kernel(T *__restrict__ dst, int64_t dld, const T *__restrict__ src,
+                                 int64_t sld, int64_t rows, int64_t cols) {
+  __shared__ T tile[32][33];
+  const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    int64_t r = r0 + k, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[k][threadIdx.x] = src[r * sld + c];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    int64_t c = c0 + k, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * dld + r] = tile[threadIdx.x][k];
+  }
+}
+
+template <typename T>
+void launch_transpose(void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows,
+                      int64_t cols, cudaStream_t s) {
+  dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), block(32, 8);
+  transpose_kernel<T><<<grid, block, 0, s>>>((T *)dst, dld, (const T *)src, sld, rows, cols);
+}
+
+} // namespace
+
+extern "C" int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st,
+                                int64_t n) {
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e;
+  if (n <= 0) return HQ_OK;
+  if (dt == st) {
+    e = cudaMemcpyAsync(dst, src, (size_t)n * (dt == HQ_F32 ? 4u : 2u), cudaMemcpyDeviceToDevice,
+                        s);
+  } else {
+    if (st == HQ_F32) launch<HQ_F32>(dst, dt, src, n, s);
+    else if (st == HQ_F16) launch<HQ_F16>(dst, dt, src, n, s);
+    else launch<HQ_BF16>(dst, dt, src, n, s);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: identity conversion: %s", __FILE__, __LINE__,
+                     cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+extern "C" int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src,
+                                  int64_t sld, int64_t rows, int64_t cols, int elem_bytes) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (rows <= 0 || cols <= 0) return HQ_OK;
+  if ((cols + 31) / 32 > 2147483647 || (rows + 31) / 32 > 65535)
+    return hqi_error(HQ_ESHAPE, "transpose of [%lld, %lld]: too many rows for one grid",
+                     (long long)rows, (long long)cols);
+  switch (elem_bytes) {
+  case 1: launch_transpose<uint8_t>(dst, dld, src, sld, rows, cols, s); break;
+  case 2: launch_transpose<uint16_t>(dst, dld, src, sld, rows, cols, s); break;
+  case 4: launch_transpose<uint32_t>(dst, dld, src, sld, rows, cols, s); break;
+  default:
+    return hqi_error(HQ_EINTERNAL, "transpose of %d-byte elements", elem_bytes);
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: transpose: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+  return HQ_OK;
+}

@@ -1,0 +1,260 @@
+/*
+** fsdp.c -- the FSDP buffer protocol: which bytes of a shard's storages an all-gather moves,
+** and how the gathered bytes become the full tensor's storages. Driven entirely by the rules each
+** buffer carries (hq_buffer.gather, m_div) and the storages' shard-row multiple
+** (hq_operand_desc.shard_rows): the core knows no format.
+**
+**   HQ_GATHER_ROWS  dim 0 runs along M: the first ceil(M_shard/m_div) rows of the buffer are
+**                   sent as they are (a prefix: no copy); the full buffer receives the
+**                   concatenation and zeros in its padding rows.
+**   HQ_GATHER_COLS  dim 1 runs along M (a transposed copy): the first ceil(M_shard/m_div)
+**                   columns are sent transposed (M-major, a staging copy the shard owns until
+**                   hq_fsdp_release), concatenated along dim 0 and transposed back; padding
+**                   columns are zero.
+**   HQ_GATHER_SAME  not sent: equal on every shard (per-tensor scale, amax); copied from the
+**                   local shard.
+**   HQ_GATHER_NEVER refused, before any communication.
+*/
+#include "config.h"
+#include "hq_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+int64_t hq_qtensor_shard_rows(const hq_qtensor *qt) {
+  if (!qt || !hq_qtensor_dirs(qt)) return 0;
+  int64_t l = 1;
+  for (int d = 0; d < 2; d++) {
+    if (!qt->d[d].present) continue;
+    int64_t s = qt->d[d].st.desc.shard_rows;
+    if (s <= 0) return 0;
+    l = l / gcd64(l, s) * s;
+  }
+  return l;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The M entries of buffer b of a storage of M rows, along its M dimension. */
+static int64_t m_entries(const hq_buffer *b, int64_t M) { return ceil_div(M, b->m_div); }
+
+static int64_t elem_bytes(const hq_buffer *b) { return (int64_t)hq_dtype_size(b->dtype); }
+
+/* Check that qt can be extracted; count the entries and the staging bytes. */
+static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char *what) {
+  *count = 0;
+  *staging = 0;
+  if (qt->saved) return hqi_error(HQ_ESTATE, "%s: role %s is saved", what, qt->role);
+  if (!hq_qtensor_dirs(qt)) return hqi_error(HQ_ENOENT, "%s: role %s holds no direction", what,
+                                            qt->role);
+  for (int d = 0; d < 2; d++) {
+    const hqi_qdir *q = &qt->d[d];
+    if (!q->present) continue;
+    const hqi_format *f = qt->fmt[d];
+    int64_t sr = q->st.desc.shard_rows;
+    if (sr <= 0)
+      return hqi_error(HQ_ENOTSUP, "%s: role %s, %s format '%s' (plugin %s): this storage cannot "
+                       "be sharded (its layout gives no shard-row multiple, e.g. stochastic "
+                       "rounding draws by block position)", what, qt->role, HQI_DIR_NAME(d + 1u),
+                       f->name, f->plugin->ops.name);
+    if (qt->rows % sr)
+      return hqi_error(HQ_ESHAPE, "%s: role %s, %s format '%s': the shard's %lld rows are not a "
+                       "multiple of %lld (a block would straddle two shards)", what, qt->role,
+                       HQI_DIR_NAME(d + 1u), f->name, (long long)qt->rows, (long long)sr);
+    for (uint32_t i = 0; i < q->st.nbuf; i++) {
+      const hq_buffer *b = hq_storage_cbuf(&q->st, i);
+      if (!q->owned[i]) continue;
+      if (b->gather == HQ_GATHER_NEVER)
+        return hqi_error(HQ_ENOTSUP, "%s: role %s, %s format '%s' (plugin %s): buffer '%s' "
+                         "cannot be gathered%s", what, qt->role, HQI_DIR_NAME(d + 1u), f->name,
+                         f->plugin->ops.name, b->name,
+                         q->st.desc.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED
+                             ? " (swizzled scales: use the compact layout, swizzle = false)"
+                             : "");
+      if (b->gather == HQ_GATHER_SAME) continue;
+      int64_t dim = b->gather == HQ_GATHER_ROWS ? b->shape[0] : b->shape[1];
+      if (m_entries(b, qt->rows) > dim)
+        return hqi_error(HQ_EABI, "%s: role %s: buffer '%s' has %lld entries along M, fewer "
+                         "than the %lld its rule needs", what, qt->role, b->name, (long long)dim,
+                         (long long)m_entries(b, qt->rows));
+      (*count)++;
+      if (b->gather == HQ_GATHER_COLS)
+        *staging += (size_t)(m_entries(b, qt->rows) * b->shape[0] * elem_bytes(b));
+    }
+  }
+  return HQ_OK;
+}
+
+void hq_fsdp_release(hq_qtensor *shard) {
+  if (!shard || !shard->fsdp_staging) return;
+  hqi_ctx_free_raw(shard->ctx, shard->fsdp_staging);
+  shard->fsdp_staging = NULL;
+}
+
+/* dst[c][r] = src[r][c] for a [rows, cols] block of es-byte elements (leading dims in elements). */
+static int transpose(hq_ctx *ctx, void *dst, int64_t dld, const void *src, int64_t sld,
+                     int64_t rows, int64_t cols, int64_t es) {
+  if (ctx->device >= 0)
+    return hqi_cuda_transpose(ctx->stream, dst, dld, src, sld, rows, cols, (int)es);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      memcpy((char *)dst + (c * dld + r) * es, (const char *)src + (r * sld + c) * es,
+             (size_t)es);
+  return HQ_OK;
+}
+
+static int copy2d(hq_ctx *ctx, void *dst, const void *src, size_t bytes) {
+  return hq_ctx_memcpy(ctx, dst, ctx->device, src, ctx->device, bytes);
+}
+
+int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t cap,
+                    size_t elem_size, size_t *n) {
+  if (!shard || !ctx || !n || (!out && cap))
+    return hqi_error(HQ_EINVAL, "hq_fsdp_extract: NULL argument");
+  if (cap && elem_size < HQ_FSDP_BUFFER_SIZE_0_2)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_extract: elem_size %zu is smaller than the oldest "
+                     "hq_fsdp_buffer (%zu bytes)", elem_size, (size_t)HQ_FSDP_BUFFER_SIZE_0_2);
+  if (ctx->device != shard->ctx->device)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_extract: the context runs on device %d, the shard lives "
+                     "on %d", ctx->device, shard->ctx->device);
+  size_t count, staging;
+  int rc = plan(shard, &count, &staging, "hq_fsdp_extract");
+  *n = count;
+  if (rc) return rc;
+  if (cap < count)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_extract: role %s needs %zu entries, %zu given",
+                     shard->role, count, cap);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  hq_fsdp_release(shard);
+  if (staging) {
+    shard->fsdp_staging = hqi_ctx_alloc_raw(shard->ctx, staging);
+    if (!shard->fsdp_staging)
+      rc = hqi_error(HQ_ENOMEM, "hq_fsdp_extract: %zu bytes of staging on device %d", staging,
+                     ctx->device);
+  }
+  char *stage = shard->fsdp_staging;
+  size_t k = 0;
+  for (int d = 0; d < 2 && !rc; d++) {
+    hqi_qdir *q = &shard->d[d];
+    if (!q->present) continue;
+    for (uint32_t i = 0; i < q->st.nbuf && !rc; i++) {
+      hq_buffer *b = HQ_STORAGE_BUF(&q->st, i);
+      if (!q->owned[i] || b->gather == HQ_GATHER_SAME) continue;
+      hq_fsdp_buffer e;
+      memset(&e, 0, sizeof e);
+      e.struct_size = (uint32_t)(elem_size < sizeof e ? elem_size : sizeof e);
+      e.dir = q->st.dir;
+      e.name = b->name;
+      e.dtype = b->dtype;
+      e.device = ctx->device;
+      e.rows = m_entries(b, shard->rows);
+      const int64_t es = elem_bytes(b);
+      if (b->gather == HQ_GATHER_ROWS) {
+        e.row_bytes = (int64_t)(b->bytes / (size_t)b->shape[0]);
+        e.ptr = b->ptr;
+      } else {
+        e.row_bytes = b->shape[0] * es;
+        e.ptr = stage;
+        rc = transpose(ctx, stage, b->shape[0], b->ptr, b->shape[1], b->shape[0], e.rows, es);
+        stage += e.rows * e.row_bytes;
+      }
+      memcpy((char *)out + k++ * elem_size, &e, e.struct_size);
+    }
+  }
+  if (rc) hq_fsdp_release(shard);
+  hqi_device_leave(saved);
+  return rc;
+}
+
+int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
+                   const hq_fsdp_buffer *gathered, size_t n, size_t elem_size) {
+  if (!full || !ctx || !shard || (!gathered && n))
+    return hqi_error(HQ_EINVAL, "hq_fsdp_assign: NULL argument");
+  if (n && elem_size < HQ_FSDP_BUFFER_SIZE_0_2)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_assign: elem_size %zu is smaller than the oldest "
+                     "hq_fsdp_buffer (%zu bytes)", elem_size, (size_t)HQ_FSDP_BUFFER_SIZE_0_2);
+  if (ctx->device != full->ctx->device || ctx->device != shard->ctx->device)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_assign: the context, the full tensor and the shard must "
+                     "be on one device (%d, %d, %d)", ctx->device, full->ctx->device,
+                     shard->ctx->device);
+  if (hq_qtensor_dirs(full) != hq_qtensor_dirs(shard) || full->cols != shard->cols)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the full tensor (directions 0x%x, %lld "
+                     "columns) does not match the shard (0x%x, %lld)", full->role,
+                     hq_qtensor_dirs(full), (long long)full->cols, hq_qtensor_dirs(shard),
+                     (long long)shard->cols);
+  for (int d = 0; d < 2; d++)
+    if (full->d[d].present &&
+        (full->fmt[d]->plugin != shard->fmt[d]->plugin ||
+         strcmp(full->fmt[d]->name, shard->fmt[d]->name) != 0))
+      return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the %s formats differ ('%s' full, "
+                       "'%s' shard)", full->role, HQI_DIR_NAME(d + 1u), full->fmt[d]->name,
+                       shard->fmt[d]->name);
+  size_t count, staging;
+  int rc = plan(full, &count, &staging, "hq_fsdp_assign");
+  if (rc) return rc;
+  if (n != count)
+    return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s expects %zu gathered buffers, %zu given",
+                     full->role, count, n);
+  /* check every entry before writing anything */
+  for (int pass = 0; pass < 2; pass++) {
+    size_t k = 0;
+    int saved = -1;
+    if (pass == 1 && (rc = hqi_device_enter(ctx->device, &saved))) return rc;
+    for (int d = 0; d < 2 && !rc; d++) {
+      hqi_qdir *q = &full->d[d];
+      const hqi_qdir *sq = &shard->d[d];
+      if (!q->present) continue;
+      for (uint32_t i = 0; i < q->st.nbuf && !rc; i++) {
+        hq_buffer *b = HQ_STORAGE_BUF(&q->st, i);
+        if (!q->owned[i]) continue;
+        if (b->gather == HQ_GATHER_SAME) {
+          const hq_buffer *sb = i < sq->st.nbuf ? hq_storage_cbuf(&sq->st, i) : NULL;
+          if (pass == 0 && (!sb || !sb->ptr || strcmp(sb->name, b->name) != 0 ||
+                            sb->bytes != b->bytes))
+            return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the shard has no buffer '%s' "
+                             "of %zu bytes to copy", full->role, b->name, b->bytes);
+          if (pass == 1) rc = copy2d(ctx, b->ptr, sb->ptr, b->bytes);
+          continue;
+        }
+        hq_fsdp_buffer e;
+        memset(&e, 0, sizeof e);
+        memcpy(&e, (const char *)gathered + k * elem_size,
+               elem_size < sizeof e ? elem_size : sizeof e);
+        const int64_t es = elem_bytes(b), rows = m_entries(b, full->rows);
+        const int64_t row_bytes = b->gather == HQ_GATHER_ROWS
+                                      ? (int64_t)(b->bytes / (size_t)b->shape[0])
+                                      : b->shape[0] * es;
+        if (pass == 0) {
+          if (!e.ptr || e.dir != q->st.dir || !e.name || strcmp(e.name, b->name) != 0 ||
+              e.rows != rows || e.row_bytes != row_bytes || e.device != ctx->device)
+            return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: gathered entry %zu (%s '%s', "
+                             "%lld rows of %lld bytes, device %d) is not the %s buffer '%s' of the "
+                             "full tensor (%lld rows of %lld bytes, device %d)", full->role, k,
+                             HQI_DIR_NAME(e.dir), e.name ? e.name : "?", (long long)e.rows,
+                             (long long)e.row_bytes, e.device, HQI_DIR_NAME(q->st.dir), b->name,
+                             (long long)rows, (long long)row_bytes, ctx->device);
+        } else if (b->gather == HQ_GATHER_ROWS) {
+          size_t used = (size_t)(rows * row_bytes);
+          rc = copy2d(ctx, b->ptr, e.ptr, used);
+          if (!rc) rc = hqi_ctx_memset(ctx, (char *)b->ptr + used, 0, b->bytes - used);
+        } else {
+          rc = hqi_ctx_memset(ctx, b->ptr, 0, b->bytes);
+          if (!rc) rc = transpose(ctx, b->ptr, b->shape[1], e.ptr, b->shape[0], rows, b->shape[0], es);
+        }
+        k++;
+      }
+    }
+    if (pass == 1) hqi_device_leave(saved);
+  }
+  return rc;
+}

@@ -1,0 +1,73 @@
+/*
+** mxfp8_rules.h -- the MXFP8 rules (scale code from a block amax, element cast, scale-buffer
+** shapes and index functions), shared by the plugin's CPU reference and its CUDA kernels.
+** Private to the plugin (not installed); host + device.
+*/
+#ifndef HQ_MXFP8_RULES_H
+#define HQ_MXFP8_RULES_H
+
+#include "hq/numerics.h"
+
+/* --------------------------------------------------------------------------------------------
+** MXFP8: E8M0 scales (FORMATS.md 2.2)
+**
+** One E8M0 scale per 32 elements (1x32 rowwise, 32x1 columnwise, or 32x32 in 2-D mode). A code
+** e (0..254) stands for scale_inv = 2^(e-127); 0xFF is NaN; there is no zero. TE's rule, not
+** OCP's floor rule: the scale is rounded UP from amax/max_norm, so elements never saturate.
+**   t = RN(amax * RN(1/max_norm))               (one FP32 multiply)
+**   e = E8M0 code of t rounded toward +Inf       (cvt.rp.satfinite.ue8m0; 0 -> 0, Inf -> 0xFE,
+**                                                 NaN -> 0xFF)
+**   q = fp8_rne_satfinite(RN(x * 2^(127-e)))     (the multiply is exact but for FP32 underflow)
+**   x' = RN(fp32(q) * 2^(e-127))                 (dequantize)
+*/
+#define HQ_MXFP8_BLOCK 32
+
+/* The E8M0 scale code of a block from its amax (max |x| with NaN ignored, Inf included):
+   steps 2 and 3 of FORMATS.md 2.2. kind is the element hq_dtype, HQ_E4M3 or HQ_E5M2. */
+HQ_HD uint8_t hq_mxfp8_scale_code(float amax, int kind) {
+  float t = hq_mul_rn(amax, hq_rcp_rn(hq_fp8_max(kind)));
+  return hq_e8m0_from_f32_rp(t);
+}
+
+/* One element: q = fp8_rne_satfinite(RN(x * mult)) with mult = hq_e8m0_quant_mult(e), kind
+   HQ_E4M3 or HQ_E5M2. NaN -> 0x7F; +-Inf -> +-max (its block has e = 0xFE). */
+HQ_HD uint8_t hq_mxfp8_quantize(float x, float mult, int kind) {
+  return hq_f32_to_fp8(hq_mul_rn(x, mult), kind);
+}
+
+/* One element back: RN(fp32(q) * 2^(e-127)), kind HQ_E4M3 or HQ_E5M2. */
+HQ_HD float hq_mxfp8_dequantize(uint8_t q, uint8_t e, int kind) {
+  return hq_mul_rn(hq_fp8_to_f32(q, kind), hq_e8m0_to_f32(e));
+}
+
+/* Shapes of the scale buffers of an [M, K] tensor (M % 32 == 0, K % 32 == 0), the same for the
+   compact and the swizzled layout:
+     rowwise  scale_inv            [roundup(M, 128), roundup(K/32, 4)]
+     columnwise columnwise_scale_inv [roundup(M/32, 4), roundup(K, 128)] */
+HQ_HD int64_t hq_mxfp8_row_scale_rows(int64_t M) { return hq_roundup(M, 128); }
+HQ_HD int64_t hq_mxfp8_row_scale_cols(int64_t K) { return hq_roundup(K / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_rows(int64_t M) { return hq_roundup(M / 32, 4); }
+HQ_HD int64_t hq_mxfp8_col_scale_cols(int64_t K) { return hq_roundup(K, 128); }
+
+/* Byte offset, in the rowwise scale_inv buffer of an [M, K] tensor, of the scale of row i, K-block
+   kb (elements (i, 32kb .. 32kb+31)).
+     compact (swizzled = 0, HQ_SCALE_LAYOUT_OUTER_MAJOR): row-major [roundup(M,128)]
+       [roundup(K/32,4)]: i * roundup(K/32,4) + kb
+     swizzled (HQ_SCALE_LAYOUT_SWIZZLED): hq_swizzle_offset(r = i, c = kb, cols = K/32). */
+HQ_HD int64_t hq_mxfp8_row_scale_idx(int64_t i, int64_t kb, int64_t K, int swizzled) {
+  if (swizzled) return hq_swizzle_offset(i, kb, K / 32);
+  return i * hq_mxfp8_row_scale_cols(K) + kb;
+}
+
+/* Byte offset, in the columnwise_scale_inv buffer of an [M, K] tensor, of the scale of M-block
+   mb, column j (elements (32mb .. 32mb+31, j)).
+     compact (swizzled = 0, HQ_SCALE_LAYOUT_BLOCK_MAJOR): row-major [roundup(M/32,4)]
+       [roundup(K,128)]: mb * roundup(K,128) + j
+     swizzled (HQ_SCALE_LAYOUT_SWIZZLED): the compact [M/32][K] matrix is used as its
+       transpose, r = column j, c = M-block mb: hq_swizzle_offset(r = j, c = mb, cols = M/32). */
+HQ_HD int64_t hq_mxfp8_col_scale_idx(int64_t mb, int64_t j, int64_t M, int64_t K, int swizzled) {
+  if (swizzled) return hq_swizzle_offset(j, mb, M / 32);
+  return mb * hq_mxfp8_col_scale_cols(K) + j;
+}
+
+#endif /* HQ_MXFP8_RULES_H */

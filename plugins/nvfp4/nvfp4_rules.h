@@ -1,0 +1,263 @@
+/*
+** nvfp4_rules.h -- the NVFP4 rules (global and block scales, element casts, the RHT, the
+** Philox stream of stochastic rounding, buffer index functions), shared by the plugin's CPU
+** reference and its CUDA kernels. Private to the plugin (not installed); host + device.
+*/
+#ifndef HQ_NVFP4_RULES_H
+#define HQ_NVFP4_RULES_H
+
+#include "hq/numerics.h"
+
+/* --------------------------------------------------------------------------------------------
+** NVFP4: E4M3 block scales, global scale, RHT, stochastic rounding (FORMATS.md 3); the E2M1
+** element codecs (hq_e2m1_to_f32, hq_f32_to_e2m1, hq_f32_to_e2m1_sr) are generic and stay in
+** hq/numerics.h.
+*/
+
+/*
+** The rules, in TE's operation order (FORMATS.md 3.3 and 9.3). A is the direction's global amax
+** (max |x| with NaN ignored; with RHT the columnwise A is taken over the BF16-rounded transformed
+** values), a_b a 16-element block's amax, x an element:
+**   S_enc = min(RN(2688 / A), FLT_MAX); 1 if A == 0 or S_enc == 0   global_encode_scale
+**   S_dec = RN(1 / S_enc)                                             global_decode_scale
+**   m     = RN(S_enc * RN(1/6))                   (once per direction) block_scale_mult
+**   sf    = E4M3_RNE_satfinite(min(RN(a_b * m), FLT_MAX))  (stored)    block_scale
+**   enc   = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); FLT_MAX if 0  encode_mult
+**   q     = E2M1(RN(x * enc)), RNE-satfinite or stochastic             quantize, quantize_sr
+**   x'    = RN(e2m1(q) * RN(RN(fp32(sf) * A) * RN(1/2688)))            decode_mult, dequantize
+** (function names without their hq_nvfp4_ prefix).
+** The dequantizer uses A / 2688 (as TE's dequantize kernel and GEMM alpha do), not S_dec.
+*/
+#define HQ_NVFP4_BLOCK 16
+#define HQ_NVFP4_RHT_SIGNS 0xD7E8u          /* TE's fixed sign vector; bit i set: s_i = -1 */
+
+/* Global encode scale S_enc from the direction's amax A (>= 0): RN(448*6 / A) clamped to
+   FLT_MAX (as fminf: a NaN quotient also gives FLT_MAX); 1 when A == 0 or the quotient is 0
+   (A = Inf). */
+HQ_HD float hq_nvfp4_global_encode_scale(float amax) {
+  if (amax == 0.0f) return 1.0f;
+  float s = hq_div_rn(2688.0f, amax);
+  if (!(s <= FLT_MAX)) s = FLT_MAX;
+  if (s == 0.0f) return 1.0f;
+  return s;
+}
+
+/* Global decode scale S_dec = RN(1 / S_enc) (TE: 1.0f / S_enc, or 1.0 / S_enc in double rounded
+   to float: the same value). */
+HQ_HD float hq_nvfp4_global_decode_scale(float s_enc) { return hq_rcp_rn(s_enc); }
+
+/* The per-direction multiplier m = RN(S_enc * RN(1/6)) of the block scale rule. */
+HQ_HD float hq_nvfp4_block_scale_mult(float s_enc) { return hq_mul_rn(s_enc, hq_rcp_rn(6.0f)); }
+
+/* The stored E4M3 block scale sf = E4M3_RNE_satfinite(min(RN(a_b * m), FLT_MAX)). */
+HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
+  float p = hq_mul_rn(block_amax, m);
+  if (p > FLT_MAX) p = FLT_MAX;
+  return hq_f32_to_e4m3(p);
+}
+
+/* The block's encode multiplier enc = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); FLT_MAX when
+   the product is 0 (a zero or tiny block: its codes may saturate but dequantize to 0). */
+HQ_HD float hq_nvfp4_encode_mult(uint8_t sf, float s_dec) {
+  float d = hq_mul_rn(hq_e4m3_to_f32(sf), s_dec);
+  if (d == 0.0f) return FLT_MAX;
+  float e = hq_div_rn(1.0f, d);
+  return e < FLT_MAX ? e : FLT_MAX;
+}
+
+/* One element: q = E2M1_RNE_satfinite(RN(x * enc)), or with stochastic rounding from r8. */
+HQ_HD uint32_t hq_nvfp4_quantize(float x, float enc) { return hq_f32_to_e2m1(hq_mul_rn(x, enc)); }
+HQ_HD uint32_t hq_nvfp4_quantize_sr(float x, float enc, uint32_t r8) {
+  return hq_f32_to_e2m1_sr(hq_mul_rn(x, enc), r8);
+}
+
+/* Dequantize multiplier of a block: RN(RN(fp32(sf) * A) * RN(1/2688)) (TE dequantize_nvfp4:
+   scale * amax * (float)(1.0 / (6.0 * 448.0)), left to right); an element is then
+   RN(e2m1(q) * mult). */
+HQ_HD float hq_nvfp4_decode_mult(uint8_t sf, float amax) {
+  return hq_mul_rn(hq_mul_rn(hq_e4m3_to_f32(sf), amax), (float)(1.0 / 2688.0));
+}
+HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
+  return hq_mul_rn(hq_e2m1_to_f32(code), decode_mult);
+}
+
+/* max |v_i| over n values, NaN ignored, +-Inf counted (FORMATS.md 0.4): a max over the FP32 bit
+   patterns of |v_i| (as signed integers: they are below 2^31), which order like the values;
+   NaN patterns count as 0. */
+HQ_HD float hq_nvfp4_amax(const float *v, int64_t n) {
+  uint32_t mx = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t b = hq_abs_bits_nonan(v[i]);
+    mx = b > mx ? b : mx;
+  }
+  return hq_bits_f32(mx);
+}
+
+/* RN to BF16 and back: hq_bf16_to_f32(hq_f32_to_bf16(x)), without branches (NaN stays a quiet
+   NaN with its sign). */
+HQ_HD float hq_nvfp4_bf16_round(float x) {
+  uint32_t u = hq_f32_bits(x);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return hq_bits_f32((u & 0x7fffffffu) > 0x7f800000u ? ((u & 0xffff0000u) | 0x00400000u) : r);
+}
+
+/* The 16-point random Hadamard transform of one group g (16 values along M, i.e. 16 consecutive
+   rows of one column of x), y = g * diag(s) * H16 / 4 with H16[r][c] = (-1)^popcount(r & c) and
+   s_i = -1 where bit i of sign_mask is set (FORMATS.md 3.5). hq's fixed FP32 evaluation order,
+   which every CPU and GPU implementation follows (TE's tensor-core accumulation order is
+   unspecified, so TE's bits are not reproducible here):
+     0. v_i = RN_bf16(g_i)            (BF16 inputs are unchanged; f32/f16 are rounded to BF16)
+     1. v_i = -v_i where bit i is set (exact: the sign bit flips)
+     2. butterfly stages h = 1, 2, 4, 8 in this order; in each, for i = 0..15 with (i & h) == 0:
+        (v_i, v_{i+h}) = (RN(v_i + v_{i+h}), RN(v_i - v_{i+h}))
+     3. v_i = RN(v_i * 0.25)
+     4. v_i = RN_bf16(v_i)            (the BF16 the columnwise amax and quantization see)
+   In exact arithmetic the matrix diag(s) H16 / 4 is orthogonal; its inverse is its transpose
+   H16 diag(s) / 4. A NaN input makes NaN outputs whose sign and payload are not defined (they
+   differ between compilers and devices); any NaN is ignored by amax and quantizes to +6, so the
+   quantized bytes do not depend on them. */
+HQ_HD void hq_nvfp4_rht16(float v[16], uint32_t sign_mask) {
+  for (int i = 0; i < 16; i++)
+    v[i] = hq_bits_f32(hq_f32_bits(hq_nvfp4_bf16_round(v[i])) ^ (((sign_mask >> i) & 1u) << 31));
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i++) {
+      if (i & h) continue;
+      float a = v[i], b = v[i + h];
+      v[i] = hq_add_rn(a, b);
+      v[i + h] = hq_add_rn(a, -b);
+    }
+  }
+  for (int i = 0; i < 16; i++) v[i] = hq_nvfp4_bf16_round(hq_mul_rn(v[i], 0.25f));
+}
+
+/* The inverse transform, applied when a columnwise RHT copy is dequantized: the RHT matrix
+   diag(s) H16 / 4 is orthogonal, so its inverse is its transpose H16 diag(s) / 4. Fixed FP32
+   order: the butterfly stages 1, 2, 4, 8 with RN adds, the exact * 0.25, then the sign flip (no
+   BF16 rounding: the result is the dequantized value). */
+HQ_HD void hq_nvfp4_rht16_inverse(float v[16], uint32_t sign_mask) {
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i++) {
+      if (i & h) continue;
+      float a = v[i], b = v[i + h];
+      v[i] = hq_add_rn(a, b);
+      v[i + h] = hq_add_rn(a, -b);
+    }
+  }
+  for (int i = 0; i < 16; i++)
+    v[i] = hq_bits_f32(hq_f32_bits(hq_mul_rn(v[i], 0.25f)) ^ (((sign_mask >> i) & 1u) << 31));
+}
+
+/* hq_nvfp4_rht16 of 16 groups at once: v[16 * i + l] is element i of group l. Every group goes
+   through exactly the operations of hq_nvfp4_rht16, in its order (the same bits); the groups are
+   independent lanes, which lets a CPU compiler vectorize across them. */
+#if defined(__cplusplus)
+#define HQ_NVFP4_RESTRICT __restrict__
+#else
+#define HQ_NVFP4_RESTRICT restrict
+#endif
+HQ_HD void hq_nvfp4_bfly16(float *HQ_NVFP4_RESTRICT p, float *HQ_NVFP4_RESTRICT q) {
+  for (int l = 0; l < 16; l++) {
+    float a = p[l], b = q[l];
+    p[l] = hq_add_rn(a, b);
+    q[l] = hq_add_rn(a, -b);
+  }
+}
+HQ_HD void hq_nvfp4_rht16x16(float v[256], uint32_t sign_mask) {
+  for (int i = 0; i < 16; i++) {
+    uint32_t flip = ((sign_mask >> i) & 1u) << 31;
+    for (int l = 0; l < 16; l++)
+      v[16 * i + l] = hq_bits_f32(hq_f32_bits(hq_nvfp4_bf16_round(v[16 * i + l])) ^ flip);
+  }
+  for (int h = 1; h < 16; h <<= 1)
+    for (int i = 0; i < 16; i++)
+      if (!(i & h)) hq_nvfp4_bfly16(v + 16 * i, v + 16 * (i + h));
+  for (int k = 0; k < 256; k++) v[k] = hq_nvfp4_bf16_round(hq_mul_rn(v[k], 0.25f));
+}
+
+/* Philox4x32-10 (Salmon et al., SC'11; Random123's philox4x32 with 10 rounds): one block of 4
+   random words from a 128-bit counter and a 64-bit key. A round maps (c0, c1, c2, c3) to
+   (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0)); the key is bumped by
+   (W0, W1) between rounds. */
+#define HQ_PHILOX_M0 0xD2511F53u
+#define HQ_PHILOX_M1 0xCD9E8D57u
+#define HQ_PHILOX_W0 0x9E3779B9u
+#define HQ_PHILOX_W1 0xBB67AE85u
+HQ_HD void hq_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
+  for (int r = 0; r < 10; r++) {
+    if (r) {
+      k0 += HQ_PHILOX_W0;
+      k1 += HQ_PHILOX_W1;
+    }
+    uint64_t p0 = (uint64_t)HQ_PHILOX_M0 * c0, p1 = (uint64_t)HQ_PHILOX_M1 * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1;
+    c3 = (uint32_t)p0;
+    c0 = n0;
+    c2 = n2;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+/* Random bits for stochastic rounding of one 16-element block: ONE Philox4x32-10 call per
+   (direction, block, call offset), independent of any thread mapping:
+     key     = { seed & 0xffffffff, seed >> 32 }
+     counter = { block & 0xffffffff, ((block >> 32) & 0x7fffffff) | colwise << 31,
+                 offset & 0xffffffff, offset >> 32 }
+   where colwise is 0 for the rowwise copy and 1 for the columnwise copy, and block is the
+   block's index in its direction's stored data: rowwise i*(K/16) + k/16, columnwise
+   k*(M/16) + i/16 (element (i, k) of the [M, K] tensor). Element e = 0..15 of the block (its
+   position along the block: k % 16 rowwise, i % 16 columnwise) uses the 8 bits
+   hq_nvfp4_sr_byte(out, e) = (out[e / 4] >> (8 * (e % 4))) & 0xff, as u = byte / 256. */
+HQ_HD void hq_nvfp4_sr_bits(uint64_t seed, uint64_t offset, uint32_t colwise, uint64_t block,
+                            uint32_t out[4]) {
+  uint32_t key[2], ctr[4];
+  key[0] = (uint32_t)seed;
+  key[1] = (uint32_t)(seed >> 32);
+  ctr[0] = (uint32_t)block;
+  ctr[1] = ((uint32_t)(block >> 32) & 0x7fffffffu) | ((colwise & 1u) << 31);
+  ctr[2] = (uint32_t)offset;
+  ctr[3] = (uint32_t)(offset >> 32);
+  hq_philox4x32_10(ctr, key, out);
+}
+HQ_HD uint32_t hq_nvfp4_sr_byte(const uint32_t bits[4], int e) {
+  return (bits[e >> 2] >> (8 * (e & 3))) & 0xffu;
+}
+
+/* Layouts (FORMATS.md 3.2, 3.7, 2.4). Element (i, k) of the logical [M, K] tensor:
+   - rowwise data [M, K/2]: byte i*(K/2) + k/2, low nibble when k is even;
+   - columnwise data [K, M/2] (transposed): byte k*(M/2) + i/2, low nibble when i is even;
+   - rowwise scale_inv [roundup(M,128), roundup(K/16,4)]: entry S[i][k/16];
+   - columnwise scale_inv [roundup(K,128), roundup(M/16,4)]: entry S[k][i/16].
+   A scale matrix S[r][b] of a direction whose stored data has rows of C elements has
+   ld = roundup(C/16, 4) entries per row; its byte offset is
+     compact (HQ_SCALE_LAYOUT_OUTER_MAJOR, swizzle = 0):  r * ld + b
+     swizzled (HQ_SCALE_LAYOUT_SWIZZLED, swizzle = 1):
+               ((r/128) * (ld/4) + b/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + b%4
+   (cuBLAS's 128x4 tiles, tile-row-major; NVFP4 uses it as "row" scaling for both copies).
+   Every entry outside the logical [R, C/16] (the padding) is zero. */
+HQ_HD int64_t hq_nvfp4_scale_rows(int64_t rows) { return hq_roundup(rows, 128); }
+HQ_HD int64_t hq_nvfp4_scale_cols(int64_t cols) { return hq_roundup(cols / 16, 4); }
+
+HQ_HD int64_t hq_nvfp4_scale_offset(int64_t r, int64_t b, int64_t cols, int swizzle) {
+  if (swizzle) return hq_swizzle_offset(r, b, cols / 16);
+  return r * hq_nvfp4_scale_cols(cols) + b;
+}
+
+HQ_HD int64_t hq_nvfp4_row_data_index(int64_t i, int64_t k, int64_t K) {
+  return i * (K / 2) + k / 2;
+}
+HQ_HD int64_t hq_nvfp4_col_data_index(int64_t i, int64_t k, int64_t M) {
+  return k * (M / 2) + i / 2;
+}
+HQ_HD int64_t hq_nvfp4_row_scale_index(int64_t i, int64_t k, int64_t K, int swizzle) {
+  return hq_nvfp4_scale_offset(i, k / 16, K, swizzle);
+}
+HQ_HD int64_t hq_nvfp4_col_scale_index(int64_t i, int64_t k, int64_t M, int swizzle) {
+  return hq_nvfp4_scale_offset(k, i / 16, M, swizzle);
+}
+
+#endif /* HQ_NVFP4_RULES_H */

@@ -1,0 +1,388 @@
+/*
+** test_abi.c -- the ABI 2.0 and API contracts of the core, with the test_good fixture module
+** (tests/plugins/fixture.c) and the built-in identity format:
+**   - versioned structs: callers' structs at the floor size are read without over-reading,
+**     smaller ones are refused by name, newer (larger) ones accepted;
+**   - the core checks what layout() describes (data role, descriptor, names, gather rules);
+**   - an update must not allocate; host->log reaches the context's logger;
+**   - the context passed to a call is the one whose logger and allocator the call uses;
+**   - identity is built in; the random stream position is readable and settable;
+**   - saved-buffer descriptors.
+*/
+#include "hq_test.h"
+
+static const char *fixtures(void) {
+  const char *d = getenv("HQ_TEST_FIXTURES");
+  return d ? d : "tests/plugins/.libs";
+}
+
+/* A recipe using the fixture module (test_good) with `level` for both directions. */
+static hq_recipe *fixture_recipe(int level, const char *source) {
+  char text[512];
+  snprintf(text, sizeof text,
+           "[recipe]\nplugin_dirs = %s\n[format g]\nplugin = test_good\nlevel = %d\n"
+           "[role linear:weight:*]\nrowwise = g\ncolumnwise = g\ncolumnwise_source = %s\n",
+           fixtures(), level, source ? source : "original");
+  hq_recipe_opts o = {0};
+  o.struct_size = sizeof o;
+  o.plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "abi.ini", &o, &r));
+  if (hq_recipe_error_count(r)) fail_msg("%s", hq_recipe_error(r, 0));
+  return r;
+}
+
+// --- versioned structs --------------------------------------------------------------------
+
+/* hq_ctx_desc at exactly its floor size, in a block of that size (ASan catches an over-read). */
+static void test_ctx_desc_floor(void **state) {
+  (void)state;
+  size_t floor = HQ_CTX_DESC_SIZE_0_1;
+  hq_ctx_desc *d = malloc(floor);
+  memset(d, 0, floor);
+  d->struct_size = (uint32_t)floor;
+  d->device = HQ_DEVICE_HOST;
+  d->seed = 77;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(d, &ctx));
+  assert_int_equal(hq_ctx_seed(ctx), 77);
+  hq_ctx_destroy(ctx);
+  d->struct_size = (uint32_t)floor - 1;
+  assert_int_equal(hq_ctx_create(d, &ctx), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_desc.struct_size");
+  free(d);
+  /* a newer caller's larger struct: the fields this core knows are read */
+  struct { hq_ctx_desc d; uint64_t future[4]; } big;
+  memset(&big, 0xff, sizeof big);
+  memset(&big.d, 0, sizeof big.d);
+  big.d.struct_size = sizeof big;
+  big.d.device = HQ_DEVICE_HOST;
+  big.d.seed = 5;
+  HQ_OK_OR_FAIL(hq_ctx_create(&big.d, &ctx));
+  assert_int_equal(hq_ctx_seed(ctx), 5);
+  hq_ctx_destroy(ctx);
+}
+
+static void test_recipe_opts_floor(void **state) {
+  (void)state;
+  size_t floor = HQ_RECIPE_OPTS_SIZE_0_1;
+  hq_recipe_opts *o = malloc(floor);
+  memset(o, 0, floor);
+  o->struct_size = (uint32_t)floor;
+  o->plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:*]\nrowwise = identity\n", "t", o, &r));
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_recipe_free(r);
+  o->struct_size = 4;
+  assert_int_equal(hq_recipe_parse_string("", "t", o, &r), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_recipe_opts.struct_size");
+  free(o);
+}
+
+static void test_tensor_struct_size(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[role *:*:*]\nrowwise = identity\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 4, 8, 1, 1.0f);
+  hq_qtensor *qt = NULL;
+  hq_tensor bad = x;
+  bad.struct_size = 0; /* a caller that forgot it */
+  assert_int_equal(hq_quantize(q, ctx, &bad, &qt), HQ_EINVAL);
+  HQ_ERROR_HAS("struct_size");
+  bad.struct_size = (uint32_t)HQ_TENSOR_SIZE_2_0;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &bad, &qt));
+  /* hq_quantize_args below its floor */
+  hq_quantize_args a = {4, 0, NULL};
+  hq_qtensor *qt2 = NULL;
+  assert_int_equal(hq_quantize_ex(q, ctx, &x, &a, &qt2), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_quantize_args");
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+// --- layout checks ------------------------------------------------------------------------
+
+static void test_layout_checks(void **state) {
+  (void)state;
+  static const struct { int level; const char *needle; } bad[] = {
+      {1, "data role (exactly one must)"},
+      {2, "does not match the descriptor"},
+      {4, "must be named 'columnwise_data'"},
+      {5, "swizzled scale buffer"},
+      {6, "two buffers are named 'data'"},
+      {9, "does not match the descriptor"},
+  };
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    hq_recipe *r = fixture_recipe(bad[i].level, NULL);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_qtensor *qt = NULL;
+    int rc = hq_quantize(q, ctx, &x, &qt);
+    if (rc != HQ_EABI) fail_msg("level %d: %d (%s)", bad[i].level, rc, hq_last_error());
+    assert_null(qt);
+    HQ_ERROR_HAS(bad[i].needle);
+    HQ_ERROR_HAS("test_good");
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  free(x.data);
+  hq_ctx_destroy(ctx);
+}
+
+/* The valid fixture: descriptor and buffers as the core completes them. */
+static void test_storage_as_described(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(3, NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  const hq_storage *s = hq_qtensor_storage(qt, HQ_COLWISE);
+  assert_int_equal(s->struct_size, sizeof(hq_storage));
+  assert_int_equal(s->buf_size, sizeof(hq_buffer));
+  assert_int_equal(s->desc.struct_size, sizeof(hq_operand_desc));
+  assert_int_equal(s->desc.elem, HQ_F32);
+  assert_int_equal(s->nbuf, 2);
+  assert_string_equal(hq_storage_cbuf(s, 0)->name, "columnwise_data");
+  assert_int_equal(hq_storage_cbuf(s, 0)->bytes, 8 * 16 * 4);
+  assert_int_equal(hq_storage_cbuf(s, 1)->bytes, 2);
+  assert_memory_equal(hq_storage_cbuf(s, 0)->ptr, x.data, 8 * 16 * 4);
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+// --- calls: update, logging, per-call contexts ------------------------------------------------
+
+typedef struct sink {
+  int n;
+  char last[256];
+} sink;
+static void log_to(void *user, int level, const char *msg) {
+  sink *s = user;
+  (void)level;
+  s->n++;
+  snprintf(s->last, sizeof s->last, "%s", msg);
+}
+
+typedef struct counting {
+  int allocs, frees;
+} counting;
+static void *count_alloc(void *user, int device, size_t bytes, void *stream) {
+  (void)device;
+  (void)stream;
+  ((counting *)user)->allocs++;
+  return malloc(bytes);
+}
+static void count_free(void *user, int device, void *ptr, void *stream) {
+  (void)device;
+  (void)stream;
+  ((counting *)user)->frees++;
+  free(ptr);
+}
+
+static hq_ctx *ctx_with(sink *s, counting *c, const hq_allocator *a) {
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = HQ_DEVICE_HOST;
+  d.log = log_to;
+  d.log_user = s;
+  d.allocator = c ? a : NULL;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  return ctx;
+}
+
+static void test_update_must_not_allocate(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(8, NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt)); /* quantize may allocate */
+  assert_int_equal(hq_qtensor_update(qt, ctx, &x), HQ_ENOMEM);
+  HQ_ERROR_HAS("during an update");
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* A plugin's host->log reaches the logger of the context the call runs on: the creating one
+   for hq_quantize, the one passed to hq_qtensor_update for an update. The update's temporary
+   (columnwise_source = rowwise_dequantized) comes from that context's allocator too. */
+static void test_per_call_context(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(3, "rowwise_dequantized");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  sink s1 = {0}, s2 = {0};
+  counting c1 = {0}, c2 = {0};
+  hq_allocator a1 = {count_alloc, count_free, &c1}, a2 = {count_alloc, count_free, &c2};
+  hq_ctx *ctx1 = ctx_with(&s1, &c1, &a1), *ctx2 = ctx_with(&s2, &c2, &a2);
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx1, &x, &qt));
+  assert_true(s1.n >= 1);
+  assert_non_null(strstr(s1.last, "test_good: quantize [8, 16]"));
+  assert_int_equal(s2.n, 0);
+  int owner_allocs = c1.allocs;
+  HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx2, &x));
+  assert_true(s2.n >= 1);
+  assert_non_null(strstr(s2.last, "test_good: quantize [8, 16]"));
+  assert_true(c2.allocs >= 1);             /* the dequantized temporary */
+  assert_int_equal(c2.allocs, c2.frees);   /* ... freed by the same allocator */
+  assert_int_equal(c1.allocs, owner_allocs); /* nothing new from the owner */
+  hq_qtensor_free(qt);
+  assert_int_equal(c1.allocs, c1.frees);
+  free(x.data);
+  hq_ctx_destroy(ctx1);
+  hq_ctx_destroy(ctx2);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+// --- identity, random stream, saved buffers ----------------------------------------------------
+
+static void test_identity_is_built_in(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  const hq_plugin *p = hq_plugins_find(set, "identity");
+  assert_non_null(p);
+  assert_string_equal(hq_plugin_file(p), "(built into libhqcore)");
+  hq_plugins_close(set);
+  /* a recipe found no plugin at all and still quantizes in high precision */
+  hq_recipe_opts o = {0};
+  o.struct_size = sizeof o;
+  o.plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[format hp]\nplugin = identity\ndtype = bf16\n"
+                                       "[role *:*:*]\nrowwise = hp\n", "t", &o, &r));
+  assert_int_equal(hq_recipe_error_count(r), 0);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 4, 6, 3, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);
+  const hq_storage *col = hq_qtensor_storage(qt, HQ_COLWISE);
+  assert_int_equal(row->desc.elem, HQ_BF16);
+  assert_int_equal(row->desc.scale_mode, HQ_SCALE_NONE);
+  assert_string_equal(hq_storage_cbuf(row, 0)->name, "data");
+  assert_int_equal(hq_storage_cbuf(row, 0)->role, HQ_ROLE_DATA);
+  /* the columnwise direction is the implicit identity (f32): a different instance, own buffer */
+  assert_string_equal(hq_storage_cbuf(col, 0)->name, "columnwise_data");
+  assert_int_equal(col->desc.elem, HQ_F32);
+  const uint16_t *b = hq_storage_cbuf(row, 0)->ptr;
+  for (int i = 0; i < 24; i++)
+    assert_int_equal(b[i], hq_f32_to_bf16(((const float *)x.data)[i]));
+  assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_NONE);
+  float amax[2] = {-1, -1};
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, amax));
+  assert_true(amax[0] == 0.0f && amax[1] == 0.0f);
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* The random stream advances once per operation; setting it back reproduces a stochastically
+   rounded quantization exactly (a resumed run). */
+static void test_rng_offset(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[format g]\nplugin = nvfp4\nstochastic_rounding = true\n"
+                                "[role *:*:*]\nrowwise = g\ncolumnwise = g\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:grad_output:x");
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = HQ_DEVICE_HOST;
+  d.seed = 1234;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  assert_int_equal(hq_ctx_rng_offset(ctx), 0);
+  hq_tensor x = hq_test_tensor(HQ_F32, 32, 64, 9, 1.0f);
+  hq_qtensor *a = NULL, *b = NULL, *c = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a));
+  assert_int_equal(hq_ctx_rng_offset(ctx), 1);
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &b));
+  assert_int_equal(hq_ctx_rng_offset(ctx), 2);
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 0));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &c));
+  const hq_buffer *ba = hq_storage_cbuf(hq_qtensor_storage(a, HQ_ROWWISE), 0);
+  const hq_buffer *bb = hq_storage_cbuf(hq_qtensor_storage(b, HQ_ROWWISE), 0);
+  const hq_buffer *bc = hq_storage_cbuf(hq_qtensor_storage(c, HQ_ROWWISE), 0);
+  assert_memory_equal(ba->ptr, bc->ptr, ba->bytes);        /* same position, same draws */
+  assert_memory_not_equal(ba->ptr, bb->ptr, ba->bytes);    /* the next position differs */
+  hq_qtensor_free(a);
+  hq_qtensor_free(b);
+  hq_qtensor_free(c);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* Saved-buffer descriptors with an older (floor-size) element: the list is written with that
+   stride and read back. */
+static void test_saved_buffer_stride(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(3, NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  const size_t es = HQ_SAVED_BUFFER_SIZE_0_2;
+  size_t n = 0;
+  char *list = malloc(4 * es);
+  assert_int_equal(hq_qtensor_save(qt, (hq_saved_buffer *)list, 4, es - 1, &n), HQ_EINVAL);
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, (hq_saved_buffer *)list, 4, es, &n));
+  assert_int_equal(n, 4);
+  static const char *names[] = {"data", "aux", "columnwise_data", "columnwise_aux"};
+  for (size_t i = 0; i < n; i++) {
+    hq_saved_buffer e;
+    memcpy(&e, list + i * es, es);
+    assert_string_equal(e.name, names[i]);
+    assert_int_equal(e.dir, i < 2 ? HQ_ROWWISE : HQ_COLWISE);
+    assert_int_equal(e.bytes, i % 2 ? 2 : 8 * 16 * 4);
+    assert_int_equal(e.device, HQ_DEVICE_HOST);
+  }
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, (hq_saved_buffer *)list, n, es));
+  assert_memory_equal(hq_storage_cbuf(hq_qtensor_storage(qt, HQ_COLWISE), 0)->ptr, x.data,
+                      8 * 16 * 4);
+  free(list);
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
+      cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
+      cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
+      cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
+      cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_saved_buffer_stride),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,276 @@
+/*
+** test_fsdp.c -- the FSDP buffer protocol, without communication: for every stock format and
+** the options that matter, a tensor split along M into shards, each shard quantized with the
+** amax shared by all (hq_quantizer_amax per shard, max-reduced), its buffers extracted,
+** concatenated per entry in rank order (what an all-gather does) and assigned into a full-size
+** qtensor, equals the whole tensor quantized with that amax, byte for byte, in every buffer of
+** every direction. What the protocol cannot do is refused by hq_fsdp_extract before any bytes
+** move, naming the buffer or the rule.
+*/
+#include "hq_test.h"
+
+#define WORLD 4
+
+typedef struct fmt_case {
+  const char *name;      /* for messages */
+  const char *recipe;    /* defines formats "r" and "c" */
+  int refuse;            /* expected hq_fsdp_extract status (0 = works) */
+  const char *why;       /* a piece of the refusal message */
+} fmt_case;
+
+/* A role section using [format r] rowwise and [format c] columnwise. */
+#define ROLE "[role linear:weight:*]\nrowwise = r\ncolumnwise = c\n"
+#define SAME(body) "[format r]\n" body "[format c]\n" body ROLE
+
+static const fmt_case cases[] = {
+    {"identity", SAME("plugin = identity\n"), 0, NULL},
+    {"identity bf16", SAME("plugin = identity\ndtype = bf16\n"), 0, NULL},
+    {"fp8_tensor e4m3", SAME("plugin = fp8_tensor\n"), 0, NULL},
+    {"fp8_tensor e5m2 pow2", SAME("plugin = fp8_tensor\ndtype = e5m2\npower_2_scales = true\n"), 0,
+     NULL},
+    {"mxfp8", SAME("plugin = mxfp8\n"), 0, NULL},
+    {"mxfp8 2d e5m2", SAME("plugin = mxfp8\nblock_2d = true\ndtype = e5m2\n"), 0, NULL},
+    {"mxfp8 swizzled", SAME("plugin = mxfp8\nswizzle = true\n"), HQ_ENOTSUP, "swizzle"},
+    {"nvfp4", SAME("plugin = nvfp4\n"), 0, NULL},
+    {"nvfp4 rht", SAME("plugin = nvfp4\nrht = true\n"), 0, NULL},
+    {"nvfp4 2d", SAME("plugin = nvfp4\nblock_2d = true\n"), 0, NULL},
+    {"nvfp4 swizzled", SAME("plugin = nvfp4\nswizzle = true\n"), HQ_ENOTSUP, "swizzle"},
+    {"nvfp4 sr", SAME("plugin = nvfp4\nstochastic_rounding = true\n"), HQ_ENOTSUP,
+     "cannot be sharded"},
+    {"fp8_block 1d", SAME("plugin = fp8_block\n"), 0, NULL},
+    {"fp8_block 2d", SAME("plugin = fp8_block\nblock = 2d\n"), 0, NULL},
+    /* hybrids: each direction is gathered by its own format's rules */
+    {"mxfp8 / nvfp4 rht", "[format r]\nplugin = mxfp8\n[format c]\nplugin = nvfp4\nrht = true\n" ROLE,
+     0, NULL},
+    {"fp8_tensor / fp8_block", "[format r]\nplugin = fp8_tensor\n[format c]\nplugin = fp8_block\n"
+     ROLE, 0, NULL},
+    {"identity / nvfp4 2d", "[format r]\nplugin = identity\n[format c]\nplugin = nvfp4\n"
+     "block_2d = true\n" ROLE, 0, NULL},
+    {"fp8_block 2d / mxfp8", "[format r]\nplugin = fp8_block\nblock = 2d\n[format c]\nplugin = "
+     "mxfp8\n" ROLE, 0, NULL},
+};
+
+/* Rows [r0, r0 + n) of x as a tensor of its own (shares x's memory). */
+static hq_tensor rows_of(const hq_tensor *x, int64_t r0, int64_t n) {
+  return hq_tensor_2d((char *)x->data + (size_t)(r0 * x->cols) * hq_dtype_size(x->dtype),
+                      x->dtype, x->device, n, x->cols);
+}
+
+static void compare_qtensors(const hq_qtensor *a, const hq_qtensor *b, const char *what) {
+  assert_int_equal(hq_qtensor_dirs(a), hq_qtensor_dirs(b));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    const hq_storage *sa = hq_qtensor_storage(a, dir), *sb = hq_qtensor_storage(b, dir);
+    if (!sa) continue;
+    assert_int_equal(sa->nbuf, sb->nbuf);
+    for (uint32_t i = 0; i < sa->nbuf; i++) {
+      const hq_buffer *x = hq_storage_cbuf(sa, i), *y = hq_storage_cbuf(sb, i);
+      assert_string_equal(x->name, y->name);
+      assert_int_equal(x->bytes, y->bytes);
+      if (memcmp(x->ptr, y->ptr, x->bytes) != 0) {
+        size_t k = 0;
+        while (((const uint8_t *)x->ptr)[k] == ((const uint8_t *)y->ptr)[k]) k++;
+        fail_msg("%s: %s buffer '%s' differs at byte %zu of %zu", what,
+                 dir == HQ_ROWWISE ? "rowwise" : "columnwise", x->name, k, x->bytes);
+      }
+    }
+  }
+}
+
+/* Split x into WORLD shards of ms rows, run the protocol, compare with the whole quantized. */
+static void run_case(const fmt_case *c, const hq_tensor *x, int64_t ms, int expect,
+                     const char *why) {
+  hq_recipe *r = hq_test_recipe(c->recipe);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const int world = (int)(x->rows / ms);
+  /* the shared amax: max over the shards' amaxes */
+  float shared[2] = {0, 0};
+  for (int s = 0; s < world; s++) {
+    hq_tensor xs = rows_of(x, s * ms, ms);
+    float a[2];
+    HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &xs, a));
+    for (int d = 0; d < 2; d++) shared[d] = a[d] > shared[d] ? a[d] : shared[d];
+  }
+  hq_quantize_args args = {sizeof args, 0, shared};
+  hq_qtensor *shard[WORLD] = {0};
+  hq_fsdp_buffer ext[WORLD][2 * HQ_MAX_BUFFERS];
+  size_t n[WORLD];
+  for (int s = 0; s < world; s++) {
+    hq_tensor xs = rows_of(x, s * ms, ms);
+    HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &xs, &args, &shard[s]));
+    int rc = hq_fsdp_extract(shard[s], ctx, ext[s], 2 * HQ_MAX_BUFFERS, sizeof(hq_fsdp_buffer),
+                             &n[s]);
+    if (expect) {
+      if (rc != expect) fail_msg("%s: extract gave %d (%s), expected %d", c->name, rc,
+                                 hq_last_error(), expect);
+      HQ_ERROR_HAS(why);
+      for (int t = 0; t <= s; t++) hq_qtensor_free(shard[t]);
+      hq_ctx_destroy(ctx);
+      hq_quantizer_free(q);
+      hq_recipe_free(r);
+      return;
+    }
+    if (rc) fail_msg("%s: extract: %s", c->name, hq_last_error());
+    assert_int_equal(n[s], n[0]);
+  }
+  /* the all-gather: each entry concatenated along dim 0 in rank order */
+  hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
+  void *mem[2 * HQ_MAX_BUFFERS];
+  for (size_t e = 0; e < n[0]; e++) {
+    gathered[e] = ext[0][e];
+    size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+    mem[e] = malloc(per * (size_t)world);
+    for (int s = 0; s < world; s++) {
+      assert_string_equal(ext[s][e].name, ext[0][e].name);
+      assert_int_equal(ext[s][e].row_bytes, ext[0][e].row_bytes);
+      assert_int_equal(ext[s][e].rows, ext[0][e].rows);
+      memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
+    }
+    gathered[e].rows = ext[0][e].rows * world;
+    gathered[e].ptr = mem[e];
+  }
+  hq_qtensor *full = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &full));
+  HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[world - 1], gathered, n[0],
+                               sizeof(hq_fsdp_buffer)));
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &ref));
+  compare_qtensors(full, ref, c->name);
+  /* a second assign into the same full tensor (the next iteration) gives the same bytes */
+  HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0], sizeof(hq_fsdp_buffer)));
+  compare_qtensors(full, ref, c->name);
+  /* a gathered list of the wrong length or a wrong entry is refused */
+  if (n[0]) {
+    assert_int_equal(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0] - 1,
+                                    sizeof(hq_fsdp_buffer)), HQ_EINVAL);
+    gathered[0].rows--;
+    assert_int_equal(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0], sizeof(hq_fsdp_buffer)),
+                     HQ_EINVAL);
+    HQ_ERROR_HAS(gathered[0].name);
+  }
+  for (size_t e = 0; e < n[0]; e++) free(mem[e]);
+  for (int s = 0; s < world; s++) hq_qtensor_free(shard[s]);
+  hq_qtensor_free(full);
+  hq_qtensor_free(ref);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* Values of a wide dynamic range: rows scaled differently, so that shards have different amaxes
+   and the shared amax matters. */
+static hq_tensor test_input(hq_dtype t, int64_t M, int64_t K) {
+  hq_tensor x = hq_test_tensor(t, M, K, 42, 1.0f);
+  for (int64_t i = 0; i < M; i++) {
+    float f = (float)(1 << (i % 7)) * (i >= M / 2 ? 8.0f : 0.25f);
+    for (int64_t k = 0; k < K; k++)
+      hq_store_hp(x.data, i * K + k, t, hq_load_hp(x.data, i * K + k, t) * f);
+  }
+  return x;
+}
+
+static void test_every_format(void **state) {
+  (void)state;
+  hq_tensor x = test_input(HQ_BF16, 4 * 128, 160);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    run_case(&cases[i], &x, 128, cases[i].refuse, cases[i].why);
+  free(x.data);
+}
+
+static void test_f32_input(void **state) {
+  (void)state;
+  hq_tensor x = test_input(HQ_F32, 4 * 128, 96);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    run_case(&cases[i], &x, 128, cases[i].refuse, cases[i].why);
+  free(x.data);
+}
+
+/* Shards of 32 rows: fine for per-tensor FP8, MXFP8 and NVFP4 (multiples of 1, 32, 16), refused
+   for FP8 block scaling, whose 128-row blocks would straddle shards. */
+static void test_shard_row_multiple(void **state) {
+  (void)state;
+  hq_tensor x = test_input(HQ_BF16, 4 * 32, 64);
+  const fmt_case *ok[] = {&cases[2], &cases[4], &cases[8], &cases[9]};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) run_case(ok[i], &x, 32, 0, NULL);
+  run_case(&cases[12], &x, 32, HQ_ESHAPE, "not a multiple of 128");
+  run_case(&cases[13], &x, 32, HQ_ESHAPE, "not a multiple of 128");
+  free(x.data);
+}
+
+/* hq_qtensor_shard_rows: the least common multiple of the directions' multiples, 0 when one
+   cannot be sharded. */
+static void test_shard_rows_query(void **state) {
+  (void)state;
+  static const struct { const char *recipe; int64_t rows; } q[] = {
+      {SAME("plugin = fp8_tensor\n"), 1},
+      {SAME("plugin = mxfp8\n"), 32},
+      {SAME("plugin = nvfp4\n"), 16},
+      {SAME("plugin = nvfp4\nstochastic_rounding = true\n"), 0},
+      {SAME("plugin = fp8_block\n"), 128},
+      {"[format r]\nplugin = fp8_tensor\n[format c]\nplugin = mxfp8\n" ROLE, 32},
+  };
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 128, 128, 1, 1.0f);
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+    hq_recipe *r = hq_test_recipe(q[i].recipe);
+    hq_quantizer *qz = hq_test_quantizer(r, "linear:weight:w");
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(qz, ctx, &x, &qt));
+    assert_int_equal(hq_qtensor_shard_rows(qt), q[i].rows);
+    /* one direction alone: the fp8_tensor/mxfp8 hybrid's rowwise copy needs only 1 */
+    if (i == 5) {
+      HQ_OK_OR_FAIL(hq_qtensor_drop(qt, HQ_COLWISE));
+      assert_int_equal(hq_qtensor_shard_rows(qt), 1);
+    }
+    hq_qtensor_free(qt);
+    hq_quantizer_free(qz);
+    hq_recipe_free(r);
+  }
+  free(x.data);
+  hq_ctx_destroy(ctx);
+}
+
+/* Argument checks: too small an array, too small an element size, a saved shard. */
+static void test_errors(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(SAME("plugin = mxfp8\n"));
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 64, 64, 2, 1.0f);
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  hq_fsdp_buffer out[8];
+  size_t n = 0;
+  assert_int_equal(hq_fsdp_extract(qt, ctx, out, 1, sizeof out[0], &n), HQ_EINVAL);
+  assert_int_equal(n, 4); /* data + scale of each direction */
+  assert_int_equal(hq_fsdp_extract(qt, ctx, out, 8, 8, &n), HQ_EINVAL);
+  HQ_ERROR_HAS("elem_size");
+  HQ_OK_OR_FAIL(hq_fsdp_extract(qt, ctx, out, 8, sizeof out[0], &n));
+  assert_string_equal(out[0].name, "data");
+  assert_string_equal(out[1].name, "scale_inv");
+  assert_int_equal(out[1].rows, 64); /* padding rows (to 128) trimmed */
+  assert_string_equal(out[3].name, "columnwise_scale_inv");
+  assert_int_equal(out[3].rows, 2); /* one row per 32 rows of M */
+  hq_fsdp_release(qt);
+  hq_saved_buffer sv[8];
+  size_t nsaved = 0;
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, sv, 8, sizeof sv[0], &nsaved));
+  assert_int_equal(hq_fsdp_extract(qt, ctx, out, 8, sizeof out[0], &n), HQ_ESTATE);
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, sv, nsaved, sizeof sv[0]));
+  hq_qtensor_free(qt);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_format),     cmocka_unit_test(test_f32_input),
+      cmocka_unit_test(test_shard_row_multiple), cmocka_unit_test(test_shard_rows_query),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,239 @@
+/*
+** test_gpu_core.c -- the core's CUDA contract (hq.h, "Contexts, streams and devices"):
+**   - all work of a call is ordered on the context's stream (a non-blocking stream here, so
+**     nothing is hidden on the legacy stream): results equal the CPU reference;
+**   - hq_qtensor_update allocates nothing and synchronizes nothing, so it can be captured into a
+**     CUDA graph; replaying the graph on new data equals a fresh quantize of that data;
+**   - calls restore the caller's current device (on a machine with two devices, a context on
+**     device 1 is used while device 0 is current);
+**   - FSDP extract/assign run on the device (transposes included) and match a full quantize.
+** Exits 77 (skipped) without a CUDA device.
+*/
+#include <cuda_runtime.h>
+
+#include "hq_test.h"
+
+#define CK(expr)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess) fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                 \
+  } while (0)
+
+static cudaStream_t stream;
+static hq_ctx *cpu, *gpu;
+
+static int setup(void **state) {
+  (void)state;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.stream = stream;
+  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) return -1;
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hq_ctx_destroy(cpu);
+  hq_ctx_destroy(gpu);
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+static void *to_device(const void *h, size_t bytes) {
+  void *d = NULL;
+  CK(cudaMalloc(&d, bytes));
+  CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* Every buffer of both directions of g (device) equals h's (host). */
+static void compare(const hq_qtensor *h, const hq_qtensor *g, const char *what) {
+  CK(cudaStreamSynchronize(stream));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
+    if (!sh) continue;
+    assert_non_null(sg);
+    for (uint32_t i = 0; i < sh->nbuf; i++) {
+      const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
+      uint8_t *tmp = malloc(bh->bytes);
+      CK(cudaMemcpy(tmp, bg->ptr, bh->bytes, cudaMemcpyDeviceToHost));
+      if (memcmp(tmp, bh->ptr, bh->bytes) != 0)
+        fail_msg("%s: %s buffer '%s' differs from the CPU", what,
+                 dir == HQ_ROWWISE ? "rowwise" : "columnwise", bh->name);
+      free(tmp);
+    }
+  }
+}
+
+static const char *recipes[] = {
+    "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
+    "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
+};
+
+static void test_graph_capture_update(void **state) {
+  (void)state;
+  const int64_t M = 256, K = 384;
+  for (size_t k = 0; k < sizeof recipes / sizeof recipes[0]; k++) {
+    hq_recipe *r = hq_test_recipe(recipes[k]);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 1, 1.0f);
+    hq_tensor y = hq_test_tensor(HQ_BF16, M, K, 2, 30.0f);
+    size_t bytes = (size_t)(M * K) * 2;
+    hq_tensor xd = hq_tensor_2d(to_device(x.data, bytes), HQ_BF16, 0, M, K);
+    hq_qtensor *qt = NULL, *ref = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xd, &qt));
+    /* capture the update: any allocation or synchronization inside would break the capture */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = hq_qtensor_update(qt, gpu, &xd);
+    cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("update under capture: %s", hq_last_error());
+    CK(ce);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    /* new data in the same device buffer, replay */
+    CK(cudaMemcpyAsync(xd.data, y.data, bytes, cudaMemcpyHostToDevice, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &y, &ref));
+    compare(ref, qt, recipes[k]);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    hq_qtensor_free(ref);
+    hq_qtensor_free(qt);
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaFree(xd.data));
+    free(x.data);
+    free(y.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
+static void test_current_device_restored(void **state) {
+  (void)state;
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  int use = n > 1 ? 1 : 0, cur = -1;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = use;
+  hq_ctx *ctx = NULL;
+  CK(cudaSetDevice(0));
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  CK(cudaGetDevice(&cur));
+  assert_int_equal(cur, 0);
+  hq_recipe *r = hq_test_recipe(recipes[0]);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_tensor x = hq_test_tensor(HQ_F32, 64, 64, 3, 1.0f);
+  void *xd = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(ctx, 64 * 64 * 4, &xd));
+  CK(cudaGetDevice(&cur));
+  assert_int_equal(cur, 0);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(ctx, xd, use, x.data, HQ_DEVICE_HOST, 64 * 64 * 4));
+  hq_tensor t = hq_tensor_2d(xd, HQ_F32, use, 64, 64);
+  hq_qtensor *qt = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &t, &qt));
+  CK(cudaGetDevice(&cur));
+  assert_int_equal(cur, 0);
+  HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &t));
+  HQ_OK_OR_FAIL(hq_ctx_sync(ctx));
+  CK(cudaGetDevice(&cur));
+  assert_int_equal(cur, 0);
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &ref));
+  /* compare on the tensor's device */
+  const hq_buffer *bh = hq_storage_cbuf(hq_qtensor_storage(ref, HQ_ROWWISE), 0);
+  const hq_buffer *bg = hq_storage_cbuf(hq_qtensor_storage(qt, HQ_ROWWISE), 0);
+  uint8_t *tmp = malloc(bh->bytes);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(ctx, tmp, HQ_DEVICE_HOST, bg->ptr, use, bh->bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(ctx));
+  assert_memory_equal(tmp, bh->ptr, bh->bytes);
+  free(tmp);
+  hq_qtensor_free(qt);
+  hq_qtensor_free(ref);
+  hq_ctx_free(ctx, xd);
+  CK(cudaGetDevice(&cur));
+  assert_int_equal(cur, 0);
+  hq_ctx_destroy(ctx);
+  free(x.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* The FSDP protocol on the device: fp8_tensor (its columnwise copy is transposed: the COLS rule
+   runs the core's transpose kernel both ways) and identity, 4 shards. */
+static void test_fsdp_on_device(void **state) {
+  (void)state;
+  const int64_t ms = 96, M = 4 * ms, K = 200;
+  for (size_t k = 0; k < sizeof recipes / sizeof recipes[0]; k++) {
+    hq_recipe *r = hq_test_recipe(recipes[k]);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 7, 1.0f);
+    size_t bytes = (size_t)(M * K) * 2;
+    void *xdev = to_device(x.data, bytes);
+    float *amax = NULL, shared[2] = {0, 0};
+    CK(cudaMalloc((void **)&amax, 2 * sizeof(float)));
+    hq_qtensor *shard[4];
+    hq_fsdp_buffer ext[4][8];
+    size_t n = 0;
+    for (int s = 0; s < 4; s++) {
+      hq_tensor xs = hq_tensor_2d((char *)xdev + (size_t)(s * ms * K) * 2, HQ_BF16, 0, ms, K);
+      float a[2];
+      HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, &xs, amax));
+      CK(cudaMemcpyAsync(a, amax, sizeof a, cudaMemcpyDeviceToHost, stream));
+      CK(cudaStreamSynchronize(stream));
+      for (int d = 0; d < 2; d++) shared[d] = a[d] > shared[d] ? a[d] : shared[d];
+    }
+    CK(cudaMemcpy(amax, shared, sizeof shared, cudaMemcpyHostToDevice));
+    hq_quantize_args args = {sizeof args, 0, amax};
+    for (int s = 0; s < 4; s++) {
+      hq_tensor xs = hq_tensor_2d((char *)xdev + (size_t)(s * ms * K) * 2, HQ_BF16, 0, ms, K);
+      HQ_OK_OR_FAIL(hq_quantize_ex(q, gpu, &xs, &args, &shard[s]));
+      HQ_OK_OR_FAIL(hq_fsdp_extract(shard[s], gpu, ext[s], 8, sizeof(hq_fsdp_buffer), &n));
+    }
+    hq_fsdp_buffer g[8];
+    void *mem[8];
+    for (size_t e = 0; e < n; e++) {
+      size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+      CK(cudaMalloc(&mem[e], per * 4));
+      for (int s = 0; s < 4; s++)
+        CK(cudaMemcpyAsync((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per,
+                           cudaMemcpyDeviceToDevice, stream));
+      g[e] = ext[0][e];
+      g[e].rows *= 4;
+      g[e].ptr = mem[e];
+    }
+    hq_qtensor *full = NULL, *ref = NULL;
+    HQ_OK_OR_FAIL(hq_make_empty(q, gpu, M, K, HQ_BF16, &full));
+    HQ_OK_OR_FAIL(hq_fsdp_assign(full, gpu, shard[0], g, n, sizeof(hq_fsdp_buffer)));
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &ref)); /* the CPU, whole tensor, own amax */
+    compare(ref, full, recipes[k]);
+    for (size_t e = 0; e < n; e++) CK(cudaFree(mem[e]));
+    for (int s = 0; s < 4; s++) hq_qtensor_free(shard[s]);
+    hq_qtensor_free(full);
+    hq_qtensor_free(ref);
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaFree(amax));
+    CK(cudaFree(xdev));
+    free(x.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
+int main(void) {
+  int n = 0;
+  if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    printf("no CUDA device: skipped\n");
+    return HQ_TEST_SKIP;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_graph_capture_update),
+      cmocka_unit_test(test_current_device_restored),
+      cmocka_unit_test(test_fsdp_on_device),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
