@@ -3,7 +3,7 @@
 # GPU machine, which has nvcc, cuBLASLt and autotools but no libtool, inih or cmocka and no
 # network.
 #
-# Here (a configured checkout, with apt-get for the two packages):
+# Here (a checkout, with apt-get for the two packages):
 #     scripts/gpu-check.sh
 #   makes the release tarball (make dist) into .devdist/, unpacks inih and cmocka into .devdeps/
 #   (both git-ignored) and prints the device tool call to make:
@@ -11,7 +11,8 @@
 #     command bash scripts/gpu-check.sh --on-device [--bench]
 # There (what that command runs): unpack the tarball, ./configure --with-cuda, make -j16,
 # make check (GPU tests run for real), copy the logs to $OUT; with --bench also run
-# `hq bench --device cuda`.
+# `hq bench --device cuda`; with --sanitize run compute-sanitizer (memcheck, racecheck, synccheck)
+# on every GPU test binary instead.
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -34,8 +35,26 @@ if [ "${1:-}" = "--on-device" ]; then
   grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR)' "$out/check.log" || true
   for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
   [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
+  plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
+  if [ "${1:-}" = "--sanitize" ]; then
+    # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)
+    export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs
+    export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for t in tests/.libs/test_gpu_*; do
+      case $t in *lt-*) continue ;; esac
+      for tool in memcheck racecheck synccheck; do
+        if "$san" --tool $tool --error-exitcode 1 "$t" > "$out/$(basename "$t").$tool.log" 2>&1; then
+          echo "compute-sanitizer $tool $(basename "$t"): clean"
+        else
+          echo "compute-sanitizer $tool $(basename "$t"): FAILED"; tail -20 "$out/$(basename "$t").$tool.log"; rc=1
+        fi
+      done
+    done
+    exit $rc
+  fi
   if [ "${1:-}" = "--bench" ] && [ -x tools/hq ]; then
-    HQ_PLUGIN_PATH=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':') ./tools/hq bench --device cuda \
+    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda \
       | tee "$out/bench.txt"
   fi
   exit 0
@@ -43,14 +62,13 @@ fi
 
 top=$(git rev-parse --show-toplevel)
 cd "$top"
-if [ ! -f Makefile ]; then
-  autoreconf -fi >/dev/null
-  ./configure -q
-fi
-make -s dist >/dev/null
+# the tarball is made out of tree (build/dist), so the source tree stays unconfigured
+[ -x configure ] || autoreconf -fi >/dev/null
+mkdir -p build/dist
+(cd build/dist && { [ -f Makefile ] || "$top/configure" -q --without-cuda; } && make -s dist >/dev/null)
 mkdir -p .devdist
 rm -f .devdist/hq-*.tar.gz
-mv hq-*.tar.gz .devdist/
+mv build/dist/hq-*.tar.gz .devdist/
 if [ ! -d .devdeps/usr/include ]; then
   deps=$top/../shared/tools/device-deps.sh
   [ -x "$deps" ] || deps=/work/shared/tools/device-deps.sh
@@ -60,5 +78,5 @@ cat <<MSG
 ready: $(ls .devdist/) and .devdeps/ ($(du -sh .devdeps | cut -f1))
 device tool call:
   run  carry   = [".devdist", ".devdeps"]
-       command = "bash scripts/gpu-check.sh --on-device"      (add --bench for hq bench)
+       command = "bash scripts/gpu-check.sh --on-device"  (add --bench or --sanitize)
 MSG
