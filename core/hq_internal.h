@@ -40,6 +40,11 @@ int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, 
 /* Check a caller's hq_tensor (struct_size, dtype, shape, data) and copy it into *out. */
 int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out);
 int hqi_check_tensor(const hq_tensor *t, const char *what);
+/* The largest tensor the core hands a format: 2^48 elements, so that every size and round-up a
+   format computes from its dimensions stays far from int64_t / size_t overflow. */
+#define HQI_MAX_ELEMENTS_LOG2 48
+#define HQI_MAX_ELEMENTS ((int64_t)1 << HQI_MAX_ELEMENTS_LOG2)
+int hqi_check_shape(int64_t rows, int64_t cols, const char *what);
 
 // --- devices (device.c) --------------------------------------------------------------------
 int hqi_cuda_set_device(int device);

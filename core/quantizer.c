@@ -570,9 +570,7 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
   *out = NULL;
   int rc = prepare(q, ctx, "hq_make_empty");
   if (rc) return rc;
-  if (rows <= 0 || cols <= 0)
-    return hqi_error(HQ_ESHAPE, "hq_make_empty: shape [%lld, %lld] must be positive",
-                     (long long)rows, (long long)cols);
+  if ((rc = hqi_check_shape(rows, cols, "hq_make_empty"))) return rc;
   if (nominal != HQ_F32 && nominal != HQ_F16 && nominal != HQ_BF16)
     return hqi_error(HQ_EINVAL, "hq_make_empty: nominal dtype %s is not f32, f16 or bf16",
                      hq_dtype_name(nominal));

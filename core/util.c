@@ -54,6 +54,7 @@ void hqi_vec_free(hqi_vec *a) {
 
 void *hqi_host_alloc(size_t bytes) {
   void *p = NULL;
+  if (bytes > SIZE_MAX - 63) return NULL; /* the round-up below would wrap to a tiny block */
   size_t rounded = (bytes + 63) & ~(size_t)63;
   if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) return NULL;
   return p;
@@ -111,6 +112,16 @@ int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out) {
   return hqi_check_tensor(out, what);
 }
 
+int hqi_check_shape(int64_t rows, int64_t cols, const char *what) {
+  if (rows <= 0 || cols <= 0)
+    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] must be positive", what, (long long)rows,
+                     (long long)cols);
+  if (rows > HQI_MAX_ELEMENTS / cols)
+    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] has more than 2^%d elements", what,
+                     (long long)rows, (long long)cols, HQI_MAX_ELEMENTS_LOG2);
+  return HQ_OK;
+}
+
 int hqi_check_tensor(const hq_tensor *t, const char *what) {
   if (!t) return hqi_error(HQ_EINVAL, "%s: tensor is NULL", what);
   if (t->dtype != HQ_F32 && t->dtype != HQ_F16 && t->dtype != HQ_BF16)
@@ -119,9 +130,8 @@ int hqi_check_tensor(const hq_tensor *t, const char *what) {
   if (t->rows <= 0 || t->cols <= 0)
     return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] must be positive", what,
                      (long long)t->rows, (long long)t->cols);
-  if (t->rows > (INT64_MAX / 4) / t->cols)
-    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] is too large", what,
-                     (long long)t->rows, (long long)t->cols);
+  int rc = hqi_check_shape(t->rows, t->cols, what);
+  if (rc) return rc;
   if (!t->data) return hqi_error(HQ_EINVAL, "%s: data pointer is NULL", what);
   return HQ_OK;
 }

@@ -376,6 +376,30 @@ static void test_saved_buffer_stride(void **state) {
   hq_recipe_free(r);
 }
 
+/* Sizes near the limits: refused with the numbers, never a wrapped-around small allocation. */
+static void test_huge_sizes(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[role *:*:*]\nrowwise = identity\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_qtensor *qt = NULL;
+  assert_int_equal(hq_make_empty(q, ctx, (int64_t)1 << 62, 4, HQ_F32, &qt), HQ_ESHAPE);
+  HQ_ERROR_HAS("4611686018427387904");
+  HQ_ERROR_HAS("2^48");
+  assert_int_equal(hq_make_empty(q, ctx, INT64_MAX, INT64_MAX, HQ_F32, &qt), HQ_ESHAPE);
+  assert_null(qt);
+  void *p = (void *)1;
+  assert_int_equal(hq_ctx_alloc(ctx, SIZE_MAX, &p), HQ_ENOMEM);
+  assert_null(p);
+  assert_int_equal(hq_ctx_alloc(ctx, SIZE_MAX - 10, &p), HQ_ENOMEM);
+  hq_tensor x = hq_tensor_2d((void *)16, HQ_F32, HQ_DEVICE_HOST, (int64_t)1 << 40, 1 << 20);
+  assert_int_equal(hq_quantize(q, ctx, &x, &qt), HQ_ESHAPE);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
@@ -383,6 +407,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_saved_buffer_stride),
+      cmocka_unit_test(test_huge_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,40 @@
+#!/bin/bash
+# install.sh -- the README's first command: install what hq needs (Debian/Ubuntu packages),
+# build it out of tree (build/release), install it (default prefix /usr/local; PREFIX=... to
+# change) and run the main job with the installed default recipe.
+#
+# Works on a fresh clone as root (a container: no sudo needed) or as a user with sudo. The
+# source tree stays unconfigured, so the second command, scripts/check.sh, runs right after it
+# in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched).
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+prefix=${PREFIX:-/usr/local}
+sudo=
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install.sh: not root and no sudo: run as root" >&2; exit 1; }
+  sudo=sudo
+fi
+pkgs="autoconf automake libtool pkg-config make gcc libinih-dev libcmocka-dev"
+missing=
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "== installing:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+[ -x configure ] || autoreconf -fi
+mkdir -p build/release
+cd build/release
+echo "== configure --prefix=$prefix"
+[ -f Makefile ] || "$top/configure" -q --prefix="$prefix"
+echo "== make"
+make -s -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
+echo "== make install"
+$sudo make -s install >/dev/null
+$sudo ldconfig 2>/dev/null || true
+hq=$prefix/bin/hq
+echo "== $hq quantize --recipe $prefix/share/hq/recipe.ini --role linear:weight:fc1 --random 1024x1024"
+"$hq" quantize --recipe "$prefix/share/hq/recipe.ini" --role linear:weight:fc1 --random 1024x1024
