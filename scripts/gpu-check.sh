@@ -12,7 +12,9 @@
 # There (what that command runs): unpack the tarball, ./configure --with-cuda, make -j16,
 # make check (GPU tests run for real), copy the logs to $OUT; with --bench also run
 # `hq bench --device cuda`; with --sanitize run compute-sanitizer (memcheck, racecheck, synccheck)
-# on every GPU test binary instead.
+# on every GPU test binary instead. HQ_ONLY=test_gpu_X limits the run to that test program (built
+# with make -k, so unfinished work elsewhere does not stop it); HQ_BENCH_ARGS adds hq bench
+# arguments (e.g. "--format mxfp8").
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -23,12 +25,21 @@ if [ "${1:-}" = "--on-device" ]; then
   out=${OUT:-/tmp/hq-out}
   mkdir -p "$out" /tmp/hqbuild
   nvidia-smi -L || true
-  tar xzf "$root"/.devdist/hq-*.tar.gz -C /tmp/hqbuild
+  rm -rf /tmp/hqbuild/hq-*/
+  tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C /tmp/hqbuild
   cd /tmp/hqbuild/hq-*/
   ./configure -q --with-cuda > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-  make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
   rc=0
-  make -j8 check > "$out/check.log" 2>&1 || rc=$?
+  if [ -n "${HQ_ONLY:-}" ]; then
+    # one test program (HQ_ONLY=test_gpu_mxfp8), built with -k so that work in progress
+    # elsewhere in the tree does not stop it
+    make -k -j16 > "$out/build.log" 2>&1 || true
+    grep -E "error" "$out/build.log" | head -20 || true
+    make -k -j8 check TESTS="tests/$HQ_ONLY" > "$out/check.log" 2>&1 || rc=$?
+  else
+    make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    make -j8 check > "$out/check.log" 2>&1 || rc=$?
+  fi
   cp test-suite.log "$out/" 2>/dev/null || true
   for t in tests/test_gpu_*.log; do [ -f "$t" ] && cp "$t" "$out/"; done
   grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):' "$out/check.log" || true
@@ -41,8 +52,9 @@ if [ "${1:-}" = "--on-device" ]; then
     export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs
     export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for t in tests/.libs/test_gpu_*; do
+    for t in tests/.libs/${HQ_ONLY:-test_gpu_*}; do
       case $t in *lt-*) continue ;; esac
+      [ -x "$t" ] || continue
       for tool in memcheck racecheck synccheck; do
         if "$san" --tool $tool --error-exitcode 1 "$t" > "$out/$(basename "$t").$tool.log" 2>&1; then
           echo "compute-sanitizer $tool $(basename "$t"): clean"
@@ -54,7 +66,8 @@ if [ "${1:-}" = "--on-device" ]; then
     exit $rc
   fi
   if [ "${1:-}" = "--bench" ] && [ -x tools/hq ]; then
-    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda \
+    set -- ${HQ_BENCH_ARGS:-}
+    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
       | tee "$out/bench.txt"
   fi
   exit 0
@@ -64,19 +77,23 @@ top=$(git rev-parse --show-toplevel)
 cd "$top"
 # the tarball is made out of tree (build/dist), so the source tree stays unconfigured
 [ -x configure ] || autoreconf -fi >/dev/null
-mkdir -p build/dist
-(cd build/dist && { [ -f Makefile ] || "$top/configure" -q --without-cuda; } && make -s dist >/dev/null)
-mkdir -p .devdist
-rm -f .devdist/hq-*.tar.gz
-mv build/dist/hq-*.tar.gz .devdist/
+# HQ_DEVDIST names the carried folder (default .devdist), so that several people preparing runs
+# at once do not overwrite each other's tarball
+dd=${HQ_DEVDIST:-.devdist}
+bd=build/dist${HQ_DEVDIST:+-$HQ_DEVDIST}
+mkdir -p "$bd"
+(cd "$bd" && { [ -f Makefile ] || "$top/configure" -q --without-cuda; } && make -s dist >/dev/null)
+mkdir -p "$dd"
+rm -f "$dd"/hq-*.tar.gz
+mv "$bd"/hq-*.tar.gz "$dd"/
 if [ ! -d .devdeps/usr/include ]; then
   deps=$top/../shared/tools/device-deps.sh
   [ -x "$deps" ] || deps=/work/shared/tools/device-deps.sh
   bash "$deps" .devdeps
 fi
 cat <<MSG
-ready: $(ls .devdist/) and .devdeps/ ($(du -sh .devdeps | cut -f1))
+ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))
 device tool call:
-  run  carry   = [".devdist", ".devdeps"]
+  run  carry   = ["$dd", ".devdeps"]   (with HQ_DEVDIST=$dd set in the command when not .devdist)
        command = "bash scripts/gpu-check.sh --on-device"  (add --bench or --sanitize)
 MSG
