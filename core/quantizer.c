@@ -60,6 +60,96 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
   return HQ_OK;
 }
 
+/* One direction's format of a direct quantizer. */
+static int direct_format(hq_plugins *set, const hq_format_spec *specp, const char *dir,
+                         hqi_format **out) {
+  hq_format_spec spec;
+  memset(&spec, 0, sizeof spec);
+  if (specp) {
+    int rc = hqi_struct_in(&spec, sizeof spec, specp, specp->struct_size,
+                           offsetof(hq_format_spec, n_options) + sizeof(size_t), "hq_format_spec");
+    if (rc) return rc;
+  }
+  const char *name = spec.plugin ? spec.plugin : "identity";
+  const hq_plugin *p = hq_plugins_find(set, name);
+  if (!p)
+    return hqi_error(HQ_ENOENT, "hq_quantizer_create_direct: %s plugin '%s' was not found (see "
+                     "`hq info`)", dir, name);
+  const hq_option *opt = hq_plugin_options(p);
+  size_t n = 0;
+  while (opt[n].name) n++;
+  const char **texts = calloc(n + 1, sizeof *texts);
+  char **keys = calloc(spec.n_options + 1, sizeof *keys);
+  int rc = texts && keys ? HQ_OK : hqi_error(HQ_ENOMEM, "out of memory");
+  for (size_t i = 0; !rc && i < spec.n_options; i++) {
+    const char *kv = spec.options ? spec.options[i] : NULL;
+    const char *eq = kv ? strchr(kv, '=') : NULL;
+    if (!eq) {
+      rc = hqi_error(HQ_EPARSE, "hq_quantizer_create_direct: %s option %zu ('%s') is not "
+                     "key=value", dir, i, kv ? kv : "(NULL)");
+      break;
+    }
+    keys[i] = hqi_strndup(kv, (size_t)(eq - kv));
+    if (!keys[i]) {
+      rc = hqi_error(HQ_ENOMEM, "out of memory");
+      break;
+    }
+    size_t j = 0;
+    while (j < n && strcmp(opt[j].name, keys[i]) != 0) j++;
+    if (j == n)
+      rc = hqi_error(HQ_EPARSE, "hq_quantizer_create_direct: %s plugin '%s' has no option '%s' "
+                     "(see `hq info`)", dir, name, keys[i]);
+    else if (texts[j])
+      rc = hqi_error(HQ_EPARSE, "hq_quantizer_create_direct: %s option '%s' given twice", dir,
+                     keys[i]);
+    else
+      texts[j] = eq + 1;
+  }
+  if (!rc) {
+    rc = hqi_format_create(name, p, set, texts, out);
+    if (rc) hqi_error_prefix(rc, "hq_quantizer_create_direct: %s format '%s'", dir, name);
+  }
+  for (size_t i = 0; keys && i < spec.n_options; i++) free(keys[i]);
+  free(keys);
+  free(texts);
+  return rc;
+}
+
+static int same_spec(const hq_format_spec *a, const hq_format_spec *b) {
+  const char *pa = a && a->plugin ? a->plugin : "identity";
+  const char *pb = b && b->plugin ? b->plugin : "identity";
+  size_t na = a ? a->n_options : 0, nb = b ? b->n_options : 0;
+  if (strcmp(pa, pb) != 0 || na != nb) return 0;
+  for (size_t i = 0; i < na; i++)
+    if (!a->options[i] || !b->options[i] || strcmp(a->options[i], b->options[i]) != 0) return 0;
+  return 1;
+}
+
+int hq_quantizer_create_direct(hq_plugins *plugins, const hq_format_spec *rowwise,
+                               const hq_format_spec *columnwise, int columnwise_source,
+                               hq_quantizer **out) {
+  if (!plugins || !out) return hqi_error(HQ_EINVAL, "hq_quantizer_create_direct: NULL argument");
+  *out = NULL;
+  if (columnwise_source != HQ_SOURCE_ORIGINAL && columnwise_source != HQ_SOURCE_ROWWISE_DEQUANTIZED)
+    return hqi_error(HQ_EINVAL, "hq_quantizer_create_direct: columnwise_source %d is not "
+                     "HQ_SOURCE_*", columnwise_source);
+  hq_quantizer *q = calloc(1, sizeof *q);
+  if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
+  q->usage = HQ_BOTH;
+  q->source = columnwise_source;
+  q->role = hqi_strdup("(direct)");
+  int rc = q->role ? direct_format(plugins, rowwise, "rowwise", &q->fmt[0])
+                   : hqi_error(HQ_ENOMEM, "out of memory");
+  if (!rc && same_spec(rowwise, columnwise)) q->fmt[1] = hqi_format_retain(q->fmt[0]);
+  else if (!rc) rc = direct_format(plugins, columnwise, "columnwise", &q->fmt[1]);
+  if (rc) {
+    hq_quantizer_free(q);
+    return rc;
+  }
+  *out = q;
+  return HQ_OK;
+}
+
 void hq_quantizer_free(hq_quantizer *q) {
   if (!q) return;
   hqi_format_release(q->fmt[0]);

@@ -584,6 +584,8 @@ static int parse_text(const char *text, const char *path, const char *dir,
   return HQ_OK;
 }
 
+static void note_errors(const hq_recipe *r);
+
 int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **out) {
   if (!path || !out) return hqi_error(HQ_EINVAL, "hq_recipe_parse: NULL argument");
   *out = NULL;
@@ -614,6 +616,7 @@ int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **ou
   int rc = parse_text(text, path, dirname(copy), opts, out);
   free(copy);
   free(text);
+  if (!rc) note_errors(*out);
   return rc;
 }
 
@@ -621,21 +624,39 @@ int hq_recipe_parse_string(const char *text, const char *name, const hq_recipe_o
                            hq_recipe **out) {
   if (!text || !out) return hqi_error(HQ_EINVAL, "hq_recipe_parse_string: NULL argument");
   *out = NULL;
-  return parse_text(text, name ? name : "<string>", ".", opts, out);
+  int rc = parse_text(text, name ? name : "<string>", ".", opts, out);
+  if (!rc) note_errors(*out);
+  return rc;
 }
 
-int hq_recipe_load(const char *path, const hq_recipe_opts *opts, hq_recipe **out) {
-  if (!out) return hqi_error(HQ_EINVAL, "hq_recipe_load: out is NULL");
-  int rc = hq_recipe_parse(path, opts, out);
+/* A parsed recipe with errors: the first error (and how many more) becomes hq_last_error(). */
+static void note_errors(const hq_recipe *r) {
+  if (r && r->errors.n)
+    hqi_error(HQ_EPARSE, "%s%s", (const char *)r->errors.v[0],
+              r->errors.n > 1 ? " (and more errors; run `hq recipe check`)" : "");
+}
+
+/* hq_recipe_load / hq_recipe_load_string: a recipe with any error is freed and refused. */
+static int load_result(int rc, hq_recipe **out) {
   if (rc) return rc;
   if ((*out)->errors.n) {
-    hqi_error(HQ_EPARSE, "%s%s", (const char *)(*out)->errors.v[0],
-              (*out)->errors.n > 1 ? " (and more errors; run `hq recipe check`)" : "");
+    note_errors(*out);
     hq_recipe_free(*out);
     *out = NULL;
     return HQ_EPARSE;
   }
   return HQ_OK;
+}
+
+int hq_recipe_load(const char *path, const hq_recipe_opts *opts, hq_recipe **out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_recipe_load: out is NULL");
+  return load_result(hq_recipe_parse(path, opts, out), out);
+}
+
+int hq_recipe_load_string(const char *text, const char *name, const hq_recipe_opts *opts,
+                          hq_recipe **out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_recipe_load_string: out is NULL");
+  return load_result(hq_recipe_parse_string(text, name, opts, out), out);
 }
 
 void hq_recipe_free(hq_recipe *r) {

@@ -400,6 +400,89 @@ static void test_huge_sizes(void **state) {
   hq_recipe_free(r);
 }
 
+/* A quantizer built from "plugin + options" without recipe text equals the recipe's, bit for bit;
+   equal specs make one fused instance; bad options are refused by name. */
+static void test_direct_quantizer(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
+  const char *opts[] = {"dtype=e5m2", "power_2_scales=true"};
+  hq_format_spec f8 = {sizeof f8, "fp8_tensor", opts, 2};
+  hq_quantizer *q = NULL, *h = NULL;
+  HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &f8, &f8, HQ_SOURCE_ORIGINAL, &q));
+  assert_true(hq_quantizer_fused(q));
+  assert_string_equal(hq_quantizer_plugin(q, HQ_COLWISE), "fp8_tensor");
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\ndtype = e5m2\n"
+                                "power_2_scales = true\n[role *:*:*]\nrowwise = f\n"
+                                "columnwise = f\n");
+  hq_quantizer *rq = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_BF16, 48, 40, 4, 3.0f);
+  hq_qtensor *a = NULL, *b = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a));
+  HQ_OK_OR_FAIL(hq_quantize(rq, ctx, &x, &b));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1)
+    for (uint32_t i = 0; i < hq_qtensor_storage(a, dir)->nbuf; i++) {
+      const hq_buffer *ba = hq_storage_cbuf(hq_qtensor_storage(a, dir), i);
+      const hq_buffer *bb = hq_storage_cbuf(hq_qtensor_storage(b, dir), i);
+      assert_string_equal(ba->name, bb->name);
+      assert_memory_equal(ba->ptr, bb->ptr, ba->bytes);
+    }
+  /* a hybrid: fp8_tensor rowwise, high precision columnwise (NULL spec) */
+  HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &f8, NULL, HQ_SOURCE_ORIGINAL, &h));
+  assert_false(hq_quantizer_fused(h));
+  assert_string_equal(hq_quantizer_plugin(h, HQ_COLWISE), "identity");
+  /* refusals */
+  hq_quantizer *bad = NULL;
+  const char *unknown[] = {"scaling=delayed"}, *range[] = {"amax_epsilon=-1"}, *twice[] = {
+      "dtype=e4m3", "dtype=e5m2"}, *noeq[] = {"dtype"};
+  hq_format_spec s1 = {sizeof s1, "fp8_tensor", unknown, 1}, s2 = {sizeof s2, "fp8_tensor", range, 1},
+                 s3 = {sizeof s3, "fp8_tensor", twice, 2}, s4 = {sizeof s4, "fp8_tensor", noeq, 1},
+                 s5 = {sizeof s5, "no_such_format", NULL, 0};
+  assert_int_equal(hq_quantizer_create_direct(set, &s1, NULL, 0, &bad), HQ_EPARSE);
+  HQ_ERROR_HAS("has no option 'scaling'");
+  assert_int_equal(hq_quantizer_create_direct(set, &s2, NULL, 0, &bad), HQ_EPARSE);
+  HQ_ERROR_HAS("amax_epsilon");
+  assert_int_equal(hq_quantizer_create_direct(set, NULL, &s3, 0, &bad), HQ_EPARSE);
+  HQ_ERROR_HAS("columnwise option 'dtype' given twice");
+  assert_int_equal(hq_quantizer_create_direct(set, &s4, NULL, 0, &bad), HQ_EPARSE);
+  HQ_ERROR_HAS("is not key=value");
+  assert_int_equal(hq_quantizer_create_direct(set, &s5, NULL, 0, &bad), HQ_ENOENT);
+  HQ_ERROR_HAS("'no_such_format' was not found");
+  assert_null(bad);
+  hq_qtensor_free(a);
+  hq_qtensor_free(b);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_quantizer_free(h);
+  hq_quantizer_free(rq);
+  hq_recipe_free(r);
+  hq_plugins_close(set);
+}
+
+/* A recipe with errors: the parse functions leave the first error in hq_last_error; the
+   string twin of hq_recipe_load refuses it. */
+static void test_recipe_string_errors(void **state) {
+  (void)state;
+  hq_recipe_opts o = {0};
+  o.struct_size = sizeof o;
+  o.plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  hq_recipe *r = NULL;
+  hq_clear_error();
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role a:b:c]\nrowwise = nope\n", "s.ini", &o, &r));
+  assert_int_equal(hq_recipe_error_count(r), 1);
+  HQ_ERROR_HAS("s.ini:2: unknown format 'nope'");
+  hq_recipe_free(r);
+  assert_int_equal(hq_recipe_load_string("[role a:b:c]\nrowwise = nope\n", "s.ini", &o, &r),
+                   HQ_EPARSE);
+  assert_null(r);
+  HQ_ERROR_HAS("s.ini:2: unknown format 'nope'");
+  HQ_OK_OR_FAIL(hq_recipe_load_string("[role a:b:c]\nrowwise = identity\n", "s.ini", &o, &r));
+  hq_recipe_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
@@ -407,7 +490,8 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_saved_buffer_stride),
-      cmocka_unit_test(test_huge_sizes),
+      cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
+      cmocka_unit_test(test_recipe_string_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

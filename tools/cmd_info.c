@@ -26,6 +26,14 @@ static void caps_text(uint64_t caps, char *buf, size_t len) {
   }
 }
 
+/* A range bound as written in a recipe: integers in full (2^63 - 1, not 9.22337e+18). */
+static const char *num_text(double v, hq_opt_type t, char *buf, size_t len) {
+  if (t == HQ_OPT_INT && v >= -9.2e18 && v <= 9.2e18) snprintf(buf, len, "%lld", (long long)v);
+  else if (t == HQ_OPT_INT && v > 0) snprintf(buf, len, "%lld", (long long)INT64_MAX);
+  else snprintf(buf, len, "%.9g", v);
+  return buf;
+}
+
 static void option_json(json *j, const hq_option *o) {
   json_obj(j);
   json_kstr(j, "name", o->name);
@@ -148,10 +156,11 @@ int hq_cmd_info(int argc, char **argv) {
       printf("  %s %s  [%s]\n    %s\n    %s\n", hq_plugin_name(p), hq_plugin_version(p), caps,
              hq_plugin_description(p), hq_plugin_file(p));
       for (const hq_option *o = hq_plugin_options(p); o->name; o++) {
-        char type[160];
+        char type[160], lo[32], hi[32];
         if (o->type == HQ_OPT_ENUM) snprintf(type, sizeof type, "%s", o->choices);
         else if ((o->type == HQ_OPT_INT || o->type == HQ_OPT_FLOAT) && o->min <= o->max)
-          snprintf(type, sizeof type, "%s in [%g, %g]", hq_opt_type_name(o->type), o->min, o->max);
+          snprintf(type, sizeof type, "%s in [%s, %s]", hq_opt_type_name(o->type),
+                   num_text(o->min, o->type, lo, sizeof lo), num_text(o->max, o->type, hi, sizeof hi));
         else snprintf(type, sizeof type, "%s", hq_opt_type_name(o->type));
         printf("      %-20s %s, default %s\n      %-20s %s\n", o->name, type,
                o->def[0] ? o->def : "\"\"", "", o->help ? o->help : "");

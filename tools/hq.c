@@ -22,7 +22,9 @@ static const char usage[] =
     "  bench          quantize throughput of each format on the CPU or a CUDA device\n"
     "\n"
     "`hq <command> --help` describes a command. Formats are found on $HQ_PLUGIN_PATH\n"
-    "(colon-separated), then in the installed plugin directory.\n";
+    "(colon-separated), then in the directories given with --plugin-dir DIR (every command\n"
+    "takes it, repeatable) and a recipe's [recipe] plugin_dirs, then in the installed plugin\n"
+    "directory. The identity format is built in.\n";
 
 int cli_fail(int status, const char *cmd, const char *fmt, ...) {
   va_list ap;

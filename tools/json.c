@@ -78,7 +78,13 @@ void json_int(json *j, int64_t v) {
 
 void json_num(json *j, double v) {
   sep(j);
-  if (isfinite(v)) fprintf(j->f, "%.9g", v);
+  /* integers in full (an INT option's 2^63 - 1 bound, not 9.22337204e+18) */
+  if (isfinite(v) && fabs(v) < 9.2e18 && v == (double)(long long)v)
+    fprintf(j->f, "%lld", (long long)v);
+  else if (isfinite(v) && fabs(v) >= 9.2e18 && fabs(v) <= 9.3e18)
+    fprintf(j->f, "%s9223372036854775807", v < 0 ? "-" : "");
+  else if (isfinite(v))
+    fprintf(j->f, "%.9g", v);
   else fputs("null", j->f);
 }
 

@@ -186,9 +186,11 @@ HQ_API const char *hq_opt_type_name(hq_opt_type t);
 **
 ** Each part of a role pattern is a glob of literal characters, '*' (any run) and '?' (any one
 ** character). The most specific matching [role] wins: fewer '*', then more literal characters,
-** then fewer '?'; ties go to the later section. A direction a section does not set, and every role
-*no section
-** matches, stays in high precision (the identity format).
+** then fewer '?'; ties go to the later section. A direction a section does not set, and every
+** role no section matches, stays in high precision (the identity format, built into libhqcore).
+** columnwise_source = rowwise_dequantized quantizes the columnwise copy from the dequantized
+** rowwise copy, held in the SOURCE tensor's dtype: a bf16 input's dequantized copy is rounded to
+** bf16 before the columnwise quantize (f32 input: exact f32 values).
 */
 typedef struct hq_recipe hq_recipe;
 
@@ -207,10 +209,13 @@ typedef struct hq_recipe_opts {
    HQ_EPARSE (first error in hq_last_error()) when there is any. */
 HQ_API int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **out);
 HQ_API int hq_recipe_load(const char *path, const hq_recipe_opts *opts, hq_recipe **out);
-/* Parse a recipe held in memory; `name` is used in messages in place of a file name and
-   plugin_dirs are relative to the current directory. */
+/* The same for a recipe held in memory; `name` is used in messages in place of a file name
+   and plugin_dirs are relative to the current directory. Both parse functions also leave the
+   first error of a recipe with errors in hq_last_error() (while returning HQ_OK). */
 HQ_API int hq_recipe_parse_string(const char *text, const char *name, const hq_recipe_opts *opts,
                                   hq_recipe **out);
+HQ_API int hq_recipe_load_string(const char *text, const char *name, const hq_recipe_opts *opts,
+                                 hq_recipe **out);
 HQ_API void hq_recipe_free(hq_recipe *r);
 
 HQ_API size_t hq_recipe_error_count(const hq_recipe *r);
@@ -264,6 +269,22 @@ HQ_API long hq_recipe_match(const hq_recipe *r, const hq_role *role);
 typedef struct hq_quantizer hq_quantizer;
 
 HQ_API int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out);
+
+/* A quantizer without recipe text ("format X with these options"), for trainers and tests: one
+   format per direction, each a plugin of `plugins` and its options as "key=value" strings,
+   validated as a recipe's would be (unknown key, wrong type, out of range: HQ_EPARSE naming
+   them). A NULL spec, or plugin NULL / "identity", is high precision. Two equal specs (same
+   plugin, same options in the same order) are one format instance: both directions come from
+   one plugin call, as with a recipe. columnwise_source is HQ_SOURCE_*. */
+typedef struct hq_format_spec {
+  uint32_t struct_size;          /* sizeof(hq_format_spec) */
+  const char *plugin;
+  const char *const *options;    /* n_options strings "key=value" */
+  size_t n_options;
+} hq_format_spec;
+HQ_API int hq_quantizer_create_direct(hq_plugins *plugins, const hq_format_spec *rowwise,
+                                      const hq_format_spec *columnwise, int columnwise_source,
+                                      hq_quantizer **out);
 HQ_API void hq_quantizer_free(hq_quantizer *q);
 /* Usage flags: which directions hq_quantize() makes (default HQ_BOTH). */
 HQ_API int hq_quantizer_set_usage(hq_quantizer *q, uint32_t dirs);
