@@ -63,6 +63,7 @@ struct hq_recipe {
   hqi_vec sections;      /* section * */
   hqi_vec keys;          /* kv *, in file order: what the inih handler must see */
   size_t next_key;       /* handler cursor */
+  int inih_unsafe;       /* the pre-scan found a line inih would misread: inih is not run */
   hq_plugins *set;
   hqi_vec formats;       /* fmt_entry * */
   hqi_vec roles;         /* role_entry * */
@@ -79,6 +80,42 @@ static void add_error(hq_recipe *r, int line, const char *fmt, ...) {
   char *e = line > 0 ? hqi_asprintf("%s:%d: %s", r->path, line, msg)
                      : hqi_asprintf("%s: %s", r->path, msg);
   if (e && hqi_vec_push(&r->errors, e)) free(e);
+}
+
+/* The line number an error message carries after "path:" (0: none). */
+static long error_line(const hq_recipe *r, const char *e) {
+  size_t n = strlen(r->path);
+  if (strncmp(e, r->path, n) != 0 || e[n] != ':') return 0;
+  char *end;
+  long v = strtol(e + n + 1, &end, 10);
+  return end > e + n + 1 && *end == ':' ? v : 0;
+}
+
+typedef struct err_key {
+  long line;
+  size_t index;
+  void *msg;
+} err_key;
+
+static int cmp_err(const void *a, const void *b) {
+  const err_key *x = a, *y = b;
+  if (x->line != y->line) return x->line < y->line ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* List the errors in line order (file-wide ones first), keeping the order within a line. */
+static void sort_errors(hq_recipe *r) {
+  if (r->errors.n < 2) return;
+  err_key *k = malloc(r->errors.n * sizeof *k);
+  if (!k) return; /* unsorted, not lost */
+  for (size_t i = 0; i < r->errors.n; i++) {
+    k[i].line = error_line(r, r->errors.v[i]);
+    k[i].index = i;
+    k[i].msg = r->errors.v[i];
+  }
+  qsort(k, r->errors.n, sizeof *k, cmp_err);
+  for (size_t i = 0; i < r->errors.n; i++) r->errors.v[i] = k[i].msg;
+  free(k);
 }
 
 // --- pre-scan ---------------------------------------------------------------------------------
@@ -117,21 +154,25 @@ static section *new_section(hq_recipe *r, int kind, char *arg, int line) {
 static void scan_header(hq_recipe *r, const char *start, int line, section **cur) {
   const char *end = find_chars_or_comment(start + 1, "]");
   if (*end != ']') {
+    r->inih_unsafe = 1;
     add_error(r, line, "section header has no closing ']'");
     *cur = new_section(r, SEC_UNKNOWN, NULL, line);
     return;
   }
   char *name = trimmed(start + 1, (size_t)(end - start - 1));
   if (!name) return;
-  if ((size_t)(end - start - 1) > INIH_MAX_NAME)
+  if ((size_t)(end - start - 1) > INIH_MAX_NAME) {
+    r->inih_unsafe = 1;
     add_error(r, line, "section name '%s' is longer than %d characters (inih truncates it)",
               name, INIH_MAX_NAME);
+  }
   const char *rest = end + 1;
   while (is_space(*rest)) rest++;
-  if (*rest && *rest != ';' && strchr(rest, ']') && strncmp(name, "role", 4) == 0)
+  if (*rest && *rest != ';' && strchr(rest, ']') && strncmp(name, "role", 4) == 0) {
+    r->inih_unsafe = 1;
     add_error(r, line, "a role pattern cannot hold a '[...]' class: inih ends the section name "
               "at the first ']' (use '*' and '?')");
-  else if (*rest && *rest != ';')
+  } else if (*rest && *rest != ';')
     add_error(r, line, "unexpected text '%s' after the section header", rest);
   if (strcmp(name, "recipe") == 0) {
     free(name);
@@ -168,10 +209,16 @@ static void scan_key(hq_recipe *r, const char *start, int line, section *cur) {
   }
   e->key = key;
   e->line = line;
-  if (strlen(key) > INIH_MAX_NAME)
+  /* a key reported here stays out of its section: no follow-on "unknown key" at resolution */
+  if (strlen(key) > INIH_MAX_NAME) {
     add_error(r, line, "key '%s' is longer than %d characters (inih truncates it)", key,
               INIH_MAX_NAME);
-  if (key[0] == '\0') add_error(r, line, "empty key before '%c'", *end);
+    return;
+  }
+  if (key[0] == '\0') {
+    add_error(r, line, "empty key before '%c'", *end);
+    return;
+  }
   if (!cur) {
     add_error(r, line, "key '%s' appears before any section", key);
     return;
@@ -200,6 +247,7 @@ static void prescan(hq_recipe *r, const char *text) {
     if (!buf) return;
     p += len + (nl ? 1 : 0);
     if (len > INIH_MAX_LINE) {
+      r->inih_unsafe = 1;
       add_error(r, line, "line is %zu characters long; inih reads at most %d per line and would "
                 "split it", len, INIH_MAX_LINE);
       free(buf);
@@ -217,6 +265,7 @@ static void prescan(hq_recipe *r, const char *text) {
     if (*start == '\0' || *start == ';' || *start == '#') {
       /* blank or comment */
     } else if (prev_key && start > lead) {
+      r->inih_unsafe = 1;
       add_error(r, line, "indented line is read by inih as a continuation of '%s' (line %d); "
                 "remove the indentation", prev_key, prev_key_line);
     } else if (*start == '[') {
@@ -563,23 +612,30 @@ static int parse_text(const char *text, const char *path, const char *dir,
   if (strlen(text) > MAX_RECIPE_BYTES) {
     add_error(r, 0, "file is larger than %d bytes", MAX_RECIPE_BYTES);
   } else {
+    /* Errors inih reads consistently (a repeated key, an unknown section, a key outside a
+       section, ...) do not stop the parse: the rest of the file is still resolved, so that every
+       error is listed at once. Only lines inih would misread stop it here. */
     prescan(r, text);
-    if (r->errors.n == 0) {
+    if (!r->inih_unsafe) {
+      size_t before = r->errors.n;
       int line = ini_parse_string(text, ini_handler_fn, r);
-      if (line != 0 && r->errors.n == 0)
+      if (line != 0 && before == 0 && r->errors.n == 0)
         add_error(r, line > 0 ? line : 0, "inih could not parse this line");
-      if (r->errors.n == 0 && r->next_key != r->keys.n)
+      if (r->errors.n == before && r->next_key != r->keys.n) {
         add_error(r, 0, "internal: inih reported %zu keys, the pre-scan saw %zu", r->next_key,
                   r->keys.n);
+        r->inih_unsafe = 1;
+      }
     }
   }
-  if (r->errors.n == 0) {
+  if (!r->inih_unsafe && strlen(text) <= MAX_RECIPE_BYTES) {
     int rc = resolve(r, opts);
     if (rc) {
       hq_recipe_free(r);
       return rc;
     }
   }
+  sort_errors(r);
   *out = r;
   return HQ_OK;
 }

@@ -481,6 +481,17 @@ static void test_recipe_string_errors(void **state) {
   HQ_ERROR_HAS("s.ini:2: unknown format 'nope'");
   HQ_OK_OR_FAIL(hq_recipe_load_string("[role a:b:c]\nrowwise = identity\n", "s.ini", &o, &r));
   hq_recipe_free(r);
+  /* a repeated key does not hide the other errors of the file: all are listed, in line order,
+     with no follow-on noise */
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[format a]\nplugin = identity\ndtype = f32\n"
+                                       "dtype = bf16\n[role x:y:z]\nrowwise = nope\n[bogus]\n"
+                                       " = 3\n", "m.ini", &o, &r));
+  assert_int_equal(hq_recipe_error_count(r), 4);
+  assert_non_null(strstr(hq_recipe_error(r, 0), "m.ini:4: key 'dtype' repeated"));
+  assert_non_null(strstr(hq_recipe_error(r, 1), "m.ini:6: unknown format 'nope'"));
+  assert_non_null(strstr(hq_recipe_error(r, 2), "m.ini:7: unknown section [bogus]"));
+  assert_non_null(strstr(hq_recipe_error(r, 3), "m.ini:8: empty key"));
+  hq_recipe_free(r);
 }
 
 int main(void) {

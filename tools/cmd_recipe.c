@@ -14,6 +14,25 @@ static const char usage[] =
     "sections another section shadows, and every error as FILE:LINE: message.\n"
     "Exit status: 0 valid, 1 errors found, 2 bad usage.\n";
 
+/* The module file a format instance of plugin `name` comes from. */
+static const char *module_file(const hq_recipe *r, const char *name) {
+  const hq_plugin *p = name ? hq_plugins_find(hq_recipe_plugins(r), name) : NULL;
+  return p ? hq_plugin_file(p) : NULL;
+}
+
+/* The k-th module of the same format name that the loader set aside because `name` was found
+   first on the search path (a user's module shadowing an installed one), or NULL. */
+static const char *shadowed_file(const hq_recipe *r, const char *name, size_t k) {
+  const hq_plugins *set = hq_recipe_plugins(r);
+  char needle[96];
+  if (!name) return NULL;
+  snprintf(needle, sizeof needle, "duplicate format name '%s'", name);
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
+    if (strstr(hq_plugins_rejected_reason(set, i), needle) && k-- == 0)
+      return hq_plugins_rejected_file(set, i);
+  return NULL;
+}
+
 static const char *source_name(int s) {
   return s == HQ_SOURCE_ROWWISE_DEQUANTIZED ? "rowwise_dequantized" : "original";
 }
@@ -71,6 +90,13 @@ int hq_cmd_recipe(int argc, char **argv) {
         json_null(&j);
       }
       json_kint(&j, "line", fi.line);
+      const char *mf = module_file(r, fi.plugin);
+      if (mf) json_kstr(&j, "file", mf);
+      json_key(&j, "shadows");
+      json_arr(&j);
+      for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
+        json_str(&j, shadowed_file(r, fi.plugin, k));
+      json_close_arr(&j);
       json_key(&j, "options");
       json_obj(&j);
       for (size_t k = 0; k < fi.n_options; k++)
@@ -121,6 +147,12 @@ int hq_cmd_recipe(int argc, char **argv) {
                           fi.line);
       else printf("  %-12s plugin %s (implicit: its defaults)\n", fi.name,
                   fi.plugin ? fi.plugin : "?");
+      const char *mf = module_file(r, fi.plugin);
+      if (mf) printf("      module %s\n", mf);
+      for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
+        fprintf(stderr, "hq recipe check: warning: format '%s' comes from %s, which shadows the "
+                "module of the same name %s (earlier on the plugin search path wins)\n",
+                fi.name, mf ? mf : "?", shadowed_file(r, fi.plugin, k));
       for (size_t k = 0; k < fi.n_options; k++)
         printf("      %s = %s\n", fi.option_names[k], fi.option_values[k]);
     }

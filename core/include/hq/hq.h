@@ -37,9 +37,11 @@
 **   - A call that touches a CUDA device makes the context's device current for its duration and
 **     restores the caller's current device before it returns.
 **   - hq_qtensor_update queues no allocation and no synchronization (its scratch was reserved
-**     when the qtensor was made): it can be captured in a CUDA graph. The one exception is a
-**     quantizer with columnwise_source = rowwise_dequantized, which allocates (stream-ordered)
-**     a temporary of the source's size for the dequantized copy.
+**     when the qtensor was made): it can be captured in a CUDA graph. Two exceptions allocate
+**     (stream-ordered): a quantizer with columnwise_source = rowwise_dequantized (a temporary
+**     of the source's size for the dequantized copy), and the first update of one direction
+**     alone of a tensor whose two directions share a buffer (the direction left alone receives
+**     its own copy, once).
 **
 ** Example
 **     hq_ctx *ctx;       hq_ctx_create(NULL, &ctx);                     // host
