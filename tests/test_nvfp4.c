@@ -272,7 +272,8 @@ static void test_plugin_caps_and_options(void **state) {
   hq_recipe *r = nv_recipe(NULL);
   const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), "nvfp4");
   assert_non_null(p);
-  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY);
+  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY |
+                                          (hq_built_with_cuda() ? HQ_CAP_CUDA : 0));
   static const char *names[] = {"rht", "rht_sign_mask", "stochastic_rounding", "seed",
                                 "block_2d", "swizzle"};
   static const char *defs[] = {"false", "0xD7E8", "false", "0", "false", "false"};
@@ -1186,28 +1187,33 @@ static void test_ops_direct(void **state) {
   vals[0].i = 0;
   vals[4].i = 0;
   vals[2].i = 1; /* stochastic_rounding */
+  /* every instance runs on CUDA in a CUDA build (tests/test_gpu_nvfp4.c checks it) */
+  const uint64_t cuda = hq_built_with_cuda() ? HQ_CAP_CUDA : 0;
   DIRECT_OK(ops->configure(cfg, vals, &host));
-  assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY);
+  assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | cuda);
   vals[2].i = 0;
   DIRECT_OK(ops->configure(cfg, vals, &host));
-  assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE);
-  /* a device call is refused with a clear message, before touching any pointer */
+  assert_int_equal(ops->instance_caps(cfg),
+                   HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE | cuda);
   hq_call call = hq_test_call(&host, 0, 0);
-  call.device = 0;
   hq_storage st;
   hq_test_storage_init(&st, HQ_ROWWISE, 16, 16, HQ_F32);
   DIRECT_OK(ops->layout(cfg, &host, 16, 16, HQ_ROWWISE, HQ_ROWWISE, &st));
   hq_tensor src = hq_tensor_2d(NULL, HQ_F32, 0, 16, 16);
-  last_err[0] = 0;
-  assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_ENOTSUP);
-  assert_non_null(strstr(last_err, "nvfp4: no CUDA path"));
-  last_err[0] = 0;
-  assert_int_equal(ops->dequantize(cfg, &call, &st, &src), HQ_ENOTSUP);
-  assert_non_null(strstr(last_err, "CUDA"));
-  last_err[0] = 0;
-  float dev_amax[2];
-  assert_int_equal(ops->amax(cfg, &call, &src, HQ_BOTH, dev_amax), HQ_ENOTSUP);
-  assert_non_null(strstr(last_err, "nvfp4: no CUDA path"));
+  if (!cuda) {
+    /* without CUDA a device call is refused with a clear message, before touching any pointer */
+    call.device = 0;
+    last_err[0] = 0;
+    assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_ENOTSUP);
+    assert_non_null(strstr(last_err, "nvfp4: built without CUDA"));
+    last_err[0] = 0;
+    assert_int_equal(ops->dequantize(cfg, &call, &st, &src), HQ_ENOTSUP);
+    assert_non_null(strstr(last_err, "CUDA"));
+    last_err[0] = 0;
+    float dev_amax[2];
+    assert_int_equal(ops->amax(cfg, &call, &src, HQ_BOTH, dev_amax), HQ_ENOTSUP);
+    assert_non_null(strstr(last_err, "nvfp4: built without CUDA"));
+  }
   /* host calls with a storage that does not fit the tensor are refused (no OOB access) */
   call.device = HQ_DEVICE_HOST;
   float data[32 * 16] = {0};
@@ -1255,7 +1261,7 @@ static void test_direct_scratch_and_update(void **state) {
   uint8_t cfg[256];
   for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
     configure_nv(ops, &host, cfg, opts[oi]);
-    /* the declaration: at least the 16-row FP32 strip; nothing on a device (no CUDA path) */
+    /* the declaration: at least the 16-row FP32 strip; nothing on a device (shared tiles) */
     size_t need = ops->scratch_size(cfg, M, K, HQ_BOTH, HQ_DEVICE_HOST);
     assert_true(need >= (size_t)(16 * K) * sizeof(float));
     assert_int_equal(ops->scratch_size(cfg, M, K, HQ_BOTH, 0), 0);

@@ -1,7 +1,13 @@
 /*
 ** fp8_block.c -- FP8 block scaling, DeepSeek-V3 style (TE Float8BlockwiseQTensor): the plugin
-** (ABI 2.0) and the CPU reference (FORMATS.md section 4). There is no CUDA path yet: a call on a
-** device fails with HQ_ENOTSUP (CUDA kernels are a later piece of work).
+** (ABI 2.0), the CPU reference (FORMATS.md section 4), and the dispatch to the CUDA path
+** (fp8_block.cu, built when CUDA is configured: HQ_CAP_CUDA, every option) on
+** call->device != HQ_DEVICE_HOST. The CUDA path computes every bit with the same functions
+** (fp8_block_rules.h, fp8_scale.h, hq/numerics.h), so its bytes and scales equal this
+** reference's: one kernel per quantize/update, one thread block per 128x128 tile read once from
+** global memory into registers, both directions from it (the columnwise bytes transposed through
+** shared memory), scale_inv and the scale padding written in place; dequantize in 32x32 tiles.
+** Without CUDA in the build a device call fails with HQ_ENOTSUP.
 **
 ** Blocks over the logical [M, K]:
 **   block = 1d  rowwise 1x128 (along K), columnwise 128x1 (down M); the two copies are quantized
@@ -44,10 +50,11 @@
 ** order, 1-D or 2-D blocks -- from s->desc and checks the buffers against it, so it accepts a
 ** storage made by any fp8_block instance, whatever this instance's options.
 **
-** Scratch: scratch_size() declares the tile buffer of quantize (one 128x128 FP32 tile of the
-** input, its FP8 bytes and 128 column scales; smaller for tensors under 128 rows or columns);
+** Scratch: scratch_size() declares the tile buffer of the CPU quantize (one 128x128 FP32 tile of
+** the input, its FP8 bytes and 128 column scales; smaller for tensors under 128 rows or columns);
 ** quantize, also as the update (HQ_CALL_UPDATE; update op NULL), takes it from call->scratch and
-** never calls host->alloc.
+** never calls host->alloc. On a CUDA device it is 0 (the kernel's tile lives in registers and
+** shared memory); the device quantize/update allocates nothing and never synchronizes.
 **
 ** Options: block (1d|2d), dtype (e4m3|e5m2), power_2_scales (true), amax_epsilon (0).
 */
@@ -345,10 +352,25 @@ static void tile_2d(const fp8b_cfg *c, int src_dtype, tile *t, int64_t M, int64_
   }
 }
 
-static int host_only(const hq_call *call, const char *op) {
+#ifdef HQ_HAVE_CUDA
+/* The CUDA path (fp8_block.cu). */
+int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d, int pow2,
+                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs);
+int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d, const uint8_t *q,
+                         const float *scale_inv, hq_tensor *dst);
+#endif
+
+/* A device call in a build without CUDA is refused. */
+static int device_ok(const hq_call *call, const char *op) {
+#ifdef HQ_HAVE_CUDA
+  (void)call;
+  (void)op;
+  return HQ_OK;
+#else
   if (call->device == HQ_DEVICE_HOST) return HQ_OK;
-  return call->host->error(HQ_ENOTSUP, "fp8_block has no CUDA path yet (CPU reference only): %s "
+  return call->host->error(HQ_ENOTSUP, "fp8_block was built without CUDA (no CUDA path): %s "
                            "on device %d is not supported", op, (int)call->device);
+#endif
 }
 
 static int check_hp(const hq_call *call, const hq_tensor *t, const char *what) {
@@ -361,12 +383,13 @@ static int check_hp(const hq_call *call, const hq_tensor *t, const char *what) {
   return HQ_OK;
 }
 
-/* The tile working set of quantize; CUDA calls are refused before they get here. */
+/* The tile working set of the CPU quantize; the CUDA kernel keeps its tile in registers and
+   shared memory and needs none. */
 static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
                            int32_t device) {
   (void)cfgp;
   (void)dirs;
-  if (device != HQ_DEVICE_HOST) return 0; /* no CUDA path: such a call is refused */
+  if (device != HQ_DEVICE_HOST) return 0;
   return tile_bytes(rows, cols);
 }
 
@@ -390,7 +413,7 @@ static int check_own(const fp8b_cfg *c, const hq_call *call, const hq_storage *s
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
   const fp8b_cfg *c = cfgp;
-  int rc = host_only(call, (call->flags & HQ_CALL_UPDATE) ? "update" : "quantize");
+  int rc = device_ok(call, (call->flags & HQ_CALL_UPDATE) ? "update" : "quantize");
   if (!rc) rc = check_hp(call, src, "source");
   if (rc) return rc;
   const int64_t M = src->rows, K = src->cols;
@@ -409,6 +432,11 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     cs = g.scale;
   }
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST)
+    return fp8b_cuda_quantize(call, src, (int)c->elem, c->two_d, c->pow2, c->epsilon, rd, rs, cd,
+                              cs);
+#endif
   const size_t need = tile_bytes(M, K);
   if (!call->scratch || call->scratch_bytes < need)
     return call->host->error(HQ_EINVAL, "fp8_block: call->scratch holds %zu bytes, a [%lld, %lld] "
@@ -442,7 +470,7 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
    may come from a differently configured fp8_block instance. */
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp;
-  int rc = host_only(call, "dequantize");
+  int rc = device_ok(call, "dequantize");
   if (!rc) rc = check_hp(call, dst, "destination");
   if (rc) return rc;
   const int64_t M = dst->rows, K = dst->cols;
@@ -453,6 +481,10 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
                              (long long)s->rows, (long long)s->cols);
   geom g;
   if ((rc = read_storage(call->host, s, M, K, &g))) return rc;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST)
+    return fp8b_cuda_dequantize(call, (int)g.elem, g.colwise, g.two_d, g.data, g.scale, dst);
+#endif
   const uint8_t *q = g.data;
   const float *sc = g.scale;
   for (int64_t m = 0; m < M; m++)
@@ -473,7 +505,11 @@ static const hq_format_ops ops = {
     .version = "2.0",
     .description = "FP8 block scaling (DeepSeek-V3): 1x128/128x1 or 128x128 blocks, FP32 scales, "
                    "GEMM-ready layouts; columnwise = [K, M]",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY,
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
+#ifdef HQ_HAVE_CUDA
+            | HQ_CAP_CUDA
+#endif
+    ,
     .options = options,
     .configure = configure,
     .layout = layout,

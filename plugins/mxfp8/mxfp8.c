@@ -49,7 +49,21 @@
 ** Dequantize: x = RN(fp32(q) * 2^(e-127)) from either direction, into f32/bf16/f16.
 ** Scratch: a 32-row tile of the input in FP32 (scratch_size()); an f16 decode table is an
 ** optional cache from host->alloc, never during an update.
-** CPU only for now: a call on a CUDA device returns HQ_ENOTSUP.
+**
+** CUDA path (mxfp8.cu, built when CUDA is configured: HQ_HAVE_CUDA; every option, sm_90 and
+** sm_100): a call with call->device != HQ_DEVICE_HOST validates the storages here exactly as on
+** the host and hands their device pointers to the kernels, which compute every byte with the same
+** functions of mxfp8_rules.h / hq/numerics.h, so the bytes equal the CPU reference's.
+**   quantize / update: one kernel per call, a 32-row x 128-column tile per CTA read once into
+**     registers; the rowwise 1x32 blocks reduce across 4 lanes, the columnwise 32x1 blocks (and
+**     the 32x32 tiles of block_2d) through 4 KiB of shared memory; plus a small kernel writing
+**     the zero padding of the scale buffers (only when M or K is not a multiple of 128). No
+**     scratch (scratch_size() is 0 on a device), no allocation, no synchronization;
+**   the element cast is the hardware cvt.rn.satfinite (sm_89 and later: Hopper, Blackwell),
+**     bit-identical to hq_mxfp8_quantize, which older chips (and -DHQ_MXFP8_SW_CVT) run;
+**   dequantize: 16 FP8 bytes per thread into f32 / bf16 / f16;
+**   make_empty: cudaMemsetAsync of the scale buffers on call->stream.
+** Without CUDA in the build, a device call returns HQ_ENOTSUP.
 */
 #include <string.h>
 
@@ -204,11 +218,12 @@ static int check_hp(const hq_host_api *host, const hq_tensor *t, const char *wha
   return HQ_OK;
 }
 
+#ifndef HQ_HAVE_CUDA
 static int no_device(const hq_call *call, const char *what) {
   return call->host->error(HQ_ENOTSUP, "mxfp8: %s on CUDA device %d is not supported: this "
-                           "build has the CPU reference only (CUDA kernels are not written yet)",
-                           what, (int)call->device);
+                           "build has no CUDA (CPU reference only)", what, (int)call->device);
 }
+#endif
 
 // --- CPU reference ----------------------------------------------------------------------------
 
@@ -220,7 +235,8 @@ static int no_device(const hq_call *call, const char *what) {
 
 static int64_t tile_width(int64_t K) { return K < TW ? K : TW; }
 
-/* Scratch of a quantize or update: the FP32 tile. Nothing on a CUDA device (no CUDA path). */
+/* Scratch of a quantize or update: the FP32 tile. Nothing on a CUDA device (the kernels keep
+   their tiles in registers and shared memory). */
 static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
                            int32_t device) {
   (void)cfgp, (void)dirs;
@@ -401,9 +417,14 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
                     hq_storage *row, hq_storage *col) {
   (void)cfgp;
   const hq_host_api *host = call->host;
+#ifndef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) return no_device(call, "quantize");
+#endif
   int rc = check_hp(host, src, "quantize source");
   if (rc) return rc;
+  if (src->device != call->device)
+    return host->error(HQ_EINVAL, "mxfp8: quantize: source on device %d, call on device %d",
+                       (int)src->device, (int)call->device);
   if (!(dirs & HQ_BOTH) || (dirs & ~HQ_BOTH))
     return host->error(HQ_EINVAL, "mxfp8: quantize: dirs = 0x%x is not rowwise, columnwise or "
                        "both", dirs);
@@ -417,6 +438,13 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return host->error(HQ_EINVAL, "mxfp8: quantize: the rowwise and columnwise storages differ "
                        "in element dtype or block shape; quantize them one direction at a time");
   const sview *v = (dirs & HQ_ROWWISE) ? &r : &c;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST) {
+    mxfp8_cuda_job j = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
+                        r.swizzled, c.swizzled};
+    return mxfp8_cuda_quantize(&j, call, src);
+  }
+#endif
   qjob q = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
             r.scale_bytes, c.scale_bytes, r.swizzled, c.swizzled};
   return quantize_cpu(&q, call, src);
@@ -427,9 +455,14 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp;
   const hq_host_api *host = call->host;
+#ifndef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) return no_device(call, "dequantize");
+#endif
   int rc = check_hp(host, dst, "dequantize destination");
   if (rc) return rc;
+  if (dst->device != call->device)
+    return host->error(HQ_EINVAL, "mxfp8: dequantize: destination on device %d, call on device "
+                       "%d", (int)dst->device, (int)call->device);
   if (!s) return host->error(HQ_EINVAL, "mxfp8: dequantize: NULL storage");
   if (s->dir != HQ_ROWWISE && s->dir != HQ_COLWISE)
     return host->error(HQ_EINVAL, "mxfp8: dequantize: storage dir = 0x%x is not rowwise or "
@@ -440,6 +473,10 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const uint8_t *qd = v.data, *qs = v.scale;
   const hq_dtype elem = v.elem;
   const int swz = v.swizzled, colwise = s->dir == HQ_COLWISE;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST)
+    return mxfp8_cuda_dequantize(call, qd, qs, elem, swz, colwise, dst);
+#endif
   float lut[256], sinv[TW];
   for (int k = 0; k < 256; k++) lut[k] = hq_fp8_to_f32((uint8_t)k, elem);
   float *out = dst->dtype == HQ_F32 ? dst->data : NULL;
@@ -469,7 +506,19 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
    as after a quantize. The data is left for the caller to fill. */
 static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   (void)cfgp;
-  if (call->device != HQ_DEVICE_HOST) return no_device(call, "make_empty");
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    for (uint32_t i = 0; i < s->nbuf; i++) {
+      hq_buffer *b = hq_storage_buf(s, i);
+      int rc;
+      if (b->role == HQ_ROLE_SCALE && b->ptr && (rc = mxfp8_cuda_zero(call, b->ptr, b->bytes)))
+        return rc;
+    }
+    return HQ_OK;
+#else
+    return no_device(call, "make_empty");
+#endif
+  }
   for (uint32_t i = 0; i < s->nbuf; i++) {
     hq_buffer *b = hq_storage_buf(s, i);
     if (b->role == HQ_ROLE_SCALE && b->ptr) memset(b->ptr, 0, b->bytes);
@@ -486,7 +535,11 @@ static const hq_format_ops ops = {
     .version = "2.0",
     .description = "MXFP8 (E4M3/E5M2, E8M0 scale per 32 elements, TE numerics); columnwise "
                    "copy untransposed",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY,
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
+#ifdef HQ_HAVE_CUDA
+            | HQ_CAP_CUDA
+#endif
+    ,
     .options = options,
     .configure = configure,
     .layout = layout,

@@ -1,6 +1,6 @@
 /*
-** mxfp8.h -- shared between the mxfp8 plugin's CPU reference (mxfp8.c) and its future CUDA
-** kernels. Not installed. The numerics themselves (the scale rule, the element cast, the
+** mxfp8.h -- shared between the mxfp8 plugin's CPU reference (mxfp8.c) and its CUDA kernels
+** (mxfp8.cu). Not installed. The numerics themselves (the scale rule, the element cast, the
 ** scale-buffer shapes and index functions) live in mxfp8_rules.h; the generic E8M0 / FP8 codecs
 ** in hq/numerics.h.
 */
@@ -26,6 +26,24 @@ typedef struct mxfp8_cfg {
 enum { MXFP8_DATA = 0, MXFP8_SCALE_INV = 1, MXFP8_NBUF = 2 };
 
 /* hq_storage.meta is unused (left zero): the descriptor holds every layout fact. */
+
+#ifdef HQ_HAVE_CUDA
+/* One quantize on a CUDA device, as mxfp8.c read it from the storages (validated there). */
+typedef struct mxfp8_cuda_job {
+  hq_dtype elem;      /* HQ_E4M3 / HQ_E5M2 */
+  int two_d;          /* one code per 32x32 tile */
+  int64_t M, K;       /* multiples of 32 */
+  uint8_t *rd, *rs;   /* rowwise data / scales (device memory), or NULL */
+  uint8_t *cd, *cs;   /* columnwise data / scales (device memory), or NULL */
+  int rswz, cswz;     /* the storages' scale layouts: swizzled or compact */
+} mxfp8_cuda_job;
+
+/* mxfp8.cu: everything queued on call->stream, nothing allocated, nothing synchronized. */
+int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call, const hq_tensor *src);
+int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data, const uint8_t *scale,
+                          hq_dtype elem, int swizzled, int colwise, hq_tensor *dst);
+int mxfp8_cuda_zero(const hq_call *call, void *ptr, size_t bytes);
+#endif
 
 #ifdef __cplusplus
 }

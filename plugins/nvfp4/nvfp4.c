@@ -1,10 +1,20 @@
 /*
 ** nvfp4.c -- NVFP4 (FP4 E2M1 elements in 16-element blocks, an E4M3 scale per block and an FP32
 ** global amax per direction): the plugin (ABI 2.0) and its CPU reference (FORMATS.md section 3).
-** There is no CUDA path yet: a device call fails with HQ_ENOTSUP.
+** CUDA path (nvfp4.cu, built when HQ_HAVE_CUDA; every option, sm_90 and sm_100): the same
+** rules functions, bit-identical to this reference. amax: one pass over the input (a flat
+** vectorized pass; with rht 64x128 tiles in shared memory, the columnwise amax over
+** hq_nvfp4_rht16 of each column's 16-groups), integer atomicMax on the FP32 bits
+** (deterministic). quantize/update: that pass into the storages' amax buffers unless
+** call->amax is given, then ONE kernel reading each 64x128 tile once and writing both
+** directions (staged through shared memory, coalesced 8-byte stores; block_2d tile amaxes, RHT,
+** Philox SR and swizzled scale indices as below).
+** dequantize: a kernel per direction (the columnwise copy through the inverse RHT and a shared
+** tile). make_empty zeroes with cudaMemsetAsync. Everything on call->stream, no scratch (0 on a
+** device), no allocation, no synchronization.
 **
 ** Quantize, per direction, with TE's operation order (FORMATS.md 3.3; every rule is a function of
-** nvfp4_rules.h, which the CUDA kernels will share):
+** nvfp4_rules.h, which the CUDA kernels share):
 **   A     = the direction's global amax: max |x| over the whole input, NaN ignored, Inf counted.
 **           Without RHT both directions use amax(x); with RHT the columnwise A is the amax of the
 **           BF16-rounded transformed values (FORMATS.md 3.3 "Global amax per direction").
@@ -135,6 +145,9 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
 static uint64_t instance_caps(const void *cfgp) {
   const nvfp4_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY;
+#ifdef HQ_HAVE_CUDA
+  caps |= HQ_CAP_CUDA; /* every option runs on CUDA */
+#endif
   if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
   return caps;
 }
@@ -237,8 +250,20 @@ static int check_made_here(const hq_host_api *host, const nvfp4_cfg *c, const hq
 
 static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   (void)cfgp;
-  if (call->device != HQ_DEVICE_HOST)
-    return call->host->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only)");
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    for (uint32_t i = 0; i < s->nbuf; i++) {
+      hq_buffer *b = hq_storage_buf(s, i);
+      if (b->ptr && b->bytes) {
+        int rc = nvfp4_cuda_memset(call, b->ptr, b->bytes);
+        if (rc) return rc;
+      }
+    }
+    return HQ_OK;
+#else
+    return call->host->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only)");
+#endif
+  }
   for (uint32_t i = 0; i < s->nbuf; i++) {
     hq_buffer *b = hq_storage_buf(s, i);
     if (b->ptr) memset(b->ptr, 0, b->bytes);
@@ -264,7 +289,7 @@ static size_t scratch_need(const nvfp4_cfg *c, int64_t rows, int64_t cols) {
 static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_t dirs,
                            int32_t device) {
   (void)dirs;
-  if (device != HQ_DEVICE_HOST) return 0; /* no CUDA path: such a call is refused */
+  if (device != HQ_DEVICE_HOST) return 0; /* the CUDA kernels work in shared-memory tiles */
   return scratch_need(cfgp, rows, cols);
 }
 
@@ -565,10 +590,17 @@ static int amax_op(const void *cfgp, const hq_call *call, const hq_tensor *src, 
                    float *out) {
   const nvfp4_cfg *c = cfgp;
   const hq_host_api *h = call->host;
-  if (call->device != HQ_DEVICE_HOST)
-    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); compute the amax "
-                    "on a host context");
   if (!out) return h->error(HQ_EINVAL, "nvfp4: amax without an output");
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    int rc = check_src(h, src, "input");
+    if (rc) return rc;
+    return nvfp4_cuda_amax(c, call, src, dirs & HQ_BOTH, out);
+#else
+    return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); compute the "
+                    "amax on a host context");
+#endif
+  }
   out[0] = out[1] = 0.0f;
   int rc = check_src(h, src, "input");
   if (rc) return rc;
@@ -583,9 +615,11 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
                     hq_storage *row, hq_storage *col) {
   const nvfp4_cfg *c = cfgp;
   const hq_host_api *h = call->host;
+#ifndef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
-    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); quantize on a "
+    return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); quantize on a "
                     "host context");
+#endif
   int rc = check_src(h, src, "input");
   const int64_t M = src->rows, K = src->cols;
   if (!rc && (dirs & HQ_ROWWISE)) rc = check_storage(h, row, HQ_ROWWISE, M, K);
@@ -594,6 +628,23 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   if (!rc && (dirs & HQ_COLWISE)) rc = check_made_here(h, c, col);
   if (rc) return rc;
   if (!(dirs & HQ_BOTH)) return HQ_OK;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST) {
+    nvfp4_dev_dir dr, dc;
+    if (dirs & HQ_ROWWISE) {
+      dr.data = hq_storage_buf(row, NVFP4_DATA)->ptr;
+      dr.scale = hq_storage_buf(row, NVFP4_SCALE_INV)->ptr;
+      dr.amax = hq_storage_buf(row, NVFP4_AMAX)->ptr;
+    }
+    if (dirs & HQ_COLWISE) {
+      dc.data = hq_storage_buf(col, NVFP4_DATA)->ptr;
+      dc.scale = hq_storage_buf(col, NVFP4_SCALE_INV)->ptr;
+      dc.amax = hq_storage_buf(col, NVFP4_AMAX)->ptr;
+    }
+    return nvfp4_cuda_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
+                               (dirs & HQ_COLWISE) ? &dc : NULL);
+  }
+#endif
 
   qjob q = {c, M, K, c->seed ? c->seed : call->seed, call->offset, NULL};
   const int64_t ld = strip_ld(K);
@@ -669,9 +720,11 @@ static int read_desc(const hq_host_api *h, const hq_storage *s, int *swizzle, ui
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp; /* the storage describes itself: it may come from another nvfp4 instance */
   const hq_host_api *h = call->host;
+#ifndef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
-    return h->error(HQ_ENOTSUP, "nvfp4: no CUDA path yet (CPU reference only); dequantize on a "
+    return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); dequantize on a "
                     "host context");
+#endif
   int rc = check_src(h, dst, "output");
   if (rc) return rc;
   const int64_t M = dst->rows, K = dst->cols;
@@ -685,6 +738,11 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (rc) return rc;
   const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
   const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST)
+    return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+                                 dir == HQ_COLWISE, sw, rht, mask, dst);
+#endif
   const float amax = *(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   const int t = dst->dtype;
   float dec[256];
@@ -725,7 +783,11 @@ static const hq_format_ops ops = {
     .name = "nvfp4",
     .version = "2.0",
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
-    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY,
+    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY
+#ifdef HQ_HAVE_CUDA
+            | HQ_CAP_CUDA
+#endif
+    ,
     .options = options,
     .configure = configure,
     .instance_caps = instance_caps,

@@ -1,10 +1,11 @@
 /*
-** nvfp4.h -- shared between the nvfp4 plugin's CPU reference (nvfp4.c) and its future CUDA
-** kernels. Not installed. The numeric rules are in nvfp4_rules.h.
+** nvfp4.h -- shared between the nvfp4 plugin's CPU reference (nvfp4.c) and its CUDA kernels
+** (nvfp4.cu). Not installed. The numeric rules are in nvfp4_rules.h.
 */
 #ifndef HQ_NVFP4_H
 #define HQ_NVFP4_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hq/plugin.h"
@@ -29,6 +30,31 @@ typedef struct nvfp4_cfg {
    used (left zero): desc.scale_layout, desc.block_m/block_k and desc.transform/transform_param
    hold what it used to. */
 enum { NVFP4_DATA = 0, NVFP4_SCALE_INV = 1, NVFP4_AMAX = 2, NVFP4_NBUF = 3 };
+
+/* The CUDA path (nvfp4.cu; built when HQ_HAVE_CUDA). Every call queues its work on call->stream
+   and returns without synchronizing; nothing allocates. */
+
+/* The device buffers of one direction being quantized. */
+typedef struct nvfp4_dev_dir {
+  uint8_t *data, *scale;
+  float *amax;
+} nvfp4_dev_dir;
+
+/* out[0] (rowwise) / out[1] (columnwise), device memory: the global amaxes of src for the
+   directions in dirs (the columnwise one over the RHT values with rht), 0 for the others. */
+int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                    uint32_t dirs, float *out);
+/* Quantize src into the directions whose pointer is not NULL: an amax pass into the storages'
+   amax buffers unless call->amax is given, then one fused pass for both directions. */
+int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                        const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
+/* Dequantize one stored direction (colwise: the transposed copy, through the inverse RHT when
+   rht) into dst [M, K]. */
+int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
+                          const float *amax, int colwise, int swizzle, int rht, uint32_t mask,
+                          hq_tensor *dst);
+/* cudaMemsetAsync(p, 0, bytes) on call->stream. */
+int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 
 #ifdef __cplusplus
 }

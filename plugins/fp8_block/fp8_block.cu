@@ -1,0 +1,414 @@
+/*
+** fp8_block.cu -- CUDA kernels of the fp8_block plugin: the fused 128x128-tile quantize (both
+** directions from one read of the input) and dequantize. Every bit comes from the functions the
+** CPU reference runs (fp8_block_rules.h, fp8_scale.h, hq/numerics.h: HQ_HD), so the bytes and
+** scales agree with it bit for bit by construction.
+**
+** quantize (also the update): one thread block of 256 threads per 128x128 tile of the [M, K]
+** input (a 1-D grid over the ceil(M/128) * ceil(K/128) tiles; edge tiles cover only their
+** in-bounds part). Thread t holds the 8x8 sub-block rows 8*(t/16) .. +7, columns 8*(t%16) .. +7
+** of the tile in registers (one 16-byte load per row for bf16/f16, two for f32, when K % 8 == 0
+** and the input is 16-byte aligned; element loads otherwise), so the tile is read from global
+** memory exactly once and feeds both directions:
+**   1-D rowwise     row amax over the 16 threads of a row (warp shuffles), the row's scale
+**                   (hq_fp8b_scale), 8-byte stores of each row's bytes;
+**   1-D columnwise  column amax over the 16 row groups (shuffle + shared memory), the column
+**                   scales computed once per column (shared), the bytes cast with them and
+**                   written transposed into a shared 128x128 byte tile (XOR-swizzled 16-byte
+**                   chunks: few bank conflicts), then 16-byte coalesced stores of the [K, M] rows;
+**   2-D             one tile amax, one scale; the bytes are cast once, stored rowwise and, through
+**                   the same shared tile, as their exact transpose.
+** scale_inv = hq_rcp_rn(scale) is written by the threads that own the block; the zero padding of
+** each scale buffer's rows (dim 1 up to a multiple of 4) is written by the edge tiles.
+** dequantize: 32x32 tiles, x = hq_fp8_dequantize(q, its block's scale_inv); a columnwise [K, M]
+** storage is read coalesced and transposed through shared memory.
+**
+** Every launch is queued on call->stream; nothing allocates (scratch_size is 0 on a device),
+** nothing synchronizes: quantize/update can be captured in a CUDA graph.
+*/
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "hq/numerics.h"
+#include "fp8_block_rules.h"
+
+extern "C" {
+int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d, int pow2,
+                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs);
+int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d, const uint8_t *q,
+                         const float *scale_inv, hq_tensor *dst);
+}
+
+#define CHECK_LAUNCH(call, what)                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = cudaGetLastError();                                                      \
+    if (e_ != cudaSuccess)                                                                    \
+      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, what,       \
+                                 cudaGetErrorString(e_));                                     \
+  } while (0)
+
+namespace {
+
+constexpr int kB = HQ_FP8B_BLOCK; /* 128 */
+constexpr int kThreads = 256;     /* 16 column groups x 16 row groups of 8x8 */
+
+struct QArgs {
+  const void *x;
+  int64_t M, K, Kb;  /* Kb = tiles along K */
+  uint8_t *rd, *cd;  /* rowwise [M, K] / columnwise [K, M] bytes, NULL when not made */
+  float *rs, *cs;    /* their scale_inv buffers */
+  int pow2;
+  float epsilon;
+  int vec_in;        /* K % 8 == 0 and x 16-byte aligned: 16-byte loads */
+  int vec_row;       /* K % 8 == 0 and rd 8-byte aligned: 8-byte rowwise stores */
+  int vec_col;       /* M % 16 == 0 and cd 16-byte aligned: 16-byte columnwise stores */
+};
+
+/* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
+   for bf16/f16). */
+template <int DT> struct Raw {
+  static constexpr int W = DT == HQ_F32 ? 8 : 4;
+  uint32_t w[8][W];
+  __device__ __forceinline__ float at(int p, int j) const {
+    if constexpr (DT == HQ_F32) {
+      return hq_bits_f32(w[p][j]);
+    } else {
+      const uint16_t h = (uint16_t)(w[p][j >> 1] >> (16 * (j & 1)));
+      return DT == HQ_F16 ? hq_f16_to_f32(h) : hq_bf16_to_f32(h);
+    }
+  }
+};
+
+template <int ELEM> __device__ __forceinline__ uint32_t cast1(float x, float scale) {
+  /* the CPU reference's cast_e4m3 / cast_e5m2 */
+  return ELEM == HQ_E5M2 ? hq_f32_to_e5m2(hq_mul_rn(x, scale))
+                         : hq_f32_to_e4m3(hq_mul_rn(x, scale));
+}
+
+/* Store 8 bytes of row `row` of the rowwise copy at columns [c, c + 8) (in-bounds part only). */
+__device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t c, uint64_t v) {
+  uint8_t *o = a.rd + row * a.K + c;
+  if (a.vec_row) {
+    *reinterpret_cast<uint64_t *>(o) = v;
+  } else {
+    for (int j = 0; j < 8; j++)
+      if (c + j < a.K) o[j] = (uint8_t)(v >> (8 * j));
+  }
+}
+
+/* Swizzled byte offset of (row r, byte b) of the shared 128x128 transposed tile: 16-byte chunk
+   b/16 of row r sits at chunk (b/16) ^ ((r/8) % 8). */
+__device__ __forceinline__ int sw(int r, int b) {
+  return r * kB + ((((b >> 4) ^ (r >> 3)) & 7) << 4) + (b & 15);
+}
+
+template <int DT, int ELEM, bool TWO_D>
+__global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
+  __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
+  __shared__ uint32_t wmax[8][kB];              /* per-warp column amax bits (1-D) */
+  __shared__ float cscale[kB];                  /* column scales (1-D) */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int cg = t & 15, rg = t >> 4, r0 = rg * 8, c0 = cg * 8;
+  const int64_t mb = blockIdx.x / a.Kb, kb = blockIdx.x % a.Kb;
+  const int64_t m0 = mb * kB, k0 = kb * kB, M = a.M, K = a.K;
+  const int nr = (int)(M - m0 < kB ? M - m0 : kB), nc = (int)(K - k0 < kB ? K - k0 : kB);
+
+  /* --- the one read of the tile ---------------------------------------------------------- */
+  Raw<DT> x;
+  const bool col_in = c0 < nc;
+  if (a.vec_in) {
+    #pragma unroll
+    for (int p = 0; p < 8; p++) {
+      const int64_t i = (m0 + r0 + p) * K + k0 + c0;
+      if (r0 + p < nr && col_in) {
+        if constexpr (DT == HQ_F32) {
+          const uint4 *s = reinterpret_cast<const uint4 *>(static_cast<const float *>(a.x) + i);
+          const uint4 u0 = __ldg(s), u1 = __ldg(s + 1);
+          x.w[p][0] = u0.x; x.w[p][1] = u0.y; x.w[p][2] = u0.z; x.w[p][3] = u0.w;
+          x.w[p][4] = u1.x; x.w[p][5] = u1.y; x.w[p][6] = u1.z; x.w[p][7] = u1.w;
+        } else {
+          const uint4 u = __ldg(reinterpret_cast<const uint4 *>(
+              static_cast<const uint16_t *>(a.x) + i));
+          x.w[p][0] = u.x; x.w[p][1] = u.y; x.w[p][2] = u.z; x.w[p][3] = u.w;
+        }
+      } else {
+        #pragma unroll
+        for (int j = 0; j < Raw<DT>::W; j++) x.w[p][j] = 0u;
+      }
+    }
+  } else {
+    #pragma unroll
+    for (int p = 0; p < 8; p++) {
+      const bool row_in = r0 + p < nr;
+      const int64_t i = (m0 + r0 + p) * K + k0 + c0;
+      #pragma unroll
+      for (int j = 0; j < Raw<DT>::W; j++) x.w[p][j] = 0u;
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        if (!row_in || c0 + j >= nc) continue;
+        if constexpr (DT == HQ_F32) {
+          x.w[p][j] = __ldg(static_cast<const unsigned int *>(a.x) + i + j);
+        } else {
+          const uint32_t h = __ldg(static_cast<const unsigned short *>(a.x) + i + j);
+          x.w[p][j >> 1] |= h << (16 * (j & 1));
+        }
+      }
+    }
+  }
+  /* out-of-bounds elements are 0: they never raise an amax and their bytes are never stored */
+
+  if (TWO_D) {
+    /* --- one 128x128 block: one amax, one scale, one cast ---------------------------------- */
+    uint32_t m = 0;
+    #pragma unroll
+    for (int p = 0; p < 8; p++)
+      #pragma unroll
+      for (int j = 0; j < 8; j++) m = max(m, hq_abs_bits_nonan(x.at(p, j)));
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) wmax[0][warp] = m;
+    __syncthreads();
+    m = 0;
+    #pragma unroll
+    for (int w = 0; w < 8; w++) m = max(m, wmax[0][w]);
+    const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
+    uint64_t q[8];
+    #pragma unroll
+    for (int p = 0; p < 8; p++) {
+      q[p] = 0;
+      #pragma unroll
+      for (int j = 0; j < 8; j++) q[p] |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * j);
+    }
+    if (t == 0) {
+      const float scale_inv = hq_rcp_rn(scale);
+      if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
+      if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
+    }
+    /* padding of the scale rows: [m/128][Kb .. r4(Kb)) and [k/128][Mb .. r4(Mb)) */
+    if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
+      a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
+    const int64_t Mb = hq_fp8b_nblocks(M);
+    if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
+      a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
+    if (a.rd && col_in)
+      #pragma unroll
+      for (int p = 0; p < 8; p++)
+        if (r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q[p]);
+    if (a.cd) {
+      /* column j of this thread's 8x8 bytes: byte j of each row's word */
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        uint64_t v = 0;
+        #pragma unroll
+        for (int p = 0; p < 8; p++) v |= ((q[p] >> (8 * j)) & 0xffu) << (8 * p);
+        *reinterpret_cast<uint64_t *>(ct + sw(c0 + j, r0)) = v;
+      }
+    }
+  } else {
+    /* --- 1-D rowwise: each tile row is a 1x128 block ---------------------------------------- */
+    if (a.rd) {
+      uint64_t q[8];
+      float scale_inv = 0.0f;
+      #pragma unroll
+      for (int p = 0; p < 8; p++) {
+        uint32_t m = 0;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) m = max(m, hq_abs_bits_nonan(x.at(p, j)));
+        /* the 16 threads of a row are 16 consecutive lanes */
+        #pragma unroll
+        for (int off = 8; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
+        if (cg == p) scale_inv = hq_rcp_rn(scale);
+        q[p] = 0;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) q[p] |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * j);
+      }
+      /* lane cg < 8 of a row group writes the scale_inv of its row r0 + cg */
+      if (cg < 8 && r0 + cg < nr) a.rs[hq_fp8b_row1d_index(m0 + r0 + cg, k0, M)] = scale_inv;
+      const int64_t r4M = hq_roundup(M, 4);
+      if (mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
+      if (col_in)
+        #pragma unroll
+        for (int p = 0; p < 8; p++)
+          if (r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q[p]);
+    }
+    /* --- 1-D columnwise: each tile column is a 128x1 block ---------------------------------- */
+    if (a.cd) {
+      uint32_t cm[8];
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        cm[j] = 0;
+        #pragma unroll
+        for (int p = 0; p < 8; p++) cm[j] = max(cm[j], hq_abs_bits_nonan(x.at(p, j)));
+        /* lanes l and l ^ 16 hold the same columns (row groups 2w and 2w + 1) */
+        cm[j] = max(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+      }
+      if (lane < 16)
+        #pragma unroll
+        for (int j = 0; j < 8; j++) wmax[warp][c0 + j] = cm[j];
+      __syncthreads();
+      if (t < kB) {
+        uint32_t m = 0;
+        #pragma unroll
+        for (int w = 0; w < 8; w++) m = max(m, wmax[w][t]);
+        const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
+        cscale[t] = scale;
+        if (t < nc) a.cs[hq_fp8b_col1d_index(m0, k0 + t, K)] = hq_rcp_rn(scale);
+      }
+      const int64_t r4K = hq_roundup(K, 4);
+      if (kb == a.Kb - 1 && t < r4K - K) a.cs[mb * r4K + K + t] = 0.0f;
+      __syncthreads();
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float scale = cscale[c0 + j];
+        uint64_t v = 0;
+        #pragma unroll
+        for (int p = 0; p < 8; p++) v |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * p);
+        *reinterpret_cast<uint64_t *>(ct + sw(c0 + j, r0)) = v;
+      }
+    }
+  }
+
+  /* --- the transposed bytes: [nc rows of K][nr bytes of M], 16 bytes per thread and pass ---- */
+  if (!a.cd) return;
+  __syncthreads();
+  #pragma unroll
+  for (int pass = 0; pass < kB * kB / 16 / kThreads; pass++) {
+    const int idx = t + kThreads * pass, r = idx >> 3, b = (idx & 7) << 4;
+    if (r >= nc || b >= nr) continue;
+    const uint4 v = *reinterpret_cast<const uint4 *>(ct + sw(r, b));
+    uint8_t *o = a.cd + (k0 + r) * M + m0 + b;
+    if (a.vec_col) {
+      *reinterpret_cast<uint4 *>(o) = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      #pragma unroll
+      for (int j = 0; j < 16 && b + j < nr; j++) o[j] = (uint8_t)(w[j >> 2] >> (8 * (j & 3)));
+    }
+  }
+}
+
+/* dst[m][k] = hq_fp8_dequantize(q, scale_inv of (m, k)); q is [M, K] (colwise 0) or [K, M]
+   (colwise 1, read coalesced along M and transposed through shared memory). */
+constexpr int kT = 32, kRows = 8;
+
+template <int DT>
+__global__ void dequantize_kernel(const uint8_t *__restrict__ q, const float *__restrict__ sc,
+                                  int elem, int colwise, int two_d, void *dst, int64_t M,
+                                  int64_t K, int64_t tiles_k) {
+  __shared__ float tile[kT][kT + 1];
+  const int64_t i0 = (int64_t)(blockIdx.x / tiles_k) * kT, j0 = (int64_t)(blockIdx.x % tiles_k) * kT;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  if (!colwise) {
+    const int64_t j = j0 + tx;
+    for (int r = ty; r < kT; r += kRows) {
+      const int64_t i = i0 + r;
+      if (i < M && j < K)
+        hq_store_hp(dst, i * K + j, DT,
+                    hq_fp8_dequantize(q[i * K + j], sc[hq_fp8b_scale_index(i, j, M, K, 0, two_d)],
+                                      elem));
+    }
+    return;
+  }
+  const int64_t ii = i0 + tx;
+  for (int c = ty; c < kT; c += kRows) {
+    const int64_t jj = j0 + c;
+    if (ii < M && jj < K)
+      tile[tx][c] = hq_fp8_dequantize(q[jj * M + ii],
+                                      sc[hq_fp8b_scale_index(ii, jj, M, K, 1, two_d)], elem);
+  }
+  __syncthreads();
+  const int64_t j = j0 + tx;
+  for (int r = ty; r < kT; r += kRows) {
+    const int64_t i = i0 + r;
+    if (i < M && j < K) hq_store_hp(dst, i * K + j, DT, tile[r][tx]);
+  }
+}
+
+bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+template <int DT, int ELEM>
+void launch_quantize(int two_d, unsigned grid, cudaStream_t stream, const QArgs &a) {
+  if (two_d) quantize_kernel<DT, ELEM, true><<<grid, kThreads, 0, stream>>>(a);
+  else quantize_kernel<DT, ELEM, false><<<grid, kThreads, 0, stream>>>(a);
+}
+
+template <int DT>
+void launch_quantize_dt(int elem, int two_d, unsigned grid, cudaStream_t stream,
+                        const QArgs &a) {
+  if (elem == HQ_E5M2) launch_quantize<DT, HQ_E5M2>(two_d, grid, stream, a);
+  else launch_quantize<DT, HQ_E4M3>(two_d, grid, stream, a);
+}
+
+} // namespace
+
+/* Quantize src ([M, K], f32/f16/bf16, device memory) into the rowwise (rd, rs) and/or columnwise
+   (cd, cs) buffers (NULL: direction not made) on call->stream: one kernel, one read. */
+extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d,
+                                  int pow2, float epsilon, uint8_t *rd, float *rs, uint8_t *cd,
+                                  float *cs) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = src->rows, K = src->cols;
+  if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
+  QArgs a;
+  a.x = src->data;
+  a.M = M;
+  a.K = K;
+  a.Kb = hq_fp8b_nblocks(K);
+  const int64_t tiles = hq_fp8b_nblocks(M) * a.Kb;
+  if (tiles > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "fp8_block CUDA: [%lld, %lld] has more than 2^31 - 1 "
+                             "128x128 tiles", (long long)M, (long long)K);
+  a.rd = rd;
+  a.rs = rd ? rs : NULL;
+  a.cd = cd;
+  a.cs = cd ? cs : NULL;
+  a.pow2 = pow2;
+  a.epsilon = epsilon;
+  a.vec_in = K % 8 == 0 && aligned(src->data, 16);
+  a.vec_row = K % 8 == 0 && aligned(rd, 8);
+  a.vec_col = M % 16 == 0 && aligned(cd, 16);
+  const unsigned grid = (unsigned)tiles;
+  switch (src->dtype) {
+  case HQ_F32: launch_quantize_dt<HQ_F32>(elem, two_d, grid, stream, a); break;
+  case HQ_F16: launch_quantize_dt<HQ_F16>(elem, two_d, grid, stream, a); break;
+  case HQ_BF16: launch_quantize_dt<HQ_BF16>(elem, two_d, grid, stream, a); break;
+  default:
+    return call->host->error(HQ_EINVAL, "fp8_block CUDA: source dtype %d", (int)src->dtype);
+  }
+  CHECK_LAUNCH(call, "fp8_block quantize kernel");
+  return HQ_OK;
+}
+
+/* Dequantize one storage (q: [M, K] or, colwise, [K, M] bytes of elem; scale_inv in its layout)
+   into dst (f32/f16/bf16, device memory) on call->stream. */
+extern "C" int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d,
+                                    const uint8_t *q, const float *scale_inv, hq_tensor *dst) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = dst->rows, K = dst->cols;
+  if (M <= 0 || K <= 0) return HQ_OK;
+  const int64_t tiles_k = (K + kT - 1) / kT, tiles = (M + kT - 1) / kT * tiles_k;
+  if (tiles > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "fp8_block CUDA: [%lld, %lld] has more than 2^31 - 1 "
+                             "32x32 tiles", (long long)M, (long long)K);
+  const dim3 block(kT, kRows);
+  const unsigned grid = (unsigned)tiles;
+  switch (dst->dtype) {
+  case HQ_F32:
+    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, scale_inv, elem, colwise, two_d,
+                                                          dst->data, M, K, tiles_k);
+    break;
+  case HQ_F16:
+    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, scale_inv, elem, colwise, two_d,
+                                                          dst->data, M, K, tiles_k);
+    break;
+  case HQ_BF16:
+    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, scale_inv, elem, colwise, two_d,
+                                                           dst->data, M, K, tiles_k);
+    break;
+  default:
+    return call->host->error(HQ_EINVAL, "fp8_block CUDA: destination dtype %d", (int)dst->dtype);
+  }
+  CHECK_LAUNCH(call, "fp8_block dequantize kernel");
+  return HQ_OK;
+}

@@ -1,0 +1,443 @@
+/*
+** mxfp8.cu -- CUDA kernels of the mxfp8 plugin: fused rowwise + columnwise quantize (one read of
+** the input), scale-padding fill, dequantize. Every bit comes from the same functions the CPU
+** reference (mxfp8.c) runs: hq_mxfp8_scale_code / hq_mxfp8_quantize / hq_mxfp8_dequantize and the
+** scale index functions of mxfp8_rules.h, hq_abs_bits_nonan and the codecs of hq/numerics.h (all
+** HQ_HD), so CPU and GPU agree bit for bit by construction, on sm_90 and sm_100 alike.
+**
+** Quantize kernel: one CTA of 256 threads per tile of 32 rows x 128 columns. Each thread loads
+** two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for f32), rows r and
+** r + 16 of the tile, into registers; the input is read exactly once for both directions.
+**   rowwise 1x32: a block is 4 neighbouring lanes; amax by two xor-shuffles, code, cast, one
+**     8-byte store per vector (16 lanes write one 128-byte row segment);
+**   columnwise 32x1: per column, the max over the thread's two rows, a xor-16 shuffle (the
+**     warp's other row), then the 8 warps' partial maxima meet in shared memory (4 KiB); 128
+**     threads finish one column each, write its code (compact: 128 consecutive bytes) and its
+**     multiplier to shared memory; every thread then casts its registers with its columns'
+**     multipliers and stores 8 bytes per vector;
+**   block_2d 32x32: the column maxima of a 32-column block reduced over the warp give the tile's
+**     code, used by both directions (identical bytes in both data buffers, as on the CPU).
+** Padding kernel: only the padding bytes of the scale buffers (logical index outside [M, K/32]
+** rowwise, [M/32, K] columnwise, in either layout) are written as zero; the quantize kernel
+** writes every logical entry; so each scale byte is written exactly once, as the CPU's bytes.
+** Dequantize kernel: 16 FP8 bytes per thread (one 16-byte load), 16 outputs with vector stores.
+** Unaligned pointers (not 16-byte aligned) take the same kernels with scalar loads and stores.
+**
+** Element cast: hq_mxfp8_quantize on sm_90; the identical hardware cvt.rn.satfinite on sm_100
+** (see cast8v). Everything is queued on call->stream: no allocation, no scratch, no synchronization (update
+** is the same call under HQ_CALL_UPDATE). make_empty zeroes scale buffers with cudaMemsetAsync.
+*/
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "hq/numerics.h"
+#include "mxfp8.h"
+#include "mxfp8_rules.h"
+
+#define CHECK_LAUNCH(call, what)                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = cudaGetLastError();                                                      \
+    if (e_ != cudaSuccess)                                                                    \
+      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, what,       \
+                                 cudaGetErrorString(e_));                                     \
+  } while (0)
+
+#define CHECK_CUDA(call, expr)                                                                \
+  do {                                                                                        \
+    cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess)                                                                    \
+      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #expr,      \
+                                 cudaGetErrorString(e_));                                     \
+  } while (0)
+
+namespace {
+
+constexpr int kBlk = HQ_MXFP8_BLOCK; /* 32 */
+constexpr int kCols = 128;           /* tile columns */
+constexpr int kThreads = 256;        /* 16 vectors of 8 per tile row, 16 rows per pass */
+constexpr int kWarps = kThreads / 32;
+
+struct QArgs {
+  const void *x;
+  int64_t M, K;
+  uint8_t *rd, *rs, *cd, *cs;
+  int rswz, cswz, two_d;
+};
+
+/* 8 consecutive elements from element index i (a multiple of 8) as FP32 (exact). */
+template <int DT, bool VEC>
+__device__ __forceinline__ void load8(const void *__restrict__ x, int64_t i, float v[8]) {
+  if (!VEC) {
+    for (int k = 0; k < 8; k++) v[k] = hq_load_hp(x, i + k, DT);
+  } else if (DT == HQ_F32) {
+    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
+    float4 a = __ldg(p), b = __ldg(p + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (int k = 0; k < 4; k++) {
+      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
+      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
+      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
+    }
+  }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void store8(uint8_t *p, uint64_t packed) {
+  if (VEC) {
+    *reinterpret_cast<uint64_t *>(p) = packed;
+  } else {
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(packed >> (8 * k));
+  }
+}
+
+/* The element cast. On chips with an FP8 convert instruction (sm_89 and later: Hopper and
+   Blackwell; -DHQ_MXFP8_SW_CVT turns it off) the FP8 rounding of
+   q = fp8_rne_satfinite(RN(x * mult)) is the hardware's cvt.rn.satfinite.{e4m3x2,
+   e5m2x2}.f32 on the same product hq_mul_rn(x, mult): RNE with saturation of finite values and
+   of +-Inf to +-max, exactly hq_f32_to_e4m3 / hq_f32_to_e5m2 (FP32 subnormal products give +-0
+   either way); a NaN product is forced to HQ_FP8_NAN (0x7F) as those functions give, whatever
+   sign the hardware keeps. Elsewhere (and with HQ_MXFP8_SW_CVT) hq_mxfp8_quantize
+   (mxfp8_rules.h), the CPU's own function, computes the same bits. tests/test_gpu_mxfp8.c
+   compares both builds with the CPU. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(HQ_MXFP8_SW_CVT)
+#define MXFP8_HW_CVT 1
+#else
+#define MXFP8_HW_CVT 0
+#endif
+
+#if MXFP8_HW_CVT
+/* Two products, lo -> low byte, hi -> high byte. */
+template <int ELEM>
+__device__ __forceinline__ uint32_t cvt2(float lo, float hi) {
+  unsigned short r;
+  if (ELEM == HQ_E5M2)
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  uint32_t q = r;
+  q = hq_isnan(lo) ? (q & 0xff00u) | HQ_FP8_NAN : q;
+  q = hq_isnan(hi) ? (q & 0x00ffu) | (HQ_FP8_NAN << 8) : q;
+  return q;
+}
+#endif
+
+/* 8 elements cast with one multiplier each (the same for a rowwise block). */
+template <int ELEM>
+__device__ __forceinline__ uint64_t cast8v(const float x[8], const float mult[8]) {
+  uint64_t packed = 0;
+#if MXFP8_HW_CVT
+  for (int k = 0; k < 8; k += 2)
+    packed |= (uint64_t)cvt2<ELEM>(hq_mul_rn(x[k], mult[k]), hq_mul_rn(x[k + 1], mult[k + 1]))
+              << (8 * k);
+#else
+  for (int k = 0; k < 8; k++)
+    packed |= (uint64_t)hq_mxfp8_quantize(x[k], mult[k], ELEM) << (8 * k);
+#endif
+  return packed;
+}
+template <int ELEM>
+__device__ __forceinline__ uint64_t cast8(const float x[8], float mult) {
+  const float m[8] = {mult, mult, mult, mult, mult, mult, mult, mult};
+  return cast8v<ELEM>(x, m);
+}
+
+template <int DT, int ELEM, bool VEC>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
+  __shared__ __align__(16) uint32_t part[kWarps][kCols]; /* per-warp column maxima */
+  __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
+  const int64_t K = a.K, M = a.M;
+  const int64_t i0 = (int64_t)blockIdx.x * kBlk, j0 = (int64_t)blockIdx.y * kCols;
+  const int64_t j = j0 + cg * 8;
+  const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
+  float x[2][8];
+  for (int p = 0; p < 2; p++) {
+    if (valid) {
+      load8<DT, VEC>(a.x, (i0 + r0 + 16 * p) * K + j, x[p]);
+    } else {
+      for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
+    }
+  }
+
+  uint32_t ab[2][8]; /* |x| bits, NaN as 0: both directions' amax from one computation */
+  for (int p = 0; p < 2; p++)
+    for (int k = 0; k < 8; k++) ab[p][k] = hq_abs_bits_nonan(x[p][k]);
+
+  if (!a.two_d && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
+    for (int p = 0; p < 2; p++) {
+      uint32_t m = 0;
+      for (int k = 0; k < 8; k++) m = max(m, ab[p][k]);
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), ELEM);
+      const uint64_t q = cast8<ELEM>(x[p], hq_e8m0_quant_mult(e));
+      const int64_t i = i0 + r0 + 16 * p;
+      if (valid) {
+        store8<VEC>(a.rd + i * K + j, q);
+        if ((cg & 3) == 0) a.rs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, a.rswz)] = e;
+      }
+    }
+  }
+  if (!a.two_d && !a.cd) return; /* uniform over the CTA */
+
+  /* column maxima over the tile's 32 rows */
+  uint32_t cm[8];
+  for (int k = 0; k < 8; k++) {
+    cm[k] = max(ab[0][k], ab[1][k]);
+    cm[k] = max(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
+  }
+  if (lane < 16) {
+    uint4 *dst = reinterpret_cast<uint4 *>(&part[warp][cg * 8]);
+    dst[0] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    dst[1] = make_uint4(cm[4], cm[5], cm[6], cm[7]);
+  }
+  __syncthreads();
+  if (t < kCols) {
+    uint32_t m = 0;
+    for (int w = 0; w < kWarps; w++) m = max(m, part[w][t]);
+    if (a.two_d) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
+      for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), ELEM);
+    s_mult[t] = hq_e8m0_quant_mult(e);
+    const int64_t jc = j0 + t;
+    if (jc < K) {
+      if (a.cd) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;
+      /* 2-D rowwise codes: thread (warp w, lane r) writes row i0 + r, block of columns w */
+      if (a.two_d && a.rd)
+        a.rs[hq_mxfp8_row_scale_idx(i0 + lane, (j0 + kBlk * warp) / kBlk, K, a.rswz)] = e;
+    }
+  }
+  __syncthreads();
+  float mult[8];
+  {
+    const float4 *s = reinterpret_cast<const float4 *>(&s_mult[cg * 8]);
+    float4 u = s[0], v = s[1];
+    mult[0] = u.x; mult[1] = u.y; mult[2] = u.z; mult[3] = u.w;
+    mult[4] = v.x; mult[5] = v.y; mult[6] = v.z; mult[7] = v.w;
+  }
+  if (!valid) return;
+  for (int p = 0; p < 2; p++) {
+    const uint64_t q = cast8v<ELEM>(x[p], mult);
+    const int64_t off = (i0 + r0 + 16 * p) * K + j;
+    if (a.cd) store8<VEC>(a.cd + off, q);
+    if (a.two_d && a.rd) store8<VEC>(a.rd + off, q);
+  }
+}
+
+/* Zero the padding of one scale buffer: logical index pairs (u, v) with u in [0, Up), v in
+   [0, Vp), padding where u >= U or v >= V; byte offset from the rules' index function
+   (rowwise: (i, kb); columnwise: (mb, j)), so both layouts are covered. */
+struct PadArgs {
+  uint8_t *p;
+  int colwise, swz;
+  int64_t M, K, U, V, Up, Vp, n1, n; /* n1 = (Up - U) * Vp entries below, n in all */
+};
+
+__global__ void pad_kernel(PadArgs a0, PadArgs a1) {
+  for (int b = 0; b < 2; b++) {
+    const PadArgs &a = b ? a1 : a0;
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < a.n;
+         n += (int64_t)gridDim.x * blockDim.x) {
+      int64_t u, v;
+      if (n < a.n1) {
+        u = a.U + n / a.Vp, v = n % a.Vp;
+      } else {
+        const int64_t m = n - a.n1, w = a.Vp - a.V;
+        u = m / w, v = a.V + m % w;
+      }
+      const int64_t off = a.colwise ? hq_mxfp8_col_scale_idx(u, v, a.M, a.K, a.swz)
+                                    : hq_mxfp8_row_scale_idx(u, v, a.K, a.swz);
+      a.p[off] = 0;
+    }
+  }
+}
+
+PadArgs pad_args(uint8_t *p, int colwise, int swz, int64_t M, int64_t K) {
+  PadArgs a;
+  a.p = p;
+  a.colwise = colwise;
+  a.swz = swz;
+  a.M = M;
+  a.K = K;
+  if (!p) {
+    a.U = a.V = a.Up = a.Vp = a.n1 = a.n = 0;
+    return a;
+  }
+  if (colwise) {
+    a.U = M / kBlk, a.V = K;
+    a.Up = hq_mxfp8_col_scale_rows(M), a.Vp = hq_mxfp8_col_scale_cols(K);
+  } else {
+    a.U = M, a.V = K / kBlk;
+    a.Up = hq_mxfp8_row_scale_rows(M), a.Vp = hq_mxfp8_row_scale_cols(K);
+  }
+  a.n1 = (a.Up - a.U) * a.Vp;
+  a.n = a.n1 + a.U * (a.Vp - a.V);
+  return a;
+}
+
+/* The dequantized value, RN(fp32(q) * 2^(e-127)) (hq_mxfp8_dequantize), with the NaN the CPU
+   reference's FP32 multiply returns: IEEE leaves the payload of a NaN product open; the host
+   (x86 SSE, AArch64 without default-NaN) returns the NaN operand, quieted, where the GPU returns
+   its canonical NaN. Finite and infinite results are untouched. */
+__device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
+  const float r = hq_mxfp8_dequantize(q, e, elem);
+  if (!hq_isnan(r)) return r;
+  const float f = hq_fp8_to_f32(q, elem);
+  const uint32_t nb = hq_isnan(f) ? hq_f32_bits(f) : hq_f32_bits(hq_e8m0_to_f32(e));
+  return hq_bits_f32(nb | 0x00400000u);
+}
+
+template <int OT, bool VEC>
+__global__ void __launch_bounds__(256)
+dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs, int elem,
+                  int swz, int colwise, void *__restrict__ dst, int64_t M, int64_t K) {
+  const int64_t n16 = M * K / 16;
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n16;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t e0 = g * 16, i = e0 / K, j = e0 % K; /* K % 16 == 0: one row */
+    uint8_t q[16];
+    if (VEC) {
+      uint4 w = __ldg(reinterpret_cast<const uint4 *>(qd + e0));
+      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+      for (int k = 0; k < 16; k++) q[k] = (uint8_t)(u[k / 4] >> (8 * (k % 4)));
+    } else {
+      for (int k = 0; k < 16; k++) q[k] = qd[e0 + k];
+    }
+    float v[16];
+    if (colwise) {
+      for (int k = 0; k < 16; k++)
+        v[k] = deq(q[k], qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, swz)], elem);
+    } else {
+      const uint8_t e = qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
+      for (int k = 0; k < 16; k++) v[k] = deq(q[k], e, elem);
+    }
+    if (!VEC) {
+      for (int k = 0; k < 16; k++) hq_store_hp(dst, e0 + k, OT, v[k]);
+    } else if (OT == HQ_F32) {
+      float4 *o = reinterpret_cast<float4 *>(static_cast<float *>(dst) + e0);
+      for (int k = 0; k < 4; k++) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    } else {
+      uint32_t h[8];
+      for (int k = 0; k < 8; k++) {
+        uint32_t lo = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
+        uint32_t hi = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
+        h[k] = lo | (hi << 16);
+      }
+      uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0);
+      o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+      o[1] = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+  }
+}
+
+bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+template <int DT, int ELEM>
+void launch_quantize(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
+  if (vec)
+    quantize_kernel<DT, ELEM, true><<<grid, kThreads, 0, stream>>>(a);
+  else
+    quantize_kernel<DT, ELEM, false><<<grid, kThreads, 0, stream>>>(a);
+}
+
+template <int DT>
+void launch_quantize_dt(const QArgs &a, int elem, bool vec, dim3 grid, cudaStream_t stream) {
+  if (elem == HQ_E5M2)
+    launch_quantize<DT, HQ_E5M2>(a, vec, grid, stream);
+  else
+    launch_quantize<DT, HQ_E4M3>(a, vec, grid, stream);
+}
+
+template <int OT>
+void launch_dequantize(bool vec, unsigned blocks, cudaStream_t stream, const uint8_t *qd,
+                       const uint8_t *qs, int elem, int swz, int colwise, void *dst, int64_t M,
+                       int64_t K) {
+  if (vec)
+    dequantize_kernel<OT, true><<<blocks, 256, 0, stream>>>(qd, qs, elem, swz, colwise, dst, M, K);
+  else
+    dequantize_kernel<OT, false><<<blocks, 256, 0, stream>>>(qd, qs, elem, swz, colwise, dst, M,
+                                                            K);
+}
+
+} // namespace
+
+extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
+                                   const hq_tensor *src) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = q->M, K = q->K;
+  if (src->dtype != HQ_F32 && src->dtype != HQ_F16 && src->dtype != HQ_BF16)
+    return call->host->error(HQ_EINVAL, "mxfp8 CUDA: source dtype %d", (int)src->dtype);
+  /* the padding of the scale buffers (none when M % 128 == 0 and K % 128 == 0) */
+  PadArgs p0 = pad_args(q->rs, 0, q->rswz, M, K), p1 = pad_args(q->cs, 1, q->cswz, M, K);
+  const int64_t npad = p0.n > p1.n ? p0.n : p1.n;
+  if (npad > 0) {
+    int64_t blocks = (npad + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    pad_kernel<<<(unsigned)blocks, 256, 0, stream>>>(p0, p1);
+    CHECK_LAUNCH(call, "scale padding kernel");
+  }
+  if (M * K == 0) return HQ_OK;
+  const int64_t gx = M / kBlk, gy = (K + kCols - 1) / kCols;
+  if (gx > 0x7fffffff || gy > 65535)
+    return call->host->error(HQ_ESHAPE, "mxfp8 CUDA: shape [%lld, %lld] exceeds the grid limits "
+                             "(cols <= %d)", (long long)M, (long long)K, 65535 * kCols);
+  QArgs a;
+  a.x = src->data;
+  a.M = M;
+  a.K = K;
+  a.rd = q->rd;
+  a.rs = q->rs;
+  a.cd = q->cd;
+  a.cs = q->cs;
+  a.rswz = q->rswz;
+  a.cswz = q->cswz;
+  a.two_d = q->two_d;
+  const bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
+  const dim3 grid((unsigned)gx, (unsigned)gy);
+  switch (src->dtype) {
+  case HQ_F32: launch_quantize_dt<HQ_F32>(a, q->elem, vec, grid, stream); break;
+  case HQ_F16: launch_quantize_dt<HQ_F16>(a, q->elem, vec, grid, stream); break;
+  default: launch_quantize_dt<HQ_BF16>(a, q->elem, vec, grid, stream); break;
+  }
+  CHECK_LAUNCH(call, "quantize kernel");
+  return HQ_OK;
+}
+
+extern "C" int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data,
+                                     const uint8_t *scale, hq_dtype elem, int swizzled,
+                                     int colwise, hq_tensor *dst) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = dst->rows, K = dst->cols, n16 = M * K / 16;
+  if (n16 == 0) return HQ_OK;
+  int64_t blocks = (n16 + 255) / 256;
+  if (blocks > 132 * 64) blocks = 132 * 64;
+  const bool vec = aligned(data, 16) && aligned(dst->data, 16);
+  switch (dst->dtype) {
+  case HQ_F32:
+    launch_dequantize<HQ_F32>(vec, (unsigned)blocks, stream, data, scale, (int)elem, swizzled,
+                              colwise, dst->data, M, K);
+    break;
+  case HQ_F16:
+    launch_dequantize<HQ_F16>(vec, (unsigned)blocks, stream, data, scale, (int)elem, swizzled,
+                              colwise, dst->data, M, K);
+    break;
+  case HQ_BF16:
+    launch_dequantize<HQ_BF16>(vec, (unsigned)blocks, stream, data, scale, (int)elem, swizzled,
+                               colwise, dst->data, M, K);
+    break;
+  default:
+    return call->host->error(HQ_EINVAL, "mxfp8 CUDA: destination dtype %d", (int)dst->dtype);
+  }
+  CHECK_LAUNCH(call, "dequantize kernel");
+  return HQ_OK;
+}
+
+extern "C" int mxfp8_cuda_zero(const hq_call *call, void *ptr, size_t bytes) {
+  if (bytes == 0) return HQ_OK;
+  CHECK_CUDA(call, cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)call->stream));
+  return HQ_OK;
+}

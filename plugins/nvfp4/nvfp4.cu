@@ -1,0 +1,664 @@
+/*
+** nvfp4.cu -- CUDA kernels of the nvfp4 plugin: the global amax pass (plain and RHT), the fused
+** quantize of both directions from one read of the input, dequantize. Every bit comes from the
+** functions of nvfp4_rules.h and hq/numerics.h (HQ_HD: host + device) that the CPU reference
+** runs, in the same order, so the bytes agree with it bit for bit on sm_90 and sm_100 alike.
+**
+** Every launch and memset is queued on call->stream; nothing allocates (scratch_size is 0 on a
+** device) and nothing synchronizes, so quantize/update can be captured in a CUDA graph.
+**
+** Tiles of 64 (M) x 128 (K) elements, 256 threads, read once from global memory with 16-byte
+** loads (8 bf16/f16 or 2x4 f32 elements; scalar loads when the input is not 16-byte aligned)
+** into a shared FP32 tile.
+**   amax: max |x| (NaN ignored) as an integer max over the FP32 bits: a flat grid-stride pass
+**     (4 loads in flight per thread) when only max |x| is wanted; with rht a tile kernel that
+**     also takes the columnwise amax of the BF16-rounded transformed 16-groups (hq_nvfp4_rht16
+**     of each column's 16-row groups). Warp __reduce_max_sync, one atomicMax per warp and
+**     target: the result does not depend on the order of the atomics.
+**   quantize: as many CTAs as are resident at once, each looping over tiles. Per CTA once: the
+**     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
+**     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
+**     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
+**     encodes 2 blocks of 16 along K of one row; columnwise, 2 blocks of 16 along M of one
+**     column (through hq_nvfp4_rht16 with rht); block_2d takes the 16x16 tile amax from per-row
+**     block amaxes in shared memory. Stochastic rounding: one hq_nvfp4_sr_bits call per block
+**     (its index in the direction's stored data), byte e for element e. The packed bytes are
+**     staged in the shared tile and written with coalesced 8-byte stores (rowwise 64-byte row
+**     segments, columnwise 32-byte segments of the transposed rows); scales are single bytes at
+**     hq_nvfp4_{row,col}_scale_index (compact or swizzled). A scale buffer with padding entries
+**     is zeroed first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
+**   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
+**     columnwise copy through hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed
+**     back through a shared tile (coalesced stores).
+*/
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+
+#include "hq/numerics.h"
+#include "nvfp4.h"
+#include "nvfp4_rules.h"
+
+#define CHECK_LAUNCH(call, what)                                                                   \
+  do {                                                                                             \
+    cudaError_t e_ = cudaGetLastError();                                                           \
+    if (e_ != cudaSuccess)                                                                         \
+      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, what,            \
+                                 cudaGetErrorString(e_));                                          \
+  } while (0)
+
+#define CHECK_CUDA(call, expr)                                                                     \
+  do {                                                                                             \
+    cudaError_t e_ = (expr);                                                                       \
+    if (e_ != cudaSuccess)                                                                         \
+      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #expr,           \
+                                 cudaGetErrorString(e_));                                          \
+  } while (0)
+
+namespace {
+
+constexpr int kTM = 64;  /* tile rows (M) */
+constexpr int kTK = 128; /* tile columns (K) */
+constexpr int kThreads = 256;
+constexpr int kLd = kTK + 4;  /* shared FP32 tile row stride (16-byte aligned rows) */
+constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
+constexpr int kMinBlocks = 4; /* quantize CTAs per SM the register allocation aims at (64
+                                 registers; measured faster than 3 on H100) */
+constexpr int kCS = 5;        /* columnwise staging: uint2 per column (4 used) */
+
+/* 8 consecutive elements starting at element index i (a multiple of 8) as FP32. */
+template <int DT>
+__device__ __forceinline__ void load8(const void *__restrict__ x, int64_t i, int vec, float v[8]) {
+  if (!vec) {
+    for (int k = 0; k < 8; k++) v[k] = hq_load_hp(x, i + k, DT);
+  } else if (DT == HQ_F32) {
+    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
+    float4 a = __ldg(p), b = __ldg(p + 1);
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+    v[4] = b.x;
+    v[5] = b.y;
+    v[6] = b.z;
+    v[7] = b.w;
+  } else {
+    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (int k = 0; k < 4; k++) {
+      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
+      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
+      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
+    }
+  }
+}
+
+/* The tile (i0, k0) of x as FP32 into sm[r * kLd + c]; elements outside [M, K] are 0. Returns
+   the max of hq_abs_bits_nonan over the elements this thread loaded. */
+template <int DT>
+__device__ __forceinline__ uint32_t load_tile(const void *__restrict__ x, int64_t M, int64_t K,
+                                              int64_t i0, int64_t k0, int vec, float *sm) {
+  uint32_t mx = 0;
+  for (int s = 0; s < (kTM * kTK / 8) / kThreads; s++) {
+    const int g = threadIdx.x + kThreads * s, r = g / (kTK / 8), cg = g % (kTK / 8);
+    const int64_t i = i0 + r, k = k0 + cg * 8;
+    float v[8];
+    if (i < M && k < K) {
+      load8<DT>(x, i * K + k, vec, v);
+      for (int e = 0; e < 8; e++) mx = max(mx, hq_abs_bits_nonan(v[e]));
+    } else {
+      for (int e = 0; e < 8; e++) v[e] = 0.0f;
+    }
+    float4 *o = reinterpret_cast<float4 *>(sm + r * kLd + cg * 8);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  return mx;
+}
+
+/* The origin of 64x128 tile number `tile` (tiles in row-major order, K fastest; fewer than
+   2^31 tiles, so 32-bit division). */
+__device__ __forceinline__ void tile_origin_of(unsigned tile, int64_t K, int64_t *i0, int64_t *k0) {
+  const unsigned ntk = (unsigned)((K + kTK - 1) / kTK);
+  *i0 = (int64_t)(tile / ntk) * kTM;
+  *k0 = (int64_t)(tile % ntk) * kTK;
+}
+
+/* The 64x128 tile of CTA blockIdx.x. */
+__device__ __forceinline__ void tile_origin(int64_t K, int64_t *i0, int64_t *k0) {
+  tile_origin_of(blockIdx.x, K, i0, k0);
+}
+
+/* Column c's 16-group starting at tile row r0. */
+__device__ __forceinline__ void column_group(const float *sm, int r0, int c, float v[16]) {
+  for (int e = 0; e < 16; e++) v[e] = sm[(r0 + e) * kLd + c];
+}
+
+/* Max of u over the CTA's warps, atomically maxed into each non-NULL target (bits of a
+   non-negative float, which order like the values). */
+__device__ __forceinline__ void cta_atomic_max(uint32_t u, float *t0, float *t1) {
+  u = __reduce_max_sync(0xffffffffu, u);
+  if ((threadIdx.x & 31) == 0 && u) {
+    if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), u);
+    if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), u);
+  }
+}
+
+struct AmaxArgs {
+  const void *x;
+  int64_t M, K;
+  int vec;
+  float *x0, *x1; /* receive max |x| (either may be NULL) */
+  float *t;       /* receives the amax of the RHT-transformed columns (NULL: not wanted) */
+  uint32_t mask;  /* RHT signs */
+};
+
+template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
+  __shared__ __align__(16) float sm[kTM * kLd];
+  int64_t i0, k0;
+  tile_origin(a.K, &i0, &k0);
+  const uint32_t mx = load_tile<DT>(a.x, a.M, a.K, i0, k0, a.vec, sm);
+  if (a.x0 || a.x1) cta_atomic_max(mx, a.x0, a.x1);
+  if (!a.t) return;
+  __syncthreads();
+  /* columnwise: thread (c, h) transforms the two 16-groups of rows 32h..32h+31 of column c */
+  const int c = threadIdx.x % kTK, h = threadIdx.x / kTK;
+  uint32_t mt = 0;
+  if (k0 + c < a.K) {
+    for (int j = 0; j < 2; j++) {
+      const int r0 = 32 * h + 16 * j;
+      if (i0 + r0 >= a.M) break;
+      float v[16];
+      column_group(sm, r0, c, v);
+      hq_nvfp4_rht16(v, a.mask);
+      for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(v[e]));
+    }
+  }
+  cta_atomic_max(mt, a.t, NULL);
+}
+
+/* max |x| alone (no RHT): a flat grid-stride pass, 4 independent 8-element loads in flight per
+   thread, no shared tile. n8 = elements / 8. */
+template <int DT>
+__global__ void __launch_bounds__(kThreads)
+    amax_flat_kernel(const void *__restrict__ x, int64_t n8, int vec, float *t0, float *t1) {
+  uint32_t mx = 0;
+  const int64_t stride = (int64_t)gridDim.x * kThreads;
+  for (int64_t g = (int64_t)blockIdx.x * kThreads + threadIdx.x; g < n8; g += 4 * stride) {
+    float v[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (g + u * stride < n8)
+        load8<DT>(x, (g + u * stride) * 8, vec, v[u]);
+      else
+        for (int e = 0; e < 8; e++) v[u][e] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      for (int e = 0; e < 8; e++) mx = max(mx, hq_abs_bits_nonan(v[u][e]));
+  }
+  cta_atomic_max(mx, t0, t1);
+}
+
+/* One direction's constants from its global amax A. */
+struct DirConst {
+  float amax, s_dec, m;
+};
+__device__ __forceinline__ DirConst dir_const(float amax) {
+  DirConst d;
+  d.amax = amax;
+  const float s_enc = hq_nvfp4_global_encode_scale(amax);
+  d.s_dec = hq_nvfp4_global_decode_scale(s_enc);
+  d.m = hq_nvfp4_block_scale_mult(s_enc);
+  return d;
+}
+
+/* 16 values with the block amax `bamax`: the scale code and the 8 packed bytes (element 2b in
+   the low nibble of byte b), RNE or, with sr, from the block's Philox words. enc_tab: the
+   direction's hq_nvfp4_encode_mult of every scale code (shared memory). */
+__device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, float m,
+                                            const float *enc_tab, int sr, uint64_t seed,
+                                            uint64_t offset, uint32_t colwise, uint64_t block,
+                                            uint2 *out) {
+  const uint8_t sf = hq_nvfp4_block_scale(bamax, m);
+  const float enc = enc_tab[sf];
+  uint32_t w[2] = {0u, 0u};
+  if (sr) {
+    uint32_t bits[4];
+    hq_nvfp4_sr_bits(seed, offset, colwise, block, bits);
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+      w[e >> 3] |= hq_nvfp4_quantize_sr(v[e], enc, hq_nvfp4_sr_byte(bits, e)) << (4 * (e & 7));
+  } else {
+#pragma unroll
+    for (int e = 0; e < 16; e++) w[e >> 3] |= hq_nvfp4_quantize(v[e], enc) << (4 * (e & 7));
+  }
+  *out = make_uint2(w[0], w[1]);
+  return sf;
+}
+
+/* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16). */
+__device__ __forceinline__ void row_group(const float *sm, int r, int c0, float v[16]) {
+  const float4 *s4 = reinterpret_cast<const float4 *>(sm + r * kLd + c0);
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    float4 f = s4[q];
+    v[4 * q] = f.x;
+    v[4 * q + 1] = f.y;
+    v[4 * q + 2] = f.z;
+    v[4 * q + 3] = f.w;
+  }
+}
+
+struct QArgs {
+  const void *x;
+  int64_t M, K;
+  int vec;                 /* x 16-byte aligned */
+  int a8;                  /* data buffers 8-byte aligned */
+  uint8_t *rdata, *rscale; /* rowwise copy (NULL: not made) */
+  float *ramax;
+  uint8_t *cdata, *cscale; /* columnwise copy (NULL: not made) */
+  float *camax;
+  const float *given; /* the caller's amax[2] (device memory), or NULL: use *ramax / *camax */
+  int rht, sr, b2d, swz;
+  uint32_t mask;
+  uint64_t seed, offset;
+  unsigned ntiles; /* 64x128 tiles of [M, K] */
+};
+
+__device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
+  if (a8) {
+    *reinterpret_cast<uint2 *>(p) = v;
+  } else {
+    for (int b = 0; b < 4; b++) p[b] = (uint8_t)(v.x >> (8 * b));
+    for (int b = 0; b < 4; b++) p[4 + b] = (uint8_t)(v.y >> (8 * b));
+  }
+}
+
+template <int DT, bool RHT, bool SR>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a) {
+  __shared__ __align__(16) float sm[kTM * kLd]; /* the tile; then the staged packed bytes */
+  __shared__ float enc_tab[2][256];             /* encode multipliers: rowwise, columnwise */
+  __shared__ uint32_t bam[kTM * (kTK / 16)];    /* block_2d: per-row block amax bits */
+  static_assert(kTM * kRS + kTK * kCS <= kTM * kLd / 2, "staging fits in the tile");
+  const int64_t M = a.M, K = a.K;
+  const int t = threadIdx.x;
+  float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
+  if (a.rdata) {
+    const DirConst d = dir_const(a.given ? a.given[0] : *a.ramax);
+    rm = d.m;
+    enc_tab[0][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
+    if (a.given && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
+  }
+  if (a.cdata) {
+    const DirConst d = dir_const(a.given ? a.given[1] : *a.camax);
+    cm = d.m;
+    enc_tab[1][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
+    if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
+  }
+  /* the CTA's tiles, grid-stride (the constants above are made once per CTA) */
+  for (unsigned tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+    int64_t i0, k0;
+    tile_origin_of(tile, K, &i0, &k0);
+    if (tile != blockIdx.x) __syncthreads(); /* the previous tile's staged bytes are stored */
+    load_tile<DT>(a.x, M, K, i0, k0, a.vec, sm);
+    __syncthreads();
+
+    /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
+    const int r = t % kTM, p = t / kTM;
+    /* columnwise threads: column c, row blocks 2h and 2h+1 (rows 32h..32h+31 of the tile) */
+    const int c = t % kTK, h = t / kTK;
+    if (a.b2d) {
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        float v[16];
+        row_group(sm, r, 32 * p + 16 * j, v);
+        bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(hq_nvfp4_amax(v, 16));
+      }
+      __syncthreads();
+    }
+    uint2 rpk[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+    uint2 cpk[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+    if (a.rdata) {
+      const int64_t i = i0 + r;
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int b = 2 * p + j;
+        const int64_t k = k0 + 16 * b;
+        if (i < M && k < K) {
+          float v[16];
+          row_group(sm, r, 16 * b, v);
+          float ba;
+          if (a.b2d) {
+            uint32_t m = 0;
+            for (int e = 0; e < 16; e++) m = max(m, bam[((r & ~15) + e) * (kTK / 16) + b]);
+            ba = hq_bits_f32(m);
+          } else {
+            ba = hq_nvfp4_amax(v, 16);
+          }
+          const uint8_t sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
+                                      (uint64_t)(i * (K / 16) + k / 16), &rpk[j]);
+          a.rscale[hq_nvfp4_row_scale_index(i, k, K, a.swz)] = sf;
+        }
+      }
+    }
+    if (a.cdata) {
+      const int64_t k = k0 + c;
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int rb = 2 * h + j;
+        const int64_t i = i0 + 16 * rb;
+        if (i < M && k < K) {
+          float v[16];
+          column_group(sm, 16 * rb, c, v);
+          if (RHT) hq_nvfp4_rht16(v, a.mask);
+          float ba;
+          if (a.b2d) {
+            uint32_t m = 0;
+            for (int e = 0; e < 16; e++) m = max(m, bam[(16 * rb + e) * (kTK / 16) + c / 16]);
+            ba = hq_bits_f32(m);
+          } else {
+            ba = hq_nvfp4_amax(v, 16);
+          }
+          const uint8_t sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
+                                      (uint64_t)(k * (M / 16) + i / 16), &cpk[j]);
+          a.cscale[hq_nvfp4_col_scale_index(i, k, M, a.swz)] = sf;
+        }
+      }
+    }
+    /* stage the packed bytes in the (now read) tile, then store them coalesced */
+    uint2 *rstage = reinterpret_cast<uint2 *>(sm);
+    uint2 *cstage = rstage + kTM * kRS;
+    __syncthreads();
+    if (a.rdata) {
+      rstage[r * kRS + 2 * p] = rpk[0];
+      rstage[r * kRS + 2 * p + 1] = rpk[1];
+    }
+    if (a.cdata) {
+      cstage[c * kCS + 2 * h] = cpk[0];
+      cstage[c * kCS + 2 * h + 1] = cpk[1];
+    }
+    __syncthreads();
+    if (a.rdata) {
+#pragma unroll
+      for (int s = 0; s < (kTM * 8) / kThreads; s++) {
+        const int u = t + kThreads * s, rr = u / 8, b = u % 8;
+        const int64_t i = i0 + rr, k = k0 + 16 * b;
+        if (i < M && k < K)
+          store8(a.rdata + hq_nvfp4_row_data_index(i, k, K), rstage[rr * kRS + b], a.a8);
+      }
+    }
+    if (a.cdata) {
+#pragma unroll
+      for (int s = 0; s < (kTK * 4) / kThreads; s++) {
+        const int u = t + kThreads * s, cc = u / 4, rb = u % 4;
+        const int64_t i = i0 + 16 * rb, k = k0 + cc;
+        if (i < M && k < K)
+          store8(a.cdata + hq_nvfp4_col_data_index(i, k, M), cstage[cc * kCS + rb], a.a8);
+      }
+    }
+  }
+}
+
+struct DArgs {
+  const uint8_t *q, *scale;
+  const float *amax;
+  int colwise, swz, rht;
+  uint32_t mask;
+  void *dst;
+  int64_t M, K;
+};
+
+template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(DArgs a) {
+  __shared__ float ft[kTM * (kTK + 1)];
+  int64_t i0, k0;
+  tile_origin(a.K, &i0, &k0);
+  const int64_t M = a.M, K = a.K;
+  const float amax = *a.amax;
+  const int t = threadIdx.x;
+  if (!a.colwise) {
+    for (int s = 0; s < (kTM * 8) / kThreads; s++) {
+      const int u = t + kThreads * s, rr = u / 8, b = u % 8;
+      const int64_t i = i0 + rr, k = k0 + 16 * b;
+      if (i >= M || k >= K) continue;
+      const float dm =
+          hq_nvfp4_decode_mult(a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)], amax);
+      const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k, K);
+      for (int e = 0; e < 16; e++)
+        hq_store_hp(a.dst, i * K + k + e, DT,
+                    hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+    }
+    return;
+  }
+  for (int s = 0; s < (kTK * 4) / kThreads; s++) {
+    const int u = t + kThreads * s, c = u / 4, rb = u % 4;
+    const int64_t i = i0 + 16 * rb, k = k0 + c;
+    if (i >= M || k >= K) continue;
+    const float dm = hq_nvfp4_decode_mult(a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)], amax);
+    const uint8_t *p = a.q + hq_nvfp4_col_data_index(i, k, M);
+    float g[16];
+    for (int e = 0; e < 16; e++)
+      g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
+    if (a.rht) hq_nvfp4_rht16_inverse(g, a.mask);
+    for (int e = 0; e < 16; e++) ft[(16 * rb + e) * (kTK + 1) + c] = g[e];
+  }
+  __syncthreads();
+  for (int u = t; u < kTM * kTK; u += kThreads) {
+    const int rr = u / kTK, c = u % kTK;
+    const int64_t i = i0 + rr, k = k0 + c;
+    if (i < M && k < K) hq_store_hp(a.dst, i * K + k, DT, ft[rr * (kTK + 1) + c]);
+  }
+}
+
+bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+/* The 1-D grid of 64x128 tiles of an [M, K] tensor (M, K > 0). */
+int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid) {
+  const int64_t n = ((M + kTM - 1) / kTM) * ((K + kTK - 1) / kTK);
+  if (n > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: shape [%lld, %lld] exceeds the grid limit",
+                             (long long)M, (long long)K);
+  *grid = (unsigned)n;
+  return HQ_OK;
+}
+
+template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (!a.t) {
+    int dev = 0, sms = 132;
+    CHECK_CUDA(call, cudaGetDevice(&dev));
+    CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t n8 = a.M * a.K / 8;
+    int64_t blocks = (n8 + 4 * kThreads - 1) / (4 * kThreads);
+    if (blocks > (int64_t)sms * 8) blocks = (int64_t)sms * 8;
+    amax_flat_kernel<DT><<<(unsigned)blocks, kThreads, 0, stream>>>(a.x, n8, a.vec, a.x0, a.x1);
+    CHECK_LAUNCH(call, "nvfp4 amax kernel");
+    return HQ_OK;
+  }
+  unsigned grid = 0;
+  int rc = tile_grid(call, a.M, a.K, &grid);
+  if (rc) return rc;
+  amax_kernel<DT><<<grid, kThreads, 0, stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 amax kernel");
+  return HQ_OK;
+}
+
+int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
+  switch (dtype) {
+  case HQ_F32:
+    return launch_amax<HQ_F32>(call, a);
+  case HQ_F16:
+    return launch_amax<HQ_F16>(call, a);
+  case HQ_BF16:
+    return launch_amax<HQ_BF16>(call, a);
+  default:
+    return call->host->error(HQ_EINVAL, "nvfp4 CUDA: source dtype %d", dtype);
+  }
+}
+
+template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, QArgs a) {
+  unsigned grid = 0;
+  int rc = tile_grid(call, a.M, a.K, &grid);
+  if (rc) return rc;
+  /* as many CTAs as fit on the device at once, each looping over tiles */
+  a.ntiles = grid;
+  int dev = 0, sms = 0, per_sm = 0;
+  CHECK_CUDA(call, cudaGetDevice(&dev));
+  CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, 0));
+  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  if ((int64_t)grid > resident) grid = (unsigned)resident;
+  quantize_kernel<DT, RHT, SR><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 quantize kernel");
+  return HQ_OK;
+}
+
+template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
+  if (a.rht)
+    return a.sr ? launch_quantize_t<DT, true, true>(call, a)
+                : launch_quantize_t<DT, true, false>(call, a);
+  return a.sr ? launch_quantize_t<DT, false, true>(call, a)
+              : launch_quantize_t<DT, false, false>(call, a);
+}
+
+template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
+  unsigned grid = 0;
+  int rc = tile_grid(call, a.M, a.K, &grid);
+  if (rc) return rc;
+  dequantize_kernel<DT><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 dequantize kernel");
+  return HQ_OK;
+}
+
+/* Zero a scale buffer that has padding entries (those the kernels do not write). */
+int zero_padding(const hq_call *call, uint8_t *scale, int64_t R, int64_t C) {
+  if (hq_nvfp4_scale_rows(R) == R && hq_nvfp4_scale_cols(C) == C / 16) return HQ_OK;
+  const size_t bytes = (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C));
+  if (bytes) CHECK_CUDA(call, cudaMemsetAsync(scale, 0, bytes, (cudaStream_t)call->stream));
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                               uint32_t dirs, float *out) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
+  if (!(dirs & HQ_BOTH) || src->rows == 0 || src->cols == 0) return HQ_OK;
+  AmaxArgs a;
+  a.x = src->data;
+  a.M = src->rows;
+  a.K = src->cols;
+  a.vec = aligned(src->data, 16);
+  a.x0 = (dirs & HQ_ROWWISE) ? out : NULL;
+  a.x1 = ((dirs & HQ_COLWISE) && !cfg->rht) ? out + 1 : NULL;
+  a.t = ((dirs & HQ_COLWISE) && cfg->rht) ? out + 1 : NULL;
+  a.mask = cfg->rht_sign_mask;
+  return amax_dispatch(call, src->dtype, a);
+}
+
+extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                                   const nvfp4_dev_dir *row, const nvfp4_dev_dir *col) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = src->rows, K = src->cols;
+  int rc;
+  if (row && (rc = zero_padding(call, row->scale, M, K))) return rc;
+  if (col && (rc = zero_padding(call, col->scale, K, M))) return rc;
+  const float *given = call->amax;
+  if (M == 0 || K == 0) {
+    /* nothing to cast: the amax buffers get the given amaxes, or 0 */
+    if (row) {
+      if (given)
+        CHECK_CUDA(call, cudaMemcpyAsync(row->amax, given, sizeof(float), cudaMemcpyDeviceToDevice,
+                                         stream));
+      else
+        CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
+    }
+    if (col) {
+      if (given)
+        CHECK_CUDA(call, cudaMemcpyAsync(col->amax, given + 1, sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+      else
+        CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
+    }
+    return HQ_OK;
+  }
+  if (!given) {
+    /* pass 1: the global amaxes, accumulated in the storages' own amax buffers */
+    if (row) CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
+    if (col) CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
+    AmaxArgs am;
+    am.x = src->data;
+    am.M = M;
+    am.K = K;
+    am.vec = aligned(src->data, 16);
+    am.x0 = row ? row->amax : NULL;
+    am.x1 = col && !cfg->rht ? col->amax : NULL;
+    am.t = col && cfg->rht ? col->amax : NULL;
+    am.mask = cfg->rht_sign_mask;
+    rc = amax_dispatch(call, src->dtype, am);
+    if (rc) return rc;
+  }
+  QArgs a;
+  a.x = src->data;
+  a.M = M;
+  a.K = K;
+  a.vec = aligned(src->data, 16);
+  a.rdata = row ? row->data : NULL;
+  a.rscale = row ? row->scale : NULL;
+  a.ramax = row ? row->amax : NULL;
+  a.cdata = col ? col->data : NULL;
+  a.cscale = col ? col->scale : NULL;
+  a.camax = col ? col->amax : NULL;
+  a.a8 = (!row || aligned(row->data, 8)) && (!col || aligned(col->data, 8));
+  a.given = given;
+  a.rht = cfg->rht;
+  a.sr = cfg->sr;
+  a.b2d = cfg->block_2d;
+  a.swz = cfg->swizzle;
+  a.mask = cfg->rht_sign_mask;
+  a.seed = cfg->seed ? cfg->seed : call->seed;
+  a.offset = call->offset;
+  switch (src->dtype) {
+  case HQ_F32:
+    return launch_quantize<HQ_F32>(call, a);
+  case HQ_F16:
+    return launch_quantize<HQ_F16>(call, a);
+  case HQ_BF16:
+    return launch_quantize<HQ_BF16>(call, a);
+  default:
+    return call->host->error(HQ_EINVAL, "nvfp4 CUDA: source dtype %d", (int)src->dtype);
+  }
+}
+
+extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
+                                     const float *amax, int colwise, int swizzle, int rht,
+                                     uint32_t mask, hq_tensor *dst) {
+  if (dst->rows == 0 || dst->cols == 0) return HQ_OK;
+  DArgs a;
+  a.q = q;
+  a.scale = scale;
+  a.amax = amax;
+  a.colwise = colwise;
+  a.swz = swizzle;
+  a.rht = rht;
+  a.mask = mask;
+  a.dst = dst->data;
+  a.M = dst->rows;
+  a.K = dst->cols;
+  switch (dst->dtype) {
+  case HQ_F32:
+    return launch_dequantize<HQ_F32>(call, a);
+  case HQ_F16:
+    return launch_dequantize<HQ_F16>(call, a);
+  case HQ_BF16:
+    return launch_dequantize<HQ_BF16>(call, a);
+  default:
+    return call->host->error(HQ_EINVAL, "nvfp4 CUDA: destination dtype %d", (int)dst->dtype);
+  }
+}
+
+extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {
+  CHECK_CUDA(call, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)call->stream));
+  return HQ_OK;
+}

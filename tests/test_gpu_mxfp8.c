@@ -1,0 +1,324 @@
+/*
+** test_gpu_mxfp8.c -- mxfp8 on a CUDA device is bit-identical to the CPU reference: every buffer
+** of every present direction (data and scales, padding included) after quantize on a host
+** context and on a device context, copied back and compared with memcmp; for f32 / bf16 / f16
+** inputs, shapes from 32x32 to 2048x1024 (96x160, K not a multiple of 128, M not a multiple of
+** 128), usage rowwise-only / columnwise-only / both (the fused one-read path), every option
+** combination (dtype e4m3|e5m2, swizzle, block_2d), two differently configured instances for the
+** two directions, special blocks (all zero, NaN, all-NaN, +-Inf, subnormals, values at the FP8
+** overflow boundary and at the top of FP32, wide dynamic range inside one block); dequantize of
+** each direction into f32 / bf16 / f16 (NaN bits included); update in place (with new data and
+** back); make_empty on the device (zeroed scales) followed by an update; unaligned source and
+** destination pointers (the scalar-load kernels).
+** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+
+static hq_ctx *cpu, *gpu;
+/* HQ_TEST_QUICK set (e.g. under compute-sanitizer): small shapes, fewer dtype combinations */
+static int quick;
+
+static int setup(void **state) {
+  (void)state;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) {
+    fprintf(stderr, "context: %s\n", hq_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hq_ctx_destroy(cpu);
+  hq_ctx_destroy(gpu);
+  return 0;
+}
+
+/* Copy a host tensor to the device, `shift` bytes past a fresh allocation (free g.data - shift
+   with hq_ctx_free). */
+static hq_tensor to_gpu_at(const hq_tensor *h, size_t shift) {
+  hq_tensor g = *h;
+  size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + shift + 16, &p));
+  g.data = (char *)p + shift;
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
+  g.device = 0;
+  return g;
+}
+static hq_tensor to_gpu(const hq_tensor *h) { return to_gpu_at(h, 0); }
+
+/* Every buffer of `dir` on the device equals the host reference's, byte for byte (only the
+   scale buffers when scales_only). */
+static void compare_dir(const hq_qtensor *h, const hq_qtensor *g, uint32_t dir, int scales_only,
+                        const char *what) {
+  const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
+  assert_non_null(sh);
+  assert_non_null(sg);
+  assert_int_equal(sh->nbuf, sg->nbuf);
+  for (uint32_t i = 0; i < sh->nbuf; i++) {
+    const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
+    if (scales_only && bh->role != HQ_ROLE_SCALE) continue;
+    size_t n = bh->bytes;
+    assert_int_equal(bg->bytes, n);
+    if (n == 0) continue;
+    uint8_t *tmp = malloc(n);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, bg->ptr, 0, n));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    if (memcmp(tmp, bh->ptr, n) != 0) {
+      size_t k = 0;
+      while (((uint8_t *)bh->ptr)[k] == tmp[k]) k++;
+      fail_msg("%s: dir %u buffer '%s' differs at byte %zu of %zu: cpu %02x gpu %02x", what, dir,
+               bh->name, k, n, ((uint8_t *)bh->ptr)[k], tmp[k]);
+    }
+    free(tmp);
+  }
+}
+
+static void compare(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage, const char *what) {
+  if (usage & HQ_ROWWISE) compare_dir(h, g, HQ_ROWWISE, 0, what);
+  if (usage & HQ_COLWISE) compare_dir(h, g, HQ_COLWISE, 0, what);
+}
+
+/* Dequantize direction d of h (host) and g (device) into dtype o, the device one at `shift`
+   bytes past its allocation; the bytes must agree. */
+static void compare_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t d, hq_dtype o,
+                               size_t shift, const char *what) {
+  const int64_t M = hq_qtensor_rows(h), K = hq_qtensor_cols(h);
+  hq_tensor dh = hq_test_empty(o, M, K);
+  hq_tensor dg = dh;
+  size_t bytes = (size_t)(M * K) * hq_dtype_size(o);
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + shift + 16, &p));
+  dg.data = (char *)p + shift;
+  dg.device = 0;
+  HQ_OK_OR_FAIL(hq_dequantize(h, cpu, d, &dh));
+  HQ_OK_OR_FAIL(hq_dequantize(g, gpu, d, &dg));
+  uint8_t *back = malloc(bytes ? bytes : 1);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  if (memcmp(back, dh.data, bytes) != 0) {
+    size_t k = 0;
+    while (((uint8_t *)dh.data)[k] == back[k]) k++;
+    fail_msg("%s: dequantize dir %u into %s differs at byte %zu", what, d, hq_dtype_name(o), k);
+  }
+  free(back);
+  free(dh.data);
+  hq_ctx_free(gpu, p);
+}
+
+/* Special values, one kind per 32x32 tile (tile t gets kind t % 9; kind 0 keeps the random
+   values), so that both directions' blocks meet them. */
+static void fill_special(hq_tensor *x) {
+  const hq_dtype dt = x->dtype;
+  const int64_t M = x->rows, K = x->cols;
+  const float tiny = dt == HQ_F16 ? 3e-7f : 1e-39f; /* subnormal in the input dtype */
+  const float big = dt == HQ_F16 ? 60000.0f : 1e30f;
+  const float small = dt == HQ_F16 ? 1e-4f : 1e-30f;
+  const float bound[] = {448.0f, 449.0f, 464.0f, 480.0f, 57344.0f, 61440.0f, 896.0f, 0.875f};
+  int64_t t = 0;
+  for (int64_t i0 = 0; i0 < M; i0 += 32)
+    for (int64_t j0 = 0; j0 < K; j0 += 32, t++) {
+      const int kind = (int)(t % 9);
+      for (int r = 0; r < 32; r++)
+        for (int c = 0; c < 32; c++) {
+          const int64_t idx = (i0 + r) * K + j0 + c;
+          const float v = hq_load_hp(x->data, idx, dt);
+          float w = v;
+          switch (kind) {
+          case 1: w = (r + c) % 2 ? 0.0f : -0.0f; break;                    /* all zero */
+          case 2:                                                            /* NaN */
+            if (r == 3) w = NAN;                                             /* all-NaN row */
+            else if (c == 5) w = -NAN;                                       /* all-NaN column */
+            else if ((r * 7 + c) % 11 == 0) w = NAN;
+            break;
+          case 3:                                                            /* +-Inf */
+            if (r == c) w = r % 2 ? -INFINITY : INFINITY;
+            break;
+          case 4: w = v * tiny; break;                                       /* subnormals */
+          case 5: w = v * 0.1f; if (c == r) w = (r % 2 ? -1 : 1) * bound[(r / 2) % 8]; break;
+          case 6: w = (r + c) % 3 ? v * small : v * big; break;             /* wide range */
+          case 7: w = dt == HQ_F32 ? v * 1e37f : v * (dt == HQ_F16 ? 1e4f : 1e37f); break;
+          case 8: if (c == 0) w = dt == HQ_F16 ? 65504.0f : 3.3895314e38f; break; /* top */
+          default: break;
+          }
+          hq_store_hp(x->data, idx, dt, w);
+        }
+    }
+}
+
+/* The recipe `text` (formats and a [role *:*:*] section) on an [M, K] tensor of dtype dt:
+   quantize (each usage), dequantize, update, make_empty + update, unaligned pointers. */
+static void check_text(const char *text, const char *what, hq_dtype dt, int64_t M, int64_t K,
+                       uint64_t seed, int special, int full) {
+  hq_recipe *r = hq_test_recipe(text);
+  hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+  hq_tensor x = hq_test_tensor(dt, M, K, seed, 4.0f);
+  if (special) fill_special(&x);
+  hq_tensor xg = to_gpu(&x);
+  hq_tensor y = hq_test_tensor(dt, M, K, seed + 1000, 40.0f);
+  hq_tensor yg = to_gpu(&y);
+  const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  char w[512];
+  for (int u = 0; u < 3; u++) {
+    const uint32_t us = usages[u];
+    snprintf(w, sizeof w, "%s, usage %u", what, us);
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, us));
+    hq_qtensor *h = NULL, *g = NULL, *hy = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    compare(h, g, us, w);
+    for (uint32_t d = 1; d <= 2; d++)
+      if (us & d)
+        for (int o = 0; o < 3; o++) compare_dequantize(h, g, d, outs[o], 0, w);
+    /* update in place with new data, then back */
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &y, &hy));
+    HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &yg));
+    snprintf(w, sizeof w, "%s, usage %u, update(y)", what, us);
+    compare(hy, g, us, w);
+    HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &xg));
+    snprintf(w, sizeof w, "%s, usage %u, update(x)", what, us);
+    compare(h, g, us, w);
+    hq_qtensor_free(g);
+    if (full) {
+      /* make_empty on the device: scales zero like the host's; then an update fills it */
+      hq_qtensor *eh = NULL, *eg = NULL;
+      HQ_OK_OR_FAIL(hq_make_empty(q, cpu, M, K, dt, &eh));
+      HQ_OK_OR_FAIL(hq_make_empty(q, gpu, M, K, dt, &eg));
+      snprintf(w, sizeof w, "%s, usage %u, make_empty", what, us);
+      if (us & HQ_ROWWISE) compare_dir(eh, eg, HQ_ROWWISE, 1, w);
+      if (us & HQ_COLWISE) compare_dir(eh, eg, HQ_COLWISE, 1, w);
+      HQ_OK_OR_FAIL(hq_qtensor_update(eg, gpu, &xg));
+      snprintf(w, sizeof w, "%s, usage %u, make_empty + update", what, us);
+      compare(h, eg, us, w);
+      hq_qtensor_free(eh);
+      hq_qtensor_free(eg);
+      /* unaligned source (scalar loads, byte stores) and unaligned dequantize destinations */
+      hq_tensor xu = to_gpu_at(&x, 4);
+      hq_qtensor *gu = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xu, &gu));
+      snprintf(w, sizeof w, "%s, usage %u, unaligned source", what, us);
+      compare(h, gu, us, w);
+      for (uint32_t d = 1; d <= 2; d++)
+        if (us & d)
+          for (int o = 0; o < 3; o++) compare_dequantize(h, gu, d, outs[o], 4, w);
+      hq_qtensor_free(gu);
+      hq_ctx_free(gpu, (char *)xu.data - 4);
+    }
+    hq_qtensor_free(hy);
+    hq_qtensor_free(h);
+  }
+  hq_ctx_free(gpu, yg.data);
+  free(y.data);
+  hq_ctx_free(gpu, xg.data);
+  free(x.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* One instance f for both directions (the fused call when both are made). */
+static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, uint64_t seed,
+                       int special, int full) {
+  char text[512], what[256];
+  snprintf(text, sizeof text, "[format f]\nplugin = mxfp8\n%s\n[role *:*:*]\nrowwise = f\n"
+           "columnwise = f\n", options);
+  snprintf(what, sizeof what, "[%s] %s %lldx%lld%s", options, hq_dtype_name(dt), (long long)M,
+           (long long)K, special ? " special" : "");
+  check_text(text, what, dt, M, K, seed, special, full);
+}
+
+static const char *const option_sets[] = {
+    "",
+    "dtype = e5m2",
+    "swizzle = true",
+    "block_2d = true",
+    "swizzle = true\nblock_2d = true",
+    "dtype = e5m2\nswizzle = true\nblock_2d = true",
+    "dtype = e5m2\nblock_2d = true",
+    "dtype = e5m2\nswizzle = true",
+};
+#define NOPT (sizeof option_sets / sizeof option_sets[0])
+static const hq_dtype dtypes[3] = {HQ_F32, HQ_BF16, HQ_F16};
+
+/* Random inputs of many shapes, the default options, every input dtype. */
+static void test_shapes(void **state) {
+  (void)state;
+  const int64_t shapes[][2] = {{32, 32}, {96, 160}, {64, 64}, {160, 96}, {32, 4096},
+                               {256, 544}, {4096, 32}, {128, 384}, {2048, 1024}};
+  const size_t nshapes = quick ? 4 : sizeof shapes / sizeof shapes[0];
+  for (int t = 0; t < 3; t++)
+    for (size_t s = 0; s < nshapes; s++)
+      check_case("", dtypes[t], shapes[s][0], shapes[s][1], (uint64_t)(t * 10 + s), 0,
+                 s < 2);
+}
+
+/* Every option combination, every input dtype, random and special inputs. */
+static void test_options(void **state) {
+  (void)state;
+  for (size_t o = 0; o < NOPT; o++)
+    for (int t = 0; t < 3; t++) {
+      if (quick && t != (int)(o % 3)) continue;
+      check_case(option_sets[o], dtypes[t], 96, 160, 100 + o * 3 + (uint64_t)t, 0, t == 1);
+      check_case(option_sets[o], dtypes[t], 288, 288, 200 + o * 3 + (uint64_t)t, 1, t == 0);
+    }
+  if (quick) return;
+  check_case("", HQ_BF16, 512, 640, 7, 1, 0);
+  check_case("block_2d = true\nswizzle = true", HQ_BF16, 512, 640, 8, 1, 0);
+}
+
+/* Two differently configured instances for the two directions (one call each, different scale
+   layouts, block shapes and element dtypes). */
+static void test_mixed_instances(void **state) {
+  (void)state;
+  const char *texts[] = {
+      "[format f]\nplugin = mxfp8\nswizzle = true\n[format g]\nplugin = mxfp8\n"
+      "[role *:*:*]\nrowwise = f\ncolumnwise = g\n",
+      "[format f]\nplugin = mxfp8\ndtype = e5m2\n[format g]\nplugin = mxfp8\nblock_2d = true\n"
+      "swizzle = true\n[role *:*:*]\nrowwise = f\ncolumnwise = g\n",
+  };
+  for (int k = 0; k < 2; k++)
+    for (int t = 0; t < 3; t++)
+      check_text(texts[k], k ? "mixed e5m2 / 2-D swizzled" : "mixed swizzled / compact",
+                 dtypes[t], 160, 96, 300 + (uint64_t)(k * 3 + t), t == 2, t == 0);
+}
+
+/* The module on the device: no scratch (the kernels need none). */
+static void test_module_direct(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("mxfp8")(&host);
+  assert_non_null(ops);
+  assert_true((ops->caps & HQ_CAP_CUDA) != 0);
+  hq_optval v[3];
+  memset(v, 0, sizeof v);
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  assert_int_equal(ops->scratch_size(cfg, 4096, 4096, HQ_BOTH, 0), 0);
+  free(cfg);
+}
+
+int main(void) {
+  if (!hq_built_with_cuda() || hq_device_count() == 0) {
+    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
+    return HQ_TEST_SKIP;
+  }
+  quick = getenv("HQ_TEST_QUICK") != NULL;
+  char name[128];
+  int arch = 0;
+  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
+    printf("device 0: %s (sm_%d)\n", name, arch);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_module_direct),
+      cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_mixed_instances),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,449 @@
+/*
+** test_gpu_nvfp4.c -- nvfp4 on a CUDA device is bit-identical to the CPU reference: every buffer
+** of every direction (data, scale_inv with its zero padding, amax) for quantize with usage
+** rowwise + columnwise, rowwise only and columnwise only; f32 / bf16 / f16 inputs; shapes from
+** 16x16 to 1024x2048 (multiples of 16, tile edges in both dimensions); every option and their
+** combinations (swizzle, block_2d, rht with the default and another sign mask, stochastic
+** rounding with an instance seed and with the context's seed, rht + SR + swizzle); special
+** inputs (NaN, Inf, subnormals, -0, all-zero blocks and an all-zero tensor, wide dynamic range
+** inside one block, values at the E2M1 and E4M3 saturation boundaries); dequantize of each
+** direction into f32 / bf16 / f16 (through the inverse RHT); update; the device amax
+** (hq_quantizer_amax and the module's amax op for every set of directions, with and without
+** rht); quantize and update with a caller-supplied device amax (the own one, larger, smaller,
+** different per direction); make_empty. Dequantized values compare byte for byte except NaN
+** against NaN (an Inf global amax gives 0 * Inf, whose NaN sign differs between host and device). The two contexts share the seed and every pair of calls
+** starts from the same RNG offset, so stochastic rounding draws the same stream.
+** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+
+static hq_ctx *cpu, *gpu;
+
+static int setup(void **state) {
+  (void)state;
+  hq_ctx_desc h = {0}, d = {0};
+  h.struct_size = d.struct_size = sizeof d;
+  h.device = HQ_DEVICE_HOST;
+  d.device = 0;
+  h.seed = d.seed = 0x5eed1234abcdull;
+  if (hq_ctx_create(&h, &cpu) || hq_ctx_create(&d, &gpu)) {
+    fprintf(stderr, "context: %s\n", hq_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hq_ctx_destroy(cpu);
+  hq_ctx_destroy(gpu);
+  return 0;
+}
+
+/* Both contexts at RNG offset 11 (the next operation on each draws the same stream). */
+static void same_rng(void) {
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(cpu, 11));
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 11));
+}
+
+/* Copy a host tensor to the device. */
+static hq_tensor to_gpu(const hq_tensor *h) {
+  hq_tensor g = *h;
+  size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes ? bytes : 1, &g.data));
+  if (bytes) HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
+  g.device = 0;
+  return g;
+}
+
+/* Every buffer of `dir` on the device equals the host reference's, byte for byte. */
+static void compare(const hq_qtensor *h, const hq_qtensor *g, uint32_t dir, const char *what) {
+  const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
+  assert_non_null(sh);
+  assert_non_null(sg);
+  assert_int_equal(sh->nbuf, sg->nbuf);
+  for (uint32_t i = 0; i < sh->nbuf; i++) {
+    const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
+    size_t n = bh->bytes;
+    assert_int_equal(bg->bytes, n);
+    if (!n) continue;
+    uint8_t *tmp = malloc(n);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, bg->ptr, 0, n));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    if (memcmp(tmp, bh->ptr, n) != 0) {
+      size_t k = 0;
+      while (((uint8_t *)bh->ptr)[k] == tmp[k]) k++;
+      fail_msg("%s: dir %u buffer '%s' differs at byte %zu of %zu: cpu %02x gpu %02x", what, dir,
+               bh->name, k, n, ((uint8_t *)bh->ptr)[k], tmp[k]);
+    }
+    free(tmp);
+  }
+}
+
+static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
+                          const char *what) {
+  if (usage & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
+  if (usage & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
+}
+
+/* Two floats in device memory (free with hq_ctx_free). */
+static float *amax_to_gpu(const float a[2]) {
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), &p));
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, p, 0, a, HQ_DEVICE_HOST, 2 * sizeof(float)));
+  return p;
+}
+static void amax_to_host(const float *dev, float out[2]) {
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, out, HQ_DEVICE_HOST, dev, 0, 2 * sizeof(float)));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+}
+
+static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
+                               const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 11));
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
+  return qt;
+}
+
+static void update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x, const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 11));
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
+}
+
+/* Dequantize direction d of h (CPU) and g (GPU) into each dtype: the same bytes. */
+static void check_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t d, int64_t M,
+                             int64_t K, int all_dtypes, const char *what) {
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int o = 0; o < (all_dtypes ? 3 : 1); o++) {
+    hq_tensor dh = hq_test_empty(outs[o], M, K);
+    hq_tensor dg = dh;
+    size_t bytes = (size_t)(M * K) * hq_dtype_size(outs[o]);
+    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dg.data));
+    dg.device = 0;
+    HQ_OK_OR_FAIL(hq_dequantize(h, cpu, d, &dh));
+    HQ_OK_OR_FAIL(hq_dequantize(g, gpu, d, &dg));
+    void *back = malloc(bytes);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    if (memcmp(back, dh.data, bytes) != 0) {
+      /* equal up to NaN bits: an Inf global amax makes 0 * Inf = NaN, whose sign the host's
+         and the device's multiply choose differently (not a rule of the format) */
+      for (int64_t k = 0; k < M * K; k++) {
+        float a = hq_load_hp(back, k, outs[o]), b = hq_load_hp(dh.data, k, outs[o]);
+        if (isnan(a) && isnan(b)) continue;
+        if (memcmp((char *)back + (size_t)k * hq_dtype_size(outs[o]),
+                   (char *)dh.data + (size_t)k * hq_dtype_size(outs[o]), hq_dtype_size(outs[o])))
+          fail_msg("%s: dequantize dir %u into %s differs at element %lld: cpu %a gpu %a", what,
+                   d, hq_dtype_name(outs[o]), (long long)k, b, a);
+      }
+    }
+    free(back);
+    free(dh.data);
+    hq_ctx_free(gpu, dg.data);
+  }
+}
+
+/* Caller-supplied amax and update on the device, against the CPU: hq_quantizer_amax agrees bit
+   for bit; hq_quantize_ex with it equals hq_quantize; other amaxes (larger, smaller: E4M3
+   saturation; different per direction) give the CPU's bytes in quantize_ex and update_ex; update
+   with new data y, plain and with y's device amax, equals the CPU's fresh quantize of y. */
+static void check_amax_and_update(hq_quantizer *q, uint32_t usage, const hq_tensor *x,
+                                  const hq_tensor *xg, const hq_qtensor *h, const hq_tensor *y,
+                                  const hq_tensor *yg, const char *what) {
+  char w[512];
+  float ah[2] = {-1, -1}, back[2];
+  float *ag = amax_to_gpu(ah);
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, x, ah));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, xg, ag));
+  amax_to_host(ag, back);
+  if (memcmp(ah, back, sizeof ah) != 0)
+    fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
+  hq_qtensor *g = quantize_ex(q, gpu, xg, ag);
+  snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
+  compare_usage(h, g, usage, w);
+  hq_qtensor_free(g);
+  const float others[3][2] = {{ah[0] * 4.0f, ah[1] * 0.5f},
+                              {ah[0] * 3.0f, ah[1] * 3.0f},
+                              {ah[0] * 0.25f, ah[1] * 0.125f}};
+  for (int k = 0; k < 3; k++) {
+    float *og = amax_to_gpu(others[k]);
+    hq_qtensor *hc = quantize_ex(q, cpu, x, others[k]);
+    hq_qtensor *gc = quantize_ex(q, gpu, xg, og);
+    snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    compare_usage(hc, gc, usage, w);
+    hq_qtensor *gu = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
+    update_ex(gu, gpu, xg, og);
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    compare_usage(hc, gu, usage, w);
+    hq_qtensor_free(gu);
+    hq_qtensor_free(hc);
+    hq_qtensor_free(gc);
+    hq_ctx_free(gpu, og);
+  }
+  hq_qtensor *hy = NULL, *g1 = NULL, *g2 = NULL;
+  same_rng();
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, y, &hy));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g1));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g2));
+  same_rng();
+  HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
+  update_ex(g2, gpu, yg, ag);
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  snprintf(w, sizeof w, "%s, update(y)", what);
+  compare_usage(hy, g1, usage, w);
+  snprintf(w, sizeof w, "%s, update_ex(y, amax(y))", what);
+  compare_usage(hy, g2, usage, w);
+  hq_qtensor_free(hy);
+  hq_qtensor_free(g1);
+  hq_qtensor_free(g2);
+  hq_ctx_free(gpu, ag);
+}
+
+/* Special values written into x (dtype dt, [M, K], M, K multiples of 16):
+   1: NaN, -0, subnormals, an all-zero 16-block, a block spanning 1e-30..3e4, values at the
+      E2M1 rounding boundaries of the block amax (5/6, 2.5/6, ... of it), a large block next to
+      small ones (E4M3 scale range);
+   2: as 1 plus +Inf and -Inf (global amax Inf: S_enc = 1);
+   3: all zeros. */
+static void fill_special(hq_tensor *x, int kind) {
+  const hq_dtype dt = x->dtype;
+  const int64_t M = x->rows, K = x->cols, n = M * K;
+  if (kind == 3) {
+    memset(x->data, 0, (size_t)n * hq_dtype_size(dt));
+    return;
+  }
+  hq_store_hp(x->data, 0, dt, NAN);
+  hq_store_hp(x->data, 1, dt, -0.0f);
+  hq_store_hp(x->data, 2, dt, 1e-40f);
+  hq_store_hp(x->data, 3, dt, -3e-39f);
+  hq_store_hp(x->data, 4, dt, 6e-8f);
+  for (int e = 0; e < 16 && 16 + e < K; e++) hq_store_hp(x->data, 16 + e, dt, 0.0f);
+  if (M >= 2) {
+    static const float wide[16] = {1e-30f, -1e-20f, 1e-10f, 1e-5f, 1e-3f, 0.1f, 1.0f, 30000.0f,
+                                   -2.0f, 7.0f, -1e-7f, 5e-3f, 0.5f, -100.0f, 1e3f, 2e-2f};
+    for (int e = 0; e < 16; e++) hq_store_hp(x->data, K + e, dt, wide[e]);
+  }
+  if (M >= 3) {
+    /* fractions of the block amax 6: the E2M1 decision boundaries and their neighbours */
+    static const float f[16] = {6.0f, 5.0f, -5.0f, 3.5f, 2.5f, -1.75f, 1.25f, 0.75f,
+                                0.25f, 4.9999f, 5.0001f, 0.2499f, 0.2501f, -2.5f, 1.7499f, 3.0f};
+    for (int e = 0; e < 16; e++) hq_store_hp(x->data, 2 * K + e, dt, f[e] * 1.5f);
+  }
+  if (M >= 4)
+    for (int e = 0; e < 16; e++) hq_store_hp(x->data, 3 * K + e, dt, 2000.0f + (float)e);
+  if (kind == 2) {
+    hq_store_hp(x->data, n / 2, dt, INFINITY);
+    hq_store_hp(x->data, n - 1, dt, -INFINITY);
+  }
+}
+
+/* quantize on both contexts for usages both / rowwise / columnwise, compare every buffer;
+   dequantize every present direction; update in place; with `full`, the amax and update checks
+   (usage both). */
+static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, uint64_t seed,
+                       int special, int full) {
+  char text[512], what[320];
+  snprintf(text, sizeof text, "[format f]\nplugin = nvfp4\n%s\n[role *:*:*]\nrowwise = f\n"
+           "columnwise = f\n", options);
+  snprintf(what, sizeof what, "[%s] %s %lldx%lld special %d", options, hq_dtype_name(dt),
+           (long long)M, (long long)K, special);
+  for (char *c = what; *c; c++)
+    if (*c == '\n') *c = ',';
+  hq_recipe *r = hq_test_recipe(text);
+  hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+  hq_tensor x = hq_test_tensor(dt, M, K, seed, 4.0f);
+  if (special) fill_special(&x, special);
+  hq_tensor xg = to_gpu(&x);
+  hq_tensor y = hq_test_tensor(dt, M, K, seed + 1000, 40.0f);
+  hq_tensor yg = to_gpu(&y);
+  const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  for (int u = 0; u < 3; u++) {
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
+    hq_qtensor *h = NULL, *g = NULL;
+    same_rng();
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    compare_usage(h, g, usages[u], what);
+    for (uint32_t d = 1; d <= 2; d++)
+      if (usages[u] & d) check_dequantize(h, g, d, M, K, u == 0, what);
+    /* the device update path refreshes in place identically */
+    HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 11));
+    HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &xg));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    compare_usage(h, g, usages[u], what);
+    if (full && u == 0) check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
+    hq_qtensor_free(h);
+    hq_qtensor_free(g);
+  }
+  hq_ctx_free(gpu, yg.data);
+  free(y.data);
+  hq_ctx_free(gpu, xg.data);
+  free(x.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+static const char *const option_sets[] = {
+    "",
+    "swizzle = true",
+    "block_2d = true",
+    "block_2d = true\nswizzle = true",
+    "rht = true",
+    "rht = true\nrht_sign_mask = 0x1234\nswizzle = true",
+    "stochastic_rounding = true\nseed = 77",
+    "stochastic_rounding = true",
+    "rht = true\nstochastic_rounding = true\nswizzle = true",
+};
+#define N_OPTION_SETS (sizeof option_sets / sizeof option_sets[0])
+
+/* Every option set x every input dtype, on a tile-edge shape and a multi-tile one. */
+static void test_options(void **state) {
+  (void)state;
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (size_t o = 0; o < N_OPTION_SETS; o++)
+    for (int t = 0; t < 3; t++) {
+      check_case(option_sets[o], dts[t], 48, 80, 100 + o * 3 + (size_t)t, 0, 1);
+      check_case(option_sets[o], dts[t], 96, 160, 200 + o * 3 + (size_t)t, 0, t == 1);
+    }
+}
+
+/* Many shapes (multiples of 16; tile edges at 64 rows and 128 columns), plain and with all the
+   options that change the layout or the columnwise values. */
+static void test_shapes(void **state) {
+  (void)state;
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  const int64_t shapes[][2] = {{16, 16},  {32, 48},   {64, 128}, {80, 272}, {144, 96},
+                               {16, 1040}, {1040, 16}, {128, 64}, {208, 400}, {256, 512}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    check_case("", dts[s % 3], shapes[s][0], shapes[s][1], 300 + s, 0, s % 3 == 0);
+    check_case("rht = true\nstochastic_rounding = true\nswizzle = true", dts[(s + 1) % 3],
+               shapes[s][0], shapes[s][1], 400 + s, 0, 0);
+    check_case("block_2d = true\nswizzle = true", dts[(s + 2) % 3], shapes[s][0], shapes[s][1],
+               500 + s, 0, 0);
+  }
+  check_case("", HQ_BF16, 1024, 2048, 7, 0, 1);
+  check_case("rht = true", HQ_BF16, 1024, 2048, 8, 0, 0);
+  check_case("stochastic_rounding = true\nblock_2d = false", HQ_F32, 512, 1024, 9, 0, 0);
+}
+
+/* NaN, Inf, subnormals, zero blocks, wide ranges, saturation boundaries, an all-zero tensor. */
+static void test_special_values(void **state) {
+  (void)state;
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int kind = 1; kind <= 3; kind++)
+    for (int t = 0; t < 3; t++)
+      for (size_t o = 0; o < N_OPTION_SETS; o += (kind == 1 ? 1 : 3))
+        check_case(option_sets[o], dts[t], 64, 96, 600 + (uint64_t)kind, kind,
+                   o == 0 || o == 4);
+}
+
+/* The module's amax op on the device, called directly: out[0] / out[1] get the CPU's amaxes for
+   the requested directions and 0 for the others (written over whatever was there), with and
+   without rht, every input dtype; scratch on a device is 0. */
+static void test_amax_op_direct(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("nvfp4")(&host);
+  assert_non_null(ops);
+  assert_non_null(ops->amax);
+  assert_true(ops->caps & HQ_CAP_CUDA);
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  const int64_t shapes[][2] = {{16, 16}, {48, 80}, {208, 400}};
+  for (int rht = 0; rht <= 1; rht++) {
+    hq_optval v[6];
+    memset(v, 0, sizeof v);
+    v[0].i = rht;
+    v[1].i = 0xD7E8;
+    void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+    HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+    assert_true(ops->instance_caps(cfg) & HQ_CAP_CUDA);
+    assert_int_equal(ops->scratch_size(cfg, 4096, 4096, HQ_BOTH, 0), 0);
+    hq_call call = hq_test_call(&host, 0, 0);
+    call.device = 0;
+    char text[160];
+    snprintf(text, sizeof text, "[format f]\nplugin = nvfp4\nrht = %s\n[role *:*:*]\n"
+             "rowwise = f\ncolumnwise = f\n", rht ? "true" : "false");
+    hq_recipe *r = hq_test_recipe(text);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    for (int t = 0; t < 3; t++)
+      for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        hq_tensor x = hq_test_tensor(dts[t], M, K, 700 + sh, 2.0f);
+        hq_store_hp(x.data, 5, dts[t], NAN);
+        hq_store_hp(x.data, M * K - 2, dts[t], -300.0f);
+        float want[2];
+        HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, &x, want));
+        hq_tensor xg = to_gpu(&x);
+        for (uint32_t dirs = 0; dirs <= 3; dirs++) {
+          const float junk[2] = {-7.0f, NAN};
+          float *og = amax_to_gpu(junk), out[2];
+          HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+          assert_int_equal(ops->amax(cfg, &call, &xg, dirs, og), HQ_OK);
+          amax_to_host(og, out);
+          const float w0 = (dirs & HQ_ROWWISE) ? want[0] : 0.0f;
+          const float w1 = (dirs & HQ_COLWISE) ? want[1] : 0.0f;
+          if (memcmp(&out[0], &w0, 4) || memcmp(&out[1], &w1, 4))
+            fail_msg("rht %d %s %lldx%lld dirs %u: amax {%a, %a}, want {%a, %a}", rht,
+                     hq_dtype_name(dts[t]), (long long)M, (long long)K, dirs, out[0], out[1],
+                     w0, w1);
+          hq_ctx_free(gpu, og);
+        }
+        hq_ctx_free(gpu, xg.data);
+        free(x.data);
+      }
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+    free(cfg);
+  }
+}
+
+/* make_empty on the device zeroes every buffer, as on the host. */
+static void test_make_empty(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = nvfp4\nswizzle = true\n[role *:*:*]\n"
+                                "rowwise = f\ncolumnwise = f\n");
+  hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+  hq_qtensor *h = NULL, *g = NULL;
+  HQ_OK_OR_FAIL(hq_make_empty(q, cpu, 48, 80, HQ_BF16, &h));
+  HQ_OK_OR_FAIL(hq_make_empty(q, gpu, 48, 80, HQ_BF16, &g));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  compare_usage(h, g, HQ_BOTH, "make_empty");
+  hq_qtensor_free(h);
+  hq_qtensor_free(g);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+int main(void) {
+  if (!hq_built_with_cuda() || hq_device_count() == 0) {
+    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
+    return HQ_TEST_SKIP;
+  }
+  char name[128];
+  int arch = 0;
+  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
+    printf("device 0: %s (sm_%d)\n", name, arch);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_special_values),
+      cmocka_unit_test(test_amax_op_direct),
+      cmocka_unit_test(test_make_empty),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
