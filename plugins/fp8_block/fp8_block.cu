@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "fp8_cvt_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_block_rules.h"
 
@@ -80,9 +81,9 @@ template <int DT> struct Raw {
 };
 
 template <int ELEM> __device__ __forceinline__ uint32_t cast1(float x, float scale) {
-  /* the CPU reference's cast_e4m3 / cast_e5m2 */
-  return ELEM == HQ_E5M2 ? hq_f32_to_e5m2(hq_mul_rn(x, scale))
-                         : hq_f32_to_e4m3(hq_mul_rn(x, scale));
+  /* the CPU reference's cast_e4m3 / cast_e5m2: fp8(RN(x * scale)), the cast through the FP8
+     convert instruction where the chip has one (fp8_cvt_cuda.h: the same bits) */
+  return hq_cuda_f32_to_fp8<ELEM>(hq_mul_rn(x, scale));
 }
 
 /* Store 8 bytes of row `row` of the rowwise copy at columns [c, c + 8) (in-bounds part only). */

@@ -24,6 +24,7 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "fp8_cvt_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_scale.h"
 #include "fp8_tensor.h"
@@ -184,10 +185,10 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
       uint64_t packed = 0;
       if (a.elem == HQ_E5M2)
         for (int k = 0; k < 8; k++)
-          packed |= (uint64_t)hq_f32_to_e5m2(hq_mul_rn(x[k], scale)) << (8 * k);
+          packed |= (uint64_t)hq_cuda_f32_to_fp8<HQ_E5M2>(hq_mul_rn(x[k], scale)) << (8 * k);
       else
         for (int k = 0; k < 8; k++)
-          packed |= (uint64_t)hq_f32_to_e4m3(hq_mul_rn(x[k], scale)) << (8 * k);
+          packed |= (uint64_t)hq_cuda_f32_to_fp8<HQ_E4M3>(hq_mul_rn(x[k], scale)) << (8 * k);
       if (a.row) *reinterpret_cast<uint64_t *>(a.row + i * a.K + j) = packed;
       *reinterpret_cast<uint64_t *>(tile + r * kVStride + cg * 8) = packed;
     }

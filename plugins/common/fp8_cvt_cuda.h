@@ -1,0 +1,38 @@
+/*
+** fp8_cvt_cuda.h -- the FP8 element cast on the GPU, for the stock FP8 formats' kernels.
+** Private to the stock plugins (not installed); device code only.
+**
+** hq_cuda_f32_to_fp8<ELEM>(v) returns exactly hq_f32_to_e4m3(v) / hq_f32_to_e5m2(v) of
+** hq/numerics.h (the CPU reference's encoder). On chips with an FP8 convert instruction (sm_89
+** and later: Hopper, Blackwell) it is cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32: round to nearest
+** even, finite values and +-Inf beyond the range saturate to +-max, FP32 subnormals round like
+** any other value (no flush: nvcc's default -ftz=false) -- the same rules as the integer encoder;
+** a NaN, whose sign the instruction keeps, is forced to HQ_FP8_NAN (0x7F) as the encoder writes.
+** Elsewhere, or when built with -DHQ_FP8_SW_CVT, it is the integer encoder itself. The GPU tests
+** of every FP8 format compare the bytes with the CPU reference.
+*/
+#ifndef HQ_FP8_CVT_CUDA_H
+#define HQ_FP8_CVT_CUDA_H
+
+#include "hq/numerics.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(HQ_FP8_SW_CVT)
+#define HQ_FP8_HW_CVT 1
+#else
+#define HQ_FP8_HW_CVT 0
+#endif
+
+template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float v) {
+#if HQ_FP8_HW_CVT
+  unsigned short r;
+  if (ELEM == HQ_E5M2)
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+  else
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+  return hq_isnan(v) ? (uint8_t)HQ_FP8_NAN : (uint8_t)(r & 0xffu);
+#else
+  return ELEM == HQ_E5M2 ? hq_f32_to_e5m2(v) : hq_f32_to_e4m3(v);
+#endif
+}
+
+#endif /* HQ_FP8_CVT_CUDA_H */
