@@ -8,17 +8,22 @@
 #   makes the release tarball (make dist) into .devdist/, unpacks inih and cmocka into .devdeps/
 #   (both git-ignored) and prints the device tool call to make:
 #     carry   [".devdist", ".devdeps"]
-#     command bash scripts/gpu-check.sh --on-device [--bench]
+#     command bash scripts/gpu-check.sh --on-device [--bench|--peers|--sanitize]
 # There (what that command runs): unpack the tarball, ./configure --with-cuda, make -j16,
 # make check (GPU tests run for real), copy the logs to $OUT; with --bench also run
-# `hq bench --device cuda`; with --sanitize run compute-sanitizer (memcheck, racecheck, synccheck)
-# on every GPU test binary instead. HQ_ONLY=test_gpu_X limits the run to that test program (built
-# with make -k, so unfinished work elsewhere does not stop it); HQ_BENCH_ARGS adds hq bench
-# arguments (e.g. "--format mxfp8").
+# `hq bench --device cuda`; with --peers run it (text, and --json) and the PyTorch peers of
+# scripts/bench_peers.py (from the carried tree; HQ_PEERS_ARGS adds its arguments) in the same
+# call, outputs in $OUT as bench.txt, bench.json, peers.txt, peers.json, then the hybrid
+# check of the stock recipes' hybrid roles (hybrid.txt); with --sanitize run
+# compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead.
+# HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
+# work elsewhere does not stop it); HQ_BENCH_ARGS adds hq bench arguments (e.g. "--format
+# mxfp8").
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
   shift
+  modes=" $* "   # any of --bench, --peers, --sanitize, in one call (peers first, sanitize last)
   root=$PWD
   export PKG_CONFIG_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -47,10 +52,36 @@ if [ "${1:-}" = "--on-device" ]; then
   for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
   [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
-  if [ "${1:-}" = "--sanitize" ]; then
+  if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
+    set -- ${HQ_BENCH_ARGS:-}
+    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
+      | tee "$out/bench.txt"
+  fi
+  if [[ "$modes" == *" --peers "* ]] && [ -x tools/hq ]; then
+    # hq bench (text and --json) and the PyTorch peers of scripts/bench_peers.py in one call, so
+    # that hq's speed-up over torch.compile is measured in the same run. The script is not in
+    # the tarball: it runs from the carried working tree ($root).
+    set -- ${HQ_BENCH_ARGS:-}
+    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" | tee "$out/bench.txt" || rc=1
+    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda --json "$@" > "$out/bench.json" || rc=1
+    timeout "${HQ_PEERS_TIMEOUT:-300}" python3 -u "$root/scripts/bench_peers.py" \
+      --json "$out/peers.json" --hq-json "$out/bench.json" ${HQ_PEERS_ARGS:-} \
+      | tee "$out/peers.txt" || rc=1
+    # the hybrid check (both <= 1.1x rowwise + columnwise alone) on the stock recipes' hybrids:
+    # MXFP8 forward + NVFP4 (RHT / 2-D) backward, FP8 forward + BF16 backward
+    : > "$out/hybrid.txt"
+    for rr in "conf/recipe.ini linear:input:x" "conf/recipe.ini linear:weight:x" \
+              "conf/examples/hybrid_fp8_identity.ini linear:input:x"; do
+      set -- $rr
+      HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda --recipe "$1" --role "$2" 2>&1 \
+        | tee -a "$out/hybrid.txt" || rc=1
+    done
+  fi
+  if [[ "$modes" == *" --sanitize "* ]]; then
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)
     export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs
     export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
+    export HQ_TEST_QUICK=1 # tests that honour it run a smaller set of shapes under the tools
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for t in tests/.libs/${HQ_ONLY:-test_gpu_*}; do
       case $t in *lt-*) continue ;; esac
@@ -63,14 +94,8 @@ if [ "${1:-}" = "--on-device" ]; then
         fi
       done
     done
-    exit $rc
   fi
-  if [ "${1:-}" = "--bench" ] && [ -x tools/hq ]; then
-    set -- ${HQ_BENCH_ARGS:-}
-    HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
-      | tee "$out/bench.txt"
-  fi
-  exit 0
+  exit $rc
 fi
 
 top=$(git rev-parse --show-toplevel)
@@ -95,5 +120,5 @@ cat <<MSG
 ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))
 device tool call:
   run  carry   = ["$dd", ".devdeps"]   (with HQ_DEVDIST=$dd set in the command when not .devdist)
-       command = "bash scripts/gpu-check.sh --on-device"  (add --bench or --sanitize)
+       command = "bash scripts/gpu-check.sh --on-device"  (add --bench, --peers or --sanitize)
 MSG

@@ -116,3 +116,93 @@ out:
   return 0;
 #endif
 }
+
+// --- the counting allocator ----------------------------------------------------------------------
+
+typedef struct mem_block {
+  void *ptr;
+  size_t bytes;
+} mem_block;
+
+struct bench_mem {
+  hq_allocator a;
+  mem_block *v;
+  size_t n, cap;
+  size_t current, peak;
+  int failed;
+};
+
+static void *mem_alloc(void *user, int device, size_t bytes, void *stream) {
+  bench_mem *m = user;
+  void *p = NULL;
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 64;
+    mem_block *v = realloc(m->v, cap * sizeof *v);
+    if (!v) {
+      m->failed = 1;
+      return NULL;
+    }
+    m->v = v, m->cap = cap;
+  }
+  if (device < 0) {
+    p = malloc(bytes ? bytes : 1);
+  } else {
+#ifdef HQ_HAVE_CUDA
+    if (cudaMallocAsync(&p, bytes ? bytes : 1, (cudaStream_t)stream) != cudaSuccess) p = NULL;
+#else
+    (void)stream;
+#endif
+  }
+  if (!p) {
+    m->failed = 1;
+    return NULL;
+  }
+  m->v[m->n].ptr = p, m->v[m->n].bytes = bytes;
+  m->n++;
+  m->current += bytes;
+  if (m->current > m->peak) m->peak = m->current;
+  return p;
+}
+
+static void mem_free(void *user, int device, void *ptr, void *stream) {
+  bench_mem *m = user;
+  if (!ptr) return;
+  size_t i = m->n;
+  while (i > 0 && m->v[i - 1].ptr != ptr) i--;
+  if (i == 0) {
+    m->failed = 1; /* not ours: release it all the same */
+  } else {
+    m->current -= m->v[i - 1].bytes;
+    m->v[i - 1] = m->v[--m->n];
+  }
+  if (device < 0) {
+    free(ptr);
+  } else {
+#ifdef HQ_HAVE_CUDA
+    cudaFreeAsync(ptr, (cudaStream_t)stream);
+#else
+    (void)stream;
+#endif
+  }
+}
+
+bench_mem *bench_mem_create(void) {
+  bench_mem *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->a.alloc = mem_alloc;
+  m->a.free = mem_free;
+  m->a.user = m;
+  return m;
+}
+
+void bench_mem_destroy(bench_mem *m) {
+  if (!m) return;
+  free(m->v);
+  free(m);
+}
+
+const hq_allocator *bench_mem_allocator(bench_mem *m) { return &m->a; }
+size_t bench_mem_current(const bench_mem *m) { return m->current; }
+size_t bench_mem_peak(const bench_mem *m) { return m->peak; }
+void bench_mem_reset_peak(bench_mem *m) { m->peak = m->current; }
+int bench_mem_failed(const bench_mem *m) { return m->failed; }

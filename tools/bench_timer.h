@@ -1,11 +1,14 @@
 /*
-** bench_timer.h -- timing for `hq bench`: host clock on the CPU, CUDA events on a device, and the
-** device-to-device copy bandwidth measured in the same run (the memory-bound ceiling).
+** bench_timer.h -- timing for `hq bench`: host clock on the CPU, CUDA events on a device, the
+** device-to-device copy bandwidth measured in the same run (the memory-bound ceiling), and a
+** counting allocator (current and peak bytes) given to the bench's hq_ctx.
 */
 #ifndef HQ_BENCH_TIMER_H
 #define HQ_BENCH_TIMER_H
 
 #include <stddef.h>
+
+#include "hq/hq.h"
 
 typedef struct bench_timer bench_timer;
 /* device < 0: host clock. Returns NULL (with a message in err) on failure. */
@@ -17,5 +20,18 @@ double bench_timer_stop(bench_timer *t);
 /* Median bandwidth (bytes read + written per second) of cudaMemcpy device-to-device of
    `bytes` bytes, over `iters` runs; 0 on failure or without CUDA. */
 double bench_copy_bandwidth(int device, size_t bytes, int iters);
+
+/* A counting allocator: malloc/free on the host, cudaMallocAsync/cudaFreeAsync on the stream it
+   is handed on a CUDA device. It records every live block's size, so that the bench can report
+   the current and the peak bytes held through the context (inputs, outputs, scratch and
+   temporaries alike). Not thread-safe (one bench context). */
+typedef struct bench_mem bench_mem;
+bench_mem *bench_mem_create(void);
+void bench_mem_destroy(bench_mem *m);       /* after the hq_ctx using it is destroyed */
+const hq_allocator *bench_mem_allocator(bench_mem *m);
+size_t bench_mem_current(const bench_mem *m);
+size_t bench_mem_peak(const bench_mem *m);  /* the most held since the last reset */
+void bench_mem_reset_peak(bench_mem *m);    /* peak := current */
+int bench_mem_failed(const bench_mem *m);   /* an allocation failed or a free was unknown */
 
 #endif

@@ -1,9 +1,13 @@
 /*
 ** cmd_bench.c -- `hq bench`: quantize throughput of each format, both directions in one call and
 ** each direction alone, on the CPU (MB/s of input on one core: the CPU reference is single
-** threaded) or on a CUDA device (GB/s of the minimal bytes -- input read once, every output
-** buffer written once -- and its % of the device-to-device copy bandwidth measured in the same
-** run). Medians over --iters runs after warm-up. A benchmark, never a test.
+** threaded) or on a CUDA device (GB/s and % of the device-to-device copy bandwidth measured in
+** the same run, counting (a) the bytes the algorithm moves -- the input once per plugin call and
+** once more per per-tensor amax computed inside, every output buffer once -- and (b) the minimal
+** bytes -- input once, outputs once). Formats with a per-tensor amax are also timed with the
+** amax computed beforehand and passed in (hq_qtensor_update_ex). The context's allocator counts
+** bytes, so the peak memory beyond input and outputs (the workspace) is reported too.
+** Medians over --iters runs after warm-up. A benchmark, never a test.
 */
 #include <math.h>
 #include <stdlib.h>
@@ -22,10 +26,17 @@ static const char usage[] =
     "format configuration: by default every stock configuration whose plugin is installed\n"
     "(identity, fp8_tensor, mxfp8, nvfp4 [+rht, +stochastic_rounding, +block_2d],\n"
     "fp8_block [1d, 2d]); --format replaces that list. --recipe/--role times one recipe\n"
-    "role's (hybrid) quantizer and reports both / (rowwise + columnwise).\n"
+    "role's (hybrid) quantizer and reports both / (rowwise + columnwise), against the\n"
+    "<= 1.1x target for a hybrid of two formats.\n"
+    "Formats with a per-tensor amax are timed twice: computing it inside the call (amax own)\n"
+    "and with it computed once beforehand by hq_quantizer_amax and passed in (amax given).\n"
+    "ws: the peak memory the context's (counting) allocator held during the updates beyond\n"
+    "the input and the quantized tensor's buffers (scratch and temporaries).\n"
     "CPU: MB/s of input on one core (default 2048x2048 bf16, 5 iterations).\n"
-    "CUDA: GB/s of minimal bytes and % of the measured copy bandwidth (default 8192x8192\n"
-    "bf16, 50 iterations).\n";
+    "CUDA: time, GB/s and % of the copy bandwidth measured in the same run, counting (a) the\n"
+    "bytes the algorithm moves (input read once per plugin call and once more per amax\n"
+    "computed inside, outputs written once) and (b) the minimal bytes (input once + outputs)\n"
+    "(default 8192x8192 bf16, 50 iterations).\n";
 
 #define CMD "bench"
 
@@ -35,38 +46,86 @@ static const char *default_formats[] = {
     "fp8_block block=2d",
 };
 
-typedef struct result {
-  double ms[3];          /* both, rowwise, columnwise */
-  double bytes_out[3];
-  int ok[3];
-} result;
+/* One direction set of one configuration, timed. */
+typedef struct meas {
+  int ok;
+  double ms;              /* median of hq_qtensor_update (the quantizer computes any amax) */
+  double bytes_out;       /* the qtensor's buffers (every output written once) */
+  int calls;              /* plugin calls per update: 2 for both directions of two formats */
+  int amax_passes;        /* reads of the input for a per-tensor amax computed inside */
+  int64_t ws;             /* peak through the ctx allocator beyond input and outputs, bytes
+                             (-1: not measurable) */
+  int64_t held;           /* peak through the ctx allocator beyond the input (outputs + ws) */
+  int given_ok;           /* caller-supplied amax timed (some direction in use has an amax) */
+  double given_ms;        /* median of hq_qtensor_update_ex with args.amax set */
+  double amax_ms;         /* median of hq_quantizer_amax alone (the pass the caller saves) */
+  int64_t given_ws, given_held;
+} meas;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
 
-/* Median ms of `iters` hq_qtensor_update calls on a tensor made for `usage`. */
-static int time_usage(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x, uint32_t usage,
-                      int iters, bench_timer *t, double *ms, double *bytes_out) {
-  if (hq_quantizer_set_usage(q, usage)) return -1;
-  hq_qtensor *qt = NULL;
-  if (hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &qt)) return -1;
+/* Median ms of `iters` runs of one of three operations (after two warm-up runs). */
+enum { OP_UPDATE, OP_UPDATE_AMAX, OP_AMAX };
+static int median_ms(int op, hq_quantizer *q, hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
+                     const hq_quantize_args *args, float *amax, int iters, bench_timer *t,
+                     double *ms) {
   double *v = calloc((size_t)iters, sizeof *v);
   int rc = v ? 0 : -1;
-  for (int i = 0; i < 2 && !rc; i++) rc = hq_qtensor_update(qt, ctx, x);
-  for (int i = 0; i < iters && !rc; i++) {
-    bench_timer_start(t);
-    rc = hq_qtensor_update(qt, ctx, x);
-    v[i] = bench_timer_stop(t);
-    if (v[i] < 0) rc = -1;
+  for (int i = 0; i < iters + 2 && !rc; i++) {
+    if (i >= 2 && bench_timer_start(t)) rc = -1;
+    if (!rc) {
+      if (op == OP_UPDATE) rc = hq_qtensor_update(qt, ctx, x);
+      else if (op == OP_UPDATE_AMAX) rc = hq_qtensor_update_ex(qt, ctx, x, args);
+      else rc = hq_quantizer_amax(q, ctx, x, amax);
+    }
+    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(t)) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)iters, sizeof *v, cmp_double);
     *ms = v[iters / 2];
-    *bytes_out = (double)(hq_qtensor_bytes(qt, HQ_ROWWISE) + hq_qtensor_bytes(qt, HQ_COLWISE));
   }
   free(v);
+  return rc;
+}
+
+/* Peak bytes held beyond `base` (the input) minus the qtensor's own buffers: the workspace.
+   -1 when the allocator did not even see the qtensor's buffers (it cannot be measured). */
+static int64_t beyond(const bench_mem *mem, size_t base, double qbytes, int64_t *held) {
+  *held = (int64_t)(bench_mem_peak(mem) - base);
+  double w = (double)*held - qbytes;
+  return w >= 0 ? (int64_t)w : -1;
+}
+
+/* Time quantize of `usage` directions: hq_qtensor_update as is, then (when a direction in use
+   has a per-tensor amax) with the amax computed once beforehand and passed in. `amax` is 2
+   floats on the context's device. */
+static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_tensor *x,
+                      uint32_t usage, int iters, bench_timer *t, float *amax, meas *m) {
+  if (hq_quantizer_set_usage(q, usage)) return -1;
+  int kr = (usage & HQ_ROWWISE) && hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE;
+  int kc = (usage & HQ_COLWISE) && hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE;
+  int fused = usage != HQ_BOTH || hq_quantizer_fused(q);
+  m->calls = fused ? 1 : 2;
+  m->amax_passes = fused ? (kr || kc) : kr + kc;
+  size_t base = bench_mem_current(mem);
+  bench_mem_reset_peak(mem);
+  hq_qtensor *qt = NULL;
+  if (hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &qt)) return -1;
+  m->bytes_out = (double)(hq_qtensor_bytes(qt, HQ_ROWWISE) + hq_qtensor_bytes(qt, HQ_COLWISE));
+  int rc = median_ms(OP_UPDATE, q, qt, ctx, x, NULL, NULL, iters, t, &m->ms);
+  m->ok = !rc;
+  m->ws = beyond(mem, base, m->bytes_out, &m->held);
+  if (!rc && (kr || kc)) {
+    hq_quantize_args args = {sizeof args, 0, amax};
+    rc = median_ms(OP_AMAX, q, qt, ctx, x, NULL, amax, iters, t, &m->amax_ms);
+    bench_mem_reset_peak(mem);
+    if (!rc) rc = median_ms(OP_UPDATE_AMAX, q, qt, ctx, x, &args, NULL, iters, t, &m->given_ms);
+    m->given_ok = !rc;
+    m->given_ws = beyond(mem, base, m->bytes_out, &m->given_held);
+  }
   hq_qtensor_free(qt);
   return rc;
 }
@@ -145,15 +204,22 @@ int hq_cmd_bench(int argc, char **argv) {
   char err[256];
   bench_timer *timer = bench_timer_create(device, err, sizeof err);
   if (!timer) return cli_fail(1, CMD, "%s", err);
-  hq_ctx_desc desc = {sizeof desc, device, NULL, NULL, NULL, NULL, 1};
+  bench_mem *mem = bench_mem_create();
+  if (!mem) {
+    bench_timer_destroy(timer);
+    return cli_fail(1, CMD, "out of memory");
+  }
+  hq_ctx_desc desc = {sizeof desc, device, NULL, bench_mem_allocator(mem), NULL, NULL, 1};
   hq_ctx *ctx = NULL;
   if (hq_ctx_create(&desc, &ctx)) {
     bench_timer_destroy(timer);
+    bench_mem_destroy(mem);
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
   size_t in_bytes = (size_t)(rows * cols) * hq_dtype_size(dtype);
   hq_tensor x = hq_tensor_2d(NULL, dtype, device, rows, cols);
   void *host = malloc(in_bytes);
+  float *amax = NULL; /* 2 floats on the context's device: the caller-supplied amax */
   int status = 1;
   if (!host) {
     cli_fail(1, CMD, "out of memory for the %lldx%lld input", (long long)rows, (long long)cols);
@@ -177,6 +243,10 @@ int hq_cmd_bench(int argc, char **argv) {
   } else {
     x.data = host;
   }
+  if (hq_ctx_alloc(ctx, 2 * sizeof(float), (void **)&amax)) {
+    cli_fail(1, CMD, "%s", hq_last_error());
+    goto out;
+  }
   double copy_bw = device >= 0 ? bench_copy_bandwidth(device, (size_t)1 << 30, 20) : 0;
   json j;
   if (as_json) {
@@ -190,6 +260,7 @@ int hq_cmd_bench(int argc, char **argv) {
     json_close_arr(&j);
     json_kstr(&j, "dtype", dtype_s);
     json_kint(&j, "iters", iters);
+    json_kint(&j, "input_bytes", (int64_t)in_bytes);
     if (device >= 0) json_knum(&j, "copy_bandwidth_gbs", copy_bw * 1e-9);
     json_key(&j, "results");
     json_arr(&j);
@@ -200,14 +271,26 @@ int hq_cmd_bench(int argc, char **argv) {
       snprintf(name + strlen(name), sizeof name - strlen(name), " (sm_%d)", arch);
     printf("hq bench: %s, input %lldx%lld %s (%.1f MiB), median of %d\n", name, (long long)rows,
            (long long)cols, dtype_s, (double)in_bytes / 1048576.0, iters);
-    if (device >= 0)
+    if (device >= 0) {
       printf("device-to-device copy (1 GiB, read+write): %.0f GB/s = the 100%% mark\n",
              copy_bw * 1e-9);
-    if (device >= 0)
-      printf("%-34s %-10s %10s %10s %8s\n", "format", "dirs", "median_ms", "GB/s", "%copy");
-    else
-      printf("%-34s %-10s %10s %12s\n", "format", "dirs", "median_ms", "input_MB/s");
+      printf("(a) bytes the algorithm moves: input read `reads` times (once per plugin call, once\n"
+             "    more per per-tensor amax computed inside), every output buffer written once\n"
+             "(b) minimal bytes: input read once + outputs.  amax: own = computed inside the call,\n"
+             "    given = computed once beforehand (hq_quantizer_amax) and passed in, the trainer's\n"
+             "    one-read path.  ws: peak device memory through the context's allocator during\n"
+             "    the updates beyond the input and the quantized tensor's buffers\n");
+      printf("%-34s %-10s %-5s %9s | %8s %5s %7s %6s | %8s %7s %6s | %8s\n", "format", "dirs",
+             "amax", "median_ms", "(a) MiB", "reads", "GB/s", "%copy", "(b) MiB", "GB/s",
+             "%copy", "ws KiB");
+    } else {
+      printf("%-34s %-10s %-5s %10s %12s %8s\n", "format", "dirs", "amax", "median_ms",
+             "input_MB/s", "ws_KiB");
+    }
   }
+  /* issue 7's targets: >= 85% of copy on (a), and on (b) with a caller-supplied amax */
+  int n_a = 0, met_a = 0, n_given = 0, met_given = 0;
+  double worst_a = INFINITY, worst_given = INFINITY;
   size_t nruns = recipe ? 1 : nformats;
   for (size_t f = 0; f < nruns; f++) {
     char text[1024], label[256];
@@ -264,53 +347,165 @@ int hq_cmd_bench(int argc, char **argv) {
       hq_recipe_free(r);
       continue;
     }
-    result res = {{0}, {0}, {0}};
+    /* a hybrid: two different format instances, one plugin call per direction */
+    const char *frow = hq_quantizer_format(q, HQ_ROWWISE), *fcol = hq_quantizer_format(q, HQ_COLWISE);
+    int hybrid = !hq_quantizer_fused(q) && frow && fcol && strcmp(frow, fcol) != 0;
+    meas res[3];
+    memset(res, 0, sizeof res);
     const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
     const char *unames[3] = {"both", "rowwise", "columnwise"};
     for (int u = 0; u < 3; u++) {
-      res.ok[u] =
-          time_usage(q, ctx, &x, usages[u], iters, timer, &res.ms[u], &res.bytes_out[u]) == 0;
-      if (!res.ok[u]) {
+      int trc = time_usage(q, ctx, mem, &x, usages[u], iters, timer, amax, &res[u]);
+      if (!res[u].ok)
         fprintf(stderr, "hq bench: %s %s: %s\n", label, unames[u], hq_last_error());
-        continue;
+      else if (trc)
+        fprintf(stderr, "hq bench: %s %s with a given amax: %s\n", label, unames[u],
+                hq_last_error());
+    }
+    int all = res[0].ok && res[1].ok && res[2].ok;
+    double ratio = all ? res[0].ms / (res[1].ms + res[2].ms) : NAN;
+    int all_given = res[0].given_ok && res[1].given_ok && res[2].given_ok;
+    double ratio_given = all_given ? res[0].given_ms / (res[1].given_ms + res[2].given_ms) : NAN;
+    for (int u = 0; u < 3; u++) {
+      const meas *m = &res[u];
+      if (!m->ok) continue;
+      double in = (double)in_bytes;
+      double bytes_a = in * (m->calls + m->amax_passes) + m->bytes_out;
+      double bytes_b = in + m->bytes_out;
+      double bytes_ga = in * m->calls + m->bytes_out; /* a given amax: no amax pass */
+      double gbs_a = bytes_a / (m->ms * 1e-3) * 1e-9, gbs_b = bytes_b / (m->ms * 1e-3) * 1e-9;
+      double ggbs_a = m->given_ok ? bytes_ga / (m->given_ms * 1e-3) * 1e-9 : NAN;
+      double ggbs_b = m->given_ok ? bytes_b / (m->given_ms * 1e-3) * 1e-9 : NAN;
+#define PCT(g) (copy_bw > 0 ? 100.0 * (g) * 1e9 / copy_bw : NAN)
+      double mbs = in / (m->ms * 1e-3) * 1e-6;
+      if (device >= 0 && copy_bw > 0) {
+        n_a++, met_a += PCT(gbs_a) >= 85.0, worst_a = fmin(worst_a, PCT(gbs_a));
+        if (m->given_ok)
+          n_given++, met_given += PCT(ggbs_b) >= 85.0, worst_given = fmin(worst_given, PCT(ggbs_b));
       }
-      double gbs = ((double)in_bytes + res.bytes_out[u]) / (res.ms[u] * 1e-3) * 1e-9;
-      double mbs = (double)in_bytes / (res.ms[u] * 1e-3) * 1e-6;
+      char ws[32] = "n/a", gws[32] = "n/a"; /* KiB */
+      if (m->ws >= 0) snprintf(ws, sizeof ws, "%.1f", (double)m->ws / 1024.0);
+      if (m->given_ws >= 0) snprintf(gws, sizeof gws, "%.1f", (double)m->given_ws / 1024.0);
       if (as_json) {
         json_obj(&j);
         json_kstr(&j, "format", label);
         json_kstr(&j, "dirs", unames[u]);
-        json_knum(&j, "median_ms", res.ms[u]);
+        json_kstr(&j, "amax", m->amax_passes ? "own" : "none");
+        json_knum(&j, "median_ms", m->ms);
         json_knum(&j, "input_mb_per_s", mbs);
-        json_knum(&j, "bytes_written", res.bytes_out[u]);
+        json_knum(&j, "bytes_written", m->bytes_out);
+        json_kint(&j, "plugin_calls", m->calls);
+        json_kint(&j, "input_reads_a", m->calls + m->amax_passes);
+        json_knum(&j, "bytes_a", bytes_a);
+        json_knum(&j, "bytes_b", bytes_b);
+        if (m->ws >= 0) json_kint(&j, "workspace_bytes", m->ws);
+        else { json_key(&j, "workspace_bytes"); json_null(&j); }
+        json_kint(&j, "peak_bytes_beyond_input", m->held);
         if (device >= 0) {
-          json_knum(&j, "gb_per_s", gbs);
-          json_knum(&j, "percent_of_copy", copy_bw > 0 ? 100.0 * gbs * 1e9 / copy_bw : NAN);
+          json_knum(&j, "gb_per_s", gbs_b); /* (b), as before */
+          json_knum(&j, "percent_of_copy", PCT(gbs_b));
+          json_knum(&j, "gb_per_s_a", gbs_a);
+          json_knum(&j, "percent_of_copy_a", PCT(gbs_a));
+          json_knum(&j, "gb_per_s_b", gbs_b);
+          json_knum(&j, "percent_of_copy_b", PCT(gbs_b));
+        }
+        if (u == 0 && all) {
+          json_knum(&j, "both_over_parts", ratio);
+          json_kbool(&j, "hybrid", hybrid);
+          if (hybrid) {
+            json_knum(&j, "hybrid_target_max", 1.1);
+            json_kbool(&j, "hybrid_target_met", ratio <= 1.1);
+          }
+        }
+        if (m->given_ok) {
+          json_key(&j, "caller_amax");
+          json_obj(&j);
+          json_knum(&j, "median_ms", m->given_ms);
+          json_knum(&j, "amax_pass_ms", m->amax_ms);
+          json_knum(&j, "input_mb_per_s", in / (m->given_ms * 1e-3) * 1e-6);
+          json_kint(&j, "input_reads_a", m->calls);
+          json_knum(&j, "bytes_a", bytes_ga);
+          json_knum(&j, "bytes_b", bytes_b);
+          if (m->given_ws >= 0) json_kint(&j, "workspace_bytes", m->given_ws);
+          else { json_key(&j, "workspace_bytes"); json_null(&j); }
+          json_kint(&j, "peak_bytes_beyond_input", m->given_held);
+          if (device >= 0) {
+            json_knum(&j, "gb_per_s_a", ggbs_a);
+            json_knum(&j, "percent_of_copy_a", PCT(ggbs_a));
+            json_knum(&j, "gb_per_s_b", ggbs_b);
+            json_knum(&j, "percent_of_copy_b", PCT(ggbs_b));
+          }
+          if (u == 0 && all_given) json_knum(&j, "both_over_parts", ratio_given);
+          json_close_obj(&j);
         }
         json_close_obj(&j);
       } else if (device >= 0) {
-        printf("%-34s %-10s %10.4f %10.1f %7.1f%%\n", u ? "" : label, unames[u], res.ms[u], gbs,
-               copy_bw > 0 ? 100.0 * gbs * 1e9 / copy_bw : NAN);
+        printf("%-34s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s\n",
+               u ? "" : label, unames[u], m->amax_passes ? "own" : "-", m->ms,
+               bytes_a / 1048576.0, m->calls + m->amax_passes, gbs_a, PCT(gbs_a),
+               bytes_b / 1048576.0, gbs_b, PCT(gbs_b), ws);
+        if (m->given_ok)
+          printf("%-34s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s"
+                 "  (amax pass alone %.4f ms)\n",
+                 "", unames[u], "given", m->given_ms, bytes_ga / 1048576.0, m->calls, ggbs_a,
+                 PCT(ggbs_a), bytes_b / 1048576.0, ggbs_b, PCT(ggbs_b), gws, m->amax_ms);
       } else {
-        printf("%-34s %-10s %10.2f %12.1f\n", u ? "" : label, unames[u], res.ms[u], mbs);
+        printf("%-34s %-10s %-5s %10.2f %12.1f %8s\n", u ? "" : label, unames[u],
+               m->amax_passes ? "own" : "-", m->ms, mbs, ws);
+        if (m->given_ok)
+          printf("%-34s %-10s %-5s %10.2f %12.1f %8s\n", "", unames[u], "given", m->given_ms,
+                 in / (m->given_ms * 1e-3) * 1e-6, gws);
       }
+#undef PCT
     }
-    if (res.ok[0] && res.ok[1] && res.ok[2] && !as_json)
-      printf("%-34s %-10s %10.3f x (rowwise + columnwise alone)\n", "", "ratio",
-             res.ms[0] / (res.ms[1] + res.ms[2]));
+    if (all && !as_json) {
+      printf("%-34s %-10s %10.3f x (rowwise + columnwise alone)", "", "ratio", ratio);
+      if (all_given) printf("; given amax %.3f x", ratio_given);
+      if (hybrid)
+        printf("; hybrid of %s + %s, target <= 1.1 x: %s", hq_quantizer_plugin(q, HQ_ROWWISE),
+               hq_quantizer_plugin(q, HQ_COLWISE),
+               ratio <= 1.1 ? "met" : "MISSED");
+      else if (hq_quantizer_fused(q))
+        printf("; one fused call");
+      printf("\n");
+    }
     hq_quantizer_free(q);
     hq_recipe_free(r);
   }
   if (as_json) {
     json_close_arr(&j);
+    if (device >= 0 && n_a) {
+      json_key(&j, "targets");
+      json_obj(&j);
+      json_knum(&j, "percent_of_copy_min", 85.0);
+      json_kint(&j, "rows_a", n_a);
+      json_kint(&j, "rows_a_met", met_a);
+      json_knum(&j, "worst_percent_of_copy_a", worst_a);
+      json_kint(&j, "rows_caller_amax_b", n_given);
+      json_kint(&j, "rows_caller_amax_b_met", met_given);
+      json_knum(&j, "worst_percent_of_copy_caller_amax_b", n_given ? worst_given : NAN);
+      json_close_obj(&j);
+    }
+    if (bench_mem_failed(mem)) json_kbool(&j, "allocator_accounting_failed", 1);
     json_close_obj(&j);
     json_end(&j);
+  } else {
+    if (device >= 0 && n_a)
+      printf("targets (>= 85%% of copy): (a) met by %d of %d rows (worst %.1f%%); (b) with a "
+             "given amax met by %d of %d rows (worst %.1f%%)\n",
+             met_a, n_a, worst_a, met_given, n_given, n_given ? worst_given : NAN);
+  }
+  if (!as_json && bench_mem_failed(mem)) {
+    printf("note: the counting allocator saw a failed allocation or an unknown free: ws figures "
+           "may be off\n");
   }
   status = 0;
 out:
-  if (device >= 0) hq_ctx_free(ctx, x.data);
+  if (amax) hq_ctx_free(ctx, amax);
+  if (device >= 0 && x.data) hq_ctx_free(ctx, x.data);
   free(host);
   hq_ctx_destroy(ctx);
+  bench_mem_destroy(mem);
   bench_timer_destroy(timer);
   return status;
 }
