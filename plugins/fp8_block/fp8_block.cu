@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "fp8_cvt_cuda.h"
+#include "cuda_check.h"
 #include "hq/numerics.h"
 #include "fp8_block_rules.h"
 
@@ -39,14 +40,6 @@ int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int 
 int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d, const uint8_t *q,
                          const float *scale_inv, hq_tensor *dst);
 }
-
-#define CHECK_LAUNCH(call, what)                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = cudaGetLastError();                                                      \
-    if (e_ != cudaSuccess)                                                                    \
-      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, what,       \
-                                 cudaGetErrorString(e_));                                     \
-  } while (0)
 
 namespace {
 

@@ -35,25 +35,10 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "cuda_check.h"
 #include "hq/numerics.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
-
-#define CHECK_LAUNCH(call, what)                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = cudaGetLastError();                                                           \
-    if (e_ != cudaSuccess)                                                                         \
-      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, what,            \
-                                 cudaGetErrorString(e_));                                          \
-  } while (0)
-
-#define CHECK_CUDA(call, expr)                                                                     \
-  do {                                                                                             \
-    cudaError_t e_ = (expr);                                                                       \
-    if (e_ != cudaSuccess)                                                                         \
-      return (call)->host->error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #expr,           \
-                                 cudaGetErrorString(e_));                                          \
-  } while (0)
 
 namespace {
 
