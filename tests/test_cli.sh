@@ -137,4 +137,6 @@ fi
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
 grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
 $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
+# every command takes --plugin-dir (bench too)
+$hq bench --plugin-dir "$tmp" --shape 32x32 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench --plugin-dir"; ok
 echo "PASS: $n checks"

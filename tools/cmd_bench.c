@@ -20,7 +20,7 @@
 static const char usage[] =
     "usage: hq bench [--device cpu|cuda[:N]] [--shape RxC] [--dtype bf16|f16|f32]\n"
     "                [--iters N] [--format 'PLUGIN[ key=value...]']...\n"
-    "                [--recipe FILE --role M:T:N] [--json]\n"
+    "                [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "Time quantize (both directions in one call, rowwise alone, columnwise alone) for each\n"
     "format configuration: by default every stock configuration whose plugin is installed\n"
@@ -156,6 +156,7 @@ int hq_cmd_bench(int argc, char **argv) {
   size_t nformats = 0;
   uint64_t iters_u = 0;
   int as_json = 0;
+  cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     int r = 0;
@@ -165,6 +166,10 @@ int hq_cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(argv[i], "--json")) {
       as_json = 1;
+      continue;
+    }
+    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
+      if (r < 0) return 2;
       continue;
     }
     const char *names[] = {"--device", "--shape", "--dtype", "--iters", "--format", "--recipe",
@@ -292,6 +297,7 @@ int hq_cmd_bench(int argc, char **argv) {
   int n_a = 0, met_a = 0, n_given = 0, met_given = 0;
   double worst_a = INFINITY, worst_given = INFINITY;
   size_t nruns = recipe ? 1 : nformats;
+  hq_recipe_opts ropts = {sizeof ropts, 0, dirs.v, dirs.n};
   for (size_t f = 0; f < nruns; f++) {
     char text[1024], label[256];
     hq_recipe *r = NULL;
@@ -301,13 +307,13 @@ int hq_cmd_bench(int argc, char **argv) {
     if (recipe) {
       snprintf(label, sizeof label, "%s %s", recipe, role_s);
       rc = hq_role_parse(role_s, rbuf, sizeof rbuf, &role);
-      if (!rc) rc = hq_recipe_load(recipe, NULL, &r);
+      if (!rc) rc = hq_recipe_load(recipe, &ropts, &r);
     } else {
       if (recipe_for(formats[f], text, sizeof text, label, sizeof label)) {
         cli_fail(2, CMD, "--format '%s' is not 'PLUGIN[ key=value...]'", formats[f]);
         goto out;
       }
-      rc = hq_recipe_parse_string(text, "bench", NULL, &r);
+      rc = hq_recipe_parse_string(text, "bench", &ropts, &r);
       if (!rc && hq_recipe_error_count(r)) {
         const char *e = hq_recipe_error(r, 0);
         if (strstr(e, "was not found") && f < nformats && nformats ==
