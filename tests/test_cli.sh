@@ -137,6 +137,12 @@ fi
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
 grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
 $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
+# quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise
+# buffer is the rowwise one (per-tensor FP8's shared scale)
+$hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 --json > "$tmp/q.json" || fail "quantize --json"
+grep -q '"buffers":\[{"name":"data","dtype":"e4m3","shape":\[64,32\],"bytes":2048,"shared_with_rowwise":false}' "$tmp/q.json" || { cat "$tmp/q.json"; fail "quantize --json rowwise buffers"; }; ok
+grep -q '{"name":"columnwise_data","dtype":"e4m3","shape":\[32,64\],"bytes":2048,"shared_with_rowwise":false},{"name":"scale_inv","dtype":"f32","shape":\[1\],"bytes":4,"shared_with_rowwise":true}' "$tmp/q.json" || fail "quantize --json shared buffer"; ok
+$hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 | grep -q 'scale_inv .*(the rowwise buffer)' || fail "quantize text buffers"; ok
 # every command takes --plugin-dir (bench too)
 $hq bench --plugin-dir "$tmp" --shape 32x32 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench --plugin-dir"; ok
 echo "PASS: $n checks"

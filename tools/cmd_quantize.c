@@ -167,6 +167,15 @@ typedef struct stats {
   int64_t nonfinite;
 } stats;
 
+/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
+static int shared_buffer(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
+  const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);
+  if (dir != HQ_COLWISE || !row || !(b->flags & HQ_BUF_SHARED)) return 0;
+  for (uint32_t i = 0; i < row->nbuf; i++)
+    if (hq_storage_cbuf(row, i)->ptr == b->ptr) return 1;
+  return 0;
+}
+
 static stats compare(const hq_tensor *x, const float *d) {
   double sx = 0, se = 0, mx = 0;
   int64_t bad = 0;
@@ -346,6 +355,25 @@ int hq_cmd_quantize(int argc, char **argv) {
       json_knum(&j, "max_abs_error", s.max_abs);
       json_knum(&j, "sqnr_db", s.sqnr_db);
       json_kint(&j, "nonfinite", s.nonfinite);
+      /* the storage's buffers as a checkpoint would name them; a columnwise buffer that IS the
+         rowwise one (made by the same call) says so and counts once, in the rowwise bytes */
+      const hq_storage *st = hq_qtensor_storage(qt, dir);
+      json_key(&j, "buffers");
+      json_arr(&j);
+      for (uint32_t i = 0; st && i < st->nbuf; i++) {
+        const hq_buffer *b = hq_storage_cbuf(st, i);
+        json_obj(&j);
+        json_kstr(&j, "name", b->name);
+        json_kstr(&j, "dtype", hq_dtype_name(b->dtype));
+        json_key(&j, "shape");
+        json_arr(&j);
+        for (int k = 0; k < b->ndim; k++) json_int(&j, b->shape[k]);
+        json_close_arr(&j);
+        json_kint(&j, "bytes", (int64_t)b->bytes);
+        json_kbool(&j, "shared_with_rowwise", shared_buffer(qt, dir, b));
+        json_close_obj(&j);
+      }
+      json_close_arr(&j);
       json_close_obj(&j);
     } else {
       printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
@@ -353,6 +381,16 @@ int hq_cmd_quantize(int argc, char **argv) {
              s.max_abs, s.sqnr_db);
       if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
                               (long long)s.nonfinite);
+      const hq_storage *st = hq_qtensor_storage(qt, dir);
+      for (uint32_t i = 0; st && i < st->nbuf; i++) {
+        const hq_buffer *b = hq_storage_cbuf(st, i);
+        char shape[96] = "";
+        for (int k = 0; k < b->ndim; k++)
+          snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", k ? "x" : "",
+                   (long long)b->shape[k]);
+        printf("%-10s   %-24s %-7s %-16s %10zu%s\n", "", b->name, hq_dtype_name(b->dtype), shape,
+               b->bytes, shared_buffer(qt, dir, b) ? "  (the rowwise buffer)" : "");
+      }
     }
   }
   if (as_json) {
