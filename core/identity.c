@@ -4,7 +4,7 @@
 **
 ** Stores the tensor as it is (or cast to `dtype`). One buffer serves both directions: when both
 ** are made together the columnwise storage shares the rowwise buffer; a GEMM reads it transposed
-** through its layout flags. No scale, no amax, no padding (FORMATS.md 5).
+** through its layout flags. No scale, no amax, no padding (docs/formats.md).
 **
 ** Buffers (save order): rowwise "data" [rows, cols] of the storage dtype (FSDP: gathered by
 ** rows); columnwise the same buffer shared (name "data") or, made alone, its own

@@ -8,7 +8,7 @@
 #include "hq/numerics.h"
 
 /* --------------------------------------------------------------------------------------------
-** Per-tensor / per-block FP32 scale from an amax (TE compute_scale_from_amax, FORMATS.md 1.4):
+** Per-tensor / per-block FP32 scale from an amax (TE compute_scale_from_amax, docs/formats.md):
 **   amax < eps -> eps; amax Inf/NaN/0 -> 1; scale = RN(max_fp8 / amax); Inf -> value_for_inf;
 **   pow2: clear the mantissa (rounds the scale down to a power of two).
 */

@@ -1,6 +1,6 @@
 /*
 ** fp8_block.c -- FP8 block scaling, DeepSeek-V3 style (TE Float8BlockwiseQTensor): the plugin
-** (ABI 2.0), the CPU reference (FORMATS.md section 4), and the dispatch to the CUDA path
+** (ABI 2.0), the CPU reference (docs/formats.md), and the dispatch to the CUDA path
 ** (fp8_block.cu, built when CUDA is configured: HQ_CAP_CUDA, every option) on
 ** call->device != HQ_DEVICE_HOST. The CUDA path computes every bit with the same functions
 ** (fp8_block_rules.h, fp8_scale.h, hq/numerics.h), so its bytes and scales equal this

@@ -10,7 +10,7 @@
 #include "fp8_scale.h"
 
 /* --------------------------------------------------------------------------------------------
-** FP8 block scaling (FORMATS.md 4)                        [filled by the fp8_block plugin work]
+** FP8 block scaling (docs/formats.md)
 **
 ** Blocks are 1x128 / 128x1 (1-D) or 128x128 (2-D) over the logical [M, K]; partial blocks at the
 ** bottom/right edges cover only their in-bounds elements. Per block:
@@ -23,7 +23,7 @@
 **           FP32 operands rounds innocuously to FP32);
 **   q = RNE_satfinite(RN(x * scale)), x ~ q * scale_inv.
 **
-** GEMM-ready FP32 scale_inv layouts (FORMATS.md 4.3). Each function maps a logical element
+** GEMM-ready FP32 scale_inv layouts (docs/formats.md). Each function maps a logical element
 ** (m, k) of [M, K] to the index of its block's scale_inv in that buffer; padding is only ever in
 ** dim 1, up to a multiple of 4 floats (16 bytes), and holds zeros in hq's buffers.
 **   rowwise    1-D  [ceil(K/128), r4(M)]           entry [k/128][m]    (M contiguous)
@@ -42,7 +42,7 @@ HQ_HD int64_t hq_fp8b_nblocks(int64_t n) { return (n + HQ_FP8B_BLOCK - 1) / HQ_F
    unpadded extent n1 <= d1 of dim 1 (entries [.][n1, d1) are padding). */
 HQ_HD void hq_fp8b_scale_shape(int64_t M, int64_t K, int colwise, int two_d, int64_t *d0,
                                int64_t *d1, int64_t *n1) {
-  /* FORMATS.md 4.3's uniform rule on the copy as the GEMM reads it, [outer, inner]: 1-D is
+  /* docs/formats.md's uniform rule on the copy as the GEMM reads it, [outer, inner]: 1-D is
      [inner blocks, r4(outer)], 2-D is [outer blocks, r4(inner blocks)]. */
   int64_t outer = colwise ? K : M, inner = colwise ? M : K;
   *d0 = two_d ? hq_fp8b_nblocks(outer) : hq_fp8b_nblocks(inner);
@@ -73,7 +73,7 @@ HQ_HD int64_t hq_fp8b_scale_index(int64_t m, int64_t k, int64_t M, int64_t K, in
   return colwise ? hq_fp8b_col1d_index(m, k, K) : hq_fp8b_row1d_index(m, k, M);
 }
 
-/* The block scale of FORMATS.md 4.2: value_for_inf is the max of the input dtype `src_dtype`
+/* The block scale of docs/formats.md: value_for_inf is the max of the input dtype `src_dtype`
    (HQ_F32 / HQ_F16 / HQ_BF16), max_fp8 that of the element dtype `elem` (HQ_E4M3 / HQ_E5M2). */
 HQ_HD float hq_fp8b_scale(float amax, int elem, int pow2, float epsilon, int src_dtype) {
   return hq_scale_from_amax(amax, hq_fp8_max(elem), pow2, epsilon, hq_hp_max(src_dtype));

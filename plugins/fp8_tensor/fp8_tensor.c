@@ -1,6 +1,6 @@
 /*
 ** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI (2.0) and
-** the CPU reference (FORMATS.md section 1).
+** the CPU reference (docs/formats.md).
 **
 ** Quantize: amax = max|x| (NaN ignored, Inf counts); scale = RN(max_fp8 / amax) with TE's edge
 ** cases (hq_scale_from_amax, plugins/common/fp8_scale.h); scale_inv = RN(1/scale);

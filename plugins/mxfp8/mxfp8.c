@@ -1,6 +1,6 @@
 /*
 ** mxfp8.c -- MXFP8 (E4M3 / E5M2 elements, one E8M0 scale per 32 elements): the plugin ABI 2.0
-** entry and the CPU reference (FORMATS.md section 2, TE's numerics bit for bit).
+** entry and the CPU reference (docs/formats.md, TE's numerics bit for bit).
 **
 ** Quantize, per block of 32 elements (1x32 along K rowwise, 32x1 down a column columnwise, or one
 ** 32x32 tile shared by both directions with block_2d):
@@ -36,8 +36,8 @@
 ** Element (i, j) of data is scaled by rowwise scale (i, j/32), at byte
 ** hq_mxfp8_row_scale_idx(i, j/32, K, swizzled); element (i, j) of columnwise_data by columnwise
 ** scale (i/32, j), at byte hq_mxfp8_col_scale_idx(i/32, j, M, K, swizzled) (mxfp8_rules.h).
-** Compact scale buffers are row-major as their shapes say (FORMATS.md 2.3); swizzled ones hold
-** the cuBLAS VEC32_UE8M0 layout (FORMATS.md 2.4; columnwise: the [M/32][K] scale matrix used as
+** Compact scale buffers are row-major as their shapes say (docs/formats.md); swizzled ones hold
+** the cuBLAS VEC32_UE8M0 layout (docs/formats.md; columnwise: the [M/32][K] scale matrix used as
 ** its transpose). Every padded scale byte is written as zero, in both layouts, so the bytes of a
 ** quantized storage are fully deterministic (and an FSDP gather equals a full quantize).
 **

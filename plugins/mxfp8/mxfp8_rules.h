@@ -9,7 +9,7 @@
 #include "hq/numerics.h"
 
 /* --------------------------------------------------------------------------------------------
-** MXFP8: E8M0 scales (FORMATS.md 2.2)
+** MXFP8: E8M0 scales (docs/formats.md)
 **
 ** One E8M0 scale per 32 elements (1x32 rowwise, 32x1 columnwise, or 32x32 in 2-D mode). A code
 ** e (0..254) stands for scale_inv = 2^(e-127); 0xFF is NaN; there is no zero. TE's rule, not
@@ -23,7 +23,7 @@
 #define HQ_MXFP8_BLOCK 32
 
 /* The E8M0 scale code of a block from its amax (max |x| with NaN ignored, Inf included):
-   steps 2 and 3 of FORMATS.md 2.2. kind is the element hq_dtype, HQ_E4M3 or HQ_E5M2. */
+   steps 2 and 3 of docs/formats.md. kind is the element hq_dtype, HQ_E4M3 or HQ_E5M2. */
 HQ_HD uint8_t hq_mxfp8_scale_code(float amax, int kind) {
   float t = hq_mul_rn(amax, hq_rcp_rn(hq_fp8_max(kind)));
   return hq_e8m0_from_f32_rp(t);

@@ -1,6 +1,6 @@
 /*
 ** nvfp4.c -- NVFP4 (FP4 E2M1 elements in 16-element blocks, an E4M3 scale per block and an FP32
-** global amax per direction): the plugin (ABI 2.0) and its CPU reference (FORMATS.md section 3).
+** global amax per direction): the plugin (ABI 2.0) and its CPU reference (docs/formats.md).
 ** CUDA path (nvfp4.cu, built when HQ_HAVE_CUDA; every option, sm_90 and sm_100): the same
 ** rules functions, bit-identical to this reference. amax: one pass over the input (a flat
 ** vectorized pass; with rht 64x128 tiles in shared memory, the columnwise amax over
@@ -13,11 +13,11 @@
 ** tile). make_empty zeroes with cudaMemsetAsync. Everything on call->stream, no scratch (0 on a
 ** device), no allocation, no synchronization.
 **
-** Quantize, per direction, with TE's operation order (FORMATS.md 3.3; every rule is a function of
+** Quantize, per direction, with TE's operation order (docs/formats.md; every rule is a function of
 ** nvfp4_rules.h, which the CUDA kernels share):
 **   A     = the direction's global amax: max |x| over the whole input, NaN ignored, Inf counted.
 **           Without RHT both directions use amax(x); with RHT the columnwise A is the amax of the
-**           BF16-rounded transformed values (FORMATS.md 3.3 "Global amax per direction").
+**           BF16-rounded transformed values (docs/formats.md "Global amax per direction").
 **           amax_kind(): rowwise HQ_AMAX_INPUT; columnwise HQ_AMAX_INPUT, or HQ_AMAX_OWN with
 **           rht. The amax() op computes them; quantize/update compute them too, unless the call
 **           brings them (hq_call.amax[0] rowwise, [1] columnwise): then those values are used as
@@ -41,7 +41,7 @@
 ** the instance's options: a storage made by a differently configured nvfp4 instance dequantizes
 ** the same.
 **
-** Buffers of each storage, in save order (FORMATS.md 3.7; index functions in nvfp4_rules.h):
+** Buffers of each storage, in save order (docs/formats.md; index functions in nvfp4_rules.h):
 **      name                  dtype  shape                             role   FSDP gather
 **   rowwise storage
 **   0  data                  e2m1x2 [M, K/2]                          DATA   ROWS, m_div 1
@@ -56,7 +56,7 @@
 **   Element (i, k): rowwise byte hq_nvfp4_row_data_index(i, k, K), low nibble when k is even;
 **   columnwise byte hq_nvfp4_col_data_index(i, k, M), low nibble when i is even. Its scale:
 **   hq_nvfp4_row_scale_index(i, k, K, swizzle) / hq_nvfp4_col_scale_index(i, k, M, swizzle):
-**   compact row-major [r][k/16] or, with swizzle, the cuBLAS 128x4-tile layout of FORMATS.md
+**   compact row-major [r][k/16] or, with swizzle, the cuBLAS 128x4-tile layout of docs/formats.md
 **   2.4 for both copies ("row" scaling, the columnwise data being transposed). Every padded
 **   scale entry is written as zero, so the bytes of a quantized tensor are deterministic.
 ** The operand descriptor (hq_storage.desc) of each storage:
@@ -369,7 +369,7 @@ static float amax16(const float *v, int64_t n) {
   return hq_nvfp4_amax(mx, 16);
 }
 
-/* amax of the whole input (FORMATS.md 0.4); half-precision inputs go through the strip buffer. */
+/* amax of the whole input (docs/formats.md); half-precision inputs go through the strip buffer. */
 static float input_amax(const hq_tensor *src, float *S, int64_t ld) {
   float m = 0.0f;
   if (src->dtype == HQ_F32) return amax16(src->data, src->rows * src->cols);

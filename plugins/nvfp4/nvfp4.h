@@ -23,7 +23,7 @@ typedef struct nvfp4_cfg {
   int sr;                  /* stochastic rounding, both directions */
   uint64_t seed;           /* 0: the context's seed (hq_call.seed) */
   int block_2d;            /* 16x16 tiles, one scale per tile */
-  int swizzle;             /* scales in the cuBLAS swizzled layout (FORMATS.md 2.4) */
+  int swizzle;             /* scales in the cuBLAS swizzled layout (docs/formats.md) */
 } nvfp4_cfg;
 
 /* Buffer indices, both storages (save order): data, scale_inv, amax. hq_storage.meta is not

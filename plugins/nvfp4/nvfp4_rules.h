@@ -9,13 +9,13 @@
 #include "hq/numerics.h"
 
 /* --------------------------------------------------------------------------------------------
-** NVFP4: E4M3 block scales, global scale, RHT, stochastic rounding (FORMATS.md 3); the E2M1
+** NVFP4: E4M3 block scales, global scale, RHT, stochastic rounding (docs/formats.md); the E2M1
 ** element codecs (hq_e2m1_to_f32, hq_f32_to_e2m1, hq_f32_to_e2m1_sr) are generic and stay in
 ** hq/numerics.h.
 */
 
 /*
-** The rules, in TE's operation order (FORMATS.md 3.3 and 9.3). A is the direction's global amax
+** The rules, in TE's operation order (docs/formats.md and 9.3). A is the direction's global amax
 ** (max |x| with NaN ignored; with RHT the columnwise A is taken over the BF16-rounded transformed
 ** values), a_b a 16-element block's amax, x an element:
 **   S_enc = min(RN(2688 / A), FLT_MAX); 1 if A == 0 or S_enc == 0   global_encode_scale
@@ -81,7 +81,7 @@ HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
   return hq_mul_rn(hq_e2m1_to_f32(code), decode_mult);
 }
 
-/* max |v_i| over n values, NaN ignored, +-Inf counted (FORMATS.md 0.4): a max over the FP32 bit
+/* max |v_i| over n values, NaN ignored, +-Inf counted (docs/formats.md): a max over the FP32 bit
    patterns of |v_i| (as signed integers: they are below 2^31), which order like the values;
    NaN patterns count as 0. */
 HQ_HD float hq_nvfp4_amax(const float *v, int64_t n) {
@@ -103,7 +103,7 @@ HQ_HD float hq_nvfp4_bf16_round(float x) {
 
 /* The 16-point random Hadamard transform of one group g (16 values along M, i.e. 16 consecutive
    rows of one column of x), y = g * diag(s) * H16 / 4 with H16[r][c] = (-1)^popcount(r & c) and
-   s_i = -1 where bit i of sign_mask is set (FORMATS.md 3.5). hq's fixed FP32 evaluation order,
+   s_i = -1 where bit i of sign_mask is set (docs/formats.md). hq's fixed FP32 evaluation order,
    which every CPU and GPU implementation follows (TE's tensor-core accumulation order is
    unspecified, so TE's bits are not reproducible here):
      0. v_i = RN_bf16(g_i)            (BF16 inputs are unchanged; f32/f16 are rounded to BF16)
@@ -227,7 +227,7 @@ HQ_HD uint32_t hq_nvfp4_sr_byte(const uint32_t bits[4], int e) {
   return (bits[e >> 2] >> (8 * (e & 3))) & 0xffu;
 }
 
-/* Layouts (FORMATS.md 3.2, 3.7, 2.4). Element (i, k) of the logical [M, K] tensor:
+/* Layouts (docs/formats.md). Element (i, k) of the logical [M, K] tensor:
    - rowwise data [M, K/2]: byte i*(K/2) + k/2, low nibble when k is even;
    - columnwise data [K, M/2] (transposed): byte k*(M/2) + i/2, low nibble when i is even;
    - rowwise scale_inv [roundup(M,128), roundup(K/16,4)]: entry S[i][k/16];

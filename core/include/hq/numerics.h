@@ -105,7 +105,7 @@ HQ_HD uint32_t hq_sel(uint32_t c, uint32_t a, uint32_t b) {
 }
 
 /* |x| as FP32 bits, NaN counted as 0. For non-NaN magnitudes the bit order is the numeric order,
-   so the integer max of these over a set is the bits of its NaN-ignoring amax (FORMATS.md 0.4;
+   so the integer max of these over a set is the bits of its NaN-ignoring amax (docs/formats.md;
    the hq_fmax_nan_ignoring chain started at 0), Inf included: the branch-free block amax. */
 HQ_HD uint32_t hq_abs_bits_nonan(float x) {
   uint32_t a = hq_f32_bits(x) & 0x7fffffffu;
@@ -269,7 +269,7 @@ HQ_HD float hq_hp_max(int dtype) {
 
 /* --------------------------------------------------------------------------------------------
 ** The cuBLAS "swizzled" block-scale layout (VEC32_UE8M0 for MXFP8, VEC16_UE4M3 for NVFP4;
-** FORMATS.md 2.4). S[r][c] is a logical scale matrix: r runs along the GEMM operand's
+** docs/formats.md). S[r][c] is a logical scale matrix: r runs along the GEMM operand's
 ** non-contracted dimension, c over the contracted dimension's blocks; `cols` is its column count
 ** (rounded up to a multiple of 4 here). It is padded to [roundup(rows, 128), roundup(cols, 4)] and
 ** cut into 128x4 tiles of 512 bytes stored in row-major tile order; inside a tile the 128 rows of
@@ -346,7 +346,7 @@ HQ_HD uint32_t hq_f32_to_e2m1(float x) {
 }
 
 /* FP32 -> E2M1 code with stochastic rounding, from 8 random bits r8 (bits 7..0). This is the
-   rule of TE's software fallback (FORMATS.md 3.6), hq's definition on every device:
+   rule of TE's software fallback (docs/formats.md), hq's definition on every device:
      u = r8 / 256; a = |x|; step(v) = 0.5 if v < 2, 1 if v < 4, else 2;
      t = RN(a + u * step(a)); q = min(floor(t / step(t)) * step(t), 6), with the sign bit of x;
      NaN -> +6 (0x7); |x| >= 6 and Inf -> +-6.
