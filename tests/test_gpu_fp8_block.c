@@ -14,7 +14,7 @@
 */
 #include <math.h>
 
-#include "hq_test.h"
+#include "hq_gpu_test.h"
 
 static hq_ctx *cpu, *gpu;
 
@@ -37,6 +37,11 @@ static int teardown(void **state) {
   return 0;
 }
 
+static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
+                          const char *what) {
+  hq_gpu_compare_usage(gpu, h, g, usage, what);
+}
+
 /* A device copy of a host tensor; `shift` elements into its allocation (a misaligned pointer
    when shift is odd). *base is what to free. */
 static hq_tensor to_gpu(const hq_tensor *h, int shift, void **base) {
@@ -50,34 +55,7 @@ static hq_tensor to_gpu(const hq_tensor *h, int shift, void **base) {
   return g;
 }
 
-/* Every buffer of `dir` on the device equals the host reference's, byte for byte. */
-static void compare(const hq_qtensor *h, const hq_qtensor *g, uint32_t dir, const char *what) {
-  const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
-  assert_non_null(sh);
-  assert_non_null(sg);
-  assert_int_equal(sh->nbuf, sg->nbuf);
-  for (uint32_t i = 0; i < sh->nbuf; i++) {
-    const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
-    size_t n = bh->bytes;
-    assert_int_equal(bg->bytes, n);
-    uint8_t *tmp = malloc(n ? n : 1);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, bg->ptr, 0, n));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    if (memcmp(tmp, bh->ptr, n) != 0) {
-      size_t k = 0;
-      while (((uint8_t *)bh->ptr)[k] == tmp[k]) k++;
-      fail_msg("%s: dir %u buffer '%s' differs at byte %zu of %zu: cpu %02x gpu %02x", what, dir,
-               bh->name, k, n, ((uint8_t *)bh->ptr)[k], tmp[k]);
-    }
-    free(tmp);
-  }
-}
 
-static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
-                          const char *what) {
-  if (usage & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
-  if (usage & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
-}
 
 /* Special values written over a random tensor: the first 128x128 tile (or what exists of it)
    all zero; NaN, +-Inf, subnormals of the input dtype, values at the FP8 and the input dtype's

@@ -17,7 +17,7 @@
 */
 #include <math.h>
 
-#include "hq_test.h"
+#include "hq_gpu_test.h"
 
 static hq_ctx *cpu, *gpu;
 
@@ -42,6 +42,13 @@ static int teardown(void **state) {
   return 0;
 }
 
+static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
+                          const char *what) {
+  hq_gpu_compare_usage(gpu, h, g, usage, what);
+}
+static float *amax_to_gpu(const float a[2]) { return hq_gpu_amax_to_dev(gpu, a); }
+static void amax_to_host(const float *dev, float out[2]) { hq_gpu_amax_to_host(gpu, dev, out); }
+
 /* Both contexts at RNG offset 11 (the next operation on each draws the same stream). */
 static void same_rng(void) {
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(cpu, 11));
@@ -58,47 +65,8 @@ static hq_tensor to_gpu(const hq_tensor *h) {
   return g;
 }
 
-/* Every buffer of `dir` on the device equals the host reference's, byte for byte. */
-static void compare(const hq_qtensor *h, const hq_qtensor *g, uint32_t dir, const char *what) {
-  const hq_storage *sh = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
-  assert_non_null(sh);
-  assert_non_null(sg);
-  assert_int_equal(sh->nbuf, sg->nbuf);
-  for (uint32_t i = 0; i < sh->nbuf; i++) {
-    const hq_buffer *bh = hq_storage_cbuf(sh, i), *bg = hq_storage_cbuf(sg, i);
-    size_t n = bh->bytes;
-    assert_int_equal(bg->bytes, n);
-    if (!n) continue;
-    uint8_t *tmp = malloc(n);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, tmp, HQ_DEVICE_HOST, bg->ptr, 0, n));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    if (memcmp(tmp, bh->ptr, n) != 0) {
-      size_t k = 0;
-      while (((uint8_t *)bh->ptr)[k] == tmp[k]) k++;
-      fail_msg("%s: dir %u buffer '%s' differs at byte %zu of %zu: cpu %02x gpu %02x", what, dir,
-               bh->name, k, n, ((uint8_t *)bh->ptr)[k], tmp[k]);
-    }
-    free(tmp);
-  }
-}
 
-static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usage,
-                          const char *what) {
-  if (usage & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
-  if (usage & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
-}
 
-/* Two floats in device memory (free with hq_ctx_free). */
-static float *amax_to_gpu(const float a[2]) {
-  void *p = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), &p));
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, p, 0, a, HQ_DEVICE_HOST, 2 * sizeof(float)));
-  return p;
-}
-static void amax_to_host(const float *dev, float out[2]) {
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, out, HQ_DEVICE_HOST, dev, 0, 2 * sizeof(float)));
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-}
 
 static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
                                const float *amax) {
