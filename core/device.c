@@ -50,11 +50,6 @@ int hqi_cuda_arch(int device) {
   return major * 10 + minor;
 }
 
-int hqi_cuda_set_device(int device) {
-  HQ_CUDA_CHECK(cudaSetDevice(device));
-  return HQ_OK;
-}
-
 /* Stream-ordered allocation (the device's default memory pool) on `stream`, with the caller's
    current device restored. */
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
@@ -104,7 +99,6 @@ int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream) {
   return HQ_OK;
 }
 
-
 int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
                     void *stream) {
   if (bytes == 0) return HQ_OK;
@@ -132,7 +126,6 @@ int hq_device_info(int device, char *name, size_t name_len, int *arch) {
   return no_cuda();
 }
 int hqi_cuda_arch(int device) { (void)device; return 0; }
-int hqi_cuda_set_device(int device) { (void)device; return no_cuda(); }
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   (void)device; (void)bytes; (void)stream;
   *out = NULL;

@@ -112,7 +112,8 @@ static int transpose(hq_ctx *ctx, void *dst, int64_t dld, const void *src, int64
   return HQ_OK;
 }
 
-static int copy2d(hq_ctx *ctx, void *dst, const void *src, size_t bytes) {
+/* A copy within the context's device (or the host). */
+static int copy_on_device(hq_ctx *ctx, void *dst, const void *src, size_t bytes) {
   return hq_ctx_memcpy(ctx, dst, ctx->device, src, ctx->device, bytes);
 }
 
@@ -168,7 +169,7 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
         rc = transpose(ctx, stage, b->shape[0], b->ptr, b->shape[1], b->shape[0], e.rows, es);
         stage += e.rows * e.row_bytes;
       }
-      memcpy((char *)out + k++ * elem_size, &e, e.struct_size);
+      hqi_elem_put(out, k++, elem_size, &e, sizeof e);
     }
   }
   if (rc) hq_fsdp_release(shard);
@@ -223,13 +224,11 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                             sb->bytes != b->bytes))
             return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the shard has no buffer '%s' "
                              "of %zu bytes to copy", full->role, b->name, b->bytes);
-          if (pass == 1) rc = copy2d(ctx, b->ptr, sb->ptr, b->bytes);
+          if (pass == 1) rc = copy_on_device(ctx, b->ptr, sb->ptr, b->bytes);
           continue;
         }
         hq_fsdp_buffer e;
-        memset(&e, 0, sizeof e);
-        memcpy(&e, (const char *)gathered + k * elem_size,
-               elem_size < sizeof e ? elem_size : sizeof e);
+        hqi_elem_get(&e, sizeof e, gathered, k, elem_size);
         const int64_t es = elem_bytes(b), rows = m_entries(b, full->rows);
         const int64_t row_bytes = b->gather == HQ_GATHER_ROWS
                                       ? (int64_t)(b->bytes / (size_t)b->shape[0])
@@ -245,7 +244,7 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                              (long long)rows, (long long)row_bytes, ctx->device);
         } else if (b->gather == HQ_GATHER_ROWS) {
           size_t used = (size_t)(rows * row_bytes);
-          rc = copy2d(ctx, b->ptr, e.ptr, used);
+          rc = copy_on_device(ctx, b->ptr, e.ptr, used);
           if (!rc) rc = hqi_ctx_memset(ctx, (char *)b->ptr + used, 0, b->bytes - used);
         } else {
           rc = hqi_ctx_memset(ctx, b->ptr, 0, b->bytes);

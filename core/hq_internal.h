@@ -37,6 +37,11 @@ void hqi_host_free(void *p);
    contributes the fields this core knows. */
 int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, size_t floor,
                   const char *what);
+/* Element i of a caller's array of versioned structs with stride elem_size: get copies at most
+   dst_size bytes into a zeroed dst (an older, smaller element leaves the newer fields zero); put
+   writes at most elem_size bytes of src. */
+void hqi_elem_get(void *dst, size_t dst_size, const void *base, size_t i, size_t elem_size);
+void hqi_elem_put(void *base, size_t i, size_t elem_size, const void *src, size_t src_size);
 /* Check a caller's hq_tensor (struct_size, dtype, shape, data) and copy it into *out. */
 int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out);
 int hqi_check_tensor(const hq_tensor *t, const char *what);
@@ -47,7 +52,6 @@ int hqi_check_tensor(const hq_tensor *t, const char *what);
 int hqi_check_shape(int64_t rows, int64_t cols, const char *what);
 
 // --- devices (device.c) --------------------------------------------------------------------
-int hqi_cuda_set_device(int device);
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
 void hqi_cuda_free(int device, void *ptr, void *stream);
 int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, size_t bytes,

@@ -909,8 +909,6 @@ size_t hq_qtensor_saved_count(const hq_qtensor *qt) {
   return n;
 }
 
-#define ELEM(base, i, size) ((const char *)(base) + (size_t)(i) * (size))
-
 int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t elem_size,
                     size_t *n) {
   if (!qt || !n || (!out && cap)) return hqi_error(HQ_EINVAL, "hq_qtensor_save: NULL argument");
@@ -941,7 +939,7 @@ int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t ele
       e.bytes = b->bytes;
       e.device = q->st.device;
       e.ptr = b->ptr;
-      memcpy((char *)out + k++ * elem_size, &e, e.struct_size);
+      hqi_elem_put(out, k++, elem_size, &e, sizeof e);
     }
   }
   for (int d = 0; d < 2; d++)
@@ -972,13 +970,11 @@ int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size
         if (!q->owned[i]) continue;
         hq_buffer *b = BUF(&q->st, i);
         hq_saved_buffer e;
-        memset(&e, 0, sizeof e);
-        memcpy(&e, ELEM(in, k, elem_size), elem_size < sizeof e ? elem_size : sizeof e);
+        hqi_elem_get(&e, sizeof e, in, k, elem_size);
         if (pass == 0) {
           for (size_t j = 0; j < k && e.ptr; j++) {
             hq_saved_buffer f;
-            memset(&f, 0, sizeof f);
-            memcpy(&f, ELEM(in, j, elem_size), elem_size < sizeof f ? elem_size : sizeof f);
+            hqi_elem_get(&f, sizeof f, in, j, elem_size);
             if (f.ptr == e.ptr)
               return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s: entries %zu and %zu hand "
                                "back the same memory", qt->role, j, k);

@@ -105,6 +105,15 @@ int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, 
   return HQ_OK;
 }
 
+void hqi_elem_get(void *dst, size_t dst_size, const void *base, size_t i, size_t elem_size) {
+  memset(dst, 0, dst_size);
+  memcpy(dst, (const char *)base + i * elem_size, elem_size < dst_size ? elem_size : dst_size);
+}
+
+void hqi_elem_put(void *base, size_t i, size_t elem_size, const void *src, size_t src_size) {
+  memcpy((char *)base + i * elem_size, src, elem_size < src_size ? elem_size : src_size);
+}
+
 int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out) {
   if (!t) return hqi_error(HQ_EINVAL, "%s: tensor is NULL", what);
   int rc = hqi_struct_in(out, sizeof *out, t, t->struct_size, HQ_TENSOR_SIZE_2_0, "hq_tensor");
@@ -127,9 +136,6 @@ int hqi_check_tensor(const hq_tensor *t, const char *what) {
   if (t->dtype != HQ_F32 && t->dtype != HQ_F16 && t->dtype != HQ_BF16)
     return hqi_error(HQ_EINVAL, "%s: dtype %s is not a high-precision type (f32, f16, bf16)",
                      what, hq_dtype_name(t->dtype));
-  if (t->rows <= 0 || t->cols <= 0)
-    return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] must be positive", what,
-                     (long long)t->rows, (long long)t->cols);
   int rc = hqi_check_shape(t->rows, t->cols, what);
   if (rc) return rc;
   if (!t->data) return hqi_error(HQ_EINVAL, "%s: data pointer is NULL", what);
