@@ -26,6 +26,7 @@
 
 #include "fp8_cvt_cuda.h"
 #include "cuda_check.h"
+#include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_scale.h"
 #include "fp8_tensor.h"
@@ -59,32 +60,13 @@ constexpr int kVTile = 64;     /* 64x64 tile, 256 threads, 8 elements per thread
 constexpr int kVThreads = 256;
 constexpr int kVStride = 72;   /* shared tile row stride in bytes (8-byte aligned rows) */
 
-/* 8 consecutive elements starting at element index i (a multiple of 8) as FP32. */
-template <int DT>
-__device__ __forceinline__ void load8(const void *__restrict__ x, int64_t i, float v[8]) {
-  if (DT == HQ_F32) {
-    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
-    float4 a = __ldg(p), b = __ldg(p + 1);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-  } else {
-    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    for (int k = 0; k < 4; k++) {
-      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
-      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
-      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
-    }
-  }
-}
-
 template <int DT>
 __global__ void amax_kernel_vec(const void *__restrict__ x, int64_t n8, float *__restrict__ amax) {
   uint32_t m = 0;
   for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n8;
        g += (int64_t)gridDim.x * blockDim.x) {
     float v[8];
-    load8<DT>(x, g * 8, v);
+    hq_cuda_load8<DT>(x, g * 8, true, v);
     for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(v[k]));
   }
   for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -166,7 +148,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
     const int64_t i = i0 + r, j = j0 + cg * 8;
     if (i < a.M && j < a.K) {
       float x[8];
-      load8<DT>(a.x, i * a.K + j, x);
+      hq_cuda_load8<DT>(a.x, i * a.K + j, true, x);
       uint64_t packed = 0;
       if (a.elem == HQ_E5M2)
         for (int k = 0; k < 8; k++)

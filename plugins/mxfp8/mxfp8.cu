@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "mxfp8.h"
 #include "mxfp8_rules.h"
@@ -48,27 +49,6 @@ struct QArgs {
   uint8_t *rd, *rs, *cd, *cs;
   int rswz, cswz, two_d;
 };
-
-/* 8 consecutive elements from element index i (a multiple of 8) as FP32 (exact). */
-template <int DT, bool VEC>
-__device__ __forceinline__ void load8(const void *__restrict__ x, int64_t i, float v[8]) {
-  if (!VEC) {
-    for (int k = 0; k < 8; k++) v[k] = hq_load_hp(x, i + k, DT);
-  } else if (DT == HQ_F32) {
-    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
-    float4 a = __ldg(p), b = __ldg(p + 1);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-  } else {
-    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    for (int k = 0; k < 4; k++) {
-      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
-      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
-      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
-    }
-  }
-}
 
 template <bool VEC>
 __device__ __forceinline__ void store8(uint8_t *p, uint64_t packed) {
@@ -142,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   float x[2][8];
   for (int p = 0; p < 2; p++) {
     if (valid) {
-      load8<DT, VEC>(a.x, (i0 + r0 + 16 * p) * K + j, x[p]);
+      hq_cuda_load8<DT>(a.x, (i0 + r0 + 16 * p) * K + j, VEC, x[p]);
     } else {
       for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
     }

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
@@ -51,33 +52,6 @@ constexpr int kMinBlocks = 4; /* quantize CTAs per SM the register allocation ai
                                  registers; measured faster than 3 on H100) */
 constexpr int kCS = 5;        /* columnwise staging: uint2 per column (4 used) */
 
-/* 8 consecutive elements starting at element index i (a multiple of 8) as FP32. */
-template <int DT>
-__device__ __forceinline__ void load8(const void *__restrict__ x, int64_t i, int vec, float v[8]) {
-  if (!vec) {
-    for (int k = 0; k < 8; k++) v[k] = hq_load_hp(x, i + k, DT);
-  } else if (DT == HQ_F32) {
-    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
-    float4 a = __ldg(p), b = __ldg(p + 1);
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = a.z;
-    v[3] = a.w;
-    v[4] = b.x;
-    v[5] = b.y;
-    v[6] = b.z;
-    v[7] = b.w;
-  } else {
-    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    for (int k = 0; k < 4; k++) {
-      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
-      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
-      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
-    }
-  }
-}
-
 /* The tile (i0, k0) of x as FP32 into sm[r * kLd + c]; elements outside [M, K] are 0. Returns
    the max of hq_abs_bits_nonan over the elements this thread loaded. */
 template <int DT>
@@ -89,7 +63,7 @@ __device__ __forceinline__ uint32_t load_tile(const void *__restrict__ x, int64_
     const int64_t i = i0 + r, k = k0 + cg * 8;
     float v[8];
     if (i < M && k < K) {
-      load8<DT>(x, i * K + k, vec, v);
+      hq_cuda_load8<DT>(x, i * K + k, vec, v);
       for (int e = 0; e < 8; e++) mx = max(mx, hq_abs_bits_nonan(v[e]));
     } else {
       for (int e = 0; e < 8; e++) v[e] = 0.0f;
@@ -174,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < 4; u++)
       if (g + u * stride < n8)
-        load8<DT>(x, (g + u * stride) * 8, vec, v[u]);
+        hq_cuda_load8<DT>(x, (g + u * stride) * 8, vec, v[u]);
       else
         for (int e = 0; e < 8; e++) v[u][e] = 0.0f;
 #pragma unroll

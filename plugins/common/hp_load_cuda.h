@@ -1,0 +1,36 @@
+/*
+** hp_load_cuda.h -- reading a high-precision input in the stock plugins' kernels. Private to the
+** stock plugins (not installed); device code only.
+**
+** hq_cuda_load8<DT>(x, i, v): the 8 consecutive elements of x (dtype DT: HQ_F32, HQ_F16,
+** HQ_BF16) starting at element index i, as FP32 (exact). With vec, one 16-byte load (bf16/f16) or
+** two (f32) through the read-only cache: i must be a multiple of 8 and x 16-byte aligned.
+** Without, element loads (any alignment).
+*/
+#ifndef HQ_HP_LOAD_CUDA_H
+#define HQ_HP_LOAD_CUDA_H
+
+#include "hq/numerics.h"
+
+template <int DT>
+__device__ __forceinline__ void hq_cuda_load8(const void *__restrict__ x, int64_t i, bool vec,
+                                              float v[8]) {
+  if (!vec) {
+    for (int k = 0; k < 8; k++) v[k] = hq_load_hp(x, i + k, DT);
+  } else if (DT == HQ_F32) {
+    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + i);
+    float4 a = __ldg(p), b = __ldg(p + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+    uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (int k = 0; k < 4; k++) {
+      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
+      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
+      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
+    }
+  }
+}
+
+#endif /* HQ_HP_LOAD_CUDA_H */
