@@ -129,4 +129,5 @@ const hq_host_api hqi_host_api = {
     .alloc = host_alloc,
     .free = host_free,
     .device_arch = host_device_arch,
+    .lt_matmul = hqi_lt_matmul,
 };

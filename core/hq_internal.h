@@ -68,6 +68,11 @@ int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, i
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 
+// --- GEMMs (core/cuda/gemm.cu; without CUDA the stub in gemm.c returns HQ_ENOTSUP) ----------
+/* The host service hq_host_api.lt_matmul: one cuBLASLt matmul on call->device / call->stream,
+   with the core's cached handle, workspace and plans. Errors name m, n, k and mm->what. */
+int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm);
+
 // --- contexts (ctx.c) ----------------------------------------------------------------------
 struct hq_ctx {
   int device;

@@ -194,6 +194,12 @@ static int load_one(hq_plugins *set, const char *file) {
     return reject(set, file, "ops table struct_size %u is smaller than ABI 2.0's %zu bytes",
                   ops->struct_size, (size_t)HQ_FORMAT_OPS_SIZE_2_0);
   }
+  if (ops->abi_minor >= 1 && ops->struct_size < HQ_FORMAT_OPS_SIZE_2_1) {
+    dlclose(h);
+    return reject(set, file, "requires plugin ABI 2.%u but its ops table struct_size %u is smaller "
+                  "than ABI 2.1's %zu bytes", ops->abi_minor, ops->struct_size,
+                  (size_t)HQ_FORMAT_OPS_SIZE_2_1);
+  }
   hq_plugin *p = calloc(1, sizeof *p);
   if (!p) {
     dlclose(h);

@@ -4,14 +4,15 @@ hqincludedir = $(includedir)/hq
 hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/error.c core/util.c core/device.c core/ctx.c \
 	core/loader.c core/options.c core/role.c core/recipe.c core/quantizer.c core/fsdp.c \
-	core/identity.c
-core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(CUDA_CPPFLAGS)
-core_libhqcore_la_LIBADD = $(INIH_LIBS)
+	core/identity.c core/gemm.c
+core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(OPENBLAS_CFLAGS) \
+	$(CUDA_CPPFLAGS)
+core_libhqcore_la_LIBADD = $(INIH_LIBS) $(OPENBLAS_LIBS)
 core_libhqcore_la_LDFLAGS = -version-info $(HQCORE_LT_VERSION) -no-undefined \
 	-export-symbols-regex '^hq_' $(HQ_SAN_LDFLAGS)
-EXTRA_DIST += core/cuda/kernels.cu
+EXTRA_DIST += core/cuda/kernels.cu core/cuda/gemm.cu
 if HAVE_CUDA
-core_libhqcore_la_LIBADD += core/cuda/kernels.lo -lcudart -lstdc++
+core_libhqcore_la_LIBADD += core/cuda/kernels.lo core/cuda/gemm.lo -lcublasLt -lcudart -lstdc++
 core_libhqcore_la_LDFLAGS += $(CUDA_LDFLAGS)
 endif
 # The installed plugin directory is compiled into the loader through a generated header that

@@ -89,7 +89,20 @@ tests_test_gpu_fp8_tensor_SOURCES = tests/test_gpu_fp8_tensor.c tests/hq_test.h
 tests_test_gpu_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gpu_fp8_tensor_LDADD = $(HQ_TEST_LDADD)
 
+# GEMMs: host path against an F64 reference, every format pair, hybrids, linear helpers
+check_PROGRAMS += tests/test_gemm
+tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
+tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
+
 if HAVE_CUDA
+# GEMMs on a GPU: native cuBLASLt and emulated paths against the host path and an F64 reference
+check_PROGRAMS += tests/test_gpu_gemm
+tests_test_gpu_gemm_SOURCES = tests/test_gpu_gemm.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_gpu_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_gemm_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_gemm_LDFLAGS = $(CUDA_LDFLAGS)
+
 # the core's CUDA contract (streams, graph capture, devices); calls the CUDA runtime itself
 check_PROGRAMS += tests/test_gpu_core
 tests_test_gpu_core_SOURCES = tests/test_gpu_core.c tests/hq_test.h

@@ -1,6 +1,6 @@
 /*
 ** hq.c -- the `hq` command: git-style subcommands over libhqcore.
-**   hq info | hq recipe check | hq quantize | hq bench   (each takes --help)
+**   hq info | hq recipe check | hq quantize | hq bench | hq train   (each takes --help)
 */
 #include <errno.h>
 #include <stdarg.h>
@@ -20,6 +20,8 @@ static const char usage[] =
     "  quantize       quantize a tensor for a recipe role and report, per direction, the\n"
     "                 format, bytes and error (--json)\n"
     "  bench          quantize throughput of each format on the CPU or a CUDA device\n"
+    "  train          train a small character-level language model with one or more recipes\n"
+    "                 and compare their losses (the main job)\n"
     "\n"
     "`hq <command> --help` describes a command. Formats are found on $HQ_PLUGIN_PATH\n"
     "(colon-separated), then in the directories given with --plugin-dir DIR (every command\n"
@@ -114,6 +116,7 @@ int main(int argc, char **argv) {
       if (!strcmp(argv[2], "recipe")) return hq_cmd_recipe(2, sub);
       if (!strcmp(argv[2], "quantize")) return hq_cmd_quantize(2, sub);
       if (!strcmp(argv[2], "bench")) return hq_cmd_bench(2, sub);
+      if (!strcmp(argv[2], "train")) return hq_cmd_train(2, sub);
     }
     fputs(usage, stdout);
     return 0;
@@ -127,6 +130,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "recipe")) return hq_cmd_recipe(argc - 1, argv + 1);
   if (!strcmp(cmd, "quantize")) return hq_cmd_quantize(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return hq_cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "train")) return hq_cmd_train(argc - 1, argv + 1);
   fprintf(stderr, "hq: '%s' is not a command (see `hq --help`)\n", cmd);
   return 2;
 }

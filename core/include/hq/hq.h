@@ -391,6 +391,107 @@ HQ_API int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t 
 HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 
 /* ---------------------------------------------------------------------------------------------
+** GEMMs
+**
+** hq_gemm computes, in cuBLAS's column-major convention (the upstream system's),
+**     D = alpha * op(A) * op(B) + beta * D  (+ bias)
+** A is a tensor [A0, A1] (a qtensor's [rows, cols], or a high-precision hq_tensor), B is [B0, B1];
+** m = transa ? A0 : A1, k = transa ? A1 : A0, n = transb ? B1 : B0 (B0 when transb is 0), and D
+** is a row-major [n, m] tensor (F32 or BF16) on the context's device. In row-major terms:
+** D = B' * A'^T with A' = transa ? A : A^T ([m, k]) and B' = transb ? B^T : B ([n, k]).
+**
+** A quantized operand is read in the direction whose blocks run along k: A transposed -> its
+** rowwise copy, A not transposed -> its columnwise copy; B not transposed -> rowwise, B
+** transposed -> columnwise. A missing direction is HQ_ESTATE naming the role and direction
+** (never a silent requantize).
+**
+** Paths (hq_gemm_info.path):
+**   NATIVE          both operands come from one format module whose gemm op runs the pair on this
+**                   device (cuBLASLt: fp8_tensor and fp8_block on Hopper and later, mxfp8 and
+**                   nvfp4 on Blackwell, high precision everywhere).
+**   EMULATED_BF16   any other pair on a GPU whose raw values are exact in BF16: each operand
+**   EMULATED_F32    dequantized to its raw values (elements times block scales; the per-tensor
+**                   factors -- FP8 scale_inv, NVFP4 global scale -- kept out and folded into
+**                   alpha; an RHT stays in the transformed domain), then one cuBLASLt GEMM with
+**                   FP32 accumulation, BF16 inputs or F32 inputs (no TF32) when a raw value
+**                   needs more than BF16's 8 bits (fp8_block with non-power-of-two scales, F32
+**                   or F16 operands).
+**   CPU             on the host: the raw values in F32 and an F32 sgemm (OpenBLAS when built
+**                   with it, else a blocked loop in libhqcore).
+** The emulated and CPU paths equal the exact product of the dequantized operands up to the order
+** of FP32 accumulation. A product of two storages with different transforms (an RHT copy times
+** a plain one) is refused (HQ_EINVAL naming both): its value would be meaningless.
+*/
+typedef struct hq_operand {
+  const hq_qtensor *qt;          /* a quantized tensor, or NULL */
+  const hq_tensor *hp;           /* a high-precision tensor when qt is NULL */
+} hq_operand;
+static inline hq_operand hq_operand_q(const hq_qtensor *qt) {
+  hq_operand o;
+  o.qt = qt;
+  o.hp = NULL;
+  return o;
+}
+static inline hq_operand hq_operand_hp(const hq_tensor *t) {
+  hq_operand o;
+  o.qt = NULL;
+  o.hp = t;
+  return o;
+}
+
+#define HQ_GEMM_PATH_NONE 0u
+#define HQ_GEMM_PATH_NATIVE 1u
+#define HQ_GEMM_PATH_EMULATED_BF16 2u
+#define HQ_GEMM_PATH_EMULATED_F32 3u
+#define HQ_GEMM_PATH_CPU 4u
+HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ... */
+
+/* Optional arguments of hq_gemm. */
+#define HQ_GEMM_FORCE_EMULATED 1u /* skip the native path (tests, comparisons) */
+typedef struct hq_gemm_args {
+  uint32_t struct_size;          /* sizeof(hq_gemm_args) */
+  uint32_t flags;                /* HQ_GEMM_FORCE_EMULATED */
+  const void *bias;              /* NULL, or [m] values of bias_dtype on the context's device,
+                                    added to every row of D (D[j][i] += bias[i]) */
+  hq_dtype bias_dtype;           /* HQ_F32 or HQ_BF16 */
+  int32_t reserved0;
+  const char *what;              /* a name for messages and the log ("fprop fc1"), or NULL */
+} hq_gemm_args;
+
+/* What ran (or, from hq_gemm_plan, what would run). */
+typedef struct hq_gemm_info {
+  uint32_t struct_size;          /* sizeof(hq_gemm_info), set by the caller */
+  uint32_t path;                 /* HQ_GEMM_PATH_* */
+  int64_t m, n, k;
+  uint32_t dir_a, dir_b;         /* the direction used (0 for a high-precision tensor) */
+  char format_a[32], format_b[32]; /* module names ("fp8_tensor"), or the tensor dtype */
+  char reason[192];              /* why the native path was not taken ("" when it was) */
+} hq_gemm_info;
+
+/* Run the GEMM on ctx (its device and stream). info (may be NULL) receives the path; the path
+   is also logged at debug level (3) through the context's logger. */
+HQ_API int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_tensor *D,
+                   float alpha, float beta, const hq_gemm_args *args, hq_gemm_info *info);
+/* Check shapes, directions and transforms and say which path hq_gemm would take; runs nothing
+   (D may be NULL; then its dtype is taken as F32). */
+HQ_API int hq_gemm_plan(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb,
+                        const hq_tensor *D, const hq_gemm_args *args, hq_gemm_info *info);
+
+/* Linear layer y = x * W^T + bias, W of shape [out, in], x [tokens, in], with the operands of its
+   three roles (linear, input|weight|grad_output, name); each GEMM takes every operand in the
+   direction it needs, so a trainer writes no transpose flag:
+     fprop  y[tokens, out]  = x * W^T (+ bias[out])     W rowwise,    x rowwise
+     dgrad  dx[tokens, in]  = dy * W                    W columnwise, dy rowwise
+     wgrad  dW[out, in]     = dy^T * x (+ dW if accumulate)  x columnwise, dy columnwise
+   Outputs are F32 or BF16 tensors on the context's device; bias is NULL or [out] of bias_dtype. */
+HQ_API int hq_linear_fprop(hq_ctx *ctx, hq_operand x, hq_operand w, const void *bias,
+                           hq_dtype bias_dtype, hq_tensor *y, hq_gemm_info *info);
+HQ_API int hq_linear_dgrad(hq_ctx *ctx, hq_operand dy, hq_operand w, hq_tensor *dx,
+                           hq_gemm_info *info);
+HQ_API int hq_linear_wgrad(hq_ctx *ctx, hq_operand x, hq_operand dy, hq_tensor *dw,
+                           int accumulate, hq_gemm_info *info);
+
+/* ---------------------------------------------------------------------------------------------
 ** FSDP buffer protocol (no communication here: the caller gathers along dim 0, with NCCL, MPI or
 ** memcpy).
 **

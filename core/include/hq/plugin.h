@@ -110,7 +110,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 0
+#define HQ_ABI_MINOR 1
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -252,7 +252,12 @@ typedef struct hq_operand_desc {
   int64_t shard_rows;       /* FSDP: every shard's M must be a multiple of this for the shards'
                                storages to concatenate into the full tensor's, byte for byte;
                                0: this storage cannot be sharded (the core refuses) */
-  uint64_t reserved[8];     /* zero: room for 2.x fields */
+  /* --- 2.1 (zero from a 2.0 plugin) --- */
+  hq_dtype emul_dtype;      /* the narrowest of HQ_BF16 / HQ_F32 that holds every value of the
+                               storage's raw dequantization (HQ_CALL_DEQ_RAW) exactly: the
+                               emulated GEMM multiplies in it. 0 reads as HQ_F32. */
+  uint32_t reserved32;      /* zero */
+  uint64_t reserved[7];     /* zero: room for 2.x fields */
 } hq_operand_desc;
 
 /* ---------------------------------------------------------------------------------------------
@@ -396,6 +401,70 @@ typedef struct hq_optval {
 } hq_optval;
 
 /* ---------------------------------------------------------------------------------------------
+** GEMMs (ABI 2.1). The core's hq_gemm() computes, in cuBLAS's column-major convention,
+**     D = alpha * op(A) * op(B) + beta * D  (+ bias),   op(A): m x k, op(B): k x n, D: m x n,
+** where A is a tensor [A0, A1] (row-major, i.e. a column-major A1 x A0 matrix), m = transa ? A0 :
+** A1, k = transa ? A1 : A0, n = transb ? B1 : B0, and D is row-major [n, m]. Each quantized
+** operand is taken in the direction whose blocks run along k: A transposed -> its ROWWISE storage,
+** A not transposed -> COLWISE; B not transposed -> ROWWISE, B transposed -> COLWISE.
+**
+** Dispatch. When both storages come from one module that has a gemm() op, the core asks it
+** (HQ_GEMM_QUERY) whether it runs this pair natively on this device; HQ_OK runs it there.
+** HQ_ENOTSUP (with its reason, which hq_gemm_info reports) and every other pair -- two modules,
+** a module without gemm() -- take the EMULATED path: each storage is dequantized RAW
+** (HQ_CALL_DEQ_RAW) into its desc.emul_dtype, the per-tensor factors of both (tensor_factor())
+** are folded into alpha, and the core multiplies the two (cuBLASLt BF16 or F32 GEMM with FP32
+** accumulation on a GPU, an F32 sgemm on the host). Both paths need the two storages to carry
+** the same desc.transform and transform_param (a product is only right when both were
+** transformed alike along k): otherwise the core refuses with HQ_EINVAL naming both.
+*/
+#define HQ_GEMM_QUERY 1u   /* hq_gemm_problem.flags: answer HQ_OK / HQ_ENOTSUP, run nothing */
+
+typedef struct hq_gemm_problem {
+  uint32_t struct_size;         /* set by the core */
+  uint32_t flags;               /* HQ_GEMM_* */
+  const hq_storage *a;          /* A's storage in the direction transa selected */
+  const hq_storage *b;          /* B's storage in the direction transb selected */
+  const void *cfg_b;            /* B's instance configuration (same module as A's, cfg) */
+  int32_t transa, transb;       /* 1 = T, 0 = N */
+  int64_t m, n, k;
+  hq_tensor *d;                 /* row-major [n, m], HQ_F32 or HQ_BF16, on call->device */
+  const void *bias;             /* NULL, or [m] of bias_dtype on call->device: D[j][i] += bias[i] */
+  hq_dtype bias_dtype;
+  float alpha, beta;            /* beta != 0 accumulates into D */
+} hq_gemm_problem;
+
+/* One cuBLASLt matmul, as the core runs it for a plugin (host->lt_matmul). Column-major, as in
+   cuBLASLt: operand X is a stored rows x cols column-major matrix with leading dimension ld,
+   used as op(X) = trans ? X^T : X. */
+typedef struct hq_lt_operand {
+  const void *data;
+  hq_dtype elem;                /* HQ_E4M3, HQ_E5M2, HQ_E2M1X2, HQ_BF16, HQ_F16, HQ_F32 */
+  int32_t trans;
+  int64_t rows, cols, ld;       /* of the stored matrix (E2M1X2: in elements, not bytes) */
+  uint32_t scale_mode;          /* HQ_SCALE_*: NONE, TENSOR_F32, VEC16_UE4M3, VEC32_UE8M0,
+                                   VEC128_F32, BLK128X128_F32 */
+  const void *scale;            /* the scale buffer cuBLASLt reads for that mode */
+} hq_lt_operand;
+
+typedef struct hq_lt_matmul {
+  uint32_t struct_size;         /* sizeof(hq_lt_matmul) */
+  uint32_t flags;               /* HQ_GEMM_QUERY: check that cuBLASLt has an algorithm, run none */
+  hq_lt_operand a, b;           /* op(a): m x k, op(b): k x n */
+  int64_t m, n, k;
+  float alpha, beta;
+  const float *alpha_factor[2]; /* NULL, or device FP32 values multiplied into alpha (e.g. the
+                                   per-tensor factors of both operands) */
+  void *d;                      /* column-major m x n, leading dimension ldd */
+  hq_dtype d_dtype;             /* HQ_F32 or HQ_BF16 */
+  int64_t ldd;
+  const void *bias;             /* NULL or [m] of bias_dtype (BIAS epilogue) */
+  hq_dtype bias_dtype;
+  int32_t fast_accum;           /* FP8: 1 = cuBLASLt fast accumulation; 0 = split accumulator */
+  const char *what;             /* for messages: "fp8_tensor e4m3 x e5m2" */
+} hq_lt_matmul;
+
+/* ---------------------------------------------------------------------------------------------
 ** The host table: services the core offers a plugin. Const, valid for the life of the process.
 */
 struct hq_call;
@@ -417,12 +486,24 @@ typedef struct hq_host_api {
   /* Compute capability of a CUDA device as major*10+minor (90 = Hopper), 0 for the host or when
      it cannot be read. */
   int (*device_arch)(int device);
+  /* --- 2.1 (check host->abi_minor >= 1) --- */
+  /* Run (or with HQ_GEMM_QUERY, check) one cuBLASLt matmul on call->device / call->stream. The
+     core owns the cuBLASLt handle, the workspace and a cache of descriptors and plans (the
+     heuristic query runs once per shape and kind). HQ_ENOTSUP when built without CUDA, on the
+     host, or when cuBLASLt offers no algorithm (the message names m, n, k and the kinds);
+     HQ_EDEVICE when a cuBLASLt call fails. */
+  int (*lt_matmul)(const struct hq_call *call, const hq_lt_matmul *mm);
 } hq_host_api;
 
 /* ---------------------------------------------------------------------------------------------
 ** hq_call: where and how one operation runs. Built by the core for every call.
 */
 #define HQ_CALL_UPDATE 1u  /* an in-place update: no allocation (host->alloc refuses), no sync */
+#define HQ_CALL_DEQ_RAW 2u /* (2.1) dequantize(): write the storage's RAW values -- the elements
+                              times their block scales, in the storage's own domain: without the
+                              per-tensor factor (tensor_factor()) and without undoing a transform
+                              (an RHT16 storage stays in the transformed domain). This is the
+                              operand a GEMM multiplies. Set only for modules of minor >= 1. */
 
 typedef struct hq_call {
   uint32_t struct_size;
@@ -529,8 +610,21 @@ typedef struct hq_format_ops {
   /* (required) Write the values a storage represents into dst ([rows, cols], any of F32, F16,
      BF16, on call->device). The storage may come from a differently configured instance of this
      plugin: read its layout from s->desc and its buffers. A storage that cannot be dequantized
-     alone returns HQ_ENOTSUP. */
+     alone returns HQ_ENOTSUP. With call->flags & HQ_CALL_DEQ_RAW (2.1): the raw values (see
+     HQ_CALL_DEQ_RAW), exactly representable in s->desc.emul_dtype. */
   int (*dequantize)(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst);
+
+  /* --- 2.1 (absent from a 2.0 module: NULL) ------------------------------------------------- */
+  /* The per-tensor factor of a storage: one FP32 value, written to *out in memory of
+     call->device on call->stream, that multiplies every raw value (HQ_CALL_DEQ_RAW) to give the
+     dequantized value (per-tensor FP8: scale_inv; NVFP4: the global decode scale). NULL: the
+     storage has none (1). */
+  int (*tensor_factor)(const void *cfg, const hq_call *call, const hq_storage *s, float *out);
+  /* Native GEMM of two storages of this module (see "GEMMs" above): with HQ_GEMM_QUERY in
+     p->flags answer HQ_OK (would run natively here) or HQ_ENOTSUP with the reason (host->error);
+     without it, run. cfg is A's instance, p->cfg_b B's. Usually built on host->lt_matmul.
+     NULL: every pair of this module is emulated. */
+  int (*gemm)(const void *cfg, const hq_call *call, const hq_gemm_problem *p);
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
@@ -541,6 +635,8 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *hos
 
 /* Size of the ABI 2.0 ops table: the smallest struct_size the core accepts. */
 #define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))
+/* Size of the ABI 2.1 ops table (required of a module whose abi_minor is 1). */
+#define HQ_FORMAT_OPS_SIZE_2_1 (offsetof(hq_format_ops, gemm) + sizeof(void (*)(void)))
 
 #ifdef __cplusplus
 }

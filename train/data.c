@@ -1,0 +1,3 @@
+/* train/data.c -- placeholder */
+#include "train.h"
+typedef int hq_train_data_placeholder;

@@ -1,0 +1,3 @@
+/* train/model.c -- placeholder */
+#include "train.h"
+typedef int hq_train_model_placeholder;
