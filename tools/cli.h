@@ -17,6 +17,8 @@ int hq_cmd_recipe(int argc, char **argv);
 int hq_cmd_quantize(int argc, char **argv);
 int hq_cmd_bench(int argc, char **argv);
 int hq_cmd_train(int argc, char **argv);
+/* hq bench --gemm (tools/bench_gemm.c): argv as hq_cmd_bench's. */
+int hq_bench_gemm(int argc, char **argv);
 
 /* Print "hq <cmd>: message" to stderr; returns `status`. */
 int cli_fail(int status, const char *cmd, const char *fmt, ...) HQ_PRINTF(3, 4);

@@ -160,6 +160,7 @@ int hq_cmd_bench(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     int r = 0;
+    if (!strcmp(argv[i], "--gemm")) return hq_bench_gemm(argc, argv);
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       fputs(usage, stdout);
       return 0;
