@@ -52,6 +52,7 @@ static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t c
   out->desc.scale_mode = HQ_SCALE_NONE;
   out->desc.scale_layout = HQ_SCALE_LAYOUT_NONE;
   out->desc.shard_rows = 1;
+  out->desc.emul_dtype = t == HQ_BF16 ? HQ_BF16 : HQ_F32; /* f16 values are exact in f32 */
   return HQ_OK;
 }
 
@@ -84,6 +85,7 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   return rc;
 }
 
+/* The raw values (HQ_CALL_DEQ_RAW) are the stored values: no scale, no transform. */
 static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfg;
   const hq_buffer *b = hq_storage_cbuf(s, 0);
@@ -93,9 +95,42 @@ static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s,
   return convert(call, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
+/* Native GEMM of two identity storages of one dtype on a GPU: cuBLASLt reads the stored data
+   directly (a storage [rows, cols] row-major is a column-major cols x rows matrix). Mixed dtypes
+   and the host go to the core's emulated / CPU path. */
+static int gemm(const void *cfg, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfg;
+  const hq_host_api *h = call->host;
+  if (call->device < 0) return h->error(HQ_ENOTSUP, "identity: the host multiplies on the CPU path");
+  const hq_buffer *ba = hq_storage_cbuf(p->a, 0), *bb = hq_storage_cbuf(p->b, 0);
+  if (p->a->desc.elem != p->b->desc.elem)
+    return h->error(HQ_ENOTSUP, "identity: operands of two dtypes (%s x %s)",
+                    hq_dtype_name(p->a->desc.elem), hq_dtype_name(p->b->desc.elem));
+  hq_lt_matmul mm;
+  memset(&mm, 0, sizeof mm);
+  mm.struct_size = sizeof mm;
+  mm.flags = p->flags & HQ_GEMM_QUERY;
+  mm.a = (hq_lt_operand){ba->ptr, p->a->desc.elem, p->transa, p->a->cols, p->a->rows,
+                         p->a->cols, HQ_SCALE_NONE, NULL};
+  mm.b = (hq_lt_operand){bb->ptr, p->b->desc.elem, p->transb, p->b->cols, p->b->rows,
+                         p->b->cols, HQ_SCALE_NONE, NULL};
+  mm.m = p->m;
+  mm.n = p->n;
+  mm.k = p->k;
+  mm.alpha = p->alpha;
+  mm.beta = p->beta;
+  mm.d = p->d ? p->d->data : NULL;
+  mm.d_dtype = p->d ? p->d->dtype : HQ_F32;
+  mm.ldd = p->m;
+  mm.bias = p->bias;
+  mm.bias_dtype = p->bias_dtype;
+  mm.what = "identity";
+  return h->lt_matmul(call, &mm);
+}
+
 const hq_format_ops hqi_identity_ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 0,
+    .abi_minor = 1,
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(identity_cfg),
     .name = "identity",
@@ -111,4 +146,5 @@ const hq_format_ops hqi_identity_ops = {
     .layout = layout,
     .quantize = quantize,
     .dequantize = dequantize,
+    .gemm = gemm,
 };

@@ -139,10 +139,17 @@ static inline int hq_test_host_arch(int device) {
   (void)device;
   return 0;
 }
+/* Direct calls have no cuBLASLt behind them: every matmul is "not supported here". */
+static inline int hq_test_host_lt_matmul(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  (void)mm;
+  return hq_test_host_error(HQ_ENOTSUP, "test host: no cuBLASLt");
+}
 /* A host table for direct calls: host memory from malloc, errors into hq_test_module_error(). */
 static inline hq_host_api hq_test_host(void) {
-  hq_host_api h = {HQ_ABI_MAJOR, HQ_ABI_MINOR, sizeof h, "test", hq_test_host_error,
-                   hq_test_host_log, hq_test_host_alloc, hq_test_host_free, hq_test_host_arch};
+  hq_host_api h = {HQ_ABI_MAJOR,        HQ_ABI_MINOR,     sizeof h,           "test",
+                   hq_test_host_error,  hq_test_host_log, hq_test_host_alloc, hq_test_host_free,
+                   hq_test_host_arch,   hq_test_host_lt_matmul};
   return h;
 }
 /* A host call for direct module calls: host device, the given host table, seed and offset. */
