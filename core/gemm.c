@@ -536,3 +536,78 @@ int hq_linear_wgrad(hq_ctx *ctx, hq_operand x, hq_operand dy, hq_tensor *dw, int
   /* dW[out, in] = dy^T * x: A = x (columnwise), B = dy transposed (columnwise) */
   return hq_gemm(ctx, x, 0, dy, 1, dw, 1.0f, accumulate ? 1.0f : 0.0f, &a, info);
 }
+
+// --- mixture of experts ------------------------------------------------------------------------------
+
+void hq_qtensors_free(hq_qtensor **qts, size_t n) {
+  if (!qts) return;
+  for (size_t i = 0; i < n; i++) {
+    hq_qtensor_free(qts[i]);
+    qts[i] = NULL;
+  }
+}
+
+int hq_quantize_split(hq_quantizer *const *qs, size_t n, hq_ctx *ctx, const hq_tensor *srcp,
+                      const int64_t *m_splits, hq_qtensor **out) {
+  if (!qs || !ctx || !srcp || !m_splits || !out)
+    return hqi_error(HQ_EINVAL, "hq_quantize_split: NULL argument");
+  for (size_t i = 0; i < n; i++) out[i] = NULL;
+  hq_tensor src;
+  int rc = hqi_tensor_in(srcp, "hq_quantize_split: source", &src);
+  if (rc) return rc;
+  int64_t sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (m_splits[i] < 0 || m_splits[i] > src.rows - sum)
+      return hqi_error(HQ_ESHAPE, "hq_quantize_split: m_splits[%zu] = %lld: the splits must be >= 0 "
+                       "and sum to the source's %lld rows", i, (long long)m_splits[i],
+                       (long long)src.rows);
+    sum += m_splits[i];
+    if (m_splits[i] && !qs[i])
+      return hqi_error(HQ_EINVAL, "hq_quantize_split: expert %zu has %lld rows but no quantizer", i,
+                       (long long)m_splits[i]);
+  }
+  if (sum != src.rows)
+    return hqi_error(HQ_ESHAPE, "hq_quantize_split: m_splits sum to %lld, the source has %lld rows",
+                     (long long)sum, (long long)src.rows);
+  const size_t row_bytes = (size_t)src.cols * hq_dtype_size(src.dtype);
+  int64_t row = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (!m_splits[i]) continue;
+    hq_tensor part = src;
+    part.data = (char *)src.data + (size_t)row * row_bytes;
+    part.rows = m_splits[i];
+    rc = hq_quantize(qs[i], ctx, &part, &out[i]);
+    if (rc) rc = hqi_error_prefix(rc, "hq_quantize_split: expert %zu (rows %lld..%lld)", i,
+                                  (long long)row, (long long)(row + m_splits[i]));
+    row += m_splits[i];
+  }
+  if (rc) hq_qtensors_free(out, n);
+  return rc;
+}
+
+int hq_grouped_gemm(hq_ctx *ctx, size_t n, const hq_operand *A, int transa, const hq_operand *B,
+                    int transb, hq_tensor *const *D, float alpha, float beta,
+                    const hq_gemm_args *args, hq_gemm_info *infos) {
+  if (!ctx || (n && (!A || !B || !D))) return hqi_error(HQ_EINVAL, "hq_grouped_gemm: NULL argument");
+  uint32_t info_size = infos ? infos[0].struct_size : 0;
+  for (size_t i = 0; i < n; i++) {
+    int empty_a = !A[i].qt && !A[i].hp, empty_b = !B[i].qt && !B[i].hp;
+    hq_gemm_info *info = NULL;
+    if (infos) {
+      info = (hq_gemm_info *)((char *)infos + i * (info_size ? info_size : sizeof *infos));
+      info->struct_size = info_size;
+    }
+    if (empty_a || empty_b) {
+      if (D[i] && D[i]->rows * D[i]->cols != 0)
+        return hqi_error(HQ_ESHAPE, "hq_grouped_gemm: group %zu has an empty operand (an expert "
+                         "with no rows) but D[%zu] is [%lld, %lld], not empty", i, i,
+                         (long long)D[i]->rows, (long long)D[i]->cols);
+      if (info && info_size >= offsetof(hq_gemm_info, path) + sizeof(uint32_t))
+        info->path = HQ_GEMM_PATH_NONE;
+      continue;
+    }
+    int rc = hq_gemm(ctx, A[i], transa, B[i], transb, D[i], alpha, beta, args, info);
+    if (rc) return hqi_error_prefix(rc, "hq_grouped_gemm: group %zu of %zu", i, n);
+  }
+  return HQ_OK;
+}

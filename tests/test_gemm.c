@@ -348,6 +348,77 @@ static void test_refusals(void **state) {
   hq_recipe_free(r);
 }
 
+
+/* Mixture of experts: one token tensor split into experts (one of them empty), single-format and
+   hybrid quantizers mixed, a grouped fprop equal, bit for bit, to one hq_linear_fprop per expert,
+   and to the F64 reference. */
+static void test_grouped(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(k_recipe);
+  const int64_t in = 128, out = 64, splits[3] = {64, 0, 128}, tokens = 192;
+  const char *names[3] = {"mxfp8", "fp8", "mixed"};
+  hq_quantizer *qs[3];
+  hq_qtensor *w[3], *xs[3];
+  hq_tensor hw[3], y[3], *yp[3];
+  char role[64];
+  for (int e = 0; e < 3; e++) {
+    snprintf(role, sizeof role, "linear:input:%s", names[e]);
+    qs[e] = hq_test_quantizer(r, role);
+    snprintf(role, sizeof role, "linear:weight:%s", names[e]);
+    hw[e] = hq_test_tensor(HQ_F32, out, in, 40 + e, 0.1f);
+    w[e] = quant(r, role, &hw[e]);
+    y[e] = hq_test_empty(HQ_F32, splits[e], out);
+    yp[e] = &y[e];
+  }
+  hq_tensor x = hq_test_tensor(HQ_BF16, tokens, in, 50, 1.0f);
+  HQ_OK_OR_FAIL(hq_quantize_split(qs, 3, g_ctx, &x, splits, xs));
+  assert_non_null(xs[0]);
+  assert_null(xs[1]);
+  assert_non_null(xs[2]);
+  assert_int_equal(hq_qtensor_rows(xs[2]), 128);
+  assert_string_equal(hq_qtensor_format(xs[2], HQ_COLWISE), "nv");
+  hq_operand A[3], B[3];
+  for (int e = 0; e < 3; e++) {
+    A[e] = hq_operand_q(w[e]);
+    B[e] = xs[e] ? hq_operand_q(xs[e]) : (hq_operand){NULL, NULL};
+  }
+  hq_gemm_info infos[3];
+  for (int e = 0; e < 3; e++) infos[e].struct_size = sizeof infos[0];
+  HQ_OK_OR_FAIL(hq_grouped_gemm(g_ctx, 3, A, 1, B, 0, yp, 1.0f, 0.0f, NULL, infos));
+  assert_int_equal(infos[1].path, HQ_GEMM_PATH_NONE);
+  assert_int_equal(infos[2].path, HQ_GEMM_PATH_CPU);
+  for (int e = 0; e < 3; e += 2) {
+    hq_tensor y1 = hq_test_empty(HQ_F32, splits[e], out);
+    HQ_OK_OR_FAIL(hq_linear_fprop(g_ctx, B[e], A[e], NULL, HQ_F32, &y1, NULL));
+    assert_memory_equal(y1.data, y[e].data, (size_t)(splits[e] * out) * 4);
+    float *wr = deq(w[e], HQ_ROWWISE), *xr = deq(xs[e], HQ_ROWWISE);
+    check_product(wr, in, 1, xr, in, 0, out, splits[e], in, 1, 0, NULL, NULL, &y[e], names[e]);
+    free(wr), free(xr), free(y1.data);
+  }
+  /* splits that do not add up, or a negative one */
+  hq_qtensor *bad[3];
+  const int64_t short_splits[3] = {64, 0, 64}, neg[3] = {256, -64, 0};
+  assert_int_equal(hq_quantize_split(qs, 3, g_ctx, &x, short_splits, bad), HQ_ESHAPE);
+  HQ_ERROR_HAS("sum to 128");
+  assert_null(bad[0]);
+  assert_int_equal(hq_quantize_split(qs, 3, g_ctx, &x, neg, bad), HQ_ESHAPE);
+  /* an empty group with a non-empty D */
+  hq_tensor wrong = hq_test_empty(HQ_F32, 4, out);
+  yp[1] = &wrong;
+  assert_int_equal(hq_grouped_gemm(g_ctx, 3, A, 1, B, 0, yp, 1.0f, 0.0f, NULL, NULL), HQ_ESHAPE);
+  HQ_ERROR_HAS("group 1");
+  free(wrong.data);
+  hq_qtensors_free(xs, 3);
+  for (int e = 0; e < 3; e++) {
+    hq_qtensor_free(w[e]);
+    hq_quantizer_free(qs[e]);
+    free(hw[e].data);
+    free(y[e].data);
+  }
+  free(x.data);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_computed),
@@ -356,6 +427,7 @@ int main(void) {
       cmocka_unit_test(test_hybrid_equal_bitwise),
       cmocka_unit_test(test_mixed_hp_and_accumulate),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_grouped),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

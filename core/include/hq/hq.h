@@ -491,6 +491,22 @@ HQ_API int hq_linear_dgrad(hq_ctx *ctx, hq_operand dy, hq_operand w, hq_tensor *
 HQ_API int hq_linear_wgrad(hq_ctx *ctx, hq_operand x, hq_operand dy, hq_tensor *dw,
                            int accumulate, hq_gemm_info *info);
 
+/* Mixture of experts. hq_quantize_split quantizes the row blocks of src -- rows [0, m_splits[0]),
+   then the next m_splits[1] rows, ... (the m_splits sum to src->rows) -- each with its own
+   quantizer qs[i] (one per expert; hybrid and single-format quantizers may be mixed), into
+   out[i]. An expert with 0 rows gets out[i] = NULL. On failure every out[i] is NULL and nothing
+   is leaked. hq_grouped_gemm runs n GEMMs with the same flags, alpha and beta, A[i] x B[i] ->
+   D[i]; a group whose A or B is an empty operand (a NULL qtensor and no tensor) has no work, and
+   its D (if not NULL) must be [0, m] or [n, 0]. It runs them one after another on the context's
+   stream (each through hq_gemm's dispatch); infos (may be NULL) receives one hq_gemm_info per
+   group. hq_qtensors_free frees n qtensors (NULL entries allowed). */
+HQ_API int hq_quantize_split(hq_quantizer *const *qs, size_t n, hq_ctx *ctx, const hq_tensor *src,
+                             const int64_t *m_splits, hq_qtensor **out);
+HQ_API int hq_grouped_gemm(hq_ctx *ctx, size_t n, const hq_operand *A, int transa,
+                           const hq_operand *B, int transb, hq_tensor *const *D, float alpha,
+                           float beta, const hq_gemm_args *args, hq_gemm_info *infos);
+HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
+
 /* ---------------------------------------------------------------------------------------------
 ** FSDP buffer protocol (no communication here: the caller gathers along dim 0, with NCCL, MPI or
 ** memcpy).
