@@ -19,13 +19,13 @@ $hq help quantize | grep -q "usage: hq quantize" || fail "hq help quantize"; ok
 $hq frobnicate 2>"$tmp/e"; [ $? -eq 2 ] || fail "unknown command exit status"
 grep -q "'frobnicate' is not a command" "$tmp/e" || fail "unknown command message"; ok
 $hq info --bogus 2>/dev/null; [ $? -eq 2 ] || fail "unknown option exit status"; ok
-$hq --version | grep -q "plugin ABI 2.0" || fail "--version"; ok
+$hq --version | grep -q "plugin ABI 2.1" || fail "--version"; ok
 
 # info lists the built-in identity and the stock formats with their options
 $hq info --json > "$tmp/info.json" || fail "info --json"
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":0}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":1}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
@@ -133,6 +133,15 @@ if [ -n "$fp8so" ]; then
   HQ_PLUGIN_PATH="$tmp/shadow:$HQ_PLUGIN_PATH" $hq recipe check --json "$conf/examples/fp8_current.ini" >"$tmp/out" || fail "shadowed json"
   grep -q "\"shadows\":\[\"$fp8so\"" "$tmp/out" || fail "json shadows list"; ok
 fi
+# recipe check lists the three GEMMs of each linear layer and refuses a pair transformed
+# differently along k (RHT on one wgrad operand only) with the role section's file:line
+$hq recipe check "$conf/recipe.ini" > "$tmp/out" 2>/dev/null || fail "recipe check gemms"
+grep -q "wgrad input.col nv_act (nvfp4) x grad_output.col nv_grad (nvfp4): cpu" "$tmp/out" || { cat "$tmp/out"; fail "recipe check wgrad line"; }; ok
+grep -q "layer lm_head" "$tmp/out" || fail "recipe check lm_head layer"; ok
+$hq recipe check --json "$conf/recipe.ini" 2>/dev/null | grep -q '"gemm":"dgrad","a":{"tensor":"weight","direction":"columnwise","format":"nv_w"' || fail "recipe check --json gemms"; ok
+printf '[format a]\nplugin = nvfp4\nrht = true\n\n[role linear:input:*]\ncolumnwise = a\n[role linear:grad_output:*]\ncolumnwise = nvfp4\n' > "$tmp/rht.ini"
+$hq recipe check "$tmp/rht.ini" > "$tmp/out" 2> "$tmp/err"; [ $? -eq 1 ] || fail "impossible gemm exit status"
+grep -q "rht.ini:5: wgrad of linear layer '\*' is impossible: .*rht16" "$tmp/err" || { cat "$tmp/err"; fail "impossible gemm message"; }; ok
 # bench runs (tiny) on the CPU
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
 grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok

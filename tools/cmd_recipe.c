@@ -11,7 +11,12 @@ static const char usage[] =
     "\n"
     "Parse and resolve a recipe: list its format instances (plugin and every option value),\n"
     "each [role] section with the format of each direction and the columnwise source, the\n"
-    "sections another section shadows, and every error as FILE:LINE: message.\n"
+    "sections another section shadows, and every error as FILE:LINE: message. Then, for\n"
+    "every linear layer the role sections name, the three GEMMs (fprop W.row x X.row, dgrad\n"
+    "W.col x dY.row, wgrad X.col x dY.col): the two operand formats and the path on the CPU\n"
+    "and, when a GPU is present, on it (native / emulated); a pair that cannot be multiplied\n"
+    "(operands transformed differently along k, e.g. RHT on one wgrad operand only) is an\n"
+    "error naming the role section's FILE:LINE.\n"
     "Exit status: 0 valid, 1 errors found, 2 bad usage.\n";
 
 /* The module file a format instance of plugin `name` comes from. */
@@ -36,6 +41,125 @@ static const char *shadowed_file(const hq_recipe *r, const char *name, size_t k)
 static const char *source_name(int s) {
   return s == HQ_SOURCE_ROWWISE_DEQUANTIZED ? "rowwise_dequantized" : "original";
 }
+
+
+// --- the GEMMs of every linear layer the recipe names --------------------------------------------
+
+/* One GEMM of a linear layer: its two operands (role, direction, format) and the path. */
+typedef struct lgemm {
+  char layer[64];
+  const char *gemm;                 /* fprop, dgrad, wgrad */
+  const char *tensor[2];            /* input / weight / grad_output of A and B */
+  uint32_t dir[2];
+  char format[2][32], plugin[2][32];
+  int line[2];                      /* the [role] section's line, 0 when unmatched (identity) */
+  int possible;
+  uint32_t path_host, path_gpu;     /* path_gpu 0 when no GPU was found */
+  char why[320];                    /* impossible: the reason; else why not native here */
+} lgemm;
+
+#define MAX_LAYERS 64
+
+/* The layer names the recipe's linear sections name (a glob part is used as a literal name: it
+   matches that section and the less specific ones, as a real layer would). */
+static size_t linear_layers(const hq_recipe *r, char names[][64]) {
+  size_t n = 0;
+  for (size_t i = 0; i < hq_recipe_role_count(r) && n < MAX_LAYERS; i++) {
+    hq_role_info ri;
+    char buf[256];
+    hq_role role;
+    if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role))
+      continue;
+    if (strcmp(role.module_type, "linear") != 0 && !strpbrk(role.module_type, "*?")) continue;
+    int dup = 0;
+    for (size_t k = 0; k < n; k++) dup |= !strcmp(names[k], role.name);
+    if (!dup) snprintf(names[n++], 64, "%.63s", role.name);
+  }
+  return n;
+}
+
+static const char *const k_tensors[3] = {"input", "weight", "grad_output"};
+
+/* Quantizers and empty 256x256 qtensors (a shape every stock format accepts) of a layer's three
+   roles on ctx. */
+static int layer_tensors(hq_recipe *r, hq_ctx *ctx, const char *layer, hq_quantizer *q[3],
+                         hq_qtensor *t[3], int line[3]) {
+  for (int i = 0; i < 3; i++) q[i] = NULL, t[i] = NULL;
+  for (int i = 0; i < 3; i++) {
+    hq_role role = {"linear", k_tensors[i], layer};
+    long idx = hq_recipe_match(r, &role);
+    hq_role_info ri;
+    line[i] = idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, &ri) ? ri.line : 0;
+    if (hq_quantizer_create(r, &role, &q[i]) || hq_make_empty(q[i], ctx, 256, 256, HQ_BF16, &t[i]))
+      return 1;
+  }
+  return 0;
+}
+
+static void free_layer(hq_quantizer *q[3], hq_qtensor *t[3]) {
+  for (int i = 0; i < 3; i++) {
+    hq_qtensor_free(t[i]);
+    hq_quantizer_free(q[i]);
+  }
+}
+
+/* Fill out[0..2] (fprop, dgrad, wgrad) for one layer; returns the number of impossible GEMMs,
+   or -1 (message in hq_last_error()) when the roles cannot even be built. */
+static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *layer, lgemm out[3]) {
+  /* operand (tensor index, transposed) of A and B for each GEMM: see hq_linear_* */
+  static const int ops[3][4] = {{1, 1, 0, 0}, {1, 0, 2, 0}, {0, 0, 2, 1}};
+  static const char *const names[3] = {"fprop", "dgrad", "wgrad"};
+  hq_quantizer *q[3];
+  hq_qtensor *t[3];
+  int line[3], bad = 0;
+  if (layer_tensors(r, host, layer, q, t, line)) {
+    free_layer(q, t);
+    return -1;
+  }
+  hq_quantizer *gq[3] = {NULL, NULL, NULL};
+  hq_qtensor *gt[3] = {NULL, NULL, NULL};
+  int gline[3];
+  int have_gpu = gpu && !layer_tensors(r, gpu, layer, gq, gt, gline);
+  for (int g = 0; g < 3; g++) {
+    lgemm *o = &out[g];
+    memset(o, 0, sizeof *o);
+    snprintf(o->layer, sizeof o->layer, "%.63s", layer);
+    o->gemm = names[g];
+    for (int s = 0; s < 2; s++) {
+      int ti = ops[g][2 * s], tr = ops[g][2 * s + 1];
+      uint32_t dir = s == 0 ? (tr ? HQ_ROWWISE : HQ_COLWISE) : (tr ? HQ_COLWISE : HQ_ROWWISE);
+      o->tensor[s] = k_tensors[ti];
+      o->dir[s] = dir;
+      o->line[s] = line[ti];
+      snprintf(o->format[s], 32, "%s", hq_quantizer_format(q[ti], dir));
+      snprintf(o->plugin[s], 32, "%s", hq_quantizer_plugin(q[ti], dir));
+    }
+    hq_gemm_info info = {.struct_size = sizeof info};
+    int rc = hq_gemm_plan(host, hq_operand_q(t[ops[g][0]]), ops[g][1], hq_operand_q(t[ops[g][2]]),
+                          ops[g][3], NULL, NULL, &info);
+    if (rc) {
+      snprintf(o->why, sizeof o->why, "%s", hq_last_error());
+      bad++;
+      continue;
+    }
+    o->possible = 1;
+    o->path_host = info.path;
+    snprintf(o->why, sizeof o->why, "%s", info.reason);
+    if (have_gpu) {
+      hq_gemm_info gi = {.struct_size = sizeof gi};
+      if (!hq_gemm_plan(gpu, hq_operand_q(gt[ops[g][0]]), ops[g][1], hq_operand_q(gt[ops[g][2]]),
+                        ops[g][3], NULL, NULL, &gi)) {
+        o->path_gpu = gi.path;
+        if (gi.path != HQ_GEMM_PATH_NATIVE) snprintf(o->why, sizeof o->why, "%s", gi.reason);
+      }
+    }
+  }
+  free_layer(gq, gt);
+  free_layer(q, t);
+  return bad;
+}
+
+static const char *dir_word(uint32_t d) { return d == HQ_COLWISE ? "columnwise" : "rowwise"; }
 
 int hq_cmd_recipe(int argc, char **argv) {
   int as_json = 0;
@@ -70,13 +194,48 @@ int hq_cmd_recipe(int argc, char **argv) {
   hq_recipe *r = NULL;
   if (hq_recipe_parse(file, &o, &r)) return cli_fail(1, "recipe check", "%s", hq_last_error());
   size_t nerr = hq_recipe_error_count(r);
+  /* the GEMMs of each linear layer: on the host, and on the first GPU when there is one */
+  static lgemm gemms[MAX_LAYERS * 3];
+  static char layers[MAX_LAYERS][64];
+  size_t ng = 0, gemm_err = 0;
+  char gpu_name[128] = "";
+  int gpu_arch = 0;
+  if (!nerr) {
+    hq_ctx *host = NULL, *gpu = NULL;
+    hq_ctx_create(NULL, &host);
+    if (hq_device_count() > 0) {
+      hq_ctx_desc d = {sizeof d, 0, NULL, NULL, NULL, NULL, 0};
+      if (hq_ctx_create(&d, &gpu)) gpu = NULL;
+      else hq_device_info(0, gpu_name, sizeof gpu_name, &gpu_arch);
+    }
+    size_t nl = host ? linear_layers(r, layers) : 0;
+    for (size_t l = 0; l < nl; l++) {
+      int bad = layer_gemms(r, host, gpu, layers[l], gemms + ng);
+      if (bad < 0) {
+        fprintf(stderr, "%s: linear layer '%s': %s\n", file, layers[l], hq_last_error());
+        gemm_err++;
+        continue;
+      }
+      for (int g = 0; g < 3; g++)
+        if (!gemms[ng + g].possible) {
+          lgemm *o = &gemms[ng + g];
+          int line = o->line[0] ? o->line[0] : o->line[1];
+          fprintf(stderr, "%s:%d: %s of linear layer '%s' is impossible: %s\n", file, line,
+                  o->gemm, o->layer, o->why);
+        }
+      gemm_err += (size_t)bad;
+      ng += 3;
+    }
+    hq_ctx_destroy(gpu);
+    hq_ctx_destroy(host);
+  }
   if (as_json) {
     json j;
     json_begin(&j, stdout);
     json_obj(&j);
     json_kstr(&j, "file", file);
     json_kstr(&j, "name", hq_recipe_name(r));
-    json_kbool(&j, "valid", nerr == 0);
+    json_kbool(&j, "valid", nerr == 0 && gemm_err == 0);
     json_key(&j, "formats");
     json_arr(&j);
     for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
@@ -130,9 +289,36 @@ int hq_cmd_recipe(int argc, char **argv) {
       json_close_obj(&j);
     }
     json_close_arr(&j);
+    json_key(&j, "gemms");
+    json_arr(&j);
+    for (size_t g = 0; g < ng; g++) {
+      const lgemm *o = &gemms[g];
+      json_obj(&j);
+      json_kstr(&j, "layer", o->layer);
+      json_kstr(&j, "gemm", o->gemm);
+      for (int s2 = 0; s2 < 2; s2++) {
+        json_key(&j, s2 ? "b" : "a");
+        json_obj(&j);
+        json_kstr(&j, "tensor", o->tensor[s2]);
+        json_kstr(&j, "direction", dir_word(o->dir[s2]));
+        json_kstr(&j, "format", o->format[s2]);
+        json_kstr(&j, "plugin", o->plugin[s2]);
+        json_kint(&j, "line", o->line[s2]);
+        json_close_obj(&j);
+      }
+      json_kbool(&j, "possible", o->possible);
+      json_kstr(&j, "cpu_path", hq_gemm_path_name(o->path_host));
+      if (o->path_gpu) json_kstr(&j, "gpu_path", hq_gemm_path_name(o->path_gpu));
+      if (gpu_arch) json_kint(&j, "gpu_arch", gpu_arch);
+      json_kstr(&j, o->possible ? "reason" : "error", o->why);
+      json_close_obj(&j);
+    }
+    json_close_arr(&j);
     json_key(&j, "errors");
     json_arr(&j);
     for (size_t i = 0; i < nerr; i++) json_str(&j, hq_recipe_error(r, i));
+    for (size_t g = 0; g < ng; g++)
+      if (!gemms[g].possible) json_str(&j, gemms[g].why);
     json_close_arr(&j);
     json_close_obj(&j);
     json_end(&j);
@@ -172,13 +358,32 @@ int hq_cmd_recipe(int argc, char **argv) {
                sb.pattern, sb.line);
       }
     }
+    if (ng) {
+      printf("\nGEMMs of each linear layer (A x B; path on the CPU%s%s%s):\n",
+             gpu_arch ? ", on " : "", gpu_name, gpu_arch ? "" : "; on a GPU a pair of one module "
+             "runs natively where the module's gemm supports the device, else emulated");
+      for (size_t g = 0; g < ng; g++) {
+        const lgemm *o = &gemms[g];
+        if (g % 3 == 0) printf("  layer %s\n", o->layer);
+        printf("    %-5s %s.%s %s (%s) x %s.%s %s (%s): ", o->gemm, o->tensor[0],
+               o->dir[0] == HQ_ROWWISE ? "row" : "col", o->format[0], o->plugin[0], o->tensor[1],
+               o->dir[1] == HQ_ROWWISE ? "row" : "col", o->format[1], o->plugin[1]);
+        if (!o->possible) printf("IMPOSSIBLE\n");
+        else if (o->path_gpu) printf("cpu, %s on sm_%d\n", hq_gemm_path_name(o->path_gpu), gpu_arch);
+        else printf("cpu\n");
+        if (o->why[0] && (o->path_gpu != HQ_GEMM_PATH_NATIVE || !o->possible))
+          printf("          %s\n", o->why);
+      }
+    }
     if (nerr) {
       fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
       for (size_t i = 0; i < nerr; i++) fprintf(stderr, "%s\n", hq_recipe_error(r, i));
+    } else if (gemm_err) {
+      fprintf(stderr, "\n%zu impossible GEMM%s (see above)\n", gemm_err, gemm_err == 1 ? "" : "s");
     } else {
       printf("\nvalid\n");
     }
   }
   hq_recipe_free(r);
-  return nerr ? 1 : 0;
+  return nerr || gemm_err ? 1 : 0;
 }
