@@ -1,5 +1,5 @@
 /*
-** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.
+** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.1.
 **
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
 ** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
@@ -77,6 +77,12 @@
 **   - the FP8 element kind is the hq_dtype (HQ_E4M3 / HQ_E5M2), one enum; HQ_I8 appended;
 **   - the reserved ops of 1.0 (state_floats, init_state, fsdp_*, gemm) and HQ_CAP_STATEFUL are
 **     removed; delayed-scaling state and GEMMs arrive as appended 2.x fields.
+**
+** What 2.1 adds (a 2.0 module keeps loading; its storages are multiplied on the emulated path,
+** dequantized completely into F32):
+**   - GEMMs: the gemm() op (native multiply, usually through host->lt_matmul, the core's cuBLASLt
+**     runner), tensor_factor() and HQ_CALL_DEQ_RAW for the emulated path, desc.emul_dtype;
+**   - a module that sets abi_minor = 1 must pass an ops table of at least HQ_FORMAT_OPS_SIZE_2_1.
 **
 ** ---------------------------------------------------------------------------------------------
 ** Errors
