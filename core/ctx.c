@@ -32,7 +32,7 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   }
   if (d.allocator && (!d.allocator->alloc || !d.allocator->free))
     return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
-  hq_ctx *ctx = calloc(1, sizeof *ctx);
+  hq_ctx *ctx = hqi_calloc(1, sizeof *ctx);
   if (!ctx) return hqi_error(HQ_ENOMEM, "out of memory");
   ctx->device = d.device;
   ctx->stream = d.stream;

@@ -18,6 +18,12 @@ void hq_clear_error(void) { errbuf[0] = '\0'; }
 
 int hqi_verror(int code, const char *fmt, va_list ap) {
   vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  if (code == HQ_ENOMEM && !strstr(errbuf, "memory")) {
+    /* every allocation failure says so, whatever its message names */
+    char what[HQ_ERRBUF];
+    memcpy(what, errbuf, sizeof what);
+    snprintf(errbuf, sizeof errbuf, "out of memory: %.*s", (int)sizeof what - 16, what);
+  }
   return code;
 }
 

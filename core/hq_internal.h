@@ -22,6 +22,11 @@ void hqi_log(const hq_ctx *ctx, int level, const char *fmt, ...) HQ_PRINTF(3, 4)
 extern const hq_host_api hqi_host_api;
 
 // --- small utilities (util.c) --------------------------------------------------------------
+/* malloc / calloc that count failures (hqi_oom_events): every helper here counts its own. */
+void *hqi_malloc(size_t bytes);
+void *hqi_calloc(size_t n, size_t size);
+uint64_t hqi_oom_events(void);
+void hqi_oom_note(void);
 char *hqi_strdup(const char *s);
 char *hqi_strndup(const char *s, size_t n);
 char *hqi_asprintf(const char *fmt, ...) HQ_PRINTF(1, 2);

@@ -12,6 +12,7 @@
 #include "hq_internal.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ static int reject(hq_plugins *set, const char *file, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
-  rejected *r = calloc(1, sizeof *r);
+  rejected *r = hqi_calloc(1, sizeof *r);
   if (!r) return hqi_error(HQ_ENOMEM, "out of memory");
   r->file = hqi_strdup(file);
   r->reason = hqi_strdup(reason);
@@ -133,7 +134,7 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
 /* The formats compiled into libhqcore (identity): present in every set, first, file
    HQI_BUILTIN_FILE, no handle. */
 int hqi_builtin_register(hq_plugins *set) {
-  hq_plugin *p = calloc(1, sizeof *p);
+  hq_plugin *p = hqi_calloc(1, sizeof *p);
   if (!p) return hqi_error(HQ_ENOMEM, "out of memory");
   p->ops = hqi_identity_ops;
   p->file = hqi_strdup(HQI_BUILTIN_FILE);
@@ -154,6 +155,11 @@ static int load_one(hq_plugins *set, const char *file) {
   void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!h) {
     const char *e = dlerror();
+    if (e && (strstr(e, "memory") || strstr(e, "allocate"))) {
+      /* the module may be fine: refusing it would make a recipe silently lose its format */
+      hqi_oom_note();
+      return hqi_error(HQ_ENOMEM, "loading plugin %s: %s", file, e);
+    }
     return reject(set, file, "dlopen failed: %s", e ? e : "unknown error");
   }
   union { void *obj; hq_format_entry_fn fn; } entry;
@@ -200,7 +206,7 @@ static int load_one(hq_plugins *set, const char *file) {
                   "than ABI 2.1's %zu bytes", ops->abi_minor, ops->struct_size,
                   (size_t)HQ_FORMAT_OPS_SIZE_2_1);
   }
-  hq_plugin *p = calloc(1, sizeof *p);
+  hq_plugin *p = hqi_calloc(1, sizeof *p);
   if (!p) {
     dlclose(h);
     return hqi_error(HQ_ENOMEM, "out of memory");
@@ -246,7 +252,11 @@ static int cmp_str(const void *a, const void *b) {
 /* Load every *.so of one directory, in name order. A missing directory is not an error. */
 static int scan_dir(hq_plugins *set, const char *dir) {
   DIR *d = opendir(dir);
-  if (!d) return HQ_OK;
+  if (!d && errno == ENOMEM) {
+    hqi_oom_note();
+    return hqi_error(HQ_ENOMEM, "out of memory opening plugin directory %s", dir);
+  }
+  if (!d) return HQ_OK; /* a directory that does not exist holds no module */
   hqi_vec files = {0};
   int rc = HQ_OK;
   struct dirent *e;
@@ -302,7 +312,8 @@ static int add_path_list(hq_plugins *set, const char *list) {
 int hq_plugins_open(const char *const *dirs, size_t ndirs, unsigned flags, hq_plugins **out) {
   if (!out) return hqi_error(HQ_EINVAL, "hq_plugins_open: out is NULL");
   *out = NULL;
-  hq_plugins *set = calloc(1, sizeof *set);
+  const uint64_t oom0 = hqi_oom_events();
+  hq_plugins *set = hqi_calloc(1, sizeof *set);
   if (!set) return hqi_error(HQ_ENOMEM, "out of memory");
   set->refs = 1;
   int rc = hqi_builtin_register(set);
@@ -313,6 +324,8 @@ int hq_plugins_open(const char *const *dirs, size_t ndirs, unsigned flags, hq_pl
   if (rc == HQ_OK && !(flags & HQ_PLUGINS_NO_DEFAULT))
     rc = add_dir(set, HQ_PLUGINDIR, strlen(HQ_PLUGINDIR));
   for (size_t i = 0; i < set->dirs.n && rc == HQ_OK; i++) rc = scan_dir(set, set->dirs.v[i]);
+  if (rc == HQ_OK && hqi_oom_events() != oom0) /* a module or a rejection could not be recorded */
+    rc = hqi_error(HQ_ENOMEM, "out of memory while loading the plugins (none was kept)");
   if (rc) {
     hq_plugins_close(set);
     return rc;

@@ -141,14 +141,14 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
   *out = NULL;
   const hq_format_ops *ops = &plugin->ops;
   size_t n = plugin->n_options;
-  hqi_format *f = calloc(1, sizeof *f);
+  hqi_format *f = hqi_calloc(1, sizeof *f);
   if (!f) return hqi_error(HQ_ENOMEM, "out of memory");
   f->refs = 1;
   f->plugin = plugin;
   f->name = hqi_strdup(name);
-  f->vals = calloc(n + 1, sizeof *f->vals);
-  f->val_text = calloc(n + 1, sizeof *f->val_text);
-  if (ops->config_size) f->cfg = calloc(1, ops->config_size);
+  f->vals = hqi_calloc(n + 1, sizeof *f->vals);
+  f->val_text = hqi_calloc(n + 1, sizeof *f->val_text);
+  if (ops->config_size) f->cfg = hqi_calloc(1, ops->config_size);
   if (!f->name || !f->vals || !f->val_text || (ops->config_size && !f->cfg)) {
     hqi_format_release(f);
     return hqi_error(HQ_ENOMEM, "out of memory");

@@ -37,7 +37,7 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
     return hqi_error(HQ_EPARSE, "recipe %s has errors: %s", hq_recipe_path(r),
                      hq_recipe_error(r, 0));
   long idx = hq_recipe_match(r, role);
-  hq_quantizer *q = calloc(1, sizeof *q);
+  hq_quantizer *q = hqi_calloc(1, sizeof *q);
   if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
   q->role = hqi_asprintf("%s:%s:%s", role->module_type ? role->module_type : "",
                          role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
@@ -78,8 +78,8 @@ static int direct_format(hq_plugins *set, const hq_format_spec *specp, const cha
   const hq_option *opt = hq_plugin_options(p);
   size_t n = 0;
   while (opt[n].name) n++;
-  const char **texts = calloc(n + 1, sizeof *texts);
-  char **keys = calloc(spec.n_options + 1, sizeof *keys);
+  const char **texts = hqi_calloc(n + 1, sizeof *texts);
+  char **keys = hqi_calloc(spec.n_options + 1, sizeof *keys);
   int rc = texts && keys ? HQ_OK : hqi_error(HQ_ENOMEM, "out of memory");
   for (size_t i = 0; !rc && i < spec.n_options; i++) {
     const char *kv = spec.options ? spec.options[i] : NULL;
@@ -133,7 +133,7 @@ int hq_quantizer_create_direct(hq_plugins *plugins, const hq_format_spec *rowwis
   if (columnwise_source != HQ_SOURCE_ORIGINAL && columnwise_source != HQ_SOURCE_ROWWISE_DEQUANTIZED)
     return hqi_error(HQ_EINVAL, "hq_quantizer_create_direct: columnwise_source %d is not "
                      "HQ_SOURCE_*", columnwise_source);
-  hq_quantizer *q = calloc(1, sizeof *q);
+  hq_quantizer *q = hqi_calloc(1, sizeof *q);
   if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
   q->usage = HQ_BOTH;
   q->source = columnwise_source;
@@ -584,7 +584,7 @@ static int check_src(const hq_ctx *ctx, const hq_tensor *src, const char *what, 
 
 static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols,
                                hq_dtype nominal) {
-  hq_qtensor *qt = calloc(1, sizeof *qt);
+  hq_qtensor *qt = hqi_calloc(1, sizeof *qt);
   if (!qt) return NULL;
   qt->role = hqi_strdup(q->role);
   if (!qt->role) {

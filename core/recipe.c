@@ -107,7 +107,7 @@ static int cmp_err(const void *a, const void *b) {
 static void sort_errors(hq_recipe *r) {
   if (r->errors.n < 2) return;
   err_key *k = malloc(r->errors.n * sizeof *k);
-  if (!k) return; /* unsorted, not lost */
+  if (!k) return; /* unsorted, not lost: not an allocation failure that loses anything */
   for (size_t i = 0; i < r->errors.n; i++) {
     k[i].line = error_line(r, r->errors.v[i]);
     k[i].index = i;
@@ -139,7 +139,7 @@ static char *trimmed(const char *s, size_t n) {
 }
 
 static section *new_section(hq_recipe *r, int kind, char *arg, int line) {
-  section *s = calloc(1, sizeof *s);
+  section *s = hqi_calloc(1, sizeof *s);
   if (!s || hqi_vec_push(&r->sections, s)) {
     free(s);
     free(arg);
@@ -201,7 +201,7 @@ static void scan_key(hq_recipe *r, const char *start, int line, section *cur) {
   }
   char *key = trimmed(start, (size_t)(end - start));
   if (!key) return;
-  kv *e = calloc(1, sizeof *e);
+  kv *e = hqi_calloc(1, sizeof *e);
   if (!e || hqi_vec_push(&r->keys, e)) {
     free(e);
     free(key);
@@ -321,7 +321,7 @@ static fmt_entry *find_format(const hq_recipe *r, const char *name) {
 }
 
 static fmt_entry *add_format(hq_recipe *r, const char *name, int line) {
-  fmt_entry *e = calloc(1, sizeof *e);
+  fmt_entry *e = hqi_calloc(1, sizeof *e);
   if (!e) return NULL;
   e->name = hqi_strdup(name);
   e->line = line;
@@ -351,7 +351,7 @@ static void explain_missing_plugin(hq_recipe *r, int line, const char *what, con
 }
 
 static int valid_format_name(const char *s) {
-  if (!*s) return 0;
+  if (!s || !*s) return 0;
   for (; *s; s++)
     if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
           *s == '_' || *s == '-' || *s == '.'))
@@ -387,7 +387,7 @@ static void build_format(hq_recipe *r, const section *s) {
   }
   const hq_option *opts = hq_plugin_options(p);
   size_t nopt = p->n_options;
-  const char **texts = calloc(nopt + 1, sizeof *texts);
+  const char **texts = hqi_calloc(nopt + 1, sizeof *texts);
   if (!texts) return;
   int bad = 0;
   for (size_t i = 0; i < s->kvs.n; i++) {
@@ -459,7 +459,7 @@ static fmt_entry *resolve_format_ref(hq_recipe *r, const kv *k) {
 }
 
 static void build_role(hq_recipe *r, const section *s) {
-  role_entry *e = calloc(1, sizeof *e);
+  role_entry *e = hqi_calloc(1, sizeof *e);
   if (!e) return;
   char why[300];
   if (hqi_pattern_parse(s->arg ? s->arg : "", &e->pat, why, sizeof why)) {
@@ -588,9 +588,30 @@ static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
 
 // --- public API -----------------------------------------------------------------------------
 
+static int parse_text2(const char *text, const char *path, const char *dir,
+                       const hq_recipe_opts *opts, hq_recipe **out);
+
+/* A recipe is complete or refused: any allocation that failed during the parse (a key, a
+   section, an error message that could not be recorded) makes the whole parse HQ_ENOMEM, never a
+   recipe with a silently missing piece. */
 static int parse_text(const char *text, const char *path, const char *dir,
                       const hq_recipe_opts *opts, hq_recipe **out) {
-  hq_recipe *r = calloc(1, sizeof *r);
+  const uint64_t before = hqi_oom_events();
+  int rc = parse_text2(text, path, dir, opts, out);
+  if (rc == HQ_OK && hqi_oom_events() != before) {
+    hq_recipe_free(*out);
+    *out = NULL;
+    return hqi_error(HQ_ENOMEM, "%s: out of memory while parsing the recipe (nothing was kept)",
+                     path);
+  }
+  if (rc == HQ_ENOMEM) *out = NULL;
+  return rc;
+}
+
+static int parse_text2(const char *text, const char *path, const char *dir,
+                       const hq_recipe_opts *opts, hq_recipe **out) {
+  const uint64_t oom0 = hqi_oom_events();
+  hq_recipe *r = hqi_calloc(1, sizeof *r);
   if (!r) return hqi_error(HQ_ENOMEM, "out of memory");
   r->path = hqi_strdup(path);
   r->dir = hqi_strdup(dir);
@@ -619,7 +640,8 @@ static int parse_text(const char *text, const char *path, const char *dir,
     if (!r->inih_unsafe) {
       size_t before = r->errors.n;
       int line = ini_parse_string(text, ini_handler_fn, r);
-      if (line != 0 && before == 0 && r->errors.n == 0)
+      if (line == -2) hqi_oom_note(); /* inih's own buffer could not be allocated */
+      else if (line != 0 && before == 0 && r->errors.n == 0)
         add_error(r, line > 0 ? line : 0, "inih could not parse this line");
       if (r->errors.n == before && r->next_key != r->keys.n) {
         add_error(r, 0, "internal: inih reported %zu keys, the pre-scan saw %zu", r->next_key,
@@ -627,6 +649,11 @@ static int parse_text(const char *text, const char *path, const char *dir,
         r->inih_unsafe = 1;
       }
     }
+  }
+  if (hqi_oom_events() != oom0) { /* a section or key is missing: resolve nothing */
+    hq_recipe_free(r);
+    return hqi_error(HQ_ENOMEM, "%s: out of memory while reading the recipe (nothing was kept)",
+                     path);
   }
   if (!r->inih_unsafe && strlen(text) <= MAX_RECIPE_BYTES) {
     int rc = resolve(r, opts);
@@ -647,7 +674,7 @@ int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **ou
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return hqi_error(HQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-  char *text = malloc(MAX_RECIPE_BYTES + 2);
+  char *text = hqi_malloc(MAX_RECIPE_BYTES + 2);
   if (!text) {
     fclose(f);
     return hqi_error(HQ_ENOMEM, "out of memory");
@@ -778,7 +805,7 @@ int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
   out->plugin = e->f->plugin->ops.name;
   size_t n = e->f->plugin->n_options;
   if (!e->opt_names && n) {
-    e->opt_names = calloc(n, sizeof *e->opt_names);
+    e->opt_names = hqi_calloc(n, sizeof *e->opt_names);
     if (!e->opt_names) return hqi_error(HQ_ENOMEM, "out of memory");
     for (size_t j = 0; j < n; j++) e->opt_names[j] = e->f->plugin->ops.options[j].name;
   }

@@ -10,10 +10,31 @@
 
 const char *hq_version(void) { return PACKAGE_VERSION; }
 
+/* Allocation failures of this thread, counted by every core allocation helper: a multi-step
+   build (a recipe parse) compares the count before and after and refuses a partial result. */
+static _Thread_local uint64_t oom_events;
+uint64_t hqi_oom_events(void) { return oom_events; }
+void hqi_oom_note(void) { oom_events++; }
+
+void *hqi_malloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) oom_events++;
+  return p;
+}
+void *hqi_calloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  if (!p) oom_events++;
+  return p;
+}
+
 char *hqi_strdup(const char *s) { return s ? hqi_strndup(s, strlen(s)) : NULL; }
 
 char *hqi_strndup(const char *s, size_t n) {
-  char *d = malloc(n + 1);
+  if (n == SIZE_MAX) {
+    oom_events++;
+    return NULL;
+  }
+  char *d = hqi_malloc(n + 1);
   if (!d) return NULL;
   memcpy(d, s, n);
   d[n] = '\0';
@@ -26,7 +47,7 @@ char *hqi_asprintf(const char *fmt, ...) {
   int n = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
   if (n < 0) return NULL;
-  char *s = malloc((size_t)n + 1);
+  char *s = hqi_malloc((size_t)n + 1);
   if (!s) return NULL;
   va_start(ap, fmt);
   vsnprintf(s, (size_t)n + 1, fmt, ap);
@@ -37,8 +58,11 @@ char *hqi_asprintf(const char *fmt, ...) {
 int hqi_vec_push(hqi_vec *a, void *p) {
   if (a->n == a->cap) {
     size_t cap = a->cap ? a->cap * 2 : 8;
-    void **v = realloc(a->v, cap * sizeof *v);
-    if (!v) return hqi_error(HQ_ENOMEM, "out of memory");
+    void **v = cap <= SIZE_MAX / sizeof *v ? realloc(a->v, cap * sizeof *v) : NULL;
+    if (!v) {
+      oom_events++;
+      return hqi_error(HQ_ENOMEM, "out of memory (a list of %zu entries)", cap);
+    }
     a->v = v;
     a->cap = cap;
   }
@@ -54,9 +78,15 @@ void hqi_vec_free(hqi_vec *a) {
 
 void *hqi_host_alloc(size_t bytes) {
   void *p = NULL;
-  if (bytes > SIZE_MAX - 63) return NULL; /* the round-up below would wrap to a tiny block */
+  if (bytes > SIZE_MAX - 63) { /* the round-up below would wrap to a tiny block */
+    oom_events++;
+    return NULL;
+  }
   size_t rounded = (bytes + 63) & ~(size_t)63;
-  if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) return NULL;
+  if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+    oom_events++;
+    return NULL;
+  }
   return p;
 }
 

@@ -95,6 +95,12 @@ tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
 tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
 
+# allocation failures injected one at a time (replaces malloc; skips under AddressSanitizer)
+check_PROGRAMS += tests/test_oom
+tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h
+tests_test_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_oom_LDADD = $(HQ_TEST_LDADD)
+
 if HAVE_CUDA
 # GEMMs on a GPU: native cuBLASLt and emulated paths against the host path and an F64 reference
 check_PROGRAMS += tests/test_gpu_gemm
