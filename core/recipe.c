@@ -21,7 +21,7 @@
 
 #define INIH_MAX_LINE 198   /* characters per line that inih r55 reads whole (200-byte buffer) */
 #define INIH_MAX_NAME 49    /* section / key characters it keeps */
-#define MAX_RECIPE_BYTES (1 << 20)
+#define MAX_RECIPE_BYTES (16 << 20) /* 16 MiB: far above any real recipe (100k sections fit) */
 
 enum { SEC_NONE, SEC_RECIPE, SEC_FORMAT, SEC_ROLE, SEC_UNKNOWN };
 
@@ -68,6 +68,8 @@ struct hq_recipe {
   hqi_vec formats;       /* fmt_entry * */
   hqi_vec roles;         /* role_entry * */
   fmt_entry *identity;   /* the implicit identity instance, when available */
+  fmt_entry **fmt_sorted; /* the first n_fmt_sorted formats sorted by name (find_format) */
+  size_t n_fmt_sorted;
 };
 
 static void add_error(hq_recipe *r, int line, const char *fmt, ...) HQ_PRINTF(3, 4);
@@ -223,14 +225,46 @@ static void scan_key(hq_recipe *r, const char *start, int line, section *cur) {
     add_error(r, line, "key '%s' appears before any section", key);
     return;
   }
-  for (size_t i = 0; i < cur->kvs.n; i++) {
-    kv *o = cur->kvs.v[i];
-    if (strcmp(o->key, key) == 0) {
-      add_error(r, line, "key '%s' repeated in this section (first at line %d)", key, o->line);
-      return;
+  hqi_vec_push(&cur->kvs, e); /* repeats are found after the scan (drop_repeated_keys) */
+}
+
+static int cmp_kv(const void *a, const void *b) {
+  const kv *x = *(kv *const *)a, *y = *(kv *const *)b;
+  int c = strcmp(x->key, y->key);
+  return c ? c : (x->line > y->line) - (x->line < y->line);
+}
+
+/* A key repeated in a section is an error at the repeat (the first stays): sort a copy of each
+   section's keys by (key, line), O(k log k), instead of comparing every pair. */
+static void drop_repeated_keys(hq_recipe *r) {
+  for (size_t si = 0; si < r->sections.n; si++) {
+    section *s = r->sections.v[si];
+    if (s->kvs.n < 2) continue;
+    kv **v = hqi_malloc(s->kvs.n * sizeof *v);
+    if (!v) return; /* counted: the parse fails as a whole */
+    memcpy(v, s->kvs.v, s->kvs.n * sizeof *v);
+    qsort(v, s->kvs.n, sizeof *v, cmp_kv);
+    int any = 0;
+    for (size_t i = 1; i < s->kvs.n; i++)
+      if (strcmp(v[i]->key, v[i - 1]->key) == 0) {
+        size_t f = i - 1;
+        while (f > 0 && strcmp(v[f - 1]->key, v[i]->key) == 0) f--;
+        add_error(r, v[i]->line, "key '%s' repeated in this section (first at line %d)", v[i]->key,
+                  v[f]->line);
+        v[i]->value = (char *)v; /* mark (never dereferenced; reset below) */
+        any = 1;
+      }
+    if (any) {
+      size_t n = 0;
+      for (size_t i = 0; i < s->kvs.n; i++) {
+        kv *k = s->kvs.v[i];
+        if (k->value == (char *)v) k->value = NULL; /* still owned by r->keys */
+        else s->kvs.v[n++] = k;
+      }
+      s->kvs.n = n;
     }
+    free(v);
   }
-  hqi_vec_push(&cur->kvs, e);
 }
 
 /* Walk the text with inih r55's rules (BOM, comments, continuation, sections, keys). */
@@ -312,8 +346,34 @@ static kv *find_kv(const section *s, const char *key) {
   return NULL;
 }
 
+static int cmp_fmt_name(const void *a, const void *b) {
+  return strcmp((*(fmt_entry *const *)a)->name, (*(fmt_entry *const *)b)->name);
+}
+
+/* The [format] sections by name, O(log n) per lookup (a format named twice is an error found
+   when it is added, so names are unique). Implicit formats added later are searched linearly. */
+static void index_formats(hq_recipe *r) {
+  free(r->fmt_sorted);
+  r->n_fmt_sorted = 0;
+  r->fmt_sorted = hqi_malloc(r->formats.n * sizeof *r->fmt_sorted);
+  if (!r->fmt_sorted) return;
+  memcpy(r->fmt_sorted, r->formats.v, r->formats.n * sizeof *r->fmt_sorted);
+  qsort(r->fmt_sorted, r->formats.n, sizeof *r->fmt_sorted, cmp_fmt_name);
+  r->n_fmt_sorted = r->formats.n;
+}
+
 static fmt_entry *find_format(const hq_recipe *r, const char *name) {
-  for (size_t i = 0; i < r->formats.n; i++) {
+  if (r->n_fmt_sorted) {
+    size_t lo = 0, hi = r->n_fmt_sorted;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      int c = strcmp(r->fmt_sorted[mid]->name, name);
+      if (c == 0) return r->fmt_sorted[mid];
+      if (c < 0) lo = mid + 1;
+      else hi = mid;
+    }
+  }
+  for (size_t i = r->n_fmt_sorted; i < r->formats.n; i++) {
     fmt_entry *e = r->formats.v[i];
     if (strcmp(e->name, name) == 0) return e;
   }
@@ -540,19 +600,97 @@ static void build_recipe_section(hq_recipe *r, const section *s, int *seen_line,
   }
 }
 
+/* Whether section j shadows section a (index i): it matches every role a matches and wins. */
+static int shadows(const hq_recipe *r, size_t j, size_t i) {
+  const role_entry *a = r->roles.v[i], *b = r->roles.v[j];
+  if (i == j || !hqi_pattern_contains(&b->pat, &a->pat)) return 0;
+  int c = hqi_pattern_compare(&b->pat, &a->pat);
+  return c > 0 || (c == 0 && j > i);
+}
+
+static uint32_t glob_mask(const hqi_pattern *p) {
+  uint32_t m = 0;
+  for (int k = 0; k < 3; k++)
+    if (strpbrk(p->part[k], "*?")) m |= 1u << k;
+  return m;
+}
+
+typedef struct shadow_key {
+  char *key;       /* the pattern's parts outside the mask, joined by '\x1f' */
+  size_t index;
+} shadow_key;
+
+static char *mask_key(const hqi_pattern *p, uint32_t mask) {
+  return hqi_asprintf("%s\x1f%s\x1f%s", mask & 1u ? "" : p->part[0], mask & 2u ? "" : p->part[1],
+                      mask & 4u ? "" : p->part[2]);
+}
+
+static int cmp_shadow_key(const void *a, const void *b) {
+  const shadow_key *x = a, *y = b;
+  int c = strcmp(x->key, y->key);
+  return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+/* For every role section, the first section (in file order) that matches every role it matches
+   and wins over it. A section b can contain a only if every part of b without a glob is equal to
+   a's part there: so the sections are grouped by their glob mask (which of the three parts have a
+   '*' or '?') and, within a group, sorted by their literal parts. Each section then looks up, in
+   each of the 8 groups, only the sections whose literal parts equal its own: O(n log n) for the
+   recipes people write (per-layer sections), where comparing every pair was O(n^2). */
 static void compute_shadows(hq_recipe *r) {
-  for (size_t i = 0; i < r->roles.n; i++) {
+  const size_t n = r->roles.n;
+  for (size_t i = 0; i < n; i++) ((role_entry *)r->roles.v[i])->shadowed_by = -1;
+  if (n < 2) return;
+  shadow_key *g[8] = {NULL};
+  size_t gn[8] = {0};
+  int ok = 1;
+  for (uint32_t m = 0; m < 8 && ok; m++) {
+    g[m] = hqi_calloc(n, sizeof *g[m]);
+    if (!g[m]) ok = 0;
+  }
+  for (size_t i = 0; i < n && ok; i++) {
+    const role_entry *e = r->roles.v[i];
+    uint32_t m = glob_mask(&e->pat);
+    shadow_key *k = &g[m][gn[m]];
+    if (!(k->key = mask_key(&e->pat, m))) ok = 0;
+    else k->index = i, gn[m]++;
+  }
+  if (ok)
+    for (uint32_t m = 0; m < 8; m++) qsort(g[m], gn[m], sizeof *g[m], cmp_shadow_key);
+  for (size_t i = 0; i < n && ok; i++) {
     role_entry *a = r->roles.v[i];
-    for (size_t j = 0; j < r->roles.n; j++) {
-      role_entry *b = r->roles.v[j];
-      if (i == j || !hqi_pattern_contains(&b->pat, &a->pat)) continue;
-      int c = hqi_pattern_compare(&b->pat, &a->pat);
-      if (c > 0 || (c == 0 && j > i)) {
-        a->shadowed_by = (long)j;
+    const uint32_t am = glob_mask(&a->pat);
+    long best = -1;
+    for (uint32_t m = 0; m < 8 && ok; m++) {
+      if ((am & ~m) || !gn[m]) continue; /* a glob part of a cannot fit a literal part of b */
+      shadow_key probe = {mask_key(&a->pat, m), 0};
+      if (!probe.key) {
+        ok = 0;
         break;
       }
+      size_t lo = 0, hi = gn[m];
+      while (lo < hi) { /* first entry with this key */
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_shadow_key(&g[m][mid], &probe) < 0) lo = mid + 1;
+        else hi = mid;
+      }
+      for (size_t t = lo; t < gn[m] && strcmp(g[m][t].key, probe.key) == 0; t++) {
+        size_t j = g[m][t].index;
+        if (best >= 0 && j >= (size_t)best) break; /* sorted by index: no earlier one follows */
+        if (shadows(r, j, i)) {
+          best = (long)j;
+          break;
+        }
+      }
+      free(probe.key);
     }
+    a->shadowed_by = best;
   }
+  for (uint32_t m = 0; m < 8; m++) {
+    for (size_t t = 0; t < gn[m]; t++) free(g[m][t].key);
+    free(g[m]);
+  }
+  if (!ok) hqi_oom_note(); /* the parse fails as a whole */
 }
 
 static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
@@ -576,6 +714,7 @@ static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
     section *s = r->sections.v[i];
     if (s->kind == SEC_FORMAT) build_format(r, s);
   }
+  index_formats(r);
   if (!find_format(r, "identity")) r->identity = implicit_format(r, "identity");
   else r->identity = find_format(r, "identity");
   for (size_t i = 0; i < r->sections.n; i++) {
@@ -637,6 +776,7 @@ static int parse_text2(const char *text, const char *path, const char *dir,
        section, ...) do not stop the parse: the rest of the file is still resolved, so that every
        error is listed at once. Only lines inih would misread stop it here. */
     prescan(r, text);
+    drop_repeated_keys(r);
     if (!r->inih_unsafe) {
       size_t before = r->errors.n;
       int line = ini_parse_string(text, ini_handler_fn, r);
@@ -674,17 +814,25 @@ int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **ou
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return hqi_error(HQ_EIO, "%s: cannot open: %s", path, strerror(errno));
-  char *text = hqi_malloc(MAX_RECIPE_BYTES + 2);
+  /* the file's size when it has one (a pipe reads up to the limit) */
+  long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (size >= 0) rewind(f);
+  size_t cap = size >= 0 && size <= MAX_RECIPE_BYTES ? (size_t)size + 2 : MAX_RECIPE_BYTES + 2;
+  char *text = hqi_malloc(cap);
   if (!text) {
     fclose(f);
-    return hqi_error(HQ_ENOMEM, "out of memory");
+    return hqi_error(HQ_ENOMEM, "out of memory reading %s (%zu bytes)", path, cap);
   }
-  size_t n = fread(text, 1, MAX_RECIPE_BYTES + 1, f);
+  size_t n = fread(text, 1, cap - 1, f);
   int err = ferror(f);
   fclose(f);
   if (err) {
     free(text);
     return hqi_error(HQ_EIO, "%s: read error", path);
+  }
+  if (size >= 0 && size <= MAX_RECIPE_BYTES && n > (size_t)size) {
+    free(text);
+    return hqi_error(HQ_EIO, "%s: the file grew while it was read", path);
   }
   text[n] = '\0';
   if (memchr(text, '\0', n)) {
@@ -776,6 +924,7 @@ void hq_recipe_free(hq_recipe *r) {
   hqi_vec_free(&r->sections);
   hqi_vec_free(&r->keys);
   hqi_vec_free(&r->formats);
+  free(r->fmt_sorted);
   hqi_vec_free(&r->roles);
   hq_plugins_close(r->set);
   free(r->path);

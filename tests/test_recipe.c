@@ -6,6 +6,8 @@
 */
 #include <unistd.h>
 
+#include <time.h>
+
 #include "hq_test.h"
 
 static hq_recipe *parse(const char *text) {
@@ -400,6 +402,75 @@ static void test_files(void **state) {
   }
 }
 
+
+/* Parsing is O(n log n): 100k role sections (per-layer literal names, plus glob sections that
+   shadow some of them) and one section of 100k keys, each under a generous bound (comparing
+   every pair of sections took minutes at this size). */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_large_recipes(void **state) {
+  (void)state;
+  const int n = 100000;
+  size_t cap = (size_t)n * 64 + 4096, len = 0;
+  char *t = malloc(cap);
+  len += (size_t)snprintf(t + len, cap - len, "[format f]\nplugin = fp8_tensor\n"
+                          "[role linear:*:*]\nrowwise = f\n"
+                          "[role linear:weight:layer1*]\nrowwise = f\n");
+  for (int i = 0; i < n; i++)
+    len += (size_t)snprintf(t + len, cap - len, "[role linear:%s:layer%d]\nrowwise = f\n",
+                            i % 2 ? "weight" : "input", i);
+  double t0 = now_s();
+  hq_recipe *r = hq_test_recipe(t);
+  double dt = now_s() - t0;
+  print_message("%d role sections: %.2f s\n", n + 2, dt);
+  assert_true(dt < 30.0);
+  assert_int_equal(hq_recipe_role_count(r), n + 2);
+  hq_role_info ri;
+  /* linear:*:* (index 0) is shadowed by nothing; layer1* (index 1) neither; every literal
+     section is more specific than both: shadowed by none */
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 0, &ri));
+  assert_int_equal(ri.shadowed_by, -1);
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 5, &ri));
+  assert_int_equal(ri.shadowed_by, -1);
+  hq_recipe_free(r);
+
+  /* a later equal section shadows an earlier one (ties go to the later section) */
+  len = (size_t)snprintf(t, cap, "[format f]\nplugin = fp8_tensor\n");
+  for (int i = 0; i < n; i++)
+    len += (size_t)snprintf(t + len, cap - len, "[role linear:weight:l%d]\nrowwise = f\n", i % (n / 2));
+  t0 = now_s();
+  r = hq_test_recipe(t);
+  dt = now_s() - t0;
+  assert_true(dt < 30.0);
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 3, &ri));
+  assert_int_equal(ri.shadowed_by, 3 + n / 2);
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 3 + n / 2, &ri));
+  assert_int_equal(ri.shadowed_by, -1);
+  hq_recipe_free(r);
+
+  /* one section with 100k keys, one of them repeated: one error, at the repeat */
+  len = (size_t)snprintf(t, cap, "[recipe]\nname = big\n");
+  for (int i = 0; i < n; i++) len += (size_t)snprintf(t + len, cap - len, "k%d = v\n", i);
+  len += (size_t)snprintf(t + len, cap - len, "k77 = again\n");
+  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  t0 = now_s();
+  HQ_OK_OR_FAIL(hq_recipe_parse_string(t, "big.ini", &o, &r));
+  dt = now_s() - t0;
+  print_message("100k keys: %.2f s, %zu errors\n", dt, hq_recipe_error_count(r));
+  assert_true(dt < 30.0);
+  int repeat = 0;
+  for (size_t i = 0; i < hq_recipe_error_count(r); i++)
+    repeat += strstr(hq_recipe_error(r, i), "big.ini:100003: key 'k77' repeated in this section "
+                                             "(first at line 80)") != NULL;
+  assert_int_equal(repeat, 1);
+  hq_recipe_free(r);
+  free(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid_and_introspection),
@@ -413,6 +484,7 @@ int main(void) {
       cmocka_unit_test(test_shadowed),
       cmocka_unit_test(test_plugin_dirs_relative),
       cmocka_unit_test(test_files),
+      cmocka_unit_test(test_large_recipes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
