@@ -233,7 +233,10 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
     snprintf(p->info.reason, sizeof p->info.reason, "the caller forced the emulated path");
   } else if (!p->a.qt || !p->b.qt) {
     snprintf(p->info.reason, sizeof p->info.reason, "a high-precision operand");
-  } else if (p->a.fmt->plugin != p->b.fmt->plugin) {
+  } else if (p->a.fmt->plugin != p->b.fmt->plugin &&
+             (strcmp(p->a.fmt->plugin->ops.name, p->b.fmt->plugin->ops.name) != 0 ||
+              p->a.fmt->plugin->ops.gemm != p->b.fmt->plugin->ops.gemm)) {
+    /* one module: the same name and the same code (two recipes loading one .so count as one) */
     snprintf(p->info.reason, sizeof p->info.reason, "operands of two modules (%s x %s)",
              p->info.format_a, p->info.format_b);
   } else if (ops->abi_minor < 1 || !ops->gemm) {

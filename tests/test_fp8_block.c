@@ -10,6 +10,13 @@
 ** rule against the table written here; a storage dequantized through a differently configured
 ** instance (direct module calls) equals its own instance's dequantize bit for bit; an update
 ** equals a fresh quantize byte for byte; scratch declared by scratch_size() and no host->alloc.
+** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages equals the dequantize
+** (no per-tensor factor, no transform; tensor_factor absent); emul_dtype BF16 with power-of-two
+** scales (every raw value exact in BF16, but the far-underflow edge, shown here) and F32 without
+** (a raw value BF16 cannot hold, shown here); the gemm op's answers (the host: HQ_ENOTSUP; a mock
+** sm_90 device and cuBLASLt runner: the TN call with VEC128_32F / BLK128x128_32F scales it makes,
+** and each refusal with its reason); hq_gemm on the host against an F64 product of the
+** dequantized operands.
 */
 #include <dlfcn.h>
 #include <float.h>
@@ -217,7 +224,7 @@ static const struct want_desc {
 };
 
 static void check_description(const hq_storage *st, int64_t M, int64_t K, int two_d, int col,
-                              int kind) {
+                              int kind, int pow2) {
   const struct want_desc *w = &want_descs[two_d * 2 + col];
   assert_int_equal(w->two_d, two_d);
   assert_int_equal(w->col, col);
@@ -236,7 +243,10 @@ static void check_description(const hq_storage *st, int64_t M, int64_t K, int tw
   assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
   assert_int_equal(d->transform_param, 0);
   assert_int_equal(d->shard_rows, w->shard_rows);
-  for (int i = 0; i < 8; i++) assert_int_equal(d->reserved[i], 0);
+  /* raw values q * scale_inv: exact in BF16 with power-of-two scales, F32 otherwise */
+  assert_int_equal(d->emul_dtype, pow2 ? HQ_BF16 : HQ_F32);
+  assert_int_equal(d->reserved32, 0);
+  for (int i = 0; i < 7; i++) assert_int_equal(d->reserved[i], 0);
   /* meta is not the home of any layout fact: it stays zero */
   for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(st->meta[i], 0);
   assert_int_equal(st->nbuf, 2);
@@ -292,7 +302,7 @@ static void test_layout_description(void **state) {
               assert_null(hq_qtensor_storage(u.qt, dir));
               continue;
             }
-            check_description(hq_qtensor_storage(u.qt, dir), M, K, two_d, col, kind);
+            check_description(hq_qtensor_storage(u.qt, dir), M, K, two_d, col, kind, pow2);
             if (want_descs[two_d * 2 + col].shard_rows > shard) shard = 128;
           }
           /* the tensor's shard multiple: 1 only for 1-D rowwise alone, else whole blocks */
@@ -876,10 +886,12 @@ static void test_module_direct(void **state) {
   const hq_format_ops *ops = entry(&host);
   assert_non_null(ops);
   assert_int_equal(ops->abi_major, 2);
-  assert_int_equal(ops->abi_minor, 0); /* requires ABI 2.0, nothing newer */
+  assert_int_equal(ops->abi_minor, 1); /* requires ABI 2.1: raw dequantize and GEMMs */
   assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
   assert_string_equal(ops->name, "fp8_block");
-  assert_string_equal(ops->version, "2.0");
+  assert_string_equal(ops->version, "2.1");
+  assert_null(ops->tensor_factor); /* no per-tensor factor */
+  assert_non_null(ops->gemm);
   /* HQ_CAP_CUDA exactly when the build has the CUDA path (tests/test_gpu_fp8_block.c) */
   assert_int_equal(ops->caps & ~HQ_CAP_CUDA,
                    HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);
@@ -1281,6 +1293,500 @@ static void test_fsdp_edge_shapes(void **state) {
   free(x.data);
 }
 
+// --- ABI 2.1: raw values, emul dtype, the gemm op, hq_gemm on the host -------------------------
+
+/* A storage of direction `col` of a [M, K] tensor as instance cfg describes it, its codes and
+   scales written here: code of logical element (m, k) = codes(m, k), scale_inv of its block =
+   scales(block index) (index by this file's ref_scale_at); padding 0. */
+static uint8_t hand_code(int64_t m, int64_t k) { return (uint8_t)((m * 37 + k * 11) % 251); }
+static float hand_scale(int64_t idx) {
+  return ldexpf(1.0f + (float)(idx % 5) * 0.3f, (int)(idx % 7) - 3);
+}
+static void hand_storage(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                         int col, int two_d, int64_t M, int64_t K, hq_storage *st) {
+  fb_storage(ops, cfg, host, col ? HQ_COLWISE : HQ_ROWWISE, col ? HQ_COLWISE : HQ_ROWWISE, M, K,
+             HQ_F32, st);
+  uint8_t *q = hq_storage_buf(st, 0)->ptr;
+  float *sc = hq_storage_buf(st, 1)->ptr;
+  memset(sc, 0, hq_storage_buf(st, 1)->bytes);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t k = 0; k < K; k++) {
+      q[col ? k * M + m : m * K + k] = hand_code(m, k);
+      const int64_t i = ref_scale_at(m, k, M, K, col, two_d);
+      sc[i] = hand_scale(i);
+    }
+}
+
+/* Raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages, every direction and block shape, both
+   element dtypes, pow2 and arbitrary FP32 scales, into f32 / bf16 / f16: it equals the normal
+   dequantize byte for byte (fp8_block has no per-tensor factor and no transform), which is
+   RN_f32(code value * the block's scale_inv) by this file's index formulas and tests/fp8_ref.h.
+   Spelled out: E4M3 0x44 = 3 in a block of scale_inv 0.5 is 1.5; 0x7E = 448 with 3.0 is 1344;
+   E5M2 0x7B = 57344 with 2^-10 is 56. */
+static void test_raw_dequantize(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  const int64_t shapes[][2] = {{2, 130}, {130, 3}, {129, 257}};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int two_d = 0; two_d < 2; two_d++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int col = 0; col < 2; col++)
+        for (size_t sh = 0; sh < 3; sh++) {
+          const int64_t M = shapes[sh][0], K = shapes[sh][1];
+          void *cfg = fb_configure(ops, &host, (opts){two_d, kind, 1, 0});
+          hq_storage st;
+          hand_storage(ops, cfg, &host, col, two_d, M, K, &st);
+          for (int o = 0; o < 3; o++) {
+            hq_tensor y = hq_test_empty(outs[o], M, K), z = hq_test_empty(outs[o], M, K);
+            hq_call call = hq_test_call(&host, 0, 0);
+            call.flags = HQ_CALL_DEQ_RAW;
+            HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &y));
+            call.flags = 0;
+            HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &z));
+            assert_memory_equal(y.data, z.data, (size_t)(M * K) * hq_dtype_size(outs[o]));
+            if (outs[o] == HQ_F32)
+              for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < K; k++) {
+                  const double v = ref_fp8_decode(hand_code(m, k), kind);
+                  const float si = hand_scale(ref_scale_at(m, k, M, K, col, two_d));
+                  const float got = ((float *)y.data)[m * K + k];
+                  if (isnan(v)) {
+                    assert_true(isnan(got));
+                    continue;
+                  }
+                  ASSERT_F32_SAME(got, (float)(v * (double)si));
+                }
+            free(y.data);
+            free(z.data);
+          }
+          fb_storage_free(&st);
+          free(cfg);
+        }
+  /* three values by hand, in a 1-D rowwise [1, 256] storage: block 0 scale_inv 0.5, block 1 3.0 */
+  void *cfg = fb_configure(ops, &host, (opts){0, 0, 1, 0});
+  hq_storage st;
+  fb_storage(ops, cfg, &host, HQ_ROWWISE, HQ_ROWWISE, 1, 256, HQ_F32, &st);
+  uint8_t *q = hq_storage_buf(&st, 0)->ptr;
+  float *sc = hq_storage_buf(&st, 1)->ptr; /* [2][4]: entry [k/128][m] */
+  memset(q, 0, 256);
+  memset(sc, 0, 32);
+  sc[0] = 0.5f;
+  sc[4] = 3.0f;
+  q[5] = 0x44;
+  q[130] = 0x7e;
+  hq_tensor y = hq_test_empty(HQ_F32, 1, 256);
+  hq_call call = hq_test_call(&host, 0, 0);
+  call.flags = HQ_CALL_DEQ_RAW;
+  HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &y));
+  assert_true(((float *)y.data)[5] == 1.5f);
+  assert_true(((float *)y.data)[130] == 1344.0f);
+  assert_true(((float *)y.data)[0] == 0.0f);
+  fb_storage_free(&st);
+  free(cfg);
+  cfg = fb_configure(ops, &host, (opts){0, 1, 1, 0});
+  fb_storage(ops, cfg, &host, HQ_ROWWISE, HQ_ROWWISE, 1, 2, HQ_F32, &st);
+  ((uint8_t *)hq_storage_buf(&st, 0)->ptr)[1] = 0x7b;
+  ((float *)hq_storage_buf(&st, 1)->ptr)[0] = 0x1p-10f;
+  hq_tensor y2 = hq_test_empty(HQ_F32, 1, 2);
+  HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &y2));
+  assert_true(((float *)y2.data)[1] == 56.0f);
+  fb_storage_free(&st);
+  free(cfg);
+  free(y.data);
+  free(y2.data);
+}
+
+/* emul_dtype. With power-of-two scales (BF16): every raw value of quantized data, in every
+   direction and block shape, read back from a bf16 raw dequantize equals the f32 one. The
+   far-underflow edge (documented): a block whose amax is 2^-120 gets scale 2^127 (the input
+   dtype's max, rounded to a power of two), scale_inv 2^-127, and a code 0x01 (2^-9) in it has the
+   raw value 2^-136, below BF16's smallest subnormal 2^-133: BF16 cannot hold it (it is 0 there).
+   With FP32 scales (F32): some raw value has more significant bits than BF16's 8. */
+static void test_emul_dtype(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  const int64_t M = 130, K = 260;
+  hq_tensor x = make_input(HQ_F32, M, K, 5, 1);
+  for (int two_d = 0; two_d < 2; two_d++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int pow2 = 0; pow2 < 2; pow2++) {
+        void *cfg = fb_configure(ops, &host, (opts){two_d, kind, pow2, 0});
+        hq_storage row, col;
+        fb_storage(ops, cfg, &host, HQ_ROWWISE, HQ_BOTH, M, K, HQ_F32, &row);
+        fb_storage(ops, cfg, &host, HQ_COLWISE, HQ_BOTH, M, K, HQ_F32, &col);
+        assert_int_equal(fb_quantize(ops, cfg, &host, &x, HQ_BOTH, &row, &col, 0), HQ_OK);
+        for (int c = 0; c < 2; c++) {
+          const hq_storage *st = c ? &col : &row;
+          assert_int_equal(st->desc.emul_dtype, pow2 ? HQ_BF16 : HQ_F32);
+          hq_tensor rf = hq_test_empty(HQ_F32, M, K), rb = hq_test_empty(HQ_BF16, M, K);
+          hq_call call = hq_test_call(&host, 0, 0);
+          call.flags = HQ_CALL_DEQ_RAW;
+          HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, st, &rf));
+          HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, st, &rb));
+          int64_t inexact = 0;
+          for (int64_t i = 0; i < M * K; i++) {
+            const float f = ((float *)rf.data)[i], b = hq_bf16_to_f32(((uint16_t *)rb.data)[i]);
+            if (isnan(f)) {
+              assert_true(isnan(b));
+              continue;
+            }
+            if (fbits(f) != fbits(b)) {
+              if (pow2)
+                fail_msg("2d %d kind %d %s [%lld]: raw %a is %a in bf16", two_d, kind,
+                         c ? "col" : "row", (long long)i, (double)f, (double)b);
+              inexact++;
+            }
+          }
+          if (!pow2) assert_true(inexact > 0); /* F32 is needed, not a caution */
+          free(rf.data);
+          free(rb.data);
+        }
+        fb_storage_free(&row);
+        fb_storage_free(&col);
+        free(cfg);
+      }
+  free(x.data);
+  /* the far-underflow edge */
+  void *cfg = fb_configure(ops, &host, (opts){0, 0, 1, 0});
+  /* amax 2^-120: 448 / 2^-120 overflows FP32 -> FLT_MAX -> 2^127; 2^-129 * 2^127 = 2^-2, and
+     2^-136 * 2^127 = 2^-9 is code 0x01 */
+  const float v[3] = {0x1p-120f, 0x1p-129f, 0x1p-136f};
+  hq_tensor t = row_f32(128, v, 3);
+  hq_storage st;
+  fb_storage(ops, cfg, &host, HQ_ROWWISE, HQ_ROWWISE, 1, 128, HQ_F32, &st);
+  assert_int_equal(fb_quantize(ops, cfg, &host, &t, HQ_ROWWISE, &st, NULL, 0), HQ_OK);
+  ASSERT_F32_SAME(((float *)hq_storage_buf(&st, 1)->ptr)[0], 0x1p-127f);
+  assert_int_equal(((uint8_t *)hq_storage_buf(&st, 0)->ptr)[2], 0x01);
+  hq_tensor rf = hq_test_empty(HQ_F32, 1, 128), rb = hq_test_empty(HQ_BF16, 1, 128);
+  hq_call call = hq_test_call(&host, 0, 0);
+  call.flags = HQ_CALL_DEQ_RAW;
+  HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &rf));
+  HQ_OK_OR_FAIL(ops->dequantize(cfg, &call, &st, &rb));
+  ASSERT_F32_SAME(((float *)rf.data)[2], 0x1p-136f);
+  assert_true(hq_bf16_to_f32(((uint16_t *)rb.data)[2]) != 0x1p-136f);
+  ASSERT_F32_SAME(((float *)rf.data)[1], 0x1p-129f); /* 2^-2 * 2^-127: still exact in BF16 */
+  ASSERT_F32_SAME(hq_bf16_to_f32(((uint16_t *)rb.data)[1]), 0x1p-129f);
+  free(rf.data);
+  free(rb.data);
+  free(t.data);
+  fb_storage_free(&st);
+  free(cfg);
+}
+
+/* A mock device: device_arch() answers g_arch, lt_matmul() records the call it gets. */
+static int g_arch, g_lt_calls, g_lt_rc;
+static hq_lt_matmul g_mm;
+static char g_mm_what[128];
+static int mock_arch(int device) {
+  (void)device;
+  return g_arch;
+}
+static int mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  g_lt_calls++;
+  g_mm = *mm;
+  snprintf(g_mm_what, sizeof g_mm_what, "%s", mm->what ? mm->what : "");
+  g_mm.what = g_mm_what;
+  return g_lt_rc;
+}
+
+/* The operands of an (m, n, k) GEMM with flags ta / tb: A is [m, k] (ta) or [k, m], B is [k, n]
+   (tb) or [n, k], quantized by instances ca / cb in both directions; a and b are the storages the
+   flags select (A: T -> rowwise, N -> columnwise; B: N -> rowwise, T -> columnwise), marked as on
+   `device` (the memory is the host's). */
+typedef struct gemm_ops {
+  hq_storage ar, ac, br, bc;
+  const hq_storage *a, *b;
+} gemm_ops;
+static void gemm_operands(const hq_format_ops *ops, const hq_host_api *host, const void *ca,
+                          const void *cb, int64_t mm, int64_t nn, int64_t kk, int ta, int tb,
+                          int32_t device, gemm_ops *g) {
+  const int64_t a0 = ta ? mm : kk, a1 = ta ? kk : mm, b0 = tb ? kk : nn, b1 = tb ? nn : kk;
+  hq_tensor xa = make_input(HQ_F32, a0, a1, 1, 0), xb = make_input(HQ_F32, b0, b1, 2, 0);
+  fb_storage(ops, ca, host, HQ_ROWWISE, HQ_BOTH, a0, a1, HQ_F32, &g->ar);
+  fb_storage(ops, ca, host, HQ_COLWISE, HQ_BOTH, a0, a1, HQ_F32, &g->ac);
+  fb_storage(ops, cb, host, HQ_ROWWISE, HQ_BOTH, b0, b1, HQ_F32, &g->br);
+  fb_storage(ops, cb, host, HQ_COLWISE, HQ_BOTH, b0, b1, HQ_F32, &g->bc);
+  assert_int_equal(fb_quantize(ops, ca, host, &xa, HQ_BOTH, &g->ar, &g->ac, 0), HQ_OK);
+  assert_int_equal(fb_quantize(ops, cb, host, &xb, HQ_BOTH, &g->br, &g->bc, 0), HQ_OK);
+  g->ar.device = g->ac.device = g->br.device = g->bc.device = device;
+  g->a = ta ? &g->ar : &g->ac;
+  g->b = tb ? &g->bc : &g->br;
+  free(xa.data);
+  free(xb.data);
+}
+static void gemm_operands_free(gemm_ops *g) {
+  fb_storage_free(&g->ar);
+  fb_storage_free(&g->ac);
+  fb_storage_free(&g->br);
+  fb_storage_free(&g->bc);
+}
+static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
+                               int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
+  hq_gemm_problem p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.flags = flags;
+  p.a = g->a;
+  p.b = g->b;
+  p.cfg_b = cb;
+  p.transa = ta;
+  p.transb = tb;
+  p.m = mm;
+  p.n = nn;
+  p.k = kk;
+  p.d = d;
+  p.alpha = 2.0f;
+  p.beta = 1.0f;
+  return p;
+}
+
+/* The gemm op. On the host always HQ_ENOTSUP (naming the host). On a mock sm_90 device, for
+   every flag pair and the block pairs 1-D x 1-D, 1-D x 2-D, 2-D x 1-D, it hands host->lt_matmul
+   the "TN" call worked out from the convention: each storage's data [outer, k] row-major as a
+   column-major k x outer matrix, ld = k, A with OP_T, B with OP_N; scale modes VEC128_32F for a
+   1-D and BLK128x128_32F for a 2-D storage with its scale buffer as is; no alpha factors; D
+   column-major m x n, ld = m; split accumulation (fast_accum 0); the query flag passed on and
+   cuBLASLt's answer returned. Refused with HQ_ENOTSUP and the reason, before any cuBLASLt call:
+   sm_89 and sm_100 (no VEC128/BLK128 modes), 2-D x 2-D, e5m2 x e5m2, k = 200 (not a multiple of
+   16), m = 36 (not a multiple of 8), n = 36 with a 1-D B (with a 2-D B it runs), a scale buffer
+   laid out otherwise than cuBLASLt reads (naming the layout); a storage that is not the GEMM's
+   operand is HQ_EINVAL. */
+static void test_gemm_op(void **state) {
+  (void)state;
+  hq_host_api host = direct_host();
+  const hq_format_ops *ops = fb_ops(&host);
+  char *msg = hq_test_module_error();
+  void *c1 = fb_configure(ops, &host, (opts){0, 0, 1, 0});
+  void *c2 = fb_configure(ops, &host, (opts){1, 0, 0, 0});
+  void *c1e5 = fb_configure(ops, &host, (opts){0, 1, 1, 0});
+  const int64_t M = 64, N = 48, K = 256;
+  float dbuf[4];
+  hq_tensor d = hq_tensor_2d(dbuf, HQ_F32, 0, N, M);
+  {
+    gemm_ops g;
+    gemm_operands(ops, &host, c1, c1, M, N, K, 1, 0, HQ_DEVICE_HOST, &g);
+    hq_tensor dh = d;
+    dh.device = HQ_DEVICE_HOST;
+    hq_call call = hq_test_call(&host, 0, 0);
+    for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
+      hq_gemm_problem p = problem(&g, c1, 1, 0, M, N, K, &dh, fl);
+      msg[0] = 0;
+      assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
+      assert_non_null(strstr(msg, "host"));
+    }
+    gemm_operands_free(&g);
+  }
+  hq_host_api dev = host;
+  dev.device_arch = mock_arch;
+  dev.lt_matmul = mock_lt;
+  hq_call call = hq_test_call(&dev, 0, 0);
+  call.device = 0;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int pair = 0; pair < 3; pair++) {
+        const int a2 = pair == 1, b2 = pair == 2;
+        void *ca = a2 ? c2 : c1, *cb = b2 ? c2 : (pair == 0 ? c1e5 : c1);
+        gemm_ops g;
+        gemm_operands(ops, &host, ca, cb, M, N, K, ta, tb, 0, &g);
+        for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
+          g_arch = 90;
+          g_lt_rc = HQ_OK;
+          const int before = g_lt_calls;
+          hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
+          if (ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
+          assert_int_equal(g_lt_calls, before + 1);
+          assert_int_equal(g_mm.struct_size, sizeof(hq_lt_matmul));
+          assert_int_equal(g_mm.flags, fl);
+          assert_ptr_equal(g_mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
+          assert_int_equal(g_mm.a.elem, HQ_E4M3);
+          assert_int_equal(g_mm.a.trans, 1);
+          assert_int_equal(g_mm.a.rows, K);
+          assert_int_equal(g_mm.a.cols, M);
+          assert_int_equal(g_mm.a.ld, K);
+          assert_int_equal(g_mm.a.scale_mode, a2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
+          assert_ptr_equal(g_mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
+          assert_ptr_equal(g_mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
+          assert_int_equal(g_mm.b.elem, pair == 0 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(g_mm.b.trans, 0);
+          assert_int_equal(g_mm.b.rows, K);
+          assert_int_equal(g_mm.b.cols, N);
+          assert_int_equal(g_mm.b.ld, K);
+          assert_int_equal(g_mm.b.scale_mode, b2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
+          assert_ptr_equal(g_mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
+          assert_int_equal(g_mm.m, M);
+          assert_int_equal(g_mm.n, N);
+          assert_int_equal(g_mm.k, K);
+          assert_true(g_mm.alpha == 2.0f && g_mm.beta == 1.0f);
+          assert_null(g_mm.alpha_factor[0]);
+          assert_null(g_mm.alpha_factor[1]);
+          assert_ptr_equal(g_mm.d, dbuf);
+          assert_int_equal(g_mm.d_dtype, HQ_F32);
+          assert_int_equal(g_mm.ldd, M);
+          assert_int_equal(g_mm.fast_accum, 0);
+          assert_non_null(strstr(g_mm_what, "fp8_block"));
+          g_lt_rc = HQ_ENOTSUP;
+          assert_int_equal(ops->gemm(ca, &call, &p), HQ_ENOTSUP);
+          g_lt_rc = HQ_OK;
+        }
+        gemm_operands_free(&g);
+      }
+  /* refusals: none reaches cuBLASLt */
+  const int before = g_lt_calls;
+  gemm_ops g;
+  gemm_operands(ops, &host, c1, c2, M, N, K, 1, 0, 0, &g);
+  hq_gemm_problem p = problem(&g, c2, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
+  const int archs[2] = {89, 100};
+  for (int i = 0; i < 2; i++) {
+    char want[16];
+    snprintf(want, sizeof want, "sm_%d", archs[i]);
+    g_arch = archs[i];
+    msg[0] = 0;
+    assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, want));
+  }
+  g_arch = 90;
+  hq_storage bad = *g.a;
+  bad.desc.scale_layout = HQ_SCALE_LAYOUT_SWIZZLED;
+  p.a = &bad;
+  msg[0] = 0;
+  assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "SWIZZLED"));
+  p.a = &g.ac; /* the columnwise copy of a transposed A: not the operand */
+  assert_int_equal(ops->gemm(c1, &call, &p), HQ_EINVAL);
+  assert_non_null(strstr(msg, "operand A"));
+  gemm_operands_free(&g);
+  /* 2-D x 2-D */
+  gemm_operands(ops, &host, c2, c2, M, N, K, 1, 0, 0, &g);
+  p = problem(&g, c2, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
+  msg[0] = 0;
+  assert_int_equal(ops->gemm(c2, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "2-D x 2-D"));
+  gemm_operands_free(&g);
+  /* e5m2 x e5m2 */
+  gemm_operands(ops, &host, c1e5, c1e5, M, N, K, 0, 1, 0, &g);
+  p = problem(&g, c1e5, 0, 1, M, N, K, &d, HQ_GEMM_QUERY);
+  msg[0] = 0;
+  assert_int_equal(ops->gemm(c1e5, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "e5m2 x e5m2"));
+  gemm_operands_free(&g);
+  /* k = 200, m = 36, n = 36 (B 1-D) refused */
+  const int64_t dims[3][3] = {{M, N, 200}, {36, N, K}, {M, 36, K}};
+  const char *needles[3] = {"k = 200", "m = 36", "n = 36"};
+  for (int i = 0; i < 3; i++) {
+    gemm_operands(ops, &host, c1, c1, dims[i][0], dims[i][1], dims[i][2], 1, 1, 0, &g);
+    p = problem(&g, c1, 1, 1, dims[i][0], dims[i][1], dims[i][2], &d, HQ_GEMM_QUERY);
+    msg[0] = 0;
+    assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, needles[i]));
+    gemm_operands_free(&g);
+  }
+  assert_int_equal(g_lt_calls, before);
+  /* n = 36 with a 2-D B runs */
+  gemm_operands(ops, &host, c1, c2, M, 36, K, 1, 1, 0, &g);
+  p = problem(&g, c2, 1, 1, M, 36, K, &d, HQ_GEMM_QUERY);
+  if (ops->gemm(c1, &call, &p) != HQ_OK) fail_msg("n = 36, 2-D B: %s", msg);
+  assert_int_equal(g_lt_calls, before + 1);
+  gemm_operands_free(&g);
+  free(c1);
+  free(c2);
+  free(c1e5);
+}
+
+/* D = alpha * op(A) * op(B) + beta * D0 in F64 from the dequantized operands (row-major [A0, A1]
+   and [B0, B1]), D row-major [n, m]; bound: the FP32 accumulation bound (k + 8) * 2^-24 *
+   (|alpha| sum |a||b| + |beta D0|) per element. */
+static void gemm_ref(const float *a, const float *b, const float *d0, int ta, int tb, int64_t m,
+                     int64_t n, int64_t k, double alpha, double beta, double *ref, double *bound) {
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < k; p++) {
+        const double x = ta ? a[i * k + p] : a[p * m + i];
+        const double y = tb ? b[p * n + j] : b[j * k + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double c = d0 ? beta * d0[j * m + i] : 0.0;
+      ref[j * m + i] = alpha * s + c;
+      bound[j * m + i] = (double)(k + 8) * 0x1p-24 * (fabs(alpha) * sa + fabs(c)) + 1e-30;
+    }
+}
+
+/* hq_gemm of two fp8_block operands on the host (1-D x 2-D with FP32 scales, 2-D x 1-D and 1-D
+   x 1-D with pow2 scales, every flag pair, partial blocks: k = 200, m = 72, n = 40) equals the F64
+   product of their hq_dequantize outputs within FP32 accumulation error; the path is CPU and
+   hq_gemm_plan gives this module's reason. */
+static void test_hq_gemm_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_recipe *r = hq_test_recipe(
+      "[format one]\nplugin = fp8_block\n[format two]\nplugin = fp8_block\nblock = 2d\n"
+      "[format one32]\nplugin = fp8_block\npower_2_scales = false\ndtype = e5m2\n"
+      "[format two32]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
+      "[role *:*:one]\nrowwise = one\ncolumnwise = one\n[role *:*:two]\nrowwise = two\n"
+      "columnwise = two\n[role *:*:one32]\nrowwise = one32\ncolumnwise = one32\n"
+      "[role *:*:two32]\nrowwise = two32\ncolumnwise = two32\n");
+  const char *pairs[3][2] = {{"l:w:one32", "l:x:two32"}, {"l:w:two", "l:x:one"},
+                             {"l:w:one", "l:x:one"}};
+  const int64_t M = 72, N = 40, K = 200;
+  for (int pr = 0; pr < 3; pr++) {
+    hq_quantizer *qa = hq_test_quantizer(r, pairs[pr][0]), *qb = hq_test_quantizer(r, pairs[pr][1]);
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        const int64_t a0 = ta ? M : K, a1 = ta ? K : M, b0 = tb ? K : N, b1 = tb ? N : K;
+        hq_tensor xa = make_input(HQ_F32, a0, a1, 11 + (uint64_t)ta, 0);
+        hq_tensor xb = make_input(HQ_BF16, b0, b1, 21 + (uint64_t)tb, 0);
+        hq_qtensor *A = NULL, *B = NULL;
+        HQ_OK_OR_FAIL(hq_quantize(qa, ctx, &xa, &A));
+        HQ_OK_OR_FAIL(hq_quantize(qb, ctx, &xb, &B));
+        hq_tensor fa = hq_test_empty(HQ_F32, a0, a1), fb = hq_test_empty(HQ_F32, b0, b1);
+        HQ_OK_OR_FAIL(hq_dequantize(A, ctx, ta ? HQ_ROWWISE : HQ_COLWISE, &fa));
+        HQ_OK_OR_FAIL(hq_dequantize(B, ctx, tb ? HQ_COLWISE : HQ_ROWWISE, &fb));
+        hq_tensor d = hq_test_tensor(HQ_F32, N, M, 31, 1.0f);
+        float *d0 = malloc(sizeof(float) * (size_t)(M * N));
+        memcpy(d0, d.data, sizeof(float) * (size_t)(M * N));
+        hq_gemm_info info;
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        HQ_OK_OR_FAIL(hq_gemm_plan(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL,
+                                   &info));
+        assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+        assert_non_null(strstr(info.reason, "host"));
+        HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, -0.75f, 2.0f,
+                              NULL, &info));
+        assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+        assert_string_equal(info.format_a, "fp8_block");
+        double *ref = malloc(sizeof(double) * (size_t)(M * N));
+        double *bnd = malloc(sizeof(double) * (size_t)(M * N));
+        gemm_ref(fa.data, fb.data, d0, ta, tb, M, N, K, -0.75, 2.0, ref, bnd);
+        for (int64_t i = 0; i < M * N; i++) {
+          const double got = ((float *)d.data)[i];
+          if (fabs(got - ref[i]) > bnd[i])
+            fail_msg("%s x %s ta %d tb %d [%lld]: %.9g, F64 reference %.9g (tolerance %.3g)",
+                     pairs[pr][0], pairs[pr][1], ta, tb, (long long)i, got, ref[i], bnd[i]);
+        }
+        free(ref);
+        free(bnd);
+        free(d0);
+        free(d.data);
+        free(fa.data);
+        free(fb.data);
+        free(xa.data);
+        free(xb.data);
+        hq_qtensor_free(A);
+        hq_qtensor_free(B);
+      }
+    hq_quantizer_free(qa);
+    hq_quantizer_free(qb);
+  }
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options_defaults),
@@ -1307,6 +1813,10 @@ int main(void) {
       cmocka_unit_test(test_update_equals_fresh),
       cmocka_unit_test(test_amax_none),
       cmocka_unit_test(test_fsdp_edge_shapes),
+      cmocka_unit_test(test_raw_dequantize),
+      cmocka_unit_test(test_emul_dtype),
+      cmocka_unit_test(test_gemm_op),
+      cmocka_unit_test(test_hq_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,11 @@
 ** option errors (the removed delayed-scaling options included), the operand descriptor and
 ** buffer descriptions, dequantize through a differently configured instance, caller-supplied
 ** amax (hq_quantizer_amax / hq_quantize_ex / hq_qtensor_update_ex), update == fresh quantize.
+** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages, the per-tensor factor and
+** the invariant RN_f32(raw * factor) == dequantize, emul_dtype BF16 holding every code's value,
+** the gemm op's answers (the host: HQ_ENOTSUP; a mock device and cuBLASLt runner: the TN call it
+** makes, and each refusal with its reason), and hq_gemm on the host against an F64 product of
+** the dequantized operands.
 ** Expected values come from hand computation or from tests/fp8_ref.h (an independent FP8 codec).
 */
 #include <math.h>
@@ -289,8 +294,8 @@ static void test_options(void **state) {
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
   const hq_plugin *p = hq_plugins_find(set, "fp8_tensor");
   assert_non_null(p);
-  assert_string_equal(hq_plugin_version(p), "2.0");
-  assert_int_equal(hq_plugin_abi_minor(p), 0);
+  assert_string_equal(hq_plugin_version(p), "2.1");
+  assert_int_equal(hq_plugin_abi_minor(p), 1);
   const hq_option *o = hq_plugin_options(p);
   const char *want[] = {"dtype", "power_2_scales", "amax_epsilon"};
   for (size_t i = 0; i < 3; i++) {
@@ -364,7 +369,9 @@ static void check_desc(const hq_storage *s, hq_dtype elem, uint32_t order) {
   assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
   assert_true(d->transform_param == 0);
   assert_int_equal(d->shard_rows, 1);
-  for (int i = 0; i < 8; i++) assert_true(d->reserved[i] == 0);
+  assert_int_equal(d->emul_dtype, HQ_BF16); /* every FP8 element value is exact in BF16 */
+  assert_int_equal(d->reserved32, 0);
+  for (int i = 0; i < 7; i++) assert_true(d->reserved[i] == 0);
   for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(s->meta[i], 0); /* meta unused */
 }
 
@@ -435,9 +442,11 @@ static module open_module(void) {
   m.ops = hq_test_module_entry("fp8_tensor")(&m.host);
   assert_non_null(m.ops);
   assert_int_equal(m.ops->abi_major, HQ_ABI_MAJOR);
-  assert_int_equal(m.ops->abi_minor, 0);
-  assert_string_equal(m.ops->version, "2.0");
+  assert_int_equal(m.ops->abi_minor, 1); /* requires ABI 2.1: raw dequantize and GEMMs */
+  assert_string_equal(m.ops->version, "2.1");
   assert_string_equal(m.ops->name, "fp8_tensor");
+  assert_non_null(m.ops->tensor_factor);
+  assert_non_null(m.ops->gemm);
   return m;
 }
 
@@ -825,6 +834,510 @@ static void test_update_equals_quantize(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+// --- ABI 2.1: raw values, the per-tensor factor, the emul dtype --------------------------------
+
+static uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+
+/* A storage of direction dir of a [M, K] tensor as layout() describes it, holding the given codes
+   (row-major over the logical [M, K]; the columnwise copy gets their transpose) and scale_inv,
+   written here by hand: no quantize involved. */
+static void hand_storage(const module *m, const void *cfg, uint32_t dir, int64_t M, int64_t K,
+                         const uint8_t *codes, float si, hq_storage *st) {
+  hq_storage other;
+  make_storages(m, cfg, M, K, dir, dir == HQ_ROWWISE ? st : &other,
+                dir == HQ_COLWISE ? st : &other);
+  uint8_t *q = hq_storage_buf(st, 0)->ptr;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t k = 0; k < K; k++) q[dir == HQ_ROWWISE ? i * K + k : k * M + i] = codes[i * K + k];
+  *(float *)hq_storage_buf(st, 1)->ptr = si;
+}
+
+static void free_storage(hq_storage *st) {
+  for (uint32_t i = 0; i < st->nbuf; i++) free(hq_storage_buf(st, i)->ptr);
+}
+
+/* Raw dequantize of hand-built storages: the codes' values, worked out by hand, without the
+   scale_inv, in f32, bf16 and f16 and from either direction; the normal dequantize of the same
+   storage multiplies them by scale_inv. E4M3: 0x38 = 1, 0xC0 = -2, 0x44 = 1.5*2 = 3,
+   0x7E = 1.75*2^8 = 448, 0x01 = 1*2^-9 (subnormal), 0x7F = NaN, 0x80 = -0, 0x3F = 1.875.
+   E5M2: 0x3C = 1, 0x7B = 1.75*2^15 = 57344, 0x01 = 2^-16, 0x7C = Inf, 0xFC = -Inf,
+   0x7D = NaN. */
+static void test_raw_dequantize_hand(void **state) {
+  (void)state;
+  module m = open_module();
+  const struct {
+    int e5m2;
+    int64_t M, K;
+    uint8_t codes[8];
+    float want[8];
+  } sets[2] = {
+      {0, 2, 4, {0x38, 0xc0, 0x44, 0x7e, 0x01, 0x7f, 0x80, 0x3f},
+       {1.0f, -2.0f, 3.0f, 448.0f, 0x1p-9f, NAN, -0.0f, 1.875f}},
+      {1, 2, 3, {0x3c, 0x7b, 0x01, 0x7c, 0xfc, 0x7d},
+       {1.0f, 57344.0f, 0x1p-16f, INFINITY, -INFINITY, NAN}},
+  };
+  const float si = 0.3f; /* any scale_inv: the raw values do not see it */
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int t = 0; t < 2; t++) {
+    void *cfg = configure(&m, sets[t].e5m2, 0, 0.0);
+    const int64_t M = sets[t].M, K = sets[t].K, n = M * K;
+    for (uint32_t dir = 1; dir <= 2; dir++) {
+      hq_storage st;
+      hand_storage(&m, cfg, dir, M, K, sets[t].codes, si, &st);
+      for (int o = 0; o < 3; o++) {
+        hq_tensor y = hq_test_empty(outs[o], M, K), z = hq_test_empty(outs[o], M, K);
+        hq_call call = hq_test_call(&m.host, 0, 0);
+        call.flags = HQ_CALL_DEQ_RAW;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &st, &y));
+        call.flags = 0;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &st, &z));
+        for (int64_t i = 0; i < n; i++) {
+          const float want = sets[t].want[i], got = hq_load_hp(y.data, i, outs[o]);
+          const float deq = hq_load_hp(z.data, i, outs[o]);
+          if (isnan(want)) {
+            if (!isnan(got) || !isnan(deq))
+              fail_msg("set %d dir %u %s [%lld]: NaN expected", t, dir, hq_dtype_name(outs[o]),
+                       (long long)i);
+            continue;
+          }
+          if (f32_bits(got) != f32_bits(want))
+            fail_msg("set %d dir %u %s [%lld]: raw %a, expected %a", t, dir,
+                     hq_dtype_name(outs[o]), (long long)i, (double)got, (double)want);
+          /* the normal dequantize: RN(value * scale_inv), then the destination dtype */
+          float wd = (float)((double)want * (double)si);
+          if (outs[o] == HQ_BF16) wd = hq_bf16_to_f32(hq_f32_to_bf16(wd));
+          if (outs[o] == HQ_F16) wd = hq_f16_to_f32(hq_f32_to_f16(wd));
+          if (f32_bits(deq) != f32_bits(wd))
+            fail_msg("set %d dir %u %s [%lld]: dequantize %a, expected %a", t, dir,
+                     hq_dtype_name(outs[o]), (long long)i, (double)deq, (double)wd);
+        }
+        free(y.data);
+        free(z.data);
+      }
+      /* the factor is the storage's scale_inv */
+      float f = -1.0f;
+      hq_call call = hq_test_call(&m.host, 0, 0);
+      HQ_OK_OR_FAIL(m.ops->tensor_factor(cfg, &call, &st, &f));
+      assert_true(f32_bits(f) == f32_bits(si));
+      free_storage(&st);
+    }
+    free(cfg);
+  }
+}
+
+/* The invariant of the factor, on quantized storages of every option set, both directions, with
+   NaN, Inf and tiny inputs: tensor_factor() is the storage's scale_inv; for every element the
+   raw value is the code's FP8 value (tests/fp8_ref.h) and RN_f32(raw * factor) (an exact double
+   product rounded once) equals the normal dequantize into f32, bit for bit (NaN: both NaN). A
+   storage of another instance gives the same raw values and factor. */
+static void test_raw_factor_invariant(void **state) {
+  (void)state;
+  module m = open_module();
+  const struct {
+    int e5m2, pow2;
+    double eps;
+  } cfgs[] = {{0, 0, 0.0}, {1, 0, 0.0}, {0, 1, 0.0}, {1, 1, 0.5}, {0, 0, 100.0}};
+  const int64_t shapes[][2] = {{37, 53}, {1, 1}, {64, 48}};
+  void *other = configure(&m, 1, 1, 0.0);
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    void *cfg = configure(&m, cfgs[c].e5m2, cfgs[c].pow2, cfgs[c].eps);
+    for (size_t sh = 0; sh < 3; sh++) {
+      const int64_t M = shapes[sh][0], K = shapes[sh][1], n = M * K;
+      hq_tensor x = hq_test_tensor(HQ_F32, M, K, 300 + sh + 10 * c, 50.0f);
+      if (n > 4) {
+        ((float *)x.data)[1] = NAN;
+        ((float *)x.data)[2] = 1e-30f;
+        ((float *)x.data)[3] = -3e-7f;
+      }
+      if (sh == 2) ((float *)x.data)[7] = INFINITY; /* amax Inf: scale 1, Inf saturates */
+      hq_storage row, col;
+      make_storages(&m, cfg, M, K, HQ_BOTH, &row, &col);
+      hq_call call = hq_test_call(&m.host, 0, 0);
+      HQ_OK_OR_FAIL(m.ops->quantize(cfg, &call, &x, HQ_BOTH, &row, &col));
+      for (uint32_t dir = 1; dir <= 2; dir++) {
+        const hq_storage *st = dir == HQ_ROWWISE ? &row : &col;
+        const uint8_t *q = hq_storage_cbuf(st, 0)->ptr;
+        const float si = *(const float *)hq_storage_cbuf(st, 1)->ptr;
+        float f = -1.0f, f2 = -1.0f;
+        HQ_OK_OR_FAIL(m.ops->tensor_factor(cfg, &call, st, &f));
+        HQ_OK_OR_FAIL(m.ops->tensor_factor(other, &call, st, &f2));
+        assert_true(f32_bits(f) == f32_bits(si));
+        assert_true(f32_bits(f2) == f32_bits(si));
+        hq_tensor raw = hq_test_empty(HQ_F32, M, K), raw2 = hq_test_empty(HQ_F32, M, K);
+        hq_tensor deq = hq_test_empty(HQ_F32, M, K);
+        hq_call rc = call;
+        rc.flags = HQ_CALL_DEQ_RAW;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &rc, st, &raw));
+        HQ_OK_OR_FAIL(m.ops->dequantize(other, &rc, st, &raw2));
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, st, &deq));
+        assert_memory_equal(raw.data, raw2.data, (size_t)n * 4);
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t k = 0; k < K; k++) {
+            const float r = ((float *)raw.data)[i * K + k], d = ((float *)deq.data)[i * K + k];
+            const uint8_t code = q[dir == HQ_ROWWISE ? i * K + k : k * M + i];
+            const double want = ref_fp8_decode(code, cfgs[c].e5m2);
+            if (isnan(want)) {
+              assert_true(isnan(r) && isnan(d));
+              continue;
+            }
+            if ((double)r != want) fail_msg("raw %a, code value %a", (double)r, want);
+            const float prod = (float)((double)r * (double)f);
+            if (f32_bits(prod) != f32_bits(d))
+              fail_msg("cfg %zu [%lld, %lld] dir %u (%lld, %lld): RN(raw %a * factor %a) = %a, "
+                       "dequantize %a", c, (long long)M, (long long)K, dir, (long long)i,
+                       (long long)k, (double)r, (double)f, (double)prod, (double)d);
+          }
+        free(raw.data);
+        free(raw2.data);
+        free(deq.data);
+      }
+      free_storages(HQ_BOTH, &row, &col);
+      free(x.data);
+    }
+    free(cfg);
+  }
+  free(other);
+}
+
+/* emul_dtype is BF16 for every instance, and rightly: every one of the 256 codes of E4M3 and of
+   E5M2, dequantized raw into bf16, is the code's value exactly (its raw f32 value read back), the
+   largest (448, 57344) and the subnormals (2^-9, 2^-16) included. */
+static void test_emul_dtype_exact(void **state) {
+  (void)state;
+  module m = open_module();
+  for (int e5m2 = 0; e5m2 < 2; e5m2++)
+    for (int pow2 = 0; pow2 < 2; pow2++) {
+      void *cfg = configure(&m, e5m2, pow2, 0.0);
+      uint8_t codes[256];
+      for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+      for (uint32_t dir = 1; dir <= 2; dir++) {
+        hq_storage st;
+        hand_storage(&m, cfg, dir, 16, 16, codes, 0.1f, &st);
+        assert_int_equal(st.desc.emul_dtype, HQ_BF16);
+        hq_tensor rf = hq_test_empty(HQ_F32, 16, 16), rb = hq_test_empty(HQ_BF16, 16, 16);
+        hq_call call = hq_test_call(&m.host, 0, 0);
+        call.flags = HQ_CALL_DEQ_RAW;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &st, &rf));
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &st, &rb));
+        for (int i = 0; i < 256; i++) {
+          const double v = ref_fp8_decode((unsigned)i, e5m2);
+          const float f = ((float *)rf.data)[i], b = hq_bf16_to_f32(((uint16_t *)rb.data)[i]);
+          if (isnan(v)) {
+            assert_true(isnan(f) && isnan(b));
+            continue;
+          }
+          if ((double)f != v || (double)b != v || !!signbit(b) != !!signbit(v))
+            fail_msg("%s code 0x%02x: value %a, raw f32 %a, raw bf16 %a", e5m2 ? "e5m2" : "e4m3",
+                     i, v, (double)f, (double)b);
+        }
+        free(rf.data);
+        free(rb.data);
+        free_storage(&st);
+      }
+      free(cfg);
+    }
+}
+
+// --- ABI 2.1: the gemm op ------------------------------------------------------------------------
+
+/* A mock device: device_arch() answers g_arch, lt_matmul() records the call it gets. */
+static int g_arch, g_lt_calls, g_lt_rc;
+static hq_lt_matmul g_mm;
+static char g_mm_what[128];
+static int mock_arch(int device) {
+  (void)device;
+  return g_arch;
+}
+static int mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  g_lt_calls++;
+  g_mm = *mm;
+  snprintf(g_mm_what, sizeof g_mm_what, "%s", mm->what ? mm->what : "");
+  g_mm.what = g_mm_what;
+  return g_lt_rc;
+}
+
+/* The operands of an (m, n, k) GEMM with flags transa / transb, quantized by instances ca (A) and
+   cb (B) of the module: A is [m, k] (transa) or [k, m], B is [k, n] (transb) or [n, k]; both
+   directions made, the one the flag selects returned (A: T -> rowwise, N -> columnwise; B: N ->
+   rowwise, T -> columnwise), on `device` as far as the storage says (the memory is the host's). */
+typedef struct gemm_ops {
+  hq_storage ar, ac, br, bc;
+  const hq_storage *a, *b;
+} gemm_ops;
+static void gemm_operands(const module *m, const void *ca, const void *cb, int64_t mm, int64_t nn,
+                          int64_t kk, int ta, int tb, int32_t device, gemm_ops *g) {
+  const int64_t a0 = ta ? mm : kk, a1 = ta ? kk : mm, b0 = tb ? kk : nn, b1 = tb ? nn : kk;
+  hq_tensor xa = hq_test_tensor(HQ_F32, a0, a1, 1, 1.0f);
+  hq_tensor xb = hq_test_tensor(HQ_F32, b0, b1, 2, 1.0f);
+  make_storages(m, ca, a0, a1, HQ_BOTH, &g->ar, &g->ac);
+  make_storages(m, cb, b0, b1, HQ_BOTH, &g->br, &g->bc);
+  hq_call call = hq_test_call(&m->host, 0, 0);
+  HQ_OK_OR_FAIL(m->ops->quantize(ca, &call, &xa, HQ_BOTH, &g->ar, &g->ac));
+  HQ_OK_OR_FAIL(m->ops->quantize(cb, &call, &xb, HQ_BOTH, &g->br, &g->bc));
+  g->ar.device = g->ac.device = g->br.device = g->bc.device = device;
+  g->a = ta ? &g->ar : &g->ac;
+  g->b = tb ? &g->bc : &g->br;
+  free(xa.data);
+  free(xb.data);
+}
+static void gemm_operands_free(gemm_ops *g) {
+  free_storages(HQ_BOTH, &g->ar, &g->ac);
+  free_storages(HQ_BOTH, &g->br, &g->bc);
+}
+
+static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
+                               int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
+  hq_gemm_problem p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.flags = flags;
+  p.a = g->a;
+  p.b = g->b;
+  p.cfg_b = cb;
+  p.transa = ta;
+  p.transb = tb;
+  p.m = mm;
+  p.n = nn;
+  p.k = kk;
+  p.d = d;
+  p.alpha = 1.5f;
+  p.beta = 0.25f;
+  return p;
+}
+
+/* The gemm op: on the host always HQ_ENOTSUP (query or not), naming the host. On a (mock) sm_90
+   device it hands host->lt_matmul the "TN" call worked out from the convention: each operand's
+   data is [outer, k] row-major = a column-major k x outer matrix, ld = k; A with OP_T (m = its
+   outer), B with OP_N (n = its outer); SCALAR_32F scales = the storages' scale_inv buffers; no
+   alpha factors; D column-major m x n, ld = m; fast accumulation; the query flag passed on and
+   cuBLASLt's answer returned. It refuses (HQ_ENOTSUP with the reason, before any cuBLASLt call):
+   sm_80, e5m2 x e5m2, k not a multiple of 16 (naming k), a core without lt_matmul; and a storage
+   that does not hold the GEMM's operand is HQ_EINVAL. */
+static void test_gemm_op(void **state) {
+  (void)state;
+  module m = open_module();
+  void *e4 = configure(&m, 0, 0, 0.0), *e5 = configure(&m, 1, 0, 0.0);
+  char *msg = hq_test_module_error();
+  const int64_t M = 32, N = 48, K = 64;
+  float dbuf[4];
+  hq_tensor d = hq_tensor_2d(dbuf, HQ_BF16, 0, N, M);
+  /* the host */
+  {
+    gemm_ops g;
+    gemm_operands(&m, e4, e4, M, N, K, 1, 0, HQ_DEVICE_HOST, &g);
+    hq_tensor dh = d;
+    dh.device = HQ_DEVICE_HOST;
+    hq_call call = hq_test_call(&m.host, 0, 0);
+    for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
+      hq_gemm_problem p = problem(&g, e4, 1, 0, M, N, K, &dh, fl);
+      msg[0] = 0;
+      assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
+      assert_non_null(strstr(msg, "host"));
+    }
+    gemm_operands_free(&g);
+  }
+  hq_host_api dev = m.host;
+  dev.device_arch = mock_arch;
+  dev.lt_matmul = mock_lt;
+  hq_call call = hq_test_call(&dev, 0, 0);
+  call.device = 0;
+  /* every flag combination, every dtype pair cuBLASLt runs */
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int pair = 0; pair < 3; pair++) {
+        void *ca = pair == 2 ? e5 : e4, *cb = pair == 1 ? e5 : e4;
+        gemm_ops g;
+        gemm_operands(&m, ca, cb, M, N, K, ta, tb, 0, &g);
+        for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
+          g_arch = 90;
+          g_lt_rc = HQ_OK;
+          const int before = g_lt_calls;
+          hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
+          if (m.ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
+          assert_int_equal(g_lt_calls, before + 1);
+          assert_int_equal(g_mm.struct_size, sizeof(hq_lt_matmul));
+          assert_int_equal(g_mm.flags, fl);
+          assert_ptr_equal(g_mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
+          assert_int_equal(g_mm.a.elem, pair == 2 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(g_mm.a.trans, 1);
+          assert_int_equal(g_mm.a.rows, K);
+          assert_int_equal(g_mm.a.cols, M);
+          assert_int_equal(g_mm.a.ld, K);
+          assert_int_equal(g_mm.a.scale_mode, HQ_SCALE_TENSOR_F32);
+          assert_ptr_equal(g_mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
+          assert_ptr_equal(g_mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
+          assert_int_equal(g_mm.b.elem, pair == 1 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(g_mm.b.trans, 0);
+          assert_int_equal(g_mm.b.rows, K);
+          assert_int_equal(g_mm.b.cols, N);
+          assert_int_equal(g_mm.b.ld, K);
+          assert_int_equal(g_mm.b.scale_mode, HQ_SCALE_TENSOR_F32);
+          assert_ptr_equal(g_mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
+          assert_int_equal(g_mm.m, M);
+          assert_int_equal(g_mm.n, N);
+          assert_int_equal(g_mm.k, K);
+          assert_true(g_mm.alpha == 1.5f && g_mm.beta == 0.25f);
+          assert_null(g_mm.alpha_factor[0]);
+          assert_null(g_mm.alpha_factor[1]);
+          assert_ptr_equal(g_mm.d, dbuf);
+          assert_int_equal(g_mm.d_dtype, HQ_BF16);
+          assert_int_equal(g_mm.ldd, M);
+          assert_null(g_mm.bias);
+          assert_int_equal(g_mm.fast_accum, 1);
+          const char *names[3] = {"e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"};
+          assert_non_null(strstr(g_mm_what, names[pair]));
+          /* cuBLASLt's refusal is the answer */
+          g_lt_rc = HQ_ENOTSUP;
+          assert_int_equal(m.ops->gemm(ca, &call, &p), HQ_ENOTSUP);
+          g_lt_rc = HQ_OK;
+        }
+        gemm_operands_free(&g);
+      }
+  /* refusals, none of which reaches cuBLASLt */
+  gemm_ops g;
+  gemm_operands(&m, e4, e4, M, N, K, 1, 0, 0, &g);
+  hq_gemm_problem p = problem(&g, e4, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
+  int before = g_lt_calls;
+  g_arch = 80;
+  msg[0] = 0;
+  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "sm_80"));
+  assert_int_equal(g_lt_calls, before);
+  g_arch = 89; /* Ada runs per-tensor FP8 */
+  if (m.ops->gemm(e4, &call, &p) != HQ_OK) fail_msg("sm_89: %s", msg);
+  assert_int_equal(g_lt_calls, before + 1);
+  before = g_lt_calls;
+  g_arch = 90;
+  hq_host_api old = dev;
+  old.lt_matmul = NULL;
+  hq_call oc = call;
+  oc.host = &old;
+  assert_int_equal(m.ops->gemm(e4, &oc, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "lt_matmul"));
+  old = dev;
+  old.abi_minor = 0;
+  assert_int_equal(m.ops->gemm(e4, &oc, &p), HQ_ENOTSUP);
+  /* the wrong direction of A (its columnwise copy for a transposed A) */
+  p.a = &g.ac;
+  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_EINVAL);
+  assert_non_null(strstr(msg, "operand A"));
+  assert_int_equal(g_lt_calls, before);
+  gemm_operands_free(&g);
+  gemm_operands(&m, e5, e5, M, N, K, 0, 1, 0, &g);
+  p = problem(&g, e5, 0, 1, M, N, K, &d, HQ_GEMM_QUERY);
+  msg[0] = 0;
+  assert_int_equal(m.ops->gemm(e5, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "e5m2 x e5m2"));
+  gemm_operands_free(&g);
+  gemm_operands(&m, e4, e5, M, N, 40, 1, 1, 0, &g);
+  p = problem(&g, e5, 1, 1, M, N, 40, &d, HQ_GEMM_QUERY);
+  msg[0] = 0;
+  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "k = 40"));
+  assert_int_equal(g_lt_calls, before);
+  gemm_operands_free(&g);
+  free(e4);
+  free(e5);
+}
+
+// --- hq_gemm on the host -------------------------------------------------------------------------
+
+/* D = alpha * op(A) * op(B) + beta * D0 in F64 from the dequantized operands (row-major [A0, A1]
+   and [B0, B1], as hq_dequantize writes them), D row-major [n, m]; *bound receives, per element,
+   the FP32 accumulation bound (k + 8) * 2^-24 * (|alpha| sum |a||b| + |beta D0|). */
+static void gemm_ref(const float *a, const float *b, const float *d0, int ta, int tb, int64_t m,
+                     int64_t n, int64_t k, double alpha, double beta, double *ref, double *bound) {
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < k; p++) {
+        const double x = ta ? a[i * k + p] : a[p * m + i];
+        const double y = tb ? b[p * n + j] : b[j * k + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double c = d0 ? beta * d0[j * m + i] : 0.0;
+      ref[j * m + i] = alpha * s + c;
+      bound[j * m + i] = (double)(k + 8) * 0x1p-24 * (fabs(alpha) * sa + fabs(c)) + 1e-30;
+    }
+}
+
+/* hq_gemm of two fp8_tensor operands on the host (every flag pair, e4m3 and e5m2 mixed, F32 and
+   BF16 D, beta) equals the F64 product of their hq_dequantize outputs within FP32 accumulation
+   error (BF16 D: plus its rounding); the path is CPU and hq_gemm_plan says why it is not native
+   (this module's answer, naming the host). */
+static void test_hq_gemm_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  hq_recipe *r = hq_test_recipe("[format a]\nplugin = fp8_tensor\n[format b]\nplugin = fp8_tensor\n"
+                                "dtype = e5m2\n[role *:*:a]\nrowwise = a\ncolumnwise = a\n"
+                                "[role *:*:b]\nrowwise = b\ncolumnwise = b\n");
+  hq_quantizer *qa = hq_test_quantizer(r, "l:w:a"), *qb = hq_test_quantizer(r, "l:x:b");
+  const int64_t M = 24, N = 40, K = 72;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int dt = 0; dt < 2; dt++) {
+        const hq_dtype ddt = dt ? HQ_BF16 : HQ_F32;
+        const int64_t a0 = ta ? M : K, a1 = ta ? K : M, b0 = tb ? K : N, b1 = tb ? N : K;
+        hq_tensor xa = hq_test_tensor(HQ_F32, a0, a1, 11 + ta, 3.0f);
+        hq_tensor xb = hq_test_tensor(HQ_F32, b0, b1, 21 + tb, 0.02f);
+        hq_qtensor *A = NULL, *B = NULL;
+        HQ_OK_OR_FAIL(hq_quantize(qa, ctx, &xa, &A));
+        HQ_OK_OR_FAIL(hq_quantize(qb, ctx, &xb, &B));
+        hq_tensor fa = hq_test_empty(HQ_F32, a0, a1), fb = hq_test_empty(HQ_F32, b0, b1);
+        HQ_OK_OR_FAIL(hq_dequantize(A, ctx, ta ? HQ_ROWWISE : HQ_COLWISE, &fa));
+        HQ_OK_OR_FAIL(hq_dequantize(B, ctx, tb ? HQ_COLWISE : HQ_ROWWISE, &fb));
+        hq_tensor d = hq_test_tensor(ddt, N, M, 31, 1.0f);
+        float *d0 = malloc(sizeof(float) * (size_t)(M * N));
+        for (int64_t i = 0; i < M * N; i++) d0[i] = hq_load_hp(d.data, i, ddt);
+        hq_gemm_info info;
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        HQ_OK_OR_FAIL(hq_gemm_plan(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL,
+                                   &info));
+        assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+        assert_non_null(strstr(info.reason, "host"));
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, 1.5f, 0.5f, NULL,
+                              &info));
+        assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+        assert_string_equal(info.format_a, "fp8_tensor");
+        assert_string_equal(info.format_b, "fp8_tensor");
+        assert_int_equal(info.dir_a, ta ? HQ_ROWWISE : HQ_COLWISE);
+        assert_int_equal(info.dir_b, tb ? HQ_COLWISE : HQ_ROWWISE);
+        double *ref = malloc(sizeof(double) * (size_t)(M * N));
+        double *bnd = malloc(sizeof(double) * (size_t)(M * N));
+        gemm_ref(fa.data, fb.data, d0, ta, tb, M, N, K, 1.5, 0.5, ref, bnd);
+        for (int64_t i = 0; i < M * N; i++) {
+          const double got = hq_load_hp(d.data, i, ddt);
+          const double tol = bnd[i] + (dt ? fabs(ref[i]) * 0x1p-8 : 0.0);
+          if (fabs(got - ref[i]) > tol)
+            fail_msg("ta %d tb %d %s [%lld]: %.9g, F64 reference %.9g (tolerance %.3g)", ta, tb,
+                     hq_dtype_name(ddt), (long long)i, got, ref[i], tol);
+        }
+        free(ref);
+        free(bnd);
+        free(d0);
+        free(d.data);
+        free(fa.data);
+        free(fb.data);
+        free(xa.data);
+        free(xb.data);
+        hq_qtensor_free(A);
+        hq_qtensor_free(B);
+      }
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_computed),
@@ -839,6 +1352,11 @@ int main(void) {
       cmocka_unit_test(test_caller_amax_equals_internal),
       cmocka_unit_test(test_caller_amax_rule),
       cmocka_unit_test(test_update_equals_quantize),
+      cmocka_unit_test(test_raw_dequantize_hand),
+      cmocka_unit_test(test_raw_factor_invariant),
+      cmocka_unit_test(test_emul_dtype_exact),
+      cmocka_unit_test(test_gemm_op),
+      cmocka_unit_test(test_hq_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,12 @@
 ** special values: all-zero blocks, NaN and +-Inf, subnormals, values at and beyond the FP8
 ** overflow boundary and the input dtype's max, a wide dynamic range inside one block. Also: the
 ** module's caps (HQ_CAP_CUDA) and its device scratch (0).
+** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW), called directly on the device, equals the CPU's
+** byte for byte and the device's normal dequantize (no per-tensor factor, no transform); hq_gemm
+** of two fp8_block operands: on Hopper (sm_90) the native path (this module's gemm op) for 1-D x
+** 1-D, 1-D x 2-D and 2-D x 1-D, every flag pair, F32 / BF16 D, against the emulated path
+** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; 2-D x 2-D takes the
+** emulated path with this module's reason.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -260,6 +266,233 @@ static void test_module_direct(void **state) {
   free(cfg);
 }
 
+// --- ABI 2.1 on the device -----------------------------------------------------------------------
+
+/* The raw dequantize called directly on the device (call->device 0, the context's default
+   stream) equals the CPU's raw dequantize and the device's normal one, byte for byte, for every
+   direction, block shape, element dtype, pow2 and FP32 scales, edge shapes with special values and
+   every destination dtype. */
+static void test_raw_on_device(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("fp8_block")(&host);
+  assert_non_null(ops);
+  void *cfg = calloc(1, ops->config_size);
+  hq_optval v[4];
+  memset(v, 0, sizeof v);
+  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  hq_call hc = hq_test_call(&host, 0, 0), gc = hc;
+  gc.device = 0;
+  const int64_t shapes[][2] = {{257, 131}, {1, 1}, {256, 512}, {3, 517}};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int c = 0; c < NCONFIGS; c++)
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+      char text[512];
+      snprintf(text, sizeof text, "[format f]\nplugin = fp8_block\n%s\n[role *:*:*]\n"
+               "rowwise = f\ncolumnwise = f\n", configs[c]);
+      hq_recipe *r = hq_test_recipe(text);
+      hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+      const int64_t M = shapes[sh][0], K = shapes[sh][1], n = M * K;
+      hq_tensor x = hq_test_tensor(HQ_F32, M, K, 700 + sh, 4.0f);
+      if (M > 2) add_specials(&x);
+      void *xb = NULL;
+      hq_tensor xg = to_gpu(&x, 0, &xb);
+      hq_qtensor *h = NULL, *g = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+      HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+      for (uint32_t dir = 1; dir <= 2; dir++) {
+        const hq_storage *sh_ = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
+        for (int t = 0; t < 3; t++) {
+          const size_t bytes = (size_t)n * hq_dtype_size(outs[t]);
+          hq_tensor dh = hq_test_empty(outs[t], M, K), dg = dh, dn = dh;
+          HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dg.data));
+          HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dn.data));
+          dg.device = dn.device = 0;
+          hc.flags = gc.flags = HQ_CALL_DEQ_RAW;
+          HQ_OK_OR_FAIL(ops->dequantize(cfg, &hc, sh_, &dh));
+          assert_int_equal(ops->dequantize(cfg, &gc, sg, &dg), HQ_OK);
+          hc.flags = gc.flags = 0;
+          HQ_OK_OR_FAIL(hq_dequantize(g, gpu, dir, &dn));
+          void *back = malloc(bytes), *backn = malloc(bytes);
+          HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
+          HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, backn, HQ_DEVICE_HOST, dn.data, 0, bytes));
+          HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+          if (memcmp(back, dh.data, bytes) != 0 || memcmp(back, backn, bytes) != 0)
+            fail_msg("[%s] %lldx%lld dir %u: raw dequantize into %s differs (cpu raw %d, device "
+                     "dequantize %d)", configs[c], (long long)M, (long long)K, dir,
+                     hq_dtype_name(outs[t]), memcmp(back, dh.data, bytes) != 0,
+                     memcmp(back, backn, bytes) != 0);
+          free(back);
+          free(backn);
+          free(dh.data);
+          hq_ctx_free(gpu, dg.data);
+          hq_ctx_free(gpu, dn.data);
+        }
+      }
+      hq_qtensor_free(h);
+      hq_qtensor_free(g);
+      hq_ctx_free(gpu, xb);
+      free(x.data);
+      hq_quantizer_free(q);
+      hq_recipe_free(r);
+    }
+  free(cfg);
+}
+
+/* A device tensor's contents as host F32 (free the result). */
+static float *back_f32(const hq_tensor *t) {
+  const size_t n = (size_t)(t->rows * t->cols), bytes = n * hq_dtype_size(t->dtype);
+  void *raw = malloc(bytes);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, raw, HQ_DEVICE_HOST, t->data, 0, bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  float *f = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) f[i] = hq_load_hp(raw, (int64_t)i, t->dtype);
+  free(raw);
+  return f;
+}
+
+/* hq_dequantize of direction dir of a device qtensor, as host F32. */
+static float *deq_back(const hq_qtensor *qt, uint32_t dir, int64_t r0, int64_t r1) {
+  hq_tensor t = hq_tensor_2d(NULL, HQ_F32, 0, r0, r1);
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, (size_t)(r0 * r1) * 4, &t.data));
+  HQ_OK_OR_FAIL(hq_dequantize(qt, gpu, dir, &t));
+  float *f = back_f32(&t);
+  hq_ctx_free(gpu, t.data);
+  return f;
+}
+
+/* One GEMM case on the device: A quantized by role ra, B by rb, flags ta / tb, D of dtype ddt
+   (beta 0.5 over a random D0, alpha 1.25). hq_gemm_plan must name path `want` (0: any) with a
+   reason containing `reason` (NULL: unchecked); hq_gemm's result and the emulated path's
+   (HQ_GEMM_FORCE_EMULATED, which must be `emul`) are checked against the F64 product of the
+   dequantized operands: the emulated one within FP32 accumulation error, the native one (FP8
+   tensor cores, 128-element blocks promoted to FP32) within 2^-10 of sum |alpha a b| more. */
+static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int tb, int64_t M,
+                      int64_t N, int64_t K, hq_dtype ddt, uint32_t want, const char *reason,
+                      uint32_t emul) {
+  char what[200];
+  snprintf(what, sizeof what, "%s x %s ta %d tb %d m %lld n %lld k %lld D %s", ra, rb, ta, tb,
+           (long long)M, (long long)N, (long long)K, hq_dtype_name(ddt));
+  hq_quantizer *qa = hq_test_quantizer(r, ra), *qb = hq_test_quantizer(r, rb);
+  const int64_t a0 = ta ? M : K, a1 = ta ? K : M, b0 = tb ? K : N, b1 = tb ? N : K;
+  hq_tensor xa = hq_test_tensor(HQ_BF16, a0, a1, 41 + (uint64_t)ta, 2.0f);
+  hq_tensor xb = hq_test_tensor(HQ_F32, b0, b1, 51 + (uint64_t)tb, 0.5f);
+  void *pa = NULL, *pb = NULL, *pd = NULL, *pe = NULL;
+  hq_tensor xag = to_gpu(&xa, 0, &pa), xbg = to_gpu(&xb, 0, &pb);
+  hq_qtensor *A = NULL, *B = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(qa, gpu, &xag, &A));
+  HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &xbg, &B));
+  float *fa = deq_back(A, ta ? HQ_ROWWISE : HQ_COLWISE, a0, a1);
+  float *fb = deq_back(B, tb ? HQ_COLWISE : HQ_ROWWISE, b0, b1);
+  hq_tensor d0h = hq_test_tensor(ddt, N, M, 61, 1.0f);
+  hq_tensor d = to_gpu(&d0h, 0, &pd), de = to_gpu(&d0h, 0, &pe);
+  hq_gemm_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL, &info));
+  if (want && info.path != want)
+    fail_msg("%s: path %s (%s), expected %s", what, hq_gemm_path_name(info.path), info.reason,
+             hq_gemm_path_name(want));
+  if (reason && !strstr(info.reason, reason))
+    fail_msg("%s: reason '%s' lacks '%s'", what, info.reason, reason);
+  const uint32_t path = info.path;
+  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, 1.25f, 0.5f, NULL,
+                        &info));
+  assert_int_equal(info.path, path);
+  hq_gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.flags = HQ_GEMM_FORCE_EMULATED;
+  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &de, 1.25f, 0.5f, &args,
+                        &info));
+  assert_int_equal(info.path, emul);
+  float *got = back_f32(&d), *emu = back_f32(&de);
+  double worst = 0;
+  for (int64_t j = 0; j < N; j++)
+    for (int64_t i = 0; i < M; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < K; p++) {
+        const double x = ta ? fa[i * K + p] : fa[p * M + i];
+        const double y = tb ? fb[p * N + j] : fb[j * K + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double c = 0.5 * hq_load_hp(d0h.data, j * M + i, ddt);
+      const double ref = 1.25 * s + c;
+      const double acc = (double)(K + 8) * 0x1p-24 * (1.25 * sa + fabs(c));
+      const double out = ddt == HQ_BF16 ? fabs(ref) * 0x1p-8 + 1e-30 : 1e-30;
+      const double tol_e = acc + out;
+      const double tol_n = path == HQ_GEMM_PATH_NATIVE ? tol_e + 0x1p-10 * 1.25 * sa : tol_e;
+      const double ee = fabs(emu[j * M + i] - ref), en = fabs(got[j * M + i] - ref);
+      if (ee > tol_e)
+        fail_msg("%s: emulated D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 (long long)j, (long long)i, (double)emu[j * M + i], ref, tol_e);
+      if (en > tol_n)
+        fail_msg("%s: %s D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got[j * M + i], ref,
+                 tol_n);
+      if (sa > 0 && en / (1.25 * sa) > worst) worst = en / (1.25 * sa);
+    }
+  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g\n", what, hq_gemm_path_name(path),
+         worst);
+  free(got);
+  free(emu);
+  free(fa);
+  free(fb);
+  hq_ctx_free(gpu, pd);
+  hq_ctx_free(gpu, pe);
+  hq_ctx_free(gpu, pa);
+  hq_ctx_free(gpu, pb);
+  free(d0h.data);
+  free(xa.data);
+  free(xb.data);
+  hq_qtensor_free(A);
+  hq_qtensor_free(B);
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+}
+
+/* hq_gemm of fp8_block operands on the device: native on Hopper for 1-D x 1-D, 1-D x 2-D and
+   2-D x 1-D (pow2 and FP32 scales, e4m3 with an e5m2 gradient, every flag pair, F32 and BF16 D),
+   equal to the emulated path (BF16 with pow2 scales on both sides, else F32) and the F64 product
+   within the bounds above; shapes with partial blocks (m 200, n 136, k 320) whichever path they
+   take; 2-D x 2-D emulated with the module's reason. */
+static void test_gemm_on_device(void **state) {
+  (void)state;
+  int arch = 0;
+  char name[128];
+  HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
+  const int hopper = arch >= 90 && arch <= 99;
+  hq_recipe *r = hq_test_recipe(
+      "[format one]\nplugin = fp8_block\n[format two]\nplugin = fp8_block\nblock = 2d\n"
+      "[format g5]\nplugin = fp8_block\ndtype = e5m2\n"
+      "[format one32]\nplugin = fp8_block\npower_2_scales = false\n"
+      "[format two32]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
+      "[role *:*:one]\nrowwise = one\ncolumnwise = one\n[role *:*:two]\nrowwise = two\n"
+      "columnwise = two\n[role *:*:g5]\nrowwise = g5\ncolumnwise = g5\n"
+      "[role *:*:one32]\nrowwise = one32\ncolumnwise = one32\n"
+      "[role *:*:two32]\nrowwise = two32\ncolumnwise = two32\n");
+  const struct {
+    const char *a, *b;
+    int bf16; /* both pow2: the emulated path is BF16 */
+  } pairs[] = {{"l:w:one", "l:x:one", 1}, {"l:w:two", "l:x:one", 1}, {"l:w:one", "l:x:two", 1},
+               {"l:w:two32", "l:x:g5", 0}, {"l:w:one32", "l:x:two32", 0}};
+  const int np = (int)(sizeof pairs / sizeof pairs[0]);
+  for (int pr = 0; pr < np; pr++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        const uint32_t emul = pairs[pr].bf16 ? HQ_GEMM_PATH_EMULATED_BF16
+                                             : HQ_GEMM_PATH_EMULATED_F32;
+        gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 256, 128, 512,
+                  (ta + tb + pr) & 1 ? HQ_BF16 : HQ_F32, hopper ? HQ_GEMM_PATH_NATIVE : emul,
+                  NULL, emul);
+        gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 200, 136, 320, HQ_F32, 0, NULL, emul);
+      }
+  gemm_case(r, "l:w:two", "l:x:two", 1, 0, 256, 128, 256, HQ_F32, HQ_GEMM_PATH_EMULATED_BF16,
+            hopper ? "2-D x 2-D" : NULL, HQ_GEMM_PATH_EMULATED_BF16);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_built_with_cuda() || hq_device_count() == 0) {
     printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
@@ -274,6 +507,8 @@ int main(void) {
       cmocka_unit_test(test_shapes_and_options),
       cmocka_unit_test(test_special_values),
       cmocka_unit_test(test_misaligned_and_large),
+      cmocka_unit_test(test_raw_on_device),
+      cmocka_unit_test(test_gemm_on_device),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

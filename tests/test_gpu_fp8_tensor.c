@@ -5,6 +5,12 @@
 ** the per-tensor amax on the device (hq_quantizer_amax, and the module's amax op for every set
 ** of directions), quantize with a caller-supplied device amax (the same amax, a larger one,
 ** different rowwise/columnwise ones), and update with and without a supplied amax.
+** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) and tensor_factor on the device, called directly,
+** equal the CPU's byte for byte, and RN_f32(raw * factor) equals the device dequantize; hq_gemm
+** of two fp8_tensor operands: on sm_89+ the native path (this module's gemm op) for e4m3 x e4m3,
+** e4m3 x e5m2 and e5m2 x e4m3, every flag pair, F32 / BF16 D, against the emulated path
+** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; e5m2 x e5m2 and k not
+** a multiple of 16 take the emulated path with this module's reason.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -310,6 +316,253 @@ static void test_device_mismatch(void **state) {
   hq_recipe_free(r);
 }
 
+// --- ABI 2.1 on the device -----------------------------------------------------------------------
+
+static uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+
+/* The raw dequantize and tensor_factor, called directly on the device (call->device 0, the
+   context's default stream), equal the CPU's byte for byte, for both directions, e4m3 and e5m2,
+   odd and aligned shapes, NaN / Inf inputs and every destination dtype; and on the device's
+   outputs RN_f32(raw * factor) equals hq_dequantize into f32 bit for bit (NaN: NaN). */
+static void test_raw_and_factor_on_device(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("fp8_tensor")(&host);
+  assert_non_null(ops);
+  assert_non_null(ops->tensor_factor);
+  hq_optval v[3];
+  memset(v, 0, sizeof v);
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  hq_call hc = hq_test_call(&host, 0, 0), gc = hc;
+  gc.device = 0;
+  const char *sets[2] = {"", "dtype = e5m2\npower_2_scales = true"};
+  const int64_t shapes[][2] = {{37, 53}, {256, 512}, {1, 1}, {64, 72}};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  float *fdev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, sizeof(float), (void **)&fdev));
+  for (int o = 0; o < 2; o++)
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+      char text[256];
+      snprintf(text, sizeof text, "[format f]\nplugin = fp8_tensor\n%s\n[role *:*:*]\n"
+               "rowwise = f\ncolumnwise = f\n", sets[o]);
+      hq_recipe *r = hq_test_recipe(text);
+      hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+      const int64_t M = shapes[sh][0], K = shapes[sh][1], n = M * K;
+      hq_tensor x = hq_test_tensor(HQ_F32, M, K, 900 + sh, 20.0f);
+      if (n > 8) {
+        ((float *)x.data)[1] = NAN;
+        ((float *)x.data)[n - 2] = o ? INFINITY : 1e-12f;
+      }
+      hq_tensor xg = to_gpu(&x);
+      hq_qtensor *h = NULL, *g = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+      HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+      for (uint32_t dir = 1; dir <= 2; dir++) {
+        const hq_storage *sh_ = hq_qtensor_storage(h, dir), *sg = hq_qtensor_storage(g, dir);
+        float fh = -1.0f, fg = -2.0f;
+        HQ_OK_OR_FAIL(ops->tensor_factor(cfg, &hc, sh_, &fh));
+        assert_int_equal(ops->tensor_factor(cfg, &gc, sg, fdev), HQ_OK);
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, &fg, HQ_DEVICE_HOST, fdev, 0, sizeof fg));
+        HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+        if (f32_bits(fh) != f32_bits(fg)) fail_msg("factor cpu %a gpu %a", (double)fh, (double)fg);
+        float *raw_f32 = NULL;
+        for (int t = 0; t < 3; t++) {
+          const size_t bytes = (size_t)n * hq_dtype_size(outs[t]);
+          hq_tensor dh = hq_test_empty(outs[t], M, K), dg = dh;
+          HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dg.data));
+          dg.device = 0;
+          hc.flags = gc.flags = HQ_CALL_DEQ_RAW;
+          HQ_OK_OR_FAIL(ops->dequantize(cfg, &hc, sh_, &dh));
+          assert_int_equal(ops->dequantize(cfg, &gc, sg, &dg), HQ_OK);
+          hc.flags = gc.flags = 0;
+          void *back = malloc(bytes);
+          HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
+          HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+          if (memcmp(back, dh.data, bytes) != 0)
+            fail_msg("[%s] %lldx%lld dir %u: raw dequantize into %s differs from the CPU's",
+                     sets[o], (long long)M, (long long)K, dir, hq_dtype_name(outs[t]));
+          if (outs[t] == HQ_F32) raw_f32 = back;
+          else free(back);
+          free(dh.data);
+          hq_ctx_free(gpu, dg.data);
+        }
+        /* the invariant on the device's outputs */
+        hq_tensor dg = hq_test_empty(HQ_F32, M, K);
+        void *dd = NULL;
+        HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, (size_t)n * 4, &dd));
+        hq_tensor dgd = hq_tensor_2d(dd, HQ_F32, 0, M, K);
+        HQ_OK_OR_FAIL(hq_dequantize(g, gpu, dir, &dgd));
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, dg.data, HQ_DEVICE_HOST, dd, 0, (size_t)n * 4));
+        HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+        for (int64_t i = 0; i < n; i++) {
+          const float r = raw_f32[i], d = ((float *)dg.data)[i];
+          if (isnan(r)) {
+            assert_true(isnan(d));
+            continue;
+          }
+          const float prod = (float)((double)r * (double)fg);
+          if (f32_bits(prod) != f32_bits(d))
+            fail_msg("[%s] %lldx%lld dir %u [%lld]: RN(raw %a * factor %a) = %a, dequantize %a",
+                     sets[o], (long long)M, (long long)K, dir, (long long)i, (double)r,
+                     (double)fg, (double)prod, (double)d);
+        }
+        free(raw_f32);
+        free(dg.data);
+        hq_ctx_free(gpu, dd);
+      }
+      hq_qtensor_free(h);
+      hq_qtensor_free(g);
+      hq_ctx_free(gpu, xg.data);
+      free(x.data);
+      hq_quantizer_free(q);
+      hq_recipe_free(r);
+    }
+  hq_ctx_free(gpu, fdev);
+  free(cfg);
+}
+
+/* A device tensor's contents as host F32 (free the result). */
+static float *back_f32(const hq_tensor *t) {
+  const size_t n = (size_t)(t->rows * t->cols), bytes = n * hq_dtype_size(t->dtype);
+  void *raw = malloc(bytes);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, raw, HQ_DEVICE_HOST, t->data, 0, bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  float *f = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) f[i] = hq_load_hp(raw, (int64_t)i, t->dtype);
+  free(raw);
+  return f;
+}
+
+/* hq_dequantize of direction dir of a device qtensor, as host F32. */
+static float *deq_back(const hq_qtensor *qt, uint32_t dir, int64_t r0, int64_t r1) {
+  hq_tensor t = hq_tensor_2d(NULL, HQ_F32, 0, r0, r1);
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, (size_t)(r0 * r1) * 4, &t.data));
+  HQ_OK_OR_FAIL(hq_dequantize(qt, gpu, dir, &t));
+  float *f = back_f32(&t);
+  hq_ctx_free(gpu, t.data);
+  return f;
+}
+
+/* One GEMM case on the device: A = x_a quantized by role ra, B by rb, flags ta / tb, D of dtype
+   ddt (beta 0.5 over a random D0, alpha 1.25). The path hq_gemm_plan names must be `want` (0: any)
+   and its reason contain `reason` (NULL: none checked); hq_gemm's result and, when the path is
+   native, the emulated path's (HQ_GEMM_FORCE_EMULATED) are checked against the F64 product of
+   the dequantized operands: the emulated path within FP32 accumulation error, the native one
+   (FP8 tensor cores, fast accumulation) within 2^-10 of sum |alpha a b| more. */
+static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int tb, int64_t M,
+                      int64_t N, int64_t K, hq_dtype ddt, uint32_t want, const char *reason) {
+  char what[200];
+  snprintf(what, sizeof what, "%s x %s ta %d tb %d m %lld n %lld k %lld D %s", ra, rb, ta, tb,
+           (long long)M, (long long)N, (long long)K, hq_dtype_name(ddt));
+  hq_quantizer *qa = hq_test_quantizer(r, ra), *qb = hq_test_quantizer(r, rb);
+  const int64_t a0 = ta ? M : K, a1 = ta ? K : M, b0 = tb ? K : N, b1 = tb ? N : K;
+  hq_tensor xa = hq_test_tensor(HQ_BF16, a0, a1, 41 + (uint64_t)ta, 2.0f);
+  hq_tensor xb = hq_test_tensor(HQ_BF16, b0, b1, 51 + (uint64_t)tb, 0.5f);
+  hq_tensor xag = to_gpu(&xa), xbg = to_gpu(&xb);
+  hq_qtensor *A = NULL, *B = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(qa, gpu, &xag, &A));
+  HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &xbg, &B));
+  float *fa = deq_back(A, ta ? HQ_ROWWISE : HQ_COLWISE, a0, a1);
+  float *fb = deq_back(B, tb ? HQ_COLWISE : HQ_ROWWISE, b0, b1);
+  hq_tensor d0h = hq_test_tensor(ddt, N, M, 61, 1.0f);
+  hq_tensor d = to_gpu(&d0h), de = to_gpu(&d0h);
+  hq_gemm_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL, &info));
+  if (want && info.path != want)
+    fail_msg("%s: path %s (%s), expected %s", what, hq_gemm_path_name(info.path), info.reason,
+             hq_gemm_path_name(want));
+  if (reason && !strstr(info.reason, reason))
+    fail_msg("%s: reason '%s' lacks '%s'", what, info.reason, reason);
+  const uint32_t path = info.path;
+  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, 1.25f, 0.5f, NULL,
+                        &info));
+  assert_int_equal(info.path, path);
+  hq_gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.flags = HQ_GEMM_FORCE_EMULATED;
+  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &de, 1.25f, 0.5f, &args,
+                        &info));
+  assert_int_equal(info.path, HQ_GEMM_PATH_EMULATED_BF16);
+  float *got = back_f32(&d), *emu = back_f32(&de);
+  double worst = 0;
+  for (int64_t j = 0; j < N; j++)
+    for (int64_t i = 0; i < M; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < K; p++) {
+        const double x = ta ? fa[i * K + p] : fa[p * M + i];
+        const double y = tb ? fb[p * N + j] : fb[j * K + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double c = 0.5 * hq_load_hp(d0h.data, j * M + i, ddt);
+      const double ref = 1.25 * s + c;
+      const double acc = (double)(K + 8) * 0x1p-24 * (1.25 * sa + fabs(c));
+      const double out = ddt == HQ_BF16 ? fabs(ref) * 0x1p-8 + 1e-30 : 1e-30;
+      const double tol_e = acc + out;
+      const double tol_n = path == HQ_GEMM_PATH_NATIVE ? tol_e + 0x1p-10 * 1.25 * sa : tol_e;
+      const double ee = fabs(emu[j * M + i] - ref), en = fabs(got[j * M + i] - ref);
+      if (ee > tol_e)
+        fail_msg("%s: emulated D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 (long long)j, (long long)i, (double)emu[j * M + i], ref, tol_e);
+      if (en > tol_n)
+        fail_msg("%s: %s D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got[j * M + i], ref,
+                 tol_n);
+      if (sa > 0 && en / (1.25 * sa) > worst) worst = en / (1.25 * sa);
+    }
+  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g\n", what, hq_gemm_path_name(path),
+         worst);
+  free(got);
+  free(emu);
+  free(fa);
+  free(fb);
+  hq_ctx_free(gpu, d.data);
+  hq_ctx_free(gpu, de.data);
+  hq_ctx_free(gpu, xag.data);
+  hq_ctx_free(gpu, xbg.data);
+  free(d0h.data);
+  free(xa.data);
+  free(xb.data);
+  hq_qtensor_free(A);
+  hq_qtensor_free(B);
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+}
+
+/* hq_gemm of fp8_tensor operands on the device: native where this module's gemm op runs
+   cuBLASLt (sm_89 and newer: every flag pair, e4m3 x e4m3 / x e5m2 / e5m2 x e4m3, F32 and BF16
+   D) and equal to the emulated path and the F64 product within the bounds above; e5m2 x e5m2 and
+   k = 40 go emulated with the module's reason. */
+static void test_gemm_on_device(void **state) {
+  (void)state;
+  int arch = 0;
+  char name[128];
+  HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
+  const uint32_t native = arch >= 89 ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16;
+  hq_recipe *r = hq_test_recipe("[format a]\nplugin = fp8_tensor\n[format b]\nplugin = fp8_tensor\n"
+                                "dtype = e5m2\n[role *:*:a]\nrowwise = a\ncolumnwise = a\n"
+                                "[role *:*:b]\nrowwise = b\ncolumnwise = b\n");
+  const char *pairs[3][2] = {{"l:w:a", "l:x:a"}, {"l:w:a", "l:x:b"}, {"l:w:b", "l:x:a"}};
+  for (int pr = 0; pr < 3; pr++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        gemm_case(r, pairs[pr][0], pairs[pr][1], ta, tb, 128, 96, 256,
+                  (ta + tb + pr) & 1 ? HQ_BF16 : HQ_F32, native, NULL);
+  gemm_case(r, "l:w:a", "l:x:a", 1, 0, 512, 256, 2048, HQ_BF16, native, NULL);
+  gemm_case(r, "l:w:b", "l:x:b", 1, 0, 64, 32, 64, HQ_F32, HQ_GEMM_PATH_EMULATED_BF16,
+            "e5m2 x e5m2");
+  gemm_case(r, "l:w:a", "l:x:b", 0, 1, 64, 32, 40, HQ_F32, HQ_GEMM_PATH_EMULATED_BF16, "k = 40");
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_built_with_cuda() || hq_device_count() == 0) {
     printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
@@ -324,6 +577,8 @@ int main(void) {
       cmocka_unit_test(test_hybrid_on_device),
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_device_mismatch),
+      cmocka_unit_test(test_raw_and_factor_on_device),
+      cmocka_unit_test(test_gemm_on_device),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,7 +33,7 @@ static void expect_reason(const hq_plugins *set, const char *base, const char *n
 }
 
 /* The built-in identity format as every set holds it: first, file "(built into libhqcore)", the
-   core's own version, ABI 2.0, its one option `dtype`. */
+   core's own version, ABI 2.1, its one option `dtype`. */
 static void expect_builtin_identity(const hq_plugins *set) {
   const hq_plugin *id = hq_plugins_find(set, "identity");
   assert_non_null(id);
@@ -41,7 +41,7 @@ static void expect_builtin_identity(const hq_plugins *set) {
   assert_string_equal(hq_plugin_name(id), "identity");
   assert_string_equal(hq_plugin_file(id), "(built into libhqcore)");
   assert_string_equal(hq_plugin_version(id), hq_version());
-  assert_int_equal(hq_plugin_abi_minor(id), 0);
+  assert_int_equal(hq_plugin_abi_minor(id), 1); /* its native GEMM needs ABI 2.1 */
   assert_true(hq_plugin_caps(id) & HQ_CAP_CPU);
   assert_true(hq_plugin_caps(id) & HQ_CAP_REQUANT_SAFE);
   assert_true(hq_plugin_caps(id) & HQ_CAP_COLWISE_ONLY);
@@ -83,8 +83,8 @@ static void test_fixtures(void **state) {
   expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
   expect_reason(set, "good_dup.so", "/good.so");
   expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
-  expect_reason(set, "bad_major.so", "this core implements ABI 2.0 (major versions must match)");
-  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.1, newer than this core's 2.0");
+  expect_reason(set, "bad_major.so", "this core implements ABI 2.1 (major versions must match)");
+  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.2, newer than this core's 2.1");
   expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
   expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
   /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */
@@ -192,7 +192,7 @@ static void test_search_path(void **state) {
   }
 }
 
-/* The stock modules on HQ_PLUGIN_PATH load and declare what they implement: ABI 2.0 modules
+/* The stock modules on HQ_PLUGIN_PATH load and declare what they implement: ABI 2.1 modules
    (requiring minor 0, version "2.0"), next to the built-in identity (no identity module exists
    any more); fp8_tensor offers exactly dtype, power_2_scales, amax_epsilon (its delayed-scaling
    options, accepted and ignored in 1.0, are gone). */
@@ -206,8 +206,8 @@ static void test_stock_plugins(void **state) {
   for (size_t i = 0; i < sizeof stock / sizeof stock[0]; i++) {
     const hq_plugin *p = hq_plugins_find(set, stock[i]);
     if (!p) fail_msg("stock plugin %s not found", stock[i]);
-    assert_int_equal(hq_plugin_abi_minor(p), 0);
-    assert_string_equal(hq_plugin_version(p), "2.0");
+    assert_int_equal(hq_plugin_abi_minor(p), 1); /* ABI 2.1: raw dequantize, gemm */
+    assert_string_equal(hq_plugin_version(p), "2.1");
     assert_true(hq_plugin_caps(p) & HQ_CAP_CPU);
     char want[64];
     snprintf(want, sizeof want, "/%s.so", stock[i]);

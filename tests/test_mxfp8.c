@@ -1,14 +1,17 @@
 /*
-** test_mxfp8.c -- the mxfp8 plugin (ABI 2.0) through the public API (recipes, quantizers,
-** qtensors, their storages' descriptors and buffers, updates), plus direct calls into the loaded
-** module (device refusal, layout messages, scratch, updates without allocation, and storages
-** dequantized -- and written -- by a differently configured instance). Every expectation is
-** independent of the plugin: hand-computed codes, the descriptor table of the ABI 2.0 brief, or
-** the reference of mxfp8_ref.h (its own FP8 encoder, scale search and scale-layout writer).
+** test_mxfp8.c -- the mxfp8 plugin (ABI 2.1) through the public API (recipes, quantizers,
+** qtensors, their storages' descriptors and buffers, updates, hq_gemm on the host), plus direct
+** calls into the loaded module (device refusal, layout messages, scratch, updates without
+** allocation, storages dequantized -- and written -- by a differently configured instance, the
+** raw dequantize, and the native gemm op's answers and its cuBLASLt operands, seen through a
+** recording host->lt_matmul). Every expectation is independent of the plugin: hand-computed
+** codes and values, the descriptor table of the ABI briefs, the reference of mxfp8_ref.h (its own
+** FP8 encoder, scale search and scale-layout writer), or an F64 product.
 ** Buffers are allocated poisoned (0xA5) so that unwritten padding shows.
 ** The reference numbers its element kinds 0 = E4M3, 1 = E5M2; DT() gives the hq_dtype.
 */
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
 
 #include "hq_test.h"
@@ -197,7 +200,11 @@ static void check_storage_table(const hq_storage *s, uint32_t dir, int64_t M, in
   assert_int_equal(d->transform, HQ_TRANSFORM_NONE);
   assert_int_equal(d->transform_param, 0);
   assert_int_equal(d->shard_rows, 32);
-  for (int i = 0; i < 8; i++) assert_int_equal(d->reserved[i], 0);
+  /* 2.1: the raw values (= the dequantized ones) are exact in BF16, bar the far-underflow edge */
+  assert_int_equal(d->emul_dtype, HQ_BF16);
+  assert_int_equal(d->reserved32, 0);
+  for (size_t i = 0; i < sizeof d->reserved / sizeof d->reserved[0]; i++)
+    assert_int_equal(d->reserved[i], 0);
   /* meta holds no layout fact any more: it stays as the core zeroed it */
   for (int i = 0; i < HQ_META_BYTES; i++) assert_int_equal(s->meta[i], 0);
   const uint32_t sg = swz ? HQ_GATHER_NEVER : HQ_GATHER_ROWS;
@@ -917,17 +924,19 @@ static void check_direct(const hq_storage *s, const float *xf, int kind, int swz
 
 /* What the core never lets through: a CUDA-device call, layout() on its own, storages that do
    not match their tensor or are not MXFP8 layouts, a fused call over two storages that disagree,
-   and the ops table's identity (ABI 2.0: entry hq_format_module_v2, required minor 0). */
+   and the ops table's identity (ABI 2.1: entry hq_format_module_v2, required minor 1). */
 static void test_module_direct(void **state) {
   (void)state;
   hq_host_api host;
   const hq_format_ops *ops = load_ops(&host);
   char *host_msg = hq_test_module_error();
   assert_string_equal(ops->name, "mxfp8");
-  assert_string_equal(ops->version, "2.0");
+  assert_string_equal(ops->version, "2.1");
   assert_int_equal(ops->abi_major, 2);
-  assert_int_equal(ops->abi_minor, 0);
-  assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_0);
+  assert_int_equal(ops->abi_minor, 1);
+  assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_1);
+  assert_null(ops->tensor_factor); /* no per-tensor factor */
+  assert_non_null(ops->gemm);
   assert_null(ops->amax_kind); /* no per-tensor amax */
   assert_null(ops->amax);
   assert_null(ops->update);    /* quantize serves updates */
@@ -1171,6 +1180,505 @@ static void test_cross_instance_dequantize(void **state) {
   }
 }
 
+// --- ABI 2.1: raw dequantize, emul dtype, the gemm op, hq_gemm on the host -------------------
+
+/* A host storage of direction dir of an [M, K] tensor laid out by the instance (kind, swz=0,
+   two_d=0), buffers zeroed; the caller writes its bytes by hand. */
+static void hand_storage(const hq_format_ops *ops, const hq_host_api *host, void **cfg,
+                         hq_storage *s, uint32_t dir, int kind, int64_t M, int64_t K) {
+  *cfg = direct_cfg(ops, host, kind, 0, 0);
+  direct_storage(ops, *cfg, host, s, dir, dir, M, K);
+  for (uint32_t i = 0; i < s->nbuf; i++)
+    memset(hq_storage_buf(s, i)->ptr, 0, hq_storage_buf(s, i)->bytes);
+}
+
+static int direct_dequantize_flags(const hq_format_ops *ops, const void *cfg,
+                                   const hq_host_api *host, const hq_storage *s, hq_tensor *y,
+                                   uint32_t flags) {
+  hq_call call = hq_test_call(host, 0, 0);
+  call.flags = flags;
+  hq_test_module_error()[0] = 0;
+  return ops->dequantize(cfg, &call, s, y);
+}
+
+/* The same float, bit for bit (NaN: any NaN). */
+static int same_value(float got, float want) {
+  if (isnan(want)) return isnan(got) != 0;
+  return got == want && !signbit(got) == !signbit(want);
+}
+
+/* Raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages: rows of the worked example of
+   docs/formats.md 4.3 (e = 0x79), the bottom of the scale range (e = 0: 2^-127) and its top
+   (e = 0xFE: 2^127), in the rowwise and (transposed into column 0) the columnwise storage. The
+   values are fp8(q) * 2^(e-127) as computed by hand; in BF16 the ones below 2^-133 (BF16's
+   smallest subnormal) are rounded: the documented far-underflow edge. The raw values are the
+   dequantized ones (no per-tensor factor, no transform). */
+static void test_raw_dequantize_hand(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  const int64_t M = 32, K = 32;
+  static const struct {
+    int i;           /* row (rowwise) / column-0 row (columnwise) */
+    int k;           /* element along the block */
+    uint8_t q;
+    float f32, bf16; /* expected raw value, and its BF16 */
+  } cells[] = {
+      {0, 0, 0xF3, -2.75f, -2.75f},     {0, 1, 0xF2, -2.5f, -2.5f},
+      {0, 2, 0xF0, -2.0f, -2.0f},       {0, 6, 0xE6, -0.875f, -0.875f},
+      {0, 8, 0xDA, -0.3125f, -0.3125f}, {0, 9, 0x00, 0.0f, 0.0f},
+      {0, 10, 0x5A, 0.3125f, 0.3125f},  {0, 31, 0x7D, 6.5f, 6.5f},
+      /* e = 0: 2^-127 times the E4M3 subnormal 2^-9, the smallest normal 2^-6, 1.125 * 2^-6,
+         the max 448 */
+      {1, 0, 0x01, 0x1p-136f, 0.0f},     {1, 1, 0x08, 0x1p-133f, 0x1p-133f},
+      {1, 2, 0x09, 0x1.2p-133f, 0x1p-133f}, {1, 3, 0x7E, 0x1.cp-119f, 0x1.cp-119f},
+      {1, 4, 0x88, -0x1p-133f, -0x1p-133f}, {1, 5, 0x0C, 0x1.8p-133f, 0x1p-132f}, /* tie: even */
+      /* e = 0xFE: 2^127 */
+      {2, 0, 0x38, 0x1p127f, 0x1p127f},  {2, 1, 0x7E, INFINITY, INFINITY},
+      {2, 2, 0xFE, -INFINITY, -INFINITY}, {2, 3, 0x7F, NAN, NAN},
+      {2, 4, 0x30, 0x1p126f, 0x1p126f},
+  };
+  static const uint8_t codes[3] = {0x79, 0x00, 0xFE};
+  for (int dir = 1; dir <= 2; dir++) {
+    void *cfg;
+    hq_storage s;
+    hand_storage(ops, &host, &cfg, &s, (uint32_t)dir, 0, M, K);
+    uint8_t *data = hq_storage_buf(&s, 0)->ptr, *sc = hq_storage_buf(&s, 1)->ptr;
+    /* rowwise (OUTER_MAJOR): cell (i, k) is element (i, k), its scale the byte i * roundup(K/32,
+       4) + 0; columnwise (BLOCK_MAJOR): cell (i, k) is element (k, i) -- column i, row k -- its
+       scale the byte (k / 32) * roundup(K, 128) + i */
+    for (int r = 0; r < 3; r++) sc[dir == 1 ? r * 4 : r] = codes[r];
+    for (size_t c = 0; c < sizeof cells / sizeof cells[0]; c++) {
+      const int64_t i = dir == 1 ? cells[c].i : cells[c].k, j = dir == 1 ? cells[c].k : cells[c].i;
+      data[i * K + j] = cells[c].q;
+    }
+    hq_tensor raw = hq_test_empty(HQ_F32, M, K), rawb = hq_test_empty(HQ_BF16, M, K);
+    hq_tensor deq = hq_test_empty(HQ_F32, M, K);
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &s, &raw, HQ_CALL_DEQ_RAW), HQ_OK);
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &s, &rawb, HQ_CALL_DEQ_RAW), HQ_OK);
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &s, &deq, 0), HQ_OK);
+    for (size_t c = 0; c < sizeof cells / sizeof cells[0]; c++) {
+      const int64_t i = dir == 1 ? cells[c].i : cells[c].k, j = dir == 1 ? cells[c].k : cells[c].i;
+      const float g = ((float *)raw.data)[i * K + j];
+      const float gb = hq_load_hp(rawb.data, i * K + j, HQ_BF16);
+      if (!same_value(g, cells[c].f32) || !same_value(gb, cells[c].bf16))
+        fail_msg("dir %d cell %zu (q %02x, e %02x): raw %a / bf16 %a, want %a / %a", dir, c,
+                 cells[c].q, codes[cells[c].i], (double)g, (double)gb, (double)cells[c].f32,
+                 (double)cells[c].bf16);
+    }
+    /* raw and dequantized: the same bytes, everywhere */
+    assert_memory_equal(raw.data, deq.data, (size_t)(M * K) * sizeof(float));
+    /* a wrong storage is refused by the raw path too, naming it */
+    hq_storage bad = s;
+    bad.desc.scale_mode = HQ_SCALE_VEC16_UE4M3;
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &bad, &raw, HQ_CALL_DEQ_RAW),
+                     HQ_EINVAL);
+    assert_non_null(strstr(hq_test_module_error(), "raw dequantize"));
+    free(raw.data);
+    free(rawb.data);
+    free(deq.data);
+    direct_free(&s);
+    free(cfg);
+  }
+}
+
+/* The invariant of the per-tensor factor, which for MXFP8 is 1 (tensor_factor is NULL): the raw
+   values equal the dequantized values byte for byte -- every instance, both directions, f32 /
+   bf16 / f16 destinations, random data with NaN, Inf, zeros and subnormals. */
+static void test_raw_equals_dequantize(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  const int64_t M = 96, K = 160;
+  float *xf = gen(M, K, 77, -30, 30, 1);
+  hq_tensor x = tensor_of(xf, HQ_F32, M, K);
+  const hq_dtype outs[] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int c = 0; c < 8; c++) {
+    const int kind = c & 1, swz = (c >> 1) & 1, two_d = c >> 2;
+    void *cfg = direct_cfg(ops, &host, kind, swz, two_d);
+    hq_storage st[2];
+    direct_storage(ops, cfg, &host, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+    direct_storage(ops, cfg, &host, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+    assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_BOTH, &st[0], &st[1], 0, 0), HQ_OK);
+    for (int d = 0; d < 2; d++)
+      for (int o = 0; o < 3; o++) {
+        hq_tensor a = hq_test_empty(outs[o], M, K), b = hq_test_empty(outs[o], M, K);
+        assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &st[d], &a, HQ_CALL_DEQ_RAW),
+                         HQ_OK);
+        assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &st[d], &b, 0), HQ_OK);
+        if (memcmp(a.data, b.data, (size_t)(M * K) * hq_dtype_size(outs[o])))
+          fail_msg("cfg %d dir %d out %d: raw differs from dequantize", c, d + 1, (int)outs[o]);
+        free(a.data);
+        free(b.data);
+      }
+    direct_free(&st[0]);
+    direct_free(&st[1]);
+    free(cfg);
+  }
+  free(x.data);
+  free(xf);
+}
+
+/* Is v (a double) exactly a BF16 value: 0, +-Inf, or 8 significant bits with its lowest bit at
+   or above 2^-133 and |v| at most BF16's max (2 - 2^-7) * 2^127? */
+static int bf16_exact(double v) {
+  if (v == 0 || isinf(v)) return 1;
+  double a = fabs(v);
+  if (a > ldexp(255.0, 120)) return 0;
+  int e;
+  frexp(a, &e); /* a = f * 2^e, f in [0.5, 1): the top bit is 2^(e-1) */
+  int lsb = e - 8 > -133 ? e - 8 : -133;
+  double scaled = ldexp(a, -lsb);
+  return scaled == floor(scaled);
+}
+
+/* desc.emul_dtype is BF16: every raw value of every (element code, scale code) pair -- all 256
+   FP8 codes times all 255 E8M0 codes, both element dtypes -- is written to a BF16 destination
+   unchanged, except the documented far-underflow edge: values whose lowest bit lies below 2^-133
+   (BF16's smallest subnormal), all of them below 2^-130 and only in blocks whose scale is at
+   most 2^-125 (E4M3, e <= 2) or 2^-118 (E5M2, e <= 9), which BF16 rounds. The F32 raw values are
+   fp8(q) * 2^(e-127), computed here in double. */
+static void test_emul_dtype_bf16(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  const int64_t M = 256, K = 256;
+  for (int kind = 0; kind < 2; kind++) {
+    void *cfg;
+    hq_storage s;
+    hand_storage(ops, &host, &cfg, &s, HQ_ROWWISE, kind, M, K);
+    assert_int_equal(s.desc.emul_dtype, HQ_BF16);
+    uint8_t *data = hq_storage_buf(&s, 0)->ptr, *sc = hq_storage_buf(&s, 1)->ptr;
+    for (int64_t i = 0; i < M; i++) {
+      for (int64_t j = 0; j < K; j++) data[i * K + j] = (uint8_t)j;
+      for (int64_t kb = 0; kb < K / 32; kb++) sc[i * 8 + kb] = (uint8_t)(i < 255 ? i : 127);
+    }
+    hq_tensor f = hq_test_empty(HQ_F32, M, K), b = hq_test_empty(HQ_BF16, M, K);
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &s, &f, HQ_CALL_DEQ_RAW), HQ_OK);
+    assert_int_equal(direct_dequantize_flags(ops, cfg, &host, &s, &b, HQ_CALL_DEQ_RAW), HQ_OK);
+    int64_t edge = 0, exact = 0;
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < K; j++) {
+        const int e = i < 255 ? (int)i : 127;
+        const double want = ref_fp8_decode((unsigned)j, kind) * ldexp(1.0, e - 127);
+        const float wf = fabs(want) > FLT_MAX ? (want > 0 ? INFINITY : -INFINITY) : (float)want;
+        const float gf = ((float *)f.data)[i * K + j];
+        const float gb = hq_load_hp(b.data, i * K + j, HQ_BF16);
+        if (!same_value(gf, wf))
+          fail_msg("kind %d q %02llx e %02x: raw %a, want %a", kind, (long long)j, e,
+                   (double)gf, want);
+        if (isnan(want)) {
+          assert_true(isnan(gb));
+        } else if (bf16_exact((double)wf)) {
+          if (!same_value(gb, wf))
+            fail_msg("kind %d q %02llx e %02x: bf16 %a, want %a", kind, (long long)j, e,
+                     (double)gb, (double)wf);
+          exact++;
+        } else {
+          /* only the far-underflow edge */
+          if (!(fabs(want) < 0x1p-130) || e > (kind ? 9 : 2))
+            fail_msg("kind %d q %02llx e %02x: %a is not exact in BF16 and not in the edge",
+                     kind, (long long)j, e, want);
+          edge++;
+        }
+      }
+    /* the edge exists, and is small */
+    assert_true(edge > 0);
+    assert_true(edge < exact / 50);
+    free(f.data);
+    free(b.data);
+    direct_free(&s);
+    free(cfg);
+  }
+}
+
+/* A recording host->lt_matmul and a device_arch the test sets. */
+static hq_lt_matmul last_mm;
+static int lt_calls, fake_arch;
+static int record_lt(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  last_mm = *mm;
+  lt_calls++;
+  return HQ_OK;
+}
+static int arch_of_test(int device) { return device < 0 ? 0 : fake_arch; }
+
+/* Storages for the gemm op: A (trans ta) and B (trans tb) of an m x n x k product, made by
+   instances (kind_a, swz_a) and (kind_b, swz_b), in the direction hq_gemm would pick. */
+typedef struct gem {
+  void *ca, *cb;
+  hq_storage a, b;
+  float d[4];
+  hq_tensor dt;
+  hq_gemm_problem p;
+} gem;
+static void gem_make(gem *g, const hq_format_ops *ops, const hq_host_api *host, int ta, int tb,
+                     int64_t m, int64_t n, int64_t k, int kind_a, int swz_a, int kind_b,
+                     int swz_b) {
+  memset(g, 0, sizeof *g);
+  g->ca = direct_cfg(ops, host, kind_a, swz_a, 0);
+  g->cb = direct_cfg(ops, host, kind_b, swz_b, 0);
+  direct_storage(ops, g->ca, host, &g->a, ta ? HQ_ROWWISE : HQ_COLWISE, HQ_BOTH, ta ? m : k,
+                 ta ? k : m);
+  direct_storage(ops, g->cb, host, &g->b, tb ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, tb ? k : n,
+                 tb ? n : k);
+  g->dt = hq_tensor_2d(g->d, HQ_F32, 0, n, m);
+  g->p.struct_size = sizeof g->p;
+  g->p.a = &g->a;
+  g->p.b = &g->b;
+  g->p.cfg_b = g->cb;
+  g->p.transa = ta;
+  g->p.transb = tb;
+  g->p.m = m;
+  g->p.n = n;
+  g->p.k = k;
+  g->p.d = &g->dt;
+  g->p.alpha = 1.5f;
+  g->p.beta = 0.0f;
+}
+static void gem_free(gem *g) {
+  direct_free(&g->a);
+  direct_free(&g->b);
+  free(g->ca);
+  free(g->cb);
+}
+static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, int device,
+                   uint32_t flags) {
+  hq_call call = hq_test_call(host, 0, 0);
+  call.device = device;
+  g->p.flags = flags;
+  hq_test_module_error()[0] = 0;
+  lt_calls = 0;
+  memset(&last_mm, 0, sizeof last_mm);
+  return ops->gemm(g->ca, &call, &g->p);
+}
+
+/* The gemm op's answers (nothing runs on a device here: host->lt_matmul records what it is
+   handed, host->device_arch says what the test wants): the host, Hopper, sm_120 and an old core
+   are refused with their reason; on sm_100 / sm_103 compact scales and e5m2 x e5m2 are refused,
+   and swizzled storages reach cuBLASLt as the column-major operands of the caller's flags
+   (rows = the contiguous dimension, ld = rows, scales VEC32_UE8M0 from the storages' buffers),
+   with alpha, beta, D and its ld = m, the query flag passed through. */
+static void test_gemm_op_direct(void **state) {
+  (void)state;
+  hq_host_api host;
+  const hq_format_ops *ops = load_ops(&host);
+  host.lt_matmul = record_lt;
+  host.device_arch = arch_of_test;
+  const char *msg = hq_test_module_error();
+  gem g;
+  gem_make(&g, ops, &host, 1, 0, 64, 96, 128, 0, 1, 0, 1);
+  /* the host: never native */
+  for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
+    assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, "host"));
+    assert_int_equal(lt_calls, 0);
+  }
+  /* Hopper, Ada, sm_120: not native (cuBLASLt has MXFP8 on sm_100 / sm_103 only) */
+  const int no[] = {80, 89, 90, 120, 0};
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+    fake_arch = no[i];
+    assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
+    char want[32];
+    snprintf(want, sizeof want, "is sm_%d", no[i]);
+    assert_non_null(strstr(msg, want));
+    assert_non_null(strstr(msg, "sm_100"));
+    assert_int_equal(lt_calls, 0);
+  }
+  /* a core without host->lt_matmul (ABI 2.0) */
+  fake_arch = 100;
+  hq_host_api old = host;
+  old.abi_minor = 0;
+  hq_call oc = hq_test_call(&old, 0, 0);
+  oc.device = 0;
+  g.p.flags = HQ_GEMM_QUERY;
+  assert_int_equal(ops->gemm(g.ca, &oc, &g.p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "lt_matmul"));
+  gem_free(&g);
+
+  /* sm_100 / sm_103: every flag pair, element dtypes mixed, swizzled scales */
+  const int64_t m = 64, n = 96, k = 128;
+  for (int arch = 100; arch <= 103; arch += 3)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        for (int kinds = 0; kinds < 4; kinds++) {
+          fake_arch = arch;
+          const int ka = kinds & 1, kb = kinds >> 1;
+          gem_make(&g, ops, &host, ta, tb, m, n, k, ka, 1, kb, 1);
+          for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
+            int rc = gem_run(ops, &host, &g, 0, f);
+            if (ka && kb) { /* e5m2 x e5m2 */
+              assert_int_equal(rc, HQ_ENOTSUP);
+              assert_non_null(strstr(msg, "e5m2"));
+              assert_int_equal(lt_calls, 0);
+              continue;
+            }
+            if (rc) fail_msg("arch %d ta %d tb %d kinds %d: %d %s", arch, ta, tb, kinds, rc, msg);
+            assert_int_equal(lt_calls, 1);
+            const hq_lt_matmul *mm = &last_mm;
+            assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
+            assert_int_equal(mm->flags, f);
+            assert_int_equal(mm->m, m);
+            assert_int_equal(mm->n, n);
+            assert_int_equal(mm->k, k);
+            /* A [A0, A1] = ta ? [m, k] : [k, m], a column-major A1 x A0 matrix, ld A1 */
+            assert_ptr_equal(mm->a.data, hq_storage_cbuf(&g.a, 0)->ptr);
+            assert_int_equal(mm->a.elem, ka ? HQ_E5M2 : HQ_E4M3);
+            assert_int_equal(mm->a.trans, ta);
+            assert_int_equal(mm->a.rows, ta ? k : m);
+            assert_int_equal(mm->a.cols, ta ? m : k);
+            assert_int_equal(mm->a.ld, ta ? k : m);
+            assert_int_equal(mm->a.scale_mode, HQ_SCALE_VEC32_UE8M0);
+            assert_ptr_equal(mm->a.scale, hq_storage_cbuf(&g.a, 1)->ptr);
+            /* B [B0, B1] = tb ? [k, n] : [n, k] */
+            assert_ptr_equal(mm->b.data, hq_storage_cbuf(&g.b, 0)->ptr);
+            assert_int_equal(mm->b.elem, kb ? HQ_E5M2 : HQ_E4M3);
+            assert_int_equal(mm->b.trans, tb);
+            assert_int_equal(mm->b.rows, tb ? n : k);
+            assert_int_equal(mm->b.cols, tb ? k : n);
+            assert_int_equal(mm->b.ld, tb ? n : k);
+            assert_int_equal(mm->b.scale_mode, HQ_SCALE_VEC32_UE8M0);
+            assert_ptr_equal(mm->b.scale, hq_storage_cbuf(&g.b, 1)->ptr);
+            assert_true(mm->alpha == 1.5f && mm->beta == 0.0f);
+            assert_null(mm->alpha_factor[0]); /* no per-tensor factor */
+            assert_null(mm->alpha_factor[1]);
+            assert_ptr_equal(mm->d, g.d);
+            assert_int_equal(mm->d_dtype, HQ_F32);
+            assert_int_equal(mm->ldd, m);
+            assert_null(mm->bias);
+            assert_non_null(mm->what);
+            assert_non_null(strstr(mm->what, "mxfp8"));
+          }
+          gem_free(&g);
+        }
+  /* compact scales (either operand, either layout) are not what cuBLASLt reads */
+  fake_arch = 100;
+  for (int which = 0; which < 2; which++)
+    for (int ta = 0; ta < 2; ta++) {
+      gem_make(&g, ops, &host, ta, 0, m, n, k, 0, which, 0, !which);
+      assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
+      assert_non_null(strstr(msg, "swizzled"));
+      assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
+      assert_int_equal(lt_calls, 0);
+      gem_free(&g);
+    }
+  /* the storage of the wrong direction for the flag is refused */
+  gem_make(&g, ops, &host, 1, 0, m, n, k, 0, 1, 0, 1);
+  g.p.transa = 0; /* A's rowwise storage with transa = N */
+  g.p.m = k;
+  g.p.k = m;
+  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_EINVAL);
+  assert_non_null(strstr(msg, "columnwise"));
+  gem_free(&g);
+}
+
+/* F64 reference of hq_gemm from the operands' hq_dequantize outputs. D row-major [n, m];
+   op(A)(i, p) = ta ? A[i][p] : A[p][i], op(B)(p, j) = tb ? B[p][j] : B[j][p]. The tolerance is
+   FP32 accumulation over k (plus the output dtype's rounding). */
+static void check_gemm_f64(hq_ctx *ctx, const hq_qtensor *A, int ta, const hq_qtensor *B, int tb,
+                           hq_dtype dt, float alpha, float beta, const char *what) {
+  const int64_t A0 = hq_qtensor_rows(A), A1 = hq_qtensor_cols(A);
+  const int64_t B0 = hq_qtensor_rows(B), B1 = hq_qtensor_cols(B);
+  const int64_t m = ta ? A0 : A1, k = ta ? A1 : A0, n = tb ? B1 : B0;
+  hq_tensor a = hq_test_empty(HQ_F32, A0, A1), b = hq_test_empty(HQ_F32, B0, B1);
+  HQ_OK_OR_FAIL(hq_dequantize(A, ctx, ta ? HQ_ROWWISE : HQ_COLWISE, &a));
+  HQ_OK_OR_FAIL(hq_dequantize(B, ctx, tb ? HQ_COLWISE : HQ_ROWWISE, &b));
+  const float *af = a.data, *bf = b.data;
+  hq_tensor d = hq_test_tensor(dt, n, m, 4242, 1.0f); /* D's old values, for beta */
+  double *d0 = malloc((size_t)(n * m) * sizeof(double));
+  for (int64_t t = 0; t < n * m; t++) d0[t] = hq_load_hp(d.data, t, dt);
+  hq_gemm_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, alpha, beta, NULL,
+                        &info));
+  assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+  assert_string_equal(info.format_a, "mxfp8");
+  assert_string_equal(info.format_b, "mxfp8");
+  assert_int_equal(info.dir_a, ta ? HQ_ROWWISE : HQ_COLWISE);
+  assert_int_equal(info.dir_b, tb ? HQ_COLWISE : HQ_ROWWISE);
+  assert_int_equal(info.m, m);
+  assert_int_equal(info.n, n);
+  assert_int_equal(info.k, k);
+  if (!strstr(info.reason, "host")) fail_msg("reason: %s", info.reason); /* the gemm op's answer */
+  double worst = 0;
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < k; p++) {
+        const double x = ta ? af[i * A1 + p] : af[p * A1 + i];
+        const double y = tb ? bf[p * B1 + j] : bf[j * B1 + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double want = (double)alpha * s + (double)beta * d0[j * m + i];
+      const double got = hq_load_hp(d.data, j * m + i, dt);
+      double tol = (double)(k + 8) * 0x1p-23 * (fabs((double)alpha) * sa +
+                                                fabs((double)beta * d0[j * m + i])) + 1e-30;
+      if (dt == HQ_BF16) tol += 0x1p-7 * fabs(want); /* RN to 8 bits: at most 2^-8 relative */
+      const double err = fabs(got - want);
+      if (!(err <= tol))
+        fail_msg("%s: D[%lld][%lld] = %.9g, F64 %.9g (err %g > tol %g)", what, (long long)j,
+                 (long long)i, got, want, err, tol);
+      if (err / tol > worst) worst = err / tol;
+    }
+  if (getenv("HQ_TEST_VERBOSE")) printf("%s: worst err/tol %.3g\n", what, worst);
+  free(d0);
+  free(d.data);
+  free(a.data);
+  free(b.data);
+}
+
+/* hq_gemm of two mxfp8 operands on a host context (the CPU path: raw values in F32, an sgemm):
+   TN (fprop), NN (dgrad), NT (wgrad) and TT, e4m3 x e4m3 and e4m3 x e5m2, compact and swizzled
+   scales, 1-D and 2-D blocks, f32 and bf16 D, beta 0 and 1, equal to the F64 product of the
+   operands' hq_dequantize outputs within FP32 accumulation error. */
+static void test_gemm_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  const int64_t m = 64, n = 96, k = 160;
+  for (int c = 0; c < 4; c++) {
+    const int swz = c & 1, two_d = c >> 1;
+    /* one recipe, two instances of the module: A from "a" (weights), B from "b" (inputs) */
+    char text[512];
+    snprintf(text, sizeof text,
+             "[format a]\nplugin = mxfp8\nswizzle = %s\nblock_2d = %s\n"
+             "[format b]\nplugin = mxfp8\nswizzle = %s\ndtype = %s\n"
+             "[role linear:weight:*]\nrowwise = a\ncolumnwise = a\n"
+             "[role linear:input:*]\nrowwise = b\ncolumnwise = b\n",
+             swz ? "true" : "false", two_d ? "true" : "false", swz ? "true" : "false",
+             c == 3 ? "e5m2" : "e4m3");
+    hq_recipe *r = hq_test_recipe(text);
+    hq_quantizer *qa = hq_test_quantizer(r, "linear:weight:w");
+    hq_quantizer *qb = hq_test_quantizer(r, "linear:input:x");
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        float *xa = gen(ta ? m : k, ta ? k : m, 900 + (uint64_t)c, -4, 4, 0);
+        float *xb = gen(tb ? k : n, tb ? n : k, 950 + (uint64_t)c, -6, 2, 0);
+        hq_tensor ha = tensor_of(xa, HQ_F32, ta ? m : k, ta ? k : m);
+        hq_tensor hb = tensor_of(xb, HQ_BF16, tb ? k : n, tb ? n : k);
+        hq_qtensor *A = NULL, *B = NULL;
+        HQ_OK_OR_FAIL(hq_quantize(qa, ctx, &ha, &A));
+        HQ_OK_OR_FAIL(hq_quantize(qb, ctx, &hb, &B));
+        char what[96];
+        snprintf(what, sizeof what, "swz %d 2d %d e5m2 B %d, %c%c", swz, two_d, c == 3,
+                 ta ? 'T' : 'N', tb ? 'T' : 'N');
+        check_gemm_f64(ctx, A, ta, B, tb, HQ_F32, 1.0f, 0.0f, what);
+        check_gemm_f64(ctx, A, ta, B, tb, (ta + tb) % 2 ? HQ_BF16 : HQ_F32, -0.75f, 1.0f, what);
+        hq_qtensor_free(A);
+        hq_qtensor_free(B);
+        free(ha.data);
+        free(hb.data);
+        free(xa);
+        free(xb);
+      }
+    hq_quantizer_free(qa);
+    hq_quantizer_free(qb);
+    hq_recipe_free(r);
+  }
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_desc_buffers),
@@ -1188,6 +1696,11 @@ int main(void) {
       cmocka_unit_test(test_module_direct),
       cmocka_unit_test(test_direct_scratch_and_update),
       cmocka_unit_test(test_cross_instance_dequantize),
+      cmocka_unit_test(test_raw_dequantize_hand),
+      cmocka_unit_test(test_raw_equals_dequantize),
+      cmocka_unit_test(test_emul_dtype_bf16),
+      cmocka_unit_test(test_gemm_op_direct),
+      cmocka_unit_test(test_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

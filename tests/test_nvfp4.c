@@ -1,8 +1,9 @@
 /*
 ** test_nvfp4.c -- the nvfp4 plugin through the public API (recipes, quantizers, storages, the
-** split amax, updates) and, for the device, option, scratch and cross-instance checks, through
-** its ops table (ABI 2.0). Expectations are independent of the plugin's code: hand-built rows
-** and scales, the descriptor table of the ABI 2.0 brief, and a reference quantizer written here
+** split amax, updates, hq_gemm on the host) and, for the device, option, scratch, cross-instance,
+** raw-dequantize, tensor-factor and gemm-op checks, through its ops table (ABI 2.1).
+** Expectations are independent of the plugin's code: hand-built rows and scales, the descriptor
+** table of the ABI 2.0 / 2.1 briefs, an F64 product, and a reference quantizer written here
 ** in double precision from FORMATS.md 3.3 (brute-force E4M3 / E2M1 encoders, its own index
 ** arithmetic, the swizzle of FORMATS.md 2.4, the dense RHT matrix).
 */
@@ -350,7 +351,7 @@ static void expect_buf(const hq_storage *s, uint32_t i, const want_buf *w) {
   assert_int_equal(b->bytes, elem * (size_t)w->d0 * (size_t)(w->ndim > 1 ? w->d1 : 1));
 }
 
-/* The descriptor and buffer table of the ABI 2.0 brief, for every option that changes it, on
+/* The descriptor and buffer table of the ABI 2.0 / 2.1 briefs, for every option that changes it, on
    shapes whose scale buffers are padded (M and K not multiples of 128, K/16 or M/16 not
    multiples of 4), through the public API. */
 static void test_layout_desc_buffers(void **state) {
@@ -415,7 +416,11 @@ static void test_layout_desc_buffers(void **state) {
         assert_int_equal(o->transform, rht ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE);
         assert_int_equal(o->transform_param, rht ? cases[ci].rht_mask : 0);
         assert_int_equal(o->shard_rows, cases[ci].sr ? 0 : 16);
-        for (int k = 0; k < 8; k++) assert_int_equal(o->reserved[k], 0);
+        /* 2.1: raw values e2m1 * sf are exact in BF16 (test_emul_dtype_bf16) */
+        assert_int_equal(o->emul_dtype, HQ_BF16);
+        assert_int_equal(o->reserved32, 0);
+        for (size_t k = 0; k < sizeof o->reserved / sizeof o->reserved[0]; k++)
+          assert_int_equal(o->reserved[k], 0);
         for (int k = 0; k < HQ_META_BYTES; k++) assert_int_equal(st->meta[k], 0); /* unused */
       }
       assert_int_equal(hq_qtensor_shard_rows(u.t), cases[ci].sr ? 0 : 16);
@@ -1171,11 +1176,15 @@ static void test_ops_direct(void **state) {
   char *last_err = hq_test_module_error();
   const hq_format_ops *ops = module_ops(&host);
   assert_string_equal(ops->name, "nvfp4");
-  /* ABI 2.0: the minor REQUIRED (2.0), the module's own version */
+  /* ABI 2.1: the minor REQUIRED (2.1: raw dequantize, emul dtype, host->lt_matmul), the
+     module's own version, the 2.1 ops */
   assert_int_equal(ops->abi_major, 2);
-  assert_int_equal(ops->abi_minor, 0);
+  assert_int_equal(ops->abi_minor, 1);
   assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
-  assert_string_equal(ops->version, "2.0");
+  assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_1);
+  assert_string_equal(ops->version, "2.1");
+  assert_non_null(ops->tensor_factor);
+  assert_non_null(ops->gemm);
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
   hq_optval vals[6] = {{0}};
@@ -1671,6 +1680,525 @@ static void test_update_equals_fresh(void **state) {
   }
 }
 
+// --- ABI 2.1: raw dequantize, the per-tensor factor, emul dtype, the gemm op, hq_gemm --------
+
+/* A direct module call of dequantize with `flags` (HQ_CALL_DEQ_RAW or 0). */
+static int deq_flags(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                     const hq_storage *s, hq_tensor *y, uint32_t flags) {
+  hq_call c = hq_test_call(host, 0, 0);
+  c.flags = flags;
+  hq_test_module_error()[0] = 0;
+  return ops->dequantize(cfg, &c, s, y);
+}
+static float factor_of(const hq_format_ops *ops, const void *cfg, const hq_host_api *host,
+                       const hq_storage *s) {
+  hq_call c = hq_test_call(host, 0, 0);
+  float f = -1.0f;
+  DIRECT_OK(ops->tensor_factor(cfg, &c, s, &f));
+  return f;
+}
+/* The rule of docs/formats.md, in the test's own float arithmetic: RN(A * RN(1/2688)). */
+static float want_factor(float A) {
+  volatile float c = 1.0f / 2688.0f;
+  return A * c;
+}
+static int is_pow2_e4m3(unsigned sf) { /* fp32(sf) is a power of two (0x00 is 0: not) */
+  unsigned e = (sf >> 3) & 0xfu, m = sf & 7u;
+  return e ? m == 0 : (m == 1 || m == 2 || m == 4);
+}
+/* Distance in units in the last place between two finite floats (by their ordered bits). */
+static int64_t ulp_dist(float a, float b) {
+  int32_t x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  int64_t u = x < 0 ? (int64_t)INT32_MIN - x : x, v = y < 0 ? (int64_t)INT32_MIN - y : y;
+  return u > v ? u - v : v - u;
+}
+static int same_float(float a, float b) { return memcmp(&a, &b, 4) == 0; }
+
+/* The worked example of docs/formats.md 5.6 (A = 10, sf = 0x71 = 144, bytes a4 61 3f 40 6e 90
+   e7 53), built by hand in a rowwise storage (row 0) and in a columnwise storage marked RHT
+   (stored row 0 = column 0 of the [M, K] tensor): the raw values are e2m1 * 144, in every
+   destination dtype, the RHT copy left in its (transformed) domain; the factor is
+   RN(10 * RN(1/2688)) = 0x1.e79e7ap-9; the plain dequantize gives the doc's table; the RHT copy's
+   dequantize applies the inverse transform (so it is not raw * factor there). */
+static void test_raw_dequantize_hand(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  static const uint8_t bytes[8] = {0xa4, 0x61, 0x3f, 0x40, 0x6e, 0x90, 0xe7, 0x53};
+  static const float raw[16] = {288, -144, 72, 576, -864, 216, 0, 288,
+                                -576, 576, 0, -72, 864, -576, 216, 432};
+  static const float deq[16] = {1.07142854f, -0.535714269f, 0.267857134f, 2.14285707f,
+                                -3.21428561f, 0.803571403f, 0, 1.07142854f,
+                                -2.14285707f, 2.14285707f, 0, -0.267857134f,
+                                3.21428561f, -2.14285707f, 0.803571403f, 1.60714281f};
+  const int64_t M = 16, K = 16;
+  uint8_t cfg[256];
+  configure_nv(ops, &host, cfg, (nv_opts){1, 0xD7E8, 0, 0, 0, 0});
+  for (int d = 0; d < 2; d++) {
+    hq_storage s;
+    make_storage(ops, &host, cfg, &s, d ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, M, K);
+    for (uint32_t i = 0; i < 3; i++)
+      memset(hq_storage_buf(&s, i)->ptr, 0, hq_storage_buf(&s, i)->bytes);
+    memcpy(hq_storage_buf(&s, 0)->ptr, bytes, 8);
+    ((uint8_t *)hq_storage_buf(&s, 1)->ptr)[0] = 0x71;
+    *(float *)hq_storage_buf(&s, 2)->ptr = 10.0f;
+    assert_int_equal(s.desc.transform, d ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE);
+    const float f = factor_of(ops, cfg, &host, &s);
+    assert_true(same_float(f, 0x1.e79e7ap-9f));
+    assert_true(same_float(f, want_factor(10.0f)));
+    static const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+    for (int o = 0; o < 3; o++) {
+      hq_tensor y = hq_test_empty(outs[o], M, K);
+      DIRECT_OK(deq_flags(ops, cfg, &host, &s, &y, HQ_CALL_DEQ_RAW));
+      for (int e = 0; e < 16; e++) {
+        const float g = hq_load_hp(y.data, d ? e * K : e, outs[o]);
+        if (!same_float(g, raw[e]))
+          fail_msg("dir %d out %d element %d: raw %a, want %a", d + 1, (int)outs[o], e,
+                   (double)g, (double)raw[e]);
+      }
+      for (int64_t t = 0; t < M * K; t++) /* every other block: sf = 0 */
+        if ((d ? t % K : t / K) != 0) assert_true(hq_load_hp(y.data, t, outs[o]) == 0.0f);
+      free(y.data);
+    }
+    hq_tensor y = hq_test_empty(HQ_F32, M, K);
+    DIRECT_OK(deq_flags(ops, cfg, &host, &s, &y, 0));
+    if (!d) {
+      for (int e = 0; e < 16; e++) {
+        assert_true(same_float(getf(&y, 0, e), deq[e]));
+        assert_true(same_float(want_factor(10.0f) * raw[e], deq[e])); /* here: bit for bit */
+      }
+    } else {
+      /* the inverse RHT mixes the 16 values: the first output is (s_0 / 4) * sum(values) */
+      float sum = 0;
+      for (int e = 0; e < 16; e++) sum += deq[e];
+      assert_float_equal(getf(&y, 0, 0), sum / 4, 1e-5);
+      assert_false(same_float(getf(&y, 1, 0), deq[1]));
+      /* the same storage without the transform: the factor times the raw values */
+      hq_storage plain = s;
+      plain.desc.transform = HQ_TRANSFORM_NONE;
+      plain.desc.transform_param = 0;
+      DIRECT_OK(deq_flags(ops, cfg, &host, &plain, &y, 0));
+      for (int e = 0; e < 16; e++) assert_true(same_float(getf(&y, e, 0), deq[e]));
+    }
+    free(y.data);
+    free_storage(&s);
+  }
+}
+
+/* The invariant of the per-tensor factor, on quantized random data (1-D, 2-D, swizzled, SR,
+   RHT; both directions): tensor_factor is RN(A * RN(1/2688)) of the storage's amax; every raw
+   value is e2m1(q) * fp32(sf) (computed here from the bytes); and RN(raw * factor) equals the
+   dequantized value bit for bit wherever fp32(sf) is a power of two, within 3 ulps elsewhere:
+   the dequantizer rounds RN(fp32(sf) * A) first (TE's order, kept), so the two orders round
+   differently. For an RHT copy the relation holds before the inverse transform (its dequantize
+   with the descriptor's transform cleared). */
+static void test_tensor_factor_invariant(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 1},
+                                 {0, 0xD7E8, 0, 0, 1, 0}, {1, 0xD7E8, 1, 5, 0, 1},
+                                 {1, 0x1234, 0, 0, 0, 0}};
+  const int64_t M = 144, K = 80;
+  int64_t exact = 0, near = 0;
+  uint8_t cfg[256];
+  for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
+    configure_nv(ops, &host, cfg, opts[oi]);
+    hq_tensor x = spread_tensor(oi % 2 ? HQ_BF16 : HQ_F32, M, K, 800 + oi);
+    hq_storage st[2];
+    make_storage(ops, &host, cfg, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+    make_storage(ops, &host, cfg, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+    hq_call call = scratch_call(ops, &host, cfg, 3, 0, M, K, HQ_BOTH);
+    DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &st[0], &st[1]));
+    free_call(&call);
+    for (int d = 0; d < 2; d++) {
+      const hq_storage *s = &st[d];
+      const float A = *(const float *)hq_storage_cbuf(s, 2)->ptr;
+      const float f = factor_of(ops, cfg, &host, s);
+      if (!same_float(f, want_factor(A)))
+        fail_msg("opts %zu dir %d: factor %a, want RN(%a * RN(1/2688)) = %a", oi, d + 1,
+                 (double)f, (double)A, (double)want_factor(A));
+      hq_storage plain = *s; /* the dequantize before the inverse transform */
+      plain.desc.transform = HQ_TRANSFORM_NONE;
+      plain.desc.transform_param = 0;
+      hq_tensor raw = hq_test_empty(HQ_F32, M, K), y = hq_test_empty(HQ_F32, M, K);
+      DIRECT_OK(deq_flags(ops, cfg, &host, s, &raw, HQ_CALL_DEQ_RAW));
+      DIRECT_OK(deq_flags(ops, cfg, &host, &plain, &y, 0));
+      const uint8_t *q = hq_storage_cbuf(s, 0)->ptr, *sc = hq_storage_cbuf(s, 1)->ptr;
+      const int swz = s->desc.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED;
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+          /* stored row r, element c: rowwise (i, k), columnwise (k, i) */
+          const int64_t r = d ? k : i, c = d ? i : k, C = d ? M : K;
+          const unsigned code = (q[r * (C / 2) + c / 2] >> ((c & 1) * 4)) & 0xfu;
+          const unsigned sf = sc[ref_scale_off(r, c / 16, C, swz)];
+          const float want_raw = (float)(ref_e2m1_val(code) * ref_e4m3_val(sf));
+          const float g = getf(&raw, i, k), dv = getf(&y, i, k);
+          if (!same_float(g, want_raw))
+            fail_msg("opts %zu dir %d (%lld,%lld): raw %a, want %a (code %x sf %02x)", oi, d + 1,
+                     (long long)i, (long long)k, (double)g, (double)want_raw, code, sf);
+          const float p = g * f;
+          if (is_pow2_e4m3(sf) || g == 0.0f) {
+            if (!same_float(p, dv) && !(g == 0.0f && p == dv))
+              fail_msg("opts %zu dir %d (%lld,%lld): raw * factor %a != dequantized %a (sf %02x)",
+                       oi, d + 1, (long long)i, (long long)k, (double)p, (double)dv, sf);
+            exact += g != 0.0f;
+          } else {
+            if (ulp_dist(p, dv) > 3)
+              fail_msg("opts %zu dir %d (%lld,%lld): raw * factor %a vs dequantized %a: %lld ulps",
+                       oi, d + 1, (long long)i, (long long)k, (double)p, (double)dv,
+                       (long long)ulp_dist(p, dv));
+            near++;
+          }
+        }
+      free(raw.data);
+      free(y.data);
+    }
+    free_storage(&st[0]);
+    free_storage(&st[1]);
+    free(x.data);
+  }
+  assert_true(exact > 1000); /* both kinds of scale are met */
+  assert_true(near > 1000);
+}
+
+/* desc.emul_dtype is BF16: every raw value of every (element code, scale code) pair -- all 16
+   E2M1 codes times the 127 non-NaN E4M3 scale codes -- is e2m1 * fp32(sf) (computed here in
+   double) and is written to a BF16 destination unchanged (signed zeros included), in both
+   directions. */
+static void test_emul_dtype_bf16(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  const int64_t R = 128, C = 16; /* stored rows: one per scale code */
+  uint8_t cfg[256];
+  configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0});
+  for (int d = 0; d < 2; d++) {
+    const int64_t M = d ? C : R, K = d ? R : C;
+    hq_storage s;
+    make_storage(ops, &host, cfg, &s, d ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, M, K);
+    assert_int_equal(s.desc.emul_dtype, HQ_BF16);
+    uint8_t *q = hq_storage_buf(&s, 0)->ptr, *sc = hq_storage_buf(&s, 1)->ptr;
+    memset(sc, 0, hq_storage_buf(&s, 1)->bytes);
+    for (int64_t r = 0; r < R; r++) {
+      for (int b = 0; b < 8; b++) q[r * 8 + b] = (uint8_t)(2 * b | (2 * b + 1) << 4);
+      sc[ref_scale_off(r, 0, C, 0)] = (uint8_t)(r < 127 ? r : 0x7e);
+    }
+    *(float *)hq_storage_buf(&s, 2)->ptr = 1.0f;
+    hq_tensor f = hq_test_empty(HQ_F32, M, K), b = hq_test_empty(HQ_BF16, M, K);
+    DIRECT_OK(deq_flags(ops, cfg, &host, &s, &f, HQ_CALL_DEQ_RAW));
+    DIRECT_OK(deq_flags(ops, cfg, &host, &s, &b, HQ_CALL_DEQ_RAW));
+    for (int64_t r = 0; r < R; r++)
+      for (int e = 0; e < 16; e++) {
+        const int64_t t = d ? e * K + r : r * K + e;
+        const double want = ref_e2m1_val((unsigned)e) * ref_e4m3_val(r < 127 ? (unsigned)r : 0x7e);
+        const float g = ((float *)f.data)[t], gb = hq_load_hp(b.data, t, HQ_BF16);
+        if ((double)g != want || !signbit(g) != !signbit(want) || !same_float(gb, g))
+          fail_msg("dir %d sf %02llx code %x: raw %a, bf16 %a, want %a", d + 1, (long long)r, e,
+                   (double)g, (double)gb, want);
+      }
+    free(f.data);
+    free(b.data);
+    free_storage(&s);
+  }
+}
+
+/* A recording host->lt_matmul and a device_arch the test sets. */
+static hq_lt_matmul last_mm;
+static int lt_calls, fake_arch;
+static int record_lt(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  last_mm = *mm;
+  lt_calls++;
+  return HQ_OK;
+}
+static int arch_of_test(int device) { return device < 0 ? 0 : fake_arch; }
+
+/* A and B storages for op(A) m x k times op(B) k x n, in the directions hq_gemm picks, made by
+   instances of the given options, and the problem; only the query is asked on a "device" (host
+   memory: the factors' kernel never runs). */
+typedef struct gem {
+  uint8_t ca[256], cb[256];
+  hq_storage a, b;
+  float d[4];
+  hq_tensor dt;
+  hq_gemm_problem p;
+} gem;
+static void gem_make(gem *g, const hq_format_ops *ops, const hq_host_api *host, int ta, int tb,
+                     int64_t m, int64_t n, int64_t k, nv_opts oa, nv_opts ob) {
+  memset(g, 0, sizeof *g);
+  configure_nv(ops, host, g->ca, oa);
+  configure_nv(ops, host, g->cb, ob);
+  make_storage(ops, host, g->ca, &g->a, ta ? HQ_ROWWISE : HQ_COLWISE, HQ_BOTH, ta ? m : k,
+               ta ? k : m);
+  make_storage(ops, host, g->cb, &g->b, tb ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, tb ? k : n,
+               tb ? n : k);
+  g->dt = hq_tensor_2d(g->d, HQ_BF16, 0, n, m);
+  g->p.struct_size = sizeof g->p;
+  g->p.a = &g->a;
+  g->p.b = &g->b;
+  g->p.cfg_b = g->cb;
+  g->p.transa = ta;
+  g->p.transb = tb;
+  g->p.m = m;
+  g->p.n = n;
+  g->p.k = k;
+  g->p.d = &g->dt;
+  g->p.alpha = 2.0f;
+  g->p.beta = 1.0f;
+}
+static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, int device,
+                   uint32_t flags) {
+  hq_call call = hq_test_call(host, 0, 0);
+  call.device = device;
+  g->p.flags = flags;
+  hq_test_module_error()[0] = 0;
+  lt_calls = 0;
+  memset(&last_mm, 0, sizeof last_mm);
+  return ops->gemm(g->ca, &call, &g->p);
+}
+static void gem_free(gem *g) {
+  free_storage(&g->a);
+  free_storage(&g->b);
+}
+
+/* The gemm op's answers: the host, Hopper and older (and a CPU-only build) are refused with their
+   reason; on sm_100+ (asked through a recording host->lt_matmul: nothing runs) compact scales, a
+   k that is not a multiple of 32 and two different transforms are refused, and swizzled storages
+   reach cuBLASLt "TN" whatever the caller's flags: both operands k-contiguous column-major
+   matrices with ld = k (A: rows k, cols m, transposed; B: rows k, cols n), FP4 elements,
+   VEC16_UE4M3 scales from the storages' buffers, alpha factors for the global scales, D with
+   ld = m; the query flag is passed through. */
+static void test_gemm_op_direct(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  host.lt_matmul = record_lt;
+  host.device_arch = arch_of_test;
+  const char *msg = hq_test_module_error();
+  const nv_opts plain = {0, 0xD7E8, 0, 0, 0, 0}, swz = {0, 0xD7E8, 0, 0, 0, 1};
+  const nv_opts rht = {1, 0xD7E8, 0, 0, 0, 1}, rht2 = {1, 0x1234, 1, 0, 0, 1};
+  const nv_opts w2d = {0, 0xD7E8, 0, 0, 1, 1};
+  const int64_t m = 64, n = 48, k = 96;
+  gem g;
+  gem_make(&g, ops, &host, 1, 0, m, n, k, swz, swz);
+  for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
+    assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, "host"));
+  }
+  fake_arch = 90;
+  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
+  if (hq_built_with_cuda()) {
+    assert_non_null(strstr(msg, "sm_100"));
+    assert_non_null(strstr(msg, "is sm_90"));
+  } else {
+    assert_non_null(strstr(msg, "without CUDA"));
+  }
+  assert_int_equal(lt_calls, 0);
+  hq_host_api old = host;
+  old.abi_minor = 0;
+  hq_call oc = hq_test_call(&old, 0, 0);
+  oc.device = 0;
+  assert_int_equal(ops->gemm(g.ca, &oc, &g.p), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "lt_matmul"));
+  gem_free(&g);
+  if (!hq_built_with_cuda()) return; /* the rest needs the CUDA build's code path */
+
+  for (int arch = 100; arch <= 120; arch += 20)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        fake_arch = arch;
+        /* wgrad-like NT with the same RHT on both, else plain / 2-D weights */
+        const int both_rht = !ta && tb;
+        gem_make(&g, ops, &host, ta, tb, m, n, k, both_rht ? rht : ta ? w2d : swz,
+                 both_rht ? rht : swz);
+        int rc = gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY);
+        if (rc) fail_msg("arch %d %c%c: %d %s", arch, ta ? 'T' : 'N', tb ? 'T' : 'N', rc, msg);
+        assert_int_equal(lt_calls, 1);
+        const hq_lt_matmul *mm = &last_mm;
+        assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
+        assert_int_equal(mm->flags, HQ_GEMM_QUERY);
+        assert_int_equal(mm->m, m);
+        assert_int_equal(mm->n, n);
+        assert_int_equal(mm->k, k);
+        assert_ptr_equal(mm->a.data, hq_storage_cbuf(&g.a, 0)->ptr);
+        assert_int_equal(mm->a.elem, HQ_E2M1X2);
+        assert_int_equal(mm->a.trans, 1);
+        assert_int_equal(mm->a.rows, k);
+        assert_int_equal(mm->a.cols, m);
+        assert_int_equal(mm->a.ld, k);
+        assert_int_equal(mm->a.scale_mode, HQ_SCALE_VEC16_UE4M3);
+        assert_ptr_equal(mm->a.scale, hq_storage_cbuf(&g.a, 1)->ptr);
+        assert_ptr_equal(mm->b.data, hq_storage_cbuf(&g.b, 0)->ptr);
+        assert_int_equal(mm->b.elem, HQ_E2M1X2);
+        assert_int_equal(mm->b.trans, 0);
+        assert_int_equal(mm->b.rows, k);
+        assert_int_equal(mm->b.cols, n);
+        assert_int_equal(mm->b.ld, k);
+        assert_int_equal(mm->b.scale_mode, HQ_SCALE_VEC16_UE4M3);
+        assert_ptr_equal(mm->b.scale, hq_storage_cbuf(&g.b, 1)->ptr);
+        assert_non_null(mm->alpha_factor[0]);
+        assert_non_null(mm->alpha_factor[1]);
+        assert_true(mm->alpha == 2.0f && mm->beta == 1.0f);
+        assert_ptr_equal(mm->d, g.d);
+        assert_int_equal(mm->d_dtype, HQ_BF16);
+        assert_int_equal(mm->ldd, m);
+        assert_int_equal(mm->fast_accum, 0);
+        assert_non_null(strstr(mm->what, "nvfp4"));
+        gem_free(&g);
+      }
+  fake_arch = 100;
+  /* compact scales on either side */
+  for (int which = 0; which < 2; which++) {
+    gem_make(&g, ops, &host, 1, 0, m, n, k, which ? swz : plain, which ? plain : swz);
+    assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
+    assert_non_null(strstr(msg, "swizzled"));
+    assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
+    assert_int_equal(lt_calls, 0);
+    gem_free(&g);
+  }
+  /* k = 48: FP4 rows of 24 bytes */
+  gem_make(&g, ops, &host, 1, 0, m, n, 48, swz, swz);
+  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
+  assert_non_null(strstr(msg, "k = 48"));
+  gem_free(&g);
+  /* two different transforms (the core refuses them first; the op does too) */
+  gem_make(&g, ops, &host, 0, 1, m, n, k, rht, rht2);
+  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_EINVAL);
+  assert_non_null(strstr(msg, "transform"));
+  gem_free(&g);
+  /* Hopper stays refused even for GEMM-ready storages */
+  fake_arch = 90;
+  gem_make(&g, ops, &host, 1, 0, m, n, k, swz, swz);
+  assert_int_equal(gem_run(ops, &host, &g, 0, 0), HQ_ENOTSUP);
+  assert_int_equal(lt_calls, 0);
+  gem_free(&g);
+}
+
+/* hq_gemm of two nvfp4 operands on a host context, against the F64 product of their
+   hq_dequantize outputs: fprop (TN: 2-D swizzled weights x inputs), dgrad (NN), wgrad (NT: both
+   columnwise copies with the same RHT, multiplied in the transformed domain; their dequantize
+   undoes the RHT in FP32, whose rounding -- at most 2^-24 of each 16-group's absolute sum per
+   value, bounded here by 2^-22 -- adds to the FP32 accumulation tolerance), TT; f32 and bf16 D;
+   beta 0 and 1. */
+static void test_gemm_host(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  hq_recipe *r = hq_test_recipe(
+      "[format w]\nplugin = nvfp4\nblock_2d = true\nswizzle = true\n"
+      "[format x]\nplugin = nvfp4\nrht = true\n"
+      "[format g]\nplugin = nvfp4\nrht = true\nstochastic_rounding = true\n"
+      "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
+      "[role linear:input:*]\nrowwise = x\ncolumnwise = x\n"
+      "[role linear:grad_output:*]\nrowwise = g\ncolumnwise = g\n");
+  hq_quantizer *qw = hq_test_quantizer(r, "linear:weight:fc"),
+               *qx = hq_test_quantizer(r, "linear:input:fc"),
+               *qg = hq_test_quantizer(r, "linear:grad_output:fc");
+  hq_ctx *ctx = ctx_with_seed(5);
+  const int64_t tokens = 96, in = 64, out = 80;
+  hq_tensor w = spread_tensor(HQ_BF16, out, in, 11), x = spread_tensor(HQ_F32, tokens, in, 12);
+  hq_tensor dy = spread_tensor(HQ_BF16, tokens, out, 13);
+  hq_qtensor *W = NULL, *X = NULL, *G = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(qw, ctx, &w, &W));
+  HQ_OK_OR_FAIL(hq_quantize(qx, ctx, &x, &X));
+  HQ_OK_OR_FAIL(hq_quantize(qg, ctx, &dy, &G));
+  static const struct {
+    const char *what;
+    int a, ta, b, tb; /* 0 W, 1 X, 2 G */
+  } cases[] = {
+      {"fprop TN", 0, 1, 1, 0}, {"dgrad NN", 0, 0, 2, 0}, {"wgrad NT", 1, 0, 2, 1},
+      {"TT", 2, 1, 0, 1},
+  };
+  hq_qtensor *Q[3] = {W, X, G};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int v = 0; v < 2; v++) {
+      const hq_qtensor *A = Q[cases[c].a], *B = Q[cases[c].b];
+      const int ta = cases[c].ta, tb = cases[c].tb;
+      const hq_dtype dt = v ? HQ_BF16 : HQ_F32;
+      const float alpha = v ? -0.5f : 1.0f, beta = v ? 1.0f : 0.0f;
+      const int64_t A0 = hq_qtensor_rows(A), A1 = hq_qtensor_cols(A);
+      const int64_t B0 = hq_qtensor_rows(B), B1 = hq_qtensor_cols(B);
+      const int64_t m = ta ? A0 : A1, k = ta ? A1 : A0, n = tb ? B1 : B0;
+      const uint32_t da = ta ? HQ_ROWWISE : HQ_COLWISE, db = tb ? HQ_COLWISE : HQ_ROWWISE;
+      hq_tensor a = hq_test_empty(HQ_F32, A0, A1), b = hq_test_empty(HQ_F32, B0, B1);
+      HQ_OK_OR_FAIL(hq_dequantize(A, ctx, da, &a));
+      HQ_OK_OR_FAIL(hq_dequantize(B, ctx, db, &b));
+      /* the transformed-domain magnitudes: |raw * factor| summed over each 16-group along k */
+      const hq_storage *sa = hq_qtensor_storage(A, da), *sb = hq_qtensor_storage(B, db);
+      const int rht = sa->desc.transform == HQ_TRANSFORM_RHT16;
+      assert_int_equal(sb->desc.transform, sa->desc.transform);
+      hq_tensor ra = hq_test_empty(HQ_F32, A0, A1), rb = hq_test_empty(HQ_F32, B0, B1);
+      uint8_t cfg[256];
+      configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0});
+      DIRECT_OK(deq_flags(ops, cfg, &host, sa, &ra, HQ_CALL_DEQ_RAW));
+      DIRECT_OK(deq_flags(ops, cfg, &host, sb, &rb, HQ_CALL_DEQ_RAW));
+      const float fa = factor_of(ops, cfg, &host, sa), fb = factor_of(ops, cfg, &host, sb);
+      hq_tensor d = hq_test_tensor(dt, n, m, 77 + c, 1.0f);
+      double *d0 = malloc((size_t)(n * m) * sizeof(double));
+      for (int64_t t = 0; t < n * m; t++) d0[t] = hq_load_hp(d.data, t, dt);
+      hq_gemm_info info;
+      memset(&info, 0, sizeof info);
+      info.struct_size = sizeof info;
+      HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, alpha, beta, NULL,
+                            &info));
+      double worst = 0;
+      assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+      assert_string_equal(info.format_a, "nvfp4");
+      assert_string_equal(info.format_b, "nvfp4");
+      if (!strstr(info.reason, "host")) fail_msg("%s: reason '%s'", cases[c].what, info.reason);
+      const float *af = a.data, *bf = b.data, *raf = ra.data, *rbf = rb.data;
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+          double s = 0, sabs = 0, grp = 0;
+          for (int64_t p = 0; p < k; p++) {
+            const int64_t ia = ta ? i * A1 + p : p * A1 + i, ib = tb ? p * B1 + j : j * B1 + p;
+            s += (double)af[ia] * bf[ib];
+            sabs += fabs((double)af[ia] * bf[ib]);
+            if (rht) { /* group abs-sums of the transformed values times the partner's */
+              double ga = 0, gb = 0;
+              for (int64_t q = p / 16 * 16; q < p / 16 * 16 + 16; q++) {
+                ga += fabs((double)raf[ta ? i * A1 + q : q * A1 + i] * fa);
+                gb += fabs((double)rbf[tb ? q * B1 + j : j * B1 + q] * fb);
+              }
+              grp += ga * fabs((double)bf[ib]) + fabs((double)af[ia]) * gb;
+            }
+          }
+          const double want = (double)alpha * s + (double)beta * d0[j * m + i];
+          const double got = hq_load_hp(d.data, j * m + i, dt);
+          double tol = (double)(k + 8) * 0x1p-23 *
+                           (fabs((double)alpha) * sabs + fabs((double)beta * d0[j * m + i])) +
+                       0x1p-22 * fabs((double)alpha) * grp + 1e-30;
+          if (dt == HQ_BF16) tol += 0x1p-7 * fabs(want);
+          if (!(fabs(got - want) <= tol))
+            fail_msg("%s (%s): D[%lld][%lld] = %.9g, F64 %.9g (tol %g)", cases[c].what,
+                     hq_dtype_name(dt), (long long)j, (long long)i, got, want, tol);
+          if (fabs(got - want) / tol > worst) worst = fabs(got - want) / tol;
+        }
+      if (getenv("HQ_TEST_VERBOSE"))
+        printf("%s (%s): worst err/tol %.3g\n", cases[c].what, hq_dtype_name(dt), worst);
+      free(d0);
+      free(d.data);
+      free(a.data);
+      free(b.data);
+      free(ra.data);
+      free(rb.data);
+    }
+  hq_qtensor_free(W);
+  hq_qtensor_free(X);
+  hq_qtensor_free(G);
+  free(w.data);
+  free(x.data);
+  free(dy.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(qw);
+  hq_quantizer_free(qx);
+  hq_quantizer_free(qg);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plugin_caps_and_options),
@@ -1698,6 +2226,11 @@ int main(void) {
       cmocka_unit_test(test_caller_amax_hand),
       cmocka_unit_test(test_caller_amax_api),
       cmocka_unit_test(test_update_equals_fresh),
+      cmocka_unit_test(test_raw_dequantize_hand),
+      cmocka_unit_test(test_tensor_factor_invariant),
+      cmocka_unit_test(test_emul_dtype_bf16),
+      cmocka_unit_test(test_gemm_op_direct),
+      cmocka_unit_test(test_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /*
-** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI (2.0) and
-** the CPU reference (docs/formats.md).
+** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI (requires
+** 2.1), the CPU reference (docs/formats.md) and the native cuBLASLt GEMM.
 **
 ** Quantize: amax = max|x| (NaN ignored, Inf counts); scale = RN(max_fp8 / amax) with TE's edge
 ** cases (hq_scale_from_amax, plugins/common/fp8_scale.h); scale_inv = RN(1/scale);
@@ -27,13 +27,40 @@
 **               2 "amax"             AMAX  f32  [1]     gather SAME, shared with rowwise buffer 2
 **                 (made without a rowwise storage: own "columnwise_scale_inv", "columnwise_amax")
 **               desc: as rowwise but order KM
+**   both:       desc.emul_dtype = BF16 (the raw values below are exact in BF16)
 ** meta is unused (zero): dequantize() reads the element dtype from desc.elem and the order from
 ** desc.order, so it accepts a storage of any fp8_tensor instance.
+**
+** GEMMs (ABI 2.1):
+**   raw values   dequantize() with HQ_CALL_DEQ_RAW writes the FP8 element values themselves
+**                (fp8t_raw: no scale_inv; a NaN code gives NaN), on the host and on CUDA, into
+**                f32, f16 or bf16. They are exact in BF16 (at most 4 significant bits, exponents
+**                2^-16 .. 2^15, Inf and NaN exist there): desc.emul_dtype = BF16.
+**   factor       tensor_factor() gives the storage's scale_inv (a copy on call->stream on CUDA).
+**                dequantize = RN_f32(raw * scale_inv), the same single multiply, so for every
+**                element RN_f32(raw * factor) equals the normal dequantize into f32, bit for bit
+**                (NaN stays NaN).
+**   native gemm  cuBLASLt FP8 with SCALAR_32F scales: the scale pointers are the two storages'
+**                scale_inv buffers, so cuBLASLt computes alpha * (scale_inv_a * scale_inv_b) *
+**                sum(q_a * q_b) with fast accumulation (fast_accum = 1). Each storage's data is
+**                [outer, k] row-major whichever direction it is (rowwise [M, K] with k = K,
+**                columnwise [K, M] with k = M): a column-major k x outer matrix with ld = k, so
+**                the GEMM is always "TN" (A with OP_T, B with OP_N), the one layout every FP8
+**                architecture runs. Needs a CUDA device of sm_89 or newer, element pairs E4M3 x
+**                E4M3, E4M3 x E5M2 or E5M2 x E4M3 (cuBLASLt has no E5M2 x E5M2), k (= lda =
+**                ldb) a multiple of 16 and 16-byte aligned data; otherwise HQ_ENOTSUP with the
+**                reason, and the core emulates (BF16 raw values, scale_inv folded into alpha).
+**                On the host it is always HQ_ENOTSUP (the core's CPU path multiplies the raw
+**                values). The same TN call serves Ada (sm_89), Hopper and Blackwell;
+**                tests/test_gpu_fp8_tensor.c checks it against the emulated path and an F64
+**                product on the device it runs on.
 **
 ** Options: dtype (e4m3|e5m2), power_2_scales, amax_epsilon. Delayed scaling (an amax history)
 ** is not offered; it returns, implemented, with its own issue.
 */
 #include <float.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "hq/numerics.h"
@@ -76,6 +103,7 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   d->transform = HQ_TRANSFORM_NONE;
   d->transform_param = 0;
   d->shard_rows = 1;
+  d->emul_dtype = HQ_BF16; /* fp8t_raw values: at most 4 significant bits, within BF16's range */
   if (dir == HQ_COLWISE) {
     hq_buffer_gather(hq_buffer_describe(out, FP8T_DATA, "columnwise_data", HQ_ROLE_DATA, c->elem,
                                         2, cols, rows),
@@ -264,21 +292,32 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   return HQ_OK;
 }
 
-/* The element dtype and order come from the storage, so a storage of any fp8_tensor instance
-   (e4m3 or e5m2, any scale options) dequantizes here. */
-static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  (void)cfgp;
-  const hq_dtype elem = s->desc.elem;
-  if (s->nbuf < 2 || (elem != HQ_E4M3 && elem != HQ_E5M2) ||
+/* A per-tensor FP8 storage, as any fp8_tensor instance describes one: the element dtype and the
+   order come from s->desc, the data and scale_inv from its buffers. */
+static int check_storage(const hq_host_api *host, const hq_storage *s, const char *what) {
+  const hq_dtype elem = s ? s->desc.elem : HQ_DTYPE_INVALID;
+  if (!s || s->nbuf < 2 || (elem != HQ_E4M3 && elem != HQ_E5M2) ||
       s->desc.scale_mode != HQ_SCALE_TENSOR_F32 ||
       (s->desc.order != HQ_ORDER_MK && s->desc.order != HQ_ORDER_KM) ||
       hq_storage_cbuf(s, FP8T_DATA)->role != HQ_ROLE_DATA ||
       hq_storage_cbuf(s, FP8T_DATA)->dtype != elem ||
       hq_storage_cbuf(s, FP8T_SCALE_INV)->role != HQ_ROLE_SCALE ||
       hq_storage_cbuf(s, FP8T_SCALE_INV)->dtype != HQ_F32)
-    return call->host->error(HQ_EINVAL, "fp8_tensor: the storage is not a per-tensor FP8 storage "
-                             "(elem %d, scale mode %u, order %u, %u buffers)", (int)elem,
-                             s->desc.scale_mode, s->desc.order, s->nbuf);
+    return host->error(HQ_EINVAL, "fp8_tensor: %s is not a per-tensor FP8 storage (elem %d, "
+                       "scale mode %u, order %u, %u buffers)", what, (int)elem,
+                       s ? s->desc.scale_mode : 0u, s ? s->desc.order : 0u, s ? s->nbuf : 0u);
+  return HQ_OK;
+}
+
+/* The element dtype and order come from the storage, so a storage of any fp8_tensor instance
+   (e4m3 or e5m2, any scale options) dequantizes here. With HQ_CALL_DEQ_RAW the values are the
+   codes' own (fp8t_raw), scale_inv left out: tensor_factor() gives it. */
+static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
+  (void)cfgp;
+  int rc = check_storage(call->host, s, "the storage");
+  if (rc) return rc;
+  const hq_dtype elem = s->desc.elem;
+  const int raw = (call->flags & HQ_CALL_DEQ_RAW) != 0;
   if (dst->rows != s->rows || dst->cols != s->cols)
     return call->host->error(HQ_ESHAPE, "fp8_tensor: dequantize of a [%lld, %lld] storage into "
                              "[%lld, %lld]", (long long)s->rows, (long long)s->cols,
@@ -291,13 +330,20 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const int transposed = s->desc.order == HQ_ORDER_KM;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return fp8t_cuda_dequantize(elem, call, q, transposed, sp, dst);
+    return fp8t_cuda_dequantize(elem, call, q, transposed, raw ? NULL : sp, dst);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
   }
-  const float scale_inv = *sp;
   const int64_t M = dst->rows, K = dst->cols;
+  if (raw) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < K; j++)
+        hq_store_hp(dst->data, i * K + j, dst->dtype,
+                    fp8t_raw(q[transposed ? j * M + i : i * K + j], elem));
+    return HQ_OK;
+  }
+  const float scale_inv = *sp;
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < K; j++)
       hq_store_hp(dst->data, i * K + j, dst->dtype,
@@ -305,13 +351,127 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   return HQ_OK;
 }
 
+/* The per-tensor factor: the storage's scale_inv, in memory of call->device. */
+static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage *s, float *out) {
+  (void)cfgp;
+  int rc = check_storage(call->host, s, "the storage");
+  if (rc) return rc;
+  const float *sp = hq_storage_cbuf(s, FP8T_SCALE_INV)->ptr;
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    return fp8t_cuda_factor(call, sp, out);
+#else
+    return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
+#endif
+  }
+  *out = *sp;
+  return HQ_OK;
+}
+
+// --- native GEMM (cuBLASLt) -----------------------------------------------------------------
+
+static const char *elem_name(hq_dtype e) { return e == HQ_E5M2 ? "e5m2" : "e4m3"; }
+
+/* Operand `which` ("A" / "B") of a native GEMM: storage s, whose data must be [outer, k] row-major
+   (rowwise [M, K] with K = k, or columnwise [K, M] with M = k), handed to cuBLASLt as the
+   column-major k x outer matrix it is (ld = k), with its scale_inv as the SCALAR_32F scale. */
+static int lt_operand(const hq_call *call, const hq_storage *s, const char *which, int64_t outer,
+                      int64_t k, int trans, hq_lt_operand *op) {
+  const hq_host_api *host = call->host;
+  char what[32];
+  snprintf(what, sizeof what, "operand %s", which);
+  int rc = check_storage(host, s, what);
+  if (rc) return rc;
+  const int km = s->desc.order == HQ_ORDER_KM;
+  const int64_t so = km ? s->cols : s->rows, sk = km ? s->rows : s->cols;
+  if (so != outer || sk != k)
+    return host->error(HQ_EINVAL, "fp8_tensor: operand %s's %s storage [%lld, %lld] does not "
+                       "hold the [%lld, %lld] (outer x k) the GEMM needs", which,
+                       km ? "columnwise" : "rowwise", (long long)s->rows, (long long)s->cols,
+                       (long long)outer, (long long)k);
+  if (s->device != call->device)
+    return host->error(HQ_EINVAL, "fp8_tensor: operand %s is on device %d, the call on %d",
+                       which, (int)s->device, (int)call->device);
+  const void *data = hq_storage_cbuf(s, FP8T_DATA)->ptr;
+  if (((uintptr_t)data & 15u) != 0)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: operand %s's data is not 16-byte aligned "
+                       "(cuBLASLt FP8 needs it)", which);
+  memset(op, 0, sizeof *op);
+  op->data = data;
+  op->elem = s->desc.elem;
+  op->trans = trans;
+  op->rows = k;
+  op->cols = outer;
+  op->ld = k;
+  op->scale_mode = HQ_SCALE_TENSOR_F32;
+  op->scale = hq_storage_cbuf(s, FP8T_SCALE_INV)->ptr;
+  return HQ_OK;
+}
+
+/* The native path: one cuBLASLt FP8 matmul, "TN" (see the header comment). With HQ_GEMM_QUERY
+   the same checks and cuBLASLt's own (host->lt_matmul with HQ_GEMM_QUERY: is there an
+   algorithm), nothing run. */
+static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfgp;
+  const hq_host_api *host = call->host;
+  if (call->device == HQ_DEVICE_HOST)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: no native GEMM on the host (the CPU path "
+                       "multiplies the raw values)");
+  if (host->abi_minor < 1 ||
+      host->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(host->lt_matmul) ||
+      !host->lt_matmul)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: the core (ABI 2.%u) offers no cuBLASLt runner "
+                       "(host->lt_matmul, ABI 2.1)", host->abi_minor);
+  if (!p || !p->a || !p->b || !p->d)
+    return host->error(HQ_EINVAL, "fp8_tensor: gemm without its operands or D");
+  hq_lt_matmul mm;
+  memset(&mm, 0, sizeof mm);
+  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &mm.a);
+  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &mm.b);
+  if (rc) return rc;
+  const int arch = host->device_arch(call->device);
+  if (arch < 89)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt FP8 GEMMs need sm_89 or newer; device "
+                       "%d is sm_%d", (int)call->device, arch);
+  if (mm.a.elem == HQ_E5M2 && mm.b.elem == HQ_E5M2)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt has no e5m2 x e5m2 FP8 GEMM (e4m3 x "
+                       "e4m3, e4m3 x e5m2 and e5m2 x e4m3 run natively)");
+  if (p->m <= 0 || p->n <= 0 || p->k <= 0)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: an empty GEMM (m = %lld, n = %lld, k = %lld) "
+                       "is not run natively", (long long)p->m, (long long)p->n, (long long)p->k);
+  if (p->k % 16 != 0)
+    return host->error(HQ_ENOTSUP, "fp8_tensor: k = %lld (the leading dimension of both FP8 "
+                       "operands, lda = ldb = k) is not a multiple of 16, which cuBLASLt FP8 "
+                       "needs", (long long)p->k);
+  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
+    return host->error(HQ_EINVAL, "fp8_tensor: D must be f32 or bf16 (dtype %d)",
+                       (int)p->d->dtype);
+  char what[64];
+  snprintf(what, sizeof what, "fp8_tensor %s x %s", elem_name(mm.a.elem), elem_name(mm.b.elem));
+  mm.struct_size = sizeof mm;
+  mm.flags = p->flags & HQ_GEMM_QUERY;
+  mm.m = p->m;
+  mm.n = p->n;
+  mm.k = p->k;
+  mm.alpha = p->alpha;
+  mm.beta = p->beta;
+  mm.d = p->d->data;
+  mm.d_dtype = p->d->dtype;
+  mm.ldd = p->m;
+  mm.bias = p->bias;
+  mm.bias_dtype = p->bias_dtype;
+  mm.fast_accum = 1;
+  mm.what = what;
+  return host->lt_matmul(call, &mm);
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 0, /* requires ABI 2.0 */
+    .abi_minor = 1, /* requires ABI 2.1 (raw dequantize, tensor_factor, gemm) */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(fp8t_cfg),
     .name = "fp8_tensor",
-    .version = "2.0",
+    .version = "2.1",
     .description = "per-tensor FP8 (E4M3/E5M2), current scaling; columnwise = byte transpose",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
@@ -326,6 +486,8 @@ static const hq_format_ops ops = {
     .amax = amax,
     .quantize = quantize,
     .dequantize = dequantize,
+    .tensor_factor = tensor_factor,
+    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -1,8 +1,9 @@
 /*
 ** fp8_tensor.cu -- CUDA kernels of the fp8_tensor plugin: amax reduction, fused cast +
-** transpose, dequantize. Element rules come from hq/numerics.h and the scale rule from
-** plugins/common/fp8_scale.h, the same code the CPU reference runs, so the bytes agree bit for
-** bit.
+** transpose, dequantize (also raw, HQ_CALL_DEQ_RAW: the codes' values without scale_inv), and
+** the tensor_factor copy of scale_inv. Element rules come from hq/numerics.h and the scale rule
+** from plugins/common/fp8_scale.h, the same code the CPU reference runs, so the bytes agree bit
+** for bit.
 **
 ** Every launch, memset and copy is queued on call->stream; nothing allocates (no scratch) and
 ** nothing synchronizes, so quantize/update can be captured in a CUDA graph.
@@ -173,28 +174,35 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
   }
 }
 
+/* The value of one code: raw (scale_inv_p NULL, HQ_CALL_DEQ_RAW) or dequantized. */
+__device__ __forceinline__ float code_value(uint8_t q, int raw, float scale_inv, int elem) {
+  return raw ? fp8t_raw(q, elem) : hq_fp8_dequantize(q, scale_inv, elem);
+}
+
 /* dst[i][j] = q[i][j] * scale_inv (transposed = 0) or q[j][i] * scale_inv (transposed = 1),
-   both through a shared tile so that reads and writes are coalesced. */
+   both through a shared tile so that reads and writes are coalesced; with scale_inv_p NULL the
+   raw values q[.][.] (fp8t_raw). */
 template <int DT>
 __global__ void dequantize_kernel(const uint8_t *__restrict__ q, int transposed,
                                   const float *__restrict__ scale_inv_p, int elem, void *dst,
                                   int64_t M, int64_t K) {
   __shared__ float tile[kTile][kTile + 1];
-  const float scale_inv = *scale_inv_p;
+  const int raw = scale_inv_p == NULL;
+  const float scale_inv = raw ? 1.0f : *scale_inv_p;
   const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
   if (!transposed) {
     const int64_t j = j0 + threadIdx.x;
     for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
       const int64_t i = i0 + r;
       if (i < M && j < K)
-        hq_store_hp(dst, i * K + j, DT, hq_fp8_dequantize(q[i * K + j], scale_inv, elem));
+        hq_store_hp(dst, i * K + j, DT, code_value(q[i * K + j], raw, scale_inv, elem));
     }
     return;
   }
   const int64_t ii = i0 + threadIdx.x;
   for (int c = threadIdx.y; c < kTile; c += kRowsPerPass) {
     const int64_t jj = j0 + c;
-    if (ii < M && jj < K) tile[threadIdx.x][c] = hq_fp8_dequantize(q[jj * M + ii], scale_inv, elem);
+    if (ii < M && jj < K) tile[threadIdx.x][c] = code_value(q[jj * M + ii], raw, scale_inv, elem);
   }
   __syncthreads();
   const int64_t j = j0 + threadIdx.x;
@@ -346,5 +354,11 @@ extern "C" int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const ui
     return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: destination dtype %d", (int)dst->dtype);
   }
   CHECK_LAUNCH(call, "dequantize kernel");
+  return HQ_OK;
+}
+
+extern "C" int fp8t_cuda_factor(const hq_call *call, const float *scale_inv, float *out) {
+  CHECK_CUDA(call, cudaMemcpyAsync(out, scale_inv, sizeof(float), cudaMemcpyDeviceToDevice,
+                                   (cudaStream_t)call->stream));
   return HQ_OK;
 }

@@ -36,9 +36,14 @@ int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor
                        float *amax, float *col_scale_inv, float *col_amax);
 
 /* GPU dequantize: q is [M,K] (transposed == 0) or [K,M] (transposed == 1) of element dtype elem
-   (HQ_E4M3 / HQ_E5M2). */
+   (HQ_E4M3 / HQ_E5M2). scale_inv NULL: the raw values (HQ_CALL_DEQ_RAW), fp8t_raw() of each
+   code; otherwise hq_fp8_dequantize() with *scale_inv (device memory). */
 int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q, int transposed,
                          const float *scale_inv, hq_tensor *dst);
+
+/* GPU tensor_factor: *out = *scale_inv, both device memory, a device-to-device copy on
+   call->stream. */
+int fp8t_cuda_factor(const hq_call *call, const float *scale_inv, float *out);
 
 #ifdef __cplusplus
 }
@@ -55,6 +60,18 @@ HQ_HD float fp8t_one_amax(uint32_t dirs, const float *a) {
   if (dirs == HQ_ROWWISE) return a[0];
   if (dirs == HQ_COLWISE) return a[1];
   return hq_fmax_nan_ignoring(a[0], a[1]);
+}
+
+/* The raw value of one code (HQ_CALL_DEQ_RAW): the FP8 element value itself, without the
+   per-tensor scale_inv; a NaN code gives HQ_F32_NAN_BITS, as hq_fp8_dequantize() does. So
+   hq_fp8_dequantize(q, scale_inv, elem) == RN(fp8t_raw(q, elem) * scale_inv) bit for bit for
+   every other code (it is the one multiply of the dequantize, same operands), and NaN for a NaN
+   code. Every value is exact in BF16: E4M3 and E5M2
+   carry at most 4 significant bits, exponents 2^-16 .. 2^15, and Inf / NaN exist in BF16.
+   Host and device. */
+HQ_HD float fp8t_raw(uint8_t q, int elem) {
+  float v = hq_fp8_to_f32(q, elem);
+  return hq_isnan(v) ? hq_bits_f32(HQ_F32_NAN_BITS) : v;
 }
 
 #endif

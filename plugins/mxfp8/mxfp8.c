@@ -1,5 +1,5 @@
 /*
-** mxfp8.c -- MXFP8 (E4M3 / E5M2 elements, one E8M0 scale per 32 elements): the plugin ABI 2.0
+** mxfp8.c -- MXFP8 (E4M3 / E5M2 elements, one E8M0 scale per 32 elements): the plugin ABI 2.1
 ** entry and the CPU reference (docs/formats.md, TE's numerics bit for bit).
 **
 ** Quantize, per block of 32 elements (1x32 along K rowwise, 32x1 down a column columnwise, or one
@@ -32,7 +32,8 @@
 ** Operand descriptor (storage->desc):
 **   elem = the dtype option; order MK (both directions); scale_mode HQ_SCALE_VEC32_UE8M0;
 **   scale_layout: rowwise OUTER_MAJOR, columnwise BLOCK_MAJOR (swizzle = true: SWIZZLED);
-**   block rowwise 1x32, columnwise 32x1 (block_2d: 32x32 both); transform NONE; shard_rows 32.
+**   block rowwise 1x32, columnwise 32x1 (block_2d: 32x32 both); transform NONE; shard_rows 32;
+**   emul_dtype HQ_BF16 (2.1).
 ** Element (i, j) of data is scaled by rowwise scale (i, j/32), at byte
 ** hq_mxfp8_row_scale_idx(i, j/32, K, swizzled); element (i, j) of columnwise_data by columnwise
 ** scale (i/32, j), at byte hq_mxfp8_col_scale_idx(i/32, j, M, K, swizzled) (mxfp8_rules.h).
@@ -47,6 +48,23 @@
 ** is read correctly by a differently configured one.
 **
 ** Dequantize: x = RN(fp32(q) * 2^(e-127)) from either direction, into f32/bf16/f16.
+**
+** GEMM operands (ABI 2.1; docs/formats.md "GEMMs"):
+**   raw values (dequantize with HQ_CALL_DEQ_RAW): MXFP8 has no per-tensor factor and no
+**     transform, so they are the dequantized values, computed by the same code (tensor_factor
+**     is NULL: the factor is 1);
+**   desc.emul_dtype = HQ_BF16: an FP8 value times a power of two is exact in BF16 -- except at
+**     the far-underflow edge: BF16's smallest subnormal is 2^-133, and a raw value whose lowest
+**     bit lies below it (E4M3 subnormals times 2^-127 are 2^-136 .. 7 * 2^-136; in general only
+**     blocks with scale 2^-125 or less for E4M3, 2^-118 or less for E5M2, and values below
+**     2^-130) is rounded by the emulated BF16 GEMM; the CPU path's F32 holds them all;
+**   gemm() (native): cuBLASLt block-scaled FP8 (VEC32_UE8M0) through host->lt_matmul on sm_100
+**     and sm_103 only, for two storages with swizzled scales (swizzle = true), not e5m2 x e5m2.
+**     The data is never transposed, so the caller's flags are kept: operand X [X0, X1] is a
+**     column-major X1 x X0 matrix with ld X1; its swizzled scales are what cuBLASLt reads for it
+**     (the columnwise scale matrix is swizzled transposed for that). HQ_ENOTSUP (with the
+**     reason) on the host, on Hopper and sm_120, with compact scales, for e5m2 x e5m2: the core
+**     then emulates. The Blackwell path is compiled but was not run on a device.
 ** Scratch: a 32-row tile of the input in FP32 (scratch_size()); an f16 decode table is an
 ** optional cache from host->alloc, never during an update.
 **
@@ -65,6 +83,7 @@
 **   make_empty: cudaMemsetAsync of the scale buffers on call->stream.
 ** Without CUDA in the build, a device call returns HQ_ENOTSUP.
 */
+#include <stddef.h>
 #include <string.h>
 
 #include "hq/numerics.h"
@@ -132,6 +151,9 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   d->transform = HQ_TRANSFORM_NONE;
   d->transform_param = 0;
   d->shard_rows = BLK;
+  /* raw values = the dequantized ones, fp8 * 2^(e-127): exact in BF16 but at the far-underflow
+     edge (see the header comment) */
+  d->emul_dtype = HQ_BF16;
   hq_buffer *b = hq_buffer_describe(out, MXFP8_DATA, row ? "data" : "columnwise_data",
                                     HQ_ROLE_DATA, c->elem, 2, rows, cols);
   hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
@@ -451,12 +473,18 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 }
 
 /* Reads the storage alone (any instance's): element dtype and scale layout from its descriptor;
-   the block shape does not matter here (every element has its scale entry). */
+   the block shape does not matter here (every element has its scale entry). The raw values
+   (call->flags & HQ_CALL_DEQ_RAW) are the dequantized values: MXFP8 has no per-tensor factor and
+   no transform, so both requests run the same code. */
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp;
   const hq_host_api *host = call->host;
+  /* HQ_CALL_DEQ_RAW asks for the raw values, elements times block scales: for MXFP8 (no
+     per-tensor factor, no transform) they are the dequantized values, computed by the same code;
+     the flag only names the operation in messages */
+  const char *op = (call->flags & HQ_CALL_DEQ_RAW) ? "raw dequantize" : "dequantize";
 #ifndef HQ_HAVE_CUDA
-  if (call->device != HQ_DEVICE_HOST) return no_device(call, "dequantize");
+  if (call->device != HQ_DEVICE_HOST) return no_device(call, op);
 #endif
   int rc = check_hp(host, dst, "dequantize destination");
   if (rc) return rc;
@@ -469,7 +497,7 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
                        "columnwise", s->dir);
   const int64_t M = dst->rows, K = dst->cols;
   sview v;
-  if ((rc = read_storage(host, s, s->dir, M, K, "dequantize", &v))) return rc;
+  if ((rc = read_storage(host, s, s->dir, M, K, op, &v))) return rc;
   const uint8_t *qd = v.data, *qs = v.scale;
   const hq_dtype elem = v.elem;
   const int swz = v.swizzled, colwise = s->dir == HQ_COLWISE;
@@ -526,13 +554,96 @@ static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   return HQ_OK;
 }
 
+// --- ABI 2.1: the native GEMM -----------------------------------------------------------------
+
+/* Native GEMM: cuBLASLt block-scaled FP8 (VEC32_UE8M0) through host->lt_matmul, on sm_100 and
+   sm_103 only, for two storages with swizzled scales. The data is never transposed, so the
+   caller's flags are kept (TN, NN, NT and TT alike): operand X of logical [X0, X1] (the storage
+   hq_gemm selected: A transposed -> rowwise, A not -> columnwise; B not transposed -> rowwise, B
+   transposed -> columnwise) is a column-major X1 x X0 matrix with ld = X1, used with the caller's
+   trans flag; its swizzled scales are those cuBLASLt reads for that operand (rows r = the
+   non-contracted index, columns c = the 32-blocks along k; the columnwise scale matrix is stored
+   transposed for exactly that). No per-tensor factor (tensor_factor is NULL). E5M2 x E5M2 is
+   refused (cuBLASLt has no FP8 kernel for two E5M2 operands). */
+static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfgp; /* the storages describe themselves */
+  const hq_host_api *host = call->host;
+  if (!p || !p->a || !p->b || !p->d)
+    return host->error(HQ_EINVAL, "mxfp8: gemm: NULL operand or output");
+  if (host->abi_minor < 1 ||
+      host->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(void *) || !host->lt_matmul)
+    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM: this core (ABI 2.%u) has no cuBLASLt "
+                       "runner (host->lt_matmul, ABI 2.1)", host->abi_minor);
+  if (call->device == HQ_DEVICE_HOST)
+    return host->error(HQ_ENOTSUP, "mxfp8: no native GEMM on the host (cuBLASLt MXFP8 needs a "
+                       "CUDA device of sm_100 or sm_103)");
+  const int arch = host->device_arch(call->device);
+  if (arch != 100 && arch != 103)
+    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM (cuBLASLt VEC32_UE8M0) runs on sm_100 and "
+                       "sm_103 only; device %d is sm_%d", (int)call->device, arch);
+  const int64_t m = p->m, n = p->n, k = p->k;
+  const hq_storage *st[2] = {p->a, p->b};
+  const int trans[2] = {p->transa, p->transb};
+  const uint32_t dir[2] = {p->transa ? HQ_ROWWISE : HQ_COLWISE,
+                           p->transb ? HQ_COLWISE : HQ_ROWWISE};
+  /* logical [X0, X1] of each operand */
+  const int64_t x0[2] = {p->transa ? m : k, p->transb ? k : n};
+  const int64_t x1[2] = {p->transa ? k : m, p->transb ? n : k};
+  sview v[2];
+  hq_lt_operand lo[2];
+  for (int o = 0; o < 2; o++) {
+    const char *on = o ? "B" : "A";
+    if (st[o]->dir != dir[o])
+      return host->error(HQ_EINVAL, "mxfp8: gemm: operand %s is a %s storage, trans%s = %d needs "
+                         "the %s one", on, st[o]->dir == HQ_ROWWISE ? "rowwise" : "columnwise",
+                         o ? "b" : "a", trans[o], dir[o] == HQ_ROWWISE ? "rowwise" : "columnwise");
+    int rc = read_storage(host, st[o], dir[o], x0[o], x1[o], "gemm", &v[o]);
+    if (rc) return rc;
+    if (!v[o].swizzled)
+      return host->error(HQ_ENOTSUP, "mxfp8: native GEMM needs swizzled scales (swizzle = true): "
+                         "operand %s's %s scales are in the compact %s layout", on,
+                         dir[o] == HQ_ROWWISE ? "rowwise" : "columnwise",
+                         dir[o] == HQ_ROWWISE ? "outer-major" : "block-major");
+    const hq_lt_operand x = {v[o].data, v[o].elem, trans[o], x1[o], x0[o], x1[o],
+                             HQ_SCALE_VEC32_UE8M0, v[o].scale};
+    lo[o] = x;
+  }
+  if (v[0].elem == HQ_E5M2 && v[1].elem == HQ_E5M2)
+    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM of two e5m2 operands is not offered by "
+                       "cuBLASLt (e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3 are)");
+  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
+    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM writes f32 or bf16, not dtype %d",
+                       (int)p->d->dtype);
+  static const char *const what[2][2] = {{"mxfp8 e4m3 x e4m3", "mxfp8 e4m3 x e5m2"},
+                                         {"mxfp8 e5m2 x e4m3", "mxfp8 e5m2 x e5m2"}};
+  hq_lt_matmul mm;
+  memset(&mm, 0, sizeof mm);
+  mm.struct_size = sizeof mm;
+  mm.flags = p->flags & HQ_GEMM_QUERY;
+  mm.a = lo[0];
+  mm.b = lo[1];
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.alpha = p->alpha;
+  mm.beta = p->beta;
+  mm.d = p->d->data;
+  mm.d_dtype = p->d->dtype;
+  mm.ldd = m;
+  mm.bias = p->bias;
+  mm.bias_dtype = p->bias_dtype;
+  mm.fast_accum = 0;
+  mm.what = what[v[0].elem == HQ_E5M2][v[1].elem == HQ_E5M2];
+  return host->lt_matmul(call, &mm);
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 0, /* required: nothing added after ABI 2.0 is used */
+    .abi_minor = 1, /* required: ABI 2.1 (DEQ_RAW, emul_dtype, host->lt_matmul) */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(mxfp8_cfg),
     .name = "mxfp8",
-    .version = "2.0",
+    .version = "2.1",
     .description = "MXFP8 (E4M3/E5M2, E8M0 scale per 32 elements, TE numerics); columnwise "
                    "copy untransposed",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
@@ -548,6 +659,8 @@ static const hq_format_ops ops = {
     /* amax_kind / amax: NULL, no per-tensor amax; update: NULL, quantize handles the flag */
     .quantize = quantize,
     .dequantize = dequantize,
+    /* tensor_factor: NULL, no per-tensor factor (the raw values are the dequantized values) */
+    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

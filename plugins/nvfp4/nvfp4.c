@@ -1,6 +1,6 @@
 /*
 ** nvfp4.c -- NVFP4 (FP4 E2M1 elements in 16-element blocks, an E4M3 scale per block and an FP32
-** global amax per direction): the plugin (ABI 2.0) and its CPU reference (docs/formats.md).
+** global amax per direction): the plugin (ABI 2.1) and its CPU reference (docs/formats.md).
 ** CUDA path (nvfp4.cu, built when HQ_HAVE_CUDA; every option, sm_90 and sm_100): the same
 ** rules functions, bit-identical to this reference. amax: one pass over the input (a flat
 ** vectorized pass; with rht 64x128 tiles in shared memory, the columnwise amax over
@@ -41,6 +41,25 @@
 ** the instance's options: a storage made by a differently configured nvfp4 instance dequantizes
 ** the same.
 **
+** GEMM operands (ABI 2.1; docs/formats.md "GEMMs"):
+**   raw values (dequantize with HQ_CALL_DEQ_RAW): e2m1(q) * fp32(sf) -- WITHOUT the global amax
+**     factor and, for an RHT columnwise copy, WITHOUT the inverse transform (the values stay in
+**     the transformed domain, which a GEMM against a partner transformed alike may multiply).
+**     At most 6 significant bits, magnitudes 0 or 2^-10 .. 2688: exact in BF16, so
+**     desc.emul_dtype = HQ_BF16 for every storage.
+**   tensor_factor(): f = RN(A * RN(1/2688)) = hq_nvfp4_tensor_factor(A) of the storage's amax
+**     buffer (the dequantizer's own rule, hq_nvfp4_decode_mult of a unit scale). The dequantizer
+**     computes RN(e2m1 * RN(RN(fp32(sf) * A) * RN(1/2688))), so RN(raw * f) equals the
+**     dequantized value bit for bit when fp32(sf) is a power of two, and within 3 ulps otherwise
+**     (the order of the CPU reference, which follows TE's dequantize kernel, is kept).
+**   gemm() (native): cuBLASLt block-scaled FP4 (VEC16_UE4M3) through host->lt_matmul on sm_100
+**     and later only; both storages with swizzled scales (swizzle = true) and the same transform;
+**     k a multiple of 32; always TN (every selected storage keeps k contiguous: rowwise [M, K/2]
+**     or the transposed columnwise [K, M/2]); the two global decode scales multiply alpha
+**     through hq_lt_matmul.alpha_factor. HQ_ENOTSUP (with the reason) on the host, on Hopper
+**     and older, with compact scales or another k: the core then emulates (raw values in BF16,
+**     factors folded into alpha). The Blackwell path is compiled but was not run on a device.
+**
 ** Buffers of each storage, in save order (docs/formats.md; index functions in nvfp4_rules.h):
 **      name                  dtype  shape                             role   FSDP gather
 **   rowwise storage
@@ -65,7 +84,7 @@
 **   scale_layout HQ_SCALE_LAYOUT_OUTER_MAJOR, or HQ_SCALE_LAYOUT_SWIZZLED with swizzle;
 **   block_m x block_k 1x16 (rowwise) / 16x1 (columnwise), 16x16 for both with block_2d;
 **   transform HQ_TRANSFORM_RHT16 with transform_param = rht_sign_mask on the columnwise storage
-**   with rht, else HQ_TRANSFORM_NONE and 0;
+**   with rht, else HQ_TRANSFORM_NONE and 0; emul_dtype HQ_BF16;
 **   shard_rows 16 (FSDP shards are whole 16-row blocks; shards quantized with the shared amax
 **   concatenate to the full tensor's bytes), 0 with stochastic_rounding (its random stream
 **   follows each block's position in the whole tensor: not shardable).
@@ -95,6 +114,7 @@
 ** Shape rule: M % 16 == 0 and K % 16 == 0.
 */
 #include <float.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -179,6 +199,7 @@ static void instance_desc(const nvfp4_cfg *c, uint32_t dir, hq_operand_desc *d) 
   d->transform = rht ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE;
   d->transform_param = rht ? (uint64_t)c->rht_sign_mask : 0;
   d->shard_rows = c->sr ? 0 : HQ_NVFP4_BLOCK;
+  d->emul_dtype = HQ_BF16; /* raw values e2m1 * sf: at most 6 significant bits, 2^-10 .. 2688 */
 }
 
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
@@ -736,17 +757,22 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   uint32_t mask = 0;
   if (!rc) rc = read_desc(h, s, &sw, &mask, &rht);
   if (rc) return rc;
+  /* raw (HQ_CALL_DEQ_RAW): e2m1 * sf, without the global amax and, for an RHT copy, left in
+     the transformed domain (no inverse transform) */
+  const int raw = (call->flags & HQ_CALL_DEQ_RAW) != 0;
+  if (raw) rht = 0;
   const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
   const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
     return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-                                 dir == HQ_COLWISE, sw, rht, mask, dst);
+                                 dir == HQ_COLWISE, sw, rht, mask, raw, dst);
 #endif
   const float amax = *(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   const int t = dst->dtype;
   float dec[256];
-  for (int v = 0; v < 256; v++) dec[v] = hq_nvfp4_decode_mult((uint8_t)v, amax);
+  for (int v = 0; v < 256; v++)
+    dec[v] = raw ? hq_nvfp4_raw_mult((uint8_t)v) : hq_nvfp4_decode_mult((uint8_t)v, amax);
   if (dir == HQ_ROWWISE) {
     for (int64_t i = 0; i < M; i++) {
       for (int64_t k = 0; k < K; k += 16) {
@@ -775,13 +801,150 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   return HQ_OK;
 }
 
+// --- ABI 2.1: the per-tensor factor and the native GEMM ------------------------------------
+
+/* The storage's per-tensor factor, hq_nvfp4_tensor_factor(A) = RN(A * RN(1/2688)) of its amax
+   buffer: the global decode scale that multiplies every raw value. On a device it is written by
+   one thread on call->stream into device memory. */
+static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage *s, float *out) {
+  (void)cfgp;
+  const hq_host_api *h = call->host;
+  if (!out) return h->error(HQ_EINVAL, "nvfp4: tensor_factor without an output");
+  const uint32_t dir = s ? s->dir : 0;
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return h->error(HQ_EINVAL, "nvfp4: tensor_factor of a storage without a direction");
+  int sw = 0, rht = 0;
+  uint32_t mask = 0;
+  int rc = check_storage(h, s, dir, s->rows, s->cols);
+  if (!rc) rc = read_desc(h, s, &sw, &mask, &rht);
+  if (rc) return rc;
+  const float *amax = hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    return nvfp4_cuda_tensor_factors(call, amax, NULL, out);
+#else
+    return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); tensor_factor "
+                    "on a host context");
+#endif
+  }
+  *out = hq_nvfp4_tensor_factor(*amax);
+  return HQ_OK;
+}
+
+/* Native GEMM: cuBLASLt block-scaled FP4 (VEC16_UE4M3) through host->lt_matmul, on sm_100 and
+   later, for two storages with swizzled scales and the same transform. Always "TN": A's storage
+   (rowwise for A transposed, the transposed columnwise copy for A not transposed) and B's
+   (rowwise for B not transposed, columnwise for B transposed) both keep k contiguous, i.e. each
+   is a column-major k x (m or n) matrix with ld = k, handed to cuBLASLt as op(A) = A^T (trans T)
+   and op(B) = B (trans N). The two global decode scales (hq_nvfp4_tensor_factor of each amax)
+   are computed by one thread into 8 bytes of host->alloc memory and multiply alpha through
+   hq_lt_matmul.alpha_factor. */
+static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfgp; /* the storages describe themselves */
+  const hq_host_api *h = call->host;
+  if (!p || !p->a || !p->b || !p->d)
+    return h->error(HQ_EINVAL, "nvfp4: gemm: NULL operand or output");
+  if (h->abi_minor < 1 || h->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(void *) ||
+      !h->lt_matmul)
+    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM: this core (ABI 2.%u) has no cuBLASLt runner "
+                    "(host->lt_matmul, ABI 2.1)", h->abi_minor);
+  if (call->device == HQ_DEVICE_HOST)
+    return h->error(HQ_ENOTSUP, "nvfp4: no native GEMM on the host (cuBLASLt FP4 needs a CUDA "
+                    "device of sm_100 or later)");
+#ifndef HQ_HAVE_CUDA
+  return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA: no native GEMM on device %d",
+                  (int)call->device);
+#else
+  const int arch = h->device_arch(call->device);
+  if (arch < 100)
+    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM (cuBLASLt VEC16_UE4M3, FP4 tensor cores) "
+                    "needs sm_100 or later; device %d is sm_%d", (int)call->device, arch);
+  const int64_t m = p->m, n = p->n, k = p->k;
+  const hq_storage *st[2] = {p->a, p->b};
+  /* the directions hq_gemm selected, and the logical [rows, cols] of each operand */
+  const uint32_t dir[2] = {p->transa ? HQ_ROWWISE : HQ_COLWISE,
+                           p->transb ? HQ_COLWISE : HQ_ROWWISE};
+  const int64_t rows[2] = {p->transa ? m : k, p->transb ? k : n};
+  const int64_t cols[2] = {p->transa ? k : m, p->transb ? n : k};
+  for (int o = 0; o < 2; o++) {
+    const char *on = o ? "B" : "A";
+    if (st[o]->dir != dir[o])
+      return h->error(HQ_EINVAL, "nvfp4: gemm: operand %s is the %s storage, trans%s = %d needs "
+                      "the %s one", on, dir_name(st[o]->dir), o ? "b" : "a",
+                      o ? p->transb : p->transa, dir_name(dir[o]));
+    int sw = 0, rht = 0;
+    uint32_t mask = 0;
+    int rc = check_storage(h, st[o], dir[o], rows[o], cols[o]);
+    if (!rc) rc = read_desc(h, st[o], &sw, &mask, &rht);
+    if (rc) return rc;
+    if (!sw)
+      return h->error(HQ_ENOTSUP, "nvfp4: native GEMM needs swizzled scales (swizzle = true): "
+                      "operand %s's %s scales are in the compact outer-major layout", on,
+                      dir_name(dir[o]));
+  }
+  if (p->a->desc.transform != p->b->desc.transform ||
+      p->a->desc.transform_param != p->b->desc.transform_param)
+    return h->error(HQ_EINVAL, "nvfp4: gemm: operands transformed differently along k (A: "
+                    "transform %u, mask %#llx; B: transform %u, mask %#llx)",
+                    p->a->desc.transform, (unsigned long long)p->a->desc.transform_param,
+                    p->b->desc.transform, (unsigned long long)p->b->desc.transform_param);
+  if (k % 32)
+    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM needs k a multiple of 32 (16-byte rows of "
+                    "packed FP4); k = %lld (m = %lld, n = %lld)", (long long)k, (long long)m,
+                    (long long)n);
+  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
+    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM writes f32 or bf16, not dtype %d",
+                    (int)p->d->dtype);
+  const float *amax_a = hq_storage_cbuf(p->a, NVFP4_AMAX)->ptr;
+  const float *amax_b = hq_storage_cbuf(p->b, NVFP4_AMAX)->ptr;
+  hq_lt_matmul mm;
+  memset(&mm, 0, sizeof mm);
+  mm.struct_size = sizeof mm;
+  mm.flags = p->flags & HQ_GEMM_QUERY;
+  const hq_lt_operand a = {hq_storage_cbuf(p->a, NVFP4_DATA)->ptr, HQ_E2M1X2, 1, k, m, k,
+                           HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->a, NVFP4_SCALE_INV)->ptr};
+  const hq_lt_operand b = {hq_storage_cbuf(p->b, NVFP4_DATA)->ptr, HQ_E2M1X2, 0, k, n, k,
+                           HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->b, NVFP4_SCALE_INV)->ptr};
+  mm.a = a;
+  mm.b = b;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.alpha = p->alpha;
+  mm.beta = p->beta;
+  mm.d = p->d->data;
+  mm.d_dtype = p->d->dtype;
+  mm.ldd = m;
+  mm.bias = p->bias;
+  mm.bias_dtype = p->bias_dtype;
+  mm.fast_accum = 0;
+  mm.what = "nvfp4 x nvfp4";
+  if (mm.flags & HQ_GEMM_QUERY) {
+    /* nothing runs: the amax buffers stand in for the factors (device FP32 pointers) */
+    mm.alpha_factor[0] = amax_a;
+    mm.alpha_factor[1] = amax_b;
+    return h->lt_matmul(call, &mm);
+  }
+  float *f = h->alloc(call, 2 * sizeof(float));
+  if (!f) return HQ_ENOMEM; /* host->alloc recorded the message */
+  int rc = nvfp4_cuda_tensor_factors(call, amax_a, amax_b, f);
+  if (!rc) {
+    mm.alpha_factor[0] = f;
+    mm.alpha_factor[1] = f + 1;
+    rc = h->lt_matmul(call, &mm);
+  }
+  h->free(call, f); /* stream-ordered: after the GEMM that reads it */
+  return rc;
+#endif
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 0, /* requires ABI 2.0 */
+    .abi_minor = 1, /* requires ABI 2.1: DEQ_RAW, emul_dtype, host->lt_matmul */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(nvfp4_cfg),
     .name = "nvfp4",
-    .version = "2.0",
+    .version = "2.1",
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
@@ -799,6 +962,8 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .update = NULL, /* the core calls quantize() with HQ_CALL_UPDATE */
     .dequantize = dequantize,
+    .tensor_factor = tensor_factor,
+    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -29,7 +29,10 @@
 **     is zeroed first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     columnwise copy through hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed
-**     back through a shared tile (coalesced stores).
+**     back through a shared tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the
+**     same kernel with hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT.
+**   tensor factor: one thread writes hq_nvfp4_tensor_factor of one or two amax buffers (the
+**     tensor_factor op, and the alpha factors of the native GEMM).
 */
 #include <cuda_runtime.h>
 #include <float.h>
@@ -361,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
 struct DArgs {
   const uint8_t *q, *scale;
   const float *amax;
-  int colwise, swz, rht;
+  int colwise, swz, rht, raw; /* rht: apply the inverse RHT (never with raw) */
   uint32_t mask;
   void *dst;
   int64_t M, K;
@@ -379,8 +382,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
       const int u = t + kThreads * s, rr = u / 8, b = u % 8;
       const int64_t i = i0 + rr, k = k0 + 16 * b;
       if (i >= M || k >= K) continue;
-      const float dm =
-          hq_nvfp4_decode_mult(a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)], amax);
+      const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
+      const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
       const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k, K);
       for (int e = 0; e < 16; e++)
         hq_store_hp(a.dst, i * K + k + e, DT,
@@ -392,7 +395,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int u = t + kThreads * s, c = u / 4, rb = u % 4;
     const int64_t i = i0 + 16 * rb, k = k0 + c;
     if (i >= M || k >= K) continue;
-    const float dm = hq_nvfp4_decode_mult(a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)], amax);
+    const uint8_t sf = a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)];
+    const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
     const uint8_t *p = a.q + hq_nvfp4_col_data_index(i, k, M);
     float g[16];
     for (int e = 0; e < 16; e++)
@@ -406,6 +410,12 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int64_t i = i0 + rr, k = k0 + c;
     if (i < M && k < K) hq_store_hp(a.dst, i * K + k, DT, ft[rr * (kTK + 1) + c]);
   }
+}
+
+/* The per-tensor factors (tensor_factor(), the native GEMM's alpha factors): one thread. */
+__global__ void tensor_factor_kernel(const float *amax0, const float *amax1, float *out) {
+  out[0] = hq_nvfp4_tensor_factor(*amax0);
+  if (amax1) out[1] = hq_nvfp4_tensor_factor(*amax1);
 }
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
@@ -592,7 +602,7 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
 
 extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
                                      const float *amax, int colwise, int swizzle, int rht,
-                                     uint32_t mask, hq_tensor *dst) {
+                                     uint32_t mask, int raw, hq_tensor *dst) {
   if (dst->rows == 0 || dst->cols == 0) return HQ_OK;
   DArgs a;
   a.q = q;
@@ -600,7 +610,8 @@ extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, cons
   a.amax = amax;
   a.colwise = colwise;
   a.swz = swizzle;
-  a.rht = rht;
+  a.rht = rht && !raw; /* a raw RHT copy stays in the transformed domain */
+  a.raw = raw;
   a.mask = mask;
   a.dst = dst->data;
   a.M = dst->rows;
@@ -615,6 +626,13 @@ extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, cons
   default:
     return call->host->error(HQ_EINVAL, "nvfp4 CUDA: destination dtype %d", (int)dst->dtype);
   }
+}
+
+extern "C" int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0,
+                                         const float *amax1, float *out) {
+  tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax0, amax1, out);
+  CHECK_LAUNCH(call, "nvfp4 tensor factor kernel");
+  return HQ_OK;
 }
 
 extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {

@@ -25,6 +25,8 @@
 **   enc   = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); FLT_MAX if 0  encode_mult
 **   q     = E2M1(RN(x * enc)), RNE-satfinite or stochastic             quantize, quantize_sr
 **   x'    = RN(e2m1(q) * RN(RN(fp32(sf) * A) * RN(1/2688)))            decode_mult, dequantize
+**   raw   = e2m1(q) * fp32(sf)  (exact; HQ_CALL_DEQ_RAW, a GEMM operand) raw_mult
+**   f     = RN(A * RN(1/2688))  (the per-tensor factor, tensor_factor()) tensor_factor
 ** (function names without their hq_nvfp4_ prefix).
 ** The dequantizer uses A / 2688 (as TE's dequantize kernel and GEMM alpha do), not S_dec.
 */
@@ -79,6 +81,24 @@ HQ_HD float hq_nvfp4_decode_mult(uint8_t sf, float amax) {
 }
 HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
   return hq_mul_rn(hq_e2m1_to_f32(code), decode_mult);
+}
+
+/* The RAW value of an element (HQ_CALL_DEQ_RAW, what a GEMM multiplies): e2m1(q) * fp32(sf),
+   i.e. hq_nvfp4_dequantize(code, hq_nvfp4_raw_mult(sf)) -- no global amax, no inverse RHT. The
+   product is exact in FP32 and in BF16: e2m1 magnitudes have at most 2 significant bits, E4M3
+   scales at most 4, so a raw value has at most 6 significant bits, and its magnitude is 0 or in
+   [2^-10, 2688] (0.5 * 2^-9 .. 6 * 448). */
+HQ_HD float hq_nvfp4_raw_mult(uint8_t sf) { return hq_e4m3_to_f32(sf); }
+
+/* The per-tensor factor of a storage (tensor_factor(): the global decode scale that multiplies
+   every raw value), from its amax A: the decode multiplier hq_nvfp4_decode_mult gives a block
+   whose scale is 1.0 (E4M3 code 0x38), RN(A * RN(1/2688)). The same function, so the same
+   constant and order, as the dequantizer; but the dequantizer rounds RN(fp32(sf) * A) first,
+   so RN(raw * factor) equals the dequantized value bit for bit only where fp32(sf) is a power
+   of two (and sf * A neither overflows nor underflows); elsewhere they differ by a few ulps. */
+#define HQ_NVFP4_E4M3_ONE 0x38u
+HQ_HD float hq_nvfp4_tensor_factor(float amax) {
+  return hq_nvfp4_decode_mult((uint8_t)HQ_NVFP4_E4M3_ONE, amax);
 }
 
 /* max |v_i| over n values, NaN ignored, +-Inf counted (docs/formats.md): a max over the FP32 bit
