@@ -169,5 +169,11 @@ int hqi_check_tensor(const hq_tensor *t, const char *what) {
   int rc = hqi_check_shape(t->rows, t->cols, what);
   if (rc) return rc;
   if (!t->data) return hqi_error(HQ_EINVAL, "%s: data pointer is NULL", what);
+  /* the alignment rule (hq_tensor in hq/plugin.h): element-aligned, nothing more */
+  size_t es = hq_dtype_size(t->dtype);
+  if ((uintptr_t)t->data % es != 0)
+    return hqi_error(HQ_EINVAL, "%s: data %p is not aligned to its %s element size (%zu bytes): "
+                     "hq_tensor data must be element-aligned", what, t->data,
+                     hq_dtype_name(t->dtype), es);
   return HQ_OK;
 }

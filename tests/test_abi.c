@@ -494,8 +494,62 @@ static void test_recipe_string_errors(void **state) {
   hq_recipe_free(r);
 }
 
+
+/* The alignment rule: element-aligned data is accepted at any such offset (here 2 bytes for bf16
+   and 4 for f32 past a 64-byte boundary, so no 16-byte vector path applies) and quantizes to the
+   same bytes as an aligned copy, for every stock format; offsets that split an element (1 and 3
+   bytes for bf16; 1, 2 and 3 for f32) are refused with a message naming the rule. */
+static void test_alignment_rule(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const char *plugins[] = {"identity", "fp8_tensor", "mxfp8", "nvfp4", "fp8_block"};
+  const int64_t R = 64, C = 64;
+  for (int dt = 0; dt < 2; dt++) {
+    hq_dtype t = dt ? HQ_F32 : HQ_BF16;
+    size_t es = hq_dtype_size(t), bytes = (size_t)(R * C) * es;
+    hq_tensor ref = hq_test_tensor(t, R, C, 9, 1.0f);
+    uint8_t *raw = aligned_alloc(64, bytes + 128);
+    for (size_t p = 0; p < sizeof plugins / sizeof *plugins; p++) {
+      hq_format_spec spec = {sizeof spec, plugins[p], NULL, 0};
+      hq_quantizer *q = NULL;
+      HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, &spec, HQ_SOURCE_ORIGINAL, &q));
+      hq_qtensor *a = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(q, ctx, &ref, &a));
+      for (size_t off = 1; off <= 4; off++) {
+        memcpy(raw + off, ref.data, bytes);
+        hq_tensor x = hq_tensor_2d(raw + off, t, HQ_DEVICE_HOST, R, C);
+        hq_qtensor *b = NULL;
+        int rc = hq_quantize(q, ctx, &x, &b);
+        if (off % es) {
+          assert_int_equal(rc, HQ_EINVAL);
+          HQ_ERROR_HAS("element-aligned");
+          continue;
+        }
+        HQ_OK_OR_FAIL(rc);
+        for (uint32_t d = HQ_ROWWISE; d <= HQ_COLWISE; d++) {
+          const hq_storage *sa = hq_qtensor_storage(a, d), *sb = hq_qtensor_storage(b, d);
+          for (uint32_t i = 0; i < sa->nbuf; i++)
+            assert_memory_equal(hq_storage_cbuf(sa, i)->ptr, hq_storage_cbuf(sb, i)->ptr,
+                                hq_storage_cbuf(sa, i)->bytes);
+        }
+        hq_qtensor_free(b);
+      }
+      hq_qtensor_free(a);
+      hq_quantizer_free(q);
+    }
+    free(raw);
+    free(ref.data);
+  }
+  hq_ctx_destroy(ctx);
+  hq_plugins_close(set);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_alignment_rule),
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),

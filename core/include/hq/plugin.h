@@ -177,6 +177,10 @@ typedef enum hq_dtype {
 /* ---------------------------------------------------------------------------------------------
 ** hq_tensor: a non-owning view of a contiguous row-major 2-D high-precision tensor [rows, cols].
 ** Fill it with hq_tensor_2d() (or set struct_size = sizeof(hq_tensor) yourself).
+** Alignment rule: data is aligned to its element size (2 bytes for bf16/f16, 4 for f32); the core
+** refuses any other address (HQ_EINVAL) before a plugin sees it. A plugin must accept every
+** element-aligned address (a view into the middle of a larger tensor): wider (vector) accesses
+** only after checking the address, as the stock kernels do (16-byte loads at 16-byte alignment).
 */
 typedef struct hq_tensor {
   uint32_t struct_size;    /* sizeof(hq_tensor) as the filler saw it (>= HQ_TENSOR_SIZE_2_0) */
