@@ -70,6 +70,10 @@ void hqi_device_leave(int saved);
 int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream);
 /* core/cuda/kernels.cu (without CUDA: HQ_ENOTSUP) */
 int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n);
+/* out[0] += number of NaN/Inf among n elements, out[1] = min(out[1], index of the first);
+   out is device memory the caller initialised ({0, UINT64_MAX}). */
+int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
+                       unsigned long long *out);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 

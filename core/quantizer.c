@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hq/numerics.h"
+
 struct hq_quantizer {
   hqi_format *fmt[2];     /* [0] ROWWISE, [1] COLWISE; never NULL */
   uint32_t usage;
@@ -617,6 +619,60 @@ static int prepare(hq_quantizer *q, hq_ctx *ctx, const char *what) {
   return HQ_OK;
 }
 
+int hq_tensor_nonfinite(hq_ctx *ctx, const hq_tensor *tp, int64_t *count, int64_t *first) {
+  if (!ctx || !count || !first) return hqi_error(HQ_EINVAL, "hq_tensor_nonfinite: NULL argument");
+  hq_tensor t;
+  int rc = hqi_tensor_in(tp, "hq_tensor_nonfinite", &t);
+  if (rc) return rc;
+  if (t.device != ctx->device)
+    return hqi_error(HQ_EINVAL, "hq_tensor_nonfinite: the tensor is on device %d, the context "
+                     "runs on %d", t.device, ctx->device);
+  const int64_t n = t.rows * t.cols;
+  *count = 0;
+  *first = -1;
+  if (ctx->device < 0) {
+    for (int64_t i = 0; i < n; i++) {
+      float v = hq_load_hp(t.data, i, t.dtype);
+      if (!(v - v == 0.0f)) {
+        if (*first < 0) *first = i;
+        ++*count;
+      }
+    }
+    return HQ_OK;
+  }
+  unsigned long long host[2] = {0, ~0ull};
+  unsigned long long *dev = hqi_ctx_alloc_raw(ctx, sizeof host);
+  if (!dev) return hqi_error(HQ_ENOMEM, "hq_tensor_nonfinite: 16 bytes on device %d", ctx->device);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) {
+    hqi_ctx_free_raw(ctx, dev);
+    return rc;
+  }
+  rc = hq_ctx_memcpy(ctx, dev, ctx->device, host, HQ_DEVICE_HOST, sizeof host);
+  if (!rc) rc = hqi_cuda_nonfinite(ctx->stream, t.data, t.dtype, n, dev);
+  if (!rc) rc = hq_ctx_memcpy(ctx, host, HQ_DEVICE_HOST, dev, ctx->device, sizeof host);
+  if (!rc) rc = hq_ctx_sync(ctx);
+  hqi_ctx_free_raw(ctx, dev);
+  hqi_device_leave(saved);
+  if (rc) return rc;
+  *count = (int64_t)host[0];
+  *first = host[0] ? (int64_t)host[1] : -1;
+  return HQ_OK;
+}
+
+/* HQ_QUANTIZE_FINITE_ONLY: refuse a source with NaN or Inf before anything is written. */
+static int finite_only(hq_ctx *ctx, const hq_tensor *src, const char *what) {
+  int64_t count, first;
+  int rc = hq_tensor_nonfinite(ctx, src, &count, &first);
+  if (rc) return rc;
+  if (count)
+    return hqi_error(HQ_EINVAL, "%s: the source holds %lld NaN/Inf value%s, the first at [%lld, "
+                     "%lld] (HQ_QUANTIZE_FINITE_ONLY)", what, (long long)count,
+                     count == 1 ? "" : "s", (long long)(first / src->cols),
+                     (long long)(first % src->cols));
+  return HQ_OK;
+}
+
 static int args_in(const hq_quantize_args *args, hq_quantize_args *out) {
   if (!args) {
     memset(out, 0, sizeof *out);
@@ -635,6 +691,7 @@ int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
   int rc = prepare(q, ctx, "hq_quantize");
   if (!rc) rc = check_src(ctx, srcp, "hq_quantize: source", &src);
   if (!rc) rc = args_in(argsp, &args);
+  if (!rc && (args.flags & HQ_QUANTIZE_FINITE_ONLY)) rc = finite_only(ctx, &src, "hq_quantize");
   if (rc) return rc;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
@@ -710,6 +767,11 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
     return hqi_error(HQ_ESHAPE, "hq_qtensor_update: role %s: source [%lld, %lld] does not match "
                      "the quantized tensor's [%lld, %lld]", qt->role, (long long)src.rows,
                      (long long)src.cols, (long long)qt->rows, (long long)qt->cols);
+  if (args.flags & HQ_QUANTIZE_FINITE_ONLY) {
+    char what[160];
+    snprintf(what, sizeof what, "hq_qtensor_update: role %s", qt->role);
+    if ((rc = finite_only(ctx, &src, what))) return rc;
+  }
   uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
   if (!dirs) return HQ_OK;
   int saved;

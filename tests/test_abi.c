@@ -9,6 +9,8 @@
 **   - identity is built in; the random stream position is readable and settable;
 **   - saved-buffer descriptors.
 */
+#include <math.h>
+
 #include "hq_test.h"
 
 static const char *fixtures(void) {
@@ -547,9 +549,56 @@ static void test_alignment_rule(void **state) {
   hq_plugins_close(set);
 }
 
+
+/* Non-finite input: counted and located; HQ_QUANTIZE_FINITE_ONLY refuses it (quantize and
+   update) and leaves an updated tensor as it was. */
+static void test_finite_only(void **state) {
+  (void)state;
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_BF16, 32, 64, 4, 1.0f);
+  int64_t count, first;
+  HQ_OK_OR_FAIL(hq_tensor_nonfinite(ctx, &x, &count, &first));
+  assert_int_equal(count, 0);
+  assert_int_equal(first, -1);
+  hq_format_spec spec = {sizeof spec, "mxfp8", NULL, 0};
+  hq_quantizer *q = NULL;
+  HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, &spec, HQ_SOURCE_ORIGINAL, &q));
+  hq_quantize_args args = {sizeof args, HQ_QUANTIZE_FINITE_ONLY, NULL};
+  hq_qtensor *t = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &args, &t));
+  const hq_storage *st = hq_qtensor_storage(t, HQ_ROWWISE);
+  size_t nb = hq_storage_cbuf(st, 0)->bytes;
+  uint8_t *before = malloc(nb);
+  memcpy(before, hq_storage_cbuf(st, 0)->ptr, nb);
+  hq_store_hp(x.data, 64 * 3 + 5, HQ_BF16, NAN);
+  hq_store_hp(x.data, 64 * 20 + 1, HQ_BF16, -INFINITY);
+  HQ_OK_OR_FAIL(hq_tensor_nonfinite(ctx, &x, &count, &first));
+  assert_int_equal(count, 2);
+  assert_int_equal(first, 64 * 3 + 5);
+  hq_qtensor *bad = NULL;
+  assert_int_equal(hq_quantize_ex(q, ctx, &x, &args, &bad), HQ_EINVAL);
+  HQ_ERROR_HAS("2 NaN/Inf values, the first at [3, 5]");
+  assert_null(bad);
+  assert_int_equal(hq_qtensor_update_ex(t, ctx, &x, &args), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_qtensor_update");
+  assert_memory_equal(hq_storage_cbuf(st, 0)->ptr, before, nb); /* nothing written */
+  /* without the flag the format's own rule applies */
+  HQ_OK_OR_FAIL(hq_qtensor_update(t, ctx, &x));
+  free(before);
+  hq_qtensor_free(t);
+  hq_quantizer_free(q);
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_plugins_close(set);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alignment_rule),
+      cmocka_unit_test(test_finite_only),
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),

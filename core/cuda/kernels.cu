@@ -56,7 +56,41 @@ void launch_transpose(void *dst, int64_t dld, const void *src, int64_t sld, int6
   transpose_kernel<T><<<grid, block, 0, s>>>((T *)dst, dld, (const T *)src, sld, rows, cols);
 }
 
+template <int DT>
+__global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
+                                 unsigned long long *__restrict__ out) {
+  unsigned long long cnt = 0, first = ~0ull;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float v = hq_load_hp(x, i, DT);
+    if (!(v - v == 0.0f)) { /* NaN or +-Inf (IEEE: x - x is NaN for both) */
+      cnt++;
+      if ((unsigned long long)i < first) first = (unsigned long long)i;
+    }
+  }
+  if (cnt) {
+    atomicAdd(&out[0], cnt);
+    atomicMin(&out[1], first);
+  }
+}
+
 } // namespace
+
+extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
+                                  unsigned long long *out) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (n <= 0) return HQ_OK;
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  if (dtype == HQ_F32) nonfinite_kernel<HQ_F32><<<(unsigned)blocks, 256, 0, s>>>(data, n, out);
+  else if (dtype == HQ_F16) nonfinite_kernel<HQ_F16><<<(unsigned)blocks, 256, 0, s>>>(data, n, out);
+  else nonfinite_kernel<HQ_BF16><<<(unsigned)blocks, 256, 0, s>>>(data, n, out);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: non-finite count: %s", __FILE__, __LINE__,
+                     cudaGetErrorString(e));
+  return HQ_OK;
+}
 
 extern "C" int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st,
                                 int64_t n) {

@@ -315,13 +315,22 @@ HQ_API uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir);
 HQ_API int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, float *amax);
 
 /* Optional arguments of hq_quantize_ex / hq_qtensor_update_ex. */
+#define HQ_QUANTIZE_FINITE_ONLY 1u /* refuse a source holding NaN or +-Inf: HQ_EINVAL with their
+                                      count and the first position, nothing written. Reads the
+                                      source once more and synchronizes the context's stream (not
+                                      for a CUDA graph capture). Without it, each format's rule
+                                      for non-finite values applies (docs/formats.md). */
 typedef struct hq_quantize_args {
   uint32_t struct_size;          /* sizeof(hq_quantize_args) */
-  uint32_t reserved0;
+  uint32_t flags;                /* HQ_QUANTIZE_* (0 before 0.3: was reserved, zero) */
   const float *amax;             /* NULL, or amax[0] rowwise, amax[1] columnwise, as
                                     hq_quantizer_amax computes them, on the context's device:
                                     used as given (directions of kind NONE ignore theirs) */
 } hq_quantize_args;
+
+/* Count the NaN and +-Inf values of t (on the context's device); *first receives the row-major
+   index of the first one (-1 when there is none). Synchronizes the context's stream. */
+HQ_API int hq_tensor_nonfinite(hq_ctx *ctx, const hq_tensor *t, int64_t *count, int64_t *first);
 
 /* ---------------------------------------------------------------------------------------------
 ** Quantized tensors
