@@ -1,7 +1,929 @@
-/* bench_gemm.c -- `hq bench --gemm`: placeholder */
+/*
+** bench_gemm.c -- `hq bench --gemm`: GEMM throughput of hq against direct calls of the same
+** kind, in one run.
+**
+** CUDA (default): for each shape m x n x k (D = m x n, bf16; A [m, k] and B [n, k] row-major, the
+** "TN" product of a linear layer's fprop), medians over --iters calls timed with CUDA events of
+**   - cuBLASLt BF16, called directly here (not through hq): the baseline;
+**   - hq identity bf16 (native: cuBLASLt on the stored data), in % of the direct BF16 call;
+**   - cuBLASLt FP8 e4m3 x e4m3 with per-tensor scales, called directly on the bytes of hq's
+**     fp8_tensor storages, and hq fp8_tensor (native) in % of it (target >= 95%);
+**   - the same for fp8_block, 1x128 x 1x128 and 128x128 x 1x128 scales (Hopper);
+**   - hq mxfp8 and nvfp4 on the path this device gives them (emulated on Hopper: raw dequantize
+**     of both operands to BF16 included) in % of the direct BF16 rate (target >= 80%);
+** and the host dispatch overhead of one hq_gemm call: hq_gemm_plan timed over many calls, and
+** the host time per call of hq_gemm minus that of a direct cublasLtMatmul with a prepared plan
+** (a small shape, best of several batches of calls issued back to back; target < 2 us).
+** CPU (--device cpu): hq's CPU path (f32 tensors; fp8_tensor and mxfp8 with their raw
+** dequantize) against a plain sgemm called directly (the BLAS libhqcore was built with).
+**
+** The direct calls reach cuBLASLt (and cblas_sgemm) through the libraries libhqcore already
+** loaded (dlsym), so the command links nothing beyond libhqcore and the CUDA runtime.
+** A benchmark, never a test.
+*/
+#include "config.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_timer.h"
 #include "cli.h"
+#include "hq/numerics.h"
+
+#ifdef HQ_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#endif
+
+#define CMD "bench --gemm"
+
+static const char usage[] =
+    "usage: hq bench --gemm [--device cuda[:N]|cpu] [--shape MxNxK]... [--iters N]\n"
+    "                       [--plugin-dir DIR]... [--json]\n"
+    "\n"
+    "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
+    "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU).\n"
+    "CUDA (default shapes 8192x8192x8192, 4096x4096x4096, 16384x4096x1024, 16384x1024x4096;\n"
+    "20 iterations): a direct cuBLASLt BF16 GEMM (the baseline), hq identity bf16, a direct\n"
+    "cuBLASLt FP8 GEMM and hq fp8_tensor (target >= 95% of the direct call), the same for\n"
+    "fp8_block (1x128 x 1x128 and 128x128 x 1x128 scales, Hopper), hq mxfp8 and nvfp4 on the\n"
+    "path the device gives them (dequantize included; target >= 80% of the BF16 rate), and the\n"
+    "host dispatch overhead per hq_gemm call (target < 2 us).\n"
+    "CPU (default 1024x1024x1024, 5 iterations): hq's CPU path against a plain sgemm.\n"
+    "Medians; TFLOP/s = 2 m n k / time.\n";
+
+/* One measured row. */
+typedef struct row {
+  int64_t m, n, k;
+  const char *kind;         /* "cuBLASLt bf16 (direct)", "hq fp8_tensor", ... */
+  const char *path;         /* hq's path name, or "direct" */
+  double ms;                /* median; NAN when not run */
+  const char *base;         /* the row it is compared with, or NULL */
+  double base_ms;
+  double target;            /* % of the baseline it should reach, 0: none */
+  char note[200];           /* why it did not run, or the reason hq took its path */
+} row;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+static double tflops(const row *r) {
+  return 2.0 * (double)r->m * (double)r->n * (double)r->k / (r->ms * 1e-3) * 1e-12;
+}
+
+/* Random host values (a sum of two uniforms in [-1, 1)) of dtype dt, [rows, cols]. */
+static void *random_host(hq_dtype dt, int64_t rows, int64_t cols, uint64_t seed) {
+  size_t n = (size_t)(rows * cols);
+  void *p = malloc(n * hq_dtype_size(dt));
+  if (!p) return NULL;
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 88172645463325252ull;
+  for (size_t i = 0; i < n; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    float v = (float)((double)(s >> 40) * (1.0 / 8388608.0) - 1.0);
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v += (float)((double)(s >> 40) * (1.0 / 8388608.0) - 1.0);
+    hq_store_hp(p, (int64_t)i, dt, v);
+  }
+  return p;
+}
+
+/* A quantizer of one format configuration ("fp8_block block=2d") for both directions, rowwise
+   only (the TN product reads A's and B's rowwise copies). */
+static hq_quantizer *quantizer_for(const char *spec, const cli_dirs *dirs, hq_recipe **rp) {
+  char text[512], buf[128];
+  snprintf(buf, sizeof buf, "%s", spec);
+  char *save = NULL, *tok = strtok_r(buf, " ", &save);
+  size_t n = (size_t)snprintf(text, sizeof text, "[format f]\nplugin = %s\n", tok);
+  while ((tok = strtok_r(NULL, " ", &save)) != NULL) {
+    char *eq = strchr(tok, '=');
+    if (!eq) return NULL;
+    *eq = '\0';
+    n += (size_t)snprintf(text + n, sizeof text - n, "%s = %s\n", tok, eq + 1);
+  }
+  snprintf(text + n, sizeof text - n, "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
+  hq_recipe_opts o = {sizeof o, 0, dirs->v, dirs->n};
+  hq_recipe *r = NULL;
+  if (hq_recipe_parse_string(text, "bench", &o, &r)) return NULL;
+  if (hq_recipe_error_count(r)) {
+    hq_recipe_free(r);
+    return NULL;
+  }
+  hq_role role = {"bench", "tensor", "x"};
+  hq_quantizer *q = NULL;
+  if (hq_quantizer_create(r, &role, &q) || hq_quantizer_set_usage(q, HQ_ROWWISE)) {
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+    return NULL;
+  }
+  *rp = r;
+  return q;
+}
+
+/* Output ---------------------------------------------------------------------------------------- */
+
+static void print_header(int gpu) {
+  printf("%-20s %-44s %-14s %9s %8s  %s\n", "m x n x k", "kind", "path", "median_ms",
+         gpu ? "TFLOP/s" : "GFLOP/s", "vs baseline");
+}
+
+static void print_row(const row *r, int first, int gpu) {
+  char shape[64] = "";
+  if (first)
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)r->m, (long long)r->n,
+             (long long)r->k);
+  if (isnan(r->ms)) {
+    printf("%-20s %-44s %-14s %9s %8s  (%s)\n", shape, r->kind, r->path ? r->path : "-", "-", "-",
+           r->note);
+    return;
+  }
+  double f = tflops(r) * (gpu ? 1.0 : 1000.0);
+  printf("%-20s %-44s %-14s %9.4f %8.1f", shape, r->kind, r->path, r->ms, f);
+  if (r->base && !isnan(r->base_ms)) {
+    double pct = 100.0 * r->base_ms / r->ms;
+    printf("  %5.1f%% of %s", pct, r->base);
+    if (r->target > 0) printf(" (target >= %.0f%%: %s)", r->target, pct >= r->target ? "met" : "MISSED");
+  }
+  if (r->note[0]) printf("  [%s]", r->note);
+  printf("\n");
+}
+
+static void json_row(json *j, const row *r) {
+  json_obj(j);
+  json_key(j, "shape");
+  json_arr(j);
+  json_int(j, r->m);
+  json_int(j, r->n);
+  json_int(j, r->k);
+  json_close_arr(j);
+  json_kstr(j, "kind", r->kind);
+  if (r->path) json_kstr(j, "path", r->path);
+  if (isnan(r->ms)) {
+    json_kstr(j, "skipped", r->note);
+  } else {
+    json_knum(j, "median_ms", r->ms);
+    json_knum(j, "tflops", tflops(r));
+    if (r->base && !isnan(r->base_ms)) {
+      json_kstr(j, "baseline", r->base);
+      json_knum(j, "percent_of_baseline", 100.0 * r->base_ms / r->ms);
+      if (r->target > 0) {
+        json_knum(j, "target_percent", r->target);
+        json_kbool(j, "target_met", 100.0 * r->base_ms / r->ms >= r->target);
+      }
+    }
+    if (r->note[0]) json_kstr(j, "note", r->note);
+  }
+  json_close_obj(j);
+}
+
+/* hq_gemm, timed ------------------------------------------------------------------------------- */
+
+/* Median ms of `iters` hq_gemm calls (after 3 warm-up calls); the path into *info. */
+static int time_hq(hq_ctx *ctx, bench_timer *t, hq_operand a, hq_operand b, hq_tensor *d,
+                   int iters, hq_gemm_info *info, double *ms) {
+  double *v = calloc((size_t)iters, sizeof *v);
+  if (!v) return -1;
+  int rc = 0;
+  info->struct_size = sizeof *info;
+  for (int i = 0; i < iters + 3 && !rc; i++) {
+    if (i >= 3 && bench_timer_start(t)) rc = -1;
+    if (!rc) rc = hq_gemm(ctx, a, 1, b, 0, d, 1.0f, 0.0f, NULL, info);
+    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t)) < 0) rc = -1;
+  }
+  if (!rc) {
+    qsort(v, (size_t)iters, sizeof *v, cmp_double);
+    *ms = v[iters / 2];
+  }
+  free(v);
+  return rc;
+}
+
+#ifdef HQ_HAVE_CUDA
+/* cuBLASLt, reached through the copy libhqcore loaded --------------------------------------------- */
+
+#define LT_FN(name) __typeof__(&name) name
+static struct lt_api {
+  int ok;
+  LT_FN(cublasLtCreate);
+  LT_FN(cublasLtDestroy);
+  LT_FN(cublasLtMatmulDescCreate);
+  LT_FN(cublasLtMatmulDescDestroy);
+  LT_FN(cublasLtMatmulDescSetAttribute);
+  LT_FN(cublasLtMatrixLayoutCreate);
+  LT_FN(cublasLtMatrixLayoutDestroy);
+  LT_FN(cublasLtMatmulPreferenceCreate);
+  LT_FN(cublasLtMatmulPreferenceDestroy);
+  LT_FN(cublasLtMatmulPreferenceSetAttribute);
+  LT_FN(cublasLtMatmulAlgoGetHeuristic);
+  LT_FN(cublasLtMatmul);
+  LT_FN(cublasLtGetStatusString);
+} lt;
+
+static int lt_load(char *err, size_t len) {
+  if (lt.ok) return 0;
+#define LT_LOAD(name)                                                                         \
+  do {                                                                                        \
+    lt.name = (__typeof__(lt.name))dlsym(RTLD_DEFAULT, #name);                                \
+    if (!lt.name) {                                                                           \
+      snprintf(err, len, "cuBLASLt's %s is not loaded in this process", #name);               \
+      return -1;                                                                              \
+    }                                                                                         \
+  } while (0)
+  LT_LOAD(cublasLtCreate);
+  LT_LOAD(cublasLtDestroy);
+  LT_LOAD(cublasLtMatmulDescCreate);
+  LT_LOAD(cublasLtMatmulDescDestroy);
+  LT_LOAD(cublasLtMatmulDescSetAttribute);
+  LT_LOAD(cublasLtMatrixLayoutCreate);
+  LT_LOAD(cublasLtMatrixLayoutDestroy);
+  LT_LOAD(cublasLtMatmulPreferenceCreate);
+  LT_LOAD(cublasLtMatmulPreferenceDestroy);
+  LT_LOAD(cublasLtMatmulPreferenceSetAttribute);
+  LT_LOAD(cublasLtMatmulAlgoGetHeuristic);
+  LT_LOAD(cublasLtMatmul);
+  LT_LOAD(cublasLtGetStatusString);
+#undef LT_LOAD
+  lt.ok = 1;
+  return 0;
+}
+
+/* One operand of a direct call: a [outer, k] row-major matrix (column-major k x outer, ld k). */
+typedef struct dop {
+  const void *data;
+  cudaDataType type;
+  int scale_mode;           /* -1: none; else a cublasLtMatmulMatrixScale_t */
+  const void *scale;
+} dop;
+
+/* A prepared direct "TN" matmul D (m x n, bf16) = op(A)^T op(B). */
+typedef struct direct {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+  void *a, *b, *d;
+} direct;
+
+#define LT_CK(expr)                                                                           \
+  do {                                                                                        \
+    cublasStatus_t st_ = (expr);                                                              \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+      snprintf(err, len, "%s: %s", #expr, lt.cublasLtGetStatusString(st_));                   \
+      return -1;                                                                              \
+    }                                                                                         \
+  } while (0)
+
+static void direct_free(direct *x) {
+  if (x->op) lt.cublasLtMatmulDescDestroy(x->op);
+  if (x->la) lt.cublasLtMatrixLayoutDestroy(x->la);
+  if (x->lb) lt.cublasLtMatrixLayoutDestroy(x->lb);
+  if (x->ld) lt.cublasLtMatrixLayoutDestroy(x->ld);
+  memset(x, 0, sizeof *x);
+}
+
+static int direct_prepare(cublasLtHandle_t h, size_t ws_bytes, const dop *A, const dop *B,
+                          int64_t m, int64_t n, int64_t k, void *D, int fast_accum, direct *x,
+                          char *err, size_t len) {
+  memset(x, 0, sizeof *x);
+  LT_CK(lt.cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
+  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T));
+  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &N, sizeof N));
+  if (A->type == CUDA_R_8F_E4M3 || A->type == CUDA_R_8F_E5M2) {
+    int8_t fa = (int8_t)fast_accum;
+    LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+  }
+  const dop *ops[2] = {A, B};
+  for (int i = 0; i < 2; i++) {
+    if (ops[i]->scale_mode < 0) continue;
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+    cublasLtMatmulMatrixScale_t sm = (cublasLtMatmulMatrixScale_t)ops[i]->scale_mode;
+    LT_CK(lt.cublasLtMatmulDescSetAttribute(
+        x->op, i ? CUBLASLT_MATMUL_DESC_B_SCALE_MODE : CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sm,
+        sizeof sm));
+#else
+    if (ops[i]->scale_mode != 0) {
+      snprintf(err, len, "this cuBLASLt has no block scale modes");
+      return -1;
+    }
+#endif
+    const void *p = ops[i]->scale;
+    LT_CK(lt.cublasLtMatmulDescSetAttribute(
+        x->op, i ? CUBLASLT_MATMUL_DESC_B_SCALE_POINTER : CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &p,
+        sizeof p));
+  }
+  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->la, A->type, (uint64_t)k, (uint64_t)m, k));
+  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->lb, B->type, (uint64_t)k, (uint64_t)n, k));
+  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->ld, CUDA_R_16BF, (uint64_t)m, (uint64_t)n, m));
+  cublasLtMatmulPreference_t pref = NULL;
+  LT_CK(lt.cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t wsb = ws_bytes;
+  cublasStatus_t st = lt.cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+  cublasLtMatmulHeuristicResult_t res;
+  int cnt = 0;
+  memset(&res, 0, sizeof res);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt.cublasLtMatmulAlgoGetHeuristic(h, x->op, x->la, x->lb, x->ld, x->ld, pref, 1, &res,
+                                           &cnt);
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || cnt < 1) {
+    snprintf(err, len, "cuBLASLt has no algorithm (%s)",
+             st != CUBLAS_STATUS_SUCCESS ? lt.cublasLtGetStatusString(st) : "none returned");
+    return -1;
+  }
+  x->algo = res.algo;
+  x->a = (void *)A->data;
+  x->b = (void *)B->data;
+  x->d = D;
+  return 0;
+}
+
+static cublasStatus_t direct_run(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_bytes) {
+  static const float one = 1.0f, zero = 0.0f;
+  return lt.cublasLtMatmul(h, x->op, &one, x->a, x->la, x->b, x->lb, &zero, x->d, x->ld, x->d,
+                           x->ld, &x->algo, ws, ws_bytes, 0);
+}
+
+/* Median ms of a direct call over `iters` runs (after 3 warm-up runs). */
+static int direct_time(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_bytes,
+                       bench_timer *t, int iters, double *ms, char *err, size_t len) {
+  double *v = calloc((size_t)iters, sizeof *v);
+  if (!v) return -1;
+  int rc = 0;
+  for (int i = 0; i < iters + 3 && !rc; i++) {
+    if (i >= 3 && bench_timer_start(t)) rc = -1;
+    cublasStatus_t st = direct_run(h, x, ws, ws_bytes);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(st));
+      rc = -1;
+    }
+    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t)) < 0) rc = -1;
+  }
+  if (!rc) {
+    qsort(v, (size_t)iters, sizeof *v, cmp_double);
+    *ms = v[iters / 2];
+  }
+  free(v);
+  return rc;
+}
+
+/* The direct operand of a storage (fp8_tensor: SCALAR_32F; fp8_block: VEC128 / BLK128x128). */
+static int dop_of(const hq_qtensor *qt, dop *o, char *err, size_t len) {
+  const hq_storage *s = hq_qtensor_storage(qt, HQ_ROWWISE);
+  if (!s) {
+    snprintf(err, len, "no rowwise storage");
+    return -1;
+  }
+  memset(o, 0, sizeof *o);
+  o->scale_mode = -1;
+  for (uint32_t i = 0; i < s->nbuf; i++) {
+    const hq_buffer *b = hq_storage_cbuf(s, i);
+    if (b->role == HQ_ROLE_DATA) o->data = b->ptr;
+    if (b->role == HQ_ROLE_SCALE) o->scale = b->ptr;
+  }
+  o->type = s->desc.elem == HQ_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  switch (s->desc.scale_mode) {
+  case HQ_SCALE_TENSOR_F32: o->scale_mode = 0; break;
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120900
+  case HQ_SCALE_VEC128_F32: o->scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; break;
+  case HQ_SCALE_BLK128X128_F32: o->scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; break;
+#endif
+  default:
+    snprintf(err, len, "scale mode %u has no direct cuBLASLt counterpart here", s->desc.scale_mode);
+    return -1;
+  }
+  if (!o->data || !o->scale) {
+    snprintf(err, len, "the storage lacks its data or scale buffer");
+    return -1;
+  }
+  return 0;
+}
+
+/* The host time per call of `calls` back-to-back calls, best of `batches` (synchronized
+   between batches). which: 0 hq_gemm_plan, 1 hq_gemm, 2 direct. */
+typedef struct disp {
+  hq_ctx *ctx;
+  hq_operand a, b;
+  hq_tensor *d;
+  cublasLtHandle_t h;
+  const direct *x;
+  void *ws;
+  size_t ws_bytes;
+} disp;
+
+static double host_us(const disp *p, int which, int calls, int batches) {
+  double best = INFINITY;
+  for (int bt = 0; bt < batches; bt++) {
+    cudaDeviceSynchronize();
+    double t0 = now_us();
+    for (int i = 0; i < calls; i++) {
+      int rc = 0;
+      if (which == 0) rc = hq_gemm_plan(p->ctx, p->a, 1, p->b, 0, p->d, NULL, NULL);
+      else if (which == 1) rc = hq_gemm(p->ctx, p->a, 1, p->b, 0, p->d, 1.0f, 0.0f, NULL, NULL);
+      else rc = direct_run(p->h, p->x, p->ws, p->ws_bytes) != CUBLAS_STATUS_SUCCESS;
+      if (rc) return NAN;
+    }
+    double t1 = now_us();
+    if ((t1 - t0) / calls < best) best = (t1 - t0) / calls;
+  }
+  cudaDeviceSynchronize();
+  return best;
+}
+#endif /* HQ_HAVE_CUDA */
+
+/* The GPU bench ---------------------------------------------------------------------------------- */
+
+/* The host dispatch overhead of one kind on a small shape. */
+typedef struct dispatch_res {
+  const char *kind;
+  int64_t mnk;
+  double plan_us, hq_us, direct_us;
+  char note[200];
+} dispatch_res;
+
+#define MAX_SHAPES 16
+#define MAX_ROWS 256
+
+typedef struct bench {
+  int device, iters, as_json;
+  hq_ctx *ctx;
+  bench_timer *timer;
+  const cli_dirs *dirs;
+  row rows[MAX_ROWS];
+  int nrows;
+} bench;
+
+static row *add_row(bench *B, int64_t m, int64_t n, int64_t k, const char *kind) {
+  if (B->nrows == MAX_ROWS) return NULL;
+  row *r = &B->rows[B->nrows++];
+  memset(r, 0, sizeof *r);
+  r->m = m, r->n = n, r->k = k;
+  r->kind = kind;
+  r->ms = NAN;
+  r->base_ms = NAN;
+  return r;
+}
+
+/* Quantize src ([rows, cols] on the context's device) with `spec`; NULL on failure (note set). */
+static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *src, char *note,
+                                 size_t len) {
+  hq_recipe *r = NULL;
+  hq_quantizer *q = quantizer_for(spec, B->dirs, &r);
+  if (!q) {
+    snprintf(note, len, "%s: %s", spec, hq_last_error()[0] ? hq_last_error() : "not installed");
+    return NULL;
+  }
+  hq_qtensor *qt = NULL;
+  if (hq_quantize(q, B->ctx, src, &qt)) {
+    snprintf(note, len, "%s: %s", spec, hq_last_error());
+    qt = NULL;
+  }
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  return qt;
+}
+
+/* Time hq_gemm of two formats (qa for A, qb for B) into row r. */
+static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d) {
+  hq_gemm_info info;
+  double ms = NAN;
+  if (time_hq(B->ctx, B->timer, hq_operand_q(qa), hq_operand_q(qb), d, B->iters, &info, &ms)) {
+    snprintf(r->note, sizeof r->note, "%s", hq_last_error());
+    return;
+  }
+  r->ms = ms;
+  r->path = hq_gemm_path_name(info.path);
+  if (info.reason[0]) snprintf(r->note, sizeof r->note, "%s", info.reason);
+}
+
+#ifdef HQ_HAVE_CUDA
+/* Device memory through the bench's context, or NULL (message printed). */
+static void *dalloc(bench *B, size_t bytes) {
+  void *p = NULL;
+  if (hq_ctx_alloc(B->ctx, bytes, &p)) {
+    fprintf(stderr, "hq bench --gemm: %s\n", hq_last_error());
+    return NULL;
+  }
+  return p;
+}
+
+static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtHandle_t h,
+                            void *ws, size_t ws_bytes) {
+  char err[256] = "";
+  int rc = 0;
+  hq_tensor a = hq_tensor_2d(NULL, HQ_BF16, B->device, m, k);
+  hq_tensor b = hq_tensor_2d(NULL, HQ_BF16, B->device, n, k);
+  hq_tensor d = hq_tensor_2d(NULL, HQ_BF16, B->device, n, m);
+  void *ha = random_host(HQ_BF16, m, k, 1), *hb = random_host(HQ_BF16, n, k, 2);
+  a.data = dalloc(B, (size_t)(m * k) * 2);
+  b.data = dalloc(B, (size_t)(n * k) * 2);
+  d.data = dalloc(B, (size_t)(m * n) * 2);
+  if (!ha || !hb || !a.data || !b.data || !d.data ||
+      hq_ctx_memcpy(B->ctx, a.data, B->device, ha, HQ_DEVICE_HOST, (size_t)(m * k) * 2) ||
+      hq_ctx_memcpy(B->ctx, b.data, B->device, hb, HQ_DEVICE_HOST, (size_t)(n * k) * 2) ||
+      hq_ctx_sync(B->ctx)) {
+    fprintf(stderr, "hq bench --gemm: %lldx%lldx%lld: inputs: %s\n", (long long)m, (long long)n,
+            (long long)k, hq_last_error());
+    rc = -1;
+    goto out;
+  }
+
+  /* the baseline: direct cuBLASLt BF16 */
+  row *base = add_row(B, m, n, k, "cuBLASLt bf16 (direct)");
+  base->path = "direct";
+  {
+    dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
+    direct x;
+    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &x, err, sizeof err) &&
+        !direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, &base->ms, err, sizeof err)) {
+    } else {
+      snprintf(base->note, sizeof base->note, "%s", err);
+    }
+    direct_free(&x);
+  }
+  const double bf16_ms = base->ms;
+
+  /* hq identity bf16 */
+  {
+    row *r = add_row(B, m, n, k, "hq identity bf16");
+    hq_qtensor *qa = quantize_spec(B, "identity dtype=bf16", &a, r->note, sizeof r->note);
+    hq_qtensor *qb = qa ? quantize_spec(B, "identity dtype=bf16", &b, r->note, sizeof r->note) : NULL;
+    if (qa && qb) hq_row(B, r, qa, qb, &d);
+    r->base = "direct bf16";
+    r->base_ms = bf16_ms;
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+
+  /* FP8 per tensor, FP8 blocks: direct on hq's storages, then hq */
+  static const struct {
+    const char *spec_a, *spec_b, *direct_kind, *hq_kind, *base;
+  } f8[] = {
+      {"fp8_tensor", "fp8_tensor", "cuBLASLt fp8 e4m3, tensor scales (direct)",
+       "hq fp8_tensor e4m3", "direct fp8"},
+      {"fp8_block block=1d", "fp8_block block=1d", "cuBLASLt fp8 1x128 x 1x128 (direct)",
+       "hq fp8_block 1d x 1d", "direct fp8 1dx1d"},
+      {"fp8_block block=2d", "fp8_block block=1d", "cuBLASLt fp8 128x128 x 1x128 (direct)",
+       "hq fp8_block 2d x 1d", "direct fp8 2dx1d"},
+  };
+  for (size_t i = 0; i < sizeof f8 / sizeof *f8; i++) {
+    row *rd = add_row(B, m, n, k, f8[i].direct_kind);
+    rd->path = "direct";
+    row *rh = add_row(B, m, n, k, f8[i].hq_kind);
+    hq_qtensor *qa = quantize_spec(B, f8[i].spec_a, &a, rh->note, sizeof rh->note);
+    hq_qtensor *qb = qa ? quantize_spec(B, f8[i].spec_b, &b, rh->note, sizeof rh->note) : NULL;
+    if (qa && qb) {
+      dop da, db;
+      direct x;
+      memset(&x, 0, sizeof x);
+      if (dop_of(qa, &da, err, sizeof err) || dop_of(qb, &db, err, sizeof err) ||
+          direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, i == 0, &x, err, sizeof err) ||
+          direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, &rd->ms, err, sizeof err))
+        snprintf(rd->note, sizeof rd->note, "%s", err);
+      direct_free(&x);
+      rd->base = "direct bf16";
+      rd->base_ms = bf16_ms;
+      hq_row(B, rh, qa, qb, &d);
+      rh->base = f8[i].base;
+      rh->base_ms = rd->ms;
+      rh->target = 95.0;
+    } else {
+      snprintf(rd->note, sizeof rd->note, "%s", rh->note);
+    }
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+
+  /* MXFP8, NVFP4 on whichever path this device gives them, against the BF16 rate */
+  static const char *emul[][2] = {{"mxfp8", "hq mxfp8"}, {"nvfp4", "hq nvfp4"}};
+  for (size_t i = 0; i < sizeof emul / sizeof *emul; i++) {
+    row *r = add_row(B, m, n, k, emul[i][1]);
+    hq_qtensor *qa = quantize_spec(B, emul[i][0], &a, r->note, sizeof r->note);
+    hq_qtensor *qb = qa ? quantize_spec(B, emul[i][0], &b, r->note, sizeof r->note) : NULL;
+    if (qa && qb) hq_row(B, r, qa, qb, &d);
+    r->base = "direct bf16";
+    r->base_ms = bf16_ms;
+    r->target = r->path && strcmp(r->path, "native") ? 80.0 : 0.0;
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+out:
+  if (a.data) hq_ctx_free(B->ctx, a.data);
+  if (b.data) hq_ctx_free(B->ctx, b.data);
+  if (d.data) hq_ctx_free(B->ctx, d.data);
+  free(ha);
+  free(hb);
+  return rc;
+}
+
+/* Host dispatch overhead on a small shape: identity bf16 and fp8_tensor. */
+static void bench_dispatch(bench *B, cublasLtHandle_t h, void *ws, size_t ws_bytes,
+                           dispatch_res *out, int *nout) {
+  const int64_t s = 256;
+  hq_tensor a = hq_tensor_2d(NULL, HQ_BF16, B->device, s, s);
+  hq_tensor b = a, d = a;
+  void *ha = random_host(HQ_BF16, s, s, 3);
+  a.data = dalloc(B, (size_t)(s * s) * 2);
+  b.data = dalloc(B, (size_t)(s * s) * 2);
+  d.data = dalloc(B, (size_t)(s * s) * 2);
+  *nout = 0;
+  if (!ha || !a.data || !b.data || !d.data ||
+      hq_ctx_memcpy(B->ctx, a.data, B->device, ha, HQ_DEVICE_HOST, (size_t)(s * s) * 2) ||
+      hq_ctx_memcpy(B->ctx, b.data, B->device, ha, HQ_DEVICE_HOST, (size_t)(s * s) * 2) ||
+      hq_ctx_sync(B->ctx))
+    goto out;
+  static const char *specs[][2] = {{"identity dtype=bf16", "identity bf16"},
+                                   {"fp8_tensor", "fp8_tensor e4m3"}};
+  for (int i = 0; i < 2; i++) {
+    dispatch_res *r = &out[(*nout)++];
+    memset(r, 0, sizeof *r);
+    r->kind = specs[i][1];
+    r->mnk = s;
+    r->plan_us = r->hq_us = r->direct_us = NAN;
+    hq_qtensor *qa = quantize_spec(B, specs[i][0], &a, r->note, sizeof r->note);
+    hq_qtensor *qb = qa ? quantize_spec(B, specs[i][0], &b, r->note, sizeof r->note) : NULL;
+    char err[256] = "";
+    direct x;
+    memset(&x, 0, sizeof x);
+    dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
+    if (qa && qb && (i == 0 || (!dop_of(qa, &da, err, sizeof err) &&
+                                !dop_of(qb, &db, err, sizeof err))) &&
+        !direct_prepare(h, ws_bytes, &da, &db, s, s, s, d.data, i == 1, &x, err, sizeof err)) {
+      disp p = {B->ctx, hq_operand_q(qa), hq_operand_q(qb), &d, h, &x, ws, ws_bytes};
+      host_us(&p, 1, 20, 1); /* warm-up: plans cached */
+      r->plan_us = host_us(&p, 0, 1000, 5);
+      r->hq_us = host_us(&p, 1, 100, 9);
+      r->direct_us = host_us(&p, 2, 100, 9);
+    } else if (err[0]) {
+      snprintf(r->note, sizeof r->note, "%s", err);
+    }
+    direct_free(&x);
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+out:
+  if (a.data) hq_ctx_free(B->ctx, a.data);
+  if (b.data) hq_ctx_free(B->ctx, b.data);
+  if (d.data) hq_ctx_free(B->ctx, d.data);
+  free(ha);
+}
+#endif /* HQ_HAVE_CUDA */
+
+/* The CPU bench ---------------------------------------------------------------------------------- */
+
+typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
+                         const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                         int ldc);
+
+static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
+  hq_tensor a = hq_tensor_2d(random_host(HQ_F32, m, k, 1), HQ_F32, HQ_DEVICE_HOST, m, k);
+  hq_tensor b = hq_tensor_2d(random_host(HQ_F32, n, k, 2), HQ_F32, HQ_DEVICE_HOST, n, k);
+  hq_tensor d = hq_tensor_2d(calloc((size_t)(m * n), 4), HQ_F32, HQ_DEVICE_HOST, n, m);
+  int rc = 0;
+  if (!a.data || !b.data || !d.data) {
+    rc = cli_fail(1, CMD, "out of memory for %lldx%lldx%lld", (long long)m, (long long)n,
+                  (long long)k);
+    goto out;
+  }
+  row *base = add_row(B, m, n, k, "sgemm (direct)");
+  base->path = "direct";
+  /* the BLAS libhqcore was built with, when it is one with cblas_sgemm */
+  sgemm_fn sgemm = (sgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sgemm");
+  if (!sgemm) {
+    snprintf(base->note, sizeof base->note, "no cblas_sgemm in this process (libhqcore was built "
+             "without OpenBLAS)");
+  } else {
+    double *v = calloc((size_t)B->iters, sizeof *v);
+    for (int i = 0; v && i < B->iters + 1; i++) {
+      double t0 = now_us();
+      /* column-major: D (m x n) = A^T (A stored k x m) * B (k x n) */
+      sgemm(102, 112, 111, (int)m, (int)n, (int)k, 1.0f, a.data, (int)k, b.data, (int)k, 0.0f,
+            d.data, (int)m);
+      if (i) v[i - 1] = (now_us() - t0) * 1e-3;
+    }
+    if (v) {
+      qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
+      base->ms = v[B->iters / 2];
+    }
+    free(v);
+  }
+  {
+    row *r = add_row(B, m, n, k, "hq f32 tensors");
+    hq_gemm_info info;
+    double ms = NAN;
+    if (time_hq(B->ctx, B->timer, hq_operand_hp(&a), hq_operand_hp(&b), &d, B->iters, &info, &ms))
+      snprintf(r->note, sizeof r->note, "%s", hq_last_error());
+    else
+      r->ms = ms, r->path = hq_gemm_path_name(info.path);
+    r->base = "direct sgemm";
+    r->base_ms = base->ms;
+  }
+  static const char *specs[][2] = {{"fp8_tensor", "hq fp8_tensor (raw dequantize + sgemm)"},
+                                   {"mxfp8", "hq mxfp8 (raw dequantize + sgemm)"}};
+  for (int i = 0; i < 2; i++) {
+    row *r = add_row(B, m, n, k, specs[i][1]);
+    hq_qtensor *qa = quantize_spec(B, specs[i][0], &a, r->note, sizeof r->note);
+    hq_qtensor *qb = qa ? quantize_spec(B, specs[i][0], &b, r->note, sizeof r->note) : NULL;
+    if (qa && qb) hq_row(B, r, qa, qb, &d);
+    r->base = "direct sgemm";
+    r->base_ms = base->ms;
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+out:
+  free(a.data);
+  free(b.data);
+  free(d.data);
+  return rc;
+}
+
+/* Parse "MxNxK". */
+static int parse_mnk(const char *s, int64_t v[3]) {
+  char *end;
+  for (int i = 0; i < 3; i++) {
+    long long x = strtoll(s, &end, 10);
+    if (end == s || x <= 0 || x > (1ll << 20)) return -1;
+    v[i] = x;
+    if (i < 2) {
+      if (*end != 'x' && *end != 'X') return -1;
+      s = end + 1;
+    }
+  }
+  return *end ? -1 : 0;
+}
+
 int hq_bench_gemm(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  return cli_fail(1, "bench", "--gemm is not written yet");
+  const char *device_s = "cuda";
+  int64_t shapes[MAX_SHAPES][3];
+  int nshapes = 0;
+  uint64_t iters_u = 0;
+  int as_json = 0;
+  cli_dirs dirs = {{NULL}, 0};
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    int r;
+    if (!strcmp(argv[i], "--gemm")) continue;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(usage, stdout);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--json")) {
+      as_json = 1;
+      continue;
+    }
+    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
+      if (r < 0) return 2;
+      continue;
+    }
+    if ((r = cli_opt(argc, argv, &i, "--device", &v)) != 0) {
+      if (r < 0) return cli_fail(2, CMD, "--device needs a value");
+      device_s = v;
+    } else if ((r = cli_opt(argc, argv, &i, "--shape", &v)) != 0) {
+      if (r < 0) return cli_fail(2, CMD, "--shape needs a value");
+      if (nshapes == MAX_SHAPES) return cli_fail(2, CMD, "at most %d --shape options", MAX_SHAPES);
+      if (parse_mnk(v, shapes[nshapes]))
+        return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", v);
+      nshapes++;
+    } else if ((r = cli_opt(argc, argv, &i, "--iters", &v)) != 0) {
+      if (r < 0 || cli_u64(v, &iters_u) || iters_u < 1 || iters_u > 10000)
+        return cli_fail(2, CMD, "--iters needs an integer in [1, 10000]");
+    } else {
+      return cli_fail(2, CMD, "unknown argument '%s' (see `hq bench --gemm --help`)", argv[i]);
+    }
+  }
+  int device;
+  if (cli_device(device_s, &device))
+    return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
+  if (!nshapes) {
+    static const int64_t gpu_default[4][3] = {
+        {8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 4096, 1024}, {16384, 1024, 4096}};
+    if (device >= 0) {
+      memcpy(shapes, gpu_default, sizeof gpu_default);
+      nshapes = 4;
+    } else {
+      shapes[0][0] = shapes[0][1] = shapes[0][2] = 1024;
+      nshapes = 1;
+    }
+  }
+  bench B;
+  memset(&B, 0, sizeof B);
+  B.device = device;
+  B.iters = iters_u ? (int)iters_u : (device >= 0 ? 20 : 5);
+  B.as_json = as_json;
+  B.dirs = &dirs;
+  char err[256];
+  B.timer = bench_timer_create(device, err, sizeof err);
+  if (!B.timer) return cli_fail(1, CMD, "%s", err);
+  hq_ctx_desc desc = {sizeof desc, device, NULL, NULL, NULL, NULL, 1};
+  if (hq_ctx_create(&desc, &B.ctx)) {
+    bench_timer_destroy(B.timer);
+    return cli_fail(1, CMD, "%s", hq_last_error());
+  }
+  int status = 0;
+  char devname[256] = "cpu";
+  int arch = 0;
+  dispatch_res dres[2];
+  int ndres = 0;
+  if (device >= 0) {
+#ifdef HQ_HAVE_CUDA
+    if (hq_device_info(device, devname, sizeof devname, &arch)) {
+      status = cli_fail(1, CMD, "%s", hq_last_error());
+      goto done;
+    }
+    if (lt_load(err, sizeof err)) {
+      status = cli_fail(1, CMD, "%s", err);
+      goto done;
+    }
+    cublasLtHandle_t h = NULL;
+    void *ws = NULL;
+    const size_t ws_bytes = (size_t)32 << 20; /* as hq's runner */
+    if (lt.cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+      status = cli_fail(1, CMD, "cuBLASLt handle or workspace on device %d", device);
+      goto done;
+    }
+    for (int s = 0; s < nshapes && !status; s++)
+      if (bench_cuda_shape(&B, shapes[s][0], shapes[s][1], shapes[s][2], h, ws, ws_bytes))
+        status = 1;
+    if (!status) bench_dispatch(&B, h, ws, ws_bytes, dres, &ndres);
+    cudaFree(ws);
+    lt.cublasLtDestroy(h);
+#else
+    status = cli_fail(1, CMD, "this hq was built without CUDA");
+    goto done;
+#endif
+  } else {
+    for (int s = 0; s < nshapes && !status; s++)
+      if (bench_cpu_shape(&B, shapes[s][0], shapes[s][1], shapes[s][2])) status = 1;
+  }
+
+  if (as_json) {
+    json j;
+    json_begin(&j, stdout);
+    json_obj(&j);
+    json_kstr(&j, "device", device >= 0 ? devname : "cpu");
+    if (device >= 0) json_kint(&j, "arch", arch);
+    json_kint(&j, "iters", B.iters);
+    json_kstr(&j, "d_dtype", device >= 0 ? "bf16" : "f32");
+    json_key(&j, "results");
+    json_arr(&j);
+    for (int i = 0; i < B.nrows; i++) json_row(&j, &B.rows[i]);
+    json_close_arr(&j);
+    if (ndres) {
+      json_key(&j, "dispatch");
+      json_arr(&j);
+      for (int i = 0; i < ndres; i++) {
+        json_obj(&j);
+        json_kstr(&j, "kind", dres[i].kind);
+        json_kint(&j, "m_n_k", dres[i].mnk);
+        json_knum(&j, "hq_gemm_plan_us", dres[i].plan_us);
+        json_knum(&j, "hq_gemm_host_us", dres[i].hq_us);
+        json_knum(&j, "cublaslt_host_us", dres[i].direct_us);
+        json_knum(&j, "overhead_us", dres[i].hq_us - dres[i].direct_us);
+        json_knum(&j, "target_us", 2.0);
+        if (dres[i].note[0]) json_kstr(&j, "note", dres[i].note);
+        json_close_obj(&j);
+      }
+      json_close_arr(&j);
+    }
+    json_close_obj(&j);
+    json_end(&j);
+  } else {
+    if (device >= 0)
+      printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d (CUDA events)\n", devname, arch,
+             B.iters);
+    else
+      printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d\n", B.iters);
+    print_header(device >= 0);
+    for (int i = 0; i < B.nrows; i++)
+      print_row(&B.rows[i], i == 0 || B.rows[i].m != B.rows[i - 1].m ||
+                                B.rows[i].n != B.rows[i - 1].n || B.rows[i].k != B.rows[i - 1].k,
+                device >= 0);
+    for (int i = 0; i < ndres; i++) {
+      const dispatch_res *r = &dres[i];
+      if (isnan(r->hq_us)) {
+        printf("host dispatch, %s %lld^3: not measured (%s)\n", r->kind, (long long)r->mnk,
+               r->note);
+        continue;
+      }
+      double over = r->hq_us - r->direct_us;
+      printf("host dispatch, %s %lld^3: hq_gemm_plan %.2f us/call; hq_gemm %.2f us/call vs "
+             "cublasLtMatmul %.2f us/call: overhead %.2f us (target < 2 us: %s)\n",
+             r->kind, (long long)r->mnk, r->plan_us, r->hq_us, r->direct_us, over,
+             over < 2.0 ? "met" : "MISSED");
+    }
+  }
+done:
+  hq_ctx_destroy(B.ctx);
+  bench_timer_destroy(B.timer);
+  return status;
 }

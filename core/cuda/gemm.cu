@@ -1,14 +1,801 @@
 /*
-** gemm.cu -- the core's cuBLASLt runner (hq_host_api.lt_matmul). Placeholder until written.
+** gemm.cu -- the core's cuBLASLt runner: hqi_lt_matmul(), offered to plugins as
+** hq_host_api.lt_matmul and used by the core's emulated GPU path (BF16 or F32 operands).
+**
+** One call is one cublasLtMatmul on call->device (current during the call) and call->stream,
+**     D = alpha * f0 * f1 * op(A) * op(B) + beta * D  (+ bias[i] on every column),
+** column-major as in cuBLASLt, with FP32 accumulation. What the runner keeps:
+**
+**   - One cublasLtHandle per device, created on first use (under the mutex below) and destroyed
+**     at exit (or when libhqcore is unloaded).
+**   - One 32 MiB workspace per device and stream, cudaMalloc'ed once, the first time a GEMM runs
+**     on that stream of that device, and freed at exit. Per stream, not just per device: two
+**     GEMMs running concurrently on two streams of one device must not share scratch. At most
+**     HQ_LT_STREAMS streams per device get one; GEMMs on further streams run with algorithms
+**     that need no workspace (their plans are cached separately). As with any per-stream
+**     workspace (cuBLAS's, PyTorch's), a CUDA graph captured on a stream uses that stream's
+**     workspace when replayed: do not replay it concurrently with other GEMMs on that stream.
+**   - A plan cache: everything that defines a matmul descriptor, the three matrix layouts and the
+**     heuristic's choice (dtypes, trans, rows / cols / ld of A, B and D, m, n, k, scale modes,
+**     bias and its dtype, D dtype, fast accumulation, pointer mode, the pointers' alignment, the
+**     workspace available, the device) is the key; the value is the algorithm cuBLASLt's
+**     heuristic chose, or the status with which it found none (a refused problem is not asked
+**     again). The heuristic runs once per distinct problem. The cache is a fixed table of
+**     HQ_LT_PLANS entries; when it is full the least recently used entry is replaced. The
+**     descriptors themselves are initialised on the stack for every call (cublasLt*Init, no
+**     allocation, a fraction of a microsecond): the per-call pointers (scales, bias) are
+**     attributes of the matmul descriptor, and a descriptor shared between threads would have
+**     them overwritten under another thread's call.
+**   - alpha_factor: when a call gives per-tensor factors (device FP32 values: the NVFP4 global
+**     decode scales, the emulated path's FP8 scale_inv), alpha * f0 * f1 is computed on the
+**     device by a one-thread kernel, together with beta, into the last bytes of the stream's
+**     workspace (only that stream's work, in order, touches them: a matmul has read its alpha
+**     before the next call's kernel writes it; a stream without a workspace gets 8 bytes of
+**     stream-ordered call memory instead), and the matmul reads both with
+**     CUBLASLT_POINTER_MODE_DEVICE. Without factors alpha and beta are host values.
+**   - What cuBLASLt refuses in the epilogue -- it takes a bias only of D's dtype for BF16 / F16 /
+**     F32 inputs and only a BF16 bias for FP8 inputs, and F32 inputs only with an F32 D -- runs
+**     as a matmul into an F32 D (the caller's D, or an F32 temporary when D is BF16) followed by
+**     one kernel that adds beta * D and the bias in FP32 and rounds once (PLAN_SPLIT).
+**
+** Compute type CUBLAS_COMPUTE_32F; an F32 x F32 product uses CUBLAS_COMPUTE_32F_PEDANTIC, so
+** that neither TF32 nor an emulation of FP32 through narrower types can be chosen. Every CUDA
+** and cuBLASLt status is checked: failures are HQ_EDEVICE, a problem cuBLASLt has no algorithm
+** for is HQ_ENOTSUP; messages name mm->what, m, n, k, the operand kinds and cuBLASLt's status.
 */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "hq/numerics.h"
 #include "hq/plugin.h"
 
 extern "C" int hqi_error(int code, const char *fmt, ...);
+extern "C" int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
+extern "C" void hqi_cuda_free(int device, void *ptr, void *stream);
 
-extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm) {
-  (void)call;
-  (void)mm;
-  return hqi_error(HQ_ENOTSUP, "cuBLASLt GEMMs are not written yet");
+/* Feature levels of the cuBLASLt this file is compiled against. */
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+#define HQ_LT_SCALE_MODES 1 /* CUBLASLT_MATMUL_DESC_A/B_SCALE_MODE, VEC16_UE4M3, VEC32_UE8M0 */
+#else
+#define HQ_LT_SCALE_MODES 0
+#endif
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120900
+#define HQ_LT_BLOCK_MODES 1 /* VEC128_32F, BLK128x128_32F (Hopper FP8 blocks) */
+#else
+#define HQ_LT_BLOCK_MODES 0
+#endif
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#define HQ_LT_FP4 1 /* CUDA_R_4F_E2M1 */
+#else
+#define HQ_LT_FP4 0
+#endif
+
+#define HQ_LT_MAX_DEVICES 64
+#define HQ_LT_STREAMS 8                       /* streams per device that get a workspace */
+#define HQ_LT_WORKSPACE ((size_t)32 << 20)    /* 32 MiB: what cuBLASLt's Hopper kernels use */
+#define HQ_LT_PLANS 1024                      /* plan cache entries (LRU beyond) */
+#define HQ_LT_BUCKETS 1024
+
+namespace {
+
+// --- names for messages ------------------------------------------------------------------
+
+const char *dtype_name(int t) {
+  switch (t) {
+  case HQ_E4M3: return "e4m3";
+  case HQ_E5M2: return "e5m2";
+  case HQ_E2M1X2: return "e2m1";
+  case HQ_BF16: return "bf16";
+  case HQ_F16: return "f16";
+  case HQ_F32: return "f32";
+  default: return "?";
+  }
+}
+
+const char *scale_name(uint32_t m) {
+  switch (m) {
+  case HQ_SCALE_NONE: return "none";
+  case HQ_SCALE_TENSOR_F32: return "tensor_f32";
+  case HQ_SCALE_VEC16_UE4M3: return "vec16_ue4m3";
+  case HQ_SCALE_VEC32_UE8M0: return "vec32_ue8m0";
+  case HQ_SCALE_OUTER_VEC_F32: return "outer_vec_f32";
+  case HQ_SCALE_VEC128_F32: return "vec128_f32";
+  case HQ_SCALE_BLK128X128_F32: return "blk128x128_f32";
+  default: return "?";
+  }
+}
+
+int is_fp8(int t) { return t == HQ_E4M3 || t == HQ_E5M2; }
+
+/* The cuBLASLt data type of an operand element / output / bias dtype; 0 when unsupported. */
+int cuda_type(int t, cudaDataType *out) {
+  switch (t) {
+  case HQ_E4M3: *out = CUDA_R_8F_E4M3; return 1;
+  case HQ_E5M2: *out = CUDA_R_8F_E5M2; return 1;
+#if HQ_LT_FP4
+  case HQ_E2M1X2: *out = CUDA_R_4F_E2M1; return 1;
+#endif
+  case HQ_BF16: *out = CUDA_R_16BF; return 1;
+  case HQ_F16: *out = CUDA_R_16F; return 1;
+  case HQ_F32: *out = CUDA_R_32F; return 1;
+  default: return 0;
+  }
+}
+
+/* The cuBLASLt scale mode of an HQ_SCALE_* value (both have the same order, hq's shifted by one
+   for "none"); 0 when this runner does not take it (HQ_SCALE_OUTER_VEC_F32: no hq format makes
+   it) or this cuBLASLt has no such mode. */
+#if HQ_LT_SCALE_MODES
+int lt_scale_mode(uint32_t m, cublasLtMatmulMatrixScale_t *out) {
+  switch (m) {
+  case HQ_SCALE_TENSOR_F32: *out = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F; return 1;
+  case HQ_SCALE_VEC16_UE4M3: *out = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3; return 1;
+  case HQ_SCALE_VEC32_UE8M0: *out = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0; return 1;
+#if HQ_LT_BLOCK_MODES
+  case HQ_SCALE_VEC128_F32: *out = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; return 1;
+  case HQ_SCALE_BLK128X128_F32: *out = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; return 1;
+#endif
+  default: return 0;
+  }
+}
+#endif
+
+/* Whether this build of the runner can express scale mode m at all. */
+int scale_mode_known(uint32_t m) {
+  if (m == HQ_SCALE_NONE || m == HQ_SCALE_TENSOR_F32) return 1;
+#if HQ_LT_SCALE_MODES
+  cublasLtMatmulMatrixScale_t s;
+  return lt_scale_mode(m, &s);
+#else
+  return 0;
+#endif
+}
+
+/* The largest power of two (<= 256) dividing the address: the alignment the heuristic may rely
+   on. NULL (a query without data) counts as fully aligned. */
+uint32_t align_of(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  if (!a) return 256;
+  uint32_t r = 1;
+  while (r < 256 && !(a & r)) r <<= 1;
+  return r;
+}
+
+// --- devices, handles and workspaces -------------------------------------------------------
+
+struct ws_slot {
+  void *stream;
+  void *ptr;            /* NULL when the allocation failed: that stream runs without one */
+};
+
+struct dev_slot {
+  int ready;
+  cublasLtHandle_t lt;
+  int nws;
+  ws_slot ws[HQ_LT_STREAMS];
+};
+
+/* What a call gets from its device slot. */
+struct dev_use {
+  cublasLtHandle_t lt;
+  void *ws;             /* cuBLASLt workspace of the call's stream, or NULL */
+  size_t ws_bytes;
+  float *ab;            /* the stream's alpha/beta slot (in the workspace's tail), or NULL */
+};
+
+// --- the plan cache ----------------------------------------------------------------------
+
+/* Everything that defines a plan. Filled after a memset, compared and hashed as bytes. */
+struct plan_key {
+  int32_t device;
+  int32_t a_elem, a_trans, a_scale;
+  int32_t b_elem, b_trans, b_scale;
+  int32_t d_dtype, bias_dtype;     /* bias_dtype 0: no bias */
+  int32_t fast_accum;              /* FP8 inputs only, else 0 */
+  int32_t ptr_device;              /* 1: alpha and beta in device memory */
+  uint32_t align_a, align_b, align_d;
+  uint32_t ws_bytes;               /* workspace offered to the heuristic */
+  int64_t a_rows, a_cols, a_ld, b_rows, b_cols, b_ld;
+  int64_t m, n, k, ldd;
+};
+
+/* How a plan produces D. DIRECT: one matmul, bias in cuBLASLt's BIAS epilogue. SPLIT, for what
+   cuBLASLt refuses (it takes a bias only of D's dtype for BF16/F16/F32 inputs and only BF16 for
+   FP8 inputs, and F32 inputs only with an F32 D): the matmul without the bias into an F32 D (the
+   caller's D when it is F32, else an F32 temporary with beta = 0), then one kernel adds beta * D
+   and the bias in FP32 and rounds once to D's dtype. */
+#define PLAN_DIRECT 0
+#define PLAN_SPLIT 1
+
+struct plan {
+  plan_key key;
+  int next;                        /* bucket chain, -1 ends */
+  uint64_t tick;                   /* last use, for LRU replacement */
+  cublasStatus_t status;           /* SUCCESS: algo is valid; otherwise why there is none */
+  int no_algo;                     /* the heuristic returned no algorithm (status SUCCESS) */
+  int mode;                        /* PLAN_* */
+  cublasComputeType_t compute;
+  cublasLtMatmulAlgo_t algo;
+};
+
+pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+dev_slot g_dev[HQ_LT_MAX_DEVICES];
+plan g_plans[HQ_LT_PLANS];
+int g_bucket[HQ_LT_BUCKETS];
+int g_nplans;
+int g_inited;
+uint64_t g_tick;
+
+uint64_t key_hash(const plan_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Free every handle and workspace (at exit, or when libhqcore is unloaded: atexit() in a shared
+   object runs then). Errors are ignored: the CUDA runtime may already be going away. */
+void lt_cleanup(void) {
+  for (int d = 0; d < HQ_LT_MAX_DEVICES; d++) {
+    dev_slot *s = &g_dev[d];
+    if (!s->ready) continue;
+    for (int i = 0; i < s->nws; i++)
+      if (s->ws[i].ptr) cudaFree(s->ws[i].ptr);
+    cublasLtDestroy(s->lt);
+    s->ready = 0;
+    s->nws = 0;
+  }
+  cudaGetLastError();
+}
+
+/* Under g_mu: the device's handle and the workspace of `stream` (created on first use). The
+   last HQ_LT_AB_BYTES of a workspace hold that stream's alpha/beta pair: only work on that one
+   stream touches it, in stream order, so a matmul's alpha is never overwritten before the
+   matmul has read it. */
+#define HQ_LT_AB_BYTES 256
+int device_get(int device, void *stream, dev_use *u) {
+  dev_slot *s = &g_dev[device];
+  if (!g_inited) {
+    for (int i = 0; i < HQ_LT_BUCKETS; i++) g_bucket[i] = -1;
+    g_inited = 1;
+  }
+  /* creating a handle or a workspace is not stream work: let it happen even while this thread
+     captures a CUDA graph (cudaMalloc is refused under a global-mode capture otherwise) */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (!s->ready) {
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cublasStatus_t st = cublasLtCreate(&s->lt);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return hqi_error(HQ_EDEVICE, "%s:%d: cublasLtCreate on device %d: %s", __FILE__, __LINE__,
+                       device, cublasLtGetStatusString(st));
+    static int registered;
+    if (!registered) {
+      atexit(lt_cleanup);
+      registered = 1;
+    }
+    s->ready = 1;
+  }
+  u->lt = s->lt;
+  void *p = NULL;
+  int i;
+  for (i = 0; i < s->nws && s->ws[i].stream != stream; i++) {
+  }
+  if (i < s->nws) {
+    p = s->ws[i].ptr;
+  } else if (s->nws < HQ_LT_STREAMS) { /* beyond: no workspace */
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t e = cudaMalloc(&p, HQ_LT_WORKSPACE);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (e != cudaErrorMemoryAllocation)
+        return hqi_error(HQ_EDEVICE, "%s:%d: cudaMalloc of the %zu-byte cuBLASLt workspace on "
+                         "device %d: %s", __FILE__, __LINE__, HQ_LT_WORKSPACE, device,
+                         cudaGetErrorString(e));
+      p = NULL; /* out of memory: this stream runs with workspace-free algorithms */
+    }
+    s->ws[s->nws].stream = stream;
+    s->ws[s->nws].ptr = p;
+    s->nws++;
+  }
+  u->ws = p;
+  u->ws_bytes = p ? HQ_LT_WORKSPACE - HQ_LT_AB_BYTES : 0;
+  u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE - HQ_LT_AB_BYTES) : NULL;
+  return HQ_OK;
+}
+
+/* Under g_mu: the plan of key k, or NULL. */
+plan *plan_find(const plan_key *k, uint64_t h) {
+  for (int i = g_bucket[h % HQ_LT_BUCKETS]; i >= 0; i = g_plans[i].next)
+    if (!memcmp(&g_plans[i].key, k, sizeof *k)) {
+      g_plans[i].tick = ++g_tick;
+      return &g_plans[i];
+    }
+  return NULL;
+}
+
+/* Under g_mu: a slot for a new plan of key k (the least recently used one when full). */
+plan *plan_insert(const plan_key *k, uint64_t h) {
+  int slot;
+  if (g_nplans < HQ_LT_PLANS) {
+    slot = g_nplans++;
+  } else {
+    slot = 0;
+    for (int i = 1; i < HQ_LT_PLANS; i++)
+      if (g_plans[i].tick < g_plans[slot].tick) slot = i;
+    int *pp = &g_bucket[key_hash(&g_plans[slot].key) % HQ_LT_BUCKETS];
+    while (*pp != slot) pp = &g_plans[*pp].next;
+    *pp = g_plans[slot].next;
+  }
+  plan *p = &g_plans[slot];
+  memset(p, 0, sizeof *p);
+  p->key = *k;
+  p->tick = ++g_tick;
+  p->next = g_bucket[h % HQ_LT_BUCKETS];
+  g_bucket[h % HQ_LT_BUCKETS] = slot;
+  return p;
+}
+
+// --- descriptors -------------------------------------------------------------------------
+
+struct descs {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t a, b, d;
+};
+
+/* Initialise, on the stack, the matmul descriptor and the layouts of mm for a matmul whose D is
+   of dtype d_dtype with leading dimension ldd, with the bias epilogue when with_bias. On
+   failure *what names the step. */
+cublasStatus_t descs_init(descs *ds, const hq_lt_matmul *mm, cublasComputeType_t compute,
+                          int ptr_device, int with_bias, int d_dtype, int64_t ldd,
+                          const char **what) {
+  cudaDataType ta = CUDA_R_32F, tb = CUDA_R_32F, td = CUDA_R_32F, tbias = CUDA_R_32F;
+  cuda_type(mm->a.elem, &ta);
+  cuda_type(mm->b.elem, &tb);
+  cuda_type(d_dtype, &td);
+  if (with_bias) cuda_type(mm->bias_dtype, &tbias);
+  cublasStatus_t st;
+#define LT_TRY(expr, name)                                                                    \
+  do {                                                                                        \
+    st = (expr);                                                                              \
+    if (st != CUBLAS_STATUS_SUCCESS) {                                                        \
+      *what = name;                                                                           \
+      return st;                                                                              \
+    }                                                                                         \
+  } while (0)
+#define LT_SET(attr, val)                                                                     \
+  LT_TRY(cublasLtMatmulDescSetAttribute(&ds->op, attr, &(val), sizeof(val)), #attr)
+  LT_TRY(cublasLtMatmulDescInit(&ds->op, compute, CUDA_R_32F), "cublasLtMatmulDescInit");
+  cublasOperation_t opa = mm->a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opb = mm->b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_SET(CUBLASLT_MATMUL_DESC_TRANSA, opa);
+  LT_SET(CUBLASLT_MATMUL_DESC_TRANSB, opb);
+  if (ptr_device) {
+    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    LT_SET(CUBLASLT_MATMUL_DESC_POINTER_MODE, pm);
+  }
+  if (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) {
+    int8_t fa = mm->fast_accum ? 1 : 0;
+    LT_SET(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fa);
+  }
+  const hq_lt_operand *ops[2] = {&mm->a, &mm->b};
+  for (int i = 0; i < 2; i++) {
+    const hq_lt_operand *o = ops[i];
+    if (o->scale_mode == HQ_SCALE_NONE) continue;
+#if HQ_LT_SCALE_MODES
+    cublasLtMatmulMatrixScale_t sm = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    lt_scale_mode(o->scale_mode, &sm);
+    if (sm != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+      if (i == 0) LT_SET(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, sm);
+      else LT_SET(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, sm);
+    }
+#endif
+    const void *sp = o->scale;
+    if (i == 0) LT_SET(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sp);
+    else LT_SET(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sp);
+  }
+  if (with_bias) {
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    int32_t bt = (int32_t)tbias;
+    const void *bp = mm->bias;
+    LT_SET(CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
+    LT_SET(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
+    LT_SET(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bp);
+  }
+  LT_TRY(cublasLtMatrixLayoutInit(&ds->a, ta, (uint64_t)mm->a.rows, (uint64_t)mm->a.cols,
+                                  mm->a.ld), "layout of A");
+  LT_TRY(cublasLtMatrixLayoutInit(&ds->b, tb, (uint64_t)mm->b.rows, (uint64_t)mm->b.cols,
+                                  mm->b.ld), "layout of B");
+  LT_TRY(cublasLtMatrixLayoutInit(&ds->d, td, (uint64_t)mm->m, (uint64_t)mm->n, ldd),
+         "layout of D");
+#undef LT_SET
+#undef LT_TRY
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The descriptors of plan mode `mode`: DIRECT as the caller asked; SPLIT without the bias, into
+   an F32 D (the caller's when F32, else a contiguous temporary). */
+cublasStatus_t descs_for(descs *ds, const hq_lt_matmul *mm, int mode, cublasComputeType_t c,
+                         int ptr_device, const char **what) {
+  if (mode == PLAN_DIRECT)
+    return descs_init(ds, mm, c, ptr_device, mm->bias != NULL, mm->d_dtype, mm->ldd, what);
+  return descs_init(ds, mm, c, ptr_device, 0, HQ_F32, mm->d_dtype == HQ_F32 ? mm->ldd : mm->m,
+                    what);
+}
+
+/* "fp8_tensor e4m3 x e5m2, m=.. n=.. k=.. (A e4m3 T 256x128 ld 256 scale tensor_f32, B ...,
+   D bf16, bias f32)" */
+void describe(char *buf, size_t len, const hq_lt_matmul *mm) {
+  char bias[32] = "";
+  if (mm->bias) snprintf(bias, sizeof bias, ", bias %s", dtype_name(mm->bias_dtype));
+  snprintf(buf, len,
+           "%s, m=%lld n=%lld k=%lld (A %s %s %lldx%lld ld %lld scale %s, B %s %s %lldx%lld ld "
+           "%lld scale %s, D %s ld %lld%s%s)",
+           mm->what ? mm->what : "GEMM", (long long)mm->m, (long long)mm->n, (long long)mm->k,
+           dtype_name(mm->a.elem), mm->a.trans ? "T" : "N", (long long)mm->a.rows,
+           (long long)mm->a.cols, (long long)mm->a.ld, scale_name(mm->a.scale_mode),
+           dtype_name(mm->b.elem), mm->b.trans ? "T" : "N", (long long)mm->b.rows,
+           (long long)mm->b.cols, (long long)mm->b.ld, scale_name(mm->b.scale_mode),
+           dtype_name(mm->d_dtype), (long long)mm->ldd, bias,
+           (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) ? (mm->fast_accum ? ", fast accum" : "")
+                                                       : "");
+}
+
+/* One heuristic query; CUBLAS_STATUS_SUCCESS with *algo, or why not (*no_algo: it returned
+   none). */
+cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan_key *key,
+                         int mode, cublasComputeType_t compute, cublasLtMatmulAlgo_t *algo,
+                         int *no_algo) {
+  descs ds;
+  const char *what = "";
+  *no_algo = 0;
+  cublasStatus_t st = descs_for(&ds, mm, mode, compute, key->ptr_device, &what);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  cublasLtMatmulPreferenceOpaque_t pref;
+  uint64_t wsb = key->ws_bytes;
+  uint32_t al[3] = {key->align_a, key->align_b, mode == PLAN_DIRECT ? key->align_d : 256u};
+  if (mode == PLAN_SPLIT && mm->d_dtype == HQ_F32) al[2] = key->align_d;
+  st = cublasLtMatmulPreferenceInit(&pref);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &wsb, sizeof wsb);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                              &al[0], sizeof al[0]);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                              &al[1], sizeof al[1]);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                              &al[2], sizeof al[2]);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                              &al[2], sizeof al[2]);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  cublasLtMatmulHeuristicResult_t res;
+  int count = 0;
+  memset(&res, 0, sizeof res);
+  st = cublasLtMatmulAlgoGetHeuristic(lt, (cublasLtMatmulDesc_t)&ds.op,
+                                      (cublasLtMatrixLayout_t)&ds.a,
+                                      (cublasLtMatrixLayout_t)&ds.b,
+                                      (cublasLtMatrixLayout_t)&ds.d,
+                                      (cublasLtMatrixLayout_t)&ds.d, &pref, 1, &res, &count);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (count < 1) {
+    *no_algo = 1;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (res.state != CUBLAS_STATUS_SUCCESS) return res.state;
+  *algo = res.algo;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+int unsupported(cublasStatus_t st) {
+  return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+         st == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+
+/* Under g_mu: choose the plan of p->key (the heuristic runs here, once per key). */
+void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
+  cublasComputeType_t computes[2] = {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F};
+  int ncomputes = 1;
+  if (mm->a.elem == HQ_F32 && mm->b.elem == HQ_F32) {
+    /* F32 x F32 must really be FP32: PEDANTIC rules out TF32 and any emulation of FP32 through
+       narrower types. Where cuBLASLt has no PEDANTIC kernel for a problem, 32F, which in
+       cuBLASLt is FP32 as well (TF32 only comes with CUBLAS_COMPUTE_32F_FAST_TF32). */
+    computes[0] = CUBLAS_COMPUTE_32F_PEDANTIC;
+    ncomputes = 2;
+  }
+  const int split_helps = mm->bias != NULL || mm->d_dtype != HQ_F32;
+  p->status = CUBLAS_STATUS_NOT_SUPPORTED;
+  for (int mode = PLAN_DIRECT; mode <= (split_helps ? PLAN_SPLIT : PLAN_DIRECT); mode++)
+    for (int c = 0; c < ncomputes; c++) {
+      int no_algo = 0;
+      cublasStatus_t st = heuristic(lt, mm, &p->key, mode, computes[c], &p->algo, &no_algo);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        p->status = st;
+        p->no_algo = 0;
+        p->mode = mode;
+        p->compute = computes[c];
+        return;
+      }
+      if (mode == PLAN_DIRECT && c == 0) { /* report why the problem as asked has none */
+        p->status = st;
+        p->no_algo = no_algo;
+      }
+      if (!unsupported(st)) return; /* a real failure: do not try further */
+    }
+}
+
+// --- kernels -----------------------------------------------------------------------------
+
+/* out[0] = alpha * f0 * f1 (an absent factor is 1), out[1] = beta. */
+__global__ void alpha_beta_kernel(float *out, float alpha, float beta, const float *f0,
+                                  const float *f1) {
+  float a = alpha;
+  if (f0) a = a * *f0;
+  if (f1) a = a * *f1;
+  out[0] = a;
+  out[1] = beta;
+}
+
+/* D (column-major m x n, leading dimension ldd, dtype dt) = v + bias[i], in FP32, rounded once
+   to dt, where v is
+     t == NULL, in_place == 0:  beta * D            (k = 0: nothing to multiply)
+     t == NULL, in_place == 1:  D                   (D already holds alpha*op(A)op(B) + beta*D)
+     t != NULL:                 t[j*m+i] + beta * D (t: the F32 product, contiguous)
+   beta == 0 never reads D (which may hold NaN). */
+__global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd, float beta,
+                              const float *t, int in_place, const void *bias, int bt) {
+  int64_t total = m * n;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = e % m, j = e / m, at = j * ldd + i;
+    float v;
+    if (in_place) {
+      v = hq_load_hp(d, at, dt);
+    } else {
+      v = t ? t[e] : 0.0f;
+      if (beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
+    }
+    if (bias) v = v + hq_load_hp(bias, i, bt);
+    hq_store_hp(d, at, dt, v);
+  }
+}
+
+int launch_finish(const hq_call *call, const hq_lt_matmul *mm, const float *t, int in_place) {
+  int64_t total = mm->m * mm->n;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  finish_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)call->stream>>>(
+      mm->d, mm->d_dtype, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias,
+      mm->bias_dtype);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    char desc[512];
+    describe(desc, sizeof desc, mm);
+    return hqi_error(HQ_EDEVICE, "%s:%d: %s: epilogue kernel: %s", __FILE__, __LINE__, desc,
+                     cudaGetErrorString(e));
+  }
+  return HQ_OK;
+}
+
+/* Stream-ordered device memory for one call: the context's allocator when the call comes from
+   the core (plugins' calls do), else the device's default pool. */
+void *call_alloc(const hq_call *call, size_t bytes) {
+  if (call->host && call->core_private && call->host->alloc)
+    return call->host->alloc(call, bytes); /* records its own message on failure */
+  void *p = NULL;
+  if (hqi_cuda_malloc(call->device, bytes, call->stream, &p)) return NULL;
+  return p;
+}
+void call_free(const hq_call *call, void *p) {
+  if (!p) return;
+  if (call->host && call->core_private && call->host->free) call->host->free(call, p);
+  else hqi_cuda_free(call->device, p, call->stream);
+}
+
+/* Argument checks that do not need cuBLASLt. */
+int check_operand(const hq_lt_matmul *mm, const hq_lt_operand *o, char name, int64_t op_rows,
+                  int64_t op_cols) {
+  const char *what = mm->what ? mm->what : "GEMM";
+  cudaDataType t;
+  if (!cuda_type(o->elem, &t))
+    return hqi_error(o->elem == HQ_E2M1X2 ? HQ_ENOTSUP : HQ_EINVAL,
+                     "%s: operand %c has element dtype %d, which the cuBLASLt runner does not "
+                     "take%s", what, name, (int)o->elem,
+                     o->elem == HQ_E2M1X2 ? " (hq was built with a CUDA older than 12.8)" : "");
+  int64_t r = o->trans ? op_cols : op_rows, c = o->trans ? op_rows : op_cols;
+  if (o->rows != r || o->cols != c)
+    return hqi_error(HQ_ESHAPE, "%s: operand %c is stored %lld x %lld (trans %s), but op(%c) "
+                     "must be %lld x %lld for m=%lld n=%lld k=%lld", what, name,
+                     (long long)o->rows, (long long)o->cols, o->trans ? "T" : "N", name,
+                     (long long)op_rows, (long long)op_cols, (long long)mm->m, (long long)mm->n,
+                     (long long)mm->k);
+  if (o->ld < (o->rows > 1 ? o->rows : 1))
+    return hqi_error(HQ_ESHAPE, "%s: operand %c has ld %lld < its %lld rows", what, name,
+                     (long long)o->ld, (long long)o->rows);
+  if (!scale_mode_known(o->scale_mode))
+    return hqi_error(HQ_ENOTSUP, "%s: operand %c's scale mode %s (%u) is not available in the "
+                     "cuBLASLt hq was built with (%d; block FP32 scales need 12.9, VEC16/VEC32 "
+                     "12.8)", what, name, scale_name(o->scale_mode), o->scale_mode,
+                     (int)CUBLAS_VERSION);
+  if (o->scale_mode != HQ_SCALE_NONE && !o->scale && o->data)
+    return hqi_error(HQ_EINVAL, "%s: operand %c has scale mode %s but no scale buffer", what,
+                     name, scale_name(o->scale_mode));
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
+  if (!call || !mm_in)
+    return hqi_error(HQ_EINVAL, "lt_matmul: NULL %s", call ? "matmul" : "call");
+  /* read at most struct_size bytes of the caller's struct; fields it lacks read as zero */
+  const size_t floor = offsetof(hq_lt_matmul, what) + sizeof(const char *);
+  if (mm_in->struct_size < floor)
+    return hqi_error(HQ_EINVAL, "lt_matmul: struct_size %u is smaller than the 2.1 struct (%zu)",
+                     mm_in->struct_size, floor);
+  hq_lt_matmul mmv;
+  memset(&mmv, 0, sizeof mmv);
+  memcpy(&mmv, mm_in, mm_in->struct_size < sizeof mmv ? mm_in->struct_size : sizeof mmv);
+  const hq_lt_matmul *mm = &mmv;
+  const char *what = mm->what ? mm->what : "GEMM";
+  const int query = (mm->flags & HQ_GEMM_QUERY) != 0;
+
+  if (call->device < 0)
+    return hqi_error(HQ_ENOTSUP, "%s: cuBLASLt runs on a CUDA device, not on the host", what);
+  if (call->device >= HQ_LT_MAX_DEVICES)
+    return hqi_error(HQ_ENOTSUP, "%s: device %d: the cuBLASLt runner handles devices 0..%d",
+                     what, call->device, HQ_LT_MAX_DEVICES - 1);
+  if (mm->m < 0 || mm->n < 0 || mm->k < 0)
+    return hqi_error(HQ_ESHAPE, "%s: negative size m=%lld n=%lld k=%lld", what,
+                     (long long)mm->m, (long long)mm->n, (long long)mm->k);
+  if (mm->d_dtype != HQ_F32 && mm->d_dtype != HQ_BF16)
+    return hqi_error(HQ_EINVAL, "%s: D must be f32 or bf16 (got dtype %d)", what,
+                     (int)mm->d_dtype);
+  if (mm->bias && mm->bias_dtype != HQ_F32 && mm->bias_dtype != HQ_BF16)
+    return hqi_error(HQ_EINVAL, "%s: the bias must be f32 or bf16 (got dtype %d)", what,
+                     (int)mm->bias_dtype);
+  if (mm->ldd < (mm->m > 1 ? mm->m : 1))
+    return hqi_error(HQ_ESHAPE, "%s: ldd %lld < m = %lld", what, (long long)mm->ldd,
+                     (long long)mm->m);
+  if (!query && !mm->d && mm->m && mm->n)
+    return hqi_error(HQ_EINVAL, "%s: D is NULL", what);
+  if (mm->m == 0 || mm->n == 0) return HQ_OK; /* nothing to compute */
+  if (mm->k == 0) return query ? HQ_OK : launch_finish(call, mm, NULL, 0); /* beta*D + bias */
+  int rc = check_operand(mm, &mm->a, 'A', mm->m, mm->k);
+  if (!rc) rc = check_operand(mm, &mm->b, 'B', mm->k, mm->n);
+  if (rc) return rc;
+  if (!query && (!mm->a.data || !mm->b.data))
+    return hqi_error(HQ_EINVAL, "%s: operand %c has no data", what, mm->a.data ? 'B' : 'A');
+
+  const int ptr_device = mm->alpha_factor[0] || mm->alpha_factor[1];
+  plan_key key;
+  memset(&key, 0, sizeof key);
+  key.device = call->device;
+  key.a_elem = mm->a.elem;
+  key.a_trans = mm->a.trans ? 1 : 0;
+  key.a_scale = (int32_t)mm->a.scale_mode;
+  key.b_elem = mm->b.elem;
+  key.b_trans = mm->b.trans ? 1 : 0;
+  key.b_scale = (int32_t)mm->b.scale_mode;
+  key.d_dtype = mm->d_dtype;
+  key.bias_dtype = mm->bias ? mm->bias_dtype : 0;
+  key.fast_accum = (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) && mm->fast_accum ? 1 : 0;
+  key.ptr_device = ptr_device;
+  key.align_a = align_of(mm->a.data);
+  key.align_b = align_of(mm->b.data);
+  key.align_d = align_of(mm->d);
+  key.a_rows = mm->a.rows;
+  key.a_cols = mm->a.cols;
+  key.a_ld = mm->a.ld;
+  key.b_rows = mm->b.rows;
+  key.b_cols = mm->b.cols;
+  key.b_ld = mm->b.ld;
+  key.m = mm->m;
+  key.n = mm->n;
+  key.k = mm->k;
+  key.ldd = mm->ldd;
+
+  dev_use u;
+  plan pl;
+  pthread_mutex_lock(&g_mu);
+  rc = device_get(call->device, call->stream, &u);
+  if (!rc) {
+    key.ws_bytes = (uint32_t)u.ws_bytes;
+    uint64_t h = key_hash(&key);
+    plan *p = plan_find(&key, h);
+    if (!p) {
+      p = plan_insert(&key, h);
+      plan_choose(p, u.lt, mm);
+    }
+    pl = *p; /* a copy: the slot may be reused by another thread once the lock is released */
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (rc) return rc;
+
+  if (pl.status != CUBLAS_STATUS_SUCCESS) {
+    char desc[512];
+    describe(desc, sizeof desc, mm);
+    if (pl.no_algo || unsupported(pl.status))
+      return hqi_error(HQ_ENOTSUP, "cuBLASLt has no algorithm for %s on device %d: %s", desc,
+                       call->device,
+                       pl.no_algo ? "the heuristic returned none"
+                                  : cublasLtGetStatusString(pl.status));
+    return hqi_error(HQ_EDEVICE, "%s:%d: cuBLASLt heuristic for %s: %s", __FILE__, __LINE__,
+                     desc, cublasLtGetStatusString(pl.status));
+  }
+  if (query) return HQ_OK;
+
+  /* SPLIT into a BF16 D: the product goes to an F32 temporary (beta 0); finish_kernel adds
+     beta * D and the bias and rounds once */
+  const int to_temp = pl.mode == PLAN_SPLIT && mm->d_dtype != HQ_F32;
+  const float gemm_beta = to_temp ? 0.0f : mm->beta;
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  float *tmp = NULL, *ab = NULL;
+  if (to_temp) {
+    tmp = (float *)call_alloc(call, (size_t)(mm->m * mm->n) * sizeof(float));
+    if (!tmp)
+      return hqi_error(HQ_ENOMEM, "%s: %lld bytes for the F32 product before the epilogue: %s",
+                       what, (long long)(mm->m * mm->n * 4), "allocation failed");
+  }
+  /* alpha (times the factors) and beta: host values, or device values in the stream's slot
+     (or, for a stream without a workspace, in call-owned memory) */
+  float alpha_h = mm->alpha, beta_h = gemm_beta;
+  const void *alpha_p = &alpha_h, *beta_p = &beta_h;
+  int ab_owned = 0;
+  if (ptr_device) {
+    ab = u.ab;
+    if (!ab) {
+      ab = (float *)call_alloc(call, 2 * sizeof(float));
+      if (!ab) {
+        call_free(call, tmp);
+        return hqi_error(HQ_ENOMEM, "%s: 8 bytes for alpha and beta: allocation failed", what);
+      }
+      ab_owned = 1;
+    }
+    alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, mm->alpha, gemm_beta, mm->alpha_factor[0],
+                                           mm->alpha_factor[1]);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      if (ab_owned) call_free(call, ab);
+      call_free(call, tmp);
+      return hqi_error(HQ_EDEVICE, "%s:%d: %s: alpha kernel: %s", __FILE__, __LINE__, what,
+                       cudaGetErrorString(e));
+    }
+    alpha_p = ab;
+    beta_p = ab + 1;
+  }
+
+  descs ds;
+  const char *step = "";
+  void *gd = to_temp ? (void *)tmp : mm->d;
+  cublasStatus_t st = descs_for(&ds, mm, pl.mode, pl.compute, ptr_device, &step);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    step = "cublasLtMatmul";
+    st = cublasLtMatmul(u.lt, (cublasLtMatmulDesc_t)&ds.op, alpha_p, mm->a.data,
+                        (cublasLtMatrixLayout_t)&ds.a, mm->b.data, (cublasLtMatrixLayout_t)&ds.b,
+                        beta_p, gd, (cublasLtMatrixLayout_t)&ds.d, gd,
+                        (cublasLtMatrixLayout_t)&ds.d, &pl.algo, u.ws, u.ws_bytes, stream);
+  }
+  rc = HQ_OK;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    char desc[512];
+    describe(desc, sizeof desc, mm);
+    rc = hqi_error(HQ_EDEVICE, "%s:%d: %s for %s on device %d: %s", __FILE__, __LINE__, step,
+                   desc, call->device, cublasLtGetStatusString(st));
+  } else if (pl.mode == PLAN_SPLIT && (to_temp || mm->bias)) {
+    rc = launch_finish(call, mm, tmp, !to_temp);
+  }
+  /* stream-ordered: released after the work that reads them */
+  if (ab_owned) call_free(call, ab);
+  call_free(call, tmp);
+  return rc;
 }
