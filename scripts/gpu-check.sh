@@ -116,6 +116,15 @@ if [ ! -d .devdeps/usr/include ]; then
   [ -x "$deps" ] || deps=/work/shared/tools/device-deps.sh
   bash "$deps" .devdeps
 fi
+# jansson (checkpoints) is not on the device image either: unpack Debian's packages beside them
+if [ ! -f .devdeps/usr/include/jansson.h ]; then
+  mkdir -p .devdeps/debs
+  (cd .devdeps/debs && apt-get download libjansson4 libjansson-dev 2>/dev/null)
+  for d in .devdeps/debs/*.deb; do dpkg -x "$d" .devdeps; done
+  rm -rf .devdeps/debs
+  sed -i -e 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' \
+    .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/jansson.pc
+fi
 cat <<MSG
 ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))
 device tool call:

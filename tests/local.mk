@@ -95,6 +95,12 @@ tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
 tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
 
+# checkpoints: safetensors round trips, hostile files, Python's safetensors reader when present
+check_PROGRAMS += tests/test_checkpoint
+tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h
+tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
+
 # allocation failures injected one at a time (replaces malloc; skips under AddressSanitizer)
 check_PROGRAMS += tests/test_oom
 tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h

@@ -517,6 +517,50 @@ HQ_API int hq_grouped_gemm(hq_ctx *ctx, size_t n, const hq_operand *A, int trans
 HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 
 /* ---------------------------------------------------------------------------------------------
+** Checkpoints: safetensors files (https://github.com/huggingface/safetensors: an 8-byte
+** little-endian header length, a JSON header, then the tensors' bytes) that standard tooling
+** reads. A quantized tensor is stored as one safetensors entry per buffer, named
+** "<name>/<buffer name>" ("fc1.weight/data", "fc1.weight/columnwise_scale_inv", ...), with
+** "__metadata__" keys "<name>/hq" describing it (JSON text: format instance, plugin name and
+** version, options, role, rows, cols, nominal dtype, directions, buffer list). High-precision
+** tensors (optimizer state, master weights) are plain entries; free-form metadata is allowed.
+** Saving copies device buffers to the host (it synchronizes the context's stream); loading
+** checks the plugin name, the options and every buffer's dtype and size against the qtensor it
+** loads into, and refuses a truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE naming
+** the file and the entry (never reading outside the file). Built without jansson (Debian:
+** libjansson-dev) these calls return HQ_ENOTSUP.
+*/
+typedef struct hq_ckpt_writer hq_ckpt_writer;
+HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
+/* Every present direction and every buffer of qt, under `name` (unique in the file). */
+HQ_API int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
+                               const hq_qtensor *qt);
+/* A high-precision tensor (F32, F16, BF16) on ctx's device. */
+HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
+                              const hq_tensor *t);
+/* A free-form "__metadata__" string (key not starting with a name already added + "/"). */
+HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value);
+/* Write the file (to a temporary name, then renamed: a crash never leaves half a checkpoint)
+   and free the writer, also on failure. */
+HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
+/* Free the writer without writing anything. */
+HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
+
+typedef struct hq_ckpt hq_ckpt;
+/* Open and validate a checkpoint: header length within the file, JSON well formed, every entry's
+   dtype known, shape consistent with its byte range, ranges inside the data section and not
+   overlapping. */
+HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
+HQ_API void hq_ckpt_close(hq_ckpt *c);
+/* A "__metadata__" value, or NULL. */
+HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
+/* Load quantized tensor `name` into qt (made by hq_make_empty or hq_quantize with a quantizer of
+   the same formats and options; its directions must be the saved ones). */
+HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
+/* Load high-precision tensor `name` into t (same dtype and shape). */
+HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);
+
+/* ---------------------------------------------------------------------------------------------
 ** FSDP buffer protocol (no communication here: the caller gathers along dim 0, with NCCL, MPI or
 ** memcpy).
 **

@@ -1,0 +1,2 @@
+/* test_checkpoint.c -- placeholder */
+int main(void) { return 77; }
