@@ -74,6 +74,10 @@ int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, i
    out is device memory the caller initialised ({0, UINT64_MAX}). */
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out);
+/* One AdamW step over n elements (core/adam_rule.h) on the device. */
+struct hqi_adam_k;
+int hqi_cuda_adam(void *stream, const struct hqi_adam_k *k, const void *grad, int gdtype,
+                  float *w, float *m, float *v, int64_t n);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 

@@ -95,6 +95,12 @@ tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
 tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
 
+# the optimizer: AdamW on FP32 masters, the write-back, train/eval alternation
+check_PROGRAMS += tests/test_optim
+tests_test_optim_SOURCES = tests/test_optim.c tests/hq_test.h
+tests_test_optim_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_optim_LDADD = $(HQ_TEST_LDADD)
+
 # checkpoints: safetensors round trips, hostile files, Python's safetensors reader when present
 check_PROGRAMS += tests/test_checkpoint
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h

@@ -224,6 +224,49 @@ static void test_fsdp_on_device(void **state) {
   }
 }
 
+
+/* AdamW on the device gives the CPU's bits (one element rule), and the write-back of an
+   fp8_tensor weight equals the CPU's; non-finite counting on the device. */
+static void test_adam_and_nonfinite_on_device(void **state) {
+  (void)state;
+  const int64_t R = 64, C = 96, n = R * C;
+  hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 3, 0.5f), w = hq_test_tensor(HQ_F32, R, C, 4, 0.1f);
+  float *m = calloc(n, 4), *v = calloc(n, 4);
+  float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
+  void *dg = to_device(g.data, n * 2);
+  hq_tensor gd = hq_tensor_2d(dg, HQ_BF16, 0, R, C);
+  hq_recipe *r = hq_test_recipe(recipes[0]);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
+  hq_qtensor *qh = NULL, *qg = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+  for (int64_t t = 1; t <= 3; t++) {
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
+    HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
+    HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+  }
+  float *back = malloc(n * 4);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, w.data, n * 4);
+  CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, v, n * 4);
+  compare(qh, qg, "adam write-back");
+  int64_t count = 0, first = 0;
+  uint16_t nan = 0x7FC0;
+  CK(cudaMemcpy((uint16_t *)dg + 1234, &nan, 2, cudaMemcpyHostToDevice));
+  HQ_OK_OR_FAIL(hq_tensor_nonfinite(gpu, &gd, &count, &first));
+  assert_int_equal(count, 1);
+  assert_int_equal(first, 1234);
+  hq_qtensor_free(qh);
+  hq_qtensor_free(qg);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  cudaFree(dw), cudaFree(dm), cudaFree(dv), cudaFree(dg);
+  free(g.data), free(w.data), free(m), free(v), free(back);
+}
+
 int main(void) {
   int n = 0;
   if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -234,6 +277,7 @@ int main(void) {
       cmocka_unit_test(test_graph_capture_update),
       cmocka_unit_test(test_current_device_restored),
       cmocka_unit_test(test_fsdp_on_device),
+      cmocka_unit_test(test_adam_and_nonfinite_on_device),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

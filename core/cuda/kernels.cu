@@ -9,6 +9,7 @@
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+#include "../adam_rule.h"
 
 extern "C" int hqi_error(int code, const char *fmt, ...);
 
@@ -74,7 +75,35 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
   }
 }
 
+template <int DT>
+__global__ void adam_kernel(hqi_adam_k k, const void *__restrict__ g, float *__restrict__ w,
+                            float *__restrict__ m, float *__restrict__ v, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    hqi_adam_elem(&k, hq_load_hp(g, i, DT), &wi, &mi, &vi);
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
 } // namespace
+
+extern "C" int hqi_cuda_adam(void *stream, const hqi_adam_k *k, const void *grad, int gdtype,
+                             float *w, float *m, float *v, int64_t n) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (n <= 0) return HQ_OK;
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  if (gdtype == HQ_F32) adam_kernel<HQ_F32><<<(unsigned)blocks, 256, 0, s>>>(*k, grad, w, m, v, n);
+  else if (gdtype == HQ_F16) adam_kernel<HQ_F16><<<(unsigned)blocks, 256, 0, s>>>(*k, grad, w, m, v, n);
+  else adam_kernel<HQ_BF16><<<(unsigned)blocks, 256, 0, s>>>(*k, grad, w, m, v, n);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: adam kernel: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+  return HQ_OK;
+}
 
 extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                                   unsigned long long *out) {

@@ -517,6 +517,30 @@ HQ_API int hq_grouped_gemm(hq_ctx *ctx, size_t n, const hq_operand *A, int trans
 HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 
 /* ---------------------------------------------------------------------------------------------
+** Optimizer: AdamW on FP32 master weights, with the quantized weight written back.
+**
+** hq_adam_step updates, element by element, the FP32 master weights, first and second moments
+** (all [rows, cols] F32 arrays on the context's device, the gradient's shape) from the gradient
+** (F32, F16 or BF16; cast to FP32), then -- when qw is given -- writes every direction qw holds
+** in its usage back from the new master (hq_qtensor_update: the bytes equal a fresh quantize of
+** the master). The element rule is one shared definition (CPU and CUDA give the same bits):
+**   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+**   w -= lr * ((m c1) / (sqrt(v c2) + eps) + weight_decay * w)
+** every step an FP32 operation in this order, with c1 = 1/(1-b1^t) and c2 = 1/(1-b2^t) computed
+** once per step in double and rounded to float (decoupled weight decay: AdamW). A quantized
+** parameter without master weights, a gradient or qtensor of another shape, or a step < 1 is
+** refused with HQ_EINVAL before anything changes. On a GPU: one kernel for the update, then the
+** format's update kernel for the write-back.
+*/
+typedef struct hq_adam {
+  uint32_t struct_size;          /* sizeof(hq_adam) */
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;                  /* 1 for the first step (bias correction) */
+} hq_adam;
+HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
+                        float *m, float *v, hq_qtensor *qw);
+
+/* ---------------------------------------------------------------------------------------------
 ** Checkpoints: safetensors files (https://github.com/huggingface/safetensors: an 8-byte
 ** little-endian header length, a JSON header, then the tensors' bytes) that standard tooling
 ** reads. A quantized tensor is stored as one safetensors entry per buffer, named

@@ -1,0 +1,63 @@
+/*
+** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is core/adam_rule.h,
+** shared with the CUDA kernel) followed by the quantized weight's write-back.
+*/
+#include "config.h"
+#include "hq_internal.h"
+
+#include <math.h>
+
+#include "adam_rule.h"
+
+int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *master, float *m,
+                 float *v, hq_qtensor *qw) {
+  if (!ctx || !ap) return hqi_error(HQ_EINVAL, "hq_adam_step: NULL argument");
+  hq_adam a;
+  int rc = hqi_struct_in(&a, sizeof a, ap, ap->struct_size, sizeof(hq_adam), "hq_adam");
+  if (rc) return rc;
+  hq_tensor g;
+  if ((rc = hqi_tensor_in(gradp, "hq_adam_step: gradient", &g))) return rc;
+  if (!master)
+    return hqi_error(HQ_EINVAL, "hq_adam_step: no FP32 master weights%s: a quantized parameter is "
+                     "updated through its master copy, never in its low-precision bytes",
+                     qw ? " for the quantized weight" : "");
+  if (!m || !v) return hqi_error(HQ_EINVAL, "hq_adam_step: the moments m and v are NULL");
+  if (g.device != ctx->device)
+    return hqi_error(HQ_EINVAL, "hq_adam_step: the gradient is on device %d, the context runs on "
+                     "%d", g.device, ctx->device);
+  if (a.step < 1) return hqi_error(HQ_EINVAL, "hq_adam_step: step %lld (the first step is 1)",
+                                   (long long)a.step);
+  if (!(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1 && a.eps >= 0 &&
+        isfinite(a.lr) && isfinite(a.weight_decay)))
+    return hqi_error(HQ_EINVAL, "hq_adam_step: beta1 = %g and beta2 = %g must lie in [0, 1), eps "
+                     "= %g >= 0, lr = %g and weight_decay = %g finite", a.beta1, a.beta2, a.eps,
+                     a.lr, a.weight_decay);
+  if (qw && (hq_qtensor_rows(qw) != g.rows || hq_qtensor_cols(qw) != g.cols))
+    return hqi_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the gradient "
+                     "[%lld, %lld]", (long long)hq_qtensor_rows(qw),
+                     (long long)hq_qtensor_cols(qw), (long long)g.rows, (long long)g.cols);
+  hqi_adam_k k;
+  k.lr = a.lr;
+  k.b1 = a.beta1;
+  k.b2 = a.beta2;
+  k.eps = a.eps;
+  k.wd = a.weight_decay;
+  k.one_minus_b1 = 1.0f - a.beta1;
+  k.one_minus_b2 = 1.0f - a.beta2;
+  k.c1 = (float)(1.0 / (1.0 - pow((double)a.beta1, (double)a.step)));
+  k.c2 = (float)(1.0 / (1.0 - pow((double)a.beta2, (double)a.step)));
+  const int64_t n = g.rows * g.cols;
+  if (ctx->device < 0) {
+    for (int64_t i = 0; i < n; i++)
+      hqi_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
+  } else {
+    int saved;
+    if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+    rc = hqi_cuda_adam(ctx->stream, &k, g.data, g.dtype, master, m, v, n);
+    hqi_device_leave(saved);
+    if (rc) return rc;
+  }
+  if (!qw) return HQ_OK;
+  hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
+  return hq_qtensor_update(qw, ctx, &w);
+}
