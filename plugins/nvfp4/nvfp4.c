@@ -126,7 +126,8 @@ enum { OPT_RHT, OPT_SIGNS, OPT_SR, OPT_SEED, OPT_2D, OPT_SWIZZLE };
 
 static const hq_option options[] = {
     [OPT_RHT] = {"rht", HQ_OPT_BOOL, "false",
-                 "16-point random Hadamard transform of the columnwise copy (rounded to BF16)",
+                 "16-point RHT of the columnwise copy: BF16 in, signs, FP32 butterflies h=1,2,4,8, "
+                 "x0.25, BF16 out (hq/hq.h, docs/formats.md 5.3)",
                  NULL, 0, -1},
     [OPT_SIGNS] = {"rht_sign_mask", HQ_OPT_INT, "0xD7E8",
                    "RHT signs: bit i set makes s_i = -1 (default: TE's fixed vector)", NULL, 0,

@@ -87,6 +87,22 @@ HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
 HQ_API int hq_built_with_cuda(void);
 
 /* ---------------------------------------------------------------------------------------------
+** The RHT arithmetic (nvfp4's `rht = true`; hq_operand_desc.transform HQ_TRANSFORM_RHT16). One
+** definition, the same bits on the CPU and every GPU: each group g of 16 consecutive values along
+** the columnwise copy's contraction dimension (16 rows of one column) becomes
+** y = g diag(s) H16 / 4, H16[r][c] = (-1)^popcount(r & c), s_i = -1 where bit i of
+** rht_sign_mask is set (default 0xD7E8), evaluated as:
+**   1. g_i rounded to BF16 (a BF16 input is unchanged);
+**   2. the signs applied (exact);
+**   3. four butterfly stages h = 1, 2, 4, 8, in this order: for every i with (i & h) == 0,
+**      (v_i, v_{i+h}) = (RN_f32(v_i + v_{i+h}), RN_f32(v_i - v_{i+h}));
+**   4. v_i * 0.25 (exact), then 5. rounded to BF16: the values amax and quantization see.
+** Dequantize applies the inverse (the same stages, * 0.25, then the signs; no BF16 rounding);
+** a GEMM multiplies two RHT copies with the same mask in the transformed domain (orthogonal:
+** the product over k is unchanged). docs/formats.md (5.3) has worked examples.
+*/
+
+/* ---------------------------------------------------------------------------------------------
 ** Contexts
 */
 /* Bring-your-own allocator (e.g. a trainer's caching allocator). device is HQ_DEVICE_HOST or a
@@ -313,6 +329,75 @@ HQ_API int hq_quantizer_requant_safe(const hq_quantizer *q);
    whole tensor. */
 HQ_API uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir);
 HQ_API int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src, float *amax);
+
+/* ---------------------------------------------------------------------------------------------
+** Scaling state (delayed scaling)
+**
+** A format instance may take its scale from earlier steps instead of the tensor at hand:
+** fp8_tensor with `scaling = delayed` scales by a value computed from an amax history
+** (docs/formats.md, 3.5). That state lives in ONE buffer per recipe, an hq_state, on the device
+** of the context it was created with:
+**
+**     [ amax[0] ... amax[n-1] | each slice's format state (fp8_tensor: scale, history 1..L-1) ]
+**
+** Binding a quantizer (hq_quantizer_create_ex, or hq_quantizer_bind_state) reserves one slice
+** per direction whose format keeps state (ONE slice for both directions of a fused quantizer,
+** whose two copies share one scale). The same role bound again with the same format instance
+** (a quantizer rebuilt every step) gets the same slice back. A quantize or update through a
+** bound quantizer -- or a qtensor it made, which keeps the binding -- uses the slice's scale as
+** it stands and max-accumulates the tensor's amax into the slice's amax ("history row 0"). A
+** quantizer whose format keeps state but that is bound to no hq_state fails there with
+** HQ_ESTATE naming the role.
+**
+** One training step:
+**     hq_quantize / hq_qtensor_update ...       // forward and backward, bound quantizers
+**     hq_state_amaxes(st, &amax, &n);            // n contiguous floats on the state's device
+**     all-reduce(MAX) of amax[0..n)             // the caller's (NCCL, MPI; nothing on 1 rank)
+**     hq_state_update(st, ctx);                  // roll + new scale of every slice; amaxes -> 0
+** (The upstream system updates forward tensors when the forward pass ends and backward tensors
+** at the end of backward; calling hq_state_update once per step after both gives the same
+** scales at the next step.)
+**
+** The buffer is laid out and allocated at its first use (a quantize, hq_state_amaxes,
+** hq_state_data or hq_state_update), through the state's context's allocator, and initialised
+** from the host (this synchronizes the state's stream once): call hq_state_amaxes after binding
+** every quantizer, before a CUDA graph capture. A bind after that grows the buffer by
+** reallocation (the contents move through the host, synchronizing; pointers from
+** hq_state_amaxes / hq_state_data are then stale: ask again). Slices are grouped by format
+** instance (amaxes and states of one instance contiguous); a slice's place can change only when
+** a quantizer is bound. Slices are never released. The state lives until hq_state_free and the
+** last quantizer and qtensor bound to it are freed; free them all before its context.
+*/
+typedef struct hq_state hq_state;
+/* A state for the quantizers of recipe r (r may be NULL: direct quantizers; it only names the
+   state in messages) on ctx's device. */
+HQ_API int hq_state_create(const hq_recipe *r, hq_ctx *ctx, hq_state **out);
+HQ_API void hq_state_free(hq_state *st);
+/* hq_quantizer_create, then hq_quantizer_bind_state(q, st) when st is not NULL. */
+HQ_API int hq_quantizer_create_ex(hq_recipe *r, const hq_role *role, hq_state *st,
+                                  hq_quantizer **out);
+/* Reserve q's slices in st (HQ_OK with no slice for a stateless quantizer). Binding to the state
+   q is already bound to is a no-op; to another state it is HQ_ESTATE. */
+HQ_API int hq_quantizer_bind_state(hq_quantizer *q, hq_state *st);
+/* The contiguous amaxes of every slice (*n floats on the state's device): the one buffer a
+   trainer all-reduces with MAX before hq_state_update. */
+HQ_API int hq_state_amaxes(hq_state *st, float **amax, size_t *n);
+/* The whole buffer (*n floats: the amaxes first, then the slices' states), e.g. to checkpoint
+   it as one F32 tensor and write it back on resume. */
+HQ_API int hq_state_data(hq_state *st, float **data, size_t *n);
+/* Update every slice from its amax (after the caller's reduction), on ctx (the state's device)
+   and its stream: one format call -- one kernel on a GPU -- per group of slices. */
+HQ_API int hq_state_update(hq_state *st, hq_ctx *ctx);
+HQ_API size_t hq_state_slice_count(const hq_state *st);
+/* Where direction dir of a bound quantizer keeps its state; HQ_ENOENT when it has none. */
+typedef struct hq_state_slice {
+  uint32_t struct_size;          /* sizeof(hq_state_slice), set by the caller */
+  uint32_t dirs;                 /* the directions it serves (HQ_BOTH: a fused quantizer's) */
+  size_t amax_index;             /* its amax: hq_state_amaxes()[amax_index] */
+  size_t offset;                 /* its format state: hq_state_data()[offset, offset + floats) */
+  size_t floats;
+} hq_state_slice;
+HQ_API int hq_quantizer_state_slice(const hq_quantizer *q, uint32_t dir, hq_state_slice *out);
 
 /* Optional arguments of hq_quantize_ex / hq_qtensor_update_ex. */
 #define HQ_QUANTIZE_FINITE_ONLY 1u /* refuse a source holding NaN or +-Inf: HQ_EINVAL with their
