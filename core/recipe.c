@@ -485,13 +485,16 @@ static void build_format(hq_recipe *r, const section *s) {
 }
 
 /* An instance named by a plugin directly ("rowwise = mxfp8"): that plugin with its defaults. */
-static fmt_entry *implicit_format(hq_recipe *r, const char *name) {
+/* The implicit instance of plugin `name` with its defaults, made at its first reference (line:
+   where an error is reported). A plugin whose configure() rejects its own defaults is that one
+   error; later references to it stay silent (the entry exists, unresolved). */
+static fmt_entry *implicit_format(hq_recipe *r, const char *name, int line) {
   const hq_plugin *p = hq_plugins_find(r->set, name);
   if (!p) return NULL;
   fmt_entry *e = add_format(r, name, 0);
   if (!e) return NULL;
   if (hqi_format_create(name, p, r->set, NULL, &e->f)) {
-    add_error(r, 0, "plugin '%s' with its default options: %s", name, hq_last_error());
+    add_error(r, line, "plugin '%s' with its default options: %s", name, hq_last_error());
     return NULL;
   }
   return e;
@@ -500,8 +503,8 @@ static fmt_entry *implicit_format(hq_recipe *r, const char *name) {
 static fmt_entry *resolve_format_ref(hq_recipe *r, const kv *k) {
   fmt_entry *e = find_format(r, k->value);
   if (e) return e->f ? e : NULL; /* its own error was reported at its section */
-  e = implicit_format(r, k->value);
-  if (e) return e;
+  if (hq_plugins_find(r->set, k->value)) /* the plugin's defaults (an error is its own) */
+    return implicit_format(r, k->value, k->line);
   /* a module file of that name that was rejected: say why */
   for (size_t i = 0; i < hq_plugins_rejected_count(r->set); i++) {
     const char *file = hq_plugins_rejected_file(r->set, i);
@@ -715,7 +718,7 @@ static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
     if (s->kind == SEC_FORMAT) build_format(r, s);
   }
   index_formats(r);
-  if (!find_format(r, "identity")) r->identity = implicit_format(r, "identity");
+  if (!find_format(r, "identity")) r->identity = implicit_format(r, "identity", 0);
   else r->identity = find_format(r, "identity");
   for (size_t i = 0; i < r->sections.n; i++) {
     section *s = r->sections.v[i];

@@ -55,6 +55,10 @@ check_LTLIBRARIES += tests/plugins/identity.la
 tests_plugins_identity_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_identity_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_IDENTITY
 tests_plugins_identity_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/bad_default.la
+tests_plugins_bad_default_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_bad_default_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_DEFAULT
+tests_plugins_bad_default_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h

@@ -59,12 +59,14 @@ static void test_fixtures(void **state) {
   const char *dirs[] = {fixtures()};
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
-  /* the built-in identity (first) and the one valid module good.so (good_dup.so sorts after it
-     and is the duplicate) */
-  assert_int_equal(hq_plugins_count(set), 2);
+  /* the built-in identity (first) and the two valid modules in name order: bad_default.so (it
+     loads: only using its defaults fails) and good.so (good_dup.so sorts after it and is the
+     duplicate) */
+  assert_int_equal(hq_plugins_count(set), 3);
   expect_builtin_identity(set);
+  assert_string_equal(hq_plugin_name(hq_plugins_get(set, 1)), "test_bad_default");
   const hq_plugin *p = hq_plugins_find(set, "test_good");
-  assert_ptr_equal(hq_plugins_get(set, 1), p);
+  assert_ptr_equal(hq_plugins_get(set, 2), p);
   assert_string_equal(hq_plugin_name(p), "test_good");
   assert_string_equal(hq_plugin_version(p), "0.0");
   assert_string_equal(hq_plugin_description(p), "loader test fixture");
@@ -72,7 +74,7 @@ static void test_fixtures(void **state) {
   assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE);
   assert_non_null(strstr(hq_plugin_file(p), "/good.so"));
   assert_ptr_equal(hq_plugins_find(set, "test_good"), p);
-  assert_null(hq_plugins_get(set, 2));
+  assert_null(hq_plugins_get(set, 3));
   const hq_option *o = hq_plugin_options(p);
   assert_string_equal(o[0].name, "level");
   assert_int_equal(o[0].type, HQ_OPT_INT);

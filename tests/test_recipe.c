@@ -179,6 +179,10 @@ static void test_format_errors(void **state) {
   expect_error("[format t]\nplugin = test_good\nmode = slow\n", 3, "not one of fast|exact");
   /* configure() refusing a combination is reported at the section header */
   expect_error("[format t]\nplugin = test_good\nlevel = 7\n", 1, "level 7 is unlucky");
+  /* a plugin whose configure() refuses its own defaults, named directly twice: one error, at
+     the first reference, and no follow-on "unknown format" */
+  expect_error("[role a:b:c]\nrowwise = test_bad_default\ncolumnwise = test_bad_default\n", 2,
+               "plugin 'test_bad_default' with its default options: level 7 is unlucky");
   /* fp8_tensor's delayed-scaling options (accepted and ignored in ABI 1) are gone: each is an
      unknown option at its own line, with the list of what the plugin does accept */
   static const char *gone[] = {"scaling = delayed", "scaling = current", "amax_history_len = 16",

@@ -13,6 +13,7 @@
 **   refuses.so       the entry function returns NULL after host->error()
 **   bad_name.so      format name with an upper-case letter
 **   identity.so      a valid module named "identity" (built into the core: must be rejected)
+**   bad_default.so   test_good whose default `level` (7) its own configure() refuses
 **
 ** test_good stores an f32 tensor as it is ("data", or "columnwise_data" made alone) plus a
 ** 2-byte "aux" buffer, and logs one info line per quantize through host->log. Its `level`
@@ -27,7 +28,12 @@
 #include "hq/plugin.h"
 
 static const hq_option options[] = {
+#ifdef FIXTURE_BAD_DEFAULT
+    {"level", HQ_OPT_INT, "7", "an integer in [0, 10] whose default configure() refuses", NULL, 0,
+     10},
+#else
     {"level", HQ_OPT_INT, "3", "an integer in [0, 10]", NULL, 0, 10},
+#endif
     {"ratio", HQ_OPT_FLOAT, "0.5", "a float in [0, 1]", NULL, 0, 1},
     {"mode", HQ_OPT_ENUM, "fast", "an enum", "fast|exact", 0, -1},
     {"flag", HQ_OPT_BOOL, "false", "a bool", NULL, 0, -1},
@@ -159,6 +165,8 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *hos
   ops.name = "Test_Bad";
 #elif defined(FIXTURE_IDENTITY)
   ops.name = "identity";
+#elif defined(FIXTURE_BAD_DEFAULT)
+  ops.name = "test_bad_default";
 #endif
   if (host->abi_major != HQ_ABI_MAJOR) return NULL;
   return &ops;
