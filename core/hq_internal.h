@@ -182,8 +182,24 @@ struct hq_qtensor {
   void *scratch;             /* plugin scratch reserved for quantize/update (owner's memory) */
   size_t scratch_bytes;
   void *fsdp_staging;        /* hq_fsdp_extract's transposed copies (owner's memory) */
+  hq_state *state;           /* the quantizer's scaling state (retained), or NULL */
+  int32_t slice[2];          /* its slice per direction (state.c), -1: none */
 };
 #define HQI_DIR_NAME(dir) ((dir) == HQ_COLWISE ? "columnwise" : "rowwise")
+
+// --- scaling state (state.c) ----------------------------------------------------------------
+hq_state *hqi_state_retain(hq_state *st);
+void hqi_state_release(hq_state *st);
+/* Floats of state format f keeps for a slice serving dirs (0: stateless). */
+uint32_t hqi_format_state_floats(const hqi_format *f, uint32_t dirs);
+/* Reserve (or find again) the slice of (role, f, dirs); *id = -1 when f keeps no state. */
+int hqi_state_reserve(hq_state *st, hqi_format *f, uint32_t dirs, const char *role, int32_t *id);
+/* The slice's state and amax for a call on ctx (lays out and allocates the buffer on first use;
+   ctx must run on the state's device). */
+int hqi_state_slice_ptrs(hq_state *st, const hq_ctx *ctx, int32_t id, float **state,
+                         float **amax);
+/* Position of slice id in the current layout. */
+void hqi_state_slice_info(hq_state *st, int32_t id, hq_state_slice *out);
 
 // --- recipes (recipe.c) --------------------------------------------------------------------
 hqi_format *hqi_recipe_format_of(hq_recipe *r, long role_index, uint32_t dir, int *source);

@@ -93,6 +93,12 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
     snprintf(why, len, "format '%s' has amax_kind but no amax operation", ops->name);
     return 0;
   }
+  if (!ops->state_floats != !ops->update_state) {
+    snprintf(why, len, "format '%s' has %s but no %s operation (per-instance state needs both)",
+             ops->name, ops->state_floats ? "state_floats" : "update_state",
+             ops->state_floats ? "update_state" : "state_floats");
+    return 0;
+  }
   if (!(ops->caps & (HQ_CAP_CPU | HQ_CAP_CUDA))) {
     snprintf(why, len, "format '%s' declares neither HQ_CAP_CPU nor HQ_CAP_CUDA", ops->name);
     return 0;

@@ -22,6 +22,8 @@ struct hq_quantizer {
   uint32_t usage;
   int source;
   char *role;             /* "module_type:tensor_type:name", for messages */
+  hq_state *state;        /* bound scaling state (retained), or NULL */
+  int32_t slice[2];       /* its slice per direction (the same one for a fused quantizer), -1 */
 };
 
 typedef hqi_qdir qdir;
@@ -44,6 +46,7 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
   q->role = hqi_asprintf("%s:%s:%s", role->module_type ? role->module_type : "",
                          role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
   q->usage = HQ_BOTH;
+  q->slice[0] = q->slice[1] = -1;
   for (int d = 0; d < 2; d++) {
     hqi_format *f = hqi_recipe_format_of(r, idx, d ? HQ_COLWISE : HQ_ROWWISE, &q->source);
     if (!f) {
@@ -139,6 +142,7 @@ int hq_quantizer_create_direct(hq_plugins *plugins, const hq_format_spec *rowwis
   if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
   q->usage = HQ_BOTH;
   q->source = columnwise_source;
+  q->slice[0] = q->slice[1] = -1;
   q->role = hqi_strdup("(direct)");
   int rc = q->role ? direct_format(plugins, rowwise, "rowwise", &q->fmt[0])
                    : hqi_error(HQ_ENOMEM, "out of memory");
@@ -156,8 +160,67 @@ void hq_quantizer_free(hq_quantizer *q) {
   if (!q) return;
   hqi_format_release(q->fmt[0]);
   hqi_format_release(q->fmt[1]);
+  hqi_state_release(q->state);
   free(q->role);
   free(q);
+}
+
+// --- scaling state ----------------------------------------------------------------------------
+
+/* Both directions come from one plugin call, so they share one slice (and one scale). */
+static int fused_call(hqi_format *const fmt[2], int source) {
+  return fmt[0] == fmt[1] && source == HQ_SOURCE_ORIGINAL;
+}
+
+int hq_quantizer_create_ex(hq_recipe *r, const hq_role *role, hq_state *st, hq_quantizer **out) {
+  int rc = hq_quantizer_create(r, role, out);
+  if (rc || !st) return rc;
+  rc = hq_quantizer_bind_state(*out, st);
+  if (rc) {
+    hq_quantizer_free(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
+int hq_quantizer_bind_state(hq_quantizer *q, hq_state *st) {
+  if (!q || !st) return hqi_error(HQ_EINVAL, "hq_quantizer_bind_state: NULL argument");
+  if (q->state == st) return HQ_OK;
+  if (q->state)
+    return hqi_error(HQ_ESTATE, "hq_quantizer_bind_state: role %s is already bound to another "
+                     "hq_state", q->role);
+  const int fused = fused_call(q->fmt, q->source);
+  int32_t id[2] = {-1, -1};
+  for (int d = 0; d < 2; d++) {
+    if (d == 1 && fused) {
+      id[1] = id[0];
+      break;
+    }
+    int rc = hqi_state_reserve(st, q->fmt[d], fused ? HQ_BOTH : d ? HQ_COLWISE : HQ_ROWWISE,
+                               q->role, &id[d]);
+    if (rc) return hqi_error_prefix(rc, "hq_quantizer_bind_state");
+  }
+  q->state = hqi_state_retain(st);
+  q->slice[0] = id[0];
+  q->slice[1] = id[1];
+  return HQ_OK;
+}
+
+int hq_quantizer_state_slice(const hq_quantizer *q, uint32_t dir, hq_state_slice *out) {
+  if (!q || !out || (dir != HQ_ROWWISE && dir != HQ_COLWISE))
+    return hqi_error(HQ_EINVAL, "hq_quantizer_state_slice: NULL argument or bad direction");
+  if (out->struct_size < sizeof(uint32_t))
+    return hqi_error(HQ_EINVAL, "hq_quantizer_state_slice: out->struct_size is not set");
+  const int32_t id = q->slice[di(dir)];
+  if (!q->state || id < 0)
+    return hqi_error(HQ_ENOENT, "hq_quantizer_state_slice: role %s keeps no %s state (%s)",
+                     q->role, dname(dir), q->state ? "its format is stateless" : "not bound");
+  hq_state_slice s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = (uint32_t)(out->struct_size < sizeof s ? out->struct_size : sizeof s);
+  hqi_state_slice_info(q->state, id, &s);
+  hqi_elem_put(out, 0, s.struct_size, &s, sizeof s);
+  return HQ_OK;
 }
 
 int hq_quantizer_set_usage(hq_quantizer *q, uint32_t dirs) {
@@ -455,6 +518,26 @@ static void reshare(hq_qtensor *qt) {
   }
 }
 
+/* The slice of a stateful format for a call making `dirs` of qt: call->state, state_amax. */
+static int call_state(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, uint32_t dirs, hq_call *call) {
+  const int fused = fused_call(qt->fmt, qt->source);
+  const uint32_t sdirs = fused ? HQ_BOTH : dirs;
+  if (!hqi_format_state_floats(f, sdirs)) return HQ_OK;
+  const int32_t id = qt->slice[dirs == HQ_COLWISE ? 1 : 0];
+  if (!qt->state || id < 0)
+    return hqi_error(HQ_ESTATE, "role %s, %s format '%s' (plugin %s) keeps state across steps "
+                     "(delayed scaling), but the quantizer is bound to no hq_state: create it "
+                     "with hq_quantizer_create_ex or bind it with hq_quantizer_bind_state",
+                     qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs), f->name,
+                     f->plugin->ops.name);
+  int rc = hqi_state_slice_ptrs(qt->state, ctx, id, &call->state, &call->state_amax);
+  if (rc)
+    return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s)", qt->role,
+                            dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs), f->name,
+                            f->plugin->ops.name);
+  return HQ_OK;
+}
+
 /* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's). */
 static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
                          uint32_t dirs, hq_storage *row, hq_storage *col, int update,
@@ -468,9 +551,11 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
   if (dirs == HQ_COLWISE && !(f->caps & HQ_CAP_COLWISE_ONLY))
     return hqi_error(HQ_ENOTSUP, "role %s, columnwise format '%s' (plugin %s) cannot make a "
                      "columnwise storage without a rowwise one", qt->role, f->name, ops->name);
+  int rc = call_state(qt, ctx, f, dirs, &call);
+  if (rc) return rc;
   hq_clear_error();
-  int rc = update && ops->update ? ops->update(f->cfg, &call, src, dirs, row, col)
-                                 : ops->quantize(f->cfg, &call, src, dirs, row, col);
+  rc = update && ops->update ? ops->update(f->cfg, &call, src, dirs, row, col)
+                             : ops->quantize(f->cfg, &call, src, dirs, row, col);
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of [%lld, %lld] %s",
                             qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
@@ -502,6 +587,10 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
   if (!row) {
     t.ctx = ctx;
     t.fmt[0] = t.fmt[1] = qt->fmt[0];
+    t.source = qt->source; /* not a fused call: the rowwise slice, not a shared one */
+    t.state = qt->state;
+    t.slice[0] = qt->slice[0];
+    t.slice[1] = -1;
     t.role = qt->role;
     t.rows = qt->rows;
     t.cols = qt->cols;
@@ -598,6 +687,9 @@ static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64
   qt->fmt[1] = hqi_format_retain(q->fmt[1]);
   qt->usage = q->usage;
   qt->source = q->source;
+  qt->state = hqi_state_retain(q->state);
+  qt->slice[0] = q->slice[0];
+  qt->slice[1] = q->slice[1];
   qt->rows = rows;
   qt->cols = cols;
   qt->nominal = nominal;
@@ -948,6 +1040,7 @@ void hq_qtensor_free(hq_qtensor *qt) {
   if (entered) hqi_device_leave(saved);
   hqi_format_release(qt->fmt[0]);
   hqi_format_release(qt->fmt[1]);
+  hqi_state_release(qt->state);
   free(qt->role);
   free(qt);
 }

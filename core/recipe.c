@@ -357,8 +357,10 @@ static void index_formats(hq_recipe *r) {
   r->n_fmt_sorted = 0;
   r->fmt_sorted = hqi_malloc(r->formats.n * sizeof *r->fmt_sorted);
   if (!r->fmt_sorted) return;
-  memcpy(r->fmt_sorted, r->formats.v, r->formats.n * sizeof *r->fmt_sorted);
-  qsort(r->fmt_sorted, r->formats.n, sizeof *r->fmt_sorted, cmp_fmt_name);
+  if (r->formats.n) { /* formats.v is NULL while empty: no memcpy/qsort of a NULL array */
+    memcpy(r->fmt_sorted, r->formats.v, r->formats.n * sizeof *r->fmt_sorted);
+    qsort(r->fmt_sorted, r->formats.n, sizeof *r->fmt_sorted, cmp_fmt_name);
+  }
   r->n_fmt_sorted = r->formats.n;
 }
 

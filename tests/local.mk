@@ -108,14 +108,26 @@ tests_test_optim_LDADD = $(HQ_TEST_LDADD)
 # checkpoints: safetensors round trips, hostile files, Python's safetensors reader when present
 check_PROGRAMS += tests/test_checkpoint
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h
+if HAVE_JANSSON
+# the test reads the files' JSON headers itself (jansson) to check them independently
+tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(JANSSON_CFLAGS) -DHQ_TEST_JANSSON
+tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD) $(JANSSON_LIBS)
+else
 tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
+endif
 
 # allocation failures injected one at a time (replaces malloc; skips under AddressSanitizer)
 check_PROGRAMS += tests/test_oom
 tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h
 tests_test_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_oom_LDADD = $(HQ_TEST_LDADD)
+
+# delayed scaling: the update rule, one state buffer for many quantizers, hybrids, recipes
+check_PROGRAMS += tests/test_delayed
+tests_test_delayed_SOURCES = tests/test_delayed.c tests/hq_test.h
+tests_test_delayed_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_delayed_LDADD = $(HQ_TEST_LDADD)
 
 if HAVE_CUDA
 # GEMMs on a GPU: native cuBLASLt and emulated paths against the host path and an F64 reference

@@ -437,13 +437,13 @@ static void test_direct_quantizer(void **state) {
   assert_string_equal(hq_quantizer_plugin(h, HQ_COLWISE), "identity");
   /* refusals */
   hq_quantizer *bad = NULL;
-  const char *unknown[] = {"scaling=delayed"}, *range[] = {"amax_epsilon=-1"}, *twice[] = {
+  const char *unknown[] = {"scale_mode=delayed"}, *range[] = {"amax_epsilon=-1"}, *twice[] = {
       "dtype=e4m3", "dtype=e5m2"}, *noeq[] = {"dtype"};
   hq_format_spec s1 = {sizeof s1, "fp8_tensor", unknown, 1}, s2 = {sizeof s2, "fp8_tensor", range, 1},
                  s3 = {sizeof s3, "fp8_tensor", twice, 2}, s4 = {sizeof s4, "fp8_tensor", noeq, 1},
                  s5 = {sizeof s5, "no_such_format", NULL, 0};
   assert_int_equal(hq_quantizer_create_direct(set, &s1, NULL, 0, &bad), HQ_EPARSE);
-  HQ_ERROR_HAS("has no option 'scaling'");
+  HQ_ERROR_HAS("has no option 'scale_mode'");
   assert_int_equal(hq_quantizer_create_direct(set, &s2, NULL, 0, &bad), HQ_EPARSE);
   HQ_ERROR_HAS("amax_epsilon");
   assert_int_equal(hq_quantizer_create_direct(set, NULL, &s3, 0, &bad), HQ_EPARSE);

@@ -42,10 +42,11 @@ rej=$(sed -n 's/.*"rejected":\(\[.*\]\).*/\1/p' "$tmp/info.json")
 nrej=$(printf '%s' "$rej" | grep -o '"reason":' | wc -l)
 ndup=$(printf '%s' "$rej" | grep -o '"reason":"duplicate format name' | wc -l)
 [ "$nrej" -eq "$ndup" ] || { echo "$rej"; fail "info --json: a stock module was rejected"; }; ok
-# fp8_tensor's delayed-scaling options are gone (ABI 2.0)
-for o in scaling amax_history_len margin amax_compute_algo reduce_amax; do
-  grep -q "\"name\":\"$o\"" "$tmp/info.json" && fail "info --json still lists option $o"; ok
+# fp8_tensor's delayed-scaling options are listed (ABI 2.1); upstream's reduce_amax is not one
+for o in scaling amax_history_len margin amax_compute_algo; do
+  grep -q "\"name\":\"$o\"" "$tmp/info.json" || fail "info --json lacks option $o"; ok
 done
+grep -q "\"name\":\"reduce_amax\"" "$tmp/info.json" && fail "info --json lists reduce_amax"; ok
 # a module named identity, or one built for ABI 1, is reported as rejected with its reason
 if [ -n "${HQ_TEST_FIXTURES:-}" ] && [ -f "$HQ_TEST_FIXTURES/identity.so" ]; then
   $hq info --plugin-dir "$HQ_TEST_FIXTURES" > "$tmp/info.txt" || fail "info --plugin-dir"
@@ -60,6 +61,11 @@ for f in "$conf"/recipe.ini "$conf"/examples/*.ini; do
   grep -q "^valid" "$tmp/out" || fail "recipe check $f did not say valid"; ok
 done
 $hq recipe check --json "$conf/recipe.ini" | grep -q '"valid":true' || fail "check --json valid"; ok
+# recipe check shows the delayed-scaling options of the delayed example
+$hq recipe check "$conf/examples/fp8_delayed.ini" > "$tmp/out" 2>&1 || fail "recipe check fp8_delayed"
+for kv in "scaling = delayed" "amax_history_len = 1024" "amax_compute_algo = max" "margin = 0"; do
+  grep -q "$kv" "$tmp/out" || { cat "$tmp/out"; fail "recipe check: no '$kv'"; }; ok
+done
 
 # broken recipes: exit 1, every error with file:line
 cat > "$tmp/bad.ini" <<'INI'

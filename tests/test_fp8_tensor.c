@@ -2,7 +2,7 @@
 ** test_fp8_tensor.c -- the fp8_tensor plugin (ABI 2.0) through the public API and by direct
 ** module calls: hand-computed codes and scales, power-of-two scales, epsilon, E5M2, NaN/Inf
 ** inputs, the transposed columnwise layout, columnwise-only quantize, dequantize, input dtypes,
-** option errors (the removed delayed-scaling options included), the operand descriptor and
+** option errors (delayed scaling's options: tests/test_delayed.c), the operand descriptor and
 ** buffer descriptions, dequantize through a differently configured instance, caller-supplied
 ** amax (hq_quantizer_amax / hq_quantize_ex / hq_qtensor_update_ex), update == fresh quantize.
 ** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages, the per-tensor factor and
@@ -286,8 +286,9 @@ static void test_errors(void **state) {
   hq_ctx_destroy(ctx);
 }
 
-/* The options: exactly dtype, power_2_scales, amax_epsilon; the delayed-scaling options that
-   were accepted and ignored are unknown keys now. */
+/* The options: dtype, power_2_scales, amax_epsilon (current scaling), then scaling,
+   amax_history_len, amax_compute_algo, margin (delayed scaling, tests/test_delayed.c); upstream's
+   reduce_amax is not one (the caller reduces). */
 static void test_options(void **state) {
   (void)state;
   hq_plugins *set = NULL;
@@ -297,13 +298,14 @@ static void test_options(void **state) {
   assert_string_equal(hq_plugin_version(p), "2.1");
   assert_int_equal(hq_plugin_abi_minor(p), 1);
   const hq_option *o = hq_plugin_options(p);
-  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon"};
-  for (size_t i = 0; i < 3; i++) {
+  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon", "scaling", "amax_history_len",
+                        "amax_compute_algo", "margin"};
+  for (size_t i = 0; i < 7; i++) {
     assert_non_null(o[i].name);
     assert_string_equal(o[i].name, want[i]);
     assert_non_null(o[i].help);
   }
-  assert_null(o[3].name);
+  assert_null(o[7].name);
   assert_int_equal(o[0].type, HQ_OPT_ENUM);
   assert_string_equal(o[0].choices, "e4m3|e5m2");
   assert_string_equal(o[0].def, "e4m3");
@@ -311,9 +313,17 @@ static void test_options(void **state) {
   assert_string_equal(o[1].def, "false");
   assert_int_equal(o[2].type, HQ_OPT_FLOAT);
   assert_string_equal(o[2].def, "0");
+  assert_int_equal(o[3].type, HQ_OPT_ENUM);
+  assert_string_equal(o[3].choices, "current|delayed");
+  assert_string_equal(o[3].def, "current");
+  assert_int_equal(o[4].type, HQ_OPT_INT);
+  assert_string_equal(o[4].def, "1024");
+  assert_int_equal(o[5].type, HQ_OPT_ENUM);
+  assert_string_equal(o[5].choices, "max|most_recent");
+  assert_int_equal(o[6].type, HQ_OPT_INT);
+  assert_string_equal(o[6].def, "0");
   hq_plugins_close(set);
-  const char *gone[] = {"scaling = current", "amax_history_len = 16", "margin = 1",
-                        "amax_compute_algo = max", "reduce_amax = false"};
+  const char *gone[] = {"reduce_amax = false", "scale_update = delayed"};
   for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
     char text[256], key[64];
     snprintf(text, sizeof text, "[format f]\nplugin = fp8_tensor\n%s\n", gone[i]);
@@ -450,7 +460,8 @@ static module open_module(void) {
   return m;
 }
 
-/* A configured instance: option values found by name in the module's table. */
+/* A configured current-scaling instance: option values found by name in the module's table
+   (the delayed-scaling options at their defaults). */
 static void *configure(const module *m, int e5m2, int pow2, double eps) {
   hq_optval v[8];
   memset(v, 0, sizeof v);
@@ -461,9 +472,13 @@ static void *configure(const module *m, int e5m2, int pow2, double eps) {
     if (!strcmp(name, "dtype")) v[n].i = e5m2;
     else if (!strcmp(name, "power_2_scales")) v[n].i = pow2;
     else if (!strcmp(name, "amax_epsilon")) v[n].f = eps;
+    else if (!strcmp(name, "scaling")) v[n].i = 0;             /* current */
+    else if (!strcmp(name, "amax_history_len")) v[n].i = 1024; /* default */
+    else if (!strcmp(name, "amax_compute_algo")) v[n].i = 0;   /* max */
+    else if (!strcmp(name, "margin")) v[n].i = 0;
     else fail_msg("unexpected option '%s'", name);
   }
-  assert_int_equal(n, 3);
+  assert_int_equal(n, 7);
   void *cfg = calloc(1, m->ops->config_size ? m->ops->config_size : 1);
   HQ_OK_OR_FAIL(m->ops->configure(cfg, v, &m->host));
   return cfg;

@@ -11,6 +11,9 @@
 ** e4m3 x e5m2 and e5m2 x e4m3, every flag pair, F32 / BF16 D, against the emulated path
 ** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; e5m2 x e5m2 and k not
 ** a multiple of 16 take the emulated path with this module's reason.
+** Delayed scaling (scaling = delayed): one hq_state on the host, one on the device, the same
+** quantizers bound to each; over several steps every buffer of every quantize and update, and the
+** whole state before and after each hq_state_update, equal the CPU's byte for byte.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -563,6 +566,112 @@ static void test_gemm_on_device(void **state) {
   hq_recipe_free(r);
 }
 
+// --- delayed scaling ----------------------------------------------------------------------------
+
+/* The two states' whole buffers are equal bit for bit. */
+static void compare_states(hq_state *sh, hq_state *sg, const char *what, int step) {
+  float *dh = NULL, *dg = NULL;
+  size_t nh = 0, ng = 0;
+  HQ_OK_OR_FAIL(hq_state_data(sh, &dh, &nh));
+  HQ_OK_OR_FAIL(hq_state_data(sg, &dg, &ng));
+  assert_int_equal(nh, ng);
+  float *back = malloc(ng * sizeof *back);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg, 0, ng * sizeof *back));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  for (size_t i = 0; i < nh; i++)
+    if (memcmp(&dh[i], &back[i], sizeof(float)) != 0)
+      fail_msg("%s, step %d: state float %zu of %zu: cpu %a gpu %a", what, step, i, nh, dh[i],
+               back[i]);
+  free(back);
+}
+
+/* Delayed scaling on the device: a fused quantizer (aligned and odd shapes, a NaN and an Inf in
+   some steps), delayed rowwise beside mxfp8 columnwise, delayed columnwise (e5m2, most_recent,
+   margin) beside mxfp8 rowwise; f32, bf16 and f16 inputs; a quantize and an in-place update per
+   step; then the update kernel against the CPU rule for hand-set amaxes (0, NaN, Inf, a
+   subnormal, -0). */
+static void test_delayed_on_device(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(
+      "[format d]\nplugin = fp8_tensor\nscaling = delayed\namax_history_len = 3\n"
+      "[format e]\nplugin = fp8_tensor\ndtype = e5m2\nscaling = delayed\namax_history_len = 5\n"
+      "amax_compute_algo = most_recent\nmargin = 2\n"
+      "[role *:*:fused]\nrowwise = d\ncolumnwise = d\n"
+      "[role *:*:rowd]\nrowwise = d\ncolumnwise = mxfp8\n"
+      "[role *:*:cold]\nrowwise = mxfp8\ncolumnwise = e\n");
+  hq_state *sh = NULL, *sg = NULL;
+  HQ_OK_OR_FAIL(hq_state_create(r, cpu, &sh));
+  HQ_OK_OR_FAIL(hq_state_create(r, gpu, &sg));
+  const char *roles[3] = {"a:b:fused", "a:b:rowd", "a:b:cold"};
+  hq_quantizer *qh[3], *qg[3];
+  for (int k = 0; k < 3; k++) {
+    char buf[64];
+    hq_role role;
+    HQ_OK_OR_FAIL(hq_role_parse(roles[k], buf, sizeof buf, &role));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sh, &qh[k]));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sg, &qg[k]));
+  }
+  compare_states(sh, sg, "initial", 0);
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  const float factors[5] = {1.0f, 20.0f, 0.05f, 3.0f, 0.5f};
+  for (int t = 0; t < 5; t++) {
+    for (int k = 0; k < 3; k++) {
+      const hq_dtype dt = dts[(t + k) % 3];
+      const int64_t M = k == 0 && (t % 2) ? 37 : 64, K = k == 0 && (t % 2) ? 53 : 96;
+      hq_tensor x = hq_test_tensor(dt, M, K, 700 + (uint64_t)(10 * t + k), factors[t]);
+      if (k == 0 && t == 1) hq_store_hp(x.data, 5, dt, NAN);
+      if (k == 0 && t == 3) hq_store_hp(x.data, 7, dt, -INFINITY);
+      hq_tensor xg = to_gpu(&x);
+      char what[128];
+      snprintf(what, sizeof what, "delayed %s %s %lldx%lld step %d", roles[k], hq_dtype_name(dt),
+               (long long)M, (long long)K, t + 1);
+      hq_qtensor *h = NULL, *g = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(qh[k], cpu, &x, &h));
+      HQ_OK_OR_FAIL(hq_quantize(qg[k], gpu, &xg, &g));
+      compare_usage(h, g, HQ_BOTH, what);
+      /* an in-place update with other data accumulates into the same slices */
+      hq_tensor y = hq_test_tensor(dt, M, K, 900 + (uint64_t)(10 * t + k), factors[t] * 1.5f);
+      hq_tensor yg = to_gpu(&y);
+      HQ_OK_OR_FAIL(hq_qtensor_update(h, cpu, &y));
+      HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &yg));
+      compare_usage(h, g, HQ_BOTH, what);
+      hq_qtensor_free(h);
+      hq_qtensor_free(g);
+      hq_ctx_free(gpu, yg.data);
+      free(y.data);
+      hq_ctx_free(gpu, xg.data);
+      free(x.data);
+    }
+    compare_states(sh, sg, "before update", t + 1);
+    HQ_OK_OR_FAIL(hq_state_update(sh, cpu));
+    HQ_OK_OR_FAIL(hq_state_update(sg, gpu));
+    compare_states(sh, sg, "after update", t + 1);
+  }
+  /* the update kernel against the CPU rule, amaxes set by hand */
+  const float special[][3] = {{0.0f, NAN, INFINITY}, {1e-45f, -0.0f, 7.0f}, {NAN, 0.0f, 1e30f},
+                              {2.0f, 3.0f, 4.0f}};
+  for (int t = 0; t < 4; t++) {
+    float *ah = NULL, *ag = NULL;
+    size_t nh = 0, ng = 0;
+    HQ_OK_OR_FAIL(hq_state_amaxes(sh, &ah, &nh));
+    HQ_OK_OR_FAIL(hq_state_amaxes(sg, &ag, &ng));
+    assert_int_equal(nh, 3);
+    assert_int_equal(ng, 3);
+    memcpy(ah, special[t], sizeof special[t]);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, ag, 0, special[t], HQ_DEVICE_HOST, sizeof special[t]));
+    HQ_OK_OR_FAIL(hq_state_update(sh, cpu));
+    HQ_OK_OR_FAIL(hq_state_update(sg, gpu));
+    compare_states(sh, sg, "hand-set amaxes", t + 1);
+  }
+  for (int k = 0; k < 3; k++) {
+    hq_quantizer_free(qh[k]);
+    hq_quantizer_free(qg[k]);
+  }
+  hq_state_free(sh);
+  hq_state_free(sg);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_built_with_cuda() || hq_device_count() == 0) {
     printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
@@ -579,6 +688,7 @@ int main(void) {
       cmocka_unit_test(test_device_mismatch),
       cmocka_unit_test(test_raw_and_factor_on_device),
       cmocka_unit_test(test_gemm_on_device),
+      cmocka_unit_test(test_delayed_on_device),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -196,8 +196,8 @@ static void test_search_path(void **state) {
 
 /* The stock modules on HQ_PLUGIN_PATH load and declare what they implement: ABI 2.1 modules
    (requiring minor 0, version "2.0"), next to the built-in identity (no identity module exists
-   any more); fp8_tensor offers exactly dtype, power_2_scales, amax_epsilon (its delayed-scaling
-   options, accepted and ignored in 1.0, are gone). */
+   any more); fp8_tensor offers dtype, power_2_scales, amax_epsilon, then its delayed-scaling
+   options scaling, amax_history_len, amax_compute_algo, margin (implemented since 2.1). */
 static void test_stock_plugins(void **state) {
   (void)state;
   hq_plugins *set = NULL;
@@ -222,8 +222,10 @@ static void test_stock_plugins(void **state) {
   assert_true(hq_plugin_caps(f8) & HQ_CAP_REQUANT_SAFE);
   assert_true(hq_plugin_caps(f8) & HQ_CAP_COLWISE_ONLY);
   assert_int_equal(hq_plugin_abi_minor(f8), HQ_ABI_MINOR);
-  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon"};
-  const hq_opt_type types[] = {HQ_OPT_ENUM, HQ_OPT_BOOL, HQ_OPT_FLOAT};
+  const char *want[] = {"dtype", "power_2_scales", "amax_epsilon", "scaling", "amax_history_len",
+                        "amax_compute_algo", "margin"};
+  const hq_opt_type types[] = {HQ_OPT_ENUM, HQ_OPT_BOOL, HQ_OPT_FLOAT, HQ_OPT_ENUM,
+                               HQ_OPT_INT,  HQ_OPT_ENUM, HQ_OPT_INT};
   const hq_option *o = hq_plugin_options(f8);
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     assert_non_null(o[i].name);
@@ -231,7 +233,7 @@ static void test_stock_plugins(void **state) {
     assert_int_equal(o[i].type, types[i]);
     assert_non_null(o[i].help);
   }
-  assert_null(o[3].name);
+  assert_null(o[7].name);
   assert_string_equal(o[0].choices, "e4m3|e5m2");
   assert_string_equal(o[0].def, "e4m3");
   hq_plugins_close(set);

@@ -1,6 +1,6 @@
 /*
-** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current scaling: the plugin ABI (requires
-** 2.1), the CPU reference (docs/formats.md) and the native cuBLASLt GEMM.
+** fp8_tensor.c -- per-tensor FP8 (E4M3 / E5M2) with current or delayed scaling: the plugin ABI
+** (requires 2.1), the CPU reference (docs/formats.md) and the native cuBLASLt GEMM.
 **
 ** Quantize: amax = max|x| (NaN ignored, Inf counts); scale = RN(max_fp8 / amax) with TE's edge
 ** cases (hq_scale_from_amax, plugins/common/fp8_scale.h); scale_inv = RN(1/scale);
@@ -8,8 +8,8 @@
 ** byte transpose [K, M] (the layout TN-only GEMMs need), made from the same read and the same
 ** scale. A columnwise-only quantize is supported (TE has none on Hopper).
 **
-** Per-tensor amax (amax_kind INPUT for both directions): amax() computes max|x| of the input for
-** each requested direction. quantize() with call->amax uses amax[0] (rowwise) / amax[1]
+** Per-tensor amax (current scaling: amax_kind INPUT for both directions): amax() computes
+** max|x| for each requested direction. quantize() with call->amax uses amax[0] (rowwise) / amax[1]
 ** (columnwise) instead of reading the input for it; a call making both directions uses one
 ** scale for both, from max(amax[0], amax[1]) (fp8t_one_amax; equal values from amax()). Given
 ** the amax quantize() itself would compute, the bytes are identical. No scratch is needed
@@ -55,8 +55,23 @@
 **                tests/test_gpu_fp8_tensor.c checks it against the emulated path and an F64
 **                product on the device it runs on.
 **
-** Options: dtype (e4m3|e5m2), power_2_scales, amax_epsilon. Delayed scaling (an amax history)
-** is not offered; it returns, implemented, with its own issue.
+** Delayed scaling (scaling = delayed; docs/formats.md 3.5; the rules in fp8_tensor_rules.h):
+**   state        one slice per quantizer (plugin.h, "State"): the core's amax (history row 0)
+**                and amax_history_len floats, [scale, history rows 1 .. L-1]; scale starts at 1.
+**   quantize     scale = state[0] as it stands (computed from earlier steps' amaxes), scale_inv =
+**                RN(1/scale), the same cast as current scaling; the tensor's amax (max|x|, NaN
+**                ignored) goes to the storage's amax buffer and is max-accumulated into the
+**                slice's amax. The caller's amax (call->amax) is ignored: amax_kind is NONE, the
+**                bytes depend on the state only. On CUDA there is no amax pass: the cast kernel
+**                accumulates the amax. Not REQUANT_SAFE (the scale moves between steps).
+**   update_state roll + scale update of a whole group of slices (one kernel on CUDA).
+**   Any direction, alone or as one half of a hybrid, may use it; the storages are the same as
+**   with current scaling, so dequantize and GEMMs do not know the difference.
+**
+** Options: dtype (e4m3|e5m2), power_2_scales, amax_epsilon (current scaling); scaling
+** (current|delayed), amax_history_len (1..1024, default 1024 as upstream), amax_compute_algo
+** (max|most_recent), margin (0..126) (delayed scaling). An option of the other mode set to
+** anything but its default is refused, naming it.
 */
 #include <float.h>
 #include <stdint.h>
@@ -67,8 +82,9 @@
 #include "hq/plugin.h"
 #include "fp8_scale.h"
 #include "fp8_tensor.h"
+#include "fp8_tensor_rules.h"
 
-enum { OPT_DTYPE, OPT_POW2, OPT_EPS };
+enum { OPT_DTYPE, OPT_POW2, OPT_EPS, OPT_SCALING, OPT_HISTORY, OPT_ALGO, OPT_MARGIN };
 
 static const hq_option options[] = {
     [OPT_DTYPE] = {"dtype", HQ_OPT_ENUM, "e4m3", "FP8 element type (max 448 / 57344)", "e4m3|e5m2",
@@ -77,16 +93,54 @@ static const hq_option options[] = {
                   NULL, 0, -1},
     [OPT_EPS] = {"amax_epsilon", HQ_OPT_FLOAT, "0",
                  "floor applied to amax before the scale is computed", NULL, 0, 3.4e38},
+    [OPT_SCALING] = {"scaling", HQ_OPT_ENUM, "current",
+                     "current: scale from this tensor's amax; delayed: from an amax history "
+                     "(needs an hq_state)", "current|delayed", 0, -1},
+    [OPT_HISTORY] = {"amax_history_len", HQ_OPT_INT, "1024",
+                     "delayed: steps of amax history the scale is computed from", NULL, 1, 1024},
+    [OPT_ALGO] = {"amax_compute_algo", HQ_OPT_ENUM, "max",
+                  "delayed: the amax the scale uses (history max, or the latest step's)",
+                  "max|most_recent", 0, -1},
+    [OPT_MARGIN] = {"margin", HQ_OPT_INT, "0",
+                    "delayed: scale = (max_fp8 / 2^margin) / amax", NULL, 0, 126},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
 
 static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   fp8t_cfg *c = cfgp;
-  (void)host;
   c->elem = v[OPT_DTYPE].i ? HQ_E5M2 : HQ_E4M3;
   c->pow2 = (int)v[OPT_POW2].i;
   c->epsilon = (float)v[OPT_EPS].f;
+  c->delayed = v[OPT_SCALING].i == 1;
+  c->history_len = (int)v[OPT_HISTORY].i;
+  c->most_recent = v[OPT_ALGO].i == 1;
+  c->margin = (int)v[OPT_MARGIN].i;
+  if (c->delayed && c->pow2)
+    return host->error(HQ_EINVAL, "fp8_tensor: power_2_scales applies to scaling = current only "
+                       "(delayed scaling has no power-of-two option)");
+  if (c->delayed && c->epsilon != 0.0f)
+    return host->error(HQ_EINVAL, "fp8_tensor: amax_epsilon applies to scaling = current only "
+                       "(delayed scaling has no epsilon)");
+  if (!c->delayed) {
+    const char *set = c->history_len != 1024 ? "amax_history_len"
+                      : c->most_recent       ? "amax_compute_algo"
+                      : c->margin            ? "margin"
+                                             : NULL;
+    if (set)
+      return host->error(HQ_EINVAL, "fp8_tensor: %s applies to scaling = delayed only (this "
+                         "instance has scaling = current)", set);
+  }
   return HQ_OK;
+}
+
+/* A delayed-scaling instance is not requantization-safe: its scale moves between steps. */
+static uint64_t instance_caps(const void *cfgp) {
+  const fp8t_cfg *c = cfgp;
+  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
+#ifdef HQ_HAVE_CUDA
+  caps |= HQ_CAP_CUDA;
+#endif
+  return caps;
 }
 
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
@@ -145,10 +199,62 @@ static size_t scratch_size(const void *cfgp, int64_t rows, int64_t cols, uint32_
   return 0;
 }
 
-/* Both directions depend on the input's amax (a producer's max|x| fits). */
+/* Current scaling: both directions depend on the input's amax (a producer's max|x| fits).
+   Delayed scaling: none (the scale comes from the state). */
 static uint32_t amax_kind(const void *cfgp, uint32_t dir) {
-  (void)cfgp;
+  const fp8t_cfg *c = cfgp;
+  if (c->delayed) return HQ_AMAX_NONE;
   return dir == HQ_ROWWISE || dir == HQ_COLWISE ? HQ_AMAX_INPUT : HQ_AMAX_NONE;
+}
+
+// --- delayed-scaling state ------------------------------------------------------------------
+
+static uint32_t state_floats(const void *cfgp, uint32_t dirs) {
+  const fp8t_cfg *c = cfgp;
+  (void)dirs;
+  return c->delayed ? fp8t_state_floats(c->history_len) : 0;
+}
+
+static void init_state(const void *cfgp, uint32_t dirs, float *state) {
+  const fp8t_cfg *c = cfgp;
+  (void)dirs;
+  if (c->delayed) fp8t_state_init(state, c->history_len);
+}
+
+static int update_state(const void *cfgp, const hq_call *call, uint32_t dirs, int64_t n,
+                        float *amax, float *state) {
+  const fp8t_cfg *c = cfgp;
+  (void)dirs;
+  if (!c->delayed)
+    return call->host->error(HQ_EINVAL, "fp8_tensor: update_state of an instance with scaling "
+                             "= current (it keeps no state)");
+  if (n < 0 || (n > 0 && (!amax || !state)))
+    return call->host->error(HQ_EINVAL, "fp8_tensor: update_state of %lld slices without their "
+                             "memory", (long long)n);
+  const float scaled_max = fp8t_scaled_max(c->elem, c->margin);
+  if (call->device != HQ_DEVICE_HOST) {
+#ifdef HQ_HAVE_CUDA
+    return fp8t_cuda_update_state(call, n, amax, state, c->history_len, c->most_recent,
+                                  scaled_max);
+#else
+    return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
+#endif
+  }
+  for (int64_t i = 0; i < n; i++)
+    fp8t_delayed_update(amax + i, state + i * c->history_len, c->history_len, c->most_recent,
+                        scaled_max);
+  return HQ_OK;
+}
+
+/* The slice of a delayed-scaling quantize, or HQ_ESTATE (the core refuses first, naming the
+   role; this guards direct calls). */
+static int delayed_slice(const hq_call *call, const float **scale, float **acc) {
+  if (call->struct_size < HQ_CALL_SIZE_2_1 || !call->state || !call->state_amax)
+    return call->host->error(HQ_ESTATE, "fp8_tensor: scaling = delayed needs the quantizer's "
+                             "scaling state (bind the quantizer to an hq_state)");
+  *scale = call->state;
+  *acc = call->state_amax;
+  return HQ_OK;
 }
 
 static int check_src(const hq_call *call, const hq_tensor *src) {
@@ -276,16 +382,24 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     cs = hq_storage_buf(col, FP8T_SCALE_INV)->ptr;
     ca = hq_storage_buf(col, FP8T_AMAX)->ptr;
   }
+  const float *state = NULL;
+  float *state_amax = NULL;
+  if (c->delayed && (rc = delayed_slice(call, &state, &state_amax))) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return fp8t_cuda_quantize(c, call, src, call->amax, rd, cd, rs, ra, cs, ca);
+    return fp8t_cuda_quantize(c, call, src, c->delayed ? NULL : call->amax, rd, cd, rs, ra, cs,
+                              ca, state, state_amax);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
   }
-  const float amax = call->amax ? fp8t_one_amax(dirs, call->amax) : amax_of(src);
-  float scale = hq_scale_from_amax(amax, hq_fp8_max(c->elem), c->pow2, c->epsilon, FLT_MAX);
+  const float amax = call->amax && !c->delayed ? fp8t_one_amax(dirs, call->amax) : amax_of(src);
+  float scale = c->delayed ? state[0]
+                           : hq_scale_from_amax(amax, hq_fp8_max(c->elem), c->pow2, c->epsilon,
+                                                FLT_MAX);
   float scale_inv = hq_rcp_rn(scale);
+  if (state_amax)
+    *state_amax = hq_bits_f32(fp8t_amax_accumulate(hq_f32_bits(*state_amax), amax));
   cast_transpose(src, scale, c->elem, rd, cd);
   if (rs) *rs = scale_inv, *ra = amax;
   if (cs) *cs = scale_inv, *ca = amax;
@@ -472,7 +586,8 @@ static const hq_format_ops ops = {
     .config_size = sizeof(fp8t_cfg),
     .name = "fp8_tensor",
     .version = "2.1",
-    .description = "per-tensor FP8 (E4M3/E5M2), current scaling; columnwise = byte transpose",
+    .description = "per-tensor FP8 (E4M3/E5M2), current or delayed scaling; columnwise = byte "
+                   "transpose",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
             | HQ_CAP_CUDA
@@ -480,6 +595,7 @@ static const hq_format_ops ops = {
     ,
     .options = options,
     .configure = configure,
+    .instance_caps = instance_caps,
     .layout = layout,
     .scratch_size = scratch_size,
     .amax_kind = amax_kind,
@@ -488,6 +604,9 @@ static const hq_format_ops ops = {
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
     .gemm = gemm,
+    .state_floats = state_floats,
+    .init_state = init_state,
+    .update_state = update_state,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -20,6 +20,10 @@
 ** Fast path (rows % 8 == 0, cols % 8 == 0, 16-byte aligned pointers): 64x64 tiles, 8 elements per
 ** 16-byte (bf16/f16) or 2x16-byte (f32) load, 8-byte stores of both copies. Otherwise a scalar
 ** 32x32-tile kernel. Both compute every byte with the same hq/numerics.h rules.
+** Delayed scaling (fp8_tensor_rules.h): no amax pass; every block reads the scale from the
+** slice's state, block (0,0) writes scale_inv, and each block atomically maxes its tile's max|x|
+** (NaN ignored, on the FP32 bits) into the storage's amax (zeroed first) and the slice's amax.
+** update_state: one kernel per group of slices, one thread per slice (fp8t_delayed_update).
 */
 #include <cuda_runtime.h>
 #include <float.h>
@@ -31,6 +35,7 @@
 #include "hq/numerics.h"
 #include "fp8_scale.h"
 #include "fp8_tensor.h"
+#include "fp8_tensor_rules.h"
 
 namespace {
 
@@ -92,6 +97,9 @@ struct CastArgs {
   float *scale_inv_out[2], *amax_out[2];
   int elem, pow2;      /* elem: HQ_E4M3 / HQ_E5M2 */
   float epsilon;
+  const float *state;  /* delayed scaling: the slice's state (scale = state[0]), else NULL */
+  float *state_amax;   /* delayed: the slice's amax; acc_out: the storage's (zeroed) amax */
+  float *acc_out;
 };
 
 /* The scale of a cast kernel's block, from the amax; block (0,0) also writes scale_inv and amax
@@ -100,8 +108,13 @@ struct CastArgs {
 __device__ float block_scale(const CastArgs &a) {
   __shared__ float s_scale;
   if (threadIdx.x == 0 && threadIdx.y == 0) {
-    float amax = a.given ? fp8t_one_amax(a.dirs, a.given) : *a.acc;
-    float scale = hq_scale_from_amax(amax, hq_fp8_max(a.elem), a.pow2, a.epsilon, FLT_MAX);
+    float amax = 0.0f, scale;
+    if (a.state) {
+      scale = a.state[0]; /* delayed: from earlier steps */
+    } else {
+      amax = a.given ? fp8t_one_amax(a.dirs, a.given) : *a.acc;
+      scale = hq_scale_from_amax(amax, hq_fp8_max(a.elem), a.pow2, a.epsilon, FLT_MAX);
+    }
     s_scale = scale;
     if (blockIdx.x == 0 && blockIdx.y == 0) {
       float scale_inv = hq_rcp_rn(scale);
@@ -115,20 +128,44 @@ __device__ float block_scale(const CastArgs &a) {
   return s_scale;
 }
 
+/* Delayed scaling: the block's max |x| bits (m per thread, NaN ignored) atomically maxed into
+   the storage's amax and the slice's amax -- fp8t_amax_accumulate for every block, so the
+   result is that of the whole tensor's amax, in any block order. Called by every thread. */
+__device__ void block_amax_commit(const CastArgs &a, uint32_t m) {
+  __shared__ uint32_t warp_max[32];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = (int)((blockDim.x * blockDim.y) >> 5);
+    m = lane < nwarps ? warp_max[lane] : 0u;
+    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0 && m) {
+      atomicMax(reinterpret_cast<unsigned int *>(a.acc_out), m);
+      atomicMax(reinterpret_cast<unsigned int *>(a.state_amax), m);
+    }
+  }
+}
+
 template <int DT>
 __global__ void cast_transpose_kernel(CastArgs a) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float scale = block_scale(a);
   const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
   const int64_t j = j0 + threadIdx.x;
+  uint32_t m = 0;
   for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
     const int64_t i = i0 + r;
     if (i < a.M && j < a.K) {
-      uint8_t q = hq_fp8_quantize(hq_load_hp(a.x, i * a.K + j, DT), scale, a.elem);
+      const float x = hq_load_hp(a.x, i * a.K + j, DT);
+      m = max(m, hq_abs_bits_nonan(x));
+      uint8_t q = hq_fp8_quantize(x, scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
       tile[r][threadIdx.x] = q;
     }
   }
+  if (a.state) block_amax_commit(a, m);
   if (!a.col) return;
   __syncthreads();
   const int64_t ii = i0 + threadIdx.x;
@@ -144,12 +181,14 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
   const float scale = block_scale(a);
   const int64_t i0 = (int64_t)blockIdx.x * kVTile, j0 = (int64_t)blockIdx.y * kVTile;
   const int t = threadIdx.x;
+  uint32_t m = 0;
   for (int p = 0; p < 2; p++) {
     const int v = t + kVThreads * p, r = v >> 3, cg = v & 7;
     const int64_t i = i0 + r, j = j0 + cg * 8;
     if (i < a.M && j < a.K) {
       float x[8];
       hq_cuda_load8<DT>(a.x, i * a.K + j, true, x);
+      for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[k]));
       uint64_t packed = 0;
       if (a.elem == HQ_E5M2)
         for (int k = 0; k < 8; k++)
@@ -161,6 +200,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
       *reinterpret_cast<uint64_t *>(tile + r * kVStride + cg * 8) = packed;
     }
   }
+  if (a.state) block_amax_commit(a, m);
   if (!a.col) return;
   __syncthreads();
   for (int p = 0; p < 2; p++) {
@@ -242,10 +282,18 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
   return HQ_OK;
 }
 
+/* One thread per slice: the same function the CPU runs. */
+__global__ void update_state_kernel(int64_t n, float *amax, float *state, int history_len,
+                                    int most_recent, float scaled_max) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n)
+    fp8t_delayed_update(amax + i, state + i * history_len, history_len, most_recent, scaled_max);
+}
+
 template <int DT>
 int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                const float *given, uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
-               float *col_scale_inv, float *col_amax) {
+               float *col_scale_inv, float *col_amax, const float *state, float *state_amax) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   const int64_t n = src->rows * src->cols;
   dim3 grid;
@@ -254,7 +302,12 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   const int vec = src->rows % 8 == 0 && src->cols % 8 == 0 && aligned16(src->data) &&
                   aligned16(row) && aligned16(col);
   float *acc = NULL;
-  if (!given) {
+  if (state) {
+    /* delayed: the cast kernel accumulates the tensor's amax into the storage's amax buffer */
+    given = NULL;
+    acc = amax ? amax : col_amax;
+    CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
+  } else if (!given) {
     /* the storage's own amax buffer accumulates the amax pass (no scratch, no allocation) */
     acc = amax ? amax : col_amax;
     CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
@@ -277,6 +330,14 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   a.elem = cfg->elem;
   a.pow2 = cfg->pow2;
   a.epsilon = cfg->epsilon;
+  a.state = state;
+  a.state_amax = state_amax;
+  a.acc_out = state ? acc : NULL;
+  float *acc_copy = NULL; /* delayed: a second, distinct amax buffer gets the result after */
+  if (state) {
+    acc_copy = a.amax_out[1] ? a.amax_out[1] : a.amax_out[0];
+    a.amax_out[0] = a.amax_out[1] = NULL;
+  }
   if (vec) {
     dim3 vgrid((unsigned)((src->rows + kVTile - 1) / kVTile),
                (unsigned)((src->cols + kVTile - 1) / kVTile));
@@ -285,6 +346,9 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     cast_transpose_kernel<DT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
   }
   CHECK_LAUNCH(call, "cast-transpose kernel");
+  if (acc_copy)
+    CHECK_CUDA(call, cudaMemcpyAsync(acc_copy, acc, sizeof(float), cudaMemcpyDeviceToDevice,
+                                     stream));
   return HQ_OK;
 }
 
@@ -315,17 +379,17 @@ extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_
 extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                                   const float *given, uint8_t *row, uint8_t *col,
                                   float *scale_inv, float *amax, float *col_scale_inv,
-                                  float *col_amax) {
+                                  float *col_amax, const float *state, float *state_amax) {
   switch (src->dtype) {
   case HQ_F32:
     return quantize_t<HQ_F32>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                              col_amax);
+                              col_amax, state, state_amax);
   case HQ_F16:
     return quantize_t<HQ_F16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                              col_amax);
+                              col_amax, state, state_amax);
   case HQ_BF16:
     return quantize_t<HQ_BF16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                               col_amax);
+                               col_amax, state, state_amax);
   default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
   }
 }
@@ -360,5 +424,17 @@ extern "C" int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const ui
 extern "C" int fp8t_cuda_factor(const hq_call *call, const float *scale_inv, float *out) {
   CHECK_CUDA(call, cudaMemcpyAsync(out, scale_inv, sizeof(float), cudaMemcpyDeviceToDevice,
                                    (cudaStream_t)call->stream));
+  return HQ_OK;
+}
+
+extern "C" int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *amax, float *state,
+                                      int history_len, int most_recent, float scaled_max) {
+  if (n <= 0) return HQ_OK;
+  const int64_t blocks = (n + 127) / 128;
+  if (blocks > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "fp8_tensor CUDA: %lld slices", (long long)n);
+  update_state_kernel<<<(unsigned)blocks, 128, 0, (cudaStream_t)call->stream>>>(
+      n, amax, state, history_len, most_recent, scaled_max);
+  CHECK_LAUNCH(call, "update_state kernel");
   return HQ_OK;
 }

@@ -17,6 +17,10 @@ typedef struct fp8t_cfg {
   hq_dtype elem;     /* dtype: HQ_E4M3 or HQ_E5M2 */
   int pow2;          /* power_2_scales */
   float epsilon;     /* amax_epsilon */
+  int delayed;       /* scaling = delayed (fp8_tensor_rules.h) */
+  int history_len;   /* amax_history_len */
+  int most_recent;   /* amax_compute_algo = most_recent */
+  int margin;        /* margin */
 } fp8t_cfg;
 
 /* Buffer indices, both storages (save order): data, scale_inv, amax. */
@@ -30,10 +34,19 @@ int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs, flo
    (skipped when `given` is not NULL) and one fused cast(+transpose) pass. given: NULL, or the
    caller's amaxes (device memory), given[0] used for the rowwise and given[1] for the columnwise
    direction (fp8t_one_amax() when both are made). scale_inv/amax of each present storage are
-   written. Any pointer of an absent direction is NULL. */
+   written. Any pointer of an absent direction is NULL.
+   Delayed scaling (state not NULL, given NULL): no amax pass; the cast uses the scale state[0],
+   and each block max-accumulates its max|x| into the storage's amax and into *state_amax
+   (fp8t_amax_accumulate, as atomicMax on the bits). */
 int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                        const float *given, uint8_t *row, uint8_t *col, float *scale_inv,
-                       float *amax, float *col_scale_inv, float *col_amax);
+                       float *amax, float *col_scale_inv, float *col_amax, const float *state,
+                       float *state_amax);
+
+/* GPU end-of-step update of n delayed-scaling slices (fp8t_delayed_update, one thread each):
+   amax[i] and state + i * history_len, device memory, on call->stream. */
+int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *amax, float *state,
+                           int history_len, int most_recent, float scaled_max);
 
 /* GPU dequantize: q is [M,K] (transposed == 0) or [K,M] (transposed == 1) of element dtype elem
    (HQ_E4M3 / HQ_E5M2). scale_inv NULL: the raw values (HQ_CALL_DEQ_RAW), fp8t_raw() of each

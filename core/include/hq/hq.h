@@ -10,6 +10,7 @@
 **   hq_recipe     a parsed recipe .ini: [format] instances and [role] sections.
 **   hq_quantizer  what a role resolves to: one format per direction + usage flags.
 **   hq_qtensor    a quantized tensor: up to two storages (ROWWISE, COLWISE).
+**   hq_state      the scaling state of a recipe's quantizers (delayed scaling): one buffer.
 **
 ** Conventions
 **   - Every function that can fail returns an hq_status (0 = HQ_OK). The message of the last
@@ -366,7 +367,10 @@ HQ_API int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src,
 ** hq_state_amaxes / hq_state_data are then stale: ask again). Slices are grouped by format
 ** instance (amaxes and states of one instance contiguous); a slice's place can change only when
 ** a quantizer is bound. Slices are never released. The state lives until hq_state_free and the
-** last quantizer and qtensor bound to it are freed; free them all before its context.
+** last quantizer and qtensor bound to it are freed; free them all before its context. Bind,
+** update and lay out the buffer from one thread; once it exists, quantizations through it may
+** run on several threads and streams of its device (a GPU maxes each amax atomically; on the
+** host, use one slice from one thread at a time), ordered before hq_state_update by the caller.
 */
 typedef struct hq_state hq_state;
 /* A state for the quantizers of recipe r (r may be NULL: direct quantizers; it only names the
@@ -633,21 +637,28 @@ HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad,
 ** "__metadata__" keys "<name>/hq" describing it (JSON text: format instance, plugin name and
 ** version, options, role, rows, cols, nominal dtype, directions, buffer list). High-precision
 ** tensors (optimizer state, master weights) are plain entries; free-form metadata is allowed.
-** Saving copies device buffers to the host (it synchronizes the context's stream); loading
-** checks the plugin name, the options and every buffer's dtype and size against the qtensor it
-** loads into, and refuses a truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE naming
-** the file and the entry (never reading outside the file). Built without jansson (Debian:
+** Adding a tensor copies it to the host (device buffers through the context's stream, which it
+** synchronizes); the writer holds these copies until close. Loading checks the plugin name, the
+** options and every buffer's dtype and size against the qtensor it loads into (a mismatch is
+** HQ_EINVAL naming the file, the tensor, the buffer or option and both values; a name the file
+** lacks is HQ_ENOENT), and refuses a truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE
+** naming the file and the entry (never reading outside the file). docs/checkpoints.md has the
+** file format, the metadata schema and every check. Built without jansson (Debian:
 ** libjansson-dev) these calls return HQ_ENOTSUP.
 */
 typedef struct hq_ckpt_writer hq_ckpt_writer;
 HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
-/* Every present direction and every buffer of qt, under `name` (unique in the file). */
+/* Every present direction and every buffer of qt, under `name`. Names: 1 to 1024 bytes of UTF-8
+   without control characters, no '/' at either end, no "//", not "__metadata__"; unique in the
+   file, and no name or metadata key may lie under another name + "/" (HQ_EINVAL). A saved
+   qtensor (hq_qtensor_save) is HQ_ESTATE. A failed add leaves the writer as it was. */
 HQ_API int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
                                const hq_qtensor *qt);
 /* A high-precision tensor (F32, F16, BF16) on ctx's device. */
 HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
                               const hq_tensor *t);
-/* A free-form "__metadata__" string (key not starting with a name already added + "/"). */
+/* A free-form "__metadata__" string, UTF-8 (key not lying under a tensor name + "/", whether the
+   tensor is added before or after; "hq_version" is written by hq). */
 HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value);
 /* Write the file (to a temporary name, then renamed: a crash never leaves half a checkpoint)
    and free the writer, also on failure. */
@@ -656,15 +667,20 @@ HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
 HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
 
 typedef struct hq_ckpt hq_ckpt;
-/* Open and validate a checkpoint: header length within the file, JSON well formed, every entry's
-   dtype known, shape consistent with its byte range, ranges inside the data section and not
-   overlapping. */
+/* Open and validate a checkpoint: header length within the file (and at most 100,000,000
+   bytes), JSON well formed, every entry's dtype known, shape consistent with its byte range,
+   ranges inside the data section, not overlapping and covering it without a hole (the
+   safetensors rule). */
 HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
 HQ_API void hq_ckpt_close(hq_ckpt *c);
-/* A "__metadata__" value, or NULL. */
+/* A "__metadata__" value (valid until hq_ckpt_close), or NULL. */
 HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
 /* Load quantized tensor `name` into qt (made by hq_make_empty or hq_quantize with a quantizer of
-   the same formats and options; its directions must be the saved ones). */
+   the same formats and options; its shape, directions and columnwise_source must be the saved
+   ones). Every check is made before anything is written. A columnwise buffer qt shares with its
+   rowwise storage but the file holds as a copy of its own (saved after a one-direction update)
+   gets a private buffer, as hq_qtensor_update would give it. qt's usage flags are not changed.
+   A device qtensor is filled through host staging (synchronizes ctx's stream). */
 HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
 /* Load high-precision tensor `name` into t (same dtype and shape). */
 HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);

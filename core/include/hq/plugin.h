@@ -35,6 +35,7 @@
 **     quantize                ------->  quantize(cfg, call, src, dirs, row, col)
 **     optimizer write-back    ------->  update(...)               NULL: quantize again
 **     dequantize              ------->  dequantize(cfg, call, s, dst)
+**     end of a step (state)   ------->  update_state(cfg, call, dirs, n, amax, state)  optional
 **
 ** When both directions of a tensor use the *same* format instance, the core makes ONE quantize
 ** call with dirs = HQ_ROWWISE|HQ_COLWISE (one read of the input). Otherwise it makes one call per
@@ -76,13 +77,42 @@
 **   - host->log() takes the call, so a plugin's messages reach the embedder's logger;
 **   - the FP8 element kind is the hq_dtype (HQ_E4M3 / HQ_E5M2), one enum; HQ_I8 appended;
 **   - the reserved ops of 1.0 (state_floats, init_state, fsdp_*, gemm) and HQ_CAP_STATEFUL are
-**     removed; delayed-scaling state and GEMMs arrive as appended 2.x fields.
+**     removed; delayed-scaling state and GEMMs arrived as appended 2.1 fields.
 **
 ** What 2.1 adds (a 2.0 module keeps loading; its storages are multiplied on the emulated path,
 ** dequantized completely into F32):
 **   - GEMMs: the gemm() op (native multiply, usually through host->lt_matmul, the core's cuBLASLt
 **     runner), tensor_factor() and HQ_CALL_DEQ_RAW for the emulated path, desc.emul_dtype;
+**   - per-instance state (delayed scaling): state_floats(), init_state(), update_state() and
+**     hq_call.state / hq_call.state_amax (see "State" below);
 **   - a module that sets abi_minor = 1 must pass an ops table of at least HQ_FORMAT_OPS_SIZE_2_1.
+**
+** ---------------------------------------------------------------------------------------------
+** State (2.1): formats whose scale depends on earlier steps (delayed scaling)
+** ---------------------------------------------------------------------------------------------
+** An instance may keep state across quantizations: state_floats(cfg, dirs) FP32 values per
+** *slice*. The embedder creates one hq_state per recipe (hq.h); every quantizer bound to it gets
+** one slice per stateful direction (one slice for both directions of a fused quantizer:
+** dirs = HQ_BOTH), and the core keeps ALL slices in ONE buffer on the state's device:
+**
+**     [ amax[0] amax[1] ... amax[n-1] | state of slice 0 | state of slice 1 | ... ]
+**
+** Each slice owns one float of the contiguous amax array -- its amax accumulator, "history row
+** 0" -- plus its state_floats() floats. The amaxes are contiguous so that a trainer reduces all
+** of them with ONE all-reduce(MAX) before the update. The core groups the slices by (instance,
+** dirs): within a group the amaxes are contiguous and the states follow each other with stride
+** state_floats(cfg, dirs).
+**   - init_state() writes one slice's initial state (host memory); its amax starts at 0.
+**   - quantize()/update() of a stateful instance receive the slice in call->state (its
+**     state_floats() floats) and call->state_amax (its amax), in memory of call->device, and
+**     max-accumulate the input's amax into *call->state_amax (on call->stream). The core
+**     refuses (HQ_ESTATE, naming the role) a stateful quantize whose quantizer is not bound;
+**     a plugin seeing call->state == NULL refuses too.
+**   - update_state() runs once per group at the end of a step (hq_state_update, after the
+**     caller's reduction): it turns every amax of the group into the new state (for delayed
+**     scaling: roll the history, compute the scale) and sets each amax back to 0 (the next
+**     step's accumulator). One kernel per group on a device.
+** A stateful instance is not HQ_CAP_REQUANT_SAFE (its bytes depend on the state).
 **
 ** ---------------------------------------------------------------------------------------------
 ** Errors
@@ -535,7 +565,17 @@ typedef struct hq_call {
                                       `device`. Use the value; do not recompute it. */
   const hq_host_api *host;
   void *core_private;              /* owned by the core; do not touch */
+  /* --- 2.1 (check call->struct_size) --- */
+  float *state;                    /* quantize/update of an instance with state_floats() > 0: the
+                                      slice's state (state_floats() floats) in memory of `device`;
+                                      NULL when the quantizer is bound to no hq_state (refuse
+                                      with HQ_ESTATE). NULL for a stateless instance. */
+  float *state_amax;               /* ... and the slice's amax accumulator (one float of the
+                                      state's contiguous amax array): max-accumulate into it */
 } hq_call;
+
+/* Size of an hq_call that carries the state fields. */
+#define HQ_CALL_SIZE_2_1 (offsetof(hq_call, state_amax) + sizeof(float *))
 
 /* ---------------------------------------------------------------------------------------------
 ** Capability flags (hq_format_ops.caps, instance_caps()).
@@ -635,6 +675,19 @@ typedef struct hq_format_ops {
      without it, run. cfg is A's instance, p->cfg_b B's. Usually built on host->lt_matmul.
      NULL: every pair of this module is emulated. */
   int (*gemm)(const void *cfg, const hq_call *call, const hq_gemm_problem *p);
+  /* --- state (2.1; see "State" above) ----------------------------------------------------- */
+  /* Floats of state one slice of this instance keeps when it serves `dirs` (HQ_ROWWISE,
+     HQ_COLWISE, or HQ_BOTH for the one slice of a fused quantizer); at most 2^20. 0 (or NULL):
+     stateless. Required with update_state. */
+  uint32_t (*state_floats)(const void *cfg, uint32_t dirs);
+  /* Write the initial state of one slice (state_floats() floats of host memory). NULL: zeros. */
+  void (*init_state)(const void *cfg, uint32_t dirs, float *state);
+  /* End of a step: update the n slices of one group (same instance, same dirs): amax[i] (n
+     contiguous floats, already reduced by the caller) and state + i * state_floats(cfg, dirs),
+     all in memory of call->device, on call->stream, no allocation, no synchronization. Leave
+     every amax[i] at 0. Required with state_floats. */
+  int (*update_state)(const void *cfg, const hq_call *call, uint32_t dirs, int64_t n,
+                      float *amax, float *state);
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
@@ -646,7 +699,7 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *hos
 /* Size of the ABI 2.0 ops table: the smallest struct_size the core accepts. */
 #define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))
 /* Size of the ABI 2.1 ops table (required of a module whose abi_minor is 1). */
-#define HQ_FORMAT_OPS_SIZE_2_1 (offsetof(hq_format_ops, gemm) + sizeof(void (*)(void)))
+#define HQ_FORMAT_OPS_SIZE_2_1 (offsetof(hq_format_ops, update_state) + sizeof(void (*)(void)))
 
 #ifdef __cplusplus
 }
