@@ -36,5 +36,5 @@ echo "== make install"
 $sudo make -s install >/dev/null
 $sudo ldconfig 2>/dev/null || true
 hq=$prefix/bin/hq
-echo "== $hq quantize --recipe $prefix/share/hq/recipe.ini --role linear:weight:fc1 --random 1024x1024"
-"$hq" quantize --recipe "$prefix/share/hq/recipe.ini" --role linear:weight:fc1 --random 1024x1024
+echo "== $hq train   (the main job: the default recipe and an FP32 baseline, on the CPU)"
+"$hq" train

@@ -160,4 +160,57 @@ grep -q '{"name":"columnwise_data","dtype":"e4m3","shape":\[32,64\],"bytes":2048
 $hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 | grep -q 'scale_inv .*(the rowwise buffer)' || fail "quantize text buffers"; ok
 # every command takes --plugin-dir (bench too)
 $hq bench --plugin-dir "$tmp" --shape 32x32 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench --plugin-dir"; ok
+# quantize --output: each direction's dequantized tensor as .npy (f32, [rows, cols], C order)
+$hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 48x32 --output "$tmp/deq.npy" > "$tmp/out" || fail "quantize --output"
+grep -q "dequantized -> $tmp/deq.columnwise.npy (f32, 48x32)" "$tmp/out" || { cat "$tmp/out"; fail "quantize --output text"; }; ok
+for f in deq.npy deq.columnwise.npy; do
+  [ "$(wc -c < "$tmp/$f")" -eq $((128 + 48 * 32 * 4)) ] || fail "quantize --output: size of $f"
+  printf '\223NUMPY\001\000\166\000' | cmp -s - "$tmp/$f" -n 10 || fail "quantize --output: .npy magic/version/header length of $f"
+  head -c 128 "$tmp/$f" | tail -c 118 | grep -q "^{'descr': '<f4', 'fortran_order': False, 'shape': (48, 32), } *\$" || fail "quantize --output: .npy header of $f"; ok
+done
+if python3 -c 'import numpy' 2>/dev/null; then
+  python3 -c "
+import numpy as np, sys
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert a.dtype == np.float32 and a.shape == (48, 32) and b.shape == (48, 32), (a.dtype, a.shape)
+assert np.isfinite(a).all() and 0.5 < np.abs(a).mean() < 1.5
+" "$tmp/deq.npy" "$tmp/deq.columnwise.npy" || fail "numpy cannot read quantize --output"; ok
+fi
+# hq reads what it wrote: through identity (f32 kept) the file comes back byte for byte
+printf '[role *:*:*]\nrowwise = identity\ncolumnwise = identity\n' > "$tmp/id.ini"
+$hq quantize --recipe "$tmp/id.ini" --role a:b:c --input "$tmp/deq.npy" --output "$tmp/rt" --json > "$tmp/out" || fail "quantize --input of an --output"
+cmp -s "$tmp/deq.npy" "$tmp/rt.npy" && cmp -s "$tmp/deq.npy" "$tmp/rt.columnwise.npy" || fail "identity round trip of a .npy"; ok
+grep -q "\"output\":\"$tmp/rt.columnwise.npy\"" "$tmp/out" || fail "quantize --json output path"; ok
+$hq quantize --recipe "$tmp/id.ini" --role a:b:c --random 4x4 --output "$tmp/no/such/dir/x.npy" >/dev/null 2>"$tmp/err"; [ $? -eq 1 ] || fail "quantize --output to a missing directory exit"
+grep -q "no/such/dir/x.npy: cannot create" "$tmp/err" || fail "quantize --output error message"; ok
+# info lists each format's buffers per direction for a sample shape, as quantize --json does
+$hq info --json --shape 64x32 > "$tmp/info64.json" || fail "info --shape"
+grep -q '"sample_shape":\[64,32\]' "$tmp/info64.json" || fail "info --json sample_shape"; ok
+grep -q '"directions":\[{"direction":"rowwise","bytes":2056,"buffers":\[{"name":"data","dtype":"e4m3","shape":\[64,32\],"bytes":2048,"shared_with_rowwise":false},{"name":"scale_inv","dtype":"f32","shape":\[1\],"bytes":4,"shared_with_rowwise":false}' "$tmp/info64.json" || fail "info --json fp8_tensor rowwise buffers"; ok
+grep -q '{"direction":"columnwise","bytes":2048,"buffers":\[{"name":"columnwise_data","dtype":"e4m3","shape":\[32,64\],"bytes":2048,"shared_with_rowwise":false},{"name":"scale_inv","dtype":"f32","shape":\[1\],"bytes":4,"shared_with_rowwise":true}' "$tmp/info64.json" || fail "info --json fp8_tensor columnwise buffers"; ok
+grep -q '"directions":\[{"direction":"rowwise","bytes":8192,"buffers":\[{"name":"data","dtype":"f32","shape":\[64,32\],"bytes":8192,"shared_with_rowwise":false}\]},{"direction":"columnwise","bytes":0,"buffers":\[{"name":"data","dtype":"f32","shape":\[64,32\],"bytes":8192,"shared_with_rowwise":true}\]}\]' "$tmp/info64.json" || fail "info --json identity buffers (one, shared)"; ok
+$hq info > "$tmp/info.txt" || fail "info"
+grep -q '^    columnwise buffers of a 256x256 tensor (65536 bytes):$' "$tmp/info.txt" || fail "info text buffers heading"; ok
+grep -q '^      scale_inv  *f32  *1  *4  (the rowwise buffer)$' "$tmp/info.txt" || fail "info text shared buffer"; ok
+$hq info --shape 10x7 | grep -q "buffers of a 10x7 tensor: none (.*mxfp8: rows = 10 is not a multiple of 32)" || fail "info: a shape a format refuses"; ok
+$hq info --shape 0x7 2>/dev/null; [ $? -eq 2 ] || fail "info --shape 0x7 exit"; ok
+# man pages, made at build time from each command's --help: NAME, and every option the help names
+man=$(dirname "$hq")/../man
+for c in "" info recipe quantize bench train; do
+  page=$man/hq${c:+-$c}.1
+  [ -f "$page" ] || fail "man page $page was not built"
+  sed -n '/^\.SH NAME$/{n;p;q;}' "$page" | grep -q "^hq${c:+\\\\-$c} \\\\- [a-z]" || fail "$page: NAME section"
+  for o in $($hq $c --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+    grep -qF -- "$(printf '%s' "$o" | sed 's/-/\\-/g')" "$page" || fail "$page lacks $o"
+  done; ok
+done
+grep -q '^\\fB\\-\\-output FILE.npy\\fR$' "$man/hq-quantize.1" || fail "hq-quantize.1: --output entry"; ok
+# a delayed-scaling recipe quantizes through the CLI (its quantizer bound to the recipe's state)
+$hq quantize --recipe "$conf/examples/fp8_delayed.ini" --role linear:weight:fc1 --random 64x64 > "$tmp/out" || { cat "$tmp/out"; fail "quantize with delayed scaling"; }; ok
+if command -v groff > /dev/null 2>&1; then
+  groff -man -Tascii -P-c -P-b -P-u "$man/hq-quantize.1" 2>&1 | grep -q '^ *--output FILE.npy$' || fail "groff renders hq-quantize.1"; ok
+fi
+# docs/plugin-guide.md section 11 shows examples/format/int8_row.c as it is
+src=${HQ_TEST_SRCDIR:?}/..
+awk '/^## 11\./{s=1} s&&/^```c$/{f=1;next} f&&/^```$/{exit} f' "$src/docs/plugin-guide.md" | diff - "$src/examples/format/int8_row.c" > "$tmp/d" || { cat "$tmp/d"; fail "docs/plugin-guide.md section 11 differs from examples/format/int8_row.c"; }; ok
 echo "PASS: $n checks"

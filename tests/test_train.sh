@@ -1,3 +1,171 @@
 #!/bin/sh
-# test_train.sh -- placeholder
-exit 77
+# test_train.sh -- `hq train`, the main job, on a small generated corpus (so it always runs):
+# exit status, the loss falls, the table lists every recipe and the baseline, --json parses,
+# recipes from the same seed start from the same step-0 loss (same data, same weights) and a
+# recipe given twice trains identically, errors (missing recipe, missing data, a shape a format
+# rejects, bad options, --device cuda) are clear with exit 1 or 2, --plot never fails for want of
+# gnuplot, and the default recipe finishes. Exit 0 pass, 1 fail (automake's protocol).
+set -u
+hq=${HQ_BIN:?HQ_BIN is set by make check}
+conf=${HQ_CONF_DIR:?}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_train.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+n=0
+fail() { echo "FAIL: $*"; exit 1; }
+ok() { n=$((n + 1)); }
+have_py=0
+command -v python3 >/dev/null 2>&1 && python3 -c 'import json' 2>/dev/null && have_py=1
+# jget FILE EXPR: a value of the JSON document (python3), e.g. jget f "d['recipes'][0]['eval_loss']"
+jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# A corpus with structure to learn: 3000 words of 2-4 consonant-vowel syllables, from a
+# Park-Miller generator (exact in awk's doubles, so every awk gives the same words), plus lines
+# the loader must skip (capitals, digits, apostrophes).
+awk 'BEGIN {
+  s = 12345; split("b d f g k l m n p r s t v z", c, " "); split("a e i o u", v, " ")
+  for (w = 0; w < 3000; w++) {
+    s = (s * 16807) % 2147483647; ns = 2 + s % 3; word = ""
+    for (k = 0; k < ns; k++) {
+      s = (s * 16807) % 2147483647; word = word c[1 + s % 14]
+      s = (s * 16807) % 2147483647; word = word v[1 + s % 5]
+    }
+    print word
+  }
+  print "Capital"; print "it'"'"'s"; print "abc123"
+}' > "$tmp/words.txt" 2>/dev/null
+if [ "$(wc -l < "$tmp/words.txt")" -ne 3003 ]; then
+  # no usable awk: the first 3000 words of the system word list, else nothing to train on
+  if [ -r /usr/share/dict/words ]; then grep -x '[a-z]*' /usr/share/dict/words | head -n 3000 > "$tmp/words.txt"
+  else echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; fi
+fi
+
+small="--data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --eval-every 20 --log-every 10"
+
+# help and usage errors
+$hq train --help | grep -q "usage: hq train" || fail "train --help"; ok
+$hq help train | grep -q "usage: hq train" || fail "hq help train"; ok
+$hq train --bogus 2>"$tmp/e"; [ $? -eq 2 ] || fail "unknown option exit status"
+grep -q "unknown option '--bogus'" "$tmp/e" || fail "unknown option message"; ok
+$hq train --steps 0 2>"$tmp/e"; [ $? -eq 2 ] || fail "--steps 0 exit status"; ok
+$hq train --act relu 2>/dev/null; [ $? -eq 2 ] || fail "--act relu exit status"; ok
+$hq train --device cuda $small 2>"$tmp/e"; [ $? -eq 1 ] || fail "--device cuda exit status"
+grep -q "CUDA" "$tmp/e" || fail "--device cuda message"; ok
+
+# two recipes with the same forward formats (MXFP8 E4M3 for fc*, lm_head in high precision) and
+# one of them twice, then the built-in FP32 baseline
+$hq train $small --recipe "$conf/recipe.ini" --recipe "$conf/examples/mxfp8.ini" \
+  --recipe "$conf/examples/mxfp8.ini" > "$tmp/out.txt" 2>"$tmp/err.txt" || { cat "$tmp/err.txt"; fail "train exit status"; }
+ok
+for r in mxfp8-forward-nvfp4-backward 'mxfp8 ' 'mxfp8#2' 'fp32 .*(baseline)'; do
+  grep -q "^$r" "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "the table lacks '$r'"; }; ok
+done
+grep -q "step    40/40" "$tmp/out.txt" || fail "progress lines"; ok
+grep -q "tok/s  ETA" "$tmp/out.txt" || fail "progress: tokens/s and ETA"; ok
+# the GEMMs that ran: MXFP8 forward in fc1, NVFP4 backward in the hybrid, lm_head in identity
+grep -A3 "^  mxfp8-forward-nvfp4-backward" "$tmp/out.txt" | grep "fc1" | grep -q "fprop mxfp8 x mxfp8" ||
+  { cat "$tmp/out.txt"; fail "hybrid fc1 fprop formats"; }; ok
+grep -A3 "^  mxfp8-forward-nvfp4-backward" "$tmp/out.txt" | grep "fc1" | grep -q "wgrad nvfp4 x nvfp4" ||
+  fail "hybrid fc1 wgrad formats"; ok
+grep -A3 "^  mxfp8-forward-nvfp4-backward" "$tmp/out.txt" | grep "lm_head" | grep -q "fprop identity x identity" ||
+  fail "lm_head stays identity"; ok
+
+# --json: one document, progress on stderr
+$hq train $small --recipe "$conf/recipe.ini" --recipe "$conf/examples/mxfp8.ini" \
+  --recipe "$conf/examples/mxfp8.ini" --json > "$tmp/out.json" 2>"$tmp/err.txt" || fail "--json exit status"
+grep -q "step    40/40" "$tmp/err.txt" || fail "--json: progress on stderr"; ok
+if [ $have_py -eq 1 ]; then
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/out.json" || fail "--json does not parse"; ok
+  [ "$(jget "$tmp/out.json" "len(d['recipes'])")" = 4 ] || fail "--json: 4 runs"; ok
+  [ "$(jget "$tmp/out.json" "d['baseline']")" = fp32 ] || fail "--json: the baseline"; ok
+  # the loss falls: from about ln(27) to clearly below
+  for i in 0 1 2 3; do
+    jget "$tmp/out.json" "abs(d['recipes'][$i]['step0_loss'] - 3.2958) < 0.15" | grep -q True ||
+      fail "run $i: step-0 loss is not about ln(27)"
+    jget "$tmp/out.json" "d['recipes'][$i]['train_loss'] < d['recipes'][$i]['step0_loss'] - 0.5" | grep -q True ||
+      fail "run $i: the train loss does not fall"
+    jget "$tmp/out.json" "d['recipes'][$i]['eval_loss'] < d['recipes'][$i]['step0_loss'] - 0.5" | grep -q True ||
+      fail "run $i: the held-out loss does not fall"
+    ok
+  done
+  # same seed: same first batch and same initial weights, so recipes with the same forward
+  # formats start from bit-identical losses; the FP32 baseline's forward differs
+  jget "$tmp/out.json" "d['recipes'][0]['step0_loss'] == d['recipes'][1]['step0_loss']" | grep -q True ||
+    fail "hybrid and mxfp8: step-0 losses differ"; ok
+  jget "$tmp/out.json" "d['recipes'][0]['step0_loss'] != d['recipes'][3]['step0_loss']" | grep -q True ||
+    fail "mxfp8 and fp32 step-0 losses are equal: the forward pass is not quantized"; ok
+  # the same recipe twice: identical runs (data order, stochastic rounding, everything)
+  jget "$tmp/out.json" "d['recipes'][1]['eval_curve'] == d['recipes'][2]['eval_curve'] and d['recipes'][1]['train_curve'] == d['recipes'][2]['train_curve']" |
+    grep -q True || fail "a recipe given twice trains differently"; ok
+  jget "$tmp/out.json" "d['recipes'][0]['train_curve'] != d['recipes'][1]['train_curve']" | grep -q True ||
+    fail "hybrid and mxfp8 train identically: the backward pass is not quantized"; ok
+  jget "$tmp/out.json" "abs(d['recipes'][0]['gap'] - (d['recipes'][0]['eval_loss'] - d['recipes'][3]['eval_loss'])) < 1e-6" |
+    grep -q True || fail "gap"; ok
+  jget "$tmp/out.json" "d['recipes'][0]['gemms'][0]['wgrad']['a']" | grep -q nvfp4 || fail "--json gemms"; ok
+  jget "$tmp/out.json" "d['recipes'][0]['tokens'] == 40 * 128" | grep -q True || fail "--json tokens"; ok
+else
+  grep -q '"recipes":\[{"name":"mxfp8-forward-nvfp4-backward"' "$tmp/out.json" || fail "--json recipes"; ok
+  grep -q '"baseline":"fp32"' "$tmp/out.json" || fail "--json baseline"; ok
+  s0=$(sed 's/.*"name":"mxfp8-forward-nvfp4-backward"[^}]*"step0_loss":\([0-9.]*\).*/\1/' "$tmp/out.json")
+  s1=$(sed 's/.*"name":"mxfp8","path"[^}]*"step0_loss":\([0-9.]*\).*/\1/' "$tmp/out.json")
+  [ -n "$s0" ] && [ "$s0" = "$s1" ] || fail "step-0 losses differ ($s0, $s1)"; ok
+fi
+
+# evaluating (a step-0 eval and every 10 steps, or only at the end) never changes the training:
+# neither the random stream of stochastic rounding (the default recipe's gradients) nor the amax
+# history of delayed scaling (fp8_delayed.ini) -- the same final held-out loss
+for f in recipe.ini examples/fp8_delayed.ini; do
+  [ -f "$conf/$f" ] || continue
+  $hq train $small --recipe "$conf/$f" --eval-every 10 --json > "$tmp/e10.json" 2>"$tmp/e" || { cat "$tmp/e"; fail "$f --eval-every 10"; }
+  $hq train $small --recipe "$conf/$f" --eval-every 0 --json > "$tmp/e0.json" 2>"$tmp/e" || { cat "$tmp/e"; fail "$f --eval-every 0"; }
+  l10=$(sed 's/.*"recipes":\[{"name":"[^"]*"[^}]*"eval_loss":\([0-9.]*\).*/\1/' "$tmp/e10.json")
+  l0=$(sed 's/.*"recipes":\[{"name":"[^"]*"[^}]*"eval_loss":\([0-9.]*\).*/\1/' "$tmp/e0.json")
+  [ -n "$l0" ] && [ "$l0" = "$l10" ] || fail "$f: evaluation changes the training ($l0, $l10)"; ok
+done
+
+# a recipe that is already high precision is the baseline: no FP32 run is added
+$hq train $small --recipe "$conf/examples/high_precision.ini" > "$tmp/hp.txt" || fail "high_precision.ini"
+grep -q "^bf16-baseline .*(baseline)" "$tmp/hp.txt" || fail "high_precision.ini is the baseline"
+grep -q "^fp32 " "$tmp/hp.txt" && fail "an FP32 run was added to a high-precision recipe"; ok
+
+# every shipped recipe trains (the nvfp4 one: RHT x RHT in wgrad, 2-D weights, SR gradients)
+for f in "$conf"/examples/*.ini; do
+  $hq train $small --steps 10 --recipe "$f" > "$tmp/r.txt" 2>&1 || { cat "$tmp/r.txt"; fail "train with $f"; }; ok
+done
+
+# errors: clear, exit 1, naming what
+$hq train $small --recipe "$tmp/nope.ini" 2>"$tmp/e"; [ $? -eq 1 ] || fail "missing recipe exit status"
+grep -q "nope.ini" "$tmp/e" || fail "missing recipe message"; ok
+printf '[format x]\nplugin = nosuch\n' > "$tmp/bad.ini"
+$hq train $small --recipe "$tmp/bad.ini" 2>"$tmp/e"; [ $? -eq 1 ] || fail "bad recipe exit status"
+grep -q "bad.ini:2" "$tmp/e" || { cat "$tmp/e"; fail "bad recipe: file:line"; }; ok
+$hq train $small --data "$tmp/nowords.txt" 2>"$tmp/e"; [ $? -eq 1 ] || fail "missing data exit status"
+grep -q "nowords.txt" "$tmp/e" || fail "missing data message"; ok
+printf 'Only Capitals\n' > "$tmp/few.txt"
+$hq train $small --data "$tmp/few.txt" 2>"$tmp/e"; [ $? -eq 1 ] || fail "empty corpus exit status"
+grep -q "few.txt: 0 word" "$tmp/e" || { cat "$tmp/e"; fail "empty corpus message"; }; ok
+# 80 columns: not a multiple of MXFP8's 32-element blocks -- refused before training, naming the
+# recipe, the layer and the step
+$hq train $small --hidden 80 --recipe "$conf/examples/mxfp8.ini" >/dev/null 2>"$tmp/e"
+[ $? -eq 1 ] || fail "rejected shape exit status"
+grep "recipe 'mxfp8'" "$tmp/e" | grep "step 0" | grep -q "layer fc1" || { cat "$tmp/e"; fail "rejected shape message"; }; ok
+
+# --plot: a PNG with gnuplot, a message (and exit 0) without it
+$hq train $small --recipe "$conf/examples/fp8_current.ini" --plot "$tmp/loss.png" >/dev/null 2>"$tmp/e" ||
+  { cat "$tmp/e"; fail "--plot exit status"; }
+if command -v gnuplot >/dev/null 2>&1; then
+  [ -s "$tmp/loss.png" ] && head -c 4 "$tmp/loss.png" | grep -q PNG || fail "--plot: no PNG written"
+else
+  grep -q "gnuplot is not installed" "$tmp/e" || fail "--plot without gnuplot: no message"
+fi
+ok
+
+# the default recipe (HQ_CONF_DIR/recipe.ini) finishes; on the system word list when installed
+if [ -r /usr/share/dict/words ]; then data=; else data="--data $tmp/words.txt"; fi
+$hq train --steps 20 --eval-every 0 $data > "$tmp/def.txt" 2>&1 || { cat "$tmp/def.txt"; fail "the default recipe"; }
+grep -q "^mxfp8-forward-nvfp4-backward " "$tmp/def.txt" || fail "the default recipe's row"
+grep -q "^fp32 .*(baseline)" "$tmp/def.txt" || fail "the default run's baseline"; ok
+HQ_CONF_DIR=$tmp/none $hq train $small 2>"$tmp/e"; [ $? -eq 1 ] || fail "no default recipe exit status"
+grep -q "$tmp/none/recipe.ini" "$tmp/e" || fail "no default recipe message"; ok
+
+echo "test_train: $n checks passed"
+exit 0

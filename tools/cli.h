@@ -68,4 +68,13 @@ void json_kint(json *j, const char *k, int64_t v);
 void json_knum(json *j, const char *k, double v);
 void json_kbool(json *j, const char *k, int v);
 
+// --- a quantized tensor's buffers (tools/buffers.c; hq quantize, hq info) ----------------------
+/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
+int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b);
+/* "buffers": [{name, dtype, shape, bytes, shared_with_rowwise}, ...] of direction dir. */
+void cli_buffers_json(json *j, const hq_qtensor *qt, uint32_t dir);
+/* One line per buffer of direction dir on stdout, after `indent` spaces: name, dtype, shape,
+   bytes, "(the rowwise buffer)" when shared. */
+void cli_buffers_text(const hq_qtensor *qt, uint32_t dir, int indent);
+
 #endif

@@ -328,8 +328,10 @@ int hq_cmd_bench(int argc, char **argv) {
       }
     }
     hq_quantizer *q = NULL;
-    if (rc || hq_quantizer_create(r, &role, &q)) {
+    hq_state *st = NULL; /* delayed scaling: the recipe's state (the scale stays 1: no update) */
+    if (rc || hq_state_create(r, ctx, &st) || hq_quantizer_create_ex(r, &role, st, &q)) {
       cli_fail(1, CMD, "%s: %s", label, hq_last_error());
+      hq_state_free(st);
       hq_recipe_free(r);
       goto out;
     }
@@ -351,6 +353,7 @@ int hq_cmd_bench(int argc, char **argv) {
                device >= 0 ? "CUDA" : "CPU");
       }
       hq_quantizer_free(q);
+      hq_state_free(st);
       hq_recipe_free(r);
       continue;
     }
@@ -477,6 +480,7 @@ int hq_cmd_bench(int argc, char **argv) {
       printf("\n");
     }
     hq_quantizer_free(q);
+    hq_state_free(st);
     hq_recipe_free(r);
   }
   if (as_json) {

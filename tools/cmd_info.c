@@ -8,11 +8,17 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: hq info [--json] [--plugin-dir DIR]...\n"
+    "usage: hq info [--json] [--shape RxC] [--plugin-dir DIR]...\n"
     "\n"
     "Print the version, the plugin ABI, the plugin search path, every format found with its\n"
-    "options (type, default, help), the modules that were rejected and why, and the CUDA\n"
-    "devices. --plugin-dir adds a directory to search (after $HQ_PLUGIN_PATH).\n";
+    "options (type, default, help) and the buffers of each direction, the modules that were\n"
+    "rejected and why, and the CUDA devices.\n"
+    "  --shape RxC    the sample tensor whose buffers are listed (default 256x256): each\n"
+    "                 format with its default options makes both directions of an f32\n"
+    "                 [R, C] tensor on the CPU; per buffer: name (as checkpoints name it),\n"
+    "                 dtype, shape, bytes, and whether a columnwise buffer is the rowwise\n"
+    "                 one (shared). `hq quantize --json` lists them the same way.\n"
+    "  --plugin-dir DIR  a directory to search for formats (after $HQ_PLUGIN_PATH)\n";
 
 static void caps_text(uint64_t caps, char *buf, size_t len) {
   buf[0] = '\0';
@@ -33,6 +39,23 @@ static const char *num_text(double v, hq_opt_type t, char *buf, size_t len) {
   else snprintf(buf, len, "%.9g", v);
   return buf;
 }
+
+/* Both directions of a [rows, cols] f32 tensor made (allocated, not quantized) on the host by
+   plugin p with its default options, as one instance; NULL with the reason in err when the
+   format refuses. */
+static hq_qtensor *sample_tensor(hq_plugins *set, hq_ctx *ctx, const hq_plugin *p, int64_t rows,
+                                 int64_t cols, char *err, size_t err_len) {
+  hq_format_spec spec = {sizeof spec, hq_plugin_name(p), NULL, 0};
+  hq_quantizer *q = NULL;
+  hq_qtensor *qt = NULL;
+  if (hq_quantizer_create_direct(set, &spec, &spec, HQ_SOURCE_ORIGINAL, &q) ||
+      hq_make_empty(q, ctx, rows, cols, HQ_F32, &qt))
+    snprintf(err, err_len, "%s", hq_last_error());
+  hq_quantizer_free(q);
+  return qt;
+}
+
+static const char *dir_name(uint32_t dir) { return dir == HQ_ROWWISE ? "rowwise" : "columnwise"; }
 
 static void option_json(json *j, const hq_option *o) {
   json_obj(j);
@@ -63,6 +86,8 @@ static void option_json(json *j, const hq_option *o) {
 
 int hq_cmd_info(int argc, char **argv) {
   int as_json = 0;
+  const char *shape = "256x256";
+  int64_t rows, cols;
   cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
     int r;
@@ -73,12 +98,21 @@ int hq_cmd_info(int argc, char **argv) {
       as_json = 1;
     } else if ((r = cli_plugin_dir(argc, argv, &i, &dirs, "info")) != 0) {
       if (r < 0) return 2;
+    } else if ((r = cli_opt(argc, argv, &i, "--shape", &shape)) != 0) {
+      if (r < 0) return cli_fail(2, "info", "--shape needs a value");
     } else {
       return cli_fail(2, "info", "unknown argument '%s' (see `hq info --help`)", argv[i]);
     }
   }
+  if (cli_shape(shape, &rows, &cols))
+    return cli_fail(2, "info", "--shape '%s' is not RxC with positive R and C", shape);
   hq_plugins *set = NULL;
-  if (hq_plugins_open(dirs.v, dirs.n, 0, &set)) return cli_fail(1, "info", "%s", hq_last_error());
+  hq_ctx *ctx = NULL;
+  if (hq_plugins_open(dirs.v, dirs.n, 0, &set) || hq_ctx_create(NULL, &ctx)) {
+    hq_plugins_close(set);
+    return cli_fail(1, "info", "%s", hq_last_error());
+  }
+  char err[512];
   int ndev = hq_device_count();
   if (as_json) {
     json j;
@@ -92,6 +126,11 @@ int hq_cmd_info(int argc, char **argv) {
     json_close_obj(&j);
     json_kbool(&j, "cuda", hq_built_with_cuda());
     json_kstr(&j, "default_plugin_dir", hq_plugins_default_dir());
+    json_key(&j, "sample_shape");
+    json_arr(&j);
+    json_int(&j, rows);
+    json_int(&j, cols);
+    json_close_arr(&j);
     json_key(&j, "plugin_path");
     json_arr(&j);
     for (size_t i = 0; i < hq_plugins_dir_count(set); i++) json_str(&j, hq_plugins_dir(set, i));
@@ -112,6 +151,23 @@ int hq_cmd_info(int argc, char **argv) {
       json_arr(&j);
       for (const hq_option *o = hq_plugin_options(p); o->name; o++) option_json(&j, o);
       json_close_arr(&j);
+      /* the buffers of the sample tensor, as `hq quantize --json` lists them */
+      hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
+      if (qt) {
+        json_key(&j, "directions");
+        json_arr(&j);
+        for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+          json_obj(&j);
+          json_kstr(&j, "direction", dir_name(dir));
+          json_kint(&j, "bytes", (int64_t)hq_qtensor_bytes(qt, dir));
+          cli_buffers_json(&j, qt, dir);
+          json_close_obj(&j);
+        }
+        json_close_arr(&j);
+      } else {
+        json_kstr(&j, "layout_error", err);
+      }
+      hq_qtensor_free(qt);
       json_close_obj(&j);
     }
     json_close_arr(&j);
@@ -165,6 +221,15 @@ int hq_cmd_info(int argc, char **argv) {
         printf("      %-20s %s, default %s\n      %-20s %s\n", o->name, type,
                o->def[0] ? o->def : "\"\"", "", o->help ? o->help : "");
       }
+      hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
+      if (!qt) printf("    buffers of a %lldx%lld tensor: none (%s)\n", (long long)rows,
+                      (long long)cols, err);
+      for (uint32_t dir = HQ_ROWWISE; qt && dir <= HQ_COLWISE; dir++) {
+        printf("    %s buffers of a %lldx%lld tensor (%zu bytes):\n", dir_name(dir),
+               (long long)rows, (long long)cols, hq_qtensor_bytes(qt, dir));
+        cli_buffers_text(qt, dir, 6);
+      }
+      hq_qtensor_free(qt);
     }
     if (hq_plugins_count(set) == 0) printf("  (none found)\n");
     if (hq_plugins_rejected_count(set)) {
@@ -180,6 +245,7 @@ int hq_cmd_info(int argc, char **argv) {
       printf("  cuda:%d  %s (sm_%d)\n", d, name, arch);
     }
   }
+  hq_ctx_destroy(ctx);
   hq_plugins_close(set);
   return 0;
 }

@@ -14,16 +14,28 @@ static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
     "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC])\n"
     "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
-    "                   [--plugin-dir DIR]...\n"
+    "                   [--output FILE.npy] [--plugin-dir DIR]...\n"
     "\n"
     "Quantize one tensor with the quantizer the recipe gives the role (both directions),\n"
     "dequantize each direction and print per direction: format, plugin, bytes, bits per\n"
-    "element, relative RMS error, max abs error and SQNR.\n"
+    "element, relative RMS error, max abs error and SQNR, then the direction's buffers (name,\n"
+    "dtype, shape, bytes; a columnwise buffer that is the rowwise one says so).\n"
+    "  --recipe FILE  the recipe (.ini) to read\n"
+    "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1)\n"
     "  --random RxC   N(0, X^2) data (X = --scale, default 1) from a seeded generator\n"
-    "                 (--seed, default 1), stored in --dtype (default f32)\n"
+    "                 (--seed, default 1; also the stochastic rounding seed), stored in\n"
+    "                 --dtype (default f32)\n"
     "  --input FILE   a .npy file (float32 or float16, C order, any rank: the leading\n"
     "                 dimensions are flattened into rows), or raw little-endian values of\n"
-    "                 --dtype with --shape RxC\n";
+    "                 --dtype with --shape RxC\n"
+    "  --device D     cpu (default), cuda or cuda:N: where the quantize runs\n"
+    "  --json         print the report as one JSON document\n"
+    "  --output FILE.npy  write each direction's dequantized tensor as a .npy file (f32,\n"
+    "                 shape [rows, cols], C order; numpy.load reads it): the rowwise one\n"
+    "                 to FILE.npy, the columnwise one to FILE.columnwise.npy (.npy is\n"
+    "                 appended to FILE when missing). The quantized buffers themselves\n"
+    "                 will be written by the checkpoint support (safetensors), not here.\n"
+    "  --plugin-dir DIR  a directory to search for formats (repeatable)\n";
 
 #define CMD "quantize"
 
@@ -39,6 +51,29 @@ static float rng_normal(uint64_t *s) {
   double acc = 0;
   for (int i = 0; i < 12; i++) acc += (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
   return (float)(acc - 6.0);
+}
+
+/* Write rows x cols f32 values as a .npy file: version 1.0, C order, the host's byte order
+   ('<f4' on little-endian), header padded to a multiple of 64 bytes as numpy writes it. */
+static int write_npy(const char *path, const float *v, int64_t rows, int64_t cols) {
+  const uint16_t one = 1;
+  char h[160];
+  int n = snprintf(h, sizeof h,
+                   "{'descr': '%cf4', 'fortran_order': False, 'shape': (%lld, %lld), }",
+                   *(const char *)&one ? '<' : '>', (long long)rows, (long long)cols);
+  size_t hlen = (size_t)n + 1; /* + the final newline */
+  hlen += (64 - (10 + hlen) % 64) % 64;
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+                           (unsigned char)(hlen >> 8)};
+  FILE *f = fopen(path, "wb");
+  if (!f) return cli_fail(1, CMD, "%s: cannot create: %s", path, strerror(errno));
+  size_t count = (size_t)(rows * cols);
+  int ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre && fputs(h, f) >= 0 &&
+           fprintf(f, "%*s\n", (int)(hlen - 1 - (size_t)n), "") >= 0 &&
+           fwrite(v, sizeof(float), count, f) == count;
+  if (fclose(f) != 0) ok = 0;
+  if (!ok) return cli_fail(1, CMD, "%s: write error: %s", path, strerror(errno));
+  return 0;
 }
 
 /* Parse a .npy header; on success the data starts at *offset. */
@@ -167,15 +202,6 @@ typedef struct stats {
   int64_t nonfinite;
 } stats;
 
-/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
-static int shared_buffer(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
-  const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);
-  if (dir != HQ_COLWISE || !row || !(b->flags & HQ_BUF_SHARED)) return 0;
-  for (uint32_t i = 0; i < row->nbuf; i++)
-    if (hq_storage_cbuf(row, i)->ptr == b->ptr) return 1;
-  return 0;
-}
-
 static stats compare(const hq_tensor *x, const float *d) {
   double sx = 0, se = 0, mx = 0;
   int64_t bad = 0;
@@ -197,7 +223,7 @@ static stats compare(const hq_tensor *x, const float *d) {
 
 int hq_cmd_quantize(int argc, char **argv) {
   const char *recipe = NULL, *role_text = NULL, *random = NULL, *input = NULL, *shape = NULL;
-  const char *dtype_s = "f32", *device_s = "cpu";
+  const char *dtype_s = "f32", *device_s = "cpu", *output = NULL;
   cli_dirs dirs = {{NULL}, 0};
   uint64_t seed = 1;
   double scale = 1.0;
@@ -218,7 +244,7 @@ int hq_cmd_quantize(int argc, char **argv) {
       continue;
     }
     const char *names[] = {"--recipe", "--role", "--random", "--input", "--shape", "--dtype",
-                           "--device", "--seed", "--scale"};
+                           "--device", "--seed", "--scale", "--output"};
     size_t k = 0;
     for (; k < sizeof names / sizeof names[0]; k++)
       if ((r = cli_opt(argc, argv, &i, names[k], &v)) != 0) break;
@@ -243,6 +269,10 @@ int hq_cmd_quantize(int argc, char **argv) {
         return cli_fail(2, CMD, "--scale '%s' is not a positive number", v);
       break;
     }
+    case 9:
+      if (!*v) return cli_fail(2, CMD, "--output needs a file name");
+      output = v;
+      break;
     }
   }
   if (!recipe || !role_text) return cli_fail(2, CMD, "--recipe and --role are required");
@@ -273,11 +303,29 @@ int hq_cmd_quantize(int argc, char **argv) {
     return 1;
   }
 
+  /* --output: FILE.npy (rowwise) and FILE.columnwise.npy; paths[dir - 1] */
+  char *paths[2] = {NULL, NULL};
+  if (output) {
+    size_t n = strlen(output);
+    if (n >= 4 && !strcmp(output + n - 4, ".npy")) n -= 4;
+    for (int d = 0; d < 2; d++) {
+      const char *ext = d ? ".columnwise.npy" : ".npy";
+      paths[d] = malloc(n + strlen(ext) + 1);
+      if (!paths[d]) {
+        free(paths[0]);
+        free(x.data);
+        return cli_fail(1, CMD, "out of memory");
+      }
+      snprintf(paths[d], n + strlen(ext) + 1, "%.*s%s", (int)n, output, ext);
+    }
+  }
+
   int status = 1;
   hq_recipe_opts o = {sizeof o, 0, dirs.v, dirs.n};
   hq_recipe *r = NULL;
   hq_quantizer *q = NULL;
   hq_ctx *ctx = NULL;
+  hq_state *st = NULL; /* the recipe's scaling state (delayed scaling: scale 1 at the first step) */
   hq_qtensor *qt = NULL;
   hq_tensor xd = x, dd = hq_tensor_2d(NULL, HQ_F32, device, x.rows, x.cols);
   float *deq = malloc(sizeof(float) * (size_t)(x.rows * x.cols));
@@ -286,8 +334,8 @@ int hq_cmd_quantize(int argc, char **argv) {
     cli_fail(1, CMD, "out of memory");
     goto out;
   }
-  if (hq_recipe_load(recipe, &o, &r) || hq_quantizer_create(r, &role, &q) ||
-      hq_ctx_create(&desc, &ctx)) {
+  if (hq_recipe_load(recipe, &o, &r) || hq_ctx_create(&desc, &ctx) ||
+      hq_state_create(r, ctx, &st) || hq_quantizer_create_ex(r, &role, st, &q)) {
     cli_fail(1, CMD, "%s", hq_last_error());
     goto out;
   }
@@ -341,6 +389,8 @@ int hq_cmd_quantize(int argc, char **argv) {
       goto out;
     }
     stats s = compare(&x, deq);
+    const char *path = paths[dir - 1];
+    if (path && write_npy(path, deq, x.rows, x.cols)) goto out;
     size_t bytes = hq_qtensor_bytes(qt, dir);
     double bpe = 8.0 * (double)bytes / (double)(x.rows * x.cols);
     const char *dname = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
@@ -357,23 +407,8 @@ int hq_cmd_quantize(int argc, char **argv) {
       json_kint(&j, "nonfinite", s.nonfinite);
       /* the storage's buffers as a checkpoint would name them; a columnwise buffer that IS the
          rowwise one (made by the same call) says so and counts once, in the rowwise bytes */
-      const hq_storage *st = hq_qtensor_storage(qt, dir);
-      json_key(&j, "buffers");
-      json_arr(&j);
-      for (uint32_t i = 0; st && i < st->nbuf; i++) {
-        const hq_buffer *b = hq_storage_cbuf(st, i);
-        json_obj(&j);
-        json_kstr(&j, "name", b->name);
-        json_kstr(&j, "dtype", hq_dtype_name(b->dtype));
-        json_key(&j, "shape");
-        json_arr(&j);
-        for (int k = 0; k < b->ndim; k++) json_int(&j, b->shape[k]);
-        json_close_arr(&j);
-        json_kint(&j, "bytes", (int64_t)b->bytes);
-        json_kbool(&j, "shared_with_rowwise", shared_buffer(qt, dir, b));
-        json_close_obj(&j);
-      }
-      json_close_arr(&j);
+      cli_buffers_json(&j, qt, dir);
+      if (output) json_kstr(&j, "output", path);
       json_close_obj(&j);
     } else {
       printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
@@ -381,16 +416,9 @@ int hq_cmd_quantize(int argc, char **argv) {
              s.max_abs, s.sqnr_db);
       if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
                               (long long)s.nonfinite);
-      const hq_storage *st = hq_qtensor_storage(qt, dir);
-      for (uint32_t i = 0; st && i < st->nbuf; i++) {
-        const hq_buffer *b = hq_storage_cbuf(st, i);
-        char shape[96] = "";
-        for (int k = 0; k < b->ndim; k++)
-          snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", k ? "x" : "",
-                   (long long)b->shape[k]);
-        printf("%-10s   %-24s %-7s %-16s %10zu%s\n", "", b->name, hq_dtype_name(b->dtype), shape,
-               b->bytes, shared_buffer(qt, dir, b) ? "  (the rowwise buffer)" : "");
-      }
+      cli_buffers_text(qt, dir, 13);
+      if (output) printf("%-10s   dequantized -> %s (f32, %lldx%lld)\n", "", path,
+                         (long long)x.rows, (long long)x.cols);
     }
   }
   if (as_json) {
@@ -405,10 +433,13 @@ out:
     hq_ctx_free(ctx, xd.data);
     hq_ctx_free(ctx, dd.data);
   }
-  hq_ctx_destroy(ctx);
   hq_quantizer_free(q);
+  hq_state_free(st);
+  hq_ctx_destroy(ctx);
   hq_recipe_free(r);
   free(deq);
   free(x.data);
+  free(paths[0]);
+  free(paths[1]);
   return status;
 }

@@ -1,4 +1,590 @@
-/* cmd_train.c -- `hq train`: placeholder */
-#include "cli.h"
+/*
+** cmd_train.c -- `hq train`, the main job: train the character-level language model of train/
+** with one or more recipes (and a high-precision baseline) from the same seed, and compare them:
+** progress lines, a final table (train / held-out loss, the gap to the baseline, time,
+** tokens/s), --json, and --plot (gnuplot). The training itself is train/ (public API only).
+*/
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "../train/train.h"
-int hq_cmd_train(int argc, char **argv) { return hq_train_main(argc, argv); }
+#include "cli.h"
+
+#define CMD "train"
+#define MAX_RECIPES 16
+
+static const char usage[] =
+    "usage: hq train [--recipe FILE]... [--device cpu|cuda] [--steps N] [--batch B]\n"
+    "                [--seed S] [--eval-every N] [--json] [--plot FILE.png] [--data FILE]\n"
+    "                [--plugin-dir DIR]... [--lr X] [--hidden H] [--layers L]\n"
+    "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
+    "                [--eval-batches N]\n"
+    "\n"
+    "Train a small character-level language model (makemore-style: the previous C\n"
+    "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
+    "word list, once per recipe, every linear layer's fprop, dgrad and wgrad through\n"
+    "libhqcore with the quantizers of its roles (linear, input|weight|grad_output,\n"
+    "fc1..fcL|lm_head). Every recipe starts from the same seed: the same data order and the\n"
+    "same initial weights. A high-precision baseline (FP32, identity everywhere) is trained\n"
+    "too unless a recipe already is one; the table gives each recipe's held-out loss gap to\n"
+    "it. See docs/training.md.\n"
+    "\n"
+    "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
+    "  --device D        cpu (default) or cuda\n"
+    "  --steps N         optimizer steps per recipe (default 1000)\n"
+    "  --batch B         sequences per step (default 256; a multiple of 128 suits every format)\n"
+    "  --seed S          data split, data order, initial weights, stochastic rounding (default 1)\n"
+    "  --eval-every N    held-out loss at step 0 and every N steps (default steps/5; 0: only\n"
+    "                    at the end)\n"
+    "  --eval-batches N  batches of the periodic eval (default 8; 0: the whole held-out set;\n"
+    "                    the final eval always uses the whole set)\n"
+    "  --log-every N     a progress line every N steps (default steps/10)\n"
+    "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
+    "                    (default /usr/share/dict/words, Debian package wamerican)\n"
+    "  --json            print the results as one JSON document (progress goes to stderr)\n"
+    "  --plot FILE.png   draw every recipe's loss curves with gnuplot (when installed)\n"
+    "  --lr X            peak learning rate (default 0.006; warmup, then cosine decay to lr/10)\n"
+    "  --context C       characters of context (default 8)\n"
+    "  --embed E         embedding width (default 16; fc1's input is C*E)\n"
+    "  --hidden H        width of the hidden layers (default 256)\n"
+    "  --layers L        hidden layers (default 2)\n"
+    "  --act A           gelu (default) or tanh\n";
+
+typedef struct run {
+  hq_recipe *recipe;
+  char name[128];
+  int high_precision;
+  int builtin;
+  train_result res;
+  int done;
+} run;
+
+typedef struct progress_state {
+  FILE *out;
+  int index, count;                          /* this run (1-based) of count */
+} progress_state;
+
+static void fmt_duration(double s, char *buf, size_t n) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void fmt_rate(double r, char *buf, size_t n) {
+  if (r >= 1e6) snprintf(buf, n, "%.2fM", r / 1e6);
+  else if (r >= 1e3) snprintf(buf, n, "%.1fk", r / 1e3);
+  else snprintf(buf, n, "%.0f", r);
+}
+
+static void on_progress(void *user, const train_progress *p) {
+  const progress_state *s = user;
+  /* ETA: this run's pace for what is left of it and of the runs after it */
+  const double per_step = p->elapsed_s / (double)p->step;
+  const double left = per_step * (double)(p->steps - p->step + p->steps * (s->count - s->index));
+  char eta[32], rate[32];
+  fmt_duration(left, eta, sizeof eta);
+  fmt_rate(p->tokens_per_s, rate, sizeof rate);
+  fprintf(s->out, "[%d/%d] %-28s step %5lld/%-5lld loss %.4f", s->index, s->count, p->recipe,
+          (long long)p->step, (long long)p->steps, p->loss);
+  if (isfinite(p->eval_loss)) fprintf(s->out, "  eval %.4f", p->eval_loss);
+  else fprintf(s->out, "              ");
+  fprintf(s->out, "  %7s tok/s  ETA %s\n", rate, eta);
+  fflush(s->out);
+}
+
+/* The installed default recipe: $HQ_CONF_DIR/recipe.ini when set, else $(datadir)/hq/recipe.ini
+   (compiled in as HQ_RECIPEDIR, or found beside the installed plugin directory
+   $(libdir)/hq/formats: the prefix before its lib* component, then share/hq). */
+static void default_recipe(char *out, size_t n) {
+  const char *conf = getenv("HQ_CONF_DIR");
+  if (conf && *conf) {
+    snprintf(out, n, "%s/recipe.ini", conf);
+    return;
+  }
+#ifdef HQ_RECIPEDIR
+  snprintf(out, n, "%s/recipe.ini", HQ_RECIPEDIR);
+#else
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", hq_plugins_default_dir());
+  char *cut = NULL;
+  for (char *p = strstr(dir, "/lib"); p; p = strstr(p + 1, "/lib")) cut = p;
+  if (cut) *cut = '\0';
+  else snprintf(dir, sizeof dir, "/usr/local");
+  snprintf(out, n, "%s/share/hq/recipe.ini", dir);
+#endif
+}
+
+static const char builtin_baseline[] =
+    "; the built-in baseline of hq train: every role in high precision, f32 (the trainer's dtype)\n"
+    "[recipe]\n"
+    "name = fp32\n"
+    "[format f32]\n"
+    "plugin = identity\n"
+    "dtype = f32\n"
+    "[role *:*:*]\n"
+    "rowwise = f32\n"
+    "columnwise = f32\n";
+
+static int parse_count(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  uint64_t u;
+  if (cli_u64(v, &u) || (int64_t)u < lo || (int64_t)u > hi || u > (uint64_t)INT64_MAX)
+    return cli_fail(-1, CMD, "%s %s: must be an integer in [%lld, %lld]", opt, v, (long long)lo,
+                    (long long)hi);
+  *out = (int64_t)u;
+  return 0;
+}
+
+static void gemm_text(const hq_gemm_info *g, char *buf, size_t n) {
+  if (!g->struct_size) snprintf(buf, n, "-");
+  else snprintf(buf, n, "%s x %s (%s)", g->format_a, g->format_b, hq_gemm_path_name(g->path));
+}
+
+static const char *const gemm_names[3] = {"fprop", "dgrad", "wgrad"};
+
+static void json_gemm(json *j, const hq_gemm_info *g) {
+  json_obj(j);
+  json_kstr(j, "a", g->struct_size ? g->format_a : "");
+  json_kstr(j, "b", g->struct_size ? g->format_b : "");
+  json_kstr(j, "path", g->struct_size ? hq_gemm_path_name(g->path) : "");
+  json_kint(j, "m", g->m);
+  json_kint(j, "n", g->n);
+  json_kint(j, "k", g->k);
+  json_close_obj(j);
+}
+
+/* The train loss curve for the plot and the JSON: the first batch's loss at step 0, then the mean
+   over each window of `w` steps at the window's end. out has room for n_train_curve + 1. */
+static int64_t window_means(const train_result *r, int64_t w, train_point *out) {
+  int64_t n = 0;
+  if (r->n_train_curve) out[n++] = (train_point){0, r->step0_loss};
+  for (int64_t s = 0; s < r->n_train_curve; s += w) {
+    int64_t e = s + w < r->n_train_curve ? s + w : r->n_train_curve;
+    double sum = 0;
+    for (int64_t k = s; k < e; k++) sum += r->train_curve[k].loss;
+    out[n++] = (train_point){e, sum / (double)(e - s)};
+  }
+  return n;
+}
+
+/* --plot: two panels drawn by gnuplot (fed on a pipe, data inline): every recipe's train loss
+   (mean per log interval, solid) and held-out loss (dashed, points); below, each recipe's train
+   loss minus the baseline's over the same intervals (the same batches: the difference is the
+   recipe's effect, not data noise). A missing gnuplot is a message, not a failure. */
+static int plot(const char *file, run *runs, int n_runs, int baseline, int64_t window,
+                const char *title) {
+  static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                       "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+                                       "#000000", "#aec7e8", "#ff9896", "#98df8a", "#ffbb78",
+                                       "#c5b0d5", "#c49c94"};
+  const int nc = (int)(sizeof colors / sizeof *colors);
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fprintf(stderr,
+            "hq train: --plot %s: gnuplot is not installed (Debian: apt-get install gnuplot-nox); "
+            "no plot drawn\n",
+            file);
+    return 0;
+  }
+  const size_t cap = (size_t)runs[baseline].res.n_train_curve + 2;
+  train_point *base = malloc(cap * sizeof *base), *pts = malloc(cap * sizeof *pts);
+  if (!base || !pts) {
+    free(base);
+    free(pts);
+    return cli_fail(1, CMD, "--plot: out of memory");
+  }
+  const int64_t nb = window_means(&runs[baseline].res, window, base);
+  FILE *g = popen("gnuplot", "w");
+  if (!g) {
+    free(base);
+    free(pts);
+    return cli_fail(1, CMD, "--plot: cannot run gnuplot: %s", strerror(errno));
+  }
+  fputs("set terminal png size 1100,900\nset output '", g);
+  for (const char *p = file; *p; p++) {
+    if (*p == '\'') fputc('\'', g);   /* '' inside a single-quoted gnuplot string */
+    fputc(*p, g);
+  }
+  fputs("'\n", g);
+  for (int i = 0; i < n_runs; i++) {
+    int64_t n = window_means(&runs[i].res, window, pts);
+    fprintf(g, "$train%d << EOD\n", i);
+    for (int64_t k = 0; k < n; k++) fprintf(g, "%lld %.6f\n", (long long)pts[k].step, pts[k].loss);
+    fprintf(g, "EOD\n$eval%d << EOD\n", i);
+    for (int64_t k = 0; k < runs[i].res.n_eval_curve; k++)
+      fprintf(g, "%lld %.6f\n", (long long)runs[i].res.eval_curve[k].step,
+              runs[i].res.eval_curve[k].loss);
+    fprintf(g, "EOD\n$diff%d << EOD\n", i);
+    for (int64_t k = 1; k < n && k < nb; k++)
+      fprintf(g, "%lld %.6f\n", (long long)pts[k].step, pts[k].loss - base[k].loss);
+    fprintf(g, "EOD\n");
+  }
+  free(base);
+  free(pts);
+  fprintf(g, "set multiplot\nset grid\nset key top right noenhanced\n"
+             "set lmargin 12\nset rmargin 3\n"
+             "set size 1,0.64\nset origin 0,0.36\nset title \"%s\" noenhanced\n"
+             "set ylabel 'loss (nats): train solid, held-out dashed'\nplot ",
+          title);
+  for (int i = 0; i < n_runs; i++) {
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", runs[i].name, i == baseline ? " (baseline)" : "");
+    for (char *p = name; *p; p++)
+      if (*p == '"' || *p == '\\') *p = '_';
+    fprintf(g, "%s$train%d with lines lw 2 lc rgb '%s' title \"%s\", "
+               "$eval%d with linespoints lw 1.5 dt 2 pt 7 ps 0.8 lc rgb '%s' notitle",
+            i ? ", " : "", i, colors[i % nc], name, i, colors[i % nc]);
+  }
+  fprintf(g, "\nset size 1,0.36\nset origin 0,0\nset title 'train loss minus the baseline''s "
+             "(same batches)'\nset xlabel 'step'\nset ylabel 'difference (nats)'\n"
+             "set key off\nplot 0 with lines lc rgb '#444444' lw 1 notitle");
+  for (int i = 0; i < n_runs; i++)
+    if (i != baseline)
+      fprintf(g, ", $diff%d with lines lw 2 lc rgb '%s' notitle", i, colors[i % nc]);
+  fprintf(g, "\nunset multiplot\n");
+  int st = pclose(g);
+  if (st != 0) return cli_fail(1, CMD, "--plot %s: gnuplot failed (status %d)", file, st);
+  fprintf(stderr, "hq train: loss curves drawn in %s\n", file);
+  return 0;
+}
+
+int hq_cmd_train(int argc, char **argv) {
+  const char *recipes[MAX_RECIPES];
+  int n_recipes = 0;
+  const char *data_path = NULL, *plot_file = NULL, *device_s = "cpu", *act_s = "gelu";
+  int as_json = 0;
+  cli_dirs dirs = {{NULL}, 0};
+  int64_t steps = 1000, batch = 256, seed = 1, eval_every = -1, eval_batches = 8, log_every = -1;
+  int64_t context = 8, embed = 16, hidden = 256, layers = 2;
+  double lr = 6e-3;
+
+  for (int i = 1; i < argc; i++) {
+    const char *v;
+    int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(usage, stdout);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--json")) {
+      as_json = 1;
+      continue;
+    }
+    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
+      if (r < 0) return 2;
+      continue;
+    }
+    static const char *const valued[] = {"--recipe", "--device", "--steps", "--batch", "--seed",
+                                         "--eval-every", "--eval-batches", "--log-every",
+                                         "--data", "--plot", "--lr", "--context", "--embed",
+                                         "--hidden", "--layers", "--act"};
+    int k = 0, found = 0;
+    for (; k < (int)(sizeof valued / sizeof *valued); k++)
+      if ((r = cli_opt(argc, argv, &i, valued[k], &v)) != 0) {
+        found = 1;
+        break;
+      }
+    if (!found) return cli_fail(2, CMD, "unknown option '%s' (see hq train --help)", argv[i]);
+    if (r < 0) return cli_fail(2, CMD, "%s needs a value", valued[k]);
+    const char *o = valued[k];
+    int bad = 0;
+    if (!strcmp(o, "--recipe")) {
+      if (n_recipes == MAX_RECIPES) return cli_fail(2, CMD, "at most %d recipes", MAX_RECIPES);
+      recipes[n_recipes++] = v;
+    } else if (!strcmp(o, "--device")) device_s = v;
+    else if (!strcmp(o, "--data")) data_path = v;
+    else if (!strcmp(o, "--plot")) plot_file = v;
+    else if (!strcmp(o, "--act")) act_s = v;
+    else if (!strcmp(o, "--steps")) bad = parse_count(o, v, 1, 10000000, &steps);
+    else if (!strcmp(o, "--batch")) bad = parse_count(o, v, 1, 1 << 20, &batch);
+    else if (!strcmp(o, "--seed")) bad = parse_count(o, v, 0, INT64_MAX, &seed);
+    else if (!strcmp(o, "--eval-every")) bad = parse_count(o, v, 0, INT64_MAX, &eval_every);
+    else if (!strcmp(o, "--eval-batches")) bad = parse_count(o, v, 0, 1000000000, &eval_batches);
+    else if (!strcmp(o, "--log-every")) bad = parse_count(o, v, 1, INT64_MAX, &log_every);
+    else if (!strcmp(o, "--context")) bad = parse_count(o, v, 1, 256, &context);
+    else if (!strcmp(o, "--embed")) bad = parse_count(o, v, 1, 4096, &embed);
+    else if (!strcmp(o, "--hidden")) bad = parse_count(o, v, 1, 16384, &hidden);
+    else if (!strcmp(o, "--layers")) bad = parse_count(o, v, 1, TRAIN_MAX_LINEAR - 1, &layers);
+    else if (!strcmp(o, "--lr")) {
+      char *end;
+      errno = 0;
+      lr = strtod(v, &end);
+      if (!*v || *end || errno || !(lr > 0) || lr > 1)
+        return cli_fail(2, CMD, "--lr %s: must be a number in (0, 1]", v);
+    }
+    if (bad) return 2;
+  }
+  int device;
+  if (cli_device(device_s, &device))
+    return cli_fail(2, CMD, "--device %s: expected cpu or cuda", device_s);
+  if (device != HQ_DEVICE_HOST)
+    return cli_fail(1, CMD,
+                    "--device %s: the trainer's CUDA path (its device table in train/model.c) is "
+                    "not written yet; use --device cpu",
+                    device_s);
+  int act;
+  if (!strcmp(act_s, "gelu")) act = TRAIN_ACT_GELU;
+  else if (!strcmp(act_s, "tanh")) act = TRAIN_ACT_TANH;
+  else return cli_fail(2, CMD, "--act %s: expected gelu or tanh", act_s);
+
+  train_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.model.context = (int)context;
+  cfg.model.embed = (int)embed;
+  cfg.model.hidden = (int)hidden;
+  cfg.model.layers = (int)layers;
+  cfg.model.batch = batch;
+  cfg.model.vocab_pad = 128;   /* 27 padded to a multiple every stock format accepts */
+  cfg.model.act = act;
+  cfg.adam = (train_adam_cfg){0.9f, 0.95f, 1e-8f, 0.0f};
+  cfg.steps = steps;
+  cfg.lr = (float)lr;
+  cfg.min_lr = (float)lr / 10;
+  cfg.warmup = steps / 20;
+  cfg.log_every = log_every > 0 ? log_every : (steps >= 10 ? steps / 10 : 1);
+  cfg.eval_every = eval_every >= 0 ? eval_every : steps / 5;
+  cfg.eval_batches = eval_batches;
+  cfg.seed = (uint64_t)seed;
+  cfg.device = device;
+
+  /* recipes: each loaded (every error of a bad one listed), the default one when none is given */
+  char default_path[1100];
+  if (n_recipes == 0) {
+    default_recipe(default_path, sizeof default_path);
+    if (access(default_path, R_OK) != 0)
+      return cli_fail(1, CMD,
+                      "no --recipe given and the default recipe %s cannot be read (%s): install "
+                      "hq (make install), set HQ_CONF_DIR to the directory holding recipe.ini, or "
+                      "give --recipe FILE",
+                      default_path, strerror(errno));
+    recipes[n_recipes++] = default_path;
+  }
+  run runs[MAX_RECIPES + 1];
+  memset(runs, 0, sizeof runs);
+  int n_runs = 0, status = 1, baseline = -1;
+  hq_recipe_opts ro = {sizeof ro, 0, dirs.v, dirs.n};
+  char err[2048];
+  train_data data;
+  memset(&data, 0, sizeof data);
+  for (int i = 0; i < n_recipes; i++) {
+    struct stat st;
+    if (stat(recipes[i], &st) != 0) {
+      cli_fail(1, CMD, "recipe %s: %s", recipes[i], strerror(errno));
+      goto out;
+    }
+    hq_recipe *r;
+    if (hq_recipe_parse(recipes[i], &ro, &r)) {
+      cli_fail(1, CMD, "recipe %s: %s", recipes[i], hq_last_error());
+      goto out;
+    }
+    runs[n_runs++].recipe = r;
+    if (hq_recipe_error_count(r)) {
+      for (size_t k = 0; k < hq_recipe_error_count(r); k++)
+        fprintf(stderr, "hq train: %s\n", hq_recipe_error(r, k));
+      goto out;
+    }
+  }
+  for (int i = 0; i < n_runs; i++) {
+    run *rn = &runs[i];
+    const char *nm = hq_recipe_name(rn->recipe);
+    if (nm && *nm) snprintf(rn->name, sizeof rn->name, "%s", nm);
+    else {
+      const char *b = strrchr(recipes[i], '/');
+      snprintf(rn->name, sizeof rn->name, "%s", b ? b + 1 : recipes[i]);
+      char *dot = strrchr(rn->name, '.');
+      if (dot && dot != rn->name) *dot = '\0';
+    }
+    char base[128];
+    snprintf(base, sizeof base, "%s", rn->name);
+    for (int dup = 2;; dup++) {   /* the same recipe twice: name#2 */
+      int clash = 0;
+      for (int k = 0; k < i; k++) clash |= !strcmp(runs[k].name, rn->name);
+      if (!clash) break;
+      snprintf(rn->name, sizeof rn->name, "%.110s#%d", base, dup);
+    }
+    int hp = train_recipe_is_high_precision(rn->recipe, &cfg.model, err, sizeof err);
+    if (hp < 0) {
+      cli_fail(1, CMD, "recipe '%s' (%s): %s", rn->name, recipes[i], err);
+      goto out;
+    }
+    rn->high_precision = hp;
+    if (hp && baseline < 0) baseline = i;
+  }
+  if (baseline < 0) {
+    hq_recipe *r;
+    if (hq_recipe_load_string(builtin_baseline, "fp32 baseline (built in)", &ro, &r)) {
+      cli_fail(1, CMD, "the built-in baseline: %s", hq_last_error());
+      goto out;
+    }
+    baseline = n_runs;
+    runs[n_runs].recipe = r;
+    runs[n_runs].high_precision = 1;
+    runs[n_runs].builtin = 1;
+    snprintf(runs[n_runs].name, sizeof runs[n_runs].name, "fp32");
+    n_runs++;
+  }
+
+  /* data */
+  const int is_default = data_path == NULL;
+  if (!data_path) data_path = TRAIN_DEFAULT_DATA;
+  if (train_data_load(&data, data_path, is_default, (int)context, cfg.seed, err, sizeof err)) {
+    cli_fail(1, CMD, "%s", err);
+    goto out;
+  }
+
+  FILE *po = as_json ? stderr : stdout;
+  fprintf(po,
+          "hq train: %lld words from %s (%lld train, %lld held out: %lld / %lld examples); "
+          "model C=%lld E=%lld H=%lld L=%lld %s, batch %lld, %lld steps, lr %g, seed %lld, %s\n",
+          (long long)data.n_words, data_path, (long long)data.n_train_words,
+          (long long)data.n_eval_words, (long long)data.n_train, (long long)data.n_eval,
+          (long long)context, (long long)embed, (long long)hidden, (long long)layers, act_s,
+          (long long)batch, (long long)steps, lr, (long long)seed, device_s);
+  for (int i = 0; i < n_runs; i++) {
+    progress_state ps = {po, i + 1, n_runs};
+    if (train_run(&cfg, &data, runs[i].recipe, runs[i].name, on_progress, &ps, &runs[i].res, err,
+                  sizeof err)) {
+      cli_fail(1, CMD, "%s", err);
+      goto out;
+    }
+    runs[i].res.high_precision = runs[i].high_precision;
+    runs[i].done = 1;
+  }
+
+  const double base_eval = runs[baseline].res.eval_loss;
+  if (as_json) {
+    json j;
+    json_begin(&j, stdout);
+    json_obj(&j);
+    json_key(&j, "data");
+    json_obj(&j);
+    json_kstr(&j, "path", data_path);
+    json_kint(&j, "words", data.n_words);
+    json_kint(&j, "train_words", data.n_train_words);
+    json_kint(&j, "eval_words", data.n_eval_words);
+    json_kint(&j, "train_examples", data.n_train);
+    json_kint(&j, "eval_examples", data.n_eval);
+    json_close_obj(&j);
+    json_key(&j, "config");
+    json_obj(&j);
+    json_kstr(&j, "device", device_s);
+    json_kint(&j, "steps", steps);
+    json_kint(&j, "batch", batch);
+    json_kint(&j, "seed", seed);
+    json_kint(&j, "context", context);
+    json_kint(&j, "embed", embed);
+    json_kint(&j, "hidden", hidden);
+    json_kint(&j, "layers", layers);
+    json_kint(&j, "vocab", TRAIN_VOCAB);
+    json_kint(&j, "vocab_padded", cfg.model.vocab_pad);
+    json_kstr(&j, "activation", act_s);
+    json_knum(&j, "lr", lr);
+    json_knum(&j, "min_lr", cfg.min_lr);
+    json_kint(&j, "warmup", cfg.warmup);
+    json_kint(&j, "eval_every", cfg.eval_every);
+    json_kint(&j, "parameters", runs[0].res.n_params);
+    json_close_obj(&j);
+    json_kstr(&j, "baseline", runs[baseline].name);
+    json_key(&j, "recipes");
+    json_arr(&j);
+    for (int i = 0; i < n_runs; i++) {
+      const train_result *r = &runs[i].res;
+      json_obj(&j);
+      json_kstr(&j, "name", runs[i].name);
+      json_key(&j, "path");
+      if (runs[i].builtin) json_null(&j);
+      else json_str(&j, r->path);
+      json_kbool(&j, "baseline", i == baseline);
+      json_kbool(&j, "high_precision", runs[i].high_precision);
+      json_knum(&j, "step0_loss", r->step0_loss);
+      json_knum(&j, "train_loss", r->train_loss);
+      json_knum(&j, "eval_loss", r->eval_loss);
+      json_knum(&j, "gap", r->eval_loss - base_eval);
+      json_knum(&j, "train_seconds", r->train_s);
+      json_knum(&j, "total_seconds", r->total_s);
+      json_kint(&j, "tokens", r->tokens);
+      json_knum(&j, "tokens_per_second", r->tokens_per_s);
+      json_key(&j, "train_curve");   /* [step, loss]: step 0, then the mean of each interval */
+      json_arr(&j);
+      train_point *pts = malloc(((size_t)r->n_train_curve + 2) * sizeof *pts);
+      int64_t n = pts ? window_means(r, cfg.log_every, pts) : 0;
+      for (int64_t k = 0; k < n; k++) {
+        json_arr(&j);
+        json_int(&j, pts[k].step);
+        json_num(&j, pts[k].loss);
+        json_close_arr(&j);
+      }
+      free(pts);
+      json_close_arr(&j);
+      json_key(&j, "eval_curve");
+      json_arr(&j);
+      for (int64_t k = 0; k < r->n_eval_curve; k++) {
+        json_arr(&j);
+        json_int(&j, r->eval_curve[k].step);
+        json_num(&j, r->eval_curve[k].loss);
+        json_close_arr(&j);
+      }
+      json_close_arr(&j);
+      json_key(&j, "gemms");
+      json_arr(&j);
+      for (int l = 0; l < r->n_layers; l++) {
+        json_obj(&j);
+        json_kstr(&j, "layer", r->layer_name[l]);
+        for (int g = 0; g < 3; g++) {
+          json_key(&j, gemm_names[g]);
+          json_gemm(&j, &r->layer_info[l][g]);
+        }
+        json_close_obj(&j);
+      }
+      json_close_arr(&j);
+      json_close_obj(&j);
+    }
+    json_close_arr(&j);
+    json_close_obj(&j);
+    json_end(&j);
+  } else {
+    printf("\n%-30s %10s %10s %12s %8s %10s\n", "recipe", "train loss", "eval loss",
+           "gap vs base", "time", "tokens/s");
+    for (int i = 0; i < n_runs; i++) {
+      const train_result *r = &runs[i].res;
+      char gap[32], t[32], rate[32], nm[160];
+      if (i == baseline) snprintf(gap, sizeof gap, "(baseline)");
+      else snprintf(gap, sizeof gap, "%+.4f", r->eval_loss - base_eval);
+      snprintf(t, sizeof t, "%.1fs", r->total_s);
+      fmt_rate(r->tokens_per_s, rate, sizeof rate);
+      snprintf(nm, sizeof nm, "%s", runs[i].name);
+      printf("%-30s %10.4f %10.4f %12s %8s %10s\n", nm, r->train_loss, r->eval_loss, gap, t,
+             rate);
+    }
+    printf("\ntrain loss: mean of the last %lld steps; eval loss: the whole held-out set (%lld "
+           "examples) after the last step; gap: eval loss minus the baseline's (%s); "
+           "ln(27) = 3.2958 is a uniform guess\n",
+           (long long)cfg.log_every, (long long)data.n_eval, runs[baseline].name);
+    printf("\nGEMMs of each layer (operand formats A x B, path):\n");
+    for (int i = 0; i < n_runs; i++) {
+      const train_result *r = &runs[i].res;
+      printf("  %s\n", runs[i].name);
+      for (int l = 0; l < r->n_layers; l++) {
+        char g[3][96];
+        for (int k = 0; k < 3; k++) gemm_text(&r->layer_info[l][k], g[k], sizeof g[k]);
+        printf("    %-8s fprop %-28s dgrad %-28s wgrad %s\n", r->layer_name[l], g[0], g[1], g[2]);
+      }
+    }
+  }
+  status = 0;
+  if (plot_file) {
+    char title[256];
+    snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, seed %lld", (long long)steps,
+             (long long)batch, (long long)seed);
+    status = plot(plot_file, runs, n_runs, baseline, cfg.log_every, title);
+  }
+out:
+  for (int i = 0; i < n_runs; i++) {
+    train_result_free(&runs[i].res);
+    hq_recipe_free(runs[i].recipe);
+  }
+  train_data_free(&data);
+  return status;
+}

@@ -1,3 +1,541 @@
-/* train/model.c -- placeholder */
+/*
+** model.c -- the model of `hq train`, a makemore-style MLP language model over characters:
+**
+**   tokens [B, C] -> embedding (27 x E, FP32) -> concat x1 [B, C*E]
+**   -> fc1 .. fcL: y = x W^T + b, x_next = act(y)       (W [H, in], act = tanh or GELU)
+**   -> lm_head: logits [B, Vpad] = x W^T + b             (27 real outputs, the rest masked)
+**   -> softmax cross-entropy over the 27 real logits, mean over the batch
+**
+** Every linear layer runs its three GEMMs through libhqcore (hq_linear_fprop / dgrad / wgrad),
+** each operand quantized by the quantizer the recipe gives its role:
+**   (linear, input, NAME)        x: quantized every step, both directions in training (rowwise
+**                                for fprop, columnwise for wgrad), rowwise only in eval
+**   (linear, weight, NAME)       W: quantized once when the model is built, then written back
+**                                in place from the FP32 master after every optimizer step
+**                                (hq_adam_step does hq_qtensor_update); both directions
+**                                (rowwise fprop, columnwise dgrad)
+**   (linear, grad_output, NAME)  dy: quantized every step, both directions (rowwise dgrad,
+**                                columnwise wgrad)
+** The optimizer is libhqcore's hq_adam_step (AdamW on the FP32 masters, the quantized weight
+** written back in the same call; CPU and CUDA). Everything else that is not a GEMM --
+** embedding, bias gradients, activations, softmax cross-entropy -- is plain FP32 in the device
+** table below. Its CPU version is here; a CUDA version supplies the same table (and nothing else
+** changes: every buffer comes from hq_ctx_alloc on the model's context, every copy goes through
+** hq_ctx_memcpy).
+*/
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "train.h"
-typedef int hq_train_model_placeholder;
+
+// --- the device table ---------------------------------------------------------------------------
+
+struct train_device_ops {
+  const char *name;
+  /* x[b, c*E + e] = emb[tok[b, c], e] */
+  int (*embed_fwd)(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
+                   int E);
+  /* gemb = 0; gemb[tok[b, c], e] += dx[b, c*E + e] */
+  int (*embed_bwd)(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
+                   int C, int E);
+  /* h = act(y) */
+  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n);
+  /* d = d * act'(y) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
+  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n);
+  /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits into *loss (device
+     scalar); dlogits (NULL in eval) = (softmax - onehot) / n_valid, 0 in padded rows and
+     columns */
+  int (*xent)(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
+              int V, int Vpad, float *loss, float *dlogits);
+  /* db[j] = sum_b dy[b, j] */
+  int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db);
+  int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
+};
+
+static int cpu_embed_fwd(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B,
+                         int C, int E) {
+  (void)ctx;
+  for (int64_t b = 0; b < B; b++)
+    for (int c = 0; c < C; c++)
+      memcpy(x + (b * C + c) * E, emb + (int64_t)tok[b * C + c] * E, (size_t)E * sizeof(float));
+  return 0;
+}
+
+static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb,
+                         int64_t B, int C, int E) {
+  (void)ctx;
+  memset(gemb, 0, (size_t)TRAIN_VOCAB * (size_t)E * sizeof(float));
+  for (int64_t b = 0; b < B; b++)
+    for (int c = 0; c < C; c++) {
+      float *g = gemb + (int64_t)tok[b * C + c] * E;
+      const float *d = dx + (b * C + c) * E;
+      for (int e = 0; e < E; e++) g[e] += d[e];
+    }
+  return 0;
+}
+
+/* tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with
+   u = sqrt(2/pi) (y + 0.044715 y^3): one expf per element (libm's tanhf costs several times
+   that, and it was the largest cost of a CPU step). */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+static inline float fast_tanh(float y) { return 1.0f - 2.0f / (1.0f + expf(2.0f * y)); }
+static inline float gelu_sig(float y) {   /* sigmoid(2u) */
+  return 1.0f / (1.0f + expf(-2.0f * GELU_K * (y + GELU_C * y * y * y)));
+}
+
+static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n) {
+  (void)ctx;
+  if (act == TRAIN_ACT_TANH)
+    for (int64_t i = 0; i < n; i++) h[i] = fast_tanh(y[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = y[i] * gelu_sig(y[i]);
+  return 0;
+}
+
+static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n) {
+  (void)ctx;
+  if (act == TRAIN_ACT_TANH)
+    for (int64_t i = 0; i < n; i++) {
+      float t = fast_tanh(y[i]);
+      d[i] *= 1.0f - t * t;
+    }
+  else
+    for (int64_t i = 0; i < n; i++) {
+      float v = y[i], s = gelu_sig(v);
+      /* d/dy [y s(2u)] = s + y s (1 - s) 2 du/dy */
+      d[i] *= s + v * s * (1.0f - s) * 2.0f * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+    }
+  return 0;
+}
+
+static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B,
+                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits) {
+  (void)ctx;
+  double sum = 0;
+  const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
+  for (int64_t b = 0; b < B; b++) {
+    const float *l = logits + b * Vpad;
+    float *d = dlogits ? dlogits + b * Vpad : NULL;
+    if (b >= n_valid) {
+      if (d) memset(d, 0, (size_t)Vpad * sizeof(float));
+      continue;
+    }
+    float mx = l[0];
+    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
+    sum += log(z) + (double)mx - (double)l[tgt[b]];
+    if (d) {
+      for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
+      d[tgt[b]] -= inv;
+      for (int v = V; v < Vpad; v++) d[v] = 0.0f;
+    }
+  }
+  *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
+  return 0;
+}
+
+static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db) {
+  (void)ctx;
+  memset(db, 0, (size_t)n * sizeof(float));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < n; j++) db[j] += dy[b * n + j];
+  return 0;
+}
+
+static int cpu_zero(hq_ctx *ctx, void *p, size_t bytes) {
+  (void)ctx;
+  memset(p, 0, bytes);
+  return 0;
+}
+
+static const train_device_ops cpu_ops = {
+    "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_zero,
+};
+
+// --- helpers ------------------------------------------------------------------------------------
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err_len, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* An error of libhqcore in layer `l`: "layer fc1: what: <hq_last_error>" (what may be NULL
+   when libhqcore's message already names the role) */
+static int hq_fail(char *err, size_t err_len, const train_linear *l, const char *what) {
+  if (!l) return fail(err, err_len, "%s: %s", what, hq_last_error());
+  if (!what) return fail(err, err_len, "layer %s: %s", l->name, hq_last_error());
+  return fail(err, err_len, "layer %s: %s: %s", l->name, what, hq_last_error());
+}
+
+static int dev_alloc(train_model *m, size_t bytes, void *out) {
+  void *p = NULL;
+  if (hq_ctx_alloc(m->ctx, bytes, &p)) return -1;
+  if (m->ops->zero(m->ctx, p, bytes)) {
+    hq_ctx_free(m->ctx, p);
+    return -1;
+  }
+  *(void **)out = p;
+  return 0;
+}
+
+static void dev_free(train_model *m, void *p) {
+  if (p) hq_ctx_free(m->ctx, p);
+}
+
+static hq_tensor f32(const train_model *m, float *p, int64_t rows, int64_t cols) {
+  return hq_tensor_2d(p, HQ_F32, hq_ctx_device(m->ctx), rows, cols);
+}
+
+static const char *const role_tensor[3] = {"input", "weight", "grad_output"};
+
+static int same(const char *a, const char *b) { return a && b && strcmp(a, b) == 0; }
+
+/* fc1 .. fcL, then lm_head: the N of the layer's roles */
+static void layer_name(const train_model_cfg *cfg, int i, char *out, size_t n) {
+  if (i == cfg->layers) snprintf(out, n, "lm_head");
+  else snprintf(out, n, "fc%d", i + 1);
+}
+
+// --- build / free -------------------------------------------------------------------------------
+
+int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *recipe,
+                       hq_ctx *ctx, uint64_t seed, char *err, size_t err_len) {
+  memset(m, 0, sizeof *m);
+  m->cfg = *cfg;
+  m->ctx = ctx;
+  if (hq_ctx_device(ctx) != HQ_DEVICE_HOST) {
+    m->ctx = NULL;
+    return fail(err, err_len,
+                "--device cuda: the trainer's CUDA device table is not written yet; use --device "
+                "cpu");
+  }
+  m->ops = &cpu_ops;
+  const int64_t B = cfg->batch, C = cfg->context, E = cfg->embed, H = cfg->hidden;
+  if (cfg->layers < 1 || cfg->layers >= TRAIN_MAX_LINEAR)
+    return fail(err, err_len, "layers = %d: must be 1..%d", cfg->layers, TRAIN_MAX_LINEAR - 1);
+  if (B < 1 || C < 1 || E < 1 || H < 1 || cfg->vocab_pad < TRAIN_VOCAB)
+    return fail(err, err_len, "bad model dimensions");
+
+  m->n_lin = cfg->layers + 1;
+  m->lin = calloc((size_t)m->n_lin, sizeof *m->lin);
+  if (!m->lin) return fail(err, err_len, "out of memory");
+  int64_t widest = C * E;
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    const int last = i == m->n_lin - 1;
+    layer_name(cfg, i, l->name, sizeof l->name);
+    l->in = i == 0 ? C * E : H;
+    l->out = last ? cfg->vocab_pad : H;
+    if (l->out > widest) widest = l->out;
+  }
+
+  /* buffers */
+  const size_t fs = sizeof(float);
+  int bad = dev_alloc(m, (size_t)(TRAIN_VOCAB * E) * fs, &m->emb) ||
+            dev_alloc(m, (size_t)(TRAIN_VOCAB * E) * fs, &m->gemb) ||
+            dev_alloc(m, (size_t)(TRAIN_VOCAB * E) * fs, &m->memb) ||
+            dev_alloc(m, (size_t)(TRAIN_VOCAB * E) * fs, &m->vemb) ||
+            dev_alloc(m, (size_t)(B * C) * sizeof(int32_t), &m->tok) ||
+            dev_alloc(m, (size_t)B * sizeof(int32_t), &m->tgt) ||
+            dev_alloc(m, (size_t)(B * cfg->vocab_pad) * fs, &m->dlogits) ||
+            dev_alloc(m, (size_t)(B * widest) * fs, &m->dbuf[0]) ||
+            dev_alloc(m, (size_t)(B * widest) * fs, &m->dbuf[1]) || dev_alloc(m, fs, &m->loss);
+  m->n_params = TRAIN_VOCAB * E;
+  for (int i = 0; i < m->n_lin && !bad; i++) {
+    train_linear *l = &m->lin[i];
+    const size_t nw = (size_t)(l->out * l->in) * fs, nb = (size_t)l->out * fs;
+    bad = dev_alloc(m, nw, &l->w) || dev_alloc(m, nw, &l->gw) || dev_alloc(m, nw, &l->mw) ||
+          dev_alloc(m, nw, &l->vw) || dev_alloc(m, nb, &l->b) || dev_alloc(m, nb, &l->gb) ||
+          dev_alloc(m, nb, &l->mb) || dev_alloc(m, nb, &l->vb) ||
+          dev_alloc(m, (size_t)(B * l->out) * fs, &l->y);
+    m->n_params += l->out * l->in + l->out;
+  }
+  if (bad) {
+    train_model_free(m);
+    return fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+  }
+  /* layer i's input: the embedding concat (i = 0) or layer i-1's activations */
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    if (dev_alloc(m, (size_t)(B * l->in) * fs, &l->x)) {
+      train_model_free(m);
+      return fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+    }
+  }
+
+  /* initial values, from the seed alone (every recipe starts from the same weights):
+     embedding N(0, 1); W N(0, 1/in) (lm_head N(0, 0.01/in): near-uniform first predictions);
+     biases 0; lm_head's padded rows 0 (masked outputs: they never receive a gradient) */
+  uint64_t rng = train_rng_stream(seed, 2);
+  size_t host_n = (size_t)(TRAIN_VOCAB * E);
+  for (int i = 0; i < m->n_lin; i++) {
+    const size_t n = (size_t)(m->lin[i].out * m->lin[i].in);
+    if (n > host_n) host_n = n;
+  }
+  float *h = malloc(host_n * fs);
+  if (!h) {
+    train_model_free(m);
+    return fail(err, err_len, "out of memory");
+  }
+  for (size_t k = 0; k < (size_t)(TRAIN_VOCAB * E); k++) h[k] = train_rng_normal(&rng);
+  bad = hq_ctx_memcpy(ctx, m->emb, hq_ctx_device(ctx), h, HQ_DEVICE_HOST,
+                      (size_t)(TRAIN_VOCAB * E) * fs);
+  for (int i = 0; i < m->n_lin && !bad; i++) {
+    train_linear *l = &m->lin[i];
+    const int last = i == m->n_lin - 1;
+    const float sd = (last ? 0.1f : 1.0f) / sqrtf((float)l->in);
+    for (int64_t r = 0; r < l->out; r++)
+      for (int64_t c = 0; c < l->in; c++)
+        h[r * l->in + c] = last && r >= TRAIN_VOCAB ? 0.0f : sd * train_rng_normal(&rng);
+    bad = hq_ctx_memcpy(ctx, l->w, hq_ctx_device(ctx), h, HQ_DEVICE_HOST,
+                        (size_t)(l->out * l->in) * fs);
+  }
+  free(h);
+  if (bad) {
+    train_model_free(m);
+    return fail(err, err_len, "copying the initial weights: %s", hq_last_error());
+  }
+
+  /* quantizers of the three roles of every layer, bound to one scaling state for the recipe;
+     the weights quantized once, both directions; the input and gradient shapes tried now (an
+     empty tensor of each) so that a format that rejects one fails here, before any training */
+  if (hq_state_create(recipe, ctx, &m->state)) {
+    fail(err, err_len, "the recipe's scaling state: %s", hq_last_error());
+    train_model_free(m);
+    return -1;
+  }
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    hq_quantizer **q[3] = {&l->q_in, &l->q_w, &l->q_grad};
+    const int64_t rows[3] = {B, l->out, B}, cols[3] = {l->in, l->in, l->out};
+    for (int t = 0; t < 3; t++) {
+      hq_role role = {"linear", role_tensor[t], l->name};
+      if (hq_quantizer_create_ex(recipe, &role, m->state, q[t])) {
+        fail(err, err_len, "layer %s: role linear:%s:%s: %s", l->name, role_tensor[t], l->name,
+             hq_last_error());
+        train_model_free(m);
+        return -1;
+      }
+      hq_quantizer_set_usage(*q[t], HQ_BOTH);
+      if (t == 1) continue;
+      hq_qtensor *probe;
+      if (hq_make_empty(*q[t], ctx, rows[t], cols[t], HQ_F32, &probe)) {
+        hq_fail(err, err_len, l, NULL);   /* names the role, the format and the shape */
+        train_model_free(m);
+        return -1;
+      }
+      hq_qtensor_free(probe);
+    }
+    hq_tensor w = f32(m, l->w, l->out, l->in);
+    if (hq_quantize(l->q_w, ctx, &w, &l->qw)) {
+      hq_fail(err, err_len, l, "quantizing the weight");
+      train_model_free(m);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void train_model_free(train_model *m) {
+  if (!m->ctx) {
+    free(m->lin);
+    memset(m, 0, sizeof *m);
+    return;
+  }
+  for (int i = 0; m->lin && i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    if (l->qx) hq_qtensor_free(l->qx);
+    if (l->qw) hq_qtensor_free(l->qw);
+    hq_quantizer_free(l->q_in);
+    hq_quantizer_free(l->q_w);
+    hq_quantizer_free(l->q_grad);
+    float *bufs[] = {l->w, l->b, l->gw, l->gb, l->mw, l->vw, l->mb, l->vb, l->x, l->y};
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
+  }
+  void *bufs[] = {m->emb, m->gemb, m->memb, m->vemb, m->tok, m->tgt, m->dlogits,
+                  m->dbuf[0], m->dbuf[1], m->loss};
+  for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
+  if (m->state) hq_state_free(m->state);   /* after every quantizer and qtensor bound to it */
+  free(m->amax_stash);
+  free(m->lin);
+  memset(m, 0, sizeof *m);
+}
+
+int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,
+                                   size_t err_len) {
+  for (int i = 0; i <= cfg->layers; i++) {
+    char name[16];
+    layer_name(cfg, i, name, sizeof name);
+    for (int t = 0; t < 3; t++) {
+      hq_role role = {"linear", role_tensor[t], name};
+      hq_quantizer *q;
+      if (hq_quantizer_create(recipe, &role, &q))
+        return fail(err, err_len, "role linear:%s:%s: %s", role_tensor[t], name, hq_last_error());
+      int hp = same(hq_quantizer_plugin(q, HQ_ROWWISE), "identity") &&
+               same(hq_quantizer_plugin(q, HQ_COLWISE), "identity");
+      hq_quantizer_free(q);
+      if (!hp) return 0;
+    }
+  }
+  return 1;
+}
+
+// --- forward / backward / update ---------------------------------------------------------------
+
+static hq_gemm_info *info_slot(train_linear *l, int which) {
+  if (l->have_info) return NULL;
+  l->info[which].struct_size = sizeof(hq_gemm_info);
+  return &l->info[which];
+}
+
+int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
+                        int training, double *loss, char *err, size_t err_len) {
+  const train_model_cfg *c = &m->cfg;
+  const int64_t B = c->batch;
+  const int dev = hq_ctx_device(m->ctx);
+  if (hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
+      hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4))
+    return hq_fail(err, err_len, NULL, "uploading the batch");
+  if (m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed))
+    return fail(err, err_len, "embedding: %s", hq_last_error());
+  m->n_valid = n_valid;
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    if (l->qx) {
+      hq_qtensor_free(l->qx);
+      l->qx = NULL;
+    }
+    hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
+    hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
+    if (hq_quantize(l->q_in, m->ctx, &xt, &l->qx))
+      return hq_fail(err, err_len, l, "quantizing the input");
+    if (hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b, HQ_F32, &yt,
+                        training ? info_slot(l, TRAIN_FPROP) : NULL))
+      return hq_fail(err, err_len, l, "fprop");
+    if (!training) {
+      hq_qtensor_free(l->qx);
+      l->qx = NULL;
+    }
+    if (i + 1 < m->n_lin &&
+        m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out))
+      return fail(err, err_len, "layer %s: activation: %s", l->name, hq_last_error());
+  }
+  float lv;
+  if (m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB, c->vocab_pad,
+                   m->loss, training ? m->dlogits : NULL) ||
+      hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv))
+    return fail(err, err_len, "loss: %s", hq_last_error());
+  *loss = lv;
+  return 0;
+}
+
+int train_model_backward(train_model *m, char *err, size_t err_len) {
+  const train_model_cfg *c = &m->cfg;
+  const int64_t B = c->batch;
+  float *dy = m->dlogits;
+  int next = 0;
+  for (int i = m->n_lin - 1; i >= 0; i--) {
+    train_linear *l = &m->lin[i];
+    if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
+    hq_tensor dyt = f32(m, dy, B, l->out), gwt = f32(m, l->gw, l->out, l->in);
+    float *dx = m->dbuf[next];
+    hq_tensor dxt = f32(m, dx, B, l->in);
+    hq_qtensor *qdy = NULL;
+    if (hq_quantize(l->q_grad, m->ctx, &dyt, &qdy))
+      return hq_fail(err, err_len, l, "quantizing the output gradient");
+    int rc = hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy), &gwt, 0,
+                             info_slot(l, TRAIN_WGRAD));
+    if (rc) hq_fail(err, err_len, l, "wgrad");
+    if (!rc) {
+      rc = hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
+                           info_slot(l, TRAIN_DGRAD));
+      if (rc) hq_fail(err, err_len, l, "dgrad");
+    }
+    hq_qtensor_free(qdy);
+    hq_qtensor_free(l->qx);
+    l->qx = NULL;
+    if (rc) return -1;
+    l->have_info = 1;
+    if (m->ops->colsum(m->ctx, dy, B, l->out, l->gb))
+      return fail(err, err_len, "layer %s: bias gradient: %s", l->name, hq_last_error());
+    if (i > 0) {
+      if (m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in))
+        return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
+                    hq_last_error());
+    } else if (m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed)) {
+      return fail(err, err_len, "embedding gradient: %s", hq_last_error());
+    }
+    dy = dx;
+    next ^= 1;
+  }
+  return 0;
+}
+
+int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *err,
+                       size_t err_len) {
+  m->step++;
+  const int dev = hq_ctx_device(m->ctx);
+  hq_adam adam = {sizeof adam, lr, a->beta1, a->beta2, a->eps, 0.0f, m->step};
+  hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
+  if (hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL))
+    return fail(err, err_len, "Adam (embedding): %s", hq_last_error());
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
+       written back from it (the bytes of a fresh quantize of the new master) */
+    adam.weight_decay = a->weight_decay;
+    hq_tensor gw = f32(m, l->gw, l->out, l->in);
+    if (hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, l->qw))
+      return hq_fail(err, err_len, l, "Adam and the quantized weight's write-back");
+    adam.weight_decay = 0.0f;
+    hq_tensor gb = f32(m, l->gb, 1, l->out);
+    if (hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL))
+      return hq_fail(err, err_len, l, "Adam (bias)");
+  }
+  if (hq_state_update(m->state, m->ctx))
+    return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
+  return 0;
+}
+
+int train_model_eval_begin(train_model *m, char *err, size_t err_len) {
+  m->rng_stash = hq_ctx_rng_offset(m->ctx);
+  float *amax;
+  size_t n;
+  if (hq_state_amaxes(m->state, &amax, &n))
+    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+  if (n > m->n_amax_stash) {
+    float *p = realloc(m->amax_stash, n * sizeof *p);
+    if (!p) return fail(err, err_len, "out of memory");
+    m->amax_stash = p;
+  }
+  m->n_amax_stash = n;
+  if (n && hq_ctx_memcpy(m->ctx, m->amax_stash, HQ_DEVICE_HOST, amax, hq_ctx_device(m->ctx),
+                         n * sizeof *amax))
+    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+  return 0;
+}
+
+int train_model_eval_end(train_model *m, char *err, size_t err_len) {
+  float *amax;
+  size_t n;
+  if (hq_state_amaxes(m->state, &amax, &n))
+    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+  if (n != m->n_amax_stash)
+    return fail(err, err_len, "the scaling state changed size during an evaluation");
+  if (n && hq_ctx_memcpy(m->ctx, amax, hq_ctx_device(m->ctx), m->amax_stash, HQ_DEVICE_HOST,
+                         n * sizeof *amax))
+    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+  if (hq_ctx_set_rng_offset(m->ctx, m->rng_stash))
+    return fail(err, err_len, "the random stream: %s", hq_last_error());
+  return 0;
+}

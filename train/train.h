@@ -1,5 +1,219 @@
-/* train.h -- placeholder */
+/*
+** train.h -- `hq train`: a character-level language model (makemore-style MLP) trained through
+** libhqcore. The trainer uses only the public API (hq/hq.h); an embedder can copy train/ as a
+** starting point:
+**   data.c   the corpus: words -> (context of C previous characters, next character) examples,
+**            a seeded train / held-out split, seeded batch sampling
+**   model.c  embedding -> L hidden linear layers -> lm_head -> softmax cross-entropy; every
+**            linear layer's fprop, dgrad and wgrad through hq_linear_*; AdamW on FP32 masters
+**            with the quantized weights written back (hq_adam_step); every buffer and every
+**            elementwise op behind a small device table (the CPU one here)
+**   loop.c   one training run per recipe: schedule, progress, periodic and final eval, timing
+** The command line, the table, --json and --plot are in tools/cmd_train.c.
+*/
 #ifndef HQ_TRAIN_H
 #define HQ_TRAIN_H
-int hq_train_main(int argc, char **argv);
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hq/hq.h"
+
+/* ---------------------------------------------------------------------------------------------
+** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
+** from the same seed see the same data order and the same initial weights.
+*/
+uint64_t train_rng_next(uint64_t *state);
+double train_rng_uniform(uint64_t *state);   /* [0, 1) */
+float train_rng_normal(uint64_t *state);     /* N(0, 1), Box-Muller */
+/* A stream for one purpose ("init", "data", ...) derived from the run's seed. */
+uint64_t train_rng_stream(uint64_t seed, uint64_t purpose);
+
+/* ---------------------------------------------------------------------------------------------
+** Data (data.c)
+*/
+#define TRAIN_VOCAB 27                       /* '.' (start/end) + 'a'..'z' */
+#define TRAIN_DEFAULT_DATA "/usr/share/dict/words"
+#define TRAIN_DEFAULT_DATA_PACKAGE "wamerican"
+
+typedef struct train_data {
+  int context;                               /* C: characters of context per example */
+  int64_t n_words, n_train_words, n_eval_words;
+  int64_t n_train, n_eval;                   /* examples */
+  uint8_t *train_x, *eval_x;                 /* [n][C] token ids (0 = '.', 1..26 = 'a'..'z') */
+  uint8_t *train_y, *eval_y;                 /* [n] the next token */
+} train_data;
+
+/* Read a text file: every whitespace-separated token made only of the letters a-z is a word
+   (others -- capitalized names, possessives, digits -- are skipped); split the words 90/10 into
+   train / held-out by a shuffle from `seed`; make one example per character and one for the end
+   of each word. `is_default` words the missing-file error for the system word list. Returns 0,
+   or -1 with a message in err. */
+int train_data_load(train_data *d, const char *path, int is_default, int context, uint64_t seed,
+                    char *err, size_t err_len);
+void train_data_free(train_data *d);
+/* B training examples drawn uniformly (with replacement) with `rng`: x [B][C], y [B]. */
+void train_data_sample(const train_data *d, uint64_t *rng, int64_t batch, int32_t *x, int32_t *y);
+/* Held-out examples [first, first + count) into x, y; rows past the end of the set are padding
+   (context of '.', target '.'); returns how many rows are real. */
+int64_t train_data_eval_batch(const train_data *d, int64_t first, int64_t batch, int32_t *x,
+                              int32_t *y);
+
+/* ---------------------------------------------------------------------------------------------
+** Model (model.c)
+*/
+#define TRAIN_MAX_LINEAR 16                 /* hidden layers + lm_head */
+#define TRAIN_ACT_TANH 0
+#define TRAIN_ACT_GELU 1
+
+typedef struct train_model_cfg {
+  int context;                               /* C */
+  int embed;                                 /* E: embedding width; fc1's input is C*E */
+  int hidden;                                /* H: width of the hidden layers */
+  int layers;                                /* L: hidden linear layers fc1..fcL */
+  int64_t batch;                             /* B: rows of every activation */
+  int vocab_pad;                             /* lm_head's outputs: 27 padded up (masked) */
+  int act;                                   /* TRAIN_ACT_* */
+} train_model_cfg;
+
+typedef struct train_adam_cfg {
+  float beta1, beta2, eps, weight_decay;     /* decoupled weight decay on weight matrices */
+} train_adam_cfg;
+
+/* GEMMs of a layer: what ran, from the first training step (hq_gemm_info). */
+#define TRAIN_FPROP 0
+#define TRAIN_DGRAD 1
+#define TRAIN_WGRAD 2
+
+typedef struct train_device_ops train_device_ops;   /* model.c: the device table */
+
+typedef struct train_linear {
+  char name[16];                             /* "fc1", ..., "lm_head": the role's name */
+  int64_t in, out;                           /* W is [out, in] */
+  float *w, *b;                              /* FP32 masters (device) */
+  float *gw, *gb;                            /* their gradients */
+  float *mw, *vw, *mb, *vb;                  /* Adam moments */
+  hq_quantizer *q_in, *q_w, *q_grad;         /* (linear, input|weight|grad_output, name) */
+  hq_qtensor *qw;                            /* the quantized weight, both directions, written
+                                                back after every optimizer step */
+  hq_qtensor *qx;                            /* this step's quantized input (kept for wgrad) */
+  float *x;                                  /* input activations [B, in] */
+  float *y;                                  /* output (pre-activation) [B, out] */
+  hq_gemm_info info[3];                      /* TRAIN_FPROP/DGRAD/WGRAD, first step */
+  int have_info;
+} train_linear;
+
+typedef struct train_model {
+  train_model_cfg cfg;
+  hq_ctx *ctx;                               /* the device and stream everything runs on */
+  const train_device_ops *ops;
+  int n_lin;                                 /* layers + 1 (lm_head last) */
+  train_linear *lin;
+  float *emb, *gemb, *memb, *vemb;           /* [VOCAB, E] embedding, FP32, not a GEMM */
+  int32_t *tok, *tgt;                        /* this batch on the device: [B][C], [B] */
+  float *dlogits;                            /* [B, vocab_pad] */
+  float *dbuf[2];                            /* [B, max width]: gradients flowing down */
+  float *loss;                               /* device scalar: summed loss of the batch */
+  int64_t n_valid;                           /* rows of the batch that count */
+  int64_t step;                              /* optimizer steps taken */
+  int64_t n_params;
+  hq_state *state;                           /* the recipe's scaling state (delayed scaling:
+                                                amax histories); no slice for other formats */
+  float *amax_stash;                         /* host copy of the state's amaxes during an eval */
+  size_t n_amax_stash;
+  uint64_t rng_stash;
+} train_model;
+
+/* Build the model on ctx's device: parameters initialised from `seed` (the same for every
+   recipe), quantizers of every layer's three roles from the recipe, the weights quantized once
+   (both directions). On failure returns -1 with a message naming the layer and role in err. */
+int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *recipe,
+                       hq_ctx *ctx, uint64_t seed, char *err, size_t err_len);
+void train_model_free(train_model *m);
+/* Forward pass over a batch (x [B][C], y [B] host arrays; the first n_valid rows count), loss =
+   mean cross-entropy of those rows. training = 1 quantizes inputs in both directions (wgrad needs
+   the columnwise copy) and keeps them for train_model_backward; 0 (eval) only rowwise. */
+int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
+                        int training, double *loss, char *err, size_t err_len);
+/* Backward pass of the last training forward: every gradient (no accumulation). */
+int train_model_backward(train_model *m, char *err, size_t err_len);
+/* Evaluation must not change training: train_model_eval_begin stashes what a quantize
+   accumulates or draws (the context's random stream, the scaling state's amaxes) and
+   train_model_eval_end puts it back. */
+int train_model_eval_begin(train_model *m, char *err, size_t err_len);
+int train_model_eval_end(train_model *m, char *err, size_t err_len);
+/* One AdamW step (hq_adam_step) with learning rate lr on every parameter, the quantized weights
+   written back from the updated masters in the same call, then the scaling state updated (delayed scaling: the amaxes
+   of this step rolled into the histories and the next step's scales computed; a trainer on
+   several ranks all-reduces hq_state_amaxes with MAX first). */
+int train_model_update(train_model *m, const train_adam_cfg *adam, float lr, char *err,
+                       size_t err_len);
+/* 1 when the recipe gives every role of every layer of this model identity (high precision) in
+   both directions, 0 when not, -1 on error (message in err). */
+int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,
+                                   size_t err_len);
+
+/* ---------------------------------------------------------------------------------------------
+** Loop (loop.c)
+*/
+typedef struct train_config {
+  train_model_cfg model;
+  train_adam_cfg adam;
+  int64_t steps;
+  float lr, min_lr;                          /* peak and final learning rate */
+  int64_t warmup;                            /* linear warmup steps, then cosine to min_lr */
+  int64_t log_every;                         /* a progress line every N steps */
+  int64_t eval_every;                        /* held-out eval every N steps (0: only at the end) */
+  int64_t eval_batches;                      /* batches of the periodic eval (0: whole set) */
+  uint64_t seed;
+  int device;                                /* HQ_DEVICE_HOST or a CUDA ordinal */
+} train_config;
+
+/* What the loop reports while it runs. */
+typedef struct train_progress {
+  const char *recipe;
+  int64_t step, steps;                       /* steps done, of */
+  double loss;                               /* mean train loss since the last line */
+  double eval_loss;                          /* NaN when this line has no eval */
+  double tokens_per_s;                       /* training throughput so far */
+  double elapsed_s;                          /* of this run */
+} train_progress;
+typedef void (*train_progress_fn)(void *user, const train_progress *p);
+
+typedef struct train_point {
+  int64_t step;
+  double loss;
+} train_point;
+
+typedef struct train_result {
+  char recipe[128];                          /* the recipe's name */
+  char path[512];                            /* its file ("" for the built-in baseline) */
+  int high_precision;                        /* every role identity */
+  double step0_loss;                         /* train loss of the first batch, before any step */
+  double train_loss;                         /* mean train loss of the last log interval */
+  double eval_loss;                          /* whole held-out set, after the last step */
+  double train_s;                            /* forward + backward + update, no eval */
+  double total_s;                            /* the whole run, evals and setup included */
+  double tokens_per_s;                       /* examples (one predicted character each) / train_s */
+  int64_t tokens;
+  int64_t n_params;
+  train_point *train_curve;                  /* every step's train loss */
+  int64_t n_train_curve;
+  train_point *eval_curve;                   /* every eval */
+  int64_t n_eval_curve;
+  int n_layers;                              /* the GEMMs that ran, per layer */
+  char layer_name[TRAIN_MAX_LINEAR][16];
+  hq_gemm_info layer_info[TRAIN_MAX_LINEAR][3];
+} train_result;
+
+/* Train one model with one recipe from cfg->seed. recipe_name names it in messages. Returns 0,
+   or -1 with a message naming the recipe, the step and the layer in err. */
+int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe,
+              const char *recipe_name, train_progress_fn progress, void *user,
+              train_result *res, char *err, size_t err_len);
+void train_result_free(train_result *res);
+
+/* Seconds of a monotonic clock. */
+double train_now(void);
+
 #endif
