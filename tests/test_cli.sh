@@ -213,4 +213,27 @@ fi
 # docs/plugin-guide.md section 11 shows examples/format/int8_row.c as it is
 src=${HQ_TEST_SRCDIR:?}/..
 awk '/^## 11\./{s=1} s&&/^```c$/{f=1;next} f&&/^```$/{exit} f' "$src/docs/plugin-guide.md" | diff - "$src/examples/format/int8_row.c" > "$tmp/d" || { cat "$tmp/d"; fail "docs/plugin-guide.md section 11 differs from examples/format/int8_row.c"; }; ok
+# a hostile .npy whose shape product overflows is refused, naming the shape (never another shape)
+printf '\223NUMPY\001\000\166\000' > "$tmp/huge.npy"
+printf "%-117s\n" "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }" >> "$tmp/huge.npy"
+head -c 64 /dev/zero >> "$tmp/huge.npy"
+printf '[role *:*:*]\nrowwise = identity\n' > "$tmp/idr.ini"
+$hq quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/huge.npy" > /dev/null 2> "$tmp/err"; [ $? -eq 1 ] || fail "overflowing .npy shape exit status"
+grep -q "shape (4294967296, 4294967296, 16) has more than 2^40 elements" "$tmp/err" || { cat "$tmp/err"; fail "overflowing .npy shape message"; }; ok
+# non-finite input: reported (text and JSON), refused with --finite-only
+python3 - "$tmp/nan.npy" <<'PY' 2>/dev/null || printf '\223NUMPY\001\000\166\000%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 32), }" > "$tmp/nan.npy"
+import struct, sys
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 32), }"
+hdr = hdr + ' ' * (117 - len(hdr)) + '\n'
+vals = [0.5] * 64
+vals[37] = float('nan'); vals[40] = float('inf')
+open(sys.argv[1], 'wb').write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(hdr)) + hdr.encode() + struct.pack('<64f', *vals))
+PY
+if [ "$(wc -c < "$tmp/nan.npy")" -eq $((128 + 256)) ]; then
+  $hq quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/nan.npy" > "$tmp/out" || fail "quantize of NaN input"
+  grep -q "input holds 2 NaN/Inf values, the first at \[1, 5\]" "$tmp/out" || { cat "$tmp/out"; fail "quantize does not report NaN input"; }; ok
+  $hq quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/nan.npy" --json | grep -q '"nonfinite_inputs":2' || fail "quantize --json nonfinite_inputs"; ok
+  $hq quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/nan.npy" --finite-only > /dev/null 2> "$tmp/err"; [ $? -eq 1 ] || fail "--finite-only exit status"
+  grep -q "2 NaN/Inf values, the first at \[1, 5\]" "$tmp/err" || { cat "$tmp/err"; fail "--finite-only message"; }; ok
+fi
 echo "PASS: $n checks"

@@ -14,7 +14,7 @@ static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
     "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC])\n"
     "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
-    "                   [--output FILE.npy] [--plugin-dir DIR]...\n"
+    "                   [--output FILE.npy] [--finite-only] [--plugin-dir DIR]...\n"
     "\n"
     "Quantize one tensor with the quantizer the recipe gives the role (both directions),\n"
     "dequantize each direction and print per direction: format, plugin, bytes, bits per\n"
@@ -35,6 +35,9 @@ static const char usage[] =
     "                 to FILE.npy, the columnwise one to FILE.columnwise.npy (.npy is\n"
     "                 appended to FILE when missing). The quantized buffers themselves\n"
     "                 will be written by the checkpoint support (safetensors), not here.\n"
+    "  --finite-only  refuse an input holding NaN or Inf (exit 1, naming the count and the\n"
+    "                 first position) instead of quantizing it by each format's rule; without\n"
+    "                 it the report counts them (docs/formats.md, NaN, Inf and zero)\n"
     "  --plugin-dir DIR  a directory to search for formats (repeatable)\n";
 
 #define CMD "quantize"
@@ -117,9 +120,10 @@ static int read_npy(const char *path, unsigned char *buf, size_t n, hq_tensor *t
     int nd = 0;
     while (p && *++p && *p != ')') {
       char *end;
+      errno = 0;
       long long v = strtoll(p, &end, 10);
       if (end == p) break;
-      if (nd == 16 || v <= 0) nd = -1;
+      if (nd == 16 || v <= 0 || errno == ERANGE) nd = -1;
       if (nd < 0) break;
       dims[nd++] = v;
       p = strchr(end, ',');
@@ -128,11 +132,24 @@ static int read_npy(const char *path, unsigned char *buf, size_t n, hq_tensor *t
     if (nd <= 0) {
       snprintf(err, err_len, "%s: .npy shape is empty, zero-sized or unreadable", path);
     } else {
-      t->cols = dims[nd - 1];
-      t->rows = 1;
-      for (int i = 0; i < nd - 1; i++) t->rows *= dims[i];
-      *offset = hstart + hlen;
-      rc = 1;
+      /* the element count, overflow-checked: at most 2^40 (as --shape), so that no size below
+         can wrap (a wrapped product would quantize another shape) */
+      const int64_t cap = (int64_t)1 << 40;
+      int64_t count = 1;
+      for (int i = 0; i < nd && count > 0; i++) count = dims[i] > cap / count ? -1 : count * dims[i];
+      if (count < 0) {
+        char dimtxt[160] = "";
+        size_t used = 0;
+        for (int i = 0; i < nd && used < sizeof dimtxt - 24; i++)
+          used += (size_t)snprintf(dimtxt + used, sizeof dimtxt - used, "%s%lld", i ? ", " : "",
+                                   (long long)dims[i]);
+        snprintf(err, err_len, "%s: .npy shape (%s) has more than 2^40 elements", path, dimtxt);
+      } else {
+        t->cols = dims[nd - 1];
+        t->rows = count / t->cols;
+        *offset = hstart + hlen;
+        rc = 1;
+      }
     }
   }
   free(h);
@@ -227,7 +244,7 @@ int hq_cmd_quantize(int argc, char **argv) {
   cli_dirs dirs = {{NULL}, 0};
   uint64_t seed = 1;
   double scale = 1.0;
-  int as_json = 0;
+  int as_json = 0, finite_only = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     int r;
@@ -237,6 +254,10 @@ int hq_cmd_quantize(int argc, char **argv) {
     }
     if (!strcmp(argv[i], "--json")) {
       as_json = 1;
+      continue;
+    }
+    if (!strcmp(argv[i], "--finite-only")) {
+      finite_only = 1;
       continue;
     }
     if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
@@ -354,7 +375,13 @@ int hq_cmd_quantize(int argc, char **argv) {
     }
     xd.device = device;
   }
-  if (hq_quantize(q, ctx, &xd, &qt)) {
+  int64_t nonfinite = 0, first_nonfinite = -1;
+  if (hq_tensor_nonfinite(ctx, &xd, &nonfinite, &first_nonfinite)) {
+    cli_fail(1, CMD, "%s", hq_last_error());
+    goto out;
+  }
+  hq_quantize_args qargs = {sizeof qargs, finite_only ? HQ_QUANTIZE_FINITE_ONLY : 0u, NULL};
+  if (hq_quantize_ex(q, ctx, &xd, &qargs, &qt)) {
     cli_fail(1, CMD, "%s", hq_last_error());
     goto out;
   }
@@ -371,12 +398,18 @@ int hq_cmd_quantize(int argc, char **argv) {
     json_close_arr(&j);
     json_kstr(&j, "dtype", hq_dtype_name(x.dtype));
     json_kstr(&j, "device", device_s);
+    json_kint(&j, "nonfinite_inputs", nonfinite);
     json_kbool(&j, "fused", hq_quantizer_fused(q));
     json_key(&j, "directions");
     json_arr(&j);
   } else {
     printf("role %s -> %s, shape %lldx%lld %s on %s\n", role_text, recipe, (long long)x.rows,
            (long long)x.cols, hq_dtype_name(x.dtype), device_s);
+    if (nonfinite)
+      printf("input holds %lld NaN/Inf value%s, the first at [%lld, %lld]: quantized by each "
+             "format's rule (docs/formats.md; --finite-only refuses them)\n",
+             (long long)nonfinite, nonfinite == 1 ? "" : "s",
+             (long long)(first_nonfinite / x.cols), (long long)(first_nonfinite % x.cols));
     printf("%-10s %-12s %-11s %12s %8s %12s %12s %9s\n", "direction", "format", "plugin",
            "bytes", "bits/el", "rel_rms", "max_abs", "sqnr_db");
   }
