@@ -106,25 +106,11 @@ static int gemm(const void *cfg, const hq_call *call, const hq_gemm_problem *p) 
   if (p->a->desc.elem != p->b->desc.elem)
     return h->error(HQ_ENOTSUP, "identity: operands of two dtypes (%s x %s)",
                     hq_dtype_name(p->a->desc.elem), hq_dtype_name(p->b->desc.elem));
-  hq_lt_matmul mm;
-  memset(&mm, 0, sizeof mm);
-  mm.struct_size = sizeof mm;
-  mm.flags = p->flags & HQ_GEMM_QUERY;
+  hq_lt_matmul mm = hq_lt_matmul_from(p, "identity");
   mm.a = (hq_lt_operand){ba->ptr, p->a->desc.elem, p->transa, p->a->cols, p->a->rows,
                          p->a->cols, HQ_SCALE_NONE, NULL};
   mm.b = (hq_lt_operand){bb->ptr, p->b->desc.elem, p->transb, p->b->cols, p->b->rows,
                          p->b->cols, HQ_SCALE_NONE, NULL};
-  mm.m = p->m;
-  mm.n = p->n;
-  mm.k = p->k;
-  mm.alpha = p->alpha;
-  mm.beta = p->beta;
-  mm.d = p->d ? p->d->data : NULL;
-  mm.d_dtype = p->d ? p->d->dtype : HQ_F32;
-  mm.ldd = p->m;
-  mm.bias = p->bias;
-  mm.bias_dtype = p->bias_dtype;
-  mm.what = "identity";
   return h->lt_matmul(call, &mm);
 }
 

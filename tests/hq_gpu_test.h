@@ -1,11 +1,13 @@
 /*
 ** hq_gpu_test.h -- what the GPU tests share: comparing a device quantization with the CPU
-** reference byte for byte, and moving a caller's amax pair to and from the device. Include after
-** hq_test.h.
+** reference byte for byte, moving a caller's amax pair to and from the device, raw dequantize on
+** both sides, and checking a device hq_gemm (native or emulated) against the F64 product.
+** Include after hq_test.h.
 */
 #ifndef HQ_GPU_TEST_H
 #define HQ_GPU_TEST_H
 
+#include <math.h>
 #include "hq_test.h"
 
 /* Every buffer of direction `dir` of g (on dev's device) equals h's (host), byte for byte; a
@@ -51,6 +53,213 @@ static inline float *hq_gpu_amax_to_dev(hq_ctx *dev, const float a[2]) {
 static inline void hq_gpu_amax_to_host(hq_ctx *dev, const float *p, float out[2]) {
   HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, out, HQ_DEVICE_HOST, p, hq_ctx_device(dev), 2 * sizeof(float)));
   HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+}
+
+/* A device tensor's contents (on dev's device) as host F32 (free the result). */
+static inline float *hq_gpu_back_f32(hq_ctx *dev, const hq_tensor *t) {
+  const size_t n = (size_t)(t->rows * t->cols), bytes = n * hq_dtype_size(t->dtype);
+  void *raw = malloc(bytes);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, raw, HQ_DEVICE_HOST, t->data, hq_ctx_device(dev), bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+  float *f = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) f[i] = hq_load_hp(raw, (int64_t)i, t->dtype);
+  free(raw);
+  return f;
+}
+
+/* hq_dequantize of direction dir of a device qtensor [r0, r1], as host F32 (free the result). */
+static inline float *hq_gpu_deq_back(hq_ctx *dev, const hq_qtensor *qt, uint32_t dir, int64_t r0,
+                                     int64_t r1) {
+  hq_tensor t = hq_tensor_2d(NULL, HQ_F32, hq_ctx_device(dev), r0, r1);
+  HQ_OK_OR_FAIL(hq_ctx_alloc(dev, (size_t)(r0 * r1) * 4, &t.data));
+  HQ_OK_OR_FAIL(hq_dequantize(qt, dev, dir, &t));
+  float *f = hq_gpu_back_f32(dev, &t);
+  hq_ctx_free(dev, t.data);
+  return f;
+}
+
+/* D = alpha op(A) op(B) + beta D0 on dev for device qtensors A and B (flags ta / tb), with alpha
+   1.25 and beta 0.5: d and de are device copies of the host tensor d0h (D0, [n, m] of D's dtype),
+   overwritten. The path hq_gemm_plan names must be `want` (0: any) and its reason contain
+   `reason` (NULL: none checked); hq_gemm's result into d and the emulated path's
+   (HQ_GEMM_FORCE_EMULATED, which must report path `emul`) into de are checked against the F64
+   product of the dequantized operands: the emulated path within FP32 accumulation error (plus
+   BF16 rounding of D), the native one within 2^-10 of sum |alpha a b| more. Prints the worst
+   relative error; a failure names `what`. */
+static inline void hq_gpu_gemm_vs_f64(hq_ctx *dev, const hq_qtensor *A, int ta,
+                                      const hq_qtensor *B, int tb, const hq_tensor *d0h,
+                                      hq_tensor *d, hq_tensor *de, uint32_t want,
+                                      const char *reason, uint32_t emul, const char *what) {
+  const hq_dtype ddt = d0h->dtype;
+  const int64_t M = d0h->cols, N = d0h->rows;
+  const int64_t a0 = hq_qtensor_rows(A), a1 = hq_qtensor_cols(A);
+  const int64_t b0 = hq_qtensor_rows(B), b1 = hq_qtensor_cols(B);
+  const int64_t K = ta ? a1 : a0;
+  float *fa = hq_gpu_deq_back(dev, A, ta ? HQ_ROWWISE : HQ_COLWISE, a0, a1);
+  float *fb = hq_gpu_deq_back(dev, B, tb ? HQ_COLWISE : HQ_ROWWISE, b0, b1);
+  hq_gemm_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  HQ_OK_OR_FAIL(hq_gemm_plan(dev, hq_operand_q(A), ta, hq_operand_q(B), tb, d, NULL, &info));
+  if (want && info.path != want)
+    fail_msg("%s: path %s (%s), expected %s", what, hq_gemm_path_name(info.path), info.reason,
+             hq_gemm_path_name(want));
+  if (reason && !strstr(info.reason, reason))
+    fail_msg("%s: reason '%s' lacks '%s'", what, info.reason, reason);
+  const uint32_t path = info.path;
+  HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(A), ta, hq_operand_q(B), tb, d, 1.25f, 0.5f, NULL,
+                        &info));
+  assert_int_equal(info.path, path);
+  hq_gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.flags = HQ_GEMM_FORCE_EMULATED;
+  HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(A), ta, hq_operand_q(B), tb, de, 1.25f, 0.5f, &args,
+                        &info));
+  assert_int_equal(info.path, emul);
+  float *got = hq_gpu_back_f32(dev, d), *emu = hq_gpu_back_f32(dev, de);
+  double worst = 0;
+  for (int64_t j = 0; j < N; j++)
+    for (int64_t i = 0; i < M; i++) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < K; p++) {
+        const double x = ta ? fa[i * K + p] : fa[p * M + i];
+        const double y = tb ? fb[p * N + j] : fb[j * K + p];
+        s += x * y;
+        sa += fabs(x * y);
+      }
+      const double c = 0.5 * hq_load_hp(d0h->data, j * M + i, ddt);
+      const double ref = 1.25 * s + c;
+      const double acc = (double)(K + 8) * 0x1p-24 * (1.25 * sa + fabs(c));
+      const double out = ddt == HQ_BF16 ? fabs(ref) * 0x1p-8 + 1e-30 : 1e-30;
+      const double tol_e = acc + out;
+      const double tol_n = path == HQ_GEMM_PATH_NATIVE ? tol_e + 0x1p-10 * 1.25 * sa : tol_e;
+      const double ee = fabs(emu[j * M + i] - ref), en = fabs(got[j * M + i] - ref);
+      if (ee > tol_e)
+        fail_msg("%s: emulated D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 (long long)j, (long long)i, (double)emu[j * M + i], ref, tol_e);
+      if (en > tol_n)
+        fail_msg("%s: %s D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got[j * M + i], ref,
+                 tol_n);
+      if (sa > 0 && en / (1.25 * sa) > worst) worst = en / (1.25 * sa);
+    }
+  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g\n", what, hq_gemm_path_name(path),
+         worst);
+  free(got);
+  free(emu);
+  free(fa);
+  free(fb);
+}
+
+/* Raw dequantize (HQ_CALL_DEQ_RAW) of storage s through the module's op, directly: on the host
+   into dst (host memory), or on a CUDA device into dst (device memory, legacy default stream). */
+static inline void hq_gpu_raw_direct(const hq_format_ops *ops, const hq_host_api *host,
+                                     const hq_storage *s, int device, hq_tensor *dst) {
+  hq_call call = hq_test_call(host, 0, 0);
+  call.device = device;
+  call.flags = HQ_CALL_DEQ_RAW;
+  uint8_t cfg[256] = {0}; /* dequantize reads the storage, not the instance */
+  int rc = ops->dequantize(cfg, &call, s, dst);
+  if (rc) fail_msg("raw dequantize on device %d -> %d: %s", device, rc, hq_test_module_error());
+}
+
+/* The raw values of direction d of h (host) and g (device) agree byte for byte, into f32,
+   bf16 and f16. */
+static inline void hq_gpu_compare_raw(hq_ctx *dev, const hq_format_ops *ops,
+                                      const hq_host_api *host, const hq_qtensor *h,
+                                      const hq_qtensor *g, uint32_t d, const char *what) {
+  const int64_t M = hq_qtensor_rows(h), K = hq_qtensor_cols(h);
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+  for (int o = 0; o < 3; o++) {
+    const size_t bytes = (size_t)(M * K) * hq_dtype_size(outs[o]);
+    hq_tensor dh = hq_test_empty(outs[o], M, K), dg = dh;
+    HQ_OK_OR_FAIL(hq_ctx_alloc(dev, bytes, &dg.data));
+    dg.device = hq_ctx_device(dev);
+    hq_gpu_raw_direct(ops, host, hq_qtensor_storage(h, d), HQ_DEVICE_HOST, &dh);
+    hq_gpu_raw_direct(ops, host, hq_qtensor_storage(g, d), hq_ctx_device(dev), &dg);
+    uint8_t *back = malloc(bytes);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, back, HQ_DEVICE_HOST, dg.data, hq_ctx_device(dev), bytes));
+    HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+    for (int64_t t = 0; t < M * K; t++) {
+      const float a = hq_load_hp(back, t, outs[o]), b = hq_load_hp(dh.data, t, outs[o]);
+      if (isnan(a) && isnan(b)) continue; /* NaN payloads: host and device multiplies differ */
+      if (memcmp(back + (size_t)t * hq_dtype_size(outs[o]),
+                 (uint8_t *)dh.data + (size_t)t * hq_dtype_size(outs[o]), hq_dtype_size(outs[o])))
+        fail_msg("%s: raw dequantize dir %u into %s differs at element %lld: host_ctx %a dev %a", what,
+                 d, hq_dtype_name(outs[o]), (long long)t, (double)b, (double)a);
+    }
+    free(back);
+    free(dh.data);
+    hq_ctx_free(dev, dg.data);
+  }
+}
+
+/* D = op(A) op(B) of two qtensors quantized alike on the host (h*) and the device (g*): the
+   device's hq_gemm (whatever path hq_gemm_plan names) equals the host's F64 product of the
+   dequantized operands within FP32 accumulation error, which bounds the host's own hq_gemm too;
+   when the path is NATIVE the same GEMM forced onto the emulated path agrees with it as well.
+   Returns the path. */
+static inline uint32_t hq_gpu_gemm_device_check(hq_ctx *host_ctx, hq_ctx *dev,
+                                                const hq_qtensor *hA, const hq_qtensor *gA, int ta,
+                                                const hq_qtensor *hB, const hq_qtensor *gB, int tb,
+                                                const char *what) {
+  const int64_t A0 = hq_qtensor_rows(hA), A1 = hq_qtensor_cols(hA);
+  const int64_t B0 = hq_qtensor_rows(hB), B1 = hq_qtensor_cols(hB);
+  const int64_t m = ta ? A0 : A1, k = ta ? A1 : A0, n = tb ? B1 : B0;
+  hq_tensor a = hq_test_empty(HQ_F32, A0, A1), b = hq_test_empty(HQ_F32, B0, B1);
+  HQ_OK_OR_FAIL(hq_dequantize(hA, host_ctx, ta ? HQ_ROWWISE : HQ_COLWISE, &a));
+  HQ_OK_OR_FAIL(hq_dequantize(hB, host_ctx, tb ? HQ_COLWISE : HQ_ROWWISE, &b));
+  hq_gemm_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  hq_tensor dg = hq_tensor_2d(NULL, HQ_F32, hq_ctx_device(dev), n, m), de = dg;
+  const size_t bytes = (size_t)(n * m) * sizeof(float);
+  HQ_OK_OR_FAIL(hq_ctx_alloc(dev, bytes, &dg.data));
+  HQ_OK_OR_FAIL(hq_ctx_alloc(dev, bytes, &de.data));
+  HQ_OK_OR_FAIL(hq_gemm_plan(dev, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &dg, NULL, &info));
+  const uint32_t path = info.path;
+  printf("%s: path %s%s%s\n", what, hq_gemm_path_name(path), info.reason[0] ? ": " : "",
+         info.reason);
+  HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &dg, 1.0f, 0.0f, NULL,
+                        &info));
+  assert_int_equal(info.path, path);
+  hq_gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.flags = HQ_GEMM_FORCE_EMULATED;
+  HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &de, 1.0f, 0.0f, &args,
+                        &info));
+  assert_int_equal(info.path, HQ_GEMM_PATH_EMULATED_BF16);
+  float *back = malloc(bytes), *backe = malloc(bytes);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, back, HQ_DEVICE_HOST, dg.data, hq_ctx_device(dev), bytes));
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, backe, HQ_DEVICE_HOST, de.data, hq_ctx_device(dev), bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+  const float *af = a.data, *bf = b.data;
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0, sabs = 0;
+      for (int64_t p = 0; p < k; p++) {
+        const double x = ta ? af[i * A1 + p] : af[p * A1 + i];
+        const double y = tb ? bf[p * B1 + j] : bf[j * B1 + p];
+        s += x * y;
+        sabs += fabs(x * y);
+      }
+      const double tol = (double)(k + 16) * 0x1p-23 * sabs + 1e-30;
+      const float got = back[j * m + i], emu = backe[j * m + i];
+      if (!(fabs(got - s) <= tol) || !(fabs(emu - s) <= tol))
+        fail_msg("%s (%s): D[%lld][%lld] = %.9g (emulated %.9g), F64 %.9g, tol %g", what,
+                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got, (double)emu,
+                 s, tol);
+    }
+  free(back);
+  free(backe);
+  hq_ctx_free(dev, dg.data);
+  hq_ctx_free(dev, de.data);
+  free(a.data);
+  free(b.data);
+  return path;
 }
 
 #endif

@@ -145,6 +145,53 @@ static inline int hq_test_host_lt_matmul(const hq_call *call, const hq_lt_matmul
   (void)mm;
   return hq_test_host_error(HQ_ENOTSUP, "test host: no cuBLASLt");
 }
+/* A mock device for the tests of the gemm ops: put hq_mock_arch / hq_mock_lt in a host table's
+   device_arch / lt_matmul. hq_mock_arch answers hq_mock()->arch (0, as the core does, for the
+   host); hq_mock_lt counts its calls in lt_calls, keeps a copy of the matmul in mm (mm.what, when
+   set, points to a copy in what; what is "" when mm.what is NULL) and answers lt_rc (HQ_OK
+   unless a test sets it). */
+typedef struct hq_mock_device {
+  int arch, lt_calls, lt_rc;
+  hq_lt_matmul mm;
+  char what[128];
+} hq_mock_device;
+static inline hq_mock_device *hq_mock(void) {
+  static hq_mock_device m;
+  return &m;
+}
+static inline int hq_mock_arch(int device) { return device < 0 ? 0 : hq_mock()->arch; }
+static inline int hq_mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
+  (void)call;
+  hq_mock_device *m = hq_mock();
+  m->lt_calls++;
+  m->mm = *mm;
+  snprintf(m->what, sizeof m->what, "%s", mm->what ? mm->what : "");
+  if (mm->what) m->mm.what = m->what;
+  return m->lt_rc;
+}
+/* A gemm op's problem: storages a and b (flags ta / tb, B's instance cfg_b), m x n x k, D = d
+   (may be NULL in a query), alpha, beta, flags (HQ_GEMM_QUERY or 0); no bias. */
+static inline hq_gemm_problem hq_test_gemm_problem(const hq_storage *a, const hq_storage *b,
+                                                   const void *cfg_b, int ta, int tb, int64_t m,
+                                                   int64_t n, int64_t k, hq_tensor *d, float alpha,
+                                                   float beta, uint32_t flags) {
+  hq_gemm_problem p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.flags = flags;
+  p.a = a;
+  p.b = b;
+  p.cfg_b = cfg_b;
+  p.transa = ta;
+  p.transb = tb;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.d = d;
+  p.alpha = alpha;
+  p.beta = beta;
+  return p;
+}
 /* A host table for direct calls: host memory from malloc, errors into hq_test_module_error(). */
 static inline hq_host_api hq_test_host(void) {
   hq_host_api h = {HQ_ABI_MAJOR,        HQ_ABI_MINOR,     sizeof h,           "test",

@@ -1475,23 +1475,6 @@ static void test_emul_dtype(void **state) {
   free(cfg);
 }
 
-/* A mock device: device_arch() answers g_arch, lt_matmul() records the call it gets. */
-static int g_arch, g_lt_calls, g_lt_rc;
-static hq_lt_matmul g_mm;
-static char g_mm_what[128];
-static int mock_arch(int device) {
-  (void)device;
-  return g_arch;
-}
-static int mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
-  (void)call;
-  g_lt_calls++;
-  g_mm = *mm;
-  snprintf(g_mm_what, sizeof g_mm_what, "%s", mm->what ? mm->what : "");
-  g_mm.what = g_mm_what;
-  return g_lt_rc;
-}
-
 /* The operands of an (m, n, k) GEMM with flags ta / tb: A is [m, k] (ta) or [k, m], B is [k, n]
    (tb) or [n, k], quantized by instances ca / cb in both directions; a and b are the storages the
    flags select (A: T -> rowwise, N -> columnwise; B: N -> rowwise, T -> columnwise), marked as on
@@ -1525,22 +1508,7 @@ static void gemm_operands_free(gemm_ops *g) {
 }
 static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
                                int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
-  hq_gemm_problem p;
-  memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.flags = flags;
-  p.a = g->a;
-  p.b = g->b;
-  p.cfg_b = cb;
-  p.transa = ta;
-  p.transb = tb;
-  p.m = mm;
-  p.n = nn;
-  p.k = kk;
-  p.d = d;
-  p.alpha = 2.0f;
-  p.beta = 1.0f;
-  return p;
+  return hq_test_gemm_problem(g->a, g->b, cb, ta, tb, mm, nn, kk, d, 2.0f, 1.0f, flags);
 }
 
 /* The gemm op. On the host always HQ_ENOTSUP (naming the host). On a mock sm_90 device, for
@@ -1580,8 +1548,8 @@ static void test_gemm_op(void **state) {
     gemm_operands_free(&g);
   }
   hq_host_api dev = host;
-  dev.device_arch = mock_arch;
-  dev.lt_matmul = mock_lt;
+  dev.device_arch = hq_mock_arch;
+  dev.lt_matmul = hq_mock_lt;
   hq_call call = hq_test_call(&dev, 0, 0);
   call.device = 0;
   for (int ta = 0; ta < 2; ta++)
@@ -1592,49 +1560,49 @@ static void test_gemm_op(void **state) {
         gemm_ops g;
         gemm_operands(ops, &host, ca, cb, M, N, K, ta, tb, 0, &g);
         for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-          g_arch = 90;
-          g_lt_rc = HQ_OK;
-          const int before = g_lt_calls;
+          hq_mock()->arch = 90;
+          hq_mock()->lt_rc = HQ_OK;
+          const int before = hq_mock()->lt_calls;
           hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
           if (ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
-          assert_int_equal(g_lt_calls, before + 1);
-          assert_int_equal(g_mm.struct_size, sizeof(hq_lt_matmul));
-          assert_int_equal(g_mm.flags, fl);
-          assert_ptr_equal(g_mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
-          assert_int_equal(g_mm.a.elem, HQ_E4M3);
-          assert_int_equal(g_mm.a.trans, 1);
-          assert_int_equal(g_mm.a.rows, K);
-          assert_int_equal(g_mm.a.cols, M);
-          assert_int_equal(g_mm.a.ld, K);
-          assert_int_equal(g_mm.a.scale_mode, a2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
-          assert_ptr_equal(g_mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
-          assert_ptr_equal(g_mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
-          assert_int_equal(g_mm.b.elem, pair == 0 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(g_mm.b.trans, 0);
-          assert_int_equal(g_mm.b.rows, K);
-          assert_int_equal(g_mm.b.cols, N);
-          assert_int_equal(g_mm.b.ld, K);
-          assert_int_equal(g_mm.b.scale_mode, b2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
-          assert_ptr_equal(g_mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
-          assert_int_equal(g_mm.m, M);
-          assert_int_equal(g_mm.n, N);
-          assert_int_equal(g_mm.k, K);
-          assert_true(g_mm.alpha == 2.0f && g_mm.beta == 1.0f);
-          assert_null(g_mm.alpha_factor[0]);
-          assert_null(g_mm.alpha_factor[1]);
-          assert_ptr_equal(g_mm.d, dbuf);
-          assert_int_equal(g_mm.d_dtype, HQ_F32);
-          assert_int_equal(g_mm.ldd, M);
-          assert_int_equal(g_mm.fast_accum, 0);
-          assert_non_null(strstr(g_mm_what, "fp8_block"));
-          g_lt_rc = HQ_ENOTSUP;
+          assert_int_equal(hq_mock()->lt_calls, before + 1);
+          assert_int_equal(hq_mock()->mm.struct_size, sizeof(hq_lt_matmul));
+          assert_int_equal(hq_mock()->mm.flags, fl);
+          assert_ptr_equal(hq_mock()->mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
+          assert_int_equal(hq_mock()->mm.a.elem, HQ_E4M3);
+          assert_int_equal(hq_mock()->mm.a.trans, 1);
+          assert_int_equal(hq_mock()->mm.a.rows, K);
+          assert_int_equal(hq_mock()->mm.a.cols, M);
+          assert_int_equal(hq_mock()->mm.a.ld, K);
+          assert_int_equal(hq_mock()->mm.a.scale_mode, a2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
+          assert_ptr_equal(hq_mock()->mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
+          assert_ptr_equal(hq_mock()->mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
+          assert_int_equal(hq_mock()->mm.b.elem, pair == 0 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(hq_mock()->mm.b.trans, 0);
+          assert_int_equal(hq_mock()->mm.b.rows, K);
+          assert_int_equal(hq_mock()->mm.b.cols, N);
+          assert_int_equal(hq_mock()->mm.b.ld, K);
+          assert_int_equal(hq_mock()->mm.b.scale_mode, b2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
+          assert_ptr_equal(hq_mock()->mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
+          assert_int_equal(hq_mock()->mm.m, M);
+          assert_int_equal(hq_mock()->mm.n, N);
+          assert_int_equal(hq_mock()->mm.k, K);
+          assert_true(hq_mock()->mm.alpha == 2.0f && hq_mock()->mm.beta == 1.0f);
+          assert_null(hq_mock()->mm.alpha_factor[0]);
+          assert_null(hq_mock()->mm.alpha_factor[1]);
+          assert_ptr_equal(hq_mock()->mm.d, dbuf);
+          assert_int_equal(hq_mock()->mm.d_dtype, HQ_F32);
+          assert_int_equal(hq_mock()->mm.ldd, M);
+          assert_int_equal(hq_mock()->mm.fast_accum, 0);
+          assert_non_null(strstr(hq_mock()->what, "fp8_block"));
+          hq_mock()->lt_rc = HQ_ENOTSUP;
           assert_int_equal(ops->gemm(ca, &call, &p), HQ_ENOTSUP);
-          g_lt_rc = HQ_OK;
+          hq_mock()->lt_rc = HQ_OK;
         }
         gemm_operands_free(&g);
       }
   /* refusals: none reaches cuBLASLt */
-  const int before = g_lt_calls;
+  const int before = hq_mock()->lt_calls;
   gemm_ops g;
   gemm_operands(ops, &host, c1, c2, M, N, K, 1, 0, 0, &g);
   hq_gemm_problem p = problem(&g, c2, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
@@ -1642,12 +1610,12 @@ static void test_gemm_op(void **state) {
   for (int i = 0; i < 2; i++) {
     char want[16];
     snprintf(want, sizeof want, "sm_%d", archs[i]);
-    g_arch = archs[i];
+    hq_mock()->arch = archs[i];
     msg[0] = 0;
     assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
     assert_non_null(strstr(msg, want));
   }
-  g_arch = 90;
+  hq_mock()->arch = 90;
   hq_storage bad = *g.a;
   bad.desc.scale_layout = HQ_SCALE_LAYOUT_SWIZZLED;
   p.a = &bad;
@@ -1683,12 +1651,12 @@ static void test_gemm_op(void **state) {
     assert_non_null(strstr(msg, needles[i]));
     gemm_operands_free(&g);
   }
-  assert_int_equal(g_lt_calls, before);
+  assert_int_equal(hq_mock()->lt_calls, before);
   /* n = 36 with a 2-D B runs */
   gemm_operands(ops, &host, c1, c2, M, 36, K, 1, 1, 0, &g);
   p = problem(&g, c2, 1, 1, M, 36, K, &d, HQ_GEMM_QUERY);
   if (ops->gemm(c1, &call, &p) != HQ_OK) fail_msg("n = 36, 2-D B: %s", msg);
-  assert_int_equal(g_lt_calls, before + 1);
+  assert_int_equal(hq_mock()->lt_calls, before + 1);
   gemm_operands_free(&g);
   free(c1);
   free(c2);

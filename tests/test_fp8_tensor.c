@@ -1059,23 +1059,6 @@ static void test_emul_dtype_exact(void **state) {
 
 // --- ABI 2.1: the gemm op ------------------------------------------------------------------------
 
-/* A mock device: device_arch() answers g_arch, lt_matmul() records the call it gets. */
-static int g_arch, g_lt_calls, g_lt_rc;
-static hq_lt_matmul g_mm;
-static char g_mm_what[128];
-static int mock_arch(int device) {
-  (void)device;
-  return g_arch;
-}
-static int mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
-  (void)call;
-  g_lt_calls++;
-  g_mm = *mm;
-  snprintf(g_mm_what, sizeof g_mm_what, "%s", mm->what ? mm->what : "");
-  g_mm.what = g_mm_what;
-  return g_lt_rc;
-}
-
 /* The operands of an (m, n, k) GEMM with flags transa / transb, quantized by instances ca (A) and
    cb (B) of the module: A is [m, k] (transa) or [k, m], B is [k, n] (transb) or [n, k]; both
    directions made, the one the flag selects returned (A: T -> rowwise, N -> columnwise; B: N ->
@@ -1107,22 +1090,7 @@ static void gemm_operands_free(gemm_ops *g) {
 
 static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
                                int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
-  hq_gemm_problem p;
-  memset(&p, 0, sizeof p);
-  p.struct_size = sizeof p;
-  p.flags = flags;
-  p.a = g->a;
-  p.b = g->b;
-  p.cfg_b = cb;
-  p.transa = ta;
-  p.transb = tb;
-  p.m = mm;
-  p.n = nn;
-  p.k = kk;
-  p.d = d;
-  p.alpha = 1.5f;
-  p.beta = 0.25f;
-  return p;
+  return hq_test_gemm_problem(g->a, g->b, cb, ta, tb, mm, nn, kk, d, 1.5f, 0.25f, flags);
 }
 
 /* The gemm op: on the host always HQ_ENOTSUP (query or not), naming the host. On a (mock) sm_90
@@ -1157,8 +1125,8 @@ static void test_gemm_op(void **state) {
     gemm_operands_free(&g);
   }
   hq_host_api dev = m.host;
-  dev.device_arch = mock_arch;
-  dev.lt_matmul = mock_lt;
+  dev.device_arch = hq_mock_arch;
+  dev.lt_matmul = hq_mock_lt;
   hq_call call = hq_test_call(&dev, 0, 0);
   call.device = 0;
   /* every flag combination, every dtype pair cuBLASLt runs */
@@ -1169,47 +1137,47 @@ static void test_gemm_op(void **state) {
         gemm_ops g;
         gemm_operands(&m, ca, cb, M, N, K, ta, tb, 0, &g);
         for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-          g_arch = 90;
-          g_lt_rc = HQ_OK;
-          const int before = g_lt_calls;
+          hq_mock()->arch = 90;
+          hq_mock()->lt_rc = HQ_OK;
+          const int before = hq_mock()->lt_calls;
           hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
           if (m.ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
-          assert_int_equal(g_lt_calls, before + 1);
-          assert_int_equal(g_mm.struct_size, sizeof(hq_lt_matmul));
-          assert_int_equal(g_mm.flags, fl);
-          assert_ptr_equal(g_mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
-          assert_int_equal(g_mm.a.elem, pair == 2 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(g_mm.a.trans, 1);
-          assert_int_equal(g_mm.a.rows, K);
-          assert_int_equal(g_mm.a.cols, M);
-          assert_int_equal(g_mm.a.ld, K);
-          assert_int_equal(g_mm.a.scale_mode, HQ_SCALE_TENSOR_F32);
-          assert_ptr_equal(g_mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
-          assert_ptr_equal(g_mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
-          assert_int_equal(g_mm.b.elem, pair == 1 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(g_mm.b.trans, 0);
-          assert_int_equal(g_mm.b.rows, K);
-          assert_int_equal(g_mm.b.cols, N);
-          assert_int_equal(g_mm.b.ld, K);
-          assert_int_equal(g_mm.b.scale_mode, HQ_SCALE_TENSOR_F32);
-          assert_ptr_equal(g_mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
-          assert_int_equal(g_mm.m, M);
-          assert_int_equal(g_mm.n, N);
-          assert_int_equal(g_mm.k, K);
-          assert_true(g_mm.alpha == 1.5f && g_mm.beta == 0.25f);
-          assert_null(g_mm.alpha_factor[0]);
-          assert_null(g_mm.alpha_factor[1]);
-          assert_ptr_equal(g_mm.d, dbuf);
-          assert_int_equal(g_mm.d_dtype, HQ_BF16);
-          assert_int_equal(g_mm.ldd, M);
-          assert_null(g_mm.bias);
-          assert_int_equal(g_mm.fast_accum, 1);
+          assert_int_equal(hq_mock()->lt_calls, before + 1);
+          assert_int_equal(hq_mock()->mm.struct_size, sizeof(hq_lt_matmul));
+          assert_int_equal(hq_mock()->mm.flags, fl);
+          assert_ptr_equal(hq_mock()->mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
+          assert_int_equal(hq_mock()->mm.a.elem, pair == 2 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(hq_mock()->mm.a.trans, 1);
+          assert_int_equal(hq_mock()->mm.a.rows, K);
+          assert_int_equal(hq_mock()->mm.a.cols, M);
+          assert_int_equal(hq_mock()->mm.a.ld, K);
+          assert_int_equal(hq_mock()->mm.a.scale_mode, HQ_SCALE_TENSOR_F32);
+          assert_ptr_equal(hq_mock()->mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
+          assert_ptr_equal(hq_mock()->mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
+          assert_int_equal(hq_mock()->mm.b.elem, pair == 1 ? HQ_E5M2 : HQ_E4M3);
+          assert_int_equal(hq_mock()->mm.b.trans, 0);
+          assert_int_equal(hq_mock()->mm.b.rows, K);
+          assert_int_equal(hq_mock()->mm.b.cols, N);
+          assert_int_equal(hq_mock()->mm.b.ld, K);
+          assert_int_equal(hq_mock()->mm.b.scale_mode, HQ_SCALE_TENSOR_F32);
+          assert_ptr_equal(hq_mock()->mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
+          assert_int_equal(hq_mock()->mm.m, M);
+          assert_int_equal(hq_mock()->mm.n, N);
+          assert_int_equal(hq_mock()->mm.k, K);
+          assert_true(hq_mock()->mm.alpha == 1.5f && hq_mock()->mm.beta == 0.25f);
+          assert_null(hq_mock()->mm.alpha_factor[0]);
+          assert_null(hq_mock()->mm.alpha_factor[1]);
+          assert_ptr_equal(hq_mock()->mm.d, dbuf);
+          assert_int_equal(hq_mock()->mm.d_dtype, HQ_BF16);
+          assert_int_equal(hq_mock()->mm.ldd, M);
+          assert_null(hq_mock()->mm.bias);
+          assert_int_equal(hq_mock()->mm.fast_accum, 1);
           const char *names[3] = {"e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"};
-          assert_non_null(strstr(g_mm_what, names[pair]));
+          assert_non_null(strstr(hq_mock()->what, names[pair]));
           /* cuBLASLt's refusal is the answer */
-          g_lt_rc = HQ_ENOTSUP;
+          hq_mock()->lt_rc = HQ_ENOTSUP;
           assert_int_equal(m.ops->gemm(ca, &call, &p), HQ_ENOTSUP);
-          g_lt_rc = HQ_OK;
+          hq_mock()->lt_rc = HQ_OK;
         }
         gemm_operands_free(&g);
       }
@@ -1217,17 +1185,17 @@ static void test_gemm_op(void **state) {
   gemm_ops g;
   gemm_operands(&m, e4, e4, M, N, K, 1, 0, 0, &g);
   hq_gemm_problem p = problem(&g, e4, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
-  int before = g_lt_calls;
-  g_arch = 80;
+  int before = hq_mock()->lt_calls;
+  hq_mock()->arch = 80;
   msg[0] = 0;
   assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
   assert_non_null(strstr(msg, "sm_80"));
-  assert_int_equal(g_lt_calls, before);
-  g_arch = 89; /* Ada runs per-tensor FP8 */
+  assert_int_equal(hq_mock()->lt_calls, before);
+  hq_mock()->arch = 89; /* Ada runs per-tensor FP8 */
   if (m.ops->gemm(e4, &call, &p) != HQ_OK) fail_msg("sm_89: %s", msg);
-  assert_int_equal(g_lt_calls, before + 1);
-  before = g_lt_calls;
-  g_arch = 90;
+  assert_int_equal(hq_mock()->lt_calls, before + 1);
+  before = hq_mock()->lt_calls;
+  hq_mock()->arch = 90;
   hq_host_api old = dev;
   old.lt_matmul = NULL;
   hq_call oc = call;
@@ -1241,7 +1209,7 @@ static void test_gemm_op(void **state) {
   p.a = &g.ac;
   assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_EINVAL);
   assert_non_null(strstr(msg, "operand A"));
-  assert_int_equal(g_lt_calls, before);
+  assert_int_equal(hq_mock()->lt_calls, before);
   gemm_operands_free(&g);
   gemm_operands(&m, e5, e5, M, N, K, 0, 1, 0, &g);
   p = problem(&g, e5, 0, 1, M, N, K, &d, HQ_GEMM_QUERY);
@@ -1254,7 +1222,7 @@ static void test_gemm_op(void **state) {
   msg[0] = 0;
   assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
   assert_non_null(strstr(msg, "k = 40"));
-  assert_int_equal(g_lt_calls, before);
+  assert_int_equal(hq_mock()->lt_calls, before);
   gemm_operands_free(&g);
   free(e4);
   free(e5);

@@ -339,28 +339,6 @@ static void test_raw_on_device(void **state) {
   free(cfg);
 }
 
-/* A device tensor's contents as host F32 (free the result). */
-static float *back_f32(const hq_tensor *t) {
-  const size_t n = (size_t)(t->rows * t->cols), bytes = n * hq_dtype_size(t->dtype);
-  void *raw = malloc(bytes);
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, raw, HQ_DEVICE_HOST, t->data, 0, bytes));
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  float *f = malloc(n * sizeof(float));
-  for (size_t i = 0; i < n; i++) f[i] = hq_load_hp(raw, (int64_t)i, t->dtype);
-  free(raw);
-  return f;
-}
-
-/* hq_dequantize of direction dir of a device qtensor, as host F32. */
-static float *deq_back(const hq_qtensor *qt, uint32_t dir, int64_t r0, int64_t r1) {
-  hq_tensor t = hq_tensor_2d(NULL, HQ_F32, 0, r0, r1);
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, (size_t)(r0 * r1) * 4, &t.data));
-  HQ_OK_OR_FAIL(hq_dequantize(qt, gpu, dir, &t));
-  float *f = back_f32(&t);
-  hq_ctx_free(gpu, t.data);
-  return f;
-}
-
 /* One GEMM case on the device: A quantized by role ra, B by rb, flags ta / tb, D of dtype ddt
    (beta 0.5 over a random D0, alpha 1.25). hq_gemm_plan must name path `want` (0: any) with a
    reason containing `reason` (NULL: unchecked); hq_gemm's result and the emulated path's
@@ -382,63 +360,9 @@ static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int 
   hq_qtensor *A = NULL, *B = NULL;
   HQ_OK_OR_FAIL(hq_quantize(qa, gpu, &xag, &A));
   HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &xbg, &B));
-  float *fa = deq_back(A, ta ? HQ_ROWWISE : HQ_COLWISE, a0, a1);
-  float *fb = deq_back(B, tb ? HQ_COLWISE : HQ_ROWWISE, b0, b1);
   hq_tensor d0h = hq_test_tensor(ddt, N, M, 61, 1.0f);
   hq_tensor d = to_gpu(&d0h, 0, &pd), de = to_gpu(&d0h, 0, &pe);
-  hq_gemm_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL, &info));
-  if (want && info.path != want)
-    fail_msg("%s: path %s (%s), expected %s", what, hq_gemm_path_name(info.path), info.reason,
-             hq_gemm_path_name(want));
-  if (reason && !strstr(info.reason, reason))
-    fail_msg("%s: reason '%s' lacks '%s'", what, info.reason, reason);
-  const uint32_t path = info.path;
-  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, 1.25f, 0.5f, NULL,
-                        &info));
-  assert_int_equal(info.path, path);
-  hq_gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.flags = HQ_GEMM_FORCE_EMULATED;
-  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &de, 1.25f, 0.5f, &args,
-                        &info));
-  assert_int_equal(info.path, emul);
-  float *got = back_f32(&d), *emu = back_f32(&de);
-  double worst = 0;
-  for (int64_t j = 0; j < N; j++)
-    for (int64_t i = 0; i < M; i++) {
-      double s = 0, sa = 0;
-      for (int64_t p = 0; p < K; p++) {
-        const double x = ta ? fa[i * K + p] : fa[p * M + i];
-        const double y = tb ? fb[p * N + j] : fb[j * K + p];
-        s += x * y;
-        sa += fabs(x * y);
-      }
-      const double c = 0.5 * hq_load_hp(d0h.data, j * M + i, ddt);
-      const double ref = 1.25 * s + c;
-      const double acc = (double)(K + 8) * 0x1p-24 * (1.25 * sa + fabs(c));
-      const double out = ddt == HQ_BF16 ? fabs(ref) * 0x1p-8 + 1e-30 : 1e-30;
-      const double tol_e = acc + out;
-      const double tol_n = path == HQ_GEMM_PATH_NATIVE ? tol_e + 0x1p-10 * 1.25 * sa : tol_e;
-      const double ee = fabs(emu[j * M + i] - ref), en = fabs(got[j * M + i] - ref);
-      if (ee > tol_e)
-        fail_msg("%s: emulated D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
-                 (long long)j, (long long)i, (double)emu[j * M + i], ref, tol_e);
-      if (en > tol_n)
-        fail_msg("%s: %s D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
-                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got[j * M + i], ref,
-                 tol_n);
-      if (sa > 0 && en / (1.25 * sa) > worst) worst = en / (1.25 * sa);
-    }
-  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g\n", what, hq_gemm_path_name(path),
-         worst);
-  free(got);
-  free(emu);
-  free(fa);
-  free(fb);
+  hq_gpu_gemm_vs_f64(gpu, A, ta, B, tb, &d0h, &d, &de, want, reason, emul, what);
   hq_ctx_free(gpu, pd);
   hq_ctx_free(gpu, pe);
   hq_ctx_free(gpu, pa);

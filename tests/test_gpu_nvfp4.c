@@ -70,8 +70,6 @@ static hq_tensor to_gpu(const hq_tensor *h) {
 }
 
 
-
-
 static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
                                const float *amax) {
   hq_quantize_args args;
@@ -386,113 +384,6 @@ static void test_amax_op_direct(void **state) {
 
 // --- ABI 2.1: raw dequantize and hq_gemm on the device -----------------------------------------
 
-/* Raw dequantize (HQ_CALL_DEQ_RAW) of storage s through the module's op, directly: on the host
-   into dst (host memory), or on device 0 into dst (device memory, legacy default stream). */
-static void raw_direct(const hq_format_ops *ops, const hq_host_api *host, const hq_storage *s,
-                       int device, hq_tensor *dst) {
-  hq_call call = hq_test_call(host, 0, 0);
-  call.device = device;
-  call.flags = HQ_CALL_DEQ_RAW;
-  uint8_t cfg[256] = {0}; /* dequantize reads the storage, not the instance */
-  int rc = ops->dequantize(cfg, &call, s, dst);
-  if (rc) fail_msg("raw dequantize on device %d -> %d: %s", device, rc, hq_test_module_error());
-}
-
-/* The raw values of direction d of h (host) and g (device) agree byte for byte, into f32,
-   bf16 and f16. */
-static void compare_raw(const hq_format_ops *ops, const hq_host_api *host, const hq_qtensor *h,
-                        const hq_qtensor *g, uint32_t d, const char *what) {
-  const int64_t M = hq_qtensor_rows(h), K = hq_qtensor_cols(h);
-  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  for (int o = 0; o < 3; o++) {
-    const size_t bytes = (size_t)(M * K) * hq_dtype_size(outs[o]);
-    hq_tensor dh = hq_test_empty(outs[o], M, K), dg = dh;
-    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dg.data));
-    dg.device = 0;
-    raw_direct(ops, host, hq_qtensor_storage(h, d), HQ_DEVICE_HOST, &dh);
-    raw_direct(ops, host, hq_qtensor_storage(g, d), 0, &dg);
-    uint8_t *back = malloc(bytes);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    for (int64_t t = 0; t < M * K; t++) {
-      const float a = hq_load_hp(back, t, outs[o]), b = hq_load_hp(dh.data, t, outs[o]);
-      if (isnan(a) && isnan(b)) continue; /* NaN payloads: host and device multiplies differ */
-      if (memcmp(back + (size_t)t * hq_dtype_size(outs[o]),
-                 (uint8_t *)dh.data + (size_t)t * hq_dtype_size(outs[o]), hq_dtype_size(outs[o])))
-        fail_msg("%s: raw dequantize dir %u into %s differs at element %lld: cpu %a gpu %a", what,
-                 d, hq_dtype_name(outs[o]), (long long)t, (double)b, (double)a);
-    }
-    free(back);
-    free(dh.data);
-    hq_ctx_free(gpu, dg.data);
-  }
-}
-
-/* D = op(A) op(B) of two qtensors quantized alike on the host (h*) and the device (g*): the
-   device's hq_gemm (whatever path hq_gemm_plan names) equals the host's F64 product of the
-   dequantized operands within FP32 accumulation error, which bounds the host's own hq_gemm too;
-   when the path is NATIVE the same GEMM forced onto the emulated path agrees with it as well.
-   Returns the path. */
-static uint32_t gemm_device_check(const hq_qtensor *hA, const hq_qtensor *gA, int ta,
-                                  const hq_qtensor *hB, const hq_qtensor *gB, int tb,
-                                  const char *what) {
-  const int64_t A0 = hq_qtensor_rows(hA), A1 = hq_qtensor_cols(hA);
-  const int64_t B0 = hq_qtensor_rows(hB), B1 = hq_qtensor_cols(hB);
-  const int64_t m = ta ? A0 : A1, k = ta ? A1 : A0, n = tb ? B1 : B0;
-  hq_tensor a = hq_test_empty(HQ_F32, A0, A1), b = hq_test_empty(HQ_F32, B0, B1);
-  HQ_OK_OR_FAIL(hq_dequantize(hA, cpu, ta ? HQ_ROWWISE : HQ_COLWISE, &a));
-  HQ_OK_OR_FAIL(hq_dequantize(hB, cpu, tb ? HQ_COLWISE : HQ_ROWWISE, &b));
-  hq_gemm_info info;
-  memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  hq_tensor dg = hq_tensor_2d(NULL, HQ_F32, 0, n, m), de = dg;
-  const size_t bytes = (size_t)(n * m) * sizeof(float);
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &dg.data));
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &de.data));
-  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &dg, NULL, &info));
-  const uint32_t path = info.path;
-  printf("%s: path %s%s%s\n", what, hq_gemm_path_name(path), info.reason[0] ? ": " : "",
-         info.reason);
-  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &dg, 1.0f, 0.0f, NULL,
-                        &info));
-  assert_int_equal(info.path, path);
-  hq_gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.flags = HQ_GEMM_FORCE_EMULATED;
-  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &de, 1.0f, 0.0f, &args,
-                        &info));
-  assert_int_equal(info.path, HQ_GEMM_PATH_EMULATED_BF16);
-  float *back = malloc(bytes), *backe = malloc(bytes);
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dg.data, 0, bytes));
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, backe, HQ_DEVICE_HOST, de.data, 0, bytes));
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  const float *af = a.data, *bf = b.data;
-  for (int64_t j = 0; j < n; j++)
-    for (int64_t i = 0; i < m; i++) {
-      double s = 0, sabs = 0;
-      for (int64_t p = 0; p < k; p++) {
-        const double x = ta ? af[i * A1 + p] : af[p * A1 + i];
-        const double y = tb ? bf[p * B1 + j] : bf[j * B1 + p];
-        s += x * y;
-        sabs += fabs(x * y);
-      }
-      const double tol = (double)(k + 16) * 0x1p-23 * sabs + 1e-30;
-      const float got = back[j * m + i], emu = backe[j * m + i];
-      if (!(fabs(got - s) <= tol) || !(fabs(emu - s) <= tol))
-        fail_msg("%s (%s): D[%lld][%lld] = %.9g (emulated %.9g), F64 %.9g, tol %g", what,
-                 hq_gemm_path_name(path), (long long)j, (long long)i, (double)got, (double)emu,
-                 s, tol);
-    }
-  free(back);
-  free(backe);
-  hq_ctx_free(gpu, dg.data);
-  hq_ctx_free(gpu, de.data);
-  free(a.data);
-  free(b.data);
-  return path;
-}
 
 /* The raw dequantize and the tensor factor on the device equal the CPU's, byte for byte: every
    option set (RHT copies stay in the transformed domain on both), both directions, every
@@ -521,7 +412,7 @@ static void test_raw_and_factor(void **state) {
       HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
       compare_usage(h, g, HQ_BOTH, option_sets[o]);
       for (uint32_t d = 1; d <= 2; d++) {
-        compare_raw(ops, &host, h, g, d, option_sets[o]);
+        hq_gpu_compare_raw(gpu, ops, &host, h, g, d, option_sets[o]);
         /* the factor: host value vs device value, one thread on the legacy stream */
         uint8_t cfg[256] = {0};
         hq_call hc = hq_test_call(&host, 0, 0), dc = hc;
@@ -585,9 +476,9 @@ static void test_gemm_device(void **state) {
                {"nvfp4 wgrad NT", 1, 0, 2, 1},
                {"nvfp4 TT", 2, 1, 0, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const uint32_t path = gemm_device_check(h[cases[c].a], g[cases[c].a], cases[c].ta,
-                                            h[cases[c].b], g[cases[c].b], cases[c].tb,
-                                            cases[c].what);
+    const uint32_t path =
+        hq_gpu_gemm_device_check(cpu, gpu, h[cases[c].a], g[cases[c].a], cases[c].ta,
+                                 h[cases[c].b], g[cases[c].b], cases[c].tb, cases[c].what);
     assert_int_equal(path, arch >= 100 ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16);
   }
   if (arch < 100) {

@@ -1392,17 +1392,6 @@ static void test_emul_dtype_bf16(void **state) {
   }
 }
 
-/* A recording host->lt_matmul and a device_arch the test sets. */
-static hq_lt_matmul last_mm;
-static int lt_calls, fake_arch;
-static int record_lt(const hq_call *call, const hq_lt_matmul *mm) {
-  (void)call;
-  last_mm = *mm;
-  lt_calls++;
-  return HQ_OK;
-}
-static int arch_of_test(int device) { return device < 0 ? 0 : fake_arch; }
-
 /* Storages for the gemm op: A (trans ta) and B (trans tb) of an m x n x k product, made by
    instances (kind_a, swz_a) and (kind_b, swz_b), in the direction hq_gemm would pick. */
 typedef struct gem {
@@ -1448,8 +1437,8 @@ static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, in
   call.device = device;
   g->p.flags = flags;
   hq_test_module_error()[0] = 0;
-  lt_calls = 0;
-  memset(&last_mm, 0, sizeof last_mm);
+  hq_mock()->lt_calls = 0;
+  memset(&hq_mock()->mm, 0, sizeof hq_mock()->mm);
   return ops->gemm(g->ca, &call, &g->p);
 }
 
@@ -1463,8 +1452,8 @@ static void test_gemm_op_direct(void **state) {
   (void)state;
   hq_host_api host;
   const hq_format_ops *ops = load_ops(&host);
-  host.lt_matmul = record_lt;
-  host.device_arch = arch_of_test;
+  host.lt_matmul = hq_mock_lt;
+  host.device_arch = hq_mock_arch;
   const char *msg = hq_test_module_error();
   gem g;
   gem_make(&g, ops, &host, 1, 0, 64, 96, 128, 0, 1, 0, 1);
@@ -1472,21 +1461,21 @@ static void test_gemm_op_direct(void **state) {
   for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
     assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
     assert_non_null(strstr(msg, "host"));
-    assert_int_equal(lt_calls, 0);
+    assert_int_equal(hq_mock()->lt_calls, 0);
   }
   /* Hopper, Ada, sm_120: not native (cuBLASLt has MXFP8 on sm_100 / sm_103 only) */
   const int no[] = {80, 89, 90, 120, 0};
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
-    fake_arch = no[i];
+    hq_mock()->arch = no[i];
     assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
     char want[32];
     snprintf(want, sizeof want, "is sm_%d", no[i]);
     assert_non_null(strstr(msg, want));
     assert_non_null(strstr(msg, "sm_100"));
-    assert_int_equal(lt_calls, 0);
+    assert_int_equal(hq_mock()->lt_calls, 0);
   }
   /* a core without host->lt_matmul (ABI 2.0) */
-  fake_arch = 100;
+  hq_mock()->arch = 100;
   hq_host_api old = host;
   old.abi_minor = 0;
   hq_call oc = hq_test_call(&old, 0, 0);
@@ -1502,7 +1491,7 @@ static void test_gemm_op_direct(void **state) {
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++)
         for (int kinds = 0; kinds < 4; kinds++) {
-          fake_arch = arch;
+          hq_mock()->arch = arch;
           const int ka = kinds & 1, kb = kinds >> 1;
           gem_make(&g, ops, &host, ta, tb, m, n, k, ka, 1, kb, 1);
           for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
@@ -1510,12 +1499,12 @@ static void test_gemm_op_direct(void **state) {
             if (ka && kb) { /* e5m2 x e5m2 */
               assert_int_equal(rc, HQ_ENOTSUP);
               assert_non_null(strstr(msg, "e5m2"));
-              assert_int_equal(lt_calls, 0);
+              assert_int_equal(hq_mock()->lt_calls, 0);
               continue;
             }
             if (rc) fail_msg("arch %d ta %d tb %d kinds %d: %d %s", arch, ta, tb, kinds, rc, msg);
-            assert_int_equal(lt_calls, 1);
-            const hq_lt_matmul *mm = &last_mm;
+            assert_int_equal(hq_mock()->lt_calls, 1);
+            const hq_lt_matmul *mm = &hq_mock()->mm;
             assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
             assert_int_equal(mm->flags, f);
             assert_int_equal(mm->m, m);
@@ -1552,14 +1541,14 @@ static void test_gemm_op_direct(void **state) {
           gem_free(&g);
         }
   /* compact scales (either operand, either layout) are not what cuBLASLt reads */
-  fake_arch = 100;
+  hq_mock()->arch = 100;
   for (int which = 0; which < 2; which++)
     for (int ta = 0; ta < 2; ta++) {
       gem_make(&g, ops, &host, ta, 0, m, n, k, 0, which, 0, !which);
       assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
       assert_non_null(strstr(msg, "swizzled"));
       assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
-      assert_int_equal(lt_calls, 0);
+      assert_int_equal(hq_mock()->lt_calls, 0);
       gem_free(&g);
     }
   /* the storage of the wrong direction for the flag is refused */

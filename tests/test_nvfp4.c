@@ -1905,17 +1905,6 @@ static void test_emul_dtype_bf16(void **state) {
   }
 }
 
-/* A recording host->lt_matmul and a device_arch the test sets. */
-static hq_lt_matmul last_mm;
-static int lt_calls, fake_arch;
-static int record_lt(const hq_call *call, const hq_lt_matmul *mm) {
-  (void)call;
-  last_mm = *mm;
-  lt_calls++;
-  return HQ_OK;
-}
-static int arch_of_test(int device) { return device < 0 ? 0 : fake_arch; }
-
 /* A and B storages for op(A) m x k times op(B) k x n, in the directions hq_gemm picks, made by
    instances of the given options, and the problem; only the query is asked on a "device" (host
    memory: the factors' kernel never runs). */
@@ -1955,8 +1944,8 @@ static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, in
   call.device = device;
   g->p.flags = flags;
   hq_test_module_error()[0] = 0;
-  lt_calls = 0;
-  memset(&last_mm, 0, sizeof last_mm);
+  hq_mock()->lt_calls = 0;
+  memset(&hq_mock()->mm, 0, sizeof hq_mock()->mm);
   return ops->gemm(g->ca, &call, &g->p);
 }
 static void gem_free(gem *g) {
@@ -1975,8 +1964,8 @@ static void test_gemm_op_direct(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
   const hq_format_ops *ops = module_ops(&host);
-  host.lt_matmul = record_lt;
-  host.device_arch = arch_of_test;
+  host.lt_matmul = hq_mock_lt;
+  host.device_arch = hq_mock_arch;
   const char *msg = hq_test_module_error();
   const nv_opts plain = {0, 0xD7E8, 0, 0, 0, 0}, swz = {0, 0xD7E8, 0, 0, 0, 1};
   const nv_opts rht = {1, 0xD7E8, 0, 0, 0, 1}, rht2 = {1, 0x1234, 1, 0, 0, 1};
@@ -1988,7 +1977,7 @@ static void test_gemm_op_direct(void **state) {
     assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
     assert_non_null(strstr(msg, "host"));
   }
-  fake_arch = 90;
+  hq_mock()->arch = 90;
   assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
   if (hq_built_with_cuda()) {
     assert_non_null(strstr(msg, "sm_100"));
@@ -1996,7 +1985,7 @@ static void test_gemm_op_direct(void **state) {
   } else {
     assert_non_null(strstr(msg, "without CUDA"));
   }
-  assert_int_equal(lt_calls, 0);
+  assert_int_equal(hq_mock()->lt_calls, 0);
   hq_host_api old = host;
   old.abi_minor = 0;
   hq_call oc = hq_test_call(&old, 0, 0);
@@ -2009,15 +1998,15 @@ static void test_gemm_op_direct(void **state) {
   for (int arch = 100; arch <= 120; arch += 20)
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++) {
-        fake_arch = arch;
+        hq_mock()->arch = arch;
         /* wgrad-like NT with the same RHT on both, else plain / 2-D weights */
         const int both_rht = !ta && tb;
         gem_make(&g, ops, &host, ta, tb, m, n, k, both_rht ? rht : ta ? w2d : swz,
                  both_rht ? rht : swz);
         int rc = gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY);
         if (rc) fail_msg("arch %d %c%c: %d %s", arch, ta ? 'T' : 'N', tb ? 'T' : 'N', rc, msg);
-        assert_int_equal(lt_calls, 1);
-        const hq_lt_matmul *mm = &last_mm;
+        assert_int_equal(hq_mock()->lt_calls, 1);
+        const hq_lt_matmul *mm = &hq_mock()->mm;
         assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
         assert_int_equal(mm->flags, HQ_GEMM_QUERY);
         assert_int_equal(mm->m, m);
@@ -2049,14 +2038,14 @@ static void test_gemm_op_direct(void **state) {
         assert_non_null(strstr(mm->what, "nvfp4"));
         gem_free(&g);
       }
-  fake_arch = 100;
+  hq_mock()->arch = 100;
   /* compact scales on either side */
   for (int which = 0; which < 2; which++) {
     gem_make(&g, ops, &host, 1, 0, m, n, k, which ? swz : plain, which ? plain : swz);
     assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
     assert_non_null(strstr(msg, "swizzled"));
     assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
-    assert_int_equal(lt_calls, 0);
+    assert_int_equal(hq_mock()->lt_calls, 0);
     gem_free(&g);
   }
   /* k = 48: FP4 rows of 24 bytes */
@@ -2070,10 +2059,10 @@ static void test_gemm_op_direct(void **state) {
   assert_non_null(strstr(msg, "transform"));
   gem_free(&g);
   /* Hopper stays refused even for GEMM-ready storages */
-  fake_arch = 90;
+  hq_mock()->arch = 90;
   gem_make(&g, ops, &host, 1, 0, m, n, k, swz, swz);
   assert_int_equal(gem_run(ops, &host, &g, 0, 0), HQ_ENOTSUP);
-  assert_int_equal(lt_calls, 0);
+  assert_int_equal(hq_mock()->lt_calls, 0);
   gem_free(&g);
 }
 

@@ -611,11 +611,10 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
     return host->error(HQ_ENOTSUP, "fp8_block: the core (ABI 2.%u) offers no cuBLASLt runner "
                        "(host->lt_matmul, ABI 2.1)", host->abi_minor);
   if (!p || !p->d) return host->error(HQ_EINVAL, "fp8_block: gemm without a problem or D");
-  hq_lt_matmul mm;
-  memset(&mm, 0, sizeof mm);
+  hq_lt_operand a, b;
   int a2 = 0, b2 = 0;
-  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &mm.a, &a2);
-  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &mm.b, &b2);
+  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &a, &a2);
+  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &b, &b2);
   if (rc) return rc;
   const int arch = host->device_arch(call->device);
   if (arch < 90 || arch > 99)
@@ -625,7 +624,7 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
   if (a2 && b2)
     return host->error(HQ_ENOTSUP, "fp8_block: cuBLASLt has no 2-D x 2-D (128x128 x 128x128) "
                        "block-scaled GEMM (1-D x 1-D, 1-D x 2-D and 2-D x 1-D run natively)");
-  if (mm.a.elem == HQ_E5M2 && mm.b.elem == HQ_E5M2)
+  if (a.elem == HQ_E5M2 && b.elem == HQ_E5M2)
     return host->error(HQ_ENOTSUP, "fp8_block: cuBLASLt has no e5m2 x e5m2 FP8 GEMM");
   if (p->m <= 0 || p->n <= 0 || p->k <= 0)
     return host->error(HQ_ENOTSUP, "fp8_block: an empty GEMM (m = %lld, n = %lld, k = %lld) is "
@@ -645,21 +644,11 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
                        (int)p->d->dtype);
   char what[64];
   snprintf(what, sizeof what, "fp8_block %s %s x %s %s", a2 ? "2-D" : "1-D",
-           elem_name(mm.a.elem), b2 ? "2-D" : "1-D", elem_name(mm.b.elem));
-  mm.struct_size = sizeof mm;
-  mm.flags = p->flags & HQ_GEMM_QUERY;
-  mm.m = p->m;
-  mm.n = p->n;
-  mm.k = p->k;
-  mm.alpha = p->alpha;
-  mm.beta = p->beta;
-  mm.d = p->d->data;
-  mm.d_dtype = p->d->dtype;
-  mm.ldd = p->m;
-  mm.bias = p->bias;
-  mm.bias_dtype = p->bias_dtype;
+           elem_name(a.elem), b2 ? "2-D" : "1-D", elem_name(b.elem));
+  hq_lt_matmul mm = hq_lt_matmul_from(p, what);
+  mm.a = a;
+  mm.b = b;
   mm.fast_accum = 0; /* split accumulator: mandatory for block scaling */
-  mm.what = what;
   return host->lt_matmul(call, &mm);
 }
 

@@ -538,16 +538,15 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
                        "(host->lt_matmul, ABI 2.1)", host->abi_minor);
   if (!p || !p->a || !p->b || !p->d)
     return host->error(HQ_EINVAL, "fp8_tensor: gemm without its operands or D");
-  hq_lt_matmul mm;
-  memset(&mm, 0, sizeof mm);
-  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &mm.a);
-  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &mm.b);
+  hq_lt_operand a, b;
+  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &a);
+  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &b);
   if (rc) return rc;
   const int arch = host->device_arch(call->device);
   if (arch < 89)
     return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt FP8 GEMMs need sm_89 or newer; device "
                        "%d is sm_%d", (int)call->device, arch);
-  if (mm.a.elem == HQ_E5M2 && mm.b.elem == HQ_E5M2)
+  if (a.elem == HQ_E5M2 && b.elem == HQ_E5M2)
     return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt has no e5m2 x e5m2 FP8 GEMM (e4m3 x "
                        "e4m3, e4m3 x e5m2 and e5m2 x e4m3 run natively)");
   if (p->m <= 0 || p->n <= 0 || p->k <= 0)
@@ -561,21 +560,11 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
     return host->error(HQ_EINVAL, "fp8_tensor: D must be f32 or bf16 (dtype %d)",
                        (int)p->d->dtype);
   char what[64];
-  snprintf(what, sizeof what, "fp8_tensor %s x %s", elem_name(mm.a.elem), elem_name(mm.b.elem));
-  mm.struct_size = sizeof mm;
-  mm.flags = p->flags & HQ_GEMM_QUERY;
-  mm.m = p->m;
-  mm.n = p->n;
-  mm.k = p->k;
-  mm.alpha = p->alpha;
-  mm.beta = p->beta;
-  mm.d = p->d->data;
-  mm.d_dtype = p->d->dtype;
-  mm.ldd = p->m;
-  mm.bias = p->bias;
-  mm.bias_dtype = p->bias_dtype;
+  snprintf(what, sizeof what, "fp8_tensor %s x %s", elem_name(a.elem), elem_name(b.elem));
+  hq_lt_matmul mm = hq_lt_matmul_from(p, what);
+  mm.a = a;
+  mm.b = b;
   mm.fast_accum = 1;
-  mm.what = what;
   return host->lt_matmul(call, &mm);
 }
 

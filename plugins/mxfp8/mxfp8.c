@@ -616,24 +616,10 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
                        (int)p->d->dtype);
   static const char *const what[2][2] = {{"mxfp8 e4m3 x e4m3", "mxfp8 e4m3 x e5m2"},
                                          {"mxfp8 e5m2 x e4m3", "mxfp8 e5m2 x e5m2"}};
-  hq_lt_matmul mm;
-  memset(&mm, 0, sizeof mm);
-  mm.struct_size = sizeof mm;
-  mm.flags = p->flags & HQ_GEMM_QUERY;
+  hq_lt_matmul mm = hq_lt_matmul_from(p, what[v[0].elem == HQ_E5M2][v[1].elem == HQ_E5M2]);
   mm.a = lo[0];
   mm.b = lo[1];
-  mm.m = m;
-  mm.n = n;
-  mm.k = k;
-  mm.alpha = p->alpha;
-  mm.beta = p->beta;
-  mm.d = p->d->data;
-  mm.d_dtype = p->d->dtype;
-  mm.ldd = m;
-  mm.bias = p->bias;
-  mm.bias_dtype = p->bias_dtype;
   mm.fast_accum = 0;
-  mm.what = what[v[0].elem == HQ_E5M2][v[1].elem == HQ_E5M2];
   return host->lt_matmul(call, &mm);
 }
 

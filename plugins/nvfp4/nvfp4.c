@@ -898,28 +898,14 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
                     (int)p->d->dtype);
   const float *amax_a = hq_storage_cbuf(p->a, NVFP4_AMAX)->ptr;
   const float *amax_b = hq_storage_cbuf(p->b, NVFP4_AMAX)->ptr;
-  hq_lt_matmul mm;
-  memset(&mm, 0, sizeof mm);
-  mm.struct_size = sizeof mm;
-  mm.flags = p->flags & HQ_GEMM_QUERY;
+  hq_lt_matmul mm = hq_lt_matmul_from(p, "nvfp4 x nvfp4");
   const hq_lt_operand a = {hq_storage_cbuf(p->a, NVFP4_DATA)->ptr, HQ_E2M1X2, 1, k, m, k,
                            HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->a, NVFP4_SCALE_INV)->ptr};
   const hq_lt_operand b = {hq_storage_cbuf(p->b, NVFP4_DATA)->ptr, HQ_E2M1X2, 0, k, n, k,
                            HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->b, NVFP4_SCALE_INV)->ptr};
   mm.a = a;
   mm.b = b;
-  mm.m = m;
-  mm.n = n;
-  mm.k = k;
-  mm.alpha = p->alpha;
-  mm.beta = p->beta;
-  mm.d = p->d->data;
-  mm.d_dtype = p->d->dtype;
-  mm.ldd = m;
-  mm.bias = p->bias;
-  mm.bias_dtype = p->bias_dtype;
   mm.fast_accum = 0;
-  mm.what = "nvfp4 x nvfp4";
   if (mm.flags & HQ_GEMM_QUERY) {
     /* nothing runs: the amax buffers stand in for the factors (device FP32 pointers) */
     mm.alpha_factor[0] = amax_a;

@@ -504,6 +504,32 @@ typedef struct hq_lt_matmul {
   const char *what;             /* for messages: "fp8_tensor e4m3 x e5m2" */
 } hq_lt_matmul;
 
+/* For a format's gemm(): an hq_lt_matmul with the fields every native GEMM takes from the problem
+   -- struct_size, flags (HQ_GEMM_QUERY), m, n, k, alpha, beta, d and d_dtype (NULL and HQ_F32 when
+   p->d is NULL, as it may be in a query), ldd = m (D is row-major [n, m]), bias, bias_dtype --
+   and `what` (kept as a pointer: it must outlive the lt_matmul call). Everything else is zero:
+   the caller sets a, b, and where it needs them alpha_factor and fast_accum, then calls
+   host->lt_matmul(call, &mm). */
+static inline hq_lt_matmul hq_lt_matmul_from(const hq_gemm_problem *p, const char *what) {
+  hq_lt_matmul mm;
+  unsigned char *z = (unsigned char *)&mm;
+  for (size_t i = 0; i < sizeof mm; i++) z[i] = 0; /* no <string.h> in this header */
+  mm.struct_size = sizeof mm;
+  mm.flags = p->flags & HQ_GEMM_QUERY;
+  mm.m = p->m;
+  mm.n = p->n;
+  mm.k = p->k;
+  mm.alpha = p->alpha;
+  mm.beta = p->beta;
+  mm.d = p->d ? p->d->data : NULL;
+  mm.d_dtype = p->d ? p->d->dtype : HQ_F32;
+  mm.ldd = p->m;
+  mm.bias = p->bias;
+  mm.bias_dtype = p->bias_dtype;
+  mm.what = what;
+  return mm;
+}
+
 /* ---------------------------------------------------------------------------------------------
 ** The host table: services the core offers a plugin. Const, valid for the life of the process.
 */
