@@ -590,7 +590,12 @@ static void build_recipe_section(hq_recipe *r, const section *s, int *seen_line,
         size_t len = colon ? (size_t)(colon - p) : strlen(p);
         char *d = trimmed(p, len);
         if (d && d[0]) {
-          char *full = d[0] == '/' ? d : hqi_asprintf("%s/%s", r->dir, d);
+          /* relative to the recipe's directory; "." joins to nothing ("fmts", not "./fmts";
+             "." itself stays the recipe's directory) */
+          char *full = d[0] == '/' ? d
+                       : strcmp(d, ".") == 0 ? hqi_strdup(r->dir)
+                       : strcmp(r->dir, ".") == 0 ? d
+                                                  : hqi_asprintf("%s/%s", r->dir, d);
           if (full != d) free(d);
           if (full && hqi_vec_push(dirs, full)) free(full);
         } else {
