@@ -4,7 +4,9 @@
 # recipes from the same seed start from the same step-0 loss (same data, same weights) and a
 # recipe given twice trains identically, errors (missing recipe, missing data, a shape a format
 # rejects, bad options, --device cuda) are clear with exit 1 or 2, --plot never fails for want of
-# gnuplot, and the default recipe finishes. Exit 0 pass, 1 fail (automake's protocol).
+# gnuplot, the default recipe finishes, and checkpoints (--checkpoint, --resume, --verify-resume)
+# continue a run bit-identically and refuse what does not fit. Exit 0 pass, 1 fail (automake's
+# protocol).
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -148,6 +150,87 @@ grep -q "few.txt: 0 word" "$tmp/e" || { cat "$tmp/e"; fail "empty corpus message
 $hq train $small --hidden 80 --recipe "$conf/examples/mxfp8.ini" >/dev/null 2>"$tmp/e"
 [ $? -eq 1 ] || fail "rejected shape exit status"
 grep "recipe 'mxfp8'" "$tmp/e" | grep "step 0" | grep -q "layer fc1" || { cat "$tmp/e"; fail "rejected shape message"; }; ok
+
+# checkpoints (docs/training.md, 8). --verify-resume: every shipped recipe (stochastic rounding in
+# recipe.ini and nvfp4.ini, delayed scaling in fp8_delayed.ini) saved mid-run, reloaded into a
+# fresh context and model: the same losses and the same final state, bit for bit
+for f in "$conf"/recipe.ini "$conf"/examples/*.ini; do
+  $hq train $small --steps 20 --recipe "$f" --verify-resume > "$tmp/v.txt" 2>&1 || { cat "$tmp/v.txt"; fail "--verify-resume with $f"; }
+  grep -q "resume verified: the checkpoint of step 10 .* bit-identical losses for steps 11..20 and a bit-identical final state" "$tmp/v.txt" ||
+    { cat "$tmp/v.txt"; fail "--verify-resume with $f: no verified line"; }; ok
+done
+# --checkpoint-every with {step}, then --resume from the middle: the same curves, the same losses
+# and the same final checkpoint (every byte) as the uninterrupted run
+ck=$tmp/ck
+for f in nvfp4 fp8_delayed; do
+  $hq train $small --recipe "$conf/examples/$f.ini" --checkpoint "$ck-a-{step}.safetensors" --checkpoint-every 20 --json \
+    > "$tmp/a.json" 2>"$tmp/e" || { cat "$tmp/e"; fail "$f: --checkpoint"; }
+  name=$(sed 's/.*"recipes":\[{"name":"\([^"]*\)".*/\1/' "$tmp/a.json")
+  [ -s "$ck-a-20-$name.safetensors" ] && [ -s "$ck-a-40-$name.safetensors" ] && [ -s "$ck-a-40-fp32.safetensors" ] ||
+    { ls "$tmp"; fail "$f: --checkpoint-every 20 files"; }; ok
+  $hq train $small --recipe "$conf/examples/$f.ini" --resume "$ck-a-20-$name.safetensors" --checkpoint "$ck-b-{step}.safetensors" \
+    --json > "$tmp/b.json" 2>"$tmp/e" || { cat "$tmp/e"; fail "$f: --resume"; }
+  grep -q "$name: resumed at step 20" "$tmp/e" || { cat "$tmp/e"; fail "$f: resumed line"; }; ok
+  cmp -s "$ck-a-40-$name.safetensors" "$ck-b-40-$name.safetensors" || fail "$f: the resumed run ends in another state"; ok
+  [ -e "$ck-b-20-$name.safetensors" ] && fail "$f: a resumed run saved a step it did not train"
+  if [ $have_py -eq 1 ]; then
+    python3 -c 'import json,sys
+a, b = (json.load(open(p))["recipes"][0] for p in sys.argv[1:3])
+for k in ("train_curve", "eval_curve", "step0_loss", "train_loss", "eval_loss"):
+    assert a[k] == b[k], k
+assert b["resumed_from"] == 20 and a["resumed_from"] == 0' "$tmp/a.json" "$tmp/b.json" || fail "$f: resumed curves differ"; ok
+  fi
+done
+ckn=$ck-a-20-nvfp4.safetensors
+# a resume that does not fit: refused with exit 1, naming what differs
+$hq train $small --recipe "$conf/examples/mxfp8.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume, other recipe: exit status"
+grep -q "written with recipe 'nvfp4'.*this run's recipe is 'mxfp8'" "$tmp/e" || { cat "$tmp/e"; fail "resume, other recipe: message"; }; ok
+sed 's/^\(stochastic_rounding *=\).*/\1 false/' "$conf/examples/nvfp4.ini" > "$tmp/nvfp4-nosr.ini"
+$hq train $small --recipe "$tmp/nvfp4-nosr.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume, changed recipe: exit status"
+grep -q "differs from the one the checkpoint was written with.*stochastic_rounding=true.*stochastic_rounding=false" "$tmp/e" ||
+  { cat "$tmp/e"; fail "resume, changed recipe: message"; }; ok
+$hq train $small --hidden 256 --recipe "$conf/examples/nvfp4.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume, other shape: exit status"
+grep -q "model.hidden differs: the checkpoint has model.hidden = 128, this run 256 (--hidden)" "$tmp/e" || { cat "$tmp/e"; fail "resume, other shape: message"; }; ok
+$hq train $small --batch 256 --recipe "$conf/examples/nvfp4.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume, other batch: exit status"
+grep -q "model.batch differs" "$tmp/e" || { cat "$tmp/e"; fail "resume, other batch: message"; }; ok
+$hq train $small --seed 2 --recipe "$conf/examples/nvfp4.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume, other seed: exit status"
+grep -q "seed differs" "$tmp/e" || { cat "$tmp/e"; fail "resume, other seed: message"; }; ok
+$hq train $small --steps 20 --recipe "$conf/examples/nvfp4.ini" --resume "$ckn" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "resume at the end: exit status"
+grep -q "at step 20: --steps 20 leaves nothing to train" "$tmp/e" || { cat "$tmp/e"; fail "resume at the end: message"; }; ok
+# a truncated checkpoint, a file that is not one, a missing one: exit 1, a message, no crash
+head -c 100000 "$ckn" > "$tmp/trunc.safetensors"
+$hq train $small --recipe "$conf/examples/nvfp4.ini" --resume "$tmp/trunc.safetensors" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "truncated checkpoint: exit status"
+grep -q "checkpoint $tmp/trunc.safetensors: .*data section" "$tmp/e" || { cat "$tmp/e"; fail "truncated checkpoint: message"; }; ok
+head -c 5 "$ckn" > "$tmp/tiny.safetensors"
+$hq train $small --recipe "$conf/examples/nvfp4.ini" --resume "$tmp/tiny.safetensors" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "5-byte checkpoint: exit status"
+grep -q "checkpoint $tmp/tiny.safetensors" "$tmp/e" || { cat "$tmp/e"; fail "5-byte checkpoint: message"; }; ok
+$hq train $small --recipe "$conf/examples/nvfp4.ini" --resume "$tmp/words.txt" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "not a checkpoint: exit status"
+grep -q "words.txt" "$tmp/e" || { cat "$tmp/e"; fail "not a checkpoint: message"; }; ok
+$hq train $small --recipe "$conf/examples/nvfp4.ini" --resume "$tmp/none.safetensors" >/dev/null 2>"$tmp/e"; [ $? -eq 1 ] || fail "missing checkpoint: exit status"
+grep -q "none.safetensors" "$tmp/e" || { cat "$tmp/e"; fail "missing checkpoint: message"; }; ok
+# usage errors
+$hq train $small --checkpoint-every 5 2>/dev/null; [ $? -eq 2 ] || fail "--checkpoint-every alone"; ok
+$hq train $small --recipe "$conf/recipe.ini" --recipe "$conf/examples/nvfp4.ini" --resume "$ckn" 2>/dev/null; [ $? -eq 2 ] || fail "--resume with two recipes"; ok
+# Python's safetensors reads the file: the metadata, the entries, the F32 tensors
+if [ $have_py -eq 1 ] && python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  python3 -c 'import json, sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], framework="np") as f:
+    m = f.metadata()
+    assert m["hq_train"] == "1" and m["step"] == "20" and m["recipe"] == "nvfp4", m
+    assert m["model.hidden"] == "128" and m["model.layers"] == "1" and m["seed"] == "1"
+    int(m["rng_offset"]); int(m["data_rng"])
+    assert json.loads(m["fc1.weight/hq"])["formats"]["rowwise"]["plugin"] == "nvfp4"
+    keys = set(f.keys())
+    for k in ("embedding", "fc1.weight/data", "fc1.weight/columnwise_data", "fc1.weight.master",
+              "fc1.weight.adam_m", "fc1.weight.adam_v", "fc1.bias", "lm_head.weight/data", "loss_curve"):
+        assert k in keys, k
+    assert f.get_tensor("fc1.weight.master").shape == (128, 128)
+    assert f.get_tensor("loss_curve").shape == (1, 20)
+    assert f.get_slice("fc1.weight/data").get_dtype() == "U8"' "$ckn" || fail "Python safetensors cannot read the checkpoint"; ok
+else
+  echo "test_train: SKIP the Python safetensors check (python3 cannot import safetensors and numpy)"
+fi
 
 # --plot: a PNG with gnuplot, a message (and exit 0) without it
 $hq train $small --recipe "$conf/examples/fp8_current.ini" --plot "$tmp/loss.png" >/dev/null 2>"$tmp/e" ||

@@ -22,7 +22,8 @@ static const char usage[] =
     "                [--seed S] [--eval-every N] [--json] [--plot FILE.png] [--data FILE]\n"
     "                [--plugin-dir DIR]... [--lr X] [--hidden H] [--layers L]\n"
     "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
-    "                [--eval-batches N]\n"
+    "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
+    "                [--resume FILE] [--verify-resume]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -52,7 +53,21 @@ static const char usage[] =
     "  --embed E         embedding width (default 16; fc1's input is C*E)\n"
     "  --hidden H        width of the hidden layers (default 256)\n"
     "  --layers L        hidden layers (default 2)\n"
-    "  --act A           gelu (default) or tanh\n";
+    "  --act A           gelu (default) or tanh\n"
+    "  --checkpoint FILE save the run to FILE (safetensors): masters, Adam moments and step,\n"
+    "                    every quantized weight, the scaling state, the random-stream offset,\n"
+    "                    the data position, the recipe and the shape; several runs: FILE with\n"
+    "                    -NAME inserted before the extension, one file per run; {step} in\n"
+    "                    FILE is replaced by the step (keep every save)\n"
+    "  --checkpoint-every N\n"
+    "                    save after steps N, 2N, ... and the last (default 0: only after the\n"
+    "                    last step; each save replaces the file unless FILE has {step})\n"
+    "  --resume FILE     continue the run saved in FILE (one --recipe: the same recipe, model\n"
+    "                    shape, batch, seed and data; refused naming what differs) to --steps\n"
+    "  --verify-resume   check the continuation: save mid-run (at --checkpoint-every when given,\n"
+    "                    else halfway), train to the end, reload that checkpoint into a fresh\n"
+    "                    context and model and train to the end again: the losses of every step\n"
+    "                    after it and the final state must be bit-identical (exit 1 if not)\n";
 
 typedef struct run {
   hq_recipe *recipe;
@@ -255,7 +270,9 @@ int hq_cmd_train(int argc, char **argv) {
   const char *recipes[MAX_RECIPES];
   int n_recipes = 0;
   const char *data_path = NULL, *plot_file = NULL, *device_s = "cpu", *act_s = "gelu";
-  int as_json = 0;
+  int as_json = 0, verify_resume = 0;
+  const char *ckpt_path = NULL, *resume_path = NULL;
+  int64_t ckpt_every = 0;
   cli_dirs dirs = {{NULL}, 0};
   int64_t steps = 1000, batch = 256, seed = 1, eval_every = -1, eval_batches = 8, log_every = -1;
   int64_t context = 8, embed = 16, hidden = 256, layers = 2;
@@ -272,6 +289,10 @@ int hq_cmd_train(int argc, char **argv) {
       as_json = 1;
       continue;
     }
+    if (!strcmp(argv[i], "--verify-resume")) {
+      verify_resume = 1;
+      continue;
+    }
     if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
       if (r < 0) return 2;
       continue;
@@ -279,7 +300,8 @@ int hq_cmd_train(int argc, char **argv) {
     static const char *const valued[] = {"--recipe", "--device", "--steps", "--batch", "--seed",
                                          "--eval-every", "--eval-batches", "--log-every",
                                          "--data", "--plot", "--lr", "--context", "--embed",
-                                         "--hidden", "--layers", "--act"};
+                                         "--hidden", "--layers", "--act", "--checkpoint",
+                                         "--checkpoint-every", "--resume"};
     int k = 0, found = 0;
     for (; k < (int)(sizeof valued / sizeof *valued); k++)
       if ((r = cli_opt(argc, argv, &i, valued[k], &v)) != 0) {
@@ -297,6 +319,9 @@ int hq_cmd_train(int argc, char **argv) {
     else if (!strcmp(o, "--data")) data_path = v;
     else if (!strcmp(o, "--plot")) plot_file = v;
     else if (!strcmp(o, "--act")) act_s = v;
+    else if (!strcmp(o, "--checkpoint")) ckpt_path = v;
+    else if (!strcmp(o, "--resume")) resume_path = v;
+    else if (!strcmp(o, "--checkpoint-every")) bad = parse_count(o, v, 1, INT64_MAX, &ckpt_every);
     else if (!strcmp(o, "--steps")) bad = parse_count(o, v, 1, 10000000, &steps);
     else if (!strcmp(o, "--batch")) bad = parse_count(o, v, 1, 1 << 20, &batch);
     else if (!strcmp(o, "--seed")) bad = parse_count(o, v, 0, INT64_MAX, &seed);
@@ -324,6 +349,12 @@ int hq_cmd_train(int argc, char **argv) {
                     "--device %s: the trainer's CUDA path (its device table in train/model.c) is "
                     "not written yet; use --device cpu",
                     device_s);
+  if (ckpt_every && !ckpt_path && !verify_resume)
+    return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
+  if (resume_path && n_recipes > 1)
+    return cli_fail(2, CMD, "--resume continues one run: give at most one --recipe");
+  if (verify_resume && steps < 2)
+    return cli_fail(2, CMD, "--verify-resume needs --steps 2 or more");
   int act;
   if (!strcmp(act_s, "gelu")) act = TRAIN_ACT_GELU;
   else if (!strcmp(act_s, "tanh")) act = TRAIN_ACT_TANH;
@@ -348,6 +379,9 @@ int hq_cmd_train(int argc, char **argv) {
   cfg.eval_batches = eval_batches;
   cfg.seed = (uint64_t)seed;
   cfg.device = device;
+  cfg.ckpt_every = ckpt_every;
+  cfg.verify_resume = verify_resume;
+  cfg.verify_at = ckpt_every;
 
   /* recipes: each loaded (every error of a bad one listed), the default one when none is given */
   char default_path[1100];
@@ -442,8 +476,26 @@ int hq_cmd_train(int argc, char **argv) {
           (long long)data.n_eval_words, (long long)data.n_train, (long long)data.n_eval,
           (long long)context, (long long)embed, (long long)hidden, (long long)layers, act_s,
           (long long)batch, (long long)steps, lr, (long long)seed, device_s);
+  int verify_failed = 0;
   for (int i = 0; i < n_runs; i++) {
     progress_state ps = {po, i + 1, n_runs};
+    /* --checkpoint with several runs: one file per run, FILE-NAME.ext; --resume: the recipe's run
+       (the first; the baseline added after it trains from scratch) */
+    char cpath[1400];
+    if (ckpt_path && n_runs > 1) {
+      char nm[160];
+      snprintf(nm, sizeof nm, "%s", runs[i].name);
+      for (char *p = nm; *p; p++)
+        if (*p == '/' || *p == ' ') *p = '_';
+      const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
+      if (dot && (!slash || dot > slash + 1))
+        snprintf(cpath, sizeof cpath, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
+      else snprintf(cpath, sizeof cpath, "%s-%s", ckpt_path, nm);
+      cfg.ckpt_path = cpath;
+    } else cfg.ckpt_path = ckpt_path;
+    cfg.resume_path = i == 0 ? resume_path : NULL;
+    if (resume_path && i == 0)
+      fprintf(po, "hq train: %s: resuming from %s\n", runs[i].name, resume_path);
     if (train_run(&cfg, &data, runs[i].recipe, runs[i].name, on_progress, &ps, &runs[i].res, err,
                   sizeof err)) {
       cli_fail(1, CMD, "%s", err);
@@ -451,6 +503,30 @@ int hq_cmd_train(int argc, char **argv) {
     }
     runs[i].res.high_precision = runs[i].high_precision;
     runs[i].done = 1;
+    const train_result *r = &runs[i].res;
+    if (cfg.resume_path)
+      fprintf(po, "hq train: %s: resumed at step %lld (checkpoint loaded in %.1f ms)\n",
+              runs[i].name, (long long)r->resumed_from, 1e3 * r->ckpt_load_s);
+    if (cfg.ckpt_path)
+      fprintf(po, "hq train: %s: checkpoint %s: %lld save%s, the last at step %lld (%lld bytes, "
+                  "saved in %.1f ms)\n",
+              runs[i].name, cfg.ckpt_path, (long long)r->ckpt_saves,
+              r->ckpt_saves == 1 ? "" : "s", (long long)steps, (long long)r->ckpt_bytes,
+              1e3 * r->ckpt_save_s);
+    if (verify_resume) {
+      if (r->verified == 1)
+        fprintf(po, "hq train: %s: resume verified: the checkpoint of step %lld reloaded into a "
+                    "fresh model gives bit-identical losses for steps %lld..%lld and a "
+                    "bit-identical final state\n",
+                runs[i].name, (long long)r->verify_at, (long long)r->verify_at + 1,
+                (long long)steps);
+      else {
+        fprintf(stderr, "hq train: %s: resume NOT identical after reloading the checkpoint of "
+                        "step %lld: %s\n",
+                runs[i].name, (long long)r->verify_at, r->verify_msg);
+        verify_failed = 1;
+      }
+    }
   }
 
   const double base_eval = runs[baseline].res.eval_loss;
@@ -506,6 +582,10 @@ int hq_cmd_train(int argc, char **argv) {
       json_knum(&j, "total_seconds", r->total_s);
       json_kint(&j, "tokens", r->tokens);
       json_knum(&j, "tokens_per_second", r->tokens_per_s);
+      json_kint(&j, "resumed_from", r->resumed_from);
+      json_key(&j, "resume_verified");
+      if (!verify_resume) json_null(&j);
+      else json_bool(&j, r->verified == 1);
       json_key(&j, "train_curve");   /* [step, loss]: step 0, then the mean of each interval */
       json_arr(&j);
       train_point *pts = malloc(((size_t)r->n_train_curve + 2) * sizeof *pts);
@@ -573,12 +653,13 @@ int hq_cmd_train(int argc, char **argv) {
       }
     }
   }
-  status = 0;
+  status = verify_failed ? 1 : 0;
   if (plot_file) {
     char title[256];
     snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, seed %lld", (long long)steps,
              (long long)batch, (long long)seed);
-    status = plot(plot_file, runs, n_runs, baseline, cfg.log_every, title);
+    int ps = plot(plot_file, runs, n_runs, baseline, cfg.log_every, title);
+    if (ps) status = ps;
   }
 out:
   for (int i = 0; i < n_runs; i++) {

@@ -4,15 +4,20 @@
 ** Adam with linear warmup and cosine decay, a progress report every few steps, a periodic
 ** held-out eval and a final one over the whole held-out set.
 **
-** Seams for later work: the model's state (masters, moments, quantized weights, step) is all in
-** train_model, so a checkpoint saves and reloads it between two steps; the step below is
-** forward / backward / update, so offload or recompute slot in around train_model_backward.
+** Checkpoints (checkpoint.c) are saved between two steps, after --checkpoint-every steps and the
+** last; --resume loads one before the first step; --verify-resume saves one mid-run, trains on,
+** then reloads it into a fresh context and model and checks the continuation is bit-identical.
+** The step is forward / backward / update, so offload or recompute slot in around
+** train_model_backward.
 */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "train.h"
 
@@ -51,6 +56,148 @@ static int evaluate(train_model *m, const train_data *d, int64_t batches, int32_
   return train_model_eval_end(m, err, err_len);
 }
 
+/* One optimizer step (step: 0-based) on the batch in x, y. */
+static int train_step(train_model *m, const train_config *cfg, int64_t step, const int32_t *x,
+                      const int32_t *y, double *loss, char *e, size_t n) {
+  if (train_model_forward(m, x, y, cfg->model.batch, 1, loss, e, n)) return -1;
+  if (!isfinite(*loss)) {
+    snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",
+             (double)schedule(cfg, step));
+    return -1;
+  }
+  return train_model_backward(m, e, n) || train_model_update(m, &cfg->adam, schedule(cfg, step),
+                                                             e, n)
+             ? -1
+             : 0;
+}
+
+static int64_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+static unsigned char *read_all(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char *b = NULL;
+  int64_t sz = file_size(path);
+  if (sz >= 0 && (b = malloc((size_t)sz + 1)) && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+    free(b);
+    b = NULL;
+  }
+  fclose(f);
+  *n = (size_t)sz;
+  return b;
+}
+
+/* pat with every "{step}" replaced by the step */
+static void step_path(const char *pat, int64_t step, char *out, size_t n) {
+  size_t k = 0;
+  out[0] = '\0';
+  for (const char *p = pat; *p && k + 1 < n;) {
+    if (!strncmp(p, "{step}", 6)) {
+      int w = snprintf(out + k, n - k, "%lld", (long long)step);
+      k = w > 0 && (size_t)w < n - k ? k + (size_t)w : n - 1;
+      p += 6;
+    } else {
+      out[k++] = *p++;
+      out[k] = '\0';
+    }
+  }
+}
+
+/* Save what the loop holds; times and sizes into res. */
+static int save(const train_model *m, hq_recipe *recipe, const train_config *cfg,
+                const train_data *d, uint64_t rng, const train_result *curves, const char *path,
+                train_result *res, char *e, size_t n) {
+  const double t0 = train_now();
+  if (train_checkpoint_save(m, recipe, cfg, d, rng, curves, path, e, n)) return -1;
+  res->ckpt_save_s = train_now() - t0;
+  res->ckpt_bytes = file_size(path);
+  return 0;
+}
+
+/* --verify-resume, second half: a fresh context and model from the checkpoint at_k, trained to
+   the end; every step's loss must equal the uninterrupted run's (res->train_curve) and the final
+   checkpoint (written without the eval curve, which the two runs do not share) must be the same
+   bytes as final_a. */
+static int verify(const train_config *cfg, const train_data *data, hq_recipe *recipe,
+                  const char *at_k, const char *final_a, const char *final_b, train_result *res,
+                  int32_t *x, int32_t *y, char *e, size_t n) {
+  hq_ctx *ctx = NULL;
+  hq_ctx_desc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.struct_size = sizeof desc;
+  desc.device = cfg->device;
+  desc.seed = cfg->seed;
+  train_model m;
+  memset(&m, 0, sizeof m);
+  train_result r2;
+  memset(&r2, 0, sizeof r2);
+  int rc = -1;
+  unsigned char *a = NULL, *b = NULL;
+  r2.train_curve = calloc((size_t)cfg->steps, sizeof *r2.train_curve);
+  if (!r2.train_curve) {
+    snprintf(e, n, "out of memory");
+    goto out;
+  }
+  if (hq_ctx_create(&desc, &ctx)) {
+    snprintf(e, n, "creating the context: %s", hq_last_error());
+    goto out;
+  }
+  if (train_model_create(&m, &cfg->model, recipe, ctx, cfg->seed, e, n)) goto out;
+  uint64_t rng;
+  if (train_checkpoint_load(&m, recipe, cfg, data, at_k, &rng, &r2, e, n)) goto out;
+  res->verified = 1;
+  res->verify_at = m.step;
+  for (int64_t step = m.step; step < cfg->steps; step++) {
+    train_data_sample(data, &rng, cfg->model.batch, x, y);
+    double loss;
+    if (train_step(&m, cfg, step, x, y, &loss, e, n)) goto out;
+    r2.train_curve[r2.n_train_curve++] = (train_point){step, loss};
+    const double want = res->train_curve[step].loss;
+    if (res->verified == 1 && memcmp(&loss, &want, sizeof loss) != 0) {
+      res->verified = -1;
+      snprintf(res->verify_msg, sizeof res->verify_msg,
+               "step %lld: loss %.9g after the reload, %.9g in the uninterrupted run",
+               (long long)step + 1, loss, want);
+    }
+  }
+  res->verify_steps = cfg->steps - res->verify_at;
+  r2.n_eval_curve = 0;
+  if (train_checkpoint_save(&m, recipe, cfg, data, rng, &r2, final_b, e, n)) goto out;
+  size_t na, nb;
+  a = read_all(final_a, &na);
+  b = read_all(final_b, &nb);
+  if (!a || !b) {
+    snprintf(e, n, "--verify-resume: reading back %s: %s", !a ? final_a : final_b,
+             strerror(errno));
+    goto out;
+  }
+  if (res->verified == 1 && (na != nb || memcmp(a, b, na) != 0)) {
+    size_t k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    uint64_t hl = 0;   /* the safetensors header's length: where the tensors' bytes start */
+    for (int i = 7; na >= 8 && i >= 0; i--) hl = hl << 8 | a[i];
+    res->verified = -1;
+    snprintf(res->verify_msg, sizeof res->verify_msg,
+             "the final state differs: the checkpoints of the two runs (%zu and %zu bytes) differ "
+             "from byte %zu, %s",
+             na, nb, k,
+             k < 8 + hl ? "in the header (the metadata: step, random-stream offset, data "
+                          "position, ...)"
+                        : "in the tensors (masters, moments, quantized weights, scaling state)");
+  }
+  rc = 0;
+out:
+  free(a);
+  free(b);
+  train_model_free(&m);
+  if (ctx) hq_ctx_destroy(ctx);
+  train_result_free(&r2);
+  return rc;
+}
+
 int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe,
               const char *recipe_name, train_progress_fn progress, void *user,
               train_result *res, char *err, size_t err_len) {
@@ -59,9 +206,10 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   snprintf(res->recipe, sizeof res->recipe, "%s", recipe_name);
   const char *path = hq_recipe_path(recipe);
   snprintf(res->path, sizeof res->path, "%s", path ? path : "");
-  char e[1024] = "";
+  char e[2048] = "";
   int64_t step = 0;
   int rc = -1;
+  char vdir[1024] = "", v_k[1100] = "", v_a[1100] = "", v_b[1100] = "";
 
   hq_ctx *ctx = NULL;
   hq_ctx_desc desc;
@@ -74,8 +222,8 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   const int64_t B = cfg->model.batch, C = cfg->model.context;
   int32_t *x = malloc((size_t)(B * C) * sizeof *x), *y = malloc((size_t)B * sizeof *y);
   res->train_curve = calloc((size_t)cfg->steps, sizeof *res->train_curve);
-  const int64_t n_evals = (cfg->eval_every > 0 ? cfg->steps / cfg->eval_every : 0) + 3;
-  res->eval_curve = calloc((size_t)n_evals, sizeof *res->eval_curve);
+  res->cap_eval_curve = (cfg->eval_every > 0 ? cfg->steps / cfg->eval_every : 0) + 3;
+  res->eval_curve = calloc((size_t)res->cap_eval_curve, sizeof *res->eval_curve);
   if (!x || !y || !res->train_curve || !res->eval_curve) {
     snprintf(e, sizeof e, "out of memory");
     goto out;
@@ -87,27 +235,54 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   if (train_model_create(&m, &cfg->model, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
   res->n_params = m.n_params;
 
-  if (cfg->eval_every > 0) {   /* the starting point of the eval curve */
+  uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
+  if (cfg->resume_path) {
+    const double t0 = train_now();
+    if (train_checkpoint_load(&m, recipe, cfg, data, cfg->resume_path, &rng, res, e, sizeof e)) {
+      snprintf(err, err_len, "recipe '%s'%s%s%s: %s", recipe_name, res->path[0] ? " (" : "",
+               res->path, res->path[0] ? ")" : "", e);
+      rc = -2;
+      goto out;
+    }
+    res->ckpt_load_s = train_now() - t0;
+    res->resumed_from = step = m.step;
+  } else if (cfg->eval_every > 0) {   /* the starting point of the eval curve */
     double l0;
     if (evaluate(&m, data, cfg->eval_batches, x, y, &l0, e, sizeof e)) goto out;
     res->eval_curve[res->n_eval_curve++] = (train_point){0, l0};
   }
-  uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
+  int64_t verify_at = 0;
+  if (cfg->verify_resume) {
+    verify_at = cfg->verify_at > step && cfg->verify_at < cfg->steps
+                    ? cfg->verify_at
+                    : step + (cfg->steps - step) / 2;
+    if (verify_at <= step) {
+      snprintf(e, sizeof e, "--verify-resume: at least two steps to train are needed");
+      goto out;
+    }
+    const char *td = getenv("TMPDIR");
+    snprintf(vdir, sizeof vdir, "%s/hq-train-verify.XXXXXX", td && *td ? td : "/tmp");
+    if (!mkdtemp(vdir)) {
+      snprintf(e, sizeof e, "--verify-resume: a temporary directory %s: %s", vdir,
+               strerror(errno));
+      vdir[0] = '\0';
+      goto out;
+    }
+    snprintf(v_k, sizeof v_k, "%s/step%lld.safetensors", vdir, (long long)verify_at);
+    snprintf(v_a, sizeof v_a, "%s/final-uninterrupted.safetensors", vdir);
+    snprintf(v_b, sizeof v_b, "%s/final-resumed.safetensors", vdir);
+  }
+  /* the interval of the progress line in course (a resumed run: from the last multiple of
+     log_every) */
   double interval_sum = 0, last_interval = NAN;
   int64_t interval_n = 0;
-  for (step = 0; step < cfg->steps; step++) {
+  for (int64_t s = step - step % cfg->log_every; s < step; s++, interval_n++)
+    interval_sum += res->train_curve[s].loss;
+  for (; step < cfg->steps; step++) {
     train_data_sample(data, &rng, B, x, y);
     const double t0 = train_now();
     double loss;
-    if (train_model_forward(&m, x, y, B, 1, &loss, e, sizeof e)) goto out;
-    if (!isfinite(loss)) {
-      snprintf(e, sizeof e, "the train loss is %s (lr %.3g)", isnan(loss) ? "NaN" : "infinite",
-               (double)schedule(cfg, step));
-      goto out;
-    }
-    if (train_model_backward(&m, e, sizeof e) ||
-        train_model_update(&m, &cfg->adam, schedule(cfg, step), e, sizeof e))
-      goto out;
+    if (train_step(&m, cfg, step, x, y, &loss, e, sizeof e)) goto out;
     res->train_s += train_now() - t0;
     res->tokens += B;
     res->train_curve[res->n_train_curve++] = (train_point){step, loss};
@@ -116,10 +291,22 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     interval_n++;
 
     const int64_t done = step + 1;
+    if (done == verify_at &&
+        save(&m, recipe, cfg, data, rng, res, v_k, res, e, sizeof e))
+      goto out;
     double eval_loss = NAN;
     if (cfg->eval_every > 0 && done % cfg->eval_every == 0 && done < cfg->steps) {
       if (evaluate(&m, data, cfg->eval_batches, x, y, &eval_loss, e, sizeof e)) goto out;
       res->eval_curve[res->n_eval_curve++] = (train_point){done, eval_loss};
+    }
+    /* after this step's eval (which changes nothing the training reads), so that the saved eval
+       curve is the one a resumed run continues */
+    if (cfg->ckpt_path &&
+        ((cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0) || done == cfg->steps)) {
+      char cp[1400];
+      step_path(cfg->ckpt_path, done, cp, sizeof cp);
+      if (save(&m, recipe, cfg, data, rng, res, cp, res, e, sizeof e)) goto out;
+      res->ckpt_saves++;
     }
     if (done % cfg->log_every == 0 || done == cfg->steps || !isnan(eval_loss)) {
       last_interval = interval_sum / (double)interval_n;
@@ -131,6 +318,11 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       interval_sum = 0;
       interval_n = 0;
     }
+  }
+  if (cfg->verify_resume) {   /* the final state, without the eval curve the reload lacks */
+    train_result noeval = *res;
+    noeval.n_eval_curve = 0;
+    if (train_checkpoint_save(&m, recipe, cfg, data, rng, &noeval, v_a, e, sizeof e)) goto out;
   }
   res->train_loss = last_interval;
   if (evaluate(&m, data, 0, x, y, &res->eval_loss, e, sizeof e)) goto out;
@@ -145,11 +337,29 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     snprintf(res->layer_name[i], sizeof res->layer_name[i], "%s", m.lin[i].name);
     memcpy(res->layer_info[i], m.lin[i].info, sizeof m.lin[i].info);
   }
+  if (cfg->verify_resume) {
+    train_model_free(&m);   /* the second model needs no room beside the first */
+    hq_ctx_destroy(ctx);
+    ctx = NULL;
+    if (verify(cfg, data, recipe, v_k, v_a, v_b, res, x, y, e, sizeof e)) {
+      snprintf(err, err_len, "recipe '%s', --verify-resume: %s", recipe_name, e);
+      e[0] = '\0';
+      rc = -2;
+      goto out;
+    }
+  }
   rc = 0;
 out:
-  if (rc)
+  if (rc == -1)
     snprintf(err, err_len, "recipe '%s'%s%s%s, step %lld: %s", recipe_name,
              res->path[0] ? " (" : "", res->path, res->path[0] ? ")" : "", (long long)step, e);
+  if (rc == -2) rc = -1;
+  if (vdir[0]) {
+    remove(v_k);
+    remove(v_a);
+    remove(v_b);
+    rmdir(vdir);
+  }
   train_model_free(&m);
   if (ctx) hq_ctx_destroy(ctx);
   free(x);

@@ -167,6 +167,15 @@ typedef struct train_config {
   int64_t eval_batches;                      /* batches of the periodic eval (0: whole set) */
   uint64_t seed;
   int device;                                /* HQ_DEVICE_HOST or a CUDA ordinal */
+  /* checkpoints (checkpoint.c) */
+  const char *ckpt_path;                     /* save here (NULL: never) ... */
+  int64_t ckpt_every;                        /* ... after steps N, 2N, ... and the last (0: only
+                                                after the last) */
+  const char *resume_path;                   /* start from this checkpoint (NULL: from scratch) */
+  int verify_resume;                         /* save at step verify_at, train on, then reload that
+                                                checkpoint into a fresh context and model, train
+                                                the same steps again and compare bitwise */
+  int64_t verify_at;                         /* 0: halfway through the steps left */
 } train_config;
 
 /* What the loop reports while it runs. */
@@ -200,11 +209,39 @@ typedef struct train_result {
   train_point *train_curve;                  /* every step's train loss */
   int64_t n_train_curve;
   train_point *eval_curve;                   /* every eval */
-  int64_t n_eval_curve;
+  int64_t n_eval_curve, cap_eval_curve;
+  int64_t resumed_from;                      /* the checkpoint's step (0: from scratch) */
+  int64_t ckpt_saves;                        /* checkpoints written (--checkpoint) */
+  double ckpt_save_s, ckpt_load_s;           /* time of the last save, of the resume's load */
+  int64_t ckpt_bytes;                        /* size of the last checkpoint written */
+  int verified;                              /* --verify-resume: 1 identical, -1 not, 0 not run */
+  int64_t verify_at, verify_steps;           /* the step reloaded, steps compared */
+  char verify_msg[512];                      /* what differed */
   int n_layers;                              /* the GEMMs that ran, per layer */
   char layer_name[TRAIN_MAX_LINEAR][16];
   hq_gemm_info layer_info[TRAIN_MAX_LINEAR][3];
 } train_result;
+
+/* ---------------------------------------------------------------------------------------------
+** Checkpoints (checkpoint.c): the model's masters, Adam moments and step, every quantized weight
+** (all directions and buffers), the scaling state, the context's random-stream offset, the data
+** order's generator, the loss curves so far, the recipe (name, file, resolved formats and roles)
+** and the model's shape, in one safetensors file (docs/training.md, 8).
+*/
+/* The recipe as it resolves, one line per format (plugin, options) and role section (malloc'd). */
+char *train_recipe_spec(hq_recipe *r);
+/* Write m (after m->step steps; data_rng: the data order's generator now; res: the curves so far)
+   to path. Returns 0, or -1 with a message in err. */
+int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_config *cfg,
+                          const train_data *d, uint64_t data_rng, const train_result *res,
+                          const char *path, char *err, size_t err_len);
+/* Load path into m (built with cfg->model and recipe, not trained): refused with a message naming
+   the difference when the recipe, the shape, the seed or the data differ. Sets m->step, the
+   context's random-stream offset, *data_rng and res's curves (res->train_curve has room for
+   cfg->steps points). */
+int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config *cfg,
+                          const train_data *d, const char *path, uint64_t *data_rng,
+                          train_result *res, char *err, size_t err_len);
 
 /* Train one model with one recipe from cfg->seed. recipe_name names it in messages. Returns 0,
    or -1 with a message naming the recipe, the step and the layer in err. */

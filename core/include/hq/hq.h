@@ -386,8 +386,10 @@ HQ_API int hq_quantizer_bind_state(hq_quantizer *q, hq_state *st);
 /* The contiguous amaxes of every slice (*n floats on the state's device): the one buffer a
    trainer all-reduces with MAX before hq_state_update. */
 HQ_API int hq_state_amaxes(hq_state *st, float **amax, size_t *n);
-/* The whole buffer (*n floats: the amaxes first, then the slices' states), e.g. to checkpoint
-   it as one F32 tensor and write it back on resume. */
+/* The whole buffer (*n floats: the amaxes first, then the slices' states, on the state's
+   device), e.g. to checkpoint it as one F32 tensor; it is writable: on resume, load the saved
+   floats into it (hq_ckpt_load_tensor, or a copy on the state's stream) before the next
+   quantize, with the same quantizers bound in the same order. */
 HQ_API int hq_state_data(hq_state *st, float **data, size_t *n);
 /* Update every slice from its amax (after the caller's reduction), on ctx (the state's device)
    and its stream: one format call -- one kernel on a GPU -- per group of slices. */
