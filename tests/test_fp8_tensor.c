@@ -1171,7 +1171,7 @@ static void test_gemm_op(void **state) {
           assert_int_equal(hq_mock()->mm.d_dtype, HQ_BF16);
           assert_int_equal(hq_mock()->mm.ldd, M);
           assert_null(hq_mock()->mm.bias);
-          assert_int_equal(hq_mock()->mm.fast_accum, 1);
+          assert_int_equal(hq_mock()->mm.fast_accum, 0);
           const char *names[3] = {"e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"};
           assert_non_null(strstr(hq_mock()->what, names[pair]));
           /* cuBLASLt's refusal is the answer */

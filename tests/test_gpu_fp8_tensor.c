@@ -254,6 +254,20 @@ static void test_hybrid_on_device(void **state) {
   hq_recipe_free(r);
 }
 
+/* A configuration with every option at its default (current scaling, e4m3): one value per entry
+   of the module's option table, whatever its length. */
+static void *default_cfg(const hq_format_ops *ops, const hq_host_api *host) {
+  hq_optval v[16];
+  memset(v, 0, sizeof v);
+  for (size_t n = 0; ops->options[n].name; n++) {
+    assert_true(n < 16);
+    if (!strcmp(ops->options[n].name, "amax_history_len")) v[n].i = 1024;
+  }
+  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
+  HQ_OK_OR_FAIL(ops->configure(cfg, v, host));
+  return cfg;
+}
+
 /* The module's amax op on the device, called directly: out[0] / out[1] get max |x| (NaN ignored,
    Inf counted) for the requested directions and 0 for the others (written over whatever was
    there), for aligned (vectorized) and odd shapes, every input dtype; its scratch is 0. */
@@ -263,10 +277,7 @@ static void test_amax_op_direct(void **state) {
   const hq_format_ops *ops = hq_test_module_entry("fp8_tensor")(&host);
   assert_non_null(ops);
   assert_non_null(ops->amax);
-  hq_optval v[3];
-  memset(v, 0, sizeof v);
-  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
-  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  void *cfg = default_cfg(ops, &host);
   assert_int_equal(ops->scratch_size ? ops->scratch_size(cfg, 4096, 4096, HQ_BOTH, 0) : 0, 0);
   hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
@@ -337,10 +348,7 @@ static void test_raw_and_factor_on_device(void **state) {
   const hq_format_ops *ops = hq_test_module_entry("fp8_tensor")(&host);
   assert_non_null(ops);
   assert_non_null(ops->tensor_factor);
-  hq_optval v[3];
-  memset(v, 0, sizeof v);
-  void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
-  HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));
+  void *cfg = default_cfg(ops, &host);
   hq_call hc = hq_test_call(&host, 0, 0), gc = hc;
   gc.device = 0;
   const char *sets[2] = {"", "dtype = e5m2\npower_2_scales = true"};

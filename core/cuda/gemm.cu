@@ -198,6 +198,7 @@ struct plan_key {
   int32_t d_dtype, bias_dtype;     /* bias_dtype 0: no bias */
   int32_t fast_accum;              /* FP8 inputs only, else 0 */
   int32_t ptr_device;              /* 1: alpha and beta in device memory */
+  int32_t accumulate_narrow;       /* beta != 0 into a D narrower than F32: SPLIT only */
   uint32_t align_a, align_b, align_d;
   uint32_t ws_bytes;               /* workspace offered to the heuristic */
   int64_t a_rows, a_cols, a_ld, b_rows, b_cols, b_ld;
@@ -477,6 +478,13 @@ cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                               &al[2], sizeof al[2]);
+  /* FP32 accumulation throughout: a split-K reduction may only sum its partial results in the
+     compute type. The in-place scheme sums them in C's type (BF16 for a BF16 D), which rounds
+     every partial sum to 8 bits (measured on an H100: 3 BF16 ulps off an F64 reference). */
+  uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &reductions, sizeof reductions);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   cublasLtMatmulHeuristicResult_t res;
   int count = 0;
@@ -513,8 +521,12 @@ void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
     ncomputes = 2;
   }
   const int split_helps = mm->bias != NULL || mm->d_dtype != HQ_F32;
+  /* beta * D into a BF16 D: cuBLASLt's own epilogue rounded alpha * acc to BF16 before adding
+     beta * C on an H100 (3 BF16 ulps off an F64 reference when the two cancel): the SPLIT plan
+     adds them in FP32 and rounds once */
+  const int first = p->key.accumulate_narrow ? PLAN_SPLIT : PLAN_DIRECT;
   p->status = CUBLAS_STATUS_NOT_SUPPORTED;
-  for (int mode = PLAN_DIRECT; mode <= (split_helps ? PLAN_SPLIT : PLAN_DIRECT); mode++)
+  for (int mode = first; mode <= (split_helps ? PLAN_SPLIT : PLAN_DIRECT); mode++)
     for (int c = 0; c < ncomputes; c++) {
       int no_algo = 0;
       cublasStatus_t st = heuristic(lt, mm, &p->key, mode, computes[c], &p->algo, &no_algo);
@@ -525,7 +537,7 @@ void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
         p->compute = computes[c];
         return;
       }
-      if (mode == PLAN_DIRECT && c == 0) { /* report why the problem as asked has none */
+      if (mode == first && c == 0) { /* report why the problem as asked has none */
         p->status = st;
         p->no_algo = no_algo;
       }
@@ -689,6 +701,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   key.d_dtype = mm->d_dtype;
   key.bias_dtype = mm->bias ? mm->bias_dtype : 0;
   key.fast_accum = (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) && mm->fast_accum ? 1 : 0;
+  key.accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
   key.ptr_device = ptr_device;
   key.align_a = align_of(mm->a.data);
   key.align_b = align_of(mm->b.data);

@@ -42,7 +42,10 @@
 **                (NaN stays NaN).
 **   native gemm  cuBLASLt FP8 with SCALAR_32F scales: the scale pointers are the two storages'
 **                scale_inv buffers, so cuBLASLt computes alpha * (scale_inv_a * scale_inv_b) *
-**                sum(q_a * q_b) with fast accumulation (fast_accum = 1). Each storage's data is
+**                sum(q_a * q_b) with the split accumulator (fast_accum = 0): Hopper's fast FP8
+**                accumulation broke the tests' accumulation bound on a deep wgrad on an H100;
+**                the upstream system also uses the split accumulator for dgrad and wgrad. Each
+**                storage's data is
 **                [outer, k] row-major whichever direction it is (rowwise [M, K] with k = K,
 **                columnwise [K, M] with k = M): a column-major k x outer matrix with ld = k, so
 **                the GEMM is always "TN" (A with OP_T, B with OP_N), the one layout every FP8
@@ -564,7 +567,7 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
   hq_lt_matmul mm = hq_lt_matmul_from(p, what);
   mm.a = a;
   mm.b = b;
-  mm.fast_accum = 1;
+  mm.fast_accum = 0; /* the split accumulator: see the header comment */
   return host->lt_matmul(call, &mm);
 }
 
