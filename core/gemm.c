@@ -125,6 +125,7 @@ typedef struct plan {
   int64_t m, n, k;
   int transa, transb;
   uint32_t path;
+  int tentative;                 /* hq_gemm: NATIVE to be confirmed by running it */
   hq_gemm_args args;
   const char *what;
   char what_buf[96];
@@ -169,8 +170,19 @@ static void fill_problem(const plan *p, hq_gemm_problem *g, float alpha, float b
   g->beta = beta;
 }
 
+/* The emulated path of a plan (the native one refused or unavailable). */
+static uint32_t emulated_path(const hq_ctx *ctx, const plan *p) {
+  if (ctx->device < 0) return HQ_GEMM_PATH_CPU;
+  if (p->a.emul == HQ_BF16 && p->b.emul == HQ_BF16) return HQ_GEMM_PATH_EMULATED_BF16;
+  return HQ_GEMM_PATH_EMULATED_F32;
+}
+
+/* direct: a native candidate is not asked (HQ_GEMM_QUERY) but marked tentative: hq_gemm runs it
+   and falls back to the emulated path on HQ_ENOTSUP (which by the ABI means nothing ran), so a
+   native GEMM makes one module call and one plan lookup, not two. */
 static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb,
-                   const hq_tensor *D, const hq_gemm_args *argsp, const char *fn, plan *p) {
+                   const hq_tensor *D, const hq_gemm_args *argsp, const char *fn, int direct,
+                   plan *p) {
   memset(p, 0, sizeof *p);
   if (!ctx) return hqi_error(HQ_EINVAL, "%s: NULL context", fn);
   if (argsp) {
@@ -241,6 +253,9 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
              p->info.format_a, p->info.format_b);
   } else if (ops->abi_minor < 1 || !ops->gemm) {
     snprintf(p->info.reason, sizeof p->info.reason, "module %s has no native gemm", ops->name);
+  } else if (direct) {
+    p->path = HQ_GEMM_PATH_NATIVE;
+    p->tentative = 1;
   } else {
     hq_gemm_problem g;
     fill_problem(p, &g, 1.0f, 0.0f, HQ_GEMM_QUERY);
@@ -260,11 +275,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
       return hqi_error_prefix(rc, "%s: module %s, gemm query", p->what, ops->name);
     }
   }
-  if (!p->path) {
-    if (ctx->device < 0) p->path = HQ_GEMM_PATH_CPU;
-    else if (p->a.emul == HQ_BF16 && p->b.emul == HQ_BF16) p->path = HQ_GEMM_PATH_EMULATED_BF16;
-    else p->path = HQ_GEMM_PATH_EMULATED_F32;
-  }
+  if (!p->path) p->path = emulated_path(ctx, p);
   p->info.path = p->path;
   return HQ_OK;
 }
@@ -281,7 +292,7 @@ static void info_out(const plan *p, hq_gemm_info *out) {
 int hq_gemm_plan(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb,
                  const hq_tensor *D, const hq_gemm_args *args, hq_gemm_info *info) {
   plan p;
-  int rc = prepare(ctx, A, transa, B, transb, D, args, "hq_gemm_plan", &p);
+  int rc = prepare(ctx, A, transa, B, transb, D, args, "hq_gemm_plan", 0, &p);
   if (!rc) info_out(&p, info);
   return rc;
 }
@@ -479,7 +490,7 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
             float alpha, float beta, const hq_gemm_args *args, hq_gemm_info *info) {
   if (!D) return hqi_error(HQ_EINVAL, "hq_gemm: D is NULL");
   plan p;
-  int rc = prepare(ctx, A, transa, B, transb, D, args, "hq_gemm", &p);
+  int rc = prepare(ctx, A, transa, B, transb, D, args, "hq_gemm", 1, &p);
   if (rc) return rc;
   if (!isfinite(alpha) || !isfinite(beta))
     return hqi_error(HQ_EINVAL, "%s: alpha = %g and beta = %g must be finite", p.what, alpha, beta);
@@ -493,7 +504,14 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
     hq_clear_error();
     const hq_format_ops *ops = &p.a.fmt->plugin->ops;
     rc = ops->gemm(p.a.fmt->cfg, &call, &g);
-    if (rc) rc = hqi_error_prefix(rc, "%s: module %s, native gemm", p.what, ops->name);
+    if (rc == HQ_ENOTSUP && p.tentative) { /* declined (nothing ran): the emulated path */
+      snprintf(p.info.reason, sizeof p.info.reason, "%s", hq_last_error());
+      hq_clear_error();
+      p.path = p.info.path = emulated_path(ctx, &p);
+      rc = p.path == HQ_GEMM_PATH_CPU ? cpu_gemm(ctx, &p, alpha, beta) : gpu_gemm(ctx, &p, alpha, beta);
+    } else if (rc) {
+      rc = hqi_error_prefix(rc, "%s: module %s, native gemm", p.what, ops->name);
+    }
   } else if (p.path == HQ_GEMM_PATH_CPU) {
     rc = cpu_gemm(ctx, &p, alpha, beta);
   } else {
