@@ -310,6 +310,21 @@ static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, c
     *data = o->hp->data;
     return HQ_OK;
   }
+  if (o->st && o->raw && !o->fmt->plugin->ops.tensor_factor) {
+    /* a storage that describes itself as its own raw values -- no scale, no transform, data of
+       the GEMM's dtype in [rows, cols] order (identity's) -- is multiplied in place */
+    const hq_operand_desc *d = &o->st->desc;
+    if (d->scale_mode == HQ_SCALE_NONE && d->transform == HQ_TRANSFORM_NONE && d->elem == dt &&
+        d->order == HQ_ORDER_MK)
+      for (uint32_t i = 0; i < o->st->nbuf; i++) {
+        const hq_buffer *b = hq_storage_cbuf(o->st, i);
+        if (b->role == HQ_ROLE_DATA && b->ndim == 2 && b->shape[0] == o->r0 &&
+            b->shape[1] == o->r1) {
+          *data = b->ptr;
+          return HQ_OK;
+        }
+      }
+  }
   size_t bytes = (size_t)o->r0 * (size_t)o->r1 * hq_dtype_size(dt);
   *tmp = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
   if (!*tmp)
@@ -318,16 +333,9 @@ static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, c
   *data = *tmp;
   hq_tensor dst = hq_tensor_2d(*tmp, dt, ctx->device, o->r0, o->r1);
   int rc;
-  if (o->hp) {
-    int64_t n = o->r0 * o->r1;
-    if (ctx->device >= 0) {
-      rc = hqi_cuda_convert(ctx->stream, *tmp, dt, o->hp->data, o->hp->dtype, n);
-    } else {
-      for (int64_t i = 0; i < n; i++) hq_store_hp(*tmp, i, dt, hq_load_hp(o->hp->data, i, o->hp->dtype));
-      rc = HQ_OK;
-    }
-    return rc;
-  }
+  if (o->hp)
+    return hqi_convert(ctx->device, ctx->stream, *tmp, dt, o->hp->data, o->hp->dtype,
+                       o->r0 * o->r1);
   const hq_format_ops *ops = &o->fmt->plugin->ops;
   hq_call call;
   hqi_call_init(ctx, &call, o->raw ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
@@ -412,8 +420,7 @@ static int cpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
       rc = hqi_error(HQ_ENOMEM, "%s: an F32 copy of D (%lld elements)", p->what, (long long)nd);
     } else {
       d = td;
-      if (beta != 0.0f)
-        for (int64_t i = 0; i < nd; i++) d[i] = hq_load_hp(p->d.data, i, p->d.dtype);
+      if (beta != 0.0f) hqi_convert(HQ_DEVICE_HOST, NULL, d, HQ_F32, p->d.data, p->d.dtype, nd);
     }
   }
   if (!rc && nd > 0) {
@@ -434,8 +441,7 @@ static int cpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
 #endif
     }
     if (!rc && p->args.bias) add_bias(d, p->m, p->n, p->args.bias, p->args.bias_dtype);
-    if (!rc && td)
-      for (int64_t i = 0; i < nd; i++) hq_store_hp(p->d.data, i, p->d.dtype, d[i]);
+    if (!rc && td) hqi_convert(HQ_DEVICE_HOST, NULL, p->d.data, p->d.dtype, d, HQ_F32, nd);
   }
   hqi_ctx_free_raw(ctx, ta);
   hqi_ctx_free_raw(ctx, tb);

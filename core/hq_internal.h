@@ -55,6 +55,10 @@ int hqi_check_tensor(const hq_tensor *t, const char *what);
 #define HQI_MAX_ELEMENTS_LOG2 48
 #define HQI_MAX_ELEMENTS ((int64_t)1 << HQI_MAX_ELEMENTS_LOG2)
 int hqi_check_shape(int64_t rows, int64_t cols, const char *what);
+/* Element-wise convert n high-precision values (F32/F16/BF16) on `device` (the host, or a CUDA
+   device on `stream`). Equal dtypes copy bytes, so NaN payloads and signed zeros pass through;
+   otherwise hq/numerics.h's rounding, the same on both. */
+int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, int st, int64_t n);
 
 // --- devices (device.c) --------------------------------------------------------------------
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);

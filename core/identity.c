@@ -13,10 +13,6 @@
 #include "config.h"
 #include "hq_internal.h"
 
-#include <string.h>
-
-#include "hq/numerics.h"
-
 typedef struct identity_cfg {
   int dtype; /* 0 = same as the source, else HQ_F32 / HQ_F16 / HQ_BF16 */
 } identity_cfg;
@@ -56,18 +52,6 @@ static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t c
   return HQ_OK;
 }
 
-/* Element-wise convert n values on the call's device. Equal dtypes copy bytes, so NaN payloads
-   and signed zeros pass through unchanged. */
-static int convert(const hq_call *call, void *dst, int dt, const void *src, int st, int64_t n) {
-  if (call->device != HQ_DEVICE_HOST) return hqi_cuda_convert(call->stream, dst, dt, src, st, n);
-  if (dt == st) {
-    memcpy(dst, src, (size_t)n * (dt == HQ_F32 ? 4u : 2u));
-    return HQ_OK;
-  }
-  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
-  return HQ_OK;
-}
-
 static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
   (void)cfg;
@@ -75,12 +59,12 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   int rc = HQ_OK;
   if (dirs & HQ_ROWWISE) {
     hq_buffer *b = hq_storage_buf(row, 0);
-    rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
+    rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   if (!rc && (dirs & HQ_COLWISE)) {
     hq_buffer *b = hq_storage_buf(col, 0);
     if (!((dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED)))
-      rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
+      rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   return rc;
 }
@@ -92,7 +76,7 @@ static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s,
   if (!is_hp(b->dtype) || b->dtype != s->desc.elem)
     return call->host->error(HQ_EINVAL, "identity: the storage's data is %d, not f32/f16/bf16",
                              (int)b->dtype);
-  return convert(call, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
+  return hqi_convert(call->device, call->stream, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
 /* Native GEMM of two identity storages of one dtype on a GPU: cuBLASLt reads the stored data

@@ -1,5 +1,6 @@
 /*
-** util.c -- strings, vectors, aligned host memory, dtype tables, tensor checks.
+** util.c -- strings, vectors, aligned host memory, dtype tables, tensor checks, element
+** conversion.
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -7,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "hq/numerics.h"
 
 const char *hq_version(void) { return PACKAGE_VERSION; }
 
@@ -175,5 +178,15 @@ int hqi_check_tensor(const hq_tensor *t, const char *what) {
     return hqi_error(HQ_EINVAL, "%s: data %p is not aligned to its %s element size (%zu bytes): "
                      "hq_tensor data must be element-aligned", what, t->data,
                      hq_dtype_name(t->dtype), es);
+  return HQ_OK;
+}
+
+int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, int st, int64_t n) {
+  if (device != HQ_DEVICE_HOST) return hqi_cuda_convert(stream, dst, dt, src, st, n);
+  if (dt == st) {
+    if (n > 0) memcpy(dst, src, (size_t)n * hq_dtype_size((hq_dtype)dt));
+    return HQ_OK;
+  }
+  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
   return HQ_OK;
 }
