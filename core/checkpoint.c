@@ -697,9 +697,10 @@ int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const h
   char what[300];
   snprintf(what, sizeof what, "hq_ckpt_add_tensor '%.200s'", name);
   if ((rc = hqi_tensor_in(tp, what, &t))) return rc;
-  if (t.device != ctx->device)
-    return ck_error(HQ_EINVAL, w->path, "%s: the tensor is on device %d, the context runs on %d",
-                    what, t.device, ctx->device);
+  if (t.device != ctx->device && t.device != HQ_DEVICE_HOST)
+    return ck_error(HQ_EINVAL, w->path, "%s: the tensor is on device %d, the context runs on %d "
+                    "(a tensor is on the context's device or on the host)", what, t.device,
+                    ctx->device);
   /* rows * cols <= 2^48 (hqi_check_shape), times at most 4 bytes: no overflow */
   size_t bytes = (size_t)t.rows * (size_t)t.cols * hq_dtype_size(t.dtype);
   uint64_t total = w->data_bytes;
@@ -1201,9 +1202,10 @@ int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *tp
   snprintf(what, sizeof what, "hq_ckpt_load_tensor '%.200s'", name);
   int rc = hqi_tensor_in(tp, what, &t);
   if (rc) return rc;
-  if (t.device != ctx->device)
-    return ck_error(HQ_EINVAL, c->path, "%s: the tensor is on device %d, the context runs on %d",
-                    what, t.device, ctx->device);
+  if (t.device != ctx->device && t.device != HQ_DEVICE_HOST)
+    return ck_error(HQ_EINVAL, c->path, "%s: the tensor is on device %d, the context runs on %d "
+                    "(a tensor is on the context's device or on the host)", what, t.device,
+                    ctx->device);
   centry e;
   rc = find_entry(c, name, &e);
   if (rc == HQ_ENOENT) {

@@ -50,6 +50,7 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
 void hq_ctx_destroy(hq_ctx *ctx) { free(ctx); }
 
 int hq_ctx_device(const hq_ctx *ctx) { return ctx ? ctx->device : HQ_DEVICE_HOST; }
+void *hq_ctx_stream(const hq_ctx *ctx) { return ctx ? ctx->stream : NULL; }
 
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes) {
   if (ctx->has_allocator)

@@ -5,6 +5,8 @@
 #include "config.h"
 #include "hq_internal.h"
 
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #ifdef HQ_HAVE_CUDA
@@ -50,20 +52,86 @@ int hqi_cuda_arch(int device) {
   return major * 10 + minor;
 }
 
-/* Stream-ordered allocation (the device's default memory pool) on `stream`, with the caller's
-   current device restored. */
+/* hq's own stream-ordered memory pool per device, made at its first use. It keeps what hq frees
+   for reuse (release threshold: unlimited) instead of the default pool's threshold of 0, which
+   hands freed memory back at every synchronization and maps it again at the next allocation:
+   the emulated GEMM's two operand temporaries cost more to map than to fill. Being hq's own, it
+   leaves the process's default pool (and its settings) alone; hq_device_trim releases it. */
+#define HQI_MAX_POOLS 64
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static cudaMemPool_t pools[HQI_MAX_POOLS];
+
+static int pool_of(int device, cudaMemPool_t *out) {
+  if (device < 0 || device >= HQI_MAX_POOLS)
+    return hqi_error(HQ_EINVAL, "CUDA device %d: hq keeps memory pools for devices 0..%d", device,
+                     HQI_MAX_POOLS - 1);
+  pthread_mutex_lock(&pool_mu);
+  cudaError_t e = cudaSuccess;
+  if (!pools[device]) {
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t p = NULL;
+    e = cudaMemPoolCreate(&p, &props);
+    if (e == cudaSuccess) {
+      uint64_t keep = UINT64_MAX;
+      e = cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (e == cudaSuccess) pools[device] = p;
+      else cudaMemPoolDestroy(p);
+    }
+  }
+  *out = pools[device];
+  pthread_mutex_unlock(&pool_mu);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return hqi_error(HQ_EDEVICE, "creating hq's memory pool on CUDA device %d: %s", device,
+                     cudaGetErrorString(e));
+  }
+  return HQ_OK;
+}
+
+int hq_device_trim(int device) {
+  if (device < 0 || device >= HQI_MAX_POOLS)
+    return hqi_error(HQ_EINVAL, "hq_device_trim: CUDA device %d out of range", device);
+  pthread_mutex_lock(&pool_mu);
+  cudaMemPool_t p = pools[device];
+  pthread_mutex_unlock(&pool_mu);
+  if (!p) return HQ_OK;
+  int saved;
+  int rc = hqi_device_enter(device, &saved);
+  if (rc) return rc;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemPoolTrimTo(p, 0);
+  hqi_device_leave(saved);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return hqi_error(HQ_EDEVICE, "hq_device_trim: device %d: %s", device, cudaGetErrorString(e));
+  }
+  return HQ_OK;
+}
+
+/* Stream-ordered allocation from hq's pool of `device` on `stream`, with the caller's current
+   device restored. */
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   *out = NULL;
   int saved;
   int rc = hqi_device_enter(device, &saved);
   if (rc) return rc;
-  cudaError_t e = cudaMallocAsync(out, bytes ? bytes : 1, (cudaStream_t)stream);
+  cudaMemPool_t pool = NULL;
+  if ((rc = pool_of(device, &pool))) {
+    hqi_device_leave(saved);
+    return rc;
+  }
+  cudaError_t e = cudaMallocFromPoolAsync(out, bytes ? bytes : 1, pool, (cudaStream_t)stream);
   hqi_device_leave(saved);
   if (e != cudaSuccess) {
     cudaGetLastError();
     *out = NULL;
     return hqi_error(e == cudaErrorMemoryAllocation ? HQ_ENOMEM : HQ_EDEVICE,
-                     "cudaMallocAsync of %zu bytes on device %d: %s", bytes, device,
+                     "cudaMallocFromPoolAsync of %zu bytes on device %d: %s", bytes, device,
                      cudaGetErrorString(e));
   }
   return HQ_OK;
@@ -126,6 +194,10 @@ int hq_device_info(int device, char *name, size_t name_len, int *arch) {
   return no_cuda();
 }
 int hqi_cuda_arch(int device) { (void)device; return 0; }
+int hq_device_trim(int device) {
+  (void)device;
+  return no_cuda();
+}
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   (void)device; (void)bytes; (void)stream;
   *out = NULL;

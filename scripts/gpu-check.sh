@@ -8,13 +8,14 @@
 #   makes the release tarball (make dist) into .devdist/, unpacks inih and cmocka into .devdeps/
 #   (both git-ignored) and prints the device tool call to make:
 #     carry   [".devdist", ".devdeps"]
-#     command bash scripts/gpu-check.sh --on-device [--bench|--peers|--sanitize]
+#     command bash scripts/gpu-check.sh --on-device [--bench|--peers|--train|--sanitize]
 # There (what that command runs): unpack the tarball, ./configure --with-cuda, make -j16,
 # make check (GPU tests run for real), copy the logs to $OUT; with --bench also run
 # `hq bench --device cuda`; with --peers run it (text, and --json) and the PyTorch peers of
 # scripts/bench_peers.py (from the carried tree; HQ_PEERS_ARGS adds its arguments) in the same
 # call, outputs in $OUT as bench.txt, bench.json, peers.txt, peers.json, then the hybrid
-# check of the stock recipes' hybrid roles (hybrid.txt); with --sanitize run
+# check of the stock recipes' hybrid roles (hybrid.txt); with --train run `hq train --device
+# cuda` on every shipped recipe (train.txt, train_wide.txt); with --sanitize run
 # compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead.
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
 # work elsewhere does not stop it); HQ_BENCH_ARGS adds hq bench arguments (e.g. "--format
@@ -23,7 +24,7 @@ set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
   shift
-  modes=" $* "   # any of --bench, --peers, --sanitize, in one call (peers first, sanitize last)
+  modes=" $* "   # any of --bench, --peers, --train, --sanitize, in one call (peers first, sanitize last)
   root=$PWD
   export PKG_CONFIG_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -77,6 +78,19 @@ if [ "${1:-}" = "--on-device" ]; then
         | tee -a "$out/hybrid.txt" || rc=1
     done
   fi
+  if [[ "$modes" == *" --train "* ]] && [ -x tools/hq ]; then
+    # the main job on the GPU: every shipped recipe (and the FP32 baseline) on the default model,
+    # then on a wider one (HQ_TRAIN_ARGS: more hq train arguments for both), tables in
+    # train.txt and train_wide.txt
+    set -- --recipe conf/recipe.ini
+    for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
+    # the device image has no word list: the one carried in .devdeps (copied there from wamerican)
+    [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
+    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" ${HQ_TRAIN_ARGS:-} 2>&1 \
+      | tee "$out/train.txt" || rc=1
+    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" --hidden 1024 --layers 4 \
+      --embed 64 --batch 4096 --steps 300 --lr 0.002 ${HQ_TRAIN_ARGS:-} 2>&1 | tee "$out/train_wide.txt" || rc=1
+  fi
   if [[ "$modes" == *" --sanitize "* ]]; then
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)
     export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs
@@ -116,6 +130,8 @@ if [ ! -d .devdeps/usr/include ]; then
   [ -x "$deps" ] || deps=/work/shared/tools/device-deps.sh
   bash "$deps" .devdeps
 fi
+# nor is the word list hq train reads (Debian's wamerican), for --train
+[ -f .devdeps/words ] || cp /usr/share/dict/words .devdeps/words 2>/dev/null || true
 # jansson (checkpoints) is not on the device image either: unpack Debian's packages beside them
 if [ ! -f .devdeps/usr/include/jansson.h ]; then
   mkdir -p .devdeps/debs

@@ -64,7 +64,7 @@ typedef struct row {
   const char *base;         /* the row it is compared with, or NULL */
   double base_ms;
   double target;            /* % of the baseline it should reach, 0: none */
-  char note[200];           /* why it did not run, or the reason hq took its path */
+  char note[320];           /* why it did not run, or the reason hq took its path */
 } row;
 
 static int cmp_double(const void *a, const void *b) {
@@ -517,6 +517,8 @@ static void *dalloc(bench *B, size_t bytes) {
   return p;
 }
 
+static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb);
+
 static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtHandle_t h,
                             void *ws, size_t ws_bytes) {
   char err[256] = "";
@@ -559,6 +561,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     hq_qtensor *qa = quantize_spec(B, "identity dtype=bf16", &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, "identity dtype=bf16", &b, r->note, sizeof r->note) : NULL;
     if (qa && qb) hq_row(B, r, qa, qb, &d);
+    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
     hq_qtensor_free(qa);
@@ -611,6 +614,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     hq_qtensor *qa = quantize_spec(B, emul[i][0], &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, emul[i][0], &b, r->note, sizeof r->note) : NULL;
     if (qa && qb) hq_row(B, r, qa, qb, &d);
+    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
     r->target = r->path && strcmp(r->path, "native") ? 80.0 : 0.0;
@@ -624,6 +628,33 @@ out:
   free(ha);
   free(hb);
   return rc;
+}
+
+/* Where an emulated GEMM's time goes: the median of dequantizing both operands into BF16
+   (hq_dequantize, the kernels the emulated path runs; the path itself keeps the per-tensor
+   factors out), appended to the row's note beside the whole call's median. */
+static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
+  hq_tensor da = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qa), hq_qtensor_cols(qa));
+  hq_tensor db = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qb), hq_qtensor_cols(qb));
+  da.data = dalloc(B, (size_t)(da.rows * da.cols) * 2);
+  db.data = dalloc(B, (size_t)(db.rows * db.cols) * 2);
+  double *v = calloc((size_t)B->iters, sizeof *v);
+  int rc = !da.data || !db.data || !v;
+  for (int i = 0; i < B->iters + 2 && !rc; i++) {
+    if (i >= 2 && bench_timer_start(B->timer)) rc = -1;
+    if (!rc) rc = hq_dequantize(qa, B->ctx, HQ_ROWWISE, &da) || hq_dequantize(qb, B->ctx, HQ_ROWWISE, &db);
+    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(B->timer)) < 0) rc = -1;
+  }
+  if (!rc) {
+    qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
+    const double ms = v[B->iters / 2];
+    const size_t l = strlen(r->note);
+    snprintf(r->note + l, sizeof r->note - l, "%sdequantize A+B to bf16: %.3f ms (%.0f%% of the call)",
+             l ? "; " : "", ms, 100.0 * ms / r->ms);
+  }
+  free(v);
+  if (da.data) hq_ctx_free(B->ctx, da.data);
+  if (db.data) hq_ctx_free(B->ctx, db.data);
 }
 
 /* Host dispatch overhead on a small shape: identity bf16 and fp8_tensor. */

@@ -344,11 +344,6 @@ int hq_cmd_train(int argc, char **argv) {
   int device;
   if (cli_device(device_s, &device))
     return cli_fail(2, CMD, "--device %s: expected cpu or cuda", device_s);
-  if (device != HQ_DEVICE_HOST)
-    return cli_fail(1, CMD,
-                    "--device %s: the trainer's CUDA path (its device table in train/model.c) is "
-                    "not written yet; use --device cpu",
-                    device_s);
   if (ckpt_every && !ckpt_path && !verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
   if (resume_path && n_recipes > 1)

@@ -3,12 +3,15 @@ bin_PROGRAMS += tools/hq
 tools_hq_SOURCES = tools/hq.c tools/cli.h tools/json.c tools/buffers.c tools/cmd_info.c \
 	tools/cmd_recipe.c tools/cmd_quantize.c tools/cmd_bench.c tools/bench_gemm.c tools/bench_timer.c \
 	tools/bench_timer.h \
-	tools/cmd_train.c train/train.h train/data.c train/model.c train/loop.c train/checkpoint.c
+	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
+	train/checkpoint.c train/ops_cpu.c
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
 tools_hq_LDADD = core/libhqcore.la -lm
 # an installed hq finds its libhqcore in any --prefix without ldconfig or LD_LIBRARY_PATH
 tools_hq_LDFLAGS = -Wl,-rpath,$(libdir)
+EXTRA_DIST += train/ops_cuda.cu
 if HAVE_CUDA
-tools_hq_LDADD += -lcudart
+# the trainer's device table for CUDA (train/device.h), compiled by nvcc like the core's kernels
+tools_hq_LDADD += train/ops_cuda.lo -lcudart -lstdc++
 tools_hq_LDFLAGS += $(CUDA_LDFLAGS)
 endif

@@ -19,9 +19,9 @@
 ** The optimizer is libhqcore's hq_adam_step (AdamW on the FP32 masters, the quantized weight
 ** written back in the same call; CPU and CUDA). Everything else that is not a GEMM --
 ** embedding, bias gradients, activations, softmax cross-entropy -- is plain FP32 in the device
-** table below. Its CPU version is here; a CUDA version supplies the same table (and nothing else
-** changes: every buffer comes from hq_ctx_alloc on the model's context, every copy goes through
-** hq_ctx_memcpy).
+** table of the context's device (device.h: ops_cpu.c, ops_cuda.cu); nothing else differs between
+** the CPU and a GPU: every buffer comes from hq_ctx_alloc on the model's context, every copy goes
+** through hq_ctx_memcpy, and the table's kernels run on the context's stream.
 */
 #include <math.h>
 #include <stdarg.h>
@@ -30,133 +30,6 @@
 #include <string.h>
 
 #include "train.h"
-
-// --- the device table ---------------------------------------------------------------------------
-
-struct train_device_ops {
-  const char *name;
-  /* x[b, c*E + e] = emb[tok[b, c], e] */
-  int (*embed_fwd)(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
-                   int E);
-  /* gemb = 0; gemb[tok[b, c], e] += dx[b, c*E + e] */
-  int (*embed_bwd)(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
-                   int C, int E);
-  /* h = act(y) */
-  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n);
-  /* d = d * act'(y) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
-  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n);
-  /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits into *loss (device
-     scalar); dlogits (NULL in eval) = (softmax - onehot) / n_valid, 0 in padded rows and
-     columns */
-  int (*xent)(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
-              int V, int Vpad, float *loss, float *dlogits);
-  /* db[j] = sum_b dy[b, j] */
-  int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db);
-  int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
-};
-
-static int cpu_embed_fwd(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B,
-                         int C, int E) {
-  (void)ctx;
-  for (int64_t b = 0; b < B; b++)
-    for (int c = 0; c < C; c++)
-      memcpy(x + (b * C + c) * E, emb + (int64_t)tok[b * C + c] * E, (size_t)E * sizeof(float));
-  return 0;
-}
-
-static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb,
-                         int64_t B, int C, int E) {
-  (void)ctx;
-  memset(gemb, 0, (size_t)TRAIN_VOCAB * (size_t)E * sizeof(float));
-  for (int64_t b = 0; b < B; b++)
-    for (int c = 0; c < C; c++) {
-      float *g = gemb + (int64_t)tok[b * C + c] * E;
-      const float *d = dx + (b * C + c) * E;
-      for (int e = 0; e < E; e++) g[e] += d[e];
-    }
-  return 0;
-}
-
-/* tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with
-   u = sqrt(2/pi) (y + 0.044715 y^3): one expf per element (libm's tanhf costs several times
-   that, and it was the largest cost of a CPU step). */
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_C 0.044715f
-
-static inline float fast_tanh(float y) { return 1.0f - 2.0f / (1.0f + expf(2.0f * y)); }
-static inline float gelu_sig(float y) {   /* sigmoid(2u) */
-  return 1.0f / (1.0f + expf(-2.0f * GELU_K * (y + GELU_C * y * y * y)));
-}
-
-static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n) {
-  (void)ctx;
-  if (act == TRAIN_ACT_TANH)
-    for (int64_t i = 0; i < n; i++) h[i] = fast_tanh(y[i]);
-  else
-    for (int64_t i = 0; i < n; i++) h[i] = y[i] * gelu_sig(y[i]);
-  return 0;
-}
-
-static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n) {
-  (void)ctx;
-  if (act == TRAIN_ACT_TANH)
-    for (int64_t i = 0; i < n; i++) {
-      float t = fast_tanh(y[i]);
-      d[i] *= 1.0f - t * t;
-    }
-  else
-    for (int64_t i = 0; i < n; i++) {
-      float v = y[i], s = gelu_sig(v);
-      /* d/dy [y s(2u)] = s + y s (1 - s) 2 du/dy */
-      d[i] *= s + v * s * (1.0f - s) * 2.0f * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
-    }
-  return 0;
-}
-
-static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B,
-                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits) {
-  (void)ctx;
-  double sum = 0;
-  const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
-  for (int64_t b = 0; b < B; b++) {
-    const float *l = logits + b * Vpad;
-    float *d = dlogits ? dlogits + b * Vpad : NULL;
-    if (b >= n_valid) {
-      if (d) memset(d, 0, (size_t)Vpad * sizeof(float));
-      continue;
-    }
-    float mx = l[0];
-    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-    double z = 0;
-    for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
-    sum += log(z) + (double)mx - (double)l[tgt[b]];
-    if (d) {
-      for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
-      d[tgt[b]] -= inv;
-      for (int v = V; v < Vpad; v++) d[v] = 0.0f;
-    }
-  }
-  *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
-  return 0;
-}
-
-static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db) {
-  (void)ctx;
-  memset(db, 0, (size_t)n * sizeof(float));
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t j = 0; j < n; j++) db[j] += dy[b * n + j];
-  return 0;
-}
-
-static int cpu_zero(hq_ctx *ctx, void *p, size_t bytes) {
-  (void)ctx;
-  memset(p, 0, bytes);
-  return 0;
-}
-
-static const train_device_ops cpu_ops = {
-    "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_zero,
-};
 
 // --- helpers ------------------------------------------------------------------------------------
 
@@ -213,13 +86,11 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
   m->ctx = ctx;
-  if (hq_ctx_device(ctx) != HQ_DEVICE_HOST) {
+  m->ops = hq_ctx_device(ctx) == HQ_DEVICE_HOST ? train_cpu_ops() : train_cuda_ops();
+  if (!m->ops) {
     m->ctx = NULL;
-    return fail(err, err_len,
-                "--device cuda: the trainer's CUDA device table is not written yet; use --device "
-                "cpu");
+    return fail(err, err_len, "device %d: this hq was built without CUDA", hq_ctx_device(ctx));
   }
-  m->ops = &cpu_ops;
   const int64_t B = cfg->batch, C = cfg->context, E = cfg->embed, H = cfg->hidden;
   if (cfg->layers < 1 || cfg->layers >= TRAIN_MAX_LINEAR)
     return fail(err, err_len, "layers = %d: must be 1..%d", cfg->layers, TRAIN_MAX_LINEAR - 1);
@@ -407,7 +278,7 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
       hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4))
     return hq_fail(err, err_len, NULL, "uploading the batch");
   if (m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed))
-    return fail(err, err_len, "embedding: %s", hq_last_error());
+    return fail(err, err_len, "embedding: %s", m->ops->error());
   m->n_valid = n_valid;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -428,13 +299,14 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
     }
     if (i + 1 < m->n_lin &&
         m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out))
-      return fail(err, err_len, "layer %s: activation: %s", l->name, hq_last_error());
+      return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
   float lv;
   if (m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB, c->vocab_pad,
-                   m->loss, training ? m->dlogits : NULL) ||
-      hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv))
-    return fail(err, err_len, "loss: %s", hq_last_error());
+                   m->loss, training ? m->dlogits : NULL))
+    return fail(err, err_len, "loss: %s", m->ops->error());
+  if (hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv))
+    return fail(err, err_len, "reading the loss: %s", hq_last_error());
   *loss = lv;
   return 0;
 }
@@ -467,13 +339,13 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     if (rc) return -1;
     l->have_info = 1;
     if (m->ops->colsum(m->ctx, dy, B, l->out, l->gb))
-      return fail(err, err_len, "layer %s: bias gradient: %s", l->name, hq_last_error());
+      return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
       if (m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in))
         return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
-                    hq_last_error());
+                    m->ops->error());
     } else if (m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed)) {
-      return fail(err, err_len, "embedding gradient: %s", hq_last_error());
+      return fail(err, err_len, "embedding gradient: %s", m->ops->error());
     }
     dy = dx;
     next ^= 1;

@@ -7,7 +7,7 @@
 **   model.c  embedding -> L hidden linear layers -> lm_head -> softmax cross-entropy; every
 **            linear layer's fprop, dgrad and wgrad through hq_linear_*; AdamW on FP32 masters
 **            with the quantized weights written back (hq_adam_step); every buffer and every
-**            elementwise op behind a small device table (the CPU one here)
+**            elementwise op behind a small device table (device.h: ops_cpu.c, ops_cuda.cu)
 **   loop.c   one training run per recipe: schedule, progress, periodic and final eval, timing
 ** The command line, the table, --json and --plot are in tools/cmd_train.c.
 */
@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "hq/hq.h"
+#include "device.h"   /* the device table: TRAIN_ACT_*, train_device_ops */
 
 /* ---------------------------------------------------------------------------------------------
 ** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
@@ -63,8 +64,6 @@ int64_t train_data_eval_batch(const train_data *d, int64_t first, int64_t batch,
 ** Model (model.c)
 */
 #define TRAIN_MAX_LINEAR 16                 /* hidden layers + lm_head */
-#define TRAIN_ACT_TANH 0
-#define TRAIN_ACT_GELU 1
 
 typedef struct train_model_cfg {
   int context;                               /* C */
@@ -85,7 +84,6 @@ typedef struct train_adam_cfg {
 #define TRAIN_DGRAD 1
 #define TRAIN_WGRAD 2
 
-typedef struct train_device_ops train_device_ops;   /* model.c: the device table */
 
 typedef struct train_linear {
   char name[16];                             /* "fc1", ..., "lm_head": the role's name */

@@ -365,10 +365,50 @@ struct DArgs {
   const uint8_t *q, *scale;
   const float *amax;
   int colwise, swz, rht, raw; /* rht: apply the inverse RHT (never with raw) */
+  int vec;                    /* q 8-byte and dst 16-byte aligned: vector loads and stores */
   uint32_t mask;
   void *dst;
   int64_t M, K;
 };
+
+/* The 16 codes of one block: 8 packed bytes (one 8-byte load when aligned: with the shape rule
+   M % 16 == 0 and K % 16 == 0 every block starts at a multiple of 8 bytes of its buffer). */
+__device__ __forceinline__ uint64_t load_block(const uint8_t *p, int vec) {
+  if (vec) {
+    const uint2 w = *reinterpret_cast<const uint2 *>(p);
+    return (uint64_t)w.x | (uint64_t)w.y << 32;
+  }
+  uint64_t v = 0;
+  for (int b = 0; b < 8; b++) v |= (uint64_t)p[b] << (8 * b);
+  return v;
+}
+
+/* n consecutive values (n = 4 or 16) of a high-precision row at element offset off: 16-byte
+   stores when vec (off is then a multiple of 4 elements, hence 16-byte aligned for F32 and
+   8-byte for 16-bit types), else one element at a time. */
+template <int DT, int N>
+__device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g, int vec) {
+  if (!vec) {
+    for (int e = 0; e < N; e++) hq_store_hp(dst, off + e, DT, g[e]);
+  } else if (DT == HQ_F32) {
+    float4 *o = reinterpret_cast<float4 *>(static_cast<float *>(dst) + off);
+    for (int k = 0; k < N / 4; k++) o[k] = make_float4(g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3]);
+  } else {
+    uint32_t h[N / 2];
+    for (int k = 0; k < N / 2; k++) {
+      const uint32_t lo = DT == HQ_F16 ? hq_f32_to_f16(g[2 * k]) : hq_f32_to_bf16(g[2 * k]);
+      const uint32_t hi = DT == HQ_F16 ? hq_f32_to_f16(g[2 * k + 1]) : hq_f32_to_bf16(g[2 * k + 1]);
+      h[k] = lo | hi << 16;
+    }
+    uint16_t *o16 = static_cast<uint16_t *>(dst) + off;
+    if (N == 4) {
+      *reinterpret_cast<uint2 *>(o16) = make_uint2(h[0], h[1]);
+    } else {
+      for (int k = 0; k < N / 8; k++)
+        reinterpret_cast<uint4 *>(o16)[k] = make_uint4(h[4 * k], h[4 * k + 1], h[4 * k + 2], h[4 * k + 3]);
+    }
+  }
+}
 
 template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(DArgs a) {
   __shared__ float ft[kTM * (kTK + 1)];
@@ -384,10 +424,11 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
       if (i >= M || k >= K) continue;
       const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
       const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
-      const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k, K);
+      const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
+      float g[16];
       for (int e = 0; e < 16; e++)
-        hq_store_hp(a.dst, i * K + k + e, DT,
-                    hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+        g[e] = hq_nvfp4_dequantize((uint32_t)(codes >> (4 * e)) & 0xfu, dm);
+      store_run<DT, 16>(a.dst, i * K + k, g, a.vec);
     }
     return;
   }
@@ -397,18 +438,26 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     if (i >= M || k >= K) continue;
     const uint8_t sf = a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)];
     const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
-    const uint8_t *p = a.q + hq_nvfp4_col_data_index(i, k, M);
+    const uint64_t codes = load_block(a.q + hq_nvfp4_col_data_index(i, k, M), a.vec);
     float g[16];
     for (int e = 0; e < 16; e++)
-      g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
+      g[e] = hq_nvfp4_dequantize((uint32_t)(codes >> (4 * e)) & 0xfu, dm);
     if (a.rht) hq_nvfp4_rht16_inverse(g, a.mask);
     for (int e = 0; e < 16; e++) ft[(16 * rb + e) * (kTK + 1) + c] = g[e];
   }
   __syncthreads();
-  for (int u = t; u < kTM * kTK; u += kThreads) {
-    const int rr = u / kTK, c = u % kTK;
+  /* back to [M, K] rows: runs of 4 columns per thread (vector stores when the run is whole) */
+  for (int u = t; u < kTM * kTK / 4; u += kThreads) {
+    const int rr = u / (kTK / 4), c = 4 * (u % (kTK / 4));
     const int64_t i = i0 + rr, k = k0 + c;
-    if (i < M && k < K) hq_store_hp(a.dst, i * K + k, DT, ft[rr * (kTK + 1) + c]);
+    if (i >= M || k >= K) continue;
+    const float *src = &ft[rr * (kTK + 1) + c];
+    const float g[4] = {src[0], src[1], src[2], src[3]};
+    if (k + 4 <= K && a.vec && K % 4 == 0) {
+      store_run<DT, 4>(a.dst, i * K + k, g, 1);
+    } else {
+      for (int e = 0; e < 4 && k + e < K; e++) hq_store_hp(a.dst, i * K + k + e, DT, g[e]);
+    }
   }
 }
 
@@ -616,6 +665,7 @@ extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, cons
   a.dst = dst->data;
   a.M = dst->rows;
   a.K = dst->cols;
+  a.vec = aligned(q, 8) && aligned(dst->data, 16) && a.M % 16 == 0 && a.K % 16 == 0;
   switch (dst->dtype) {
   case HQ_F32:
     return launch_dequantize<HQ_F32>(call, a);

@@ -32,9 +32,11 @@
 **     they are allocated and freed through its allocator, on its stream. Using a qtensor on
 **     another stream of the same device is allowed; order that stream's work before freeing the
 **     qtensor (as with any stream-ordered memory).
-**   - Device memory comes, by default, from the stream-ordered allocator (cudaMallocAsync /
-**     cudaFreeAsync on the context's stream); an hq_allocator replaces it and receives the
-**     stream with every request and release.
+**   - Device memory comes, by default, from hq's own stream-ordered memory pool of the device
+**     (cudaMallocFromPoolAsync / cudaFreeAsync on the context's stream), which keeps what hq
+**     frees for hq's next allocations (hq_device_trim hands it back; the process's default pool
+**     is left alone); an hq_allocator replaces it and receives the stream with every request
+**     and release.
 **   - A call that touches a CUDA device makes the context's device current for its duration and
 **     restores the caller's current device before it returns.
 **   - hq_qtensor_update queues no allocation and no synchronization (its scratch was reserved
@@ -85,6 +87,9 @@ HQ_API size_t hq_dtype_size(hq_dtype dtype);          /* bytes per stored elemen
 HQ_API int hq_device_count(void);
 /* Name and compute capability (major*10+minor) of a CUDA device. */
 HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
+/* Hand the memory hq's pool of `device` keeps for reuse back to the driver (waits for the
+   device first). Memory still allocated is not touched. */
+HQ_API int hq_device_trim(int device);
 HQ_API int hq_built_with_cuda(void);
 
 /* ---------------------------------------------------------------------------------------------
@@ -132,6 +137,9 @@ typedef struct hq_ctx hq_ctx;
 HQ_API int hq_ctx_create(const hq_ctx_desc *desc /* NULL: host */, hq_ctx **out);
 HQ_API void hq_ctx_destroy(hq_ctx *ctx);
 HQ_API int hq_ctx_device(const hq_ctx *ctx);
+/* The context's stream (the cudaStream_t of its desc; NULL: the default stream, and always NULL
+   on the host): an embedder launches its own kernels there to order them with hq's work. */
+HQ_API void *hq_ctx_stream(const hq_ctx *ctx);
 /* Memory on the context's device through its allocator. */
 HQ_API int hq_ctx_alloc(hq_ctx *ctx, size_t bytes, void **out);
 HQ_API void hq_ctx_free(hq_ctx *ctx, void *ptr);
@@ -656,7 +664,8 @@ HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
    qtensor (hq_qtensor_save) is HQ_ESTATE. A failed add leaves the writer as it was. */
 HQ_API int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
                                const hq_qtensor *qt);
-/* A high-precision tensor (F32, F16, BF16) on ctx's device. */
+/* A high-precision tensor (F32, F16, BF16) on ctx's device or on the host (a host tensor is
+   copied directly; a device one through ctx's stream, which this synchronizes). */
 HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
                               const hq_tensor *t);
 /* A free-form "__metadata__" string, UTF-8 (key not lying under a tensor name + "/", whether the
@@ -684,7 +693,7 @@ HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
    gets a private buffer, as hq_qtensor_update would give it. qt's usage flags are not changed.
    A device qtensor is filled through host staging (synchronizes ctx's stream). */
 HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
-/* Load high-precision tensor `name` into t (same dtype and shape). */
+/* Load high-precision tensor `name` into t (same dtype and shape; on ctx's device or the host). */
 HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);
 
 /* ---------------------------------------------------------------------------------------------

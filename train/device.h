@@ -1,0 +1,85 @@
+/*
+** device.h -- the trainer's device table: every operation of the model that is not a GEMM
+** (embedding, activations, softmax cross-entropy, bias gradients), once for the CPU (ops_cpu.c)
+** and once for CUDA (ops_cuda.cu). model.c picks the table of its context's device and calls
+** nothing else; the tables run on the context's stream (hq_ctx_stream) so that their work is
+** ordered with libhqcore's. Every table is deterministic: the same inputs give the same bytes
+** on every run (no atomics; sums in a fixed order), which the trainer's --verify-resume needs.
+*/
+#ifndef HQ_TRAIN_DEVICE_H
+#define HQ_TRAIN_DEVICE_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hq/hq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRAIN_ACT_TANH 0
+#define TRAIN_ACT_GELU 1
+
+typedef struct train_device_ops {
+  const char *name;
+  /* x[b, c*E + e] = emb[tok[b, c], e] */
+  int (*embed_fwd)(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
+                   int E);
+  /* gemb[v, e] = sum over (b, c) with tok[b, c] == v of dx[b, c*E + e] (gemb: [V, E], V = 27) */
+  int (*embed_bwd)(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
+                   int C, int E);
+  /* h = act(y) */
+  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n);
+  /* d = d * act'(y) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
+  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n);
+  /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits into *loss (device
+     scalar); dlogits (NULL in eval) = (softmax - onehot) / n_valid, 0 in padded rows and
+     columns */
+  int (*xent)(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
+              int V, int Vpad, float *loss, float *dlogits);
+  /* db[j] = sum_b dy[b, j] */
+  int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db);
+  int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
+  /* what the last failing call of this table said */
+  const char *(*error)(void);
+} train_device_ops;
+
+const train_device_ops *train_cpu_ops(void);
+/* NULL when hq was built without CUDA */
+const train_device_ops *train_cuda_ops(void);
+
+/* The activations' element rules, shared by both tables (plain C, compiled by gcc and nvcc):
+   tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with
+   u = sqrt(2/pi) (y + 0.044715 y^3): one expf per element. */
+#ifdef __CUDACC__
+#define TRAIN_HD __host__ __device__
+#else
+#define TRAIN_HD
+#endif
+#define TRAIN_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define TRAIN_GELU_C 0.044715f
+
+static inline TRAIN_HD float train_tanh(float y) { return 1.0f - 2.0f / (1.0f + expf(2.0f * y)); }
+static inline TRAIN_HD float train_gelu_sig(float y) { /* sigmoid(2u) */
+  return 1.0f / (1.0f + expf(-2.0f * TRAIN_GELU_K * (y + TRAIN_GELU_C * y * y * y)));
+}
+static inline TRAIN_HD float train_act(int act, float y) {
+  return act == TRAIN_ACT_TANH ? train_tanh(y) : y * train_gelu_sig(y);
+}
+/* act'(y) */
+static inline TRAIN_HD float train_act_grad(int act, float y) {
+  if (act == TRAIN_ACT_TANH) {
+    const float t = train_tanh(y);
+    return 1.0f - t * t;
+  }
+  /* d/dy [y s(2u)] = s + y s (1 - s) 2 du/dy */
+  const float s = train_gelu_sig(y);
+  return s + y * s * (1.0f - s) * 2.0f * TRAIN_GELU_K * (1.0f + 3.0f * TRAIN_GELU_C * y * y);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

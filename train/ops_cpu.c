@@ -1,0 +1,100 @@
+/*
+** ops_cpu.c -- the trainer's device table on the host (device.h): plain loops in FP32, the
+** cross-entropy's sums in double.
+*/
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "device.h"
+
+#define TRAIN_V 27   /* rows of the embedding table (train.h's TRAIN_VOCAB) */
+
+static int cpu_embed_fwd(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B,
+                         int C, int E) {
+  (void)ctx;
+  for (int64_t b = 0; b < B; b++)
+    for (int c = 0; c < C; c++)
+      memcpy(x + (b * C + c) * E, emb + (int64_t)tok[b * C + c] * E, (size_t)E * sizeof(float));
+  return 0;
+}
+
+static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb,
+                         int64_t B, int C, int E) {
+  (void)ctx;
+  memset(gemb, 0, (size_t)TRAIN_V * (size_t)E * sizeof(float));
+  for (int64_t b = 0; b < B; b++)
+    for (int c = 0; c < C; c++) {
+      float *g = gemb + (int64_t)tok[b * C + c] * E;
+      const float *d = dx + (b * C + c) * E;
+      for (int e = 0; e < E; e++) g[e] += d[e];
+    }
+  return 0;
+}
+
+static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; i++) h[i] = train_act(act, y[i]);
+  return 0;
+}
+
+static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; i++) d[i] *= train_act_grad(act, y[i]);
+  return 0;
+}
+
+static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B,
+                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits) {
+  (void)ctx;
+  double sum = 0;
+  const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
+  for (int64_t b = 0; b < B; b++) {
+    const float *l = logits + b * Vpad;
+    float *d = dlogits ? dlogits + b * Vpad : NULL;
+    if (b >= n_valid) {
+      if (d) memset(d, 0, (size_t)Vpad * sizeof(float));
+      continue;
+    }
+    float mx = l[0];
+    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
+    sum += log(z) + (double)mx - (double)l[tgt[b]];
+    if (d) {
+      for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
+      d[tgt[b]] -= inv;
+      for (int v = V; v < Vpad; v++) d[v] = 0.0f;
+    }
+  }
+  *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
+  return 0;
+}
+
+static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db) {
+  (void)ctx;
+  memset(db, 0, (size_t)n * sizeof(float));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < n; j++) db[j] += dy[b * n + j];
+  return 0;
+}
+
+static int cpu_zero(hq_ctx *ctx, void *p, size_t bytes) {
+  (void)ctx;
+  memset(p, 0, bytes);
+  return 0;
+}
+
+static const char *cpu_error(void) { return "no error"; }
+
+static const train_device_ops cpu_ops = {
+    "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_zero,
+    cpu_error,
+};
+
+const train_device_ops *train_cpu_ops(void) { return &cpu_ops; }
+
+#ifndef HQ_HAVE_CUDA
+const train_device_ops *train_cuda_ops(void) { return NULL; }
+#endif
