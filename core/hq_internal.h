@@ -80,8 +80,14 @@ int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out);
 /* One AdamW step over n elements (core/adam_rule.h) on the device. */
 struct hqi_adam_k;
+/* amax_bits (NULL: none) receives, by atomic max into both of its two words, the FP32 bits of
+   max |updated master| with NaN ignored (hq_abs_bits_nonan): zero them first. */
 int hqi_cuda_adam(void *stream, const struct hqi_adam_k *k, const void *grad, int gdtype,
-                  float *w, float *m, float *v, int64_t n);
+                  float *w, float *m, float *v, int64_t n, unsigned int *amax_bits);
+/* 1 when the directions qt refreshes need a per-tensor amax and every one of them is the max |x|
+   of the source (HQ_AMAX_INPUT), so that a caller can hand it in (hq_quantize_args.amax); 0 when
+   none is needed or one is format-specific (HQ_AMAX_OWN). */
+int hqi_qtensor_amax_from_source(const hq_qtensor *qt);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 

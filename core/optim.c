@@ -50,14 +50,30 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   if (ctx->device < 0) {
     for (int64_t i = 0; i < n; i++)
       hqi_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
-  } else {
-    int saved;
-    if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
-    rc = hqi_cuda_adam(ctx->stream, &k, g.data, g.dtype, master, m, v, n);
-    hqi_device_leave(saved);
-    if (rc) return rc;
+    if (!qw) return HQ_OK;
+    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
+    return hq_qtensor_update(qw, ctx, &w);
   }
-  if (!qw) return HQ_OK;
-  hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
-  return hq_qtensor_update(qw, ctx, &w);
+  /* On a device, when the write-back needs a per-tensor amax of the new master (fp8_tensor with
+     current scaling, nvfp4's global scale) the Adam kernel computes it in its own pass and hands
+     it to the update (hq_quantize_args.amax: the same bytes as the update computing it), so the
+     master is read once by Adam and once by the format's cast instead of once more for the
+     amax. */
+  unsigned int *amax = NULL;
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  if (qw && hqi_qtensor_amax_from_source(qw)) {
+    amax = hqi_ctx_alloc_raw(ctx, 2 * sizeof *amax);
+    if (!amax) rc = hqi_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", ctx->device);
+    else rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof *amax);
+  }
+  if (!rc) rc = hqi_cuda_adam(ctx->stream, &k, g.data, g.dtype, master, m, v, n, amax);
+  hqi_device_leave(saved);
+  if (!rc && qw) {
+    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
+    hq_quantize_args args = {sizeof args, 0, (const float *)amax};
+    rc = hq_qtensor_update_ex(qw, ctx, &w, amax ? &args : NULL);
+  }
+  if (amax) hqi_ctx_free_raw(ctx, amax); /* stream-ordered: after the update that reads it */
+  return rc;
 }

@@ -956,6 +956,21 @@ static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor 
   return HQ_OK;
 }
 
+int hqi_qtensor_amax_from_source(const hq_qtensor *qt) {
+  const uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
+  int need = 0;
+  for (int d = 0; d < 2; d++) {
+    const uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
+    if (!(dirs & dir)) continue;
+    uint32_t k = fmt_amax_kind(qt->fmt[d], dir);
+    if (d == 1 && k == HQ_AMAX_INPUT && qt->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+      k = HQ_AMAX_OWN; /* the columnwise copy sees the dequantized rowwise values */
+    if (k == HQ_AMAX_OWN) return 0;
+    if (k == HQ_AMAX_INPUT) need = 1;
+  }
+  return need;
+}
+
 int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float *amax) {
   if (!amax) return hqi_error(HQ_EINVAL, "hq_quantizer_amax: amax is NULL");
   hq_tensor src;

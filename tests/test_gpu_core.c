@@ -225,46 +225,70 @@ static void test_fsdp_on_device(void **state) {
 }
 
 
-/* AdamW on the device gives the CPU's bits (one element rule), and the write-back of an
-   fp8_tensor weight equals the CPU's; non-finite counting on the device. */
+/* AdamW on the device gives the CPU's bits (one element rule), and the write-back equals the
+   CPU's for weights whose per-tensor amax the Adam kernel computes in its own pass (fp8_tensor
+   current scaling, alone and as the rowwise half of a hybrid; nvfp4's global scales), whose
+   columnwise amax is format-specific (nvfp4 with RHT: the update computes it) and which need
+   none (mxfp8, 2-D nvfp4); non-finite counting on the device. */
+static const char *adam_recipes[] = {
+    "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
+    "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
+    "[format f]\nplugin = nvfp4\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format a]\nplugin = nvfp4\n[format b]\nplugin = nvfp4\nrht = true\n"
+    "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
+    "[format f]\nplugin = nvfp4\nblock_2d = true\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+};
+
 static void test_adam_and_nonfinite_on_device(void **state) {
   (void)state;
   const int64_t R = 64, C = 96, n = R * C;
-  hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 3, 0.5f), w = hq_test_tensor(HQ_F32, R, C, 4, 0.1f);
-  float *m = calloc(n, 4), *v = calloc(n, 4);
-  float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
+  hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 3, 0.5f);
+  float *back = malloc(n * 4);
   void *dg = to_device(g.data, n * 2);
   hq_tensor gd = hq_tensor_2d(dg, HQ_BF16, 0, R, C);
-  hq_recipe *r = hq_test_recipe(recipes[0]);
-  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
-  hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
-  hq_qtensor *qh = NULL, *qg = NULL;
-  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
-  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
-  for (int64_t t = 1; t <= 3; t++) {
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
-    HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
-    HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+  for (size_t k = 0; k < sizeof adam_recipes / sizeof *adam_recipes; k++) {
+    hq_tensor w = hq_test_tensor(HQ_F32, R, C, 4, 0.1f);
+    float *m = calloc(n, 4), *v = calloc(n, 4);
+    float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
+    hq_recipe *r = hq_test_recipe(adam_recipes[k]);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
+    hq_qtensor *qh = NULL, *qg = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+    for (int64_t t = 1; t <= 3; t++) {
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
+      HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
+      HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+    }
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, w.data, n * 4);
+    CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, v, n * 4);
+    compare(qh, qg, adam_recipes[k]);
+    /* the write-back is a fresh quantize of the updated master (here on the CPU) */
+    hq_qtensor *fresh = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &fresh));
+    compare(fresh, qg, adam_recipes[k]);
+    hq_qtensor_free(fresh);
+    hq_qtensor_free(qh);
+    hq_qtensor_free(qg);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+    cudaFree(dw), cudaFree(dm), cudaFree(dv);
+    free(w.data), free(m), free(v);
   }
-  float *back = malloc(n * 4);
-  CK(cudaStreamSynchronize(stream));
-  CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
-  assert_memory_equal(back, w.data, n * 4);
-  CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
-  assert_memory_equal(back, v, n * 4);
-  compare(qh, qg, "adam write-back");
   int64_t count = 0, first = 0;
   uint16_t nan = 0x7FC0;
   CK(cudaMemcpy((uint16_t *)dg + 1234, &nan, 2, cudaMemcpyHostToDevice));
   HQ_OK_OR_FAIL(hq_tensor_nonfinite(gpu, &gd, &count, &first));
   assert_int_equal(count, 1);
   assert_int_equal(first, 1234);
-  hq_qtensor_free(qh);
-  hq_qtensor_free(qg);
-  hq_quantizer_free(q);
-  hq_recipe_free(r);
-  cudaFree(dw), cudaFree(dm), cudaFree(dv), cudaFree(dg);
-  free(g.data), free(w.data), free(m), free(v), free(back);
+  cudaFree(dg);
+  free(g.data), free(back);
 }
 
 

@@ -256,45 +256,63 @@ __device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
   return hq_bits_f32(nb | 0x00400000u);
 }
 
-template <int OT, bool VEC>
+/* Each thread turns a run of EPT consecutive elements of one row (8 for 16-bit outputs, 4 for
+   F32: one 16-byte store, so that a warp writes one contiguous 512-byte span and no DRAM sector
+   is written in halves) into the output; SMALL (M * K < 2^32) finds the run's row with 32-bit
+   arithmetic (a 64-bit division costs more than the element work). K % 32 == 0: a run never
+   crosses a row or a 32-block. */
+template <int OT, bool VEC, bool SMALL, int ELEM>
 __global__ void __launch_bounds__(256)
-dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs, int elem,
+dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs, int elem_rt,
                   int swz, int colwise, void *__restrict__ dst, int64_t M, int64_t K) {
-  const int64_t n16 = M * K / 16;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n16;
+  (void)elem_rt;
+  constexpr int elem = ELEM;   /* the element kind, fixed at compile time */
+  constexpr int EPT = OT == HQ_F32 ? 4 : 8;
+  const int64_t nrun = M * K / EPT;
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
        g += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t e0 = g * 16, i = e0 / K, j = e0 % K; /* K % 16 == 0: one row */
-    uint8_t q[16];
-    if (VEC) {
-      uint4 w = __ldg(reinterpret_cast<const uint4 *>(qd + e0));
-      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-      for (int k = 0; k < 16; k++) q[k] = (uint8_t)(u[k / 4] >> (8 * (k % 4)));
+    const int64_t e0 = g * EPT;
+    int64_t i, j;
+    if (SMALL) {
+      const uint32_t u = (uint32_t)e0, k32 = (uint32_t)K, r = u / k32;
+      i = r;
+      j = u - r * k32;
     } else {
-      for (int k = 0; k < 16; k++) q[k] = qd[e0 + k];
+      i = e0 / K;
+      j = e0 - i * K;
     }
-    float v[16];
+    uint8_t q[EPT];
+    if (VEC) {
+      if (EPT == 8) {
+        const uint2 w = __ldg(reinterpret_cast<const uint2 *>(qd + e0));
+        for (int k = 0; k < 8; k++) q[k] = (uint8_t)((k < 4 ? w.x : w.y) >> (8 * (k % 4)));
+      } else {
+        const uint32_t w = __ldg(reinterpret_cast<const uint32_t *>(qd + e0));
+        for (int k = 0; k < EPT; k++) q[k] = (uint8_t)(w >> (8 * k));
+      }
+    } else {
+      for (int k = 0; k < EPT; k++) q[k] = qd[e0 + k];
+    }
+    float v[EPT];
     if (colwise) {
-      for (int k = 0; k < 16; k++)
+      for (int k = 0; k < EPT; k++)
         v[k] = deq(q[k], qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, swz)], elem);
     } else {
       const uint8_t e = qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
-      for (int k = 0; k < 16; k++) v[k] = deq(q[k], e, elem);
+      for (int k = 0; k < EPT; k++) v[k] = deq(q[k], e, elem);
     }
     if (!VEC) {
-      for (int k = 0; k < 16; k++) hq_store_hp(dst, e0 + k, OT, v[k]);
+      for (int k = 0; k < EPT; k++) hq_store_hp(dst, e0 + k, OT, v[k]);
     } else if (OT == HQ_F32) {
-      float4 *o = reinterpret_cast<float4 *>(static_cast<float *>(dst) + e0);
-      for (int k = 0; k < 4; k++) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+      *reinterpret_cast<float4 *>(static_cast<float *>(dst) + e0) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
-      uint32_t h[8];
-      for (int k = 0; k < 8; k++) {
-        uint32_t lo = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
-        uint32_t hi = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
+      uint32_t h[4];
+      for (int k = 0; k < 4; k++) {
+        const uint32_t lo = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
+        const uint32_t hi = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
         h[k] = lo | (hi << 16);
       }
-      uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0);
-      o[0] = make_uint4(h[0], h[1], h[2], h[3]);
-      o[1] = make_uint4(h[4], h[5], h[6], h[7]);
+      *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0) = make_uint4(h[0], h[1], h[2], h[3]);
     }
   }
 }
@@ -317,15 +335,29 @@ void launch_quantize_dt(const QArgs &a, int elem, bool vec, dim3 grid, cudaStrea
     launch_quantize<DT, HQ_E4M3>(a, vec, grid, stream);
 }
 
+template <int OT, int ELEM>
+void launch_dequantize_e(bool vec, bool small, unsigned blocks, cudaStream_t stream,
+                         const uint8_t *qd, const uint8_t *qs, int swz, int colwise, void *dst,
+                         int64_t M, int64_t K) {
+  if (vec && small)
+    dequantize_kernel<OT, true, true, ELEM><<<blocks, 256, 0, stream>>>(qd, qs, ELEM, swz, colwise, dst, M, K);
+  else if (vec)
+    dequantize_kernel<OT, true, false, ELEM><<<blocks, 256, 0, stream>>>(qd, qs, ELEM, swz, colwise, dst, M, K);
+  else if (small)
+    dequantize_kernel<OT, false, true, ELEM><<<blocks, 256, 0, stream>>>(qd, qs, ELEM, swz, colwise, dst, M, K);
+  else
+    dequantize_kernel<OT, false, false, ELEM><<<blocks, 256, 0, stream>>>(qd, qs, ELEM, swz, colwise, dst, M, K);
+}
+
 template <int OT>
 void launch_dequantize(bool vec, unsigned blocks, cudaStream_t stream, const uint8_t *qd,
                        const uint8_t *qs, int elem, int swz, int colwise, void *dst, int64_t M,
                        int64_t K) {
-  if (vec)
-    dequantize_kernel<OT, true><<<blocks, 256, 0, stream>>>(qd, qs, elem, swz, colwise, dst, M, K);
+  const bool small = (uint64_t)(M * K) < ((uint64_t)1 << 32);
+  if (elem == HQ_E5M2)
+    launch_dequantize_e<OT, HQ_E5M2>(vec, small, blocks, stream, qd, qs, swz, colwise, dst, M, K);
   else
-    dequantize_kernel<OT, false><<<blocks, 256, 0, stream>>>(qd, qs, elem, swz, colwise, dst, M,
-                                                            K);
+    launch_dequantize_e<OT, HQ_E4M3>(vec, small, blocks, stream, qd, qs, swz, colwise, dst, M, K);
 }
 
 } // namespace
@@ -376,11 +408,11 @@ extern "C" int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data,
                                      const uint8_t *scale, hq_dtype elem, int swizzled,
                                      int colwise, hq_tensor *dst) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = dst->rows, K = dst->cols, n16 = M * K / 16;
-  if (n16 == 0) return HQ_OK;
-  int64_t blocks = (n16 + 255) / 256;
+  const int64_t M = dst->rows, K = dst->cols, nrun = M * K / (dst->dtype == HQ_F32 ? 4 : 8);
+  if (nrun == 0) return HQ_OK;
+  int64_t blocks = (nrun + 255) / 256;
   if (blocks > 132 * 64) blocks = 132 * 64;
-  const bool vec = aligned(data, 16) && aligned(dst->data, 16);
+  const bool vec = aligned(data, 8) && aligned(dst->data, 16);
   switch (dst->dtype) {
   case HQ_F32:
     launch_dequantize<HQ_F32>(vec, (unsigned)blocks, stream, data, scale, (int)elem, swizzled,

@@ -383,9 +383,9 @@ __device__ __forceinline__ uint64_t load_block(const uint8_t *p, int vec) {
   return v;
 }
 
-/* n consecutive values (n = 4 or 16) of a high-precision row at element offset off: 16-byte
-   stores when vec (off is then a multiple of 4 elements, hence 16-byte aligned for F32 and
-   8-byte for 16-bit types), else one element at a time. */
+/* n consecutive values (n = 4 or 8) of a high-precision row at element offset off: 16-byte
+   stores when vec (off is then a multiple of n elements: 16-byte aligned for F32, 8- or 16-byte
+   for 16-bit types), else one element at a time. */
 template <int DT, int N>
 __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g, int vec) {
   if (!vec) {
@@ -401,12 +401,8 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
       h[k] = lo | hi << 16;
     }
     uint16_t *o16 = static_cast<uint16_t *>(dst) + off;
-    if (N == 4) {
-      *reinterpret_cast<uint2 *>(o16) = make_uint2(h[0], h[1]);
-    } else {
-      for (int k = 0; k < N / 8; k++)
-        reinterpret_cast<uint4 *>(o16)[k] = make_uint4(h[4 * k], h[4 * k + 1], h[4 * k + 2], h[4 * k + 3]);
-    }
+    if (N == 4) *reinterpret_cast<uint2 *>(o16) = make_uint2(h[0], h[1]);
+    else *reinterpret_cast<uint4 *>(o16) = make_uint4(h[0], h[1], h[2], h[3]);
   }
 }
 
@@ -418,17 +414,25 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   const float amax = *a.amax;
   const int t = threadIdx.x;
   if (!a.colwise) {
-    for (int s = 0; s < (kTM * 8) / kThreads; s++) {
-      const int u = t + kThreads * s, rr = u / 8, b = u % 8;
-      const int64_t i = i0 + rr, k = k0 + 16 * b;
+    /* two threads per 16-block, 8 elements each: 4 bytes in, one 16-byte store out (BF16/F16),
+       so that 16 threads write a row's 128 elements as one contiguous span */
+    for (int s = 0; s < (kTM * 16) / kThreads; s++) {
+      const int u = t + kThreads * s, rr = u / 16, h = u % 16;
+      const int64_t i = i0 + rr, k = k0 + 8 * h;
       if (i >= M || k >= K) continue;
-      const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
+      const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k & ~(int64_t)15, K, a.swz)];
       const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
-      const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
-      float g[16];
-      for (int e = 0; e < 16; e++)
-        g[e] = hq_nvfp4_dequantize((uint32_t)(codes >> (4 * e)) & 0xfu, dm);
-      store_run<DT, 16>(a.dst, i * K + k, g, a.vec);
+      const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k, K);
+      uint32_t codes;
+      if (a.vec) {
+        codes = *reinterpret_cast<const uint32_t *>(p);
+      } else {
+        codes = 0;
+        for (int b = 0; b < 4; b++) codes |= (uint32_t)p[b] << (8 * b);
+      }
+      float g[8];
+      for (int e = 0; e < 8; e++) g[e] = hq_nvfp4_dequantize((codes >> (4 * e)) & 0xfu, dm);
+      store_run<DT, 8>(a.dst, i * K + k, g, a.vec);
     }
     return;
   }
