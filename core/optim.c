@@ -1,5 +1,5 @@
 /*
-** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is core/adam_rule.h,
+** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is hq_adam_elem of hq/numerics.h,
 ** shared with the CUDA kernel) followed by the quantized weight's write-back.
 */
 #include "config.h"
@@ -7,7 +7,9 @@
 
 #include <math.h>
 
-#include "adam_rule.h"
+#include "hq/numerics.h"
+
+
 
 int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *master, float *m,
                  float *v, hq_qtensor *qw) {
@@ -36,7 +38,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     return hqi_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the gradient "
                      "[%lld, %lld]", (long long)hq_qtensor_rows(qw),
                      (long long)hq_qtensor_cols(qw), (long long)g.rows, (long long)g.cols);
-  hqi_adam_k k;
+  hq_adam_consts k;
   k.lr = a.lr;
   k.b1 = a.beta1;
   k.b2 = a.beta2;
@@ -49,16 +51,24 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   const int64_t n = g.rows * g.cols;
   if (ctx->device < 0) {
     for (int64_t i = 0; i < n; i++)
-      hqi_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
+      hq_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
     if (!qw) return HQ_OK;
     hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
     return hq_qtensor_update(qw, ctx, &w);
   }
-  /* On a device, when the write-back needs a per-tensor amax of the new master (fp8_tensor with
-     current scaling, nvfp4's global scale) the Adam kernel computes it in its own pass and hands
-     it to the update (hq_quantize_args.amax: the same bytes as the update computing it), so the
-     master is read once by Adam and once by the format's cast instead of once more for the
-     amax. */
+  if (qw) {
+    /* the whole step in the format's own write-back kernel, where it can take it (HQ_CAP_FUSED_
+       ADAM: one read of master, grad, m and v, one write of master, m, v and every direction) */
+    hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k};
+    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
+    rc = hqi_qtensor_update_adam(qw, ctx, &w, &pass);
+    if (rc != HQ_ENOTSUP) return rc;
+  }
+  /* Otherwise the step in the core's kernel, then the format's update. When the write-back needs
+     a per-tensor amax of the new master (fp8_tensor with current scaling, nvfp4's global scales)
+     the step's kernel computes it in its own pass and hands it to the update
+     (hq_quantize_args.amax: the same bytes as the update computing it), so the master is read
+     once by the step and once by the format's cast instead of once more for the amax. */
   unsigned int *amax = NULL;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;

@@ -30,6 +30,7 @@ typedef hqi_qdir qdir;
 
 static int di(uint32_t dir) { return dir == HQ_COLWISE ? 1 : 0; }
 static const char *dname(uint32_t dir) { return HQI_DIR_NAME(dir); }
+static uint32_t fmt_amax_kind(const hqi_format *f, uint32_t dir);
 #define BUF(st, i) HQ_STORAGE_BUF(st, i)
 
 // --- quantizers -------------------------------------------------------------------------------
@@ -539,14 +540,15 @@ static int call_state(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, uint32_t dirs,
 }
 
 /* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's). */
-static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
-                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
-                         const float *amax) {
+static int call_quantize_x(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                           uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                           const float *amax, const hq_adam_pass *adam) {
   hq_call call;
   hqi_call_init(ctx, &call, update ? HQ_CALL_UPDATE : 0, qt->offset);
   call.scratch = qt->scratch;
   call.scratch_bytes = qt->scratch_bytes;
   call.amax = amax;
+  call.adam = adam;
   const hq_format_ops *ops = &f->plugin->ops;
   if (dirs == HQ_COLWISE && !(f->caps & HQ_CAP_COLWISE_ONLY))
     return hqi_error(HQ_ENOTSUP, "role %s, columnwise format '%s' (plugin %s) cannot make a "
@@ -562,6 +564,12 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
                             f->name, ops->name, update ? "update" : "quantize",
                             (long long)src->rows, (long long)src->cols, hq_dtype_name(src->dtype));
   return HQ_OK;
+}
+
+static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                         const float *amax) {
+  return call_quantize_x(qt, ctx, f, src, dirs, row, col, update, amax, NULL);
 }
 
 static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, const hq_storage *st,
@@ -875,6 +883,49 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
 
 int hq_qtensor_update(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src) {
   return hq_qtensor_update_ex(qt, ctx, src, NULL);
+}
+
+/* The format instance whose one update() call makes every direction qt refreshes, when that call
+   may carry the optimizer step (HQ_CAP_FUSED_ADAM, no per-tensor amax, a CUDA device); else
+   NULL. *dirs receives the directions. */
+static hqi_format *fused_adam_format(const hq_qtensor *qt, const hq_ctx *ctx, uint32_t *dirs) {
+  *dirs = qt->usage & hq_qtensor_dirs(qt);
+  if (ctx->device < 0 || qt->saved || !*dirs || qt->source != HQ_SOURCE_ORIGINAL) return NULL;
+  hqi_format *f = *dirs == HQ_COLWISE ? qt->fmt[1] : qt->fmt[0];
+  if (*dirs == HQ_BOTH && qt->fmt[0] != qt->fmt[1]) return NULL; /* two calls, two reads */
+  if (!(f->caps & HQ_CAP_FUSED_ADAM)) return NULL;
+  for (int d = 0; d < 2; d++)
+    if ((*dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) &&
+        fmt_amax_kind(f, d ? HQ_COLWISE : HQ_ROWWISE) != HQ_AMAX_NONE)
+      return NULL;
+  return f;
+}
+
+int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
+                            const hq_adam_pass *adam) {
+  uint32_t dirs;
+  hqi_format *f = fused_adam_format(qt, ctx, &dirs);
+  if (!f || ctx->device != qt->ctx->device) return HQ_ENOTSUP; /* nothing ran */
+  if (master->rows != qt->rows || master->cols != qt->cols || master->dtype != HQ_F32)
+    return HQ_ENOTSUP;
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  qt->offset = ctx->offset++; /* as run() does for an update */
+  if (dirs == HQ_BOTH) {
+    reshare(qt);
+    rc = call_quantize_x(qt, ctx, f, master, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, 1, NULL, adam);
+  } else {
+    rc = unshare(qt, ctx); /* the direction left alone must not see the other's new scales */
+    if (!rc)
+      rc = call_quantize_x(qt, ctx, f, master, dirs, dirs == HQ_ROWWISE ? &qt->d[0].st : NULL,
+                           dirs == HQ_COLWISE ? &qt->d[1].st : NULL, 1, NULL, adam);
+  }
+  hqi_device_leave(saved);
+  if (!rc)
+    hqi_log(ctx, 3, "hq_adam_step: role %s: AdamW fused into the %s write-back (format '%s', "
+            "plugin %s)", qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
+            f->name, f->plugin->ops.name);
+  return rc;
 }
 
 int hq_qtensor_set_usage(hq_qtensor *qt, uint32_t dirs) {

@@ -21,6 +21,13 @@
 
 static cudaStream_t stream;
 static hq_ctx *cpu, *gpu;
+static int fused_adam_logged; /* debug messages "AdamW fused into ..." seen on the gpu context */
+
+static void gpu_log(void *user, int level, const char *msg) {
+  (void)user;
+  if (strstr(msg, "AdamW fused into")) fused_adam_logged++;
+  if (level <= 1) fprintf(stderr, "hq: %s\n", msg);
+}
 
 static int setup(void **state) {
   (void)state;
@@ -29,6 +36,7 @@ static int setup(void **state) {
   d.struct_size = sizeof d;
   d.device = 0;
   d.stream = stream;
+  d.log = gpu_log;
   if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) return -1;
   return 0;
 }
@@ -226,10 +234,13 @@ static void test_fsdp_on_device(void **state) {
 
 
 /* AdamW on the device gives the CPU's bits (one element rule), and the write-back equals the
-   CPU's for weights whose per-tensor amax the Adam kernel computes in its own pass (fp8_tensor
-   current scaling, alone and as the rowwise half of a hybrid; nvfp4's global scales), whose
-   columnwise amax is format-specific (nvfp4 with RHT: the update computes it) and which need
-   none (mxfp8, 2-D nvfp4); non-finite counting on the device. */
+   CPU's and a fresh quantize of the new master for weights whose per-tensor amax the core's
+   Adam kernel computes in its own pass (fp8_tensor current scaling, alone and as the rowwise
+   half of a hybrid; nvfp4's global scales), whose columnwise amax is format-specific (nvfp4
+   with RHT: the update computes it), which need none (2-D nvfp4), and whose module runs the
+   whole step inside its write-back kernel (mxfp8, HQ_CAP_FUSED_ADAM: both directions, and the
+   rowwise direction alone); non-finite counting on the device. */
+static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1};
 static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
@@ -239,6 +250,7 @@ static const char *adam_recipes[] = {
     "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
     "[format f]\nplugin = nvfp4\nblock_2d = true\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = mxfp8\ndtype = e5m2\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
 };
 
 static void test_adam_and_nonfinite_on_device(void **state) {
@@ -258,20 +270,31 @@ static void test_adam_and_nonfinite_on_device(void **state) {
     hq_qtensor *qh = NULL, *qg = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+    if (k == 6) { /* the rowwise copy alone (an eval-only weight) */
+      HQ_OK_OR_FAIL(hq_qtensor_drop(qh, HQ_COLWISE));
+      HQ_OK_OR_FAIL(hq_qtensor_drop(qg, HQ_COLWISE));
+    }
+    fused_adam_logged = 0;
     for (int64_t t = 1; t <= 3; t++) {
       hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
     }
+    if (fused_adam_logged != 3 * adam_fused[k])
+      fail_msg("%s: %d fused write-backs logged, %d expected", adam_recipes[k],
+               fused_adam_logged, 3 * adam_fused[k]);
     CK(cudaStreamSynchronize(stream));
     CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
     assert_memory_equal(back, w.data, n * 4);
+    CK(cudaMemcpy(back, dm, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, m, n * 4);
     CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
     assert_memory_equal(back, v, n * 4);
     compare(qh, qg, adam_recipes[k]);
     /* the write-back is a fresh quantize of the updated master (here on the CPU) */
     hq_qtensor *fresh = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &fresh));
+    if (k == 6) HQ_OK_OR_FAIL(hq_qtensor_drop(fresh, HQ_COLWISE));
     compare(fresh, qg, adam_recipes[k]);
     hq_qtensor_free(fresh);
     hq_qtensor_free(qh);

@@ -809,7 +809,7 @@ static void test_options(void **state) {
   assert_non_null(p);
   uint64_t caps = hq_plugin_caps(p);
   assert_int_equal(caps, HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY |
-                             (hq_built_with_cuda() ? HQ_CAP_CUDA : 0));
+                             (hq_built_with_cuda() ? HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM : 0));
   const hq_option *o = hq_plugin_options(p);
   const char *names[] = {"dtype", "swizzle", "block_2d"};
   const char *defs[] = {"e4m3", "false", "false"};
@@ -985,6 +985,27 @@ static void test_module_direct(void **state) {
   assert_int_equal(direct_quantize(ops, cfg, &host, &x, HQ_BOTH, &row, &col, 0, 0), HQ_OK);
   check_direct(&row, xs, 0, 1, 0);
   check_direct(&col, xs, 0, 1, 0);
+
+  /* the fused optimizer step (ABI 2.2) comes only with an update on a CUDA device: on the host,
+     or with a plain quantize, it is refused with a message and nothing is written */
+  {
+    static float g[64 * 64], m[64 * 64], v[64 * 64];
+    hq_adam_pass pass;
+    memset(&pass, 0, sizeof pass);
+    pass.struct_size = sizeof pass;
+    pass.grad_dtype = HQ_F32;
+    pass.grad = g;
+    pass.m = m;
+    pass.v = v;
+    hq_call ac = hq_test_call(&host, 0, 0);
+    ac.flags = HQ_CALL_UPDATE;
+    ac.adam = &pass;
+    const uint8_t before = ((const uint8_t *)hq_storage_cbuf(&row, 0)->ptr)[0];
+    host_msg[0] = 0;
+    assert_int_equal(ops->quantize(cfg, &ac, &x, HQ_ROWWISE, &row, NULL), HQ_EINVAL);
+    assert_non_null(strstr(host_msg, "fused optimizer step"));
+    assert_int_equal(((const uint8_t *)hq_storage_cbuf(&row, 0)->ptr)[0], before);
+  }
 
   /* a mismatched or broken storage is refused, not overrun */
   hq_tensor big = hq_tensor_2d(xs, HQ_F32, HQ_DEVICE_HOST, 32, 128);

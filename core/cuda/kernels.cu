@@ -9,7 +9,7 @@
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
-#include "../adam_rule.h"
+
 
 extern "C" int hqi_error(int code, const char *fmt, ...);
 
@@ -78,14 +78,14 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
 /* AmaxT: also the NaN-ignoring max |w| of the updated masters (the write-back's per-tensor amax,
    in the same pass): a max per thread, per warp, then one atomic per warp into both words. */
 template <int DT, bool AMAX>
-__global__ void adam_kernel(hqi_adam_k k, const void *__restrict__ g, float *__restrict__ w,
+__global__ void adam_kernel(hq_adam_consts k, const void *__restrict__ g, float *__restrict__ w,
                             float *__restrict__ m, float *__restrict__ v, int64_t n,
                             unsigned int *__restrict__ amax_bits) {
   uint32_t mx = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     float wi = w[i], mi = m[i], vi = v[i];
-    hqi_adam_elem(&k, hq_load_hp(g, i, DT), &wi, &mi, &vi);
+    hq_adam_elem(&k, hq_load_hp(g, i, DT), &wi, &mi, &vi);
     w[i] = wi;
     m[i] = mi;
     v[i] = vi;
@@ -104,7 +104,7 @@ __global__ void adam_kernel(hqi_adam_k k, const void *__restrict__ g, float *__r
 }
 
 template <int DT>
-void launch_adam(unsigned blocks, cudaStream_t s, const hqi_adam_k &k, const void *g, float *w,
+void launch_adam(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g, float *w,
                  float *m, float *v, int64_t n, unsigned int *amax_bits) {
   if (amax_bits) adam_kernel<DT, true><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, amax_bits);
   else adam_kernel<DT, false><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, nullptr);
@@ -112,7 +112,7 @@ void launch_adam(unsigned blocks, cudaStream_t s, const hqi_adam_k &k, const voi
 
 } // namespace
 
-extern "C" int hqi_cuda_adam(void *stream, const hqi_adam_k *k, const void *grad, int gdtype,
+extern "C" int hqi_cuda_adam(void *stream, const hq_adam_consts *k, const void *grad, int gdtype,
                              float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
   cudaStream_t s = (cudaStream_t)stream;
   if (n <= 0) return HQ_OK;

@@ -460,10 +460,23 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return host->error(HQ_EINVAL, "mxfp8: quantize: the rowwise and columnwise storages differ "
                        "in element dtype or block shape; quantize them one direction at a time");
   const sview *v = (dirs & HQ_ROWWISE) ? &r : &c;
+  /* the fused optimizer write-back (ABI 2.2, HQ_CAP_FUSED_ADAM): the kernel reads every element
+     once, so it applies the step to the FP32 master as it reads it */
+  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
+  if (adam) {
+    if (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE))
+      return host->error(HQ_EINVAL, "mxfp8: the fused optimizer step comes with an update on a "
+                         "CUDA device");
+    if (src->dtype != HQ_F32 || adam->struct_size < sizeof(hq_adam_pass) ||
+        (adam->grad_dtype != HQ_F32 && adam->grad_dtype != HQ_F16 &&
+         adam->grad_dtype != HQ_BF16))
+      return host->error(HQ_EINVAL, "mxfp8: fused optimizer step: the master must be f32 and "
+                         "the gradient f32, f16 or bf16");
+  }
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
     mxfp8_cuda_job j = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
-                        r.swizzled, c.swizzled};
+                        r.swizzled, c.swizzled, adam};
     return mxfp8_cuda_quantize(&j, call, src);
   }
 #endif
@@ -634,7 +647,7 @@ static const hq_format_ops ops = {
                    "copy untransposed",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA
+            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM
 #endif
     ,
     .options = options,

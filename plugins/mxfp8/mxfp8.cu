@@ -48,7 +48,41 @@ struct QArgs {
   int64_t M, K;
   uint8_t *rd, *rs, *cd, *cs;
   int rswz, cswz, two_d;
+  /* the fused optimizer step (GT != 0): x is the FP32 master, rewritten with m and v */
+  const void *g;
+  float *m, *v;
+  hq_adam_consts k;
 };
+
+/* The 8 elements at index i of the FP32 master after one AdamW step (hq_adam_elem, the core's
+   rule) with the gradient (dtype GT) and the moments at the same index; master, m and v are
+   written back. Each element is read and written by exactly one thread, once. */
+template <int GT, bool VEC>
+__device__ __forceinline__ void adam_load8(const QArgs &a, int64_t i, float x[8]) {
+  float *w = static_cast<float *>(const_cast<void *>(a.x));
+  float g[8], m[8], v[8];
+  hq_cuda_load8<GT>(a.g, i, VEC, g);
+  hq_cuda_load8<HQ_F32>(w, i, VEC, x);
+  hq_cuda_load8<HQ_F32>(a.m, i, VEC, m);
+  hq_cuda_load8<HQ_F32>(a.v, i, VEC, v);
+  for (int k = 0; k < 8; k++) hq_adam_elem(&a.k, g[k], &x[k], &m[k], &v[k]);
+  if (VEC) {
+    float4 *pw = reinterpret_cast<float4 *>(w + i), *pm = reinterpret_cast<float4 *>(a.m + i),
+           *pv = reinterpret_cast<float4 *>(a.v + i);
+    pw[0] = make_float4(x[0], x[1], x[2], x[3]);
+    pw[1] = make_float4(x[4], x[5], x[6], x[7]);
+    pm[0] = make_float4(m[0], m[1], m[2], m[3]);
+    pm[1] = make_float4(m[4], m[5], m[6], m[7]);
+    pv[0] = make_float4(v[0], v[1], v[2], v[3]);
+    pv[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    for (int k = 0; k < 8; k++) {
+      w[i + k] = x[k];
+      a.m[i + k] = m[k];
+      a.v[i + k] = v[k];
+    }
+  }
+}
 
 template <bool VEC>
 __device__ __forceinline__ void store8(uint8_t *p, uint64_t packed) {
@@ -110,7 +144,7 @@ __device__ __forceinline__ uint64_t cast8(const float x[8], float mult) {
   return cast8v<ELEM>(x, m);
 }
 
-template <int DT, int ELEM, bool VEC>
+template <int DT, int ELEM, bool VEC, int GT>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint32_t part[kWarps][kCols]; /* per-warp column maxima */
   __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
@@ -121,7 +155,9 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
   float x[2][8];
   for (int p = 0; p < 2; p++) {
-    if (valid) {
+    if (valid && GT) {
+      adam_load8<GT, VEC>(a, (i0 + r0 + 16 * p) * K + j, x[p]);
+    } else if (valid) {
       hq_cuda_load8<DT>(a.x, (i0 + r0 + 16 * p) * K + j, VEC, x[p]);
     } else {
       for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
@@ -319,20 +355,20 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
-template <int DT, int ELEM>
+template <int DT, int ELEM, int GT>
 void launch_quantize(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
   if (vec)
-    quantize_kernel<DT, ELEM, true><<<grid, kThreads, 0, stream>>>(a);
+    quantize_kernel<DT, ELEM, true, GT><<<grid, kThreads, 0, stream>>>(a);
   else
-    quantize_kernel<DT, ELEM, false><<<grid, kThreads, 0, stream>>>(a);
+    quantize_kernel<DT, ELEM, false, GT><<<grid, kThreads, 0, stream>>>(a);
 }
 
-template <int DT>
+template <int DT, int GT>
 void launch_quantize_dt(const QArgs &a, int elem, bool vec, dim3 grid, cudaStream_t stream) {
   if (elem == HQ_E5M2)
-    launch_quantize<DT, HQ_E5M2>(a, vec, grid, stream);
+    launch_quantize<DT, HQ_E5M2, GT>(a, vec, grid, stream);
   else
-    launch_quantize<DT, HQ_E4M3>(a, vec, grid, stream);
+    launch_quantize<DT, HQ_E4M3, GT>(a, vec, grid, stream);
 }
 
 template <int OT, int ELEM>
@@ -393,12 +429,28 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
   a.rswz = q->rswz;
   a.cswz = q->cswz;
   a.two_d = q->two_d;
-  const bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
+  bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
   const dim3 grid((unsigned)gx, (unsigned)gy);
+  if (q->adam) { /* the fused optimizer step: src is the FP32 master (checked in mxfp8.c) */
+    a.g = q->adam->grad;
+    a.m = q->adam->m;
+    a.v = q->adam->v;
+    a.k = q->adam->k;
+    vec = vec && aligned(a.g, 16) && aligned(a.m, 16) && aligned(a.v, 16);
+    switch (q->adam->grad_dtype) {
+    case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(a, q->elem, vec, grid, stream); break;
+    case HQ_F16: launch_quantize_dt<HQ_F32, HQ_F16>(a, q->elem, vec, grid, stream); break;
+    default: launch_quantize_dt<HQ_F32, HQ_BF16>(a, q->elem, vec, grid, stream); break;
+    }
+    CHECK_LAUNCH(call, "quantize kernel with the fused optimizer step");
+    return HQ_OK;
+  }
+  a.g = NULL;
+  a.m = a.v = NULL;
   switch (src->dtype) {
-  case HQ_F32: launch_quantize_dt<HQ_F32>(a, q->elem, vec, grid, stream); break;
-  case HQ_F16: launch_quantize_dt<HQ_F16>(a, q->elem, vec, grid, stream); break;
-  default: launch_quantize_dt<HQ_BF16>(a, q->elem, vec, grid, stream); break;
+  case HQ_F32: launch_quantize_dt<HQ_F32, 0>(a, q->elem, vec, grid, stream); break;
+  case HQ_F16: launch_quantize_dt<HQ_F16, 0>(a, q->elem, vec, grid, stream); break;
+  default: launch_quantize_dt<HQ_BF16, 0>(a, q->elem, vec, grid, stream); break;
   }
   CHECK_LAUNCH(call, "quantize kernel");
   return HQ_OK;

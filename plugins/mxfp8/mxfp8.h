@@ -36,6 +36,7 @@ typedef struct mxfp8_cuda_job {
   uint8_t *rd, *rs;   /* rowwise data / scales (device memory), or NULL */
   uint8_t *cd, *cs;   /* columnwise data / scales (device memory), or NULL */
   int rswz, cswz;     /* the storages' scale layouts: swizzled or compact */
+  const hq_adam_pass *adam; /* the fused optimizer step (src is then the FP32 master), or NULL */
 } mxfp8_cuda_job;
 
 /* mxfp8.cu: everything queued on call->stream, nothing allocated, nothing synchronized. */

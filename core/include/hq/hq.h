@@ -628,8 +628,17 @@ HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 ** every step an FP32 operation in this order, with c1 = 1/(1-b1^t) and c2 = 1/(1-b2^t) computed
 ** once per step in double and rounded to float (decoupled weight decay: AdamW). A quantized
 ** parameter without master weights, a gradient or qtensor of another shape, or a step < 1 is
-** refused with HQ_EINVAL before anything changes. On a GPU: one kernel for the update, then the
-** format's update kernel for the write-back.
+** refused with HQ_EINVAL before anything changes (the rule is hq_adam_elem in hq/numerics.h).
+** On a GPU, in as few passes as the weight's format allows:
+**   - one kernel: when one module instance makes every direction qw refreshes, in one update
+**     call that reads each element once, needs no per-tensor amax, and declares
+**     HQ_CAP_FUSED_ADAM (mxfp8), the step runs inside that write-back kernel (grad, master, m, v
+**     read once; master, m, v and every direction written once; logged at debug level);
+**   - two kernels otherwise: the step, then the format's write-back. When the write-back needs
+**     the per-tensor amax of the new master (fp8_tensor current scaling, nvfp4's global scales)
+**     the step's kernel computes it in the same pass and hands it to the write-back, so the
+**     master is not read a third time.
+** The bytes are the same on every path.
 */
 typedef struct hq_adam {
   uint32_t struct_size;          /* sizeof(hq_adam) */

@@ -87,6 +87,10 @@
 **     hq_call.state / hq_call.state_amax (see "State" below);
 **   - a module that sets abi_minor = 1 must pass an ops table of at least HQ_FORMAT_OPS_SIZE_2_1.
 **
+** What 2.2 adds (2.0 and 2.1 modules keep loading, unchanged):
+**   - the fused optimizer write-back: hq_call.adam, hq_adam_pass, HQ_CAP_FUSED_ADAM, and the
+**     AdamW element rule hq_adam_elem in hq/numerics.h (see "Fused optimizer write-back").
+**
 ** ---------------------------------------------------------------------------------------------
 ** State (2.1): formats whose scale depends on earlier steps (delayed scaling)
 ** ---------------------------------------------------------------------------------------------
@@ -146,7 +150,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 1
+#define HQ_ABI_MINOR 2
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -598,10 +602,47 @@ typedef struct hq_call {
                                       with HQ_ESTATE). NULL for a stateless instance. */
   float *state_amax;               /* ... and the slice's amax accumulator (one float of the
                                       state's contiguous amax array): max-accumulate into it */
+  /* --- 2.2 (check call->struct_size >= HQ_CALL_SIZE_2_2) --- */
+  const struct hq_adam_pass *adam; /* update() on a CUDA device of an instance with
+                                      HQ_CAP_FUSED_ADAM: the optimizer step to apply while
+                                      reading src (see "Fused optimizer write-back"); else NULL */
 } hq_call;
 
 /* Size of an hq_call that carries the state fields. */
 #define HQ_CALL_SIZE_2_1 (offsetof(hq_call, state_amax) + sizeof(float *))
+/* Size of an hq_call that carries the fused optimizer step. */
+#define HQ_CALL_SIZE_2_2 (offsetof(hq_call, adam) + sizeof(void *))
+
+/* ---------------------------------------------------------------------------------------------
+** Fused optimizer write-back (2.2)
+**
+** hq_adam_step (hq.h) updates FP32 master weights with AdamW and writes the quantized weight
+** back from them. For an instance whose caps include HQ_CAP_FUSED_ADAM, on a CUDA device, when
+** one update() call makes every direction the weight holds and the instance needs no per-tensor
+** amax (amax_kind() NONE for those directions), the core makes that call with call->adam set:
+** src is then the FP32 master [M, K], and for every element the kernel reads, it must
+**   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/numerics.h) with w = master, g =
+**      adam->grad (dtype adam->grad_dtype), m = adam->m, v = adam->v at the same index,
+**   2. store w, m and v back, and
+**   3. quantize the new w exactly as update() quantizes a source holding it,
+** reading each element exactly once in the call (a kernel that reads its input twice cannot
+** declare the capability). The bytes written -- master, moments, every buffer of the storages --
+** are then those of the unfused sequence (the step, then update() of the new master) by
+** construction. call->adam is never set on the host, nor for a module compiled against 2.1.
+*/
+typedef struct hq_adam_consts {
+  float lr, b1, b2, eps, wd;       /* learning rate, betas, epsilon, decoupled weight decay */
+  float one_minus_b1, one_minus_b2;/* 1 - b1, 1 - b2, rounded once */
+  float c1, c2;                    /* bias corrections 1 / (1 - b1^t), 1 / (1 - b2^t) */
+} hq_adam_consts;
+
+typedef struct hq_adam_pass {
+  uint32_t struct_size;            /* sizeof(hq_adam_pass) */
+  uint32_t grad_dtype;             /* hq_dtype of grad: HQ_F32, HQ_F16 or HQ_BF16 */
+  const void *grad;                /* [M, K] row-major, on the call's device */
+  float *m, *v;                    /* Adam moments [M, K], FP32, updated in place */
+  hq_adam_consts k;
+} hq_adam_pass;
 
 /* ---------------------------------------------------------------------------------------------
 ** Capability flags (hq_format_ops.caps, instance_caps()).
@@ -613,6 +654,8 @@ typedef struct hq_call {
                                              rebuilt from the original */
 #define HQ_CAP_COLWISE_ONLY (1ull << 3)   /* a COLWISE storage can be made without a ROWWISE one */
 /* bit 4 (HQ_CAP_STATEFUL of ABI 1.0) is retired */
+#define HQ_CAP_FUSED_ADAM (1ull << 5)     /* 2.2: update() honours call->adam on a CUDA device
+                                             (see "Fused optimizer write-back") */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */
