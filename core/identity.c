@@ -57,6 +57,24 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   (void)cfg;
   int64_t n = src->rows * src->cols;
   int rc = HQ_OK;
+  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
+  if (adam) {
+    /* the fused optimizer write-back (HQ_CAP_FUSED_ADAM): the step and the store of the new
+       master into every buffer the directions have, in one pass */
+    if (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE) ||
+        src->dtype != HQ_F32)
+      return call->host->error(HQ_EINVAL, "identity: the fused optimizer step comes with an "
+                               "update of an f32 master on a CUDA device");
+    hq_buffer *b0 = (dirs & HQ_ROWWISE) ? hq_storage_buf(row, 0) : hq_storage_buf(col, 0);
+    hq_buffer *b1 = NULL;
+    if (dirs == HQ_BOTH && !(hq_storage_buf(col, 0)->flags & HQ_BUF_SHARED))
+      b1 = hq_storage_buf(col, 0);
+    if (b1 && b1->dtype != b0->dtype)
+      return call->host->error(HQ_EINVAL, "identity: the two directions' buffers differ in dtype");
+    return hqi_cuda_adam_convert(call->stream, &adam->k, adam->grad, (int)adam->grad_dtype,
+                                 (float *)src->data, adam->m, adam->v, n, b0->ptr,
+                                 b1 ? b1->ptr : NULL, b0->dtype);
+  }
   if (dirs & HQ_ROWWISE) {
     hq_buffer *b = hq_storage_buf(row, 0);
     rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
@@ -108,7 +126,7 @@ const hq_format_ops hqi_identity_ops = {
     .description = "high-precision passthrough (f32/bf16/f16), one buffer for both directions",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA
+            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM
 #endif
     ,
     .options = options,

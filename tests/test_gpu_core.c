@@ -238,9 +238,10 @@ static void test_fsdp_on_device(void **state) {
    Adam kernel computes in its own pass (fp8_tensor current scaling, alone and as the rowwise
    half of a hybrid; nvfp4's global scales), whose columnwise amax is format-specific (nvfp4
    with RHT: the update computes it), which need none (2-D nvfp4), and whose module runs the
-   whole step inside its write-back kernel (mxfp8, HQ_CAP_FUSED_ADAM: both directions, and the
-   rowwise direction alone); non-finite counting on the device. */
-static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1};
+   whole step inside its write-back kernel (HQ_CAP_FUSED_ADAM: mxfp8 with both directions and
+   with the rowwise direction alone, identity in BF16 and F32); non-finite counting on the
+   device. */
+static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1};
 static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
@@ -251,6 +252,8 @@ static const char *adam_recipes[] = {
     "[format f]\nplugin = nvfp4\nblock_2d = true\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = mxfp8\ndtype = e5m2\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = identity\ndtype = f32\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
 };
 
 static void test_adam_and_nonfinite_on_device(void **state) {

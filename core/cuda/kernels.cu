@@ -103,6 +103,33 @@ __global__ void adam_kernel(hq_adam_consts k, const void *__restrict__ g, float 
   }
 }
 
+/* The identity format's fused write-back: the step, then the new master stored in the storage's
+   dtype OT into d0 (and d1 when the directions have two buffers), each element read once. */
+template <int GT, int OT>
+__global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g,
+                                    float *__restrict__ w, float *__restrict__ m,
+                                    float *__restrict__ v, int64_t n, void *__restrict__ d0,
+                                    void *__restrict__ d1) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    hq_adam_elem(&k, hq_load_hp(g, i, GT), &wi, &mi, &vi);
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+    hq_store_hp(d0, i, OT, wi);
+    if (d1) hq_store_hp(d1, i, OT, wi);
+  }
+}
+
+template <int GT>
+void launch_adam_convert(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g,
+                         float *w, float *m, float *v, int64_t n, void *d0, void *d1, int ot) {
+  if (ot == HQ_F32) adam_convert_kernel<GT, HQ_F32><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
+  else if (ot == HQ_F16) adam_convert_kernel<GT, HQ_F16><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
+  else adam_convert_kernel<GT, HQ_BF16><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
+}
+
 template <int DT>
 void launch_adam(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g, float *w,
                  float *m, float *v, int64_t n, unsigned int *amax_bits) {
@@ -124,6 +151,23 @@ extern "C" int hqi_cuda_adam(void *stream, const hq_adam_consts *k, const void *
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return hqi_error(HQ_EDEVICE, "%s:%d: adam kernel: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+extern "C" int hqi_cuda_adam_convert(void *stream, const hq_adam_consts *k, const void *grad,
+                                     int gdtype, float *w, float *m, float *v, int64_t n,
+                                     void *d0, void *d1, int ot) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (n <= 0) return HQ_OK;
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  if (gdtype == HQ_F32) launch_adam_convert<HQ_F32>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
+  else if (gdtype == HQ_F16) launch_adam_convert<HQ_F16>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
+  else launch_adam_convert<HQ_BF16>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: adam write-back kernel: %s", __FILE__, __LINE__,
+                     cudaGetErrorString(e));
   return HQ_OK;
 }
 
