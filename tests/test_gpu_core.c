@@ -239,9 +239,10 @@ static void test_fsdp_on_device(void **state) {
    half of a hybrid; nvfp4's global scales), whose columnwise amax is format-specific (nvfp4
    with RHT: the update computes it), which need none (2-D nvfp4), and whose module runs the
    whole step inside its write-back kernel (HQ_CAP_FUSED_ADAM: mxfp8 with both directions and
-   with the rowwise direction alone, identity in BF16 and F32); non-finite counting on the
-   device. */
-static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1};
+   with the rowwise direction alone, identity in BF16 and F32, fp8_block 1-D and 2-D); the
+   shape (160 x 288) gives fp8_block 2 x 3 tiles, the last ones partial; non-finite counting on
+   the device. */
+static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
 static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
@@ -254,11 +255,14 @@ static const char *adam_recipes[] = {
     "[format f]\nplugin = mxfp8\ndtype = e5m2\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = identity\ndtype = f32\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = fp8_block\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
+    "[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
 };
 
 static void test_adam_and_nonfinite_on_device(void **state) {
   (void)state;
-  const int64_t R = 64, C = 96, n = R * C;
+  const int64_t R = 160, C = 288, n = R * C;
   hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 3, 0.5f);
   float *back = malloc(n * 4);
   void *dg = to_device(g.data, n * 2);

@@ -389,7 +389,8 @@ static void tile_2d(const fp8b_cfg *c, int src_dtype, tile *t, int64_t M, int64_
 #ifdef HQ_HAVE_CUDA
 /* The CUDA path (fp8_block.cu). */
 int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d, int pow2,
-                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs);
+                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs,
+                       const hq_adam_pass *adam);
 int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d, const uint8_t *q,
                          const float *scale_inv, hq_tensor *dst);
 #endif
@@ -465,11 +466,21 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     cd = g.data;
     cs = g.scale;
   }
+  /* the fused optimizer write-back (ABI 2.2, HQ_CAP_FUSED_ADAM): the kernel reads each element
+     of its tile once, so it applies the step to the FP32 master as it reads it */
+  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
+  if (adam && (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE) ||
+               src->dtype != HQ_F32 || adam->struct_size < sizeof(hq_adam_pass) ||
+               (adam->grad_dtype != HQ_F32 && adam->grad_dtype != HQ_F16 &&
+                adam->grad_dtype != HQ_BF16)))
+    return call->host->error(HQ_EINVAL, "fp8_block: the fused optimizer step comes with an "
+                             "update of an f32 master on a CUDA device (gradient f32, f16 or "
+                             "bf16)");
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
     return fp8b_cuda_quantize(call, src, (int)c->elem, c->two_d, c->pow2, c->epsilon, rd, rs, cd,
-                              cs);
+                              cs, adam);
 #endif
   const size_t need = tile_bytes(M, K);
   if (!call->scratch || call->scratch_bytes < need)
@@ -663,7 +674,7 @@ static const hq_format_ops ops = {
                    "GEMM-ready layouts; columnwise = [K, M]",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA
+            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM
 #endif
     ,
     .options = options,

@@ -36,7 +36,8 @@
 
 extern "C" {
 int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d, int pow2,
-                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs);
+                       float epsilon, uint8_t *rd, float *rs, uint8_t *cd, float *cs,
+                       const hq_adam_pass *adam);
 int fp8b_cuda_dequantize(const hq_call *call, int elem, int colwise, int two_d, const uint8_t *q,
                          const float *scale_inv, hq_tensor *dst);
 }
@@ -56,6 +57,10 @@ struct QArgs {
   int vec_in;        /* K % 8 == 0 and x 16-byte aligned: 16-byte loads */
   int vec_row;       /* K % 8 == 0 and rd 8-byte aligned: 8-byte rowwise stores */
   int vec_col;       /* M % 16 == 0 and cd 16-byte aligned: 16-byte columnwise stores */
+  /* the fused optimizer step (GT != 0): x is the FP32 master, rewritten with m and v */
+  const void *g;
+  float *m, *v;
+  hq_adam_consts k;
 };
 
 /* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
@@ -96,7 +101,7 @@ __device__ __forceinline__ int sw(int r, int b) {
   return r * kB + ((((b >> 4) ^ (r >> 3)) & 7) << 4) + (b & 15);
 }
 
-template <int DT, int ELEM, bool TWO_D>
+template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ uint32_t wmax[8][kB];              /* per-warp column amax bits (1-D) */
@@ -150,6 +155,28 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
     }
   }
   /* out-of-bounds elements are 0: they never raise an amax and their bytes are never stored */
+
+  if constexpr (GT != 0) {
+    /* the fused optimizer step (DT is F32): each in-bounds element of the master, read once
+       above by this thread alone, gets one AdamW step (hq_adam_elem) with the gradient and
+       moments at its index; master, m and v are written back and the new value is quantized */
+    float *w = static_cast<float *>(const_cast<void *>(a.x));
+    #pragma unroll
+    for (int p = 0; p < 8; p++) {
+      if (r0 + p >= nr) continue;
+      const int64_t i = (m0 + r0 + p) * K + k0 + c0;
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        if (c0 + j >= nc) continue;
+        float wi = hq_bits_f32(x.w[p][j]), mi = a.m[i + j], vi = a.v[i + j];
+        hq_adam_elem(&a.k, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
+        w[i + j] = wi;
+        a.m[i + j] = mi;
+        a.v[i + j] = vi;
+        x.w[p][j] = hq_f32_bits(wi);
+      }
+    }
+  }
 
   if (TWO_D) {
     /* --- one 128x128 block: one amax, one scale, one cast ---------------------------------- */
@@ -321,17 +348,17 @@ __global__ void dequantize_kernel(const uint8_t *__restrict__ q, const float *__
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
-template <int DT, int ELEM>
+template <int DT, int ELEM, int GT>
 void launch_quantize(int two_d, unsigned grid, cudaStream_t stream, const QArgs &a) {
-  if (two_d) quantize_kernel<DT, ELEM, true><<<grid, kThreads, 0, stream>>>(a);
-  else quantize_kernel<DT, ELEM, false><<<grid, kThreads, 0, stream>>>(a);
+  if (two_d) quantize_kernel<DT, ELEM, true, GT><<<grid, kThreads, 0, stream>>>(a);
+  else quantize_kernel<DT, ELEM, false, GT><<<grid, kThreads, 0, stream>>>(a);
 }
 
-template <int DT>
+template <int DT, int GT = 0>
 void launch_quantize_dt(int elem, int two_d, unsigned grid, cudaStream_t stream,
                         const QArgs &a) {
-  if (elem == HQ_E5M2) launch_quantize<DT, HQ_E5M2>(two_d, grid, stream, a);
-  else launch_quantize<DT, HQ_E4M3>(two_d, grid, stream, a);
+  if (elem == HQ_E5M2) launch_quantize<DT, HQ_E5M2, GT>(two_d, grid, stream, a);
+  else launch_quantize<DT, HQ_E4M3, GT>(two_d, grid, stream, a);
 }
 
 } // namespace
@@ -340,7 +367,7 @@ void launch_quantize_dt(int elem, int two_d, unsigned grid, cudaStream_t stream,
    (cd, cs) buffers (NULL: direction not made) on call->stream: one kernel, one read. */
 extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int elem, int two_d,
                                   int pow2, float epsilon, uint8_t *rd, float *rs, uint8_t *cd,
-                                  float *cs) {
+                                  float *cs, const hq_adam_pass *adam) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   const int64_t M = src->rows, K = src->cols;
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
@@ -363,6 +390,21 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   a.vec_row = K % 8 == 0 && aligned(rd, 8);
   a.vec_col = M % 16 == 0 && aligned(cd, 16);
   const unsigned grid = (unsigned)tiles;
+  a.g = NULL;
+  a.m = a.v = NULL;
+  if (adam) { /* the fused optimizer step: src is the FP32 master (checked in fp8_block.c) */
+    a.g = adam->grad;
+    a.m = adam->m;
+    a.v = adam->v;
+    a.k = adam->k;
+    switch (adam->grad_dtype) {
+    case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(elem, two_d, grid, stream, a); break;
+    case HQ_F16: launch_quantize_dt<HQ_F32, HQ_F16>(elem, two_d, grid, stream, a); break;
+    default: launch_quantize_dt<HQ_F32, HQ_BF16>(elem, two_d, grid, stream, a); break;
+    }
+    CHECK_LAUNCH(call, "fp8_block quantize kernel with the fused optimizer step");
+    return HQ_OK;
+  }
   switch (src->dtype) {
   case HQ_F32: launch_quantize_dt<HQ_F32>(elem, two_d, grid, stream, a); break;
   case HQ_F16: launch_quantize_dt<HQ_F16>(elem, two_d, grid, stream, a); break;
