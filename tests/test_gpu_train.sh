@@ -14,19 +14,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs python3 (json)"; exit 77; }
 jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
-# the same generated corpus as test_train.sh (a Park-Miller generator in awk)
-awk 'BEGIN {
-  s = 12345; split("b d f g k l m n p r s t v z", c, " "); split("a e i o u", v, " ")
-  for (w = 0; w < 3000; w++) {
-    s = (s * 16807) % 2147483647; ns = 2 + s % 3; word = ""
-    for (k = 0; k < ns; k++) {
-      s = (s * 16807) % 2147483647; word = word c[1 + s % 14]
-      s = (s * 16807) % 2147483647; word = word v[1 + s % 5]
-    }
-    print word
-  }
-}' > "$tmp/words.txt" 2>/dev/null
-[ "$(wc -l < "$tmp/words.txt")" -eq 3000 ] || { echo "SKIP: no awk"; exit 77; }
+# the generated corpus of test_train.sh (tests/train_corpus.sh)
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/train_corpus.sh"
+train_corpus "$tmp/words.txt" || { echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; }
 small="--data $tmp/words.txt --steps 60 --batch 256 --hidden 128 --layers 2 --eval-every 30 --log-every 20"
 
 $hq train --device cuda $small --steps 1 --recipe "$conf/examples/high_precision.ini" \

@@ -20,26 +20,9 @@ command -v python3 >/dev/null 2>&1 && python3 -c 'import json' 2>/dev/null && ha
 # jget FILE EXPR: a value of the JSON document (python3), e.g. jget f "d['recipes'][0]['eval_loss']"
 jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
-# A corpus with structure to learn: 3000 words of 2-4 consonant-vowel syllables, from a
-# Park-Miller generator (exact in awk's doubles, so every awk gives the same words), plus lines
-# the loader must skip (capitals, digits, apostrophes).
-awk 'BEGIN {
-  s = 12345; split("b d f g k l m n p r s t v z", c, " "); split("a e i o u", v, " ")
-  for (w = 0; w < 3000; w++) {
-    s = (s * 16807) % 2147483647; ns = 2 + s % 3; word = ""
-    for (k = 0; k < ns; k++) {
-      s = (s * 16807) % 2147483647; word = word c[1 + s % 14]
-      s = (s * 16807) % 2147483647; word = word v[1 + s % 5]
-    }
-    print word
-  }
-  print "Capital"; print "it'"'"'s"; print "abc123"
-}' > "$tmp/words.txt" 2>/dev/null
-if [ "$(wc -l < "$tmp/words.txt")" -ne 3003 ]; then
-  # no usable awk: the first 3000 words of the system word list, else nothing to train on
-  if [ -r /usr/share/dict/words ]; then grep -x '[a-z]*' /usr/share/dict/words | head -n 3000 > "$tmp/words.txt"
-  else echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; fi
-fi
+# the generated corpus (tests/train_corpus.sh)
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/train_corpus.sh"
+train_corpus "$tmp/words.txt" || { echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; }
 
 small="--data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --eval-every 20 --log-every 10"
 
