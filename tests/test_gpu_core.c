@@ -374,6 +374,26 @@ static void test_offload_round_trip(void **state) {
   free(x.data);
 }
 
+/* hq's memory pool: hq_device_trim hands the kept memory back (the driver's free memory grows
+   by what hq freed), allocation works again afterwards, and a device out of range is refused. */
+static void test_pool_trim(void **state) {
+  (void)state;
+  void *p = NULL;
+  const size_t big = (size_t)256 << 20;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, big, &p));
+  hq_ctx_free(gpu, p); /* kept by hq's pool */
+  CK(cudaStreamSynchronize(stream));
+  size_t free0 = 0, total = 0, free1 = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  HQ_OK_OR_FAIL(hq_device_trim(0));
+  CK(cudaMemGetInfo(&free1, &total));
+  assert_true(free1 >= free0 + big / 2); /* the 256 MiB went back (others may allocate too) */
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 1024, &p));
+  hq_ctx_free(gpu, p);
+  assert_int_equal(hq_device_trim(-1), HQ_EINVAL);
+  assert_int_equal(hq_device_trim(1 << 20), HQ_EINVAL);
+}
+
 int main(void) {
   int n = 0;
   if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -386,6 +406,7 @@ int main(void) {
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
       cmocka_unit_test(test_offload_round_trip),
+      cmocka_unit_test(test_pool_trim),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
