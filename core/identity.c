@@ -57,14 +57,14 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   (void)cfg;
   int64_t n = src->rows * src->cols;
   int rc = HQ_OK;
-  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
+  int adam_ok;
+  const hq_adam_pass *adam = hq_call_adam(call, src, &adam_ok);
+  if (!adam_ok)
+    return call->host->error(HQ_EINVAL, "identity: the fused optimizer step comes with an update "
+                             "of an f32 master on a CUDA device (gradient f32, f16 or bf16)");
   if (adam) {
     /* the fused optimizer write-back (HQ_CAP_FUSED_ADAM): the step and the store of the new
        master into every buffer the directions have, in one pass */
-    if (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE) ||
-        src->dtype != HQ_F32)
-      return call->host->error(HQ_EINVAL, "identity: the fused optimizer step comes with an "
-                               "update of an f32 master on a CUDA device");
     hq_buffer *b0 = (dirs & HQ_ROWWISE) ? hq_storage_buf(row, 0) : hq_storage_buf(col, 0);
     hq_buffer *b1 = NULL;
     if (dirs == HQ_BOTH && !(hq_storage_buf(col, 0)->flags & HQ_BUF_SHARED))

@@ -1,6 +1,7 @@
 /*
-** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is hq_adam_elem of hq/numerics.h,
-** shared with the CUDA kernel) followed by the quantized weight's write-back.
+** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is hq_adam_elem of
+** hq/numerics.h, shared with the CUDA kernels and the modules' fused write-backs) followed by the
+** quantized weight's write-back.
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -8,8 +9,6 @@
 #include <math.h>
 
 #include "hq/numerics.h"
-
-
 
 int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *master, float *m,
                  float *v, hq_qtensor *qw) {
@@ -49,18 +48,17 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   k.c1 = (float)(1.0 / (1.0 - pow((double)a.beta1, (double)a.step)));
   k.c2 = (float)(1.0 / (1.0 - pow((double)a.beta2, (double)a.step)));
   const int64_t n = g.rows * g.cols;
+  /* the write-back's source */
+  hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
   if (ctx->device < 0) {
     for (int64_t i = 0; i < n; i++)
       hq_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
-    if (!qw) return HQ_OK;
-    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
-    return hq_qtensor_update(qw, ctx, &w);
+    return qw ? hq_qtensor_update(qw, ctx, &w) : HQ_OK;
   }
   if (qw) {
     /* the whole step in the format's own write-back kernel, where it can take it (HQ_CAP_FUSED_
        ADAM: one read of master, grad, m and v, one write of master, m, v and every direction) */
     hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k};
-    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
     rc = hqi_qtensor_update_adam(qw, ctx, &w, &pass);
     if (rc != HQ_ENOTSUP) return rc;
   }
@@ -80,7 +78,6 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   if (!rc) rc = hqi_cuda_adam(ctx->stream, &k, g.data, g.dtype, master, m, v, n, amax);
   hqi_device_leave(saved);
   if (!rc && qw) {
-    hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
     hq_quantize_args args = {sizeof args, 0, (const float *)amax};
     rc = hq_qtensor_update_ex(qw, ctx, &w, amax ? &args : NULL);
   }

@@ -539,10 +539,11 @@ static int call_state(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, uint32_t dirs,
   return HQ_OK;
 }
 
-/* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's). */
-static int call_quantize_x(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
-                           uint32_t dirs, hq_storage *row, hq_storage *col, int update,
-                           const float *amax, const hq_adam_pass *adam) {
+/* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's); adam: the
+   fused optimizer step of hq_adam_step (an update only), else NULL. */
+static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                         const float *amax, const hq_adam_pass *adam) {
   hq_call call;
   hqi_call_init(ctx, &call, update ? HQ_CALL_UPDATE : 0, qt->offset);
   call.scratch = qt->scratch;
@@ -564,12 +565,6 @@ static int call_quantize_x(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_
                             f->name, ops->name, update ? "update" : "quantize",
                             (long long)src->rows, (long long)src->cols, hq_dtype_name(src->dtype));
   return HQ_OK;
-}
-
-static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
-                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
-                         const float *amax) {
-  return call_quantize_x(qt, ctx, f, src, dirs, row, col, update, amax, NULL);
 }
 
 static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, const hq_storage *st,
@@ -607,7 +602,8 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
     t.scratch = qt->scratch;
     t.scratch_bytes = qt->scratch_bytes;
     rc = make_storages(&t, qt->fmt[0], HQ_ROWWISE);
-    if (!rc) rc = call_quantize(&t, ctx, qt->fmt[0], src, HQ_ROWWISE, &t.d[0].st, NULL, 0, amax);
+    if (!rc)
+      rc = call_quantize(&t, ctx, qt->fmt[0], src, HQ_ROWWISE, &t.d[0].st, NULL, 0, amax, NULL);
     row = &t.d[0].st;
   }
   size_t bytes = (size_t)qt->rows * (size_t)qt->cols * hq_dtype_size(src->dtype);
@@ -630,9 +626,10 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
 }
 
 /* Quantize (update = 0) or refresh (update = 1) the directions `dirs` of qt from src, on ctx.
-   For a fresh quantize the storages are made here; for an update they exist. */
+   For a fresh quantize the storages are made here; for an update they exist. adam (an update
+   whose directions one call makes: hqi_qtensor_update_adam) rides on that call. */
 static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
-               const float *amax) {
+               const float *amax, const hq_adam_pass *adam) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
   int rc;
   qt->offset = ctx->offset++;
@@ -645,7 +642,7 @@ static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs,
     }
     return rc ? rc
               : call_quantize(qt, ctx, fr, src, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, update,
-                              amax);
+                              amax, adam);
   }
   if (update && dirs != HQ_BOTH) {
     rc = unshare(qt, ctx); /* the direction left alone must not see the other's new scales */
@@ -653,7 +650,7 @@ static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs,
   }
   if (dirs & HQ_ROWWISE) {
     if (!update && (rc = make_storages(qt, fr, HQ_ROWWISE))) return rc;
-    rc = call_quantize(qt, ctx, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update, amax);
+    rc = call_quantize(qt, ctx, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update, amax, adam);
     if (rc) return rc;
   }
   if (dirs & HQ_COLWISE) {
@@ -665,7 +662,8 @@ static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs,
       if (rc) return rc;
     }
     rc = update ? HQ_OK : make_storages(qt, fc, HQ_COLWISE);
-    if (!rc) rc = call_quantize(qt, ctx, fc, &csrc, HQ_COLWISE, NULL, &qt->d[1].st, update, amax);
+    if (!rc)
+      rc = call_quantize(qt, ctx, fc, &csrc, HQ_COLWISE, NULL, &qt->d[1].st, update, amax, adam);
     if (tmp) hqi_ctx_free_raw(ctx, tmp); /* stream-ordered free: no synchronization */
     if (rc) return rc;
   }
@@ -797,7 +795,7 @@ int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   hq_qtensor *qt = new_qtensor(q, ctx, src.rows, src.cols, src.dtype);
   if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
-  else rc = run(qt, ctx, &src, q->usage, 0, args.amax);
+  else rc = run(qt, ctx, &src, q->usage, 0, args.amax, NULL);
   hqi_device_leave(saved);
   if (rc) {
     hq_qtensor_free(qt);
@@ -876,7 +874,7 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
   if (!dirs) return HQ_OK;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
-  rc = run(qt, ctx, &src, dirs, 1, args.amax);
+  rc = run(qt, ctx, &src, dirs, 1, args.amax, NULL);
   hqi_device_leave(saved);
   return rc;
 }
@@ -910,16 +908,7 @@ int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master
     return HQ_ENOTSUP;
   int saved, rc = hqi_device_enter(ctx->device, &saved);
   if (rc) return rc;
-  qt->offset = ctx->offset++; /* as run() does for an update */
-  if (dirs == HQ_BOTH) {
-    reshare(qt);
-    rc = call_quantize_x(qt, ctx, f, master, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, 1, NULL, adam);
-  } else {
-    rc = unshare(qt, ctx); /* the direction left alone must not see the other's new scales */
-    if (!rc)
-      rc = call_quantize_x(qt, ctx, f, master, dirs, dirs == HQ_ROWWISE ? &qt->d[0].st : NULL,
-                           dirs == HQ_COLWISE ? &qt->d[1].st : NULL, 1, NULL, adam);
-  }
+  rc = run(qt, ctx, master, dirs, 1, NULL, adam); /* one call: fused_adam_format's conditions */
   hqi_device_leave(saved);
   if (!rc)
     hqi_log(ctx, 3, "hq_adam_step: role %s: AdamW fused into the %s write-back (format '%s', "
@@ -980,13 +969,18 @@ static uint32_t fmt_amax_kind(const hqi_format *f, uint32_t dir) {
   return ops->amax_kind ? ops->amax_kind(f->cfg, dir) : HQ_AMAX_NONE;
 }
 
-uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir) {
-  if (!q || (dir != HQ_ROWWISE && dir != HQ_COLWISE)) return HQ_AMAX_NONE;
-  uint32_t k = fmt_amax_kind(q->fmt[di(dir)], dir);
-  /* the columnwise copy of a rowwise_dequantized quantizer sees the dequantized values */
-  if (dir == HQ_COLWISE && k == HQ_AMAX_INPUT && q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+/* The amax kind of direction dir made by format f from a source of kind `source`: the columnwise
+   copy of a rowwise_dequantized quantizer sees the dequantized values, not the input. */
+static uint32_t dir_amax_kind(const hqi_format *f, uint32_t dir, int source) {
+  uint32_t k = fmt_amax_kind(f, dir);
+  if (dir == HQ_COLWISE && k == HQ_AMAX_INPUT && source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
     k = HQ_AMAX_OWN;
   return k;
+}
+
+uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir) {
+  if (!q || (dir != HQ_ROWWISE && dir != HQ_COLWISE)) return HQ_AMAX_NONE;
+  return dir_amax_kind(q->fmt[di(dir)], dir, q->source);
 }
 
 /* One plugin amax call into a private 2-float buffer; out[slot] <- its result for `dir`. */
@@ -1013,9 +1007,7 @@ int hqi_qtensor_amax_from_source(const hq_qtensor *qt) {
   for (int d = 0; d < 2; d++) {
     const uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
     if (!(dirs & dir)) continue;
-    uint32_t k = fmt_amax_kind(qt->fmt[d], dir);
-    if (d == 1 && k == HQ_AMAX_INPUT && qt->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
-      k = HQ_AMAX_OWN; /* the columnwise copy sees the dequantized rowwise values */
+    const uint32_t k = dir_amax_kind(qt->fmt[d], dir, qt->source);
     if (k == HQ_AMAX_OWN) return 0;
     if (k == HQ_AMAX_INPUT) need = 1;
   }

@@ -946,6 +946,27 @@ static void test_module_direct(void **state) {
   assert_non_null(strstr(g_err, "scratch"));
   call.scratch_bytes = need;
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_ROWWISE, &st, NULL), HQ_OK);
+  /* the fused optimizer step (ABI 2.2) only comes with an update on a CUDA device: on the host
+     it is refused, naming it, and nothing is written */
+  {
+    float g6[6] = {0}, m6[6] = {0}, v6[6] = {0};
+    hq_adam_pass pass;
+    memset(&pass, 0, sizeof pass);
+    pass.struct_size = sizeof pass;
+    pass.grad_dtype = HQ_F32;
+    pass.grad = g6;
+    pass.m = m6;
+    pass.v = v6;
+    hq_call ac = call;
+    ac.flags = HQ_CALL_UPDATE;
+    ac.adam = &pass;
+    const uint8_t before = ((const uint8_t *)hq_storage_cbuf(&st, 0)->ptr)[0];
+    g_err[0] = 0;
+    assert_int_equal(ops->quantize(cfg, &ac, &src, HQ_ROWWISE, &st, NULL), HQ_EINVAL);
+    assert_non_null(strstr(g_err, "fused optimizer step"));
+    assert_int_equal(((const uint8_t *)hq_storage_cbuf(&st, 0)->ptr)[0], before);
+    assert_true(xs[0] == 1.0f && m6[0] == 0.0f); /* the master and moments untouched */
+  }
   /* a direction without its storage */
   assert_int_equal(ops->quantize(cfg, &call, &src, HQ_BOTH, &st, NULL), HQ_EINVAL);
   assert_non_null(strstr(g_err, "columnwise"));

@@ -10,7 +10,6 @@
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 
-
 extern "C" int hqi_error(int code, const char *fmt, ...);
 
 namespace {

@@ -468,14 +468,13 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   }
   /* the fused optimizer write-back (ABI 2.2, HQ_CAP_FUSED_ADAM): the kernel reads each element
      of its tile once, so it applies the step to the FP32 master as it reads it */
-  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
-  if (adam && (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE) ||
-               src->dtype != HQ_F32 || adam->struct_size < sizeof(hq_adam_pass) ||
-               (adam->grad_dtype != HQ_F32 && adam->grad_dtype != HQ_F16 &&
-                adam->grad_dtype != HQ_BF16)))
+  int adam_ok;
+  const hq_adam_pass *adam = hq_call_adam(call, src, &adam_ok);
+  if (!adam_ok)
     return call->host->error(HQ_EINVAL, "fp8_block: the fused optimizer step comes with an "
                              "update of an f32 master on a CUDA device (gradient f32, f16 or "
                              "bf16)");
+  (void)adam; /* read by the CUDA path only */
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)

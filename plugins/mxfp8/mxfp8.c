@@ -462,17 +462,12 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   const sview *v = (dirs & HQ_ROWWISE) ? &r : &c;
   /* the fused optimizer write-back (ABI 2.2, HQ_CAP_FUSED_ADAM): the kernel reads every element
      once, so it applies the step to the FP32 master as it reads it */
-  const hq_adam_pass *adam = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
-  if (adam) {
-    if (call->device == HQ_DEVICE_HOST || !(call->flags & HQ_CALL_UPDATE))
-      return host->error(HQ_EINVAL, "mxfp8: the fused optimizer step comes with an update on a "
-                         "CUDA device");
-    if (src->dtype != HQ_F32 || adam->struct_size < sizeof(hq_adam_pass) ||
-        (adam->grad_dtype != HQ_F32 && adam->grad_dtype != HQ_F16 &&
-         adam->grad_dtype != HQ_BF16))
-      return host->error(HQ_EINVAL, "mxfp8: fused optimizer step: the master must be f32 and "
-                         "the gradient f32, f16 or bf16");
-  }
+  int adam_ok;
+  const hq_adam_pass *adam = hq_call_adam(call, src, &adam_ok);
+  if (!adam_ok)
+    return host->error(HQ_EINVAL, "mxfp8: the fused optimizer step comes with an update of an f32 "
+                       "master on a CUDA device (gradient f32, f16 or bf16)");
+  (void)adam; /* read by the CUDA path only */
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
     mxfp8_cuda_job j = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,

@@ -644,6 +644,20 @@ typedef struct hq_adam_pass {
   hq_adam_consts k;
 } hq_adam_pass;
 
+/* The fused optimizer step a quantize/update call carries (NULL: none, or a call of a 2.1 core).
+   *ok is 0 when it cannot be honoured as the rules above state it -- not an update on a CUDA
+   device, src not the FP32 master, a short hq_adam_pass or a gradient dtype other than F32, F16
+   or BF16 -- and the module then refuses the call with HQ_EINVAL. */
+static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_tensor *src,
+                                               int *ok) {
+  const hq_adam_pass *a = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
+  *ok = !a || (call->device != HQ_DEVICE_HOST && (call->flags & HQ_CALL_UPDATE) &&
+               src->dtype == HQ_F32 && a->struct_size >= sizeof(hq_adam_pass) &&
+               (a->grad_dtype == HQ_F32 || a->grad_dtype == HQ_F16 ||
+                a->grad_dtype == HQ_BF16));
+  return a;
+}
+
 /* ---------------------------------------------------------------------------------------------
 ** Capability flags (hq_format_ops.caps, instance_caps()).
 */
