@@ -142,6 +142,11 @@ static void test_write_back(void **s) {
 /* What cannot be honoured is refused before anything changes. */
 static void test_refusals(void **s) {
   (void)s;
+  /* hq_device_trim: a device out of range is refused (a build without CUDA has no pool at all) */
+  const int trim_bad = hq_built_with_cuda() ? HQ_EINVAL : HQ_ENOTSUP;
+  assert_int_equal(hq_device_trim(-1), trim_bad);
+  assert_int_equal(hq_device_trim(1 << 20), trim_bad);
+  assert_true(strstr(hq_last_error(), "1048576") || !hq_built_with_cuda());
   hq_quantizer *q = direct("mxfp8", NULL);
   hq_tensor w = hq_test_tensor(HQ_F32, 64, 64, 3, 1.0f), g = hq_test_tensor(HQ_F32, 64, 64, 4, 1.0f);
   hq_tensor g2 = hq_test_tensor(HQ_F32, 64, 32, 4, 1.0f);
