@@ -620,6 +620,10 @@ static void test_module_direct(void **state) {
   for (int i = 1; i < 5; i++) assert_same(init[i], 0.0f, "init row", 0);
   assert_int_equal(ops->instance_caps(dcfg) & HQ_CAP_REQUANT_SAFE, 0);
   assert_true(ops->instance_caps(ccfg) & HQ_CAP_REQUANT_SAFE);
+  /* the fused optimizer step: delayed scaling on a CUDA build only (current scaling needs the
+     new master's amax first) */
+  assert_int_equal(ops->instance_caps(ccfg) & HQ_CAP_FUSED_ADAM, 0);
+  assert_int_equal(!!(ops->instance_caps(dcfg) & HQ_CAP_FUSED_ADAM), hq_built_with_cuda());
   hq_call call = hq_test_call(&host, 0, 0);
   float amax = 3.0f;
   assert_int_equal(ops->update_state(ccfg, &call, HQ_BOTH, 1, &amax, init), HQ_EINVAL);
@@ -654,6 +658,29 @@ static void test_module_direct(void **state) {
   acc = 10.0f;
   assert_int_equal(ops->quantize(dcfg, &call, &x, HQ_ROWWISE, &row, NULL), HQ_OK);
   assert_same(acc, 10.0f, "slice amax kept", 1);
+  /* the fused optimizer step comes with an update on a CUDA device: on the host it is refused,
+     naming it, and nothing is written (master, moments, bytes, amaxes) */
+  float g4[4] = {1, 1, 1, 1}, m4[4] = {0}, v4[4] = {0};
+  hq_adam_pass pass;
+  memset(&pass, 0, sizeof pass);
+  pass.struct_size = sizeof pass;
+  pass.grad_dtype = HQ_F32;
+  pass.grad = g4;
+  pass.m = m4;
+  pass.v = v4;
+  pass.k.lr = 1.0f;
+  hq_call ac = call;
+  ac.flags = HQ_CALL_UPDATE;
+  ac.adam = &pass;
+  const uint8_t before = data[1];
+  hq_test_module_error()[0] = 0;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(ops->quantize(k ? ccfg : dcfg, &ac, &x, HQ_ROWWISE, &row, NULL), HQ_EINVAL);
+    if (!strstr(hq_test_module_error(), "fused optimizer step"))
+      fail_msg("module error '%s' lacks the fused step", hq_test_module_error());
+  }
+  assert_int_equal(data[1], before);
+  assert_true(xv[1] == -2.0f && m4[0] == 0.0f && v4[0] == 0.0f && acc == 10.0f);
 }
 
 // --- recipes ------------------------------------------------------------------------------------

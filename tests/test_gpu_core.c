@@ -242,7 +242,7 @@ static void test_fsdp_on_device(void **state) {
    with the rowwise direction alone, identity in BF16 and F32, fp8_block 1-D and 2-D); the
    shape (160 x 288) gives fp8_block 2 x 3 tiles, the last ones partial; non-finite counting on
    the device. */
-static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
+static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0};
 static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
@@ -258,6 +258,12 @@ static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_block\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
     "[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    /* delayed scaling (a state per context, updated between steps): fused in one instance */
+    "[format f]\nplugin = fp8_tensor\nscaling = delayed\namax_history_len = 4\n"
+    "[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    /* ... and not as one half of a hybrid (two calls) */
+    "[format f]\nplugin = fp8_tensor\nscaling = delayed\n[format g]\nplugin = fp8_tensor\n"
+    "dtype = e5m2\nscaling = delayed\nmargin = 1\n[role *:*:*]\nrowwise = f\ncolumnwise = g\n",
 };
 
 static void test_adam_and_nonfinite_on_device(void **state) {
@@ -272,11 +278,23 @@ static void test_adam_and_nonfinite_on_device(void **state) {
     float *m = calloc(n, 4), *v = calloc(n, 4);
     float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
     hq_recipe *r = hq_test_recipe(adam_recipes[k]);
-    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w"), *qd = q;
+    /* delayed scaling: one state per context and a quantizer bound to each */
+    hq_state *sh = NULL, *sg = NULL;
+    if (strstr(adam_recipes[k], "delayed")) {
+      char buf[64];
+      hq_role role;
+      HQ_OK_OR_FAIL(hq_role_parse("linear:weight:w", buf, sizeof buf, &role));
+      HQ_OK_OR_FAIL(hq_state_create(r, cpu, &sh));
+      HQ_OK_OR_FAIL(hq_state_create(r, gpu, &sg));
+      hq_quantizer_free(q);
+      HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sh, &q));
+      HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sg, &qd));
+    }
     hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
     hq_qtensor *qh = NULL, *qg = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
-    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+    HQ_OK_OR_FAIL(hq_quantize(qd, gpu, &wd, &qg));
     if (k == 6) { /* the rowwise copy alone (an eval-only weight) */
       HQ_OK_OR_FAIL(hq_qtensor_drop(qh, HQ_COLWISE));
       HQ_OK_OR_FAIL(hq_qtensor_drop(qg, HQ_COLWISE));
@@ -286,11 +304,29 @@ static void test_adam_and_nonfinite_on_device(void **state) {
       hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+      if (sh) { /* the next step casts with the scale this one's amax gives */
+        HQ_OK_OR_FAIL(hq_state_update(sh, cpu));
+        HQ_OK_OR_FAIL(hq_state_update(sg, gpu));
+      }
     }
     if (fused_adam_logged != 3 * adam_fused[k])
       fail_msg("%s: %d fused write-backs logged, %d expected", adam_recipes[k],
                fused_adam_logged, 3 * adam_fused[k]);
     CK(cudaStreamSynchronize(stream));
+    if (sh) { /* the states the three steps' amaxes rolled into agree, and the scale moved */
+      float *ah = NULL, *ag = NULL;
+      size_t nh = 0, ng = 0;
+      HQ_OK_OR_FAIL(hq_state_data(sh, &ah, &nh));
+      HQ_OK_OR_FAIL(hq_state_data(sg, &ag, &ng));
+      assert_int_equal(nh, ng);
+      float *back_state = malloc(ng * 4);
+      CK(cudaMemcpy(back_state, ag, ng * 4, cudaMemcpyDeviceToHost));
+      assert_memory_equal(back_state, ah, nh * 4);
+      free(back_state);
+      hq_state_slice sl = {sizeof sl, 0, 0, 0, 0};
+      HQ_OK_OR_FAIL(hq_quantizer_state_slice(q, HQ_ROWWISE, &sl));
+      assert_true(ah[sl.offset] > 100.0f); /* 448 / amax of a master near 0.1, not the initial 1 */
+    }
     CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
     assert_memory_equal(back, w.data, n * 4);
     CK(cudaMemcpy(back, dm, n * 4, cudaMemcpyDeviceToHost));
@@ -306,7 +342,10 @@ static void test_adam_and_nonfinite_on_device(void **state) {
     hq_qtensor_free(fresh);
     hq_qtensor_free(qh);
     hq_qtensor_free(qg);
+    if (qd != q) hq_quantizer_free(qd);
     hq_quantizer_free(q);
+    hq_state_free(sh);
+    hq_state_free(sg);
     hq_recipe_free(r);
     cudaFree(dw), cudaFree(dm), cudaFree(dv);
     free(w.data), free(m), free(v);

@@ -136,12 +136,14 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-/* A delayed-scaling instance is not requantization-safe: its scale moves between steps. */
+/* A delayed-scaling instance is not requantization-safe: its scale moves between steps. It takes
+   the fused optimizer step on a GPU (its scale comes from the state, not from the new master, so
+   the cast reads each element once). */
 static uint64_t instance_caps(const void *cfgp) {
   const fp8t_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
 #ifdef HQ_HAVE_CUDA
-  caps |= HQ_CAP_CUDA;
+  caps |= HQ_CAP_CUDA | (c->delayed ? HQ_CAP_FUSED_ADAM : 0);
 #endif
   return caps;
 }
@@ -385,13 +387,21 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     cs = hq_storage_buf(col, FP8T_SCALE_INV)->ptr;
     ca = hq_storage_buf(col, FP8T_AMAX)->ptr;
   }
+  /* the fused optimizer write-back (ABI 2.2): delayed scaling only, where the scale does not
+     depend on the new master */
+  int adam_ok;
+  const hq_adam_pass *adam = hq_call_adam(call, src, &adam_ok);
+  if (!adam_ok || (adam && !c->delayed))
+    return call->host->error(HQ_EINVAL, "fp8_tensor: the fused optimizer step comes with an "
+                             "update of an f32 master on a CUDA device (gradient f32, f16 or "
+                             "bf16), with scaling = delayed");
   const float *state = NULL;
   float *state_amax = NULL;
   if (c->delayed && (rc = delayed_slice(call, &state, &state_amax))) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
     return fp8t_cuda_quantize(c, call, src, c->delayed ? NULL : call->amax, rd, cd, rs, ra, cs,
-                              ca, state, state_amax);
+                              ca, state, state_amax, adam);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif

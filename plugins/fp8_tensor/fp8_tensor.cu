@@ -24,6 +24,9 @@
 ** slice's state, block (0,0) writes scale_inv, and each block atomically maxes its tile's max|x|
 ** (NaN ignored, on the FP32 bits) into the storage's amax (zeroed first) and the slice's amax.
 ** update_state: one kernel per group of slices, one thread per slice (fp8t_delayed_update).
+** The fused optimizer write-back (HQ_CAP_FUSED_ADAM, delayed scaling only: its scale does not
+** depend on the new master): the cast kernels apply one AdamW step (hq_adam_elem) to each
+** element of the FP32 master as they read it, write master, m and v back and cast the new value.
 */
 #include <cuda_runtime.h>
 #include <float.h>
@@ -100,7 +103,43 @@ struct CastArgs {
   const float *state;  /* delayed scaling: the slice's state (scale = state[0]), else NULL */
   float *state_amax;   /* delayed: the slice's amax; acc_out: the storage's (zeroed) amax */
   float *acc_out;
+  /* the fused optimizer step (kernels with GT != 0; delayed scaling only): x is the FP32
+     master, rewritten with m and v before its new value is cast */
+  const void *g;
+  float *m, *v;
+  hq_adam_consts k;
 };
+
+/* One AdamW step (hq_adam_elem) on master element i, whose value w this thread alone has read:
+   master, m and v are written back and the new value returned for the cast. */
+template <int GT>
+__device__ __forceinline__ float adam_at(const CastArgs &a, int64_t i, float w) {
+  float m = a.m[i], v = a.v[i];
+  hq_adam_elem(&a.k, hq_load_hp(a.g, i, GT), &w, &m, &v);
+  static_cast<float *>(const_cast<void *>(a.x))[i] = w;
+  a.m[i] = m;
+  a.v[i] = v;
+  return w;
+}
+
+/* The same for the 8 elements from i of the fast path (m, v and g 16-byte aligned, i % 8 == 0). */
+template <int GT>
+__device__ __forceinline__ void adam_at8(const CastArgs &a, int64_t i, float w[8]) {
+  float g[8];
+  hq_cuda_load8<GT>(a.g, i, true, g);
+  float4 *mp = reinterpret_cast<float4 *>(a.m + i), *vp = reinterpret_cast<float4 *>(a.v + i);
+  float4 *wp = reinterpret_cast<float4 *>(static_cast<float *>(const_cast<void *>(a.x)) + i);
+  #pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float4 m4 = mp[h], v4 = vp[h];
+    float m[4] = {m4.x, m4.y, m4.z, m4.w}, v[4] = {v4.x, v4.y, v4.z, v4.w};
+    #pragma unroll
+    for (int e = 0; e < 4; e++) hq_adam_elem(&a.k, g[4 * h + e], &w[4 * h + e], &m[e], &v[e]);
+    mp[h] = make_float4(m[0], m[1], m[2], m[3]);
+    vp[h] = make_float4(v[0], v[1], v[2], v[3]);
+    wp[h] = make_float4(w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]);
+  }
+}
 
 /* The scale of a cast kernel's block, from the amax; block (0,0) also writes scale_inv and amax
    of each storage. `given` may even be a storage's own amax buffer: block (0,0) then writes the
@@ -148,7 +187,7 @@ __device__ void block_amax_commit(const CastArgs &a, uint32_t m) {
   }
 }
 
-template <int DT>
+template <int DT, int GT>
 __global__ void cast_transpose_kernel(CastArgs a) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float scale = block_scale(a);
@@ -158,7 +197,8 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
     const int64_t i = i0 + r;
     if (i < a.M && j < a.K) {
-      const float x = hq_load_hp(a.x, i * a.K + j, DT);
+      float x = hq_load_hp(a.x, i * a.K + j, DT);
+      if constexpr (GT != 0) x = adam_at<GT>(a, i * a.K + j, x);
       m = max(m, hq_abs_bits_nonan(x));
       uint8_t q = hq_fp8_quantize(x, scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
@@ -175,7 +215,7 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   }
 }
 
-template <int DT>
+template <int DT, int GT>
 __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs a) {
   __shared__ __align__(16) uint8_t tile[kVTile * kVStride];
   const float scale = block_scale(a);
@@ -188,6 +228,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
     if (i < a.M && j < a.K) {
       float x[8];
       hq_cuda_load8<DT>(a.x, i * a.K + j, true, x);
+      if constexpr (GT != 0) adam_at8<GT>(a, i * a.K + j, x);
       for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[k]));
       uint64_t packed = 0;
       if (a.elem == HQ_E5M2)
@@ -290,17 +331,19 @@ __global__ void update_state_kernel(int64_t n, float *amax, float *state, int hi
     fp8t_delayed_update(amax + i, state + i * history_len, history_len, most_recent, scaled_max);
 }
 
-template <int DT>
+template <int DT, int GT>
 int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                const float *given, uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
-               float *col_scale_inv, float *col_amax, const float *state, float *state_amax) {
+               float *col_scale_inv, float *col_amax, const float *state, float *state_amax,
+               const hq_adam_pass *adam) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   const int64_t n = src->rows * src->cols;
   dim3 grid;
   int rc = grid_for(call, src->rows, src->cols, &grid);
   if (rc) return rc;
   const int vec = src->rows % 8 == 0 && src->cols % 8 == 0 && aligned16(src->data) &&
-                  aligned16(row) && aligned16(col);
+                  aligned16(row) && aligned16(col) &&
+                  (!adam || (aligned16(adam->grad) && aligned16(adam->m) && aligned16(adam->v)));
   float *acc = NULL;
   if (state) {
     /* delayed: the cast kernel accumulates the tensor's amax into the storage's amax buffer */
@@ -333,6 +376,10 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   a.state = state;
   a.state_amax = state_amax;
   a.acc_out = state ? acc : NULL;
+  a.g = adam ? adam->grad : NULL;
+  a.m = adam ? adam->m : NULL;
+  a.v = adam ? adam->v : NULL;
+  if (adam) a.k = adam->k;
   float *acc_copy = NULL; /* delayed: a second, distinct amax buffer gets the result after */
   if (state) {
     acc_copy = a.amax_out[1] ? a.amax_out[1] : a.amax_out[0];
@@ -341,9 +388,9 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   if (vec) {
     dim3 vgrid((unsigned)((src->rows + kVTile - 1) / kVTile),
                (unsigned)((src->cols + kVTile - 1) / kVTile));
-    cast_transpose_vec_kernel<DT><<<vgrid, kVThreads, 0, stream>>>(a);
+    cast_transpose_vec_kernel<DT, GT><<<vgrid, kVThreads, 0, stream>>>(a);
   } else {
-    cast_transpose_kernel<DT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
+    cast_transpose_kernel<DT, GT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
   }
   CHECK_LAUNCH(call, "cast-transpose kernel");
   if (acc_copy)
@@ -379,19 +426,25 @@ extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_
 extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                                   const float *given, uint8_t *row, uint8_t *col,
                                   float *scale_inv, float *amax, float *col_scale_inv,
-                                  float *col_amax, const float *state, float *state_amax) {
+                                  float *col_amax, const float *state, float *state_amax,
+                                  const hq_adam_pass *adam) {
+#define FP8T_Q(DT, GT)                                                                          \
+  quantize_t<DT, GT>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv, col_amax, \
+                     state, state_amax, adam)
+  if (adam) { /* the fused optimizer step: src is the FP32 master (checked in fp8_tensor.c) */
+    switch (adam->grad_dtype) {
+    case HQ_F32: return FP8T_Q(HQ_F32, HQ_F32);
+    case HQ_F16: return FP8T_Q(HQ_F32, HQ_F16);
+    default: return FP8T_Q(HQ_F32, HQ_BF16);
+    }
+  }
   switch (src->dtype) {
-  case HQ_F32:
-    return quantize_t<HQ_F32>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                              col_amax, state, state_amax);
-  case HQ_F16:
-    return quantize_t<HQ_F16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                              col_amax, state, state_amax);
-  case HQ_BF16:
-    return quantize_t<HQ_BF16>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv,
-                               col_amax, state, state_amax);
+  case HQ_F32: return FP8T_Q(HQ_F32, 0);
+  case HQ_F16: return FP8T_Q(HQ_F16, 0);
+  case HQ_BF16: return FP8T_Q(HQ_BF16, 0);
   default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
   }
+#undef FP8T_Q
 }
 
 extern "C" int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q,

@@ -37,11 +37,13 @@ int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs, flo
    written. Any pointer of an absent direction is NULL.
    Delayed scaling (state not NULL, given NULL): no amax pass; the cast uses the scale state[0],
    and each block max-accumulates its max|x| into the storage's amax and into *state_amax
-   (fp8t_amax_accumulate, as atomicMax on the bits). */
+   (fp8t_amax_accumulate, as atomicMax on the bits).
+   adam (delayed scaling only, src the FP32 master): the fused optimizer step, applied to each
+   element as it is read (master, m, v written back) before the cast of its new value. */
 int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                        const float *given, uint8_t *row, uint8_t *col, float *scale_inv,
                        float *amax, float *col_scale_inv, float *col_amax, const float *state,
-                       float *state_amax);
+                       float *state_amax, const hq_adam_pass *adam);
 
 /* GPU end-of-step update of n delayed-scaling slices (fp8t_delayed_update, one thread each):
    amax[i] and state + i * history_len, device memory, on call->stream. */

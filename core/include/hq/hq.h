@@ -632,9 +632,9 @@ HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 ** On a GPU, in as few passes as the weight's format allows:
 **   - one kernel: when one module instance makes every direction qw refreshes, in one update
 **     call that reads each element once, needs no per-tensor amax, and declares
-**     HQ_CAP_FUSED_ADAM (mxfp8, fp8_block, identity), the step runs inside that write-back
-**     kernel (grad, master, m, v read once; master, m, v and every direction written once;
-**     logged at debug level);
+**     HQ_CAP_FUSED_ADAM (mxfp8, fp8_block, identity, fp8_tensor with delayed scaling), the
+**     step runs inside that write-back kernel (grad, master, m, v read once; master, m, v and
+**     every direction written once; logged at debug level);
 **   - two kernels otherwise: the step, then the format's write-back. When the write-back needs
 **     the per-tensor amax of the new master (fp8_tensor current scaling, nvfp4's global scales)
 **     the step's kernel computes it in the same pass and hands it to the write-back, so the
