@@ -89,6 +89,42 @@ static void test_e2m1_rne_tie_table(void **state) {
   }
 }
 
+/* The nearest E2M1 magnitude code of a >= 0 in double: ties to the even code, above 6 -> 7. */
+static unsigned e2m1_nearest(double a) {
+  if (a >= 6.0) return 7;
+  unsigned best = 0;
+  for (unsigned c = 1; c < 8; c++) {
+    double d = fabs(a - E2M1_MAG[c]), db = fabs(a - E2M1_MAG[best]);
+    if (d < db || (d == db && (c & 1u) == 0)) best = c;
+  }
+  return best;
+}
+
+/* The GPU kernels' form (hq_e2m1_code_nonan) gives hq_f32_to_e2m1's code for every FP32 value
+   below 32 (exhaustively, both signs) and on a sweep of the rest up to +-Inf; a sample also
+   against the nearest code found in double. */
+static void test_e2m1_fast_form_exhaustive(void **state) {
+  (void)state;
+  uint64_t bad = 0;
+  for (uint32_t u = 0; u <= 0x42000000u; u++) {
+    const float x = hq_bits_f32(u), nx = hq_bits_f32(u | 0x80000000u);
+    bad += hq_e2m1_code_nonan(x) != hq_f32_to_e2m1(x);
+    bad += hq_e2m1_code_nonan(nx) != hq_f32_to_e2m1(nx);
+    if ((u & 0xfffu) == 0x123u && hq_e2m1_code_nonan(x) != e2m1_nearest((double)x))
+      fail_msg("0x%08x: code %u, nearest %u", u, hq_e2m1_code_nonan(x), e2m1_nearest((double)x));
+  }
+  for (uint32_t u = 0x42000000u; u < 0x7f800000u; u += 4099u) {
+    bad += hq_e2m1_code_nonan(hq_bits_f32(u)) != 7u;
+    bad += hq_e2m1_code_nonan(hq_bits_f32(u | 0x80000000u)) != 15u;
+  }
+  assert_int_equal(bad, 0);
+  assert_int_equal(hq_e2m1_code_nonan(INFINITY), 7);
+  assert_int_equal(hq_e2m1_code_nonan(-INFINITY), 15);
+  assert_int_equal(hq_e2m1_code_nonan(FLT_MAX), 7);
+  assert_int_equal(hq_e2m1_code_nonan(-0.0f), 8);
+  assert_int_equal(hq_e2m1_code_nonan(1e-45f), 0);
+}
+
 static void test_e2m1_saturation_nan_sign(void **state) {
   (void)state;
   assert_int_equal(hq_f32_to_e2m1(6.0f), 7);
@@ -653,6 +689,7 @@ int main(void) {
       cmocka_unit_test(test_e2m1_decode_every_code),
       cmocka_unit_test(test_e2m1_rne_tie_table),
       cmocka_unit_test(test_e2m1_saturation_nan_sign),
+      cmocka_unit_test(test_e2m1_fast_form_exhaustive),
       cmocka_unit_test(test_e2m1_random_vs_bruteforce),
       cmocka_unit_test(test_e2m1_stochastic_rule),
       cmocka_unit_test(test_global_scale_hand),

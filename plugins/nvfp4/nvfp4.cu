@@ -22,11 +22,15 @@
 **     encodes 2 blocks of 16 along K of one row; columnwise, 2 blocks of 16 along M of one
 **     column (through hq_nvfp4_rht16 with rht); block_2d takes the 16x16 tile amax from per-row
 **     block amaxes in shared memory. Stochastic rounding: one hq_nvfp4_sr_bits call per block
-**     (its index in the direction's stored data), byte e for element e. The packed bytes are
-**     staged in the shared tile and written with coalesced 8-byte stores (rowwise 64-byte row
-**     segments, columnwise 32-byte segments of the transposed rows); scales are single bytes at
-**     hq_nvfp4_{row,col}_scale_index (compact or swizzled). A scale buffer with padding entries
-**     is zeroed first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
+**     (its index in the direction's stored data), byte e for element e. Without it, a block
+**     holding no NaN (max.NaN of |v|, which is also the block amax) encodes through
+**     hq_e2m1_code_nonan: FP32 adds and mins and multiply-add packing instead of integer
+**     compares, which bounded the kernel (ALU pipe 71% busy, 46 instructions per element and
+**     direction); a block with a NaN takes hq_nvfp4_quantize. The packed bytes are staged in
+**     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
+**     64-byte row segments, columnwise 32-byte segments of the transposed rows); scales are
+**     single bytes at hq_nvfp4_{row,col}_scale_index (compact or swizzled). A scale buffer
+**     with padding entries is zeroed first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     columnwise copy through hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed
 **     back through a shared tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the
@@ -180,7 +184,7 @@ __device__ __forceinline__ DirConst dir_const(float amax) {
 __device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, float m,
                                             const float *enc_tab, int sr, uint64_t seed,
                                             uint64_t offset, uint32_t colwise, uint64_t block,
-                                            uint2 *out) {
+                                            int has_nan, uint2 *out) {
   const uint8_t sf = hq_nvfp4_block_scale(bamax, m);
   const float enc = enc_tab[sf];
   uint32_t w[2] = {0u, 0u};
@@ -190,12 +194,39 @@ __device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, floa
 #pragma unroll
     for (int e = 0; e < 16; e++)
       w[e >> 3] |= hq_nvfp4_quantize_sr(v[e], enc, hq_nvfp4_sr_byte(bits, e)) << (4 * (e & 7));
+  } else if (!has_nan) {
+    /* no NaN among the 16: hq_e2m1_code_nonan, the same codes as hq_nvfp4_quantize with FP32
+       adds and mins instead of integer compares (this loop bounds the kernel). Each nibble is
+       accumulated as (0x4b000000 + code) * 16^e plus the sign bit (of x: enc > 0) * 8 * 16^e --
+       multiply-adds, which run beside the compares -- and the biases leave in one subtraction
+       (mod 2^32: code + 8 * sign <= 15 never carries into the next nibble). */
+    constexpr uint32_t kBias = 0x4b000000u * 0x11111111u;
+    uint32_t acc[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 16; e++) {
+      const uint32_t mb = hq_f32_bits(hq_e2m1_biased_nonan(fabsf(hq_mul_rn(v[e], enc))));
+      const uint32_t sg = hq_f32_bits(v[e]) >> 31, sh = 4u * (uint32_t)(e & 7);
+      acc[e >> 3] += mb * (1u << sh) + sg * (8u << sh);
+    }
+    w[0] = acc[0] - kBias;
+    w[1] = acc[1] - kBias;
   } else {
 #pragma unroll
     for (int e = 0; e < 16; e++) w[e >> 3] |= hq_nvfp4_quantize(v[e], enc) << (4 * (e & 7));
   }
   *out = make_uint2(w[0], w[1]);
   return sf;
+}
+
+/* max |v| of 16 values with NaN *propagated* (PTX max.NaN, one instruction per value with the
+   abs folded in), as bits: a NaN result (above 0x7f800000) means the block holds a NaN and
+   takes the reference rules; otherwise it is hq_nvfp4_amax(v, 16), the NaN-ignoring block
+   amax (the max of non-negative values is one of them, whatever the order). */
+__device__ __forceinline__ uint32_t abs_max_bits16(const float v[16]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 16; e++) asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(v[e])));
+  return hq_f32_bits(m) & 0x7fffffffu;
 }
 
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16). */
@@ -238,10 +269,12 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
 
 template <int DT, bool RHT, bool SR>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a) {
-  __shared__ __align__(16) float sm[kTM * kLd]; /* the tile; then the staged packed bytes */
+  __shared__ __align__(16) float sm[kTM * kLd]; /* the tile */
   __shared__ float enc_tab[2][256];             /* encode multipliers: rowwise, columnwise */
   __shared__ uint32_t bam[kTM * (kTK / 16)];    /* block_2d: per-row block amax bits */
-  static_assert(kTM * kRS + kTK * kCS <= kTM * kLd / 2, "staging fits in the tile");
+  /* the packed bytes, staged as each block is encoded (no registers held across the two
+     directions), then stored coalesced */
+  __shared__ uint2 rstage[kTM * kRS], cstage[kTK * kCS];
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
@@ -278,8 +311,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       }
       __syncthreads();
     }
-    uint2 rpk[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
-    uint2 cpk[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
     if (a.rdata) {
       const int64_t i = i0 + r;
 #pragma unroll
@@ -289,16 +320,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
         if (i < M && k < K) {
           float v[16];
           row_group(sm, r, 16 * b, v);
+          const uint32_t mb = abs_max_bits16(v);
+          const int has_nan = mb > 0x7f800000u;
           float ba;
           if (a.b2d) {
             uint32_t m = 0;
             for (int e = 0; e < 16; e++) m = max(m, bam[((r & ~15) + e) * (kTK / 16) + b]);
             ba = hq_bits_f32(m);
           } else {
-            ba = hq_nvfp4_amax(v, 16);
+            ba = has_nan ? hq_nvfp4_amax(v, 16) : hq_bits_f32(mb);
           }
           const uint8_t sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
-                                      (uint64_t)(i * (K / 16) + k / 16), &rpk[j]);
+                                      (uint64_t)(i * (K / 16) + k / 16), has_nan,
+                                      &rstage[r * kRS + b]);
           a.rscale[hq_nvfp4_row_scale_index(i, k, K, a.swz)] = sf;
         }
       }
@@ -313,33 +347,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
           float v[16];
           column_group(sm, 16 * rb, c, v);
           if (RHT) hq_nvfp4_rht16(v, a.mask);
+          const uint32_t mb = abs_max_bits16(v);
+          const int has_nan = mb > 0x7f800000u;
           float ba;
           if (a.b2d) {
             uint32_t m = 0;
             for (int e = 0; e < 16; e++) m = max(m, bam[(16 * rb + e) * (kTK / 16) + c / 16]);
             ba = hq_bits_f32(m);
           } else {
-            ba = hq_nvfp4_amax(v, 16);
+            ba = has_nan ? hq_nvfp4_amax(v, 16) : hq_bits_f32(mb);
           }
           const uint8_t sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
-                                      (uint64_t)(k * (M / 16) + i / 16), &cpk[j]);
+                                      (uint64_t)(k * (M / 16) + i / 16), has_nan,
+                                      &cstage[c * kCS + rb]);
           a.cscale[hq_nvfp4_col_scale_index(i, k, M, a.swz)] = sf;
         }
       }
     }
-    /* stage the packed bytes in the (now read) tile, then store them coalesced */
-    uint2 *rstage = reinterpret_cast<uint2 *>(sm);
-    uint2 *cstage = rstage + kTM * kRS;
-    __syncthreads();
-    if (a.rdata) {
-      rstage[r * kRS + 2 * p] = rpk[0];
-      rstage[r * kRS + 2 * p + 1] = rpk[1];
-    }
-    if (a.cdata) {
-      cstage[c * kCS + 2 * h] = cpk[0];
-      cstage[c * kCS + 2 * h + 1] = cpk[1];
-    }
-    __syncthreads();
+    __syncthreads(); /* every block staged */
     if (a.rdata) {
 #pragma unroll
       for (int s = 0; s < (kTM * 8) / kThreads; s++) {

@@ -345,6 +345,36 @@ HQ_HD uint32_t hq_f32_to_e2m1(float x) {
   return c | s;
 }
 
+/* The same code as hq_f32_to_e2m1(x) for every x that is not NaN, in the form GPU kernels run
+   fast: FP32 adds and mins (the FMA pipe and one compare each) instead of seven integer
+   comparisons. 2^23 + k holds every integer k < 2^23 exactly and is even, so adding 2y, y or y/2
+   to 2^23 (+ an even offset) rounds each to the nearest integer, ties to even:
+     p1 = 2^23 + RNE(2y), p2 = 2^23 + RNE(y) + 2, p4 = 2^23 + RNE(y/2) + 4   (y = |x|)
+   and the E2M1 code of y is min(RNE(2y), RNE(y) + 2, RNE(y/2) + 4, 7): below 2 the grid step
+   is 0.5 (code RNE(2y)), in [2, 4] it is 1 (code RNE(y) + 2), above 4 it is 2 (code
+   RNE(y/2) + 4), each with its own ties, and the other two candidates are never smaller on
+   each range; 7 saturates (|x| > 5, Inf). 2y and y/2 are exact (a subnormal y/2 that is not
+   rounds to 2^23 + 4 either way), so a fused multiply-add gives the same sums. The sign is x's
+   sign bit. hq_e2m1_biased_nonan(|x|) is the min itself, 2^23 + code as a float, whose bits
+   are 0x4b000000 + code (a kernel can pack those and subtract the bias once per word). tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1 on every FP32 value
+   below 32 and a sweep of the rest. */
+HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x|: 2^23 + the magnitude code */
+#if defined(__CUDA_ARCH__)
+  const float p1 = __fmaf_rn(y, 2.0f, 8388608.0f), p4 = __fmaf_rn(y, 0.5f, 8388612.0f);
+  return fminf(fminf(p1, __fadd_rn(y, 8388610.0f)), fminf(p4, 8388615.0f));
+#else
+  const float p1 = hq_add_rn(hq_mul_rn(y, 2.0f), 8388608.0f);
+  const float p2 = hq_add_rn(y, 8388610.0f);
+  const float p4 = hq_add_rn(hq_mul_rn(y, 0.5f), 8388612.0f);
+  const float a = p1 < p2 ? p1 : p2, b = p4 < 8388615.0f ? p4 : 8388615.0f;
+  return a < b ? a : b;
+#endif
+}
+HQ_HD uint32_t hq_e2m1_code_nonan(float x) {
+  return (hq_f32_bits(hq_e2m1_biased_nonan(hq_fabs(x))) - 0x4b000000u) |
+         ((hq_f32_bits(x) >> 28) & 8u);
+}
+
 /* FP32 -> E2M1 code with stochastic rounding, from 8 random bits r8 (bits 7..0). This is the
    rule of TE's software fallback (docs/formats.md), hq's definition on every device:
      u = r8 / 256; a = |x|; step(v) = 0.5 if v < 2, 1 if v < 4, else 2;
