@@ -169,6 +169,19 @@ static inline int hq_mock_lt(const hq_call *call, const hq_lt_matmul *mm) {
   if (mm->what) m->mm.what = m->what;
   return m->lt_rc;
 }
+/* A fused optimizer step for a module's update (hq_call.adam): an F32 gradient g and moments m,
+   v, constants zero but lr 1 (any step a module refuses must leave them unread). */
+static inline hq_adam_pass hq_test_adam_pass(const float *g, float *m, float *v) {
+  hq_adam_pass pass;
+  memset(&pass, 0, sizeof pass);
+  pass.struct_size = sizeof pass;
+  pass.grad_dtype = HQ_F32;
+  pass.grad = g;
+  pass.m = m;
+  pass.v = v;
+  pass.k.lr = 1.0f;
+  return pass;
+}
 /* A gemm op's problem: storages a and b (flags ta / tb, B's instance cfg_b), m x n x k, D = d
    (may be NULL in a query), alpha, beta, flags (HQ_GEMM_QUERY or 0); no bias. */
 static inline hq_gemm_problem hq_test_gemm_problem(const hq_storage *a, const hq_storage *b,

@@ -661,14 +661,7 @@ static void test_module_direct(void **state) {
   /* the fused optimizer step comes with an update on a CUDA device: on the host it is refused,
      naming it, and nothing is written (master, moments, bytes, amaxes) */
   float g4[4] = {1, 1, 1, 1}, m4[4] = {0}, v4[4] = {0};
-  hq_adam_pass pass;
-  memset(&pass, 0, sizeof pass);
-  pass.struct_size = sizeof pass;
-  pass.grad_dtype = HQ_F32;
-  pass.grad = g4;
-  pass.m = m4;
-  pass.v = v4;
-  pass.k.lr = 1.0f;
+  hq_adam_pass pass = hq_test_adam_pass(g4, m4, v4);
   hq_call ac = call;
   ac.flags = HQ_CALL_UPDATE;
   ac.adam = &pass;

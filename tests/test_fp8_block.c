@@ -950,13 +950,7 @@ static void test_module_direct(void **state) {
      it is refused, naming it, and nothing is written */
   {
     float g6[6] = {0}, m6[6] = {0}, v6[6] = {0};
-    hq_adam_pass pass;
-    memset(&pass, 0, sizeof pass);
-    pass.struct_size = sizeof pass;
-    pass.grad_dtype = HQ_F32;
-    pass.grad = g6;
-    pass.m = m6;
-    pass.v = v6;
+    hq_adam_pass pass = hq_test_adam_pass(g6, m6, v6);
     hq_call ac = call;
     ac.flags = HQ_CALL_UPDATE;
     ac.adam = &pass;

@@ -990,13 +990,7 @@ static void test_module_direct(void **state) {
      or with a plain quantize, it is refused with a message and nothing is written */
   {
     static float g[64 * 64], m[64 * 64], v[64 * 64];
-    hq_adam_pass pass;
-    memset(&pass, 0, sizeof pass);
-    pass.struct_size = sizeof pass;
-    pass.grad_dtype = HQ_F32;
-    pass.grad = g;
-    pass.m = m;
-    pass.v = v;
+    hq_adam_pass pass = hq_test_adam_pass(g, m, v);
     hq_call ac = hq_test_call(&host, 0, 0);
     ac.flags = HQ_CALL_UPDATE;
     ac.adam = &pass;
