@@ -30,7 +30,8 @@
 **     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
 **     64-byte row segments, columnwise 32-byte segments of the transposed rows); scales are
 **     single bytes at hq_nvfp4_{row,col}_scale_index (compact or swizzled). A scale buffer
-**     with padding entries is zeroed first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
+**     with padding entries is zeroed first (cudaMemsetAsync). Specialized on the input dtype,
+**     rht and SR.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     columnwise copy through hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed
 **     back through a shared tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the
@@ -218,15 +219,24 @@ __device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, floa
   return sf;
 }
 
-/* max |v| of 16 values with NaN *propagated* (PTX max.NaN, one instruction per value with the
-   abs folded in), as bits: a NaN result (above 0x7f800000) means the block holds a NaN and
-   takes the reference rules; otherwise it is hq_nvfp4_amax(v, 16), the NaN-ignoring block
-   amax (the max of non-negative values is one of them, whatever the order). */
-__device__ __forceinline__ uint32_t abs_max_bits16(const float v[16]) {
+/* The block amax of 16 values, hq_nvfp4_amax(v, 16) (NaN ignored), and whether one of them is
+   NaN (the block then takes the reference rules), from one max |v| with NaN *propagated* (PTX
+   max.NaN, one instruction per value with the abs folded in): without a NaN that max is the
+   NaN-ignoring amax (the max of non-negative values is one of them, whatever the order). */
+__device__ __forceinline__ float block_amax16(const float v[16], int *has_nan) {
   float m = 0.0f;
 #pragma unroll
   for (int e = 0; e < 16; e++) asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(v[e])));
-  return hq_f32_bits(m) & 0x7fffffffu;
+  *has_nan = (hq_f32_bits(m) & 0x7fffffffu) > 0x7f800000u;
+  return *has_nan ? hq_nvfp4_amax(v, 16) : m;
+}
+
+/* block_2d: the amax of the 16x16 tile of rows r0..r0+15 and column block cb, from the per-row
+   block amax bits in shared memory. */
+__device__ __forceinline__ float tile_amax16(const uint32_t *bam, int r0, int cb) {
+  uint32_t m = 0;
+  for (int e = 0; e < 16; e++) m = max(m, bam[(r0 + e) * (kTK / 16) + cb]);
+  return hq_bits_f32(m);
 }
 
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16). */
@@ -320,16 +330,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
         if (i < M && k < K) {
           float v[16];
           row_group(sm, r, 16 * b, v);
-          const uint32_t mb = abs_max_bits16(v);
-          const int has_nan = mb > 0x7f800000u;
-          float ba;
-          if (a.b2d) {
-            uint32_t m = 0;
-            for (int e = 0; e < 16; e++) m = max(m, bam[((r & ~15) + e) * (kTK / 16) + b]);
-            ba = hq_bits_f32(m);
-          } else {
-            ba = has_nan ? hq_nvfp4_amax(v, 16) : hq_bits_f32(mb);
-          }
+          int has_nan;
+          float ba = block_amax16(v, &has_nan);
+          if (a.b2d) ba = tile_amax16(bam, r & ~15, b);
           const uint8_t sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
                                       (uint64_t)(i * (K / 16) + k / 16), has_nan,
                                       &rstage[r * kRS + b]);
@@ -347,16 +350,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
           float v[16];
           column_group(sm, 16 * rb, c, v);
           if (RHT) hq_nvfp4_rht16(v, a.mask);
-          const uint32_t mb = abs_max_bits16(v);
-          const int has_nan = mb > 0x7f800000u;
-          float ba;
-          if (a.b2d) {
-            uint32_t m = 0;
-            for (int e = 0; e < 16; e++) m = max(m, bam[(16 * rb + e) * (kTK / 16) + c / 16]);
-            ba = hq_bits_f32(m);
-          } else {
-            ba = has_nan ? hq_nvfp4_amax(v, 16) : hq_bits_f32(mb);
-          }
+          int has_nan;
+          float ba = block_amax16(v, &has_nan);
+          if (a.b2d) ba = tile_amax16(bam, 16 * rb, c / 16);
           const uint8_t sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
                                       (uint64_t)(k * (M / 16) + i / 16), has_nan,
                                       &cstage[c * kCS + rb]);

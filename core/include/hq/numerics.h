@@ -356,8 +356,9 @@ HQ_HD uint32_t hq_f32_to_e2m1(float x) {
    each range; 7 saturates (|x| > 5, Inf). 2y and y/2 are exact (a subnormal y/2 that is not
    rounds to 2^23 + 4 either way), so a fused multiply-add gives the same sums. The sign is x's
    sign bit. hq_e2m1_biased_nonan(|x|) is the min itself, 2^23 + code as a float, whose bits
-   are 0x4b000000 + code (a kernel can pack those and subtract the bias once per word). tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1 on every FP32 value
-   below 32 and a sweep of the rest. */
+   are 0x4b000000 + code (a kernel can pack those and subtract the bias once per word).
+   tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1 on every FP32 value below 32
+   and a sweep of the rest. */
 HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x|: 2^23 + the magnitude code */
 #if defined(__CUDA_ARCH__)
   const float p1 = __fmaf_rn(y, 2.0f, 8388608.0f), p4 = __fmaf_rn(y, 0.5f, 8388612.0f);
