@@ -7,7 +7,8 @@
 ** combination (dtype e4m3|e5m2, swizzle, block_2d), two differently configured instances for the
 ** two directions, special blocks (all zero, NaN, all-NaN, +-Inf, subnormals, values at the FP8
 ** overflow boundary and at the top of FP32, wide dynamic range inside one block); dequantize of
-** each direction into f32 / bf16 / f16 (NaN bits included); update in place (with new data and
+** each direction into f32 / bf16 / f16 (NaN bits included), and of every (code, scale code)
+** pair written by hand; update in place (with new data and
 ** back); make_empty on the device (zeroed scales) followed by an update; unaligned source and
 ** destination pointers (the scalar-load kernels). ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW)
 ** on the device equals the CPU's byte for byte; hq_gemm of mxfp8 operands on the device (native
@@ -19,6 +20,7 @@
 
 #include "hq_test.h"
 #include "hq_gpu_test.h"
+#include "mxfp8_rules.h"
 
 static hq_ctx *cpu, *gpu;
 /* HQ_TEST_QUICK set (e.g. under compute-sanitizer): small shapes, fewer dtype combinations */
@@ -293,6 +295,60 @@ static void test_mixed_instances(void **state) {
                  dtypes[t], 160, 96, 300 + (uint64_t)(k * 3 + t), t == 2, t == 0);
 }
 
+/* Dequantize of every (code, scale code) pair, both element kinds, both scale layouts, both
+   directions: a 256x256 tensor whose bytes are written by hand -- rowwise, row i holds every
+   code (rotated by i) under scale code i; columnwise, column j holds every code under scale code
+   j -- so every code meets every scale, NaN/Inf codes and the NaN scale 0xFF among them, inside
+   runs of ordinary codes and scales; the device's f32 / bf16 / f16 bytes equal the CPU's. */
+static void test_dequantize_every_pair(void **state) {
+  (void)state;
+  const int64_t M = 256, K = 256;
+  const char *opts[] = {"", "dtype = e5m2", "swizzle = true", "dtype = e5m2\nswizzle = true"};
+  for (int o = 0; o < 4; o++) {
+    char text[256];
+    snprintf(text, sizeof text, "[format f]\nplugin = mxfp8\n%s\n[role *:*:*]\nrowwise = f\n"
+             "columnwise = f\n", opts[o]);
+    const int swz = o >= 2;
+    hq_recipe *r = hq_test_recipe(text);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 77 + (uint64_t)o, 1.0f);
+    hq_tensor xg = to_gpu(&x);
+    hq_qtensor *h = NULL, *g = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+    for (uint32_t d = 1; d <= 2; d++) {
+      const hq_storage *sh = hq_qtensor_storage(h, d), *sg = hq_qtensor_storage(g, d);
+      for (uint32_t b = 0; b < sh->nbuf; b++) {
+        const hq_buffer *bh = hq_storage_cbuf(sh, b);
+        uint8_t *p = bh->ptr;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < K; j++) {
+            if (bh->role == HQ_ROLE_DATA)
+              p[i * K + j] = (uint8_t)(d == HQ_ROWWISE ? j + 7 * i : i + 3 * j);
+            else if (bh->role == HQ_ROLE_SCALE && d == HQ_ROWWISE && j % 32 == 0)
+              p[hq_mxfp8_row_scale_idx(i, j / 32, K, swz)] = (uint8_t)i;
+            else if (bh->role == HQ_ROLE_SCALE && d == HQ_COLWISE && i % 32 == 0)
+              p[hq_mxfp8_col_scale_idx(i / 32, j, M, K, swz)] = (uint8_t)j;
+          }
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, hq_storage_cbuf(sg, b)->ptr, 0, p, HQ_DEVICE_HOST,
+                                    bh->bytes));
+      }
+    }
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    char w[128];
+    snprintf(w, sizeof w, "every (code, scale) pair [%s]", opts[o]);
+    const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+    for (uint32_t d = 1; d <= 2; d++)
+      for (int k = 0; k < 3; k++) compare_dequantize(h, g, d, outs[k], 0, w);
+    hq_qtensor_free(h);
+    hq_qtensor_free(g);
+    hq_ctx_free(gpu, xg.data);
+    free(x.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 // --- ABI 2.1: raw dequantize and hq_gemm on the device -----------------------------------------
 
 
@@ -418,6 +474,7 @@ int main(void) {
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_mixed_instances),
+      cmocka_unit_test(test_dequantize_every_pair),
       cmocka_unit_test(test_raw_dequantize),
       cmocka_unit_test(test_gemm_device),
   };

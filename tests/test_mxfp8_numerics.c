@@ -244,6 +244,35 @@ static void test_fp8_casts_bit_patterns(void **state) {
 
 /* The swizzle index function against the tile-walking description, for several logical sizes,
    and it is a bijection onto the padded buffer. */
+/* The dequantize fast path (hq_mxfp8_dequantize_fast) equals hq_mxfp8_dequantize for every
+   code that is not special and every scale code but NaN, both element kinds; the special codes
+   are exactly the NaN (and E5M2 Inf) codes, found alone and in every byte of a packed word. */
+static void test_dequantize_fast_every_pair(void **state) {
+  (void)state;
+  for (int kd = 0; kd < 2; kd++) {
+    const int kind = DT(kd);
+    for (int q = 0; q < 256; q++) {
+      const float v = hq_fp8_to_f32((uint8_t)q, kind);
+      const int special = isnan(v) || isinf(v);
+      assert_int_equal(hq_fp8_code_special((uint8_t)q, kind) != 0, special);
+      for (int pos = 0; pos < 4; pos++) {
+        /* the other three bytes: ordinary codes around the specials (0x7e/0x7b, 0xfe/0xfb) */
+        const uint32_t fill = kd ? 0xfb7b7bfbu : 0xfe7e7efeu;
+        const uint32_t w = (fill & ~(0xffu << (8 * pos))) | ((uint32_t)q << (8 * pos));
+        assert_int_equal(hq_fp8_word_special(w, kind) != 0, special);
+      }
+      if (special) continue;
+      for (int e = 0; e < 255; e++) {
+        const float want = hq_mxfp8_dequantize((uint8_t)q, (uint8_t)e, kind);
+        const float got = hq_mxfp8_dequantize_fast((uint8_t)q, hq_e8m0_to_f32((uint8_t)e), kind);
+        if (bits(want) != bits(got))
+          fail_msg("kind %d code 0x%02x e %d: fast 0x%08x, rule 0x%08x", kind, q, e, bits(got),
+                   bits(want));
+      }
+    }
+  }
+}
+
 static void test_swizzle_idx(void **state) {
   (void)state;
   const int64_t shapes[][2] = {{1, 1}, {128, 4}, {96, 3}, {256, 8}, {130, 5}, {384, 12},
@@ -330,6 +359,7 @@ int main(void) {
       cmocka_unit_test(test_amax_500),
       cmocka_unit_test(test_element_cast_vs_reference),
       cmocka_unit_test(test_fp8_casts_bit_patterns),
+      cmocka_unit_test(test_dequantize_fast_every_pair),
       cmocka_unit_test(test_swizzle_idx),
       cmocka_unit_test(test_scale_index_functions),
   };

@@ -125,6 +125,24 @@ static void test_e2m1_fast_form_exhaustive(void **state) {
   assert_int_equal(hq_e2m1_code_nonan(1e-45f), 0);
 }
 
+/* The raw dequantize's fast form (hq_nvfp4_raw_fast) equals the rule for every code and every
+   E4M3 scale code that is not NaN; its results are exact in BF16 (the low 16 bits are zero), as
+   hq_nvfp4_raw_mult's comment proves and the CUDA fast path relies on. */
+static void test_raw_fast_every_pair(void **state) {
+  (void)state;
+  for (uint32_t sf = 0; sf < 256; sf++) {
+    const float s = hq_e4m3_to_f32((uint8_t)sf);
+    if (isnan(s)) continue;
+    for (uint32_t q = 0; q < 16; q++) {
+      const float want = hq_nvfp4_dequantize(q, hq_nvfp4_raw_mult((uint8_t)sf));
+      const float got = hq_nvfp4_raw_fast(q | 0xfffffff0u, s);
+      if (f_bits(want) != f_bits(got))
+        fail_msg("code %u sf 0x%02x: fast 0x%08x, rule 0x%08x", q, sf, f_bits(got), f_bits(want));
+      assert_int_equal(f_bits(got) & 0xffffu, 0);
+    }
+  }
+}
+
 static void test_e2m1_saturation_nan_sign(void **state) {
   (void)state;
   assert_int_equal(hq_f32_to_e2m1(6.0f), 7);
@@ -688,6 +706,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e2m1_decode_every_code),
       cmocka_unit_test(test_e2m1_rne_tie_table),
+      cmocka_unit_test(test_raw_fast_every_pair),
       cmocka_unit_test(test_e2m1_saturation_nan_sign),
       cmocka_unit_test(test_e2m1_fast_form_exhaustive),
       cmocka_unit_test(test_e2m1_random_vs_bruteforce),

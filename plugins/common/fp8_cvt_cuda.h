@@ -35,4 +35,32 @@ template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float 
 #endif
 }
 
+/* Four casts packed into one word, byte k = the cast of x_k: exactly the four bytes of
+   hq_cuda_f32_to_fp8<ELEM>, in two convert instructions where the chip has them. The hardware
+   keeps a NaN's sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or
+   infinite input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN
+   -- one word test (hq_fp8_word_special) on the common path. */
+template <int ELEM>
+__device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
+#if HQ_FP8_HW_CVT
+  unsigned short lo, hi;
+  if (ELEM == HQ_E5M2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  }
+  uint32_t w = __byte_perm((uint32_t)lo, (uint32_t)hi, 0x5410);
+  if (hq_fp8_word_special(w, ELEM))
+    for (int k = 0; k < 4; k++)
+      if (hq_fp8_code_special((uint8_t)(w >> (8 * k)), ELEM))
+        w = (w & ~(0xffu << (8 * k))) | ((uint32_t)HQ_FP8_NAN << (8 * k));
+  return w;
+#else
+  return (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x0) | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x1) << 8 |
+         (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x2) << 16 | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x3) << 24;
+#endif
+}
+
 #endif /* HQ_FP8_CVT_CUDA_H */

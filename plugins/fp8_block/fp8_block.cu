@@ -78,20 +78,42 @@ template <int DT> struct Raw {
   }
 };
 
-template <int ELEM> __device__ __forceinline__ uint32_t cast1(float x, float scale) {
-  /* the CPU reference's cast_e4m3 / cast_e5m2: fp8(RN(x * scale)), the cast through the FP8
-     convert instruction where the chip has one (fp8_cvt_cuda.h: the same bits) */
-  return hq_cuda_f32_to_fp8<ELEM>(hq_mul_rn(x, scale));
+/* The CPU reference's cast_e4m3 / cast_e5m2, fp8(RN(x * scale)), of 8 elements with one scale:
+   the products cast four at a time through the FP8 convert instruction where the chip has one
+   (hq_cuda_f32x4_to_fp8, fp8_cvt_cuda.h: the same bits). Byte k of .x / .y = element k / k + 4. */
+template <int ELEM> __device__ __forceinline__ uint2 cast8(const float y[8], float scale) {
+  float z[8];
+  #pragma unroll
+  for (int k = 0; k < 8; k++) z[k] = hq_mul_rn(y[k], scale);
+  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(z[0], z[1], z[2], z[3]),
+                    hq_cuda_f32x4_to_fp8<ELEM>(z[4], z[5], z[6], z[7]));
+}
+
+/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
+   chain started at 0 is max |x| with NaN ignored and Inf counted, hq_fmax_nan_ignoring's rule
+   (the CPU's amax), in one instruction per element. A partial maximum of two chains not started
+   at 0 is NaN only when every element behind it is; every final chain starts at 0. */
+__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
+
+/* 4x4 byte transpose: byte k of word r in -> byte r of word k out (8 byte permutes). */
+__device__ __forceinline__ void transpose4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                           uint32_t out[4]) {
+  const uint32_t t0 = __byte_perm(a, b, 0x5140), t1 = __byte_perm(a, b, 0x7362);
+  const uint32_t t2 = __byte_perm(c, d, 0x5140), t3 = __byte_perm(c, d, 0x7362);
+  out[0] = __byte_perm(t0, t2, 0x5410);
+  out[1] = __byte_perm(t0, t2, 0x7632);
+  out[2] = __byte_perm(t1, t3, 0x5410);
+  out[3] = __byte_perm(t1, t3, 0x7632);
 }
 
 /* Store 8 bytes of row `row` of the rowwise copy at columns [c, c + 8) (in-bounds part only). */
-__device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t c, uint64_t v) {
+__device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t c, uint2 v) {
   uint8_t *o = a.rd + row * a.K + c;
   if (a.vec_row) {
-    *reinterpret_cast<uint64_t *>(o) = v;
+    *reinterpret_cast<uint2 *>(o) = v;
   } else {
     for (int j = 0; j < 8; j++)
-      if (c + j < a.K) o[j] = (uint8_t)(v >> (8 * j));
+      if (c + j < a.K) o[j] = (uint8_t)((j < 4 ? v.x : v.y) >> (8 * (j & 3)));
   }
 }
 
@@ -104,7 +126,7 @@ __device__ __forceinline__ int sw(int r, int b) {
 template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
-  __shared__ uint32_t wmax[8][kB];              /* per-warp column amax bits (1-D) */
+  __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int cg = t & 15, rg = t >> 4, r0 = rg * 8, c0 = cg * 8;
@@ -180,25 +202,26 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
 
   if (TWO_D) {
     /* --- one 128x128 block: one amax, one scale, one cast ---------------------------------- */
-    uint32_t m = 0;
+    float m = 0.0f;
     #pragma unroll
     for (int p = 0; p < 8; p++)
       #pragma unroll
-      for (int j = 0; j < 8; j++) m = max(m, hq_abs_bits_nonan(x.at(p, j)));
+      for (int j = 0; j < 8; j++) m = amax_step(m, x.at(p, j));
     #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     if (lane == 0) wmax[0][warp] = m;
     __syncthreads();
-    m = 0;
+    m = 0.0f;
     #pragma unroll
-    for (int w = 0; w < 8; w++) m = max(m, wmax[0][w]);
-    const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
-    uint64_t q[8];
+    for (int w = 0; w < 8; w++) m = fmaxf(m, wmax[0][w]);
+    const float scale = hq_fp8b_scale(m, ELEM, a.pow2, a.epsilon, DT);
+    uint2 q[8];
     #pragma unroll
     for (int p = 0; p < 8; p++) {
-      q[p] = 0;
+      float y[8];
       #pragma unroll
-      for (int j = 0; j < 8; j++) q[p] |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * j);
+      for (int j = 0; j < 8; j++) y[j] = x.at(p, j);
+      q[p] = cast8<ELEM>(y, scale);
     }
     if (t == 0) {
       const float scale_inv = hq_rcp_rn(scale);
@@ -216,63 +239,63 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
       for (int p = 0; p < 8; p++)
         if (r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q[p]);
     if (a.cd) {
-      /* column j of this thread's 8x8 bytes: byte j of each row's word */
+      /* column j of this thread's 8x8 bytes: byte j of each row's words, by 4x4 transposes */
+      uint32_t lo[2][4], hi[2][4]; /* [rows 0-3 / 4-7][column]: columns 0-3, columns 4-7 */
+      transpose4(q[0].x, q[1].x, q[2].x, q[3].x, lo[0]);
+      transpose4(q[4].x, q[5].x, q[6].x, q[7].x, lo[1]);
+      transpose4(q[0].y, q[1].y, q[2].y, q[3].y, hi[0]);
+      transpose4(q[4].y, q[5].y, q[6].y, q[7].y, hi[1]);
       #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        uint64_t v = 0;
-        #pragma unroll
-        for (int p = 0; p < 8; p++) v |= ((q[p] >> (8 * j)) & 0xffu) << (8 * p);
-        *reinterpret_cast<uint64_t *>(ct + sw(c0 + j, r0)) = v;
+      for (int j = 0; j < 4; j++) {
+        *reinterpret_cast<uint2 *>(ct + sw(c0 + j, r0)) = make_uint2(lo[0][j], lo[1][j]);
+        *reinterpret_cast<uint2 *>(ct + sw(c0 + 4 + j, r0)) = make_uint2(hi[0][j], hi[1][j]);
       }
     }
   } else {
     /* --- 1-D rowwise: each tile row is a 1x128 block ---------------------------------------- */
     if (a.rd) {
-      uint64_t q[8];
       float scale_inv = 0.0f;
       #pragma unroll
       for (int p = 0; p < 8; p++) {
-        uint32_t m = 0;
+        float y[8], m = 0.0f;
         #pragma unroll
-        for (int j = 0; j < 8; j++) m = max(m, hq_abs_bits_nonan(x.at(p, j)));
+        for (int j = 0; j < 8; j++) {
+          y[j] = x.at(p, j);
+          m = amax_step(m, y[j]);
+        }
         /* the 16 threads of a row are 16 consecutive lanes */
         #pragma unroll
-        for (int off = 8; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-        const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
+        for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const float scale = hq_fp8b_scale(m, ELEM, a.pow2, a.epsilon, DT);
         if (cg == p) scale_inv = hq_rcp_rn(scale);
-        q[p] = 0;
-        #pragma unroll
-        for (int j = 0; j < 8; j++) q[p] |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * j);
+        const uint2 q = cast8<ELEM>(y, scale); /* stored at once: no registers held */
+        if (col_in && r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q);
       }
       /* lane cg < 8 of a row group writes the scale_inv of its row r0 + cg */
       if (cg < 8 && r0 + cg < nr) a.rs[hq_fp8b_row1d_index(m0 + r0 + cg, k0, M)] = scale_inv;
       const int64_t r4M = hq_roundup(M, 4);
       if (mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
-      if (col_in)
-        #pragma unroll
-        for (int p = 0; p < 8; p++)
-          if (r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q[p]);
     }
     /* --- 1-D columnwise: each tile column is a 128x1 block ---------------------------------- */
     if (a.cd) {
-      uint32_t cm[8];
+      float cm[8];
       #pragma unroll
       for (int j = 0; j < 8; j++) {
-        cm[j] = 0;
+        cm[j] = 0.0f;
         #pragma unroll
-        for (int p = 0; p < 8; p++) cm[j] = max(cm[j], hq_abs_bits_nonan(x.at(p, j)));
+        for (int p = 0; p < 8; p++) cm[j] = amax_step(cm[j], x.at(p, j));
         /* lanes l and l ^ 16 hold the same columns (row groups 2w and 2w + 1) */
-        cm[j] = max(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+        cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
       }
       if (lane < 16)
         #pragma unroll
         for (int j = 0; j < 8; j++) wmax[warp][c0 + j] = cm[j];
       __syncthreads();
       if (t < kB) {
-        uint32_t m = 0;
+        float m = 0.0f;
         #pragma unroll
-        for (int w = 0; w < 8; w++) m = max(m, wmax[w][t]);
-        const float scale = hq_fp8b_scale(hq_bits_f32(m), ELEM, a.pow2, a.epsilon, DT);
+        for (int w = 0; w < 8; w++) m = fmaxf(m, wmax[w][t]);
+        const float scale = hq_fp8b_scale(m, ELEM, a.pow2, a.epsilon, DT);
         cscale[t] = scale;
         if (t < nc) a.cs[hq_fp8b_col1d_index(m0, k0 + t, K)] = hq_rcp_rn(scale);
       }
@@ -281,11 +304,10 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
       __syncthreads();
       #pragma unroll
       for (int j = 0; j < 8; j++) {
-        const float scale = cscale[c0 + j];
-        uint64_t v = 0;
+        float y[8];
         #pragma unroll
-        for (int p = 0; p < 8; p++) v |= (uint64_t)cast1<ELEM>(x.at(p, j), scale) << (8 * p);
-        *reinterpret_cast<uint64_t *>(ct + sw(c0 + j, r0)) = v;
+        for (int p = 0; p < 8; p++) y[p] = x.at(p, j);
+        *reinterpret_cast<uint2 *>(ct + sw(c0 + j, r0)) = cast8<ELEM>(y, cscale[c0 + j]);
       }
     }
   }

@@ -78,7 +78,7 @@
 **     the zero padding of the scale buffers (only when M or K is not a multiple of 128). No
 **     scratch (scratch_size() is 0 on a device), no allocation, no synchronization;
 **   the element cast is the hardware cvt.rn.satfinite (sm_89 and later: Hopper, Blackwell),
-**     bit-identical to hq_mxfp8_quantize, which older chips (and -DHQ_MXFP8_SW_CVT) run;
+**     bit-identical to hq_mxfp8_quantize, which older chips (and -DHQ_FP8_SW_CVT) run;
 **   dequantize: 16 FP8 bytes per thread into f32 / bf16 / f16;
 **   make_empty: cudaMemsetAsync of the scale buffers on call->stream.
 ** Without CUDA in the build, a device call returns HQ_ENOTSUP.

@@ -2,8 +2,10 @@
 ** mxfp8.cu -- CUDA kernels of the mxfp8 plugin: fused rowwise + columnwise quantize (one read of
 ** the input), scale-padding fill, dequantize. Every bit comes from the same functions the CPU
 ** reference (mxfp8.c) runs: hq_mxfp8_scale_code / hq_mxfp8_quantize / hq_mxfp8_dequantize and the
-** scale index functions of mxfp8_rules.h, hq_abs_bits_nonan and the codecs of hq/numerics.h (all
-** HQ_HD), so CPU and GPU agree bit for bit by construction, on sm_90 and sm_100 alike.
+** scale index functions of mxfp8_rules.h and the codecs of hq/numerics.h (all HQ_HD), so CPU and
+** GPU agree bit for bit by construction, on sm_90 and sm_100 alike; where the GPU takes another
+** route (the block amax by fmaxf, the hardware FP8 cast, the dequantize fast path) the comment
+** at that code says why the bits are the same, and the GPU tests compare every byte.
 **
 ** Quantize kernel: one CTA of 256 threads per tile of 32 rows x 128 columns. Each thread loads
 ** two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for f32), rows r and
@@ -20,17 +22,20 @@
 ** Padding kernel: only the padding bytes of the scale buffers (logical index outside [M, K/32]
 ** rowwise, [M/32, K] columnwise, in either layout) are written as zero; the quantize kernel
 ** writes every logical entry; so each scale byte is written exactly once, as the CPU's bytes.
-** Dequantize kernel: 16 FP8 bytes per thread (one 16-byte load), 16 outputs with vector stores.
+** Dequantize kernel: a run of 8 codes per thread (4 for F32 outputs), one load, one 16-byte
+** store; runs without NaN/Inf codes or NaN scales take hq_mxfp8_dequantize_fast (deq_fast).
 ** Unaligned pointers (not 16-byte aligned) take the same kernels with scalar loads and stores.
 **
-** Element cast: hq_mxfp8_quantize on sm_90; the identical hardware cvt.rn.satfinite on sm_100
-** (see cast8v). Everything is queued on call->stream: no allocation, no scratch, no synchronization (update
-** is the same call under HQ_CALL_UPDATE). make_empty zeroes scale buffers with cudaMemsetAsync.
+** Element cast: the hardware cvt.rn.satfinite on sm_89 and later (Hopper, Blackwell), the same
+** bits as hq_mxfp8_quantize (see cast8v), which runs elsewhere. Everything is queued on
+** call->stream: no allocation, no scratch, no synchronization (update is the same call under
+** HQ_CALL_UPDATE). make_empty zeroes scale buffers with cudaMemsetAsync.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "mxfp8.h"
@@ -85,68 +90,42 @@ __device__ __forceinline__ void adam_load8(const QArgs &a, int64_t i, float x[8]
 }
 
 template <bool VEC>
-__device__ __forceinline__ void store8(uint8_t *p, uint64_t packed) {
+__device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
   if (VEC) {
-    *reinterpret_cast<uint64_t *>(p) = packed;
+    *reinterpret_cast<uint2 *>(p) = packed;
   } else {
-    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(packed >> (8 * k));
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)((k < 4 ? packed.x : packed.y) >> (8 * (k % 4)));
   }
 }
 
-/* The element cast. On chips with an FP8 convert instruction (sm_89 and later: Hopper and
-   Blackwell; -DHQ_MXFP8_SW_CVT turns it off) the FP8 rounding of
-   q = fp8_rne_satfinite(RN(x * mult)) is the hardware's cvt.rn.satfinite.{e4m3x2,
-   e5m2x2}.f32 on the same product hq_mul_rn(x, mult): RNE with saturation of finite values and
-   of +-Inf to +-max, exactly hq_f32_to_e4m3 / hq_f32_to_e5m2 (FP32 subnormal products give +-0
-   either way); a NaN product is forced to HQ_FP8_NAN (0x7F) as those functions give, whatever
-   sign the hardware keeps. Elsewhere (and with HQ_MXFP8_SW_CVT) hq_mxfp8_quantize
-   (mxfp8_rules.h), the CPU's own function, computes the same bits. tests/test_gpu_mxfp8.c
-   compares both builds with the CPU. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(HQ_MXFP8_SW_CVT)
-#define MXFP8_HW_CVT 1
-#else
-#define MXFP8_HW_CVT 0
-#endif
-
-#if MXFP8_HW_CVT
-/* Two products, lo -> low byte, hi -> high byte. */
+/* The element cast q = fp8_rne_satfinite(RN(x * mult)) (hq_mxfp8_quantize) of 8 elements with
+   one multiplier each (the same for a rowwise block): the products hq_mul_rn(x, mult) cast four
+   at a time by hq_cuda_f32x4_to_fp8 (fp8_cvt_cuda.h: the hardware cvt.rn.satfinite on sm_89 and
+   later, the same bits as hq_f32_to_e4m3 / hq_f32_to_e5m2, which run elsewhere or with
+   -DHQ_FP8_SW_CVT). Codes 0..3 in .x, 4..7 in .y, byte k of a word = element k.
+   tests/test_gpu_mxfp8.c compares the bytes with the CPU. */
 template <int ELEM>
-__device__ __forceinline__ uint32_t cvt2(float lo, float hi) {
-  unsigned short r;
-  if (ELEM == HQ_E5M2)
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  else
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  uint32_t q = r;
-  q = hq_isnan(lo) ? (q & 0xff00u) | HQ_FP8_NAN : q;
-  q = hq_isnan(hi) ? (q & 0x00ffu) | (HQ_FP8_NAN << 8) : q;
-  return q;
-}
-#endif
-
-/* 8 elements cast with one multiplier each (the same for a rowwise block). */
-template <int ELEM>
-__device__ __forceinline__ uint64_t cast8v(const float x[8], const float mult[8]) {
-  uint64_t packed = 0;
-#if MXFP8_HW_CVT
-  for (int k = 0; k < 8; k += 2)
-    packed |= (uint64_t)cvt2<ELEM>(hq_mul_rn(x[k], mult[k]), hq_mul_rn(x[k + 1], mult[k + 1]))
-              << (8 * k);
-#else
-  for (int k = 0; k < 8; k++)
-    packed |= (uint64_t)hq_mxfp8_quantize(x[k], mult[k], ELEM) << (8 * k);
-#endif
-  return packed;
+__device__ __forceinline__ uint2 cast8v(const float x[8], const float mult[8]) {
+  float y[8];
+  for (int k = 0; k < 8; k++) y[k] = hq_mul_rn(x[k], mult[k]);
+  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(y[0], y[1], y[2], y[3]),
+                    hq_cuda_f32x4_to_fp8<ELEM>(y[4], y[5], y[6], y[7]));
 }
 template <int ELEM>
-__device__ __forceinline__ uint64_t cast8(const float x[8], float mult) {
+__device__ __forceinline__ uint2 cast8(const float x[8], float mult) {
   const float m[8] = {mult, mult, mult, mult, mult, mult, mult, mult};
   return cast8v<ELEM>(x, m);
 }
 
+/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so
+   a chain started at 0 is max |x| with NaN ignored and Inf counted -- hq_fmax_nan_ignoring's
+   rule, the CPU's amax (docs/formats.md) -- in one instruction per element. Partial maxima may be
+   NaN only when every element behind them is; every chain below ends in one started at 0. */
+__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
+
 template <int DT, int ELEM, bool VEC, int GT>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
-  __shared__ __align__(16) uint32_t part[kWarps][kCols]; /* per-warp column maxima */
+  __shared__ __align__(16) float part[kWarps][kCols]; /* per-warp column maxima */
   __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   const int64_t K = a.K, M = a.M;
@@ -164,18 +143,14 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     }
   }
 
-  uint32_t ab[2][8]; /* |x| bits, NaN as 0: both directions' amax from one computation */
-  for (int p = 0; p < 2; p++)
-    for (int k = 0; k < 8; k++) ab[p][k] = hq_abs_bits_nonan(x[p][k]);
-
   if (!a.two_d && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
     for (int p = 0; p < 2; p++) {
-      uint32_t m = 0;
-      for (int k = 0; k < 8; k++) m = max(m, ab[p][k]);
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), ELEM);
-      const uint64_t q = cast8<ELEM>(x[p], hq_e8m0_quant_mult(e));
+      float m = 0.0f;
+      for (int k = 0; k < 8; k++) m = amax_step(m, x[p][k]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
+      const uint2 q = cast8<ELEM>(x[p], hq_e8m0_quant_mult(e));
       const int64_t i = i0 + r0 + 16 * p;
       if (valid) {
         store8<VEC>(a.rd + i * K + j, q);
@@ -185,24 +160,25 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   }
   if (!a.two_d && !a.cd) return; /* uniform over the CTA */
 
-  /* column maxima over the tile's 32 rows */
-  uint32_t cm[8];
+  /* column maxima over the tile's 32 rows (NaN only where all behind them are; the chain over
+     the warps' partial maxima starts at 0) */
+  float cm[8];
   for (int k = 0; k < 8; k++) {
-    cm[k] = max(ab[0][k], ab[1][k]);
-    cm[k] = max(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
+    cm[k] = fmaxf(fabsf(x[0][k]), fabsf(x[1][k]));
+    cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
   }
   if (lane < 16) {
-    uint4 *dst = reinterpret_cast<uint4 *>(&part[warp][cg * 8]);
-    dst[0] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
-    dst[1] = make_uint4(cm[4], cm[5], cm[6], cm[7]);
+    float4 *dst = reinterpret_cast<float4 *>(&part[warp][cg * 8]);
+    dst[0] = make_float4(cm[0], cm[1], cm[2], cm[3]);
+    dst[1] = make_float4(cm[4], cm[5], cm[6], cm[7]);
   }
   __syncthreads();
   if (t < kCols) {
-    uint32_t m = 0;
-    for (int w = 0; w < kWarps; w++) m = max(m, part[w][t]);
+    float m = 0.0f;
+    for (int w = 0; w < kWarps; w++) m = fmaxf(m, part[w][t]);
     if (a.two_d) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
-      for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-    const uint8_t e = hq_mxfp8_scale_code(hq_bits_f32(m), ELEM);
+      for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
     s_mult[t] = hq_e8m0_quant_mult(e);
     const int64_t jc = j0 + t;
     if (jc < K) {
@@ -222,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   }
   if (!valid) return;
   for (int p = 0; p < 2; p++) {
-    const uint64_t q = cast8v<ELEM>(x[p], mult);
+    const uint2 q = cast8v<ELEM>(x[p], mult);
     const int64_t off = (i0 + r0 + 16 * p) * K + j;
     if (a.cd) store8<VEC>(a.cd + off, q);
     if (a.two_d && a.rd) store8<VEC>(a.rd + off, q);
@@ -292,6 +268,63 @@ __device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
   return hq_bits_f32(nb | 0x00400000u);
 }
 
+/* The fast path of one run of EPT codes (8 for BF16, 4 for F32 outputs; 16-byte-aligned
+   pointers): every code ordinary (hq_fp8_word_special, 4 codes per test) and no scale NaN ->
+   hq_mxfp8_dequantize_fast, the rule by shifts and two multiplies (mxfp8_rules.h), and for BF16
+   the FP32 results' high halves -- exact whenever no result has a bit in its low half, which the
+   run checks (every normal FP32 result has at most 4 significant bits; only FP32-subnormal
+   results of the smallest scales may not), else RNE as hq_f32_to_bf16. Returns false, having
+   written nothing, when the run needs the reference path (NaN/Inf codes, a NaN scale). */
+template <int OT, int ELEM>
+__device__ __forceinline__ bool deq_fast(const uint8_t *__restrict__ qd,
+                                         const uint8_t *__restrict__ qs, int swz, int colwise,
+                                         void *__restrict__ dst, int64_t e0, int64_t i, int64_t j,
+                                         int64_t M, int64_t K) {
+  constexpr int EPT = OT == HQ_F32 ? 4 : 8;
+  uint32_t w[EPT / 4];
+  if (EPT == 8) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(qd + e0));
+    w[0] = u.x;
+    w[EPT / 4 - 1] = u.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const uint32_t *>(qd + e0));
+  }
+  uint32_t special = 0;
+  for (int h = 0; h < EPT / 4; h++) special |= hq_fp8_word_special(w[h], ELEM);
+  uint8_t e[EPT];
+  if (!colwise) {
+    const uint8_t r = qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
+    for (int k = 0; k < EPT; k++) e[k] = r;
+  } else if (!swz) { /* compact: the run's EPT scales are consecutive bytes of one row */
+    const uint8_t *p = qs + hq_mxfp8_col_scale_idx(i / kBlk, j, M, K, 0);
+    for (int k = 0; k < EPT; k++) e[k] = p[k];
+  } else {
+    for (int k = 0; k < EPT; k++) e[k] = qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, 1)];
+  }
+  for (int k = 0; k < EPT; k++) special |= e[k] == HQ_E8M0_NAN;
+  if (special) return false;
+  uint32_t b[EPT], low = 0;
+  for (int k = 0; k < EPT; k++) {
+    const uint8_t q = (uint8_t)(w[k / 4] >> (8 * (k % 4)));
+    b[k] = hq_f32_bits(hq_mxfp8_dequantize_fast(q, hq_e8m0_to_f32(e[k]), ELEM));
+    low |= b[k];
+  }
+  if (OT == HQ_F32) {
+    *reinterpret_cast<uint4 *>(static_cast<float *>(dst) + e0) = make_uint4(b[0], b[1], b[2], b[3]);
+    return true;
+  }
+  uint32_t h[4];
+  if ((low & 0xffffu) == 0) {
+    for (int k = 0; k < 4; k++) h[k] = __byte_perm(b[2 * k], b[2 * k + 1], 0x7632);
+  } else {
+    for (int k = 0; k < 4; k++)
+      h[k] = hq_f32_to_bf16(hq_bits_f32(b[2 * k])) |
+             ((uint32_t)hq_f32_to_bf16(hq_bits_f32(b[2 * k + 1])) << 16);
+  }
+  *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0) = make_uint4(h[0], h[1], h[2], h[3]);
+  return true;
+}
+
 /* Each thread turns a run of EPT consecutive elements of one row (8 for 16-bit outputs, 4 for
    F32: one 16-byte store, so that a warp writes one contiguous 512-byte span and no DRAM sector
    is written in halves) into the output; SMALL (M * K < 2^32) finds the run's row with 32-bit
@@ -317,6 +350,8 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
       i = e0 / K;
       j = e0 - i * K;
     }
+    if (VEC && OT != HQ_F16 && deq_fast<OT, ELEM>(qd, qs, swz, colwise, dst, e0, i, j, M, K))
+      continue;
     uint8_t q[EPT];
     if (VEC) {
       if (EPT == 8) {

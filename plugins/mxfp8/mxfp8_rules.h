@@ -40,6 +40,19 @@ HQ_HD float hq_mxfp8_dequantize(uint8_t q, uint8_t e, int kind) {
   return hq_mul_rn(hq_fp8_to_f32(q, kind), hq_e8m0_to_f32(e));
 }
 
+/* hq_mxfp8_dequantize by a shorter route (the CUDA dequantize's fast path), equal to it for every
+   code that is neither NaN nor (E5M2) Inf, i.e. !hq_fp8_code_special(q, kind), and every
+   e != 0xFF; scale_inv = hq_e8m0_to_f32(e). The code's sign bit and its 7 other bits shifted
+   into an FP32 word give an FP32 value equal to the code's value times 2^-120 (E4M3) or 2^-112
+   (E5M2) exactly -- a subnormal code lands on an FP32 subnormal with the same digits --; the
+   multiply by 2^120 / 2^112 restores the code's value exactly, and the second multiply is the
+   rule's own. tests/test_mxfp8_numerics.c checks every (q, e) pair. */
+HQ_HD float hq_mxfp8_dequantize_fast(uint8_t q, float scale_inv, int kind) {
+  const int e5 = kind == HQ_E5M2;
+  const uint32_t w = ((uint32_t)(q & 0x80u) << 24) | ((uint32_t)(q & 0x7fu) << (e5 ? 21 : 20));
+  return hq_mul_rn(hq_mul_rn(hq_bits_f32(w), e5 ? 0x1p112f : 0x1p120f), scale_inv);
+}
+
 /* Shapes of the scale buffers of an [M, K] tensor (M % 32 == 0, K % 32 == 0), the same for the
    compact and the swizzled layout:
      rowwise  scale_inv            [roundup(M, 128), roundup(K/32, 4)]

@@ -90,6 +90,18 @@ HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
    [2^-10, 2688] (0.5 * 2^-9 .. 6 * 448). */
 HQ_HD float hq_nvfp4_raw_mult(uint8_t sf) { return hq_e4m3_to_f32(sf); }
 
+/* The raw value by a shorter route (the CUDA dequantize's fast path), equal to
+   hq_nvfp4_dequantize(q, hq_nvfp4_raw_mult(sf)) for every code q (bits 0..3 of `code`; higher
+   bits ignored) and every scale whose fp32(sf) = sf_val is not NaN: the code's sign bit moved to
+   bit 31 and its 3 magnitude bits to bits 22..24 make an FP32 value equal to the E2M1 value
+   times 2^-126 exactly (the code 0.5 lands on the FP32 subnormal 2^-127); times 2^126 it is the
+   E2M1 value, exactly, and the second multiply is the rule's. tests/test_nvfp4_numerics.c checks
+   every (code, scale) pair. */
+HQ_HD float hq_nvfp4_raw_fast(uint32_t code, float sf_val) {
+  const uint32_t w = ((code & 8u) << 28) | ((code & 7u) << 22);
+  return hq_mul_rn(hq_mul_rn(hq_bits_f32(w), 0x1p126f), sf_val);
+}
+
 /* The per-tensor factor of a storage (tensor_factor(): the global decode scale that multiplies
    every raw value), from its amax A: the decode multiplier hq_nvfp4_decode_mult gives a block
    whose scale is 1.0 (E4M3 code 0x38), RN(A * RN(1/2688)). The same function, so the same

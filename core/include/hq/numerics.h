@@ -237,6 +237,21 @@ HQ_HD uint8_t hq_fp8_quantize(float x, float scale, int kind) {
    GPU, so every result that may be NaN is produced from this constant instead. */
 #define HQ_F32_NAN_BITS 0x7fc00000u
 
+/* An FP8 code that is not a finite number: NaN (E4M3 S.1111.111; E5M2 S.11111.xx, xx != 0) or
+   E5M2 Inf (S.11111.00). No finite value, and no +-Inf under the saturating casts above, encodes
+   to one; so after a cast it marks exactly the NaN inputs. */
+HQ_HD int hq_fp8_code_special(uint8_t q, int kind) {
+  return kind == HQ_E5M2 ? (q & 0x7cu) == 0x7cu : (q & 0x7fu) == 0x7fu;
+}
+
+/* Nonzero when any of the 4 codes packed in w is special (hq_fp8_code_special), by one word
+   test: a code's 7 low bits masked to the special pattern, plus one at the pattern's lowest bit,
+   carry into bit 7 of the byte only for the pattern itself, and never into the next byte. */
+HQ_HD uint32_t hq_fp8_word_special(uint32_t w, int kind) {
+  return kind == HQ_E5M2 ? ((w & 0x7c7c7c7cu) + 0x04040404u) & 0x80808080u
+                         : ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
 /* Dequantize one element: x = RN(fp32(q) * scale_inv); a NaN code gives HQ_F32_NAN_BITS. */
 HQ_HD float hq_fp8_dequantize(uint8_t q, float scale_inv, int kind) {
   float v = hq_fp8_to_f32(q, kind);
