@@ -10,8 +10,9 @@
 ** of the tile in registers (one 16-byte load per row for bf16/f16, two for f32, when K % 8 == 0
 ** and the input is 16-byte aligned; element loads otherwise), so the tile is read from global
 ** memory exactly once and feeds both directions:
-**   1-D rowwise     row amax over the 16 threads of a row (warp shuffles), the row's scale
-**                   (hq_fp8b_scale), 8-byte stores of each row's bytes;
+**   1-D rowwise     row amax over the 16 threads of a row (a reduce-scatter by warp shuffles:
+**                   two lanes finish each of the group's 8 rows), each row's scale computed
+**                   once (hq_fp8b_scale) and shuffled to its lanes, 8-byte stores of the bytes;
 **   1-D columnwise  column amax over the 16 row groups (shuffle + shared memory), the column
 **                   scales computed once per column (shared), the bytes cast with them and
 **                   written transposed into a shared 128x128 byte tile (XOR-swizzled 16-byte
@@ -254,25 +255,40 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
   } else {
     /* --- 1-D rowwise: each tile row is a 1x128 block ---------------------------------------- */
     if (a.rd) {
-      float scale_inv = 0.0f;
+      float v[8]; /* the amax of rows r0 .. r0 + 7 over this thread's 8 columns */
       #pragma unroll
       for (int p = 0; p < 8; p++) {
-        float y[8], m = 0.0f;
+        v[p] = 0.0f;
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          y[j] = x.at(p, j);
-          m = amax_step(m, y[j]);
-        }
-        /* the 16 threads of a row are 16 consecutive lanes */
+        for (int j = 0; j < 8; j++) v[p] = amax_step(v[p], x.at(p, j));
+      }
+      /* reduce-scatter over the row group's 16 consecutive lanes (8 shuffles, not 32): each step
+         keeps the half of the rows named by one bit of cg and takes the partner's maxima of
+         them, so lanes 2r and 2r + 1 end with the amax of row r0 + r, r = cg >> 1 */
+      const bool b3 = cg & 8, b2 = cg & 4, b1 = cg & 2;
+      float w4[4], w2[2];
+      #pragma unroll
+      for (int k = 0; k < 4; k++)
+        w4[k] = fmaxf(b3 ? v[k + 4] : v[k], __shfl_xor_sync(0xffffffffu, b3 ? v[k] : v[k + 4], 8));
+      #pragma unroll
+      for (int k = 0; k < 2; k++)
+        w2[k] = fmaxf(b2 ? w4[k + 2] : w4[k],
+                      __shfl_xor_sync(0xffffffffu, b2 ? w4[k] : w4[k + 2], 4));
+      float rm = fmaxf(b1 ? w2[1] : w2[0], __shfl_xor_sync(0xffffffffu, b1 ? w2[0] : w2[1], 2));
+      rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, 1));
+      /* one scale per lane (its row's), not eight; lane 2r writes row r's scale_inv */
+      const float my_scale = hq_fp8b_scale(rm, ELEM, a.pow2, a.epsilon, DT);
+      if (!(cg & 1) && r0 + (cg >> 1) < nr)
+        a.rs[hq_fp8b_row1d_index(m0 + r0 + (cg >> 1), k0, M)] = hq_rcp_rn(my_scale);
+      #pragma unroll
+      for (int p = 0; p < 8; p++) {
+        const float scale = __shfl_sync(0xffffffffu, my_scale, (lane & 16) | (2 * p));
+        float y[8];
         #pragma unroll
-        for (int off = 8; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        const float scale = hq_fp8b_scale(m, ELEM, a.pow2, a.epsilon, DT);
-        if (cg == p) scale_inv = hq_rcp_rn(scale);
+        for (int j = 0; j < 8; j++) y[j] = x.at(p, j);
         const uint2 q = cast8<ELEM>(y, scale); /* stored at once: no registers held */
         if (col_in && r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q);
       }
-      /* lane cg < 8 of a row group writes the scale_inv of its row r0 + cg */
-      if (cg < 8 && r0 + cg < nr) a.rs[hq_fp8b_row1d_index(m0 + r0 + cg, k0, M)] = scale_inv;
       const int64_t r4M = hq_roundup(M, 4);
       if (mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
     }

@@ -10,8 +10,9 @@
 ** Quantize kernel: one CTA of 256 threads per tile of 32 rows x 128 columns. Each thread loads
 ** two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for f32), rows r and
 ** r + 16 of the tile, into registers; the input is read exactly once for both directions.
-**   rowwise 1x32: a block is 4 neighbouring lanes; amax by two xor-shuffles, code, cast, one
-**     8-byte store per vector (16 lanes write one 128-byte row segment);
+**   rowwise 1x32: a block is 4 neighbouring lanes; the two rows' amaxes by a reduce-scatter
+**     of two xor-shuffles (two lanes finish each row), one code per lane, the multipliers back
+**     by shuffle, cast, one 8-byte store per vector (16 lanes write a 128-byte row segment);
 **   columnwise 32x1: per column, the max over the thread's two rows, a xor-16 shuffle (the
 **     warp's other row), then the 8 warps' partial maxima meet in shared memory (4 KiB); 128
 **     threads finish one column each, write its code (compact: 128 consecutive bytes) and its
@@ -22,8 +23,8 @@
 ** Padding kernel: only the padding bytes of the scale buffers (logical index outside [M, K/32]
 ** rowwise, [M/32, K] columnwise, in either layout) are written as zero; the quantize kernel
 ** writes every logical entry; so each scale byte is written exactly once, as the CPU's bytes.
-** Dequantize kernel: a run of 8 codes per thread (4 for F32 outputs), one load, one 16-byte
-** store; runs without NaN/Inf codes or NaN scales take hq_mxfp8_dequantize_fast (deq_fast).
+** Dequantize kernel: a run of 16 codes per thread, one 16-byte load, 16-byte stores; runs
+** without NaN/Inf codes or NaN scales take hq_mxfp8_dequantize_fast (deq_fast).
 ** Unaligned pointers (not 16-byte aligned) take the same kernels with scalar loads and stores.
 **
 ** Element cast: the hardware cvt.rn.satfinite on sm_89 and later (Hopper, Blackwell), the same
@@ -144,18 +145,25 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   }
 
   if (!a.two_d && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
+    /* the thread's two rows' partial maxima, reduce-scattered over the block's 4 lanes: lanes
+       with bit 0 = p finish row p (2 shuffles), each computes one scale code, not two, and
+       the multipliers travel back by shuffle */
+    float m0 = 0.0f, m1 = 0.0f;
+    for (int k = 0; k < 8; k++) {
+      m0 = amax_step(m0, x[0][k]);
+      m1 = amax_step(m1, x[1][k]);
+    }
+    const bool b0 = lane & 1;
+    float m = fmaxf(b0 ? m1 : m0, __shfl_xor_sync(0xffffffffu, b0 ? m0 : m1, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const uint8_t e = hq_mxfp8_scale_code(m, ELEM); /* of row i0 + r0 + 16 * b0 */
+    const float my_mult = hq_e8m0_quant_mult(e);
+    if (valid && !(lane & 2))
+      a.rs[hq_mxfp8_row_scale_idx(i0 + r0 + 16 * b0, j / kBlk, K, a.rswz)] = e;
     for (int p = 0; p < 2; p++) {
-      float m = 0.0f;
-      for (int k = 0; k < 8; k++) m = amax_step(m, x[p][k]);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
-      const uint2 q = cast8<ELEM>(x[p], hq_e8m0_quant_mult(e));
-      const int64_t i = i0 + r0 + 16 * p;
-      if (valid) {
-        store8<VEC>(a.rd + i * K + j, q);
-        if ((cg & 3) == 0) a.rs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, a.rswz)] = e;
-      }
+      const float mult = __shfl_sync(0xffffffffu, my_mult, (lane & ~3) | p);
+      const uint2 q = cast8<ELEM>(x[p], mult);
+      if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
     }
   }
   if (!a.two_d && !a.cd) return; /* uniform over the CTA */
@@ -268,75 +276,78 @@ __device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
   return hq_bits_f32(nb | 0x00400000u);
 }
 
-/* The fast path of one run of EPT codes (8 for BF16, 4 for F32 outputs; 16-byte-aligned
-   pointers): every code ordinary (hq_fp8_word_special, 4 codes per test) and no scale NaN ->
-   hq_mxfp8_dequantize_fast, the rule by shifts and two multiplies (mxfp8_rules.h), and for BF16
-   the FP32 results' high halves -- exact whenever no result has a bit in its low half, which the
-   run checks (every normal FP32 result has at most 4 significant bits; only FP32-subnormal
-   results of the smallest scales may not), else RNE as hq_f32_to_bf16. Returns false, having
-   written nothing, when the run needs the reference path (NaN/Inf codes, a NaN scale). */
+/* The fast path of one run of 16 codes (vector loads and stores): every code ordinary
+   (hq_fp8_word_special, 4 codes per test) and no scale NaN -> hq_mxfp8_dequantize_fast, the rule
+   by shifts and two multiplies (mxfp8_rules.h); for BF16 the FP32 results' high halves -- exact
+   whenever no result has a bit in its low half, which the run checks (every normal FP32 result
+   has at most 4 significant bits; only FP32-subnormal results of the smallest scales may not),
+   else RNE as hq_f32_to_bf16; F16 through hq_f32_to_f16. Returns false, having written
+   nothing, when the run needs the reference path (NaN/Inf codes, a NaN scale). */
 template <int OT, int ELEM>
-__device__ __forceinline__ bool deq_fast(const uint8_t *__restrict__ qd,
-                                         const uint8_t *__restrict__ qs, int swz, int colwise,
-                                         void *__restrict__ dst, int64_t e0, int64_t i, int64_t j,
-                                         int64_t M, int64_t K) {
-  constexpr int EPT = OT == HQ_F32 ? 4 : 8;
-  uint32_t w[EPT / 4];
-  if (EPT == 8) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(qd + e0));
-    w[0] = u.x;
-    w[EPT / 4 - 1] = u.y;
-  } else {
-    w[0] = __ldg(reinterpret_cast<const uint32_t *>(qd + e0));
-  }
+__device__ __forceinline__ bool deq_fast(uint4 u, const uint8_t *__restrict__ qs, int swz,
+                                         int colwise, void *__restrict__ dst, int64_t e0, int64_t i,
+                                         int64_t j, int64_t M, int64_t K) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
   uint32_t special = 0;
-  for (int h = 0; h < EPT / 4; h++) special |= hq_fp8_word_special(w[h], ELEM);
-  uint8_t e[EPT];
+  for (int h = 0; h < 4; h++) special |= hq_fp8_word_special(w[h], ELEM);
+  float s[16];
   if (!colwise) {
     const uint8_t r = qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
-    for (int k = 0; k < EPT; k++) e[k] = r;
-  } else if (!swz) { /* compact: the run's EPT scales are consecutive bytes of one row */
-    const uint8_t *p = qs + hq_mxfp8_col_scale_idx(i / kBlk, j, M, K, 0);
-    for (int k = 0; k < EPT; k++) e[k] = p[k];
+    special |= r == HQ_E8M0_NAN;
+    const float sv = hq_e8m0_to_f32(r);
+    for (int k = 0; k < 16; k++) s[k] = sv;
   } else {
-    for (int k = 0; k < EPT; k++) e[k] = qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, 1)];
+    uint8_t e[16];
+    if (!swz) { /* compact: the run's 16 scales are consecutive bytes of one row */
+      const uint8_t *p = qs + hq_mxfp8_col_scale_idx(i / kBlk, j, M, K, 0);
+      for (int k = 0; k < 16; k++) e[k] = p[k];
+    } else {
+      for (int k = 0; k < 16; k++) e[k] = qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, 1)];
+    }
+    for (int k = 0; k < 16; k++) {
+      special |= e[k] == HQ_E8M0_NAN;
+      s[k] = hq_e8m0_to_f32(e[k]);
+    }
   }
-  for (int k = 0; k < EPT; k++) special |= e[k] == HQ_E8M0_NAN;
   if (special) return false;
-  uint32_t b[EPT], low = 0;
-  for (int k = 0; k < EPT; k++) {
-    const uint8_t q = (uint8_t)(w[k / 4] >> (8 * (k % 4)));
-    b[k] = hq_f32_bits(hq_mxfp8_dequantize_fast(q, hq_e8m0_to_f32(e[k]), ELEM));
+  uint32_t b[16], low = 0;
+  for (int k = 0; k < 16; k++) {
+    b[k] = hq_f32_bits(hq_mxfp8_dequantize_fast((uint8_t)(w[k / 4] >> (8 * (k % 4))), s[k], ELEM));
     low |= b[k];
   }
   if (OT == HQ_F32) {
-    *reinterpret_cast<uint4 *>(static_cast<float *>(dst) + e0) = make_uint4(b[0], b[1], b[2], b[3]);
+    uint4 *o = reinterpret_cast<uint4 *>(static_cast<float *>(dst) + e0);
+    for (int h = 0; h < 4; h++) o[h] = make_uint4(b[4 * h], b[4 * h + 1], b[4 * h + 2], b[4 * h + 3]);
     return true;
   }
-  uint32_t h[4];
-  if ((low & 0xffffu) == 0) {
-    for (int k = 0; k < 4; k++) h[k] = __byte_perm(b[2 * k], b[2 * k + 1], 0x7632);
+  uint32_t h[8];
+  if (OT == HQ_BF16 && (low & 0xffffu) == 0) {
+    for (int k = 0; k < 8; k++) h[k] = __byte_perm(b[2 * k], b[2 * k + 1], 0x7632);
   } else {
-    for (int k = 0; k < 4; k++)
-      h[k] = hq_f32_to_bf16(hq_bits_f32(b[2 * k])) |
-             ((uint32_t)hq_f32_to_bf16(hq_bits_f32(b[2 * k + 1])) << 16);
+    for (int k = 0; k < 8; k++) {
+      const float lo = hq_bits_f32(b[2 * k]), hi = hq_bits_f32(b[2 * k + 1]);
+      h[k] = OT == HQ_F16 ? (uint32_t)hq_f32_to_f16(lo) | (uint32_t)hq_f32_to_f16(hi) << 16
+                          : (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
+    }
   }
-  *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0) = make_uint4(h[0], h[1], h[2], h[3]);
+  uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0);
+  o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+  o[1] = make_uint4(h[4], h[5], h[6], h[7]);
   return true;
 }
 
-/* Each thread turns a run of EPT consecutive elements of one row (8 for 16-bit outputs, 4 for
-   F32: one 16-byte store, so that a warp writes one contiguous 512-byte span and no DRAM sector
-   is written in halves) into the output; SMALL (M * K < 2^32) finds the run's row with 32-bit
-   arithmetic (a 64-bit division costs more than the element work). K % 32 == 0: a run never
-   crosses a row or a 32-block. */
+/* Each thread turns a run of 16 consecutive elements of one row into the output (one 16-byte
+   load of codes when VEC; a warp writes one contiguous span); SMALL (M * K < 2^32) finds the
+   run's row with 32-bit arithmetic (a 64-bit division costs more than the element work).
+   K % 32 == 0: a run never crosses a row or a 32-block. Runs with NaN/Inf codes or NaN scales,
+   and unaligned pointers, take the reference rule element by element (deq). */
 template <int OT, bool VEC, bool SMALL, int ELEM>
 __global__ void __launch_bounds__(256)
 dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs, int elem_rt,
                   int swz, int colwise, void *__restrict__ dst, int64_t M, int64_t K) {
   (void)elem_rt;
-  constexpr int elem = ELEM;   /* the element kind, fixed at compile time */
-  constexpr int EPT = OT == HQ_F32 ? 4 : 8;
+  constexpr int elem = ELEM; /* the element kind, fixed at compile time */
+  constexpr int EPT = 16;
   const int64_t nrun = M * K / EPT;
   for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
        g += (int64_t)gridDim.x * blockDim.x) {
@@ -350,40 +361,19 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
       i = e0 / K;
       j = e0 - i * K;
     }
-    if (VEC && OT != HQ_F16 && deq_fast<OT, ELEM>(qd, qs, swz, colwise, dst, e0, i, j, M, K))
-      continue;
     uint8_t q[EPT];
     if (VEC) {
-      if (EPT == 8) {
-        const uint2 w = __ldg(reinterpret_cast<const uint2 *>(qd + e0));
-        for (int k = 0; k < 8; k++) q[k] = (uint8_t)((k < 4 ? w.x : w.y) >> (8 * (k % 4)));
-      } else {
-        const uint32_t w = __ldg(reinterpret_cast<const uint32_t *>(qd + e0));
-        for (int k = 0; k < EPT; k++) q[k] = (uint8_t)(w >> (8 * k));
-      }
+      const uint4 u = __ldg(reinterpret_cast<const uint4 *>(qd + e0));
+      if (deq_fast<OT, ELEM>(u, qs, swz, colwise, dst, e0, i, j, M, K)) continue;
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+      for (int k = 0; k < EPT; k++) q[k] = (uint8_t)(w[k / 4] >> (8 * (k % 4)));
     } else {
       for (int k = 0; k < EPT; k++) q[k] = qd[e0 + k];
     }
-    float v[EPT];
-    if (colwise) {
-      for (int k = 0; k < EPT; k++)
-        v[k] = deq(q[k], qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, swz)], elem);
-    } else {
-      const uint8_t e = qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
-      for (int k = 0; k < EPT; k++) v[k] = deq(q[k], e, elem);
-    }
-    if (!VEC) {
-      for (int k = 0; k < EPT; k++) hq_store_hp(dst, e0 + k, OT, v[k]);
-    } else if (OT == HQ_F32) {
-      *reinterpret_cast<float4 *>(static_cast<float *>(dst) + e0) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-      uint32_t h[4];
-      for (int k = 0; k < 4; k++) {
-        const uint32_t lo = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
-        const uint32_t hi = OT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
-        h[k] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + e0) = make_uint4(h[0], h[1], h[2], h[3]);
+    for (int k = 0; k < EPT; k++) {
+      const uint8_t e = colwise ? qs[hq_mxfp8_col_scale_idx(i / kBlk, j + k, M, K, swz)]
+                                : qs[hq_mxfp8_row_scale_idx(i, j / kBlk, K, swz)];
+      hq_store_hp(dst, e0 + k, OT, deq(q[k], e, elem));
     }
   }
 }
@@ -495,11 +485,11 @@ extern "C" int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data,
                                      const uint8_t *scale, hq_dtype elem, int swizzled,
                                      int colwise, hq_tensor *dst) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = dst->rows, K = dst->cols, nrun = M * K / (dst->dtype == HQ_F32 ? 4 : 8);
+  const int64_t M = dst->rows, K = dst->cols, nrun = M * K / 16;
   if (nrun == 0) return HQ_OK;
   int64_t blocks = (nrun + 255) / 256;
   if (blocks > 132 * 64) blocks = 132 * 64;
-  const bool vec = aligned(data, 8) && aligned(dst->data, 16);
+  const bool vec = aligned(data, 16) && aligned(dst->data, 16);
   switch (dst->dtype) {
   case HQ_F32:
     launch_dequantize<HQ_F32>(vec, (unsigned)blocks, stream, data, scale, (int)elem, swizzled,

@@ -33,9 +33,11 @@
 **     with padding entries is zeroed first (cudaMemsetAsync). Specialized on the input dtype,
 **     rht and SR.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
-**     columnwise copy through hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed
-**     back through a shared tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the
-**     same kernel with hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT.
+**     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
+**     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
+**     tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the same kernels with
+**     hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT; its values take
+**     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation.
 **   tensor factor: one thread writes hq_nvfp4_tensor_factor of one or two amax buffers (the
 **     tensor_factor op, and the alpha factors of the native GEMM).
 */
@@ -427,6 +429,51 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
   }
 }
 
+/* Rowwise dequantize: one thread per 16-block, grid-stride over the [M, K] tensor's blocks in
+   order (K % 16 == 0: a block never crosses a row): one 8-byte load of its codes, its scale, two
+   16-byte stores (BF16/F16), so consecutive threads write one contiguous span. SMALL
+   (M * K < 2^32) finds the row with 32-bit arithmetic. */
+template <int DT, bool SMALL>
+__global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
+  const int64_t K = a.K, nrun = a.M * K / 16;
+  const float amax = a.raw ? 0.0f : *a.amax;
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t e0 = g * 16;
+    int64_t i, k;
+    if (SMALL) {
+      const uint32_t u = (uint32_t)e0, k32 = (uint32_t)K, r = u / k32;
+      i = r;
+      k = u - r * k32;
+    } else {
+      i = e0 / K;
+      k = e0 - i * K;
+    }
+    const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
+    const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
+    const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
+    if (DT == HQ_BF16 && a.raw && a.vec && !hq_isnan(dm)) {
+      /* raw values: hq_nvfp4_raw_fast, exact in BF16 (hq_nvfp4_raw_mult's comment): the FP32
+         results' high halves, two per byte_perm */
+      uint32_t b[16], hw[8];
+      for (int e = 0; e < 16; e++)
+        b[e] = hq_f32_bits(hq_nvfp4_raw_fast((uint32_t)(codes >> (4 * e)), dm));
+      for (int e = 0; e < 8; e++) hw[e] = __byte_perm(b[2 * e], b[2 * e + 1], 0x7632);
+      uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.dst) + e0);
+      o[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      o[1] = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+      continue;
+    }
+    float v[16];
+    for (int e = 0; e < 16; e++)
+      v[e] = hq_nvfp4_dequantize((uint32_t)(codes >> (4 * e)) & 0xfu, dm);
+    store_run<DT, 8>(a.dst, e0, v, a.vec);
+    store_run<DT, 8>(a.dst, e0 + 8, v + 8, a.vec);
+  }
+}
+
+/* Columnwise dequantize: one CTA per 64x128 tile, blocks of 16 along M read from the [K, M]
+   copy, the inverse RHT where asked, back to [M, K] rows through a shared tile. */
 template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(DArgs a) {
   __shared__ float ft[kTM * (kTK + 1)];
   int64_t i0, k0;
@@ -434,39 +481,6 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   const int64_t M = a.M, K = a.K;
   const float amax = *a.amax;
   const int t = threadIdx.x;
-  if (!a.colwise) {
-    /* two threads per 16-block, 8 elements each: 4 bytes in, one 16-byte store out (BF16/F16),
-       so that 16 threads write a row's 128 elements as one contiguous span */
-    for (int s = 0; s < (kTM * 16) / kThreads; s++) {
-      const int u = t + kThreads * s, rr = u / 16, h = u % 16;
-      const int64_t i = i0 + rr, k = k0 + 8 * h;
-      if (i >= M || k >= K) continue;
-      const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k & ~(int64_t)15, K, a.swz)];
-      const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
-      const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k, K);
-      uint32_t codes;
-      if (a.vec) {
-        codes = *reinterpret_cast<const uint32_t *>(p);
-      } else {
-        codes = 0;
-        for (int b = 0; b < 4; b++) codes |= (uint32_t)p[b] << (8 * b);
-      }
-      if (DT == HQ_BF16 && a.raw && a.vec && !hq_isnan(dm)) {
-        /* raw values: hq_nvfp4_raw_fast, exact in BF16 (hq_nvfp4_raw_mult's comment): the
-           FP32 results' high halves, two per byte_perm */
-        uint32_t b[8], h[4];
-        for (int e = 0; e < 8; e++) b[e] = hq_f32_bits(hq_nvfp4_raw_fast(codes >> (4 * e), dm));
-        for (int e = 0; e < 4; e++) h[e] = __byte_perm(b[2 * e], b[2 * e + 1], 0x7632);
-        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(a.dst) + i * K + k) =
-            make_uint4(h[0], h[1], h[2], h[3]);
-        continue;
-      }
-      float g[8];
-      for (int e = 0; e < 8; e++) g[e] = hq_nvfp4_dequantize((codes >> (4 * e)) & 0xfu, dm);
-      store_run<DT, 8>(a.dst, i * K + k, g, a.vec);
-    }
-    return;
-  }
   for (int s = 0; s < (kTK * 4) / kThreads; s++) {
     const int u = t + kThreads * s, c = u / 4, rb = u % 4;
     const int64_t i = i0 + 16 * rb, k = k0 + c;
@@ -578,11 +592,26 @@ template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
 }
 
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (!a.colwise) {
+    if (a.K % 16 != 0)
+      return call->host->error(HQ_ESHAPE, "nvfp4 CUDA dequantize: K = %lld is not a multiple of 16",
+                               (long long)a.K);
+    const int64_t nrun = a.M * a.K / 16;
+    int64_t blocks = (nrun + kThreads - 1) / kThreads;
+    if (blocks > 132 * 64) blocks = 132 * 64;
+    if ((uint64_t)(a.M * a.K) < ((uint64_t)1 << 32))
+      dequantize_rows_kernel<DT, true><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+    else
+      dequantize_rows_kernel<DT, false><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+    CHECK_LAUNCH(call, "nvfp4 rowwise dequantize kernel");
+    return HQ_OK;
+  }
   unsigned grid = 0;
   int rc = tile_grid(call, a.M, a.K, &grid);
   if (rc) return rc;
-  dequantize_kernel<DT><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a);
-  CHECK_LAUNCH(call, "nvfp4 dequantize kernel");
+  dequantize_kernel<DT><<<grid, kThreads, 0, stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 columnwise dequantize kernel");
   return HQ_OK;
 }
 
