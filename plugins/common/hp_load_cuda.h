@@ -6,6 +6,10 @@
 ** HQ_BF16) starting at element index i, as FP32 (exact). With vec, one 16-byte load (bf16/f16) or
 ** two (f32) through the read-only cache: i must be a multiple of 8 and x 16-byte aligned.
 ** Without, element loads (any alignment).
+**
+** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
+** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
+** far less than a 64-bit division in a kernel whose per-element work is a few instructions.
 */
 #ifndef HQ_HP_LOAD_CUDA_H
 #define HQ_HP_LOAD_CUDA_H
@@ -30,6 +34,18 @@ __device__ __forceinline__ void hq_cuda_load8(const void *__restrict__ x, int64_
       v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
       v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
     }
+  }
+}
+
+template <bool SMALL>
+__device__ __forceinline__ void hq_cuda_row_col(int64_t e, int64_t K, int64_t *i, int64_t *j) {
+  if (SMALL) {
+    const uint32_t u = (uint32_t)e, k32 = (uint32_t)K, r = u / k32;
+    *i = r;
+    *j = u - r * k32;
+  } else {
+    *i = e / K;
+    *j = e - *i * K;
   }
 }
 

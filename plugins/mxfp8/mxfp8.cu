@@ -353,14 +353,7 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
        g += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e0 = g * EPT;
     int64_t i, j;
-    if (SMALL) {
-      const uint32_t u = (uint32_t)e0, k32 = (uint32_t)K, r = u / k32;
-      i = r;
-      j = u - r * k32;
-    } else {
-      i = e0 / K;
-      j = e0 - i * K;
-    }
+    hq_cuda_row_col<SMALL>(e0, K, &i, &j);
     uint8_t q[EPT];
     if (VEC) {
       const uint4 u = __ldg(reinterpret_cast<const uint4 *>(qd + e0));

@@ -441,14 +441,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
        g += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e0 = g * 16;
     int64_t i, k;
-    if (SMALL) {
-      const uint32_t u = (uint32_t)e0, k32 = (uint32_t)K, r = u / k32;
-      i = r;
-      k = u - r * k32;
-    } else {
-      i = e0 / K;
-      k = e0 - i * K;
-    }
+    hq_cuda_row_col<SMALL>(e0, K, &i, &k);
     const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
     const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
     const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
