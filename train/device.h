@@ -79,6 +79,24 @@ static inline TRAIN_HD float train_act_grad(int act, float y) {
   return s + y * s * (1.0f - s) * 2.0f * TRAIN_GELU_K * (1.0f + 3.0f * TRAIN_GELU_C * y * y);
 }
 
+/* One row of the softmax cross-entropy (the rule both xent tables run per row): the loss term
+   log(sum_v e^(l_v - max)) + max - l_tgt in double, and, when d is not NULL, d_v =
+   softmax_v * inv for v < V, d_tgt -= inv, 0 in the padded columns [V, Vpad). */
+static inline TRAIN_HD double train_xent_row(const float *l, int32_t tgt, int V, int Vpad,
+                                             float inv, float *d) {
+  float mx = l[0];
+  for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+  double z = 0;
+  for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
+  const double term = log(z) + (double)mx - (double)l[tgt]; /* before d: d may alias l */
+  if (d) {
+    for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
+    d[tgt] -= inv;
+    for (int v = V; v < Vpad; v++) d[v] = 0.0f;
+  }
+  return term;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,16 +57,7 @@ static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_
       if (d) memset(d, 0, (size_t)Vpad * sizeof(float));
       continue;
     }
-    float mx = l[0];
-    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-    double z = 0;
-    for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
-    sum += log(z) + (double)mx - (double)l[tgt[b]];
-    if (d) {
-      for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
-      d[tgt[b]] -= inv;
-      for (int v = V; v < Vpad; v++) d[v] = 0.0f;
-    }
+    sum += train_xent_row(l, tgt[b], V, Vpad, inv, d);
   }
   *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
   return 0;

@@ -107,16 +107,7 @@ __global__ void xent_k(const float *__restrict__ logits, const int32_t *__restri
         for (int v = 0; v < Vpad; v++) d[v] = 0.0f;
       continue;
     }
-    float mx = l[0];
-    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-    double z = 0;
-    for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
-    sum += log(z) + (double)mx - (double)l[tgt[b]];
-    if (d) {
-      for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
-      d[tgt[b]] -= inv;
-      for (int v = V; v < Vpad; v++) d[v] = 0.0f;
-    }
+    sum += train_xent_row(l, tgt[b], V, Vpad, inv, d);
   }
   part[threadIdx.x] = sum;
   __syncthreads();
