@@ -6,7 +6,8 @@
 ** combinations (swizzle, block_2d, rht with the default and another sign mask, stochastic
 ** rounding with an instance seed and with the context's seed, rht + SR + swizzle); special
 ** inputs (NaN, Inf, subnormals, -0, all-zero blocks and an all-zero tensor, wide dynamic range
-** inside one block, values at the E2M1 and E4M3 saturation boundaries); dequantize of each
+** inside one block, values at the E2M1 and E4M3 saturation boundaries); a source pointer off
+** 16-byte alignment; dequantize of each
 ** direction into f32 / bf16 / f16 (through the inverse RHT); update; the device amax
 ** (hq_quantizer_amax and the module's amax op for every set of directions, with and without
 ** rht); quantize and update with a caller-supplied device amax (the own one, larger, smaller,
@@ -59,15 +60,20 @@ static void same_rng(void) {
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 11));
 }
 
-/* Copy a host tensor to the device. */
-static hq_tensor to_gpu(const hq_tensor *h) {
+/* Copy a host tensor to the device, `shift` elements into its allocation (shift 1: a source
+   that is not 16-byte aligned, which the kernels read element by element); free it with
+   hq_ctx_free(gpu, (char *)g.data - shift * element size). */
+static hq_tensor to_gpu_at(const hq_tensor *h, int shift) {
   hq_tensor g = *h;
-  size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes ? bytes : 1, &g.data));
+  const size_t es = hq_dtype_size(h->dtype), bytes = (size_t)(h->rows * h->cols) * es;
+  void *base = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + (size_t)shift * es + 1, &base));
+  g.data = (char *)base + (size_t)shift * es;
   if (bytes) HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
   g.device = 0;
   return g;
 }
+static hq_tensor to_gpu(const hq_tensor *h) { return to_gpu_at(h, 0); }
 
 
 static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
@@ -257,6 +263,18 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     compare_usage(h, g, usages[u], what);
     if (full && u == 0) check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
+    if (u == 0) { /* a source one element off 16-byte alignment: the element-by-element copy */
+      hq_tensor xu = to_gpu_at(&x, 1);
+      hq_qtensor *gu = NULL;
+      char w[400];
+      same_rng();
+      HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xu, &gu));
+      HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+      snprintf(w, sizeof w, "%s, unaligned source", what);
+      compare_usage(h, gu, usages[u], w);
+      hq_qtensor_free(gu);
+      hq_ctx_free(gpu, (char *)xu.data - hq_dtype_size(dt));
+    }
     hq_qtensor_free(h);
     hq_qtensor_free(g);
   }

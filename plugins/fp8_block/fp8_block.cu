@@ -124,8 +124,11 @@ __device__ __forceinline__ int sw(int r, int b) {
   return r * kB + ((((b >> 4) ^ (r >> 3)) & 7) << 4) + (b & 15);
 }
 
+/* CTAs per SM the register allocation aims at: 1-D at 3 (80 registers, 87.0% of copy for both
+   directions of 8192x8192 bf16 on H100, against 82.6% at 2 with 128 registers), 2-D at 2 (3
+   spills there) */
 template <int DT, int ELEM, bool TWO_D, int GT>
-__global__ void __launch_bounds__(kThreads, 2) quantize_kernel(QArgs a) {
+__global__ void __launch_bounds__(kThreads, TWO_D ? 2 : 3) quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */

@@ -7,15 +7,19 @@
 ** Every launch and memset is queued on call->stream; nothing allocates (scratch_size is 0 on a
 ** device) and nothing synchronizes, so quantize/update can be captured in a CUDA graph.
 **
-** Tiles of 64 (M) x 128 (K) elements, 256 threads, read once from global memory with 16-byte
-** loads (8 bf16/f16 or 2x4 f32 elements; scalar loads when the input is not 16-byte aligned)
-** into a shared FP32 tile.
+** Tiles of 64 (M) x 128 (K) elements, 256 threads, read once from global memory: the amax
+** kernel with 16-byte loads (8 bf16/f16 or 2x4 f32 elements; scalar loads when the input is not
+** 16-byte aligned) into a shared FP32 tile, the quantize kernel by cp.async into a shared tile of
+** the input's own bits.
 **   amax: max |x| (NaN ignored) as an integer max over the FP32 bits: a flat grid-stride pass
 **     (4 loads in flight per thread) when only max |x| is wanted; with rht a tile kernel that
 **     also takes the columnwise amax of the BF16-rounded transformed 16-groups (hq_nvfp4_rht16
 **     of each column's 16-row groups). Warp __reduce_max_sync, one atomicMax per warp and
 **     target: the result does not depend on the order of the atomics.
-**   quantize: as many CTAs as are resident at once, each looping over tiles. Per CTA once: the
+**   quantize: as many CTAs as are resident at once, each looping over tiles, two tile buffers
+**     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
+**     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of
+**     its peak). 128 registers per thread, no spills (2 CTAs per SM). Per CTA once: the
 **     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
@@ -28,10 +32,13 @@
 **     compares, which bounded the kernel (ALU pipe 71% busy, 46 instructions per element and
 **     direction); a block with a NaN takes hq_nvfp4_quantize. The packed bytes are staged in
 **     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
-**     64-byte row segments, columnwise 32-byte segments of the transposed rows); scales are
-**     single bytes at hq_nvfp4_{row,col}_scale_index (compact or swizzled). A scale buffer
-**     with padding entries is zeroed first (cudaMemsetAsync). Specialized on the input dtype,
-**     rht and SR.
+**     64-byte row segments, columnwise 32-byte segments of the transposed rows); so are the
+**     scale bytes, written as words of 4 consecutive entries (4 scale columns of a row in both
+**     layouts: a tile row's 8 rowwise entries are 2 words, a tile column's 4 columnwise entries
+**     one), not one byte per block (4x fewer store transactions: single-byte scale stores had
+**     L1 and L2 busier than DRAM). The block scale code is hq_nvfp4_block_scale's through the
+**     FP8 convert instruction (fp8_cvt_cuda.h). A scale buffer with padding entries is zeroed
+**     first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
@@ -46,6 +53,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "nvfp4.h"
@@ -58,8 +66,10 @@ constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
 constexpr int kLd = kTK + 4;  /* shared FP32 tile row stride (16-byte aligned rows) */
 constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
-constexpr int kMinBlocks = 4; /* quantize CTAs per SM the register allocation aims at (64
-                                 registers; measured faster than 3 on H100) */
+/* quantize CTAs per SM the register allocation aims at: 2 (128 registers, no spills) measured
+   on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197 ms for both
+   directions of 8192x8192 bf16 */
+constexpr int kMinBlocks = 2;
 constexpr int kCS = 5;        /* columnwise staging: uint2 per column (4 used) */
 
 /* The tile (i0, k0) of x as FP32 into sm[r * kLd + c]; elements outside [M, K] are 0. Returns
@@ -188,7 +198,9 @@ __device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, floa
                                             const float *enc_tab, int sr, uint64_t seed,
                                             uint64_t offset, uint32_t colwise, uint64_t block,
                                             int has_nan, uint2 *out) {
-  const uint8_t sf = hq_nvfp4_block_scale(bamax, m);
+  /* hq_nvfp4_block_scale(bamax, m) through the FP8 convert instruction (fp8_cvt_cuda.h: the
+     same bits; its saturation also covers the rule's Inf -> FLT_MAX clamp, bamax * m >= 0) */
+  const uint8_t sf = hq_cuda_f32_to_fp8<HQ_E4M3>(hq_mul_rn(bamax, m));
   const float enc = enc_tab[sf];
   uint32_t w[2] = {0u, 0u};
   if (sr) {
@@ -241,17 +253,92 @@ __device__ __forceinline__ float tile_amax16(const uint32_t *bam, int r0, int cb
   return hq_bits_f32(m);
 }
 
-/* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16). */
-__device__ __forceinline__ void row_group(const float *sm, int r, int c0, float v[16]) {
-  const float4 *s4 = reinterpret_cast<const float4 *>(sm + r * kLd + c0);
+/* The quantize kernel's tiles hold the input's own bits (DT's element size): kTM rows of kTK
+   elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
+   4-byte reads of consecutive columns meet no bank conflict; two of them, the next tile copied
+   in (cp.async) while the current one is encoded. */
+template <int DT> struct RawTile {
+  static constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
+  static constexpr int kRowBytes = kTK * kEsz + 16;
+  static constexpr int kBytes = kTM * kRowBytes;
+  static constexpr int kChunksPerRow = kTK * kEsz / 16;
+  static constexpr int kChunks = kTM * kChunksPerRow; /* 16-byte chunks per tile */
+};
+
+/* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
+   == 0: a 16-byte chunk is wholly inside or outside). Without vec (x not 16-byte aligned) the
+   copy is made here, element by element. */
+template <int DT>
+__device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
+                                           int64_t i0, int64_t k0, int vec, uint8_t *tile) {
+  using R = RawTile<DT>;
+  constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
 #pragma unroll
-  for (int q = 0; q < 4; q++) {
-    float4 f = s4[q];
-    v[4 * q] = f.x;
-    v[4 * q + 1] = f.y;
-    v[4 * q + 2] = f.z;
-    v[4 * q + 3] = f.w;
+  for (int s = 0; s < R::kChunks / kThreads; s++) {
+    const int g = threadIdx.x + kThreads * s, r = g / R::kChunksPerRow, cc = g % R::kChunksPerRow;
+    const int64_t i = i0 + r, k = k0 + cc * kPer;
+    const bool in = i < M && k < K;
+    uint8_t *dst = tile + r * R::kRowBytes + cc * 16;
+    if (vec) {
+      hq_cuda_cp_async16(dst, static_cast<const uint8_t *>(x) + (in ? (i * K + k) * R::kEsz : 0),
+                 in ? 16 : 0);
+    } else if (DT == HQ_F32) {
+      for (int e = 0; e < kPer; e++)
+        reinterpret_cast<float *>(dst)[e] = in ? static_cast<const float *>(x)[i * K + k + e] : 0.0f;
+    } else {
+      for (int e = 0; e < kPer; e++)
+        reinterpret_cast<uint16_t *>(dst)[e] =
+            in ? static_cast<const uint16_t *>(x)[i * K + k + e] : (uint16_t)0;
+    }
   }
+}
+
+template <int DT> __device__ __forceinline__ float raw_to_f32(uint32_t h) {
+  return DT == HQ_F16 ? hq_f16_to_f32((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
+}
+
+/* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16), as FP32 (exact). */
+template <int DT>
+__device__ __forceinline__ void row_group(const uint8_t *tile, int r, int c0, float v[16]) {
+  const uint8_t *p = tile + r * RawTile<DT>::kRowBytes + c0 * RawTile<DT>::kEsz;
+  if (DT == HQ_F32) {
+    const float4 *s4 = reinterpret_cast<const float4 *>(p);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const float4 f = s4[q];
+      v[4 * q] = f.x;
+      v[4 * q + 1] = f.y;
+      v[4 * q + 2] = f.z;
+      v[4 * q + 3] = f.w;
+    }
+  } else {
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      const uint4 u = s4[q];
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        if (DT == HQ_BF16) { /* the high and low halves as FP32 bits */
+          v[8 * q + 2 * e] = hq_bits_f32(w[e] << 16);
+          v[8 * q + 2 * e + 1] = hq_bits_f32(w[e] & 0xffff0000u);
+        } else {
+          v[8 * q + 2 * e] = raw_to_f32<DT>(w[e] & 0xffffu);
+          v[8 * q + 2 * e + 1] = raw_to_f32<DT>(w[e] >> 16);
+        }
+      }
+    }
+  }
+}
+
+/* Column c's 16-group starting at tile row r0, as FP32. */
+template <int DT>
+__device__ __forceinline__ void column_group_raw(const uint8_t *tile, int r0, int c, float v[16]) {
+  const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * RawTile<DT>::kEsz;
+#pragma unroll
+  for (int e = 0; e < 16; e++, p += RawTile<DT>::kRowBytes)
+    v[e] = DT == HQ_F32 ? *reinterpret_cast<const float *>(p)
+                        : raw_to_f32<DT>(*reinterpret_cast<const uint16_t *>(p));
 }
 
 struct QArgs {
@@ -259,6 +346,7 @@ struct QArgs {
   int64_t M, K;
   int vec;                 /* x 16-byte aligned */
   int a8;                  /* data buffers 8-byte aligned */
+  int a4;                  /* scale buffers 4-byte aligned */
   uint8_t *rdata, *rscale; /* rowwise copy (NULL: not made) */
   float *ramax;
   uint8_t *cdata, *cscale; /* columnwise copy (NULL: not made) */
@@ -279,14 +367,30 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
   }
 }
 
+/* A staged word of 4 scale bytes (entries b..b+3 of scale row r, b a multiple of 4: 4
+   consecutive bytes in both layouts) to its place; byte by byte when the buffer is not 4-byte
+   aligned, then only the logical entries (< n; the padding was zeroed). */
+__device__ __forceinline__ void store_scale_word(uint8_t *scale, int64_t r, int64_t b, int64_t cols,
+                                                 int swz, int a4, uint32_t w) {
+  const int64_t off = hq_nvfp4_scale_offset(r, b, cols, swz);
+  if (a4) {
+    *reinterpret_cast<uint32_t *>(scale + off) = w;
+  } else {
+    for (int j = 0; j < 4 && b + j < cols / 16; j++) scale[off + j] = (uint8_t)(w >> (8 * j));
+  }
+}
+
 template <int DT, bool RHT, bool SR>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a) {
-  __shared__ __align__(16) float sm[kTM * kLd]; /* the tile */
-  __shared__ float enc_tab[2][256];             /* encode multipliers: rowwise, columnwise */
-  __shared__ uint32_t bam[kTM * (kTK / 16)];    /* block_2d: per-row block amax bits */
-  /* the packed bytes, staged as each block is encoded (no registers held across the two
-     directions), then stored coalesced */
+  extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
+  __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
+  __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
+  /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
+     across the two directions), then stored coalesced */
   __shared__ uint2 rstage[kTM * kRS], cstage[kTK * kCS];
+  __shared__ uint32_t rsw[kTM * 2], csw[kTK]; /* scale words: 8 per tile row, 4 per column */
+  uint8_t *const rsb = reinterpret_cast<uint8_t *>(rsw), *const csb = reinterpret_cast<uint8_t *>(csw);
+  using R = RawTile<DT>;
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
@@ -302,13 +406,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
     enc_tab[1][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
     if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
   }
-  /* the CTA's tiles, grid-stride (the constants above are made once per CTA) */
-  for (unsigned tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+  /* the CTA's tiles, grid-stride (the constants above are made once per CTA); tile n + 1's copy
+     is in flight while tile n is encoded */
+  unsigned tile = blockIdx.x;
+  if (tile < a.ntiles) {
     int64_t i0, k0;
     tile_origin_of(tile, K, &i0, &k0);
-    if (tile != blockIdx.x) __syncthreads(); /* the previous tile's staged bytes are stored */
-    load_tile<DT>(a.x, M, K, i0, k0, a.vec, sm);
-    __syncthreads();
+    issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles);
+  }
+  hq_cuda_cp_async_commit();
+  for (int buf = 0; tile < a.ntiles; tile += gridDim.x, buf ^= 1) {
+    int64_t i0, k0;
+    const unsigned next = tile + gridDim.x;
+    if (next < a.ntiles) { /* its buffer was last read before the previous tile's staging barrier */
+      tile_origin_of(next, K, &i0, &k0);
+      issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles + (buf ^ 1) * R::kBytes);
+    }
+    hq_cuda_cp_async_commit();
+    tile_origin_of(tile, K, &i0, &k0);
+    hq_cuda_cp_async_wait_but_newest();
+    __syncthreads(); /* the tile is in; the previous tile's staged bytes are stored */
+    const uint8_t *sm = tiles + buf * R::kBytes;
 
     /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
     const int r = t % kTM, p = t / kTM;
@@ -318,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
 #pragma unroll
       for (int j = 0; j < 2; j++) {
         float v[16];
-        row_group(sm, r, 32 * p + 16 * j, v);
+        row_group<DT>(sm, r, 32 * p + 16 * j, v);
         bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(hq_nvfp4_amax(v, 16));
       }
       __syncthreads();
@@ -329,17 +447,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       for (int j = 0; j < 2; j++) {
         const int b = 2 * p + j;
         const int64_t k = k0 + 16 * b;
+        uint8_t sf = 0;
         if (i < M && k < K) {
           float v[16];
-          row_group(sm, r, 16 * b, v);
+          row_group<DT>(sm, r, 16 * b, v);
           int has_nan;
           float ba = block_amax16(v, &has_nan);
           if (a.b2d) ba = tile_amax16(bam, r & ~15, b);
-          const uint8_t sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
-                                      (uint64_t)(i * (K / 16) + k / 16), has_nan,
-                                      &rstage[r * kRS + b]);
-          a.rscale[hq_nvfp4_row_scale_index(i, k, K, a.swz)] = sf;
+          sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
+                        (uint64_t)(i * (K / 16) + k / 16), has_nan, &rstage[r * kRS + b]);
         }
+        rsb[r * 8 + b] = sf;
       }
     }
     if (a.cdata) {
@@ -348,18 +466,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       for (int j = 0; j < 2; j++) {
         const int rb = 2 * h + j;
         const int64_t i = i0 + 16 * rb;
+        uint8_t sf = 0;
         if (i < M && k < K) {
           float v[16];
-          column_group(sm, 16 * rb, c, v);
+          column_group_raw<DT>(sm, 16 * rb, c, v);
           if (RHT) hq_nvfp4_rht16(v, a.mask);
           int has_nan;
           float ba = block_amax16(v, &has_nan);
           if (a.b2d) ba = tile_amax16(bam, 16 * rb, c / 16);
-          const uint8_t sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
-                                      (uint64_t)(k * (M / 16) + i / 16), has_nan,
-                                      &cstage[c * kCS + rb]);
-          a.cscale[hq_nvfp4_col_scale_index(i, k, M, a.swz)] = sf;
+          sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
+                        (uint64_t)(k * (M / 16) + i / 16), has_nan, &cstage[c * kCS + rb]);
         }
+        csb[c * 4 + rb] = sf;
       }
     }
     __syncthreads(); /* every block staged */
@@ -371,6 +489,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
         if (i < M && k < K)
           store8(a.rdata + hq_nvfp4_row_data_index(i, k, K), rstage[rr * kRS + b], a.a8);
       }
+      if (t < kTM * 2) { /* row t/2's scale entries k0/16 + 4 (t%2) .. +3 */
+        const int64_t i = i0 + t / 2, b = k0 / 16 + 4 * (t % 2);
+        if (i < M && b < K / 16) store_scale_word(a.rscale, i, b, K, a.swz, a.a4, rsw[t]);
+      }
     }
     if (a.cdata) {
 #pragma unroll
@@ -379,6 +501,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
         const int64_t i = i0 + 16 * rb, k = k0 + cc;
         if (i < M && k < K)
           store8(a.cdata + hq_nvfp4_col_data_index(i, k, M), cstage[cc * kCS + rb], a.a8);
+      }
+      if (t < kTK) { /* column k0 + t's scale entries i0/16 .. +3 */
+        const int64_t k = k0 + t;
+        if (k < K) store_scale_word(a.cscale, k, i0 / 16, M, a.swz, a.a4, csw[t]);
       }
     }
   }
@@ -567,11 +693,19 @@ template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, 
   int dev = 0, sms = 0, per_sm = 0;
   CHECK_CUDA(call, cudaGetDevice(&dev));
   CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
+     asking); the attributes are per device, set on each call (a host-side table write) */
+  const int dyn = 2 * RawTile<DT>::kBytes;
+  CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+  CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        (int)cudaSharedmemCarveoutMaxShared));
   CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                       &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, 0));
+                       &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, dyn));
   const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a);
+  quantize_kernel<DT, RHT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
@@ -689,6 +823,7 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   a.cscale = col ? col->scale : NULL;
   a.camax = col ? col->amax : NULL;
   a.a8 = (!row || aligned(row->data, 8)) && (!col || aligned(col->data, 8));
+  a.a4 = (!row || aligned(row->scale, 4)) && (!col || aligned(col->scale, 4));
   a.given = given;
   a.rht = cfg->rht;
   a.sr = cfg->sr;
