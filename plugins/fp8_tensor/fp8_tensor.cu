@@ -10,9 +10,10 @@
 **
 ** amax op:  memset out[0..1] to 0, the amax kernel into out[0] (or out[1] for a columnwise-only
 **           request), and a device-to-device copy to out[1] when both directions are asked for.
-** quantize: (1) amax kernel, skipped when the caller passes call->amax: grid-stride max|x|
-**           ignoring NaN, atomicMax on the FP32 bits (valid for non-negative floats) into the
-**           storage's amax buffer (zeroed first, on the stream);
+** quantize: (1) amax kernel, skipped when the caller passes call->amax: max|x| ignoring NaN
+**           (amax_cuda.h's flat pass; an element-wise grid-stride kernel when the input is not
+**           16-byte aligned or n % 8 != 0), atomicMax on the FP32 bits (valid for non-negative
+**           floats) into the storage's amax buffer (zeroed first, on the stream);
 **           (2) cast kernel: each block recomputes the scale from that amax -- or from the
 **           caller's (fp8t_one_amax) -- (a few flops), then quantizes a tile read once from
 **           global memory, writes the rowwise bytes and, through shared memory, the transposed
@@ -32,8 +33,9 @@
 #include <float.h>
 #include <stdint.h>
 
-#include "fp8_cvt_cuda.h"
+#include "amax_cuda.h"
 #include "cuda_check.h"
+#include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_scale.h"
@@ -68,27 +70,6 @@ __global__ void amax_kernel(const void *__restrict__ x, int64_t n, float *__rest
 constexpr int kVTile = 64;     /* 64x64 tile, 256 threads, 8 elements per thread per pass */
 constexpr int kVThreads = 256;
 constexpr int kVStride = 72;   /* shared tile row stride in bytes (8-byte aligned rows) */
-
-template <int DT>
-__global__ void amax_kernel_vec(const void *__restrict__ x, int64_t n8, float *__restrict__ amax) {
-  uint32_t m = 0;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n8;
-       g += (int64_t)gridDim.x * blockDim.x) {
-    float v[8];
-    hq_cuda_load8<DT>(x, g * 8, true, v);
-    for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(v[k]));
-  }
-  for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-  __shared__ uint32_t warp_max[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0u;
-    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0 && m) atomicMax(reinterpret_cast<unsigned int *>(amax), m);
-  }
-}
 
 struct CastArgs {
   const void *x;
@@ -311,9 +292,8 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
                 float *acc) {
   if (n <= 0) return HQ_OK;
   if (vec) {
-    int64_t n8 = n / 8, blocks = (n8 + 255) / 256;
-    if (blocks > 132 * 16) blocks = 132 * 16;
-    amax_kernel_vec<DT><<<(unsigned)blocks, 256, 0, stream>>>(x, n8, acc);
+    CHECK_CUDA(call, hq_cuda_amax<DT>(x, n / 8, true, acc, NULL, stream));
+    return HQ_OK;
   } else {
     int blocks = (int)((n + 1023) / 1024);
     if (blocks > 4096) blocks = 4096;

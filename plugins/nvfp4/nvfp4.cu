@@ -11,8 +11,8 @@
 ** kernel with 16-byte loads (8 bf16/f16 or 2x4 f32 elements; scalar loads when the input is not
 ** 16-byte aligned) into a shared FP32 tile, the quantize kernel by cp.async into a shared tile of
 ** the input's own bits.
-**   amax: max |x| (NaN ignored) as an integer max over the FP32 bits: a flat grid-stride pass
-**     (4 loads in flight per thread) when only max |x| is wanted; with rht a tile kernel that
+**   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
+**     is wanted; with rht a tile kernel (integer max over the FP32 bits) that
 **     also takes the columnwise amax of the BF16-rounded transformed 16-groups (hq_nvfp4_rht16
 **     of each column's 16-row groups). Warp __reduce_max_sync, one atomicMax per warp and
 **     target: the result does not depend on the order of the atomics.
@@ -52,6 +52,7 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "amax_cuda.h"
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
@@ -154,28 +155,6 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
     }
   }
   cta_atomic_max(mt, a.t, NULL);
-}
-
-/* max |x| alone (no RHT): a flat grid-stride pass, 4 independent 8-element loads in flight per
-   thread, no shared tile. n8 = elements / 8. */
-template <int DT>
-__global__ void __launch_bounds__(kThreads)
-    amax_flat_kernel(const void *__restrict__ x, int64_t n8, int vec, float *t0, float *t1) {
-  uint32_t mx = 0;
-  const int64_t stride = (int64_t)gridDim.x * kThreads;
-  for (int64_t g = (int64_t)blockIdx.x * kThreads + threadIdx.x; g < n8; g += 4 * stride) {
-    float v[4][8];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (g + u * stride < n8)
-        hq_cuda_load8<DT>(x, (g + u * stride) * 8, vec, v[u]);
-      else
-        for (int e = 0; e < 8; e++) v[u][e] = 0.0f;
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      for (int e = 0; e < 8; e++) mx = max(mx, hq_abs_bits_nonan(v[u][e]));
-  }
-  cta_atomic_max(mx, t0, t1);
 }
 
 /* One direction's constants from its global amax A. */
@@ -652,15 +631,8 @@ int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid) {
 
 template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  if (!a.t) {
-    int dev = 0, sms = 132;
-    CHECK_CUDA(call, cudaGetDevice(&dev));
-    CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int64_t n8 = a.M * a.K / 8;
-    int64_t blocks = (n8 + 4 * kThreads - 1) / (4 * kThreads);
-    if (blocks > (int64_t)sms * 8) blocks = (int64_t)sms * 8;
-    amax_flat_kernel<DT><<<(unsigned)blocks, kThreads, 0, stream>>>(a.x, n8, a.vec, a.x0, a.x1);
-    CHECK_LAUNCH(call, "nvfp4 amax kernel");
+  if (!a.t) { /* max |x| alone: the shared flat pass (amax_cuda.h; M * K % 8 == 0) */
+    CHECK_CUDA(call, hq_cuda_amax<DT>(a.x, a.M * a.K / 8, a.vec, a.x0, a.x1, stream));
     return HQ_OK;
   }
   unsigned grid = 0;

@@ -1,0 +1,85 @@
+/*
+** amax_cuda.h -- the per-tensor amax pass of the stock plugins' kernels (fp8_tensor's current
+** scaling, nvfp4's global scales): max |x| over a whole tensor, NaN ignored, Inf counted -- the
+** CPU reference's rule (hq_fmax_nan_ignoring) -- atomically maxed into one or two device floats
+** that the caller zeroed on the stream. Private to the stock plugins (not installed).
+**
+** hq_cuda_amax<DT>(x, n8, vec, t0, t1, stream): n8 = elements / 8 (the caller handles a tail);
+** vec: x 16-byte aligned (16-byte loads), else element loads. A read-only stream, so what bounds
+** it is the bytes in flight: as many CTAs as are resident, each thread with 4 independent
+** 8-element loads in flight per step; the max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
+** operand: one instruction per element, never NaN); the CTA's maximum goes out in one
+** atomicMax per target (bits of a non-negative float order like the values, so the result does
+** not depend on the atomics' order).
+*/
+#ifndef HQ_AMAX_CUDA_H
+#define HQ_AMAX_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "hp_load_cuda.h"
+
+constexpr int kHqAmaxThreads = 256;
+
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(kHqAmaxThreads)
+    hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n8, float *t0, float *t1) {
+  float m = 0.0f;
+  const int64_t stride = (int64_t)gridDim.x * kHqAmaxThreads;
+  int64_t g = (int64_t)blockIdx.x * kHqAmaxThreads + threadIdx.x;
+  for (; g + 3 * stride < n8; g += 4 * stride) {
+    float v[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; u++) hq_cuda_load8<DT>(x, (g + u * stride) * 8, VEC, v[u]);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[u][e]));
+  }
+  for (; g < n8; g += stride) {
+    float v[8];
+    hq_cuda_load8<DT>(x, g * 8, VEC, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[e]));
+  }
+  __shared__ float warp_max[kHqAmaxThreads / 32];
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < kHqAmaxThreads / 32 ? warp_max[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0 && m > 0.0f) {
+      if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), __float_as_uint(m));
+      if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), __float_as_uint(m));
+    }
+  }
+}
+
+template <int DT, bool VEC>
+inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n8, float *t0, float *t1,
+                                  cudaStream_t stream) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+      (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hq_cuda_amax_kernel<DT, VEC>,
+                                                         kHqAmaxThreads, 0)) != cudaSuccess)
+    return e;
+  int64_t blocks = (n8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
+  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  if (blocks > resident) blocks = resident;
+  if (blocks < 1) return cudaSuccess;
+  hq_cuda_amax_kernel<DT, VEC><<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n8, t0, t1);
+  return cudaGetLastError();
+}
+
+template <int DT>
+inline cudaError_t hq_cuda_amax(const void *x, int64_t n8, bool vec, float *t0, float *t1,
+                                cudaStream_t stream) {
+  return vec ? hq_cuda_amax_v<DT, true>(x, n8, t0, t1, stream)
+             : hq_cuda_amax_v<DT, false>(x, n8, t0, t1, stream);
+}
+
+#endif /* HQ_AMAX_CUDA_H */
