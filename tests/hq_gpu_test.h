@@ -1,6 +1,6 @@
 /*
 ** hq_gpu_test.h -- what the GPU tests share: comparing a device quantization with the CPU
-** reference byte for byte, moving a caller's amax pair to and from the device, raw dequantize on
+** reference byte for byte, copying an input (or a caller's amax pair) to the device, raw dequantize on
 ** both sides, and checking a device hq_gemm (native or emulated) against the F64 product.
 ** Include after hq_test.h.
 */
@@ -41,6 +41,21 @@ static inline void hq_gpu_compare_usage(hq_ctx *dev, const hq_qtensor *h, const 
                                         uint32_t usage, const char *what) {
   if (usage & HQ_ROWWISE) hq_gpu_compare_dir(dev, h, g, HQ_ROWWISE, what);
   if (usage & HQ_COLWISE) hq_gpu_compare_dir(dev, h, g, HQ_COLWISE, what);
+}
+
+/* A device copy of host tensor h on dev, `shift` bytes into its allocation (shift > 0: a
+   source off 16-byte alignment, which the kernels read element by element); free it with
+   hq_ctx_free(dev, (char *)g.data - shift). */
+static inline hq_tensor hq_gpu_tensor_at(hq_ctx *dev, const hq_tensor *h, size_t shift) {
+  hq_tensor g = *h;
+  const size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(dev, bytes + shift + 16, &p));
+  g.data = (char *)p + shift;
+  if (bytes)
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, g.data, hq_ctx_device(dev), h->data, HQ_DEVICE_HOST, bytes));
+  g.device = hq_ctx_device(dev);
+  return g;
 }
 
 /* Two floats (a rowwise and a columnwise amax) in device memory (free with hq_ctx_free). */

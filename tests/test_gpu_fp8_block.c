@@ -51,13 +51,9 @@ static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usa
 /* A device copy of a host tensor; `shift` elements into its allocation (a misaligned pointer
    when shift is odd). *base is what to free. */
 static hq_tensor to_gpu(const hq_tensor *h, int shift, void **base) {
-  hq_tensor g = *h;
-  const size_t es = hq_dtype_size(h->dtype);
-  const size_t bytes = (size_t)(h->rows * h->cols) * es;
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + 16, base));
-  g.data = (uint8_t *)*base + (size_t)shift * es;
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
-  g.device = 0;
+  const size_t off = (size_t)shift * hq_dtype_size(h->dtype);
+  const hq_tensor g = hq_gpu_tensor_at(gpu, h, off);
+  *base = (char *)g.data - off;
   return g;
 }
 

@@ -51,15 +51,7 @@ static void compare_usage(const hq_qtensor *h, const hq_qtensor *g, uint32_t usa
 static float *amax_to_gpu(const float a[2]) { return hq_gpu_amax_to_dev(gpu, a); }
 static void amax_to_host(const float *dev, float out[2]) { hq_gpu_amax_to_host(gpu, dev, out); }
 
-/* Copy a host tensor to the device. */
-static hq_tensor to_gpu(const hq_tensor *h) {
-  hq_tensor g = *h;
-  size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes, &g.data));
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
-  g.device = 0;
-  return g;
-}
+static hq_tensor to_gpu(const hq_tensor *h) { return hq_gpu_tensor_at(gpu, h, 0); }
 
 
 

@@ -45,19 +45,7 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* Copy a host tensor to the device, `shift` bytes past a fresh allocation (free g.data - shift
-   with hq_ctx_free). */
-static hq_tensor to_gpu_at(const hq_tensor *h, size_t shift) {
-  hq_tensor g = *h;
-  size_t bytes = (size_t)(h->rows * h->cols) * hq_dtype_size(h->dtype);
-  void *p = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + shift + 16, &p));
-  g.data = (char *)p + shift;
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
-  g.device = 0;
-  return g;
-}
-static hq_tensor to_gpu(const hq_tensor *h) { return to_gpu_at(h, 0); }
+static hq_tensor to_gpu(const hq_tensor *h) { return hq_gpu_tensor_at(gpu, h, 0); }
 
 /* Every buffer of `dir` on the device equals the host reference's, byte for byte (only the
    scale buffers when scales_only). */
@@ -207,7 +195,7 @@ static void check_text(const char *text, const char *what, hq_dtype dt, int64_t 
       hq_qtensor_free(eh);
       hq_qtensor_free(eg);
       /* unaligned source (scalar loads, byte stores) and unaligned dequantize destinations */
-      hq_tensor xu = to_gpu_at(&x, 4);
+      hq_tensor xu = hq_gpu_tensor_at(gpu, &x, 4);
       hq_qtensor *gu = NULL;
       HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xu, &gu));
       snprintf(w, sizeof w, "%s, usage %u, unaligned source", what, us);

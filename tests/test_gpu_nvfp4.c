@@ -60,20 +60,7 @@ static void same_rng(void) {
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 11));
 }
 
-/* Copy a host tensor to the device, `shift` elements into its allocation (shift 1: a source
-   that is not 16-byte aligned, which the kernels read element by element); free it with
-   hq_ctx_free(gpu, (char *)g.data - shift * element size). */
-static hq_tensor to_gpu_at(const hq_tensor *h, int shift) {
-  hq_tensor g = *h;
-  const size_t es = hq_dtype_size(h->dtype), bytes = (size_t)(h->rows * h->cols) * es;
-  void *base = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes + (size_t)shift * es + 1, &base));
-  g.data = (char *)base + (size_t)shift * es;
-  if (bytes) HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, g.data, 0, h->data, HQ_DEVICE_HOST, bytes));
-  g.device = 0;
-  return g;
-}
-static hq_tensor to_gpu(const hq_tensor *h) { return to_gpu_at(h, 0); }
+static hq_tensor to_gpu(const hq_tensor *h) { return hq_gpu_tensor_at(gpu, h, 0); }
 
 
 static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
@@ -264,7 +251,7 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     compare_usage(h, g, usages[u], what);
     if (full && u == 0) check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
     if (u == 0) { /* a source one element off 16-byte alignment: the element-by-element copy */
-      hq_tensor xu = to_gpu_at(&x, 1);
+      hq_tensor xu = hq_gpu_tensor_at(gpu, &x, hq_dtype_size(dt));
       hq_qtensor *gu = NULL;
       char w[400];
       same_rng();
