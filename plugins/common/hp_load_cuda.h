@@ -5,7 +5,8 @@
 ** hq_cuda_load8<DT>(x, i, v): the 8 consecutive elements of x (dtype DT: HQ_F32, HQ_F16,
 ** HQ_BF16) starting at element index i, as FP32 (exact). With vec, one 16-byte load (bf16/f16) or
 ** two (f32) through the read-only cache: i must be a multiple of 8 and x 16-byte aligned.
-** Without, element loads (any alignment).
+** Without, element loads (any alignment). hq_cuda_hp16_to_f32<DT>(h): one 16-bit element's
+** bits as FP32 (the conversion every 16-bit read of the stock kernels uses).
 **
 ** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
 ** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
@@ -23,6 +24,11 @@
 
 #include "hq/numerics.h"
 
+/* One 16-bit element's bits h (DT: HQ_F16 or HQ_BF16) as FP32, exact. */
+template <int DT> __device__ __forceinline__ float hq_cuda_hp16_to_f32(uint32_t h) {
+  return DT == HQ_F16 ? hq_f16_to_f32((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
+}
+
 template <int DT>
 __device__ __forceinline__ void hq_cuda_load8(const void *__restrict__ x, int64_t i, bool vec,
                                               float v[8]) {
@@ -37,9 +43,8 @@ __device__ __forceinline__ void hq_cuda_load8(const void *__restrict__ x, int64_
     uint4 w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(x) + i));
     const uint32_t u[4] = {w.x, w.y, w.z, w.w};
     for (int k = 0; k < 4; k++) {
-      uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
-      v[2 * k] = DT == HQ_F16 ? hq_f16_to_f32(lo) : hq_bf16_to_f32(lo);
-      v[2 * k + 1] = DT == HQ_F16 ? hq_f16_to_f32(hi) : hq_bf16_to_f32(hi);
+      v[2 * k] = hq_cuda_hp16_to_f32<DT>(u[k] & 0xffffu);
+      v[2 * k + 1] = hq_cuda_hp16_to_f32<DT>(u[k] >> 16);
     }
   }
 }

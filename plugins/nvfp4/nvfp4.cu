@@ -272,13 +272,9 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M
   }
 }
 
-template <int DT> __device__ __forceinline__ float raw_to_f32(uint32_t h) {
-  return DT == HQ_F16 ? hq_f16_to_f32((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
-}
-
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16), as FP32 (exact). */
 template <int DT>
-__device__ __forceinline__ void row_group(const uint8_t *tile, int r, int c0, float v[16]) {
+__device__ __forceinline__ void row_group_raw(const uint8_t *tile, int r, int c0, float v[16]) {
   const uint8_t *p = tile + r * RawTile<DT>::kRowBytes + c0 * RawTile<DT>::kEsz;
   if (DT == HQ_F32) {
     const float4 *s4 = reinterpret_cast<const float4 *>(p);
@@ -298,13 +294,8 @@ __device__ __forceinline__ void row_group(const uint8_t *tile, int r, int c0, fl
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        if (DT == HQ_BF16) { /* the high and low halves as FP32 bits */
-          v[8 * q + 2 * e] = hq_bits_f32(w[e] << 16);
-          v[8 * q + 2 * e + 1] = hq_bits_f32(w[e] & 0xffff0000u);
-        } else {
-          v[8 * q + 2 * e] = raw_to_f32<DT>(w[e] & 0xffffu);
-          v[8 * q + 2 * e + 1] = raw_to_f32<DT>(w[e] >> 16);
-        }
+        v[8 * q + 2 * e] = hq_cuda_hp16_to_f32<DT>(w[e] & 0xffffu);
+        v[8 * q + 2 * e + 1] = hq_cuda_hp16_to_f32<DT>(w[e] >> 16);
       }
     }
   }
@@ -317,7 +308,7 @@ __device__ __forceinline__ void column_group_raw(const uint8_t *tile, int r0, in
 #pragma unroll
   for (int e = 0; e < 16; e++, p += RawTile<DT>::kRowBytes)
     v[e] = DT == HQ_F32 ? *reinterpret_cast<const float *>(p)
-                        : raw_to_f32<DT>(*reinterpret_cast<const uint16_t *>(p));
+                        : hq_cuda_hp16_to_f32<DT>(*reinterpret_cast<const uint16_t *>(p));
 }
 
 struct QArgs {
@@ -415,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
 #pragma unroll
       for (int j = 0; j < 2; j++) {
         float v[16];
-        row_group<DT>(sm, r, 32 * p + 16 * j, v);
+        row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
         bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(hq_nvfp4_amax(v, 16));
       }
       __syncthreads();
@@ -429,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
         uint8_t sf = 0;
         if (i < M && k < K) {
           float v[16];
-          row_group<DT>(sm, r, 16 * b, v);
+          row_group_raw<DT>(sm, r, 16 * b, v);
           int has_nan;
           float ba = block_amax16(v, &has_nan);
           if (a.b2d) ba = tile_amax16(bam, r & ~15, b);
