@@ -102,7 +102,8 @@ static unsigned e2m1_nearest(double a) {
 
 /* The GPU kernels' form (hq_e2m1_code_nonan) gives hq_f32_to_e2m1's code for every FP32 value
    below 32 (exhaustively, both signs) and on a sweep of the rest up to +-Inf; a sample also
-   against the nearest code found in double. */
+   against the nearest code found in double. The unsaturated form (hq_e2m1_biased_bits_lt7)
+   gives the magnitude code for every value below 7. */
 static void test_e2m1_fast_form_exhaustive(void **state) {
   (void)state;
   uint64_t bad = 0;
@@ -110,6 +111,8 @@ static void test_e2m1_fast_form_exhaustive(void **state) {
     const float x = hq_bits_f32(u), nx = hq_bits_f32(u | 0x80000000u);
     bad += hq_e2m1_code_nonan(x) != hq_f32_to_e2m1(x);
     bad += hq_e2m1_code_nonan(nx) != hq_f32_to_e2m1(nx);
+    if (u < 0x40e00000u) /* |x| < 7: the unsaturated form of the kernels' bounded blocks */
+      bad += hq_e2m1_biased_bits_lt7(x) - 0x4b000000u != (hq_f32_to_e2m1(x) & 7u);
     if ((u & 0xfffu) == 0x123u && hq_e2m1_code_nonan(x) != e2m1_nearest((double)x))
       fail_msg("0x%08x: code %u, nearest %u", u, hq_e2m1_code_nonan(x), e2m1_nearest((double)x));
   }

@@ -19,18 +19,25 @@
 **   quantize: as many CTAs as are resident at once, each looping over tiles, two tile buffers
 **     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
 **     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of
-**     its peak). 128 registers per thread, no spills (2 CTAs per SM). Per CTA once: the
+**     its peak). 128 registers per thread, no spills for 16-bit inputs without SR (2 CTAs per
+**     SM; 3, at 80 registers, measured slower). Per CTA once: the
 **     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
-**     encodes 2 blocks of 16 along K of one row; columnwise, 2 blocks of 16 along M of one
-**     column (through hq_nvfp4_rht16 with rht); block_2d takes the 16x16 tile amax from per-row
-**     block amaxes in shared memory. Stochastic rounding: one hq_nvfp4_sr_bits call per block
-**     (its index in the direction's stored data), byte e for element e. Without it, a block
-**     holding no NaN (max.NaN of |v|, which is also the block amax) encodes through
-**     hq_e2m1_code_nonan: FP32 adds and mins and multiply-add packing instead of integer
-**     compares, which bounded the kernel (ALU pipe 71% busy, 46 instructions per element and
-**     direction); a block with a NaN takes hq_nvfp4_quantize. The packed bytes are staged in
+**     encodes 2 blocks of 16 along K of one row; columnwise, one block of 16 along M of two
+**     adjacent columns (one 32-bit shared read per row; through hq_nvfp4_rht16 with rht);
+**     block_2d takes the 16x16 tile amax from per-row block amaxes in shared memory. A thread's
+**     two blocks are encoded side by side (no branch between them, so their work interleaves).
+**     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
+**     stored data), byte e for element e. Without it, a block holding no NaN whose largest
+**     scaled magnitude RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
+**     hq_e2m1_biased_bits_lt7 (three FP32 adds and one three-input integer min per element,
+**     no saturation needed) and multiply-add packing; 16-bit inputs also take the block amax
+**     from packed max.NaN.xorsign.abs on the raw words (two elements per instruction) and the
+**     sign bits from byte permutes of them (ncu, 8192x8192 bf16 both directions: 20 issued
+**     instructions per element and direction before, 15 after). Any other block takes
+**     hq_nvfp4_quantize. Partial tiles are zero-filled in shared memory, so every block is
+**     encoded without a bounds check (only the stores check). The packed bytes are staged in
 **     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
 **     64-byte row segments, columnwise 32-byte segments of the transposed rows); so are the
 **     scale bytes, written as words of 4 consecutive entries (4 scale columns of a row in both
@@ -70,8 +77,12 @@ constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 /* quantize CTAs per SM the register allocation aims at: 2 (128 registers, no spills) measured
    on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197 ms for both
    directions of 8192x8192 bf16 */
-constexpr int kMinBlocks = 2;
-constexpr int kCS = 5;        /* columnwise staging: uint2 per column (4 used) */
+#ifndef HQ_NVFP4_MIN_BLOCKS /* (a build-time override, for measuring other targets) */
+#define HQ_NVFP4_MIN_BLOCKS 2
+#endif
+constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
+constexpr int kCS = kTK + 4;  /* columnwise staging: uint2 per row block (kTK used; the pad
+                                 spreads the 4 row blocks over the banks) */
 
 /* The tile (i0, k0) of x as FP32 into sm[r * kLd + c]; elements outside [M, K] are 0. Returns
    the max of hq_abs_bits_nonan over the elements this thread loaded. */
@@ -170,46 +181,101 @@ __device__ __forceinline__ DirConst dir_const(float amax) {
   return d;
 }
 
-/* 16 values with the block amax `bamax`: the scale code and the 8 packed bytes (element 2b in
-   the low nibble of byte b), RNE or, with sr, from the block's Philox words. enc_tab: the
-   direction's hq_nvfp4_encode_mult of every scale code (shared memory). */
-__device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, float m,
-                                            const float *enc_tab, int sr, uint64_t seed,
-                                            uint64_t offset, uint32_t colwise, uint64_t block,
-                                            int has_nan, uint2 *out) {
-  /* hq_nvfp4_block_scale(bamax, m) through the FP8 convert instruction (fp8_cvt_cuda.h: the
-     same bits; its saturation also covers the rule's Inf -> FLT_MAX clamp, bamax * m >= 0) */
+/* A block's scale code from its amax: hq_nvfp4_block_scale(bamax, m) through the FP8 convert
+   instruction (fp8_cvt_cuda.h: the same bits; its saturation also covers the rule's Inf ->
+   FLT_MAX clamp, bamax * m >= 0), and the code's encode multiplier from enc_tab (the
+   direction's hq_nvfp4_encode_mult of every code, shared memory). */
+__device__ __forceinline__ uint8_t block_code(float bamax, float m, const float *enc_tab,
+                                              float *enc) {
   const uint8_t sf = hq_cuda_f32_to_fp8<HQ_E4M3>(hq_mul_rn(bamax, m));
-  const float enc = enc_tab[sf];
+  *enc = enc_tab[sf];
+  return sf;
+}
+
+/* Whether a block takes the fast form: no NaN among its values and every |v * enc| <=
+   RN(bamax * enc) < 7 (rounding is monotonic; enc >= 0), so hq_e2m1_biased_bits_lt7 applies.
+   Otherwise (a NaN, an Inf, a scale code below the block: E4M3 underflow) the rule itself. */
+__device__ __forceinline__ bool fast_block(float bamax, float enc, int has_nan) {
+  return !has_nan && hq_mul_rn(bamax, enc) < 7.0f;
+}
+
+/* The fast form of 16 values v(0..15) (a fast_block): the same codes as hq_nvfp4_quantize
+   with FP32 adds and one integer min per value (this loop bounds the kernel). Each nibble is
+   accumulated as (0x4b000000 + code) * 16^e (multiply-adds, on the FMA pipe beside the min)
+   and the biases leave in one subtraction (mod 2^32: code <= 7 never carries into the next
+   nibble); the sign bits sgn (x's: enc > 0, or enc = 0 and x * enc = +-0) are or-ed in. */
+template <class V> __device__ __forceinline__ uint2 encode_fast(V v, float enc, uint2 sgn) {
+  constexpr uint32_t kBias = 0x4b000000u * 0x11111111u;
+  uint32_t acc[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 16; e++)
+    acc[e >> 3] += hq_e2m1_biased_bits_lt7(fabsf(hq_mul_rn(v(e), enc))) * (1u << (4 * (e & 7)));
+  return make_uint2((acc[0] - kBias) | sgn.x, (acc[1] - kBias) | sgn.y);
+}
+
+/* The rule for 16 values: hq_nvfp4_quantize, or with SR hq_nvfp4_quantize_sr from the block's
+   Philox words (its index `block` in the direction's stored data). */
+template <bool SR, class V>
+__device__ __forceinline__ uint2 encode_rule(V v, float enc, uint64_t seed, uint64_t offset,
+                                             uint32_t colwise, uint64_t block) {
   uint32_t w[2] = {0u, 0u};
-  if (sr) {
+  if (SR) {
     uint32_t bits[4];
     hq_nvfp4_sr_bits(seed, offset, colwise, block, bits);
 #pragma unroll
     for (int e = 0; e < 16; e++)
-      w[e >> 3] |= hq_nvfp4_quantize_sr(v[e], enc, hq_nvfp4_sr_byte(bits, e)) << (4 * (e & 7));
-  } else if (!has_nan) {
-    /* no NaN among the 16: hq_e2m1_code_nonan, the same codes as hq_nvfp4_quantize with FP32
-       adds and mins instead of integer compares (this loop bounds the kernel). Each nibble is
-       accumulated as (0x4b000000 + code) * 16^e plus the sign bit (of x: enc > 0) * 8 * 16^e --
-       multiply-adds, which run beside the compares -- and the biases leave in one subtraction
-       (mod 2^32: code + 8 * sign <= 15 never carries into the next nibble). */
-    constexpr uint32_t kBias = 0x4b000000u * 0x11111111u;
-    uint32_t acc[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 16; e++) {
-      const uint32_t mb = hq_f32_bits(hq_e2m1_biased_nonan(fabsf(hq_mul_rn(v[e], enc))));
-      const uint32_t sg = hq_f32_bits(v[e]) >> 31, sh = 4u * (uint32_t)(e & 7);
-      acc[e >> 3] += mb * (1u << sh) + sg * (8u << sh);
-    }
-    w[0] = acc[0] - kBias;
-    w[1] = acc[1] - kBias;
+      w[e >> 3] |= hq_nvfp4_quantize_sr(v(e), enc, hq_nvfp4_sr_byte(bits, e)) << (4 * (e & 7));
   } else {
 #pragma unroll
-    for (int e = 0; e < 16; e++) w[e >> 3] |= hq_nvfp4_quantize(v[e], enc) << (4 * (e & 7));
+    for (int e = 0; e < 16; e++) w[e >> 3] |= hq_nvfp4_quantize(v(e), enc) << (4 * (e & 7));
   }
-  *out = make_uint2(w[0], w[1]);
+  return make_uint2(w[0], w[1]);
+}
+
+/* One block of FP32 values: its scale code, and its 8 packed bytes into *out (element 2b in
+   the low nibble of byte b), RNE or SR; sgn: the 16 sign bits at their places in the packed
+   words (bit 4e + 3 of word e / 8), used by the fast form. */
+template <bool SR>
+__device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, float m,
+                                            const float *enc_tab, uint64_t seed, uint64_t offset,
+                                            uint32_t colwise, uint64_t block, int has_nan,
+                                            uint2 sgn, uint2 *out) {
+  float enc;
+  const uint8_t sf = block_code(bamax, m, enc_tab, &enc);
+  auto val = [&](int e) { return v[e]; };
+  *out = !SR && fast_block(bamax, enc, has_nan)
+             ? encode_fast(val, enc, sgn)
+             : encode_rule<SR>(val, enc, seed, offset, colwise, block);
   return sf;
+}
+
+/* 16-bit inputs: the words of the tile hold two elements each (sign bits 15 and 31).
+   prmt with a selector nibble >= 8 replicates the selected byte's sign bit over the byte, so
+   two permutes gather 4 sign masks (0x00 / 0xff bytes): sign_split(a, b, c, d) returns the
+   masks of the low halves of a, b, c, d (in bytes 0..3) and of their high halves. */
+template <uint32_t kSel> __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "n"(kSel));
+  return d;
+}
+__device__ __forceinline__ uint2 sign_split(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  const uint32_t p = prmt<0xFBD9u>(a, b), q = prmt<0xFBD9u>(c, d); /* [a.lo b.lo a.hi b.hi] */
+  return make_uint2(prmt<0x5410u>(p, q), prmt<0x7632u>(p, q));
+}
+/* One packed word's 8 sign bits from the masks of its even elements (bit 3 of each byte) and
+   of its odd elements (bit 7). */
+__device__ __forceinline__ uint32_t sign_word(uint32_t even, uint32_t odd) {
+  return (even & 0x08080808u) | (odd & 0x80808080u);
+}
+
+/* max(|a|, |b|) per 16-bit lane with NaN propagated (the sign of the result is not used). */
+template <int DT> __device__ __forceinline__ uint32_t absmax2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if (DT == HQ_BF16)
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
 }
 
 /* The block amax of 16 values, hq_nvfp4_amax(v, 16) (NaN ignored), and whether one of them is
@@ -245,29 +311,34 @@ template <int DT> struct RawTile {
 };
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
-   == 0: a 16-byte chunk is wholly inside or outside). Without vec (x not 16-byte aligned) the
-   copy is made here, element by element. */
+   == 0: a 16-byte chunk is wholly inside or outside; `full`: the tile is, and nothing is
+   checked). Without vec (x not 16-byte aligned) the copy is made here, element by element. */
 template <int DT>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
-                                           int64_t i0, int64_t k0, int vec, uint8_t *tile) {
+                                           int64_t i0, int64_t k0, bool full, int vec,
+                                           uint8_t *tile) {
   using R = RawTile<DT>;
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
+  const uint8_t *const base = static_cast<const uint8_t *>(x) + (i0 * K + k0) * R::kEsz;
+  constexpr int kRowsPerPass = kThreads / R::kChunksPerRow;
+  /* element offset from the tile's origin of this thread's first chunk, and per pass */
+  const int64_t off0 = (int64_t)(threadIdx.x / R::kChunksPerRow) * K +
+                       (threadIdx.x % R::kChunksPerRow) * kPer;
 #pragma unroll
   for (int s = 0; s < R::kChunks / kThreads; s++) {
     const int g = threadIdx.x + kThreads * s, r = g / R::kChunksPerRow, cc = g % R::kChunksPerRow;
-    const int64_t i = i0 + r, k = k0 + cc * kPer;
-    const bool in = i < M && k < K;
+    const bool in = full || (i0 + r < M && k0 + cc * kPer < K);
+    const int64_t off = off0 + (int64_t)(s * kRowsPerPass) * K;
     uint8_t *dst = tile + r * R::kRowBytes + cc * 16;
     if (vec) {
-      hq_cuda_cp_async16(dst, static_cast<const uint8_t *>(x) + (in ? (i * K + k) * R::kEsz : 0),
-                 in ? 16 : 0);
+      hq_cuda_cp_async16(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
     } else if (DT == HQ_F32) {
       for (int e = 0; e < kPer; e++)
-        reinterpret_cast<float *>(dst)[e] = in ? static_cast<const float *>(x)[i * K + k + e] : 0.0f;
+        reinterpret_cast<float *>(dst)[e] = in ? reinterpret_cast<const float *>(base)[off + e] : 0.0f;
     } else {
       for (int e = 0; e < kPer; e++)
         reinterpret_cast<uint16_t *>(dst)[e] =
-            in ? static_cast<const uint16_t *>(x)[i * K + k + e] : (uint16_t)0;
+            in ? reinterpret_cast<const uint16_t *>(base)[off + e] : (uint16_t)0;
     }
   }
 }
@@ -301,15 +372,89 @@ __device__ __forceinline__ void row_group_raw(const uint8_t *tile, int r, int c0
   }
 }
 
-/* Column c's 16-group starting at tile row r0, as FP32. */
+/* 16-bit DT: row r's 16 elements of tile columns c0..c0+15 as 8 words of the input's bits
+   (element 2j in the low half of w[j], 2j + 1 in the high half). */
 template <int DT>
-__device__ __forceinline__ void column_group_raw(const uint8_t *tile, int r0, int c, float v[16]) {
-  const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * RawTile<DT>::kEsz;
-#pragma unroll
-  for (int e = 0; e < 16; e++, p += RawTile<DT>::kRowBytes)
-    v[e] = DT == HQ_F32 ? *reinterpret_cast<const float *>(p)
-                        : hq_cuda_hp16_to_f32<DT>(*reinterpret_cast<const uint16_t *>(p));
+__device__ __forceinline__ void row_words(const uint8_t *tile, int r, int c0, uint32_t w[8]) {
+  const uint4 *s4 = reinterpret_cast<const uint4 *>(tile + r * RawTile<DT>::kRowBytes + c0 * 2);
+  const uint4 x = s4[0], y = s4[1];
+  w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+  w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
 }
+
+/* 16-bit DT: tile rows r0..r0+15 of columns c and c + 1 (c even), one word per row (column c
+   in the low half): a warp reads 128 consecutive bytes of a row, no bank conflict. */
+template <int DT>
+__device__ __forceinline__ void colpair_words(const uint8_t *tile, int r0, int c, uint32_t x[16]) {
+  const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * 2;
+#pragma unroll
+  for (int e = 0; e < 16; e++)
+    x[e] = *reinterpret_cast<const uint32_t *>(p + e * RawTile<DT>::kRowBytes);
+}
+
+/* Tile rows r0..r0+15 of columns c and c + 1 (c even) as FP32: column c into a, c + 1 into b. */
+template <int DT>
+__device__ __forceinline__ void colpair_f32(const uint8_t *tile, int r0, int c, float a[16],
+                                            float b[16]) {
+  if (DT == HQ_F32) {
+    const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * 4;
+#pragma unroll
+    for (int e = 0; e < 16; e++) {
+      const float2 f = *reinterpret_cast<const float2 *>(p + e * RawTile<DT>::kRowBytes);
+      a[e] = f.x;
+      b[e] = f.y;
+    }
+  } else {
+    uint32_t x[16];
+    colpair_words<DT>(tile, r0, c, x);
+#pragma unroll
+    for (int e = 0; e < 16; e++) {
+      a[e] = hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu);
+      b[e] = hq_cuda_hp16_to_f32<DT>(x[e] >> 16);
+    }
+  }
+}
+
+/* |lane| of a packed 16-bit pair as FP32 (lane 0: low half). */
+template <int DT> __device__ __forceinline__ float lane_abs(uint32_t m, int hi) {
+  return hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu);
+}
+
+/* absmax2 over N words (N a power of 2) as a tree: log2(N) dependent steps, not N - 1. */
+template <int DT, int N> __device__ __forceinline__ uint32_t absmax_tree(const uint32_t w[N]) {
+  uint32_t m[N / 2];
+#pragma unroll
+  for (int e = 0; e < N / 2; e++) m[e] = absmax2<DT>(w[2 * e], w[2 * e + 1]);
+#pragma unroll
+  for (int n = N / 4; n >= 1; n /= 2)
+#pragma unroll
+    for (int e = 0; e < n; e++) m[e] = absmax2<DT>(m[2 * e], m[2 * e + 1]);
+  return m[0];
+}
+
+/* Element e of 16 consecutive row elements held as 8 words (row_words). */
+template <int DT> __device__ __forceinline__ float row_word_value(const uint32_t *w, int e) {
+  return hq_cuda_hp16_to_f32<DT>(e & 1 ? w[e >> 1] >> 16 : w[e >> 1] & 0xffffu);
+}
+
+/* hq_nvfp4_amax of 16 values v(0..15) (NaN ignored): a block holding a NaN. */
+template <class V> __device__ __forceinline__ float amax_of(V v) {
+  float t[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) t[e] = v(e);
+  return hq_nvfp4_amax(t, 16);
+}
+
+/* The sign bits of 16 values v(0..15) at their places in the two packed words. */
+template <class V> __device__ __forceinline__ uint2 signs_of(V v) {
+  uint32_t s[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 16; e++) s[e >> 3] |= (hq_f32_bits(v(e)) >> 31) << (4 * (e & 7) + 3);
+  return make_uint2(s[0], s[1]);
+}
+
+/* Whether a non-negative float (or NaN) is NaN. */
+__device__ __forceinline__ int is_nan_abs(float a) { return hq_f32_bits(a) > 0x7f800000u; }
 
 struct QArgs {
   const void *x;
@@ -350,17 +495,36 @@ __device__ __forceinline__ void store_scale_word(uint8_t *scale, int64_t r, int6
   }
 }
 
+/* One columnwise block from its FP32 values (F32 input, or with RHT: the transformed values):
+   amax, signs, the 2-D tile amax, encode. */
+template <bool RHT, bool SR>
+__device__ __forceinline__ uint8_t col_block_f32(float v[16], const QArgs &a, const uint32_t *bam,
+                                                 int r0, int cb, float m, const float *enc_tab,
+                                                 uint64_t block, uint2 *out) {
+  if (RHT) hq_nvfp4_rht16(v, a.mask);
+  int has_nan;
+  float ba = block_amax16(v, &has_nan);
+  if (a.b2d) ba = tile_amax16(bam, r0, cb);
+  return encode16<SR>(v, ba, m, enc_tab, a.seed, a.offset, 1u, block, has_nan,
+                      SR ? make_uint2(0u, 0u) : signs_of([&](int e) { return v[e]; }), out);
+}
+
 template <int DT, bool RHT, bool SR>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
-     across the two directions), then stored coalesced */
-  __shared__ uint2 rstage[kTM * kRS], cstage[kTK * kCS];
+     across the two directions), then stored coalesced. cstage[rb][c]: column c's row block rb;
+     a thread writes its two columns' entries as one 16-byte store */
+  __shared__ uint2 rstage[kTM * kRS];
+  __shared__ __align__(16) uint2 cstage[kTM / 16][kCS];
   __shared__ uint32_t rsw[kTM * 2], csw[kTK]; /* scale words: 8 per tile row, 4 per column */
   uint8_t *const rsb = reinterpret_cast<uint8_t *>(rsw), *const csb = reinterpret_cast<uint8_t *>(csw);
   using R = RawTile<DT>;
+  /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
+     instruction) and the sign bits gathered from them by byte permutes */
+  constexpr bool kPacked = DT != HQ_F32;
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
@@ -382,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
   if (tile < a.ntiles) {
     int64_t i0, k0;
     tile_origin_of(tile, K, &i0, &k0);
-    issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles);
+    issue_tile<DT>(a.x, M, K, i0, k0, i0 + kTM <= M && k0 + kTK <= K, a.vec, tiles);
   }
   hq_cuda_cp_async_commit();
   for (int buf = 0; tile < a.ntiles; tile += gridDim.x, buf ^= 1) {
@@ -390,18 +554,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
     const unsigned next = tile + gridDim.x;
     if (next < a.ntiles) { /* its buffer was last read before the previous tile's staging barrier */
       tile_origin_of(next, K, &i0, &k0);
-      issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles + (buf ^ 1) * R::kBytes);
+      issue_tile<DT>(a.x, M, K, i0, k0, i0 + kTM <= M && k0 + kTK <= K, a.vec,
+                     tiles + (buf ^ 1) * R::kBytes);
     }
     hq_cuda_cp_async_commit();
     tile_origin_of(tile, K, &i0, &k0);
+    const bool full = i0 + kTM <= M && k0 + kTK <= K; /* no element of the tile outside */
     hq_cuda_cp_async_wait_but_newest();
     __syncthreads(); /* the tile is in; the previous tile's staged bytes are stored */
     const uint8_t *sm = tiles + buf * R::kBytes;
 
     /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
     const int r = t % kTM, p = t / kTM;
-    /* columnwise threads: column c, row blocks 2h and 2h+1 (rows 32h..32h+31 of the tile) */
-    const int c = t % kTK, h = t / kTK;
+    /* columnwise threads: columns 2q and 2q+1, row block rb (rows 16rb..16rb+15 of the tile) */
+    const int q = t % (kTK / 2), rb = t / (kTK / 2);
     if (a.b2d) {
 #pragma unroll
       for (int j = 0; j < 2; j++) {
@@ -411,53 +577,126 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       }
       __syncthreads();
     }
+    /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
+       blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
+       0) and are not stored, so every block is encoded unconditionally. */
     if (a.rdata) {
       const int64_t i = i0 + r;
+      const uint64_t blk = (uint64_t)(i * (K >> 4) + (k0 >> 4) + 2 * p); /* block 2p's (SR) */
+      uint2 o[2];
+      uint8_t sf[2];
+      if (kPacked) {
+        /* both blocks at once: without a branch between them their work interleaves */
+        uint32_t w[16];
+        row_words<DT>(sm, r, 32 * p, w);
+        row_words<DT>(sm, r, 32 * p + 16, w + 8);
+        float ba[2], enc[2];
+        int nan[2];
 #pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int b = 2 * p + j;
-        const int64_t k = k0 + 16 * b;
-        uint8_t sf = 0;
-        if (i < M && k < K) {
-          float v[16];
-          row_group_raw<DT>(sm, r, 16 * b, v);
-          int has_nan;
-          float ba = block_amax16(v, &has_nan);
-          if (a.b2d) ba = tile_amax16(bam, r & ~15, b);
-          sf = encode16(v, ba, rm, enc_tab[0], SR, a.seed, a.offset, 0u,
-                        (uint64_t)(i * (K / 16) + k / 16), has_nan, &rstage[r * kRS + b]);
+        for (int j = 0; j < 2; j++) {
+          const uint32_t mm = absmax_tree<DT, 8>(w + 8 * j);
+          ba[j] = lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
+          nan[j] = is_nan_abs(ba[j]);
         }
-        rsb[r * 8 + b] = sf;
+        auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
+        auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
+        if (nan[0] | nan[1]) { /* the NaN-ignoring amax of the rule */
+          ba[0] = nan[0] ? amax_of(v0) : ba[0];
+          ba[1] = nan[1] ? amax_of(v1) : ba[1];
+        }
+        if (a.b2d) {
+          ba[0] = tile_amax16(bam, r & ~15, 2 * p);
+          ba[1] = tile_amax16(bam, r & ~15, 2 * p + 1);
+        }
+        sf[0] = block_code(ba[0], rm, enc_tab[0], &enc[0]);
+        sf[1] = block_code(ba[1], rm, enc_tab[0], &enc[1]);
+        const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
+        const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
+        if (f0 && f1) {
+          const uint2 s0 = sign_split(w[0], w[1], w[2], w[3]), s1 = sign_split(w[4], w[5], w[6], w[7]);
+          const uint2 s2 = sign_split(w[8], w[9], w[10], w[11]);
+          const uint2 s3 = sign_split(w[12], w[13], w[14], w[15]);
+          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)));
+          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y)));
+        } else {
+          o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
+                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 0u, blk);
+          o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
+                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 0u, blk + 1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          float v[16];
+          int has_nan;
+          row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+          float ba = block_amax16(v, &has_nan);
+          if (a.b2d) ba = tile_amax16(bam, r & ~15, 2 * p + j);
+          sf[j] = encode16<SR>(v, ba, rm, enc_tab[0], a.seed, a.offset, 0u, blk + j, has_nan,
+                               SR ? make_uint2(0u, 0u) : signs_of([&](int e) { return v[e]; }),
+                               &o[j]);
+        }
       }
+      rstage[r * kRS + 2 * p] = o[0];
+      rstage[r * kRS + 2 * p + 1] = o[1];
+      *reinterpret_cast<uint16_t *>(rsb + r * 8 + 2 * p) = (uint16_t)(sf[0] | sf[1] << 8);
     }
     if (a.cdata) {
-      const int64_t k = k0 + c;
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int rb = 2 * h + j;
-        const int64_t i = i0 + 16 * rb;
-        uint8_t sf = 0;
-        if (i < M && k < K) {
-          float v[16];
-          column_group_raw<DT>(sm, 16 * rb, c, v);
-          if (RHT) hq_nvfp4_rht16(v, a.mask);
-          int has_nan;
-          float ba = block_amax16(v, &has_nan);
-          if (a.b2d) ba = tile_amax16(bam, 16 * rb, c / 16);
-          sf = encode16(v, ba, cm, enc_tab[1], SR, a.seed, a.offset, 1u,
-                        (uint64_t)(k * (M / 16) + i / 16), has_nan, &cstage[c * kCS + rb]);
+      const int c = 2 * q;
+      const int64_t k = k0 + c, i = i0 + 16 * rb;
+      const uint64_t blk = (uint64_t)(k * (M >> 4) + (i >> 4)); /* column c's; c + 1: + M / 16 */
+      uint2 o[2];
+      uint8_t sf[2];
+      if (kPacked && !RHT) {
+        uint32_t x[16];
+        colpair_words<DT>(sm, 16 * rb, c, x);
+        const uint32_t mm = absmax_tree<DT, 16>(x);
+        float ba[2] = {lane_abs<DT>(mm, 0), lane_abs<DT>(mm, 1)}, enc[2];
+        const int nan[2] = {is_nan_abs(ba[0]), is_nan_abs(ba[1])};
+        auto v0 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu); };
+        auto v1 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] >> 16); };
+        if (nan[0] | nan[1]) {
+          ba[0] = nan[0] ? amax_of(v0) : ba[0];
+          ba[1] = nan[1] ? amax_of(v1) : ba[1];
         }
-        csb[c * 4 + rb] = sf;
+        if (a.b2d) ba[0] = ba[1] = tile_amax16(bam, 16 * rb, c / 16);
+        sf[0] = block_code(ba[0], cm, enc_tab[1], &enc[0]);
+        sf[1] = block_code(ba[1], cm, enc_tab[1], &enc[1]);
+        const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
+        const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
+        if (f0 && f1) {
+          /* column c's signs are the low halves' (rows 0, 2, 4, 6 and 1, 3, 5, 7 of each
+             packed word), column c + 1's the high halves' */
+          const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]), d0 = sign_split(x[1], x[3], x[5], x[7]);
+          const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]), d1 = sign_split(x[9], x[11], x[13], x[15]);
+          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)));
+          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
+        } else {
+          o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
+                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 1u, blk);
+          o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
+                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 1u, blk + (uint64_t)(M >> 4));
+        }
+      } else {
+        float v0[16], v1[16];
+        colpair_f32<DT>(sm, 16 * rb, c, v0, v1);
+        sf[0] = col_block_f32<RHT, SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
+        sf[1] = col_block_f32<RHT, SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
+                                       blk + (uint64_t)(M >> 4), &o[1]);
       }
+      *reinterpret_cast<uint4 *>(&cstage[rb][c]) = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
+      csb[c * 4 + rb] = sf[0];
+      csb[(c + 1) * 4 + rb] = sf[1];
     }
     __syncthreads(); /* every block staged */
     if (a.rdata) {
+      /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
+      uint8_t *const base = a.rdata + i0 * (K >> 1) + (k0 >> 1);
 #pragma unroll
       for (int s = 0; s < (kTM * 8) / kThreads; s++) {
         const int u = t + kThreads * s, rr = u / 8, b = u % 8;
-        const int64_t i = i0 + rr, k = k0 + 16 * b;
-        if (i < M && k < K)
-          store8(a.rdata + hq_nvfp4_row_data_index(i, k, K), rstage[rr * kRS + b], a.a8);
+        if (full || (i0 + rr < M && k0 + 16 * b < K))
+          store8(base + rr * (K >> 1) + 8 * b, rstage[rr * kRS + b], a.a8);
       }
       if (t < kTM * 2) { /* row t/2's scale entries k0/16 + 4 (t%2) .. +3 */
         const int64_t i = i0 + t / 2, b = k0 / 16 + 4 * (t % 2);
@@ -465,12 +704,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       }
     }
     if (a.cdata) {
+      /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
+      uint8_t *const base = a.cdata + k0 * (M >> 1) + (i0 >> 1);
 #pragma unroll
       for (int s = 0; s < (kTK * 4) / kThreads; s++) {
-        const int u = t + kThreads * s, cc = u / 4, rb = u % 4;
-        const int64_t i = i0 + 16 * rb, k = k0 + cc;
-        if (i < M && k < K)
-          store8(a.cdata + hq_nvfp4_col_data_index(i, k, M), cstage[cc * kCS + rb], a.a8);
+        const int u = t + kThreads * s, cc = u / 4, rb4 = u % 4;
+        if (full || (i0 + 16 * rb4 < M && k0 + cc < K))
+          store8(base + cc * (M >> 1) + 8 * rb4, cstage[rb4][cc], a.a8);
       }
       if (t < kTK) { /* column k0 + t's scale entries i0/16 .. +3 */
         const int64_t k = k0 + t;

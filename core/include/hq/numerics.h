@@ -386,6 +386,24 @@ HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x|: 2^23 + the magnitude cod
   return a < b ? a : b;
 #endif
 }
+/* hq_e2m1_biased_nonan(y)'s bits without the saturating min, for 0 <= y < 7: there
+   RNE(y/2) + 4 <= 7 (y/2 < 3.5), so the clamp never acts. A kernel that has bounded a whole
+   block (every |x * enc| <= RN(amax * enc) < 7, rounding being monotonic) saves it; and as the
+   three candidates are positive floats, their minimum is the unsigned minimum of their bit
+   patterns: one three-input integer min on sm_90 (VIMNMX3) instead of three float mins. */
+HQ_HD uint32_t hq_e2m1_biased_bits_lt7(float y) {
+#if defined(__CUDA_ARCH__)
+  return __vimin3_u32(hq_f32_bits(__fmaf_rn(y, 2.0f, 8388608.0f)),
+                      hq_f32_bits(__fadd_rn(y, 8388610.0f)),
+                      hq_f32_bits(__fmaf_rn(y, 0.5f, 8388612.0f)));
+#else
+  const uint32_t p1 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 2.0f), 8388608.0f));
+  const uint32_t p2 = hq_f32_bits(hq_add_rn(y, 8388610.0f));
+  const uint32_t p4 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 0.5f), 8388612.0f));
+  const uint32_t a = p1 < p2 ? p1 : p2;
+  return a < p4 ? a : p4;
+#endif
+}
 HQ_HD uint32_t hq_e2m1_code_nonan(float x) {
   return (hq_f32_bits(hq_e2m1_biased_nonan(hq_fabs(x))) - 0x4b000000u) |
          ((hq_f32_bits(x) >> 28) & 8u);
