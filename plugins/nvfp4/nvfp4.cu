@@ -13,8 +13,8 @@
 ** the input's own bits.
 **   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
 **     is wanted; with rht a tile kernel (integer max over the FP32 bits) that
-**     also takes the columnwise amax of the BF16-rounded transformed 16-groups (hq_nvfp4_rht16
-**     of each column's 16-row groups). Warp __reduce_max_sync, one atomicMax per warp and
+**     also takes the columnwise amax of the BF16-rounded transformed 16-groups (the RHT of each
+**     column's 16-row groups, as the quantize kernel computes it). Warp __reduce_max_sync, one atomicMax per warp and
 **     target: the result does not depend on the order of the atomics.
 **   quantize: as many CTAs as are resident at once, each looping over tiles, two tile buffers
 **     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
@@ -25,7 +25,11 @@
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
 **     encodes 2 blocks of 16 along K of one row; columnwise, one block of 16 along M of two
-**     adjacent columns (one 32-bit shared read per row; through hq_nvfp4_rht16 with rht);
+**     adjacent columns (one 32-bit shared read per row); with rht through rht16_head /
+**     rht16_tail, hq_nvfp4_rht16's arithmetic with its BF16 roundings by the convert
+**     instruction on pairs, none on BF16 inputs (their own rounding), and the sign flips on the
+**     raw words (columnwise rht 38% -> 69% of copy with a given amax, its amax pass 0.15 ->
+**     0.095 ms);
 **     block_2d takes the 16x16 tile amax from per-row block amaxes in shared memory. A thread's
 **     two blocks are encoded side by side (no branch between them, so their work interleaves).
 **     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
@@ -144,29 +148,6 @@ struct AmaxArgs {
   uint32_t mask;  /* RHT signs */
 };
 
-template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
-  __shared__ __align__(16) float sm[kTM * kLd];
-  int64_t i0, k0;
-  tile_origin(a.K, &i0, &k0);
-  const uint32_t mx = load_tile<DT>(a.x, a.M, a.K, i0, k0, a.vec, sm);
-  if (a.x0 || a.x1) cta_atomic_max(mx, a.x0, a.x1);
-  if (!a.t) return;
-  __syncthreads();
-  /* columnwise: thread (c, h) transforms the two 16-groups of rows 32h..32h+31 of column c */
-  const int c = threadIdx.x % kTK, h = threadIdx.x / kTK;
-  uint32_t mt = 0;
-  if (k0 + c < a.K) {
-    for (int j = 0; j < 2; j++) {
-      const int r0 = 32 * h + 16 * j;
-      if (i0 + r0 >= a.M) break;
-      float v[16];
-      column_group(sm, r0, c, v);
-      hq_nvfp4_rht16(v, a.mask);
-      for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(v[e]));
-    }
-  }
-  cta_atomic_max(mt, a.t, NULL);
-}
 
 /* One direction's constants from its global amax A. */
 struct DirConst {
@@ -495,8 +476,114 @@ __device__ __forceinline__ void store_scale_word(uint8_t *scale, int64_t r, int6
   }
 }
 
-/* One columnwise block from its FP32 values (F32 input, or with RHT: the transformed values):
-   amax, signs, the 2-D tile amax, encode. */
+/* RN_bf16 of two FP32 values, packed (lo in the low half): the convert instruction, the bits
+   of hq_nvfp4_bf16_round for every value that is not NaN. */
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+/* hq_nvfp4_rht16 of one 16-group, in fewer instructions and with the same bits (the rule's
+   steps in nvfp4_rules.h; NaN outputs are not defined by it): v holds the group after steps 0
+   and 1 (the caller rounds and flips the signs the cheap way for its input); the butterfly
+   stages in their order, RN(v * 0.25), and step 4's RN_bf16 through the convert instruction on
+   pairs. The results come back packed, element 2j in the low half of y[j] (the layout of
+   row_words, so the rowwise packed amax and sign permutes apply). */
+__device__ __forceinline__ void rht16_tail(float v[16], uint32_t y[8]) {
+#pragma unroll
+  for (int h = 1; h < 16; h <<= 1)
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      if (!(i & h)) {
+        const float p = v[i], q = v[i + h];
+        v[i] = __fadd_rn(p, q);
+        v[i + h] = __fsub_rn(p, q);
+      }
+#pragma unroll
+  for (int j = 0; j < 8; j++) y[j] = bf16x2_rn(__fmul_rn(v[2 * j], 0.25f), __fmul_rn(v[2 * j + 1], 0.25f));
+}
+
+/* Steps 0 and 1 of the RHT on FP32 values f of a DT input (flip[e]: row e's sign-flip word,
+   0x80008000 or 0): the flip is exact and commutes with RN; a BF16 value is its own RN_bf16,
+   F16 and F32 values go through the convert (pairs). */
+template <int DT>
+__device__ __forceinline__ void rht16_head_f32(const float *f, const uint32_t *flip, float v[16]) {
+#pragma unroll
+  for (int e = 0; e < 16; e++) v[e] = hq_bits_f32(hq_f32_bits(f[e]) ^ (flip[e] & 0x80000000u));
+  if (DT != HQ_BF16) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const uint32_t y = bf16x2_rn(v[2 * j], v[2 * j + 1]);
+      v[2 * j] = hq_bits_f32(y << 16);
+      v[2 * j + 1] = hq_bits_f32(y & 0xffff0000u);
+    }
+  }
+}
+
+/* The same for column h (0: c, 1: c + 1) of a column pair's 16 rows: from the raw words x of a
+   16-bit input (the flip applied to both halves at once), or the FP32 values f of an F32 one. */
+template <int DT>
+__device__ __forceinline__ void rht16_head(const uint32_t *x, const float *f, const uint32_t *flip,
+                                           int h, float v[16]) {
+  if (DT == HQ_F32) {
+    rht16_head_f32<DT>(f, flip, v);
+  } else {
+    float g[16];
+#pragma unroll
+    for (int e = 0; e < 16; e++) {
+      const uint32_t w = x[e] ^ flip[e];
+      g[e] = hq_cuda_hp16_to_f32<DT>(h ? w >> 16 : w & 0xffffu);
+    }
+    const uint32_t none[16] = {0u};
+    rht16_head_f32<DT>(g, none, v);
+  }
+}
+
+/* The block amax of 16 BF16 values packed as 8 words (NaN propagated, as lane_abs / is_nan_abs
+   read it). */
+__device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
+  const uint32_t mm = absmax_tree<HQ_BF16, 8>(y);
+  return lane_abs<HQ_BF16>(absmax2<HQ_BF16>(mm, prmt<0x1032u>(mm, mm)), 0);
+}
+
+/* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
+   transform through rht16_head_f32 / rht16_tail, the rule's bits). */
+template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
+  __shared__ __align__(16) float sm[kTM * kLd];
+  int64_t i0, k0;
+  tile_origin(a.K, &i0, &k0);
+  const uint32_t mx = load_tile<DT>(a.x, a.M, a.K, i0, k0, a.vec, sm);
+  if (a.x0 || a.x1) cta_atomic_max(mx, a.x0, a.x1);
+  if (!a.t) return;
+  __syncthreads();
+  /* columnwise: thread (c, h) transforms the two 16-groups of rows 32h..32h+31 of column c */
+  const int c = threadIdx.x % kTK, h = threadIdx.x / kTK;
+  uint32_t mt = 0;
+  if (k0 + c < a.K) {
+    for (int j = 0; j < 2; j++) {
+      const int r0 = 32 * h + 16 * j;
+      if (i0 + r0 >= a.M) break;
+      float g[16], v[16];
+      uint32_t fl[16], y[8];
+      column_group(sm, r0, c, g);
+#pragma unroll
+      for (int e = 0; e < 16; e++) fl[e] = ((a.mask >> e) & 1u) ? 0x80008000u : 0u;
+      rht16_head_f32<DT>(g, fl, v);
+      rht16_tail(v, y);
+      const float ba = packed16_amax(y);
+      if (!is_nan_abs(ba)) {
+        mt = max(mt, hq_f32_bits(ba));
+      } else { /* NaN ignored */
+        for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
+      }
+    }
+  }
+  cta_atomic_max(mt, a.t, NULL);
+}
+
+/* One columnwise block from its FP32 values (F32 input without RHT): amax, signs, the 2-D tile
+   amax, encode. */
 template <bool RHT, bool SR>
 __device__ __forceinline__ uint8_t col_block_f32(float v[16], const QArgs &a, const uint32_t *bam,
                                                  int r0, int cb, float m, const float *enc_tab,
@@ -520,6 +607,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
   __shared__ uint2 rstage[kTM * kRS];
   __shared__ __align__(16) uint2 cstage[kTM / 16][kCS];
   __shared__ uint32_t rsw[kTM * 2], csw[kTK]; /* scale words: 8 per tile row, 4 per column */
+  __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
   uint8_t *const rsb = reinterpret_cast<uint8_t *>(rsw), *const csb = reinterpret_cast<uint8_t *>(csw);
   using R = RawTile<DT>;
   /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
@@ -528,6 +616,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
+  if (RHT && t < 16) flip[t] = ((a.mask >> t) & 1u) ? 0x80008000u : 0u; /* read after a barrier */
   if (a.rdata) {
     const DirConst d = dir_const(a.given ? a.given[0] : *a.ramax);
     rm = d.m;
@@ -647,7 +736,54 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       const uint64_t blk = (uint64_t)(k * (M >> 4) + (i >> 4)); /* column c's; c + 1: + M / 16 */
       uint2 o[2];
       uint8_t sf[2];
-      if (kPacked && !RHT) {
+      if (RHT) {
+        /* both columns' transforms, then their blocks side by side (as below) from the
+           transformed BF16 values packed in y */
+        uint32_t x[16], fl[16], y[2][8];
+        float f0[16], f1[16];
+        const uint4 *f4 = reinterpret_cast<const uint4 *>(flip);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const uint4 u = f4[e];
+          fl[4 * e] = u.x, fl[4 * e + 1] = u.y, fl[4 * e + 2] = u.z, fl[4 * e + 3] = u.w;
+        }
+        if (DT == HQ_F32)
+          colpair_f32<DT>(sm, 16 * rb, c, f0, f1);
+        else
+          colpair_words<DT>(sm, 16 * rb, c, x);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          float v[16];
+          rht16_head<DT>(x, h ? f1 : f0, fl, h, v);
+          rht16_tail(v, y[h]);
+        }
+        float ba[2] = {packed16_amax(y[0]), packed16_amax(y[1])}, enc[2];
+        const int nan[2] = {is_nan_abs(ba[0]), is_nan_abs(ba[1])};
+        auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
+        auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
+        if (nan[0] | nan[1]) {
+          ba[0] = nan[0] ? amax_of(v0) : ba[0];
+          ba[1] = nan[1] ? amax_of(v1) : ba[1];
+        }
+        if (a.b2d) ba[0] = ba[1] = tile_amax16(bam, 16 * rb, c / 16);
+        sf[0] = block_code(ba[0], cm, enc_tab[1], &enc[0]);
+        sf[1] = block_code(ba[1], cm, enc_tab[1], &enc[1]);
+        const bool fa = !SR && fast_block(ba[0], enc[0], nan[0]);
+        const bool fb = !SR && fast_block(ba[1], enc[1], nan[1]);
+        if (fa && fb) {
+          const uint2 s0 = sign_split(y[0][0], y[0][1], y[0][2], y[0][3]);
+          const uint2 s1 = sign_split(y[0][4], y[0][5], y[0][6], y[0][7]);
+          const uint2 s2 = sign_split(y[1][0], y[1][1], y[1][2], y[1][3]);
+          const uint2 s3 = sign_split(y[1][4], y[1][5], y[1][6], y[1][7]);
+          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)));
+          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y)));
+        } else {
+          o[0] = fa ? encode_fast(v0, enc[0], signs_of(v0))
+                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 1u, blk);
+          o[1] = fb ? encode_fast(v1, enc[1], signs_of(v1))
+                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 1u, blk + (uint64_t)(M >> 4));
+        }
+      } else if (kPacked) {
         uint32_t x[16];
         colpair_words<DT>(sm, 16 * rb, c, x);
         const uint32_t mm = absmax_tree<DT, 16>(x);
@@ -680,8 +816,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
       } else {
         float v0[16], v1[16];
         colpair_f32<DT>(sm, 16 * rb, c, v0, v1);
-        sf[0] = col_block_f32<RHT, SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
-        sf[1] = col_block_f32<RHT, SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
+        sf[0] = col_block_f32<false, SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
+        sf[1] = col_block_f32<false, SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
                                        blk + (uint64_t)(M >> 4), &o[1]);
       }
       *reinterpret_cast<uint4 *>(&cstage[rb][c]) = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
