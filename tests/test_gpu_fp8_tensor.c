@@ -262,7 +262,9 @@ static void *default_cfg(const hq_format_ops *ops, const hq_host_api *host) {
 
 /* The module's amax op on the device, called directly: out[0] / out[1] get max |x| (NaN ignored,
    Inf counted) for the requested directions and 0 for the others (written over whatever was
-   there), for aligned (vectorized) and odd shapes, every input dtype; its scratch is 0. */
+   there), for aligned (vectorized) and odd shapes (the largest |x| in the last n % 8 elements
+   of one of them), from a 16-byte aligned source and one an element off, every input dtype;
+   its scratch is 0. */
 static void test_amax_op_direct(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
@@ -274,21 +276,24 @@ static void test_amax_op_direct(void **state) {
   hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {64, 64}, {1000, 333}};
+  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {64, 64}, {1000, 333}, {3, 5}, {1001, 333}};
   for (int t = 0; t < 3; t++)
-    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
-      const int64_t M = shapes[sh][0], K = shapes[sh][1];
+    for (size_t sh = 0; sh < 2 * (sizeof shapes / sizeof shapes[0]); sh++) {
+      const size_t shape = sh / 2;
+      const int64_t M = shapes[shape][0], K = shapes[shape][1];
       hq_tensor x = hq_test_tensor(dts[t], M, K, 500 + sh, 2.0f);
       if (M * K > 8) {
         hq_store_hp(x.data, 5, dts[t], NAN);
         hq_store_hp(x.data, M * K - 2, dts[t], -300.0f);
       }
+      if (shape == 5) hq_store_hp(x.data, M * K - 1, dts[t], 400.0f); /* n % 8 == 5 */
       float want = 0;
       for (int64_t i = 0; i < M * K; i++) {
         float a = fabsf(hq_load_hp(x.data, i, dts[t]));
         if (!isnan(a) && a > want) want = a;
       }
-      hq_tensor xg = to_gpu(&x);
+      /* odd sh: the source one element past a 16-byte boundary (element loads) */
+      hq_tensor xg = hq_gpu_tensor_at(gpu, &x, sh % 2 ? hq_dtype_size(dts[t]) : 0);
       for (uint32_t dirs = 0; dirs <= 3; dirs++) {
         const float junk[2] = {-7.0f, NAN};
         float *og = amax_to_gpu(junk), out[2];
@@ -297,11 +302,12 @@ static void test_amax_op_direct(void **state) {
         amax_to_host(og, out);
         if (out[0] != ((dirs & HQ_ROWWISE) ? want : 0.0f) ||
             out[1] != ((dirs & HQ_COLWISE) ? want : 0.0f))
-          fail_msg("%s %lldx%lld dirs %u: amax {%a, %a}, want %a", hq_dtype_name(dts[t]),
-                   (long long)M, (long long)K, dirs, out[0], out[1], want);
+          fail_msg("%s %lldx%lld%s dirs %u: amax {%a, %a}, want %a", hq_dtype_name(dts[t]),
+                   (long long)M, (long long)K, sh % 2 ? " (unaligned)" : "", dirs, out[0],
+                   out[1], want);
         hq_ctx_free(gpu, og);
       }
-      hq_ctx_free(gpu, xg.data);
+      hq_ctx_free(gpu, (char *)xg.data - (sh % 2 ? hq_dtype_size(dts[t]) : 0));
       free(x.data);
     }
   free(cfg);

@@ -4,8 +4,8 @@
 ** CPU reference's rule (hq_fmax_nan_ignoring) -- atomically maxed into one or two device floats
 ** that the caller zeroed on the stream. Private to the stock plugins (not installed).
 **
-** hq_cuda_amax<DT>(x, n8, vec, t0, t1, stream): n8 = elements / 8 (the caller handles a tail);
-** vec: x 16-byte aligned (16-byte loads), else element loads. A read-only stream, so what bounds
+** hq_cuda_amax<DT>(x, n, vec, t0, t1, stream): n elements, taken 8 at a time (the last n % 8
+** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A read-only stream, so what bounds
 ** it is the bytes in flight: as many CTAs as are resident, each thread with 4 independent
 ** 8-element loads in flight per step; the max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
 ** operand: one instruction per element, never NaN); the CTA's maximum goes out in one
@@ -23,8 +23,10 @@ constexpr int kHqAmaxThreads = 256;
 
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(kHqAmaxThreads)
-    hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n8, float *t0, float *t1) {
+    hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n, float *t0, float *t1) {
+  const int64_t n8 = n / 8;
   float m = 0.0f;
+  if (blockIdx.x == 0 && threadIdx.x < n % 8) m = fabsf(hq_load_hp(x, n8 * 8 + threadIdx.x, DT));
   const int64_t stride = (int64_t)gridDim.x * kHqAmaxThreads;
   int64_t g = (int64_t)blockIdx.x * kHqAmaxThreads + threadIdx.x;
   for (; g + 3 * stride < n8; g += 4 * stride) {
@@ -58,8 +60,9 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
 }
 
 template <int DT, bool VEC>
-inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n8, float *t0, float *t1,
+inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n, float *t0, float *t1,
                                   cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
   int dev = 0, sms = 0, per_sm = 0;
   cudaError_t e;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
@@ -67,19 +70,19 @@ inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n8, float *t0, float *t
       (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hq_cuda_amax_kernel<DT, VEC>,
                                                          kHqAmaxThreads, 0)) != cudaSuccess)
     return e;
-  int64_t blocks = (n8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
+  int64_t blocks = (n / 8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
   const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
   if (blocks > resident) blocks = resident;
-  if (blocks < 1) return cudaSuccess;
-  hq_cuda_amax_kernel<DT, VEC><<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n8, t0, t1);
+  if (blocks < 1) blocks = 1; /* a tail alone */
+  hq_cuda_amax_kernel<DT, VEC><<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n, t0, t1);
   return cudaGetLastError();
 }
 
 template <int DT>
-inline cudaError_t hq_cuda_amax(const void *x, int64_t n8, bool vec, float *t0, float *t1,
+inline cudaError_t hq_cuda_amax(const void *x, int64_t n, bool vec, float *t0, float *t1,
                                 cudaStream_t stream) {
-  return vec ? hq_cuda_amax_v<DT, true>(x, n8, t0, t1, stream)
-             : hq_cuda_amax_v<DT, false>(x, n8, t0, t1, stream);
+  return vec ? hq_cuda_amax_v<DT, true>(x, n, t0, t1, stream)
+             : hq_cuda_amax_v<DT, false>(x, n, t0, t1, stream);
 }
 
 #endif /* HQ_AMAX_CUDA_H */

@@ -11,9 +11,9 @@
 ** amax op:  memset out[0..1] to 0, the amax kernel into out[0] (or out[1] for a columnwise-only
 **           request), and a device-to-device copy to out[1] when both directions are asked for.
 ** quantize: (1) amax kernel, skipped when the caller passes call->amax: max|x| ignoring NaN
-**           (amax_cuda.h's flat pass; an element-wise grid-stride kernel when the input is not
-**           16-byte aligned or n % 8 != 0), atomicMax on the FP32 bits (valid for non-negative
-**           floats) into the storage's amax buffer (zeroed first, on the stream);
+**           (amax_cuda.h's flat pass, which nvfp4 shares: any alignment, any n), atomicMax on
+**           the FP32 bits (valid for non-negative floats) into the storage's amax buffer
+**           (zeroed first, on the stream);
 **           (2) cast kernel: each block recomputes the scale from that amax -- or from the
 **           caller's (fp8t_one_amax) -- (a few flops), then quantizes a tile read once from
 **           global memory, writes the rowwise bytes and, through shared memory, the transposed
@@ -46,25 +46,6 @@ namespace {
 
 constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8; /* block = 32 x 8 threads, 4 rows each */
-
-template <int DT>
-__global__ void amax_kernel(const void *__restrict__ x, int64_t n, float *__restrict__ amax) {
-  float m = 0.0f;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    m = hq_fmax_nan_ignoring(m, hq_fabs(hq_load_hp(x, i, DT)));
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  __shared__ float warp_max[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0 && m > 0.0f)
-      atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(m));
-  }
-}
 
 /* --- fast path ---------------------------------------------------------------------------- */
 constexpr int kVTile = 64;     /* 64x64 tile, 256 threads, 8 elements per thread per pass */
@@ -286,20 +267,12 @@ int grid_for(const hq_call *call, int64_t M, int64_t K, dim3 *grid) {
 }
 
 /* The amax pass: max |x| of the n elements of x, atomically maxed into *acc (which the caller
-   zeroed on the stream). vec: n % 8 == 0 and x 16-byte aligned. */
+   zeroed on the stream): the stock plugins' shared pass (amax_cuda.h; vec: x 16-byte
+   aligned). */
 template <int DT>
 int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t n, int vec,
                 float *acc) {
-  if (n <= 0) return HQ_OK;
-  if (vec) {
-    CHECK_CUDA(call, hq_cuda_amax<DT>(x, n / 8, true, acc, NULL, stream));
-    return HQ_OK;
-  } else {
-    int blocks = (int)((n + 1023) / 1024);
-    if (blocks > 4096) blocks = 4096;
-    amax_kernel<DT><<<blocks, 256, 0, stream>>>(x, n, acc);
-  }
-  CHECK_LAUNCH(call, "amax kernel");
+  CHECK_CUDA(call, hq_cuda_amax<DT>(x, n, vec, acc, NULL, stream));
   return HQ_OK;
 }
 
@@ -334,7 +307,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     /* the storage's own amax buffer accumulates the amax pass (no scratch, no allocation) */
     acc = amax ? amax : col_amax;
     CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
-    rc = launch_amax<DT>(call, stream, src->data, n, vec, acc);
+    rc = launch_amax<DT>(call, stream, src->data, n, aligned16(src->data), acc);
     if (rc) return rc;
   }
   CastArgs a;
@@ -388,7 +361,7 @@ extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_
   if (!(dirs & HQ_BOTH)) return HQ_OK;
   float *acc = (dirs & HQ_ROWWISE) ? out : out + 1;
   const int64_t n = src->rows * src->cols;
-  const int vec = n % 8 == 0 && aligned16(src->data);
+  const int vec = aligned16(src->data); /* any n: the shared pass takes the tail */
   int rc;
   switch (src->dtype) {
   case HQ_F32: rc = launch_amax<HQ_F32>(call, stream, src->data, n, vec, acc); break;

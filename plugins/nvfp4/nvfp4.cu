@@ -61,6 +61,8 @@
 */
 #include <cuda_runtime.h>
 #include <float.h>
+
+#include <atomic>
 #include <stdint.h>
 
 #include "amax_cuda.h"
@@ -76,6 +78,7 @@ namespace {
 constexpr int kTM = 64;  /* tile rows (M) */
 constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
+constexpr int kMaxDevices = 64; /* launch settings cached per device index below this */
 constexpr int kLd = kTK + 4;  /* shared FP32 tile row stride (16-byte aligned rows) */
 constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 /* quantize CTAs per SM the register allocation aims at: 2 (128 registers, no spills) measured
@@ -657,12 +660,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a)
     const int r = t % kTM, p = t / kTM;
     /* columnwise threads: columns 2q and 2q+1, row block rb (rows 16rb..16rb+15 of the tile) */
     const int q = t % (kTK / 2), rb = t / (kTK / 2);
-    if (a.b2d) {
+    if (a.b2d) { /* the per-row block amaxes (NaN ignored) for the 16x16 tile amaxes */
 #pragma unroll
       for (int j = 0; j < 2; j++) {
-        float v[16];
-        row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
-        bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(hq_nvfp4_amax(v, 16));
+        float ba;
+        if (kPacked) {
+          uint32_t w[8];
+          row_words<DT>(sm, r, 32 * p + 16 * j, w);
+          const uint32_t mm = absmax_tree<DT, 8>(w);
+          ba = lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
+          if (is_nan_abs(ba)) ba = amax_of([&](int e) { return row_word_value<DT>(w, e); });
+        } else {
+          float v[16];
+          row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+          ba = hq_nvfp4_amax(v, 16);
+        }
+        bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(ba);
       }
       __syncthreads();
     }
@@ -998,8 +1011,8 @@ int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid) {
 
 template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  if (!a.t) { /* max |x| alone: the shared flat pass (amax_cuda.h; M * K % 8 == 0) */
-    CHECK_CUDA(call, hq_cuda_amax<DT>(a.x, a.M * a.K / 8, a.vec, a.x0, a.x1, stream));
+  if (!a.t) { /* max |x| alone: the shared flat pass (amax_cuda.h) */
+    CHECK_CUDA(call, hq_cuda_amax<DT>(a.x, a.M * a.K, a.vec, a.x0, a.x1, stream));
     return HQ_OK;
   }
   unsigned grid = 0;
@@ -1029,22 +1042,31 @@ template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, 
   if (rc) return rc;
   /* as many CTAs as fit on the device at once, each looping over tiles */
   a.ntiles = grid;
-  int dev = 0, sms = 0, per_sm = 0;
+  int dev = 0;
   CHECK_CUDA(call, cudaGetDevice(&dev));
-  CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
-     asking); the attributes are per device, set on each call (a host-side table write) */
+     asking): the function attributes are set, and the resident CTAs counted, once per device
+     and kernel; the count is cached (a race only repeats the same work) */
   const int dyn = 2 * RawTile<DT>::kBytes;
-  CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
-  CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        (int)cudaSharedmemCarveoutMaxShared));
-  CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                       &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, dyn));
-  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  static std::atomic<int64_t> resident_of[kMaxDevices];
+  int64_t resident = dev >= 0 && dev < kMaxDevices ? resident_of[dev].load() : 0;
+  if (resident <= 0) {
+    int sms = 0, per_sm = 0;
+    CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+    CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
+                                          cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          (int)cudaSharedmemCarveoutMaxShared));
+    CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                         &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, dyn));
+    resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+    if (dev >= 0 && dev < kMaxDevices) resident_of[dev].store(resident);
+  }
   if ((int64_t)grid > resident) grid = (unsigned)resident;
   quantize_kernel<DT, RHT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  if (cudaPeekAtLastError() != cudaSuccess && dev >= 0 && dev < kMaxDevices)
+    resident_of[dev].store(0); /* set up again next time (e.g. after a device reset) */
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
