@@ -14,8 +14,9 @@
 **   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
 **     is wanted; with rht a tile kernel (integer max over the FP32 bits) that
 **     also takes the columnwise amax of the BF16-rounded transformed 16-groups (the RHT of each
-**     column's 16-row groups, as the quantize kernel computes it). Warp __reduce_max_sync, one atomicMax per warp and
-**     target: the result does not depend on the order of the atomics.
+**     column's 16-row groups, as the quantize kernel computes it), resident CTAs looping over
+**     tiles, one atomicMax per CTA and target: the result does not depend on the order of the
+**     atomics.
 **   quantize: as many CTAs as are resident at once, each looping over tiles, two tile buffers
 **     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
 **     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of
@@ -132,13 +133,21 @@ __device__ __forceinline__ void column_group(const float *sm, int r0, int c, flo
   for (int e = 0; e < 16; e++) v[e] = sm[(r0 + e) * kLd + c];
 }
 
-/* Max of u over the CTA's warps, atomically maxed into each non-NULL target (bits of a
-   non-negative float, which order like the values). */
+/* Max of u over the CTA, atomically maxed into each non-NULL target (bits of a non-negative
+   float, which order like the values): one atomic per CTA and target (the amax pass's CTAs are
+   resident ones, so a few hundred in all: one per warp and tile made the atomics on the one
+   address cost a third of the pass). Every thread of the CTA calls it. */
 __device__ __forceinline__ void cta_atomic_max(uint32_t u, float *t0, float *t1) {
+  __shared__ uint32_t warp_max[kThreads / 32];
   u = __reduce_max_sync(0xffffffffu, u);
-  if ((threadIdx.x & 31) == 0 && u) {
-    if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), u);
-    if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), u);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = u;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    u = __reduce_max_sync(0xffffffffu, threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u);
+    if (threadIdx.x == 0 && u) {
+      if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), u);
+      if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), u);
+    }
   }
 }
 
@@ -149,6 +158,7 @@ struct AmaxArgs {
   float *x0, *x1; /* receive max |x| (either may be NULL) */
   float *t;       /* receives the amax of the RHT-transformed columns (NULL: not wanted) */
   uint32_t mask;  /* RHT signs */
+  unsigned ntiles; /* 64x128 tiles of [M, K], taken grid-stride */
 };
 
 
@@ -554,35 +564,41 @@ __device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
    transform through rht16_head_f32 / rht16_tail, the rule's bits). */
 template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
   __shared__ __align__(16) float sm[kTM * kLd];
-  int64_t i0, k0;
-  tile_origin(a.K, &i0, &k0);
-  const uint32_t mx = load_tile<DT>(a.x, a.M, a.K, i0, k0, a.vec, sm);
-  if (a.x0 || a.x1) cta_atomic_max(mx, a.x0, a.x1);
-  if (!a.t) return;
-  __syncthreads();
+  uint32_t mx = 0, mt = 0;
   /* columnwise: thread (c, h) transforms the two 16-groups of rows 32h..32h+31 of column c */
   const int c = threadIdx.x % kTK, h = threadIdx.x / kTK;
-  uint32_t mt = 0;
-  if (k0 + c < a.K) {
-    for (int j = 0; j < 2; j++) {
-      const int r0 = 32 * h + 16 * j;
-      if (i0 + r0 >= a.M) break;
-      float g[16], v[16];
-      uint32_t fl[16], y[8];
-      column_group(sm, r0, c, g);
+  for (unsigned tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+    int64_t i0, k0;
+    tile_origin_of(tile, a.K, &i0, &k0);
+    __syncthreads(); /* the previous tile's columns are read */
+    mx = max(mx, load_tile<DT>(a.x, a.M, a.K, i0, k0, a.vec, sm));
+    if (!a.t) continue;
+    __syncthreads();
+    if (k0 + c < a.K) {
+      for (int j = 0; j < 2; j++) {
+        const int r0 = 32 * h + 16 * j;
+        if (i0 + r0 >= a.M) break;
+        float g[16], v[16];
+        uint32_t fl[16], y[8];
+        column_group(sm, r0, c, g);
 #pragma unroll
-      for (int e = 0; e < 16; e++) fl[e] = ((a.mask >> e) & 1u) ? 0x80008000u : 0u;
-      rht16_head_f32<DT>(g, fl, v);
-      rht16_tail(v, y);
-      const float ba = packed16_amax(y);
-      if (!is_nan_abs(ba)) {
-        mt = max(mt, hq_f32_bits(ba));
-      } else { /* NaN ignored */
-        for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
+        for (int e = 0; e < 16; e++) fl[e] = ((a.mask >> e) & 1u) ? 0x80008000u : 0u;
+        rht16_head_f32<DT>(g, fl, v);
+        rht16_tail(v, y);
+        const float ba = packed16_amax(y);
+        if (!is_nan_abs(ba)) {
+          mt = max(mt, hq_f32_bits(ba));
+        } else { /* NaN ignored */
+          for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
+        }
       }
     }
   }
-  cta_atomic_max(mt, a.t, NULL);
+  if (a.x0 || a.x1) cta_atomic_max(mx, a.x0, a.x1);
+  if (a.t) {
+    __syncthreads(); /* cta_atomic_max's shared words are free again */
+    cta_atomic_max(mt, a.t, NULL);
+  }
 }
 
 /* One columnwise block from its FP32 values (F32 input without RHT): amax, signs, the 2-D tile
@@ -1018,7 +1034,16 @@ template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   unsigned grid = 0;
   int rc = tile_grid(call, a.M, a.K, &grid);
   if (rc) return rc;
-  amax_kernel<DT><<<grid, kThreads, 0, stream>>>(a);
+  AmaxArgs b = a;
+  b.ntiles = grid;
+  int dev = 0, sms = 0, per_sm = 0; /* resident CTAs, each looping over tiles */
+  CHECK_CUDA(call, cudaGetDevice(&dev));
+  CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, amax_kernel<DT>,
+                                                                 kThreads, 0));
+  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  if ((int64_t)grid > resident) grid = (unsigned)resident;
+  amax_kernel<DT><<<grid, kThreads, 0, stream>>>(b);
   CHECK_LAUNCH(call, "nvfp4 amax kernel");
   return HQ_OK;
 }
