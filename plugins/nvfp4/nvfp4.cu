@@ -21,7 +21,7 @@
 **     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
 **     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of
 **     its peak). 128 registers per thread, no spills for 16-bit inputs without SR (2 CTAs per
-**     SM; 3, at 80 registers, measured slower). Per CTA once: the
+**     SM; 3, at 80 registers, measured slower; with SR 3 measured faster). Per CTA once: the
 **     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
@@ -89,6 +89,10 @@ constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 #define HQ_NVFP4_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
+#ifndef HQ_NVFP4_SR_MIN_BLOCKS /* the same with stochastic rounding: 3 (80 registers) measured */
+#define HQ_NVFP4_SR_MIN_BLOCKS 3 /* 0.313 ms against 0.351 at 2 (both directions, given amax) */
+#endif
+constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
 constexpr int kCS = kTK + 4;  /* columnwise staging: uint2 per row block (kTK used; the pad
                                  spreads the 4 row blocks over the banks) */
 
@@ -616,7 +620,7 @@ __device__ __forceinline__ uint8_t col_block_f32(float v[16], const QArgs &a, co
 }
 
 template <int DT, bool RHT, bool SR>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(QArgs a) {
+__global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
