@@ -619,6 +619,44 @@ __device__ __forceinline__ uint8_t col_block_f32(float v[16], const QArgs &a, co
                       SR ? make_uint2(0u, 0u) : signs_of([&](int e) { return v[e]; }), out);
 }
 
+/* The sign words of two blocks (the fast form's sgn), made only when both take it. */
+struct Signs2 {
+  uint2 s[2];
+};
+
+/* A thread's two blocks side by side (no branch between them, so their work interleaves):
+   values v0(e), v1(e); their amaxes ba0, ba1 from a packed max (NaN propagated: such a block
+   takes the rule's NaN-ignoring amax); with b2d the 16x16 tile amaxes t0, t1 instead; the scale
+   codes into sf, the packed words into o (signs(): both blocks' sign words). */
+template <bool SR, class V0, class V1, class SG>
+__device__ __forceinline__ void encode_pair(const V0 &v0, const V1 &v1, float ba0, float ba1,
+                                            bool b2d, float t0, float t1, float m,
+                                            const float *enc_tab, const QArgs &a,
+                                            uint32_t colwise, uint64_t blk0, uint64_t blk1,
+                                            const SG &signs, uint2 o[2], uint8_t sf[2]) {
+  float ba[2] = {ba0, ba1}, enc[2];
+  const int nan[2] = {is_nan_abs(ba0), is_nan_abs(ba1)};
+  if (nan[0] | nan[1]) {
+    ba[0] = nan[0] ? amax_of(v0) : ba[0];
+    ba[1] = nan[1] ? amax_of(v1) : ba[1];
+  }
+  if (b2d) ba[0] = t0, ba[1] = t1;
+  sf[0] = block_code(ba[0], m, enc_tab, &enc[0]);
+  sf[1] = block_code(ba[1], m, enc_tab, &enc[1]);
+  const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
+  const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
+  if (f0 && f1) {
+    const Signs2 sg = signs();
+    o[0] = encode_fast(v0, enc[0], sg.s[0]);
+    o[1] = encode_fast(v1, enc[1], sg.s[1]);
+  } else {
+    o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
+              : encode_rule<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0);
+    o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
+              : encode_rule<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1);
+  }
+}
+
 template <int DT, bool RHT, bool SR>
 __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
@@ -712,40 +750,25 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quan
         uint32_t w[16];
         row_words<DT>(sm, r, 32 * p, w);
         row_words<DT>(sm, r, 32 * p + 16, w + 8);
-        float ba[2], enc[2];
-        int nan[2];
+        float ba[2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
           const uint32_t mm = absmax_tree<DT, 8>(w + 8 * j);
           ba[j] = lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
-          nan[j] = is_nan_abs(ba[j]);
         }
         auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
         auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
-        if (nan[0] | nan[1]) { /* the NaN-ignoring amax of the rule */
-          ba[0] = nan[0] ? amax_of(v0) : ba[0];
-          ba[1] = nan[1] ? amax_of(v1) : ba[1];
-        }
-        if (a.b2d) {
-          ba[0] = tile_amax16(bam, r & ~15, 2 * p);
-          ba[1] = tile_amax16(bam, r & ~15, 2 * p + 1);
-        }
-        sf[0] = block_code(ba[0], rm, enc_tab[0], &enc[0]);
-        sf[1] = block_code(ba[1], rm, enc_tab[0], &enc[1]);
-        const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
-        const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
-        if (f0 && f1) {
+        auto signs = [&] {
           const uint2 s0 = sign_split(w[0], w[1], w[2], w[3]), s1 = sign_split(w[4], w[5], w[6], w[7]);
           const uint2 s2 = sign_split(w[8], w[9], w[10], w[11]);
           const uint2 s3 = sign_split(w[12], w[13], w[14], w[15]);
-          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)));
-          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y)));
-        } else {
-          o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
-                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 0u, blk);
-          o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
-                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 0u, blk + 1);
-        }
+          return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
+                         make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
+        };
+        encode_pair<SR>(v0, v1, ba[0], ba[1], a.b2d,
+                        a.b2d ? tile_amax16(bam, r & ~15, 2 * p) : 0.0f,
+                        a.b2d ? tile_amax16(bam, r & ~15, 2 * p + 1) : 0.0f, rm, enc_tab[0], a,
+                        0u, blk, blk + 1, signs, o, sf);
       } else {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -790,62 +813,36 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quan
           rht16_head<DT>(x, h ? f1 : f0, fl, h, v);
           rht16_tail(v, y[h]);
         }
-        float ba[2] = {packed16_amax(y[0]), packed16_amax(y[1])}, enc[2];
-        const int nan[2] = {is_nan_abs(ba[0]), is_nan_abs(ba[1])};
         auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
         auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
-        if (nan[0] | nan[1]) {
-          ba[0] = nan[0] ? amax_of(v0) : ba[0];
-          ba[1] = nan[1] ? amax_of(v1) : ba[1];
-        }
-        if (a.b2d) ba[0] = ba[1] = tile_amax16(bam, 16 * rb, c / 16);
-        sf[0] = block_code(ba[0], cm, enc_tab[1], &enc[0]);
-        sf[1] = block_code(ba[1], cm, enc_tab[1], &enc[1]);
-        const bool fa = !SR && fast_block(ba[0], enc[0], nan[0]);
-        const bool fb = !SR && fast_block(ba[1], enc[1], nan[1]);
-        if (fa && fb) {
+        auto signs = [&] {
           const uint2 s0 = sign_split(y[0][0], y[0][1], y[0][2], y[0][3]);
           const uint2 s1 = sign_split(y[0][4], y[0][5], y[0][6], y[0][7]);
           const uint2 s2 = sign_split(y[1][0], y[1][1], y[1][2], y[1][3]);
           const uint2 s3 = sign_split(y[1][4], y[1][5], y[1][6], y[1][7]);
-          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)));
-          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y)));
-        } else {
-          o[0] = fa ? encode_fast(v0, enc[0], signs_of(v0))
-                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 1u, blk);
-          o[1] = fb ? encode_fast(v1, enc[1], signs_of(v1))
-                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 1u, blk + (uint64_t)(M >> 4));
-        }
+          return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
+                         make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
+        };
+        const float t2 = a.b2d ? tile_amax16(bam, 16 * rb, c / 16) : 0.0f;
+        encode_pair<SR>(v0, v1, packed16_amax(y[0]), packed16_amax(y[1]), a.b2d, t2, t2, cm,
+                        enc_tab[1], a, 1u, blk, blk + (uint64_t)(M >> 4), signs, o, sf);
       } else if (kPacked) {
         uint32_t x[16];
         colpair_words<DT>(sm, 16 * rb, c, x);
         const uint32_t mm = absmax_tree<DT, 16>(x);
-        float ba[2] = {lane_abs<DT>(mm, 0), lane_abs<DT>(mm, 1)}, enc[2];
-        const int nan[2] = {is_nan_abs(ba[0]), is_nan_abs(ba[1])};
         auto v0 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu); };
         auto v1 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] >> 16); };
-        if (nan[0] | nan[1]) {
-          ba[0] = nan[0] ? amax_of(v0) : ba[0];
-          ba[1] = nan[1] ? amax_of(v1) : ba[1];
-        }
-        if (a.b2d) ba[0] = ba[1] = tile_amax16(bam, 16 * rb, c / 16);
-        sf[0] = block_code(ba[0], cm, enc_tab[1], &enc[0]);
-        sf[1] = block_code(ba[1], cm, enc_tab[1], &enc[1]);
-        const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
-        const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
-        if (f0 && f1) {
+        auto signs = [&] {
           /* column c's signs are the low halves' (rows 0, 2, 4, 6 and 1, 3, 5, 7 of each
              packed word), column c + 1's the high halves' */
           const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]), d0 = sign_split(x[1], x[3], x[5], x[7]);
           const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]), d1 = sign_split(x[9], x[11], x[13], x[15]);
-          o[0] = encode_fast(v0, enc[0], make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)));
-          o[1] = encode_fast(v1, enc[1], make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
-        } else {
-          o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
-                    : encode_rule<SR>(v0, enc[0], a.seed, a.offset, 1u, blk);
-          o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
-                    : encode_rule<SR>(v1, enc[1], a.seed, a.offset, 1u, blk + (uint64_t)(M >> 4));
-        }
+          return Signs2{{make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)),
+                         make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y))}};
+        };
+        const float t2 = a.b2d ? tile_amax16(bam, 16 * rb, c / 16) : 0.0f;
+        encode_pair<SR>(v0, v1, lane_abs<DT>(mm, 0), lane_abs<DT>(mm, 1), a.b2d, t2, t2, cm,
+                        enc_tab[1], a, 1u, blk, blk + (uint64_t)(M >> 4), signs, o, sf);
       } else {
         float v0[16], v1[16];
         colpair_f32<DT>(sm, 16 * rb, c, v0, v1);
