@@ -5,12 +5,12 @@
 ** that the caller zeroed on the stream. Private to the stock plugins (not installed).
 **
 ** hq_cuda_amax<DT>(x, n, vec, t0, t1, stream): n elements, taken 8 at a time (the last n % 8
-** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A read-only stream, so what bounds
-** it is the bytes in flight: as many CTAs as are resident, each thread with 4 independent
-** 8-element loads in flight per step; the max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
-** operand: one instruction per element, never NaN); the CTA's maximum goes out in one
-** atomicMax per target (bits of a non-negative float order like the values, so the result does
-** not depend on the atomics' order).
+** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A
+** read-only stream, so what bounds it is the bytes in flight: as many CTAs as are resident,
+** each thread with 4 independent 8-element loads in flight per step; the max is fmaxf(m, |v|)
+** from 0 (IEEE maxNum drops a NaN operand: one instruction per element, never NaN); the CTA's
+** maximum goes out in one atomicMax per target (bits of a non-negative float order like the
+** values, so the result does not depend on the atomics' order).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H

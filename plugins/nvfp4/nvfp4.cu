@@ -332,7 +332,8 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M
       hq_cuda_cp_async16(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
     } else if (DT == HQ_F32) {
       for (int e = 0; e < kPer; e++)
-        reinterpret_cast<float *>(dst)[e] = in ? reinterpret_cast<const float *>(base)[off + e] : 0.0f;
+        reinterpret_cast<float *>(dst)[e] =
+            in ? reinterpret_cast<const float *>(base)[off + e] : 0.0f;
     } else {
       for (int e = 0; e < kPer; e++)
         reinterpret_cast<uint16_t *>(dst)[e] =
@@ -518,7 +519,8 @@ __device__ __forceinline__ void rht16_tail(float v[16], uint32_t y[8]) {
         v[i + h] = __fsub_rn(p, q);
       }
 #pragma unroll
-  for (int j = 0; j < 8; j++) y[j] = bf16x2_rn(__fmul_rn(v[2 * j], 0.25f), __fmul_rn(v[2 * j + 1], 0.25f));
+  for (int j = 0; j < 8; j++)
+    y[j] = bf16x2_rn(__fmul_rn(v[2 * j], 0.25f), __fmul_rn(v[2 * j + 1], 0.25f));
 }
 
 /* Steps 0 and 1 of the RHT on FP32 values f of a DT input (flip[e]: row e's sign-flip word,
@@ -593,7 +595,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
         if (!is_nan_abs(ba)) {
           mt = max(mt, hq_f32_bits(ba));
         } else { /* NaN ignored */
-          for (int e = 0; e < 16; e++) mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
+          for (int e = 0; e < 16; e++)
+            mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
         }
       }
     }
@@ -607,11 +610,10 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
 
 /* One columnwise block from its FP32 values (F32 input without RHT): amax, signs, the 2-D tile
    amax, encode. */
-template <bool RHT, bool SR>
-__device__ __forceinline__ uint8_t col_block_f32(float v[16], const QArgs &a, const uint32_t *bam,
-                                                 int r0, int cb, float m, const float *enc_tab,
-                                                 uint64_t block, uint2 *out) {
-  if (RHT) hq_nvfp4_rht16(v, a.mask);
+template <bool SR>
+__device__ __forceinline__ uint8_t col_block_f32(const float v[16], const QArgs &a,
+                                                 const uint32_t *bam, int r0, int cb, float m,
+                                                 const float *enc_tab, uint64_t block, uint2 *out) {
   int has_nan;
   float ba = block_amax16(v, &has_nan);
   if (a.b2d) ba = tile_amax16(bam, r0, cb);
@@ -658,7 +660,8 @@ __device__ __forceinline__ void encode_pair(const V0 &v0, const V1 &v1, float ba
 }
 
 template <int DT, bool RHT, bool SR>
-__global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quantize_kernel(QArgs a) {
+__global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
+    quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
@@ -759,7 +762,8 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quan
         auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
         auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
         auto signs = [&] {
-          const uint2 s0 = sign_split(w[0], w[1], w[2], w[3]), s1 = sign_split(w[4], w[5], w[6], w[7]);
+          const uint2 s0 = sign_split(w[0], w[1], w[2], w[3]);
+          const uint2 s1 = sign_split(w[4], w[5], w[6], w[7]);
           const uint2 s2 = sign_split(w[8], w[9], w[10], w[11]);
           const uint2 s3 = sign_split(w[12], w[13], w[14], w[15]);
           return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
@@ -835,8 +839,10 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quan
         auto signs = [&] {
           /* column c's signs are the low halves' (rows 0, 2, 4, 6 and 1, 3, 5, 7 of each
              packed word), column c + 1's the high halves' */
-          const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]), d0 = sign_split(x[1], x[3], x[5], x[7]);
-          const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]), d1 = sign_split(x[9], x[11], x[13], x[15]);
+          const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]);
+          const uint2 d0 = sign_split(x[1], x[3], x[5], x[7]);
+          const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]);
+          const uint2 d1 = sign_split(x[9], x[11], x[13], x[15]);
           return Signs2{{make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)),
                          make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y))}};
         };
@@ -846,8 +852,8 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks) quan
       } else {
         float v0[16], v1[16];
         colpair_f32<DT>(sm, 16 * rb, c, v0, v1);
-        sf[0] = col_block_f32<false, SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
-        sf[1] = col_block_f32<false, SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
+        sf[0] = col_block_f32<SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
+        sf[1] = col_block_f32<SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
                                        blk + (uint64_t)(M >> 4), &o[1]);
       }
       *reinterpret_cast<uint4 *>(&cstage[rb][c]) = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
