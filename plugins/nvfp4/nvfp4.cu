@@ -127,6 +127,11 @@ __device__ __forceinline__ void tile_origin_of(unsigned tile, int64_t K, int64_t
   *k0 = (int64_t)(tile % ntk) * kTK;
 }
 
+/* Whether the 64x128 tile at (i0, k0) lies wholly inside [M, K]. */
+__device__ __forceinline__ bool tile_full(int64_t M, int64_t K, int64_t i0, int64_t k0) {
+  return i0 + kTM <= M && k0 + kTK <= K;
+}
+
 /* The 64x128 tile of CTA blockIdx.x. */
 __device__ __forceinline__ void tile_origin(int64_t K, int64_t *i0, int64_t *k0) {
   tile_origin_of(blockIdx.x, K, i0, k0);
@@ -309,13 +314,12 @@ template <int DT> struct RawTile {
 };
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
-   == 0: a 16-byte chunk is wholly inside or outside; `full`: the tile is, and nothing is
-   checked). Without vec (x not 16-byte aligned) the copy is made here, element by element. */
+   == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing). Without vec (x not 16-byte aligned) the copy is made here, element by element. */
 template <int DT>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
-                                           int64_t i0, int64_t k0, bool full, int vec,
-                                           uint8_t *tile) {
+                                           int64_t i0, int64_t k0, int vec, uint8_t *tile) {
   using R = RawTile<DT>;
+  const bool full = tile_full(M, K, i0, k0);
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
   const uint8_t *const base = static_cast<const uint8_t *>(x) + (i0 * K + k0) * R::kEsz;
   constexpr int kRowsPerPass = kThreads / R::kChunksPerRow;
@@ -699,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
   if (tile < a.ntiles) {
     int64_t i0, k0;
     tile_origin_of(tile, K, &i0, &k0);
-    issue_tile<DT>(a.x, M, K, i0, k0, i0 + kTM <= M && k0 + kTK <= K, a.vec, tiles);
+    issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles);
   }
   hq_cuda_cp_async_commit();
   for (int buf = 0; tile < a.ntiles; tile += gridDim.x, buf ^= 1) {
@@ -707,12 +711,11 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
     const unsigned next = tile + gridDim.x;
     if (next < a.ntiles) { /* its buffer was last read before the previous tile's staging barrier */
       tile_origin_of(next, K, &i0, &k0);
-      issue_tile<DT>(a.x, M, K, i0, k0, i0 + kTM <= M && k0 + kTK <= K, a.vec,
-                     tiles + (buf ^ 1) * R::kBytes);
+      issue_tile<DT>(a.x, M, K, i0, k0, a.vec, tiles + (buf ^ 1) * R::kBytes);
     }
     hq_cuda_cp_async_commit();
     tile_origin_of(tile, K, &i0, &k0);
-    const bool full = i0 + kTM <= M && k0 + kTK <= K; /* no element of the tile outside */
+    const bool full = tile_full(M, K, i0, k0);
     hq_cuda_cp_async_wait_but_newest();
     __syncthreads(); /* the tile is in; the previous tile's staged bytes are stored */
     const uint8_t *sm = tiles + buf * R::kBytes;
