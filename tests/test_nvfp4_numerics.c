@@ -191,6 +191,29 @@ static unsigned sr_ref(float x, unsigned r8) {
   return 0;
 }
 
+/* The bounded form of the stochastic rule (hq_e2m1_sr_code_lt8) gives hq_f32_to_e2m1_sr's code
+   for every FP32 value below 8 with r8 = 0 and 255 (exhaustively) and for every r8 on a sweep of
+   the values. */
+static void test_e2m1_sr_bounded_form(void **state) {
+  (void)state;
+  uint64_t bad = 0;
+  for (uint32_t u = 0; u < 0x41000000u; u++) {
+    const float a = hq_bits_f32(u);
+    bad += hq_e2m1_sr_code_lt8(a, 0) != hq_f32_to_e2m1_sr(a, 0);
+    bad += hq_e2m1_sr_code_lt8(a, 255) != hq_f32_to_e2m1_sr(a, 255);
+    if (u % 4099u == 0)
+      for (uint32_t r = 1; r < 255; r++) bad += hq_e2m1_sr_code_lt8(a, r) != hq_f32_to_e2m1_sr(a, r);
+  }
+  for (uint32_t r = 0; r < 256; r++) /* the binade edges and the largest value below 6 */
+    for (int k = 0; k < 8; k++) {
+      const float edge[8] = {0.25f, 0.5f, 1.0f, 2.0f, 4.0f, 6.0f, 0x1.fffffep2f, 1e-40f};
+      const float a = edge[k], below = hq_bits_f32(hq_f32_bits(a) - 1u);
+      bad += hq_e2m1_sr_code_lt8(a, r) != hq_f32_to_e2m1_sr(a, r);
+      bad += hq_e2m1_sr_code_lt8(below, r) != hq_f32_to_e2m1_sr(below, r);
+    }
+  assert_int_equal(bad, 0);
+}
+
 static void test_e2m1_stochastic_rule(void **state) {
   (void)state;
   /* representable values never move */
@@ -724,6 +747,7 @@ int main(void) {
       cmocka_unit_test(test_rht_te_signs),
       cmocka_unit_test(test_rht_matches_dense_matrix),
       cmocka_unit_test(test_rht_lanes_and_bf16_round),
+      cmocka_unit_test(test_e2m1_sr_bounded_form),
       cmocka_unit_test(test_rht_inverse),
       cmocka_unit_test(test_rht_orthogonal),
       cmocka_unit_test(test_rht_preserves_dot_products),

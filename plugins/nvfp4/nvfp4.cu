@@ -89,10 +89,18 @@ constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 #define HQ_NVFP4_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
-#ifndef HQ_NVFP4_SR_MIN_BLOCKS /* the same with stochastic rounding: 3 (80 registers) measured */
-#define HQ_NVFP4_SR_MIN_BLOCKS 3 /* 0.313 ms against 0.351 at 2 (both directions, given amax) */
+/* the same with stochastic rounding: with its fast form 2 measured 0.220 ms against 0.226 at 3
+   (both directions, given amax; the rule alone had been faster at 3: 0.313 against 0.351) */
+#ifndef HQ_NVFP4_SR_MIN_BLOCKS
+#define HQ_NVFP4_SR_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
+/* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_code_lt8; 0 = the rule for
+   every block, the same bits: 0.314 -> 0.226 ms for both directions with a given amax) */
+#ifndef HQ_NVFP4_SR_FAST
+#define HQ_NVFP4_SR_FAST 1
+#endif
+constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
 constexpr int kCS = kTK + 4;  /* columnwise staging: uint2 per row block (kTK used; the pad
                                  spreads the 4 row blocks over the banks) */
 
@@ -196,10 +204,13 @@ __device__ __forceinline__ uint8_t block_code(float bamax, float m, const float 
 }
 
 /* Whether a block takes the fast form: no NaN among its values and every |v * enc| <=
-   RN(bamax * enc) < 7 (rounding is monotonic; enc >= 0), so hq_e2m1_biased_bits_lt7 applies.
-   Otherwise (a NaN, an Inf, a scale code below the block: E4M3 underflow) the rule itself. */
+   RN(bamax * enc) < 7 (rounding is monotonic; enc >= 0), so hq_e2m1_biased_bits_lt7 applies,
+   and with stochastic rounding hq_e2m1_sr_code_lt8 (every ordinary block: the E4M3 scale
+   rounding leaves at most 6.4). Otherwise (a NaN, an Inf, a scale code below the block: E4M3
+   underflow) the rule itself. */
+template <bool SR = false>
 __device__ __forceinline__ bool fast_block(float bamax, float enc, int has_nan) {
-  return !has_nan && hq_mul_rn(bamax, enc) < 7.0f;
+  return (!SR || kSRFast) && !has_nan && hq_mul_rn(bamax, enc) < 7.0f;
 }
 
 /* The fast form of 16 values v(0..15) (a fast_block): the same codes as hq_nvfp4_quantize
@@ -214,6 +225,28 @@ template <class V> __device__ __forceinline__ uint2 encode_fast(V v, float enc, 
   for (int e = 0; e < 16; e++)
     acc[e >> 3] += hq_e2m1_biased_bits_lt7(fabsf(hq_mul_rn(v(e), enc))) * (1u << (4 * (e & 7)));
   return make_uint2((acc[0] - kBias) | sgn.x, (acc[1] - kBias) | sgn.y);
+}
+
+/* The fast form of stochastic rounding for 16 values v(0..15) (a fast_block): the block's
+   Philox words as the rule draws them, hq_e2m1_sr_code_lt8 per value, the sign bits sgn or-ed
+   in (as encode_fast). */
+template <class V>
+__device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, uint64_t seed, uint64_t offset,
+                                                uint32_t colwise, uint64_t block, uint2 sgn) {
+  uint32_t bits[4], w[2] = {0u, 0u};
+  hq_nvfp4_sr_bits(seed, offset, colwise, block, bits);
+#pragma unroll
+  for (int e = 0; e < 16; e++)
+    w[e >> 3] += hq_e2m1_sr_code_lt8(fabsf(hq_mul_rn(v(e), enc)), hq_nvfp4_sr_byte(bits, e))
+                 << (4 * (e & 7));
+  return make_uint2(w[0] | sgn.x, w[1] | sgn.y);
+}
+
+/* The fast form of either rounding. */
+template <bool SR, class V>
+__device__ __forceinline__ uint2 encode_fast_any(V v, float enc, uint64_t seed, uint64_t offset,
+                                                 uint32_t colwise, uint64_t block, uint2 sgn) {
+  return SR ? encode_fast_sr(v, enc, seed, offset, colwise, block, sgn) : encode_fast(v, enc, sgn);
 }
 
 /* The rule for 16 values: hq_nvfp4_quantize, or with SR hq_nvfp4_quantize_sr from the block's
@@ -246,8 +279,8 @@ __device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, floa
   float enc;
   const uint8_t sf = block_code(bamax, m, enc_tab, &enc);
   auto val = [&](int e) { return v[e]; };
-  *out = !SR && fast_block(bamax, enc, has_nan)
-             ? encode_fast(val, enc, sgn)
+  *out = fast_block<SR>(bamax, enc, has_nan)
+             ? encode_fast_any<SR>(val, enc, seed, offset, colwise, block, sgn)
              : encode_rule<SR>(val, enc, seed, offset, colwise, block);
   return sf;
 }
@@ -622,7 +655,7 @@ __device__ __forceinline__ uint8_t col_block_f32(const float v[16], const QArgs 
   float ba = block_amax16(v, &has_nan);
   if (a.b2d) ba = tile_amax16(bam, r0, cb);
   return encode16<SR>(v, ba, m, enc_tab, a.seed, a.offset, 1u, block, has_nan,
-                      SR ? make_uint2(0u, 0u) : signs_of([&](int e) { return v[e]; }), out);
+                      signs_of([&](int e) { return v[e]; }), out);
 }
 
 /* The sign words of two blocks (the fast form's sgn), made only when both take it. */
@@ -649,16 +682,16 @@ __device__ __forceinline__ void encode_pair(const V0 &v0, const V1 &v1, float ba
   if (b2d) ba[0] = t0, ba[1] = t1;
   sf[0] = block_code(ba[0], m, enc_tab, &enc[0]);
   sf[1] = block_code(ba[1], m, enc_tab, &enc[1]);
-  const bool f0 = !SR && fast_block(ba[0], enc[0], nan[0]);
-  const bool f1 = !SR && fast_block(ba[1], enc[1], nan[1]);
+  const bool f0 = fast_block<SR>(ba[0], enc[0], nan[0]);
+  const bool f1 = fast_block<SR>(ba[1], enc[1], nan[1]);
   if (f0 && f1) {
     const Signs2 sg = signs();
-    o[0] = encode_fast(v0, enc[0], sg.s[0]);
-    o[1] = encode_fast(v1, enc[1], sg.s[1]);
+    o[0] = encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0, sg.s[0]);
+    o[1] = encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1, sg.s[1]);
   } else {
-    o[0] = f0 ? encode_fast(v0, enc[0], signs_of(v0))
+    o[0] = f0 ? encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0, signs_of(v0))
               : encode_rule<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0);
-    o[1] = f1 ? encode_fast(v1, enc[1], signs_of(v1))
+    o[1] = f1 ? encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1, signs_of(v1))
               : encode_rule<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1);
   }
 }
@@ -785,8 +818,7 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
           float ba = block_amax16(v, &has_nan);
           if (a.b2d) ba = tile_amax16(bam, r & ~15, 2 * p + j);
           sf[j] = encode16<SR>(v, ba, rm, enc_tab[0], a.seed, a.offset, 0u, blk + j, has_nan,
-                               SR ? make_uint2(0u, 0u) : signs_of([&](int e) { return v[e]; }),
-                               &o[j]);
+                               signs_of([&](int e) { return v[e]; }), &o[j]);
         }
       }
       rstage[r * kRS + 2 * p] = o[0];

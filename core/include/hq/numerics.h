@@ -433,6 +433,31 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
   return ((s | c) & ~nan) | (7u & nan);
 }
 
+/* hq_f32_to_e2m1_sr's magnitude code for 0 <= a < 8 (not NaN) in fewer operations, for a
+   kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 7, as for its
+   round-to-nearest form): step(a) is half the power of two of a's binade, at least 0.5 (the
+   rule's 0.5 / 1 / 2 below 6, and 2 on [6, 8)); u = r8 / 256 is (1 + r8 / 256) - 1, exact, and
+   u * step(a) is exact, so t = RN(a + u * step(a)) is one fused multiply-add; t < 10, and
+   floor(t / step(t)) * step(t) keeps, for t >= 1, t's exponent and first mantissa bit, whose
+   code is (bits(t) >> 22) - 252 (1.0 -> 2, 1.5 -> 3, ..., 6.0 -> 7), at most 7 (the rule's
+   saturation: a >= 6 gives 7 whatever r8); below 1 the code is 1 from 0.5 on and 0 below (the
+   max of the two covers both ranges: the first is at most 1 there).
+   tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1_sr on every FP32 value below 8
+   for two r8 and on a sweep of them for every r8. */
+HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
+  const float u = hq_add_rn(hq_bits_f32(0x3f800000u | ((r8 & 0xffu) << 15)), -1.0f);
+  const float s = hq_mul_rn(hq_bits_f32(hq_f32_bits(a) & 0x7f800000u), 0.5f);
+  const float step = s > 0.5f ? s : 0.5f;
+#if defined(__CUDA_ARCH__)
+  const float t = __fmaf_rn(u, step, a);
+#else
+  const float t = hq_add_rn(a, hq_mul_rn(u, step));
+#endif
+  const int32_t hi = (int32_t)(hq_f32_bits(t) >> 22) - 252, lo = t >= 0.5f;
+  const int32_t c = hi > lo ? hi : lo;
+  return (uint32_t)(c < 7 ? c : 7);
+}
+
 /* --------------------------------------------------------------------------------------------
 ** The AdamW element update of hq_adam_step, the one definition for the core's CPU loop, its CUDA
 ** kernel and a module's fused write-back (hq/plugin.h, HQ_CAP_FUSED_ADAM), so all give the same
