@@ -16,11 +16,11 @@
 **           (zeroed first, on the stream);
 **           (2) cast kernel: each block recomputes the scale from that amax -- or from the
 **           caller's (fp8t_one_amax) -- (a few flops), then quantizes a tile read once from
-**           global memory, writes the rowwise bytes and, through shared memory, the transposed
-**           columnwise bytes.
-** Fast path (rows % 8 == 0, cols % 8 == 0, 16-byte aligned pointers): 64x64 tiles, 8 elements per
-** 16-byte (bf16/f16) or 2x16-byte (f32) load, 8-byte stores of both copies. Otherwise a scalar
-** 32x32-tile kernel. Both compute every byte with the same hq/numerics.h rules.
+**           global memory, writes the rowwise bytes and the transposed columnwise bytes
+**           (transposed in registers, or through shared memory in the scalar kernel).
+** Fast path (rows % 8 == 0, cols % 8 == 0, 16-byte aligned pointers): an 8x8 block per thread,
+** 8 elements per 16-byte (bf16/f16) or 2x16-byte (f32) load, 8-byte stores of both copies, the
+** transpose in registers (byte permutes). Otherwise a scalar 32x32-tile kernel. Both compute every byte with the same hq/numerics.h rules.
 ** Delayed scaling (fp8_tensor_rules.h): no amax pass; every block reads the scale from the
 ** slice's state, block (0,0) writes scale_inv, and each block atomically maxes its tile's max|x|
 ** (NaN ignored, on the FP32 bits) into the storage's amax (zeroed first) and the slice's amax.
@@ -48,9 +48,8 @@ constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8; /* block = 32 x 8 threads, 4 rows each */
 
 /* --- fast path ---------------------------------------------------------------------------- */
-constexpr int kVTile = 64;     /* 64x64 tile, 256 threads, 8 elements per thread per pass */
+constexpr int kVTile = 128;    /* 128x128 tile, 256 threads, an 8x8 block per thread */
 constexpr int kVThreads = 256;
-constexpr int kVStride = 72;   /* shared tile row stride in bytes (8-byte aligned rows) */
 
 struct CastArgs {
   const void *x;
@@ -177,44 +176,66 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   }
 }
 
+/* The 8 casts q = fp8(RN(x * scale)) of one row of a thread's block, as two words (byte k =
+   element k; hq_cuda_f32x4_to_fp8: the bits of hq_cuda_f32_to_fp8, four per call). */
+template <int ELEM> __device__ __forceinline__ uint2 cast8(const float x[8], float scale) {
+  float y[8];
+  for (int k = 0; k < 8; k++) y[k] = hq_mul_rn(x[k], scale);
+  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(y[0], y[1], y[2], y[3]),
+                    hq_cuda_f32x4_to_fp8<ELEM>(y[4], y[5], y[6], y[7]));
+}
+
+/* The 4x4 byte transpose of words a0..a3 (byte c of a_r = element (r, c)): c_k gets byte k of
+   every a_r, row r in its byte r. Eight byte permutes. */
+__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t c[4]) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);
+  const uint32_t t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
+  c[0] = __byte_perm(t0, t2, 0x5410);
+  c[1] = __byte_perm(t0, t2, 0x7632);
+  c[2] = __byte_perm(t1, t3, 0x5410);
+  c[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+/* Fast path: a thread owns an 8x8 block (M and K are multiples of 8, so a block lies wholly
+   inside the tensor or wholly outside), reads its 8 rows (one 16-byte load each for 16-bit
+   inputs), writes each row's 8 codes (8 bytes) and the block transposed in registers (byte
+   permutes) as 8 columns of 8 codes; no shared memory but the scale's. A warp covers 32 rows x
+   64 columns (lane: 8 column groups x 4 row groups), so a load instruction reads 128
+   contiguous bytes per row, a rowwise store writes 64 per row and a columnwise store whole
+   32-byte sectors; the CTA's 8 warps tile 128 x 128. */
 template <int DT, int GT>
 __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs a) {
-  __shared__ __align__(16) uint8_t tile[kVTile * kVStride];
-  const float scale = block_scale(a);
-  const int64_t i0 = (int64_t)blockIdx.x * kVTile, j0 = (int64_t)blockIdx.y * kVTile;
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t i = (int64_t)blockIdx.x * kVTile + (warp >> 1) * 32 + (lane >> 3) * 8;
+  const int64_t j = (int64_t)blockIdx.y * kVTile + (warp & 1) * 64 + (lane & 7) * 8;
+  const bool in = i < a.M && j < a.K;
+  float x[8][8];
+  if (in)
+#pragma unroll
+    for (int r = 0; r < 8; r++) hq_cuda_load8<DT>(a.x, (i + r) * a.K + j, true, x[r]);
+  const float scale = block_scale(a); /* every thread: it synchronizes the CTA */
   uint32_t m = 0;
-  for (int p = 0; p < 2; p++) {
-    const int v = t + kVThreads * p, r = v >> 3, cg = v & 7;
-    const int64_t i = i0 + r, j = j0 + cg * 8;
-    if (i < a.M && j < a.K) {
-      float x[8];
-      hq_cuda_load8<DT>(a.x, i * a.K + j, true, x);
-      if constexpr (GT != 0) adam_at8<GT>(a, i * a.K + j, x);
-      for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[k]));
-      uint64_t packed = 0;
-      if (a.elem == HQ_E5M2)
-        for (int k = 0; k < 8; k++)
-          packed |= (uint64_t)hq_cuda_f32_to_fp8<HQ_E5M2>(hq_mul_rn(x[k], scale)) << (8 * k);
-      else
-        for (int k = 0; k < 8; k++)
-          packed |= (uint64_t)hq_cuda_f32_to_fp8<HQ_E4M3>(hq_mul_rn(x[k], scale)) << (8 * k);
-      if (a.row) *reinterpret_cast<uint64_t *>(a.row + i * a.K + j) = packed;
-      *reinterpret_cast<uint64_t *>(tile + r * kVStride + cg * 8) = packed;
+  uint2 q[8];
+  if (in) {
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+      if constexpr (GT != 0) adam_at8<GT>(a, (i + r) * a.K + j, x[r]);
+      for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[r][k]));
+      q[r] = a.elem == HQ_E5M2 ? cast8<HQ_E5M2>(x[r], scale) : cast8<HQ_E4M3>(x[r], scale);
+      if (a.row) *reinterpret_cast<uint2 *>(a.row + (i + r) * a.K + j) = q[r];
     }
   }
   if (a.state) block_amax_commit(a, m);
-  if (!a.col) return;
-  __syncthreads();
-  for (int p = 0; p < 2; p++) {
-    const int u = t + kVThreads * p, c = u >> 3, rg = u & 7;
-    const int64_t j = j0 + c, i = i0 + rg * 8;
-    if (i < a.M && j < a.K) {
-      uint64_t packed = 0;
-      for (int k = 0; k < 8; k++) packed |= (uint64_t)tile[(rg * 8 + k) * kVStride + c] << (8 * k);
-      *reinterpret_cast<uint64_t *>(a.col + j * a.M + i) = packed;
-    }
-  }
+  if (!in || !a.col) return;
+  uint32_t lo[8], hi[8]; /* column c: rows 0-3 in lo[c], rows 4-7 in hi[c] */
+  transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo);
+  transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, lo + 4);
+  transpose4x4(q[4].x, q[5].x, q[6].x, q[7].x, hi);
+  transpose4x4(q[4].y, q[5].y, q[6].y, q[7].y, hi + 4);
+#pragma unroll
+  for (int c = 0; c < 8; c++)
+    *reinterpret_cast<uint2 *>(a.col + (j + c) * a.M + i) = make_uint2(lo[c], hi[c]);
 }
 
 /* The value of one code: raw (scale_inv_p NULL, HQ_CALL_DEQ_RAW) or dequantized. */
