@@ -9,7 +9,9 @@
 ** any other value (no flush: nvcc's default -ftz=false) -- the same rules as the integer encoder;
 ** a NaN, whose sign the instruction keeps, is forced to HQ_FP8_NAN (0x7F) as the encoder writes.
 ** Elsewhere, or when built with -DHQ_FP8_SW_CVT, it is the integer encoder itself. The GPU tests
-** of every FP8 format compare the bytes with the CPU reference.
+** of every FP8 format compare the bytes with the CPU reference. Also here: the 8-element scaled
+** cast every FP8 kernel makes (hq_cuda_cast8) and the 4x4 byte transpose of their register
+** transposes (hq_cuda_transpose4x4).
 */
 #ifndef HQ_FP8_CVT_CUDA_H
 #define HQ_FP8_CVT_CUDA_H
@@ -61,6 +63,35 @@ __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, flo
   return (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x0) | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x1) << 8 |
          (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x2) << 16 | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x3) << 24;
 #endif
+}
+
+/* fp8(RN(x_k * scale_k)) of 8 elements (the CPU references' element cast: hq_fp8_quantize,
+   hq_mxfp8_quantize, fp8_block's cast), four products per hq_cuda_f32x4_to_fp8. Byte k of .x /
+   .y = element k / k + 4. hq_cuda_cast8 takes one scale for all 8. */
+template <int ELEM>
+__device__ __forceinline__ uint2 hq_cuda_cast8v(const float x[8], const float scale[8]) {
+  float y[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) y[k] = hq_mul_rn(x[k], scale[k]);
+  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(y[0], y[1], y[2], y[3]),
+                    hq_cuda_f32x4_to_fp8<ELEM>(y[4], y[5], y[6], y[7]));
+}
+template <int ELEM> __device__ __forceinline__ uint2 hq_cuda_cast8(const float x[8], float scale) {
+  const float s[8] = {scale, scale, scale, scale, scale, scale, scale, scale};
+  return hq_cuda_cast8v<ELEM>(x, s);
+}
+
+/* The 4x4 byte transpose of words a0..a3 (byte k of a_r = element (r, k)): out[k] holds byte k
+   of every a_r, a_r's in its byte r. Eight byte permutes (the FP8 kernels' register
+   transposes of 8x8 code blocks: four of these). */
+__device__ __forceinline__ void hq_cuda_transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2,
+                                                     uint32_t a3, uint32_t out[4]) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);
+  const uint32_t t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
+  out[0] = __byte_perm(t0, t2, 0x5410);
+  out[1] = __byte_perm(t0, t2, 0x7632);
+  out[2] = __byte_perm(t1, t3, 0x5410);
+  out[3] = __byte_perm(t1, t3, 0x7632);
 }
 
 #endif /* HQ_FP8_CVT_CUDA_H */

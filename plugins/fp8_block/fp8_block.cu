@@ -79,33 +79,11 @@ template <int DT> struct Raw {
   }
 };
 
-/* The CPU reference's cast_e4m3 / cast_e5m2, fp8(RN(x * scale)), of 8 elements with one scale:
-   the products cast four at a time through the FP8 convert instruction where the chip has one
-   (hq_cuda_f32x4_to_fp8, fp8_cvt_cuda.h: the same bits). Byte k of .x / .y = element k / k + 4. */
-template <int ELEM> __device__ __forceinline__ uint2 cast8(const float y[8], float scale) {
-  float z[8];
-  #pragma unroll
-  for (int k = 0; k < 8; k++) z[k] = hq_mul_rn(y[k], scale);
-  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(z[0], z[1], z[2], z[3]),
-                    hq_cuda_f32x4_to_fp8<ELEM>(z[4], z[5], z[6], z[7]));
-}
-
 /* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
    chain started at 0 is max |x| with NaN ignored and Inf counted, hq_fmax_nan_ignoring's rule
    (the CPU's amax), in one instruction per element. A partial maximum of two chains not started
    at 0 is NaN only when every element behind it is; every final chain starts at 0. */
 __device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
-
-/* 4x4 byte transpose: byte k of word r in -> byte r of word k out (8 byte permutes). */
-__device__ __forceinline__ void transpose4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
-                                           uint32_t out[4]) {
-  const uint32_t t0 = __byte_perm(a, b, 0x5140), t1 = __byte_perm(a, b, 0x7362);
-  const uint32_t t2 = __byte_perm(c, d, 0x5140), t3 = __byte_perm(c, d, 0x7362);
-  out[0] = __byte_perm(t0, t2, 0x5410);
-  out[1] = __byte_perm(t0, t2, 0x7632);
-  out[2] = __byte_perm(t1, t3, 0x5410);
-  out[3] = __byte_perm(t1, t3, 0x7632);
-}
 
 /* Store 8 bytes of row `row` of the rowwise copy at columns [c, c + 8) (in-bounds part only). */
 __device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t c, uint2 v) {
@@ -225,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, TWO_D ? 2 : 3) quantize_kernel(QArgs
       float y[8];
       #pragma unroll
       for (int j = 0; j < 8; j++) y[j] = x.at(p, j);
-      q[p] = cast8<ELEM>(y, scale);
+      q[p] = hq_cuda_cast8<ELEM>(y, scale);
     }
     if (t == 0) {
       const float scale_inv = hq_rcp_rn(scale);
@@ -245,10 +223,10 @@ __global__ void __launch_bounds__(kThreads, TWO_D ? 2 : 3) quantize_kernel(QArgs
     if (a.cd) {
       /* column j of this thread's 8x8 bytes: byte j of each row's words, by 4x4 transposes */
       uint32_t lo[2][4], hi[2][4]; /* [rows 0-3 / 4-7][column]: columns 0-3, columns 4-7 */
-      transpose4(q[0].x, q[1].x, q[2].x, q[3].x, lo[0]);
-      transpose4(q[4].x, q[5].x, q[6].x, q[7].x, lo[1]);
-      transpose4(q[0].y, q[1].y, q[2].y, q[3].y, hi[0]);
-      transpose4(q[4].y, q[5].y, q[6].y, q[7].y, hi[1]);
+      hq_cuda_transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo[0]);
+      hq_cuda_transpose4x4(q[4].x, q[5].x, q[6].x, q[7].x, lo[1]);
+      hq_cuda_transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, hi[0]);
+      hq_cuda_transpose4x4(q[4].y, q[5].y, q[6].y, q[7].y, hi[1]);
       #pragma unroll
       for (int j = 0; j < 4; j++) {
         *reinterpret_cast<uint2 *>(ct + sw(c0 + j, r0)) = make_uint2(lo[0][j], lo[1][j]);
@@ -289,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, TWO_D ? 2 : 3) quantize_kernel(QArgs
         float y[8];
         #pragma unroll
         for (int j = 0; j < 8; j++) y[j] = x.at(p, j);
-        const uint2 q = cast8<ELEM>(y, scale); /* stored at once: no registers held */
+        const uint2 q = hq_cuda_cast8<ELEM>(y, scale); /* stored at once: no registers held */
         if (col_in && r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q);
       }
       const int64_t r4M = hq_roundup(M, 4);
@@ -326,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, TWO_D ? 2 : 3) quantize_kernel(QArgs
         float y[8];
         #pragma unroll
         for (int p = 0; p < 8; p++) y[p] = x.at(p, j);
-        *reinterpret_cast<uint2 *>(ct + sw(c0 + j, r0)) = cast8<ELEM>(y, cscale[c0 + j]);
+        *reinterpret_cast<uint2 *>(ct + sw(c0 + j, r0)) = hq_cuda_cast8<ELEM>(y, cscale[c0 + j]);
       }
     }
   }

@@ -176,27 +176,6 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   }
 }
 
-/* The 8 casts q = fp8(RN(x * scale)) of one row of a thread's block, as two words (byte k =
-   element k; hq_cuda_f32x4_to_fp8: the bits of hq_cuda_f32_to_fp8, four per call). */
-template <int ELEM> __device__ __forceinline__ uint2 cast8(const float x[8], float scale) {
-  float y[8];
-  for (int k = 0; k < 8; k++) y[k] = hq_mul_rn(x[k], scale);
-  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(y[0], y[1], y[2], y[3]),
-                    hq_cuda_f32x4_to_fp8<ELEM>(y[4], y[5], y[6], y[7]));
-}
-
-/* The 4x4 byte transpose of words a0..a3 (byte c of a_r = element (r, c)): c_k gets byte k of
-   every a_r, row r in its byte r. Eight byte permutes. */
-__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t c[4]) {
-  const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);
-  const uint32_t t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
-  c[0] = __byte_perm(t0, t2, 0x5410);
-  c[1] = __byte_perm(t0, t2, 0x7632);
-  c[2] = __byte_perm(t1, t3, 0x5410);
-  c[3] = __byte_perm(t1, t3, 0x7632);
-}
-
 /* Fast path: a thread owns an 8x8 block (M and K are multiples of 8, so a block lies wholly
    inside the tensor or wholly outside), reads its 8 rows (one 16-byte load each for 16-bit
    inputs), writes each row's 8 codes (8 bytes) and the block transposed in registers (byte
@@ -222,17 +201,18 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
     for (int r = 0; r < 8; r++) {
       if constexpr (GT != 0) adam_at8<GT>(a, (i + r) * a.K + j, x[r]);
       for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[r][k]));
-      q[r] = a.elem == HQ_E5M2 ? cast8<HQ_E5M2>(x[r], scale) : cast8<HQ_E4M3>(x[r], scale);
+      q[r] = a.elem == HQ_E5M2 ? hq_cuda_cast8<HQ_E5M2>(x[r], scale)
+                                 : hq_cuda_cast8<HQ_E4M3>(x[r], scale);
       if (a.row) *reinterpret_cast<uint2 *>(a.row + (i + r) * a.K + j) = q[r];
     }
   }
   if (a.state) block_amax_commit(a, m);
   if (!in || !a.col) return;
   uint32_t lo[8], hi[8]; /* column c: rows 0-3 in lo[c], rows 4-7 in hi[c] */
-  transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo);
-  transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, lo + 4);
-  transpose4x4(q[4].x, q[5].x, q[6].x, q[7].x, hi);
-  transpose4x4(q[4].y, q[5].y, q[6].y, q[7].y, hi + 4);
+  hq_cuda_transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo);
+  hq_cuda_transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, lo + 4);
+  hq_cuda_transpose4x4(q[4].x, q[5].x, q[6].x, q[7].x, hi);
+  hq_cuda_transpose4x4(q[4].y, q[5].y, q[6].y, q[7].y, hi + 4);
 #pragma unroll
   for (int c = 0; c < 8; c++)
     *reinterpret_cast<uint2 *>(a.col + (j + c) * a.M + i) = make_uint2(lo[c], hi[c]);

@@ -28,7 +28,7 @@
 ** Unaligned pointers (not 16-byte aligned) take the same kernels with scalar loads and stores.
 **
 ** Element cast: the hardware cvt.rn.satfinite on sm_89 and later (Hopper, Blackwell), the same
-** bits as hq_mxfp8_quantize (see cast8v), which runs elsewhere. Everything is queued on
+** bits as hq_mxfp8_quantize (hq_cuda_cast8v), which runs elsewhere. Everything is queued on
 ** call->stream: no allocation, no scratch, no synchronization (update is the same call under
 ** HQ_CALL_UPDATE). make_empty zeroes scale buffers with cudaMemsetAsync.
 */
@@ -99,25 +99,6 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
   }
 }
 
-/* The element cast q = fp8_rne_satfinite(RN(x * mult)) (hq_mxfp8_quantize) of 8 elements with
-   one multiplier each (the same for a rowwise block): the products hq_mul_rn(x, mult) cast four
-   at a time by hq_cuda_f32x4_to_fp8 (fp8_cvt_cuda.h: the hardware cvt.rn.satfinite on sm_89 and
-   later, the same bits as hq_f32_to_e4m3 / hq_f32_to_e5m2, which run elsewhere or with
-   -DHQ_FP8_SW_CVT). Codes 0..3 in .x, 4..7 in .y, byte k of a word = element k.
-   tests/test_gpu_mxfp8.c compares the bytes with the CPU. */
-template <int ELEM>
-__device__ __forceinline__ uint2 cast8v(const float x[8], const float mult[8]) {
-  float y[8];
-  for (int k = 0; k < 8; k++) y[k] = hq_mul_rn(x[k], mult[k]);
-  return make_uint2(hq_cuda_f32x4_to_fp8<ELEM>(y[0], y[1], y[2], y[3]),
-                    hq_cuda_f32x4_to_fp8<ELEM>(y[4], y[5], y[6], y[7]));
-}
-template <int ELEM>
-__device__ __forceinline__ uint2 cast8(const float x[8], float mult) {
-  const float m[8] = {mult, mult, mult, mult, mult, mult, mult, mult};
-  return cast8v<ELEM>(x, m);
-}
-
 /* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so
    a chain started at 0 is max |x| with NaN ignored and Inf counted -- hq_fmax_nan_ignoring's
    rule, the CPU's amax (docs/formats.md) -- in one instruction per element. Partial maxima may be
@@ -162,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
       a.rs[hq_mxfp8_row_scale_idx(i0 + r0 + 16 * b0, j / kBlk, K, a.rswz)] = e;
     for (int p = 0; p < 2; p++) {
       const float mult = __shfl_sync(0xffffffffu, my_mult, (lane & ~3) | p);
-      const uint2 q = cast8<ELEM>(x[p], mult);
+      const uint2 q = hq_cuda_cast8<ELEM>(x[p], mult);
       if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
     }
   }
@@ -206,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   }
   if (!valid) return;
   for (int p = 0; p < 2; p++) {
-    const uint2 q = cast8v<ELEM>(x[p], mult);
+    const uint2 q = hq_cuda_cast8v<ELEM>(x[p], mult);
     const int64_t off = (i0 + r0 + 16 * p) * K + j;
     if (a.cd) store8<VEC>(a.cd + off, q);
     if (a.two_d && a.rd) store8<VEC>(a.rd + off, q);
