@@ -1,7 +1,8 @@
 /*
 ** hq_gpu_test.h -- what the GPU tests share: comparing a device quantization with the CPU
 ** reference byte for byte, copying an input (or a caller's amax pair) to the device, raw dequantize on
-** both sides, and checking a device hq_gemm (native or emulated) against the F64 product.
+** both sides, checking a device hq_gemm (native or emulated) against the F64 product, the two
+** contexts every test compares, and the caller-supplied-amax checks of the per-tensor formats.
 ** Include after hq_test.h.
 */
 #ifndef HQ_GPU_TEST_H
@@ -9,6 +10,36 @@
 
 #include <math.h>
 #include "hq_test.h"
+
+/* Whether a CUDA device is there to test on: false (the caller returns HQ_TEST_SKIP, automake's
+   77) with the reason printed; true with device 0's name and architecture printed. */
+static inline int hq_gpu_present(void) {
+  if (!hq_built_with_cuda() || hq_device_count() == 0) {
+    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
+    return 0;
+  }
+  char name[128];
+  int arch = 0;
+  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
+    printf("device 0: %s (sm_%d)\n", name, arch);
+  return 1;
+}
+
+/* The two contexts a GPU test compares: the host (the CPU reference) and device 0, both with
+   RNG seed `seed` when it is nonzero (stochastic rounding); nonzero with the error printed when
+   either cannot be made (a cmocka group setup returns it). */
+static inline int hq_gpu_contexts(hq_ctx **cpu, hq_ctx **gpu, uint64_t seed) {
+  hq_ctx_desc h = {0}, d = {0};
+  h.struct_size = d.struct_size = sizeof d;
+  h.device = HQ_DEVICE_HOST;
+  d.device = 0;
+  h.seed = d.seed = seed;
+  if (hq_ctx_create(seed ? &h : NULL, cpu) || hq_ctx_create(&d, gpu)) {
+    fprintf(stderr, "context: %s\n", hq_last_error());
+    return -1;
+  }
+  return 0;
+}
 
 /* Every buffer of direction `dir` of g (on dev's device) equals h's (host), byte for byte; a
    difference fails the test naming the buffer, the byte and both values. */
@@ -275,6 +306,161 @@ static inline uint32_t hq_gpu_gemm_device_check(hq_ctx *host_ctx, hq_ctx *dev,
   free(a.data);
   free(b.data);
   return path;
+}
+
+/* hq_quantize_ex / hq_qtensor_update_ex of x with a caller's amax pair (device memory for a
+   device context; NULL: the quantizer computes it). */
+static inline hq_qtensor *hq_gpu_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
+                                             const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
+  return qt;
+}
+static inline void hq_gpu_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
+                                    const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
+}
+
+/* A format with a per-tensor amax: the caller-supplied amax and update on the device against
+   the CPU. hq_quantizer_amax agrees bit for bit; hq_quantize_ex with it gives h (the CPU's
+   hq_quantize of x); other amaxes (x4 / x0.5, x3 / x3, x0.25 / x0.125 of the rowwise /
+   columnwise amax: larger, smaller -- the element format saturates -- and different per
+   direction) give the CPU's bytes through quantize_ex and update_ex; update with new data y,
+   plain and with y's device amax, equals the CPU's fresh quantize of y. x, y on the host, xg,
+   yg their device copies; rng (NULL: none) is called with the context before each quantize_ex
+   and update_ex and with both before the CPU's and the device's quantize and update of y, so
+   that stochastic rounding draws the same stream on both sides. */
+static inline void hq_gpu_check_amax_and_update(hq_ctx *cpu, hq_ctx *gpu, hq_quantizer *q,
+                                                uint32_t usage, const hq_tensor *x,
+                                                const hq_tensor *xg, const hq_qtensor *h,
+                                                const hq_tensor *y, const hq_tensor *yg,
+                                                void (*rng)(hq_ctx *), const char *what) {
+  char w[512];
+  float ah[2] = {-1, -1}, back[2];
+  float *ag = hq_gpu_amax_to_dev(gpu, ah);
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, x, ah));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, xg, ag));
+  hq_gpu_amax_to_host(gpu, ag, back);
+  if (memcmp(ah, back, sizeof ah) != 0)
+    fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
+  if (rng) rng(gpu);
+  hq_qtensor *g = hq_gpu_quantize_ex(q, gpu, xg, ag);
+  snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
+  hq_gpu_compare_usage(gpu, h, g, usage, w);
+  hq_qtensor_free(g);
+  const float others[3][2] = {{ah[0] * 4.0f, ah[1] * 0.5f},
+                              {ah[0] * 3.0f, ah[1] * 3.0f},
+                              {ah[0] * 0.25f, ah[1] * 0.125f}};
+  for (int k = 0; k < 3; k++) {
+    float *og = hq_gpu_amax_to_dev(gpu, others[k]);
+    if (rng) rng(cpu);
+    hq_qtensor *hc = hq_gpu_quantize_ex(q, cpu, x, others[k]);
+    if (rng) rng(gpu);
+    hq_qtensor *gc = hq_gpu_quantize_ex(q, gpu, xg, og);
+    snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    hq_gpu_compare_usage(gpu, hc, gc, usage, w);
+    /* update on the device with that amax: the same bytes again */
+    hq_qtensor *gu = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
+    if (rng) rng(gpu);
+    hq_gpu_update_ex(gu, gpu, xg, og);
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
+    hq_gpu_compare_usage(gpu, hc, gu, usage, w);
+    hq_qtensor_free(gu);
+    hq_qtensor_free(hc);
+    hq_qtensor_free(gc);
+    hq_ctx_free(gpu, og);
+  }
+  hq_qtensor *hy = NULL, *g1 = NULL, *g2 = NULL;
+  if (rng) rng(cpu), rng(gpu);
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, y, &hy));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g1));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g2));
+  if (rng) rng(cpu), rng(gpu);
+  HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
+  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
+  if (rng) rng(gpu);
+  hq_gpu_update_ex(g2, gpu, yg, ag);
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  snprintf(w, sizeof w, "%s, update(y)", what);
+  hq_gpu_compare_usage(gpu, hy, g1, usage, w);
+  snprintf(w, sizeof w, "%s, update_ex(y, amax(y))", what);
+  hq_gpu_compare_usage(gpu, hy, g2, usage, w);
+  hq_qtensor_free(hy);
+  hq_qtensor_free(g1);
+  hq_qtensor_free(g2);
+  hq_ctx_free(gpu, ag);
+}
+
+/* One GEMM case over the three operands of hq_gpu_check_role_gemms: operand a (0 weight,
+   1 input, 2 grad_output) with transpose flag ta, operand b with tb. */
+typedef struct {
+  const char *what;
+  int a, ta, b, tb;
+} hq_gpu_gemm_case;
+
+/* The linear layer's GEMMs of one block-scaled format on the device: the recipe text maps the
+   roles linear:{weight,input,grad_output}:*; W [192, 256], x [128, 256] and dy [128, 192]
+   (BF16, seeds seed, seed + 1, seed + 2) are quantized on the host and the device (rng, NULL
+   for none, called with both contexts before each pair: stochastic rounding's stream), and
+   each case goes through hq_gpu_gemm_device_check, whose path must be native where `native` is
+   true, else emulated -- and then hq_gemm_plan's reason names the device's architecture
+   ("is sm_NN"). */
+static inline void hq_gpu_check_role_gemms(hq_ctx *cpu, hq_ctx *gpu, const char *recipe_text,
+                                           uint64_t seed, void (*rng)(hq_ctx *),
+                                           const hq_gpu_gemm_case *cases, size_t ncases,
+                                           int native) {
+  int arch = 0;
+  char name[128];
+  HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
+  hq_recipe *r = hq_test_recipe(recipe_text);
+  hq_quantizer *qs[3] = {hq_test_quantizer(r, "linear:weight:w"),
+                         hq_test_quantizer(r, "linear:input:x"),
+                         hq_test_quantizer(r, "linear:grad_output:y")};
+  const int64_t shape[3][2] = {{192, 256}, {128, 256}, {128, 192}}; /* W, x, dy */
+  hq_qtensor *h[3], *g[3];
+  hq_tensor xs[3];
+  for (int t = 0; t < 3; t++) {
+    xs[t] = hq_test_tensor(HQ_BF16, shape[t][0], shape[t][1], seed + (uint64_t)t, 2.0f);
+    hq_tensor xg = hq_gpu_tensor_at(gpu, &xs[t], 0);
+    if (rng) rng(cpu), rng(gpu);
+    HQ_OK_OR_FAIL(hq_quantize(qs[t], cpu, &xs[t], &h[t]));
+    HQ_OK_OR_FAIL(hq_quantize(qs[t], gpu, &xg, &g[t]));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    hq_ctx_free(gpu, xg.data);
+  }
+  for (size_t c = 0; c < ncases; c++) {
+    const hq_gpu_gemm_case *k = &cases[c];
+    const uint32_t path = hq_gpu_gemm_device_check(cpu, gpu, h[k->a], g[k->a], k->ta, h[k->b],
+                                                   g[k->b], k->tb, k->what);
+    assert_int_equal(path, native ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16);
+  }
+  if (!native) {
+    hq_gemm_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(g[0]), 1, hq_operand_q(g[1]), 0, NULL, NULL,
+                               &info));
+    char want[32];
+    snprintf(want, sizeof want, "is sm_%d", arch);
+    if (!strstr(info.reason, want)) fail_msg("reason '%s' lacks '%s'", info.reason, want);
+  }
+  for (int t = 0; t < 3; t++) {
+    hq_qtensor_free(h[t]);
+    hq_qtensor_free(g[t]);
+    free(xs[t].data);
+    hq_quantizer_free(qs[t]);
+  }
+  hq_recipe_free(r);
 }
 
 #endif

@@ -26,14 +26,7 @@ static hq_ctx *cpu, *gpu;
 
 static int setup(void **state) {
   (void)state;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) {
-    fprintf(stderr, "context: %s\n", hq_last_error());
-    return -1;
-  }
-  return 0;
+  return hq_gpu_contexts(&cpu, &gpu, 0);
 }
 
 static int teardown(void **state) {
@@ -414,14 +407,7 @@ static void test_gemm_on_device(void **state) {
 }
 
 int main(void) {
-  if (!hq_built_with_cuda() || hq_device_count() == 0) {
-    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
-    return HQ_TEST_SKIP;
-  }
-  char name[128];
-  int arch = 0;
-  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
-    printf("device 0: %s (sm_%d)\n", name, arch);
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_module_direct),
       cmocka_unit_test(test_shapes_and_options),

@@ -24,14 +24,7 @@ static hq_ctx *cpu, *gpu;
 
 static int setup(void **state) {
   (void)state;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) {
-    fprintf(stderr, "context: %s\n", hq_last_error());
-    return -1;
-  }
-  return 0;
+  return hq_gpu_contexts(&cpu, &gpu, 0);
 }
 
 static int teardown(void **state) {
@@ -52,87 +45,6 @@ static float *amax_to_gpu(const float a[2]) { return hq_gpu_amax_to_dev(gpu, a);
 static void amax_to_host(const float *dev, float out[2]) { hq_gpu_amax_to_host(gpu, dev, out); }
 
 static hq_tensor to_gpu(const hq_tensor *h) { return hq_gpu_tensor_at(gpu, h, 0); }
-
-
-
-
-static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
-                               const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  hq_qtensor *qt = NULL;
-  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
-  return qt;
-}
-
-static void update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x, const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
-}
-
-/* Caller-supplied amax and update on the device, against the CPU: hq_quantizer_amax agrees bit
-   for bit; hq_quantize_ex with it equals hq_quantize; a larger supplied amax and different
-   rowwise/columnwise amaxes give the CPU's bytes; update (plain and with an amax) with new data
-   equals the CPU's fresh quantize of that data. */
-static void check_amax_and_update(hq_quantizer *q, uint32_t usage, const hq_tensor *x,
-                                  const hq_tensor *xg, const hq_qtensor *h, const hq_tensor *y,
-                                  const hq_tensor *yg, const char *what) {
-  char w[256];
-  float ah[2] = {-1, -1}, back[2];
-  float *ag = amax_to_gpu(ah);
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, x, ah));
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, xg, ag));
-  amax_to_host(ag, back);
-  if (memcmp(ah, back, sizeof ah) != 0)
-    fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
-  /* the same amax, passed in device memory: the bytes of hq_quantize */
-  hq_qtensor *g = quantize_ex(q, gpu, xg, ag);
-  snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
-  compare_usage(h, g, usage, w);
-  hq_qtensor_free(g);
-  /* other amaxes: larger (x4) rowwise and smaller (/2) columnwise, and both larger (x3) */
-  const float others[2][2] = {{ah[0] * 4.0f, ah[1] * 0.5f}, {ah[0] * 3.0f, ah[1] * 3.0f}};
-  for (int k = 0; k < 2; k++) {
-    float *og = amax_to_gpu(others[k]);
-    hq_qtensor *hc = quantize_ex(q, cpu, x, others[k]);
-    hq_qtensor *gc = quantize_ex(q, gpu, xg, og);
-    snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
-    compare_usage(hc, gc, usage, w);
-    /* update on the device with that amax: the same bytes again */
-    hq_qtensor *gu = NULL;
-    HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
-    update_ex(gu, gpu, xg, og);
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
-    compare_usage(hc, gu, usage, w);
-    hq_qtensor_free(gu);
-    hq_qtensor_free(hc);
-    hq_qtensor_free(gc);
-    hq_ctx_free(gpu, og);
-  }
-  /* update with new data y, plain and with y's device amax == the CPU's fresh quantize of y */
-  hq_qtensor *hy = NULL, *g1 = NULL, *g2 = NULL;
-  HQ_OK_OR_FAIL(hq_quantize(q, cpu, y, &hy));
-  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g1));
-  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g2));
-  HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
-  update_ex(g2, gpu, yg, ag);
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  snprintf(w, sizeof w, "%s, update(y)", what);
-  compare_usage(hy, g1, usage, w);
-  snprintf(w, sizeof w, "%s, update_ex(y, amax(y))", what);
-  compare_usage(hy, g2, usage, w);
-  hq_qtensor_free(hy);
-  hq_qtensor_free(g1);
-  hq_qtensor_free(g2);
-  hq_ctx_free(gpu, ag);
-}
 
 static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, uint64_t seed,
                        int special) {
@@ -187,7 +99,7 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     if (usages[u] & HQ_ROWWISE) compare(h, g, HQ_ROWWISE, what);
     if (usages[u] & HQ_COLWISE) compare(h, g, HQ_COLWISE, what);
-    check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
+    hq_gpu_check_amax_and_update(cpu, gpu, q, usages[u], &x, &xg, h, &y, &yg, NULL, what);
     hq_qtensor_free(h);
     hq_qtensor_free(g);
   }
@@ -603,14 +515,7 @@ static void test_delayed_on_device(void **state) {
 }
 
 int main(void) {
-  if (!hq_built_with_cuda() || hq_device_count() == 0) {
-    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
-    return HQ_TEST_SKIP;
-  }
-  char name[128];
-  int arch = 0;
-  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
-    printf("device 0: %s (sm_%d)\n", name, arch);
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bitwise_equal),
       cmocka_unit_test(test_hybrid_on_device),

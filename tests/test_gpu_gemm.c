@@ -41,13 +41,7 @@ static int g_arch, g_quick;
 
 static int setup(void **state) {
   (void)state;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) {
-    fprintf(stderr, "context: %s\n", hq_last_error());
-    return -1;
-  }
+  if (hq_gpu_contexts(&cpu, &gpu, 0)) return -1;
   char name[128];
   if (hq_device_info(0, name, sizeof name, &g_arch)) return -1;
   g_quick = getenv("HQ_TEST_QUICK") != NULL;
@@ -767,10 +761,7 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-  if (!hq_built_with_cuda() || hq_device_count() < 1) {
-    printf("no CUDA device: skipped\n");
-    return HQ_TEST_SKIP;
-  }
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_formats_linear),
       cmocka_unit_test(test_bias_beta_dtypes),

@@ -28,14 +28,7 @@ static int quick;
 
 static int setup(void **state) {
   (void)state;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  if (hq_ctx_create(NULL, &cpu) || hq_ctx_create(&d, &gpu)) {
-    fprintf(stderr, "context: %s\n", hq_last_error());
-    return -1;
-  }
-  return 0;
+  return hq_gpu_contexts(&cpu, &gpu, 0);
 }
 
 static int teardown(void **state) {
@@ -379,57 +372,18 @@ static void test_gemm_device(void **state) {
   int arch = 0;
   char name[128];
   HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
-  hq_recipe *r = hq_test_recipe(
-      "[format a]\nplugin = mxfp8\nswizzle = true\nblock_2d = true\n"
-      "[format b]\nplugin = mxfp8\nswizzle = true\n"
-      "[format c]\nplugin = mxfp8\nswizzle = true\ndtype = e5m2\n"
-      "[role linear:weight:*]\nrowwise = a\ncolumnwise = a\n"
-      "[role linear:input:*]\nrowwise = b\ncolumnwise = b\n"
-      "[role linear:grad_output:*]\nrowwise = c\ncolumnwise = c\n");
-  hq_quantizer *qs[3] = {hq_test_quantizer(r, "linear:weight:w"),
-                         hq_test_quantizer(r, "linear:input:x"),
-                         hq_test_quantizer(r, "linear:grad_output:y")};
-  const int64_t shape[3][2] = {{192, 256}, {128, 256}, {128, 192}}; /* W, x, dy */
-  hq_qtensor *h[3], *g[3];
-  hq_tensor xs[3];
-  for (int t = 0; t < 3; t++) {
-    xs[t] = hq_test_tensor(HQ_BF16, shape[t][0], shape[t][1], 2000 + (uint64_t)t, 2.0f);
-    hq_tensor xg = to_gpu(&xs[t]);
-    HQ_OK_OR_FAIL(hq_quantize(qs[t], cpu, &xs[t], &h[t]));
-    HQ_OK_OR_FAIL(hq_quantize(qs[t], gpu, &xg, &g[t]));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    hq_ctx_free(gpu, xg.data);
-  }
-  static const struct {
-    const char *what;
-    int a, ta, b, tb;
-  } cases[] = {{"mxfp8 fprop TN e4m3 x e4m3", 0, 1, 1, 0},
-               {"mxfp8 dgrad NN e4m3 x e5m2", 0, 0, 2, 0},
-               {"mxfp8 wgrad NT e4m3 x e5m2", 1, 0, 2, 1}};
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const uint32_t path =
-        hq_gpu_gemm_device_check(cpu, gpu, h[cases[c].a], g[cases[c].a], cases[c].ta,
-                                 h[cases[c].b], g[cases[c].b], cases[c].tb, cases[c].what);
-    if (arch == 100 || arch == 103) assert_int_equal(path, HQ_GEMM_PATH_NATIVE);
-    else assert_int_equal(path, HQ_GEMM_PATH_EMULATED_BF16);
-  }
-  if (arch != 100 && arch != 103) {
-    hq_gemm_info info;
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(g[0]), 1, hq_operand_q(g[1]), 0, NULL, NULL,
-                               &info));
-    char want[32];
-    snprintf(want, sizeof want, "is sm_%d", arch);
-    if (!strstr(info.reason, want)) fail_msg("reason '%s' lacks '%s'", info.reason, want);
-  }
-  for (int t = 0; t < 3; t++) {
-    hq_qtensor_free(h[t]);
-    hq_qtensor_free(g[t]);
-    free(xs[t].data);
-    hq_quantizer_free(qs[t]);
-  }
-  hq_recipe_free(r);
+  static const hq_gpu_gemm_case cases[] = {{"mxfp8 fprop TN e4m3 x e4m3", 0, 1, 1, 0},
+                                           {"mxfp8 dgrad NN e4m3 x e5m2", 0, 0, 2, 0},
+                                           {"mxfp8 wgrad NT e4m3 x e5m2", 1, 0, 2, 1}};
+  hq_gpu_check_role_gemms(cpu, gpu,
+                          "[format a]\nplugin = mxfp8\nswizzle = true\nblock_2d = true\n"
+                          "[format b]\nplugin = mxfp8\nswizzle = true\n"
+                          "[format c]\nplugin = mxfp8\nswizzle = true\ndtype = e5m2\n"
+                          "[role linear:weight:*]\nrowwise = a\ncolumnwise = a\n"
+                          "[role linear:input:*]\nrowwise = b\ncolumnwise = b\n"
+                          "[role linear:grad_output:*]\nrowwise = c\ncolumnwise = c\n",
+                          2000, NULL, cases, sizeof cases / sizeof cases[0],
+                          arch == 100 || arch == 103);
 }
 
 /* The module on the device: no scratch (the kernels need none). */
@@ -448,15 +402,8 @@ static void test_module_direct(void **state) {
 }
 
 int main(void) {
-  if (!hq_built_with_cuda() || hq_device_count() == 0) {
-    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
-    return HQ_TEST_SKIP;
-  }
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   quick = getenv("HQ_TEST_QUICK") != NULL;
-  char name[128];
-  int arch = 0;
-  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
-    printf("device 0: %s (sm_%d)\n", name, arch);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_module_direct),
       cmocka_unit_test(test_shapes),

@@ -28,16 +28,7 @@ static hq_ctx *cpu, *gpu;
 
 static int setup(void **state) {
   (void)state;
-  hq_ctx_desc h = {0}, d = {0};
-  h.struct_size = d.struct_size = sizeof d;
-  h.device = HQ_DEVICE_HOST;
-  d.device = 0;
-  h.seed = d.seed = 0x5eed1234abcdull;
-  if (hq_ctx_create(&h, &cpu) || hq_ctx_create(&d, &gpu)) {
-    fprintf(stderr, "context: %s\n", hq_last_error());
-    return -1;
-  }
-  return 0;
+  return hq_gpu_contexts(&cpu, &gpu, 0x5eed1234abcdull);
 }
 
 static int teardown(void **state) {
@@ -62,27 +53,8 @@ static void same_rng(void) {
 
 static hq_tensor to_gpu(const hq_tensor *h) { return hq_gpu_tensor_at(gpu, h, 0); }
 
-
-static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
-                               const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  hq_qtensor *qt = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 11));
-  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
-  return qt;
-}
-
-static void update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x, const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 11));
-  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
-}
+/* One context at RNG offset 11 (hq_gpu_check_amax_and_update's rng hook). */
+static void rng11(hq_ctx *ctx) { HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 11)); }
 
 /* Dequantize direction d of h (CPU) and g (GPU) into each dtype: the same bytes. */
 static void check_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t d, int64_t M,
@@ -115,65 +87,6 @@ static void check_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t 
     free(dh.data);
     hq_ctx_free(gpu, dg.data);
   }
-}
-
-/* Caller-supplied amax and update on the device, against the CPU: hq_quantizer_amax agrees bit
-   for bit; hq_quantize_ex with it equals hq_quantize; other amaxes (larger, smaller: E4M3
-   saturation; different per direction) give the CPU's bytes in quantize_ex and update_ex; update
-   with new data y, plain and with y's device amax, equals the CPU's fresh quantize of y. */
-static void check_amax_and_update(hq_quantizer *q, uint32_t usage, const hq_tensor *x,
-                                  const hq_tensor *xg, const hq_qtensor *h, const hq_tensor *y,
-                                  const hq_tensor *yg, const char *what) {
-  char w[512];
-  float ah[2] = {-1, -1}, back[2];
-  float *ag = amax_to_gpu(ah);
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, x, ah));
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, xg, ag));
-  amax_to_host(ag, back);
-  if (memcmp(ah, back, sizeof ah) != 0)
-    fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
-  hq_qtensor *g = quantize_ex(q, gpu, xg, ag);
-  snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
-  compare_usage(h, g, usage, w);
-  hq_qtensor_free(g);
-  const float others[3][2] = {{ah[0] * 4.0f, ah[1] * 0.5f},
-                              {ah[0] * 3.0f, ah[1] * 3.0f},
-                              {ah[0] * 0.25f, ah[1] * 0.125f}};
-  for (int k = 0; k < 3; k++) {
-    float *og = amax_to_gpu(others[k]);
-    hq_qtensor *hc = quantize_ex(q, cpu, x, others[k]);
-    hq_qtensor *gc = quantize_ex(q, gpu, xg, og);
-    snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
-    compare_usage(hc, gc, usage, w);
-    hq_qtensor *gu = NULL;
-    HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
-    update_ex(gu, gpu, xg, og);
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
-    compare_usage(hc, gu, usage, w);
-    hq_qtensor_free(gu);
-    hq_qtensor_free(hc);
-    hq_qtensor_free(gc);
-    hq_ctx_free(gpu, og);
-  }
-  hq_qtensor *hy = NULL, *g1 = NULL, *g2 = NULL;
-  same_rng();
-  HQ_OK_OR_FAIL(hq_quantize(q, cpu, y, &hy));
-  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g1));
-  HQ_OK_OR_FAIL(hq_quantize(q, gpu, xg, &g2));
-  same_rng();
-  HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
-  HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
-  update_ex(g2, gpu, yg, ag);
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  snprintf(w, sizeof w, "%s, update(y)", what);
-  compare_usage(hy, g1, usage, w);
-  snprintf(w, sizeof w, "%s, update_ex(y, amax(y))", what);
-  compare_usage(hy, g2, usage, w);
-  hq_qtensor_free(hy);
-  hq_qtensor_free(g1);
-  hq_qtensor_free(g2);
-  hq_ctx_free(gpu, ag);
 }
 
 /* Special values written into x (dtype dt, [M, K], M, K multiples of 16):
@@ -249,7 +162,8 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &xg));
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     compare_usage(h, g, usages[u], what);
-    if (full && u == 0) check_amax_and_update(q, usages[u], &x, &xg, h, &y, &yg, what);
+    if (full && u == 0)
+      hq_gpu_check_amax_and_update(cpu, gpu, q, usages[u], &x, &xg, h, &y, &yg, rng11, what);
     if (u == 0) { /* a source one element off 16-byte alignment: the element-by-element copy */
       hq_tensor xu = hq_gpu_tensor_at(gpu, &x, hq_dtype_size(dt));
       hq_qtensor *gu = NULL;
@@ -389,7 +303,6 @@ static void test_amax_op_direct(void **state) {
 
 // --- ABI 2.1: raw dequantize and hq_gemm on the device -----------------------------------------
 
-
 /* The raw dequantize and the tensor factor on the device equal the CPU's, byte for byte: every
    option set (RHT copies stay in the transformed domain on both), both directions, every
    destination dtype, and special inputs (NaN, Inf: an Inf amax gives an Inf factor). */
@@ -451,58 +364,19 @@ static void test_gemm_device(void **state) {
   int arch = 0;
   char name[128];
   HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
-  hq_recipe *r = hq_test_recipe(
-      "[format w]\nplugin = nvfp4\nswizzle = true\nblock_2d = true\n"
-      "[format x]\nplugin = nvfp4\nswizzle = true\n"
-      "[format g]\nplugin = nvfp4\nswizzle = true\nstochastic_rounding = true\n"
-      "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
-      "[role linear:input:*]\nrowwise = x\ncolumnwise = x\n"
-      "[role linear:grad_output:*]\nrowwise = g\ncolumnwise = g\n");
-  hq_quantizer *qs[3] = {hq_test_quantizer(r, "linear:weight:w"),
-                         hq_test_quantizer(r, "linear:input:x"),
-                         hq_test_quantizer(r, "linear:grad_output:y")};
-  const int64_t shape[3][2] = {{192, 256}, {128, 256}, {128, 192}}; /* W, x, dy */
-  hq_qtensor *h[3], *g[3];
-  hq_tensor xs[3];
-  for (int t = 0; t < 3; t++) {
-    xs[t] = hq_test_tensor(HQ_BF16, shape[t][0], shape[t][1], 4000 + (uint64_t)t, 2.0f);
-    hq_tensor xg = to_gpu(&xs[t]);
-    same_rng();
-    HQ_OK_OR_FAIL(hq_quantize(qs[t], cpu, &xs[t], &h[t]));
-    HQ_OK_OR_FAIL(hq_quantize(qs[t], gpu, &xg, &g[t]));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    hq_ctx_free(gpu, xg.data);
-  }
-  static const struct {
-    const char *what;
-    int a, ta, b, tb;
-  } cases[] = {{"nvfp4 fprop TN", 0, 1, 1, 0},
-               {"nvfp4 dgrad NN", 0, 0, 2, 0},
-               {"nvfp4 wgrad NT", 1, 0, 2, 1},
-               {"nvfp4 TT", 2, 1, 0, 1}};
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const uint32_t path =
-        hq_gpu_gemm_device_check(cpu, gpu, h[cases[c].a], g[cases[c].a], cases[c].ta,
-                                 h[cases[c].b], g[cases[c].b], cases[c].tb, cases[c].what);
-    assert_int_equal(path, arch >= 100 ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16);
-  }
-  if (arch < 100) {
-    hq_gemm_info info;
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(g[0]), 1, hq_operand_q(g[1]), 0, NULL, NULL,
-                               &info));
-    char want[32];
-    snprintf(want, sizeof want, "is sm_%d", arch);
-    if (!strstr(info.reason, want)) fail_msg("reason '%s' lacks '%s'", info.reason, want);
-  }
-  for (int t = 0; t < 3; t++) {
-    hq_qtensor_free(h[t]);
-    hq_qtensor_free(g[t]);
-    free(xs[t].data);
-    hq_quantizer_free(qs[t]);
-  }
-  hq_recipe_free(r);
+  static const hq_gpu_gemm_case cases[] = {{"nvfp4 fprop TN", 0, 1, 1, 0},
+                                           {"nvfp4 dgrad NN", 0, 0, 2, 0},
+                                           {"nvfp4 wgrad NT", 1, 0, 2, 1},
+                                           {"nvfp4 TT", 2, 1, 0, 1}};
+  hq_gpu_check_role_gemms(cpu, gpu,
+                          "[format w]\nplugin = nvfp4\nswizzle = true\nblock_2d = true\n"
+                          "[format x]\nplugin = nvfp4\nswizzle = true\n"
+                          "[format g]\nplugin = nvfp4\nswizzle = true\n"
+                          "stochastic_rounding = true\n"
+                          "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
+                          "[role linear:input:*]\nrowwise = x\ncolumnwise = x\n"
+                          "[role linear:grad_output:*]\nrowwise = g\ncolumnwise = g\n",
+                          4000, rng11, cases, sizeof cases / sizeof cases[0], arch >= 100);
 }
 
 /* make_empty on the device zeroes every buffer, as on the host. */
@@ -523,14 +397,7 @@ static void test_make_empty(void **state) {
 }
 
 int main(void) {
-  if (!hq_built_with_cuda() || hq_device_count() == 0) {
-    printf("no CUDA device (built with CUDA: %s): skipped\n", hq_built_with_cuda() ? "yes" : "no");
-    return HQ_TEST_SKIP;
-  }
-  char name[128];
-  int arch = 0;
-  if (hq_device_info(0, name, sizeof name, &arch) == HQ_OK)
-    printf("device 0: %s (sm_%d)\n", name, arch);
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_shapes),
