@@ -6,7 +6,8 @@
 **
 ** hq_cuda_amax<DT>(x, n, vec, t0, t1, stream): n elements, taken 8 at a time (the last n % 8
 ** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A
-** read-only stream, so what bounds it is the bytes in flight: as many CTAs as are resident,
+** read-only stream, so what bounds it is the bytes in flight: as many CTAs as are resident
+** (launch_cuda.h, counted once per device),
 ** each thread with 4 independent 8-element loads in flight per step; the max is fmaxf(m, |v|)
 ** from 0 (IEEE maxNum drops a NaN operand: one instruction per element, never NaN); the CTA's
 ** maximum goes out in one atomicMax per target (bits of a non-negative float order like the
@@ -18,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "hp_load_cuda.h"
+#include "launch_cuda.h"
 
 constexpr int kHqAmaxThreads = 256;
 
@@ -63,19 +65,16 @@ template <int DT, bool VEC>
 inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n, float *t0, float *t1,
                                   cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t e;
-  if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-      (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hq_cuda_amax_kernel<DT, VEC>,
-                                                         kHqAmaxThreads, 0)) != cudaSuccess)
-    return e;
+  int64_t resident = 0;
+  const cudaError_t e = hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC>>(kHqAmaxThreads, 0, &resident);
+  if (e != cudaSuccess) return e;
   int64_t blocks = (n / 8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
-  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
   if (blocks > resident) blocks = resident;
   if (blocks < 1) blocks = 1; /* a tail alone */
   hq_cuda_amax_kernel<DT, VEC><<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n, t0, t1);
-  return cudaGetLastError();
+  const cudaError_t l = cudaGetLastError();
+  if (l != cudaSuccess) hq_cuda_resident_forget<hq_cuda_amax_kernel<DT, VEC>>();
+  return l;
 }
 
 template <int DT>

@@ -62,8 +62,6 @@
 */
 #include <cuda_runtime.h>
 #include <float.h>
-
-#include <atomic>
 #include <stdint.h>
 
 #include "amax_cuda.h"
@@ -71,6 +69,7 @@
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
+#include "launch_cuda.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
 
@@ -79,7 +78,6 @@ namespace {
 constexpr int kTM = 64;  /* tile rows (M) */
 constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
-constexpr int kMaxDevices = 64; /* launch settings cached per device index below this */
 constexpr int kLd = kTK + 4;  /* shared FP32 tile row stride (16-byte aligned rows) */
 constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 /* quantize CTAs per SM the register allocation aims at: 2 (128 registers, no spills) measured
@@ -1078,14 +1076,11 @@ template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   if (rc) return rc;
   AmaxArgs b = a;
   b.ntiles = grid;
-  int dev = 0, sms = 0, per_sm = 0; /* resident CTAs, each looping over tiles */
-  CHECK_CUDA(call, cudaGetDevice(&dev));
-  CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, amax_kernel<DT>,
-                                                                 kThreads, 0));
-  const int64_t resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+  int64_t resident = 0; /* resident CTAs, each looping over tiles */
+  CHECK_CUDA(call, hq_cuda_resident<amax_kernel<DT>>(kThreads, 0, &resident));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
   amax_kernel<DT><<<grid, kThreads, 0, stream>>>(b);
+  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<amax_kernel<DT>>();
   CHECK_LAUNCH(call, "nvfp4 amax kernel");
   return HQ_OK;
 }
@@ -1109,31 +1104,16 @@ template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, 
   if (rc) return rc;
   /* as many CTAs as fit on the device at once, each looping over tiles */
   a.ntiles = grid;
-  int dev = 0;
-  CHECK_CUDA(call, cudaGetDevice(&dev));
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
-     asking): the function attributes are set, and the resident CTAs counted, once per device
-     and kernel; the count is cached (a race only repeats the same work) */
+     asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
+     device and kernel */
   const int dyn = 2 * RawTile<DT>::kBytes;
-  static std::atomic<int64_t> resident_of[kMaxDevices];
-  int64_t resident = dev >= 0 && dev < kMaxDevices ? resident_of[dev].load() : 0;
-  if (resident <= 0) {
-    int sms = 0, per_sm = 0;
-    CHECK_CUDA(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
-    CHECK_CUDA(call, cudaFuncSetAttribute(quantize_kernel<DT, RHT, SR>,
-                                          cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          (int)cudaSharedmemCarveoutMaxShared));
-    CHECK_CUDA(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                         &per_sm, quantize_kernel<DT, RHT, SR>, kThreads, dyn));
-    resident = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
-    if (dev >= 0 && dev < kMaxDevices) resident_of[dev].store(resident);
-  }
+  int64_t resident = 0;
+  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR>>(kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
   quantize_kernel<DT, RHT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
-  if (cudaPeekAtLastError() != cudaSuccess && dev >= 0 && dev < kMaxDevices)
-    resident_of[dev].store(0); /* set up again next time (e.g. after a device reset) */
+  if (cudaPeekAtLastError() != cudaSuccess)
+    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }

@@ -1,0 +1,61 @@
+/*
+** launch_cuda.h -- sizing the stock plugins' persistent kernels (resident CTAs, each looping
+** over tiles or a grid stride). Private to the stock plugins (not installed); host code of .cu
+** files.
+**
+** hq_cuda_resident<Kernel>(threads, dyn, &n): how many CTAs of `Kernel` (threads per CTA, dyn
+** bytes of dynamic shared memory) the current device holds at once (SMs x CTAs per SM, at least
+** one per SM), counted once per device and kernel and cached (a race only repeats the same
+** work): the occupancy query costs microseconds of host time, which a call that launches a
+** 0.1 ms kernel should not pay every time. With dyn > 0 the kernel's dynamic shared memory limit
+** is raised to dyn and its carveout set to the most shared memory first (needed above 48 KiB).
+** hq_cuda_resident_forget<Kernel>() after a failed launch: the next call sets up again (e.g.
+** after a device reset).
+*/
+#ifndef HQ_LAUNCH_CUDA_H
+#define HQ_LAUNCH_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <stdint.h>
+
+constexpr int kHqMaxDevices = 64; /* counts cached per device index below this */
+
+template <auto Kernel> struct hq_cuda_launch_cache {
+  static inline std::atomic<int64_t> resident[kHqMaxDevices];
+};
+
+template <auto Kernel> inline cudaError_t hq_cuda_resident(int threads, int dyn, int64_t *n) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::atomic<int64_t> *slot =
+      dev >= 0 && dev < kHqMaxDevices ? &hq_cuda_launch_cache<Kernel>::resident[dev] : nullptr;
+  int64_t r = slot ? slot->load() : 0;
+  if (r <= 0) {
+    int sms = 0, per_sm = 0;
+    if (dyn > 0 &&
+        ((e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn)) !=
+             cudaSuccess ||
+         (e = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared)) != cudaSuccess))
+      return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, dyn)) !=
+            cudaSuccess)
+      return e;
+    r = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+    if (slot) slot->store(r);
+  }
+  *n = r;
+  return cudaSuccess;
+}
+
+template <auto Kernel> inline void hq_cuda_resident_forget() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kHqMaxDevices)
+    hq_cuda_launch_cache<Kernel>::resident[dev].store(0);
+}
+
+#endif /* HQ_LAUNCH_CUDA_H */
