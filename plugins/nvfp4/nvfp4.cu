@@ -93,7 +93,7 @@ constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
 #define HQ_NVFP4_SR_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
-/* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_code_lt8; 0 = the rule for
+/* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_biased_lt8; 0 = the rule for
    every block, the same bits: 0.314 -> 0.226 ms for both directions with a given amax) */
 #ifndef HQ_NVFP4_SR_FAST
 #define HQ_NVFP4_SR_FAST 1
@@ -203,7 +203,7 @@ __device__ __forceinline__ uint8_t block_code(float bamax, float m, const float 
 
 /* Whether a block takes the fast form: no NaN among its values and every |v * enc| <=
    RN(bamax * enc) < 7 (rounding is monotonic; enc >= 0), so hq_e2m1_biased_bits_lt7 applies,
-   and with stochastic rounding hq_e2m1_sr_code_lt8 (every ordinary block: the E4M3 scale
+   and with stochastic rounding hq_e2m1_sr_biased_lt8 (every ordinary block: the E4M3 scale
    rounding leaves at most 6.4). Otherwise (a NaN, an Inf, a scale code below the block: E4M3
    underflow) the rule itself. */
 template <bool SR = false>
@@ -226,18 +226,22 @@ template <class V> __device__ __forceinline__ uint2 encode_fast(V v, float enc, 
 }
 
 /* The fast form of stochastic rounding for 16 values v(0..15) (a fast_block): the block's
-   Philox words as the rule draws them, hq_e2m1_sr_code_lt8 per value, the sign bits sgn or-ed
-   in (as encode_fast). */
+   Philox words as the rule draws them; per value hq_e2m1_sr_biased_lt8 with w built by one byte
+   permute from element e's random byte (hq_nvfp4_sr_byte: byte e % 4 of word e / 4) and the
+   constant bytes of 1.0f, packed as in encode_fast (the biases of code + 252 leave in one
+   subtraction per word, mod 2^32); the sign bits sgn or-ed in. */
 template <class V>
 __device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, uint64_t seed, uint64_t offset,
                                                 uint32_t colwise, uint64_t block, uint2 sgn) {
-  uint32_t bits[4], w[2] = {0u, 0u};
+  constexpr uint32_t kBias = 252u * 0x11111111u;
+  uint32_t bits[4], acc[2] = {0u, 0u};
   hq_nvfp4_sr_bits(seed, offset, colwise, block, bits);
 #pragma unroll
-  for (int e = 0; e < 16; e++)
-    w[e >> 3] += hq_e2m1_sr_code_lt8(fabsf(hq_mul_rn(v(e), enc)), hq_nvfp4_sr_byte(bits, e))
-                 << (4 * (e & 7));
-  return make_uint2(w[0] | sgn.x, w[1] | sgn.y);
+  for (int e = 0; e < 16; e++) {
+    const float w = hq_bits_f32(__byte_perm(bits[e >> 2], 0x3f800000u, 0x7604u | (e & 3) << 4));
+    acc[e >> 3] += hq_e2m1_sr_biased_lt8(fabsf(hq_mul_rn(v(e), enc)), w) * (1u << (4 * (e & 7)));
+  }
+  return make_uint2((acc[0] - kBias) | sgn.x, (acc[1] - kBias) | sgn.y);
 }
 
 /* The fast form of either rounding. */

@@ -435,27 +435,35 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
 
 /* hq_f32_to_e2m1_sr's magnitude code for 0 <= a < 8 (not NaN) in fewer operations, for a
    kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 7, as for its
-   round-to-nearest form): step(a) is half the power of two of a's binade, at least 0.5 (the
-   rule's 0.5 / 1 / 2 below 6, and 2 on [6, 8)); u = r8 / 256 is (1 + r8 / 256) - 1, exact, and
-   u * step(a) is exact, so t = RN(a + u * step(a)) is one fused multiply-add; t < 10, and
-   floor(t / step(t)) * step(t) keeps, for t >= 1, t's exponent and first mantissa bit, whose
-   code is (bits(t) >> 22) - 252 (1.0 -> 2, 1.5 -> 3, ..., 6.0 -> 7), at most 7 (the rule's
-   saturation: a >= 6 gives 7 whatever r8); below 1 the code is 1 from 0.5 on and 0 below (the
-   max of the two covers both ranges: the first is at most 1 there).
-   tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1_sr on every FP32 value below 8
-   for two r8 and on a sweep of them for every r8. */
-HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
-  const float u = hq_add_rn(hq_bits_f32(0x3f800000u | ((r8 & 0xffu) << 15)), -1.0f);
-  const float s = hq_mul_rn(hq_bits_f32(hq_f32_bits(a) & 0x7f800000u), 0.5f);
-  const float step = s > 0.5f ? s : 0.5f;
+   round-to-nearest form), plus 252 (a kernel packs the biased codes and subtracts the bias once
+   per word). w is 1 + r8 * 2^-15, the float of bits 0x3f800000 | r8 << 8 (a byte permute puts
+   the random byte there), so w - 1 = u * 2^-7 exactly (u = r8 / 256). step(a), the rule's 0.5 / 1
+   / 2 below 6 and 2 on [6, 8), is half the power of two of a's binade, at least 0.5; S = 128 *
+   step(a) comes from a's exponent bits; (w - 1) * S = u * step(a) is exact, so t = RN(a + u *
+   step(a)) is one fused multiply-add (t < 10). The code of t (round toward zero onto the E2M1
+   grid) from t's bits b: from 1 on, its exponent and first mantissa bit, (b >> 22) - 252 (1.0
+   -> 2, 1.5 -> 3, ..., 6.0 -> 7); on [0.5, 1) 1 and below 0 -- (b >> 23) - 125 where that is
+   1, at most (b >> 22) - 252 from 1 on; so code + 252 = max((b >> 22), (b >> 23) + 127, 252),
+   at most 259 (the rule's saturation: a >= 6 gives 7 whatever r8): two shifts (or a shift
+   and a shift-add), one three-input max, one min. */
+HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float a, float w) {
+  const float s = hq_mul_rn(hq_bits_f32(hq_f32_bits(a) & 0x7f800000u), 64.0f);
+  const float S = s > 64.0f ? s : 64.0f;
 #if defined(__CUDA_ARCH__)
-  const float t = __fmaf_rn(u, step, a);
+  const uint32_t b = hq_f32_bits(__fmaf_rn(__fadd_rn(w, -1.0f), S, a));
+  const uint32_t m = __vimax3_u32(b >> 22, (b >> 23) + 127u, 252u);
 #else
-  const float t = hq_add_rn(a, hq_mul_rn(u, step));
+  const uint32_t b = hq_f32_bits(hq_add_rn(a, hq_mul_rn(hq_add_rn(w, -1.0f), S)));
+  const uint32_t hi = b >> 22, lo = (b >> 23) + 127u, m0 = hi > lo ? hi : lo;
+  const uint32_t m = m0 > 252u ? m0 : 252u;
 #endif
-  const int32_t hi = (int32_t)(hq_f32_bits(t) >> 22) - 252, lo = t >= 0.5f;
-  const int32_t c = hi > lo ? hi : lo;
-  return (uint32_t)(c < 7 ? c : 7);
+  return m < 259u ? m : 259u;
+}
+/* The code itself from the random byte r8: tests/test_nvfp4_numerics.c checks it against
+   hq_f32_to_e2m1_sr on every FP32 value below 8 for two r8 and on a sweep of them for every
+   r8. */
+HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
+  return hq_e2m1_sr_biased_lt8(a, hq_bits_f32(0x3f800000u | (r8 & 0xffu) << 8)) - 252u;
 }
 
 /* --------------------------------------------------------------------------------------------
