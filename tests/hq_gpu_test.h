@@ -308,27 +308,6 @@ static inline uint32_t hq_gpu_gemm_device_check(hq_ctx *host_ctx, hq_ctx *dev,
   return path;
 }
 
-/* hq_quantize_ex / hq_qtensor_update_ex of x with a caller's amax pair (device memory for a
-   device context; NULL: the quantizer computes it). */
-static inline hq_qtensor *hq_gpu_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
-                                             const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  hq_qtensor *qt = NULL;
-  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
-  return qt;
-}
-static inline void hq_gpu_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
-                                    const float *amax) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = amax;
-  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
-}
-
 /* A format with a per-tensor amax: the caller-supplied amax and update on the device against
    the CPU. hq_quantizer_amax agrees bit for bit; hq_quantize_ex with it gives h (the CPU's
    hq_quantize of x); other amaxes (x4 / x0.5, x3 / x3, x0.25 / x0.125 of the rowwise /
@@ -352,7 +331,7 @@ static inline void hq_gpu_check_amax_and_update(hq_ctx *cpu, hq_ctx *gpu, hq_qua
   if (memcmp(ah, back, sizeof ah) != 0)
     fail_msg("%s: amax cpu {%a, %a} gpu {%a, %a}", what, ah[0], ah[1], back[0], back[1]);
   if (rng) rng(gpu);
-  hq_qtensor *g = hq_gpu_quantize_ex(q, gpu, xg, ag);
+  hq_qtensor *g = hq_test_quantize_ex(q, gpu, xg, ag);
   snprintf(w, sizeof w, "%s, quantize_ex(own amax)", what);
   hq_gpu_compare_usage(gpu, h, g, usage, w);
   hq_qtensor_free(g);
@@ -362,16 +341,16 @@ static inline void hq_gpu_check_amax_and_update(hq_ctx *cpu, hq_ctx *gpu, hq_qua
   for (int k = 0; k < 3; k++) {
     float *og = hq_gpu_amax_to_dev(gpu, others[k]);
     if (rng) rng(cpu);
-    hq_qtensor *hc = hq_gpu_quantize_ex(q, cpu, x, others[k]);
+    hq_qtensor *hc = hq_test_quantize_ex(q, cpu, x, others[k]);
     if (rng) rng(gpu);
-    hq_qtensor *gc = hq_gpu_quantize_ex(q, gpu, xg, og);
+    hq_qtensor *gc = hq_test_quantize_ex(q, gpu, xg, og);
     snprintf(w, sizeof w, "%s, quantize_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
     hq_gpu_compare_usage(gpu, hc, gc, usage, w);
     /* update on the device with that amax: the same bytes again */
     hq_qtensor *gu = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, yg, &gu));
     if (rng) rng(gpu);
-    hq_gpu_update_ex(gu, gpu, xg, og);
+    hq_test_update_ex(gu, gpu, xg, og);
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     snprintf(w, sizeof w, "%s, update_ex(amax {%g, %g})", what, others[k][0], others[k][1]);
     hq_gpu_compare_usage(gpu, hc, gu, usage, w);
@@ -389,7 +368,7 @@ static inline void hq_gpu_check_amax_and_update(hq_ctx *cpu, hq_ctx *gpu, hq_qua
   HQ_OK_OR_FAIL(hq_qtensor_update(g1, gpu, yg));
   HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, yg, ag));
   if (rng) rng(gpu);
-  hq_gpu_update_ex(g2, gpu, yg, ag);
+  hq_test_update_ex(g2, gpu, yg, ag);
   HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
   snprintf(w, sizeof w, "%s, update(y)", what);
   hq_gpu_compare_usage(gpu, hy, g1, usage, w);

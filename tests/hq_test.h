@@ -97,6 +97,27 @@ static inline hq_quantizer *hq_test_quantizer(hq_recipe *r, const char *role_tex
   return q;
 }
 
+/* hq_quantize_ex / hq_qtensor_update_ex of x with a caller's amax pair (device memory for a
+   device context; NULL: the quantizer computes it). */
+static inline hq_qtensor *hq_test_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
+                                              const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
+  return qt;
+}
+static inline void hq_test_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
+                                     const float *amax) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = amax;
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
+}
+
 /* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
 static inline const char *hq_test_path(const char *rel) {
   static char buf[4096];

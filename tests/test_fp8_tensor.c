@@ -661,17 +661,6 @@ static void test_ops_direct(void **state) {
 
 // --- caller-supplied amax and update, through the public API ---------------------------------
 
-static hq_qtensor *quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x,
-                               const float *given) {
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = given;
-  hq_qtensor *qt = NULL;
-  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &qt));
-  return qt;
-}
-
 /* hq_quantizer_amax then hq_quantize_ex with that amax == hq_quantize, byte for byte, for every
    usage, option set, input dtype and edge shape. */
 static void test_caller_amax_equals_internal(void **state) {
@@ -708,13 +697,13 @@ static void test_caller_amax_equals_internal(void **state) {
           if (usages[u] & HQ_COLWISE) assert_true(a[1] == want);
           hq_qtensor *ref = NULL;
           HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
-          hq_qtensor *got = quantize_ex(q, ctx, &x, a);
+          hq_qtensor *got = hq_test_quantize_ex(q, ctx, &x, a);
           if (usages[u] & HQ_ROWWISE) same_bytes(ref, got, HQ_ROWWISE, "quantize_ex rowwise");
           if (usages[u] & HQ_COLWISE) same_bytes(ref, got, HQ_COLWISE, "quantize_ex columnwise");
           if (usages[u] & HQ_ROWWISE) assert_true(amax(got, HQ_ROWWISE) == want);
           if (usages[u] & HQ_COLWISE) assert_true(amax(got, HQ_COLWISE) == want);
           /* args without an amax is hq_quantize */
-          hq_qtensor *plain = quantize_ex(q, ctx, &x, NULL);
+          hq_qtensor *plain = hq_test_quantize_ex(q, ctx, &x, NULL);
           if (usages[u] & HQ_ROWWISE) same_bytes(ref, plain, HQ_ROWWISE, "quantize_ex NULL");
           if (usages[u] & HQ_COLWISE) same_bytes(ref, plain, HQ_COLWISE, "quantize_ex NULL");
           hq_qtensor_free(plain);
@@ -768,7 +757,7 @@ static void test_caller_amax_rule(void **state) {
     hq_recipe *r = recipe(cases[c].options);
     hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
     HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, cases[c].usage));
-    hq_qtensor *qt = quantize_ex(q, ctx, &x, cases[c].a);
+    hq_qtensor *qt = hq_test_quantize_ex(q, ctx, &x, cases[c].a);
     const float want_si = 1.0f / cases[c].scale;
     const uint8_t *cd = cases[c].codes;
     const uint8_t want_t[4] = {cd[0], cd[2], cd[1], cd[3]};
