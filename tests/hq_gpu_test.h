@@ -391,16 +391,17 @@ typedef struct {
    roles linear:{weight,input,grad_output}:*; W [192, 256], x [128, 256] and dy [128, 192]
    (BF16, seeds seed, seed + 1, seed + 2) are quantized on the host and the device (rng, NULL
    for none, called with both contexts before each pair: stochastic rounding's stream), and
-   each case goes through hq_gpu_gemm_device_check, whose path must be native where `native` is
-   true, else emulated -- and then hq_gemm_plan's reason names the device's architecture
-   ("is sm_NN"). */
+   each case goes through hq_gpu_gemm_device_check, whose path must be native where
+   native_on(arch) is true for device 0's architecture (sm_NN: NN), else emulated -- and then
+   hq_gemm_plan's reason names the architecture ("is sm_NN"). */
 static inline void hq_gpu_check_role_gemms(hq_ctx *cpu, hq_ctx *gpu, const char *recipe_text,
                                            uint64_t seed, void (*rng)(hq_ctx *),
                                            const hq_gpu_gemm_case *cases, size_t ncases,
-                                           int native) {
+                                           int (*native_on)(int arch)) {
   int arch = 0;
   char name[128];
   HQ_OK_OR_FAIL(hq_device_info(0, name, sizeof name, &arch));
+  const int native = native_on(arch);
   hq_recipe *r = hq_test_recipe(recipe_text);
   hq_quantizer *qs[3] = {hq_test_quantizer(r, "linear:weight:w"),
                          hq_test_quantizer(r, "linear:input:x"),
