@@ -21,7 +21,7 @@
 **     (dynamic shared memory): tile n + 1 is copied in while tile n is encoded, so the memory
 **     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of
 **     its peak). 128 registers per thread, no spills for 16-bit inputs without SR (2 CTAs per
-**     SM; 3, at 80 registers, measured slower; with SR 3 measured faster). Per CTA once: the
+**     SM; 3, at 80 registers, measured slower, also with SR's fast form). Per CTA once: the
 **     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
@@ -34,10 +34,11 @@
 **     block_2d takes the 16x16 tile amax from per-row block amaxes in shared memory. A thread's
 **     two blocks are encoded side by side (no branch between them, so their work interleaves).
 **     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
-**     stored data), byte e for element e. Without it, a block holding no NaN whose largest
-**     scaled magnitude RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
+**     stored data), byte e for element e. A block holding no NaN whose largest scaled magnitude
+**     RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
 **     hq_e2m1_biased_bits_lt7 (three FP32 adds and one three-input integer min per element,
-**     no saturation needed) and multiply-add packing; 16-bit inputs also take the block amax
+**     no saturation needed), with stochastic rounding hq_e2m1_sr_biased_lt8 (one fused
+**     multiply-add, two shifts, a three-input max and a min), and multiply-add packing; 16-bit inputs also take the block amax
 **     from packed max.NaN.xorsign.abs on the raw words (two elements per instruction) and the
 **     sign bits from byte permutes of them (ncu, 8192x8192 bf16 both directions: 20 issued
 **     instructions per element and direction before, 15 after). Any other block takes
