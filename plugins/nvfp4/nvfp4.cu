@@ -599,11 +599,11 @@ __device__ __forceinline__ void rht16_head(const uint32_t *x, const float *f, co
   }
 }
 
-/* The block amax of 16 BF16 values packed as 8 words (NaN propagated, as lane_abs / is_nan_abs
-   read it). */
-__device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
-  const uint32_t mm = absmax_tree<HQ_BF16, 8>(y);
-  return lane_abs<HQ_BF16>(absmax2<HQ_BF16>(mm, prmt<0x1032u>(mm, mm)), 0);
+/* The block amax of 16 values of a 16-bit dtype DT packed as 8 words, two per word in element
+   order (NaN propagated, as lane_abs / is_nan_abs read it). */
+template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
+  const uint32_t mm = absmax_tree<DT, 8>(y);
+  return lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
 }
 
 /* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
@@ -665,6 +665,15 @@ __device__ __forceinline__ uint8_t col_block_f32(const float v[16], const QArgs 
 struct Signs2 {
   uint2 s[2];
 };
+
+/* The sign words of two blocks of 16 values of a 16-bit dtype, each packed as 8 words two per
+   word in element order (a row's raw words, or the RHT's packed BF16 results). */
+__device__ __forceinline__ Signs2 row_signs2(const uint32_t a[8], const uint32_t b[8]) {
+  const uint2 s0 = sign_split(a[0], a[1], a[2], a[3]), s1 = sign_split(a[4], a[5], a[6], a[7]);
+  const uint2 s2 = sign_split(b[0], b[1], b[2], b[3]), s3 = sign_split(b[4], b[5], b[6], b[7]);
+  return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
+                 make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
+}
 
 /* A thread's two blocks side by side (no branch between them, so their work interleaves):
    values v0(e), v1(e); their amaxes ba0, ba1 from a packed max (NaN propagated: such a block
@@ -772,8 +781,7 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
         if (kPacked) {
           uint32_t w[8];
           row_words<DT>(sm, r, 32 * p + 16 * j, w);
-          const uint32_t mm = absmax_tree<DT, 8>(w);
-          ba = lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
+          ba = packed16_amax<DT>(w);
           if (is_nan_abs(ba)) ba = amax_of([&](int e) { return row_word_value<DT>(w, e); });
         } else {
           float v[16];
@@ -797,28 +805,15 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
         uint32_t w[16];
         row_words<DT>(sm, r, 32 * p, w);
         row_words<DT>(sm, r, 32 * p + 16, w + 8);
-        float ba[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-          const uint32_t mm = absmax_tree<DT, 8>(w + 8 * j);
-          ba[j] = lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
-        }
         auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
         auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
-        auto signs = [&] {
-          const uint2 s0 = sign_split(w[0], w[1], w[2], w[3]);
-          const uint2 s1 = sign_split(w[4], w[5], w[6], w[7]);
-          const uint2 s2 = sign_split(w[8], w[9], w[10], w[11]);
-          const uint2 s3 = sign_split(w[12], w[13], w[14], w[15]);
-          return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
-                         make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
-        };
+        auto signs = [&] { return row_signs2(w, w + 8); };
         auto tiles = [&] {
           return make_float2(tile_amax16(bam, r & ~15, 2 * p),
                              tile_amax16(bam, r & ~15, 2 * p + 1));
         };
-        encode_pair<SR>(v0, v1, ba[0], ba[1], a.b2d, tiles, rm, enc_tab[0], a, 0u, blk, blk + 1,
-                        signs, o, sf);
+        encode_pair<SR>(v0, v1, packed16_amax<DT>(w), packed16_amax<DT>(w + 8), a.b2d, tiles, rm,
+                        enc_tab[0], a, 0u, blk, blk + 1, signs, o, sf);
       } else {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -868,14 +863,7 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
         }
         auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
         auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
-        auto signs = [&] {
-          const uint2 s0 = sign_split(y[0][0], y[0][1], y[0][2], y[0][3]);
-          const uint2 s1 = sign_split(y[0][4], y[0][5], y[0][6], y[0][7]);
-          const uint2 s2 = sign_split(y[1][0], y[1][1], y[1][2], y[1][3]);
-          const uint2 s3 = sign_split(y[1][4], y[1][5], y[1][6], y[1][7]);
-          return Signs2{{make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y)),
-                         make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
-        };
+        auto signs = [&] { return row_signs2(y[0], y[1]); };
         encode_pair<SR>(v0, v1, packed16_amax(y[0]), packed16_amax(y[1]), a.b2d, col_tiles, cm,
                         enc_tab[1], a, 1u, blk, blk + (uint64_t)(M >> 4), signs, o, sf);
       } else if (kPacked) {
