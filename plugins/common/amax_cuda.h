@@ -7,11 +7,11 @@
 ** hq_cuda_amax<DT>(x, n, vec, t0, t1, stream): n elements, taken 8 at a time (the last n % 8
 ** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A
 ** read-only stream, so what bounds it is the bytes in flight: as many CTAs as are resident
-** (launch_cuda.h, counted once per device),
-** each thread with 4 independent 8-element loads in flight per step; the max is fmaxf(m, |v|)
-** from 0 (IEEE maxNum drops a NaN operand: one instruction per element, never NaN); the CTA's
-** maximum goes out in one atomicMax per target (bits of a non-negative float order like the
-** values, so the result does not depend on the atomics' order).
+** (launch_cuda.h, counted once per device), each thread with 4 independent 8-element loads in
+** flight per step; the max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN operand: one
+** instruction per element, never NaN); the CTA's maximum goes out in one atomicMax per target
+** (bits of a non-negative float order like the values, so the result does not depend on the
+** atomics' order).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
@@ -66,7 +66,8 @@ inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n, float *t0, float *t1
                                   cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   int64_t resident = 0;
-  const cudaError_t e = hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC>>(kHqAmaxThreads, 0, &resident);
+  const cudaError_t e =
+      hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC>>(kHqAmaxThreads, 0, &resident);
   if (e != cudaSuccess) return e;
   int64_t blocks = (n / 8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
   if (blocks > resident) blocks = resident;

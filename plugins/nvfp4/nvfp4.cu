@@ -38,9 +38,9 @@
 **     RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
 **     hq_e2m1_biased_bits_lt7 (three FP32 adds and one three-input integer min per element,
 **     no saturation needed), with stochastic rounding hq_e2m1_sr_biased_lt8 (one fused
-**     multiply-add, two shifts, a three-input max and a min), and multiply-add packing; 16-bit inputs also take the block amax
-**     from packed max.NaN.xorsign.abs on the raw words (two elements per instruction) and the
-**     sign bits from byte permutes of them (ncu, 8192x8192 bf16 both directions: 20 issued
+**     multiply-add, two shifts, a three-input max and a min), and multiply-add packing; 16-bit
+**     inputs also take the block amax from packed max.NaN.xorsign.abs on the raw words (two
+**     elements per instruction) and the sign bits from byte permutes of them (ncu, 8192x8192 bf16 both directions: 20 issued
 **     instructions per element and direction before, 15 after). Any other block takes
 **     hq_nvfp4_quantize. Partial tiles are zero-filled in shared memory, so every block is
 **     encoded without a bounds check (only the stores check). The packed bytes are staged in
