@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "hq/numerics.h"
+#include "cuda/fused_gemm.h"
 
 #ifdef HQ_HAVE_OPENBLAS
 #include <cblas.h>
@@ -34,6 +35,7 @@ const char *hq_gemm_path_name(uint32_t path) {
   case HQ_GEMM_PATH_EMULATED_BF16: return "emulated-bf16";
   case HQ_GEMM_PATH_EMULATED_F32: return "emulated-f32";
   case HQ_GEMM_PATH_CPU: return "cpu";
+  case HQ_GEMM_PATH_FUSED_BF16: return "fused-bf16";
   default: return "none";
   }
 }
@@ -43,6 +45,13 @@ int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm) {
   (void)call;
   (void)mm;
   return hqi_error(HQ_ENOTSUP, "this libhqcore was built without CUDA: no cuBLASLt GEMM");
+}
+int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
+  (void)a;
+  return 0;
+}
+int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
+  return hqi_error(HQ_ENOTSUP, "%s: this libhqcore was built without CUDA", a->what);
 }
 #endif
 
@@ -126,6 +135,7 @@ typedef struct plan {
   int transa, transb;
   uint32_t path;
   int tentative;                 /* hq_gemm: NATIVE to be confirmed by running it */
+  int fused;                     /* FUSED_BF16: 1 = A is the fused operand, 2 = B */
   hq_gemm_args args;
   const char *what;
   char what_buf[96];
@@ -170,11 +180,82 @@ static void fill_problem(const plan *p, hq_gemm_problem *g, float alpha, float b
   g->beta = beta;
 }
 
-/* The emulated path of a plan (the native one refused or unavailable). */
-static uint32_t emulated_path(const hq_ctx *ctx, const plan *p) {
+/* The buffer of storage st with role `role` (2-D), or NULL. */
+static const hq_buffer *buf_of(const hq_storage *st, uint32_t role) {
+  for (uint32_t i = 0; i < st->nbuf; i++) {
+    const hq_buffer *b = hq_storage_cbuf(st, i);
+    if (b->role == role) return b->ndim == 2 ? b : NULL;
+  }
+  return NULL;
+}
+
+/* The fused path's arguments for operand x (fused) against y (dequantized to BF16): 1 when x's
+   storage and y's orientation allow it (hqi_fused_gemm_supported), else 0. outer = x's rows (m
+   for A, n for B). D and the scalars are filled by the caller. */
+static int fused_args(const hq_ctx *ctx, const plan *p, const gop *x, const gop *y, int x_is_a,
+                      hqi_fused_gemm_args *fa) {
+  if (!x->qt || !x->st || !x->raw || x->fmt->plugin->ops.tensor_factor || y->emul != HQ_BF16)
+    return 0;
+  /* y K-contiguous as the emulated path lays it out: A transposed, B not transposed */
+  if (x_is_a ? p->transb : !p->transa) return 0;
+  const hq_operand_desc *d = &x->st->desc;
+  if ((d->elem != HQ_E4M3 && d->elem != HQ_E5M2) || d->order != HQ_ORDER_MK ||
+      d->scale_mode != HQ_SCALE_VEC32_UE8M0 || d->scale_layout != HQ_SCALE_LAYOUT_OUTER_MAJOR ||
+      d->block_m != 1 || d->block_k != 32 || d->transform != HQ_TRANSFORM_NONE)
+    return 0;
+  const int64_t outer = x_is_a ? p->m : p->n;
+  const hq_buffer *data = buf_of(x->st, HQ_ROLE_DATA), *sc = buf_of(x->st, HQ_ROLE_SCALE);
+  if (!data || !sc || data->shape[0] != outer || data->shape[1] != p->k ||
+      hq_dtype_size(data->dtype) != 1 || hq_dtype_size(sc->dtype) != 1 ||
+      sc->shape[0] < hq_roundup(outer, 128) || sc->shape[1] < (p->k / 32 + 1) / 2 * 2)
+    return 0;
+  memset(fa, 0, sizeof *fa);
+  fa->device = ctx->device;
+  fa->arch = hqi_cuda_arch(ctx->device);
+  fa->stream = ctx->stream;
+  fa->x = data->ptr;
+  fa->xs = sc->ptr;
+  fa->xs_ld = sc->shape[1];
+  fa->elem = (int)d->elem;
+  fa->mx = outer;
+  fa->nw = x_is_a ? p->n : p->m;
+  fa->k = p->k;
+  fa->x_is_m = x_is_a;
+  fa->d = p->d.data;
+  if (!fa->d) fa->d = (void *)(uintptr_t)256; /* a plan: D's alignment is checked when it runs */
+  fa->d_dtype = (int)p->d.dtype;
+  fa->ldd = p->m;
+  fa->what = p->what;
+  return hqi_fused_gemm_supported(fa);
+}
+
+/* Rows of the BF16 operand up to which the fused path is taken by default: below, the unfused
+   path's BF16 copy of the large operand costs more than the fused kernel's lower rate (measured
+   on an H100: a 16384 x 4096 MXFP8 operand times 1024 x 4096, 84% vs 73% of the BF16 GEMM;
+   times 8192 x 8192, 73% vs 86%). */
+#define HQI_FUSED_MAX_OTHER 1536
+
+/* The emulated path of a plan (the native one refused or unavailable), and for FUSED_BF16 which
+   operand is fused (p->fused). */
+static uint32_t emulated_path(const hq_ctx *ctx, plan *p) {
+  p->fused = 0;
   if (ctx->device < 0) return HQ_GEMM_PATH_CPU;
-  if (p->a.emul == HQ_BF16 && p->b.emul == HQ_BF16) return HQ_GEMM_PATH_EMULATED_BF16;
-  return HQ_GEMM_PATH_EMULATED_F32;
+  if (p->a.emul != HQ_BF16 || p->b.emul != HQ_BF16) return HQ_GEMM_PATH_EMULATED_F32;
+  const uint32_t fl = p->args.flags;
+  if (!(fl & (HQ_GEMM_FORCE_EMULATED | HQ_GEMM_NO_FUSED)) && p->m > 0 && p->n > 0 && p->k > 0) {
+    hqi_fused_gemm_args fa;
+    const int can_a = fused_args(ctx, p, &p->a, &p->b, 1, &fa);
+    const int can_b = fused_args(ctx, p, &p->b, &p->a, 0, &fa);
+    /* the larger operand fused; by default only against a small other one */
+    int pick = can_a && (!can_b || p->m >= p->n) ? 1 : can_b ? 2 : 0;
+    const int64_t other = pick == 1 ? p->n : p->m;
+    if (pick && !(fl & HQ_GEMM_FUSED_ALWAYS) && other > HQI_FUSED_MAX_OTHER) pick = 0;
+    if (pick) {
+      p->fused = pick;
+      return HQ_GEMM_PATH_FUSED_BF16;
+    }
+  }
+  return HQ_GEMM_PATH_EMULATED_BF16;
 }
 
 /* direct: a native candidate is not asked (HQ_GEMM_QUERY) but marked tentative: hq_gemm runs it
@@ -490,6 +571,35 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   return rc;
 }
 
+// --- the fused GPU path -------------------------------------------------------------------------
+
+static int fused_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
+  const int x_is_a = p->fused == 1;
+  const gop *x = x_is_a ? &p->a : &p->b, *y = x_is_a ? &p->b : &p->a;
+  hqi_fused_gemm_args fa;
+  if (!fused_args(ctx, p, x, y, x_is_a, &fa)) /* the plan said it can: D's alignment */
+    return gpu_gemm(ctx, p, alpha, beta);
+  const void *w = NULL;
+  void *tw = NULL;
+  float *factor = hqi_ctx_alloc_raw(ctx, sizeof(float));
+  if (!factor) return hqi_error(HQ_ENOMEM, "%s: 4 bytes of device memory", p->what);
+  const float *pf = NULL;
+  int rc = emul_operand(ctx, p, y, HQ_BF16, &w, &tw, factor, &pf);
+  if (!rc) {
+    fa.w = w;
+    fa.alpha = alpha;
+    fa.beta = beta;
+    fa.factor[0] = x_is_a ? NULL : pf; /* A's factor first, as the emulated path folds them */
+    fa.factor[1] = x_is_a ? pf : NULL;
+    fa.bias = p->args.bias;
+    fa.bias_dtype = (int)p->args.bias_dtype;
+    rc = hqi_fused_gemm(&fa);
+  }
+  hqi_ctx_free_raw(ctx, tw);
+  hqi_ctx_free_raw(ctx, factor);
+  return rc;
+}
+
 // --- hq_gemm ---------------------------------------------------------------------------------------
 
 int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_tensor *D,
@@ -514,12 +624,16 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
       snprintf(p.info.reason, sizeof p.info.reason, "%s", hq_last_error());
       hq_clear_error();
       p.path = p.info.path = emulated_path(ctx, &p);
-      rc = p.path == HQ_GEMM_PATH_CPU ? cpu_gemm(ctx, &p, alpha, beta) : gpu_gemm(ctx, &p, alpha, beta);
+      rc = p.path == HQ_GEMM_PATH_CPU          ? cpu_gemm(ctx, &p, alpha, beta)
+           : p.path == HQ_GEMM_PATH_FUSED_BF16 ? fused_gemm(ctx, &p, alpha, beta)
+                                               : gpu_gemm(ctx, &p, alpha, beta);
     } else if (rc) {
       rc = hqi_error_prefix(rc, "%s: module %s, native gemm", p.what, ops->name);
     }
   } else if (p.path == HQ_GEMM_PATH_CPU) {
     rc = cpu_gemm(ctx, &p, alpha, beta);
+  } else if (p.path == HQ_GEMM_PATH_FUSED_BF16) {
+    rc = fused_gemm(ctx, &p, alpha, beta);
   } else {
     rc = gpu_gemm(ctx, &p, alpha, beta);
   }

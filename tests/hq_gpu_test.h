@@ -101,6 +101,12 @@ static inline void hq_gpu_amax_to_host(hq_ctx *dev, const float *p, float out[2]
   HQ_OK_OR_FAIL(hq_ctx_sync(dev));
 }
 
+/* Whether path `got` is what `want` asks for: the emulated BF16 path may run fused
+   (HQ_GEMM_PATH_FUSED_BF16, the same BF16 values: a Hopper device, MXFP8 K-major operands). */
+static inline int hq_gpu_path_ok(uint32_t got, uint32_t want) {
+  return got == want || (want == HQ_GEMM_PATH_EMULATED_BF16 && got == HQ_GEMM_PATH_FUSED_BF16);
+}
+
 /* A device tensor's contents (on dev's device) as host F32 (free the result). */
 static inline float *hq_gpu_back_f32(hq_ctx *dev, const hq_tensor *t) {
   const size_t n = (size_t)(t->rows * t->cols), bytes = n * hq_dtype_size(t->dtype);
@@ -147,7 +153,7 @@ static inline void hq_gpu_gemm_vs_f64(hq_ctx *dev, const hq_qtensor *A, int ta,
   memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;
   HQ_OK_OR_FAIL(hq_gemm_plan(dev, hq_operand_q(A), ta, hq_operand_q(B), tb, d, NULL, &info));
-  if (want && info.path != want)
+  if (want && !hq_gpu_path_ok(info.path, want))
     fail_msg("%s: path %s (%s), expected %s", what, hq_gemm_path_name(info.path), info.reason,
              hq_gemm_path_name(want));
   if (reason && !strstr(info.reason, reason))
@@ -164,6 +170,14 @@ static inline void hq_gpu_gemm_vs_f64(hq_ctx *dev, const hq_qtensor *A, int ta,
                         &info));
   assert_int_equal(info.path, emul);
   float *got = hq_gpu_back_f32(dev, d), *emu = hq_gpu_back_f32(dev, de);
+  /* the fused path where it can run at all (HQ_GEMM_FUSED_ALWAYS): the emulated tolerance */
+  float *fus = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, de->data, hq_ctx_device(dev), d0h->data, HQ_DEVICE_HOST,
+                              (size_t)(M * N) * hq_dtype_size(ddt)));
+  args.flags = HQ_GEMM_FUSED_ALWAYS;
+  HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(A), ta, hq_operand_q(B), tb, de, 1.25f, 0.5f, &args,
+                        &info));
+  if (info.path == HQ_GEMM_PATH_FUSED_BF16) fus = hq_gpu_back_f32(dev, de);
   double worst = 0;
   for (int64_t j = 0; j < N; j++)
     for (int64_t i = 0; i < M; i++) {
@@ -184,14 +198,18 @@ static inline void hq_gpu_gemm_vs_f64(hq_ctx *dev, const hq_qtensor *A, int ta,
       if (ee > tol_e)
         fail_msg("%s: emulated D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
                  (long long)j, (long long)i, (double)emu[j * M + i], ref, tol_e);
+      if (fus && fabs(fus[j * M + i] - ref) > tol_e)
+        fail_msg("%s: fused D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
+                 (long long)j, (long long)i, (double)fus[j * M + i], ref, tol_e);
       if (en > tol_n)
         fail_msg("%s: %s D[%lld][%lld] = %.9g, F64 %.9g (tolerance %.3g)", what,
                  hq_gemm_path_name(path), (long long)j, (long long)i, (double)got[j * M + i], ref,
                  tol_n);
       if (sa > 0 && en / (1.25 * sa) > worst) worst = en / (1.25 * sa);
     }
-  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g\n", what, hq_gemm_path_name(path),
-         worst);
+  printf("%s: %s, worst |D - F64| / sum|alpha a b| = %.3g%s\n", what, hq_gemm_path_name(path),
+         worst, fus ? " (fused checked too)" : "");
+  free(fus);
   free(got);
   free(emu);
   free(fa);

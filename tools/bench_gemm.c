@@ -10,7 +10,8 @@
 **     fp8_tensor storages, and hq fp8_tensor (native) in % of it (target >= 95%);
 **   - the same for fp8_block, 1x128 x 1x128 and 128x128 x 1x128 scales (Hopper);
 **   - hq mxfp8 and nvfp4 on the path this device gives them (emulated on Hopper: raw dequantize
-**     of both operands to BF16 included) in % of the direct BF16 rate (target >= 80%);
+**     of both operands to BF16 included; MXFP8 against a BF16 operand of at most 1536 rows
+**     fused) in % of the direct BF16 rate (target >= 80%);
 ** and the host dispatch overhead of one hq_gemm call: hq_gemm_plan timed over many calls, and
 ** the host time per call of hq_gemm minus that of a direct cublasLtMatmul with a prepared plan
 ** (a small shape, best of several batches of calls issued back to back; target < 2 us).

@@ -524,10 +524,20 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 **                   FP32 accumulation, BF16 inputs or F32 inputs (no TF32) when a raw value
 **                   needs more than BF16's 8 bits (fp8_block with non-power-of-two scales, F32
 **                   or F16 operands).
+**   FUSED_BF16      the emulated BF16 product with one operand's dequantize fused into the
+**                   GEMM (Hopper, compute capability 9.0): an MXFP8 storage whose blocks run
+**                   along k with K contiguous (order MK, compact 1x32 E8M0 scales) is read as
+**                   codes and scales and turned into the same BF16 values inside the GEMM
+**                   kernel; the other operand (K contiguous in the orientation the flags give)
+**                   is dequantized as on the emulated path. Taken when the other operand has at
+**                   most 1536 rows along m or n (where writing and rereading a BF16 copy of the
+**                   large operand costs more than the fused kernel gives up to cuBLASLt), or
+**                   always with HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
+**                   HQ_GEMM_FORCE_EMULATED.
 **   CPU             on the host: the raw values in F32 and an F32 sgemm (OpenBLAS when built
 **                   with it, else a blocked loop in libhqcore).
-** The emulated and CPU paths equal the exact product of the dequantized operands up to the order
-** of FP32 accumulation. A product of two storages with different transforms (an RHT copy times
+** The emulated, fused and CPU paths equal the exact product of the dequantized operands up to the
+** order of FP32 accumulation. A product of two storages with different transforms (an RHT copy times
 ** a plain one) is refused (HQ_EINVAL naming both): its value would be meaningless.
 */
 typedef struct hq_operand {
@@ -552,13 +562,19 @@ static inline hq_operand hq_operand_hp(const hq_tensor *t) {
 #define HQ_GEMM_PATH_EMULATED_BF16 2u
 #define HQ_GEMM_PATH_EMULATED_F32 3u
 #define HQ_GEMM_PATH_CPU 4u
-HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ... */
+#define HQ_GEMM_PATH_FUSED_BF16 5u
+HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ...,
+                                                          "fused-bf16" */
 
 /* Optional arguments of hq_gemm. */
-#define HQ_GEMM_FORCE_EMULATED 1u /* skip the native path (tests, comparisons) */
+#define HQ_GEMM_FORCE_EMULATED 1u /* skip the native and the fused path: the plain emulated
+                                     path (tests, comparisons) */
+#define HQ_GEMM_FUSED_ALWAYS 2u   /* take the fused path wherever it can run, whatever the shape
+                                     (tests, benchmarks); it still yields to a native path */
+#define HQ_GEMM_NO_FUSED 4u       /* never take the fused path */
 typedef struct hq_gemm_args {
   uint32_t struct_size;          /* sizeof(hq_gemm_args) */
-  uint32_t flags;                /* HQ_GEMM_FORCE_EMULATED */
+  uint32_t flags;                /* HQ_GEMM_FORCE_EMULATED, HQ_GEMM_FUSED_ALWAYS, ... */
   const void *bias;              /* NULL, or [m] values of bias_dtype on the context's device,
                                     added to every row of D (D[j][i] += bias[i]) */
   hq_dtype bias_dtype;           /* HQ_F32 or HQ_BF16 */

@@ -1,0 +1,552 @@
+/*
+** fused_gemm.cu -- the emulated GEMM with one operand's dequantize fused into the GEMM (Hopper,
+** sm_90a only: wgmma, TMA and mbarriers), hqi_fused_gemm().
+**
+** Why: on Hopper the tensor cores have no MXFP8 mode, so the emulated path dequantizes both
+** operands to BF16 and calls cuBLASLt. When one operand is much larger than the other (a
+** 16384 x 4096 activation times a 1024 x 4096 weight), writing and reading back its BF16 copy
+** costs as much as a third of the GEMM. Here that operand X is read as it is stored -- MXFP8
+** codes (E4M3 or E5M2, [rows, K] with K contiguous) and E8M0 scales per 1x32 block (compact,
+** [roundup(rows, 128)][ld] bytes) -- and turned into BF16 in registers right before the tensor
+** cores use it; the other operand W is BF16 [nw, K] with K contiguous (the core dequantizes it as
+** for the emulated path). Result: D(i, j) = alpha * f0 * f1 * sum_k X(i, k) W(j, k)
+** (+ beta * D(i, j)) (+ bias), i over X's rows, j over W's rows, D column-major with X's rows as
+** D's m (x_is_m) or its n.
+**
+** Every X value the tensor cores see is RN_bf16(code * 2^(e-127)) computed as the emulated path's
+** dequantize computes it (exact except far below FP32's normal range, hq_mxfp8_dequantize_fast's
+** comment): the code's bits placed into a BF16 word (value * 2^-120, E4M3; 2^-112, E5M2; subnormal
+** codes on BF16 subnormals) and multiplied by 2^(e-7) (E4M3; 2^(e+112-127) E5M2) in one BF16
+** multiply when that factor is a BF16 normal for every scale a warp holds in a k-step, else by
+** 2^120 / 2^112 and then 2^(e-127): each BF16 multiply of exact values rounds once, so either way
+** the result is the exact product rounded once to BF16 (tests/test_gpu_gemm.c checks every
+** (code, scale) pair against the rule). A k-step that holds a NaN code (E4M3 0x7f / 0xff, E5M2
+** Inf and NaN) takes the rule itself (hq_fp8_to_f32 * hq_e8m0_to_f32, then hq_f32_to_bf16). So the fused path
+** multiplies the same BF16 values as the emulated path and accumulates in FP32: results equal
+** the exact product up to the order of accumulation, like every emulated path.
+**
+** The kernel: a CTA computes a 128 x 256 tile of (i, j) with three warpgroups. Warpgroup 0 (one
+** thread) streams K in steps of 64 through a 5-stage ring of shared memory with TMA: X's 128 x 64
+** codes (64-byte swizzle) and W's 256 x 64 BF16 values (128-byte swizzle, the layout wgmma reads),
+** each stage guarded by a "full" and an "empty" mbarrier. Warpgroups 1 and 2 own 64 rows each:
+** per step a thread reads its 32 codes from shared memory (2-byte loads, conflict-free thanks to
+** the swizzle) and its 4 scales from global memory (loaded two steps ahead), builds the wgmma A
+** fragment (bf16x2 registers, double-buffered), and issues four m64n256k16 wgmmas with A from
+** registers; the fragment of step k+1 is built while the tensor cores run step k. The epilogue
+** stages the FP32 tile in shared memory and writes D with 16-byte stores along its contiguous
+** dimension, adding beta * D and the bias in FP32 and rounding once.
+**
+** Limits (hqi_fused_gemm returns HQ_ENOTSUP, the caller takes the unfused emulated path): a
+** device of compute capability 9.0, K % 32 == 0, 16-byte aligned X, W and scales, dimensions
+** below 2^31. This file is compiled for sm_90a alone (Makefile.am); every CUDA status is checked.
+*/
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "hq/numerics.h"
+#include "hq/plugin.h"
+
+extern "C" {
+#include "fused_gemm.h"
+int hqi_error(int code, const char *fmt, ...);
+}
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 5;
+constexpr int kABytes = kBM * kBK;     /* X codes per stage */
+constexpr int kBBytes = kBN * kBK * 2; /* W values per stage */
+constexpr int kSmem = kStages * (kABytes + kBBytes) + 1024 /* alignment */ + 128 /* barriers */;
+constexpr int kLdI = 68;               /* staging stride, lines of 64 i (x_is_m) */
+constexpr int kLdJ = 260;              /* staging stride, lines of 256 j */
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HQ_FUSED_SM90A 1
+#else
+#define HQ_FUSED_SM90A 0
+#endif
+
+__device__ __forceinline__ uint32_t su32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if HQ_FUSED_SM90A
+#include "wgmma_m64n256k16.h"
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(n));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)),
+               "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred P;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, P;\n}\n"
+                 : "=r"(done) : "r"(su32(b)), "r"(parity) : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                       int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4}], [%2];" ::"r"(su32(dst)), "l"(map), "r"(su32(bar)),
+               "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* keep the compiler from moving register reads and writes across the asynchronous wgmma */
+__device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+
+/* wgmma descriptor of a K-major BF16 tile with 128-byte swizzle: rows of 128 bytes, 8-row groups
+   1024 bytes apart */
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(a), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+#endif /* HQ_FUSED_SM90A */
+
+/* Per element kind: the shift of the code's 7 magnitude bits in a BF16 word, the power of two
+   that word's value is short of the code's (SH), the BF16 pair 2^SH, and the special-code test
+   (a carry into bit TEST of each half when the magnitude is NaN / Inf). */
+template <int ELEM> struct Kind;
+template <> struct Kind<HQ_E4M3> {
+  static constexpr uint32_t mask = 0x87f087f0u, shift = 4, sh = 120, pre = 0x7B807B80u,
+                            add = 0x00100010u, test = 0x08000800u, one_max = 254 - 120;
+};
+template <> struct Kind<HQ_E5M2> {
+  static constexpr uint32_t mask = 0x8fe08fe0u, shift = 5, sh = 112, pre = 0x77807780u,
+                            add = 0x00800080u, test = 0x10001000u, one_max = 254 - 112;
+};
+
+/* 2^(e - 127 + sh) as a BF16 pair (e = 255: NaN; e = 0, sh = 0: the subnormal 2^-127) */
+__device__ __forceinline__ uint32_t scale_pair(uint32_t e, uint32_t sh) {
+  const uint32_t b = e == 255 ? 0x7fc0u : (e == 0 && sh == 0 ? 0x40u : (e + sh) << 7);
+  return b * 0x10001u;
+}
+
+/* Two codes (low byte first) as BF16 bits of value * 2^-SH: each code sign-extended to 16 bits by
+   one byte permute, shifted, masked; `special` collects the NaN / Inf test. */
+template <int ELEM>
+__device__ __forceinline__ uint32_t raw_pair(uint32_t h, uint32_t &special) {
+#if HQ_FUSED_SM90A
+  const uint32_t r = (prmt(h, 0x9180u) << Kind<ELEM>::shift) & Kind<ELEM>::mask;
+  special |= r + Kind<ELEM>::add;
+  return r;
+#else
+  (void)h;
+  (void)special;
+  return 0;
+#endif
+}
+
+/* The rule (RN(fp32(code) * 2^(e-127)), MXFP8's dequantize, then RN to BF16) for a pair: a k-step
+   with special codes. */
+template <int ELEM>
+__device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
+  const float sc = hq_e8m0_to_f32(e);
+  const float lo = hq_mul_rn(hq_fp8_to_f32((uint8_t)(h & 0xff), ELEM), sc);
+  const float hi = hq_mul_rn(hq_fp8_to_f32((uint8_t)(h >> 8), ELEM), sc);
+  return (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
+}
+
+struct Params {
+  const uint8_t *xs; /* scales */
+  int64_t xs_ld;
+  int mx, nw, k;
+  int x_is_m, vec_ok, d_f32;
+  void *d;
+  int64_t ldd;
+  float alpha, beta;
+  const float *f0, *f1;
+  const void *bias;
+  int bias_f32;
+};
+
+/* One thread's fragment of one k-step: rows r (and r + 8) of its warp, codes at k = 2t, 2t+1,
+   2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`; e0 / e1 hold the two 32-blocks'
+   scales of the rows (low byte first). */
+template <int ELEM>
+__device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32_t e0, uint32_t e1,
+                                         uint32_t (&fa)[16]) {
+#if HQ_FUSED_SM90A
+  using KD = Kind<ELEM>;
+  const int sw = (r >> 1) & 3;
+  uint32_t h[16];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    const uint8_t *b0 = sa + r * 64 + ((kk ^ sw) << 4);
+    const uint8_t *b1 = b0 + 8 * 64;
+    h[4 * kk + 0] = *reinterpret_cast<const uint16_t *>(b0 + 2 * t);
+    h[4 * kk + 1] = *reinterpret_cast<const uint16_t *>(b1 + 2 * t);
+    h[4 * kk + 2] = *reinterpret_cast<const uint16_t *>(b0 + 8 + 2 * t);
+    h[4 * kk + 3] = *reinterpret_cast<const uint16_t *>(b1 + 8 + 2 * t);
+  }
+  uint32_t special = 0;
+#pragma unroll
+  for (int i = 0; i < 16; i++) fa[i] = raw_pair<ELEM>(h[i], special);
+  const uint32_t s00 = e0 & 0xff, s01 = e0 >> 8, s10 = e1 & 0xff, s11 = e1 >> 8;
+  const uint32_t emax = max(max(s00, s01), max(s10, s11));
+  if (!__any_sync(0xffffffffu, emax > KD::one_max)) {
+    const uint32_t f00 = scale_pair(s00, KD::sh), f01 = scale_pair(s01, KD::sh);
+    const uint32_t f10 = scale_pair(s10, KD::sh), f11 = scale_pair(s11, KD::sh);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t fa0 = kk < 2 ? f00 : f01, fb0 = kk < 2 ? f10 : f11;
+      fa[4 * kk + 0] = bmul2(fa[4 * kk + 0], fa0);
+      fa[4 * kk + 1] = bmul2(fa[4 * kk + 1], fb0);
+      fa[4 * kk + 2] = bmul2(fa[4 * kk + 2], fa0);
+      fa[4 * kk + 3] = bmul2(fa[4 * kk + 3], fb0);
+    }
+  } else {
+    const uint32_t f00 = scale_pair(s00, 0), f01 = scale_pair(s01, 0);
+    const uint32_t f10 = scale_pair(s10, 0), f11 = scale_pair(s11, 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t fa0 = kk < 2 ? f00 : f01, fb0 = kk < 2 ? f10 : f11;
+      fa[4 * kk + 0] = bmul2(bmul2(fa[4 * kk + 0], KD::pre), fa0);
+      fa[4 * kk + 1] = bmul2(bmul2(fa[4 * kk + 1], KD::pre), fb0);
+      fa[4 * kk + 2] = bmul2(bmul2(fa[4 * kk + 2], KD::pre), fa0);
+      fa[4 * kk + 3] = bmul2(bmul2(fa[4 * kk + 3], KD::pre), fb0);
+    }
+  }
+  if (special & KD::test) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint8_t ea = (uint8_t)(kk < 2 ? s00 : s01), eb = (uint8_t)(kk < 2 ? s10 : s11);
+      fa[4 * kk + 0] = rule_pair<ELEM>(h[4 * kk + 0], ea);
+      fa[4 * kk + 1] = rule_pair<ELEM>(h[4 * kk + 1], eb);
+      fa[4 * kk + 2] = rule_pair<ELEM>(h[4 * kk + 2], ea);
+      fa[4 * kk + 3] = rule_pair<ELEM>(h[4 * kk + 3], eb);
+    }
+  }
+#else
+  (void)sa;
+  (void)r;
+  (void)t;
+  (void)e0;
+  (void)e1;
+  for (int i = 0; i < 16; i++) fa[i] = 0;
+#endif
+}
+
+/* 8 consecutive outputs along D's contiguous dimension: v (alpha already applied) + beta * D +
+   bias[m], rounded once; `n` of them valid, m0 the first one's m index. */
+__device__ __forceinline__ void write8(const Params &p, const float *v, int64_t off, int64_t m0,
+                                       int n) {
+  float o[8];
+  for (int q = 0; q < 8; q++) o[q] = v[q];
+  const bool vec = p.vec_ok && n == 8;
+  if (p.beta != 0.0f) {
+    if (p.d_f32) {
+      const float *d = static_cast<const float *>(p.d) + off;
+      for (int q = 0; q < n; q++) o[q] = o[q] + p.beta * d[q];
+    } else {
+      const uint16_t *d = static_cast<const uint16_t *>(p.d) + off;
+      for (int q = 0; q < n; q++) o[q] = o[q] + p.beta * hq_bf16_to_f32(d[q]);
+    }
+  }
+  if (p.bias) {
+    for (int q = 0; q < n; q++)
+      o[q] += p.bias_f32 ? static_cast<const float *>(p.bias)[m0 + q]
+                         : hq_bf16_to_f32(static_cast<const uint16_t *>(p.bias)[m0 + q]);
+  }
+  if (p.d_f32) {
+    float *d = static_cast<float *>(p.d) + off;
+    if (vec) {
+      reinterpret_cast<float4 *>(d)[0] = make_float4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<float4 *>(d)[1] = make_float4(o[4], o[5], o[6], o[7]);
+    } else {
+      for (int q = 0; q < n; q++) d[q] = o[q];
+    }
+  } else {
+    uint16_t *d = static_cast<uint16_t *>(p.d) + off;
+    if (vec) {
+      uint32_t w[4];
+      for (int q = 0; q < 4; q++)
+        w[q] = (uint32_t)hq_f32_to_bf16(o[2 * q]) | (uint32_t)hq_f32_to_bf16(o[2 * q + 1]) << 16;
+      *reinterpret_cast<uint4 *>(d) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      for (int q = 0; q < n; q++) d[q] = hq_f32_to_bf16(o[q]);
+    }
+  }
+}
+
+template <int ELEM>
+__global__ void __launch_bounds__(384, 1)
+fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
+             const Params p) {
+#if HQ_FUSED_SM90A
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024u - (su32(smem_raw) & 1023u)) & 1023u);
+  uint8_t *sB = smem;
+  uint8_t *sA = smem + kStages * kBBytes;
+  uint64_t *full = reinterpret_cast<uint64_t *>(sA + kStages * kABytes);
+  uint64_t *empty = full + kStages;
+  const int nt_count = (p.nw + kBN - 1) / kBN;
+  const int m0 = (int)(blockIdx.x / nt_count) * kBM, n0 = (int)(blockIdx.x % nt_count) * kBN;
+  const int KT = (p.k + kBK - 1) / kBK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8); /* one arrive per consumer warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) { /* the producer */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % kStages;
+        mbar_wait(&empty[s], ((kt / kStages) & 1) ^ 1);
+        mbar_expect_tx(&full[s], kABytes + kBBytes);
+        tma_2d(sA + s * kABytes, &tmx, &full[s], kt * kBK, m0);
+        tma_2d(sB + s * kBBytes, &tmw, &full[s], kt * kBK, n0);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int r0 = cw * 64 + warp * 16 + g; /* the thread's rows in the tile: r0, r0 + 8 */
+  const uint8_t *xs0 = p.xs + (int64_t)(m0 + r0) * p.xs_ld;
+  const uint8_t *xs1 = xs0 + 8 * p.xs_ld;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+  uint32_t fa0[16], fa1[16];
+  /* the scales of k-step kt: two bytes per row (two 32-blocks); c = the next step to build,
+     n = the one after */
+  auto scales = [&](int kt, uint32_t &a, uint32_t &b) {
+    a = __ldg(reinterpret_cast<const uint16_t *>(xs0 + 2 * kt));
+    b = __ldg(reinterpret_cast<const uint16_t *>(xs1 + 2 * kt));
+  };
+  uint32_t c0 = 0, c1 = 0, n0s = 0, n1s = 0;
+  scales(0, c0, c1);
+  if (KT > 1) scales(1, n0s, n1s);
+  mbar_wait(&full[0], 0);
+  fragment<ELEM>(sA, r0, t, c0, c1, fa0);
+  c0 = n0s;
+  c1 = n1s;
+  if (KT > 2) scales(2, n0s, n1s);
+  auto step = [&](int kt, uint32_t(&cur)[16], uint32_t(&nxt)[16]) {
+    const int s = kt % kStages;
+#pragma unroll
+    for (int i = 0; i < 128; i++) pin(acc[i]);
+#pragma unroll
+    for (int i = 0; i < 16; i++) pin(cur[i]);
+    wg_fence();
+    const uint32_t bb = su32(sB + s * kBBytes);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t a4[4] = {cur[4 * kk], cur[4 * kk + 1], cur[4 * kk + 2], cur[4 * kk + 3]};
+      hq_wgmma_m64n256k16(acc, a4, desc_sw128(bb + kk * 32));
+    }
+    wg_commit();
+    wg_wait<1>(); /* step kt - 1 has finished: its stage and its fragment registers are free */
+#pragma unroll
+    for (int i = 0; i < 16; i++) pin(nxt[i]);
+    if (kt > 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
+    }
+    if (kt + 1 < KT) {
+      const int s1 = (kt + 1) % kStages;
+      mbar_wait(&full[s1], ((kt + 1) / kStages) & 1);
+      fragment<ELEM>(sA + s1 * kABytes, r0, t, c0, c1, nxt);
+      c0 = n0s;
+      c1 = n1s;
+      if (kt + 3 < KT) scales(kt + 3, n0s, n1s);
+    }
+  };
+  for (int kt = 0; kt < KT; kt += 2) {
+    step(kt, fa0, fa1);
+    if (kt + 1 < KT) step(kt + 1, fa1, fa0);
+  }
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 128; i++) pin(acc[i]);
+
+  /* epilogue: both consumer warpgroups are done with every stage before the staging overwrites
+     the ring (the producer issued nothing after the last stage) */
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  float alpha = p.alpha;
+  if (p.f0) alpha = alpha * *p.f0;
+  if (p.f1) alpha = alpha * *p.f1;
+  float *stg = reinterpret_cast<float *>(smem) + cw * (p.x_is_m ? kBN * kLdI : 64 * kLdJ);
+  const int il = warp * 16 + g;
+#pragma unroll
+  for (int jb = 0; jb < 32; jb++) {
+    const int j = jb * 8 + 2 * t;
+    if (p.x_is_m) {
+      stg[j * kLdI + il] = alpha * acc[4 * jb + 0];
+      stg[(j + 1) * kLdI + il] = alpha * acc[4 * jb + 1];
+      stg[j * kLdI + il + 8] = alpha * acc[4 * jb + 2];
+      stg[(j + 1) * kLdI + il + 8] = alpha * acc[4 * jb + 3];
+    } else {
+      stg[il * kLdJ + j] = alpha * acc[4 * jb + 0];
+      stg[il * kLdJ + j + 1] = alpha * acc[4 * jb + 1];
+      stg[(il + 8) * kLdJ + j] = alpha * acc[4 * jb + 2];
+      stg[(il + 8) * kLdJ + j + 1] = alpha * acc[4 * jb + 3];
+    }
+  }
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+  const int tid = threadIdx.x & 127;
+  const int ib = m0 + cw * 64;
+  if (p.x_is_m) { /* lines: j; along a line 64 consecutive i (= m) */
+    const int ic = (tid & 7) * 8;
+    for (int jr = tid >> 3; jr < kBN; jr += 16) {
+      const int j = n0 + jr;
+      if (j >= p.nw) break;
+      const int n = min(8, p.mx - (ib + ic));
+      if (n > 0) write8(p, stg + jr * kLdI + ic, (int64_t)j * p.ldd + ib + ic, ib + ic, n);
+    }
+  } else { /* lines: i; along a line 256 consecutive j (= m) */
+    const int jc = (tid & 31) * 8;
+    for (int ir = tid >> 5; ir < 64; ir += 4) {
+      const int i = ib + ir;
+      if (i >= p.mx) break;
+      const int n = min(8, p.nw - (n0 + jc));
+      if (n > 0) write8(p, stg + ir * kLdJ + jc, (int64_t)i * p.ldd + n0 + jc, n0 + jc, n);
+    }
+  }
+#else
+  (void)tmx;
+  (void)tmw;
+  (void)p;
+#endif
+}
+
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_fn(void) {
+  static EncodeTiled fn = nullptr; /* the driver's entry point, the same for every thread */
+  if (fn) return fn;
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                   cudaEnableDefault, &q);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  fn = reinterpret_cast<EncodeTiled>(p);
+  return fn;
+}
+
+template <int ELEM>
+int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMap &tw,
+           const Params &p, unsigned tiles) {
+  static int attr_set[64]; /* per device: the dynamic shared memory opt-in */
+  cudaError_t e = cudaSuccess;
+  if (a->device < 0 || a->device >= 64 || !attr_set[a->device]) {
+    e = cudaFuncSetAttribute(fused_kernel<ELEM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmem);
+    if (e == cudaSuccess && a->device >= 0 && a->device < 64) attr_set[a->device] = 1;
+  }
+  if (e == cudaSuccess) {
+    fused_kernel<ELEM><<<tiles, 384, kSmem, (cudaStream_t)a->stream>>>(tx, tw, p);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s: fused MXFP8 GEMM (m=%lld n=%lld k=%lld): %s", a->what,
+                     (long long)(a->x_is_m ? a->mx : a->nw), (long long)(a->x_is_m ? a->nw : a->mx),
+                     (long long)a->k, cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+} // namespace
+
+extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
+  return a->arch == 90 && (a->elem == HQ_E4M3 || a->elem == HQ_E5M2) && a->k > 0 &&
+         a->k % 32 == 0 && a->mx > 0 && a->nw > 0 && a->mx < (1ll << 31) &&
+         a->nw < (1ll << 31) && a->k < (1ll << 31) && a->xs_ld >= (a->k / 32 + 1) / 2 * 2 &&
+         a->xs_ld % 2 == 0 && al16(a->x) && al16(a->w) && al16(a->xs) &&
+         ((uintptr_t)a->d & 3) == 0;
+}
+
+extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
+  if (!hqi_fused_gemm_supported(a))
+    return hqi_error(HQ_ENOTSUP, "%s: the fused MXFP8 GEMM does not take this problem", a->what);
+  EncodeTiled enc = encode_fn();
+  if (!enc)
+    return hqi_error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
+  CUtensorMap tx, tw;
+  {
+    const cuuint64_t dims[2] = {(cuuint64_t)a->k, (cuuint64_t)a->mx};
+    const cuuint64_t strides[1] = {(cuuint64_t)a->k};
+    const cuuint32_t box[2] = {kBK, kBM}, es[2] = {1, 1};
+    CUresult r = enc(&tx, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)a->x, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
+                       "failed with %d", a->what, (long long)a->mx, (long long)a->k, (int)r);
+  }
+  {
+    const cuuint64_t dims[2] = {(cuuint64_t)a->k, (cuuint64_t)a->nw};
+    const cuuint64_t strides[1] = {(cuuint64_t)a->k * 2};
+    const cuuint32_t box[2] = {kBK, kBN}, es[2] = {1, 1};
+    CUresult r = enc(&tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)a->w, dims, strides, box,
+                     es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (W, %lld x %lld BF16) "
+                       "failed with %d", a->what, (long long)a->nw, (long long)a->k, (int)r);
+  }
+  Params p;
+  p.xs = a->xs;
+  p.xs_ld = a->xs_ld;
+  p.mx = (int)a->mx;
+  p.nw = (int)a->nw;
+  p.k = (int)a->k;
+  p.x_is_m = a->x_is_m;
+  p.d = a->d;
+  p.ldd = a->ldd;
+  p.d_f32 = a->d_dtype == HQ_F32;
+  p.vec_ok = al16(a->d) && a->ldd % 8 == 0;
+  p.alpha = a->alpha;
+  p.beta = a->beta;
+  p.f0 = a->factor[0];
+  p.f1 = a->factor[1];
+  p.bias = a->bias;
+  p.bias_f32 = a->bias_dtype == HQ_F32;
+  const unsigned tiles =
+      (unsigned)(((a->mx + kBM - 1) / kBM) * ((a->nw + kBN - 1) / kBN));
+  return a->elem == HQ_E5M2 ? launch<HQ_E5M2>(a, tx, tw, p, tiles)
+                            : launch<HQ_E4M3>(a, tx, tw, p, tiles);
+}
