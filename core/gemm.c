@@ -136,6 +136,8 @@ typedef struct plan {
   uint32_t path;
   int tentative;                 /* hq_gemm: NATIVE to be confirmed by running it */
   int fused;                     /* FUSED_BF16: 1 = A is the fused operand, 2 = B */
+  int arch;                      /* the device's compute capability, asked once when an operand
+                                    could be fused (0: not asked) */
   hq_gemm_args args;
   const char *what;
   char what_buf[96];
@@ -192,7 +194,7 @@ static const hq_buffer *buf_of(const hq_storage *st, uint32_t role) {
 /* The fused path's arguments for operand x (fused) against y (dequantized to BF16): 1 when x's
    storage and y's orientation allow it (hqi_fused_gemm_supported), else 0. outer = x's rows (m
    for A, n for B). D and the scalars are filled by the caller. */
-static int fused_args(const hq_ctx *ctx, const plan *p, const gop *x, const gop *y, int x_is_a,
+static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, int x_is_a,
                       hqi_fused_gemm_args *fa) {
   if (!x->qt || !x->st || !x->raw || x->fmt->plugin->ops.tensor_factor || y->emul != HQ_BF16)
     return 0;
@@ -211,7 +213,8 @@ static int fused_args(const hq_ctx *ctx, const plan *p, const gop *x, const gop 
     return 0;
   memset(fa, 0, sizeof *fa);
   fa->device = ctx->device;
-  fa->arch = hqi_cuda_arch(ctx->device);
+  if (!p->arch) p->arch = hqi_cuda_arch(ctx->device);
+  fa->arch = p->arch;
   fa->stream = ctx->stream;
   fa->x = data->ptr;
   fa->xs = sc->ptr;
@@ -571,7 +574,7 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   return rc;
 }
 
-// --- the fused GPU path -------------------------------------------------------------------------
+// --- the fused GPU path ------------------------------------------------------------------------
 
 static int fused_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   const int x_is_a = p->fused == 1;
