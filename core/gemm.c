@@ -196,20 +196,29 @@ static const hq_buffer *buf_of(const hq_storage *st, uint32_t role) {
    for A, n for B). D and the scalars are filled by the caller. */
 static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, int x_is_a,
                       hqi_fused_gemm_args *fa) {
-  if (!x->qt || !x->st || !x->raw || x->fmt->plugin->ops.tensor_factor || y->emul != HQ_BF16)
-    return 0;
+  if (!x->qt || !x->st || !x->raw || y->emul != HQ_BF16) return 0;
   /* y K-contiguous as the emulated path lays it out: A transposed, B not transposed */
   if (x_is_a ? p->transb : !p->transa) return 0;
+  /* x's raw values as its descriptor states them: MXFP8 (E4M3 / E5M2 codes times E8M0 scales of
+     1x32 blocks) or NVFP4 (E2M1 codes times E4M3 scales of 1x16 blocks, a per-tensor factor
+     apart), k contiguous, scales row-major or swizzled. A transform along k needs nothing: both
+     operands carry the same one (check_transforms) and the path multiplies raw values, as the
+     emulated path does. */
   const hq_operand_desc *d = &x->st->desc;
-  if ((d->elem != HQ_E4M3 && d->elem != HQ_E5M2) || d->order != HQ_ORDER_MK ||
-      d->scale_mode != HQ_SCALE_VEC32_UE8M0 || d->scale_layout != HQ_SCALE_LAYOUT_OUTER_MAJOR ||
-      d->block_m != 1 || d->block_k != 32 || d->transform != HQ_TRANSFORM_NONE)
+  const int nv = d->elem == HQ_E2M1X2;
+  if (nv ? d->scale_mode != HQ_SCALE_VEC16_UE4M3 || d->block_k != 16
+         : (d->elem != HQ_E4M3 && d->elem != HQ_E5M2) || d->scale_mode != HQ_SCALE_VEC32_UE8M0 ||
+               d->block_k != 32 || x->fmt->plugin->ops.tensor_factor)
+    return 0;
+  if (d->order != HQ_ORDER_MK || d->block_m != 1 ||
+      (d->scale_layout != HQ_SCALE_LAYOUT_OUTER_MAJOR &&
+       d->scale_layout != HQ_SCALE_LAYOUT_SWIZZLED))
     return 0;
   const int64_t outer = x_is_a ? p->m : p->n;
   const hq_buffer *data = buf_of(x->st, HQ_ROLE_DATA), *sc = buf_of(x->st, HQ_ROLE_SCALE);
-  if (!data || !sc || data->shape[0] != outer || data->shape[1] != p->k ||
-      hq_dtype_size(data->dtype) != 1 || hq_dtype_size(sc->dtype) != 1 ||
-      sc->shape[0] < hq_roundup(outer, 128) || sc->shape[1] < (p->k / 32 + 1) / 2 * 2)
+  if (!data || !sc || data->shape[0] != outer || data->shape[1] != (nv ? p->k / 2 : p->k) ||
+      (nv && p->k % 2) || hq_dtype_size(data->dtype) != 1 || hq_dtype_size(sc->dtype) != 1 ||
+      sc->shape[0] < hq_roundup(outer, 128))
     return 0;
   memset(fa, 0, sizeof *fa);
   fa->device = ctx->device;
@@ -219,6 +228,7 @@ static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, in
   fa->x = data->ptr;
   fa->xs = sc->ptr;
   fa->xs_ld = sc->shape[1];
+  fa->xs_swizzled = d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED;
   fa->elem = (int)d->elem;
   fa->mx = outer;
   fa->nw = x_is_a ? p->n : p->m;
@@ -235,7 +245,7 @@ static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, in
 /* Rows of the BF16 operand up to which the fused path is taken by default: below, the unfused
    path's BF16 copy of the large operand costs more than the fused kernel's lower rate (measured
    on an H100: a 16384 x 4096 MXFP8 operand times 1024 x 4096, 84% vs 73% of the BF16 GEMM;
-   times 8192 x 8192, 73% vs 86%). */
+   times 8192 x 8192, 73% vs 86%; NVFP4 alike: 82% fused vs 72% unfused at the first). */
 #define HQI_FUSED_MAX_OTHER 1536
 
 /* The emulated path of a plan (the native one refused or unavailable), and for FUSED_BF16 which
@@ -386,6 +396,24 @@ int hq_gemm_plan(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb
 /* The raw values of operand o as a [r0, r1] tensor of dtype `dt` on ctx's device: the caller's
    own memory for a high-precision operand already of that dtype, else a temporary (*tmp, to be
    freed with hqi_ctx_free_raw). *factor receives the per-tensor factor's location (NULL: 1). */
+/* The per-tensor factor of a quantized operand's raw values (ABI 2.1 tensor_factor(), written
+   into factor_slot; *factor = factor_slot), or none (*factor = NULL). */
+static int operand_factor(hq_ctx *ctx, const plan *p, const gop *o, float *factor_slot,
+                          const float **factor) {
+  *factor = NULL;
+  const hq_format_ops *ops = o->st ? &o->fmt->plugin->ops : NULL;
+  if (!ops || !ops->tensor_factor) return HQ_OK;
+  hq_call call;
+  hqi_call_init(ctx, &call, 0, ctx->offset);
+  hq_clear_error();
+  int rc = ops->tensor_factor(o->fmt->cfg, &call, o->st, factor_slot);
+  if (rc)
+    return hqi_error_prefix(rc, "%s: operand %s (role %s, plugin %s), tensor_factor", p->what,
+                            o->label, o->qt->role, ops->name);
+  *factor = factor_slot;
+  return HQ_OK;
+}
+
 static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, const void **data,
                         void **tmp, float *factor_slot, const float **factor) {
   *tmp = NULL;
@@ -429,15 +457,7 @@ static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, c
     return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize",
                             p->what, o->label, o->qt->role, HQI_DIR_NAME(o->dir), o->fmt->name,
                             ops->name);
-  if (o->raw && ops->tensor_factor) {
-    hqi_call_init(ctx, &call, 0, ctx->offset);
-    rc = ops->tensor_factor(o->fmt->cfg, &call, o->st, factor_slot);
-    if (rc)
-      return hqi_error_prefix(rc, "%s: operand %s (role %s, plugin %s), tensor_factor", p->what,
-                              o->label, o->qt->role, ops->name);
-    *factor = factor_slot;
-  }
-  return HQ_OK;
+  return o->raw ? operand_factor(ctx, p, o, factor_slot, factor) : HQ_OK;
 }
 
 // --- the CPU path ------------------------------------------------------------------------------
@@ -584,22 +604,23 @@ static int fused_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
     return gpu_gemm(ctx, p, alpha, beta);
   const void *w = NULL;
   void *tw = NULL;
-  float *factor = hqi_ctx_alloc_raw(ctx, sizeof(float));
-  if (!factor) return hqi_error(HQ_ENOMEM, "%s: 4 bytes of device memory", p->what);
-  const float *pf = NULL;
-  int rc = emul_operand(ctx, p, y, HQ_BF16, &w, &tw, factor, &pf);
+  float *factors = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
+  if (!factors) return hqi_error(HQ_ENOMEM, "%s: 8 bytes of device memory", p->what);
+  const float *pf = NULL, *px = NULL;
+  int rc = emul_operand(ctx, p, y, HQ_BF16, &w, &tw, factors, &pf);
+  if (!rc) rc = operand_factor(ctx, p, x, factors + 1, &px);
   if (!rc) {
     fa.w = w;
     fa.alpha = alpha;
     fa.beta = beta;
-    fa.factor[0] = x_is_a ? NULL : pf; /* A's factor first, as the emulated path folds them */
-    fa.factor[1] = x_is_a ? pf : NULL;
+    fa.factor[0] = x_is_a ? px : pf; /* A's factor first, as the emulated path folds them */
+    fa.factor[1] = x_is_a ? pf : px;
     fa.bias = p->args.bias;
     fa.bias_dtype = (int)p->args.bias_dtype;
     rc = hqi_fused_gemm(&fa);
   }
   hqi_ctx_free_raw(ctx, tw);
-  hqi_ctx_free_raw(ctx, factor);
+  hqi_ctx_free_raw(ctx, factors);
   return rc;
 }
 

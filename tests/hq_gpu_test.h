@@ -102,7 +102,8 @@ static inline void hq_gpu_amax_to_host(hq_ctx *dev, const float *p, float out[2]
 }
 
 /* Whether path `got` is what `want` asks for: the emulated BF16 path may run fused
-   (HQ_GEMM_PATH_FUSED_BF16, the same BF16 values: a Hopper device, MXFP8 K-major operands). */
+   (HQ_GEMM_PATH_FUSED_BF16, the same BF16 values: a Hopper device, an MXFP8 or NVFP4 operand
+   with k contiguous). */
 static inline int hq_gpu_path_ok(uint32_t got, uint32_t want) {
   return got == want || (want == HQ_GEMM_PATH_EMULATED_BF16 && got == HQ_GEMM_PATH_FUSED_BF16);
 }
@@ -440,7 +441,10 @@ static inline void hq_gpu_check_role_gemms(hq_ctx *cpu, hq_ctx *gpu, const char 
     const hq_gpu_gemm_case *k = &cases[c];
     const uint32_t path = hq_gpu_gemm_device_check(cpu, gpu, h[k->a], g[k->a], k->ta, h[k->b],
                                                    g[k->b], k->tb, k->what);
-    assert_int_equal(path, native ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16);
+    const uint32_t want = native ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16;
+    if (!hq_gpu_path_ok(path, want))
+      fail_msg("%s: path %s, expected %s", k->what, hq_gemm_path_name(path),
+               hq_gemm_path_name(want));
   }
   if (!native) {
     hq_gemm_info info;

@@ -35,6 +35,7 @@
 #include <math.h>
 
 #include "hq_gpu_test.h"
+#include "nvfp4_rules.h"
 
 static hq_ctx *cpu, *gpu;
 static int g_arch, g_quick;
@@ -773,7 +774,9 @@ static void test_fused_exact(void **state) {
   if (g_arch != 90) skip();
   hq_recipe *r = hq_test_recipe(
       "[format mx]\nplugin = mxfp8\n[format mx5]\nplugin = mxfp8\ndtype = e5m2\n"
-      "[role linear:input:e4]\nrowwise = mx\n[role linear:input:e5]\nrowwise = mx5\n");
+      "[format mxs]\nplugin = mxfp8\nswizzle = true\n"
+      "[role linear:input:e4]\nrowwise = mx\n[role linear:input:e5]\nrowwise = mx5\n"
+      "[role linear:input:e4s]\nrowwise = mxs\n");
   const int64_t rows = 320, K = 288; /* 3 x 128 row tiles (the last partial), K % 64 == 32 */
   hq_tensor x = hq_test_tensor(HQ_F32, rows, K, 991, 1.0f);
   float *xf = x.data;
@@ -792,8 +795,11 @@ static void test_fused_exact(void **state) {
   hq_tensor w = hq_test_empty(HQ_BF16, K, K);
   for (int64_t j = 0; j < K; j++) hq_store_hp(w.data, j * K + j, HQ_BF16, 1.0f);
   hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
-  for (int v = 0; v < 2; v++) {
-    hq_quantizer *q = hq_test_quantizer(r, v ? "linear:input:e5" : "linear:input:e4");
+  static const char *const roles[3] = {"linear:input:e4", "linear:input:e5",
+                                       "linear:input:e4s"};
+  static const char *const names[3] = {"e4m3", "e5m2", "e4m3 (swizzled scales)"};
+  for (int v = 0; v < 3; v++) {
+    hq_quantizer *q = hq_test_quantizer(r, roles[v]);
     hq_qtensor *qx = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qx));
     /* the reference: dequantize (bit-identical to the CPU's, test_gpu_mxfp8), then BF16 */
@@ -825,25 +831,158 @@ static void test_fused_exact(void **state) {
           const int row_nan = i == 7; /* NaN * 0 spreads along X's row 7 */
           if (row_nan) {
             if (!isnan(fu[e]) || !isnan(em[e]))
-              fail_msg("e%d orient %d: X(7, %lld): fused %g, emulated %g, expected NaN", v ? 5 : 4,
+              fail_msg("%s orient %d: X(7, %lld): fused %g, emulated %g, expected NaN", names[v],
                        orient, (long long)j, fu[e], em[e]);
             continue;
           }
           if (ref == 0.0f) { /* a -0 code sums with +0 products to +0 on either path */
             if (fu[e] != 0.0f || em[e] != 0.0f)
-              fail_msg("e%d orient %d: X(%lld, %lld): fused %a, emulated %a, expected 0",
-                       v ? 5 : 4, orient, (long long)i, (long long)j, fu[e], em[e]);
+              fail_msg("%s orient %d: X(%lld, %lld): fused %a, emulated %a, expected 0",
+                       names[v], orient, (long long)i, (long long)j, fu[e], em[e]);
           } else if (memcmp(&fu[e], &ref, 4) || memcmp(&em[e], &ref, 4))
-            fail_msg("e%d orient %d: X(%lld, %lld): fused %a, emulated %a, dequantize %a",
-                     v ? 5 : 4, orient, (long long)i, (long long)j, fu[e], em[e], ref);
+            fail_msg("%s orient %d: X(%lld, %lld): fused %a, emulated %a, dequantize %a",
+                     names[v], orient, (long long)i, (long long)j, fu[e], em[e], ref);
           checked++;
         }
       printf("fused exact: %s, D %s: %lld values equal to the dequantize, bit for bit\n",
-             v ? "e5m2" : "e4m3", orient ? "= X (X as B)" : "= X^T (X as A)", (long long)checked);
+             names[v], orient ? "= X (X as B)" : "= X^T (X as A)", (long long)checked);
       free(out[0].data);
       free(out[1].data);
     }
     free(xr);
+    hq_qtensor_free(qx);
+    hq_quantizer_free(q);
+  }
+  hq_ctx_free(gpu, xg.data);
+  hq_ctx_free(gpu, wg.data);
+  free(x.data);
+  free(w.data);
+  hq_recipe_free(r);
+}
+
+/* A host copy of the buffer with `role` of a device storage (free()). */
+static uint8_t *storage_buf(const hq_storage *st, uint32_t role, const hq_buffer **out) {
+  for (uint32_t i = 0; i < st->nbuf; i++) {
+    const hq_buffer *b = hq_storage_cbuf(st, i);
+    if (b->role != role) continue;
+    uint8_t *h = malloc(b->bytes);
+    assert_non_null(h);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, h, HQ_DEVICE_HOST, b->ptr, hq_ctx_device(gpu), b->bytes));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    *out = b;
+    return h;
+  }
+  fail_msg("storage without a buffer of role %u", role);
+  return NULL;
+}
+
+/* The fused path with an NVFP4 operand (Hopper), compact and swizzled scales: X times an identity
+   BF16 W, both orientations, D (F32) against the exact product of the ABI's raw-value rule
+   computed here from the storage's bytes -- RN(f * e2m1(q) * fp32(sf)), f the tensor factor
+   RN(A * RN(1/2688)) of its amax -- bit for bit, and the unfused emulated path alike. The 16-blocks
+   span 2^-20 .. 2^8 so their E4M3 scales are normal, subnormal and zero (with saturated codes);
+   one block is zero, and two scale bytes are overwritten on the device: a NaN (its row of D must
+   be NaN) and a negative scale (never written by the plugin: the rule path). K % 64 == 32. */
+static void test_fused_nvfp4_exact(void **state) {
+  (void)state;
+  if (g_arch != 90) skip();
+  hq_recipe *r = hq_test_recipe(
+      "[format nv]\nplugin = nvfp4\n[format nvs]\nplugin = nvfp4\nswizzle = true\n"
+      "[role linear:input:c]\nrowwise = nv\n[role linear:input:s]\nrowwise = nvs\n");
+  const int64_t rows = 320, K = 288;
+  hq_tensor x = hq_test_tensor(HQ_F32, rows, K, 993, 1.0f);
+  float *xf = x.data;
+  uint64_t s = 777;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t b = 0; b < K / 16; b++) {
+      const int e = (int)((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 29;
+      for (int64_t q = 0; q < 16; q++) xf[i * K + 16 * b + q] *= ldexpf(1.0f, e - 20);
+    }
+  for (int64_t q = 0; q < 16; q++) xf[5 * K + 64 + q] = 0.0f; /* a zero block */
+  hq_tensor w = hq_test_empty(HQ_BF16, K, K);
+  for (int64_t j = 0; j < K; j++) hq_store_hp(w.data, j * K + j, HQ_BF16, 1.0f);
+  hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
+  for (int v = 0; v < 2; v++) {
+    hq_quantizer *q = hq_test_quantizer(r, v ? "linear:input:s" : "linear:input:c");
+    hq_qtensor *qx = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qx));
+    const hq_storage *st = hq_qtensor_storage(qx, HQ_ROWWISE);
+    const hq_buffer *bd, *bs, *ba;
+    uint8_t *data = storage_buf(st, HQ_ROLE_DATA, &bd), *sc = storage_buf(st, HQ_ROLE_SCALE, &bs);
+    uint8_t *am = storage_buf(st, HQ_ROLE_AMAX, &ba);
+    const int64_t ld = bs->shape[1];
+    const int64_t nan_at = v ? hq_swizzle_offset(9, 3, ld) : 9 * ld + 3;
+    const int64_t neg_at = v ? hq_swizzle_offset(200, 5, ld) : 200 * ld + 5;
+    sc[nan_at] = 0x7f; /* E4M3 NaN */
+    sc[neg_at] = 0xb8; /* -1.0 */
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (uint8_t *)bs->ptr + nan_at, hq_ctx_device(gpu), sc + nan_at,
+                                HQ_DEVICE_HOST, 1));
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (uint8_t *)bs->ptr + neg_at, hq_ctx_device(gpu), sc + neg_at,
+                                HQ_DEVICE_HOST, 1));
+    float amax;
+    memcpy(&amax, am, 4);
+    const float f = hq_nvfp4_tensor_factor(amax);
+    int64_t zero_sf = 0, sub_sf = 0;
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t b = 0; b < K / 16; b++) {
+        const uint8_t e = sc[v ? hq_swizzle_offset(i, b, ld) : i * ld + b];
+        zero_sf += e == 0;
+        sub_sf += e > 0 && e < 8;
+      }
+    assert_true(zero_sf > 10 && sub_sf > 10); /* the data reached the edges it is meant to */
+    for (int orient = 0; orient < 2; orient++) {
+      const hq_operand xo = hq_operand_q(qx), wo = hq_operand_hp(&wg);
+      const int64_t dn = orient ? rows : K, dm = orient ? K : rows;
+      hq_tensor out[2];
+      for (int fu = 0; fu < 2; fu++) {
+        hq_tensor dh = hq_test_empty(HQ_F32, dn, dm), dd = to_gpu(&dh);
+        hq_gemm_args a = {.struct_size = sizeof a,
+                          .flags = fu ? HQ_GEMM_FORCE_EMULATED : HQ_GEMM_FUSED_ALWAYS};
+        hq_gemm_info info = {.struct_size = sizeof info};
+        HQ_OK_OR_FAIL(hq_gemm(gpu, orient ? wo : xo, 1, orient ? xo : wo, 0, &dd, 1.0f, 0.0f, &a,
+                              &info));
+        assert_int_equal(info.path, fu ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_FUSED_BF16);
+        out[fu] = to_host(&dd);
+        free(dh.data);
+        hq_ctx_free(gpu, dd.data);
+      }
+      const float *fd = out[0].data, *em = out[1].data;
+      int64_t checked = 0;
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < K; j++) {
+          const int64_t e = orient ? i * K + j : j * rows + i; /* D's element of X(i, j) */
+          if (i == 9) { /* the NaN scale: NaN * 0 spreads along X's row 9 */
+            if (!isnan(fd[e]) || !isnan(em[e]))
+              fail_msg("%s orient %d: X(9, %lld): fused %g, emulated %g, expected NaN",
+                       v ? "swizzled" : "compact", orient, (long long)j, fd[e], em[e]);
+            continue;
+          }
+          const uint32_t code = (data[i * (K / 2) + j / 2] >> (4 * (j & 1))) & 15u;
+          const uint8_t sf = sc[v ? hq_swizzle_offset(i, j / 16, ld) : i * ld + j / 16];
+          const float raw = hq_mul_rn(hq_e2m1_to_f32(code), hq_fp8_to_f32(sf, HQ_E4M3));
+          const float ref = hq_mul_rn(f, raw);
+          if (ref == 0.0f) {
+            if (fd[e] != 0.0f || em[e] != 0.0f)
+              fail_msg("%s orient %d: X(%lld, %lld): fused %a, emulated %a, expected 0",
+                       v ? "swizzled" : "compact", orient, (long long)i, (long long)j, fd[e],
+                       em[e]);
+          } else if (memcmp(&fd[e], &ref, 4) || memcmp(&em[e], &ref, 4)) {
+            fail_msg("%s orient %d: X(%lld, %lld) (code %x, scale %02x): fused %a, emulated %a, "
+                     "expected %a", v ? "swizzled" : "compact", orient, (long long)i,
+                     (long long)j, code, sf, fd[e], em[e], ref);
+          }
+          checked++;
+        }
+      printf("fused exact: nvfp4 %s scales, D %s: %lld values equal to f * raw, bit for bit "
+             "(%lld zero and %lld subnormal scales)\n", v ? "swizzled" : "compact",
+             orient ? "= X (X as B)" : "= X^T (X as A)", (long long)checked, (long long)zero_sf,
+             (long long)sub_sf);
+      free(out[0].data);
+      free(out[1].data);
+    }
+    free(data);
+    free(sc);
+    free(am);
     hq_qtensor_free(qx);
     hq_quantizer_free(q);
   }
@@ -864,6 +1003,7 @@ int main(void) {
       cmocka_unit_test(test_odd_shapes),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fused_exact),
+      cmocka_unit_test(test_fused_nvfp4_exact),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,12 +6,14 @@
 ** operands to BF16 and calls cuBLASLt. When one operand is much larger than the other (a
 ** 16384 x 4096 activation times a 1024 x 4096 weight), writing and reading back its BF16 copy
 ** costs as much as a third of the GEMM. Here that operand X is read as it is stored -- MXFP8
-** codes (E4M3 or E5M2, [rows, K] with K contiguous) and E8M0 scales per 1x32 block (compact,
-** [roundup(rows, 128)][ld] bytes) -- and turned into BF16 in registers right before the tensor
-** cores use it; the other operand W is BF16 [nw, K] with K contiguous (the core dequantizes it as
-** for the emulated path). Result: D(i, j) = alpha * f0 * f1 * sum_k X(i, k) W(j, k)
-** (+ beta * D(i, j)) (+ bias), i over X's rows, j over W's rows, D column-major with X's rows as
-** D's m (x_is_m) or its n.
+** codes (E4M3 or E5M2, [rows, K] with K contiguous) and E8M0 scales per 1x32 block, or NVFP4
+** codes (E2M1, [rows, K / 2], two per byte) and E4M3 scales per 1x16 block; scales compact
+** ([roundup(rows, 128)][ld] bytes) or in the 128x4-tile swizzle -- and turned into BF16 in
+** registers right before the tensor cores use it; the other operand W is BF16 [nw, K] with K
+** contiguous (the core dequantizes it as for the emulated path). Result: D(i, j) = alpha * f0 *
+** f1 * sum_k X(i, k) W(j, k) (+ beta * D(i, j)) (+ bias), i over X's rows, j over W's rows, D
+** column-major with X's rows as D's m (x_is_m) or its n; f0 / f1 the per-tensor factors (NVFP4's
+** global scale), A's first.
 **
 ** Every X value the tensor cores see is RN_bf16(code * 2^(e-127)) computed as the emulated path's
 ** dequantize computes it (exact except far below FP32's normal range, hq_mxfp8_dequantize_fast's
@@ -24,20 +26,24 @@
 ** scales of every binade from 2^-120 to 2^120; the conversion was also checked on an H100 for
 ** every (code, scale) pair, outside the test suite). A k-step that holds a NaN code (E4M3 0x7f /
 ** 0xff, E5M2 Inf and NaN) takes the rule itself (hq_fp8_to_f32 * hq_e8m0_to_f32, then
-** hq_f32_to_bf16). So the fused path multiplies the same BF16 values as the emulated path and
-** accumulates in FP32: results equal the exact product up to the order of accumulation, like
-** every emulated path.
+** hq_f32_to_bf16). NVFP4's values are the raw values e2m1 * fp32(sf) times 2^-9 (exact; alpha
+** carries the 2^9): the code's bits placed into a BF16 word (value * 2^-126) times s * 2^117,
+** itself made exactly from the scale's bits (fragment<HQ_E2M1X2>); a warp holding a NaN or
+** negative scale takes the rule. So the fused path multiplies the same BF16 values as the
+** emulated path (NVFP4's scaled by a power of two) and accumulates in FP32: results equal the
+** exact product up to the order of accumulation, like every emulated path.
 **
 ** The kernel: a CTA computes a 128 x 256 tile of (i, j) with three warpgroups. Warpgroup 0 (one
 ** thread) streams K in steps of 64 through a 5-stage ring of shared memory with TMA: X's 128 x 64
 ** codes (64-byte swizzle) and W's 256 x 64 BF16 values (128-byte swizzle, the layout wgmma reads),
-** each stage guarded by a "full" and an "empty" mbarrier. Warpgroups 1 and 2 own 64 rows each:
-** per step a thread reads its 32 codes from shared memory (2-byte loads, conflict-free thanks to
-** the swizzle) and its 4 scales from global memory (loaded two steps ahead), builds the wgmma A
-** fragment (bf16x2 registers, double-buffered), and issues four m64n256k16 wgmmas with A from
-** registers; the fragment of step k+1 is built while the tensor cores run step k. The epilogue
-** stages the FP32 tile in shared memory and writes D with 16-byte stores along its contiguous
-** dimension, adding beta * D and the bias in FP32 and rounding once.
+** each stage guarded by a "full" and an "empty" mbarrier (NVFP4: 32-byte rows with 32-byte
+** swizzle, 6 stages). Warpgroups 1 and 2 own 64 rows each: per step a thread reads its 32 codes
+** from shared memory (2-byte loads, or NVFP4's 16-byte ones, conflict-free thanks to the
+** swizzle) and its 4 (NVFP4: 8) scales from global memory (loaded two steps ahead), builds the
+** wgmma A fragment (bf16x2 registers, double-buffered), and issues four m64n256k16 wgmmas with
+** A from registers; the fragment of step k+1 is built while the tensor cores run step k. The
+** epilogue stages the FP32 tile in shared memory and writes D with 16-byte stores along its
+** contiguous dimension, adding beta * D and the bias in FP32 and rounding once.
 **
 ** Limits (hqi_fused_gemm returns HQ_ENOTSUP, the caller takes the unfused emulated path): a
 ** device of compute capability 9.0, K % 32 == 0, 16-byte aligned X, W and scales, dimensions
@@ -60,12 +66,25 @@ int hqi_error(int code, const char *fmt, ...);
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 5;
-constexpr int kABytes = kBM * kBK;     /* X codes per stage */
+constexpr int kBM = 128, kBN = 256, kBK = 64;
 constexpr int kBBytes = kBN * kBK * 2; /* W values per stage */
-constexpr int kSmem = kStages * (kABytes + kBBytes) + 1024 /* alignment */ + 128 /* barriers */;
 constexpr int kLdI = 68;               /* staging stride, lines of 64 i (x_is_m) */
 constexpr int kLdJ = 260;              /* staging stride, lines of 256 j */
+
+/* Per storage kind: the bytes of one X row per 64-wide k-step (its TMA box and swizzle span), the
+   ring's depth, the bytes of scales per row and k-step. */
+template <int ELEM> struct Fmt {     /* MXFP8: one byte per code, two E8M0 scales per k-step */
+  static constexpr int row = 64, stages = 5, sbytes = 2;
+};
+template <> struct Fmt<HQ_E2M1X2> { /* NVFP4: two codes per byte, four E4M3 scales per k-step */
+  static constexpr int row = 32, stages = 6, sbytes = 4;
+};
+template <int ELEM> __host__ __device__ constexpr int a_bytes() { /* X per stage */
+  return kBM * Fmt<ELEM>::row;
+}
+template <int ELEM> __host__ __device__ constexpr int smem_bytes() {
+  return Fmt<ELEM>::stages * (a_bytes<ELEM>() + kBBytes) + 1024 /* alignment */ + 128 /* bars */;
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define HQ_FUSED_SM90A 1
@@ -128,6 +147,11 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(a), "r"(sel));
   return r;
 }
+__device__ __forceinline__ uint32_t prmt2(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
 __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -182,6 +206,7 @@ __device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
 struct Params {
   const uint8_t *xs; /* scales */
   int64_t xs_ld;
+  int xs_swz;        /* the 128x4-tile swizzled layout (hq_swizzle_offset), else row-major */
   int mx, nw, k;
   int x_is_m, vec_ok, d_f32;
   void *d;
@@ -259,6 +284,101 @@ __device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32
 #endif
 }
 
+/* NVFP4: two E2M1 codes (the low and high nibble of byte t of w) as BF16 bits of value * 2^-126:
+   the nibbles' sign bits sign-extended by one byte permute (the low nibble from w << 4), the
+   three magnitude bits moved to bits 6..8 of each half (exponent 0..3 and one mantissa bit; the
+   code 0.5 lands on the BF16 subnormal 2^-127), everything else masked off. sel = t | (t + 8) << 4
+   | (t + 4) << 8 | (t + 12) << 12. */
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t sel) {
+#if HQ_FUSED_SM90A
+  return (prmt2(w << 4, w, sel) << 2) & 0x81c081c0u;
+#else
+  (void)w;
+  (void)sel;
+  return 0;
+#endif
+}
+
+/* NVFP4's rule for the pair (byte nb of codes, E4M3 scale sf): the raw values
+   RN(e2m1 * fp32(sf)) (exact, or NaN) times 2^-9, in BF16 (a k-step whose warp holds a NaN or
+   negative scale). */
+__device__ __forceinline__ uint32_t nv_rule_pair(uint32_t nb, uint32_t sf) {
+  const float sc = hq_fp8_to_f32((uint8_t)sf, HQ_E4M3);
+  const float lo = hq_mul_rn(hq_mul_rn(hq_e2m1_to_f32(nb & 15u), sc), 0x1p-9f);
+  const float hi = hq_mul_rn(hq_mul_rn(hq_e2m1_to_f32((nb >> 4) & 15u), sc), 0x1p-9f);
+  return (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
+}
+
+/* NVFP4's fragment: X values as RN(e2m1 * fp32(sf)) * 2^-9 (exact: at most 6 significant bits,
+   magnitudes 2^-19 .. 5.25; the epilogue multiplies alpha by 2^9). Rows r and r + 8 of a stage of
+   32-byte rows (32-byte swizzle: 16-byte halves swapped on rows with bit 2 set); e0 / e1 hold the
+   rows' four 16-block scales of the k-step (low byte first). Per k-substep the two rows' scales
+   become s * 2^-120 in BF16 by placing the E4M3 bits (subnormals on BF16 subnormals, zero on
+   zero), then times 2^120 and 2^117: s * 2^117, every factor exact; code * 2^-126 times that is
+   the value * 2^-9, rounded once and exact. A warp holding a NaN or negative scale (never
+   written by the nvfp4 plugin) takes the rule instead. */
+template <>
+__device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint8_t *sa, int r, int t, uint32_t e0,
+                                                    uint32_t e1, uint32_t (&fa)[16]) {
+#if HQ_FUSED_SM90A
+  const int sw = (r >> 2) & 1;
+  uint32_t w0[8], w1[8]; /* rows r and r + 8: the 32 bytes (64 codes) of the k-step */
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const uint4 a = *reinterpret_cast<const uint4 *>(sa + r * 32 + ((h ^ sw) << 4));
+    const uint4 b = *reinterpret_cast<const uint4 *>(sa + (r + 8) * 32 + ((h ^ sw) << 4));
+    w0[4 * h + 0] = a.x, w0[4 * h + 1] = a.y, w0[4 * h + 2] = a.z, w0[4 * h + 3] = a.w;
+    w1[4 * h + 0] = b.x, w1[4 * h + 1] = b.y, w1[4 * h + 2] = b.z, w1[4 * h + 3] = b.w;
+  }
+  /* substep kk: codes 16 kk + 2t, +1 are byte t of word 2 kk; 16 kk + 8 + 2t, +1 of 2 kk + 1 */
+  const uint32_t bad = ((((e0 & 0x7f7f7f7fu) + 0x01010101u) | e0) |
+                        (((e1 & 0x7f7f7f7fu) + 0x01010101u) | e1)) & 0x80808080u;
+  if (!__any_sync(0xffffffffu, bad)) {
+    const uint32_t sel = (uint32_t)t | (uint32_t)(t + 8) << 4 | (uint32_t)(t + 4) << 8 |
+                         (uint32_t)(t + 12) << 12;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t q = prmt2(e0, e1, (uint32_t)(kk | kk << 4 | (4 + kk) << 8 | (4 + kk) << 12));
+      const uint32_t f = bmul2(bmul2((q << 4) & 0x07f007f0u, 0x7b807b80u /* 2^120 */),
+                               0x7a007a00u /* 2^117 */);
+      const uint32_t f0 = prmt(f, 0x1010u), f1 = prmt(f, 0x3232u);
+      fa[4 * kk + 0] = bmul2(e2m1_pair(w0[2 * kk], sel), f0);
+      fa[4 * kk + 1] = bmul2(e2m1_pair(w1[2 * kk], sel), f1);
+      fa[4 * kk + 2] = bmul2(e2m1_pair(w0[2 * kk + 1], sel), f0);
+      fa[4 * kk + 3] = bmul2(e2m1_pair(w1[2 * kk + 1], sel), f1);
+    }
+  } else {
+    const int sh = 8 * t;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t s0 = (e0 >> (8 * kk)) & 0xffu, s1 = (e1 >> (8 * kk)) & 0xffu;
+      fa[4 * kk + 0] = nv_rule_pair((w0[2 * kk] >> sh) & 0xffu, s0);
+      fa[4 * kk + 1] = nv_rule_pair((w1[2 * kk] >> sh) & 0xffu, s1);
+      fa[4 * kk + 2] = nv_rule_pair((w0[2 * kk + 1] >> sh) & 0xffu, s0);
+      fa[4 * kk + 3] = nv_rule_pair((w1[2 * kk + 1] >> sh) & 0xffu, s1);
+    }
+  }
+#else
+  (void)sa;
+  (void)r;
+  (void)t;
+  (void)e0;
+  (void)e1;
+  for (int i = 0; i < 16; i++) fa[i] = 0;
+#endif
+}
+
+/* The byte offset of row r's scales in the scale buffer, and of k-step kt's scales from there
+   (compact row-major [rows][ld], or the 128x4-tile swizzle of hq_swizzle_offset). */
+__device__ __forceinline__ int64_t scale_row(const Params &p, int r) {
+  return p.xs_swz ? (int64_t)(r >> 7) * (p.xs_ld >> 2) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4
+                  : (int64_t)r * p.xs_ld;
+}
+template <int ELEM> __device__ __forceinline__ int64_t scale_step(const Params &p, int kt) {
+  if (Fmt<ELEM>::sbytes == 4) return p.xs_swz ? (int64_t)kt * 512 : 4 * (int64_t)kt;
+  return p.xs_swz ? (int64_t)(kt >> 1) * 512 + (kt & 1) * 2 : 2 * (int64_t)kt;
+}
+
 /* 8 consecutive outputs along D's contiguous dimension: v (alpha already applied) + beta * D +
    bias[m], rounded once; `n` of them valid, m0 the first one's m index. */
 __device__ __forceinline__ void write8(const Params &p, const float *v, int64_t off, int64_t m0,
@@ -306,6 +426,7 @@ __global__ void __launch_bounds__(384, 1)
 fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
              const Params p) {
 #if HQ_FUSED_SM90A
+  constexpr int kStages = Fmt<ELEM>::stages, kABytes = a_bytes<ELEM>();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024u - (su32(smem_raw) & 1023u)) & 1023u);
   uint8_t *sB = smem;
@@ -331,7 +452,7 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
         const int s = kt % kStages;
         mbar_wait(&empty[s], ((kt / kStages) & 1) ^ 1);
         mbar_expect_tx(&full[s], kABytes + kBBytes);
-        tma_2d(sA + s * kABytes, &tmx, &full[s], kt * kBK, m0);
+        tma_2d(sA + s * kABytes, &tmx, &full[s], kt * Fmt<ELEM>::row, m0);
         tma_2d(sB + s * kBBytes, &tmw, &full[s], kt * kBK, n0);
       }
     }
@@ -341,17 +462,23 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int r0 = cw * 64 + warp * 16 + g; /* the thread's rows in the tile: r0, r0 + 8 */
-  const uint8_t *xs0 = p.xs + (int64_t)(m0 + r0) * p.xs_ld;
-  const uint8_t *xs1 = xs0 + 8 * p.xs_ld;
+  const uint8_t *xs0 = p.xs + scale_row(p, m0 + r0);
+  const uint8_t *xs1 = p.xs + scale_row(p, m0 + r0 + 8);
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; i++) acc[i] = 0.0f;
   uint32_t fa0[16], fa1[16];
-  /* the scales of k-step kt: two bytes per row (two 32-blocks); c = the next step to build,
-     n = the one after */
+  /* the scales of k-step kt: two bytes per row (two 32-blocks, MXFP8) or four (16-blocks,
+     NVFP4); c = the next step to build, n = the one after */
   auto scales = [&](int kt, uint32_t &a, uint32_t &b) {
-    a = __ldg(reinterpret_cast<const uint16_t *>(xs0 + 2 * kt));
-    b = __ldg(reinterpret_cast<const uint16_t *>(xs1 + 2 * kt));
+    const int64_t o = scale_step<ELEM>(p, kt);
+    if (Fmt<ELEM>::sbytes == 4) {
+      a = __ldg(reinterpret_cast<const uint32_t *>(xs0 + o));
+      b = __ldg(reinterpret_cast<const uint32_t *>(xs1 + o));
+    } else {
+      a = __ldg(reinterpret_cast<const uint16_t *>(xs0 + o));
+      b = __ldg(reinterpret_cast<const uint16_t *>(xs1 + o));
+    }
   };
   uint32_t c0 = 0, c1 = 0, n0s = 0, n1s = 0;
   scales(0, c0, c1);
@@ -405,6 +532,7 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
   float alpha = p.alpha;
   if (p.f0) alpha = alpha * *p.f0;
   if (p.f1) alpha = alpha * *p.f1;
+  if (ELEM == HQ_E2M1X2) alpha = alpha * 0x1p9f; /* the fragment's 2^-9 */
   float *stg = reinterpret_cast<float *>(smem) + cw * (p.x_is_m ? kBN * kLdI : 64 * kLdJ);
   const int il = warp * 16 + g;
 #pragma unroll
@@ -483,16 +611,17 @@ int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMa
   cudaError_t e = cudaSuccess;
   if (!slot || !slot->load()) {
     e = cudaFuncSetAttribute(fused_kernel<ELEM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmem);
+                             smem_bytes<ELEM>());
     if (e == cudaSuccess && slot) slot->store(1);
   }
   if (e == cudaSuccess) {
-    fused_kernel<ELEM><<<tiles, 384, kSmem, (cudaStream_t)a->stream>>>(tx, tw, p);
+    fused_kernel<ELEM><<<tiles, 384, smem_bytes<ELEM>(), (cudaStream_t)a->stream>>>(tx, tw, p);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess && slot) slot->store(0);
   if (e != cudaSuccess)
-    return hqi_error(HQ_EDEVICE, "%s: fused MXFP8 GEMM (m=%lld n=%lld k=%lld): %s", a->what,
+    return hqi_error(HQ_EDEVICE, "%s: fused %s GEMM (m=%lld n=%lld k=%lld): %s", a->what,
+                     ELEM == HQ_E2M1X2 ? "NVFP4" : "MXFP8",
                      (long long)(a->x_is_m ? a->mx : a->nw), (long long)(a->x_is_m ? a->nw : a->mx),
                      (long long)a->k, cudaGetErrorString(e));
   return HQ_OK;
@@ -503,26 +632,35 @@ bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 } // namespace
 
 extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
-  return a->arch == 90 && (a->elem == HQ_E4M3 || a->elem == HQ_E5M2) && a->k > 0 &&
-         a->k % 32 == 0 && a->mx > 0 && a->nw > 0 && a->mx < (1ll << 31) &&
-         a->nw < (1ll << 31) && a->k < (1ll << 31) && a->xs_ld >= (a->k / 32 + 1) / 2 * 2 &&
-         a->xs_ld % 2 == 0 && al16(a->x) && al16(a->w) && al16(a->xs) &&
-         ((uintptr_t)a->d & 3) == 0;
+  const int nv = a->elem == HQ_E2M1X2;
+  if (!nv && a->elem != HQ_E4M3 && a->elem != HQ_E5M2) return 0;
+  /* scale columns the kernel reads: whole k-steps (2 E8M0 / 4 E4M3 per row), in tiles of 4
+     columns when swizzled */
+  const int64_t cols = nv ? (a->k / 16 + 3) / 4 * 4 : (a->k / 32 + 1) / 2 * 2;
+  return a->arch == 90 && a->k > 0 && a->k % 32 == 0 && a->mx > 0 && a->nw > 0 &&
+         a->mx < (1ll << 31) && a->nw < (1ll << 31) && a->k < (1ll << 31) && a->xs_ld >= cols &&
+         a->xs_ld % (nv || a->xs_swizzled ? 4 : 2) == 0 && al16(a->x) && al16(a->w) &&
+         al16(a->xs) && ((uintptr_t)a->d & 3) == 0;
 }
 
 extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   if (!hqi_fused_gemm_supported(a))
-    return hqi_error(HQ_ENOTSUP, "%s: the fused MXFP8 GEMM does not take this problem", a->what);
+    return hqi_error(HQ_ENOTSUP, "%s: the fused GEMM does not take this problem", a->what);
   EncodeTiled enc = encode_fn();
   if (!enc)
     return hqi_error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
   CUtensorMap tx, tw;
   {
-    const cuuint64_t dims[2] = {(cuuint64_t)a->k, (cuuint64_t)a->mx};
-    const cuuint64_t strides[1] = {(cuuint64_t)a->k};
-    const cuuint32_t box[2] = {kBK, kBM}, es[2] = {1, 1};
+    /* X's bytes: [mx, k] codes, or [mx, k / 2] for two E2M1 codes per byte */
+    const int nv = a->elem == HQ_E2M1X2;
+    const cuuint64_t row = (cuuint64_t)(nv ? a->k / 2 : a->k);
+    const cuuint64_t dims[2] = {row, (cuuint64_t)a->mx};
+    const cuuint64_t strides[1] = {row};
+    const cuuint32_t box[2] = {(cuuint32_t)(nv ? Fmt<HQ_E2M1X2>::row : Fmt<HQ_E4M3>::row), kBM};
+    const cuuint32_t es[2] = {1, 1};
     CUresult r = enc(&tx, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)a->x, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     nv ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
       return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
@@ -542,6 +680,7 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   Params p;
   p.xs = a->xs;
   p.xs_ld = a->xs_ld;
+  p.xs_swz = a->xs_swizzled;
   p.mx = (int)a->mx;
   p.nw = (int)a->nw;
   p.k = (int)a->k;
@@ -558,6 +697,7 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   p.bias_f32 = a->bias_dtype == HQ_F32;
   const unsigned tiles =
       (unsigned)(((a->mx + kBM - 1) / kBM) * ((a->nw + kBN - 1) / kBN));
-  return a->elem == HQ_E5M2 ? launch<HQ_E5M2>(a, tx, tw, p, tiles)
-                            : launch<HQ_E4M3>(a, tx, tw, p, tiles);
+  return a->elem == HQ_E2M1X2 ? launch<HQ_E2M1X2>(a, tx, tw, p, tiles)
+         : a->elem == HQ_E5M2  ? launch<HQ_E5M2>(a, tx, tw, p, tiles)
+                               : launch<HQ_E4M3>(a, tx, tw, p, tiles);
 }

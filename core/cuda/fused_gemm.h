@@ -6,17 +6,20 @@
 
 #include <stdint.h>
 
-/* D(i, j) = alpha * f0 * f1 * sum_k X(i, k) W(j, k) (+ beta * D(i, j)) (+ bias[m]), X an MXFP8
-   storage's codes [mx, k] (K contiguous) with its compact E8M0 scales (row i, 32-block b at
-   xs[i * xs_ld + b], rows up to roundup(mx, 128)), W BF16 [nw, k] (K contiguous), D column-major
-   with leading dimension ldd: D(i, j) at d[i + j * ldd] when x_is_m (X's rows are D's m), else
-   at d[j + i * ldd]. */
+/* D(i, j) = alpha * f0 * f1 * sum_k X(i, k) W(j, k) (+ beta * D(i, j)) (+ bias[m]), X the raw
+   values of an MXFP8 storage (codes [mx, k], K contiguous; E8M0 scales per 1x32 block) or of an
+   NVFP4 one (E2M1 codes [mx, k / 2], two per byte, the low nibble first; E4M3 scales per 1x16
+   block: e2m1 * fp32(sf), the per-tensor factor left to f0 / f1), the scales of row i, block b at
+   xs[i * xs_ld + b] or, swizzled, at xs[hq_swizzle_offset(i, b, xs_ld)] (rows up to
+   roundup(mx, 128)); W BF16 [nw, k] (K contiguous), D column-major with leading dimension ldd:
+   D(i, j) at d[i + j * ldd] when x_is_m (X's rows are D's m), else at d[j + i * ldd]. */
 typedef struct hqi_fused_gemm_args {
   int device, arch;              /* the device and its compute capability (90 = 9.0) */
   void *stream;
   const uint8_t *x, *xs;
-  int64_t xs_ld;
-  int elem;                      /* HQ_E4M3 or HQ_E5M2 */
+  int64_t xs_ld;                 /* the scale buffer's columns */
+  int xs_swizzled;               /* its layout: 1 swizzled, 0 row-major */
+  int elem;                      /* HQ_E4M3, HQ_E5M2 (MXFP8) or HQ_E2M1X2 (NVFP4) */
   int64_t mx, nw, k;
   const void *w;
   int x_is_m;
@@ -30,7 +33,8 @@ typedef struct hqi_fused_gemm_args {
   const char *what;
 } hqi_fused_gemm_args;
 
-/* Whether hqi_fused_gemm can run the problem (device 9.0, shapes, alignment); no CUDA call. */
+/* Whether hqi_fused_gemm can run the problem (device 9.0, kind, shapes, alignment); no CUDA
+   call. */
 int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a);
 /* Run it on a->stream; HQ_ENOTSUP (nothing ran) where it cannot. */
 int hqi_fused_gemm(const hqi_fused_gemm_args *a);

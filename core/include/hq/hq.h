@@ -525,11 +525,13 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 **                   needs more than BF16's 8 bits (fp8_block with non-power-of-two scales, F32
 **                   or F16 operands).
 **   FUSED_BF16      the emulated BF16 product with one operand's dequantize fused into the
-**                   GEMM (Hopper, compute capability 9.0): an MXFP8 storage whose blocks run
-**                   along k with K contiguous (order MK, compact 1x32 E8M0 scales) is read as
-**                   codes and scales and turned into the same BF16 values inside the GEMM
-**                   kernel; the other operand (K contiguous in the orientation the flags give)
-**                   is dequantized as on the emulated path. Taken when the other operand has at
+**                   GEMM (Hopper, compute capability 9.0): an MXFP8 storage (1x32 E8M0 scales)
+**                   or an NVFP4 one (1x16 E4M3 scales; its per-tensor factor folded into
+**                   alpha) whose blocks run along k with K contiguous (order MK; compact or
+**                   swizzled scales) is read as codes and scales and turned into the same BF16
+**                   values inside the GEMM kernel; the other operand (K contiguous in the
+**                   orientation the flags give) is dequantized as on the emulated path. Taken
+**                   when the other operand has at
 **                   most 1536 rows along m or n (where writing and rereading a BF16 copy of the
 **                   large operand costs more than the fused kernel gives up to cuBLASLt), or
 **                   always with HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
