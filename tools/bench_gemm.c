@@ -3,15 +3,17 @@
 ** kind, in one run.
 **
 ** CUDA (default): for each shape m x n x k (D = m x n, bf16; A [m, k] and B [n, k] row-major, the
-** "TN" product of a linear layer's fprop), medians over --iters calls timed with CUDA events of
+** "TN" product of a linear layer's fprop), medians over --iters samples timed with CUDA events
+** (a sample: --batch calls back to back, its time divided by the batch) of
 **   - cuBLASLt BF16, called directly here (not through hq): the baseline;
 **   - hq identity bf16 (native: cuBLASLt on the stored data), in % of the direct BF16 call;
 **   - cuBLASLt FP8 e4m3 x e4m3 with per-tensor scales, called directly on the bytes of hq's
 **     fp8_tensor storages, and hq fp8_tensor (native) in % of it (target >= 95%);
 **   - the same for fp8_block, 1x128 x 1x128 and 128x128 x 1x128 scales (Hopper);
 **   - hq mxfp8 and nvfp4 on the path this device gives them (emulated on Hopper: raw dequantize
-**     of both operands to BF16 included; MXFP8 against a BF16 operand of at most 1536 rows
-**     fused) in % of the direct BF16 rate (target >= 80%);
+**     of both operands to BF16 included; against a BF16 operand of at most 1536 rows the large
+**     operand fused) in % of the direct BF16 rate (target >= 80%);
+** each hq row against its baseline timed again interleaved with it, sample by sample;
 ** and the host dispatch overhead of one hq_gemm call: hq_gemm_plan timed over many calls, and
 ** the host time per call of hq_gemm minus that of a direct cublasLtMatmul with a prepared plan
 ** (a small shape, best of several batches of calls issued back to back; target < 2 us).
@@ -43,7 +45,7 @@
 
 static const char usage[] =
     "usage: hq bench --gemm [--device cuda[:N]|cpu] [--shape MxNxK]... [--iters N]\n"
-    "                       [--plugin-dir DIR]... [--json]\n"
+    "                       [--batch N] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
     "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU).\n"
@@ -54,7 +56,13 @@ static const char usage[] =
     "path the device gives them (dequantize included; target >= 80% of the BF16 rate), and the\n"
     "host dispatch overhead per hq_gemm call (target < 2 us).\n"
     "CPU (default 1024x1024x1024, 5 iterations): hq's CPU path against a plain sgemm.\n"
-    "Medians; TFLOP/s = 2 m n k / time.\n";
+    "Medians over --iters samples; a sample is --batch calls issued back to back between two\n"
+    "CUDA events, its time divided by the batch (default 10 on a GPU: the time per call of a\n"
+    "trainer that keeps the GPU's queue full, the host's work overlapping the GPU's; --batch 1\n"
+    "times each call alone, the host's work before its first kernel included). Each hq row\n"
+    "times its baseline again, one sample of it before each of its own, and its percentage is\n"
+    "against that interleaved median (a shared GPU's clocks drift between rows); the baseline's\n"
+    "own row shows its first timing. TFLOP/s = 2 m n k / time.\n";
 
 /* One measured row. */
 typedef struct row {
@@ -189,21 +197,43 @@ static void json_row(json *j, const row *r) {
 
 /* hq_gemm, timed ------------------------------------------------------------------------------- */
 
-/* Median ms of `iters` hq_gemm calls (after 3 warm-up calls); the path into *info. */
+/* A baseline timed interleaved with an hq row: run(arg) issues one call of it (0, or -1). */
+typedef struct pairing {
+  int (*run)(void *arg);
+  void *arg;
+} pairing;
+
+/* Median ms per hq_gemm call over `iters` samples (after 3 warm-up samples), a sample being
+   `batch` calls issued back to back between two events (its time / batch); the path into *info.
+   With a pairing, each sample of hq is preceded by a sample of the baseline, and *base_ms gets
+   the baseline's median: the two see the same clocks and neighbours (a shared GPU's rate drifts
+   by several percent between rows timed one after the other). */
 static int time_hq(hq_ctx *ctx, bench_timer *t, hq_operand a, hq_operand b, hq_tensor *d,
-                   int iters, hq_gemm_info *info, double *ms) {
-  double *v = calloc((size_t)iters, sizeof *v);
+                   int iters, int batch, hq_gemm_info *info, double *ms, const pairing *pb,
+                   double *base_ms) {
+  double *v = calloc(2 * (size_t)iters, sizeof *v);
   if (!v) return -1;
+  double *vb = v + iters;
   int rc = 0;
   info->struct_size = sizeof *info;
   for (int i = 0; i < iters + 3 && !rc; i++) {
-    if (i >= 3 && bench_timer_start(t)) rc = -1;
-    if (!rc) rc = hq_gemm(ctx, a, 1, b, 0, d, 1.0f, 0.0f, NULL, info);
-    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t)) < 0) rc = -1;
+    if (pb) {
+      if (i >= 3 && bench_timer_start(t)) rc = -1;
+      for (int c = 0; c < batch && !rc; c++) rc = pb->run(pb->arg);
+      if (i >= 3 && !rc && (vb[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
+    }
+    if (i >= 3 && !rc && bench_timer_start(t)) rc = -1;
+    for (int c = 0; c < batch && !rc; c++)
+      rc = hq_gemm(ctx, a, 1, b, 0, d, 1.0f, 0.0f, NULL, info);
+    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)iters, sizeof *v, cmp_double);
     *ms = v[iters / 2];
+    if (pb) {
+      qsort(vb, (size_t)iters, sizeof *vb, cmp_double);
+      *base_ms = vb[iters / 2];
+    }
   }
   free(v);
   return rc;
@@ -355,20 +385,35 @@ static cublasStatus_t direct_run(cublasLtHandle_t h, const direct *x, void *ws, 
                            x->ld, &x->algo, ws, ws_bytes, 0);
 }
 
-/* Median ms of a direct call over `iters` runs (after 3 warm-up runs). */
+/* Median ms per direct call over `iters` samples of `batch` calls (after 3 warm-up samples). */
+/* A direct call as a pairing's baseline. */
+typedef struct direct_pair {
+  cublasLtHandle_t h;
+  const direct *x;
+  void *ws;
+  size_t ws_bytes;
+} direct_pair;
+
+static int direct_pair_run(void *arg) {
+  const direct_pair *p = arg;
+  return direct_run(p->h, p->x, p->ws, p->ws_bytes) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
+
 static int direct_time(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_bytes,
-                       bench_timer *t, int iters, double *ms, char *err, size_t len) {
+                       bench_timer *t, int iters, int batch, double *ms, char *err, size_t len) {
   double *v = calloc((size_t)iters, sizeof *v);
   if (!v) return -1;
   int rc = 0;
   for (int i = 0; i < iters + 3 && !rc; i++) {
     if (i >= 3 && bench_timer_start(t)) rc = -1;
-    cublasStatus_t st = direct_run(h, x, ws, ws_bytes);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(st));
-      rc = -1;
+    for (int c = 0; c < batch && !rc; c++) {
+      cublasStatus_t st = direct_run(h, x, ws, ws_bytes);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(st));
+        rc = -1;
+      }
     }
-    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t)) < 0) rc = -1;
+    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)iters, sizeof *v, cmp_double);
@@ -456,7 +501,7 @@ typedef struct dispatch_res {
 #define MAX_ROWS 256
 
 typedef struct bench {
-  int device, iters, as_json;
+  int device, iters, batch, as_json;
   hq_ctx *ctx;
   bench_timer *timer;
   const cli_dirs *dirs;
@@ -494,15 +539,22 @@ static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *sr
   return qt;
 }
 
-/* Time hq_gemm of two formats (qa for A, qb for B) into row r. */
-static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d) {
+/* Time hq_gemm of two formats (qa for A, qb for B) into row r; with a pairing, its baseline
+   (named `base`) interleaved into r->base_ms. */
+static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d,
+                   const pairing *pb, const char *base) {
   hq_gemm_info info;
-  double ms = NAN;
-  if (time_hq(B->ctx, B->timer, hq_operand_q(qa), hq_operand_q(qb), d, B->iters, &info, &ms)) {
+  double ms = NAN, base_ms = NAN;
+  if (time_hq(B->ctx, B->timer, hq_operand_q(qa), hq_operand_q(qb), d, B->iters, B->batch, &info,
+              &ms, pb, &base_ms)) {
     snprintf(r->note, sizeof r->note, "%s", hq_last_error());
     return;
   }
   r->ms = ms;
+  if (pb) {
+    r->base = base;
+    r->base_ms = base_ms;
+  }
   r->path = hq_gemm_path_name(info.path);
   if (info.reason[0]) snprintf(r->note, sizeof r->note, "%s", info.reason);
 }
@@ -524,6 +576,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
                             void *ws, size_t ws_bytes) {
   char err[256] = "";
   int rc = 0;
+  direct xbf; /* the direct BF16 call, kept to time again beside every row measured against it */
+  memset(&xbf, 0, sizeof xbf);
   hq_tensor a = hq_tensor_2d(NULL, HQ_BF16, B->device, m, k);
   hq_tensor b = hq_tensor_2d(NULL, HQ_BF16, B->device, n, k);
   hq_tensor d = hq_tensor_2d(NULL, HQ_BF16, B->device, n, m);
@@ -544,15 +598,17 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   /* the baseline: direct cuBLASLt BF16 */
   row *base = add_row(B, m, n, k, "cuBLASLt bf16 (direct)");
   base->path = "direct";
+  direct_pair bf16_pair = {h, &xbf, ws, ws_bytes};
+  const pairing bf16_pb = {direct_pair_run, &bf16_pair};
+  const pairing *bf16 = NULL;
   {
     dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
-    direct x;
-    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &x, err, sizeof err) &&
-        !direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, &base->ms, err, sizeof err)) {
-    } else {
+    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &xbf, err, sizeof err) &&
+        !direct_time(h, &xbf, ws, ws_bytes, B->timer, B->iters, B->batch, &base->ms, err,
+                     sizeof err))
+      bf16 = &bf16_pb;
+    else
       snprintf(base->note, sizeof base->note, "%s", err);
-    }
-    direct_free(&x);
   }
   const double bf16_ms = base->ms;
 
@@ -561,10 +617,10 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     row *r = add_row(B, m, n, k, "hq identity bf16");
     hq_qtensor *qa = quantize_spec(B, "identity dtype=bf16", &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, "identity dtype=bf16", &b, r->note, sizeof r->note) : NULL;
-    if (qa && qb) hq_row(B, r, qa, qb, &d);
-    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
+    if (qa && qb) hq_row(B, r, qa, qb, &d, bf16, "direct bf16");
+    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     hq_qtensor_free(qa);
     hq_qtensor_free(qb);
   }
@@ -590,16 +646,20 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       dop da, db;
       direct x;
       memset(&x, 0, sizeof x);
-      if (dop_of(qa, &da, err, sizeof err) || dop_of(qb, &db, err, sizeof err) ||
-          direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, i == 0, &x, err, sizeof err) ||
-          direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, &rd->ms, err, sizeof err))
-        snprintf(rd->note, sizeof rd->note, "%s", err);
-      direct_free(&x);
+      const int ok = !dop_of(qa, &da, err, sizeof err) && !dop_of(qb, &db, err, sizeof err) &&
+                     !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, i == 0, &x, err,
+                                     sizeof err) &&
+                     !direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, B->batch, &rd->ms,
+                                  err, sizeof err);
+      if (!ok) snprintf(rd->note, sizeof rd->note, "%s", err);
       rd->base = "direct bf16";
       rd->base_ms = bf16_ms;
-      hq_row(B, rh, qa, qb, &d);
+      direct_pair f8_pair = {h, &x, ws, ws_bytes};
+      const pairing f8_pb = {direct_pair_run, &f8_pair};
       rh->base = f8[i].base;
       rh->base_ms = rd->ms;
+      hq_row(B, rh, qa, qb, &d, ok ? &f8_pb : NULL, f8[i].base);
+      direct_free(&x);
       rh->target = 95.0;
     } else {
       snprintf(rd->note, sizeof rd->note, "%s", rh->note);
@@ -614,15 +674,16 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     row *r = add_row(B, m, n, k, emul[i][1]);
     hq_qtensor *qa = quantize_spec(B, emul[i][0], &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, emul[i][0], &b, r->note, sizeof r->note) : NULL;
-    if (qa && qb) hq_row(B, r, qa, qb, &d);
-    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
+    if (qa && qb) hq_row(B, r, qa, qb, &d, bf16, "direct bf16");
+    if (qa && qb && r->path && strcmp(r->path, "native")) deq_share(B, r, qa, qb);
     r->target = r->path && strcmp(r->path, "native") ? 80.0 : 0.0;
     hq_qtensor_free(qa);
     hq_qtensor_free(qb);
   }
 out:
+  direct_free(&xbf);
   if (a.data) hq_ctx_free(B->ctx, a.data);
   if (b.data) hq_ctx_free(B->ctx, b.data);
   if (d.data) hq_ctx_free(B->ctx, d.data);
@@ -643,8 +704,9 @@ static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
   int rc = !da.data || !db.data || !v;
   for (int i = 0; i < B->iters + 2 && !rc; i++) {
     if (i >= 2 && bench_timer_start(B->timer)) rc = -1;
-    if (!rc) rc = hq_dequantize(qa, B->ctx, HQ_ROWWISE, &da) || hq_dequantize(qb, B->ctx, HQ_ROWWISE, &db);
-    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(B->timer)) < 0) rc = -1;
+    for (int c = 0; c < B->batch && !rc; c++)
+      rc = hq_dequantize(qa, B->ctx, HQ_ROWWISE, &da) || hq_dequantize(qb, B->ctx, HQ_ROWWISE, &db);
+    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(B->timer) / B->batch) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
@@ -739,9 +801,10 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
     for (int i = 0; v && i < B->iters + 1; i++) {
       double t0 = now_us();
       /* column-major: D (m x n) = A^T (A stored k x m) * B (k x n) */
-      sgemm(102, 112, 111, (int)m, (int)n, (int)k, 1.0f, a.data, (int)k, b.data, (int)k, 0.0f,
-            d.data, (int)m);
-      if (i) v[i - 1] = (now_us() - t0) * 1e-3;
+      for (int c = 0; c < B->batch; c++)
+        sgemm(102, 112, 111, (int)m, (int)n, (int)k, 1.0f, a.data, (int)k, b.data, (int)k, 0.0f,
+              d.data, (int)m);
+      if (i) v[i - 1] = (now_us() - t0) * 1e-3 / B->batch;
     }
     if (v) {
       qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
@@ -753,7 +816,8 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
     row *r = add_row(B, m, n, k, "hq f32 tensors");
     hq_gemm_info info;
     double ms = NAN;
-    if (time_hq(B->ctx, B->timer, hq_operand_hp(&a), hq_operand_hp(&b), &d, B->iters, &info, &ms))
+    if (time_hq(B->ctx, B->timer, hq_operand_hp(&a), hq_operand_hp(&b), &d, B->iters, B->batch,
+                &info, &ms, NULL, NULL))
       snprintf(r->note, sizeof r->note, "%s", hq_last_error());
     else
       r->ms = ms, r->path = hq_gemm_path_name(info.path);
@@ -766,7 +830,7 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
     row *r = add_row(B, m, n, k, specs[i][1]);
     hq_qtensor *qa = quantize_spec(B, specs[i][0], &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, specs[i][0], &b, r->note, sizeof r->note) : NULL;
-    if (qa && qb) hq_row(B, r, qa, qb, &d);
+    if (qa && qb) hq_row(B, r, qa, qb, &d, NULL, NULL);
     r->base = "direct sgemm";
     r->base_ms = base->ms;
     hq_qtensor_free(qa);
@@ -798,7 +862,7 @@ int hq_bench_gemm(int argc, char **argv) {
   const char *device_s = "cuda";
   int64_t shapes[MAX_SHAPES][3];
   int nshapes = 0;
-  uint64_t iters_u = 0;
+  uint64_t iters_u = 0, batch_u = 0;
   int as_json = 0;
   cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
@@ -829,6 +893,9 @@ int hq_bench_gemm(int argc, char **argv) {
     } else if ((r = cli_opt(argc, argv, &i, "--iters", &v)) != 0) {
       if (r < 0 || cli_u64(v, &iters_u) || iters_u < 1 || iters_u > 10000)
         return cli_fail(2, CMD, "--iters needs an integer in [1, 10000]");
+    } else if ((r = cli_opt(argc, argv, &i, "--batch", &v)) != 0) {
+      if (r < 0 || cli_u64(v, &batch_u) || batch_u < 1 || batch_u > 1000)
+        return cli_fail(2, CMD, "--batch needs an integer in [1, 1000]");
     } else {
       return cli_fail(2, CMD, "unknown argument '%s' (see `hq bench --gemm --help`)", argv[i]);
     }
@@ -851,6 +918,7 @@ int hq_bench_gemm(int argc, char **argv) {
   memset(&B, 0, sizeof B);
   B.device = device;
   B.iters = iters_u ? (int)iters_u : (device >= 0 ? 20 : 5);
+  B.batch = batch_u ? (int)batch_u : (device >= 0 ? 10 : 1);
   B.as_json = as_json;
   B.dirs = &dirs;
   char err[256];
@@ -905,6 +973,7 @@ int hq_bench_gemm(int argc, char **argv) {
     json_kstr(&j, "device", device >= 0 ? devname : "cpu");
     if (device >= 0) json_kint(&j, "arch", arch);
     json_kint(&j, "iters", B.iters);
+    json_kint(&j, "batch", B.batch);
     json_kstr(&j, "d_dtype", device >= 0 ? "bf16" : "f32");
     json_key(&j, "results");
     json_arr(&j);
@@ -931,10 +1000,11 @@ int hq_bench_gemm(int argc, char **argv) {
     json_end(&j);
   } else {
     if (device >= 0)
-      printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d (CUDA events)\n", devname, arch,
-             B.iters);
+      printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d samples of %d call%s (CUDA "
+             "events)\n", devname, arch, B.iters, B.batch, B.batch == 1 ? "" : "s back to back");
     else
-      printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d\n", B.iters);
+      printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d samples of %d "
+             "call%s\n", B.iters, B.batch, B.batch == 1 ? "" : "s");
     print_header(device >= 0);
     for (int i = 0; i < B.nrows; i++)
       print_row(&B.rows[i], i == 0 || B.rows[i].m != B.rows[i - 1].m ||
