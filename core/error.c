@@ -73,6 +73,9 @@ const char *hq_strerror(int status) {
 }
 
 void hqi_log(const hq_ctx *ctx, int level, const char *fmt, ...) {
+  /* nothing to format for: no callback and a level stderr does not show (a per-call message,
+     e.g. hq_gemm's path, would otherwise cost its formatting on every call) */
+  if (!(ctx && ctx->log) && level > 1) return;
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);

@@ -108,10 +108,9 @@ static int resolve(const hq_ctx *ctx, hq_operand in, int is_a, int trans, const 
     o->emul = o->raw && o->st->desc.emul_dtype == HQ_BF16 ? HQ_BF16 : HQ_F32;
     return HQ_OK;
   }
-  char label[64];
-  snprintf(label, sizeof label, "%s: operand %s", what, o->label);
-  int rc = hqi_tensor_in(in.hp, label, hp_copy);
-  if (rc) return rc;
+  /* the message's prefix is formatted only on failure (hq_gemm's host time is per call) */
+  int rc = hqi_tensor_in(in.hp, is_a ? "operand A" : "operand B", hp_copy);
+  if (rc) return hqi_error_prefix(rc, "%s", what);
   if (hp_copy->device != ctx->device)
     return hqi_error(HQ_EINVAL, "%s: operand %s is on device %d, the context runs on %d", what,
                      o->label, hp_copy->device, ctx->device);
@@ -123,8 +122,11 @@ static int resolve(const hq_ctx *ctx, hq_operand in, int is_a, int trans, const 
 }
 
 static void fmt_name(const gop *o, char *out, size_t n) {
-  if (o->qt) snprintf(out, n, "%s", o->fmt->plugin->ops.name);
-  else snprintf(out, n, "%s", hq_dtype_name(o->hp->dtype));
+  const char *s = o->qt ? o->fmt->plugin->ops.name : hq_dtype_name(o->hp->dtype);
+  size_t l = strlen(s);
+  if (l >= n) l = n - 1;
+  memcpy(out, s, l);
+  out[l] = '\0';
 }
 
 /* Everything hq_gemm and hq_gemm_plan share: operands, shapes, transforms, the path. */
@@ -284,9 +286,12 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
                            offsetof(hq_gemm_args, what) + sizeof(const char *), "hq_gemm_args");
     if (rc) return rc;
   }
-  if (p->args.what) snprintf(p->what_buf, sizeof p->what_buf, "%s (%s)", fn, p->args.what);
-  else snprintf(p->what_buf, sizeof p->what_buf, "%s", fn);
-  p->what = p->what_buf;
+  if (p->args.what) {
+    snprintf(p->what_buf, sizeof p->what_buf, "%s (%s)", fn, p->args.what);
+    p->what = p->what_buf;
+  } else {
+    p->what = fn;
+  }
   p->transa = transa = !!transa;
   p->transb = transb = !!transb;
   int rc = resolve(ctx, A, 1, transa, p->what, &p->hpa, &p->a);
@@ -303,9 +308,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
                      transb ? "T" : "N", (long long)ka, (long long)kb);
   p->k = ka;
   if (D) {
-    char label[128];
-    snprintf(label, sizeof label, "%s: D", p->what);
-    if ((rc = hqi_tensor_in(D, label, &p->d))) return rc;
+    if ((rc = hqi_tensor_in(D, "D", &p->d))) return hqi_error_prefix(rc, "%s", p->what);
     if (p->d.dtype != HQ_F32 && p->d.dtype != HQ_BF16)
       return hqi_error(HQ_EINVAL, "%s: D must be f32 or bf16, not %s", p->what,
                        hq_dtype_name(p->d.dtype));

@@ -652,9 +652,16 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
   if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
     return host->error(HQ_EINVAL, "fp8_block: D must be f32 or bf16 (dtype %d)",
                        (int)p->d->dtype);
-  char what[64];
-  snprintf(what, sizeof what, "fp8_block %s %s x %s %s", a2 ? "2-D" : "1-D",
-           elem_name(a.elem), b2 ? "2-D" : "1-D", elem_name(b.elem));
+  /* "fp8_block 2-D e4m3 x 1-D e4m3", put together without printf (this runs on every GEMM) */
+  char what[40] = "fp8_block ";
+  size_t n = strlen(what);
+  const char *parts[4] = {a2 ? "2-D " : "1-D ", elem_name(a.elem), b2 ? " x 2-D " : " x 1-D ",
+                          elem_name(b.elem)};
+  for (int i = 0; i < 4; i++) {
+    const size_t l = strlen(parts[i]);
+    memcpy(what + n, parts[i], l + 1);
+    n += l;
+  }
   hq_lt_matmul mm = hq_lt_matmul_from(p, what);
   mm.a = a;
   mm.b = b;

@@ -497,16 +497,14 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
 
 // --- native GEMM (cuBLASLt) -----------------------------------------------------------------
 
-static const char *elem_name(hq_dtype e) { return e == HQ_E5M2 ? "e5m2" : "e4m3"; }
-
 /* Operand `which` ("A" / "B") of a native GEMM: storage s, whose data must be [outer, k] row-major
    (rowwise [M, K] with K = k, or columnwise [K, M] with M = k), handed to cuBLASLt as the
    column-major k x outer matrix it is (ld = k), with its scale_inv as the SCALAR_32F scale. */
 static int lt_operand(const hq_call *call, const hq_storage *s, const char *which, int64_t outer,
                       int64_t k, int trans, hq_lt_operand *op) {
   const hq_host_api *host = call->host;
-  char what[32];
-  snprintf(what, sizeof what, "operand %s", which);
+  /* literals, not a formatted label: this runs on every native GEMM */
+  const char *what = which[0] == 'A' ? "operand A" : "operand B";
   int rc = check_storage(host, s, what);
   if (rc) return rc;
   const int km = s->desc.order == HQ_ORDER_KM;
@@ -572,9 +570,9 @@ static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p)
   if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
     return host->error(HQ_EINVAL, "fp8_tensor: D must be f32 or bf16 (dtype %d)",
                        (int)p->d->dtype);
-  char what[64];
-  snprintf(what, sizeof what, "fp8_tensor %s x %s", elem_name(a.elem), elem_name(b.elem));
-  hq_lt_matmul mm = hq_lt_matmul_from(p, what);
+  static const char *const whats[2][2] = {{"fp8_tensor e4m3 x e4m3", "fp8_tensor e4m3 x e5m2"},
+                                          {"fp8_tensor e5m2 x e4m3", "fp8_tensor e5m2 x e5m2"}};
+  hq_lt_matmul mm = hq_lt_matmul_from(p, whats[a.elem == HQ_E5M2][b.elem == HQ_E5M2]);
   mm.a = a;
   mm.b = b;
   mm.fast_accum = 0; /* the split accumulator: see the header comment */
