@@ -761,6 +761,29 @@ static void test_refusals(void **state) {
   hq_recipe_free(r);
 }
 
+/* The fused test's two products of X [rows, K] (quantized) and the identity W [K, K] (BF16):
+   out[0] through the fused path (HQ_GEMM_FUSED_ALWAYS), out[1] through the plain emulated one,
+   as host F32 tensors (free .data). orient 0: D [K, rows] = X (A, T) x W (B, N), D(i, j) =
+   X(i, j), X's rows are D's m; orient 1: D [rows, K] = W (A, T) x X (B, N), D(i, j) = X(j, i),
+   X's rows are D's n. */
+static void fused_and_emulated(const hq_qtensor *qx, const hq_tensor *wg, int orient,
+                               int64_t rows, int64_t K, hq_tensor out[2]) {
+  const hq_operand xo = hq_operand_q(qx), wo = hq_operand_hp(wg);
+  const int64_t dn = orient ? rows : K, dm = orient ? K : rows;
+  for (int f = 0; f < 2; f++) {
+    hq_tensor dh = hq_test_empty(HQ_F32, dn, dm), dd = to_gpu(&dh);
+    hq_gemm_args a = {.struct_size = sizeof a,
+                      .flags = f ? HQ_GEMM_FORCE_EMULATED : HQ_GEMM_FUSED_ALWAYS};
+    hq_gemm_info info = {.struct_size = sizeof info};
+    HQ_OK_OR_FAIL(hq_gemm(gpu, orient ? wo : xo, 1, orient ? xo : wo, 0, &dd, 1.0f, 0.0f, &a,
+                          &info));
+    assert_int_equal(info.path, f ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_FUSED_BF16);
+    out[f] = to_host(&dd);
+    free(dh.data);
+    hq_ctx_free(gpu, dd.data);
+  }
+}
+
 /* The fused path (Hopper) multiplies the same BF16 values as the emulated path, bit for bit:
    with W the identity, D = X exactly (one product per output, the others exact zeros), so the
    fused D, the emulated D and the dequantize of X rounded to BF16 must agree byte for byte (a
@@ -805,23 +828,8 @@ static void test_fused_exact(void **state) {
     /* the reference: dequantize (bit-identical to the CPU's, test_gpu_mxfp8), then BF16 */
     float *xr = hq_gpu_deq_back(gpu, qx, HQ_ROWWISE, rows, K);
     for (int orient = 0; orient < 2; orient++) {
-      /* orient 0: D[K, rows] = X (A, T) x W (B, N): D(i, j) = X(i, j), X's rows are D's m;
-         orient 1: D[rows, K] = W (A, T) x X (B, N): D(i, j) = X(j, i), X's rows are D's n */
-      const hq_operand xo = hq_operand_q(qx), wo = hq_operand_hp(&wg);
-      const int64_t dn = orient ? rows : K, dm = orient ? K : rows;
       hq_tensor out[2];
-      for (int f = 0; f < 2; f++) {
-        hq_tensor dh = hq_test_empty(HQ_F32, dn, dm), dd = to_gpu(&dh);
-        hq_gemm_args a = {.struct_size = sizeof a,
-                          .flags = f ? HQ_GEMM_FORCE_EMULATED : HQ_GEMM_FUSED_ALWAYS};
-        hq_gemm_info info = {.struct_size = sizeof info};
-        HQ_OK_OR_FAIL(hq_gemm(gpu, orient ? wo : xo, 1, orient ? xo : wo, 0, &dd, 1.0f, 0.0f, &a,
-                              &info));
-        assert_int_equal(info.path, f ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_FUSED_BF16);
-        out[f] = to_host(&dd);
-        free(dh.data);
-        hq_ctx_free(gpu, dd.data);
-      }
+      fused_and_emulated(qx, &wg, orient, rows, K, out);
       const float *fu = out[0].data, *em = out[1].data;
       int64_t checked = 0;
       for (int64_t i = 0; i < rows; i++)
@@ -931,21 +939,8 @@ static void test_fused_nvfp4_exact(void **state) {
       }
     assert_true(zero_sf > 10 && sub_sf > 10); /* the data reached the edges it is meant to */
     for (int orient = 0; orient < 2; orient++) {
-      const hq_operand xo = hq_operand_q(qx), wo = hq_operand_hp(&wg);
-      const int64_t dn = orient ? rows : K, dm = orient ? K : rows;
       hq_tensor out[2];
-      for (int fu = 0; fu < 2; fu++) {
-        hq_tensor dh = hq_test_empty(HQ_F32, dn, dm), dd = to_gpu(&dh);
-        hq_gemm_args a = {.struct_size = sizeof a,
-                          .flags = fu ? HQ_GEMM_FORCE_EMULATED : HQ_GEMM_FUSED_ALWAYS};
-        hq_gemm_info info = {.struct_size = sizeof info};
-        HQ_OK_OR_FAIL(hq_gemm(gpu, orient ? wo : xo, 1, orient ? xo : wo, 0, &dd, 1.0f, 0.0f, &a,
-                              &info));
-        assert_int_equal(info.path, fu ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_FUSED_BF16);
-        out[fu] = to_host(&dd);
-        free(dh.data);
-        hq_ctx_free(gpu, dd.data);
-      }
+      fused_and_emulated(qx, &wg, orient, rows, K, out);
       const float *fd = out[0].data, *em = out[1].data;
       int64_t checked = 0;
       for (int64_t i = 0; i < rows; i++)

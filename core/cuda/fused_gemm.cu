@@ -220,10 +220,10 @@ struct Params {
 /* One thread's fragment of one k-step: rows r (and r + 8) of its warp, codes at k = 2t, 2t+1,
    2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`; e0 / e1 hold the two 32-blocks'
    scales of the rows (low byte first). */
+#if HQ_FUSED_SM90A /* the fragments: only the sm_90a kernel body calls them */
 template <int ELEM>
 __device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32_t e0, uint32_t e1,
                                          uint32_t (&fa)[16]) {
-#if HQ_FUSED_SM90A
   using KD = Kind<ELEM>;
   const int sw = (r >> 1) & 3;
   uint32_t h[16];
@@ -274,14 +274,6 @@ __device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32
       fa[4 * kk + 3] = rule_pair<ELEM>(h[4 * kk + 3], eb);
     }
   }
-#else
-  (void)sa;
-  (void)r;
-  (void)t;
-  (void)e0;
-  (void)e1;
-  for (int i = 0; i < 16; i++) fa[i] = 0;
-#endif
 }
 
 /* NVFP4: two E2M1 codes (the low and high nibble of byte t of w) as BF16 bits of value * 2^-126:
@@ -290,13 +282,7 @@ __device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32
    code 0.5 lands on the BF16 subnormal 2^-127), everything else masked off. sel = t | (t + 8) << 4
    | (t + 4) << 8 | (t + 12) << 12. */
 __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t sel) {
-#if HQ_FUSED_SM90A
   return (prmt2(w << 4, w, sel) << 2) & 0x81c081c0u;
-#else
-  (void)w;
-  (void)sel;
-  return 0;
-#endif
 }
 
 /* NVFP4's rule for the pair (byte nb of codes, E4M3 scale sf): the raw values
@@ -320,7 +306,6 @@ __device__ __forceinline__ uint32_t nv_rule_pair(uint32_t nb, uint32_t sf) {
 template <>
 __device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint8_t *sa, int r, int t, uint32_t e0,
                                                     uint32_t e1, uint32_t (&fa)[16]) {
-#if HQ_FUSED_SM90A
   const int sw = (r >> 2) & 1;
   uint32_t w0[8], w1[8]; /* rows r and r + 8: the 32 bytes (64 codes) of the k-step */
 #pragma unroll
@@ -358,15 +343,9 @@ __device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint8_t *sa, int r, in
       fa[4 * kk + 3] = nv_rule_pair((w1[2 * kk + 1] >> sh) & 0xffu, s1);
     }
   }
-#else
-  (void)sa;
-  (void)r;
-  (void)t;
-  (void)e0;
-  (void)e1;
-  for (int i = 0; i < 16; i++) fa[i] = 0;
-#endif
 }
+
+#endif /* HQ_FUSED_SM90A */
 
 /* The byte offset of row r's scales in the scale buffer, and of k-step kt's scales from there
    (compact row-major [rows][ld], or the 128x4-tile swizzle of hq_swizzle_offset). */
