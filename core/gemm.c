@@ -138,6 +138,8 @@ typedef struct plan {
   uint32_t path;
   int tentative;                 /* hq_gemm: NATIVE to be confirmed by running it */
   int fused;                     /* FUSED_BF16: 1 = A is the fused operand, 2 = B */
+  hqi_fused_gemm_args fa;        /* FUSED_BF16: the kernel's arguments but W, alpha, beta, the
+                                    factors and the bias (filled when it runs) */
   int arch;                      /* the device's compute capability, asked once when an operand
                                     could be fused (0: not asked) */
   hq_gemm_args args;
@@ -258,15 +260,16 @@ static uint32_t emulated_path(const hq_ctx *ctx, plan *p) {
   if (p->a.emul != HQ_BF16 || p->b.emul != HQ_BF16) return HQ_GEMM_PATH_EMULATED_F32;
   const uint32_t fl = p->args.flags;
   if (!(fl & (HQ_GEMM_FORCE_EMULATED | HQ_GEMM_NO_FUSED)) && p->m > 0 && p->n > 0 && p->k > 0) {
-    hqi_fused_gemm_args fa;
+    hqi_fused_gemm_args fa, fb;
     const int can_a = fused_args(ctx, p, &p->a, &p->b, 1, &fa);
-    const int can_b = fused_args(ctx, p, &p->b, &p->a, 0, &fa);
+    const int can_b = fused_args(ctx, p, &p->b, &p->a, 0, &fb);
     /* the larger operand fused; by default only against a small other one */
     int pick = can_a && (!can_b || p->m >= p->n) ? 1 : can_b ? 2 : 0;
     const int64_t other = pick == 1 ? p->n : p->m;
     if (pick && !(fl & HQ_GEMM_FUSED_ALWAYS) && other > HQI_FUSED_MAX_OTHER) pick = 0;
     if (pick) {
       p->fused = pick;
+      p->fa = pick == 1 ? fa : fb; /* hq_gemm's plan has D: its alignment is checked */
       return HQ_GEMM_PATH_FUSED_BF16;
     }
   }
@@ -396,9 +399,6 @@ int hq_gemm_plan(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb
 
 // --- emulated operands --------------------------------------------------------------------------
 
-/* The raw values of operand o as a [r0, r1] tensor of dtype `dt` on ctx's device: the caller's
-   own memory for a high-precision operand already of that dtype, else a temporary (*tmp, to be
-   freed with hqi_ctx_free_raw). *factor receives the per-tensor factor's location (NULL: 1). */
 /* The per-tensor factor of a quantized operand's raw values (ABI 2.1 tensor_factor(), written
    into factor_slot; *factor = factor_slot), or none (*factor = NULL). */
 static int operand_factor(hq_ctx *ctx, const plan *p, const gop *o, float *factor_slot,
@@ -417,6 +417,9 @@ static int operand_factor(hq_ctx *ctx, const plan *p, const gop *o, float *facto
   return HQ_OK;
 }
 
+/* The raw values of operand o as a [r0, r1] tensor of dtype `dt` on ctx's device: the caller's
+   own memory for a high-precision operand already of that dtype, else a temporary (*tmp, to be
+   freed with hqi_ctx_free_raw). *factor receives the per-tensor factor's location (NULL: 1). */
 static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, const void **data,
                         void **tmp, float *factor_slot, const float **factor) {
   *tmp = NULL;
@@ -602,9 +605,7 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
 static int fused_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   const int x_is_a = p->fused == 1;
   const gop *x = x_is_a ? &p->a : &p->b, *y = x_is_a ? &p->b : &p->a;
-  hqi_fused_gemm_args fa;
-  if (!fused_args(ctx, p, x, y, x_is_a, &fa)) /* the plan said it can: D's alignment */
-    return gpu_gemm(ctx, p, alpha, beta);
+  hqi_fused_gemm_args fa = p->fa;
   const void *w = NULL;
   void *tw = NULL;
   float *factors = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));

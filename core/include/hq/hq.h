@@ -531,11 +531,10 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 **                   swizzled scales) is read as codes and scales and turned into the same BF16
 **                   values inside the GEMM kernel; the other operand (K contiguous in the
 **                   orientation the flags give) is dequantized as on the emulated path. Taken
-**                   when the other operand has at
-**                   most 1536 rows along m or n (where writing and rereading a BF16 copy of the
-**                   large operand costs more than the fused kernel gives up to cuBLASLt), or
-**                   always with HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
-**                   HQ_GEMM_FORCE_EMULATED.
+**                   when the other operand has at most 1536 rows along m or n (where writing
+**                   and rereading a BF16 copy of the large operand costs more than the fused
+**                   kernel gives up to cuBLASLt), or always with HQ_GEMM_FUSED_ALWAYS; never
+**                   with HQ_GEMM_NO_FUSED or HQ_GEMM_FORCE_EMULATED.
 **   CPU             on the host: the raw values in F32 and an F32 sgemm (OpenBLAS when built
 **                   with it, else a blocked loop in libhqcore).
 ** The emulated, fused and CPU paths equal the exact product of the dequantized operands up to the
