@@ -96,6 +96,22 @@ __device__ __forceinline__ uint32_t su32(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+struct Params {
+  const uint8_t *xs; /* scales */
+  int64_t xs_ld;
+  int xs_swz;        /* the 128x4-tile swizzled layout (hq_swizzle_offset), else row-major */
+  int mx, nw, k;
+  int x_is_m, vec_ok, d_f32;
+  void *d;
+  int64_t ldd;
+  float alpha, beta;
+  const float *f0, *f1;
+  const void *bias;
+  int bias_f32;
+};
+
+/* The PTX helpers and the conversions (to the matching #endif) exist in the sm_90a pass alone:
+   only the kernel body uses them. */
 #if HQ_FUSED_SM90A
 #include "wgmma_m64n256k16.h"
 
@@ -157,7 +173,6 @@ __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
-#endif /* HQ_FUSED_SM90A */
 
 /* Per element kind: the shift of the code's 7 magnitude bits in a BF16 word, the power of two
    that word's value is short of the code's (SH), the BF16 pair 2^SH, and the special-code test
@@ -182,15 +197,9 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t e, uint32_t sh) {
    one byte permute, shifted, masked; `special` collects the NaN / Inf test. */
 template <int ELEM>
 __device__ __forceinline__ uint32_t raw_pair(uint32_t h, uint32_t &special) {
-#if HQ_FUSED_SM90A
   const uint32_t r = (prmt(h, 0x9180u) << Kind<ELEM>::shift) & Kind<ELEM>::mask;
   special |= r + Kind<ELEM>::add;
   return r;
-#else
-  (void)h;
-  (void)special;
-  return 0;
-#endif
 }
 
 /* The rule (RN(fp32(code) * 2^(e-127)), MXFP8's dequantize, then RN to BF16) for a pair: a k-step
@@ -203,24 +212,10 @@ __device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
   return (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
 }
 
-struct Params {
-  const uint8_t *xs; /* scales */
-  int64_t xs_ld;
-  int xs_swz;        /* the 128x4-tile swizzled layout (hq_swizzle_offset), else row-major */
-  int mx, nw, k;
-  int x_is_m, vec_ok, d_f32;
-  void *d;
-  int64_t ldd;
-  float alpha, beta;
-  const float *f0, *f1;
-  const void *bias;
-  int bias_f32;
-};
 
 /* One thread's fragment of one k-step: rows r (and r + 8) of its warp, codes at k = 2t, 2t+1,
    2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`; e0 / e1 hold the two 32-blocks'
    scales of the rows (low byte first). */
-#if HQ_FUSED_SM90A /* the fragments: only the sm_90a kernel body calls them */
 template <int ELEM>
 __device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32_t e0, uint32_t e1,
                                          uint32_t (&fa)[16]) {
