@@ -197,46 +197,66 @@ static void json_row(json *j, const row *r) {
 
 /* hq_gemm, timed ------------------------------------------------------------------------------- */
 
-/* A baseline timed interleaved with an hq row: run(arg) issues one call of it (0, or -1). */
-typedef struct pairing {
+/* A call to time: run(arg) issues one (0, or -1 on failure). */
+typedef struct timed {
   int (*run)(void *arg);
   void *arg;
-} pairing;
+} timed;
 
-/* Median ms per hq_gemm call over `iters` samples (after 3 warm-up samples), a sample being
-   `batch` calls issued back to back between two events (its time / batch); the path into *info.
-   With a pairing, each sample of hq is preceded by a sample of the baseline, and *base_ms gets
-   the baseline's median: the two see the same clocks and neighbours (a shared GPU's rate drifts
-   by several percent between rows timed one after the other). */
-static int time_hq(hq_ctx *ctx, bench_timer *t, hq_operand a, hq_operand b, hq_tensor *d,
-                   int iters, int batch, hq_gemm_info *info, double *ms, const pairing *pb,
-                   double *base_ms) {
+/* Median ms per call of f over `iters` samples (after `warm` warm-up samples), a sample being
+   `batch` calls issued back to back between two events (its time / batch). With a baseline,
+   each sample of f is preceded by one of base, whose median goes to *base_ms: the two see the
+   same clocks and neighbours (a shared GPU's rate drifts by several percent between rows timed
+   one after the other). */
+static int time_calls(bench_timer *t, int iters, int warm, int batch, const timed *f, double *ms,
+                      const timed *base, double *base_ms) {
   double *v = calloc(2 * (size_t)iters, sizeof *v);
   if (!v) return -1;
   double *vb = v + iters;
   int rc = 0;
-  info->struct_size = sizeof *info;
-  for (int i = 0; i < iters + 3 && !rc; i++) {
-    if (pb) {
-      if (i >= 3 && bench_timer_start(t)) rc = -1;
-      for (int c = 0; c < batch && !rc; c++) rc = pb->run(pb->arg);
-      if (i >= 3 && !rc && (vb[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
+  for (int i = 0; i < iters + warm && !rc; i++) {
+    for (int w = base ? 0 : 1; w < 2 && !rc; w++) {
+      const timed *c = w ? f : base;
+      double *out = w ? v : vb;
+      if (i >= warm && bench_timer_start(t)) rc = -1;
+      for (int j = 0; j < batch && !rc; j++) rc = c->run(c->arg);
+      if (i >= warm && !rc && (out[i - warm] = bench_timer_stop(t) / batch) < 0) rc = -1;
     }
-    if (i >= 3 && !rc && bench_timer_start(t)) rc = -1;
-    for (int c = 0; c < batch && !rc; c++)
-      rc = hq_gemm(ctx, a, 1, b, 0, d, 1.0f, 0.0f, NULL, info);
-    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)iters, sizeof *v, cmp_double);
     *ms = v[iters / 2];
-    if (pb) {
+    if (base) {
       qsort(vb, (size_t)iters, sizeof *vb, cmp_double);
       *base_ms = vb[iters / 2];
     }
   }
   free(v);
   return rc;
+}
+
+/* One hq_gemm call (D = A B^T) as a timed call. */
+typedef struct hq_call_args {
+  hq_ctx *ctx;
+  hq_operand a, b;
+  hq_tensor *d;
+  hq_gemm_info *info;
+} hq_call_args;
+
+static int hq_call_run(void *arg) {
+  hq_call_args *c = arg;
+  return hq_gemm(c->ctx, c->a, 1, c->b, 0, c->d, 1.0f, 0.0f, NULL, c->info);
+}
+
+/* Median ms per hq_gemm call (time_calls, 3 warm-up samples); the path into *info; with a
+   baseline, its interleaved median into *base_ms. */
+static int time_hq(hq_ctx *ctx, bench_timer *t, hq_operand a, hq_operand b, hq_tensor *d,
+                   int iters, int batch, hq_gemm_info *info, double *ms, const timed *base,
+                   double *base_ms) {
+  info->struct_size = sizeof *info;
+  hq_call_args c = {ctx, a, b, d, info};
+  const timed f = {hq_call_run, &c};
+  return time_calls(t, iters, 3, batch, &f, ms, base, base_ms);
 }
 
 #ifdef HQ_HAVE_CUDA
@@ -385,41 +405,29 @@ static cublasStatus_t direct_run(cublasLtHandle_t h, const direct *x, void *ws, 
                            x->ld, &x->algo, ws, ws_bytes, 0);
 }
 
-/* Median ms per direct call over `iters` samples of `batch` calls (after 3 warm-up samples). */
-/* A direct call as a pairing's baseline. */
+/* A direct call as a timed call (the last status in st). */
 typedef struct direct_pair {
   cublasLtHandle_t h;
   const direct *x;
   void *ws;
   size_t ws_bytes;
+  cublasStatus_t st;
 } direct_pair;
 
 static int direct_pair_run(void *arg) {
-  const direct_pair *p = arg;
-  return direct_run(p->h, p->x, p->ws, p->ws_bytes) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+  direct_pair *p = arg;
+  p->st = direct_run(p->h, p->x, p->ws, p->ws_bytes);
+  return p->st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
 
+/* Median ms per direct call (time_calls, 3 warm-up samples); a failed call's status in err. */
 static int direct_time(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_bytes,
                        bench_timer *t, int iters, int batch, double *ms, char *err, size_t len) {
-  double *v = calloc((size_t)iters, sizeof *v);
-  if (!v) return -1;
-  int rc = 0;
-  for (int i = 0; i < iters + 3 && !rc; i++) {
-    if (i >= 3 && bench_timer_start(t)) rc = -1;
-    for (int c = 0; c < batch && !rc; c++) {
-      cublasStatus_t st = direct_run(h, x, ws, ws_bytes);
-      if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(st));
-        rc = -1;
-      }
-    }
-    if (i >= 3 && !rc && (v[i - 3] = bench_timer_stop(t) / batch) < 0) rc = -1;
-  }
-  if (!rc) {
-    qsort(v, (size_t)iters, sizeof *v, cmp_double);
-    *ms = v[iters / 2];
-  }
-  free(v);
+  direct_pair p = {h, x, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
+  const timed f = {direct_pair_run, &p};
+  const int rc = time_calls(t, iters, 3, batch, &f, ms, NULL, NULL);
+  if (rc && p.st != CUBLAS_STATUS_SUCCESS)
+    snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(p.st));
   return rc;
 }
 
@@ -539,10 +547,10 @@ static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *sr
   return qt;
 }
 
-/* Time hq_gemm of two formats (qa for A, qb for B) into row r; with a pairing, its baseline
-   (named `base`) interleaved into r->base_ms. */
+/* Time hq_gemm of two formats (qa for A, qb for B) into row r; with a baseline pb (named
+   `base`), its median timed interleaved into r->base_ms. */
 static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d,
-                   const pairing *pb, const char *base) {
+                   const timed *pb, const char *base) {
   hq_gemm_info info;
   double ms = NAN, base_ms = NAN;
   if (time_hq(B->ctx, B->timer, hq_operand_q(qa), hq_operand_q(qb), d, B->iters, B->batch, &info,
@@ -598,9 +606,9 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   /* the baseline: direct cuBLASLt BF16 */
   row *base = add_row(B, m, n, k, "cuBLASLt bf16 (direct)");
   base->path = "direct";
-  direct_pair bf16_pair = {h, &xbf, ws, ws_bytes};
-  const pairing bf16_pb = {direct_pair_run, &bf16_pair};
-  const pairing *bf16 = NULL;
+  direct_pair bf16_pair = {h, &xbf, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
+  const timed bf16_pb = {direct_pair_run, &bf16_pair};
+  const timed *bf16 = NULL;
   {
     dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
     if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &xbf, err, sizeof err) &&
@@ -654,8 +662,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       if (!ok) snprintf(rd->note, sizeof rd->note, "%s", err);
       rd->base = "direct bf16";
       rd->base_ms = bf16_ms;
-      direct_pair f8_pair = {h, &x, ws, ws_bytes};
-      const pairing f8_pb = {direct_pair_run, &f8_pair};
+      direct_pair f8_pair = {h, &x, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
+      const timed f8_pb = {direct_pair_run, &f8_pair};
       rh->base = f8[i].base;
       rh->base_ms = rd->ms;
       hq_row(B, rh, qa, qb, &d, ok ? &f8_pb : NULL, f8[i].base);
@@ -692,6 +700,21 @@ out:
   return rc;
 }
 
+/* Dequantizing both operands of a row (rowwise, into BF16) as a timed call. */
+typedef struct deq_args {
+  hq_ctx *ctx;
+  const hq_qtensor *qa, *qb;
+  hq_tensor *da, *db;
+} deq_args;
+
+static int deq_run(void *arg) {
+  deq_args *c = arg;
+  return hq_dequantize(c->qa, c->ctx, HQ_ROWWISE, c->da) ||
+                 hq_dequantize(c->qb, c->ctx, HQ_ROWWISE, c->db)
+             ? -1
+             : 0;
+}
+
 /* Where an emulated GEMM's time goes: the median of dequantizing both operands into BF16
    (hq_dequantize, the kernels the emulated path runs; the path itself keeps the per-tensor
    factors out), appended to the row's note beside the whole call's median. */
@@ -700,22 +723,14 @@ static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
   hq_tensor db = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qb), hq_qtensor_cols(qb));
   da.data = dalloc(B, (size_t)(da.rows * da.cols) * 2);
   db.data = dalloc(B, (size_t)(db.rows * db.cols) * 2);
-  double *v = calloc((size_t)B->iters, sizeof *v);
-  int rc = !da.data || !db.data || !v;
-  for (int i = 0; i < B->iters + 2 && !rc; i++) {
-    if (i >= 2 && bench_timer_start(B->timer)) rc = -1;
-    for (int c = 0; c < B->batch && !rc; c++)
-      rc = hq_dequantize(qa, B->ctx, HQ_ROWWISE, &da) || hq_dequantize(qb, B->ctx, HQ_ROWWISE, &db);
-    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(B->timer) / B->batch) < 0) rc = -1;
-  }
-  if (!rc) {
-    qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
-    const double ms = v[B->iters / 2];
+  deq_args c = {B->ctx, qa, qb, &da, &db};
+  const timed f = {deq_run, &c};
+  double ms = NAN;
+  if (da.data && db.data && !time_calls(B->timer, B->iters, 2, B->batch, &f, &ms, NULL, NULL)) {
     const size_t l = strlen(r->note);
     snprintf(r->note + l, sizeof r->note - l, "%sdequantize A+B to bf16: %.3f ms (%.0f%% of the call)",
              l ? "; " : "", ms, 100.0 * ms / r->ms);
   }
-  free(v);
   if (da.data) hq_ctx_free(B->ctx, da.data);
   if (db.data) hq_ctx_free(B->ctx, db.data);
 }
