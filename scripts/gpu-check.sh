@@ -29,11 +29,14 @@ if [ "${1:-}" = "--on-device" ]; then
   export PKG_CONFIG_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   out=${OUT:-/tmp/hq-out}
-  mkdir -p "$out" /tmp/hqbuild
+  # one build folder per carried tarball (HQ_DEVDIST), so that runs of different trees on the
+  # same warm machine do not replace each other's build
+  build=/tmp/hqbuild/${HQ_DEVDIST:-.devdist}
+  mkdir -p "$out" "$build"
   nvidia-smi -L || true
-  rm -rf /tmp/hqbuild/hq-*/
-  tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C /tmp/hqbuild
-  cd /tmp/hqbuild/hq-*/
+  rm -rf "$build"/hq-*/
+  tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
+  cd "$build"/hq-*/
   ./configure -q --with-cuda > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
   if [ -n "${HQ_ONLY:-}" ]; then
