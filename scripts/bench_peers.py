@@ -16,12 +16,12 @@ Peers (8192x8192 BF16 on cuda by default, both directions each):
               transposed tensor for columnwise
 
 Written here in plain PyTorch for this benchmark (a fair "user without hq" peer, not bit-exact
-with any library). Times: medians of --iters CUDA-event-timed runs after warm-up, each run
-synchronized like `hq bench` does. "% of copy" counts (b) the minimal bytes: input read once
+with any library). Times: medians of --iters CUDA-event-timed samples after warm-up, a sample
+being --batch calls back to back (default 10) divided by the batch, as `hq bench` times hq. "% of copy" counts (b) the minimal bytes: input read once
 plus every output written once; "(a)" also counts the second read of the input that a
 per-tensor amax costs (fp8_tensor, nvfp4), as `hq bench` does.
 
-usage: python3 scripts/bench_peers.py [--shape 8192x8192] [--iters 50] [--json FILE]
+usage: python3 scripts/bench_peers.py [--shape 8192x8192] [--iters 50] [--batch 10] [--json FILE]
                                       [--peers fp8_tensor,mxfp8,nvfp4,fp8_block]
                                       [--no-compile] [--hq-json FILE] [--check]
 --hq-json FILE: the output of `hq bench --device cuda --json` from the same run; adds hq's
@@ -168,7 +168,7 @@ PEERS = {
 
 # --- timing -----------------------------------------------------------------------------------
 
-def median_ms(fn, iters, warmup=5):
+def median_ms(fn, iters, warmup=5, batch=1):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -176,10 +176,11 @@ def median_ms(fn, iters, warmup=5):
     v = []
     for _ in range(iters):
         e0.record()
-        fn()
+        for _ in range(batch):
+            fn()
         e1.record()
         e1.synchronize()
-        v.append(e0.elapsed_time(e1))
+        v.append(e0.elapsed_time(e1) / batch)
     return statistics.median(v)
 
 
@@ -212,6 +213,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8192x8192")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=10,
+                    help="calls back to back per timed sample (1: each call alone)")
     ap.add_argument("--json", help="write the results as JSON to this file")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--no-compile", action="store_true", help="eager mode only")
@@ -236,7 +239,8 @@ def main():
     in_bytes = x.numel() * x.element_size()
     bw, copy_ms = copy_bandwidth(args.iters)
     res = {"device": dev, "torch": torch.__version__, "shape": [m, k], "dtype": "bf16",
-           "iters": args.iters, "copy_bandwidth_gbs": bw * 1e-9, "input_bytes": in_bytes,
+           "iters": args.iters, "batch": args.batch, "copy_bandwidth_gbs": bw * 1e-9,
+           "input_bytes": in_bytes,
            "peers": []}
     hq_doc, hq = hq_results(args.hq_json) if args.hq_json else (None, {})
     if hq_doc and hq_doc.get("copy_bandwidth_gbs"):
@@ -249,7 +253,8 @@ def main():
                 f.write("\n")
 
     print(f"bench_peers: {dev}, torch {torch.__version__}, input {m}x{k} bf16 "
-          f"({in_bytes / 2**20:.1f} MiB), median of {args.iters}")
+          f"({in_bytes / 2**20:.1f} MiB), median of {args.iters} samples of {args.batch} "
+          f"call(s) back to back")
     print(f"device-to-device copy (1 GiB, read+write): {bw * 1e-9:.0f} GB/s = the 100% mark")
     print("% of copy counts (b) the minimal bytes (input once + outputs); (a) adds the amax read")
     hdr = f"{'peer':<12} {'mode':<8} {'ms':>9} {'(b) MiB':>8} {'GB/s':>7} {'%copy':>6} {'%copy(a)':>8}"
@@ -280,7 +285,7 @@ def main():
                 f(x)  # compiles under torch.compile
                 torch.cuda.synchronize()
                 entry["first_call_s"] = time.time() - t0
-                ms = median_ms(lambda: f(x), args.iters)
+                ms = median_ms(lambda: f(x), args.iters, batch=args.batch)
             except Exception as e:  # a peer that fails is reported, the others still run
                 entry["error"] = f"{type(e).__name__}: {e}"
                 res["peers"].append(entry)

@@ -152,6 +152,12 @@ grep -q "rht.ini:5: wgrad of linear layer '\*' is impossible: .*rht16" "$tmp/err
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
 grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
 $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
+# --batch: calls back to back per timed sample, said in the header and the JSON; bad values refused
+$hq bench --shape 64x64 --iters 1 --batch 3 --format fp8_tensor > "$tmp/b" || fail "bench --batch"
+grep -q "median of 1 samples of 3 calls back to back" "$tmp/b" || { cat "$tmp/b"; fail "bench --batch header"; }; ok
+$hq bench --shape 64x64 --iters 1 --batch 2 --format fp8_tensor --json | grep -q '"batch":2' || fail "bench --batch json"; ok
+$hq bench --shape 8x8 --batch 0 2>"$tmp/err"; [ $? -eq 2 ] || fail "bench --batch 0 exit"
+grep -q "hq bench: --batch '0' is not an integer in \[1, 1000\]" "$tmp/err" || { cat "$tmp/err"; fail "bench --batch 0 message"; }; ok
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise
 # buffer is the rowwise one (per-tensor FP8's shared scale)
 $hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 --json > "$tmp/q.json" || fail "quantize --json"

@@ -7,7 +7,10 @@
 ** bytes -- input once, outputs once). Formats with a per-tensor amax are also timed with the
 ** amax computed beforehand and passed in (hq_qtensor_update_ex). The context's allocator counts
 ** bytes, so the peak memory beyond input and outputs (the workspace) is reported too.
-** Medians over --iters runs after warm-up. A benchmark, never a test.
+** Medians over --iters samples after warm-up; a sample is --batch calls back to back between two
+** timer reads, its time divided by the batch (default 10 on a GPU, as `hq bench --gemm`: the
+** time per call of a trainer that keeps the GPU's queue full; --batch 1 times each call alone,
+** the host's launch latency included). A benchmark, never a test.
 */
 #include <math.h>
 #include <stdlib.h>
@@ -19,7 +22,7 @@
 
 static const char usage[] =
     "usage: hq bench [--device cpu|cuda[:N]] [--shape RxC] [--dtype bf16|f16|f32]\n"
-    "                [--iters N] [--format 'PLUGIN[ key=value...]']...\n"
+    "                [--iters N] [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
     "                [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "Time quantize (both directions in one call, rowwise alone, columnwise alone) for each\n"
@@ -36,7 +39,11 @@ static const char usage[] =
     "CUDA: time, GB/s and % of the copy bandwidth measured in the same run, counting (a) the\n"
     "bytes the algorithm moves (input read once per plugin call and once more per amax\n"
     "computed inside, outputs written once) and (b) the minimal bytes (input once + outputs)\n"
-    "(default 8192x8192 bf16, 50 iterations).\n";
+    "(default 8192x8192 bf16, 50 iterations).\n"
+    "Medians over --iters samples; a sample is --batch calls issued back to back, its time\n"
+    "divided by the batch (default 10 on a GPU: the time per call of a trainer that keeps the\n"
+    "GPU's queue full; --batch 1 times each call alone, the GPU idle while the host launches\n"
+    "it; 1 on the CPU).\n";
 
 #define CMD "bench"
 
@@ -67,21 +74,22 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Median ms of `iters` runs of one of three operations (after two warm-up runs). */
+/* Median ms per call of one of three operations: `iters` samples of `batch` calls back to back
+   (after two warm-up samples), each sample's time divided by the batch. */
 enum { OP_UPDATE, OP_UPDATE_AMAX, OP_AMAX };
 static int median_ms(int op, hq_quantizer *q, hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
-                     const hq_quantize_args *args, float *amax, int iters, bench_timer *t,
-                     double *ms) {
+                     const hq_quantize_args *args, float *amax, int iters, int batch,
+                     bench_timer *t, double *ms) {
   double *v = calloc((size_t)iters, sizeof *v);
   int rc = v ? 0 : -1;
   for (int i = 0; i < iters + 2 && !rc; i++) {
     if (i >= 2 && bench_timer_start(t)) rc = -1;
-    if (!rc) {
+    for (int c = 0; c < batch && !rc; c++) {
       if (op == OP_UPDATE) rc = hq_qtensor_update(qt, ctx, x);
       else if (op == OP_UPDATE_AMAX) rc = hq_qtensor_update_ex(qt, ctx, x, args);
       else rc = hq_quantizer_amax(q, ctx, x, amax);
     }
-    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(t)) < 0) rc = -1;
+    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(t) / batch) < 0) rc = -1;
   }
   if (!rc) {
     qsort(v, (size_t)iters, sizeof *v, cmp_double);
@@ -103,7 +111,8 @@ static int64_t beyond(const bench_mem *mem, size_t base, double qbytes, int64_t 
    has a per-tensor amax) with the amax computed once beforehand and passed in. `amax` is 2
    floats on the context's device. */
 static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_tensor *x,
-                      uint32_t usage, int iters, bench_timer *t, float *amax, meas *m) {
+                      uint32_t usage, int iters, int batch, bench_timer *t, float *amax,
+                      meas *m) {
   if (hq_quantizer_set_usage(q, usage)) return -1;
   int kr = (usage & HQ_ROWWISE) && hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE;
   int kc = (usage & HQ_COLWISE) && hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE;
@@ -115,14 +124,15 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   hq_qtensor *qt = NULL;
   if (hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &qt)) return -1;
   m->bytes_out = (double)(hq_qtensor_bytes(qt, HQ_ROWWISE) + hq_qtensor_bytes(qt, HQ_COLWISE));
-  int rc = median_ms(OP_UPDATE, q, qt, ctx, x, NULL, NULL, iters, t, &m->ms);
+  int rc = median_ms(OP_UPDATE, q, qt, ctx, x, NULL, NULL, iters, batch, t, &m->ms);
   m->ok = !rc;
   m->ws = beyond(mem, base, m->bytes_out, &m->held);
   if (!rc && (kr || kc)) {
     hq_quantize_args args = {sizeof args, 0, amax};
-    rc = median_ms(OP_AMAX, q, qt, ctx, x, NULL, amax, iters, t, &m->amax_ms);
+    rc = median_ms(OP_AMAX, q, qt, ctx, x, NULL, amax, iters, batch, t, &m->amax_ms);
     bench_mem_reset_peak(mem);
-    if (!rc) rc = median_ms(OP_UPDATE_AMAX, q, qt, ctx, x, &args, NULL, iters, t, &m->given_ms);
+    if (!rc) rc = median_ms(OP_UPDATE_AMAX, q, qt, ctx, x, &args, NULL, iters, batch, t,
+                                    &m->given_ms);
     m->given_ok = !rc;
     m->given_ws = beyond(mem, base, m->bytes_out, &m->given_held);
   }
@@ -154,7 +164,7 @@ int hq_cmd_bench(int argc, char **argv) {
   const char *device_s = "cpu", *shape_s = NULL, *dtype_s = "bf16", *recipe = NULL, *role_s = NULL;
   const char *formats[64];
   size_t nformats = 0;
-  uint64_t iters_u = 0;
+  uint64_t iters_u = 0, batch_u = 0;
   int as_json = 0;
   cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
@@ -174,7 +184,7 @@ int hq_cmd_bench(int argc, char **argv) {
       continue;
     }
     const char *names[] = {"--device", "--shape", "--dtype", "--iters", "--format", "--recipe",
-                           "--role"};
+                           "--role", "--batch"};
     size_t k = 0;
     for (; k < sizeof names / sizeof names[0]; k++)
       if ((r = cli_opt(argc, argv, &i, names[k], &v)) != 0) break;
@@ -191,6 +201,8 @@ int hq_cmd_bench(int argc, char **argv) {
       formats[nformats++] = v;
     } else if (k == 5) recipe = v;
     else if (k == 6) role_s = v;
+    else if (k == 7 && (cli_u64(v, &batch_u) || batch_u < 1 || batch_u > 1000))
+      return cli_fail(2, CMD, "--batch '%s' is not an integer in [1, 1000]", v);
   }
   int device;
   if (cli_device(device_s, &device))
@@ -203,6 +215,7 @@ int hq_cmd_bench(int argc, char **argv) {
   if (shape_s && cli_shape(shape_s, &rows, &cols))
     return cli_fail(2, CMD, "--shape '%s' is not RxC with positive R and C", shape_s);
   int iters = iters_u ? (int)iters_u : (device >= 0 ? 50 : 5);
+  int batch = batch_u ? (int)batch_u : (device >= 0 ? 10 : 1);
   if (!nformats && !recipe)
     for (size_t i = 0; i < sizeof default_formats / sizeof default_formats[0]; i++)
       formats[nformats++] = default_formats[i];
@@ -266,6 +279,7 @@ int hq_cmd_bench(int argc, char **argv) {
     json_close_arr(&j);
     json_kstr(&j, "dtype", dtype_s);
     json_kint(&j, "iters", iters);
+    json_kint(&j, "batch", batch);
     json_kint(&j, "input_bytes", (int64_t)in_bytes);
     if (device >= 0) json_knum(&j, "copy_bandwidth_gbs", copy_bw * 1e-9);
     json_key(&j, "results");
@@ -275,8 +289,9 @@ int hq_cmd_bench(int argc, char **argv) {
     int arch = 0;
     if (device >= 0 && hq_device_info(device, name, sizeof name, &arch) == HQ_OK)
       snprintf(name + strlen(name), sizeof name - strlen(name), " (sm_%d)", arch);
-    printf("hq bench: %s, input %lldx%lld %s (%.1f MiB), median of %d\n", name, (long long)rows,
-           (long long)cols, dtype_s, (double)in_bytes / 1048576.0, iters);
+    printf("hq bench: %s, input %lldx%lld %s (%.1f MiB), median of %d samples of %d call%s "
+           "back to back\n", name, (long long)rows, (long long)cols, dtype_s,
+           (double)in_bytes / 1048576.0, iters, batch, batch > 1 ? "s" : "");
     if (device >= 0) {
       printf("device-to-device copy (1 GiB, read+write): %.0f GB/s = the 100%% mark\n",
              copy_bw * 1e-9);
@@ -365,7 +380,7 @@ int hq_cmd_bench(int argc, char **argv) {
     const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
     const char *unames[3] = {"both", "rowwise", "columnwise"};
     for (int u = 0; u < 3; u++) {
-      int trc = time_usage(q, ctx, mem, &x, usages[u], iters, timer, amax, &res[u]);
+      int trc = time_usage(q, ctx, mem, &x, usages[u], iters, batch, timer, amax, &res[u]);
       if (!res[u].ok)
         fprintf(stderr, "hq bench: %s %s: %s\n", label, unames[u], hq_last_error());
       else if (trc)
