@@ -38,22 +38,27 @@ template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float 
 }
 
 /* Four casts packed into one word, byte k = the cast of x_k: exactly the four bytes of
-   hq_cuda_f32_to_fp8<ELEM>, in two convert instructions where the chip has them. The hardware
-   keeps a NaN's sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or
-   infinite input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN
-   -- one word test (hq_fp8_word_special) on the common path. */
+   hq_cuda_f32_to_fp8<ELEM>, in two convert instructions where the chip has them (their 16-bit
+   results joined into the word by the register pair move, no masks). The hardware keeps a NaN's
+   sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or infinite
+   input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN -- one word
+   test (hq_fp8_word_special) on the common path. */
 template <int ELEM>
 __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
 #if HQ_FP8_HW_CVT
-  unsigned short lo, hi;
-  if (ELEM == HQ_E5M2) {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
-  } else {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
-  }
-  uint32_t w = __byte_perm((uint32_t)lo, (uint32_t)hi, 0x5410);
+  uint32_t w;
+  if (ELEM == HQ_E5M2)
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  else
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
   if (hq_fp8_word_special(w, ELEM))
     for (int k = 0; k < 4; k++)
       if (hq_fp8_code_special((uint8_t)(w >> (8 * k)), ELEM))
