@@ -61,6 +61,7 @@ struct CastArgs {
   uint32_t dirs;       /* the directions made (for fp8t_one_amax) */
   float *scale_inv_out[2], *amax_out[2];
   int elem, pow2;      /* elem: HQ_E4M3 / HQ_E5M2 */
+  int row_major;       /* the vector kernel's tiles in row-major order (blockIdx.x along K) */
   float epsilon;
   const float *state;  /* delayed scaling: the slice's state (scale = state[0]), else NULL */
   float *state_amax;   /* delayed: the slice's amax; acc_out: the storage's (zeroed) amax */
@@ -183,12 +184,15 @@ __global__ void cast_transpose_kernel(CastArgs a) {
    permutes) as 8 columns of 8 codes; no shared memory but the scale's. A warp covers 32 rows x
    64 columns (lane: 8 column groups x 4 row groups), so a load instruction reads 128
    contiguous bytes per row, a rowwise store writes 64 per row and a columnwise store whole
-   32-byte sectors; the CTA's 8 warps tile 128 x 128. */
+   32-byte sectors; the CTA's 8 warps tile 128 x 128, the tiles in row-major order (blockIdx.x
+   along K) unless there are more than 65535 row tiles. */
 template <int DT, int GT>
 __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs a) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t i = (int64_t)blockIdx.x * kVTile + (warp >> 1) * 32 + (lane >> 3) * 8;
-  const int64_t j = (int64_t)blockIdx.y * kVTile + (warp & 1) * 64 + (lane & 7) * 8;
+  const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x;
+  const unsigned bj = a.row_major ? blockIdx.x : blockIdx.y;
+  const int64_t i = (int64_t)bi * kVTile + (warp >> 1) * 32 + (lane >> 3) * 8;
+  const int64_t j = (int64_t)bj * kVTile + (warp & 1) * 64 + (lane & 7) * 8;
   const bool in = i < a.M && j < a.K;
   float x[8][8];
   if (in)
@@ -341,8 +345,13 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     a.amax_out[0] = a.amax_out[1] = NULL;
   }
   if (vec) {
-    dim3 vgrid((unsigned)((src->rows + kVTile - 1) / kVTile),
-               (unsigned)((src->cols + kVTile - 1) / kVTile));
+    const unsigned tm = (unsigned)((src->rows + kVTile - 1) / kVTile),
+                   tk = (unsigned)((src->cols + kVTile - 1) / kVTile);
+    /* row-major tile order wherever the grid's y limit allows: the CTAs running at once read
+       whole rows (H200, 8192^2 bf16, given amax, interleaved: both directions 86.1-86.5% ->
+       87.8-88.7% of copy, rowwise 88.9 -> 93.4-94.7%, columnwise 89.5 -> 87.1-88.3%) */
+    a.row_major = tm <= 65535;
+    const dim3 vgrid = a.row_major ? dim3(tk, tm) : dim3(tm, tk);
     cast_transpose_vec_kernel<DT, GT><<<vgrid, kVThreads, 0, stream>>>(a);
   } else {
     cast_transpose_kernel<DT, GT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
