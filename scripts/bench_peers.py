@@ -17,12 +17,13 @@ Peers (8192x8192 BF16 on cuda by default, both directions each):
 
 Written here in plain PyTorch for this benchmark (a fair "user without hq" peer, not bit-exact
 with any library). Times: medians of --iters CUDA-event-timed samples after warm-up, a sample
-being --batch calls back to back (default 10) divided by the batch, as `hq bench` times hq. "% of copy" counts (b) the minimal bytes: input read once
-plus every output written once; "(a)" also counts the second read of the input that a
-per-tensor amax costs (fp8_tensor, nvfp4), as `hq bench` does.
+being --batch calls back to back (default 10) divided by the batch, as `hq bench` times hq.
+"% of copy" counts (b) the minimal bytes: input read once plus every output written once; "(a)"
+also counts the second read of the input that a per-tensor amax costs (fp8_tensor, nvfp4), as
+`hq bench` does.
 
-usage: python3 scripts/bench_peers.py [--shape 8192x8192] [--iters 50] [--batch 10] [--json FILE]
-                                      [--peers fp8_tensor,mxfp8,nvfp4,fp8_block]
+usage: python3 scripts/bench_peers.py [--shape 8192x8192] [--iters 50] [--batch 10]
+                                      [--json FILE] [--peers fp8_tensor,mxfp8,nvfp4,fp8_block]
                                       [--no-compile] [--hq-json FILE] [--check]
 --hq-json FILE: the output of `hq bench --device cuda --json` from the same run; adds hq's
 times beside the peers and its speed-up over torch.compile.

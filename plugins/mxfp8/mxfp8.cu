@@ -8,9 +8,10 @@
 ** at that code says why the bits are the same, and the GPU tests compare every byte.
 **
 ** Quantize kernel: one CTA of 256 threads per tile of 32 rows x 128 columns, the tiles in
-** row-major order (blockIdx.x along K; along M only for more than 65535 row blocks). Each thread loads
-** two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for f32), rows r and
-** r + 16 of the tile, into registers; the input is read exactly once for both directions.
+** row-major order (blockIdx.x along K; along M only for more than 65535 row blocks). Each
+** thread loads two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for
+** f32), rows r and r + 16 of the tile, into registers; the input is read exactly once for both
+** directions.
 **   rowwise 1x32: a block is 4 neighbouring lanes; the two rows' amaxes by a reduce-scatter
 **     of two xor-shuffles (two lanes finish each row), one code per lane, the multipliers back
 **     by shuffle, cast, one 8-byte store per vector (16 lanes write a 128-byte row segment);
@@ -416,10 +417,13 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
     CHECK_LAUNCH(call, "scale padding kernel");
   }
   if (M * K == 0) return HQ_OK;
+  /* tiles: gx row blocks of 32, gy column blocks of 128; one of them must fit the grid's y
+     limit (65535) and the other its x limit (2^31 - 1) */
   const int64_t gx = M / kBlk, gy = (K + kCols - 1) / kCols;
-  if (gx > 0x7fffffff || gy > 65535)
+  if (!(gx <= 65535 && gy <= 0x7fffffff) && !(gy <= 65535 && gx <= 0x7fffffff))
     return call->host->error(HQ_ESHAPE, "mxfp8 CUDA: shape [%lld, %lld] exceeds the grid limits "
-                             "(cols <= %d)", (long long)M, (long long)K, 65535 * kCols);
+                             "(rows <= %d or cols <= %d)", (long long)M, (long long)K,
+                             65535 * kBlk, 65535 * kCols);
   QArgs a;
   a.x = src->data;
   a.M = M;
@@ -437,7 +441,8 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
      CTAs running at once stream whole rows (H200, 8192^2 bf16, both directions 78% -> 84% of
      copy against the column-major order, which strides down M) */
   a.row_major = gx <= 65535;
-  const dim3 grid = a.row_major ? dim3((unsigned)gy, (unsigned)gx) : dim3((unsigned)gx, (unsigned)gy);
+  const dim3 grid = a.row_major ? dim3((unsigned)gy, (unsigned)gx)
+                                : dim3((unsigned)gx, (unsigned)gy);
   if (q->adam) { /* the fused optimizer step: src is the FP32 master (checked in mxfp8.c) */
     a.g = q->adam->grad;
     a.m = q->adam->m;
