@@ -197,44 +197,6 @@ static void json_row(json *j, const row *r) {
 
 /* hq_gemm, timed ------------------------------------------------------------------------------- */
 
-/* A call to time: run(arg) issues one (0, or -1 on failure). */
-typedef struct timed {
-  int (*run)(void *arg);
-  void *arg;
-} timed;
-
-/* Median ms per call of f over `iters` samples (after `warm` warm-up samples), a sample being
-   `batch` calls issued back to back between two events (its time / batch). With a baseline,
-   each sample of f is preceded by one of base, whose median goes to *base_ms: the two see the
-   same clocks and neighbours (a shared GPU's rate drifts by several percent between rows timed
-   one after the other). */
-static int time_calls(bench_timer *t, int iters, int warm, int batch, const timed *f, double *ms,
-                      const timed *base, double *base_ms) {
-  double *v = calloc(2 * (size_t)iters, sizeof *v);
-  if (!v) return -1;
-  double *vb = v + iters;
-  int rc = 0;
-  for (int i = 0; i < iters + warm && !rc; i++) {
-    for (int w = base ? 0 : 1; w < 2 && !rc; w++) {
-      const timed *c = w ? f : base;
-      double *out = w ? v : vb;
-      if (i >= warm && bench_timer_start(t)) rc = -1;
-      for (int j = 0; j < batch && !rc; j++) rc = c->run(c->arg);
-      if (i >= warm && !rc && (out[i - warm] = bench_timer_stop(t) / batch) < 0) rc = -1;
-    }
-  }
-  if (!rc) {
-    qsort(v, (size_t)iters, sizeof *v, cmp_double);
-    *ms = v[iters / 2];
-    if (base) {
-      qsort(vb, (size_t)iters, sizeof *vb, cmp_double);
-      *base_ms = vb[iters / 2];
-    }
-  }
-  free(v);
-  return rc;
-}
-
 /* One hq_gemm call (D = A B^T) as a timed call. */
 typedef struct hq_call_args {
   hq_ctx *ctx;
@@ -248,15 +210,15 @@ static int hq_call_run(void *arg) {
   return hq_gemm(c->ctx, c->a, 1, c->b, 0, c->d, 1.0f, 0.0f, NULL, c->info);
 }
 
-/* Median ms per hq_gemm call (time_calls, 3 warm-up samples); the path into *info; with a
+/* Median ms per hq_gemm call (bench_time_calls, 3 warm-up samples); the path into *info; with a
    baseline, its interleaved median into *base_ms. */
 static int time_hq(hq_ctx *ctx, bench_timer *t, hq_operand a, hq_operand b, hq_tensor *d,
-                   int iters, int batch, hq_gemm_info *info, double *ms, const timed *base,
-                   double *base_ms) {
+                   int iters, int batch, hq_gemm_info *info, double *ms,
+                   const bench_timed *base, double *base_ms) {
   info->struct_size = sizeof *info;
   hq_call_args c = {ctx, a, b, d, info};
-  const timed f = {hq_call_run, &c};
-  return time_calls(t, iters, 3, batch, &f, ms, base, base_ms);
+  const bench_timed f = {hq_call_run, &c};
+  return bench_time_calls(t, iters, 3, batch, &f, ms, base, base_ms);
 }
 
 #ifdef HQ_HAVE_CUDA
@@ -420,12 +382,13 @@ static int direct_pair_run(void *arg) {
   return p->st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
 
-/* Median ms per direct call (time_calls, 3 warm-up samples); a failed call's status in err. */
+/* Median ms per direct call (bench_time_calls, 3 warm-up samples); a failed call's status in
+   err. */
 static int direct_time(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_bytes,
                        bench_timer *t, int iters, int batch, double *ms, char *err, size_t len) {
   direct_pair p = {h, x, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
-  const timed f = {direct_pair_run, &p};
-  const int rc = time_calls(t, iters, 3, batch, &f, ms, NULL, NULL);
+  const bench_timed f = {direct_pair_run, &p};
+  const int rc = bench_time_calls(t, iters, 3, batch, &f, ms, NULL, NULL);
   if (rc && p.st != CUBLAS_STATUS_SUCCESS)
     snprintf(err, len, "cublasLtMatmul: %s", lt.cublasLtGetStatusString(p.st));
   return rc;
@@ -550,7 +513,7 @@ static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *sr
 /* Time hq_gemm of two formats (qa for A, qb for B) into row r; with a baseline pb (named
    `base`), its median timed interleaved into r->base_ms. */
 static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d,
-                   const timed *pb, const char *base) {
+                   const bench_timed *pb, const char *base) {
   hq_gemm_info info;
   double ms = NAN, base_ms = NAN;
   if (time_hq(B->ctx, B->timer, hq_operand_q(qa), hq_operand_q(qb), d, B->iters, B->batch, &info,
@@ -607,8 +570,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   row *base = add_row(B, m, n, k, "cuBLASLt bf16 (direct)");
   base->path = "direct";
   direct_pair bf16_pair = {h, &xbf, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
-  const timed bf16_pb = {direct_pair_run, &bf16_pair};
-  const timed *bf16 = NULL;
+  const bench_timed bf16_pb = {direct_pair_run, &bf16_pair};
+  const bench_timed *bf16 = NULL;
   {
     dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
     if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &xbf, err, sizeof err) &&
@@ -663,7 +626,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       rd->base = "direct bf16";
       rd->base_ms = bf16_ms;
       direct_pair f8_pair = {h, &x, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
-      const timed f8_pb = {direct_pair_run, &f8_pair};
+      const bench_timed f8_pb = {direct_pair_run, &f8_pair};
       rh->base = f8[i].base;
       rh->base_ms = rd->ms;
       hq_row(B, rh, qa, qb, &d, ok ? &f8_pb : NULL, f8[i].base);
@@ -724,9 +687,10 @@ static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
   da.data = dalloc(B, (size_t)(da.rows * da.cols) * 2);
   db.data = dalloc(B, (size_t)(db.rows * db.cols) * 2);
   deq_args c = {B->ctx, qa, qb, &da, &db};
-  const timed f = {deq_run, &c};
+  const bench_timed f = {deq_run, &c};
   double ms = NAN;
-  if (da.data && db.data && !time_calls(B->timer, B->iters, 2, B->batch, &f, &ms, NULL, NULL)) {
+  if (da.data && db.data &&
+      !bench_time_calls(B->timer, B->iters, 2, B->batch, &f, &ms, NULL, NULL)) {
     const size_t l = strlen(r->note);
     snprintf(r->note + l, sizeof r->note - l, "%sdequantize A+B to bf16: %.3f ms (%.0f%% of the call)",
              l ? "; " : "", ms, 100.0 * ms / r->ms);

@@ -80,12 +80,37 @@ double bench_timer_stop(bench_timer *t) {
   return (double)(t1.tv_sec - t->t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t->t0.tv_nsec) * 1e-6;
 }
 
-#ifdef HQ_HAVE_CUDA
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
-#endif
+
+int bench_time_calls(bench_timer *t, int iters, int warm, int batch, const bench_timed *f,
+                     double *ms, const bench_timed *base, double *base_ms) {
+  double *v = calloc(2 * (size_t)iters, sizeof *v);
+  if (!v) return -1;
+  double *vb = v + iters;
+  int rc = 0;
+  for (int i = 0; i < iters + warm && !rc; i++) {
+    for (int w = base ? 0 : 1; w < 2 && !rc; w++) {
+      const bench_timed *c = w ? f : base;
+      double *out = w ? v : vb;
+      if (i >= warm && bench_timer_start(t)) rc = -1;
+      for (int j = 0; j < batch && !rc; j++) rc = c->run(c->arg);
+      if (i >= warm && !rc && (out[i - warm] = bench_timer_stop(t) / batch) < 0) rc = -1;
+    }
+  }
+  if (!rc) {
+    qsort(v, (size_t)iters, sizeof *v, cmp_double);
+    *ms = v[iters / 2];
+    if (base) {
+      qsort(vb, (size_t)iters, sizeof *vb, cmp_double);
+      *base_ms = vb[iters / 2];
+    }
+  }
+  free(v);
+  return rc;
+}
 
 double bench_copy_bandwidth(int device, size_t bytes, int iters) {
 #ifdef HQ_HAVE_CUDA

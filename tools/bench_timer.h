@@ -17,6 +17,20 @@ void bench_timer_destroy(bench_timer *t);
 int bench_timer_start(bench_timer *t);
 /* Milliseconds since start (waits for the device). Negative on failure. */
 double bench_timer_stop(bench_timer *t);
+/* A call to time: run(arg) issues one (0, or -1 on failure). */
+typedef struct bench_timed {
+  int (*run)(void *arg);
+  void *arg;
+} bench_timed;
+
+/* Median ms per call of f over `iters` samples (after `warm` warm-up samples), a sample being
+   `batch` calls issued back to back between two timer reads (its time / batch). With a
+   baseline, each sample of f is preceded by one of base, whose median goes to *base_ms: the two
+   see the same clocks and neighbours (a shared GPU's rate drifts by several percent between
+   rows timed one after the other). 0, or -1 when a call or the timer failed. */
+int bench_time_calls(bench_timer *t, int iters, int warm, int batch, const bench_timed *f,
+                     double *ms, const bench_timed *base, double *base_ms);
+
 /* Median bandwidth (bytes read + written per second) of cudaMemcpy device-to-device of
    `bytes` bytes, over `iters` runs; 0 on failure or without CUDA. */
 double bench_copy_bandwidth(int device, size_t bytes, int iters);

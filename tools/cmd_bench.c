@@ -69,34 +69,33 @@ typedef struct meas {
   int64_t given_ws, given_held;
 } meas;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
+/* One of three operations on a quantizer, as a timed call. */
+enum { OP_UPDATE, OP_UPDATE_AMAX, OP_AMAX };
+typedef struct op_call {
+  int op;
+  hq_quantizer *q;
+  hq_qtensor *qt;
+  hq_ctx *ctx;
+  const hq_tensor *x;
+  const hq_quantize_args *args;
+  float *amax;
+} op_call;
+
+static int op_run(void *arg) {
+  const op_call *c = arg;
+  if (c->op == OP_UPDATE) return hq_qtensor_update(c->qt, c->ctx, c->x);
+  if (c->op == OP_UPDATE_AMAX) return hq_qtensor_update_ex(c->qt, c->ctx, c->x, c->args);
+  return hq_quantizer_amax(c->q, c->ctx, c->x, c->amax);
 }
 
-/* Median ms per call of one of three operations: `iters` samples of `batch` calls back to back
-   (after two warm-up samples), each sample's time divided by the batch. */
-enum { OP_UPDATE, OP_UPDATE_AMAX, OP_AMAX };
+/* Median ms per call of the operation: `iters` samples of `batch` calls back to back (after two
+   warm-up samples), each sample's time divided by the batch (bench_time_calls). */
 static int median_ms(int op, hq_quantizer *q, hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
                      const hq_quantize_args *args, float *amax, int iters, int batch,
                      bench_timer *t, double *ms) {
-  double *v = calloc((size_t)iters, sizeof *v);
-  int rc = v ? 0 : -1;
-  for (int i = 0; i < iters + 2 && !rc; i++) {
-    if (i >= 2 && bench_timer_start(t)) rc = -1;
-    for (int c = 0; c < batch && !rc; c++) {
-      if (op == OP_UPDATE) rc = hq_qtensor_update(qt, ctx, x);
-      else if (op == OP_UPDATE_AMAX) rc = hq_qtensor_update_ex(qt, ctx, x, args);
-      else rc = hq_quantizer_amax(q, ctx, x, amax);
-    }
-    if (i >= 2 && !rc && (v[i - 2] = bench_timer_stop(t) / batch) < 0) rc = -1;
-  }
-  if (!rc) {
-    qsort(v, (size_t)iters, sizeof *v, cmp_double);
-    *ms = v[iters / 2];
-  }
-  free(v);
-  return rc;
+  op_call c = {op, q, qt, ctx, x, args, amax};
+  const bench_timed f = {op_run, &c};
+  return bench_time_calls(t, iters, 2, batch, &f, ms, NULL, NULL);
 }
 
 /* Peak bytes held beyond `base` (the input) minus the qtensor's own buffers: the workspace.
