@@ -983,7 +983,8 @@ uint32_t hq_quantizer_amax_kind(const hq_quantizer *q, uint32_t dir) {
   return dir_amax_kind(q->fmt[di(dir)], dir, q->source);
 }
 
-/* One plugin amax call into a private 2-float buffer; out[slot] <- its result for `dir`. */
+/* One plugin amax call into a private 2-float buffer tmp, out[d] <- its result for each
+   direction d of dirs; with tmp NULL (dirs = HQ_BOTH) the plugin writes both floats of out. */
 static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
                     uint32_t dirs, float *tmp, float *out) {
   hq_call call;
@@ -991,9 +992,9 @@ static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor 
   call.scratch = qt->scratch;
   call.scratch_bytes = qt->scratch_bytes;
   hq_clear_error();
-  int rc = f->plugin->ops.amax(f->cfg, &call, src, dirs, tmp);
+  int rc = f->plugin->ops.amax(f->cfg, &call, src, dirs, tmp ? tmp : out);
   if (rc) return call_prefix(rc, qt, f, dirs, "amax");
-  for (int d = 0; d < 2; d++)
+  for (int d = 0; d < 2 && tmp; d++)
     if (dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) {
       rc = hq_ctx_memcpy(ctx, out + d, ctx->device, tmp + d, ctx->device, sizeof(float));
       if (rc) return rc;
@@ -1024,19 +1025,23 @@ int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   hq_qtensor *qt = new_qtensor(q, ctx, src.rows, src.cols, src.dtype);
   float *tmp = NULL;
-  if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
-  if (!rc) rc = reserve_scratch(qt);
-  if (!rc) {
-    tmp = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
-    if (!tmp) rc = hqi_error(HQ_ENOMEM, "hq_quantizer_amax: 8 bytes on device %d", ctx->device);
-  }
-  if (!rc) rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof(float));
   uint32_t kr = fmt_amax_kind(q->fmt[0], HQ_ROWWISE), kc = fmt_amax_kind(q->fmt[1], HQ_COLWISE);
   uint32_t need = ((q->usage & HQ_ROWWISE) && kr ? HQ_ROWWISE : 0) |
                   ((q->usage & HQ_COLWISE) && kc ? HQ_COLWISE : 0);
+  /* one plugin call for both directions writes both of the caller's floats itself: no
+     temporary, no memset, no copies on the stream (the plugin's own operations alone) */
+  const int one_call =
+      need == HQ_BOTH && q->fmt[0] == q->fmt[1] && q->source == HQ_SOURCE_ORIGINAL;
+  if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
+  if (!rc) rc = reserve_scratch(qt);
+  if (!rc && !one_call) {
+    tmp = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
+    if (!tmp) rc = hqi_error(HQ_ENOMEM, "hq_quantizer_amax: 8 bytes on device %d", ctx->device);
+  }
+  if (!rc && !one_call) rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof(float));
   if (qt) qt->offset = ctx->offset; /* an amax draws no random numbers: no advance */
-  if (!rc && need == HQ_BOTH && q->fmt[0] == q->fmt[1] && q->source == HQ_SOURCE_ORIGINAL) {
-    rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_BOTH, tmp, amax);
+  if (!rc && one_call) {
+    rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_BOTH, NULL, amax);
   } else if (!rc) {
     if (need & HQ_ROWWISE) rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_ROWWISE, tmp, amax);
     if (!rc && (need & HQ_COLWISE)) {

@@ -726,8 +726,10 @@ typedef struct hq_format_ops {
   /* Which per-tensor amax direction `dir` of this instance depends on (HQ_AMAX_*). NULL: none. */
   uint32_t (*amax_kind)(const void *cfg, uint32_t dir);
   /* Compute the amaxes of `src` for the directions in `dirs` (those whose amax_kind is not
-     NONE): out[0] rowwise, out[1] columnwise, in memory of call->device, on call->stream.
-     Required when amax_kind() can return anything but NONE. */
+     NONE): out[0] rowwise, out[1] columnwise, in memory of call->device, on call->stream;
+     write the float of every direction in dirs (with dirs = HQ_BOTH, out may be the trainer's
+     own buffer, written by nothing else). Required when amax_kind() can return anything but
+     NONE. */
   int (*amax)(const void *cfg, const hq_call *call, const hq_tensor *src, uint32_t dirs,
               float *out);
   /* (required) Quantize `src` into the allocated storages of the directions in `dirs`; `row` is
