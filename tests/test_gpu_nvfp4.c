@@ -2,7 +2,8 @@
 ** test_gpu_nvfp4.c -- nvfp4 on a CUDA device is bit-identical to the CPU reference: every buffer
 ** of every direction (data, scale_inv with its zero padding, amax) for quantize with usage
 ** rowwise + columnwise, rowwise only and columnwise only; f32 / bf16 / f16 inputs; shapes from
-** 16x16 to 1024x2048 (multiples of 16, tile edges in both dimensions); every option and their
+** 16x16 to 2048x8192 (multiples of 16, tile edges in both dimensions, more tiles than the GPU
+** holds CTAs at once); every option and their
 ** combinations (swizzle, block_2d, rht with the default and another sign mask, stochastic
 ** rounding with an instance seed and with the context's seed, rht + SR + swizzle); special
 ** inputs (NaN, Inf, subnormals, -0, all-zero blocks and an all-zero tensor, wide dynamic range
@@ -230,6 +231,18 @@ static void test_shapes(void **state) {
   check_case("stochastic_rounding = true\nblock_2d = false", HQ_F32, 512, 1024, 9, 0, 0);
 }
 
+/* More 64x128 tiles than any GPU holds quantize CTAs at once (2 per SM), so every CTA loops
+   over several: full and partial tiles in one walk (the last tile column and row partial), the
+   next tile copied in while one is encoded and the previous one stored. HQ_TEST_QUICK (under
+   compute-sanitizer): the smallest case alone, still several tiles per CTA. */
+static void test_many_tiles(void **state) {
+  (void)state;
+  check_case("block_2d = true\nswizzle = true", HQ_F32, 1040, 4176, 31, 0, 0);
+  if (getenv("HQ_TEST_QUICK")) return;
+  check_case("", HQ_BF16, 2048, 8192, 32, 0, 0);
+  check_case("rht = true\nstochastic_rounding = true", HQ_F16, 1040, 8272, 33, 0, 0);
+}
+
 /* NaN, Inf, subnormals, zero blocks, wide ranges, saturation boundaries, an all-zero tensor. */
 static void test_special_values(void **state) {
   (void)state;
@@ -400,6 +413,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_many_tiles),
       cmocka_unit_test(test_special_values),
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_make_empty),
