@@ -272,13 +272,13 @@ int grid_for(const hq_call *call, int64_t M, int64_t K, dim3 *grid) {
   return HQ_OK;
 }
 
-/* The amax pass: max |x| of the n elements of x, atomically maxed into *acc (which the caller
-   zeroed on the stream): the stock plugins' shared pass (amax_cuda.h; vec: x 16-byte
-   aligned). */
+/* The amax pass: max |x| of the n elements of x, atomically maxed into *acc and, if not NULL,
+   *acc2 (which the caller zeroed on the stream): the stock plugins' shared pass (amax_cuda.h;
+   vec: x 16-byte aligned). */
 template <int DT>
 int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t n, int vec,
-                float *acc) {
-  CHECK_CUDA(call, hq_cuda_amax<DT>(x, n, vec, acc, NULL, stream));
+                float *acc, float *acc2 = NULL) {
+  CHECK_CUDA(call, hq_cuda_amax<DT>(x, n, vec, acc, acc2, stream));
   return HQ_OK;
 }
 
@@ -370,21 +370,17 @@ extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_
   cudaStream_t stream = (cudaStream_t)call->stream;
   CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
   if (!(dirs & HQ_BOTH)) return HQ_OK;
+  /* both directions: the pass maxes into both floats (no copy of one into the other) */
   float *acc = (dirs & HQ_ROWWISE) ? out : out + 1;
+  float *acc2 = (dirs & HQ_BOTH) == HQ_BOTH ? out + 1 : NULL;
   const int64_t n = src->rows * src->cols;
   const int vec = aligned16(src->data); /* any n: the shared pass takes the tail */
-  int rc;
   switch (src->dtype) {
-  case HQ_F32: rc = launch_amax<HQ_F32>(call, stream, src->data, n, vec, acc); break;
-  case HQ_F16: rc = launch_amax<HQ_F16>(call, stream, src->data, n, vec, acc); break;
-  case HQ_BF16: rc = launch_amax<HQ_BF16>(call, stream, src->data, n, vec, acc); break;
+  case HQ_F32: return launch_amax<HQ_F32>(call, stream, src->data, n, vec, acc, acc2);
+  case HQ_F16: return launch_amax<HQ_F16>(call, stream, src->data, n, vec, acc, acc2);
+  case HQ_BF16: return launch_amax<HQ_BF16>(call, stream, src->data, n, vec, acc, acc2);
   default: return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: source dtype %d", (int)src->dtype);
   }
-  if (rc) return rc;
-  if ((dirs & HQ_BOTH) == HQ_BOTH)
-    CHECK_CUDA(call, cudaMemcpyAsync(out + 1, out, sizeof(float), cudaMemcpyDeviceToDevice,
-                                     stream));
-  return HQ_OK;
 }
 
 extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
