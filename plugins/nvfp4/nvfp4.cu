@@ -765,6 +765,29 @@ struct Staged {
   uint32_t rsw[kTM * 2], csw[kTK];
 };
 
+/* kLines output lines of kWords 8-byte words each, line l at base + l * ld: word w of line l is
+   val(l, w), stored where in(l, w) (a partial tile) -- a tile wholly inside the tensor with an
+   8-byte aligned buffer (full && a8) checks nothing and steps one stride per pass. Coalesced:
+   consecutive threads take consecutive words. */
+template <int kLines, int kWords, class V, class In>
+__device__ __forceinline__ void store_lines(uint8_t *base, int64_t ld, bool full, int a8,
+                                            const V &val, const In &in) {
+  const int t = threadIdx.x;
+  constexpr int kPass = kThreads / kWords; /* lines per pass */
+  if (full && a8) {
+    uint8_t *const p = base + (t / kWords) * ld + 8 * (t % kWords);
+#pragma unroll
+    for (int s = 0; s < kLines / kPass; s++)
+      *reinterpret_cast<uint2 *>(p + s * kPass * ld) = val(t / kWords + s * kPass, t % kWords);
+    return;
+  }
+#pragma unroll
+  for (int s = 0; s < kLines / kPass; s++) {
+    const int l = t / kWords + s * kPass, w = t % kWords;
+    if (full || in(l, w)) store8(base + l * ld + 8 * w, val(l, w), a8);
+  }
+}
+
 /* Store a staged tile (i0, k0) to the outputs: coalesced 8-byte stores of the packed bytes and
    4-byte scale words; a tile wholly inside [M, K] with aligned buffers checks nothing. Every
    thread of the CTA calls it. */
@@ -774,21 +797,10 @@ __device__ __forceinline__ void store_staged(const QArgs &a, const Staged &st, i
   const int t = threadIdx.x;
   if (a.rdata) {
     /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
-    uint8_t *const base = a.rdata + i0 * (K >> 1) + (k0 >> 1);
-    if (full && a.a8) { /* the common case: no checks, one stride per pass */
-      uint8_t *const p = base + (t / 8) * (K >> 1) + 8 * (t % 8);
-#pragma unroll
-      for (int s = 0; s < (kTM * 8) / kThreads; s++)
-        *reinterpret_cast<uint2 *>(p + s * (kThreads / 8) * (K >> 1)) =
-            st.r[(t / 8 + s * (kThreads / 8)) * kRS + t % 8];
-    } else {
-#pragma unroll
-      for (int s = 0; s < (kTM * 8) / kThreads; s++) {
-        const int u = t + kThreads * s, rr = u / 8, b = u % 8;
-        if (full || (i0 + rr < M && k0 + 16 * b < K))
-          store8(base + rr * (K >> 1) + 8 * b, st.r[rr * kRS + b], a.a8);
-      }
-    }
+    store_lines<kTM, 8>(
+        a.rdata + i0 * (K >> 1) + (k0 >> 1), K >> 1, full, a.a8,
+        [&](int rr, int b) { return st.r[rr * kRS + b]; },
+        [&](int rr, int b) { return i0 + rr < M && k0 + 16 * b < K; });
     if (t < kTM * 2) { /* row t/2's scale entries k0/16 + 4 (t%2) .. +3 */
       const int64_t i = i0 + t / 2, b = k0 / 16 + 4 * (t % 2);
       if (full && a.a4 && !a.swz)
@@ -799,21 +811,10 @@ __device__ __forceinline__ void store_staged(const QArgs &a, const Staged &st, i
   }
   if (a.cdata) {
     /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
-    uint8_t *const base = a.cdata + k0 * (M >> 1) + (i0 >> 1);
-    if (full && a.a8) { /* the common case: no checks, one stride per pass */
-      uint8_t *const p = base + (t / 4) * (M >> 1) + 8 * (t % 4);
-#pragma unroll
-      for (int s = 0; s < (kTK * 4) / kThreads; s++)
-        *reinterpret_cast<uint2 *>(p + s * (kThreads / 4) * (M >> 1)) =
-            st.c[t % 4][t / 4 + s * (kThreads / 4)];
-    } else {
-#pragma unroll
-      for (int s = 0; s < (kTK * 4) / kThreads; s++) {
-        const int u = t + kThreads * s, cc = u / 4, rb4 = u % 4;
-        if (full || (i0 + 16 * rb4 < M && k0 + cc < K))
-          store8(base + cc * (M >> 1) + 8 * rb4, st.c[rb4][cc], a.a8);
-      }
-    }
+    store_lines<kTK, 4>(
+        a.cdata + k0 * (M >> 1) + (i0 >> 1), M >> 1, full, a.a8,
+        [&](int cc, int rb4) { return st.c[rb4][cc]; },
+        [&](int cc, int rb4) { return i0 + 16 * rb4 < M && k0 + cc < K; });
     if (t < kTK) { /* column k0 + t's scale entries i0/16 .. +3 */
       const int64_t k = k0 + t;
       if (full && a.a4 && !a.swz)
