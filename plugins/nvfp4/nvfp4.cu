@@ -622,7 +622,7 @@ template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const
 /* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
    transform through rht16_head / rht16_tail, the rule's bits), from registers: a thread takes
    16 rows x 4 columns (M % 16 == 0 and K % 16 == 0, the format's shape rule, so patches tile the
-   tensor exactly), 16 loads of 8 bytes (16 for f32) in flight, consecutive threads on
+   tensor exactly), 16 loads of 8 bytes (16-byte ones for f32) in flight, consecutive threads on
    consecutive column quads (a warp reads 256- or 512-byte row segments), no shared tile and no
    barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. */
 template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
