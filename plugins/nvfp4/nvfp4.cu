@@ -48,8 +48,9 @@
 **     no saturation needed), with stochastic rounding hq_e2m1_sr_biased_lt8 (one fused
 **     multiply-add, two shifts, a three-input max and a min), and multiply-add packing; 16-bit
 **     inputs also take the block amax from packed max.NaN.xorsign.abs on the raw words (two
-**     elements per instruction) and the sign bits from byte permutes of them (ncu, 8192x8192 bf16 both directions: 20 issued
-**     instructions per element and direction before, 15 after). Any other block takes
+**     elements per instruction) and the sign bits from byte permutes of them (ncu, 8192x8192
+**     bf16 both directions: 20 issued instructions per element and direction before, 15
+**     after). Any other block takes
 **     hq_nvfp4_quantize. Partial tiles are zero-filled in shared memory, so every block is
 **     encoded without a bounds check (only the stores check). The packed bytes are staged in
 **     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
@@ -353,7 +354,8 @@ template <int DT> struct RawTile {
 };
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
-   == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing). Without vec (x not 16-byte aligned) the copy is made here, element by element. */
+   == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
+   Without vec (x not 16-byte aligned) the copy is made here, element by element. */
 template <int DT>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
                                            int64_t i0, int64_t k0, int vec, uint8_t *tile) {
@@ -1054,7 +1056,8 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
     for (int e = 0; e < N; e++) hq_store_hp(dst, off + e, DT, g[e]);
   } else if (DT == HQ_F32) {
     float4 *o = reinterpret_cast<float4 *>(static_cast<float *>(dst) + off);
-    for (int k = 0; k < N / 4; k++) o[k] = make_float4(g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3]);
+    for (int k = 0; k < N / 4; k++)
+      o[k] = make_float4(g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3]);
   } else {
     uint32_t h[N / 2];
     for (int k = 0; k < N / 2; k++) {
