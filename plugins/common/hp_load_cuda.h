@@ -14,11 +14,10 @@
 **
 ** hq_cuda_cp_async16(dst, src, n): an asynchronous 16-byte copy global -> shared (cp.async,
 ** sm_80 and later; n = 0 writes 16 zero bytes and reads nothing; hq_cuda_cp_async16_full(dst,
-** src) copies all 16 bytes, without the size operand), grouped by
-** hq_cuda_cp_async_commit(); hq_cuda_cp_async_wait_but_newest() (or hq_cuda_cp_async_wait<N>(): but
-** the newest N) waits for every group of this thread but the newest -- the double buffering of the quantize kernels (the next tile copied in
-** while the current one is encoded). A __syncthreads() after the wait makes every thread's
-** copies visible.
+** src) copies all 16 bytes, without the size operand), grouped by hq_cuda_cp_async_commit();
+** hq_cuda_cp_async_wait<N>() waits for every group of this thread but the newest N -- the
+** multiple buffering of the quantize kernels (the next tiles copied in while the current one is
+** encoded). A __syncthreads() after the wait makes every thread's copies visible.
 */
 #ifndef HQ_HP_LOAD_CUDA_H
 #define HQ_HP_LOAD_CUDA_H
@@ -73,9 +72,6 @@ __device__ __forceinline__ void hq_cuda_cp_async16_full(void *dst, const void *s
 }
 __device__ __forceinline__ void hq_cuda_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void hq_cuda_cp_async_wait_but_newest() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 /* waits for every group of this thread but the newest N */
 template <int N> __device__ __forceinline__ void hq_cuda_cp_async_wait() {

@@ -343,8 +343,8 @@ __device__ __forceinline__ float tile_amax16(const uint32_t *bam, int r0, int cb
 
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): kTM rows of kTK
    elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
-   4-byte reads of consecutive columns meet no bank conflict; two of them, the next tile copied
-   in (cp.async) while the current one is encoded. */
+   4-byte reads of consecutive columns meet no bank conflict; kStages of them (2), the next tile
+   copied in (cp.async) while the current one is encoded. */
 template <int DT> struct RawTile {
   static constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
   static constexpr int kRowBytes = kTK * kEsz + 16;
@@ -830,7 +830,7 @@ __device__ __forceinline__ void store_staged(const QArgs &a, const Staged &st, i
 template <int DT, bool RHT, bool SR>
 __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
     quantize_kernel(QArgs a) {
-  extern __shared__ __align__(16) uint8_t tiles[]; /* two RawTile<DT> */
+  extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
