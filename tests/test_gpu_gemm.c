@@ -800,7 +800,9 @@ static void test_fused_exact(void **state) {
       "[format mxs]\nplugin = mxfp8\nswizzle = true\n"
       "[role linear:input:e4]\nrowwise = mx\n[role linear:input:e5]\nrowwise = mx5\n"
       "[role linear:input:e4s]\nrowwise = mxs\n");
-  const int64_t rows = 320, K = 288; /* 3 x 128 row tiles (the last partial), K % 64 == 32 */
+  /* 3 x 128 row tiles (the last partial); 13 k-steps of 64, the last one half (K % 64 == 32),
+     more than the kernel's ring of stages holds: each stage is used two or three times */
+  const int64_t rows = 320, K = 800;
   hq_tensor x = hq_test_tensor(HQ_F32, rows, K, 991, 1.0f);
   float *xf = x.data;
   uint64_t s = 12345;
@@ -897,7 +899,7 @@ static void test_fused_nvfp4_exact(void **state) {
   hq_recipe *r = hq_test_recipe(
       "[format nv]\nplugin = nvfp4\n[format nvs]\nplugin = nvfp4\nswizzle = true\n"
       "[role linear:input:c]\nrowwise = nv\n[role linear:input:s]\nrowwise = nvs\n");
-  const int64_t rows = 320, K = 288;
+  const int64_t rows = 320, K = 800; /* as test_fused_exact: 13 k-steps, the ring wraps */
   hq_tensor x = hq_test_tensor(HQ_F32, rows, K, 993, 1.0f);
   float *xf = x.data;
   uint64_t s = 777;
