@@ -39,11 +39,16 @@
 ** each stage guarded by a "full" and an "empty" mbarrier (NVFP4: 32-byte rows with 32-byte
 ** swizzle, 6 stages). Warpgroups 1 and 2 own 64 rows each: per step a thread reads its 32 codes
 ** from shared memory (2-byte loads, or NVFP4's 16-byte ones, conflict-free thanks to the
-** swizzle) and its 4 (NVFP4: 8) scales from global memory (loaded two steps ahead), builds the
-** wgmma A fragment (bf16x2 registers, double-buffered), and issues four m64n256k16 wgmmas with
-** A from registers; the fragment of step k+1 is built while the tensor cores run step k. The
-** epilogue stages the FP32 tile in shared memory and writes D with 16-byte stores along its
-** contiguous dimension, adding beta * D and the bias in FP32 and rounding once.
+** swizzle) a step before it converts them, and its 4 (NVFP4: 8) scales from global memory two
+** steps before, builds the wgmma A fragment (bf16x2 registers, double-buffered), and issues four
+** m64n256k16 wgmmas with A from registers; the fragment of step k+1 is built while the tensor
+** cores run step k. That conversion, not the tensor cores, bounds the kernel (ncu, H100: the
+** consumer warps issue all the time, two per scheduler, and the tensor pipe is ~70% busy), so the
+** loop keeps everything else out of it: ring positions and wgmma descriptors advance by additions
+** (no division by the ring's depth), the code offsets stay in registers, the scale slots are
+** fixed by running steps in pairs. The epilogue stages the FP32 tile in shared memory and writes D
+** with 16-byte stores along its contiguous dimension, adding beta * D and the bias in FP32 and
+** rounding once (the convert instruction, as cuBLASLt rounds the emulated path's D).
 **
 ** Limits (hqi_fused_gemm returns HQ_ENOTSUP, the caller takes the unfused emulated path): a
 ** device of compute capability 9.0, K % 32 == 0, 16-byte aligned X, W and scales, dimensions
@@ -152,6 +157,7 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 /* keep the compiler from moving register reads and writes across the asynchronous wgmma */
 __device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void pin(uint64_t &r) { asm volatile("" : "+l"(r)::"memory"); }
 
 /* wgmma descriptor of a K-major BF16 tile with 128-byte swizzle: rows of 128 bytes, 8-row groups
    1024 bytes apart */
@@ -214,31 +220,42 @@ __device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
 
 
 /* One thread's fragment of one k-step: rows r (and r + 8) of its warp, codes at k = 2t, 2t+1,
-   2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`; e0 / e1 hold the two 32-blocks'
-   scales of the rows (low byte first). */
-template <int ELEM>
-__device__ __forceinline__ void fragment(const uint8_t *sa, int r, int t, uint32_t e0, uint32_t e1,
-                                         uint32_t (&fa)[16]) {
-  using KD = Kind<ELEM>;
+   2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`. */
+template <int ELEM> __device__ __forceinline__ void code_offsets(int r, int t, uint32_t (&o)[4]) {
   const int sw = (r >> 1) & 3;
-  uint32_t h[16];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) o[kk] = r * 64 + ((kk ^ sw) << 4) + 2 * t;
+}
+/* A thread's codes of one k-step from stage sa, at its offsets o (code_offsets, computed once) */
+template <int ELEM>
+__device__ __forceinline__ void codes(const uint8_t *sa, const uint32_t (&o)[4],
+                                      uint32_t (&h)[16]) {
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
-    const uint8_t *b0 = sa + r * 64 + ((kk ^ sw) << 4);
+    const uint8_t *b0 = sa + o[kk];
     const uint8_t *b1 = b0 + 8 * 64;
-    h[4 * kk + 0] = *reinterpret_cast<const uint16_t *>(b0 + 2 * t);
-    h[4 * kk + 1] = *reinterpret_cast<const uint16_t *>(b1 + 2 * t);
-    h[4 * kk + 2] = *reinterpret_cast<const uint16_t *>(b0 + 8 + 2 * t);
-    h[4 * kk + 3] = *reinterpret_cast<const uint16_t *>(b1 + 8 + 2 * t);
+    h[4 * kk + 0] = *reinterpret_cast<const uint16_t *>(b0);
+    h[4 * kk + 1] = *reinterpret_cast<const uint16_t *>(b1);
+    h[4 * kk + 2] = *reinterpret_cast<const uint16_t *>(b0 + 8);
+    h[4 * kk + 3] = *reinterpret_cast<const uint16_t *>(b1 + 8);
   }
+}
+template <int ELEM>
+__device__ __forceinline__ void fragment(const uint32_t (&h)[16], int t, uint32_t e0, uint32_t e1,
+                                         uint32_t (&fa)[16]) {
+  using KD = Kind<ELEM>;
+  (void)t;
   uint32_t special = 0;
 #pragma unroll
   for (int i = 0; i < 16; i++) fa[i] = raw_pair<ELEM>(h[i], special);
   const uint32_t s00 = e0 & 0xff, s01 = e0 >> 8, s10 = e1 & 0xff, s11 = e1 >> 8;
   const uint32_t emax = max(max(s00, s01), max(s10, s11));
   if (!__any_sync(0xffffffffu, emax > KD::one_max)) {
-    const uint32_t f00 = scale_pair(s00, KD::sh), f01 = scale_pair(s01, KD::sh);
-    const uint32_t f10 = scale_pair(s10, KD::sh), f11 = scale_pair(s11, KD::sh);
+    /* every e + sh is a BF16 normal exponent here (neither NaN nor subnormal): one multiply-add */
+    const uint32_t f00 = s00 * 0x00800080u + KD::sh * 0x00800080u;
+    const uint32_t f01 = s01 * 0x00800080u + KD::sh * 0x00800080u;
+    const uint32_t f10 = s10 * 0x00800080u + KD::sh * 0x00800080u;
+    const uint32_t f11 = s11 * 0x00800080u + KD::sh * 0x00800080u;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
       const uint32_t fa0 = kk < 2 ? f00 : f01, fb0 = kk < 2 ? f10 : f11;
@@ -299,17 +316,28 @@ __device__ __forceinline__ uint32_t nv_rule_pair(uint32_t nb, uint32_t sf) {
    the value * 2^-9, rounded once and exact. A warp holding a NaN or negative scale (never
    written by the nvfp4 plugin) takes the rule instead. */
 template <>
-__device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint8_t *sa, int r, int t, uint32_t e0,
-                                                    uint32_t e1, uint32_t (&fa)[16]) {
+__device__ __forceinline__ void code_offsets<HQ_E2M1X2>(int r, int t, uint32_t (&o)[4]) {
+  (void)t;
   const int sw = (r >> 2) & 1;
-  uint32_t w0[8], w1[8]; /* rows r and r + 8: the 32 bytes (64 codes) of the k-step */
+  o[0] = r * 32 + (sw << 4);
+  o[1] = r * 32 + ((1 ^ sw) << 4);
+  o[2] = o[3] = 0;
+}
+template <>
+__device__ __forceinline__ void codes<HQ_E2M1X2>(const uint8_t *sa, const uint32_t (&o)[4],
+                                                 uint32_t (&w)[16]) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    const uint4 a = *reinterpret_cast<const uint4 *>(sa + r * 32 + ((h ^ sw) << 4));
-    const uint4 b = *reinterpret_cast<const uint4 *>(sa + (r + 8) * 32 + ((h ^ sw) << 4));
-    w0[4 * h + 0] = a.x, w0[4 * h + 1] = a.y, w0[4 * h + 2] = a.z, w0[4 * h + 3] = a.w;
-    w1[4 * h + 0] = b.x, w1[4 * h + 1] = b.y, w1[4 * h + 2] = b.z, w1[4 * h + 3] = b.w;
+    const uint4 a = *reinterpret_cast<const uint4 *>(sa + o[h]);
+    const uint4 b = *reinterpret_cast<const uint4 *>(sa + o[h] + 8 * 32);
+    w[4 * h + 0] = a.x, w[4 * h + 1] = a.y, w[4 * h + 2] = a.z, w[4 * h + 3] = a.w;
+    w[8 + 4 * h + 0] = b.x, w[8 + 4 * h + 1] = b.y, w[8 + 4 * h + 2] = b.z, w[8 + 4 * h + 3] = b.w;
   }
+}
+template <>
+__device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint32_t (&w)[16], int t, uint32_t e0,
+                                                    uint32_t e1, uint32_t (&fa)[16]) {
+  const uint32_t *w0 = w, *w1 = w + 8; /* rows r and r + 8: 32 bytes (64 codes) each */
   /* substep kk: codes 16 kk + 2t, +1 are byte t of word 2 kk; 16 kk + 8 + 2t, +1 of 2 kk + 1 */
   const uint32_t bad = ((((e0 & 0x7f7f7f7fu) + 0x01010101u) | e0) |
                         (((e1 & 0x7f7f7f7fu) + 0x01010101u) | e1)) & 0x80808080u;
@@ -353,6 +381,15 @@ template <int ELEM> __device__ __forceinline__ int64_t scale_step(const Params &
   return p.xs_swz ? (int64_t)(kt >> 1) * 512 + (kt & 1) * 2 : 2 * (int64_t)kt;
 }
 
+/* RN_bf16 of two FP32 values, packed (lo in the low half): the convert instruction, as cuBLASLt
+   rounds the emulated path's BF16 D (hq_f32_to_bf16's bits for every value but NaN, which comes
+   out as the canonical NaN). */
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
 /* 8 consecutive outputs along D's contiguous dimension: v (alpha already applied) + beta * D +
    bias[m], rounded once; `n` of them valid, m0 the first one's m index. */
 __device__ __forceinline__ void write8(const Params &p, const float *v, int64_t off, int64_t m0,
@@ -386,11 +423,10 @@ __device__ __forceinline__ void write8(const Params &p, const float *v, int64_t 
     uint16_t *d = static_cast<uint16_t *>(p.d) + off;
     if (vec) {
       uint32_t w[4];
-      for (int q = 0; q < 4; q++)
-        w[q] = (uint32_t)hq_f32_to_bf16(o[2 * q]) | (uint32_t)hq_f32_to_bf16(o[2 * q + 1]) << 16;
+      for (int q = 0; q < 4; q++) w[q] = bf16x2_rn(o[2 * q], o[2 * q + 1]);
       *reinterpret_cast<uint4 *>(d) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
-      for (int q = 0; q < n; q++) d[q] = hq_f32_to_bf16(o[q]);
+      for (int q = 0; q < n; q++) d[q] = (uint16_t)bf16x2_rn(o[q], 0.0f);
     }
   }
 }
@@ -442,38 +478,62 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
 #pragma unroll
   for (int i = 0; i < 128; i++) acc[i] = 0.0f;
   uint32_t fa0[16], fa1[16];
-  /* the scales of k-step kt: two bytes per row (two 32-blocks, MXFP8) or four (16-blocks,
-     NVFP4); c = the next step to build, n = the one after */
-  auto scales = [&](int kt, uint32_t &a, uint32_t &b) {
-    const int64_t o = scale_step<ELEM>(p, kt);
+  /* The scales of k-step b (two bytes per row: two 32-blocks, MXFP8; four: 16-blocks, NVFP4) in
+     slot b & 1, loaded two steps before the fragment that uses them. The loop below runs steps in
+     pairs, so every slot index is a constant and no register is copied. */
+  uint32_t sc[2][2];
+  auto scales = [&](int b, uint32_t(&d)[2]) {
+    const int64_t o = scale_step<ELEM>(p, b);
     if (Fmt<ELEM>::sbytes == 4) {
-      a = __ldg(reinterpret_cast<const uint32_t *>(xs0 + o));
-      b = __ldg(reinterpret_cast<const uint32_t *>(xs1 + o));
+      d[0] = __ldg(reinterpret_cast<const uint32_t *>(xs0 + o));
+      d[1] = __ldg(reinterpret_cast<const uint32_t *>(xs1 + o));
     } else {
-      a = __ldg(reinterpret_cast<const uint16_t *>(xs0 + o));
-      b = __ldg(reinterpret_cast<const uint16_t *>(xs1 + o));
+      d[0] = __ldg(reinterpret_cast<const uint16_t *>(xs0 + o));
+      d[1] = __ldg(reinterpret_cast<const uint16_t *>(xs1 + o));
     }
   };
-  uint32_t c0 = 0, c1 = 0, n0s = 0, n1s = 0;
-  scales(0, c0, c1);
-  if (KT > 1) scales(1, n0s, n1s);
-  mbar_wait(&full[0], 0);
-  fragment<ELEM>(sA, r0, t, c0, c1, fa0);
-  c0 = n0s;
-  c1 = n1s;
-  if (KT > 2) scales(2, n0s, n1s);
-  auto step = [&](int kt, uint32_t(&cur)[16], uint32_t(&nxt)[16]) {
-    const int s = kt % kStages;
+  /* Ring positions advance by one stage per step, without a division: cs / cph the stage (and its
+     full barrier's parity) of the next codes to read, ms the stage the next wgmmas read, ps the
+     one they read before. */
+  int cs = 0, ms = 0, ps = 0;
+  uint32_t cph = 0;
+  uint32_t co[4]; /* the thread's code offsets in a stage, held in registers (pinned per step) */
+  code_offsets<ELEM>(r0, t, co);
+  uint32_t hc[16]; /* the codes of the next fragment to build, read one step early */
+  auto read_codes = [&](uint32_t(&h)[16]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) pin(co[i]);
+    mbar_wait(&full[cs], cph);
+    codes<ELEM>(sA + cs * kABytes, co, h);
+    if (++cs == kStages) {
+      cs = 0;
+      cph ^= 1;
+    }
+  };
+  /* fragment b into f, from its codes (read a step early, hc) and the scales e of slot b & 1 */
+  auto build = [&](int b, uint32_t(&f)[16], uint32_t(&e)[2]) {
+    fragment<ELEM>(hc, t, e[0], e[1], f);
+    if (b + 1 < KT) read_codes(hc);
+    if (b + 2 < KT) scales(b + 2, e);
+  };
+  scales(0, sc[0]);
+  if (KT > 1) scales(1, sc[1]);
+  read_codes(hc);
+  build(0, fa0, sc[0]);
+  uint64_t desc0 = desc_sw128(su32(sB));
+  auto step = [&](int kt, uint32_t(&cur)[16], uint32_t(&nxt)[16], uint32_t(&e)[2]) {
 #pragma unroll
     for (int i = 0; i < 128; i++) pin(acc[i]);
 #pragma unroll
     for (int i = 0; i < 16; i++) pin(cur[i]);
     wg_fence();
-    const uint32_t bb = su32(sB + s * kBBytes);
+    /* W's stage ms; each 16-wide k-slice is 32 bytes further (2 in the descriptor's address) */
+    pin(desc0); /* kept in registers, not recomputed from the shared window every step */
+    const uint64_t d = desc0 + (uint64_t)(ms * (kBBytes >> 4));
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
       const uint32_t a4[4] = {cur[4 * kk], cur[4 * kk + 1], cur[4 * kk + 2], cur[4 * kk + 3]};
-      hq_wgmma_m64n256k16(acc, a4, desc_sw128(bb + kk * 32));
+      hq_wgmma_m64n256k16(acc, a4, d + 2 * kk);
     }
     wg_commit();
     wg_wait<1>(); /* step kt - 1 has finished: its stage and its fragment registers are free */
@@ -481,20 +541,15 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
     for (int i = 0; i < 16; i++) pin(nxt[i]);
     if (kt > 0) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[(kt - 1) % kStages]);
+      if (lane == 0) mbar_arrive(&empty[ps]);
     }
-    if (kt + 1 < KT) {
-      const int s1 = (kt + 1) % kStages;
-      mbar_wait(&full[s1], ((kt + 1) / kStages) & 1);
-      fragment<ELEM>(sA + s1 * kABytes, r0, t, c0, c1, nxt);
-      c0 = n0s;
-      c1 = n1s;
-      if (kt + 3 < KT) scales(kt + 3, n0s, n1s);
-    }
+    ps = ms;
+    ms = ms + 1 == kStages ? 0 : ms + 1;
+    if (kt + 1 < KT) build(kt + 1, nxt, e);
   };
   for (int kt = 0; kt < KT; kt += 2) {
-    step(kt, fa0, fa1);
-    if (kt + 1 < KT) step(kt + 1, fa1, fa0);
+    step(kt, fa0, fa1, sc[1]);
+    if (kt + 1 < KT) step(kt + 1, fa1, fa0, sc[0]);
   }
   wg_wait<0>();
 #pragma unroll
