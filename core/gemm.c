@@ -248,8 +248,10 @@ static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, in
 
 /* Rows of the BF16 operand up to which the fused path is taken by default: below, the unfused
    path's BF16 copy of the large operand costs more than the fused kernel's lower rate (measured
-   on an H100: a 16384 x 4096 MXFP8 operand times 1024 x 4096, 84% vs 73% of the BF16 GEMM;
-   times 8192 x 8192, 73% vs 86%; NVFP4 alike: 82% fused vs 72% unfused at the first). */
+   on an H100, back to back, against the BF16 GEMM: a 16384 x 4096 MXFP8 operand times
+   1024 x 4096, 77% fused vs 73% unfused; NVFP4 81% vs 72%; above it, fused always lost:
+   4096^3 72 / 76% vs 81 / 79%, 8192^3 79 / 85% vs 91 / 92%, 16384 x 4096 x 1024 67 / 69% vs
+   87 / 85%, MXFP8 / NVFP4). */
 #define HQI_FUSED_MAX_OTHER 1536
 
 /* The emulated path of a plan (the native one refused or unavailable), and for FUSED_BF16 which

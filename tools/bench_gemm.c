@@ -663,7 +663,8 @@ out:
   return rc;
 }
 
-/* Dequantizing both operands of a row (rowwise, into BF16) as a timed call. */
+/* Dequantizing the operands of a row (rowwise, into BF16) as a timed call: qa / qb NULL to skip
+   one. */
 typedef struct deq_args {
   hq_ctx *ctx;
   const hq_qtensor *qa, *qb;
@@ -672,28 +673,32 @@ typedef struct deq_args {
 
 static int deq_run(void *arg) {
   deq_args *c = arg;
-  return hq_dequantize(c->qa, c->ctx, HQ_ROWWISE, c->da) ||
-                 hq_dequantize(c->qb, c->ctx, HQ_ROWWISE, c->db)
+  return (c->qa && hq_dequantize(c->qa, c->ctx, HQ_ROWWISE, c->da)) ||
+                 (c->qb && hq_dequantize(c->qb, c->ctx, HQ_ROWWISE, c->db))
              ? -1
              : 0;
 }
 
-/* Where an emulated GEMM's time goes: the median of dequantizing both operands into BF16
-   (hq_dequantize, the kernels the emulated path runs; the path itself keeps the per-tensor
-   factors out), appended to the row's note beside the whole call's median. */
+/* Where an emulated GEMM's time goes: the median of dequantizing the operands it dequantizes into
+   BF16 (hq_dequantize, the kernels the emulated path runs; the path itself keeps the per-tensor
+   factors out), appended to the row's note beside the whole call's median. The fused path
+   dequantizes only the operand it does not fuse: the smaller one (B when m >= n). */
 static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
+  const int fused = !strcmp(r->path, "fused-bf16");
+  const int only = fused ? (hq_qtensor_rows(qa) >= hq_qtensor_rows(qb) ? 2 : 1) : 0;
   hq_tensor da = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qa), hq_qtensor_cols(qa));
   hq_tensor db = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qb), hq_qtensor_cols(qb));
   da.data = dalloc(B, (size_t)(da.rows * da.cols) * 2);
   db.data = dalloc(B, (size_t)(db.rows * db.cols) * 2);
-  deq_args c = {B->ctx, qa, qb, &da, &db};
+  deq_args c = {B->ctx, only == 2 ? NULL : qa, only == 1 ? NULL : qb, &da, &db};
   const bench_timed f = {deq_run, &c};
   double ms = NAN;
   if (da.data && db.data &&
       !bench_time_calls(B->timer, B->iters, 2, B->batch, &f, &ms, NULL, NULL)) {
     const size_t l = strlen(r->note);
-    snprintf(r->note + l, sizeof r->note - l, "%sdequantize A+B to bf16: %.3f ms (%.0f%% of the call)",
-             l ? "; " : "", ms, 100.0 * ms / r->ms);
+    snprintf(r->note + l, sizeof r->note - l, "%sdequantize %s to bf16: %.3f ms (%.0f%% of the call)",
+             l ? "; " : "", only == 1 ? "A (B fused)" : only == 2 ? "B (A fused)" : "A+B", ms,
+             100.0 * ms / r->ms);
   }
   if (da.data) hq_ctx_free(B->ctx, da.data);
   if (db.data) hq_ctx_free(B->ctx, db.data);
