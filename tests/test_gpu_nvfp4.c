@@ -369,6 +369,73 @@ static void test_raw_and_factor(void **state) {
     }
 }
 
+/* Write `n` bytes into the buffer with `role` of a storage on the host or the device, at offset
+   `off` of the buffer. */
+static void poke(const hq_storage *st, uint32_t role, int on_gpu, size_t off, const void *src,
+                 size_t n) {
+  for (uint32_t i = 0; i < st->nbuf; i++) {
+    const hq_buffer *b = hq_storage_cbuf(st, i);
+    if (b->role != role) continue;
+    assert_true(off + n <= b->bytes);
+    if (on_gpu)
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (uint8_t *)b->ptr + off, hq_ctx_device(gpu), src,
+                                  HQ_DEVICE_HOST, n));
+    else
+      memcpy((uint8_t *)b->ptr + off, src, n);
+    return;
+  }
+  fail_msg("storage without a buffer of role %u", role);
+}
+
+/* The raw dequantize of every (code, scale) pair on the device equals the host's, byte for byte,
+   into F32, BF16 and F16 (BF16 with vector stores is what the emulated GEMM reads, on its own
+   fast path): row i of a 256 x 32 storage has the scale byte i for both its blocks (normal,
+   subnormal, zero, negative and NaN scales) and the 16 codes in order, then reversed; compact
+   and swizzled scales. */
+static void test_raw_every_pair(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("nvfp4")(&host);
+  assert_non_null(ops);
+  for (int swz = 0; swz < 2; swz++) {
+    hq_recipe *r = hq_test_recipe(swz ? "[format f]\nplugin = nvfp4\nswizzle = true\n"
+                                        "[role *:*:*]\nrowwise = f\n"
+                                      : "[format f]\nplugin = nvfp4\n[role *:*:*]\nrowwise = f\n");
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    const int64_t M = 256, K = 32;
+    hq_qtensor *h = NULL, *g = NULL;
+    HQ_OK_OR_FAIL(hq_make_empty(q, cpu, M, K, HQ_BF16, &h));
+    HQ_OK_OR_FAIL(hq_make_empty(q, gpu, M, K, HQ_BF16, &g));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    const hq_storage *sh = hq_qtensor_storage(h, HQ_ROWWISE), *sg = hq_qtensor_storage(g, HQ_ROWWISE);
+    int64_t ld = 0;
+    for (uint32_t i = 0; i < sh->nbuf; i++)
+      if (hq_storage_cbuf(sh, i)->role == HQ_ROLE_SCALE) ld = hq_storage_cbuf(sh, i)->shape[1];
+    assert_true(ld >= K / 16);
+    uint8_t row[16];
+    for (int j = 0; j < 8; j++) {
+      row[j] = (uint8_t)(2 * j | (2 * j + 1) << 4);            /* codes 0..15 */
+      row[8 + j] = (uint8_t)((15 - 2 * j) | (14 - 2 * j) << 4); /* codes 15..0 */
+    }
+    for (int64_t i = 0; i < M; i++) {
+      const uint8_t sf = (uint8_t)i;
+      for (int on_gpu = 0; on_gpu < 2; on_gpu++) {
+        const hq_storage *st = on_gpu ? sg : sh;
+        poke(st, HQ_ROLE_DATA, on_gpu, (size_t)(i * K / 2), row, sizeof row);
+        for (int64_t b = 0; b < K / 16; b++)
+          poke(st, HQ_ROLE_SCALE, on_gpu, (size_t)(swz ? hq_swizzle_offset(i, b, ld) : i * ld + b),
+               &sf, 1);
+      }
+    }
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    hq_gpu_compare_raw(gpu, ops, &host, h, g, HQ_ROWWISE, swz ? "every pair, swizzled" : "every pair");
+    hq_qtensor_free(h);
+    hq_qtensor_free(g);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 /* hq_gemm of two nvfp4 operands on the device (swizzled scales): fprop TN (2-D weights), dgrad
    NN, TT; on sm_100 and later the native path, checked against the emulated one and the F64
    product; elsewhere the emulated path (the gemm op's reason names the architecture). */
@@ -418,6 +485,7 @@ int main(void) {
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_make_empty),
       cmocka_unit_test(test_raw_and_factor),
+      cmocka_unit_test(test_raw_every_pair),
       cmocka_unit_test(test_gemm_device),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
