@@ -407,7 +407,8 @@ static void test_raw_every_pair(void **state) {
     HQ_OK_OR_FAIL(hq_make_empty(q, cpu, M, K, HQ_BF16, &h));
     HQ_OK_OR_FAIL(hq_make_empty(q, gpu, M, K, HQ_BF16, &g));
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    const hq_storage *sh = hq_qtensor_storage(h, HQ_ROWWISE), *sg = hq_qtensor_storage(g, HQ_ROWWISE);
+    const hq_storage *sh = hq_qtensor_storage(h, HQ_ROWWISE);
+    const hq_storage *sg = hq_qtensor_storage(g, HQ_ROWWISE);
     int64_t ld = 0;
     for (uint32_t i = 0; i < sh->nbuf; i++)
       if (hq_storage_cbuf(sh, i)->role == HQ_ROLE_SCALE) ld = hq_storage_cbuf(sh, i)->shape[1];
@@ -428,7 +429,8 @@ static void test_raw_every_pair(void **state) {
       }
     }
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    hq_gpu_compare_raw(gpu, ops, &host, h, g, HQ_ROWWISE, swz ? "every pair, swizzled" : "every pair");
+    hq_gpu_compare_raw(gpu, ops, &host, h, g, HQ_ROWWISE,
+                       swz ? "every pair, swizzled" : "every pair");
     hq_qtensor_free(h);
     hq_qtensor_free(g);
     hq_quantizer_free(q);

@@ -219,8 +219,8 @@ __device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
 }
 
 
-/* One thread's fragment of one k-step: rows r (and r + 8) of its warp, codes at k = 2t, 2t+1,
-   2t+8, 2t+9 of each 16-wide substep, from the swizzled stage `sa`. */
+/* A thread's share of a k-step's fragment: rows r and r + 8 of its warp, the codes at k = 2t,
+   2t+1, 2t+8, 2t+9 of each 16-wide substep; their byte offsets in a stage (64-byte swizzle). */
 template <int ELEM> __device__ __forceinline__ void code_offsets(int r, int t, uint32_t (&o)[4]) {
   const int sw = (r >> 1) & 3;
 #pragma unroll
