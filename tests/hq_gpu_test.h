@@ -217,6 +217,14 @@ static inline void hq_gpu_gemm_vs_f64(hq_ctx *dev, const hq_qtensor *A, int ta,
   free(fb);
 }
 
+/* The buffer with `role` (HQ_ROLE_*) of storage st; a test failure when it has none. */
+static inline const hq_buffer *hq_gpu_buf_of(const hq_storage *st, uint32_t role) {
+  for (uint32_t i = 0; i < st->nbuf; i++)
+    if (hq_storage_cbuf(st, i)->role == role) return hq_storage_cbuf(st, i);
+  fail_msg("storage without a buffer of role %u", role);
+  return NULL;
+}
+
 /* Raw dequantize (HQ_CALL_DEQ_RAW) of storage s through the module's op, directly: on the host
    into dst (host memory), or on a CUDA device into dst (device memory, legacy default stream). */
 static inline void hq_gpu_raw_direct(const hq_format_ops *ops, const hq_host_api *host,

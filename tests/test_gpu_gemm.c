@@ -872,18 +872,13 @@ static void test_fused_exact(void **state) {
 
 /* A host copy of the buffer with `role` of a device storage (free()). */
 static uint8_t *storage_buf(const hq_storage *st, uint32_t role, const hq_buffer **out) {
-  for (uint32_t i = 0; i < st->nbuf; i++) {
-    const hq_buffer *b = hq_storage_cbuf(st, i);
-    if (b->role != role) continue;
-    uint8_t *h = malloc(b->bytes);
-    assert_non_null(h);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, h, HQ_DEVICE_HOST, b->ptr, hq_ctx_device(gpu), b->bytes));
-    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-    *out = b;
-    return h;
-  }
-  fail_msg("storage without a buffer of role %u", role);
-  return NULL;
+  const hq_buffer *b = hq_gpu_buf_of(st, role);
+  uint8_t *h = malloc(b->bytes);
+  assert_non_null(h);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, h, HQ_DEVICE_HOST, b->ptr, hq_ctx_device(gpu), b->bytes));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  *out = b;
+  return h;
 }
 
 /* The fused path with an NVFP4 operand (Hopper), compact and swizzled scales: X times an identity

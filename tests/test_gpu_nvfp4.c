@@ -373,18 +373,13 @@ static void test_raw_and_factor(void **state) {
    `off` of the buffer. */
 static void poke(const hq_storage *st, uint32_t role, int on_gpu, size_t off, const void *src,
                  size_t n) {
-  for (uint32_t i = 0; i < st->nbuf; i++) {
-    const hq_buffer *b = hq_storage_cbuf(st, i);
-    if (b->role != role) continue;
-    assert_true(off + n <= b->bytes);
-    if (on_gpu)
-      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (uint8_t *)b->ptr + off, hq_ctx_device(gpu), src,
-                                  HQ_DEVICE_HOST, n));
-    else
-      memcpy((uint8_t *)b->ptr + off, src, n);
-    return;
-  }
-  fail_msg("storage without a buffer of role %u", role);
+  const hq_buffer *b = hq_gpu_buf_of(st, role);
+  assert_true(off + n <= b->bytes);
+  if (on_gpu)
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (uint8_t *)b->ptr + off, hq_ctx_device(gpu), src,
+                                HQ_DEVICE_HOST, n));
+  else
+    memcpy((uint8_t *)b->ptr + off, src, n);
 }
 
 /* The raw dequantize of every (code, scale) pair on the device equals the host's, byte for byte,
@@ -409,9 +404,7 @@ static void test_raw_every_pair(void **state) {
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     const hq_storage *sh = hq_qtensor_storage(h, HQ_ROWWISE);
     const hq_storage *sg = hq_qtensor_storage(g, HQ_ROWWISE);
-    int64_t ld = 0;
-    for (uint32_t i = 0; i < sh->nbuf; i++)
-      if (hq_storage_cbuf(sh, i)->role == HQ_ROLE_SCALE) ld = hq_storage_cbuf(sh, i)->shape[1];
+    const int64_t ld = hq_gpu_buf_of(sh, HQ_ROLE_SCALE)->shape[1];
     assert_true(ld >= K / 16);
     uint8_t row[16];
     for (int j = 0; j < 8; j++) {
