@@ -419,11 +419,23 @@ static int operand_factor(hq_ctx *ctx, const plan *p, const gop *o, float *facto
   return HQ_OK;
 }
 
+/* Folding an operand's per-tensor factor into alpha inside its raw dequantize (ABI 2.3,
+   HQ_CAP_DEQ_FACTOR), so that no kernel runs for it: the product so far (*in on the device, or
+   mul when in is NULL). emul_operand sets `done` when the dequantize wrote hq_mul_rn(product so
+   far, the operand's factor) into the operand's factor slot. */
+typedef struct fold {
+  const float *in;
+  float mul;
+  int done;
+} fold;
+
 /* The raw values of operand o as a [r0, r1] tensor of dtype `dt` on ctx's device: the caller's
    own memory for a high-precision operand already of that dtype, else a temporary (*tmp, to be
-   freed with hqi_ctx_free_raw). *factor receives the per-tensor factor's location (NULL: 1). */
+   freed with hqi_ctx_free_raw). *factor receives the per-tensor factor's location (NULL: 1):
+   tensor_factor()'s value, or with fd (a device path) and a module that folds, the product
+   described at `fold`. */
 static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, const void **data,
-                        void **tmp, float *factor_slot, const float **factor) {
+                        void **tmp, float *factor_slot, const float **factor, fold *fd) {
   *tmp = NULL;
   *factor = NULL;
   if (o->hp && o->hp->dtype == dt) {
@@ -459,12 +471,23 @@ static int emul_operand(hq_ctx *ctx, const plan *p, const gop *o, hq_dtype dt, c
   const hq_format_ops *ops = &o->fmt->plugin->ops;
   hq_call call;
   hqi_call_init(ctx, &call, o->raw ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
+  const int folds = fd && o->raw && ops->tensor_factor && (o->fmt->caps & HQ_CAP_DEQ_FACTOR);
+  if (folds) {
+    call.factor_out = factor_slot;
+    call.factor_in = fd->in;
+    call.factor_mul = fd->mul;
+  }
   hq_clear_error();
   rc = ops->dequantize(o->fmt->cfg, &call, o->st, &dst);
   if (rc)
     return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize",
                             p->what, o->label, o->qt->role, HQI_DIR_NAME(o->dir), o->fmt->name,
                             ops->name);
+  if (folds) {
+    fd->done = 1;
+    *factor = factor_slot;
+    return HQ_OK;
+  }
   return o->raw ? operand_factor(ctx, p, o, factor_slot, factor) : HQ_OK;
 }
 
@@ -522,8 +545,8 @@ static int cpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   float *td = NULL;
   float fa = 1.0f, fb = 1.0f;
   const float *pfa = NULL, *pfb = NULL;
-  int rc = emul_operand(ctx, p, &p->a, HQ_F32, &a, &ta, &fa, &pfa);
-  if (!rc) rc = emul_operand(ctx, p, &p->b, HQ_F32, &b, &tb, &fb, &pfb);
+  int rc = emul_operand(ctx, p, &p->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
+  if (!rc) rc = emul_operand(ctx, p, &p->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
   float *d = p->d.data;
   const int64_t nd = p->m * p->n;
   if (!rc && p->d.dtype != HQ_F32) {
@@ -570,8 +593,13 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   float *factors = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
   if (!factors) return hqi_error(HQ_ENOMEM, "%s: 8 bytes of device memory", p->what);
   const float *pfa = NULL, *pfb = NULL;
-  int rc = emul_operand(ctx, p, &p->a, dt, &a, &ta, factors, &pfa);
-  if (!rc) rc = emul_operand(ctx, p, &p->b, dt, &b, &tb, factors + 1, &pfb);
+  /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can (2.3):
+     A's writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
+  fold fda = {NULL, alpha, 0}, fdb = {NULL, alpha, 0};
+  int rc = emul_operand(ctx, p, &p->a, dt, &a, &ta, factors, &pfa, &fda);
+  if (fda.done) fdb.in = factors;
+  if (!rc) rc = emul_operand(ctx, p, &p->b, dt, &b, &tb, factors + 1, &pfb,
+                             fda.done || !pfa ? &fdb : NULL);
   if (!rc) {
     hq_lt_matmul mm;
     memset(&mm, 0, sizeof mm);
@@ -583,8 +611,16 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
     mm.k = p->k;
     mm.alpha = alpha;
     mm.beta = beta;
-    mm.alpha_factor[0] = pfa;
-    mm.alpha_factor[1] = pfb;
+    if (fdb.done || (fda.done && !pfb)) {
+      mm.alpha_device = fdb.done ? pfb : pfa; /* the whole alpha, folded */
+    } else if (fda.done) { /* B's module does not fold: (1 * (alpha * fa)) * fb */
+      mm.alpha = 1.0f;
+      mm.alpha_factor[0] = pfa;
+      mm.alpha_factor[1] = pfb;
+    } else {
+      mm.alpha_factor[0] = pfa;
+      mm.alpha_factor[1] = pfb;
+    }
     mm.d = p->d.data;
     mm.d_dtype = p->d.dtype;
     mm.ldd = p->m;
@@ -613,7 +649,10 @@ static int fused_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
   float *factors = hqi_ctx_alloc_raw(ctx, 2 * sizeof(float));
   if (!factors) return hqi_error(HQ_ENOMEM, "%s: 8 bytes of device memory", p->what);
   const float *pf = NULL, *px = NULL;
-  int rc = emul_operand(ctx, p, y, HQ_BF16, &w, &tw, factors, &pf);
+  /* W's factor times 1 (exact: the factor itself) from its dequantize where its module folds
+     (2.3), no kernel; X's from tensor_factor(); the kernel multiplies alpha by both, A's first */
+  fold fdy = {NULL, 1.0f, 0};
+  int rc = emul_operand(ctx, p, y, HQ_BF16, &w, &tw, factors, &pf, &fdy);
   if (!rc) rc = operand_factor(ctx, p, x, factors + 1, &px);
   if (!rc) {
     fa.w = w;

@@ -311,6 +311,11 @@ static const char *k_recipe =
     "[role linear:weight:mixed]\nrowwise = mx\ncolumnwise = f8\n"
     "[role linear:input:mixed]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:grad_output:mixed]\nrowwise = bf\ncolumnwise = nv\n"
+    /* nvfp4 x fp8_tensor both ways: a module that folds its factor into alpha in its dequantize
+       (nvfp4, ABI 2.3) beside one that gives it through tensor_factor() (fp8_tensor) */
+    "[role linear:weight:mixed_nv8]\nrowwise = nv\ncolumnwise = nv\n"
+    "[role linear:input:mixed_nv8]\nrowwise = f8\ncolumnwise = f8\n"
+    "[role linear:grad_output:mixed_nv8]\nrowwise = f8\ncolumnwise = nv\n"
     "[role linear:weight:mixed_f32]\nrowwise = mx\ncolumnwise = f8\n"
     "[role linear:input:mixed_f32]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:grad_output:mixed_f32]\nrowwise = hf\ncolumnwise = nv\n"
@@ -443,6 +448,7 @@ static const lcfg k_layers[] = {
     {"fp8_block_np2", "NNN", 1, 0},  /* non-power-of-two scales: emulated would be F32 */
     {"mixed", "BBB", 1, 1},        /* mxfp8 x nvfp4, fp8_tensor x identity bf16, nvfp4 x nvfp4 */
     {"mixed_f32", "BFB", 1, 0},    /* fp8_tensor x identity f32 */
+    {"mixed_nv8", "BBB", 0, 0},    /* nvfp4 x fp8_tensor (fprop, dgrad), fp8_tensor x nvfp4 */
 };
 
 static uint32_t path_of(char c) {
@@ -498,7 +504,8 @@ static void test_formats_linear(void **state) {
 static void test_bias_beta_dtypes(void **state) {
   (void)state;
   hq_recipe *r = hq_test_recipe(k_recipe);
-  const char *names[] = {"bf16", "fp8", "mxfp8", "fp8_block_np2", "mixed_f32"};
+  const char *names[] = {"bf16",      "fp8",   "mxfp8",     "fp8_block_np2",
+                         "mixed_f32", "nvfp4", "mixed_nv8", "mixed"};
   const int64_t tokens = 128, in = 384, out = 256;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     if (g_quick && i > 2) break;

@@ -273,7 +273,7 @@ static void test_plugin_caps_and_options(void **state) {
   hq_recipe *r = nv_recipe(NULL);
   const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), "nvfp4");
   assert_non_null(p);
-  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY |
+  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
                                           (hq_built_with_cuda() ? HQ_CAP_CUDA : 0));
   static const char *names[] = {"rht", "rht_sign_mask", "stochastic_rounding", "seed",
                                 "block_2d", "swizzle"};
@@ -1199,11 +1199,13 @@ static void test_ops_direct(void **state) {
   /* every instance runs on CUDA in a CUDA build (tests/test_gpu_nvfp4.c checks it) */
   const uint64_t cuda = hq_built_with_cuda() ? HQ_CAP_CUDA : 0;
   DIRECT_OK(ops->configure(cfg, vals, &host));
-  assert_int_equal(ops->instance_caps(cfg), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | cuda);
+  assert_int_equal(ops->instance_caps(cfg),
+                   HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR | cuda);
   vals[2].i = 0;
   DIRECT_OK(ops->configure(cfg, vals, &host));
   assert_int_equal(ops->instance_caps(cfg),
-                   HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE | cuda);
+                   HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE | HQ_CAP_DEQ_FACTOR |
+                       cuda);
   hq_call call = hq_test_call(&host, 0, 0);
   hq_storage st;
   hq_test_storage_init(&st, HQ_ROWWISE, 16, 16, HQ_F32);
@@ -1787,6 +1789,75 @@ static void test_raw_dequantize_hand(void **state) {
   }
 }
 
+/* ABI 2.3 (HQ_CAP_DEQ_FACTOR): a raw dequantize with call->factor_out also writes RN(m * f), f
+   = RN(A * RN(1/2688)) of the storage's amax (here in the test's own float arithmetic), m =
+   factor_mul or *factor_in; the values it writes are those of a plain raw dequantize; without
+   HQ_CALL_DEQ_RAW, or from a call struct older than 2.3, factor_out is left alone; an empty
+   storage still gets its factor. */
+static void test_deq_factor_out(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  assert_true(ops->caps & HQ_CAP_DEQ_FACTOR);
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1}};
+  uint8_t cfg[256];
+  for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++)
+    for (int empty = 0; empty < 2; empty++) {
+      const int64_t M = empty ? 0 : 48, K = 80;
+      configure_nv(ops, &host, cfg, opts[oi]);
+      hq_tensor x = spread_tensor(HQ_BF16, M, K, 900 + oi);
+      hq_storage st[2];
+      make_storage(ops, &host, cfg, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+      make_storage(ops, &host, cfg, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+      hq_call call = scratch_call(ops, &host, cfg, 3, 0, M, K, HQ_BOTH);
+      DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &st[0], &st[1]));
+      free_call(&call);
+      if (empty) { /* an empty tensor's amax is 0: give it one, so the factor is not 0 */
+        *(float *)hq_storage_buf(&st[0], 2)->ptr = 1000.0f;
+        *(float *)hq_storage_buf(&st[1], 2)->ptr = 3.0f;
+      }
+      for (int d = 0; d < 2; d++) {
+        const hq_storage *s = &st[d];
+        const float A = *(const float *)hq_storage_cbuf(s, 2)->ptr;
+        assert_true(A > 0.0f);
+        volatile float f = want_factor(A), m0 = 1.5f, w0 = m0 * f, w1 = w0 * f;
+        hq_tensor plain = hq_test_empty(HQ_F32, M, K), y = hq_test_empty(HQ_F32, M, K);
+        DIRECT_OK(deq_flags(ops, cfg, &host, s, &plain, HQ_CALL_DEQ_RAW));
+        float out[2] = {-1.0f, -1.0f};
+        hq_call c = hq_test_call(&host, 0, 0);
+        c.flags = HQ_CALL_DEQ_RAW;
+        c.factor_out = &out[0];
+        c.factor_mul = 1.5f;
+        DIRECT_OK(ops->dequantize(cfg, &c, s, &y));
+        if (M && memcmp(y.data, plain.data, (size_t)(M * K) * sizeof(float)))
+          fail_msg("opts %zu dir %d: the values differ from a plain raw dequantize", oi, d + 1);
+        c.factor_out = &out[1];
+        c.factor_in = &out[0];
+        c.factor_mul = 99.0f; /* ignored: factor_in is set */
+        DIRECT_OK(ops->dequantize(cfg, &c, s, &y));
+        if (!same_float(out[0], w0) || !same_float(out[1], w1))
+          fail_msg("opts %zu empty %d dir %d: factors %a, %a; want RN(1.5 * %a) = %a, then %a",
+                   oi, empty, d + 1, (double)out[0], (double)out[1], (double)f, (double)w0,
+                   (double)w1);
+        /* not raw, or a 2.2 call struct: nothing is written */
+        float untouched = -7.0f;
+        c.flags = 0;
+        c.factor_out = &untouched;
+        c.factor_in = NULL;
+        DIRECT_OK(ops->dequantize(cfg, &c, s, &y));
+        c.flags = HQ_CALL_DEQ_RAW;
+        c.struct_size = HQ_CALL_SIZE_2_2;
+        DIRECT_OK(ops->dequantize(cfg, &c, s, &y));
+        assert_true(untouched == -7.0f);
+        free(plain.data);
+        free(y.data);
+      }
+      free_storage(&st[0]);
+      free_storage(&st[1]);
+      free(x.data);
+    }
+}
+
 /* The invariant of the per-tensor factor, on quantized random data (1-D, 2-D, swizzled, SR,
    RHT; both directions): tensor_factor is RN(A * RN(1/2688)) of the storage's amax; every raw
    value is e2m1(q) * fp32(sf) (computed here from the bytes); and RN(raw * factor) equals the
@@ -2217,6 +2288,7 @@ int main(void) {
       cmocka_unit_test(test_update_equals_fresh),
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_tensor_factor_invariant),
+      cmocka_unit_test(test_deq_factor_out),
       cmocka_unit_test(test_emul_dtype_bf16),
       cmocka_unit_test(test_gemm_op_direct),
       cmocka_unit_test(test_gemm_host),

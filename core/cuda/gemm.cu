@@ -33,6 +33,11 @@
 **     before the next call's kernel writes it; a stream without a workspace gets 8 bytes of
 **     stream-ordered call memory instead), and the matmul reads both with
 **     CUBLASLT_POINTER_MODE_DEVICE. Without factors alpha and beta are host values.
+**   - alpha_device (2.3): the whole alpha already on the device (the emulated path's, folded by
+**     the operands' raw dequantize kernels, HQ_CAP_DEQ_FACTOR); with beta 0 or 1 the matmul reads
+**     beta from a device constant (kBetaConst) and no kernel runs before it (H100, 4096^3 NVFP4
+**     emulated: the three one-thread kernels had cost ~4% of the call); any other beta is
+**     written by the one-thread kernel as above.
 **   - What cuBLASLt refuses in the epilogue -- it takes a bias only of D's dtype for BF16 / F16 /
 **     F32 inputs and only a BF16 bias for FP8 inputs, and F32 inputs only with an F32 D -- runs
 **     as a matmul into an F32 D (the caller's D, or an F32 temporary when D is BF16) followed by
@@ -50,6 +55,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <atomic>
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
@@ -547,6 +554,25 @@ void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
 
 // --- kernels -----------------------------------------------------------------------------
 
+/* The betas a matmul with a device alpha (hq_lt_matmul.alpha_device) reads without a kernel of
+   its own: 0 and 1, in every device's copy of this variable. */
+__device__ const float kBetaConst[2] = {0.0f, 1.0f};
+
+/* Device d's address of kBetaConst, looked up once (a race repeats the lookup harmlessly); NULL
+   when the lookup fails (the caller then writes beta with alpha_beta_kernel). */
+const float *beta_consts(int device) {
+  static std::atomic<const float *> addr[HQ_LT_MAX_DEVICES];
+  const float *p = addr[device].load(std::memory_order_relaxed);
+  if (p) return p;
+  void *v = nullptr;
+  if (cudaGetSymbolAddress(&v, kBetaConst) != cudaSuccess || !v) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  addr[device].store(static_cast<const float *>(v), std::memory_order_relaxed);
+  return static_cast<const float *>(v);
+}
+
 /* out[0] = alpha * f0 * f1 (an absent factor is 1), out[1] = beta. */
 __global__ void alpha_beta_kernel(float *out, float alpha, float beta, const float *f0,
                                   const float *f1) {
@@ -688,7 +714,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   if (!query && (!mm->a.data || !mm->b.data))
     return hqi_error(HQ_EINVAL, "%s: operand %c has no data", what, mm->a.data ? 'B' : 'A');
 
-  const int ptr_device = mm->alpha_factor[0] || mm->alpha_factor[1];
+  const int ptr_device = mm->alpha_factor[0] || mm->alpha_factor[1] || mm->alpha_device;
   plan_key key;
   memset(&key, 0, sizeof key);
   key.device = call->device;
@@ -764,7 +790,14 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   float alpha_h = mm->alpha, beta_h = gemm_beta;
   const void *alpha_p = &alpha_h, *beta_p = &beta_h;
   int ab_owned = 0;
-  if (ptr_device) {
+  const float *beta_c = mm->alpha_device && (gemm_beta == 0.0f || gemm_beta == 1.0f)
+                           ? beta_consts(call->device)
+                           : nullptr;
+  if (beta_c) {
+    /* the whole alpha is on the device already and beta is a constant there: no kernel */
+    alpha_p = mm->alpha_device;
+    beta_p = beta_c + (gemm_beta == 0.0f ? 0 : 1);
+  } else if (ptr_device) {
     ab = u.ab;
     if (!ab) {
       ab = (float *)call_alloc(call, 2 * sizeof(float));
@@ -774,8 +807,11 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
       }
       ab_owned = 1;
     }
-    alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, mm->alpha, gemm_beta, mm->alpha_factor[0],
-                                           mm->alpha_factor[1]);
+    if (mm->alpha_device) /* 1 * a = a: the device alpha as it is */
+      alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, 1.0f, gemm_beta, mm->alpha_device, nullptr);
+    else
+      alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, mm->alpha, gemm_beta, mm->alpha_factor[0],
+                                             mm->alpha_factor[1]);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
       if (ab_owned) call_free(call, ab);

@@ -165,7 +165,7 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
 
 static uint64_t instance_caps(const void *cfgp) {
   const nvfp4_cfg *c = cfgp;
-  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY;
+  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR;
 #ifdef HQ_HAVE_CUDA
   caps |= HQ_CAP_CUDA; /* every option runs on CUDA */
 #endif
@@ -764,12 +764,18 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (raw) rht = 0;
   const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
   const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
+  /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the chain's value */
+  float *fout = hq_call_factor_out(call);
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
     return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-                                 dir == HQ_COLWISE, sw, rht, mask, raw, dst);
+                                 dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout, call->factor_in,
+                                 call->factor_mul);
 #endif
   const float amax = *(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  if (fout)
+    *fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
+                      hq_nvfp4_tensor_factor(amax));
   const int t = dst->dtype;
   float dec[256];
   for (int v = 0; v < 256; v++)
@@ -933,7 +939,7 @@ static const hq_format_ops ops = {
     .name = "nvfp4",
     .version = "2.1",
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
-    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY
+    .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR
 #ifdef HQ_HAVE_CUDA
             | HQ_CAP_CUDA
 #endif

@@ -1033,7 +1033,18 @@ struct DArgs {
   uint32_t mask;
   void *dst;
   int64_t M, K;
+  float *fout;       /* NULL, or the factor's destination (ABI 2.3): see write_factor */
+  const float *fin;
+  float fmul;
 };
+
+/* *fout = hq_mul_rn(fin ? *fin : fmul, hq_nvfp4_tensor_factor(*amax)): the raw dequantize's
+   per-tensor factor, folded into the caller's running product (hq_call.factor_out), written by
+   thread 0 of CTA 0 of the dequantize kernel itself (no launch of its own). */
+__device__ __forceinline__ void write_factor(const DArgs &a) {
+  if (a.fout && blockIdx.x == 0 && threadIdx.x == 0)
+    *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, hq_nvfp4_tensor_factor(*a.amax));
+}
 
 /* The 16 codes of one block: 8 packed bytes (one 8-byte load when aligned: with the shape rule
    M % 16 == 0 and K % 16 == 0 every block starts at a multiple of 8 bytes of its buffer). */
@@ -1077,6 +1088,7 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
    (M * K < 2^32) finds the row with 32-bit arithmetic. */
 template <int DT, bool SMALL>
 __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
+  write_factor(a);
   const int64_t K = a.K, nrun = a.M * K / 16;
   const float amax = a.raw ? 0.0f : *a.amax;
   for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
@@ -1111,6 +1123,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
    copy, the inverse RHT where asked, back to [M, K] rows through a shared tile. */
 template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(DArgs a) {
   __shared__ float ft[kTM * (kTK + 1)];
+  write_factor(a);
   int64_t i0, k0;
   tile_origin(a.K, &i0, &k0);
   const int64_t M = a.M, K = a.K;
@@ -1147,6 +1160,9 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     }
   }
 }
+
+/* write_factor alone (a dequantize of no elements runs no dequantize kernel): one thread. */
+__global__ void factor_kernel(DArgs a) { write_factor(a); }
 
 /* The per-tensor factors (tensor_factor(), the native GEMM's alpha factors): one thread. */
 __global__ void tensor_factor_kernel(const float *amax0, const float *amax1, float *out) {
@@ -1353,12 +1369,21 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
 
 extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
                                      const float *amax, int colwise, int swizzle, int rht,
-                                     uint32_t mask, int raw, hq_tensor *dst) {
-  if (dst->rows == 0 || dst->cols == 0) return HQ_OK;
-  DArgs a;
+                                     uint32_t mask, int raw, hq_tensor *dst, float *fout,
+                                     const float *fin, float fmul) {
+  DArgs a = DArgs();
+  a.amax = amax;
+  a.fout = raw ? fout : NULL;
+  a.fin = fin;
+  a.fmul = fmul;
+  if (dst->rows == 0 || dst->cols == 0) {
+    if (!a.fout) return HQ_OK;
+    factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(a);
+    CHECK_LAUNCH(call, "nvfp4 factor kernel");
+    return HQ_OK;
+  }
   a.q = q;
   a.scale = scale;
-  a.amax = amax;
   a.colwise = colwise;
   a.swz = swizzle;
   a.rht = rht && !raw; /* a raw RHT copy stays in the transformed domain */

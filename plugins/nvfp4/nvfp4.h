@@ -49,10 +49,12 @@ int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *
 int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
                         const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
 /* Dequantize one stored direction (colwise: the transposed copy, through the inverse RHT when
-   rht) into dst [M, K]; with raw, the raw values e2m1 * sf (no amax, no inverse RHT). */
+   rht) into dst [M, K]; with raw, the raw values e2m1 * sf (no amax, no inverse RHT). fout (raw
+   only; NULL: none): *fout = hq_mul_rn(fin ? *fin : fmul, hq_nvfp4_tensor_factor(*amax)),
+   written by the dequantize kernel (ABI 2.3's hq_call.factor_out). */
 int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
                           const float *amax, int colwise, int swizzle, int rht, uint32_t mask,
-                          int raw, hq_tensor *dst);
+                          int raw, hq_tensor *dst, float *fout, const float *fin, float fmul);
 /* out[0] = hq_nvfp4_tensor_factor(*amax0) and, when amax1 is not NULL, out[1] =
    hq_nvfp4_tensor_factor(*amax1): device memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0, const float *amax1,

@@ -91,6 +91,12 @@
 **   - the fused optimizer write-back: hq_call.adam, hq_adam_pass, HQ_CAP_FUSED_ADAM, and the
 **     AdamW element rule hq_adam_elem in hq/numerics.h (see "Fused optimizer write-back").
 **
+** What 2.3 adds (2.0 - 2.2 modules keep loading, unchanged):
+**   - the per-tensor factor written by the raw dequantize itself: hq_call.factor_out /
+**     factor_in / factor_mul and HQ_CAP_DEQ_FACTOR (see HQ_CALL_DEQ_RAW), so that the emulated
+**     GEMM folds the factors into alpha without launching a kernel per operand; and
+**     hq_lt_matmul.alpha_device (an alpha already on the device).
+**
 ** ---------------------------------------------------------------------------------------------
 ** State (2.1): formats whose scale depends on earlier steps (delayed scaling)
 ** ---------------------------------------------------------------------------------------------
@@ -150,7 +156,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 2
+#define HQ_ABI_MINOR 3
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -506,6 +512,9 @@ typedef struct hq_lt_matmul {
   hq_dtype bias_dtype;
   int32_t fast_accum;           /* FP8: 1 = cuBLASLt fast accumulation; 0 = split accumulator */
   const char *what;             /* for messages: "fp8_tensor e4m3 x e5m2" */
+  /* --- 2.3 --- */
+  const float *alpha_device;    /* NULL, or the whole alpha as one device FP32 value (alpha and
+                                   alpha_factor are then ignored) */
 } hq_lt_matmul;
 
 /* For a format's gemm(): an hq_lt_matmul with the fields every native GEMM takes from the problem
@@ -606,12 +615,32 @@ typedef struct hq_call {
   const struct hq_adam_pass *adam; /* update() on a CUDA device of an instance with
                                       HQ_CAP_FUSED_ADAM: the optimizer step to apply while
                                       reading src (see "Fused optimizer write-back"); else NULL */
+  /* --- 2.3 (read through hq_call_factor_out()) --- */
+  float *factor_out;               /* dequantize() with HQ_CALL_DEQ_RAW of an instance with
+                                      HQ_CAP_DEQ_FACTOR: NULL, or where to write, besides the raw
+                                      values, hq_mul_rn(m, f): f the value tensor_factor() would
+                                      write for the storage, m = *factor_in when factor_in is not
+                                      NULL, else factor_mul. Memory of call->device, written on
+                                      call->stream (no launch of its own: the dequantize kernel
+                                      does it), also when dst has no elements. */
+  const float *factor_in;          /* ... NULL or one FP32 value in memory of call->device */
+  float factor_mul;                /* ... m when factor_in is NULL */
 } hq_call;
 
 /* Size of an hq_call that carries the state fields. */
 #define HQ_CALL_SIZE_2_1 (offsetof(hq_call, state_amax) + sizeof(float *))
 /* Size of an hq_call that carries the fused optimizer step. */
 #define HQ_CALL_SIZE_2_2 (offsetof(hq_call, adam) + sizeof(void *))
+/* Size of an hq_call that carries the factor fields. */
+#define HQ_CALL_SIZE_2_3 (offsetof(hq_call, factor_mul) + sizeof(float))
+
+/* Where a raw dequantize writes the storage's factor (2.3): call->factor_out of a call that
+   carries it with HQ_CALL_DEQ_RAW, else NULL (nothing to write). */
+static inline float *hq_call_factor_out(const hq_call *call) {
+  return call->struct_size >= HQ_CALL_SIZE_2_3 && (call->flags & HQ_CALL_DEQ_RAW)
+             ? call->factor_out
+             : NULL;
+}
 
 /* ---------------------------------------------------------------------------------------------
 ** Fused optimizer write-back (2.2)
@@ -670,6 +699,8 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
 /* bit 4 (HQ_CAP_STATEFUL of ABI 1.0) is retired */
 #define HQ_CAP_FUSED_ADAM (1ull << 5)     /* 2.2: update() honours call->adam on a CUDA device
                                              (see "Fused optimizer write-back") */
+#define HQ_CAP_DEQ_FACTOR (1ull << 6)     /* 2.3: dequantize() with HQ_CALL_DEQ_RAW honours
+                                             call->factor_out (needs tensor_factor()) */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */
