@@ -246,13 +246,13 @@ static int fused_args(const hq_ctx *ctx, plan *p, const gop *x, const gop *y, in
   return hqi_fused_gemm_supported(fa);
 }
 
-/* Rows of the BF16 operand up to which the fused path is taken by default: below, the unfused
-   path's BF16 copy of the large operand costs more than the fused kernel's lower rate (measured
-   on an H100, back to back, against the BF16 GEMM: a 16384 x 4096 MXFP8 operand times
-   1024 x 4096, 77% fused vs 73% unfused; NVFP4 81% vs 72%; above it, fused always lost:
-   4096^3 72 / 76% vs 81 / 79%, 8192^3 79 / 85% vs 91 / 92%, 16384 x 4096 x 1024 67 / 69% vs
-   87 / 85%, MXFP8 / NVFP4). */
-#define HQI_FUSED_MAX_OTHER 1536
+/* Rows of the BF16 operand up to which the fused path is taken by default: up to there, the
+   unfused path's BF16 copy of the large operand costs more than the fused kernel's lower rate.
+   Measured on an H100 (2026-11-27, the kernel of ccf8eb9), back to back, in % of the BF16 GEMM,
+   MXFP8 / NVFP4, fused vs unfused: 16384 x 1024 x 4096 85 / 85% vs 73 / 72% (an earlier
+   kernel); 4096 x 2048 x 4096 79 / 80% vs 74 / 74%; 4096^3 80 / 81% vs 81 / 82%; 8192^3 89 /
+   89% vs 89 / 92%; 16384 x 4096 x 1024 71 / 72% vs 88 / 88%. */
+#define HQI_FUSED_MAX_OTHER 2048
 
 /* The emulated path of a plan (the native one refused or unavailable), and for FUSED_BF16 which
    operand is fused (p->fused). */

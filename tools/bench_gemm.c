@@ -11,7 +11,7 @@
 **     fp8_tensor storages, and hq fp8_tensor (native) in % of it (target >= 95%);
 **   - the same for fp8_block, 1x128 x 1x128 and 128x128 x 1x128 scales (Hopper);
 **   - hq mxfp8 and nvfp4 on the path this device gives them (emulated on Hopper: raw dequantize
-**     of both operands to BF16 included; against a BF16 operand of at most 1536 rows the large
+**     of both operands to BF16 included; against a BF16 operand of at most 2048 rows the large
 **     operand fused) in % of the direct BF16 rate (target >= 80%);
 ** each hq row against its baseline timed again interleaved with it, sample by sample;
 ** and the host dispatch overhead of one hq_gemm call: hq_gemm_plan timed over many calls, and

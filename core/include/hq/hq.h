@@ -531,7 +531,7 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 **                   swizzled scales) is read as codes and scales and turned into the same BF16
 **                   values inside the GEMM kernel; the other operand (K contiguous in the
 **                   orientation the flags give) is dequantized as on the emulated path. Taken
-**                   when the other operand has at most 1536 rows along m or n (where writing
+**                   when the other operand has at most 2048 rows along m or n (where writing
 **                   and rereading a BF16 copy of the large operand costs more than the fused
 **                   kernel gives up to cuBLASLt), or always with HQ_GEMM_FUSED_ALWAYS; never
 **                   with HQ_GEMM_NO_FUSED or HQ_GEMM_FORCE_EMULATED.
