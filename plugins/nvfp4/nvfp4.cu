@@ -68,7 +68,9 @@
 **     hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT; its values take
 **     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation.
 **   tensor factor: one thread writes hq_nvfp4_tensor_factor of one or two amax buffers (the
-**     tensor_factor op, and the alpha factors of the native GEMM).
+**     tensor_factor op, and the alpha factors of the native GEMM); a raw dequantize asked for it
+**     (ABI 2.3, hq_call.factor_out) has thread 0 of its own kernel write it, times the caller's
+**     running product (write_factor), so the emulated GEMM launches nothing for it.
 */
 #include <cuda_runtime.h>
 #include <float.h>
