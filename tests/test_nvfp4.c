@@ -1129,6 +1129,18 @@ static void free_call(hq_call *c) {
   c->scratch = NULL;
 }
 
+/* Both directions' storages of x [M, K] as instance cfg lays them out, quantized by one direct
+   call (seed, offset 0) into st[0] (rowwise) and st[1] (columnwise); free_storage each. */
+static void quantize_both(const hq_format_ops *ops, const hq_host_api *host, const void *cfg,
+                          const hq_tensor *x, uint64_t seed, hq_storage st[2]) {
+  const int64_t M = x->rows, K = x->cols;
+  make_storage(ops, host, cfg, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
+  make_storage(ops, host, cfg, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
+  hq_call call = scratch_call(ops, host, cfg, seed, 0, M, K, HQ_BOTH);
+  DIRECT_OK(ops->quantize(cfg, &call, x, HQ_BOTH, &st[0], &st[1]));
+  free_call(&call);
+}
+
 static int same_storage_bytes(const hq_storage *a, const hq_storage *b) {
   if (a->nbuf != b->nbuf) return 0;
   for (uint32_t i = 0; i < a->nbuf; i++) {
@@ -1432,11 +1444,7 @@ static void test_cross_instance_dequantize(void **state) {
       configure_nv(ops, &host, ca, pairs[pi].a);
       configure_nv(ops, &host, cb, pairs[pi].b);
       hq_storage st[2];
-      make_storage(ops, &host, ca, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
-      make_storage(ops, &host, ca, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
-      hq_call call = scratch_call(ops, &host, ca, 11, 0, M, K, HQ_BOTH);
-      DIRECT_OK(ops->quantize(ca, &call, &x, HQ_BOTH, &st[0], &st[1]));
-      free_call(&call);
+      quantize_both(ops, &host, ca, &x, 11, st);
       /* B's quantize refuses A's storages (their descriptor is not B's) */
       hq_call cbc = scratch_call(ops, &host, cb, 11, 0, M, K, HQ_BOTH);
       last_err[0] = 0;
@@ -1807,11 +1815,7 @@ static void test_deq_factor_out(void **state) {
       configure_nv(ops, &host, cfg, opts[oi]);
       hq_tensor x = spread_tensor(HQ_BF16, M, K, 900 + oi);
       hq_storage st[2];
-      make_storage(ops, &host, cfg, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
-      make_storage(ops, &host, cfg, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
-      hq_call call = scratch_call(ops, &host, cfg, 3, 0, M, K, HQ_BOTH);
-      DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &st[0], &st[1]));
-      free_call(&call);
+      quantize_both(ops, &host, cfg, &x, 3, st);
       if (empty) { /* an empty tensor's amax is 0: give it one, so the factor is not 0 */
         *(float *)hq_storage_buf(&st[0], 2)->ptr = 1000.0f;
         *(float *)hq_storage_buf(&st[1], 2)->ptr = 3.0f;
@@ -1879,11 +1883,7 @@ static void test_tensor_factor_invariant(void **state) {
     configure_nv(ops, &host, cfg, opts[oi]);
     hq_tensor x = spread_tensor(oi % 2 ? HQ_BF16 : HQ_F32, M, K, 800 + oi);
     hq_storage st[2];
-    make_storage(ops, &host, cfg, &st[0], HQ_ROWWISE, HQ_BOTH, M, K);
-    make_storage(ops, &host, cfg, &st[1], HQ_COLWISE, HQ_BOTH, M, K);
-    hq_call call = scratch_call(ops, &host, cfg, 3, 0, M, K, HQ_BOTH);
-    DIRECT_OK(ops->quantize(cfg, &call, &x, HQ_BOTH, &st[0], &st[1]));
-    free_call(&call);
+    quantize_both(ops, &host, cfg, &x, 3, st);
     for (int d = 0; d < 2; d++) {
       const hq_storage *s = &st[d];
       const float A = *(const float *)hq_storage_cbuf(s, 2)->ptr;
