@@ -379,6 +379,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
   }
   if (!p->path) p->path = emulated_path(ctx, p);
   p->info.path = p->path;
+  p->info.fused = (uint32_t)p->fused;
   return HQ_OK;
 }
 
@@ -693,6 +694,7 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
       snprintf(p.info.reason, sizeof p.info.reason, "%s", hq_last_error());
       hq_clear_error();
       p.path = p.info.path = emulated_path(ctx, &p);
+      p.info.fused = (uint32_t)p.fused;
       rc = p.path == HQ_GEMM_PATH_CPU          ? cpu_gemm(ctx, &p, alpha, beta)
            : p.path == HQ_GEMM_PATH_FUSED_BF16 ? fused_gemm(ctx, &p, alpha, beta)
                                                : gpu_gemm(ctx, &p, alpha, beta);

@@ -199,6 +199,7 @@ static void run_layer(const layer *L, int64_t tokens, int64_t in, int64_t out, c
   HQ_OK_OR_FAIL(hq_linear_fprop(g_ctx, hq_operand_q(L->x), hq_operand_q(L->w), NULL, HQ_F32, y,
                                 &info));
   assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+  assert_int_equal(info.fused, 0); /* only the fused GPU path names a fused operand */
   assert_int_equal(info.dir_a, HQ_ROWWISE);
   assert_int_equal(info.dir_b, HQ_ROWWISE);
   float *w_row = deq(L->w, HQ_ROWWISE), *x_row = deq(L->x, HQ_ROWWISE);

@@ -785,6 +785,7 @@ static void fused_and_emulated(const hq_qtensor *qx, const hq_tensor *wg, int or
     HQ_OK_OR_FAIL(hq_gemm(gpu, orient ? wo : xo, 1, orient ? xo : wo, 0, &dd, 1.0f, 0.0f, &a,
                           &info));
     assert_int_equal(info.path, f ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_FUSED_BF16);
+    assert_int_equal(info.fused, f ? 0 : orient ? 2 : 1); /* X is B in orient 1 */
     out[f] = to_host(&dd);
     free(dh.data);
     hq_ctx_free(gpu, dd.data);

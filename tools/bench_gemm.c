@@ -74,6 +74,7 @@ typedef struct row {
   double base_ms;
   double target;            /* % of the baseline it should reach, 0: none */
   char note[320];           /* why it did not run, or the reason hq took its path */
+  uint32_t fused;           /* hq_gemm_info.fused: 1 = A, 2 = B read as codes (fused-bf16) */
 } row;
 
 static int cmp_double(const void *a, const void *b) {
@@ -177,6 +178,7 @@ static void json_row(json *j, const row *r) {
   json_close_arr(j);
   json_kstr(j, "kind", r->kind);
   if (r->path) json_kstr(j, "path", r->path);
+  if (r->fused) json_kstr(j, "fused_operand", r->fused == 1 ? "A" : "B");
   if (isnan(r->ms)) {
     json_kstr(j, "skipped", r->note);
   } else {
@@ -527,6 +529,7 @@ static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *
     r->base_ms = base_ms;
   }
   r->path = hq_gemm_path_name(info.path);
+  r->fused = info.fused;
   if (info.reason[0]) snprintf(r->note, sizeof r->note, "%s", info.reason);
 }
 
@@ -682,10 +685,10 @@ static int deq_run(void *arg) {
 /* Where an emulated GEMM's time goes: the median of dequantizing the operands it dequantizes into
    BF16 (hq_dequantize, the kernels the emulated path runs; the path itself keeps the per-tensor
    factors out), appended to the row's note beside the whole call's median. The fused path
-   dequantizes only the operand it does not fuse: the smaller one (B when m >= n). */
+   dequantizes only the operand it does not fuse (hq_gemm_info.fused names the fused one). */
 static void deq_share(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb) {
-  const int fused = !strcmp(r->path, "fused-bf16");
-  const int only = fused ? (hq_qtensor_rows(qa) >= hq_qtensor_rows(qb) ? 2 : 1) : 0;
+  /* only: the one operand dequantized (1 = A, 2 = B), 0: both */
+  const int only = r->fused == 1 ? 2 : r->fused == 2 ? 1 : 0;
   hq_tensor da = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qa), hq_qtensor_cols(qa));
   hq_tensor db = hq_tensor_2d(NULL, HQ_BF16, B->device, hq_qtensor_rows(qb), hq_qtensor_cols(qb));
   da.data = dalloc(B, (size_t)(da.rows * da.cols) * 2);

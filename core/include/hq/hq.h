@@ -591,6 +591,9 @@ typedef struct hq_gemm_info {
   uint32_t dir_a, dir_b;         /* the direction used (0 for a high-precision tensor) */
   char format_a[32], format_b[32]; /* module names ("fp8_tensor"), or the tensor dtype */
   char reason[192];              /* why the native path was not taken ("" when it was) */
+  uint32_t fused;                /* HQ_GEMM_PATH_FUSED_BF16: the operand read as codes and
+                                    scales inside the GEMM kernel, 1 = A, 2 = B (the other one is
+                                    dequantized to BF16 first); else 0 */
 } hq_gemm_info;
 
 /* Run the GEMM on ctx (its device and stream). info (may be NULL) receives the path; the path
