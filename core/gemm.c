@@ -379,7 +379,6 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
   }
   if (!p->path) p->path = emulated_path(ctx, p);
   p->info.path = p->path;
-  p->info.fused = (uint32_t)p->fused;
   return HQ_OK;
 }
 
@@ -388,7 +387,9 @@ static void info_out(const plan *p, hq_gemm_info *out) {
   uint32_t n = out->struct_size;
   if (n < offsetof(hq_gemm_info, path) + sizeof(uint32_t)) return;
   if (n > sizeof p->info) n = sizeof p->info;
-  memcpy(out, &p->info, n);
+  hq_gemm_info i = p->info;
+  i.fused = (uint32_t)p->fused; /* from the plan's pick, wherever it was made */
+  memcpy(out, &i, n);
   out->struct_size = n;
 }
 
@@ -614,11 +615,8 @@ static int gpu_gemm(hq_ctx *ctx, plan *p, float alpha, float beta) {
     mm.beta = beta;
     if (fdb.done || (fda.done && !pfb)) {
       mm.alpha_device = fdb.done ? pfb : pfa; /* the whole alpha, folded */
-    } else if (fda.done) { /* B's module does not fold: (1 * (alpha * fa)) * fb */
-      mm.alpha = 1.0f;
-      mm.alpha_factor[0] = pfa;
-      mm.alpha_factor[1] = pfb;
     } else {
+      if (fda.done) mm.alpha = 1.0f; /* A's slot holds alpha * fa: (1 * (alpha * fa)) * fb */
       mm.alpha_factor[0] = pfa;
       mm.alpha_factor[1] = pfb;
     }
@@ -694,7 +692,6 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
       snprintf(p.info.reason, sizeof p.info.reason, "%s", hq_last_error());
       hq_clear_error();
       p.path = p.info.path = emulated_path(ctx, &p);
-      p.info.fused = (uint32_t)p.fused;
       rc = p.path == HQ_GEMM_PATH_CPU          ? cpu_gemm(ctx, &p, alpha, beta)
            : p.path == HQ_GEMM_PATH_FUSED_BF16 ? fused_gemm(ctx, &p, alpha, beta)
                                                : gpu_gemm(ctx, &p, alpha, beta);
