@@ -77,16 +77,14 @@ typedef struct row {
   uint32_t fused;           /* hq_gemm_info.fused: 1 = A, 2 = B read as codes (fused-bf16) */
 } row;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
+#ifdef HQ_HAVE_CUDA
+/* Host microseconds (the dispatch bench times host work, not the device) */
 static double now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
 }
+#endif
 
 static double tflops(const row *r) {
   return 2.0 * (double)r->m * (double)r->n * (double)r->k / (r->ms * 1e-3) * 1e-12;
@@ -766,6 +764,20 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float a
                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
                          int ldc);
 
+/* One direct sgemm call as a timed call: column-major D (m x n) = A^T (A stored k x m) * B
+   (k x n). */
+typedef struct sgemm_call {
+  sgemm_fn f;
+  int m, n, k;
+  const float *a, *b;
+  float *d;
+} sgemm_call;
+static int sgemm_run(void *arg) {
+  const sgemm_call *c = arg;
+  c->f(102, 112, 111, c->m, c->n, c->k, 1.0f, c->a, c->k, c->b, c->k, 0.0f, c->d, c->m);
+  return 0;
+}
+
 static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
   hq_tensor a = hq_tensor_2d(random_host(HQ_F32, m, k, 1), HQ_F32, HQ_DEVICE_HOST, m, k);
   hq_tensor b = hq_tensor_2d(random_host(HQ_F32, n, k, 2), HQ_F32, HQ_DEVICE_HOST, n, k);
@@ -783,21 +795,11 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
   if (!sgemm) {
     snprintf(base->note, sizeof base->note, "no cblas_sgemm in this process (libhqcore was built "
              "without OpenBLAS)");
-  } else {
-    double *v = calloc((size_t)B->iters, sizeof *v);
-    for (int i = 0; v && i < B->iters + 1; i++) {
-      double t0 = now_us();
-      /* column-major: D (m x n) = A^T (A stored k x m) * B (k x n) */
-      for (int c = 0; c < B->batch; c++)
-        sgemm(102, 112, 111, (int)m, (int)n, (int)k, 1.0f, a.data, (int)k, b.data, (int)k, 0.0f,
-              d.data, (int)m);
-      if (i) v[i - 1] = (now_us() - t0) * 1e-3 / B->batch;
-    }
-    if (v) {
-      qsort(v, (size_t)B->iters, sizeof *v, cmp_double);
-      base->ms = v[B->iters / 2];
-    }
-    free(v);
+  } else { /* one warm-up sample, as before */
+    sgemm_call c = {sgemm, (int)m, (int)n, (int)k, a.data, b.data, d.data};
+    const bench_timed f = {sgemm_run, &c};
+    double ms = NAN;
+    if (!bench_time_calls(B->timer, B->iters, 1, B->batch, &f, &ms, NULL, NULL)) base->ms = ms;
   }
   {
     row *r = add_row(B, m, n, k, "hq f32 tensors");
