@@ -40,7 +40,17 @@
 **     raw words (columnwise rht 38% -> 69% of copy with a given amax, its amax pass 0.15 ->
 **     0.095 ms);
 **     block_2d takes the 16x16 tile amax from per-row block amaxes in shared memory. A thread's
-**     two blocks are encoded side by side (no branch between them, so their work interleaves).
+**     four blocks (two rowwise, two columnwise) are encoded with no branch among them: first
+**     every block's values and packed amax, then the heads (scale codes, two per convert
+**     instruction, and multipliers), then every block's fast form, so that the dependent
+**     chains of the heads overlap each other and the encoding; a block the fast form does not
+**     take is redone afterwards by redo_blocks, out of line (the instruction cache holds the
+**     common path). The kernel is specialized on the directions made, so the body holds no
+**     branch on them; the tiles and the staging buffers are addressed through 32-bit
+**     shared-window addresses taken once (smem_cuda.h: a generic pointer rebuilt per tile cost
+**     an S2R of the CTA's id each time). These three changes (H100, 8192x8192 bf16, given
+**     amax, both directions, interleaved runs): 0.094 -> 0.093 ms, rht 0.105 -> 0.102,
+**     stochastic rounding 0.165 -> 0.149, block_2d 0.109 -> 0.107; ncu 5% fewer instructions.
 **     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
 **     stored data), byte e for element e. A block holding no NaN whose largest scaled magnitude
 **     RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
@@ -60,7 +70,7 @@
 **     one), not one byte per block (4x fewer store transactions: single-byte scale stores had
 **     L1 and L2 busier than DRAM). The block scale code is hq_nvfp4_block_scale's through the
 **     FP8 convert instruction (fp8_cvt_cuda.h). A scale buffer with padding entries is zeroed
-**     first (cudaMemsetAsync). Specialized on the input dtype, rht and SR.
+**     first (cudaMemsetAsync). Specialized on the input dtype, rht, SR and the directions.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
@@ -74,6 +84,7 @@
 */
 #include <cuda_runtime.h>
 #include <float.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "amax_cuda.h"
@@ -84,6 +95,7 @@
 #include "launch_cuda.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
+#include "smem_cuda.h"
 
 namespace {
 
@@ -360,7 +372,7 @@ template <int DT> struct RawTile {
    Without vec (x not 16-byte aligned) the copy is made here, element by element. */
 template <int DT>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
-                                           int64_t i0, int64_t k0, int vec, uint8_t *tile) {
+                                           int64_t i0, int64_t k0, int vec, uint32_t tile) {
   using R = RawTile<DT>;
   const bool full = tile_full(M, K, i0, k0);
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
@@ -371,12 +383,12 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M
                        (threadIdx.x % R::kChunksPerRow) * kPer;
   if (full && vec) { /* the common case: every chunk, no checks, one stride per pass */
     const uint8_t *src = base + off0 * R::kEsz;
-    uint8_t *dst = tile + (threadIdx.x / R::kChunksPerRow) * R::kRowBytes +
-                   (threadIdx.x % R::kChunksPerRow) * 16;
+    const uint32_t dst = tile + (threadIdx.x / R::kChunksPerRow) * R::kRowBytes +
+                         (threadIdx.x % R::kChunksPerRow) * 16;
     const int64_t pass = (int64_t)kRowsPerPass * K * R::kEsz;
 #pragma unroll
     for (int s = 0; s < R::kChunks / kThreads; s++)
-      hq_cuda_cp_async16_full(dst + s * kRowsPerPass * R::kRowBytes, src + s * pass);
+      hq_cp_async16_at(dst + s * kRowsPerPass * R::kRowBytes, src + s * pass);
     return;
   }
 #pragma unroll
@@ -384,40 +396,36 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M
     const int g = threadIdx.x + kThreads * s, r = g / R::kChunksPerRow, cc = g % R::kChunksPerRow;
     const bool in = full || (i0 + r < M && k0 + cc * kPer < K);
     const int64_t off = off0 + (int64_t)(s * kRowsPerPass) * K;
-    uint8_t *dst = tile + r * R::kRowBytes + cc * 16;
+    const uint32_t dst = tile + r * R::kRowBytes + cc * 16;
     if (vec) {
-      hq_cuda_cp_async16(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
+      hq_cp_async16_n_at(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
     } else if (DT == HQ_F32) {
       for (int e = 0; e < kPer; e++)
-        reinterpret_cast<float *>(dst)[e] =
-            in ? reinterpret_cast<const float *>(base)[off + e] : 0.0f;
+        hq_sts32(dst + 4 * e, in ? reinterpret_cast<const uint32_t *>(base)[off + e] : 0u);
     } else {
       for (int e = 0; e < kPer; e++)
-        reinterpret_cast<uint16_t *>(dst)[e] =
-            in ? reinterpret_cast<const uint16_t *>(base)[off + e] : (uint16_t)0;
+        hq_sts16(dst + 2 * e, in ? reinterpret_cast<const uint16_t *>(base)[off + e] : 0u);
     }
   }
 }
 
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16), as FP32 (exact). */
 template <int DT>
-__device__ __forceinline__ void row_group_raw(const uint8_t *tile, int r, int c0, float v[16]) {
-  const uint8_t *p = tile + r * RawTile<DT>::kRowBytes + c0 * RawTile<DT>::kEsz;
+__device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, float v[16]) {
+  const uint32_t p = tile + r * RawTile<DT>::kRowBytes + c0 * RawTile<DT>::kEsz;
   if (DT == HQ_F32) {
-    const float4 *s4 = reinterpret_cast<const float4 *>(p);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const float4 f = s4[q];
-      v[4 * q] = f.x;
-      v[4 * q + 1] = f.y;
-      v[4 * q + 2] = f.z;
-      v[4 * q + 3] = f.w;
+      const uint4 f = hq_lds128(p + 16 * q);
+      v[4 * q] = hq_bits_f32(f.x);
+      v[4 * q + 1] = hq_bits_f32(f.y);
+      v[4 * q + 2] = hq_bits_f32(f.z);
+      v[4 * q + 3] = hq_bits_f32(f.w);
     }
   } else {
-    const uint4 *s4 = reinterpret_cast<const uint4 *>(p);
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      const uint4 u = s4[q];
+      const uint4 u = hq_lds128(p + 16 * q);
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < 4; e++) {
@@ -431,9 +439,9 @@ __device__ __forceinline__ void row_group_raw(const uint8_t *tile, int r, int c0
 /* 16-bit DT: row r's 16 elements of tile columns c0..c0+15 as 8 words of the input's bits
    (element 2j in the low half of w[j], 2j + 1 in the high half). */
 template <int DT>
-__device__ __forceinline__ void row_words(const uint8_t *tile, int r, int c0, uint32_t w[8]) {
-  const uint4 *s4 = reinterpret_cast<const uint4 *>(tile + r * RawTile<DT>::kRowBytes + c0 * 2);
-  const uint4 x = s4[0], y = s4[1];
+__device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t w[8]) {
+  const uint32_t p = tile + r * RawTile<DT>::kRowBytes + c0 * 2;
+  const uint4 x = hq_lds128(p), y = hq_lds128(p + 16);
   w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
   w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
 }
@@ -441,24 +449,23 @@ __device__ __forceinline__ void row_words(const uint8_t *tile, int r, int c0, ui
 /* 16-bit DT: tile rows r0..r0+15 of columns c and c + 1 (c even), one word per row (column c
    in the low half): a warp reads 128 consecutive bytes of a row, no bank conflict. */
 template <int DT>
-__device__ __forceinline__ void colpair_words(const uint8_t *tile, int r0, int c, uint32_t x[16]) {
-  const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * 2;
+__device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint32_t x[16]) {
+  const uint32_t p = tile + r0 * RawTile<DT>::kRowBytes + c * 2;
 #pragma unroll
-  for (int e = 0; e < 16; e++)
-    x[e] = *reinterpret_cast<const uint32_t *>(p + e * RawTile<DT>::kRowBytes);
+  for (int e = 0; e < 16; e++) x[e] = hq_lds32(p + e * RawTile<DT>::kRowBytes);
 }
 
 /* Tile rows r0..r0+15 of columns c and c + 1 (c even) as FP32: column c into a, c + 1 into b. */
 template <int DT>
-__device__ __forceinline__ void colpair_f32(const uint8_t *tile, int r0, int c, float a[16],
+__device__ __forceinline__ void colpair_f32(uint32_t tile, int r0, int c, float a[16],
                                             float b[16]) {
   if (DT == HQ_F32) {
-    const uint8_t *p = tile + r0 * RawTile<DT>::kRowBytes + c * 4;
+    const uint32_t p = tile + r0 * RawTile<DT>::kRowBytes + c * 4;
 #pragma unroll
     for (int e = 0; e < 16; e++) {
-      const float2 f = *reinterpret_cast<const float2 *>(p + e * RawTile<DT>::kRowBytes);
-      a[e] = f.x;
-      b[e] = f.y;
+      const uint2 f = hq_lds64(p + e * RawTile<DT>::kRowBytes);
+      a[e] = hq_bits_f32(f.x);
+      b[e] = hq_bits_f32(f.y);
     }
   } else {
     uint32_t x[16];
@@ -694,19 +701,6 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
   }
 }
 
-/* One columnwise block from its FP32 values (F32 input without RHT): amax, signs, the 2-D tile
-   amax, encode. */
-template <bool SR>
-__device__ __forceinline__ uint8_t col_block_f32(const float v[16], const QArgs &a,
-                                                 const uint32_t *bam, int r0, int cb, float m,
-                                                 const float *enc_tab, uint64_t block, uint2 *out) {
-  int has_nan;
-  float ba = block_amax16(v, &has_nan);
-  if (a.b2d) ba = tile_amax16(bam, r0, cb);
-  return encode16<SR>(v, ba, m, enc_tab, a.seed, a.offset, 1u, block, has_nan,
-                      signs_of([&](int e) { return v[e]; }), out);
-}
-
 /* The sign words of two blocks (the fast form's sgn), made only when both take it. */
 struct Signs2 {
   uint2 s[2];
@@ -721,42 +715,33 @@ __device__ __forceinline__ Signs2 row_signs2(const uint32_t a[8], const uint32_t
                  make_uint2(sign_word(s2.x, s2.y), sign_word(s3.x, s3.y))}};
 }
 
-/* A thread's two blocks side by side (no branch between them, so their work interleaves):
-   values v0(e), v1(e); their amaxes ba0, ba1 from a packed max (NaN propagated: such a block
-   takes the rule's NaN-ignoring amax); with b2d the 16x16 tile amaxes tiles() (a float2)
-   instead, read from shared memory only there (read before the call, block_2d measured 7%
-   slower); the scale codes into sf, the packed words into o (signs(): both blocks' sign
-   words). */
-template <bool SR, class V0, class V1, class TA, class SG>
-__device__ __forceinline__ void encode_pair(const V0 &v0, const V1 &v1, float ba0, float ba1,
-                                            bool b2d, const TA &tiles, float m,
-                                            const float *enc_tab, const QArgs &a,
-                                            uint32_t colwise, uint64_t blk0, uint64_t blk1,
-                                            const SG &signs, uint2 o[2], uint8_t sf[2]) {
-  float ba[2] = {ba0, ba1}, enc[2];
-  const int nan[2] = {is_nan_abs(ba0), is_nan_abs(ba1)};
-  if (nan[0] | nan[1]) {
-    ba[0] = nan[0] ? amax_of(v0) : ba[0];
-    ba[1] = nan[1] ? amax_of(v1) : ba[1];
-  }
-  if (b2d) {
-    const float2 t = tiles();
-    ba[0] = t.x, ba[1] = t.y;
-  }
-  sf[0] = block_code(ba[0], m, enc_tab, &enc[0]);
-  sf[1] = block_code(ba[1], m, enc_tab, &enc[1]);
-  const bool f0 = fast_block<SR>(ba[0], enc[0], nan[0]);
-  const bool f1 = fast_block<SR>(ba[1], enc[1], nan[1]);
-  if (f0 && f1) {
-    const Signs2 sg = signs();
-    o[0] = encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0, sg.s[0]);
-    o[1] = encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1, sg.s[1]);
-  } else {
-    o[0] = f0 ? encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0, signs_of(v0))
-              : encode_rule<SR>(v0, enc[0], a.seed, a.offset, colwise, blk0);
-    o[1] = f1 ? encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1, signs_of(v1))
-              : encode_rule<SR>(v1, enc[1], a.seed, a.offset, colwise, blk1);
-  }
+/* The heads of two packed blocks on the common path: their scale codes (block 0's in bits 0-7,
+   block 1's in bits 8-15) and encode multipliers enc[0..1] from their amaxes ba0, ba1 (max |v|
+   with NaN propagated: NaN marks a block holding one), or with block_2d from their 16x16 tile
+   amaxes t0, t1 (read before, NaN ignored); bit j of *slow when block j does not take the fast
+   form (redo_blocks then makes it by the rule, its scale code included). Both codes come from
+   one convert instruction (hq_nvfp4_block_scale's bits, as block_code) without the FP8 NaN
+   rule: a NaN product makes a NaN code, whose multiplier (FLT_MAX) keeps the block off the fast
+   form, so that code is never kept. */
+template <bool SR>
+__device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d, float t0,
+                                                 float t1, float m, const float *enc_tab,
+                                                 float enc[2], unsigned *slow) {
+  const int n0 = is_nan_abs(ba0), n1 = is_nan_abs(ba1);
+  ba0 = b2d ? t0 : ba0;
+  ba1 = b2d ? t1 : ba1;
+  const float p0 = hq_mul_rn(ba0, m), p1 = hq_mul_rn(ba1, m);
+#if HQ_FP8_HW_CVT
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(p1), "f"(p0));
+  const uint32_t sf = h;
+#else
+  const uint32_t sf = hq_cuda_f32_to_fp8<HQ_E4M3>(p0) | hq_cuda_f32_to_fp8<HQ_E4M3>(p1) << 8;
+#endif
+  enc[0] = enc_tab[sf & 0xffu];
+  enc[1] = enc_tab[sf >> 8];
+  *slow = (fast_block<SR>(ba0, enc[0], n0) ? 0u : 1u) | (fast_block<SR>(ba1, enc[1], n1) ? 0u : 2u);
+  return sf;
 }
 
 /* The packed bytes and the scale bytes of one tile, staged as each block is encoded (no
@@ -768,6 +753,72 @@ struct Staged {
   __align__(16) uint2 c[kTM / 16][kCS];
   uint32_t rsw[kTM * 2], csw[kTK];
 };
+
+/* A staging buffer's shared-window address (hq_smem_addr: taken once, then offsets added) and
+   the addresses of its parts: packed word i of the rowwise staging, word (rb, col) of the
+   columnwise one, byte b of the rowwise and of the columnwise scale words. */
+struct StagedAt {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t r(int i) const {
+    return base + (uint32_t)offsetof(Staged, r) + 8u * i;
+  }
+  __device__ __forceinline__ uint32_t c(int rb, int col) const {
+    return base + (uint32_t)offsetof(Staged, c) + 8u * (rb * kCS + col);
+  }
+  __device__ __forceinline__ uint32_t rs(int b) const {
+    return base + (uint32_t)offsetof(Staged, rsw) + b;
+  }
+  __device__ __forceinline__ uint32_t cs(int b) const {
+    return base + (uint32_t)offsetof(Staged, csw) + b;
+  }
+};
+
+/* The blocks of a thread's share of a tile that the fast form does not take (a NaN, an Inf, a
+   scale code that underflows its block: rare), redone by the rule from the shared tile over
+   their staged bytes. Bit j of `redo`: rowwise block 2p + j of row r (j = 0, 1), columnwise
+   column 2q + j - 2 of row block rb (j = 2, 3), the thread's share as the kernel assigns it.
+   Each block: its values (through the RHT for a columnwise block with rht), hq_nvfp4_amax (NaN
+   ignored) or with block_2d the 16x16 tile amax, the scale code, and hq_nvfp4_quantize (_sr)
+   of every element. Out of line: the common path stays small and free of branches. */
+template <int DT, bool RHT, bool SR>
+__device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint32_t *bam,
+                                         const uint32_t *flip, const float *enc_row,
+                                         const float *enc_col, float rm, float cm, int64_t M,
+                                         int64_t K, int64_t i0, int64_t k0, int b2d,
+                                         uint64_t seed, uint64_t offset, StagedAt st) {
+  const int t = threadIdx.x, r = t % kTM, p = t / kTM, q = t % (kTK / 2), rb = t / (kTK / 2);
+  for (int j = 0; j < 4; j++) {
+    if (!((redo >> j) & 1u)) continue;
+    float v[16], enc;
+    if (j < 2) {
+      row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+      const float ba = b2d ? tile_amax16(bam, r & ~15, 2 * p + j) : hq_nvfp4_amax(v, 16);
+      const uint8_t sf = block_code(ba, rm, enc_row, &enc);
+      const uint64_t blk = (uint64_t)((i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p + j);
+      hq_sts64(st.r(r * kRS + 2 * p + j),
+               encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 0u, blk));
+      hq_sts8(st.rs(r * 8 + 2 * p + j), sf);
+    } else {
+      const int c = 2 * q + (j - 2);
+      float f[2][16];
+      colpair_f32<DT>(sm, 16 * rb, 2 * q, f[0], f[1]);
+      if (RHT) {
+        uint32_t y[8];
+        rht16_head_f32<DT>(f[j - 2], flip, v);
+        rht16_tail(v, y);
+        for (int e = 0; e < 16; e++) v[e] = row_word_value<HQ_BF16>(y, e);
+      } else {
+        for (int e = 0; e < 16; e++) v[e] = f[j - 2][e];
+      }
+      const float ba = b2d ? tile_amax16(bam, 16 * rb, c / 16) : hq_nvfp4_amax(v, 16);
+      const uint8_t sf = block_code(ba, cm, enc_col, &enc);
+      const uint64_t blk = (uint64_t)((k0 + c) * (M >> 4) + ((i0 >> 4) + rb));
+      hq_sts64(st.c(rb, c),
+               encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 1u, blk));
+      hq_sts8(st.cs(c * 4 + rb), sf);
+    }
+  }
+}
 
 /* kLines output lines of kWords 8-byte words each, line l at base + l * ld: word w of line l is
    val(l, w), stored where in(l, w) (a partial tile) -- a tile wholly inside the tensor with an
@@ -795,41 +846,44 @@ __device__ __forceinline__ void store_lines(uint8_t *base, int64_t ld, bool full
 /* Store a staged tile (i0, k0) to the outputs: coalesced 8-byte stores of the packed bytes and
    4-byte scale words; a tile wholly inside [M, K] with aligned buffers checks nothing. Every
    thread of the CTA calls it. */
-__device__ __forceinline__ void store_staged(const QArgs &a, const Staged &st, int64_t i0,
+template <int DIRS>
+__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt st, int64_t i0,
                                              int64_t k0, bool full) {
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
-  if (a.rdata) {
+  if (DIRS & 1) {
     /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
     store_lines<kTM, 8>(
         a.rdata + i0 * (K >> 1) + (k0 >> 1), K >> 1, full, a.a8,
-        [&](int rr, int b) { return st.r[rr * kRS + b]; },
+        [&](int rr, int b) { return hq_lds64(st.r(rr * kRS + b)); },
         [&](int rr, int b) { return i0 + rr < M && k0 + 16 * b < K; });
     if (t < kTM * 2) { /* row t/2's scale entries k0/16 + 4 (t%2) .. +3 */
       const int64_t i = i0 + t / 2, b = k0 / 16 + 4 * (t % 2);
       if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.rscale + i * hq_nvfp4_scale_cols(K) + b) = st.rsw[t];
+        *reinterpret_cast<uint32_t *>(a.rscale + i * hq_nvfp4_scale_cols(K) + b) =
+            hq_lds32(st.rs(4 * t));
       else if (i < M && b < K / 16)
-        store_scale_word(a.rscale, i, b, K, a.swz, a.a4, st.rsw[t]);
+        store_scale_word(a.rscale, i, b, K, a.swz, a.a4, hq_lds32(st.rs(4 * t)));
     }
   }
-  if (a.cdata) {
+  if (DIRS & 2) {
     /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
     store_lines<kTK, 4>(
         a.cdata + k0 * (M >> 1) + (i0 >> 1), M >> 1, full, a.a8,
-        [&](int cc, int rb4) { return st.c[rb4][cc]; },
+        [&](int cc, int rb4) { return hq_lds64(st.c(rb4, cc)); },
         [&](int cc, int rb4) { return i0 + 16 * rb4 < M && k0 + cc < K; });
     if (t < kTK) { /* column k0 + t's scale entries i0/16 .. +3 */
       const int64_t k = k0 + t;
       if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.cscale + k * hq_nvfp4_scale_cols(M) + i0 / 16) = st.csw[t];
+        *reinterpret_cast<uint32_t *>(a.cscale + k * hq_nvfp4_scale_cols(M) + i0 / 16) =
+            hq_lds32(st.cs(4 * t));
       else if (k < K)
-        store_scale_word(a.cscale, k, i0 / 16, M, a.swz, a.a4, st.csw[t]);
+        store_scale_word(a.cscale, k, i0 / 16, M, a.swz, a.a4, hq_lds32(st.cs(4 * t)));
     }
   }
 }
 
-template <int DT, bool RHT, bool SR>
+template <int DT, bool RHT, bool SR, int DIRS>
 __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
     quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT> */
@@ -841,20 +895,25 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
   __shared__ Staged staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
   using R = RawTile<DT>;
+  constexpr bool kRow = DIRS & 1, kCol = DIRS & 2;
   /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
      instruction) and the sign bits gathered from them by byte permutes */
   constexpr bool kPacked = DT != HQ_F32;
+  /* the blocks encoded on the common path with their heads first (no branch until every
+     block of the thread's share is encoded): rowwise of a 16-bit input, columnwise of a 16-bit
+     input or with rht (the transform's packed BF16 results) */
+  constexpr bool kRowP = kRow && kPacked, kColP = kCol && (kPacked || RHT);
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
   if (RHT && t < 16) flip[t] = ((a.mask >> t) & 1u) ? 0x80008000u : 0u; /* read after a barrier */
-  if (a.rdata) {
+  if (kRow) {
     const DirConst d = dir_const(a.given ? a.given[0] : *a.ramax);
     rm = d.m;
     enc_tab[0][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
     if (a.given && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
   }
-  if (a.cdata) {
+  if (kCol) {
     const DirConst d = dir_const(a.given ? a.given[1] : *a.camax);
     cm = d.m;
     enc_tab[1][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
@@ -864,11 +923,13 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
      kStages tile buffers: the copies of the next kStages - 1 tiles are in flight while tile n is
      encoded */
   unsigned tile = blockIdx.x;
+  /* the buffers' shared-window addresses, once (smem_cuda.h) */
+  uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
   TileWalk cur(K), ahead(K); /* ahead: the next tile to copy in */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (tile + s * gridDim.x < a.ntiles)
-      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles + s * R::kBytes);
+      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + s * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
   }
@@ -879,28 +940,33 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
   int sb = 0; /* the staging buffer tile n is encoded into */
   for (int buf = 0; tile < a.ntiles;
        tile += gridDim.x, buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
+    hq_pin(tiles_s);
+    hq_pin(staged_s);
     const int64_t i0 = cur.i0(), k0 = cur.k0();
     cur = cur.next();
     const bool full = tile_full(M, K, i0, k0);
     hq_cuda_cp_async_wait<kStages - 2>();
     __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
-    if (tile != blockIdx.x) store_staged(a, staged[sb ^ 1], pi0, pk0, pfull);
+    if (tile != blockIdx.x)
+      store_staged<DIRS>(a, StagedAt{staged_s + (sb ^ 1) * (uint32_t)sizeof(Staged)}, pi0, pk0,
+                         pfull);
     pi0 = i0, pk0 = k0, pfull = full;
     /* the buffer of tile n - 1 */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
     if (tile + (kStages - 1) * gridDim.x < a.ntiles)
-      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles + nb * R::kBytes);
+      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + nb * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
-    Staged &st = staged[sb];
-    uint8_t *const rsb = reinterpret_cast<uint8_t *>(st.rsw);
-    uint8_t *const csb = reinterpret_cast<uint8_t *>(st.csw);
-    const uint8_t *sm = tiles + buf * R::kBytes;
+    const StagedAt st{staged_s + sb * (uint32_t)sizeof(Staged)};
+    const uint32_t sm = tiles_s + buf * R::kBytes;
 
     /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
     const int r = t % kTM, p = t / kTM;
-    /* columnwise threads: columns 2q and 2q+1, row block rb (rows 16rb..16rb+15 of the tile) */
-    const int q = t % (kTK / 2), rb = t / (kTK / 2);
+    /* columnwise threads: columns c = 2q and c + 1, row block rb (rows 16rb..16rb+15) */
+    const int q = t % (kTK / 2), rb = t / (kTK / 2), c = 2 * q;
+    const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p; /* SR: block 2p's */
+    const int64_t cblk = (k0 + c) * (M >> 4) + (i0 >> 4) + rb; /* column c's; c + 1: + M / 16 */
+    float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* block_2d: the thread's blocks' tile amaxes */
     if (a.b2d) { /* the per-row block amaxes (NaN ignored) for the 16x16 tile amaxes */
 #pragma unroll
       for (int j = 0; j < 2; j++) {
@@ -918,59 +984,32 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
         bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(ba);
       }
       __syncthreads();
+      if (kRow) {
+        tba[0] = tile_amax16(bam, r & ~15, 2 * p);
+        tba[1] = tile_amax16(bam, r & ~15, 2 * p + 1);
+      }
+      if (kCol) tba[2] = tba[3] = tile_amax16(bam, 16 * rb, c / 16); /* one 16x16 tile */
     }
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
        blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
        0) and are not stored, so every block is encoded unconditionally. */
-    if (a.rdata) {
-      const int64_t i = i0 + r;
-      const uint64_t blk = (uint64_t)(i * (K >> 4) + (k0 >> 4) + 2 * p); /* block 2p's (SR) */
-      uint2 o[2];
-      uint8_t sf[2];
-      if (kPacked) {
-        /* both blocks at once: without a branch between them their work interleaves */
-        uint32_t w[16];
-        row_words<DT>(sm, r, 32 * p, w);
-        row_words<DT>(sm, r, 32 * p + 16, w + 8);
-        auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
-        auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
-        auto signs = [&] { return row_signs2(w, w + 8); };
-        auto tiles = [&] {
-          return make_float2(tile_amax16(bam, r & ~15, 2 * p),
-                             tile_amax16(bam, r & ~15, 2 * p + 1));
-        };
-        encode_pair<SR>(v0, v1, packed16_amax<DT>(w), packed16_amax<DT>(w + 8), a.b2d, tiles, rm,
-                        enc_tab[0], a, 0u, blk, blk + 1, signs, o, sf);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-          float v[16];
-          int has_nan;
-          row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
-          float ba = block_amax16(v, &has_nan);
-          if (a.b2d) ba = tile_amax16(bam, r & ~15, 2 * p + j);
-          sf[j] = encode16<SR>(v, ba, rm, enc_tab[0], a.seed, a.offset, 0u, blk + j, has_nan,
-                               signs_of([&](int e) { return v[e]; }), &o[j]);
-        }
-      }
-      st.r[r * kRS + 2 * p] = o[0];
-      st.r[r * kRS + 2 * p + 1] = o[1];
-      *reinterpret_cast<uint16_t *>(rsb + r * 8 + 2 * p) = (uint16_t)(sf[0] | sf[1] << 8);
+    unsigned redo = 0; /* the thread's blocks the fast form does not take (redo_blocks) */
+    /* The packed blocks: first every block's values and amax (NaN propagated), then every
+       head (scale code, multiplier), then every block's fast form; no branch in between, so
+       the dependent chains of the heads overlap each other and the encoding. */
+    uint32_t w[16];    /* rowwise: row r's two blocks, 8 words each */
+    uint32_t x[16];    /* columnwise, 16-bit input without rht: rows of columns c, c + 1 */
+    uint32_t y[2][8];  /* columnwise with rht: the transformed columns, packed BF16 */
+    float ba[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (kRowP) {
+      row_words<DT>(sm, r, 32 * p, w);
+      row_words<DT>(sm, r, 32 * p + 16, w + 8);
+      ba[0] = packed16_amax<DT>(w);
+      ba[1] = packed16_amax<DT>(w + 8);
     }
-    if (a.cdata) {
-      const int c = 2 * q;
-      const int64_t k = k0 + c, i = i0 + 16 * rb;
-      const uint64_t blk = (uint64_t)(k * (M >> 4) + (i >> 4)); /* column c's; c + 1: + M / 16 */
-      uint2 o[2];
-      uint8_t sf[2];
-      auto col_tiles = [&] { /* block_2d: both columns lie in one 16x16 tile */
-        const float t = tile_amax16(bam, 16 * rb, c / 16);
-        return make_float2(t, t);
-      };
+    if (kColP) {
       if (RHT) {
-        /* both columns' transforms, then their blocks side by side (as below) from the
-           transformed BF16 values packed in y */
-        uint32_t x[16], fl[16], y[2][8];
+        uint32_t fl[16];
         float f0[16], f1[16];
         const uint4 *f4 = reinterpret_cast<const uint4 *>(flip);
 #pragma unroll
@@ -988,43 +1027,105 @@ __global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
           rht16_head<DT>(x, h ? f1 : f0, fl, h, v);
           rht16_tail(v, y[h]);
         }
-        auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
-        auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
-        auto signs = [&] { return row_signs2(y[0], y[1]); };
-        encode_pair<SR>(v0, v1, packed16_amax(y[0]), packed16_amax(y[1]), a.b2d, col_tiles, cm,
-                        enc_tab[1], a, 1u, blk, blk + (uint64_t)(M >> 4), signs, o, sf);
-      } else if (kPacked) {
-        uint32_t x[16];
+        ba[2] = packed16_amax(y[0]);
+        ba[3] = packed16_amax(y[1]);
+      } else {
         colpair_words<DT>(sm, 16 * rb, c, x);
         const uint32_t mm = absmax_tree<DT, 16>(x);
+        ba[2] = lane_abs<DT>(mm, 0);
+        ba[3] = lane_abs<DT>(mm, 1);
+      }
+    }
+    uint32_t rsf = 0, csf = 0; /* the scale codes of the packed blocks, two per word */
+    float enc[4];
+    if (kRowP) {
+      unsigned sl;
+      rsf = block_heads2<SR>(ba[0], ba[1], a.b2d, tba[0], tba[1], rm, enc_tab[0], enc, &sl);
+      redo |= sl;
+    }
+    if (kColP) {
+      unsigned sl;
+      csf = block_heads2<SR>(ba[2], ba[3], a.b2d, tba[2], tba[3], cm, enc_tab[1], enc + 2, &sl);
+      redo |= sl << 2;
+    }
+    if (kRowP) {
+      auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
+      auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
+      const Signs2 sg = row_signs2(w, w + 8);
+      hq_sts64(st.r(r * kRS + 2 * p),
+               encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, 0u, (uint64_t)rblk, sg.s[0]));
+      hq_sts64(st.r(r * kRS + 2 * p + 1),
+               encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
+      hq_sts16(st.rs(r * 8 + 2 * p), rsf);
+    }
+    if (kColP) {
+      uint2 o[2];
+      const uint64_t b0 = (uint64_t)cblk, b1 = (uint64_t)cblk + (uint64_t)(M >> 4);
+      if (RHT) {
+        auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
+        auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
+        const Signs2 sg = row_signs2(y[0], y[1]);
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.seed, a.offset, 1u, b0, sg.s[0]);
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.seed, a.offset, 1u, b1, sg.s[1]);
+      } else {
         auto v0 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu); };
         auto v1 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] >> 16); };
-        auto signs = [&] {
-          /* column c's signs are the low halves' (rows 0, 2, 4, 6 and 1, 3, 5, 7 of each
-             packed word), column c + 1's the high halves' */
-          const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]);
-          const uint2 d0 = sign_split(x[1], x[3], x[5], x[7]);
-          const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]);
-          const uint2 d1 = sign_split(x[9], x[11], x[13], x[15]);
-          return Signs2{{make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)),
-                         make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y))}};
-        };
-        encode_pair<SR>(v0, v1, lane_abs<DT>(mm, 0), lane_abs<DT>(mm, 1), a.b2d, col_tiles, cm,
-                        enc_tab[1], a, 1u, blk, blk + (uint64_t)(M >> 4), signs, o, sf);
-      } else {
-        float v0[16], v1[16];
-        colpair_f32<DT>(sm, 16 * rb, c, v0, v1);
-        sf[0] = col_block_f32<SR>(v0, a, bam, 16 * rb, c / 16, cm, enc_tab[1], blk, &o[0]);
-        sf[1] = col_block_f32<SR>(v1, a, bam, 16 * rb, c / 16, cm, enc_tab[1],
-                                       blk + (uint64_t)(M >> 4), &o[1]);
+        /* column c's signs are the low halves' (rows 0, 2, 4, 6 and 1, 3, 5, 7 of each packed
+           word), column c + 1's the high halves' */
+        const uint2 e0 = sign_split(x[0], x[2], x[4], x[6]);
+        const uint2 d0 = sign_split(x[1], x[3], x[5], x[7]);
+        const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]);
+        const uint2 d1 = sign_split(x[9], x[11], x[13], x[15]);
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.seed, a.offset, 1u, b0,
+                                   make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)));
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.seed, a.offset, 1u, b1,
+                                   make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
       }
-      *reinterpret_cast<uint4 *>(&st.c[rb][c]) = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
-      csb[c * 4 + rb] = sf[0];
-      csb[(c + 1) * 4 + rb] = sf[1];
+      hq_sts128(st.c(rb, c), make_uint4(o[0].x, o[0].y, o[1].x, o[1].y));
+      hq_sts8(st.cs(c * 4 + rb), csf);
+      hq_sts8(st.cs((c + 1) * 4 + rb), csf >> 8);
     }
+    /* F32 input: rowwise, and columnwise without rht, block by block (encode16) */
+    if (kRow && !kPacked) {
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        float v[16];
+        int has_nan;
+        row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+        float bv = block_amax16(v, &has_nan);
+        if (a.b2d) bv = tba[j];
+        uint2 o;
+        const uint8_t s = encode16<SR>(v, bv, rm, enc_tab[0], a.seed, a.offset, 0u,
+                                       (uint64_t)rblk + j, has_nan,
+                                       signs_of([&](int e) { return v[e]; }), &o);
+        hq_sts64(st.r(r * kRS + 2 * p + j), o);
+        hq_sts8(st.rs(r * 8 + 2 * p + j), s);
+      }
+    }
+    if (kCol && !kPacked && !RHT) {
+      float v[2][16];
+      colpair_f32<DT>(sm, 16 * rb, c, v[0], v[1]);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int has_nan;
+        float bv = block_amax16(v[h], &has_nan);
+        if (a.b2d) bv = tba[2 + h];
+        uint2 o;
+        hq_sts8(st.cs((c + h) * 4 + rb),
+                encode16<SR>(v[h], bv, cm, enc_tab[1], a.seed, a.offset, 1u,
+                             (uint64_t)cblk + h * (uint64_t)(M >> 4), has_nan,
+                             signs_of([&](int e) { return v[h][e]; }), &o));
+        hq_sts64(st.c(rb, c + h), o);
+      }
+    }
+    if (redo)
+      redo_blocks<DT, RHT, SR>(redo, sm, bam, flip, enc_tab[0], enc_tab[1], rm, cm, M, K, i0, k0,
+                               a.b2d, a.seed, a.offset, st);
   }
   __syncthreads(); /* the last tile is staged */
-  if (tile != blockIdx.x) store_staged(a, staged[sb ^ 1], pi0, pk0, pfull);
+  if (tile != blockIdx.x)
+    store_staged<DIRS>(a, StagedAt{staged_s + (sb ^ 1) * (uint32_t)sizeof(Staged)}, pi0, pk0,
+                       pfull);
 }
 
 struct DArgs {
@@ -1215,7 +1316,7 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
   }
 }
 
-template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, QArgs a) {
+template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
   int rc = tile_grid(call, a.M, a.K, &grid);
   if (rc) return rc;
@@ -1226,21 +1327,32 @@ template <int DT, bool RHT, bool SR> int launch_quantize_t(const hq_call *call, 
      device and kernel */
   const int dyn = kStages * RawTile<DT>::kBytes;
   int64_t resident = 0;
-  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR>>(kThreads, dyn, &resident)));
+  CHECK_CUDA(call,
+             (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS>>(kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  quantize_kernel<DT, RHT, SR, DIRS><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
   if (cudaPeekAtLastError() != cudaSuccess)
-    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR>>();
+    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
 
+/* The kernel for the directions made (1 rowwise, 2 columnwise, 3 both; the RHT is columnwise
+   only), so each body holds no branch on them. */
+template <int DT, bool RHT, bool SR> int launch_quantize_d(const hq_call *call, const QArgs &a) {
+  const int dirs = (a.rdata ? 1 : 0) | (a.cdata ? 2 : 0);
+  if (dirs == 0) return HQ_OK;
+  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1>(call, a);
+  if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2>(call, a);
+  return launch_quantize_t<DT, RHT, SR, 3>(call, a);
+}
+
 template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
   if (a.rht)
-    return a.sr ? launch_quantize_t<DT, true, true>(call, a)
-                : launch_quantize_t<DT, true, false>(call, a);
-  return a.sr ? launch_quantize_t<DT, false, true>(call, a)
-              : launch_quantize_t<DT, false, false>(call, a);
+    return a.sr ? launch_quantize_d<DT, true, true>(call, a)
+                : launch_quantize_d<DT, true, false>(call, a);
+  return a.sr ? launch_quantize_d<DT, false, true>(call, a)
+              : launch_quantize_d<DT, false, false>(call, a);
 }
 
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
