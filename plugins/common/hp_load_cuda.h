@@ -11,13 +11,6 @@
 ** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
 ** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
 ** far less than a 64-bit division in a kernel whose per-element work is a few instructions.
-**
-** hq_cuda_cp_async16(dst, src, n): an asynchronous 16-byte copy global -> shared (cp.async,
-** sm_80 and later; n = 0 writes 16 zero bytes and reads nothing; hq_cuda_cp_async16_full(dst,
-** src) copies all 16 bytes, without the size operand), grouped by hq_cuda_cp_async_commit();
-** hq_cuda_cp_async_wait<N>() waits for every group of this thread but the newest N -- the
-** multiple buffering of the quantize kernels (the next tiles copied in while the current one is
-** encoded). A __syncthreads() after the wait makes every thread's copies visible.
 */
 #ifndef HQ_HP_LOAD_CUDA_H
 #define HQ_HP_LOAD_CUDA_H
@@ -59,23 +52,6 @@ __device__ __forceinline__ void hq_cuda_row_col(int64_t e, int64_t K, int64_t *i
     *i = e / K;
     *j = e - *i * K;
   }
-}
-
-__device__ __forceinline__ void hq_cuda_cp_async16(void *dst, const void *src, int n) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
-               : "memory");
-}
-__device__ __forceinline__ void hq_cuda_cp_async16_full(void *dst, const void *src) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void hq_cuda_cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* waits for every group of this thread but the newest N */
-template <int N> __device__ __forceinline__ void hq_cuda_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 #endif /* HQ_HP_LOAD_CUDA_H */

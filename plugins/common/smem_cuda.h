@@ -60,14 +60,24 @@ __device__ __forceinline__ void hq_sts128(uint32_t a, uint4 v) {
                "r"(v.w)
                : "memory");
 }
-/* cp.async of 16 bytes to a shared-window address: all of them, or n of them and zeros after
-   (n = 0: 16 zero bytes, nothing read); grouped and waited for as in hp_load_cuda.h */
+/* cp.async (sm_80 and later) of 16 bytes global -> shared, to a shared-window address: all of
+   them, or n of them and zeros after (n = 0: 16 zero bytes, nothing read); grouped by
+   hq_cuda_cp_async_commit(); hq_cuda_cp_async_wait<N>() waits for every group of this thread
+   but the newest N -- the multiple buffering of the quantize kernels (the next tiles copied in
+   while the current one is encoded). A __syncthreads() after the wait makes every thread's
+   copies visible. */
 __device__ __forceinline__ void hq_cp_async16_at(uint32_t dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void hq_cp_async16_n_at(uint32_t dst, const void *src, int n) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
                : "memory");
+}
+__device__ __forceinline__ void hq_cuda_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void hq_cuda_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 #endif /* HQ_SMEM_CUDA_H */

@@ -701,7 +701,7 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
   }
 }
 
-/* The sign words of two blocks (the fast form's sgn), made only when both take it. */
+/* The sign words of two blocks (the fast form's sgn). */
 struct Signs2 {
   uint2 s[2];
 };
