@@ -246,7 +246,9 @@ static void test_fp8_casts_bit_patterns(void **state) {
    and it is a bijection onto the padded buffer. */
 /* The dequantize fast path (hq_mxfp8_dequantize_fast) equals hq_mxfp8_dequantize for every
    code that is not special and every scale code but NaN, both element kinds; the special codes
-   are exactly the NaN (and E5M2 Inf) codes, found alone and in every byte of a packed word. */
+   are exactly the NaN (and E5M2 Inf) codes, found alone and in every byte of a packed word;
+   hq_fp8_word_canon_nan makes exactly the special bytes 0x7F, one at a time in every byte and
+   in 2^20 random words (any number of them per word). */
 static void test_dequantize_fast_every_pair(void **state) {
   (void)state;
   for (int kd = 0; kd < 2; kd++) {
@@ -260,6 +262,12 @@ static void test_dequantize_fast_every_pair(void **state) {
         const uint32_t fill = kd ? 0xfb7b7bfbu : 0xfe7e7efeu;
         const uint32_t w = (fill & ~(0xffu << (8 * pos))) | ((uint32_t)q << (8 * pos));
         assert_int_equal(hq_fp8_word_special(w, kind) != 0, special);
+        /* the branch-free canonicalization: this byte becomes 0x7F when special, the others
+           (never special) stay */
+        const uint32_t want = special ? (w & ~(0xffu << (8 * pos))) | (0x7fu << (8 * pos)) : w;
+        if (hq_fp8_word_canon_nan(w, kind) != want)
+          fail_msg("kind %d word 0x%08x: canon 0x%08x, want 0x%08x", kind, w,
+                   hq_fp8_word_canon_nan(w, kind), want);
       }
       if (special) continue;
       for (int e = 0; e < 255; e++) {
@@ -271,6 +279,20 @@ static void test_dequantize_fast_every_pair(void **state) {
       }
     }
   }
+  uint32_t r = 12345u;
+  for (int kd = 0; kd < 2; kd++)
+    for (int n = 0; n < (1 << 20); n++) {
+      r = r * 1664525u + 1013904223u;
+      const uint32_t w = r ^ (r >> 7) * 0x01010101u; /* 3% hold an E4M3 special, 12% E5M2 */
+      uint32_t want = 0;
+      for (int pos = 0; pos < 4; pos++) {
+        const uint8_t q = (uint8_t)(w >> (8 * pos));
+        want |= (uint32_t)(hq_fp8_code_special(q, DT(kd)) ? 0x7fu : q) << (8 * pos);
+      }
+      if (hq_fp8_word_canon_nan(w, DT(kd)) != want)
+        fail_msg("kind %d word 0x%08x: canon 0x%08x, want 0x%08x", DT(kd), w,
+                 hq_fp8_word_canon_nan(w, DT(kd)), want);
+    }
 }
 
 static void test_swizzle_idx(void **state) {

@@ -41,8 +41,9 @@ template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float 
    hq_cuda_f32_to_fp8<ELEM>, in two convert instructions where the chip has them (their 16-bit
    results joined into the word by the register pair move, no masks). The hardware keeps a NaN's
    sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or infinite
-   input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN -- one word
-   test (hq_fp8_word_special) on the common path. */
+   input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN with no
+   branch (hq_fp8_word_canon_nan: three integer instructions per word for E4M3; the word test
+   and byte loop behind a branch it replaces had split the casts' code into blocks). */
 template <int ELEM>
 __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
 #if HQ_FP8_HW_CVT
@@ -59,11 +60,7 @@ __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, flo
         "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
         "mov.b32 %0, {lo, hi};\n}"
         : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  if (hq_fp8_word_special(w, ELEM))
-    for (int k = 0; k < 4; k++)
-      if (hq_fp8_code_special((uint8_t)(w >> (8 * k)), ELEM))
-        w = (w & ~(0xffu << (8 * k))) | ((uint32_t)HQ_FP8_NAN << (8 * k));
-  return w;
+  return hq_fp8_word_canon_nan(w, ELEM);
 #else
   return (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x0) | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x1) << 8 |
          (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x2) << 16 | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x3) << 24;

@@ -8,6 +8,9 @@
 ** Without, element loads (any alignment). hq_cuda_hp16_to_f32<DT>(h): one 16-bit element's
 ** bits as FP32 (the conversion every 16-bit read of the stock kernels uses).
 **
+** hq_cuda_absmax2<DT>(a, b) / hq_cuda_lane_amax<DT>(m, hi): the amax of 16-bit elements from
+** their packed words, two per instruction, NaN ignored as the stock plugins' amax rule wants.
+**
 ** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
 ** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
 ** far less than a 64-bit division in a kernel whose per-element work is a few instructions.
@@ -20,6 +23,25 @@
 /* One 16-bit element's bits h (DT: HQ_F16 or HQ_BF16) as FP32, exact. */
 template <int DT> __device__ __forceinline__ float hq_cuda_hp16_to_f32(uint32_t h) {
   return DT == HQ_F16 ? hq_f16_to_f32((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
+}
+
+/* max(|a|, |b|) of each 16-bit lane of two words of DT (HQ_BF16 or HQ_F16), two elements per
+   instruction (PTX max.xorsign.abs): a NaN operand is ignored as by fmaxf (IEEE maxNum; NaN only
+   where both are), and the lanes' sign bits are meaningless (hq_cuda_lane_amax clears them). */
+template <int DT> __device__ __forceinline__ uint32_t hq_cuda_absmax2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if (DT == HQ_BF16)
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+/* Lane hi (0: the low half) of a chain of hq_cuda_absmax2 as FP32: max |x| over the elements
+   behind it with NaN ignored, 0 when all of them are NaN -- the value of a chain of fmaxf(m,
+   fabsf(x)) started at 0 over the same elements (the stock plugins' amax rule). */
+template <int DT> __device__ __forceinline__ float hq_cuda_lane_amax(uint32_t m, int hi) {
+  return fmaxf(0.0f, hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu));
 }
 
 template <int DT>

@@ -252,6 +252,18 @@ HQ_HD uint32_t hq_fp8_word_special(uint32_t w, int kind) {
                          : ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
 }
 
+/* w with every special code (hq_fp8_code_special) among its 4 bytes replaced by HQ_FP8_NAN and
+   the others kept, with no branch: hq_fp8_word_special marks the special bytes in their bit 7.
+   E4M3: a special byte's 7 low bits are already 0x7F, so clearing its bit 7 makes HQ_FP8_NAN;
+   E5M2: the marks spread to whole-byte masks (bit 7 -> 0xFF, no carry between bytes) select
+   0x7F there. */
+HQ_HD uint32_t hq_fp8_word_canon_nan(uint32_t w, int kind) {
+  const uint32_t s = hq_fp8_word_special(w, kind);
+  if (kind != HQ_E5M2) return w & ~s;
+  const uint32_t m = (s >> 7) * 0xffu;
+  return (w & ~m) | (HQ_FP8_NAN * 0x01010101u & m);
+}
+
 /* Dequantize one element: x = RN(fp32(q) * scale_inv); a NaN code gives HQ_F32_NAN_BITS. */
 HQ_HD float hq_fp8_dequantize(uint8_t q, float scale_inv, int kind) {
   float v = hq_fp8_to_f32(q, kind);
