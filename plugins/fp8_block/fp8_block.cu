@@ -88,9 +88,9 @@ template <int DT> struct Raw {
   }
   /* the same over the 8 rows of columns 2k and 2k + 1 (16-bit inputs) */
   __device__ __forceinline__ uint32_t col_pair_absmax(int k) const {
-    uint32_t m01 = hq_cuda_absmax2<DT>(w[0][k], w[1][k]), m23 = hq_cuda_absmax2<DT>(w[2][k], w[3][k]);
-    uint32_t m45 = hq_cuda_absmax2<DT>(w[4][k], w[5][k]), m67 = hq_cuda_absmax2<DT>(w[6][k], w[7][k]);
-    return hq_cuda_absmax2<DT>(hq_cuda_absmax2<DT>(m01, m23), hq_cuda_absmax2<DT>(m45, m67));
+    uint32_t m[4];
+    for (int p = 0; p < 4; p++) m[p] = hq_cuda_absmax2<DT>(w[2 * p][k], w[2 * p + 1][k]);
+    return hq_cuda_absmax2<DT>(hq_cuda_absmax2<DT>(m[0], m[1]), hq_cuda_absmax2<DT>(m[2], m[3]));
   }
   __device__ __forceinline__ float at(int p, int j) const {
     if constexpr (DT == HQ_F32) {

@@ -29,7 +29,8 @@
 **     directions with a given amax, these three changes: 0.098-0.102 -> 0.094 ms, rht 0.112 ->
 **     0.104, stochastic rounding 0.195 -> 0.163, block_2d 0.112 -> 0.108; ncu: 15% fewer
 **     instructions). 128 registers per thread, no spills for 16-bit inputs (2 CTAs per SM; 3 at
-**     80 registers and 4 at 64 measured 5-15% slower, also with SR's fast form). Per CTA once: the
+**     80 registers and 4 at 64 measured 5-15% slower, also with SR's fast form), except for one
+**     direction alone without SR: 80 registers, 3 CTAs per SM (no spills). Per CTA once: the
 **     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
 **     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
 **     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
@@ -103,13 +104,22 @@ constexpr int kTM = 64;  /* tile rows (M) */
 constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
 constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
-/* quantize CTAs per SM the register allocation aims at: 2 (128 registers, no spills) measured
-   on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197 ms for both
-   directions of 8192x8192 bf16 */
+/* quantize CTAs per SM the register allocation aims at, both directions: 2 (128 registers, no
+   spills) measured on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197
+   ms for both directions of 8192x8192 bf16; with the kernel as it is now 3 fit 80 registers
+   without spills and still lose for both directions (H100, given amax, interleaved: 74.9% ->
+   67.2% of copy; H200 60.0% -> 60.6%) */
 #ifndef HQ_NVFP4_MIN_BLOCKS /* (a build-time override, for measuring other targets) */
 #define HQ_NVFP4_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
+/* the same for one direction alone, where 3 (80 registers, no spills) win: rowwise with a given
+   amax 84.6% -> 88.2% of copy on the H100 and 73.6% -> 80.4% on the H200, columnwise 78.9% ->
+   79.7% and 66.4% -> 68.0% (interleaved in one call each) */
+#ifndef HQ_NVFP4_MIN_BLOCKS1
+#define HQ_NVFP4_MIN_BLOCKS1 3
+#endif
+constexpr int kMinBlocks1 = HQ_NVFP4_MIN_BLOCKS1;
 /* the same with stochastic rounding: with its fast form 2 measured 0.220 ms against 0.226 at 3
    (both directions, given amax; the rule alone had been faster at 3: 0.313 against 0.351) */
 #ifndef HQ_NVFP4_SR_MIN_BLOCKS
@@ -884,7 +894,8 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt st, int64_
 }
 
 template <int DT, bool RHT, bool SR, int DIRS>
-__global__ void __launch_bounds__(kThreads, SR ? kMinBlocksSR : kMinBlocks)
+__global__ void
+__launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a) {
   extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
