@@ -7,8 +7,14 @@
 ** Every launch and memset is queued on call->stream; nothing allocates (scratch_size is 0 on a
 ** device) and nothing synchronizes, so quantize/update can be captured in a CUDA graph.
 **
-** Quantize tiles of 64 (M) x 128 (K) elements, 256 threads, read once from global memory by
-** cp.async into a shared tile of the input's own bits.
+** Quantize tiles of 64 (M) x 128 (K) elements for both directions, 128 x 64 for the columnwise
+** copy alone and 32 x 256 for the rowwise copy alone (QShape: each tile then writes its
+** direction's data and scales in pieces twice as long, half as many L2 requests; H100, given
+** amax, interleaved: columnwise alone 80.5-81.0% -> 85.2-85.6% of copy, with rht 78.6-78.9% ->
+** 83.8-83.9%, with block_2d 79.1-79.5% -> 84.1-84.5%; rowwise alone unchanged at 87-88%),
+** 256 threads, read once from global memory by cp.async into a shared tile of the input's own
+** bits. The text below says "64x128" for the tile of both directions; the other shapes take the
+** same steps with their own sizes.
 **   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
 **     is wanted; with rht a kernel that also takes the columnwise amax of the BF16-rounded
 **     transformed 16-groups (the RHT of each column's 16-row groups, as the quantize kernel
@@ -103,7 +109,6 @@ namespace {
 constexpr int kTM = 64;  /* tile rows (M) */
 constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
-constexpr int kRS = 9;        /* rowwise staging: uint2 per row (8 used) */
 /* quantize CTAs per SM the register allocation aims at, both directions: 2 (128 registers, no
    spills) measured on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197
    ms for both directions of 8192x8192 bf16; with the kernel as it is now 3 fit 80 registers
@@ -137,8 +142,23 @@ constexpr int kStages = HQ_NVFP4_STAGES;
 #define HQ_NVFP4_SR_FAST 1
 #endif
 constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
-constexpr int kCS = kTK + 4;  /* columnwise staging: uint2 per row block (kTK used; the pad
-                                 spreads the 4 row blocks over the banks) */
+/* The quantize kernel's tile shape (8192 elements, kThreads x 32) by the directions it makes:
+   64 x 128 for both; for one direction alone a tile longer along the direction's blocks, so that
+   each tile writes fewer, longer pieces of that direction's data and scales (each piece a line of
+   its own in the L2): columnwise alone 128 x 64 (a column's 64 data bytes and 8 scale bytes per
+   tile instead of 32 and 4), rowwise alone 32 x 256 (a row's 128 and 16 instead of 64 and 8).
+   RS: uint2 per row of the rowwise staging (TK / 16 used, one of padding); CS: uint2 per row
+   block of the columnwise staging (TK used; the pad spreads the row blocks a half-warp reads over
+   the banks). */
+#ifndef HQ_NVFP4_ONE_DIR_SHAPES /* 0: 64 x 128 for one direction too (for measuring) */
+#define HQ_NVFP4_ONE_DIR_SHAPES 1
+#endif
+template <int DIRS> struct QShape {
+  static constexpr int TM = !HQ_NVFP4_ONE_DIR_SHAPES || DIRS == 3 ? 64 : DIRS == 2 ? 128 : 32;
+  static constexpr int TK = 8192 / TM;
+  static constexpr int RS = TK / 16 + 1;
+  static constexpr int CS = TK + 256 / TM;
+};
 
 /* The origin of 64x128 tile number `tile` (tiles in row-major order, K fastest; fewer than
    2^31 tiles, so 32-bit division). */
@@ -148,18 +168,19 @@ __device__ __forceinline__ void tile_origin_of(unsigned tile, int64_t K, int64_t
   *k0 = (int64_t)(tile % ntk) * kTK;
 }
 
-/* Whether the 64x128 tile at (i0, k0) lies wholly inside [M, K]. */
+/* Whether the TM x TK tile at (i0, k0) lies wholly inside [M, K]. */
+template <int TM, int TK>
 __device__ __forceinline__ bool tile_full(int64_t M, int64_t K, int64_t i0, int64_t k0) {
-  return i0 + kTM <= M && k0 + kTK <= K;
+  return i0 + TM <= M && k0 + TK <= K;
 }
 
 /* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile:
    tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
    by ntk (made once) with one carry. */
-struct TileWalk {
+template <int TM, int TK> struct TileWalk {
   unsigned ti, tk, ntk, dq, dr;
   __device__ __forceinline__ explicit TileWalk(int64_t K) {
-    ntk = (unsigned)((K + kTK - 1) / kTK);
+    ntk = (unsigned)((K + TK - 1) / TK);
     ti = blockIdx.x / ntk, tk = blockIdx.x % ntk;
     dq = gridDim.x / ntk, dr = gridDim.x % ntk;
   }
@@ -169,8 +190,8 @@ struct TileWalk {
     if (w.tk >= ntk) w.tk -= ntk, w.ti++;
     return w;
   }
-  __device__ __forceinline__ int64_t i0() const { return (int64_t)ti * kTM; }
-  __device__ __forceinline__ int64_t k0() const { return (int64_t)tk * kTK; }
+  __device__ __forceinline__ int64_t i0() const { return (int64_t)ti * TM; }
+  __device__ __forceinline__ int64_t k0() const { return (int64_t)tk * TK; }
 };
 
 /* The 64x128 tile of CTA blockIdx.x. */
@@ -359,32 +380,34 @@ __device__ __forceinline__ float block_amax16(const float v[16], int *has_nan) {
 
 /* block_2d: the amax of the 16x16 tile of rows r0..r0+15 and column block cb, from the per-row
    block amax bits in shared memory. */
+template <int TK>
 __device__ __forceinline__ float tile_amax16(const uint32_t *bam, int r0, int cb) {
   uint32_t m = 0;
-  for (int e = 0; e < 16; e++) m = max(m, bam[(r0 + e) * (kTK / 16) + cb]);
+  for (int e = 0; e < 16; e++) m = max(m, bam[(r0 + e) * (TK / 16) + cb]);
   return hq_bits_f32(m);
 }
 
-/* The quantize kernel's tiles hold the input's own bits (DT's element size): kTM rows of kTK
+/* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
    elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
    4-byte reads of consecutive columns meet no bank conflict; kStages of them (2), the next tile
    copied in (cp.async) while the current one is encoded. */
-template <int DT> struct RawTile {
+template <int DT, int TK> constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + 16;
+template <int DT, int TM, int TK> struct RawTile {
   static constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
-  static constexpr int kRowBytes = kTK * kEsz + 16;
-  static constexpr int kBytes = kTM * kRowBytes;
-  static constexpr int kChunksPerRow = kTK * kEsz / 16;
-  static constexpr int kChunks = kTM * kChunksPerRow; /* 16-byte chunks per tile */
+  static constexpr int kRowBytes = kRawRowBytes<DT, TK>;
+  static constexpr int kBytes = TM * kRowBytes;
+  static constexpr int kChunksPerRow = TK * kEsz / 16;
+  static constexpr int kChunks = TM * kChunksPerRow; /* 16-byte chunks per tile */
 };
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
    Without vec (x not 16-byte aligned) the copy is made here, element by element. */
-template <int DT>
+template <int DT, int TM, int TK>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
                                            int64_t i0, int64_t k0, int vec, uint32_t tile) {
-  using R = RawTile<DT>;
-  const bool full = tile_full(M, K, i0, k0);
+  using R = RawTile<DT, TM, TK>;
+  const bool full = tile_full<TM, TK>(M, K, i0, k0);
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
   const uint8_t *const base = static_cast<const uint8_t *>(x) + (i0 * K + k0) * R::kEsz;
   constexpr int kRowsPerPass = kThreads / R::kChunksPerRow;
@@ -420,9 +443,9 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M
 }
 
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16), as FP32 (exact). */
-template <int DT>
+template <int DT, int TK>
 __device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, float v[16]) {
-  const uint32_t p = tile + r * RawTile<DT>::kRowBytes + c0 * RawTile<DT>::kEsz;
+  const uint32_t p = tile + r * kRawRowBytes<DT, TK> + c0 * (DT == HQ_F32 ? 4 : 2);
   if (DT == HQ_F32) {
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -448,9 +471,9 @@ __device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, floa
 
 /* 16-bit DT: row r's 16 elements of tile columns c0..c0+15 as 8 words of the input's bits
    (element 2j in the low half of w[j], 2j + 1 in the high half). */
-template <int DT>
+template <int DT, int TK>
 __device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t w[8]) {
-  const uint32_t p = tile + r * RawTile<DT>::kRowBytes + c0 * 2;
+  const uint32_t p = tile + r * kRawRowBytes<DT, TK> + c0 * 2;
   const uint4 x = hq_lds128(p), y = hq_lds128(p + 16);
   w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
   w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
@@ -458,28 +481,30 @@ __device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t
 
 /* 16-bit DT: tile rows r0..r0+15 of columns c and c + 1 (c even), one word per row (column c
    in the low half): a warp reads 128 consecutive bytes of a row, no bank conflict. */
-template <int DT>
+template <int DT, int TK>
 __device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint32_t x[16]) {
-  const uint32_t p = tile + r0 * RawTile<DT>::kRowBytes + c * 2;
+  constexpr int kRowBytes = kRawRowBytes<DT, TK>;
+  const uint32_t p = tile + r0 * kRowBytes + c * 2;
 #pragma unroll
-  for (int e = 0; e < 16; e++) x[e] = hq_lds32(p + e * RawTile<DT>::kRowBytes);
+  for (int e = 0; e < 16; e++) x[e] = hq_lds32(p + e * kRowBytes);
 }
 
 /* Tile rows r0..r0+15 of columns c and c + 1 (c even) as FP32: column c into a, c + 1 into b. */
-template <int DT>
+template <int DT, int TK>
 __device__ __forceinline__ void colpair_f32(uint32_t tile, int r0, int c, float a[16],
                                             float b[16]) {
   if (DT == HQ_F32) {
-    const uint32_t p = tile + r0 * RawTile<DT>::kRowBytes + c * 4;
+    constexpr int kRowBytes = kRawRowBytes<DT, TK>;
+    const uint32_t p = tile + r0 * kRowBytes + c * 4;
 #pragma unroll
     for (int e = 0; e < 16; e++) {
-      const uint2 f = hq_lds64(p + e * RawTile<DT>::kRowBytes);
+      const uint2 f = hq_lds64(p + e * kRowBytes);
       a[e] = hq_bits_f32(f.x);
       b[e] = hq_bits_f32(f.y);
     }
   } else {
     uint32_t x[16];
-    colpair_words<DT>(tile, r0, c, x);
+    colpair_words<DT, TK>(tile, r0, c, x);
 #pragma unroll
     for (int e = 0; e < 16; e++) {
       a[e] = hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu);
@@ -543,7 +568,7 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  unsigned ntiles; /* 64x128 tiles of [M, K] */
+  unsigned ntiles; /* QShape<DIRS> tiles of [M, K] */
 };
 
 __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
@@ -758,28 +783,30 @@ __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d,
    registers held across the two directions), then stored coalesced. c[rb][col]: column col's row
    block rb (a thread writes its two columns' entries as one 16-byte store); rsw / csw: the scale
    words, 8 per tile row and 4 per tile column. */
-struct Staged {
-  uint2 r[kTM * kRS];
-  __align__(16) uint2 c[kTM / 16][kCS];
-  uint32_t rsw[kTM * 2], csw[kTK];
+template <int DIRS> struct Staged {
+  using S = QShape<DIRS>;
+  uint2 r[S::TM * S::RS];
+  __align__(16) uint2 c[S::TM / 16][S::CS];
+  uint32_t rsw[S::TM * S::TK / 64], csw[S::TM * S::TK / 64];
 };
 
 /* A staging buffer's shared-window address (hq_smem_addr: taken once, then offsets added) and
    the addresses of its parts: packed word i of the rowwise staging, word (rb, col) of the
    columnwise one, byte b of the rowwise and of the columnwise scale words. */
-struct StagedAt {
+template <int DIRS> struct StagedAt {
+  using T = Staged<DIRS>;
   uint32_t base;
   __device__ __forceinline__ uint32_t r(int i) const {
-    return base + (uint32_t)offsetof(Staged, r) + 8u * i;
+    return base + (uint32_t)offsetof(T, r) + 8u * i;
   }
   __device__ __forceinline__ uint32_t c(int rb, int col) const {
-    return base + (uint32_t)offsetof(Staged, c) + 8u * (rb * kCS + col);
+    return base + (uint32_t)offsetof(T, c) + 8u * (rb * QShape<DIRS>::CS + col);
   }
   __device__ __forceinline__ uint32_t rs(int b) const {
-    return base + (uint32_t)offsetof(Staged, rsw) + b;
+    return base + (uint32_t)offsetof(T, rsw) + b;
   }
   __device__ __forceinline__ uint32_t cs(int b) const {
-    return base + (uint32_t)offsetof(Staged, csw) + b;
+    return base + (uint32_t)offsetof(T, csw) + b;
   }
 };
 
@@ -790,28 +817,29 @@ struct StagedAt {
    Each block: its values (through the RHT for a columnwise block with rht), hq_nvfp4_amax (NaN
    ignored) or with block_2d the 16x16 tile amax, the scale code, and hq_nvfp4_quantize (_sr)
    of every element. Out of line: the common path stays small and free of branches. */
-template <int DT, bool RHT, bool SR>
+template <int DT, bool RHT, bool SR, int DIRS>
 __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint32_t *bam,
                                          const uint32_t *flip, const float *enc_row,
                                          const float *enc_col, float rm, float cm, int64_t M,
                                          int64_t K, int64_t i0, int64_t k0, int b2d,
-                                         uint64_t seed, uint64_t offset, StagedAt st) {
-  const int t = threadIdx.x, r = t % kTM, p = t / kTM, q = t % (kTK / 2), rb = t / (kTK / 2);
+                                         uint64_t seed, uint64_t offset, StagedAt<DIRS> st) {
+  constexpr int TM = QShape<DIRS>::TM, TK = QShape<DIRS>::TK, RS = QShape<DIRS>::RS;
+  const int t = threadIdx.x, r = t % TM, p = t / TM, q = t % (TK / 2), rb = t / (TK / 2);
   for (int j = 0; j < 4; j++) {
     if (!((redo >> j) & 1u)) continue;
     float v[16], enc;
     if (j < 2) {
-      row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
-      const float ba = b2d ? tile_amax16(bam, r & ~15, 2 * p + j) : hq_nvfp4_amax(v, 16);
+      row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
+      const float ba = b2d ? tile_amax16<TK>(bam, r & ~15, 2 * p + j) : hq_nvfp4_amax(v, 16);
       const uint8_t sf = block_code(ba, rm, enc_row, &enc);
       const uint64_t blk = (uint64_t)((i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p + j);
-      hq_sts64(st.r(r * kRS + 2 * p + j),
+      hq_sts64(st.r(r * RS + 2 * p + j),
                encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 0u, blk));
-      hq_sts8(st.rs(r * 8 + 2 * p + j), sf);
+      hq_sts8(st.rs(r * (TK / 16) + 2 * p + j), sf);
     } else {
       const int c = 2 * q + (j - 2);
       float f[2][16];
-      colpair_f32<DT>(sm, 16 * rb, 2 * q, f[0], f[1]);
+      colpair_f32<DT, TK>(sm, 16 * rb, 2 * q, f[0], f[1]);
       if (RHT) {
         uint32_t y[8];
         rht16_head_f32<DT>(f[j - 2], flip, v);
@@ -820,12 +848,12 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint3
       } else {
         for (int e = 0; e < 16; e++) v[e] = f[j - 2][e];
       }
-      const float ba = b2d ? tile_amax16(bam, 16 * rb, c / 16) : hq_nvfp4_amax(v, 16);
+      const float ba = b2d ? tile_amax16<TK>(bam, 16 * rb, c / 16) : hq_nvfp4_amax(v, 16);
       const uint8_t sf = block_code(ba, cm, enc_col, &enc);
       const uint64_t blk = (uint64_t)((k0 + c) * (M >> 4) + ((i0 >> 4) + rb));
       hq_sts64(st.c(rb, c),
                encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 1u, blk));
-      hq_sts8(st.cs(c * 4 + rb), sf);
+      hq_sts8(st.cs(c * (TM / 16) + rb), sf);
     }
   }
 }
@@ -857,18 +885,20 @@ __device__ __forceinline__ void store_lines(uint8_t *base, int64_t ld, bool full
    4-byte scale words; a tile wholly inside [M, K] with aligned buffers checks nothing. Every
    thread of the CTA calls it. */
 template <int DIRS>
-__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt st, int64_t i0,
+__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, int64_t i0,
                                              int64_t k0, bool full) {
+  using S = QShape<DIRS>;
   const int64_t M = a.M, K = a.K;
   const int t = threadIdx.x;
-  if (DIRS & 1) {
+  if constexpr ((DIRS & 1) != 0) {
     /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
-    store_lines<kTM, 8>(
+    store_lines<S::TM, S::TK / 16>(
         a.rdata + i0 * (K >> 1) + (k0 >> 1), K >> 1, full, a.a8,
-        [&](int rr, int b) { return hq_lds64(st.r(rr * kRS + b)); },
+        [&](int rr, int b) { return hq_lds64(st.r(rr * S::RS + b)); },
         [&](int rr, int b) { return i0 + rr < M && k0 + 16 * b < K; });
-    if (t < kTM * 2) { /* row t/2's scale entries k0/16 + 4 (t%2) .. +3 */
-      const int64_t i = i0 + t / 2, b = k0 / 16 + 4 * (t % 2);
+    constexpr int kW = S::TK / 64; /* scale words per tile row */
+    if (t < S::TM * kW) { /* row t/kW's scale entries k0/16 + 4 (t%kW) .. +3 */
+      const int64_t i = i0 + t / kW, b = k0 / 16 + 4 * (t % kW);
       if (full && a.a4 && !a.swz)
         *reinterpret_cast<uint32_t *>(a.rscale + i * hq_nvfp4_scale_cols(K) + b) =
             hq_lds32(st.rs(4 * t));
@@ -876,19 +906,20 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt st, int64_
         store_scale_word(a.rscale, i, b, K, a.swz, a.a4, hq_lds32(st.rs(4 * t)));
     }
   }
-  if (DIRS & 2) {
+  if constexpr ((DIRS & 2) != 0) {
     /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
-    store_lines<kTK, 4>(
+    store_lines<S::TK, S::TM / 16>(
         a.cdata + k0 * (M >> 1) + (i0 >> 1), M >> 1, full, a.a8,
-        [&](int cc, int rb4) { return hq_lds64(st.c(rb4, cc)); },
-        [&](int cc, int rb4) { return i0 + 16 * rb4 < M && k0 + cc < K; });
-    if (t < kTK) { /* column k0 + t's scale entries i0/16 .. +3 */
-      const int64_t k = k0 + t;
+        [&](int cc, int rb) { return hq_lds64(st.c(rb, cc)); },
+        [&](int cc, int rb) { return i0 + 16 * rb < M && k0 + cc < K; });
+    constexpr int kW = S::TM / 64; /* scale words per tile column */
+    if (t < S::TK * kW) { /* column k0 + t/kW's scale entries i0/16 + 4 (t%kW) .. +3 */
+      const int64_t k = k0 + t / kW, b = i0 / 16 + 4 * (t % kW);
       if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.cscale + k * hq_nvfp4_scale_cols(M) + i0 / 16) =
+        *reinterpret_cast<uint32_t *>(a.cscale + k * hq_nvfp4_scale_cols(M) + b) =
             hq_lds32(st.cs(4 * t));
-      else if (k < K)
-        store_scale_word(a.cscale, k, i0 / 16, M, a.swz, a.a4, hq_lds32(st.cs(4 * t)));
+      else if (k < K && b < M / 16)
+        store_scale_word(a.cscale, k, b, M, a.swz, a.a4, hq_lds32(st.cs(4 * t)));
     }
   }
 }
@@ -897,15 +928,18 @@ template <int DT, bool RHT, bool SR, int DIRS>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a) {
-  extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT> */
+  using S = QShape<DIRS>;
+  constexpr int TM = S::TM, TK = S::TK, RS = S::RS;
+  extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT, TM, TK> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
-  __shared__ uint32_t bam[kTM * (kTK / 16)]; /* block_2d: per-row block amax bits */
+  __shared__ uint32_t bam[TM * (TK / 16)]; /* block_2d: per-row block amax bits */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
      across the two directions), then stored coalesced. cstage[rb][c]: column c's row block rb;
      a thread writes its two columns' entries as one 16-byte store */
-  __shared__ Staged staged[2];
+  __shared__ Staged<DIRS> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
-  using R = RawTile<DT>;
+  using R = RawTile<DT, TM, TK>;
+  constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS>);
   constexpr bool kRow = DIRS & 1, kCol = DIRS & 2;
   /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
      instruction) and the sign bits gathered from them by byte permutes */
@@ -936,11 +970,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   unsigned tile = blockIdx.x;
   /* the buffers' shared-window addresses, once (smem_cuda.h) */
   uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
-  TileWalk cur(K), ahead(K); /* ahead: the next tile to copy in */
+  TileWalk<TM, TK> cur(K), ahead(K); /* ahead: the next tile to copy in */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (tile + s * gridDim.x < a.ntiles)
-      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + s * R::kBytes);
+      issue_tile<DT, TM, TK>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + s * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
   }
@@ -955,26 +989,25 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     hq_pin(staged_s);
     const int64_t i0 = cur.i0(), k0 = cur.k0();
     cur = cur.next();
-    const bool full = tile_full(M, K, i0, k0);
+    const bool full = tile_full<TM, TK>(M, K, i0, k0);
     hq_cuda_cp_async_wait<kStages - 2>();
     __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
     if (tile != blockIdx.x)
-      store_staged<DIRS>(a, StagedAt{staged_s + (sb ^ 1) * (uint32_t)sizeof(Staged)}, pi0, pk0,
-                         pfull);
+      store_staged<DIRS>(a, StagedAt<DIRS>{staged_s + (sb ^ 1) * kStagedBytes}, pi0, pk0, pfull);
     pi0 = i0, pk0 = k0, pfull = full;
     /* the buffer of tile n - 1 */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
     if (tile + (kStages - 1) * gridDim.x < a.ntiles)
-      issue_tile<DT>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + nb * R::kBytes);
+      issue_tile<DT, TM, TK>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + nb * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
-    const StagedAt st{staged_s + sb * (uint32_t)sizeof(Staged)};
+    const StagedAt<DIRS> st{staged_s + sb * kStagedBytes};
     const uint32_t sm = tiles_s + buf * R::kBytes;
 
     /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
-    const int r = t % kTM, p = t / kTM;
+    const int r = t % TM, p = t / TM;
     /* columnwise threads: columns c = 2q and c + 1, row block rb (rows 16rb..16rb+15) */
-    const int q = t % (kTK / 2), rb = t / (kTK / 2), c = 2 * q;
+    const int q = t % (TK / 2), rb = t / (TK / 2), c = 2 * q;
     const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p; /* SR: block 2p's */
     const int64_t cblk = (k0 + c) * (M >> 4) + (i0 >> 4) + rb; /* column c's; c + 1: + M / 16 */
     float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* block_2d: the thread's blocks' tile amaxes */
@@ -984,22 +1017,22 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         float ba;
         if (kPacked) {
           uint32_t w[8];
-          row_words<DT>(sm, r, 32 * p + 16 * j, w);
+          row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
           ba = packed16_amax<DT>(w);
           if (is_nan_abs(ba)) ba = amax_of([&](int e) { return row_word_value<DT>(w, e); });
         } else {
           float v[16];
-          row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+          row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
           ba = hq_nvfp4_amax(v, 16);
         }
-        bam[r * (kTK / 16) + 2 * p + j] = hq_f32_bits(ba);
+        bam[r * (TK / 16) + 2 * p + j] = hq_f32_bits(ba);
       }
       __syncthreads();
       if (kRow) {
-        tba[0] = tile_amax16(bam, r & ~15, 2 * p);
-        tba[1] = tile_amax16(bam, r & ~15, 2 * p + 1);
+        tba[0] = tile_amax16<TK>(bam, r & ~15, 2 * p);
+        tba[1] = tile_amax16<TK>(bam, r & ~15, 2 * p + 1);
       }
-      if (kCol) tba[2] = tba[3] = tile_amax16(bam, 16 * rb, c / 16); /* one 16x16 tile */
+      if (kCol) tba[2] = tba[3] = tile_amax16<TK>(bam, 16 * rb, c / 16); /* one 16x16 tile */
     }
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
        blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
@@ -1013,8 +1046,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     uint32_t y[2][8];  /* columnwise with rht: the transformed columns, packed BF16 */
     float ba[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (kRowP) {
-      row_words<DT>(sm, r, 32 * p, w);
-      row_words<DT>(sm, r, 32 * p + 16, w + 8);
+      row_words<DT, TK>(sm, r, 32 * p, w);
+      row_words<DT, TK>(sm, r, 32 * p + 16, w + 8);
       ba[0] = packed16_amax<DT>(w);
       ba[1] = packed16_amax<DT>(w + 8);
     }
@@ -1029,9 +1062,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
           fl[4 * e] = u.x, fl[4 * e + 1] = u.y, fl[4 * e + 2] = u.z, fl[4 * e + 3] = u.w;
         }
         if (DT == HQ_F32)
-          colpair_f32<DT>(sm, 16 * rb, c, f0, f1);
+          colpair_f32<DT, TK>(sm, 16 * rb, c, f0, f1);
         else
-          colpair_words<DT>(sm, 16 * rb, c, x);
+          colpair_words<DT, TK>(sm, 16 * rb, c, x);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           float v[16];
@@ -1041,7 +1074,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         ba[2] = packed16_amax(y[0]);
         ba[3] = packed16_amax(y[1]);
       } else {
-        colpair_words<DT>(sm, 16 * rb, c, x);
+        colpair_words<DT, TK>(sm, 16 * rb, c, x);
         const uint32_t mm = absmax_tree<DT, 16>(x);
         ba[2] = lane_abs<DT>(mm, 0);
         ba[3] = lane_abs<DT>(mm, 1);
@@ -1063,11 +1096,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
       auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
       const Signs2 sg = row_signs2(w, w + 8);
-      hq_sts64(st.r(r * kRS + 2 * p),
+      hq_sts64(st.r(r * RS + 2 * p),
                encode_fast_any<SR>(v0, enc[0], a.seed, a.offset, 0u, (uint64_t)rblk, sg.s[0]));
-      hq_sts64(st.r(r * kRS + 2 * p + 1),
+      hq_sts64(st.r(r * RS + 2 * p + 1),
                encode_fast_any<SR>(v1, enc[1], a.seed, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
-      hq_sts16(st.rs(r * 8 + 2 * p), rsf);
+      hq_sts16(st.rs(r * (TK / 16) + 2 * p), rsf);
     }
     if (kColP) {
       uint2 o[2];
@@ -1093,8 +1126,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                                    make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
       }
       hq_sts128(st.c(rb, c), make_uint4(o[0].x, o[0].y, o[1].x, o[1].y));
-      hq_sts8(st.cs(c * 4 + rb), csf);
-      hq_sts8(st.cs((c + 1) * 4 + rb), csf >> 8);
+      hq_sts8(st.cs(c * (TM / 16) + rb), csf);
+      hq_sts8(st.cs((c + 1) * (TM / 16) + rb), csf >> 8);
     }
     /* F32 input: rowwise, and columnwise without rht, block by block (encode16) */
     if (kRow && !kPacked) {
@@ -1102,27 +1135,27 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       for (int j = 0; j < 2; j++) {
         float v[16];
         int has_nan;
-        row_group_raw<DT>(sm, r, 32 * p + 16 * j, v);
+        row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
         float bv = block_amax16(v, &has_nan);
         if (a.b2d) bv = tba[j];
         uint2 o;
         const uint8_t s = encode16<SR>(v, bv, rm, enc_tab[0], a.seed, a.offset, 0u,
                                        (uint64_t)rblk + j, has_nan,
                                        signs_of([&](int e) { return v[e]; }), &o);
-        hq_sts64(st.r(r * kRS + 2 * p + j), o);
-        hq_sts8(st.rs(r * 8 + 2 * p + j), s);
+        hq_sts64(st.r(r * RS + 2 * p + j), o);
+        hq_sts8(st.rs(r * (TK / 16) + 2 * p + j), s);
       }
     }
     if (kCol && !kPacked && !RHT) {
       float v[2][16];
-      colpair_f32<DT>(sm, 16 * rb, c, v[0], v[1]);
+      colpair_f32<DT, TK>(sm, 16 * rb, c, v[0], v[1]);
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         int has_nan;
         float bv = block_amax16(v[h], &has_nan);
         if (a.b2d) bv = tba[2 + h];
         uint2 o;
-        hq_sts8(st.cs((c + h) * 4 + rb),
+        hq_sts8(st.cs((c + h) * (TM / 16) + rb),
                 encode16<SR>(v[h], bv, cm, enc_tab[1], a.seed, a.offset, 1u,
                              (uint64_t)cblk + h * (uint64_t)(M >> 4), has_nan,
                              signs_of([&](int e) { return v[h][e]; }), &o));
@@ -1130,13 +1163,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       }
     }
     if (redo)
-      redo_blocks<DT, RHT, SR>(redo, sm, bam, flip, enc_tab[0], enc_tab[1], rm, cm, M, K, i0, k0,
-                               a.b2d, a.seed, a.offset, st);
+      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, bam, flip, enc_tab[0], enc_tab[1], rm, cm, M, K, i0,
+                                     k0, a.b2d, a.seed, a.offset, st);
   }
   __syncthreads(); /* the last tile is staged */
   if (tile != blockIdx.x)
-    store_staged<DIRS>(a, StagedAt{staged_s + (sb ^ 1) * (uint32_t)sizeof(Staged)}, pi0, pk0,
-                       pfull);
+    store_staged<DIRS>(a, StagedAt<DIRS>{staged_s + (sb ^ 1) * kStagedBytes}, pi0, pk0, pfull);
 }
 
 struct DArgs {
@@ -1287,8 +1319,9 @@ __global__ void tensor_factor_kernel(const float *amax0, const float *amax1, flo
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 /* The 1-D grid of 64x128 tiles of an [M, K] tensor (M, K > 0). */
-int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid) {
-  const int64_t n = ((M + kTM - 1) / kTM) * ((K + kTK - 1) / kTK);
+int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid, int tm = kTM,
+              int tk = kTK) {
+  const int64_t n = ((M + tm - 1) / tm) * ((K + tk - 1) / tk);
   if (n > 0x7fffffff)
     return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: shape [%lld, %lld] exceeds the grid limit",
                              (long long)M, (long long)K);
@@ -1329,14 +1362,15 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
 
 template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
-  int rc = tile_grid(call, a.M, a.K, &grid);
+  using Sh = QShape<DIRS>;
+  int rc = tile_grid(call, a.M, a.K, &grid, Sh::TM, Sh::TK);
   if (rc) return rc;
   /* as many CTAs as fit on the device at once, each looping over tiles */
   a.ntiles = grid;
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
      asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
      device and kernel */
-  const int dyn = kStages * RawTile<DT>::kBytes;
+  const int dyn = kStages * RawTile<DT, Sh::TM, Sh::TK>::kBytes;
   int64_t resident = 0;
   CHECK_CUDA(call,
              (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS>>(kThreads, dyn, &resident)));
