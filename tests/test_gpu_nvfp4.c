@@ -231,7 +231,7 @@ static void test_shapes(void **state) {
   check_case("stochastic_rounding = true\nblock_2d = false", HQ_F32, 512, 1024, 9, 0, 0);
 }
 
-/* More 64x128 tiles than any GPU holds quantize CTAs at once (2 per SM), so every CTA loops
+/* More tiles than any GPU holds quantize CTAs at once (2 or 3 per SM), so every CTA loops
    over several: full and partial tiles in one walk (the last tile column and row partial), the
    next tile copied in while one is encoded and the previous one stored. HQ_TEST_QUICK (under
    compute-sanitizer): the smallest case alone, still several tiles per CTA. */

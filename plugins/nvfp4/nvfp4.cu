@@ -46,7 +46,9 @@
 **     instruction on pairs, none on BF16 inputs (their own rounding), and the sign flips on the
 **     raw words (columnwise rht 38% -> 69% of copy with a given amax, its amax pass 0.15 ->
 **     0.095 ms);
-**     block_2d takes the 16x16 tile amax from per-row block amaxes in shared memory. A thread's
+**     block_2d takes the 16x16 tile amax from the lanes that hold the tile, by warp shuffles
+**     (tile_max: no shared array, no barrier; it had gone through per-row block amaxes in
+**     shared memory and a second barrier per tile). A thread's
 **     four blocks (two rowwise, two columnwise) are encoded with no branch among them: first
 **     every block's values and packed amax, then the heads (scale codes, two per convert
 **     instruction, and multipliers), then every block's fast form, so that the dependent
@@ -378,13 +380,14 @@ __device__ __forceinline__ float block_amax16(const float v[16], int *has_nan) {
   return *has_nan ? hq_nvfp4_amax(v, 16) : m;
 }
 
-/* block_2d: the amax of the 16x16 tile of rows r0..r0+15 and column block cb, from the per-row
-   block amax bits in shared memory. */
-template <int TK>
-__device__ __forceinline__ float tile_amax16(const uint32_t *bam, int r0, int cb) {
-  uint32_t m = 0;
-  for (int e = 0; e < 16; e++) m = max(m, bam[(r0 + e) * (TK / 16) + cb]);
-  return hq_bits_f32(m);
+/* block_2d: the 16x16 tile amax of a thread's blocks, from lanes of one warp with no shared
+   memory and no barrier: m is the thread's share (max |x| with NaN ignored, 0 when every element
+   is NaN), and the LANES consecutive lanes that hold the tile's other shares (a power of 2, the
+   group aligned) take the max of theirs. */
+template <int LANES> __device__ __forceinline__ float tile_max(float m) {
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
 }
 
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
@@ -528,6 +531,19 @@ template <int DT, int N> __device__ __forceinline__ uint32_t absmax_tree(const u
 #pragma unroll
     for (int e = 0; e < n; e++) m[e] = absmax2<DT>(m[2 * e], m[2 * e + 1]);
   return m[0];
+}
+
+/* block_2d: max |x| with NaN ignored (0 when every element is NaN) over N packed words of a
+   16-bit DT (both halves), as a tree of hq_cuda_absmax2 (two elements per instruction). */
+template <int DT, int N> __device__ __forceinline__ float words_amax(const uint32_t w[N]) {
+  uint32_t m[N / 2];
+#pragma unroll
+  for (int e = 0; e < N / 2; e++) m[e] = hq_cuda_absmax2<DT>(w[2 * e], w[2 * e + 1]);
+#pragma unroll
+  for (int n = N / 4; n >= 1; n /= 2)
+#pragma unroll
+    for (int e = 0; e < n; e++) m[e] = hq_cuda_absmax2<DT>(m[2 * e], m[2 * e + 1]);
+  return fmaxf(hq_cuda_lane_amax<DT>(m[0], 0), hq_cuda_lane_amax<DT>(m[0], 1));
 }
 
 /* Element e of 16 consecutive row elements held as 8 words (row_words). */
@@ -815,10 +831,12 @@ template <int DIRS> struct StagedAt {
    their staged bytes. Bit j of `redo`: rowwise block 2p + j of row r (j = 0, 1), columnwise
    column 2q + j - 2 of row block rb (j = 2, 3), the thread's share as the kernel assigns it.
    Each block: its values (through the RHT for a columnwise block with rht), hq_nvfp4_amax (NaN
-   ignored) or with block_2d the 16x16 tile amax, the scale code, and hq_nvfp4_quantize (_sr)
+   ignored) or with block_2d the 16x16 tile amax (ta0, ta1: rowwise blocks j = 0, 1; ta2: the
+   columnwise blocks), the scale code, and hq_nvfp4_quantize (_sr)
    of every element. Out of line: the common path stays small and free of branches. */
 template <int DT, bool RHT, bool SR, int DIRS>
-__device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint32_t *bam,
+__device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, float ta1,
+                                         float ta2,
                                          const uint32_t *flip, const float *enc_row,
                                          const float *enc_col, float rm, float cm, int64_t M,
                                          int64_t K, int64_t i0, int64_t k0, int b2d,
@@ -830,7 +848,7 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint3
     float v[16], enc;
     if (j < 2) {
       row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
-      const float ba = b2d ? tile_amax16<TK>(bam, r & ~15, 2 * p + j) : hq_nvfp4_amax(v, 16);
+      const float ba = b2d ? (j ? ta1 : ta0) : hq_nvfp4_amax(v, 16);
       const uint8_t sf = block_code(ba, rm, enc_row, &enc);
       const uint64_t blk = (uint64_t)((i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p + j);
       hq_sts64(st.r(r * RS + 2 * p + j),
@@ -848,7 +866,7 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, const uint3
       } else {
         for (int e = 0; e < 16; e++) v[e] = f[j - 2][e];
       }
-      const float ba = b2d ? tile_amax16<TK>(bam, 16 * rb, c / 16) : hq_nvfp4_amax(v, 16);
+      const float ba = b2d ? ta2 : hq_nvfp4_amax(v, 16);
       const uint8_t sf = block_code(ba, cm, enc_col, &enc);
       const uint64_t blk = (uint64_t)((k0 + c) * (M >> 4) + ((i0 >> 4) + rb));
       hq_sts64(st.c(rb, c),
@@ -932,7 +950,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   constexpr int TM = S::TM, TK = S::TK, RS = S::RS;
   extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT, TM, TK> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
-  __shared__ uint32_t bam[TM * (TK / 16)]; /* block_2d: per-row block amax bits */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
      across the two directions), then stored coalesced. cstage[rb][c]: column c's row block rb;
      a thread writes its two columns' entries as one 16-byte store */
@@ -1010,29 +1027,41 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const int q = t % (TK / 2), rb = t / (TK / 2), c = 2 * q;
     const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p; /* SR: block 2p's */
     const int64_t cblk = (k0 + c) * (M >> 4) + (i0 >> 4) + rb; /* column c's; c + 1: + M / 16 */
-    float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* block_2d: the thread's blocks' tile amaxes */
-    if (a.b2d) { /* the per-row block amaxes (NaN ignored) for the 16x16 tile amaxes */
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        float ba;
-        if (kPacked) {
-          uint32_t w[8];
-          row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
-          ba = packed16_amax<DT>(w);
-          if (is_nan_abs(ba)) ba = amax_of([&](int e) { return row_word_value<DT>(w, e); });
-        } else {
-          float v[16];
-          row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
-          ba = hq_nvfp4_amax(v, 16);
-        }
-        bam[r * (TK / 16) + 2 * p + j] = hq_f32_bits(ba);
-      }
-      __syncthreads();
+    /* block_2d: the thread's blocks' 16x16 tile amaxes (NaN ignored), each from the thread's
+       share and the lanes that hold the rest of its tile (tile_max): a rowwise thread has 16
+       elements of each tile, its row's, beside the 15 lanes of the tile's other rows; a
+       columnwise thread 32, its two columns', beside the 7 lanes of the tile's other columns */
+    float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (a.b2d) {
       if (kRow) {
-        tba[0] = tile_amax16<TK>(bam, r & ~15, 2 * p);
-        tba[1] = tile_amax16<TK>(bam, r & ~15, 2 * p + 1);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          float m;
+          if (kPacked) {
+            uint32_t w[8];
+            row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
+            m = words_amax<DT, 8>(w);
+          } else {
+            float v[16];
+            row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
+            m = hq_nvfp4_amax(v, 16);
+          }
+          tba[j] = tile_max<16>(m);
+        }
       }
-      if (kCol) tba[2] = tba[3] = tile_amax16<TK>(bam, 16 * rb, c / 16); /* one 16x16 tile */
+      if (kCol) {
+        float m;
+        if (kPacked) {
+          uint32_t xw[16];
+          colpair_words<DT, TK>(sm, 16 * rb, c, xw);
+          m = words_amax<DT, 16>(xw);
+        } else {
+          float f0[16], f1[16];
+          colpair_f32<DT, TK>(sm, 16 * rb, c, f0, f1);
+          m = fmaxf(hq_nvfp4_amax(f0, 16), hq_nvfp4_amax(f1, 16));
+        }
+        tba[2] = tba[3] = tile_max<8>(m);
+      }
     }
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
        blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
@@ -1163,8 +1192,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       }
     }
     if (redo)
-      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, bam, flip, enc_tab[0], enc_tab[1], rm, cm, M, K, i0,
-                                     k0, a.b2d, a.seed, a.offset, st);
+      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0], enc_tab[1],
+                                     rm, cm, M, K, i0, k0, a.b2d, a.seed, a.offset, st);
   }
   __syncthreads(); /* the last tile is staged */
   if (tile != blockIdx.x)
