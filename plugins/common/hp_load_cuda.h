@@ -8,8 +8,9 @@
 ** Without, element loads (any alignment). hq_cuda_hp16_to_f32<DT>(h): one 16-bit element's
 ** bits as FP32 (the conversion every 16-bit read of the stock kernels uses).
 **
-** hq_cuda_absmax2<DT>(a, b) / hq_cuda_lane_amax<DT>(m, hi): the amax of 16-bit elements from
-** their packed words, two per instruction, NaN ignored as the stock plugins' amax rule wants.
+** hq_cuda_absmax2<DT>(a, b), hq_cuda_absmax_tree<DT, N>(w), hq_cuda_lane_amax<DT>(m, hi): the
+** amax of 16-bit elements from their packed words, two per instruction, NaN ignored as the stock
+** plugins' amax rule wants (or propagated, NANP, to find the blocks that hold a NaN).
 **
 ** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
 ** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
@@ -27,14 +28,34 @@ template <int DT> __device__ __forceinline__ float hq_cuda_hp16_to_f32(uint32_t 
 
 /* max(|a|, |b|) of each 16-bit lane of two words of DT (HQ_BF16 or HQ_F16), two elements per
    instruction (PTX max.xorsign.abs): a NaN operand is ignored as by fmaxf (IEEE maxNum; NaN only
-   where both are), and the lanes' sign bits are meaningless (hq_cuda_lane_amax clears them). */
-template <int DT> __device__ __forceinline__ uint32_t hq_cuda_absmax2(uint32_t a, uint32_t b) {
+   where both are), or with NANP propagated (max.NaN: NaN where either is); the lanes' sign bits
+   are meaningless (hq_cuda_lane_amax clears them). */
+template <int DT, bool NANP = false>
+__device__ __forceinline__ uint32_t hq_cuda_absmax2(uint32_t a, uint32_t b) {
   uint32_t d;
-  if (DT == HQ_BF16)
+  if (NANP && DT == HQ_BF16)
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else if (NANP)
+    asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else if (DT == HQ_BF16)
     asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   else
     asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
+}
+
+/* hq_cuda_absmax2<DT, NANP> over N words (N a power of 2) as a tree: log2(N) dependent steps,
+   not N - 1. */
+template <int DT, int N, bool NANP = false>
+__device__ __forceinline__ uint32_t hq_cuda_absmax_tree(const uint32_t w[N]) {
+  uint32_t m[N / 2];
+#pragma unroll
+  for (int e = 0; e < N / 2; e++) m[e] = hq_cuda_absmax2<DT, NANP>(w[2 * e], w[2 * e + 1]);
+#pragma unroll
+  for (int n = N / 4; n >= 1; n /= 2)
+#pragma unroll
+    for (int e = 0; e < n; e++) m[e] = hq_cuda_absmax2<DT, NANP>(m[2 * e], m[2 * e + 1]);
+  return m[0];
 }
 
 /* Lane hi (0: the low half) of a chain of hq_cuda_absmax2 as FP32: max |x| over the elements

@@ -358,16 +358,6 @@ __device__ __forceinline__ uint32_t sign_word(uint32_t even, uint32_t odd) {
   return (even & 0x08080808u) | (odd & 0x80808080u);
 }
 
-/* max(|a|, |b|) per 16-bit lane with NaN propagated (the sign of the result is not used). */
-template <int DT> __device__ __forceinline__ uint32_t absmax2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  if (DT == HQ_BF16)
-    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  else
-    asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
 /* The block amax of 16 values, hq_nvfp4_amax(v, 16) (NaN ignored), and whether one of them is
    NaN (the block then takes the reference rules), from one max |v| with NaN *propagated* (PTX
    max.NaN, one instruction per value with the abs folded in): without a NaN that max is the
@@ -521,29 +511,11 @@ template <int DT> __device__ __forceinline__ float lane_abs(uint32_t m, int hi) 
   return hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu);
 }
 
-/* absmax2 over N words (N a power of 2) as a tree: log2(N) dependent steps, not N - 1. */
-template <int DT, int N> __device__ __forceinline__ uint32_t absmax_tree(const uint32_t w[N]) {
-  uint32_t m[N / 2];
-#pragma unroll
-  for (int e = 0; e < N / 2; e++) m[e] = absmax2<DT>(w[2 * e], w[2 * e + 1]);
-#pragma unroll
-  for (int n = N / 4; n >= 1; n /= 2)
-#pragma unroll
-    for (int e = 0; e < n; e++) m[e] = absmax2<DT>(m[2 * e], m[2 * e + 1]);
-  return m[0];
-}
-
 /* block_2d: max |x| with NaN ignored (0 when every element is NaN) over N packed words of a
    16-bit DT (both halves), as a tree of hq_cuda_absmax2 (two elements per instruction). */
 template <int DT, int N> __device__ __forceinline__ float words_amax(const uint32_t w[N]) {
-  uint32_t m[N / 2];
-#pragma unroll
-  for (int e = 0; e < N / 2; e++) m[e] = hq_cuda_absmax2<DT>(w[2 * e], w[2 * e + 1]);
-#pragma unroll
-  for (int n = N / 4; n >= 1; n /= 2)
-#pragma unroll
-    for (int e = 0; e < n; e++) m[e] = hq_cuda_absmax2<DT>(m[2 * e], m[2 * e + 1]);
-  return fmaxf(hq_cuda_lane_amax<DT>(m[0], 0), hq_cuda_lane_amax<DT>(m[0], 1));
+  const uint32_t m = hq_cuda_absmax_tree<DT, N>(w);
+  return fmaxf(hq_cuda_lane_amax<DT>(m, 0), hq_cuda_lane_amax<DT>(m, 1));
 }
 
 /* Element e of 16 consecutive row elements held as 8 words (row_words). */
@@ -677,8 +649,8 @@ __device__ __forceinline__ void rht16_head(const uint32_t *x, const float *f, co
 /* The block amax of 16 values of a 16-bit dtype DT packed as 8 words, two per word in element
    order (NaN propagated, as lane_abs / is_nan_abs read it). */
 template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
-  const uint32_t mm = absmax_tree<DT, 8>(y);
-  return lane_abs<DT>(absmax2<DT>(mm, prmt<0x1032u>(mm, mm)), 0);
+  const uint32_t mm = hq_cuda_absmax_tree<DT, 8, true>(y);
+  return lane_abs<DT>(hq_cuda_absmax2<DT, true>(mm, prmt<0x1032u>(mm, mm)), 0);
 }
 
 /* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
@@ -1104,7 +1076,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         ba[3] = packed16_amax(y[1]);
       } else {
         colpair_words<DT, TK>(sm, 16 * rb, c, x);
-        const uint32_t mm = absmax_tree<DT, 16>(x);
+        const uint32_t mm = hq_cuda_absmax_tree<DT, 16, true>(x);
         ba[2] = lane_abs<DT>(mm, 0);
         ba[3] = lane_abs<DT>(mm, 1);
       }
