@@ -8,9 +8,10 @@
 ** Without, element loads (any alignment). hq_cuda_hp16_to_f32<DT>(h): one 16-bit element's
 ** bits as FP32 (the conversion every 16-bit read of the stock kernels uses).
 **
-** hq_cuda_absmax2<DT>(a, b), hq_cuda_absmax_tree<DT, N>(w), hq_cuda_lane_amax<DT>(m, hi): the
-** amax of 16-bit elements from their packed words, two per instruction, NaN ignored as the stock
-** plugins' amax rule wants (or propagated, NANP, to find the blocks that hold a NaN).
+** hq_cuda_absmax2<DT>(a, b), hq_cuda_absmax_tree<DT, N>(w), hq_cuda_lane_amax<DT>(m, hi),
+** hq_cuda_words_amax<DT, N>(w): the amax of 16-bit elements from their packed words, two per
+** instruction, NaN ignored as the stock plugins' amax rule wants (or propagated, NANP, and read
+** by hq_cuda_lane_abs, to find the blocks that hold a NaN).
 **
 ** hq_cuda_row_col<SMALL>(e, K, &i, &j): row i and column j of flat element index e in a
 ** row-major tensor of K columns; SMALL (every index below 2^32) divides in 32 bits, which costs
@@ -58,11 +59,22 @@ __device__ __forceinline__ uint32_t hq_cuda_absmax_tree(const uint32_t w[N]) {
   return m[0];
 }
 
+/* |lane hi| (0: the low half) of a packed pair as FP32, a NaN kept (NaN-propagating chains). */
+template <int DT> __device__ __forceinline__ float hq_cuda_lane_abs(uint32_t m, int hi) {
+  return hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu);
+}
+
 /* Lane hi (0: the low half) of a chain of hq_cuda_absmax2 as FP32: max |x| over the elements
    behind it with NaN ignored, 0 when all of them are NaN -- the value of a chain of fmaxf(m,
    fabsf(x)) started at 0 over the same elements (the stock plugins' amax rule). */
 template <int DT> __device__ __forceinline__ float hq_cuda_lane_amax(uint32_t m, int hi) {
-  return fmaxf(0.0f, hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu));
+  return fmaxf(0.0f, hq_cuda_lane_abs<DT>(m, hi));
+}
+
+/* That amax over both halves of N words (N a power of 2): hq_cuda_absmax_tree, then its lanes. */
+template <int DT, int N> __device__ __forceinline__ float hq_cuda_words_amax(const uint32_t w[N]) {
+  const uint32_t m = hq_cuda_absmax_tree<DT, N>(w);
+  return fmaxf(hq_cuda_lane_amax<DT>(m, 0), hq_cuda_lane_amax<DT>(m, 1));
 }
 
 template <int DT>

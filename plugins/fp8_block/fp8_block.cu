@@ -67,6 +67,12 @@ struct QArgs {
   hq_adam_consts k;
 };
 
+/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
+   chain started at 0 is max |x| with NaN ignored and Inf counted, hq_fmax_nan_ignoring's rule
+   (the CPU's amax), in one instruction per element. A partial maximum of two chains not started
+   at 0 is NaN only when every element behind it is; every final chain starts at 0. */
+__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
+
 /* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
    for bf16/f16). */
 template <int DT> struct Raw {
@@ -78,19 +84,16 @@ template <int DT> struct Raw {
   __device__ __forceinline__ float row_amax(int p) const {
     if constexpr (DT == HQ_F32) {
       float m = 0.0f;
-      for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(at(p, j)));
+      for (int j = 0; j < 8; j++) m = amax_step(m, at(p, j));
       return m;
     } else {
-      const uint32_t m = hq_cuda_absmax2<DT>(hq_cuda_absmax2<DT>(w[p][0], w[p][1]),
-                                             hq_cuda_absmax2<DT>(w[p][2], w[p][3]));
-      return fmaxf(hq_cuda_lane_amax<DT>(m, 0), hq_cuda_lane_amax<DT>(m, 1));
+      return hq_cuda_words_amax<DT, 4>(w[p]);
     }
   }
   /* the same over the 8 rows of columns 2k and 2k + 1 (16-bit inputs) */
   __device__ __forceinline__ uint32_t col_pair_absmax(int k) const {
-    uint32_t m[4];
-    for (int p = 0; p < 4; p++) m[p] = hq_cuda_absmax2<DT>(w[2 * p][k], w[2 * p + 1][k]);
-    return hq_cuda_absmax2<DT>(hq_cuda_absmax2<DT>(m[0], m[1]), hq_cuda_absmax2<DT>(m[2], m[3]));
+    const uint32_t c[8] = {w[0][k], w[1][k], w[2][k], w[3][k], w[4][k], w[5][k], w[6][k], w[7][k]};
+    return hq_cuda_absmax_tree<DT, 8>(c);
   }
   __device__ __forceinline__ float at(int p, int j) const {
     if constexpr (DT == HQ_F32) {
@@ -101,12 +104,6 @@ template <int DT> struct Raw {
     }
   }
 };
-
-/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
-   chain started at 0 is max |x| with NaN ignored and Inf counted, hq_fmax_nan_ignoring's rule
-   (the CPU's amax), in one instruction per element. A partial maximum of two chains not started
-   at 0 is NaN only when every element behind it is; every final chain starts at 0. */
-__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
 /* Store 8 bytes of row `row` of the rowwise copy at columns [c, c + 8) (in-bounds part only). */
 __device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t c, uint2 v) {

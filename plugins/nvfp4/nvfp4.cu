@@ -506,18 +506,6 @@ __device__ __forceinline__ void colpair_f32(uint32_t tile, int r0, int c, float 
   }
 }
 
-/* |lane| of a packed 16-bit pair as FP32 (lane 0: low half). */
-template <int DT> __device__ __forceinline__ float lane_abs(uint32_t m, int hi) {
-  return hq_cuda_hp16_to_f32<DT>((hi ? m >> 16 : m) & 0x7fffu);
-}
-
-/* block_2d: max |x| with NaN ignored (0 when every element is NaN) over N packed words of a
-   16-bit DT (both halves), as a tree of hq_cuda_absmax2 (two elements per instruction). */
-template <int DT, int N> __device__ __forceinline__ float words_amax(const uint32_t w[N]) {
-  const uint32_t m = hq_cuda_absmax_tree<DT, N>(w);
-  return fmaxf(hq_cuda_lane_amax<DT>(m, 0), hq_cuda_lane_amax<DT>(m, 1));
-}
-
 /* Element e of 16 consecutive row elements held as 8 words (row_words). */
 template <int DT> __device__ __forceinline__ float row_word_value(const uint32_t *w, int e) {
   return hq_cuda_hp16_to_f32<DT>(e & 1 ? w[e >> 1] >> 16 : w[e >> 1] & 0xffffu);
@@ -647,10 +635,10 @@ __device__ __forceinline__ void rht16_head(const uint32_t *x, const float *f, co
 }
 
 /* The block amax of 16 values of a 16-bit dtype DT packed as 8 words, two per word in element
-   order (NaN propagated, as lane_abs / is_nan_abs read it). */
+   order (NaN propagated, as hq_cuda_lane_abs / is_nan_abs read it). */
 template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const uint32_t y[8]) {
   const uint32_t mm = hq_cuda_absmax_tree<DT, 8, true>(y);
-  return lane_abs<DT>(hq_cuda_absmax2<DT, true>(mm, prmt<0x1032u>(mm, mm)), 0);
+  return hq_cuda_lane_abs<DT>(hq_cuda_absmax2<DT, true>(mm, prmt<0x1032u>(mm, mm)), 0);
 }
 
 /* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
@@ -770,7 +758,7 @@ __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d,
 /* The packed bytes and the scale bytes of one tile, staged as each block is encoded (no
    registers held across the two directions), then stored coalesced. c[rb][col]: column col's row
    block rb (a thread writes its two columns' entries as one 16-byte store); rsw / csw: the scale
-   words, 8 per tile row and 4 per tile column. */
+   words, TK / 64 per tile row and TM / 64 per tile column (QShape). */
 template <int DIRS> struct Staged {
   using S = QShape<DIRS>;
   uint2 r[S::TM * S::RS];
@@ -923,8 +911,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT, TM, TK> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
-     across the two directions), then stored coalesced. cstage[rb][c]: column c's row block rb;
-     a thread writes its two columns' entries as one 16-byte store */
+     across the two directions), then stored coalesced (Staged) */
   __shared__ Staged<DIRS> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
   using R = RawTile<DT, TM, TK>;
@@ -1012,7 +999,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
           if (kPacked) {
             uint32_t w[8];
             row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
-            m = words_amax<DT, 8>(w);
+            m = hq_cuda_words_amax<DT, 8>(w);
           } else {
             float v[16];
             row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
@@ -1026,7 +1013,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         if (kPacked) {
           uint32_t xw[16];
           colpair_words<DT, TK>(sm, 16 * rb, c, xw);
-          m = words_amax<DT, 16>(xw);
+          m = hq_cuda_words_amax<DT, 16>(xw);
         } else {
           float f0[16], f1[16];
           colpair_f32<DT, TK>(sm, 16 * rb, c, f0, f1);
@@ -1077,8 +1064,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       } else {
         colpair_words<DT, TK>(sm, 16 * rb, c, x);
         const uint32_t mm = hq_cuda_absmax_tree<DT, 16, true>(x);
-        ba[2] = lane_abs<DT>(mm, 0);
-        ba[3] = lane_abs<DT>(mm, 1);
+        ba[2] = hq_cuda_lane_abs<DT>(mm, 0);
+        ba[3] = hq_cuda_lane_abs<DT>(mm, 1);
       }
     }
     uint32_t rsf = 0, csf = 0; /* the scale codes of the packed blocks, two per word */
@@ -1319,7 +1306,7 @@ __global__ void tensor_factor_kernel(const float *amax0, const float *amax1, flo
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
-/* The 1-D grid of 64x128 tiles of an [M, K] tensor (M, K > 0). */
+/* The 1-D grid of tm x tk tiles of an [M, K] tensor (M, K > 0; 64x128 unless told). */
 int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid, int tm = kTM,
               int tk = kTK) {
   const int64_t n = ((M + tm - 1) / tm) * ((K + tk - 1) / tk);
