@@ -12,8 +12,10 @@
 ** direction into f32 / bf16 / f16 (through the inverse RHT); update; the device amax
 ** (hq_quantizer_amax and the module's amax op for every set of directions, with and without
 ** rht); quantize and update with a caller-supplied device amax (the own one, larger, smaller,
-** different per direction); make_empty. Dequantized values compare byte for byte except NaN
-** against NaN (an Inf global amax gives 0 * Inf, whose NaN sign differs between host and device). The two contexts share the seed and every pair of calls
+** different per direction); make_empty; a shape with a dimension of 2^31 or more refused with a
+** clear error before anything runs. Dequantized values compare byte for byte except NaN
+** against NaN (an Inf global amax gives 0 * Inf, whose NaN sign differs between host and
+** device). The two contexts share the seed and every pair of calls
 ** starts from the same RNG offset, so stochastic rounding draws the same stream. ABI 2.1: the
 ** raw dequantize (HQ_CALL_DEQ_RAW) and the tensor factor on the device equal the CPU's byte for
 ** byte; hq_gemm of nvfp4 operands on the device (native on sm_100+ against the forced emulated
@@ -95,12 +97,32 @@ static void check_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t 
       E2M1 rounding boundaries of the block amax (5/6, 2.5/6, ... of it), a large block next to
       small ones (E4M3 scale range);
    2: as 1 plus +Inf and -Inf (global amax Inf: S_enc = 1);
-   3: all zeros. */
+   3: all zeros;
+   4: the edges of the device's columnwise RHT shortcut (the kernel leaves the transform's 0.25
+      out and folds it into its multipliers, exact where v * 0.25 is a normal FP32 value, with
+      blocks whose unscaled amax is not 0 and not in [2^-100, 2^120) redone by the rule): in
+      the first 16 rows, columns whose transform has outputs of FP32-subnormal size beside
+      normal ones (two equal values cancel in half the outputs, leaving a third, tiny one),
+      unscaled amaxes just above and below 2^-100 and at 2^120, huge values below it, a block
+      of 2^-126 values. */
 static void fill_special(hq_tensor *x, int kind) {
   const hq_dtype dt = x->dtype;
   const int64_t M = x->rows, K = x->cols, n = M * K;
   if (kind == 3) {
     memset(x->data, 0, (size_t)n * hq_dtype_size(dt));
+    return;
+  }
+  if (kind == 4) {
+    /* column c, rows 0..15: {x0 = x1 = a, x15 = t, others 0} (a and t per column), or all b */
+    static const float a_[8] = {0x1p-90f, 0x1p-100f, 0x1p-102f, 0x1p119f,
+                                0x1p118f, 0.0f,      3.0f,      0x1p-99f};
+    static const float t_[8] = {0x1p-130f, -0x1p-128f, 0x1p-131f, 1.0f,
+                                -0x1p90f,  0.0f,       0x1p-126f, -0x1p-127f};
+    for (int c = 0; c < 8 && c < K; c++)
+      for (int i = 0; i < 16 && i < M; i++) {
+        const float v = c == 5 ? 0x1p-126f : i < 2 ? a_[c] : i == 15 ? t_[c] : 0.0f;
+        hq_store_hp(x->data, i * K + c, dt, v);
+      }
     return;
   }
   hq_store_hp(x->data, 0, dt, NAN);
@@ -252,6 +274,9 @@ static void test_special_values(void **state) {
       for (size_t o = 0; o < N_OPTION_SETS; o += (kind == 1 ? 1 : 3))
         check_case(option_sets[o], dts[t], 64, 96, 600 + (uint64_t)kind, kind,
                    o == 0 || o == 4);
+  for (int t = 0; t < 3; t++) /* the columnwise RHT's edges (kind 4), every rht option set */
+    for (size_t o = 4; o < N_OPTION_SETS; o += (o == 5 ? 3 : 1))
+      check_case(option_sets[o], dts[t], 32, 48, 640 + (uint64_t)t, 4, o == 4);
 }
 
 /* The module's amax op on the device, called directly: out[0] / out[1] get the CPU's amaxes for
@@ -558,6 +583,50 @@ static void test_factor_out_empty(void **state) {
   }
 }
 
+/* A device quantize of a tensor with a dimension of 2^31 or more is refused with a clear error
+   before anything runs (the kernel's offsets take 32-bit factors): the storages are laid out
+   for the shape, their buffers point at one small allocation that nothing may touch. */
+static void test_huge_dims_refused(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("nvfp4")(&host);
+  assert_non_null(ops);
+  uint8_t cfg[256] = {0};
+  hq_optval v[6] = {{0}};
+  v[1].i = 0xD7E8;
+  if (ops->configure(cfg, v, &host)) fail_msg("configure: %s", hq_test_module_error());
+  void *small = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 256, &small));
+  const int64_t big = (int64_t)1 << 31, shapes[2][2] = {{big, 16}, {16, big}};
+  for (int sh = 0; sh < 2; sh++) {
+    const int64_t M = shapes[sh][0], K = shapes[sh][1];
+    hq_storage st[2];
+    for (uint32_t d = 1; d <= 2; d++) {
+      hq_storage *s = &st[d - 1];
+      hq_test_storage_init(s, d, M, K, HQ_BF16);
+      if (ops->layout(cfg, &host, M, K, d, HQ_BOTH, s))
+        fail_msg("layout: %s", hq_test_module_error());
+      s->device = hq_ctx_device(gpu);
+      for (uint32_t b = 0; b < s->nbuf; b++) {
+        hq_buffer *buf = hq_storage_buf(s, b);
+        size_t n = hq_dtype_size(buf->dtype);
+        for (int k = 0; k < buf->ndim; k++) n *= (size_t)buf->shape[k];
+        buf->bytes = n;
+        buf->ptr = small;
+      }
+    }
+    hq_tensor x = hq_tensor_2d(small, HQ_BF16, hq_ctx_device(gpu), M, K);
+    hq_call call = hq_test_call(&host, 0, 0);
+    call.device = hq_ctx_device(gpu);
+    call.amax = small; /* given: no amax pass either */
+    assert_int_equal(ops->quantize(cfg, &call, &x, HQ_BOTH, &st[0], &st[1]), HQ_ESHAPE);
+    if (!strstr(hq_test_module_error(), "dimension of 2^31 or more"))
+      fail_msg("[%lld, %lld]: %s", (long long)M, (long long)K, hq_test_module_error());
+  }
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  hq_ctx_free(gpu, small);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -569,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_make_empty),
       cmocka_unit_test(test_raw_and_factor),
       cmocka_unit_test(test_factor_out_empty),
+      cmocka_unit_test(test_huge_dims_refused),
       cmocka_unit_test(test_raw_every_pair),
       cmocka_unit_test(test_gemm_device),
   };

@@ -28,7 +28,8 @@
 **     the next origin by an add and a carry, no division), two tile buffers (dynamic shared
 **     memory): tile n + 1 is copied in while tile n is encoded, so the memory stays busy while
 **     the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its peak; three or
-**     four buffers measured 1-5% slower on an H100). One barrier per tile: after it, tile n - 1's
+**     four buffers measured 1-5% slower on an H100, and again with the kernel of 2026-11-27:
+**     both directions 0.094 -> 0.104-0.109 ms). One barrier per tile: after it, tile n - 1's
 **     staged bytes are stored from one staging buffer while tile n is encoded into the other.
 **     A tile wholly inside the tensor with aligned buffers (every tile but the edges) is copied
 **     in and stored with no bounds checks and one stride per pass (H100, 8192x8192 bf16 both
@@ -60,6 +61,26 @@
 **     an S2R of the CTA's id each time). These three changes (H100, 8192x8192 bf16, given
 **     amax, both directions, interleaved runs): 0.094 -> 0.093 ms, rht 0.105 -> 0.102,
 **     stochastic rounding 0.165 -> 0.149, block_2d 0.109 -> 0.107; ncu 5% fewer instructions.
+**     Every tile address is one wide multiply-add of a 32-bit row index by a 32-bit pitch that
+**     the launcher puts in the kernel parameters (it refuses M or K of 2^31 or more), where
+**     64-bit products had been remade per tile; and whether a block takes the fast form stays
+**     a float (block_heads2's q), one max over the thread's four blocks deciding whether
+**     redo_blocks runs, where a mask of flags had been built on the common path. These two
+**     (8192x8192 bf16, given amax, interleaved): H100 rht both 69.5% -> 73.3% of copy,
+**     block_2d both 71.5% -> 73.2%, SR rowwise 66.6% -> 72.8%, columnwise 65.6% -> 71.1%,
+**     rht columnwise 84.3% -> 84.5-85.1%, plain both unchanged at 75% (its time is not its
+**     instructions'); H200 plain both 60.4% -> 63%, rht both 51.2% -> 54.5%, rht columnwise
+**     61.9% -> 66.3%, block_2d both 52.2% -> 55.3%, SR rowwise 47.7% -> 52.5%. Then the
+**     columnwise rht blocks leave the transform's RN(v * 0.25) out (rht16_tail<false>) and
+**     fold the 0.25 into m and enc (block_heads2<true>: exact wherever v * 0.25 is a normal
+**     FP32 value; blocks whose unscaled amax is not 0 and not in [2^-100, 2^120) go to
+**     redo_blocks), the sign bits go in with the bias in one three-input add, and the rht and
+**     SR kernels hold no block_2d code (the configuration refuses those pairs): H100 rht both
+**     73.4% -> 74.0-74.3%, SR both 47.8% -> 49.1-49.2%, SR columnwise 70.7% -> 72.2-72.3%.
+**     Both steps together on the H200 (two interleaved pairs): both 60.4-60.6% -> 63.6-63.7%,
+**     rht both 51.2-51.3% -> 54.7-54.9%, rht columnwise 61.7-61.9% -> 66.4-66.8%, SR both
+**     33.1-33.2% -> 35.1%, block_2d both 52.4-52.9% -> 54.8-55.0%, block_2d rowwise
+**     75.9-76.6% -> 82.2%, columnwise 73.8-74.6% -> 76.7-77.1%.
 **     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
 **     stored data), byte e for element e. A block holding no NaN whose largest scaled magnitude
 **     RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
@@ -115,7 +136,8 @@ constexpr int kThreads = 256;
    spills) measured on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197
    ms for both directions of 8192x8192 bf16; with the kernel as it is now 3 fit 80 registers
    without spills and still lose for both directions (H100, given amax, interleaved: 74.9% ->
-   67.2% of copy; H200 60.0% -> 60.6%) */
+   67.2% of copy; H200 60.0% -> 60.6%; again after the 32-bit offsets: 0.094 -> 0.098 ms, rht
+   0.095 -> 0.106) */
 #ifndef HQ_NVFP4_MIN_BLOCKS /* (a build-time override, for measuring other targets) */
 #define HQ_NVFP4_MIN_BLOCKS 2
 #endif
@@ -149,6 +171,9 @@ constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
    each tile writes fewer, longer pieces of that direction's data and scales (each piece a line of
    its own in the L2): columnwise alone 128 x 64 (a column's 64 data bytes and 8 scale bytes per
    tile instead of 32 and 4), rowwise alone 32 x 256 (a row's 128 and 16 instead of 64 and 8).
+   128 x 128 for both (two 64-row halves per tile, encoded one after the other, half the L2
+   requests for the columnwise data and both scales) measured slower: H100 rht both 0.095 ->
+   0.1015 ms, block_2d both 0.0955 -> 0.101; H200 both 0.0799 -> 0.081.
    RS: uint2 per row of the rowwise staging (TK / 16 used, one of padding); CS: uint2 per row
    block of the columnwise staging (TK used; the pad spreads the row blocks a half-warp reads over
    the banks). */
@@ -172,11 +197,14 @@ __device__ __forceinline__ void tile_origin_of(unsigned tile, int64_t K, int64_t
 
 /* Whether the TM x TK tile at (i0, k0) lies wholly inside [M, K]. */
 template <int TM, int TK>
-__device__ __forceinline__ bool tile_full(int64_t M, int64_t K, int64_t i0, int64_t k0) {
+__device__ __forceinline__ bool tile_full(uint32_t M, uint32_t K, uint32_t i0, uint32_t k0) {
   return i0 + TM <= M && k0 + TK <= K;
 }
 
-/* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile:
+/* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile
+   (grouped orders, 8, 16 or 32 tile rows per group and column-major inside, so that the
+   columnwise copy's lines fill sooner, measured no faster: H100 both directions 0.094-0.101 ms
+   either way, rht both 0.095 -> 0.098, columnwise alone unchanged):
    tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
    by ntk (made once) with one carry. */
 template <int TM, int TK> struct TileWalk {
@@ -192,8 +220,9 @@ template <int TM, int TK> struct TileWalk {
     if (w.tk >= ntk) w.tk -= ntk, w.ti++;
     return w;
   }
-  __device__ __forceinline__ int64_t i0() const { return (int64_t)ti * TM; }
-  __device__ __forceinline__ int64_t k0() const { return (int64_t)tk * TK; }
+  /* the tile's origin (below 2^31: the launcher rejects M or K of 2^31 or more) */
+  __device__ __forceinline__ uint32_t i0() const { return ti * TM; }
+  __device__ __forceinline__ uint32_t k0() const { return tk * TK; }
 };
 
 /* The 64x128 tile of CTA blockIdx.x. */
@@ -267,21 +296,23 @@ __device__ __forceinline__ bool fast_block(float bamax, float enc, int has_nan) 
    with FP32 adds and one integer min per value (this loop bounds the kernel). Each nibble is
    accumulated as (0x4b000000 + code) * 16^e (multiply-adds, on the FMA pipe beside the min)
    and the biases leave in one subtraction (mod 2^32: code <= 7 never carries into the next
-   nibble); the sign bits sgn (x's: enc > 0, or enc = 0 and x * enc = +-0) are or-ed in. */
+   nibble); the sign bits sgn (x's: enc > 0, or enc = 0 and x * enc = +-0) are added in the
+   same three-input add (bit 3 of every nibble is clear: the same as or-ing them). */
 template <class V> __device__ __forceinline__ uint2 encode_fast(V v, float enc, uint2 sgn) {
   constexpr uint32_t kBias = 0x4b000000u * 0x11111111u;
   uint32_t acc[2] = {0u, 0u};
 #pragma unroll
   for (int e = 0; e < 16; e++)
     acc[e >> 3] += hq_e2m1_biased_bits_lt7(fabsf(hq_mul_rn(v(e), enc))) * (1u << (4 * (e & 7)));
-  return make_uint2((acc[0] - kBias) | sgn.x, (acc[1] - kBias) | sgn.y);
+  return make_uint2(acc[0] + sgn.x + (0u - kBias), acc[1] + sgn.y + (0u - kBias));
 }
 
 /* The fast form of stochastic rounding for 16 values v(0..15) (a fast_block): the block's
    Philox words as the rule draws them; per value hq_e2m1_sr_biased_lt8 with w built by one byte
    permute from element e's random byte (hq_nvfp4_sr_byte: byte e % 4 of word e / 4) and the
    constant bytes of 1.0f, packed as in encode_fast (the biases of code + 252 leave in one
-   subtraction per word, mod 2^32); the sign bits sgn or-ed in. */
+   subtraction per word, mod 2^32, with the sign bits sgn added in: bit 3 of every nibble is
+   clear). */
 template <class V>
 __device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, uint64_t seed, uint64_t offset,
                                                 uint32_t colwise, uint64_t block, uint2 sgn) {
@@ -293,7 +324,7 @@ __device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, uint64_t seed, u
     const float w = hq_bits_f32(__byte_perm(bits[e >> 2], 0x3f800000u, 0x7604u | (e & 3) << 4));
     acc[e >> 3] += hq_e2m1_sr_biased_lt8(fabsf(hq_mul_rn(v(e), enc)), w) * (1u << (4 * (e & 7)));
   }
-  return make_uint2((acc[0] - kBias) | sgn.x, (acc[1] - kBias) | sgn.y);
+  return make_uint2(acc[0] + sgn.x + (0u - kBias), acc[1] + sgn.y + (0u - kBias));
 }
 
 /* The fast form of either rounding. */
@@ -358,6 +389,13 @@ __device__ __forceinline__ uint32_t sign_word(uint32_t even, uint32_t odd) {
   return (even & 0x08080808u) | (odd & 0x80808080u);
 }
 
+/* max of two floats with NaN propagated (PTX max.NaN) */
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
 /* The block amax of 16 values, hq_nvfp4_amax(v, 16) (NaN ignored), and whether one of them is
    NaN (the block then takes the reference rules), from one max |v| with NaN *propagated* (PTX
    max.NaN, one instruction per value with the abs folded in): without a NaN that max is the
@@ -365,7 +403,7 @@ __device__ __forceinline__ uint32_t sign_word(uint32_t even, uint32_t odd) {
 __device__ __forceinline__ float block_amax16(const float v[16], int *has_nan) {
   float m = 0.0f;
 #pragma unroll
-  for (int e = 0; e < 16; e++) asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(v[e])));
+  for (int e = 0; e < 16; e++) m = max_nan(m, fabsf(v[e]));
   *has_nan = (hq_f32_bits(m) & 0x7fffffffu) > 0x7f800000u;
   return *has_nan ? hq_nvfp4_amax(v, 16) : m;
 }
@@ -397,31 +435,31 @@ template <int DT, int TM, int TK> struct RawTile {
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
    Without vec (x not 16-byte aligned) the copy is made here, element by element. */
 template <int DT, int TM, int TK>
-__device__ __forceinline__ void issue_tile(const void *__restrict__ x, int64_t M, int64_t K,
-                                           int64_t i0, int64_t k0, int vec, uint32_t tile) {
+__device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t M, uint32_t K,
+                                           uint32_t i0, uint32_t k0, int vec, uint32_t tile) {
   using R = RawTile<DT, TM, TK>;
   const bool full = tile_full<TM, TK>(M, K, i0, k0);
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
-  const uint8_t *const base = static_cast<const uint8_t *>(x) + (i0 * K + k0) * R::kEsz;
   constexpr int kRowsPerPass = kThreads / R::kChunksPerRow;
-  /* element offset from the tile's origin of this thread's first chunk, and per pass */
-  const int64_t off0 = (int64_t)(threadIdx.x / R::kChunksPerRow) * K +
-                       (threadIdx.x % R::kChunksPerRow) * kPer;
+  /* this thread's first chunk: row i0 + r0 of the tile, element c0 (32-bit factors, one wide
+     multiply-add), and the element offset of each further pass */
+  const uint32_t r0 = threadIdx.x / R::kChunksPerRow, c0 = (threadIdx.x % R::kChunksPerRow) * kPer;
+  const uint8_t *const base = static_cast<const uint8_t *>(x);
+  const uint64_t off0 = (uint64_t)(i0 + r0) * K + (k0 + c0);
+  const uint64_t pass = (uint64_t)kRowsPerPass * K;
   if (full && vec) { /* the common case: every chunk, no checks, one stride per pass */
     const uint8_t *src = base + off0 * R::kEsz;
-    const uint32_t dst = tile + (threadIdx.x / R::kChunksPerRow) * R::kRowBytes +
-                         (threadIdx.x % R::kChunksPerRow) * 16;
-    const int64_t pass = (int64_t)kRowsPerPass * K * R::kEsz;
+    const uint32_t dst = tile + r0 * R::kRowBytes + (threadIdx.x % R::kChunksPerRow) * 16;
 #pragma unroll
     for (int s = 0; s < R::kChunks / kThreads; s++)
-      hq_cp_async16_at(dst + s * kRowsPerPass * R::kRowBytes, src + s * pass);
+      hq_cp_async16_at(dst + s * kRowsPerPass * R::kRowBytes, src + s * pass * R::kEsz);
     return;
   }
 #pragma unroll
   for (int s = 0; s < R::kChunks / kThreads; s++) {
     const int g = threadIdx.x + kThreads * s, r = g / R::kChunksPerRow, cc = g % R::kChunksPerRow;
     const bool in = full || (i0 + r < M && k0 + cc * kPer < K);
-    const int64_t off = off0 + (int64_t)(s * kRowsPerPass) * K;
+    const uint64_t off = off0 + s * pass;
     const uint32_t dst = tile + r * R::kRowBytes + cc * 16;
     if (vec) {
       hq_cp_async16_n_at(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
@@ -544,7 +582,11 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  unsigned ntiles; /* QShape<DIRS> tiles of [M, K] */
+  unsigned ntiles; /* QShape tiles of [M, K] */
+  /* the launcher's 32-bit copies (M, K < 2^31), kernel parameters so that no tile recomputes
+     them: M, K; the data rows' pitches K / 2 and M / 2; the scale rows' pitches
+     hq_nvfp4_scale_cols(K) and (M) */
+  uint32_t m32, k32, rld, cld, rsc, csc;
 };
 
 __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
@@ -582,7 +624,11 @@ __device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
    and 1 (the caller rounds and flips the signs the cheap way for its input); the butterfly
    stages in their order, RN(v * 0.25), and step 4's RN_bf16 through the convert instruction on
    pairs. The results come back packed, element 2j in the low half of y[j] (the layout of
-   row_words, so the rowwise packed amax and sign permutes apply). */
+   row_words, so the rowwise packed amax and sign permutes apply). kScale false leaves out the
+   RN(v * 0.25): the results are then RN_bf16(v), four times the rule's wherever v * 0.25 is a
+   normal FP32 value (scaling by a power of 2 commutes with both roundings there); the quantize
+   kernel's common path folds the 0.25 into its multipliers (block_heads2). */
+template <bool kScale = true>
 __device__ __forceinline__ void rht16_tail(float v[16], uint32_t y[8]) {
 #pragma unroll
   for (int h = 1; h < 16; h <<= 1)
@@ -595,7 +641,8 @@ __device__ __forceinline__ void rht16_tail(float v[16], uint32_t y[8]) {
       }
 #pragma unroll
   for (int j = 0; j < 8; j++)
-    y[j] = bf16x2_rn(__fmul_rn(v[2 * j], 0.25f), __fmul_rn(v[2 * j + 1], 0.25f));
+    y[j] = kScale ? bf16x2_rn(__fmul_rn(v[2 * j], 0.25f), __fmul_rn(v[2 * j + 1], 0.25f))
+                  : bf16x2_rn(v[2 * j], v[2 * j + 1]);
 }
 
 /* Steps 0 and 1 of the RHT on FP32 values f of a DT input (flip[e]: row e's sign-flip word,
@@ -729,19 +776,26 @@ __device__ __forceinline__ Signs2 row_signs2(const uint32_t a[8], const uint32_t
 /* The heads of two packed blocks on the common path: their scale codes (block 0's in bits 0-7,
    block 1's in bits 8-15) and encode multipliers enc[0..1] from their amaxes ba0, ba1 (max |v|
    with NaN propagated: NaN marks a block holding one), or with block_2d from their 16x16 tile
-   amaxes t0, t1 (read before, NaN ignored); bit j of *slow when block j does not take the fast
-   form (redo_blocks then makes it by the rule, its scale code included). Both codes come from
-   one convert instruction (hq_nvfp4_block_scale's bits, as block_code) without the FP8 NaN
-   rule: a NaN product makes a NaN code, whose multiplier (FLT_MAX) keeps the block off the fast
-   form, so that code is never kept. */
-template <bool SR>
+   amaxes t0, t1 (read before, NaN ignored); q[j], whether block j takes the fast form:
+   q[j] < 7 when it does (q[j] = RN(bamax * enc) + 0 * ba_j, NaN for a block holding a NaN or an
+   Inf), so that one max over a thread's blocks tells whether any needs redo_blocks (which then
+   makes it by the rule, its scale code included) and the common path spends nothing on a mask.
+   Both codes come from one convert instruction (hq_nvfp4_block_scale's bits, as block_code)
+   without the FP8 NaN rule: a NaN product makes a NaN code, whose multiplier (FLT_MAX) keeps the
+   block off the fast form, so that code is never kept.
+   kFold (the columnwise rht blocks, from rht16_tail<false>): ba0, ba1 are the amaxes of the
+   unscaled results, four times the rule's, and m is the direction's m * 0.25 (exact), so the
+   products and codes are the rule's; enc comes back times 0.25 (exact: enc >= 2^-124 for every
+   block the fast form takes), so RN(value * enc) of an unscaled value is the rule's for every
+   element whose v * 0.25 is normal. The others (|v * 0.25| < 2^-126) encode to a signed zero
+   both ways as long as the block's amax is not tiny: a block whose unscaled amax is neither 0
+   nor in [2^-100, 2^120) goes to redo_blocks (q = NaN), which takes the rule's own steps. */
+template <bool kFold = false>
 __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d, float t0,
                                                  float t1, float m, const float *enc_tab,
-                                                 float enc[2], unsigned *slow) {
-  const int n0 = is_nan_abs(ba0), n1 = is_nan_abs(ba1);
-  ba0 = b2d ? t0 : ba0;
-  ba1 = b2d ? t1 : ba1;
-  const float p0 = hq_mul_rn(ba0, m), p1 = hq_mul_rn(ba1, m);
+                                                 float enc[2], float q[2]) {
+  const float a0 = b2d ? t0 : ba0, a1 = b2d ? t1 : ba1;
+  const float p0 = hq_mul_rn(a0, m), p1 = hq_mul_rn(a1, m);
 #if HQ_FP8_HW_CVT
   unsigned short h;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(p1), "f"(p0));
@@ -751,7 +805,20 @@ __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d,
 #endif
   enc[0] = enc_tab[sf & 0xffu];
   enc[1] = enc_tab[sf >> 8];
-  *slow = (fast_block<SR>(ba0, enc[0], n0) ? 0u : 1u) | (fast_block<SR>(ba1, enc[1], n1) ? 0u : 2u);
+  if (kFold) {
+    enc[0] = hq_mul_rn(enc[0], 0.25f);
+    enc[1] = hq_mul_rn(enc[1], 0.25f);
+  }
+  /* fast_block's test: RN(a * enc) < 7 and no NaN in the block (0 * ba is 0 for a finite ba,
+     NaN for a NaN or an Inf one, whose block is never fast: its RN(a * enc) >= 7 or NaN) */
+  q[0] = __fmaf_rn(ba0, 0.0f, hq_mul_rn(a0, enc[0]));
+  q[1] = __fmaf_rn(ba1, 0.0f, hq_mul_rn(a1, enc[1]));
+  if (kFold) { /* bits - 1 wraps for 0: [2^-100, 2^120) and 0 pass */
+    constexpr uint32_t kLo = 0x0d800000u, kHi = 0x7b800000u; /* 2^-100, 2^120 */
+    const uint32_t b0 = hq_f32_bits(ba0), b1 = hq_f32_bits(ba1);
+    if (b0 - 1u < kLo - 1u || b0 >= kHi) q[0] = __int_as_float(0x7fffffff);
+    if (b1 - 1u < kLo - 1u || b1 >= kHi) q[1] = __int_as_float(0x7fffffff);
+  }
   return sf;
 }
 
@@ -836,49 +903,51 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, 
   }
 }
 
-/* kLines output lines of kWords 8-byte words each, line l at base + l * ld: word w of line l is
-   val(l, w), stored where in(l, w) (a partial tile) -- a tile wholly inside the tensor with an
-   8-byte aligned buffer (full && a8) checks nothing and steps one stride per pass. Coalesced:
-   consecutive threads take consecutive words. */
+/* kLines output lines of kWords 8-byte words each, line l at buf + (l0 + l) * ld + c0 (32-bit
+   factors, one wide multiply-add): word w of line l is val(l, w), stored where in(l, w) (a
+   partial tile) -- a tile wholly inside the tensor with an 8-byte aligned buffer (full && a8)
+   checks nothing and steps one stride per pass. Coalesced: consecutive threads take consecutive
+   words. */
 template <int kLines, int kWords, class V, class In>
-__device__ __forceinline__ void store_lines(uint8_t *base, int64_t ld, bool full, int a8,
-                                            const V &val, const In &in) {
+__device__ __forceinline__ void store_lines(uint8_t *buf, uint32_t l0, uint32_t c0, uint32_t ld,
+                                            bool full, int a8, const V &val, const In &in) {
   const int t = threadIdx.x;
   constexpr int kPass = kThreads / kWords; /* lines per pass */
+  uint8_t *const p = buf + ((uint64_t)(l0 + t / kWords) * ld + (c0 + 8 * (t % kWords)));
+  const uint64_t pass = (uint64_t)kPass * ld;
   if (full && a8) {
-    uint8_t *const p = base + (t / kWords) * ld + 8 * (t % kWords);
 #pragma unroll
     for (int s = 0; s < kLines / kPass; s++)
-      *reinterpret_cast<uint2 *>(p + s * kPass * ld) = val(t / kWords + s * kPass, t % kWords);
+      *reinterpret_cast<uint2 *>(p + s * pass) = val(t / kWords + s * kPass, t % kWords);
     return;
   }
 #pragma unroll
   for (int s = 0; s < kLines / kPass; s++) {
     const int l = t / kWords + s * kPass, w = t % kWords;
-    if (full || in(l, w)) store8(base + l * ld + 8 * w, val(l, w), a8);
+    if (full || in(l, w)) store8(p + s * pass, val(l, w), a8);
   }
 }
 
 /* Store a staged tile (i0, k0) to the outputs: coalesced 8-byte stores of the packed bytes and
    4-byte scale words; a tile wholly inside [M, K] with aligned buffers checks nothing. Every
-   thread of the CTA calls it. */
+   thread of the CTA calls it. Offsets from 32-bit factors (M, K < 2^31). */
 template <int DIRS>
-__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, int64_t i0,
-                                             int64_t k0, bool full) {
+__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, uint32_t i0,
+                                             uint32_t k0, bool full) {
   using S = QShape<DIRS>;
-  const int64_t M = a.M, K = a.K;
+  const uint32_t M = a.m32, K = a.k32;
   const int t = threadIdx.x;
   if constexpr ((DIRS & 1) != 0) {
     /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
     store_lines<S::TM, S::TK / 16>(
-        a.rdata + i0 * (K >> 1) + (k0 >> 1), K >> 1, full, a.a8,
+        a.rdata, i0, k0 >> 1, a.rld, full, a.a8,
         [&](int rr, int b) { return hq_lds64(st.r(rr * S::RS + b)); },
         [&](int rr, int b) { return i0 + rr < M && k0 + 16 * b < K; });
     constexpr int kW = S::TK / 64; /* scale words per tile row */
     if (t < S::TM * kW) { /* row t/kW's scale entries k0/16 + 4 (t%kW) .. +3 */
-      const int64_t i = i0 + t / kW, b = k0 / 16 + 4 * (t % kW);
+      const uint32_t i = i0 + t / kW, b = k0 / 16 + 4 * (t % kW);
       if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.rscale + i * hq_nvfp4_scale_cols(K) + b) =
+        *reinterpret_cast<uint32_t *>(a.rscale + ((uint64_t)i * a.rsc + b)) =
             hq_lds32(st.rs(4 * t));
       else if (i < M && b < K / 16)
         store_scale_word(a.rscale, i, b, K, a.swz, a.a4, hq_lds32(st.rs(4 * t)));
@@ -887,14 +956,14 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, 
   if constexpr ((DIRS & 2) != 0) {
     /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
     store_lines<S::TK, S::TM / 16>(
-        a.cdata + k0 * (M >> 1) + (i0 >> 1), M >> 1, full, a.a8,
+        a.cdata, k0, i0 >> 1, a.cld, full, a.a8,
         [&](int cc, int rb) { return hq_lds64(st.c(rb, cc)); },
         [&](int cc, int rb) { return i0 + 16 * rb < M && k0 + cc < K; });
     constexpr int kW = S::TM / 64; /* scale words per tile column */
     if (t < S::TK * kW) { /* column k0 + t/kW's scale entries i0/16 + 4 (t%kW) .. +3 */
-      const int64_t k = k0 + t / kW, b = i0 / 16 + 4 * (t % kW);
+      const uint32_t k = k0 + t / kW, b = i0 / 16 + 4 * (t % kW);
       if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.cscale + k * hq_nvfp4_scale_cols(M) + b) =
+        *reinterpret_cast<uint32_t *>(a.cscale + ((uint64_t)k * a.csc + b)) =
             hq_lds32(st.cs(4 * t));
       else if (k < K && b < M / 16)
         store_scale_word(a.cscale, k, b, M, a.swz, a.a4, hq_lds32(st.cs(4 * t)));
@@ -925,6 +994,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      input or with rht (the transform's packed BF16 results) */
   constexpr bool kRowP = kRow && kPacked, kColP = kCol && (kPacked || RHT);
   const int64_t M = a.M, K = a.K;
+  const uint32_t M32 = a.m32, K32 = a.k32;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
   if (RHT && t < 16) flip[t] = ((a.mask >> t) & 1u) ? 0x80008000u : 0u; /* read after a barrier */
@@ -940,6 +1010,10 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     enc_tab[1][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
     if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
   }
+  const float cm4 = hq_mul_rn(cm, 0.25f); /* rht: cm for the unscaled amaxes (block_heads2) */
+  /* block_2d (the configuration refuses it with rht or stochastic rounding: no code for it in
+     those kernels) */
+  const bool b2d = !RHT && !SR && a.b2d;
   /* the CTA's tiles, grid-stride (the constants above are made once per CTA), through a ring of
      kStages tile buffers: the copies of the next kStages - 1 tiles are in flight while tile n is
      encoded */
@@ -950,22 +1024,23 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (tile + s * gridDim.x < a.ntiles)
-      issue_tile<DT, TM, TK>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + s * R::kBytes);
+      issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
+                             tiles_s + s * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
   }
   /* one barrier per tile: tile n - 1's staged bytes are stored after it, while tile n is
      encoded into the other staging buffer */
-  int64_t pi0 = 0, pk0 = 0; /* tile n - 1 */
+  uint32_t pi0 = 0, pk0 = 0; /* tile n - 1 */
   bool pfull = false;
   int sb = 0; /* the staging buffer tile n is encoded into */
   for (int buf = 0; tile < a.ntiles;
        tile += gridDim.x, buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
     hq_pin(tiles_s);
     hq_pin(staged_s);
-    const int64_t i0 = cur.i0(), k0 = cur.k0();
+    const uint32_t i0 = cur.i0(), k0 = cur.k0();
     cur = cur.next();
-    const bool full = tile_full<TM, TK>(M, K, i0, k0);
+    const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
     hq_cuda_cp_async_wait<kStages - 2>();
     __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
     if (tile != blockIdx.x)
@@ -974,7 +1049,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     /* the buffer of tile n - 1 */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
     if (tile + (kStages - 1) * gridDim.x < a.ntiles)
-      issue_tile<DT, TM, TK>(a.x, M, K, ahead.i0(), ahead.k0(), a.vec, tiles_s + nb * R::kBytes);
+      issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
+                             tiles_s + nb * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
     const StagedAt<DIRS> st{staged_s + sb * kStagedBytes};
@@ -984,14 +1060,15 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const int r = t % TM, p = t / TM;
     /* columnwise threads: columns c = 2q and c + 1, row block rb (rows 16rb..16rb+15) */
     const int q = t % (TK / 2), rb = t / (TK / 2), c = 2 * q;
-    const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p; /* SR: block 2p's */
-    const int64_t cblk = (k0 + c) * (M >> 4) + (i0 >> 4) + rb; /* column c's; c + 1: + M / 16 */
+    /* SR: the index of row block 2p, of column c's block (c + 1's: + M / 16) */
+    const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p;
+    const int64_t cblk = (int64_t)(k0 + c) * (M >> 4) + (i0 >> 4) + rb;
     /* block_2d: the thread's blocks' 16x16 tile amaxes (NaN ignored), each from the thread's
        share and the lanes that hold the rest of its tile (tile_max): a rowwise thread has 16
        elements of each tile, its row's, beside the 15 lanes of the tile's other rows; a
        columnwise thread 32, its two columns', beside the 7 lanes of the tile's other columns */
     float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (a.b2d) {
+    if (b2d) {
       if (kRow) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -1025,7 +1102,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
        blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
        0) and are not stored, so every block is encoded unconditionally. */
-    unsigned redo = 0; /* the thread's blocks the fast form does not take (redo_blocks) */
+    /* the fast form's test of the thread's packed blocks (block_heads2: < 7 when a block takes
+       it): rowwise 0, 1, columnwise 2, 3 */
+    float fq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     /* The packed blocks: first every block's values and amax (NaN propagated), then every
        head (scale code, multiplier), then every block's fast form; no branch in between, so
        the dependent chains of the heads overlap each other and the encoding. */
@@ -1057,7 +1136,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         for (int h = 0; h < 2; h++) {
           float v[16];
           rht16_head<DT>(x, h ? f1 : f0, fl, h, v);
-          rht16_tail(v, y[h]);
+          rht16_tail<false>(v, y[h]); /* the 0.25 folded into cm4 and enc (block_heads2) */
         }
         ba[2] = packed16_amax(y[0]);
         ba[3] = packed16_amax(y[1]);
@@ -1071,14 +1150,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     uint32_t rsf = 0, csf = 0; /* the scale codes of the packed blocks, two per word */
     float enc[4];
     if (kRowP) {
-      unsigned sl;
-      rsf = block_heads2<SR>(ba[0], ba[1], a.b2d, tba[0], tba[1], rm, enc_tab[0], enc, &sl);
-      redo |= sl;
+      rsf = block_heads2(ba[0], ba[1], b2d, tba[0], tba[1], rm, enc_tab[0], enc, fq);
     }
     if (kColP) {
-      unsigned sl;
-      csf = block_heads2<SR>(ba[2], ba[3], a.b2d, tba[2], tba[3], cm, enc_tab[1], enc + 2, &sl);
-      redo |= sl << 2;
+      csf = block_heads2<RHT>(ba[2], ba[3], b2d, tba[2], tba[3], RHT ? cm4 : cm, enc_tab[1],
+                              enc + 2, fq + 2);
     }
     if (kRowP) {
       auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
@@ -1125,7 +1201,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         int has_nan;
         row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
         float bv = block_amax16(v, &has_nan);
-        if (a.b2d) bv = tba[j];
+        if (b2d) bv = tba[j];
         uint2 o;
         const uint8_t s = encode16<SR>(v, bv, rm, enc_tab[0], a.seed, a.offset, 0u,
                                        (uint64_t)rblk + j, has_nan,
@@ -1141,7 +1217,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       for (int h = 0; h < 2; h++) {
         int has_nan;
         float bv = block_amax16(v[h], &has_nan);
-        if (a.b2d) bv = tba[2 + h];
+        if (b2d) bv = tba[2 + h];
         uint2 o;
         hq_sts8(st.cs((c + h) * (TM / 16) + rb),
                 encode16<SR>(v[h], bv, cm, enc_tab[1], a.seed, a.offset, 1u,
@@ -1150,9 +1226,17 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         hq_sts64(st.c(rb, c + h), o);
       }
     }
-    if (redo)
-      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0], enc_tab[1],
-                                     rm, cm, M, K, i0, k0, a.b2d, a.seed, a.offset, st);
+    /* the blocks the fast form does not take (rare), or every packed block when stochastic
+       rounding has no fast form: redone by the rule */
+    constexpr bool kAllRule = SR && !kSRFast;
+    if (kAllRule || !(max_nan(max_nan(fq[0], fq[1]), max_nan(fq[2], fq[3])) < 7.0f)) {
+      unsigned redo = 0;
+      for (int j = 0; j < 4; j++)
+        redo |= (kAllRule && (j < 2 ? kRowP : kColP)) || !(fq[j] < 7.0f) ? 1u << j : 0u;
+      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0],
+                                     enc_tab[1], rm, cm, M, K, i0, k0, b2d, a.seed, a.offset,
+                                     st);
+    }
   }
   __syncthreads(); /* the last tile is staged */
   if (tile != blockIdx.x)
@@ -1355,6 +1439,10 @@ template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_ca
   if (rc) return rc;
   /* as many CTAs as fit on the device at once, each looping over tiles */
   a.ntiles = grid;
+  a.m32 = (uint32_t)a.M, a.k32 = (uint32_t)a.K;
+  a.rld = a.k32 / 2, a.cld = a.m32 / 2;
+  a.rsc = (uint32_t)hq_nvfp4_scale_cols(a.K);
+  a.csc = (uint32_t)hq_nvfp4_scale_cols(a.M);
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
      asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
      device and kernel */
@@ -1443,6 +1531,11 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
                                    const nvfp4_dev_dir *row, const nvfp4_dev_dir *col) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   const int64_t M = src->rows, K = src->cols;
+  /* the quantize kernel's offsets take 32-bit factors (QArgs): refused before anything runs */
+  if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31))
+    return call->host->error(HQ_ESHAPE,
+                             "nvfp4 CUDA quantize: shape [%lld, %lld] has a dimension of 2^31 or "
+                             "more", (long long)M, (long long)K);
   int rc;
   if (row && (rc = zero_padding(call, row->scale, M, K))) return rc;
   if (col && (rc = zero_padding(call, col->scale, K, M))) return rc;
