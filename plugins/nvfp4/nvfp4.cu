@@ -171,6 +171,8 @@ constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
    each tile writes fewer, longer pieces of that direction's data and scales (each piece a line of
    its own in the L2): columnwise alone 128 x 64 (a column's 64 data bytes and 8 scale bytes per
    tile instead of 32 and 4), rowwise alone 32 x 256 (a row's 128 and 16 instead of 64 and 8).
+   256 x 32 for the columnwise copy alone (whole 128-byte column lines) measured slower: H100,
+   given amax, interleaved: 85.8-86.3% -> 79.3-79.5% of copy, rht 84.3-84.5% -> 76.6-76.9%.
    128 x 128 for both (two 64-row halves per tile, encoded one after the other, half the L2
    requests for the columnwise data and both scales) measured slower: H100 rht both 0.095 ->
    0.1015 ms, block_2d both 0.0955 -> 0.101; H200 both 0.0799 -> 0.081.
