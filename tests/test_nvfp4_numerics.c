@@ -581,6 +581,83 @@ static void test_rht_lanes_and_bf16_round(void **state) {
   }
 }
 
+/* The CUDA quantize kernel's shortcut for columnwise RHT blocks (nvfp4.cu: rht16_tail<false>,
+   block_heads2<true>): the transform without its RN(v * 0.25), the 0.25 folded into the block's
+   multipliers, stands for the rule on every block the kernel lets it take -- unscaled amax a' = 0
+   or in [2^-100, 2^120), and RN(a' * RN(enc * 0.25)) < 7 -- giving the rule's scale code and
+   every element code. Checked against hq_nvfp4_rht16, hq_nvfp4_block_scale and
+   hq_nvfp4_quantize on random groups (one exponent per group, or one per element), on groups
+   built to cancel (two equal values beside one much smaller: half the outputs are that small
+   one alone, of FP32-subnormal size after the 0.25 when it is tiny), with random sign masks
+   and global amaxes from the block's own to 2^40 times it. */
+static void test_rht_fold_identity(void **state) {
+  (void)state;
+  uint64_t s = 91;
+  long taken = 0, tiny = 0;
+  for (int it = 0; it < 400000; it++) {
+    float g[16];
+    const uint64_t r = hq_test_rand(&s);
+    const int kind = (int)(r % 3);
+    if (kind == 0) {
+      const int e = (int)((r >> 8) % 250) - 130;
+      for (int i = 0; i < 16; i++) g[i] = ldexpf(hq_test_normal(&s), e);
+    } else if (kind == 1) {
+      for (int i = 0; i < 16; i++)
+        g[i] = ldexpf(hq_test_normal(&s), (int)(hq_test_rand(&s) % 200) - 110);
+    } else {
+      const int e = (int)((r >> 8) % 236) - 110, d = 8 + (int)((r >> 20) % 60);
+      const float a = ldexpf(1.0f + (float)((r >> 32) % 128) / 128.0f, e);
+      for (int i = 0; i < 16; i++) g[i] = 0.0f;
+      g[0] = g[1] = a;
+      g[2 + (int)((r >> 40) % 14)] = ldexpf(hq_test_uniform(&s), e - d);
+    }
+    const uint32_t mask = (uint32_t)hq_test_rand(&s) & 0xffffu;
+    /* the rule */
+    float v[16];
+    memcpy(v, g, sizeof v);
+    hq_nvfp4_rht16(v, mask);
+    const float ba = hq_nvfp4_amax(v, 16);
+    const float A = ba > 0.0f ? ldexpf(ba, (int)(hq_test_rand(&s) % 41)) : 1.0f;
+    const float s_enc = hq_nvfp4_global_encode_scale(A);
+    const float s_dec = hq_nvfp4_global_decode_scale(s_enc), m = hq_nvfp4_block_scale_mult(s_enc);
+    const uint8_t sf = hq_nvfp4_block_scale(ba, m);
+    const float enc = hq_nvfp4_encode_mult(sf, s_dec);
+    /* the shortcut: steps 0-2 of the rule, then RN_bf16 without the 0.25 */
+    float u[16];
+    for (int i = 0; i < 16; i++)
+      u[i] = bits_f(f_bits(hq_nvfp4_bf16_round(g[i])) ^ (((mask >> i) & 1u) << 31));
+    for (int h = 1; h < 16; h <<= 1)
+      for (int i = 0; i < 16; i++)
+        if (!(i & h)) {
+          const float x = u[i], y = u[i + h];
+          u[i] = hq_add_rn(x, y);
+          u[i + h] = hq_add_rn(x, -y);
+        }
+    for (int i = 0; i < 16; i++) u[i] = hq_nvfp4_bf16_round(u[i]);
+    const float a2 = hq_nvfp4_amax(u, 16);
+    const uint32_t b = f_bits(a2);
+    if (!(b == 0 || (b >= 0x0d800000u && b < 0x7b800000u))) continue; /* redone by the rule */
+    const uint8_t sf2 = hq_nvfp4_block_scale(a2, hq_mul_rn(m, 0.25f));
+    const float enc4 = hq_mul_rn(hq_nvfp4_encode_mult(sf2, s_dec), 0.25f);
+    if (!(hq_mul_rn(a2, enc4) < 7.0f)) continue; /* not the fast form: redone by the rule */
+    taken++;
+    if (sf2 != sf) fail_msg("it %d: scale code %#x, the rule's %#x", it, sf2, sf);
+    int small = 0;
+    for (int e = 0; e < 16; e++) {
+      const uint32_t c = hq_f32_to_e2m1(hq_mul_rn(u[e], enc4));
+      const uint32_t want = hq_nvfp4_quantize(v[e], enc);
+      if (c != want)
+        fail_msg("it %d element %d: code %#x, the rule's %#x (u %a, v %a, enc %a)", it, e, c, want,
+                 (double)u[e], (double)v[e], (double)enc);
+      small |= u[e] != 0.0f && fabsf(u[e]) < 0x1p-124f;
+    }
+    tiny += small;
+  }
+  /* the shortcut was taken, also by blocks holding outputs of FP32-subnormal size */
+  assert_true(taken > 150000); /* 172296 of the 400000 (the others' scales underflow) */
+  assert_true(tiny > 1000); /* 1860 */
+}
+
 /* Orthogonality: the transpose undoes the transform within BF16 rounding. */
 /* The inverse transform: (a) on inputs in {-1, 0, 1} every step of both transforms is exact, so
    inverse(forward(v)) == v bit for bit; (b) on random inputs it equals the dense product with
@@ -747,6 +824,7 @@ int main(void) {
       cmocka_unit_test(test_rht_te_signs),
       cmocka_unit_test(test_rht_matches_dense_matrix),
       cmocka_unit_test(test_rht_lanes_and_bf16_round),
+      cmocka_unit_test(test_rht_fold_identity),
       cmocka_unit_test(test_e2m1_sr_bounded_form),
       cmocka_unit_test(test_rht_inverse),
       cmocka_unit_test(test_rht_orthogonal),
