@@ -101,8 +101,9 @@
 ** Options:
 **   rht (false), rht_sign_mask (0xD7E8): the 16-point random Hadamard transform of the
 **     columnwise copy only, in the fixed FP32 order of hq_nvfp4_rht16 (sign flip, butterfly
-**     stages 1, 2, 4, 8 with RN adds, exact * 0.25, RN to BF16). Any input dtype is accepted:
-**     f32 and f16 inputs are rounded to BF16 first (TE accepts BF16 only; BF16 is unchanged).
+**     stages 1, 2, 4, 8 with RN adds, RN * 0.25 (exact but in FP32's subnormal range), RN to
+**     BF16). Any input dtype is accepted: f32 and f16 inputs are rounded to BF16 first (TE
+**     accepts BF16 only; BF16 is unchanged).
 **   stochastic_rounding (false), seed (0 = the context's seed): E2M1 stochastic rounding in both
 **     directions, random bits from Philox4x32-10, one call per (direction, block, call offset)
 **     (hq_nvfp4_sr_bits: key = seed, counter = block index | direction, hq_call.offset), byte e

@@ -102,7 +102,8 @@ HQ_API int hq_built_with_cuda(void);
 **   2. the signs applied (exact);
 **   3. four butterfly stages h = 1, 2, 4, 8, in this order: for every i with (i & h) == 0,
 **      (v_i, v_{i+h}) = (RN_f32(v_i + v_{i+h}), RN_f32(v_i - v_{i+h}));
-**   4. v_i * 0.25 (exact), then 5. rounded to BF16: the values amax and quantization see.
+**   4. RN_f32(v_i * 0.25) (exact but in FP32's subnormal range), then 5. rounded to BF16: the
+**      values amax and quantization see.
 ** Dequantize applies the inverse (the same stages, * 0.25, then the signs; no BF16 rounding);
 ** a GEMM multiplies two RHT copies with the same mask in the transformed domain (orthogonal:
 ** the product over k is unchanged). docs/formats.md (5.3) has worked examples.
