@@ -112,7 +112,7 @@ static void test_e2m1_fast_form_exhaustive(void **state) {
     bad += hq_e2m1_code_nonan(x) != hq_f32_to_e2m1(x);
     bad += hq_e2m1_code_nonan(nx) != hq_f32_to_e2m1(nx);
     if (u < 0x40e00000u) /* |x| < 7: the unsaturated form of the kernels' bounded blocks */
-      bad += hq_e2m1_biased_bits_lt7(x) - 0x4b000000u != (hq_f32_to_e2m1(x) & 7u);
+      bad += hq_e2m1_biased_bits_lt7(x) - HQ_E2M1_BIAS_BITS != (hq_f32_to_e2m1(x) & 7u);
     if ((u & 0xfffu) == 0x123u && hq_e2m1_code_nonan(x) != e2m1_nearest((double)x))
       fail_msg("0x%08x: code %u, nearest %u", u, hq_e2m1_code_nonan(x), e2m1_nearest((double)x));
   }

@@ -373,51 +373,50 @@ HQ_HD uint32_t hq_f32_to_e2m1(float x) {
 }
 
 /* The same code as hq_f32_to_e2m1(x) for every x that is not NaN, in the form GPU kernels run
-   fast: FP32 adds and mins (the FMA pipe and one compare each) instead of seven integer
-   comparisons. 2^23 + k holds every integer k < 2^23 exactly and is even, so adding 2y, y or y/2
-   to 2^23 (+ an even offset) rounds each to the nearest integer, ties to even:
-     p1 = 2^23 + RNE(2y), p2 = 2^23 + RNE(y) + 2, p4 = 2^23 + RNE(y/2) + 4   (y = |x|)
-   and the E2M1 code of y is min(RNE(2y), RNE(y) + 2, RNE(y/2) + 4, 7): below 2 the grid step
-   is 0.5 (code RNE(2y)), in [2, 4] it is 1 (code RNE(y) + 2), above 4 it is 2 (code
-   RNE(y/2) + 4), each with its own ties, and the other two candidates are never smaller on
-   each range; 7 saturates (|x| > 5, Inf). 2y and y/2 are exact (a subnormal y/2 that is not
-   rounds to 2^23 + 4 either way), so a fused multiply-add gives the same sums. The sign is x's
-   sign bit. hq_e2m1_biased_nonan(|x|) is the min itself, 2^23 + code as a float, whose bits
-   are 0x4b000000 + code (a kernel can pack those and subtract the bias once per word).
-   tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1 on every FP32 value below 32
-   and a sweep of the rest. */
-HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x|: 2^23 + the magnitude code */
+   fast: two FP32 adds and one min per value, no comparison. FP32 holds the integers of
+   [2^23, 2^24) with spacing 1 and those of [2^24, 2^25) with spacing 2, so with C = 2^24 - 4
+   and y = |x| the two sums
+     p1 = RN(2y + C - 2), p2 = RN(y + C)
+   round onto the E2M1 grid, ties to even (the parity of a sum's last mantissa bit is that of
+   the E2M1 code's mantissa bit):
+     y <= 2:      p1 = 2^24 - 6 + RNE(2y)          (step 0.5: codes 0..4)
+     2 <= y < 4:  p2 = 2^24 - 4 + RNE(y)           (step 1: codes 4, 5; 3.5 ties up to 2^24)
+     4 <= y:      p2 = 2^24 + 2 * RNE((y - 4) / 2)  (step 2: codes 6, 7, then beyond)
+   and the bit pattern of each is HQ_E2M1_BIAS_BITS (0x4b7ffffa, the bits of 2^24 - 6) + the
+   code. 2y + C - 2 >= y + C exactly when y >= 2, and rounding is monotonic, so min(p1, p2) is p1
+   up to 2 and p2 from 2 on: the code; a last min with 2^24 + 2 (code 7) saturates (|x| > 5,
+   Inf; 2y may overflow to Inf, p2 is then the smaller). 2y is exact, so a fused multiply-add
+   gives the same p1. hq_e2m1_biased_nonan(|x|) is that min as a float, whose bits a kernel can
+   pack and then subtract the bias once per word. tests/test_nvfp4_numerics.c checks it against
+   hq_f32_to_e2m1 on every FP32 value below 32 and a sweep of the rest. */
+#define HQ_E2M1_BIAS_BITS 0x4b7ffffau
+HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x| */
 #if defined(__CUDA_ARCH__)
-  const float p1 = __fmaf_rn(y, 2.0f, 8388608.0f), p4 = __fmaf_rn(y, 0.5f, 8388612.0f);
-  return fminf(fminf(p1, __fadd_rn(y, 8388610.0f)), fminf(p4, 8388615.0f));
+  const float p1 = __fmaf_rn(y, 2.0f, 16777210.0f), p2 = __fadd_rn(y, 16777212.0f);
+  return fminf(fminf(p1, p2), 16777218.0f);
 #else
-  const float p1 = hq_add_rn(hq_mul_rn(y, 2.0f), 8388608.0f);
-  const float p2 = hq_add_rn(y, 8388610.0f);
-  const float p4 = hq_add_rn(hq_mul_rn(y, 0.5f), 8388612.0f);
-  const float a = p1 < p2 ? p1 : p2, b = p4 < 8388615.0f ? p4 : 8388615.0f;
-  return a < b ? a : b;
+  const float p1 = hq_add_rn(hq_mul_rn(y, 2.0f), 16777210.0f), p2 = hq_add_rn(y, 16777212.0f);
+  const float a = p1 < p2 ? p1 : p2;
+  return a < 16777218.0f ? a : 16777218.0f;
 #endif
 }
-/* hq_e2m1_biased_nonan(y)'s bits without the saturating min, for 0 <= y < 7: there
-   RNE(y/2) + 4 <= 7 (y/2 < 3.5), so the clamp never acts. A kernel that has bounded a whole
-   block (every |x * enc| <= RN(amax * enc) < 7, rounding being monotonic) saves it; and as the
-   three candidates are positive floats, their minimum is the unsigned minimum of their bit
-   patterns: one three-input integer min on sm_90 (VIMNMX3) instead of three float mins. */
+/* hq_e2m1_biased_nonan(y)'s bits without the saturating min, for 0 <= y < 7: there p2 <= 2^24
+   + 2 (code 7), so the clamp never acts. A kernel that has bounded a whole block (every
+   |x * enc| <= RN(amax * enc) < 7, rounding being monotonic) saves it; and as p1 and p2 are
+   positive floats, their minimum is the unsigned minimum of their bit patterns (one integer
+   min). */
 HQ_HD uint32_t hq_e2m1_biased_bits_lt7(float y) {
 #if defined(__CUDA_ARCH__)
-  return __vimin3_u32(hq_f32_bits(__fmaf_rn(y, 2.0f, 8388608.0f)),
-                      hq_f32_bits(__fadd_rn(y, 8388610.0f)),
-                      hq_f32_bits(__fmaf_rn(y, 0.5f, 8388612.0f)));
+  return min(hq_f32_bits(__fmaf_rn(y, 2.0f, 16777210.0f)),
+             hq_f32_bits(__fadd_rn(y, 16777212.0f)));
 #else
-  const uint32_t p1 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 2.0f), 8388608.0f));
-  const uint32_t p2 = hq_f32_bits(hq_add_rn(y, 8388610.0f));
-  const uint32_t p4 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 0.5f), 8388612.0f));
-  const uint32_t a = p1 < p2 ? p1 : p2;
-  return a < p4 ? a : p4;
+  const uint32_t p1 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 2.0f), 16777210.0f));
+  const uint32_t p2 = hq_f32_bits(hq_add_rn(y, 16777212.0f));
+  return p1 < p2 ? p1 : p2;
 #endif
 }
 HQ_HD uint32_t hq_e2m1_code_nonan(float x) {
-  return (hq_f32_bits(hq_e2m1_biased_nonan(hq_fabs(x))) - 0x4b000000u) |
+  return (hq_f32_bits(hq_e2m1_biased_nonan(hq_fabs(x))) - HQ_E2M1_BIAS_BITS) |
          ((hq_f32_bits(x) >> 28) & 8u);
 }
 
@@ -446,36 +445,53 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
 }
 
 /* hq_f32_to_e2m1_sr's magnitude code for 0 <= a < 8 (not NaN) in fewer operations, for a
-   kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 7, as for its
-   round-to-nearest form), plus 252 (a kernel packs the biased codes and subtracts the bias once
-   per word). w is 1 + r8 * 2^-15, the float of bits 0x3f800000 | r8 << 8 (a byte permute puts
-   the random byte there), so w - 1 = u * 2^-7 exactly (u = r8 / 256). step(a), the rule's 0.5 / 1
-   / 2 below 6 and 2 on [6, 8), is half the power of two of a's binade, at least 0.5; S = 128 *
-   step(a) comes from a's exponent bits; (w - 1) * S = u * step(a) is exact, so t = RN(a + u *
-   step(a)) is one fused multiply-add (t < 10). The code of t (round toward zero onto the E2M1
-   grid) from t's bits b: from 1 on, its exponent and first mantissa bit, (b >> 22) - 252 (1.0
-   -> 2, 1.5 -> 3, ..., 6.0 -> 7); on [0.5, 1) 1 and below 0 -- (b >> 23) - 125 where that is
-   1, at most (b >> 22) - 252 from 1 on; so code + 252 = max((b >> 22), (b >> 23) + 127, 252),
-   at most 259 (the rule's saturation: a >= 6 gives 7 whatever r8): two shifts (or a shift
-   and a shift-add), one three-input max, one min. */
-HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float a, float w) {
-  const float s = hq_mul_rn(hq_bits_f32(hq_f32_bits(a) & 0x7f800000u), 64.0f);
-  const float S = s > 64.0f ? s : 64.0f;
+   kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 8), plus
+   HQ_E2M1_BIAS_BITS (a kernel packs the biased codes and subtracts the bias once per word).
+   f is u * 2^-125 (u = r8 / 256), the float of bits r8 << 16 (a byte permute puts the random
+   byte there; r8 * 2^-133 exactly, subnormal for r8 < 128, the gradual underflow making it one
+   linear scale). step(a), the rule's 0.5 / 1 / 2 below 6 and 2 on [6, 8), is half the power of
+   two of a's binade, at least 0.5, so S = 2^125 * step(a) = max(2^124 * E, 2^124) with E that
+   power of two: its exponent bits plus 124, at least those of 2^124 (one integer add-and-max,
+   no overflow for a < 8); f * S = u * step(a) is exact, so t = RN(a + u * step(a)) is one fused
+   multiply-add (t < 10). t then goes onto the E2M1 grid toward zero, the rule's
+   floor(t / step(t)) * step(t), by hq_e2m1_biased_nonan's two sums rounded toward zero instead
+   of to nearest: RZ(2t + 2^24 - 6) (step 0.5, up to 2) and RZ(t + 2^24 - 4) (step 1 below 4,
+   step 2 from 4 on), whose smaller one (the first up to t = 2, the second from 2 on) has the bits
+   HQ_E2M1_BIAS_BITS + the code; a min with 2^24 + 2 saturates (t >= 8: the rule's a >= 6 gives
+   7 whatever r8). Per value: two integer operations for S, three FP32 operations, one
+   three-input integer min. The host runs the same sums, each rounding toward zero taken from
+   the rounded-to-nearest sum r (r - c is exact: both are integers of [2^23, 2^25) at most 20
+   apart), one step down where r > x + c. */
+HQ_HD float hq_add_rz_big(float x, float c) { /* RZ(x + c), x >= 0, 2^23 <= x + c < 2^25 */
 #if defined(__CUDA_ARCH__)
-  const uint32_t b = hq_f32_bits(__fmaf_rn(__fadd_rn(w, -1.0f), S, a));
-  const uint32_t m = __vimax3_u32(b >> 22, (b >> 23) + 127u, 252u);
+  return __fadd_rz(x, c);
 #else
-  const uint32_t b = hq_f32_bits(hq_add_rn(a, hq_mul_rn(hq_add_rn(w, -1.0f), S)));
-  const uint32_t hi = b >> 22, lo = (b >> 23) + 127u, m0 = hi > lo ? hi : lo;
-  const uint32_t m = m0 > 252u ? m0 : 252u;
+  const float r = hq_add_rn(x, c);
+  return hq_add_rn(r, -c) > x ? hq_bits_f32(hq_f32_bits(r) - 1u) : r;
 #endif
-  return m < 259u ? m : 259u;
+}
+HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float a, float f) {
+  const uint32_t e = hq_f32_bits(a) & 0x7f800000u;
+#if defined(__CUDA_ARCH__)
+  const float S = hq_bits_f32(__viaddmax_u32(e, 0x3e000000u, 0x7d800000u));
+  const float t = __fmaf_rn(f, S, a);
+  return __vimin3_u32(hq_f32_bits(__fmaf_rz(t, 2.0f, 16777210.0f)),
+                      hq_f32_bits(__fadd_rz(t, 16777212.0f)), 0x4b800001u);
+#else
+  const uint32_t sb = e + 0x3e000000u;
+  const float S = hq_bits_f32(sb > 0x7d800000u ? sb : 0x7d800000u);
+  const float t = hq_add_rn(a, hq_mul_rn(f, S));
+  const uint32_t p1 = hq_f32_bits(hq_add_rz_big(hq_mul_rn(t, 2.0f), 16777210.0f));
+  const uint32_t p2 = hq_f32_bits(hq_add_rz_big(t, 16777212.0f));
+  const uint32_t m = p1 < p2 ? p1 : p2;
+  return m < 0x4b800001u ? m : 0x4b800001u;
+#endif
 }
 /* The code itself from the random byte r8: tests/test_nvfp4_numerics.c checks it against
    hq_f32_to_e2m1_sr on every FP32 value below 8 for two r8 and on a sweep of them for every
    r8. */
 HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
-  return hq_e2m1_sr_biased_lt8(a, hq_bits_f32(0x3f800000u | (r8 & 0xffu) << 8)) - 252u;
+  return hq_e2m1_sr_biased_lt8(a, hq_bits_f32((r8 & 0xffu) << 16)) - HQ_E2M1_BIAS_BITS;
 }
 
 /* --------------------------------------------------------------------------------------------
