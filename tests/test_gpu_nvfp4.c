@@ -255,13 +255,17 @@ static void test_shapes(void **state) {
 
 /* More tiles than any GPU holds quantize CTAs at once (2 or 3 per SM), so every CTA loops
    over several: full and partial tiles in one walk (the last tile column and row partial), the
-   next tile copied in while one is encoded and the previous one stored. HQ_TEST_QUICK (under
+   next tile copied in while one is encoded and the previous one stored; for both directions
+   groups of 4 tiles along M, a short one last. HQ_TEST_QUICK (under
    compute-sanitizer): the smallest case alone, still several tiles per CTA. */
 static void test_many_tiles(void **state) {
   (void)state;
   check_case("block_2d = true\nswizzle = true", HQ_F32, 1040, 4176, 31, 0, 0);
   if (getenv("HQ_TEST_QUICK")) return;
   check_case("", HQ_BF16, 2048, 8192, 32, 0, 0);
+  /* more groups of 4 tiles along M than CTAs, the last row of groups short (18 tile rows):
+     CTAs walk a full group, then a short one, its finished neighbour stored part by part */
+  check_case("block_2d = true", HQ_BF16, 1104, 8192, 34, 0, 0);
   check_case("rht = true\nstochastic_rounding = true", HQ_F16, 1040, 8272, 33, 0, 0);
 }
 

@@ -14,7 +14,9 @@
 ** 83.8-83.9%, with block_2d 79.1-79.5% -> 84.1-84.5%; rowwise alone unchanged at 87-88%),
 ** 256 threads, read once from global memory by cp.async into a shared tile of the input's own
 ** bits. The text below says "64x128" for the tile of both directions; the other shapes take the
-** same steps with their own sizes.
+** same steps with their own sizes. Both directions (round to nearest) walk groups of 4 tiles
+** stacked along M and store the columnwise bytes of a group together (ColGroup: a column's
+** piece one 128-byte line), a part per tile while the next group is encoded.
 **   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
 **     is wanted; with rht a kernel that also takes the columnwise amax of the BF16-rounded
 **     transformed 16-groups (the RHT of each column's 16-row groups, as the quantize kernel
@@ -209,28 +211,39 @@ __device__ __forceinline__ bool tile_full(uint32_t M, uint32_t K, uint32_t i0, u
   return i0 + TM <= M && k0 + TK <= K;
 }
 
-/* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile
+/* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile;
+   with G > 1 over groups of G tiles stacked along M (G tile rows, one tile column; the groups
+   grid-stride in row-major order, the tiles of a group top to bottom, a group at the bottom
+   edge holding fewer)
    (grouped orders, 8, 16 or 32 tile rows per group and column-major inside, so that the
    columnwise copy's lines fill sooner, measured no faster: H100 both directions 0.094-0.101 ms
    either way, rht both 0.095 -> 0.098, columnwise alone unchanged):
    tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
    by ntk (made once) with one carry. */
-template <int TM, int TK> struct TileWalk {
-  unsigned ti, tk, ntk, dq, dr;
-  __device__ __forceinline__ explicit TileWalk(int64_t K) {
-    ntk = (unsigned)((K + TK - 1) / TK);
-    ti = blockIdx.x / ntk, tk = blockIdx.x % ntk;
+template <int TM, int TK, int G = 1> struct TileWalk {
+  unsigned gm, tk, j, ntm, ntk, dq, dr;
+  __device__ __forceinline__ TileWalk(int64_t M, int64_t K) {
+    ntm = (unsigned)((M + TM - 1) / TM), ntk = (unsigned)((K + TK - 1) / TK);
+    gm = blockIdx.x / ntk, tk = blockIdx.x % ntk, j = 0;
     dq = gridDim.x / ntk, dr = gridDim.x % ntk;
   }
   __device__ __forceinline__ TileWalk next() const {
     TileWalk w = *this;
-    w.tk += dr, w.ti += dq;
-    if (w.tk >= ntk) w.tk -= ntk, w.ti++;
+    if (G > 1 && w.j + 1 < G && G * w.gm + w.j + 1 < ntm) {
+      w.j++;
+      return w;
+    }
+    w.j = 0, w.tk += dr, w.gm += dq;
+    if (w.tk >= ntk) w.tk -= ntk, w.gm++;
     return w;
   }
-  /* the tile's origin (below 2^31: the launcher rejects M or K of 2^31 or more) */
-  __device__ __forceinline__ uint32_t i0() const { return ti * TM; }
+  __device__ __forceinline__ bool valid() const { return G * gm < ntm; }
+  /* the tile's origin (below 2^31: the launcher rejects M or K of 2^31 or more), its place in
+     its group and the group's first row */
+  __device__ __forceinline__ uint32_t i0() const { return (G * gm + j) * TM; }
   __device__ __forceinline__ uint32_t k0() const { return tk * TK; }
+  __device__ __forceinline__ unsigned slot() const { return j; }
+  __device__ __forceinline__ uint32_t g0() const { return G * gm * TM; }
 };
 
 /* The 64x128 tile of CTA blockIdx.x. */
@@ -834,29 +847,70 @@ __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d,
    registers held across the two directions), then stored coalesced. c[rb][col]: column col's row
    block rb (a thread writes its two columns' entries as one 16-byte store); rsw / csw: the scale
    words, TK / 64 per tile row and TM / 64 per tile column (QShape). */
-template <int DIRS> struct Staged {
+template <int DIRS, bool G = false> struct Staged {
   using S = QShape<DIRS>;
+  static constexpr int kC = G ? 1 : S::TM / 16; /* G: the columnwise bytes go to a ColGroup */
   uint2 r[S::TM * S::RS];
-  __align__(16) uint2 c[S::TM / 16][S::CS];
-  uint32_t rsw[S::TM * S::TK / 64], csw[S::TM * S::TK / 64];
+  __align__(16) uint2 c[kC][G ? 1 : S::CS];
+  uint32_t rsw[S::TM * S::TK / 64], csw[G ? 1 : S::TM * S::TK / 64];
 };
+
+/* Both directions: the columnwise bytes of a group of kColGroup tiles stacked along M (the
+   CTAs walk groups; TileWalk), staged as each tile is encoded and stored once the group is
+   done, so that each column's piece of the group is kColGroup * 32 data bytes (a 128-byte line
+   for 4) and kColGroup * 4 scale bytes, where per tile they were 32 and 4: 4x fewer L2 write
+   requests for the columnwise copy. Two of them (dynamic shared memory, after the tiles): a
+   group is encoded into one while the other, finished, is stored a part (128 / kColGroup
+   columns) per tile. c[g][col]: column col's row block g (tile g / 4, its row block g % 4);
+   130 uint2 per row block, so that the 16 row blocks of one column a half-warp reads fall on
+   distinct bank pairs and a 16-byte write stays aligned; csw: column col's scale bytes, word
+   col * kColGroup + tile.
+   Why: on an H100 (8192x8192 bf16, both directions, given amax) the kernel took 0.094 ms, 0.080
+   without its scale stores and 0.067 without those and the columnwise data stores (timing
+   builds, wrong output): the stores of small pieces, not their bytes (8.4 MB of scales), cost
+   the time; a timing build that stored the columnwise pieces of 4 tiles at once took 0.086.
+   Measured (interleaved with the kernel before, two pairs): 75.5% -> 79.2-79.4% of copy, rht
+   74.5% -> 76.8-77.1%, block_2d 73.8-74.7% -> 78.6-79.3%; all at once per group instead of a
+   part per tile 77.5-78.4%; groups of 2 tiles 75-76%; of 8 (one CTA per SM) 66-67%; stochastic
+   rounding none: it keeps per-tile staging (kGroupC). */
+#ifndef HQ_NVFP4_COL_GROUP
+#define HQ_NVFP4_COL_GROUP 4
+#endif
+constexpr int kColGroup = HQ_NVFP4_COL_GROUP;
+struct ColGroup {
+  static constexpr int CSG = 130;
+  __align__(16) uint2 c[kColGroup * 4][CSG];
+  uint32_t csw[128 * kColGroup];
+};
+/* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
+   rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
+   H100 57.4-57.8% -> 56.2-56.3% of copy) */
+template <int DIRS, bool SR> constexpr bool kGroupC = DIRS == 3 && !SR && kColGroup > 1;
 
 /* A staging buffer's shared-window address (hq_smem_addr: taken once, then offsets added) and
    the addresses of its parts: packed word i of the rowwise staging, word (rb, col) of the
    columnwise one, byte b of the rowwise and of the columnwise scale words. */
-template <int DIRS> struct StagedAt {
-  using T = Staged<DIRS>;
+template <int DIRS, bool G = false> struct StagedAt {
+  using T = Staged<DIRS, G>;
+  static constexpr bool kGroup = G;
   uint32_t base;
+  uint32_t cg;   /* kGroup: the group's ColGroup */
+  unsigned slot; /* kGroup: the tile's place in its group */
   __device__ __forceinline__ uint32_t r(int i) const {
     return base + (uint32_t)offsetof(T, r) + 8u * i;
   }
   __device__ __forceinline__ uint32_t c(int rb, int col) const {
+    if (kGroup)
+      return cg + (uint32_t)offsetof(ColGroup, c) + 8u * ((slot * 4 + rb) * ColGroup::CSG + col);
     return base + (uint32_t)offsetof(T, c) + 8u * (rb * QShape<DIRS>::CS + col);
   }
   __device__ __forceinline__ uint32_t rs(int b) const {
     return base + (uint32_t)offsetof(T, rsw) + b;
   }
+  /* byte b = col * (TM / 16) + rb of the tile's columnwise scales */
   __device__ __forceinline__ uint32_t cs(int b) const {
+    if (kGroup)
+      return cg + (uint32_t)offsetof(ColGroup, csw) + (b >> 2) * 4 * kColGroup + slot * 4 + (b & 3);
     return base + (uint32_t)offsetof(T, csw) + b;
   }
 };
@@ -869,13 +923,13 @@ template <int DIRS> struct StagedAt {
    ignored) or with block_2d the 16x16 tile amax (ta0, ta1: rowwise blocks j = 0, 1; ta2: the
    columnwise blocks), the scale code, and hq_nvfp4_quantize (_sr)
    of every element. Out of line: the common path stays small and free of branches. */
-template <int DT, bool RHT, bool SR, int DIRS>
+template <int DT, bool RHT, bool SR, int DIRS, bool G>
 __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, float ta1,
                                          float ta2,
                                          const uint32_t *flip, const float *enc_row,
                                          const float *enc_col, float rm, float cm, int64_t M,
                                          int64_t K, int64_t i0, int64_t k0, int b2d,
-                                         uint64_t seed, uint64_t offset, StagedAt<DIRS> st) {
+                                         uint64_t seed, uint64_t offset, StagedAt<DIRS, G> st) {
   constexpr int TM = QShape<DIRS>::TM, TK = QShape<DIRS>::TK, RS = QShape<DIRS>::RS;
   const int t = threadIdx.x, r = t % TM, p = t / TM, q = t % (TK / 2), rb = t / (TK / 2);
   for (int j = 0; j < 4; j++) {
@@ -939,8 +993,8 @@ __device__ __forceinline__ void store_lines(uint8_t *buf, uint32_t l0, uint32_t 
 /* Store a staged tile (i0, k0) to the outputs: coalesced 8-byte stores of the packed bytes and
    4-byte scale words; a tile wholly inside [M, K] with aligned buffers checks nothing. Every
    thread of the CTA calls it. Offsets from 32-bit factors (M, K < 2^31). */
-template <int DIRS>
-__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, uint32_t i0,
+template <int DIRS, bool G>
+__device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> st, uint32_t i0,
                                              uint32_t k0, bool full) {
   using S = QShape<DIRS>;
   const uint32_t M = a.m32, K = a.k32;
@@ -961,7 +1015,7 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, 
         store_scale_word(a.rscale, i, b, K, a.swz, a.a4, hq_lds32(st.rs(4 * t)));
     }
   }
-  if constexpr ((DIRS & 2) != 0) {
+  if constexpr ((DIRS & 2) != 0 && !G) {
     /* column k0 + cc's bytes i0/2 + 8rb ..: hq_nvfp4_col_data_index */
     store_lines<S::TK, S::TM / 16>(
         a.cdata, k0, i0 >> 1, a.cld, full, a.a8,
@@ -979,6 +1033,39 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS> st, 
   }
 }
 
+/* Store a staged group of columnwise tiles (both directions, ColGroup at cg): rows g0 ..
+   g0 + kColGroup * 64 - 1, columns k0 .. k0 + 127; coalesced 8-byte stores of the data (a
+   column's piece one line for 4 tiles) and 4-byte scale words; a group wholly inside [M, K]
+   with aligned buffers checks nothing, otherwise only what lies inside is stored (the tiles
+   of a group at the bottom edge that do not exist were never staged). Every thread of the
+   CTA calls it. */
+template <int NC = 128>
+__device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
+                                                uint32_t k0, int c0 = 0) {
+  const uint32_t M = a.m32, K = a.k32;
+  const bool full = g0 + kColGroup * 64 <= M && k0 + 128 <= K;
+  store_lines<NC, kColGroup * 4>(
+      a.cdata, k0 + c0, g0 >> 1, a.cld, full, a.a8,
+      [&](int cc, int g) {
+        return hq_lds64(cg + (uint32_t)offsetof(ColGroup, c) +
+                        8u * (g * ColGroup::CSG + c0 + cc));
+      },
+      [&](int cc, int g) { return g0 + 16 * g < M && k0 + c0 + cc < K; });
+  constexpr int kWords = NC * kColGroup;
+#pragma unroll
+  for (int s = 0; s < (kWords + kThreads - 1) / kThreads; s++) {
+    const int u = threadIdx.x + s * kThreads + c0 * kColGroup; /* column u / kColGroup, tile
+                                                                  u % kColGroup */
+    if (kWords % kThreads != 0 && u >= (c0 + NC) * kColGroup) break;
+    const uint32_t k = k0 + u / kColGroup, b = g0 / 16 + 4 * (u % kColGroup);
+    const uint32_t w = hq_lds32(cg + (uint32_t)offsetof(ColGroup, csw) + 4u * u);
+    if (full && a.a4 && !a.swz)
+      *reinterpret_cast<uint32_t *>(a.cscale + ((uint64_t)k * a.csc + b)) = w;
+    else if (k < K && b < M / 16)
+      store_scale_word(a.cscale, k, b, M, a.swz, a.a4, w);
+  }
+}
+
 template <int DT, bool RHT, bool SR, int DIRS>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
@@ -989,10 +1076,10 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
      across the two directions), then stored coalesced (Staged) */
-  __shared__ Staged<DIRS> staged[2];
+  __shared__ Staged<DIRS, kGroupC<DIRS, SR>> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
   using R = RawTile<DT, TM, TK>;
-  constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS>);
+  constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS, kGroupC<DIRS, SR>>);
   constexpr bool kRow = DIRS & 1, kCol = DIRS & 2;
   /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
      instruction) and the sign bits gathered from them by byte permutes */
@@ -1025,43 +1112,70 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* the CTA's tiles, grid-stride (the constants above are made once per CTA), through a ring of
      kStages tile buffers: the copies of the next kStages - 1 tiles are in flight while tile n is
      encoded */
-  unsigned tile = blockIdx.x;
-  /* the buffers' shared-window addresses, once (smem_cuda.h) */
+  /* the buffers' shared-window addresses, once (smem_cuda.h); both directions: the two
+     ColGroups after the tiles */
+  constexpr bool kGroup = kGroupC<DIRS, SR>;
+  using At = StagedAt<DIRS, kGroup>;
   uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
-  TileWalk<TM, TK> cur(K), ahead(K); /* ahead: the next tile to copy in */
+  uint32_t groups_s = tiles_s + kStages * R::kBytes;
+  TileWalk<TM, TK, kGroup ? kColGroup : 1> cur(M, K), ahead(M, K); /* ahead: the next to copy */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
-    if (tile + s * gridDim.x < a.ntiles)
+    if (ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
                              tiles_s + s * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
   }
   /* one barrier per tile: tile n - 1's staged bytes are stored after it, while tile n is
-     encoded into the other staging buffer */
-  uint32_t pi0 = 0, pk0 = 0; /* tile n - 1 */
-  bool pfull = false;
+     encoded into the other staging buffer; a group's columnwise bytes once its last tile is
+     staged, while the next group is encoded into the other ColGroup */
+  uint32_t pi0 = 0, pk0 = 0, pg0 = 0; /* tile n - 1, its group's first row */
+  bool pfull = false, first = true;
   int sb = 0; /* the staging buffer tile n is encoded into */
-  for (int buf = 0; tile < a.ntiles;
-       tile += gridDim.x, buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
+  int gb = 0; /* the ColGroup tile n's group is encoded into */
+  bool pv = false;           /* a finished group still being stored, part by part */
+  int pq = 0;                /* its next part (128 / kColGroup columns) */
+  uint32_t qg0 = 0, qk0 = 0; /* its origin */
+  for (int buf = 0; cur.valid(); buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
     hq_pin(tiles_s);
     hq_pin(staged_s);
-    const uint32_t i0 = cur.i0(), k0 = cur.k0();
+    hq_pin(groups_s);
+    const uint32_t i0 = cur.i0(), k0 = cur.k0(), g0 = cur.g0();
+    const unsigned slot = cur.slot();
     cur = cur.next();
     const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
     hq_cuda_cp_async_wait<kStages - 2>();
     __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
-    if (tile != blockIdx.x)
-      store_staged<DIRS>(a, StagedAt<DIRS>{staged_s + (sb ^ 1) * kStagedBytes}, pi0, pk0, pfull);
-    pi0 = i0, pk0 = k0, pfull = full;
+    if (!first)
+      store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, pi0, pk0, pfull);
+    if (kGroup && !first && slot == 0) { /* tile n - 1 ended its group */
+      if (pv && pq < kColGroup) { /* the group before it, after a group of fewer tiles than
+                                     parts (not in row-major group order, where those end a
+                                     CTA's walk): what is left, before its ColGroup is reused */
+        for (; pq < kColGroup; pq++)
+          store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup),
+                                           qg0, qk0, pq * (128 / kColGroup));
+        __syncthreads();
+      }
+      pv = true, pq = 0, qg0 = pg0, qk0 = pk0;
+      gb ^= 1;
+    }
+    if (kGroup && pv && pq < kColGroup) { /* one part per tile */
+      store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
+                                       qk0, pq * (128 / kColGroup));
+      pq++;
+    }
+    first = false;
+    pi0 = i0, pk0 = k0, pg0 = g0, pfull = full;
     /* the buffer of tile n - 1 */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
-    if (tile + (kStages - 1) * gridDim.x < a.ntiles)
+    if (ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
                              tiles_s + nb * R::kBytes);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
-    const StagedAt<DIRS> st{staged_s + sb * kStagedBytes};
+    const At st{staged_s + sb * kStagedBytes, groups_s + gb * (uint32_t)sizeof(ColGroup), slot};
     const uint32_t sm = tiles_s + buf * R::kBytes;
 
     /* rowwise threads: row r, blocks 2p and 2p+1 (columns 32p..32p+31 of the tile) */
@@ -1241,14 +1355,20 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       unsigned redo = 0;
       for (int j = 0; j < 4; j++)
         redo |= (kAllRule && (j < 2 ? kRowP : kColP)) || !(fq[j] < 7.0f) ? 1u << j : 0u;
-      redo_blocks<DT, RHT, SR, DIRS>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0],
+      redo_blocks<DT, RHT, SR, DIRS, kGroup>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0],
                                      enc_tab[1], rm, cm, M, K, i0, k0, b2d, a.seed, a.offset,
                                      st);
     }
   }
   __syncthreads(); /* the last tile is staged */
-  if (tile != blockIdx.x)
-    store_staged<DIRS>(a, StagedAt<DIRS>{staged_s + (sb ^ 1) * kStagedBytes}, pi0, pk0, pfull);
+  if (!first) {
+    store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, pi0, pk0, pfull);
+    if (kGroup && pv)
+      for (; pq < kColGroup; pq++)
+        store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
+                                         qk0, pq * (128 / kColGroup));
+    if (kGroup) store_col_group(a, groups_s + gb * (uint32_t)sizeof(ColGroup), pg0, pk0);
+  }
 }
 
 struct DArgs {
@@ -1443,9 +1563,11 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
 template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
   using Sh = QShape<DIRS>;
-  int rc = tile_grid(call, a.M, a.K, &grid, Sh::TM, Sh::TK);
+  constexpr bool kGroup = kGroupC<DIRS, SR>;
+  /* both directions: groups of kColGroup tiles along M (ColGroup) */
+  int rc = tile_grid(call, a.M, a.K, &grid, kGroup ? Sh::TM * kColGroup : Sh::TM, Sh::TK);
   if (rc) return rc;
-  /* as many CTAs as fit on the device at once, each looping over tiles */
+  /* as many CTAs as fit on the device at once, each looping over tiles (groups) */
   a.ntiles = grid;
   a.m32 = (uint32_t)a.M, a.k32 = (uint32_t)a.K;
   a.rld = a.k32 / 2, a.cld = a.m32 / 2;
@@ -1454,7 +1576,8 @@ template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_ca
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
      asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
      device and kernel */
-  const int dyn = kStages * RawTile<DT, Sh::TM, Sh::TK>::kBytes;
+  const int dyn = kStages * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
+                  (kGroup ? 2 * (int)sizeof(ColGroup) : 0);
   int64_t resident = 0;
   CHECK_CUDA(call,
              (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS>>(kThreads, dyn, &resident)));
