@@ -603,7 +603,9 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  unsigned ntiles; /* QShape tiles of [M, K] */
+  unsigned ntiles; /* the grid's size (tiles, or groups of them); not read by the kernels: it
+                      goes with the next change measured on a device, as removing it shifts
+                      the parameters after it and changes every kernel's code */
   /* the launcher's 32-bit copies (M, K < 2^31), kernel parameters so that no tile recomputes
      them: M, K; the data rows' pitches K / 2 and M / 2; the scale rows' pitches
      hq_nvfp4_scale_cols(K) and (M) */
