@@ -386,37 +386,32 @@ HQ_HD uint32_t hq_f32_to_e2m1(float x) {
    code. 2y + C - 2 >= y + C exactly when y >= 2, and rounding is monotonic, so min(p1, p2) is p1
    up to 2 and p2 from 2 on: the code; a last min with 2^24 + 2 (code 7) saturates (|x| > 5,
    Inf; 2y may overflow to Inf, p2 is then the smaller). 2y is exact, so a fused multiply-add
-   gives the same p1. hq_e2m1_biased_nonan(|x|) is that min as a float, whose bits a kernel can
-   pack and then subtract the bias once per word. tests/test_nvfp4_numerics.c checks it against
-   hq_f32_to_e2m1 on every FP32 value below 32 and a sweep of the rest. */
-#define HQ_E2M1_BIAS_BITS 0x4b7ffffau
-HQ_HD float hq_e2m1_biased_nonan(float y) { /* y = |x| */
-#if defined(__CUDA_ARCH__)
-  const float p1 = __fmaf_rn(y, 2.0f, 16777210.0f), p2 = __fadd_rn(y, 16777212.0f);
-  return fminf(fminf(p1, p2), 16777218.0f);
-#else
-  const float p1 = hq_add_rn(hq_mul_rn(y, 2.0f), 16777210.0f), p2 = hq_add_rn(y, 16777212.0f);
-  const float a = p1 < p2 ? p1 : p2;
-  return a < 16777218.0f ? a : 16777218.0f;
-#endif
-}
-/* hq_e2m1_biased_nonan(y)'s bits without the saturating min, for 0 <= y < 7: there p2 <= 2^24
-   + 2 (code 7), so the clamp never acts. A kernel that has bounded a whole block (every
-   |x * enc| <= RN(amax * enc) < 7, rounding being monotonic) saves it; and as p1 and p2 are
-   positive floats, their minimum is the unsigned minimum of their bit patterns (one integer
-   min). */
+   gives the same p1. hq_e2m1_biased_bits_lt7(|x|) is that min (without the saturation) as bit
+   patterns, which a kernel can pack and then subtract the bias once per word.
+   tests/test_nvfp4_numerics.c checks it against hq_f32_to_e2m1 on every FP32 value below 32
+   and a sweep of the rest. */
+#define HQ_E2M1_BIAS_BITS 0x4b7ffffau /* the bits of 2^24 - 6: code 0 */
+#define HQ_E2M1_SUM1 16777210.0f      /* 2^24 - 6: p1 = RN(2y + HQ_E2M1_SUM1) */
+#define HQ_E2M1_SUM2 16777212.0f      /* 2^24 - 4: p2 = RN(y + HQ_E2M1_SUM2) */
+#define HQ_E2M1_SAT_BITS 0x4b800001u  /* the bits of 2^24 + 2: code 7 */
+/* min(p1, p2) as bit patterns (positive floats order like their bits: one integer min) for
+   y = |x| not NaN: HQ_E2M1_BIAS_BITS + the code for y < 7, where p2 <= 2^24 + 2 (code 7) and
+   the saturation never acts -- a kernel that has bounded a whole block (every
+   |x * enc| <= RN(amax * enc) < 7, rounding being monotonic) saves it; from 7 on a pattern
+   above HQ_E2M1_SAT_BITS (Inf's for Inf), which hq_e2m1_code_nonan clips. */
 HQ_HD uint32_t hq_e2m1_biased_bits_lt7(float y) {
 #if defined(__CUDA_ARCH__)
-  return min(hq_f32_bits(__fmaf_rn(y, 2.0f, 16777210.0f)),
-             hq_f32_bits(__fadd_rn(y, 16777212.0f)));
+  return min(hq_f32_bits(__fmaf_rn(y, 2.0f, HQ_E2M1_SUM1)),
+             hq_f32_bits(__fadd_rn(y, HQ_E2M1_SUM2)));
 #else
-  const uint32_t p1 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 2.0f), 16777210.0f));
-  const uint32_t p2 = hq_f32_bits(hq_add_rn(y, 16777212.0f));
+  const uint32_t p1 = hq_f32_bits(hq_add_rn(hq_mul_rn(y, 2.0f), HQ_E2M1_SUM1));
+  const uint32_t p2 = hq_f32_bits(hq_add_rn(y, HQ_E2M1_SUM2));
   return p1 < p2 ? p1 : p2;
 #endif
 }
 HQ_HD uint32_t hq_e2m1_code_nonan(float x) {
-  return (hq_f32_bits(hq_e2m1_biased_nonan(hq_fabs(x))) - HQ_E2M1_BIAS_BITS) |
+  const uint32_t b = hq_e2m1_biased_bits_lt7(hq_fabs(x));
+  return ((b < HQ_E2M1_SAT_BITS ? b : HQ_E2M1_SAT_BITS) - HQ_E2M1_BIAS_BITS) |
          ((hq_f32_bits(x) >> 28) & 8u);
 }
 
@@ -454,7 +449,7 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
    power of two: its exponent bits plus 124, at least those of 2^124 (one integer add-and-max,
    no overflow for a < 8); f * S = u * step(a) is exact, so t = RN(a + u * step(a)) is one fused
    multiply-add (t < 10). t then goes onto the E2M1 grid toward zero, the rule's
-   floor(t / step(t)) * step(t), by hq_e2m1_biased_nonan's two sums rounded toward zero instead
+   floor(t / step(t)) * step(t), by hq_e2m1_biased_bits_lt7's two sums rounded toward zero instead
    of to nearest: RZ(2t + 2^24 - 6) (step 0.5, up to 2) and RZ(t + 2^24 - 4) (step 1 below 4,
    step 2 from 4 on), whose smaller one (the first up to t = 2, the second from 2 on) has the bits
    HQ_E2M1_BIAS_BITS + the code; a min with 2^24 + 2 saturates (t >= 8: the rule's a >= 6 gives
@@ -475,16 +470,16 @@ HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float a, float f) {
 #if defined(__CUDA_ARCH__)
   const float S = hq_bits_f32(__viaddmax_u32(e, 0x3e000000u, 0x7d800000u));
   const float t = __fmaf_rn(f, S, a);
-  return __vimin3_u32(hq_f32_bits(__fmaf_rz(t, 2.0f, 16777210.0f)),
-                      hq_f32_bits(__fadd_rz(t, 16777212.0f)), 0x4b800001u);
+  return __vimin3_u32(hq_f32_bits(__fmaf_rz(t, 2.0f, HQ_E2M1_SUM1)),
+                      hq_f32_bits(__fadd_rz(t, HQ_E2M1_SUM2)), HQ_E2M1_SAT_BITS);
 #else
   const uint32_t sb = e + 0x3e000000u;
   const float S = hq_bits_f32(sb > 0x7d800000u ? sb : 0x7d800000u);
   const float t = hq_add_rn(a, hq_mul_rn(f, S));
-  const uint32_t p1 = hq_f32_bits(hq_add_rz_big(hq_mul_rn(t, 2.0f), 16777210.0f));
-  const uint32_t p2 = hq_f32_bits(hq_add_rz_big(t, 16777212.0f));
+  const uint32_t p1 = hq_f32_bits(hq_add_rz_big(hq_mul_rn(t, 2.0f), HQ_E2M1_SUM1));
+  const uint32_t p2 = hq_f32_bits(hq_add_rz_big(t, HQ_E2M1_SUM2));
   const uint32_t m = p1 < p2 ? p1 : p2;
-  return m < 0x4b800001u ? m : 0x4b800001u;
+  return m < HQ_E2M1_SAT_BITS ? m : HQ_E2M1_SAT_BITS;
 #endif
 }
 /* The code itself from the random byte r8: tests/test_nvfp4_numerics.c checks it against
