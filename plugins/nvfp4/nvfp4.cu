@@ -896,15 +896,14 @@ template <int DIRS, bool SR> constexpr bool kGroupC = DIRS == 3 && !SR && kColGr
    columnwise one, byte b of the rowwise and of the columnwise scale words. */
 template <int DIRS, bool G = false> struct StagedAt {
   using T = Staged<DIRS, G>;
-  static constexpr bool kGroup = G;
   uint32_t base;
-  uint32_t cg;   /* kGroup: the group's ColGroup */
-  unsigned slot; /* kGroup: the tile's place in its group */
+  uint32_t cg;   /* G: the group's ColGroup */
+  unsigned slot; /* G: the tile's place in its group */
   __device__ __forceinline__ uint32_t r(int i) const {
     return base + (uint32_t)offsetof(T, r) + 8u * i;
   }
   __device__ __forceinline__ uint32_t c(int rb, int col) const {
-    if (kGroup)
+    if (G)
       return cg + (uint32_t)offsetof(ColGroup, c) + 8u * ((slot * 4 + rb) * ColGroup::CSG + col);
     return base + (uint32_t)offsetof(T, c) + 8u * (rb * QShape<DIRS>::CS + col);
   }
@@ -913,7 +912,7 @@ template <int DIRS, bool G = false> struct StagedAt {
   }
   /* byte b = col * (TM / 16) + rb of the tile's columnwise scales */
   __device__ __forceinline__ uint32_t cs(int b) const {
-    if (kGroup)
+    if (G)
       return cg + (uint32_t)offsetof(ColGroup, csw) + (b >> 2) * 4 * kColGroup + slot * 4 + (b & 3);
     return base + (uint32_t)offsetof(T, csw) + b;
   }
@@ -1080,10 +1079,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
      across the two directions), then stored coalesced (Staged) */
-  __shared__ Staged<DIRS, kGroupC<DIRS, SR>> staged[2];
+  /* both directions with round to nearest: the columnwise bytes go to ColGroups (kGroupC) */
+  constexpr bool kGroup = kGroupC<DIRS, SR>;
+  __shared__ Staged<DIRS, kGroup> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
   using R = RawTile<DT, TM, TK>;
-  constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS, kGroupC<DIRS, SR>>);
+  constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS, kGroup>);
   constexpr bool kRow = DIRS & 1, kCol = DIRS & 2;
   /* 16-bit input: the block amaxes from packed maxima of the raw words (two elements per
      instruction) and the sign bits gathered from them by byte permutes */
@@ -1118,7 +1119,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      encoded */
   /* the buffers' shared-window addresses, once (smem_cuda.h); both directions: the two
      ColGroups after the tiles */
-  constexpr bool kGroup = kGroupC<DIRS, SR>;
   using At = StagedAt<DIRS, kGroup>;
   uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
   uint32_t groups_s = tiles_s + kStages * R::kBytes;
