@@ -603,13 +603,10 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  unsigned ntiles; /* the grid's size (tiles, or groups of them); not read by the kernels: it
-                      goes with the next change measured on a device, as removing it shifts
-                      the parameters after it and changes every kernel's code */
-  /* the launcher's 32-bit copies (M, K < 2^31), kernel parameters so that no tile recomputes
-     them: M, K; the data rows' pitches K / 2 and M / 2; the scale rows' pitches
-     hq_nvfp4_scale_cols(K) and (M) */
-  uint32_t m32, k32, rld, cld, rsc, csc;
+  /* the launcher's 32-bit pitches (M, K < 2^31: the kernels read M and K's low words),
+     kernel parameters so that no tile recomputes them: the data rows' K / 2 and M / 2, the
+     scale rows' hq_nvfp4_scale_cols(K) and (M) */
+  uint32_t rld, cld, rsc, csc;
 };
 
 __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
@@ -632,6 +629,19 @@ __device__ __forceinline__ void store_scale_word(uint8_t *scale, int64_t r, int6
   } else {
     for (int j = 0; j < 4 && b + j < cols / 16; j++) scale[off + j] = (uint8_t)(w >> (8 * j));
   }
+}
+
+/* A staged scale word w (entries b..b+3 of scale row r of a direction with `rows` scale rows
+   of n / 16 entries, ld bytes apart when compact): one 4-byte store when the tile or group is
+   wholly inside and the buffer aligned and compact, else store_scale_word when the word's row
+   and first entry are logical ones. */
+__device__ __forceinline__ void put_scale_word(const QArgs &a, uint8_t *scale, uint32_t ld,
+                                               uint32_t rows, uint32_t n, uint32_t r, uint32_t b,
+                                               bool full, uint32_t w) {
+  if (full && a.a4 && !a.swz)
+    *reinterpret_cast<uint32_t *>(scale + ((uint64_t)r * ld + b)) = w;
+  else if (r < rows && b < n / 16)
+    store_scale_word(scale, r, b, n, a.swz, a.a4, w);
 }
 
 /* RN_bf16 of two FP32 values, packed (lo in the low half): the convert instruction, the bits
@@ -1000,7 +1010,7 @@ template <int DIRS, bool G>
 __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> st, uint32_t i0,
                                              uint32_t k0, bool full) {
   using S = QShape<DIRS>;
-  const uint32_t M = a.m32, K = a.k32;
+  const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K;
   const int t = threadIdx.x;
   if constexpr ((DIRS & 1) != 0) {
     /* row i0 + rr's bytes k0/2 + 8b ..: hq_nvfp4_row_data_index */
@@ -1010,12 +1020,8 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
         [&](int rr, int b) { return i0 + rr < M && k0 + 16 * b < K; });
     constexpr int kW = S::TK / 64; /* scale words per tile row */
     if (t < S::TM * kW) { /* row t/kW's scale entries k0/16 + 4 (t%kW) .. +3 */
-      const uint32_t i = i0 + t / kW, b = k0 / 16 + 4 * (t % kW);
-      if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.rscale + ((uint64_t)i * a.rsc + b)) =
-            hq_lds32(st.rs(4 * t));
-      else if (i < M && b < K / 16)
-        store_scale_word(a.rscale, i, b, K, a.swz, a.a4, hq_lds32(st.rs(4 * t)));
+      put_scale_word(a, a.rscale, a.rsc, M, K, i0 + t / kW, k0 / 16 + 4 * (t % kW), full,
+                     hq_lds32(st.rs(4 * t)));
     }
   }
   if constexpr ((DIRS & 2) != 0 && !G) {
@@ -1026,12 +1032,8 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
         [&](int cc, int rb) { return i0 + 16 * rb < M && k0 + cc < K; });
     constexpr int kW = S::TM / 64; /* scale words per tile column */
     if (t < S::TK * kW) { /* column k0 + t/kW's scale entries i0/16 + 4 (t%kW) .. +3 */
-      const uint32_t k = k0 + t / kW, b = i0 / 16 + 4 * (t % kW);
-      if (full && a.a4 && !a.swz)
-        *reinterpret_cast<uint32_t *>(a.cscale + ((uint64_t)k * a.csc + b)) =
-            hq_lds32(st.cs(4 * t));
-      else if (k < K && b < M / 16)
-        store_scale_word(a.cscale, k, b, M, a.swz, a.a4, hq_lds32(st.cs(4 * t)));
+      put_scale_word(a, a.cscale, a.csc, K, M, k0 + t / kW, i0 / 16 + 4 * (t % kW), full,
+                     hq_lds32(st.cs(4 * t)));
     }
   }
 }
@@ -1045,7 +1047,7 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
 template <int NC = 128>
 __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
                                                 uint32_t k0, int c0 = 0) {
-  const uint32_t M = a.m32, K = a.k32;
+  const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K;
   const bool full = g0 + kColGroup * 64 <= M && k0 + 128 <= K;
   store_lines<NC, kColGroup * 4>(
       a.cdata, k0 + c0, g0 >> 1, a.cld, full, a.a8,
@@ -1060,12 +1062,8 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
     const int u = threadIdx.x + s * kThreads + c0 * kColGroup; /* column u / kColGroup, tile
                                                                   u % kColGroup */
     if (kWords % kThreads != 0 && u >= (c0 + NC) * kColGroup) break;
-    const uint32_t k = k0 + u / kColGroup, b = g0 / 16 + 4 * (u % kColGroup);
-    const uint32_t w = hq_lds32(cg + (uint32_t)offsetof(ColGroup, csw) + 4u * u);
-    if (full && a.a4 && !a.swz)
-      *reinterpret_cast<uint32_t *>(a.cscale + ((uint64_t)k * a.csc + b)) = w;
-    else if (k < K && b < M / 16)
-      store_scale_word(a.cscale, k, b, M, a.swz, a.a4, w);
+    put_scale_word(a, a.cscale, a.csc, K, M, k0 + u / kColGroup, g0 / 16 + 4 * (u % kColGroup),
+                   full, hq_lds32(cg + (uint32_t)offsetof(ColGroup, csw) + 4u * u));
   }
 }
 
@@ -1094,7 +1092,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      input or with rht (the transform's packed BF16 results) */
   constexpr bool kRowP = kRow && kPacked, kColP = kCol && (kPacked || RHT);
   const int64_t M = a.M, K = a.K;
-  const uint32_t M32 = a.m32, K32 = a.k32;
+  const uint32_t M32 = (uint32_t)M, K32 = (uint32_t)K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
   if (RHT && t < 16) flip[t] = ((a.mask >> t) & 1u) ? 0x80008000u : 0u; /* read after a barrier */
@@ -1141,6 +1139,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   bool pv = false;           /* a finished group still being stored, part by part */
   int pq = 0;                /* its next part (128 / kColGroup columns) */
   uint32_t qg0 = 0, qk0 = 0; /* its origin */
+  /* store part pq of the finished group (in the ColGroup tile n is not encoded into) */
+  auto store_part = [&]() {
+    store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
+                                     qk0, pq * (128 / kColGroup));
+    pq++;
+  };
   for (int buf = 0; cur.valid(); buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
     hq_pin(tiles_s);
     hq_pin(staged_s);
@@ -1157,19 +1161,13 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       if (pv && pq < kColGroup) { /* the group before it, after a group of fewer tiles than
                                      parts (not in row-major group order, where those end a
                                      CTA's walk): what is left, before its ColGroup is reused */
-        for (; pq < kColGroup; pq++)
-          store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup),
-                                           qg0, qk0, pq * (128 / kColGroup));
+        while (pq < kColGroup) store_part();
         __syncthreads();
       }
       pv = true, pq = 0, qg0 = pg0, qk0 = pk0;
       gb ^= 1;
     }
-    if (kGroup && pv && pq < kColGroup) { /* one part per tile */
-      store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
-                                       qk0, pq * (128 / kColGroup));
-      pq++;
-    }
+    if (kGroup && pv && pq < kColGroup) store_part(); /* one part per tile */
     first = false;
     pi0 = i0, pk0 = k0, pg0 = g0, pfull = full;
     /* the buffer of tile n - 1 */
@@ -1368,9 +1366,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   if (!first) {
     store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, pi0, pk0, pfull);
     if (kGroup && pv)
-      for (; pq < kColGroup; pq++)
-        store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
-                                         qk0, pq * (128 / kColGroup));
+      while (pq < kColGroup) store_part();
     if (kGroup) store_col_group(a, groups_s + gb * (uint32_t)sizeof(ColGroup), pg0, pk0);
   }
 }
@@ -1572,9 +1568,7 @@ template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_ca
   int rc = tile_grid(call, a.M, a.K, &grid, kGroup ? Sh::TM * kColGroup : Sh::TM, Sh::TK);
   if (rc) return rc;
   /* as many CTAs as fit on the device at once, each looping over tiles (groups) */
-  a.ntiles = grid;
-  a.m32 = (uint32_t)a.M, a.k32 = (uint32_t)a.K;
-  a.rld = a.k32 / 2, a.cld = a.m32 / 2;
+  a.rld = (uint32_t)a.K / 2, a.cld = (uint32_t)a.M / 2;
   a.rsc = (uint32_t)hq_nvfp4_scale_cols(a.K);
   a.csc = (uint32_t)hq_nvfp4_scale_cols(a.M);
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
