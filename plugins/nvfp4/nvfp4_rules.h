@@ -209,20 +209,32 @@ HQ_HD void hq_nvfp4_rht16x16(float v[256], uint32_t sign_mask) {
 /* Philox4x32-10 (Salmon et al., SC'11; Random123's philox4x32 with 10 rounds): one block of 4
    random words from a 128-bit counter and a 64-bit key. A round maps (c0, c1, c2, c3) to
    (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0)); the key is bumped by
-   (W0, W1) between rounds. */
+   (W0, W1) between rounds. hq_philox_round_keys makes the ten rounds' keys once (round r's
+   (k0 + r*W0, k1 + r*W1) mod 2^32 in rk[2r], rk[2r+1]) and hq_philox4x32_10_rk runs the rounds
+   from them: a caller drawing many blocks under one key (the CUDA kernels, where they are
+   kernel parameters) bumps no key per block; hq_philox4x32_10 is the two in a row. */
 #define HQ_PHILOX_M0 0xD2511F53u
 #define HQ_PHILOX_M1 0xCD9E8D57u
 #define HQ_PHILOX_W0 0x9E3779B9u
 #define HQ_PHILOX_W1 0xBB67AE85u
-HQ_HD void hq_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
+HQ_HD void hq_philox_round_keys(const uint32_t key[2], uint32_t rk[20]) {
+  uint32_t k0 = key[0], k1 = key[1];
   for (int r = 0; r < 10; r++) {
-    if (r) {
-      k0 += HQ_PHILOX_W0;
-      k1 += HQ_PHILOX_W1;
-    }
+    rk[2 * r] = k0;
+    rk[2 * r + 1] = k1;
+    k0 += HQ_PHILOX_W0;
+    k1 += HQ_PHILOX_W1;
+  }
+}
+HQ_HD void hq_philox4x32_10_rk(const uint32_t ctr[4], const uint32_t rk[20], uint32_t out[4]) {
+  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 0; r < 10; r++) {
     uint64_t p0 = (uint64_t)HQ_PHILOX_M0 * c0, p1 = (uint64_t)HQ_PHILOX_M1 * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ rk[2 * r];
+    uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ rk[2 * r + 1];
     c1 = (uint32_t)p1;
     c3 = (uint32_t)p0;
     c0 = n0;
@@ -232,6 +244,11 @@ HQ_HD void hq_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32
   out[1] = c1;
   out[2] = c2;
   out[3] = c3;
+}
+HQ_HD void hq_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+  uint32_t rk[20];
+  hq_philox_round_keys(key, rk);
+  hq_philox4x32_10_rk(ctr, rk, out);
 }
 
 /* Random bits for stochastic rounding of one 16-element block: ONE Philox4x32-10 call per
@@ -243,17 +260,29 @@ HQ_HD void hq_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32
    block's index in its direction's stored data: rowwise i*(K/16) + k/16, columnwise
    k*(M/16) + i/16 (element (i, k) of the [M, K] tensor). Element e = 0..15 of the block (its
    position along the block: k % 16 rowwise, i % 16 columnwise) uses the 8 bits
-   hq_nvfp4_sr_byte(out, e) = (out[e / 4] >> (8 * (e % 4))) & 0xff, as u = byte / 256. */
-HQ_HD void hq_nvfp4_sr_bits(uint64_t seed, uint64_t offset, uint32_t colwise, uint64_t block,
-                            uint32_t out[4]) {
-  uint32_t key[2], ctr[4];
+   hq_nvfp4_sr_byte(out, e) = (out[e / 4] >> (8 * (e % 4))) & 0xff, as u = byte / 256.
+   hq_nvfp4_sr_keys makes the seed's round keys once, hq_nvfp4_sr_bits_rk draws from them. */
+HQ_HD void hq_nvfp4_sr_keys(uint64_t seed, uint32_t rk[20]) {
+  uint32_t key[2];
   key[0] = (uint32_t)seed;
   key[1] = (uint32_t)(seed >> 32);
+  hq_philox_round_keys(key, rk);
+}
+HQ_HD void hq_nvfp4_sr_bits_rk(const uint32_t rk[20], uint64_t offset, uint32_t colwise,
+                               uint64_t block, uint32_t out[4]) {
+  uint32_t ctr[4];
   ctr[0] = (uint32_t)block;
   ctr[1] = ((uint32_t)(block >> 32) & 0x7fffffffu) | ((colwise & 1u) << 31);
   ctr[2] = (uint32_t)offset;
   ctr[3] = (uint32_t)(offset >> 32);
-  hq_philox4x32_10(ctr, key, out);
+  hq_philox4x32_10_rk(ctr, rk, out);
+}
+/* the same from the seed */
+HQ_HD void hq_nvfp4_sr_bits(uint64_t seed, uint64_t offset, uint32_t colwise, uint64_t block,
+                            uint32_t out[4]) {
+  uint32_t rk[20];
+  hq_nvfp4_sr_keys(seed, rk);
+  hq_nvfp4_sr_bits_rk(rk, offset, colwise, block, out);
 }
 HQ_HD uint32_t hq_nvfp4_sr_byte(const uint32_t bits[4], int e) {
   return (bits[e >> 2] >> (8 * (e & 3))) & 0xffu;
