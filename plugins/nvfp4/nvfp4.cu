@@ -163,11 +163,22 @@ constexpr int kMinBlocks1 = HQ_NVFP4_MIN_BLOCKS1;
 #define HQ_NVFP4_SR_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
-/* quantize: tile buffers in the ring (the tiles in flight while one is encoded: kStages - 1) */
+/* quantize: tile buffers in the ring (the tiles in flight while one is encoded: kStages - 1):
+   2, and 3 for one direction of a 16-bit input with stochastic rounding, whose tiles take
+   longer to encode (H100, given amax, interleaved, two pairs: rowwise 84.4-85.0% -> 86.4% of
+   copy, columnwise 80.5-82.0% -> 82.2-82.4%, with rht rowwise 84.5-85.4% -> 86.4-87.2%). 3
+   measured slower everywhere else: both directions 79.3-80.1% -> 78.6-78.7% (rht 77.5-77.6% ->
+   76.8-76.9%), rowwise alone 89.2-89.5% -> 87.9-88.2%, stochastic rounding both directions
+   60.2-60.6% -> 59.2-59.8%; an FP32 input's three tiles would leave one CTA per SM. */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
-constexpr int kStages = HQ_NVFP4_STAGES;
+#ifndef HQ_NVFP4_SR1_STAGES
+#define HQ_NVFP4_SR1_STAGES 3
+#endif
+template <int DT, int DIRS, bool SR>
+constexpr int kStagesOf =
+    SR && DIRS != 3 && DT != HQ_F32 ? HQ_NVFP4_SR1_STAGES : HQ_NVFP4_STAGES;
 /* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_biased_lt8; 0 = the rule for
    every block, the same bits: 0.314 -> 0.226 ms for both directions with a given amax) */
 #ifndef HQ_NVFP4_SR_FAST
@@ -452,8 +463,8 @@ template <int LANES> __device__ __forceinline__ float tile_max(float m) {
 
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
    elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
-   4-byte reads of consecutive columns meet no bank conflict; kStages of them (2), the next tile
-   copied in (cp.async) while the current one is encoded. */
+   4-byte reads of consecutive columns meet no bank conflict; kStagesOf of them (2 or 3), the
+   next tiles copied in (cp.async) while the current one is encoded. */
 template <int DT, int TK> constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + 16;
 template <int DT, int TM, int TK> struct RawTile {
   static constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
@@ -614,7 +625,11 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  uint32_t rk[20]; /* the seed's Philox round keys (hq_nvfp4_sr_keys), read by the kernels */
+  /* the seed's Philox round keys (hq_nvfp4_sr_keys), which the kernels' rounds read as uniform
+     operands: no key bumped per block (H100, given amax, interleaved: stochastic rounding both
+     directions 57.2-57.4% -> 60.5-60.9% of copy; with rht the columnwise copy alone 64.1-64.6%
+     -> 69.7%) */
+  uint32_t rk[20];
   /* the launcher's 32-bit pitches (M, K < 2^31: the kernels read M and K's low words),
      kernel parameters so that no tile recomputes them: the data rows' K / 2 and M / 2, the
      scale rows' hq_nvfp4_scale_cols(K) and (M) */
@@ -1085,6 +1100,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     quantize_kernel(QArgs a) {
   using S = QShape<DIRS>;
   constexpr int TM = S::TM, TK = S::TK, RS = S::RS;
+  constexpr int kStages = kStagesOf<DT, DIRS, SR>;
   extern __shared__ __align__(16) uint8_t tiles[]; /* kStages RawTile<DT, TM, TK> */
   __shared__ float enc_tab[2][256];          /* encode multipliers: rowwise, columnwise */
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
@@ -1124,17 +1140,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* block_2d (the configuration refuses it with rht or stochastic rounding: no code for it in
      those kernels) */
   const bool b2d = !RHT && !SR && a.b2d;
-  /* stochastic rounding's Philox key: the round keys made by the launcher (QArgs.rk; no key
-     bumped per block: H100, given amax, interleaved: both directions 57.2-57.4% -> 60.5-60.9% of
-     copy, rowwise alone 84.0-84.1% -> 84.5-84.7%), but the seed for the columnwise copy alone,
-     where with the round keys the compiler reads threadIdx again inside the loop and it
-     measured slower (81.6-81.7% -> 80.4-80.7%) */
-  const auto key = [&] {
-    if constexpr (DIRS == 2)
-      return a.seed;
-    else
-      return static_cast<const uint32_t *>(a.rk);
-  }();
   /* the CTA's tiles, grid-stride (the constants above are made once per CTA), through a ring of
      kStages tile buffers: the copies of the next kStages - 1 tiles are in flight while tile n is
      encoded */
@@ -1308,9 +1313,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
       const Signs2 sg = row_signs2(w, w + 8);
       hq_sts64(st.r(r * RS + 2 * p),
-               encode_fast_any<SR>(v0, enc[0], key, a.offset, 0u, (uint64_t)rblk, sg.s[0]));
+               encode_fast_any<SR>(v0, enc[0], a.rk, a.offset, 0u, (uint64_t)rblk, sg.s[0]));
       hq_sts64(st.r(r * RS + 2 * p + 1),
-               encode_fast_any<SR>(v1, enc[1], key, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
+               encode_fast_any<SR>(v1, enc[1], a.rk, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
       hq_sts16(st.rs(r * (TK / 16) + 2 * p), rsf);
     }
     if (kColP) {
@@ -1320,8 +1325,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
         auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
         const Signs2 sg = row_signs2(y[0], y[1]);
-        o[0] = encode_fast_any<SR>(v0, enc[2], key, a.offset, 1u, b0, sg.s[0]);
-        o[1] = encode_fast_any<SR>(v1, enc[3], key, a.offset, 1u, b1, sg.s[1]);
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, a.offset, 1u, b0, sg.s[0]);
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, a.offset, 1u, b1, sg.s[1]);
       } else {
         auto v0 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu); };
         auto v1 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] >> 16); };
@@ -1331,9 +1336,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         const uint2 d0 = sign_split(x[1], x[3], x[5], x[7]);
         const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]);
         const uint2 d1 = sign_split(x[9], x[11], x[13], x[15]);
-        o[0] = encode_fast_any<SR>(v0, enc[2], key, a.offset, 1u, b0,
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, a.offset, 1u, b0,
                                    make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)));
-        o[1] = encode_fast_any<SR>(v1, enc[3], key, a.offset, 1u, b1,
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, a.offset, 1u, b1,
                                    make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
       }
       hq_sts128(st.c(rb, c), make_uint4(o[0].x, o[0].y, o[1].x, o[1].y));
@@ -1350,7 +1355,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         float bv = block_amax16(v, &has_nan);
         if (b2d) bv = tba[j];
         uint2 o;
-        const uint8_t s = encode16<SR>(v, bv, rm, enc_tab[0], key, a.offset, 0u,
+        const uint8_t s = encode16<SR>(v, bv, rm, enc_tab[0], a.rk, a.offset, 0u,
                                        (uint64_t)rblk + j, has_nan,
                                        signs_of([&](int e) { return v[e]; }), &o);
         hq_sts64(st.r(r * RS + 2 * p + j), o);
@@ -1367,7 +1372,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         if (b2d) bv = tba[2 + h];
         uint2 o;
         hq_sts8(st.cs((c + h) * (TM / 16) + rb),
-                encode16<SR>(v[h], bv, cm, enc_tab[1], key, a.offset, 1u,
+                encode16<SR>(v[h], bv, cm, enc_tab[1], a.rk, a.offset, 1u,
                              (uint64_t)cblk + h * (uint64_t)(M >> 4), has_nan,
                              signs_of([&](int e) { return v[h][e]; }), &o));
         hq_sts64(st.c(rb, c + h), o);
@@ -1597,7 +1602,7 @@ template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_ca
   /* the two raw tiles are dynamic shared memory (more than the 48 KiB a kernel gets without
      asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
      device and kernel */
-  const int dyn = kStages * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
+  const int dyn = kStagesOf<DT, DIRS, SR> * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
                   (kGroup ? 2 * (int)sizeof(ColGroup) : 0);
   int64_t resident = 0;
   CHECK_CUDA(call,
