@@ -437,6 +437,31 @@ static void test_philox_known_answers(void **state) {
   }
 }
 
+/* The round keys the CUDA kernels take as parameters: round r's key is (k0 + r * 0x9E3779B9,
+   k1 + r * 0xBB67AE85) mod 2^32 (Random123's Weyl constants), and drawing from them gives the
+   known answers; hq_nvfp4_sr_keys keys on the seed's low and high words. */
+static void test_philox_round_keys(void **state) {
+  (void)state;
+  static const uint32_t key[2] = {0xa4093822u, 0x299f31d0u};
+  static const uint32_t ctr[4] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u};
+  static const uint32_t want[4] = {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u};
+  uint32_t rk[20], out[4];
+  hq_philox_round_keys(key, rk);
+  for (uint64_t r = 0; r < 10; r++) {
+    assert_int_equal(rk[2 * r], (uint32_t)((key[0] + r * 0x9E3779B9ull) & 0xffffffffull));
+    assert_int_equal(rk[2 * r + 1], (uint32_t)((key[1] + r * 0xBB67AE85ull) & 0xffffffffull));
+  }
+  assert_int_equal(rk[18], 0x33fc7fa3u); /* 0xa4093822 + 0x8ff34781 (9 * 0x9E3779B9) mod 2^32 */
+  hq_philox4x32_10_rk(ctr, rk, out);
+  assert_memory_equal(out, want, sizeof out);
+  uint32_t sk[20], a[4], b[4];
+  hq_nvfp4_sr_keys(0x299f31d0a4093822ull, sk);
+  assert_memory_equal(sk, rk, sizeof sk);
+  hq_nvfp4_sr_bits_rk(sk, 7, 1, 0x80000000bull, a);
+  hq_nvfp4_sr_bits(0x299f31d0a4093822ull, 7, 1, 0x80000000bull, b);
+  assert_memory_equal(a, b, sizeof a);
+}
+
 /* The documented SR mapping: key = seed, counter = {block, block_hi | colwise << 31, offset}. */
 static void test_sr_bits_mapping(void **state) {
   (void)state;
@@ -820,6 +845,7 @@ int main(void) {
       cmocka_unit_test(test_block_scale_random_vs_double),
       cmocka_unit_test(test_amax_nan_inf),
       cmocka_unit_test(test_philox_known_answers),
+      cmocka_unit_test(test_philox_round_keys),
       cmocka_unit_test(test_sr_bits_mapping),
       cmocka_unit_test(test_rht_te_signs),
       cmocka_unit_test(test_rht_matches_dense_matrix),
