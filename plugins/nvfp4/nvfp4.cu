@@ -157,8 +157,11 @@ constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
 #define HQ_NVFP4_MIN_BLOCKS1 3
 #endif
 constexpr int kMinBlocks1 = HQ_NVFP4_MIN_BLOCKS1;
-/* the same with stochastic rounding: with its fast form 2 measured 0.220 ms against 0.226 at 3
-   (both directions, given amax; the rule alone had been faster at 3: 0.313 against 0.351) */
+/* the same with stochastic rounding, whatever the directions: with its fast form 2 measured
+   0.220 ms against 0.226 at 3 (both directions, given amax; the rule alone had been faster at
+   3: 0.313 against 0.351); later, with the round keys, 3 (80 registers) measured far slower
+   for one direction too (H100, given amax: rowwise 84.4-85.0% -> 72.3-72.6% of copy,
+   columnwise 80.5-82.0% -> 67.3-67.4%) */
 #ifndef HQ_NVFP4_SR_MIN_BLOCKS
 #define HQ_NVFP4_SR_MIN_BLOCKS 2
 #endif
