@@ -922,9 +922,13 @@ template <int DIRS, bool G = false> struct Staged {
 #endif
 constexpr int kColGroup = HQ_NVFP4_COL_GROUP;
 struct ColGroup {
-  static constexpr int CSG = 130;
-  __align__(16) uint2 c[kColGroup * 4][CSG];
-  uint32_t csw[128 * kColGroup];
+  using S = QShape<3>;                        /* the both-directions tile */
+  static constexpr int RB = S::TM / 16;       /* row blocks per tile */
+  static constexpr int NC = S::TK;            /* columns */
+  static constexpr int PART = NC / kColGroup; /* columns stored per tile (store_part) */
+  static constexpr int CSG = NC + 2;
+  __align__(16) uint2 c[kColGroup * RB][CSG];
+  uint32_t csw[NC * kColGroup];
 };
 /* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
    rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
@@ -944,7 +948,8 @@ template <int DIRS, bool G = false> struct StagedAt {
   }
   __device__ __forceinline__ uint32_t c(int rb, int col) const {
     if (G)
-      return cg + (uint32_t)offsetof(ColGroup, c) + 8u * ((slot * 4 + rb) * ColGroup::CSG + col);
+      return cg + (uint32_t)offsetof(ColGroup, c) +
+             8u * ((slot * ColGroup::RB + rb) * ColGroup::CSG + col);
     return base + (uint32_t)offsetof(T, c) + 8u * (rb * QShape<DIRS>::CS + col);
   }
   __device__ __forceinline__ uint32_t rs(int b) const {
@@ -953,7 +958,8 @@ template <int DIRS, bool G = false> struct StagedAt {
   /* byte b = col * (TM / 16) + rb of the tile's columnwise scales */
   __device__ __forceinline__ uint32_t cs(int b) const {
     if (G)
-      return cg + (uint32_t)offsetof(ColGroup, csw) + (b >> 2) * 4 * kColGroup + slot * 4 + (b & 3);
+      return cg + (uint32_t)offsetof(ColGroup, csw) + (b >> 2) * 4 * kColGroup + slot * 4 +
+             (b & 3);
     return base + (uint32_t)offsetof(T, csw) + b;
   }
 };
@@ -1074,12 +1080,12 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
    with aligned buffers checks nothing, otherwise only what lies inside is stored (the tiles
    of a group at the bottom edge that do not exist were never staged). Every thread of the
    CTA calls it. */
-template <int NC = 128>
+template <int NC = ColGroup::NC>
 __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
                                                 uint32_t k0, int c0 = 0) {
   const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K;
-  const bool full = g0 + kColGroup * 64 <= M && k0 + 128 <= K;
-  store_lines<NC, kColGroup * 4>(
+  const bool full = g0 + kColGroup * ColGroup::S::TM <= M && k0 + ColGroup::NC <= K;
+  store_lines<NC, kColGroup * ColGroup::RB>(
       a.cdata, k0 + c0, g0 >> 1, a.cld, full, a.a8,
       [&](int cc, int g) {
         return hq_lds64(cg + (uint32_t)offsetof(ColGroup, c) +
@@ -1168,12 +1174,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   int sb = 0; /* the staging buffer tile n is encoded into */
   int gb = 0; /* the ColGroup tile n's group is encoded into */
   bool pv = false;           /* a finished group still being stored, part by part */
-  int pq = 0;                /* its next part (128 / kColGroup columns) */
+  int pq = 0;                /* its next part (ColGroup::PART columns) */
   uint32_t qg0 = 0, qk0 = 0; /* its origin */
   /* store part pq of the finished group (in the ColGroup tile n is not encoded into) */
   auto store_part = [&]() {
-    store_col_group<128 / kColGroup>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
-                                     qk0, pq * (128 / kColGroup));
+    store_col_group<ColGroup::PART>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
+                                    qk0, pq * ColGroup::PART);
     pq++;
   };
   for (int buf = 0; cur.valid(); buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
