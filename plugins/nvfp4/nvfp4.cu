@@ -479,7 +479,10 @@ template <int DT, int TM, int TK> struct RawTile {
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
-   Without vec (x not 16-byte aligned) the copy is made here, element by element. */
+   Without vec (x not 16-byte aligned) the copy is made here, element by element.
+   One bulk copy per tile row instead (cp.async.bulk by one warp, completing on an mbarrier per
+   buffer) measured far slower: H100, given amax, both directions 81.2% -> 53.6% of copy,
+   columnwise alone (128 rows of 128 bytes) 88.0% -> 50.4%, rowwise 90.9% -> 83.2%. */
 template <int DT, int TM, int TK>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t M, uint32_t K,
                                            uint32_t i0, uint32_t k0, int vec, uint32_t tile) {
@@ -914,7 +917,14 @@ template <int DIRS, bool G = false> struct Staged {
    Measured (interleaved with the kernel before, two pairs): 75.5% -> 79.2-79.4% of copy, rht
    74.5% -> 76.8-77.1%, block_2d 73.8-74.7% -> 78.6-79.3%; all at once per group instead of a
    part per tile 77.5-78.4%; groups of 2 tiles 75-76%; of 8 (one CTA per SM) 66-67%; stochastic
-   rounding none: it keeps per-tile staging (kGroupC). The columnwise copy alone (128 x 64
+   rounding none: it keeps per-tile staging (kGroupC). The scale bytes laid out by row block
+   (one 16-bit store per thread where two byte stores met 8-way bank conflicts, words
+   transposed by byte permutes when stored) measured no faster (H100, given amax, three pairs:
+   77.4-80.3% -> 79.5-80.5%, rht 77.8-78.0% -> 76.6-77.6%). A 32 x 256 tile for both
+   directions (whole 128-byte lines of rowwise data) with groups of 8 tiles fits two CTAs per
+   SM only with one ColGroup, stored whole when its group ends: 80.0-80.6% against 80.3-80.4%
+   (groups of 4: 77.5-78.7%; two ColGroups, one CTA per SM: 66.6-66.9%; one ColGroup with the
+   64 x 128 tile: 78.1-78.3%). The columnwise copy alone (128 x 64
    tiles, a column's piece 64 bytes) grouped by 2 tiles measured the same (86.5-86.9% either
    way, rht 85.0-85.1%): not kept. */
 #ifndef HQ_NVFP4_COL_GROUP
@@ -1168,7 +1178,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   }
   /* one barrier per tile: tile n - 1's staged bytes are stored after it, while tile n is
      encoded into the other staging buffer; a group's columnwise bytes once its last tile is
-     staged, while the next group is encoded into the other ColGroup */
+     staged, while the next group is encoded into the other ColGroup (a timing build without
+     this barrier, wrong output, was no faster: H100, given amax, both directions 79.3-80.9% ->
+     75.8-77.8% of copy, rowwise alone the same: the barrier does not bound the kernel) */
   uint32_t pi0 = 0, pk0 = 0, pg0 = 0; /* tile n - 1, its group's first row */
   bool pfull = false, first = true;
   int sb = 0; /* the staging buffer tile n is encoded into */
