@@ -1204,10 +1204,14 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
     hq_cuda_cp_async_wait<kStages - 2>();
     __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
-    /* tile n - 1's staged bytes, stored between tile n's rowwise and columnwise blocks below */
+    /* tile n - 1's staged bytes: for both directions stored between tile n's rowwise and
+       columnwise blocks below (kMidStore), for one direction here */
+    constexpr bool kMidStore = DIRS == 3;
     const bool spend = !first;
     const uint32_t si0 = pi0, sk0 = pk0;
     const bool sfull = pfull;
+    if (!kMidStore && spend)
+      store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, si0, sk0, sfull);
     if (kGroup && !first && slot == 0) { /* tile n - 1 ended its group */
       if (pv && pq < kColGroup) { /* the group before it, after a group of fewer tiles than
                                      parts (not in row-major group order, where those end a
@@ -1341,13 +1345,17 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                encode_fast_any<SR>(v1, enc[1], a.rk, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
       hq_sts16(st.rs(r * (TK / 16) + 2 * p), rsf);
     }
-    /* tile n - 1's staged bytes (here rather than right after the barrier, where every warp
-       stored at once: H100, given amax, interleaved, two pairs: both directions 79.9% -> 81.0-
-       81.5% of copy, rht 77.7-77.9% -> 78.9-79.4%, block_2d 79.4-79.7% -> 80.6-80.8%,
-       stochastic rounding 60.8-60.9% -> 61.8-61.9%, one direction the same; after both
-       directions' blocks measured slower: rht 75.4-76.8%; the group's part here too no
-       better) */
-    if (spend) store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, si0, sk0, sfull);
+    /* both directions: tile n - 1's staged bytes (here rather than right after the barrier,
+       where every warp stored at once: H100, given amax, interleaved, two pairs: both
+       directions 79.9% -> 81.0-81.5% of copy, rht 77.7-77.9% -> 78.9-79.4%, block_2d
+       79.4-79.7% -> 80.6-80.8%, stochastic rounding 60.8-60.9% -> 61.8-61.9%; again in a
+       later call: 80.2-80.9% -> 81.1-82.4%, rht 78.1% -> 78.4-79.4%, block_2d 79.4% ->
+       80.9-81.4%, stochastic rounding 60.3-60.5% -> 62.3-63.2%, rht with it 52.3-52.5% ->
+       53.6-54.2%; after both directions' blocks measured slower: rht 75.4-76.8%; the group's
+       part here too no better; one direction alone no better here: rht with stochastic
+       rounding columnwise 69.6-69.8% -> 68.4-69.1%, so it keeps storing after the barrier) */
+    if (kMidStore && spend)
+      store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, si0, sk0, sfull);
     if (kColP) {
       uint2 o[2];
       const uint64_t b0 = (uint64_t)cblk, b1 = (uint64_t)cblk + (uint64_t)(M >> 4);
