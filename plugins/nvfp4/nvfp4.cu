@@ -1353,7 +1353,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
        80.9-81.4%, stochastic rounding 60.3-60.5% -> 62.3-63.2%, rht with it 52.3-52.5% ->
        53.6-54.2%; after both directions' blocks measured slower: rht 75.4-76.8%; the group's
        part here too no better; one direction alone no better here: rht with stochastic
-       rounding columnwise 69.6-69.8% -> 68.4-69.1%, so it keeps storing after the barrier) */
+       rounding columnwise 69.6-69.8% -> 68.4-69.1%, so it keeps storing after the barrier;
+       nor between its thread's two blocks: stochastic rounding columnwise 82.8-82.9% ->
+       81.7-82.7%, with rht 70.2-70.3% -> 70.5-71.2%, rowwise within 0.5 points) */
     if (kMidStore && spend)
       store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, si0, sk0, sfull);
     if (kColP) {
