@@ -172,7 +172,10 @@ constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
    copy, columnwise 80.5-82.0% -> 82.2-82.4%, with rht rowwise 84.5-85.4% -> 86.4-87.2%). 3
    measured slower everywhere else: both directions 79.3-80.1% -> 78.6-78.7% (rht 77.5-77.6% ->
    76.8-76.9%), rowwise alone 89.2-89.5% -> 87.9-88.2%, stochastic rounding both directions
-   60.2-60.6% -> 59.2-59.8%; an FP32 input's three tiles would leave one CTA per SM. */
+   60.2-60.6% -> 59.2-59.8%; an FP32 input's three tiles would leave one CTA per SM. Again
+   for both directions after the staged store's move: 82.1-82.2% -> 76.9-77.2%, rht 79.8% ->
+   77.2-77.8%; four for one direction with stochastic rounding: rowwise 86.3-86.7% ->
+   84.0-84.5%, columnwise 81.3-82.3% -> 77.3-78.2%. */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
