@@ -2,7 +2,8 @@
 ** hq_gpu_test.h -- what the GPU tests share: comparing a device quantization with the CPU
 ** reference byte for byte, copying an input (or a caller's amax pair) to the device, raw dequantize on
 ** both sides, checking a device hq_gemm (native or emulated) against the F64 product, the two
-** contexts every test compares, and the caller-supplied-amax checks of the per-tensor formats.
+** contexts every test compares, the caller-supplied-amax checks of the per-tensor formats, and
+** the raw dequantize's folded factor (ABI 2.3).
 ** Include after hq_test.h.
 */
 #ifndef HQ_GPU_TEST_H
@@ -471,6 +472,59 @@ static inline void hq_gpu_check_role_gemms(hq_ctx *cpu, hq_ctx *gpu, const char 
     hq_quantizer_free(qs[t]);
   }
   hq_recipe_free(r);
+}
+
+/* ABI 2.3 (HQ_CAP_DEQ_FACTOR) on gpu's device: a raw dequantize of device storage sg ([M, K],
+   factor fh as the host computed it; a module whose dequantize needs no config) with
+   call->factor_out writes RN(1.5 * fh), then, chained through factor_in, RN(RN(1.5 * fh) * fh)
+   (the test's own float arithmetic), from the dequantize kernel on the stream; the values are
+   those of a plain raw dequantize (BF16, the emulated GEMM's dtype). With M == 0 no dequantize
+   kernel runs and the factor is still written. */
+static inline void hq_gpu_check_factor_out(hq_ctx *gpu, const hq_format_ops *ops,
+                                           const hq_host_api *host, const hq_storage *sg,
+                                           float fh, int64_t M, int64_t K, const char *what) {
+  volatile float m0 = 1.5f, w0 = m0 * fh, w1 = w0 * fh;
+  const size_t bytes = (size_t)(M * K) * 2;
+  float *dev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), (void **)&dev));
+  hq_tensor y[3];
+  for (int i = 0; i < 3; i++) {
+    y[i] = hq_tensor_2d(NULL, HQ_BF16, hq_ctx_device(gpu), M, K);
+    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes ? bytes : 16, &y[i].data)); /* never NULL */
+  }
+  uint8_t cfg[256] = {0};
+  hq_call c = hq_test_call(host, 0, 0);
+  c.device = hq_ctx_device(gpu);
+  c.flags = HQ_CALL_DEQ_RAW;
+  if (ops->dequantize(cfg, &c, sg, &y[0])) fail_msg("%s: %s", what, hq_test_module_error());
+  c.factor_out = dev;
+  c.factor_mul = 1.5f;
+  if (ops->dequantize(cfg, &c, sg, &y[1])) fail_msg("%s: %s", what, hq_test_module_error());
+  c.factor_out = dev + 1;
+  c.factor_in = dev;
+  c.factor_mul = 99.0f; /* ignored: factor_in is set */
+  if (ops->dequantize(cfg, &c, sg, &y[2])) fail_msg("%s: %s", what, hq_test_module_error());
+  float got[2];
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, got, HQ_DEVICE_HOST, dev, hq_ctx_device(gpu), sizeof got));
+  uint8_t *back[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < 3 && bytes; i++) {
+    back[i] = malloc(bytes);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back[i], HQ_DEVICE_HOST, y[i].data, hq_ctx_device(gpu),
+                                bytes));
+  }
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  const float want[2] = {w0, w1};
+  if (memcmp(got, want, sizeof got))
+    fail_msg("%s: factor_out %a, %a; want RN(1.5 * %a) = %a, then %a", what, (double)got[0],
+             (double)got[1], (double)fh, (double)want[0], (double)want[1]);
+  for (int i = 1; i < 3 && bytes; i++)
+    if (memcmp(back[i], back[0], bytes))
+      fail_msg("%s: the values of a raw dequantize with factor_out differ from a plain one", what);
+  for (int i = 0; i < 3; i++) {
+    free(back[i]);
+    hq_ctx_free(gpu, y[i].data);
+  }
+  hq_ctx_free(gpu, dev);
 }
 
 #endif

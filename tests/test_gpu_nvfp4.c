@@ -345,58 +345,6 @@ static void test_amax_op_direct(void **state) {
 
 // --- ABI 2.1: raw dequantize and hq_gemm on the device -----------------------------------------
 
-/* ABI 2.3 (HQ_CAP_DEQ_FACTOR) on the device: a raw dequantize of device storage sg ([M, K],
-   factor fh as the host computed it) with call->factor_out writes RN(1.5 * fh), then, chained
-   through factor_in, RN(RN(1.5 * fh) * fh) (the test's own float arithmetic), from the
-   dequantize kernel on the stream; the values are those of a plain raw dequantize (BF16, the
-   emulated GEMM's dtype). With M == 0 no dequantize kernel runs and the factor is still written. */
-static void check_factor_out(const hq_format_ops *ops, const hq_host_api *host,
-                             const hq_storage *sg, float fh, int64_t M, int64_t K,
-                             const char *what) {
-  volatile float m0 = 1.5f, w0 = m0 * fh, w1 = w0 * fh;
-  const size_t bytes = (size_t)(M * K) * 2;
-  float *dev = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), (void **)&dev));
-  hq_tensor y[3];
-  for (int i = 0; i < 3; i++) {
-    y[i] = hq_tensor_2d(NULL, HQ_BF16, hq_ctx_device(gpu), M, K);
-    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes ? bytes : 16, &y[i].data)); /* never NULL */
-  }
-  uint8_t cfg[256] = {0};
-  hq_call c = hq_test_call(host, 0, 0);
-  c.device = hq_ctx_device(gpu);
-  c.flags = HQ_CALL_DEQ_RAW;
-  if (ops->dequantize(cfg, &c, sg, &y[0])) fail_msg("%s: %s", what, hq_test_module_error());
-  c.factor_out = dev;
-  c.factor_mul = 1.5f;
-  if (ops->dequantize(cfg, &c, sg, &y[1])) fail_msg("%s: %s", what, hq_test_module_error());
-  c.factor_out = dev + 1;
-  c.factor_in = dev;
-  c.factor_mul = 99.0f; /* ignored: factor_in is set */
-  if (ops->dequantize(cfg, &c, sg, &y[2])) fail_msg("%s: %s", what, hq_test_module_error());
-  float got[2];
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, got, HQ_DEVICE_HOST, dev, hq_ctx_device(gpu), sizeof got));
-  uint8_t *back[3] = {NULL, NULL, NULL};
-  for (int i = 0; i < 3 && bytes; i++) {
-    back[i] = malloc(bytes);
-    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back[i], HQ_DEVICE_HOST, y[i].data, hq_ctx_device(gpu),
-                                bytes));
-  }
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  const float want[2] = {w0, w1};
-  if (memcmp(got, want, sizeof got))
-    fail_msg("%s: factor_out %a, %a; want RN(1.5 * %a) = %a, then %a", what, (double)got[0],
-             (double)got[1], (double)fh, (double)want[0], (double)want[1]);
-  for (int i = 1; i < 3 && bytes; i++)
-    if (memcmp(back[i], back[0], bytes))
-      fail_msg("%s: the values of a raw dequantize with factor_out differ from a plain one", what);
-  for (int i = 0; i < 3; i++) {
-    free(back[i]);
-    hq_ctx_free(gpu, y[i].data);
-  }
-  hq_ctx_free(gpu, dev);
-}
-
 /* The raw dequantize and the tensor factor on the device equal the CPU's, byte for byte: every
    option set (RHT copies stay in the transformed domain on both), both directions, every
    destination dtype, and special inputs (NaN, Inf: an Inf amax gives an Inf factor). */
@@ -440,8 +388,9 @@ static void test_raw_and_factor(void **state) {
           fail_msg("%s special %d dir %u: factor cpu %a gpu %a", option_sets[o], special, d,
                    (double)fh, (double)fg);
         hq_ctx_free(gpu, dev);
-        if (!special) check_factor_out(ops, &host, hq_qtensor_storage(g, d), fh, 96, 160,
-                                       option_sets[o]);
+        if (!special)
+          hq_gpu_check_factor_out(gpu, ops, &host, hq_qtensor_storage(g, d), fh, 96, 160,
+                                  option_sets[o]);
       }
       hq_qtensor_free(h);
       hq_qtensor_free(g);
@@ -598,7 +547,7 @@ static void test_factor_out_empty(void **state) {
     const float A = d == 1 ? 1000.0f : 3.0f;
     volatile float c = 1.0f / 2688.0f, f = A * c;
     poke(&st, HQ_ROLE_AMAX, 1, 0, &A, sizeof A);
-    check_factor_out(ops, &host, &st, f, 0, 160, "empty");
+    hq_gpu_check_factor_out(gpu, ops, &host, &st, f, 0, 160, "empty");
     for (uint32_t b = 0; b < st.nbuf; b++) hq_ctx_free(gpu, hq_storage_buf(&st, b)->ptr);
   }
 }
