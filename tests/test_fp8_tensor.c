@@ -6,7 +6,8 @@
 ** buffer descriptions, dequantize through a differently configured instance, caller-supplied
 ** amax (hq_quantizer_amax / hq_quantize_ex / hq_qtensor_update_ex), update == fresh quantize.
 ** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages, the per-tensor factor and
-** the invariant RN_f32(raw * factor) == dequantize, emul_dtype BF16 holding every code's value,
+** the invariant RN_f32(raw * factor) == dequantize, ABI 2.3's folded factor (factor_out,
+** factor_in, factor_mul) of a raw dequantize, emul_dtype BF16 holding every code's value,
 ** the gemm op's answers (the host: HQ_ENOTSUP; a mock device and cuBLASLt runner: the TN call it
 ** makes, and each refusal with its reason), and hq_gemm on the host against an F64 product of
 ** the dequantized operands.
@@ -503,7 +504,7 @@ static void make_storages(const module *m, const void *cfg, int64_t M, int64_t K
         b->ptr = hq_storage_buf(row, (uint32_t)b->shared_with)->ptr;
         continue;
       }
-      b->ptr = malloc(n);
+      b->ptr = malloc(n ? n : 1);
       memset(b->ptr, 0x5a, n); /* poison: quantize must write every byte */
     }
   }
@@ -1007,6 +1008,62 @@ static void test_raw_factor_invariant(void **state) {
   free(other);
 }
 
+/* ABI 2.3 (HQ_CAP_DEQ_FACTOR), on hand-built storages of both element dtypes and directions, one
+   with no rows among them: a raw dequantize with call->factor_out writes the values of a plain
+   raw dequantize and RN(1.5 * scale_inv) there (the exact double product rounded once: a
+   subnormal scale_inv too), chained through factor_in RN(that * scale_inv) with factor_mul
+   ignored; without HQ_CALL_DEQ_RAW, or from a call struct older than 2.3, factor_out is left
+   alone. */
+static void test_deq_factor_out(void **state) {
+  (void)state;
+  module m = open_module();
+  assert_true(m.ops->caps & HQ_CAP_DEQ_FACTOR);
+  const uint8_t codes[6] = {0x38, 0xc0, 0x44, 0x7e, 0x01, 0x3f};
+  const float sis[2] = {0.3f, 0x1.8p-130f};
+  for (int e5 = 0; e5 < 2; e5++) {
+    void *cfg = configure(&m, e5, 0, 0.0);
+    assert_true(m.ops->instance_caps(cfg) & HQ_CAP_DEQ_FACTOR);
+    const double si = sis[e5];
+    const float w0 = (float)(1.5 * si), w1 = (float)((double)w0 * si);
+    for (int empty = 0; empty < 2; empty++)
+      for (uint32_t dir = 1; dir <= 2; dir++) {
+        const int64_t M = empty ? 0 : 2, K = 3;
+        hq_storage st;
+        hand_storage(&m, cfg, dir, M, K, codes, sis[e5], &st);
+        hq_tensor plain = hq_test_empty(HQ_F32, M, K), y = hq_test_empty(HQ_F32, M, K);
+        hq_call c = hq_test_call(&m.host, 0, 0);
+        c.flags = HQ_CALL_DEQ_RAW;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &c, &st, &plain));
+        float out[2] = {-1.0f, -1.0f};
+        c.factor_out = &out[0];
+        c.factor_mul = 1.5f;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &c, &st, &y));
+        if (M && memcmp(y.data, plain.data, (size_t)(M * K) * sizeof(float)))
+          fail_msg("e5m2 %d dir %u: the values differ from a plain raw dequantize", e5, dir);
+        c.factor_out = &out[1];
+        c.factor_in = &out[0];
+        c.factor_mul = 99.0f; /* ignored: factor_in is set */
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &c, &st, &y));
+        if (f32_bits(out[0]) != f32_bits(w0) || f32_bits(out[1]) != f32_bits(w1))
+          fail_msg("e5m2 %d empty %d dir %u: factors %a, %a; want RN(1.5 * %a) = %a, then %a",
+                   e5, empty, dir, (double)out[0], (double)out[1], si, (double)w0, (double)w1);
+        float untouched = -7.0f;
+        c.flags = 0;
+        c.factor_out = &untouched;
+        c.factor_in = NULL;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &c, &st, &y));
+        c.flags = HQ_CALL_DEQ_RAW;
+        c.struct_size = HQ_CALL_SIZE_2_2;
+        HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &c, &st, &y));
+        assert_true(untouched == -7.0f);
+        free(plain.data);
+        free(y.data);
+        free_storage(&st);
+      }
+    free(cfg);
+  }
+}
+
 /* emul_dtype is BF16 for every instance, and rightly: every one of the 256 codes of E4M3 and of
    E5M2, dequantized raw into bf16, is the code's value exactly (its raw f32 value read back), the
    largest (448, 57344) and the subnormals (2^-9, 2^-16) included. */
@@ -1326,6 +1383,7 @@ int main(void) {
       cmocka_unit_test(test_update_equals_quantize),
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_raw_factor_invariant),
+      cmocka_unit_test(test_deq_factor_out),
       cmocka_unit_test(test_emul_dtype_exact),
       cmocka_unit_test(test_gemm_op),
       cmocka_unit_test(test_hq_gemm_host),

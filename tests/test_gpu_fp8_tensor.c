@@ -6,7 +6,9 @@
 ** of directions), quantize with a caller-supplied device amax (the same amax, a larger one,
 ** different rowwise/columnwise ones), and update with and without a supplied amax.
 ** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) and tensor_factor on the device, called directly,
-** equal the CPU's byte for byte, and RN_f32(raw * factor) equals the device dequantize; hq_gemm
+** equal the CPU's byte for byte, and RN_f32(raw * factor) equals the device dequantize; ABI
+** 2.3: a raw dequantize with call->factor_out writes the folded factor from its kernel (also for
+** an empty storage, where no dequantize kernel runs); hq_gemm
 ** of two fp8_tensor operands: on sm_89+ the native path (this module's gemm op) for e4m3 x e4m3,
 ** e4m3 x e5m2 and e5m2 x e4m3, every flag pair, F32 / BF16 D, against the emulated path
 ** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; e5m2 x e5m2 and k not
@@ -291,6 +293,7 @@ static void test_raw_and_factor_on_device(void **state) {
         HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, &fg, HQ_DEVICE_HOST, fdev, 0, sizeof fg));
         HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
         if (f32_bits(fh) != f32_bits(fg)) fail_msg("factor cpu %a gpu %a", (double)fh, (double)fg);
+        hq_gpu_check_factor_out(gpu, ops, &host, sg, fh, M, K, sets[o]); /* ABI 2.3 */
         float *raw_f32 = NULL;
         for (int t = 0; t < 3; t++) {
           const size_t bytes = (size_t)n * hq_dtype_size(outs[t]);
@@ -344,6 +347,38 @@ static void test_raw_and_factor_on_device(void **state) {
       hq_recipe_free(r);
     }
   hq_ctx_free(gpu, fdev);
+  free(cfg);
+}
+
+/* ABI 2.3: the folded factor of an empty [0, 48] device storage of each direction (no
+   dequantize kernel runs; the public API makes no empty tensors, so the storage is laid out and
+   allocated here by direct module calls), its scale_inv set to 0.3 and 2^-9 * 1.5. */
+static void test_factor_out_empty(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = hq_test_module_entry("fp8_tensor")(&host);
+  assert_non_null(ops);
+  assert_true(ops->caps & HQ_CAP_DEQ_FACTOR);
+  void *cfg = default_cfg(ops, &host);
+  for (uint32_t d = 1; d <= 2; d++) {
+    hq_storage st;
+    hq_test_storage_init(&st, d, 0, 48, HQ_F32);
+    HQ_OK_OR_FAIL(ops->layout(cfg, &host, 0, 48, d, d, &st));
+    st.device = hq_ctx_device(gpu);
+    const float si = d == 1 ? 0.3f : 0x1.8p-9f;
+    for (uint32_t b = 0; b < st.nbuf; b++) {
+      hq_buffer *buf = hq_storage_buf(&st, b);
+      size_t n = hq_dtype_size(buf->dtype);
+      for (int k = 0; k < buf->ndim; k++) n *= (size_t)buf->shape[k];
+      buf->bytes = n;
+      HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, n ? n : 1, &buf->ptr));
+      if (buf->role == HQ_ROLE_SCALE)
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, buf->ptr, hq_ctx_device(gpu), &si, HQ_DEVICE_HOST,
+                                    sizeof si));
+    }
+    hq_gpu_check_factor_out(gpu, ops, &host, &st, si, 0, 48, "empty");
+    for (uint32_t b = 0; b < st.nbuf; b++) hq_ctx_free(gpu, hq_storage_buf(&st, b)->ptr);
+  }
   free(cfg);
 }
 
@@ -522,6 +557,7 @@ int main(void) {
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_device_mismatch),
       cmocka_unit_test(test_raw_and_factor_on_device),
+      cmocka_unit_test(test_factor_out_empty),
       cmocka_unit_test(test_gemm_on_device),
       cmocka_unit_test(test_delayed_on_device),
   };

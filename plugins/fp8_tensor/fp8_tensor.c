@@ -40,6 +40,11 @@
 **                dequantize = RN_f32(raw * scale_inv), the same single multiply, so for every
 **                element RN_f32(raw * factor) equals the normal dequantize into f32, bit for bit
 **                (NaN stays NaN).
+**   folded       (ABI 2.3, HQ_CAP_DEQ_FACTOR) a raw dequantize with hq_call_factor_out(call)
+**                also writes RN_f32(m * scale_inv) there, m = *call->factor_in or
+**                call->factor_mul: on the host at once, on CUDA from the dequantize kernel's
+**                first thread (a one-thread kernel when the storage has no elements), so the
+**                emulated GEMM runs no kernel of its own for the operand's factor.
 **   native gemm  cuBLASLt FP8 with SCALAR_32F scales: the scale pointers are the two storages'
 **                scale_inv buffers, so cuBLASLt computes alpha * (scale_inv_a * scale_inv_b) *
 **                sum(q_a * q_b) with the split accumulator (fast_accum = 0): Hopper's fast FP8
@@ -141,7 +146,8 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
    the cast reads each element once). */
 static uint64_t instance_caps(const void *cfgp) {
   const fp8t_cfg *c = cfgp;
-  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
+  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
+                  (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
 #ifdef HQ_HAVE_CUDA
   caps |= HQ_CAP_CUDA | (c->delayed ? HQ_CAP_FUSED_ADAM : 0);
 #endif
@@ -438,7 +444,8 @@ static int check_storage(const hq_host_api *host, const hq_storage *s, const cha
 
 /* The element dtype and order come from the storage, so a storage of any fp8_tensor instance
    (e4m3 or e5m2, any scale options) dequantizes here. With HQ_CALL_DEQ_RAW the values are the
-   codes' own (fp8t_raw), scale_inv left out: tensor_factor() gives it. */
+   codes' own (fp8t_raw), scale_inv left out: tensor_factor() gives it, and (ABI 2.3) a raw
+   call with hq_call_factor_out() writes RN(m * scale_inv) there besides. */
 static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
   (void)cfgp;
   int rc = check_storage(call->host, s, "the storage");
@@ -455,14 +462,16 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const uint8_t *q = hq_storage_cbuf(s, FP8T_DATA)->ptr;
   const float *sp = hq_storage_cbuf(s, FP8T_SCALE_INV)->ptr;
   const int transposed = s->desc.order == HQ_ORDER_KM;
+  float *fout = hq_call_factor_out(call); /* NULL unless raw */
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return fp8t_cuda_dequantize(elem, call, q, transposed, raw ? NULL : sp, dst);
+    return fp8t_cuda_dequantize(elem, call, q, transposed, sp, raw, fout, dst);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
   }
   const int64_t M = dst->rows, K = dst->cols;
+  if (fout) *fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul, *sp);
   if (raw) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < K; j++)
@@ -588,7 +597,7 @@ static const hq_format_ops ops = {
     .version = "2.1",
     .description = "per-tensor FP8 (E4M3/E5M2), current or delayed scaling; columnwise = byte "
                    "transpose",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR
 #ifdef HQ_HAVE_CUDA
             | HQ_CAP_CUDA
 #endif

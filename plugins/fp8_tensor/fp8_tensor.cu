@@ -228,14 +228,28 @@ __device__ __forceinline__ float code_value(uint8_t q, int raw, float scale_inv,
   return raw ? fp8t_raw(q, elem) : hq_fp8_dequantize(q, scale_inv, elem);
 }
 
+/* The raw dequantize's folded factor (ABI 2.3): *f.out = RN(m * *f.scale_inv), m = *f.in or
+   f.mul; f.out NULL: none. */
+struct DeqFactor {
+  float *out;
+  const float *in;
+  float mul;
+  const float *scale_inv;
+};
+__device__ __forceinline__ void write_factor(const DeqFactor &f) {
+  if (f.out) *f.out = hq_mul_rn(f.in ? *f.in : f.mul, *f.scale_inv);
+}
+
 /* dst[i][j] = q[i][j] * scale_inv (transposed = 0) or q[j][i] * scale_inv (transposed = 1),
    both through a shared tile so that reads and writes are coalesced; with scale_inv_p NULL the
-   raw values q[.][.] (fp8t_raw). */
+   raw values q[.][.] (fp8t_raw). The first thread of the first CTA writes the folded factor. */
 template <int DT>
 __global__ void dequantize_kernel(const uint8_t *__restrict__ q, int transposed,
                                   const float *__restrict__ scale_inv_p, int elem, void *dst,
-                                  int64_t M, int64_t K) {
+                                  int64_t M, int64_t K, DeqFactor fac) {
   __shared__ float tile[kTile][kTile + 1];
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+    write_factor(fac);
   const int raw = scale_inv_p == NULL;
   const float scale_inv = raw ? 1.0f : *scale_inv_p;
   const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
@@ -407,28 +421,40 @@ extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, cons
 #undef FP8T_Q
 }
 
+/* The folded factor alone (a storage with no elements runs no dequantize kernel). */
+__global__ void factor_kernel(DeqFactor fac) { write_factor(fac); }
+
 extern "C" int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q,
-                                    int transposed, const float *scale_inv, hq_tensor *dst) {
+                                    int transposed, const float *scale_inv, int raw, float *fout,
+                                    hq_tensor *dst) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   dim3 grid;
   int rc = grid_for(call, dst->rows, dst->cols, &grid);
   if (rc) return rc;
+  const DeqFactor fac = {fout, call->factor_in, call->factor_mul, scale_inv};
+  const float *s = raw ? NULL : scale_inv;
+  if (dst->dtype != HQ_F32 && dst->dtype != HQ_F16 && dst->dtype != HQ_BF16)
+    return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: destination dtype %d", (int)dst->dtype);
+  if (grid.x == 0 || grid.y == 0) {
+    if (!fout) return HQ_OK;
+    factor_kernel<<<1, 1, 0, stream>>>(fac);
+    CHECK_LAUNCH(call, "factor kernel");
+    return HQ_OK;
+  }
   dim3 block(kTile, kRowsPerPass);
   switch (dst->dtype) {
   case HQ_F32:
-    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
-                                                          dst->data, dst->rows, dst->cols);
+    dequantize_kernel<HQ_F32><<<grid, block, 0, stream>>>(q, transposed, s, (int)elem,
+                                                          dst->data, dst->rows, dst->cols, fac);
     break;
   case HQ_F16:
-    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
-                                                          dst->data, dst->rows, dst->cols);
-    break;
-  case HQ_BF16:
-    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, scale_inv, (int)elem,
-                                                           dst->data, dst->rows, dst->cols);
+    dequantize_kernel<HQ_F16><<<grid, block, 0, stream>>>(q, transposed, s, (int)elem,
+                                                          dst->data, dst->rows, dst->cols, fac);
     break;
   default:
-    return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: destination dtype %d", (int)dst->dtype);
+    dequantize_kernel<HQ_BF16><<<grid, block, 0, stream>>>(q, transposed, s, (int)elem,
+                                                           dst->data, dst->rows, dst->cols, fac);
+    break;
   }
   CHECK_LAUNCH(call, "dequantize kernel");
   return HQ_OK;

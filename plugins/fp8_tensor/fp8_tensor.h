@@ -51,10 +51,12 @@ int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *amax, float *s
                            int history_len, int most_recent, float scaled_max);
 
 /* GPU dequantize: q is [M,K] (transposed == 0) or [K,M] (transposed == 1) of element dtype elem
-   (HQ_E4M3 / HQ_E5M2). scale_inv NULL: the raw values (HQ_CALL_DEQ_RAW), fp8t_raw() of each
-   code; otherwise hq_fp8_dequantize() with *scale_inv (device memory). */
+   (HQ_E4M3 / HQ_E5M2). raw: the raw values (HQ_CALL_DEQ_RAW), fp8t_raw() of each code;
+   otherwise hq_fp8_dequantize() with *scale_inv (device memory). fout (ABI 2.3, raw only; NULL:
+   none): *fout = RN(m * *scale_inv), m = *call->factor_in or call->factor_mul, written by the
+   kernel's first thread. */
 int fp8t_cuda_dequantize(hq_dtype elem, const hq_call *call, const uint8_t *q, int transposed,
-                         const float *scale_inv, hq_tensor *dst);
+                         const float *scale_inv, int raw, float *fout, hq_tensor *dst);
 
 /* GPU tensor_factor: *out = *scale_inv, both device memory, a device-to-device copy on
    call->stream. */
