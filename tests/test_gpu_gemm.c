@@ -311,8 +311,8 @@ static const char *k_recipe =
     "[role linear:weight:mixed]\nrowwise = mx\ncolumnwise = f8\n"
     "[role linear:input:mixed]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:grad_output:mixed]\nrowwise = bf\ncolumnwise = nv\n"
-    /* nvfp4 x fp8_tensor both ways: a module that folds its factor into alpha in its dequantize
-       (nvfp4, ABI 2.3) beside one that gives it through tensor_factor() (fp8_tensor) */
+    /* nvfp4 x fp8_tensor both ways: two modules that fold their factors into alpha in their
+       dequantize kernels (ABI 2.3), B's chained onto A's through factor_in */
     "[role linear:weight:mixed_nv8]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:input:mixed_nv8]\nrowwise = f8\ncolumnwise = f8\n"
     "[role linear:grad_output:mixed_nv8]\nrowwise = f8\ncolumnwise = nv\n"
