@@ -474,6 +474,35 @@ static inline void hq_gpu_check_role_gemms(hq_ctx *cpu, hq_ctx *gpu, const char 
   hq_recipe_free(r);
 }
 
+/* A device storage laid out by the module itself (ops->layout for [M, K] of dtype dt, direction
+   d, usage), each buffer's bytes from its shape: every buffer at `shared` when that is not NULL
+   (a test that lets nothing touch them), else allocated on dev's device (one byte at least, so
+   an empty buffer's pointer is never NULL); hq_gpu_free_storage frees them. For what the public
+   API does not make, e.g. an empty tensor or one too large to allocate. */
+static inline void hq_gpu_device_storage(hq_ctx *dev, const hq_format_ops *ops, const void *cfg,
+                                         const hq_host_api *host, int64_t M, int64_t K,
+                                         hq_dtype dt, uint32_t d, uint32_t usage, void *shared,
+                                         hq_storage *st) {
+  hq_test_storage_init(st, d, M, K, dt);
+  if (ops->layout(cfg, host, M, K, d, usage, st))
+    fail_msg("layout [%lld, %lld] direction %u: %s", (long long)M, (long long)K, d,
+             hq_test_module_error());
+  st->device = hq_ctx_device(dev);
+  for (uint32_t b = 0; b < st->nbuf; b++) {
+    hq_buffer *buf = hq_storage_buf(st, b);
+    size_t n = hq_dtype_size(buf->dtype);
+    for (int k = 0; k < buf->ndim; k++) n *= (size_t)buf->shape[k];
+    buf->bytes = n;
+    if (shared)
+      buf->ptr = shared;
+    else
+      HQ_OK_OR_FAIL(hq_ctx_alloc(dev, n ? n : 1, &buf->ptr));
+  }
+}
+static inline void hq_gpu_free_storage(hq_ctx *dev, hq_storage *st) {
+  for (uint32_t b = 0; b < st->nbuf; b++) hq_ctx_free(dev, hq_storage_buf(st, b)->ptr);
+}
+
 /* ABI 2.3 (HQ_CAP_DEQ_FACTOR) on gpu's device: a raw dequantize of device storage sg ([M, K],
    factor fh as the host computed it; a module whose dequantize needs no config) with
    call->factor_out writes RN(1.5 * fh), then, chained through factor_in, RN(RN(1.5 * fh) * fh)

@@ -362,22 +362,12 @@ static void test_factor_out_empty(void **state) {
   void *cfg = default_cfg(ops, &host);
   for (uint32_t d = 1; d <= 2; d++) {
     hq_storage st;
-    hq_test_storage_init(&st, d, 0, 48, HQ_F32);
-    HQ_OK_OR_FAIL(ops->layout(cfg, &host, 0, 48, d, d, &st));
-    st.device = hq_ctx_device(gpu);
+    hq_gpu_device_storage(gpu, ops, cfg, &host, 0, 48, HQ_F32, d, d, NULL, &st);
     const float si = d == 1 ? 0.3f : 0x1.8p-9f;
-    for (uint32_t b = 0; b < st.nbuf; b++) {
-      hq_buffer *buf = hq_storage_buf(&st, b);
-      size_t n = hq_dtype_size(buf->dtype);
-      for (int k = 0; k < buf->ndim; k++) n *= (size_t)buf->shape[k];
-      buf->bytes = n;
-      HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, n ? n : 1, &buf->ptr));
-      if (buf->role == HQ_ROLE_SCALE)
-        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, buf->ptr, hq_ctx_device(gpu), &si, HQ_DEVICE_HOST,
-                                    sizeof si));
-    }
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, hq_gpu_buf_of(&st, HQ_ROLE_SCALE)->ptr, hq_ctx_device(gpu),
+                                &si, HQ_DEVICE_HOST, sizeof si));
     hq_gpu_check_factor_out(gpu, ops, &host, &st, si, 0, 48, "empty");
-    for (uint32_t b = 0; b < st.nbuf; b++) hq_ctx_free(gpu, hq_storage_buf(&st, b)->ptr);
+    hq_gpu_free_storage(gpu, &st);
   }
   free(cfg);
 }

@@ -513,25 +513,6 @@ static const hq_format_ops *plain_module(hq_host_api *host, uint8_t cfg[256]) {
   return ops;
 }
 
-/* A device storage of direction d laid out by the module for [M, K], each buffer's bytes set
-   from its shape; its buffers allocated here, or all pointing at `shared` when given. */
-static void device_storage(const hq_format_ops *ops, const void *cfg, hq_host_api *host,
-                           int64_t M, int64_t K, uint32_t d, void *shared, hq_storage *st) {
-  hq_test_storage_init(st, d, M, K, HQ_BF16);
-  if (ops->layout(cfg, host, M, K, d, HQ_BOTH, st)) fail_msg("layout: %s", hq_test_module_error());
-  st->device = hq_ctx_device(gpu);
-  for (uint32_t b = 0; b < st->nbuf; b++) {
-    hq_buffer *buf = hq_storage_buf(st, b);
-    size_t n = hq_dtype_size(buf->dtype);
-    for (int k = 0; k < buf->ndim; k++) n *= (size_t)buf->shape[k];
-    buf->bytes = n;
-    if (shared)
-      buf->ptr = shared;
-    else
-      HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, n ? n : 1, &buf->ptr));
-  }
-}
-
 /* The factor of an empty [0, 160] device storage (no dequantize kernel runs; the public API
    makes no empty tensors, so the storage is laid out and allocated here by direct module
    calls): its amax set to 1000 and 3 (rowwise, columnwise), the factor RN(A * RN(1/2688)) in the
@@ -543,12 +524,12 @@ static void test_factor_out_empty(void **state) {
   const hq_format_ops *ops = plain_module(&host, cfg);
   for (uint32_t d = 1; d <= 2; d++) {
     hq_storage st;
-    device_storage(ops, cfg, &host, 0, 160, d, NULL, &st);
+    hq_gpu_device_storage(gpu, ops, cfg, &host, 0, 160, HQ_BF16, d, HQ_BOTH, NULL, &st);
     const float A = d == 1 ? 1000.0f : 3.0f;
     volatile float c = 1.0f / 2688.0f, f = A * c;
     poke(&st, HQ_ROLE_AMAX, 1, 0, &A, sizeof A);
     hq_gpu_check_factor_out(gpu, ops, &host, &st, f, 0, 160, "empty");
-    for (uint32_t b = 0; b < st.nbuf; b++) hq_ctx_free(gpu, hq_storage_buf(&st, b)->ptr);
+    hq_gpu_free_storage(gpu, &st);
   }
 }
 
@@ -566,7 +547,8 @@ static void test_huge_dims_refused(void **state) {
   for (int sh = 0; sh < 2; sh++) {
     const int64_t M = shapes[sh][0], K = shapes[sh][1];
     hq_storage st[2];
-    for (uint32_t d = 1; d <= 2; d++) device_storage(ops, cfg, &host, M, K, d, small, &st[d - 1]);
+    for (uint32_t d = 1; d <= 2; d++)
+      hq_gpu_device_storage(gpu, ops, cfg, &host, M, K, HQ_BF16, d, HQ_BOTH, small, &st[d - 1]);
     hq_tensor x = hq_tensor_2d(small, HQ_BF16, hq_ctx_device(gpu), M, K);
     hq_call call = hq_test_call(&host, 0, 0);
     call.device = hq_ctx_device(gpu);
