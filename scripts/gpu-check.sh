@@ -96,7 +96,8 @@ if [ "${1:-}" = "--on-device" ]; then
   fi
   if [[ "$modes" == *" --sanitize "* ]]; then
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)
-    export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs
+    export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs \
+      HQ_TEST_WRAP_DIR=$PWD/tests/wrap/.libs
     export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
     export HQ_TEST_QUICK=1 # tests that honour it run a smaller set of shapes under the tools
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -75,16 +75,21 @@ static inline hq_tensor hq_test_tensor(hq_dtype t, int64_t rows, int64_t cols, u
   return x;
 }
 
-/* Parse a recipe from text with the test plugin path ($HQ_PLUGIN_PATH, no installed dir);
-   fails the test when it has errors. */
-static inline hq_recipe *hq_test_recipe(const char *text) {
+/* Parse a recipe from text with the test plugin path ($HQ_PLUGIN_PATH, no installed dir) and
+   the n folders `dirs` before it; fails the test when it has errors. */
+static inline hq_recipe *hq_test_recipe_dirs(const char *text, const char *const *dirs, size_t n) {
   hq_recipe_opts o = {0};
   o.struct_size = sizeof o;
   o.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
+  o.extra_dirs = dirs;
+  o.n_extra_dirs = n;
   hq_recipe *r = NULL;
   if (hq_recipe_parse_string(text, "test.ini", &o, &r) != HQ_OK) fail_msg("%s", hq_last_error());
   if (hq_recipe_error_count(r)) fail_msg("%s", hq_recipe_error(r, 0));
   return r;
+}
+static inline hq_recipe *hq_test_recipe(const char *text) {
+  return hq_test_recipe_dirs(text, NULL, 0);
 }
 
 /* A quantizer for role M:T:N of recipe r. */

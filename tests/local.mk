@@ -60,6 +60,12 @@ tests_plugins_bad_default_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_bad_default_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_DEFAULT
 tests_plugins_bad_default_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
+check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
+tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
+tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h
 tests_test_numerics_fp8_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
@@ -155,5 +161,6 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \
 	HQ_TEST_SRCDIR='$(abs_top_srcdir)/tests'; export HQ_TEST_SRCDIR; \
 	HQ_TEST_FIXTURES='$(abs_top_builddir)/tests/plugins/.libs'; export HQ_TEST_FIXTURES; \
+	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
 	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN;

@@ -3,7 +3,8 @@
 ** hq_gemm_plan):
 **   - every stock format pair (identity bf16 / f32, fp8_tensor e4m3 / e5m2 combinations, mxfp8,
 **     nvfp4 with and without RHT on both wgrad operands, fp8_block 1-D / 2-D combinations and
-**     non-power-of-two scales, mixed pairs mxfp8 x nvfp4, fp8_tensor x identity) in the three
+**     non-power-of-two scales, mixed pairs mxfp8 x nvfp4, fp8_tensor x identity, nvfp4 x
+**     fp8_tensor and x the test module fp8_tensor_nofold, whose factor is not folded) in the three
 **     GEMMs of a linear layer: the result equals an F64 reference of the product of the
 **     operands' hq_dequantize outputs (quantized and dequantized on the host: the same bytes as
 **     the device's, which tests/test_gpu_<format> check), within a bound derived from k;
@@ -279,6 +280,7 @@ static const char *k_recipe =
     "[format f8_b]\nplugin = fp8_tensor\n"
     "[format f8g]\nplugin = fp8_tensor\ndtype = e5m2\n"
     "[format f8g_b]\nplugin = fp8_tensor\ndtype = e5m2\n"
+    "[format f8n]\nplugin = fp8_tensor_nofold\n"
     "[format mx]\nplugin = mxfp8\n"
     "[format mx_b]\nplugin = mxfp8\n"
     "[format nv]\nplugin = nvfp4\n"
@@ -316,6 +318,11 @@ static const char *k_recipe =
     "[role linear:weight:mixed_nv8]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:input:mixed_nv8]\nrowwise = f8\ncolumnwise = f8\n"
     "[role linear:grad_output:mixed_nv8]\nrowwise = f8\ncolumnwise = nv\n"
+    /* the same with fp8_tensor_nofold (tests/wrap): fp8_tensor without HQ_CAP_DEQ_FACTOR, a
+       module of ABI 2.2 whose factor comes from tensor_factor() beside nvfp4's folded one */
+    "[role linear:weight:mixed_nf]\nrowwise = nv\ncolumnwise = nv\n"
+    "[role linear:input:mixed_nf]\nrowwise = f8n\ncolumnwise = f8n\n"
+    "[role linear:grad_output:mixed_nf]\nrowwise = f8n\ncolumnwise = nv\n"
     "[role linear:weight:mixed_f32]\nrowwise = mx\ncolumnwise = f8\n"
     "[role linear:input:mixed_f32]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:grad_output:mixed_f32]\nrowwise = hf\ncolumnwise = nv\n"
@@ -327,6 +334,13 @@ static const char *k_recipe =
     "[role linear:*:h_nvfp4]\nrowwise = nv\ncolumnwise = nv_b\n"
     "[role linear:*:h_fp8_block]\nrowwise = fb\ncolumnwise = fb_b\n"
     "[role linear:weight:h_fp8_block]\nrowwise = fb2\ncolumnwise = fb2_b\n";
+
+/* k_recipe, its plugins found on the test path and in $HQ_TEST_WRAP_DIR (fp8_tensor_nofold) */
+static hq_recipe *gemm_recipe(void) {
+  const char *wrap = getenv("HQ_TEST_WRAP_DIR");
+  if (!wrap) fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+  return hq_test_recipe_dirs(k_recipe, &wrap, 1);
+}
 
 typedef struct qop {
   hq_tensor h, d;           /* the source on the host and on the device */
@@ -449,6 +463,7 @@ static const lcfg k_layers[] = {
     {"mixed", "BBB", 1, 1},        /* mxfp8 x nvfp4, fp8_tensor x identity bf16, nvfp4 x nvfp4 */
     {"mixed_f32", "BFB", 1, 0},    /* fp8_tensor x identity f32 */
     {"mixed_nv8", "BBB", 0, 0},    /* nvfp4 x fp8_tensor (fprop, dgrad), fp8_tensor x nvfp4 */
+    {"mixed_nf", "BBB", 0, 0},     /* the same, fp8_tensor's factor from tensor_factor() */
 };
 
 static uint32_t path_of(char c) {
@@ -458,7 +473,7 @@ static uint32_t path_of(char c) {
 
 static void test_formats_linear(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
+  hq_recipe *r = gemm_recipe();
   const int64_t tokens = 128, in = 384, out = 256; /* fprop m=256 n=128 k=384 */
   for (size_t i = 0; i < sizeof k_layers / sizeof *k_layers; i++) {
     const lcfg *cf = &k_layers[i];
@@ -503,9 +518,9 @@ static void test_formats_linear(void **state) {
 /* Bias (f32, bf16), beta accumulation, bf16 and f32 D, alpha, on native and emulated paths. */
 static void test_bias_beta_dtypes(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
-  const char *names[] = {"bf16",      "fp8",   "mxfp8",     "fp8_block_np2",
-                         "mixed_f32", "nvfp4", "mixed_nv8", "mixed"};
+  hq_recipe *r = gemm_recipe();
+  const char *names[] = {"bf16",  "fp8",       "mxfp8",    "fp8_block_np2", "mixed_f32",
+                         "nvfp4", "mixed_nv8", "mixed_nf", "mixed"};
   const int64_t tokens = 128, in = 384, out = 256;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     if (g_quick && i > 2) break;
@@ -564,7 +579,7 @@ static void test_bias_beta_dtypes(void **state) {
    like the single-instance quantizer: fprop, dgrad, wgrad, native and emulated. */
 static void test_hybrid_equal_bitwise(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
+  hq_recipe *r = gemm_recipe();
   static const char *pairs[][2] = {{"bf16", "h_bf16"},   {"fp8", "h_fp8"},
                                    {"mxfp8", "h_mxfp8"}, {"nvfp4", "h_nvfp4"},
                                    {"fp8_block", "h_fp8_block"}};
@@ -602,7 +617,7 @@ static void test_hybrid_equal_bitwise(void **state) {
    emulated (high-precision operands). */
 static void test_f32_is_fp32(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
+  hq_recipe *r = gemm_recipe();
   const int64_t m = 64, n = 32, k = 128;
   hq_tensor a = hq_test_empty(HQ_F32, m, k), b = hq_test_empty(HQ_F32, n, k);
   for (int64_t i = 0; i < m * k; i++) ((float *)a.data)[i] = 1.0f;
@@ -643,7 +658,7 @@ static void test_f32_is_fp32(void **state) {
    where k is a multiple of 16, emulated otherwise), high-precision operands (emulated). */
 static void test_odd_shapes(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
+  hq_recipe *r = gemm_recipe();
   static const int64_t shapes[][3] = {{29, 37, 53}, {40, 24, 48}, {8, 1, 16}, {1, 5, 3}};
   static const char *roles[] = {"linear:weight:bf16", "linear:weight:f32", "linear:weight:fp8",
                                 NULL};
@@ -704,7 +719,7 @@ static void test_odd_shapes(void **state) {
 /* Refusals on the device, and the plan's reasons. */
 static void test_refusals(void **state) {
   (void)state;
-  hq_recipe *r = hq_test_recipe(k_recipe);
+  hq_recipe *r = gemm_recipe();
   const int64_t tokens = 128, in = 384, out = 256;
   layer L;
   layer_make(r, "nvfp4_rht", tokens, in, out, 700, &L);
