@@ -6,7 +6,8 @@
 ** HQ_BF16) starting at element index i, as FP32 (exact). With vec, one 16-byte load (bf16/f16) or
 ** two (f32) through the read-only cache: i must be a multiple of 8 and x 16-byte aligned.
 ** Without, element loads (any alignment). hq_cuda_hp16_to_f32<DT>(h): one 16-bit element's
-** bits as FP32 (the conversion every 16-bit read of the stock kernels uses).
+** bits as FP32 (the conversion every 16-bit read of the stock kernels uses; an F16 NaN comes out
+** as some NaN, whose bits no output of theirs depends on).
 **
 ** hq_cuda_absmax2<DT>(a, b), hq_cuda_absmax_tree<DT, N>(w), hq_cuda_lane_amax<DT>(m, hi),
 ** hq_cuda_words_amax<DT, N>(w): the amax of 16-bit elements from their packed words, two per
@@ -22,9 +23,11 @@
 
 #include "hq/numerics.h"
 
-/* One 16-bit element's bits h (DT: HQ_F16 or HQ_BF16) as FP32, exact. */
+/* One 16-bit element's bits h (DT: HQ_F16 or HQ_BF16) as FP32, exact; an F16 NaN as some NaN
+   (hq_f16_to_f32_anynan: one convert instruction; no output of the stock formats depends on a
+   NaN's bits). */
 template <int DT> __device__ __forceinline__ float hq_cuda_hp16_to_f32(uint32_t h) {
-  return DT == HQ_F16 ? hq_f16_to_f32((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
+  return DT == HQ_F16 ? hq_f16_to_f32_anynan((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
 }
 
 /* max(|a|, |b|) of each 16-bit lane of two words of DT (HQ_BF16 or HQ_F16), two elements per

@@ -100,7 +100,7 @@ template <int DT> struct Raw {
       return hq_bits_f32(w[p][j]);
     } else {
       const uint16_t h = (uint16_t)(w[p][j >> 1] >> (16 * (j & 1)));
-      return DT == HQ_F16 ? hq_f16_to_f32(h) : hq_bf16_to_f32(h);
+      return hq_cuda_hp16_to_f32<DT>(h);
     }
   }
 };
