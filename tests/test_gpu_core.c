@@ -6,12 +6,13 @@
 **     CUDA graph; replaying the graph on new data equals a fresh quantize of that data;
 **   - calls restore the caller's current device (on a machine with two devices, a context on
 **     device 1 is used while device 0 is current);
-**   - FSDP extract/assign run on the device (transposes included) and match a full quantize.
+**   - FSDP extract/assign run on the device (transposes included) and match a full quantize;
+**   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern).
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
 
-#include "hq_test.h"
+#include "hq_gpu_test.h"
 
 #define CK(expr)                                                                              \
   do {                                                                                        \
@@ -429,6 +430,92 @@ static void test_offload_round_trip(void **state) {
 
 /* hq's memory pool: hq_device_trim hands the kept memory back (the driver's free memory grows
    by what hq freed), allocation works again afterwards, and a device out of range is refused. */
+/* The identity format's dtype conversions on the device (the core's conversion kernel) give the
+   CPU's bytes: for every source dtype, a quantize into every storage dtype and a dequantize of
+   it into every dtype. The 16-bit sources hold every one of the 65536 bit patterns (NaN
+   payloads, subnormals, Inf, -0); the FP32 source random bit patterns of every exponent plus
+   the BF16 and F16 rounding ties, their overflow boundaries, subnormals and NaNs with payloads.
+   Shapes of 65536 elements and of counts that are not multiples of 8 (the last n % 8 one by
+   one), sources and destinations 16-byte aligned or an element off (8 elements per thread with
+   16-byte accesses, or one by one). */
+static void fill_bits(hq_tensor *x, uint64_t seed) {
+  const int64_t n = x->rows * x->cols;
+  uint64_t s = seed;
+  if (x->dtype != HQ_F32) {
+    for (int64_t i = 0; i < n; i++)
+      ((uint16_t *)x->data)[i] = (uint16_t)(n == 65536 ? (uint64_t)i : hq_test_rand(&s));
+    return;
+  }
+  static const uint32_t special[] = {
+      0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, /* bf16 ties to even, either side */
+      0x7f7f8000u, 0x7f7fffffu, 0xff7f8000u,              /* bf16 overflow to Inf */
+      0x3f801000u, 0x3f803000u, 0x477ff000u, 0x477fefffu, /* f16 ties, 65520 -> Inf */
+      0x33000000u, 0x33000001u, 0x387fc000u, 0x38800000u, /* f16 subnormal ties, 2^-14 */
+      0x00000001u, 0x807fffffu, 0x80000000u, 0x7f800000u, /* f32 subnormals, -0, Inf */
+      0x7fc00001u, 0xffa5a5a5u, 0x7f800001u};             /* NaN payloads */
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t b = (uint32_t)hq_test_rand(&s);
+    if (i % 3 == 0) b = special[(i / 3) % (sizeof special / sizeof *special)];
+    memcpy((float *)x->data + i, &b, 4);
+  }
+}
+
+static void test_identity_conversions(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(
+      "[format d1]\nplugin = identity\ndtype = f32\n[role *:*:d1]\nrowwise = d1\n"
+      "[format d2]\nplugin = identity\ndtype = f16\n[role *:*:d2]\nrowwise = d2\n"
+      "[format d3]\nplugin = identity\ndtype = bf16\n[role *:*:d3]\nrowwise = d3\n");
+  static const char *roles[4] = {NULL, "a:b:d1", "a:b:d2", "a:b:d3"};
+  static const int64_t shapes[3][2] = {{256, 256}, {37, 53}, {3, 5}};
+  for (int st = HQ_F32; st <= HQ_BF16; st++)
+    for (int sh = 0; sh < 3; sh++)
+      for (int off = 0; off < 2; off++) {
+        const int64_t M = shapes[sh][0], K = shapes[sh][1];
+        const size_t es = hq_dtype_size((hq_dtype)st);
+        hq_tensor x = hq_test_empty((hq_dtype)st, M, K);
+        fill_bits(&x, 77 + sh);
+        const hq_tensor xg = hq_gpu_tensor_at(gpu, &x, off * es);
+        for (int dt = HQ_F32; dt <= HQ_BF16; dt++) {
+          char what[96];
+          snprintf(what, sizeof what, "identity %s -> %s, %lldx%lld, offset %d",
+                   hq_dtype_name((hq_dtype)st), hq_dtype_name((hq_dtype)dt), (long long)M,
+                   (long long)K, off);
+          hq_quantizer *q = hq_test_quantizer(r, roles[dt]);
+          HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
+          hq_qtensor *h = NULL, *g = NULL;
+          HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &h));
+          HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
+          hq_gpu_compare_dir(gpu, h, g, HQ_ROWWISE, what);
+          for (int ot = HQ_F32; ot <= HQ_BF16; ot++) { /* and back into every dtype */
+            const size_t os = hq_dtype_size((hq_dtype)ot), bytes = (size_t)(M * K) * os;
+            hq_tensor yh = hq_test_empty((hq_dtype)ot, M, K);
+            hq_tensor yg = hq_gpu_tensor_at(gpu, &yh, off * os);
+            HQ_OK_OR_FAIL(hq_dequantize(h, cpu, HQ_ROWWISE, &yh));
+            HQ_OK_OR_FAIL(hq_dequantize(g, gpu, HQ_ROWWISE, &yg));
+            uint8_t *back = malloc(bytes);
+            HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, yg.data, hq_ctx_device(gpu),
+                                        bytes));
+            HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+            for (size_t k = 0; k < bytes; k++)
+              if (back[k] != ((uint8_t *)yh.data)[k])
+                fail_msg("%s, dequantized to %s: byte %zu of %zu: cpu %02x gpu %02x", what,
+                         hq_dtype_name((hq_dtype)ot), k, bytes, ((uint8_t *)yh.data)[k],
+                         back[k]);
+            free(back);
+            free(yh.data);
+            hq_ctx_free(gpu, (char *)yg.data - off * os);
+          }
+          hq_qtensor_free(h);
+          hq_qtensor_free(g);
+          hq_quantizer_free(q);
+        }
+        hq_ctx_free(gpu, (char *)xg.data - off * es);
+        free(x.data);
+      }
+  hq_recipe_free(r);
+}
+
 static void test_pool_trim(void **state) {
   (void)state;
   void *p = NULL;
@@ -459,6 +546,7 @@ int main(void) {
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
       cmocka_unit_test(test_offload_round_trip),
+      cmocka_unit_test(test_identity_conversions),
       cmocka_unit_test(test_pool_trim),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -14,22 +14,70 @@ extern "C" int hqi_error(int code, const char *fmt, ...);
 
 namespace {
 
+/* Elements 8g..8g+7 of a 16-byte aligned src of dtype ST as FP32 (one or two 16-byte loads) */
+template <int ST> __device__ __forceinline__ void load8(const void *src, int64_t g, float v[8]) {
+  if (ST == HQ_F32) {
+    const float4 a = ((const float4 *)src)[2 * g], b = ((const float4 *)src)[2 * g + 1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 w = ((const uint4 *)src)[g];
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (int k = 0; k < 8; k++) {
+      const uint16_t h = (uint16_t)(u[k / 2] >> (16 * (k % 2)));
+      v[k] = ST == HQ_F16 ? hq_f16_to_f32(h) : hq_bf16_to_f32(h);
+    }
+  }
+}
+
+/* ... and stored into a 16-byte aligned dst of dtype DT, rounded as hq_store_hp rounds */
+template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, const float v[8]) {
+  if (DT == HQ_F32) {
+    ((float4 *)dst)[2 * g] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)dst)[2 * g + 1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t u[4];
+    for (int k = 0; k < 4; k++) {
+      const uint32_t lo = DT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
+      const uint32_t hi = DT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
+      u[k] = lo | hi << 16;
+    }
+    ((uint4 *)dst)[g] = make_uint4(u[0], u[1], u[2], u[3]);
+  }
+}
+
+/* n elements of src (dtype ST) into dst (dtype DT): with vec (both 16-byte aligned) 8 per thread
+   and step by 16-byte accesses, the n % 8 last ones (every one without vec) one by one. 16-bit
+   accesses one element per thread had taken 0.12 ms for 8192x8192 f16 -> bf16 on an H200, half
+   of the copy rate. */
 template <int ST, int DT>
-__global__ void convert_kernel(void *__restrict__ dst, const void *__restrict__ src, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    hq_store_hp(dst, i, DT, hq_load_hp(src, i, ST));
+__global__ void convert_kernel(void *__restrict__ dst, const void *__restrict__ src, int64_t n,
+                               int vec) {
+  const int64_t t0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t ng = n / 8;
+    for (int64_t g = t0; g < ng; g += stride) {
+      float v[8];
+      load8<ST>(src, g, v);
+      store8<DT>(dst, g, v);
+    }
+    done = ng * 8;
+  }
+  for (int64_t i = done + t0; i < n; i += stride) hq_store_hp(dst, i, DT, hq_load_hp(src, i, ST));
 }
 
 template <int ST>
 void launch(void *dst, int dt, const void *src, int64_t n, cudaStream_t stream) {
-  int64_t blocks = (n + 255) / 256;
+  const int vec = ((uintptr_t)dst % 16 == 0) && ((uintptr_t)src % 16 == 0);
+  int64_t blocks = ((vec ? n / 8 : n) + 255) / 256;
   if (blocks > 65536) blocks = 65536;
   if (blocks < 1) blocks = 1;
-  if (dt == HQ_F32) convert_kernel<ST, HQ_F32><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+  if (dt == HQ_F32)
+    convert_kernel<ST, HQ_F32><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
   else if (dt == HQ_F16)
-    convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
-  else convert_kernel<ST, HQ_BF16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n);
+    convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
+  else convert_kernel<ST, HQ_BF16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
 }
 
 /* dst[c * dld + r] = src[r * sld + c] for r < rows, c < cols, 32x32 tiles through shared memory. */
