@@ -46,9 +46,9 @@ template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, c
 }
 
 /* n elements of src (dtype ST) into dst (dtype DT): with vec (both 16-byte aligned) 8 per thread
-   and step by 16-byte accesses, the n % 8 last ones (every one without vec) one by one. 16-bit
-   accesses one element per thread had taken 0.12 ms for 8192x8192 f16 -> bf16 on an H200, half
-   of the copy rate. */
+   and step by 16-byte accesses, the n % 8 last ones (every one without vec) one by one (as every
+   element had been: H200, 8192x8192, interleaved, f32 -> bf16 86.0% -> 99.9% of copy, f32 ->
+   f16 54.5% -> 97.6%, f16 -> bf16 38.2% -> 76.4%, bf16 -> f32 86.5% -> 89.0%). */
 template <int ST, int DT>
 __global__ void convert_kernel(void *__restrict__ dst, const void *__restrict__ src, int64_t n,
                                int vec) {
