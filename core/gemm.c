@@ -680,6 +680,7 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
     return hqi_error(HQ_EINVAL, "%s: alpha = %g and beta = %g must be finite", p.what, alpha, beta);
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  const hqi_fpenv fe = hqi_fp_enter();
   if (p.path == HQ_GEMM_PATH_NATIVE) {
     hq_gemm_problem g;
     fill_problem(&p, &g, alpha, beta, 0);
@@ -705,6 +706,7 @@ int hq_gemm(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int transb, hq_
   } else {
     rc = gpu_gemm(ctx, &p, alpha, beta);
   }
+  hqi_fp_leave(fe);
   hqi_device_leave(saved);
   if (rc) return rc;
   hqi_log(ctx, 3, "%s: %s path, A %s %s x B %s %s, m=%lld n=%lld k=%lld%s%s", p.what,

@@ -51,8 +51,10 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   /* the write-back's source */
   hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
   if (ctx->device < 0) {
+    const hqi_fpenv fe = hqi_fp_enter();
     for (int64_t i = 0; i < n; i++)
       hq_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
+    hqi_fp_leave(fe);
     return qw ? hq_qtensor_update(qw, ctx, &w) : HQ_OK;
   }
   if (qw) {

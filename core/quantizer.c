@@ -557,8 +557,10 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
   int rc = call_state(qt, ctx, f, dirs, &call);
   if (rc) return rc;
   hq_clear_error();
+  const hqi_fpenv fe = hqi_fp_enter();
   rc = update && ops->update ? ops->update(f->cfg, &call, src, dirs, row, col)
                              : ops->quantize(f->cfg, &call, src, dirs, row, col);
+  hqi_fp_leave(fe);
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of [%lld, %lld] %s",
                             qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
@@ -573,7 +575,9 @@ static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, cons
   hq_call call;
   hqi_call_init(ctx, &call, 0, qt->offset);
   hq_clear_error();
+  const hqi_fpenv fe = hqi_fp_enter();
   int rc = f->plugin->ops.dequantize(f->cfg, &call, st, dst);
+  hqi_fp_leave(fe);
   if (rc) return call_prefix(rc, qt, f, dir, "dequantize");
   return HQ_OK;
 }
@@ -992,7 +996,9 @@ static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor 
   call.scratch = qt->scratch;
   call.scratch_bytes = qt->scratch_bytes;
   hq_clear_error();
+  const hqi_fpenv fe = hqi_fp_enter();
   int rc = f->plugin->ops.amax(f->cfg, &call, src, dirs, tmp ? tmp : out);
+  hqi_fp_leave(fe);
   if (rc) return call_prefix(rc, qt, f, dirs, "amax");
   for (int d = 0; d < 2 && tmp; d++)
     if (dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) {

@@ -187,6 +187,8 @@ int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, in
     if (n > 0) memcpy(dst, src, (size_t)n * hq_dtype_size((hq_dtype)dt));
     return HQ_OK;
   }
+  const hqi_fpenv fe = hqi_fp_enter();
   for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
+  hqi_fp_leave(fe);
   return HQ_OK;
 }

@@ -9,6 +9,9 @@
 ** through the public descriptions only (hq_storage_cbuf: the buffer stride is buf_size).
 */
 #include <math.h>
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
+#include <xmmintrin.h>
+#endif
 
 #include "hq_test.h"
 
@@ -935,6 +938,135 @@ static void test_allocator_hooks(void **state) {
   assert_int_not_equal(hq_ctx_create(&desc, &ctx), HQ_OK);
 }
 
+/* Everything hq computes on the host gives the same bytes when the caller's CPU flushes
+   subnormals (x86 MXCSR FTZ and DAZ, as a process linked with -ffast-math runs; x86 only): every
+   stock format's quantize of an FP32 input full of subnormals (whole blocks of them, and
+   blocks mixing them with normal values) and its dequantize, the identity format's F16
+   conversion, a CPU GEMM whose products are subnormal, and AdamW with subnormal gradients; and
+   the caller's mode is left as it was. */
+typedef struct flush_run {
+  uint8_t *bytes; /* every buffer of both directions, then both dequantized copies, D, AdamW */
+  size_t n;
+} flush_run;
+
+/* The inputs, made once with the CPU in IEEE mode (made under FTZ they would be flushed). */
+typedef struct flush_in {
+  hq_tensor x, a, b, g;
+  float w[64], m[64], v[64];
+} flush_in;
+
+static void flush_append(flush_run *r, const void *p, size_t n) {
+  r->bytes = realloc(r->bytes, r->n + n);
+  assert_non_null(r->bytes);
+  memcpy(r->bytes + r->n, p, n);
+  r->n += n;
+}
+
+static void flush_inputs(flush_in *in) {
+  const int64_t M = 64, K = 128;
+  in->x = hq_test_empty(HQ_F32, M, K);
+  uint64_t seed = 5;
+  for (int64_t i = 0; i < M * K; i++) {
+    const int64_t row = i / K;
+    const float u = hq_test_uniform(&seed);
+    /* rows 0-15 all subnormal, rows 16-31 subnormal beside one normal value per 16, the rest
+       normal values down to 2^-120 */
+    ((float *)in->x.data)[i] = row < 16   ? u * 0x1p-127f
+                               : row < 32 ? (i % 16 ? u * 0x1p-130f : u * 0x1p-100f)
+                                          : ldexpf(u, -(int)(i % 120));
+  }
+  /* a GEMM of values 2^-70 * u (every product subnormal); AdamW's gradients and moments
+     subnormal */
+  in->a = hq_test_empty(HQ_F32, 16, 32);
+  in->b = hq_test_empty(HQ_F32, 8, 32);
+  for (int i = 0; i < 16 * 32; i++) ((float *)in->a.data)[i] = hq_test_uniform(&seed) * 0x1p-70f;
+  for (int i = 0; i < 8 * 32; i++) ((float *)in->b.data)[i] = hq_test_uniform(&seed) * 0x1p-70f;
+  in->g = hq_test_empty(HQ_F32, 1, 64);
+  for (int i = 0; i < 64; i++) {
+    ((float *)in->g.data)[i] = hq_test_uniform(&seed) * 0x1p-130f;
+    in->w[i] = 1.0f + (float)i, in->m[i] = 0x1p-128f, in->v[i] = 0x1p-140f;
+  }
+}
+
+/* hq's computations only (no FP arithmetic of the test's own): their bytes appended to r */
+static void flush_compute(hq_recipe *rec, const char *const *roles, size_t nroles,
+                          const flush_in *in, flush_run *r) {
+  hq_ctx *ctx = host_ctx();
+  const int64_t M = in->x.rows, K = in->x.cols;
+  for (size_t k = 0; k < nroles; k++) {
+    hq_quantizer *q = hq_test_quantizer(rec, roles[k]);
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &in->x, &qt));
+    for (uint32_t d = HQ_ROWWISE; d <= HQ_COLWISE; d++) {
+      const hq_storage *st = hq_qtensor_storage(qt, d);
+      for (uint32_t b = 0; st && b < st->nbuf; b++)
+        flush_append(r, hq_storage_cbuf(st, b)->ptr, hq_storage_cbuf(st, b)->bytes);
+      hq_tensor y = hq_test_empty(HQ_F32, M, K);
+      HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, d, &y));
+      flush_append(r, y.data, (size_t)(M * K) * 4);
+      free(y.data);
+    }
+    hq_qtensor_free(qt);
+    hq_quantizer_free(q);
+  }
+  hq_tensor dd = hq_test_empty(HQ_F32, 8, 16);
+  HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_hp(&in->a), 1, hq_operand_hp(&in->b), 0, &dd, 1.0f, 0.0f,
+                        NULL, NULL));
+  flush_append(r, dd.data, 8 * 16 * 4);
+  free(dd.data);
+  float w[64], m[64], v[64];
+  memcpy(w, in->w, sizeof w);
+  memcpy(m, in->m, sizeof m);
+  memcpy(v, in->v, sizeof v);
+  hq_adam ad = {sizeof ad, 1e-3f, 0.9f, 0.999f, 0x1p-130f, 0.0f, 3};
+  HQ_OK_OR_FAIL(hq_adam_step(ctx, &ad, &in->g, w, m, v, NULL));
+  flush_append(r, w, sizeof w);
+  flush_append(r, m, sizeof m);
+  flush_append(r, v, sizeof v);
+  hq_ctx_destroy(ctx);
+}
+
+static void test_host_flush_mode(void **state) {
+  (void)state;
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
+  hq_recipe *rec = hq_test_recipe(
+      "[format f8]\nplugin = fp8_tensor\n[format mx]\nplugin = mxfp8\n"
+      "[format nv]\nplugin = nvfp4\n[format nvs]\nplugin = nvfp4\nstochastic_rounding = true\n"
+      "[format nvr]\nplugin = nvfp4\nrht = true\n[format fb]\nplugin = fp8_block\n"
+      "[format fb2]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
+      "[format h16]\nplugin = identity\ndtype = f16\n"
+      "[role *:*:f8]\nrowwise = f8\ncolumnwise = f8\n[role *:*:mx]\nrowwise = mx\ncolumnwise = mx\n"
+      "[role *:*:nv]\nrowwise = nv\ncolumnwise = nvr\n[role *:*:nvs]\nrowwise = nvs\ncolumnwise = nvs\n"
+      "[role *:*:fb]\nrowwise = fb\ncolumnwise = fb2\n[role *:*:h16]\nrowwise = h16\ncolumnwise = h16\n");
+  static const char *const roles[] = {"a:b:f8", "a:b:mx", "a:b:nv", "a:b:nvs", "a:b:fb", "a:b:h16"};
+  const size_t nroles = sizeof roles / sizeof roles[0];
+  flush_in in;
+  flush_inputs(&in);
+  flush_run ieee = {NULL, 0}, flushing = {NULL, 0};
+  flush_compute(rec, roles, nroles, &in, &ieee);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u); /* FTZ, DAZ */
+  flush_compute(rec, roles, nroles, &in, &flushing);
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(csr);
+  assert_int_equal(after & 0x8040u, 0x8040u); /* the caller's mode left as it was */
+  assert_int_equal(flushing.n, ieee.n);
+  for (size_t i = 0; i < ieee.n; i++)
+    if (flushing.bytes[i] != ieee.bytes[i])
+      fail_msg("with FTZ/DAZ set by the caller, byte %zu of %zu differs: %02x, IEEE %02x", i, ieee.n,
+               flushing.bytes[i], ieee.bytes[i]);
+  free(ieee.bytes);
+  free(flushing.bytes);
+  free(in.x.data);
+  free(in.a.data);
+  free(in.b.data);
+  free(in.g.data);
+  hq_recipe_free(rec);
+#else
+  skip();
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_equal_format_hybrid_every_plugin),
@@ -945,6 +1077,7 @@ int main(void) {
       cmocka_unit_test(test_save_restore_descriptors),
       cmocka_unit_test(test_save_after_unshare),
       cmocka_unit_test(test_plugin_save_order),
+      cmocka_unit_test(test_host_flush_mode),
       cmocka_unit_test(test_lifetimes),
       cmocka_unit_test(test_allocator_hooks),
   };

@@ -8,6 +8,9 @@
 */
 #include <float.h>
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "hq_test.h"
 #include "fp8_ref.h"
@@ -142,6 +145,34 @@ static void test_fp8_random_vs_bruteforce(void **state) {
 
 static double f16_ref(unsigned c) { return ref_decode(c, 5, 10, 15, 1); }
 
+/* hq_f16_to_f32 gives the same bits for every pattern when the CPU flushes subnormal operands
+   and results (MXCSR DAZ and FTZ, as a process linked with -ffast-math runs): a subnormal half
+   must not go through a subnormal FP32. x86 only (skipped elsewhere). */
+static void test_f16_flushing_cpu(void **state) {
+  (void)state;
+#if defined(__x86_64__) || defined(__i386__)
+  static uint32_t want[65536];
+  for (unsigned c = 0; c < 65536; c++) {
+    const float f = hq_f16_to_f32((uint16_t)c);
+    memcpy(&want[c], &f, 4);
+  }
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
+  unsigned bad = 0, first = 0;
+  for (unsigned c = 0; c < 65536; c++) {
+    volatile uint16_t h = (uint16_t)c;
+    const float f = hq_f16_to_f32(h);
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if (b != want[c] && !bad++) first = c;
+  }
+  _mm_setcsr(csr);
+  if (bad) fail_msg("%u patterns differ with DAZ/FTZ, the first 0x%04x", bad, first);
+#else
+  skip();
+#endif
+}
+
 static void test_f16_bf16(void **state) {
   (void)state;
   for (unsigned c = 0; c < 65536; c++) {
@@ -255,6 +286,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_saturation_nan_zero),
       cmocka_unit_test(test_fp8_random_vs_bruteforce),
       cmocka_unit_test(test_f16_bf16),
+      cmocka_unit_test(test_f16_flushing_cpu),
       cmocka_unit_test(test_fp8_dtype_selectors),
       cmocka_unit_test(test_scale_from_amax),
   };

@@ -129,17 +129,31 @@ HQ_HD uint16_t hq_f32_to_bf16(float x) {
 }
 
 /* Exact; Inf and NaN keep their sign and payload (the mantissa bits move up 13 places). With
-   no branch, for the kernels that convert every element of a 16-bit input: the exponent and
-   mantissa bits a, shifted into an FP32's places, are the value times 2^-112 (a subnormal FP32
-   for a subnormal half: m * 2^-136), so one multiply by 2^112 rebiases it exactly (the FP32
-   multiply keeps subnormal operands: never built with flush-to-zero); exponent 31 (Inf, NaN)
-   takes the FP32 exponent 255 instead. (A branch per case had cost the F16 kernels a divergent
+   no branch, for the kernels that convert every element of a 16-bit input: a half's exponent
+   and mantissa bits a, shifted into an FP32's places, are its value times 2^-112; exponent 31
+   (Inf, NaN) takes the FP32 exponent 255. On the host a normal half takes the biases'
+   difference (112) in one integer add and a subnormal one, m * 2^-24, is (0.5 + m * 2^-24) -
+   0.5, an FP32 subtraction of normal numbers, so the result stays exact where the calling
+   process flushes subnormals (DAZ/FTZ; the core also clears those bits around its host work,
+   docs/embedding.md). On a GPU, whose hq kernels are never built to flush, one multiply by 2^112
+   rebiases both at once (H100, the identity conversion f16 -> bf16: 95.2% of copy, against
+   91.3-91.7% with the host's form). (A branch per case had cost the F16 kernels a divergent
    path per element: H200, 8192x8192 f16, nvfp4 both directions 27.9% -> 43.7% of copy,
-   fp8_tensor 48.5% -> 79.4%, identity f16 -> f32 54% -> 92%, with the kernels of the time.) */
+   fp8_tensor 48.5% -> 79.4%, identity f16 -> f32 54% -> 92%, with the kernels of the time.)
+   tests/test_numerics_fp8.c checks every pattern, also with the CPU flushing subnormals;
+   tests/test_gpu_core.c the GPU's against the host's on every pattern. */
 HQ_HD float hq_f16_to_f32(uint16_t h) {
   const uint32_t a = (uint32_t)(h & 0x7fffu) << 13;
-  const uint32_t v = hq_f32_bits(hq_mul_rn(hq_bits_f32(a), 0x1p112f));
-  return hq_bits_f32(((uint32_t)(h & 0x8000u) << 16) | (a >= 0x0f800000u ? a | 0x7f800000u : v));
+#if defined(__CUDA_ARCH__)
+  const uint32_t r = a >= 0x0f800000u ? a | 0x7f800000u
+                                      : hq_f32_bits(hq_mul_rn(hq_bits_f32(a), 0x1p112f));
+#else
+  const float sub = hq_add_rn(hq_bits_f32(0x3f000000u | (h & 0x3ffu)), -0.5f);
+  const uint32_t r = a < 0x00800000u   ? hq_f32_bits(sub)
+                     : a >= 0x0f800000u ? a | 0x7f800000u
+                                        : a + 0x38000000u;
+#endif
+  return hq_bits_f32(((uint32_t)(h & 0x8000u) << 16) | r);
 }
 
 /* hq_f16_to_f32 for a reader that never looks at a NaN's bits: the same FP32 for every h that
