@@ -61,23 +61,25 @@ int hqi_check_shape(int64_t rows, int64_t cols, const char *what);
 int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, int st, int64_t n);
 
 // --- the host's floating-point mode ---------------------------------------------------------
-/* hq's host arithmetic is IEEE binary32 with subnormals: the formats' rules (and the bytes the CPU
-   path must share with the GPU's) need them. A process may flush them -- x86's MXCSR FTZ and DAZ
-   bits, which code linked with -ffast-math or -Ofast sets at start-up, or a framework's "flush
-   denormal" switch; AArch64's FPCR.FZ -- and would then change hq's CPU results silently. Every
-   host computation of the core (the plugins' operations on a host context, the CPU GEMM, AdamW,
-   the conversions) runs between hqi_fp_enter(), which clears those bits where they are set, and
-   hqi_fp_leave(), which puts the caller's mode back. */
+/* hq's host arithmetic is IEEE binary32 with subnormals and rounding to nearest: the formats'
+   rules (and the bytes the CPU path must share with the GPU's) need both. A process may flush
+   subnormals -- x86's MXCSR FTZ and DAZ bits, which code linked with -ffast-math or -Ofast sets
+   at start-up, or a framework's "flush denormal" switch; AArch64's FPCR.FZ -- or round another
+   way (fesetround), and would then change hq's CPU results silently. Every host computation of
+   the core (the plugins' operations on a host context, the CPU GEMM, AdamW, the conversions)
+   runs between hqi_fp_enter(), which clears those bits (MXCSR FTZ, DAZ and RC; FPCR FZ and
+   RMode) where they are set, and hqi_fp_leave(), which puts the caller's mode back. */
 typedef struct hqi_fpenv {
   unsigned long long saved;
   int changed;
 } hqi_fpenv;
 #if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
 #include <xmmintrin.h>
+#define HQI_FP_BITS 0xe040u /* FTZ (bit 15), RC (bits 13-14), DAZ (bit 6) */
 static inline hqi_fpenv hqi_fp_enter(void) {
   hqi_fpenv e = {_mm_getcsr(), 0};
-  if (e.saved & 0x8040u) { /* FTZ (bit 15), DAZ (bit 6) */
-    _mm_setcsr((unsigned)e.saved & ~0x8040u);
+  if (e.saved & HQI_FP_BITS) {
+    _mm_setcsr((unsigned)e.saved & ~HQI_FP_BITS);
     e.changed = 1;
   }
   return e;
@@ -86,12 +88,13 @@ static inline void hqi_fp_leave(hqi_fpenv e) {
   if (e.changed) _mm_setcsr((unsigned)e.saved);
 }
 #elif defined(__aarch64__)
+#define HQI_FP_BITS ((1ull << 24) | (3ull << 22)) /* FZ, RMode */
 static inline hqi_fpenv hqi_fp_enter(void) {
   unsigned long long fpcr;
   __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
   hqi_fpenv e = {fpcr, 0};
-  if (fpcr & (1ull << 24)) { /* FZ */
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr & ~(1ull << 24)) : "memory");
+  if (fpcr & HQI_FP_BITS) {
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr & ~HQI_FP_BITS) : "memory");
     e.changed = 1;
   }
   return e;

@@ -939,7 +939,8 @@ static void test_allocator_hooks(void **state) {
 }
 
 /* Everything hq computes on the host gives the same bytes when the caller's CPU flushes
-   subnormals (x86 MXCSR FTZ and DAZ, as a process linked with -ffast-math runs; x86 only): every
+   subnormals (x86 MXCSR FTZ and DAZ, as a process linked with -ffast-math runs) or rounds
+   another way (fesetround; x86 only): every
    stock format's quantize of an FP32 input full of subnormals (whole blocks of them, and
    blocks mixing them with normal values) and its dequantize, the identity format's F16
    conversion, a CPU GEMM whose products are subnormal, and AdamW with subnormal gradients; and
@@ -1042,21 +1043,26 @@ static void test_host_flush_mode(void **state) {
   const size_t nroles = sizeof roles / sizeof roles[0];
   flush_in in;
   flush_inputs(&in);
-  flush_run ieee = {NULL, 0}, flushing = {NULL, 0};
+  flush_run ieee = {NULL, 0};
   flush_compute(rec, roles, nroles, &in, &ieee);
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u); /* FTZ, DAZ */
-  flush_compute(rec, roles, nroles, &in, &flushing);
-  const unsigned after = _mm_getcsr();
-  _mm_setcsr(csr);
-  assert_int_equal(after & 0x8040u, 0x8040u); /* the caller's mode left as it was */
-  assert_int_equal(flushing.n, ieee.n);
-  for (size_t i = 0; i < ieee.n; i++)
-    if (flushing.bytes[i] != ieee.bytes[i])
-      fail_msg("with FTZ/DAZ set by the caller, byte %zu of %zu differs: %02x, IEEE %02x", i, ieee.n,
-               flushing.bytes[i], ieee.bytes[i]);
+  /* the caller's modes: FTZ and DAZ; rounding toward zero; upward with FTZ */
+  static const unsigned modes[3] = {0x8040u, 0x6000u, 0x4000u | 0x8000u};
+  for (int md = 0; md < 3; md++) {
+    flush_run other = {NULL, 0};
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr & ~0xe040u) | modes[md]);
+    flush_compute(rec, roles, nroles, &in, &other);
+    const unsigned after = _mm_getcsr();
+    _mm_setcsr(csr);
+    assert_int_equal(after & 0xe040u, modes[md]); /* the caller's mode left as it was */
+    assert_int_equal(other.n, ieee.n);
+    for (size_t i = 0; i < ieee.n; i++)
+      if (other.bytes[i] != ieee.bytes[i])
+        fail_msg("with MXCSR mode 0x%04x set by the caller, byte %zu of %zu differs: %02x, IEEE "
+                 "%02x", modes[md], i, ieee.n, other.bytes[i], ieee.bytes[i]);
+    free(other.bytes);
+  }
   free(ieee.bytes);
-  free(flushing.bytes);
   free(in.x.data);
   free(in.a.data);
   free(in.b.data);

@@ -17,9 +17,10 @@
 **     failure on this thread is hq_last_error(); it names the object and the cause (and
 **     file:line for recipes). Nothing in libhqcore aborts or exits the process.
 **   - Objects are not thread-safe; distinct objects may be used from distinct threads.
-**   - Host arithmetic is IEEE with subnormals whatever the caller's mode: a computing call
-**     clears the thread's flush-to-zero bits (x86 MXCSR FTZ/DAZ, AArch64 FPCR.FZ) for its
-**     duration and restores them (docs/embedding.md, section 13).
+**   - Host arithmetic is IEEE (subnormals, round to nearest) whatever the caller's mode: a
+**     computing call clears the thread's flush-to-zero and rounding bits (x86 MXCSR FTZ, DAZ,
+**     RC; AArch64 FPCR.FZ, RMode) for its duration and restores them (docs/embedding.md,
+**     section 13).
 **   - Lifetimes: a quantizer and a qtensor keep the formats they use alive (the recipe may be
 **     freed first); a qtensor must be freed before the hq_ctx it was made with.
 **   - Versioned structs: every struct the caller fills starts with struct_size (set it to
