@@ -37,7 +37,8 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     return hqi_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the gradient "
                      "[%lld, %lld]", (long long)hq_qtensor_rows(qw),
                      (long long)hq_qtensor_cols(qw), (long long)g.rows, (long long)g.cols);
-  hq_adam_consts k;
+  hq_adam_consts k; /* made in hq's floating-point mode too: the device step uses them */
+  const hqi_fpenv fk = hqi_fp_enter();
   k.lr = a.lr;
   k.b1 = a.beta1;
   k.b2 = a.beta2;
@@ -47,6 +48,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   k.one_minus_b2 = 1.0f - a.beta2;
   k.c1 = (float)(1.0 / (1.0 - pow((double)a.beta1, (double)a.step)));
   k.c2 = (float)(1.0 / (1.0 - pow((double)a.beta2, (double)a.step)));
+  hqi_fp_leave(fk);
   const int64_t n = g.rows * g.cols;
   /* the write-back's source */
   hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
