@@ -66,8 +66,8 @@ int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, in
    subnormals -- x86's MXCSR FTZ and DAZ bits, which code linked with -ffast-math or -Ofast sets
    at start-up, or a framework's "flush denormal" switch; AArch64's FPCR.FZ -- or round another
    way (fesetround), and would then change hq's CPU results silently. Every host computation of
-   the core (the plugins' operations on a host context, the CPU GEMM, AdamW, the conversions)
-   runs between hqi_fp_enter(), which clears those bits (MXCSR FTZ, DAZ and RC; FPCR FZ and
+   the core (the plugins' operations on a host context, their configure, init_state and
+   update_state, the CPU GEMM, AdamW and its constants, the conversions) runs between hqi_fp_enter(), which clears those bits (MXCSR FTZ, DAZ and RC; FPCR FZ and
    RMode) where they are set, and hqi_fp_leave(), which puts the caller's mode back. */
 typedef struct hqi_fpenv {
   unsigned long long saved;

@@ -169,7 +169,9 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
     }
   }
   hq_clear_error();
+  const hqi_fpenv fe = hqi_fp_enter(); /* constants a module derives from its options */
   int rc = ops->configure(f->cfg, f->vals, &hqi_host_api);
+  hqi_fp_leave(fe);
   if (rc) {
     const char *msg = hq_last_error();
     char copy[512];

@@ -290,7 +290,9 @@ static int materialize(hq_state *st) {
         img[s->amax_index] = old[s->buf_amax];
         memcpy(img + s->offset, old + s->buf_offset, s->floats * sizeof(float));
       } else if (s->fmt->plugin->ops.init_state) {
+        const hqi_fpenv fe = hqi_fp_enter();
         s->fmt->plugin->ops.init_state(s->fmt->cfg, s->dirs, img + s->offset);
+        hqi_fp_leave(fe);
       }
     }
     dev = hqi_ctx_alloc_raw(ctx, bytes);
@@ -378,8 +380,10 @@ int hq_state_update(hq_state *st, hq_ctx *ctx) {
     hq_call call;
     hqi_call_init(ctx, &call, HQ_CALL_UPDATE, ctx->offset);
     hq_clear_error();
+    const hqi_fpenv fe = hqi_fp_enter();
     rc = f->plugin->ops.update_state(f->cfg, &call, gr->dirs, (int64_t)gr->n, st->buf + gr->amax0,
                                      st->buf + gr->state0);
+    hqi_fp_leave(fe);
     if (rc)
       hqi_error_prefix(rc, "hq_state_update: %s format '%s' (plugin %s), %zu slice%s",
                        dirs_name(gr->dirs), f->name, f->plugin->ops.name, gr->n,
