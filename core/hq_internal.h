@@ -67,48 +67,39 @@ int hqi_convert(int device, void *stream, void *dst, int dt, const void *src, in
    at start-up, or a framework's "flush denormal" switch; AArch64's FPCR.FZ -- or round another
    way (fesetround), and would then change hq's CPU results silently. Every host computation of
    the core (the plugins' operations on a host context, their configure, init_state and
-   update_state, the CPU GEMM, AdamW and its constants, the conversions) runs between hqi_fp_enter(), which clears those bits (MXCSR FTZ, DAZ and RC; FPCR FZ and
-   RMode) where they are set, and hqi_fp_leave(), which puts the caller's mode back. */
-typedef struct hqi_fpenv {
-  unsigned long long saved;
-  int changed;
-} hqi_fpenv;
+   update_state, the CPU GEMM, AdamW and its constants, the conversions) runs between
+   hqi_fp_enter(), which clears those bits (HQI_FP_BITS: MXCSR FTZ, DAZ and RC; FPCR FZ and
+   RMode) where they are set and returns the caller's mode, and hqi_fp_leave(), which puts it
+   back. */
+typedef unsigned long long hqi_fpenv; /* the caller's MXCSR / FPCR */
 #if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
 #include <xmmintrin.h>
-#define HQI_FP_BITS 0xe040u /* FTZ (bit 15), RC (bits 13-14), DAZ (bit 6) */
-static inline hqi_fpenv hqi_fp_enter(void) {
-  hqi_fpenv e = {_mm_getcsr(), 0};
-  if (e.saved & HQI_FP_BITS) {
-    _mm_setcsr((unsigned)e.saved & ~HQI_FP_BITS);
-    e.changed = 1;
-  }
-  return e;
-}
-static inline void hqi_fp_leave(hqi_fpenv e) {
-  if (e.changed) _mm_setcsr((unsigned)e.saved);
-}
+#define HQI_FP_BITS 0xe040ull /* FTZ (bit 15), RC (bits 13-14), DAZ (bit 6) */
+static inline hqi_fpenv hqi_fp_get(void) { return _mm_getcsr(); }
+static inline void hqi_fp_set(hqi_fpenv m) { _mm_setcsr((unsigned)m); }
 #elif defined(__aarch64__)
 #define HQI_FP_BITS ((1ull << 24) | (3ull << 22)) /* FZ, RMode */
-static inline hqi_fpenv hqi_fp_enter(void) {
-  unsigned long long fpcr;
-  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
-  hqi_fpenv e = {fpcr, 0};
-  if (fpcr & HQI_FP_BITS) {
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr & ~HQI_FP_BITS) : "memory");
-    e.changed = 1;
-  }
-  return e;
+static inline hqi_fpenv hqi_fp_get(void) {
+  hqi_fpenv m;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(m));
+  return m;
 }
-static inline void hqi_fp_leave(hqi_fpenv e) {
-  if (e.changed) __asm__ __volatile__("msr fpcr, %0" : : "r"(e.saved) : "memory");
+static inline void hqi_fp_set(hqi_fpenv m) {
+  __asm__ __volatile__("msr fpcr, %0" : : "r"(m) : "memory");
 }
 #else
-static inline hqi_fpenv hqi_fp_enter(void) {
-  hqi_fpenv e = {0, 0};
-  return e;
-}
-static inline void hqi_fp_leave(hqi_fpenv e) { (void)e; }
+#define HQI_FP_BITS 0ull
+static inline hqi_fpenv hqi_fp_get(void) { return 0; }
+static inline void hqi_fp_set(hqi_fpenv m) { (void)m; }
 #endif
+static inline hqi_fpenv hqi_fp_enter(void) {
+  const hqi_fpenv m = hqi_fp_get();
+  if (m & HQI_FP_BITS) hqi_fp_set(m & ~HQI_FP_BITS);
+  return m;
+}
+static inline void hqi_fp_leave(hqi_fpenv m) {
+  if (m & HQI_FP_BITS) hqi_fp_set(m);
+}
 
 // --- devices (device.c) --------------------------------------------------------------------
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
