@@ -1257,31 +1257,15 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       if (kRow) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-          float m;
-          if (kPacked) {
-            uint32_t w[8];
-            row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
-            m = hq_cuda_words_amax<DT, 8>(w);
-          } else {
-            float v[16];
-            row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
-            m = hq_nvfp4_amax(v, 16);
-          }
-          tba[j] = tile_max<16>(m);
+          uint32_t w[8];
+          row_words<DT, TK>(sm, r, 32 * p + 16 * j, w);
+          tba[j] = tile_max<16>(hq_cuda_words_amax<DT, 8>(w));
         }
       }
       if (kCol) {
-        float m;
-        if (kPacked) {
-          uint32_t xw[16];
-          colpair_words<DT, TK>(sm, 16 * rb, c, xw);
-          m = hq_cuda_words_amax<DT, 16>(xw);
-        } else {
-          float f0[16], f1[16];
-          colpair_f32<DT, TK>(sm, 16 * rb, c, f0, f1);
-          m = fmaxf(hq_nvfp4_amax(f0, 16), hq_nvfp4_amax(f1, 16));
-        }
-        tba[2] = tba[3] = tile_max<8>(m);
+        uint32_t xw[16];
+        colpair_words<DT, TK>(sm, 16 * rb, c, xw);
+        tba[2] = tba[3] = tile_max<8>(hq_cuda_words_amax<DT, 16>(xw));
       }
     }
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
