@@ -1036,10 +1036,14 @@ static void test_host_flush_mode(void **state) {
       "[format nvr]\nplugin = nvfp4\nrht = true\n[format fb]\nplugin = fp8_block\n"
       "[format fb2]\nplugin = fp8_block\nblock = 2d\npower_2_scales = false\n"
       "[format h16]\nplugin = identity\ndtype = f16\n"
-      "[role *:*:f8]\nrowwise = f8\ncolumnwise = f8\n[role *:*:mx]\nrowwise = mx\ncolumnwise = mx\n"
-      "[role *:*:nv]\nrowwise = nv\ncolumnwise = nvr\n[role *:*:nvs]\nrowwise = nvs\ncolumnwise = nvs\n"
-      "[role *:*:fb]\nrowwise = fb\ncolumnwise = fb2\n[role *:*:h16]\nrowwise = h16\ncolumnwise = h16\n");
-  static const char *const roles[] = {"a:b:f8", "a:b:mx", "a:b:nv", "a:b:nvs", "a:b:fb", "a:b:h16"};
+      "[role *:*:f8]\nrowwise = f8\ncolumnwise = f8\n"
+      "[role *:*:mx]\nrowwise = mx\ncolumnwise = mx\n"
+      "[role *:*:nv]\nrowwise = nv\ncolumnwise = nvr\n"
+      "[role *:*:nvs]\nrowwise = nvs\ncolumnwise = nvs\n"
+      "[role *:*:fb]\nrowwise = fb\ncolumnwise = fb2\n"
+      "[role *:*:h16]\nrowwise = h16\ncolumnwise = h16\n");
+  static const char *const roles[] = {"a:b:f8", "a:b:mx",  "a:b:nv",
+                                      "a:b:nvs", "a:b:fb", "a:b:h16"};
   const size_t nroles = sizeof roles / sizeof roles[0];
   flush_in in;
   flush_inputs(&in);
