@@ -14,15 +14,26 @@ extern "C" int hqi_error(int code, const char *fmt, ...);
 
 namespace {
 
-/* Elements 8g..8g+7 of a 16-byte aligned src of dtype ST as FP32 (one or two 16-byte loads) */
-template <int ST> __device__ __forceinline__ void load8(const void *src, int64_t g, float v[8]) {
+/* Elements 8g..8g+7 of a 16-byte aligned src of dtype ST: their raw bytes (one 16-byte load, or
+   two for FP32), then as FP32 */
+struct Raw8 {
+  uint4 a, b;
+};
+template <int ST> __device__ __forceinline__ Raw8 load8_raw(const void *src, int64_t g) {
+  Raw8 r;
   if (ST == HQ_F32) {
-    const float4 a = ((const float4 *)src)[2 * g], b = ((const float4 *)src)[2 * g + 1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    r.a = ((const uint4 *)src)[2 * g], r.b = ((const uint4 *)src)[2 * g + 1];
   } else {
-    const uint4 w = ((const uint4 *)src)[g];
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    for (int k = 0; k < 8; k++) {
+    r.a = ((const uint4 *)src)[g], r.b = make_uint4(0u, 0u, 0u, 0u);
+  }
+  return r;
+}
+template <int ST> __device__ __forceinline__ void raw8_f32(const Raw8 &r, float v[8]) {
+  const uint32_t u[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+  for (int k = 0; k < 8; k++) {
+    if (ST == HQ_F32) {
+      v[k] = hq_bits_f32(u[k]);
+    } else {
       const uint16_t h = (uint16_t)(u[k / 2] >> (16 * (k % 2)));
       v[k] = ST == HQ_F16 ? hq_f16_to_f32(h) : hq_bf16_to_f32(h);
     }
@@ -45,39 +56,65 @@ template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, c
   }
 }
 
-/* n elements of src (dtype ST) into dst (dtype DT): with vec (both 16-byte aligned) 8 per thread
-   and step by 16-byte accesses, the n % 8 last ones (every one without vec) one by one (as every
-   element had been: H200, 8192x8192, interleaved, f32 -> bf16 86.0% -> 99.9% of copy, f32 ->
-   f16 54.5% -> 97.6%, f16 -> bf16 38.2% -> 76.4%, bf16 -> f32 86.5% -> 89.0%). */
+/* n elements of src (dtype ST) into dst (dtype DT): with vec (both 16-byte aligned) by groups of
+   8 elements and 16-byte accesses, the n % 8 last ones (every one without vec) one by one (as
+   every element had been: H200, 8192x8192, interleaved, f32 -> bf16 86.0% -> 99.9% of copy, f32
+   -> f16 54.5% -> 97.6%, f16 -> bf16 38.2% -> 76.4%, bf16 -> f32 86.5% -> 89.0%). A thread takes
+   kConvertGroups groups a grid stride apart, every group's load issued before any conversion:
+   two between 16-bit dtypes, whose one 16-byte load per thread left too few bytes in flight
+   (H200, interleaved: f16 -> bf16 76.0-76.4% -> 85.4-85.6% of copy, bf16 -> f16 78.8-78.9% ->
+   88.2-88.5%; H100 unchanged, 95.1-96.2% either way), one otherwise (two measured bf16 -> f32 88.8-89.1% -> 93.0-93.2% but f16 -> f32
+   90.3% -> 64.7%; four slower for every pair; the groups of a thread adjacent instead of a grid
+   stride apart slower for every pair: f16 -> f32 49%, bf16 -> f16 71%). */
+template <int ST, int DT>
+constexpr int kConvertGroups = ST != HQ_F32 && DT != HQ_F32 ? 2 : 1;
 template <int ST, int DT>
 __global__ void convert_kernel(void *__restrict__ dst, const void *__restrict__ src, int64_t n,
                                int vec) {
+  constexpr int G = kConvertGroups<ST, DT>;
   const int64_t t0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   int64_t done = 0;
   if (vec) {
     const int64_t ng = n / 8;
-    for (int64_t g = t0; g < ng; g += stride) {
+    for (int64_t g = t0; g < ng; g += G * stride) {
+      Raw8 r[G];
       float v[8];
-      load8<ST>(src, g, v);
-      store8<DT>(dst, g, v);
+      const int nj = g + (G - 1) * stride < ng ? G : (int)((ng - 1 - g) / stride) + 1;
+      if (nj == G) {
+#pragma unroll
+        for (int j = 0; j < G; j++) r[j] = load8_raw<ST>(src, g + j * stride);
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+          raw8_f32<ST>(r[j], v);
+          store8<DT>(dst, g + j * stride, v);
+        }
+      } else {
+        for (int j = 0; j < nj; j++) {
+          raw8_f32<ST>(load8_raw<ST>(src, g + j * stride), v);
+          store8<DT>(dst, g + j * stride, v);
+        }
+      }
     }
     done = ng * 8;
   }
   for (int64_t i = done + t0; i < n; i += stride) hq_store_hp(dst, i, DT, hq_load_hp(src, i, ST));
 }
 
-template <int ST>
-void launch(void *dst, int dt, const void *src, int64_t n, cudaStream_t stream) {
+template <int ST, int DT>
+void launch_convert(void *dst, const void *src, int64_t n, cudaStream_t stream) {
   const int vec = ((uintptr_t)dst % 16 == 0) && ((uintptr_t)src % 16 == 0);
-  int64_t blocks = ((vec ? n / 8 : n) + 255) / 256;
+  int64_t blocks = ((vec ? n / (8 * kConvertGroups<ST, DT>) : n) + 255) / 256;
   if (blocks > 65536) blocks = 65536;
   if (blocks < 1) blocks = 1;
-  if (dt == HQ_F32)
-    convert_kernel<ST, HQ_F32><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
-  else if (dt == HQ_F16)
-    convert_kernel<ST, HQ_F16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
-  else convert_kernel<ST, HQ_BF16><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
+  convert_kernel<ST, DT><<<(unsigned)blocks, 256, 0, stream>>>(dst, src, n, vec);
+}
+
+template <int ST>
+void launch(void *dst, int dt, const void *src, int64_t n, cudaStream_t stream) {
+  if (dt == HQ_F32) launch_convert<ST, HQ_F32>(dst, src, n, stream);
+  else if (dt == HQ_F16) launch_convert<ST, HQ_F16>(dst, src, n, stream);
+  else launch_convert<ST, HQ_BF16>(dst, src, n, stream);
 }
 
 /* dst[c * dld + r] = src[r * sld + c] for r < rows, c < cols, 32x32 tiles through shared memory. */
