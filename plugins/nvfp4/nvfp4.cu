@@ -466,6 +466,12 @@ template <int LANES> __device__ __forceinline__ float tile_max(float m) {
   for (int o = 1; o < LANES; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
+/* the same with NaN propagated (max_nan): NaN when a lane of the group holds one */
+template <int LANES> __device__ __forceinline__ float tile_max_nan(float m) {
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
 
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
    elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
@@ -1116,7 +1122,7 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
   }
 }
 
-template <int DT, bool RHT, bool SR, int DIRS>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a) {
@@ -1159,9 +1165,13 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
   }
   const float cm4 = hq_mul_rn(cm, 0.25f); /* rht: cm for the unscaled amaxes (block_heads2) */
-  /* block_2d (the configuration refuses it with rht or stochastic rounding: no code for it in
-     those kernels) */
-  const bool b2d = !RHT && !SR && a.b2d;
+  /* block_2d, a kernel of its own (the configuration refuses it with rht or stochastic
+     rounding: no code for it in those kernels), where it had been a flag of the plain kernel:
+     H200, both directions, given amax, interleaved, two pairs: block_2d 61.7-62.2% ->
+     65.5-66.7% of copy, the plain kernel unchanged (69.9-71.3% -> 70.7-71.4%; the tile amaxes
+     below in the one kernel had made it 69.1-69.9%) */
+  static_assert(!B2D || (!RHT && !SR), "block_2d goes without rht and stochastic rounding");
+  constexpr bool b2d = B2D;
   /* the CTA's tiles, grid-stride (the constants above are made once per CTA), through a ring of
      kStages tile buffers: the copies of the next kStages - 1 tiles are in flight while tile n is
      encoded */
@@ -1253,7 +1263,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
        elements of each tile, its row's, beside the 15 lanes of the tile's other rows; a
        columnwise thread 32, its two columns', beside the 7 lanes of the tile's other columns */
     float tba[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (b2d && kPacked) { /* (an F32 input takes them from its blocks' amaxes, below) */
+    auto tile_amaxes = [&]() {
       if (kRow) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -1267,7 +1277,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         colpair_words<DT, TK>(sm, 16 * rb, c, xw);
         tba[2] = tba[3] = tile_max<8>(hq_cuda_words_amax<DT, 16>(xw));
       }
-    }
+    };
     /* Out-of-range elements of a partial tile are zeros in shared memory (issue_tile): their
        blocks encode to scale code 0 and code 0 (the padding entries of a scale word must be
        0) and are not stored, so every block is encoded unconditionally. */
@@ -1315,6 +1325,16 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         ba[2] = hq_cuda_lane_abs<DT>(mm, 0);
         ba[3] = hq_cuda_lane_abs<DT>(mm, 1);
       }
+    }
+    if (b2d && kPacked) {
+      /* the tile amaxes from the blocks' (NaN propagated); a tile of the warp holding a NaN
+         takes them again from its words, NaN ignored (tile_amaxes). Those words had been read
+         and reduced a second time for every tile: H200, given amax, interleaved, two pairs,
+         both directions 65.5-66.7% -> 66.8-67.4% of copy */
+      if (kRowP) tba[0] = tile_max_nan<16>(ba[0]), tba[1] = tile_max_nan<16>(ba[1]);
+      if (kColP) tba[2] = tba[3] = tile_max_nan<8>(max_nan(ba[2], ba[3]));
+      if (__any_sync(0xffffffffu, !(max_nan(max_nan(tba[0], tba[1]), tba[2]) >= 0.0f)))
+        tile_amaxes();
     }
     uint32_t rsf = 0, csf = 0; /* the scale codes of the packed blocks, two per word */
     float enc[4];
@@ -1632,7 +1652,8 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
   }
 }
 
-template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_call *call, QArgs a) {
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
+int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
   using Sh = QShape<DIRS>;
   constexpr bool kGroup = kGroupC<DIRS, SR>;
@@ -1650,31 +1671,33 @@ template <int DT, bool RHT, bool SR, int DIRS> int launch_quantize_t(const hq_ca
                   (kGroup ? 2 * (int)sizeof(ColGroup) : 0);
   int64_t resident = 0;
   CHECK_CUDA(call,
-             (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS>>(kThreads, dyn, &resident)));
+             (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D>>(kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR, DIRS><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  quantize_kernel<DT, RHT, SR, DIRS, B2D><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
   if (cudaPeekAtLastError() != cudaSuccess)
-    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS>>();
+    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
 
 /* The kernel for the directions made (1 rowwise, 2 columnwise, 3 both; the RHT is columnwise
    only), so each body holds no branch on them. */
-template <int DT, bool RHT, bool SR> int launch_quantize_d(const hq_call *call, const QArgs &a) {
+template <int DT, bool RHT, bool SR, bool B2D = false>
+int launch_quantize_d(const hq_call *call, const QArgs &a) {
   const int dirs = (a.rdata ? 1 : 0) | (a.cdata ? 2 : 0);
   if (dirs == 0) return HQ_OK;
-  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1>(call, a);
-  if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2>(call, a);
-  return launch_quantize_t<DT, RHT, SR, 3>(call, a);
+  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1, B2D>(call, a);
+  if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2, B2D>(call, a);
+  return launch_quantize_t<DT, RHT, SR, 3, B2D>(call, a);
 }
 
 template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
   if (a.rht)
     return a.sr ? launch_quantize_d<DT, true, true>(call, a)
                 : launch_quantize_d<DT, true, false>(call, a);
-  return a.sr ? launch_quantize_d<DT, false, true>(call, a)
-              : launch_quantize_d<DT, false, false>(call, a);
+  if (a.sr) return launch_quantize_d<DT, false, true>(call, a);
+  return a.b2d ? launch_quantize_d<DT, false, false, true>(call, a)
+               : launch_quantize_d<DT, false, false>(call, a);
 }
 
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
