@@ -56,6 +56,7 @@ struct QArgs {
   int64_t M, K;
   uint8_t *rd, *rs, *cd, *cs;
   int rswz, cswz, two_d;
+  int rs4;       /* rs is 4-byte aligned (block_2d's rowwise codes go out as words) */
   int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
   /* the fused optimizer step (GT != 0): x is the FP32 master, rewritten with m and v */
   const void *g;
@@ -108,10 +109,25 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
    NaN only when every element behind them is; every chain below ends in one started at 0. */
 __device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
-template <int DT, int ELEM, bool VEC, int GT>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
+/* TWO_D: block_2d, kernels of their own (a.two_d; 2 with the rowwise copy, whose codes go out
+   as words, 1 without it); as a flag of the one kernel, those stores had cost the plain kernel
+   registers (39 -> 47, 6 CTAs per SM -> 5) and speed (H200, 8192x8192 bf16, interleaved: both
+   directions 85.1-85.6% -> 80.0-80.1% of copy; capped at 40 registers, 82.1-82.3%), and in one
+   block_2d kernel the columnwise copy alone 86.4-86.8% -> 81.3-81.7%.
+   The CTAs per SM each kernel's registers must allow (an explicit bound: without one the
+   compiler had taken more registers once the kernels became templates): 6 (40 registers, what
+   the plain kernel had) but for block_2d with the rowwise copy, 5 (48: capped at 40 it spilled
+   and measured slower, H200 both directions 84.7-85.1% -> 82.9-83.4%), and the fused optimizer
+   step, 4 (64). */
+#ifndef HQ_MXFP8_2D_MIN_BLOCKS
+#define HQ_MXFP8_2D_MIN_BLOCKS 5
+#endif
+template <int DT, int ELEM, bool VEC, int GT, int TWO_D>
+__global__ void __launch_bounds__(kThreads, GT ? 4 : TWO_D == 2 ? HQ_MXFP8_2D_MIN_BLOCKS : 6)
+    quantize_kernel(QArgs a) {
   __shared__ __align__(16) float part[kWarps][kCols]; /* per-warp column maxima */
   __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
+  __shared__ __align__(4) uint8_t s_code[kCols / kBlk];  /* block_2d: the tile's block codes */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   const int64_t K = a.K, M = a.M;
   const int64_t i0 = (int64_t)(a.row_major ? blockIdx.y : blockIdx.x) * kBlk,
@@ -129,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     }
   }
 
-  if (!a.two_d && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
+  if (!TWO_D && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
     /* the thread's two rows' partial maxima, reduce-scattered over the block's 4 lanes: lanes
        with bit 0 = p finish row p (2 shuffles), each computes one scale code, not two, and
        the multipliers travel back by shuffle */
@@ -151,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
       if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
     }
   }
-  if (!a.two_d && !a.cd) return; /* uniform over the CTA */
+  if (!TWO_D && !a.cd) return; /* uniform over the CTA */
 
   /* column maxima over the tile's 32 rows (NaN only where all behind them are; the chain over
      the warps' partial maxima starts at 0) */
@@ -169,17 +185,15 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   if (t < kCols) {
     float m = 0.0f;
     for (int w = 0; w < kWarps; w++) m = fmaxf(m, part[w][t]);
-    if (a.two_d) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
+    if (TWO_D) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
       for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
     s_mult[t] = hq_e8m0_quant_mult(e);
     const int64_t jc = j0 + t;
     if (jc < K) {
       if (a.cd) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;
-      /* 2-D rowwise codes: thread (warp w, lane r) writes row i0 + r, block of columns w */
-      if (a.two_d && a.rd)
-        a.rs[hq_mxfp8_row_scale_idx(i0 + lane, (j0 + kBlk * warp) / kBlk, K, a.rswz)] = e;
     }
+    if (TWO_D == 2 && a.rd && lane == 0) s_code[warp] = e; /* warp w < 4: block w's code */
   }
   __syncthreads();
   float mult[8];
@@ -189,12 +203,31 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     mult[0] = u.x; mult[1] = u.y; mult[2] = u.z; mult[3] = u.w;
     mult[4] = v.x; mult[5] = v.y; mult[6] = v.z; mult[7] = v.w;
   }
-  if (!valid) return;
-  for (int p = 0; p < 2; p++) {
-    const uint2 q = hq_cuda_cast8v<ELEM>(x[p], mult);
-    const int64_t off = (i0 + r0 + 16 * p) * K + j;
-    if (a.cd) store8<VEC>(a.cd + off, q);
-    if (a.two_d && a.rd) store8<VEC>(a.rd + off, q);
+  if (valid) {
+    for (int p = 0; p < 2; p++) {
+      const uint2 q = hq_cuda_cast8v<ELEM>(x[p], mult);
+      const int64_t off = (i0 + r0 + 16 * p) * K + j;
+      if (a.cd) store8<VEC>(a.cd + off, q);
+      if (TWO_D == 2 && a.rd) store8<VEC>(a.rd + off, q);
+    }
+  }
+  /* 2-D rowwise codes: thread r < 32 writes row i0 + r's codes of the tile's 4 blocks, one
+     4-byte word (4 consecutive, aligned entries in either layout) where all 4 blocks lie inside
+     K, after the data (the elements' registers free by then). One byte per thread and block had
+     made a sector write per byte: 8192x8192 bf16, interleaved, two processes each, block_2d
+     rowwise alone 58.7-59.0% -> 77.8-79.3% of copy on an H200, 76.3-76.5% -> 91.9-92.4% on an
+     H100; both directions 67.2-67.9% -> 84.7-85.1% (H200), 84.9-85.1% -> 92.4-92.6% (H100);
+     f32 both directions 84.1-85.1% -> 96.4-97.8% (H200) */
+  if (TWO_D == 2 && a.rd && t < kBlk) {
+    const int64_t kb0 = j0 / kBlk;
+    const uint32_t w = *reinterpret_cast<const uint32_t *>(s_code);
+    if (a.rs4 && j0 + kCols <= K) {
+      *reinterpret_cast<uint32_t *>(a.rs + hq_mxfp8_row_scale_idx(i0 + t, kb0, K, a.rswz)) = w;
+    } else {
+      for (int b = 0; b < kCols / kBlk; b++)
+        if (j0 + kBlk * b < K)
+          a.rs[hq_mxfp8_row_scale_idx(i0 + t, kb0 + b, K, a.rswz)] = (uint8_t)(w >> (8 * b));
+    }
   }
 }
 
@@ -358,12 +391,22 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
+template <int DT, int ELEM, int GT, int TWO_D>
+void launch_quantize_2d(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
+  if (vec)
+    quantize_kernel<DT, ELEM, true, GT, TWO_D><<<grid, kThreads, 0, stream>>>(a);
+  else
+    quantize_kernel<DT, ELEM, false, GT, TWO_D><<<grid, kThreads, 0, stream>>>(a);
+}
+
 template <int DT, int ELEM, int GT>
 void launch_quantize(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
-  if (vec)
-    quantize_kernel<DT, ELEM, true, GT><<<grid, kThreads, 0, stream>>>(a);
+  if (a.two_d && a.rd)
+    launch_quantize_2d<DT, ELEM, GT, 2>(a, vec, grid, stream);
+  else if (a.two_d)
+    launch_quantize_2d<DT, ELEM, GT, 1>(a, vec, grid, stream);
   else
-    quantize_kernel<DT, ELEM, false, GT><<<grid, kThreads, 0, stream>>>(a);
+    launch_quantize_2d<DT, ELEM, GT, 0>(a, vec, grid, stream);
 }
 
 template <int DT, int GT>
@@ -435,6 +478,7 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
   a.rswz = q->rswz;
   a.cswz = q->cswz;
   a.two_d = q->two_d;
+  a.rs4 = aligned(q->rs, 4);
   bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
   /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: consecutive
      CTAs read neighbouring 256-byte row segments and write neighbouring 128-byte ones, so the
