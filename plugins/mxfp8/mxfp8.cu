@@ -20,8 +20,9 @@
 **     threads finish one column each, write its code (compact: 128 consecutive bytes) and its
 **     multiplier to shared memory; every thread then casts its registers with its columns'
 **     multipliers and stores 8 bytes per vector;
-**   block_2d 32x32: the column maxima of a 32-column block reduced over the warp give the tile's
-**     code, used by both directions (identical bytes in both data buffers, as on the CPU).
+**   block_2d 32x32 (kernels of their own): the column maxima of a 32-column block reduced over
+**     the warp give the tile's code, used by both directions (identical bytes in both data
+**     buffers, as on the CPU); the rowwise codes leave as one 4-byte word per row and tile.
 ** Padding kernel: only the padding bytes of the scale buffers (logical index outside [M, K/32]
 ** rowwise, [M/32, K] columnwise, in either layout) are written as zero; the quantize kernel
 ** writes every logical entry; so each scale byte is written exactly once, as the CPU's bytes.
