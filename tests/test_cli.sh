@@ -164,6 +164,16 @@ $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || 
 $hq bench --shape 64x64 --iters 1 --batch 3 --format fp8_tensor > "$tmp/b" || fail "bench --batch"
 grep -q "median of 1 samples of 3 calls back to back" "$tmp/b" || { cat "$tmp/b"; fail "bench --batch header"; }; ok
 $hq bench --shape 64x64 --iters 1 --batch 2 --format fp8_tensor --json | grep -q '"batch":2' || fail "bench --batch json"; ok
+# --all: every stock option that changes a kernel or a layout, one configuration each
+$hq bench --all --shape 32x32 --iters 1 > "$tmp/b" || fail "bench --all"
+for c in "identity dtype=f16" "fp8_tensor scaling=delayed" "mxfp8 block_2d=true swizzle=true" \
+         "nvfp4 rht=true stochastic_rounding=true" "fp8_block block=2d power_2_scales=false"; do
+  grep -q "^$c  *both" "$tmp/b" || { cat "$tmp/b"; fail "bench --all: $c"; }
+done
+[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 24 ] || { cat "$tmp/b"; fail "bench --all: 24 configurations"; }
+ok
+$hq bench --all --shape 32x32 --iters 1 --format mxfp8 > "$tmp/b" || fail "bench --all --format"
+[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 1 ] || { cat "$tmp/b"; fail "bench --format replaces --all"; }; ok
 $hq bench --shape 8x8 --batch 0 2>"$tmp/err"; [ $? -eq 2 ] || fail "bench --batch 0 exit"
 grep -q "hq bench: --batch '0' is not an integer in \[1, 1000\]" "$tmp/err" || { cat "$tmp/err"; fail "bench --batch 0 message"; }; ok
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise

@@ -23,12 +23,14 @@
 static const char usage[] =
     "usage: hq bench [--device cpu|cuda[:N]] [--shape RxC] [--dtype bf16|f16|f32]\n"
     "                [--iters N] [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
-    "                [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
+    "                [--all] [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "Time quantize (both directions in one call, rowwise alone, columnwise alone) for each\n"
     "format configuration: by default every stock configuration whose plugin is installed\n"
     "(identity, fp8_tensor, mxfp8, nvfp4 [+rht, +stochastic_rounding, +block_2d],\n"
-    "fp8_block [1d, 2d]); --format replaces that list. --recipe/--role times one recipe\n"
+    "fp8_block [1d, 2d]); --all times every option of the stock formats that changes a\n"
+    "kernel or a layout, one at a time (and nvfp4's rht with stochastic rounding, block_2d\n"
+    "with swizzle); --format replaces either list. --recipe/--role times one recipe\n"
     "role's (hybrid) quantizer and reports both / (rowwise + columnwise), against the\n"
     "<= 1.1x target for a hybrid of two formats.\n"
     "Formats with a per-tensor amax are timed twice: computing it inside the call (amax own)\n"
@@ -51,6 +53,33 @@ static const char *default_formats[] = {
     "identity dtype=bf16", "fp8_tensor", "mxfp8", "nvfp4", "nvfp4 rht=true",
     "nvfp4 stochastic_rounding=true", "nvfp4 block_2d=true", "fp8_block block=1d",
     "fp8_block block=2d",
+};
+/* --all: every option that selects another kernel, store pattern or layout, one at a time */
+static const char *all_formats[] = {
+    "identity dtype=bf16",
+    "identity dtype=f16",
+    "identity dtype=f32",
+    "fp8_tensor",
+    "fp8_tensor dtype=e5m2",
+    "fp8_tensor power_2_scales=true",
+    "fp8_tensor scaling=delayed",
+    "mxfp8",
+    "mxfp8 dtype=e5m2",
+    "mxfp8 swizzle=true",
+    "mxfp8 block_2d=true",
+    "mxfp8 block_2d=true swizzle=true",
+    "nvfp4",
+    "nvfp4 swizzle=true",
+    "nvfp4 rht=true",
+    "nvfp4 stochastic_rounding=true",
+    "nvfp4 rht=true stochastic_rounding=true",
+    "nvfp4 block_2d=true",
+    "nvfp4 block_2d=true swizzle=true",
+    "fp8_block block=1d",
+    "fp8_block block=1d dtype=e5m2",
+    "fp8_block block=1d power_2_scales=false",
+    "fp8_block block=2d",
+    "fp8_block block=2d power_2_scales=false",
 };
 
 /* One direction set of one configuration, timed. */
@@ -164,7 +193,7 @@ int hq_cmd_bench(int argc, char **argv) {
   const char *formats[64];
   size_t nformats = 0;
   uint64_t iters_u = 0, batch_u = 0;
-  int as_json = 0;
+  int as_json = 0, all = 0;
   cli_dirs dirs = {{NULL}, 0};
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -176,6 +205,10 @@ int hq_cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(argv[i], "--json")) {
       as_json = 1;
+      continue;
+    }
+    if (!strcmp(argv[i], "--all")) {
+      all = 1;
       continue;
     }
     if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
@@ -215,9 +248,14 @@ int hq_cmd_bench(int argc, char **argv) {
     return cli_fail(2, CMD, "--shape '%s' is not RxC with positive R and C", shape_s);
   int iters = iters_u ? (int)iters_u : (device >= 0 ? 50 : 5);
   int batch = batch_u ? (int)batch_u : (device >= 0 ? 10 : 1);
-  if (!nformats && !recipe)
-    for (size_t i = 0; i < sizeof default_formats / sizeof default_formats[0]; i++)
-      formats[nformats++] = default_formats[i];
+  /* the stock list (a plugin that is not installed is skipped), unless --format gave one */
+  const int stock = !nformats && !recipe;
+  if (stock) {
+    const char *const *list = all ? all_formats : default_formats;
+    const size_t n = all ? sizeof all_formats / sizeof all_formats[0]
+                         : sizeof default_formats / sizeof default_formats[0];
+    for (size_t i = 0; i < n; i++) formats[nformats++] = list[i];
+  }
 
   char err[256];
   bench_timer *timer = bench_timer_create(device, err, sizeof err);
@@ -300,11 +338,11 @@ int hq_cmd_bench(int argc, char **argv) {
              "    given = computed once beforehand (hq_quantizer_amax) and passed in, the trainer's\n"
              "    one-read path.  ws: peak device memory through the context's allocator during\n"
              "    the updates beyond the input and the quantized tensor's buffers\n");
-      printf("%-34s %-10s %-5s %9s | %8s %5s %7s %6s | %8s %7s %6s | %8s\n", "format", "dirs",
+      printf("%-40s %-10s %-5s %9s | %8s %5s %7s %6s | %8s %7s %6s | %8s\n", "format", "dirs",
              "amax", "median_ms", "(a) MiB", "reads", "GB/s", "%copy", "(b) MiB", "GB/s",
              "%copy", "ws KiB");
     } else {
-      printf("%-34s %-10s %-5s %10s %12s %8s\n", "format", "dirs", "amax", "median_ms",
+      printf("%-40s %-10s %-5s %10s %12s %8s\n", "format", "dirs", "amax", "median_ms",
              "input_MB/s", "ws_KiB");
     }
   }
@@ -331,8 +369,7 @@ int hq_cmd_bench(int argc, char **argv) {
       rc = hq_recipe_parse_string(text, "bench", &ropts, &r);
       if (!rc && hq_recipe_error_count(r)) {
         const char *e = hq_recipe_error(r, 0);
-        if (strstr(e, "was not found") && f < nformats && nformats ==
-            sizeof default_formats / sizeof default_formats[0]) {
+        if (strstr(e, "was not found") && stock) {
           hq_recipe_free(r); /* a stock plugin that is not installed: skip it */
           continue;
         }
@@ -363,7 +400,7 @@ int hq_cmd_bench(int argc, char **argv) {
         json_kstr(&j, "skipped", device >= 0 ? "no CUDA path" : "no CPU path");
         json_close_obj(&j);
       } else {
-        printf("%-34s (%s has no %s path: skipped)\n", label, missing,
+        printf("%-40s (%s has no %s path: skipped)\n", label, missing,
                device >= 0 ? "CUDA" : "CPU");
       }
       hq_quantizer_free(q);
@@ -464,26 +501,26 @@ int hq_cmd_bench(int argc, char **argv) {
         }
         json_close_obj(&j);
       } else if (device >= 0) {
-        printf("%-34s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s\n",
+        printf("%-40s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s\n",
                u ? "" : label, unames[u], m->amax_passes ? "own" : "-", m->ms,
                bytes_a / 1048576.0, m->calls + m->amax_passes, gbs_a, PCT(gbs_a),
                bytes_b / 1048576.0, gbs_b, PCT(gbs_b), ws);
         if (m->given_ok)
-          printf("%-34s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s"
+          printf("%-40s %-10s %-5s %9.4f | %8.1f %5d %7.1f %5.1f%% | %8.1f %7.1f %5.1f%% | %8s"
                  "  (amax pass alone %.4f ms)\n",
                  "", unames[u], "given", m->given_ms, bytes_ga / 1048576.0, m->calls, ggbs_a,
                  PCT(ggbs_a), bytes_b / 1048576.0, ggbs_b, PCT(ggbs_b), gws, m->amax_ms);
       } else {
-        printf("%-34s %-10s %-5s %10.2f %12.1f %8s\n", u ? "" : label, unames[u],
+        printf("%-40s %-10s %-5s %10.2f %12.1f %8s\n", u ? "" : label, unames[u],
                m->amax_passes ? "own" : "-", m->ms, mbs, ws);
         if (m->given_ok)
-          printf("%-34s %-10s %-5s %10.2f %12.1f %8s\n", "", unames[u], "given", m->given_ms,
+          printf("%-40s %-10s %-5s %10.2f %12.1f %8s\n", "", unames[u], "given", m->given_ms,
                  in / (m->given_ms * 1e-3) * 1e-6, gws);
       }
 #undef PCT
     }
     if (all && !as_json) {
-      printf("%-34s %-10s %10.3f x (rowwise + columnwise alone)", "", "ratio", ratio);
+      printf("%-40s %-10s %10.3f x (rowwise + columnwise alone)", "", "ratio", ratio);
       if (all_given) printf("; given amax %.3f x", ratio_given);
       if (hybrid)
         printf("; hybrid of %s + %s, target <= 1.1 x: %s", hq_quantizer_plugin(q, HQ_ROWWISE),
