@@ -18,8 +18,8 @@
 # cuda` on every shipped recipe (train.txt, train_wide.txt); with --sanitize run
 # compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead.
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
-# work elsewhere does not stop it); HQ_BENCH_ARGS adds hq bench arguments (e.g. "--format
-# mxfp8").
+# work elsewhere does not stop it); HQ_BENCH_ARGS gives --bench's hq bench arguments (default
+# --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -57,7 +57,7 @@ if [ "${1:-}" = "--on-device" ]; then
   [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
-    set -- ${HQ_BENCH_ARGS:-}
+    set -- ${HQ_BENCH_ARGS:---all}
     HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
       | tee "$out/bench.txt"
   fi
