@@ -170,10 +170,13 @@ for c in "identity dtype=f16" "fp8_tensor scaling=delayed" "mxfp8 block_2d=true 
          "nvfp4 rht=true stochastic_rounding=true" "fp8_block block=2d power_2_scales=false"; do
   grep -q "^$c  *both" "$tmp/b" || { cat "$tmp/b"; fail "bench --all: $c"; }
 done
-[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 24 ] || { cat "$tmp/b"; fail "bench --all: 24 configurations"; }
+[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 24 ] ||
+  { cat "$tmp/b"; fail "bench --all: 24 configurations"; }
 ok
 $hq bench --all --shape 32x32 --iters 1 --format mxfp8 > "$tmp/b" || fail "bench --all --format"
-[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 1 ] || { cat "$tmp/b"; fail "bench --format replaces --all"; }; ok
+[ "$(grep -c '^[^ ].* both ' "$tmp/b")" -eq 1 ] ||
+  { cat "$tmp/b"; fail "bench --format replaces --all"; }
+ok
 $hq bench --shape 8x8 --batch 0 2>"$tmp/err"; [ $? -eq 2 ] || fail "bench --batch 0 exit"
 grep -q "hq bench: --batch '0' is not an integer in \[1, 1000\]" "$tmp/err" || { cat "$tmp/err"; fail "bench --batch 0 message"; }; ok
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise

@@ -63,9 +63,11 @@ template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, c
    kConvertGroups groups a grid stride apart, every group's load issued before any conversion:
    two between 16-bit dtypes, whose one 16-byte load per thread left too few bytes in flight
    (H200, interleaved: f16 -> bf16 76.0-76.4% -> 85.4-85.6% of copy, bf16 -> f16 78.8-78.9% ->
-   88.2-88.5%; H100 unchanged, 95.1-96.2% either way), one otherwise (two measured bf16 -> f32 88.8-89.1% -> 93.0-93.2% but f16 -> f32
-   90.3% -> 64.7%; four slower for every pair; the groups of a thread adjacent instead of a grid
-   stride apart slower for every pair: f16 -> f32 49%, bf16 -> f16 71%). */
+   88.2-88.5%; H100 unchanged, 95.1-96.2% either way), one otherwise (two measured bf16 -> f32
+   88.8-89.1% -> 93.0-93.2% but f16 -> f32 90.3% -> 64.7%; four slower for every pair; the
+   groups of a thread adjacent instead of a grid stride apart slower for every pair: f16 -> f32
+   49%, bf16 -> f16 71%). A step with fewer groups left (the end) takes them one by one: with
+   guarded loads in the one loop the compiler had put a conversion between the loads. */
 template <int ST, int DT>
 constexpr int kConvertGroups = ST != HQ_F32 && DT != HQ_F32 ? 2 : 1;
 template <int ST, int DT>
