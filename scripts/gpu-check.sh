@@ -20,6 +20,11 @@
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
 # work elsewhere does not stop it); HQ_BENCH_ARGS gives --bench's hq bench arguments (default
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
+# Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
+# --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
+# with tests/test_gpu_PLUGIN and times the variants in turn, one hq bench process each
+# (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt; --ncu profiles one kernel with Nsight
+# Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv, sass.csv.
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -39,7 +44,15 @@ if [ "${1:-}" = "--on-device" ]; then
   cd "$build"/hq-*/
   ./configure -q --with-cuda > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
-  if [ -n "${HQ_ONLY:-}" ]; then
+  if [[ "$modes" == *" --quick "* ]]; then
+    # the library, the stock plugins and hq only (no tests), for --ab and --ncu
+    SECONDS=0
+    make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
+      plugins/fp8_tensor/fp8_tensor.la plugins/mxfp8/mxfp8.la \
+      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la tools/hq >> "$out/build.log" 2>&1 \
+      || { tail -40 "$out/build.log"; exit 1; }
+    echo "built (quick) in ${SECONDS} s"
+  elif [ -n "${HQ_ONLY:-}" ]; then
     # one test program (HQ_ONLY=test_gpu_mxfp8), built with -k so that work in progress
     # elsewhere in the tree does not stop it
     make -k -j16 > "$out/build.log" 2>&1 || true
@@ -49,13 +62,67 @@ if [ "${1:-}" = "--on-device" ]; then
     make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
     make -j8 check > "$out/check.log" 2>&1 || rc=$?
   fi
+  if [[ "$modes" != *" --quick "* ]]; then
   cp test-suite.log "$out/" 2>/dev/null || true
   for t in tests/test_gpu_*.log; do [ -f "$t" ] && cp "$t" "$out/"; done
   grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):' "$out/check.log" || true
   grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR)' "$out/check.log" || true
   for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
   [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
+  fi
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
+  if [[ "$modes" == *" --ab "* ]]; then
+    # kernel variants side by side: each carried .devab/PLUGIN__LABEL.cu replaces
+    # plugins/PLUGIN/PLUGIN.cu, is built, must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1),
+    # and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant in turn,
+    # one hq bench process each (HQ_AB_ARGS, default --format nvfp4), into ab.txt
+    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir"
+    labels=()
+    for v in "$root"/.devab/*__*.cu; do
+      b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
+      cp "$v" plugins/$pl/$pl.cu
+      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$lab.build.log" 2>&1; then
+        echo "variant $lab: build failed"; grep -m5 error "$out/ab-$lab.build.log"; rc=1; continue
+      fi
+      if HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
+           check_LTLIBRARIES= > "$out/ab-$lab.check.log" 2>&1; then
+        echo "variant $lab: tests/test_gpu_$pl passed"
+      else
+        echo "variant $lab: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
+        continue
+      fi
+      mkdir -p "$abdir/$lab"; cp plugins/$pl/.libs/$pl.so "$abdir/$lab/"
+      labels+=("$lab:$pl")
+    done
+    eval set -- "${HQ_AB_ARGS:---format nvfp4}"
+    for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
+      for lp in "${labels[@]}"; do
+        lab=${lp%%:*}; pl=${lp#*:}
+        path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$lab|")
+        echo "=== variant $lab round $round"
+        HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
+      done
+    done | tee "$out/ab.txt"
+  fi
+  if [[ "$modes" == *" --ncu "* ]] && [ -x tools/hq ]; then
+    # one kernel's Nsight Compute profile (clocks left alone): the launch after HQ_NCU_SKIP
+    # (default 3) of HQ_NCU_KERNEL (a regex on the mangled name) in hq bench HQ_NCU_ARGS
+    # (default --format nvfp4); the details page and the SASS-level source page as CSV beside
+    # the report
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    eval set -- "${HQ_NCU_ARGS:---format nvfp4}"
+    HQ_PLUGIN_PATH=$plugins timeout 300 "$ncu" --clock-control none --set full \
+      --import-source no --kernel-name-base mangled --kernel-name "regex:${HQ_NCU_KERNEL}" \
+      --launch-skip "${HQ_NCU_SKIP:-3}" --launch-count 1 -f -o "$out/prof" \
+      ./tools/hq bench --device cuda --iters 2 --batch 1 "$@" > "$out/ncu.log" 2>&1 || rc=1
+    tail -5 "$out/ncu.log"
+    "$ncu" -i "$out/prof.ncu-rep" --page details --csv > "$out/details.csv" 2>&1 || rc=1
+    "$ncu" -i "$out/prof.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" \
+      2>&1 || true
+    k='Duration|Executed Instructions|Issue Slots Busy|Issued Ipc Active|Registers Per Thread'
+    k="$k|Achieved Occupancy|Memory Throughput|DRAM Throughput|L2 Cache Throughput|SM Frequency"
+    grep -E "\"($k)\"" "$out/details.csv" | cut -d, -f12- | head -20 || true
+  fi
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
     set -- ${HQ_BENCH_ARGS:---all}
     HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
