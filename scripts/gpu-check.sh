@@ -22,8 +22,8 @@
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
 # Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
-# with tests/test_gpu_PLUGIN and times the variants in turn, one hq bench process each
-# (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt; --ncu profiles one kernel with Nsight
+# with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
+# variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt; --ncu profiles one kernel with Nsight
 # Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv, sass.csv.
 set -euo pipefail
 
@@ -75,31 +75,33 @@ if [ "${1:-}" = "--on-device" ]; then
     # kernel variants side by side: each carried .devab/PLUGIN__LABEL.cu replaces
     # plugins/PLUGIN/PLUGIN.cu, is built, must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1),
     # and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant in turn,
-    # one hq bench process each (HQ_AB_ARGS, default --format nvfp4), into ab.txt
+    # one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
     abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir"
     labels=()
     for v in "$root"/.devab/*__*.cu; do
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
       cp "$v" plugins/$pl/$pl.cu
-      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$lab.build.log" 2>&1; then
-        echo "variant $lab: build failed"; grep -m5 error "$out/ab-$lab.build.log"; rc=1; continue
+      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$pl-$lab.build.log" 2>&1; then
+        echo "variant $lab: build failed"; grep -m5 error "$out/ab-$pl-$lab.build.log"; rc=1; continue
       fi
-      if HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
-           check_LTLIBRARIES= > "$out/ab-$lab.check.log" 2>&1; then
+      if [ -n "${HQ_AB_NOCHECK:-}" ] && [[ "$lab" =~ $HQ_AB_NOCHECK ]]; then
+        echo "variant $lab: built (not checked: HQ_AB_NOCHECK)"
+      elif HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
+           check_LTLIBRARIES= > "$out/ab-$pl-$lab.check.log" 2>&1; then
         echo "variant $lab: tests/test_gpu_$pl passed"
       else
         echo "variant $lab: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
         continue
       fi
-      mkdir -p "$abdir/$lab"; cp plugins/$pl/.libs/$pl.so "$abdir/$lab/"
+      mkdir -p "$abdir/$pl-$lab"; cp plugins/$pl/.libs/$pl.so "$abdir/$pl-$lab/"
       labels+=("$lab:$pl")
     done
-    eval set -- "${HQ_AB_ARGS:---format nvfp4}"
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
       for lp in "${labels[@]}"; do
         lab=${lp%%:*}; pl=${lp#*:}
-        path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$lab|")
-        echo "=== variant $lab round $round"
+        path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$pl-$lab|")
+        eval set -- "${HQ_AB_ARGS:---format $pl}"
+        echo "=== variant ${pl}__$lab round $round"
         HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
       done
     done | tee "$out/ab.txt"

@@ -98,31 +98,38 @@ typedef struct meas {
   int64_t given_ws, given_held;
 } meas;
 
-/* One of three operations on a quantizer, as a timed call. */
+/* One of three operations on a quantizer, as a timed call. The calls alternate between two
+   copies of the input (x[0], x[1]: the same values in two buffers; on the CPU the same
+   buffer), so that no call finds in the GPU's L2 cache what the call before it left there
+   (the stock amax pass reads the input backwards so that the cast after it in the same call
+   finds the input's head there: plugins/common/amax_cuda.h); a trainer quantizes a tensor
+   once. */
 enum { OP_UPDATE, OP_UPDATE_AMAX, OP_AMAX };
 typedef struct op_call {
   int op;
   hq_quantizer *q;
   hq_qtensor *qt;
   hq_ctx *ctx;
-  const hq_tensor *x;
+  const hq_tensor *const *x;
   const hq_quantize_args *args;
   float *amax;
+  unsigned n; /* calls made: the next takes x[n & 1] */
 } op_call;
 
 static int op_run(void *arg) {
-  const op_call *c = arg;
-  if (c->op == OP_UPDATE) return hq_qtensor_update(c->qt, c->ctx, c->x);
-  if (c->op == OP_UPDATE_AMAX) return hq_qtensor_update_ex(c->qt, c->ctx, c->x, c->args);
-  return hq_quantizer_amax(c->q, c->ctx, c->x, c->amax);
+  op_call *c = arg;
+  const hq_tensor *x = c->x[c->n++ & 1u];
+  if (c->op == OP_UPDATE) return hq_qtensor_update(c->qt, c->ctx, x);
+  if (c->op == OP_UPDATE_AMAX) return hq_qtensor_update_ex(c->qt, c->ctx, x, c->args);
+  return hq_quantizer_amax(c->q, c->ctx, x, c->amax);
 }
 
 /* Median ms per call of the operation: `iters` samples of `batch` calls back to back (after two
    warm-up samples), each sample's time divided by the batch (bench_time_calls). */
-static int median_ms(int op, hq_quantizer *q, hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *x,
-                     const hq_quantize_args *args, float *amax, int iters, int batch,
-                     bench_timer *t, double *ms) {
-  op_call c = {op, q, qt, ctx, x, args, amax};
+static int median_ms(int op, hq_quantizer *q, hq_qtensor *qt, hq_ctx *ctx,
+                     const hq_tensor *const *x, const hq_quantize_args *args, float *amax,
+                     int iters, int batch, bench_timer *t, double *ms) {
+  op_call c = {op, q, qt, ctx, x, args, amax, 0};
   const bench_timed f = {op_run, &c};
   return bench_time_calls(t, iters, 2, batch, &f, ms, NULL, NULL);
 }
@@ -138,7 +145,7 @@ static int64_t beyond(const bench_mem *mem, size_t base, double qbytes, int64_t 
 /* Time quantize of `usage` directions: hq_qtensor_update as is, then (when a direction in use
    has a per-tensor amax) with the amax computed once beforehand and passed in. `amax` is 2
    floats on the context's device. */
-static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_tensor *x,
+static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_tensor *const *x,
                       uint32_t usage, int iters, int batch, bench_timer *t, float *amax,
                       meas *m) {
   if (hq_quantizer_set_usage(q, usage)) return -1;
@@ -150,7 +157,7 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   size_t base = bench_mem_current(mem);
   bench_mem_reset_peak(mem);
   hq_qtensor *qt = NULL;
-  if (hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &qt)) return -1;
+  if (hq_make_empty(q, ctx, x[0]->rows, x[0]->cols, x[0]->dtype, &qt)) return -1;
   m->bytes_out = (double)(hq_qtensor_bytes(qt, HQ_ROWWISE) + hq_qtensor_bytes(qt, HQ_COLWISE));
   int rc = median_ms(OP_UPDATE, q, qt, ctx, x, NULL, NULL, iters, batch, t, &m->ms);
   m->ok = !rc;
@@ -273,7 +280,8 @@ int hq_cmd_bench(int argc, char **argv) {
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
   size_t in_bytes = (size_t)(rows * cols) * hq_dtype_size(dtype);
-  hq_tensor x = hq_tensor_2d(NULL, dtype, device, rows, cols);
+  hq_tensor x = hq_tensor_2d(NULL, dtype, device, rows, cols), x2 = x;
+  const hq_tensor *const xs[2] = {&x, &x2}; /* the two copies the timed calls alternate on */
   void *host = malloc(in_bytes);
   float *amax = NULL; /* 2 floats on the context's device: the caller-supplied amax */
   int status = 1;
@@ -291,13 +299,14 @@ int hq_cmd_bench(int argc, char **argv) {
     hq_store_hp(host, i, dtype, (float)((acc - 2.0) * 1.7320508));
   }
   if (device >= 0) {
-    if (hq_ctx_alloc(ctx, in_bytes, &x.data) ||
-        hq_ctx_memcpy(ctx, x.data, device, host, HQ_DEVICE_HOST, in_bytes) || hq_ctx_sync(ctx)) {
+    if (hq_ctx_alloc(ctx, in_bytes, &x.data) || hq_ctx_alloc(ctx, in_bytes, &x2.data) ||
+        hq_ctx_memcpy(ctx, x.data, device, host, HQ_DEVICE_HOST, in_bytes) ||
+        hq_ctx_memcpy(ctx, x2.data, device, host, HQ_DEVICE_HOST, in_bytes) || hq_ctx_sync(ctx)) {
       cli_fail(1, CMD, "%s", hq_last_error());
       goto out;
     }
   } else {
-    x.data = host;
+    x.data = x2.data = host;
   }
   if (hq_ctx_alloc(ctx, 2 * sizeof(float), (void **)&amax)) {
     cli_fail(1, CMD, "%s", hq_last_error());
@@ -416,7 +425,7 @@ int hq_cmd_bench(int argc, char **argv) {
     const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
     const char *unames[3] = {"both", "rowwise", "columnwise"};
     for (int u = 0; u < 3; u++) {
-      int trc = time_usage(q, ctx, mem, &x, usages[u], iters, batch, timer, amax, &res[u]);
+      int trc = time_usage(q, ctx, mem, xs, usages[u], iters, batch, timer, amax, &res[u]);
       if (!res[u].ok)
         fprintf(stderr, "hq bench: %s %s: %s\n", label, unames[u], hq_last_error());
       else if (trc)
@@ -565,6 +574,7 @@ int hq_cmd_bench(int argc, char **argv) {
 out:
   if (amax) hq_ctx_free(ctx, amax);
   if (device >= 0 && x.data) hq_ctx_free(ctx, x.data);
+  if (device >= 0 && x2.data) hq_ctx_free(ctx, x2.data);
   free(host);
   hq_ctx_destroy(ctx);
   bench_mem_destroy(mem);

@@ -12,6 +12,10 @@
 ** instruction per element, never NaN); the CTA's maximum goes out in one atomicMax per target
 ** (bits of a non-negative float order like the values, so the result does not depend on the
 ** atomics' order).
+** The pass walks the tensor backwards (8-element vector g of a thread's walk is vector n8 - 1 - g;
+** a warp still reads 512 contiguous bytes), so that when it ends the L2 cache holds the head of
+** the tensor, which the cast kernel after it in the same call reads first (the caches keep what
+** was read last). HQ_AMAX_FORWARD=1 walks it forwards (for measuring).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
@@ -22,6 +26,9 @@
 #include "launch_cuda.h"
 
 constexpr int kHqAmaxThreads = 256;
+#ifndef HQ_AMAX_FORWARD
+#define HQ_AMAX_FORWARD 0
+#endif
 
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(kHqAmaxThreads)
@@ -31,10 +38,13 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
   if (blockIdx.x == 0 && threadIdx.x < n % 8) m = fabsf(hq_load_hp(x, n8 * 8 + threadIdx.x, DT));
   const int64_t stride = (int64_t)gridDim.x * kHqAmaxThreads;
   int64_t g = (int64_t)blockIdx.x * kHqAmaxThreads + threadIdx.x;
+  /* vector g of the walk: the tensor's vector n8 - 1 - g (backwards) */
+  const int64_t last = HQ_AMAX_FORWARD ? 0 : n8 - 1, dir = HQ_AMAX_FORWARD ? 1 : -1;
   for (; g + 3 * stride < n8; g += 4 * stride) {
     float v[4][8];
 #pragma unroll
-    for (int u = 0; u < 4; u++) hq_cuda_load8<DT>(x, (g + u * stride) * 8, VEC, v[u]);
+    for (int u = 0; u < 4; u++)
+      hq_cuda_load8<DT>(x, (last + dir * (g + u * stride)) * 8, VEC, v[u]);
 #pragma unroll
     for (int u = 0; u < 4; u++)
 #pragma unroll
@@ -42,7 +52,7 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
   }
   for (; g < n8; g += stride) {
     float v[8];
-    hq_cuda_load8<DT>(x, g * 8, VEC, v);
+    hq_cuda_load8<DT>(x, (last + dir * g) * 8, VEC, v);
 #pragma unroll
     for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[e]));
   }

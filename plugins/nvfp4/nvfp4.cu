@@ -768,7 +768,9 @@ template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const
    16 rows x 4 columns (M % 16 == 0 and K % 16 == 0, the format's shape rule, so patches tile the
    tensor exactly), 16 loads of 8 bytes (16-byte ones for f32) in flight, consecutive threads on
    consecutive column quads (a warp reads 256- or 512-byte row segments), no shared tile and no
-   barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. */
+   barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. The walk
+   goes backwards (patch g of it is patch npatch - 1 - g), as the flat pass does (amax_cuda.h),
+   so that the L2 cache holds the tensor's head when the quantize kernel starts reading it. */
 template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
   constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
   const int64_t K = a.K, nq = K / 4, npatch = (a.M / 16) * nq;
@@ -779,7 +781,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
   uint32_t mt = 0;
   for (int64_t g = blockIdx.x * (int64_t)kThreads + threadIdx.x; g < npatch;
        g += (int64_t)gridDim.x * kThreads) {
-    const int64_t i = (g / nq) * 16, k = (g % nq) * 4;
+    const int64_t gb = HQ_AMAX_FORWARD ? g : npatch - 1 - g; /* backwards */
+    const int64_t i = (gb / nq) * 16, k = (gb % nq) * 4;
     const uint8_t *p = static_cast<const uint8_t *>(a.x) + (i * K + k) * kEsz;
     /* column pairs (k, k + 1) and (k + 2, k + 3): raw words (16-bit) or FP32 values */
     uint32_t w[2][16];
