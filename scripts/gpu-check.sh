@@ -16,7 +16,8 @@
 # call, outputs in $OUT as bench.txt, bench.json, peers.txt, peers.json, then the hybrid
 # check of the stock recipes' hybrid roles (hybrid.txt); with --train run `hq train --device
 # cuda` on every shipped recipe (train.txt, train_wide.txt); with --sanitize run
-# compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead.
+# compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead
+# (HQ_SAN_TESTS and HQ_SAN_TOOLS choose; with --quick the named tests are built too).
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
 # work elsewhere does not stop it); HQ_BENCH_ARGS gives --bench's hq bench arguments (default
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
@@ -49,7 +50,8 @@ if [ "${1:-}" = "--on-device" ]; then
     SECONDS=0
     make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
       plugins/fp8_tensor/fp8_tensor.la plugins/mxfp8/mxfp8.la \
-      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la tools/hq >> "$out/build.log" 2>&1 \
+      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la tools/hq \
+      $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) >> "$out/build.log" 2>&1 \
       || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
   elif [ -n "${HQ_ONLY:-}" ]; then
@@ -170,10 +172,13 @@ if [ "${1:-}" = "--on-device" ]; then
     export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
     export HQ_TEST_QUICK=1 # tests that honour it run a smaller set of shapes under the tools
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    for t in tests/.libs/${HQ_ONLY:-test_gpu_*}; do
+    # HQ_SAN_TESTS: the test programs (default every GPU test, or HQ_ONLY); HQ_SAN_TOOLS: the
+    # tools (default memcheck racecheck synccheck)
+    tests=${HQ_SAN_TESTS:-${HQ_ONLY:-test_gpu_*}}
+    for t in $(for n in $tests; do echo tests/.libs/$n; done); do
       case $t in *lt-*) continue ;; esac
       [ -x "$t" ] || continue
-      for tool in memcheck racecheck synccheck; do
+      for tool in ${HQ_SAN_TOOLS:-memcheck racecheck synccheck}; do
         if "$san" --tool $tool --error-exitcode 1 "$t" > "$out/$(basename "$t").$tool.log" 2>&1; then
           echo "compute-sanitizer $tool $(basename "$t"): clean"
         else
