@@ -45,7 +45,8 @@ static const char usage[] =
     "Medians over --iters samples; a sample is --batch calls issued back to back, its time\n"
     "divided by the batch (default 10 on a GPU: the time per call of a trainer that keeps the\n"
     "GPU's queue full; --batch 1 times each call alone, the GPU idle while the host launches\n"
-    "it; 1 on the CPU).\n";
+    "it; 1 on the CPU). The calls alternate between two copies of the input (the same\n"
+    "values), so that no call finds in the GPU's L2 cache what the call before it left there.\n";
 
 #define CMD "bench"
 
