@@ -24,8 +24,10 @@
 # Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
-# variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt; --ncu profiles one kernel with Nsight
-# Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv, sass.csv.
+# variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt,
+# then rebuilds the tree's own source for the modes after it; --ncu profiles one kernel with
+# Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
+# sass.csv.
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -78,32 +80,41 @@ if [ "${1:-}" = "--on-device" ]; then
     # plugins/PLUGIN/PLUGIN.cu, is built, must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1),
     # and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant in turn,
     # one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
-    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir"
+    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/orig"
     labels=()
     for v in "$root"/.devab/*__*.cu; do
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
+      [ -f "$abdir/orig/$pl.cu" ] || cp plugins/$pl/$pl.cu "$abdir/orig/"
       cp "$v" plugins/$pl/$pl.cu
-      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$pl-$lab.build.log" 2>&1; then
-        echo "variant $lab: build failed"; grep -m5 error "$out/ab-$pl-$lab.build.log"; rc=1; continue
+      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$b.build.log" 2>&1; then
+        echo "variant $b: build failed"; grep -m5 error "$out/ab-$b.build.log"; rc=1; continue
       fi
       if [ -n "${HQ_AB_NOCHECK:-}" ] && [[ "$lab" =~ $HQ_AB_NOCHECK ]]; then
-        echo "variant $lab: built (not checked: HQ_AB_NOCHECK)"
+        echo "variant $b: built (not checked: HQ_AB_NOCHECK)"
       elif HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
-           check_LTLIBRARIES= > "$out/ab-$pl-$lab.check.log" 2>&1; then
-        echo "variant $lab: tests/test_gpu_$pl passed"
+           check_LTLIBRARIES= > "$out/ab-$b.check.log" 2>&1; then
+        echo "variant $b: tests/test_gpu_$pl passed"
       else
-        echo "variant $lab: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
+        echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
         continue
       fi
-      mkdir -p "$abdir/$pl-$lab"; cp plugins/$pl/.libs/$pl.so "$abdir/$pl-$lab/"
-      labels+=("$lab:$pl")
+      mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/$pl.so "$abdir/$b/"
+      labels+=("$b")
+    done
+    # the tree's own sources back, built, for the modes after this one (--bench, --sanitize)
+    for o in "$abdir"/orig/*.cu; do
+      [ -f "$o" ] || continue
+      pl=$(basename "$o" .cu)
+      cp "$o" plugins/$pl/$pl.cu
+      make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$pl-restore.build.log" 2>&1 \
+        || { echo "rebuilding plugins/$pl from its own source failed"; rc=1; }
     done
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
-      for lp in "${labels[@]}"; do
-        lab=${lp%%:*}; pl=${lp#*:}
-        path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$pl-$lab|")
+      for b in "${labels[@]}"; do
+        pl=${b%%__*}
+        path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$b|")
         eval set -- "${HQ_AB_ARGS:---format $pl}"
-        echo "=== variant ${pl}__$lab round $round"
+        echo "=== variant $b round $round"
         HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
       done
     done | tee "$out/ab.txt"
