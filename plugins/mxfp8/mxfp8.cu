@@ -10,8 +10,9 @@
 ** Quantize kernel: one CTA of 256 threads per tile of 32 rows x 128 columns, the tiles in
 ** row-major order (blockIdx.x along K; along M only for more than 65535 row blocks). Each
 ** thread loads two vectors of 8 consecutive elements (one 16-byte load for bf16/f16, two for
-** f32), rows r and r + 16 of the tile, into registers; the input is read exactly once for both
-** directions.
+** f32), rows r and r + 16 of the tile, into registers (a 16-bit input stays packed, two
+** elements per register, its amaxes taken two per instruction, unpacked for the casts); the
+** input is read exactly once for both directions.
 **   rowwise 1x32: a block is 4 neighbouring lanes; the two rows' amaxes by a reduce-scatter
 **     of two xor-shuffles (two lanes finish each row), one code per lane, the multipliers back
 **     by shuffle, cast, one 8-byte store per vector (16 lanes write a 128-byte row segment);
@@ -22,7 +23,9 @@
 **     multipliers and stores 8 bytes per vector;
 **   block_2d 32x32 (kernels of their own): the column maxima of a 32-column block reduced over
 **     the warp give the tile's code, used by both directions (identical bytes in both data
-**     buffers, as on the CPU); the rowwise codes leave as one 4-byte word per row and tile.
+**     buffers, as on the CPU); the rowwise codes leave as one 4-byte word per row and tile;
+**   both directions with swizzled scales (kDeferred): as 1x32 and 32x1, but the rows' codes wait
+**     in shared memory and both copies are cast after the columns' codes, as in block_2d.
 ** Padding kernel: only the padding bytes of the scale buffers (logical index outside [M, K/32]
 ** rowwise, [M/32, K] columnwise, in either layout) are written as zero; the quantize kernel
 ** writes every logical entry; so each scale byte is written exactly once, as the CPU's bytes.
@@ -110,53 +113,90 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
    NaN only when every element behind them is; every chain below ends in one started at 0. */
 __device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
-/* TWO_D: block_2d, kernels of their own (a.two_d; 2 with the rowwise copy, whose codes go out
-   as words, 1 without it); as a flag of the one kernel, those stores had cost the plain kernel
-   registers (39 -> 47, 6 CTAs per SM -> 5) and speed (H200, 8192x8192 bf16, interleaved: both
-   directions 85.1-85.6% -> 80.0-80.1% of copy; capped at 40 registers, 82.1-82.3%), and in one
-   block_2d kernel the columnwise copy alone 86.4-86.8% -> 81.3-81.7%.
-   The CTAs per SM each kernel's registers must allow (an explicit bound: without one the
-   compiler had taken more registers once the kernels became templates): 6 (40 registers, what
-   the plain kernel had) but for block_2d with the rowwise copy, 5 (48: capped at 40 it spilled
-   and measured slower, H200 both directions 84.7-85.1% -> 82.9-83.4%), and the fused optimizer
-   step, 4 (64). */
+/* The quantize kernel's modes, a template argument each (so that each mode's registers are its
+   own: as flags of one kernel, block_2d's word stores had cost the plain kernel registers, 39 ->
+   47, and speed, H200 both directions 85.1-85.6% -> 80.0-80.1% of copy).
+   The swizzled scale layouts put the tile's codes one byte in 4 over 512-byte spans; with both
+   directions the 1-D kernel then measured 84.2-84.6% (H200, 8192x8192 bf16, interleaved, three
+   rounds) where it makes 86.8-87.0% with compact scales, and kDeferred -- every cast after the
+   column codes, the rows' codes staged in shared memory and written as one word per row, as
+   block_2d does -- 87.4-88.0%. With compact scales deferring measured 0.5 points slower
+   (85.8-86.4%), so only the swizzled layouts take it. Tried and not kept there: the columnwise
+   codes stored so that each warp fills 4 whole sectors rather than touching 16 (82.3-82.6%
+   against 83.3-84.1% in the same runs), and the 4 row blocks of a 128-row group launched side
+   by side so that the CTAs sharing a scale sector run together (75.9-78.3%). */
+constexpr int kOneD = 0;     /* 1x32 / 32x1 blocks, rowwise cast before the columns' codes */
+constexpr int kTwoD = 1;     /* block_2d, no rowwise copy */
+constexpr int kTwoDRows = 2; /* block_2d with the rowwise copy */
+constexpr int kDeferred = 3; /* 1x32 and 32x1, both copies cast after the columns' codes */
+/* The CTAs per SM each kernel's registers must allow (an explicit bound: without one the
+   compiler had taken more registers once the kernels became templates). A 16-bit input read
+   with 16-byte loads (PK below) keeps its elements packed, which fits every mode in 32 registers
+   without spills: 8 CTAs, the SM's 2048 threads. On an H200 (8192x8192 bf16, interleaved, two
+   or three rounds, against the float registers of before, which had 8 CTAs with spills for
+   E4M3, 6 for E5M2 and 5 for block_2d with the rowwise copy): both directions 85.8% -> 86.5-87.0%,
+   E5M2 84.2% -> 86.0-86.9%, block_2d 84.5% -> 87.5-88.2% and its rowwise copy alone 78.3% ->
+   92.2-92.9%, block_2d with swizzled scales 85.2% -> 91.2-91.7%. FP32 inputs keep 6 (40
+   registers), 5 for block_2d with the rowwise copy (48: capped at 40 it spilled and measured
+   slower), and the fused optimizer step 4 (64). */
 #ifndef HQ_MXFP8_2D_MIN_BLOCKS
 #define HQ_MXFP8_2D_MIN_BLOCKS 5
 #endif
-/* E4M3 elements from a 16-bit input without block_2d's rowwise copy: 8 CTAs per SM (32
-   registers, a few bytes of spills, the SM's 2048 threads), where 6 (40 registers, none) had left
-   the loads of too few tiles in flight on an H200 (8192x8192 bf16, interleaved, two processes
-   each: both directions 84.9-85.1% -> 85.6-85.7% of copy, rowwise alone 89.4-89.5% ->
-   90.9-91.0%, columnwise alone 87.5-88.1% -> 93.6-93.9%, block_2d's columnwise copy alone
-   86.4-87.3% -> 92.5-92.8%). E5M2 keeps 6: at 8 its rowwise copy alone measured 88.6-89.0% ->
-   84.6-84.8% (both directions 84.1-84.5% -> 83.8-83.9%); so does an FP32 input (40 bytes of
-   spills at 8, not measured). */
 #ifndef HQ_MXFP8_MIN_BLOCKS
 #define HQ_MXFP8_MIN_BLOCKS 6
 #endif
-#ifndef HQ_MXFP8_MIN_BLOCKS_E4M3_16
-#define HQ_MXFP8_MIN_BLOCKS_E4M3_16 8
+#ifndef HQ_MXFP8_MIN_BLOCKS_PK
+#define HQ_MXFP8_MIN_BLOCKS_PK 8
 #endif
-template <int DT, int ELEM, int GT, int TWO_D>
-constexpr int kMinBlocksOf = GT                 ? 4
-                             : TWO_D == 2       ? HQ_MXFP8_2D_MIN_BLOCKS
-                             : ELEM == HQ_E4M3 && DT != HQ_F32 ? HQ_MXFP8_MIN_BLOCKS_E4M3_16
-                                                               : HQ_MXFP8_MIN_BLOCKS;
-template <int DT, int ELEM, bool VEC, int GT, int TWO_D>
-__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, GT, TWO_D>)
+template <int DT, int ELEM, bool VEC, int GT, int MODE>
+constexpr int kMinBlocksOf = GT                      ? 4
+                             : DT != HQ_F32 && VEC   ? HQ_MXFP8_MIN_BLOCKS_PK
+                             : MODE == kTwoDRows     ? HQ_MXFP8_2D_MIN_BLOCKS
+                                                     : HQ_MXFP8_MIN_BLOCKS;
+/* The 8 elements of one vector as FP32 (exact): from the thread's packed 16-bit words (PK) or
+   its FP32 registers. */
+template <int DT, bool PK>
+__device__ __forceinline__ void elems8(const uint32_t w[4], const float x[8], float y[8]) {
+  if (PK) {
+    for (int k = 0; k < 4; k++) {
+      y[2 * k] = hq_cuda_hp16_to_f32<DT>(w[k] & 0xffffu);
+      y[2 * k + 1] = hq_cuda_hp16_to_f32<DT>(w[k] >> 16);
+    }
+  } else {
+    for (int k = 0; k < 8; k++) y[k] = x[k];
+  }
+}
+
+template <int DT, int ELEM, bool VEC, int GT, int MODE>
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, VEC, GT, MODE>)
     quantize_kernel(QArgs a) {
+  constexpr int TWO_D = MODE == kTwoD ? 1 : MODE == kTwoDRows ? 2 : 0;
+  constexpr bool defer = MODE == kDeferred;
+  /* PK: a 16-bit input stays in its packed words (8 registers for the thread's 16 elements, not
+     16), its amaxes taken two elements per instruction (hq_cuda_absmax2, NaN ignored as the
+     rule wants) and its elements unpacked to FP32 where a cast needs them */
+  constexpr bool PK = DT != HQ_F32 && GT == 0 && VEC;
   __shared__ __align__(16) float part[kWarps][kCols]; /* per-warp column maxima */
   __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
   __shared__ __align__(4) uint8_t s_code[kCols / kBlk];  /* block_2d: the tile's block codes */
+  __shared__ __align__(4) uint8_t s_rcode[kBlk * 4];     /* defer: the rows' codes */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   const int64_t K = a.K, M = a.M;
-  const int64_t i0 = (int64_t)(a.row_major ? blockIdx.y : blockIdx.x) * kBlk,
-                j0 = (int64_t)(a.row_major ? blockIdx.x : blockIdx.y) * kCols;
+  const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
+                 bj = a.row_major ? blockIdx.x : blockIdx.y;
+  const int64_t i0 = (int64_t)bi * kBlk, j0 = (int64_t)bj * kCols;
   const int64_t j = j0 + cg * 8;
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
   float x[2][8];
+  uint32_t w[2][4];
   for (int p = 0; p < 2; p++) {
-    if (valid && GT) {
+    if (PK) {
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (valid)
+        u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) +
+                                                  (i0 + r0 + 16 * p) * K + j));
+      w[p][0] = u.x; w[p][1] = u.y; w[p][2] = u.z; w[p][3] = u.w;
+    } else if (valid && GT) {
       adam_load8<GT, VEC>(a, (i0 + r0 + 16 * p) * K + j, x[p]);
     } else if (valid) {
       hq_cuda_load8<DT>(a.x, (i0 + r0 + 16 * p) * K + j, VEC, x[p]);
@@ -165,54 +205,81 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, GT, TWO_D>)
     }
   }
 
+  float rmult[2] = {0.0f, 0.0f};
   if (!TWO_D && a.rd) { /* rowwise 1x32 blocks: 4 lanes each */
     /* the thread's two rows' partial maxima, reduce-scattered over the block's 4 lanes: lanes
        with bit 0 = p finish row p (2 shuffles), each computes one scale code, not two, and
        the multipliers travel back by shuffle */
     float m0 = 0.0f, m1 = 0.0f;
-    for (int k = 0; k < 8; k++) {
-      m0 = amax_step(m0, x[0][k]);
-      m1 = amax_step(m1, x[1][k]);
+    if (PK) {
+      m0 = hq_cuda_words_amax<DT, 4>(w[0]);
+      m1 = hq_cuda_words_amax<DT, 4>(w[1]);
+    } else {
+      for (int k = 0; k < 8; k++) {
+        m0 = amax_step(m0, x[0][k]);
+        m1 = amax_step(m1, x[1][k]);
+      }
     }
     const bool b0 = lane & 1;
     float m = fmaxf(b0 ? m1 : m0, __shfl_xor_sync(0xffffffffu, b0 ? m0 : m1, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const uint8_t e = hq_mxfp8_scale_code(m, ELEM); /* of row i0 + r0 + 16 * b0 */
     const float my_mult = hq_e8m0_quant_mult(e);
-    if (valid && !(lane & 2))
-      a.rs[hq_mxfp8_row_scale_idx(i0 + r0 + 16 * b0, j / kBlk, K, a.rswz)] = e;
-    for (int p = 0; p < 2; p++) {
-      const float mult = __shfl_sync(0xffffffffu, my_mult, (lane & ~3) | p);
-      const uint2 q = hq_cuda_cast8<ELEM>(x[p], mult);
-      if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
+    for (int p = 0; p < 2; p++) rmult[p] = __shfl_sync(0xffffffffu, my_mult, (lane & ~3) | p);
+    if (defer) {
+      if (!(lane & 2)) s_rcode[(r0 + 16 * b0) * 4 + (cg >> 2)] = e;
+    } else {
+      if (valid && !(lane & 2))
+        a.rs[hq_mxfp8_row_scale_idx(i0 + r0 + 16 * b0, j / kBlk, K, a.rswz)] = e;
+      for (int p = 0; p < 2; p++) {
+        float y[8];
+        elems8<DT, PK>(w[p], x[p], y);
+        const uint2 q = hq_cuda_cast8<ELEM>(y, rmult[p]);
+        if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
+      }
     }
   }
   if (!TWO_D && !a.cd) return; /* uniform over the CTA */
 
   /* column maxima over the tile's 32 rows (NaN only where all behind them are; the chain over
      the warps' partial maxima starts at 0) */
-  float cm[8];
-  for (int k = 0; k < 8; k++) {
-    cm[k] = fmaxf(fabsf(x[0][k]), fabsf(x[1][k]));
-    cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
-  }
-  if (lane < 16) {
-    float4 *dst = reinterpret_cast<float4 *>(&part[warp][cg * 8]);
-    dst[0] = make_float4(cm[0], cm[1], cm[2], cm[3]);
-    dst[1] = make_float4(cm[4], cm[5], cm[6], cm[7]);
+  if (PK) { /* packed: part holds [kWarps][kCols / 2] words, two columns each */
+    uint32_t c[4];
+    for (int h = 0; h < 4; h++) {
+      c[h] = hq_cuda_absmax2<DT>(w[0][h], w[1][h]);
+      c[h] = hq_cuda_absmax2<DT>(c[h], __shfl_xor_sync(0xffffffffu, c[h], 16));
+    }
+    if (lane < 16)
+      reinterpret_cast<uint4 *>(&part[warp][0])[cg] = make_uint4(c[0], c[1], c[2], c[3]);
+  } else {
+    float cm[8];
+    for (int k = 0; k < 8; k++) {
+      cm[k] = fmaxf(fabsf(x[0][k]), fabsf(x[1][k]));
+      cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], 16));
+    }
+    if (lane < 16) {
+      float4 *dst = reinterpret_cast<float4 *>(&part[warp][cg * 8]);
+      dst[0] = make_float4(cm[0], cm[1], cm[2], cm[3]);
+      dst[1] = make_float4(cm[4], cm[5], cm[6], cm[7]);
+    }
   }
   __syncthreads();
   if (t < kCols) {
     float m = 0.0f;
-    for (int w = 0; w < kWarps; w++) m = fmaxf(m, part[w][t]);
+    if (PK) {
+      uint32_t c = reinterpret_cast<const uint32_t *>(&part[0][0])[t >> 1];
+      for (int v = 1; v < kWarps; v++)
+        c = hq_cuda_absmax2<DT>(c, reinterpret_cast<const uint32_t *>(&part[v][0])[t >> 1]);
+      m = hq_cuda_lane_amax<DT>(c, t & 1);
+    } else {
+      for (int v = 0; v < kWarps; v++) m = fmaxf(m, part[v][t]);
+    }
     if (TWO_D) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
       for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
     s_mult[t] = hq_e8m0_quant_mult(e);
     const int64_t jc = j0 + t;
-    if (jc < K) {
-      if (a.cd) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;
-    }
+    if (a.cd && jc < K) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;
     if (TWO_D == 2 && a.rd && lane == 0) s_code[warp] = e; /* warp w < 4: block w's code */
   }
   __syncthreads();
@@ -225,8 +292,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, GT, TWO_D>)
   }
   if (valid) {
     for (int p = 0; p < 2; p++) {
-      const uint2 q = hq_cuda_cast8v<ELEM>(x[p], mult);
+      float y[8];
+      elems8<DT, PK>(w[p], x[p], y);
+      const uint2 q = hq_cuda_cast8v<ELEM>(y, mult);
       const int64_t off = (i0 + r0 + 16 * p) * K + j;
+      if (defer) store8<VEC>(a.rd + off, hq_cuda_cast8<ELEM>(y, rmult[p]));
       if (a.cd) store8<VEC>(a.cd + off, q);
       if (TWO_D == 2 && a.rd) store8<VEC>(a.rd + off, q);
     }
@@ -238,15 +308,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, GT, TWO_D>)
      rowwise alone 58.7-59.0% -> 77.8-79.3% of copy on an H200, 76.3-76.5% -> 91.9-92.4% on an
      H100; both directions 67.2-67.9% -> 84.7-85.1% (H200), 84.9-85.1% -> 92.4-92.6% (H100);
      f32 both directions 84.1-85.1% -> 96.4-97.8% (H200) */
-  if (TWO_D == 2 && a.rd && t < kBlk) {
+  if ((TWO_D == 2 && a.rd && t < kBlk) || (defer && t >= kThreads - kBlk)) {
     const int64_t kb0 = j0 / kBlk;
-    const uint32_t w = *reinterpret_cast<const uint32_t *>(s_code);
+    const int r = t & (kBlk - 1);
+    const uint32_t w = TWO_D ? *reinterpret_cast<const uint32_t *>(s_code)
+                             : reinterpret_cast<const uint32_t *>(s_rcode)[r];
     if (a.rs4 && j0 + kCols <= K) {
-      *reinterpret_cast<uint32_t *>(a.rs + hq_mxfp8_row_scale_idx(i0 + t, kb0, K, a.rswz)) = w;
+      *reinterpret_cast<uint32_t *>(a.rs + hq_mxfp8_row_scale_idx(i0 + r, kb0, K, a.rswz)) = w;
     } else {
       for (int b = 0; b < kCols / kBlk; b++)
         if (j0 + kBlk * b < K)
-          a.rs[hq_mxfp8_row_scale_idx(i0 + t, kb0 + b, K, a.rswz)] = (uint8_t)(w >> (8 * b));
+          a.rs[hq_mxfp8_row_scale_idx(i0 + r, kb0 + b, K, a.rswz)] = (uint8_t)(w >> (8 * b));
     }
   }
 }
@@ -411,22 +483,24 @@ dequantize_kernel(const uint8_t *__restrict__ qd, const uint8_t *__restrict__ qs
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
-template <int DT, int ELEM, int GT, int TWO_D>
+template <int DT, int ELEM, int GT, int MODE>
 void launch_quantize_2d(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
   if (vec)
-    quantize_kernel<DT, ELEM, true, GT, TWO_D><<<grid, kThreads, 0, stream>>>(a);
+    quantize_kernel<DT, ELEM, true, GT, MODE><<<grid, kThreads, 0, stream>>>(a);
   else
-    quantize_kernel<DT, ELEM, false, GT, TWO_D><<<grid, kThreads, 0, stream>>>(a);
+    quantize_kernel<DT, ELEM, false, GT, MODE><<<grid, kThreads, 0, stream>>>(a);
 }
 
 template <int DT, int ELEM, int GT>
 void launch_quantize(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
   if (a.two_d && a.rd)
-    launch_quantize_2d<DT, ELEM, GT, 2>(a, vec, grid, stream);
+    launch_quantize_2d<DT, ELEM, GT, kTwoDRows>(a, vec, grid, stream);
   else if (a.two_d)
-    launch_quantize_2d<DT, ELEM, GT, 1>(a, vec, grid, stream);
+    launch_quantize_2d<DT, ELEM, GT, kTwoD>(a, vec, grid, stream);
+  else if (GT == 0 && a.rd && a.cd && (a.rswz || a.cswz))
+    launch_quantize_2d<DT, ELEM, GT, GT == 0 ? kDeferred : kOneD>(a, vec, grid, stream);
   else
-    launch_quantize_2d<DT, ELEM, GT, 0>(a, vec, grid, stream);
+    launch_quantize_2d<DT, ELEM, GT, kOneD>(a, vec, grid, stream);
 }
 
 template <int DT, int GT>
