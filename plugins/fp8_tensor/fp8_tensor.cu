@@ -199,19 +199,27 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
 #pragma unroll
     for (int r = 0; r < 8; r++) hq_cuda_load8<DT>(a.x, (i + r) * a.K + j, true, x[r]);
   const float scale = block_scale(a); /* every thread: it synchronizes the CTA */
-  uint32_t m = 0;
+  /* delayed scaling's block amax, taken only under delayed scaling: a chain of fmaxf (IEEE
+     maxNum: a NaN operand gives the other) started at 0 is max |x| with NaN ignored, whose bits
+     are the integer max of hq_abs_bits_nonan over the same elements, in one instruction per
+     element where that max took four, and every other scaling had paid for it too. H200,
+     8192x8192 bf16, two rounds interleaved: delayed columnwise alone 83.1% -> 85.8-86.1% of
+     copy, rowwise alone 89.9-90.0% -> 92.7%, both 86.4-86.6% -> 87.4%; current scaling with a
+     given amax rowwise alone 92.6-92.8% -> 95.0-95.1%, columnwise alone 86.7-86.9% -> 88.9% */
+  float m = 0.0f;
   uint2 q[8];
   if (in) {
 #pragma unroll
     for (int r = 0; r < 8; r++) {
       if constexpr (GT != 0) adam_at8<GT>(a, (i + r) * a.K + j, x[r]);
-      for (int k = 0; k < 8; k++) m = max(m, hq_abs_bits_nonan(x[r][k]));
+      if (a.state)
+        for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(x[r][k]));
       q[r] = a.elem == HQ_E5M2 ? hq_cuda_cast8<HQ_E5M2>(x[r], scale)
                                  : hq_cuda_cast8<HQ_E4M3>(x[r], scale);
       if (a.row) *reinterpret_cast<uint2 *>(a.row + (i + r) * a.K + j) = q[r];
     }
   }
-  if (a.state) block_amax_commit(a, m);
+  if (a.state) block_amax_commit(a, __float_as_uint(m));
   if (!in || !a.col) return;
   uint32_t lo[8], hi[8]; /* column c: rows 0-3 in lo[c], rows 4-7 in hi[c] */
   hq_cuda_transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo);
