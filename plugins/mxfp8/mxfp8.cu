@@ -493,12 +493,15 @@ void launch_quantize_2d(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream
 
 template <int DT, int ELEM, int GT>
 void launch_quantize(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
+  /* both directions with a swizzled scale layout: kDeferred, but for the fused optimizer step,
+     which keeps kOneD (no kernel of that mode is built for it) */
+  constexpr int kSwizzledBoth = GT == 0 ? kDeferred : kOneD;
   if (a.two_d && a.rd)
     launch_quantize_2d<DT, ELEM, GT, kTwoDRows>(a, vec, grid, stream);
   else if (a.two_d)
     launch_quantize_2d<DT, ELEM, GT, kTwoD>(a, vec, grid, stream);
-  else if (GT == 0 && a.rd && a.cd && (a.rswz || a.cswz))
-    launch_quantize_2d<DT, ELEM, GT, GT == 0 ? kDeferred : kOneD>(a, vec, grid, stream);
+  else if (a.rd && a.cd && (a.rswz || a.cswz))
+    launch_quantize_2d<DT, ELEM, GT, kSwizzledBoth>(a, vec, grid, stream);
   else
     launch_quantize_2d<DT, ELEM, GT, kOneD>(a, vec, grid, stream);
 }
