@@ -80,23 +80,26 @@ if [ "${1:-}" = "--on-device" ]; then
     # plugins/PLUGIN/PLUGIN.cu, is built, must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1),
     # and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant in turn,
     # one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
-    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/orig"
+    # (the variants' build and test logs stay in $abdir/log, and only a failed one is copied
+    # to $out: the device tool brings back a few files, and ab.txt must be among them)
+    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/orig" "$abdir/log"
     labels=()
     for v in "$root"/.devab/*__*.cu; do
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
       [ -f "$abdir/orig/$pl.cu" ] || cp plugins/$pl/$pl.cu "$abdir/orig/"
       cp "$v" plugins/$pl/$pl.cu
-      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$b.build.log" 2>&1; then
-        echo "variant $b: build failed"; grep -m5 error "$out/ab-$b.build.log"; rc=1; continue
+      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$abdir/log/$b.build.log" 2>&1; then
+        echo "variant $b: build failed"; grep -m5 error "$abdir/log/$b.build.log"; rc=1
+        cp "$abdir/log/$b.build.log" "$out/ab-$b.build.log"; continue
       fi
       if [ -n "${HQ_AB_NOCHECK:-}" ] && [[ "$lab" =~ $HQ_AB_NOCHECK ]]; then
         echo "variant $b: built (not checked: HQ_AB_NOCHECK)"
       elif HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
-           check_LTLIBRARIES= > "$out/ab-$b.check.log" 2>&1; then
+           check_LTLIBRARIES= > "$abdir/log/$b.check.log" 2>&1; then
         echo "variant $b: tests/test_gpu_$pl passed"
       else
         echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
-        continue
+        cp "$abdir/log/$b.check.log" "$out/ab-$b.check.log"; continue
       fi
       mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/$pl.so "$abdir/$b/"
       labels+=("$b")
@@ -106,8 +109,9 @@ if [ "${1:-}" = "--on-device" ]; then
       [ -f "$o" ] || continue
       pl=$(basename "$o" .cu)
       cp "$o" plugins/$pl/$pl.cu
-      make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$out/ab-$pl-restore.build.log" 2>&1 \
-        || { echo "rebuilding plugins/$pl from its own source failed"; rc=1; }
+      make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$abdir/log/$pl-restore.build.log" 2>&1 \
+        || { echo "rebuilding plugins/$pl from its own source failed"; rc=1
+             cp "$abdir/log/$pl-restore.build.log" "$out/"; }
     done
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
       for b in "${labels[@]}"; do
