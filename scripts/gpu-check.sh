@@ -27,7 +27,7 @@
 # variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt,
 # then rebuilds the tree's own source for the modes after it; --ncu profiles one kernel with
 # Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
-# sass.csv.
+# sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too).
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -138,6 +138,17 @@ if [ "${1:-}" = "--on-device" ]; then
     "$ncu" -i "$out/prof.ncu-rep" --page details --csv > "$out/details.csv" 2>&1 || rc=1
     "$ncu" -i "$out/prof.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" \
       2>&1 || true
+    # the warp stall reasons (cycles per issued instruction, largest first) from the raw page
+    "$ncu" -i "$out/prof.ncu-rep" --page raw --csv 2>/dev/null | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if len(rows) >= 3:
+    got = [(float(v.replace(",", "")), n) for n, v in zip(rows[0], rows[2])
+           if "issue_stalled" in n and n.endswith("per_issue_active.ratio")
+           and v.replace(",", "").replace(".", "", 1).isdigit()]
+    for v, n in sorted(got, reverse=True)[:12]:
+        print("stall %-60s %6.2f" % (n.split("issue_stalled_")[1], v))
+' | tee "$out/stalls.txt" || true
     k='Duration|Executed Instructions|Issue Slots Busy|Issued Ipc Active|Registers Per Thread'
     k="$k|Achieved Occupancy|Memory Throughput|DRAM Throughput|L2 Cache Throughput|SM Frequency"
     grep -E "\"($k)\"" "$out/details.csv" | cut -d, -f12- | head -20 || true
