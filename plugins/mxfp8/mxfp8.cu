@@ -148,7 +148,7 @@ constexpr int kDeferred = 3; /* 1x32 and 32x1, both copies cast after the column
 #ifndef HQ_MXFP8_MIN_BLOCKS_PK
 #define HQ_MXFP8_MIN_BLOCKS_PK 8
 #endif
-template <int DT, int ELEM, bool VEC, int GT, int MODE>
+template <int DT, bool VEC, int GT, int MODE>
 constexpr int kMinBlocksOf = GT                      ? 4
                              : DT != HQ_F32 && VEC   ? HQ_MXFP8_MIN_BLOCKS_PK
                              : MODE == kTwoDRows     ? HQ_MXFP8_2D_MIN_BLOCKS
@@ -168,7 +168,7 @@ __device__ __forceinline__ void elems8(const uint32_t w[4], const float x[8], fl
 }
 
 template <int DT, int ELEM, bool VEC, int GT, int MODE>
-__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, ELEM, VEC, GT, MODE>)
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
     quantize_kernel(QArgs a) {
   constexpr int TWO_D = MODE == kTwoD ? 1 : MODE == kTwoDRows ? 2 : 0;
   constexpr bool defer = MODE == kDeferred;
