@@ -67,12 +67,12 @@ if [ "${1:-}" = "--on-device" ]; then
     make -j8 check > "$out/check.log" 2>&1 || rc=$?
   fi
   if [[ "$modes" != *" --quick "* ]]; then
-  cp test-suite.log "$out/" 2>/dev/null || true
-  for t in tests/test_gpu_*.log; do [ -f "$t" ] && cp "$t" "$out/"; done
-  grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):' "$out/check.log" || true
-  grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR)' "$out/check.log" || true
-  for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
-  [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
+    cp test-suite.log "$out/" 2>/dev/null || true
+    for t in tests/test_gpu_*.log; do [ -f "$t" ] && cp "$t" "$out/"; done
+    grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):' "$out/check.log" || true
+    grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR)' "$out/check.log" || true
+    for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
+    [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
   fi
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
   if [[ "$modes" == *" --ab "* ]]; then
