@@ -162,7 +162,7 @@ __global__ void cast_transpose_kernel(CastArgs a) {
     if (i < a.M && j < a.K) {
       float x = hq_load_hp(a.x, i * a.K + j, DT);
       if constexpr (GT != 0) x = adam_at<GT>(a, i * a.K + j, x);
-      m = max(m, hq_abs_bits_nonan(x));
+      if (a.state) m = max(m, hq_abs_bits_nonan(x)); /* delayed scaling's block amax only */
       uint8_t q = hq_fp8_quantize(x, scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
       tile[r][threadIdx.x] = q;
