@@ -30,6 +30,13 @@ constexpr int kHqAmaxThreads = 256;
 #define HQ_AMAX_FORWARD 0
 #endif
 
+/* One step of an amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
+   chain started at 0 is max |x| with NaN ignored and Inf counted -- hq_fmax_nan_ignoring's rule,
+   the CPU's amax (docs/formats.md) -- in one instruction per element. A partial maximum of a
+   chain not started at 0 is NaN only when every element behind it is; every final chain must
+   start at 0. The stock plugins' block and tensor amaxes all take it. */
+__device__ __forceinline__ float hq_cuda_amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
+
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(kHqAmaxThreads)
     hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n, float *t0, float *t1) {
@@ -48,13 +55,13 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
 #pragma unroll
     for (int u = 0; u < 4; u++)
 #pragma unroll
-      for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[u][e]));
+      for (int e = 0; e < 8; e++) m = hq_cuda_amax_step(m, v[u][e]);
   }
   for (; g < n8; g += stride) {
     float v[8];
     hq_cuda_load8<DT>(x, (last + dir * g) * 8, VEC, v);
 #pragma unroll
-    for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[e]));
+    for (int e = 0; e < 8; e++) m = hq_cuda_amax_step(m, v[e]);
   }
   __shared__ float warp_max[kHqAmaxThreads / 32];
   for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "fp8_cvt_cuda.h"
+#include "amax_cuda.h"
 #include "cuda_check.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
@@ -67,12 +68,6 @@ struct QArgs {
   hq_adam_consts k;
 };
 
-/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so a
-   chain started at 0 is max |x| with NaN ignored and Inf counted, hq_fmax_nan_ignoring's rule
-   (the CPU's amax), in one instruction per element. A partial maximum of two chains not started
-   at 0 is NaN only when every element behind it is; every final chain starts at 0. */
-__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
-
 /* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
    for bf16/f16). */
 template <int DT> struct Raw {
@@ -80,11 +75,11 @@ template <int DT> struct Raw {
   uint32_t w[8][W];
   /* max |x| (NaN ignored, 0 when all are NaN) of row p's 8 elements: 16-bit inputs from their
      packed words (hq_cuda_absmax2, two per instruction; no FP32 copies of the elements kept
-     live beside the casts that need them), FP32 by amax_step */
+     live beside the casts that need them), FP32 by hq_cuda_amax_step (amax_cuda.h) */
   __device__ __forceinline__ float row_amax(int p) const {
     if constexpr (DT == HQ_F32) {
       float m = 0.0f;
-      for (int j = 0; j < 8; j++) m = amax_step(m, at(p, j));
+      for (int j = 0; j < 8; j++) m = hq_cuda_amax_step(m, at(p, j));
       return m;
     } else {
       return hq_cuda_words_amax<DT, 4>(w[p]);
@@ -298,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_kernel(QArgs a) {
         if constexpr (DT == HQ_F32) {
           cm[j] = 0.0f;
           #pragma unroll
-          for (int p = 0; p < 8; p++) cm[j] = amax_step(cm[j], x.at(p, j));
+          for (int p = 0; p < 8; p++) cm[j] = hq_cuda_amax_step(cm[j], x.at(p, j));
         } else {
           cm[j] = hq_cuda_lane_amax<DT>(x.col_pair_absmax(j / 2), j & 1);
         }

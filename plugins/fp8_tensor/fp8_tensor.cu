@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
     for (int r = 0; r < 8; r++) {
       if constexpr (GT != 0) adam_at8<GT>(a, (i + r) * a.K + j, x[r]);
       if (a.state)
-        for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(x[r][k]));
+        for (int k = 0; k < 8; k++) m = hq_cuda_amax_step(m, x[r][k]);
       q[r] = a.elem == HQ_E5M2 ? hq_cuda_cast8<HQ_E5M2>(x[r], scale)
                                  : hq_cuda_cast8<HQ_E4M3>(x[r], scale);
       if (a.row) *reinterpret_cast<uint2 *>(a.row + (i + r) * a.K + j) = q[r];

@@ -41,6 +41,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "amax_cuda.h"
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
@@ -106,12 +107,6 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
     for (int k = 0; k < 8; k++) p[k] = (uint8_t)((k < 4 ? packed.x : packed.y) >> (8 * (k % 4)));
   }
 }
-
-/* One step of a block amax: CUDA's fmaxf is IEEE maxNum (a NaN operand gives the other one), so
-   a chain started at 0 is max |x| with NaN ignored and Inf counted -- hq_fmax_nan_ignoring's
-   rule, the CPU's amax (docs/formats.md) -- in one instruction per element. Partial maxima may be
-   NaN only when every element behind them is; every chain below ends in one started at 0. */
-__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
 /* The quantize kernel's modes, a template argument each (so that each mode's registers are its
    own: as flags of one kernel, block_2d's word stores had cost the plain kernel registers, 39 ->
@@ -216,8 +211,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
       m1 = hq_cuda_words_amax<DT, 4>(w[1]);
     } else {
       for (int k = 0; k < 8; k++) {
-        m0 = amax_step(m0, x[0][k]);
-        m1 = amax_step(m1, x[1][k]);
+        m0 = hq_cuda_amax_step(m0, x[0][k]);
+        m1 = hq_cuda_amax_step(m1, x[1][k]);
       }
     }
     const bool b0 = lane & 1;
