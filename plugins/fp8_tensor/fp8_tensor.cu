@@ -156,19 +156,19 @@ __global__ void cast_transpose_kernel(CastArgs a) {
   const float scale = block_scale(a);
   const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
   const int64_t j = j0 + threadIdx.x;
-  uint32_t m = 0;
+  float m = 0.0f; /* delayed scaling's block amax, NaN ignored (the vector kernel's step) */
   for (int r = threadIdx.y; r < kTile; r += kRowsPerPass) {
     const int64_t i = i0 + r;
     if (i < a.M && j < a.K) {
       float x = hq_load_hp(a.x, i * a.K + j, DT);
       if constexpr (GT != 0) x = adam_at<GT>(a, i * a.K + j, x);
-      if (a.state) m = max(m, hq_abs_bits_nonan(x)); /* delayed scaling's block amax only */
+      if (a.state) m = hq_cuda_amax_step(m, x); /* under delayed scaling only */
       uint8_t q = hq_fp8_quantize(x, scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
       tile[r][threadIdx.x] = q;
     }
   }
-  if (a.state) block_amax_commit(a, m);
+  if (a.state) block_amax_commit(a, __float_as_uint(m));
   if (!a.col) return;
   __syncthreads();
   const int64_t ii = i0 + threadIdx.x;
