@@ -175,7 +175,12 @@ constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
    60.2-60.6% -> 59.2-59.8%; an FP32 input's three tiles would leave one CTA per SM. Again
    for both directions after the staged store's move: 82.1-82.2% -> 76.9-77.2%, rht 79.8% ->
    77.2-77.8%; four for one direction with stochastic rounding: rowwise 86.3-86.7% ->
-   84.0-84.5%, columnwise 81.3-82.3% -> 77.3-78.2%. */
+   84.0-84.5%, columnwise 81.3-82.3% -> 77.3-78.2%. On the H200 (8192x8192 bf16, given amax,
+   interleaved, two rounds, the copy issued first) 3 measured faster for both directions,
+   69.8-70.4% -> 71.1-71.7% (own amax 72.7-72.8% -> 73.6-74.0%), and slower for one direction
+   alone (rowwise 83.9-85.3% -> 83.5-83.7%, columnwise 81.3-81.6% -> 81.0-81.3%): kept at 2:
+   on the H100 it had lost 5 points (above, before the copy was issued first; not measured
+   there since, no H100 being lent). */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
@@ -234,7 +239,11 @@ __device__ __forceinline__ bool tile_full(uint32_t M, uint32_t K, uint32_t i0, u
    edge holding fewer)
    (grouped orders, 8, 16 or 32 tile rows per group and column-major inside, so that the
    columnwise copy's lines fill sooner, measured no faster: H100 both directions 0.094-0.101 ms
-   either way, rht both 0.095 -> 0.098, columnwise alone unchanged):
+   either way, rht both 0.095 -> 0.098, columnwise alone unchanged; on the H200, 8192x8192
+   bf16, given amax, interleaved, two rounds: the groups with their row fastest, so that the
+   CTAs in flight write each column's 4 KB close together in time, 69.9-70.0% -> 69.1-69.4%
+   of copy for both directions, rowwise alone 85.1-85.3% -> 82.0-82.1%; row-major with the
+   group row skewed by the tile column, (gm + tk) mod ngm, 65.9-66.3%):
    tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
    by ntk (made once) with one carry. */
 template <int TM, int TK, int G = 1> struct TileWalk {
