@@ -27,7 +27,9 @@
 # variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt,
 # then rebuilds the tree's own source for the modes after it; --ncu profiles one kernel with
 # Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
-# sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too).
+# sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too); --mem
+# times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
+# (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters).
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -152,6 +154,22 @@ if len(rows) >= 3:
     k='Duration|Executed Instructions|Issue Slots Busy|Issued Ipc Active|Registers Per Thread'
     k="$k|Achieved Occupancy|Memory Throughput|DRAM Throughput|L2 Cache Throughput|SM Frequency"
     grep -E "\"($k)\"" "$out/details.csv" | cut -d, -f12- | head -20 || true
+  fi
+  if [[ "$modes" == *" --mem "* ]] && [ -x tools/hq ]; then
+    # what each kernel moves (Nsight Compute counters, clocks left alone): per launch of
+    # HQ_MEM_KERNEL (a regex on the mangled name; default the quantize, cast and amax kernels)
+    # in hq bench HQ_NCU_ARGS, the first HQ_MEM_COUNT (40) launches: time, DRAM bytes read and
+    # written, L2 sectors read and written by the SMs, the DRAM rate; summed up per kernel
+    # (the range over its launches) into mem.txt, the raw counters in mem.csv
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    eval set -- "${HQ_NCU_ARGS:---format nvfp4}"
+    m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    m=$m,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum
+    HQ_PLUGIN_PATH=$plugins timeout 400 "$ncu" --clock-control none --csv --metrics "$m" \
+      --kernel-name-base mangled --kernel-name "regex:${HQ_MEM_KERNEL:-quantize|cast|amax}" \
+      --launch-count "${HQ_MEM_COUNT:-40}" \
+      ./tools/hq bench --device cuda --iters 2 --batch 1 "$@" > "$out/mem.csv" 2>&1 || rc=1
+    python3 "$root/scripts/ncu_mem.py" "$out/mem.csv" | tee "$out/mem.txt" || rc=1
   fi
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
     set -- ${HQ_BENCH_ARGS:---all}
