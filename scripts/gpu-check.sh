@@ -125,12 +125,17 @@ if [ "${1:-}" = "--on-device" ]; then
       done
     done | tee "$out/ab.txt"
   fi
-  if [[ "$modes" == *" --ncu "* ]] && [ -x tools/hq ]; then
+  ncu=
+  if [[ "$modes" == *" --ncu "* || "$modes" == *" --mem "* ]]; then
+    # Nsight Compute, for --ncu and --mem: on PATH or in the toolkit's own folder
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+    [ -n "$ncu" ] || { echo "--ncu/--mem: no ncu on PATH nor in /opt/nvidia/nsight-compute"; rc=1; }
+  fi
+  if [[ "$modes" == *" --ncu "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
     # one kernel's Nsight Compute profile (clocks left alone): the launch after HQ_NCU_SKIP
     # (default 3) of HQ_NCU_KERNEL (a regex on the mangled name) in hq bench HQ_NCU_ARGS
     # (default --format nvfp4); the details page and the SASS-level source page as CSV beside
     # the report
-    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     eval set -- "${HQ_NCU_ARGS:---format nvfp4}"
     HQ_PLUGIN_PATH=$plugins timeout 300 "$ncu" --clock-control none --set full \
       --import-source no --kernel-name-base mangled --kernel-name "regex:${HQ_NCU_KERNEL}" \
@@ -155,13 +160,12 @@ if len(rows) >= 3:
     k="$k|Achieved Occupancy|Memory Throughput|DRAM Throughput|L2 Cache Throughput|SM Frequency"
     grep -E "\"($k)\"" "$out/details.csv" | cut -d, -f12- | head -20 || true
   fi
-  if [[ "$modes" == *" --mem "* ]] && [ -x tools/hq ]; then
+  if [[ "$modes" == *" --mem "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
     # what each kernel moves (Nsight Compute counters, clocks left alone): per launch of
     # HQ_MEM_KERNEL (a regex on the mangled name; default the quantize, cast and amax kernels)
     # in hq bench HQ_NCU_ARGS, the first HQ_MEM_COUNT (40) launches: time, DRAM bytes read and
     # written, L2 sectors read and written by the SMs, the DRAM rate; summed up per kernel
     # (the range over its launches) into mem.txt, the raw counters in mem.csv
-    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     eval set -- "${HQ_NCU_ARGS:---format nvfp4}"
     m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
     m=$m,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum
