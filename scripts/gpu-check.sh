@@ -101,7 +101,9 @@ if [ "${1:-}" = "--on-device" ]; then
         echo "variant $b: tests/test_gpu_$pl passed"
       else
         echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
-        cp "$abdir/log/$b.check.log" "$out/ab-$b.check.log"; continue
+        cp "$abdir/log/$b.check.log" "$out/ab-$b.check.log"
+        # the test's own log names the failing case (make check's log only counts it)
+        cp tests/test_gpu_$pl.log "$out/ab-$b.test.log" 2>/dev/null || true; continue
       fi
       mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/$pl.so "$abdir/$b/"
       labels+=("$b")
