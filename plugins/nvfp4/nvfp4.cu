@@ -1268,7 +1268,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     if (kGroup && pv && pq < kColGroup) store_part(); /* one part per tile */
     first = false;
     pi0 = i0, pk0 = k0, pg0 = g0, pfull = full;
-    /* the buffer of tile n - 1 */
+    /* tile n's staging buffers and its tile */
     const At st{staged_s + sb * kStagedBytes, groups_s + gb * (uint32_t)sizeof(ColGroup), slot};
     const uint32_t sm = tiles_s + buf * R::kBytes;
 
