@@ -68,6 +68,7 @@
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+#include "tma_cuda.h" /* the TMA, its mbarriers, the driver's tensor-map encoder */
 
 extern "C" {
 #include "fused_gemm.h"
@@ -125,28 +126,6 @@ struct Params {
 #if HQ_FUSED_SM90A
 #include "wgmma_m64n256k16.h"
 
-__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(n));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)),
-               "r"(bytes) : "memory");
-}
-/* The barrier operations take the barrier's shared-window address (su32), which the consumer
-   loop computes once: converting a generic pointer costs an S2R of the CTA's id and four more
-   instructions every time. */
-__device__ __forceinline__ void mbar_arrive(uint32_t b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred P;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, P;\n}\n"
-                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
-  } while (!done);
-}
 /* Shared-memory loads at a shared-window address (the codes of a stage) */
 __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
   uint16_t v;
@@ -158,12 +137,6 @@ __device__ __forceinline__ uint4 lds_v4(uint32_t a) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
   return v;
-}
-__device__ __forceinline__ void tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
-                                       int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1, {%3, %4}], [%2];" ::"r"(su32(dst)), "l"(map), "r"(su32(bar)),
-               "r"(c0), "r"(c1) : "memory");
 }
 __device__ __forceinline__ void wg_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -477,10 +450,10 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
   const int KT = (p.k + kBK - 1) / kBK;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; s++) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8); /* one arrive per consumer warp */
+      hq_mbar_init(su32(&full[s]), 1);
+      hq_mbar_init(su32(&empty[s]), 8); /* one arrive per consumer warp */
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    hq_mbar_init_fence();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
@@ -489,10 +462,10 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
     if (threadIdx.x == 0) {
       for (int kt = 0; kt < KT; kt++) {
         const int s = kt % kStages;
-        mbar_wait(su32(&empty[s]), ((kt / kStages) & 1) ^ 1);
-        mbar_expect_tx(&full[s], kABytes + kBBytes);
-        tma_2d(sA + s * kABytes, &tmx, &full[s], kt * Fmt<ELEM>::row, m0);
-        tma_2d(sB + s * kBBytes, &tmw, &full[s], kt * kBK, n0);
+        hq_mbar_wait(su32(&empty[s]), ((kt / kStages) & 1) ^ 1);
+        hq_mbar_expect_tx(su32(&full[s]), kABytes + kBBytes);
+        hq_tma_load_2d(su32(sA + s * kABytes), &tmx, su32(&full[s]), kt * Fmt<ELEM>::row, m0);
+        hq_tma_load_2d(su32(sB + s * kBBytes), &tmw, su32(&full[s]), kt * kBK, n0);
       }
     }
     return;
@@ -543,7 +516,7 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
     for (int i = 0; i < 4; i++) pin(co[i]);
     pin(full_s);
     pin(sa_s);
-    mbar_wait(full_s + 8 * cs, cph);
+    hq_mbar_wait(full_s + 8 * cs, cph);
     codes<ELEM>(sa_s + cs * kABytes, co, h);
     if (++cs == kStages) {
       cs = 0;
@@ -582,7 +555,7 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
     if (kt > 0) {
       __syncwarp();
       pin(empty_s);
-      if (lane == 0) mbar_arrive(empty_s + 8 * ps);
+      if (lane == 0) hq_mbar_arrive(empty_s + 8 * ps);
     }
     ps = ms;
     ms = ms + 1 == kStages ? 0 : ms + 1;
@@ -647,30 +620,6 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
 #endif
 }
 
-typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encode_fn(void) {
-  static EncodeTiled fn = nullptr; /* the driver's entry point, the same for every thread */
-  if (fn) return fn;
-  void *p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                   cudaEnableDefault, &q);
-#else
-  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
-#endif
-  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  fn = reinterpret_cast<EncodeTiled>(p);
-  return fn;
-}
-
 template <int ELEM>
 int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMap &tw,
            const Params &p, unsigned tiles) {
@@ -716,7 +665,7 @@ extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
 extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   if (!hqi_fused_gemm_supported(a))
     return hqi_error(HQ_ENOTSUP, "%s: the fused GEMM does not take this problem", a->what);
-  EncodeTiled enc = encode_fn();
+  const hq_tensor_map_encode_fn enc = hq_cuda_tensor_map_encoder();
   if (!enc)
     return hqi_error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
   CUtensorMap tx, tw;

@@ -1,0 +1,113 @@
+/*
+** tma_cuda.h -- the tensor-memory accelerator (TMA) of sm_90 and later, and the mbarriers its
+** copies complete on, for the kernels of the core and of the stock plugins. Private (not
+** installed); .cu files only.
+**
+** Host: hq_cuda_tensor_map_encoder() returns the driver's cuTensorMapEncodeTiled, looked up
+** once (the runtime hands out driver entry points, so nothing links libcuda), or NULL where the
+** driver has none; a caller without it takes its kernel's path without the TMA.
+**
+** Device (shared-window addresses, as smem_cuda.h takes them; the instructions need sm_90, so
+** a kernel calls these only under __CUDA_ARCH__ >= 900):
+**   hq_mbar_init(bar, n)            a barrier that completes a phase after n arrivals
+**   hq_mbar_init_fence()            makes the inits visible to the TMA (then a CTA barrier)
+**   hq_mbar_expect_tx(bar, bytes)   arrive, and expect `bytes` more from copies this phase
+**   hq_mbar_arrive(bar)             arrive
+**   hq_mbar_wait(bar, parity)       wait until the phase of that parity has completed
+**   hq_tma_load_2d(dst, map, bar, c0, c1)   box (c0 innermost, c1) of map into dst; its bytes
+**                                   count on bar
+**   hq_tma_store_2d(map, c0, c1, src)       src into box (c0, c1) of map, clipped at the
+**                                   tensor's edges; in this thread's current bulk group
+**   hq_tma_store_commit()           closes the bulk group
+**   hq_tma_store_wait_read<N>()     waits until at most N groups still read shared memory
+**   hq_tma_store_wait<N>()          ... until at most N groups are not yet done writing
+**   hq_fence_proxy_async()          this thread's shared-memory writes become visible to the
+**                                   TMA's later reads (a bulk store issued after a barrier)
+*/
+#ifndef HQ_TMA_CUDA_H
+#define HQ_TMA_CUDA_H
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+typedef CUresult (*hq_tensor_map_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
+                                            void *, const cuuint64_t *, const cuuint64_t *,
+                                            const cuuint32_t *, const cuuint32_t *,
+                                            CUtensorMapInterleave, CUtensorMapSwizzle,
+                                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* the lookup itself; hq_cuda_tensor_map_encoder() makes it once per module (a function-local
+   static is initialized once, whatever the threads) */
+inline hq_tensor_map_encode_fn hq_cuda_tensor_map_lookup(void) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                   cudaEnableDefault, &q);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
+    cudaGetLastError(); /* the failed query leaves no error behind for the caller's next check */
+    return nullptr;
+  }
+  return reinterpret_cast<hq_tensor_map_encode_fn>(p);
+}
+inline hq_tensor_map_encode_fn hq_cuda_tensor_map_encoder(void) {
+  static const hq_tensor_map_encode_fn fn = hq_cuda_tensor_map_lookup();
+  return fn;
+}
+
+__device__ __forceinline__ void hq_mbar_init(uint32_t bar, uint32_t n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
+}
+__device__ __forceinline__ void hq_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void hq_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void hq_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void hq_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred P;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, P;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void hq_tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                               int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+               "l"(map), "r"(bar), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void hq_tma_store_2d(const CUtensorMap *map, int c0, int c1,
+                                                uint32_t src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                   map),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void hq_tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void hq_tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void hq_tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void hq_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+#endif
