@@ -12,8 +12,10 @@
 ** direction's data and scales in pieces twice as long, half as many L2 requests; H100, given
 ** amax, interleaved: columnwise alone 80.5-81.0% -> 85.2-85.6% of copy, with rht 78.6-78.9% ->
 ** 83.8-83.9%, with block_2d 79.1-79.5% -> 84.1-84.5%; rowwise alone unchanged at 87-88%),
-** 256 threads, read once from global memory by cp.async into a shared tile of the input's own
-** bits. The text below says "64x128" for the tile of both directions; the other shapes take the
+** 256 threads, read once from global memory into a shared tile of the input's own bits: by the
+** tensor-memory accelerator (tma_cuda.h: two 2-D boxes per tile, the 128-byte swizzled layout,
+** an mbarrier per tile buffer) for both directions of a 16-bit input, by cp.async otherwise.
+** The text below says "64x128" for the tile of both directions; the other shapes take the
 ** same steps with their own sizes. Both directions (round to nearest) walk groups of 4 tiles
 ** stacked along M and store the columnwise bytes of a group together (ColGroup: a column's
 ** piece one 128-byte line), a part per tile while the next group is encoded.
@@ -28,11 +30,14 @@
 **     atomics.
 **   quantize: as many CTAs as are resident at once, each looping over tiles (row-major order,
 **     the next origin by an add and a carry, no division), two tile buffers (dynamic shared
-**     memory): tile n + 1 is copied in while tile n is encoded, so the memory stays busy while
-**     the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its peak; three or
-**     four buffers measured 1-5% slower on an H100, and again with the kernel of 2026-11-27:
-**     both directions 0.094 -> 0.104-0.109 ms). One barrier per tile: after it, tile n - 1's
-**     staged bytes are stored from one staging buffer while tile n is encoded into the other.
+**     memory; three for both directions of a 16-bit input without SR, whose tiles the TMA
+**     copies and whose columnwise bytes leave by bulk tensor stores: kStagesOf,
+**     store_col_group): tile n + 1 is copied in while tile n is encoded, so the memory stays
+**     busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its
+**     peak; three or four cp.async buffers measured 1-5% slower on an H100, and again with the
+**     kernel of 2026-11-27: both directions 0.094 -> 0.104-0.109 ms). One barrier per tile:
+**     after it, tile n - 1's staged bytes are stored from one staging buffer while tile n is
+**     encoded into the other.
 **     A tile wholly inside the tensor with aligned buffers (every tile but the edges) is copied
 **     in and stored with no bounds checks and one stride per pass (H100, 8192x8192 bf16 both
 **     directions with a given amax, these three changes: 0.098-0.102 -> 0.094 ms, rht 0.112 ->
@@ -134,6 +139,7 @@
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
 #include "smem_cuda.h"
+#include "tma_cuda.h"
 
 namespace {
 
@@ -180,16 +186,23 @@ constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
    69.8-70.4% -> 71.1-71.7% (own amax 72.7-72.8% -> 73.6-74.0%), and slower for one direction
    alone (rowwise 83.9-85.3% -> 83.5-83.7%, columnwise 81.3-81.6% -> 81.0-81.3%): kept at 2:
    on the H100 it had lost 5 points (above, before the copy was issued first; not measured
-   there since, no H100 being lent). */
+   there since, no H100 being lent). With the TMA tiles and the ColGroups' bulk stores (a
+   16-bit input, both directions, round to nearest: issue_tile, store_col_group) 3 (H200,
+   same call, same build otherwise: both directions 71.2-71.5% -> 72.4-72.5%, own amax
+   73.2% -> 73.7-74.1%, one direction alone unchanged); not measured on an H100. */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
 #ifndef HQ_NVFP4_SR1_STAGES
 #define HQ_NVFP4_SR1_STAGES 3
 #endif
+#ifndef HQ_NVFP4_TMA_STAGES
+#define HQ_NVFP4_TMA_STAGES 3
+#endif
 template <int DT, int DIRS, bool SR>
-constexpr int kStagesOf =
-    SR && DIRS != 3 && DT != HQ_F32 ? HQ_NVFP4_SR1_STAGES : HQ_NVFP4_STAGES;
+constexpr int kStagesOf = SR && DIRS != 3 && DT != HQ_F32 ? HQ_NVFP4_SR1_STAGES
+                          : DIRS == 3 && !SR && DT != HQ_F32 ? HQ_NVFP4_TMA_STAGES
+                                                             : HQ_NVFP4_STAGES;
 /* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_biased_lt8; 0 = the rule for
    every block, the same bits: 0.314 -> 0.226 ms for both directions with a given amax) */
 #ifndef HQ_NVFP4_SR_FAST
@@ -483,10 +496,29 @@ template <int LANES> __device__ __forceinline__ float tile_max_nan(float m) {
 }
 
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
-   elements, each row padded by 16 bytes so that 16-byte reads of 8 consecutive rows and 2- or
-   4-byte reads of consecutive columns meet no bank conflict; kStagesOf of them (2 or 3), the
-   next tiles copied in (cp.async) while the current one is encoded. */
-template <int DT, int TK> constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + 16;
+   elements; kStagesOf of them (2 or 3), the next tiles copied in while the current one is
+   encoded. Two layouts:
+   - the TMA tile (kTmaTile: a 16-bit input in 64 x 128 tiles, both directions): the layout the
+     tensor-memory accelerator writes with the 128-byte swizzle, two boxes of 64 rows x 64
+     elements (8 KiB each, columns 0-63 then 64-127), row r's 16-byte chunk j of a box at chunk
+     j ^ (r & 7) of its 128 bytes; 1024-byte aligned, no padding. 16-byte reads of 8
+     consecutive rows and 4-byte reads of 16 consecutive rows of a column meet no bank
+     conflict, as with the padding below.
+   - otherwise each row padded by 16 bytes, so that 16-byte reads of 8 consecutive rows and 2- or
+     4-byte reads of consecutive columns meet no bank conflict. */
+template <int DT, int TK> constexpr bool kTmaTile = DT != HQ_F32 && TK == 128;
+template <int DT, int TK>
+constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + (kTmaTile<DT, TK> ? 0 : 16);
+/* the shared-window address of byte b of tile row r (b a multiple of 2; a 16-byte piece when b
+   is a multiple of 16) */
+template <int DT, int TK>
+__device__ __forceinline__ uint32_t tile_byte(uint32_t tile, int r, int b) {
+  if constexpr (kTmaTile<DT, TK>)
+    return tile + (uint32_t)(b >> 7) * 8192u + (uint32_t)r * 128u +
+           ((uint32_t)(((b >> 4) & 7) ^ (r & 7)) << 4) + (uint32_t)(b & 15);
+  else
+    return tile + (uint32_t)r * kRawRowBytes<DT, TK> + (uint32_t)b;
+}
 template <int DT, int TM, int TK> struct RawTile {
   static constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
   static constexpr int kRowBytes = kRawRowBytes<DT, TK>;
@@ -497,17 +529,36 @@ template <int DT, int TM, int TK> struct RawTile {
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
-   Without vec (x not 16-byte aligned) the copy is made here, element by element.
+   A TMA tile with the input's tensor map (tma: tm valid) comes in as two 2-D boxes that thread
+   0 issues, completing on the mbarrier at `bar` (the TMA writes the zeros outside the tensor);
+   every other tile by cp.async, 16 bytes a thread and chunk (the caller waits for its group);
+   without vec (x not 16-byte aligned) the copy is made here, element by element.
    One bulk copy per tile row instead (cp.async.bulk by one warp, completing on an mbarrier per
    buffer) measured far slower: H100, given amax, both directions 81.2% -> 53.6% of copy,
    columnwise alone (128 rows of 128 bytes) 88.0% -> 50.4%, rowwise 90.9% -> 83.2%. The 2-D
-   form (one thread, two 64 x 64 boxes per tile, 128-byte swizzled tile, bit-identical) measured
-   the same as these copies: H200, 8192x8192 bf16, given amax, both directions 70.0-70.3% ->
-   70.0-70.2% of copy, rht 58.5-58.7% -> 59.0%, one direction alone unchanged. */
+   boxes measured the same as cp.async with two tile buffers (H200, 8192x8192 bf16, given amax,
+   both directions 70.0-70.3% -> 70.0-70.2% of copy, rht 58.5-58.7% -> 59.0%, one direction
+   alone unchanged) and are kept for the three buffers and the bulk stores of the columnwise
+   bytes that came with them (kStagesOf, store_col_group). */
 template <int DT, int TM, int TK>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t M, uint32_t K,
-                                           uint32_t i0, uint32_t k0, int vec, uint32_t tile) {
+                                           uint32_t i0, uint32_t k0, int vec, uint32_t tile,
+                                           int tma, const CUtensorMap *tm, uint32_t bar) {
   using R = RawTile<DT, TM, TK>;
+  if constexpr (kTmaTile<DT, TK>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(TM == 64 && R::kBytes == 16384, "the TMA tile is two 64 x 64 boxes");
+    if (tma) {
+      if (threadIdx.x == 0) {
+        hq_mbar_expect_tx(bar, (uint32_t)R::kBytes);
+        hq_tma_load_2d(tile, tm, bar, (int)k0, (int)i0);
+        hq_tma_load_2d(tile + 8192u, tm, bar, (int)k0 + 64, (int)i0);
+      }
+      return;
+    }
+#endif
+  }
+  (void)tma, (void)tm, (void)bar;
   const bool full = tile_full<TM, TK>(M, K, i0, k0);
   constexpr int kPer = 16 / R::kEsz; /* elements per chunk */
   constexpr int kRowsPerPass = kThreads / R::kChunksPerRow;
@@ -519,10 +570,11 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
   const uint64_t pass = (uint64_t)kRowsPerPass * K;
   if (full && vec) { /* the common case: every chunk, no checks, one stride per pass */
     const uint8_t *src = base + off0 * R::kEsz;
-    const uint32_t dst = tile + r0 * R::kRowBytes + (threadIdx.x % R::kChunksPerRow) * 16;
 #pragma unroll
     for (int s = 0; s < R::kChunks / kThreads; s++)
-      hq_cp_async16_at(dst + s * kRowsPerPass * R::kRowBytes, src + s * pass * R::kEsz);
+      hq_cp_async16_at(tile_byte<DT, TK>(tile, r0 + s * kRowsPerPass,
+                                         (threadIdx.x % R::kChunksPerRow) * 16),
+                       src + s * pass * R::kEsz);
     return;
   }
 #pragma unroll
@@ -530,7 +582,7 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
     const int g = threadIdx.x + kThreads * s, r = g / R::kChunksPerRow, cc = g % R::kChunksPerRow;
     const bool in = full || (i0 + r < M && k0 + cc * kPer < K);
     const uint64_t off = off0 + s * pass;
-    const uint32_t dst = tile + r * R::kRowBytes + cc * 16;
+    const uint32_t dst = tile_byte<DT, TK>(tile, r, cc * 16);
     if (vec) {
       hq_cp_async16_n_at(dst, in ? base + off * R::kEsz : base, in ? 16 : 0);
     } else if (DT == HQ_F32) {
@@ -546,7 +598,7 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
 /* Row r's 16 values of tile columns c0..c0+15 (c0 a multiple of 16), as FP32 (exact). */
 template <int DT, int TK>
 __device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, float v[16]) {
-  const uint32_t p = tile + r * kRawRowBytes<DT, TK> + c0 * (DT == HQ_F32 ? 4 : 2);
+  const uint32_t p = tile_byte<DT, TK>(tile, r, c0 * (DT == HQ_F32 ? 4 : 2));
   if (DT == HQ_F32) {
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -559,7 +611,7 @@ __device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, floa
   } else {
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      const uint4 u = hq_lds128(p + 16 * q);
+      const uint4 u = hq_lds128(tile_byte<DT, TK>(tile, r, 2 * c0 + 16 * q));
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < 4; e++) {
@@ -574,8 +626,8 @@ __device__ __forceinline__ void row_group_raw(uint32_t tile, int r, int c0, floa
    (element 2j in the low half of w[j], 2j + 1 in the high half). */
 template <int DT, int TK>
 __device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t w[8]) {
-  const uint32_t p = tile + r * kRawRowBytes<DT, TK> + c0 * 2;
-  const uint4 x = hq_lds128(p), y = hq_lds128(p + 16);
+  const uint4 x = hq_lds128(tile_byte<DT, TK>(tile, r, 2 * c0)),
+              y = hq_lds128(tile_byte<DT, TK>(tile, r, 2 * c0 + 16));
   w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
   w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
 }
@@ -585,6 +637,12 @@ __device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t
 template <int DT, int TK>
 __device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint32_t x[16]) {
   constexpr int kRowBytes = kRawRowBytes<DT, TK>;
+  if constexpr (kTmaTile<DT, TK>) { /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7 */
+    const uint32_t p = tile_byte<DT, TK>(tile, r0, 2 * c);
+#pragma unroll
+    for (int e = 0; e < 16; e++) x[e] = hq_lds32((p + 128u * e) ^ ((uint32_t)(e & 7) << 4));
+    return;
+  }
   const uint32_t p = tile + r0 * kRowBytes + c * 2;
 #pragma unroll
   for (int e = 0; e < 16; e++) x[e] = hq_lds32(p + e * kRowBytes);
@@ -635,6 +693,17 @@ template <class V> __device__ __forceinline__ uint2 signs_of(V v) {
   return make_uint2(s[0], s[1]);
 }
 
+/* Whether the launcher's tensor map flag f (QArgs tma, tmc, tmcs) holds in this pass: the
+   TMA's instructions exist from sm_90 on, and an older device's code takes the other paths. */
+__device__ __forceinline__ bool tma_on(int f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return f != 0;
+#else
+  (void)f;
+  return false;
+#endif
+}
+
 /* Whether a non-negative float (or NaN) is NaN. */
 __device__ __forceinline__ int is_nan_abs(float a) { return hq_f32_bits(a) > 0x7f800000u; }
 
@@ -644,6 +713,10 @@ struct QArgs {
   int vec;                 /* x 16-byte aligned */
   int a8;                  /* data buffers 8-byte aligned */
   int a4;                  /* scale buffers 4-byte aligned */
+  /* the kernel's tensor maps that were made (the launcher's, kernel parameters): the input's
+     (TMA tiles come in by the TMA), the columnwise data's and scales' (a ColGroup goes out by
+     bulk tensor stores) */
+  int tma, tmc, tmcs;
   uint8_t *rdata, *rscale; /* rowwise copy (NULL: not made) */
   float *ramax;
   uint8_t *cdata, *cscale; /* columnwise copy (NULL: not made) */
@@ -955,15 +1028,27 @@ template <int DIRS, bool G = false> struct Staged {
 #define HQ_NVFP4_COL_GROUP 4
 #endif
 constexpr int kColGroup = HQ_NVFP4_COL_GROUP;
+/* A group's columnwise bytes: column col's kColGroup * RB data words (its 128-byte line, row
+   block g's word at byte 8g) in row col of c, each row's 16-byte chunk j at chunk j ^ (col & 7)
+   (the 128-byte swizzle a bulk tensor store reads, so that 8 consecutive columns' chunk j meet
+   no bank conflict); then column col's kColGroup scale words (its 16 bytes) at csw[kColGroup *
+   col]. 1024-byte aligned in the TMA kernels (the swizzle's alignment). */
 struct ColGroup {
   using S = QShape<3>;                        /* the both-directions tile */
   static constexpr int RB = S::TM / 16;       /* row blocks per tile */
   static constexpr int NC = S::TK;            /* columns */
   static constexpr int PART = NC / kColGroup; /* columns stored per tile (store_part) */
-  static constexpr int CSG = NC + 2;
-  __align__(16) uint2 c[kColGroup * RB][CSG];
+  static constexpr int kLine = kColGroup * RB * 8; /* a column's data bytes */
+  __align__(16) uint2 c[NC][kColGroup * RB];
   uint32_t csw[NC * kColGroup];
 };
+static_assert(ColGroup::kLine == 128 && sizeof(ColGroup) % 1024 == 0,
+              "a column's data one swizzled 128-byte row; ColGroups keep 1024-byte alignment");
+/* the shared-window address of row block g's word of column col in the ColGroup at cg */
+__device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
+  return cg + (uint32_t)offsetof(ColGroup, c) + (uint32_t)col * 128u +
+         ((uint32_t)((g >> 1) ^ (col & 7)) << 4) + ((uint32_t)(g & 1) << 3);
+}
 /* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
    rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
    H100 57.4-57.8% -> 56.2-56.3% of copy) */
@@ -981,9 +1066,7 @@ template <int DIRS, bool G = false> struct StagedAt {
     return base + (uint32_t)offsetof(T, r) + 8u * i;
   }
   __device__ __forceinline__ uint32_t c(int rb, int col) const {
-    if (G)
-      return cg + (uint32_t)offsetof(ColGroup, c) +
-             8u * ((slot * ColGroup::RB + rb) * ColGroup::CSG + col);
+    if (G) return colgroup_word(cg, (int)slot * ColGroup::RB + rb, col);
     return base + (uint32_t)offsetof(T, c) + 8u * (rb * QShape<DIRS>::CS + col);
   }
   __device__ __forceinline__ uint32_t rs(int b) const {
@@ -1109,24 +1192,51 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
   }
 }
 
-/* Store a staged group of columnwise tiles (both directions, ColGroup at cg): rows g0 ..
-   g0 + kColGroup * 64 - 1, columns k0 .. k0 + 127; coalesced 8-byte stores of the data (a
-   column's piece one line for 4 tiles) and 4-byte scale words; a group wholly inside [M, K]
-   with aligned buffers checks nothing, otherwise only what lies inside is stored (the tiles
-   of a group at the bottom edge that do not exist were never staged). Every thread of the
-   CTA calls it. */
+/* Store columns c0 .. c0 + NC - 1 of a staged group of columnwise tiles (both directions,
+   ColGroup at cg): rows g0 .. g0 + kColGroup * 64 - 1, columns k0 + c0 ..; a column's piece
+   is one 128-byte line of data and 16 bytes of scales. Every thread of the CTA calls it.
+   With the columnwise tensor maps (a.tmc, a.tmcs) thread 0 issues one bulk tensor store per
+   ColGroup::PART columns (the maps' box), which the TMA clips at the tensor's edges, as one
+   bulk group: the CTA's threads made their writes of the ColGroup visible to it first
+   (hq_fence_proxy_async, then a CTA barrier), and thread 0 waits for the group's reads before
+   the ColGroup is written again. (H200, 8192x8192 bf16, given amax, interleaved, both
+   directions, on the TMA tiles with two buffers: 70.1-70.3% of copy with the threads' stores,
+   71.1-71.4% with the data's bulk stores, 71.1-71.5% with the scales' too; 72.4-72.5% with
+   three tile buffers then, kStagesOf.) Otherwise coalesced 8-byte stores of the data and 4-byte scale words; a
+   group wholly inside [M, K] with aligned buffers checks nothing, otherwise only what lies
+   inside is stored (the tiles of a group at the bottom edge that do not exist were never
+   staged). */
 template <int NC = ColGroup::NC>
 __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
-                                                uint32_t k0, int c0 = 0) {
+                                                uint32_t k0, const CUtensorMap *tmc,
+                                                const CUtensorMap *tmcs, int c0 = 0) {
+  static_assert(NC % ColGroup::PART == 0, "whole boxes");
+  const bool bulk = tma_on(a.tmc), bulk_scales = bulk && tma_on(a.tmcs);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bulk) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int b = 0; b < NC / ColGroup::PART; b++) {
+        const int cb = c0 + b * ColGroup::PART;
+        hq_tma_store_2d(tmc, (int)(g0 >> 1), (int)k0 + cb,
+                        cg + (uint32_t)offsetof(ColGroup, c) + (uint32_t)ColGroup::kLine * cb);
+        if (bulk_scales)
+          hq_tma_store_2d(tmcs, (int)(g0 >> 4), (int)k0 + cb,
+                          cg + (uint32_t)offsetof(ColGroup, csw) + 4u * kColGroup * cb);
+      }
+      hq_tma_store_commit();
+    }
+  }
+#endif
+  (void)tmc, (void)tmcs;
+  if (bulk_scales) return;
   const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K;
   const bool full = g0 + kColGroup * ColGroup::S::TM <= M && k0 + ColGroup::NC <= K;
-  store_lines<NC, kColGroup * ColGroup::RB>(
-      a.cdata, k0 + c0, g0 >> 1, a.cld, full, a.a8,
-      [&](int cc, int g) {
-        return hq_lds64(cg + (uint32_t)offsetof(ColGroup, c) +
-                        8u * (g * ColGroup::CSG + c0 + cc));
-      },
-      [&](int cc, int g) { return g0 + 16 * g < M && k0 + c0 + cc < K; });
+  if (!bulk)
+    store_lines<NC, kColGroup * ColGroup::RB>(
+        a.cdata, k0 + c0, g0 >> 1, a.cld, full, a.a8,
+        [&](int cc, int g) { return hq_lds64(colgroup_word(cg, g, c0 + cc)); },
+        [&](int cc, int g) { return g0 + 16 * g < M && k0 + c0 + cc < K; });
   constexpr int kWords = NC * kColGroup;
 #pragma unroll
   for (int s = 0; s < (kWords + kThreads - 1) / kThreads; s++) {
@@ -1141,7 +1251,9 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
 template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
-    quantize_kernel(QArgs a) {
+    quantize_kernel(QArgs a, const __grid_constant__ CUtensorMap tm_x,
+                    const __grid_constant__ CUtensorMap tm_cdata,
+                    const __grid_constant__ CUtensorMap tm_cscale) {
   using S = QShape<DIRS>;
   constexpr int TM = S::TM, TK = S::TK, RS = S::RS;
   constexpr int kStages = kStagesOf<DT, DIRS, SR>;
@@ -1153,6 +1265,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   constexpr bool kGroup = kGroupC<DIRS, SR>;
   __shared__ Staged<DIRS, kGroup> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
+  __shared__ __align__(8) uint64_t full_bar[kStages]; /* TMA tiles: buffer s's copy has landed */
   using R = RawTile<DT, TM, TK>;
   constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS, kGroup>);
   constexpr bool kRow = DIRS & 1, kCol = DIRS & 2;
@@ -1195,13 +1308,28 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      ColGroups after the tiles */
   using At = StagedAt<DIRS, kGroup>;
   uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
+  /* TMA tiles: the tiles (and the ColGroups after them) 1024-byte aligned, in the 1024 bytes
+     the launcher adds; buffer s's copies complete on full_bar[s], whose phase of parity bit s
+     of `parity` is the next to wait for. bulk: the ColGroups go out by bulk tensor stores. */
+  constexpr bool kTma = kTmaTile<DT, TK>;
+  const bool tma = kTma && tma_on(a.tma), bulk = kGroup && kTma && tma_on(a.tmc);
+  const uint32_t bar_s = hq_smem_addr(full_bar);
+  uint32_t parity = 0;
+  if constexpr (kTma) {
+    tiles_s = (tiles_s + 1023u) & ~1023u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (t < kStages) hq_mbar_init(bar_s + 8u * t, 1);
+    hq_mbar_init_fence();
+#endif
+    __syncthreads();
+  }
   uint32_t groups_s = tiles_s + kStages * R::kBytes;
   TileWalk<TM, TK, kGroup ? kColGroup : 1> cur(M, K), ahead(M, K); /* ahead: the next to copy */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
-                             tiles_s + s * R::kBytes);
+                             tiles_s + s * R::kBytes, tma, &tm_x, bar_s + 8u * s);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
   }
@@ -1220,7 +1348,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* store part pq of the finished group (in the ColGroup tile n is not encoded into) */
   auto store_part = [&]() {
     store_col_group<ColGroup::PART>(a, groups_s + (gb ^ 1) * (uint32_t)sizeof(ColGroup), qg0,
-                                    qk0, pq * ColGroup::PART);
+                                    qk0, &tm_cdata, &tm_cscale, pq * ColGroup::PART);
     pq++;
   };
   for (int buf = 0; cur.valid(); buf = buf + 1 == kStages ? 0 : buf + 1, sb ^= 1) {
@@ -1231,8 +1359,18 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const unsigned slot = cur.slot();
     cur = cur.next();
     const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
-    hq_cuda_cp_async_wait<kStages - 2>();
-    __syncthreads(); /* tile n is in; tile n - 1 is encoded and staged, its buffer free */
+    if (!tma) hq_cuda_cp_async_wait<kStages - 2>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (bulk && slot == 0) { /* tile n - 1 ended its group (or tile n is the first): its
+                                ColGroup's writes made visible to the bulk stores after the
+                                barrier, and the stores of the group before it done reading
+                                the ColGroup tile n's group is encoded into */
+      hq_fence_proxy_async();
+      if (t == 0) hq_tma_store_wait_read<0>();
+    }
+#endif
+    __syncthreads(); /* tile n is in (cp.async); tile n - 1 is encoded and staged, its buffer
+                        free */
     /* the copy of the next tile into the buffer of tile n - 1, first: before any store of this
        pass, so that no store waits ahead of it in the SM's memory pipeline (after the
        group's part, as before: H200, 8192x8192 bf16, given amax, interleaved, two rounds:
@@ -1241,7 +1379,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
     if (ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
-                             tiles_s + nb * R::kBytes);
+                             tiles_s + nb * R::kBytes, tma, &tm_x, bar_s + 8u * nb);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
     /* tile n - 1's staged bytes: for both directions stored between tile n's rowwise and
@@ -1260,6 +1398,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                                      parts (not in row-major group order, where those end a
                                      CTA's walk): what is left, before its ColGroup is reused */
         while (pq < kColGroup) store_part();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (bulk && t == 0) hq_tma_store_wait_read<0>();
+#endif
         __syncthreads();
       }
       pv = true, pq = 0, qg0 = pg0, qk0 = pk0;
@@ -1268,7 +1409,13 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     if (kGroup && pv && pq < kColGroup) store_part(); /* one part per tile */
     first = false;
     pi0 = i0, pk0 = k0, pg0 = g0, pfull = full;
-    /* tile n's staging buffers and its tile */
+    /* tile n's staging buffers and its tile (a TMA tile: when its copy has landed) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tma) {
+      hq_mbar_wait(bar_s + 8u * buf, (parity >> buf) & 1u);
+      parity ^= 1u << buf;
+    }
+#endif
     const At st{staged_s + sb * kStagedBytes, groups_s + gb * (uint32_t)sizeof(ColGroup), slot};
     const uint32_t sm = tiles_s + buf * R::kBytes;
 
@@ -1412,7 +1559,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, a.offset, 1u, b1,
                                    make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
       }
-      hq_sts128(st.c(rb, c), make_uint4(o[0].x, o[0].y, o[1].x, o[1].y));
+      if constexpr (kGroup) { /* a ColGroup's columns are rows 128 bytes apart */
+        hq_sts64(st.c(rb, c), o[0]);
+        hq_sts64(st.c(rb, c + 1), o[1]);
+      } else {
+        hq_sts128(st.c(rb, c), make_uint4(o[0].x, o[0].y, o[1].x, o[1].y));
+      }
       hq_sts8(st.cs(c * (TM / 16) + rb), csf);
       hq_sts8(st.cs((c + 1) * (TM / 16) + rb), csf >> 8);
     }
@@ -1470,13 +1622,21 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                                      st);
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bulk) hq_fence_proxy_async(); /* the last group's ColGroup, for the bulk stores below */
+#endif
   __syncthreads(); /* the last tile is staged */
   if (!first) {
     store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, pi0, pk0, pfull);
     if (kGroup && pv)
       while (pq < kColGroup) store_part();
-    if (kGroup) store_col_group(a, groups_s + gb * (uint32_t)sizeof(ColGroup), pg0, pk0);
+    if (kGroup)
+      store_col_group(a, groups_s + gb * (uint32_t)sizeof(ColGroup), pg0, pk0, &tm_cdata,
+                      &tm_cscale);
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bulk && t == 0) hq_tma_store_wait<0>(); /* the shared memory the stores read stays */
+#endif
 }
 
 struct DArgs {
@@ -1673,6 +1833,54 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
   }
 }
 
+/* The quantize kernel's tensor maps (QArgs tma, tmc, tmcs; each left unmade, and its flag 0,
+   where the driver has no encoder or the layout does not allow it, and the kernel then takes
+   its other path):
+   - x, for TMA tiles (kTmaTile) of a 16-byte aligned input: boxes of 64 rows x 64 elements with
+     the 128-byte swizzle, zeros outside the tensor (K % 16 == 0 makes the row pitch a multiple
+     of 16 bytes, as the TMA needs);
+   - the columnwise data, for the ColGroups of the TMA kernels (kGroup): K rows of M / 2 bytes
+     (M % 32 == 0 for a pitch of a multiple of 16, a 16-byte aligned buffer), boxes of PART rows
+     x 128 bytes with the ColGroup's swizzle;
+   - and then its scales in the compact layout with a pitch of a multiple of 16 bytes: K rows
+     of M / 16 bytes (the padding after them not written, as by the kernel's own stores),
+     boxes of PART rows x one column's 4 * kColGroup bytes. */
+template <int DT, int DIRS, bool SR>
+void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *tcs) {
+  a.tma = a.tmc = a.tmcs = 0;
+  constexpr bool kTma = kTmaTile<DT, QShape<DIRS>::TK>, kGroup = kGroupC<DIRS, SR>;
+  if (!kTma) return;
+  const hq_tensor_map_encode_fn enc = hq_cuda_tensor_map_encoder();
+  if (!enc) return;
+  const cuuint32_t es[2] = {1, 1};
+  if (a.vec) {
+    const cuuint64_t dims[2] = {(cuuint64_t)a.K, (cuuint64_t)a.M};
+    const cuuint64_t pitch[1] = {(cuuint64_t)a.K * 2};
+    const cuuint32_t box[2] = {64, 64};
+    const CUtensorMapDataType ty =
+        DT == HQ_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    a.tma = enc(tx, ty, 2, const_cast<void *>(a.x), dims, pitch, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+  if (!kGroup || !a.cdata || a.M % 32 != 0 || ((uintptr_t)a.cdata & 15) != 0) return;
+  {
+    const cuuint64_t dims[2] = {(cuuint64_t)a.M / 2, (cuuint64_t)a.K};
+    const cuuint64_t pitch[1] = {(cuuint64_t)a.cld};
+    const cuuint32_t box[2] = {(cuuint32_t)ColGroup::kLine, (cuuint32_t)ColGroup::PART};
+    a.tmc = enc(tcd, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a.cdata, dims, pitch, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+  if (!a.tmc || a.swz || a.csc % 16 != 0 || ((uintptr_t)a.cscale & 15) != 0) return;
+  const cuuint64_t dims[2] = {(cuuint64_t)a.M / 16, (cuuint64_t)a.K};
+  const cuuint64_t pitch[1] = {(cuuint64_t)a.csc};
+  const cuuint32_t box[2] = {4 * kColGroup, (cuuint32_t)ColGroup::PART};
+  a.tmcs = enc(tcs, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a.cscale, dims, pitch, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
 int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
@@ -1689,12 +1897,16 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
      asking): launch_cuda.h sets the function attributes and counts the resident CTAs once per
      device and kernel */
   const int dyn = kStagesOf<DT, DIRS, SR> * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
-                  (kGroup ? 2 * (int)sizeof(ColGroup) : 0);
+                  (kGroup ? 2 * (int)sizeof(ColGroup) : 0) +
+                  (kTmaTile<DT, Sh::TK> ? 1024 : 0); /* the TMA tiles' alignment */
+  CUtensorMap tx{}, tcd{}, tcs{};
+  make_tensor_maps<DT, DIRS, SR>(a, &tx, &tcd, &tcs);
   int64_t resident = 0;
   CHECK_CUDA(call,
              (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D>>(kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR, DIRS, B2D><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  quantize_kernel<DT, RHT, SR, DIRS, B2D>
+      <<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
   if (cudaPeekAtLastError() != cudaSuccess)
     hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
