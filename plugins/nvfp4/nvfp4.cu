@@ -1003,10 +1003,10 @@ template <int DIRS, bool G = false> struct Staged {
    for 4) and kColGroup * 4 scale bytes, where per tile they were 32 and 4: 4x fewer L2 write
    requests for the columnwise copy. Two of them (dynamic shared memory, after the tiles): a
    group is encoded into one while the other, finished, is stored a part (128 / kColGroup
-   columns) per tile. c[g][col]: column col's row block g (tile g / 4, its row block g % 4);
-   130 uint2 per row block, so that the 16 row blocks of one column a half-warp reads fall on
-   distinct bank pairs and a 16-byte write stays aligned; csw: column col's scale bytes, word
-   col * kColGroup + tile.
+   columns) per tile. Row block g of a column is tile g / 4's row block g % 4 (the layout:
+   struct ColGroup below; until 2026-11-29 c[g][col], 130 words per row block, so that the 16
+   row blocks of one column a half-warp read fell on distinct bank pairs); csw: column col's
+   scale bytes, word col * kColGroup + tile.
    Why: on an H100 (8192x8192 bf16, both directions, given amax) the kernel took 0.094 ms, 0.080
    without its scale stores and 0.067 without those and the columnwise data stores (timing
    builds, wrong output): the stores of small pieces, not their bytes (8.4 MB of scales), cost
