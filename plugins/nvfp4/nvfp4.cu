@@ -1043,7 +1043,8 @@ struct ColGroup {
   uint32_t csw[NC * kColGroup];
 };
 static_assert(ColGroup::kLine == 128 && sizeof(ColGroup) % 1024 == 0,
-              "a column's data one swizzled 128-byte row; ColGroups keep 1024-byte alignment");
+              "HQ_NVFP4_COL_GROUP must be 4: a column's data are one swizzled 128-byte row and "
+              "the ColGroups keep 1024-byte alignment");
 /* the shared-window address of row block g's word of column col in the ColGroup at cg */
 __device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
   return cg + (uint32_t)offsetof(ColGroup, c) + (uint32_t)col * 128u +
