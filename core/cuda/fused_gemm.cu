@@ -665,33 +665,25 @@ extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
 extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   if (!hqi_fused_gemm_supported(a))
     return hqi_error(HQ_ENOTSUP, "%s: the fused GEMM does not take this problem", a->what);
-  const hq_tensor_map_encode_fn enc = hq_cuda_tensor_map_encoder();
-  if (!enc)
+  if (!hq_cuda_tensor_map_encoder())
     return hqi_error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
   CUtensorMap tx, tw;
   {
     /* X's bytes: [mx, k] codes, or [mx, k / 2] for two E2M1 codes per byte */
     const int nv = a->elem == HQ_E2M1X2;
-    const cuuint64_t row = (cuuint64_t)(nv ? a->k / 2 : a->k);
-    const cuuint64_t dims[2] = {row, (cuuint64_t)a->mx};
-    const cuuint64_t strides[1] = {row};
-    const cuuint32_t box[2] = {(cuuint32_t)(nv ? Fmt<HQ_E2M1X2>::row : Fmt<HQ_E4M3>::row), kBM};
-    const cuuint32_t es[2] = {1, 1};
-    CUresult r = enc(&tx, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)a->x, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     nv ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const uint64_t row = (uint64_t)(nv ? a->k / 2 : a->k);
+    CUresult r = hq_tensor_map_2d(&tx, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->x, row, (uint64_t)a->mx,
+                                  row, nv ? Fmt<HQ_E2M1X2>::row : Fmt<HQ_E4M3>::row, kBM,
+                                  nv ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     if (r != CUDA_SUCCESS)
       return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
                        "failed with %d", a->what, (long long)a->mx, (long long)a->k, (int)r);
   }
   {
-    const cuuint64_t dims[2] = {(cuuint64_t)a->k, (cuuint64_t)a->nw};
-    const cuuint64_t strides[1] = {(cuuint64_t)a->k * 2};
-    const cuuint32_t box[2] = {kBK, kBN}, es[2] = {1, 1};
-    CUresult r = enc(&tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)a->w, dims, strides, box,
-                     es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult r = hq_tensor_map_2d(&tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->w, (uint64_t)a->k,
+                                  (uint64_t)a->nw, (uint64_t)a->k * 2, kBK, kBN,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     if (r != CUDA_SUCCESS)
       return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (W, %lld x %lld BF16) "
                        "failed with %d", a->what, (long long)a->nw, (long long)a->k, (int)r);

@@ -6,9 +6,15 @@
 ** Host: hq_cuda_tensor_map_encoder() returns the driver's cuTensorMapEncodeTiled, looked up
 ** once (the runtime hands out driver entry points, so nothing links libcuda), or NULL where the
 ** driver has none; a caller without it takes its kernel's path without the TMA.
+** hq_tensor_map_2d(map, type, base, inner, outer, pitch, box_inner, box_outer, swizzle, l2)
+** encodes a 2-D map with it (no interleave, element strides 1, zeros outside the tensor): a
+** tensor of `outer` rows of `inner` elements, `pitch` bytes apart, copied in boxes of
+** box_outer x box_inner; CUDA_ERROR_NOT_FOUND without an encoder.
 **
-** Device (shared-window addresses, as smem_cuda.h takes them; the instructions need sm_90, so
-** a kernel calls these only under __CUDA_ARCH__ >= 900):
+** Device (shared-window addresses, as smem_cuda.h takes them). The instructions exist from
+** sm_90 on: in an older device's pass (HQ_TMA_ARCH 0) these compile to a trap, and
+** hq_tma_on(flag) is false there, so a kernel that tests its launcher's flags through it
+** takes its other paths without guards of its own:
 **   hq_mbar_init(bar, n)            a barrier that completes a phase after n arrivals
 **   hq_mbar_init_fence()            makes the inits visible to the TMA (then a CTA barrier)
 **   hq_mbar_expect_tx(bar, bytes)   arrive, and expect `bytes` more from copies this phase
@@ -31,8 +37,16 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-typedef CUresult (*hq_tensor_map_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
-                                            void *, const cuuint64_t *, const cuuint64_t *,
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define HQ_TMA_ARCH 0
+#define HQ_TMA_ASM(...) __trap()
+#else
+#define HQ_TMA_ARCH 1
+#define HQ_TMA_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+typedef CUresult (*hq_tensor_map_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                            const cuuint64_t *, const cuuint64_t *,
                                             const cuuint32_t *, const cuuint32_t *,
                                             CUtensorMapInterleave, CUtensorMapSwizzle,
                                             CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -43,8 +57,8 @@ inline hq_tensor_map_encode_fn hq_cuda_tensor_map_lookup(void) {
   void *p = nullptr;
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                   cudaEnableDefault, &q);
+  cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
 #else
   cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
 #endif
@@ -58,56 +72,70 @@ inline hq_tensor_map_encode_fn hq_cuda_tensor_map_encoder(void) {
   static const hq_tensor_map_encode_fn fn = hq_cuda_tensor_map_lookup();
   return fn;
 }
+inline CUresult hq_tensor_map_2d(CUtensorMap *map, CUtensorMapDataType type, const void *base,
+                                 uint64_t inner, uint64_t outer, uint64_t pitch, uint32_t box_inner,
+                                 uint32_t box_outer, CUtensorMapSwizzle swizzle,
+                                 CUtensorMapL2promotion l2) {
+  const hq_tensor_map_encode_fn enc = hq_cuda_tensor_map_encoder();
+  if (!enc) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {pitch};
+  const cuuint32_t box[2] = {box_inner, box_outer}, es[2] = {1, 1};
+  return enc(map, type, 2, const_cast<void *>(base), dims, strides, box, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* whether a launcher's flag that a TMA path may be taken holds in this pass */
+__device__ __forceinline__ bool hq_tma_on(int flag) { return HQ_TMA_ARCH && flag != 0; }
 
 __device__ __forceinline__ void hq_mbar_init(uint32_t bar, uint32_t n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
+  HQ_TMA_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
 }
 __device__ __forceinline__ void hq_mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  HQ_TMA_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 __device__ __forceinline__ void hq_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
+  HQ_TMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+             : "memory");
 }
 __device__ __forceinline__ void hq_mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+  HQ_TMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void hq_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
+  uint32_t done = 1; /* the wait's result (1 where the wait is a trap) */
   do {
-    asm volatile("{\n.reg .pred P;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, P;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
+    HQ_TMA_ASM("{\n.reg .pred P;\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, P;\n}\n"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
   } while (!done);
 }
 __device__ __forceinline__ void hq_tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                                int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-               "l"(map), "r"(bar), "r"(c0), "r"(c1)
-               : "memory");
+  HQ_TMA_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+             "[%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+             "l"(map), "r"(bar), "r"(c0), "r"(c1)
+             : "memory");
 }
 __device__ __forceinline__ void hq_tma_store_2d(const CUtensorMap *map, int c0, int c1,
                                                 uint32_t src) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                   map),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
+  HQ_TMA_ASM(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
 }
 __device__ __forceinline__ void hq_tma_store_commit() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  HQ_TMA_ASM("cp.async.bulk.commit_group;" ::: "memory");
 }
 template <int N> __device__ __forceinline__ void hq_tma_store_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+  HQ_TMA_ASM("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 template <int N> __device__ __forceinline__ void hq_tma_store_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+  HQ_TMA_ASM("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void hq_fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  HQ_TMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 #endif

@@ -546,7 +546,6 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
                                            int tma, const CUtensorMap *tm, uint32_t bar) {
   using R = RawTile<DT, TM, TK>;
   if constexpr (kTmaTile<DT, TK>) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(TM == 64 && R::kBytes == 16384, "the TMA tile is two 64 x 64 boxes");
     if (tma) {
       if (threadIdx.x == 0) {
@@ -556,7 +555,6 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
       }
       return;
     }
-#endif
   }
   (void)tma, (void)tm, (void)bar;
   const bool full = tile_full<TM, TK>(M, K, i0, k0);
@@ -693,17 +691,6 @@ template <class V> __device__ __forceinline__ uint2 signs_of(V v) {
   return make_uint2(s[0], s[1]);
 }
 
-/* Whether the launcher's tensor map flag f (QArgs tma, tmc, tmcs) holds in this pass: the
-   TMA's instructions exist from sm_90 on, and an older device's code takes the other paths. */
-__device__ __forceinline__ bool tma_on(int f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return f != 0;
-#else
-  (void)f;
-  return false;
-#endif
-}
-
 /* Whether a non-negative float (or NaN) is NaN. */
 __device__ __forceinline__ int is_nan_abs(float a) { return hq_f32_bits(a) > 0x7f800000u; }
 
@@ -715,7 +702,7 @@ struct QArgs {
   int a4;                  /* scale buffers 4-byte aligned */
   /* the kernel's tensor maps that were made (the launcher's, kernel parameters): the input's
      (TMA tiles come in by the TMA), the columnwise data's and scales' (a ColGroup goes out by
-     bulk tensor stores) */
+     bulk tensor stores); the kernel reads them through hq_tma_on */
   int tma, tmc, tmcs;
   uint8_t *rdata, *rscale; /* rowwise copy (NULL: not made) */
   float *ramax;
@@ -1203,17 +1190,16 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
    the ColGroup is written again. (H200, 8192x8192 bf16, given amax, interleaved, both
    directions, on the TMA tiles with two buffers: 70.1-70.3% of copy with the threads' stores,
    71.1-71.4% with the data's bulk stores, 71.1-71.5% with the scales' too; 72.4-72.5% with
-   three tile buffers then, kStagesOf.) Otherwise coalesced 8-byte stores of the data and 4-byte scale words; a
-   group wholly inside [M, K] with aligned buffers checks nothing, otherwise only what lies
-   inside is stored (the tiles of a group at the bottom edge that do not exist were never
-   staged). */
+   three tile buffers then, kStagesOf.) Otherwise coalesced 8-byte stores of the data and
+   4-byte scale words; a group wholly inside [M, K] with aligned buffers checks nothing,
+   otherwise only what lies inside is stored (the tiles of a group at the bottom edge that do
+   not exist were never staged). */
 template <int NC = ColGroup::NC>
 __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
                                                 uint32_t k0, const CUtensorMap *tmc,
                                                 const CUtensorMap *tmcs, int c0 = 0) {
   static_assert(NC % ColGroup::PART == 0, "whole boxes");
-  const bool bulk = tma_on(a.tmc), bulk_scales = bulk && tma_on(a.tmcs);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool bulk = hq_tma_on(a.tmc), bulk_scales = bulk && hq_tma_on(a.tmcs);
   if (bulk) {
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -1228,8 +1214,6 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
       hq_tma_store_commit();
     }
   }
-#endif
-  (void)tmc, (void)tmcs;
   if (bulk_scales) return;
   const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K;
   const bool full = g0 + kColGroup * ColGroup::S::TM <= M && k0 + ColGroup::NC <= K;
@@ -1313,15 +1297,15 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      the launcher adds; buffer s's copies complete on full_bar[s], whose phase of parity bit s
      of `parity` is the next to wait for. bulk: the ColGroups go out by bulk tensor stores. */
   constexpr bool kTma = kTmaTile<DT, TK>;
-  const bool tma = kTma && tma_on(a.tma), bulk = kGroup && kTma && tma_on(a.tmc);
+  const bool tma = kTma && hq_tma_on(a.tma), bulk = kGroup && kTma && hq_tma_on(a.tmc);
   const uint32_t bar_s = hq_smem_addr(full_bar);
   uint32_t parity = 0;
   if constexpr (kTma) {
     tiles_s = (tiles_s + 1023u) & ~1023u;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (t < kStages) hq_mbar_init(bar_s + 8u * t, 1);
-    hq_mbar_init_fence();
-#endif
+    if constexpr (HQ_TMA_ARCH) {
+      if (t < kStages) hq_mbar_init(bar_s + 8u * t, 1);
+      hq_mbar_init_fence();
+    }
     __syncthreads();
   }
   uint32_t groups_s = tiles_s + kStages * R::kBytes;
@@ -1361,7 +1345,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     cur = cur.next();
     const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
     if (!tma) hq_cuda_cp_async_wait<kStages - 2>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (bulk && slot == 0) { /* tile n - 1 ended its group (or tile n is the first): its
                                 ColGroup's writes made visible to the bulk stores after the
                                 barrier, and the stores of the group before it done reading
@@ -1369,7 +1352,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       hq_fence_proxy_async();
       if (t == 0) hq_tma_store_wait_read<0>();
     }
-#endif
     __syncthreads(); /* tile n is in (cp.async); tile n - 1 is encoded and staged, its buffer
                         free */
     /* the copy of the next tile into the buffer of tile n - 1, first: before any store of this
@@ -1399,9 +1381,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                                      parts (not in row-major group order, where those end a
                                      CTA's walk): what is left, before its ColGroup is reused */
         while (pq < kColGroup) store_part();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         if (bulk && t == 0) hq_tma_store_wait_read<0>();
-#endif
         __syncthreads();
       }
       pv = true, pq = 0, qg0 = pg0, qk0 = pk0;
@@ -1411,12 +1391,10 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     first = false;
     pi0 = i0, pk0 = k0, pg0 = g0, pfull = full;
     /* tile n's staging buffers and its tile (a TMA tile: when its copy has landed) */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tma) {
       hq_mbar_wait(bar_s + 8u * buf, (parity >> buf) & 1u);
       parity ^= 1u << buf;
     }
-#endif
     const At st{staged_s + sb * kStagedBytes, groups_s + gb * (uint32_t)sizeof(ColGroup), slot};
     const uint32_t sm = tiles_s + buf * R::kBytes;
 
@@ -1623,9 +1601,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                                      st);
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bulk) hq_fence_proxy_async(); /* the last group's ColGroup, for the bulk stores below */
-#endif
   __syncthreads(); /* the last tile is staged */
   if (!first) {
     store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, pi0, pk0, pfull);
@@ -1635,9 +1611,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       store_col_group(a, groups_s + gb * (uint32_t)sizeof(ColGroup), pg0, pk0, &tm_cdata,
                       &tm_cscale);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bulk && t == 0) hq_tma_store_wait<0>(); /* the shared memory the stores read stays */
-#endif
 }
 
 struct DArgs {
@@ -1851,35 +1825,22 @@ void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *
   a.tma = a.tmc = a.tmcs = 0;
   constexpr bool kTma = kTmaTile<DT, QShape<DIRS>::TK>, kGroup = kGroupC<DIRS, SR>;
   if (!kTma) return;
-  const hq_tensor_map_encode_fn enc = hq_cuda_tensor_map_encoder();
-  if (!enc) return;
-  const cuuint32_t es[2] = {1, 1};
-  if (a.vec) {
-    const cuuint64_t dims[2] = {(cuuint64_t)a.K, (cuuint64_t)a.M};
-    const cuuint64_t pitch[1] = {(cuuint64_t)a.K * 2};
-    const cuuint32_t box[2] = {64, 64};
-    const CUtensorMapDataType ty =
-        DT == HQ_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    a.tma = enc(tx, ty, 2, const_cast<void *>(a.x), dims, pitch, box, es,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  }
+  if (a.vec)
+    a.tma = hq_tensor_map_2d(tx, DT == HQ_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                             a.x, (uint64_t)a.K, (uint64_t)a.M, (uint64_t)a.K * 2, 64, 64,
+                             CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B) == CUDA_SUCCESS;
   if (!kGroup || !a.cdata || a.M % 32 != 0 || ((uintptr_t)a.cdata & 15) != 0) return;
-  {
-    const cuuint64_t dims[2] = {(cuuint64_t)a.M / 2, (cuuint64_t)a.K};
-    const cuuint64_t pitch[1] = {(cuuint64_t)a.cld};
-    const cuuint32_t box[2] = {(cuuint32_t)ColGroup::kLine, (cuuint32_t)ColGroup::PART};
-    a.tmc = enc(tcd, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a.cdata, dims, pitch, box, es,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  }
+  a.tmc = hq_tensor_map_2d(tcd, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.cdata, (uint64_t)a.M / 2,
+                           (uint64_t)a.K, a.cld, ColGroup::kLine, ColGroup::PART,
+                           CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
   if (!a.tmc || a.swz || a.csc % 16 != 0 || ((uintptr_t)a.cscale & 15) != 0) return;
-  const cuuint64_t dims[2] = {(cuuint64_t)a.M / 16, (cuuint64_t)a.K};
-  const cuuint64_t pitch[1] = {(cuuint64_t)a.csc};
-  const cuuint32_t box[2] = {4 * kColGroup, (cuuint32_t)ColGroup::PART};
-  a.tmcs = enc(tcs, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a.cscale, dims, pitch, box, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  a.tmcs = hq_tensor_map_2d(tcs, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.cscale, (uint64_t)a.M / 16,
+                            (uint64_t)a.K, a.csc, 4 * kColGroup, ColGroup::PART,
+                            CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
 }
 
 template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
