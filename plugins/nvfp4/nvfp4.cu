@@ -498,23 +498,29 @@ template <int LANES> __device__ __forceinline__ float tile_max_nan(float m) {
 /* The quantize kernel's tiles hold the input's own bits (DT's element size): TM rows of TK
    elements; kStagesOf of them (2 or 3), the next tiles copied in while the current one is
    encoded. Two layouts:
-   - the TMA tile (kTmaTile: a 16-bit input in 64 x 128 tiles, both directions): the layout the
-     tensor-memory accelerator writes with the 128-byte swizzle, two boxes of 64 rows x 64
-     elements (8 KiB each, columns 0-63 then 64-127), row r's 16-byte chunk j of a box at chunk
-     j ^ (r & 7) of its 128 bytes; 1024-byte aligned, no padding. 16-byte reads of 8
+   - the TMA tile (kTmaTile: a 16-bit input, every tile shape): the layout the tensor-memory
+     accelerator writes with the 128-byte swizzle, TK / 64 boxes of TM rows x 64 elements (TM
+     x 128 bytes each, columns 0-63, then 64-127, ...), row r's 16-byte chunk j of a box at
+     chunk j ^ (r & 7) of its 128 bytes; 1024-byte aligned, no padding. 16-byte reads of 8
      consecutive rows and 4-byte reads of 16 consecutive rows of a column meet no bank
      conflict, as with the padding below.
-   - otherwise each row padded by 16 bytes, so that 16-byte reads of 8 consecutive rows and 2- or
-     4-byte reads of consecutive columns meet no bank conflict. */
-template <int DT, int TK> constexpr bool kTmaTile = DT != HQ_F32 && TK == 128;
+   - otherwise (F32 inputs) each row padded by 16 bytes, so that 16-byte reads of 8
+     consecutive rows and 2- or 4-byte reads of consecutive columns meet no bank conflict.
+   The one-direction kernels' tiles (32 x 256, 128 x 64) by the TMA too since HQ_NVFP4_TMA_ONE_DIR
+   (0: by cp.async into the padded layout, as before; for measuring). */
+#ifndef HQ_NVFP4_TMA_ONE_DIR
+#define HQ_NVFP4_TMA_ONE_DIR 1
+#endif
+template <int DT, int TK>
+constexpr bool kTmaTile = DT != HQ_F32 && (TK == 128 || HQ_NVFP4_TMA_ONE_DIR);
 template <int DT, int TK>
 constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + (kTmaTile<DT, TK> ? 0 : 16);
 /* the shared-window address of byte b of tile row r (b a multiple of 2; a 16-byte piece when b
-   is a multiple of 16) */
+   is a multiple of 16); a TMA tile's box is TM = 8192 / TK rows of 128 bytes (QShape) */
 template <int DT, int TK>
 __device__ __forceinline__ uint32_t tile_byte(uint32_t tile, int r, int b) {
   if constexpr (kTmaTile<DT, TK>)
-    return tile + (uint32_t)(b >> 7) * 8192u + (uint32_t)r * 128u +
+    return tile + (uint32_t)(b >> 7) * (8192u / TK * 128u) + (uint32_t)r * 128u +
            ((uint32_t)(((b >> 4) & 7) ^ (r & 7)) << 4) + (uint32_t)(b & 15);
   else
     return tile + (uint32_t)r * kRawRowBytes<DT, TK> + (uint32_t)b;
@@ -546,12 +552,13 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
                                            int tma, const CUtensorMap *tm, uint32_t bar) {
   using R = RawTile<DT, TM, TK>;
   if constexpr (kTmaTile<DT, TK>) {
-    static_assert(TM == 64 && R::kBytes == 16384, "the TMA tile is two 64 x 64 boxes");
+    static_assert(TM * TK == 8192 && R::kBytes == 16384, "the TMA tile is TK / 64 boxes of TM rows");
     if (tma) {
       if (threadIdx.x == 0) {
         hq_mbar_expect_tx(bar, (uint32_t)R::kBytes);
-        hq_tma_load_2d(tile, tm, bar, (int)k0, (int)i0);
-        hq_tma_load_2d(tile + 8192u, tm, bar, (int)k0 + 64, (int)i0);
+#pragma unroll
+        for (int b = 0; b < TK / 64; b++)
+          hq_tma_load_2d(tile + (uint32_t)b * (TM * 128u), tm, bar, (int)k0 + 64 * b, (int)i0);
       }
       return;
     }
@@ -1813,7 +1820,7 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
 /* The quantize kernel's tensor maps (QArgs tma, tmc, tmcs; each left unmade, and its flag 0,
    where the driver has no encoder or the layout does not allow it, and the kernel then takes
    its other path):
-   - x, for TMA tiles (kTmaTile) of a 16-byte aligned input: boxes of 64 rows x 64 elements with
+   - x, for TMA tiles (kTmaTile) of a 16-byte aligned input: boxes of TM rows x 64 elements with
      the 128-byte swizzle, zeros outside the tensor (K % 16 == 0 makes the row pitch a multiple
      of 16 bytes, as the TMA needs);
    - the columnwise data, for the ColGroups (kGroup; F32 inputs too): K rows of M / 2 bytes
@@ -1829,7 +1836,8 @@ void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *
   if (kTma && a.vec)
     a.tma = hq_tensor_map_2d(tx, DT == HQ_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                             a.x, (uint64_t)a.K, (uint64_t)a.M, (uint64_t)a.K * 2, 64, 64,
+                             a.x, (uint64_t)a.K, (uint64_t)a.M, (uint64_t)a.K * 2, 64,
+                             QShape<DIRS>::TM,
                              CU_TENSOR_MAP_SWIZZLE_128B,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B) == CUDA_SUCCESS;
   if (!kGroup || !a.cdata || a.M % 32 != 0 || ((uintptr_t)a.cdata & 15) != 0) return;
