@@ -29,7 +29,9 @@
 # Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
 # sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too); --mem
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
-# (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters).
+# (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters). --probe builds nothing
+# of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
+# and stores of a quantize layout with no encoding) into probe.txt, and stops.
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -44,6 +46,15 @@ if [ "${1:-}" = "--on-device" ]; then
   build=/tmp/hqbuild/${HQ_DEVDIST:-.devdist}
   mkdir -p "$out" "$build"
   nvidia-smi -L || true
+  if [[ "$modes" == *" --probe "* ]]; then
+    # the memory system's ceiling for the quantize kernels' layouts (scripts/store_probe.cu),
+    # from the carried tree, without building hq
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I "$root/plugins/common" \
+      -o "$build/store_probe" "$root/scripts/store_probe.cu" || exit 1
+    "$build/store_probe" | tee "$out/probe.txt"
+    exit "${PIPESTATUS[0]}"
+  fi
   rm -rf "$build"/hq-*/
   tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
   cd "$build"/hq-*/
