@@ -30,10 +30,10 @@
 **     atomics.
 **   quantize: as many CTAs as are resident at once, each looping over tiles (row-major order,
 **     the next origin by an add and a carry, no division), two tile buffers (dynamic shared
-**     memory; three for both directions of a 16-bit input without SR, whose tiles the TMA
-**     copies and whose columnwise bytes leave by bulk tensor stores: kStagesOf,
-**     store_col_group): tile n + 1 is copied in while tile n is encoded, so the memory stays
-**     busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its
+**     memory; three for both directions of a 16-bit input without SR, whose columnwise bytes
+**     leave by bulk tensor stores: kStagesOf, store_col_group; a 16-bit input's tiles come in
+**     by the TMA, issue_tile): tile n + 1 is copied in while tile n is encoded, so the memory
+**     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its
 **     peak; three or four cp.async buffers measured 1-5% slower on an H100, and again with the
 **     kernel of 2026-11-27: both directions 0.094 -> 0.104-0.109 ms). One barrier per tile:
 **     after it, tile n - 1's staged bytes are stored from one staging buffer while tile n is
@@ -189,7 +189,10 @@ constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
    there since, no H100 being lent). With the TMA tiles and the ColGroups' bulk stores (a
    16-bit input, both directions, round to nearest: issue_tile, store_col_group) 3 (H200,
    same call, same build otherwise: both directions 71.2-71.5% -> 72.4-72.5%, own amax
-   73.2% -> 73.7-74.1%, one direction alone unchanged); not measured on an H100. */
+   73.2% -> 73.7-74.1%, one direction alone unchanged); not measured on an H100. One
+   direction alone with its tiles by the TMA too (HQ_NVFP4_TMA_ONE_DIR), 3 measured slower
+   again: H200, given amax, two rounds: rowwise 87.2-87.7% -> 86.1-86.5%, columnwise 85.0-85.3%
+   -> 82.0-82.1%, rht columnwise 74.9-75.0% -> 73.8-73.9%. */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
@@ -552,7 +555,8 @@ __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t 
                                            int tma, const CUtensorMap *tm, uint32_t bar) {
   using R = RawTile<DT, TM, TK>;
   if constexpr (kTmaTile<DT, TK>) {
-    static_assert(TM * TK == 8192 && R::kBytes == 16384, "the TMA tile is TK / 64 boxes of TM rows");
+    static_assert(TM * TK == 8192 && R::kBytes == 16384,
+                  "the TMA tile is TK / 64 boxes of TM rows");
     if (tma) {
       if (threadIdx.x == 0) {
         hq_mbar_expect_tx(bar, (uint32_t)R::kBytes);
