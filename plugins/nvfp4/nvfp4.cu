@@ -13,8 +13,8 @@
 ** amax, interleaved: columnwise alone 80.5-81.0% -> 85.2-85.6% of copy, with rht 78.6-78.9% ->
 ** 83.8-83.9%, with block_2d 79.1-79.5% -> 84.1-84.5%; rowwise alone unchanged at 87-88%),
 ** 256 threads, read once from global memory into a shared tile of the input's own bits: by the
-** tensor-memory accelerator (tma_cuda.h: two 2-D boxes per tile, the 128-byte swizzled layout,
-** an mbarrier per tile buffer) for both directions of a 16-bit input, by cp.async otherwise.
+** tensor-memory accelerator (tma_cuda.h: TK / 64 2-D boxes per tile, the 128-byte swizzled
+** layout, an mbarrier per tile buffer) for a 16-bit input, by cp.async for an F32 one.
 ** The text below says "64x128" for the tile of both directions; the other shapes take the
 ** same steps with their own sizes. Both directions (round to nearest) walk groups of 4 tiles
 ** stacked along M and store the columnwise bytes of a group together (ColGroup: a column's
@@ -538,8 +538,8 @@ template <int DT, int TM, int TK> struct RawTile {
 
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
-   A TMA tile with the input's tensor map (tma: tm valid) comes in as two 2-D boxes that thread
-   0 issues, completing on the mbarrier at `bar` (the TMA writes the zeros outside the tensor);
+   A TMA tile with the input's tensor map (tma: tm valid) comes in as TK / 64 2-D boxes that
+   thread 0 issues, completing on the mbarrier at `bar` (the TMA writes the zeros outside the tensor);
    every other tile by cp.async, 16 bytes a thread and chunk (the caller waits for its group);
    without vec (x not 16-byte aligned) the copy is made here, element by element.
    One bulk copy per tile row instead (cp.async.bulk by one warp, completing on an mbarrier per
@@ -1030,7 +1030,7 @@ constexpr int kColGroup = HQ_NVFP4_COL_GROUP;
    block g's word at byte 8g) in row col of c, each row's 16-byte chunk j at chunk j ^ (col & 7)
    (the 128-byte swizzle a bulk tensor store reads, so that 8 consecutive columns' chunk j meet
    no bank conflict); then column col's kColGroup scale words (its 16 bytes) at csw[kColGroup *
-   col]. 1024-byte aligned in the TMA kernels (the swizzle's alignment). */
+   col]. 1024-byte aligned (the swizzle's alignment, kAlign1K). */
 struct ColGroup {
   using S = QShape<3>;                        /* the both-directions tile */
   static constexpr int RB = S::TM / 16;       /* row blocks per tile */
@@ -1052,6 +1052,10 @@ __device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
    rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
    H100 57.4-57.8% -> 56.2-56.3% of copy) */
 template <int DIRS, bool SR> constexpr bool kGroupC = DIRS == 3 && !SR && kColGroup > 1;
+/* whether the kernel aligns its tiles (and the ColGroups after them) to 1024 bytes, the
+   128-byte swizzle's alignment, in the 1024 bytes of dynamic shared memory the launcher adds */
+template <int DT, int DIRS, bool SR>
+constexpr bool kAlign1K = kTmaTile<DT, QShape<DIRS>::TK> || kGroupC<DIRS, SR>;
 
 /* A staging buffer's shared-window address (hq_smem_addr: taken once, then offsets added) and
    the addresses of its parts: packed word i of the rowwise staging, word (rb, col) of the
@@ -1304,8 +1308,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      ColGroups after the tiles */
   using At = StagedAt<DIRS, kGroup>;
   uint32_t tiles_s = hq_smem_addr(tiles), staged_s = hq_smem_addr(staged);
-  /* TMA tiles and ColGroups: the tiles and the ColGroups after them 1024-byte aligned, in the
-     1024 bytes the launcher adds; buffer s's copies complete on full_bar[s], whose phase of
+  /* TMA tiles and ColGroups: the tiles and the ColGroups after them 1024-byte aligned
+     (kAlign1K); buffer s's copies complete on full_bar[s], whose phase of
      parity bit s of `parity` is the next to wait for. bulk: the ColGroups go out by bulk
      tensor stores, for F32 inputs too, whose tiles the threads copy (by the threads' own
      stores from the swizzled ColGroup: H200, 8192x8192 f32, given amax, both directions 70.0%
@@ -1315,7 +1319,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const uint32_t bar_s = hq_smem_addr(full_bar);
   uint32_t parity = 0;
   static_assert(!kGroup || kStages * R::kBytes % 1024 == 0, "ColGroups 1024-byte aligned");
-  if constexpr (kTma || kGroup) tiles_s = (tiles_s + 1023u) & ~1023u;
+  if constexpr (kAlign1K<DT, DIRS, SR>) tiles_s = (tiles_s + 1023u) & ~1023u;
   if constexpr (kTma && HQ_TMA_ARCH) {
     if (t < kStages) hq_mbar_init(bar_s + 8u * t, 1);
     hq_mbar_init_fence();
@@ -1873,8 +1877,7 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
      device and kernel */
   const int dyn = kStagesOf<DT, DIRS, SR> * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
                   (kGroup ? 2 * (int)sizeof(ColGroup) : 0) +
-                  (kTmaTile<DT, Sh::TK> || kGroup ? 1024 : 0); /* the TMA tiles' and the
-                                                                    ColGroups' alignment */
+                  (kAlign1K<DT, DIRS, SR> ? 1024 : 0);
   CUtensorMap tx{}, tcd{}, tcs{};
   make_tensor_maps<DT, DIRS, SR>(a, &tx, &tcd, &tcs);
   int64_t resident = 0;
