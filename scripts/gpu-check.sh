@@ -31,7 +31,10 @@
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
 # (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters). --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
-# and stores of a quantize layout with no encoding) into probe.txt, and stops.
+# and stores of a quantize layout with no encoding) into probe.txt, and stops. --mx-pairs
+# rebuilds nvfp4 with -DHQ_MX_CVT_PAIRS=1 (the form Blackwell's FP4 convert takes, the software
+# rule in the instruction's place: plugins/common/mx_cvt_cuda.h) and runs tests/test_gpu_nvfp4
+# with it, then rebuilds it as configured.
 set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
@@ -86,6 +89,25 @@ if [ "${1:-}" = "--on-device" ]; then
     grep -E '^# (TOTAL|PASS|SKIP|FAIL|ERROR)' "$out/check.log" || true
     for t in tests/test_gpu_*.log; do [ -f "$t" ] && { echo "--- $t"; tail -15 "$t"; }; done
     [ $rc -eq 0 ] || { echo "make check failed"; tail -60 test-suite.log; exit $rc; }
+  fi
+  if [[ "$modes" == *" --mx-pairs "* ]]; then
+    # nvfp4 built with its Blackwell form of round to nearest (HQ_MX_CVT_PAIRS: a product per
+    # element, the FP4 convert on pairs; on this chip the software rule stands in for the
+    # instruction), checked by tests/test_gpu_nvfp4, then the tree's own build back
+    for f in "-DHQ_MX_CVT_PAIRS=1" ""; do
+      rm -f plugins/nvfp4/nvfp4.lo plugins/nvfp4/.libs/nvfp4.o
+      make -j16 NVCCFLAGS="$f" plugins/nvfp4/nvfp4.la > "$out/mx-pairs-build.log" 2>&1 \
+        || { tail -30 "$out/mx-pairs-build.log"; exit 1; }
+      [ -n "$f" ] || break
+      if make check TESTS=tests/test_gpu_nvfp4 check_PROGRAMS=tests/test_gpu_nvfp4 \
+           check_LTLIBRARIES= > "$out/mx-pairs-check.log" 2>&1; then
+        echo "mx-pairs: tests/test_gpu_nvfp4 passed with $f"
+      else
+        echo "mx-pairs: tests/test_gpu_nvfp4 FAILED with $f"; rc=1
+        cp tests/test_gpu_nvfp4.log "$out/mx-pairs-test.log" 2>/dev/null || true
+      fi
+      grep -E '^# (PASS|SKIP|FAIL|ERROR)' "$out/mx-pairs-check.log" || true
+    done
   fi
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
   if [[ "$modes" == *" --ab "* ]]; then

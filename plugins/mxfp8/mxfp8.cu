@@ -34,7 +34,10 @@
 ** Unaligned pointers (not 16-byte aligned) take the same kernels with scalar loads and stores.
 **
 ** Element cast: the hardware cvt.rn.satfinite on sm_89 and later (Hopper, Blackwell), the same
-** bits as hq_mxfp8_quantize (hq_cuda_cast8v), which runs elsewhere. Everything is queued on
+** bits as hq_mxfp8_quantize (hq_cuda_cast8v), which runs elsewhere. Scale codes: step 2 of the
+** rule (hq_mxfp8_scale_t) rounded up to E8M0 by hq_cuda_e8m0_rp (mx_cvt_cuda.h), Blackwell's
+** convert instruction where the build has a family-specific target, hq_e8m0_from_f32_rp
+** elsewhere: the bits of hq_mxfp8_scale_code. Everything is queued on
 ** call->stream: no allocation, no scratch, no synchronization (update is the same call under
 ** HQ_CALL_UPDATE). make_empty zeroes scale buffers with cudaMemsetAsync.
 */
@@ -45,6 +48,7 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
+#include "mx_cvt_cuda.h"
 #include "hq/numerics.h"
 #include "mxfp8.h"
 #include "mxfp8_rules.h"
@@ -218,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
     const bool b0 = lane & 1;
     float m = fmaxf(b0 ? m1 : m0, __shfl_xor_sync(0xffffffffu, b0 ? m0 : m1, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const uint8_t e = hq_mxfp8_scale_code(m, ELEM); /* of row i0 + r0 + 16 * b0 */
+    const uint8_t e = hq_cuda_e8m0_rp(hq_mxfp8_scale_t(m, ELEM)); /* of row i0 + r0 + 16 * b0 */
     const float my_mult = hq_e8m0_quant_mult(e);
     for (int p = 0; p < 2; p++) rmult[p] = __shfl_sync(0xffffffffu, my_mult, (lane & ~3) | p);
     if (defer) {
@@ -271,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
     }
     if (TWO_D) /* warp w < 4 holds the 32 columns of block w: the tile's amax */
       for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    const uint8_t e = hq_mxfp8_scale_code(m, ELEM);
+    const uint8_t e = hq_cuda_e8m0_rp(hq_mxfp8_scale_t(m, ELEM));
     s_mult[t] = hq_e8m0_quant_mult(e);
     const int64_t jc = j0 + t;
     if (a.cd && jc < K) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;

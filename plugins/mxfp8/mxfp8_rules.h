@@ -23,10 +23,14 @@
 #define HQ_MXFP8_BLOCK 32
 
 /* The E8M0 scale code of a block from its amax (max |x| with NaN ignored, Inf included):
-   steps 2 and 3 of docs/formats.md. kind is the element hq_dtype, HQ_E4M3 or HQ_E5M2. */
+   steps 2 and 3 of docs/formats.md. kind is the element hq_dtype, HQ_E4M3 or HQ_E5M2.
+   hq_mxfp8_scale_t is step 2, the value the code rounds up (the CUDA kernels round it by
+   mx_cvt_cuda.h's hq_cuda_e8m0_rp: the instruction on Blackwell, the same bits). */
+HQ_HD float hq_mxfp8_scale_t(float amax, int kind) {
+  return hq_mul_rn(amax, hq_rcp_rn(hq_fp8_max(kind)));
+}
 HQ_HD uint8_t hq_mxfp8_scale_code(float amax, int kind) {
-  float t = hq_mul_rn(amax, hq_rcp_rn(hq_fp8_max(kind)));
-  return hq_e8m0_from_f32_rp(t);
+  return hq_e8m0_from_f32_rp(hq_mxfp8_scale_t(amax, kind));
 }
 
 /* One element: q = fp8_rne_satfinite(RN(x * mult)) with mult = hq_e8m0_quant_mult(e), kind

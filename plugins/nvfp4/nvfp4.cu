@@ -114,6 +114,10 @@
 **     L1 and L2 busier than DRAM). The block scale code is hq_nvfp4_block_scale's through the
 **     FP8 convert instruction (fp8_cvt_cuda.h). A scale buffer with padding entries is zeroed
 **     first (cudaMemsetAsync). Specialized on the input dtype, rht, SR and the directions.
+**     On Blackwell's family-specific targets (sm_100f) the fast form of round to nearest is the
+**     rule's own steps instead, RN(v * enc) and the FP4 convert instruction on pairs
+**     (mx_cvt_cuda.h: HQ_MX_CVT_PAIRS; 4 converts per 8 elements where the two-sum form takes
+**     two adds, a min and a multiply-add per element); stochastic rounding keeps its fast form.
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
@@ -134,6 +138,7 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
+#include "mx_cvt_cuda.h"
 #include "hq/numerics.h"
 #include "launch_cuda.h"
 #include "nvfp4.h"
@@ -363,12 +368,23 @@ __device__ __forceinline__ bool fast_block(float bamax, float enc, int has_nan) 
    nibble); the sign bits sgn (x's: enc > 0, or enc = 0 and x * enc = +-0) are added in the
    same three-input add (bit 3 of every nibble is clear: the same as or-ing them). */
 template <class V> __device__ __forceinline__ uint2 encode_fast(V v, float enc, uint2 sgn) {
+#if HQ_MX_CVT_PAIRS
+  /* Blackwell (mx_cvt_cuda.h): the rule's own steps, RN(v * enc) and hq_f32_to_e2m1, the
+     convert instruction taking two products at a time (a block here holds no NaN or Inf and
+     every |v * enc| < 7); the sign bits come with the conversion, sgn goes unused */
+  (void)sgn;
+  float p[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) p[e] = hq_mul_rn(v(e), enc);
+  return make_uint2(hq_cuda_f32x8_to_e2m1(p), hq_cuda_f32x8_to_e2m1(p + 8));
+#else
   constexpr uint32_t kBias = HQ_E2M1_BIAS_BITS * 0x11111111u;
   uint32_t acc[2] = {0u, 0u};
 #pragma unroll
   for (int e = 0; e < 16; e++)
     acc[e >> 3] += hq_e2m1_biased_bits_lt7(fabsf(hq_mul_rn(v(e), enc))) * (1u << (4 * (e & 7)));
   return make_uint2(acc[0] + sgn.x + (0u - kBias), acc[1] + sgn.y + (0u - kBias));
+#endif
 }
 
 /* Stochastic rounding's Philox words of a block, from the seed or from its round keys
