@@ -412,7 +412,12 @@ __device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, Key key, uint64_
 #pragma unroll
   for (int e = 0; e < 16; e++) {
     const float f = hq_bits_f32(__byte_perm(bits[e >> 2], 0u, 0x4044u | (e & 3) << 8));
-    acc[e >> 3] += hq_e2m1_sr_biased_lt8(fabsf(hq_mul_rn(v(e), enc)), f) * (1u << (4 * (e & 7)));
+    /* the signed product: hq_e2m1_sr_biased_lt8 takes |x| in its multiply-add (one instruction
+       per value fewer, and the SR kernels no longer spill; H200, given amax, A/B two rounds:
+       both directions 0.1129-0.1130 -> 0.1098-0.1099 ms, rowwise 0.0616-0.0620 ->
+       0.0602-0.0604, columnwise 0.0643-0.0648 -> 0.0607-0.0608, with rht columnwise
+       0.0797-0.0803 -> 0.0742-0.0744) */
+    acc[e >> 3] += hq_e2m1_sr_biased_lt8(hq_mul_rn(v(e), enc), f) * (1u << (4 * (e & 7)));
   }
   return make_uint2(acc[0] + sgn.x + (0u - kBias), acc[1] + sgn.y + (0u - kBias));
 }
@@ -662,10 +667,19 @@ __device__ __forceinline__ void row_words(uint32_t tile, int r, int c0, uint32_t
 template <int DT, int TK>
 __device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint32_t x[16]) {
   constexpr int kRowBytes = kRawRowBytes<DT, TK>;
-  if constexpr (kTmaTile<DT, TK>) { /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7 */
-    const uint32_t p = tile_byte<DT, TK>(tile, r0, 2 * c);
+  if constexpr (kTmaTile<DT, TK>) {
+    /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7. The tile is 1024-byte aligned and the
+       XOR touches address bits 4-6 only, so the thread's offset p XOR (e & 7) << 4 (8 values,
+       made once per tile) plus the tile's base and 128 * e is the address: each load takes its
+       base and row as operands, where (p + 128 e) ^ ... had cost two instructions per load.
+       With the one-instruction flip of rht16_head, H200, 8192x8192 bf16, given amax, A/B two
+       rounds: rht columnwise 0.0544-0.0548 -> 0.0531-0.0533 ms, its amax pass 0.0478-0.0484
+       -> 0.0449-0.0450, block_2d both 0.0739-0.0742 -> 0.0716-0.0720, swizzled scales both
+       0.0721-0.0723 -> 0.0707-0.0712; the rest within noise */
+    const uint32_t p = tile_byte<DT, TK>(0u, r0, 2 * c);
 #pragma unroll
-    for (int e = 0; e < 16; e++) x[e] = hq_lds32((p + 128u * e) ^ ((uint32_t)(e & 7) << 4));
+    for (int e = 0; e < 16; e++)
+      x[e] = hq_lds32(tile + (p ^ ((uint32_t)(e & 7) << 4)) + 128u * e);
     return;
   }
   const uint32_t p = tile + r0 * kRowBytes + c * 2;
@@ -819,9 +833,17 @@ __device__ __forceinline__ void rht16_tail(float v[16], uint32_t y[8]) {
                   : bf16x2_rn(v[2 * j], v[2 * j + 1]);
 }
 
-/* Steps 0 and 1 of the RHT on FP32 values f of a DT input (flip[e]: row e's sign-flip word,
-   0x80008000 or 0): the flip is exact and commutes with RN; a BF16 value is its own RN_bf16,
-   F16 and F32 values go through the convert (pairs). */
+/* Row e's sign-flip word of the RHT, held in shared memory or registers for the transform's
+   head (rht16_head): 0 where bit e of the sign mask is clear, else the sign bit of every element
+   of a packed F16 word (0x80008000), or the FP32 sign bit alone (0x80000000), which a BF16
+   element gets in the instruction that widens it, and which F32 values take as they are. */
+template <int DT> __device__ __forceinline__ uint32_t flip_word(uint32_t mask, int e) {
+  return ((mask >> e) & 1u) ? (DT == HQ_F16 ? 0x80008000u : 0x80000000u) : 0u;
+}
+
+/* Steps 0 and 1 of the RHT on FP32 values f of a DT input (flip[e]: row e's flip_word): the
+   flip is exact and commutes with RN; a BF16 value is its own RN_bf16, F16 and F32 values go
+   through the convert (pairs). */
 template <int DT>
 __device__ __forceinline__ void rht16_head_f32(const float *f, const uint32_t *flip, float v[16]) {
 #pragma unroll
@@ -837,12 +859,19 @@ __device__ __forceinline__ void rht16_head_f32(const float *f, const uint32_t *f
 }
 
 /* The same for column h (0: c, 1: c + 1) of a column pair's 16 rows: from the raw words x of a
-   16-bit input (the flip applied to both halves at once), or the FP32 values f of an F32 one. */
+   16-bit input, or the FP32 values f of an F32 one. A BF16 element is widened and flipped in
+   one instruction: the high half as (x & 0xffff0000) ^ flip, the low half as x * 2^16 + flip
+   (mod 2^32: adding the sign bit flips it), where widening, then flipping took two for the
+   low halves and the packed flip one per word; F16 flips both halves of the word at once. */
 template <int DT>
 __device__ __forceinline__ void rht16_head(const uint32_t *x, const float *f, const uint32_t *flip,
                                            int h, float v[16]) {
   if (DT == HQ_F32) {
     rht16_head_f32<DT>(f, flip, v);
+  } else if (DT == HQ_BF16) {
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+      v[e] = hq_bits_f32(h ? (x[e] & 0xffff0000u) ^ flip[e] : x[e] * 65536u + flip[e]);
   } else {
     float g[16];
 #pragma unroll
@@ -875,7 +904,7 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
   const int64_t K = a.K, nq = K / 4, npatch = (a.M / 16) * nq;
   uint32_t fl[16];
 #pragma unroll
-  for (int e = 0; e < 16; e++) fl[e] = ((a.mask >> e) & 1u) ? 0x80008000u : 0u;
+  for (int e = 0; e < 16; e++) fl[e] = flip_word<DT>(a.mask, e);
   float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
   uint32_t mt = 0;
   for (int64_t g = blockIdx.x * (int64_t)kThreads + threadIdx.x; g < npatch;
@@ -1280,7 +1309,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* both directions with round to nearest: the columnwise bytes go to ColGroups (kGroupC) */
   constexpr bool kGroup = kGroupC<DIRS, SR>;
   __shared__ Staged<DIRS, kGroup> staged[2];
-  __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (0x80008000 or 0) */
+  __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (flip_word) */
   __shared__ __align__(8) uint64_t full_bar[kStages]; /* TMA tiles: buffer s's copy has landed */
   using R = RawTile<DT, TM, TK>;
   constexpr uint32_t kStagedBytes = sizeof(Staged<DIRS, kGroup>);
@@ -1296,7 +1325,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const uint32_t M32 = (uint32_t)M, K32 = (uint32_t)K;
   const int t = threadIdx.x;
   float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
-  if (RHT && t < 16) flip[t] = ((a.mask >> t) & 1u) ? 0x80008000u : 0u; /* read after a barrier */
+  if (RHT && t < 16) flip[t] = flip_word<DT>(a.mask, t); /* read after a barrier */
   if (kRow) {
     const DirConst d = dir_const(a.given ? a.given[0] : *a.ramax);
     rm = d.m;

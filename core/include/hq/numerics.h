@@ -474,9 +474,12 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
   return ((s | c) & ~nan) | (7u & nan);
 }
 
-/* hq_f32_to_e2m1_sr's magnitude code for 0 <= a < 8 (not NaN) in fewer operations, for a
+/* hq_f32_to_e2m1_sr's magnitude code of a = |x| < 8 (not NaN) in fewer operations, for a
    kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 8), plus
    HQ_E2M1_BIAS_BITS (a kernel packs the biased codes and subtracts the bias once per word).
+   x's sign is ignored: a kernel passes its signed product, whose exponent bits are a's, and
+   |x| costs no instruction where it is an operand of the multiply-add (an |x| made first, to
+   take its bits, had cost one per value: H200, one direction with stochastic rounding).
    f is u * 2^-125 (u = r8 / 256), the float of bits r8 << 16 (a byte permute puts the random
    byte there; r8 * 2^-133 exactly, subnormal for r8 < 128, the gradual underflow making it one
    linear scale). step(a), the rule's 0.5 / 1 / 2 below 6 and 2 on [6, 8), is half the power of
@@ -500,17 +503,17 @@ HQ_HD float hq_add_rz_big(float x, float c) { /* RZ(x + c), x >= 0, 2^23 <= x + 
   return hq_add_rn(r, -c) > x ? hq_bits_f32(hq_f32_bits(r) - 1u) : r;
 #endif
 }
-HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float a, float f) {
-  const uint32_t e = hq_f32_bits(a) & 0x7f800000u;
+HQ_HD uint32_t hq_e2m1_sr_biased_lt8(float x, float f) { /* a = |x|: x's sign is ignored */
+  const uint32_t e = hq_f32_bits(x) & 0x7f800000u; /* a's exponent bits, with no |x| made */
 #if defined(__CUDA_ARCH__)
   const float S = hq_bits_f32(__viaddmax_u32(e, 0x3e000000u, 0x7d800000u));
-  const float t = __fmaf_rn(f, S, a);
+  const float t = __fmaf_rn(f, S, fabsf(x)); /* |x|: an operand modifier of the multiply-add */
   return __vimin3_u32(hq_f32_bits(__fmaf_rz(t, 2.0f, HQ_E2M1_SUM1)),
                       hq_f32_bits(__fadd_rz(t, HQ_E2M1_SUM2)), HQ_E2M1_SAT_BITS);
 #else
   const uint32_t sb = e + 0x3e000000u;
   const float S = hq_bits_f32(sb > 0x7d800000u ? sb : 0x7d800000u);
-  const float t = hq_add_rn(a, hq_mul_rn(f, S));
+  const float t = hq_add_rn(hq_fabs(x), hq_mul_rn(f, S));
   const uint32_t p1 = hq_f32_bits(hq_add_rz_big(hq_mul_rn(t, 2.0f), HQ_E2M1_SUM1));
   const uint32_t p2 = hq_f32_bits(hq_add_rz_big(t, HQ_E2M1_SUM2));
   const uint32_t m = p1 < p2 ? p1 : p2;
