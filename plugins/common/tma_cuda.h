@@ -29,6 +29,8 @@
 **   hq_tma_store_wait<N>()          ... until at most N groups are not yet done writing
 **   hq_fence_proxy_async()          this thread's shared-memory writes become visible to the
 **                                   TMA's later reads (a bulk store issued after a barrier)
+**   hq_swz128(box, row, chunk, inner)   the address of byte `inner` of 16-byte chunk `chunk`
+**                                   of a row of the box at `box` (CU_TENSOR_MAP_SWIZZLE_128B)
 */
 #ifndef HQ_TMA_CUDA_H
 #define HQ_TMA_CUDA_H
@@ -136,6 +138,12 @@ template <int N> __device__ __forceinline__ void hq_tma_store_wait() {
 }
 __device__ __forceinline__ void hq_fence_proxy_async() {
   HQ_TMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* The 128-byte swizzle (the box 1024-byte aligned): rows of 128 bytes, row r's 16-byte chunk
+   (0-7) at chunk ^ (r & 7), so that 8 consecutive rows' same chunk falls on distinct banks; the
+   address of byte `inner` (0-15) of that chunk in the box at `box`. */
+__device__ __forceinline__ uint32_t hq_swz128(uint32_t box, int row, int chunk, int inner) {
+  return box + (uint32_t)row * 128u + ((uint32_t)(chunk ^ (row & 7)) << 4) + (uint32_t)inner;
 }
 
 #endif

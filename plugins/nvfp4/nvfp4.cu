@@ -544,8 +544,7 @@ constexpr int kRawRowBytes = TK * (DT == HQ_F32 ? 4 : 2) + (kTmaTile<DT, TK> ? 0
 template <int DT, int TK>
 __device__ __forceinline__ uint32_t tile_byte(uint32_t tile, int r, int b) {
   if constexpr (kTmaTile<DT, TK>)
-    return tile + (uint32_t)(b >> 7) * (8192u / TK * 128u) + (uint32_t)r * 128u +
-           ((uint32_t)(((b >> 4) & 7) ^ (r & 7)) << 4) + (uint32_t)(b & 15);
+    return hq_swz128(tile + (uint32_t)(b >> 7) * (8192u / TK * 128u), r, (b >> 4) & 7, b & 15);
   else
     return tile + (uint32_t)r * kRawRowBytes<DT, TK> + (uint32_t)b;
 }
@@ -668,10 +667,11 @@ template <int DT, int TK>
 __device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint32_t x[16]) {
   constexpr int kRowBytes = kRawRowBytes<DT, TK>;
   if constexpr (kTmaTile<DT, TK>) {
-    /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7. The tile is 1024-byte aligned and the
-       XOR touches address bits 4-6 only, so the thread's offset p XOR (e & 7) << 4 (8 values,
-       made once per tile) plus the tile's base and 128 * e is the address: each load takes its
-       base and row as operands, where (p + 128 e) ^ ... had cost two instructions per load.
+    /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7 (hq_swz128). The tile is 1024-byte
+       aligned and the XOR touches address bits 4-6 only, so the thread's offset p XOR
+       (e & 7) << 4 (8 values, made once per tile) plus the tile's base and 128 * e is the
+       address: each load takes its base and row as operands, where (p + 128 e) ^ ... had cost
+       two instructions per load.
        With the one-instruction flip of rht16_head, H200, 8192x8192 bf16, given amax, A/B two
        rounds: rht columnwise 0.0544-0.0548 -> 0.0531-0.0533 ms, its amax pass 0.0478-0.0484
        -> 0.0449-0.0450, block_2d both 0.0739-0.0742 -> 0.0716-0.0720, swizzled scales both
@@ -1090,8 +1090,7 @@ static_assert(ColGroup::kLine == 128 && sizeof(ColGroup) % 1024 == 0,
               "the ColGroups keep 1024-byte alignment");
 /* the shared-window address of row block g's word of column col in the ColGroup at cg */
 __device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
-  return cg + (uint32_t)offsetof(ColGroup, c) + (uint32_t)col * 128u +
-         ((uint32_t)((g >> 1) ^ (col & 7)) << 4) + ((uint32_t)(g & 1) << 3);
+  return hq_swz128(cg + (uint32_t)offsetof(ColGroup, c), col, g >> 1, (g & 1) << 3);
 }
 /* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
    rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
