@@ -4,6 +4,7 @@
 #include "config.h"
 #include "hq_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,7 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   hq_ctx *ctx = hqi_calloc(1, sizeof *ctx);
   if (!ctx) return hqi_error(HQ_ENOMEM, "out of memory");
   ctx->device = d.device;
+  ctx->arch = d.device >= 0 ? hqi_cuda_arch(d.device) : 0;
   ctx->stream = d.stream;
   if (d.allocator) {
     ctx->allocator = *d.allocator;
@@ -47,7 +49,92 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   return HQ_OK;
 }
 
-void hq_ctx_destroy(hq_ctx *ctx) { free(ctx); }
+/* The contexts holding a cuBLASLt workspace, so that hq_device_trim can release them all. */
+static pthread_mutex_t ws_mu = PTHREAD_MUTEX_INITIALIZER;
+static hq_ctx *ws_list;
+
+static void ws_unlink(hq_ctx *ctx) {
+  for (hq_ctx **pp = &ws_list; *pp; pp = &(*pp)->ws_next)
+    if (*pp == ctx) {
+      *pp = ctx->ws_next;
+      break;
+    }
+  ctx->ws_next = NULL;
+}
+
+void hq_ctx_destroy(hq_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->workspace) {
+    pthread_mutex_lock(&ws_mu);
+    ws_unlink(ctx);
+    pthread_mutex_unlock(&ws_mu);
+    int saved;
+    if (hqi_device_enter(ctx->device, &saved) == HQ_OK) {
+      hqi_ctx_free_raw(ctx, ctx->workspace); /* stream-ordered: after the GEMMs that use it */
+      hqi_device_leave(saved);
+    }
+  }
+  free(ctx->gemm_cache);
+  free(ctx);
+}
+
+int hqi_call_workspace(const hq_call *call, size_t bytes, void **out) {
+  *out = NULL;
+  hq_ctx *ctx = call ? call->core_private : NULL;
+  if (!ctx || ctx->device < 0) return HQ_OK;
+  if (ctx->workspace && ctx->workspace_bytes >= bytes) {
+    *out = ctx->workspace;
+    return HQ_OK;
+  }
+  /* an allocation on a stream being captured would belong to the graph: run without one (the
+     first GEMM on a context, outside a capture, gives it its workspace) */
+  if (hqi_cuda_capturing(ctx->stream)) return HQ_OK;
+  void *p = hqi_ctx_alloc_raw(ctx, bytes);
+  if (!p) {
+    hq_clear_error(); /* the GEMM runs with algorithms that need no workspace */
+    return HQ_OK;
+  }
+  pthread_mutex_lock(&ws_mu);
+  if (ctx->workspace) {
+    hqi_ctx_free_raw(ctx, ctx->workspace);
+  } else {
+    ctx->ws_next = ws_list;
+    ws_list = ctx;
+  }
+  ctx->workspace = p;
+  ctx->workspace_bytes = bytes;
+  pthread_mutex_unlock(&ws_mu);
+  *out = p;
+  return HQ_OK;
+}
+
+int hq_device_trim(int device) {
+  if (device < 0 || device >= hq_device_count())
+    return hqi_error(hq_built_with_cuda() ? HQ_EINVAL : HQ_ENOTSUP,
+                     "hq_device_trim: CUDA device %d %s", device,
+                     hq_built_with_cuda() ? "does not exist" : "asked for, but this libhqcore was "
+                                                               "built without CUDA");
+  /* the workspaces' frees are stream-ordered: the pool trim below waits for the device first */
+  hqi_workspaces_release(device);
+  return hqi_cuda_pool_trim(device);
+}
+
+void hqi_workspaces_release(int device) {
+  pthread_mutex_lock(&ws_mu);
+  for (hq_ctx **pp = &ws_list; *pp;) {
+    hq_ctx *c = *pp;
+    if (c->device != device) {
+      pp = &c->ws_next;
+      continue;
+    }
+    *pp = c->ws_next;
+    c->ws_next = NULL;
+    hqi_ctx_free_raw(c, c->workspace);
+    c->workspace = NULL;
+    c->workspace_bytes = 0;
+  }
+  pthread_mutex_unlock(&ws_mu);
+}
 
 int hq_ctx_device(const hq_ctx *ctx) { return ctx ? ctx->device : HQ_DEVICE_HOST; }
 void *hq_ctx_stream(const hq_ctx *ctx) { return ctx ? ctx->stream : NULL; }

@@ -93,7 +93,7 @@ static int pool_of(int device, cudaMemPool_t *out) {
   return HQ_OK;
 }
 
-int hq_device_trim(int device) {
+int hqi_cuda_pool_trim(int device) {
   if (device < 0 || device >= HQI_MAX_POOLS)
     return hqi_error(HQ_EINVAL, "hq_device_trim: CUDA device %d out of range", device);
   pthread_mutex_lock(&pool_mu);
@@ -111,6 +111,15 @@ int hq_device_trim(int device) {
     return hqi_error(HQ_EDEVICE, "hq_device_trim: device %d: %s", device, cudaGetErrorString(e));
   }
   return HQ_OK;
+}
+
+int hqi_cuda_capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st != cudaStreamCaptureStatusNone;
 }
 
 /* Stream-ordered allocation from hq's pool of `device` on `stream`, with the caller's current
@@ -194,9 +203,13 @@ int hq_device_info(int device, char *name, size_t name_len, int *arch) {
   return no_cuda();
 }
 int hqi_cuda_arch(int device) { (void)device; return 0; }
-int hq_device_trim(int device) {
+int hqi_cuda_pool_trim(int device) {
   (void)device;
   return no_cuda();
+}
+int hqi_cuda_capturing(void *stream) {
+  (void)stream;
+  return 0;
 }
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   (void)device; (void)bytes; (void)stream;

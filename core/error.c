@@ -1,6 +1,5 @@
 /*
-** error.c -- per-thread error messages, status strings, logging, and the host table given to
-** every format module.
+** error.c -- per-thread error messages, status strings and logging.
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -84,59 +83,3 @@ void hqi_log(const hq_ctx *ctx, int level, const char *fmt, ...) {
   if (ctx && ctx->log) ctx->log(ctx->log_user, level, msg);
   else if (level <= 1) fprintf(stderr, "hq: %s: %s\n", level == 0 ? "error" : "warning", msg);
 }
-
-// --- the host table handed to format modules ------------------------------------------------
-
-static int host_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  hqi_verror(code, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
-/* A plugin's message goes to the logger of the context its call runs on. */
-static void host_log(const hq_call *call, int level, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  hqi_log(call ? (const hq_ctx *)call->core_private : NULL, level, "%s", msg);
-}
-
-static void *host_alloc(const hq_call *call, size_t bytes) {
-  hq_ctx *ctx = call ? (hq_ctx *)call->core_private : NULL;
-  if (!ctx) {
-    hqi_error(HQ_EINVAL, "host->alloc: the call has no context");
-    return NULL;
-  }
-  if (call->flags & HQ_CALL_UPDATE) {
-    hqi_error(HQ_EABI, "host->alloc(%zu bytes) during an update: an update must not allocate "
-              "(declare scratch_size and use call->scratch)", bytes);
-    return NULL;
-  }
-  void *p = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
-  if (!p) hqi_error(HQ_ENOMEM, "host->alloc: %zu bytes on device %d failed", bytes, ctx->device);
-  return p;
-}
-
-static void host_free(const hq_call *call, void *ptr) {
-  hq_ctx *ctx = call ? (hq_ctx *)call->core_private : NULL;
-  if (ctx && ptr) hqi_ctx_free_raw(ctx, ptr);
-}
-
-static int host_device_arch(int device) { return device < 0 ? 0 : hqi_cuda_arch(device); }
-
-const hq_host_api hqi_host_api = {
-    .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = HQ_ABI_MINOR,
-    .struct_size = sizeof(hq_host_api),
-    .core_version = PACKAGE_VERSION,
-    .error = host_error,
-    .log = host_log,
-    .alloc = host_alloc,
-    .free = host_free,
-    .device_arch = host_device_arch,
-    .lt_matmul = hqi_lt_matmul,
-};

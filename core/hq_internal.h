@@ -9,12 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "hq/hq.h"
+#include "hqi_cuda.h"
 
 /* Internal cross-file functions are hqi_*; file-local ones are static. */
 
-// --- errors (error.c) -----------------------------------------------------------------------
-/* Record a formatted message as the thread's last error; returns code. */
-int hqi_error(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
+// --- errors (error.c; hqi_error in hqi_cuda.h) --------------------------------------------
 int hqi_verror(int code, const char *fmt, va_list ap);
 /* Prepend "<prefix>: " to the thread's last error; returns code. */
 int hqi_error_prefix(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
@@ -102,12 +101,14 @@ static inline void hqi_fp_leave(hqi_fpenv m) {
 }
 
 // --- devices (device.c) --------------------------------------------------------------------
-int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
-void hqi_cuda_free(int device, void *ptr, void *stream);
 int hqi_cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
                     void *stream);
 int hqi_cuda_sync(void *stream);
 int hqi_cuda_arch(int device);
+/* Wait for the device, then hand what hq's memory pool of it keeps back to the driver. */
+int hqi_cuda_pool_trim(int device);
+/* Whether work queued on `stream` is being captured into a CUDA graph. */
+int hqi_cuda_capturing(void *stream);
 /* Make `device` current (a no-op for the host), remembering the caller's current device in
    *saved; hqi_device_leave(saved) restores it. */
 int hqi_device_enter(int device, int *saved);
@@ -142,14 +143,57 @@ int hqi_cuda_adam_convert(void *stream, const struct hq_adam_consts *k, const vo
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 
-// --- GEMMs (core/cuda/gemm.cu; without CUDA the stub in gemm.c returns HQ_ENOTSUP) ----------
-/* The host service hq_host_api.lt_matmul: one cuBLASLt matmul on call->device / call->stream,
-   with the core's cached handle, workspace and plans. Errors name m, n, k and mm->what. */
-int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm);
+// --- GEMMs ----------------------------------------------------------------------------------
+/* hqi_lt_matmul and hqi_call_workspace: hqi_cuda.h. */
+/* Free the workspaces of every context of `device` (hq_device_trim). */
+void hqi_workspaces_release(int device);
+
+/* A GEMM provider (hq/gemm_provider.h): a zero-extended copy of its table, where it came from. */
+typedef struct hqi_provider {
+  hq_gemm_provider ops;
+  char *file;                     /* the module, or HQI_BUILTIN_FILE */
+  void *handle;                   /* dlopen handle; NULL for a built-in provider */
+} hqi_provider;
+/* The services providers get (gemm_host.c). */
+extern const hq_gemm_host hqi_gemm_host;
+/* The built-in providers (gemm/cublaslt, gemm/fused_hopper, gemm/emulated), checked once. */
+size_t hqi_providers_builtin(const hqi_provider *const **out);
+/* Check a provider table (ABI, size, name, required operations) into *out; on failure write the
+   reason into why and return 0. */
+int hqi_provider_check(const hq_gemm_provider *t, hqi_provider *out, char *why, size_t len);
+/* The providers a set loaded from modules. */
+size_t hqi_plugins_providers(const hq_plugins *set, const hqi_provider *const **out);
+
+/* One operand of a GEMM as the core resolved it; pub.handle points back at it, so that the
+   services (gemm_host.c) find its format. */
+typedef struct hqi_gop {
+  hq_gemm_operand pub;
+  hq_gemm_operand_kind kind;
+  const hq_qtensor *qt;           /* quantized, or NULL */
+  const struct hqi_format *fmt;   /* that direction's format */
+  hq_tensor hp;                   /* a high-precision operand's checked copy */
+  const char *label;              /* "A" / "B" */
+  const char *what;               /* the call, for messages */
+} hqi_gop;
+
+/* What the providers answered for one kind of GEMM, cached per context (gemm.c): the
+   candidates in the order they are asked, which ones accepted, and the first refusal's reason
+   (the reason hq_gemm_info gives when a provider below it runs). */
+#define HQI_GEMM_CANDIDATES 12
+typedef struct hqi_gemm_choice {
+  uint64_t key[6];
+  uint32_t valid, n;
+  const hqi_provider *cand[HQI_GEMM_CANDIDATES];
+  uint32_t accepted;              /* bit i: cand[i] accepted */
+  int32_t declined;               /* index of the first candidate that declined, -1 */
+  char reason[192];
+} hqi_gemm_choice;
+#define HQI_GEMM_CACHE 32
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
 struct hq_ctx {
   int device;
+  int arch;                 /* compute capability of the device (0 on the host), read once */
   void *stream;
   hq_allocator allocator;
   int has_allocator;
@@ -157,6 +201,10 @@ struct hq_ctx {
   void *log_user;
   uint64_t seed;
   uint64_t offset;          /* advanced once per quantize / update operation */
+  void *workspace;          /* the cuBLASLt runner's (hqi_call_workspace), or NULL */
+  size_t workspace_bytes;
+  struct hq_ctx *ws_next;   /* the list of contexts holding a workspace (ctx.c) */
+  hqi_gemm_choice *gemm_cache; /* HQI_GEMM_CACHE entries, made at the first GEMM */
 };
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
@@ -190,6 +238,7 @@ int hqi_option_check(const hq_option *opt, char *err, size_t err_len);
    its plugin set alive. */
 typedef struct hqi_format {
   int refs;
+  uint64_t id;               /* unique in the process (never reused): a cache key */
   char *name;
   const hq_plugin *plugin;
   hq_plugins *set;

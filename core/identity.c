@@ -97,25 +97,6 @@ static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s,
   return hqi_convert(call->device, call->stream, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
-/* Native GEMM of two identity storages of one dtype on a GPU: cuBLASLt reads the stored data
-   directly (a storage [rows, cols] row-major is a column-major cols x rows matrix). Mixed dtypes
-   and the host go to the core's emulated / CPU path. */
-static int gemm(const void *cfg, const hq_call *call, const hq_gemm_problem *p) {
-  (void)cfg;
-  const hq_host_api *h = call->host;
-  if (call->device < 0) return h->error(HQ_ENOTSUP, "identity: the host multiplies on the CPU path");
-  const hq_buffer *ba = hq_storage_cbuf(p->a, 0), *bb = hq_storage_cbuf(p->b, 0);
-  if (p->a->desc.elem != p->b->desc.elem)
-    return h->error(HQ_ENOTSUP, "identity: operands of two dtypes (%s x %s)",
-                    hq_dtype_name(p->a->desc.elem), hq_dtype_name(p->b->desc.elem));
-  hq_lt_matmul mm = hq_lt_matmul_from(p, "identity");
-  mm.a = (hq_lt_operand){ba->ptr, p->a->desc.elem, p->transa, p->a->cols, p->a->rows,
-                         p->a->cols, HQ_SCALE_NONE, NULL};
-  mm.b = (hq_lt_operand){bb->ptr, p->b->desc.elem, p->transb, p->b->cols, p->b->rows,
-                         p->b->cols, HQ_SCALE_NONE, NULL};
-  return h->lt_matmul(call, &mm);
-}
-
 const hq_format_ops hqi_identity_ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1,
@@ -134,5 +115,4 @@ const hq_format_ops hqi_identity_ops = {
     .layout = layout,
     .quantize = quantize,
     .dequantize = dequantize,
-    .gemm = gemm,
 };

@@ -2,7 +2,8 @@
 ** loader.c -- finding, loading and checking format modules.
 **
 ** The identity format is compiled into the core and present in every set (a module of that name
-** is rejected). Each "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+** is rejected). A module that exports hq_gemm_provider_v1 instead is a GEMM provider
+** (hq/gemm_provider.h): checked by provider.c, kept in the set beside the formats. Each "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
 ** (modules may hold CUDA state, so they are never unmapped), its single entry symbol is called
 ** with the core's host table, and the returned ops table is checked: ABI major/minor, struct
 ** size, name, required operations, option table, uniqueness. A module failing any check is
@@ -34,6 +35,7 @@ struct hq_plugins {
   int refs;
   hqi_vec dirs;       /* char * */
   hqi_vec plugins;    /* hq_plugin * */
+  hqi_vec providers;  /* hqi_provider *: GEMM providers loaded from modules */
   hqi_vec rejected;   /* rejected * */
 };
 
@@ -154,6 +156,58 @@ int hqi_builtin_register(hq_plugins *set) {
   return HQ_OK;
 }
 
+/* A module exporting hq_gemm_provider_v1: check its table (hqi_provider_check) and that its
+   name is neither built in nor loaded already; keep it in the set or reject it. */
+static int load_provider(hq_plugins *set, const char *file, void *h) {
+  union { void *obj; hq_gemm_entry_fn fn; } entry;
+  entry.obj = dlsym(h, HQ_GEMM_ENTRY_NAME);
+  hq_clear_error();
+  const hq_gemm_provider *t = entry.fn(&hqi_gemm_host);
+  if (!t) {
+    const char *msg = hq_last_error();
+    int rc = reject(set, file, "the GEMM provider refused to load%s%s", msg[0] ? ": " : "", msg);
+    dlclose(h);
+    return rc;
+  }
+  hqi_provider *p = hqi_calloc(1, sizeof *p);
+  if (!p) {
+    dlclose(h);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
+  char why[512];
+  int ok = hqi_provider_check(t, p, why, sizeof why);
+  const hqi_provider *const *b;
+  const size_t nb = hqi_providers_builtin(&b);
+  for (size_t i = 0; ok && i < nb; i++)
+    if (strcmp(b[i]->ops.name, p->ops.name) == 0) {
+      snprintf(why, sizeof why, "GEMM provider name '%s' is built into libhqcore; a module "
+               "cannot replace it", p->ops.name);
+      ok = 0;
+    }
+  for (size_t i = 0; ok && i < set->providers.n; i++) {
+    const hqi_provider *q = set->providers.v[i];
+    if (strcmp(q->ops.name, p->ops.name) == 0) {
+      snprintf(why, sizeof why, "duplicate GEMM provider name '%s' (already provided by %s)",
+               p->ops.name, q->file);
+      ok = 0;
+    }
+  }
+  if (!ok) {
+    free(p);
+    dlclose(h);
+    return reject(set, file, "%s", why);
+  }
+  p->file = hqi_strdup(file);
+  p->handle = h;
+  if (!p->file || hqi_vec_push(&set->providers, p)) {
+    free(p->file);
+    free(p);
+    dlclose(h);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
+  return HQ_OK;
+}
+
 static int load_one(hq_plugins *set, const char *file) {
   char why[768];
   if (strlen(file) >= PATH_MAX) return reject(set, file, "path is longer than PATH_MAX");
@@ -171,6 +225,7 @@ static int load_one(hq_plugins *set, const char *file) {
   union { void *obj; hq_format_entry_fn fn; } entry;
   dlerror();
   entry.obj = dlsym(h, HQ_FORMAT_ENTRY_NAME);
+  if (!entry.obj && dlsym(h, HQ_GEMM_ENTRY_NAME)) return load_provider(set, file, h);
   if (!entry.obj) {
     int v1 = dlsym(h, "hq_format_module_v1") != NULL;
     dlclose(h);
@@ -178,8 +233,8 @@ static int load_one(hq_plugins *set, const char *file) {
       return reject(set, file, "built for plugin ABI 1 (it exports hq_format_module_v1), but this "
                     "core implements ABI %u.%u: rebuild the module against hq/plugin.h %u.x",
                     HQ_ABI_MAJOR, HQ_ABI_MINOR, HQ_ABI_MAJOR);
-    return reject(set, file, "no entry point %s in the module (is it an hq format?)",
-                  HQ_FORMAT_ENTRY_NAME);
+    return reject(set, file, "no entry point %s in the module (is it an hq format?), nor %s "
+                  "(an hq GEMM provider)", HQ_FORMAT_ENTRY_NAME, HQ_GEMM_ENTRY_NAME);
   }
   hq_clear_error();
   const hq_format_ops *ops = entry.fn(&hqi_host_api);
@@ -350,6 +405,12 @@ void hq_plugins_close(hq_plugins *set) {
     free(p->file);
     free(p);
   }
+  for (size_t i = 0; i < set->providers.n; i++) {
+    hqi_provider *p = set->providers.v[i];
+    dlclose(p->handle);
+    free(p->file);
+    free(p);
+  }
   for (size_t i = 0; i < set->rejected.n; i++) {
     rejected *r = set->rejected.v[i];
     free(r->file);
@@ -358,6 +419,7 @@ void hq_plugins_close(hq_plugins *set) {
   }
   for (size_t i = 0; i < set->dirs.n; i++) free(set->dirs.v[i]);
   hqi_vec_free(&set->plugins);
+  hqi_vec_free(&set->providers);
   hqi_vec_free(&set->rejected);
   hqi_vec_free(&set->dirs);
   free(set);
@@ -368,6 +430,10 @@ const char *hq_plugins_dir(const hq_plugins *set, size_t i) {
   return set && i < set->dirs.n ? set->dirs.v[i] : NULL;
 }
 size_t hq_plugins_count(const hq_plugins *set) { return set ? set->plugins.n : 0; }
+size_t hqi_plugins_providers(const hq_plugins *set, const hqi_provider *const **out) {
+  *out = (const hqi_provider *const *)set->providers.v;
+  return set->providers.n;
+}
 const hq_plugin *hq_plugins_get(const hq_plugins *set, size_t i) {
   return set && i < set->plugins.n ? set->plugins.v[i] : NULL;
 }

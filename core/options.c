@@ -143,7 +143,9 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
   size_t n = plugin->n_options;
   hqi_format *f = hqi_calloc(1, sizeof *f);
   if (!f) return hqi_error(HQ_ENOMEM, "out of memory");
+  static uint64_t next_id;
   f->refs = 1;
+  f->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   f->plugin = plugin;
   f->name = hqi_strdup(name);
   f->vals = hqi_calloc(n + 1, sizeof *f->vals);

@@ -891,7 +891,7 @@ static void test_module_direct(void **state) {
   assert_string_equal(ops->name, "fp8_block");
   assert_string_equal(ops->version, "2.1");
   assert_null(ops->tensor_factor); /* no per-tensor factor */
-  assert_non_null(ops->gemm);
+  assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   /* HQ_CAP_CUDA exactly when the build has the CUDA path (tests/test_gpu_fp8_block.c) */
   assert_int_equal(ops->caps & ~(HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM),
                    HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);
@@ -1492,194 +1492,6 @@ static void test_emul_dtype(void **state) {
   free(cfg);
 }
 
-/* The operands of an (m, n, k) GEMM with flags ta / tb: A is [m, k] (ta) or [k, m], B is [k, n]
-   (tb) or [n, k], quantized by instances ca / cb in both directions; a and b are the storages the
-   flags select (A: T -> rowwise, N -> columnwise; B: N -> rowwise, T -> columnwise), marked as on
-   `device` (the memory is the host's). */
-typedef struct gemm_ops {
-  hq_storage ar, ac, br, bc;
-  const hq_storage *a, *b;
-} gemm_ops;
-static void gemm_operands(const hq_format_ops *ops, const hq_host_api *host, const void *ca,
-                          const void *cb, int64_t mm, int64_t nn, int64_t kk, int ta, int tb,
-                          int32_t device, gemm_ops *g) {
-  const int64_t a0 = ta ? mm : kk, a1 = ta ? kk : mm, b0 = tb ? kk : nn, b1 = tb ? nn : kk;
-  hq_tensor xa = make_input(HQ_F32, a0, a1, 1, 0), xb = make_input(HQ_F32, b0, b1, 2, 0);
-  fb_storage(ops, ca, host, HQ_ROWWISE, HQ_BOTH, a0, a1, HQ_F32, &g->ar);
-  fb_storage(ops, ca, host, HQ_COLWISE, HQ_BOTH, a0, a1, HQ_F32, &g->ac);
-  fb_storage(ops, cb, host, HQ_ROWWISE, HQ_BOTH, b0, b1, HQ_F32, &g->br);
-  fb_storage(ops, cb, host, HQ_COLWISE, HQ_BOTH, b0, b1, HQ_F32, &g->bc);
-  assert_int_equal(fb_quantize(ops, ca, host, &xa, HQ_BOTH, &g->ar, &g->ac, 0), HQ_OK);
-  assert_int_equal(fb_quantize(ops, cb, host, &xb, HQ_BOTH, &g->br, &g->bc, 0), HQ_OK);
-  g->ar.device = g->ac.device = g->br.device = g->bc.device = device;
-  g->a = ta ? &g->ar : &g->ac;
-  g->b = tb ? &g->bc : &g->br;
-  free(xa.data);
-  free(xb.data);
-}
-static void gemm_operands_free(gemm_ops *g) {
-  fb_storage_free(&g->ar);
-  fb_storage_free(&g->ac);
-  fb_storage_free(&g->br);
-  fb_storage_free(&g->bc);
-}
-static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
-                               int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
-  return hq_test_gemm_problem(g->a, g->b, cb, ta, tb, mm, nn, kk, d, 2.0f, 1.0f, flags);
-}
-
-/* The gemm op. On the host always HQ_ENOTSUP (naming the host). On a mock sm_90 device, for
-   every flag pair and the block pairs 1-D x 1-D, 1-D x 2-D, 2-D x 1-D, it hands host->lt_matmul
-   the "TN" call worked out from the convention: each storage's data [outer, k] row-major as a
-   column-major k x outer matrix, ld = k, A with OP_T, B with OP_N; scale modes VEC128_32F for a
-   1-D and BLK128x128_32F for a 2-D storage with its scale buffer as is; no alpha factors; D
-   column-major m x n, ld = m; split accumulation (fast_accum 0); the query flag passed on and
-   cuBLASLt's answer returned. Refused with HQ_ENOTSUP and the reason, before any cuBLASLt call:
-   sm_89 and sm_100 (no VEC128/BLK128 modes), 2-D x 2-D, e5m2 x e5m2, k = 200 (not a multiple of
-   16), m = 36 (not a multiple of 8), n = 36 with a 1-D B (with a 2-D B it runs), a scale buffer
-   laid out otherwise than cuBLASLt reads (naming the layout); a storage that is not the GEMM's
-   operand is HQ_EINVAL. */
-static void test_gemm_op(void **state) {
-  (void)state;
-  hq_host_api host = direct_host();
-  const hq_format_ops *ops = fb_ops(&host);
-  char *msg = hq_test_module_error();
-  void *c1 = fb_configure(ops, &host, (opts){0, 0, 1, 0});
-  void *c2 = fb_configure(ops, &host, (opts){1, 0, 0, 0});
-  void *c1e5 = fb_configure(ops, &host, (opts){0, 1, 1, 0});
-  const int64_t M = 64, N = 48, K = 256;
-  float dbuf[4];
-  hq_tensor d = hq_tensor_2d(dbuf, HQ_F32, 0, N, M);
-  {
-    gemm_ops g;
-    gemm_operands(ops, &host, c1, c1, M, N, K, 1, 0, HQ_DEVICE_HOST, &g);
-    hq_tensor dh = d;
-    dh.device = HQ_DEVICE_HOST;
-    hq_call call = hq_test_call(&host, 0, 0);
-    for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-      hq_gemm_problem p = problem(&g, c1, 1, 0, M, N, K, &dh, fl);
-      msg[0] = 0;
-      assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
-      assert_non_null(strstr(msg, "host"));
-    }
-    gemm_operands_free(&g);
-  }
-  hq_host_api dev = host;
-  dev.device_arch = hq_mock_arch;
-  dev.lt_matmul = hq_mock_lt;
-  hq_call call = hq_test_call(&dev, 0, 0);
-  call.device = 0;
-  for (int ta = 0; ta < 2; ta++)
-    for (int tb = 0; tb < 2; tb++)
-      for (int pair = 0; pair < 3; pair++) {
-        const int a2 = pair == 1, b2 = pair == 2;
-        void *ca = a2 ? c2 : c1, *cb = b2 ? c2 : (pair == 0 ? c1e5 : c1);
-        gemm_ops g;
-        gemm_operands(ops, &host, ca, cb, M, N, K, ta, tb, 0, &g);
-        for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-          hq_mock()->arch = 90;
-          hq_mock()->lt_rc = HQ_OK;
-          const int before = hq_mock()->lt_calls;
-          hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
-          if (ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
-          assert_int_equal(hq_mock()->lt_calls, before + 1);
-          assert_int_equal(hq_mock()->mm.struct_size, sizeof(hq_lt_matmul));
-          assert_int_equal(hq_mock()->mm.flags, fl);
-          assert_ptr_equal(hq_mock()->mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
-          assert_int_equal(hq_mock()->mm.a.elem, HQ_E4M3);
-          assert_int_equal(hq_mock()->mm.a.trans, 1);
-          assert_int_equal(hq_mock()->mm.a.rows, K);
-          assert_int_equal(hq_mock()->mm.a.cols, M);
-          assert_int_equal(hq_mock()->mm.a.ld, K);
-          assert_int_equal(hq_mock()->mm.a.scale_mode, a2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
-          assert_ptr_equal(hq_mock()->mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
-          assert_ptr_equal(hq_mock()->mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
-          assert_int_equal(hq_mock()->mm.b.elem, pair == 0 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(hq_mock()->mm.b.trans, 0);
-          assert_int_equal(hq_mock()->mm.b.rows, K);
-          assert_int_equal(hq_mock()->mm.b.cols, N);
-          assert_int_equal(hq_mock()->mm.b.ld, K);
-          assert_int_equal(hq_mock()->mm.b.scale_mode, b2 ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32);
-          assert_ptr_equal(hq_mock()->mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
-          assert_int_equal(hq_mock()->mm.m, M);
-          assert_int_equal(hq_mock()->mm.n, N);
-          assert_int_equal(hq_mock()->mm.k, K);
-          assert_true(hq_mock()->mm.alpha == 2.0f && hq_mock()->mm.beta == 1.0f);
-          assert_null(hq_mock()->mm.alpha_factor[0]);
-          assert_null(hq_mock()->mm.alpha_factor[1]);
-          assert_ptr_equal(hq_mock()->mm.d, dbuf);
-          assert_int_equal(hq_mock()->mm.d_dtype, HQ_F32);
-          assert_int_equal(hq_mock()->mm.ldd, M);
-          assert_int_equal(hq_mock()->mm.fast_accum, 0);
-          assert_non_null(strstr(hq_mock()->what, "fp8_block"));
-          hq_mock()->lt_rc = HQ_ENOTSUP;
-          assert_int_equal(ops->gemm(ca, &call, &p), HQ_ENOTSUP);
-          hq_mock()->lt_rc = HQ_OK;
-        }
-        gemm_operands_free(&g);
-      }
-  /* refusals: none reaches cuBLASLt */
-  const int before = hq_mock()->lt_calls;
-  gemm_ops g;
-  gemm_operands(ops, &host, c1, c2, M, N, K, 1, 0, 0, &g);
-  hq_gemm_problem p = problem(&g, c2, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
-  const int archs[2] = {89, 100};
-  for (int i = 0; i < 2; i++) {
-    char want[16];
-    snprintf(want, sizeof want, "sm_%d", archs[i]);
-    hq_mock()->arch = archs[i];
-    msg[0] = 0;
-    assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
-    assert_non_null(strstr(msg, want));
-  }
-  hq_mock()->arch = 90;
-  hq_storage bad = *g.a;
-  bad.desc.scale_layout = HQ_SCALE_LAYOUT_SWIZZLED;
-  p.a = &bad;
-  msg[0] = 0;
-  assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "SWIZZLED"));
-  p.a = &g.ac; /* the columnwise copy of a transposed A: not the operand */
-  assert_int_equal(ops->gemm(c1, &call, &p), HQ_EINVAL);
-  assert_non_null(strstr(msg, "operand A"));
-  gemm_operands_free(&g);
-  /* 2-D x 2-D */
-  gemm_operands(ops, &host, c2, c2, M, N, K, 1, 0, 0, &g);
-  p = problem(&g, c2, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
-  msg[0] = 0;
-  assert_int_equal(ops->gemm(c2, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "2-D x 2-D"));
-  gemm_operands_free(&g);
-  /* e5m2 x e5m2 */
-  gemm_operands(ops, &host, c1e5, c1e5, M, N, K, 0, 1, 0, &g);
-  p = problem(&g, c1e5, 0, 1, M, N, K, &d, HQ_GEMM_QUERY);
-  msg[0] = 0;
-  assert_int_equal(ops->gemm(c1e5, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "e5m2 x e5m2"));
-  gemm_operands_free(&g);
-  /* k = 200, m = 36, n = 36 (B 1-D) refused */
-  const int64_t dims[3][3] = {{M, N, 200}, {36, N, K}, {M, 36, K}};
-  const char *needles[3] = {"k = 200", "m = 36", "n = 36"};
-  for (int i = 0; i < 3; i++) {
-    gemm_operands(ops, &host, c1, c1, dims[i][0], dims[i][1], dims[i][2], 1, 1, 0, &g);
-    p = problem(&g, c1, 1, 1, dims[i][0], dims[i][1], dims[i][2], &d, HQ_GEMM_QUERY);
-    msg[0] = 0;
-    assert_int_equal(ops->gemm(c1, &call, &p), HQ_ENOTSUP);
-    assert_non_null(strstr(msg, needles[i]));
-    gemm_operands_free(&g);
-  }
-  assert_int_equal(hq_mock()->lt_calls, before);
-  /* n = 36 with a 2-D B runs */
-  gemm_operands(ops, &host, c1, c2, M, 36, K, 1, 1, 0, &g);
-  p = problem(&g, c2, 1, 1, M, 36, K, &d, HQ_GEMM_QUERY);
-  if (ops->gemm(c1, &call, &p) != HQ_OK) fail_msg("n = 36, 2-D B: %s", msg);
-  assert_int_equal(hq_mock()->lt_calls, before + 1);
-  gemm_operands_free(&g);
-  free(c1);
-  free(c2);
-  free(c1e5);
-}
-
 /* D = alpha * op(A) * op(B) + beta * D0 in F64 from the dequantized operands (row-major [A0, A1]
    and [B0, B1]), D row-major [n, m]; bound: the FP32 accumulation bound (k + 8) * 2^-24 *
    (|alpha| sum |a||b| + |beta D0|) per element. */
@@ -1800,7 +1612,6 @@ int main(void) {
       cmocka_unit_test(test_fsdp_edge_shapes),
       cmocka_unit_test(test_raw_dequantize),
       cmocka_unit_test(test_emul_dtype),
-      cmocka_unit_test(test_gemm_op),
       cmocka_unit_test(test_hq_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

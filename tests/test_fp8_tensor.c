@@ -457,7 +457,7 @@ static module open_module(void) {
   assert_string_equal(m.ops->version, "2.1");
   assert_string_equal(m.ops->name, "fp8_tensor");
   assert_non_null(m.ops->tensor_factor);
-  assert_non_null(m.ops->gemm);
+  assert_null(m.ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   return m;
 }
 
@@ -1103,177 +1103,6 @@ static void test_emul_dtype_exact(void **state) {
     }
 }
 
-// --- ABI 2.1: the gemm op ------------------------------------------------------------------------
-
-/* The operands of an (m, n, k) GEMM with flags transa / transb, quantized by instances ca (A) and
-   cb (B) of the module: A is [m, k] (transa) or [k, m], B is [k, n] (transb) or [n, k]; both
-   directions made, the one the flag selects returned (A: T -> rowwise, N -> columnwise; B: N ->
-   rowwise, T -> columnwise), on `device` as far as the storage says (the memory is the host's). */
-typedef struct gemm_ops {
-  hq_storage ar, ac, br, bc;
-  const hq_storage *a, *b;
-} gemm_ops;
-static void gemm_operands(const module *m, const void *ca, const void *cb, int64_t mm, int64_t nn,
-                          int64_t kk, int ta, int tb, int32_t device, gemm_ops *g) {
-  const int64_t a0 = ta ? mm : kk, a1 = ta ? kk : mm, b0 = tb ? kk : nn, b1 = tb ? nn : kk;
-  hq_tensor xa = hq_test_tensor(HQ_F32, a0, a1, 1, 1.0f);
-  hq_tensor xb = hq_test_tensor(HQ_F32, b0, b1, 2, 1.0f);
-  make_storages(m, ca, a0, a1, HQ_BOTH, &g->ar, &g->ac);
-  make_storages(m, cb, b0, b1, HQ_BOTH, &g->br, &g->bc);
-  hq_call call = hq_test_call(&m->host, 0, 0);
-  HQ_OK_OR_FAIL(m->ops->quantize(ca, &call, &xa, HQ_BOTH, &g->ar, &g->ac));
-  HQ_OK_OR_FAIL(m->ops->quantize(cb, &call, &xb, HQ_BOTH, &g->br, &g->bc));
-  g->ar.device = g->ac.device = g->br.device = g->bc.device = device;
-  g->a = ta ? &g->ar : &g->ac;
-  g->b = tb ? &g->bc : &g->br;
-  free(xa.data);
-  free(xb.data);
-}
-static void gemm_operands_free(gemm_ops *g) {
-  free_storages(HQ_BOTH, &g->ar, &g->ac);
-  free_storages(HQ_BOTH, &g->br, &g->bc);
-}
-
-static hq_gemm_problem problem(const gemm_ops *g, const void *cb, int ta, int tb, int64_t mm,
-                               int64_t nn, int64_t kk, hq_tensor *d, uint32_t flags) {
-  return hq_test_gemm_problem(g->a, g->b, cb, ta, tb, mm, nn, kk, d, 1.5f, 0.25f, flags);
-}
-
-/* The gemm op: on the host always HQ_ENOTSUP (query or not), naming the host. On a (mock) sm_90
-   device it hands host->lt_matmul the "TN" call worked out from the convention: each operand's
-   data is [outer, k] row-major = a column-major k x outer matrix, ld = k; A with OP_T (m = its
-   outer), B with OP_N (n = its outer); SCALAR_32F scales = the storages' scale_inv buffers; no
-   alpha factors; D column-major m x n, ld = m; fast accumulation; the query flag passed on and
-   cuBLASLt's answer returned. It refuses (HQ_ENOTSUP with the reason, before any cuBLASLt call):
-   sm_80, e5m2 x e5m2, k not a multiple of 16 (naming k), a core without lt_matmul; and a storage
-   that does not hold the GEMM's operand is HQ_EINVAL. */
-static void test_gemm_op(void **state) {
-  (void)state;
-  module m = open_module();
-  void *e4 = configure(&m, 0, 0, 0.0), *e5 = configure(&m, 1, 0, 0.0);
-  char *msg = hq_test_module_error();
-  const int64_t M = 32, N = 48, K = 64;
-  float dbuf[4];
-  hq_tensor d = hq_tensor_2d(dbuf, HQ_BF16, 0, N, M);
-  /* the host */
-  {
-    gemm_ops g;
-    gemm_operands(&m, e4, e4, M, N, K, 1, 0, HQ_DEVICE_HOST, &g);
-    hq_tensor dh = d;
-    dh.device = HQ_DEVICE_HOST;
-    hq_call call = hq_test_call(&m.host, 0, 0);
-    for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-      hq_gemm_problem p = problem(&g, e4, 1, 0, M, N, K, &dh, fl);
-      msg[0] = 0;
-      assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
-      assert_non_null(strstr(msg, "host"));
-    }
-    gemm_operands_free(&g);
-  }
-  hq_host_api dev = m.host;
-  dev.device_arch = hq_mock_arch;
-  dev.lt_matmul = hq_mock_lt;
-  hq_call call = hq_test_call(&dev, 0, 0);
-  call.device = 0;
-  /* every flag combination, every dtype pair cuBLASLt runs */
-  for (int ta = 0; ta < 2; ta++)
-    for (int tb = 0; tb < 2; tb++)
-      for (int pair = 0; pair < 3; pair++) {
-        void *ca = pair == 2 ? e5 : e4, *cb = pair == 1 ? e5 : e4;
-        gemm_ops g;
-        gemm_operands(&m, ca, cb, M, N, K, ta, tb, 0, &g);
-        for (uint32_t fl = 0; fl <= HQ_GEMM_QUERY; fl += HQ_GEMM_QUERY) {
-          hq_mock()->arch = 90;
-          hq_mock()->lt_rc = HQ_OK;
-          const int before = hq_mock()->lt_calls;
-          hq_gemm_problem p = problem(&g, cb, ta, tb, M, N, K, &d, fl);
-          if (m.ops->gemm(ca, &call, &p) != HQ_OK) fail_msg("gemm: %s", msg);
-          assert_int_equal(hq_mock()->lt_calls, before + 1);
-          assert_int_equal(hq_mock()->mm.struct_size, sizeof(hq_lt_matmul));
-          assert_int_equal(hq_mock()->mm.flags, fl);
-          assert_ptr_equal(hq_mock()->mm.a.data, hq_storage_cbuf(g.a, 0)->ptr);
-          assert_int_equal(hq_mock()->mm.a.elem, pair == 2 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(hq_mock()->mm.a.trans, 1);
-          assert_int_equal(hq_mock()->mm.a.rows, K);
-          assert_int_equal(hq_mock()->mm.a.cols, M);
-          assert_int_equal(hq_mock()->mm.a.ld, K);
-          assert_int_equal(hq_mock()->mm.a.scale_mode, HQ_SCALE_TENSOR_F32);
-          assert_ptr_equal(hq_mock()->mm.a.scale, hq_storage_cbuf(g.a, 1)->ptr);
-          assert_ptr_equal(hq_mock()->mm.b.data, hq_storage_cbuf(g.b, 0)->ptr);
-          assert_int_equal(hq_mock()->mm.b.elem, pair == 1 ? HQ_E5M2 : HQ_E4M3);
-          assert_int_equal(hq_mock()->mm.b.trans, 0);
-          assert_int_equal(hq_mock()->mm.b.rows, K);
-          assert_int_equal(hq_mock()->mm.b.cols, N);
-          assert_int_equal(hq_mock()->mm.b.ld, K);
-          assert_int_equal(hq_mock()->mm.b.scale_mode, HQ_SCALE_TENSOR_F32);
-          assert_ptr_equal(hq_mock()->mm.b.scale, hq_storage_cbuf(g.b, 1)->ptr);
-          assert_int_equal(hq_mock()->mm.m, M);
-          assert_int_equal(hq_mock()->mm.n, N);
-          assert_int_equal(hq_mock()->mm.k, K);
-          assert_true(hq_mock()->mm.alpha == 1.5f && hq_mock()->mm.beta == 0.25f);
-          assert_null(hq_mock()->mm.alpha_factor[0]);
-          assert_null(hq_mock()->mm.alpha_factor[1]);
-          assert_ptr_equal(hq_mock()->mm.d, dbuf);
-          assert_int_equal(hq_mock()->mm.d_dtype, HQ_BF16);
-          assert_int_equal(hq_mock()->mm.ldd, M);
-          assert_null(hq_mock()->mm.bias);
-          assert_int_equal(hq_mock()->mm.fast_accum, 0);
-          const char *names[3] = {"e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"};
-          assert_non_null(strstr(hq_mock()->what, names[pair]));
-          /* cuBLASLt's refusal is the answer */
-          hq_mock()->lt_rc = HQ_ENOTSUP;
-          assert_int_equal(m.ops->gemm(ca, &call, &p), HQ_ENOTSUP);
-          hq_mock()->lt_rc = HQ_OK;
-        }
-        gemm_operands_free(&g);
-      }
-  /* refusals, none of which reaches cuBLASLt */
-  gemm_ops g;
-  gemm_operands(&m, e4, e4, M, N, K, 1, 0, 0, &g);
-  hq_gemm_problem p = problem(&g, e4, 1, 0, M, N, K, &d, HQ_GEMM_QUERY);
-  int before = hq_mock()->lt_calls;
-  hq_mock()->arch = 80;
-  msg[0] = 0;
-  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "sm_80"));
-  assert_int_equal(hq_mock()->lt_calls, before);
-  hq_mock()->arch = 89; /* Ada runs per-tensor FP8 */
-  if (m.ops->gemm(e4, &call, &p) != HQ_OK) fail_msg("sm_89: %s", msg);
-  assert_int_equal(hq_mock()->lt_calls, before + 1);
-  before = hq_mock()->lt_calls;
-  hq_mock()->arch = 90;
-  hq_host_api old = dev;
-  old.lt_matmul = NULL;
-  hq_call oc = call;
-  oc.host = &old;
-  assert_int_equal(m.ops->gemm(e4, &oc, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "lt_matmul"));
-  old = dev;
-  old.abi_minor = 0;
-  assert_int_equal(m.ops->gemm(e4, &oc, &p), HQ_ENOTSUP);
-  /* the wrong direction of A (its columnwise copy for a transposed A) */
-  p.a = &g.ac;
-  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_EINVAL);
-  assert_non_null(strstr(msg, "operand A"));
-  assert_int_equal(hq_mock()->lt_calls, before);
-  gemm_operands_free(&g);
-  gemm_operands(&m, e5, e5, M, N, K, 0, 1, 0, &g);
-  p = problem(&g, e5, 0, 1, M, N, K, &d, HQ_GEMM_QUERY);
-  msg[0] = 0;
-  assert_int_equal(m.ops->gemm(e5, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "e5m2 x e5m2"));
-  gemm_operands_free(&g);
-  gemm_operands(&m, e4, e5, M, N, 40, 1, 1, 0, &g);
-  p = problem(&g, e5, 1, 1, M, N, 40, &d, HQ_GEMM_QUERY);
-  msg[0] = 0;
-  assert_int_equal(m.ops->gemm(e4, &call, &p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "k = 40"));
-  assert_int_equal(hq_mock()->lt_calls, before);
-  gemm_operands_free(&g);
-  free(e4);
-  free(e5);
-}
-
 // --- hq_gemm on the host -------------------------------------------------------------------------
 
 /* D = alpha * op(A) * op(B) + beta * D0 in F64 from the dequantized operands (row-major [A0, A1]
@@ -1385,7 +1214,6 @@ int main(void) {
       cmocka_unit_test(test_raw_factor_invariant),
       cmocka_unit_test(test_deq_factor_out),
       cmocka_unit_test(test_emul_dtype_exact),
-      cmocka_unit_test(test_gemm_op),
       cmocka_unit_test(test_hq_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -936,7 +936,7 @@ static void test_module_direct(void **state) {
   assert_int_equal(ops->abi_minor, 1);
   assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_1);
   assert_null(ops->tensor_factor); /* no per-tensor factor */
-  assert_non_null(ops->gemm);
+  assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   assert_null(ops->amax_kind); /* no per-tensor amax */
   assert_null(ops->amax);
   assert_null(ops->update);    /* quantize serves updates */
@@ -1407,175 +1407,6 @@ static void test_emul_dtype_bf16(void **state) {
   }
 }
 
-/* Storages for the gemm op: A (trans ta) and B (trans tb) of an m x n x k product, made by
-   instances (kind_a, swz_a) and (kind_b, swz_b), in the direction hq_gemm would pick. */
-typedef struct gem {
-  void *ca, *cb;
-  hq_storage a, b;
-  float d[4];
-  hq_tensor dt;
-  hq_gemm_problem p;
-} gem;
-static void gem_make(gem *g, const hq_format_ops *ops, const hq_host_api *host, int ta, int tb,
-                     int64_t m, int64_t n, int64_t k, int kind_a, int swz_a, int kind_b,
-                     int swz_b) {
-  memset(g, 0, sizeof *g);
-  g->ca = direct_cfg(ops, host, kind_a, swz_a, 0);
-  g->cb = direct_cfg(ops, host, kind_b, swz_b, 0);
-  direct_storage(ops, g->ca, host, &g->a, ta ? HQ_ROWWISE : HQ_COLWISE, HQ_BOTH, ta ? m : k,
-                 ta ? k : m);
-  direct_storage(ops, g->cb, host, &g->b, tb ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, tb ? k : n,
-                 tb ? n : k);
-  g->dt = hq_tensor_2d(g->d, HQ_F32, 0, n, m);
-  g->p.struct_size = sizeof g->p;
-  g->p.a = &g->a;
-  g->p.b = &g->b;
-  g->p.cfg_b = g->cb;
-  g->p.transa = ta;
-  g->p.transb = tb;
-  g->p.m = m;
-  g->p.n = n;
-  g->p.k = k;
-  g->p.d = &g->dt;
-  g->p.alpha = 1.5f;
-  g->p.beta = 0.0f;
-}
-static void gem_free(gem *g) {
-  direct_free(&g->a);
-  direct_free(&g->b);
-  free(g->ca);
-  free(g->cb);
-}
-static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, int device,
-                   uint32_t flags) {
-  hq_call call = hq_test_call(host, 0, 0);
-  call.device = device;
-  g->p.flags = flags;
-  hq_test_module_error()[0] = 0;
-  hq_mock()->lt_calls = 0;
-  memset(&hq_mock()->mm, 0, sizeof hq_mock()->mm);
-  return ops->gemm(g->ca, &call, &g->p);
-}
-
-/* The gemm op's answers (nothing runs on a device here: host->lt_matmul records what it is
-   handed, host->device_arch says what the test wants): the host, Hopper, sm_120 and an old core
-   are refused with their reason; on sm_100 / sm_103 compact scales and e5m2 x e5m2 are refused,
-   and swizzled storages reach cuBLASLt as the column-major operands of the caller's flags
-   (rows = the contiguous dimension, ld = rows, scales VEC32_UE8M0 from the storages' buffers),
-   with alpha, beta, D and its ld = m, the query flag passed through. */
-static void test_gemm_op_direct(void **state) {
-  (void)state;
-  hq_host_api host;
-  const hq_format_ops *ops = load_ops(&host);
-  host.lt_matmul = hq_mock_lt;
-  host.device_arch = hq_mock_arch;
-  const char *msg = hq_test_module_error();
-  gem g;
-  gem_make(&g, ops, &host, 1, 0, 64, 96, 128, 0, 1, 0, 1);
-  /* the host: never native */
-  for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
-    assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
-    assert_non_null(strstr(msg, "host"));
-    assert_int_equal(hq_mock()->lt_calls, 0);
-  }
-  /* Hopper, Ada, sm_120: not native (cuBLASLt has MXFP8 on sm_100 / sm_103 only) */
-  const int no[] = {80, 89, 90, 120, 0};
-  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
-    hq_mock()->arch = no[i];
-    assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
-    char want[32];
-    snprintf(want, sizeof want, "is sm_%d", no[i]);
-    assert_non_null(strstr(msg, want));
-    assert_non_null(strstr(msg, "sm_100"));
-    assert_int_equal(hq_mock()->lt_calls, 0);
-  }
-  /* a core without host->lt_matmul (ABI 2.0) */
-  hq_mock()->arch = 100;
-  hq_host_api old = host;
-  old.abi_minor = 0;
-  hq_call oc = hq_test_call(&old, 0, 0);
-  oc.device = 0;
-  g.p.flags = HQ_GEMM_QUERY;
-  assert_int_equal(ops->gemm(g.ca, &oc, &g.p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "lt_matmul"));
-  gem_free(&g);
-
-  /* sm_100 / sm_103: every flag pair, element dtypes mixed, swizzled scales */
-  const int64_t m = 64, n = 96, k = 128;
-  for (int arch = 100; arch <= 103; arch += 3)
-    for (int ta = 0; ta < 2; ta++)
-      for (int tb = 0; tb < 2; tb++)
-        for (int kinds = 0; kinds < 4; kinds++) {
-          hq_mock()->arch = arch;
-          const int ka = kinds & 1, kb = kinds >> 1;
-          gem_make(&g, ops, &host, ta, tb, m, n, k, ka, 1, kb, 1);
-          for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
-            int rc = gem_run(ops, &host, &g, 0, f);
-            if (ka && kb) { /* e5m2 x e5m2 */
-              assert_int_equal(rc, HQ_ENOTSUP);
-              assert_non_null(strstr(msg, "e5m2"));
-              assert_int_equal(hq_mock()->lt_calls, 0);
-              continue;
-            }
-            if (rc) fail_msg("arch %d ta %d tb %d kinds %d: %d %s", arch, ta, tb, kinds, rc, msg);
-            assert_int_equal(hq_mock()->lt_calls, 1);
-            const hq_lt_matmul *mm = &hq_mock()->mm;
-            assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
-            assert_int_equal(mm->flags, f);
-            assert_int_equal(mm->m, m);
-            assert_int_equal(mm->n, n);
-            assert_int_equal(mm->k, k);
-            /* A [A0, A1] = ta ? [m, k] : [k, m], a column-major A1 x A0 matrix, ld A1 */
-            assert_ptr_equal(mm->a.data, hq_storage_cbuf(&g.a, 0)->ptr);
-            assert_int_equal(mm->a.elem, ka ? HQ_E5M2 : HQ_E4M3);
-            assert_int_equal(mm->a.trans, ta);
-            assert_int_equal(mm->a.rows, ta ? k : m);
-            assert_int_equal(mm->a.cols, ta ? m : k);
-            assert_int_equal(mm->a.ld, ta ? k : m);
-            assert_int_equal(mm->a.scale_mode, HQ_SCALE_VEC32_UE8M0);
-            assert_ptr_equal(mm->a.scale, hq_storage_cbuf(&g.a, 1)->ptr);
-            /* B [B0, B1] = tb ? [k, n] : [n, k] */
-            assert_ptr_equal(mm->b.data, hq_storage_cbuf(&g.b, 0)->ptr);
-            assert_int_equal(mm->b.elem, kb ? HQ_E5M2 : HQ_E4M3);
-            assert_int_equal(mm->b.trans, tb);
-            assert_int_equal(mm->b.rows, tb ? n : k);
-            assert_int_equal(mm->b.cols, tb ? k : n);
-            assert_int_equal(mm->b.ld, tb ? n : k);
-            assert_int_equal(mm->b.scale_mode, HQ_SCALE_VEC32_UE8M0);
-            assert_ptr_equal(mm->b.scale, hq_storage_cbuf(&g.b, 1)->ptr);
-            assert_true(mm->alpha == 1.5f && mm->beta == 0.0f);
-            assert_null(mm->alpha_factor[0]); /* no per-tensor factor */
-            assert_null(mm->alpha_factor[1]);
-            assert_ptr_equal(mm->d, g.d);
-            assert_int_equal(mm->d_dtype, HQ_F32);
-            assert_int_equal(mm->ldd, m);
-            assert_null(mm->bias);
-            assert_non_null(mm->what);
-            assert_non_null(strstr(mm->what, "mxfp8"));
-          }
-          gem_free(&g);
-        }
-  /* compact scales (either operand, either layout) are not what cuBLASLt reads */
-  hq_mock()->arch = 100;
-  for (int which = 0; which < 2; which++)
-    for (int ta = 0; ta < 2; ta++) {
-      gem_make(&g, ops, &host, ta, 0, m, n, k, 0, which, 0, !which);
-      assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
-      assert_non_null(strstr(msg, "swizzled"));
-      assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
-      assert_int_equal(hq_mock()->lt_calls, 0);
-      gem_free(&g);
-    }
-  /* the storage of the wrong direction for the flag is refused */
-  gem_make(&g, ops, &host, 1, 0, m, n, k, 0, 1, 0, 1);
-  g.p.transa = 0; /* A's rowwise storage with transa = N */
-  g.p.m = k;
-  g.p.k = m;
-  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_EINVAL);
-  assert_non_null(strstr(msg, "columnwise"));
-  gem_free(&g);
-}
-
 /* F64 reference of hq_gemm from the operands' hq_dequantize outputs. D row-major [n, m];
    op(A)(i, p) = ta ? A[i][p] : A[p][i], op(B)(p, j) = tb ? B[p][j] : B[j][p]. The tolerance is
    FP32 accumulation over k (plus the output dtype's rounding). */
@@ -1703,7 +1534,6 @@ int main(void) {
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_raw_equals_dequantize),
       cmocka_unit_test(test_emul_dtype_bf16),
-      cmocka_unit_test(test_gemm_op_direct),
       cmocka_unit_test(test_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1196,7 +1196,7 @@ static void test_ops_direct(void **state) {
   assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_1);
   assert_string_equal(ops->version, "2.1");
   assert_non_null(ops->tensor_factor);
-  assert_non_null(ops->gemm);
+  assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
   hq_optval vals[6] = {{0}};
@@ -1976,167 +1976,6 @@ static void test_emul_dtype_bf16(void **state) {
   }
 }
 
-/* A and B storages for op(A) m x k times op(B) k x n, in the directions hq_gemm picks, made by
-   instances of the given options, and the problem; only the query is asked on a "device" (host
-   memory: the factors' kernel never runs). */
-typedef struct gem {
-  uint8_t ca[256], cb[256];
-  hq_storage a, b;
-  float d[4];
-  hq_tensor dt;
-  hq_gemm_problem p;
-} gem;
-static void gem_make(gem *g, const hq_format_ops *ops, const hq_host_api *host, int ta, int tb,
-                     int64_t m, int64_t n, int64_t k, nv_opts oa, nv_opts ob) {
-  memset(g, 0, sizeof *g);
-  configure_nv(ops, host, g->ca, oa);
-  configure_nv(ops, host, g->cb, ob);
-  make_storage(ops, host, g->ca, &g->a, ta ? HQ_ROWWISE : HQ_COLWISE, HQ_BOTH, ta ? m : k,
-               ta ? k : m);
-  make_storage(ops, host, g->cb, &g->b, tb ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, tb ? k : n,
-               tb ? n : k);
-  g->dt = hq_tensor_2d(g->d, HQ_BF16, 0, n, m);
-  g->p.struct_size = sizeof g->p;
-  g->p.a = &g->a;
-  g->p.b = &g->b;
-  g->p.cfg_b = g->cb;
-  g->p.transa = ta;
-  g->p.transb = tb;
-  g->p.m = m;
-  g->p.n = n;
-  g->p.k = k;
-  g->p.d = &g->dt;
-  g->p.alpha = 2.0f;
-  g->p.beta = 1.0f;
-}
-static int gem_run(const hq_format_ops *ops, const hq_host_api *host, gem *g, int device,
-                   uint32_t flags) {
-  hq_call call = hq_test_call(host, 0, 0);
-  call.device = device;
-  g->p.flags = flags;
-  hq_test_module_error()[0] = 0;
-  hq_mock()->lt_calls = 0;
-  memset(&hq_mock()->mm, 0, sizeof hq_mock()->mm);
-  return ops->gemm(g->ca, &call, &g->p);
-}
-static void gem_free(gem *g) {
-  free_storage(&g->a);
-  free_storage(&g->b);
-}
-
-/* The gemm op's answers: the host, Hopper and older (and a CPU-only build) are refused with their
-   reason; on sm_100+ (asked through a recording host->lt_matmul: nothing runs) compact scales, a
-   k that is not a multiple of 32 and two different transforms are refused, and swizzled storages
-   reach cuBLASLt "TN" whatever the caller's flags: both operands k-contiguous column-major
-   matrices with ld = k (A: rows k, cols m, transposed; B: rows k, cols n), FP4 elements,
-   VEC16_UE4M3 scales from the storages' buffers, alpha factors for the global scales, D with
-   ld = m; the query flag is passed through. */
-static void test_gemm_op_direct(void **state) {
-  (void)state;
-  hq_host_api host = hq_test_host();
-  const hq_format_ops *ops = module_ops(&host);
-  host.lt_matmul = hq_mock_lt;
-  host.device_arch = hq_mock_arch;
-  const char *msg = hq_test_module_error();
-  const nv_opts plain = {0, 0xD7E8, 0, 0, 0, 0}, swz = {0, 0xD7E8, 0, 0, 0, 1};
-  const nv_opts rht = {1, 0xD7E8, 0, 0, 0, 1}, rht2 = {1, 0x1234, 1, 0, 0, 1};
-  const nv_opts w2d = {0, 0xD7E8, 0, 0, 1, 1};
-  const int64_t m = 64, n = 48, k = 96;
-  gem g;
-  gem_make(&g, ops, &host, 1, 0, m, n, k, swz, swz);
-  for (uint32_t f = 0; f <= HQ_GEMM_QUERY; f += HQ_GEMM_QUERY) {
-    assert_int_equal(gem_run(ops, &host, &g, HQ_DEVICE_HOST, f), HQ_ENOTSUP);
-    assert_non_null(strstr(msg, "host"));
-  }
-  hq_mock()->arch = 90;
-  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
-  if (hq_built_with_cuda()) {
-    assert_non_null(strstr(msg, "sm_100"));
-    assert_non_null(strstr(msg, "is sm_90"));
-  } else {
-    assert_non_null(strstr(msg, "without CUDA"));
-  }
-  assert_int_equal(hq_mock()->lt_calls, 0);
-  hq_host_api old = host;
-  old.abi_minor = 0;
-  hq_call oc = hq_test_call(&old, 0, 0);
-  oc.device = 0;
-  assert_int_equal(ops->gemm(g.ca, &oc, &g.p), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "lt_matmul"));
-  gem_free(&g);
-  if (!hq_built_with_cuda()) return; /* the rest needs the CUDA build's code path */
-
-  for (int arch = 100; arch <= 120; arch += 20)
-    for (int ta = 0; ta < 2; ta++)
-      for (int tb = 0; tb < 2; tb++) {
-        hq_mock()->arch = arch;
-        /* wgrad-like NT with the same RHT on both, else plain / 2-D weights */
-        const int both_rht = !ta && tb;
-        gem_make(&g, ops, &host, ta, tb, m, n, k, both_rht ? rht : ta ? w2d : swz,
-                 both_rht ? rht : swz);
-        int rc = gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY);
-        if (rc) fail_msg("arch %d %c%c: %d %s", arch, ta ? 'T' : 'N', tb ? 'T' : 'N', rc, msg);
-        assert_int_equal(hq_mock()->lt_calls, 1);
-        const hq_lt_matmul *mm = &hq_mock()->mm;
-        assert_int_equal(mm->struct_size, sizeof(hq_lt_matmul));
-        assert_int_equal(mm->flags, HQ_GEMM_QUERY);
-        assert_int_equal(mm->m, m);
-        assert_int_equal(mm->n, n);
-        assert_int_equal(mm->k, k);
-        assert_ptr_equal(mm->a.data, hq_storage_cbuf(&g.a, 0)->ptr);
-        assert_int_equal(mm->a.elem, HQ_E2M1X2);
-        assert_int_equal(mm->a.trans, 1);
-        assert_int_equal(mm->a.rows, k);
-        assert_int_equal(mm->a.cols, m);
-        assert_int_equal(mm->a.ld, k);
-        assert_int_equal(mm->a.scale_mode, HQ_SCALE_VEC16_UE4M3);
-        assert_ptr_equal(mm->a.scale, hq_storage_cbuf(&g.a, 1)->ptr);
-        assert_ptr_equal(mm->b.data, hq_storage_cbuf(&g.b, 0)->ptr);
-        assert_int_equal(mm->b.elem, HQ_E2M1X2);
-        assert_int_equal(mm->b.trans, 0);
-        assert_int_equal(mm->b.rows, k);
-        assert_int_equal(mm->b.cols, n);
-        assert_int_equal(mm->b.ld, k);
-        assert_int_equal(mm->b.scale_mode, HQ_SCALE_VEC16_UE4M3);
-        assert_ptr_equal(mm->b.scale, hq_storage_cbuf(&g.b, 1)->ptr);
-        assert_non_null(mm->alpha_factor[0]);
-        assert_non_null(mm->alpha_factor[1]);
-        assert_true(mm->alpha == 2.0f && mm->beta == 1.0f);
-        assert_ptr_equal(mm->d, g.d);
-        assert_int_equal(mm->d_dtype, HQ_BF16);
-        assert_int_equal(mm->ldd, m);
-        assert_int_equal(mm->fast_accum, 0);
-        assert_non_null(strstr(mm->what, "nvfp4"));
-        gem_free(&g);
-      }
-  hq_mock()->arch = 100;
-  /* compact scales on either side */
-  for (int which = 0; which < 2; which++) {
-    gem_make(&g, ops, &host, 1, 0, m, n, k, which ? swz : plain, which ? plain : swz);
-    assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
-    assert_non_null(strstr(msg, "swizzled"));
-    assert_non_null(strstr(msg, which ? "operand B" : "operand A"));
-    assert_int_equal(hq_mock()->lt_calls, 0);
-    gem_free(&g);
-  }
-  /* k = 48: FP4 rows of 24 bytes */
-  gem_make(&g, ops, &host, 1, 0, m, n, 48, swz, swz);
-  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_ENOTSUP);
-  assert_non_null(strstr(msg, "k = 48"));
-  gem_free(&g);
-  /* two different transforms (the core refuses them first; the op does too) */
-  gem_make(&g, ops, &host, 0, 1, m, n, k, rht, rht2);
-  assert_int_equal(gem_run(ops, &host, &g, 0, HQ_GEMM_QUERY), HQ_EINVAL);
-  assert_non_null(strstr(msg, "transform"));
-  gem_free(&g);
-  /* Hopper stays refused even for GEMM-ready storages */
-  hq_mock()->arch = 90;
-  gem_make(&g, ops, &host, 1, 0, m, n, k, swz, swz);
-  assert_int_equal(gem_run(ops, &host, &g, 0, 0), HQ_ENOTSUP);
-  assert_int_equal(hq_mock()->lt_calls, 0);
-  gem_free(&g);
-}
-
 /* hq_gemm of two nvfp4 operands on a host context, against the F64 product of their
    hq_dequantize outputs: fprop (TN: 2-D swizzled weights x inputs), dgrad (NN), wgrad (NT: both
    columnwise copies with the same RHT, multiplied in the transformed domain; their dequantize
@@ -2290,7 +2129,6 @@ int main(void) {
       cmocka_unit_test(test_tensor_factor_invariant),
       cmocka_unit_test(test_deq_factor_out),
       cmocka_unit_test(test_emul_dtype_bf16),
-      cmocka_unit_test(test_gemm_op_direct),
       cmocka_unit_test(test_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

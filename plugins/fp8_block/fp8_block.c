@@ -64,20 +64,11 @@
 **                E4M3 subnormal 2^-9 times 2^-127 is 2^-136), which the BF16 emulated GEMM
 **                rounds to that grid. With FP32 scales (power_2_scales = false) a raw value has
 **                up to 24 significant bits: F32.
-**   native gemm  cuBLASLt on Hopper (sm_90 .. sm_99: the VEC128_32F and BLK128X128_32F scale
-**                modes exist there only) with fast_accum = 0 (split accumulator, as TE). Each
-**                storage's data is [outer, k] row-major (rowwise [M, K], columnwise [K, M]), a
-**                column-major k x outer matrix with ld = k: always "TN". Its scale buffer is
-**                already the layout cuBLASLt reads (docs/formats.md: 1-D [ceil(k/128),
-**                r4(outer)] outer contiguous = BLOCK_MAJOR; 2-D [ceil(outer/128),
-**                r4(ceil(k/128))] = OUTER_MAJOR) and goes as is. Pairs 1-D x 1-D, 1-D x 2-D and
-**                2-D x 1-D (no 2-D x 2-D), not e5m2 x e5m2, k a multiple of 16 (lda = ldb = k), m
-**                a multiple of 8, n a multiple of 8 when B is 1-D (TE's checks), 16-byte aligned
-**                buffers. Otherwise HQ_ENOTSUP with the reason, and the core emulates (raw values
-**                in emul_dtype). Blackwell has no such modes: emulated (TE converts to MXFP8
-**                there; hq does not). The host is always HQ_ENOTSUP (CPU path).
-**                tests/test_gpu_fp8_block.c checks the native path against the emulated one and
-**                an F64 product on a Hopper device.
+**   native gemm  none of its own: its scale buffers are laid out as cuBLASLt reads them
+**                (docs/formats.md: 1-D [ceil(k/128), r4(outer)] outer contiguous = BLOCK_MAJOR;
+**                2-D [ceil(outer/128), r4(ceil(k/128))] = OUTER_MAJOR) and its data keeps k
+**                contiguous, so gemm/cublaslt's provider multiplies its storages natively on
+**                Hopper.
 **
 ** Scratch: scratch_size() declares the tile buffer of the CPU quantize (one 128x128 FP32 tile of
 ** the input, its FP8 bytes and 128 column scales; smaller for tensors under 128 rows or columns);
@@ -545,130 +536,6 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   return HQ_OK;
 }
 
-// --- native GEMM (cuBLASLt, Hopper) -------------------------------------------------------------
-
-static const char *elem_name(hq_dtype e) { return e == HQ_E5M2 ? "e5m2" : "e4m3"; }
-static const char *layout_name(uint32_t l) {
-  switch (l) {
-  case HQ_SCALE_LAYOUT_NONE: return "NONE";
-  case HQ_SCALE_LAYOUT_OUTER_MAJOR: return "OUTER_MAJOR";
-  case HQ_SCALE_LAYOUT_BLOCK_MAJOR: return "BLOCK_MAJOR";
-  case HQ_SCALE_LAYOUT_SWIZZLED: return "SWIZZLED";
-  default: return "unknown";
-  }
-}
-
-/* Operand `which` ("A" / "B") of a native GEMM: storage s, whose data must be [outer, k]
-   row-major (rowwise [M, K] with K = k, columnwise [K, M] with M = k) with its blocks along k,
-   handed to cuBLASLt as the column-major k x outer matrix it is (ld = k), its scale buffer as the
-   VEC128_32F (1-D) or BLK128X128_32F (2-D) scales. *two_d: the storage has 128x128 blocks. */
-static int lt_operand(const hq_call *call, const hq_storage *s, const char *which, int64_t outer,
-                      int64_t k, int trans, hq_lt_operand *op, int *two_d) {
-  const hq_host_api *host = call->host;
-  if (!s) return host->error(HQ_EINVAL, "fp8_block: gemm without operand %s", which);
-  const hq_operand_desc *d = &s->desc;
-  /* the scale layout cuBLASLt reads for each mode (docs/formats.md, FP8 block scaling) */
-  if ((d->scale_mode == HQ_SCALE_VEC128_F32 && d->scale_layout != HQ_SCALE_LAYOUT_BLOCK_MAJOR) ||
-      (d->scale_mode == HQ_SCALE_BLK128X128_F32 &&
-       d->scale_layout != HQ_SCALE_LAYOUT_OUTER_MAJOR))
-    return host->error(HQ_ENOTSUP, "fp8_block: operand %s's scales are laid out %s; cuBLASLt's "
-                       "%s mode reads %s", which, layout_name(d->scale_layout),
-                       d->scale_mode == HQ_SCALE_VEC128_F32 ? "VEC128_32F" : "BLK128x128_32F",
-                       d->scale_mode == HQ_SCALE_VEC128_F32
-                           ? "BLOCK_MAJOR ([k/128][outer], outer contiguous)"
-                           : "OUTER_MAJOR ([outer/128][k/128])");
-  geom g;
-  int rc = read_storage(host, s, s->rows, s->cols, &g);
-  if (rc) return rc;
-  const int64_t so = g.colwise ? s->cols : s->rows, sk = g.colwise ? s->rows : s->cols;
-  if (so != outer || sk != k)
-    return host->error(HQ_EINVAL, "fp8_block: operand %s's %s storage [%lld, %lld] does not "
-                       "hold the [%lld, %lld] (outer x k) the GEMM needs", which,
-                       dname(s->dir), (long long)s->rows, (long long)s->cols, (long long)outer,
-                       (long long)k);
-  if (s->device != call->device)
-    return host->error(HQ_EINVAL, "fp8_block: operand %s is on device %d, the call on %d",
-                       which, (int)s->device, (int)call->device);
-  if (((uintptr_t)g.data & 15u) != 0 || ((uintptr_t)g.scale & 15u) != 0)
-    return host->error(HQ_ENOTSUP, "fp8_block: operand %s's %s buffer is not 16-byte aligned "
-                       "(cuBLASLt needs it)", which,
-                       ((uintptr_t)g.data & 15u) != 0 ? "data" : "scale");
-  memset(op, 0, sizeof *op);
-  op->data = g.data;
-  op->elem = g.elem;
-  op->trans = trans;
-  op->rows = k;
-  op->cols = outer;
-  op->ld = k;
-  op->scale_mode = g.two_d ? HQ_SCALE_BLK128X128_F32 : HQ_SCALE_VEC128_F32;
-  op->scale = g.scale;
-  *two_d = g.two_d;
-  return HQ_OK;
-}
-
-/* The native path: one cuBLASLt block-scaled FP8 matmul, "TN" (see the header comment). With
-   HQ_GEMM_QUERY the same checks and cuBLASLt's own (host->lt_matmul with HQ_GEMM_QUERY), nothing
-   run. */
-static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
-  (void)cfgp;
-  const hq_host_api *host = call->host;
-  if (call->device == HQ_DEVICE_HOST)
-    return host->error(HQ_ENOTSUP, "fp8_block: no native GEMM on the host (the CPU path "
-                       "multiplies the raw values)");
-  if (host->abi_minor < 1 ||
-      host->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(host->lt_matmul) ||
-      !host->lt_matmul)
-    return host->error(HQ_ENOTSUP, "fp8_block: the core (ABI 2.%u) offers no cuBLASLt runner "
-                       "(host->lt_matmul, ABI 2.1)", host->abi_minor);
-  if (!p || !p->d) return host->error(HQ_EINVAL, "fp8_block: gemm without a problem or D");
-  hq_lt_operand a, b;
-  int a2 = 0, b2 = 0;
-  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &a, &a2);
-  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &b, &b2);
-  if (rc) return rc;
-  const int arch = host->device_arch(call->device);
-  if (arch < 90 || arch > 99)
-    return host->error(HQ_ENOTSUP, "fp8_block: cuBLASLt's VEC128_32F / BLK128x128_32F scale "
-                       "modes run on Hopper (sm_90) only; device %d is sm_%d", (int)call->device,
-                       arch);
-  if (a2 && b2)
-    return host->error(HQ_ENOTSUP, "fp8_block: cuBLASLt has no 2-D x 2-D (128x128 x 128x128) "
-                       "block-scaled GEMM (1-D x 1-D, 1-D x 2-D and 2-D x 1-D run natively)");
-  if (a.elem == HQ_E5M2 && b.elem == HQ_E5M2)
-    return host->error(HQ_ENOTSUP, "fp8_block: cuBLASLt has no e5m2 x e5m2 FP8 GEMM");
-  if (p->m <= 0 || p->n <= 0 || p->k <= 0)
-    return host->error(HQ_ENOTSUP, "fp8_block: an empty GEMM (m = %lld, n = %lld, k = %lld) is "
-                       "not run natively", (long long)p->m, (long long)p->n, (long long)p->k);
-  if (p->k % 16 != 0)
-    return host->error(HQ_ENOTSUP, "fp8_block: k = %lld (lda = ldb = k) is not a multiple of 16, "
-                       "which cuBLASLt FP8 needs", (long long)p->k);
-  if (p->m % 8 != 0)
-    return host->error(HQ_ENOTSUP, "fp8_block: m = %lld is not a multiple of 8, which the "
-                       "block-scaled cuBLASLt GEMM needs", (long long)p->m);
-  if (!b2 && p->n % 8 != 0)
-    return host->error(HQ_ENOTSUP, "fp8_block: n = %lld is not a multiple of 8, which the "
-                       "block-scaled cuBLASLt GEMM needs when B has 1-D (1x128) blocks",
-                       (long long)p->n);
-  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
-    return host->error(HQ_EINVAL, "fp8_block: D must be f32 or bf16 (dtype %d)",
-                       (int)p->d->dtype);
-  /* "fp8_block 2-D e4m3 x 1-D e4m3", put together without printf (this runs on every GEMM) */
-  char what[40] = "fp8_block ";
-  size_t n = strlen(what);
-  const char *parts[4] = {a2 ? "2-D " : "1-D ", elem_name(a.elem), b2 ? " x 2-D " : " x 1-D ",
-                          elem_name(b.elem)};
-  for (int i = 0; i < 4; i++) {
-    const size_t l = strlen(parts[i]);
-    memcpy(what + n, parts[i], l + 1);
-    n += l;
-  }
-  hq_lt_matmul mm = hq_lt_matmul_from(p, what);
-  mm.a = a;
-  mm.b = b;
-  mm.fast_accum = 0; /* split accumulator: mandatory for block scaling */
-  return host->lt_matmul(call, &mm);
-}
-
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* requires ABI 2.1 (raw dequantize, gemm) */
@@ -690,7 +557,6 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
     .tensor_factor = NULL, /* no per-tensor factor */
-    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

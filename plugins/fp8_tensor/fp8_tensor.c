@@ -45,23 +45,9 @@
 **                call->factor_mul: on the host at once, on CUDA from the dequantize kernel's
 **                first thread (a one-thread kernel when the storage has no elements), so the
 **                emulated GEMM runs no kernel of its own for the operand's factor.
-**   native gemm  cuBLASLt FP8 with SCALAR_32F scales: the scale pointers are the two storages'
-**                scale_inv buffers, so cuBLASLt computes alpha * (scale_inv_a * scale_inv_b) *
-**                sum(q_a * q_b) with the split accumulator (fast_accum = 0): Hopper's fast FP8
-**                accumulation broke the tests' accumulation bound on a deep wgrad on an H100;
-**                the upstream system also uses the split accumulator for dgrad and wgrad. Each
-**                storage's data is
-**                [outer, k] row-major whichever direction it is (rowwise [M, K] with k = K,
-**                columnwise [K, M] with k = M): a column-major k x outer matrix with ld = k, so
-**                the GEMM is always "TN" (A with OP_T, B with OP_N), the one layout every FP8
-**                architecture runs. Needs a CUDA device of sm_89 or newer, element pairs E4M3 x
-**                E4M3, E4M3 x E5M2 or E5M2 x E4M3 (cuBLASLt has no E5M2 x E5M2), k (= lda =
-**                ldb) a multiple of 16 and 16-byte aligned data; otherwise HQ_ENOTSUP with the
-**                reason, and the core emulates (BF16 raw values, scale_inv folded into alpha).
-**                On the host it is always HQ_ENOTSUP (the core's CPU path multiplies the raw
-**                values). The same TN call serves Ada (sm_89), Hopper and Blackwell;
-**                tests/test_gpu_fp8_tensor.c checks it against the emulated path and an F64
-**                product on the device it runs on.
+**   native gemm  none of its own: its descriptors (per-tensor FP8, SCALAR_32F scale_inv, data
+**                k-contiguous in both directions) are what gemm/cublaslt's provider multiplies
+**                natively.
 **
 ** Delayed scaling (scaling = delayed; docs/formats.md 3.5; the rules in fp8_tensor_rules.h):
 **   state        one slice per quantizer (plugin.h, "State"): the core's amax (history row 0)
@@ -504,90 +490,6 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   return HQ_OK;
 }
 
-// --- native GEMM (cuBLASLt) -----------------------------------------------------------------
-
-/* Operand `which` ("A" / "B") of a native GEMM: storage s, whose data must be [outer, k] row-major
-   (rowwise [M, K] with K = k, or columnwise [K, M] with M = k), handed to cuBLASLt as the
-   column-major k x outer matrix it is (ld = k), with its scale_inv as the SCALAR_32F scale. */
-static int lt_operand(const hq_call *call, const hq_storage *s, const char *which, int64_t outer,
-                      int64_t k, int trans, hq_lt_operand *op) {
-  const hq_host_api *host = call->host;
-  /* literals, not a formatted label: this runs on every native GEMM */
-  const char *what = which[0] == 'A' ? "operand A" : "operand B";
-  int rc = check_storage(host, s, what);
-  if (rc) return rc;
-  const int km = s->desc.order == HQ_ORDER_KM;
-  const int64_t so = km ? s->cols : s->rows, sk = km ? s->rows : s->cols;
-  if (so != outer || sk != k)
-    return host->error(HQ_EINVAL, "fp8_tensor: operand %s's %s storage [%lld, %lld] does not "
-                       "hold the [%lld, %lld] (outer x k) the GEMM needs", which,
-                       km ? "columnwise" : "rowwise", (long long)s->rows, (long long)s->cols,
-                       (long long)outer, (long long)k);
-  if (s->device != call->device)
-    return host->error(HQ_EINVAL, "fp8_tensor: operand %s is on device %d, the call on %d",
-                       which, (int)s->device, (int)call->device);
-  const void *data = hq_storage_cbuf(s, FP8T_DATA)->ptr;
-  if (((uintptr_t)data & 15u) != 0)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: operand %s's data is not 16-byte aligned "
-                       "(cuBLASLt FP8 needs it)", which);
-  memset(op, 0, sizeof *op);
-  op->data = data;
-  op->elem = s->desc.elem;
-  op->trans = trans;
-  op->rows = k;
-  op->cols = outer;
-  op->ld = k;
-  op->scale_mode = HQ_SCALE_TENSOR_F32;
-  op->scale = hq_storage_cbuf(s, FP8T_SCALE_INV)->ptr;
-  return HQ_OK;
-}
-
-/* The native path: one cuBLASLt FP8 matmul, "TN" (see the header comment). With HQ_GEMM_QUERY
-   the same checks and cuBLASLt's own (host->lt_matmul with HQ_GEMM_QUERY: is there an
-   algorithm), nothing run. */
-static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
-  (void)cfgp;
-  const hq_host_api *host = call->host;
-  if (call->device == HQ_DEVICE_HOST)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: no native GEMM on the host (the CPU path "
-                       "multiplies the raw values)");
-  if (host->abi_minor < 1 ||
-      host->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(host->lt_matmul) ||
-      !host->lt_matmul)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: the core (ABI 2.%u) offers no cuBLASLt runner "
-                       "(host->lt_matmul, ABI 2.1)", host->abi_minor);
-  if (!p || !p->a || !p->b || !p->d)
-    return host->error(HQ_EINVAL, "fp8_tensor: gemm without its operands or D");
-  hq_lt_operand a, b;
-  int rc = lt_operand(call, p->a, "A", p->m, p->k, 1, &a);
-  if (!rc) rc = lt_operand(call, p->b, "B", p->n, p->k, 0, &b);
-  if (rc) return rc;
-  const int arch = host->device_arch(call->device);
-  if (arch < 89)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt FP8 GEMMs need sm_89 or newer; device "
-                       "%d is sm_%d", (int)call->device, arch);
-  if (a.elem == HQ_E5M2 && b.elem == HQ_E5M2)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: cuBLASLt has no e5m2 x e5m2 FP8 GEMM (e4m3 x "
-                       "e4m3, e4m3 x e5m2 and e5m2 x e4m3 run natively)");
-  if (p->m <= 0 || p->n <= 0 || p->k <= 0)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: an empty GEMM (m = %lld, n = %lld, k = %lld) "
-                       "is not run natively", (long long)p->m, (long long)p->n, (long long)p->k);
-  if (p->k % 16 != 0)
-    return host->error(HQ_ENOTSUP, "fp8_tensor: k = %lld (the leading dimension of both FP8 "
-                       "operands, lda = ldb = k) is not a multiple of 16, which cuBLASLt FP8 "
-                       "needs", (long long)p->k);
-  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
-    return host->error(HQ_EINVAL, "fp8_tensor: D must be f32 or bf16 (dtype %d)",
-                       (int)p->d->dtype);
-  static const char *const whats[2][2] = {{"fp8_tensor e4m3 x e4m3", "fp8_tensor e4m3 x e5m2"},
-                                          {"fp8_tensor e5m2 x e4m3", "fp8_tensor e5m2 x e5m2"}};
-  hq_lt_matmul mm = hq_lt_matmul_from(p, whats[a.elem == HQ_E5M2][b.elem == HQ_E5M2]);
-  mm.a = a;
-  mm.b = b;
-  mm.fast_accum = 0; /* the split accumulator: see the header comment */
-  return host->lt_matmul(call, &mm);
-}
-
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* requires ABI 2.1 (raw dequantize, tensor_factor, gemm) */
@@ -612,7 +514,6 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
-    .gemm = gemm,
     .state_floats = state_floats,
     .init_state = init_state,
     .update_state = update_state,

@@ -58,15 +58,10 @@
 **     bit lies below it (E4M3 subnormals times 2^-127 are 2^-136 .. 7 * 2^-136; in general only
 **     blocks with scale 2^-125 or less for E4M3, 2^-118 or less for E5M2, and values below
 **     2^-130) is rounded by the emulated BF16 GEMM; the CPU path's F32 holds them all;
-**   gemm() (native): cuBLASLt block-scaled FP8 (VEC32_UE8M0) through host->lt_matmul on sm_100
-**     and sm_103 only, for two storages with swizzled scales (swizzle = true), not e5m2 x e5m2.
-**     The data is never transposed, so the caller's flags are kept: operand X [X0, X1] is a
-**     column-major X1 x X0 matrix with ld X1; its swizzled scales are what cuBLASLt reads for it
-**     (the columnwise scale matrix is swizzled transposed for that). HQ_ENOTSUP (with the
-**     reason) on the host, on Hopper and sm_120, with compact scales, for e5m2 x e5m2: the core
-**     then emulates. The Blackwell path is compiled but was not run on a device.
-** Scratch: a 32-row tile of the input in FP32 (scratch_size()); an f16 decode table is an
-** optional cache from host->alloc, never during an update.
+**   native GEMM: none of its own. With swizzled scales (swizzle = true) its storages are what
+**     cuBLASLt's VEC32_UE8M0 mode reads (the columnwise scale matrix is swizzled transposed for
+**     that), so gemm/cublaslt's provider multiplies them natively on sm_100 / sm_103; the data
+**     is never transposed, so the caller's flags are kept.
 **
 ** CUDA path (mxfp8.cu, built when CUDA is configured: HQ_HAVE_CUDA; every option, sm_90 and
 ** sm_100): a call with call->device != HQ_DEVICE_HOST validates the storages here exactly as on
@@ -562,75 +557,6 @@ static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   return HQ_OK;
 }
 
-// --- ABI 2.1: the native GEMM -----------------------------------------------------------------
-
-/* Native GEMM: cuBLASLt block-scaled FP8 (VEC32_UE8M0) through host->lt_matmul, on sm_100 and
-   sm_103 only, for two storages with swizzled scales. The data is never transposed, so the
-   caller's flags are kept (TN, NN, NT and TT alike): operand X of logical [X0, X1] (the storage
-   hq_gemm selected: A transposed -> rowwise, A not -> columnwise; B not transposed -> rowwise, B
-   transposed -> columnwise) is a column-major X1 x X0 matrix with ld = X1, used with the caller's
-   trans flag; its swizzled scales are those cuBLASLt reads for that operand (rows r = the
-   non-contracted index, columns c = the 32-blocks along k; the columnwise scale matrix is stored
-   transposed for exactly that). No per-tensor factor (tensor_factor is NULL). E5M2 x E5M2 is
-   refused (cuBLASLt has no FP8 kernel for two E5M2 operands). */
-static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
-  (void)cfgp; /* the storages describe themselves */
-  const hq_host_api *host = call->host;
-  if (!p || !p->a || !p->b || !p->d)
-    return host->error(HQ_EINVAL, "mxfp8: gemm: NULL operand or output");
-  if (host->abi_minor < 1 ||
-      host->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(void *) || !host->lt_matmul)
-    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM: this core (ABI 2.%u) has no cuBLASLt "
-                       "runner (host->lt_matmul, ABI 2.1)", host->abi_minor);
-  if (call->device == HQ_DEVICE_HOST)
-    return host->error(HQ_ENOTSUP, "mxfp8: no native GEMM on the host (cuBLASLt MXFP8 needs a "
-                       "CUDA device of sm_100 or sm_103)");
-  const int arch = host->device_arch(call->device);
-  if (arch != 100 && arch != 103)
-    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM (cuBLASLt VEC32_UE8M0) runs on sm_100 and "
-                       "sm_103 only; device %d is sm_%d", (int)call->device, arch);
-  const int64_t m = p->m, n = p->n, k = p->k;
-  const hq_storage *st[2] = {p->a, p->b};
-  const int trans[2] = {p->transa, p->transb};
-  const uint32_t dir[2] = {p->transa ? HQ_ROWWISE : HQ_COLWISE,
-                           p->transb ? HQ_COLWISE : HQ_ROWWISE};
-  /* logical [X0, X1] of each operand */
-  const int64_t x0[2] = {p->transa ? m : k, p->transb ? k : n};
-  const int64_t x1[2] = {p->transa ? k : m, p->transb ? n : k};
-  sview v[2];
-  hq_lt_operand lo[2];
-  for (int o = 0; o < 2; o++) {
-    const char *on = o ? "B" : "A";
-    if (st[o]->dir != dir[o])
-      return host->error(HQ_EINVAL, "mxfp8: gemm: operand %s is a %s storage, trans%s = %d needs "
-                         "the %s one", on, st[o]->dir == HQ_ROWWISE ? "rowwise" : "columnwise",
-                         o ? "b" : "a", trans[o], dir[o] == HQ_ROWWISE ? "rowwise" : "columnwise");
-    int rc = read_storage(host, st[o], dir[o], x0[o], x1[o], "gemm", &v[o]);
-    if (rc) return rc;
-    if (!v[o].swizzled)
-      return host->error(HQ_ENOTSUP, "mxfp8: native GEMM needs swizzled scales (swizzle = true): "
-                         "operand %s's %s scales are in the compact %s layout", on,
-                         dir[o] == HQ_ROWWISE ? "rowwise" : "columnwise",
-                         dir[o] == HQ_ROWWISE ? "outer-major" : "block-major");
-    const hq_lt_operand x = {v[o].data, v[o].elem, trans[o], x1[o], x0[o], x1[o],
-                             HQ_SCALE_VEC32_UE8M0, v[o].scale};
-    lo[o] = x;
-  }
-  if (v[0].elem == HQ_E5M2 && v[1].elem == HQ_E5M2)
-    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM of two e5m2 operands is not offered by "
-                       "cuBLASLt (e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3 are)");
-  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
-    return host->error(HQ_ENOTSUP, "mxfp8: native GEMM writes f32 or bf16, not dtype %d",
-                       (int)p->d->dtype);
-  static const char *const what[2][2] = {{"mxfp8 e4m3 x e4m3", "mxfp8 e4m3 x e5m2"},
-                                         {"mxfp8 e5m2 x e4m3", "mxfp8 e5m2 x e5m2"}};
-  hq_lt_matmul mm = hq_lt_matmul_from(p, what[v[0].elem == HQ_E5M2][v[1].elem == HQ_E5M2]);
-  mm.a = lo[0];
-  mm.b = lo[1];
-  mm.fast_accum = 0;
-  return host->lt_matmul(call, &mm);
-}
-
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* required: ABI 2.1 (DEQ_RAW, emul_dtype, host->lt_matmul) */
@@ -654,7 +580,6 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
     /* tensor_factor: NULL, no per-tensor factor (the raw values are the dequantized values) */
-    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -52,13 +52,10 @@
 **     computes RN(e2m1 * RN(RN(fp32(sf) * A) * RN(1/2688))), so RN(raw * f) equals the
 **     dequantized value bit for bit when fp32(sf) is a power of two, and within 3 ulps otherwise
 **     (the order of the CPU reference, which follows TE's dequantize kernel, is kept).
-**   gemm() (native): cuBLASLt block-scaled FP4 (VEC16_UE4M3) through host->lt_matmul on sm_100
-**     and later only; both storages with swizzled scales (swizzle = true) and the same transform;
-**     k a multiple of 32; always TN (every selected storage keeps k contiguous: rowwise [M, K/2]
-**     or the transposed columnwise [K, M/2]); the two global decode scales multiply alpha
-**     through hq_lt_matmul.alpha_factor. HQ_ENOTSUP (with the reason) on the host, on Hopper
-**     and older, with compact scales or another k: the core then emulates (raw values in BF16,
-**     factors folded into alpha). The Blackwell path is compiled but was not run on a device.
+**   native GEMM: none of its own. With swizzled scales (swizzle = true) its storages are what
+**     cuBLASLt's VEC16_UE4M3 mode reads, k-contiguous in both directions (rowwise [M, K/2],
+**     columnwise [K, M/2]), so gemm/cublaslt's provider multiplies them natively on sm_100 and
+**     later, the two global decode scales (tensor_factor()) folded into alpha.
 **
 ** Buffers of each storage, in save order (docs/formats.md; index functions in nvfp4_rules.h):
 **      name                  dtype  shape                             role   FSDP gather
@@ -839,99 +836,6 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   return HQ_OK;
 }
 
-/* Native GEMM: cuBLASLt block-scaled FP4 (VEC16_UE4M3) through host->lt_matmul, on sm_100 and
-   later, for two storages with swizzled scales and the same transform. Always "TN": A's storage
-   (rowwise for A transposed, the transposed columnwise copy for A not transposed) and B's
-   (rowwise for B not transposed, columnwise for B transposed) both keep k contiguous, i.e. each
-   is a column-major k x (m or n) matrix with ld = k, handed to cuBLASLt as op(A) = A^T (trans T)
-   and op(B) = B (trans N). The two global decode scales (hq_nvfp4_tensor_factor of each amax)
-   are computed by one thread into 8 bytes of host->alloc memory and multiply alpha through
-   hq_lt_matmul.alpha_factor. */
-static int gemm(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
-  (void)cfgp; /* the storages describe themselves */
-  const hq_host_api *h = call->host;
-  if (!p || !p->a || !p->b || !p->d)
-    return h->error(HQ_EINVAL, "nvfp4: gemm: NULL operand or output");
-  if (h->abi_minor < 1 || h->struct_size < offsetof(hq_host_api, lt_matmul) + sizeof(void *) ||
-      !h->lt_matmul)
-    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM: this core (ABI 2.%u) has no cuBLASLt runner "
-                    "(host->lt_matmul, ABI 2.1)", h->abi_minor);
-  if (call->device == HQ_DEVICE_HOST)
-    return h->error(HQ_ENOTSUP, "nvfp4: no native GEMM on the host (cuBLASLt FP4 needs a CUDA "
-                    "device of sm_100 or later)");
-#ifndef HQ_HAVE_CUDA
-  return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA: no native GEMM on device %d",
-                  (int)call->device);
-#else
-  const int arch = h->device_arch(call->device);
-  if (arch < 100)
-    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM (cuBLASLt VEC16_UE4M3, FP4 tensor cores) "
-                    "needs sm_100 or later; device %d is sm_%d", (int)call->device, arch);
-  const int64_t m = p->m, n = p->n, k = p->k;
-  const hq_storage *st[2] = {p->a, p->b};
-  /* the directions hq_gemm selected, and the logical [rows, cols] of each operand */
-  const uint32_t dir[2] = {p->transa ? HQ_ROWWISE : HQ_COLWISE,
-                           p->transb ? HQ_COLWISE : HQ_ROWWISE};
-  const int64_t rows[2] = {p->transa ? m : k, p->transb ? k : n};
-  const int64_t cols[2] = {p->transa ? k : m, p->transb ? n : k};
-  for (int o = 0; o < 2; o++) {
-    const char *on = o ? "B" : "A";
-    if (st[o]->dir != dir[o])
-      return h->error(HQ_EINVAL, "nvfp4: gemm: operand %s is the %s storage, trans%s = %d needs "
-                      "the %s one", on, dir_name(st[o]->dir), o ? "b" : "a",
-                      o ? p->transb : p->transa, dir_name(dir[o]));
-    int sw = 0, rht = 0;
-    uint32_t mask = 0;
-    int rc = check_storage(h, st[o], dir[o], rows[o], cols[o]);
-    if (!rc) rc = read_desc(h, st[o], &sw, &mask, &rht);
-    if (rc) return rc;
-    if (!sw)
-      return h->error(HQ_ENOTSUP, "nvfp4: native GEMM needs swizzled scales (swizzle = true): "
-                      "operand %s's %s scales are in the compact outer-major layout", on,
-                      dir_name(dir[o]));
-  }
-  if (p->a->desc.transform != p->b->desc.transform ||
-      p->a->desc.transform_param != p->b->desc.transform_param)
-    return h->error(HQ_EINVAL, "nvfp4: gemm: operands transformed differently along k (A: "
-                    "transform %u, mask %#llx; B: transform %u, mask %#llx)",
-                    p->a->desc.transform, (unsigned long long)p->a->desc.transform_param,
-                    p->b->desc.transform, (unsigned long long)p->b->desc.transform_param);
-  if (k % 32)
-    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM needs k a multiple of 32 (16-byte rows of "
-                    "packed FP4); k = %lld (m = %lld, n = %lld)", (long long)k, (long long)m,
-                    (long long)n);
-  if (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16)
-    return h->error(HQ_ENOTSUP, "nvfp4: native GEMM writes f32 or bf16, not dtype %d",
-                    (int)p->d->dtype);
-  const float *amax_a = hq_storage_cbuf(p->a, NVFP4_AMAX)->ptr;
-  const float *amax_b = hq_storage_cbuf(p->b, NVFP4_AMAX)->ptr;
-  hq_lt_matmul mm = hq_lt_matmul_from(p, "nvfp4 x nvfp4");
-  const hq_lt_operand a = {hq_storage_cbuf(p->a, NVFP4_DATA)->ptr, HQ_E2M1X2, 1, k, m, k,
-                           HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->a, NVFP4_SCALE_INV)->ptr};
-  const hq_lt_operand b = {hq_storage_cbuf(p->b, NVFP4_DATA)->ptr, HQ_E2M1X2, 0, k, n, k,
-                           HQ_SCALE_VEC16_UE4M3, hq_storage_cbuf(p->b, NVFP4_SCALE_INV)->ptr};
-  mm.a = a;
-  mm.b = b;
-  mm.fast_accum = 0;
-  if (mm.flags & HQ_GEMM_QUERY) {
-    /* nothing runs: the amax buffers stand in for the factors (device FP32 pointers) */
-    mm.alpha_factor[0] = amax_a;
-    mm.alpha_factor[1] = amax_b;
-    return h->lt_matmul(call, &mm);
-  }
-  float *f = h->alloc(call, 2 * sizeof(float));
-  if (!f) return HQ_ENOMEM; /* host->alloc recorded the message */
-  int rc = nvfp4_cuda_tensor_factors(call, amax_a, amax_b, f);
-  if (!rc) {
-    mm.alpha_factor[0] = f;
-    mm.alpha_factor[1] = f + 1;
-    rc = h->lt_matmul(call, &mm);
-  }
-  h->free(call, f); /* stream-ordered: after the GEMM that reads it */
-  return rc;
-#endif
-}
-
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* requires ABI 2.1: DEQ_RAW, emul_dtype, host->lt_matmul */
@@ -957,7 +861,6 @@ static const hq_format_ops ops = {
     .update = NULL, /* the core calls quantize() with HQ_CALL_UPDATE */
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
-    .gemm = gemm,
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -66,6 +66,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "hq/plugin.h"
+#include "hq/gemm_provider.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -198,6 +199,18 @@ HQ_API uint64_t hq_plugin_caps(const hq_plugin *p);
 HQ_API unsigned hq_plugin_abi_minor(const hq_plugin *p);
 /* The option table (ended by an entry whose name is NULL). */
 HQ_API const hq_option *hq_plugin_options(const hq_plugin *p);
+
+/* GEMM providers (hq/gemm_provider.h) a GEMM on formats of this set may use: the built-in ones
+   and those the set loaded from modules, in the order hq_gemm asks them (highest priority
+   first; `set` may be NULL: the built-in ones). */
+typedef struct hq_gemm_provider_info {
+  uint32_t struct_size;          /* sizeof(hq_gemm_provider_info), set by the caller */
+  int32_t priority;
+  const char *name, *version, *description;
+  const char *file;              /* the module, or "(built into libhqcore)" */
+} hq_gemm_provider_info;
+HQ_API size_t hq_plugins_gemm_count(const hq_plugins *set);
+HQ_API int hq_plugins_gemm_info(const hq_plugins *set, size_t i, hq_gemm_provider_info *out);
 HQ_API const char *hq_opt_type_name(hq_opt_type t);
 
 /* ---------------------------------------------------------------------------------------------
@@ -518,30 +531,33 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 ** transposed -> columnwise. A missing direction is HQ_ESTATE naming the role and direction
 ** (never a silent requantize).
 **
-** Paths (hq_gemm_info.path):
-**   NATIVE          both operands come from one format module whose gemm op runs the pair on this
-**                   device (cuBLASLt: fp8_tensor and fp8_block on Hopper and later, mxfp8 and
-**                   nvfp4 on Blackwell, high precision everywhere).
-**   EMULATED_BF16   any other pair on a GPU whose raw values are exact in BF16: each operand
-**   EMULATED_F32    dequantized to its raw values (elements times block scales; the per-tensor
-**                   factors -- FP8 scale_inv, NVFP4 global scale -- kept out and folded into
-**                   alpha; an RHT stays in the transformed domain), then one cuBLASLt GEMM with
-**                   FP32 accumulation, BF16 inputs or F32 inputs (no TF32) when a raw value
-**                   needs more than BF16's 8 bits (fp8_block with non-power-of-two scales, F32
-**                   or F16 operands).
-**   FUSED_BF16      the emulated BF16 product with one operand's dequantize fused into the
-**                   GEMM (Hopper, compute capability 9.0): an MXFP8 storage (1x32 E8M0 scales)
-**                   or an NVFP4 one (1x16 E4M3 scales; its per-tensor factor folded into
-**                   alpha) whose blocks run along k with K contiguous (order MK; compact or
-**                   swizzled scales) is read as codes and scales and turned into the same BF16
-**                   values inside the GEMM kernel; the other operand (K contiguous in the
-**                   orientation the flags give) is dequantized as on the emulated path. Taken
-**                   when the other operand has at most 2048 rows along m or n (where writing
-**                   and rereading a BF16 copy of the large operand costs more than the fused
-**                   kernel gives up to cuBLASLt), or always with HQ_GEMM_FUSED_ALWAYS; never
-**                   with HQ_GEMM_NO_FUSED or HQ_GEMM_FORCE_EMULATED.
-**   CPU             on the host: the raw values in F32 and an F32 sgemm (OpenBLAS when built
-**                   with it, else a blocked loop in libhqcore).
+** Who multiplies: GEMM providers (hq/gemm_provider.h), asked highest priority first; the first
+** that takes the problem runs it and hq_gemm_info names it. A format module's own gemm op (ABI
+** 2.1), when both operands come from that module, is asked before them. libhqcore carries three:
+**   cublaslt        NATIVE: the low-precision tensor cores read the stored codes and scales, by
+**                   the storages' descriptors: per-tensor FP8 (fp8_tensor) from sm_89, FP8 blocks
+**                   of 1x128 / 128x128 (fp8_block) on Hopper, 1x32 E8M0 (mxfp8) and 1x16 E4M3
+**                   (nvfp4) block scales on Blackwell, swizzled.
+**   fused_hopper    FUSED_BF16: the emulated BF16 product with one operand's dequantize fused
+**                   into the GEMM (Hopper, compute capability 9.0): a rowwise storage of 1x32
+**                   E8M0-scaled FP8 codes (MXFP8) or 1x16 E4M3-scaled E2M1 codes (NVFP4; its
+**                   per-tensor factor folded into alpha), order MK, compact or swizzled scales,
+**                   is read as codes and scales and turned into the same BF16 values inside the
+**                   GEMM kernel; the other operand (K contiguous in the orientation the flags
+**                   give) is dequantized as on the emulated path. Taken when the other operand
+**                   has at most 2048 rows along m or n (where writing and rereading a BF16 copy
+**                   of the large operand costs more than the fused kernel gives up to cuBLASLt),
+**                   or always with HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
+**                   HQ_GEMM_FORCE_EMULATED.
+**   emulated        every other problem (it takes them all). EMULATED_BF16 / EMULATED_F32 on a
+**                   GPU: each operand dequantized to its raw values (elements times block
+**                   scales; the per-tensor factors -- FP8 scale_inv, NVFP4 global scale -- kept
+**                   out and folded into alpha; an RHT stays in the transformed domain), then one
+**                   cuBLASLt GEMM with FP32 accumulation, BF16 inputs or F32 inputs (no TF32)
+**                   when a raw value needs more than BF16's 8 bits (fp8_block with
+**                   non-power-of-two scales, F32 or F16 operands). CPU on the host: the raw
+**                   values in F32 and an F32 sgemm (OpenBLAS when built with it, else a blocked
+**                   loop).
 ** The emulated, fused and CPU paths equal the exact product of the dequantized operands up to the
 ** order of FP32 accumulation. A product of two storages with different transforms (an RHT copy times
 ** a plain one) is refused (HQ_EINVAL naming both): its value would be meaningless.
@@ -563,21 +579,14 @@ static inline hq_operand hq_operand_hp(const hq_tensor *t) {
   return o;
 }
 
-#define HQ_GEMM_PATH_NONE 0u
-#define HQ_GEMM_PATH_NATIVE 1u
-#define HQ_GEMM_PATH_EMULATED_BF16 2u
-#define HQ_GEMM_PATH_EMULATED_F32 3u
-#define HQ_GEMM_PATH_CPU 4u
-#define HQ_GEMM_PATH_FUSED_BF16 5u
+/* The paths (HQ_GEMM_PATH_*) and the flags below (HQ_GEMM_FORCE_EMULATED: only the plain
+   emulated path, for tests and comparisons; HQ_GEMM_FUSED_ALWAYS: a fused path wherever it can
+   run, whatever the shape, still after a native one; HQ_GEMM_NO_FUSED: never a fused path) are
+   defined in hq/gemm_provider.h, which providers see too. */
 HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ...,
                                                           "fused-bf16" */
 
 /* Optional arguments of hq_gemm. */
-#define HQ_GEMM_FORCE_EMULATED 1u /* skip the native and the fused path: the plain emulated
-                                     path (tests, comparisons) */
-#define HQ_GEMM_FUSED_ALWAYS 2u   /* take the fused path wherever it can run, whatever the shape
-                                     (tests, benchmarks); it still yields to a native path */
-#define HQ_GEMM_NO_FUSED 4u       /* never take the fused path */
 typedef struct hq_gemm_args {
   uint32_t struct_size;          /* sizeof(hq_gemm_args) */
   uint32_t flags;                /* HQ_GEMM_FORCE_EMULATED, HQ_GEMM_FUSED_ALWAYS, ... */
@@ -599,6 +608,8 @@ typedef struct hq_gemm_info {
   uint32_t fused;                /* HQ_GEMM_PATH_FUSED_BF16: the operand read as codes and
                                     scales inside the GEMM kernel, 1 = A, 2 = B (the other one is
                                     dequantized to BF16 first); else 0 */
+  char provider[32];             /* the GEMM provider that ran ("cublaslt", "emulated", ...,
+                                    a module's name for its own gemm op) */
 } hq_gemm_info;
 
 /* Run the GEMM on ctx (its device and stream). info (may be NULL) receives the path; the path

@@ -1,10 +1,15 @@
 /*
-** fused_gemm.h -- the core's fused emulated GEMM (core/cuda/fused_gemm.cu), for gemm.c. Internal.
+** fused_gemm.h -- the fused kernel (fused_gemm.cu) as the fused_hopper provider (fused.c) calls
+** it: the one declaration both compilers read.
 */
 #ifndef HQ_FUSED_GEMM_H
 #define HQ_FUSED_GEMM_H
 
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* D(i, j) = alpha * f0 * f1 * sum_k X(i, k) W(j, k) (+ beta * D(i, j)) (+ bias[m]), X the raw
    values of an MXFP8 storage (codes [mx, k], K contiguous; E8M0 scales per 1x32 block) or of an
@@ -31,6 +36,7 @@ typedef struct hqi_fused_gemm_args {
   const void *bias;              /* NULL or [m] of bias_dtype */
   int bias_dtype;
   const char *what;
+  int (*error)(int code, const char *fmt, ...); /* records a failure's message (host->error) */
 } hqi_fused_gemm_args;
 
 /* Whether hqi_fused_gemm can run the problem (device 9.0, kind, shapes, alignment); no CUDA
@@ -39,4 +45,7 @@ int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a);
 /* Run it on a->stream; HQ_ENOTSUP (nothing ran) where it cannot. */
 int hqi_fused_gemm(const hqi_fused_gemm_args *a);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

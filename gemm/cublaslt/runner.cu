@@ -1,6 +1,7 @@
 /*
-** gemm.cu -- the core's cuBLASLt runner: hqi_lt_matmul(), offered to plugins as
-** hq_host_api.lt_matmul and used by the core's emulated GPU path (BF16 or F32 operands).
+** runner.cu -- the cuBLASLt runner: hqi_lt_matmul(), offered to format plugins and GEMM
+** providers as hq_host_api.lt_matmul (the cublaslt provider's native GEMMs and the emulated
+** provider's BF16 / F32 GEMMs run through it).
 **
 ** One call is one cublasLtMatmul on call->device (current during the call) and call->stream,
 **     D = alpha * f0 * f1 * op(A) * op(B) + beta * D  (+ bias[i] on every column),
@@ -8,13 +9,16 @@
 **
 **   - One cublasLtHandle per device, created on first use (under the mutex below) and destroyed
 **     at exit (or when libhqcore is unloaded).
-**   - One 32 MiB workspace per device and stream, cudaMalloc'ed once, the first time a GEMM runs
-**     on that stream of that device, and freed at exit. Per stream, not just per device: two
-**     GEMMs running concurrently on two streams of one device must not share scratch. At most
-**     HQ_LT_STREAMS streams per device get one; GEMMs on further streams run with algorithms
-**     that need no workspace (their plans are cached separately). As with any per-stream
-**     workspace (cuBLAS's, PyTorch's), a CUDA graph captured on a stream uses that stream's
-**     workspace when replayed: do not replay it concurrently with other GEMMs on that stream.
+**   - The workspace (32 MiB: what cuBLASLt's Hopper kernels use) is the calling context's
+**     (hqi_call_workspace): allocated through its allocator at its first GEMM, on its stream,
+**     freed by hq_ctx_destroy or hq_device_trim. Per context, not per device: two GEMMs running
+**     concurrently on two contexts' streams never share scratch, and there is no limit on the
+**     number of streams. A call without a context (a plugin's test harness), a stream being
+**     captured into a CUDA graph before its context has a workspace, or an allocation that
+**     failed runs with algorithms that need none (their plans are cached separately). As with
+**     any per-stream workspace (cuBLAS's, PyTorch's), a CUDA graph captured on a context's stream
+**     uses that context's workspace when replayed: do not replay it concurrently with other
+**     GEMMs of that context.
 **   - A plan cache: everything that defines a matmul descriptor, the three matrix layouts and the
 **     heuristic's choice (dtypes, trans, rows / cols / ld of A, B and D, m, n, k, scale modes,
 **     bias and its dtype, D dtype, fast accumulation, pointer mode, the pointers' alignment, the
@@ -61,9 +65,7 @@
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 
-extern "C" int hqi_error(int code, const char *fmt, ...);
-extern "C" int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out);
-extern "C" void hqi_cuda_free(int device, void *ptr, void *stream);
+#include "hqi_cuda.h"
 
 /* Feature levels of the cuBLASLt this file is compiled against. */
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
@@ -83,7 +85,6 @@ extern "C" void hqi_cuda_free(int device, void *ptr, void *stream);
 #endif
 
 #define HQ_LT_MAX_DEVICES 64
-#define HQ_LT_STREAMS 8                       /* streams per device that get a workspace */
 #define HQ_LT_WORKSPACE ((size_t)32 << 20)    /* 32 MiB: what cuBLASLt's Hopper kernels use */
 #define HQ_LT_PLANS 1024                      /* plan cache entries (LRU beyond) */
 #define HQ_LT_BUCKETS 1024
@@ -175,24 +176,17 @@ uint32_t align_of(const void *p) {
 
 // --- devices, handles and workspaces -------------------------------------------------------
 
-struct ws_slot {
-  void *stream;
-  void *ptr;            /* NULL when the allocation failed: that stream runs without one */
-};
-
 struct dev_slot {
   int ready;
   cublasLtHandle_t lt;
-  int nws;
-  ws_slot ws[HQ_LT_STREAMS];
 };
 
-/* What a call gets from its device slot. */
+/* What a call gets: the device's handle and its context's workspace. */
 struct dev_use {
   cublasLtHandle_t lt;
-  void *ws;             /* cuBLASLt workspace of the call's stream, or NULL */
+  void *ws;             /* cuBLASLt workspace of the call's context, or NULL */
   size_t ws_bytes;
-  float *ab;            /* the stream's alpha/beta slot (in the workspace's tail), or NULL */
+  float *ab;            /* the context's alpha/beta slot (in the workspace's tail), or NULL */
 };
 
 // --- the plan cache ----------------------------------------------------------------------
@@ -246,36 +240,29 @@ uint64_t key_hash(const plan_key *k) {
   return h;
 }
 
-/* Free every handle and workspace (at exit, or when libhqcore is unloaded: atexit() in a shared
-   object runs then). Errors are ignored: the CUDA runtime may already be going away. */
+/* Free every handle (at exit, or when libhqcore is unloaded: atexit() in a shared object runs
+   then). Errors are ignored: the CUDA runtime may already be going away. */
 void lt_cleanup(void) {
   for (int d = 0; d < HQ_LT_MAX_DEVICES; d++) {
     dev_slot *s = &g_dev[d];
     if (!s->ready) continue;
-    for (int i = 0; i < s->nws; i++)
-      if (s->ws[i].ptr) cudaFree(s->ws[i].ptr);
     cublasLtDestroy(s->lt);
     s->ready = 0;
-    s->nws = 0;
   }
   cudaGetLastError();
 }
 
-/* Under g_mu: the device's handle and the workspace of `stream` (created on first use). The
-   last HQ_LT_AB_BYTES of a workspace hold that stream's alpha/beta pair: only work on that one
-   stream touches it, in stream order, so a matmul's alpha is never overwritten before the
-   matmul has read it. */
-#define HQ_LT_AB_BYTES 256
-int device_get(int device, void *stream, dev_use *u) {
+/* Under g_mu: the device's handle (created on first use). */
+int device_get(int device, dev_use *u) {
   dev_slot *s = &g_dev[device];
   if (!g_inited) {
     for (int i = 0; i < HQ_LT_BUCKETS; i++) g_bucket[i] = -1;
     g_inited = 1;
   }
-  /* creating a handle or a workspace is not stream work: let it happen even while this thread
-     captures a CUDA graph (cudaMalloc is refused under a global-mode capture otherwise) */
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   if (!s->ready) {
+    /* creating a handle is not stream work: let it happen even while this thread captures a
+       CUDA graph */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
     cublasStatus_t st = cublasLtCreate(&s->lt);
     cudaThreadExchangeStreamCaptureMode(&mode);
@@ -290,28 +277,17 @@ int device_get(int device, void *stream, dev_use *u) {
     s->ready = 1;
   }
   u->lt = s->lt;
+  return HQ_OK;
+}
+
+/* The last HQ_LT_AB_BYTES of a workspace hold its context's alpha/beta pair: only work on that
+   context's stream touches it, in stream order, so a matmul's alpha is never overwritten before
+   the matmul has read it. */
+#define HQ_LT_AB_BYTES 256
+int workspace_get(const hq_call *call, dev_use *u) {
   void *p = NULL;
-  int i;
-  for (i = 0; i < s->nws && s->ws[i].stream != stream; i++) {
-  }
-  if (i < s->nws) {
-    p = s->ws[i].ptr;
-  } else if (s->nws < HQ_LT_STREAMS) { /* beyond: no workspace */
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    cudaError_t e = cudaMalloc(&p, HQ_LT_WORKSPACE);
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      if (e != cudaErrorMemoryAllocation)
-        return hqi_error(HQ_EDEVICE, "%s:%d: cudaMalloc of the %zu-byte cuBLASLt workspace on "
-                         "device %d: %s", __FILE__, __LINE__, HQ_LT_WORKSPACE, device,
-                         cudaGetErrorString(e));
-      p = NULL; /* out of memory: this stream runs with workspace-free algorithms */
-    }
-    s->ws[s->nws].stream = stream;
-    s->ws[s->nws].ptr = p;
-    s->nws++;
-  }
+  int rc = hqi_call_workspace(call, HQ_LT_WORKSPACE, &p);
+  if (rc) return rc;
   u->ws = p;
   u->ws_bytes = p ? HQ_LT_WORKSPACE - HQ_LT_AB_BYTES : 0;
   u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE - HQ_LT_AB_BYTES) : NULL;
@@ -745,8 +721,9 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
 
   dev_use u;
   plan pl;
+  if ((rc = workspace_get(call, &u))) return rc;
   pthread_mutex_lock(&g_mu);
-  rc = device_get(call->device, call->stream, &u);
+  rc = device_get(call->device, &u);
   if (!rc) {
     key.ws_bytes = (uint32_t)u.ws_bytes;
     uint64_t h = key_hash(&key);

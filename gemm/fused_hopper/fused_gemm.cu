@@ -1,6 +1,7 @@
 /*
-** fused_gemm.cu -- the emulated GEMM with one operand's dequantize fused into the GEMM (Hopper,
-** sm_90a only: wgmma, TMA and mbarriers), hqi_fused_gemm().
+** fused_gemm.cu -- the fused_hopper provider's kernel: the emulated GEMM with one operand's
+** dequantize fused into the GEMM (Hopper, sm_90a only: wgmma, TMA and mbarriers),
+** hqi_fused_gemm().
 **
 ** Why: on Hopper the tensor cores have no MXFP8 mode, so the emulated path dequantizes both
 ** operands to BF16 and calls cuBLASLt. When one operand is much larger than the other (a
@@ -68,12 +69,13 @@
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+/* The decode rules are the formats' own (the one definition their CPU references and kernels
+   share); the kernel's fast conversions are checked against them bit for bit. */
+#include "mxfp8/mxfp8_rules.h"
+#include "nvfp4/nvfp4_rules.h"
 #include "tma_cuda.h" /* the TMA, its mbarriers, the driver's tensor-map encoder */
 
-extern "C" {
 #include "fused_gemm.h"
-int hqi_error(int code, const char *fmt, ...);
-}
 
 namespace {
 
@@ -208,9 +210,8 @@ __device__ __forceinline__ uint32_t absmax2(uint32_t a, uint32_t b) {
    with special codes. */
 template <int ELEM>
 __device__ __forceinline__ uint32_t rule_pair(uint32_t h, uint8_t e) {
-  const float sc = hq_e8m0_to_f32(e);
-  const float lo = hq_mul_rn(hq_fp8_to_f32((uint8_t)(h & 0xff), ELEM), sc);
-  const float hi = hq_mul_rn(hq_fp8_to_f32((uint8_t)(h >> 8), ELEM), sc);
+  const float lo = hq_mxfp8_dequantize((uint8_t)(h & 0xff), e, ELEM);
+  const float hi = hq_mxfp8_dequantize((uint8_t)(h >> 8), e, ELEM);
   return (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
 }
 
@@ -305,9 +306,9 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, uint32_t sel) {
    RN(e2m1 * fp32(sf)) (exact, or NaN) times 2^-9, in BF16 (a k-step whose warp holds a NaN or
    negative scale). */
 __device__ __forceinline__ uint32_t nv_rule_pair(uint32_t nb, uint32_t sf) {
-  const float sc = hq_fp8_to_f32((uint8_t)sf, HQ_E4M3);
-  const float lo = hq_mul_rn(hq_mul_rn(hq_e2m1_to_f32(nb & 15u), sc), 0x1p-9f);
-  const float hi = hq_mul_rn(hq_mul_rn(hq_e2m1_to_f32((nb >> 4) & 15u), sc), 0x1p-9f);
+  const float sc = hq_nvfp4_raw_mult((uint8_t)sf);
+  const float lo = hq_mul_rn(hq_nvfp4_dequantize(nb & 15u, sc), 0x1p-9f);
+  const float hi = hq_mul_rn(hq_nvfp4_dequantize((nb >> 4) & 15u, sc), 0x1p-9f);
   return (uint32_t)hq_f32_to_bf16(lo) | (uint32_t)hq_f32_to_bf16(hi) << 16;
 }
 
@@ -639,7 +640,7 @@ int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMa
   }
   if (e != cudaSuccess && slot) slot->store(0);
   if (e != cudaSuccess)
-    return hqi_error(HQ_EDEVICE, "%s: fused %s GEMM (m=%lld n=%lld k=%lld): %s", a->what,
+    return a->error(HQ_EDEVICE, "%s: fused %s GEMM (m=%lld n=%lld k=%lld): %s", a->what,
                      ELEM == HQ_E2M1X2 ? "NVFP4" : "MXFP8",
                      (long long)(a->x_is_m ? a->mx : a->nw), (long long)(a->x_is_m ? a->nw : a->mx),
                      (long long)a->k, cudaGetErrorString(e));
@@ -664,9 +665,9 @@ extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
 
 extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   if (!hqi_fused_gemm_supported(a))
-    return hqi_error(HQ_ENOTSUP, "%s: the fused GEMM does not take this problem", a->what);
+    return a->error(HQ_ENOTSUP, "%s: the fused GEMM does not take this problem", a->what);
   if (!hq_cuda_tensor_map_encoder())
-    return hqi_error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
+    return a->error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
   CUtensorMap tx, tw;
   {
     /* X's bytes: [mx, k] codes, or [mx, k / 2] for two E2M1 codes per byte */
@@ -677,7 +678,7 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
                                   nv ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     if (r != CUDA_SUCCESS)
-      return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
+      return a->error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
                        "failed with %d", a->what, (long long)a->mx, (long long)a->k, (int)r);
   }
   {
@@ -685,7 +686,7 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
                                   (uint64_t)a->nw, (uint64_t)a->k * 2, kBK, kBN,
                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     if (r != CUDA_SUCCESS)
-      return hqi_error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (W, %lld x %lld BF16) "
+      return a->error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (W, %lld x %lld BF16) "
                        "failed with %d", a->what, (long long)a->nw, (long long)a->k, (int)r);
   }
   Params p;

@@ -1,0 +1,238 @@
+/*
+** emulated.c -- the "emulated" GEMM provider: every problem, on any device, exact up to FP32
+** accumulation. Each operand is turned into its raw values (hq_gemm_host.raw: elements times
+** block scales, the per-tensor factor kept out, a transform kept), the per-tensor factors are
+** folded into alpha, and one GEMM multiplies the two: on a GPU one cuBLASLt matmul (through the
+** core's runner, host->api->lt_matmul) in BF16 when both operands' raw values are exact there,
+** else in F32 (no TF32); on the host an F32 sgemm (OpenBLAS when libhqcore is built with it,
+** else the blocked loop below). It accepts every kind, so hq_gemm always has a path: this is the
+** last provider asked (priority 0).
+**
+** The order in which the factors multiply alpha is fixed, (alpha * fa) * fb, on both devices,
+** so that the emulated product of quantized operands does not depend on where it runs beyond
+** the order of accumulation.
+*/
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "hq/numerics.h"
+#include "../builtin.h"
+
+#ifdef HQ_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+static int accepts(const hq_gemm_host *host, const hq_gemm_kind *kind) {
+  (void)host;
+  (void)kind;
+  return HQ_OK;
+}
+
+/* The path a problem takes here. */
+static uint32_t path_of(const hq_gemm_kind *k) {
+  if (k->device < 0) return HQ_GEMM_PATH_CPU;
+  return hq_gemm_emul_dtype(&k->a) == HQ_BF16 && hq_gemm_emul_dtype(&k->b) == HQ_BF16
+             ? HQ_GEMM_PATH_EMULATED_BF16
+             : HQ_GEMM_PATH_EMULATED_F32;
+}
+
+/* Operand o's raw values in dtype dt (*data; *tmp a temporary to free, or NULL) and where its
+   per-tensor factor lies (*factor; NULL: 1): folded by the dequantize into fd->out when the
+   module can (fd not NULL, a device path), else tensor_factor()'s value in factor_slot. */
+static int operand(const hq_gemm_host *h, const hq_call *call, const hq_gemm_operand *o,
+                   const hq_gemm_operand_kind *k, hq_dtype dt, const void **data, void **tmp,
+                   float *factor_slot, const float **factor, hq_gemm_fold *fd) {
+  *factor = NULL;
+  int rc = h->raw(call, o, dt, data, tmp, fd);
+  if (rc || !o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return rc;
+  if (fd && fd->done) {
+    *factor = fd->out;
+    return HQ_OK;
+  }
+  rc = h->factor(call, o, factor_slot);
+  if (!rc) *factor = factor_slot;
+  return rc;
+}
+
+// --- the host ------------------------------------------------------------------------------------
+
+#ifndef HQ_HAVE_OPENBLAS
+/* Column-major C[m x n] = alpha * op(A) * op(B) + beta * C, a blocked loop over transposed
+   copies so that every inner product runs over contiguous memory (libhqcore built without
+   OpenBLAS). */
+static int plain_sgemm(const hq_host_api *api, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                       float beta, float *C, int64_t ldc) {
+  /* At[i][p] = op(A)(i, p); Bt[j][p] = op(B)(p, j) */
+  float *At = malloc((size_t)m * (size_t)k * sizeof(float) + 1);
+  float *Bt = malloc((size_t)n * (size_t)k * sizeof(float) + 1);
+  if (!At || !Bt) {
+    free(At);
+    free(Bt);
+    return api->error(HQ_ENOMEM, "hq_gemm: CPU path: %lld x %lld and %lld x %lld F32 copies",
+                      (long long)m, (long long)k, (long long)n, (long long)k);
+  }
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t q = 0; q < k; q++) At[i * k + q] = ta ? A[i * lda + q] : A[q * lda + i];
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t q = 0; q < k; q++) Bt[j * k + q] = tb ? B[q * ldb + j] : B[j * ldb + q];
+  for (int64_t j = 0; j < n; j++) {
+    const float *b = Bt + j * k;
+    for (int64_t i = 0; i < m; i++) {
+      const float *a = At + i * k;
+      float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t q = 0;
+      for (; q + 8 <= k; q += 8)
+        for (int u = 0; u < 8; u++) s[u] += a[q + u] * b[q + u];
+      for (; q < k; q++) s[0] += a[q] * b[q];
+      float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      float *c = &C[j * ldc + i];
+      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    }
+  }
+  free(At);
+  free(Bt);
+  return HQ_OK;
+}
+#endif
+
+/* D (F32, column-major m x n, ld m) += bias[i] on every column j. */
+static void add_bias(float *d, int64_t m, int64_t n, const void *bias, hq_dtype bt) {
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) d[j * m + i] += hq_load_hp(bias, i, bt);
+}
+
+/* n values between high-precision dtypes on the host (rounding to nearest). */
+static void convert(void *dst, hq_dtype dt, const void *src, hq_dtype st, int64_t n) {
+  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
+}
+
+/* sgemm of the F32 raw values a, b into the F32 d (ld m). */
+static int sgemm(const hq_host_api *api, const hq_gemm_run *r, float alpha, const float *a,
+                 const float *b, float *d) {
+  const int64_t m = r->m, n = r->n, k = r->k;
+  if (k == 0) {
+    for (int64_t i = 0; i < m * n; i++) d[i] = r->beta == 0.0f ? 0.0f : r->beta * d[i];
+    return HQ_OK;
+  }
+#ifdef HQ_HAVE_OPENBLAS
+  (void)api;
+  cblas_sgemm(CblasColMajor, r->kind->a.trans ? CblasTrans : CblasNoTrans,
+              r->kind->b.trans ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
+              alpha, a, (blasint)r->a.cols, b, (blasint)r->b.cols, r->beta, d, (blasint)m);
+  return HQ_OK;
+#else
+  return plain_sgemm(api, r->kind->a.trans, r->kind->b.trans, m, n, k, alpha, a, r->a.cols, b,
+                     r->b.cols, r->beta, d, m);
+#endif
+}
+
+static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_run *r) {
+  const hq_host_api *api = h->api;
+  const void *a = NULL, *b = NULL;
+  void *ta = NULL, *tb = NULL;
+  float fa = 1.0f, fb = 1.0f, *td = NULL;
+  const float *pfa = NULL, *pfb = NULL;
+  int rc = operand(h, call, &r->a, &r->kind->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
+  if (!rc) rc = operand(h, call, &r->b, &r->kind->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
+  float *d = r->d->data;
+  const int64_t nd = r->m * r->n;
+  if (!rc && r->d->dtype != HQ_F32) {
+    td = api->alloc(call, (size_t)nd * sizeof(float));
+    if (!td) {
+      rc = api->error(HQ_ENOMEM, "%s: an F32 copy of D (%lld elements)", r->what, (long long)nd);
+    } else {
+      d = td;
+      if (r->beta != 0.0f) convert(d, HQ_F32, r->d->data, r->d->dtype, nd);
+    }
+  }
+  if (!rc && nd > 0) {
+    /* the per-tensor factors multiply alpha: (alpha * fa) * fb, as on the GPU */
+    float al = r->alpha * (pfa ? *pfa : 1.0f);
+    al = al * (pfb ? *pfb : 1.0f);
+    rc = sgemm(api, r, al, a, b, d);
+    if (!rc && r->bias) add_bias(d, r->m, r->n, r->bias, r->bias_dtype);
+    if (!rc && td) convert(r->d->data, r->d->dtype, d, HQ_F32, nd);
+  }
+  api->free(call, ta);
+  api->free(call, tb);
+  api->free(call, td);
+  return rc;
+}
+
+// --- a CUDA device -------------------------------------------------------------------------------
+
+static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_run *r,
+                    hq_dtype dt) {
+  const hq_host_api *api = h->api;
+  const void *a = NULL, *b = NULL;
+  void *ta = NULL, *tb = NULL;
+  float *factors = api->alloc(call, 2 * sizeof(float));
+  if (!factors) return api->error(HQ_ENOMEM, "%s: 8 bytes of device memory", r->what);
+  const float *pfa = NULL, *pfb = NULL;
+  /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
+     writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
+  hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
+  int rc = operand(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
+  if (fda.done) fdb.in = factors;
+  if (!rc)
+    rc = operand(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
+                 fda.done || !pfa ? &fdb : NULL);
+  if (!rc) {
+    hq_lt_matmul mm;
+    memset(&mm, 0, sizeof mm);
+    mm.struct_size = sizeof mm;
+    mm.a = (hq_lt_operand){a, dt, r->kind->a.trans, r->a.cols, r->a.rows, r->a.cols,
+                           HQ_SCALE_NONE, NULL};
+    mm.b = (hq_lt_operand){b, dt, r->kind->b.trans, r->b.cols, r->b.rows, r->b.cols,
+                           HQ_SCALE_NONE, NULL};
+    mm.m = r->m;
+    mm.n = r->n;
+    mm.k = r->k;
+    mm.alpha = r->alpha;
+    mm.beta = r->beta;
+    if (fdb.done || (fda.done && !pfb)) {
+      mm.alpha_device = fdb.done ? pfb : pfa; /* the whole alpha, folded */
+    } else {
+      if (fda.done) mm.alpha = 1.0f; /* A's slot holds alpha * fa: (1 * (alpha * fa)) * fb */
+      mm.alpha_factor[0] = pfa;
+      mm.alpha_factor[1] = pfb;
+    }
+    mm.d = r->d->data;
+    mm.d_dtype = r->d->dtype;
+    mm.ldd = r->m;
+    mm.bias = r->bias;
+    mm.bias_dtype = r->bias_dtype;
+    mm.what = r->what;
+    rc = api->lt_matmul(call, &mm);
+  }
+  /* stream-ordered frees: they follow the GEMM that reads the temporaries */
+  api->free(call, ta);
+  api->free(call, tb);
+  api->free(call, factors);
+  return rc;
+}
+
+static int run(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r) {
+  r->path = path_of(r->kind);
+  if (r->flags & HQ_GEMM_QUERY) return HQ_OK;
+  if (r->path == HQ_GEMM_PATH_CPU) return cpu_gemm(h, call, r);
+  return gpu_gemm(h, call, r, r->path == HQ_GEMM_PATH_EMULATED_BF16 ? HQ_BF16 : HQ_F32);
+}
+
+static const hq_gemm_provider table = {
+    .abi_major = HQ_GEMM_ABI_MAJOR,
+    .abi_minor = 0,
+    .struct_size = sizeof(hq_gemm_provider),
+    .priority = 0,
+    .name = "emulated",
+    .version = PACKAGE_VERSION,
+    .description = "raw values of both operands, then one BF16 / F32 cuBLASLt GEMM or an F32 "
+                   "sgemm on the host; every problem",
+    .accepts = accepts,
+    .run = run,
+};
+
+HQ_GEMM_ENTRY(emulated, table)
