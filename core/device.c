@@ -113,6 +113,34 @@ int hqi_cuda_pool_trim(int device) {
   return HQ_OK;
 }
 
+int hqi_cuda_event_record(void **ev, void *stream) {
+  if (!*ev) {
+    cudaEvent_t e = NULL;
+    HQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *ev = e;
+  }
+  HQ_CUDA_CHECK(cudaEventRecord((cudaEvent_t)*ev, (cudaStream_t)stream));
+  return HQ_OK;
+}
+
+int hqi_cuda_stream_wait_event(void *stream, void *ev) {
+  HQ_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
+  return HQ_OK;
+}
+
+int hqi_cuda_stream_after(void *waiter, void *signaler) {
+  if (waiter == signaler) return HQ_OK;
+  void *ev = NULL;
+  int rc = hqi_cuda_event_record(&ev, signaler);
+  if (!rc) rc = hqi_cuda_stream_wait_event(waiter, ev);
+  hqi_cuda_event_destroy(ev); /* released once the wait has been satisfied */
+  return rc;
+}
+
+void hqi_cuda_event_destroy(void *ev) {
+  if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) cudaGetLastError();
+}
+
 int hqi_cuda_capturing(void *stream) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
@@ -211,6 +239,19 @@ int hqi_cuda_capturing(void *stream) {
   (void)stream;
   return 0;
 }
+int hqi_cuda_event_record(void **ev, void *stream) {
+  (void)ev; (void)stream;
+  return no_cuda();
+}
+int hqi_cuda_stream_wait_event(void *stream, void *ev) {
+  (void)stream; (void)ev;
+  return no_cuda();
+}
+int hqi_cuda_stream_after(void *waiter, void *signaler) {
+  (void)waiter; (void)signaler;
+  return no_cuda();
+}
+void hqi_cuda_event_destroy(void *ev) { (void)ev; }
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   (void)device; (void)bytes; (void)stream;
   *out = NULL;

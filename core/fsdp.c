@@ -96,6 +96,7 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
 
 void hq_fsdp_release(hq_qtensor *shard) {
   if (!shard || !shard->fsdp_staging) return;
+  if (hqi_qtensor_owner_frees(shard)) hq_clear_error(); /* a dead device: the free fails alike */
   hqi_ctx_free_raw(shard->ctx, shard->fsdp_staging);
   shard->fsdp_staging = NULL;
 }
@@ -142,6 +143,8 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
     if (!shard->fsdp_staging)
       rc = hqi_error(HQ_ENOMEM, "hq_fsdp_extract: %zu bytes of staging on device %d", staging,
                      ctx->device);
+    else
+      rc = hqi_qtensor_foreign_alloc(shard, ctx);
   }
   char *stage = shard->fsdp_staging;
   size_t k = 0;
@@ -172,6 +175,8 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
       hqi_elem_put(out, k++, elem_size, &e, sizeof e);
     }
   }
+  const int mk = hqi_qtensor_mark_use(shard, ctx);
+  if (!rc) rc = mk;
   if (rc) hq_fsdp_release(shard);
   hqi_device_leave(saved);
   return rc;
@@ -253,7 +258,11 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
         k++;
       }
     }
-    if (pass == 1) hqi_device_leave(saved);
+    if (pass == 1) {
+      const int mk = hqi_qtensor_mark_use(full, ctx);
+      if (!rc) rc = mk;
+      hqi_device_leave(saved);
+    }
   }
   return rc;
 }

@@ -109,6 +109,14 @@ int hqi_cuda_arch(int device);
 int hqi_cuda_pool_trim(int device);
 /* Whether work queued on `stream` is being captured into a CUDA graph. */
 int hqi_cuda_capturing(void *stream);
+/* Ordering between streams, without host synchronization: hqi_cuda_stream_after makes the work
+   queued on `waiter` from now on wait for what is queued on `signaler` so far; an event recorded
+   with hqi_cuda_event_record (created at its first use) can be waited on later, even after the
+   stream it was recorded on is gone. */
+int hqi_cuda_stream_after(void *waiter, void *signaler);
+int hqi_cuda_event_record(void **ev, void *stream);
+int hqi_cuda_stream_wait_event(void *stream, void *ev);
+void hqi_cuda_event_destroy(void *ev);
 /* Make `device` current (a no-op for the host), remembering the caller's current device in
    *saved; hqi_device_leave(saved) restores it. */
 int hqi_device_enter(int device, int *saved);
@@ -292,10 +300,19 @@ struct hq_qtensor {
   void *scratch;             /* plugin scratch reserved for quantize/update (owner's memory) */
   size_t scratch_bytes;
   void *fsdp_staging;        /* hq_fsdp_extract's transposed copies (owner's memory) */
+  void *last_use;            /* cudaEvent_t recorded on the stream of the last call that touched
+                                the buffers from another context's stream, or NULL: what the
+                                owner's stream waits for before it frees any of them */
   hq_state *state;           /* the quantizer's scaling state (retained), or NULL */
   int32_t slice[2];          /* its slice per direction (state.c), -1: none */
 };
 #define HQI_DIR_NAME(dir) ((dir) == HQ_COLWISE ? "columnwise" : "rowwise")
+/* A qtensor's buffers belong to its owner context (qt->ctx); a call on another context's stream
+   orders itself after what the owner allocated for it, leaves an event (last_use) that the
+   owner's stream waits for before it frees any buffer (quantizer.c). */
+int hqi_qtensor_foreign_alloc(const hq_qtensor *qt, const hq_ctx *ctx);
+int hqi_qtensor_mark_use(hq_qtensor *qt, const hq_ctx *ctx);
+int hqi_qtensor_owner_frees(const hq_qtensor *qt);
 
 // --- scaling state (state.c) ----------------------------------------------------------------
 hq_state *hqi_state_retain(hq_state *st);

@@ -464,3 +464,51 @@ const char *hq_plugin_file(const hq_plugin *p) { return p ? p->file : NULL; }
 uint64_t hq_plugin_caps(const hq_plugin *p) { return p ? p->ops.caps : 0; }
 unsigned hq_plugin_abi_minor(const hq_plugin *p) { return p ? p->ops.abi_minor : 0; }
 const hq_option *hq_plugin_options(const hq_plugin *p) { return p ? p->ops.options : NULL; }
+
+// --- GEMM providers -----------------------------------------------------------------------
+
+/* Provider i of the list hq_gemm asks for formats of `set`: the set's and the built-in ones,
+   by priority (ties: the set's first, in load order, then the built-in ones in theirs). */
+static const hqi_provider *nth(const hq_plugins *set, size_t i) {
+  const hqi_provider *const *b, *const *l = set ? (const hqi_provider *const *)set->providers.v
+                                                  : NULL;
+  const size_t nb = hqi_providers_builtin(&b), nl = set ? set->providers.n : 0;
+  const hqi_provider *all[64];
+  size_t n = 0;
+  for (size_t j = 0; j < nl && n < 64; j++) all[n++] = l[j];
+  for (size_t j = 0; j < nb && n < 64; j++) all[n++] = b[j];
+  for (size_t j = 1; j < n; j++) /* stable insertion sort by descending priority */
+    for (size_t q = j; q > 0 && all[q]->ops.priority > all[q - 1]->ops.priority; q--) {
+      const hqi_provider *t = all[q];
+      all[q] = all[q - 1];
+      all[q - 1] = t;
+    }
+  return i < n ? all[i] : NULL;
+}
+
+size_t hq_plugins_gemm_count(const hq_plugins *set) {
+  const hqi_provider *const *b;
+  return hqi_providers_builtin(&b) + (set ? set->providers.n : 0);
+}
+
+int hq_plugins_gemm_info(const hq_plugins *set, size_t i, hq_gemm_provider_info *out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_plugins_gemm_info: out is NULL");
+  const size_t floor = offsetof(hq_gemm_provider_info, file) + sizeof(const char *);
+  if (out->struct_size < floor)
+    return hqi_error(HQ_EINVAL, "hq_plugins_gemm_info: struct_size %u is smaller than %zu",
+                     out->struct_size, floor);
+  const hqi_provider *p = nth(set, i);
+  if (!p)
+    return hqi_error(HQ_ENOENT, "hq_plugins_gemm_info: there are %zu GEMM providers, not %zu",
+                     hq_plugins_gemm_count(set), i + 1);
+  hq_gemm_provider_info v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = out->struct_size < sizeof v ? out->struct_size : (uint32_t)sizeof v;
+  v.priority = p->ops.priority;
+  v.name = p->ops.name;
+  v.version = p->ops.version;
+  v.description = p->ops.description ? p->ops.description : "";
+  v.file = p->file;
+  memcpy(out, &v, v.struct_size);
+  return HQ_OK;
+}

@@ -1,7 +1,7 @@
 /*
-** provider.c -- the GEMM providers a GEMM may ask (hq/gemm_provider.h): the ones compiled into
-** libhqcore from gemm/ (checked once, like a loaded module) and the checks every provider table
-** passes, whether it comes from there or from a module the loader found.
+** provider.c -- the GEMM providers compiled into libhqcore from gemm/ (checked once, like a
+** loaded module) and the checks every provider table passes, whether it comes from there or from
+** a module the loader found (loader.c keeps those, per set).
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -90,49 +90,4 @@ size_t hqi_providers_builtin(const hqi_provider *const **out) {
   pthread_once(&builtin_once, builtin_init);
   *out = builtin_list;
   return n_builtin;
-}
-
-/* Provider i of the list hq_gemm asks for formats of `set`: the set's and the built-in ones,
-   by priority (ties: the set's first, in load order, then the built-in ones in theirs). */
-static const hqi_provider *nth(const hq_plugins *set, size_t i) {
-  const hqi_provider *const *b, *const *l = NULL;
-  const size_t nb = hqi_providers_builtin(&b), nl = set ? hqi_plugins_providers(set, &l) : 0;
-  const hqi_provider *all[64];
-  size_t n = 0;
-  for (size_t j = 0; j < nl && n < 64; j++) all[n++] = l[j];
-  for (size_t j = 0; j < nb && n < 64; j++) all[n++] = b[j];
-  for (size_t j = 1; j < n; j++) /* stable insertion sort by descending priority */
-    for (size_t q = j; q > 0 && all[q]->ops.priority > all[q - 1]->ops.priority; q--) {
-      const hqi_provider *t = all[q];
-      all[q] = all[q - 1];
-      all[q - 1] = t;
-    }
-  return i < n ? all[i] : NULL;
-}
-
-size_t hq_plugins_gemm_count(const hq_plugins *set) {
-  const hqi_provider *const *b, *const *l;
-  return hqi_providers_builtin(&b) + (set ? hqi_plugins_providers(set, &l) : 0);
-}
-
-int hq_plugins_gemm_info(const hq_plugins *set, size_t i, hq_gemm_provider_info *out) {
-  if (!out) return hqi_error(HQ_EINVAL, "hq_plugins_gemm_info: out is NULL");
-  const size_t floor = offsetof(hq_gemm_provider_info, file) + sizeof(const char *);
-  if (out->struct_size < floor)
-    return hqi_error(HQ_EINVAL, "hq_plugins_gemm_info: struct_size %u is smaller than %zu",
-                     out->struct_size, floor);
-  const hqi_provider *p = nth(set, i);
-  if (!p)
-    return hqi_error(HQ_ENOENT, "hq_plugins_gemm_info: there are %zu GEMM providers, not %zu",
-                     hq_plugins_gemm_count(set), i + 1);
-  hq_gemm_provider_info v;
-  memset(&v, 0, sizeof v);
-  v.struct_size = out->struct_size < sizeof v ? out->struct_size : (uint32_t)sizeof v;
-  v.priority = p->ops.priority;
-  v.name = p->ops.name;
-  v.version = p->ops.version;
-  v.description = p->ops.description ? p->ops.description : "";
-  v.file = p->file;
-  memcpy(out, &v, v.struct_size);
-  return HQ_OK;
 }

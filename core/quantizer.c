@@ -270,6 +270,26 @@ static void free_dir(hq_ctx *ctx, qdir *q) {
   memset(q, 0, sizeof *q);
 }
 
+/* Buffers have one owner -- the context that made the qtensor, whose allocator and stream
+   allocate and free them -- and may be used by a call on another context's stream. Such a call
+   waits for the owner's stream after the owner allocates something for it
+   (hqi_qtensor_foreign_alloc) and leaves an event behind (hqi_qtensor_mark_use); the owner's
+   stream waits for that event before it frees anything (hqi_qtensor_owner_frees), so that the stream-ordered pool never hands out memory another stream
+   still reads or writes. (hq_internal.h declares the three for fsdp.c.) */
+static int foreign(const hq_qtensor *qt, const hq_ctx *ctx) {
+  return ctx->device >= 0 && ctx->stream != qt->ctx->stream;
+}
+int hqi_qtensor_foreign_alloc(const hq_qtensor *qt, const hq_ctx *ctx) {
+  return foreign(qt, ctx) ? hqi_cuda_stream_after(ctx->stream, qt->ctx->stream) : HQ_OK;
+}
+int hqi_qtensor_mark_use(hq_qtensor *qt, const hq_ctx *ctx) {
+  return foreign(qt, ctx) ? hqi_cuda_event_record(&qt->last_use, ctx->stream) : HQ_OK;
+}
+int hqi_qtensor_owner_frees(const hq_qtensor *qt) {
+  return qt->last_use ? hqi_cuda_stream_wait_event(qt->ctx->stream, qt->last_use) : HQ_OK;
+}
+
+
 /* An empty storage as layout() receives it. */
 static void storage_init(hq_storage *st, uint32_t dir, int64_t rows, int64_t cols, int device,
                          hq_dtype nominal) {
@@ -491,7 +511,8 @@ static int unshare(hq_qtensor *qt, hq_ctx *ctx) {
     void *p = hqi_ctx_alloc_raw(qt->ctx, b->bytes ? b->bytes : 1);
     if (!p) return hqi_error(HQ_ENOMEM, "role %s: copying shared buffer '%s' failed", qt->role,
                              b->name);
-    int rc = hq_ctx_memcpy(ctx, p, ctx->device, b->ptr, ctx->device, b->bytes);
+    int rc = hqi_qtensor_foreign_alloc(qt, ctx);
+    if (!rc) rc = hq_ctx_memcpy(ctx, p, ctx->device, b->ptr, ctx->device, b->bytes);
     if (rc) {
       hqi_ctx_free_raw(qt->ctx, p);
       return rc;
@@ -505,18 +526,22 @@ static int unshare(hq_qtensor *qt, hq_ctx *ctx) {
   return HQ_OK;
 }
 
-/* Point the columnwise storage's shared buffers back at the rowwise ones (fused calls). */
-static void reshare(hq_qtensor *qt) {
+/* Point the columnwise storage's shared buffers back at the rowwise ones (fused calls); the
+   private copies are freed on the owner's stream once their last user is done with them. */
+static int reshare(hq_qtensor *qt) {
   qdir *c = &qt->d[1], *r = &qt->d[0];
-  if (!c->present || !r->present) return;
+  if (!c->present || !r->present) return HQ_OK;
   for (uint32_t i = 0; i < c->st.nbuf; i++) {
     hq_buffer *b = BUF(&c->st, i);
     if (!(b->flags & HQ_BUF_SHARED) || !c->owned[i]) continue;
+    int rc = hqi_qtensor_owner_frees(qt);
+    if (rc) return rc;
     hqi_ctx_free_raw(qt->ctx, b->ptr);
     b->ptr = BUF(&r->st, b->shared_with)->ptr;
     b->name = BUF(&r->st, b->shared_with)->name;
     c->owned[i] = 0;
   }
+  return HQ_OK;
 }
 
 /* The slice of a stateful format for a call making `dirs` of qt: call->state, state_amax. */
@@ -629,21 +654,17 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
   return rc;
 }
 
-/* Quantize (update = 0) or refresh (update = 1) the directions `dirs` of qt from src, on ctx.
-   For a fresh quantize the storages are made here; for an update they exist. adam (an update
-   whose directions one call makes: hqi_qtensor_update_adam) rides on that call. */
-static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
-               const float *amax, const hq_adam_pass *adam) {
+/* run() without the bookkeeping of another context's stream. */
+static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
+                    const float *amax, const hq_adam_pass *adam) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
   int rc;
   qt->offset = ctx->offset++;
   if (!update && (rc = reserve_scratch(qt))) return rc;
   if (dirs == HQ_BOTH && fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
     if (!update) rc = make_storages(qt, fr, HQ_BOTH);
-    else {
-      reshare(qt);
-      rc = HQ_OK;
-    }
+    else
+      rc = reshare(qt);
     return rc ? rc
               : call_quantize(qt, ctx, fr, src, HQ_BOTH, &qt->d[0].st, &qt->d[1].st, update,
                               amax, adam);
@@ -672,6 +693,16 @@ static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs,
     if (rc) return rc;
   }
   return HQ_OK;
+}
+
+/* Quantize (update = 0) or refresh (update = 1) the directions `dirs` of qt from src, on ctx.
+   For a fresh quantize the storages are made here; for an update they exist. adam (an update
+   whose directions one call makes: hqi_qtensor_update_adam) rides on that call. */
+static int run(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
+               const float *amax, const hq_adam_pass *adam) {
+  int rc = run_dirs(qt, ctx, src, dirs, update, amax, adam);
+  const int mk = hqi_qtensor_mark_use(qt, ctx); /* also after a failure: work may have been queued */
+  return rc ? rc : mk;
 }
 
 static int check_src(const hq_ctx *ctx, const hq_tensor *src, const char *what, hq_tensor *out) {
@@ -936,6 +967,7 @@ int hq_qtensor_drop(hq_qtensor *qt, uint32_t dirs) {
   int saved, rc = hqi_device_enter(qt->ctx->device, &saved);
   if (rc) return rc;
   if ((dirs & HQ_ROWWISE) && qt->d[0].present && !(dirs & HQ_COLWISE)) rc = unshare(qt, qt->ctx);
+  if (!rc) rc = hqi_qtensor_owner_frees(qt);
   if (!rc && (dirs & HQ_COLWISE)) free_dir(qt->ctx, &qt->d[1]);
   if (!rc && (dirs & HQ_ROWWISE)) free_dir(qt->ctx, &qt->d[0]);
   hqi_device_leave(saved);
@@ -1100,12 +1132,15 @@ void hq_qtensor_free(hq_qtensor *qt) {
   if (!qt) return;
   int saved;
   int entered = hqi_device_enter(qt->ctx->device, &saved) == HQ_OK;
+  if (entered && hqi_qtensor_owner_frees(qt)) hq_clear_error(); /* a dead device: the frees fail alike */
   if (!qt->saved) {
     free_dir(qt->ctx, &qt->d[1]);
     free_dir(qt->ctx, &qt->d[0]);
   }
   if (qt->scratch) hqi_ctx_free_raw(qt->ctx, qt->scratch);
-  hq_fsdp_release(qt);
+  /* the FSDP staging is a raw allocation of the owner, like the scratch */
+  if (qt->fsdp_staging) hqi_ctx_free_raw(qt->ctx, qt->fsdp_staging);
+  hqi_cuda_event_destroy(qt->last_use);
   if (entered) hqi_device_leave(saved);
   hqi_format_release(qt->fmt[0]);
   hqi_format_release(qt->fmt[1]);

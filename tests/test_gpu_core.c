@@ -7,10 +7,13 @@
 **   - calls restore the caller's current device (on a machine with two devices, a context on
 **     device 1 is used while device 0 is current);
 **   - FSDP extract/assign run on the device (transposes included) and match a full quantize;
-**   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern).
+**   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern);
+**   - a qtensor used through another context's stream: the owner's allocations and frees are
+**     ordered against that stream by events (no race with the stream-ordered pool).
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
+#include <time.h>
 
 #include "hq_gpu_test.h"
 
@@ -428,6 +431,106 @@ static void test_offload_round_trip(void **state) {
   free(x.data);
 }
 
+/* Review bug 1: a qtensor made on one context's stream (A) and updated through others (B, C).
+   A one-direction update through B gives the columnwise storage private copies of the buffers
+   both directions shared (fp8_tensor's scale_inv); they are allocated by the owner (A) and
+   written on B, and freed by A when a later update through C makes both directions again. Two
+   host gates show the ordering the core now inserts: while A is held, B's update does not run
+   (it waits for A's allocation), and while B is held, A's free of the private copies does not
+   run (A waits for B's last use). The bytes equal the same sequence on the CPU. */
+static volatile int gate;
+static void CUDART_CB hold(void *arg) {
+  (void)arg;
+  while (!__atomic_load_n(&gate, __ATOMIC_ACQUIRE)) {
+    struct timespec t = {0, 200000};
+    nanosleep(&t, NULL);
+  }
+}
+/* Whether `s` still has work queued after about 50 ms. */
+static int still_busy(cudaStream_t s) {
+  for (int i = 0; i < 50; i++) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return 0;
+    if (e != cudaErrorNotReady) fail_msg("cudaStreamQuery: %s", cudaGetErrorString(e));
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+  }
+  return 1;
+}
+static void test_cross_stream_update(void **state) {
+  (void)state;
+  const int64_t R = 256, C = 512;
+  hq_tensor x[3];
+  void *dx[3];
+  hq_tensor xd[3];
+  for (int i = 0; i < 3; i++) {
+    x[i] = hq_test_tensor(HQ_BF16, R, C, 40 + i, 1.0f + i);
+    dx[i] = to_device(x[i].data, (size_t)(R * C) * 2);
+    xd[i] = hq_tensor_2d(dx[i], HQ_BF16, 0, R, C);
+  }
+  hq_recipe *r = hq_test_recipe(recipes[0]);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  /* the CPU reference: both directions, the rowwise one alone, both again */
+  hq_qtensor *h = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x[0], &h));
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(h, HQ_ROWWISE));
+  HQ_OK_OR_FAIL(hq_qtensor_update(h, cpu, &x[1]));
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(h, HQ_BOTH));
+  HQ_OK_OR_FAIL(hq_qtensor_update(h, cpu, &x[2]));
+
+  cudaStream_t s[3];
+  hq_ctx *c[3];
+  for (int i = 0; i < 3; i++) {
+    CK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
+    hq_ctx_desc d = {0};
+    d.struct_size = sizeof d;
+    d.device = 0;
+    d.stream = s[i];
+    HQ_OK_OR_FAIL(hq_ctx_create(&d, &c[i]));
+  }
+  hq_qtensor *g = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, c[0], &xd[0], &g));
+  CK(cudaStreamSynchronize(s[0]));
+  /* A held: B's one-direction update waits for A's allocation of the private copies */
+  gate = 0;
+  CK(cudaLaunchHostFunc(s[0], hold, NULL));
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(g, HQ_ROWWISE));
+  HQ_OK_OR_FAIL(hq_qtensor_update(g, c[1], &xd[1]));
+  if (!still_busy(s[1])) fail_msg("the update on B ran while A, which allocated for it, was held");
+  __atomic_store_n(&gate, 1, __ATOMIC_RELEASE);
+  CK(cudaStreamSynchronize(s[0]));
+  CK(cudaStreamSynchronize(s[1]));
+  /* B held, with a use of the tensor through B (the same rowwise update again) queued behind
+     the gate: C's update of both directions, ordered after B as a caller orders its streams,
+     frees the private copies on A, which must wait for B's last use */
+  gate = 0;
+  CK(cudaLaunchHostFunc(s[1], hold, NULL));
+  HQ_OK_OR_FAIL(hq_qtensor_update(g, c[1], &xd[1]));
+  cudaEvent_t b_done;
+  CK(cudaEventCreateWithFlags(&b_done, cudaEventDisableTiming));
+  CK(cudaEventRecord(b_done, s[1]));
+  CK(cudaStreamWaitEvent(s[2], b_done, 0));
+  HQ_OK_OR_FAIL(hq_qtensor_set_usage(g, HQ_BOTH));
+  HQ_OK_OR_FAIL(hq_qtensor_update(g, c[2], &xd[2]));
+  if (!still_busy(s[0]))
+    fail_msg("A freed the columnwise private copies while B, which used them last, was held");
+  __atomic_store_n(&gate, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < 3; i++) CK(cudaStreamSynchronize(s[i]));
+  CK(cudaEventDestroy(b_done));
+  compare(h, g, "A, then B rowwise, then C both");
+  hq_qtensor_free(g);
+  CK(cudaStreamSynchronize(s[0]));
+  for (int i = 0; i < 3; i++) {
+    hq_ctx_destroy(c[i]);
+    CK(cudaStreamDestroy(s[i]));
+    cudaFree(dx[i]);
+    free(x[i].data);
+  }
+  hq_qtensor_free(h);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 /* hq's memory pool: hq_device_trim hands the kept memory back (the driver's free memory grows
    by what hq freed), allocation works again afterwards, and a device out of range is refused. */
 /* The identity format's dtype conversions on the device (the core's conversion kernel) give the
@@ -548,6 +651,7 @@ int main(void) {
       cmocka_unit_test(test_offload_round_trip),
       cmocka_unit_test(test_identity_conversions),
       cmocka_unit_test(test_pool_trim),
+      cmocka_unit_test(test_cross_stream_update),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
