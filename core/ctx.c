@@ -8,6 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One role's count of calls in the current step; key 0 marks a free slot (hqi_role_key never
+   returns 0). */
+struct hqi_rng_slot {
+  uint64_t key, count;
+};
+
 int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   if (!out) return hqi_error(HQ_EINVAL, "hq_ctx_create: out is NULL");
   *out = NULL;
@@ -75,6 +81,7 @@ void hq_ctx_destroy(hq_ctx *ctx) {
     }
   }
   free(ctx->gemm_cache);
+  free(ctx->rng);
   free(ctx);
 }
 
@@ -209,6 +216,50 @@ uint64_t hq_ctx_rng_offset(const hq_ctx *ctx) { return ctx ? ctx->offset : 0; }
 int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
   if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset: ctx is NULL");
   ctx->offset = offset;
+  if (ctx->rng) memset(ctx->rng, 0, ctx->rng_cap * sizeof *ctx->rng);
+  ctx->rng_n = 0;
+  return HQ_OK;
+}
+
+/* SplitMix64's finalizer: a bijection whose outputs of nearby inputs look unrelated. */
+static uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t hqi_role_key(const char *role) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a-64: offset basis, then the prime 0x100000001b3 */
+  for (const unsigned char *c = (const unsigned char *)(role ? role : ""); *c; c++)
+    h = (h ^ *c) * 0x100000001b3ull;
+  return h ? h : 1;
+}
+
+static struct hqi_rng_slot *rng_slot(struct hqi_rng_slot *t, size_t cap, uint64_t key) {
+  size_t i = (size_t)mix64(key) & (cap - 1);
+  while (t[i].key && t[i].key != key) i = (i + 1) & (cap - 1);
+  return &t[i];
+}
+
+int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset) {
+  if (2 * (ctx->rng_n + 1) > ctx->rng_cap) { /* at most half full: short probe chains */
+    const size_t cap = ctx->rng_cap ? 2 * ctx->rng_cap : 64;
+    struct hqi_rng_slot *t = hqi_calloc(cap, sizeof *t);
+    if (!t) return hqi_error(HQ_ENOMEM, "the random stream's count of %zu roles", ctx->rng_n + 1);
+    for (size_t i = 0; i < ctx->rng_cap; i++)
+      if (ctx->rng[i].key) *rng_slot(t, cap, ctx->rng[i].key) = ctx->rng[i];
+    free(ctx->rng);
+    ctx->rng = t;
+    ctx->rng_cap = cap;
+  }
+  struct hqi_rng_slot *s = rng_slot(ctx->rng, ctx->rng_cap, role_key);
+  if (!s->key) {
+    s->key = role_key;
+    ctx->rng_n++;
+  }
+  *offset = mix64(role_key ^ mix64(ctx->offset ^ mix64(s->count)));
+  s->count++;
   return HQ_OK;
 }
 

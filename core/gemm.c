@@ -220,7 +220,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -231,8 +231,8 @@ static void choice_key(const plan *p, uint64_t key[6]) {
   const hq_gemm_kind *k = &p->kind;
   key[0] = p->a.fmt ? p->a.fmt->id : 0;
   key[1] = p->b.fmt ? p->b.fmt->id : 0;
-  key[2] = k->a.desc ? fnv(1469598103934665603ull, k->a.desc, sizeof *k->a.desc) : 0;
-  key[3] = k->b.desc ? fnv(1469598103934665603ull, k->b.desc, sizeof *k->b.desc) : 0;
+  key[2] = k->a.desc ? fnv(0xcbf29ce484222325ull, k->a.desc, sizeof *k->a.desc) : 0;
+  key[3] = k->b.desc ? fnv(0xcbf29ce484222325ull, k->b.desc, sizeof *k->b.desc) : 0;
   key[4] = (uint64_t)k->a.dir | (uint64_t)k->a.trans << 2 | (uint64_t)k->a.dtype << 3 |
            (uint64_t)k->b.dir << 16 | (uint64_t)k->b.trans << 18 | (uint64_t)k->b.dtype << 19;
   key[5] = (uint64_t)k->d_dtype | (uint64_t)k->flags << 8;
@@ -289,7 +289,7 @@ static const hqi_gemm_choice *choice_of(hq_ctx *ctx, const plan *p, hqi_gemm_cho
   if (!ctx->gemm_cache) ctx->gemm_cache = hqi_calloc(HQI_GEMM_CACHE, sizeof *ctx->gemm_cache);
   hqi_gemm_choice *c = local;
   if (ctx->gemm_cache) {
-    const uint64_t h = fnv(1469598103934665603ull, key, sizeof key);
+    const uint64_t h = fnv(0xcbf29ce484222325ull, key, sizeof key);
     c = &ctx->gemm_cache[h % HQI_GEMM_CACHE];
     if (c->valid && !memcmp(c->key, key, sizeof key)) return c;
   }

@@ -208,12 +208,20 @@ struct hq_ctx {
   void (*log)(void *user, int level, const char *msg);
   void *log_user;
   uint64_t seed;
-  uint64_t offset;          /* advanced once per quantize / update operation */
+  uint64_t offset;          /* the step of the random stream (hq_ctx_set_rng_offset) */
+  struct hqi_rng_slot *rng; /* calls per role key since the step was set (hqi_ctx_rng_next) */
+  size_t rng_cap, rng_n;
   void *workspace;          /* the cuBLASLt runner's (hqi_call_workspace), or NULL */
   size_t workspace_bytes;
   struct hq_ctx *ws_next;   /* the list of contexts holding a workspace (ctx.c) */
   hqi_gemm_choice *gemm_cache; /* HQI_GEMM_CACHE entries, made at the first GEMM */
 };
+/* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
+   `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of
+   that role the step has seen, so that a role's draws depend on nothing another role does.
+   HQ_ENOMEM when the count cannot be kept. */
+int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset);
+uint64_t hqi_role_key(const char *role);
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
 /* Fill an hq_call for one plugin operation on ctx. `offset` selects the random stream: every
@@ -297,6 +305,7 @@ struct hq_qtensor {
   hqi_qdir d[2];
   int saved;
   uint64_t offset;           /* random stream of the operation in progress */
+  uint64_t role_key;         /* hqi_role_key(role): its random streams' key */
   void *scratch;             /* plugin scratch reserved for quantize/update (owner's memory) */
   size_t scratch_bytes;
   void *fsdp_staging;        /* hq_fsdp_extract's transposed copies (owner's memory) */

@@ -82,7 +82,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   if (!rc) rc = hqi_cuda_adam(ctx->stream, &k, g.data, g.dtype, master, m, v, n, amax);
   hqi_device_leave(saved);
   if (!rc && qw) {
-    hq_quantize_args args = {sizeof args, 0, (const float *)amax};
+    hq_quantize_args args = {.struct_size = sizeof args, .amax = (const float *)amax};
     rc = hq_qtensor_update_ex(qw, ctx, &w, amax ? &args : NULL);
   }
   if (amax) hqi_ctx_free_raw(ctx, amax); /* stream-ordered: after the update that reads it */

@@ -22,6 +22,7 @@ struct hq_quantizer {
   uint32_t usage;
   int source;
   char *role;             /* "module_type:tensor_type:name", for messages */
+  uint64_t role_key;      /* hqi_role_key(role): its random streams' key */
   hq_state *state;        /* bound scaling state (retained), or NULL */
   int32_t slice[2];       /* its slice per direction (the same one for a fused quantizer), -1 */
 };
@@ -62,6 +63,7 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
     hq_quantizer_free(q);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
+  q->role_key = hqi_role_key(q->role);
   *out = q;
   return HQ_OK;
 }
@@ -153,6 +155,7 @@ int hq_quantizer_create_direct(hq_plugins *plugins, const hq_format_spec *rowwis
     hq_quantizer_free(q);
     return rc;
   }
+  q->role_key = hqi_role_key(q->role);
   *out = q;
   return HQ_OK;
 }
@@ -658,8 +661,8 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
 static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
                     const float *amax, const hq_adam_pass *adam) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
-  int rc;
-  qt->offset = ctx->offset++;
+  int rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset);
+  if (rc) return rc;
   if (!update && (rc = reserve_scratch(qt))) return rc;
   if (dirs == HQ_BOTH && fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
     if (!update) rc = make_storages(qt, fr, HQ_BOTH);
@@ -724,6 +727,7 @@ static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64
     return NULL;
   }
   qt->ctx = ctx;
+  qt->role_key = q->role_key;
   qt->fmt[0] = hqi_format_retain(q->fmt[0]);
   qt->fmt[1] = hqi_format_retain(q->fmt[1]);
   qt->usage = q->usage;
@@ -737,15 +741,18 @@ static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64
   return qt;
 }
 
-static int prepare(hq_quantizer *q, hq_ctx *ctx, const char *what) {
+/* Check that q can make `dirs` on ctx's device. */
+static int prepare(const hq_quantizer *q, hq_ctx *ctx, uint32_t dirs, const char *what) {
   if (!q || !ctx) return hqi_error(HQ_EINVAL, "%s: NULL argument", what);
-  if (!q->usage)
+  if (dirs & ~HQ_BOTH) return hqi_error(HQ_EINVAL, "%s: directions 0x%x have unknown bits", what,
+                                        dirs);
+  if (!dirs)
     return hqi_error(HQ_EINVAL, "%s: role %s has no usage (set rowwise and/or columnwise)", what,
                      q->role);
   for (int d = 0; d < 2; d++) {
     uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
-    int rc = (q->usage & dir) ? check_device(q->fmt[d], ctx, q->role, dir) : HQ_OK;
-    if (!rc && d == 1 && (q->usage & dir) && q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+    int rc = (dirs & dir) ? check_device(q->fmt[d], ctx, q->role, dir) : HQ_OK;
+    if (!rc && d == 1 && (dirs & dir) && q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
       rc = check_device(q->fmt[0], ctx, q->role, HQ_ROWWISE);
     if (rc) return rc;
   }
@@ -821,16 +828,20 @@ int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
   *out = NULL;
   hq_tensor src;
   hq_quantize_args args;
-  int rc = prepare(q, ctx, "hq_quantize");
+  int rc = args_in(argsp, &args);
+  const uint32_t dirs = args.dirs ? args.dirs : q ? q->usage : 0;
+  if (!rc) rc = prepare(q, ctx, dirs, "hq_quantize");
   if (!rc) rc = check_src(ctx, srcp, "hq_quantize: source", &src);
-  if (!rc) rc = args_in(argsp, &args);
   if (!rc && (args.flags & HQ_QUANTIZE_FINITE_ONLY)) rc = finite_only(ctx, &src, "hq_quantize");
   if (rc) return rc;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   hq_qtensor *qt = new_qtensor(q, ctx, src.rows, src.cols, src.dtype);
   if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
-  else rc = run(qt, ctx, &src, q->usage, 0, args.amax, NULL);
+  else {
+    qt->usage = dirs;
+    rc = run(qt, ctx, &src, dirs, 0, args.amax, NULL);
+  }
   hqi_device_leave(saved);
   if (rc) {
     hq_qtensor_free(qt);
@@ -848,7 +859,7 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
                   hq_qtensor **out) {
   if (!out) return hqi_error(HQ_EINVAL, "hq_make_empty: out is NULL");
   *out = NULL;
-  int rc = prepare(q, ctx, "hq_make_empty");
+  int rc = prepare(q, ctx, q ? q->usage : 0, "hq_make_empty");
   if (rc) return rc;
   if ((rc = hqi_check_shape(rows, cols, "hq_make_empty"))) return rc;
   if (nominal != HQ_F32 && nominal != HQ_F16 && nominal != HQ_BF16)
@@ -906,6 +917,21 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
     if ((rc = finite_only(ctx, &src, what))) return rc;
   }
   uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
+  if (args.dirs) {
+    if (args.dirs & ~HQ_BOTH)
+      return hqi_error(HQ_EINVAL, "hq_qtensor_update: directions 0x%x have unknown bits",
+                       args.dirs);
+    if (args.dirs & ~hq_qtensor_dirs(qt))
+      return hqi_error(HQ_ESTATE, "hq_qtensor_update: role %s has no %s copy to refresh (it "
+                       "holds %s)", qt->role,
+                       (args.dirs & ~hq_qtensor_dirs(qt)) == HQ_COLWISE ? "columnwise"
+                       : (args.dirs & ~hq_qtensor_dirs(qt)) == HQ_ROWWISE ? "rowwise"
+                                                                            : "rowwise or columnwise",
+                       hq_qtensor_dirs(qt) == HQ_ROWWISE   ? "the rowwise one only"
+                       : hq_qtensor_dirs(qt) == HQ_COLWISE ? "the columnwise one only"
+                                                           : "none");
+    dirs = args.dirs;
+  }
   if (!dirs) return HQ_OK;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
@@ -1056,7 +1082,7 @@ int hqi_qtensor_amax_from_source(const hq_qtensor *qt) {
 int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float *amax) {
   if (!amax) return hqi_error(HQ_EINVAL, "hq_quantizer_amax: amax is NULL");
   hq_tensor src;
-  int rc = prepare(q, ctx, "hq_quantizer_amax");
+  int rc = prepare(q, ctx, q ? q->usage : 0, "hq_quantizer_amax");
   if (!rc) rc = check_src(ctx, srcp, "hq_quantizer_amax: source", &src);
   if (rc) return rc;
   int saved;
@@ -1077,7 +1103,7 @@ int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float
     if (!tmp) rc = hqi_error(HQ_ENOMEM, "hq_quantizer_amax: 8 bytes on device %d", ctx->device);
   }
   if (!rc && !one_call) rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof(float));
-  if (qt) qt->offset = ctx->offset; /* an amax draws no random numbers: no advance */
+  if (qt) qt->offset = 0; /* an amax draws no random numbers */
   if (!rc && one_call) {
     rc = amax_one(qt, ctx, q->fmt[0], &src, HQ_BOTH, NULL, amax);
   } else if (!rc) {

@@ -61,6 +61,24 @@ static inline float hq_test_normal(uint64_t *s) {
 }
 
 /* A zero-filled host tensor (free x.data). */
+/* The random stream (hq_call.offset) of the n-th quantize / update (from 0) of role `role` on a
+   context whose step (hq_ctx_set_rng_offset) is `step`, as docs/embedding.md defines it:
+   M(K ^ M(step ^ M(n))), K the FNV-1a-64 hash of the role's text (1 if it is 0), M SplitMix64's
+   output function. Written here from the definitions, not from the core's code. */
+static inline uint64_t hq_test_splitmix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static inline uint64_t hq_test_rng_offset(const char *role, uint64_t step, uint64_t n) {
+  uint64_t k = 0xcbf29ce484222325ull;
+  for (const unsigned char *c = (const unsigned char *)role; *c; c++)
+    k = (k ^ *c) * 0x100000001b3ull;
+  if (!k) k = 1;
+  return hq_test_splitmix(k ^ hq_test_splitmix(step ^ hq_test_splitmix(n)));
+}
+
 static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
   return hq_tensor_2d(calloc((size_t)(rows * cols), hq_dtype_size(t)), t, HQ_DEVICE_HOST, rows,
                       cols);

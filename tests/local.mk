@@ -149,6 +149,13 @@ tests_test_gpu_core_SOURCES = tests/test_gpu_core.c tests/hq_test.h
 tests_test_gpu_core_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_core_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_core_LDFLAGS = $(CUDA_LDFLAGS)
+# a trainer linked with the static CUDA runtime, passing its stream to libhqcore (shared runtime)
+check_PROGRAMS += tests/test_gpu_static_rt
+tests_test_gpu_static_rt_SOURCES = tests/test_gpu_static_rt.c tests/hq_test.h
+tests_test_gpu_static_rt_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_static_rt_LDADD = $(HQ_TEST_LDADD) -lcudart_static -ldl -lrt -lpthread
+# its runtime stays its own: none of the archive's symbols is exported to libhqcore
+tests_test_gpu_static_rt_LDFLAGS = $(CUDA_LDFLAGS) -Wl,--exclude-libs,libcudart_static.a
 endif
 
 TESTS += $(check_PROGRAMS) tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh

@@ -97,7 +97,7 @@ static void test_tensor_struct_size(void **state) {
   bad.struct_size = (uint32_t)HQ_TENSOR_SIZE_2_0;
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &bad, &qt));
   /* hq_quantize_args below its floor */
-  hq_quantize_args a = {4, 0, NULL};
+  hq_quantize_args a = {.struct_size = 4};
   hq_qtensor *qt2 = NULL;
   assert_int_equal(hq_quantize_ex(q, ctx, &x, &a, &qt2), HQ_EINVAL);
   HQ_ERROR_HAS("hq_quantize_args");
@@ -305,37 +305,118 @@ static void test_identity_is_built_in(void **state) {
   hq_recipe_free(r);
 }
 
-/* The random stream advances once per operation; setting it back reproduces a stochastically
-   rounded quantization exactly (a resumed run). */
+/* The random stream is keyed per role and step (review bug 12): each operation of a role draws
+   a new offset (docs/embedding.md's rule, rebuilt by hq_test_rng_offset), the context's step
+   does not move by itself, setting it back reproduces a stochastically rounded quantization
+   exactly (a resumed run), and quantizing another role in between -- an identity copy, another
+   NVFP4 gradient -- changes none of this role's bits. */
 static void test_rng_offset(void **state) {
   (void)state;
   hq_recipe *r = hq_test_recipe("[format g]\nplugin = nvfp4\nstochastic_rounding = true\n"
-                                "[role *:*:*]\nrowwise = g\ncolumnwise = g\n");
+                                "[role *:grad_output:*]\nrowwise = g\ncolumnwise = g\n");
   hq_quantizer *q = hq_test_quantizer(r, "linear:grad_output:x");
+  hq_quantizer *other = hq_test_quantizer(r, "linear:grad_output:y");
+  hq_quantizer *hp = hq_test_quantizer(r, "linear:input:x"); /* identity: no section matches */
   hq_ctx_desc d = {0};
   d.struct_size = sizeof d;
   d.device = HQ_DEVICE_HOST;
   d.seed = 1234;
-  hq_ctx *ctx = NULL;
+  hq_ctx *ctx = NULL, *alone = NULL;
   HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &alone));
   assert_int_equal(hq_ctx_rng_offset(ctx), 0);
   hq_tensor x = hq_test_tensor(HQ_F32, 32, 64, 9, 1.0f);
-  hq_qtensor *a = NULL, *b = NULL, *c = NULL;
+  hq_qtensor *a = NULL, *b = NULL, *c = NULL, *t = NULL, *a1 = NULL, *b1 = NULL;
+  /* on `alone`: x's role twice in a row */
+  HQ_OK_OR_FAIL(hq_quantize(q, alone, &x, &a1));
+  HQ_OK_OR_FAIL(hq_quantize(q, alone, &x, &b1));
+  /* on `ctx`: the same, with two other roles quantized in between */
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a));
-  assert_int_equal(hq_ctx_rng_offset(ctx), 1);
+  HQ_OK_OR_FAIL(hq_quantize(hp, ctx, &x, &t));
+  hq_qtensor_free(t);
+  HQ_OK_OR_FAIL(hq_quantize(other, ctx, &x, &t));
+  hq_qtensor_free(t);
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &b));
-  assert_int_equal(hq_ctx_rng_offset(ctx), 2);
+  assert_int_equal(hq_ctx_rng_offset(ctx), 0); /* the step moves only when set */
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 0));
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &c));
   const hq_buffer *ba = hq_storage_cbuf(hq_qtensor_storage(a, HQ_ROWWISE), 0);
   const hq_buffer *bb = hq_storage_cbuf(hq_qtensor_storage(b, HQ_ROWWISE), 0);
   const hq_buffer *bc = hq_storage_cbuf(hq_qtensor_storage(c, HQ_ROWWISE), 0);
-  assert_memory_equal(ba->ptr, bc->ptr, ba->bytes);        /* same position, same draws */
-  assert_memory_not_equal(ba->ptr, bb->ptr, ba->bytes);    /* the next position differs */
-  hq_qtensor_free(a);
-  hq_qtensor_free(b);
-  hq_qtensor_free(c);
+  const hq_buffer *ba1 = hq_storage_cbuf(hq_qtensor_storage(a1, HQ_ROWWISE), 0);
+  const hq_buffer *bb1 = hq_storage_cbuf(hq_qtensor_storage(b1, HQ_ROWWISE), 0);
+  assert_memory_equal(ba->ptr, bc->ptr, ba->bytes);        /* the step set back: same draws */
+  assert_memory_not_equal(ba->ptr, bb->ptr, ba->bytes);    /* the role's next call differs */
+  assert_memory_equal(ba->ptr, ba1->ptr, ba->bytes);       /* other roles changed nothing */
+  assert_memory_equal(bb->ptr, bb1->ptr, bb->bytes);
+  /* the offsets themselves: what a plugin sees is the documented mix */
+  assert_int_not_equal(hq_test_rng_offset("linear:grad_output:x", 0, 0),
+                       hq_test_rng_offset("linear:grad_output:x", 0, 1));
+  assert_int_not_equal(hq_test_rng_offset("linear:grad_output:x", 0, 0),
+                       hq_test_rng_offset("linear:grad_output:y", 0, 0));
+  assert_int_not_equal(hq_test_rng_offset("linear:grad_output:x", 0, 0),
+                       hq_test_rng_offset("linear:grad_output:x", 1, 0));
+  /* step 7: a fresh context set to step 7 draws what ctx does after it is set to 7 */
+  hq_qtensor *s7 = NULL, *s7b = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 7));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &s7));
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(alone, 7));
+  HQ_OK_OR_FAIL(hq_quantize(q, alone, &x, &s7b));
+  assert_memory_equal(hq_storage_cbuf(hq_qtensor_storage(s7, HQ_ROWWISE), 0)->ptr,
+                      hq_storage_cbuf(hq_qtensor_storage(s7b, HQ_ROWWISE), 0)->ptr, ba->bytes);
+  assert_memory_not_equal(hq_storage_cbuf(hq_qtensor_storage(s7, HQ_ROWWISE), 0)->ptr, ba->ptr,
+                          ba->bytes);
+  hq_qtensor *qs[] = {a, b, c, a1, b1, s7, s7b};
+  hq_qtensors_free(qs, sizeof qs / sizeof qs[0]);
   free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_ctx_destroy(alone);
+  hq_quantizer_free(q);
+  hq_quantizer_free(other);
+  hq_quantizer_free(hp);
+  hq_recipe_free(r);
+}
+
+/* Per-call directions (review bug 12): hq_quantize_args.dirs makes just those directions of a
+   quantizer whose usage is both (the qtensor's usage is then those), an update refreshes just
+   the directions it names, and naming one the qtensor does not hold is HQ_ESTATE. */
+static void test_call_dirs(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\n[role *:*:*]\n"
+                                "rowwise = f\ncolumnwise = f\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 16, 32, 3, 1.0f), y = hq_test_tensor(HQ_F32, 16, 32, 4, 2.0f);
+  hq_qtensor *t = NULL, *full = NULL, *ref = NULL;
+  hq_quantize_args a = {.struct_size = sizeof a, .dirs = HQ_ROWWISE};
+  HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &a, &t));
+  assert_int_equal(hq_qtensor_dirs(t), HQ_ROWWISE);
+  assert_int_equal(hq_qtensor_usage(t), HQ_ROWWISE);
+  assert_int_equal(hq_quantizer_usage(q), HQ_BOTH); /* the quantizer is not changed */
+  a.dirs = HQ_COLWISE;
+  assert_int_equal(hq_qtensor_update_ex(t, ctx, &y, &a), HQ_ESTATE);
+  assert_non_null(strstr(hq_last_error(), "columnwise"));
+  a.dirs = 4;
+  assert_int_equal(hq_quantize_ex(q, ctx, &x, &a, &full), HQ_EINVAL);
+  assert_null(full);
+  /* both made, then the rowwise copy alone refreshed from y: rowwise = y's, columnwise = x's */
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &full));
+  a.dirs = HQ_ROWWISE;
+  HQ_OK_OR_FAIL(hq_qtensor_update_ex(full, ctx, &y, &a));
+  assert_int_equal(hq_qtensor_usage(full), HQ_BOTH);
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &ref));
+  const hq_storage *fr = hq_qtensor_storage(full, HQ_ROWWISE), *rr = hq_qtensor_storage(ref, HQ_ROWWISE);
+  assert_memory_equal(hq_storage_cbuf(fr, 0)->ptr, hq_storage_cbuf(rr, 0)->ptr,
+                      hq_storage_cbuf(rr, 0)->bytes);
+  const hq_storage *fc = hq_qtensor_storage(full, HQ_COLWISE), *rc = hq_qtensor_storage(ref, HQ_COLWISE);
+  assert_memory_not_equal(hq_storage_cbuf(fc, 0)->ptr, hq_storage_cbuf(rc, 0)->ptr,
+                          hq_storage_cbuf(rc, 0)->bytes);
+  hq_qtensor_free(t);
+  hq_qtensor_free(full);
+  hq_qtensor_free(ref);
+  free(x.data);
+  free(y.data);
   hq_ctx_destroy(ctx);
   hq_quantizer_free(q);
   hq_recipe_free(r);
@@ -566,7 +647,7 @@ static void test_finite_only(void **state) {
   hq_format_spec spec = {sizeof spec, "mxfp8", NULL, 0};
   hq_quantizer *q = NULL;
   HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, &spec, HQ_SOURCE_ORIGINAL, &q));
-  hq_quantize_args args = {sizeof args, HQ_QUANTIZE_FINITE_ONLY, NULL};
+  hq_quantize_args args = {.struct_size = sizeof args, .flags = HQ_QUANTIZE_FINITE_ONLY};
   hq_qtensor *t = NULL;
   HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &args, &t));
   const hq_storage *st = hq_qtensor_storage(t, HQ_ROWWISE);
@@ -603,7 +684,8 @@ int main(void) {
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
-      cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_saved_buffer_stride),
+      cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
+      cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
       cmocka_unit_test(test_recipe_string_errors),
   };

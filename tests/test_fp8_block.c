@@ -1222,7 +1222,7 @@ static void test_amax_none(void **state) {
     ASSERT_F32_SAME(a[0], 0.0f);
     ASSERT_F32_SAME(a[1], 0.0f);
     const float given[2] = {1e-30f, 1e30f};
-    hq_quantize_args args = {sizeof args, 0, given};
+    hq_quantize_args args = {.struct_size = sizeof args, .amax = given};
     hq_qtensor *qt = NULL;
     HQ_OK_OR_FAIL(hq_quantize_ex(u.q, u.ctx, &x, &args, &qt));
     assert_same_qtensors(qt, u.qt);

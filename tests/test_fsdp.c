@@ -92,7 +92,7 @@ static void run_case(const fmt_case *c, const hq_tensor *x, int64_t ms, int expe
     HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &xs, a));
     for (int d = 0; d < 2; d++) shared[d] = a[d] > shared[d] ? a[d] : shared[d];
   }
-  hq_quantize_args args = {sizeof args, 0, shared};
+  hq_quantize_args args = {.struct_size = sizeof args, .amax = shared};
   hq_qtensor *shard[WORLD] = {0};
   hq_fsdp_buffer ext[WORLD][2 * HQ_MAX_BUFFERS];
   size_t n[WORLD];

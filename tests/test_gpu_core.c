@@ -213,7 +213,7 @@ static void test_fsdp_on_device(void **state) {
       for (int d = 0; d < 2; d++) shared[d] = a[d] > shared[d] ? a[d] : shared[d];
     }
     h2d(amax, shared, sizeof shared);
-    hq_quantize_args args = {sizeof args, 0, amax};
+    hq_quantize_args args = {.struct_size = sizeof args, .amax = amax};
     for (int s = 0; s < 4; s++) {
       hq_tensor xs = hq_tensor_2d((char *)xdev + (size_t)(s * ms * K) * 2, HQ_BF16, 0, ms, K);
       HQ_OK_OR_FAIL(hq_quantize_ex(q, gpu, &xs, &args, &shard[s]));

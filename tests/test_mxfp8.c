@@ -777,7 +777,7 @@ static void test_amax_none(void **state) {
   HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, amax));
   assert_true(amax[0] == 0.0f && amax[1] == 0.0f);
   const float big[2] = {1e30f, 3.0f};
-  hq_quantize_args args = {sizeof args, 0, big};
+  hq_quantize_args args = {.struct_size = sizeof args, .amax = big};
   hq_qtensor *a = NULL, *b = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a));
   HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, &x, &args, &b));

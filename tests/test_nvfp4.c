@@ -705,8 +705,8 @@ static unsigned sr_bits_ref(const void *p, int64_t block, int e) {
   return (out[e / 4] >> (8 * (e % 4))) & 0xffu;
 }
 
-/* Through the API: the core advances the context's offset once per quantize/update operation,
-   so the first quantize on a fresh context draws with offset 0, in both directions.
+/* Through the API: the first quantize of role linear:input:x on a fresh context (step 0) draws
+   with the offset docs/embedding.md defines for (role, step 0, call 0), in both directions.
    test_ops_direct fixes seed and offset. */
 static void test_sr_against_reference(void **state) {
   (void)state;
@@ -719,11 +719,12 @@ static void test_sr_against_reference(void **state) {
     run u;
     uint64_t seed = o ? 77 : 0xabcdef12345ull;
     run_quant(&u, opts[o], &x, o ? 5 : seed, HQ_BOTH); /* seed = 77 overrides the context's 5 */
-    sr_ctx rc = {seed, 0, 0};
+    const uint64_t off = hq_test_rng_offset("linear:input:x", 0, 0);
+    sr_ctx rc = {seed, off, 0};
     ref_out ro = ref_quantize(v, 32, 48, 0, 0, sr_bits_ref, &rc);
     expect_storage(&u, HQ_ROWWISE, &ro);
     ref_free(&ro);
-    sr_ctx cc = {seed, 0, 1};
+    sr_ctx cc = {seed, off, 1};
     ref_out co = ref_quantize(tr[o], 48, 32, 0, 0, sr_bits_ref, &cc);
     expect_storage(&u, HQ_COLWISE, &co);
     ref_free(&co);

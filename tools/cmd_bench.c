@@ -164,7 +164,7 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   m->ok = !rc;
   m->ws = beyond(mem, base, m->bytes_out, &m->held);
   if (!rc && (kr || kc)) {
-    hq_quantize_args args = {sizeof args, 0, amax};
+    hq_quantize_args args = {.struct_size = sizeof args, .amax = amax};
     rc = median_ms(OP_AMAX, q, qt, ctx, x, NULL, amax, iters, batch, t, &m->amax_ms);
     bench_mem_reset_peak(mem);
     if (!rc) rc = median_ms(OP_UPDATE_AMAX, q, qt, ctx, x, &args, NULL, iters, batch, t,

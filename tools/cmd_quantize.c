@@ -380,7 +380,8 @@ int hq_cmd_quantize(int argc, char **argv) {
     cli_fail(1, CMD, "%s", hq_last_error());
     goto out;
   }
-  hq_quantize_args qargs = {sizeof qargs, finite_only ? HQ_QUANTIZE_FINITE_ONLY : 0u, NULL};
+  hq_quantize_args qargs = {.struct_size = sizeof qargs,
+                            .flags = finite_only ? HQ_QUANTIZE_FINITE_ONLY : 0u};
   if (hq_quantize_ex(q, ctx, &xd, &qargs, &qt)) {
     cli_fail(1, CMD, "%s", hq_last_error());
     goto out;

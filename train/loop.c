@@ -59,6 +59,12 @@ static int evaluate(train_model *m, const train_data *d, int64_t batches, int32_
 /* One optimizer step (step: 0-based) on the batch in x, y. */
 static int train_step(train_model *m, const train_config *cfg, int64_t step, const int32_t *x,
                       const int32_t *y, double *loss, char *e, size_t n) {
+  /* the step keys stochastic rounding's random stream (with each role's name): a resumed run
+     and one with evaluations in between draw the same bits at every step */
+  if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
+    snprintf(e, n, "the random stream: %s", hq_last_error());
+    return -1;
+  }
   if (train_model_forward(m, x, y, cfg->model.batch, 1, loss, e, n)) return -1;
   if (!isfinite(*loss)) {
     snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",

@@ -380,7 +380,6 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
 }
 
 int train_model_eval_begin(train_model *m, char *err, size_t err_len) {
-  m->rng_stash = hq_ctx_rng_offset(m->ctx);
   float *amax;
   size_t n;
   if (hq_state_amaxes(m->state, &amax, &n))
@@ -407,7 +406,5 @@ int train_model_eval_end(train_model *m, char *err, size_t err_len) {
   if (n && hq_ctx_memcpy(m->ctx, amax, hq_ctx_device(m->ctx), m->amax_stash, HQ_DEVICE_HOST,
                          n * sizeof *amax))
     return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
-  if (hq_ctx_set_rng_offset(m->ctx, m->rng_stash))
-    return fail(err, err_len, "the random stream: %s", hq_last_error());
   return 0;
 }

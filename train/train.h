@@ -119,7 +119,6 @@ typedef struct train_model {
                                                 amax histories); no slice for other formats */
   float *amax_stash;                         /* host copy of the state's amaxes during an eval */
   size_t n_amax_stash;
-  uint64_t rng_stash;
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every

@@ -154,9 +154,15 @@ HQ_API int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src
                          size_t bytes);
 /* Wait until all work queued on the context's stream has finished. */
 HQ_API int hq_ctx_sync(hq_ctx *ctx);
-/* The random stream of stochastic rounding: every quantize or update operation on the context
-   draws from (seed, offset) and then advances offset by one. Read the position to checkpoint it
-   and set it to resume a run reproducibly. */
+/* The random stream of stochastic rounding. A quantize or update operation draws from the
+   context's seed and an offset mixed from three things: its quantizer's role
+   ("module_type:tensor_type:name"), the context's step (this offset: 0 at creation, set by
+   hq_ctx_set_rng_offset) and how many operations of that role the context has made since the
+   step was set. So a role's random bits depend on nothing another role does (an identity copy
+   elsewhere changes no NVFP4 gradient's rounding), and a trainer that sets the step at the start
+   of every step (hq_ctx_set_rng_offset(ctx, step)) reproduces a run exactly from a checkpoint
+   of its step; one that never sets it still gets fresh bits at every operation. Setting the
+   step also restarts every role's count. */
 HQ_API uint64_t hq_ctx_seed(const hq_ctx *ctx);
 HQ_API uint64_t hq_ctx_rng_offset(const hq_ctx *ctx);
 HQ_API int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset);
@@ -443,6 +449,12 @@ typedef struct hq_quantize_args {
   const float *amax;             /* NULL, or amax[0] rowwise, amax[1] columnwise, as
                                     hq_quantizer_amax computes them, on the context's device:
                                     used as given (directions of kind NONE ignore theirs) */
+  /* --- 0.3 --- */
+  uint32_t dirs;                 /* 0: the quantizer's usage (hq_quantize) or the qtensor's
+                                    (hq_qtensor_update); else the directions this call makes
+                                    (hq_quantize: the new qtensor's usage) or refreshes (an
+                                    update: each must be present, HQ_ESTATE otherwise) */
+  uint32_t reserved0;            /* zero */
 } hq_quantize_args;
 
 /* Count the NaN and +-Inf values of t (on the context's device); *first receives the row-major

@@ -594,10 +594,12 @@ typedef struct hq_call {
                                       or NULL when the format declares none */
   size_t scratch_bytes;
   uint64_t seed;                   /* random stream for stochastic rounding: the context's seed */
-  uint64_t offset;                 /* ... and an offset the core advances once per quantize or
-                                      update operation: the calls that make the two directions
-                                      of one tensor share it, so derive each direction's stream
-                                      from (seed, offset, direction, element position) */
+  uint64_t offset;                 /* ... and the operation's offset, mixed from its role, the
+                                      context's step and the role's count of operations in it
+                                      (docs/embedding.md, section 11): the calls that make the
+                                      two directions of one tensor share it, so derive each
+                                      direction's stream from (seed, offset, direction, element
+                                      position) */
   const float *amax;               /* quantize/update: NULL (compute the per-tensor amax from
                                       src) or amax[0] for the rowwise, amax[1] for the columnwise
                                       direction, as amax() would compute them, in memory of
