@@ -42,8 +42,8 @@ template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float 
    results joined into the word by the register pair move, no masks). The hardware keeps a NaN's
    sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or infinite
    input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN with no
-   branch (hq_fp8_word_canon_nan: three integer instructions per word for E4M3; the word test
-   and byte loop behind a branch it replaces had split the casts' code into blocks). */
+   branch (hq_fp8_word_canon_nan: three integer instructions per word for E4M3; a branch to a
+   byte loop would split the casts' code into blocks). */
 template <int ELEM>
 __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
 #if HQ_FP8_HW_CVT

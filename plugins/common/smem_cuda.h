@@ -67,13 +67,8 @@ __device__ __forceinline__ void hq_sts128(uint32_t a, uint4 v) {
    while the current one is encoded). A __syncthreads() after the wait makes every thread's
    copies visible.
    Each copy asks the L2 to fetch the whole 128-byte line it lies in (.L2::128B): the 8 copies
-   of a line come from 8 lanes of one warp anyway, and the hint measured about a point faster
-   in every nvfp4 kernel (H100, 8192x8192 bf16, given amax, interleaved, two pairs: both
-   directions 80.4-80.7% -> 81.1-81.2% of copy, rowwise 89.4-89.8% -> 90.8%, columnwise
-   87.0% -> 87.5-87.9%, with rht columnwise 84.9-85.2% -> 86.1-86.2% and both 77.5-78.2% ->
-   78.3-78.6%). Measured and not kept in the same call: .L2::256B (both 80.2-81.1%), an
-   evict-first L2 policy on these copies (both 70.9-71.5%), streaming stores of the outputs
-   (st.global.cs: both 80.2-80.3%). */
+   of a line come from 8 lanes of one warp anyway, so the line is wanted whole, and the hint
+   makes the nvfp4 kernels faster (docs/performance.md, section 4). */
 __device__ __forceinline__ void hq_cp_async16_at(uint32_t dst, const void *src) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src)
                : "memory");

@@ -117,12 +117,9 @@ __device__ __forceinline__ int sw(int r, int b) {
   return r * kB + ((((b >> 4) ^ (r >> 3)) & 7) << 4) + (b & 15);
 }
 
-/* CTAs per SM the register allocation aims at: 3 (80 registers, a few spilled words). 1-D: 87.0%
-   of copy for both directions of 8192x8192 bf16 on H100, against 82.6% at 2 with 128 registers.
-   2-D had stayed at 2 (128 registers): at 3 it reads 87-88% instead of 84% for both directions
-   on an H200, 93.7% instead of 84.5% rowwise alone and 89-90% instead of 80% columnwise alone
-   (interleaved in one call; ncu: occupancy 36% instead of 24%, DRAM 75% busy instead of 70%:
-   each CTA loads its tile, reduces, then encodes, so more CTAs keep more loads in flight). */
+/* CTAs per SM the register allocation aims at, 1-D and 2-D alike: 3 (80 registers, a few
+   spilled words) rather than 2 (128): each CTA loads its tile, reduces, then encodes, so more
+   CTAs keep more loads in flight, which outweighs the spills. */
 template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, 3) quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */

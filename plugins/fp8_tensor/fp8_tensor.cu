@@ -202,10 +202,7 @@ __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs 
   /* delayed scaling's block amax, taken only under delayed scaling: a chain of fmaxf (IEEE
      maxNum: a NaN operand gives the other) started at 0 is max |x| with NaN ignored, whose bits
      are the integer max of hq_abs_bits_nonan over the same elements, in one instruction per
-     element where that max took four, and every other scaling had paid for it too. H200,
-     8192x8192 bf16, two rounds interleaved: delayed columnwise alone 83.1% -> 85.8-86.1% of
-     copy, rowwise alone 89.9-90.0% -> 92.7%, both 86.4-86.6% -> 87.4%; current scaling with a
-     given amax rowwise alone 92.6-92.8% -> 95.0-95.1%, columnwise alone 86.7-86.9% -> 88.9% */
+     element where that max takes four; the other scalings skip it */
   float m = 0.0f;
   uint2 q[8];
   if (in) {
@@ -370,8 +367,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     const unsigned tm = (unsigned)((src->rows + kVTile - 1) / kVTile),
                    tk = (unsigned)((src->cols + kVTile - 1) / kVTile);
     /* row-major tile order wherever the grid's y limit allows: the CTAs running at once read
-       whole rows (H200, 8192^2 bf16, given amax, interleaved: both directions 86.1-86.5% ->
-       87.8-88.7% of copy, rowwise 88.9 -> 93.4-94.7%, columnwise 89.5 -> 87.1-88.3%) */
+       whole rows */
     a.row_major = tm <= 65535;
     const dim3 vgrid = a.row_major ? dim3(tk, tm) : dim3(tm, tk);
     cast_transpose_vec_kernel<DT, GT><<<vgrid, kVThreads, 0, stream>>>(a);

@@ -112,32 +112,23 @@ __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
   }
 }
 
-/* The quantize kernel's modes, a template argument each (so that each mode's registers are its
-   own: as flags of one kernel, block_2d's word stores had cost the plain kernel registers, 39 ->
-   47, and speed, H200 both directions 85.1-85.6% -> 80.0-80.1% of copy).
-   The swizzled scale layouts put the tile's codes one byte in 4 over 512-byte spans; with both
-   directions the 1-D kernel then measured 84.2-84.6% (H200, 8192x8192 bf16, interleaved, three
-   rounds) where it makes 86.8-87.0% with compact scales, and kDeferred -- every cast after the
-   column codes, the rows' codes staged in shared memory and written as one word per row, as
-   block_2d does -- 87.4-88.0%. With compact scales deferring measured 0.5 points slower
-   (85.8-86.4%), so only the swizzled layouts take it. Tried and not kept there: the columnwise
-   codes stored so that each warp fills 4 whole sectors rather than touching 16 (82.3-82.6%
-   against 83.3-84.1% in the same runs), and the 4 row blocks of a 128-row group launched side
-   by side so that the CTAs sharing a scale sector run together (75.9-78.3%). */
+/* The quantize kernel's modes, a template argument each, so that each mode's registers are its
+   own (as flags of one kernel, block_2d's word stores cost the plain kernel registers and
+   occupancy).
+   The swizzled scale layouts put the tile's codes one byte in 4 over 512-byte spans. There
+   kDeferred -- every cast after the column codes, the rows' codes staged in shared memory and
+   written as one word per row, as block_2d does -- is faster; with compact scales it is slower,
+   so only the swizzled layouts take it. */
 constexpr int kOneD = 0;     /* 1x32 / 32x1 blocks, rowwise cast before the columns' codes */
 constexpr int kTwoD = 1;     /* block_2d, no rowwise copy */
 constexpr int kTwoDRows = 2; /* block_2d with the rowwise copy */
 constexpr int kDeferred = 3; /* 1x32 and 32x1, both copies cast after the columns' codes */
 /* The CTAs per SM each kernel's registers must allow (an explicit bound: without one the
-   compiler had taken more registers once the kernels became templates). A 16-bit input read
-   with 16-byte loads (PK below) keeps its elements packed, which fits every mode in 32 registers
-   without spills: 8 CTAs, the SM's 2048 threads. On an H200 (8192x8192 bf16, interleaved, two
-   or three rounds, against the float registers of before, which had 8 CTAs with spills for
-   E4M3, 6 for E5M2 and 5 for block_2d with the rowwise copy): both directions 85.8% -> 86.5-87.0%,
-   E5M2 84.2% -> 86.0-86.9%, block_2d 84.5% -> 87.5-88.2% and its rowwise copy alone 78.3% ->
-   92.2-92.9%, block_2d with swizzled scales 85.2% -> 91.2-91.7%. FP32 inputs keep 6 (40
-   registers), 5 for block_2d with the rowwise copy (48: capped at 40 it spilled and measured
-   slower), and the fused optimizer step 4 (64). */
+   compiler takes more registers for the template kernels). Each tile is one CTA, so the loads in
+   flight are the resident CTAs'. A 16-bit input read with 16-byte loads (PK below) keeps its
+   elements packed, which fits every mode in 32 registers without spills: 8 CTAs, the SM's 2048
+   threads. FP32 inputs keep 6 (40 registers), 5 for block_2d with the rowwise copy (48: capped
+   at 40 it spills and is slower), and the fused optimizer step 4 (64). */
 #ifndef HQ_MXFP8_2D_MIN_BLOCKS
 #define HQ_MXFP8_2D_MIN_BLOCKS 5
 #endif
@@ -302,11 +293,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
   }
   /* 2-D rowwise codes: thread r < 32 writes row i0 + r's codes of the tile's 4 blocks, one
      4-byte word (4 consecutive, aligned entries in either layout) where all 4 blocks lie inside
-     K, after the data (the elements' registers free by then). One byte per thread and block had
-     made a sector write per byte: 8192x8192 bf16, interleaved, two processes each, block_2d
-     rowwise alone 58.7-59.0% -> 77.8-79.3% of copy on an H200, 76.3-76.5% -> 91.9-92.4% on an
-     H100; both directions 67.2-67.9% -> 84.7-85.1% (H200), 84.9-85.1% -> 92.4-92.6% (H100);
-     f32 both directions 84.1-85.1% -> 96.4-97.8% (H200) */
+     K, after the data (the elements' registers free by then): one byte per thread and block
+     would make a sector write per byte */
   if ((TWO_D == 2 && a.rd && t < kBlk) || (defer && t >= kThreads - kBlk)) {
     const int64_t kb0 = j0 / kBlk;
     const int r = t & (kBlk - 1);
@@ -578,8 +566,8 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
   bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
   /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: consecutive
      CTAs read neighbouring 256-byte row segments and write neighbouring 128-byte ones, so the
-     CTAs running at once stream whole rows (H200, 8192^2 bf16, both directions 78% -> 84% of
-     copy against the column-major order, which strides down M) */
+     CTAs running at once stream whole rows (column-major order strides down M, reading and
+     writing short segments far apart) */
   a.row_major = gx <= 65535;
   const dim3 grid = a.row_major ? dim3((unsigned)gy, (unsigned)gx)
                                 : dim3((unsigned)gx, (unsigned)gy);

@@ -7,117 +7,58 @@
 ** Every launch and memset is queued on call->stream; nothing allocates (scratch_size is 0 on a
 ** device) and nothing synchronizes, so quantize/update can be captured in a CUDA graph.
 **
+** The comments say why each choice was made; what was measured for it, when, and the
+** alternatives that were not kept are in docs/performance.md (sections 3 to 5).
+**
 ** Quantize tiles of 64 (M) x 128 (K) elements for both directions, 128 x 64 for the columnwise
-** copy alone and 32 x 256 for the rowwise copy alone (QShape: each tile then writes its
-** direction's data and scales in pieces twice as long, half as many L2 requests; H100, given
-** amax, interleaved: columnwise alone 80.5-81.0% -> 85.2-85.6% of copy, with rht 78.6-78.9% ->
-** 83.8-83.9%, with block_2d 79.1-79.5% -> 84.1-84.5%; rowwise alone unchanged at 87-88%),
-** 256 threads, read once from global memory into a shared tile of the input's own bits: by the
-** tensor-memory accelerator (tma_cuda.h: TK / 64 2-D boxes per tile, the 128-byte swizzled
-** layout, an mbarrier per tile buffer) for a 16-bit input, by cp.async for an F32 one.
-** The text below says "64x128" for the tile of both directions; the other shapes take the
-** same steps with their own sizes. Both directions (round to nearest) walk groups of 4 tiles
-** stacked along M and store the columnwise bytes of a group together (ColGroup: a column's
-** piece one 128-byte line), a part per tile while the next group is encoded.
+** copy alone and 32 x 256 for the rowwise copy alone (QShape: a tile longer along its
+** direction's blocks writes that direction's data and scales in pieces twice as long, so the
+** L2 gets half as many requests), 256 threads, read once from global memory into a shared tile
+** of the input's own bits: by the tensor-memory accelerator (tma_cuda.h: TK / 64 2-D boxes per
+** tile, the 128-byte swizzled layout, an mbarrier per tile buffer) for a 16-bit input, by
+** cp.async for an F32 one. The text below says "64x128" for the tile of both directions; the
+** other shapes take the same steps with their own sizes. Both directions (round to nearest)
+** walk groups of 4 tiles stacked along M and store the columnwise bytes of a group together
+** (ColGroup: a column's piece one 128-byte line), a part per tile while the next group is
+** encoded.
 **   amax: max |x| (NaN ignored): the stock plugins' flat pass (amax_cuda.h) when only max |x|
 **     is wanted; with rht a kernel that also takes the columnwise amax of the BF16-rounded
 **     transformed 16-groups (the RHT of each column's 16-row groups, as the quantize kernel
 **     computes it) from registers: a thread loads 16 rows x 4 columns (8- or 16-byte loads,
-**     scalar ones when the input is not 16-byte aligned) and transforms its 4 columns, no
-**     shared tile, no barrier (a shared FP32 tile per 64x128 tile had taken 0.073-0.078 ms for
-**     8192x8192 bf16 on an H100, against 0.048 for the flat pass); resident CTAs loop over the
-**     patches, one atomicMax per CTA and target: the result does not depend on the order of the
-**     atomics.
-**   quantize: as many CTAs as are resident at once, each looping over tiles (row-major order,
-**     the next origin by an add and a carry, no division), two tile buffers (dynamic shared
-**     memory; three for both directions of a 16-bit input without SR, whose columnwise bytes
-**     leave by bulk tensor stores: kStagesOf, store_col_group; a 16-bit input's tiles come in
-**     by the TMA, issue_tile): tile n + 1 is copied in while tile n is encoded, so the memory
-**     stays busy while the CTAs compute (one buffer, loaded then encoded, kept DRAM at 28% of its
-**     peak; three or four cp.async buffers measured 1-5% slower on an H100, and again with the
-**     kernel of 2026-11-27: both directions 0.094 -> 0.104-0.109 ms). One barrier per tile:
-**     after it, tile n - 1's staged bytes are stored from one staging buffer while tile n is
-**     encoded into the other.
-**     A tile wholly inside the tensor with aligned buffers (every tile but the edges) is copied
-**     in and stored with no bounds checks and one stride per pass (H100, 8192x8192 bf16 both
-**     directions with a given amax, these three changes: 0.098-0.102 -> 0.094 ms, rht 0.112 ->
-**     0.104, stochastic rounding 0.195 -> 0.163, block_2d 0.112 -> 0.108; ncu: 15% fewer
-**     instructions). 128 registers per thread, no spills for 16-bit inputs (2 CTAs per SM; 3 at
-**     80 registers and 4 at 64 measured 5-15% slower, also with SR's fast form), except for one
-**     direction alone without SR: 80 registers, 3 CTAs per SM (no spills). Per CTA once: the
-**     global amaxes from call->amax (CTA 0 copies them into the storages' amax buffers) or from
-**     the storages' amax buffers that the amax pass filled; S_enc, S_dec, m per direction and a
-**     shared table of hq_nvfp4_encode_mult for the 256 scale codes. Per tile: rowwise, a thread
-**     encodes 2 blocks of 16 along K of one row; columnwise, one block of 16 along M of two
-**     adjacent columns (one 32-bit shared read per row); with rht through rht16_head /
-**     rht16_tail, hq_nvfp4_rht16's arithmetic with its BF16 roundings by the convert
-**     instruction on pairs, none on BF16 inputs (their own rounding), and the sign flips on the
-**     raw words (columnwise rht 38% -> 69% of copy with a given amax, its amax pass 0.15 ->
-**     0.095 ms);
-**     block_2d takes the 16x16 tile amax from the lanes that hold the tile, by warp shuffles
-**     (tile_max: no shared array, no barrier; it had gone through per-row block amaxes in
-**     shared memory and a second barrier per tile). A thread's
-**     four blocks (two rowwise, two columnwise) are encoded with no branch among them: first
-**     every block's values and packed amax, then the heads (scale codes, two per convert
-**     instruction, and multipliers), then every block's fast form, so that the dependent
-**     chains of the heads overlap each other and the encoding; a block the fast form does not
-**     take is redone afterwards by redo_blocks, out of line (the instruction cache holds the
-**     common path). The kernel is specialized on the directions made, so the body holds no
-**     branch on them; the tiles and the staging buffers are addressed through 32-bit
-**     shared-window addresses taken once (smem_cuda.h: a generic pointer rebuilt per tile cost
-**     an S2R of the CTA's id each time). These three changes (H100, 8192x8192 bf16, given
-**     amax, both directions, interleaved runs): 0.094 -> 0.093 ms, rht 0.105 -> 0.102,
-**     stochastic rounding 0.165 -> 0.149, block_2d 0.109 -> 0.107; ncu 5% fewer instructions.
-**     Every tile address is one wide multiply-add of a 32-bit row index by a 32-bit pitch that
-**     the launcher puts in the kernel parameters (it refuses M or K of 2^31 or more), where
-**     64-bit products had been remade per tile; and whether a block takes the fast form stays
-**     a float (block_heads2's q), one max over the thread's four blocks deciding whether
-**     redo_blocks runs, where a mask of flags had been built on the common path. These two
-**     (8192x8192 bf16, given amax, interleaved): H100 rht both 69.5% -> 73.3% of copy,
-**     block_2d both 71.5% -> 73.2%, SR rowwise 66.6% -> 72.8%, columnwise 65.6% -> 71.1%,
-**     rht columnwise 84.3% -> 84.5-85.1%, plain both unchanged at 75% (its time is not its
-**     instructions'); H200 plain both 60.4% -> 63%, rht both 51.2% -> 54.5%, rht columnwise
-**     61.9% -> 66.3%, block_2d both 52.2% -> 55.3%, SR rowwise 47.7% -> 52.5%. Then the
-**     columnwise rht blocks leave the transform's RN(v * 0.25) out (rht16_tail<false>) and
-**     fold the 0.25 into m and enc (block_heads2<true>: exact wherever v * 0.25 is a normal
-**     FP32 value; blocks whose unscaled amax is not 0 and not in [2^-100, 2^120) go to
-**     redo_blocks), the sign bits go in with the bias in one three-input add, and the rht and
-**     SR kernels hold no block_2d code (the configuration refuses those pairs): H100 rht both
-**     73.4% -> 74.0-74.3%, SR both 47.8% -> 49.1-49.2%, SR columnwise 70.7% -> 72.2-72.3%.
-**     Both steps together on the H200 (two interleaved pairs): both 60.4-60.6% -> 63.6-63.7%,
-**     rht both 51.2-51.3% -> 54.7-54.9%, rht columnwise 61.7-61.9% -> 66.4-66.8%, SR both
-**     33.1-33.2% -> 35.1%, block_2d both 52.4-52.9% -> 54.8-55.0%, block_2d rowwise
-**     75.9-76.6% -> 82.2%, columnwise 73.8-74.6% -> 76.7-77.1%.
-**     Stochastic rounding: one hq_nvfp4_sr_bits call per block (its index in the direction's
-**     stored data), byte e for element e. A block holding no NaN whose largest scaled magnitude
-**     RN(amax * enc) is below 7 (every ordinary block) takes the fast form:
-**     hq_e2m1_biased_bits_lt7 (two FP32 adds and one integer min per element, no saturation
-**     needed; it had been three adds and a three-input min), with stochastic rounding
-**     hq_e2m1_sr_biased_lt8 (an integer add-and-max for the step, one fused multiply-add, two
-**     adds rounded toward zero and a three-input min; it had been an FP32 multiply, a max, an
-**     add, a fused multiply-add, two shifts, a three-input max and a min), and multiply-add
-**     packing (H100, 8192x8192 bf16, given amax, interleaved with the kernel before: stochastic
-**     rounding both directions 49.7% -> 57.4-57.9% of copy, rowwise 72.7-72.9% -> 83.5-84.3%,
-**     columnwise 72.9-73.1% -> 80.4-81.7%; round to nearest unchanged, its time there not its
-**     instructions'); 16-bit
-**     inputs also take the block amax from packed max.NaN.xorsign.abs on the raw words (two
-**     elements per instruction) and the sign bits from byte permutes of them (ncu, 8192x8192
-**     bf16 both directions: 20 issued instructions per element and direction before, 15
-**     after). Any other block takes
-**     hq_nvfp4_quantize. Partial tiles are zero-filled in shared memory, so every block is
-**     encoded without a bounds check (only the stores check). The packed bytes are staged in
-**     shared memory as each block is encoded and written with coalesced 8-byte stores (rowwise
-**     64-byte row segments, columnwise 32-byte segments of the transposed rows); so are the
-**     scale bytes, written as words of 4 consecutive entries (4 scale columns of a row in both
-**     layouts: a tile row's 8 rowwise entries are 2 words, a tile column's 4 columnwise entries
-**     one), not one byte per block (4x fewer store transactions: single-byte scale stores had
-**     L1 and L2 busier than DRAM). The block scale code is hq_nvfp4_block_scale's through the
-**     FP8 convert instruction (fp8_cvt_cuda.h). A scale buffer with padding entries is zeroed
-**     first (cudaMemsetAsync). Specialized on the input dtype, rht, SR and the directions.
-**     On Blackwell's family-specific targets (sm_100f) the fast form of round to nearest is the
-**     rule's own steps instead, RN(v * enc) and the FP4 convert instruction on pairs
-**     (mx_cvt_cuda.h: HQ_MX_CVT_PAIRS; 4 converts per 8 elements where the two-sum form takes
-**     two adds, a min and a multiply-add per element); stochastic rounding keeps its fast form.
+**     scalar ones when the input is not 16-byte aligned) and transforms its 4 columns, with no
+**     shared tile and no barrier; resident CTAs loop over the patches, one atomicMax per CTA
+**     and target: the result does not depend on the order of the atomics.
+**   quantize: as many CTAs as are resident at once, each looping over tiles (TileWalk) through
+**     a ring of tile buffers (kStagesOf): the next tiles are copied in while tile n is encoded,
+**     so the memory stays busy while the CTAs compute. One barrier per tile: after it, tile
+**     n - 1's staged bytes are stored from one staging buffer while tile n is encoded into the
+**     other. A tile wholly inside the tensor with aligned buffers (every tile but the edges) is
+**     copied and stored with no bounds checks; a partial tile is zero-filled in shared memory,
+**     so every block is encoded without a check (only the stores check). Per CTA once: the
+**     global amaxes (call->amax, which CTA 0 copies into the storages' amax buffers, or the
+**     buffers the amax pass filled), S_enc, S_dec and m per direction, and a shared table of
+**     hq_nvfp4_encode_mult for the 256 scale codes. Per tile a thread encodes four blocks: two
+**     rowwise (16 along K of one row) and two columnwise (16 along M of two adjacent columns,
+**     one 32-bit shared read per row; with rht through rht16_head / rht16_tail), with no branch
+**     among them -- every block's values and amax, then the heads (block_heads2), then the
+**     fast forms -- so that their dependent chains overlap; a block the fast form does not
+**     take (a NaN, an Inf, a scale code that underflows) is redone by the rule, out of line
+**     (redo_blocks), so that the instruction cache holds the common path. The fast forms
+**     (fast_block) are hq_e2m1_biased_bits_lt7 for round to nearest and hq_e2m1_sr_biased_lt8
+**     for stochastic rounding (one hq_nvfp4_sr_bits draw per block, byte e for element e),
+**     packed by multiply-adds; a 16-bit input's block amaxes come from packed
+**     max.NaN.xorsign.abs on the raw words and its sign bits from byte permutes. On Blackwell's
+**     family-specific targets (sm_100f) round to nearest takes the rule's own steps instead,
+**     RN(v * enc) and the FP4 convert instruction on pairs (mx_cvt_cuda.h: HQ_MX_CVT_PAIRS).
+**     block_2d takes a block's 16x16 tile amax from the lanes that hold the tile (tile_max).
+**     The packed bytes and the scale bytes are staged in shared memory and stored coalesced
+**     (Staged, ColGroup), the scales as words of 4 entries, not one byte per block
+**     (single-byte scale stores keep L1 and L2 busier than DRAM); the block scale code comes
+**     through the FP8 convert instruction (fp8_cvt_cuda.h). The kernel is specialized on the
+**     input dtype, rht, SR, block_2d and the directions, so its body holds no branch on them,
+**     and addresses its tiles and staging buffers through 32-bit shared-window addresses taken
+**     once (smem_cuda.h). A scale buffer with padding entries is zeroed first
+**     (cudaMemsetAsync).
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
@@ -152,52 +93,29 @@ constexpr int kTM = 64;  /* tile rows (M) */
 constexpr int kTK = 128; /* tile columns (K) */
 constexpr int kThreads = 256;
 /* quantize CTAs per SM the register allocation aims at, both directions: 2 (128 registers, no
-   spills) measured on H100 against 3 (80, spilling) and 4 (64, spilling): 0.133 / 0.171 / 0.197
-   ms for both directions of 8192x8192 bf16; with the kernel as it is now 3 fit 80 registers
-   without spills and still lose for both directions (H100, given amax, interleaved: 74.9% ->
-   67.2% of copy; H200 60.0% -> 60.6%; again after the 32-bit offsets: 0.094 -> 0.098 ms, rht
-   0.095 -> 0.106) */
+   spills), the fastest measured; 3 (80 registers, which now fit without spills) and 4 (64,
+   spilling) were slower on both GPUs (docs/performance.md, section 4) */
 #ifndef HQ_NVFP4_MIN_BLOCKS /* (a build-time override, for measuring other targets) */
 #define HQ_NVFP4_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocks = HQ_NVFP4_MIN_BLOCKS;
-/* the same for one direction alone, where 3 (80 registers, no spills) win: rowwise with a given
-   amax 84.6% -> 88.2% of copy on the H100 and 73.6% -> 80.4% on the H200, columnwise 78.9% ->
-   79.7% and 66.4% -> 68.0% (interleaved in one call each) */
+/* the same for one direction alone: 3 (80 registers, no spills), the fastest measured there;
+   4 (64 registers) gained nothing */
 #ifndef HQ_NVFP4_MIN_BLOCKS1
 #define HQ_NVFP4_MIN_BLOCKS1 3
 #endif
 constexpr int kMinBlocks1 = HQ_NVFP4_MIN_BLOCKS1;
-/* the same with stochastic rounding, whatever the directions: with its fast form 2 measured
-   0.220 ms against 0.226 at 3 (both directions, given amax; the rule alone had been faster at
-   3: 0.313 against 0.351); later, with the round keys, 3 (80 registers) measured far slower
-   for one direction too (H100, given amax: rowwise 84.4-85.0% -> 72.3-72.6% of copy,
-   columnwise 80.5-82.0% -> 67.3-67.4%) */
+/* the same with stochastic rounding, whatever the directions: 2 (128 registers); 3 (80)
+   measured slower for both directions and for one alone */
 #ifndef HQ_NVFP4_SR_MIN_BLOCKS
 #define HQ_NVFP4_SR_MIN_BLOCKS 2
 #endif
 constexpr int kMinBlocksSR = HQ_NVFP4_SR_MIN_BLOCKS;
-/* quantize: tile buffers in the ring (the tiles in flight while one is encoded: kStages - 1):
-   2, and 3 for one direction of a 16-bit input with stochastic rounding, whose tiles take
-   longer to encode (H100, given amax, interleaved, two pairs: rowwise 84.4-85.0% -> 86.4% of
-   copy, columnwise 80.5-82.0% -> 82.2-82.4%, with rht rowwise 84.5-85.4% -> 86.4-87.2%). 3
-   measured slower everywhere else: both directions 79.3-80.1% -> 78.6-78.7% (rht 77.5-77.6% ->
-   76.8-76.9%), rowwise alone 89.2-89.5% -> 87.9-88.2%, stochastic rounding both directions
-   60.2-60.6% -> 59.2-59.8%; an FP32 input's three tiles would leave one CTA per SM. Again
-   for both directions after the staged store's move: 82.1-82.2% -> 76.9-77.2%, rht 79.8% ->
-   77.2-77.8%; four for one direction with stochastic rounding: rowwise 86.3-86.7% ->
-   84.0-84.5%, columnwise 81.3-82.3% -> 77.3-78.2%. On the H200 (8192x8192 bf16, given amax,
-   interleaved, two rounds, the copy issued first) 3 measured faster for both directions,
-   69.8-70.4% -> 71.1-71.7% (own amax 72.7-72.8% -> 73.6-74.0%), and slower for one direction
-   alone (rowwise 83.9-85.3% -> 83.5-83.7%, columnwise 81.3-81.6% -> 81.0-81.3%): kept at 2:
-   on the H100 it had lost 5 points (above, before the copy was issued first; not measured
-   there since, no H100 being lent). With the TMA tiles and the ColGroups' bulk stores (a
-   16-bit input, both directions, round to nearest: issue_tile, store_col_group) 3 (H200,
-   same call, same build otherwise: both directions 71.2-71.5% -> 72.4-72.5%, own amax
-   73.2% -> 73.7-74.1%, one direction alone unchanged); not measured on an H100. One
-   direction alone with its tiles by the TMA too (HQ_NVFP4_TMA_ONE_DIR), 3 measured slower
-   again: H200, given amax, two rounds: rowwise 87.2-87.7% -> 86.1-86.5%, columnwise 85.0-85.3%
-   -> 82.0-82.1%, rht columnwise 74.9-75.0% -> 73.8-73.9%. */
+/* quantize: tile buffers in the ring (the tiles in flight while one is encoded: kStages - 1),
+   by what measured fastest: 3 for one direction of a 16-bit input with stochastic rounding,
+   whose tiles take longer to encode, and for both directions of a 16-bit input without it
+   (TMA tiles, the ColGroups leaving by bulk stores); 2 everywhere else, where a third buffer
+   was slower (and an F32 input's three tiles would leave one CTA per SM). */
 #ifndef HQ_NVFP4_STAGES
 #define HQ_NVFP4_STAGES 2
 #endif
@@ -212,7 +130,7 @@ constexpr int kStagesOf = SR && DIRS != 3 && DT != HQ_F32 ? HQ_NVFP4_SR1_STAGES
                           : DIRS == 3 && !SR && DT != HQ_F32 ? HQ_NVFP4_TMA_STAGES
                                                              : HQ_NVFP4_STAGES;
 /* stochastic rounding's fast form for ordinary blocks (hq_e2m1_sr_biased_lt8; 0 = the rule for
-   every block, the same bits: 0.314 -> 0.226 ms for both directions with a given amax) */
+   every block: the same bits, more instructions per element) */
 #ifndef HQ_NVFP4_SR_FAST
 #define HQ_NVFP4_SR_FAST 1
 #endif
@@ -222,11 +140,7 @@ constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
    each tile writes fewer, longer pieces of that direction's data and scales (each piece a line of
    its own in the L2): columnwise alone 128 x 64 (a column's 64 data bytes and 8 scale bytes per
    tile instead of 32 and 4), rowwise alone 32 x 256 (a row's 128 and 16 instead of 64 and 8).
-   256 x 32 for the columnwise copy alone (whole 128-byte column lines) measured slower: H100,
-   given amax, interleaved: 85.8-86.3% -> 79.3-79.5% of copy, rht 84.3-84.5% -> 76.6-76.9%.
-   128 x 128 for both (two 64-row halves per tile, encoded one after the other, half the L2
-   requests for the columnwise data and both scales) measured slower: H100 rht both 0.095 ->
-   0.1015 ms, block_2d both 0.0955 -> 0.101; H200 both 0.0799 -> 0.081.
+   Longer still (256 x 32 for the columnwise copy alone, 128 x 128 for both) measured slower.
    RS: uint2 per row of the rowwise staging (TK / 16 used, one of padding); CS: uint2 per row
    block of the columnwise staging (TK used; the pad spreads the row blocks a half-warp reads over
    the banks). */
@@ -257,15 +171,9 @@ __device__ __forceinline__ bool tile_full(uint32_t M, uint32_t K, uint32_t i0, u
 /* A CTA's walk over the tiles, grid-stride in row-major order, without a division per tile;
    with G > 1 over groups of G tiles stacked along M (G tile rows, one tile column; the groups
    grid-stride in row-major order, the tiles of a group top to bottom, a group at the bottom
-   edge holding fewer)
-   (grouped orders, 8, 16 or 32 tile rows per group and column-major inside, so that the
-   columnwise copy's lines fill sooner, measured no faster: H100 both directions 0.094-0.101 ms
-   either way, rht both 0.095 -> 0.098, columnwise alone unchanged; on the H200, 8192x8192
-   bf16, given amax, interleaved, two rounds: the groups with their row fastest, so that the
-   CTAs in flight write each column's 4 KB close together in time, 69.9-70.0% -> 69.1-69.4%
-   of copy for both directions, rowwise alone 85.1-85.3% -> 82.0-82.1%; row-major with the
-   group row skewed by the tile column, (gm + tk) mod ngm, 65.9-66.3%):
-   tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
+   edge holding fewer). Row-major: what the order moves is the rowwise copy's locality; orders
+   that fill or spread the columnwise lines sooner were no faster.
+   Tile n = ti * ntk + tk; the next one (n + gridDim.x) adds the stride's quotient and remainder
    by ntk (made once) with one carry. */
 template <int TM, int TK, int G = 1> struct TileWalk {
   unsigned gm, tk, j, ntm, ntk, dq, dr;
@@ -299,9 +207,10 @@ __device__ __forceinline__ void tile_origin(int64_t K, int64_t *i0, int64_t *k0)
 }
 
 /* Max of u over the CTA, atomically maxed into each non-NULL target (bits of a non-negative
-   float, which order like the values): one atomic per CTA and target (the amax pass's CTAs are
-   resident ones, so a few hundred in all: one per warp and tile made the atomics on the one
-   address cost a third of the pass). Every thread of the CTA calls it. */
+   float, which order like the values): one atomic per CTA and target, so that the atomics on
+   the one address stay few (the amax pass's CTAs are resident ones, a few hundred in all; one
+   per warp and tile had made them a large share of the pass). Every thread of the CTA calls
+   it. */
 __device__ __forceinline__ void cta_atomic_max(uint32_t u, float *t0, float *t1) {
   __shared__ uint32_t warp_max[kThreads / 32];
   u = __reduce_max_sync(0xffffffffu, u);
@@ -412,11 +321,8 @@ __device__ __forceinline__ uint2 encode_fast_sr(V v, float enc, Key key, uint64_
 #pragma unroll
   for (int e = 0; e < 16; e++) {
     const float f = hq_bits_f32(__byte_perm(bits[e >> 2], 0u, 0x4044u | (e & 3) << 8));
-    /* the signed product: hq_e2m1_sr_biased_lt8 takes |x| in its multiply-add (one instruction
-       per value fewer, and the SR kernels no longer spill; H200, given amax, A/B two rounds:
-       both directions 0.1129-0.1130 -> 0.1098-0.1099 ms, rowwise 0.0616-0.0620 ->
-       0.0602-0.0604, columnwise 0.0643-0.0648 -> 0.0607-0.0608, with rht columnwise
-       0.0797-0.0803 -> 0.0742-0.0744) */
+    /* the signed product: hq_e2m1_sr_biased_lt8 takes |x| as an operand modifier of its
+       multiply-add, so no instruction makes |x| (and the SR kernels do not spill) */
     acc[e >> 3] += hq_e2m1_sr_biased_lt8(hq_mul_rn(v(e), enc), f) * (1u << (4 * (e & 7)));
   }
   return make_uint2(acc[0] + sgn.x + (0u - kBias), acc[1] + sgn.y + (0u - kBias));
@@ -530,8 +436,9 @@ template <int LANES> __device__ __forceinline__ float tile_max_nan(float m) {
      conflict, as with the padding below.
    - otherwise (F32 inputs) each row padded by 16 bytes, so that 16-byte reads of 8
      consecutive rows and 2- or 4-byte reads of consecutive columns meet no bank conflict.
-   The one-direction kernels' tiles (32 x 256, 128 x 64) by the TMA too since HQ_NVFP4_TMA_ONE_DIR
-   (0: by cp.async into the padded layout, as before; for measuring). */
+   The one-direction kernels' tiles (32 x 256, 128 x 64) come by the TMA too, where it measured
+   faster than cp.async (HQ_NVFP4_TMA_ONE_DIR 0: by cp.async into the padded layout, for
+   measuring). */
 #ifndef HQ_NVFP4_TMA_ONE_DIR
 #define HQ_NVFP4_TMA_ONE_DIR 1
 #endif
@@ -559,16 +466,13 @@ template <int DT, int TM, int TK> struct RawTile {
 /* Start copying the tile (i0, k0) of x into `tile`; elements outside [M, K] become 0 (K % 16
    == 0: a 16-byte chunk is wholly inside or outside; a tile wholly inside checks nothing).
    A TMA tile with the input's tensor map (tma: tm valid) comes in as TK / 64 2-D boxes that
-   thread 0 issues, completing on the mbarrier at `bar` (the TMA writes the zeros outside the tensor);
-   every other tile by cp.async, 16 bytes a thread and chunk (the caller waits for its group);
+   thread 0 issues, completing on the mbarrier at `bar` (the TMA writes the zeros outside the
+   tensor); every other tile by cp.async, 16 bytes a thread and chunk (the caller waits for its
+   group);
    without vec (x not 16-byte aligned) the copy is made here, element by element.
-   One bulk copy per tile row instead (cp.async.bulk by one warp, completing on an mbarrier per
-   buffer) measured far slower: H100, given amax, both directions 81.2% -> 53.6% of copy,
-   columnwise alone (128 rows of 128 bytes) 88.0% -> 50.4%, rowwise 90.9% -> 83.2%. The 2-D
-   boxes measured the same as cp.async with two tile buffers (H200, 8192x8192 bf16, given amax,
-   both directions 70.0-70.3% -> 70.0-70.2% of copy, rht 58.5-58.7% -> 59.0%, one direction
-   alone unchanged) and are kept for the three buffers and the bulk stores of the columnwise
-   bytes that came with them (kStagesOf, store_col_group). */
+   The 2-D boxes alone measure no faster than cp.async; they came with the third tile buffer
+   and the bulk stores of the columnwise bytes, together the fastest measured (kStagesOf,
+   store_col_group). */
 template <int DT, int TM, int TK>
 __device__ __forceinline__ void issue_tile(const void *__restrict__ x, uint32_t M, uint32_t K,
                                            uint32_t i0, uint32_t k0, int vec, uint32_t tile,
@@ -670,12 +574,8 @@ __device__ __forceinline__ void colpair_words(uint32_t tile, int r0, int c, uint
     /* r0 a multiple of 8: row r0 + e's chunks XOR e & 7 (hq_swz128). The tile is 1024-byte
        aligned and the XOR touches address bits 4-6 only, so the thread's offset p XOR
        (e & 7) << 4 (8 values, made once per tile) plus the tile's base and 128 * e is the
-       address: each load takes its base and row as operands, where (p + 128 e) ^ ... had cost
-       two instructions per load.
-       With the one-instruction flip of rht16_head, H200, 8192x8192 bf16, given amax, A/B two
-       rounds: rht columnwise 0.0544-0.0548 -> 0.0531-0.0533 ms, its amax pass 0.0478-0.0484
-       -> 0.0449-0.0450, block_2d both 0.0739-0.0742 -> 0.0716-0.0720, swizzled scales both
-       0.0721-0.0723 -> 0.0707-0.0712; the rest within noise */
+       address: each load takes its base and row as operands, where computing
+       (p + 128 e) ^ ((e & 7) << 4) per load would cost two instructions */
     const uint32_t p = tile_byte<DT, TK>(0u, r0, 2 * c);
 #pragma unroll
     for (int e = 0; e < 16; e++)
@@ -753,10 +653,8 @@ struct QArgs {
   int rht, sr, b2d, swz;
   uint32_t mask;
   uint64_t seed, offset;
-  /* the seed's Philox round keys (hq_nvfp4_sr_keys), which the kernels' rounds read as uniform
-     operands: no key bumped per block (H100, given amax, interleaved: stochastic rounding both
-     directions 57.2-57.4% -> 60.5-60.9% of copy; with rht the columnwise copy alone 64.1-64.6%
-     -> 69.7%) */
+  /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once by the launcher, which the
+     kernels' rounds read as uniform operands: no key is bumped per block */
   uint32_t rk[20];
   /* the launcher's 32-bit pitches (M, K < 2^31: the kernels read M and K's low words),
      kernel parameters so that no tile recomputes them: the data rows' K / 2 and M / 2, the
@@ -1047,26 +945,12 @@ template <int DIRS, bool G = false> struct Staged {
    requests for the columnwise copy. Two of them (dynamic shared memory, after the tiles): a
    group is encoded into one while the other, finished, is stored a part (128 / kColGroup
    columns) per tile. Row block g of a column is tile g / 4's row block g % 4 (the layout:
-   struct ColGroup below; until 2026-11-29 c[g][col], 130 words per row block, so that the 16
-   row blocks of one column a half-warp read fell on distinct bank pairs); csw: column col's
-   scale bytes, word col * kColGroup + tile.
-   Why: on an H100 (8192x8192 bf16, both directions, given amax) the kernel took 0.094 ms, 0.080
-   without its scale stores and 0.067 without those and the columnwise data stores (timing
-   builds, wrong output): the stores of small pieces, not their bytes (8.4 MB of scales), cost
-   the time; a timing build that stored the columnwise pieces of 4 tiles at once took 0.086.
-   Measured (interleaved with the kernel before, two pairs): 75.5% -> 79.2-79.4% of copy, rht
-   74.5% -> 76.8-77.1%, block_2d 73.8-74.7% -> 78.6-79.3%; all at once per group instead of a
-   part per tile 77.5-78.4%; groups of 2 tiles 75-76%; of 8 (one CTA per SM) 66-67%; stochastic
-   rounding none: it keeps per-tile staging (kGroupC). The scale bytes laid out by row block
-   (one 16-bit store per thread where two byte stores met 8-way bank conflicts, words
-   transposed by byte permutes when stored) measured no faster (H100, given amax, three pairs:
-   77.4-80.3% -> 79.5-80.5%, rht 77.8-78.0% -> 76.6-77.6%). A 32 x 256 tile for both
-   directions (whole 128-byte lines of rowwise data) with groups of 8 tiles fits two CTAs per
-   SM only with one ColGroup, stored whole when its group ends: 80.0-80.6% against 80.3-80.4%
-   (groups of 4: 77.5-78.7%; two ColGroups, one CTA per SM: 66.6-66.9%; one ColGroup with the
-   64 x 128 tile: 78.1-78.3%). The columnwise copy alone (128 x 64
-   tiles, a column's piece 64 bytes) grouped by 2 tiles measured the same (86.5-86.9% either
-   way, rht 85.0-85.1%): not kept. */
+   struct ColGroup below); csw: column col's scale bytes, word col * kColGroup + tile.
+   Why: the small stores, not their bytes, cost the time (each column's 32 data bytes and 4
+   scale bytes per tile a write request of its own), and a group of 4 makes a column's piece
+   one 128-byte line. A part per tile, while the next group is encoded, keeps the stores spread
+   over the group's tiles; groups of 8 would leave one CTA per SM. Stochastic rounding keeps
+   per-tile staging (kGroupC). */
 #ifndef HQ_NVFP4_COL_GROUP
 #define HQ_NVFP4_COL_GROUP 4
 #endif
@@ -1093,8 +977,8 @@ __device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
   return hq_swz128(cg + (uint32_t)offsetof(ColGroup, c), col, g >> 1, (g & 1) << 3);
 }
 /* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
-   rounding (with it, bound by its instructions, groups stored at once measured 1 point slower:
-   H100 57.4-57.8% -> 56.2-56.3% of copy) */
+   rounding, whose kernel is bound by its instructions rather than its stores (grouping made it
+   slower) */
 template <int DIRS, bool SR> constexpr bool kGroupC = DIRS == 3 && !SR && kColGroup > 1;
 /* whether the kernel aligns its tiles (and the ColGroups after them) to 1024 bytes, the
    128-byte swizzle's alignment, in the 1024 bytes of dynamic shared memory the launcher adds */
@@ -1182,8 +1066,7 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, 
    factors, one wide multiply-add): word w of line l is val(l, w), stored where in(l, w) (a
    partial tile) -- a tile wholly inside the tensor with an 8-byte aligned buffer (full && a8)
    checks nothing and steps one stride per pass. Coalesced: consecutive threads take consecutive
-   words. (16-byte stores, two words each and half the store instructions, measured no faster:
-   H200, 8192x8192 bf16, given amax, both directions 69.8-70.5% -> 70.1-70.2% of copy.) */
+   words. (8-byte stores: 16-byte ones, half the store instructions, were no faster.) */
 template <int kLines, int kWords, class V, class In>
 __device__ __forceinline__ void store_lines(uint8_t *buf, uint32_t l0, uint32_t c0, uint32_t ld,
                                             bool full, int a8, const V &val, const In &in) {
@@ -1246,13 +1129,11 @@ __device__ __forceinline__ void store_staged(const QArgs &a, StagedAt<DIRS, G> s
    ColGroup::PART columns (the maps' box), which the TMA clips at the tensor's edges, as one
    bulk group: the CTA's threads made their writes of the ColGroup visible to it first
    (hq_fence_proxy_async, then a CTA barrier), and thread 0 waits for the group's reads before
-   the ColGroup is written again. (H200, 8192x8192 bf16, given amax, interleaved, both
-   directions, on the TMA tiles with two buffers: 70.1-70.3% of copy with the threads' stores,
-   71.1-71.4% with the data's bulk stores, 71.1-71.5% with the scales' too; 72.4-72.5% with
-   three tile buffers then, kStagesOf.) Otherwise coalesced 8-byte stores of the data and
-   4-byte scale words; a group wholly inside [M, K] with aligned buffers checks nothing,
-   otherwise only what lies inside is stored (the tiles of a group at the bottom edge that do
-   not exist were never staged). */
+   the ColGroup is written again. The bulk stores leave the warps no store instructions to
+   issue for the column lines, and measured faster than the threads' stores. Otherwise
+   coalesced 8-byte stores of the data and 4-byte scale words; a group wholly inside [M, K]
+   with aligned buffers checks nothing, otherwise only what lies inside is stored (the tiles of
+   a group at the bottom edge that do not exist were never staged). */
 template <int NC = ColGroup::NC>
 __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uint32_t g0,
                                                 uint32_t k0, const CUtensorMap *tmc,
@@ -1339,10 +1220,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   }
   const float cm4 = hq_mul_rn(cm, 0.25f); /* rht: cm for the unscaled amaxes (block_heads2) */
   /* block_2d, a kernel of its own (the configuration refuses it with rht or stochastic
-     rounding: no code for it in those kernels), where it had been a flag of the plain kernel:
-     H200, both directions, given amax, interleaved, two pairs: block_2d 61.7-62.2% ->
-     65.5-66.7% of copy, the plain kernel unchanged (69.9-71.3% -> 70.7-71.4%; the tile amaxes
-     below in the one kernel had made it 69.1-69.9%) */
+     rounding: no code for it in those kernels), so that the plain kernel carries none of its
+     code and block_2d none of the plain kernel's branches */
   static_assert(!B2D || (!RHT && !SR), "block_2d goes without rht and stochastic rounding");
   constexpr bool b2d = B2D;
   /* the CTA's tiles, grid-stride (the constants above are made once per CTA), through a ring of
@@ -1355,9 +1234,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* TMA tiles and ColGroups: the tiles and the ColGroups after them 1024-byte aligned
      (kAlign1K); buffer s's copies complete on full_bar[s], whose phase of
      parity bit s of `parity` is the next to wait for. bulk: the ColGroups go out by bulk
-     tensor stores, for F32 inputs too, whose tiles the threads copy (by the threads' own
-     stores from the swizzled ColGroup: H200, 8192x8192 f32, given amax, both directions 70.0%
-     of copy before that layout, 67.0% with it, 70.4% with the bulk stores; one call each) */
+     tensor stores, for F32 inputs too, whose tiles the threads copy (the threads' own stores
+     from the swizzled ColGroup are slower than the layout they replaced) */
   constexpr bool kTma = kTmaTile<DT, TK>;
   const bool tma = kTma && hq_tma_on(a.tma), bulk = kGroup && hq_tma_on(a.tmc);
   const uint32_t bar_s = hq_smem_addr(full_bar);
@@ -1381,9 +1259,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   }
   /* one barrier per tile: tile n - 1's staged bytes are stored after it, while tile n is
      encoded into the other staging buffer; a group's columnwise bytes once its last tile is
-     staged, while the next group is encoded into the other ColGroup (a timing build without
-     this barrier, wrong output, was no faster: H100, given amax, both directions 79.3-80.9% ->
-     75.8-77.8% of copy, rowwise alone the same: the barrier does not bound the kernel) */
+     staged, while the next group is encoded into the other ColGroup */
   uint32_t pi0 = 0, pk0 = 0, pg0 = 0; /* tile n - 1, its group's first row */
   bool pfull = false, first = true;
   int sb = 0; /* the staging buffer tile n is encoded into */
@@ -1416,10 +1292,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     __syncthreads(); /* tile n is in (cp.async); tile n - 1 is encoded and staged, its buffer
                         free */
     /* the copy of the next tile into the buffer of tile n - 1, first: before any store of this
-       pass, so that no store waits ahead of it in the SM's memory pipeline (after the
-       group's part, as before: H200, 8192x8192 bf16, given amax, interleaved, two rounds:
-       both directions 69.6-70.0% -> 70.2% of copy, with its own amax 72.6% -> 73.1%, rht
-       58.5-58.7% -> 58.8-58.9%, one direction alone the same) */
+       pass, so that no store waits ahead of it in the SM's memory pipeline */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
     if (ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
@@ -1429,9 +1302,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     /* tile n - 1's staged bytes: for both directions stored between tile n's rowwise and
        columnwise blocks below (kMidStore), for one direction here */
     constexpr bool kMidStore = DIRS == 3;
-    /* tile n - 1's origin, copied before the update below (the update moved to the loop's end
-       and these copies dropped: H100, given amax, two interleaved pairs, the same within 0.5
-       points but stochastic rounding both 62.5-62.6% -> 61.4-62.0%) */
+    /* tile n - 1's origin, copied before the update below (the update at the loop's end
+       instead, without these copies, was slower for stochastic rounding) */
     const bool spend = !first;
     const uint32_t si0 = pi0, sk0 = pk0;
     const bool sfull = pfull;
@@ -1535,10 +1407,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       }
     }
     if (b2d && kPacked) {
-      /* the tile amaxes from the blocks' (NaN propagated); a tile of the warp holding a NaN
-         takes them again from its words, NaN ignored (tile_amaxes). Those words had been read
-         and reduced a second time for every tile: H200, given amax, interleaved, two pairs,
-         both directions 65.5-66.7% -> 66.8-67.4% of copy */
+      /* the tile amaxes from the blocks' (NaN propagated), so the tile's words are not read
+         and reduced a second time; a tile of the warp holding a NaN takes them again from its
+         words, NaN ignored (tile_amaxes) */
       if (kRowP) tba[0] = tile_max_nan<16>(ba[0]), tba[1] = tile_max_nan<16>(ba[1]);
       if (kColP) tba[2] = tba[3] = tile_max_nan<8>(max_nan(ba[2], ba[3]));
       if (__any_sync(0xffffffffu, !(max_nan(max_nan(tba[0], tba[1]), tba[2]) >= 0.0f)))
@@ -1563,17 +1434,10 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                encode_fast_any<SR>(v1, enc[1], a.rk, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
       hq_sts16(st.rs(r * (TK / 16) + 2 * p), rsf);
     }
-    /* both directions: tile n - 1's staged bytes (here rather than right after the barrier,
-       where every warp stored at once: H100, given amax, interleaved, two pairs: both
-       directions 79.9% -> 81.0-81.5% of copy, rht 77.7-77.9% -> 78.9-79.4%, block_2d
-       79.4-79.7% -> 80.6-80.8%, stochastic rounding 60.8-60.9% -> 61.8-61.9%; again in a
-       later call: 80.2-80.9% -> 81.1-82.4%, rht 78.1% -> 78.4-79.4%, block_2d 79.4% ->
-       80.9-81.4%, stochastic rounding 60.3-60.5% -> 62.3-63.2%, rht with it 52.3-52.5% ->
-       53.6-54.2%; after both directions' blocks measured slower: rht 75.4-76.8%; the group's
-       part here too no better; one direction alone no better here: rht with stochastic
-       rounding columnwise 69.6-69.8% -> 68.4-69.1%, so it keeps storing after the barrier;
-       nor between its thread's two blocks: stochastic rounding columnwise 82.8-82.9% ->
-       81.7-82.7%, with rht 70.2-70.3% -> 70.5-71.2%, rowwise within 0.5 points) */
+    /* both directions: tile n - 1's staged bytes, here between the two directions' blocks
+       rather than right after the barrier, where every warp of the CTA would store at once
+       (after both directions' blocks was slower); one direction alone stores after the
+       barrier, where it measured fastest */
     if (kMidStore && spend)
       store_staged(a, At{staged_s + (sb ^ 1) * kStagedBytes, 0u, 0u}, si0, sk0, sfull);
     if (kColP) {
@@ -1609,9 +1473,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       hq_sts8(st.cs((c + 1) * (TM / 16) + rb), csf >> 8);
     }
     /* F32 input: rowwise, and columnwise without rht, block by block (encode16); block_2d takes
-       the tile amaxes from the blocks' own (tile_max), where a separate pass over the tile had
-       read it twice (H100, 8192x8192 f32, given amax, interleaved: both directions 68.5-69.6%
-       -> 80.7-81.1% of copy, as without block_2d; rowwise alone 91.3-92.1% -> 92.9-93.1%) */
+       the tile amaxes from the blocks' own (tile_max), so the tile is read once */
     if (kRow && !kPacked) {
       float v[2][16], bv[2];
       int has_nan[2];
@@ -1734,10 +1596,9 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
 
 /* Rowwise dequantize: one thread per 16-block, grid-stride over the [M, K] tensor's blocks in
    order (K % 16 == 0: a block never crosses a row): one 8-byte load of its codes, its scale, two
-   16-byte stores (BF16/F16), so consecutive threads write one contiguous span (one thread per
-   half block, a warp's every store 512 contiguous bytes, measured slower: H100, the emulated
-   GEMM's A and B dequantized at 4096^3 0.055-0.056 -> 0.067-0.069 ms, at 8192^3 0.184-0.200 ->
-   0.208-0.229). SMALL (M * K < 2^32) finds the row with 32-bit arithmetic. */
+   16-byte stores (BF16/F16), so consecutive threads write one contiguous span (a half block per
+   thread, every store of a warp 512 contiguous bytes, was slower). SMALL (M * K < 2^32) finds
+   the row with 32-bit arithmetic. */
 template <int DT, bool SMALL>
 __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
   write_factor(a);
@@ -1753,10 +1614,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
     const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
     if (DT == HQ_BF16 && a.raw && a.vec && !hq_isnan(dm)) {
       /* raw values: hq_nvfp4_raw_fast, exact in BF16 (hq_nvfp4_raw_mult's comment): the FP32
-         results' high halves, two per byte_perm (ncu, 4096x4096: 16.8 issued instructions per
-         element, yet eight values by byte-permute tables and BF16 pair multiplies, a third of
-         the instructions, measured no faster: H100, the emulated GEMM's A and B 0.055 ms at
-         4096^3 and 0.188-0.201 against 0.195-0.201 at 8192^3; the stores bound it) */
+         results' high halves, two per byte_perm. The stores bound this kernel, not its
+         instructions, so a shorter form (byte-permute tables, BF16 pair multiplies) gains
+         nothing. */
       uint32_t b[16], hw[8];
       for (int e = 0; e < 16; e++)
         b[e] = hq_f32_bits(hq_nvfp4_raw_fast((uint32_t)(codes >> (4 * e)), dm));

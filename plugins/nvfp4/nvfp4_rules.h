@@ -135,19 +135,27 @@ HQ_HD float hq_nvfp4_bf16_round(float x) {
 
 /* The 16-point random Hadamard transform of one group g (16 values along M, i.e. 16 consecutive
    rows of one column of x), y = g * diag(s) * H16 / 4 with H16[r][c] = (-1)^popcount(r & c) and
-   s_i = -1 where bit i of sign_mask is set (docs/formats.md). hq's fixed FP32 evaluation order,
-   which every CPU and GPU implementation follows (TE's tensor-core accumulation order is
-   unspecified, so TE's bits are not reproducible here):
+   s_i = -1 where bit i of sign_mask is set (nvfp4's `rht = true`; the storage's descriptor says
+   transform HQ_TRANSFORM_RHT16 with the mask as transform_param; docs/formats.md 5.3 has worked
+   examples). hq's fixed FP32 evaluation order, the one definition of these bits, which every
+   CPU and GPU implementation follows (TE's tensor-core accumulation order is unspecified, so
+   TE's bits are not reproducible here):
      0. v_i = RN_bf16(g_i)            (BF16 inputs are unchanged; f32/f16 are rounded to BF16)
      1. v_i = -v_i where bit i is set (exact: the sign bit flips)
      2. butterfly stages h = 1, 2, 4, 8 in this order; in each, for i = 0..15 with (i & h) == 0:
         (v_i, v_{i+h}) = (RN(v_i + v_{i+h}), RN(v_i - v_{i+h}))
-     3. v_i = RN(v_i * 0.25)
+     3. v_i = RN(v_i * 0.25)          (exact unless |v_i| / 4 falls below 2^-126, FP32's
+                                       subnormal range, where RN rounds it; the CUDA kernel
+                                       folds this step into its block multipliers and makes
+                                       every block where that could change a byte by these
+                                       steps as written)
      4. v_i = RN_bf16(v_i)            (the BF16 the columnwise amax and quantization see)
    In exact arithmetic the matrix diag(s) H16 / 4 is orthogonal; its inverse is its transpose
-   H16 diag(s) / 4. A NaN input makes NaN outputs whose sign and payload are not defined (they
-   differ between compilers and devices); any NaN is ignored by amax and quantizes to +6, so the
-   quantized bytes do not depend on them. */
+   H16 diag(s) / 4 (hq_nvfp4_rht16_inverse, for dequantize). So a GEMM multiplies two RHT copies
+   made with the same mask in the transformed domain, where the product over M is unchanged, and
+   the raw dequantize (HQ_CALL_DEQ_RAW) stays there. A NaN input makes NaN outputs whose sign
+   and payload are not defined (they differ between compilers and devices); any NaN is ignored
+   by amax and quantizes to +6, so the quantized bytes do not depend on them. */
 HQ_HD void hq_nvfp4_rht16(float v[16], uint32_t sign_mask) {
   for (int i = 0; i < 16; i++)
     v[i] = hq_bits_f32(hq_f32_bits(hq_nvfp4_bf16_round(v[i])) ^ (((sign_mask >> i) & 1u) << 31));

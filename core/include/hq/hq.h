@@ -98,23 +98,6 @@ HQ_API int hq_device_trim(int device);
 HQ_API int hq_built_with_cuda(void);
 
 /* ---------------------------------------------------------------------------------------------
-** The RHT arithmetic (nvfp4's `rht = true`; hq_operand_desc.transform HQ_TRANSFORM_RHT16). One
-** definition, the same bits on the CPU and every GPU: each group g of 16 consecutive values along
-** the columnwise copy's contraction dimension (16 rows of one column) becomes
-** y = g diag(s) H16 / 4, H16[r][c] = (-1)^popcount(r & c), s_i = -1 where bit i of
-** rht_sign_mask is set (default 0xD7E8), evaluated as:
-**   1. g_i rounded to BF16 (a BF16 input is unchanged);
-**   2. the signs applied (exact);
-**   3. four butterfly stages h = 1, 2, 4, 8, in this order: for every i with (i & h) == 0,
-**      (v_i, v_{i+h}) = (RN_f32(v_i + v_{i+h}), RN_f32(v_i - v_{i+h}));
-**   4. RN_f32(v_i * 0.25) (exact but in FP32's subnormal range), then 5. rounded to BF16: the
-**      values amax and quantization see.
-** Dequantize applies the inverse (the same stages, * 0.25, then the signs; no BF16 rounding);
-** a GEMM multiplies two RHT copies with the same mask in the transformed domain (orthogonal:
-** the product over k is unchanged). docs/formats.md (5.3) has worked examples.
-*/
-
-/* ---------------------------------------------------------------------------------------------
 ** Contexts
 */
 /* Bring-your-own allocator (e.g. a trainer's caching allocator). device is HQ_DEVICE_HOST or a

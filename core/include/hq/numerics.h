@@ -136,10 +136,8 @@ HQ_HD uint16_t hq_f32_to_bf16(float x) {
    0.5, an FP32 subtraction of normal numbers, so the result stays exact where the calling
    process flushes subnormals (DAZ/FTZ; the core also clears those bits around its host work,
    docs/embedding.md). On a GPU, whose hq kernels are never built to flush, one multiply by 2^112
-   rebiases both at once (H100, the identity conversion f16 -> bf16: 95.2% of copy, against
-   91.3-91.7% with the host's form). (A branch per case had cost the F16 kernels a divergent
-   path per element: H200, 8192x8192 f16, nvfp4 both directions 27.9% -> 43.7% of copy,
-   fp8_tensor 48.5% -> 79.4%, identity f16 -> f32 54% -> 92%, with the kernels of the time.)
+   rebiases both at once (faster there than the host's form). Branch-free because a branch
+   per case (Inf/NaN, subnormal, normal) costs a kernel a divergent path per element.
    tests/test_numerics_fp8.c checks every pattern, also with the CPU flushing subnormals;
    tests/test_gpu_core.c the GPU's against the host's on every pattern. */
 HQ_HD float hq_f16_to_f32(uint16_t h) {
@@ -161,10 +159,9 @@ HQ_HD float hq_f16_to_f32(uint16_t h) {
    instruction, one per element, gives its canonical NaN). The stock formats' quantize kernels
    read 16-bit inputs through it: every cast writes one fixed code for any NaN (FP8 0x7F, E2M1
    0x7) and no amax takes a NaN, so their bytes are the CPU reference's (the GPU tests quantize
-   F16 NaNs of both signs). On an H200 it made every F16 quantize as fast as a BF16 one (nvfp4
-   both directions 43.7% -> 70.9% of copy, mxfp8 67.9% -> 85.5%, fp8_block 60.7% -> 86.3%,
-   against the branch-free form above, which a reader of NaN bits, e.g. the identity format,
-   keeps). */
+   F16 NaNs of both signs). One instruction per element, where the branch-free form above takes
+   several, so an F16 input reads as fast as a BF16 one; a reader of NaN bits (e.g. the identity
+   format) keeps the branch-free form. */
 HQ_HD float hq_f16_to_f32_anynan(uint16_t h) {
 #if defined(__CUDA_ARCH__)
   float f;
@@ -478,8 +475,8 @@ HQ_HD uint32_t hq_f32_to_e2m1_sr(float x, uint32_t r8) {
    kernel that has bounded a whole block (every |x * enc| <= RN(amax * enc) < 8), plus
    HQ_E2M1_BIAS_BITS (a kernel packs the biased codes and subtracts the bias once per word).
    x's sign is ignored: a kernel passes its signed product, whose exponent bits are a's, and
-   |x| costs no instruction where it is an operand of the multiply-add (an |x| made first, to
-   take its bits, had cost one per value: H200, one direction with stochastic rounding).
+   |x| costs no instruction where it is an operand of the multiply-add (making |x| first, to
+   take its bits, would cost one per value).
    f is u * 2^-125 (u = r8 / 256), the float of bits r8 << 16 (a byte permute puts the random
    byte there; r8 * 2^-133 exactly, subnormal for r8 < 128, the gradual underflow making it one
    linear scale). step(a), the rule's 0.5 / 1 / 2 below 6 and 2 on [6, 8), is half the power of

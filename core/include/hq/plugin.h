@@ -1,5 +1,5 @@
 /*
-** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.1.
+** hq/plugin.h -- the format plugin ABI of libhqcore, version HQ_ABI_MAJOR.HQ_ABI_MINOR (below).
 **
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
 ** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
@@ -55,47 +55,19 @@
 **   trailing fields as zero / NULL. Structs embedded in arrays are reached through their stride:
 **   hq_storage.buf[] through hq_storage_buf() (stride hq_storage.buf_size), never buf[i].
 ** - A module states in abi_minor the minor version it REQUIRES (the oldest core it works with),
-**   not the header it was compiled with. The core refuses a different abi_major and a required
-**   minor newer than its own; it reads only struct_size bytes of the ops table.
+**   not the header it was compiled with. The core refuses a different abi_major (a module that
+**   exports only the ABI 1 entry hq_format_module_v1 is refused with that reason) and a required
+**   minor newer than its own; it reads only struct_size bytes of the ops table, which must be
+**   at least HQ_FORMAT_OPS_SIZE_2_1 bytes for a module requiring 2.1 or later.
 ** - A module must check host->abi_major, and host->abi_minor / host->struct_size before using a
-**   host field added after 2.0. It may return NULL from its entry function to refuse a core.
-**
-** What changed from ABI 1.0 (hq_format_module_v1), which this core refuses with that reason:
-**   - entry point renamed hq_format_module_v2; ops.abi_minor is the minor *required*;
-**   - hq_tensor, hq_buffer, hq_storage and hq_call carry struct_size (hq_tensor_2d() fills a
-**     tensor); buffers are reached through hq_storage_buf() (the stride is hq_storage.buf_size);
-**   - hq_storage.desc: the public operand descriptor (hq_operand_desc), filled by layout() and
-**     checked by the core; hq_buffer.role (data / scale / amax); per-buffer FSDP gather rules
-**     (hq_buffer.gather, m_div) replace the fsdp_* ops, which are gone: the core gathers any
-**     storage from its rules, or refuses before any communication;
-**   - save()/restore() ops are gone: the core hands out every buffer with its description;
-**   - amax_kind() and amax() split the per-tensor amax from the cast: hq_call.amax hands a
-**     caller's (or a reduced, shared) amax to quantize()/update();
-**   - scratch_size(): the core keeps that much scratch per quantized tensor and passes it as
-**     hq_call.scratch, so update() neither allocates (host->alloc refuses during update) nor
-**     synchronizes;
-**   - host->log() takes the call, so a plugin's messages reach the embedder's logger;
-**   - the FP8 element kind is the hq_dtype (HQ_E4M3 / HQ_E5M2), one enum; HQ_I8 appended;
-**   - the reserved ops of 1.0 (state_floats, init_state, fsdp_*, gemm) and HQ_CAP_STATEFUL are
-**     removed; delayed-scaling state and GEMMs arrived as appended 2.1 fields.
-**
-** What 2.1 adds (a 2.0 module keeps loading; its storages are multiplied on the emulated path,
-** dequantized completely into F32):
-**   - GEMMs: the gemm() op (native multiply, usually through host->lt_matmul, the core's cuBLASLt
-**     runner), tensor_factor() and HQ_CALL_DEQ_RAW for the emulated path, desc.emul_dtype;
-**   - per-instance state (delayed scaling): state_floats(), init_state(), update_state() and
-**     hq_call.state / hq_call.state_amax (see "State" below);
-**   - a module that sets abi_minor = 1 must pass an ops table of at least HQ_FORMAT_OPS_SIZE_2_1.
-**
-** What 2.2 adds (2.0 and 2.1 modules keep loading, unchanged):
-**   - the fused optimizer write-back: hq_call.adam, hq_adam_pass, HQ_CAP_FUSED_ADAM, and the
-**     AdamW element rule hq_adam_elem in hq/numerics.h (see "Fused optimizer write-back").
-**
-** What 2.3 adds (2.0 - 2.2 modules keep loading, unchanged):
-**   - the per-tensor factor written by the raw dequantize itself: hq_call.factor_out /
-**     factor_in / factor_mul and HQ_CAP_DEQ_FACTOR (see HQ_CALL_DEQ_RAW), so that the emulated
-**     GEMM folds the factors into alpha without launching a kernel per operand; and
-**     hq_lt_matmul.alpha_device (an alpha already on the device).
+**   host field added after 2.0, and call->struct_size (or the helper named at the field) before
+**   reading an hq_call field added after 2.0. It may return NULL from its entry function to
+**   refuse a core.
+** - Older modules keep loading, and get only what their minor knows: a 2.0 module's storages
+**   take the emulated GEMM path, dequantized completely into F32.
+** - Fields added after 2.0 sit under a one-line marker naming the version that added them
+**   ("--- 2.1 ---"); flags and capability bits name it in their comment. What each version
+**   added or removed, and how these rules came about: docs/abi.md.
 **
 ** ---------------------------------------------------------------------------------------------
 ** State (2.1): formats whose scale depends on earlier steps (delayed scaling)
