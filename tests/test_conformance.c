@@ -16,8 +16,9 @@
 **   exact        zeros dequantize to zeros; powers of two dequantize exactly where the storage
 **                promises it (every scale a power of two, no transform); a requant-safe instance
 **                is idempotent where its storage promises that (below);
-**   cross        a storage made by one instance and dequantized by every other instance of the
-**                same module (its ops called directly) gives the same values, in F32 and BF16;
+**   cross        a storage made by one instance (every shape it takes, every usage, a NaN in
+**                the input) and dequantized by every other instance of the same module (its ops
+**                called directly) gives the same values, in F32, BF16 and F16;
 **   fsdp         2 and 4 shards with a shared amax, extracted, concatenated and assigned, equal
 **                the whole tensor quantized with that amax, byte for byte; or, where the
 **                storages' descriptions say they cannot be gathered, hq_fsdp_extract refuses with
@@ -80,7 +81,7 @@ typedef struct pcase {
 static const struct {
   const char *plugin, *opts;
 } k_extras[] = {
-    {"fp8_tensor", "dtype=e5m2,power_2_scales=true"},
+    {"fp8_tensor", "dtype=e5m2,power_2_scales=true,amax_epsilon=0.5"},
     {"fp8_tensor", "scaling=delayed,amax_history_len=4,amax_compute_algo=most_recent,margin=1"},
     {"mxfp8", "dtype=e5m2,block_2d=true"},
     {"mxfp8", "swizzle=true,block_2d=true"},
@@ -88,6 +89,7 @@ static const struct {
     {"nvfp4", "block_2d=true,swizzle=true"},
     {"nvfp4", "rht=true,stochastic_rounding=true,seed=7"},
     {"fp8_block", "block=2d,dtype=e5m2,power_2_scales=false"},
+    {"fp8_block", "power_2_scales=false,amax_epsilon=0.001"},
     {"int8_tensor", "columnwise=copy,shared_scale=false"},
 };
 
@@ -235,6 +237,15 @@ static hq_tensor deq(const hq_qtensor *qt, uint32_t dir, hq_dtype t) {
 
 static const char *dir_name(uint32_t dir) { return dir == HQ_ROWWISE ? "rowwise" : "columnwise"; }
 
+/* Every byte of every buffer of qt set to 0xFF. */
+static void poison(hq_qtensor *qt) {
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const hq_storage *st = hq_qtensor_storage(qt, dir);
+    for (uint32_t i = 0; st && i < st->nbuf; i++)
+      memset(hq_storage_cbuf(st, i)->ptr, 0xFF, hq_storage_cbuf(st, i)->bytes);
+  }
+}
+
 /* A copy of every buffer of qt (rowwise first, in buffer order), to compare with later. */
 typedef struct snap {
   uint8_t *bytes;
@@ -337,7 +348,8 @@ static void check_bound(const hq_storage *s, const hq_tensor *x, const float *y,
 
 // --- quantize / dequantize ---------------------------------------------------------------------
 
-static const int64_t k_shapes[][2] = {{1, 1}, {37, 53}, {64, 96}, {128, 256}};
+/* Edge and block-straddling shapes; [128, 256] is a multiple of every stock block. */
+static const int64_t k_shapes[][2] = {{1, 1}, {37, 53}, {64, 96}, {128, 256}, {257, 131}};
 
 /* One instance, one shape, source dtype and usage: returns 0 when the shape is refused. */
 static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dtype t,
@@ -350,6 +362,7 @@ static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dt
   hq_tensor y = input(t, M, K, (uint64_t)(M * 131 + K + t + 7));
   for (int64_t i = 0; i < M * K; i++) /* the second input 8x larger: other scales */
     hq_store_hp(y.data, i, t, hq_load_hp(y.data, i, t) * 8.0f);
+  if (M * K > 4) hq_store_hp(y.data, 2, t, NAN); /* which an amax ignores */
   qz_prime(&z, &x);
   hq_qtensor *qt = NULL, *e = NULL;
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 5));
@@ -403,28 +416,58 @@ static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dt
     count(pc);
     hq_qtensor_free(again);
   }
-  /* an update equals a fresh quantize of the new input (at the same RNG offset) */
+  /* an update equals a fresh quantize of the new input (at the same RNG offset), also into
+     buffers of garbage (padding included: every byte is rewritten) and into an empty qtensor */
   hq_qtensor *fresh = NULL;
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
   HQ_OK_OR_FAIL(hq_quantize(z.q, g_ctx, &y, &fresh));
+  poison(qt);
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
   HQ_OK_OR_FAIL(hq_qtensor_update(qt, g_ctx, &y));
   hq_test_same_qtensors(fresh, qt, what);
   count(pc);
-  /* the quantizer's own amax, given: the same bytes, through quantize_ex and update_ex */
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
+  HQ_OK_OR_FAIL(hq_qtensor_update(e, g_ctx, &y));
+  hq_test_same_qtensors(fresh, e, what);
+  count(pc);
+  /* the amax: an INPUT amax is max |y|, NaN ignored; a direction without one gets 0 */
+  float want = 0.0f;
+  for (int64_t i = 0; i < M * K; i++) {
+    const float v = fabsf(hq_load_hp(y.data, i, t));
+    if (v > want) want = v;
+  }
   float a[2] = {-1.0f, -1.0f};
   HQ_OK_OR_FAIL(hq_quantizer_amax(z.q, g_ctx, &y, a));
-  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
-    if (hq_quantizer_amax_kind(z.q, dir) == HQ_AMAX_NONE || !(usage & dir))
-      assert_true(a[dir - 1] == 0.0f);
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const uint32_t kind = hq_quantizer_amax_kind(z.q, dir);
+    if (kind == HQ_AMAX_NONE) assert_true(a[dir - 1] == 0.0f);
+    if (kind == HQ_AMAX_INPUT && (usage & dir)) assert_true(a[dir - 1] == want);
+  }
+  count(pc);
+  /* ... given back: the same bytes, through quantize_ex and update_ex; so are args without an
+     amax, and any amax for a direction that takes none */
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
   hq_qtensor *given = hq_test_quantize_ex(z.q, g_ctx, &y, a);
   hq_test_same_qtensors(fresh, given, what);
   count(pc);
+  poison(qt);
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
-  hq_test_update_ex(e, g_ctx, &y, a);
-  hq_test_same_qtensors(fresh, e, what);
+  hq_test_update_ex(qt, g_ctx, &y, a);
+  hq_test_same_qtensors(fresh, qt, what);
   count(pc);
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
+  hq_qtensor *noamax = hq_test_quantize_ex(z.q, g_ctx, &y, NULL);
+  hq_test_same_qtensors(fresh, noamax, what);
+  count(pc);
+  hq_qtensor_free(noamax);
+  float bogus[2] = {a[0], a[1]};
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
+    if (hq_quantizer_amax_kind(z.q, dir) == HQ_AMAX_NONE) bogus[dir - 1] = dir == 1 ? 1e30f : 1e-30f;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
+  hq_qtensor *ignored = hq_test_quantize_ex(z.q, g_ctx, &y, bogus);
+  hq_test_same_qtensors(fresh, ignored, what);
+  count(pc);
+  hq_qtensor_free(ignored);
   hq_qtensor_free(given);
   hq_qtensor_free(fresh);
   hq_qtensor_free(e);
@@ -666,40 +709,48 @@ static void test_cross(void **state) {
   }
   void *cfg[MAX_INST];
   for (size_t b = 0; b < pc->n; b++) cfg[b] = direct_configure(pc, &pc->in[b]);
-  for (size_t a = 0; a < pc->n; a++) {
-    int64_t M, K;
-    usable_shape(pc, &pc->in[a], &M, &K);
-    qz z = qz_open(&pc->in[a], pc->name, HQ_BOTH);
-    hq_tensor x = input(HQ_BF16, M, K, 11 + a);
-    qz_prime(&z, &x);
-    hq_qtensor *qt = NULL;
-    HQ_OK_OR_FAIL(hq_quantize(z.q, g_ctx, &x, &qt));
-    for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
-      const hq_storage *s = hq_qtensor_storage(qt, dir);
-      hq_tensor want = deq(qt, dir, HQ_F32), want_h = deq(qt, dir, HQ_BF16);
-      for (size_t b = 0; b < pc->n; b++) {
-        if (b == a) continue;
-        hq_tensor got = hq_test_empty(HQ_F32, M, K), got_h = hq_test_empty(HQ_BF16, M, K);
-        hq_call call = hq_test_call(&pc->host, 0, 0);
-        if (pc->ops->dequantize(cfg[b], &call, s, &got))
-          fail_msg("%s storage, %s: dequantized by %s: %s", pc->in[a].label, dir_name(dir),
-                   pc->in[b].label, hq_test_module_error());
-        HQ_OK_OR_FAIL(pc->ops->dequantize(cfg[b], &call, s, &got_h));
-        if (memcmp(got.data, want.data, (size_t)(M * K) * 4) ||
-            memcmp(got_h.data, want_h.data, (size_t)(M * K) * 2))
-          fail_msg("%s storage, %s: %s dequantizes it to other values", pc->in[a].label,
-                   dir_name(dir), pc->in[b].label);
-        count(pc);
-        free(got.data);
-        free(got_h.data);
+  const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (size_t a = 0; a < pc->n; a++)
+    for (size_t sh = 0; sh < sizeof k_shapes / sizeof k_shapes[0]; sh++)
+      for (int u = 0; u < 3; u++) {
+        if (usages[u] == HQ_COLWISE && !is_colwise_only_capable(pc)) continue;
+        const int64_t M = k_shapes[sh][0], K = k_shapes[sh][1];
+        const hq_dtype t = outs[(sh + (size_t)u) % 3]; /* the source dtypes in turn */
+        qz z = qz_open(&pc->in[a], pc->name, usages[u]);
+        hq_tensor x = input(t, M, K, 11 + a);
+        if (M * K > 2) hq_store_hp(x.data, 1, t, NAN); /* each format's NaN, read alike */
+        qz_prime(&z, &x);
+        hq_qtensor *qt = NULL;
+        const int rc = hq_quantize(z.q, g_ctx, &x, &qt);
+        if (rc != HQ_OK && rc != HQ_ESHAPE) fail_msg("%s: %s", pc->in[a].label, hq_last_error());
+        for (uint32_t dir = HQ_ROWWISE; qt && dir <= HQ_COLWISE; dir++) {
+          if (!(usages[u] & dir)) continue;
+          const hq_storage *s = hq_qtensor_storage(qt, dir);
+          for (int o = 0; o < 3; o++) {
+            hq_tensor want = deq(qt, dir, outs[o]);
+            for (size_t b = 0; b < pc->n; b++) {
+              if (b == a) continue;
+              hq_tensor got = hq_test_empty(outs[o], M, K);
+              hq_call call = hq_test_call(&pc->host, 0, 0);
+              if (pc->ops->dequantize(cfg[b], &call, s, &got))
+                fail_msg("%s storage [%lld, %lld] %s: dequantized by %s: %s", pc->in[a].label,
+                         (long long)M, (long long)K, dir_name(dir), pc->in[b].label,
+                         hq_test_module_error());
+              if (memcmp(got.data, want.data, (size_t)(M * K) * hq_dtype_size(outs[o])))
+                fail_msg("%s storage [%lld, %lld] %s: %s dequantizes it to other %s values",
+                         pc->in[a].label, (long long)M, (long long)K, dir_name(dir),
+                         pc->in[b].label, hq_dtype_name(outs[o]));
+              count(pc);
+              free(got.data);
+            }
+            free(want.data);
+          }
+        }
+        hq_qtensor_free(qt);
+        free(x.data);
+        qz_close(&z);
       }
-      free(want.data);
-      free(want_h.data);
-    }
-    hq_qtensor_free(qt);
-    free(x.data);
-    qz_close(&z);
-  }
   for (size_t b = 0; b < pc->n; b++) direct_release(pc, cfg[b]);
   report(pc, "cross-instance");
 }
