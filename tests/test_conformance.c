@@ -60,8 +60,8 @@
 #define MAX_INST 24
 
 typedef struct inst {
-  char label[160];                  /* "nvfp4 rht=true" */
-  char text[MAX_OPTS][64];          /* "key=value" */
+  char label[160];         /* "nvfp4 rht=true" */
+  char text[MAX_OPTS][64]; /* "key=value" */
   const char *opts[MAX_OPTS];
   size_t nopts;
 } inst;
@@ -71,10 +71,10 @@ typedef struct pcase {
   const char *name;
   inst in[MAX_INST];
   size_t n;
-  void *dl;                         /* the module opened again for direct calls (NULL: built in) */
+  void *dl; /* the module opened again for direct calls (NULL: built in) */
   const hq_format_ops *ops;
   hq_host_api host;
-  unsigned long checks;             /* of the running test */
+  unsigned long checks; /* of the running test */
 } pcase;
 
 /* Option combinations beyond one option at a time, for the modules this test knows. */
@@ -94,8 +94,8 @@ static const struct {
 };
 
 /* The modules every run must cover (the stock formats, identity, the third-party fixture). */
-static const char *const k_expected[] = {"identity", "fp8_tensor", "mxfp8", "nvfp4", "fp8_block",
-                                         "int8_tensor"};
+static const char *const k_expected[] = {"identity", "fp8_tensor", "mxfp8",
+                                         "nvfp4",    "fp8_block",  "int8_tensor"};
 
 static hq_plugins *g_set;
 static hq_ctx *g_ctx;
@@ -285,18 +285,22 @@ static int is_colwise_only_capable(const pcase *pc) {
    as much again for the scale's rounding and a saturated top; stochastic rounding (sr) moves an
    element by up to a whole step. */
 static double elem_c(hq_dtype t, int sr) {
-  double half = 0, scale = 0;
-  switch (t) {
-  case HQ_E4M3: half = scale = 0x1p-4; break;  /* 3 mantissa bits */
-  case HQ_E5M2: half = scale = 0x1p-3; break;  /* 2 mantissa bits */
-  case HQ_E2M1X2: half = 1.0 / 6, scale = 1.0 / 12; break; /* the gap 4 .. 6 of a top of 6 */
-  case HQ_I8: half = scale = 1.0 / 254; break; /* half a code of 127 */
-  case HQ_BF16: half = 0x1p-8; break;          /* no scale: the dtype itself */
-  case HQ_F16: half = 0x1p-11; break;
-  case HQ_F32: half = 0x1p-24; break;
-  default: fail_msg("no error bound for element dtype %s", hq_dtype_name(t));
-  }
-  return half * (sr ? 2 : 1) + scale;
+  static const struct {
+    hq_dtype t;
+    double half, scale;
+  } steps[] = {
+      {HQ_E4M3, 0x1p-4, 0x1p-4},      /* 3 mantissa bits */
+      {HQ_E5M2, 0x1p-3, 0x1p-3},      /* 2 mantissa bits */
+      {HQ_E2M1X2, 1.0 / 6, 1.0 / 12}, /* the gap 4 .. 6 at a top of 6 */
+      {HQ_I8, 1.0 / 254, 1.0 / 254},  /* half a code of 127 */
+      {HQ_BF16, 0x1p-8, 0},           /* no scale: the dtype itself */
+      {HQ_F16, 0x1p-11, 0},
+      {HQ_F32, 0x1p-24, 0},
+  };
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+    if (steps[i].t == t) return steps[i].half * (sr ? 2 : 1) + steps[i].scale;
+  fail_msg("no error bound for element dtype %s", hq_dtype_name(t));
+  return 0;
 }
 
 /* |x - y| within the bound of storage s for every element (x the source, y the F32 values). */
@@ -320,8 +324,8 @@ static void check_bound(const hq_storage *s, const hq_tensor *x, const float *y,
         const double xv = hq_load_hp(x->data, i * K + k, x->dtype);
         const double bound = 4 * (c * sqrt(l2) * (1 + 0x1p-7) + floor_) + 0x1p-8 * fabs(xv);
         if (!(fabs(xv - y[i * K + k]) <= bound))
-          fail_msg("%s: [%lld, %lld] = %g dequantizes to %g, beyond %g (RHT16)", what,
-                   (long long)i, (long long)k, xv, (double)y[i * K + k], bound);
+          fail_msg("%s: [%lld, %lld] = %g dequantizes to %g, beyond %g (RHT16)", what, (long long)i,
+                   (long long)k, xv, (double)y[i * K + k], bound);
       }
     return;
   }
@@ -339,9 +343,9 @@ static void check_bound(const hq_storage *s, const hq_tensor *x, const float *y,
         for (int64_t k = k0; k < k0 + bk && k < K; k++) {
           const double xv = hq_load_hp(x->data, i * K + k, x->dtype);
           if (!(fabs(xv - y[i * K + k]) <= bound))
-            fail_msg("%s: [%lld, %lld] = %g dequantizes to %g, beyond %g (block %dx%d of %s)",
-                     what, (long long)i, (long long)k, xv, (double)y[i * K + k], bound,
-                     s->desc.block_m, s->desc.block_k, hq_dtype_name(s->desc.elem));
+            fail_msg("%s: [%lld, %lld] = %g dequantizes to %g, beyond %g (block %dx%d of %s)", what,
+                     (long long)i, (long long)k, xv, (double)y[i * K + k], bound, s->desc.block_m,
+                     s->desc.block_k, hq_dtype_name(s->desc.elem));
         }
     }
 }
@@ -355,8 +359,8 @@ static const int64_t k_shapes[][2] = {{1, 1}, {37, 53}, {64, 96}, {128, 256}, {2
 static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dtype t,
                           uint32_t usage) {
   char what[320];
-  snprintf(what, sizeof what, "%s [%lld, %lld] %s usage %u", in->label, (long long)M,
-           (long long)K, hq_dtype_name(t), usage);
+  snprintf(what, sizeof what, "%s [%lld, %lld] %s usage %u", in->label, (long long)M, (long long)K,
+           hq_dtype_name(t), usage);
   qz z = qz_open(in, pc->name, usage);
   hq_tensor x = input(t, M, K, (uint64_t)(M * 131 + K + t));
   hq_tensor y = input(t, M, K, (uint64_t)(M * 131 + K + t + 7));
@@ -368,9 +372,9 @@ static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dt
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 5));
   const int rc = hq_quantize(z.q, g_ctx, &x, &qt);
   const int rc_empty = hq_make_empty(z.q, g_ctx, M, K, t, &e);
-  if (rc != HQ_OK && rc != HQ_ESHAPE) fail_msg("%s: hq_quantize -> %d: %s", what, rc, hq_last_error());
-  if (rc_empty != rc)
-    fail_msg("%s: hq_make_empty -> %d, hq_quantize -> %d", what, rc_empty, rc);
+  if (rc != HQ_OK && rc != HQ_ESHAPE)
+    fail_msg("%s: hq_quantize -> %d: %s", what, rc, hq_last_error());
+  if (rc_empty != rc) fail_msg("%s: hq_make_empty -> %d, hq_quantize -> %d", what, rc_empty, rc);
   count(pc);
   if (rc == HQ_ESHAPE) {
     assert_null(qt);
@@ -462,7 +466,8 @@ static int check_quantize(pcase *pc, const inst *in, int64_t M, int64_t K, hq_dt
   hq_qtensor_free(noamax);
   float bogus[2] = {a[0], a[1]};
   for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
-    if (hq_quantizer_amax_kind(z.q, dir) == HQ_AMAX_NONE) bogus[dir - 1] = dir == 1 ? 1e30f : 1e-30f;
+    if (hq_quantizer_amax_kind(z.q, dir) == HQ_AMAX_NONE)
+      bogus[dir - 1] = dir == 1 ? 1e30f : 1e-30f;
   HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(g_ctx, 9));
   hq_qtensor *ignored = hq_test_quantize_ex(z.q, g_ctx, &y, bogus);
   hq_test_same_qtensors(fresh, ignored, what);
@@ -499,8 +504,7 @@ static void test_quantize(void **state) {
                      pc->in[i].label, (long long)M, (long long)K);
         }
       /* [128, 256], a multiple of every stock block, is a shape every format takes */
-      if (M == 128 && K == 256 && !first)
-        fail_msg("%s: refuses [128, 256]", pc->in[i].label);
+      if (M == 128 && K == 256 && !first) fail_msg("%s: refuses [128, 256]", pc->in[i].label);
     }
   report(pc, "quantize");
 }
@@ -510,8 +514,8 @@ static void test_quantize(void **state) {
 static int is_pow2_or_zero(float v) {
   uint32_t u;
   memcpy(&u, &v, 4);
-  return v == 0.0f || ((u & 0x007fffffu) == 0 && (u & 0x7f800000u) != 0 &&
-                       (u & 0x7f800000u) != 0x7f800000u);
+  return v == 0.0f ||
+         ((u & 0x007fffffu) == 0 && (u & 0x7f800000u) != 0 && (u & 0x7f800000u) != 0x7f800000u);
 }
 
 /* The storage promises powers of two back exactly: data times one scale that is a power of two
@@ -519,9 +523,15 @@ static int is_pow2_or_zero(float v) {
 static int promises_pow2(const hq_storage *s) {
   if (s->desc.transform != HQ_TRANSFORM_NONE) return 0;
   switch (s->desc.scale_mode) {
-  case HQ_SCALE_NONE: case HQ_SCALE_TENSOR_F32: case HQ_SCALE_VEC32_UE8M0:
-  case HQ_SCALE_OUTER_VEC_F32: case HQ_SCALE_VEC128_F32: case HQ_SCALE_BLK128X128_F32: break;
-  default: return 0;
+  case HQ_SCALE_NONE:
+  case HQ_SCALE_TENSOR_F32:
+  case HQ_SCALE_VEC32_UE8M0:
+  case HQ_SCALE_OUTER_VEC_F32:
+  case HQ_SCALE_VEC128_F32:
+  case HQ_SCALE_BLK128X128_F32:
+    break;
+  default:
+    return 0;
   }
   for (uint32_t i = 0; i < s->nbuf; i++) {
     const hq_buffer *b = hq_storage_cbuf(s, i);
@@ -628,9 +638,8 @@ static void test_exact(void **state) {
         hq_tensor f = deq(qt, dir, HQ_F32);
         for (int64_t j = 0; j < M * K; j++)
           if (((const float *)f.data)[j] != hq_load_hp(p2.data, j, t))
-            fail_msg("%s %s %s: %g dequantizes to %g", in->label, hq_dtype_name(t),
-                     dir_name(dir), (double)hq_load_hp(p2.data, j, t),
-                     (double)((const float *)f.data)[j]);
+            fail_msg("%s %s %s: %g dequantizes to %g", in->label, hq_dtype_name(t), dir_name(dir),
+                     (double)hq_load_hp(p2.data, j, t), (double)((const float *)f.data)[j]);
         count(pc);
         pow2_checked++;
         free(f.data);
@@ -661,13 +670,22 @@ static void parse_options(const hq_option *o, const inst *in, hq_optval *v, size
     const char *text = o[n].def;
     const size_t kl = strlen(o[n].name);
     for (size_t j = 0; j < in->nopts; j++)
-      if (!strncmp(in->opts[j], o[n].name, kl) && in->opts[j][kl] == '=') text = in->opts[j] + kl + 1;
+      if (!strncmp(in->opts[j], o[n].name, kl) && in->opts[j][kl] == '=')
+        text = in->opts[j] + kl + 1;
     memset(&v[n], 0, sizeof v[n]);
     switch (o[n].type) {
-    case HQ_OPT_BOOL: v[n].i = bool_text(text); break;
-    case HQ_OPT_INT: v[n].i = strtoll(text, NULL, 0); break;
-    case HQ_OPT_FLOAT: v[n].f = strtod(text, NULL); break;
-    case HQ_OPT_STRING: v[n].s = text; break;
+    case HQ_OPT_BOOL:
+      v[n].i = bool_text(text);
+      break;
+    case HQ_OPT_INT:
+      v[n].i = strtoll(text, NULL, 0);
+      break;
+    case HQ_OPT_FLOAT:
+      v[n].f = strtod(text, NULL);
+      break;
+    case HQ_OPT_STRING:
+      v[n].s = text;
+      break;
     case HQ_OPT_ENUM: {
       int64_t idx = 0;
       const char *c = o[n].choices;
@@ -681,7 +699,8 @@ static void parse_options(const hq_option *o, const inst *in, hq_optval *v, size
       v[n].i = idx;
       break;
     }
-    default: fail_msg("option %s of unknown type %d", o[n].name, (int)o[n].type);
+    default:
+      fail_msg("option %s of unknown type %d", o[n].name, (int)o[n].type);
     }
   }
 }
@@ -704,7 +723,8 @@ static void test_cross(void **state) {
   pc->checks = 0;
   if (!pc->ops) {
     print_message("[ skipped ] %s: built into libhqcore, its ops are not reachable for direct "
-                  "calls\n", pc->name);
+                  "calls\n",
+                  pc->name);
     skip();
   }
   void *cfg[MAX_INST];
@@ -782,8 +802,8 @@ static int fsdp_expect(const hq_qtensor *shard, int64_t ms, const char **why) {
 }
 
 static hq_tensor rows_of(const hq_tensor *x, int64_t r0, int64_t n) {
-  return hq_tensor_2d((char *)x->data + (size_t)(r0 * x->cols) * hq_dtype_size(x->dtype),
-                      x->dtype, x->device, n, x->cols);
+  return hq_tensor_2d((char *)x->data + (size_t)(r0 * x->cols) * hq_dtype_size(x->dtype), x->dtype,
+                      x->device, n, x->cols);
 }
 
 /* The gathered tensor equals the whole one quantized with the shared amax, byte for byte -- but
@@ -841,8 +861,8 @@ static void fsdp_case(pcase *pc, const inst *in, int world, hq_dtype t, uint32_t
     const char *why = NULL;
     const int expect = fsdp_expect(shard[s], ms, &why);
     snap before = snap_take(shard[s]);
-    const int rc = hq_fsdp_extract(shard[s], g_ctx, ext[s], 2 * HQ_MAX_BUFFERS,
-                                   sizeof(hq_fsdp_buffer), &n[s]);
+    const int rc =
+        hq_fsdp_extract(shard[s], g_ctx, ext[s], 2 * HQ_MAX_BUFFERS, sizeof(hq_fsdp_buffer), &n[s]);
     if (rc != expect)
       fail_msg("%s: extract -> %d (%s), the descriptions say %d", what, rc, hq_last_error(),
                expect);
@@ -878,8 +898,8 @@ static void fsdp_case(pcase *pc, const inst *in, int world, hq_dtype t, uint32_t
   }
   hq_qtensor *full = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(z.q, g_ctx, M, K, t, &full));
-  HQ_OK_OR_FAIL(hq_fsdp_assign(full, g_ctx, shard[world - 1], gathered, n[0],
-                               sizeof(hq_fsdp_buffer)));
+  HQ_OK_OR_FAIL(
+      hq_fsdp_assign(full, g_ctx, shard[world - 1], gathered, n[0], sizeof(hq_fsdp_buffer)));
   hq_qtensor *ref = hq_test_quantize_ex(z.q, g_ctx, &x, shared);
   same_gathered(full, ref, shard[world - 1], z.q, what);
   count(pc);
@@ -945,8 +965,9 @@ static void test_offload(void **state) {
       assert_int_equal(n, owned);
       assert_int_equal(hq_qtensor_is_saved(qt), 1);
       hq_tensor tmp = hq_test_empty(HQ_F32, M, K);
-      assert_int_equal(hq_dequantize(qt, g_ctx, usages[u] & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE,
-                                     &tmp), HQ_ESTATE);
+      assert_int_equal(
+          hq_dequantize(qt, g_ctx, usages[u] & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE, &tmp),
+          HQ_ESTATE);
       free(tmp.data);
       /* offloaded: each buffer moved to other memory of the context, the original freed */
       for (size_t e = 0; e < n; e++) {
@@ -1093,10 +1114,10 @@ static int group_teardown(void **state) {
 
 int main(void) {
   open_cases();
-  static void (*const kinds[])(void **) = {test_quantize, test_exact, test_cross, test_fsdp,
-                                           test_offload, test_checkpoint};
-  static const char *const kind_names[] = {"quantize", "exact", "cross-instance", "fsdp",
-                                           "offload", "checkpoint"};
+  static void (*const kinds[])(void **) = {test_quantize, test_exact,   test_cross,
+                                           test_fsdp,     test_offload, test_checkpoint};
+  static const char *const kind_names[] = {"quantize", "exact",   "cross-instance",
+                                           "fsdp",     "offload", "checkpoint"};
   const size_t nk = sizeof kinds / sizeof kinds[0];
   struct CMUnitTest *tests = calloc(1 + g_ncases * nk, sizeof *tests);
   char(*names)[96] = calloc(g_ncases * nk, sizeof *names);
@@ -1110,8 +1131,8 @@ int main(void) {
       t->initial_state = &g_cases[c];
     }
   }
-  const int rc = _cmocka_run_group_tests("conformance", tests, 1 + g_ncases * nk, group_setup,
-                                         group_teardown);
+  const int rc =
+      _cmocka_run_group_tests("conformance", tests, 1 + g_ncases * nk, group_setup, group_teardown);
   for (size_t c = 0; c < g_ncases; c++)
     if (g_cases[c].dl) dlclose(g_cases[c].dl);
   hq_plugins_close(g_set);

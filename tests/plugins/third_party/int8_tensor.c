@@ -56,13 +56,13 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
     return host->error(HQ_EINVAL, "int8_tensor: layout of direction %u", dir);
   const int col = dir == HQ_COLWISE, km = col && c->transposed;
-  hq_buffer *d = hq_buffer_describe(out, BUF_DATA, col ? "columnwise_data" : "data",
-                                    HQ_ROLE_DATA, HQ_I8, 2, km ? cols : rows, km ? rows : cols);
+  hq_buffer *d = hq_buffer_describe(out, BUF_DATA, col ? "columnwise_data" : "data", HQ_ROLE_DATA,
+                                    HQ_I8, 2, km ? cols : rows, km ? rows : cols);
   hq_buffer_gather(d, km ? HQ_GATHER_COLS : HQ_GATHER_ROWS, 1);
   const int share = col && c->shared && (dirs & HQ_ROWWISE);
-  hq_buffer *s = hq_buffer_describe(out, BUF_SCALE,
-                                    col && !share ? "columnwise_scale_inv" : "scale_inv",
-                                    HQ_ROLE_SCALE, HQ_F32, 1, 1, 0);
+  hq_buffer *s =
+      hq_buffer_describe(out, BUF_SCALE, col && !share ? "columnwise_scale_inv" : "scale_inv",
+                         HQ_ROLE_SCALE, HQ_F32, 1, 1, 0);
   hq_buffer_gather(s, HQ_GATHER_SAME, 1); /* equal on every shard once they share the amax */
   if (share) hq_buffer_share(s, BUF_SCALE);
   hq_operand_desc *o = &out->desc;
@@ -115,8 +115,8 @@ static void cast(const hq_tensor *src, int km, float scale, float qmax, int8_t *
   const int64_t M = src->rows, K = src->cols;
   for (int64_t i = 0; i < M; i++)
     for (int64_t k = 0; k < K; k++)
-      q[km ? k * M + i : i * K + k] = code_of(hq_load_hp(src->data, i * K + k, src->dtype),
-                                              scale, qmax);
+      q[km ? k * M + i : i * K + k] =
+          code_of(hq_load_hp(src->data, i * K + k, src->dtype), scale, qmax);
 }
 
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
