@@ -147,6 +147,26 @@ static inline void hq_test_same_qtensors(const hq_qtensor *a, const hq_qtensor *
   }
 }
 
+/* What an FSDP all-gather does with the n entries hq_fsdp_extract gave each of `world` shards
+   (ext[rank]): each entry concatenated along dim 0 in rank order, into gathered[e] (memory
+   mem[e], which the caller frees). The shards' entries must agree in name and shape. */
+static inline void hq_test_all_gather(hq_fsdp_buffer (*ext)[2 * HQ_MAX_BUFFERS], int world,
+                                      size_t n, hq_fsdp_buffer *gathered, void **mem) {
+  for (size_t e = 0; e < n; e++) {
+    gathered[e] = ext[0][e];
+    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+    mem[e] = malloc(per * (size_t)world + 1);
+    for (int s = 0; s < world; s++) {
+      assert_string_equal(ext[s][e].name, ext[0][e].name);
+      assert_int_equal(ext[s][e].row_bytes, ext[0][e].row_bytes);
+      assert_int_equal(ext[s][e].rows, ext[0][e].rows);
+      memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
+    }
+    gathered[e].rows = ext[0][e].rows * world;
+    gathered[e].ptr = mem[e];
+  }
+}
+
 /* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
 static inline const char *hq_test_path(const char *rel) {
   static char buf[4096];

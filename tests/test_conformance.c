@@ -294,8 +294,7 @@ static double elem_c(hq_dtype t, int sr) {
       {HQ_E2M1X2, 1.0 / 6, 1.0 / 12}, /* the gap 4 .. 6 at a top of 6 */
       {HQ_I8, 1.0 / 254, 1.0 / 254},  /* half a code of 127 */
       {HQ_BF16, 0x1p-8, 0},           /* no scale: the dtype itself */
-      {HQ_F16, 0x1p-11, 0},
-      {HQ_F32, 0x1p-24, 0},
+      {HQ_F16, 0x1p-11, 0},           {HQ_F32, 0x1p-24, 0},
   };
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
     if (steps[i].t == t) return steps[i].half * (sr ? 2 : 1) + steps[i].scale;
@@ -880,22 +879,9 @@ static void fsdp_case(pcase *pc, const inst *in, int world, hq_dtype t, uint32_t
     free(before.bytes);
     assert_int_equal(n[s], n[0]);
   }
-  /* the all-gather: each entry concatenated along dim 0 in rank order */
   hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
   void *mem[2 * HQ_MAX_BUFFERS];
-  for (size_t e = 0; e < n[0]; e++) {
-    gathered[e] = ext[0][e];
-    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
-    mem[e] = malloc(per * (size_t)world + 1);
-    for (int s = 0; s < world; s++) {
-      assert_string_equal(ext[s][e].name, ext[0][e].name);
-      assert_int_equal(ext[s][e].row_bytes, ext[0][e].row_bytes);
-      assert_int_equal(ext[s][e].rows, ext[0][e].rows);
-      memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
-    }
-    gathered[e].rows = ext[0][e].rows * world;
-    gathered[e].ptr = mem[e];
-  }
+  hq_test_all_gather(ext, world, n[0], gathered, mem);
   hq_qtensor *full = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(z.q, g_ctx, M, K, t, &full));
   HQ_OK_OR_FAIL(
@@ -931,71 +917,87 @@ static void test_fsdp(void **state) {
 
 // --- offload (save / restore) ------------------------------------------------------------------
 
-static void test_offload(void **state) {
-  pcase *pc = *state;
-  pc->checks = 0;
+/* A check of one quantized tensor: qt, of instance `in` and usage `usage`, made by z from an
+   input of the instance's usable shape; nonzero stops the iteration with that status. */
+typedef int (*qt_check)(pcase *pc, const inst *in, qz *z, hq_qtensor *qt, uint32_t usage);
+
+/* Run `check` on every instance and usage of pc. */
+static int each_quantized(pcase *pc, uint64_t seed, qt_check check) {
   const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
   for (size_t i = 0; i < pc->n; i++)
     for (int u = 0; u < 3; u++) {
       if (usages[u] == HQ_COLWISE && !is_colwise_only_capable(pc)) continue;
-      const inst *in = &pc->in[i];
       int64_t M, K;
-      usable_shape(pc, in, &M, &K);
-      qz z = qz_open(in, pc->name, usages[u]);
-      hq_tensor x = input(HQ_BF16, M, K, 21 + i);
+      usable_shape(pc, &pc->in[i], &M, &K);
+      qz z = qz_open(&pc->in[i], pc->name, usages[u]);
+      hq_tensor x = input(HQ_BF16, M, K, seed + i);
       qz_prime(&z, &x);
       hq_qtensor *qt = NULL;
       HQ_OK_OR_FAIL(hq_quantize(z.q, g_ctx, &x, &qt));
-      /* the buffers a save hands out: every buffer, a shared one once */
-      size_t owned = 0;
-      for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
-        const hq_storage *s = hq_qtensor_storage(qt, dir);
-        for (uint32_t b = 0; s && b < s->nbuf; b++)
-          owned += !(dir == HQ_COLWISE && usages[u] == HQ_BOTH &&
-                     (hq_storage_cbuf(s, b)->flags & HQ_BUF_SHARED));
-      }
-      assert_int_equal(hq_qtensor_saved_count(qt), owned);
-      snap before = snap_take(qt);
-      hq_tensor dv[2] = {{0}, {0}};
-      for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
-        if (usages[u] & dir) dv[dir - 1] = deq(qt, dir, HQ_F32);
-      hq_saved_buffer sv[2 * HQ_MAX_BUFFERS];
-      size_t n = 0;
-      HQ_OK_OR_FAIL(hq_qtensor_save(qt, sv, 2 * HQ_MAX_BUFFERS, sizeof sv[0], &n));
-      assert_int_equal(n, owned);
-      assert_int_equal(hq_qtensor_is_saved(qt), 1);
-      hq_tensor tmp = hq_test_empty(HQ_F32, M, K);
-      assert_int_equal(
-          hq_dequantize(qt, g_ctx, usages[u] & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE, &tmp),
-          HQ_ESTATE);
-      free(tmp.data);
-      /* offloaded: each buffer moved to other memory of the context, the original freed */
-      for (size_t e = 0; e < n; e++) {
-        void *p = NULL;
-        HQ_OK_OR_FAIL(hq_ctx_alloc(g_ctx, sv[e].bytes, &p));
-        memcpy(p, sv[e].ptr, sv[e].bytes);
-        memset(sv[e].ptr, 0xA5, sv[e].bytes);
-        hq_ctx_free(g_ctx, sv[e].ptr);
-        sv[e].ptr = p;
-      }
-      HQ_OK_OR_FAIL(hq_qtensor_restore(qt, sv, n, sizeof sv[0]));
-      assert_int_equal(hq_qtensor_is_saved(qt), 0);
-      snap_same(&before, qt, in->label);
-      count(pc);
-      for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
-        if (!(usages[u] & dir)) continue;
-        hq_tensor f = deq(qt, dir, HQ_F32);
-        if (memcmp(f.data, dv[dir - 1].data, (size_t)(M * K) * 4))
-          fail_msg("%s %s: other values after restore", in->label, dir_name(dir));
-        count(pc);
-        free(f.data);
-        free(dv[dir - 1].data);
-      }
-      free(before.bytes);
+      const int rc = check(pc, &pc->in[i], &z, qt, usages[u]);
       hq_qtensor_free(qt);
       free(x.data);
       qz_close(&z);
+      if (rc) return rc;
     }
+  return 0;
+}
+
+static int offload_one(pcase *pc, const inst *in, qz *z, hq_qtensor *qt, uint32_t usage) {
+  (void)z;
+  const int64_t M = hq_qtensor_rows(qt), K = hq_qtensor_cols(qt);
+  /* the buffers a save hands out: every buffer, a shared one once */
+  size_t owned = 0;
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const hq_storage *s = hq_qtensor_storage(qt, dir);
+    for (uint32_t b = 0; s && b < s->nbuf; b++)
+      owned += !(dir == HQ_COLWISE && usage == HQ_BOTH &&
+                 (hq_storage_cbuf(s, b)->flags & HQ_BUF_SHARED));
+  }
+  assert_int_equal(hq_qtensor_saved_count(qt), owned);
+  snap before = snap_take(qt);
+  hq_tensor dv[2] = {{0}, {0}};
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
+    if (usage & dir) dv[dir - 1] = deq(qt, dir, HQ_F32);
+  hq_saved_buffer sv[2 * HQ_MAX_BUFFERS];
+  size_t n = 0;
+  HQ_OK_OR_FAIL(hq_qtensor_save(qt, sv, 2 * HQ_MAX_BUFFERS, sizeof sv[0], &n));
+  assert_int_equal(n, owned);
+  assert_int_equal(hq_qtensor_is_saved(qt), 1);
+  hq_tensor tmp = hq_test_empty(HQ_F32, M, K);
+  assert_int_equal(hq_dequantize(qt, g_ctx, usage & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE, &tmp),
+                   HQ_ESTATE);
+  free(tmp.data);
+  /* offloaded: each buffer moved to other memory of the context, the original freed */
+  for (size_t e = 0; e < n; e++) {
+    void *p = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_alloc(g_ctx, sv[e].bytes, &p));
+    memcpy(p, sv[e].ptr, sv[e].bytes);
+    memset(sv[e].ptr, 0xA5, sv[e].bytes);
+    hq_ctx_free(g_ctx, sv[e].ptr);
+    sv[e].ptr = p;
+  }
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qt, sv, n, sizeof sv[0]));
+  assert_int_equal(hq_qtensor_is_saved(qt), 0);
+  snap_same(&before, qt, in->label);
+  count(pc);
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    if (!(usage & dir)) continue;
+    hq_tensor f = deq(qt, dir, HQ_F32);
+    if (memcmp(f.data, dv[dir - 1].data, (size_t)(M * K) * 4))
+      fail_msg("%s %s: other values after restore", in->label, dir_name(dir));
+    count(pc);
+    free(f.data);
+    free(dv[dir - 1].data);
+  }
+  free(before.bytes);
+  return 0;
+}
+
+static void test_offload(void **state) {
+  pcase *pc = *state;
+  pc->checks = 0;
+  each_quantized(pc, 21, offload_one);
   report(pc, "offload");
 }
 
@@ -1024,35 +1026,24 @@ static int ckpt_round_trip(hq_quantizer *q, const hq_qtensor *qt, hq_qtensor **o
   return HQ_OK;
 }
 
+static int checkpoint_one(pcase *pc, const inst *in, qz *z, hq_qtensor *qt, uint32_t usage) {
+  (void)usage;
+  hq_qtensor *back = NULL;
+  const int rc = ckpt_round_trip(z->q, qt, &back);
+  if (rc) return rc;
+  hq_test_same_qtensors(qt, back, in->label);
+  count(pc);
+  hq_qtensor_free(back);
+  return 0;
+}
+
 static void test_checkpoint(void **state) {
   pcase *pc = *state;
   pc->checks = 0;
-  const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
-  for (size_t i = 0; i < pc->n; i++)
-    for (int u = 0; u < 3; u++) {
-      if (usages[u] == HQ_COLWISE && !is_colwise_only_capable(pc)) continue;
-      const inst *in = &pc->in[i];
-      int64_t M, K;
-      usable_shape(pc, in, &M, &K);
-      qz z = qz_open(in, pc->name, usages[u]);
-      hq_tensor x = input(HQ_BF16, M, K, 31 + i);
-      qz_prime(&z, &x);
-      hq_qtensor *qt = NULL, *back = NULL;
-      HQ_OK_OR_FAIL(hq_quantize(z.q, g_ctx, &x, &qt));
-      if (ckpt_round_trip(z.q, qt, &back) == HQ_ENOTSUP) {
-        print_message("[ skipped ] %s: built without jansson: no checkpoints\n", pc->name);
-        hq_qtensor_free(qt);
-        free(x.data);
-        qz_close(&z);
-        skip();
-      }
-      hq_test_same_qtensors(qt, back, in->label);
-      count(pc);
-      hq_qtensor_free(back);
-      hq_qtensor_free(qt);
-      free(x.data);
-      qz_close(&z);
-    }
+  if (each_quantized(pc, 31, checkpoint_one) == HQ_ENOTSUP) {
+    print_message("[ skipped ] %s: built without jansson: no checkpoints\n", pc->name);
+    skip();
+  }
   report(pc, "checkpoint");
 }
 

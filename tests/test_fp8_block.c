@@ -1143,14 +1143,7 @@ static void fsdp_case(opts o, uint32_t usage, int64_t M, int64_t K, int64_t ms) 
   }
   hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
   void *mem[2 * HQ_MAX_BUFFERS];
-  for (size_t e = 0; e < n[0]; e++) {
-    gathered[e] = ext[0][e];
-    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
-    mem[e] = malloc(per * (size_t)world + 1);
-    for (int s = 0; s < world; s++) memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
-    gathered[e].rows = ext[0][e].rows * world;
-    gathered[e].ptr = mem[e];
-  }
+  hq_test_all_gather(ext, world, n[0], gathered, mem);
   hq_qtensor *full = NULL, *ref = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(q, ctx, M, K, HQ_BF16, &full));
   HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0], sizeof(hq_fsdp_buffer)));

@@ -92,22 +92,9 @@ static void run_case(const fmt_case *c, const hq_tensor *x, int64_t ms, int expe
     if (rc) fail_msg("%s: extract: %s", c->name, hq_last_error());
     assert_int_equal(n[s], n[0]);
   }
-  /* the all-gather: each entry concatenated along dim 0 in rank order */
   hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
   void *mem[2 * HQ_MAX_BUFFERS];
-  for (size_t e = 0; e < n[0]; e++) {
-    gathered[e] = ext[0][e];
-    size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
-    mem[e] = malloc(per * (size_t)world);
-    for (int s = 0; s < world; s++) {
-      assert_string_equal(ext[s][e].name, ext[0][e].name);
-      assert_int_equal(ext[s][e].row_bytes, ext[0][e].row_bytes);
-      assert_int_equal(ext[s][e].rows, ext[0][e].rows);
-      memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
-    }
-    gathered[e].rows = ext[0][e].rows * world;
-    gathered[e].ptr = mem[e];
-  }
+  hq_test_all_gather(ext, world, n[0], gathered, mem);
   hq_qtensor *full = NULL, *ref = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &full));
   HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[world - 1], gathered, n[0],
