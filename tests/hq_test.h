@@ -141,6 +141,50 @@ static inline void hq_test_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tenso
   HQ_OK_OR_FAIL(hq_qtensor_update_ex(qt, ctx, x, &args));
 }
 
+/* Every buffer of every direction of a and b equal, byte for byte (same names and sizes); a
+   failure names `what`, the direction, the buffer and the first differing byte. */
+static inline void hq_test_same_qtensors(const hq_qtensor *a, const hq_qtensor *b,
+                                         const char *what) {
+  assert_int_equal(hq_qtensor_dirs(a), hq_qtensor_dirs(b));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const hq_storage *sa = hq_qtensor_storage(a, dir), *sb = hq_qtensor_storage(b, dir);
+    if (!sa) continue;
+    assert_non_null(sb);
+    assert_int_equal(sa->nbuf, sb->nbuf);
+    for (uint32_t i = 0; i < sa->nbuf; i++) {
+      const hq_buffer *x = hq_storage_cbuf(sa, i), *y = hq_storage_cbuf(sb, i);
+      assert_string_equal(x->name, y->name);
+      assert_int_equal(x->bytes, y->bytes);
+      if (memcmp(x->ptr, y->ptr, x->bytes)) {
+        size_t k = 0;
+        while (((const uint8_t *)x->ptr)[k] == ((const uint8_t *)y->ptr)[k]) k++;
+        fail_msg("%s: %s buffer '%s' differs at byte %zu of %zu", what,
+                 dir == HQ_ROWWISE ? "rowwise" : "columnwise", x->name, k, x->bytes);
+      }
+    }
+  }
+}
+
+/* What an FSDP all-gather does with the n entries hq_fsdp_extract gave each of `world` shards
+   (ext[rank]): each entry concatenated along dim 0 in rank order, into gathered[e] (memory
+   mem[e], which the caller frees). The shards' entries must agree in name and shape. */
+static inline void hq_test_all_gather(hq_fsdp_buffer (*ext)[2 * HQ_MAX_BUFFERS], int world,
+                                      size_t n, hq_fsdp_buffer *gathered, void **mem) {
+  for (size_t e = 0; e < n; e++) {
+    gathered[e] = ext[0][e];
+    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+    mem[e] = malloc(per * (size_t)world + 1);
+    for (int s = 0; s < world; s++) {
+      assert_string_equal(ext[s][e].name, ext[0][e].name);
+      assert_int_equal(ext[s][e].row_bytes, ext[0][e].row_bytes);
+      assert_int_equal(ext[s][e].rows, ext[0][e].rows);
+      memcpy((char *)mem[e] + per * (size_t)s, ext[s][e].ptr, per);
+    }
+    gathered[e].rows = ext[0][e].rows * world;
+    gathered[e].ptr = mem[e];
+  }
+}
+
 /* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
 static inline const char *hq_test_path(const char *rel) {
   static char buf[4096];

@@ -60,6 +60,13 @@ tests_plugins_bad_default_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_bad_default_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_DEFAULT
 tests_plugins_bad_default_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# A third-party-style format module (per-tensor INT8) for the conformance test, in a folder of its
+# own, apart from the loader fixtures whose counts the loader tests check.
+check_LTLIBRARIES += tests/plugins/third_party/int8_tensor.la
+tests_plugins_third_party_int8_tensor_la_SOURCES = tests/plugins/third_party/int8_tensor.c
+tests_plugins_third_party_int8_tensor_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_third_party_int8_tensor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
@@ -98,6 +105,12 @@ check_PROGRAMS += tests/test_gpu_fp8_tensor
 tests_test_gpu_fp8_tensor_SOURCES = tests/test_gpu_fp8_tensor.c tests/hq_test.h
 tests_test_gpu_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gpu_fp8_tensor_LDADD = $(HQ_TEST_LDADD)
+
+# the format contract on every module of the test plugin path and the third-party fixture
+check_PROGRAMS += tests/test_conformance
+tests_test_conformance_SOURCES = tests/test_conformance.c tests/hq_test.h
+tests_test_conformance_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_conformance_LDADD = $(HQ_TEST_LDADD)
 
 # GEMMs: host path against an F64 reference, every format pair, hybrids, linear helpers
 check_PROGRAMS += tests/test_gemm
@@ -169,5 +182,7 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_TEST_SRCDIR='$(abs_top_srcdir)/tests'; export HQ_TEST_SRCDIR; \
 	HQ_TEST_FIXTURES='$(abs_top_builddir)/tests/plugins/.libs'; export HQ_TEST_FIXTURES; \
 	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
+	HQ_TEST_THIRD_PARTY='$(abs_top_builddir)/tests/plugins/third_party/.libs'; \
+	export HQ_TEST_THIRD_PARTY; \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
 	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN;

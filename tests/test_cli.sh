@@ -156,9 +156,25 @@ $hq recipe check --json "$conf/recipe.ini" 2>/dev/null | grep -q '"gemm":"dgrad"
 printf '[format a]\nplugin = nvfp4\nrht = true\n\n[role linear:input:*]\ncolumnwise = a\n[role linear:grad_output:*]\ncolumnwise = nvfp4\n' > "$tmp/rht.ini"
 $hq recipe check "$tmp/rht.ini" > "$tmp/out" 2> "$tmp/err"; [ $? -eq 1 ] || fail "impossible gemm exit status"
 grep -q "rht.ini:5: wgrad of linear layer '\*' is impossible: .*rht16" "$tmp/err" || { cat "$tmp/err"; fail "impossible gemm message"; }; ok
-# bench runs (tiny) on the CPU
+# bench runs (tiny) on the CPU: the header says what ran; six rows (each usage with its own amax
+# and a given one); in the JSON, the bytes a quantize of 64x64 writes (per-tensor FP8: 4096
+# codes per direction, the shared scale_inv and amax: 8200 for both, 4104 for one)
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
-grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
+head -n 1 "$tmp/b" | grep -qx "hq bench: cpu, one core, input 64x64 bf16 (0.0 MiB), median of 1 samples of 1 call back to back" ||
+  { cat "$tmp/b"; fail "bench header"; }
+sed -n 2p "$tmp/b" | grep -qx "format  *dirs  *amax  *median_ms  *input_MB/s  *ws_KiB" ||
+  { cat "$tmp/b"; fail "bench columns"; }
+[ "$(grep -c "^\(fp8_tensor\)\{0,1\}  *\(both\|rowwise\|columnwise\)  *\(own\|given\)  " "$tmp/b")" -eq 6 ] ||
+  { cat "$tmp/b"; fail "bench: six rows"; }
+$hq bench --shape 64x64 --iters 1 --format fp8_tensor --json > "$tmp/b.json" || fail "bench --json"
+grep -q '^{"device":"cpu","shape":\[64,64\],"dtype":"bf16","iters":1,"batch":1,"input_bytes":8192,' "$tmp/b.json" ||
+  { cat "$tmp/b.json"; fail "bench --json header"; }
+for w in '"dirs":"both","amax":"own","median_ms":[0-9.e-]*,"input_mb_per_s":[0-9.e+-]*,"bytes_written":8200,"plugin_calls":1,' \
+         '"dirs":"rowwise","amax":"own","median_ms":[0-9.e-]*,"input_mb_per_s":[0-9.e+-]*,"bytes_written":4104,"plugin_calls":1,' \
+         '"dirs":"columnwise","amax":"own","median_ms":[0-9.e-]*,"input_mb_per_s":[0-9.e+-]*,"bytes_written":4104,"plugin_calls":1,'; do
+  grep -q "$w" "$tmp/b.json" || { cat "$tmp/b.json"; fail "bench --json: $w"; }
+done
+[ "$(grep -o '"format":"fp8_tensor"' "$tmp/b.json" | wc -l)" -eq 3 ] || fail "bench --json: three results"; ok
 $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
 # --batch: calls back to back per timed sample, said in the header and the JSON; bad values refused
 $hq bench --shape 64x64 --iters 1 --batch 3 --format fp8_tensor > "$tmp/b" || fail "bench --batch"

@@ -3,8 +3,9 @@
 ** module calls: hand-computed codes and scales, power-of-two scales, epsilon, E5M2, NaN/Inf
 ** inputs, the transposed columnwise layout, columnwise-only quantize, dequantize, input dtypes,
 ** option errors (delayed scaling's options: tests/test_delayed.c), the operand descriptor and
-** buffer descriptions, dequantize through a differently configured instance, caller-supplied
-** amax (hq_quantizer_amax / hq_quantize_ex / hq_qtensor_update_ex), update == fresh quantize.
+** buffer descriptions, the rule of a caller-supplied amax (hq_quantize_ex / hq_qtensor_update_ex).
+** Dequantize through a differently configured instance, update == fresh quantize and a given
+** amax == the quantizer's own: tests/test_conformance.c, for every option.
 ** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW) of hand-built storages, the per-tensor factor and
 ** the invariant RN_f32(raw * factor) == dequantize, ABI 2.3's folded factor (factor_out,
 ** factor_in, factor_mul) of a raw dequantize, emul_dtype BF16 holding every code's value,
@@ -519,67 +520,6 @@ static void free_storages(uint32_t dirs, hq_storage *row, hq_storage *col) {
     }
 }
 
-/* Quantize with instance A, dequantize each storage through a differently configured instance
-   B of the same plugin: B reads the element dtype and the order from the storage, so its values
-   equal A's own dequantize bit for bit (and the independent decode of the codes). */
-static void test_cross_instance_dequantize(void **state) {
-  (void)state;
-  module m = open_module();
-  struct {
-    int e5m2, pow2;
-    double eps;
-  } cfgs[] = {{0, 0, 0.0}, {1, 1, 0.5}, {1, 0, 0.0}, {0, 1, 1e-3}};
-  const int64_t shapes[][2] = {{37, 53}, {1, 1}, {65, 130}};
-  for (size_t a = 0; a < 4; a++)
-    for (size_t b = 0; b < 4; b++) {
-      if (a == b || cfgs[a].e5m2 == cfgs[b].e5m2) continue; /* the elem must differ */
-      void *ca = configure(&m, cfgs[a].e5m2, cfgs[a].pow2, cfgs[a].eps);
-      void *cb = configure(&m, cfgs[b].e5m2, cfgs[b].pow2, cfgs[b].eps);
-      for (size_t sh = 0; sh < 3; sh++)
-        for (uint32_t dirs = 1; dirs <= 3; dirs++) {
-          const int64_t M = shapes[sh][0], K = shapes[sh][1];
-          hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 100 + sh, 1000.0f);
-          if (M * K > 2) hq_store_hp(x.data, 1, HQ_BF16, NAN);
-          hq_storage row, col;
-          make_storages(&m, ca, M, K, dirs, &row, &col);
-          hq_call call = hq_test_call(&m.host, 0, 0);
-          HQ_OK_OR_FAIL(m.ops->quantize(ca, &call, &x, dirs, (dirs & HQ_ROWWISE) ? &row : NULL,
-                                        (dirs & HQ_COLWISE) ? &col : NULL));
-          for (uint32_t dir = 1; dir <= 2; dir++) {
-            if (!(dirs & dir)) continue;
-            const hq_storage *s = dir == HQ_ROWWISE ? &row : &col;
-            hq_tensor da = hq_test_empty(HQ_F32, M, K), db = hq_test_empty(HQ_F32, M, K);
-            hq_tensor hb = hq_test_empty(HQ_BF16, M, K), ha = hq_test_empty(HQ_BF16, M, K);
-            HQ_OK_OR_FAIL(m.ops->dequantize(ca, &call, s, &da));
-            HQ_OK_OR_FAIL(m.ops->dequantize(cb, &call, s, &db));
-            HQ_OK_OR_FAIL(m.ops->dequantize(ca, &call, s, &ha));
-            HQ_OK_OR_FAIL(m.ops->dequantize(cb, &call, s, &hb));
-            assert_memory_equal(da.data, db.data, (size_t)(M * K) * 4);
-            assert_memory_equal(ha.data, hb.data, (size_t)(M * K) * 2);
-            /* and they are the values of the codes in A's element dtype */
-            const uint8_t *q = hq_storage_cbuf(s, 0)->ptr;
-            const float si = *(const float *)hq_storage_cbuf(s, 1)->ptr;
-            for (int64_t i = 0; i < M; i++)
-              for (int64_t k = 0; k < K; k++) {
-                uint8_t c = q[dir == HQ_ROWWISE ? i * K + k : k * M + i];
-                double dv = ref_fp8_decode(c, cfgs[a].e5m2);
-                float v = ((float *)da.data)[i * K + k];
-                if (isnan(dv)) assert_true(isnan(v));
-                else assert_true(v == (float)dv * si);
-              }
-            free(da.data);
-            free(db.data);
-            free(ha.data);
-            free(hb.data);
-          }
-          free_storages(dirs, &row, &col);
-          free(x.data);
-        }
-      free(ca);
-      free(cb);
-    }
-}
-
 /* The ops a direct caller sees: scratch 0, amax_kind INPUT both ways, amax() writes both
    entries (0 for a direction not asked for), quantize with call->amax, update flags (host->alloc
    refuses) work, a storage that is not per-tensor FP8 is refused, device calls of a host-only
@@ -662,63 +602,6 @@ static void test_ops_direct(void **state) {
 
 // --- caller-supplied amax and update, through the public API ---------------------------------
 
-/* hq_quantizer_amax then hq_quantize_ex with that amax == hq_quantize, byte for byte, for every
-   usage, option set, input dtype and edge shape. */
-static void test_caller_amax_equals_internal(void **state) {
-  (void)state;
-  hq_ctx *ctx = host_ctx();
-  const char *sets[] = {"", "dtype = e5m2", "power_2_scales = true\namax_epsilon = 0.125"};
-  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {65, 130}, {3, 200}};
-  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  for (size_t o = 0; o < 3; o++) {
-    hq_recipe *r = recipe(sets[o]);
-    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
-    assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_INPUT);
-    assert_int_equal(hq_quantizer_amax_kind(q, HQ_COLWISE), HQ_AMAX_INPUT);
-    for (size_t sh = 0; sh < 4; sh++)
-      for (int t = 0; t < 3; t++) {
-        const int64_t M = shapes[sh][0], K = shapes[sh][1];
-        hq_tensor x = hq_test_tensor(dts[t], M, K, 31 * sh + t, 5.0f);
-        if (M * K > 4) {
-          hq_store_hp(x.data, 2, dts[t], NAN);
-          hq_store_hp(x.data, M * K - 1, dts[t], -77.0f); /* the amax, exact in every dtype */
-        }
-        /* independent amax: max |x| over the stored values, NaN ignored */
-        float want = 0;
-        for (int64_t i = 0; i < M * K; i++) {
-          float v = fabsf(hq_load_hp(x.data, i, dts[t]));
-          if (!isnan(v) && v > want) want = v;
-        }
-        const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
-        for (int u = 0; u < 3; u++) {
-          HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
-          float a[2] = {-1.0f, -1.0f};
-          HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &x, a));
-          if (usages[u] & HQ_ROWWISE) assert_true(a[0] == want);
-          if (usages[u] & HQ_COLWISE) assert_true(a[1] == want);
-          hq_qtensor *ref = NULL;
-          HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
-          hq_qtensor *got = hq_test_quantize_ex(q, ctx, &x, a);
-          if (usages[u] & HQ_ROWWISE) same_bytes(ref, got, HQ_ROWWISE, "quantize_ex rowwise");
-          if (usages[u] & HQ_COLWISE) same_bytes(ref, got, HQ_COLWISE, "quantize_ex columnwise");
-          if (usages[u] & HQ_ROWWISE) assert_true(amax(got, HQ_ROWWISE) == want);
-          if (usages[u] & HQ_COLWISE) assert_true(amax(got, HQ_COLWISE) == want);
-          /* args without an amax is hq_quantize */
-          hq_qtensor *plain = hq_test_quantize_ex(q, ctx, &x, NULL);
-          if (usages[u] & HQ_ROWWISE) same_bytes(ref, plain, HQ_ROWWISE, "quantize_ex NULL");
-          if (usages[u] & HQ_COLWISE) same_bytes(ref, plain, HQ_COLWISE, "quantize_ex NULL");
-          hq_qtensor_free(plain);
-          hq_qtensor_free(got);
-          hq_qtensor_free(ref);
-        }
-        free(x.data);
-      }
-    hq_quantizer_free(q);
-    hq_recipe_free(r);
-  }
-  hq_ctx_destroy(ctx);
-}
-
 /* A supplied amax is used as given (the input is not read for it), by the scale rule
    scale = RN(max_fp8 / amax) (pow2: rounded down to a power of two), scale_inv = RN(1/scale):
      x = {1, -2, 0.5, 2} (amax 2), supplied 4: scale 448/4 = 112, scale_inv 1/112;
@@ -786,53 +669,6 @@ static void test_caller_amax_rule(void **state) {
     if (cases[c].usage & HQ_COLWISE) same_bytes(qt, u, HQ_COLWISE, "update_ex");
     hq_qtensor_free(u);
     hq_qtensor_free(qt);
-    hq_quantizer_free(q);
-    hq_recipe_free(r);
-  }
-  hq_ctx_destroy(ctx);
-}
-
-/* hq_qtensor_update with new data equals a fresh quantize of it, byte for byte (every usage,
-   option set and edge shape); so does update_ex with the new data's amax. */
-static void test_update_equals_quantize(void **state) {
-  (void)state;
-  hq_ctx *ctx = host_ctx();
-  const char *sets[] = {"", "dtype = e5m2\npower_2_scales = true"};
-  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {65, 130}};
-  for (size_t o = 0; o < 2; o++) {
-    hq_recipe *r = recipe(sets[o]);
-    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
-    for (size_t sh = 0; sh < 3; sh++) {
-      const int64_t M = shapes[sh][0], K = shapes[sh][1];
-      hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 70 + sh, 1.0f);
-      hq_tensor y = hq_test_tensor(HQ_BF16, M, K, 80 + sh, 30.0f);
-      const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
-      for (int u = 0; u < 3; u++) {
-        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
-        hq_qtensor *fresh = NULL, *upd = NULL, *upd2 = NULL;
-        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &fresh));
-        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &upd));
-        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &upd2));
-        HQ_OK_OR_FAIL(hq_qtensor_update(upd, ctx, &y));
-        float a[2];
-        HQ_OK_OR_FAIL(hq_quantizer_amax(q, ctx, &y, a));
-        hq_quantize_args args;
-        memset(&args, 0, sizeof args);
-        args.struct_size = sizeof args;
-        args.amax = a;
-        HQ_OK_OR_FAIL(hq_qtensor_update_ex(upd2, ctx, &y, &args));
-        for (uint32_t dir = 1; dir <= 2; dir++) {
-          if (!(usages[u] & dir)) continue;
-          same_bytes(fresh, upd, dir, "update");
-          same_bytes(fresh, upd2, dir, "update_ex");
-        }
-        hq_qtensor_free(fresh);
-        hq_qtensor_free(upd);
-        hq_qtensor_free(upd2);
-      }
-      free(x.data);
-      free(y.data);
-    }
     hq_quantizer_free(q);
     hq_recipe_free(r);
   }
@@ -1205,11 +1041,8 @@ int main(void) {
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_desc_and_buffers),
-      cmocka_unit_test(test_cross_instance_dequantize),
       cmocka_unit_test(test_ops_direct),
-      cmocka_unit_test(test_caller_amax_equals_internal),
       cmocka_unit_test(test_caller_amax_rule),
-      cmocka_unit_test(test_update_equals_quantize),
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_raw_factor_invariant),
       cmocka_unit_test(test_deq_factor_out),

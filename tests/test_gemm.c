@@ -282,7 +282,8 @@ static void test_mixed_hp_and_accumulate(void **state) {
   HQ_OK_OR_FAIL(hq_linear_fprop(g_ctx, hq_operand_hp(&x), hq_operand_q(qw), NULL, HQ_F32, &y, &info));
   assert_string_equal(info.format_a, "fp8_tensor");
   assert_string_equal(info.format_b, "f32");
-  assert_true(info.reason[0] != 0);
+  assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+  assert_string_equal(info.reason, "a high-precision operand");
   float *w_row = deq(qw, HQ_ROWWISE);
   check_product(w_row, in, 1, x.data, in, 0, out, tokens, in, 1, 0, NULL, NULL, &y, "fp8 x f32");
   /* wgrad accumulate: dW = dW0 + dy^T x */

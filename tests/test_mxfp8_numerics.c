@@ -132,7 +132,7 @@ static void test_scale_rule_vs_bruteforce(void **state) {
         n_exact++;
       }
     }
-    assert_true(n_exact > 100000);
+    assert_int_equal(n_exact, kind ? 199709 : 204936); /* the seeded draws in the normal range */
   }
   /* special amax values */
   assert_int_equal(hq_mxfp8_scale_code(0.0f, HQ_E4M3), 0);

@@ -1,7 +1,9 @@
 /*
 ** test_nvfp4.c -- the nvfp4 plugin through the public API (recipes, quantizers, storages, the
-** split amax, updates, hq_gemm on the host) and, for the device, option, scratch, cross-instance,
-** raw-dequantize, tensor-factor and gemm-op checks, through its ops table (ABI 2.1).
+** split amax, hq_gemm on the host) and, for the device, option, scratch, cross-instance,
+** raw-dequantize, tensor-factor and gemm-op checks, through its ops table (ABI 2.1). The contract
+** every format meets (update == fresh quantize, a given amax == the quantizer's own, a storage
+** read by other instances, FSDP, offload, checkpoints): test_conformance.
 ** Expectations are independent of the plugin's code: hand-built rows and scales, the descriptor
 ** table of the ABI 2.0 / 2.1 briefs, an F64 product, and a reference quantizer written here
 ** in double precision from FORMATS.md 3.3 (brute-force E4M3 / E2M1 encoders, its own index
@@ -308,7 +310,7 @@ static void expect_recipe_error(const char *opts, const char *needle1, const cha
   ro.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
   hq_recipe *r = NULL;
   HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "test.ini", &ro, &r));
-  assert_true(hq_recipe_error_count(r) >= 1);
+  assert_int_equal(hq_recipe_error_count(r), 1);
   const char *e = hq_recipe_error(r, 0);
   if (!strstr(e, needle1) || !strstr(e, needle2))
     fail_msg("error '%s' lacks '%s' / '%s'", e, needle1, needle2);
@@ -977,7 +979,15 @@ static void test_swizzle_is_a_permutation(void **state) {
         assert_int_equal(ss[ref_scale_off(r, c, C, 1)], want);
         nonzero += want != 0;
       }
-    assert_true(nonzero > 0);
+    /* as many nonzero scales as the reference quantizer gives (spread_tensor's zero and tiny
+       blocks have scale 0) */
+    float *v = d == 1 ? as_floats(&x) : stored_colwise(&x, 0, 0);
+    ref_out o = ref_quantize(v, R, C, 0, 0, NULL, NULL);
+    size_t want_nonzero = 0;
+    for (size_t i = 0; i < o.scale_bytes; i++) want_nonzero += o.scale[i] != 0;
+    assert_int_equal(nonzero, want_nonzero);
+    ref_free(&o);
+    free(v);
     hq_tensor ya = dequant(&a, d, HQ_F32), yb = dequant(&b, d, HQ_F32);
     assert_memory_equal(ya.data, yb.data, (size_t)(M * K) * 4);
     free(ya.data);
@@ -1417,9 +1427,9 @@ static void test_direct_amax(void **state) {
 }
 
 /* Dequantize reads the layout from the storage: quantize with instance A, dequantize with A and
-   with a differently configured instance B; B's values equal A's bit for bit, for every output
-   dtype. Flipping a layout fact in the storage's descriptor changes the values (so the
-   descriptor is what is read), and a storage of A is refused by B's quantize. */
+   with a differently configured instance B of a storage whose descriptor has one layout fact
+   flipped: the values change (so the descriptor is what is read; that B reads A's storage as A
+   does: test_conformance). A storage of A is refused by B's quantize. */
 static void test_cross_instance_dequantize(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
@@ -1436,7 +1446,6 @@ static void test_cross_instance_dequantize(void **state) {
       {{1, 0xD7E8, 1, 3, 0, 0}, {0, 0xD7E8, 0, 0, 1, 1}}, /* SR + rht, read by 2-D swizzled */
   };
   static const int64_t shapes[][2] = {{144, 80}, {48, 32}};
-  static const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
   uint8_t ca[256], cb[256];
   for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
     for (size_t si = 0; si < 2; si++) {
@@ -1453,36 +1462,28 @@ static void test_cross_instance_dequantize(void **state) {
       assert_non_null(strstr(last_err, "not described by this instance"));
       free_call(&cbc);
       for (int d = 0; d < 2; d++) {
-        for (int od = 0; od < 3; od++) {
-          hq_call c = hq_test_call(&host, 0, 0);
-          hq_tensor ya = hq_test_empty(dts[od], M, K), yb = hq_test_empty(dts[od], M, K);
-          DIRECT_OK(ops->dequantize(ca, &c, &st[d], &ya));
+        hq_call c = hq_test_call(&host, 0, 0);
+        hq_tensor ya = hq_test_empty(HQ_F32, M, K), yb = hq_test_empty(HQ_F32, M, K);
+        const size_t bytes = (size_t)(M * K) * sizeof(float);
+        DIRECT_OK(ops->dequantize(ca, &c, &st[d], &ya));
+        /* what the descriptor says matters: the other scale layout gives other values */
+        hq_operand_desc keep = st[d].desc;
+        st[d].desc.scale_layout = keep.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED
+                                      ? HQ_SCALE_LAYOUT_OUTER_MAJOR
+                                      : HQ_SCALE_LAYOUT_SWIZZLED;
+        DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
+        assert_int_not_equal(memcmp(ya.data, yb.data, bytes), 0);
+        st[d].desc = keep;
+        if (d == 1) { /* ... and so does the RHT transform and its signs */
+          st[d].desc.transform =
+              keep.transform == HQ_TRANSFORM_RHT16 ? HQ_TRANSFORM_NONE : HQ_TRANSFORM_RHT16;
+          st[d].desc.transform_param = keep.transform == HQ_TRANSFORM_RHT16 ? 0 : 0x5555;
           DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
-          size_t bytes = (size_t)(M * K) * hq_dtype_size(dts[od]);
-          if (memcmp(ya.data, yb.data, bytes))
-            fail_msg("pair %zu shape %zu %s dtype %d: instance B dequantizes differently", pi,
-                     si, d ? "columnwise" : "rowwise", (int)dts[od]);
-          /* what the descriptor says matters: the other scale layout gives other values */
-          if (od == 0) {
-            hq_operand_desc keep = st[d].desc;
-            st[d].desc.scale_layout = keep.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED
-                                          ? HQ_SCALE_LAYOUT_OUTER_MAJOR
-                                          : HQ_SCALE_LAYOUT_SWIZZLED;
-            DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
-            assert_true(memcmp(ya.data, yb.data, bytes) != 0);
-            st[d].desc = keep;
-            if (d == 1) { /* ... and so does the RHT transform and its signs */
-              st[d].desc.transform =
-                  keep.transform == HQ_TRANSFORM_RHT16 ? HQ_TRANSFORM_NONE : HQ_TRANSFORM_RHT16;
-              st[d].desc.transform_param = keep.transform == HQ_TRANSFORM_RHT16 ? 0 : 0x5555;
-              DIRECT_OK(ops->dequantize(cb, &c, &st[d], &yb));
-              assert_true(memcmp(ya.data, yb.data, bytes) != 0);
-              st[d].desc = keep;
-            }
-          }
-          free(ya.data);
-          free(yb.data);
+          assert_int_not_equal(memcmp(ya.data, yb.data, bytes), 0);
+          st[d].desc = keep;
         }
+        free(ya.data);
+        free(yb.data);
       }
       free_storage(&st[0]);
       free_storage(&st[1]);
@@ -1570,18 +1571,9 @@ static void test_caller_amax_hand(void **state) {
   free(x.data);
 }
 
-static void expect_same_qtensors(const hq_qtensor *a, const hq_qtensor *b, const char *what) {
-  for (uint32_t d = 1; d <= 2; d++) {
-    const hq_storage *x = hq_qtensor_storage(a, d), *y = hq_qtensor_storage(b, d);
-    assert_true((x == NULL) == (y == NULL));
-    if (!x) continue;
-    if (!same_storage_bytes(x, y))
-      fail_msg("%s: the %s storages differ", what, d == 1 ? "rowwise" : "columnwise");
-  }
-}
-
-/* hq_quantizer_amax then hq_quantize_ex with that amax == hq_quantize, byte for byte, for every
-   option that changes the amax or the bytes; the quantizer's amax kinds per the table. */
+/* The quantizer's amax kinds per the table (the columnwise RHT copy's amax is its own), and the
+   AMAX buffers of hq_quantize_ex hold the amaxes hq_quantizer_amax computed, for every option
+   that changes the amax (that the bytes equal hq_quantize's: test_conformance). */
 static void test_caller_amax_api(void **state) {
   (void)state;
   static const struct {
@@ -1606,87 +1598,26 @@ static void test_caller_amax_api(void **state) {
         HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
         assert_int_equal(hq_quantizer_amax_kind(q, HQ_ROWWISE), HQ_AMAX_INPUT);
         assert_int_equal(hq_quantizer_amax_kind(q, HQ_COLWISE), cases[ci].col_kind);
-        hq_ctx *c1 = ctx_with_seed(21), *c2 = ctx_with_seed(21), *c3 = ctx_with_seed(21);
+        hq_ctx *c1 = ctx_with_seed(21), *c2 = ctx_with_seed(21);
         float a[2] = {-1.0f, -1.0f};
         HQ_OK_OR_FAIL(hq_quantizer_amax(q, c1, &x, a));
         hq_quantize_args args = {0};
         args.struct_size = sizeof args;
         args.amax = a;
-        hq_qtensor *t1 = NULL, *t2 = NULL;
+        hq_qtensor *t1 = NULL;
         HQ_OK_OR_FAIL(hq_quantize_ex(q, c2, &x, &args, &t1));
-        HQ_OK_OR_FAIL(hq_quantize(q, c3, &x, &t2));
-        expect_same_qtensors(t1, t2, cases[ci].opts ? cases[ci].opts : "plain");
         /* the AMAX buffers hold the amaxes */
         if (usage & HQ_ROWWISE)
           assert_true(*(const float *)hq_storage_cbuf(hq_qtensor_storage(t1, 1), 2)->ptr == a[0]);
         if (usage & HQ_COLWISE)
           assert_true(*(const float *)hq_storage_cbuf(hq_qtensor_storage(t1, 2), 2)->ptr == a[1]);
         hq_qtensor_free(t1);
-        hq_qtensor_free(t2);
         hq_ctx_destroy(c1);
         hq_ctx_destroy(c2);
-        hq_ctx_destroy(c3);
         hq_quantizer_free(q);
       }
       hq_recipe_free(r);
       free(x.data);
-    }
-  }
-}
-
-/* hq_qtensor_update (in place, the optimizer's write-back) makes the bytes of a fresh quantize
-   of the new values: from a quantized tensor of other values, from an empty one, and with a
-   caller's amax (hq_qtensor_update_ex). With stochastic rounding the update draws at the
-   context's next offset, which a fresh context reproduces with hq_ctx_set_rng_offset. */
-static void test_update_equals_fresh(void **state) {
-  (void)state;
-  static const char *opts[] = {NULL,
-                               "rht = true",
-                               "swizzle = true\nrht = true\nrht_sign_mask = 0x00ff",
-                               "block_2d = true",
-                               "block_2d = true\nswizzle = true",
-                               "stochastic_rounding = true\nrht = true"};
-  const int64_t M = 48, K = 80;
-  for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
-    for (int dt = 0; dt < 2; dt++) {
-      hq_tensor x1 = spread_tensor(dt ? HQ_BF16 : HQ_F32, M, K, 400 + oi);
-      hq_tensor x2 = spread_tensor(dt ? HQ_BF16 : HQ_F32, M, K, 450 + oi);
-      hq_recipe *r = nv_recipe(opts[oi]);
-      for (uint32_t usage = 1; usage <= 3; usage++) {
-        hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
-        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
-        hq_ctx *ctx = ctx_with_seed(77), *f = ctx_with_seed(77);
-        hq_qtensor *t = NULL, *e = NULL, *fresh = NULL;
-        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(f, 5));
-        HQ_OK_OR_FAIL(hq_quantize(q, f, &x2, &fresh)); /* draws at offset 5 */
-        HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x1, &t));
-        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
-        HQ_OK_OR_FAIL(hq_qtensor_update(t, ctx, &x2));
-        expect_same_qtensors(t, fresh, "update");
-        HQ_OK_OR_FAIL(hq_make_empty(q, ctx, M, K, HQ_F32, &e));
-        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
-        HQ_OK_OR_FAIL(hq_qtensor_update(e, ctx, &x2));
-        expect_same_qtensors(e, fresh, "update of an empty tensor");
-        /* update_ex with the caller's amax of x2 */
-        float a[2];
-        HQ_OK_OR_FAIL(hq_quantizer_amax(q, f, &x2, a));
-        hq_quantize_args args = {0};
-        args.struct_size = sizeof args;
-        args.amax = a;
-        HQ_OK_OR_FAIL(hq_qtensor_update(t, ctx, &x1));
-        HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, 5));
-        HQ_OK_OR_FAIL(hq_qtensor_update_ex(t, ctx, &x2, &args));
-        expect_same_qtensors(t, fresh, "update_ex with the amax");
-        hq_qtensor_free(t);
-        hq_qtensor_free(e);
-        hq_qtensor_free(fresh);
-        hq_ctx_destroy(ctx);
-        hq_ctx_destroy(f);
-        hq_quantizer_free(q);
-      }
-      hq_recipe_free(r);
-      free(x1.data);
-      free(x2.data);
     }
   }
 }
@@ -2125,7 +2056,6 @@ int main(void) {
       cmocka_unit_test(test_cross_instance_dequantize),
       cmocka_unit_test(test_caller_amax_hand),
       cmocka_unit_test(test_caller_amax_api),
-      cmocka_unit_test(test_update_equals_fresh),
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_tensor_factor_invariant),
       cmocka_unit_test(test_deq_factor_out),
