@@ -101,6 +101,11 @@ $hq quantize --recipe "$conf/examples/fp8_current_hybrid.ini" --role linear:weig
 for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tensor"' '"rel_rms_error":0.02' '"bytes":32776' '"fused":true'; do
   grep -q "$s" "$tmp/q.json" || { cat "$tmp/q.json"; fail "quantize --json lacks $s"; }; ok
 done
+# one instance for both directions but the columnwise copy from the dequantized rowwise one: two
+# plugin calls, so not fused
+printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\ncolumnwise = f8\ncolumnwise_source = rowwise_dequantized\n' > "$tmp/deq.ini"
+$hq quantize --recipe "$tmp/deq.ini" --role a:b:c --random 32x32 --json > "$tmp/q.json" || fail "quantize rowwise_dequantized"
+grep -q '"fused":false' "$tmp/q.json" || { cat "$tmp/q.json"; fail "rowwise_dequantized source reported fused"; }; ok
 # the default recipe: MXFP8 rowwise (E4M3: 2-3% error), NVFP4 columnwise (8-12%)
 $hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 256x256 --json > "$tmp/q.json" || fail "quantize default recipe"
 for s in '"format":"mx","plugin":"mxfp8","bytes":67584' '"format":"nv_w","plugin":"nvfp4","bytes":36868' '"fused":false'; do
