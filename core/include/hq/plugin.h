@@ -728,7 +728,8 @@ typedef struct hq_format_ops {
   /* --- configuration ------------------------------------------------------------------------ */
   /* (required) Turn validated option values (vals[i] belongs to options[i]) into the instance
      configuration `cfg` (config_size zeroed bytes). Reject combinations the table cannot express
-     (e.g. "stochastic_rounding needs dtype e2m1") with HQ_EINVAL. */
+     (e.g. "stochastic_rounding needs dtype e2m1") with HQ_EINVAL. The status returned reaches
+     the caller as it is; one outside hq_status becomes HQ_EINTERNAL naming the module. */
   int (*configure)(void *cfg, const hq_optval *vals, const hq_host_api *host);
   /* Free whatever configure() acquired. NULL: nothing to free. */
   void (*release)(void *cfg);
