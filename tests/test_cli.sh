@@ -43,6 +43,13 @@ grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(buil
 [ "$(grep -o '"name":"identity"' "$tmp/info.json" | wc -l)" -eq 1 ] || fail "info --json lists identity more than once"; ok
 $hq info > "$tmp/info.txt" || fail "info"
 grep -A2 '^  identity ' "$tmp/info.txt" | grep -q '^    (built into libhqcore)$' || { cat "$tmp/info.txt"; fail "info text: identity's file"; }; ok
+# every stock format reports the package's version, the one `hq --version` prints
+v=$($hq --version | sed -n 's/^hq \([^ ]*\) .*/\1/p')
+[ -n "$v" ] || fail "hq --version: no version"
+for f in identity fp8_tensor mxfp8 nvfp4 fp8_block; do
+  grep -q "\"name\":\"$f\",\"version\":\"$v\"" "$tmp/info.json" || fail "info --json: $f's version is not $v"; ok
+  grep -q "^  $f $v  \[" "$tmp/info.txt" || { cat "$tmp/info.txt"; fail "info: $f's version is not $v"; }; ok
+done
 grep -q 'plugins/identity' "$tmp/info.json" && fail "info --json mentions a plugins/identity directory"; ok
 # nothing is rejected, except an installed copy (scripts/install.sh) that the tree's module of the
 # same name shadows
