@@ -179,7 +179,13 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
     char copy[512];
     snprintf(copy, sizeof copy, "%s", msg[0] ? msg : hq_strerror(rc));
     hqi_format_release(f);
-    return hqi_error(rc == HQ_EPARSE ? HQ_EPARSE : HQ_EINVAL, "%s", copy);
+    /* The module's status is the caller's answer (HQ_ENOMEM is worth a retry, HQ_ENOTSUP names
+       an unsupported combination); a value that is no hq_status (HQ_EINTERNAL is the last) is
+       a broken module, which must not pass for success or another code's meaning. */
+    if (rc < 0 || rc > HQ_EINTERNAL)
+      return hqi_error(HQ_EINTERNAL, "plugin %s: configure() returned %d, which is not an "
+                       "hq_status%s%s", ops->name, rc, msg[0] ? ": " : "", msg[0] ? copy : "");
+    return hqi_error(rc, "%s", copy);
   }
   f->caps = ops->instance_caps ? ops->instance_caps(f->cfg) : ops->caps;
   f->set = set;

@@ -34,6 +34,15 @@ static const char *dname(uint32_t dir) { return HQI_DIR_NAME(dir); }
 static uint32_t fmt_amax_kind(const hqi_format *f, uint32_t dir);
 #define BUF(st, i) HQ_STORAGE_BUF(st, i)
 
+/* Whether one plugin call makes both directions (a "fused" quantizer or tensor): one format
+   instance for both, and the columnwise source is the original tensor -- with
+   "rowwise_dequantized" the columnwise call reads the rowwise result, so the calls are two.
+   Such directions share one state slice (one scale) and may share buffers. The one definition
+   of "fused": every path that decides between one call and two asks it. */
+static int fused_call(hqi_format *const fmt[2], int source) {
+  return fmt[0] == fmt[1] && source == HQ_SOURCE_ORIGINAL;
+}
+
 // --- quantizers -------------------------------------------------------------------------------
 
 int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
@@ -171,11 +180,6 @@ void hq_quantizer_free(hq_quantizer *q) {
 
 // --- scaling state ----------------------------------------------------------------------------
 
-/* Both directions come from one plugin call, so they share one slice (and one scale). */
-static int fused_call(hqi_format *const fmt[2], int source) {
-  return fmt[0] == fmt[1] && source == HQ_SOURCE_ORIGINAL;
-}
-
 int hq_quantizer_create_ex(hq_recipe *r, const hq_role *role, hq_state *st, hq_quantizer **out) {
   int rc = hq_quantizer_create(r, role, out);
   if (rc || !st) return rc;
@@ -242,7 +246,7 @@ const char *hq_quantizer_plugin(const hq_quantizer *q, uint32_t dir) {
   return q ? q->fmt[di(dir)]->plugin->ops.name : NULL;
 }
 int hq_quantizer_columnwise_source(const hq_quantizer *q) { return q ? q->source : 0; }
-int hq_quantizer_fused(const hq_quantizer *q) { return q && q->fmt[0] == q->fmt[1]; }
+int hq_quantizer_fused(const hq_quantizer *q) { return q && fused_call(q->fmt, q->source); }
 
 int hq_quantizer_requant_safe(const hq_quantizer *q) {
   if (!q) return 0;
@@ -479,13 +483,12 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
 /* Reserve the plugin scratch every quantize/update of qt will need (owner's memory). */
 static int reserve_scratch(hq_qtensor *qt) {
   size_t need = 0;
-  hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
   const int64_t M = qt->rows, K = qt->cols;
   const int dev = qt->ctx->device;
 #define SCRATCH(f, dirs)                                                                      \
   ((f)->plugin->ops.scratch_size ? (f)->plugin->ops.scratch_size((f)->cfg, M, K, dirs, dev) : 0)
-  if (fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
-    size_t s = SCRATCH(fr, HQ_BOTH);
+  if (fused_call(qt->fmt, qt->source)) {
+    size_t s = SCRATCH(qt->fmt[0], HQ_BOTH);
     need = s > need ? s : need;
   }
   for (int d = 0; d < 2; d++) {
@@ -664,7 +667,7 @@ static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t 
   int rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset);
   if (rc) return rc;
   if (!update && (rc = reserve_scratch(qt))) return rc;
-  if (dirs == HQ_BOTH && fr == fc && qt->source == HQ_SOURCE_ORIGINAL) {
+  if (dirs == HQ_BOTH && fused_call(qt->fmt, qt->source)) {
     if (!update) rc = make_storages(qt, fr, HQ_BOTH);
     else
       rc = reshare(qt);
@@ -870,8 +873,7 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
   hq_qtensor *qt = new_qtensor(q, ctx, rows, cols, nominal);
   if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
   else rc = reserve_scratch(qt);
-  if (!rc && q->fmt[0] == q->fmt[1] && q->usage == HQ_BOTH &&
-      q->source == HQ_SOURCE_ORIGINAL)
+  if (!rc && q->usage == HQ_BOTH && fused_call(q->fmt, q->source))
     rc = make_storages(qt, q->fmt[0], HQ_BOTH);
   else if (!rc) {
     if (q->usage & HQ_ROWWISE) rc = make_storages(qt, q->fmt[0], HQ_ROWWISE);
@@ -951,7 +953,7 @@ static hqi_format *fused_adam_format(const hq_qtensor *qt, const hq_ctx *ctx, ui
   *dirs = qt->usage & hq_qtensor_dirs(qt);
   if (ctx->device < 0 || qt->saved || !*dirs || qt->source != HQ_SOURCE_ORIGINAL) return NULL;
   hqi_format *f = *dirs == HQ_COLWISE ? qt->fmt[1] : qt->fmt[0];
-  if (*dirs == HQ_BOTH && qt->fmt[0] != qt->fmt[1]) return NULL; /* two calls, two reads */
+  if (*dirs == HQ_BOTH && !fused_call(qt->fmt, qt->source)) return NULL; /* two calls, two reads */
   if (!(f->caps & HQ_CAP_FUSED_ADAM)) return NULL;
   for (int d = 0; d < 2; d++)
     if ((*dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) &&
@@ -1094,8 +1096,7 @@ int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float
                   ((q->usage & HQ_COLWISE) && kc ? HQ_COLWISE : 0);
   /* one plugin call for both directions writes both of the caller's floats itself: no
      temporary, no memset, no copies on the stream (the plugin's own operations alone) */
-  const int one_call =
-      need == HQ_BOTH && q->fmt[0] == q->fmt[1] && q->source == HQ_SOURCE_ORIGINAL;
+  const int one_call = need == HQ_BOTH && fused_call(q->fmt, q->source);
   if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
   if (!rc) rc = reserve_scratch(qt);
   if (!rc && !one_call) {

@@ -3,7 +3,8 @@
 #
 # From a clean checkout (autoconf, automake, libtool, pkg-config, libinih-dev and
 # libcmocka-dev installed), in build/ (git-ignored):
-#   1. build/default: configure (CUDA paths built when nvcc is found) + make check
+#   1. build/default: configure (CUDA paths built when nvcc is found; it must print no
+#      "cannot remove" about the build tree's core/ directory) + make check
 #   2. build/asan:    --without-cuda --enable-sanitizers (ASan + UBSan) + make check
 #   3. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
 # and print the automake totals of 1 and 2 as one line: "N passed, N failed[, N skipped]".
@@ -26,9 +27,18 @@ passed=0 failed=0 skipped=0 status=0
 run() { # name, configure args...
   local name=$1; shift
   local dir=build/$name
-  rm -rf "$dir" && mkdir -p "$dir"
+  # core/ made first, as a re-configure finds it (config.status makes it), so that every test
+  # program's `rm -f core` meets it
+  rm -rf "$dir" && mkdir -p "$dir/core"
   echo "== $name: configure $*"
   (cd "$dir" && "$top/configure" -q "$@" > configure.log 2>&1) || { tail -20 "$dir/configure.log"; status=1; failed=$((failed + 1)); return; }
+  if grep -q "cannot remove" "$dir/configure.log"; then
+    grep "cannot remove" "$dir/configure.log" | sort | uniq -c
+    echo "check.sh: $name: configure printed 'cannot remove': autoconf's rm -f core (stale core" \
+      "dumps) met the build tree's core/ directory; configure.ac's rm function should keep it off"
+    status=1
+    failed=$((failed + 1))
+  fi
   echo "== $name: make -j$jobs check"
   (cd "$dir" && make -j"$jobs" check > check.log 2>&1)
   local rc=$?

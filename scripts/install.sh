@@ -6,6 +6,8 @@
 # Works on a fresh clone as root (a container: no sudo needed) or as a user with sudo. The
 # source tree stays unconfigured, so the second command, scripts/check.sh, runs right after it
 # in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched).
+# A later run reuses build/release when it was configured with the same arguments, and
+# configures it again when not (tests/test_install.sh).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -28,8 +30,23 @@ fi
 [ -x configure ] || autoreconf -fi
 mkdir -p build/release
 cd build/release
-echo "== configure --prefix=$prefix"
-[ -f Makefile ] || "$top/configure" -q --prefix="$prefix"
+# Reuse build/release only when its configuration was made with exactly these arguments:
+# config.status --config lists them (autoconf quotes them, drops -q, and appends precious
+# variables set in the environment, such as CC=...). Anything else -- another PREFIX, a
+# configuration of another origin, CC set now or then -- reconfigures: a stale prefix would
+# install into the first run's directory and bake its plugin directory into libhqcore.
+args=(--prefix="$prefix")
+want=$(printf '%s\n' "${args[@]}")
+have=
+if [ -f Makefile ] && [ -x config.status ]; then
+  have=$(eval "printf '%s\n' $(./config.status --config)") || have=
+fi
+if [ -n "$have" ] && [ "$have" = "$want" ]; then
+  echo "== reusing build/release (configured with ${args[*]})"
+else
+  echo "== configure ${args[*]}"
+  "$top/configure" -q "${args[@]}"
+fi
 echo "== make"
 make -s -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
 echo "== make install"

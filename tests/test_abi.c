@@ -7,7 +7,8 @@
 **   - an update must not allocate; host->log reaches the context's logger;
 **   - the context passed to a call is the one whose logger and allocator the call uses;
 **   - identity is built in; the random stream position is readable and settable;
-**   - saved-buffer descriptors.
+**   - saved-buffer descriptors;
+**   - a module's configure() status reaches the caller unchanged.
 */
 #include <math.h>
 
@@ -545,6 +546,45 @@ static void test_direct_quantizer(void **state) {
   hq_plugins_close(set);
 }
 
+/* A module's configure() status reaches the caller as it is (test_good's label "status=N"
+   refuses with N and a message, "raw=N" returns N alone); a value that is no hq_status is
+   HQ_EINTERNAL naming the plugin and the value. */
+static void test_configure_status(void **state) {
+  (void)state;
+  const char *dir = fixtures();
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(&dir, 1, HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV, &set));
+  static const struct { const char *opt; int rc; const char *needle; } cases[] = {
+      {"label=status=1", HQ_EINVAL, "configure refuses with status 1"},
+      {"label=status=2", HQ_ENOMEM, "configure refuses with status 2"},
+      {"label=status=3", HQ_ENOTSUP, "configure refuses with status 3"},
+      {"label=status=4", HQ_ESHAPE, "configure refuses with status 4"},
+      {"label=status=5", HQ_EPARSE, "configure refuses with status 5"},
+      {"label=status=11", HQ_EINTERNAL, "configure refuses with status 11"},
+      {"label=raw=2", HQ_ENOMEM, "out of memory"},
+      {"label=raw=3", HQ_ENOTSUP, "not supported"},
+      {"label=raw=12", HQ_EINTERNAL,
+       "plugin test_good: configure() returned 12, which is not an hq_status"},
+      {"label=raw=-1", HQ_EINTERNAL,
+       "plugin test_good: configure() returned -1, which is not an hq_status"},
+      {"label=status=42", HQ_EINTERNAL,
+       "plugin test_good: configure() returned 42, which is not an hq_status: "
+       "configure refuses with status 42"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    hq_format_spec spec = {sizeof spec, "test_good", &cases[i].opt, 1};
+    hq_quantizer *q = NULL;
+    int rc = hq_quantizer_create_direct(set, &spec, NULL, HQ_SOURCE_ORIGINAL, &q);
+    if (rc != cases[i].rc)
+      fail_msg("%s: status %d, expected %d (%s)", cases[i].opt, rc, cases[i].rc,
+               hq_last_error());
+    HQ_ERROR_HAS(cases[i].needle);
+    HQ_ERROR_HAS("rowwise format 'test_good'");
+    assert_null(q);
+  }
+  hq_plugins_close(set);
+}
+
 /* A recipe with errors: the parse functions leave the first error in hq_last_error; the
    string twin of hq_recipe_load refuses it. */
 static void test_recipe_string_errors(void **state) {
@@ -687,7 +727,7 @@ int main(void) {
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
       cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
-      cmocka_unit_test(test_recipe_string_errors),
+      cmocka_unit_test(test_recipe_string_errors),  cmocka_unit_test(test_configure_status),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,6 +43,13 @@ grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(buil
 [ "$(grep -o '"name":"identity"' "$tmp/info.json" | wc -l)" -eq 1 ] || fail "info --json lists identity more than once"; ok
 $hq info > "$tmp/info.txt" || fail "info"
 grep -A2 '^  identity ' "$tmp/info.txt" | grep -q '^    (built into libhqcore)$' || { cat "$tmp/info.txt"; fail "info text: identity's file"; }; ok
+# every stock format reports the package's version, the one `hq --version` prints
+v=$($hq --version | sed -n 's/^hq \([^ ]*\) .*/\1/p')
+[ -n "$v" ] || fail "hq --version: no version"
+for f in identity fp8_tensor mxfp8 nvfp4 fp8_block; do
+  grep -q "\"name\":\"$f\",\"version\":\"$v\"" "$tmp/info.json" || fail "info --json: $f's version is not $v"; ok
+  grep -q "^  $f $v  \[" "$tmp/info.txt" || { cat "$tmp/info.txt"; fail "info: $f's version is not $v"; }; ok
+done
 grep -q 'plugins/identity' "$tmp/info.json" && fail "info --json mentions a plugins/identity directory"; ok
 # nothing is rejected, except an installed copy (scripts/install.sh) that the tree's module of the
 # same name shadows
@@ -101,6 +108,11 @@ $hq quantize --recipe "$conf/examples/fp8_current_hybrid.ini" --role linear:weig
 for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tensor"' '"rel_rms_error":0.02' '"bytes":32776' '"fused":true'; do
   grep -q "$s" "$tmp/q.json" || { cat "$tmp/q.json"; fail "quantize --json lacks $s"; }; ok
 done
+# one instance for both directions but the columnwise copy from the dequantized rowwise one: two
+# plugin calls, so not fused
+printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\ncolumnwise = f8\ncolumnwise_source = rowwise_dequantized\n' > "$tmp/deq.ini"
+$hq quantize --recipe "$tmp/deq.ini" --role a:b:c --random 32x32 --json > "$tmp/q.json" || fail "quantize rowwise_dequantized"
+grep -q '"fused":false' "$tmp/q.json" || { cat "$tmp/q.json"; fail "rowwise_dequantized source reported fused"; }; ok
 # the default recipe: MXFP8 rowwise (E4M3: 2-3% error), NVFP4 columnwise (8-12%)
 $hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 256x256 --json > "$tmp/q.json" || fail "quantize default recipe"
 for s in '"format":"mx","plugin":"mxfp8","bytes":67584' '"format":"nv_w","plugin":"nvfp4","bytes":36868' '"fused":false'; do

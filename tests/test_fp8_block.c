@@ -889,7 +889,7 @@ static void test_module_direct(void **state) {
   assert_int_equal(ops->abi_minor, 1); /* requires ABI 2.1: raw dequantize and GEMMs */
   assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
   assert_string_equal(ops->name, "fp8_block");
-  assert_string_equal(ops->version, "2.1");
+  assert_string_equal(ops->version, hq_version());
   assert_null(ops->tensor_factor); /* no per-tensor factor */
   assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   /* HQ_CAP_CUDA exactly when the build has the CUDA path (tests/test_gpu_fp8_block.c) */

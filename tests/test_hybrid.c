@@ -164,7 +164,8 @@ static const char *MIXED =
     "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = identity\ndtype = f32\n"
     "[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n"
     "[role *:*:derived]\nrowwise = f8\ncolumnwise = hp\ncolumnwise_source = rowwise_dequantized\n"
-    "[role *:*:both8]\nrowwise = f8\ncolumnwise = f8\n";
+    "[role *:*:both8]\nrowwise = f8\ncolumnwise = f8\n"
+    "[role *:*:deq8]\nrowwise = f8\ncolumnwise = f8\ncolumnwise_source = rowwise_dequantized\n";
 
 /* Two formats: each direction equals the single-format quantize of its own format. */
 static void test_mixed_formats(void **state) {
@@ -229,6 +230,47 @@ static void test_rowwise_dequantized_source(void **state) {
   free(deq.data);
   free(x.data);
   free(y.data);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
+/* One format instance for both directions with columnwise_source = rowwise_dequantized is two
+   plugin calls (the columnwise one reads the rowwise result), so the quantizer is not fused: the
+   columnwise storage shares no buffer with the rowwise one and holds exactly the columnwise
+   quantization of the dequantized rowwise values, made alone. */
+static void test_one_instance_two_calls(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  hq_recipe *r = hq_test_recipe(MIXED);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:deq8");
+  hq_quantizer *plain = hq_test_quantizer(r, "linear:weight:both8");
+  assert_string_equal(hq_quantizer_format(q, HQ_ROWWISE), "f8");
+  assert_string_equal(hq_quantizer_format(q, HQ_COLWISE), "f8");
+  assert_false(hq_quantizer_fused(q));
+  assert_true(hq_quantizer_fused(plain)); /* the same instance from the original: one call */
+  hq_tensor x = hq_test_tensor(HQ_F32, 32, 48, 7, 4.0f);
+  hq_qtensor *qt = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+  const hq_storage *c = hq_qtensor_storage(qt, HQ_COLWISE);
+  assert_non_null(c);
+  assert_int_equal(c->nbuf, 3);
+  static const char *own[3] = {"columnwise_data", "columnwise_scale_inv", "columnwise_amax"};
+  for (uint32_t i = 0; i < 3; i++) {
+    assert_string_equal(qbuf(qt, HQ_COLWISE, i)->name, own[i]);
+    assert_int_equal(qbuf(qt, HQ_COLWISE, i)->flags & HQ_BUF_SHARED, 0);
+    assert_ptr_not_equal(qbuf(qt, HQ_COLWISE, i)->ptr, qbuf(qt, HQ_ROWWISE, i)->ptr);
+  }
+  hq_tensor deq = hq_test_empty(HQ_F32, 32, 48);
+  HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, HQ_ROWWISE, &deq));
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(plain, HQ_COLWISE));
+  HQ_OK_OR_FAIL(hq_quantize(plain, ctx, &deq, &ref));
+  assert_same_storage(qt, ref, HQ_COLWISE, "columnwise of the dequantized rowwise");
+  hq_qtensor_free(ref);
+  hq_qtensor_free(qt);
+  hq_quantizer_free(plain);
+  hq_quantizer_free(q);
+  free(deq.data);
+  free(x.data);
   hq_recipe_free(r);
   hq_ctx_destroy(ctx);
 }
@@ -1088,6 +1130,7 @@ int main(void) {
       cmocka_unit_test(test_equal_format_hybrid_every_plugin),
       cmocka_unit_test(test_mixed_formats),
       cmocka_unit_test(test_rowwise_dequantized_source),
+      cmocka_unit_test(test_one_instance_two_calls),
       cmocka_unit_test(test_update_usage_and_sharing),
       cmocka_unit_test(test_make_empty_and_save_restore),
       cmocka_unit_test(test_save_restore_descriptors),

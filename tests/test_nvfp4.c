@@ -1200,12 +1200,12 @@ static void test_ops_direct(void **state) {
   const hq_format_ops *ops = module_ops(&host);
   assert_string_equal(ops->name, "nvfp4");
   /* ABI 2.1: the minor REQUIRED (2.1: raw dequantize, emul dtype, host->lt_matmul), the
-     module's own version, the 2.1 ops */
+     module's version (the package's), the 2.1 ops */
   assert_int_equal(ops->abi_major, 2);
   assert_int_equal(ops->abi_minor, 1);
   assert_int_equal(ops->struct_size, sizeof(hq_format_ops));
   assert_true(ops->struct_size >= HQ_FORMAT_OPS_SIZE_2_1);
-  assert_string_equal(ops->version, "2.1");
+  assert_string_equal(ops->version, hq_version());
   assert_non_null(ops->tensor_factor);
   assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   uint8_t cfg[256] = {0};

@@ -82,6 +82,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 #include "fp8_block_rules.h"
@@ -542,7 +543,7 @@ static const hq_format_ops ops = {
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(fp8b_cfg),
     .name = "fp8_block",
-    .version = "2.1",
+    .version = PACKAGE_VERSION,
     .description = "FP8 block scaling (DeepSeek-V3): 1x128/128x1 or 128x128 blocks, FP32 scales, "
                    "GEMM-ready layouts; columnwise = [K, M]",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY

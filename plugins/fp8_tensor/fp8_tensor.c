@@ -72,6 +72,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 #include "fp8_scale.h"
@@ -496,7 +497,7 @@ static const hq_format_ops ops = {
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(fp8t_cfg),
     .name = "fp8_tensor",
-    .version = "2.1",
+    .version = PACKAGE_VERSION,
     .description = "per-tensor FP8 (E4M3/E5M2), current or delayed scaling; columnwise = byte "
                    "transpose",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR

@@ -81,6 +81,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 #include "mxfp8.h"
@@ -563,7 +564,7 @@ static const hq_format_ops ops = {
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(mxfp8_cfg),
     .name = "mxfp8",
-    .version = "2.1",
+    .version = PACKAGE_VERSION,
     .description = "MXFP8 (E4M3/E5M2, E8M0 scale per 32 elements, TE numerics); columnwise "
                    "copy untransposed",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY

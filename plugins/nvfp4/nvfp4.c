@@ -116,6 +116,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/plugin.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
@@ -842,7 +843,7 @@ static const hq_format_ops ops = {
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(nvfp4_cfg),
     .name = "nvfp4",
-    .version = "2.1",
+    .version = PACKAGE_VERSION,
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR
 #ifdef HQ_HAVE_CUDA

@@ -21,8 +21,10 @@
 ** tested: 1 no data buffer, 2 data dtype differs from desc.elem, 4 columnwise buffer without the
 ** "columnwise_" prefix, 5 swizzled scale marked gatherable, 6 two buffers of one name, 7
 ** configure() refuses, 8 update() allocates through host->alloc, 9 data shape differs from the
-** descriptor's order. Any other level is valid.
+** descriptor's order. Any other level is valid. A `label` of "status=N" makes configure() refuse
+** with status N through host->error, "raw=N" return N without a message.
 */
+#include <stdlib.h>
 #include <string.h>
 
 #include "hq/plugin.h"
@@ -49,6 +51,16 @@ typedef struct cfg { int level; } cfg;
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
   if (v[0].i == 7) return host->error(HQ_EINVAL, "level 7 is unlucky");
+#ifdef FIXTURE_BAD_OPTION
+  const char *label = v[5].s ? v[5].s : "";
+#else
+  const char *label = v[4].s ? v[4].s : "";
+#endif
+  if (strncmp(label, "status=", 7) == 0) {
+    int rc = atoi(label + 7);
+    return host->error(rc, "configure refuses with status %d", rc);
+  }
+  if (strncmp(label, "raw=", 4) == 0) return atoi(label + 4);
   return HQ_OK;
 }
 

@@ -308,8 +308,8 @@ HQ_API int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer *
    format per direction, each a plugin of `plugins` and its options as "key=value" strings,
    validated as a recipe's would be (unknown key, wrong type, out of range: HQ_EPARSE naming
    them). A NULL spec, or plugin NULL / "identity", is high precision. Two equal specs (same
-   plugin, same options in the same order) are one format instance: both directions come from
-   one plugin call, as with a recipe. columnwise_source is HQ_SOURCE_*. */
+   plugin, same options in the same order) are one format instance: with HQ_SOURCE_ORIGINAL both
+   directions come from one plugin call, as with a recipe. columnwise_source is HQ_SOURCE_*. */
 typedef struct hq_format_spec {
   uint32_t struct_size;          /* sizeof(hq_format_spec) */
   const char *plugin;
@@ -326,7 +326,9 @@ HQ_API uint32_t hq_quantizer_usage(const hq_quantizer *q);
 HQ_API const char *hq_quantizer_format(const hq_quantizer *q, uint32_t dir);   /* instance name */
 HQ_API const char *hq_quantizer_plugin(const hq_quantizer *q, uint32_t dir);   /* module name */
 HQ_API int hq_quantizer_columnwise_source(const hq_quantizer *q);
-/* Whether both directions are one format instance (one fused plugin call). */
+/* Whether one plugin call makes both directions: one format instance for both and
+   columnwise_source HQ_SOURCE_ORIGINAL (with HQ_SOURCE_ROWWISE_DEQUANTIZED the columnwise call
+   reads the rowwise result, so there are two calls even for one instance). */
 HQ_API int hq_quantizer_fused(const hq_quantizer *q);
 /* Quantizing the same input again reproduces the same bytes (see HQ_CAP_REQUANT_SAFE). */
 HQ_API int hq_quantizer_requant_safe(const hq_quantizer *q);

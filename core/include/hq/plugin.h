@@ -287,7 +287,7 @@ typedef struct hq_operand_desc {
 */
 #define HQ_MAX_BUFFERS 8
 #define HQ_MAX_BUFFER_DIMS 4
-#define HQ_META_BYTES 64
+#define HQ_META_BYTES 64 /* size of the reserved hq_storage.meta */
 
 /* hq_buffer.role */
 #define HQ_ROLE_OTHER 0u  /* plugin-specific */
@@ -348,8 +348,11 @@ typedef struct hq_storage {
                                 bf16): the source dtype of a quantize, the caller's for
                                 make_empty */
   hq_operand_desc desc;      /* filled by layout(), checked by the core */
-  uint8_t meta[HQ_META_BYTES]; /* plugin-private, zeroed by the core before layout(); travels
-                                with the storage. Never the only home of a layout fact. */
+  uint8_t meta[HQ_META_BYTES]; /* reserved, zero: kept for the layout of this struct only.
+                                Nothing reads it, and a storage made again (checkpoint load,
+                                hq_make_empty, the full tensor of an FSDP gather) comes from a
+                                fresh layout() without it: the descriptor and the buffers are
+                                the whole storage. */
   uint64_t reserved[4];      /* zero */
   hq_buffer buf[HQ_MAX_BUFFERS]; /* last; fixed order per format (= save order). Reach element i
                                 through hq_storage_buf(s, i): the stride is buf_size. */
@@ -702,7 +705,8 @@ typedef struct hq_format_ops {
   /* --- configuration ------------------------------------------------------------------------ */
   /* (required) Turn validated option values (vals[i] belongs to options[i]) into the instance
      configuration `cfg` (config_size zeroed bytes). Reject combinations the table cannot express
-     (e.g. "stochastic_rounding needs dtype e2m1") with HQ_EINVAL. */
+     (e.g. "stochastic_rounding needs dtype e2m1") with HQ_EINVAL. The status returned reaches
+     the caller as it is; one outside hq_status becomes HQ_EINTERNAL naming the module. */
   int (*configure)(void *cfg, const hq_optval *vals, const hq_host_api *host);
   /* Free whatever configure() acquired. NULL: nothing to free. */
   void (*release)(void *cfg);
