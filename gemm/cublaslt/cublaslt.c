@@ -143,8 +143,7 @@ static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   if (k->flags & HQ_GEMM_FORCE_EMULATED)
     return api->error(HQ_ENOTSUP, "the caller forced the emulated path");
   if (!k->a.desc || !k->b.desc)
-    return api->error(HQ_ENOTSUP, "a high-precision operand (cuBLASLt's native GEMMs multiply "
-                      "two quantized storages)");
+    return api->error(HQ_ENOTSUP, "a high-precision operand");
   if (k->device < 0)
     return api->error(HQ_ENOTSUP, "cublaslt: no native GEMM on the host (the CPU path "
                       "multiplies the raw values)");
