@@ -34,6 +34,8 @@
 
 #include "bench_timer.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 #include "hq/numerics.h"
 
 #ifdef HQ_HAVE_CUDA

@@ -5,7 +5,7 @@
 */
 #include <string.h>
 
-#include "cli.h"
+#include "buffers.h"
 
 int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
   const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);

@@ -18,6 +18,8 @@
 
 #include "bench_timer.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 #include "hq/numerics.h"
 
 static const char usage[] =

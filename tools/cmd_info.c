@@ -5,7 +5,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "buffers.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 static const char usage[] =
     "usage: hq info [--json] [--shape RxC] [--plugin-dir DIR]...\n"

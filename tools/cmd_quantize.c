@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffers.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 #include "hq/numerics.h"
 
 static const char usage[] =

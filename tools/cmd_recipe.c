@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 static const char usage[] =
     "usage: hq recipe check FILE [--json] [--plugin-dir DIR]...\n"

@@ -13,6 +13,8 @@
 
 #include "../train/train.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 #define CMD "train"
 #define MAX_RECIPES 16

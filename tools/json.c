@@ -3,7 +3,7 @@
 */
 #include <math.h>
 
-#include "cli.h"
+#include "json.h"
 
 void json_begin(json *j, FILE *f) {
   j->f = f;
