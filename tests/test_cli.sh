@@ -125,6 +125,9 @@ $hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" --s
 grep -q "holds 96 data bytes, the shape 4x7 of f32 needs 112" "$tmp/err" || fail "raw size message"; ok
 $hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" 2>"$tmp/err"; [ $? -eq 1 ] || fail "raw without shape"
 grep -q "not a .npy file" "$tmp/err" || fail "raw without shape message"; ok
+# a bad --shape for raw values is a usage error: exit status 2 (it was 1)
+$hq quantize --recipe "$conf/recipe.ini" --role a:b:c --input "$tmp/raw.bin" --shape 0x4 2>"$tmp/err"; [ $? -eq 2 ] || fail "bad --shape of raw input: exit status"
+grep -qx "hq quantize: --shape '0x4' is not RxC with positive R and C" "$tmp/err" || fail "bad --shape of raw input: message"; ok
 # a shape a format cannot take: the error names the role, direction, format, shape and rule
 $hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 100x64 2>"$tmp/err"; [ $? -eq 1 ] || fail "bad shape exit"
 grep -q "role linear:weight:fc1, rowwise format 'mx' (plugin mxfp8), shape \[100, 64\]: mxfp8: rows = 100 is not a multiple of 32" "$tmp/err" || { cat "$tmp/err"; fail "bad shape message"; }; ok
