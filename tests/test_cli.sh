@@ -163,6 +163,11 @@ grep -q "rht.ini:5: wgrad of linear layer '\*' is impossible: .*rht16" "$tmp/err
 $hq bench --shape 64x64 --iters 1 --format fp8_tensor > "$tmp/b" || fail "bench"
 grep -q "input_MB/s" "$tmp/b" || fail "bench output"; ok
 $hq bench --format 'nosuch' --shape 8x8 --iters 1 2>"$tmp/err"; [ $? -eq 1 ] || fail "bench unknown plugin exit"; ok
+# a --format that is not 'PLUGIN[ key=value...]' is a usage error: exit status 2 before any
+# output (it was 1, after the header)
+$hq bench --format 'nvfp4 rht' --shape 8x8 --iters 1 > "$tmp/b" 2>"$tmp/err"; [ $? -eq 2 ] || fail "bench --format syntax: exit status"
+[ -s "$tmp/b" ] && fail "bench --format syntax: stdout"
+grep -qx "hq bench: --format 'nvfp4 rht' is not 'PLUGIN\[ key=value...\]'" "$tmp/err" || fail "bench --format syntax: message"; ok
 # --batch: calls back to back per timed sample, said in the header and the JSON; bad values refused
 $hq bench --shape 64x64 --iters 1 --batch 3 --format fp8_tensor > "$tmp/b" || fail "bench --batch"
 grep -q "median of 1 samples of 3 calls back to back" "$tmp/b" || { cat "$tmp/b"; fail "bench --batch header"; }; ok
