@@ -167,29 +167,3 @@ int cli_parse(const cli_command *c, int argc, char **argv) {
   }
   return CLI_RUN;
 }
-
-// --- the hand-written option loops of the commands not yet on cli_parse -------------------------
-
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
-  size_t n = strlen(name);
-  const char *a = argv[*i];
-  if (strncmp(a, name, n) != 0) return 0;
-  if (a[n] == '=') {
-    *val = a + n + 1;
-    return 1;
-  }
-  if (a[n] != '\0') return 0;
-  if (*i + 1 >= argc) return -1;
-  *val = argv[++*i];
-  return 1;
-}
-
-int cli_plugin_dir(int argc, char **argv, int *i, cli_dirs *dirs, const char *cmd) {
-  const char *v;
-  int r = cli_opt(argc, argv, i, "--plugin-dir", &v);
-  if (r == 0) return 0;
-  if (r < 0) return cli_fail(-1, cmd, "--plugin-dir needs a directory");
-  if (dirs->n == CLI_MAX_DIRS) return cli_fail(-1, cmd, "too many --plugin-dir options");
-  dirs->v[dirs->n++] = v;
-  return 1;
-}

@@ -86,17 +86,4 @@ void cli_help(const cli_command *c, FILE *f);
 
 #define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
 
-// --- the hand-written option loops of the commands not yet on cli_parse -------------------------
-/* "--name=value" or "--name value": if argv[*i] is option `name`, store its value in *val and
-   return 1 (advancing *i past a separate value); return -1 when the value is missing. */
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
-/* Extra plugin directories from repeated --plugin-dir options. */
-typedef struct cli_dirs {
-  const char *v[CLI_MAX_DIRS];
-  size_t n;
-} cli_dirs;
-/* If argv[*i] is --plugin-dir, record its value: 1 consumed, 0 not this option, -1 error
-   (printed, naming `cmd`). */
-int cli_plugin_dir(int argc, char **argv, int *i, cli_dirs *dirs, const char *cmd);
-
 #endif
