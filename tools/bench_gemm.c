@@ -169,13 +169,9 @@ static void print_row(const row *r, int first, int gpu) {
 }
 
 static void json_row(json *j, const row *r) {
+  const int64_t mnk[3] = {r->m, r->n, r->k};
   json_obj(j);
-  json_key(j, "shape");
-  json_arr(j);
-  json_int(j, r->m);
-  json_int(j, r->n);
-  json_int(j, r->k);
-  json_close_arr(j);
+  json_kints(j, "shape", mnk, 3);
   json_kstr(j, "kind", r->kind);
   if (r->path) json_kstr(j, "path", r->path);
   if (r->fused) json_kstr(j, "fused_operand", r->fused == 1 ? "A" : "B");

@@ -328,11 +328,8 @@ static void report_head(const bench_args *a, bench_run *b) {
     json_begin(j, stdout);
     json_obj(j);
     json_kstr(j, "device", a->device_s);
-    json_key(j, "shape");
-    json_arr(j);
-    json_int(j, a->rows);
-    json_int(j, a->cols);
-    json_close_arr(j);
+    const int64_t shape[2] = {a->rows, a->cols};
+    json_kints(j, "shape", shape, 2);
     json_kstr(j, "dtype", a->dtype_s);
     json_kint(j, "iters", a->iters);
     json_kint(j, "batch", a->batch);
@@ -459,6 +456,29 @@ static double pct(double gbs, double copy_bw) {
   return copy_bw > 0 ? 100.0 * gbs * 1e9 / copy_bw : NAN;
 }
 
+/* What a row and its "caller_amax" object both say: the input reads and bytes of (a) and (b),
+   the workspace (null when it could not be measured) and the peak beyond the input. */
+static void bytes_json(json *j, int reads_a, double bytes_a, double bytes_b, int64_t ws,
+                       int64_t held) {
+  json_kint(j, "input_reads_a", reads_a);
+  json_knum(j, "bytes_a", bytes_a);
+  json_knum(j, "bytes_b", bytes_b);
+  if (ws >= 0) json_kint(j, "workspace_bytes", ws);
+  else {
+    json_key(j, "workspace_bytes");
+    json_null(j);
+  }
+  json_kint(j, "peak_bytes_beyond_input", held);
+}
+
+/* GB/s and % of the copy bandwidth of (a) and (b). */
+static void rates_json(json *j, double gbs_a, double gbs_b, double copy_bw) {
+  json_knum(j, "gb_per_s_a", gbs_a);
+  json_knum(j, "percent_of_copy_a", pct(gbs_a, copy_bw));
+  json_knum(j, "gb_per_s_b", gbs_b);
+  json_knum(j, "percent_of_copy_b", pct(gbs_b, copy_bw));
+}
+
 /* The "caller_amax" object of a row with a given amax. */
 static void given_json(json *j, const bench_args *a, const bench_run *b, const meas *m,
                        const figures *f) {
@@ -468,21 +488,8 @@ static void given_json(json *j, const bench_args *a, const bench_run *b, const m
   json_knum(j, "median_ms", m->given_ms);
   json_knum(j, "amax_pass_ms", m->amax_ms);
   json_knum(j, "input_mb_per_s", in / (m->given_ms * 1e-3) * 1e-6);
-  json_kint(j, "input_reads_a", m->calls);
-  json_knum(j, "bytes_a", f->bytes_ga);
-  json_knum(j, "bytes_b", f->bytes_b);
-  if (m->given_ws >= 0) json_kint(j, "workspace_bytes", m->given_ws);
-  else {
-    json_key(j, "workspace_bytes");
-    json_null(j);
-  }
-  json_kint(j, "peak_bytes_beyond_input", m->given_held);
-  if (a->device >= 0) {
-    json_knum(j, "gb_per_s_a", f->ggbs_a);
-    json_knum(j, "percent_of_copy_a", pct(f->ggbs_a, b->copy_bw));
-    json_knum(j, "gb_per_s_b", f->ggbs_b);
-    json_knum(j, "percent_of_copy_b", pct(f->ggbs_b, b->copy_bw));
-  }
+  bytes_json(j, m->calls, f->bytes_ga, f->bytes_b, m->given_ws, m->given_held);
+  if (a->device >= 0) rates_json(j, f->ggbs_a, f->ggbs_b, b->copy_bw);
 }
 
 /* What the "both" row adds: both / (rowwise + columnwise), when all three direction sets ran
@@ -504,22 +511,11 @@ static void row_json(const bench_args *a, bench_run *b, const config *c, int u, 
   json_knum(j, "input_mb_per_s", f->mbs);
   json_knum(j, "bytes_written", m->bytes_out);
   json_kint(j, "plugin_calls", m->calls);
-  json_kint(j, "input_reads_a", m->calls + m->amax_passes);
-  json_knum(j, "bytes_a", f->bytes_a);
-  json_knum(j, "bytes_b", f->bytes_b);
-  if (m->ws >= 0) json_kint(j, "workspace_bytes", m->ws);
-  else {
-    json_key(j, "workspace_bytes");
-    json_null(j);
-  }
-  json_kint(j, "peak_bytes_beyond_input", m->held);
+  bytes_json(j, m->calls + m->amax_passes, f->bytes_a, f->bytes_b, m->ws, m->held);
   if (a->device >= 0) {
     json_knum(j, "gb_per_s", f->gbs_b); /* (b), as before */
     json_knum(j, "percent_of_copy", pct(f->gbs_b, b->copy_bw));
-    json_knum(j, "gb_per_s_a", f->gbs_a);
-    json_knum(j, "percent_of_copy_a", pct(f->gbs_a, b->copy_bw));
-    json_knum(j, "gb_per_s_b", f->gbs_b);
-    json_knum(j, "percent_of_copy_b", pct(f->gbs_b, b->copy_bw));
+    rates_json(j, f->gbs_a, f->gbs_b, b->copy_bw);
   }
   if (u == 0 && q->all) {
     json_knum(j, "both_over_parts", q->ratio);

@@ -156,11 +156,8 @@ static void report_json(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   json_close_obj(&j);
   json_kbool(&j, "cuda", hq_built_with_cuda());
   json_kstr(&j, "default_plugin_dir", hq_plugins_default_dir());
-  json_key(&j, "sample_shape");
-  json_arr(&j);
-  json_int(&j, rows);
-  json_int(&j, cols);
-  json_close_arr(&j);
+  const int64_t shape[2] = {rows, cols};
+  json_kints(&j, "sample_shape", shape, 2);
   json_key(&j, "plugin_path");
   json_arr(&j);
   for (size_t i = 0; i < hq_plugins_dir_count(set); i++) json_str(&j, hq_plugins_dir(set, i));

@@ -393,11 +393,8 @@ static void report_head(const quantize_args *a, const qrun *u, json *j) {
     json_obj(j);
     json_kstr(j, "recipe", a->recipe);
     json_kstr(j, "role", a->role_text);
-    json_key(j, "shape");
-    json_arr(j);
-    json_int(j, x->rows);
-    json_int(j, x->cols);
-    json_close_arr(j);
+    const int64_t shape[2] = {x->rows, x->cols};
+    json_kints(j, "shape", shape, 2);
     json_kstr(j, "dtype", hq_dtype_name(x->dtype));
     json_kstr(j, "device", a->device_s);
     json_kint(j, "nonfinite_inputs", u->nonfinite);

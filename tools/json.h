@@ -32,5 +32,6 @@ void json_kstr(json *j, const char *k, const char *s);
 void json_kint(json *j, const char *k, int64_t v);
 void json_knum(json *j, const char *k, double v);
 void json_kbool(json *j, const char *k, int v);
+void json_kints(json *j, const char *k, const int64_t *v, int n); /* [v[0], ..., v[n-1]] */
 
 #endif
