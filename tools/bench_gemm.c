@@ -34,6 +34,8 @@
 
 #include "bench_timer.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 #include "hq/numerics.h"
 
 #ifdef HQ_HAVE_CUDA
@@ -108,7 +110,7 @@ static void *random_host(hq_dtype dt, int64_t rows, int64_t cols, uint64_t seed)
 
 /* A quantizer of one format configuration ("fp8_block block=2d") for both directions, rowwise
    only (the TN product reads A's and B's rowwise copies). */
-static hq_quantizer *quantizer_for(const char *spec, const cli_dirs *dirs, hq_recipe **rp) {
+static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_recipe **rp) {
   char text[512], buf[128];
   snprintf(buf, sizeof buf, "%s", spec);
   char *save = NULL, *tok = strtok_r(buf, " ", &save);
@@ -167,13 +169,9 @@ static void print_row(const row *r, int first, int gpu) {
 }
 
 static void json_row(json *j, const row *r) {
+  const int64_t mnk[3] = {r->m, r->n, r->k};
   json_obj(j);
-  json_key(j, "shape");
-  json_arr(j);
-  json_int(j, r->m);
-  json_int(j, r->n);
-  json_int(j, r->k);
-  json_close_arr(j);
+  json_kints(j, "shape", mnk, 3);
   json_kstr(j, "kind", r->kind);
   if (r->path) json_kstr(j, "path", r->path);
   if (r->fused) json_kstr(j, "fused_operand", r->fused == 1 ? "A" : "B");
@@ -475,7 +473,7 @@ typedef struct bench {
   int device, iters, batch, as_json;
   hq_ctx *ctx;
   bench_timer *timer;
-  const cli_dirs *dirs;
+  const cli_list *dirs;
   row rows[MAX_ROWS];
   int nrows;
 } bench;
@@ -847,173 +845,180 @@ static int parse_mnk(const char *s, int64_t v[3]) {
   return *end ? -1 : 0;
 }
 
-int hq_bench_gemm(int argc, char **argv) {
-  const char *device_s = "cuda";
-  int64_t shapes[MAX_SHAPES][3];
-  int nshapes = 0;
-  uint64_t iters_u = 0, batch_u = 0;
-  int as_json = 0;
-  cli_dirs dirs = {{NULL}, 0};
-  for (int i = 1; i < argc; i++) {
-    const char *v = NULL;
-    int r;
-    if (!strcmp(argv[i], "--gemm")) continue;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--json")) {
-      as_json = 1;
-      continue;
-    }
-    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
-      if (r < 0) return 2;
-      continue;
-    }
-    if ((r = cli_opt(argc, argv, &i, "--device", &v)) != 0) {
-      if (r < 0) return cli_fail(2, CMD, "--device needs a value");
-      device_s = v;
-    } else if ((r = cli_opt(argc, argv, &i, "--shape", &v)) != 0) {
-      if (r < 0) return cli_fail(2, CMD, "--shape needs a value");
-      if (nshapes == MAX_SHAPES) return cli_fail(2, CMD, "at most %d --shape options", MAX_SHAPES);
-      if (parse_mnk(v, shapes[nshapes]))
-        return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", v);
-      nshapes++;
-    } else if ((r = cli_opt(argc, argv, &i, "--iters", &v)) != 0) {
-      if (r < 0 || cli_u64(v, &iters_u) || iters_u < 1 || iters_u > 10000)
-        return cli_fail(2, CMD, "--iters needs an integer in [1, 10000]");
-    } else if ((r = cli_opt(argc, argv, &i, "--batch", &v)) != 0) {
-      if (r < 0 || cli_u64(v, &batch_u) || batch_u < 1 || batch_u > 1000)
-        return cli_fail(2, CMD, "--batch needs an integer in [1, 1000]");
-    } else {
-      return cli_fail(2, CMD, "unknown argument '%s' (see `hq bench --gemm --help`)", argv[i]);
-    }
-  }
+typedef struct gemm_args {
+  const char *device_s;
+  cli_list shape_s;
+  int64_t iters, batch;
+  int json, gemm;
+  cli_list dirs;
   int device;
-  if (cli_device(device_s, &device))
-    return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
-  if (!nshapes) {
+  int64_t shapes[MAX_SHAPES][3];
+  int nshapes;
+} gemm_args;
+
+static int parse_args(int argc, char **argv, gemm_args *a) {
+  const cli_option opts[] = {
+      {.name = "--gemm", .kind = CLI_FLAG, .dest = &a->gemm},
+      {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
+      {.name = "--shape", .kind = CLI_LIST, .dest = &a->shape_s, .max = MAX_SHAPES},
+      {.name = "--iters", .kind = CLI_INT, .dest = &a->iters, .min = 1, .max = 10000},
+      {.name = "--batch", .kind = CLI_INT, .dest = &a->batch, .min = 1, .max = 1000},
+      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+  };
+  const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
+  const int st = cli_parse(&c, argc, argv);
+  if (st != CLI_RUN) return st;
+  for (size_t i = 0; i < a->shape_s.n; i++)
+    if (parse_mnk(a->shape_s.v[i], a->shapes[a->nshapes++]))
+      return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
+  if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
+  if (!a->nshapes) {
     static const int64_t gpu_default[4][3] = {
         {8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 4096, 1024}, {16384, 1024, 4096}};
-    if (device >= 0) {
-      memcpy(shapes, gpu_default, sizeof gpu_default);
-      nshapes = 4;
+    if (a->device >= 0) {
+      memcpy(a->shapes, gpu_default, sizeof gpu_default);
+      a->nshapes = 4;
     } else {
-      shapes[0][0] = shapes[0][1] = shapes[0][2] = 1024;
-      nshapes = 1;
+      a->shapes[0][0] = a->shapes[0][1] = a->shapes[0][2] = 1024;
+      a->nshapes = 1;
     }
   }
+  if (!a->iters) a->iters = a->device >= 0 ? 20 : 5;
+  if (!a->batch) a->batch = a->device >= 0 ? 10 : 1;
+  return CLI_RUN;
+}
+
+/* What the run measured beyond the rows: the device and the host dispatch overheads. */
+typedef struct gemm_run {
+  char devname[256];
+  int arch;
+  dispatch_res dres[2];
+  int ndres;
+} gemm_run;
+
+/* Every shape on the CUDA device, then the dispatch overhead: 0; 1 when a shape failed (the rows
+   measured are reported); -1 when the device could not be set up (nothing to report). A message
+   is printed for either failure. */
+static int run_cuda(bench *B, const gemm_args *a, gemm_run *g) {
+#ifdef HQ_HAVE_CUDA
+  char err[256];
+  if (hq_device_info(B->device, g->devname, sizeof g->devname, &g->arch))
+    return cli_fail(-1, CMD, "%s", hq_last_error());
+  if (lt_load(err, sizeof err)) return cli_fail(-1, CMD, "%s", err);
+  cublasLtHandle_t h = NULL;
+  void *ws = NULL;
+  const size_t ws_bytes = (size_t)32 << 20; /* as hq's runner */
+  if (lt.cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&ws, ws_bytes) != cudaSuccess)
+    return cli_fail(-1, CMD, "cuBLASLt handle or workspace on device %d", B->device);
+  int status = 0;
+  for (int s = 0; s < a->nshapes && !status; s++)
+    if (bench_cuda_shape(B, a->shapes[s][0], a->shapes[s][1], a->shapes[s][2], h, ws, ws_bytes))
+      status = 1;
+  if (!status) bench_dispatch(B, h, ws, ws_bytes, g->dres, &g->ndres);
+  cudaFree(ws);
+  lt.cublasLtDestroy(h);
+  return status;
+#else
+  (void)B, (void)a, (void)g;
+  return cli_fail(-1, CMD, "this hq was built without CUDA");
+#endif
+}
+
+static void report_json(const bench *B, const gemm_run *g) {
+  json j;
+  json_begin(&j, stdout);
+  json_obj(&j);
+  json_kstr(&j, "device", B->device >= 0 ? g->devname : "cpu");
+  if (B->device >= 0) json_kint(&j, "arch", g->arch);
+  json_kint(&j, "iters", B->iters);
+  json_kint(&j, "batch", B->batch);
+  json_kstr(&j, "d_dtype", B->device >= 0 ? "bf16" : "f32");
+  json_key(&j, "results");
+  json_arr(&j);
+  for (int i = 0; i < B->nrows; i++) json_row(&j, &B->rows[i]);
+  json_close_arr(&j);
+  if (g->ndres) {
+    json_key(&j, "dispatch");
+    json_arr(&j);
+    for (int i = 0; i < g->ndres; i++) {
+      const dispatch_res *r = &g->dres[i];
+      json_obj(&j);
+      json_kstr(&j, "kind", r->kind);
+      json_kint(&j, "m_n_k", r->mnk);
+      json_knum(&j, "hq_gemm_plan_us", r->plan_us);
+      json_knum(&j, "hq_gemm_host_us", r->hq_us);
+      json_knum(&j, "cublaslt_host_us", r->direct_us);
+      json_knum(&j, "overhead_us", r->hq_us - r->direct_us);
+      json_knum(&j, "target_us", 2.0);
+      if (r->note[0]) json_kstr(&j, "note", r->note);
+      json_close_obj(&j);
+    }
+    json_close_arr(&j);
+  }
+  json_close_obj(&j);
+  json_end(&j);
+}
+
+static void report_text(const bench *B, const gemm_run *g) {
+  const int gpu = B->device >= 0;
+  if (gpu)
+    printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d samples of %d call%s (CUDA "
+           "events)\n", g->devname, g->arch, B->iters, B->batch,
+           B->batch == 1 ? "" : "s back to back");
+  else
+    printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d samples of %d "
+           "call%s\n", B->iters, B->batch, B->batch == 1 ? "" : "s");
+  print_header(gpu);
+  for (int i = 0; i < B->nrows; i++) {
+    const row *r = &B->rows[i], *p = i ? &B->rows[i - 1] : NULL;
+    print_row(r, !p || r->m != p->m || r->n != p->n || r->k != p->k, gpu);
+  }
+  for (int i = 0; i < g->ndres; i++) {
+    const dispatch_res *r = &g->dres[i];
+    if (isnan(r->hq_us)) {
+      printf("host dispatch, %s %lld^3: not measured (%s)\n", r->kind, (long long)r->mnk,
+             r->note);
+      continue;
+    }
+    double over = r->hq_us - r->direct_us;
+    printf("host dispatch, %s %lld^3: hq_gemm_plan %.2f us/call; hq_gemm %.2f us/call vs "
+           "cublasLtMatmul %.2f us/call: overhead %.2f us (target < 2 us: %s)\n",
+           r->kind, (long long)r->mnk, r->plan_us, r->hq_us, r->direct_us, over,
+           over < 2.0 ? "met" : "MISSED");
+  }
+}
+
+int hq_bench_gemm(int argc, char **argv) {
+  gemm_args a = {.device_s = "cuda"};
+  int status = parse_args(argc, argv, &a);
+  if (status != CLI_RUN) return status;
   bench B;
   memset(&B, 0, sizeof B);
-  B.device = device;
-  B.iters = iters_u ? (int)iters_u : (device >= 0 ? 20 : 5);
-  B.batch = batch_u ? (int)batch_u : (device >= 0 ? 10 : 1);
-  B.as_json = as_json;
-  B.dirs = &dirs;
+  B.device = a.device;
+  B.iters = (int)a.iters;
+  B.batch = (int)a.batch;
+  B.as_json = a.json;
+  B.dirs = &a.dirs;
   char err[256];
-  B.timer = bench_timer_create(device, err, sizeof err);
+  B.timer = bench_timer_create(a.device, err, sizeof err);
   if (!B.timer) return cli_fail(1, CMD, "%s", err);
-  hq_ctx_desc desc = {sizeof desc, device, NULL, NULL, NULL, NULL, 1};
+  hq_ctx_desc desc = {sizeof desc, a.device, NULL, NULL, NULL, NULL, 1};
   if (hq_ctx_create(&desc, &B.ctx)) {
     bench_timer_destroy(B.timer);
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
-  int status = 0;
-  char devname[256] = "cpu";
-  int arch = 0;
-  dispatch_res dres[2];
-  int ndres = 0;
-  if (device >= 0) {
-#ifdef HQ_HAVE_CUDA
-    if (hq_device_info(device, devname, sizeof devname, &arch)) {
-      status = cli_fail(1, CMD, "%s", hq_last_error());
-      goto done;
-    }
-    if (lt_load(err, sizeof err)) {
-      status = cli_fail(1, CMD, "%s", err);
-      goto done;
-    }
-    cublasLtHandle_t h = NULL;
-    void *ws = NULL;
-    const size_t ws_bytes = (size_t)32 << 20; /* as hq's runner */
-    if (lt.cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
-      status = cli_fail(1, CMD, "cuBLASLt handle or workspace on device %d", device);
-      goto done;
-    }
-    for (int s = 0; s < nshapes && !status; s++)
-      if (bench_cuda_shape(&B, shapes[s][0], shapes[s][1], shapes[s][2], h, ws, ws_bytes))
-        status = 1;
-    if (!status) bench_dispatch(&B, h, ws, ws_bytes, dres, &ndres);
-    cudaFree(ws);
-    lt.cublasLtDestroy(h);
-#else
-    status = cli_fail(1, CMD, "this hq was built without CUDA");
-    goto done;
-#endif
+  gemm_run g = {.devname = "cpu"};
+  status = 0;
+  if (a.device >= 0) {
+    status = run_cuda(&B, &a, &g);
   } else {
-    for (int s = 0; s < nshapes && !status; s++)
-      if (bench_cpu_shape(&B, shapes[s][0], shapes[s][1], shapes[s][2])) status = 1;
+    for (int s = 0; s < a.nshapes && !status; s++)
+      if (bench_cpu_shape(&B, a.shapes[s][0], a.shapes[s][1], a.shapes[s][2])) status = 1;
   }
-
-  if (as_json) {
-    json j;
-    json_begin(&j, stdout);
-    json_obj(&j);
-    json_kstr(&j, "device", device >= 0 ? devname : "cpu");
-    if (device >= 0) json_kint(&j, "arch", arch);
-    json_kint(&j, "iters", B.iters);
-    json_kint(&j, "batch", B.batch);
-    json_kstr(&j, "d_dtype", device >= 0 ? "bf16" : "f32");
-    json_key(&j, "results");
-    json_arr(&j);
-    for (int i = 0; i < B.nrows; i++) json_row(&j, &B.rows[i]);
-    json_close_arr(&j);
-    if (ndres) {
-      json_key(&j, "dispatch");
-      json_arr(&j);
-      for (int i = 0; i < ndres; i++) {
-        json_obj(&j);
-        json_kstr(&j, "kind", dres[i].kind);
-        json_kint(&j, "m_n_k", dres[i].mnk);
-        json_knum(&j, "hq_gemm_plan_us", dres[i].plan_us);
-        json_knum(&j, "hq_gemm_host_us", dres[i].hq_us);
-        json_knum(&j, "cublaslt_host_us", dres[i].direct_us);
-        json_knum(&j, "overhead_us", dres[i].hq_us - dres[i].direct_us);
-        json_knum(&j, "target_us", 2.0);
-        if (dres[i].note[0]) json_kstr(&j, "note", dres[i].note);
-        json_close_obj(&j);
-      }
-      json_close_arr(&j);
-    }
-    json_close_obj(&j);
-    json_end(&j);
-  } else {
-    if (device >= 0)
-      printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d samples of %d call%s (CUDA "
-             "events)\n", devname, arch, B.iters, B.batch, B.batch == 1 ? "" : "s back to back");
-    else
-      printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d samples of %d "
-             "call%s\n", B.iters, B.batch, B.batch == 1 ? "" : "s");
-    print_header(device >= 0);
-    for (int i = 0; i < B.nrows; i++)
-      print_row(&B.rows[i], i == 0 || B.rows[i].m != B.rows[i - 1].m ||
-                                B.rows[i].n != B.rows[i - 1].n || B.rows[i].k != B.rows[i - 1].k,
-                device >= 0);
-    for (int i = 0; i < ndres; i++) {
-      const dispatch_res *r = &dres[i];
-      if (isnan(r->hq_us)) {
-        printf("host dispatch, %s %lld^3: not measured (%s)\n", r->kind, (long long)r->mnk,
-               r->note);
-        continue;
-      }
-      double over = r->hq_us - r->direct_us;
-      printf("host dispatch, %s %lld^3: hq_gemm_plan %.2f us/call; hq_gemm %.2f us/call vs "
-             "cublasLtMatmul %.2f us/call: overhead %.2f us (target < 2 us: %s)\n",
-             r->kind, (long long)r->mnk, r->plan_us, r->hq_us, r->direct_us, over,
-             over < 2.0 ? "met" : "MISSED");
-    }
-  }
-done:
+  if (status >= 0 && a.json) report_json(&B, &g);
+  else if (status >= 0) report_text(&B, &g);
+  else status = 1;
   hq_ctx_destroy(B.ctx);
   bench_timer_destroy(B.timer);
   return status;

@@ -5,7 +5,7 @@
 */
 #include <string.h>
 
-#include "cli.h"
+#include "buffers.h"
 
 int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
   const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);
@@ -24,10 +24,7 @@ void cli_buffers_json(json *j, const hq_qtensor *qt, uint32_t dir) {
     json_obj(j);
     json_kstr(j, "name", b->name);
     json_kstr(j, "dtype", hq_dtype_name(b->dtype));
-    json_key(j, "shape");
-    json_arr(j);
-    for (int k = 0; k < b->ndim; k++) json_int(j, b->shape[k]);
-    json_close_arr(j);
+    json_kints(j, "shape", b->shape, b->ndim);
     json_kint(j, "bytes", (int64_t)b->bytes);
     json_kbool(j, "shared_with_rowwise", cli_buffer_shared(qt, dir, b));
     json_close_obj(j);

@@ -1,80 +1,89 @@
 /*
-** cli.h -- shared pieces of the hq command: subcommand entry points, a streaming JSON writer,
-** option parsing helpers and error reporting.
+** cli.h -- what every `hq` command shares: one table-driven option parser, the parsers of the
+** values several commands take (shape, device, dtype, integers) and error reporting.
+** tools/cli.c depends on libhqcore's public header only; the commands call it, never the reverse.
 */
 #ifndef HQ_CLI_H
 #define HQ_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "hq/hq.h"
 
-/* Subcommands: argc/argv start at the subcommand's own name. Return the process exit status:
-   0 success, 1 failure (the error is printed), 2 usage error. */
-int hq_cmd_info(int argc, char **argv);
-int hq_cmd_recipe(int argc, char **argv);
-int hq_cmd_quantize(int argc, char **argv);
-int hq_cmd_bench(int argc, char **argv);
-int hq_cmd_train(int argc, char **argv);
-/* hq bench --gemm (tools/bench_gemm.c): argv as hq_cmd_bench's. */
-int hq_bench_gemm(int argc, char **argv);
-
 /* Print "hq <cmd>: message" to stderr; returns `status`. */
 int cli_fail(int status, const char *cmd, const char *fmt, ...) HQ_PRINTF(3, 4);
 
-/* "--name=value" or "--name value": if argv[*i] is option `name`, store its value in *val and
-   return 1 (advancing *i past a separate value); return -1 when the value is missing. */
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
-/* Parse "RxC" into rows and cols (both > 0). */
-int cli_shape(const char *s, int64_t *rows, int64_t *cols);
-/* Parse "cpu", "cuda" or "cuda:N" into a device ordinal (HQ_DEVICE_HOST for cpu). */
-int cli_device(const char *s, int *device);
+// --- values --------------------------------------------------------------------------------------
+/* An unsigned integer, decimal, 0x hex or 0 octal (strtoull's base 0); -1 when it is not one. */
 int cli_u64(const char *s, uint64_t *out);
+/* "RxC" into rows and cols (both > 0, R * C at most 2^40); -1 when it is not one. */
+int cli_shape(const char *s, int64_t *rows, int64_t *cols);
+/* "cpu", "cuda" (or "gpu") or "cuda:N" into a device ordinal (HQ_DEVICE_HOST for cpu). */
+int cli_device(const char *s, int *device);
 
-/* Extra plugin directories from repeated --plugin-dir options. */
-#define CLI_MAX_DIRS 32
-typedef struct cli_dirs {
-  const char *v[CLI_MAX_DIRS];
+/* The same checks for a command's option `opt`: 0, or 2 (a usage error) after the message
+   "hq <cmd>: <opt> 'S' is not ...". */
+int cli_shape_arg(const char *cmd, const char *opt, const char *s, int64_t *rows, int64_t *cols);
+int cli_device_arg(const char *cmd, const char *s, int *device);      /* --device */
+int cli_dtype_arg(const char *cmd, const char *s, hq_dtype *dtype);   /* --dtype: f32, bf16, f16 */
+
+// --- options -------------------------------------------------------------------------------------
+/* The values of a repeatable option, in the order given. */
+#define CLI_LIST_MAX 64
+typedef struct cli_list {
+  const char *v[CLI_LIST_MAX];
   size_t n;
-} cli_dirs;
-/* If argv[*i] is --plugin-dir, record its value: 1 consumed, 0 not this option, -1 error
-   (printed, naming `cmd`). */
-int cli_plugin_dir(int argc, char **argv, int *i, cli_dirs *dirs, const char *cmd);
+} cli_list;
 
-// --- a minimal streaming JSON writer ----------------------------------------------------------
-typedef struct json {
-  FILE *f;
-  int depth;
-  int first[32];   /* no element written yet at this depth */
-  int after_key;
-} json;
+/* --plugin-dir DIR, which every command takes: at most this many */
+#define CLI_MAX_DIRS 32
 
-void json_begin(json *j, FILE *f);
-void json_end(json *j);                              /* final newline */
-void json_obj(json *j);                              /* { */
-void json_arr(json *j);                              /* [ */
-void json_close_obj(json *j);                        /* } */
-void json_close_arr(json *j);                        /* ] */
-void json_key(json *j, const char *k);
-void json_str(json *j, const char *s);
-void json_int(json *j, int64_t v);
-void json_num(json *j, double v);                    /* non-finite -> null */
-void json_bool(json *j, int v);
-void json_null(json *j);
-/* key + value shortcuts */
-void json_kstr(json *j, const char *k, const char *s);
-void json_kint(json *j, const char *k, int64_t v);
-void json_knum(json *j, const char *k, double v);
-void json_kbool(json *j, const char *k, int v);
+typedef enum cli_kind {
+  CLI_FLAG, /* takes no value: *(int *)dest = 1 */
+  CLI_STR,  /* *(const char **)dest = the value */
+  CLI_LIST, /* repeatable: the value is appended to *(cli_list *)dest, at most `max` of them */
+  CLI_INT,  /* *(int64_t *)dest = the value, an integer (cli_u64) in [min, max], 0 <= min */
+  CLI_CALL  /* call(cmd, option, value): 0, or an exit status after its message */
+} cli_kind;
 
-// --- a quantized tensor's buffers (tools/buffers.c; hq quantize, hq info) ----------------------
-/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
-int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b);
-/* "buffers": [{name, dtype, shape, bytes, shared_with_rowwise}, ...] of direction dir. */
-void cli_buffers_json(json *j, const hq_qtensor *qt, uint32_t dir);
-/* One line per buffer of direction dir on stdout, after `indent` spaces: name, dtype, shape,
-   bytes, "(the rowwise buffer)" when shared. */
-void cli_buffers_text(const hq_qtensor *qt, uint32_t dir, int indent);
+/* One option of a command. Every option but a CLI_LIST one may be given again: the later
+   value replaces the earlier, so that a script can append overrides to a list of defaults
+   (tests/test_gpu_train.sh passes `--steps 60 ... --steps 1`). */
+typedef struct cli_option {
+  const char *name; /* "--shape"; given as "--shape VALUE" or "--shape=VALUE" */
+  cli_kind kind;
+  void *dest;
+  int64_t min, max; /* CLI_INT: the accepted range; CLI_LIST: max = the most values */
+  int (*call)(const char *cmd, const struct cli_option *o, const char *value); /* CLI_CALL */
+} cli_option;
+
+typedef struct cli_command {
+  const char *name;  /* in messages, "hq <name>: ...": "info", "recipe check", "bench --gemm" */
+  const char *usage; /* what --help prints: it names every option of opts */
+  const cli_option *opts;
+  size_t nopts;
+  /* an argument that is not an option (a FILE): 0, or an exit status after its message;
+     NULL: the command takes none */
+  int (*operand)(const char *cmd, const char *arg, void *user);
+  void *user;
+} cli_command;
+
+/* cli_parse's answer when the command should go on and run. */
+#define CLI_RUN (-1)
+
+/* Parse argv[1..argc-1] (argv[0] names the command) against c->opts, in order: --help or -h
+   prints the help on stdout and returns 0; an unknown option, a missing value, a value given to
+   a flag, too many values of a repeatable option or a bad value prints its message and returns
+   2; else CLI_RUN. */
+int cli_parse(const cli_command *c, int argc, char **argv);
+
+/* The command's --help: its usage text. An option of the table that the text does not name is
+   reported on stderr: the help and the parser drifted apart (tests/test_cli.sh checks that no
+   command reports one, and that the parser knows every option the help names). */
+void cli_help(const cli_command *c, FILE *f);
+
+#define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -5,7 +5,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "buffers.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 static const char usage[] =
     "usage: hq info [--json] [--shape RxC] [--plugin-dir DIR]...\n"
@@ -86,167 +89,177 @@ static void option_json(json *j, const hq_option *o) {
   json_close_obj(j);
 }
 
-int hq_cmd_info(int argc, char **argv) {
-  int as_json = 0;
-  const char *shape = "256x256";
+typedef struct info_args {
+  int json;
+  const char *shape;
   int64_t rows, cols;
-  cli_dirs dirs = {{NULL}, 0};
-  for (int i = 1; i < argc; i++) {
-    int r;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (!strcmp(argv[i], "--json")) {
-      as_json = 1;
-    } else if ((r = cli_plugin_dir(argc, argv, &i, &dirs, "info")) != 0) {
-      if (r < 0) return 2;
-    } else if ((r = cli_opt(argc, argv, &i, "--shape", &shape)) != 0) {
-      if (r < 0) return cli_fail(2, "info", "--shape needs a value");
-    } else {
-      return cli_fail(2, "info", "unknown argument '%s' (see `hq info --help`)", argv[i]);
+  cli_list dirs;
+} info_args;
+
+static int parse_args(int argc, char **argv, info_args *a) {
+  const cli_option opts[] = {
+      {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+      {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
+      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+  };
+  const cli_command c = {"info", usage, opts, CLI_NOPTS(opts), NULL, NULL};
+  const int st = cli_parse(&c, argc, argv);
+  if (st != CLI_RUN) return st;
+  return cli_shape_arg("info", "--shape", a->shape, &a->rows, &a->cols) ? 2 : CLI_RUN;
+}
+
+/* One format in the JSON: name, version, file, caps, options, and the sample tensor's buffers
+   per direction (or why the format refuses its shape). */
+static void plugin_json(json *j, hq_plugins *set, hq_ctx *ctx, const hq_plugin *p, int64_t rows,
+                        int64_t cols) {
+  char caps[128], err[512];
+  caps_text(hq_plugin_caps(p), caps, sizeof caps);
+  json_obj(j);
+  json_kstr(j, "name", hq_plugin_name(p));
+  json_kstr(j, "version", hq_plugin_version(p));
+  json_kstr(j, "description", hq_plugin_description(p));
+  json_kstr(j, "file", hq_plugin_file(p));
+  json_kstr(j, "caps", caps);
+  json_key(j, "options");
+  json_arr(j);
+  for (const hq_option *o = hq_plugin_options(p); o->name; o++) option_json(j, o);
+  json_close_arr(j);
+  /* the buffers of the sample tensor, as `hq quantize --json` lists them */
+  hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
+  if (qt) {
+    json_key(j, "directions");
+    json_arr(j);
+    for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+      json_obj(j);
+      json_kstr(j, "direction", dir_name(dir));
+      json_kint(j, "bytes", (int64_t)hq_qtensor_bytes(qt, dir));
+      cli_buffers_json(j, qt, dir);
+      json_close_obj(j);
     }
+    json_close_arr(j);
+  } else {
+    json_kstr(j, "layout_error", err);
   }
-  if (cli_shape(shape, &rows, &cols))
-    return cli_fail(2, "info", "--shape '%s' is not RxC with positive R and C", shape);
+  hq_qtensor_free(qt);
+  json_close_obj(j);
+}
+
+static void report_json(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols) {
+  json j;
+  json_begin(&j, stdout);
+  json_obj(&j);
+  json_kstr(&j, "version", hq_version());
+  json_key(&j, "abi");
+  json_obj(&j);
+  json_kint(&j, "major", HQ_ABI_MAJOR);
+  json_kint(&j, "minor", HQ_ABI_MINOR);
+  json_close_obj(&j);
+  json_kbool(&j, "cuda", hq_built_with_cuda());
+  json_kstr(&j, "default_plugin_dir", hq_plugins_default_dir());
+  const int64_t shape[2] = {rows, cols};
+  json_kints(&j, "sample_shape", shape, 2);
+  json_key(&j, "plugin_path");
+  json_arr(&j);
+  for (size_t i = 0; i < hq_plugins_dir_count(set); i++) json_str(&j, hq_plugins_dir(set, i));
+  json_close_arr(&j);
+  json_key(&j, "plugins");
+  json_arr(&j);
+  for (size_t i = 0; i < hq_plugins_count(set); i++)
+    plugin_json(&j, set, ctx, hq_plugins_get(set, i), rows, cols);
+  json_close_arr(&j);
+  json_key(&j, "rejected");
+  json_arr(&j);
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
+    json_obj(&j);
+    json_kstr(&j, "file", hq_plugins_rejected_file(set, i));
+    json_kstr(&j, "reason", hq_plugins_rejected_reason(set, i));
+    json_close_obj(&j);
+  }
+  json_close_arr(&j);
+  json_key(&j, "devices");
+  json_arr(&j);
+  for (int d = 0, ndev = hq_device_count(); d < ndev; d++) {
+    char name[256] = "";
+    int arch = 0;
+    hq_device_info(d, name, sizeof name, &arch);
+    json_obj(&j);
+    json_kint(&j, "index", d);
+    json_kstr(&j, "name", name);
+    json_kint(&j, "arch", arch);
+    json_close_obj(&j);
+  }
+  json_close_arr(&j);
+  json_close_obj(&j);
+  json_end(&j);
+}
+
+/* One format in the text: name, version, caps, description, file, options, sample buffers. */
+static void plugin_text(hq_plugins *set, hq_ctx *ctx, const hq_plugin *p, int64_t rows,
+                        int64_t cols) {
+  char caps[128], err[512];
+  caps_text(hq_plugin_caps(p), caps, sizeof caps);
+  printf("  %s %s  [%s]\n    %s\n    %s\n", hq_plugin_name(p), hq_plugin_version(p), caps,
+         hq_plugin_description(p), hq_plugin_file(p));
+  for (const hq_option *o = hq_plugin_options(p); o->name; o++) {
+    char type[160], lo[32], hi[32];
+    if (o->type == HQ_OPT_ENUM) snprintf(type, sizeof type, "%s", o->choices);
+    else if ((o->type == HQ_OPT_INT || o->type == HQ_OPT_FLOAT) && o->min <= o->max)
+      snprintf(type, sizeof type, "%s in [%s, %s]", hq_opt_type_name(o->type),
+               num_text(o->min, o->type, lo, sizeof lo), num_text(o->max, o->type, hi, sizeof hi));
+    else snprintf(type, sizeof type, "%s", hq_opt_type_name(o->type));
+    printf("      %-20s %s, default %s\n      %-20s %s\n", o->name, type,
+           o->def[0] ? o->def : "\"\"", "", o->help ? o->help : "");
+  }
+  hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
+  if (!qt) printf("    buffers of a %lldx%lld tensor: none (%s)\n", (long long)rows,
+                  (long long)cols, err);
+  for (uint32_t dir = HQ_ROWWISE; qt && dir <= HQ_COLWISE; dir++) {
+    printf("    %s buffers of a %lldx%lld tensor (%zu bytes):\n", dir_name(dir), (long long)rows,
+           (long long)cols, hq_qtensor_bytes(qt, dir));
+    cli_buffers_text(qt, dir, 6);
+  }
+  hq_qtensor_free(qt);
+}
+
+static void report_text(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols) {
+  printf("hq %s, plugin ABI %d.%d, CUDA %s\n", hq_version(), HQ_ABI_MAJOR, HQ_ABI_MINOR,
+         hq_built_with_cuda() ? "built in" : "not built");
+  printf("\nplugin search path:\n");
+  for (size_t i = 0; i < hq_plugins_dir_count(set); i++) {
+    struct stat st;
+    const char *d = hq_plugins_dir(set, i);
+    printf("  %s%s\n", d, stat(d, &st) == 0 ? "" : "  (missing)");
+  }
+  printf("\nformats:\n");
+  for (size_t i = 0; i < hq_plugins_count(set); i++)
+    plugin_text(set, ctx, hq_plugins_get(set, i), rows, cols);
+  if (hq_plugins_count(set) == 0) printf("  (none found)\n");
+  if (hq_plugins_rejected_count(set)) {
+    printf("\nrejected modules:\n");
+    for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
+      printf("  %s: %s\n", hq_plugins_rejected_file(set, i), hq_plugins_rejected_reason(set, i));
+  }
+  printf("\ndevices:\n  cpu\n");
+  for (int d = 0, ndev = hq_device_count(); d < ndev; d++) {
+    char name[256] = "";
+    int arch = 0;
+    hq_device_info(d, name, sizeof name, &arch);
+    printf("  cuda:%d  %s (sm_%d)\n", d, name, arch);
+  }
+}
+
+int hq_cmd_info(int argc, char **argv) {
+  info_args a = {.shape = "256x256"};
+  const int st = parse_args(argc, argv, &a);
+  if (st != CLI_RUN) return st;
   hq_plugins *set = NULL;
   hq_ctx *ctx = NULL;
-  if (hq_plugins_open(dirs.v, dirs.n, 0, &set) || hq_ctx_create(NULL, &ctx)) {
+  if (hq_plugins_open(a.dirs.v, a.dirs.n, 0, &set) || hq_ctx_create(NULL, &ctx)) {
     hq_plugins_close(set);
     return cli_fail(1, "info", "%s", hq_last_error());
   }
-  char err[512];
-  int ndev = hq_device_count();
-  if (as_json) {
-    json j;
-    json_begin(&j, stdout);
-    json_obj(&j);
-    json_kstr(&j, "version", hq_version());
-    json_key(&j, "abi");
-    json_obj(&j);
-    json_kint(&j, "major", HQ_ABI_MAJOR);
-    json_kint(&j, "minor", HQ_ABI_MINOR);
-    json_close_obj(&j);
-    json_kbool(&j, "cuda", hq_built_with_cuda());
-    json_kstr(&j, "default_plugin_dir", hq_plugins_default_dir());
-    json_key(&j, "sample_shape");
-    json_arr(&j);
-    json_int(&j, rows);
-    json_int(&j, cols);
-    json_close_arr(&j);
-    json_key(&j, "plugin_path");
-    json_arr(&j);
-    for (size_t i = 0; i < hq_plugins_dir_count(set); i++) json_str(&j, hq_plugins_dir(set, i));
-    json_close_arr(&j);
-    json_key(&j, "plugins");
-    json_arr(&j);
-    for (size_t i = 0; i < hq_plugins_count(set); i++) {
-      const hq_plugin *p = hq_plugins_get(set, i);
-      char caps[128];
-      caps_text(hq_plugin_caps(p), caps, sizeof caps);
-      json_obj(&j);
-      json_kstr(&j, "name", hq_plugin_name(p));
-      json_kstr(&j, "version", hq_plugin_version(p));
-      json_kstr(&j, "description", hq_plugin_description(p));
-      json_kstr(&j, "file", hq_plugin_file(p));
-      json_kstr(&j, "caps", caps);
-      json_key(&j, "options");
-      json_arr(&j);
-      for (const hq_option *o = hq_plugin_options(p); o->name; o++) option_json(&j, o);
-      json_close_arr(&j);
-      /* the buffers of the sample tensor, as `hq quantize --json` lists them */
-      hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
-      if (qt) {
-        json_key(&j, "directions");
-        json_arr(&j);
-        for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
-          json_obj(&j);
-          json_kstr(&j, "direction", dir_name(dir));
-          json_kint(&j, "bytes", (int64_t)hq_qtensor_bytes(qt, dir));
-          cli_buffers_json(&j, qt, dir);
-          json_close_obj(&j);
-        }
-        json_close_arr(&j);
-      } else {
-        json_kstr(&j, "layout_error", err);
-      }
-      hq_qtensor_free(qt);
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_key(&j, "rejected");
-    json_arr(&j);
-    for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
-      json_obj(&j);
-      json_kstr(&j, "file", hq_plugins_rejected_file(set, i));
-      json_kstr(&j, "reason", hq_plugins_rejected_reason(set, i));
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_key(&j, "devices");
-    json_arr(&j);
-    for (int d = 0; d < ndev; d++) {
-      char name[256] = "";
-      int arch = 0;
-      hq_device_info(d, name, sizeof name, &arch);
-      json_obj(&j);
-      json_kint(&j, "index", d);
-      json_kstr(&j, "name", name);
-      json_kint(&j, "arch", arch);
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_close_obj(&j);
-    json_end(&j);
-  } else {
-    printf("hq %s, plugin ABI %d.%d, CUDA %s\n", hq_version(), HQ_ABI_MAJOR, HQ_ABI_MINOR,
-           hq_built_with_cuda() ? "built in" : "not built");
-    printf("\nplugin search path:\n");
-    for (size_t i = 0; i < hq_plugins_dir_count(set); i++) {
-      struct stat st;
-      const char *d = hq_plugins_dir(set, i);
-      printf("  %s%s\n", d, stat(d, &st) == 0 ? "" : "  (missing)");
-    }
-    printf("\nformats:\n");
-    for (size_t i = 0; i < hq_plugins_count(set); i++) {
-      const hq_plugin *p = hq_plugins_get(set, i);
-      char caps[128];
-      caps_text(hq_plugin_caps(p), caps, sizeof caps);
-      printf("  %s %s  [%s]\n    %s\n    %s\n", hq_plugin_name(p), hq_plugin_version(p), caps,
-             hq_plugin_description(p), hq_plugin_file(p));
-      for (const hq_option *o = hq_plugin_options(p); o->name; o++) {
-        char type[160], lo[32], hi[32];
-        if (o->type == HQ_OPT_ENUM) snprintf(type, sizeof type, "%s", o->choices);
-        else if ((o->type == HQ_OPT_INT || o->type == HQ_OPT_FLOAT) && o->min <= o->max)
-          snprintf(type, sizeof type, "%s in [%s, %s]", hq_opt_type_name(o->type),
-                   num_text(o->min, o->type, lo, sizeof lo), num_text(o->max, o->type, hi, sizeof hi));
-        else snprintf(type, sizeof type, "%s", hq_opt_type_name(o->type));
-        printf("      %-20s %s, default %s\n      %-20s %s\n", o->name, type,
-               o->def[0] ? o->def : "\"\"", "", o->help ? o->help : "");
-      }
-      hq_qtensor *qt = sample_tensor(set, ctx, p, rows, cols, err, sizeof err);
-      if (!qt) printf("    buffers of a %lldx%lld tensor: none (%s)\n", (long long)rows,
-                      (long long)cols, err);
-      for (uint32_t dir = HQ_ROWWISE; qt && dir <= HQ_COLWISE; dir++) {
-        printf("    %s buffers of a %lldx%lld tensor (%zu bytes):\n", dir_name(dir),
-               (long long)rows, (long long)cols, hq_qtensor_bytes(qt, dir));
-        cli_buffers_text(qt, dir, 6);
-      }
-      hq_qtensor_free(qt);
-    }
-    if (hq_plugins_count(set) == 0) printf("  (none found)\n");
-    if (hq_plugins_rejected_count(set)) {
-      printf("\nrejected modules:\n");
-      for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
-        printf("  %s: %s\n", hq_plugins_rejected_file(set, i), hq_plugins_rejected_reason(set, i));
-    }
-    printf("\ndevices:\n  cpu\n");
-    for (int d = 0; d < ndev; d++) {
-      char name[256] = "";
-      int arch = 0;
-      hq_device_info(d, name, sizeof name, &arch);
-      printf("  cuda:%d  %s (sm_%d)\n", d, name, arch);
-    }
-  }
+  if (a.json) report_json(set, ctx, a.rows, a.cols);
+  else report_text(set, ctx, a.rows, a.cols);
   hq_ctx_destroy(ctx);
   hq_plugins_close(set);
   return 0;

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffers.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 #include "hq/numerics.h"
 
 static const char usage[] =
@@ -190,9 +193,9 @@ static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_te
       return cli_fail(1, CMD, "%s is not a .npy file: give --shape RxC (and --dtype) for raw "
                       "values", path);
     }
-    if (cli_shape(shape, &t->rows, &t->cols)) {
+    if (cli_shape_arg(CMD, "--shape", shape, &t->rows, &t->cols)) {
       free(buf);
-      return cli_fail(2, CMD, "--shape '%s' is not RxC with positive R and C", shape);
+      return 2;
     }
     t->dtype = dtype;
   }
@@ -238,242 +241,248 @@ static stats compare(const hq_tensor *x, const float *d) {
   return s;
 }
 
-int hq_cmd_quantize(int argc, char **argv) {
-  const char *recipe = NULL, *role_text = NULL, *random = NULL, *input = NULL, *shape = NULL;
-  const char *dtype_s = "f32", *device_s = "cpu", *output = NULL;
-  cli_dirs dirs = {{NULL}, 0};
-  uint64_t seed = 1;
-  double scale = 1.0;
-  int as_json = 0, finite_only = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *v = NULL;
-    int r;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--json")) {
-      as_json = 1;
-      continue;
-    }
-    if (!strcmp(argv[i], "--finite-only")) {
-      finite_only = 1;
-      continue;
-    }
-    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
-      if (r < 0) return 2;
-      continue;
-    }
-    const char *names[] = {"--recipe", "--role", "--random", "--input", "--shape", "--dtype",
-                           "--device", "--seed", "--scale", "--output"};
-    size_t k = 0;
-    for (; k < sizeof names / sizeof names[0]; k++)
-      if ((r = cli_opt(argc, argv, &i, names[k], &v)) != 0) break;
-    if (k == sizeof names / sizeof names[0])
-      return cli_fail(2, CMD, "unknown argument '%s' (see `hq quantize --help`)", argv[i]);
-    if (r < 0) return cli_fail(2, CMD, "%s needs a value", names[k]);
-    switch (k) {
-    case 0: recipe = v; break;
-    case 1: role_text = v; break;
-    case 2: random = v; break;
-    case 3: input = v; break;
-    case 4: shape = v; break;
-    case 5: dtype_s = v; break;
-    case 6: device_s = v; break;
-    case 7:
-      if (cli_u64(v, &seed)) return cli_fail(2, CMD, "--seed '%s' is not an integer", v);
-      break;
-    case 8: {
-      char *end;
-      scale = strtod(v, &end);
-      if (*end || !isfinite(scale) || scale <= 0)
-        return cli_fail(2, CMD, "--scale '%s' is not a positive number", v);
-      break;
-    }
-    case 9:
-      if (!*v) return cli_fail(2, CMD, "--output needs a file name");
-      output = v;
-      break;
-    }
-  }
-  if (!recipe || !role_text) return cli_fail(2, CMD, "--recipe and --role are required");
-  if (!!random == !!input) return cli_fail(2, CMD, "give exactly one of --random and --input");
-  hq_dtype dtype = hq_dtype_from_name(dtype_s);
-  if (dtype != HQ_F32 && dtype != HQ_BF16 && dtype != HQ_F16)
-    return cli_fail(2, CMD, "--dtype '%s' is not f32, bf16 or f16", dtype_s);
+typedef struct quantize_args {
+  const char *recipe, *role_text, *random, *input, *shape, *dtype_s, *device_s, *output;
+  uint64_t seed;
+  double scale;
+  int json, finite_only;
+  cli_list dirs;
+  hq_dtype dtype;
   int device;
-  if (cli_device(device_s, &device))
-    return cli_fail(2, CMD, "--device '%s' is not cpu, cuda or cuda:N", device_s);
-  char rbuf[512];
   hq_role role;
-  if (hq_role_parse(role_text, rbuf, sizeof rbuf, &role))
+  char role_buf[512];
+} quantize_args;
+
+static int set_seed(const char *cmd, const cli_option *o, const char *v) {
+  if (cli_u64(v, o->dest)) return cli_fail(2, cmd, "--seed '%s' is not an integer", v);
+  return 0;
+}
+
+static int set_scale(const char *cmd, const cli_option *o, const char *v) {
+  char *end;
+  double *scale = o->dest;
+  *scale = strtod(v, &end);
+  if (*end || !isfinite(*scale) || *scale <= 0)
+    return cli_fail(2, cmd, "--scale '%s' is not a positive number", v);
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, quantize_args *a) {
+  const cli_option opts[] = {
+      {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
+      {.name = "--role", .kind = CLI_STR, .dest = &a->role_text},
+      {.name = "--random", .kind = CLI_STR, .dest = &a->random},
+      {.name = "--seed", .kind = CLI_CALL, .dest = &a->seed, .call = set_seed},
+      {.name = "--scale", .kind = CLI_CALL, .dest = &a->scale, .call = set_scale},
+      {.name = "--input", .kind = CLI_STR, .dest = &a->input},
+      {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
+      {.name = "--dtype", .kind = CLI_STR, .dest = &a->dtype_s},
+      {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
+      {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+      {.name = "--output", .kind = CLI_STR, .dest = &a->output},
+      {.name = "--finite-only", .kind = CLI_FLAG, .dest = &a->finite_only},
+      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+  };
+  const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
+  const int st = cli_parse(&c, argc, argv);
+  if (st != CLI_RUN) return st;
+  if (a->output && !*a->output) return cli_fail(2, CMD, "--output needs a file name");
+  if (!a->recipe || !a->role_text) return cli_fail(2, CMD, "--recipe and --role are required");
+  if (!!a->random == !!a->input)
+    return cli_fail(2, CMD, "give exactly one of --random and --input");
+  if (cli_dtype_arg(CMD, a->dtype_s, &a->dtype) || cli_device_arg(CMD, a->device_s, &a->device))
+    return 2;
+  if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
+  return CLI_RUN;
+}
 
-  hq_tensor x = hq_tensor_2d(NULL, dtype, HQ_DEVICE_HOST, 0, 0);
-  if (random) {
-    if (cli_shape(random, &x.rows, &x.cols))
-      return cli_fail(2, CMD, "--random '%s' is not RxC with positive R and C", random);
-    x.dtype = dtype;
-    x.device = HQ_DEVICE_HOST;
-    x.data = malloc((size_t)(x.rows * x.cols) * hq_dtype_size(dtype));
-    if (!x.data) return cli_fail(1, CMD, "out of memory for %s", random);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < x.rows * x.cols; i++)
-      hq_store_hp(x.data, i, dtype, (float)(rng_normal(&s) * scale));
-  } else if (load_input(input, shape, dtype, &x)) {
-    return 1;
-  }
+/* The input on the host: --random's seeded values or the --input file. 0, or the exit status
+   after the message. */
+static int make_input(const quantize_args *a, hq_tensor *x) {
+  *x = hq_tensor_2d(NULL, a->dtype, HQ_DEVICE_HOST, 0, 0);
+  if (!a->random) return load_input(a->input, a->shape, a->dtype, x);
+  if (cli_shape_arg(CMD, "--random", a->random, &x->rows, &x->cols)) return 2;
+  x->data = malloc((size_t)(x->rows * x->cols) * hq_dtype_size(a->dtype));
+  if (!x->data) return cli_fail(1, CMD, "out of memory for %s", a->random);
+  uint64_t s = a->seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < x->rows * x->cols; i++)
+    hq_store_hp(x->data, i, a->dtype, (float)(rng_normal(&s) * a->scale));
+  return 0;
+}
 
-  /* --output: FILE.npy (rowwise) and FILE.columnwise.npy; paths[dir - 1] */
-  char *paths[2] = {NULL, NULL};
-  if (output) {
-    size_t n = strlen(output);
-    if (n >= 4 && !strcmp(output + n - 4, ".npy")) n -= 4;
-    for (int d = 0; d < 2; d++) {
-      const char *ext = d ? ".columnwise.npy" : ".npy";
-      paths[d] = malloc(n + strlen(ext) + 1);
-      if (!paths[d]) {
-        free(paths[0]);
-        free(x.data);
-        return cli_fail(1, CMD, "out of memory");
-      }
-      snprintf(paths[d], n + strlen(ext) + 1, "%.*s%s", (int)n, output, ext);
-    }
+/* --output FILE[.npy]: FILE.npy (rowwise) and FILE.columnwise.npy into paths[dir - 1]. */
+static int output_paths(const char *output, char *paths[2]) {
+  size_t n = strlen(output);
+  if (n >= 4 && !strcmp(output + n - 4, ".npy")) n -= 4;
+  for (int d = 0; d < 2; d++) {
+    const char *ext = d ? ".columnwise.npy" : ".npy";
+    paths[d] = malloc(n + strlen(ext) + 1);
+    if (!paths[d]) return cli_fail(1, CMD, "out of memory");
+    snprintf(paths[d], n + strlen(ext) + 1, "%.*s%s", (int)n, output, ext);
   }
+  return 0;
+}
 
-  int status = 1;
-  hq_recipe_opts o = {sizeof o, 0, dirs.v, dirs.n};
-  hq_recipe *r = NULL;
-  hq_quantizer *q = NULL;
-  hq_ctx *ctx = NULL;
-  hq_state *st = NULL; /* the recipe's scaling state (delayed scaling: scale 1 at the first step) */
-  hq_qtensor *qt = NULL;
-  hq_tensor xd = x, dd = hq_tensor_2d(NULL, HQ_F32, device, x.rows, x.cols);
-  float *deq = malloc(sizeof(float) * (size_t)(x.rows * x.cols));
-  hq_ctx_desc desc = {sizeof desc, device, NULL, NULL, NULL, NULL, seed};
-  if (!deq) {
-    cli_fail(1, CMD, "out of memory");
-    goto out;
-  }
-  if (hq_recipe_load(recipe, &o, &r) || hq_ctx_create(&desc, &ctx) ||
-      hq_state_create(r, ctx, &st) || hq_quantizer_create_ex(r, &role, st, &q)) {
-    cli_fail(1, CMD, "%s", hq_last_error());
-    goto out;
-  }
-  dd.dtype = HQ_F32;
-  dd.device = device;
-  dd.rows = x.rows;
-  dd.cols = x.cols;
-  dd.data = deq;
-  if (device >= 0) {
-    size_t bx = (size_t)(x.rows * x.cols) * hq_dtype_size(x.dtype);
-    if (hq_ctx_alloc(ctx, bx, &xd.data) ||
-        hq_ctx_alloc(ctx, sizeof(float) * (size_t)(x.rows * x.cols), &dd.data) ||
-        hq_ctx_memcpy(ctx, xd.data, device, x.data, HQ_DEVICE_HOST, bx)) {
-      cli_fail(1, CMD, "%s", hq_last_error());
-      goto out;
-    }
-    xd.device = device;
-  }
-  int64_t nonfinite = 0, first_nonfinite = -1;
-  if (hq_tensor_nonfinite(ctx, &xd, &nonfinite, &first_nonfinite)) {
-    cli_fail(1, CMD, "%s", hq_last_error());
-    goto out;
+/* One quantize of the input and what its report needs. */
+typedef struct qrun {
+  hq_tensor x;            /* the input, on the host */
+  hq_tensor xd;           /* the input where the quantize runs (x itself on the CPU) */
+  hq_tensor dd;           /* a direction dequantized, f32, where the quantize runs */
+  float *deq;             /* the same on the host */
+  void *dev_in, *dev_out; /* on a CUDA device: the input and the dequantized copy there */
+  char *paths[2];         /* --output's files, rowwise and columnwise */
+  hq_recipe *r;
+  hq_ctx *ctx;
+  hq_state *st;           /* the recipe's scaling state (delayed scaling: scale 1 at step 0) */
+  hq_quantizer *q;
+  hq_qtensor *qt;
+  int64_t nonfinite, first_nonfinite;
+} qrun;
+
+/* Load the recipe, make the quantizer, put the input where it runs, count its non-finite
+   values and quantize it: 0, or 1 after the message. */
+static int quantize_input(const quantize_args *a, qrun *u) {
+  const int64_t n = u->x.rows * u->x.cols;
+  hq_recipe_opts o = {sizeof o, 0, a->dirs.v, a->dirs.n};
+  hq_ctx_desc desc = {sizeof desc, a->device, NULL, NULL, NULL, NULL, a->seed};
+  u->xd = u->x;
+  u->dd = hq_tensor_2d(NULL, HQ_F32, a->device, u->x.rows, u->x.cols);
+  u->deq = malloc(sizeof(float) * (size_t)n);
+  if (!u->deq) return cli_fail(1, CMD, "out of memory");
+  u->dd.data = u->deq;
+  if (hq_recipe_load(a->recipe, &o, &u->r) || hq_ctx_create(&desc, &u->ctx) ||
+      hq_state_create(u->r, u->ctx, &u->st) || hq_quantizer_create_ex(u->r, &a->role, u->st, &u->q))
+    return cli_fail(1, CMD, "%s", hq_last_error());
+  if (a->device >= 0) {
+    size_t bx = (size_t)n * hq_dtype_size(u->x.dtype);
+    if (hq_ctx_alloc(u->ctx, bx, &u->dev_in) ||
+        hq_ctx_alloc(u->ctx, sizeof(float) * (size_t)n, &u->dev_out) ||
+        hq_ctx_memcpy(u->ctx, u->dev_in, a->device, u->x.data, HQ_DEVICE_HOST, bx))
+      return cli_fail(1, CMD, "%s", hq_last_error());
+    u->xd.data = u->dev_in;
+    u->xd.device = a->device;
+    u->dd.data = u->dev_out;
   }
   hq_quantize_args qargs = {.struct_size = sizeof qargs,
-                            .flags = finite_only ? HQ_QUANTIZE_FINITE_ONLY : 0u};
-  if (hq_quantize_ex(q, ctx, &xd, &qargs, &qt)) {
-    cli_fail(1, CMD, "%s", hq_last_error());
-    goto out;
+                            .flags = a->finite_only ? HQ_QUANTIZE_FINITE_ONLY : 0u};
+  if (hq_tensor_nonfinite(u->ctx, &u->xd, &u->nonfinite, &u->first_nonfinite) ||
+      hq_quantize_ex(u->q, u->ctx, &u->xd, &qargs, &u->qt))
+    return cli_fail(1, CMD, "%s", hq_last_error());
+  return 0;
+}
+
+static void qrun_free(qrun *u) {
+  hq_qtensor_free(u->qt);
+  if (u->dev_in) hq_ctx_free(u->ctx, u->dev_in);
+  if (u->dev_out) hq_ctx_free(u->ctx, u->dev_out);
+  hq_quantizer_free(u->q);
+  hq_state_free(u->st);
+  hq_ctx_destroy(u->ctx);
+  hq_recipe_free(u->r);
+  free(u->deq);
+  free(u->x.data);
+  free(u->paths[0]);
+  free(u->paths[1]);
+}
+
+/* The report's start: the JSON document up to its "directions" array, or the text's header. */
+static void report_head(const quantize_args *a, const qrun *u, json *j) {
+  const hq_tensor *x = &u->x;
+  if (a->json) {
+    json_begin(j, stdout);
+    json_obj(j);
+    json_kstr(j, "recipe", a->recipe);
+    json_kstr(j, "role", a->role_text);
+    const int64_t shape[2] = {x->rows, x->cols};
+    json_kints(j, "shape", shape, 2);
+    json_kstr(j, "dtype", hq_dtype_name(x->dtype));
+    json_kstr(j, "device", a->device_s);
+    json_kint(j, "nonfinite_inputs", u->nonfinite);
+    json_kbool(j, "fused", hq_quantizer_fused(u->q));
+    json_key(j, "directions");
+    json_arr(j);
+    return;
+  }
+  printf("role %s -> %s, shape %lldx%lld %s on %s\n", a->role_text, a->recipe, (long long)x->rows,
+         (long long)x->cols, hq_dtype_name(x->dtype), a->device_s);
+  if (u->nonfinite)
+    printf("input holds %lld NaN/Inf value%s, the first at [%lld, %lld]: quantized by each "
+           "format's rule (docs/formats.md; --finite-only refuses them)\n",
+           (long long)u->nonfinite, u->nonfinite == 1 ? "" : "s",
+           (long long)(u->first_nonfinite / x->cols), (long long)(u->first_nonfinite % x->cols));
+  printf("%-10s %-12s %-11s %12s %8s %12s %12s %9s\n", "direction", "format", "plugin", "bytes",
+         "bits/el", "rel_rms", "max_abs", "sqnr_db");
+}
+
+/* One direction: dequantize it, compare it with the input, write --output's file, report it.
+   0, or 1 after the message. */
+static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json *j) {
+  const hq_tensor *x = &u->x;
+  const size_t deq_bytes = sizeof(float) * (size_t)(x->rows * x->cols);
+  if (hq_dequantize(u->qt, u->ctx, dir, &u->dd) ||
+      (a->device >= 0 &&
+       (hq_ctx_memcpy(u->ctx, u->deq, HQ_DEVICE_HOST, u->dd.data, a->device, deq_bytes) ||
+        hq_ctx_sync(u->ctx))))
+    return cli_fail(1, CMD, "%s", hq_last_error());
+  stats s = compare(x, u->deq);
+  const char *path = u->paths[dir - 1];
+  if (path && write_npy(path, u->deq, x->rows, x->cols)) return 1;
+  size_t bytes = hq_qtensor_bytes(u->qt, dir);
+  double bpe = 8.0 * (double)bytes / (double)(x->rows * x->cols);
+  const char *dname = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
+  if (a->json) {
+    json_obj(j);
+    json_kstr(j, "direction", dname);
+    json_kstr(j, "format", hq_qtensor_format(u->qt, dir));
+    json_kstr(j, "plugin", hq_quantizer_plugin(u->q, dir));
+    json_kint(j, "bytes", (int64_t)bytes);
+    json_knum(j, "bits_per_element", bpe);
+    json_knum(j, "rel_rms_error", s.rel_rms);
+    json_knum(j, "max_abs_error", s.max_abs);
+    json_knum(j, "sqnr_db", s.sqnr_db);
+    json_kint(j, "nonfinite", s.nonfinite);
+    /* the storage's buffers as a checkpoint would name them; a columnwise buffer that IS the
+       rowwise one (made by the same call) says so and counts once, in the rowwise bytes */
+    cli_buffers_json(j, u->qt, dir);
+    if (path) json_kstr(j, "output", path);
+    json_close_obj(j);
+    return 0;
+  }
+  printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
+         hq_qtensor_format(u->qt, dir), hq_quantizer_plugin(u->q, dir), bytes, bpe, s.rel_rms,
+         s.max_abs, s.sqnr_db);
+  if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
+                          (long long)s.nonfinite);
+  cli_buffers_text(u->qt, dir, 13);
+  if (path) printf("%-10s   dequantized -> %s (f32, %lldx%lld)\n", "", path, (long long)x->rows,
+                   (long long)x->cols);
+  return 0;
+}
+
+int hq_cmd_quantize(int argc, char **argv) {
+  quantize_args a = {.dtype_s = "f32", .device_s = "cpu", .seed = 1, .scale = 1.0};
+  int st = parse_args(argc, argv, &a);
+  if (st != CLI_RUN) return st;
+  qrun u;
+  memset(&u, 0, sizeof u);
+  if ((st = make_input(&a, &u.x)) != 0) return st;
+  if ((a.output && output_paths(a.output, u.paths)) || quantize_input(&a, &u)) {
+    qrun_free(&u);
+    return 1;
   }
   json j;
-  if (as_json) {
-    json_begin(&j, stdout);
-    json_obj(&j);
-    json_kstr(&j, "recipe", recipe);
-    json_kstr(&j, "role", role_text);
-    json_key(&j, "shape");
-    json_arr(&j);
-    json_int(&j, x.rows);
-    json_int(&j, x.cols);
-    json_close_arr(&j);
-    json_kstr(&j, "dtype", hq_dtype_name(x.dtype));
-    json_kstr(&j, "device", device_s);
-    json_kint(&j, "nonfinite_inputs", nonfinite);
-    json_kbool(&j, "fused", hq_quantizer_fused(q));
-    json_key(&j, "directions");
-    json_arr(&j);
-  } else {
-    printf("role %s -> %s, shape %lldx%lld %s on %s\n", role_text, recipe, (long long)x.rows,
-           (long long)x.cols, hq_dtype_name(x.dtype), device_s);
-    if (nonfinite)
-      printf("input holds %lld NaN/Inf value%s, the first at [%lld, %lld]: quantized by each "
-             "format's rule (docs/formats.md; --finite-only refuses them)\n",
-             (long long)nonfinite, nonfinite == 1 ? "" : "s",
-             (long long)(first_nonfinite / x.cols), (long long)(first_nonfinite % x.cols));
-    printf("%-10s %-12s %-11s %12s %8s %12s %12s %9s\n", "direction", "format", "plugin",
-           "bytes", "bits/el", "rel_rms", "max_abs", "sqnr_db");
-  }
-  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
-    if (hq_dequantize(qt, ctx, dir, &dd) ||
-        (device >= 0 && (hq_ctx_memcpy(ctx, deq, HQ_DEVICE_HOST, dd.data, device,
-                                       sizeof(float) * (size_t)(x.rows * x.cols)) ||
-                         hq_ctx_sync(ctx)))) {
-      cli_fail(1, CMD, "%s", hq_last_error());
-      goto out;
+  report_head(&a, &u, &j);
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++)
+    if (report_direction(&a, &u, dir, &j)) {
+      qrun_free(&u);
+      return 1;
     }
-    stats s = compare(&x, deq);
-    const char *path = paths[dir - 1];
-    if (path && write_npy(path, deq, x.rows, x.cols)) goto out;
-    size_t bytes = hq_qtensor_bytes(qt, dir);
-    double bpe = 8.0 * (double)bytes / (double)(x.rows * x.cols);
-    const char *dname = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
-    if (as_json) {
-      json_obj(&j);
-      json_kstr(&j, "direction", dname);
-      json_kstr(&j, "format", hq_qtensor_format(qt, dir));
-      json_kstr(&j, "plugin", hq_quantizer_plugin(q, dir));
-      json_kint(&j, "bytes", (int64_t)bytes);
-      json_knum(&j, "bits_per_element", bpe);
-      json_knum(&j, "rel_rms_error", s.rel_rms);
-      json_knum(&j, "max_abs_error", s.max_abs);
-      json_knum(&j, "sqnr_db", s.sqnr_db);
-      json_kint(&j, "nonfinite", s.nonfinite);
-      /* the storage's buffers as a checkpoint would name them; a columnwise buffer that IS the
-         rowwise one (made by the same call) says so and counts once, in the rowwise bytes */
-      cli_buffers_json(&j, qt, dir);
-      if (output) json_kstr(&j, "output", path);
-      json_close_obj(&j);
-    } else {
-      printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
-             hq_qtensor_format(qt, dir), hq_quantizer_plugin(q, dir), bytes, bpe, s.rel_rms,
-             s.max_abs, s.sqnr_db);
-      if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
-                              (long long)s.nonfinite);
-      cli_buffers_text(qt, dir, 13);
-      if (output) printf("%-10s   dequantized -> %s (f32, %lldx%lld)\n", "", path,
-                         (long long)x.rows, (long long)x.cols);
-    }
-  }
-  if (as_json) {
+  if (a.json) {
     json_close_arr(&j);
     json_close_obj(&j);
     json_end(&j);
   }
-  status = 0;
-out:
-  hq_qtensor_free(qt);
-  if (ctx && device >= 0) {
-    hq_ctx_free(ctx, xd.data);
-    hq_ctx_free(ctx, dd.data);
-  }
-  hq_quantizer_free(q);
-  hq_state_free(st);
-  hq_ctx_destroy(ctx);
-  hq_recipe_free(r);
-  free(deq);
-  free(x.data);
-  free(paths[0]);
-  free(paths[1]);
-  return status;
+  qrun_free(&u);
+  return 0;
 }

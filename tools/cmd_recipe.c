@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 static const char usage[] =
     "usage: hq recipe check FILE [--json] [--plugin-dir DIR]...\n"
@@ -161,229 +163,280 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
 
 static const char *dir_word(uint32_t d) { return d == HQ_COLWISE ? "columnwise" : "rowwise"; }
 
-int hq_cmd_recipe(int argc, char **argv) {
-  int as_json = 0;
-  const char *file = NULL;
-  cli_dirs dirs = {{NULL}, 0};
-  if (argc < 2 || (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "--help") != 0 &&
-                   strcmp(argv[1], "-h") != 0)) {
+#define CMD "recipe check"
+
+typedef struct recipe_args {
+  int json;
+  const char *file;
+  cli_list dirs;
+} recipe_args;
+
+/* FILE: one recipe at a time. */
+static int take_file(const char *cmd, const char *arg, void *user) {
+  recipe_args *a = user;
+  if (a->file) return cli_fail(2, cmd, "one recipe at a time ('%s' and '%s')", a->file, arg);
+  a->file = arg;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, recipe_args *a) {
+  /* "recipe check ..." is parsed from "check" on; "recipe --help" from "recipe" */
+  if (argc >= 2 && strcmp(argv[1], "check") == 0) {
+    argc--;
+    argv++;
+  } else if (argc < 2 || (strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)) {
     fputs(usage, stderr);
     return 2;
   }
-  for (int i = 1; i < argc; i++) {
-    int r;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    } else if (i == 1) {
-      continue; /* "check" */
-    } else if (!strcmp(argv[i], "--json")) {
-      as_json = 1;
-    } else if ((r = cli_plugin_dir(argc, argv, &i, &dirs, "recipe check")) != 0) {
-      if (r < 0) return 2;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      return cli_fail(2, "recipe check", "unknown option '%s'", argv[i]);
-    } else if (!file) {
-      file = argv[i];
+  const cli_option opts[] = {
+      {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+  };
+  const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), take_file, a};
+  const int st = cli_parse(&c, argc, argv);
+  if (st != CLI_RUN) return st;
+  if (!a->file) return cli_fail(2, CMD, "no recipe file given (see --help)");
+  return CLI_RUN;
+}
+
+/* What the check found beyond the recipe's own errors: the GEMMs of each linear layer, on the
+   host and on the first GPU when there is one. */
+typedef struct gemm_check {
+  lgemm gemms[MAX_LAYERS * 3];
+  char layers[MAX_LAYERS][64];
+  size_t ng, gemm_err;
+  char gpu_name[128];
+  int gpu_arch;
+} gemm_check;
+
+static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
+  hq_ctx *host = NULL, *gpu = NULL;
+  hq_ctx_create(NULL, &host);
+  if (hq_device_count() > 0) {
+    hq_ctx_desc d = {sizeof d, 0, NULL, NULL, NULL, NULL, 0};
+    if (hq_ctx_create(&d, &gpu)) gpu = NULL;
+    else hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
+  }
+  size_t nl = host ? linear_layers(r, g->layers) : 0;
+  for (size_t l = 0; l < nl; l++) {
+    int bad = layer_gemms(r, host, gpu, g->layers[l], g->gemms + g->ng);
+    if (bad < 0) {
+      fprintf(stderr, "%s: linear layer '%s': %s\n", file, g->layers[l], hq_last_error());
+      g->gemm_err++;
+      continue;
+    }
+    for (int k = 0; k < 3; k++)
+      if (!g->gemms[g->ng + k].possible) {
+        const lgemm *o = &g->gemms[g->ng + k];
+        int line = o->line[0] ? o->line[0] : o->line[1];
+        fprintf(stderr, "%s:%d: %s of linear layer '%s' is impossible: %s\n", file, line,
+                o->gemm, o->layer, o->why);
+      }
+    g->gemm_err += (size_t)bad;
+    g->ng += 3;
+  }
+  hq_ctx_destroy(gpu);
+  hq_ctx_destroy(host);
+}
+
+static void formats_json(json *j, const hq_recipe *r) {
+  json_key(j, "formats");
+  json_arr(j);
+  for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
+    hq_format_info fi;
+    if (hq_recipe_format_info(r, i, &fi)) continue;
+    json_obj(j);
+    json_kstr(j, "name", fi.name);
+    if (fi.plugin) json_kstr(j, "plugin", fi.plugin);
+    else {
+      json_key(j, "plugin");
+      json_null(j);
+    }
+    json_kint(j, "line", fi.line);
+    const char *mf = module_file(r, fi.plugin);
+    if (mf) json_kstr(j, "file", mf);
+    json_key(j, "shadows");
+    json_arr(j);
+    for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
+      json_str(j, shadowed_file(r, fi.plugin, k));
+    json_close_arr(j);
+    json_key(j, "options");
+    json_obj(j);
+    for (size_t k = 0; k < fi.n_options; k++)
+      json_kstr(j, fi.option_names[k], fi.option_values[k]);
+    json_close_obj(j);
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+}
+
+static void roles_json(json *j, const hq_recipe *r) {
+  json_key(j, "roles");
+  json_arr(j);
+  for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
+    hq_role_info ri;
+    if (hq_recipe_role_info(r, i, &ri)) continue;
+    json_obj(j);
+    json_kstr(j, "pattern", ri.pattern);
+    json_kint(j, "line", ri.line);
+    json_kstr(j, "rowwise", ri.rowwise);
+    json_kstr(j, "columnwise", ri.columnwise);
+    json_kstr(j, "columnwise_source", source_name(ri.columnwise_source));
+    json_key(j, "shadowed_by");
+    if (ri.shadowed_by >= 0) {
+      hq_role_info sb;
+      hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
+      json_obj(j);
+      json_kstr(j, "pattern", sb.pattern);
+      json_kint(j, "line", sb.line);
+      json_close_obj(j);
     } else {
-      return cli_fail(2, "recipe check", "one recipe at a time ('%s' and '%s')", file, argv[i]);
+      json_null(j);
+    }
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+}
+
+static void gemms_json(json *j, const gemm_check *g) {
+  json_key(j, "gemms");
+  json_arr(j);
+  for (size_t k = 0; k < g->ng; k++) {
+    const lgemm *o = &g->gemms[k];
+    json_obj(j);
+    json_kstr(j, "layer", o->layer);
+    json_kstr(j, "gemm", o->gemm);
+    for (int s = 0; s < 2; s++) {
+      json_key(j, s ? "b" : "a");
+      json_obj(j);
+      json_kstr(j, "tensor", o->tensor[s]);
+      json_kstr(j, "direction", dir_word(o->dir[s]));
+      json_kstr(j, "format", o->format[s]);
+      json_kstr(j, "plugin", o->plugin[s]);
+      json_kint(j, "line", o->line[s]);
+      json_close_obj(j);
+    }
+    json_kbool(j, "possible", o->possible);
+    json_kstr(j, "cpu_path", hq_gemm_path_name(o->path_host));
+    if (o->path_gpu) json_kstr(j, "gpu_path", hq_gemm_path_name(o->path_gpu));
+    if (g->gpu_arch) json_kint(j, "gpu_arch", g->gpu_arch);
+    json_kstr(j, o->possible ? "reason" : "error", o->why);
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+}
+
+static void report_json(const hq_recipe *r, const char *file, const gemm_check *g) {
+  const size_t nerr = hq_recipe_error_count(r);
+  json j;
+  json_begin(&j, stdout);
+  json_obj(&j);
+  json_kstr(&j, "file", file);
+  json_kstr(&j, "name", hq_recipe_name(r));
+  json_kbool(&j, "valid", nerr == 0 && g->gemm_err == 0);
+  formats_json(&j, r);
+  roles_json(&j, r);
+  gemms_json(&j, g);
+  json_key(&j, "errors");
+  json_arr(&j);
+  for (size_t i = 0; i < nerr; i++) json_str(&j, hq_recipe_error(r, i));
+  for (size_t k = 0; k < g->ng; k++)
+    if (!g->gemms[k].possible) json_str(&j, g->gemms[k].why);
+  json_close_arr(&j);
+  json_close_obj(&j);
+  json_end(&j);
+}
+
+static void formats_text(const hq_recipe *r) {
+  if (hq_recipe_format_count(r)) printf("\nformats:\n");
+  for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
+    hq_format_info fi;
+    if (hq_recipe_format_info(r, i, &fi)) continue;
+    if (fi.line) printf("  %-12s plugin %s (line %d)\n", fi.name, fi.plugin ? fi.plugin : "?",
+                        fi.line);
+    else printf("  %-12s plugin %s (implicit: its defaults)\n", fi.name,
+                fi.plugin ? fi.plugin : "?");
+    const char *mf = module_file(r, fi.plugin);
+    if (mf) printf("      module %s\n", mf);
+    for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
+      fprintf(stderr, "hq recipe check: warning: format '%s' comes from %s, which shadows the "
+              "module of the same name %s (earlier on the plugin search path wins)\n",
+              fi.name, mf ? mf : "?", shadowed_file(r, fi.plugin, k));
+    for (size_t k = 0; k < fi.n_options; k++)
+      printf("      %s = %s\n", fi.option_names[k], fi.option_values[k]);
+  }
+}
+
+static void roles_text(const hq_recipe *r) {
+  if (hq_recipe_role_count(r))
+    printf("\nroles (most specific wins; unmatched roles: identity):\n");
+  for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
+    hq_role_info ri;
+    if (hq_recipe_role_info(r, i, &ri)) continue;
+    printf("  [role %s] line %d\n      rowwise = %s, columnwise = %s%s%s\n", ri.pattern, ri.line,
+           ri.rowwise, ri.columnwise,
+           ri.columnwise_source ? ", columnwise_source = " : "",
+           ri.columnwise_source ? source_name(ri.columnwise_source) : "");
+    if (ri.shadowed_by >= 0) {
+      hq_role_info sb;
+      hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
+      printf("      shadowed: [role %s] (line %d) wins for every role this section matches\n",
+             sb.pattern, sb.line);
     }
   }
-  if (!file) return cli_fail(2, "recipe check", "no recipe file given (see --help)");
-  hq_recipe_opts o = {sizeof o, 0, dirs.v, dirs.n};
-  hq_recipe *r = NULL;
-  if (hq_recipe_parse(file, &o, &r)) return cli_fail(1, "recipe check", "%s", hq_last_error());
-  size_t nerr = hq_recipe_error_count(r);
-  /* the GEMMs of each linear layer: on the host, and on the first GPU when there is one */
-  static lgemm gemms[MAX_LAYERS * 3];
-  static char layers[MAX_LAYERS][64];
-  size_t ng = 0, gemm_err = 0;
-  char gpu_name[128] = "";
-  int gpu_arch = 0;
-  if (!nerr) {
-    hq_ctx *host = NULL, *gpu = NULL;
-    hq_ctx_create(NULL, &host);
-    if (hq_device_count() > 0) {
-      hq_ctx_desc d = {sizeof d, 0, NULL, NULL, NULL, NULL, 0};
-      if (hq_ctx_create(&d, &gpu)) gpu = NULL;
-      else hq_device_info(0, gpu_name, sizeof gpu_name, &gpu_arch);
-    }
-    size_t nl = host ? linear_layers(r, layers) : 0;
-    for (size_t l = 0; l < nl; l++) {
-      int bad = layer_gemms(r, host, gpu, layers[l], gemms + ng);
-      if (bad < 0) {
-        fprintf(stderr, "%s: linear layer '%s': %s\n", file, layers[l], hq_last_error());
-        gemm_err++;
-        continue;
-      }
-      for (int g = 0; g < 3; g++)
-        if (!gemms[ng + g].possible) {
-          lgemm *o = &gemms[ng + g];
-          int line = o->line[0] ? o->line[0] : o->line[1];
-          fprintf(stderr, "%s:%d: %s of linear layer '%s' is impossible: %s\n", file, line,
-                  o->gemm, o->layer, o->why);
-        }
-      gemm_err += (size_t)bad;
-      ng += 3;
-    }
-    hq_ctx_destroy(gpu);
-    hq_ctx_destroy(host);
+}
+
+static void gemms_text(const gemm_check *g) {
+  if (!g->ng) return;
+  printf("\nGEMMs of each linear layer (A x B; path on the CPU%s%s%s):\n",
+         g->gpu_arch ? ", on " : "", g->gpu_name, g->gpu_arch ? "" : "; on a GPU a pair of one "
+         "module runs natively where the module's gemm supports the device, else emulated");
+  for (size_t k = 0; k < g->ng; k++) {
+    const lgemm *o = &g->gemms[k];
+    if (k % 3 == 0) printf("  layer %s\n", o->layer);
+    printf("    %-5s %s.%s %s (%s) x %s.%s %s (%s): ", o->gemm, o->tensor[0],
+           o->dir[0] == HQ_ROWWISE ? "row" : "col", o->format[0], o->plugin[0], o->tensor[1],
+           o->dir[1] == HQ_ROWWISE ? "row" : "col", o->format[1], o->plugin[1]);
+    if (!o->possible) printf("IMPOSSIBLE\n");
+    else if (o->path_gpu) printf("cpu, %s on sm_%d\n", hq_gemm_path_name(o->path_gpu), g->gpu_arch);
+    else printf("cpu\n");
+    if (o->why[0] && (o->path_gpu != HQ_GEMM_PATH_NATIVE || !o->possible))
+      printf("          %s\n", o->why);
   }
-  if (as_json) {
-    json j;
-    json_begin(&j, stdout);
-    json_obj(&j);
-    json_kstr(&j, "file", file);
-    json_kstr(&j, "name", hq_recipe_name(r));
-    json_kbool(&j, "valid", nerr == 0 && gemm_err == 0);
-    json_key(&j, "formats");
-    json_arr(&j);
-    for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-      hq_format_info fi;
-      if (hq_recipe_format_info(r, i, &fi)) continue;
-      json_obj(&j);
-      json_kstr(&j, "name", fi.name);
-      if (fi.plugin) json_kstr(&j, "plugin", fi.plugin);
-      else {
-        json_key(&j, "plugin");
-        json_null(&j);
-      }
-      json_kint(&j, "line", fi.line);
-      const char *mf = module_file(r, fi.plugin);
-      if (mf) json_kstr(&j, "file", mf);
-      json_key(&j, "shadows");
-      json_arr(&j);
-      for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
-        json_str(&j, shadowed_file(r, fi.plugin, k));
-      json_close_arr(&j);
-      json_key(&j, "options");
-      json_obj(&j);
-      for (size_t k = 0; k < fi.n_options; k++)
-        json_kstr(&j, fi.option_names[k], fi.option_values[k]);
-      json_close_obj(&j);
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_key(&j, "roles");
-    json_arr(&j);
-    for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
-      hq_role_info ri;
-      if (hq_recipe_role_info(r, i, &ri)) continue;
-      json_obj(&j);
-      json_kstr(&j, "pattern", ri.pattern);
-      json_kint(&j, "line", ri.line);
-      json_kstr(&j, "rowwise", ri.rowwise);
-      json_kstr(&j, "columnwise", ri.columnwise);
-      json_kstr(&j, "columnwise_source", source_name(ri.columnwise_source));
-      json_key(&j, "shadowed_by");
-      if (ri.shadowed_by >= 0) {
-        hq_role_info sb;
-        hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
-        json_obj(&j);
-        json_kstr(&j, "pattern", sb.pattern);
-        json_kint(&j, "line", sb.line);
-        json_close_obj(&j);
-      } else {
-        json_null(&j);
-      }
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_key(&j, "gemms");
-    json_arr(&j);
-    for (size_t g = 0; g < ng; g++) {
-      const lgemm *o = &gemms[g];
-      json_obj(&j);
-      json_kstr(&j, "layer", o->layer);
-      json_kstr(&j, "gemm", o->gemm);
-      for (int s2 = 0; s2 < 2; s2++) {
-        json_key(&j, s2 ? "b" : "a");
-        json_obj(&j);
-        json_kstr(&j, "tensor", o->tensor[s2]);
-        json_kstr(&j, "direction", dir_word(o->dir[s2]));
-        json_kstr(&j, "format", o->format[s2]);
-        json_kstr(&j, "plugin", o->plugin[s2]);
-        json_kint(&j, "line", o->line[s2]);
-        json_close_obj(&j);
-      }
-      json_kbool(&j, "possible", o->possible);
-      json_kstr(&j, "cpu_path", hq_gemm_path_name(o->path_host));
-      if (o->path_gpu) json_kstr(&j, "gpu_path", hq_gemm_path_name(o->path_gpu));
-      if (gpu_arch) json_kint(&j, "gpu_arch", gpu_arch);
-      json_kstr(&j, o->possible ? "reason" : "error", o->why);
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_key(&j, "errors");
-    json_arr(&j);
-    for (size_t i = 0; i < nerr; i++) json_str(&j, hq_recipe_error(r, i));
-    for (size_t g = 0; g < ng; g++)
-      if (!gemms[g].possible) json_str(&j, gemms[g].why);
-    json_close_arr(&j);
-    json_close_obj(&j);
-    json_end(&j);
+}
+
+static void report_text(const hq_recipe *r, const char *file, const gemm_check *g) {
+  const size_t nerr = hq_recipe_error_count(r);
+  printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
+         hq_recipe_name(r)[0] ? ")" : "");
+  formats_text(r);
+  roles_text(r);
+  gemms_text(g);
+  if (nerr) {
+    fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
+    for (size_t i = 0; i < nerr; i++) fprintf(stderr, "%s\n", hq_recipe_error(r, i));
+  } else if (g->gemm_err) {
+    fprintf(stderr, "\n%zu impossible GEMM%s (see above)\n", g->gemm_err,
+            g->gemm_err == 1 ? "" : "s");
   } else {
-    printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
-           hq_recipe_name(r)[0] ? ")" : "");
-    if (hq_recipe_format_count(r)) printf("\nformats:\n");
-    for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-      hq_format_info fi;
-      if (hq_recipe_format_info(r, i, &fi)) continue;
-      if (fi.line) printf("  %-12s plugin %s (line %d)\n", fi.name, fi.plugin ? fi.plugin : "?",
-                          fi.line);
-      else printf("  %-12s plugin %s (implicit: its defaults)\n", fi.name,
-                  fi.plugin ? fi.plugin : "?");
-      const char *mf = module_file(r, fi.plugin);
-      if (mf) printf("      module %s\n", mf);
-      for (size_t k = 0; shadowed_file(r, fi.plugin, k); k++)
-        fprintf(stderr, "hq recipe check: warning: format '%s' comes from %s, which shadows the "
-                "module of the same name %s (earlier on the plugin search path wins)\n",
-                fi.name, mf ? mf : "?", shadowed_file(r, fi.plugin, k));
-      for (size_t k = 0; k < fi.n_options; k++)
-        printf("      %s = %s\n", fi.option_names[k], fi.option_values[k]);
-    }
-    if (hq_recipe_role_count(r))
-      printf("\nroles (most specific wins; unmatched roles: identity):\n");
-    for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
-      hq_role_info ri;
-      if (hq_recipe_role_info(r, i, &ri)) continue;
-      printf("  [role %s] line %d\n      rowwise = %s, columnwise = %s%s%s\n", ri.pattern, ri.line,
-             ri.rowwise, ri.columnwise,
-             ri.columnwise_source ? ", columnwise_source = " : "",
-             ri.columnwise_source ? source_name(ri.columnwise_source) : "");
-      if (ri.shadowed_by >= 0) {
-        hq_role_info sb;
-        hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
-        printf("      shadowed: [role %s] (line %d) wins for every role this section matches\n",
-               sb.pattern, sb.line);
-      }
-    }
-    if (ng) {
-      printf("\nGEMMs of each linear layer (A x B; path on the CPU%s%s%s):\n",
-             gpu_arch ? ", on " : "", gpu_name, gpu_arch ? "" : "; on a GPU a pair of one module "
-             "runs natively where the module's gemm supports the device, else emulated");
-      for (size_t g = 0; g < ng; g++) {
-        const lgemm *o = &gemms[g];
-        if (g % 3 == 0) printf("  layer %s\n", o->layer);
-        printf("    %-5s %s.%s %s (%s) x %s.%s %s (%s): ", o->gemm, o->tensor[0],
-               o->dir[0] == HQ_ROWWISE ? "row" : "col", o->format[0], o->plugin[0], o->tensor[1],
-               o->dir[1] == HQ_ROWWISE ? "row" : "col", o->format[1], o->plugin[1]);
-        if (!o->possible) printf("IMPOSSIBLE\n");
-        else if (o->path_gpu) printf("cpu, %s on sm_%d\n", hq_gemm_path_name(o->path_gpu), gpu_arch);
-        else printf("cpu\n");
-        if (o->why[0] && (o->path_gpu != HQ_GEMM_PATH_NATIVE || !o->possible))
-          printf("          %s\n", o->why);
-      }
-    }
-    if (nerr) {
-      fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
-      for (size_t i = 0; i < nerr; i++) fprintf(stderr, "%s\n", hq_recipe_error(r, i));
-    } else if (gemm_err) {
-      fprintf(stderr, "\n%zu impossible GEMM%s (see above)\n", gemm_err, gemm_err == 1 ? "" : "s");
-    } else {
-      printf("\nvalid\n");
-    }
+    printf("\nvalid\n");
   }
+}
+
+int hq_cmd_recipe(int argc, char **argv) {
+  recipe_args a = {0};
+  const int st = parse_args(argc, argv, &a);
+  if (st != CLI_RUN) return st;
+  hq_recipe_opts o = {sizeof o, 0, a.dirs.v, a.dirs.n};
+  hq_recipe *r = NULL;
+  if (hq_recipe_parse(a.file, &o, &r)) return cli_fail(1, CMD, "%s", hq_last_error());
+  /* large (a few hundred KiB): static, the command runs once per process */
+  static gemm_check g;
+  memset(&g, 0, sizeof g);
+  if (!hq_recipe_error_count(r)) check_gemms(r, a.file, &g);
+  if (a.json) report_json(r, a.file, &g);
+  else report_text(r, a.file, &g);
+  const int invalid = hq_recipe_error_count(r) || g.gemm_err;
   hq_recipe_free(r);
-  return nerr || gemm_err ? 1 : 0;
+  return invalid ? 1 : 0;
 }

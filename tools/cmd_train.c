@@ -13,6 +13,8 @@
 
 #include "../train/train.h"
 #include "cli.h"
+#include "commands.h"
+#include "json.h"
 
 #define CMD "train"
 #define MAX_RECIPES 16
@@ -145,15 +147,6 @@ static const char builtin_baseline[] =
     "rowwise = f32\n"
     "columnwise = f32\n";
 
-static int parse_count(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  uint64_t u;
-  if (cli_u64(v, &u) || (int64_t)u < lo || (int64_t)u > hi || u > (uint64_t)INT64_MAX)
-    return cli_fail(-1, CMD, "%s %s: must be an integer in [%lld, %lld]", opt, v, (long long)lo,
-                    (long long)hi);
-  *out = (int64_t)u;
-  return 0;
-}
-
 static void gemm_text(const hq_gemm_info *g, char *buf, size_t n) {
   if (!g->struct_size) snprintf(buf, n, "-");
   else snprintf(buf, n, "%s x %s (%s)", g->format_a, g->format_b, hq_gemm_path_name(g->path));
@@ -266,121 +259,375 @@ static int plot(const char *file, run *runs, int n_runs, int baseline, int64_t w
   return 0;
 }
 
-int hq_cmd_train(int argc, char **argv) {
-  const char *recipes[MAX_RECIPES];
-  int n_recipes = 0;
-  const char *data_path = NULL, *plot_file = NULL, *device_s = "cpu", *act_s = "gelu";
-  int as_json = 0, verify_resume = 0;
-  const char *ckpt_path = NULL, *resume_path = NULL;
-  int64_t ckpt_every = 0;
-  cli_dirs dirs = {{NULL}, 0};
-  int64_t steps = 1000, batch = 256, seed = 1, eval_every = -1, eval_batches = 8, log_every = -1;
-  int64_t context = 8, embed = 16, hidden = 256, layers = 2;
-  double lr = 6e-3;
+typedef struct train_args {
+  cli_list recipes;
+  const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path;
+  int json, verify_resume;
+  int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every;
+  int64_t context, embed, hidden, layers;
+  double lr;
+  cli_list dirs;
+  int device, act;
+} train_args;
 
-  for (int i = 1; i < argc; i++) {
-    const char *v;
-    int r;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--json")) {
-      as_json = 1;
-      continue;
-    }
-    if (!strcmp(argv[i], "--verify-resume")) {
-      verify_resume = 1;
-      continue;
-    }
-    if ((r = cli_plugin_dir(argc, argv, &i, &dirs, CMD)) != 0) {
-      if (r < 0) return 2;
-      continue;
-    }
-    static const char *const valued[] = {"--recipe", "--device", "--steps", "--batch", "--seed",
-                                         "--eval-every", "--eval-batches", "--log-every",
-                                         "--data", "--plot", "--lr", "--context", "--embed",
-                                         "--hidden", "--layers", "--act", "--checkpoint",
-                                         "--checkpoint-every", "--resume"};
-    int k = 0, found = 0;
-    for (; k < (int)(sizeof valued / sizeof *valued); k++)
-      if ((r = cli_opt(argc, argv, &i, valued[k], &v)) != 0) {
-        found = 1;
-        break;
-      }
-    if (!found) return cli_fail(2, CMD, "unknown option '%s' (see hq train --help)", argv[i]);
-    if (r < 0) return cli_fail(2, CMD, "%s needs a value", valued[k]);
-    const char *o = valued[k];
-    int bad = 0;
-    if (!strcmp(o, "--recipe")) {
-      if (n_recipes == MAX_RECIPES) return cli_fail(2, CMD, "at most %d recipes", MAX_RECIPES);
-      recipes[n_recipes++] = v;
-    } else if (!strcmp(o, "--device")) device_s = v;
-    else if (!strcmp(o, "--data")) data_path = v;
-    else if (!strcmp(o, "--plot")) plot_file = v;
-    else if (!strcmp(o, "--act")) act_s = v;
-    else if (!strcmp(o, "--checkpoint")) ckpt_path = v;
-    else if (!strcmp(o, "--resume")) resume_path = v;
-    else if (!strcmp(o, "--checkpoint-every")) bad = parse_count(o, v, 1, INT64_MAX, &ckpt_every);
-    else if (!strcmp(o, "--steps")) bad = parse_count(o, v, 1, 10000000, &steps);
-    else if (!strcmp(o, "--batch")) bad = parse_count(o, v, 1, 1 << 20, &batch);
-    else if (!strcmp(o, "--seed")) bad = parse_count(o, v, 0, INT64_MAX, &seed);
-    else if (!strcmp(o, "--eval-every")) bad = parse_count(o, v, 0, INT64_MAX, &eval_every);
-    else if (!strcmp(o, "--eval-batches")) bad = parse_count(o, v, 0, 1000000000, &eval_batches);
-    else if (!strcmp(o, "--log-every")) bad = parse_count(o, v, 1, INT64_MAX, &log_every);
-    else if (!strcmp(o, "--context")) bad = parse_count(o, v, 1, 256, &context);
-    else if (!strcmp(o, "--embed")) bad = parse_count(o, v, 1, 4096, &embed);
-    else if (!strcmp(o, "--hidden")) bad = parse_count(o, v, 1, 16384, &hidden);
-    else if (!strcmp(o, "--layers")) bad = parse_count(o, v, 1, TRAIN_MAX_LINEAR - 1, &layers);
-    else if (!strcmp(o, "--lr")) {
-      char *end;
-      errno = 0;
-      lr = strtod(v, &end);
-      if (!*v || *end || errno || !(lr > 0) || lr > 1)
-        return cli_fail(2, CMD, "--lr %s: must be a number in (0, 1]", v);
-    }
-    if (bad) return 2;
-  }
-  int device;
-  if (cli_device(device_s, &device))
-    return cli_fail(2, CMD, "--device %s: expected cpu or cuda", device_s);
-  if (ckpt_every && !ckpt_path && !verify_resume)
+static int set_lr(const char *cmd, const cli_option *o, const char *v) {
+  char *end;
+  double *lr = o->dest;
+  errno = 0;
+  *lr = strtod(v, &end);
+  if (!*v || *end || errno || !(*lr > 0) || *lr > 1)
+    return cli_fail(2, cmd, "--lr '%s' is not a number in (0, 1]", v);
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, train_args *a) {
+  const cli_option opts[] = {
+      {.name = "--recipe", .kind = CLI_LIST, .dest = &a->recipes, .max = MAX_RECIPES},
+      {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
+      {.name = "--steps", .kind = CLI_INT, .dest = &a->steps, .min = 1, .max = 10000000},
+      {.name = "--batch", .kind = CLI_INT, .dest = &a->batch, .min = 1, .max = 1 << 20},
+      {.name = "--seed", .kind = CLI_INT, .dest = &a->seed, .min = 0, .max = INT64_MAX},
+      {.name = "--eval-every", .kind = CLI_INT, .dest = &a->eval_every, .min = 0, .max = INT64_MAX},
+      {.name = "--eval-batches", .kind = CLI_INT, .dest = &a->eval_batches, .min = 0,
+       .max = 1000000000},
+      {.name = "--log-every", .kind = CLI_INT, .dest = &a->log_every, .min = 1, .max = INT64_MAX},
+      {.name = "--data", .kind = CLI_STR, .dest = &a->data_path},
+      {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+      {.name = "--plot", .kind = CLI_STR, .dest = &a->plot_file},
+      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      {.name = "--lr", .kind = CLI_CALL, .dest = &a->lr, .call = set_lr},
+      {.name = "--context", .kind = CLI_INT, .dest = &a->context, .min = 1, .max = 256},
+      {.name = "--embed", .kind = CLI_INT, .dest = &a->embed, .min = 1, .max = 4096},
+      {.name = "--hidden", .kind = CLI_INT, .dest = &a->hidden, .min = 1, .max = 16384},
+      {.name = "--layers", .kind = CLI_INT, .dest = &a->layers, .min = 1,
+       .max = TRAIN_MAX_LINEAR - 1},
+      {.name = "--act", .kind = CLI_STR, .dest = &a->act_s},
+      {.name = "--checkpoint", .kind = CLI_STR, .dest = &a->ckpt_path},
+      {.name = "--checkpoint-every", .kind = CLI_INT, .dest = &a->ckpt_every, .min = 1,
+       .max = INT64_MAX},
+      {.name = "--resume", .kind = CLI_STR, .dest = &a->resume_path},
+      {.name = "--verify-resume", .kind = CLI_FLAG, .dest = &a->verify_resume},
+  };
+  const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
+  const int st = cli_parse(&c, argc, argv);
+  if (st != CLI_RUN) return st;
+  if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
+  if (a->ckpt_every && !a->ckpt_path && !a->verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
-  if (resume_path && n_recipes > 1)
+  if (a->resume_path && a->recipes.n > 1)
     return cli_fail(2, CMD, "--resume continues one run: give at most one --recipe");
-  if (verify_resume && steps < 2)
+  if (a->verify_resume && a->steps < 2)
     return cli_fail(2, CMD, "--verify-resume needs --steps 2 or more");
-  int act;
-  if (!strcmp(act_s, "gelu")) act = TRAIN_ACT_GELU;
-  else if (!strcmp(act_s, "tanh")) act = TRAIN_ACT_TANH;
-  else return cli_fail(2, CMD, "--act %s: expected gelu or tanh", act_s);
+  if (!strcmp(a->act_s, "gelu")) a->act = TRAIN_ACT_GELU;
+  else if (!strcmp(a->act_s, "tanh")) a->act = TRAIN_ACT_TANH;
+  else return cli_fail(2, CMD, "--act '%s' is not gelu or tanh", a->act_s);
+  return CLI_RUN;
+}
 
+static void make_config(const train_args *a, train_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->model.context = (int)a->context;
+  cfg->model.embed = (int)a->embed;
+  cfg->model.hidden = (int)a->hidden;
+  cfg->model.layers = (int)a->layers;
+  cfg->model.batch = a->batch;
+  cfg->model.vocab_pad = 128;   /* 27 padded to a multiple every stock format accepts */
+  cfg->model.act = a->act;
+  cfg->adam = (train_adam_cfg){0.9f, 0.95f, 1e-8f, 0.0f};
+  cfg->steps = a->steps;
+  cfg->lr = (float)a->lr;
+  cfg->min_lr = (float)a->lr / 10;
+  cfg->warmup = a->steps / 20;
+  cfg->log_every = a->log_every > 0 ? a->log_every : (a->steps >= 10 ? a->steps / 10 : 1);
+  cfg->eval_every = a->eval_every >= 0 ? a->eval_every : a->steps / 5;
+  cfg->eval_batches = a->eval_batches;
+  cfg->seed = (uint64_t)a->seed;
+  cfg->device = a->device;
+  cfg->ckpt_every = a->ckpt_every;
+  cfg->verify_resume = a->verify_resume;
+  cfg->verify_at = a->ckpt_every;
+}
+
+/* Every run of one invocation: a run per recipe, then the built-in baseline unless a recipe is
+   high precision; the data they all train on. */
+typedef struct session {
+  run runs[MAX_RECIPES + 1];
+  int n_runs, baseline;
+  train_data data;
+} session;
+
+/* Each recipe loaded (every error of a bad one listed): 0, or 1 after the messages. */
+static int load_recipes(const train_args *a, const hq_recipe_opts *ro, session *s) {
+  for (size_t i = 0; i < a->recipes.n; i++) {
+    struct stat st;
+    const char *file = a->recipes.v[i];
+    if (stat(file, &st) != 0) return cli_fail(1, CMD, "recipe %s: %s", file, strerror(errno));
+    hq_recipe *r;
+    if (hq_recipe_parse(file, ro, &r))
+      return cli_fail(1, CMD, "recipe %s: %s", file, hq_last_error());
+    s->runs[s->n_runs++].recipe = r;
+    if (hq_recipe_error_count(r)) {
+      for (size_t k = 0; k < hq_recipe_error_count(r); k++)
+        fprintf(stderr, "hq train: %s\n", hq_recipe_error(r, k));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Name each run (the recipe's name, else its file's; the same one again: name#2), find the
+   baseline among them or add the built-in one: 0, or 1 after the message. */
+static int name_runs(const train_args *a, const train_config *cfg, const hq_recipe_opts *ro,
+                     session *s) {
+  char err[2048];
+  s->baseline = -1;
+  for (int i = 0; i < s->n_runs; i++) {
+    run *rn = &s->runs[i];
+    const char *file = a->recipes.v[i], *nm = hq_recipe_name(rn->recipe);
+    if (nm && *nm) snprintf(rn->name, sizeof rn->name, "%s", nm);
+    else {
+      const char *b = strrchr(file, '/');
+      snprintf(rn->name, sizeof rn->name, "%s", b ? b + 1 : file);
+      char *dot = strrchr(rn->name, '.');
+      if (dot && dot != rn->name) *dot = '\0';
+    }
+    char base[128];
+    snprintf(base, sizeof base, "%s", rn->name);
+    for (int dup = 2;; dup++) {
+      int clash = 0;
+      for (int k = 0; k < i; k++) clash |= !strcmp(s->runs[k].name, rn->name);
+      if (!clash) break;
+      snprintf(rn->name, sizeof rn->name, "%.110s#%d", base, dup);
+    }
+    int hp = train_recipe_is_high_precision(rn->recipe, &cfg->model, err, sizeof err);
+    if (hp < 0) return cli_fail(1, CMD, "recipe '%s' (%s): %s", rn->name, file, err);
+    rn->high_precision = hp;
+    if (hp && s->baseline < 0) s->baseline = i;
+  }
+  if (s->baseline >= 0) return 0;
+  run *rn = &s->runs[s->n_runs];
+  if (hq_recipe_load_string(builtin_baseline, "fp32 baseline (built in)", ro, &rn->recipe))
+    return cli_fail(1, CMD, "the built-in baseline: %s", hq_last_error());
+  s->baseline = s->n_runs++;
+  rn->high_precision = 1;
+  rn->builtin = 1;
+  snprintf(rn->name, sizeof rn->name, "fp32");
+  return 0;
+}
+
+/* --checkpoint with several runs: one file per run, FILE-NAME.ext. */
+static const char *run_ckpt_path(const char *ckpt_path, const char *name, char *path, size_t len) {
+  char nm[160];
+  snprintf(nm, sizeof nm, "%s", name);
+  for (char *p = nm; *p; p++)
+    if (*p == '/' || *p == ' ') *p = '_';
+  const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
+  if (dot && (!slash || dot > slash + 1))
+    snprintf(path, len, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
+  else snprintf(path, len, "%s-%s", ckpt_path, nm);
+  return path;
+}
+
+/* What a run says after it trained: resumed, saved, verified. 1 when the verification failed. */
+static int run_said(const train_args *a, const train_config *cfg, const run *rn, FILE *po) {
+  const train_result *r = &rn->res;
+  if (cfg->resume_path)
+    fprintf(po, "hq train: %s: resumed at step %lld (checkpoint loaded in %.1f ms)\n", rn->name,
+            (long long)r->resumed_from, 1e3 * r->ckpt_load_s);
+  if (cfg->ckpt_path)
+    fprintf(po, "hq train: %s: checkpoint %s: %lld save%s, the last at step %lld (%lld bytes, "
+                "saved in %.1f ms)\n",
+            rn->name, cfg->ckpt_path, (long long)r->ckpt_saves, r->ckpt_saves == 1 ? "" : "s",
+            (long long)a->steps, (long long)r->ckpt_bytes, 1e3 * r->ckpt_save_s);
+  if (!a->verify_resume) return 0;
+  if (r->verified == 1) {
+    fprintf(po, "hq train: %s: resume verified: the checkpoint of step %lld reloaded into a "
+                "fresh model gives bit-identical losses for steps %lld..%lld and a "
+                "bit-identical final state\n",
+            rn->name, (long long)r->verify_at, (long long)r->verify_at + 1, (long long)a->steps);
+    return 0;
+  }
+  fprintf(stderr, "hq train: %s: resume NOT identical after reloading the checkpoint of step "
+                  "%lld: %s\n",
+          rn->name, (long long)r->verify_at, r->verify_msg);
+  return 1;
+}
+
+/* Train every run in turn, progress on po: 0, 1 when a resume verification failed (the runs
+   are reported), -1 after the message of a failed run. */
+static int train_all(const train_args *a, train_config *cfg, session *s, FILE *po) {
+  char err[2048], cpath[1400];
+  int verify_failed = 0;
+  for (int i = 0; i < s->n_runs; i++) {
+    run *rn = &s->runs[i];
+    progress_state ps = {po, i + 1, s->n_runs};
+    cfg->ckpt_path = a->ckpt_path && s->n_runs > 1
+                         ? run_ckpt_path(a->ckpt_path, rn->name, cpath, sizeof cpath)
+                         : a->ckpt_path;
+    /* --resume: the recipe's run (the first; the baseline added after it trains from scratch) */
+    cfg->resume_path = i == 0 ? a->resume_path : NULL;
+    if (cfg->resume_path)
+      fprintf(po, "hq train: %s: resuming from %s\n", rn->name, cfg->resume_path);
+    if (train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, &rn->res, err,
+                  sizeof err))
+      return cli_fail(-1, CMD, "%s", err);
+    rn->res.high_precision = rn->high_precision;
+    rn->done = 1;
+    verify_failed |= run_said(a, cfg, rn, po);
+  }
+  return verify_failed;
+}
+
+static void config_json(json *j, const train_args *a, const train_config *cfg, const session *s) {
+  json_key(j, "data");
+  json_obj(j);
+  json_kstr(j, "path", a->data_path);
+  json_kint(j, "words", s->data.n_words);
+  json_kint(j, "train_words", s->data.n_train_words);
+  json_kint(j, "eval_words", s->data.n_eval_words);
+  json_kint(j, "train_examples", s->data.n_train);
+  json_kint(j, "eval_examples", s->data.n_eval);
+  json_close_obj(j);
+  json_key(j, "config");
+  json_obj(j);
+  json_kstr(j, "device", a->device_s);
+  json_kint(j, "steps", a->steps);
+  json_kint(j, "batch", a->batch);
+  json_kint(j, "seed", a->seed);
+  json_kint(j, "context", a->context);
+  json_kint(j, "embed", a->embed);
+  json_kint(j, "hidden", a->hidden);
+  json_kint(j, "layers", a->layers);
+  json_kint(j, "vocab", TRAIN_VOCAB);
+  json_kint(j, "vocab_padded", cfg->model.vocab_pad);
+  json_kstr(j, "activation", a->act_s);
+  json_knum(j, "lr", a->lr);
+  json_knum(j, "min_lr", cfg->min_lr);
+  json_kint(j, "warmup", cfg->warmup);
+  json_kint(j, "eval_every", cfg->eval_every);
+  json_kint(j, "parameters", s->runs[0].res.n_params);
+  json_close_obj(j);
+}
+
+/* [[step, loss], ...] */
+static void curve_json(json *j, const char *key, const train_point *pts, int64_t n) {
+  json_key(j, key);
+  json_arr(j);
+  for (int64_t k = 0; k < n; k++) {
+    json_arr(j);
+    json_int(j, pts[k].step);
+    json_num(j, pts[k].loss);
+    json_close_arr(j);
+  }
+  json_close_arr(j);
+}
+
+static void run_json(json *j, const train_args *a, const train_config *cfg, const session *s,
+                     int i) {
+  const run *rn = &s->runs[i];
+  const train_result *r = &rn->res;
+  json_obj(j);
+  json_kstr(j, "name", rn->name);
+  json_key(j, "path");
+  if (rn->builtin) json_null(j);
+  else json_str(j, r->path);
+  json_kbool(j, "baseline", i == s->baseline);
+  json_kbool(j, "high_precision", rn->high_precision);
+  json_knum(j, "step0_loss", r->step0_loss);
+  json_knum(j, "train_loss", r->train_loss);
+  json_knum(j, "eval_loss", r->eval_loss);
+  json_knum(j, "gap", r->eval_loss - s->runs[s->baseline].res.eval_loss);
+  json_knum(j, "train_seconds", r->train_s);
+  json_knum(j, "total_seconds", r->total_s);
+  json_kint(j, "tokens", r->tokens);
+  json_knum(j, "tokens_per_second", r->tokens_per_s);
+  json_kint(j, "resumed_from", r->resumed_from);
+  json_key(j, "resume_verified");
+  if (!a->verify_resume) json_null(j);
+  else json_bool(j, r->verified == 1);
+  /* the train curve: step 0, then the mean of each log interval */
+  train_point *pts = malloc(((size_t)r->n_train_curve + 2) * sizeof *pts);
+  curve_json(j, "train_curve", pts, pts ? window_means(r, cfg->log_every, pts) : 0);
+  free(pts);
+  curve_json(j, "eval_curve", r->eval_curve, r->n_eval_curve);
+  json_key(j, "gemms");
+  json_arr(j);
+  for (int l = 0; l < r->n_layers; l++) {
+    json_obj(j);
+    json_kstr(j, "layer", r->layer_name[l]);
+    for (int g = 0; g < 3; g++) {
+      json_key(j, gemm_names[g]);
+      json_gemm(j, &r->layer_info[l][g]);
+    }
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+  json_close_obj(j);
+}
+
+static void report_json(const train_args *a, const train_config *cfg, const session *s) {
+  json j;
+  json_begin(&j, stdout);
+  json_obj(&j);
+  config_json(&j, a, cfg, s);
+  json_kstr(&j, "baseline", s->runs[s->baseline].name);
+  json_key(&j, "recipes");
+  json_arr(&j);
+  for (int i = 0; i < s->n_runs; i++) run_json(&j, a, cfg, s, i);
+  json_close_arr(&j);
+  json_close_obj(&j);
+  json_end(&j);
+}
+
+static void report_text(const train_config *cfg, const session *s) {
+  const double base_eval = s->runs[s->baseline].res.eval_loss;
+  printf("\n%-30s %10s %10s %12s %8s %10s\n", "recipe", "train loss", "eval loss",
+         "gap vs base", "time", "tokens/s");
+  for (int i = 0; i < s->n_runs; i++) {
+    const train_result *r = &s->runs[i].res;
+    char gap[32], t[32], rate[32], nm[160];
+    if (i == s->baseline) snprintf(gap, sizeof gap, "(baseline)");
+    else snprintf(gap, sizeof gap, "%+.4f", r->eval_loss - base_eval);
+    snprintf(t, sizeof t, "%.1fs", r->total_s);
+    fmt_rate(r->tokens_per_s, rate, sizeof rate);
+    snprintf(nm, sizeof nm, "%s", s->runs[i].name);
+    printf("%-30s %10.4f %10.4f %12s %8s %10s\n", nm, r->train_loss, r->eval_loss, gap, t, rate);
+  }
+  printf("\ntrain loss: mean of the last %lld steps; eval loss: the whole held-out set (%lld "
+         "examples) after the last step; gap: eval loss minus the baseline's (%s); "
+         "ln(27) = 3.2958 is a uniform guess\n",
+         (long long)cfg->log_every, (long long)s->data.n_eval, s->runs[s->baseline].name);
+  printf("\nGEMMs of each layer (operand formats A x B, path):\n");
+  for (int i = 0; i < s->n_runs; i++) {
+    const train_result *r = &s->runs[i].res;
+    printf("  %s\n", s->runs[i].name);
+    for (int l = 0; l < r->n_layers; l++) {
+      char g[3][96];
+      for (int k = 0; k < 3; k++) gemm_text(&r->layer_info[l][k], g[k], sizeof g[k]);
+      printf("    %-8s fprop %-28s dgrad %-28s wgrad %s\n", r->layer_name[l], g[0], g[1], g[2]);
+    }
+  }
+}
+
+static void session_free(session *s) {
+  for (int i = 0; i < s->n_runs; i++) {
+    train_result_free(&s->runs[i].res);
+    hq_recipe_free(s->runs[i].recipe);
+  }
+  train_data_free(&s->data);
+}
+
+int hq_cmd_train(int argc, char **argv) {
+  train_args a = {.device_s = "cpu", .act_s = "gelu", .steps = 1000, .batch = 256, .seed = 1,
+                  .eval_every = -1, .eval_batches = 8, .log_every = -1, .context = 8,
+                  .embed = 16, .hidden = 256, .layers = 2, .lr = 6e-3};
+  int status = parse_args(argc, argv, &a);
+  if (status != CLI_RUN) return status;
   train_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.model.context = (int)context;
-  cfg.model.embed = (int)embed;
-  cfg.model.hidden = (int)hidden;
-  cfg.model.layers = (int)layers;
-  cfg.model.batch = batch;
-  cfg.model.vocab_pad = 128;   /* 27 padded to a multiple every stock format accepts */
-  cfg.model.act = act;
-  cfg.adam = (train_adam_cfg){0.9f, 0.95f, 1e-8f, 0.0f};
-  cfg.steps = steps;
-  cfg.lr = (float)lr;
-  cfg.min_lr = (float)lr / 10;
-  cfg.warmup = steps / 20;
-  cfg.log_every = log_every > 0 ? log_every : (steps >= 10 ? steps / 10 : 1);
-  cfg.eval_every = eval_every >= 0 ? eval_every : steps / 5;
-  cfg.eval_batches = eval_batches;
-  cfg.seed = (uint64_t)seed;
-  cfg.device = device;
-  cfg.ckpt_every = ckpt_every;
-  cfg.verify_resume = verify_resume;
-  cfg.verify_at = ckpt_every;
-
-  /* recipes: each loaded (every error of a bad one listed), the default one when none is given */
+  make_config(&a, &cfg);
+  /* the default recipe when none is given */
   char default_path[1100];
-  if (n_recipes == 0) {
+  if (a.recipes.n == 0) {
     default_recipe(default_path, sizeof default_path);
     if (access(default_path, R_OK) != 0)
       return cli_fail(1, CMD,
@@ -388,279 +635,42 @@ int hq_cmd_train(int argc, char **argv) {
                       "hq (make install), set HQ_CONF_DIR to the directory holding recipe.ini, or "
                       "give --recipe FILE",
                       default_path, strerror(errno));
-    recipes[n_recipes++] = default_path;
+    a.recipes.v[a.recipes.n++] = default_path;
   }
-  run runs[MAX_RECIPES + 1];
-  memset(runs, 0, sizeof runs);
-  int n_runs = 0, status = 1, baseline = -1;
-  hq_recipe_opts ro = {sizeof ro, 0, dirs.v, dirs.n};
+  session s;
+  memset(&s, 0, sizeof s);
+  hq_recipe_opts ro = {sizeof ro, 0, a.dirs.v, a.dirs.n};
   char err[2048];
-  train_data data;
-  memset(&data, 0, sizeof data);
-  for (int i = 0; i < n_recipes; i++) {
-    struct stat st;
-    if (stat(recipes[i], &st) != 0) {
-      cli_fail(1, CMD, "recipe %s: %s", recipes[i], strerror(errno));
-      goto out;
-    }
-    hq_recipe *r;
-    if (hq_recipe_parse(recipes[i], &ro, &r)) {
-      cli_fail(1, CMD, "recipe %s: %s", recipes[i], hq_last_error());
-      goto out;
-    }
-    runs[n_runs++].recipe = r;
-    if (hq_recipe_error_count(r)) {
-      for (size_t k = 0; k < hq_recipe_error_count(r); k++)
-        fprintf(stderr, "hq train: %s\n", hq_recipe_error(r, k));
-      goto out;
-    }
-  }
-  for (int i = 0; i < n_runs; i++) {
-    run *rn = &runs[i];
-    const char *nm = hq_recipe_name(rn->recipe);
-    if (nm && *nm) snprintf(rn->name, sizeof rn->name, "%s", nm);
-    else {
-      const char *b = strrchr(recipes[i], '/');
-      snprintf(rn->name, sizeof rn->name, "%s", b ? b + 1 : recipes[i]);
-      char *dot = strrchr(rn->name, '.');
-      if (dot && dot != rn->name) *dot = '\0';
-    }
-    char base[128];
-    snprintf(base, sizeof base, "%s", rn->name);
-    for (int dup = 2;; dup++) {   /* the same recipe twice: name#2 */
-      int clash = 0;
-      for (int k = 0; k < i; k++) clash |= !strcmp(runs[k].name, rn->name);
-      if (!clash) break;
-      snprintf(rn->name, sizeof rn->name, "%.110s#%d", base, dup);
-    }
-    int hp = train_recipe_is_high_precision(rn->recipe, &cfg.model, err, sizeof err);
-    if (hp < 0) {
-      cli_fail(1, CMD, "recipe '%s' (%s): %s", rn->name, recipes[i], err);
-      goto out;
-    }
-    rn->high_precision = hp;
-    if (hp && baseline < 0) baseline = i;
-  }
-  if (baseline < 0) {
-    hq_recipe *r;
-    if (hq_recipe_load_string(builtin_baseline, "fp32 baseline (built in)", &ro, &r)) {
-      cli_fail(1, CMD, "the built-in baseline: %s", hq_last_error());
-      goto out;
-    }
-    baseline = n_runs;
-    runs[n_runs].recipe = r;
-    runs[n_runs].high_precision = 1;
-    runs[n_runs].builtin = 1;
-    snprintf(runs[n_runs].name, sizeof runs[n_runs].name, "fp32");
-    n_runs++;
-  }
-
-  /* data */
-  const int is_default = data_path == NULL;
-  if (!data_path) data_path = TRAIN_DEFAULT_DATA;
-  if (train_data_load(&data, data_path, is_default, (int)context, cfg.seed, err, sizeof err)) {
+  status = 1;
+  if (load_recipes(&a, &ro, &s) || name_runs(&a, &cfg, &ro, &s)) goto out;
+  const int is_default = a.data_path == NULL;
+  if (!a.data_path) a.data_path = TRAIN_DEFAULT_DATA;
+  if (train_data_load(&s.data, a.data_path, is_default, (int)a.context, cfg.seed, err,
+                      sizeof err)) {
     cli_fail(1, CMD, "%s", err);
     goto out;
   }
-
-  FILE *po = as_json ? stderr : stdout;
+  FILE *po = a.json ? stderr : stdout;
   fprintf(po,
           "hq train: %lld words from %s (%lld train, %lld held out: %lld / %lld examples); "
           "model C=%lld E=%lld H=%lld L=%lld %s, batch %lld, %lld steps, lr %g, seed %lld, %s\n",
-          (long long)data.n_words, data_path, (long long)data.n_train_words,
-          (long long)data.n_eval_words, (long long)data.n_train, (long long)data.n_eval,
-          (long long)context, (long long)embed, (long long)hidden, (long long)layers, act_s,
-          (long long)batch, (long long)steps, lr, (long long)seed, device_s);
-  int verify_failed = 0;
-  for (int i = 0; i < n_runs; i++) {
-    progress_state ps = {po, i + 1, n_runs};
-    /* --checkpoint with several runs: one file per run, FILE-NAME.ext; --resume: the recipe's run
-       (the first; the baseline added after it trains from scratch) */
-    char cpath[1400];
-    if (ckpt_path && n_runs > 1) {
-      char nm[160];
-      snprintf(nm, sizeof nm, "%s", runs[i].name);
-      for (char *p = nm; *p; p++)
-        if (*p == '/' || *p == ' ') *p = '_';
-      const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
-      if (dot && (!slash || dot > slash + 1))
-        snprintf(cpath, sizeof cpath, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
-      else snprintf(cpath, sizeof cpath, "%s-%s", ckpt_path, nm);
-      cfg.ckpt_path = cpath;
-    } else cfg.ckpt_path = ckpt_path;
-    cfg.resume_path = i == 0 ? resume_path : NULL;
-    if (resume_path && i == 0)
-      fprintf(po, "hq train: %s: resuming from %s\n", runs[i].name, resume_path);
-    if (train_run(&cfg, &data, runs[i].recipe, runs[i].name, on_progress, &ps, &runs[i].res, err,
-                  sizeof err)) {
-      cli_fail(1, CMD, "%s", err);
-      goto out;
-    }
-    runs[i].res.high_precision = runs[i].high_precision;
-    runs[i].done = 1;
-    const train_result *r = &runs[i].res;
-    if (cfg.resume_path)
-      fprintf(po, "hq train: %s: resumed at step %lld (checkpoint loaded in %.1f ms)\n",
-              runs[i].name, (long long)r->resumed_from, 1e3 * r->ckpt_load_s);
-    if (cfg.ckpt_path)
-      fprintf(po, "hq train: %s: checkpoint %s: %lld save%s, the last at step %lld (%lld bytes, "
-                  "saved in %.1f ms)\n",
-              runs[i].name, cfg.ckpt_path, (long long)r->ckpt_saves,
-              r->ckpt_saves == 1 ? "" : "s", (long long)steps, (long long)r->ckpt_bytes,
-              1e3 * r->ckpt_save_s);
-    if (verify_resume) {
-      if (r->verified == 1)
-        fprintf(po, "hq train: %s: resume verified: the checkpoint of step %lld reloaded into a "
-                    "fresh model gives bit-identical losses for steps %lld..%lld and a "
-                    "bit-identical final state\n",
-                runs[i].name, (long long)r->verify_at, (long long)r->verify_at + 1,
-                (long long)steps);
-      else {
-        fprintf(stderr, "hq train: %s: resume NOT identical after reloading the checkpoint of "
-                        "step %lld: %s\n",
-                runs[i].name, (long long)r->verify_at, r->verify_msg);
-        verify_failed = 1;
-      }
-    }
-  }
-
-  const double base_eval = runs[baseline].res.eval_loss;
-  if (as_json) {
-    json j;
-    json_begin(&j, stdout);
-    json_obj(&j);
-    json_key(&j, "data");
-    json_obj(&j);
-    json_kstr(&j, "path", data_path);
-    json_kint(&j, "words", data.n_words);
-    json_kint(&j, "train_words", data.n_train_words);
-    json_kint(&j, "eval_words", data.n_eval_words);
-    json_kint(&j, "train_examples", data.n_train);
-    json_kint(&j, "eval_examples", data.n_eval);
-    json_close_obj(&j);
-    json_key(&j, "config");
-    json_obj(&j);
-    json_kstr(&j, "device", device_s);
-    json_kint(&j, "steps", steps);
-    json_kint(&j, "batch", batch);
-    json_kint(&j, "seed", seed);
-    json_kint(&j, "context", context);
-    json_kint(&j, "embed", embed);
-    json_kint(&j, "hidden", hidden);
-    json_kint(&j, "layers", layers);
-    json_kint(&j, "vocab", TRAIN_VOCAB);
-    json_kint(&j, "vocab_padded", cfg.model.vocab_pad);
-    json_kstr(&j, "activation", act_s);
-    json_knum(&j, "lr", lr);
-    json_knum(&j, "min_lr", cfg.min_lr);
-    json_kint(&j, "warmup", cfg.warmup);
-    json_kint(&j, "eval_every", cfg.eval_every);
-    json_kint(&j, "parameters", runs[0].res.n_params);
-    json_close_obj(&j);
-    json_kstr(&j, "baseline", runs[baseline].name);
-    json_key(&j, "recipes");
-    json_arr(&j);
-    for (int i = 0; i < n_runs; i++) {
-      const train_result *r = &runs[i].res;
-      json_obj(&j);
-      json_kstr(&j, "name", runs[i].name);
-      json_key(&j, "path");
-      if (runs[i].builtin) json_null(&j);
-      else json_str(&j, r->path);
-      json_kbool(&j, "baseline", i == baseline);
-      json_kbool(&j, "high_precision", runs[i].high_precision);
-      json_knum(&j, "step0_loss", r->step0_loss);
-      json_knum(&j, "train_loss", r->train_loss);
-      json_knum(&j, "eval_loss", r->eval_loss);
-      json_knum(&j, "gap", r->eval_loss - base_eval);
-      json_knum(&j, "train_seconds", r->train_s);
-      json_knum(&j, "total_seconds", r->total_s);
-      json_kint(&j, "tokens", r->tokens);
-      json_knum(&j, "tokens_per_second", r->tokens_per_s);
-      json_kint(&j, "resumed_from", r->resumed_from);
-      json_key(&j, "resume_verified");
-      if (!verify_resume) json_null(&j);
-      else json_bool(&j, r->verified == 1);
-      json_key(&j, "train_curve");   /* [step, loss]: step 0, then the mean of each interval */
-      json_arr(&j);
-      train_point *pts = malloc(((size_t)r->n_train_curve + 2) * sizeof *pts);
-      int64_t n = pts ? window_means(r, cfg.log_every, pts) : 0;
-      for (int64_t k = 0; k < n; k++) {
-        json_arr(&j);
-        json_int(&j, pts[k].step);
-        json_num(&j, pts[k].loss);
-        json_close_arr(&j);
-      }
-      free(pts);
-      json_close_arr(&j);
-      json_key(&j, "eval_curve");
-      json_arr(&j);
-      for (int64_t k = 0; k < r->n_eval_curve; k++) {
-        json_arr(&j);
-        json_int(&j, r->eval_curve[k].step);
-        json_num(&j, r->eval_curve[k].loss);
-        json_close_arr(&j);
-      }
-      json_close_arr(&j);
-      json_key(&j, "gemms");
-      json_arr(&j);
-      for (int l = 0; l < r->n_layers; l++) {
-        json_obj(&j);
-        json_kstr(&j, "layer", r->layer_name[l]);
-        for (int g = 0; g < 3; g++) {
-          json_key(&j, gemm_names[g]);
-          json_gemm(&j, &r->layer_info[l][g]);
-        }
-        json_close_obj(&j);
-      }
-      json_close_arr(&j);
-      json_close_obj(&j);
-    }
-    json_close_arr(&j);
-    json_close_obj(&j);
-    json_end(&j);
-  } else {
-    printf("\n%-30s %10s %10s %12s %8s %10s\n", "recipe", "train loss", "eval loss",
-           "gap vs base", "time", "tokens/s");
-    for (int i = 0; i < n_runs; i++) {
-      const train_result *r = &runs[i].res;
-      char gap[32], t[32], rate[32], nm[160];
-      if (i == baseline) snprintf(gap, sizeof gap, "(baseline)");
-      else snprintf(gap, sizeof gap, "%+.4f", r->eval_loss - base_eval);
-      snprintf(t, sizeof t, "%.1fs", r->total_s);
-      fmt_rate(r->tokens_per_s, rate, sizeof rate);
-      snprintf(nm, sizeof nm, "%s", runs[i].name);
-      printf("%-30s %10.4f %10.4f %12s %8s %10s\n", nm, r->train_loss, r->eval_loss, gap, t,
-             rate);
-    }
-    printf("\ntrain loss: mean of the last %lld steps; eval loss: the whole held-out set (%lld "
-           "examples) after the last step; gap: eval loss minus the baseline's (%s); "
-           "ln(27) = 3.2958 is a uniform guess\n",
-           (long long)cfg.log_every, (long long)data.n_eval, runs[baseline].name);
-    printf("\nGEMMs of each layer (operand formats A x B, path):\n");
-    for (int i = 0; i < n_runs; i++) {
-      const train_result *r = &runs[i].res;
-      printf("  %s\n", runs[i].name);
-      for (int l = 0; l < r->n_layers; l++) {
-        char g[3][96];
-        for (int k = 0; k < 3; k++) gemm_text(&r->layer_info[l][k], g[k], sizeof g[k]);
-        printf("    %-8s fprop %-28s dgrad %-28s wgrad %s\n", r->layer_name[l], g[0], g[1], g[2]);
-      }
-    }
-  }
-  status = verify_failed ? 1 : 0;
-  if (plot_file) {
+          (long long)s.data.n_words, a.data_path, (long long)s.data.n_train_words,
+          (long long)s.data.n_eval_words, (long long)s.data.n_train, (long long)s.data.n_eval,
+          (long long)a.context, (long long)a.embed, (long long)a.hidden, (long long)a.layers,
+          a.act_s, (long long)a.batch, (long long)a.steps, a.lr, (long long)a.seed, a.device_s);
+  const int trained = train_all(&a, &cfg, &s, po);
+  if (trained < 0) goto out;
+  if (a.json) report_json(&a, &cfg, &s);
+  else report_text(&cfg, &s);
+  status = trained;
+  if (a.plot_file) {
     char title[256];
-    snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, seed %lld", (long long)steps,
-             (long long)batch, (long long)seed);
-    int ps = plot(plot_file, runs, n_runs, baseline, cfg.log_every, title);
+    snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, seed %lld", (long long)a.steps,
+             (long long)a.batch, (long long)a.seed);
+    int ps = plot(a.plot_file, s.runs, s.n_runs, s.baseline, cfg.log_every, title);
     if (ps) status = ps;
   }
 out:
-  for (int i = 0; i < n_runs; i++) {
-    train_result_free(&runs[i].res);
-    hq_recipe_free(runs[i].recipe);
-  }
-  train_data_free(&data);
+  session_free(&s);
   return status;
 }

@@ -3,7 +3,7 @@
 */
 #include <math.h>
 
-#include "cli.h"
+#include "json.h"
 
 void json_begin(json *j, FILE *f) {
   j->f = f;
@@ -102,3 +102,10 @@ void json_kstr(json *j, const char *k, const char *s) { json_key(j, k); json_str
 void json_kint(json *j, const char *k, int64_t v) { json_key(j, k); json_int(j, v); }
 void json_knum(json *j, const char *k, double v) { json_key(j, k); json_num(j, v); }
 void json_kbool(json *j, const char *k, int v) { json_key(j, k); json_bool(j, v); }
+
+void json_kints(json *j, const char *k, const int64_t *v, int n) {
+  json_key(j, k);
+  json_arr(j);
+  for (int i = 0; i < n; i++) json_int(j, v[i]);
+  json_close_arr(j);
+}

@@ -1,0 +1,169 @@
+/*
+** cli.c -- the option parser and value parsers every `hq` command uses (tools/cli.h).
+*/
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(int status, const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "hq %s: ", cmd);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return status;
+}
+
+// --- values --------------------------------------------------------------------------------------
+
+int cli_u64(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (!*s || *end || errno || *s == '-') return -1;
+  *out = v;
+  return 0;
+}
+
+int cli_shape(const char *s, int64_t *rows, int64_t *cols) {
+  char *end;
+  errno = 0;
+  long long r = strtoll(s, &end, 10);
+  if (end == s || (*end != 'x' && *end != 'X') || errno || r <= 0) return -1;
+  const char *c = end + 1;
+  long long k = strtoll(c, &end, 10);
+  if (end == c || *end || errno || k <= 0) return -1;
+  if (r > (1ll << 40) / k) return -1;
+  *rows = r;
+  *cols = k;
+  return 0;
+}
+
+int cli_device(const char *s, int *device) {
+  if (strcmp(s, "cpu") == 0) {
+    *device = HQ_DEVICE_HOST;
+    return 0;
+  }
+  if (strcmp(s, "cuda") == 0 || strcmp(s, "gpu") == 0) {
+    *device = 0;
+    return 0;
+  }
+  if (strncmp(s, "cuda:", 5) == 0) {
+    uint64_t v;
+    if (cli_u64(s + 5, &v) || v > 1024) return -1;
+    *device = (int)v;
+    return 0;
+  }
+  return -1;
+}
+
+int cli_shape_arg(const char *cmd, const char *opt, const char *s, int64_t *rows, int64_t *cols) {
+  if (cli_shape(s, rows, cols))
+    return cli_fail(2, cmd, "%s '%s' is not RxC with positive R and C", opt, s);
+  return 0;
+}
+
+int cli_device_arg(const char *cmd, const char *s, int *device) {
+  if (cli_device(s, device))
+    return cli_fail(2, cmd, "--device '%s' is not cpu, cuda or cuda:N", s);
+  return 0;
+}
+
+int cli_dtype_arg(const char *cmd, const char *s, hq_dtype *dtype) {
+  *dtype = hq_dtype_from_name(s);
+  if (*dtype != HQ_F32 && *dtype != HQ_BF16 && *dtype != HQ_F16)
+    return cli_fail(2, cmd, "--dtype '%s' is not f32, bf16 or f16", s);
+  return 0;
+}
+
+// --- options -------------------------------------------------------------------------------------
+
+/* Whether `text` names option `name` as a word of its own ("--checkpoint" is not named by
+   "--checkpoint-every"). */
+static int names_option(const char *text, const char *name) {
+  const size_t n = strlen(name);
+  for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+    const char after = p[n];
+    if (!(after == '-' || (after >= 'a' && after <= 'z') || (after >= '0' && after <= '9')))
+      return 1;
+  }
+  return 0;
+}
+
+void cli_help(const cli_command *c, FILE *f) {
+  fputs(c->usage, f);
+  for (size_t i = 0; i < c->nopts; i++)
+    if (!names_option(c->usage, c->opts[i].name))
+      cli_fail(0, c->name, "internal: --help does not name %s", c->opts[i].name);
+}
+
+/* The option of c named by the first n characters of arg, or NULL. */
+static const cli_option *find_option(const cli_command *c, const char *arg, size_t n) {
+  for (size_t i = 0; i < c->nopts; i++)
+    if (strlen(c->opts[i].name) == n && strncmp(c->opts[i].name, arg, n) == 0) return &c->opts[i];
+  return NULL;
+}
+
+/* Store the value v of option o: 0, or 2 after the message. */
+static int set_value(const cli_command *c, const cli_option *o, const char *v) {
+  switch (o->kind) {
+  case CLI_FLAG: break; /* never: a flag takes no value */
+  case CLI_STR: *(const char **)o->dest = v; break;
+  case CLI_LIST: {
+    cli_list *l = o->dest;
+    const size_t most = o->max < CLI_LIST_MAX ? (size_t)o->max : CLI_LIST_MAX;
+    if (l->n == most) return cli_fail(2, c->name, "at most %zu %s options", most, o->name);
+    l->v[l->n++] = v;
+    break;
+  }
+  case CLI_INT: {
+    uint64_t u;
+    if (cli_u64(v, &u) || u < (uint64_t)o->min || u > (uint64_t)o->max)
+      return cli_fail(2, c->name, "%s '%s' is not an integer in [%lld, %lld]", o->name, v,
+                      (long long)o->min, (long long)o->max);
+    *(int64_t *)o->dest = (int64_t)u;
+    break;
+  }
+  case CLI_CALL: return o->call(c->name, o, v);
+  }
+  return 0;
+}
+
+int cli_parse(const cli_command *c, int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      cli_help(c, stdout);
+      return 0;
+    }
+    if (a[0] != '-' || a[1] == '\0') { /* an operand ("-" is one: a file name) */
+      if (!c->operand)
+        return cli_fail(2, c->name, "unknown argument '%s' (see `hq %s --help`)", a, c->name);
+      const int st = c->operand(c->name, a, c->user);
+      if (st) return st;
+      continue;
+    }
+    const char *eq = strchr(a, '=');
+    const size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    const cli_option *o = find_option(c, a, n);
+    if (!o)
+      return cli_fail(2, c->name, "unknown option '%.*s' (see `hq %s --help`)", (int)n, a,
+                      c->name);
+    if (o->kind == CLI_FLAG) {
+      if (eq) return cli_fail(2, c->name, "%s takes no value ('%s')", o->name, a);
+      *(int *)o->dest = 1;
+      continue;
+    }
+    const char *v;
+    if (eq) v = eq + 1;
+    else if (i + 1 < argc) v = argv[++i];
+    else return cli_fail(2, c->name, "%s needs a value", o->name);
+    const int st = set_value(c, o, v);
+    if (st) return st;
+  }
+  return CLI_RUN;
+}
