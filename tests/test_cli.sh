@@ -272,6 +272,12 @@ done
 printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\ncolumnwise = f8\ncolumnwise_source = rowwise_dequantized\n' > "$tmp/deq.ini"
 $hq quantize --recipe "$tmp/deq.ini" --role a:b:c --random 32x32 --json > "$tmp/q.json" || fail "quantize rowwise_dequantized"
 grep -q '"fused":false' "$tmp/q.json" || { cat "$tmp/q.json"; fail "rowwise_dequantized source reported fused"; }; ok
+# bench counts what the core calls: the columnwise copy alone of that source is two quantize
+# calls (a transient rowwise copy, then the columnwise one), the rowwise copy alone one
+$hq bench --recipe "$tmp/deq.ini" --role a:b:c --shape 32x32 --iters 1 --json > "$tmp/b.json" || fail "bench rowwise_dequantized"
+grep -q '"dirs":"columnwise","amax":"own",[^}]*"plugin_calls":2,' "$tmp/b.json" || { cat "$tmp/b.json"; fail "bench: columnwise from rowwise_dequantized is two calls"; }
+grep -q '"dirs":"rowwise","amax":"own",[^}]*"plugin_calls":1,' "$tmp/b.json" || { cat "$tmp/b.json"; fail "bench: rowwise alone is one call"; }
+grep -q '"dirs":"both","amax":"own",[^}]*"plugin_calls":2,' "$tmp/b.json" || { cat "$tmp/b.json"; fail "bench: both from rowwise_dequantized is two calls"; }; ok
 # the default recipe: MXFP8 rowwise (E4M3: 2-3% error), NVFP4 columnwise (8-12%)
 $hq quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 256x256 --json > "$tmp/q.json" || fail "quantize default recipe"
 for s in '"format":"mx","plugin":"mxfp8","bytes":67584' '"format":"nv_w","plugin":"nvfp4","bytes":36868' '"fused":false'; do

@@ -154,7 +154,11 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   if (hq_quantizer_set_usage(q, usage)) return -1;
   int kr = (usage & HQ_ROWWISE) && hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE;
   int kc = (usage & HQ_COLWISE) && hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE;
-  int fused = usage != HQ_BOTH || hq_quantizer_fused(q);
+  /* one plugin call per direction, but one for both of a fused quantizer; a columnwise copy made
+     from the dequantized rowwise one quantizes a transient rowwise copy first */
+  const int from_rowwise = usage == HQ_COLWISE &&
+                           hq_quantizer_columnwise_source(q) == HQ_SOURCE_ROWWISE_DEQUANTIZED;
+  int fused = (usage != HQ_BOTH || hq_quantizer_fused(q)) && !from_rowwise;
   m->calls = fused ? 1 : 2;
   m->amax_passes = fused ? (kr || kc) : kr + kc;
   size_t base = bench_mem_current(mem);
