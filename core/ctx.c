@@ -41,6 +41,7 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
     return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
   hq_ctx *ctx = hqi_calloc(1, sizeof *ctx);
   if (!ctx) return hqi_error(HQ_ENOMEM, "out of memory");
+  ctx->refs = 1;
   ctx->device = d.device;
   ctx->arch = d.device >= 0 ? hqi_cuda_arch(d.device) : 0;
   ctx->stream = d.stream;
@@ -68,8 +69,13 @@ static void ws_unlink(hq_ctx *ctx) {
   ctx->ws_next = NULL;
 }
 
-void hq_ctx_destroy(hq_ctx *ctx) {
-  if (!ctx) return;
+hq_ctx *hqi_ctx_retain(hq_ctx *ctx) {
+  __atomic_add_fetch(&ctx->refs, 1, __ATOMIC_RELAXED);
+  return ctx;
+}
+
+/* The end of a context, once nothing uses it. */
+static void ctx_end(hq_ctx *ctx) {
   if (ctx->workspace) {
     pthread_mutex_lock(&ws_mu);
     ws_unlink(ctx);
@@ -83,6 +89,24 @@ void hq_ctx_destroy(hq_ctx *ctx) {
   free(ctx->gemm_cache);
   free(ctx->rng);
   free(ctx);
+}
+
+void hqi_ctx_release(hq_ctx *ctx) {
+  if (ctx && __atomic_sub_fetch(&ctx->refs, 1, __ATOMIC_ACQ_REL) == 0) ctx_end(ctx);
+}
+
+/* A quantized tensor or a scaling state made on the context holds a reference: destroying the
+   context before them ends it only when the last of them is freed (their memory is freed
+   through its allocator and stream, which must stay valid until then), instead of leaving them
+   a dangling owner. */
+void hq_ctx_destroy(hq_ctx *ctx) {
+  if (!ctx) return;
+  const int users = __atomic_load_n(&ctx->refs, __ATOMIC_ACQUIRE) - 1;
+  if (users > 0)
+    hqi_log(ctx, 1, "hq_ctx_destroy: %d quantized tensor%s or scaling state%s still use%s this "
+            "context (device %d); it ends when the last of them is freed", users,
+            users == 1 ? "" : "s", users == 1 ? "" : "s", users == 1 ? "s" : "", ctx->device);
+  hqi_ctx_release(ctx);
 }
 
 int hqi_call_workspace(const hq_call *call, size_t bytes, void **out) {

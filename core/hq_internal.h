@@ -200,6 +200,8 @@ typedef struct hqi_gemm_choice {
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
 struct hq_ctx {
+  int refs;                 /* the caller's (until hq_ctx_destroy) + one per live qtensor and
+                               hq_state made on it: the context ends when the last one goes */
   int device;
   int arch;                 /* compute capability of the device (0 on the host), read once */
   void *stream;
@@ -222,6 +224,9 @@ struct hq_ctx {
    HQ_ENOMEM when the count cannot be kept. */
 int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset);
 uint64_t hqi_role_key(const char *role);
+/* A qtensor or an hq_state keeps the context that owns its memory alive. */
+hq_ctx *hqi_ctx_retain(hq_ctx *ctx);
+void hqi_ctx_release(hq_ctx *ctx);
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
 /* Fill an hq_call for one plugin operation on ctx. `offset` selects the random stream: every
@@ -249,7 +254,7 @@ int hqi_option_parse(const hq_option *opt, const char *text, hq_optval *out, cha
 /* Validate an option table entry (used when loading a module). */
 int hqi_option_check(const hq_option *opt, char *err, size_t err_len);
 
-// --- format instances (options.c, beside the option parsing they rest on) -----------------
+// --- format instances (format.c) --------------------------------------------------------------
 /* A configured format instance: one [format] section (or an implicit one). Refcounted; it keeps
    its plugin set alive. */
 typedef struct hqi_format {
@@ -261,6 +266,7 @@ typedef struct hqi_format {
   void *cfg;
   hq_optval *vals;
   char **val_text;           /* resolved value text per option (for hq recipe check / info) */
+  const char **opt_names;    /* the module's option names, in table order (the same strings) */
   uint64_t caps;
 } hqi_format;
 /* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.

@@ -729,7 +729,7 @@ static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64
     free(qt);
     return NULL;
   }
-  qt->ctx = ctx;
+  qt->ctx = hqi_ctx_retain(ctx);
   qt->role_key = q->role_key;
   qt->fmt[0] = hqi_format_retain(q->fmt[0]);
   qt->fmt[1] = hqi_format_retain(q->fmt[1]);
@@ -1172,6 +1172,7 @@ void hq_qtensor_free(hq_qtensor *qt) {
   hqi_format_release(qt->fmt[0]);
   hqi_format_release(qt->fmt[1]);
   hqi_state_release(qt->state);
+  hqi_ctx_release(qt->ctx);
   free(qt->role);
   free(qt);
 }

@@ -42,7 +42,6 @@ typedef struct fmt_entry {
   char *name;
   int line;              /* 0 for implicit instances */
   hqi_format *f;         /* NULL when it failed to resolve */
-  const char **opt_names;
 } fmt_entry;
 
 typedef struct role_entry {
@@ -918,7 +917,6 @@ void hq_recipe_free(hq_recipe *r) {
   for (size_t i = 0; i < r->formats.n; i++) {
     fmt_entry *e = r->formats.v[i];
     hqi_format_release(e->f);
-    free(e->opt_names);
     free(e->name);
     free(e);
   }
@@ -962,14 +960,8 @@ int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
   out->line = e->line;
   if (!e->f) return HQ_OK;
   out->plugin = e->f->plugin->ops.name;
-  size_t n = e->f->plugin->n_options;
-  if (!e->opt_names && n) {
-    e->opt_names = hqi_calloc(n, sizeof *e->opt_names);
-    if (!e->opt_names) return hqi_error(HQ_ENOMEM, "out of memory");
-    for (size_t j = 0; j < n; j++) e->opt_names[j] = e->f->plugin->ops.options[j].name;
-  }
-  out->n_options = n;
-  out->option_names = e->opt_names;
+  out->n_options = e->f->plugin->n_options;
+  out->option_names = e->f->opt_names;
   out->option_values = (const char *const *)e->f->val_text;
   return HQ_OK;
 }

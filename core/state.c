@@ -80,7 +80,7 @@ int hq_state_create(const hq_recipe *r, hq_ctx *ctx, hq_state **out) {
   hq_state *st = hqi_calloc(1, sizeof *st);
   if (!st) return hqi_error(HQ_ENOMEM, "out of memory");
   st->refs = 1;
-  st->ctx = ctx;
+  st->ctx = hqi_ctx_retain(ctx);
   if (r) {
     const char *nm = hq_recipe_name(r);
     st->name = hqi_asprintf("the scaling state of recipe %s", nm[0] ? nm : hq_recipe_path(r));
@@ -88,6 +88,7 @@ int hq_state_create(const hq_recipe *r, hq_ctx *ctx, hq_state **out) {
     st->name = hqi_strdup("a scaling state");
   }
   if (!st->name) {
+    hqi_ctx_release(st->ctx);
     free(st);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
@@ -117,6 +118,7 @@ void hqi_state_release(hq_state *st) {
   free(st->gr);
   free(st->table);
   free(st->name);
+  hqi_ctx_release(st->ctx);
   free(st);
 }
 

@@ -378,6 +378,43 @@ static void test_rng_offset(void **state) {
   hq_recipe_free(r);
 }
 
+/* Review bug 10: hq_ctx_destroy while quantized tensors and a scaling state made on the context
+   are alive was a silent use-after-free (their frees went through the freed context). Now the
+   context ends when the last of them is freed: destroying it first logs a warning (through its
+   logger) naming how many still use it, and every later free goes through its allocator. Under
+   ASan the old behaviour is a heap-use-after-free here. */
+static void test_ctx_outlived(void **state) {
+  (void)state;
+  sink s = {0};
+  counting c = {0};
+  hq_allocator a = {.alloc = count_alloc, .free = count_free, .user = &c};
+  hq_ctx *ctx = ctx_with(&s, &c, &a);
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\nscaling = delayed\n"
+                                "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
+  hq_state *st = NULL;
+  HQ_OK_OR_FAIL(hq_state_create(r, ctx, &st));
+  hq_role role = {"linear", "weight", "w"};
+  hq_quantizer *q = NULL;
+  HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, st, &q));
+  hq_tensor x = hq_test_tensor(HQ_F32, 16, 32, 7, 1.0f);
+  hq_qtensor *a1 = NULL, *a2 = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a1));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &a2));
+  const int before = s.n;
+  hq_ctx_destroy(ctx);
+  assert_int_equal(s.n, before + 1);
+  assert_non_null(strstr(s.last, "3 quantized tensors or scaling states still use this context"));
+  const int frees0 = c.frees;
+  hq_qtensor_free(a1);
+  assert_true(c.frees > frees0); /* its buffers went back through the context's allocator */
+  hq_qtensor_free(a2);
+  hq_quantizer_free(q);
+  hq_state_free(st); /* the last user: the context ends here */
+  assert_int_equal(c.allocs, c.frees);
+  free(x.data);
+  hq_recipe_free(r);
+}
+
 /* Per-call directions (review bug 12): hq_quantize_args.dirs makes just those directions of a
    quantizer whose usage is both (the qtensor's usage is then those), an update refreshes just
    the directions it names, and naming one the qtensor does not hold is HQ_ESTATE. */
@@ -725,6 +762,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
+      cmocka_unit_test(test_ctx_outlived),
       cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
       cmocka_unit_test(test_recipe_string_errors),  cmocka_unit_test(test_configure_status),

@@ -16,13 +16,19 @@
 **   - Every function that can fail returns an hq_status (0 = HQ_OK). The message of the last
 **     failure on this thread is hq_last_error(); it names the object and the cause (and
 **     file:line for recipes). Nothing in libhqcore aborts or exits the process.
-**   - Objects are not thread-safe; distinct objects may be used from distinct threads.
+**   - Objects are not thread-safe; distinct objects may be used from distinct threads. Objects
+**     that only hand out what they hold -- a plugin set, a recipe once parsed, the format
+**     instances behind quantizers -- may be shared between threads (their counts are atomic,
+**     and their queries write nothing).
+**   - A context lives until hq_ctx_destroy AND the last quantized tensor and scaling state made
+**     on it are freed (their memory goes back through its allocator): destroying it first is
+**     allowed, logs a warning, and keeps its allocator in use until then.
 **   - Host arithmetic is IEEE (subnormals, round to nearest) whatever the caller's mode: a
 **     computing call clears the thread's flush-to-zero and rounding bits (x86 MXCSR FTZ, DAZ,
 **     RC; AArch64 FPCR.FZ, RMode) for its duration and restores them (docs/embedding.md,
 **     section 13).
 **   - Lifetimes: a quantizer and a qtensor keep the formats they use alive (the recipe may be
-**     freed first); a qtensor must be freed before the hq_ctx it was made with.
+**     freed first).
 **   - Versioned structs: every struct the caller fills starts with struct_size (set it to
 **     sizeof(the struct); older, smaller sizes down to the documented floor are accepted and
 **     their missing fields read as zero). Arrays of structs are passed with their element size.
@@ -384,7 +390,7 @@ HQ_API int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *src,
 ** hq_state_amaxes / hq_state_data are then stale: ask again). Slices are grouped by format
 ** instance (amaxes and states of one instance contiguous); a slice's place can change only when
 ** a quantizer is bound. Slices are never released. The state lives until hq_state_free and the
-** last quantizer and qtensor bound to it are freed; free them all before its context. Bind,
+** last quantizer and qtensor bound to it are freed (it keeps its context alive). Bind,
 ** update and lay out the buffer from one thread; once it exists, quantizations through it may
 ** run on several threads and streams of its device (a GPU maxes each amax atomically; on the
 ** host, use one slice from one thread at a time), ordered before hq_state_update by the caller.

@@ -115,6 +115,19 @@
 ** call->device, valid for the call, ordered on call->stream), or host->alloc()/host->free()
 ** outside update. Per-instance configuration is config_size bytes the core allocates, zeroes and
 ** frees.
+**
+** ---------------------------------------------------------------------------------------------
+** Threads
+** ---------------------------------------------------------------------------------------------
+** One format instance serves every quantizer and quantized tensor of its recipe, and those may
+** be used from several threads at once (each with its own context): the core calls an
+** instance's operations concurrently. The configuration is immutable once configure() returns
+** -- every operation takes `cfg` as const and must not write through it -- and an operation
+** keeps whatever it changes in the call (its scratch, the storages and state it is handed) or
+** synchronizes it itself; a module's static data is read-only or guarded. configure(),
+** instance_caps() and release() of an instance never run concurrently with anything else on
+** it. The entry function is called once per plugin set that loads the module, possibly from
+** several threads: it returns the same static table each time.
 */
 #ifndef HQ_PLUGIN_H
 #define HQ_PLUGIN_H
