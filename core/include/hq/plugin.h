@@ -4,9 +4,10 @@
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
 ** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
 ** A format is a shared object (a libtool module) that exports exactly one function,
-** hq_format_module_v2(), and hides every other symbol. It does not link against libhqcore:
-** everything it needs from the core arrives through the const host table passed to that
-** function and through the hq_call passed to every operation.
+** hq_format_module_v2(), and hides every other symbol; HQ_FORMAT_DEFINE(ops) writes that
+** function. It does not link against libhqcore: everything it needs from the core arrives
+** through the const host table passed to that function and through the hq_call passed to every
+** operation.
 **
 ** Build and install a format next to the stock ones:
 **     cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags hqcore) myfmt.c -o myfmt.so
@@ -57,8 +58,9 @@
 ** - A module states in abi_minor the minor version it REQUIRES (the oldest core it works with),
 **   not the header it was compiled with. The core refuses a different abi_major and a required
 **   minor newer than its own; it reads only struct_size bytes of the ops table.
-** - A module must check host->abi_major, and host->abi_minor / host->struct_size before using a
-**   host field added after 2.0. It may return NULL from its entry function to refuse a core.
+** - A module must check host->abi_major (HQ_FORMAT_DEFINE does), and host->abi_minor /
+**   host->struct_size before using a host field added after 2.0. It may return NULL from its
+**   entry function to refuse a core.
 **
 ** What changed from ABI 1.0 (hq_format_module_v1), which this core refuses with that reason:
 **   - entry point renamed hq_format_module_v2; ops.abi_minor is the minor *required*;
@@ -811,6 +813,20 @@ typedef struct hq_format_ops {
    refuse this core. */
 typedef const hq_format_ops *(*hq_format_entry_fn)(const hq_host_api *host);
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host);
+
+/* HQ_FORMAT_DEFINE(ops); -- at file scope, after the module's static ops table: defines the
+   entry function, which returns &ops after the one check every module owes the core: a NULL
+   host table, or one of another ABI major (laid out differently, so not even its error() may be
+   called), is refused with NULL. A module with more to do at load time (check host->abi_minor,
+   pick one of two tables) writes the function itself, with that check first. */
+#define HQ_FORMAT_DEFINE(ops) HQ_FORMAT_DEFINE_AS_(hq_format_module_v2, ops, HQ_FORMAT_EXPORT)
+/* (the trailing declaration takes the caller's semicolon) */
+#define HQ_FORMAT_DEFINE_AS_(fn, ops, vis)                                                    \
+  vis const hq_format_ops *fn(const hq_host_api *host) {                                     \
+    if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;                                \
+    return &(ops);                                                                            \
+  }                                                                                           \
+  vis const hq_format_ops *fn(const hq_host_api *host)
 
 /* Size of the ABI 2.0 ops table: the smallest struct_size the core accepts. */
 #define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))
