@@ -32,6 +32,16 @@ static int configure(void *cfg, const hq_optval *vals, const hq_host_api *h) {
 
 static int is_hp(int t) { return t == HQ_F32 || t == HQ_F16 || t == HQ_BF16; }
 
+/* n elements src -> dst through the host's convert service (ABI 2.4), which the core's own
+   conversions share: one implementation, on the host and on a GPU. */
+static int convert(const hq_call *call, void *dst, hq_dtype dt, const void *src, hq_dtype st,
+                   int64_t n) {
+  const hq_host_api *h = call->host;
+  if (h->struct_size < HQ_HOST_API_SIZE_2_4 || !h->convert)
+    return h->error(HQ_ENOTSUP, "identity: the core offers no convert service (ABI 2.4)");
+  return h->convert(call, dst, dt, src, st, n);
+}
+
 static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
   const identity_cfg *c = cfg;
@@ -77,12 +87,12 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
   }
   if (dirs & HQ_ROWWISE) {
     hq_buffer *b = hq_storage_buf(row, 0);
-    rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
+    rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   if (!rc && (dirs & HQ_COLWISE)) {
     hq_buffer *b = hq_storage_buf(col, 0);
     if (!((dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED)))
-      rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
+      rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   return rc;
 }
@@ -94,7 +104,7 @@ static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s,
   if (!is_hp(b->dtype) || b->dtype != s->desc.elem)
     return call->host->error(HQ_EINVAL, "identity: the storage's data is %d, not f32/f16/bf16",
                              (int)b->dtype);
-  return hqi_convert(call->device, call->stream, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
+  return convert(call, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
 /* Native GEMM of two identity storages of one dtype on a GPU: cuBLASLt reads the stored data
@@ -118,7 +128,7 @@ static int gemm(const void *cfg, const hq_call *call, const hq_gemm_problem *p) 
 
 const hq_format_ops hqi_identity_ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 1,
+    .abi_minor = 4, /* host->convert */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(identity_cfg),
     .name = "identity",

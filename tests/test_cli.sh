@@ -19,13 +19,13 @@ $hq help quantize | grep -q "usage: hq quantize" || fail "hq help quantize"; ok
 $hq frobnicate 2>"$tmp/e"; [ $? -eq 2 ] || fail "unknown command exit status"
 grep -q "'frobnicate' is not a command" "$tmp/e" || fail "unknown command message"; ok
 $hq info --bogus 2>/dev/null; [ $? -eq 2 ] || fail "unknown option exit status"; ok
-$hq --version | grep -q "plugin ABI 2.3" || fail "--version"; ok
+$hq --version | grep -q "plugin ABI 2.4" || fail "--version"; ok
 
 # info lists the built-in identity and the stock formats with their options
 $hq info --json > "$tmp/info.json" || fail "info --json"
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":3}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":4}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok

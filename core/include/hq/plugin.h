@@ -1,5 +1,5 @@
 /*
-** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.1.
+** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.4.
 **
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
 ** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
@@ -99,6 +99,11 @@
 **     GEMM folds the factors into alpha without launching a kernel per operand; and
 **     hq_lt_matmul.alpha_device (an alpha already on the device).
 **
+** What 2.4 adds (2.0 - 2.3 modules keep loading, unchanged):
+**   - host->convert: the core's element-wise conversion between F32, F16 and BF16 (the identity
+**     format converts through it);
+**   - HQ_FORMAT_DEFINE(ops), a macro writing the checked entry function (no ABI change).
+**
 ** ---------------------------------------------------------------------------------------------
 ** State (2.1): formats whose scale depends on earlier steps (delayed scaling)
 ** ---------------------------------------------------------------------------------------------
@@ -158,7 +163,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 3
+#define HQ_ABI_MINOR 4
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -574,7 +579,19 @@ typedef struct hq_host_api {
      host, or when cuBLASLt offers no algorithm (the message names m, n, k and the kinds);
      HQ_EDEVICE when a cuBLASLt call fails. */
   int (*lt_matmul)(const struct hq_call *call, const hq_lt_matmul *mm);
+  /* --- 2.4 (check host->struct_size >= HQ_HOST_API_SIZE_2_4) --- */
+  /* Convert n elements of src (dtype st) into dst (dtype dt), both HQ_F32, HQ_F16 or HQ_BF16,
+     in memory of call->device, on call->stream (no synchronization): a byte copy when the dtypes
+     match (NaN payloads and signed zeros pass through), otherwise each element through
+     hq_load_hp / hq_store_hp (hq/numerics.h: round to nearest even), the same bytes on the host
+     and on a GPU. dst and src do not overlap. HQ_EINVAL for another dtype or n < 0. The core's
+     own conversions (the emulated GEMM's operands) run the same code. */
+  int (*convert)(const struct hq_call *call, void *dst, hq_dtype dt, const void *src,
+                 hq_dtype st, int64_t n);
 } hq_host_api;
+
+/* Size of a host table that carries convert. */
+#define HQ_HOST_API_SIZE_2_4 (offsetof(hq_host_api, convert) + sizeof(void (*)(void)))
 
 /* ---------------------------------------------------------------------------------------------
 ** hq_call: where and how one operation runs. Built by the core for every call.
