@@ -100,8 +100,8 @@
 **     hq_lt_matmul.alpha_device (an alpha already on the device).
 **
 ** What 2.4 adds (2.0 - 2.3 modules keep loading, unchanged):
-**   - host->convert: the core's element-wise conversion between F32, F16 and BF16 (the identity
-**     format converts through it);
+**   - host->convert: the core's element-wise conversion between F32, F16 and BF16 (the built-in
+**     identity format is a module of the same source and reaches it only through the table);
 **   - HQ_FORMAT_DEFINE(ops), a macro writing the checked entry function (no ABI change).
 **
 ** ---------------------------------------------------------------------------------------------
@@ -835,8 +835,18 @@ HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *hos
    entry function, which returns &ops after the one check every module owes the core: a NULL
    host table, or one of another ABI major (laid out differently, so not even its error() may be
    called), is refused with NULL. A module with more to do at load time (check host->abi_minor,
-   pick one of two tables) writes the function itself, with that check first. */
+   pick one of two tables) writes the function itself, with that check first.
+
+   HQ_FORMAT_BUILTIN, as SQLite's SQLITE_CORE: a format compiled into libhqcore itself (the
+   built-in identity) is compiled with HQ_FORMAT_BUILTIN defined to the name of an internal entry
+   function, and the same source then defines that function -- which the loader calls -- instead
+   of exporting hq_format_module_v2. A module never defines it. */
+#ifdef HQ_FORMAT_BUILTIN
+const hq_format_ops *HQ_FORMAT_BUILTIN(const hq_host_api *host);
+#define HQ_FORMAT_DEFINE(ops) HQ_FORMAT_DEFINE_AS_(HQ_FORMAT_BUILTIN, ops, )
+#else
 #define HQ_FORMAT_DEFINE(ops) HQ_FORMAT_DEFINE_AS_(hq_format_module_v2, ops, HQ_FORMAT_EXPORT)
+#endif
 /* (the trailing declaration takes the caller's semicolon) */
 #define HQ_FORMAT_DEFINE_AS_(fn, ops, vis)                                                    \
   vis const hq_format_ops *fn(const hq_host_api *host) {                                     \
