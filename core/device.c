@@ -283,13 +283,6 @@ int hqi_cuda_adam(void *stream, const struct hq_adam_consts *k, const void *grad
   (void)amax_bits;
   return no_cuda();
 }
-int hqi_cuda_adam_convert(void *stream, const struct hq_adam_consts *k, const void *grad,
-                          int gdtype, float *w, float *m, float *v, int64_t n, void *d0, void *d1,
-                          int ot) {
-  (void)stream; (void)k; (void)grad; (void)gdtype; (void)w; (void)m; (void)v; (void)n;
-  (void)d0; (void)d1; (void)ot;
-  return no_cuda();
-}
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out) {
   (void)stream; (void)data; (void)dtype; (void)n; (void)out;

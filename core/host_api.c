@@ -1,7 +1,8 @@
 /*
 ** host_api.c -- the host table every format module (and, through hq_gemm_host.api, every GEMM
 ** provider) receives: error messages, logging through the call's context, stream-ordered scratch
-** from the context's allocator, the device's architecture and the cuBLASLt runner.
+** from the context's allocator, the device's architecture, the cuBLASLt runner and the element
+** conversions.
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -49,6 +50,20 @@ static void host_free(const hq_call *call, void *ptr) {
 
 static int host_device_arch(int device) { return device < 0 ? 0 : hqi_cuda_arch(device); }
 
+static int is_hp(hq_dtype t) { return t == HQ_F32 || t == HQ_F16 || t == HQ_BF16; }
+
+/* host->convert (2.4): the identity format's conversions, through the same code as the core's */
+static int host_convert(const hq_call *call, void *dst, hq_dtype dt, const void *src, hq_dtype st,
+                        int64_t n) {
+  if (!call) return hqi_error(HQ_EINVAL, "host->convert: the call is NULL");
+  if (!is_hp(dt) || !is_hp(st))
+    return hqi_error(HQ_EINVAL, "host->convert: %s -> %s: both dtypes must be f32, f16 or bf16",
+                     hq_dtype_name(st), hq_dtype_name(dt));
+  if (n < 0) return hqi_error(HQ_EINVAL, "host->convert: n = %lld is negative", (long long)n);
+  if (n > 0 && (!dst || !src)) return hqi_error(HQ_EINVAL, "host->convert: a NULL pointer");
+  return hqi_convert(call->device, call->stream, dst, dt, src, st, n);
+}
+
 const hq_host_api hqi_host_api = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = HQ_ABI_MINOR,
@@ -60,4 +75,5 @@ const hq_host_api hqi_host_api = {
     .free = host_free,
     .device_arch = host_device_arch,
     .lt_matmul = hqi_lt_matmul,
+    .convert = host_convert,
 };

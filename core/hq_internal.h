@@ -143,11 +143,6 @@ int hqi_qtensor_amax_from_source(const hq_qtensor *qt);
    and no error recorded, when qt's format or directions do not allow it. */
 int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
                             const hq_adam_pass *adam);
-/* The identity format's fused write-back: the step, and the new master stored in dtype ot into
-   d0 (and d1 unless NULL), in one pass. */
-int hqi_cuda_adam_convert(void *stream, const struct hq_adam_consts *k, const void *grad,
-                          int gdtype, float *w, float *m, float *v, int64_t n, void *d0, void *d1,
-                          int ot);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 
@@ -245,7 +240,9 @@ struct hq_plugin {
 void hqi_plugins_retain(hq_plugins *set);
 #define HQI_BUILTIN_FILE "(built into libhqcore)"
 int hqi_builtin_register(hq_plugins *set);
-extern const hq_format_ops hqi_identity_ops;   /* identity.c */
+/* The built-in identity format's entry function: plugins/identity/identity.c compiled with
+   HQ_FORMAT_BUILTIN=hqi_identity_module (hq/plugin.h's HQ_FORMAT_DEFINE). */
+const hq_format_ops *hqi_identity_module(const hq_host_api *host);
 
 // --- options (options.c) -------------------------------------------------------------------
 /* Parse `text` as a value of option `opt`; on failure write a message into err. */

@@ -1,9 +1,10 @@
 /*
 ** loader.c -- finding, loading and checking format modules.
 **
-** The identity format is compiled into the core and present in every set (a module of that name
-** is rejected). A module that exports hq_gemm_provider_v1 instead is a GEMM provider
-** (hq/gemm_provider.h): checked by provider.c, kept in the set beside the formats. Each "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+** The identity format (plugins/identity/) is compiled into the core and present in every set (a
+** module of that name is rejected). A module that exports hq_gemm_provider_v1 instead is a GEMM
+** provider (hq/gemm_provider.h): checked by provider.c, kept in the set beside the formats. Each
+** "*.so" on the search path is opened with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
 ** (modules may hold CUDA state, so they are never unmapped), its single entry symbol is called
 ** with the core's host table, and the returned ops table is checked: ABI major/minor, struct
 ** size, name, required operations, option table, uniqueness. A module failing any check is
@@ -139,16 +140,52 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
   return 1;
 }
 
-/* The formats compiled into libhqcore (identity): present in every set, first, file
-   HQI_BUILTIN_FILE, no handle. */
+/* Check the ops table an entry function returned -- ABI major and minor, struct size, then
+   check_ops() -- and copy what it declared into p->ops (later fields stay NULL); on failure
+   write the reason. A module's table and the built-in's pass the same checks. */
+static int check_table(const hq_format_ops *ops, hq_plugin *p, char *why, size_t len) {
+  if (ops->abi_major != HQ_ABI_MAJOR) {
+    snprintf(why, len, "built for plugin ABI %u (requires %u.%u), but this core implements "
+             "ABI %u.%u (major versions must match)", ops->abi_major, ops->abi_major,
+             ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
+    return 0;
+  }
+  if (ops->abi_minor > HQ_ABI_MINOR) {
+    snprintf(why, len, "requires plugin ABI %u.%u, newer than this core's %u.%u "
+             "(upgrade libhqcore)", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
+    return 0;
+  }
+  if (ops->struct_size < HQ_FORMAT_OPS_SIZE_2_0) {
+    snprintf(why, len, "ops table struct_size %u is smaller than ABI 2.0's %zu bytes",
+             ops->struct_size, (size_t)HQ_FORMAT_OPS_SIZE_2_0);
+    return 0;
+  }
+  if (ops->abi_minor >= 1 && ops->struct_size < HQ_FORMAT_OPS_SIZE_2_1) {
+    snprintf(why, len, "requires plugin ABI 2.%u but its ops table struct_size %u is smaller "
+             "than ABI 2.1's %zu bytes", ops->abi_minor, ops->struct_size,
+             (size_t)HQ_FORMAT_OPS_SIZE_2_1);
+    return 0;
+  }
+  size_t n = ops->struct_size < sizeof p->ops ? ops->struct_size : sizeof p->ops;
+  memcpy(&p->ops, ops, n);
+  return check_ops(&p->ops, &p->n_options, why, len);
+}
+
+/* The formats compiled into libhqcore (identity, plugins/identity/identity.c built with
+   HQ_FORMAT_BUILTIN): present in every set, first, file HQI_BUILTIN_FILE, no handle. Its entry
+   function and table are checked as a module's are; a failure is a bug of the build. */
 int hqi_builtin_register(hq_plugins *set) {
+  const hq_format_ops *ops = hqi_identity_module(&hqi_host_api);
+  if (!ops) return hqi_error(HQ_EINTERNAL, "the built-in identity format refused this core");
   hq_plugin *p = hqi_calloc(1, sizeof *p);
   if (!p) return hqi_error(HQ_ENOMEM, "out of memory");
-  p->ops = hqi_identity_ops;
+  char why[768];
+  if (!check_table(ops, p, why, sizeof why)) {
+    free(p);
+    return hqi_error(HQ_EINTERNAL, "the built-in identity format: %s", why);
+  }
   p->file = hqi_strdup(HQI_BUILTIN_FILE);
-  char why[256];
-  if (!p->file || !check_ops(&p->ops, &p->n_options, why, sizeof why) ||
-      hqi_vec_push(&set->plugins, p)) {
+  if (!p->file || hqi_vec_push(&set->plugins, p)) {
     free(p->file);
     free(p);
     return hqi_error(HQ_ENOMEM, "registering the built-in identity format failed");
@@ -244,38 +281,12 @@ static int load_one(hq_plugins *set, const char *file) {
     dlclose(h);
     return rc;
   }
-  if (ops->abi_major != HQ_ABI_MAJOR) {
-    dlclose(h);
-    return reject(set, file, "built for plugin ABI %u (requires %u.%u), but this core implements "
-                  "ABI %u.%u (major versions must match)", ops->abi_major, ops->abi_major,
-                  ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
-  }
-  if (ops->abi_minor > HQ_ABI_MINOR) {
-    dlclose(h);
-    return reject(set, file, "requires plugin ABI %u.%u, newer than this core's %u.%u "
-                  "(upgrade libhqcore)", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR,
-                  HQ_ABI_MINOR);
-  }
-  if (ops->struct_size < HQ_FORMAT_OPS_SIZE_2_0) {
-    dlclose(h);
-    return reject(set, file, "ops table struct_size %u is smaller than ABI 2.0's %zu bytes",
-                  ops->struct_size, (size_t)HQ_FORMAT_OPS_SIZE_2_0);
-  }
-  if (ops->abi_minor >= 1 && ops->struct_size < HQ_FORMAT_OPS_SIZE_2_1) {
-    dlclose(h);
-    return reject(set, file, "requires plugin ABI 2.%u but its ops table struct_size %u is smaller "
-                  "than ABI 2.1's %zu bytes", ops->abi_minor, ops->struct_size,
-                  (size_t)HQ_FORMAT_OPS_SIZE_2_1);
-  }
   hq_plugin *p = hqi_calloc(1, sizeof *p);
   if (!p) {
     dlclose(h);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
-  /* Read only what the module declared; later fields stay NULL. */
-  size_t n = ops->struct_size < sizeof p->ops ? ops->struct_size : sizeof p->ops;
-  memcpy(&p->ops, ops, n);
-  if (!check_ops(&p->ops, &p->n_options, why, sizeof why)) {
+  if (!check_table(ops, p, why, sizeof why)) {
     free(p);
     dlclose(h);
     return reject(set, file, "%s", why);

@@ -5,11 +5,13 @@ hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/h
 	core/include/hq/gemm_provider.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/hqi_cuda.h core/error.c core/util.c \
 	core/device.c core/ctx.c core/host_api.c core/loader.c core/options.c core/format.c core/role.c \
-	core/recipe.c core/quantizer.c core/fsdp.c core/identity.c core/gemm.c core/gemm_host.c \
-	core/provider.c core/checkpoint.c core/optim.c core/state.c
+	core/recipe.c core/quantizer.c core/fsdp.c core/gemm.c core/gemm_host.c core/provider.c \
+	core/checkpoint.c core/optim.c core/state.c
 core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(OPENBLAS_CFLAGS) $(JANSSON_CFLAGS) \
 	$(CUDA_CPPFLAGS)
-core_libhqcore_la_LIBADD = gemm/libhqgemm.la $(INIH_LIBS) $(OPENBLAS_LIBS) $(JANSSON_LIBS)
+# the built-in identity format (plugins/identity/local.mk) and GEMM providers (gemm/local.mk)
+core_libhqcore_la_LIBADD = plugins/identity/libidentity_builtin.la gemm/libhqgemm.la \
+	$(INIH_LIBS) $(OPENBLAS_LIBS) $(JANSSON_LIBS)
 core_libhqcore_la_LDFLAGS = -version-info $(HQCORE_LT_VERSION) -no-undefined \
 	-export-symbols-regex '^hq_' $(HQ_SAN_LDFLAGS)
 EXTRA_DIST += core/cuda/kernels.cu

@@ -293,11 +293,19 @@ static inline hq_gemm_problem hq_test_gemm_problem(const hq_storage *a, const hq
   p.beta = beta;
   return p;
 }
+/* Direct calls convert on the host only, element by element through hq/numerics.h. */
+static inline int hq_test_host_convert(const hq_call *call, void *dst, hq_dtype dt,
+                                       const void *src, hq_dtype st, int64_t n) {
+  if (call->device != HQ_DEVICE_HOST)
+    return hq_test_host_error(HQ_ENOTSUP, "test host: no device conversion");
+  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
+  return HQ_OK;
+}
 /* A host table for direct calls: host memory from malloc, errors into hq_test_module_error(). */
 static inline hq_host_api hq_test_host(void) {
   hq_host_api h = {HQ_ABI_MAJOR,        HQ_ABI_MINOR,     sizeof h,           "test",
                    hq_test_host_error,  hq_test_host_log, hq_test_host_alloc, hq_test_host_free,
-                   hq_test_host_arch,   hq_test_host_lt_matmul};
+                   hq_test_host_arch,   hq_test_host_lt_matmul, hq_test_host_convert};
   return h;
 }
 /* A host call for direct module calls: host device, the given host table, seed and offset. */

@@ -69,9 +69,16 @@ tests_plugins_third_party_int8_tensor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
-tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
+tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c tests/hq_wrap.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
+# The identity module (plugins/identity/identity.la) under the name identity_module, so that a set
+# holds it beside the built-in (test_identity), in a folder of its own.
+check_LTLIBRARIES += tests/identity/identity_module.la
+tests_identity_identity_module_la_SOURCES = tests/identity/identity_module.c tests/hq_wrap.h
+tests_identity_identity_module_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_identity_identity_module_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h
@@ -81,6 +88,10 @@ check_PROGRAMS += tests/test_loader
 tests_test_loader_SOURCES = tests/test_loader.c tests/hq_test.h
 tests_test_loader_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_loader_LDADD = $(HQ_TEST_LDADD)
+check_PROGRAMS += tests/test_identity
+tests_test_identity_SOURCES = tests/test_identity.c tests/hq_test.h
+tests_test_identity_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_identity_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_recipe
 tests_test_recipe_SOURCES = tests/test_recipe.c tests/hq_test.h
 tests_test_recipe_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
@@ -185,5 +196,8 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
 	HQ_TEST_THIRD_PARTY='$(abs_top_builddir)/tests/plugins/third_party/.libs'; \
 	export HQ_TEST_THIRD_PARTY; \
+	HQ_TEST_IDENTITY_SO='$(abs_top_builddir)/plugins/identity/.libs/identity.so'; \
+	export HQ_TEST_IDENTITY_SO; \
+	HQ_TEST_IDENTITY_DIR='$(abs_top_builddir)/tests/identity/.libs'; export HQ_TEST_IDENTITY_DIR; \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
 	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN;

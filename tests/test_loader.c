@@ -33,7 +33,7 @@ static void expect_reason(const hq_plugins *set, const char *base, const char *n
 }
 
 /* The built-in identity format as every set holds it: first, file "(built into libhqcore)", the
-   core's own version, ABI 2.1, its one option `dtype`. */
+   core's own version, ABI 2.4, its one option `dtype`. */
 static void expect_builtin_identity(const hq_plugins *set) {
   const hq_plugin *id = hq_plugins_find(set, "identity");
   assert_non_null(id);
@@ -41,7 +41,7 @@ static void expect_builtin_identity(const hq_plugins *set) {
   assert_string_equal(hq_plugin_name(id), "identity");
   assert_string_equal(hq_plugin_file(id), "(built into libhqcore)");
   assert_string_equal(hq_plugin_version(id), hq_version());
-  assert_int_equal(hq_plugin_abi_minor(id), 1); /* its native GEMM needs ABI 2.1 */
+  assert_int_equal(hq_plugin_abi_minor(id), 4); /* it converts through host->convert (2.4) */
   assert_true(hq_plugin_caps(id) & HQ_CAP_CPU);
   assert_true(hq_plugin_caps(id) & HQ_CAP_REQUANT_SAFE);
   assert_true(hq_plugin_caps(id) & HQ_CAP_COLWISE_ONLY);
@@ -85,8 +85,8 @@ static void test_fixtures(void **state) {
   expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
   expect_reason(set, "good_dup.so", "/good.so");
   expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
-  expect_reason(set, "bad_major.so", "this core implements ABI 2.3 (major versions must match)");
-  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.4, newer than this core's 2.3");
+  expect_reason(set, "bad_major.so", "this core implements ABI 2.4 (major versions must match)");
+  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.5, newer than this core's 2.4");
   expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
   expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
   /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */

@@ -1,8 +1,9 @@
 /*
-** kernels.cu -- the core's few CUDA kernels: the identity format's element conversion (a
-** device-to-device copy when the dtypes match, otherwise hq/numerics.h's integer rounding, the
-** same code as the CPU path, so the bytes agree) and the 2-D transpose the FSDP protocol uses to
-** move transposed copies M-major and back. Everything runs on the caller's stream.
+** kernels.cu -- the core's few CUDA kernels: the element conversion (host->convert, which the
+** identity format uses, and the emulated GEMM's operands: a device-to-device copy when the
+** dtypes match, otherwise hq/numerics.h's integer rounding, the same code as the CPU path, so the
+** bytes agree) and the 2-D transpose the FSDP protocol uses to move transposed copies M-major
+** and back. Everything runs on the caller's stream.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -199,29 +200,6 @@ __global__ void adam_kernel(hq_adam_consts k, const void *__restrict__ g, float 
   }
 }
 
-/* The identity format's fused write-back: the step, then the new master stored in the storage's
-   dtype OT into d0 (and d1 when the directions have two buffers), each element read once. */
-template <int GT, int OT>
-__global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g,
-                                    float *__restrict__ w, float *__restrict__ m,
-                                    float *__restrict__ v, int64_t n, void *__restrict__ d0,
-                                    void *__restrict__ d1) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const float wi = adam_step_at<GT>(k, g, w, m, v, i);
-    hq_store_hp(d0, i, OT, wi);
-    if (d1) hq_store_hp(d1, i, OT, wi);
-  }
-}
-
-template <int GT>
-void launch_adam_convert(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g,
-                         float *w, float *m, float *v, int64_t n, void *d0, void *d1, int ot) {
-  if (ot == HQ_F32) adam_convert_kernel<GT, HQ_F32><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
-  else if (ot == HQ_F16) adam_convert_kernel<GT, HQ_F16><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
-  else adam_convert_kernel<GT, HQ_BF16><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, d0, d1);
-}
-
 template <int DT>
 void launch_adam(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g, float *w,
                  float *m, float *v, int64_t n, unsigned int *amax_bits) {
@@ -243,23 +221,6 @@ extern "C" int hqi_cuda_adam(void *stream, const hq_adam_consts *k, const void *
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return hqi_error(HQ_EDEVICE, "%s:%d: adam kernel: %s", __FILE__, __LINE__, cudaGetErrorString(e));
-  return HQ_OK;
-}
-
-extern "C" int hqi_cuda_adam_convert(void *stream, const hq_adam_consts *k, const void *grad,
-                                     int gdtype, float *w, float *m, float *v, int64_t n,
-                                     void *d0, void *d1, int ot) {
-  cudaStream_t s = (cudaStream_t)stream;
-  if (n <= 0) return HQ_OK;
-  int64_t blocks = (n + 255) / 256;
-  if (blocks > 65536) blocks = 65536;
-  if (gdtype == HQ_F32) launch_adam_convert<HQ_F32>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
-  else if (gdtype == HQ_F16) launch_adam_convert<HQ_F16>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
-  else launch_adam_convert<HQ_BF16>((unsigned)blocks, s, *k, grad, w, m, v, n, d0, d1, ot);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return hqi_error(HQ_EDEVICE, "%s:%d: adam write-back kernel: %s", __FILE__, __LINE__,
-                     cudaGetErrorString(e));
   return HQ_OK;
 }
 

@@ -864,7 +864,4 @@ static const hq_format_ops ops = {
     .tensor_factor = tensor_factor,
 };
 
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
-  if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;
-  return &ops;
-}
+HQ_FORMAT_DEFINE(ops);

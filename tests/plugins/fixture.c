@@ -126,23 +126,62 @@ static int dequantize(const void *c, const hq_call *call, const hq_storage *s, h
   return HQ_OK;
 }
 
-static hq_format_ops ops = {
-    .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 0,
-    .struct_size = sizeof(hq_format_ops),
+/* What each fixture changes in test_good's table (the rest, and the checked entry function that
+   HQ_FORMAT_DEFINE writes, stay test_good's). */
+#if defined(FIXTURE_BAD_MAJOR)
+#define FX_NAME "test_bad_major"
+#define FX_ABI_MAJOR (HQ_ABI_MAJOR + 1)
+#elif defined(FIXTURE_NEWER_MINOR)
+#define FX_NAME "test_newer_minor"
+#define FX_ABI_MINOR (HQ_ABI_MINOR + 1)
+#elif defined(FIXTURE_SMALL_STRUCT)
+#define FX_NAME "test_small_struct"
+#define FX_STRUCT_SIZE 24
+#elif defined(FIXTURE_MISSING_OP)
+#define FX_NAME "test_missing_op"
+#define FX_QUANTIZE NULL
+#elif defined(FIXTURE_BAD_OPTION)
+#define FX_NAME "test_bad_option"
+#elif defined(FIXTURE_BAD_NAME)
+#define FX_NAME "Test_Bad"
+#elif defined(FIXTURE_IDENTITY)
+#define FX_NAME "identity"
+#elif defined(FIXTURE_BAD_DEFAULT)
+#define FX_NAME "test_bad_default"
+#else
+#define FX_NAME "test_good"
+#endif
+#ifndef FX_ABI_MAJOR
+#define FX_ABI_MAJOR HQ_ABI_MAJOR
+#endif
+#ifndef FX_ABI_MINOR
+#define FX_ABI_MINOR 0
+#endif
+#ifndef FX_STRUCT_SIZE
+#define FX_STRUCT_SIZE sizeof(hq_format_ops)
+#endif
+#ifndef FX_QUANTIZE
+#define FX_QUANTIZE quantize
+#endif
+
+static const hq_format_ops ops = {
+    .abi_major = FX_ABI_MAJOR,
+    .abi_minor = FX_ABI_MINOR,
+    .struct_size = FX_STRUCT_SIZE,
     .config_size = sizeof(cfg),
-    .name = "test_good",
+    .name = FX_NAME,
     .version = "0.0",
     .description = "loader test fixture",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE,
     .options = options,
     .configure = configure,
     .layout = layout,
-    .quantize = quantize,
+    .quantize = FX_QUANTIZE,
     .update = update,
     .dequantize = dequantize,
 };
 
+/* The fixtures that break the entry function itself write theirs by hand. */
 #if defined(FIXTURE_NO_ENTRY) || defined(FIXTURE_V1_ENTRY)
 #ifdef FIXTURE_V1_ENTRY
 #define WRONG_ENTRY hq_format_module_v1
@@ -154,33 +193,12 @@ HQ_FORMAT_EXPORT const hq_format_ops *WRONG_ENTRY(const hq_host_api *host) {
   (void)host;
   return &ops;
 }
-#else
-HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
-#if defined(FIXTURE_BAD_MAJOR)
-  ops.abi_major = HQ_ABI_MAJOR + 1;
-  ops.name = "test_bad_major";
-#elif defined(FIXTURE_NEWER_MINOR)
-  ops.abi_minor = HQ_ABI_MINOR + 1;
-  ops.name = "test_newer_minor";
-#elif defined(FIXTURE_SMALL_STRUCT)
-  ops.struct_size = 24;
-  ops.name = "test_small_struct";
-#elif defined(FIXTURE_MISSING_OP)
-  ops.quantize = NULL;
-  ops.name = "test_missing_op";
-#elif defined(FIXTURE_BAD_OPTION)
-  ops.name = "test_bad_option";
 #elif defined(FIXTURE_REFUSES)
+HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
+  (void)ops;
   host->error(HQ_EABI, "this fixture refuses every core");
   return NULL;
-#elif defined(FIXTURE_BAD_NAME)
-  ops.name = "Test_Bad";
-#elif defined(FIXTURE_IDENTITY)
-  ops.name = "identity";
-#elif defined(FIXTURE_BAD_DEFAULT)
-  ops.name = "test_bad_default";
-#endif
-  if (host->abi_major != HQ_ABI_MAJOR) return NULL;
-  return &ops;
 }
+#else
+HQ_FORMAT_DEFINE(ops);
 #endif

@@ -4,9 +4,10 @@
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
 ** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
 ** A format is a shared object (a libtool module) that exports exactly one function,
-** hq_format_module_v2(), and hides every other symbol. It does not link against libhqcore:
-** everything it needs from the core arrives through the const host table passed to that
-** function and through the hq_call passed to every operation.
+** hq_format_module_v2(), and hides every other symbol; HQ_FORMAT_DEFINE(ops) writes that
+** function. It does not link against libhqcore: everything it needs from the core arrives
+** through the const host table passed to that function and through the hq_call passed to every
+** operation.
 **
 ** Build and install a format next to the stock ones:
 **     cc -shared -fPIC -fvisibility=hidden $(pkg-config --cflags hqcore) myfmt.c -o myfmt.so
@@ -59,12 +60,14 @@
 **   exports only the ABI 1 entry hq_format_module_v1 is refused with that reason) and a required
 **   minor newer than its own; it reads only struct_size bytes of the ops table, which must be
 **   at least HQ_FORMAT_OPS_SIZE_2_1 bytes for a module requiring 2.1 or later.
-** - A module must check host->abi_major, and host->abi_minor / host->struct_size before using a
-**   host field added after 2.0, and call->struct_size (or the helper named at the field) before
-**   reading an hq_call field added after 2.0. It may return NULL from its entry function to
-**   refuse a core.
-** - Older modules keep loading, and get only what their minor knows: a 2.0 module's storages
-**   take the emulated GEMM path, dequantized completely into F32.
+** - A module must check host->abi_major (HQ_FORMAT_DEFINE does), and host->abi_minor /
+**   host->struct_size before using a host field added after 2.0, and call->struct_size (or the
+**   helper named at the field) before reading an hq_call field added after 2.0. It may return
+**   NULL from its entry function to refuse a core.
+** - What the core uses of a module is decided by what its table holds (struct_size, non-NULL
+**   operations, caps), never by the minor it requires: a module whose table ends before the 2.1
+**   fields gets its storages multiplied on the emulated GEMM path, dequantized completely into
+**   F32.
 ** - Fields added after 2.0 sit under a one-line marker naming the version that added them
 **   ("--- 2.1 ---"); flags and capability bits name it in their comment. What each version
 **   added or removed, and how these rules came about: docs/abi.md.
@@ -141,7 +144,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 3
+#define HQ_ABI_MINOR 4
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -560,7 +563,19 @@ typedef struct hq_host_api {
      host, or when cuBLASLt offers no algorithm (the message names m, n, k and the kinds);
      HQ_EDEVICE when a cuBLASLt call fails. */
   int (*lt_matmul)(const struct hq_call *call, const hq_lt_matmul *mm);
+  /* --- 2.4 (check host->struct_size >= HQ_HOST_API_SIZE_2_4) --- */
+  /* Convert n elements of src (dtype st) into dst (dtype dt), both HQ_F32, HQ_F16 or HQ_BF16,
+     in memory of call->device, on call->stream (no synchronization): a byte copy when the dtypes
+     match (NaN payloads and signed zeros pass through), otherwise each element through
+     hq_load_hp / hq_store_hp (hq/numerics.h: round to nearest even), the same bytes on the host
+     and on a GPU. dst and src do not overlap. HQ_EINVAL for another dtype or n < 0. The core's
+     own conversions (the emulated GEMM's operands) run the same code. */
+  int (*convert)(const struct hq_call *call, void *dst, hq_dtype dt, const void *src,
+                 hq_dtype st, int64_t n);
 } hq_host_api;
+
+/* Size of a host table that carries convert. */
+#define HQ_HOST_API_SIZE_2_4 (offsetof(hq_host_api, convert) + sizeof(void (*)(void)))
 
 /* ---------------------------------------------------------------------------------------------
 ** hq_call: where and how one operation runs. Built by the core for every call.
@@ -802,6 +817,30 @@ typedef struct hq_format_ops {
    refuse this core. */
 typedef const hq_format_ops *(*hq_format_entry_fn)(const hq_host_api *host);
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host);
+
+/* HQ_FORMAT_DEFINE(ops); -- at file scope, after the module's static ops table: defines the
+   entry function, which returns &ops after the one check every module owes the core: a NULL
+   host table, or one of another ABI major (laid out differently, so not even its error() may be
+   called), is refused with NULL. A module with more to do at load time (check host->abi_minor,
+   pick one of two tables) writes the function itself, with that check first.
+
+   HQ_FORMAT_BUILTIN, as SQLite's SQLITE_CORE: a format compiled into libhqcore itself (the
+   built-in identity) is compiled with HQ_FORMAT_BUILTIN defined to the name of an internal entry
+   function, and the same source then defines that function -- which the loader calls -- instead
+   of exporting hq_format_module_v2. A module never defines it. */
+#ifdef HQ_FORMAT_BUILTIN
+const hq_format_ops *HQ_FORMAT_BUILTIN(const hq_host_api *host);
+#define HQ_FORMAT_DEFINE(ops) HQ_FORMAT_DEFINE_AS_(HQ_FORMAT_BUILTIN, ops, )
+#else
+#define HQ_FORMAT_DEFINE(ops) HQ_FORMAT_DEFINE_AS_(hq_format_module_v2, ops, HQ_FORMAT_EXPORT)
+#endif
+/* (the trailing declaration takes the caller's semicolon) */
+#define HQ_FORMAT_DEFINE_AS_(fn, ops, vis)                                                    \
+  vis const hq_format_ops *fn(const hq_host_api *host) {                                     \
+    if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;                                \
+    return &(ops);                                                                            \
+  }                                                                                           \
+  vis const hq_format_ops *fn(const hq_host_api *host)
 
 /* Size of the ABI 2.0 ops table: the smallest struct_size the core accepts. */
 #define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))

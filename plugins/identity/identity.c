@@ -1,6 +1,11 @@
 /*
-** identity.c -- the high-precision passthrough format, built into libhqcore (it cannot go
-** missing: a role or direction a recipe leaves unset stays in high precision through it).
+** identity.c -- the high-precision passthrough format. One source, built twice (as SQLite builds
+** an extension with SQLITE_CORE): into libhqcore, with HQ_FORMAT_BUILTIN naming the internal
+** entry function the loader registers in every plugin set (it cannot go missing: a role or
+** direction a recipe leaves unset stays in high precision through it), and as a module of its
+** own (identity.la, for make check) whose hq_format_module_v2 the loader would reject as a
+** duplicate of the built-in. Either way it sees the core only through the ABI: the element
+** conversion is the host's convert service, never a libhqcore function.
 **
 ** Stores the tensor as it is (or cast to `dtype`). One buffer serves both directions: when both
 ** are made together the columnwise storage shares the rowwise buffer; a GEMM reads it transposed
@@ -11,7 +16,12 @@
 ** "columnwise_data" [rows, cols]. desc: elem = the storage dtype, order MK, no scale.
 */
 #include "config.h"
-#include "hq_internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hq/plugin.h"
+#include "identity.h"
 
 typedef struct identity_cfg {
   int dtype; /* 0 = same as the source, else HQ_F32 / HQ_F16 / HQ_BF16 */
@@ -31,6 +41,20 @@ static int configure(void *cfg, const hq_optval *vals, const hq_host_api *h) {
 }
 
 static int is_hp(int t) { return t == HQ_F32 || t == HQ_F16 || t == HQ_BF16; }
+/* the names hq_dtype_name() gives the three (a module cannot call libhqcore) */
+static const char *hp_name(hq_dtype t) {
+  return t == HQ_F32 ? "f32" : t == HQ_F16 ? "f16" : t == HQ_BF16 ? "bf16" : "?";
+}
+
+/* n elements src -> dst through the host's convert service (ABI 2.4), which the core's own
+   conversions share: one implementation, on the host and on a GPU. */
+static int convert(const hq_call *call, void *dst, hq_dtype dt, const void *src, hq_dtype st,
+                   int64_t n) {
+  const hq_host_api *h = call->host;
+  if (h->struct_size < HQ_HOST_API_SIZE_2_4 || !h->convert)
+    return h->error(HQ_ENOTSUP, "identity: the core offers no convert service (ABI 2.4)");
+  return h->convert(call, dst, dt, src, st, n);
+}
 
 static int layout(const void *cfg, const hq_host_api *h, int64_t rows, int64_t cols,
                   uint32_t dir, uint32_t dirs, hq_storage *out) {
@@ -71,18 +95,21 @@ static int quantize(const void *cfg, const hq_call *call, const hq_tensor *src, 
       b1 = hq_storage_buf(col, 0);
     if (b1 && b1->dtype != b0->dtype)
       return call->host->error(HQ_EINVAL, "identity: the two directions' buffers differ in dtype");
-    return hqi_cuda_adam_convert(call->stream, &adam->k, adam->grad, (int)adam->grad_dtype,
-                                 (float *)src->data, adam->m, adam->v, n, b0->ptr,
-                                 b1 ? b1->ptr : NULL, b0->dtype);
+#ifdef HQ_HAVE_CUDA
+    return identity_cuda_adam_convert(call, adam, (float *)src->data, n, b0->ptr,
+                                      b1 ? b1->ptr : NULL, b0->dtype);
+#else
+    return call->host->error(HQ_ENOTSUP, "identity: built without CUDA, no fused optimizer step");
+#endif
   }
   if (dirs & HQ_ROWWISE) {
     hq_buffer *b = hq_storage_buf(row, 0);
-    rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
+    rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   if (!rc && (dirs & HQ_COLWISE)) {
     hq_buffer *b = hq_storage_buf(col, 0);
     if (!((dirs & HQ_ROWWISE) && (b->flags & HQ_BUF_SHARED)))
-      rc = hqi_convert(call->device, call->stream, b->ptr, b->dtype, src->data, src->dtype, n);
+      rc = convert(call, b->ptr, b->dtype, src->data, src->dtype, n);
   }
   return rc;
 }
@@ -94,12 +121,12 @@ static int dequantize(const void *cfg, const hq_call *call, const hq_storage *s,
   if (!is_hp(b->dtype) || b->dtype != s->desc.elem)
     return call->host->error(HQ_EINVAL, "identity: the storage's data is %d, not f32/f16/bf16",
                              (int)b->dtype);
-  return hqi_convert(call->device, call->stream, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
+  return convert(call, dst->data, dst->dtype, b->ptr, b->dtype, dst->rows * dst->cols);
 }
 
-const hq_format_ops hqi_identity_ops = {
+static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
-    .abi_minor = 1,
+    .abi_minor = 4, /* host->convert */
     .struct_size = sizeof(hq_format_ops),
     .config_size = sizeof(identity_cfg),
     .name = "identity",
@@ -116,3 +143,5 @@ const hq_format_ops hqi_identity_ops = {
     .quantize = quantize,
     .dequantize = dequantize,
 };
+
+HQ_FORMAT_DEFINE(ops);
