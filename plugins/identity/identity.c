@@ -41,10 +41,6 @@ static int configure(void *cfg, const hq_optval *vals, const hq_host_api *h) {
 }
 
 static int is_hp(int t) { return t == HQ_F32 || t == HQ_F16 || t == HQ_BF16; }
-/* the names hq_dtype_name() gives the three (a module cannot call libhqcore) */
-static const char *hp_name(hq_dtype t) {
-  return t == HQ_F32 ? "f32" : t == HQ_F16 ? "f16" : t == HQ_BF16 ? "bf16" : "?";
-}
 
 /* n elements src -> dst through the host's convert service (ABI 2.4), which the core's own
    conversions share: one implementation, on the host and on a GPU. */
