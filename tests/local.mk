@@ -60,6 +60,14 @@ tests_plugins_bad_default_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_bad_default_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_BAD_DEFAULT
 tests_plugins_bad_default_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# The cublaslt GEMM provider built as a module from its own source (without -DHQ_GEMM_BUILTIN it
+# exports hq_gemm_provider_v1), so that test_gemm_cublaslt hands it a mock host; in a folder of
+# its own, which no plugin search path names.
+check_LTLIBRARIES += tests/plugins/cublaslt/cublaslt.la
+tests_plugins_cublaslt_cublaslt_la_SOURCES = gemm/cublaslt/cublaslt.c
+tests_plugins_cublaslt_cublaslt_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_cublaslt_cublaslt_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
@@ -104,6 +112,13 @@ check_PROGRAMS += tests/test_gemm
 tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
 tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
+
+# the cublaslt GEMM provider as a module with a mock host: its predicate per architecture and
+# the cuBLASLt calls it makes for every stock format's storages (nothing runs on a GPU)
+check_PROGRAMS += tests/test_gemm_cublaslt
+tests_test_gemm_cublaslt_SOURCES = tests/test_gemm_cublaslt.c tests/hq_test.h
+tests_test_gemm_cublaslt_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_gemm_cublaslt_LDADD = $(HQ_TEST_LDADD)
 
 # the optimizer: AdamW on FP32 masters, the write-back, train/eval alternation
 check_PROGRAMS += tests/test_optim
@@ -161,6 +176,7 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \
 	HQ_TEST_SRCDIR='$(abs_top_srcdir)/tests'; export HQ_TEST_SRCDIR; \
 	HQ_TEST_FIXTURES='$(abs_top_builddir)/tests/plugins/.libs'; export HQ_TEST_FIXTURES; \
+	HQ_TEST_FIXTURE_ROOT='$(abs_top_builddir)/tests/plugins'; export HQ_TEST_FIXTURE_ROOT; \
 	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
 	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN;
