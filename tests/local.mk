@@ -68,6 +68,61 @@ tests_plugins_cublaslt_cublaslt_la_SOURCES = gemm/cublaslt/cublaslt.c
 tests_plugins_cublaslt_cublaslt_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_cublaslt_cublaslt_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# GEMM provider fixtures (test_gemm_providers), one source built once per module: valid ones in
+# providers/, each broken one in providers_bad/ (folders of their own: the loader tests count
+# what tests/plugins/ holds).
+check_LTLIBRARIES += tests/plugins/providers/test_gemm.la
+tests_plugins_providers_test_gemm_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_test_gemm_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_providers_test_gemm_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers/test_gemm_low.la
+tests_plugins_providers_test_gemm_low_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_test_gemm_low_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_LOW
+tests_plugins_providers_test_gemm_low_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/bad_major.la
+tests_plugins_providers_bad_bad_major_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_bad_major_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BAD_MAJOR
+tests_plugins_providers_bad_bad_major_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/newer_minor.la
+tests_plugins_providers_bad_newer_minor_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_newer_minor_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NEWER_MINOR
+tests_plugins_providers_bad_newer_minor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/small_table.la
+tests_plugins_providers_bad_small_table_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_small_table_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_SMALL_TABLE
+tests_plugins_providers_bad_small_table_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_accepts.la
+tests_plugins_providers_bad_no_accepts_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_accepts_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_ACCEPTS
+tests_plugins_providers_bad_no_accepts_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_run.la
+tests_plugins_providers_bad_no_run_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_run_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_RUN
+tests_plugins_providers_bad_no_run_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_version.la
+tests_plugins_providers_bad_no_version_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_version_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_VERSION
+tests_plugins_providers_bad_no_version_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/bad_name.la
+tests_plugins_providers_bad_bad_name_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_bad_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BAD_NAME
+tests_plugins_providers_bad_bad_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/builtin_name.la
+tests_plugins_providers_bad_builtin_name_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_builtin_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BUILTIN_NAME
+tests_plugins_providers_bad_builtin_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/dup_a.la
+tests_plugins_providers_bad_dup_a_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_dup_a_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_DUP
+tests_plugins_providers_bad_dup_a_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/dup_b.la
+tests_plugins_providers_bad_dup_b_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_dup_b_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_DUP
+tests_plugins_providers_bad_dup_b_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_entry.la
+tests_plugins_providers_bad_no_entry_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_entry_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_ENTRY
+tests_plugins_providers_bad_no_entry_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
@@ -119,6 +174,14 @@ check_PROGRAMS += tests/test_gemm_cublaslt
 tests_test_gemm_cublaslt_SOURCES = tests/test_gemm_cublaslt.c tests/hq_test.h
 tests_test_gemm_cublaslt_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_cublaslt_LDADD = $(HQ_TEST_LDADD)
+
+# GEMM providers as modules: listing, dispatch by priority, the predicate cache, declines, the
+# loader's rejections
+check_PROGRAMS += tests/test_gemm_providers
+tests_test_gemm_providers_SOURCES = tests/test_gemm_providers.c tests/hq_test.h \
+	tests/plugins/gemm_fixture.h
+tests_test_gemm_providers_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_gemm_providers_LDADD = $(HQ_TEST_LDADD)
 
 # the optimizer: AdamW on FP32 masters, the write-back, train/eval alternation
 check_PROGRAMS += tests/test_optim
