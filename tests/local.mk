@@ -123,6 +123,12 @@ check_LTLIBRARIES += tests/plugins/providers_bad/no_entry.la
 tests_plugins_providers_bad_no_entry_la_SOURCES = tests/plugins/gemm_fixture.c
 tests_plugins_providers_bad_no_entry_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_ENTRY
 tests_plugins_providers_bad_no_entry_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A format module with the 2.1 table that requires ABI 2.0 (review bug 7), in a folder of its own.
+check_LTLIBRARIES += tests/plugins/minor0/raw_factor.la
+tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c
+tests_plugins_minor0_raw_factor_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
@@ -176,7 +182,7 @@ tests_test_gemm_cublaslt_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_cublaslt_LDADD = $(HQ_TEST_LDADD)
 
 # GEMM providers as modules: listing, dispatch by priority, the predicate cache, declines, the
-# loader's rejections
+# loader's rejections; what a format module offers a GEMM (review bug 7)
 check_PROGRAMS += tests/test_gemm_providers
 tests_test_gemm_providers_SOURCES = tests/test_gemm_providers.c tests/hq_test.h \
 	tests/plugins/gemm_fixture.h

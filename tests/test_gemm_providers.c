@@ -5,8 +5,12 @@
 ** identity f32 x identity f32 on the host, is the one hq_gemm runs, with the exact product; its
 ** predicate is asked once per kind and context (a new context or another kind asks again);
 ** when its run() declines the next provider runs and hq_gemm_info says why; hq_gemm_plan runs
-** nothing. The loader rejects broken provider modules naming the file and the reason.
+** nothing. The loader rejects broken provider modules naming the file and the reason. And review
+** bug 7: a format module with the 2.1 table that requires only ABI 2.0 has its storages
+** multiplied through their raw values and per-tensor factor.
 */
+#include <math.h>
+
 #include "hq_test.h"
 #include "plugins/gemm_fixture.h"
 
@@ -428,12 +432,84 @@ static void test_decline(void **state) {
   free(D.data);
 }
 
+// --- review bug 7: a module's offer, by its table ------------------------------------------
+
+/* test_raw_factor (tests/plugins/raw_factor.c) has the 2.1 table and a tensor_factor op but
+   requires ABI 2.0. The emulated GEMM dequantizes its storages with HQ_CALL_DEQ_RAW (the codes)
+   and multiplies alpha by the two per-tensor factors: D = RN(RN(RN(alpha * fa) * fb) * S) with S
+   the exact integer sum of the codes' products, bit for bit. Before, its minor 0 made the core
+   ask for a full dequantize (RN(q * f) per element), whose product rounds otherwise. */
+static void test_raw_by_table_size(void **state) {
+  (void)state;
+  const char *dirs[] = {fixture_dir("minor0")};
+  hq_recipe *ra = hq_test_recipe_dirs("[format a]\nplugin = test_raw_factor\nscale = 0.1\n"
+                                      "[role *:*:*]\nrowwise = a\ncolumnwise = a\n", dirs, 1);
+  hq_recipe *rb = hq_test_recipe_dirs("[format b]\nplugin = test_raw_factor\nscale = 0.3\n"
+                                      "[role *:*:*]\nrowwise = b\ncolumnwise = b\n", dirs, 1);
+  const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(ra), "test_raw_factor");
+  assert_non_null(p);
+  assert_int_equal(hq_plugin_abi_minor(p), 0);
+  raw_factor_counts *cnt = module_symbol(hq_plugin_file(p), RAW_FACTOR_COUNTS);
+  hq_quantizer *qa = hq_test_quantizer(ra, "linear:weight:w");
+  hq_quantizer *qb = hq_test_quantizer(rb, "linear:input:x");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const int64_t m = 8, n = 6, k = 32;
+  const float alpha = 0.7f, fa = 0.1f, fb = 0.3f;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      hq_tensor xa = hq_test_tensor(HQ_F32, ta ? m : k, ta ? k : m, 11 + ta, 1.0f);
+      hq_tensor xb = hq_test_tensor(HQ_F32, tb ? k : n, tb ? n : k, 13 + tb, 1.0f);
+      hq_qtensor *A = quantize(qa, ctx, &xa), *B = quantize(qb, ctx, &xb);
+      /* the codes, as the storages of the directions the flags take hold them */
+      const hq_storage *sa = hq_qtensor_storage(A, ta ? HQ_ROWWISE : HQ_COLWISE);
+      const hq_storage *sb = hq_qtensor_storage(B, tb ? HQ_COLWISE : HQ_ROWWISE);
+      const float *ca = hq_storage_cbuf(sa, 0)->ptr, *cb = hq_storage_cbuf(sb, 0)->ptr;
+      hq_tensor D = hq_test_empty(HQ_F32, n, m);
+      memset(cnt, 0, sizeof *cnt);
+      hq_gemm_info info = {.struct_size = sizeof info};
+      HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &D, alpha, 0.0f, NULL,
+                            &info));
+      assert_string_equal(info.provider, "emulated");
+      assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+      assert_int_equal(cnt->deq_raw, 2);
+      assert_int_equal(cnt->deq_full, 0);
+      assert_int_equal(cnt->factor, 2);
+      const float al = (alpha * fa) * fb;
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+          double s = 0;
+          for (int64_t q = 0; q < k; q++) {
+            const float a = ta ? ca[i * k + q] : ca[q * m + i];
+            const float b = tb ? cb[q * n + j] : cb[j * k + q];
+            assert_true(a == floorf(a) && fabsf(a) <= 64.0f);
+            s += (double)a * b;
+          }
+          const float want = al * (float)s, got = ((float *)D.data)[j * m + i];
+          if (got != want)
+            fail_msg("%c%c D[%lld][%lld] = %.9g, expected %.9g", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                     (long long)j, (long long)i, (double)got, (double)want);
+        }
+      hq_qtensor *all[] = {A, B};
+      hq_qtensors_free(all, 2);
+      free(xa.data);
+      free(xb.data);
+      free(D.data);
+    }
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  hq_recipe_free(ra);
+  hq_recipe_free(rb);
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_listing),
       cmocka_unit_test(test_rejections),
       cmocka_unit_test(test_dispatch_and_cache),
       cmocka_unit_test(test_decline),
+      cmocka_unit_test(test_raw_by_table_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /*
-** gemm_fixture.h -- what the GEMM provider fixture (gemm_fixture.c) exports beside its entry
-** point, so that test_gemm_providers can count its calls and steer its run(): the test finds the
-** symbol GEMM_FIXTURE_STATE in the loaded module (dlopen of the same file, dlsym).
+** gemm_fixture.h -- what the fixtures of test_gemm_providers export beside their entry points, so
+** that the test can count their calls and steer them: it finds the symbol in the loaded module
+** (dlopen of the same file, dlsym). The GEMM provider fixture (gemm_fixture.c) exports
+** GEMM_FIXTURE_STATE, the format fixture raw_factor.c RAW_FACTOR_COUNTS.
 */
 #ifndef GEMM_FIXTURE_H
 #define GEMM_FIXTURE_H
@@ -20,5 +21,13 @@ typedef struct gemm_fixture_state {
   int declines;      /* run() that declined or failed */
   int mode;          /* GEMM_FIXTURE_*, set by the test */
 } gemm_fixture_state;
+
+#define RAW_FACTOR_COUNTS "raw_factor_fixture"
+
+typedef struct raw_factor_counts {
+  int deq_raw;  /* dequantize() with HQ_CALL_DEQ_RAW */
+  int deq_full; /* dequantize() without it */
+  int factor;   /* tensor_factor() */
+} raw_factor_counts;
 
 #endif
