@@ -105,21 +105,6 @@ static void test_listing(void **state) {
 
 // --- the loader's rejections -----------------------------------------------------------------
 
-static const char *reason_for(const hq_plugins *set, const char *base) {
-  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
-    const char *f = hq_plugins_rejected_file(set, i);
-    const char *b = strrchr(f, '/');
-    if (strcmp(b ? b + 1 : f, base) == 0) return hq_plugins_rejected_reason(set, i);
-  }
-  return NULL;
-}
-
-static void expect_reason(const hq_plugins *set, const char *base, const char *needle) {
-  const char *r = reason_for(set, base);
-  if (!r) fail_msg("%s was not rejected", base);
-  if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
-}
-
 /* Each broken provider module is rejected with its file and reason while loading goes on: another
    ABI major, a newer minor, a table smaller than 1.0's, a missing accepts / run / version, an
    invalid name, a built-in name, the second of two modules of one name (naming the first), and
@@ -133,30 +118,31 @@ static void test_rejections(void **state) {
   snprintf(want, sizeof want, "built for GEMM provider ABI %d (requires %d.0), but this core "
            "implements %d.%d (major versions must match)", HQ_GEMM_ABI_MAJOR + 1,
            HQ_GEMM_ABI_MAJOR + 1, HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR);
-  expect_reason(set, "bad_major.so", want);
+  hq_test_expect_reason(set, "bad_major.so", want);
   snprintf(want, sizeof want, "requires GEMM provider ABI %d.%d, newer than this core's %d.%d "
            "(upgrade libhqcore)", HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR + 1, HQ_GEMM_ABI_MAJOR,
            HQ_GEMM_ABI_MINOR);
-  expect_reason(set, "newer_minor.so", want);
+  hq_test_expect_reason(set, "newer_minor.so", want);
   snprintf(want, sizeof want, "provider table struct_size %zu is smaller than ABI 1.0's %zu bytes",
            offsetof(hq_gemm_provider, accepts),
            offsetof(hq_gemm_provider, run) + sizeof(void (*)(void)));
-  expect_reason(set, "small_table.so", want);
-  expect_reason(set, "no_accepts.so", "GEMM provider 'test_gemm' lacks the required field "
-                "'accepts'");
-  expect_reason(set, "no_run.so", "GEMM provider 'test_gemm' lacks the required field 'run'");
-  expect_reason(set, "no_version.so", "GEMM provider 'test_gemm' lacks the required field "
-                "'version'");
-  expect_reason(set, "bad_name.so", "GEMM provider name 'Test-Gemm' is not 1-31 characters of "
-                "[a-z0-9_]");
-  expect_reason(set, "builtin_name.so", "GEMM provider name 'emulated' is built into libhqcore; a "
-                "module cannot replace it");
+  hq_test_expect_reason(set, "small_table.so", want);
+  hq_test_expect_reason(set, "no_accepts.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'accepts'");
+  hq_test_expect_reason(set, "no_run.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'run'");
+  hq_test_expect_reason(set, "no_version.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'version'");
+  hq_test_expect_reason(set, "bad_name.so",
+                        "GEMM provider name 'Test-Gemm' is not 1-31 characters of [a-z0-9_]");
+  hq_test_expect_reason(set, "builtin_name.so", "GEMM provider name 'emulated' is built into "
+                        "libhqcore; a module cannot replace it");
   snprintf(want, sizeof want, "duplicate GEMM provider name 'test_gemm_dup' (already provided by "
            "%s/dup_a.so)", dirs[0]);
-  expect_reason(set, "dup_b.so", want);
-  expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2 in the module (is it an hq "
-                "format?), nor hq_gemm_provider_v1 (an hq GEMM provider)");
-  assert_null(reason_for(set, "dup_a.so"));
+  hq_test_expect_reason(set, "dup_b.so", want);
+  hq_test_expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2 in the module (is "
+                        "it an hq format?), nor hq_gemm_provider_v1 (an hq GEMM provider)");
+  assert_null(hq_test_reason(set, "dup_a.so"));
   assert_int_equal(hq_plugins_rejected_count(set), 10);
   for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
     if (strncmp(hq_plugins_rejected_file(set, i), dirs[0], strlen(dirs[0])) != 0)
@@ -179,6 +165,22 @@ static hq_recipe *identity_recipe(const char *sub) {
   if (!sub) return hq_test_recipe(text);
   const char *dirs[] = {fixture_dir(sub)};
   return hq_test_recipe_dirs(text, dirs, 1);
+}
+
+/* An identity f32 recipe whose set loaded the fixture folder, and the states of its two
+   provider modules (test_gemm, 0th by priority; test_gemm_low, 3rd), counters at zero. */
+static hq_recipe *fixture_recipe(gemm_fixture_state **fx, gemm_fixture_state **fl) {
+  hq_recipe *r = identity_recipe("providers");
+  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 3, &low));
+  assert_string_equal(top.name, "test_gemm");
+  assert_string_equal(low.name, "test_gemm_low");
+  *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
+  *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
+  memset(*fx, 0, sizeof **fx);
+  memset(*fl, 0, sizeof **fl);
+  return r;
 }
 
 /* A host tensor [rows, cols] of small integers (every product below is exact). */
@@ -258,19 +260,9 @@ static void expect_ran(const gemm_call *c, const char *provider, uint32_t path,
    set, it is asked. */
 static void test_dispatch_and_cache(void **state) {
   (void)state;
-  hq_recipe *r = identity_recipe("providers");
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe(&fx, &fl);
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
-  const hq_plugins *set = hq_recipe_plugins(r);
-  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(set, 0, &top));
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(set, 3, &low));
-  assert_string_equal(top.name, "test_gemm");
-  assert_string_equal(low.name, "test_gemm_low");
-  gemm_fixture_state *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
-  gemm_fixture_state *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
-  memset(fx, 0, sizeof *fx);
-  memset(fl, 0, sizeof *fl);
-
   const int64_t m = 6, n = 5, k = 7;
   hq_ctx *ctx = NULL, *ctx2 = NULL;
   HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
@@ -377,16 +369,9 @@ static void test_dispatch_and_cache(void **state) {
    named. The predicates are not asked again. */
 static void test_decline(void **state) {
   (void)state;
-  hq_recipe *r = identity_recipe("providers");
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe(&fx, &fl);
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
-  const hq_plugins *set = hq_recipe_plugins(r);
-  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(set, 0, &top));
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(set, 3, &low));
-  gemm_fixture_state *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
-  gemm_fixture_state *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
-  memset(fx, 0, sizeof *fx);
-  memset(fl, 0, sizeof *fl);
   const int64_t m = 4, n = 3, k = 8;
   hq_ctx *ctx = NULL;
   HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
