@@ -185,6 +185,24 @@ static inline void hq_test_all_gather(hq_fsdp_buffer (*ext)[2 * HQ_MAX_BUFFERS],
   }
 }
 
+/* The rejection reason a plugin set recorded for the module file named `base` ("bad_major.so"),
+   or NULL. */
+static inline const char *hq_test_reason(const hq_plugins *set, const char *base) {
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
+    const char *f = hq_plugins_rejected_file(set, i);
+    const char *b = strrchr(f, '/');
+    if (strcmp(b ? b + 1 : f, base) == 0) return hq_plugins_rejected_reason(set, i);
+  }
+  return NULL;
+}
+/* Fails the test unless module `base` was rejected with `needle` in its reason. */
+static inline void hq_test_expect_reason(const hq_plugins *set, const char *base,
+                                           const char *needle) {
+  const char *r = hq_test_reason(set, base);
+  if (!r) fail_msg("%s was not rejected", base);
+  if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
+}
+
 /* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
 static inline const char *hq_test_path(const char *rel) {
   static char buf[4096];

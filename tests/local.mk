@@ -66,6 +66,74 @@ check_LTLIBRARIES += tests/plugins/third_party/int8_tensor.la
 tests_plugins_third_party_int8_tensor_la_SOURCES = tests/plugins/third_party/int8_tensor.c
 tests_plugins_third_party_int8_tensor_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_third_party_int8_tensor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# The cublaslt GEMM provider built as a module from its own source (without -DHQ_GEMM_BUILTIN it
+# exports hq_gemm_provider_v1), so that test_gemm_cublaslt hands it a mock host; in a folder of
+# its own, which no plugin search path names.
+check_LTLIBRARIES += tests/plugins/cublaslt/cublaslt.la
+tests_plugins_cublaslt_cublaslt_la_SOURCES = gemm/cublaslt/cublaslt.c
+tests_plugins_cublaslt_cublaslt_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_cublaslt_cublaslt_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
+# GEMM provider fixtures (test_gemm_providers), one source built once per module: valid ones in
+# providers/, each broken one in providers_bad/ (folders of their own: the loader tests count
+# what tests/plugins/ holds).
+check_LTLIBRARIES += tests/plugins/providers/test_gemm.la
+tests_plugins_providers_test_gemm_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_test_gemm_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_providers_test_gemm_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers/test_gemm_low.la
+tests_plugins_providers_test_gemm_low_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_test_gemm_low_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_LOW
+tests_plugins_providers_test_gemm_low_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/bad_major.la
+tests_plugins_providers_bad_bad_major_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_bad_major_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BAD_MAJOR
+tests_plugins_providers_bad_bad_major_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/newer_minor.la
+tests_plugins_providers_bad_newer_minor_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_newer_minor_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NEWER_MINOR
+tests_plugins_providers_bad_newer_minor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/small_table.la
+tests_plugins_providers_bad_small_table_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_small_table_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_SMALL_TABLE
+tests_plugins_providers_bad_small_table_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_accepts.la
+tests_plugins_providers_bad_no_accepts_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_accepts_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_ACCEPTS
+tests_plugins_providers_bad_no_accepts_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_run.la
+tests_plugins_providers_bad_no_run_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_run_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_RUN
+tests_plugins_providers_bad_no_run_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_version.la
+tests_plugins_providers_bad_no_version_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_version_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_VERSION
+tests_plugins_providers_bad_no_version_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/bad_name.la
+tests_plugins_providers_bad_bad_name_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_bad_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BAD_NAME
+tests_plugins_providers_bad_bad_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/builtin_name.la
+tests_plugins_providers_bad_builtin_name_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_builtin_name_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_BUILTIN_NAME
+tests_plugins_providers_bad_builtin_name_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/dup_a.la
+tests_plugins_providers_bad_dup_a_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_dup_a_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_DUP
+tests_plugins_providers_bad_dup_a_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/dup_b.la
+tests_plugins_providers_bad_dup_b_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_dup_b_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_DUP
+tests_plugins_providers_bad_dup_b_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/providers_bad/no_entry.la
+tests_plugins_providers_bad_no_entry_la_SOURCES = tests/plugins/gemm_fixture.c
+tests_plugins_providers_bad_no_entry_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE_NO_ENTRY
+tests_plugins_providers_bad_no_entry_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A format module with the 2.1 table that requires ABI 2.0 (review bug 7), in a folder of its own.
+check_LTLIBRARIES += tests/plugins/minor0/raw_factor.la
+tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c
+tests_plugins_minor0_raw_factor_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
@@ -128,6 +196,21 @@ check_PROGRAMS += tests/test_gemm
 tests_test_gemm_SOURCES = tests/test_gemm.c tests/hq_test.h
 tests_test_gemm_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gemm_LDADD = $(HQ_TEST_LDADD)
+
+# the cublaslt GEMM provider as a module with a mock host: its predicate per architecture and
+# the cuBLASLt calls it makes for every stock format's storages (nothing runs on a GPU)
+check_PROGRAMS += tests/test_gemm_cublaslt
+tests_test_gemm_cublaslt_SOURCES = tests/test_gemm_cublaslt.c tests/hq_test.h
+tests_test_gemm_cublaslt_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_gemm_cublaslt_LDADD = $(HQ_TEST_LDADD)
+
+# GEMM providers as modules: listing, dispatch by priority, the predicate cache, declines, the
+# loader's rejections; what a format module offers a GEMM (review bug 7)
+check_PROGRAMS += tests/test_gemm_providers
+tests_test_gemm_providers_SOURCES = tests/test_gemm_providers.c tests/hq_test.h \
+	tests/plugins/gemm_fixture.h
+tests_test_gemm_providers_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_gemm_providers_LDADD = $(HQ_TEST_LDADD)
 
 # the optimizer: AdamW on FP32 masters, the write-back, train/eval alternation
 check_PROGRAMS += tests/test_optim
@@ -193,6 +276,7 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \
 	HQ_TEST_SRCDIR='$(abs_top_srcdir)/tests'; export HQ_TEST_SRCDIR; \
 	HQ_TEST_FIXTURES='$(abs_top_builddir)/tests/plugins/.libs'; export HQ_TEST_FIXTURES; \
+	HQ_TEST_FIXTURE_ROOT='$(abs_top_builddir)/tests/plugins'; export HQ_TEST_FIXTURE_ROOT; \
 	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
 	HQ_TEST_THIRD_PARTY='$(abs_top_builddir)/tests/plugins/third_party/.libs'; \
 	export HQ_TEST_THIRD_PARTY; \

@@ -16,22 +16,6 @@ static const char *fixtures(void) {
   return d ? d : "tests/plugins/.libs";
 }
 
-/* The rejection reason recorded for the module file named `base` ("bad_major.so"). */
-static const char *reason_for(const hq_plugins *set, const char *base) {
-  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
-    const char *f = hq_plugins_rejected_file(set, i);
-    const char *b = strrchr(f, '/');
-    if (strcmp(b ? b + 1 : f, base) == 0) return hq_plugins_rejected_reason(set, i);
-  }
-  return NULL;
-}
-
-static void expect_reason(const hq_plugins *set, const char *base, const char *needle) {
-  const char *r = reason_for(set, base);
-  if (!r) fail_msg("%s was not rejected", base);
-  if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
-}
-
 /* The built-in identity format as every set holds it: first, file "(built into libhqcore)", the
    core's own version, ABI 2.4, its one option `dtype`. */
 static void expect_builtin_identity(const hq_plugins *set) {
@@ -82,25 +66,27 @@ static void test_fixtures(void **state) {
   assert_string_equal(o[4].name, "label");
   assert_null(o[5].name);
 
-  expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
-  expect_reason(set, "good_dup.so", "/good.so");
-  expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
-  expect_reason(set, "bad_major.so", "this core implements ABI 2.4 (major versions must match)");
-  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.5, newer than this core's 2.4");
-  expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
-  expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
+  hq_test_expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
+  hq_test_expect_reason(set, "good_dup.so", "/good.so");
+  hq_test_expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
+  hq_test_expect_reason(set, "bad_major.so",
+                        "this core implements ABI 2.4 (major versions must match)");
+  hq_test_expect_reason(set, "newer_minor.so",
+                        "requires plugin ABI 2.5, newer than this core's 2.4");
+  hq_test_expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
+  hq_test_expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
   /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */
-  expect_reason(set, "v1_entry.so", "built for plugin ABI 1");
-  expect_reason(set, "v1_entry.so", "hq_format_module_v1");
-  expect_reason(set, "v1_entry.so", "rebuild");
-  assert_null(strstr(reason_for(set, "no_entry.so"), "ABI 1"));
-  expect_reason(set, "missing_op.so", "lacks the required field 'quantize'");
-  expect_reason(set, "bad_option.so", "option 'broken': invalid default");
-  expect_reason(set, "refuses.so", "this fixture refuses every core");
-  expect_reason(set, "bad_name.so", "'Test_Bad' is not 1-31 characters");
+  hq_test_expect_reason(set, "v1_entry.so", "built for plugin ABI 1");
+  hq_test_expect_reason(set, "v1_entry.so", "hq_format_module_v1");
+  hq_test_expect_reason(set, "v1_entry.so", "rebuild");
+  assert_null(strstr(hq_test_reason(set, "no_entry.so"), "ABI 1"));
+  hq_test_expect_reason(set, "missing_op.so", "lacks the required field 'quantize'");
+  hq_test_expect_reason(set, "bad_option.so", "option 'broken': invalid default");
+  hq_test_expect_reason(set, "refuses.so", "this fixture refuses every core");
+  hq_test_expect_reason(set, "bad_name.so", "'Test_Bad' is not 1-31 characters");
   /* a module cannot replace the built-in identity: the built-in stays */
-  expect_reason(set, "identity.so", "'identity' is built into libhqcore");
-  assert_null(reason_for(set, "good.so"));
+  hq_test_expect_reason(set, "identity.so", "'identity' is built into libhqcore");
+  assert_null(hq_test_reason(set, "good.so"));
   assert_int_equal(hq_plugins_rejected_count(set), 11);
   /* none of the rejected modules' names is in the set */
   const char *gone[] = {"test_bad_major", "test_newer_minor", "test_small_struct",

@@ -585,7 +585,8 @@ typedef struct hq_host_api {
                               times their block scales, in the storage's own domain: without the
                               per-tensor factor (tensor_factor()) and without undoing a transform
                               (an RHT16 storage stays in the transformed domain). This is the
-                              operand a GEMM multiplies. Set only for modules of minor >= 1. */
+                              operand a GEMM multiplies. Set only for modules whose ops table
+                              has the 2.1 layout, whatever minor they require. */
 
 typedef struct hq_call {
   uint32_t struct_size;

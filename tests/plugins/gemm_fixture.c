@@ -1,0 +1,154 @@
+/*
+** gemm_fixture.c -- test-only GEMM provider modules (hq/gemm_provider.h), the way a third party
+** ships one. One source, built several times with a GEMM_FIXTURE_* macro selecting the module:
+**   providers/test_gemm.so          "test_gemm", priority 200 (asked before cublaslt)
+**   providers/test_gemm_low.so      "test_gemm_low", priority 25 (between fused_hopper and
+**                                   emulated)
+**   providers_bad/bad_major.so      abi_major = HQ_GEMM_ABI_MAJOR + 1
+**   providers_bad/newer_minor.so    requires abi_minor = HQ_GEMM_ABI_MINOR + 1
+**   providers_bad/small_table.so    struct_size ends before accepts (smaller than 1.0's table)
+**   providers_bad/no_accepts.so     accepts = NULL
+**   providers_bad/no_run.so         run = NULL
+**   providers_bad/no_version.so     version = NULL
+**   providers_bad/bad_name.so       name "Test-Gemm"
+**   providers_bad/builtin_name.so   name "emulated" (built into libhqcore)
+**   providers_bad/dup_a.so, dup_b.so  both named "test_gemm_dup"
+**   providers_bad/no_entry.so       exports hq_gemm_provider_v0, no entry point of either kind
+**
+** A valid one multiplies identity f32 storages on the host into an f32 D: accepts() takes
+** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
+** raw values through host->raw() and computes D = alpha * op(A) op(B) + beta * D (+ bias) with a
+** naive loop in double, one rounding per element, reporting HQ_GEMM_PATH_CPU. It counts its
+** calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or fail.
+*/
+#include <stddef.h>
+
+#include "hq/gemm_provider.h"
+#include "hq/numerics.h"
+#include "gemm_fixture.h"
+
+#if defined(GEMM_FIXTURE_LOW)
+#define NAME "test_gemm_low"
+#define PRIORITY 25
+#elif defined(GEMM_FIXTURE_BAD_NAME)
+#define NAME "Test-Gemm"
+#elif defined(GEMM_FIXTURE_BUILTIN_NAME)
+#define NAME "emulated"
+#elif defined(GEMM_FIXTURE_DUP)
+#define NAME "test_gemm_dup"
+#else
+#define NAME "test_gemm"
+#endif
+#ifndef PRIORITY
+#define PRIORITY 200
+#endif
+
+/* The operations a broken variant lacks are NULL in its table (and stay referenced there). */
+#ifdef GEMM_FIXTURE_NO_ACCEPTS
+#define HAS_ACCEPTS 0
+#else
+#define HAS_ACCEPTS 1
+#endif
+#ifdef GEMM_FIXTURE_NO_RUN
+#define HAS_RUN 0
+#else
+#define HAS_RUN 1
+#endif
+
+HQ_GEMM_EXPORT gemm_fixture_state gemm_fixture;
+
+/* An identity f32 storage: its values as they are, f32, no transform. */
+static int plain_f32(const hq_gemm_operand_kind *o) {
+  return o->desc && o->desc->elem == HQ_F32 && o->desc->scale_mode == HQ_SCALE_NONE &&
+         o->desc->transform == HQ_TRANSFORM_NONE;
+}
+
+static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
+  gemm_fixture.accepts_calls++;
+  if (k->flags & HQ_GEMM_FORCE_EMULATED)
+    return host->api->error(HQ_ENOTSUP, NAME ": the caller forced the emulated path");
+  if (k->device != HQ_DEVICE_HOST || !plain_f32(&k->a) || !plain_f32(&k->b) ||
+      k->d_dtype != HQ_F32)
+    return host->api->error(HQ_ENOTSUP, NAME ": only identity f32 x identity f32 into an f32 D "
+                            "on the host");
+  return HQ_OK;
+}
+
+/* Element (i, j) of op(X) for X's raw values, row-major [rows, cols] (cuBLAS's column-major
+   reading: the stored matrix is cols x rows with ld cols, op(X) its transpose when trans). */
+static double op_at(const float *x, int64_t cols, int trans, int64_t i, int64_t j) {
+  return trans ? (double)x[i * cols + j] : (double)x[j * cols + i];
+}
+
+static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
+  const hq_host_api *api = host->api;
+  if (gemm_fixture.mode != GEMM_FIXTURE_RUN) {
+    gemm_fixture.declines++;
+    if (gemm_fixture.mode == GEMM_FIXTURE_DECLINE)
+      return api->error(HQ_ENOTSUP, NAME ": declined m = %lld on purpose", (long long)r->m);
+    return api->error(HQ_EDEVICE, NAME ": failed on purpose");
+  }
+  r->path = HQ_GEMM_PATH_CPU;
+  if (r->flags & HQ_GEMM_QUERY) {
+    gemm_fixture.queries++;
+    return HQ_OK;
+  }
+  const void *a = NULL, *b = NULL;
+  void *ta = NULL, *tb = NULL;
+  int rc = host->raw(call, &r->a, HQ_F32, &a, &ta, NULL);
+  if (!rc) rc = host->raw(call, &r->b, HQ_F32, &b, &tb, NULL);
+  if (!rc) {
+    float *d = r->d->data;
+    for (int64_t j = 0; j < r->n; j++)
+      for (int64_t i = 0; i < r->m; i++) {
+        double s = 0;
+        for (int64_t p = 0; p < r->k; p++)
+          s += op_at(a, r->a.cols, r->kind->a.trans, i, p) *
+               op_at(b, r->b.cols, r->kind->b.trans, p, j);
+        s *= r->alpha;
+        if (r->beta != 0.0f) s += (double)r->beta * d[j * r->m + i];
+        if (r->bias) s += hq_load_hp(r->bias, i, r->bias_dtype);
+        d[j * r->m + i] = (float)s;
+      }
+    gemm_fixture.runs++;
+  }
+  api->free(call, ta);
+  api->free(call, tb);
+  return rc;
+}
+
+static const hq_gemm_provider table = {
+#ifdef GEMM_FIXTURE_BAD_MAJOR
+    .abi_major = HQ_GEMM_ABI_MAJOR + 1,
+#else
+    .abi_major = HQ_GEMM_ABI_MAJOR,
+#endif
+#ifdef GEMM_FIXTURE_NEWER_MINOR
+    .abi_minor = HQ_GEMM_ABI_MINOR + 1,
+#else
+    .abi_minor = 0,
+#endif
+#ifdef GEMM_FIXTURE_SMALL_TABLE
+    .struct_size = offsetof(hq_gemm_provider, accepts),
+#else
+    .struct_size = sizeof(hq_gemm_provider),
+#endif
+    .priority = PRIORITY,
+    .name = NAME,
+#ifndef GEMM_FIXTURE_NO_VERSION
+    .version = "0.7",
+#endif
+    .description = "test fixture: identity f32 x identity f32 on the host, a naive loop",
+    .accepts = HAS_ACCEPTS ? accepts : NULL,
+    .run = HAS_RUN ? run : NULL,
+};
+
+#ifdef GEMM_FIXTURE_NO_ENTRY
+HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v0(const hq_gemm_host *host);
+HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v0(const hq_gemm_host *host) {
+  (void)host;
+  return &table;
+}
+#else
+HQ_GEMM_PROVIDER_DEFINE(table)
+#endif

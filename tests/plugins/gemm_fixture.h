@@ -1,0 +1,33 @@
+/*
+** gemm_fixture.h -- what the fixtures of test_gemm_providers export beside their entry points, so
+** that the test can count their calls and steer them: it finds the symbol in the loaded module
+** (dlopen of the same file, dlsym). The GEMM provider fixture (gemm_fixture.c) exports
+** GEMM_FIXTURE_STATE, the format fixture raw_factor.c RAW_FACTOR_COUNTS.
+*/
+#ifndef GEMM_FIXTURE_H
+#define GEMM_FIXTURE_H
+
+#define GEMM_FIXTURE_STATE "gemm_fixture"
+
+/* gemm_fixture_state.mode */
+#define GEMM_FIXTURE_RUN 0     /* run() computes the product */
+#define GEMM_FIXTURE_DECLINE 1 /* run() declines every problem (HQ_ENOTSUP, nothing run) */
+#define GEMM_FIXTURE_FAIL 2    /* run() fails (HQ_EDEVICE) */
+
+typedef struct gemm_fixture_state {
+  int accepts_calls; /* every accepts() */
+  int runs;          /* products computed */
+  int queries;       /* run() with HQ_GEMM_QUERY */
+  int declines;      /* run() that declined or failed */
+  int mode;          /* GEMM_FIXTURE_*, set by the test */
+} gemm_fixture_state;
+
+#define RAW_FACTOR_COUNTS "raw_factor_fixture"
+
+typedef struct raw_factor_counts {
+  int deq_raw;  /* dequantize() with HQ_CALL_DEQ_RAW */
+  int deq_full; /* dequantize() without it */
+  int factor;   /* tensor_factor() */
+} raw_factor_counts;
+
+#endif

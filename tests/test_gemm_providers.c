@@ -1,0 +1,500 @@
+/*
+** test_gemm_providers.c -- GEMM providers as a module kind (hq/gemm_provider.h), through the
+** public API. Fixture modules (tests/plugins/gemm_fixture.c) are loaded from a plugin folder and
+** listed with the built-in providers in order of priority; the one of priority 200, which takes
+** identity f32 x identity f32 on the host, is the one hq_gemm runs, with the exact product; its
+** predicate is asked once per kind and context (a new context or another kind asks again);
+** when its run() declines the next provider runs and hq_gemm_info says why; hq_gemm_plan runs
+** nothing. The loader rejects broken provider modules naming the file and the reason. And review
+** bug 7: a format module with the 2.1 table that requires only ABI 2.0 has its storages
+** multiplied through their raw values and per-tensor factor.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+#include "plugins/gemm_fixture.h"
+
+/* Folder `sub` of the fixture modules ("providers" -> .../tests/plugins/providers/.libs). */
+static const char *fixture_dir(const char *sub) {
+  static char buf[4][4096];
+  static int next;
+  const char *root = getenv("HQ_TEST_FIXTURE_ROOT");
+  char *out = buf[next++ % 4];
+  snprintf(out, sizeof buf[0], "%s/%s/.libs", root ? root : "tests/plugins", sub);
+  return out;
+}
+
+/* Symbol `name` of the loaded module `file` (the loader keeps it mapped). */
+static void *module_symbol(const char *file, const char *name) {
+  void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h) fail_msg("%s is not loaded", file);
+  void *s = dlsym(h, name);
+  dlclose(h);
+  if (!s) fail_msg("%s has no %s", file, name);
+  return s;
+}
+
+static int ends_with(const char *s, const char *tail) {
+  const size_t n = strlen(s), t = strlen(tail);
+  return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+// --- listing ---------------------------------------------------------------------------------
+
+typedef struct want_provider {
+  const char *name;
+  int32_t priority;
+  const char *file; /* the module's file name, or NULL: built in */
+} want_provider;
+
+static void expect_providers(const hq_plugins *set, const want_provider *want, size_t n) {
+  assert_int_equal(hq_plugins_gemm_count(set), n);
+  for (size_t i = 0; i < n; i++) {
+    hq_gemm_provider_info info;
+    memset(&info, 0xa5, sizeof info);
+    info.struct_size = sizeof info;
+    HQ_OK_OR_FAIL(hq_plugins_gemm_info(set, i, &info));
+    assert_int_equal(info.struct_size, sizeof info);
+    assert_string_equal(info.name, want[i].name);
+    assert_int_equal(info.priority, want[i].priority);
+    if (want[i].file) {
+      char tail[64];
+      snprintf(tail, sizeof tail, "/%s", want[i].file);
+      if (!ends_with(info.file, tail)) fail_msg("provider %zu: file %s", i, info.file);
+      assert_string_equal(info.version, "0.7");
+      assert_string_equal(info.description,
+                          "test fixture: identity f32 x identity f32 on the host, a naive loop");
+    } else {
+      assert_string_equal(info.file, "(built into libhqcore)");
+      assert_string_equal(info.version, hq_version());
+      assert_true(strlen(info.description) > 0);
+    }
+  }
+  hq_gemm_provider_info info = {.struct_size = sizeof info};
+  assert_int_equal(hq_plugins_gemm_info(set, n, &info), HQ_ENOENT);
+  char msg[96];
+  snprintf(msg, sizeof msg, "there are %zu GEMM providers, not %zu", n, n + 1);
+  HQ_ERROR_HAS(msg);
+}
+
+/* Without a set, the built-in providers; with the fixture folder's set, its two modules among
+   them by priority: test_gemm (200) first, test_gemm_low (25) between fused_hopper and
+   emulated. Providers are no formats: the set holds only the built-in identity. */
+static void test_listing(void **state) {
+  (void)state;
+  const want_provider builtin[] = {{"cublaslt", 100, NULL}, {"fused_hopper", 50, NULL},
+                                   {"emulated", 0, NULL}};
+  expect_providers(NULL, builtin, 3);
+  const char *dirs[] = {fixture_dir("providers")};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  assert_int_equal(hq_plugins_count(set), 1);
+  const want_provider all[] = {{"test_gemm", 200, "test_gemm.so"},
+                               {"cublaslt", 100, NULL},
+                               {"fused_hopper", 50, NULL},
+                               {"test_gemm_low", 25, "test_gemm_low.so"},
+                               {"emulated", 0, NULL}};
+  expect_providers(set, all, 5);
+  hq_gemm_provider_info info = {.struct_size = sizeof info - 1};
+  assert_int_equal(hq_plugins_gemm_info(set, 0, &info), HQ_EINVAL);
+  HQ_ERROR_HAS("struct_size");
+  assert_int_equal(hq_plugins_gemm_info(set, 0, NULL), HQ_EINVAL);
+  hq_plugins_close(set);
+}
+
+// --- the loader's rejections -----------------------------------------------------------------
+
+/* Each broken provider module is rejected with its file and reason while loading goes on: another
+   ABI major, a newer minor, a table smaller than 1.0's, a missing accepts / run / version, an
+   invalid name, a built-in name, the second of two modules of one name (naming the first), and
+   a module exporting neither entry point (naming both). */
+static void test_rejections(void **state) {
+  (void)state;
+  const char *dirs[] = {fixture_dir("providers_bad")};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  char want[256];
+  snprintf(want, sizeof want, "built for GEMM provider ABI %d (requires %d.0), but this core "
+           "implements %d.%d (major versions must match)", HQ_GEMM_ABI_MAJOR + 1,
+           HQ_GEMM_ABI_MAJOR + 1, HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR);
+  hq_test_expect_reason(set, "bad_major.so", want);
+  snprintf(want, sizeof want, "requires GEMM provider ABI %d.%d, newer than this core's %d.%d "
+           "(upgrade libhqcore)", HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR + 1, HQ_GEMM_ABI_MAJOR,
+           HQ_GEMM_ABI_MINOR);
+  hq_test_expect_reason(set, "newer_minor.so", want);
+  snprintf(want, sizeof want, "provider table struct_size %zu is smaller than ABI 1.0's %zu bytes",
+           offsetof(hq_gemm_provider, accepts),
+           offsetof(hq_gemm_provider, run) + sizeof(void (*)(void)));
+  hq_test_expect_reason(set, "small_table.so", want);
+  hq_test_expect_reason(set, "no_accepts.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'accepts'");
+  hq_test_expect_reason(set, "no_run.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'run'");
+  hq_test_expect_reason(set, "no_version.so",
+                        "GEMM provider 'test_gemm' lacks the required field 'version'");
+  hq_test_expect_reason(set, "bad_name.so",
+                        "GEMM provider name 'Test-Gemm' is not 1-31 characters of [a-z0-9_]");
+  hq_test_expect_reason(set, "builtin_name.so", "GEMM provider name 'emulated' is built into "
+                        "libhqcore; a module cannot replace it");
+  snprintf(want, sizeof want, "duplicate GEMM provider name 'test_gemm_dup' (already provided by "
+           "%s/dup_a.so)", dirs[0]);
+  hq_test_expect_reason(set, "dup_b.so", want);
+  hq_test_expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2 in the module (is "
+                        "it an hq format?), nor hq_gemm_provider_v1 (an hq GEMM provider)");
+  assert_null(hq_test_reason(set, "dup_a.so"));
+  assert_int_equal(hq_plugins_rejected_count(set), 10);
+  for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
+    if (strncmp(hq_plugins_rejected_file(set, i), dirs[0], strlen(dirs[0])) != 0)
+      fail_msg("rejected file %s is not in %s", hq_plugins_rejected_file(set, i), dirs[0]);
+  /* the one that loaded, among the built-in ones; the built-in emulated stays */
+  const want_provider all[] = {{"test_gemm_dup", 200, "dup_a.so"},
+                               {"cublaslt", 100, NULL},
+                               {"fused_hopper", 50, NULL},
+                               {"emulated", 0, NULL}};
+  expect_providers(set, all, 4);
+  hq_plugins_close(set);
+}
+
+// --- dispatch --------------------------------------------------------------------------------
+
+/* Identity f32 operands from a recipe that loads the fixture folder `sub` (NULL: none). */
+static hq_recipe *identity_recipe(const char *sub) {
+  const char *text = "[format f]\nplugin = identity\ndtype = f32\n[role *:*:*]\nrowwise = f\n"
+                     "columnwise = f\n";
+  if (!sub) return hq_test_recipe(text);
+  const char *dirs[] = {fixture_dir(sub)};
+  return hq_test_recipe_dirs(text, dirs, 1);
+}
+
+/* An identity f32 recipe whose set loaded the fixture folder, and the states of its two
+   provider modules (test_gemm, 0th by priority; test_gemm_low, 3rd), counters at zero. */
+static hq_recipe *fixture_recipe(gemm_fixture_state **fx, gemm_fixture_state **fl) {
+  hq_recipe *r = identity_recipe("providers");
+  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 3, &low));
+  assert_string_equal(top.name, "test_gemm");
+  assert_string_equal(low.name, "test_gemm_low");
+  *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
+  *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
+  memset(*fx, 0, sizeof **fx);
+  memset(*fl, 0, sizeof **fl);
+  return r;
+}
+
+/* A host tensor [rows, cols] of small integers (every product below is exact). */
+static hq_tensor int_tensor(int64_t rows, int64_t cols, uint64_t seed) {
+  hq_tensor x = hq_test_empty(HQ_F32, rows, cols);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < rows * cols; i++)
+    ((float *)x.data)[i] = (float)((int)(hq_test_rand(&s) >> 40) % 9 - 4);
+  return x;
+}
+
+static hq_qtensor *quantize(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *x) {
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, x, &qt));
+  return qt;
+}
+
+/* D [n, m] == alpha * op(A) op(B) exactly (A [A0, A1], B [B0, B1] row-major; the values are
+   small integers, so every order of accumulation gives the same floats). */
+static void expect_product(const hq_tensor *A, int ta, const hq_tensor *B, int tb, float alpha,
+                           const hq_tensor *D) {
+  const float *a = A->data, *b = B->data, *d = D->data;
+  const int64_t m = ta ? A->rows : A->cols, k = ta ? A->cols : A->rows;
+  const int64_t n = tb ? B->cols : B->rows;
+  assert_int_equal(D->rows, n);
+  assert_int_equal(D->cols, m);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0;
+      for (int64_t p = 0; p < k; p++)
+        s += (double)(ta ? a[i * A->cols + p] : a[p * A->cols + i]) *
+             (double)(tb ? b[p * B->cols + j] : b[j * B->cols + p]);
+      const float want = (float)(alpha * s);
+      if (d[j * m + i] != want)
+        fail_msg("D[%lld][%lld] = %.9g, expected %.9g", (long long)j, (long long)i,
+                 (double)d[j * m + i], (double)want);
+    }
+}
+
+typedef struct gemm_call {
+  hq_gemm_info info;
+  int rc;
+} gemm_call;
+
+/* hq_gemm of qtensors a (flag ta) and b (flag tb) into D (zeroed first), alpha 0.5, beta 0. */
+static gemm_call gemm(hq_ctx *ctx, const hq_qtensor *a, int ta, const hq_qtensor *b, int tb,
+                      hq_tensor *D, uint32_t flags) {
+  memset(D->data, 0, (size_t)(D->rows * D->cols) * hq_dtype_size(D->dtype));
+  gemm_call c;
+  memset(&c.info, 0, sizeof c.info);
+  c.info.struct_size = sizeof c.info;
+  hq_gemm_args args = {sizeof args, flags, NULL, HQ_F32, 0, NULL};
+  c.rc = hq_gemm(ctx, hq_operand_q(a), ta, hq_operand_q(b), tb, D, 0.5f, 0.0f, &args, &c.info);
+  return c;
+}
+
+/* Expect call c to have run on `provider` with `path`, `reason` in info.reason ("" for none). */
+static void expect_ran(const gemm_call *c, const char *provider, uint32_t path,
+                       const char *reason) {
+  if (c->rc != HQ_OK) fail_msg("hq_gemm -> %d: %s", c->rc, hq_last_error());
+  assert_string_equal(c->info.provider, provider);
+  assert_int_equal(c->info.path, path);
+  if (!reason[0]) {
+    assert_string_equal(c->info.reason, "");
+  } else if (!strstr(c->info.reason, reason)) {
+    fail_msg("reason '%s' lacks '%s'", c->info.reason, reason);
+  }
+}
+
+/* The fixture of priority 200 takes identity f32 x identity f32 on the host and computes the
+   product itself (hq_gemm_info.provider = "test_gemm", path CPU as it reports, D exact). Its
+   accepts() is asked once per kind and context -- another hq_gemm of the kind, other tensors of
+   the same instances, a plan: no new question; a new context, another transpose pair, another D
+   dtype, the caller's HQ_GEMM_FORCE_EMULATED: one more each (the last two it refuses: emulated
+   runs, and info.reason carries the fixture's reason). hq_gemm_plan runs nothing. Operands
+   whose formats come from a set without the fixture never ask it; with one operand from each
+   set, it is asked. */
+static void test_dispatch_and_cache(void **state) {
+  (void)state;
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe(&fx, &fl);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  const int64_t m = 6, n = 5, k = 7;
+  hq_ctx *ctx = NULL, *ctx2 = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor xa = int_tensor(m, k, 1), xb = int_tensor(n, k, 2), xc = int_tensor(m, k, 3);
+  hq_qtensor *A = quantize(q, ctx, &xa), *B = quantize(q, ctx, &xb), *C = quantize(q, ctx, &xc);
+  hq_tensor D = hq_test_empty(HQ_F32, n, m);
+
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_string_equal(c.info.format_a, "identity");
+  assert_int_equal(c.info.m, m);
+  assert_int_equal(c.info.n, n);
+  assert_int_equal(c.info.k, k);
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 1);
+  assert_int_equal(fx->runs, 1);
+  assert_int_equal(fl->accepts_calls, 1); /* every candidate is asked once for the kind */
+  assert_int_equal(fl->runs, 0);
+  /* the kind again, and other tensors of the same instances: answered from the cache */
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  c = gemm(ctx, C, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  expect_product(&xc, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 1);
+  assert_int_equal(fx->runs, 3);
+  /* a plan asks run() with HQ_GEMM_QUERY, which computes nothing */
+  for (int64_t i = 0; i < n * m; i++) ((float *)D.data)[i] = 42.0f;
+  hq_gemm_info info = {.struct_size = sizeof info};
+  HQ_OK_OR_FAIL(hq_gemm_plan(ctx, hq_operand_q(A), 1, hq_operand_q(B), 0, &D, NULL, &info));
+  assert_string_equal(info.provider, "test_gemm");
+  assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+  for (int64_t i = 0; i < n * m; i++) assert_true(((float *)D.data)[i] == 42.0f);
+  assert_int_equal(fx->queries, 1);
+  assert_int_equal(fx->runs, 3);
+  assert_int_equal(fx->accepts_calls, 1);
+  /* a new context asks again (its own cache) */
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx2));
+  c = gemm(ctx2, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->accepts_calls, 2);
+  c = gemm(ctx2, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->accepts_calls, 2);
+  /* another kind: the other transpose pair (A^T's columnwise copy, B^T's) */
+  hq_tensor xa2 = int_tensor(k, m, 4), xb2 = int_tensor(k, n, 5);
+  hq_qtensor *A2 = quantize(q, ctx, &xa2), *B2 = quantize(q, ctx, &xb2);
+  c = gemm(ctx, A2, 0, B2, 1, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  expect_product(&xa2, 0, &xb2, 1, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 3);
+  assert_int_equal(fx->runs, 6);
+  /* kinds it refuses: a BF16 D, the caller forcing the emulated path */
+  hq_tensor Dh = hq_test_empty(HQ_BF16, n, m);
+  c = gemm(ctx, A, 1, B, 0, &Dh, 0);
+  expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU,
+             "test_gemm: only identity f32 x identity f32 into an f32 D on the host");
+  assert_int_equal(fx->accepts_calls, 4);
+  c = gemm(ctx, A, 1, B, 0, &D, HQ_GEMM_FORCE_EMULATED);
+  expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "test_gemm: the caller forced the emulated path");
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 5);
+  assert_int_equal(fx->runs, 6);
+  assert_int_equal(fl->runs, 0);
+  assert_int_equal(fl->accepts_calls, 5);
+
+  /* operands whose formats come from a set without the fixture: it is never asked */
+  hq_recipe *plain = identity_recipe(NULL);
+  hq_quantizer *qp = hq_test_quantizer(plain, "linear:weight:w");
+  hq_qtensor *Ap = quantize(qp, ctx, &xa), *Bp = quantize(qp, ctx, &xb);
+  c = gemm(ctx, Ap, 1, Bp, 0, &D, 0);
+  expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "cublaslt: no native GEMM on the host");
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 5);
+  /* one operand from each set: the fixture is a candidate again, whichever side brings it (the
+     cache tells both instances apart, though their descriptors are equal) */
+  c = gemm(ctx, Ap, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  c = gemm(ctx, A, 1, Bp, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->accepts_calls, 7);
+
+  hq_qtensor *all[] = {A, B, C, A2, B2, Ap, Bp};
+  hq_qtensors_free(all, sizeof all / sizeof all[0]);
+  hq_quantizer_free(qp);
+  hq_quantizer_free(q);
+  hq_recipe_free(plain);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx2);
+  hq_ctx_destroy(ctx);
+  free(xa.data);
+  free(xb.data);
+  free(xc.data);
+  free(xa2.data);
+  free(xb2.data);
+  free(D.data);
+  free(Dh.data);
+}
+
+/* When the accepting provider's run() declines (HQ_ENOTSUP, nothing run), the next accepting
+   one runs: test_gemm_low, then, with both declining, emulated; info.reason carries the first
+   decline's message. A provider's failure (not HQ_ENOTSUP) is hq_gemm's, with the provider
+   named. The predicates are not asked again. */
+static void test_decline(void **state) {
+  (void)state;
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe(&fx, &fl);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  const int64_t m = 4, n = 3, k = 8;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor xa = int_tensor(m, k, 7), xb = int_tensor(n, k, 8), D = hq_test_empty(HQ_F32, n, m);
+  hq_qtensor *A = quantize(q, ctx, &xa), *B = quantize(q, ctx, &xb);
+
+  fx->mode = GEMM_FIXTURE_DECLINE;
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm_low", HQ_GEMM_PATH_CPU, "test_gemm: declined m = 4 on purpose");
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->declines, 1);
+  assert_int_equal(fl->runs, 1);
+  fl->mode = GEMM_FIXTURE_DECLINE;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "test_gemm: declined m = 4 on purpose");
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D);
+  assert_int_equal(fx->declines, 2);
+  assert_int_equal(fl->declines, 1);
+  /* a plan goes the same way */
+  hq_gemm_info info = {.struct_size = sizeof info};
+  HQ_OK_OR_FAIL(hq_gemm_plan(ctx, hq_operand_q(A), 1, hq_operand_q(B), 0, NULL, NULL, &info));
+  assert_string_equal(info.provider, "emulated");
+  assert_int_equal(fx->queries + fl->queries, 0);
+  /* a failure is not a decline */
+  fx->mode = GEMM_FIXTURE_FAIL;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  assert_int_equal(c.rc, HQ_EDEVICE);
+  HQ_ERROR_HAS("GEMM provider test_gemm");
+  HQ_ERROR_HAS("test_gemm: failed on purpose");
+  assert_int_equal(fx->declines, 4);
+  assert_int_equal(fl->declines, 2); /* as after the plan: test_gemm_low was not reached */
+  assert_int_equal(fx->accepts_calls, 1);
+  assert_int_equal(fl->accepts_calls, 1);
+  fx->mode = fl->mode = GEMM_FIXTURE_RUN;
+
+  hq_qtensor *all[] = {A, B};
+  hq_qtensors_free(all, 2);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+  free(xa.data);
+  free(xb.data);
+  free(D.data);
+}
+
+// --- review bug 7: a module's offer, by its table ------------------------------------------
+
+/* test_raw_factor (tests/plugins/raw_factor.c) has the 2.1 table and a tensor_factor op but
+   requires ABI 2.0. The emulated GEMM dequantizes its storages with HQ_CALL_DEQ_RAW (the codes)
+   and multiplies alpha by the two per-tensor factors: D = RN(RN(RN(alpha * fa) * fb) * S) with S
+   the exact integer sum of the codes' products, bit for bit. Before, its minor 0 made the core
+   ask for a full dequantize (RN(q * f) per element), whose product rounds otherwise. */
+static void test_raw_by_table_size(void **state) {
+  (void)state;
+  const char *dirs[] = {fixture_dir("minor0")};
+  hq_recipe *ra = hq_test_recipe_dirs("[format a]\nplugin = test_raw_factor\nscale = 0.1\n"
+                                      "[role *:*:*]\nrowwise = a\ncolumnwise = a\n", dirs, 1);
+  hq_recipe *rb = hq_test_recipe_dirs("[format b]\nplugin = test_raw_factor\nscale = 0.3\n"
+                                      "[role *:*:*]\nrowwise = b\ncolumnwise = b\n", dirs, 1);
+  const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(ra), "test_raw_factor");
+  assert_non_null(p);
+  assert_int_equal(hq_plugin_abi_minor(p), 0);
+  raw_factor_counts *cnt = module_symbol(hq_plugin_file(p), RAW_FACTOR_COUNTS);
+  hq_quantizer *qa = hq_test_quantizer(ra, "linear:weight:w");
+  hq_quantizer *qb = hq_test_quantizer(rb, "linear:input:x");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const int64_t m = 8, n = 6, k = 32;
+  const float alpha = 0.7f, fa = 0.1f, fb = 0.3f;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      hq_tensor xa = hq_test_tensor(HQ_F32, ta ? m : k, ta ? k : m, 11 + ta, 1.0f);
+      hq_tensor xb = hq_test_tensor(HQ_F32, tb ? k : n, tb ? n : k, 13 + tb, 1.0f);
+      hq_qtensor *A = quantize(qa, ctx, &xa), *B = quantize(qb, ctx, &xb);
+      /* the codes, as the storages of the directions the flags take hold them */
+      const hq_storage *sa = hq_qtensor_storage(A, ta ? HQ_ROWWISE : HQ_COLWISE);
+      const hq_storage *sb = hq_qtensor_storage(B, tb ? HQ_COLWISE : HQ_ROWWISE);
+      const float *ca = hq_storage_cbuf(sa, 0)->ptr, *cb = hq_storage_cbuf(sb, 0)->ptr;
+      hq_tensor D = hq_test_empty(HQ_F32, n, m);
+      memset(cnt, 0, sizeof *cnt);
+      hq_gemm_info info = {.struct_size = sizeof info};
+      HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &D, alpha, 0.0f, NULL,
+                            &info));
+      assert_string_equal(info.provider, "emulated");
+      assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+      assert_int_equal(cnt->deq_raw, 2);
+      assert_int_equal(cnt->deq_full, 0);
+      assert_int_equal(cnt->factor, 2);
+      const float al = (alpha * fa) * fb;
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+          double s = 0;
+          for (int64_t q = 0; q < k; q++) {
+            const float a = ta ? ca[i * k + q] : ca[q * m + i];
+            const float b = tb ? cb[q * n + j] : cb[j * k + q];
+            assert_true(a == floorf(a) && fabsf(a) <= 64.0f);
+            s += (double)a * b;
+          }
+          const float want = al * (float)s, got = ((float *)D.data)[j * m + i];
+          if (got != want)
+            fail_msg("%c%c D[%lld][%lld] = %.9g, expected %.9g", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                     (long long)j, (long long)i, (double)got, (double)want);
+        }
+      hq_qtensor *all[] = {A, B};
+      hq_qtensors_free(all, 2);
+      free(xa.data);
+      free(xb.data);
+      free(D.data);
+    }
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  hq_recipe_free(ra);
+  hq_recipe_free(rb);
+  hq_ctx_destroy(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_listing),
+      cmocka_unit_test(test_rejections),
+      cmocka_unit_test(test_dispatch_and_cache),
+      cmocka_unit_test(test_decline),
+      cmocka_unit_test(test_raw_by_table_size),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
