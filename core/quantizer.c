@@ -52,6 +52,17 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
     return hqi_error(HQ_EPARSE, "recipe %s has errors: %s", hq_recipe_path(r),
                      hq_recipe_error(r, 0));
   long idx = hq_recipe_match(r, role);
+  const uint32_t policy = hq_recipe_unmatched(r);
+  if (idx < 0 && policy >= HQ_UNMATCHED_WARN) {
+    char text[384];
+    snprintf(text, sizeof text, "%s:%s:%s", role->module_type ? role->module_type : "",
+             role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
+    if (policy == HQ_UNMATCHED_ERROR)
+      return hqi_error(HQ_ENOENT, "role %s matches no [role] section of recipe %s (unmatched = "
+                       "error)", text, hq_recipe_path(r));
+    hqi_log(NULL, 1, "role %s matches no [role] section of recipe %s: both directions stay in "
+            "high precision (unmatched = warn)", text, hq_recipe_path(r));
+  }
   hq_quantizer *q = hqi_calloc(1, sizeof *q);
   if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
   q->role = hqi_asprintf("%s:%s:%s", role->module_type ? role->module_type : "",

@@ -69,6 +69,8 @@ struct hq_recipe {
   fmt_entry *identity;   /* the implicit identity instance, when available */
   fmt_entry **fmt_sorted; /* the first n_fmt_sorted formats sorted by name (find_format) */
   size_t n_fmt_sorted;
+  uint32_t unmatched;    /* HQ_UNMATCHED_*: the options' choice, else the [recipe] key's */
+  int plugin_dirs_line;  /* the line of [recipe] plugin_dirs, 0 if none */
 };
 
 static void add_error(hq_recipe *r, int line, const char *fmt, ...) HQ_PRINTF(3, 4);
@@ -583,7 +585,16 @@ static void build_recipe_section(hq_recipe *r, const section *s, int *seen_line,
         free(r->name);
         r->name = hqi_strdup(v);
       }
+    } else if (strcmp(k->key, "unmatched") == 0) {
+      static const char *const words[] = {"identity", "warn", "error"};
+      size_t w = 0;
+      while (w < 3 && strcmp(v, words[w]) != 0) w++;
+      if (w == 3)
+        add_error(r, k->line, "unmatched = '%s' is not one of identity|warn|error", v);
+      else if (!r->unmatched)
+        r->unmatched = HQ_UNMATCHED_IDENTITY + (uint32_t)w;
     } else if (strcmp(k->key, "plugin_dirs") == 0) {
+      r->plugin_dirs_line = k->line;
       for (const char *p = v; *p;) {
         const char *colon = strchr(p, ':');
         size_t len = colon ? (size_t)(colon - p) : strlen(p);
@@ -604,7 +615,7 @@ static void build_recipe_section(hq_recipe *r, const section *s, int *seen_line,
       }
     } else {
       add_error(r, k->line, "unknown key '%s' in [recipe] (expected name, description, "
-                "plugin_dirs)", k->key);
+                "plugin_dirs, unmatched)", k->key);
     }
   }
 }
@@ -704,18 +715,33 @@ static void compute_shadows(hq_recipe *r) {
 
 static int resolve(hq_recipe *r, const hq_recipe_opts *opts) {
   hqi_vec dirs = {0};
+  if (opts && opts->unmatched > HQ_UNMATCHED_ERROR)
+    return hqi_error(HQ_EINVAL, "hq_recipe_opts.unmatched = %u is not HQ_UNMATCHED_*",
+                     opts->unmatched);
+  if (opts && opts->unmatched) r->unmatched = opts->unmatched; /* the key cannot override it */
   int recipe_line = 0;
   for (size_t i = 0; i < r->sections.n; i++) {
     section *s = r->sections.v[i];
     if (s->kind == SEC_RECIPE) build_recipe_section(r, s, &recipe_line, &dirs);
   }
-  hqi_vec all = {0};
-  if (opts)
-    for (size_t i = 0; i < opts->n_extra_dirs; i++) hqi_vec_push(&all, (void *)opts->extra_dirs[i]);
-  for (size_t i = 0; i < dirs.n; i++) hqi_vec_push(&all, dirs.v[i]);
-  int rc = hq_plugins_open((const char *const *)all.v, all.n, opts ? opts->plugin_flags : 0,
-                           &r->set);
-  hqi_vec_free(&all);
+  int rc = HQ_OK;
+  if (opts && opts->plugins) { /* the caller's set, shared with its other recipes */
+    hqi_plugins_retain(opts->plugins);
+    r->set = opts->plugins;
+    if (r->plugin_dirs_line)
+      add_error(r, r->plugin_dirs_line, "plugin_dirs: this recipe is read against a plugin set "
+                "the program already opened (hq_recipe_opts.plugins), which its own directories "
+                "cannot join");
+  } else {
+    hqi_vec all = {0};
+    if (opts)
+      for (size_t i = 0; i < opts->n_extra_dirs; i++)
+        hqi_vec_push(&all, (void *)opts->extra_dirs[i]);
+    for (size_t i = 0; i < dirs.n; i++) hqi_vec_push(&all, dirs.v[i]);
+    rc = hq_plugins_open((const char *const *)all.v, all.n, opts ? opts->plugin_flags : 0,
+                         &r->set);
+    hqi_vec_free(&all);
+  }
   for (size_t i = 0; i < dirs.n; i++) free(dirs.v[i]);
   hqi_vec_free(&dirs);
   if (rc) return rc;
@@ -967,6 +993,7 @@ int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
 }
 
 size_t hq_recipe_role_count(const hq_recipe *r) { return r ? r->roles.n : 0; }
+uint32_t hq_recipe_unmatched(const hq_recipe *r) { return r ? r->unmatched : 0; }
 
 int hq_recipe_role_info(const hq_recipe *r, size_t i, hq_role_info *out) {
   if (!r || !out || i >= r->roles.n)

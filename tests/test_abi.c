@@ -68,17 +68,21 @@ static void test_ctx_desc_floor(void **state) {
 
 static void test_recipe_opts_floor(void **state) {
   (void)state;
-  size_t floor = HQ_RECIPE_OPTS_SIZE_0_1;
-  hq_recipe_opts *o = malloc(floor);
-  memset(o, 0, floor);
-  o->struct_size = (uint32_t)floor;
-  o->plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  /* an older caller's struct: only its bytes exist (written field by field, as that caller's
+     compiler laid them out) */
+  const size_t floor = HQ_RECIPE_OPTS_SIZE_0_1;
+  unsigned char *o = calloc(1, floor);
+  const uint32_t size = (uint32_t)floor, small = 4;
+  const unsigned flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+  memcpy(o + offsetof(hq_recipe_opts, struct_size), &size, sizeof size);
+  memcpy(o + offsetof(hq_recipe_opts, plugin_flags), &flags, sizeof flags);
   hq_recipe *r = NULL;
-  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:*]\nrowwise = identity\n", "t", o, &r));
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:*]\nrowwise = identity\n", "t",
+                                       (const hq_recipe_opts *)o, &r));
   assert_int_equal(hq_recipe_error_count(r), 0);
   hq_recipe_free(r);
-  o->struct_size = 4;
-  assert_int_equal(hq_recipe_parse_string("", "t", o, &r), HQ_EINVAL);
+  memcpy(o + offsetof(hq_recipe_opts, struct_size), &small, sizeof small);
+  assert_int_equal(hq_recipe_parse_string("", "t", (const hq_recipe_opts *)o, &r), HQ_EINVAL);
   HQ_ERROR_HAS("hq_recipe_opts.struct_size");
   free(o);
 }

@@ -269,6 +269,17 @@ for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tenso
 done
 # one instance for both directions but the columnwise copy from the dequantized rowwise one: two
 # plugin calls, so not fused
+# review bug 8: recipe check warns about the linear roles no section matches (each tensor of a
+# layer it names, and of any other layer), exit 0; `unmatched = identity` says it is meant
+printf '[format f]\nplugin = fp8_tensor\n[role linear:input:fc1]\nrowwise = f\n' > "$tmp/um.ini"
+$hq recipe check "$tmp/um.ini" > /dev/null 2> "$tmp/err" || fail "recipe check unmatched: exit status"
+[ "$(grep -c '^hq recipe check: warning: role linear:[a-z_]*:.* matches no \[role\] section: both directions stay in high precision' "$tmp/err")" -eq 5 ] ||
+  { cat "$tmp/err"; fail "recipe check: five unmatched roles"; }
+grep -q "role linear:grad_output:(any other layer) matches no" "$tmp/err" || fail "recipe check: other layers"; ok
+printf '[recipe]\nunmatched = identity\n' | cat - "$tmp/um.ini" > "$tmp/um2.ini"
+$hq recipe check "$tmp/um2.ini" > "$tmp/out" 2> "$tmp/err" || fail "recipe check unmatched = identity"
+grep -q "matches no" "$tmp/err" && { cat "$tmp/err"; fail "recipe check warned under unmatched = identity"; }
+grep -q "unmatched roles: identity)" "$tmp/out" || fail "recipe check: the policy"; ok
 printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\ncolumnwise = f8\ncolumnwise_source = rowwise_dequantized\n' > "$tmp/deq.ini"
 $hq quantize --recipe "$tmp/deq.ini" --role a:b:c --random 32x32 --json > "$tmp/q.json" || fail "quantize rowwise_dequantized"
 grep -q '"fused":false' "$tmp/q.json" || { cat "$tmp/q.json"; fail "rowwise_dequantized source reported fused"; }; ok

@@ -867,7 +867,10 @@ static void test_plugin_save_order(void **state) {
   (void)state;
   const char *fx = getenv("HQ_TEST_FIXTURES");
   if (!fx) skip();
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, &fx, 1};
+  hq_recipe_opts o = {.struct_size = sizeof o,
+                      .plugin_flags = HQ_PLUGINS_NO_DEFAULT,
+                      .extra_dirs = &fx,
+                      .n_extra_dirs = 1};
   hq_recipe *r = NULL;
   HQ_OK_OR_FAIL(hq_recipe_parse_string("[role *:*:both]\nrowwise = test_good\n"
                                        "columnwise = test_good\n[role *:*:mixed]\n"

@@ -45,7 +45,7 @@ static hq_plugins *g_set;
 static int op_recipe(void *unused) {
   (void)unused;
   hq_recipe *r = NULL;
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT};
   int rc = hq_recipe_parse_string(k_recipe, "oom.ini", &o, &r);
   if (rc == HQ_OK) {
     /* a recipe that comes back is complete: no error, every role and format present */
@@ -181,7 +181,7 @@ static int setup(void **s) {
   (void)s;
   if (hq_ctx_create(NULL, &g_host)) return -1;
   if (hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &g_set)) return -1;
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT};
   if (hq_recipe_load_string(k_recipe, "oom.ini", &o, &g_recipe)) return -1;
   hq_role role = {"linear", "input", "fc1"};
   if (hq_quantizer_create(g_recipe, &role, &g_q)) return -1;

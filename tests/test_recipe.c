@@ -206,7 +206,8 @@ static void test_format_errors(void **state) {
    named identity.so on the path (the fixture, rejected) neither replaces it nor is reported. */
 static void test_identity_built_in(void **state) {
   (void)state;
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o,
+                      .plugin_flags = HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT};
   hq_recipe *r = NULL;
   HQ_OK_OR_FAIL(hq_recipe_parse_string("[format hp]\nplugin = identity\ndtype = bf16\n"
                                        "[role *:*:*]\nrowwise = hp\n", "test.ini", &o, &r));
@@ -351,7 +352,7 @@ static void test_plugin_dirs_relative(void **state) {
   fputs("[recipe]\nplugin_dirs = fmts:/nonexistent\n[format t]\nplugin = test_good\n"
         "[role *:*:*]\nrowwise = t\n", f);
   fclose(f);
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT};
   hq_recipe *r = NULL;
   HQ_OK_OR_FAIL(hq_recipe_load(path, &o, &r));
   const hq_plugins *set = hq_recipe_plugins(r);
@@ -373,7 +374,7 @@ static void test_plugin_dirs_relative(void **state) {
 
 static void test_files(void **state) {
   (void)state;
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT};
   hq_recipe *r = NULL;
   assert_int_equal(hq_recipe_load("/nonexistent/recipe.ini", &o, &r), HQ_EIO);
   HQ_ERROR_HAS("/nonexistent/recipe.ini: cannot open");
@@ -454,7 +455,7 @@ static void test_large_recipes(void **state) {
   len = (size_t)snprintf(t, cap, "[recipe]\nname = big\n");
   for (int i = 0; i < n; i++) len += (size_t)snprintf(t + len, cap - len, "k%d = v\n", i);
   len += (size_t)snprintf(t + len, cap - len, "k77 = again\n");
-  hq_recipe_opts o = {sizeof o, HQ_PLUGINS_NO_DEFAULT, NULL, 0};
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT};
   t0 = now_s();
   HQ_OK_OR_FAIL(hq_recipe_parse_string(t, "big.ini", &o, &r));
   dt = now_s() - t0;
@@ -467,6 +468,106 @@ static void test_large_recipes(void **state) {
   assert_int_equal(repeat, 1);
   hq_recipe_free(r);
   free(t);
+}
+
+/* Review bug 8. A role no section matches: `unmatched = identity` (or nothing) keeps it in high
+   precision silently, `warn` does so with a warning naming it (through the default logger:
+   stderr), `error` refuses the quantizer (HQ_ENOENT naming the role and the recipe); a bad value
+   is an error at its line; hq_recipe_opts.unmatched overrides the key. Before, every unmatched
+   role silently got high precision whatever the recipe wanted. */
+static void test_unmatched_policy(void **state) {
+  (void)state;
+  hq_role in = {"linear", "input", "fc1"}, w = {"linear", "weight", "fc1"};
+  hq_quantizer *q = NULL;
+  const char *body = "[format f8]\nplugin = fp8_tensor\n[role linear:input:*]\nrowwise = f8\n";
+  char text[256];
+  /* unset and identity: silent, high precision */
+  for (int k = 0; k < 2; k++) {
+    snprintf(text, sizeof text, "%s%s", k ? "[recipe]\nunmatched = identity\n" : "", body);
+    hq_recipe *r = parse(text);
+    assert_int_equal(hq_recipe_unmatched(r), k ? HQ_UNMATCHED_IDENTITY : HQ_UNMATCHED_UNSET);
+    HQ_OK_OR_FAIL(hq_quantizer_create(r, &w, &q));
+    assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "identity");
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  /* error */
+  snprintf(text, sizeof text, "[recipe]\nunmatched = error\n%s", body);
+  hq_recipe *r = parse(text);
+  assert_int_equal(hq_recipe_unmatched(r), HQ_UNMATCHED_ERROR);
+  q = (hq_quantizer *)1;
+  assert_int_equal(hq_quantizer_create(r, &w, &q), HQ_ENOENT);
+  assert_null(q);
+  assert_non_null(strstr(hq_last_error(), "role linear:weight:fc1 matches no [role] section of "
+                                          "recipe test.ini (unmatched = error)"));
+  HQ_OK_OR_FAIL(hq_quantizer_create(r, &in, &q)); /* a matched role is fine */
+  assert_string_equal(hq_quantizer_plugin(q, HQ_ROWWISE), "fp8_tensor");
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  /* warn: the warning reaches stderr, the quantizer is high precision */
+  snprintf(text, sizeof text, "[recipe]\nunmatched = warn\n%s", body);
+  r = parse(text);
+  char path[] = "/tmp/hq_test_unmatched_XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  assert_true(fd >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(fd, 2);
+  int rc = hq_quantizer_create(r, &w, &q);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  HQ_OK_OR_FAIL(rc);
+  char buf[512] = {0};
+  assert_true(pread(fd, buf, sizeof buf - 1, 0) > 0);
+  close(fd);
+  unlink(path);
+  assert_non_null(strstr(buf, "hq: warning: role linear:weight:fc1 matches no [role] section of "
+                              "recipe test.ini: both directions stay in high precision "
+                              "(unmatched = warn)"));
+  assert_string_equal(hq_quantizer_plugin(q, HQ_COLWISE), "identity");
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  /* the options override the key */
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT,
+                      .unmatched = HQ_UNMATCHED_ERROR};
+  HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "test.ini", &o, &r));
+  assert_int_equal(hq_recipe_unmatched(r), HQ_UNMATCHED_ERROR);
+  assert_int_equal(hq_quantizer_create(r, &w, &q), HQ_ENOENT);
+  hq_recipe_free(r);
+  o.unmatched = 7;
+  assert_int_equal(hq_recipe_parse_string(text, "test.ini", &o, &r), HQ_EINVAL);
+  assert_non_null(strstr(hq_last_error(), "unmatched = 7"));
+  expect_error("[recipe]\nunmatched = maybe\n", 2, "unmatched = 'maybe' is not one of "
+               "identity|warn|error");
+}
+
+/* Review bug 8: two recipes read against one plugin set (hq_recipe_opts.plugins) share it --
+   the same module objects, one load -- and a recipe that names its own plugin_dirs then is an
+   error at that line. Before, each recipe opened a set of its own. */
+static void test_shared_plugin_set(void **state) {
+  (void)state;
+  const char *dirs[1] = {getenv("HQ_TEST_FIXTURES")};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, dirs[0] ? 1 : 0, 0, &set));
+  hq_recipe_opts o = {.struct_size = sizeof o, .plugins = set};
+  hq_recipe *a = NULL, *b = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_load_string("[format f]\nplugin = fp8_tensor\n", "a.ini", &o, &a));
+  HQ_OK_OR_FAIL(hq_recipe_load_string("[format g]\nplugin = fp8_tensor\ndtype = e5m2\n",
+                                      "b.ini", &o, &b));
+  assert_ptr_equal(hq_recipe_plugins(a), set);
+  assert_ptr_equal(hq_recipe_plugins(b), set);
+  assert_ptr_equal(hq_plugins_find(hq_recipe_plugins(a), "fp8_tensor"),
+                   hq_plugins_find(hq_recipe_plugins(b), "fp8_tensor"));
+  hq_plugins_close(set); /* the recipes keep it */
+  assert_non_null(hq_plugins_find(hq_recipe_plugins(a), "fp8_tensor"));
+  hq_recipe *c = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_parse_string("[recipe]\nplugin_dirs = fmts\n", "c.ini", &o, &c));
+  assert_int_equal(hq_recipe_error_count(c), 1);
+  assert_non_null(strstr(hq_recipe_error(c, 0), "c.ini:2: plugin_dirs: this recipe is read "
+                                                "against a plugin set"));
+  hq_recipe_free(c);
+  hq_recipe_free(a);
+  hq_recipe_free(b);
 }
 
 int main(void) {
@@ -483,6 +584,8 @@ int main(void) {
       cmocka_unit_test(test_plugin_dirs_relative),
       cmocka_unit_test(test_files),
       cmocka_unit_test(test_large_recipes),
+      cmocka_unit_test(test_unmatched_policy),
+      cmocka_unit_test(test_shared_plugin_set),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -122,7 +122,7 @@ static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_re
     n += (size_t)snprintf(text + n, sizeof text - n, "%s = %s\n", tok, eq + 1);
   }
   snprintf(text + n, sizeof text - n, "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
-  hq_recipe_opts o = {sizeof o, 0, dirs->v, dirs->n};
+  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = dirs->v, .n_extra_dirs = dirs->n};
   hq_recipe *r = NULL;
   if (hq_recipe_parse_string(text, "bench", &o, &r)) return NULL;
   if (hq_recipe_error_count(r)) {

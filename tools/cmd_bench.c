@@ -385,7 +385,8 @@ static void config_free(config *c) {
 /* The f-th configuration (--recipe/--role, or formats.v[f]): 0 made, 1 a stock plugin that is not
    installed (skip it), -1 after the message. */
 static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
-  hq_recipe_opts ropts = {sizeof ropts, 0, a->dirs.v, a->dirs.n};
+  hq_recipe_opts ropts = {
+      .struct_size = sizeof ropts, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
   hq_role role = {"bench", "tensor", "x"};
   char text[1024], rbuf[512];
   int rc;

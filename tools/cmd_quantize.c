@@ -344,7 +344,7 @@ typedef struct qrun {
    values and quantize it: 0, or 1 after the message. */
 static int quantize_input(const quantize_args *a, qrun *u) {
   const int64_t n = u->x.rows * u->x.cols;
-  hq_recipe_opts o = {sizeof o, 0, a->dirs.v, a->dirs.n};
+  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
   hq_ctx_desc desc = {sizeof desc, a->device, NULL, NULL, NULL, NULL, a->seed};
   u->xd = u->x;
   u->dd = hq_tensor_2d(NULL, HQ_F32, a->device, u->x.rows, u->x.cols);

@@ -369,7 +369,10 @@ static void formats_text(const hq_recipe *r) {
 
 static void roles_text(const hq_recipe *r) {
   if (hq_recipe_role_count(r))
-    printf("\nroles (most specific wins; unmatched roles: identity):\n");
+    printf("\nroles (most specific wins; unmatched roles: %s):\n",
+           hq_recipe_unmatched(r) == HQ_UNMATCHED_ERROR  ? "an error"
+           : hq_recipe_unmatched(r) == HQ_UNMATCHED_WARN ? "identity, with a warning"
+                                                         : "identity");
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
     hq_role_info ri;
     if (hq_recipe_role_info(r, i, &ri)) continue;
@@ -405,6 +408,23 @@ static void gemms_text(const gemm_check *g) {
   }
 }
 
+/* The linear roles that match no [role] section while the recipe does not say what such roles
+   get (hq_recipe_unmatched): each of the three tensors of every layer the recipe names and of
+   a layer it does not name, as "linear:TENSOR:NAME" in out[] (at most cap). */
+static size_t unmatched_roles(hq_recipe *r, char out[][96], size_t cap) {
+  if (hq_recipe_unmatched(r) != HQ_UNMATCHED_UNSET) return 0;
+  static char names[MAX_LAYERS + 1][64];
+  size_t nl = linear_layers(r, names), n = 0;
+  snprintf(names[nl++], 64, "%s", "(any other layer)");
+  for (size_t l = 0; l < nl; l++)
+    for (int t = 0; t < 3 && n < cap; t++) {
+      hq_role role = {"linear", k_tensors[t], names[l]};
+      if (hq_recipe_match(r, &role) < 0)
+        snprintf(out[n++], 96, "linear:%s:%s", k_tensors[t], names[l]);
+    }
+  return n;
+}
+
 static void report_text(const hq_recipe *r, const char *file, const gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
@@ -427,7 +447,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   recipe_args a = {0};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
-  hq_recipe_opts o = {sizeof o, 0, a.dirs.v, a.dirs.n};
+  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = a.dirs.v, .n_extra_dirs = a.dirs.n};
   hq_recipe *r = NULL;
   if (hq_recipe_parse(a.file, &o, &r)) return cli_fail(1, CMD, "%s", hq_last_error());
   /* large (a few hundred KiB): static, the command runs once per process */
@@ -436,6 +456,15 @@ int hq_cmd_recipe(int argc, char **argv) {
   if (!hq_recipe_error_count(r)) check_gemms(r, a.file, &g);
   if (a.json) report_json(r, a.file, &g);
   else report_text(r, a.file, &g);
+  static char unmatched[3 * (MAX_LAYERS + 1)][96];
+  const size_t nu =
+      hq_recipe_error_count(r) ? 0 : unmatched_roles(r, unmatched, 3 * (MAX_LAYERS + 1));
+  for (size_t i = 0; i < nu; i++)
+    fprintf(stderr,
+            "hq recipe check: warning: role %s matches no [role] section: both "
+            "directions stay in high precision (say `unmatched = identity` in [recipe] if that "
+            "is meant)\n",
+            unmatched[i]);
   const int invalid = hq_recipe_error_count(r) || g.gemm_err;
   hq_recipe_free(r);
   return invalid ? 1 : 0;

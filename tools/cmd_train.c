@@ -639,7 +639,7 @@ int hq_cmd_train(int argc, char **argv) {
   }
   session s;
   memset(&s, 0, sizeof s);
-  hq_recipe_opts ro = {sizeof ro, 0, a.dirs.v, a.dirs.n};
+  hq_recipe_opts ro = {.struct_size = sizeof ro, .extra_dirs = a.dirs.v, .n_extra_dirs = a.dirs.n};
   char err[2048];
   status = 1;
   if (load_recipes(&a, &ro, &s) || name_runs(&a, &cfg, &ro, &s)) goto out;

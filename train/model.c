@@ -191,6 +191,13 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
     const int64_t rows[3] = {B, l->out, B}, cols[3] = {l->in, l->in, l->out};
     for (int t = 0; t < 3; t++) {
       hq_role role = {"linear", role_tensor[t], l->name};
+      /* a role left to high precision by accident (a mistyped section) trains without a word
+         otherwise; a recipe that means it says `unmatched = identity` */
+      if (hq_recipe_unmatched(recipe) == HQ_UNMATCHED_UNSET && hq_recipe_match(recipe, &role) < 0)
+        fprintf(stderr, "hq train: warning: recipe %s: role linear:%s:%s matches no [role] "
+                "section: both directions stay in high precision (say `unmatched = identity` "
+                "in [recipe] if that is meant)\n", hq_recipe_path(recipe), role_tensor[t],
+                l->name);
       if (hq_quantizer_create_ex(recipe, &role, m->state, q[t])) {
         fail(err, err_len, "layer %s: role linear:%s:%s: %s", l->name, role_tensor[t], l->name,
              hq_last_error());

@@ -234,11 +234,30 @@ HQ_API const char *hq_opt_type_name(hq_opt_type t);
 */
 typedef struct hq_recipe hq_recipe;
 
+/* What a role that matches no [role] section gets (hq_recipe_opts.unmatched, or the recipe's
+   [recipe] key `unmatched = identity | warn | error`): UNSET (neither says) and IDENTITY keep
+   both directions in high precision silently; WARN does so and logs a warning naming the role
+   at every hq_quantizer_create; ERROR makes hq_quantizer_create fail with HQ_ENOENT naming the
+   role and the recipe. hq recipe check and hq train warn about unmatched roles unless the
+   recipe chose. */
+#define HQ_UNMATCHED_UNSET 0u
+#define HQ_UNMATCHED_IDENTITY 1u
+#define HQ_UNMATCHED_WARN 2u
+#define HQ_UNMATCHED_ERROR 3u
+
 typedef struct hq_recipe_opts {
   uint32_t struct_size;          /* sizeof(hq_recipe_opts); at least HQ_RECIPE_OPTS_SIZE_0_1 */
   unsigned plugin_flags;         /* HQ_PLUGINS_* for the plugin search */
   const char *const *extra_dirs; /* searched before the recipe's own plugin_dirs */
   size_t n_extra_dirs;
+  /* --- 0.3 --- */
+  hq_plugins *plugins;           /* NULL, or a plugin set to resolve the recipe against (retained
+                                    by the recipe): several recipes then share one set -- one
+                                    load of every module, and their formats' storages count as
+                                    one module's for a GEMM. The search options above are then
+                                    unused, and a [recipe] plugin_dirs is an error. */
+  uint32_t unmatched;            /* HQ_UNMATCHED_*: overrides the recipe's key when not UNSET */
+  uint32_t reserved0;            /* zero */
 } hq_recipe_opts;
 
 /* The smallest hq_recipe_opts accepted (the fields up to n_extra_dirs). */
@@ -261,6 +280,8 @@ HQ_API void hq_recipe_free(hq_recipe *r);
 HQ_API size_t hq_recipe_error_count(const hq_recipe *r);
 HQ_API const char *hq_recipe_error(const hq_recipe *r, size_t i);   /* "file:line: message" */
 HQ_API const char *hq_recipe_path(const hq_recipe *r);
+/* HQ_UNMATCHED_*: what a role matching no section gets (the options' choice, else the recipe's). */
+HQ_API uint32_t hq_recipe_unmatched(const hq_recipe *r);
 HQ_API const char *hq_recipe_name(const hq_recipe *r);
 HQ_API const hq_plugins *hq_recipe_plugins(const hq_recipe *r);
 
