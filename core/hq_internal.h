@@ -119,7 +119,7 @@ int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, i
    out is device memory the caller initialised ({0, UINT64_MAX}). */
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out);
-/* One AdamW step over n elements (hq_adam_elem, hq/numerics.h) on the device. */
+/* One AdamW step over n elements (hq_adam_elem, hq/adamw.h) on the device. */
 struct hq_adam_consts;
 /* amax_bits (NULL: none) receives, by atomic max into both of its two words, the FP32 bits of
    max |updated master| with NaN ignored (hq_abs_bits_nonan): zero them first. */

@@ -1,7 +1,8 @@
 # core/local.mk -- libhqcore and its public headers
 lib_LTLIBRARIES += core/libhqcore.la
 hqincludedir = $(includedir)/hq
-hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h
+hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h \
+	core/include/hq/adamw.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/error.c core/util.c core/device.c core/ctx.c \
 	core/loader.c core/options.c core/role.c core/recipe.c core/quantizer.c core/fsdp.c \
 	core/identity.c core/gemm.c core/checkpoint.c core/optim.c \

@@ -1,6 +1,6 @@
 /*
 ** optim.c -- hq_adam_step: AdamW on FP32 master weights (the element rule is hq_adam_elem of
-** hq/numerics.h, shared with the CUDA kernels and the modules' fused write-backs) followed by the
+** hq/adamw.h, shared with the CUDA kernels and the modules' fused write-backs) followed by the
 ** quantized weight's write-back.
 */
 #include "config.h"
@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-#include "hq/numerics.h"
+#include "hq/adamw.h"
 
 int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *master, float *m,
                  float *v, hq_qtensor *qw) {
@@ -54,8 +54,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   hq_tensor w = hq_tensor_2d(master, HQ_F32, ctx->device, g.rows, g.cols);
   if (ctx->device < 0) {
     const hqi_fpenv fe = hqi_fp_enter();
-    for (int64_t i = 0; i < n; i++)
-      hq_adam_elem(&k, hq_load_hp(g.data, i, g.dtype), &master[i], &m[i], &v[i]);
+    for (int64_t i = 0; i < n; i++) hq_adam_at(&k, g.data, g.dtype, master, m, v, i);
     hqi_fp_leave(fe);
     return qw ? hq_qtensor_update(qw, ctx, &w) : HQ_OK;
   }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "hq/adamw.h"
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 
@@ -161,20 +162,6 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
   }
 }
 
-/* One AdamW step (hq_adam_elem, the core's rule) on element i of the FP32 master w with the
-   gradient (dtype GT) and the moments at the same index, all written back; returns the new w[i]. */
-template <int GT>
-__device__ __forceinline__ float adam_step_at(const hq_adam_consts &k, const void *__restrict__ g,
-                                              float *__restrict__ w, float *__restrict__ m,
-                                              float *__restrict__ v, int64_t i) {
-  float wi = w[i], mi = m[i], vi = v[i];
-  hq_adam_elem(&k, hq_load_hp(g, i, GT), &wi, &mi, &vi);
-  w[i] = wi;
-  m[i] = mi;
-  v[i] = vi;
-  return wi;
-}
-
 /* AmaxT: also the NaN-ignoring max |w| of the updated masters (the write-back's per-tensor amax,
    in the same pass): a max per thread, per warp, then one atomic per warp into both words. */
 template <int DT, bool AMAX>
@@ -184,7 +171,7 @@ __global__ void adam_kernel(hq_adam_consts k, const void *__restrict__ g, float 
   uint32_t mx = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const float wi = adam_step_at<DT>(k, g, w, m, v, i);
+    const float wi = hq_adam_at(&k, g, DT, w, m, v, i);
     if (AMAX) {
       const uint32_t b = hq_abs_bits_nonan(wi);
       mx = b > mx ? b : mx;
@@ -208,7 +195,7 @@ __global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g
                                     void *__restrict__ d1) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const float wi = adam_step_at<GT>(k, g, w, m, v, i);
+    const float wi = hq_adam_at(&k, g, GT, w, m, v, i);
     hq_store_hp(d0, i, OT, wi);
     if (d1) hq_store_hp(d1, i, OT, wi);
   }

@@ -2,7 +2,8 @@
 ** hq/plugin.h -- the format plugin ABI of libhqcore, version 2.1.
 **
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
-** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
+** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA;
+** hq/adamw.h the AdamW element rule a fused optimizer write-back applies).
 ** A format is a shared object (a libtool module) that exports exactly one function,
 ** hq_format_module_v2(), and hides every other symbol. It does not link against libhqcore:
 ** everything it needs from the core arrives through the const host table passed to that
@@ -89,7 +90,7 @@
 **
 ** What 2.2 adds (2.0 and 2.1 modules keep loading, unchanged):
 **   - the fused optimizer write-back: hq_call.adam, hq_adam_pass, HQ_CAP_FUSED_ADAM, and the
-**     AdamW element rule hq_adam_elem in hq/numerics.h (see "Fused optimizer write-back").
+**     AdamW element rule hq_adam_elem (now in hq/adamw.h; see "Fused optimizer write-back").
 **
 ** What 2.3 adds (2.0 - 2.2 modules keep loading, unchanged):
 **   - the per-tensor factor written by the raw dequantize itself: hq_call.factor_out /
@@ -650,7 +651,7 @@ static inline float *hq_call_factor_out(const hq_call *call) {
 ** one update() call makes every direction the weight holds and the instance needs no per-tensor
 ** amax (amax_kind() NONE for those directions), the core makes that call with call->adam set:
 ** src is then the FP32 master [M, K], and for every element the kernel reads, it must
-**   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/numerics.h) with w = master, g =
+**   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/adamw.h) with w = master, g =
 **      adam->grad (dtype adam->grad_dtype), m = adam->m, v = adam->v at the same index,
 **   2. store w, m and v back, and
 **   3. quantize the new w exactly as update() quantizes a source holding it,
