@@ -125,15 +125,6 @@ struct hq_adam_consts;
    max |updated master| with NaN ignored (hq_abs_bits_nonan): zero them first. */
 int hqi_cuda_adam(void *stream, const struct hq_adam_consts *k, const void *grad, int gdtype,
                   float *w, float *m, float *v, int64_t n, unsigned int *amax_bits);
-/* 1 when the directions qt refreshes need a per-tensor amax and every one of them is the max |x|
-   of the source (HQ_AMAX_INPUT), so that a caller can hand it in (hq_quantize_args.amax); 0 when
-   none is needed or one is format-specific (HQ_AMAX_OWN). */
-int hqi_qtensor_amax_from_source(const hq_qtensor *qt);
-/* hq_adam_step's fused write-back: one update() call of qt's format carrying the optimizer step
-   (hq_call.adam; master is the FP32 source it reads and rewrites). HQ_ENOTSUP, with nothing run
-   and no error recorded, when qt's format or directions do not allow it. */
-int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
-                            const hq_adam_pass *adam);
 /* The identity format's fused write-back: the step, and the new master stored in dtype ot into
    d0 (and d1 unless NULL), in one pass. */
 int hqi_cuda_adam_convert(void *stream, const struct hq_adam_consts *k, const void *grad,
@@ -196,6 +187,8 @@ typedef struct hqi_format {
   void *cfg;
   hq_optval *vals;
   char **val_text;           /* resolved value text per option (for hq recipe check / info) */
+  const char **opt_text;     /* the module's option names [0, n) and defaults [n, 2n), the
+                                arrays hq_qtensor_format_desc hands out */
   uint64_t caps;
 } hqi_format;
 /* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.

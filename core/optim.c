@@ -10,6 +10,21 @@
 
 #include "hq/adamw.h"
 
+/* Whether the write-back needs a per-tensor amax that is the max |x| of its source (the new
+   master) in every direction it refreshes, so that the step's kernel can make it; not when one
+   direction's amax is format-specific (HQ_AMAX_OWN). */
+static int amax_from_source(const hq_qtensor *qw) {
+  const uint32_t dirs = hq_qtensor_usage(qw) & hq_qtensor_dirs(qw);
+  int need = 0;
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    if (!(dirs & dir)) continue;
+    const uint32_t kind = hq_qtensor_amax_kind(qw, dir);
+    if (kind == HQ_AMAX_OWN) return 0;
+    if (kind == HQ_AMAX_INPUT) need = 1;
+  }
+  return need;
+}
+
 int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *master, float *m,
                  float *v, hq_qtensor *qw) {
   if (!ctx || !ap) return hqi_error(HQ_EINVAL, "hq_adam_step: NULL argument");
@@ -58,12 +73,13 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     hqi_fp_leave(fe);
     return qw ? hq_qtensor_update(qw, ctx, &w) : HQ_OK;
   }
-  if (qw) {
+  if (qw && hq_qtensor_device(qw) == ctx->device) {
     /* the whole step in the format's own write-back kernel, where it can take it (HQ_CAP_FUSED_
        ADAM: one read of master, grad, m and v, one write of master, m, v and every direction) */
     hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k};
-    rc = hqi_qtensor_update_adam(qw, ctx, &w, &pass);
+    rc = hq_qtensor_update_adam(qw, ctx, &w, &pass);
     if (rc != HQ_ENOTSUP) return rc;
+    hq_clear_error(); /* not a failure: the two-kernel path below takes the step */
   }
   /* Otherwise the step in the core's kernel, then the format's update. When the write-back needs
      a per-tensor amax of the new master (fp8_tensor with current scaling, nvfp4's global scales)
@@ -73,7 +89,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   unsigned int *amax = NULL;
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
-  if (qw && hqi_qtensor_amax_from_source(qw)) {
+  if (qw && amax_from_source(qw)) {
     amax = hqi_ctx_alloc_raw(ctx, 2 * sizeof *amax);
     if (!amax) rc = hqi_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", ctx->device);
     else rc = hqi_ctx_memset(ctx, amax, 0, 2 * sizeof *amax);

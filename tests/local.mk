@@ -123,6 +123,13 @@ tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
 endif
 
+# the public functions the trainer services are built on (qtensor queries, format descriptions,
+# unshare, the fused write-back's refusals, errors, tensor checks, the floating-point mode)
+check_PROGRAMS += tests/test_services_api
+tests_test_services_api_SOURCES = tests/test_services_api.c tests/hq_test.h
+tests_test_services_api_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_services_api_LDADD = $(HQ_TEST_LDADD)
+
 # allocation failures injected one at a time (replaces malloc; skips under AddressSanitizer)
 check_PROGRAMS += tests/test_oom
 tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h

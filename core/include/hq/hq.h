@@ -84,6 +84,11 @@ HQ_API const char *hq_version(void);                  /* "0.2.0" */
 HQ_API const char *hq_last_error(void);               /* "" when none; per thread */
 HQ_API void hq_clear_error(void);
 HQ_API const char *hq_strerror(int status);           /* static text for a status code */
+/* Record a formatted message as the thread's last error, as libhqcore's own failures do (an
+   HQ_ENOMEM message that does not say "memory" gets "out of memory: " in front); returns code.
+   For libraries and embedders layered on hq, so that hq_last_error() reports their failures
+   too. */
+HQ_API int hq_set_error(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
 HQ_API const char *hq_dtype_name(hq_dtype dtype);     /* "f32", "bf16", "e4m3", ... */
 HQ_API hq_dtype hq_dtype_from_name(const char *name); /* HQ_DTYPE_INVALID if unknown */
 HQ_API size_t hq_dtype_size(hq_dtype dtype);          /* bytes per stored element, 0 if invalid */
@@ -95,6 +100,14 @@ HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
    device first). Memory still allocated is not touched. */
 HQ_API int hq_device_trim(int device);
 HQ_API int hq_built_with_cuda(void);
+/* hq's host arithmetic mode (IEEE subnormals and rounding to nearest: the conventions above),
+   for code outside libhqcore that must give libhqcore's bits on the host (a loop over
+   hq/numerics.h or hq/adamw.h): hq_fpenv_enter clears the calling thread's flush-to-zero and
+   rounding bits where they are set and returns its mode; hq_fpenv_leave(mode) puts that mode
+   back. */
+typedef unsigned long long hq_fpenv;
+HQ_API hq_fpenv hq_fpenv_enter(void);
+HQ_API void hq_fpenv_leave(hq_fpenv mode);
 
 /* ---------------------------------------------------------------------------------------------
 ** The RHT arithmetic (nvfp4's `rht = true`; hq_operand_desc.transform HQ_TRANSFORM_RHT16). One
@@ -435,6 +448,12 @@ typedef struct hq_quantize_args {
 /* Count the NaN and +-Inf values of t (on the context's device); *first receives the row-major
    index of the first one (-1 when there is none). Synchronizes the context's stream. */
 HQ_API int hq_tensor_nonfinite(hq_ctx *ctx, const hq_tensor *t, int64_t *count, int64_t *first);
+/* The checks every call makes on a caller's tensor: struct_size at least HQ_TENSOR_SIZE_2_0,
+   dtype F32, F16 or BF16, rows and cols positive with at most 2^48 elements, data not NULL and
+   aligned to its element size. HQ_EINVAL (HQ_ESHAPE for the shape) with a message starting with
+   `what`; *out receives the tensor as this header's hq_tensor (an older, smaller struct's
+   missing fields zero). */
+HQ_API int hq_tensor_check(const hq_tensor *t, const char *what, hq_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------
 ** Quantized tensors
@@ -470,6 +489,53 @@ HQ_API const hq_storage *hq_qtensor_storage(const hq_qtensor *qt, uint32_t dir);
 /* Bytes held by a direction (buffers shared with the other direction count once, in ROWWISE). */
 HQ_API size_t hq_qtensor_bytes(const hq_qtensor *qt, uint32_t dir);
 HQ_API const char *hq_qtensor_format(const hq_qtensor *qt, uint32_t dir);
+/* The role of the quantizer that made qt ("linear:weight:fc1"; "(direct)" for
+   hq_quantizer_create_direct), its columnwise_source (HQ_SOURCE_*), and the device its buffers
+   live on (its context's). */
+HQ_API const char *hq_qtensor_role(const hq_qtensor *qt);
+HQ_API int hq_qtensor_columnwise_source(const hq_qtensor *qt);
+HQ_API int hq_qtensor_device(const hq_qtensor *qt);
+/* What per-tensor amax direction `dir` of qt depends on (HQ_AMAX_*, as hq_quantizer_amax_kind:
+   the columnwise copy of a rowwise_dequantized tensor sees the dequantized values, so an INPUT
+   kind becomes OWN there). */
+HQ_API uint32_t hq_qtensor_amax_kind(const hq_qtensor *qt, uint32_t dir);
+
+/* The format instance a direction of qt uses (whether that direction is present or not), as a
+   checkpoint records it. The strings and arrays stay valid while qt lives. */
+typedef struct hq_format_desc {
+  uint32_t struct_size;              /* sizeof(hq_format_desc), set by the caller */
+  const char *name;                  /* the instance: a [format] name, or the plugin's name */
+  const char *plugin;                /* the module's name */
+  const char *plugin_version;        /* the module's version string ("" when it has none) */
+  size_t n_options;                  /* the module's options, in its table's order: */
+  const char *const *option_names;   /*   their names, */
+  const char *const *option_values;  /*   this instance's values as written (defaults filled), */
+  const char *const *option_defaults;/*   and the table's defaults as written */
+} hq_format_desc;
+/* The smallest struct_size accepted (every field above). */
+#define HQ_FORMAT_DESC_SIZE_0_2 (offsetof(hq_format_desc, option_defaults) + sizeof(void *))
+HQ_API int hq_qtensor_format_desc(const hq_qtensor *qt, uint32_t dir, hq_format_desc *out);
+
+/* Give every columnwise buffer that is a rowwise buffer of qt (HQ_BUF_SHARED, both directions
+   made by one call) memory of its own holding a copy of its bytes, named "columnwise_<name>" --
+   what the first update of one direction alone does -- all of them or, when an allocation
+   fails, none (HQ_ENOMEM, qt unchanged). Allocated through qt's context, copied on ctx's stream
+   (ctx on qt's device). A later update of both directions by one call shares them again. For a
+   loader that fills the columnwise copies from elsewhere (a checkpoint that holds them). */
+HQ_API int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx);
+
+/* The fused optimizer write-back (hq/plugin.h, "Fused optimizer write-back"): one update() call
+   of qt's format that applies the AdamW step `adam` to every element of the FP32 master [rows,
+   cols] (on ctx's device) as it reads it, stores master and moments back and writes every
+   direction qt refreshes from the new master -- the bytes of the step followed by
+   hq_qtensor_update(qt, ctx, master), in one pass. HQ_ENOTSUP, with nothing run, where that one
+   call cannot be made: on the host, for a saved qtensor, a rowwise_dequantized source, two
+   format instances for the directions refreshed, a format without HQ_CAP_FUSED_ADAM or one that
+   needs a per-tensor amax; the caller then runs the step itself and updates (as hq_adam_step
+   does). A wrong device, shape or master dtype is HQ_EINVAL (HQ_ESHAPE). The call
+   is logged at debug level ("AdamW fused into the ... write-back"). */
+HQ_API int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
+                                  const hq_adam_pass *adam);
 HQ_API void hq_qtensor_free(hq_qtensor *qt);
 
 /* Save / restore (activation recompute, offload, checkpoints): hand every buffer out -- the
