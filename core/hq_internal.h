@@ -119,14 +119,9 @@ int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, i
    out is device memory the caller initialised ({0, UINT64_MAX}). */
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out);
-/* One AdamW step over n elements (hq_adam_elem, hq/adamw.h) on the device. */
 struct hq_adam_consts;
-/* amax_bits (NULL: none) receives, by atomic max into both of its two words, the FP32 bits of
-   max |updated master| with NaN ignored (hq_abs_bits_nonan): zero them first. */
-int hqi_cuda_adam(void *stream, const struct hq_adam_consts *k, const void *grad, int gdtype,
-                  float *w, float *m, float *v, int64_t n, unsigned int *amax_bits);
-/* The identity format's fused write-back: the step, and the new master stored in dtype ot into
-   d0 (and d1 unless NULL), in one pass. */
+/* The identity format's fused write-back: one AdamW step (hq_adam_at, hq/adamw.h), and the new
+   master stored in dtype ot into d0 (and d1 unless NULL), in one pass. */
 int hqi_cuda_adam_convert(void *stream, const struct hq_adam_consts *k, const void *grad,
                           int gdtype, float *w, float *m, float *v, int64_t n, void *d0, void *d1,
                           int ot);

@@ -2,14 +2,13 @@
 lib_LTLIBRARIES += core/libhqcore.la
 hqincludedir = $(includedir)/hq
 hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h \
-	core/include/hq/adamw.h
+	core/include/hq/train.h core/include/hq/adamw.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/error.c core/util.c core/device.c core/ctx.c \
 	core/loader.c core/options.c core/role.c core/recipe.c core/quantizer.c core/fsdp.c \
-	core/identity.c core/gemm.c core/checkpoint.c core/optim.c \
-	core/state.c core/cuda/fused_gemm.h
-core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(OPENBLAS_CFLAGS) $(JANSSON_CFLAGS) \
+	core/identity.c core/gemm.c core/state.c core/cuda/fused_gemm.h
+core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(OPENBLAS_CFLAGS) \
 	$(CUDA_CPPFLAGS)
-core_libhqcore_la_LIBADD = $(INIH_LIBS) $(OPENBLAS_LIBS) $(JANSSON_LIBS)
+core_libhqcore_la_LIBADD = $(INIH_LIBS) $(OPENBLAS_LIBS)
 core_libhqcore_la_LDFLAGS = -version-info $(HQCORE_LT_VERSION) -no-undefined \
 	-export-symbols-regex '^hq_' $(HQ_SAN_LDFLAGS)
 EXTRA_DIST += core/cuda/kernels.cu core/cuda/gemm.cu core/cuda/fused_gemm.cu \

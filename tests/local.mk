@@ -3,7 +3,7 @@ if HQ_TESTS
 HQ_TEST_CPPFLAGS = $(AM_CPPFLAGS) $(CMOCKA_CFLAGS) -I$(top_srcdir)/plugins/common \
 	-I$(top_srcdir)/plugins/mxfp8 -I$(top_srcdir)/plugins/nvfp4 -I$(top_srcdir)/plugins/fp8_block \
 	-I$(top_srcdir)/plugins/fp8_tensor
-HQ_TEST_LDADD = core/libhqcore.la $(CMOCKA_LIBS) -lm
+HQ_TEST_LDADD = services/libhqtrain.la core/libhqcore.la $(CMOCKA_LIBS) -lm
 
 # Fixture modules for the loader tests: built (as shared modules, hence -rpath) only for make check.
 HQ_FIXTURE_LDFLAGS = -module -avoid-version -shared -rpath /nowhere -no-undefined $(HQ_SAN_LDFLAGS)

@@ -1,5 +1,5 @@
 /*
-** test_checkpoint.c -- safetensors checkpoints (core/checkpoint.c, docs/checkpoints.md).
+** test_checkpoint.c -- safetensors checkpoints (services/ckpt_*.c, docs/checkpoints.md).
 **
 **   - round trips of quantized tensors of every stock format (fp8_tensor, mxfp8 incl. swizzle and
 **     2-D, nvfp4 incl. RHT, 2-D, swizzle and stochastic rounding, fp8_block 1d/2d, identity), a
@@ -1458,7 +1458,7 @@ static void rm_tree(const char *dir) {
 
 int main(void) {
   if (hq_ckpt_writer_open(NULL, NULL) == HQ_ENOTSUP) {
-    printf("test_checkpoint: libhqcore was built without checkpoints (skipped)\n");
+    printf("test_checkpoint: libhqtrain was built without checkpoints (skipped)\n");
     return HQ_TEST_SKIP;
   }
   const char *tmp = getenv("TMPDIR");

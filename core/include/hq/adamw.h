@@ -1,8 +1,8 @@
 /*
-** hq/adamw.h -- the AdamW element rule of hq_adam_step: the one definition shared by its CPU
-** loop and CUDA kernel and by a format module's fused write-back (hq/plugin.h,
-** HQ_CAP_FUSED_ADAM), so that every path gives the same bits. Plain FP32 code that compiles as
-** C (host) and as CUDA (host + device), like hq/numerics.h.
+** hq/adamw.h -- the AdamW element rule of hq_adam_step (hq/train.h): the one definition shared
+** by the trainer services' CPU loop and CUDA kernel (libhqtrain) and by a format module's fused
+** write-back (hq/plugin.h, HQ_CAP_FUSED_ADAM), so that every path gives the same bits. Plain
+** FP32 code that compiles as C (host) and as CUDA (host + device), like hq/numerics.h.
 **
 ** Every operation is an IEEE FP32 operation in this order (build C with -ffp-contract=off, CUDA
 ** with -fmad=false), sqrtf correctly rounded (nvcc's default -prec-sqrt=true; never

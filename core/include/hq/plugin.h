@@ -646,10 +646,11 @@ static inline float *hq_call_factor_out(const hq_call *call) {
 /* ---------------------------------------------------------------------------------------------
 ** Fused optimizer write-back (2.2)
 **
-** hq_adam_step (hq.h) updates FP32 master weights with AdamW and writes the quantized weight
-** back from them. For an instance whose caps include HQ_CAP_FUSED_ADAM, on a CUDA device, when
-** one update() call makes every direction the weight holds and the instance needs no per-tensor
-** amax (amax_kind() NONE for those directions), the core makes that call with call->adam set:
+** hq_adam_step (hq/train.h) updates FP32 master weights with AdamW and writes the quantized
+** weight back from them, through hq_qtensor_update_adam (hq.h) where it can. For an instance
+** whose caps include HQ_CAP_FUSED_ADAM, on a CUDA device, when one update() call makes every
+** direction the weight holds and the instance needs no per-tensor amax (amax_kind() NONE for
+** those directions), the core makes that call with call->adam set:
 ** src is then the FP32 master [M, K], and for every element the kernel reads, it must
 **   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/adamw.h) with w = master, g =
 **      adam->grad (dtype adam->grad_dtype), m = adam->m, v = adam->v at the same index,
