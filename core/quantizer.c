@@ -1142,6 +1142,7 @@ int hq_qtensor_format_desc(const hq_qtensor *qt, uint32_t dir, hq_format_desc *o
   hq_format_desc d;
   memset(&d, 0, sizeof d);
   d.struct_size = out->struct_size < sizeof d ? out->struct_size : (uint32_t)sizeof d;
+  d.layout_version = ops->layout_version ? ops->layout_version : 1;
   d.name = f->name;
   d.plugin = ops->name;
   d.plugin_version = ops->version ? ops->version : "";

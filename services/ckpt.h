@@ -5,7 +5,7 @@
 **   ckpt_file.c   the safetensors file: dtypes, names' UTF-8, reads and writes, the JSON header
 **                 (parsed, validated, built), opening a checkpoint and reading its entries;
 **   ckpt_meta.c   the "<name>/hq" metadata of a quantized tensor: made from a qtensor, parsed,
-**                 and its formats checked against a qtensor's (plugin, options);
+**                 and its formats checked against a qtensor's (plugin, layout version, options);
 **   ckpt_write.c  the writer (names, host snapshots, the file written at close);
 **   ckpt_load.c   loading plain and quantized tensors into the caller's.
 ** Built with jansson only (HQ_HAVE_JANSSON); ckpt_none.c holds the calls without it. Their
@@ -121,8 +121,8 @@ typedef struct ck_meta {
    cols, directions and columnwise_source. HQ_EPARSE / HQ_ENOTSUP / HQ_ENOMEM naming what. */
 int ck_meta_parse(const ck_load *L, const char *text, ck_meta *out);
 void ck_meta_free(ck_meta *m);
-/* Check the format records of qt's present directions against qt's formats: plugin name and
-   every option, in table order. HQ_EINVAL naming both values. */
+/* Check the format records of qt's present directions against qt's formats: plugin name,
+   layout version, options by name. HQ_EINVAL naming both values. */
 int ck_meta_check_formats(const ck_load *L, const ck_meta *m, const hq_qtensor *qt);
 /* The "buffers" list, every record checked against its safetensors entry (HQ_EPARSE: the file
    contradicts itself); *out (free it) holds *nout records, in the file's order. */

@@ -1,9 +1,15 @@
 /*
 ** ckpt_meta.c -- the "<name>/hq" metadata of a quantized tensor in a checkpoint: a JSON text
 ** describing it (schema version, role, shape, nominal dtype, directions, usage, columnwise
-** source, per direction the format instance, plugin, plugin version and every option as
-** "key=value", and the buffer list), made from a qtensor through libhqcore's public queries,
-** parsed back, and its formats checked against the qtensor a load fills.
+** source, per direction the format instance, plugin, plugin version, layout version and every
+** option as "key=value", and the buffer list), made from a qtensor through libhqcore's public
+** queries, parsed back, and its formats checked against the qtensor a load fills.
+**
+** Options are compared by name, so that a plugin may append options: one the file lacks (the
+** plugin gained it after the file was written) must hold the plugin's default in the qtensor,
+** one the file has that the plugin no longer knows is refused, naming it. The layout version
+** (hq_format_ops.layout_version) must be the module's: a module whose stored bytes changed
+** cannot read an older file's.
 */
 #include "config.h"
 #include "ckpt.h"
@@ -67,7 +73,7 @@ static int check_utf8_fields(const char *path, const char *name, const hq_qtenso
   return rc;
 }
 
-/* {"format", "plugin", "plugin_version", "options": ["key=value", ...]}: every
+/* {"format", "plugin", "plugin_version", "layout_version", "options": ["key=value", ...]}: every
    option of the plugin's table, in table order, defaults resolved. NULL when out of memory. */
 static json_t *format_json(const hq_format_desc *fd) {
   json_t *o = json_object(), *opts = json_array();
@@ -75,6 +81,7 @@ static json_t *format_json(const hq_format_desc *fd) {
   bad |= ck_jset(o, "format", json_string(fd->name)) != 0;
   bad |= ck_jset(o, "plugin", json_string(fd->plugin)) != 0;
   bad |= ck_jset(o, "plugin_version", json_string(fd->plugin_version)) != 0;
+  bad |= ck_jset(o, "layout_version", json_integer((json_int_t)fd->layout_version)) != 0;
   for (size_t i = 0; !bad && i < fd->n_options; i++) {
     char *t = hqt_join(fd->option_names[i], "=", fd->option_values[i]);
     bad |= !t || ck_jpush(opts, json_string(t)) != 0;
@@ -313,26 +320,64 @@ int ck_meta_buffers(const ck_load *L, const ck_meta *meta, ck_mbuf **out, size_t
 
 // --- the formats --------------------------------------------------------------------------------
 
-/* Option by option, in table order: the file's "key=value" text against the qtensor's. */
-static int check_options(const ck_load *L, const char *dn, json_t *opts,
-                         const hq_format_desc *fd) {
-  const size_t n = json_array_size(opts);
-  for (size_t i = 0; i < n || i < fd->n_options; i++) {
-    const char *saved = i < n ? json_string_value(json_array_get(opts, i)) : NULL;
-    char *mine = i < fd->n_options ? hqt_join(fd->option_names[i], "=", fd->option_values[i])
-                                   : NULL;
-    if (i < fd->n_options && !mine)
-      return hq_set_error(HQ_ENOMEM, "hq_ckpt_load_qtensor: out of memory");
-    int rc = HQ_OK;
-    if (!saved || !mine || strcmp(saved, mine) != 0) {
-      const char *key = mine ? fd->option_names[i] : NULL;
-      rc = ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': %s option %zu%s%s%s differs: "
-                    "checkpoint '%.150s', qtensor '%.150s' (plugin %s)", L->name, dn, i,
-                    key ? " ('" : "", key ? key : "", key ? "')" : "",
-                    saved ? saved : "(none)", mine ? mine : "(none)", fd->plugin);
-    }
-    free(mine);
-    if (rc) return rc;
+/* Index of the option whose name is the first klen bytes of `key` in fd's table, or -1. */
+static long option_index(const hq_format_desc *fd, const char *key, size_t klen) {
+  for (size_t j = 0; j < fd->n_options; j++)
+    if (strlen(fd->option_names[j]) == klen && !strncmp(fd->option_names[j], key, klen))
+      return (long)j;
+  return -1;
+}
+
+/* Index of the "key=value" string of `opts` whose key is `name`, or -1. */
+static long saved_index(json_t *opts, const char *name) {
+  const size_t n = strlen(name);
+  for (size_t i = 0; i < json_array_size(opts); i++) {
+    const char *t = json_string_value(json_array_get(opts, i));
+    if (!strncmp(t, name, n) && t[n] == '=') return (long)i;
+  }
+  return -1;
+}
+
+/* Every option the file lists, by name: a "key=value" string with a key listed once, that the
+   module still has, and whose value is the qtensor's. */
+static int check_saved_options(const ck_load *L, const char *dn, json_t *opts,
+                               const hq_format_desc *fd) {
+  for (size_t i = 0; i < json_array_size(opts); i++) {
+    const char *t = json_string_value(json_array_get(opts, i));
+    const char *eq = t ? strchr(t, '=') : NULL;
+    if (!eq || eq == t)
+      return ck_meta_error(L, "%s: option %zu is not a \"key=value\" string", dn, i);
+    const size_t klen = (size_t)(eq - t);
+    for (size_t k = 0; k < i; k++)
+      if (!strncmp(json_string_value(json_array_get(opts, k)), t, klen + 1))
+        return ck_meta_error(L, "%s: option '%.*s' is listed twice", dn, (int)klen, t);
+    const long j = option_index(fd, t, klen);
+    if (j < 0)
+      return ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': %s option '%.150s' of the "
+                      "checkpoint is unknown to plugin %s (version %s), which has no option "
+                      "'%.*s' (any more)", L->name, dn, t, fd->plugin, fd->plugin_version,
+                      (int)klen, t);
+    if (strcmp(eq + 1, fd->option_values[j]) != 0)
+      return ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': %s option '%s' differs: "
+                      "checkpoint '%.150s', qtensor '%s=%.150s' (plugin %s)", L->name, dn,
+                      fd->option_names[j], t, fd->option_names[j], fd->option_values[j],
+                      fd->plugin);
+  }
+  return HQ_OK;
+}
+
+/* Every option of the module the file does not list (appended to the plugin after the file was
+   written): the file's tensor was made with the option's default, so the qtensor must hold it. */
+static int check_new_options(const ck_load *L, const char *dn, json_t *opts,
+                             const hq_format_desc *fd) {
+  for (size_t j = 0; j < fd->n_options; j++) {
+    if (saved_index(opts, fd->option_names[j]) >= 0) continue;
+    if (strcmp(fd->option_defaults[j], fd->option_values[j]) != 0)
+      return ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': %s option '%s' is not in the "
+                      "checkpoint (written before plugin %s had it: its default '%s=%.150s' "
+                      "applies), qtensor '%s=%.150s'", L->name, dn, fd->option_names[j],
+                      fd->plugin, fd->option_names[j], fd->option_defaults[j],
+                      fd->option_names[j], fd->option_values[j]);
   }
   return HQ_OK;
 }
@@ -346,12 +391,17 @@ static int check_format(const ck_load *L, json_t *formats, const hq_qtensor *qt,
   int rc = mget_str(L, f, "plugin", dn, &plugin);
   if (!rc) rc = mget_str(L, f, "format", dn, &fname);
   if (rc) return rc;
-  json_t *opts = json_object_get(f, "options");
+  json_t *opts = json_object_get(f, "options"), *lv = json_object_get(f, "layout_version");
   if (!json_is_array(opts))
     return ck_meta_error(L, "%s: \"options\" is missing or not an array", dn);
   for (size_t i = 0; i < json_array_size(opts); i++)
     if (!json_is_string(json_array_get(opts, i)))
       return ck_meta_error(L, "%s: option %zu is not a string", dn, i);
+  /* absent from a file written before layout versions were recorded: the first layout */
+  if (lv && (!json_is_integer(lv) || json_integer_value(lv) < 1 ||
+             json_integer_value(lv) > UINT32_MAX))
+    return ck_meta_error(L, "%s: \"layout_version\" is not an integer from 1 to 2^32-1", dn);
+  const long long saved_layout = lv ? (long long)json_integer_value(lv) : 1;
   hq_format_desc fd;
   fd.struct_size = sizeof fd;
   if ((rc = hq_qtensor_format_desc(qt, dir, &fd))) return rc;
@@ -359,7 +409,14 @@ static int check_format(const ck_load *L, json_t *formats, const hq_qtensor *qt,
     return ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': the %s direction was saved with "
                     "plugin '%.60s' (format '%.60s'), the qtensor's is plugin '%.60s' (format "
                     "'%.60s')", L->name, dn, plugin, fname, fd.plugin, fd.name);
-  return check_options(L, dn, opts, &fd);
+  if (saved_layout != (long long)fd.layout_version)
+    return ck_error(HQ_EINVAL, L->c->path, "tensor '%.200s': the %s direction (format '%.60s', "
+                    "plugin %s) was saved in layout version %lld, the loaded module (%s version "
+                    "%s) stores layout version %u: its bytes cannot be read as they are", L->name,
+                    dn, fname, plugin, saved_layout, fd.plugin, fd.plugin_version,
+                    fd.layout_version);
+  rc = check_saved_options(L, dn, opts, &fd);
+  return rc ? rc : check_new_options(L, dn, opts, &fd);
 }
 
 int ck_meta_check_formats(const ck_load *L, const ck_meta *m, const hq_qtensor *qt) {

@@ -62,9 +62,22 @@ tests_plugins_bad_default_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
-tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c
+tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
+	tests/wrap/stock_fp8_tensor.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# Later versions of fp8_tensor, named fp8_tensor (test_checkpoint, bug 6), a folder each: one
+# with an option appended, one whose layout version changed.
+check_LTLIBRARIES += tests/wrap/next/fp8_tensor_next.la
+tests_wrap_next_fp8_tensor_next_la_SOURCES = tests/wrap/fp8_tensor_next.c \
+	tests/wrap/stock_fp8_tensor.h
+tests_wrap_next_fp8_tensor_next_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_APPEND_OPTION
+tests_wrap_next_fp8_tensor_next_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/wrap/relayout/fp8_tensor_relayout.la
+tests_wrap_relayout_fp8_tensor_relayout_la_SOURCES = tests/wrap/fp8_tensor_next.c \
+	tests/wrap/stock_fp8_tensor.h
+tests_wrap_relayout_fp8_tensor_relayout_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_LAYOUT=2
+tests_wrap_relayout_fp8_tensor_relayout_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h
@@ -123,8 +136,8 @@ tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
 endif
 
-# the public functions the trainer services are built on (qtensor queries, format descriptions,
-# unshare, the fused write-back's refusals, errors, tensor checks, the floating-point mode)
+# the public functions libhqtrain is built on (qtensor queries, format descriptions, unshare,
+# the fused write-back's refusals, errors, tensor checks, the floating-point mode)
 check_PROGRAMS += tests/test_services_api
 tests_test_services_api_SOURCES = tests/test_services_api.c tests/hq_test.h
 tests_test_services_api_CPPFLAGS = $(HQ_TEST_CPPFLAGS)

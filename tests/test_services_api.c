@@ -1,8 +1,8 @@
 /*
-** test_services_api.c -- the public functions of libhqcore that the trainer services (AdamW,
-** checkpoints) are built on, against hand-written expectations:
-**   - hq_qtensor_format_desc: instance, plugin, version, option names, values and defaults in
-**     table order, for present and absent directions;
+** test_services_api.c -- the public functions of libhqcore that the trainer services
+** (libhqtrain, services/) are built on, against hand-written expectations:
+**   - hq_qtensor_format_desc: instance, plugin, version, layout version (the stock module's 1),
+**     option names, values and defaults in table order, for present and absent directions;
 **     struct_size handling;
 **   - hq_qtensor_role / _columnwise_source / _device / _amax_kind;
 **   - hq_qtensor_unshare: private copies of equal bytes under the columnwise names, all or none
@@ -63,6 +63,7 @@ static void test_format_desc(void **s) {
   d.struct_size = sizeof d;
   HQ_OK_OR_FAIL(hq_qtensor_format_desc(qt, HQ_ROWWISE, &d));
   assert_int_equal(d.struct_size, sizeof d);
+  assert_int_equal(d.layout_version, 1);
   assert_string_equal(d.name, "fp8_tensor"); /* a direct quantizer's instance: the plugin's */
   assert_string_equal(d.plugin, "fp8_tensor");
   assert_string_equal(d.plugin_version, hq_plugin_version(p));
@@ -78,6 +79,7 @@ static void test_format_desc(void **s) {
   /* the columnwise direction is absent, its format (identity) still described */
   HQ_OK_OR_FAIL(hq_qtensor_format_desc(qt, HQ_COLWISE, &d));
   assert_string_equal(d.plugin, "identity");
+  assert_int_equal(d.layout_version, 1);
   assert_int_equal(d.n_options, 1);
   assert_string_equal(d.option_names[0], "dtype");
   assert_string_equal(d.option_values[0], "auto");

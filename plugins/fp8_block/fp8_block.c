@@ -691,6 +691,7 @@ static const hq_format_ops ops = {
     .dequantize = dequantize,
     .tensor_factor = NULL, /* no per-tensor factor */
     .gemm = gemm,
+    .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {

@@ -7,13 +7,7 @@
 ** the folding ones. Built for make check only, into a folder of its own (tests/wrap), apart from
 ** the loader fixtures whose counts the loader tests check.
 */
-#include <dlfcn.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "hq/plugin.h"
+#include "stock_fp8_tensor.h"
 
 static hq_format_ops ops;
 static const hq_format_ops *inner;
@@ -24,32 +18,7 @@ static uint64_t instance_caps(const void *cfg) {
 }
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  void *h = NULL;
-  char file[4200];
-  for (const char *p = path; p && *p && !h;) {
-    const size_t n = strcspn(p, ":");
-    snprintf(file, sizeof file, "%.*s/fp8_tensor.so", (int)n, p);
-    if (n) h = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-    p += n + (p[n] == ':');
-  }
-  if (!h) {
-    host->error(HQ_ENOENT, "fp8_tensor.so not found on HQ_PLUGIN_PATH=%s", path ? path : "");
-    return NULL;
-  }
-  hq_format_entry_fn entry = (hq_format_entry_fn)(uintptr_t)dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  if (!entry) {
-    host->error(HQ_ENOENT, "%s has no %s", file, HQ_FORMAT_ENTRY_NAME);
-    return NULL;
-  }
-  inner = entry(host);
-  if (!inner) return NULL;
-  if (inner->struct_size != sizeof ops) {
-    host->error(HQ_EINVAL, "%s: ops table of %u bytes, this fixture was built for %zu", file,
-                inner->struct_size, sizeof ops);
-    return NULL;
-  }
-  memcpy(&ops, inner, sizeof ops);
+  if (!(inner = stock_fp8_tensor(host, &ops))) return NULL;
   ops.name = "fp8_tensor_nofold";
   ops.description = "test fixture: fp8_tensor without deq-factor (ABI 2.2 behaviour)";
   ops.caps &= ~HQ_CAP_DEQ_FACTOR;

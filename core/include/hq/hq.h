@@ -506,6 +506,7 @@ HQ_API uint32_t hq_qtensor_amax_kind(const hq_qtensor *qt, uint32_t dir);
    checkpoint records it. The strings and arrays stay valid while qt lives. */
 typedef struct hq_format_desc {
   uint32_t struct_size;              /* sizeof(hq_format_desc), set by the caller */
+  uint32_t layout_version;           /* the module's hq_format_ops.layout_version (0 reads as 1) */
   const char *name;                  /* the instance: a [format] name, or the plugin's name */
   const char *plugin;                /* the module's name */
   const char *plugin_version;        /* the module's version string ("" when it has none) */

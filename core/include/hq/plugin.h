@@ -92,6 +92,10 @@
 **   - the fused optimizer write-back: hq_call.adam, hq_adam_pass, HQ_CAP_FUSED_ADAM, and the
 **     AdamW element rule hq_adam_elem (now in hq/adamw.h; see "Fused optimizer write-back").
 **
+** Appended to 2.3 without a minor of its own (a table without it reads 0, taken as 1; no module
+** needs a newer core for it): hq_format_ops.layout_version, the version of a format's stored
+** bytes that checkpoints record and compare (see the field).
+**
 ** What 2.3 adds (2.0 - 2.2 modules keep loading, unchanged):
 **   - the per-tensor factor written by the raw dequantize itself: hq_call.factor_out /
 **     factor_in / factor_mul and HQ_CAP_DEQ_FACTOR (see HQ_CALL_DEQ_RAW), so that the emulated
@@ -806,6 +810,11 @@ typedef struct hq_format_ops {
      every amax[i] at 0. Required with state_floats. */
   int (*update_state)(const void *cfg, const hq_call *call, uint32_t dirs, int64_t n,
                       float *amax, float *state);
+  /* --- appended to 2.3 (absent: 0) --------------------------------------------------------- */
+  /* Version of the bytes this module stores (buffers, their layout and meaning); 0 reads as 1.
+     Raise it when a storage written by an older version of the module would be read wrongly
+     by this one: a checkpoint records it per direction and refuses a mismatch. */
+  uint32_t layout_version;
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the

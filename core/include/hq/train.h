@@ -61,13 +61,15 @@ HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad,
 ** reads. A quantized tensor is stored as one safetensors entry per buffer, named
 ** "<name>/<buffer name>" ("fc1.weight/data", "fc1.weight/columnwise_scale_inv", ...), with
 ** "__metadata__" keys "<name>/hq" describing it (JSON text: format instance, plugin name and
-** version, options, role, rows, cols, nominal dtype, directions, buffer list). High-precision
-** tensors (optimizer state, master weights) are plain entries; free-form metadata is allowed.
-** Adding a tensor copies it to the host (device buffers through the context's stream, which it
-** synchronizes); the writer holds these copies until close. Loading checks the plugin name, the
-** options and every buffer's dtype and size against the qtensor it loads into (a mismatch is
-** HQ_EINVAL naming the file, the tensor, the buffer or option and both values; a name the file
-** lacks is HQ_ENOENT), and refuses a truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE
+** version, the format's layout version, options, role, rows, cols, nominal dtype, directions,
+** buffer list). High-precision tensors (optimizer state, master weights) are plain entries;
+** free-form metadata is allowed. Adding a tensor copies it to the host (device buffers through
+** the context's stream, which it synchronizes); the writer holds these copies until close.
+** Loading checks the plugin name, its layout version, the options (by name: an option the file
+** lacks -- one the plugin gained since -- must hold its default) and every buffer's dtype and
+** size against the qtensor it loads into (a mismatch is HQ_EINVAL naming the file, the tensor,
+** the buffer or option and both values; a name the file lacks is HQ_ENOENT), and refuses a
+** truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE
 ** naming the file and the entry (never reading outside the file). docs/checkpoints.md has the
 ** file format, the metadata schema and every check. Built without jansson (Debian:
 ** libjansson-dev) these calls return HQ_ENOTSUP.
