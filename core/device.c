@@ -277,12 +277,6 @@ int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, i
   (void)stream; (void)dst; (void)dt; (void)src; (void)st; (void)n;
   return no_cuda();
 }
-int hqi_cuda_adam(void *stream, const struct hq_adam_consts *k, const void *grad, int gdtype,
-                  float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
-  (void)stream; (void)k; (void)grad; (void)gdtype; (void)w; (void)m; (void)v; (void)n;
-  (void)amax_bits;
-  return no_cuda();
-}
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out) {
   (void)stream; (void)data; (void)dtype; (void)n; (void)out;

@@ -34,6 +34,14 @@ int hqi_error(int code, const char *fmt, ...) {
   return code;
 }
 
+int hq_set_error(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  hqi_verror(code, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
 int hqi_error_prefix(int code, const char *fmt, ...) {
   char prefix[512], old[HQ_ERRBUF];
   va_list ap;

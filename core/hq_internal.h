@@ -122,29 +122,7 @@ void hqi_cuda_event_destroy(void *ev);
 int hqi_device_enter(int device, int *saved);
 void hqi_device_leave(int saved);
 int hqi_cuda_memset(void *dst, int value, size_t bytes, void *stream);
-/* core/cuda/kernels.cu (without CUDA: HQ_ENOTSUP) */
-int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n);
-/* out[0] += number of NaN/Inf among n elements, out[1] = min(out[1], index of the first);
-   out is device memory the caller initialised ({0, UINT64_MAX}). */
-int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
-                       unsigned long long *out);
-/* One AdamW step over n elements (hq_adam_elem, hq/numerics.h) on the device. */
-struct hq_adam_consts;
-/* amax_bits (NULL: none) receives, by atomic max into both of its two words, the FP32 bits of
-   max |updated master| with NaN ignored (hq_abs_bits_nonan): zero them first. */
-int hqi_cuda_adam(void *stream, const struct hq_adam_consts *k, const void *grad, int gdtype,
-                  float *w, float *m, float *v, int64_t n, unsigned int *amax_bits);
-/* 1 when the directions qt refreshes need a per-tensor amax and every one of them is the max |x|
-   of the source (HQ_AMAX_INPUT), so that a caller can hand it in (hq_quantize_args.amax); 0 when
-   none is needed or one is format-specific (HQ_AMAX_OWN). */
-int hqi_qtensor_amax_from_source(const hq_qtensor *qt);
-/* hq_adam_step's fused write-back: one update() call of qt's format carrying the optimizer step
-   (hq_call.adam; master is the FP32 source it reads and rewrites). HQ_ENOTSUP, with nothing run
-   and no error recorded, when qt's format or directions do not allow it. */
-int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
-                            const hq_adam_pass *adam);
-int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
-                       int64_t rows, int64_t cols, int elem_bytes);
+/* The kernels of core/cuda/kernels.cu: hqi_cuda.h. */
 
 // --- GEMMs ----------------------------------------------------------------------------------
 /* hqi_lt_matmul and hqi_call_workspace: hqi_cuda.h. */
@@ -263,7 +241,8 @@ typedef struct hqi_format {
   void *cfg;
   hq_optval *vals;
   char **val_text;           /* resolved value text per option (for hq recipe check / info) */
-  const char **opt_names;    /* the module's option names, in table order (the same strings) */
+  const char **opt_text;     /* the module's option names [0, n) and defaults [n, 2n), the
+                                arrays hq_qtensor_format_desc hands out */
   uint64_t caps;
 } hqi_format;
 /* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.

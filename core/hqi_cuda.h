@@ -28,6 +28,18 @@ void hqi_cuda_free(int device, void *ptr, void *stream);
    being captured into a CUDA graph (an allocation there would belong to the graph) (ctx.c). */
 int hqi_call_workspace(const hq_call *call, size_t bytes, void **out);
 
+/* The core's kernels (core/cuda/kernels.cu; without CUDA, device.c's stubs return HQ_ENOTSUP).
+   hqi_cuda_convert: n elements between high-precision dtypes (a copy when they match).
+   hqi_cuda_nonfinite: out[0] += the number of NaN/Inf among n elements, out[1] = min(out[1],
+   the index of the first); out is device memory the caller initialised ({0, UINT64_MAX}).
+   hqi_cuda_transpose: dst[c][r] = src[r][c] for a [rows, cols] block of elem_bytes-byte
+   elements (leading dimensions in elements). */
+int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n);
+int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
+                       unsigned long long *out);
+int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
+                       int64_t rows, int64_t cols, int elem_bytes);
+
 /* The host service hq_host_api.lt_matmul: one cuBLASLt matmul on call->device / call->stream,
    with the runner's cached handle and plans and the context's workspace
    (gemm/cublaslt/runner.cu; without CUDA, gemm/cublaslt/cublaslt.c returns HQ_ENOTSUP). Errors

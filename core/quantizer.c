@@ -518,29 +518,54 @@ static int reserve_scratch(hq_qtensor *qt) {
   return HQ_OK;
 }
 
-/* Give the columnwise storage private copies of the buffers it shares with the rowwise one. */
+/* Give the columnwise storage private copies of the buffers it shares with the rowwise one:
+   every allocation first, so that a failure leaves every buffer shared (hq_qtensor_unshare's
+   all-or-none). */
 static int unshare(hq_qtensor *qt, hq_ctx *ctx) {
   qdir *c = &qt->d[1];
+  void *p[HQ_MAX_BUFFERS] = {0};
   if (!c->present) return HQ_OK;
   for (uint32_t i = 0; i < c->st.nbuf; i++) {
     hq_buffer *b = BUF(&c->st, i);
     if (c->owned[i] || !b->ptr) continue;
-    void *p = hqi_ctx_alloc_raw(qt->ctx, b->bytes ? b->bytes : 1);
-    if (!p) return hqi_error(HQ_ENOMEM, "role %s: copying shared buffer '%s' failed", qt->role,
-                             b->name);
-    int rc = hqi_qtensor_foreign_alloc(qt, ctx);
-    if (!rc) rc = hq_ctx_memcpy(ctx, p, ctx->device, b->ptr, ctx->device, b->bytes);
-    if (rc) {
-      hqi_ctx_free_raw(qt->ctx, p);
-      return rc;
+    p[i] = hqi_ctx_alloc_raw(qt->ctx, b->bytes ? b->bytes : 1);
+    if (!p[i]) {
+      for (uint32_t j = 0; j < i; j++) hqi_ctx_free_raw(qt->ctx, p[j]);
+      return hqi_error(HQ_ENOMEM, "role %s: copying shared buffer '%s' failed", qt->role,
+                       b->name);
     }
-    b->ptr = p;
+  }
+  int rc = hqi_qtensor_foreign_alloc(qt, ctx); /* the copies are made on ctx's stream */
+  for (uint32_t i = 0; i < c->st.nbuf; i++) {
+    hq_buffer *b = BUF(&c->st, i);
+    if (!p[i]) continue;
+    if (!rc) rc = hq_ctx_memcpy(ctx, p[i], ctx->device, b->ptr, ctx->device, b->bytes);
+    if (rc) { /* the copies not linked yet go; the linked ones are whole */
+      hqi_ctx_free_raw(qt->ctx, p[i]);
+      continue;
+    }
+    b->ptr = p[i];
     c->owned[i] = 1;
     /* a private copy is the columnwise storage's own buffer: it takes the columnwise name */
     snprintf(c->own_name[i], sizeof c->own_name[i], "columnwise_%s", b->name);
     b->name = c->own_name[i];
   }
-  return HQ_OK;
+  return rc;
+}
+
+int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx) {
+  if (!qt || !ctx) return hqi_error(HQ_EINVAL, "hq_qtensor_unshare: NULL argument");
+  if (ctx->device != qt->ctx->device)
+    return hqi_error(HQ_EINVAL, "hq_qtensor_unshare: role %s: the context runs on device %d, the "
+                     "tensor lives on %d", qt->role, ctx->device, qt->ctx->device);
+  if (qt->saved)
+    return hqi_error(HQ_ESTATE, "hq_qtensor_unshare: role %s is saved (restore it first)",
+                     qt->role);
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  rc = unshare(qt, ctx);
+  hqi_device_leave(saved);
+  return rc;
 }
 
 /* Point the columnwise storage's shared buffers back at the rowwise ones (fused calls); the
@@ -973,21 +998,33 @@ static hqi_format *fused_adam_format(const hq_qtensor *qt, const hq_ctx *ctx, ui
   return f;
 }
 
-int hqi_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
-                            const hq_adam_pass *adam) {
+int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *masterp,
+                           const hq_adam_pass *adam) {
+  if (!qt || !ctx || !adam) return hqi_error(HQ_EINVAL, "hq_qtensor_update_adam: NULL argument");
+  int rc = same_device(qt, ctx, "hq_qtensor_update_adam");
+  hq_tensor master;
+  if (!rc) rc = check_src(ctx, masterp, "hq_qtensor_update_adam: master", &master);
+  if (rc) return rc;
+  if (master.dtype != HQ_F32 || master.rows != qt->rows || master.cols != qt->cols)
+    return hqi_error(master.dtype != HQ_F32 ? HQ_EINVAL : HQ_ESHAPE, "hq_qtensor_update_adam: "
+                     "role %s: the master is %s [%lld, %lld], the quantized tensor [%lld, %lld] "
+                     "(an FP32 master of its shape)", qt->role, hq_dtype_name(master.dtype),
+                     (long long)master.rows, (long long)master.cols, (long long)qt->rows,
+                     (long long)qt->cols);
   uint32_t dirs;
   hqi_format *f = fused_adam_format(qt, ctx, &dirs);
-  if (!f || ctx->device != qt->ctx->device) return HQ_ENOTSUP; /* nothing ran */
-  if (master->rows != qt->rows || master->cols != qt->cols || master->dtype != HQ_F32)
-    return HQ_ENOTSUP;
-  int saved, rc = hqi_device_enter(ctx->device, &saved);
-  if (rc) return rc;
-  rc = run(qt, ctx, master, dirs, 1, NULL, adam); /* one call: fused_adam_format's conditions */
+  if (!f) /* nothing ran */
+    return hqi_error(HQ_ENOTSUP, "hq_qtensor_update_adam: role %s: no one update() call of its "
+                     "format can carry the optimizer step (host, saved, rowwise_dequantized, "
+                     "two formats, no HQ_CAP_FUSED_ADAM or a per-tensor amax)", qt->role);
+  int saved;
+  if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
+  rc = run(qt, ctx, &master, dirs, 1, NULL, adam); /* one call: fused_adam_format's conditions */
   hqi_device_leave(saved);
   if (!rc)
-    hqi_log(ctx, 3, "hq_adam_step: role %s: AdamW fused into the %s write-back (format '%s', "
-            "plugin %s)", qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
-            f->name, f->plugin->ops.name);
+    hqi_log(ctx, 3, "hq_qtensor_update_adam: role %s: AdamW fused into the %s write-back "
+            "(format '%s', plugin %s)", qt->role,
+            dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs), f->name, f->plugin->ops.name);
   return rc;
 }
 
@@ -1079,17 +1116,9 @@ static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor 
   return HQ_OK;
 }
 
-int hqi_qtensor_amax_from_source(const hq_qtensor *qt) {
-  const uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
-  int need = 0;
-  for (int d = 0; d < 2; d++) {
-    const uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
-    if (!(dirs & dir)) continue;
-    const uint32_t k = dir_amax_kind(qt->fmt[d], dir, qt->source);
-    if (k == HQ_AMAX_OWN) return 0;
-    if (k == HQ_AMAX_INPUT) need = 1;
-  }
-  return need;
+uint32_t hq_qtensor_amax_kind(const hq_qtensor *qt, uint32_t dir) {
+  if (!qt || (dir != HQ_ROWWISE && dir != HQ_COLWISE)) return HQ_AMAX_NONE;
+  return dir_amax_kind(qt->fmt[di(dir)], dir, qt->source);
 }
 
 int hq_quantizer_amax(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp, float *amax) {
@@ -1164,6 +1193,34 @@ size_t hq_qtensor_bytes(const hq_qtensor *qt, uint32_t dir) {
 
 const char *hq_qtensor_format(const hq_qtensor *qt, uint32_t dir) {
   return qt && (dir == HQ_ROWWISE || dir == HQ_COLWISE) ? qt->fmt[di(dir)]->name : NULL;
+}
+const char *hq_qtensor_role(const hq_qtensor *qt) { return qt ? qt->role : NULL; }
+int hq_qtensor_columnwise_source(const hq_qtensor *qt) { return qt ? qt->source : 0; }
+int hq_qtensor_device(const hq_qtensor *qt) { return qt ? qt->ctx->device : HQ_DEVICE_HOST; }
+
+int hq_qtensor_format_desc(const hq_qtensor *qt, uint32_t dir, hq_format_desc *out) {
+  if (!qt || !out || (dir != HQ_ROWWISE && dir != HQ_COLWISE))
+    return hqi_error(HQ_EINVAL, "hq_qtensor_format_desc: NULL argument or direction 0x%x", dir);
+  if (out->struct_size < HQ_FORMAT_DESC_SIZE_0_2)
+    return hqi_error(HQ_EINVAL, "hq_format_desc.struct_size = %u is smaller than the oldest "
+                     "layout (%zu bytes): set it to sizeof(hq_format_desc)", out->struct_size,
+                     (size_t)HQ_FORMAT_DESC_SIZE_0_2);
+  const hqi_format *f = qt->fmt[di(dir)];
+  const hq_format_ops *ops = &f->plugin->ops;
+  const size_t n = f->plugin->n_options;
+  hq_format_desc d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = out->struct_size < sizeof d ? out->struct_size : (uint32_t)sizeof d;
+  d.layout_version = ops->layout_version ? ops->layout_version : 1;
+  d.name = f->name;
+  d.plugin = ops->name;
+  d.plugin_version = ops->version ? ops->version : "";
+  d.n_options = n;
+  d.option_names = f->opt_text;
+  d.option_values = (const char *const *)f->val_text;
+  d.option_defaults = f->opt_text + n;
+  memcpy(out, &d, d.struct_size); /* a newer caller's fields beyond ours are left alone */
+  return HQ_OK;
 }
 
 void hq_qtensor_free(hq_qtensor *qt) {

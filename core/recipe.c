@@ -987,7 +987,7 @@ int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
   if (!e->f) return HQ_OK;
   out->plugin = e->f->plugin->ops.name;
   out->n_options = e->f->plugin->n_options;
-  out->option_names = e->f->opt_names;
+  out->option_names = e->f->opt_text;
   out->option_values = (const char *const *)e->f->val_text;
   return HQ_OK;
 }

@@ -154,6 +154,14 @@ int hqi_tensor_in(const hq_tensor *t, const char *what, hq_tensor *out) {
   return hqi_check_tensor(out, what);
 }
 
+int hq_tensor_check(const hq_tensor *t, const char *what, hq_tensor *out) {
+  if (!out) return hqi_error(HQ_EINVAL, "%s: out is NULL", what ? what : "hq_tensor_check");
+  return hqi_tensor_in(t, what ? what : "hq_tensor_check", out);
+}
+
+hq_fpenv hq_fpenv_enter(void) { return hqi_fp_enter(); }
+void hq_fpenv_leave(hq_fpenv mode) { hqi_fp_leave(mode); }
+
 int hqi_check_shape(int64_t rows, int64_t cols, const char *what) {
   if (rows <= 0 || cols <= 0)
     return hqi_error(HQ_ESHAPE, "%s: shape [%lld, %lld] must be positive", what, (long long)rows,

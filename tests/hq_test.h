@@ -18,6 +18,7 @@
 
 #include "hq/hq.h"
 #include "hq/numerics.h"
+#include "hq/train.h" /* the trainer services: tests link libhqtrain too */
 
 #ifndef assert_float_equal
 #define assert_float_equal(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))

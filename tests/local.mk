@@ -3,7 +3,7 @@ if HQ_TESTS
 HQ_TEST_CPPFLAGS = $(AM_CPPFLAGS) $(CMOCKA_CFLAGS) -I$(top_srcdir)/plugins/common \
 	-I$(top_srcdir)/plugins/mxfp8 -I$(top_srcdir)/plugins/nvfp4 -I$(top_srcdir)/plugins/fp8_block \
 	-I$(top_srcdir)/plugins/fp8_tensor
-HQ_TEST_LDADD = core/libhqcore.la $(CMOCKA_LIBS) -lm
+HQ_TEST_LDADD = services/libhqtrain.la core/libhqcore.la $(CMOCKA_LIBS) -lm
 
 # Fixture modules for the loader tests: built (as shared modules, hence -rpath) only for make check.
 HQ_FIXTURE_LDFLAGS = -module -avoid-version -shared -rpath /nowhere -no-undefined $(HQ_SAN_LDFLAGS)
@@ -137,9 +137,22 @@ tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
-tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c tests/hq_wrap.h
+tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
+	tests/wrap/stock_fp8_tensor.h tests/hq_wrap.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# Later versions of fp8_tensor, named fp8_tensor (test_checkpoint, bug 6), a folder each: one
+# with an option appended, one whose layout version changed.
+check_LTLIBRARIES += tests/wrap/next/fp8_tensor_next.la
+tests_wrap_next_fp8_tensor_next_la_SOURCES = tests/wrap/fp8_tensor_next.c \
+	tests/wrap/stock_fp8_tensor.h
+tests_wrap_next_fp8_tensor_next_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_APPEND_OPTION
+tests_wrap_next_fp8_tensor_next_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/wrap/relayout/fp8_tensor_relayout.la
+tests_wrap_relayout_fp8_tensor_relayout_la_SOURCES = tests/wrap/fp8_tensor_next.c \
+	tests/wrap/stock_fp8_tensor.h
+tests_wrap_relayout_fp8_tensor_relayout_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_LAYOUT=2
+tests_wrap_relayout_fp8_tensor_relayout_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # The identity module (plugins/identity/identity.la) under the name identity_module, so that a set
 # holds it beside the built-in (test_identity), in a folder of its own.
@@ -229,6 +242,13 @@ else
 tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
 endif
+
+# the public functions libhqtrain is built on (qtensor queries, format descriptions, unshare,
+# the fused write-back's refusals, errors, tensor checks, the floating-point mode)
+check_PROGRAMS += tests/test_services_api
+tests_test_services_api_SOURCES = tests/test_services_api.c tests/hq_test.h
+tests_test_services_api_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_services_api_LDADD = $(HQ_TEST_LDADD)
 
 # allocation failures injected one at a time (replaces malloc; skips under AddressSanitizer)
 check_PROGRAMS += tests/test_oom

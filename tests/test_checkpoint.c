@@ -1,5 +1,5 @@
 /*
-** test_checkpoint.c -- safetensors checkpoints (core/checkpoint.c, docs/checkpoints.md).
+** test_checkpoint.c -- safetensors checkpoints (services/ckpt_*.c, docs/checkpoints.md).
 **
 **   - round trips of quantized tensors of every stock format (fp8_tensor, mxfp8 incl. swizzle and
 **     2-D, nvfp4 incl. RHT, 2-D, swizzle and stochastic rounding, fp8_block 1d/2d, identity), a
@@ -13,6 +13,10 @@
 **   - refused loads (other format, options, shape, directions, missing tensor, plain vs
 **     quantized) with the status and a message naming file, tensor and both values, and
 **     nothing written into the qtensor; the writer's name rules;
+**   - plugin versions (tests/wrap/fp8_tensor_next.c): a file written before the plugin appended
+**     an option loads (the option at its default), a non-default value or an option the plugin
+**     no longer has is refused naming it, and a layout version other than the module's is
+**     refused naming tensor, format, plugin and both versions;
 **   - hostile files: every truncation of a small valid file, bad header lengths, offsets out of
 **     range / overlapping / reversed / with holes, shapes that do not fit or overflow, unknown
 **     dtypes, non-object JSON, deep nesting, NUL bytes, inconsistent "<name>/hq" metadata, and
@@ -1189,6 +1193,169 @@ static void test_fuzz(void **state) {
   hq_qtensor_free(dst[1]);
 }
 
+// --- plugin versions: appended options, layout versions (bug 6) -------------------------------
+
+/* A plugin set holding a later version of fp8_tensor (tests/wrap/fp8_tensor_next.c), built into
+   tests/wrap/<sub> beside $HQ_TEST_WRAP_DIR; the fixture loads the stock module itself from
+   $HQ_PLUGIN_PATH. */
+static hq_plugins *later_set(const char *sub) {
+  const char *wrap = getenv("HQ_TEST_WRAP_DIR");
+  if (!wrap) fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/../%s/.libs", wrap, sub);
+  const char *dirs[1] = {dir};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  const hq_plugin *p = hq_plugins_find(set, "fp8_tensor");
+  if (!p) fail_msg("no fp8_tensor in %s", dir);
+  return set;
+}
+
+/* An fp8_tensor [64, 128] qtensor, both directions, of `set` with options (NULL: defaults):
+   quantized from a seeded source, or empty. */
+static hq_qtensor *f8_of(hq_plugins *set, const char *opt, int quantize) {
+  const char *opts[1] = {opt};
+  hq_format_spec f = {sizeof f, "fp8_tensor", opt ? opts : NULL, opt ? 1u : 0u};
+  hq_quantizer *q = NULL;
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &f, &f, HQ_SOURCE_ORIGINAL, &q));
+  if (quantize) {
+    hq_tensor x = hq_test_tensor(HQ_F32, 64, 128, 41, 3.0f);
+    HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &x, &qt));
+    free(x.data);
+  } else {
+    HQ_OK_OR_FAIL(hq_make_empty(q, g_ctx, 64, 128, HQ_F32, &qt));
+  }
+  hq_quantizer_free(q);
+  return qt;
+}
+
+static void save_as(const char *path, const char *name, const hq_qtensor *qt) {
+  hq_ckpt_writer *w;
+  HQ_OK_OR_FAIL(hq_ckpt_writer_open(path, &w));
+  HQ_OK_OR_FAIL(hq_ckpt_add_qtensor(w, g_ctx, name, qt));
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(w));
+}
+
+/* Load `name` of `path` into qt: expect `status`, messages naming each of `needles`, and on a
+   refusal no byte of qt changed. */
+static void load_expect(const char *path, const char *name, hq_qtensor *qt, int status,
+                        const char *const *needles) {
+  hq_ckpt *ck;
+  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  snap s = take_snap(qt);
+  int rc = hq_ckpt_load_qtensor(ck, g_ctx, name, qt);
+  if (rc != status)
+    fail_msg("load of '%s' from %s: status %d, want %d (%s)", name, path, rc, status,
+             hq_last_error());
+  for (size_t i = 0; needles && needles[i]; i++) HQ_ERROR_HAS(needles[i]);
+  if (rc) assert_true(same_snap(qt, &s));
+  free(s.bytes);
+  hq_ckpt_close(ck);
+}
+
+/* A file written by the later module of `set`: refused by the stock module (HQ_EINVAL naming each
+   of `needles`), loaded by its own. */
+static void later_file(hq_plugins *set, const char *path, const char *const *needles) {
+  hq_qtensor *later = f8_of(set, NULL, 1);
+  save_as(path, "w", later);
+  hq_qtensor *d = f8_of(g_set, NULL, 0);
+  load_expect(path, "w", d, HQ_EINVAL, needles);
+  hq_qtensor_free(d);
+  d = f8_of(set, NULL, 0);
+  load_expect(path, "w", d, HQ_OK, NULL);
+  assert_same_qt(later, d, "the later module's own file");
+  hq_qtensor_free(d);
+  hq_qtensor_free(later);
+}
+
+/* A checkpoint written by fp8_tensor before it had the option "bump" loads into the later
+   module, whose "bump" then reads as its default; a qtensor with another "bump" is refused, and
+   so is a checkpoint holding an option the loading module no longer has. */
+static void test_appended_option(void **state) {
+  (void)state;
+  const char *old = tpath("old_plugin.safetensors"), *newer = tpath("new_plugin.safetensors");
+  hq_plugins *next = later_set("next");
+  hq_qtensor *orig = f8_of(g_set, NULL, 1);
+  save_as(old, "w", orig);
+
+  hq_qtensor *d = f8_of(next, NULL, 0);
+  load_expect(old, "w", d, HQ_OK, NULL);
+  assert_same_qt(orig, d, "a file of the plugin before its option was appended");
+  hq_qtensor_free(d);
+  d = f8_of(next, "bump=true", 0);
+  const char *n1[] = {old, "tensor 'w'", "rowwise", "'bump'", "bump=false", "bump=true", NULL};
+  load_expect(old, "w", d, HQ_EINVAL, n1);
+  hq_qtensor_free(d);
+
+  /* the other way: a file of the later module, holding "bump=false", into the stock one */
+  const char *n2[] = {newer, "tensor 'w'", "bump=false", "fp8_tensor", "no option 'bump'", NULL};
+  later_file(next, newer, n2);
+  hq_qtensor_free(orig);
+  hq_plugins_close(next);
+}
+
+/* A module whose layout version is not the one a direction was saved with refuses the file:
+   HQ_EINVAL naming the tensor, the format, the plugin, the file's and the module's version. */
+static void test_layout_version(void **state) {
+  (void)state;
+  const char *v1 = tpath("layout1.safetensors"), *v2 = tpath("layout2.safetensors");
+  hq_plugins *relayout = later_set("relayout");
+  hq_qtensor *orig = f8_of(g_set, NULL, 1);
+  save_as(v1, "w", orig);
+  hq_qtensor *d = f8_of(relayout, NULL, 0);
+  const char *n1[] = {v1, "tensor 'w'", "rowwise direction (format 'fp8_tensor', plugin "
+                      "fp8_tensor) was saved in layout version 1", "stores layout version 2",
+                      NULL};
+  load_expect(v1, "w", d, HQ_EINVAL, n1);
+  hq_qtensor_free(d);
+
+  /* the file records 2; the stock module stores 1 */
+  const char *n2[] = {v2, "saved in layout version 2", "stores layout version 1", NULL};
+  later_file(relayout, v2, n2);
+  hq_qtensor_free(orig);
+  hq_plugins_close(relayout);
+
+  /* the recorded version, field by field: 1 for the stock module; a file without it (written
+     before layout versions were recorded) reads as 1; anything but an integer >= 1 is malformed;
+     an option listed twice too */
+  hq_qtensor *qt = quantize_cfg(&k_small[0], 3);
+  save_as(tpath("real.safetensors"), "q", qt);
+  hq_qtensor_free(qt);
+  hq_ckpt *ck;
+  HQ_OK_OR_FAIL(hq_ckpt_open(tpath("real.safetensors"), &ck));
+  json_error_t err;
+  json_t *m = json_loads(hq_ckpt_meta(ck, "q/hq"), 0, &err);
+  hq_ckpt_close(ck);
+  json_t *fr = json_object_get(json_object_get(m, "formats"), "rowwise");
+  json_t *fc = json_object_get(json_object_get(m, "formats"), "columnwise");
+  assert_int_equal(json_integer_value(json_object_get(fr, "layout_version")), 1);
+  assert_int_equal(json_integer_value(json_object_get(fc, "layout_version")), 1);
+  json_object_del(fr, "layout_version");
+  json_object_del(fc, "layout_version");
+  char *t = json_dumps(m, JSON_COMPACT);
+  bad_meta(t, HQ_OK, NULL);
+  free(t);
+  json_object_set_new(fr, "layout_version", json_string("1"));
+  t = json_dumps(m, JSON_COMPACT);
+  bad_meta(t, HQ_EPARSE, "layout_version");
+  free(t);
+  json_object_set_new(fr, "layout_version", json_integer(0));
+  t = json_dumps(m, JSON_COMPACT);
+  bad_meta(t, HQ_EPARSE, "layout_version");
+  free(t);
+  json_object_set_new(fr, "layout_version", json_integer(3));
+  t = json_dumps(m, JSON_COMPACT);
+  bad_meta(t, HQ_EINVAL, "saved in layout version 3");
+  free(t);
+  json_object_set_new(fr, "layout_version", json_integer(1));
+  json_array_append_new(json_object_get(fr, "options"), json_string("dtype=e4m3"));
+  t = json_dumps(m, JSON_COMPACT);
+  bad_meta(t, HQ_EPARSE, "option 'dtype' is listed twice");
+  free(t);
+  json_decref(m);
+}
+
 // --- allocation failures ------------------------------------------------------------------
 
 #ifdef HQ_TEST_OOM
@@ -1458,7 +1625,7 @@ static void rm_tree(const char *dir) {
 
 int main(void) {
   if (hq_ckpt_writer_open(NULL, NULL) == HQ_ENOTSUP) {
-    printf("test_checkpoint: libhqcore was built without checkpoints (skipped)\n");
+    printf("test_checkpoint: libhqtrain was built without checkpoints (skipped)\n");
     return HQ_TEST_SKIP;
   }
   const char *tmp = getenv("TMPDIR");
@@ -1476,7 +1643,8 @@ int main(void) {
       cmocka_unit_test(test_shared_private), cmocka_unit_test(test_mismatch),
       cmocka_unit_test(test_writer_rules), cmocka_unit_test(test_truncated),
       cmocka_unit_test(test_hostile_headers), cmocka_unit_test(test_hostile_meta),
-      cmocka_unit_test(test_fuzz),
+      cmocka_unit_test(test_fuzz),        cmocka_unit_test(test_appended_option),
+      cmocka_unit_test(test_layout_version),
 #ifdef HQ_TEST_OOM
       cmocka_unit_test(test_oom),
 #endif

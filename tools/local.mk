@@ -8,8 +8,8 @@ tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/jso
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
 	train/checkpoint.c train/ops_cpu.c
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
-tools_hq_LDADD = core/libhqcore.la -lm
-# an installed hq finds its libhqcore in any --prefix without ldconfig or LD_LIBRARY_PATH
+tools_hq_LDADD = services/libhqtrain.la core/libhqcore.la -lm
+# an installed hq finds libhqcore and libhqtrain in any --prefix without ldconfig or LD_LIBRARY_PATH
 tools_hq_LDFLAGS = -Wl,-rpath,$(libdir)
 EXTRA_DIST += train/ops_cuda.cu
 if HAVE_CUDA

@@ -1,6 +1,7 @@
 /*
-** checkpoint.c -- save and resume a run of `hq train` through libhqcore's safetensors checkpoints
-** (hq_ckpt_*): everything the next step reads, so that a resumed run continues bit-identically.
+** checkpoint.c -- save and resume a run of `hq train` through libhqtrain's safetensors
+** checkpoints (hq_ckpt_*, hq/train.h): everything the next step reads, so that a resumed run
+** continues bit-identically.
 **
 **   embedding, embedding.adam_m, embedding.adam_v           F32 [27, E]
 **   NAME.weight                                              the quantized weight: every

@@ -16,12 +16,12 @@
 **                                (rowwise fprop, columnwise dgrad)
 **   (linear, grad_output, NAME)  dy: quantized every step, both directions (rowwise dgrad,
 **                                columnwise wgrad)
-** The optimizer is libhqcore's hq_adam_step (AdamW on the FP32 masters, the quantized weight
-** written back in the same call; CPU and CUDA). Everything else that is not a GEMM --
-** embedding, bias gradients, activations, softmax cross-entropy -- is plain FP32 in the device
-** table of the context's device (device.h: ops_cpu.c, ops_cuda.cu); nothing else differs between
-** the CPU and a GPU: every buffer comes from hq_ctx_alloc on the model's context, every copy goes
-** through hq_ctx_memcpy, and the table's kernels run on the context's stream.
+** The optimizer is libhqtrain's hq_adam_step (hq/train.h: AdamW on the FP32 masters, the
+** quantized weight written back in the same call; CPU and CUDA). Everything else that is not a
+** GEMM -- embedding, bias gradients, activations, softmax cross-entropy -- is plain FP32 in the
+** device table of the context's device (device.h: ops_cpu.c, ops_cuda.cu); nothing else differs
+** between the CPU and a GPU: every buffer comes from hq_ctx_alloc on the model's context, every
+** copy goes through hq_ctx_memcpy, and the table's kernels run on the context's stream.
 */
 #include <math.h>
 #include <stdarg.h>

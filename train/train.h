@@ -1,7 +1,7 @@
 /*
 ** train.h -- `hq train`: a character-level language model (makemore-style MLP) trained through
-** libhqcore. The trainer uses only the public API (hq/hq.h); an embedder can copy train/ as a
-** starting point:
+** libhqcore. The trainer uses only the public API (hq/hq.h, hq/train.h); an embedder can copy
+** train/ as a starting point:
 **   data.c   the corpus: words -> (context of C previous characters, next character) examples,
 **            a seeded train / held-out split, seeded batch sampling
 **   model.c  embedding -> L hidden linear layers -> lm_head -> softmax cross-entropy; every
@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "hq/hq.h"
+#include "hq/train.h"
 #include "device.h"   /* the device table: TRAIN_ACT_*, train_device_ops */
 
 /* ---------------------------------------------------------------------------------------------

@@ -10,8 +10,7 @@
 
 #include "hq/numerics.h"
 #include "hq/plugin.h"
-
-extern "C" int hqi_error(int code, const char *fmt, ...);
+#include "hqi_cuda.h"
 
 namespace {
 
@@ -162,67 +161,7 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
   }
 }
 
-/* One AdamW step (hq_adam_elem, the core's rule) on element i of the FP32 master w with the
-   gradient (dtype GT) and the moments at the same index, all written back; returns the new w[i]. */
-template <int GT>
-__device__ __forceinline__ float adam_step_at(const hq_adam_consts &k, const void *__restrict__ g,
-                                              float *__restrict__ w, float *__restrict__ m,
-                                              float *__restrict__ v, int64_t i) {
-  float wi = w[i], mi = m[i], vi = v[i];
-  hq_adam_elem(&k, hq_load_hp(g, i, GT), &wi, &mi, &vi);
-  w[i] = wi;
-  m[i] = mi;
-  v[i] = vi;
-  return wi;
-}
-
-/* AmaxT: also the NaN-ignoring max |w| of the updated masters (the write-back's per-tensor amax,
-   in the same pass): a max per thread, per warp, then one atomic per warp into both words. */
-template <int DT, bool AMAX>
-__global__ void adam_kernel(hq_adam_consts k, const void *__restrict__ g, float *__restrict__ w,
-                            float *__restrict__ m, float *__restrict__ v, int64_t n,
-                            unsigned int *__restrict__ amax_bits) {
-  uint32_t mx = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const float wi = adam_step_at<DT>(k, g, w, m, v, i);
-    if (AMAX) {
-      const uint32_t b = hq_abs_bits_nonan(wi);
-      mx = b > mx ? b : mx;
-    }
-  }
-  if (AMAX) {
-    mx = __reduce_max_sync(0xffffffffu, mx);
-    if ((threadIdx.x & 31) == 0 && mx) {
-      atomicMax(&amax_bits[0], mx);
-      atomicMax(&amax_bits[1], mx);
-    }
-  }
-}
-
-template <int DT>
-void launch_adam(unsigned blocks, cudaStream_t s, const hq_adam_consts &k, const void *g, float *w,
-                 float *m, float *v, int64_t n, unsigned int *amax_bits) {
-  if (amax_bits) adam_kernel<DT, true><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, amax_bits);
-  else adam_kernel<DT, false><<<blocks, 256, 0, s>>>(k, g, w, m, v, n, nullptr);
-}
-
 } // namespace
-
-extern "C" int hqi_cuda_adam(void *stream, const hq_adam_consts *k, const void *grad, int gdtype,
-                             float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
-  cudaStream_t s = (cudaStream_t)stream;
-  if (n <= 0) return HQ_OK;
-  int64_t blocks = (n + 255) / 256;
-  if (blocks > 65536) blocks = 65536;
-  if (gdtype == HQ_F32) launch_adam<HQ_F32>((unsigned)blocks, s, *k, grad, w, m, v, n, amax_bits);
-  else if (gdtype == HQ_F16) launch_adam<HQ_F16>((unsigned)blocks, s, *k, grad, w, m, v, n, amax_bits);
-  else launch_adam<HQ_BF16>((unsigned)blocks, s, *k, grad, w, m, v, n, amax_bits);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return hqi_error(HQ_EDEVICE, "%s:%d: adam kernel: %s", __FILE__, __LINE__, cudaGetErrorString(e));
-  return HQ_OK;
-}
 
 extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                                   unsigned long long *out) {

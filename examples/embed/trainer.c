@@ -6,7 +6,9 @@
 **     fprop  y  = x W^T      dgrad  dx = dy W      wgrad  dW = dy^T x
 ** Each result is checked against a plain FP32 loop over the dequantized operands (the GEMM must
 ** compute exactly that, up to the order of the sums), and its distance to the product of the
-** unquantized tensors (the recipe's quantization error) is printed.
+** unquantized tensors (the recipe's quantization error) is printed. Then one AdamW step
+** (libhqtrain, hq/train.h) updates the FP32 master weight from dW and writes the quantized
+** weight back: its copies must be those a fresh quantize of the new master gives.
 **
 **   ./trainer RECIPE     e.g. the installed default recipe:
 **                        ./trainer "$(pkg-config --variable=recipedir hqcore)/recipe.ini"
@@ -15,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <hq/hq.h>
+#include <hq/train.h> /* hq/hq.h and the trainer services: AdamW, checkpoints */
 
 enum { T = 64, IN = 128, OUT = 96 }; /* multiples of 32: every stock format's blocks fit */
 
@@ -82,14 +84,15 @@ int main(int argc, char **argv) {
   hq_ctx *ctx = NULL;
   hq_recipe *recipe = NULL;
   hq_quantizer *qx = NULL, *qw = NULL, *qdy = NULL;
-  hq_qtensor *x = NULL, *w = NULL, *dy = NULL;
+  hq_qtensor *x = NULL, *w = NULL, *dy = NULL, *fresh = NULL;
   unsigned seed = 1;
   float *xv = random_matrix(T, IN, &seed), *wv = random_matrix(OUT, IN, &seed),
         *dyv = random_matrix(T, OUT, &seed);
   float *y = malloc(sizeof(float) * T * OUT), *dx = malloc(sizeof(float) * T * IN),
         *dw = malloc(sizeof(float) * OUT * IN), *ref = malloc(sizeof(float) * OUT * IN);
   float *a = NULL, *b = NULL; /* dequantized operands */
-  if (!xv || !wv || !dyv || !y || !dx || !dw || !ref) {
+  float *m = calloc((size_t)OUT * IN, sizeof(float)), *v = calloc((size_t)OUT * IN, sizeof(float));
+  if (!xv || !wv || !dyv || !y || !dx || !dw || !ref || !m || !v) {
     fprintf(stderr, "out of memory\n");
     goto out;
   }
@@ -171,15 +174,38 @@ int main(int argc, char **argv) {
       goto out;
     }
   }
+
+  /* 5. one optimizer step: AdamW on the FP32 master wv with dW, the quantized weight written
+        back; both copies equal a fresh quantize of the new master (a weight quantizer without
+        stochastic rounding: the same input gives the same bytes) */
+  hq_adam adam = {sizeof adam, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1};
+  CHECK(hq_adam_step(ctx, &adam, &tdw, wv, m, v, w));
+  CHECK(hq_quantize(qw, ctx, &tw, &fresh));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE && hq_quantizer_requant_safe(qw); dir <<= 1) {
+    a = dequantized(w, ctx, dir);
+    b = dequantized(fresh, ctx, dir);
+    if (!a || !b) goto out;
+    double d = rel_error(a, b, OUT * IN);
+    free(a);
+    free(b);
+    a = b = NULL;
+    if (d != 0.0) {
+      fprintf(stderr, "adamw: %s copy differs from a fresh quantize (%.2e)\n",
+              dir == HQ_ROWWISE ? "rowwise" : "columnwise", d);
+      goto out;
+    }
+  }
+  printf("adamw: weight written back, equal to a fresh quantize of the new master\n");
   status = 0;
   printf("ok\n");
 
-out: /* 5. free everything (qtensors before their context) */
+out: /* 6. free everything (qtensors before their context) */
   free(a);
   free(b);
   hq_qtensor_free(x);
   hq_qtensor_free(w);
   hq_qtensor_free(dy);
+  hq_qtensor_free(fresh);
   hq_quantizer_free(qx);
   hq_quantizer_free(qw);
   hq_quantizer_free(qdy);
@@ -192,5 +218,7 @@ out: /* 5. free everything (qtensors before their context) */
   free(dx);
   free(dw);
   free(ref);
+  free(m);
+  free(v);
   return status;
 }

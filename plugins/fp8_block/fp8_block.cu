@@ -36,6 +36,7 @@
 #include "amax_cuda.h"
 #include "cuda_check.h"
 #include "hp_load_cuda.h"
+#include "hq/adamw.h"
 #include "hq/numerics.h"
 #include "fp8_block_rules.h"
 

@@ -518,6 +518,7 @@ static const hq_format_ops ops = {
     .state_floats = state_floats,
     .init_state = init_state,
     .update_state = update_state,
+    .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 
 HQ_FORMAT_DEFINE(ops);

@@ -38,6 +38,7 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
+#include "hq/adamw.h"
 #include "hq/numerics.h"
 #include "fp8_scale.h"
 #include "fp8_tensor.h"

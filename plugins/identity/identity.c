@@ -138,6 +138,7 @@ static const hq_format_ops ops = {
     .layout = layout,
     .quantize = quantize,
     .dequantize = dequantize,
+    .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 
 HQ_FORMAT_DEFINE(ops);

@@ -581,6 +581,7 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
     /* tensor_factor: NULL, no per-tensor factor (the raw values are the dequantized values) */
+    .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 
 HQ_FORMAT_DEFINE(ops);

@@ -49,6 +49,7 @@
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "mx_cvt_cuda.h"
+#include "hq/adamw.h"
 #include "hq/numerics.h"
 #include "mxfp8.h"
 #include "mxfp8_rules.h"

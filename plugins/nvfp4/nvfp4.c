@@ -862,6 +862,7 @@ static const hq_format_ops ops = {
     .update = NULL, /* the core calls quantize() with HQ_CALL_UPDATE */
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
+    .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 
 HQ_FORMAT_DEFINE(ops);

@@ -7,12 +7,7 @@
 ** the folding ones. Built for make check only, into a folder of its own (tests/wrap), apart from
 ** the loader fixtures whose counts the loader tests check.
 */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-#include "../hq_wrap.h"
+#include "stock_fp8_tensor.h"
 
 static hq_format_ops ops;
 static const hq_format_ops *inner;
@@ -23,21 +18,8 @@ static uint64_t instance_caps(const void *cfg) {
 }
 
 HQ_FORMAT_EXPORT const hq_format_ops *hq_format_module_v2(const hq_host_api *host) {
-  if (!host || host->abi_major != HQ_ABI_MAJOR) return NULL;
-  const char *path = getenv("HQ_PLUGIN_PATH");
-  char file[4200];
-  file[0] = 0;
-  for (const char *p = path; p && *p && !file[0];) {
-    const size_t n = strcspn(p, ":");
-    snprintf(file, sizeof file, "%.*s/fp8_tensor.so", (int)n, p);
-    if (!n || access(file, F_OK) != 0) file[0] = 0;
-    p += n + (p[n] == ':');
-  }
-  if (!file[0]) {
-    host->error(HQ_ENOENT, "fp8_tensor.so not found on HQ_PLUGIN_PATH=%s", path ? path : "");
+  if (!host || host->abi_major != HQ_ABI_MAJOR || !(inner = stock_fp8_tensor(host, &ops)))
     return NULL;
-  }
-  if (!hq_wrap_module(host, file, &ops, &inner)) return NULL;
   ops.name = "fp8_tensor_nofold";
   ops.description = "test fixture: fp8_tensor without deq-factor (ABI 2.2 behaviour)";
   ops.caps &= ~HQ_CAP_DEQ_FACTOR;

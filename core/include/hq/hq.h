@@ -1,8 +1,10 @@
 /*
 ** hq/hq.h -- the public API of libhqcore, for trainers that embed it.
 **
-** This is the only header an embedder includes (it pulls in hq/plugin.h for the shared types:
-** hq_status, hq_dtype, hq_tensor, hq_storage). Link with `pkg-config --libs hqcore`.
+** This is the header an embedder starts from (it pulls in hq/plugin.h for the shared types:
+** hq_status, hq_dtype, hq_tensor, hq_storage); hq/train.h adds the trainer services built on it
+** (AdamW with the quantized write-back, safetensors checkpoints: libhqtrain). Link with
+** `pkg-config --libs hqcore`, which gives both libraries.
 **
 ** The objects, in the order a trainer meets them:
 **   hq_ctx        where work runs: host or a CUDA device + stream, allocator hooks, logger.
@@ -91,6 +93,11 @@ HQ_API const char *hq_version(void);                  /* "0.2.0" */
 HQ_API const char *hq_last_error(void);               /* "" when none; per thread */
 HQ_API void hq_clear_error(void);
 HQ_API const char *hq_strerror(int status);           /* static text for a status code */
+/* Record a formatted message as the thread's last error, as libhqcore's own failures do (an
+   HQ_ENOMEM message that does not say "memory" gets "out of memory: " in front); returns code.
+   For libraries and embedders layered on hq, so that hq_last_error() reports their failures
+   too. */
+HQ_API int hq_set_error(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
 HQ_API const char *hq_dtype_name(hq_dtype dtype);     /* "f32", "bf16", "e4m3", ... */
 HQ_API hq_dtype hq_dtype_from_name(const char *name); /* HQ_DTYPE_INVALID if unknown */
 HQ_API size_t hq_dtype_size(hq_dtype dtype);          /* bytes per stored element, 0 if invalid */
@@ -102,6 +109,14 @@ HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
    device first). Memory still allocated is not touched. */
 HQ_API int hq_device_trim(int device);
 HQ_API int hq_built_with_cuda(void);
+/* hq's host arithmetic mode (IEEE subnormals and rounding to nearest: the conventions above),
+   for code outside libhqcore that must give libhqcore's bits on the host (a loop over
+   hq/numerics.h or hq/adamw.h): hq_fpenv_enter clears the calling thread's flush-to-zero and
+   rounding bits where they are set and returns its mode; hq_fpenv_leave(mode) puts that mode
+   back. */
+typedef unsigned long long hq_fpenv;
+HQ_API hq_fpenv hq_fpenv_enter(void);
+HQ_API void hq_fpenv_leave(hq_fpenv mode);
 
 /* ---------------------------------------------------------------------------------------------
 ** Contexts
@@ -432,8 +447,8 @@ HQ_API int hq_quantizer_bind_state(hq_quantizer *q, hq_state *st);
 HQ_API int hq_state_amaxes(hq_state *st, float **amax, size_t *n);
 /* The whole buffer (*n floats: the amaxes first, then the slices' states, on the state's
    device), e.g. to checkpoint it as one F32 tensor; it is writable: on resume, load the saved
-   floats into it (hq_ckpt_load_tensor, or a copy on the state's stream) before the next
-   quantize, with the same quantizers bound in the same order. */
+   floats into it (hq_ckpt_load_tensor of hq/train.h, or a copy on the state's stream) before
+   the next quantize, with the same quantizers bound in the same order. */
 HQ_API int hq_state_data(hq_state *st, float **data, size_t *n);
 /* Update every slice from its amax (after the caller's reduction), on ctx (the state's device)
    and its stream: one format call -- one kernel on a GPU -- per group of slices. */
@@ -472,6 +487,12 @@ typedef struct hq_quantize_args {
 /* Count the NaN and +-Inf values of t (on the context's device); *first receives the row-major
    index of the first one (-1 when there is none). Synchronizes the context's stream. */
 HQ_API int hq_tensor_nonfinite(hq_ctx *ctx, const hq_tensor *t, int64_t *count, int64_t *first);
+/* The checks every call makes on a caller's tensor: struct_size at least HQ_TENSOR_SIZE_2_0,
+   dtype F32, F16 or BF16, rows and cols positive with at most 2^48 elements, data not NULL and
+   aligned to its element size. HQ_EINVAL (HQ_ESHAPE for the shape) with a message starting with
+   `what`; *out receives the tensor as this header's hq_tensor (an older, smaller struct's
+   missing fields zero). */
+HQ_API int hq_tensor_check(const hq_tensor *t, const char *what, hq_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------
 ** Quantized tensors
@@ -507,6 +528,54 @@ HQ_API const hq_storage *hq_qtensor_storage(const hq_qtensor *qt, uint32_t dir);
 /* Bytes held by a direction (buffers shared with the other direction count once, in ROWWISE). */
 HQ_API size_t hq_qtensor_bytes(const hq_qtensor *qt, uint32_t dir);
 HQ_API const char *hq_qtensor_format(const hq_qtensor *qt, uint32_t dir);
+/* The role of the quantizer that made qt ("linear:weight:fc1"; "(direct)" for
+   hq_quantizer_create_direct), its columnwise_source (HQ_SOURCE_*), and the device its buffers
+   live on (its context's). */
+HQ_API const char *hq_qtensor_role(const hq_qtensor *qt);
+HQ_API int hq_qtensor_columnwise_source(const hq_qtensor *qt);
+HQ_API int hq_qtensor_device(const hq_qtensor *qt);
+/* What per-tensor amax direction `dir` of qt depends on (HQ_AMAX_*, as hq_quantizer_amax_kind:
+   the columnwise copy of a rowwise_dequantized tensor sees the dequantized values, so an INPUT
+   kind becomes OWN there). */
+HQ_API uint32_t hq_qtensor_amax_kind(const hq_qtensor *qt, uint32_t dir);
+
+/* The format instance a direction of qt uses (whether that direction is present or not), as a
+   checkpoint records it. The strings and arrays stay valid while qt lives. */
+typedef struct hq_format_desc {
+  uint32_t struct_size;              /* sizeof(hq_format_desc), set by the caller */
+  uint32_t layout_version;           /* the module's hq_format_ops.layout_version (0 reads as 1) */
+  const char *name;                  /* the instance: a [format] name, or the plugin's name */
+  const char *plugin;                /* the module's name */
+  const char *plugin_version;        /* the module's version string ("" when it has none) */
+  size_t n_options;                  /* the module's options, in its table's order: */
+  const char *const *option_names;   /*   their names, */
+  const char *const *option_values;  /*   this instance's values as written (defaults filled), */
+  const char *const *option_defaults;/*   and the table's defaults as written */
+} hq_format_desc;
+/* The smallest struct_size accepted (every field above). */
+#define HQ_FORMAT_DESC_SIZE_0_2 (offsetof(hq_format_desc, option_defaults) + sizeof(void *))
+HQ_API int hq_qtensor_format_desc(const hq_qtensor *qt, uint32_t dir, hq_format_desc *out);
+
+/* Give every columnwise buffer that is a rowwise buffer of qt (HQ_BUF_SHARED, both directions
+   made by one call) memory of its own holding a copy of its bytes, named "columnwise_<name>" --
+   what the first update of one direction alone does -- all of them or, when an allocation
+   fails, none (HQ_ENOMEM, qt unchanged). Allocated through qt's context, copied on ctx's stream
+   (ctx on qt's device). A later update of both directions by one call shares them again. For a
+   loader that fills the columnwise copies from elsewhere (a checkpoint that holds them). */
+HQ_API int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx);
+
+/* The fused optimizer write-back (hq/plugin.h, "Fused optimizer write-back"): one update() call
+   of qt's format that applies the AdamW step `adam` to every element of the FP32 master [rows,
+   cols] (on ctx's device) as it reads it, stores master and moments back and writes every
+   direction qt refreshes from the new master -- the bytes of the step followed by
+   hq_qtensor_update(qt, ctx, master), in one pass. HQ_ENOTSUP, with nothing run, where that one
+   call cannot be made: on the host, for a saved qtensor, a rowwise_dequantized source, two
+   format instances for the directions refreshed, a format without HQ_CAP_FUSED_ADAM or one that
+   needs a per-tensor amax; the caller then runs the step itself and updates (as hq_adam_step
+   does). A wrong device, shape or master dtype is HQ_EINVAL (HQ_ESHAPE). The call
+   is logged at debug level ("AdamW fused into the ... write-back"). */
+HQ_API int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
+                                  const hq_adam_pass *adam);
 HQ_API void hq_qtensor_free(hq_qtensor *qt);
 
 /* Save / restore (activation recompute, offload, checkpoints): hand every buffer out -- the
@@ -674,97 +743,6 @@ HQ_API int hq_grouped_gemm(hq_ctx *ctx, size_t n, const hq_operand *A, int trans
                            const hq_operand *B, int transb, hq_tensor *const *D, float alpha,
                            float beta, const hq_gemm_args *args, hq_gemm_info *infos);
 HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
-
-/* ---------------------------------------------------------------------------------------------
-** Optimizer: AdamW on FP32 master weights, with the quantized weight written back.
-**
-** hq_adam_step updates, element by element, the FP32 master weights, first and second moments
-** (all [rows, cols] F32 arrays on the context's device, the gradient's shape) from the gradient
-** (F32, F16 or BF16; cast to FP32), then -- when qw is given -- writes every direction qw holds
-** in its usage back from the new master (hq_qtensor_update: the bytes equal a fresh quantize of
-** the master). The element rule is one shared definition (CPU and CUDA give the same bits):
-**   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-**   w -= lr * ((m c1) / (sqrt(v c2) + eps) + weight_decay * w)
-** every step an FP32 operation in this order, with c1 = 1/(1-b1^t) and c2 = 1/(1-b2^t) computed
-** once per step in double and rounded to float (decoupled weight decay: AdamW). A quantized
-** parameter without master weights, a gradient or qtensor of another shape, or a step < 1 is
-** refused with HQ_EINVAL before anything changes (the rule is hq_adam_elem in hq/numerics.h).
-** On a GPU, in as few passes as the weight's format allows:
-**   - one kernel: when one module instance makes every direction qw refreshes, in one update
-**     call that reads each element once, needs no per-tensor amax, and declares
-**     HQ_CAP_FUSED_ADAM (mxfp8, fp8_block, identity, fp8_tensor with delayed scaling), the
-**     step runs inside that write-back kernel (grad, master, m, v read once; master, m, v and
-**     every direction written once; logged at debug level);
-**   - two kernels otherwise: the step, then the format's write-back. When the write-back needs
-**     the per-tensor amax of the new master (fp8_tensor current scaling, nvfp4's global scales)
-**     the step's kernel computes it in the same pass and hands it to the write-back, so the
-**     master is not read a third time.
-** The bytes are the same on every path.
-*/
-typedef struct hq_adam {
-  uint32_t struct_size;          /* sizeof(hq_adam) */
-  float lr, beta1, beta2, eps, weight_decay;
-  int64_t step;                  /* 1 for the first step (bias correction) */
-} hq_adam;
-HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
-                        float *m, float *v, hq_qtensor *qw);
-
-/* ---------------------------------------------------------------------------------------------
-** Checkpoints: safetensors files (https://github.com/huggingface/safetensors: an 8-byte
-** little-endian header length, a JSON header, then the tensors' bytes) that standard tooling
-** reads. A quantized tensor is stored as one safetensors entry per buffer, named
-** "<name>/<buffer name>" ("fc1.weight/data", "fc1.weight/columnwise_scale_inv", ...), with
-** "__metadata__" keys "<name>/hq" describing it (JSON text: format instance, plugin name and
-** version, options, role, rows, cols, nominal dtype, directions, buffer list). High-precision
-** tensors (optimizer state, master weights) are plain entries; free-form metadata is allowed.
-** Adding a tensor copies it to the host (device buffers through the context's stream, which it
-** synchronizes); the writer holds these copies until close. Loading checks the plugin name, the
-** options and every buffer's dtype and size against the qtensor it loads into (a mismatch is
-** HQ_EINVAL naming the file, the tensor, the buffer or option and both values; a name the file
-** lacks is HQ_ENOENT), and refuses a truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE
-** naming the file and the entry (never reading outside the file). docs/checkpoints.md has the
-** file format, the metadata schema and every check. Built without jansson (Debian:
-** libjansson-dev) these calls return HQ_ENOTSUP.
-*/
-typedef struct hq_ckpt_writer hq_ckpt_writer;
-HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
-/* Every present direction and every buffer of qt, under `name`. Names: 1 to 1024 bytes of UTF-8
-   without control characters, no '/' at either end, no "//", not "__metadata__"; unique in the
-   file, and no name or metadata key may lie under another name + "/" (HQ_EINVAL). A saved
-   qtensor (hq_qtensor_save) is HQ_ESTATE. A failed add leaves the writer as it was. */
-HQ_API int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
-                               const hq_qtensor *qt);
-/* A high-precision tensor (F32, F16, BF16) on ctx's device or on the host (a host tensor is
-   copied directly; a device one through ctx's stream, which this synchronizes). */
-HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
-                              const hq_tensor *t);
-/* A free-form "__metadata__" string, UTF-8 (key not lying under a tensor name + "/", whether the
-   tensor is added before or after; "hq_version" is written by hq). */
-HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value);
-/* Write the file (to a temporary name, then renamed: a crash never leaves half a checkpoint)
-   and free the writer, also on failure. */
-HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
-/* Free the writer without writing anything. */
-HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
-
-typedef struct hq_ckpt hq_ckpt;
-/* Open and validate a checkpoint: header length within the file (and at most 100,000,000
-   bytes), JSON well formed, every entry's dtype known, shape consistent with its byte range,
-   ranges inside the data section, not overlapping and covering it without a hole (the
-   safetensors rule). */
-HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
-HQ_API void hq_ckpt_close(hq_ckpt *c);
-/* A "__metadata__" value (valid until hq_ckpt_close), or NULL. */
-HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
-/* Load quantized tensor `name` into qt (made by hq_make_empty or hq_quantize with a quantizer of
-   the same formats and options; its shape, directions and columnwise_source must be the saved
-   ones). Every check is made before anything is written. A columnwise buffer qt shares with its
-   rowwise storage but the file holds as a copy of its own (saved after a one-direction update)
-   gets a private buffer, as hq_qtensor_update would give it. qt's usage flags are not changed.
-   A device qtensor is filled through host staging (synchronizes ctx's stream). */
-HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
-/* Load high-precision tensor `name` into t (same dtype and shape; on ctx's device or the host). */
-HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);
 
 /* ---------------------------------------------------------------------------------------------
 ** FSDP buffer protocol (no communication here: the caller gathers along dim 0, with NCCL, MPI or

@@ -524,30 +524,4 @@ HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
   return hq_e2m1_sr_biased_lt8(a, hq_bits_f32((r8 & 0xffu) << 16)) - HQ_E2M1_BIAS_BITS;
 }
 
-/* --------------------------------------------------------------------------------------------
-** The AdamW element update of hq_adam_step, the one definition for the core's CPU loop, its CUDA
-** kernel and a module's fused write-back (hq/plugin.h, HQ_CAP_FUSED_ADAM), so all give the same
-** bits: every operation an IEEE FP32 operation in this order (build C with -ffp-contract=off,
-** CUDA with -fmad=false), sqrtf correctly rounded (nvcc's default -prec-sqrt=true; never
-** --use_fast_math):
-**   m' = b1 * m + (1 - b1) * g
-**   v' = b2 * v + (1 - b2) * g * g
-**   w' = w - lr * ((m' * c1) / (sqrt(v' * c2) + eps) + wd * w)
-** with c1 = 1 / (1 - b1^t) and c2 = 1 / (1 - b2^t) computed once per step (hq_adam_consts).
-*/
-#include <math.h>
-
-HQ_HD void hq_adam_elem(const hq_adam_consts *k, float g, float *w, float *m, float *v) {
-  float mm = k->b1 * *m + k->one_minus_b1 * g;
-  float gg = g * g;
-  float vv = k->b2 * *v + k->one_minus_b2 * gg;
-  float mh = mm * k->c1;
-  float vh = vv * k->c2;
-  float den = sqrtf(vh) + k->eps;
-  float upd = mh / den + k->wd * *w;
-  *w = *w - k->lr * upd;
-  *m = mm;
-  *v = vv;
-}
-
 #endif /* HQ_NUMERICS_H */

@@ -2,7 +2,8 @@
 ** hq/plugin.h -- the format plugin ABI of libhqcore, version HQ_ABI_MAJOR.HQ_ABI_MINOR (below).
 **
 ** This is the only header a format author needs (hq/numerics.h, optional, adds the element
-** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA).
+** codecs: FP8/FP4/E8M0 encode and decode, bf16/f16 loads and stores, usable from C and CUDA;
+** hq/adamw.h the AdamW element rule a fused optimizer write-back applies).
 ** A format is a shared object (a libtool module) that exports exactly one function,
 ** hq_format_module_v2(), and hides every other symbol; HQ_FORMAT_DEFINE(ops) writes that
 ** function. It does not link against libhqcore: everything it needs from the core arrives
@@ -651,12 +652,13 @@ static inline float *hq_call_factor_out(const hq_call *call) {
 /* ---------------------------------------------------------------------------------------------
 ** Fused optimizer write-back (2.2)
 **
-** hq_adam_step (hq.h) updates FP32 master weights with AdamW and writes the quantized weight
-** back from them. For an instance whose caps include HQ_CAP_FUSED_ADAM, on a CUDA device, when
-** one update() call makes every direction the weight holds and the instance needs no per-tensor
-** amax (amax_kind() NONE for those directions), the core makes that call with call->adam set:
+** hq_adam_step (hq/train.h) updates FP32 master weights with AdamW and writes the quantized
+** weight back from them, through hq_qtensor_update_adam (hq.h) where it can. For an instance
+** whose caps include HQ_CAP_FUSED_ADAM, on a CUDA device, when one update() call makes every
+** direction the weight holds and the instance needs no per-tensor amax (amax_kind() NONE for
+** those directions), the core makes that call with call->adam set:
 ** src is then the FP32 master [M, K], and for every element the kernel reads, it must
-**   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/numerics.h) with w = master, g =
+**   1. apply hq_adam_elem(&adam->k, g, &w, &m, &v) (hq/adamw.h) with w = master, g =
 **      adam->grad (dtype adam->grad_dtype), m = adam->m, v = adam->v at the same index,
 **   2. store w, m and v back, and
 **   3. quantize the new w exactly as update() quantizes a source holding it,
@@ -811,6 +813,11 @@ typedef struct hq_format_ops {
      every amax[i] at 0. Required with state_floats. */
   int (*update_state)(const void *cfg, const hq_call *call, uint32_t dirs, int64_t n,
                       float *amax, float *state);
+  /* --- 2.4 (absent from an older table: 0) ------------------------------------------------ */
+  /* Version of the bytes this module stores (buffers, their layout and meaning); 0 reads as 1.
+     Raise it when a storage written by an older version of the module would be read wrongly
+     by this one: a checkpoint records it per direction and refuses a mismatch. */
+  uint32_t layout_version;
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the

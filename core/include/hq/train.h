@@ -1,0 +1,120 @@
+/*
+** hq/train.h -- the trainer services of hq (libhqtrain): AdamW on FP32 master weights with the
+** quantized weight written back, and safetensors checkpoints of quantized and high-precision
+** tensors.
+**
+** They are built on libhqcore's public API alone (hq/hq.h, which this header includes) and
+** live in a library of their own, so that the format runtime knows no optimizer and no file
+** format. `pkg-config --cflags --libs hqcore` gives both libraries (-lhqtrain -lhqcore). The
+** conventions of hq/hq.h hold here too: every function that can fail returns an hq_status with
+** its message in hq_last_error(), nothing aborts, versioned structs start with struct_size, a
+** call runs on the context's device and stream and restores the caller's current device.
+*/
+#ifndef HQ_HQ_TRAIN_H
+#define HQ_HQ_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "hq/hq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+** Optimizer: AdamW on FP32 master weights, with the quantized weight written back.
+**
+** hq_adam_step updates, element by element, the FP32 master weights, first and second moments
+** (all [rows, cols] F32 arrays on the context's device, the gradient's shape) from the gradient
+** (F32, F16 or BF16; cast to FP32), then -- when qw is given -- writes every direction qw holds
+** in its usage back from the new master (hq_qtensor_update: the bytes equal a fresh quantize of
+** the master). The element rule is one shared definition (CPU and CUDA give the same bits):
+**   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+**   w -= lr * ((m c1) / (sqrt(v c2) + eps) + weight_decay * w)
+** every step an FP32 operation in this order, with c1 = 1/(1-b1^t) and c2 = 1/(1-b2^t) computed
+** once per step in double and rounded to float (decoupled weight decay: AdamW). A quantized
+** parameter without master weights, a gradient or qtensor of another shape, or a step < 1 is
+** refused with HQ_EINVAL before anything changes (the rule is hq_adam_elem in hq/adamw.h).
+** On a GPU, in as few passes as the weight's format allows:
+**   - one kernel: when one module instance makes every direction qw refreshes, in one update
+**     call that reads each element once, needs no per-tensor amax, and declares
+**     HQ_CAP_FUSED_ADAM (mxfp8, fp8_block, identity, fp8_tensor with delayed scaling), the
+**     step runs inside that write-back kernel (hq_qtensor_update_adam: grad, master, m, v read
+**     once; master, m, v and every direction written once; logged at debug level);
+**   - two kernels otherwise: the step, then the format's write-back. When the write-back needs
+**     the per-tensor amax of the new master (fp8_tensor current scaling, nvfp4's global scales)
+**     the step's kernel computes it in the same pass and hands it to the write-back, so the
+**     master is not read a third time.
+** The bytes are the same on every path.
+*/
+typedef struct hq_adam {
+  uint32_t struct_size;          /* sizeof(hq_adam) */
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;                  /* 1 for the first step (bias correction) */
+} hq_adam;
+HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
+                        float *m, float *v, hq_qtensor *qw);
+
+/* ---------------------------------------------------------------------------------------------
+** Checkpoints: safetensors files (https://github.com/huggingface/safetensors: an 8-byte
+** little-endian header length, a JSON header, then the tensors' bytes) that standard tooling
+** reads. A quantized tensor is stored as one safetensors entry per buffer, named
+** "<name>/<buffer name>" ("fc1.weight/data", "fc1.weight/columnwise_scale_inv", ...), with
+** "__metadata__" keys "<name>/hq" describing it (JSON text: format instance, plugin name and
+** version, the format's layout version, options, role, rows, cols, nominal dtype, directions,
+** buffer list). High-precision tensors (optimizer state, master weights) are plain entries;
+** free-form metadata is allowed. Adding a tensor copies it to the host (device buffers through
+** the context's stream, which it synchronizes); the writer holds these copies until close.
+** Loading checks the plugin name, its layout version, the options (by name: an option the file
+** lacks -- one the plugin gained since -- must hold its default) and every buffer's dtype and
+** size against the qtensor it loads into (a mismatch is HQ_EINVAL naming the file, the tensor,
+** the buffer or option and both values; a name the file lacks is HQ_ENOENT), and refuses a
+** truncated, corrupt or hostile file with HQ_EIO / HQ_EPARSE
+** naming the file and the entry (never reading outside the file). docs/checkpoints.md has the
+** file format, the metadata schema and every check. Built without jansson (Debian:
+** libjansson-dev) these calls return HQ_ENOTSUP.
+*/
+typedef struct hq_ckpt_writer hq_ckpt_writer;
+HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
+/* Every present direction and every buffer of qt, under `name`. Names: 1 to 1024 bytes of UTF-8
+   without control characters, no '/' at either end, no "//", not "__metadata__"; unique in the
+   file, and no name or metadata key may lie under another name + "/" (HQ_EINVAL). A saved
+   qtensor (hq_qtensor_save) is HQ_ESTATE. A failed add leaves the writer as it was. */
+HQ_API int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
+                               const hq_qtensor *qt);
+/* A high-precision tensor (F32, F16, BF16) on ctx's device or on the host (a host tensor is
+   copied directly; a device one through ctx's stream, which this synchronizes). */
+HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
+                              const hq_tensor *t);
+/* A free-form "__metadata__" string, UTF-8 (key not lying under a tensor name + "/", whether the
+   tensor is added before or after; "hq_version" is written by hq). */
+HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value);
+/* Write the file (to a temporary name, then renamed: a crash never leaves half a checkpoint)
+   and free the writer, also on failure. */
+HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
+/* Free the writer without writing anything. */
+HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
+
+typedef struct hq_ckpt hq_ckpt;
+/* Open and validate a checkpoint: header length within the file (and at most 100,000,000
+   bytes), JSON well formed, every entry's dtype known, shape consistent with its byte range,
+   ranges inside the data section, not overlapping and covering it without a hole (the
+   safetensors rule). */
+HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
+HQ_API void hq_ckpt_close(hq_ckpt *c);
+/* A "__metadata__" value (valid until hq_ckpt_close), or NULL. */
+HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
+/* Load quantized tensor `name` into qt (made by hq_make_empty or hq_quantize with a quantizer of
+   the same formats and options; its shape, directions and columnwise_source must be the saved
+   ones). Every check is made before anything is written. A columnwise buffer qt shares with its
+   rowwise storage but the file holds as a copy of its own (saved after a one-direction update)
+   gets a private buffer, as hq_qtensor_update would give it. qt's usage flags are not changed.
+   A device qtensor is filled through host staging (synchronizes ctx's stream). */
+HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
+/* Load high-precision tensor `name` into t (same dtype and shape; on ctx's device or the host). */
+HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HQ_HQ_TRAIN_H */
