@@ -37,8 +37,14 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
       return hqi_error(HQ_EINVAL, "hq_ctx_create: CUDA device %d does not exist (%d found)",
                        d.device, n);
   }
-  if (d.allocator && (!d.allocator->alloc || !d.allocator->free))
-    return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
+  hq_allocator alloc;
+  if (d.allocator) {
+    int rc = hqi_struct_in(&alloc, sizeof alloc, d.allocator, d.allocator->struct_size,
+                           HQ_ALLOCATOR_SIZE_0_3, "hq_allocator");
+    if (rc) return hqi_error_prefix(rc, "hq_ctx_create");
+    if (!alloc.alloc || !alloc.free)
+      return hqi_error(HQ_EINVAL, "hq_ctx_create: the allocator needs both alloc and free");
+  }
   hq_ctx *ctx = hqi_calloc(1, sizeof *ctx);
   if (!ctx) return hqi_error(HQ_ENOMEM, "out of memory");
   ctx->refs = 1;
@@ -46,7 +52,7 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   ctx->arch = d.device >= 0 ? hqi_cuda_arch(d.device) : 0;
   ctx->stream = d.stream;
   if (d.allocator) {
-    ctx->allocator = *d.allocator;
+    ctx->allocator = alloc;
     ctx->has_allocator = 1;
   }
   ctx->log = d.log;

@@ -41,6 +41,12 @@ void hqi_host_free(void *p);
    contributes the fields this core knows. */
 int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, size_t floor,
                   const char *what);
+/* Write src (src_size bytes, struct_size first) into a caller's versioned struct dst: at most
+   the dst->struct_size bytes the caller set (at least floor), and struct_size set to what was
+   written. */
+int hqi_struct_out(void *dst, const void *src, size_t src_size, size_t floor, const char *what);
+/* A caller's hq_role, checked (struct_size) and copied into *out. */
+int hqi_role_in(const hq_role *role, const char *what, hq_role *out);
 /* Element i of a caller's array of versioned structs with stride elem_size: get copies at most
    dst_size bytes into a zeroed dst (an older, smaller element leaves the newer fields zero); put
    writes at most elem_size bytes of src. */
@@ -212,7 +218,10 @@ int hqi_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes);
 struct hq_plugin {
   char *file;
   void *handle;
-  hq_format_ops ops;        /* a zero-extended copy of the module's table (struct_size bytes) */
+  hq_format_ops ops;        /* a zero-extended copy of the module's table (struct_size bytes);
+                               ops.options points at `opts` */
+  hq_option *opts;          /* the module's option table read at its option_size stride, each
+                               entry zero-extended to this header's hq_option, NULL-ended */
   size_t n_options;
 };
 void hqi_plugins_retain(hq_plugins *set);

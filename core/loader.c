@@ -140,9 +140,12 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
   return 1;
 }
 
+static int copy_options(hq_plugin *p, char *why, size_t len);
+
 /* Check the ops table an entry function returned -- ABI major and minor, struct size, then
-   check_ops() -- and copy what it declared into p->ops (later fields stay NULL); on failure
-   write the reason. A module's table and the built-in's pass the same checks. */
+   check_ops() -- and copy what it declared into p->ops (later fields stay NULL): 1 when it
+   passes, 0 (with the reason in why) when it does not, -1 when memory ran out. A module's table
+   and the built-in's pass the same checks. */
 static int check_table(const hq_format_ops *ops, hq_plugin *p, char *why, size_t len) {
   if (ops->abi_major != HQ_ABI_MAJOR) {
     snprintf(why, len, "built for plugin ABI %u (requires %u.%u), but this core implements "
@@ -168,7 +171,31 @@ static int check_table(const hq_format_ops *ops, hq_plugin *p, char *why, size_t
   }
   size_t n = ops->struct_size < sizeof p->ops ? ops->struct_size : sizeof p->ops;
   memcpy(&p->ops, ops, n);
-  return check_ops(&p->ops, &p->n_options, why, len);
+  const int c = copy_options(p, why, len);
+  return c <= 0 ? c : check_ops(&p->ops, &p->n_options, why, len);
+}
+
+/* The module's option table as this core's hq_option array (p->opts, NULL-ended): read at the
+   stride the module declares (option_size; 0 before 2.4: the 2.0 entry), each entry copied up
+   to the smaller of the two sizes, the rest zero, so that entries may grow by appended fields.
+   1, or 0 with the reason, or -1 when memory ran out. */
+static int copy_options(hq_plugin *p, char *why, size_t len) {
+  const char *base = (const char *)p->ops.options;
+  if (!base) return 1; /* check_ops names the missing table */
+  const size_t stride = p->ops.option_size ? p->ops.option_size : HQ_OPTION_SIZE_2_0;
+  if (stride < offsetof(hq_option, name) + sizeof(const char *)) {
+    snprintf(why, len, "format '%s' declares option entries of %zu bytes, too small to hold a "
+             "name", p->ops.name ? p->ops.name : "?", stride);
+    return 0;
+  }
+  size_t n = 0;
+  while (n <= MAX_OPTIONS && *(const char *const *)(base + n * stride)) n++;
+  p->opts = hqi_calloc(n + 1, sizeof *p->opts);
+  if (!p->opts) return -1;
+  for (size_t i = 0; i < n; i++)
+    memcpy(&p->opts[i], base + i * stride, stride < sizeof *p->opts ? stride : sizeof *p->opts);
+  p->ops.options = p->opts;
+  return 1;
 }
 
 /* The formats compiled into libhqcore (identity, plugins/identity/identity.c built with
@@ -180,12 +207,16 @@ int hqi_builtin_register(hq_plugins *set) {
   hq_plugin *p = hqi_calloc(1, sizeof *p);
   if (!p) return hqi_error(HQ_ENOMEM, "out of memory");
   char why[768];
-  if (!check_table(ops, p, why, sizeof why)) {
+  const int c = check_table(ops, p, why, sizeof why);
+  if (c <= 0) {
+    free(p->opts);
     free(p);
-    return hqi_error(HQ_EINTERNAL, "the built-in identity format: %s", why);
+    return c < 0 ? hqi_error(HQ_ENOMEM, "registering the built-in identity format failed")
+                 : hqi_error(HQ_EINTERNAL, "the built-in identity format: %s", why);
   }
   p->file = hqi_strdup(HQI_BUILTIN_FILE);
   if (!p->file || hqi_vec_push(&set->plugins, p)) {
+    free(p->opts);
     free(p->file);
     free(p);
     return hqi_error(HQ_ENOMEM, "registering the built-in identity format failed");
@@ -286,15 +317,22 @@ static int load_one(hq_plugins *set, const char *file) {
     dlclose(h);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
-  if (!check_table(ops, p, why, sizeof why)) {
+  const int c = check_table(ops, p, why, sizeof why);
+  if (c <= 0) {
+    free(p->opts);
     free(p);
     dlclose(h);
+    if (c < 0) { /* the module may be fine: refusing it would make a recipe lose its format */
+      hqi_oom_note();
+      return hqi_error(HQ_ENOMEM, "loading plugin %s: out of memory", file);
+    }
     return reject(set, file, "%s", why);
   }
   const hq_plugin *dup = hq_plugins_find(set, p->ops.name);
   if (dup && !dup->handle) {
     int rc = reject(set, file, "format name '%s' is built into libhqcore; a module cannot "
                     "replace it", p->ops.name);
+    free(p->opts);
     free(p);
     dlclose(h);
     return rc;
@@ -302,6 +340,7 @@ static int load_one(hq_plugins *set, const char *file) {
   if (dup) {
     int rc = reject(set, file, "duplicate format name '%s' (already provided by %s)",
                     p->ops.name, dup->file);
+    free(p->opts);
     free(p);
     dlclose(h);
     return rc;
@@ -309,6 +348,7 @@ static int load_one(hq_plugins *set, const char *file) {
   p->file = hqi_strdup(file);
   p->handle = h;
   if (!p->file || hqi_vec_push(&set->plugins, p)) {
+    free(p->opts);
     free(p->file);
     free(p);
     dlclose(h);
@@ -413,6 +453,7 @@ void hq_plugins_close(hq_plugins *set) {
   for (size_t i = 0; i < set->plugins.n; i++) {
     hq_plugin *p = set->plugins.v[i];
     if (p->handle) dlclose(p->handle); /* RTLD_NODELETE: the code stays mapped */
+    free(p->opts);
     free(p->file);
     free(p);
   }

@@ -45,9 +45,13 @@ static int fused_call(hqi_format *const fmt[2], int source) {
 
 // --- quantizers -------------------------------------------------------------------------------
 
-int hq_quantizer_create(hq_recipe *r, const hq_role *role, hq_quantizer **out) {
-  if (!r || !role || !out) return hqi_error(HQ_EINVAL, "hq_quantizer_create: NULL argument");
+int hq_quantizer_create(hq_recipe *r, const hq_role *rolep, hq_quantizer **out) {
+  if (!r || !rolep || !out) return hqi_error(HQ_EINVAL, "hq_quantizer_create: NULL argument");
   *out = NULL;
+  hq_role rolev;
+  const hq_role *role = &rolev;
+  int rc0 = hqi_role_in(rolep, "hq_quantizer_create", &rolev);
+  if (rc0) return rc0;
   if (hq_recipe_error_count(r))
     return hqi_error(HQ_EPARSE, "recipe %s has errors: %s", hq_recipe_path(r),
                      hq_recipe_error(r, 0));

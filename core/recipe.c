@@ -980,16 +980,19 @@ size_t hq_recipe_format_count(const hq_recipe *r) { return r ? r->formats.n : 0;
 int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
   if (!r || !out || i >= r->formats.n)
     return hqi_error(HQ_EINVAL, "hq_recipe_format_info: no format %zu", i);
-  fmt_entry *e = r->formats.v[i];
-  memset(out, 0, sizeof *out);
-  out->name = e->name;
-  out->line = e->line;
-  if (!e->f) return HQ_OK;
-  out->plugin = e->f->plugin->ops.name;
-  out->n_options = e->f->plugin->n_options;
-  out->option_names = e->f->opt_text;
-  out->option_values = (const char *const *)e->f->val_text;
-  return HQ_OK;
+  const fmt_entry *e = r->formats.v[i];
+  hq_format_info v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  v.name = e->name;
+  v.line = e->line;
+  if (e->f) {
+    v.plugin = e->f->plugin->ops.name;
+    v.n_options = e->f->plugin->n_options;
+    v.option_names = e->f->opt_text;
+    v.option_values = (const char *const *)e->f->val_text;
+  }
+  return hqi_struct_out(out, &v, sizeof v, HQ_FORMAT_INFO_SIZE_0_3, "hq_format_info");
 }
 
 size_t hq_recipe_role_count(const hq_recipe *r) { return r ? r->roles.n : 0; }
@@ -998,22 +1001,26 @@ uint32_t hq_recipe_unmatched(const hq_recipe *r) { return r ? r->unmatched : 0; 
 int hq_recipe_role_info(const hq_recipe *r, size_t i, hq_role_info *out) {
   if (!r || !out || i >= r->roles.n)
     return hqi_error(HQ_EINVAL, "hq_recipe_role_info: no role section %zu", i);
-  role_entry *e = r->roles.v[i];
-  out->pattern = e->pattern;
-  out->line = e->line;
-  out->rowwise = e->fmt_name[0] ? e->fmt_name[0] : "identity";
-  out->columnwise = e->fmt_name[1] ? e->fmt_name[1] : "identity";
-  out->columnwise_source = e->source;
-  out->shadowed_by = e->shadowed_by;
-  return HQ_OK;
+  const role_entry *e = r->roles.v[i];
+  hq_role_info v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  v.pattern = e->pattern;
+  v.line = e->line;
+  v.rowwise = e->fmt_name[0] ? e->fmt_name[0] : "identity";
+  v.columnwise = e->fmt_name[1] ? e->fmt_name[1] : "identity";
+  v.columnwise_source = e->source;
+  v.shadowed_by = e->shadowed_by;
+  return hqi_struct_out(out, &v, sizeof v, HQ_ROLE_INFO_SIZE_0_3, "hq_role_info");
 }
 
-long hq_recipe_match(const hq_recipe *r, const hq_role *role) {
-  if (!r || !role) return -1;
+long hq_recipe_match(const hq_recipe *r, const hq_role *rolep) {
+  hq_role role;
+  if (!r || hqi_role_in(rolep, "hq_recipe_match", &role)) return -1;
   long best = -1;
   for (size_t i = 0; i < r->roles.n; i++) {
     role_entry *e = r->roles.v[i];
-    if (!hqi_pattern_match(&e->pat, role)) continue;
+    if (!hqi_pattern_match(&e->pat, &role)) continue;
     if (best < 0 || hqi_pattern_compare(&e->pat, &((role_entry *)r->roles.v[best])->pat) >= 0)
       best = (long)i; /* >= : ties go to the later section */
   }

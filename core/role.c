@@ -9,6 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+int hqi_role_in(const hq_role *role, const char *what, hq_role *out) {
+  if (!role) return hqi_error(HQ_EINVAL, "%s: the role is NULL", what);
+  int rc = hqi_struct_in(out, sizeof *out, role, role->struct_size, HQ_ROLE_SIZE_0_3, "hq_role");
+  return rc ? hqi_error_prefix(rc, "%s", what) : HQ_OK;
+}
+
 int hq_role_parse(const char *text, char *buf, size_t buf_len, hq_role *out) {
   if (!text || !buf || !out) return hqi_error(HQ_EINVAL, "hq_role_parse: NULL argument");
   size_t n = strlen(text);
@@ -19,6 +25,7 @@ int hq_role_parse(const char *text, char *buf, size_t buf_len, hq_role *out) {
   if (!c1 || !c2 || strchr(c2 + 1, ':'))
     return hqi_error(HQ_EINVAL, "role '%s' is not module_type:tensor_type:name", text);
   *c1 = *c2 = '\0';
+  out->struct_size = sizeof *out;
   out->module_type = buf;
   out->tensor_type = c1 + 1;
   out->name = c2 + 1;

@@ -138,6 +138,18 @@ int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, 
   return HQ_OK;
 }
 
+int hqi_struct_out(void *dst, const void *src, size_t src_size, size_t floor, const char *what) {
+  uint32_t n;
+  memcpy(&n, dst, sizeof n); /* struct_size is the first field of each struct */
+  if (n < floor)
+    return hqi_error(HQ_EINVAL, "%s.struct_size = %u is smaller than the oldest layout (%zu "
+                     "bytes): set it to sizeof(%s)", what, n, floor, what);
+  if (n > src_size) n = (uint32_t)src_size;
+  memcpy(dst, src, n);
+  memcpy(dst, &n, sizeof n);
+  return HQ_OK;
+}
+
 void hqi_elem_get(void *dst, size_t dst_size, const void *base, size_t i, size_t elem_size) {
   memset(dst, 0, dst_size);
   memcpy(dst, (const char *)base + i * elem_size, elem_size < dst_size ? elem_size : dst_size);

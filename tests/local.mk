@@ -11,6 +11,11 @@ check_LTLIBRARIES += tests/plugins/good.la
 tests_plugins_good_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_good_la_CPPFLAGS = $(AM_CPPFLAGS) 
 tests_plugins_good_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# (in a folder of its own: the loader tests count what tests/plugins/ holds)
+check_LTLIBRARIES += tests/plugins/wide/wide_options.la
+tests_plugins_wide_wide_options_la_SOURCES = tests/plugins/fixture.c
+tests_plugins_wide_wide_options_la_CPPFLAGS = $(AM_CPPFLAGS) -DFIXTURE_WIDE_OPTIONS
+tests_plugins_wide_wide_options_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 check_LTLIBRARIES += tests/plugins/good_dup.la
 tests_plugins_good_dup_la_SOURCES = tests/plugins/fixture.c
 tests_plugins_good_dup_la_CPPFLAGS = $(AM_CPPFLAGS) 

@@ -239,7 +239,10 @@ static void test_per_call_context(void **state) {
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
   sink s1 = {0}, s2 = {0};
   counting c1 = {0}, c2 = {0};
-  hq_allocator a1 = {count_alloc, count_free, &c1}, a2 = {count_alloc, count_free, &c2};
+  hq_allocator a1 = {.struct_size = sizeof a1, .alloc = count_alloc, .free = count_free,
+                     .user = &c1};
+  hq_allocator a2 = {.struct_size = sizeof a2, .alloc = count_alloc, .free = count_free,
+                     .user = &c2};
   hq_ctx *ctx1 = ctx_with(&s1, &c1, &a1), *ctx2 = ctx_with(&s2, &c2, &a2);
   hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
   hq_qtensor *qt = NULL;
@@ -391,13 +394,13 @@ static void test_ctx_outlived(void **state) {
   (void)state;
   sink s = {0};
   counting c = {0};
-  hq_allocator a = {.alloc = count_alloc, .free = count_free, .user = &c};
+  hq_allocator a = {.struct_size = sizeof a, .alloc = count_alloc, .free = count_free, .user = &c};
   hq_ctx *ctx = ctx_with(&s, &c, &a);
   hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\nscaling = delayed\n"
                                 "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
   hq_state *st = NULL;
   HQ_OK_OR_FAIL(hq_state_create(r, ctx, &st));
-  hq_role role = {"linear", "weight", "w"};
+  hq_role role = hq_role_of("linear", "weight", "w");
   hq_quantizer *q = NULL;
   HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, st, &q));
   hq_tensor x = hq_test_tensor(HQ_F32, 16, 32, 7, 1.0f);
@@ -416,6 +419,54 @@ static void test_ctx_outlived(void **state) {
   hq_state_free(st); /* the last user: the context ends here */
   assert_int_equal(c.allocs, c.frees);
   free(x.data);
+  hq_recipe_free(r);
+}
+
+/* Review bug 5: hq_role, hq_format_info, hq_role_info and hq_allocator carry struct_size. A
+   role without it (struct_size 0: a caller that filled the three strings alone) is refused with
+   the struct named; an info struct of a newer, larger size gets this core's bytes and nothing
+   beyond (the canary stays); one below the floor is refused. */
+static void test_struct_sizes(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\n[role linear:*:*]\nrowwise = f\n");
+  hq_role bad = hq_role_of("linear", "weight", "w");
+  bad.struct_size = 0;
+  hq_quantizer *q = NULL;
+  assert_int_equal(hq_quantizer_create(r, &bad, &q), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_role.struct_size = 0");
+  assert_int_equal(hq_recipe_match(r, &bad), -1);
+  HQ_ERROR_HAS("hq_recipe_match");
+  hq_role good = hq_role_of("linear", "weight", "w");
+  assert_int_equal(hq_recipe_match(r, &good), 0);
+  /* a newer caller's larger hq_role_info: this core's fields written, struct_size says how
+     many bytes that was, and nothing beyond them touched (the canary stays) */
+  struct {
+    hq_role_info ri;
+    unsigned char canary[16];
+  } big;
+  memset(&big, 0xa5, sizeof big);
+  big.ri.struct_size = (uint32_t)sizeof big;
+  HQ_OK_OR_FAIL(hq_recipe_role_info(r, 0, &big.ri));
+  assert_int_equal(big.ri.struct_size, sizeof(hq_role_info));
+  assert_string_equal(big.ri.pattern, "linear:*:*");
+  assert_string_equal(big.ri.rowwise, "f");
+  assert_int_equal(big.ri.shadowed_by, -1);
+  for (size_t i = 0; i < sizeof big.canary; i++) assert_int_equal(big.canary[i], 0xa5);
+  hq_role_info tiny = {.struct_size = 4};
+  assert_int_equal(hq_recipe_role_info(r, 0, &tiny), HQ_EINVAL);
+  hq_format_info fi = {.struct_size = 3};
+  assert_int_equal(hq_recipe_format_info(r, 0, &fi), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_format_info.struct_size");
+  /* an allocator without struct_size */
+  counting c = {0};
+  hq_allocator a = {.struct_size = 0, .alloc = count_alloc, .free = count_free, .user = &c};
+  hq_ctx_desc d = {.struct_size = sizeof d, .device = HQ_DEVICE_HOST, .allocator = &a};
+  hq_ctx *ctx = NULL;
+  assert_int_equal(hq_ctx_create(&d, &ctx), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_allocator.struct_size");
+  a.struct_size = sizeof a;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  hq_ctx_destroy(ctx);
   hq_recipe_free(r);
 }
 
@@ -767,6 +818,7 @@ int main(void) {
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
       cmocka_unit_test(test_ctx_outlived),
+      cmocka_unit_test(test_struct_sizes),
       cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
       cmocka_unit_test(test_recipe_string_errors),  cmocka_unit_test(test_configure_status),

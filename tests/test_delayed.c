@@ -735,7 +735,7 @@ static void test_recipe(void **state) {
                      "[role linear:input:*]\nrowwise = nvfp4\ncolumnwise = dm\n");
   int found = 0;
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-    hq_format_info fi;
+    hq_format_info fi = {.struct_size = sizeof fi};
     HQ_OK_OR_FAIL(hq_recipe_format_info(r, i, &fi));
     if (strcmp(fi.name, "d") != 0) continue;
     found = 1;

@@ -149,7 +149,7 @@ static hq_tensor row_f32(int64_t K, const float *v, int n) {
 static void test_options_defaults(void **state) {
   (void)state;
   hq_recipe *r = hq_test_recipe("[format fb]\nplugin = fp8_block\n[role *:*:*]\nrowwise = fb\n");
-  hq_format_info fi;
+  hq_format_info fi = {.struct_size = sizeof fi};
   int found = 0;
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     HQ_OK_OR_FAIL(hq_recipe_format_info(r, i, &fi));

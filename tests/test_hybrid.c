@@ -394,6 +394,7 @@ static void count_free(void *user, int device, void *ptr, void *stream) {
 }
 
 static hq_ctx *counting_ctx(counting *c, hq_allocator *a) {
+  a->struct_size = sizeof *a;
   a->alloc = count_alloc;
   a->free = count_free;
   a->user = c;
@@ -951,7 +952,7 @@ static void test_lifetimes(void **state) {
 static void test_allocator_hooks(void **state) {
   (void)state;
   counting c = {0, 0};
-  hq_allocator a = {count_alloc, count_free, &c};
+  hq_allocator a = {.struct_size = sizeof a, .alloc = count_alloc, .free = count_free, .user = &c};
   hq_ctx_desc desc = {0};
   desc.struct_size = sizeof desc;
   desc.device = HQ_DEVICE_HOST;
@@ -975,7 +976,7 @@ static void test_allocator_hooks(void **state) {
   desc.struct_size = 4;
   assert_int_equal(hq_ctx_create(&desc, &ctx), HQ_EINVAL);
   desc.struct_size = sizeof desc;
-  hq_allocator half = {count_alloc, NULL, &c};
+  hq_allocator half = {.struct_size = sizeof half, .alloc = count_alloc, .free = NULL, .user = &c};
   desc.allocator = &half;
   assert_int_equal(hq_ctx_create(&desc, &ctx), HQ_EINVAL);
   desc.allocator = NULL;

@@ -219,12 +219,56 @@ static void test_stock_plugins(void **state) {
   hq_plugins_close(set);
 }
 
+/* Review bug 5: a module's option table is read at the stride it declares (option_size), so
+   that option entries may grow: test_wide's entries carry two appended fields. It loads, its
+   options read back through hq_plugin_options as they were declared, and a recipe sets them.
+   Before, the table was read at this header's fixed stride, and the second entry was garbage. */
+static void test_wide_option_entries(void **state) {
+  (void)state;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/wide/.libs", getenv("HQ_TEST_FIXTURE_ROOT"));
+  const char *dirs[1] = {dir};
+  hq_plugins *set = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
+  assert_int_equal(hq_plugins_rejected_count(set), 0);
+  const hq_plugin *p = hq_plugins_find(set, "test_wide");
+  assert_non_null(p);
+  const hq_option *o = hq_plugin_options(p);
+  static const char *const names[] = {"level", "ratio", "mode", "flag", "label"};
+  static const char *const defs[] = {"3", "0.5", "fast", "false", ""};
+  for (int i = 0; i < 5; i++) {
+    assert_string_equal(o[i].name, names[i]);
+    assert_string_equal(o[i].def, defs[i]);
+  }
+  assert_null(o[5].name);
+  assert_string_equal(o[2].choices, "fast|exact");
+  assert_true(o[1].min == 0.0 && o[1].max == 1.0);
+  hq_recipe_opts ro = {.struct_size = sizeof ro, .plugins = set};
+  hq_recipe *r = NULL;
+  HQ_OK_OR_FAIL(hq_recipe_load_string("[format w]\nplugin = test_wide\nmode = exact\nlevel = 4\n",
+                                      "wide.ini", &ro, &r));
+  hq_format_info fi = {.struct_size = sizeof fi};
+  size_t k = 0;
+  while (k < hq_recipe_format_count(r)) {
+    HQ_OK_OR_FAIL(hq_recipe_format_info(r, k, &fi));
+    if (!strcmp(fi.name, "w")) break;
+    k++;
+  }
+  assert_int_equal(fi.n_options, 5);
+  assert_string_equal(fi.option_values[0], "4");
+  assert_string_equal(fi.option_values[2], "exact");
+  assert_string_equal(fi.option_names[4], "label");
+  hq_recipe_free(r);
+  hq_plugins_close(set);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fixtures),
       cmocka_unit_test(test_garbage_files),
       cmocka_unit_test(test_search_path),
       cmocka_unit_test(test_stock_plugins),
+      cmocka_unit_test(test_wide_option_entries),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,7 +36,8 @@ static void poison_free(void *user, int device, void *ptr, void *stream) {
   free(ptr);
 }
 
-static const hq_allocator poison = {poison_alloc, poison_free, NULL};
+static const hq_allocator poison = {
+    .struct_size = sizeof poison, .alloc = poison_alloc, .free = poison_free, .user = NULL};
 
 static hq_ctx *make_ctx(void) {
   hq_ctx_desc d = {0};

@@ -64,7 +64,7 @@ static int op_recipe(void *unused) {
 static int op_quantizer(void *unused) {
   (void)unused;
   hq_quantizer *q = NULL;
-  hq_role role = {"linear", "input", "fc1"};
+  hq_role role = hq_role_of("linear", "input", "fc1");
   int rc = hq_quantizer_create(g_recipe, &role, &q);
   if (!rc) assert_string_equal(hq_quantizer_plugin(q, HQ_COLWISE), "nvfp4");
   hq_quantizer_free(q);
@@ -183,7 +183,7 @@ static int setup(void **s) {
   if (hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &g_set)) return -1;
   hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_DEFAULT};
   if (hq_recipe_load_string(k_recipe, "oom.ini", &o, &g_recipe)) return -1;
-  hq_role role = {"linear", "input", "fc1"};
+  hq_role role = hq_role_of("linear", "input", "fc1");
   if (hq_quantizer_create(g_recipe, &role, &g_q)) return -1;
   g_src = hq_test_tensor(HQ_BF16, 64, 64, 7, 1.0f);
   hq_ctx_set_rng_offset(g_host, 0);

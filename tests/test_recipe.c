@@ -50,7 +50,7 @@ static void test_valid_and_introspection(void **state) {
   assert_int_equal(hq_recipe_error_count(r), 0);
   assert_string_equal(hq_recipe_name(r), "demo");
   assert_int_equal(hq_recipe_role_count(r), 2);
-  hq_role_info ri;
+  hq_role_info ri = {.struct_size = sizeof ri};
   HQ_OK_OR_FAIL(hq_recipe_role_info(r, 0, &ri));
   assert_string_equal(ri.pattern, "linear:weight:*");
   assert_int_equal(ri.line, 10);
@@ -61,7 +61,7 @@ static void test_valid_and_introspection(void **state) {
   assert_string_equal(ri.rowwise, "identity"); /* unset direction stays high precision */
   assert_int_equal(ri.columnwise_source, HQ_SOURCE_ROWWISE_DEQUANTIZED);
   /* format f8 with its resolved options */
-  hq_format_info fi;
+  hq_format_info fi = {.struct_size = sizeof fi};
   int found = 0;
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     HQ_OK_OR_FAIL(hq_recipe_format_info(r, i, &fi));
@@ -227,7 +227,7 @@ static void test_identity_built_in(void **state) {
   const hq_plugin *id = hq_plugins_find(hq_recipe_plugins(r), "identity");
   assert_non_null(id);
   assert_string_equal(hq_plugin_file(id), "(built into libhqcore)");
-  hq_format_info fi;
+  hq_format_info fi = {.struct_size = sizeof fi};
   int found = 0;
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     HQ_OK_OR_FAIL(hq_recipe_format_info(r, i, &fi));
@@ -270,7 +270,7 @@ static void test_role_errors(void **state) {
   assert_non_null(strstr(hq_recipe_error(r, 1), "test.ini:4:"));
   assert_non_null(strstr(hq_recipe_error(r, 2), "test.ini:7:"));
   /* a recipe with errors gives no quantizers */
-  hq_role role = {"a", "b", "c"};
+  hq_role role = hq_role_of("a", "b", "c");
   hq_quantizer *q = NULL;
   assert_int_equal(hq_quantizer_create(r, &role, &q), HQ_EPARSE);
   assert_null(q);
@@ -278,7 +278,7 @@ static void test_role_errors(void **state) {
 }
 
 static long match(const hq_recipe *r, const char *m, const char *t, const char *n) {
-  hq_role role = {m, t, n};
+  hq_role role = hq_role_of(m, t, n);
   return hq_recipe_match(r, &role);
 }
 
@@ -327,7 +327,7 @@ static void test_shadowed(void **state) {
                        "[role linear:weight:fc1]\nrowwise = identity\n"  /* 3: by 4 */
                        "[role linear:*:fc1]\nrowwise = identity\n"       /* 4? no: less specific */
                        "[role linear:weight:fc1]\nrowwise = fp8_tensor\n");
-  hq_role_info ri;
+  hq_role_info ri = {.struct_size = sizeof ri};
   long want[] = {2, -1, -1, 5, -1, -1};
   for (size_t i = 0; i < 6; i++) {
     HQ_OK_OR_FAIL(hq_recipe_role_info(r, i, &ri));
@@ -428,7 +428,7 @@ static void test_large_recipes(void **state) {
   print_message("%d role sections: %.2f s\n", n + 2, dt);
   assert_true(dt < 30.0);
   assert_int_equal(hq_recipe_role_count(r), n + 2);
-  hq_role_info ri;
+  hq_role_info ri = {.struct_size = sizeof ri};
   /* linear:*:* (index 0) is shadowed by nothing; layer1* (index 1) neither; every literal
      section is more specific than both: shadowed by none */
   HQ_OK_OR_FAIL(hq_recipe_role_info(r, 0, &ri));
@@ -477,7 +477,7 @@ static void test_large_recipes(void **state) {
    role silently got high precision whatever the recipe wanted. */
 static void test_unmatched_policy(void **state) {
   (void)state;
-  hq_role in = {"linear", "input", "fc1"}, w = {"linear", "weight", "fc1"};
+  hq_role in = hq_role_of("linear", "input", "fc1"), w = hq_role_of("linear", "weight", "fc1");
   hq_quantizer *q = NULL;
   const char *body = "[format f8]\nplugin = fp8_tensor\n[role linear:input:*]\nrowwise = f8\n";
   char text[256];

@@ -156,7 +156,8 @@ static int aliased(const hq_qtensor *qt, uint32_t i) {
 
 static void test_unshare(void **s) {
   (void)s;
-  const hq_allocator al = {fail_alloc, fail_free, NULL};
+  const hq_allocator al = {
+      .struct_size = sizeof al, .alloc = fail_alloc, .free = fail_free, .user = NULL};
   hq_ctx_desc desc = {sizeof desc, HQ_DEVICE_HOST, NULL, &al, NULL, NULL, 0};
   hq_ctx *ctx;
   HQ_OK_OR_FAIL(hq_ctx_create(&desc, &ctx));

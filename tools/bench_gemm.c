@@ -129,7 +129,7 @@ static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_re
     hq_recipe_free(r);
     return NULL;
   }
-  hq_role role = {"bench", "tensor", "x"};
+  hq_role role = hq_role_of("bench", "tensor", "x");
   hq_quantizer *q = NULL;
   if (hq_quantizer_create(r, &role, &q) || hq_quantizer_set_usage(q, HQ_ROWWISE)) {
     hq_quantizer_free(q);

@@ -214,6 +214,7 @@ static void mem_free(void *user, int device, void *ptr, void *stream) {
 bench_mem *bench_mem_create(void) {
   bench_mem *m = calloc(1, sizeof *m);
   if (!m) return NULL;
+  m->a.struct_size = sizeof m->a;
   m->a.alloc = mem_alloc;
   m->a.free = mem_free;
   m->a.user = m;

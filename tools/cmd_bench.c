@@ -387,7 +387,7 @@ static void config_free(config *c) {
 static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
   hq_recipe_opts ropts = {
       .struct_size = sizeof ropts, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
-  hq_role role = {"bench", "tensor", "x"};
+  hq_role role = hq_role_of("bench", "tensor", "x");
   char text[1024], rbuf[512];
   int rc;
   if (a->recipe) {

@@ -67,7 +67,7 @@ typedef struct lgemm {
 static size_t linear_layers(const hq_recipe *r, char names[][64]) {
   size_t n = 0;
   for (size_t i = 0; i < hq_recipe_role_count(r) && n < MAX_LAYERS; i++) {
-    hq_role_info ri;
+    hq_role_info ri = {.struct_size = sizeof ri};
     char buf[256];
     hq_role role;
     if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role))
@@ -88,9 +88,9 @@ static int layer_tensors(hq_recipe *r, hq_ctx *ctx, const char *layer, hq_quanti
                          hq_qtensor *t[3], int line[3]) {
   for (int i = 0; i < 3; i++) q[i] = NULL, t[i] = NULL;
   for (int i = 0; i < 3; i++) {
-    hq_role role = {"linear", k_tensors[i], layer};
+    hq_role role = hq_role_of("linear", k_tensors[i], layer);
     long idx = hq_recipe_match(r, &role);
-    hq_role_info ri;
+    hq_role_info ri = {.struct_size = sizeof ri};
     line[i] = idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, &ri) ? ri.line : 0;
     if (hq_quantizer_create(r, &role, &q[i]) || hq_make_empty(q[i], ctx, 256, 256, HQ_BF16, &t[i]))
       return 1;
@@ -243,7 +243,7 @@ static void formats_json(json *j, const hq_recipe *r) {
   json_key(j, "formats");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-    hq_format_info fi;
+    hq_format_info fi = {.struct_size = sizeof fi};
     if (hq_recipe_format_info(r, i, &fi)) continue;
     json_obj(j);
     json_kstr(j, "name", fi.name);
@@ -274,7 +274,7 @@ static void roles_json(json *j, const hq_recipe *r) {
   json_key(j, "roles");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
-    hq_role_info ri;
+    hq_role_info ri = {.struct_size = sizeof ri};
     if (hq_recipe_role_info(r, i, &ri)) continue;
     json_obj(j);
     json_kstr(j, "pattern", ri.pattern);
@@ -284,7 +284,7 @@ static void roles_json(json *j, const hq_recipe *r) {
     json_kstr(j, "columnwise_source", source_name(ri.columnwise_source));
     json_key(j, "shadowed_by");
     if (ri.shadowed_by >= 0) {
-      hq_role_info sb;
+      hq_role_info sb = {.struct_size = sizeof sb};
       hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
       json_obj(j);
       json_kstr(j, "pattern", sb.pattern);
@@ -350,7 +350,7 @@ static void report_json(const hq_recipe *r, const char *file, const gemm_check *
 static void formats_text(const hq_recipe *r) {
   if (hq_recipe_format_count(r)) printf("\nformats:\n");
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-    hq_format_info fi;
+    hq_format_info fi = {.struct_size = sizeof fi};
     if (hq_recipe_format_info(r, i, &fi)) continue;
     if (fi.line) printf("  %-12s plugin %s (line %d)\n", fi.name, fi.plugin ? fi.plugin : "?",
                         fi.line);
@@ -374,14 +374,14 @@ static void roles_text(const hq_recipe *r) {
            : hq_recipe_unmatched(r) == HQ_UNMATCHED_WARN ? "identity, with a warning"
                                                          : "identity");
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
-    hq_role_info ri;
+    hq_role_info ri = {.struct_size = sizeof ri};
     if (hq_recipe_role_info(r, i, &ri)) continue;
     printf("  [role %s] line %d\n      rowwise = %s, columnwise = %s%s%s\n", ri.pattern, ri.line,
            ri.rowwise, ri.columnwise,
            ri.columnwise_source ? ", columnwise_source = " : "",
            ri.columnwise_source ? source_name(ri.columnwise_source) : "");
     if (ri.shadowed_by >= 0) {
-      hq_role_info sb;
+      hq_role_info sb = {.struct_size = sizeof sb};
       hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb);
       printf("      shadowed: [role %s] (line %d) wins for every role this section matches\n",
              sb.pattern, sb.line);
@@ -418,7 +418,7 @@ static size_t unmatched_roles(hq_recipe *r, char out[][96], size_t cap) {
   snprintf(names[nl++], 64, "%s", "(any other layer)");
   for (size_t l = 0; l < nl; l++)
     for (int t = 0; t < 3 && n < cap; t++) {
-      hq_role role = {"linear", k_tensors[t], names[l]};
+      hq_role role = hq_role_of("linear", k_tensors[t], names[l]);
       if (hq_recipe_match(r, &role) < 0)
         snprintf(out[n++], 96, "linear:%s:%s", k_tensors[t], names[l]);
     }

@@ -59,7 +59,7 @@ char *train_recipe_spec(hq_recipe *r) {
   FILE *f = open_memstream(&buf, &len);
   if (!f) return NULL;
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
-    hq_format_info fi;
+    hq_format_info fi = {.struct_size = sizeof fi};
     if (hq_recipe_format_info(r, i, &fi)) continue;
     fprintf(f, "format %s plugin=%s", fi.name, fi.plugin);
     for (size_t k = 0; k < fi.n_options; k++)
@@ -67,7 +67,7 @@ char *train_recipe_spec(hq_recipe *r) {
     fputc('\n', f);
   }
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
-    hq_role_info ri;
+    hq_role_info ri = {.struct_size = sizeof ri};
     if (hq_recipe_role_info(r, i, &ri)) continue;
     fprintf(f, "role %s rowwise=%s columnwise=%s source=%s\n", ri.pattern, ri.rowwise,
             ri.columnwise,

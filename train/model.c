@@ -190,7 +190,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
     hq_quantizer **q[3] = {&l->q_in, &l->q_w, &l->q_grad};
     const int64_t rows[3] = {B, l->out, B}, cols[3] = {l->in, l->in, l->out};
     for (int t = 0; t < 3; t++) {
-      hq_role role = {"linear", role_tensor[t], l->name};
+      hq_role role = hq_role_of("linear", role_tensor[t], l->name);
       /* a role left to high precision by accident (a mistyped section) trains without a word
          otherwise; a recipe that means it says `unmatched = identity` */
       if (hq_recipe_unmatched(recipe) == HQ_UNMATCHED_UNSET && hq_recipe_match(recipe, &role) < 0)
@@ -255,7 +255,7 @@ int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg
     char name[16];
     layer_name(cfg, i, name, sizeof name);
     for (int t = 0; t < 3; t++) {
-      hq_role role = {"linear", role_tensor[t], name};
+      hq_role role = hq_role_of("linear", role_tensor[t], name);
       hq_quantizer *q;
       if (hq_quantizer_create(recipe, &role, &q))
         return fail(err, err_len, "role linear:%s:%s: %s", role_tensor[t], name, hq_last_error());

@@ -105,8 +105,8 @@ int main(int argc, char **argv) {
   cd.seed = 1234; /* stochastic rounding */
   CHECK(hq_ctx_create(&cd, &ctx));
   CHECK(hq_recipe_load(argv[1], NULL, &recipe));
-  hq_role rx = {"linear", "input", "fc1"}, rw = {"linear", "weight", "fc1"},
-          rdy = {"linear", "grad_output", "fc1"};
+  hq_role rx = hq_role_of("linear", "input", "fc1"), rw = hq_role_of("linear", "weight", "fc1"),
+          rdy = hq_role_of("linear", "grad_output", "fc1");
   CHECK(hq_quantizer_create(recipe, &rx, &qx));
   CHECK(hq_quantizer_create(recipe, &rw, &qw));
   CHECK(hq_quantizer_create(recipe, &rdy, &qdy));

@@ -14,6 +14,9 @@
 **   bad_name.so      format name with an upper-case letter
 **   identity.so      a valid module named "identity" (built into the core: must be rejected)
 **   bad_default.so   test_good whose default `level` (7) its own configure() refuses
+**   wide/wide_options.so  "test_wide": test_good whose option entries are larger than this
+**                    header's hq_option (two appended fields), as a module built against a later
+**                    header would declare them, with option_size saying so
 **
 ** test_good stores an f32 tensor as it is ("data", or "columnwise_data" made alone) plus a
 ** 2-byte "aux" buffer, and logs one info line per quantize through host->log. Its `level`
@@ -29,6 +32,7 @@
 
 #include "hq/plugin.h"
 
+#ifndef FIXTURE_WIDE_OPTIONS
 static const hq_option options[] = {
 #ifdef FIXTURE_BAD_DEFAULT
     {"level", HQ_OPT_INT, "7", "an integer in [0, 10] whose default configure() refuses", NULL, 0,
@@ -45,6 +49,22 @@ static const hq_option options[] = {
     {"label", HQ_OPT_STRING, "", "free text", NULL, 0, -1},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
+#else
+/* An option entry as a later header might define it: hq_option, then appended fields. */
+typedef struct wide_option {
+  hq_option o;
+  const char *note;
+  double step;
+} wide_option;
+static const wide_option wide_options[] = {
+    {{"level", HQ_OPT_INT, "3", "an integer in [0, 10]", NULL, 0, 10}, "n", 1},
+    {{"ratio", HQ_OPT_FLOAT, "0.5", "a float in [0, 1]", NULL, 0, 1}, "r", 0.25},
+    {{"mode", HQ_OPT_ENUM, "fast", "an enum", "fast|exact", 0, -1}, "m", 0},
+    {{"flag", HQ_OPT_BOOL, "false", "a bool", NULL, 0, -1}, "f", 0},
+    {{"label", HQ_OPT_STRING, "", "free text", NULL, 0, -1}, "l", 0},
+    {{NULL, 0, NULL, NULL, NULL, 0, 0}, NULL, 0},
+};
+#endif
 
 typedef struct cfg { int level; } cfg;
 
@@ -148,6 +168,10 @@ static int dequantize(const void *c, const hq_call *call, const hq_storage *s, h
 #define FX_NAME "identity"
 #elif defined(FIXTURE_BAD_DEFAULT)
 #define FX_NAME "test_bad_default"
+#elif defined(FIXTURE_WIDE_OPTIONS)
+#define FX_NAME "test_wide"
+#define FX_OPTIONS ((const hq_option *)wide_options)
+#define FX_OPTION_SIZE sizeof(wide_option)
 #else
 #define FX_NAME "test_good"
 #endif
@@ -163,6 +187,10 @@ static int dequantize(const void *c, const hq_call *call, const hq_storage *s, h
 #ifndef FX_QUANTIZE
 #define FX_QUANTIZE quantize
 #endif
+#ifndef FX_OPTIONS
+#define FX_OPTIONS options
+#define FX_OPTION_SIZE 0
+#endif
 
 static const hq_format_ops ops = {
     .abi_major = FX_ABI_MAJOR,
@@ -173,12 +201,13 @@ static const hq_format_ops ops = {
     .version = "0.0",
     .description = "loader test fixture",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_REQUANT_SAFE,
-    .options = options,
+    .options = FX_OPTIONS,
     .configure = configure,
     .layout = layout,
     .quantize = FX_QUANTIZE,
     .update = update,
     .dequantize = dequantize,
+    .option_size = FX_OPTION_SIZE,
 };
 
 /* The fixtures that break the entry function itself write theirs by hand. */

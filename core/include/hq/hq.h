@@ -61,7 +61,7 @@
 ** Example
 **     hq_ctx *ctx;       hq_ctx_create(NULL, &ctx);                     // host
 **     hq_recipe *r;      if (hq_recipe_load("recipe.ini", NULL, &r)) die(hq_last_error());
-**     hq_role role = { "linear", "weight", "layers.3.fc2" };
+**     hq_role role = hq_role_of("linear", "weight", "layers.3.fc2");
 **     hq_quantizer *q;   hq_quantizer_create(r, &role, &q);
 **     hq_tensor w = hq_tensor_2d(ptr, HQ_BF16, HQ_DEVICE_HOST, 4096, 1024);
 **     hq_qtensor *qw;    hq_quantize(q, ctx, &w, &qw);                  // both directions
@@ -89,7 +89,7 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------
 ** Version, errors, dtypes, devices
 */
-HQ_API const char *hq_version(void);                  /* "0.2.0" */
+HQ_API const char *hq_version(void);                  /* "0.3.0" */
 HQ_API const char *hq_last_error(void);               /* "" when none; per thread */
 HQ_API void hq_clear_error(void);
 HQ_API const char *hq_strerror(int status);           /* static text for a status code */
@@ -124,10 +124,12 @@ HQ_API void hq_fpenv_leave(hq_fpenv mode);
 /* Bring-your-own allocator (e.g. a trainer's caching allocator). device is HQ_DEVICE_HOST or a
    CUDA ordinal; stream is the context's stream. alloc returns NULL on failure. */
 typedef struct hq_allocator {
+  uint32_t struct_size;          /* sizeof(hq_allocator) */
   void *(*alloc)(void *user, int device, size_t bytes, void *stream);
   void (*free)(void *user, int device, void *ptr, void *stream);
   void *user;
 } hq_allocator;
+#define HQ_ALLOCATOR_SIZE_0_3 (offsetof(hq_allocator, user) + sizeof(void *))
 
 typedef struct hq_ctx_desc {
   uint32_t struct_size;          /* sizeof(hq_ctx_desc); at least HQ_CTX_DESC_SIZE_0_1 */
@@ -303,13 +305,15 @@ HQ_API const hq_plugins *hq_recipe_plugins(const hq_recipe *r);
 /* Format instances: the [format] sections plus the implicit ones (plugin names used directly,
    and "identity"). */
 typedef struct hq_format_info {
+  uint32_t struct_size;          /* sizeof(hq_format_info), set by the caller */
+  int32_t line;                  /* line of its [format] header; 0 if implicit */
   const char *name;              /* instance name */
   const char *plugin;            /* module name */
-  int line;                      /* line of its [format] header; 0 if implicit */
   size_t n_options;              /* the module's options, with resolved values */
   const char *const *option_names;
   const char *const *option_values;
 } hq_format_info;
+#define HQ_FORMAT_INFO_SIZE_0_3 (offsetof(hq_format_info, option_values) + sizeof(void *))
 HQ_API size_t hq_recipe_format_count(const hq_recipe *r);
 HQ_API int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out);
 
@@ -317,26 +321,41 @@ HQ_API int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *o
 #define HQ_SOURCE_ORIGINAL 0
 #define HQ_SOURCE_ROWWISE_DEQUANTIZED 1
 typedef struct hq_role_info {
+  uint32_t struct_size;          /* sizeof(hq_role_info), set by the caller */
+  int32_t line;                  /* line of its [role] header */
   const char *pattern;           /* "linear:weight:*" */
-  int line;                      /* line of its [role] header */
   const char *rowwise;           /* format instance name ("identity" when unset) */
   const char *columnwise;
-  int columnwise_source;         /* HQ_SOURCE_* */
+  int32_t columnwise_source;     /* HQ_SOURCE_* */
+  int32_t reserved0;             /* zero */
   long shadowed_by;              /* index of a section that wins for every role this one matches,
                                     or -1 */
 } hq_role_info;
+#define HQ_ROLE_INFO_SIZE_0_3 (offsetof(hq_role_info, shadowed_by) + sizeof(long))
 HQ_API size_t hq_recipe_role_count(const hq_recipe *r);
 HQ_API int hq_recipe_role_info(const hq_recipe *r, size_t i, hq_role_info *out);
 
-/* A role: three strings; NULL means "". */
+/* A role: three strings; NULL means "". Fill it with hq_role_of() (which sets struct_size). */
 typedef struct hq_role {
+  uint32_t struct_size;          /* sizeof(hq_role) */
   const char *module_type;       /* "linear", "grouped_linear", "dpa", ... */
   const char *tensor_type;       /* "input", "weight", "grad_output", ... */
   const char *name;              /* "layers.3.fc2" */
 } hq_role;
+#define HQ_ROLE_SIZE_0_3 (offsetof(hq_role, name) + sizeof(const char *))
+static inline hq_role hq_role_of(const char *module_type, const char *tensor_type,
+                                 const char *name) {
+  hq_role r;
+  r.struct_size = (uint32_t)sizeof r;
+  r.module_type = module_type;
+  r.tensor_type = tensor_type;
+  r.name = name;
+  return r;
+}
 /* Parse "module_type:tensor_type:name" into a role whose strings point into buf. */
 HQ_API int hq_role_parse(const char *text, char *buf, size_t buf_len, hq_role *out);
-/* Index of the [role] section that resolves `role`, or -1 when none matches. */
+/* Index of the [role] section that resolves `role`, or -1 when none matches (or the role is
+   malformed: then hq_last_error() says how). */
 HQ_API long hq_recipe_match(const hq_recipe *r, const hq_role *role);
 
 /* ---------------------------------------------------------------------------------------------

@@ -436,6 +436,9 @@ typedef struct hq_option {
   double min, max;      /* HQ_OPT_INT / HQ_OPT_FLOAT: inclusive range; min > max = unbounded */
 } hq_option;
 
+/* The size of an hq_option entry in ABI 2.0 - 2.3 (hq_format_ops.option_size 0 reads as it). */
+#define HQ_OPTION_SIZE_2_0 (offsetof(hq_option, max) + sizeof(double))
+
 typedef struct hq_optval {
   int64_t i;            /* BOOL, INT, ENUM index */
   double f;             /* FLOAT */
@@ -542,7 +545,7 @@ struct hq_call;
 
 typedef struct hq_host_api {
   uint32_t abi_major, abi_minor, struct_size;
-  const char *core_version;        /* "0.2.0" */
+  const char *core_version;        /* "0.3.0" */
   /* Record the message of the current failure (per thread); returns `code`. */
   int (*error)(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
   /* Log through the logger of the call's context (call may be NULL outside a call: then the
@@ -818,6 +821,9 @@ typedef struct hq_format_ops {
      Raise it when a storage written by an older version of the module would be read wrongly
      by this one: a checkpoint records it per direction and refuses a mismatch. */
   uint32_t layout_version;
+  /* sizeof(hq_option) as the module saw it: the stride of `options` (0 reads as
+     HQ_OPTION_SIZE_2_0), so that an option entry may grow by appended fields */
+  uint32_t option_size;
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
