@@ -57,17 +57,14 @@ template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, c
 }
 
 /* n elements of src (dtype ST) into dst (dtype DT): with vec (both 16-byte aligned) by groups of
-   8 elements and 16-byte accesses, the n % 8 last ones (every one without vec) one by one (as
-   every element had been: H200, 8192x8192, interleaved, f32 -> bf16 86.0% -> 99.9% of copy, f32
-   -> f16 54.5% -> 97.6%, f16 -> bf16 38.2% -> 76.4%, bf16 -> f32 86.5% -> 89.0%). A thread takes
+   8 elements and 16-byte accesses, the n % 8 last ones (every one without vec) one by one, since
+   element-wise accesses leave a conversion far below the copy bandwidth. A thread takes
    kConvertGroups groups a grid stride apart, every group's load issued before any conversion:
-   two between 16-bit dtypes, whose one 16-byte load per thread left too few bytes in flight
-   (H200, interleaved: f16 -> bf16 76.0-76.4% -> 85.4-85.6% of copy, bf16 -> f16 78.8-78.9% ->
-   88.2-88.5%; H100 unchanged, 95.1-96.2% either way), one otherwise (two measured bf16 -> f32
-   88.8-89.1% -> 93.0-93.2% but f16 -> f32 90.3% -> 64.7%; four slower for every pair; the
-   groups of a thread adjacent instead of a grid stride apart slower for every pair: f16 -> f32
-   49%, bf16 -> f16 71%). A step with fewer groups left (the end) takes them one by one: with
-   guarded loads in the one loop the compiler had put a conversion between the loads. */
+   two between 16-bit dtypes, whose one 16-byte load per thread leaves too few bytes in flight,
+   one where either side is F32 (its loads or stores are already twice as wide, and a second
+   group slowed f16 -> f32 down). A step with fewer groups left (the end) takes them one by one:
+   with guarded loads in the one loop the compiler puts a conversion between the loads. The
+   measurements behind each choice are in docs/performance.md. */
 template <int ST, int DT>
 constexpr int kConvertGroups = ST != HQ_F32 && DT != HQ_F32 ? 2 : 1;
 template <int ST, int DT>

@@ -39,9 +39,9 @@
 **     CUBLASLT_POINTER_MODE_DEVICE. Without factors alpha and beta are host values.
 **   - alpha_device (2.3): the whole alpha already on the device (the emulated path's, folded by
 **     the operands' raw dequantize kernels, HQ_CAP_DEQ_FACTOR); with beta 0 or 1 the matmul reads
-**     beta from a device constant (kBetaConst) and no kernel runs before it (H100, 4096^3 NVFP4
-**     emulated: the three one-thread kernels had cost ~4% of the call); any other beta is
-**     written by the one-thread kernel as above.
+**     beta from a device constant (kBetaConst) and no kernel runs before it, since a kernel
+**     launched between the dequantizes and the matmul is a measurable share of a mid-sized
+**     call; any other beta is written by the one-thread kernel as above.
 **   - What cuBLASLt refuses in the epilogue -- it takes a bias only of D's dtype for BF16 / F16 /
 **     F32 inputs and only a BF16 bias for FP8 inputs, and F32 inputs only with an F32 D -- runs
 **     as a matmul into an F32 D (the caller's D, or an F32 temporary when D is BF16) followed by
