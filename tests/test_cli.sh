@@ -201,6 +201,11 @@ grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(buil
 [ "$(grep -o '"name":"identity"' "$tmp/info.json" | wc -l)" -eq 1 ] || fail "info --json lists identity more than once"; ok
 $hq info > "$tmp/info.txt" || fail "info"
 grep -A2 '^  identity ' "$tmp/info.txt" | grep -q '^    (built into libhqcore)$' || { cat "$tmp/info.txt"; fail "info text: identity's file"; }; ok
+# the built-in GEMM providers, in the order a GEMM asks them (highest priority first), both forms
+grep -q '"gemm_providers":\[{"name":"cublaslt","version":"[^"]*","priority":100,[^]]*},{"name":"fused_hopper","version":"[^"]*","priority":50,[^]]*},{"name":"emulated","version":"[^"]*","priority":0,' "$tmp/info.json" ||
+  { grep -o '"gemm_providers":[^]]*]' "$tmp/info.json"; fail "info --json: the built-in GEMM providers"; }; ok
+[ "$(sed -n '/^GEMM providers/,/^$/s/^  \([a-z_]\+\) .*/\1/p' "$tmp/info.txt" | tr '\n' ' ')" = "cublaslt fused_hopper emulated " ] ||
+  { cat "$tmp/info.txt"; fail "info text: the built-in GEMM providers"; }; ok
 # every stock format reports the package's version, the one `hq --version` prints
 v=$($hq --version | sed -n 's/^hq \([^ ]*\) .*/\1/p')
 [ -n "$v" ] || fail "hq --version: no version"

@@ -1,6 +1,6 @@
 /*
 ** cmd_info.c -- `hq info`: version, ABI, plugin search path, formats with their options,
-** rejected modules, devices.
+** GEMM providers, rejected modules, devices.
 */
 #include <string.h>
 #include <sys/stat.h>
@@ -16,6 +16,7 @@ static const char usage[] =
     "Print the version, the plugin ABI, the plugin search path, every format found with its\n"
     "capabilities (cpu, cuda, requant-safe, colwise-only, fused-adam, deq-factor: the module's\n"
     "HQ_CAP_* flags), its options (type, default, help) and the buffers of each direction, the\n"
+    "GEMM providers in the order a GEMM asks them (built in or loaded from the path), the\n"
     "modules that were rejected and why, and the CUDA devices.\n"
     "  --shape RxC    the sample tensor whose buffers are listed (default 256x256): each\n"
     "                 format with its default options makes both directions of an f32\n"
@@ -167,6 +168,20 @@ static void report_json(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   for (size_t i = 0; i < hq_plugins_count(set); i++)
     plugin_json(&j, set, ctx, hq_plugins_get(set, i), rows, cols);
   json_close_arr(&j);
+  json_key(&j, "gemm_providers");
+  json_arr(&j);
+  for (size_t i = 0; i < hq_plugins_gemm_count(set); i++) {
+    hq_gemm_provider_info g = {.struct_size = sizeof g};
+    if (hq_plugins_gemm_info(set, i, &g)) continue;
+    json_obj(&j);
+    json_kstr(&j, "name", g.name);
+    json_kstr(&j, "version", g.version);
+    json_kint(&j, "priority", g.priority);
+    json_kstr(&j, "description", g.description);
+    json_kstr(&j, "file", g.file);
+    json_close_obj(&j);
+  }
+  json_close_arr(&j);
   json_key(&j, "rejected");
   json_arr(&j);
   for (size_t i = 0; i < hq_plugins_rejected_count(set); i++) {
@@ -234,6 +249,13 @@ static void report_text(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   for (size_t i = 0; i < hq_plugins_count(set); i++)
     plugin_text(set, ctx, hq_plugins_get(set, i), rows, cols);
   if (hq_plugins_count(set) == 0) printf("  (none found)\n");
+  printf("\nGEMM providers (asked in this order):\n");
+  for (size_t i = 0; i < hq_plugins_gemm_count(set); i++) {
+    hq_gemm_provider_info g = {.struct_size = sizeof g};
+    if (hq_plugins_gemm_info(set, i, &g)) continue;
+    printf("  %s %s  [priority %d]\n    %s\n    %s\n", g.name, g.version, (int)g.priority,
+           g.description, g.file);
+  }
   if (hq_plugins_rejected_count(set)) {
     printf("\nrejected modules:\n");
     for (size_t i = 0; i < hq_plugins_rejected_count(set); i++)
