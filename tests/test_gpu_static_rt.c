@@ -6,6 +6,7 @@
 ** GEMM runs there, and the bytes equal the CPU's. Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
+#include <math.h>
 
 #include "hq_test.h"
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "hq/adamw.h"
 #include "hq/numerics.h"
 #include "identity.h"
 
