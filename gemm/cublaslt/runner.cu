@@ -646,23 +646,8 @@ int check_operand(const hq_lt_matmul *mm, const hq_lt_operand *o, char name, int
   return HQ_OK;
 }
 
-} // namespace
-
-extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
-  if (!call || !mm_in)
-    return hqi_error(HQ_EINVAL, "lt_matmul: NULL %s", call ? "matmul" : "call");
-  /* read at most struct_size bytes of the caller's struct; fields it lacks read as zero */
-  const size_t floor = offsetof(hq_lt_matmul, what) + sizeof(const char *);
-  if (mm_in->struct_size < floor)
-    return hqi_error(HQ_EINVAL, "lt_matmul: struct_size %u is smaller than the 2.1 struct (%zu)",
-                     mm_in->struct_size, floor);
-  hq_lt_matmul mmv;
-  memset(&mmv, 0, sizeof mmv);
-  memcpy(&mmv, mm_in, mm_in->struct_size < sizeof mmv ? mm_in->struct_size : sizeof mmv);
-  const hq_lt_matmul *mm = &mmv;
-  const char *what = mm->what ? mm->what : "GEMM";
-  const int query = (mm->flags & HQ_GEMM_QUERY) != 0;
-
+/* The checks of a call's sizes, D and bias that need no operand: HQ_OK or the error. */
+int check_call(const hq_call *call, const hq_lt_matmul *mm, const char *what, int query) {
   if (call->device < 0)
     return hqi_error(HQ_ENOTSUP, "%s: cuBLASLt runs on a CUDA device, not on the host", what);
   if (call->device >= HQ_LT_MAX_DEVICES)
@@ -682,9 +667,140 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
                      (long long)mm->m);
   if (!query && !mm->d && mm->m && mm->n)
     return hqi_error(HQ_EINVAL, "%s: D is NULL", what);
+  return HQ_OK;
+}
+
+/* Everything a plan depends on: two calls with equal keys take the same algorithm. */
+void key_for(plan_key *key, const hq_call *call, const hq_lt_matmul *mm, int ptr_device) {
+  memset(key, 0, sizeof *key);
+  key->device = call->device;
+  key->a_elem = mm->a.elem;
+  key->a_trans = mm->a.trans ? 1 : 0;
+  key->a_scale = (int32_t)mm->a.scale_mode;
+  key->b_elem = mm->b.elem;
+  key->b_trans = mm->b.trans ? 1 : 0;
+  key->b_scale = (int32_t)mm->b.scale_mode;
+  key->d_dtype = mm->d_dtype;
+  key->bias_dtype = mm->bias ? mm->bias_dtype : 0;
+  key->fast_accum = (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) && mm->fast_accum ? 1 : 0;
+  key->accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
+  key->ptr_device = ptr_device;
+  key->align_a = align_of(mm->a.data);
+  key->align_b = align_of(mm->b.data);
+  key->align_d = align_of(mm->d);
+  key->a_rows = mm->a.rows;
+  key->a_cols = mm->a.cols;
+  key->a_ld = mm->a.ld;
+  key->b_rows = mm->b.rows;
+  key->b_cols = mm->b.cols;
+  key->b_ld = mm->b.ld;
+  key->m = mm->m;
+  key->n = mm->n;
+  key->k = mm->k;
+  key->ldd = mm->ldd;
+}
+
+/* The stream's workspace and handle in *u and the key's plan in *pl (chosen on first use):
+   HQ_OK, or the error for a problem cuBLASLt has no algorithm for. */
+int plan_for(const hq_call *call, const hq_lt_matmul *mm, plan_key *key, dev_use *u, plan *pl) {
+  int rc = workspace_get(call, u);
+  if (rc) return rc;
+  pthread_mutex_lock(&g_mu);
+  rc = device_get(call->device, u);
+  if (!rc) {
+    key->ws_bytes = (uint32_t)u->ws_bytes;
+    uint64_t h = key_hash(key);
+    plan *p = plan_find(key, h);
+    if (!p) {
+      p = plan_insert(key, h);
+      plan_choose(p, u->lt, mm);
+    }
+    *pl = *p; /* a copy: the slot may be reused by another thread once the lock is released */
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (rc || pl->status == CUBLAS_STATUS_SUCCESS) return rc;
+  char desc[512];
+  describe(desc, sizeof desc, mm);
+  if (pl->no_algo || unsupported(pl->status))
+    return hqi_error(HQ_ENOTSUP, "cuBLASLt has no algorithm for %s on device %d: %s", desc,
+                     call->device,
+                     pl->no_algo ? "the heuristic returned none"
+                                 : cublasLtGetStatusString(pl->status));
+  return hqi_error(HQ_EDEVICE, "%s:%d: cuBLASLt heuristic for %s: %s", __FILE__, __LINE__, desc,
+                   cublasLtGetStatusString(pl->status));
+}
+
+/* alpha (times the factors) and beta as the matmul reads them: host values, or device values in
+   the stream's slot (or, for a stream without a workspace, in call-owned memory *owned, freed by
+   the caller after the matmul). */
+typedef struct scalars {
+  float alpha_h, beta_h;
+  const void *alpha, *beta;
+  float *owned;
+} scalars;
+
+int scalars_for(scalars *sc, const hq_call *call, const hq_lt_matmul *mm, const dev_use *u,
+                float gemm_beta, int ptr_device, const char *what) {
+  sc->alpha_h = mm->alpha;
+  sc->beta_h = gemm_beta;
+  sc->alpha = &sc->alpha_h;
+  sc->beta = &sc->beta_h;
+  sc->owned = nullptr;
+  const float *beta_c = mm->alpha_device && (gemm_beta == 0.0f || gemm_beta == 1.0f)
+                           ? beta_consts(call->device)
+                           : nullptr;
+  if (beta_c) {
+    /* the whole alpha is on the device already and beta is a constant there: no kernel */
+    sc->alpha = mm->alpha_device;
+    sc->beta = beta_c + (gemm_beta == 0.0f ? 0 : 1);
+    return HQ_OK;
+  }
+  if (!ptr_device) return HQ_OK;
+  float *ab = u->ab;
+  if (!ab) {
+    ab = sc->owned = (float *)call_alloc(call, 2 * sizeof(float));
+    if (!ab) return hqi_error(HQ_ENOMEM, "%s: 8 bytes for alpha and beta: allocation failed", what);
+  }
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (mm->alpha_device) /* 1 * a = a: the device alpha as it is */
+    alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, 1.0f, gemm_beta, mm->alpha_device, nullptr);
+  else
+    alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, mm->alpha, gemm_beta, mm->alpha_factor[0],
+                                           mm->alpha_factor[1]);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    call_free(call, sc->owned);
+    sc->owned = nullptr;
+    return hqi_error(HQ_EDEVICE, "%s:%d: %s: alpha kernel: %s", __FILE__, __LINE__, what,
+                     cudaGetErrorString(e));
+  }
+  sc->alpha = ab;
+  sc->beta = ab + 1;
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
+  if (!call || !mm_in)
+    return hqi_error(HQ_EINVAL, "lt_matmul: NULL %s", call ? "matmul" : "call");
+  /* read at most struct_size bytes of the caller's struct; fields it lacks read as zero */
+  const size_t floor = offsetof(hq_lt_matmul, what) + sizeof(const char *);
+  if (mm_in->struct_size < floor)
+    return hqi_error(HQ_EINVAL, "lt_matmul: struct_size %u is smaller than the 2.1 struct (%zu)",
+                     mm_in->struct_size, floor);
+  hq_lt_matmul mmv;
+  memset(&mmv, 0, sizeof mmv);
+  memcpy(&mmv, mm_in, mm_in->struct_size < sizeof mmv ? mm_in->struct_size : sizeof mmv);
+  const hq_lt_matmul *mm = &mmv;
+  const char *what = mm->what ? mm->what : "GEMM";
+  const int query = (mm->flags & HQ_GEMM_QUERY) != 0;
+
+  int rc = check_call(call, mm, what, query);
+  if (rc) return rc;
   if (mm->m == 0 || mm->n == 0) return HQ_OK; /* nothing to compute */
   if (mm->k == 0) return query ? HQ_OK : launch_finish(call, mm, NULL, 0); /* beta*D + bias */
-  int rc = check_operand(mm, &mm->a, 'A', mm->m, mm->k);
+  rc = check_operand(mm, &mm->a, 'A', mm->m, mm->k);
   if (!rc) rc = check_operand(mm, &mm->b, 'B', mm->k, mm->n);
   if (rc) return rc;
   if (!query && (!mm->a.data || !mm->b.data))
@@ -692,112 +808,26 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
 
   const int ptr_device = mm->alpha_factor[0] || mm->alpha_factor[1] || mm->alpha_device;
   plan_key key;
-  memset(&key, 0, sizeof key);
-  key.device = call->device;
-  key.a_elem = mm->a.elem;
-  key.a_trans = mm->a.trans ? 1 : 0;
-  key.a_scale = (int32_t)mm->a.scale_mode;
-  key.b_elem = mm->b.elem;
-  key.b_trans = mm->b.trans ? 1 : 0;
-  key.b_scale = (int32_t)mm->b.scale_mode;
-  key.d_dtype = mm->d_dtype;
-  key.bias_dtype = mm->bias ? mm->bias_dtype : 0;
-  key.fast_accum = (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) && mm->fast_accum ? 1 : 0;
-  key.accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
-  key.ptr_device = ptr_device;
-  key.align_a = align_of(mm->a.data);
-  key.align_b = align_of(mm->b.data);
-  key.align_d = align_of(mm->d);
-  key.a_rows = mm->a.rows;
-  key.a_cols = mm->a.cols;
-  key.a_ld = mm->a.ld;
-  key.b_rows = mm->b.rows;
-  key.b_cols = mm->b.cols;
-  key.b_ld = mm->b.ld;
-  key.m = mm->m;
-  key.n = mm->n;
-  key.k = mm->k;
-  key.ldd = mm->ldd;
-
+  key_for(&key, call, mm, ptr_device);
   dev_use u;
   plan pl;
-  if ((rc = workspace_get(call, &u))) return rc;
-  pthread_mutex_lock(&g_mu);
-  rc = device_get(call->device, &u);
-  if (!rc) {
-    key.ws_bytes = (uint32_t)u.ws_bytes;
-    uint64_t h = key_hash(&key);
-    plan *p = plan_find(&key, h);
-    if (!p) {
-      p = plan_insert(&key, h);
-      plan_choose(p, u.lt, mm);
-    }
-    pl = *p; /* a copy: the slot may be reused by another thread once the lock is released */
-  }
-  pthread_mutex_unlock(&g_mu);
-  if (rc) return rc;
-
-  if (pl.status != CUBLAS_STATUS_SUCCESS) {
-    char desc[512];
-    describe(desc, sizeof desc, mm);
-    if (pl.no_algo || unsupported(pl.status))
-      return hqi_error(HQ_ENOTSUP, "cuBLASLt has no algorithm for %s on device %d: %s", desc,
-                       call->device,
-                       pl.no_algo ? "the heuristic returned none"
-                                  : cublasLtGetStatusString(pl.status));
-    return hqi_error(HQ_EDEVICE, "%s:%d: cuBLASLt heuristic for %s: %s", __FILE__, __LINE__,
-                     desc, cublasLtGetStatusString(pl.status));
-  }
-  if (query) return HQ_OK;
+  if ((rc = plan_for(call, mm, &key, &u, &pl)) || query) return rc;
 
   /* SPLIT into a BF16 D: the product goes to an F32 temporary (beta 0); finish_kernel adds
      beta * D and the bias and rounds once */
   const int to_temp = pl.mode == PLAN_SPLIT && mm->d_dtype != HQ_F32;
   const float gemm_beta = to_temp ? 0.0f : mm->beta;
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  float *tmp = NULL, *ab = NULL;
+  float *tmp = NULL;
   if (to_temp) {
     tmp = (float *)call_alloc(call, (size_t)(mm->m * mm->n) * sizeof(float));
     if (!tmp)
       return hqi_error(HQ_ENOMEM, "%s: %lld bytes for the F32 product before the epilogue: %s",
                        what, (long long)(mm->m * mm->n * 4), "allocation failed");
   }
-  /* alpha (times the factors) and beta: host values, or device values in the stream's slot
-     (or, for a stream without a workspace, in call-owned memory) */
-  float alpha_h = mm->alpha, beta_h = gemm_beta;
-  const void *alpha_p = &alpha_h, *beta_p = &beta_h;
-  int ab_owned = 0;
-  const float *beta_c = mm->alpha_device && (gemm_beta == 0.0f || gemm_beta == 1.0f)
-                           ? beta_consts(call->device)
-                           : nullptr;
-  if (beta_c) {
-    /* the whole alpha is on the device already and beta is a constant there: no kernel */
-    alpha_p = mm->alpha_device;
-    beta_p = beta_c + (gemm_beta == 0.0f ? 0 : 1);
-  } else if (ptr_device) {
-    ab = u.ab;
-    if (!ab) {
-      ab = (float *)call_alloc(call, 2 * sizeof(float));
-      if (!ab) {
-        call_free(call, tmp);
-        return hqi_error(HQ_ENOMEM, "%s: 8 bytes for alpha and beta: allocation failed", what);
-      }
-      ab_owned = 1;
-    }
-    if (mm->alpha_device) /* 1 * a = a: the device alpha as it is */
-      alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, 1.0f, gemm_beta, mm->alpha_device, nullptr);
-    else
-      alpha_beta_kernel<<<1, 1, 0, stream>>>(ab, mm->alpha, gemm_beta, mm->alpha_factor[0],
-                                             mm->alpha_factor[1]);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-      if (ab_owned) call_free(call, ab);
-      call_free(call, tmp);
-      return hqi_error(HQ_EDEVICE, "%s:%d: %s: alpha kernel: %s", __FILE__, __LINE__, what,
-                       cudaGetErrorString(e));
-    }
-    alpha_p = ab;
-    beta_p = ab + 1;
+  scalars sc;
+  if ((rc = scalars_for(&sc, call, mm, &u, gemm_beta, ptr_device, what))) {
+    call_free(call, tmp);
+    return rc;
   }
 
   descs ds;
@@ -806,12 +836,12 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   cublasStatus_t st = descs_for(&ds, mm, pl.mode, pl.compute, ptr_device, &step);
   if (st == CUBLAS_STATUS_SUCCESS) {
     step = "cublasLtMatmul";
-    st = cublasLtMatmul(u.lt, (cublasLtMatmulDesc_t)&ds.op, alpha_p, mm->a.data,
+    st = cublasLtMatmul(u.lt, (cublasLtMatmulDesc_t)&ds.op, sc.alpha, mm->a.data,
                         (cublasLtMatrixLayout_t)&ds.a, mm->b.data, (cublasLtMatrixLayout_t)&ds.b,
-                        beta_p, gd, (cublasLtMatrixLayout_t)&ds.d, gd,
-                        (cublasLtMatrixLayout_t)&ds.d, &pl.algo, u.ws, u.ws_bytes, stream);
+                        sc.beta, gd, (cublasLtMatrixLayout_t)&ds.d, gd,
+                        (cublasLtMatrixLayout_t)&ds.d, &pl.algo, u.ws, u.ws_bytes,
+                        (cudaStream_t)call->stream);
   }
-  rc = HQ_OK;
   if (st != CUBLAS_STATUS_SUCCESS) {
     char desc[512];
     describe(desc, sizeof desc, mm);
@@ -821,7 +851,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
     rc = launch_finish(call, mm, tmp, !to_temp);
   }
   /* stream-ordered: released after the work that reads them */
-  if (ab_owned) call_free(call, ab);
+  call_free(call, sc.owned);
   call_free(call, tmp);
   return rc;
 }
