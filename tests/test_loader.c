@@ -85,8 +85,13 @@ static void test_fixtures(void **state) {
   expect_reason(set, "good_dup.so", "duplicate format name 'test_good'");
   expect_reason(set, "good_dup.so", "/good.so");
   expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
-  expect_reason(set, "bad_major.so", "this core implements ABI 2.3 (major versions must match)");
-  expect_reason(set, "newer_minor.so", "requires plugin ABI 2.4, newer than this core's 2.3");
+  char text[128];
+  snprintf(text, sizeof text, "this core implements ABI 2.%d (major versions must match)",
+           HQ_ABI_MINOR);
+  expect_reason(set, "bad_major.so", text);
+  snprintf(text, sizeof text, "requires plugin ABI 2.%d, newer than this core's 2.%d",
+           HQ_ABI_MINOR + 1, HQ_ABI_MINOR);
+  expect_reason(set, "newer_minor.so", text);
   expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
   expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
   /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */
