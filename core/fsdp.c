@@ -14,6 +14,10 @@
 **   HQ_GATHER_SAME  not sent: equal on every shard (per-tensor scale, amax); copied from the
 **                   local shard.
 **   HQ_GATHER_NEVER refused, before any communication.
+** A format that moves a buffer itself (plugin ABI 2.4, forms.c) gives it an FSDP form instead:
+** its fsdp_extract writes the shard's form into staging, the form is listed in the buffer's
+** place, and its fsdp_assign rebuilds the full buffer from the gathered form; the buffer's own
+** rule is then not used.
 */
 #include "config.h"
 #include "hq_internal.h"
@@ -49,10 +53,21 @@ static int64_t m_entries(const hq_buffer *b, int64_t M) { return ceil_div(M, b->
 
 static int64_t elem_bytes(const hq_buffer *b) { return (int64_t)hq_dtype_size(b->dtype); }
 
-/* Check that qt can be extracted; count the entries and the staging bytes. */
-static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char *what) {
+/* Staging regions start at multiples of this (what a format's kernel may load as vectors). */
+#define STAGE_ALIGN 256u
+static size_t stage_round(size_t n) { return (n + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN; }
+
+/* The forms of one storage's buffers (ndim 0: the buffer goes by its gather rule). */
+typedef struct dir_forms {
+  hq_buffer_form form[HQ_MAX_BUFFERS];
+} dir_forms;
+
+/* Check that qt can be extracted; count the entries and the staging bytes; fill the forms. */
+static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char *what,
+                dir_forms forms[2]) {
   *count = 0;
   *staging = 0;
+  memset(forms, 0, 2 * sizeof *forms);
   if (qt->saved) return hqi_error(HQ_ESTATE, "%s: role %s is saved", what, qt->role);
   if (!hq_qtensor_dirs(qt)) return hqi_error(HQ_ENOENT, "%s: role %s holds no direction", what,
                                             qt->role);
@@ -73,6 +88,14 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
     for (uint32_t i = 0; i < q->st.nbuf; i++) {
       const hq_buffer *b = hq_storage_cbuf(&q->st, i);
       if (!q->owned[i]) continue;
+      hq_buffer_form *fm = &forms[d].form[i];
+      int rc = hqi_buffer_form(f, &q->st, i, HQ_FORM_FSDP, qt->role, fm);
+      if (rc) return rc;
+      if (fm->ndim) {
+        (*count)++;
+        *staging += stage_round(fm->bytes);
+        continue;
+      }
       if (b->gather == HQ_GATHER_NEVER)
         return hqi_error(HQ_ENOTSUP, "%s: role %s, %s format '%s' (plugin %s): buffer '%s' "
                          "cannot be gathered%s", what, qt->role, HQI_DIR_NAME(d + 1u), f->name,
@@ -88,7 +111,7 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
                          (long long)m_entries(b, qt->rows));
       (*count)++;
       if (b->gather == HQ_GATHER_COLS)
-        *staging += (size_t)(m_entries(b, qt->rows) * b->shape[0] * elem_bytes(b));
+        *staging += stage_round((size_t)(m_entries(b, qt->rows) * b->shape[0] * elem_bytes(b)));
     }
   }
   return HQ_OK;
@@ -129,7 +152,8 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
     return hqi_error(HQ_EINVAL, "hq_fsdp_extract: the context runs on device %d, the shard lives "
                      "on %d", ctx->device, shard->ctx->device);
   size_t count, staging;
-  int rc = plan(shard, &count, &staging, "hq_fsdp_extract");
+  dir_forms forms[2];
+  int rc = plan(shard, &count, &staging, "hq_fsdp_extract", forms);
   *n = count;
   if (rc) return rc;
   if (cap < count)
@@ -153,7 +177,7 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
     if (!q->present) continue;
     for (uint32_t i = 0; i < q->st.nbuf && !rc; i++) {
       hq_buffer *b = HQ_STORAGE_BUF(&q->st, i);
-      if (!q->owned[i] || b->gather == HQ_GATHER_SAME) continue;
+      if (!q->owned[i] || (b->gather == HQ_GATHER_SAME && !forms[d].form[i].ndim)) continue;
       hq_fsdp_buffer e;
       memset(&e, 0, sizeof e);
       e.struct_size = (uint32_t)(elem_size < sizeof e ? elem_size : sizeof e);
@@ -163,14 +187,22 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
       e.device = ctx->device;
       e.rows = m_entries(b, shard->rows);
       const int64_t es = elem_bytes(b);
-      if (b->gather == HQ_GATHER_ROWS) {
+      hq_buffer_form *fm = &forms[d].form[i];
+      if (fm->ndim) { /* the format writes the matrix itself */
+        e.dtype = fm->dtype;
+        e.rows = fm->shape[0];
+        e.row_bytes = fm->shape[1] * (int64_t)hq_dtype_size(fm->dtype);
+        e.ptr = fm->ptr = stage;
+        rc = hqi_form_write(shard->fmt[d], ctx, &q->st, i, fm, HQ_FORM_FSDP, shard->role);
+        stage += stage_round(fm->bytes);
+      } else if (b->gather == HQ_GATHER_ROWS) {
         e.row_bytes = (int64_t)(b->bytes / (size_t)b->shape[0]);
         e.ptr = b->ptr;
       } else {
         e.row_bytes = b->shape[0] * es;
         e.ptr = stage;
         rc = transpose(ctx, stage, b->shape[0], b->ptr, b->shape[1], b->shape[0], e.rows, es);
-        stage += e.rows * e.row_bytes;
+        stage += stage_round((size_t)(e.rows * e.row_bytes));
       }
       hqi_elem_put(out, k++, elem_size, &e, sizeof e);
     }
@@ -206,7 +238,8 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                        "'%s' shard)", full->role, HQI_DIR_NAME(d + 1u), full->fmt[d]->name,
                        shard->fmt[d]->name);
   size_t count, staging;
-  int rc = plan(full, &count, &staging, "hq_fsdp_assign");
+  dir_forms forms[2];
+  int rc = plan(full, &count, &staging, "hq_fsdp_assign", forms);
   if (rc) return rc;
   if (n != count)
     return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s expects %zu gathered buffers, %zu given",
@@ -223,7 +256,8 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
       for (uint32_t i = 0; i < q->st.nbuf && !rc; i++) {
         hq_buffer *b = HQ_STORAGE_BUF(&q->st, i);
         if (!q->owned[i]) continue;
-        if (b->gather == HQ_GATHER_SAME) {
+        hq_buffer_form *fm = &forms[d].form[i];
+        if (b->gather == HQ_GATHER_SAME && !fm->ndim) {
           const hq_buffer *sb = i < sq->st.nbuf ? hq_storage_cbuf(&sq->st, i) : NULL;
           if (pass == 0 && (!sb || !sb->ptr || strcmp(sb->name, b->name) != 0 ||
                             sb->bytes != b->bytes))
@@ -234,8 +268,10 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
         }
         hq_fsdp_buffer e;
         hqi_elem_get(&e, sizeof e, gathered, k, elem_size);
-        const int64_t es = elem_bytes(b), rows = m_entries(b, full->rows);
-        const int64_t row_bytes = b->gather == HQ_GATHER_ROWS
+        const int64_t es = elem_bytes(b);
+        const int64_t rows = fm->ndim ? fm->shape[0] : m_entries(b, full->rows);
+        const int64_t row_bytes = fm->ndim ? fm->shape[1] * (int64_t)hq_dtype_size(fm->dtype)
+                                  : b->gather == HQ_GATHER_ROWS
                                       ? (int64_t)(b->bytes / (size_t)b->shape[0])
                                       : b->shape[0] * es;
         if (pass == 0) {
@@ -247,6 +283,9 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                              HQI_DIR_NAME(e.dir), e.name ? e.name : "?", (long long)e.rows,
                              (long long)e.row_bytes, e.device, HQI_DIR_NAME(q->st.dir), b->name,
                              (long long)rows, (long long)row_bytes, ctx->device);
+        } else if (fm->ndim) { /* the format rebuilds the buffer from its gathered form */
+          fm->ptr = e.ptr;
+          rc = hqi_form_read(full->fmt[d], ctx, &q->st, i, fm, HQ_FORM_FSDP, full->role);
         } else if (b->gather == HQ_GATHER_ROWS) {
           size_t used = (size_t)(rows * row_bytes);
           rc = copy_on_device(ctx, b->ptr, e.ptr, used);

@@ -314,6 +314,22 @@ int hqi_qtensor_foreign_alloc(const hq_qtensor *qt, const hq_ctx *ctx);
 int hqi_qtensor_mark_use(hq_qtensor *qt, const hq_ctx *ctx);
 int hqi_qtensor_owner_frees(const hq_qtensor *qt);
 
+// --- buffer forms (forms.c, plugin ABI 2.4) --------------------------------------------------
+/* Whether format f moves buffers itself for `purpose` (HQ_FORM_FSDP: it has fsdp_extract and
+   fsdp_assign; HQ_FORM_SAVE: save and restore; buffer_form comes with either). */
+int hqi_format_has_forms(const hqi_format *f, uint32_t purpose);
+/* The form of buffer i of storage st for `purpose`, checked (HQ_EABI naming role and buffer when
+   invalid), its bytes computed, ptr NULL; ndim 0 when the buffer has none (always, when f has
+   no ops for the purpose). */
+int hqi_buffer_form(const hqi_format *f, const hq_storage *st, uint32_t i, uint32_t purpose,
+                    const char *role, hq_buffer_form *out);
+/* Run the module's op on ctx's stream: write form->ptr from buffer i (fsdp_extract, save) or
+   buffer i from form->ptr (fsdp_assign, restore). The caller has entered ctx's device. */
+int hqi_form_write(const hqi_format *f, hq_ctx *ctx, const hq_storage *st, uint32_t i,
+                   const hq_buffer_form *form, uint32_t purpose, const char *role);
+int hqi_form_read(const hqi_format *f, hq_ctx *ctx, hq_storage *st, uint32_t i,
+                  const hq_buffer_form *form, uint32_t purpose, const char *role);
+
 // --- scaling state (state.c) ----------------------------------------------------------------
 hq_state *hqi_state_retain(hq_state *st);
 void hqi_state_release(hq_state *st);

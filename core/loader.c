@@ -102,6 +102,28 @@ static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, siz
              ops->state_floats ? "update_state" : "state_floats");
     return 0;
   }
+  /* buffer forms (2.4): the two halves of a move come together, and with the op describing the
+     forms they write */
+  if (!ops->fsdp_extract != !ops->fsdp_assign || !ops->save != !ops->restore) {
+    const int fsdp = !ops->fsdp_extract != !ops->fsdp_assign;
+    const char *has = fsdp ? (ops->fsdp_extract ? "fsdp_extract" : "fsdp_assign")
+                           : (ops->save ? "save" : "restore");
+    const char *lacks = fsdp ? (ops->fsdp_extract ? "fsdp_assign" : "fsdp_extract")
+                             : (ops->save ? "restore" : "save");
+    snprintf(why, len, "format '%s' has %s but no %s operation (a buffer moved by the format "
+             "needs both)", ops->name, has, lacks);
+    return 0;
+  }
+  if ((ops->fsdp_extract || ops->save) && !ops->buffer_form) {
+    snprintf(why, len, "format '%s' has %s but no buffer_form operation (it describes the forms "
+             "those operations write)", ops->name, ops->fsdp_extract ? "fsdp_extract" : "save");
+    return 0;
+  }
+  if (ops->buffer_form && !ops->fsdp_extract && !ops->save) {
+    snprintf(why, len, "format '%s' has buffer_form but neither fsdp_extract/fsdp_assign nor "
+             "save/restore (nothing would use its forms)", ops->name);
+    return 0;
+  }
   if (!(ops->caps & (HQ_CAP_CPU | HQ_CAP_CUDA))) {
     snprintf(why, len, "format '%s' declares neither HQ_CAP_CPU nor HQ_CAP_CUDA", ops->name);
     return 0;
@@ -167,6 +189,12 @@ static int check_table(const hq_format_ops *ops, hq_plugin *p, char *why, size_t
     snprintf(why, len, "requires plugin ABI 2.%u but its ops table struct_size %u is smaller "
              "than ABI 2.1's %zu bytes", ops->abi_minor, ops->struct_size,
              (size_t)HQ_FORMAT_OPS_SIZE_2_1);
+    return 0;
+  }
+  if (ops->abi_minor >= 4 && ops->struct_size < HQ_FORMAT_OPS_SIZE_2_4) {
+    snprintf(why, len, "requires plugin ABI 2.%u but its ops table struct_size %u is smaller "
+             "than ABI 2.4's %zu bytes", ops->abi_minor, ops->struct_size,
+             (size_t)HQ_FORMAT_OPS_SIZE_2_4);
     return 0;
   }
   size_t n = ops->struct_size < sizeof p->ops ? ops->struct_size : sizeof p->ops;

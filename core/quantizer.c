@@ -1252,7 +1252,9 @@ void hq_qtensor_free(hq_qtensor *qt) {
 // --- save / restore ---------------------------------------------------------------------------
 /* The saved list: the buffers the rowwise storage owns, in its buffer order, then those the
    columnwise storage owns. Shared buffers are not listed (they travel with the rowwise storage)
-   and are re-linked on restore. */
+   and are re-linked on restore. A buffer its format saves itself (plugin ABI 2.4, forms.c)
+   travels as its form: written by the format's save() into memory of the owner, the buffer
+   freed; restore() rebuilds it in fresh memory from the form, which is then freed. */
 
 static uint32_t owned_count(const qdir *q) {
   uint32_t n = 0;
@@ -1268,6 +1270,50 @@ size_t hq_qtensor_saved_count(const hq_qtensor *qt) {
   return n;
 }
 
+/* The save forms of qt's owned buffers (ndim 0: saved as it is). */
+static int save_forms(const hq_qtensor *qt, hq_buffer_form form[2][HQ_MAX_BUFFERS], int *any) {
+  *any = 0;
+  for (int d = 0; d < 2; d++)
+    for (uint32_t i = 0; i < HQ_MAX_BUFFERS; i++) {
+      const qdir *q = &qt->d[d];
+      memset(&form[d][i], 0, sizeof form[d][i]);
+      if (!q->present || i >= q->st.nbuf || !q->owned[i]) continue;
+      int rc = hqi_buffer_form(qt->fmt[d], &q->st, i, HQ_FORM_SAVE, qt->role, &form[d][i]);
+      if (rc) return rc;
+      *any |= form[d][i].ndim != 0;
+    }
+  return HQ_OK;
+}
+
+/* Free the memory of the forms in form[][] (those with ndim and a pointer). */
+static void free_forms(hq_ctx *ctx, hq_buffer_form form[2][HQ_MAX_BUFFERS]) {
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < HQ_MAX_BUFFERS; i++)
+      if (form[d][i].ndim && form[d][i].ptr) {
+        hqi_ctx_free_raw(ctx, form[d][i].ptr);
+        form[d][i].ptr = NULL;
+      }
+}
+
+/* Write every save form of qt (memory of the owner); on failure none is left. */
+static int write_forms(hq_qtensor *qt, hq_buffer_form form[2][HQ_MAX_BUFFERS]) {
+  int rc = HQ_OK;
+  for (int d = 0; d < 2 && !rc; d++)
+    for (uint32_t i = 0; i < HQ_MAX_BUFFERS && !rc; i++) {
+      hq_buffer_form *fm = &form[d][i];
+      if (!fm->ndim) continue;
+      fm->ptr = hqi_ctx_alloc_raw(qt->ctx, fm->bytes ? fm->bytes : 1);
+      if (!fm->ptr)
+        rc = hqi_error(HQ_ENOMEM, "hq_qtensor_save: role %s: %zu bytes for the saved form of "
+                       "buffer '%s' on device %d", qt->role, fm->bytes,
+                       BUF(&qt->d[d].st, i)->name, qt->ctx->device);
+      else
+        rc = hqi_form_write(qt->fmt[d], qt->ctx, &qt->d[d].st, i, fm, HQ_FORM_SAVE, qt->role);
+    }
+  if (rc) free_forms(qt->ctx, form);
+  return rc;
+}
+
 int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t elem_size,
                     size_t *n) {
   if (!qt || !n || (!out && cap)) return hqi_error(HQ_EINVAL, "hq_qtensor_save: NULL argument");
@@ -1280,6 +1326,21 @@ int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t ele
   if (cap < need)
     return hqi_error(HQ_EINVAL, "hq_qtensor_save: role %s needs %zu entries, %zu given", qt->role,
                      need, cap);
+  hq_buffer_form form[2][HQ_MAX_BUFFERS];
+  int any, rc = save_forms(qt, form, &any);
+  if (rc) return rc;
+  if (any) { /* the format writes its forms before anything changes */
+    int saved;
+    if ((rc = hqi_device_enter(qt->ctx->device, &saved))) return rc;
+    rc = write_forms(qt, form);
+    if (!rc) rc = hqi_qtensor_owner_frees(qt);
+    if (rc) free_forms(qt->ctx, form);
+    for (int d = 0; d < 2 && !rc; d++) /* the buffers a form replaces */
+      for (uint32_t i = 0; i < HQ_MAX_BUFFERS; i++)
+        if (form[d][i].ndim) hqi_ctx_free_raw(qt->ctx, BUF(&qt->d[d].st, i)->ptr);
+    hqi_device_leave(saved);
+    if (rc) return rc;
+  }
   size_t k = 0;
   for (int d = 0; d < 2; d++) {
     qdir *q = &qt->d[d];
@@ -1287,17 +1348,18 @@ int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t ele
     for (uint32_t i = 0; i < q->st.nbuf; i++) {
       hq_buffer *b = BUF(&q->st, i);
       if (!q->owned[i]) continue;
+      const hq_buffer_form *fm = &form[d][i];
       hq_saved_buffer e;
       memset(&e, 0, sizeof e);
       e.struct_size = (uint32_t)(elem_size < sizeof e ? elem_size : sizeof e);
       e.dir = q->st.dir;
       e.name = b->name;
-      e.dtype = b->dtype;
-      e.ndim = b->ndim;
-      memcpy(e.shape, b->shape, sizeof e.shape);
-      e.bytes = b->bytes;
+      e.dtype = fm->ndim ? fm->dtype : b->dtype;
+      e.ndim = fm->ndim ? fm->ndim : b->ndim;
+      memcpy(e.shape, fm->ndim ? fm->shape : b->shape, sizeof e.shape);
+      e.bytes = fm->ndim ? fm->bytes : b->bytes;
       e.device = q->st.device;
-      e.ptr = b->ptr;
+      e.ptr = fm->ndim ? fm->ptr : b->ptr;
       hqi_elem_put(out, k++, elem_size, &e, sizeof e);
     }
   }
@@ -1306,6 +1368,40 @@ int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t ele
       BUF(&qt->d[d].st, i)->ptr = NULL;
   qt->saved = 1;
   return HQ_OK;
+}
+
+/* Rebuild the buffers saved as forms (restore, plugin ABI 2.4): each in fresh memory of the
+   owner from the form handed back (form[d][i].ptr), which is freed once it is read. On failure
+   the fresh memory is freed and the buffers' pointers are left NULL (the caller keeps the
+   entries). */
+static int read_forms(hq_qtensor *qt, hq_buffer_form form[2][HQ_MAX_BUFFERS]) {
+  int saved, rc = hqi_device_enter(qt->ctx->device, &saved);
+  for (int d = 0; d < 2 && !rc; d++)
+    for (uint32_t i = 0; i < HQ_MAX_BUFFERS && !rc; i++) {
+      if (!form[d][i].ndim) continue;
+      hq_buffer *b = BUF(&qt->d[d].st, i);
+      b->ptr = hqi_ctx_alloc_raw(qt->ctx, b->bytes ? b->bytes : 1);
+      if (!b->ptr)
+        rc = hqi_error(HQ_ENOMEM, "hq_qtensor_restore: role %s: allocating %s buffer '%s' (%zu "
+                       "bytes) on device %d failed", qt->role, dname(qt->d[d].st.dir), b->name,
+                       b->bytes, qt->ctx->device);
+      else
+        rc = hqi_form_read(qt->fmt[d], qt->ctx, &qt->d[d].st, i, &form[d][i], HQ_FORM_SAVE,
+                           qt->role);
+    }
+  for (int d = 0; d < 2; d++)
+    for (uint32_t i = 0; i < HQ_MAX_BUFFERS; i++) {
+      if (!form[d][i].ndim) continue;
+      hq_buffer *b = BUF(&qt->d[d].st, i);
+      if (rc) {
+        hqi_ctx_free_raw(qt->ctx, b->ptr);
+        b->ptr = NULL;
+      } else {
+        hqi_ctx_free_raw(qt->ctx, form[d][i].ptr); /* stream-ordered: after restore() read it */
+      }
+    }
+  hqi_device_leave(saved);
+  return rc;
 }
 
 int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size_t elem_size) {
@@ -1318,6 +1414,10 @@ int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size
   if (n != need)
     return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s saved %zu buffers, %zu given back",
                      qt->role, need, n);
+  /* the skeleton's forms: what each entry must be */
+  hq_buffer_form form[2][HQ_MAX_BUFFERS];
+  int any, rc = save_forms(qt, form, &any);
+  if (rc) return rc;
   /* check every entry against the skeleton before anything changes */
   size_t k = 0;
   for (int pass = 0; pass < 2; pass++) {
@@ -1328,6 +1428,7 @@ int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size
       for (uint32_t i = 0; i < q->st.nbuf; i++) {
         if (!q->owned[i]) continue;
         hq_buffer *b = BUF(&q->st, i);
+        const size_t bytes = form[d][i].ndim ? form[d][i].bytes : b->bytes;
         hq_saved_buffer e;
         hqi_elem_get(&e, sizeof e, in, k, elem_size);
         if (pass == 0) {
@@ -1339,18 +1440,27 @@ int hq_qtensor_restore(hq_qtensor *qt, const hq_saved_buffer *in, size_t n, size
                                "back the same memory", qt->role, j, k);
           }
           if (!e.ptr || e.dir != q->st.dir || !e.name || strcmp(e.name, b->name) != 0 ||
-              e.bytes != b->bytes || e.device != q->st.device)
+              e.bytes != bytes || e.device != q->st.device)
             return hqi_error(HQ_EINVAL, "hq_qtensor_restore: role %s: entry %zu (%s %s, %zu "
-                             "bytes, device %d%s) is not the saved %s buffer '%s' (%zu bytes, "
+                             "bytes, device %d%s) is not the saved %s buffer '%s' (%zu bytes%s, "
                              "device %d)", qt->role, k, dname(e.dir), e.name ? e.name : "?",
                              e.bytes, e.device, e.ptr ? "" : ", NULL pointer", dname(q->st.dir),
-                             b->name, b->bytes, q->st.device);
+                             b->name, bytes, form[d][i].ndim ? " as its format saves it" : "",
+                             q->st.device);
+        } else if (form[d][i].ndim) {
+          form[d][i].ptr = e.ptr;
         } else {
           b->ptr = e.ptr;
         }
         k++;
       }
     }
+  }
+  if (any && (rc = read_forms(qt, form))) {
+    for (int d = 0; d < 2; d++) /* still saved: the caller keeps every entry */
+      for (uint32_t i = 0; qt->d[d].present && i < qt->d[d].st.nbuf; i++)
+        BUF(&qt->d[d].st, i)->ptr = NULL;
+    return rc;
   }
   for (uint32_t i = 0; qt->d[1].present && i < qt->d[1].st.nbuf; i++)
     if (!qt->d[1].owned[i])

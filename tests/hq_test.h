@@ -166,6 +166,16 @@ static inline void hq_test_same_qtensors(const hq_qtensor *a, const hq_qtensor *
   }
 }
 
+/* Fill every buffer of qt's storages (host memory) with 0xA5: a later step that must write every
+   byte (an FSDP assign) is then checked to have done so. */
+static inline void hq_test_fill_garbage(const hq_qtensor *qt) {
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+    const hq_storage *st = hq_qtensor_storage(qt, dir);
+    for (uint32_t i = 0; st && i < st->nbuf; i++)
+      memset(hq_storage_cbuf(st, i)->ptr, 0xA5, hq_storage_cbuf(st, i)->bytes);
+  }
+}
+
 /* What an FSDP all-gather does with the n entries hq_fsdp_extract gave each of `world` shards
    (ext[rank]): each entry concatenated along dim 0 in rank order, into gathered[e] (memory
    mem[e], which the caller frees). The shards' entries must agree in name and shape. */

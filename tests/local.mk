@@ -140,6 +140,33 @@ tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c
 tests_plugins_minor0_raw_factor_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# Buffer-form fixtures (ABI 2.4, test_forms), in a folder of their own: one valid module, one whose
+# table is too short to show its ops, four malformed op sets the loader rejects.
+check_LTLIBRARIES += tests/plugins/forms/forms.la
+tests_plugins_forms_forms_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_forms_forms_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/forms/forms_short.la
+tests_plugins_forms_forms_short_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_short_la_CPPFLAGS = $(AM_CPPFLAGS) -DFORMS_SHORT
+tests_plugins_forms_forms_short_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/forms/forms_half_fsdp.la
+tests_plugins_forms_forms_half_fsdp_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_half_fsdp_la_CPPFLAGS = $(AM_CPPFLAGS) -DFORMS_HALF_FSDP
+tests_plugins_forms_forms_half_fsdp_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/forms/forms_half_save.la
+tests_plugins_forms_forms_half_save_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_half_save_la_CPPFLAGS = $(AM_CPPFLAGS) -DFORMS_HALF_SAVE
+tests_plugins_forms_forms_half_save_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/forms/forms_undescribed.la
+tests_plugins_forms_forms_undescribed_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_undescribed_la_CPPFLAGS = $(AM_CPPFLAGS) -DFORMS_UNDESCRIBED
+tests_plugins_forms_forms_undescribed_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+check_LTLIBRARIES += tests/plugins/forms/forms_unused.la
+tests_plugins_forms_forms_unused_la_SOURCES = tests/plugins/forms/forms.c
+tests_plugins_forms_forms_unused_la_CPPFLAGS = $(AM_CPPFLAGS) -DFORMS_UNUSED
+tests_plugins_forms_forms_unused_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
@@ -198,6 +225,12 @@ check_PROGRAMS += tests/test_fsdp
 tests_test_fsdp_SOURCES = tests/test_fsdp.c tests/hq_test.h
 tests_test_fsdp_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_fsdp_LDADD = $(HQ_TEST_LDADD)
+# buffer forms (ABI 2.4): the loader's op-set checks, the core calling a module's FSDP and
+# save/restore ops, the checks it keeps
+check_PROGRAMS += tests/test_forms
+tests_test_forms_SOURCES = tests/test_forms.c tests/hq_test.h
+tests_test_forms_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_forms_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_gpu_fp8_tensor
 tests_test_gpu_fp8_tensor_SOURCES = tests/test_gpu_fp8_tensor.c tests/hq_test.h
 tests_test_gpu_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
@@ -303,6 +336,7 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_TEST_FIXTURES='$(abs_top_builddir)/tests/plugins/.libs'; export HQ_TEST_FIXTURES; \
 	HQ_TEST_FIXTURE_ROOT='$(abs_top_builddir)/tests/plugins'; export HQ_TEST_FIXTURE_ROOT; \
 	HQ_TEST_WRAP_DIR='$(abs_top_builddir)/tests/wrap/.libs'; export HQ_TEST_WRAP_DIR; \
+	HQ_TEST_FORMS='$(abs_top_builddir)/tests/plugins/forms/.libs'; export HQ_TEST_FORMS; \
 	HQ_TEST_THIRD_PARTY='$(abs_top_builddir)/tests/plugins/third_party/.libs'; \
 	export HQ_TEST_THIRD_PARTY; \
 	HQ_TEST_IDENTITY_SO='$(abs_top_builddir)/plugins/identity/.libs/identity.so'; \

@@ -20,8 +20,9 @@
 **                the input) and dequantized by every other instance of the same module (its ops
 **                called directly) gives the same values, in F32, BF16 and F16;
 **   fsdp         2 and 4 shards with a shared amax, extracted, concatenated and assigned, equal
-**                the whole tensor quantized with that amax, byte for byte; or, where the
-**                storages' descriptions say they cannot be gathered, hq_fsdp_extract refuses with
+**                the whole tensor quantized with that amax, byte for byte (a buffer the module
+**                gathers itself, ABI 2.4, included); or, where the storages' descriptions and
+**                the module's FSDP forms say they cannot be gathered, hq_fsdp_extract refuses with
 **                the status the protocol names, before any byte moves (an amax buffer of a
 **                direction that takes no shared amax is the local shard's: docs/formats.md, 8);
 **   offload      save, every buffer copied to other memory of the context and the original
@@ -774,11 +775,27 @@ static void test_cross(void **state) {
 
 // --- FSDP ---------------------------------------------------------------------------------------
 
-/* What hq_fsdp_extract must answer for a shard of ms rows, from the storages' descriptions alone
-   (hq.h's protocol), and a piece of the message: a storage without a shard-row multiple ("cannot
-   be sharded"), or with a buffer of its own that is never gathered (its name), is HQ_ENOTSUP;
-   rows not a multiple of it, HQ_ESHAPE. */
-static int fsdp_expect(const hq_qtensor *shard, int64_t ms, const char **why) {
+/* Whether the module gives buffer i of s an FSDP form (plugin ABI 2.4: it gathers the buffer
+   itself), asked of the module directly with instance `in`'s configuration. */
+static int fsdp_has_form(pcase *pc, const inst *in, const hq_storage *s, uint32_t i) {
+  if (!pc->ops || pc->ops->struct_size < HQ_FORMAT_OPS_SIZE_2_4 || !pc->ops->fsdp_extract)
+    return 0;
+  void *cfg = direct_configure(pc, in);
+  hq_buffer_form f;
+  memset(&f, 0, sizeof f);
+  f.struct_size = sizeof f;
+  if (pc->ops->buffer_form(cfg, &pc->host, s, i, HQ_FORM_FSDP, &f))
+    fail_msg("%s: buffer_form: %s", in->label, hq_test_module_error());
+  direct_release(pc, cfg);
+  return f.ndim != 0;
+}
+
+/* What hq_fsdp_extract must answer for a shard of ms rows, from the storages' descriptions and
+   the module's FSDP forms alone (hq.h's protocol), and a piece of the message: a storage without
+   a shard-row multiple ("cannot be sharded"), or with a buffer of its own that is never gathered
+   and has no form (its name), is HQ_ENOTSUP; rows not a multiple of it, HQ_ESHAPE. */
+static int fsdp_expect(pcase *pc, const inst *in, const hq_qtensor *shard, int64_t ms,
+                       const char **why) {
   const int both = hq_qtensor_dirs(shard) == HQ_BOTH;
   for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
     const hq_storage *s = hq_qtensor_storage(shard, dir);
@@ -791,7 +808,7 @@ static int fsdp_expect(const hq_qtensor *shard, int64_t ms, const char **why) {
       const hq_buffer *b = hq_storage_cbuf(s, i);
       if (dir == HQ_COLWISE && both && (b->flags & HQ_BUF_SHARED)) continue;
       *why = b->name;
-      if (b->gather == HQ_GATHER_NEVER) return HQ_ENOTSUP;
+      if (b->gather == HQ_GATHER_NEVER && !fsdp_has_form(pc, in, s, i)) return HQ_ENOTSUP;
     }
   }
   *why = NULL;
@@ -856,7 +873,7 @@ static void fsdp_case(pcase *pc, const inst *in, int world, hq_dtype t, uint32_t
     hq_tensor xs = rows_of(&x, s * ms, ms);
     shard[s] = hq_test_quantize_ex(z.q, g_ctx, &xs, shared);
     const char *why = NULL;
-    const int expect = fsdp_expect(shard[s], ms, &why);
+    const int expect = fsdp_expect(pc, in, shard[s], ms, &why);
     snap before = snap_take(shard[s]);
     const int rc =
         hq_fsdp_extract(shard[s], g_ctx, ext[s], 2 * HQ_MAX_BUFFERS, sizeof(hq_fsdp_buffer), &n[s]);

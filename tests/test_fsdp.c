@@ -8,6 +8,12 @@
 ** multiple of the formats' shard rows are refused by hq_fsdp_extract before any bytes move; the
 ** shard-row query; argument checks. Every single format, over its options, 2 and 4 shards and
 ** each usage, is checked by tests/test_conformance.c.
+** Swizzled MXFP8 scales (gathered by the module's own ops, plugin ABI 2.4; refused before): 2 and
+** 4 shards of 32, 96 and 128 rows (a 128-row swizzle tile spans shards), both directions and each
+** alone, 1-D and 2-D blocks, K with padded scale columns: equal to the whole tensor quantized,
+** byte for byte, the full tensor's every byte written; each shard's extracted list is the
+** compact layout's list for the same input, byte for byte (the swizzled scales travel as the
+** compact rows). nvfp4's swizzled scales (no such ops) are still refused.
 */
 #include "hq_test.h"
 
@@ -45,6 +51,10 @@ static const fmt_case hybrids[] = {
     {"fp8_block 2d / mxfp8", "[format r]\nplugin = fp8_block\nblock = 2d\n[format c]\nplugin = "
      "mxfp8\n" ROLE, 0, NULL},
     {"mxfp8 swizzled / fp8_tensor", "[format r]\nplugin = mxfp8\nswizzle = true\n[format c]\n"
+     "plugin = fp8_tensor\n" ROLE, 0, NULL},
+    {"fp8_tensor / mxfp8 swizzled 2d", "[format r]\nplugin = fp8_tensor\n[format c]\nplugin = "
+     "mxfp8\nswizzle = true\nblock_2d = true\n" ROLE, 0, NULL},
+    {"nvfp4 swizzled / fp8_tensor", "[format r]\nplugin = nvfp4\nswizzle = true\n[format c]\n"
      "plugin = fp8_tensor\n" ROLE, HQ_ENOTSUP, "swizzle"},
 };
 
@@ -161,6 +171,95 @@ static void test_shard_row_multiple(void **state) {
   free(x.data);
 }
 
+/* One swizzled mxfp8 instance (`opts`, one line each) of usage `usage`, world shards of ms rows of
+   x: gathered equals whole; each shard's list equals a compact instance's for the same shard. */
+static void swizzled_case(const char *opts, uint32_t usage, const hq_tensor *x, int64_t ms) {
+  char rs[256], rc[256];
+  snprintf(rs, sizeof rs, "[format m]\nplugin = mxfp8\nswizzle = true\n%s[role *:*:*]\n"
+           "rowwise = m\ncolumnwise = m\n", opts);
+  snprintf(rc, sizeof rc, "[format m]\nplugin = mxfp8\n%s[role *:*:*]\nrowwise = m\n"
+           "columnwise = m\n", opts);
+  char what[160];
+  snprintf(what, sizeof what, "mxfp8 swizzle %s usage %u, shards of %lld", opts, usage,
+           (long long)ms);
+  hq_recipe *r = hq_test_recipe(rs), *r_compact = hq_test_recipe(rc);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_quantizer *qc = hq_test_quantizer(r_compact, "linear:weight:w");
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(qc, usage));
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const int world = (int)(x->rows / ms);
+  const size_t want = usage == HQ_BOTH ? 4 : 2; /* data and scales per direction */
+  hq_qtensor *shard[WORLD] = {0};
+  hq_fsdp_buffer ext[WORLD][2 * HQ_MAX_BUFFERS];
+  size_t n[WORLD];
+  for (int s = 0; s < world; s++) {
+    hq_tensor xs = rows_of(x, s * ms, ms);
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &xs, &shard[s]));
+    HQ_OK_OR_FAIL(hq_fsdp_extract(shard[s], ctx, ext[s], 2 * HQ_MAX_BUFFERS,
+                                  sizeof(hq_fsdp_buffer), &n[s]));
+    assert_int_equal(n[s], want);
+    hq_qtensor *c = NULL;
+    hq_fsdp_buffer ce[2 * HQ_MAX_BUFFERS];
+    size_t nc = 0;
+    HQ_OK_OR_FAIL(hq_quantize(qc, ctx, &xs, &c));
+    HQ_OK_OR_FAIL(hq_fsdp_extract(c, ctx, ce, 2 * HQ_MAX_BUFFERS, sizeof ce[0], &nc));
+    assert_int_equal(nc, want);
+    for (size_t e = 0; e < nc; e++) {
+      assert_string_equal(ext[s][e].name, ce[e].name);
+      assert_int_equal(ext[s][e].dtype, ce[e].dtype);
+      assert_int_equal(ext[s][e].rows, ce[e].rows);
+      assert_int_equal(ext[s][e].row_bytes, ce[e].row_bytes);
+      if (memcmp(ext[s][e].ptr, ce[e].ptr, (size_t)(ce[e].rows * ce[e].row_bytes)))
+        fail_msg("%s: shard %d entry '%s' differs from the compact layout's", what, s, ce[e].name);
+    }
+    hq_qtensor_free(c);
+  }
+  hq_fsdp_buffer gathered[2 * HQ_MAX_BUFFERS];
+  void *mem[2 * HQ_MAX_BUFFERS];
+  hq_test_all_gather(ext, world, n[0], gathered, mem);
+  hq_qtensor *full = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &full));
+  hq_test_fill_garbage(full); /* assign writes every byte */
+  HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[world - 1], gathered, n[0],
+                               sizeof(hq_fsdp_buffer)));
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, x, &ref));
+  assert_int_equal(hq_qtensor_storage(ref, usage & HQ_ROWWISE ? HQ_ROWWISE : HQ_COLWISE)
+                       ->desc.scale_layout, HQ_SCALE_LAYOUT_SWIZZLED);
+  hq_test_same_qtensors(full, ref, what);
+  /* a gathered scale entry of the wrong size is refused, naming it */
+  gathered[1].row_bytes++;
+  assert_int_equal(hq_fsdp_assign(full, ctx, shard[0], gathered, n[0], sizeof(hq_fsdp_buffer)),
+                   HQ_EINVAL);
+  HQ_ERROR_HAS(gathered[1].name);
+  for (size_t e = 0; e < n[0]; e++) free(mem[e]);
+  for (int s = 0; s < world; s++) hq_qtensor_free(shard[s]);
+  hq_qtensor_free(full);
+  hq_qtensor_free(ref);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_quantizer_free(qc);
+  hq_recipe_free(r);
+  hq_recipe_free(r_compact);
+}
+
+static void test_swizzled_mxfp8(void **state) {
+  (void)state;
+  static const char *const opts[] = {"", "block_2d = true\n", "dtype = e5m2\n"};
+  static const uint32_t usages[] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
+  static const int64_t shard_rows[] = {32, 96, 128};
+  for (int world = 2; world <= 4; world += 2)
+    for (size_t m = 0; m < sizeof shard_rows / sizeof shard_rows[0]; m++) {
+      /* K = 160: 5 scale blocks per row (padded to 8) and columns padded to 256 */
+      hq_tensor x = test_input(HQ_BF16, world * shard_rows[m], 160);
+      for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++)
+        for (size_t u = 0; u < sizeof usages / sizeof usages[0]; u++)
+          swizzled_case(opts[o], usages[u], &x, shard_rows[m]);
+      free(x.data);
+    }
+}
+
 /* hq_qtensor_shard_rows: the least common multiple of the directions' multiples, 0 when one
    cannot be sharded. */
 static void test_shard_rows_query(void **state) {
@@ -234,7 +333,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hybrids),          cmocka_unit_test(test_f32_input),
       cmocka_unit_test(test_shard_row_multiple), cmocka_unit_test(test_shard_rows_query),
-      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_errors),           cmocka_unit_test(test_swizzled_mxfp8),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,11 @@
 ** destination pointers (the scalar-load kernels). ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW)
 ** on the device equals the CPU's byte for byte; hq_gemm of mxfp8 operands on the device (native
 ** on sm_100 / sm_103 against the forced emulated path, emulated elsewhere) equals the F64
-** product of the dequantized operands within FP32 accumulation error.
+** product of the dequantized operands within FP32 accumulation error. ABI 2.4: the FSDP gather
+** of swizzled scales on the device (the module's un-swizzle and swizzle kernels), 2 and 4 shards
+** of 32 and 128 rows, both directions, 1-D and 2-D blocks: each shard's extracted list equals
+** the CPU's byte for byte, and the gathered tensor (its device buffers filled with garbage
+** first) equals the CPU's whole-tensor quantize byte for byte.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -383,6 +387,94 @@ static void test_gemm_device(void **state) {
                           2000, NULL, cases, sizeof cases / sizeof cases[0], mxfp8_native_on);
 }
 
+/* The FSDP protocol with swizzled scales on the device against the CPU (ABI 2.4). */
+static void fsdp_swizzled_case(const char *opts, int world, int64_t ms) {
+  const int64_t M = world * ms, K = 160;
+  char text[256], what[160];
+  snprintf(text, sizeof text, "[format m]\nplugin = mxfp8\nswizzle = true\n%s[role *:*:*]\n"
+           "rowwise = m\ncolumnwise = m\n", opts);
+  snprintf(what, sizeof what, "fsdp swizzle %s%d shards of %lld", opts, world, (long long)ms);
+  hq_recipe *r = hq_test_recipe(text);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 31 + (uint64_t)world, 1.0f);
+  hq_tensor xg = to_gpu(&x);
+  hq_qtensor *shard[4], *hs = NULL;
+  hq_fsdp_buffer ext[4][8], hext[8];
+  size_t n = 0, hn = 0;
+  for (int s = 0; s < world; s++) {
+    hq_tensor xs = hq_tensor_2d((char *)xg.data + (size_t)(s * ms * K) * 2, HQ_BF16, 0, ms, K);
+    hq_tensor xh = hq_tensor_2d((char *)x.data + (size_t)(s * ms * K) * 2, HQ_BF16,
+                                HQ_DEVICE_HOST, ms, K);
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xs, &shard[s]));
+    HQ_OK_OR_FAIL(hq_fsdp_extract(shard[s], gpu, ext[s], 8, sizeof(hq_fsdp_buffer), &n));
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &xh, &hs));
+    HQ_OK_OR_FAIL(hq_fsdp_extract(hs, cpu, hext, 8, sizeof(hq_fsdp_buffer), &hn));
+    assert_int_equal(n, 4);
+    assert_int_equal(hn, 4);
+    for (size_t e = 0; e < n; e++) { /* the device's list is the CPU's, byte for byte */
+      assert_string_equal(ext[s][e].name, hext[e].name);
+      assert_int_equal(ext[s][e].rows, hext[e].rows);
+      assert_int_equal(ext[s][e].row_bytes, hext[e].row_bytes);
+      const size_t per = (size_t)(hext[e].rows * hext[e].row_bytes);
+      uint8_t *back = malloc(per + 1);
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, ext[s][e].ptr, 0, per));
+      HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+      if (memcmp(back, hext[e].ptr, per))
+        fail_msg("%s: shard %d entry '%s' differs from the CPU's", what, s, hext[e].name);
+      free(back);
+    }
+    hq_qtensor_free(hs);
+    hs = NULL;
+  }
+  hq_fsdp_buffer g[8];
+  void *mem[8];
+  for (size_t e = 0; e < n; e++) { /* the all-gather: concatenated in rank order on the device */
+    const size_t per = (size_t)(ext[0][e].rows * ext[0][e].row_bytes);
+    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, per * (size_t)world, &mem[e]));
+    for (int s = 0; s < world; s++)
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, (char *)mem[e] + per * (size_t)s, 0, ext[s][e].ptr, 0,
+                                  per));
+    g[e] = ext[0][e];
+    g[e].rows *= world;
+    g[e].ptr = mem[e];
+  }
+  hq_qtensor *full = NULL, *ref = NULL;
+  HQ_OK_OR_FAIL(hq_make_empty(q, gpu, M, K, HQ_BF16, &full));
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) { /* garbage: assign writes all */
+    const hq_storage *st = hq_qtensor_storage(full, dir);
+    for (uint32_t i = 0; i < st->nbuf; i++) {
+      const hq_buffer *b = hq_storage_cbuf(st, i);
+      uint8_t *junk = malloc(b->bytes);
+      memset(junk, 0xA5, b->bytes);
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, b->ptr, 0, junk, HQ_DEVICE_HOST, b->bytes));
+      HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+      free(junk);
+    }
+  }
+  HQ_OK_OR_FAIL(hq_fsdp_assign(full, gpu, shard[world - 1], g, n, sizeof(hq_fsdp_buffer)));
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &ref));
+  compare(ref, full, HQ_BOTH, what);
+  for (size_t e = 0; e < n; e++) hq_ctx_free(gpu, mem[e]);
+  for (int s = 0; s < world; s++) hq_qtensor_free(shard[s]);
+  hq_qtensor_free(full);
+  hq_qtensor_free(ref);
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  hq_ctx_free(gpu, xg.data);
+  free(x.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+static void test_fsdp_swizzled(void **state) {
+  (void)state;
+  static const char *const opts[] = {"", "block_2d = true\n"};
+  for (size_t o = 0; o < 2; o++)
+    for (int world = 2; world <= 4; world += 2) {
+      fsdp_swizzled_case(opts[o], world, 32); /* a 128-row swizzle tile spans shards */
+      fsdp_swizzled_case(opts[o], world, 128);
+    }
+}
+
 /* The module on the device: no scratch (the kernels need none). */
 static void test_module_direct(void **state) {
   (void)state;
@@ -409,6 +501,7 @@ int main(void) {
       cmocka_unit_test(test_dequantize_every_pair),
       cmocka_unit_test(test_raw_dequantize),
       cmocka_unit_test(test_gemm_device),
+      cmocka_unit_test(test_fsdp_swizzled),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -28,7 +28,8 @@
 **     0 columnwise_data       DATA  e4m3|e5m2 [M, K] (not transposed)       ROWS, m_div 1
 **     1 columnwise_scale_inv  SCALE e8m0 [roundup(M/32,4), roundup(K,128)]  ROWS, m_div 32
 **   With swizzle = true both scale buffers are HQ_GATHER_NEVER (a swizzled tile mixes rows of
-**   different shards); the rest is unchanged.
+**   different shards); the rest is unchanged. An FSDP gather of a core of ABI 2.4 or later moves
+**   them through this module's own ops instead (buffer forms, below).
 ** Operand descriptor (storage->desc):
 **   elem = the dtype option; order MK (both directions); scale_mode HQ_SCALE_VEC32_UE8M0;
 **   scale_layout: rowwise OUTER_MAJOR, columnwise BLOCK_MAJOR (swizzle = true: SWIZZLED);
@@ -77,6 +78,16 @@
 **   dequantize: 16 FP8 bytes per thread into f32 / bf16 / f16;
 **   make_empty: cudaMemsetAsync of the scale buffers on call->stream.
 ** Without CUDA in the build, a device call returns HQ_ENOTSUP.
+**
+** FSDP of swizzled scales (plugin ABI 2.4, buffer forms; the module still requires 2.1: an older
+** core ignores these ops and refuses the gather as before): buffer_form() gives a swizzled scale
+** buffer the FSDP form of its compact rows -- rowwise [M, roundup(K/32,4)], one row per row of
+** M; columnwise [M/32, roundup(K,128)], one per 32-row block -- exactly the rows a compact
+** storage sends (hq_mxfp8_scale_idx, mxfp8_rules.h). fsdp_extract un-swizzles a shard's buffer
+** into them; fsdp_assign swizzles the gathered rows into the full tensor's buffer, padding rows
+** zero, so the result equals the whole tensor quantized with swizzle, byte for byte, whatever the
+** shards' M (any multiple of 32: a 128-row tile may span shards). On a device, one kernel each
+** (mxfp8.cu), moving the bytes by the same index functions. Saved as they are (no save form).
 */
 #include <stddef.h>
 #include <string.h>
@@ -558,6 +569,71 @@ static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
   return HQ_OK;
 }
 
+// --- FSDP of swizzled scales (ABI 2.4) --------------------------------------------------------
+
+/* A swizzled scale buffer travels as its compact rows (see the header comment); every other
+   buffer by its gather rule. Read from the storage alone. */
+static int buffer_form(const void *cfgp, const hq_host_api *host, const hq_storage *s,
+                       uint32_t buffer, uint32_t purpose, hq_buffer_form *form) {
+  (void)cfgp, (void)host;
+  if (purpose != HQ_FORM_FSDP || buffer != MXFP8_SCALE_INV || s->nbuf != MXFP8_NBUF ||
+      s->desc.scale_layout != HQ_SCALE_LAYOUT_SWIZZLED)
+    return HQ_OK;
+  const int col = s->dir == HQ_COLWISE;
+  const int32_t m_div = (int32_t)hq_mxfp8_scale_m_div(col);
+  hq_buffer_form_describe(form, HQ_E8M0, 2, s->rows / m_div, hq_mxfp8_scale_cols(col, s->cols),
+                          m_div);
+  return HQ_OK;
+}
+
+/* Move between the swizzled scale buffer of s and its form (to_form: un-swizzle into the form;
+   else swizzle the form into every byte of the buffer). */
+static int form_move(const hq_call *call, const hq_storage *s, uint32_t buffer,
+                     const hq_buffer_form *form, int to_form, const char *what) {
+  const hq_host_api *host = call->host;
+#ifndef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST) return no_device(call, what);
+#endif
+  if (!s) return host->error(HQ_EINVAL, "mxfp8: %s: NULL storage", what);
+  const int64_t M = s->rows, K = s->cols;
+  const int col = s->dir == HQ_COLWISE;
+  sview v;
+  int rc = read_storage(host, s, s->dir, M, K, what, &v);
+  if (rc) return rc;
+  const int64_t rows = M / hq_mxfp8_scale_m_div(col), C = hq_mxfp8_scale_cols(col, K);
+  if (buffer != MXFP8_SCALE_INV || !v.swizzled || !form || form->dtype != HQ_E8M0 ||
+      form->ndim != 2 || form->shape[0] != rows || form->shape[1] != C ||
+      (rows * C != 0 && !form->ptr))
+    return host->error(HQ_EINVAL, "mxfp8: %s: buffer %u of the %s storage has no FSDP form [%lld, "
+                       "%lld] here (only a swizzled scale buffer has one)", what, buffer,
+                       col ? "columnwise" : "rowwise", (long long)rows, (long long)C);
+  uint8_t *f = form->ptr;
+#ifdef HQ_HAVE_CUDA
+  if (call->device != HQ_DEVICE_HOST)
+    return mxfp8_cuda_scale_form(call, v.scale, f, col, M, K, to_form);
+#endif
+  const int64_t R = to_form ? rows : hq_mxfp8_scale_rows(col, M);
+  for (int64_t a = 0; a < R; a++)
+    for (int64_t b = 0; b < C; b++) {
+      const int64_t at = hq_mxfp8_scale_idx(col, a, b, M, K, 1);
+      if (to_form) f[a * C + b] = v.scale[at];
+      else v.scale[at] = a < rows ? f[a * C + b] : 0;
+    }
+  return HQ_OK;
+}
+
+static int fsdp_extract(const void *cfgp, const hq_call *call, const hq_storage *s,
+                        uint32_t buffer, const hq_buffer_form *form) {
+  (void)cfgp;
+  return form_move(call, s, buffer, form, 1, "fsdp_extract");
+}
+
+static int fsdp_assign(const void *cfgp, const hq_call *call, hq_storage *s, uint32_t buffer,
+                       const hq_buffer_form *form) {
+  (void)cfgp;
+  return form_move(call, s, buffer, form, 0, "fsdp_assign");
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* required: ABI 2.1 (DEQ_RAW, emul_dtype, host->lt_matmul) */
@@ -582,6 +658,10 @@ static const hq_format_ops ops = {
     .dequantize = dequantize,
     /* tensor_factor: NULL, no per-tensor factor (the raw values are the dequantized values) */
     .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
+    /* ABI 2.4, read by cores that know it (the module requires 2.1) */
+    .buffer_form = buffer_form,
+    .fsdp_extract = fsdp_extract,
+    .fsdp_assign = fsdp_assign,
 };
 
 HQ_FORMAT_DEFINE(ops);

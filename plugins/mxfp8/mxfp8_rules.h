@@ -87,4 +87,23 @@ HQ_HD int64_t hq_mxfp8_col_scale_idx(int64_t mb, int64_t j, int64_t M, int64_t K
   return mb * hq_mxfp8_col_scale_cols(K) + j;
 }
 
+/* Either scale buffer as one matrix whose rows run along M, [hq_mxfp8_scale_rows,
+   hq_mxfp8_scale_cols] (padding included: the buffer's shape), one row per hq_mxfp8_scale_m_div
+   rows of M; entry (a, b) is the rowwise scale of row a, K-block b, or the columnwise scale of
+   M-block a, column b, at byte hq_mxfp8_scale_idx() in either layout. The compact layout stores
+   it row-major, so a shard's first M / m_div rows concatenate along M into the whole tensor's;
+   they are the FSDP form of a swizzled buffer (plugin ABI 2.4), which cannot be concatenated. */
+HQ_HD int64_t hq_mxfp8_scale_m_div(int colwise) { return colwise ? HQ_MXFP8_BLOCK : 1; }
+HQ_HD int64_t hq_mxfp8_scale_rows(int colwise, int64_t M) {
+  return colwise ? hq_mxfp8_col_scale_rows(M) : hq_mxfp8_row_scale_rows(M);
+}
+HQ_HD int64_t hq_mxfp8_scale_cols(int colwise, int64_t K) {
+  return colwise ? hq_mxfp8_col_scale_cols(K) : hq_mxfp8_row_scale_cols(K);
+}
+HQ_HD int64_t hq_mxfp8_scale_idx(int colwise, int64_t a, int64_t b, int64_t M, int64_t K,
+                                 int swizzled) {
+  return colwise ? hq_mxfp8_col_scale_idx(a, b, M, K, swizzled)
+                 : hq_mxfp8_row_scale_idx(a, b, K, swizzled);
+}
+
 #endif /* HQ_MXFP8_RULES_H */

@@ -605,7 +605,9 @@ HQ_API void hq_qtensor_free(hq_qtensor *qt);
    pointer, so that an embedder can move it (device -> pinned host -> device) and hand back a
    different pointer: restore checks name, direction and size of every entry against the
    skeleton. The caller owns the saved memory until restore; memory handed back must come from
-   the qtensor's context's allocator (hq_ctx_alloc), since the qtensor frees it there.
+   the qtensor's context's allocator (hq_ctx_alloc), since the qtensor frees it there. A format
+   may hand a buffer out in a form of its own (plugin ABI 2.4): the entry then describes the
+   form, and restore expects it back.
    Arrays are passed with elem_size = sizeof(hq_saved_buffer) (older, smaller sizes down to
    HQ_SAVED_BUFFER_SIZE_0_2 are accepted). */
 typedef struct hq_saved_buffer {
@@ -776,9 +778,11 @@ HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 ** full-size qtensor of the same quantizer (made with hq_make_empty, or the previous result),
 ** redoing padding and transposes, and copying the buffers that are equal on every shard (a
 ** per-tensor scale or amax) from the local shard. The result equals, byte for byte, quantizing
-** the whole tensor with that amax. What cannot be gathered (swizzled scales, stochastic
-** rounding, a shard whose M is not a multiple of hq_qtensor_shard_rows) is refused by
-** hq_fsdp_extract, before any communication, naming the buffer and the rule.
+** the whole tensor with that amax. A buffer its format moves itself (plugin ABI 2.4: mxfp8's
+** swizzled scales, sent as their compact rows) is listed in its place like any other. What
+** cannot be gathered (swizzled scales of another format, stochastic rounding, a shard whose M is
+** not a multiple of hq_qtensor_shard_rows) is refused by hq_fsdp_extract, before any
+** communication, naming the buffer and the rule.
 ** The extracted buffers stay valid until hq_fsdp_release(shard), the next hq_fsdp_extract of the
 ** shard, or its free; they may alias the shard's own buffers (do not modify them).
 */

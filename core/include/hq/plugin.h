@@ -38,6 +38,8 @@
 **     optimizer write-back    ------->  update(...)               NULL: quantize again
 **     dequantize              ------->  dequantize(cfg, call, s, dst)
 **     end of a step (state)   ------->  update_state(cfg, call, dirs, n, amax, state)  optional
+**     FSDP gather, save       ------->  buffer_form, fsdp_extract / fsdp_assign, save /
+**                                       restore   optional (2.4): a buffer the format moves itself
 **
 ** When both directions of a tensor use the *same* format instance, the core makes ONE quantize
 ** call with dirs = HQ_ROWWISE|HQ_COLWISE (one read of the input). Otherwise it makes one call per
@@ -60,7 +62,8 @@
 **   not the header it was compiled with. The core refuses a different abi_major (a module that
 **   exports only the ABI 1 entry hq_format_module_v1 is refused with that reason) and a required
 **   minor newer than its own; it reads only struct_size bytes of the ops table, which must be
-**   at least HQ_FORMAT_OPS_SIZE_2_1 bytes for a module requiring 2.1 or later.
+**   at least HQ_FORMAT_OPS_SIZE_2_1 bytes for a module requiring 2.1 to 2.3 and
+**   HQ_FORMAT_OPS_SIZE_2_4 for one requiring 2.4.
 ** - A module must check host->abi_major (HQ_FORMAT_DEFINE does), and host->abi_minor /
 **   host->struct_size before using a host field added after 2.0, and call->struct_size (or the
 **   helper named at the field) before reading an hq_call field added after 2.0. It may return
@@ -99,6 +102,41 @@
 **     scaling: roll the history, compute the scale) and sets each amax back to 0 (the next
 **     step's accumulator). One kernel per group on a device.
 ** A stateful instance is not HQ_CAP_REQUANT_SAFE (its bytes depend on the state).
+**
+** ---------------------------------------------------------------------------------------------
+** Buffer forms (2.4): buffers a format moves itself, for FSDP and save/restore
+** ---------------------------------------------------------------------------------------------
+** By default the core moves a storage's buffers by their descriptions: an FSDP gather by each
+** buffer's rule (hq_buffer.gather, m_div), hq_qtensor_save by handing every buffer out as it is.
+** Where that cannot do the job -- a swizzled scale buffer interleaves the rows of 128-row tiles,
+** so a shard's buffer is no piece of the whole tensor's -- a format may move a buffer itself as a
+** FORM: bytes of the format's choosing (dtype, shape) that stand for the buffer while it travels.
+** For each buffer the core asks buffer_form(purpose); one left with ndim 0 has no form and
+** travels by the default. The purposes:
+**   HQ_FORM_FSDP  a byte matrix [shape[0], shape[1]] of dtype that an all-gather concatenates
+**                 along dim 0: row r covers rows [r*m_div, (r+1)*m_div) of M, so shape[0] =
+**                 s->rows / m_div, with m_div dividing desc.shard_rows (e.g. a swizzled scale
+**                 buffer's compact rows). fsdp_extract() writes a shard's form into staging the
+**                 core allocated (form->ptr); the core lists it under the buffer's name, in the
+**                 buffer's place. fsdp_assign() rebuilds the full tensor's buffer -- every byte,
+**                 padding included -- from the gathered form (form->ptr, shape[0] = full M /
+**                 m_div). The buffer's own gather rule is not used then: leave it
+**                 HQ_GATHER_NEVER when only the form can gather it, so that a core older than
+**                 2.4 (which ignores the ops) refuses it as before.
+**   HQ_FORM_SAVE  what hq_qtensor_save hands out instead of the buffer (e.g. compact scales for
+**                 a host offload): save() writes the form into memory the core allocated
+**                 (form->ptr), the core frees the buffer and hands the form out under the
+**                 buffer's name with the form's dtype and shape; restore() rewrites the buffer,
+**                 allocated again by the core, from the form handed back, which the core then
+**                 frees.
+** The ops run on call->device / call->stream like every op (no allocation, no synchronization)
+** and write every byte of their destination. buffer_form() is a pure function of the storage's
+** description (descriptor, shape, buffers; never the instance configuration): the core asks
+** again before an assign or a restore, and a storage made by another instance has the same
+** forms. The core checks each form (dtype, shape, an FSDP form 2-D with shape[0] * m_div =
+** s->rows) and keeps every check it makes without forms: a refusal before any communication,
+** the gathered entries against the full tensor's forms, the entries given back to restore against
+** the skeleton's forms.
 **
 ** ---------------------------------------------------------------------------------------------
 ** Errors
@@ -320,7 +358,8 @@ typedef struct hq_operand_desc {
                              rowwise storage exists. */
 
 /* hq_buffer.gather: how FSDP concatenates the shards' copies of this buffer (shards split M). */
-#define HQ_GATHER_NEVER 0u /* cannot be gathered (e.g. swizzled scales): the core refuses */
+#define HQ_GATHER_NEVER 0u /* cannot be gathered (e.g. swizzled scales): the core refuses,
+                              unless the format gives the buffer an FSDP form (2.4) */
 #define HQ_GATHER_ROWS 1u  /* dim 0 runs along M: entry r covers rows [r*m_div, (r+1)*m_div);
                               the shards' first ceil(M_shard/m_div) rows are concatenated and any
                               further (padding) rows are zero in the full buffer */
@@ -412,6 +451,39 @@ static inline void hq_buffer_gather(hq_buffer *b, uint32_t rule, int32_t m_div) 
 static inline void hq_buffer_share(hq_buffer *b, int32_t index) {
   b->flags |= HQ_BUF_SHARED;
   b->shared_with = index;
+}
+
+/* --- 2.4: buffer forms (see "Buffer forms" above) --- */
+/* buffer_form()'s purpose */
+#define HQ_FORM_FSDP 1u /* the matrix an FSDP all-gather moves (fsdp_extract / fsdp_assign) */
+#define HQ_FORM_SAVE 2u /* what hq_qtensor_save hands out (save / restore) */
+
+/* The form of one buffer. The core zeroes it and sets struct_size before buffer_form(); a
+   module writes no field beyond struct_size. */
+typedef struct hq_buffer_form {
+  uint32_t struct_size;      /* set by the core */
+  hq_dtype dtype;            /* element dtype of the form */
+  int32_t ndim;              /* 0: no form (the buffer travels by the default); else 1..4
+                                (HQ_FORM_FSDP: 2) */
+  int32_t m_div;             /* HQ_FORM_FSDP: rows of M per row of the form; divides
+                                desc.shard_rows, and shape[0] * m_div = s->rows */
+  int64_t shape[HQ_MAX_BUFFER_DIMS];
+  uint64_t reserved[2];      /* zero: room for 2.x fields */
+  size_t bytes;              /* set by the core from dtype and shape */
+  void *ptr;                 /* set by the core: the form's memory on the call's device (the op
+                                writes it: fsdp_extract, save; or reads it: fsdp_assign,
+                                restore) */
+} hq_buffer_form;
+
+/* Describe a form in buffer_form(): dtype, 1-D [d0] (ndim = 1, d1 ignored) or 2-D [d0, d1], and
+   (HQ_FORM_FSDP) its rows of M per row. */
+static inline void hq_buffer_form_describe(hq_buffer_form *f, hq_dtype dtype, int ndim,
+                                           int64_t d0, int64_t d1, int32_t m_div) {
+  f->dtype = dtype;
+  f->ndim = ndim;
+  f->shape[0] = d0;
+  f->shape[1] = ndim > 1 ? d1 : 0;
+  f->m_div = m_div;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -824,6 +896,32 @@ typedef struct hq_format_ops {
   /* sizeof(hq_option) as the module saw it: the stride of `options` (0 reads as
      HQ_OPTION_SIZE_2_0), so that an option entry may grow by appended fields */
   uint32_t option_size;
+
+  /* 2.4: buffer forms (see "Buffer forms" above; absent from an older table: NULL) */
+  /* Whether buffer `buffer` of s travels as a form for `purpose` (HQ_FORM_FSDP, HQ_FORM_SAVE):
+     describe it into *form (hq_buffer_form_describe()), or leave *form as the core handed it
+     (ndim 0: the default). A pure function of s's description. Required with fsdp_extract or
+     save; asked only for a purpose whose ops the module has. */
+  int (*buffer_form)(const void *cfg, const hq_host_api *host, const hq_storage *s,
+                     uint32_t buffer, uint32_t purpose, hq_buffer_form *form);
+  /* Write the HQ_FORM_FSDP form of buffer `buffer` of a shard's storage s into form->ptr
+     (form->bytes on call->device). NULL: the core gathers every buffer by its rule. Comes with
+     fsdp_assign. */
+  int (*fsdp_extract)(const void *cfg, const hq_call *call, const hq_storage *s, uint32_t buffer,
+                      const hq_buffer_form *form);
+  /* Write every byte of buffer `buffer` of the full tensor's storage s from the gathered form at
+     form->ptr (read only; shape[0] = s->rows / m_div rows, the shards' forms in rank order).
+     Comes with fsdp_extract. */
+  int (*fsdp_assign)(const void *cfg, const hq_call *call, hq_storage *s, uint32_t buffer,
+                     const hq_buffer_form *form);
+  /* Write the HQ_FORM_SAVE form of buffer `buffer` of s into form->ptr (form->bytes on
+     call->device). NULL: hq_qtensor_save hands every buffer out as it is. Comes with restore. */
+  int (*save)(const void *cfg, const hq_call *call, const hq_storage *s, uint32_t buffer,
+              const hq_buffer_form *form);
+  /* Write every byte of buffer `buffer` of s (freshly allocated) from its saved form at
+     form->ptr (read only). Comes with save. */
+  int (*restore)(const void *cfg, const hq_call *call, hq_storage *s, uint32_t buffer,
+                 const hq_buffer_form *form);
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
@@ -860,6 +958,9 @@ const hq_format_ops *HQ_FORMAT_BUILTIN(const hq_host_api *host);
 #define HQ_FORMAT_OPS_SIZE_2_0 (offsetof(hq_format_ops, dequantize) + sizeof(void (*)(void)))
 /* Size of the ABI 2.1 ops table (required of a module whose abi_minor is 1). */
 #define HQ_FORMAT_OPS_SIZE_2_1 (offsetof(hq_format_ops, update_state) + sizeof(void (*)(void)))
+/* Size of the ABI 2.4 ops table (required of a module whose abi_minor is 4 or more; 2.2 and 2.3
+   added no ops: their table is 2.1's). */
+#define HQ_FORMAT_OPS_SIZE_2_4 (offsetof(hq_format_ops, restore) + sizeof(void (*)(void)))
 
 #ifdef __cplusplus
 }
