@@ -218,24 +218,30 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
 
 // --- the providers' answers, cached per context --------------------------------------------------
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
-  return h;
+/* The key of a kind: the format instances (unique ids: they fix the module and so the set of
+   providers), the directions, transposes and dtypes, D's dtype and the flags, and each
+   descriptor whole (a layout could depend on the shape). */
+static void choice_key(const plan *p, hqi_gemm_key *key) {
+  const hq_gemm_kind *k = &p->kind;
+  memset(key, 0, sizeof *key);
+  key->w[0] = p->a.fmt ? p->a.fmt->id : 0;
+  key->w[1] = p->b.fmt ? p->b.fmt->id : 0;
+  key->w[2] = (uint64_t)k->a.dir | (uint64_t)k->a.trans << 2 | (uint64_t)k->a.dtype << 3 |
+              (uint64_t)k->b.dir << 16 | (uint64_t)k->b.trans << 18 | (uint64_t)k->b.dtype << 19;
+  key->w[3] = (uint64_t)k->d_dtype | (uint64_t)k->flags << 8;
+  if (k->a.desc) memcpy(&key->a, k->a.desc, sizeof key->a);
+  if (k->b.desc) memcpy(&key->b, k->b.desc, sizeof key->b);
 }
 
-/* The key of a kind: the format instances (unique ids: they fix the module and so the set of
-   providers), a hash of each descriptor (a layout could depend on the shape), the directions,
-   flags and dtypes. */
-static void choice_key(const plan *p, uint64_t key[6]) {
-  const hq_gemm_kind *k = &p->kind;
-  key[0] = p->a.fmt ? p->a.fmt->id : 0;
-  key[1] = p->b.fmt ? p->b.fmt->id : 0;
-  key[2] = k->a.desc ? fnv(0xcbf29ce484222325ull, k->a.desc, sizeof *k->a.desc) : 0;
-  key[3] = k->b.desc ? fnv(0xcbf29ce484222325ull, k->b.desc, sizeof *k->b.desc) : 0;
-  key[4] = (uint64_t)k->a.dir | (uint64_t)k->a.trans << 2 | (uint64_t)k->a.dtype << 3 |
-           (uint64_t)k->b.dir << 16 | (uint64_t)k->b.trans << 18 | (uint64_t)k->b.dtype << 19;
-  key[5] = (uint64_t)k->d_dtype | (uint64_t)k->flags << 8;
+/* The cache slot of a key: a few multiplies over the words that tell kinds apart most often
+   (the whole key is compared on a hit, so the hash only spreads). */
+static size_t choice_slot(const hqi_gemm_key *key) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  const uint64_t w[6] = {key->w[0], key->w[1], key->w[2], key->w[3],
+                         (uint64_t)key->a.elem << 32 | key->a.scale_mode,
+                         (uint64_t)key->b.elem << 32 | key->b.scale_mode};
+  for (int i = 0; i < 6; i++) h = (h ^ w[i]) * 0xbf58476d1ce4e5b9ull;
+  return (size_t)((h ^ h >> 31) % HQI_GEMM_CACHE);
 }
 
 /* Add the providers of `set` not yet in the list. */
@@ -284,16 +290,15 @@ static void choice_fill(hq_ctx *ctx, const plan *p, hqi_gemm_choice *c) {
 
 /* The cached answers for p's kind (made on a miss; NULL only when the cache cannot be made). */
 static const hqi_gemm_choice *choice_of(hq_ctx *ctx, const plan *p, hqi_gemm_choice *local) {
-  uint64_t key[6];
-  choice_key(p, key);
+  hqi_gemm_key key;
+  choice_key(p, &key);
   if (!ctx->gemm_cache) ctx->gemm_cache = hqi_calloc(HQI_GEMM_CACHE, sizeof *ctx->gemm_cache);
   hqi_gemm_choice *c = local;
   if (ctx->gemm_cache) {
-    const uint64_t h = fnv(0xcbf29ce484222325ull, key, sizeof key);
-    c = &ctx->gemm_cache[h % HQI_GEMM_CACHE];
-    if (c->valid && !memcmp(c->key, key, sizeof key)) return c;
+    c = &ctx->gemm_cache[choice_slot(&key)];
+    if (c->valid && !memcmp(&c->key, &key, sizeof key)) return c;
   }
-  memcpy(c->key, key, sizeof key);
+  c->key = key;
   choice_fill(ctx, p, c);
   c->valid = 1;
   return c;

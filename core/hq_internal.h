@@ -167,8 +167,12 @@ typedef struct hqi_gop {
    candidates in the order they are asked, which ones accepted, and the first refusal's reason
    (the reason hq_gemm_info gives when a provider below it runs). */
 #define HQI_GEMM_CANDIDATES 12
+typedef struct hqi_gemm_key {
+  uint64_t w[4];                  /* format instance ids, directions / dtypes, D's dtype, flags */
+  hq_operand_desc a, b;           /* the quantized operands' descriptors (zero: high precision) */
+} hqi_gemm_key;
 typedef struct hqi_gemm_choice {
-  uint64_t key[6];
+  hqi_gemm_key key;               /* compared whole: a hit is the same kind, never a collision */
   uint32_t valid, n;
   const hqi_provider *cand[HQI_GEMM_CANDIDATES];
   uint32_t accepted;              /* bit i: cand[i] accepted */

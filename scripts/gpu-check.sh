@@ -253,7 +253,7 @@ if len(rows) >= 3:
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)
     export HQ_PLUGIN_PATH=$plugins HQ_TEST_SRCDIR=$PWD/tests HQ_TEST_FIXTURES=$PWD/tests/plugins/.libs \
       HQ_TEST_WRAP_DIR=$PWD/tests/wrap/.libs
-    export LD_LIBRARY_PATH=$PWD/core/.libs:$LD_LIBRARY_PATH
+    export LD_LIBRARY_PATH=$PWD/core/.libs:$PWD/services/.libs:$LD_LIBRARY_PATH
     export HQ_TEST_QUICK=1 # tests that honour it run a smaller set of shapes under the tools
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     # HQ_SAN_TESTS: the test programs (default every GPU test, or HQ_ONLY); HQ_SAN_TOOLS: the
