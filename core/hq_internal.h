@@ -36,6 +36,9 @@ void hqi_vec_free(hqi_vec *a);
 /* 64-byte aligned host memory. */
 void *hqi_host_alloc(size_t bytes);
 void hqi_host_free(void *p);
+/* The module version rule (same major, minor no newer): 1, or 0 with the reason in why. */
+int hqi_abi_compatible(const char *abi, unsigned major, unsigned minor, unsigned core_major,
+                       unsigned core_minor, char *why, size_t len);
 /* Copy a caller's versioned struct (struct_size bytes, at least `floor`) into a zeroed `dst` of
    dst_size bytes: an older, smaller struct leaves the newer fields zero; a newer, larger one
    contributes the fields this core knows. */

@@ -169,17 +169,9 @@ static int copy_options(hq_plugin *p, char *why, size_t len);
    passes, 0 (with the reason in why) when it does not, -1 when memory ran out. A module's table
    and the built-in's pass the same checks. */
 static int check_table(const hq_format_ops *ops, hq_plugin *p, char *why, size_t len) {
-  if (ops->abi_major != HQ_ABI_MAJOR) {
-    snprintf(why, len, "built for plugin ABI %u (requires %u.%u), but this core implements "
-             "ABI %u.%u (major versions must match)", ops->abi_major, ops->abi_major,
-             ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
+  if (!hqi_abi_compatible("plugin", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR,
+                          why, len))
     return 0;
-  }
-  if (ops->abi_minor > HQ_ABI_MINOR) {
-    snprintf(why, len, "requires plugin ABI %u.%u, newer than this core's %u.%u "
-             "(upgrade libhqcore)", ops->abi_major, ops->abi_minor, HQ_ABI_MAJOR, HQ_ABI_MINOR);
-    return 0;
-  }
   if (ops->struct_size < HQ_FORMAT_OPS_SIZE_2_0) {
     snprintf(why, len, "ops table struct_size %u is smaller than ABI 2.0's %zu bytes",
              ops->struct_size, (size_t)HQ_FORMAT_OPS_SIZE_2_0);

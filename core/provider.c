@@ -30,18 +30,9 @@ static int valid_name(const char *s) {
 
 int hqi_provider_check(const hq_gemm_provider *t, hqi_provider *out, char *why, size_t len) {
   memset(out, 0, sizeof *out);
-  if (t->abi_major != HQ_GEMM_ABI_MAJOR) {
-    snprintf(why, len, "built for GEMM provider ABI %u (requires %u.%u), but this core "
-             "implements %u.%u (major versions must match)", t->abi_major, t->abi_major,
-             t->abi_minor, HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR);
+  if (!hqi_abi_compatible("GEMM provider", t->abi_major, t->abi_minor, HQ_GEMM_ABI_MAJOR,
+                          HQ_GEMM_ABI_MINOR, why, len))
     return 0;
-  }
-  if (t->abi_minor > HQ_GEMM_ABI_MINOR) {
-    snprintf(why, len, "requires GEMM provider ABI %u.%u, newer than this core's %u.%u "
-             "(upgrade libhqcore)", t->abi_major, t->abi_minor, HQ_GEMM_ABI_MAJOR,
-             HQ_GEMM_ABI_MINOR);
-    return 0;
-  }
   if (t->struct_size < PROVIDER_SIZE_1_0) {
     snprintf(why, len, "provider table struct_size %u is smaller than ABI 1.0's %zu bytes",
              t->struct_size, (size_t)PROVIDER_SIZE_1_0);

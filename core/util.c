@@ -13,6 +13,25 @@
 
 const char *hq_version(void) { return PACKAGE_VERSION; }
 
+/* The version rule every module kind shares: the same major, a required minor no newer than the
+   core's. 1 when the module may load; 0 with the reason in why (`abi` names the ABI, "plugin" or
+   "GEMM provider"). */
+int hqi_abi_compatible(const char *abi, unsigned major, unsigned minor, unsigned core_major,
+                       unsigned core_minor, char *why, size_t len) {
+  if (major != core_major) {
+    snprintf(why, len, "built for %s ABI %u (requires %u.%u), but this core implements %s ABI "
+             "%u.%u (major versions must match)", abi, major, major, minor, abi, core_major,
+             core_minor);
+    return 0;
+  }
+  if (minor > core_minor) {
+    snprintf(why, len, "requires %s ABI %u.%u, newer than this core's %u.%u (upgrade libhqcore)",
+             abi, major, minor, core_major, core_minor);
+    return 0;
+  }
+  return 1;
+}
+
 /* Allocation failures of this thread, counted by every core allocation helper: a multi-step
    build (a recipe parse) compares the count before and after and refuses a partial result. */
 static _Thread_local uint64_t oom_events;

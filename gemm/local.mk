@@ -4,8 +4,8 @@
 # GEMM) and emulated/ (raw values, then one BF16 / F32 GEMM or a CPU sgemm). Each is written
 # against the provider ABI alone and entered through gemm/builtin.h.
 noinst_LTLIBRARIES += gemm/libhqgemm.la
-gemm_libhqgemm_la_SOURCES = gemm/builtin.h gemm/cublaslt/cublaslt.c gemm/emulated/emulated.c \
-	gemm/fused_hopper/fused.c gemm/fused_hopper/fused_gemm.h
+gemm_libhqgemm_la_SOURCES = gemm/builtin.h gemm/cublaslt/lt_names.h gemm/cublaslt/cublaslt.c \
+	gemm/emulated/emulated.c gemm/fused_hopper/fused.c gemm/fused_hopper/fused_gemm.h
 gemm_libhqgemm_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/core -DHQ_GEMM_BUILTIN \
 	$(OPENBLAS_CFLAGS)
 gemm_libhqgemm_la_LIBADD = $(OPENBLAS_LIBS)

@@ -116,7 +116,7 @@ static void test_rejections(void **state) {
   HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));
   char want[256];
   snprintf(want, sizeof want, "built for GEMM provider ABI %d (requires %d.0), but this core "
-           "implements %d.%d (major versions must match)", HQ_GEMM_ABI_MAJOR + 1,
+           "implements GEMM provider ABI %d.%d (major versions must match)", HQ_GEMM_ABI_MAJOR + 1,
            HQ_GEMM_ABI_MAJOR + 1, HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR);
   hq_test_expect_reason(set, "bad_major.so", want);
   snprintf(want, sizeof want, "requires GEMM provider ABI %d.%d, newer than this core's %d.%d "

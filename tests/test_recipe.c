@@ -152,7 +152,7 @@ static void test_format_errors(void **state) {
   expect_error("[format f8]\nplugin = nosuch\n", 2, "plugin 'nosuch' was not found");
   expect_error("[format f8]\nplugin = bad_major\n", 2,
                "was rejected: built for plugin ABI 3 (requires 3.0), but this core implements "
-               "ABI 2.4");
+               "plugin ABI 2.4");
   expect_error("[format f8]\nplugin = v1_entry\n", 2,
                "was rejected: built for plugin ABI 1 (it exports hq_format_module_v1)");
   expect_error("[role a:b:c]\nrowwise = newer_minor\n", 2,

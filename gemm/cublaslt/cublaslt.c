@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "../builtin.h"
+#include "lt_names.h"
 
 static int is_fp8(hq_dtype t) { return t == HQ_E4M3 || t == HQ_E5M2; }
 static int is_hp(hq_dtype t) { return t == HQ_BF16 || t == HQ_F16 || t == HQ_F32; }
@@ -47,31 +48,6 @@ static int plain_pair(const hq_operand_desc *da, const hq_operand_desc *db) {
          da->transform == HQ_TRANSFORM_NONE && db->transform == HQ_TRANSFORM_NONE &&
          is_hp(da->elem) && da->elem == db->elem && da->order == HQ_ORDER_MK &&
          db->order == HQ_ORDER_MK;
-}
-
-static const char *elem_name(hq_dtype t) {
-  switch (t) {
-  case HQ_E4M3: return "e4m3";
-  case HQ_E5M2: return "e5m2";
-  case HQ_E2M1X2: return "e2m1";
-  case HQ_BF16: return "bf16";
-  case HQ_F16: return "f16";
-  case HQ_F32: return "f32";
-  default: return "?";
-  }
-}
-
-static const char *mode_name(uint32_t m) {
-  switch (m) {
-  case HQ_SCALE_NONE: return "none";
-  case HQ_SCALE_TENSOR_F32: return "tensor_f32";
-  case HQ_SCALE_VEC16_UE4M3: return "vec16_ue4m3";
-  case HQ_SCALE_VEC32_UE8M0: return "vec32_ue8m0";
-  case HQ_SCALE_OUTER_VEC_F32: return "outer_vec_f32";
-  case HQ_SCALE_VEC128_F32: return "vec128_f32";
-  case HQ_SCALE_BLK128X128_F32: return "blk128x128_f32";
-  default: return "other";
-  }
 }
 
 static int is_block(uint32_t m) {
@@ -121,7 +97,7 @@ static int operand_ok(const hq_host_api *api, const hq_gemm_operand_kind *o, con
   if (d->scale_layout != lt_layout(mode))
     return api->error(HQ_ENOTSUP, "cublaslt: operand %s (%s) has %s scales; cuBLASLt's %s mode "
                       "reads them %s%s", which, o->format, layout_name(d->scale_layout),
-                      mode_name(mode), layout_name(lt_layout(mode)),
+                      hq_lt_scale_name(mode), layout_name(lt_layout(mode)),
                       lt_layout(mode) == HQ_SCALE_LAYOUT_SWIZZLED
                           ? " (a format option such as swizzle = true makes them so)" : "");
   /* the block along k (the contraction): a rowwise storage's block_k, a columnwise one's
@@ -130,11 +106,11 @@ static int operand_ok(const hq_host_api *api, const hq_gemm_operand_kind *o, con
   const int along_k = o->dir == HQ_ROWWISE ? d->block_k : d->block_m;
   if (want_k && along_k != want_k)
     return api->error(HQ_ENOTSUP, "cublaslt: operand %s (%s) has blocks of %d along k; the %s "
-                      "mode scales every %d", which, o->format, along_k, mode_name(mode), want_k);
+                      "mode scales every %d", which, o->format, along_k, hq_lt_scale_name(mode), want_k);
   if (mode != HQ_SCALE_VEC32_UE8M0 && !hq_gemm_k_contiguous(o))
     return api->error(HQ_ENOTSUP, "cublaslt: operand %s (%s) does not keep k contiguous; "
                       "cuBLASLt's %s GEMMs take \"TN\" operands only", which, o->format,
-                      mode_name(mode));
+                      hq_lt_scale_name(mode));
   return HQ_OK;
 }
 
@@ -155,17 +131,17 @@ static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   if (!fp8 && !fp4)
     return api->error(HQ_ENOTSUP, "cublaslt: %s (%s elements) x %s (%s elements) is no native "
                       "cuBLASLt pair (FP8 x FP8 or FP4 x FP4)", k->a.format,
-                      elem_name(da->elem), k->b.format, elem_name(db->elem));
+                      hq_lt_elem_name(da->elem), k->b.format, hq_lt_elem_name(db->elem));
   if (ma != mb && !(is_block(ma) && is_block(mb)))
     return api->error(HQ_ENOTSUP, "cublaslt: operands scaled differently (A %s: %s, B %s: %s)",
-                      k->a.format, mode_name(ma), k->b.format, mode_name(mb));
+                      k->a.format, hq_lt_scale_name(ma), k->b.format, hq_lt_scale_name(mb));
   const char *need;
   if (!arch_ok(ma, k->arch, &need))
     return api->error(HQ_ENOTSUP, "cublaslt: %s x %s (%s scales) runs natively on %s; device %d "
-                      "is sm_%d", k->a.format, k->b.format, mode_name(ma), need, (int)k->device,
+                      "is sm_%d", k->a.format, k->b.format, hq_lt_scale_name(ma), need, (int)k->device,
                       (int)k->arch);
   if ((ma == HQ_SCALE_VEC16_UE4M3) != fp4)
-    return api->error(HQ_ENOTSUP, "cublaslt: the %s mode takes %s elements", mode_name(ma),
+    return api->error(HQ_ENOTSUP, "cublaslt: the %s mode takes %s elements", hq_lt_scale_name(ma),
                       fp4 ? "FP8" : "E2M1");
   if (fp8 && da->elem == HQ_E5M2 && db->elem == HQ_E5M2)
     return api->error(HQ_ENOTSUP, "cublaslt: cuBLASLt has no e5m2 x e5m2 FP8 GEMM (e4m3 x e4m3, "
@@ -228,17 +204,17 @@ static int lt_operand(const hq_host_api *api, const hq_call *call, const hq_gemm
   if ((int64_t)sc->bytes < want)
     return api->error(HQ_EINVAL, "cublaslt: operand %s's scale buffer '%s' holds %zu bytes; "
                       "cuBLASLt reads %lld for its %s scales", which, sc->name ? sc->name : "?",
-                      sc->bytes, (long long)want, mode_name(d->scale_mode));
+                      sc->bytes, (long long)want, hq_lt_scale_name(d->scale_mode));
   return HQ_OK;
 }
 
 /* "cublaslt e4m3 x e5m2 (vec128_f32 x blk128x128_f32)", assembled without printf: a GEMM runs
    this on every call. */
 static void describe(char *what, size_t len, const hq_gemm_kind *k) {
-  const char *parts[] = {"cublaslt ", elem_name(k->a.desc->elem), " x ",
-                         elem_name(k->b.desc->elem), " (",
-                         mode_name(k->a.desc->scale_mode), " x ",
-                         mode_name(k->b.desc->scale_mode), ")"};
+  const char *parts[] = {"cublaslt ", hq_lt_elem_name(k->a.desc->elem), " x ",
+                         hq_lt_elem_name(k->b.desc->elem), " (",
+                         hq_lt_scale_name(k->a.desc->scale_mode), " x ",
+                         hq_lt_scale_name(k->b.desc->scale_mode), ")"};
   size_t n = 0;
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
     const size_t l = strlen(parts[i]);

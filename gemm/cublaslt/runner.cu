@@ -66,6 +66,7 @@
 #include "hq/plugin.h"
 
 #include "hqi_cuda.h"
+#include "lt_names.h"
 
 /* Feature levels of the cuBLASLt this file is compiled against. */
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
@@ -92,31 +93,6 @@
 namespace {
 
 // --- names for messages ------------------------------------------------------------------
-
-const char *dtype_name(int t) {
-  switch (t) {
-  case HQ_E4M3: return "e4m3";
-  case HQ_E5M2: return "e5m2";
-  case HQ_E2M1X2: return "e2m1";
-  case HQ_BF16: return "bf16";
-  case HQ_F16: return "f16";
-  case HQ_F32: return "f32";
-  default: return "?";
-  }
-}
-
-const char *scale_name(uint32_t m) {
-  switch (m) {
-  case HQ_SCALE_NONE: return "none";
-  case HQ_SCALE_TENSOR_F32: return "tensor_f32";
-  case HQ_SCALE_VEC16_UE4M3: return "vec16_ue4m3";
-  case HQ_SCALE_VEC32_UE8M0: return "vec32_ue8m0";
-  case HQ_SCALE_OUTER_VEC_F32: return "outer_vec_f32";
-  case HQ_SCALE_VEC128_F32: return "vec128_f32";
-  case HQ_SCALE_BLK128X128_F32: return "blk128x128_f32";
-  default: return "?";
-  }
-}
 
 int is_fp8(int t) { return t == HQ_E4M3 || t == HQ_E5M2; }
 
@@ -417,16 +393,16 @@ cublasStatus_t descs_for(descs *ds, const hq_lt_matmul *mm, int mode, cublasComp
    D bf16, bias f32)" */
 void describe(char *buf, size_t len, const hq_lt_matmul *mm) {
   char bias[32] = "";
-  if (mm->bias) snprintf(bias, sizeof bias, ", bias %s", dtype_name(mm->bias_dtype));
+  if (mm->bias) snprintf(bias, sizeof bias, ", bias %s", hq_lt_elem_name(mm->bias_dtype));
   snprintf(buf, len,
            "%s, m=%lld n=%lld k=%lld (A %s %s %lldx%lld ld %lld scale %s, B %s %s %lldx%lld ld "
            "%lld scale %s, D %s ld %lld%s%s)",
            mm->what ? mm->what : "GEMM", (long long)mm->m, (long long)mm->n, (long long)mm->k,
-           dtype_name(mm->a.elem), mm->a.trans ? "T" : "N", (long long)mm->a.rows,
-           (long long)mm->a.cols, (long long)mm->a.ld, scale_name(mm->a.scale_mode),
-           dtype_name(mm->b.elem), mm->b.trans ? "T" : "N", (long long)mm->b.rows,
-           (long long)mm->b.cols, (long long)mm->b.ld, scale_name(mm->b.scale_mode),
-           dtype_name(mm->d_dtype), (long long)mm->ldd, bias,
+           hq_lt_elem_name(mm->a.elem), mm->a.trans ? "T" : "N", (long long)mm->a.rows,
+           (long long)mm->a.cols, (long long)mm->a.ld, hq_lt_scale_name(mm->a.scale_mode),
+           hq_lt_elem_name(mm->b.elem), mm->b.trans ? "T" : "N", (long long)mm->b.rows,
+           (long long)mm->b.cols, (long long)mm->b.ld, hq_lt_scale_name(mm->b.scale_mode),
+           hq_lt_elem_name(mm->d_dtype), (long long)mm->ldd, bias,
            (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) ? (mm->fast_accum ? ", fast accum" : "")
                                                        : "");
 }
@@ -638,11 +614,11 @@ int check_operand(const hq_lt_matmul *mm, const hq_lt_operand *o, char name, int
   if (!scale_mode_known(o->scale_mode))
     return hqi_error(HQ_ENOTSUP, "%s: operand %c's scale mode %s (%u) is not available in the "
                      "cuBLASLt hq was built with (%d; block FP32 scales need 12.9, VEC16/VEC32 "
-                     "12.8)", what, name, scale_name(o->scale_mode), o->scale_mode,
+                     "12.8)", what, name, hq_lt_scale_name(o->scale_mode), o->scale_mode,
                      (int)CUBLAS_VERSION);
   if (o->scale_mode != HQ_SCALE_NONE && !o->scale && o->data)
     return hqi_error(HQ_EINVAL, "%s: operand %c has scale mode %s but no scale buffer", what,
-                     name, scale_name(o->scale_mode));
+                     name, hq_lt_scale_name(o->scale_mode));
   return HQ_OK;
 }
 

@@ -1,0 +1,37 @@
+/*
+** lt_names.h -- the names the cuBLASLt provider and its runner give element dtypes and scale
+** modes in their messages, one table for both (the runner is CUDA C++, the provider C).
+*/
+#ifndef HQ_GEMM_LT_NAMES_H
+#define HQ_GEMM_LT_NAMES_H
+
+#include "hq/plugin.h"
+
+/* An element's name: e2m1 for one FP4 element (hq_dtype_name says e2m1x2, the packed byte). */
+static inline const char *hq_lt_elem_name(int t) {
+  switch (t) {
+  case HQ_E4M3: return "e4m3";
+  case HQ_E5M2: return "e5m2";
+  case HQ_E2M1X2: return "e2m1";
+  case HQ_BF16: return "bf16";
+  case HQ_F16: return "f16";
+  case HQ_F32: return "f32";
+  default: return "?";
+  }
+}
+
+/* A scale mode's name (HQ_SCALE_*), as cuBLASLt's scale modes are called, in lower case. */
+static inline const char *hq_lt_scale_name(uint32_t m) {
+  switch (m) {
+  case HQ_SCALE_NONE: return "none";
+  case HQ_SCALE_TENSOR_F32: return "tensor_f32";
+  case HQ_SCALE_VEC16_UE4M3: return "vec16_ue4m3";
+  case HQ_SCALE_VEC32_UE8M0: return "vec32_ue8m0";
+  case HQ_SCALE_OUTER_VEC_F32: return "outer_vec_f32";
+  case HQ_SCALE_VEC128_F32: return "vec128_f32";
+  case HQ_SCALE_BLK128X128_F32: return "blk128x128_f32";
+  default: return "other";
+  }
+}
+
+#endif
