@@ -33,7 +33,7 @@ int hqi_buffer_form(const hqi_format *f, const hq_storage *st, uint32_t i, uint3
   int rc = ops->buffer_form(f->cfg, &hqi_host_api, st, i, purpose, out);
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s form of buffer '%s'",
-                            role, HQI_DIR_NAME(st->dir), f->name, ops->name,
+                            role, hq_dir_name(st->dir), f->name, ops->name,
                             purpose_name(purpose), b->name);
   out->struct_size = sizeof *out; /* what the module may not change */
   out->ptr = NULL;
@@ -56,7 +56,7 @@ int hqi_buffer_form(const hqi_format *f, const hq_storage *st, uint32_t i, uint3
   if (!ok)
     return hqi_error(HQ_EABI, "role %s, %s format '%s': buffer_form() of plugin %s gave buffer "
                      "'%s' an invalid %s form (dtype %d, ndim %d, shape [%lld, %lld], m_div %d; "
-                     "the storage has %lld rows, shard rows %lld)", role, HQI_DIR_NAME(st->dir),
+                     "the storage has %lld rows, shard rows %lld)", role, hq_dir_name(st->dir),
                      f->name, ops->name, b->name, purpose_name(purpose), (int)out->dtype,
                      out->ndim, (long long)out->shape[0], (long long)out->shape[1], out->m_div,
                      (long long)st->rows, (long long)st->desc.shard_rows);
@@ -83,7 +83,7 @@ static int run(const hqi_format *f, hq_ctx *ctx, hq_storage *st, uint32_t i,
   hqi_fp_leave(fe);
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of buffer '%s'", role,
-                            HQI_DIR_NAME(st->dir), f->name, ops->name, op,
+                            hq_dir_name(st->dir), f->name, ops->name, op,
                             hq_storage_cbuf(st, i)->name);
   return HQ_OK;
 }

@@ -79,12 +79,12 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
     if (sr <= 0)
       return hqi_error(HQ_ENOTSUP, "%s: role %s, %s format '%s' (plugin %s): this storage cannot "
                        "be sharded (its layout gives no shard-row multiple, e.g. stochastic "
-                       "rounding draws by block position)", what, qt->role, HQI_DIR_NAME(d + 1u),
+                       "rounding draws by block position)", what, qt->role, hq_dir_name(d + 1u),
                        f->name, f->plugin->ops.name);
     if (qt->rows % sr)
       return hqi_error(HQ_ESHAPE, "%s: role %s, %s format '%s': the shard's %lld rows are not a "
                        "multiple of %lld (a block would straddle two shards)", what, qt->role,
-                       HQI_DIR_NAME(d + 1u), f->name, (long long)qt->rows, (long long)sr);
+                       hq_dir_name(d + 1u), f->name, (long long)qt->rows, (long long)sr);
     for (uint32_t i = 0; i < q->st.nbuf; i++) {
       const hq_buffer *b = hq_storage_cbuf(&q->st, i);
       if (!q->owned[i]) continue;
@@ -98,7 +98,7 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
       }
       if (b->gather == HQ_GATHER_NEVER)
         return hqi_error(HQ_ENOTSUP, "%s: role %s, %s format '%s' (plugin %s): buffer '%s' "
-                         "cannot be gathered%s", what, qt->role, HQI_DIR_NAME(d + 1u), f->name,
+                         "cannot be gathered%s", what, qt->role, hq_dir_name(d + 1u), f->name,
                          f->plugin->ops.name, b->name,
                          q->st.desc.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED
                              ? " (swizzled scales: use the compact layout, swizzle = false)"
@@ -235,7 +235,7 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
         (full->fmt[d]->plugin != shard->fmt[d]->plugin ||
          strcmp(full->fmt[d]->name, shard->fmt[d]->name) != 0))
       return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the %s formats differ ('%s' full, "
-                       "'%s' shard)", full->role, HQI_DIR_NAME(d + 1u), full->fmt[d]->name,
+                       "'%s' shard)", full->role, hq_dir_name(d + 1u), full->fmt[d]->name,
                        shard->fmt[d]->name);
   size_t count, staging;
   dir_forms forms[2];
@@ -280,8 +280,8 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
             return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: gathered entry %zu (%s '%s', "
                              "%lld rows of %lld bytes, device %d) is not the %s buffer '%s' of the "
                              "full tensor (%lld rows of %lld bytes, device %d)", full->role, k,
-                             HQI_DIR_NAME(e.dir), e.name ? e.name : "?", (long long)e.rows,
-                             (long long)e.row_bytes, e.device, HQI_DIR_NAME(q->st.dir), b->name,
+                             hq_dir_name(e.dir), e.name ? e.name : "?", (long long)e.rows,
+                             (long long)e.row_bytes, e.device, hq_dir_name(q->st.dir), b->name,
                              (long long)rows, (long long)row_bytes, ctx->device);
         } else if (fm->ndim) { /* the format rebuilds the buffer from its gathered form */
           fm->ptr = e.ptr;

@@ -71,7 +71,7 @@ static int resolve(const hq_ctx *ctx, hq_operand in, int is_a, int trans, const 
       return hqi_error(HQ_ESTATE, "%s: operand %s (role %s) is used %s, which needs its %s copy, "
                        "but it holds %s (quantize it with that direction in its usage; hq never "
                        "requantizes silently)", what, o->label, qt->role,
-                       trans ? "transposed" : "not transposed", HQI_DIR_NAME(dir),
+                       trans ? "transposed" : "not transposed", hq_dir_name(dir),
                        qt->d[!d].present ? (d ? "only the rowwise copy" : "only the columnwise copy")
                                          : "no copy");
     o->qt = qt;
@@ -134,9 +134,9 @@ static int check_transforms(const plan *p) {
                    "along k but operand B (%s, %s) carries %s (parameter 0x%llx): a product of "
                    "differently transformed operands is meaningless; give both the same transform "
                    "(e.g. rht on both wgrad operands) or neither", p->what, opname(&p->a),
-                   p->a.kind.dir ? HQI_DIR_NAME(p->a.kind.dir) : "high precision",
+                   p->a.kind.dir ? hq_dir_name(p->a.kind.dir) : "high precision",
                    transform_name(ta), (unsigned long long)pa, opname(&p->b),
-                   p->b.kind.dir ? HQI_DIR_NAME(p->b.kind.dir) : "high precision",
+                   p->b.kind.dir ? hq_dir_name(p->b.kind.dir) : "high precision",
                    transform_name(tb), (unsigned long long)pb);
 }
 
@@ -435,8 +435,8 @@ static int gemm_common(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int 
   if (!(flags & HQ_GEMM_QUERY))
     hqi_log(ctx, 3, "%s: %s path (%s), A %s %s x B %s %s, m=%lld n=%lld k=%lld%s%s", p.what,
             hq_gemm_path_name(r.path), p.info.provider, p.info.format_a,
-            p.a.kind.dir ? HQI_DIR_NAME(p.a.kind.dir) : "(high precision)", p.info.format_b,
-            p.b.kind.dir ? HQI_DIR_NAME(p.b.kind.dir) : "(high precision)", (long long)p.m,
+            p.a.kind.dir ? hq_dir_name(p.a.kind.dir) : "(high precision)", p.info.format_b,
+            p.b.kind.dir ? hq_dir_name(p.b.kind.dir) : "(high precision)", (long long)p.m,
             (long long)p.n, (long long)p.k, p.info.reason[0] ? "; not native: " : "",
             p.info.reason);
   info_out(&p, &r, info);

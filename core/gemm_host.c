@@ -57,7 +57,7 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
   int rc = ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst);
   if (rc)
     return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize",
-                            g->what, g->label, g->qt->role, HQI_DIR_NAME(g->kind.dir),
+                            g->what, g->label, g->qt->role, hq_dir_name(g->kind.dir),
                             g->fmt->name, ops->name);
   if (folds) fold->done = 1;
   return HQ_OK;

@@ -313,7 +313,6 @@ struct hq_qtensor {
   hq_state *state;           /* the quantizer's scaling state (retained), or NULL */
   int32_t slice[2];          /* its slice per direction (state.c), -1: none */
 };
-#define HQI_DIR_NAME(dir) ((dir) == HQ_COLWISE ? "columnwise" : "rowwise")
 /* A qtensor's buffers belong to its owner context (qt->ctx); a call on another context's stream
    orders itself after what the owner allocated for it, leaves an event (last_use) that the
    owner's stream waits for before it frees any buffer (quantizer.c). */

@@ -30,7 +30,7 @@ struct hq_quantizer {
 typedef hqi_qdir qdir;
 
 static int di(uint32_t dir) { return dir == HQ_COLWISE ? 1 : 0; }
-static const char *dname(uint32_t dir) { return HQI_DIR_NAME(dir); }
+static const char *dname(uint32_t dir) { return hq_dir_name(dir); }
 static uint32_t fmt_amax_kind(const hqi_format *f, uint32_t dir);
 #define BUF(st, i) HQ_STORAGE_BUF(st, i)
 

@@ -63,7 +63,7 @@ struct hq_state {
 };
 
 static const char *dirs_name(uint32_t dirs) {
-  return dirs == HQ_BOTH ? "rowwise+columnwise" : HQI_DIR_NAME(dirs);
+  return dirs == HQ_BOTH ? "rowwise+columnwise" : hq_dir_name(dirs);
 }
 
 uint32_t hqi_format_state_floats(const hqi_format *f, uint32_t dirs) {

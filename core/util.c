@@ -133,6 +133,10 @@ const char *hq_dtype_name(hq_dtype t) {
   return "invalid";
 }
 
+const char *hq_dir_name(uint32_t dir) {
+  return dir == HQ_ROWWISE ? "rowwise" : dir == HQ_COLWISE ? "columnwise" : "invalid";
+}
+
 hq_dtype hq_dtype_from_name(const char *name) {
   if (!name) return HQ_DTYPE_INVALID;
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)

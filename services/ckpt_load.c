@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *dir_name(uint32_t dir) { return dir == HQ_COLWISE ? "columnwise" : "rowwise"; }
 static const char *dirs_text(uint32_t d) {
   return d == HQ_BOTH      ? "rowwise+columnwise"
          : d == HQ_ROWWISE ? "rowwise"
@@ -109,7 +108,7 @@ static void own_name(uint32_t dir, const char *name, char *buf, size_t len) {
    dtype and the shape, hence the byte size. */
 static int check_buffer(const ck_load *L, const hq_storage *st, uint32_t i, const ck_mbuf *r) {
   const hq_buffer *b = hq_storage_cbuf(st, i);
-  const char *path = L->c->path, *name = L->name, *dn = dir_name(st->dir);
+  const char *path = L->c->path, *name = L->name, *dn = hq_dir_name(st->dir);
   char na[64], nb[64], sa[200], sb[200];
   own_name(st->dir, r->name, na, sizeof na);
   own_name(st->dir, b->name, nb, sizeof nb);
@@ -145,7 +144,7 @@ static int match_buffers(const ck_load *L, const hq_qtensor *qt, const ck_mbuf *
     const hq_storage *st = hq_qtensor_storage(qt, bufs[i].dir);
     if (!st || rec->n[d] >= st->nbuf)
       return ck_error(HQ_EINVAL, path, "tensor '%.200s': the checkpoint has more %s buffers than "
-                      "the qtensor's %u (at '%.60s')", name, dir_name(bufs[i].dir),
+                      "the qtensor's %u (at '%.60s')", name, hq_dir_name(bufs[i].dir),
                       st ? st->nbuf : 0u, bufs[i].name);
     rec->r[d][rec->n[d]++] = &bufs[i];
   }
@@ -155,7 +154,7 @@ static int match_buffers(const ck_load *L, const hq_qtensor *qt, const ck_mbuf *
     if (!st) continue;
     if (rec->n[d] != st->nbuf)
       return ck_error(HQ_EINVAL, path, "tensor '%.200s': the checkpoint has %u %s buffers, the "
-                      "qtensor %u (first missing: '%s')", name, rec->n[d], dir_name(dir),
+                      "qtensor %u (first missing: '%s')", name, rec->n[d], hq_dir_name(dir),
                       st->nbuf, hq_storage_cbuf(st, rec->n[d])->name);
     for (uint32_t i = 0; i < st->nbuf; i++) {
       int rc = check_buffer(L, st, i, rec->r[d][i]);

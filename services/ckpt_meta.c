@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *dir_name(uint32_t dir) { return dir == HQ_COLWISE ? "columnwise" : "rowwise"; }
 
 int ck_qtensor_usable(const char *path, const char *what, const char *name, const hq_ctx *ctx,
                       const hq_qtensor *qt) {
@@ -45,10 +44,8 @@ int ck_buffer_aliased(const hq_qtensor *qt, uint32_t dir, uint32_t i) {
 
 static json_t *jdirs(uint32_t dirs) {
   json_t *a = json_array();
-  if (a && (dirs & HQ_ROWWISE) && ck_jpush(a, json_string("rowwise")))
-    a = (json_decref(a), NULL);
-  if (a && (dirs & HQ_COLWISE) && ck_jpush(a, json_string("columnwise")))
-    a = (json_decref(a), NULL);
+  for (uint32_t d = HQ_ROWWISE; a && d <= HQ_COLWISE; d <<= 1)
+    if ((dirs & d) && ck_jpush(a, json_string(hq_dir_name(d)))) a = (json_decref(a), NULL);
   return a;
 }
 
@@ -121,7 +118,7 @@ static json_t *buffers_json(const char *name, const hq_qtensor *qt) {
       bad |= !entry || !bo;
       bad |= ck_jset(bo, "entry", entry ? json_string(entry) : NULL) != 0;
       bad |= ck_jset(bo, "name", json_string(b->name)) != 0;
-      bad |= ck_jset(bo, "direction", json_string(dir_name(dir))) != 0;
+      bad |= ck_jset(bo, "direction", json_string(hq_dir_name(dir))) != 0;
       bad |= ck_jset(bo, "dtype", json_string(hq_dtype_name(b->dtype))) != 0;
       bad |= ck_jset(bo, "shape", ck_jshape(b->ndim, b->shape)) != 0;
       bad |= ck_jset(bo, "shared", json_boolean(ck_buffer_aliased(qt, dir, i))) != 0;
@@ -160,7 +157,7 @@ int ck_meta_make(const char *path, const char *name, const hq_qtensor *qt, char 
   bad |= ck_jset(o, "columnwise_source",
                  json_string(rdq ? "rowwise_dequantized" : "original")) != 0;
   for (int d = 0; !bad && d < 2; d++)
-    bad |= ck_jset(fm, d ? "columnwise" : "rowwise", format_json(&fd[d])) != 0;
+    bad |= ck_jset(fm, hq_dir_name(HQ_ROWWISE << d), format_json(&fd[d])) != 0;
   if (!bad) {
     bad = ck_jset(o, "formats", fm) != 0;
     fm = NULL;
@@ -203,16 +200,19 @@ static int mget_int(const ck_load *L, json_t *o, const char *key, int64_t *out) 
   return HQ_OK;
 }
 /* A list of direction names -> mask. */
+/* The direction a metadata word names (hq_dir_name's words), 0 for anything else. */
+static uint32_t dir_of(const char *s) {
+  for (uint32_t d = HQ_ROWWISE; s && d <= HQ_COLWISE; d <<= 1)
+    if (!strcmp(s, hq_dir_name(d))) return d;
+  return 0;
+}
 static int mget_dirs(const ck_load *L, json_t *o, const char *key, uint32_t *out) {
   json_t *v = json_object_get(o, key);
   *out = 0;
   if (!json_is_array(v)) return ck_meta_error(L, "\"%s\" is missing or not an array", key);
   for (size_t i = 0; i < json_array_size(v); i++) {
     const char *s = json_string_value(json_array_get(v, i));
-    uint32_t d = !s                          ? 0
-                 : !strcmp(s, "rowwise")    ? HQ_ROWWISE
-                 : !strcmp(s, "columnwise") ? HQ_COLWISE
-                                            : 0;
+    const uint32_t d = dir_of(s);
     if (!d || (*out & d))
       return ck_meta_error(L, "\"%s\" item %zu is not a new 'rowwise' or 'columnwise'", key, i);
     *out |= d;
@@ -272,7 +272,7 @@ int ck_meta_buffers(const ck_load *L, const ck_meta *meta, ck_mbuf **out, size_t
     if (!rc) rc = mget_str(L, o, "direction", where, &dir);
     if (!rc) rc = mget_str(L, o, "dtype", where, &dtype);
     if (rc) break;
-    m[i].dir = !strcmp(dir, "rowwise") ? HQ_ROWWISE : !strcmp(dir, "columnwise") ? HQ_COLWISE : 0;
+    m[i].dir = dir_of(dir);
     m[i].dtype = hq_dtype_from_name(dtype);
     json_t *shape = json_object_get(o, "shape");
     size_t nd = json_array_size(shape);
@@ -384,7 +384,7 @@ static int check_new_options(const ck_load *L, const char *dn, json_t *opts,
 
 /* Check direction dir's format record against qt's format instance. */
 static int check_format(const ck_load *L, json_t *formats, const hq_qtensor *qt, uint32_t dir) {
-  const char *dn = dir_name(dir);
+  const char *dn = hq_dir_name(dir);
   json_t *f = json_object_get(formats, dn);
   if (!json_is_object(f)) return ck_meta_error(L, "\"formats\" has no \"%s\" object", dn);
   const char *plugin = NULL, *fname = NULL;

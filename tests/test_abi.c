@@ -38,6 +38,15 @@ static hq_recipe *fixture_recipe(int level, const char *source) {
 // --- versioned structs --------------------------------------------------------------------
 
 /* hq_ctx_desc at exactly its floor size, in a block of that size (ASan catches an over-read). */
+/* The words every tool, log line and checkpoint uses for a direction. */
+static void test_dir_name(void **state) {
+  (void)state;
+  assert_string_equal(hq_dir_name(HQ_ROWWISE), "rowwise");
+  assert_string_equal(hq_dir_name(HQ_COLWISE), "columnwise");
+  assert_string_equal(hq_dir_name(0), "invalid");
+  assert_string_equal(hq_dir_name(HQ_ROWWISE | HQ_COLWISE), "invalid");
+}
+
 static void test_ctx_desc_floor(void **state) {
   (void)state;
   size_t floor = HQ_CTX_DESC_SIZE_0_1;
@@ -812,6 +821,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alignment_rule),
       cmocka_unit_test(test_finite_only),
+      cmocka_unit_test(test_dir_name),
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),

@@ -61,7 +61,6 @@ static hq_qtensor *sample_tensor(hq_plugins *set, hq_ctx *ctx, const hq_plugin *
   return qt;
 }
 
-static const char *dir_name(uint32_t dir) { return dir == HQ_ROWWISE ? "rowwise" : "columnwise"; }
 
 static void option_json(json *j, const hq_option *o) {
   json_obj(j);
@@ -132,7 +131,7 @@ static void plugin_json(json *j, hq_plugins *set, hq_ctx *ctx, const hq_plugin *
     json_arr(j);
     for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
       json_obj(j);
-      json_kstr(j, "direction", dir_name(dir));
+      json_kstr(j, "direction", hq_dir_name(dir));
       json_kint(j, "bytes", (int64_t)hq_qtensor_bytes(qt, dir));
       cli_buffers_json(j, qt, dir);
       json_close_obj(j);
@@ -229,7 +228,7 @@ static void plugin_text(hq_plugins *set, hq_ctx *ctx, const hq_plugin *p, int64_
   if (!qt) printf("    buffers of a %lldx%lld tensor: none (%s)\n", (long long)rows,
                   (long long)cols, err);
   for (uint32_t dir = HQ_ROWWISE; qt && dir <= HQ_COLWISE; dir++) {
-    printf("    %s buffers of a %lldx%lld tensor (%zu bytes):\n", dir_name(dir), (long long)rows,
+    printf("    %s buffers of a %lldx%lld tensor (%zu bytes):\n", hq_dir_name(dir), (long long)rows,
            (long long)cols, hq_qtensor_bytes(qt, dir));
     cli_buffers_text(qt, dir, 6);
   }

@@ -430,7 +430,7 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
   if (path && write_npy(path, u->deq, x->rows, x->cols)) return 1;
   size_t bytes = hq_qtensor_bytes(u->qt, dir);
   double bpe = 8.0 * (double)bytes / (double)(x->rows * x->cols);
-  const char *dname = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
+  const char *dname = hq_dir_name(dir);
   if (a->json) {
     json_obj(j);
     json_kstr(j, "direction", dname);

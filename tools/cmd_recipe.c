@@ -161,7 +161,6 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
   return bad;
 }
 
-static const char *dir_word(uint32_t d) { return d == HQ_COLWISE ? "columnwise" : "rowwise"; }
 
 #define CMD "recipe check"
 
@@ -310,7 +309,7 @@ static void gemms_json(json *j, const gemm_check *g) {
       json_key(j, s ? "b" : "a");
       json_obj(j);
       json_kstr(j, "tensor", o->tensor[s]);
-      json_kstr(j, "direction", dir_word(o->dir[s]));
+      json_kstr(j, "direction", hq_dir_name(o->dir[s]));
       json_kstr(j, "format", o->format[s]);
       json_kstr(j, "plugin", o->plugin[s]);
       json_kint(j, "line", o->line[s]);

@@ -101,6 +101,7 @@ HQ_API int hq_set_error(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
 HQ_API const char *hq_dtype_name(hq_dtype dtype);     /* "f32", "bf16", "e4m3", ... */
 HQ_API hq_dtype hq_dtype_from_name(const char *name); /* HQ_DTYPE_INVALID if unknown */
 HQ_API size_t hq_dtype_size(hq_dtype dtype);          /* bytes per stored element, 0 if invalid */
+HQ_API const char *hq_dir_name(uint32_t dir);         /* "rowwise", "columnwise"; "invalid" */
 /* Number of usable CUDA devices; 0 when built without CUDA or when none is present. */
 HQ_API int hq_device_count(void);
 /* Name and compute capability (major*10+minor) of a CUDA device. */
