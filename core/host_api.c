@@ -9,14 +9,6 @@
 
 #include <stdio.h>
 
-static int host_error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  hqi_verror(code, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 /* A plugin's message goes to the logger of the context its call runs on. */
 static void host_log(const hq_call *call, int level, const char *fmt, ...) {
   char msg[1024];
@@ -69,7 +61,7 @@ const hq_host_api hqi_host_api = {
     .abi_minor = HQ_ABI_MINOR,
     .struct_size = sizeof(hq_host_api),
     .core_version = PACKAGE_VERSION,
-    .error = host_error,
+    .error = hq_set_error, /* a module's message, as the embedder's own */
     .log = host_log,
     .alloc = host_alloc,
     .free = host_free,

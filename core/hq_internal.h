@@ -36,6 +36,8 @@ void hqi_vec_free(hqi_vec *a);
 /* 64-byte aligned host memory. */
 void *hqi_host_alloc(size_t bytes);
 void hqi_host_free(void *p);
+/* The module name rule (1-31 of [a-z0-9_]): 1, or 0 with the reason in why. */
+int hqi_name_ok(const char *kind, const char *name, char *why, size_t len);
 /* The module version rule (same major, minor no newer): 1, or 0 with the reason in why. */
 int hqi_abi_compatible(const char *abi, unsigned major, unsigned minor, unsigned core_major,
                        unsigned core_minor, char *why, size_t len);

@@ -63,23 +63,9 @@ static int reject(hq_plugins *set, const char *file, const char *fmt, ...) {
   return HQ_OK;
 }
 
-static int valid_name(const char *s) {
-  size_t n = 0;
-  if (!s) return 0;
-  for (; s[n]; n++) {
-    char c = s[n];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return 0;
-  }
-  return n >= 1 && n <= 31;
-}
-
 /* Check a module's ops table; on failure write the reason. */
 static int check_ops(const hq_format_ops *ops, size_t *n_options, char *why, size_t len) {
-  if (!valid_name(ops->name)) {
-    snprintf(why, len, "format name %s%s%s is not 1-31 characters of [a-z0-9_]",
-             ops->name ? "'" : "", ops->name ? ops->name : "(NULL)", ops->name ? "'" : "");
-    return 0;
-  }
+  if (!hqi_name_ok("format", ops->name, why, len)) return 0;
   struct { const void *fn; const char *field; } required[] = {
       {ops->version, "version"},     {ops->options, "options"},
       {(const void *)ops->configure, "configure"}, {(const void *)ops->layout, "layout"},

@@ -18,16 +18,6 @@ const hq_gemm_provider *hqi_gemm_emulated(const hq_gemm_host *host);
 /* The smallest table of ABI 1.0: everything up to run. */
 #define PROVIDER_SIZE_1_0 (offsetof(hq_gemm_provider, run) + sizeof(void (*)(void)))
 
-static int valid_name(const char *s) {
-  size_t n = 0;
-  if (!s) return 0;
-  for (; s[n]; n++) {
-    const char c = s[n];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return 0;
-  }
-  return n >= 1 && n <= 31;
-}
-
 int hqi_provider_check(const hq_gemm_provider *t, hqi_provider *out, char *why, size_t len) {
   memset(out, 0, sizeof *out);
   if (!hqi_abi_compatible("GEMM provider", t->abi_major, t->abi_minor, HQ_GEMM_ABI_MAJOR,
@@ -41,11 +31,7 @@ int hqi_provider_check(const hq_gemm_provider *t, hqi_provider *out, char *why, 
   /* read only what the provider declared; later fields stay zero */
   memcpy(&out->ops, t, t->struct_size < sizeof out->ops ? t->struct_size : sizeof out->ops);
   const hq_gemm_provider *o = &out->ops;
-  if (!valid_name(o->name)) {
-    snprintf(why, len, "GEMM provider name %s%s%s is not 1-31 characters of [a-z0-9_]",
-             o->name ? "'" : "", o->name ? o->name : "(NULL)", o->name ? "'" : "");
-    return 0;
-  }
+  if (!hqi_name_ok("GEMM provider", o->name, why, len)) return 0;
   const char *missing = !o->version ? "version" : !o->accepts ? "accepts" : !o->run ? "run" : NULL;
   if (missing) {
     snprintf(why, len, "GEMM provider '%s' lacks the required field '%s'", o->name, missing);

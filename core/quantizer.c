@@ -311,6 +311,13 @@ int hqi_qtensor_owner_frees(const hq_qtensor *qt) {
   return qt->last_use ? hqi_cuda_stream_wait_event(qt->ctx->stream, qt->last_use) : HQ_OK;
 }
 
+/* A call on qt through ctx: the devices must agree. */
+static int same_device(const hq_qtensor *qt, const hq_ctx *ctx, const char *what) {
+  if (ctx->device != qt->ctx->device)
+    return hqi_error(HQ_EINVAL, "%s: role %s: the context runs on device %d, the tensor lives on "
+                     "%d", what, qt->role, ctx->device, qt->ctx->device);
+  return HQ_OK;
+}
 
 /* An empty storage as layout() receives it. */
 static void storage_init(hq_storage *st, uint32_t dir, int64_t rows, int64_t cols, int device,
@@ -559,13 +566,13 @@ static int unshare(hq_qtensor *qt, hq_ctx *ctx) {
 
 int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx) {
   if (!qt || !ctx) return hqi_error(HQ_EINVAL, "hq_qtensor_unshare: NULL argument");
-  if (ctx->device != qt->ctx->device)
-    return hqi_error(HQ_EINVAL, "hq_qtensor_unshare: role %s: the context runs on device %d, the "
-                     "tensor lives on %d", qt->role, ctx->device, qt->ctx->device);
+  int rc = same_device(qt, ctx, "hq_qtensor_unshare");
+  if (rc) return rc;
   if (qt->saved)
     return hqi_error(HQ_ESTATE, "hq_qtensor_unshare: role %s is saved (restore it first)",
                      qt->role);
-  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  int saved;
+  rc = hqi_device_enter(ctx->device, &saved);
   if (rc) return rc;
   rc = unshare(qt, ctx);
   hqi_device_leave(saved);
@@ -577,11 +584,14 @@ int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx) {
 static int reshare(hq_qtensor *qt) {
   qdir *c = &qt->d[1], *r = &qt->d[0];
   if (!c->present || !r->present) return HQ_OK;
+  int waited = 0;
   for (uint32_t i = 0; i < c->st.nbuf; i++) {
     hq_buffer *b = BUF(&c->st, i);
     if (!(b->flags & HQ_BUF_SHARED) || !c->owned[i]) continue;
-    int rc = hqi_qtensor_owner_frees(qt);
-    if (rc) return rc;
+    if (!waited++) { /* one wait orders every free after the last user */
+      int rc = hqi_qtensor_owner_frees(qt);
+      if (rc) return rc;
+    }
     hqi_ctx_free_raw(qt->ctx, b->ptr);
     b->ptr = BUF(&r->st, b->shared_with)->ptr;
     b->name = BUF(&r->st, b->shared_with)->name;
@@ -784,17 +794,24 @@ static hq_qtensor *new_qtensor(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64
   return qt;
 }
 
+/* Directions given to a call: no bits beyond rowwise and columnwise. */
+static int known_dirs(uint32_t dirs, const char *what) {
+  if (dirs & ~HQ_BOTH)
+    return hqi_error(HQ_EINVAL, "%s: directions 0x%x have unknown bits", what, dirs);
+  return HQ_OK;
+}
+
 /* Check that q can make `dirs` on ctx's device. */
 static int prepare(const hq_quantizer *q, hq_ctx *ctx, uint32_t dirs, const char *what) {
   if (!q || !ctx) return hqi_error(HQ_EINVAL, "%s: NULL argument", what);
-  if (dirs & ~HQ_BOTH) return hqi_error(HQ_EINVAL, "%s: directions 0x%x have unknown bits", what,
-                                        dirs);
+  int rc = known_dirs(dirs, what);
+  if (rc) return rc;
   if (!dirs)
     return hqi_error(HQ_EINVAL, "%s: role %s has no usage (set rowwise and/or columnwise)", what,
                      q->role);
   for (int d = 0; d < 2; d++) {
     uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
-    int rc = (dirs & dir) ? check_device(q->fmt[d], ctx, q->role, dir) : HQ_OK;
+    rc = (dirs & dir) ? check_device(q->fmt[d], ctx, q->role, dir) : HQ_OK;
     if (!rc && d == 1 && (dirs & dir) && q->source == HQ_SOURCE_ROWWISE_DEQUANTIZED)
       rc = check_device(q->fmt[0], ctx, q->role, HQ_ROWWISE);
     if (rc) return rc;
@@ -928,14 +945,6 @@ int hq_make_empty(hq_quantizer *q, hq_ctx *ctx, int64_t rows, int64_t cols, hq_d
   return HQ_OK;
 }
 
-/* A call on qt through ctx: the devices must agree. */
-static int same_device(const hq_qtensor *qt, const hq_ctx *ctx, const char *what) {
-  if (ctx->device != qt->ctx->device)
-    return hqi_error(HQ_EINVAL, "%s: role %s: the context runs on device %d, the tensor lives on "
-                     "%d", what, qt->role, ctx->device, qt->ctx->device);
-  return HQ_OK;
-}
-
 int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
                          const hq_quantize_args *argsp) {
   if (!qt || !ctx) return hqi_error(HQ_EINVAL, "hq_qtensor_update: NULL argument");
@@ -958,20 +967,18 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
     snprintf(what, sizeof what, "hq_qtensor_update: role %s", qt->role);
     if ((rc = finite_only(ctx, &src, what))) return rc;
   }
-  uint32_t dirs = qt->usage & hq_qtensor_dirs(qt);
+  const uint32_t have = hq_qtensor_dirs(qt), miss = args.dirs & ~have;
+  uint32_t dirs = qt->usage & have;
   if (args.dirs) {
-    if (args.dirs & ~HQ_BOTH)
-      return hqi_error(HQ_EINVAL, "hq_qtensor_update: directions 0x%x have unknown bits",
-                       args.dirs);
-    if (args.dirs & ~hq_qtensor_dirs(qt))
+    if ((rc = known_dirs(args.dirs, "hq_qtensor_update"))) return rc;
+    if (miss) {
+      char held[32];
+      snprintf(held, sizeof held, "the %s one only", hq_dir_name(have));
       return hqi_error(HQ_ESTATE, "hq_qtensor_update: role %s has no %s copy to refresh (it "
                        "holds %s)", qt->role,
-                       (args.dirs & ~hq_qtensor_dirs(qt)) == HQ_COLWISE ? "columnwise"
-                       : (args.dirs & ~hq_qtensor_dirs(qt)) == HQ_ROWWISE ? "rowwise"
-                                                                            : "rowwise or columnwise",
-                       hq_qtensor_dirs(qt) == HQ_ROWWISE   ? "the rowwise one only"
-                       : hq_qtensor_dirs(qt) == HQ_COLWISE ? "the columnwise one only"
-                                                           : "none");
+                       miss == HQ_BOTH ? "rowwise or columnwise" : hq_dir_name(miss),
+                       have ? held : "none");
+    }
     dirs = args.dirs;
   }
   if (!dirs) return HQ_OK;

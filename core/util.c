@@ -13,6 +13,21 @@
 
 const char *hq_version(void) { return PACKAGE_VERSION; }
 
+/* The name rule every module kind shares: 1-31 characters of [a-z0-9_], so that a name is a
+   recipe key, a file name and a checkpoint word alike. 1, or 0 with the reason in why (`kind`
+   names what is named, "format" or "GEMM provider"). */
+int hqi_name_ok(const char *kind, const char *name, char *why, size_t len) {
+  size_t n = 0;
+  for (; name && name[n]; n++) {
+    const char c = name[n];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) break;
+  }
+  if (name && !name[n] && n >= 1 && n <= 31) return 1;
+  snprintf(why, len, "%s name %s%s%s is not 1-31 characters of [a-z0-9_]", kind,
+           name ? "'" : "", name ? name : "(NULL)", name ? "'" : "");
+  return 0;
+}
+
 /* The version rule every module kind shares: the same major, a required minor no newer than the
    core's. 1 when the module may load; 0 with the reason in why (`abi` names the ABI, "plugin" or
    "GEMM provider"). */

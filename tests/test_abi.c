@@ -498,8 +498,14 @@ static void test_call_dirs(void **state) {
   assert_int_equal(hq_quantizer_usage(q), HQ_BOTH); /* the quantizer is not changed */
   a.dirs = HQ_COLWISE;
   assert_int_equal(hq_qtensor_update_ex(t, ctx, &y, &a), HQ_ESTATE);
-  assert_non_null(strstr(hq_last_error(), "columnwise"));
+  assert_string_equal(hq_last_error(), "hq_qtensor_update: role linear:input:x has no columnwise "
+                                       "copy to refresh (it holds the rowwise one only)");
+  a.dirs = HQ_BOTH;
+  assert_int_equal(hq_qtensor_update_ex(t, ctx, &y, &a), HQ_ESTATE);
+  HQ_ERROR_HAS("has no columnwise copy to refresh");
   a.dirs = 4;
+  assert_int_equal(hq_qtensor_update_ex(t, ctx, &y, &a), HQ_EINVAL);
+  assert_string_equal(hq_last_error(), "hq_qtensor_update: directions 0x4 have unknown bits");
   assert_int_equal(hq_quantize_ex(q, ctx, &x, &a, &full), HQ_EINVAL);
   assert_null(full);
   /* both made, then the rowwise copy alone refreshed from y: rowwise = y's, columnwise = x's */
