@@ -218,6 +218,23 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
 
 // --- the providers' answers, cached per context --------------------------------------------------
 
+/* What the providers answered for one kind of GEMM, cached per context: the
+   candidates in the order they are asked, which ones accepted, and the first refusal's reason
+   (the reason hq_gemm_info gives when a provider below it runs). */
+typedef struct hqi_gemm_key {
+  uint64_t w[4];                  /* format instance ids, directions / dtypes, D's dtype, flags */
+  hq_operand_desc a, b;           /* the quantized operands' descriptors (zero: high precision) */
+} hqi_gemm_key;
+typedef struct hqi_gemm_choice {
+  hqi_gemm_key key;               /* compared whole: a hit is the same kind, never a collision */
+  uint32_t valid, n;
+  const hqi_provider *cand[HQI_GEMM_CANDIDATES];
+  uint32_t accepted;              /* bit i: cand[i] accepted */
+  int32_t declined;               /* index of the first candidate that declined, -1 */
+  char reason[sizeof ((hq_gemm_info *)0)->reason]; /* copied into hq_gemm_info whole */
+} hqi_gemm_choice;
+#define HQI_GEMM_CACHE 32
+
 /* The key of a kind: the format instances (unique ids: they fix the module and so the set of
    providers), the directions, transposes and dtypes, D's dtype and the flags, and each
    descriptor whole (a layout could depend on the shape). */
@@ -244,32 +261,12 @@ static size_t choice_slot(const hqi_gemm_key *key) {
   return (size_t)((h ^ h >> 31) % HQI_GEMM_CACHE);
 }
 
-/* Add the providers of `set` not yet in the list. */
-static void add_providers(hqi_gemm_choice *c, const hq_plugins *set) {
-  const hqi_provider *const *l;
-  const size_t n = set ? hqi_plugins_providers(set, &l) : 0;
-  for (size_t i = 0; i < n && c->n < HQI_GEMM_CANDIDATES; i++) {
-    size_t j = 0;
-    while (j < c->n && c->cand[j] != l[i]) j++;
-    if (j == c->n) c->cand[c->n++] = l[i];
-  }
-}
-
-/* Ask every candidate's predicate for p's kind and order them (highest priority first; ties in
-   the order found: modules of A's set, of B's, then the built-in ones). */
-static void choice_fill(hq_ctx *ctx, const plan *p, hqi_gemm_choice *c) {
-  c->n = 0;
-  add_providers(c, p->a.fmt ? p->a.fmt->set : NULL);
-  add_providers(c, p->b.fmt ? p->b.fmt->set : NULL);
-  const hqi_provider *const *b;
-  const size_t nb = hqi_providers_builtin(&b);
-  for (size_t i = 0; i < nb && c->n < HQI_GEMM_CANDIDATES; i++) c->cand[c->n++] = b[i];
-  for (uint32_t j = 1; j < c->n; j++)
-    for (uint32_t q = j; q > 0 && c->cand[q]->ops.priority > c->cand[q - 1]->ops.priority; q--) {
-      const hqi_provider *t = c->cand[q];
-      c->cand[q] = c->cand[q - 1];
-      c->cand[q - 1] = t;
-    }
+/* Ask every candidate's predicate for p's kind, the candidates in the order hq_gemm asks them
+   (hqi_providers_ordered over A's and B's sets). */
+static void choice_fill(const plan *p, hqi_gemm_choice *c) {
+  c->n = (uint32_t)hqi_providers_ordered(p->a.fmt ? p->a.fmt->set : NULL,
+                                         p->b.fmt ? p->b.fmt->set : NULL, c->cand,
+                                         HQI_GEMM_CANDIDATES);
   c->accepted = 0;
   c->declined = -1;
   c->reason[0] = '\0';
@@ -285,7 +282,6 @@ static void choice_fill(hq_ctx *ctx, const plan *p, hqi_gemm_choice *c) {
     }
   }
   hq_clear_error();
-  (void)ctx;
 }
 
 /* The cached answers for p's kind (made on a miss; NULL only when the cache cannot be made). */
@@ -299,7 +295,7 @@ static const hqi_gemm_choice *choice_of(hq_ctx *ctx, const plan *p, hqi_gemm_cho
     if (c->valid && !memcmp(&c->key, &key, sizeof key)) return c;
   }
   c->key = key;
-  choice_fill(ctx, p, c);
+  choice_fill(p, c);
   c->valid = 1;
   return c;
 }

@@ -153,8 +153,11 @@ size_t hqi_providers_builtin(const hqi_provider *const **out);
 /* Check a provider table (ABI, size, name, required operations) into *out; on failure write the
    reason into why and return 0. */
 int hqi_provider_check(const hq_gemm_provider *t, hqi_provider *out, char *why, size_t len);
-/* The providers a set loaded from modules. */
-size_t hqi_plugins_providers(const hq_plugins *set, const hqi_provider *const **out);
+/* The GEMM providers hq_gemm asks for operands of sets a and b (either may be NULL), in its
+   order: highest priority first, ties in the order found (a's modules, b's, then the built-in
+   ones), each once, at most cap; hq_plugins_gemm_info lists the same. Returns the count. */
+size_t hqi_providers_ordered(const hq_plugins *a, const hq_plugins *b, const hqi_provider **out,
+                             size_t cap);
 
 /* One operand of a GEMM as the core resolved it; pub.handle points back at it, so that the
    services (gemm_host.c) find its format. */
@@ -168,23 +171,8 @@ typedef struct hqi_gop {
   const char *what;               /* the call, for messages */
 } hqi_gop;
 
-/* What the providers answered for one kind of GEMM, cached per context (gemm.c): the
-   candidates in the order they are asked, which ones accepted, and the first refusal's reason
-   (the reason hq_gemm_info gives when a provider below it runs). */
+/* The most GEMM providers one GEMM asks (a choice's accepted bits fit a uint32_t). */
 #define HQI_GEMM_CANDIDATES 12
-typedef struct hqi_gemm_key {
-  uint64_t w[4];                  /* format instance ids, directions / dtypes, D's dtype, flags */
-  hq_operand_desc a, b;           /* the quantized operands' descriptors (zero: high precision) */
-} hqi_gemm_key;
-typedef struct hqi_gemm_choice {
-  hqi_gemm_key key;               /* compared whole: a hit is the same kind, never a collision */
-  uint32_t valid, n;
-  const hqi_provider *cand[HQI_GEMM_CANDIDATES];
-  uint32_t accepted;              /* bit i: cand[i] accepted */
-  int32_t declined;               /* index of the first candidate that declined, -1 */
-  char reason[192];
-} hqi_gemm_choice;
-#define HQI_GEMM_CACHE 32
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
 struct hq_ctx {
@@ -204,7 +192,7 @@ struct hq_ctx {
   void *workspace;          /* the cuBLASLt runner's (hqi_call_workspace), or NULL */
   size_t workspace_bytes;
   struct hq_ctx *ws_next;   /* the list of contexts holding a workspace (ctx.c) */
-  hqi_gemm_choice *gemm_cache; /* HQI_GEMM_CACHE entries, made at the first GEMM */
+  struct hqi_gemm_choice *gemm_cache; /* the GEMM providers' answers (gemm.c), or NULL */
 };
 /* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
    `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of

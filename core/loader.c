@@ -230,11 +230,11 @@ int hqi_builtin_register(hq_plugins *set) {
   return HQ_OK;
 }
 
-/* A module exporting hq_gemm_provider_v1: check its table (hqi_provider_check) and that its
-   name is neither built in nor loaded already; keep it in the set or reject it. */
-static int load_provider(hq_plugins *set, const char *file, void *h) {
+/* A module exporting hq_gemm_provider_v1 (at sym): check its table (hqi_provider_check) and
+   that its name is neither built in nor loaded already; keep it in the set or reject it. */
+static int load_provider(hq_plugins *set, const char *file, void *h, void *sym) {
   union { void *obj; hq_gemm_entry_fn fn; } entry;
-  entry.obj = dlsym(h, HQ_GEMM_ENTRY_NAME);
+  entry.obj = sym;
   hq_clear_error();
   const hq_gemm_provider *t = entry.fn(&hqi_gemm_host);
   if (!t) {
@@ -299,7 +299,8 @@ static int load_one(hq_plugins *set, const char *file) {
   union { void *obj; hq_format_entry_fn fn; } entry;
   dlerror();
   entry.obj = dlsym(h, HQ_FORMAT_ENTRY_NAME);
-  if (!entry.obj && dlsym(h, HQ_GEMM_ENTRY_NAME)) return load_provider(set, file, h);
+  void *provider = entry.obj ? NULL : dlsym(h, HQ_GEMM_ENTRY_NAME);
+  if (provider) return load_provider(set, file, h, provider);
   if (!entry.obj) {
     int v1 = dlsym(h, "hq_format_module_v1") != NULL;
     dlclose(h);
@@ -488,10 +489,6 @@ const char *hq_plugins_dir(const hq_plugins *set, size_t i) {
   return set && i < set->dirs.n ? set->dirs.v[i] : NULL;
 }
 size_t hq_plugins_count(const hq_plugins *set) { return set ? set->plugins.n : 0; }
-size_t hqi_plugins_providers(const hq_plugins *set, const hqi_provider *const **out) {
-  *out = (const hqi_provider *const *)set->providers.v;
-  return set->providers.n;
-}
 const hq_plugin *hq_plugins_get(const hq_plugins *set, size_t i) {
   return set && i < set->plugins.n ? set->plugins.v[i] : NULL;
 }
@@ -527,26 +524,36 @@ const hq_option *hq_plugin_options(const hq_plugin *p) { return p ? p->ops.optio
 
 /* Provider i of the list hq_gemm asks for formats of `set`: the set's and the built-in ones,
    by priority (ties: the set's first, in load order, then the built-in ones in theirs). */
-static const hqi_provider *nth(const hq_plugins *set, size_t i) {
-  const hqi_provider *const *b, *const *l = set ? (const hqi_provider *const *)set->providers.v
-                                                  : NULL;
-  const size_t nb = hqi_providers_builtin(&b), nl = set ? set->providers.n : 0;
-  const hqi_provider *all[64];
-  size_t n = 0;
-  for (size_t j = 0; j < nl && n < 64; j++) all[n++] = l[j];
-  for (size_t j = 0; j < nb && n < 64; j++) all[n++] = b[j];
+/* Add the providers set has loaded that are not in out[0..n) yet; the new count. */
+static size_t add_providers(const hq_plugins *set, const hqi_provider **out, size_t n,
+                            size_t cap) {
+  for (size_t i = 0; set && i < set->providers.n && n < cap; i++) {
+    const hqi_provider *p = set->providers.v[i];
+    size_t j = 0;
+    while (j < n && out[j] != p) j++;
+    if (j == n) out[n++] = p;
+  }
+  return n;
+}
+
+size_t hqi_providers_ordered(const hq_plugins *a, const hq_plugins *b, const hqi_provider **out,
+                             size_t cap) {
+  size_t n = add_providers(b, out, add_providers(a, out, 0, cap), cap);
+  const hqi_provider *const *bi;
+  const size_t nb = hqi_providers_builtin(&bi);
+  for (size_t i = 0; i < nb && n < cap; i++) out[n++] = bi[i];
   for (size_t j = 1; j < n; j++) /* stable insertion sort by descending priority */
-    for (size_t q = j; q > 0 && all[q]->ops.priority > all[q - 1]->ops.priority; q--) {
-      const hqi_provider *t = all[q];
-      all[q] = all[q - 1];
-      all[q - 1] = t;
+    for (size_t q = j; q > 0 && out[q]->ops.priority > out[q - 1]->ops.priority; q--) {
+      const hqi_provider *t = out[q];
+      out[q] = out[q - 1];
+      out[q - 1] = t;
     }
-  return i < n ? all[i] : NULL;
+  return n;
 }
 
 size_t hq_plugins_gemm_count(const hq_plugins *set) {
-  const hqi_provider *const *b;
-  return hqi_providers_builtin(&b) + (set ? set->providers.n : 0);
+  const hqi_provider *all[HQI_GEMM_CANDIDATES];
+  return hqi_providers_ordered(set, NULL, all, HQI_GEMM_CANDIDATES);
 }
 
 int hq_plugins_gemm_info(const hq_plugins *set, size_t i, hq_gemm_provider_info *out) {
@@ -555,10 +562,12 @@ int hq_plugins_gemm_info(const hq_plugins *set, size_t i, hq_gemm_provider_info 
   if (out->struct_size < floor)
     return hqi_error(HQ_EINVAL, "hq_plugins_gemm_info: struct_size %u is smaller than %zu",
                      out->struct_size, floor);
-  const hqi_provider *p = nth(set, i);
-  if (!p)
-    return hqi_error(HQ_ENOENT, "hq_plugins_gemm_info: there are %zu GEMM providers, not %zu",
-                     hq_plugins_gemm_count(set), i + 1);
+  const hqi_provider *all[HQI_GEMM_CANDIDATES];
+  const size_t n = hqi_providers_ordered(set, NULL, all, HQI_GEMM_CANDIDATES);
+  if (i >= n)
+    return hqi_error(HQ_ENOENT, "hq_plugins_gemm_info: there are %zu GEMM providers, not %zu", n,
+                     i + 1);
+  const hqi_provider *p = all[i];
   hq_gemm_provider_info v;
   memset(&v, 0, sizeof v);
   v.struct_size = out->struct_size < sizeof v ? out->struct_size : (uint32_t)sizeof v;
