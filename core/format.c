@@ -24,16 +24,13 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
   f->name = hqi_strdup(name);
   f->vals = hqi_calloc(n + 1, sizeof *f->vals);
   f->val_text = hqi_calloc(n + 1, sizeof *f->val_text);
-  f->opt_text = hqi_calloc(2 * n + 1, sizeof *f->opt_text);
   if (ops->config_size) f->cfg = hqi_calloc(1, ops->config_size);
-  if (!f->name || !f->vals || !f->val_text || !f->opt_text || (ops->config_size && !f->cfg)) {
+  if (!f->name || !f->vals || !f->val_text || (ops->config_size && !f->cfg)) {
     hqi_format_release(f);
     return hqi_error(HQ_ENOMEM, "out of memory");
   }
   for (size_t i = 0; i < n; i++) {
     const hq_option *o = &ops->options[i];
-    f->opt_text[i] = o->name;
-    f->opt_text[n + i] = o->def;
     const char *t = texts && texts[i] ? texts[i] : o->def;
     f->val_text[i] = hqi_strdup(t);
     if (!f->val_text[i]) {
@@ -82,7 +79,6 @@ void hqi_format_release(hqi_format *f) {
   if (f->val_text)
     for (size_t i = 0; i < f->plugin->n_options; i++) free(f->val_text[i]);
   free(f->val_text);
-  free(f->opt_text);
   free(f->vals);
   free(f->cfg);
   free(f->name);

@@ -219,6 +219,7 @@ struct hq_plugin {
                                ops.options points at `opts` */
   hq_option *opts;          /* the module's option table read at its option_size stride, each
                                entry zero-extended to this header's hq_option, NULL-ended */
+  const char **opt_text;    /* the option names [0, n) and defaults [n, 2n), in opts' block */
   size_t n_options;
 };
 void hqi_plugins_retain(hq_plugins *set);
@@ -247,8 +248,6 @@ typedef struct hqi_format {
   void *cfg;
   hq_optval *vals;
   char **val_text;           /* resolved value text per option (for hq recipe check / info) */
-  const char **opt_text;     /* the module's option names [0, n) and defaults [n, 2n), the
-                                arrays hq_qtensor_format_desc hands out */
   uint64_t caps;
 } hqi_format;
 /* Build an instance: texts[i] is the recipe value for options[i] or NULL for its default.

@@ -196,10 +196,15 @@ static int copy_options(hq_plugin *p, char *why, size_t len) {
   }
   size_t n = 0;
   while (n <= MAX_OPTIONS && *(const char *const *)(base + n * stride)) n++;
-  p->opts = hqi_calloc(n + 1, sizeof *p->opts);
+  /* one block: the entries, then the names and defaults every instance lists (opt_text) */
+  p->opts = hqi_calloc(1, (n + 1) * sizeof *p->opts + (2 * n + 1) * sizeof *p->opt_text);
   if (!p->opts) return -1;
-  for (size_t i = 0; i < n; i++)
+  p->opt_text = (const char **)(p->opts + n + 1);
+  for (size_t i = 0; i < n; i++) {
     memcpy(&p->opts[i], base + i * stride, stride < sizeof *p->opts ? stride : sizeof *p->opts);
+    p->opt_text[i] = p->opts[i].name;
+    p->opt_text[n + i] = p->opts[i].def;
+  }
   p->ops.options = p->opts;
   return 1;
 }

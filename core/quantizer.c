@@ -1212,26 +1212,21 @@ int hq_qtensor_device(const hq_qtensor *qt) { return qt ? qt->ctx->device : HQ_D
 int hq_qtensor_format_desc(const hq_qtensor *qt, uint32_t dir, hq_format_desc *out) {
   if (!qt || !out || (dir != HQ_ROWWISE && dir != HQ_COLWISE))
     return hqi_error(HQ_EINVAL, "hq_qtensor_format_desc: NULL argument or direction 0x%x", dir);
-  if (out->struct_size < HQ_FORMAT_DESC_SIZE_0_2)
-    return hqi_error(HQ_EINVAL, "hq_format_desc.struct_size = %u is smaller than the oldest "
-                     "layout (%zu bytes): set it to sizeof(hq_format_desc)", out->struct_size,
-                     (size_t)HQ_FORMAT_DESC_SIZE_0_2);
   const hqi_format *f = qt->fmt[di(dir)];
   const hq_format_ops *ops = &f->plugin->ops;
   const size_t n = f->plugin->n_options;
   hq_format_desc d;
   memset(&d, 0, sizeof d);
-  d.struct_size = out->struct_size < sizeof d ? out->struct_size : (uint32_t)sizeof d;
   d.layout_version = ops->layout_version ? ops->layout_version : 1;
   d.name = f->name;
   d.plugin = ops->name;
   d.plugin_version = ops->version ? ops->version : "";
   d.n_options = n;
-  d.option_names = f->opt_text;
+  d.option_names = f->plugin->opt_text;
   d.option_values = (const char *const *)f->val_text;
-  d.option_defaults = f->opt_text + n;
-  memcpy(out, &d, d.struct_size); /* a newer caller's fields beyond ours are left alone */
-  return HQ_OK;
+  d.option_defaults = f->plugin->opt_text + n;
+  /* a newer caller's fields beyond ours are left alone */
+  return hqi_struct_out(out, &d, sizeof d, HQ_FORMAT_DESC_SIZE_0_2, "hq_format_desc");
 }
 
 void hq_qtensor_free(hq_qtensor *qt) {

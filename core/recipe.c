@@ -989,7 +989,7 @@ int hq_recipe_format_info(const hq_recipe *r, size_t i, hq_format_info *out) {
   if (e->f) {
     v.plugin = e->f->plugin->ops.name;
     v.n_options = e->f->plugin->n_options;
-    v.option_names = e->f->opt_text;
+    v.option_names = e->f->plugin->opt_text;
     v.option_values = (const char *const *)e->f->val_text;
   }
   return hqi_struct_out(out, &v, sizeof v, HQ_FORMAT_INFO_SIZE_0_3, "hq_format_info");
