@@ -55,22 +55,25 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *rolep, hq_quantizer **out) 
   if (hq_recipe_error_count(r))
     return hqi_error(HQ_EPARSE, "recipe %s has errors: %s", hq_recipe_path(r),
                      hq_recipe_error(r, 0));
+  hq_quantizer *q = hqi_calloc(1, sizeof *q);
+  if (q)
+    q->role = hqi_asprintf("%s:%s:%s", role->module_type ? role->module_type : "",
+                           role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
+  if (!q || !q->role) {
+    hq_quantizer_free(q);
+    return hqi_error(HQ_ENOMEM, "out of memory");
+  }
   long idx = hq_recipe_match(r, role);
   const uint32_t policy = hq_recipe_unmatched(r);
-  if (idx < 0 && policy >= HQ_UNMATCHED_WARN) {
-    char text[384];
-    snprintf(text, sizeof text, "%s:%s:%s", role->module_type ? role->module_type : "",
-             role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
-    if (policy == HQ_UNMATCHED_ERROR)
-      return hqi_error(HQ_ENOENT, "role %s matches no [role] section of recipe %s (unmatched = "
-                       "error)", text, hq_recipe_path(r));
-    hqi_log(NULL, 1, "role %s matches no [role] section of recipe %s: both directions stay in "
-            "high precision (unmatched = warn)", text, hq_recipe_path(r));
+  if (idx < 0 && policy == HQ_UNMATCHED_ERROR) {
+    hqi_error(HQ_ENOENT, "role %s matches no [role] section of recipe %s (unmatched = error)",
+              q->role, hq_recipe_path(r));
+    hq_quantizer_free(q);
+    return HQ_ENOENT;
   }
-  hq_quantizer *q = hqi_calloc(1, sizeof *q);
-  if (!q) return hqi_error(HQ_ENOMEM, "out of memory");
-  q->role = hqi_asprintf("%s:%s:%s", role->module_type ? role->module_type : "",
-                         role->tensor_type ? role->tensor_type : "", role->name ? role->name : "");
+  if (idx < 0 && policy == HQ_UNMATCHED_WARN)
+    hqi_log(NULL, 1, "role %s matches no [role] section of recipe %s: both directions stay in "
+            "high precision (unmatched = warn)", q->role, hq_recipe_path(r));
   q->usage = HQ_BOTH;
   q->slice[0] = q->slice[1] = -1;
   for (int d = 0; d < 2; d++) {
@@ -78,14 +81,10 @@ int hq_quantizer_create(hq_recipe *r, const hq_role *rolep, hq_quantizer **out) 
     if (!f) {
       hq_quantizer_free(q);
       return hqi_error(HQ_ENOENT, "role %s: its %s direction stays in high precision, but the "
-                       "identity plugin is not available (see `hq info`)",
-                       q->role ? q->role : "?", d ? "columnwise" : "rowwise");
+                       "identity plugin is not available (see `hq info`)", q->role,
+                       hq_dir_name(d ? HQ_COLWISE : HQ_ROWWISE));
     }
     q->fmt[d] = hqi_format_retain(f);
-  }
-  if (!q->role) {
-    hq_quantizer_free(q);
-    return hqi_error(HQ_ENOMEM, "out of memory");
   }
   q->role_key = hqi_role_key(q->role);
   *out = q;
