@@ -42,13 +42,8 @@ int hqi_buffer_form(const hqi_format *f, const hq_storage *st, uint32_t i, uint3
     out->struct_size = sizeof *out;
     return HQ_OK;
   }
-  const size_t es = hq_dtype_size(out->dtype);
-  size_t n = es;
-  int ok = es && out->ndim >= 1 && out->ndim <= HQ_MAX_BUFFER_DIMS;
-  for (int k = 0; ok && k < out->ndim; k++) {
-    ok = out->shape[k] >= 0 && (!out->shape[k] || n <= SIZE_MAX / (size_t)out->shape[k]);
-    if (ok) n *= (size_t)out->shape[k];
-  }
+  size_t n = 0;
+  int ok = hqi_shape_bytes(out->dtype, out->ndim, out->shape, &n);
   if (ok && purpose == HQ_FORM_FSDP) /* rows along M, whole rows of M per shard */
     ok = out->ndim == 2 && out->m_div >= 1 && st->desc.shard_rows > 0 &&
          st->desc.shard_rows % out->m_div == 0 && out->shape[0] * out->m_div == st->rows &&

@@ -41,6 +41,9 @@ int hqi_name_ok(const char *kind, const char *name, char *why, size_t len);
 /* The module version rule (same major, minor no newer): 1, or 0 with the reason in why. */
 int hqi_abi_compatible(const char *abi, unsigned major, unsigned minor, unsigned core_major,
                        unsigned core_minor, char *why, size_t len);
+/* The bytes of a buffer of `dtype` and shape[0..ndim): 1 with *bytes set, 0 for an unknown dtype,
+   an ndim outside 1..HQ_MAX_BUFFER_DIMS, a negative extent or a size past SIZE_MAX. */
+int hqi_shape_bytes(hq_dtype dtype, int ndim, const int64_t *shape, size_t *bytes);
 /* Copy a caller's versioned struct (struct_size bytes, at least `floor`) into a zeroed `dst` of
    dst_size bytes: an older, smaller struct leaves the newer fields zero; a newer, larger one
    contributes the fields this core knows. */

@@ -358,18 +358,13 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
                      HQ_MAX_BUFFERS);
   for (uint32_t i = 0; i < st->nbuf; i++) {
     hq_buffer *b = BUF(st, i);
-    size_t es = hq_dtype_size(b->dtype);
-    if (!b->name || !b->name[0] || !es || b->ndim < 1 || b->ndim > HQ_MAX_BUFFER_DIMS)
+    if (!b->name || !b->name[0] || !hq_dtype_size(b->dtype) || b->ndim < 1 ||
+        b->ndim > HQ_MAX_BUFFER_DIMS)
       return hqi_error(HQ_EABI, "layout() of '%s' described an invalid buffer %u (name, dtype or "
                        "ndim)", pn, i);
-    size_t n = es;
-    for (int k = 0; k < b->ndim; k++) {
-      if (b->shape[k] < 0 || (b->shape[k] && n > SIZE_MAX / (size_t)b->shape[k]))
-        return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an invalid shape", pn,
-                         b->name);
-      n *= (size_t)b->shape[k];
-    }
-    b->bytes = n;
+    if (!hqi_shape_bytes(b->dtype, b->ndim, b->shape, &b->bytes))
+      return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an invalid shape", pn,
+                       b->name);
     b->ptr = NULL;
     int shared = (b->flags & HQ_BUF_SHARED) != 0;
     int prefixed = strncmp(b->name, "columnwise_", 11) == 0;

@@ -165,6 +165,17 @@ size_t hq_dtype_size(hq_dtype t) {
   return 0;
 }
 
+int hqi_shape_bytes(hq_dtype dtype, int ndim, const int64_t *shape, size_t *bytes) {
+  size_t n = hq_dtype_size(dtype);
+  if (!n || ndim < 1 || ndim > HQ_MAX_BUFFER_DIMS) return 0;
+  for (int k = 0; k < ndim; k++) {
+    if (shape[k] < 0 || (shape[k] && n > SIZE_MAX / (size_t)shape[k])) return 0;
+    n *= (size_t)shape[k];
+  }
+  *bytes = n;
+  return 1;
+}
+
 int hqi_struct_in(void *dst, size_t dst_size, const void *src, size_t src_size, size_t floor,
                   const char *what) {
   memset(dst, 0, dst_size);
