@@ -122,7 +122,7 @@ static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_re
     n += (size_t)snprintf(text + n, sizeof text - n, "%s = %s\n", tok, eq + 1);
   }
   snprintf(text + n, sizeof text - n, "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
-  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = dirs->v, .n_extra_dirs = dirs->n};
+  const hq_recipe_opts o = cli_recipe_opts(dirs);
   hq_recipe *r = NULL;
   if (hq_recipe_parse_string(text, "bench", &o, &r)) return NULL;
   if (hq_recipe_error_count(r)) {
@@ -863,7 +863,7 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--shape", .kind = CLI_LIST, .dest = &a->shape_s, .max = MAX_SHAPES},
       {.name = "--iters", .kind = CLI_INT, .dest = &a->iters, .min = 1, .max = 10000},
       {.name = "--batch", .kind = CLI_INT, .dest = &a->batch, .min = 1, .max = 1000},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};

@@ -84,6 +84,11 @@ int cli_dtype_arg(const char *cmd, const char *s, hq_dtype *dtype) {
 
 // --- options -------------------------------------------------------------------------------------
 
+hq_recipe_opts cli_recipe_opts(const cli_list *dirs) {
+  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = dirs->v, .n_extra_dirs = dirs->n};
+  return o;
+}
+
 /* Whether `text` names option `name` as a word of its own ("--checkpoint" is not named by
    "--checkpoint-every"). */
 static int names_option(const char *text, const char *name) {

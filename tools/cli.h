@@ -34,9 +34,6 @@ typedef struct cli_list {
   size_t n;
 } cli_list;
 
-/* --plugin-dir DIR, which every command takes: at most this many */
-#define CLI_MAX_DIRS 32
-
 typedef enum cli_kind {
   CLI_FLAG, /* takes no value: *(int *)dest = 1 */
   CLI_STR,  /* *(const char **)dest = the value */
@@ -55,6 +52,15 @@ typedef struct cli_option {
   int64_t min, max; /* CLI_INT: the accepted range; CLI_LIST: max = the most values */
   int (*call)(const char *cmd, const struct cli_option *o, const char *value); /* CLI_CALL */
 } cli_option;
+
+/* --plugin-dir DIR, which every command takes: at most this many */
+#define CLI_MAX_DIRS 32
+/* Its row of a command's option table: the directories appended to the cli_list *dirs. */
+#define CLI_PLUGIN_DIRS(dirs) \
+  {.name = "--plugin-dir", .kind = CLI_LIST, .dest = (dirs), .max = CLI_MAX_DIRS}
+/* Recipe options that search the --plugin-dir directories `dirs` before a recipe's own
+   plugin_dirs (they point into dirs). */
+hq_recipe_opts cli_recipe_opts(const cli_list *dirs);
 
 typedef struct cli_command {
   const char *name;  /* in messages, "hq <name>: ...": "info", "recipe check", "bench --gemm" */

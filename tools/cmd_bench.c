@@ -224,7 +224,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
       {.name = "--all", .kind = CLI_FLAG, .dest = &a->all},
       {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
@@ -385,8 +385,7 @@ static void config_free(config *c) {
 /* The f-th configuration (--recipe/--role, or formats.v[f]): 0 made, 1 a stock plugin that is not
    installed (skip it), -1 after the message. */
 static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
-  hq_recipe_opts ropts = {
-      .struct_size = sizeof ropts, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
+  const hq_recipe_opts ropts = cli_recipe_opts(&a->dirs);
   hq_role role = hq_role_of("bench", "tensor", "x");
   char text[1024], rbuf[512];
   int rc;

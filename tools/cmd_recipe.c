@@ -189,7 +189,7 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   }
   const cli_option opts[] = {
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), take_file, a};
   const int st = cli_parse(&c, argc, argv);
@@ -446,7 +446,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   recipe_args a = {0};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
-  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = a.dirs.v, .n_extra_dirs = a.dirs.n};
+  const hq_recipe_opts o = cli_recipe_opts(&a.dirs);
   hq_recipe *r = NULL;
   if (hq_recipe_parse(a.file, &o, &r)) return cli_fail(1, CMD, "%s", hq_last_error());
   /* large (a few hundred KiB): static, the command runs once per process */
