@@ -111,17 +111,8 @@ static void *random_host(hq_dtype dt, int64_t rows, int64_t cols, uint64_t seed)
 /* A quantizer of one format configuration ("fp8_block block=2d") for both directions, rowwise
    only (the TN product reads A's and B's rowwise copies). */
 static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_recipe **rp) {
-  char text[512], buf[128];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL, *tok = strtok_r(buf, " ", &save);
-  size_t n = (size_t)snprintf(text, sizeof text, "[format f]\nplugin = %s\n", tok);
-  while ((tok = strtok_r(NULL, " ", &save)) != NULL) {
-    char *eq = strchr(tok, '=');
-    if (!eq) return NULL;
-    *eq = '\0';
-    n += (size_t)snprintf(text + n, sizeof text - n, "%s = %s\n", tok, eq + 1);
-  }
-  snprintf(text + n, sizeof text - n, "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
+  char text[1024];
+  if (bench_recipe_text(spec, "f", text, sizeof text, NULL, 0)) return NULL;
   const hq_recipe_opts o = cli_recipe_opts(dirs);
   hq_recipe *r = NULL;
   if (hq_recipe_parse_string(text, "bench", &o, &r)) return NULL;

@@ -182,26 +182,6 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   return rc;
 }
 
-/* "nvfp4 rht=true" -> a recipe with one format b used for both directions. */
-static int recipe_for(const char *spec, char *out, size_t len, char *label, size_t label_len) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL, *tok = strtok_r(buf, " ,", &save);
-  if (!tok) return -1;
-  size_t n = (size_t)snprintf(out, len, "[format b]\nplugin = %s\n", tok);
-  snprintf(label, label_len, "%s", tok);
-  while ((tok = strtok_r(NULL, " ,", &save)) != NULL) {
-    char *eq = strchr(tok, '=');
-    if (!eq) return -1;
-    *eq = '\0';
-    n += (size_t)snprintf(out + n, len - n, "%s = %s\n", tok, eq + 1);
-    size_t l = strlen(label);
-    snprintf(label + l, label_len - l, " %s=%s", tok, eq + 1);
-  }
-  snprintf(out + n, len - n, "[role *:*:*]\nrowwise = b\ncolumnwise = b\n");
-  return 0;
-}
-
 typedef struct bench_args {
   const char *device_s, *shape_s, *dtype_s, *recipe, *role_s;
   cli_list formats; /* --format's, else the stock list (`stock`) */
@@ -238,8 +218,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
   if (!a->iters) a->iters = a->device >= 0 ? 50 : 5;
   if (!a->batch) a->batch = a->device >= 0 ? 10 : 1;
   for (size_t i = 0; !a->recipe && i < a->formats.n; i++) {
-    char text[1024], label[256];
-    if (recipe_for(a->formats.v[i], text, sizeof text, label, sizeof label))
+    char text[1024];
+    if (bench_recipe_text(a->formats.v[i], "b", text, sizeof text, NULL, 0))
       return cli_fail(2, CMD, "--format '%s' is not 'PLUGIN[ key=value...]'", a->formats.v[i]);
   }
   /* the stock list (a plugin that is not installed is skipped), unless --format gave one */
@@ -394,7 +374,8 @@ static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
     rc = hq_role_parse(a->role_s, rbuf, sizeof rbuf, &role);
     if (!rc) rc = hq_recipe_load(a->recipe, &ropts, &c->r);
   } else {
-    recipe_for(a->formats.v[f], text, sizeof text, c->label, sizeof c->label); /* checked */
+    /* parse_args checked the spec */
+    bench_recipe_text(a->formats.v[f], "b", text, sizeof text, c->label, sizeof c->label);
     rc = hq_recipe_parse_string(text, "bench", &ropts, &c->r);
     if (!rc && hq_recipe_error_count(c->r)) {
       const char *e = hq_recipe_error(c->r, 0);
