@@ -239,9 +239,11 @@ typedef struct targets {
   double worst_a, worst_given;
 } targets;
 
-/* What every configuration is timed with: the timer, the counting allocator, the context, the
-   input (two copies on a device), the caller-supplied amax, the copy bandwidth. */
+/* What every configuration is timed with: the plugin set of the format configurations, the
+   timer, the counting allocator, the context, the input (two copies on a device), the
+   caller-supplied amax, the copy bandwidth. */
 typedef struct bench_run {
+  hq_plugins *set; /* every module loaded once for all configurations (not for --recipe) */
   bench_timer *timer;
   bench_mem *mem;
   hq_ctx *ctx;
@@ -257,6 +259,8 @@ typedef struct bench_run {
 /* 0, or 1 after the message. */
 static int bench_setup(const bench_args *a, bench_run *b) {
   char err[256];
+  if (!a->recipe && hq_plugins_open(a->dirs.v, a->dirs.n, 0, &b->set))
+    return cli_fail(1, CMD, "%s", hq_last_error());
   b->timer = bench_timer_create(a->device, err, sizeof err);
   if (!b->timer) return cli_fail(1, CMD, "%s", err);
   b->mem = bench_mem_create();
@@ -304,6 +308,7 @@ static void bench_free(const bench_args *a, bench_run *b) {
   hq_ctx_destroy(b->ctx);
   bench_mem_destroy(b->mem);
   bench_timer_destroy(b->timer);
+  hq_plugins_close(b->set);
 }
 
 static void report_head(const bench_args *a, bench_run *b) {
@@ -365,15 +370,16 @@ static void config_free(config *c) {
 /* The f-th configuration (--recipe/--role, or formats.v[f]): 0 made, 1 a stock plugin that is not
    installed (skip it), -1 after the message. */
 static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
-  const hq_recipe_opts ropts = cli_recipe_opts(&a->dirs);
   hq_role role = hq_role_of("bench", "tensor", "x");
   char text[1024], rbuf[512];
   int rc;
-  if (a->recipe) {
+  if (a->recipe) { /* its own plugin set: a shared one would refuse its plugin_dirs */
+    const hq_recipe_opts ropts = cli_recipe_opts(&a->dirs);
     snprintf(c->label, sizeof c->label, "%s %s", a->recipe, a->role_s);
     rc = hq_role_parse(a->role_s, rbuf, sizeof rbuf, &role);
     if (!rc) rc = hq_recipe_load(a->recipe, &ropts, &c->r);
   } else {
+    const hq_recipe_opts ropts = {.struct_size = sizeof ropts, .plugins = b->set};
     /* parse_args checked the spec */
     bench_recipe_text(a->formats.v[f], "b", text, sizeof text, c->label, sizeof c->label);
     rc = hq_recipe_parse_string(text, "bench", &ropts, &c->r);
