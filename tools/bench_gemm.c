@@ -461,7 +461,7 @@ typedef struct dispatch_res {
 #define MAX_ROWS 256
 
 typedef struct bench {
-  int device, iters, batch, as_json;
+  int device, iters, batch;
   hq_ctx *ctx;
   bench_timer *timer;
   hq_plugins *set; /* every module loaded once for all the format configurations */
@@ -989,7 +989,6 @@ int hq_bench_gemm(int argc, char **argv) {
   B.device = a.device;
   B.iters = (int)a.iters;
   B.batch = (int)a.batch;
-  B.as_json = a.json;
   char err[256];
   B.timer = bench_timer_create(a.device, err, sizeof err);
   if (!B.timer) return cli_fail(1, CMD, "%s", err);
