@@ -110,19 +110,10 @@ static void *random_host(hq_dtype dt, int64_t rows, int64_t cols, uint64_t seed)
 
 /* A quantizer of one format configuration ("fp8_block block=2d") for both directions, rowwise
    only (the TN product reads A's and B's rowwise copies). */
-static hq_quantizer *quantizer_for(const char *spec, const cli_list *dirs, hq_recipe **rp) {
-  char text[512], buf[128];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL, *tok = strtok_r(buf, " ", &save);
-  size_t n = (size_t)snprintf(text, sizeof text, "[format f]\nplugin = %s\n", tok);
-  while ((tok = strtok_r(NULL, " ", &save)) != NULL) {
-    char *eq = strchr(tok, '=');
-    if (!eq) return NULL;
-    *eq = '\0';
-    n += (size_t)snprintf(text + n, sizeof text - n, "%s = %s\n", tok, eq + 1);
-  }
-  snprintf(text + n, sizeof text - n, "[role *:*:*]\nrowwise = f\ncolumnwise = f\n");
-  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = dirs->v, .n_extra_dirs = dirs->n};
+static hq_quantizer *quantizer_for(const char *spec, hq_plugins *set, hq_recipe **rp) {
+  char text[1024];
+  if (bench_recipe_text(spec, "f", text, sizeof text, NULL, 0)) return NULL;
+  const hq_recipe_opts o = {.struct_size = sizeof o, .plugins = set};
   hq_recipe *r = NULL;
   if (hq_recipe_parse_string(text, "bench", &o, &r)) return NULL;
   if (hq_recipe_error_count(r)) {
@@ -470,10 +461,10 @@ typedef struct dispatch_res {
 #define MAX_ROWS 256
 
 typedef struct bench {
-  int device, iters, batch, as_json;
+  int device, iters, batch;
   hq_ctx *ctx;
   bench_timer *timer;
-  const cli_list *dirs;
+  hq_plugins *set; /* every module loaded once for all the format configurations */
   row rows[MAX_ROWS];
   int nrows;
 } bench;
@@ -493,7 +484,7 @@ static row *add_row(bench *B, int64_t m, int64_t n, int64_t k, const char *kind)
 static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *src, char *note,
                                  size_t len) {
   hq_recipe *r = NULL;
-  hq_quantizer *q = quantizer_for(spec, B->dirs, &r);
+  hq_quantizer *q = quantizer_for(spec, B->set, &r);
   if (!q) {
     snprintf(note, len, "%s: %s", spec, hq_last_error()[0] ? hq_last_error() : "not installed");
     return NULL;
@@ -863,7 +854,7 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--shape", .kind = CLI_LIST, .dest = &a->shape_s, .max = MAX_SHAPES},
       {.name = "--iters", .kind = CLI_INT, .dest = &a->iters, .min = 1, .max = 10000},
       {.name = "--batch", .kind = CLI_INT, .dest = &a->batch, .min = 1, .max = 1000},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
@@ -998,13 +989,12 @@ int hq_bench_gemm(int argc, char **argv) {
   B.device = a.device;
   B.iters = (int)a.iters;
   B.batch = (int)a.batch;
-  B.as_json = a.json;
-  B.dirs = &a.dirs;
   char err[256];
   B.timer = bench_timer_create(a.device, err, sizeof err);
   if (!B.timer) return cli_fail(1, CMD, "%s", err);
   hq_ctx_desc desc = {sizeof desc, a.device, NULL, NULL, NULL, NULL, 1};
-  if (hq_ctx_create(&desc, &B.ctx)) {
+  if (hq_ctx_create(&desc, &B.ctx) || hq_plugins_open(a.dirs.v, a.dirs.n, 0, &B.set)) {
+    hq_ctx_destroy(B.ctx);
     bench_timer_destroy(B.timer);
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
@@ -1021,5 +1011,6 @@ int hq_bench_gemm(int argc, char **argv) {
   else status = 1;
   hq_ctx_destroy(B.ctx);
   bench_timer_destroy(B.timer);
+  hq_plugins_close(B.set);
   return status;
 }

@@ -7,7 +7,8 @@
 
 #include "buffers.h"
 
-int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
+/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
+static int buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b) {
   const hq_storage *row = hq_qtensor_storage(qt, HQ_ROWWISE);
   if (dir != HQ_COLWISE || !row || !(b->flags & HQ_BUF_SHARED)) return 0;
   for (uint32_t i = 0; i < row->nbuf; i++)
@@ -26,7 +27,7 @@ void cli_buffers_json(json *j, const hq_qtensor *qt, uint32_t dir) {
     json_kstr(j, "dtype", hq_dtype_name(b->dtype));
     json_kints(j, "shape", b->shape, b->ndim);
     json_kint(j, "bytes", (int64_t)b->bytes);
-    json_kbool(j, "shared_with_rowwise", cli_buffer_shared(qt, dir, b));
+    json_kbool(j, "shared_with_rowwise", buffer_shared(qt, dir, b));
     json_close_obj(j);
   }
   json_close_arr(j);
@@ -41,6 +42,6 @@ void cli_buffers_text(const hq_qtensor *qt, uint32_t dir, int indent) {
       snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", k ? "x" : "",
                (long long)b->shape[k]);
     printf("%*s%-24s %-7s %-16s %10zu%s\n", indent, "", b->name, hq_dtype_name(b->dtype), shape,
-           b->bytes, cli_buffer_shared(qt, dir, b) ? "  (the rowwise buffer)" : "");
+           b->bytes, buffer_shared(qt, dir, b) ? "  (the rowwise buffer)" : "");
   }
 }

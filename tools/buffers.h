@@ -8,8 +8,6 @@
 #include "hq/hq.h"
 #include "json.h"
 
-/* Whether buffer b of direction dir is the rowwise storage's own memory (shared, not a copy). */
-int cli_buffer_shared(const hq_qtensor *qt, uint32_t dir, const hq_buffer *b);
 /* "buffers": [{name, dtype, shape, bytes, shared_with_rowwise}, ...] of direction dir. */
 void cli_buffers_json(json *j, const hq_qtensor *qt, uint32_t dir);
 /* One line per buffer of direction dir on stdout, after `indent` spaces: name, dtype, shape,

@@ -29,7 +29,8 @@ int cli_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-int cli_shape(const char *s, int64_t *rows, int64_t *cols) {
+/* "RxC" into rows and cols (both > 0, R * C at most 2^40); -1 when it is not one. */
+static int parse_shape(const char *s, int64_t *rows, int64_t *cols) {
   char *end;
   errno = 0;
   long long r = strtoll(s, &end, 10);
@@ -43,7 +44,8 @@ int cli_shape(const char *s, int64_t *rows, int64_t *cols) {
   return 0;
 }
 
-int cli_device(const char *s, int *device) {
+/* "cpu", "cuda" (or "gpu") or "cuda:N" into a device ordinal (HQ_DEVICE_HOST for cpu). */
+static int parse_device(const char *s, int *device) {
   if (strcmp(s, "cpu") == 0) {
     *device = HQ_DEVICE_HOST;
     return 0;
@@ -62,13 +64,13 @@ int cli_device(const char *s, int *device) {
 }
 
 int cli_shape_arg(const char *cmd, const char *opt, const char *s, int64_t *rows, int64_t *cols) {
-  if (cli_shape(s, rows, cols))
+  if (parse_shape(s, rows, cols))
     return cli_fail(2, cmd, "%s '%s' is not RxC with positive R and C", opt, s);
   return 0;
 }
 
 int cli_device_arg(const char *cmd, const char *s, int *device) {
-  if (cli_device(s, device))
+  if (parse_device(s, device))
     return cli_fail(2, cmd, "--device '%s' is not cpu, cuda or cuda:N", s);
   return 0;
 }
@@ -82,6 +84,11 @@ int cli_dtype_arg(const char *cmd, const char *s, hq_dtype *dtype) {
 
 // --- options -------------------------------------------------------------------------------------
 
+hq_recipe_opts cli_recipe_opts(const cli_list *dirs) {
+  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = dirs->v, .n_extra_dirs = dirs->n};
+  return o;
+}
+
 /* Whether `text` names option `name` as a word of its own ("--checkpoint" is not named by
    "--checkpoint-every"). */
 static int names_option(const char *text, const char *name) {
@@ -94,7 +101,10 @@ static int names_option(const char *text, const char *name) {
   return 0;
 }
 
-void cli_help(const cli_command *c, FILE *f) {
+/* The command's --help: its usage text. An option of the table that the text does not name is
+   reported on stderr: the help and the parser drifted apart (tests/test_cli.sh checks that no
+   command reports one, and that the parser knows every option the help names). */
+static void print_help(const cli_command *c, FILE *f) {
   fputs(c->usage, f);
   for (size_t i = 0; i < c->nopts; i++)
     if (!names_option(c->usage, c->opts[i].name))
@@ -137,7 +147,7 @@ int cli_parse(const cli_command *c, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      cli_help(c, stdout);
+      print_help(c, stdout);
       return 0;
     }
     if (a[0] != '-' || a[1] == '\0') { /* an operand ("-" is one: a file name) */

@@ -18,13 +18,10 @@ int cli_fail(int status, const char *cmd, const char *fmt, ...) HQ_PRINTF(3, 4);
 // --- values --------------------------------------------------------------------------------------
 /* An unsigned integer, decimal, 0x hex or 0 octal (strtoull's base 0); -1 when it is not one. */
 int cli_u64(const char *s, uint64_t *out);
-/* "RxC" into rows and cols (both > 0, R * C at most 2^40); -1 when it is not one. */
-int cli_shape(const char *s, int64_t *rows, int64_t *cols);
-/* "cpu", "cuda" (or "gpu") or "cuda:N" into a device ordinal (HQ_DEVICE_HOST for cpu). */
-int cli_device(const char *s, int *device);
 
-/* The same checks for a command's option `opt`: 0, or 2 (a usage error) after the message
-   "hq <cmd>: <opt> 'S' is not ...". */
+/* A command's option `opt`: "RxC" (both > 0, R * C at most 2^40), "cpu", "cuda" (or "gpu") or
+   "cuda:N" (a device ordinal, HQ_DEVICE_HOST for cpu), a dtype: 0, or 2 (a usage error) after
+   the message "hq <cmd>: <opt> 'S' is not ...". */
 int cli_shape_arg(const char *cmd, const char *opt, const char *s, int64_t *rows, int64_t *cols);
 int cli_device_arg(const char *cmd, const char *s, int *device);      /* --device */
 int cli_dtype_arg(const char *cmd, const char *s, hq_dtype *dtype);   /* --dtype: f32, bf16, f16 */
@@ -36,9 +33,6 @@ typedef struct cli_list {
   const char *v[CLI_LIST_MAX];
   size_t n;
 } cli_list;
-
-/* --plugin-dir DIR, which every command takes: at most this many */
-#define CLI_MAX_DIRS 32
 
 typedef enum cli_kind {
   CLI_FLAG, /* takes no value: *(int *)dest = 1 */
@@ -59,6 +53,15 @@ typedef struct cli_option {
   int (*call)(const char *cmd, const struct cli_option *o, const char *value); /* CLI_CALL */
 } cli_option;
 
+/* --plugin-dir DIR, which every command takes: at most this many */
+#define CLI_MAX_DIRS 32
+/* Its row of a command's option table: the directories appended to the cli_list *dirs. */
+#define CLI_PLUGIN_DIRS(dirs) \
+  {.name = "--plugin-dir", .kind = CLI_LIST, .dest = (dirs), .max = CLI_MAX_DIRS}
+/* Recipe options that search the --plugin-dir directories `dirs` before a recipe's own
+   plugin_dirs (they point into dirs). */
+hq_recipe_opts cli_recipe_opts(const cli_list *dirs);
+
 typedef struct cli_command {
   const char *name;  /* in messages, "hq <name>: ...": "info", "recipe check", "bench --gemm" */
   const char *usage; /* what --help prints: it names every option of opts */
@@ -74,15 +77,11 @@ typedef struct cli_command {
 #define CLI_RUN (-1)
 
 /* Parse argv[1..argc-1] (argv[0] names the command) against c->opts, in order: --help or -h
-   prints the help on stdout and returns 0; an unknown option, a missing value, a value given to
+   prints the help (c->usage) on stdout, reports on stderr an option of c->opts that the help
+   does not name, and returns 0; an unknown option, a missing value, a value given to
    a flag, too many values of a repeatable option or a bad value prints its message and returns
    2; else CLI_RUN. */
 int cli_parse(const cli_command *c, int argc, char **argv);
-
-/* The command's --help: its usage text. An option of the table that the text does not name is
-   reported on stderr: the help and the parser drifted apart (tests/test_cli.sh checks that no
-   command reports one, and that the parser knows every option the help names). */
-void cli_help(const cli_command *c, FILE *f);
 
 #define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -182,26 +182,6 @@ static int time_usage(hq_quantizer *q, hq_ctx *ctx, bench_mem *mem, const hq_ten
   return rc;
 }
 
-/* "nvfp4 rht=true" -> a recipe with one format b used for both directions. */
-static int recipe_for(const char *spec, char *out, size_t len, char *label, size_t label_len) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL, *tok = strtok_r(buf, " ,", &save);
-  if (!tok) return -1;
-  size_t n = (size_t)snprintf(out, len, "[format b]\nplugin = %s\n", tok);
-  snprintf(label, label_len, "%s", tok);
-  while ((tok = strtok_r(NULL, " ,", &save)) != NULL) {
-    char *eq = strchr(tok, '=');
-    if (!eq) return -1;
-    *eq = '\0';
-    n += (size_t)snprintf(out + n, len - n, "%s = %s\n", tok, eq + 1);
-    size_t l = strlen(label);
-    snprintf(label + l, label_len - l, " %s=%s", tok, eq + 1);
-  }
-  snprintf(out + n, len - n, "[role *:*:*]\nrowwise = b\ncolumnwise = b\n");
-  return 0;
-}
-
 typedef struct bench_args {
   const char *device_s, *shape_s, *dtype_s, *recipe, *role_s;
   cli_list formats; /* --format's, else the stock list (`stock`) */
@@ -224,7 +204,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
       {.name = "--all", .kind = CLI_FLAG, .dest = &a->all},
       {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
@@ -238,8 +218,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
   if (!a->iters) a->iters = a->device >= 0 ? 50 : 5;
   if (!a->batch) a->batch = a->device >= 0 ? 10 : 1;
   for (size_t i = 0; !a->recipe && i < a->formats.n; i++) {
-    char text[1024], label[256];
-    if (recipe_for(a->formats.v[i], text, sizeof text, label, sizeof label))
+    char text[1024];
+    if (bench_recipe_text(a->formats.v[i], "b", text, sizeof text, NULL, 0))
       return cli_fail(2, CMD, "--format '%s' is not 'PLUGIN[ key=value...]'", a->formats.v[i]);
   }
   /* the stock list (a plugin that is not installed is skipped), unless --format gave one */
@@ -259,9 +239,11 @@ typedef struct targets {
   double worst_a, worst_given;
 } targets;
 
-/* What every configuration is timed with: the timer, the counting allocator, the context, the
-   input (two copies on a device), the caller-supplied amax, the copy bandwidth. */
+/* What every configuration is timed with: the plugin set of the format configurations, the
+   timer, the counting allocator, the context, the input (two copies on a device), the
+   caller-supplied amax, the copy bandwidth. */
 typedef struct bench_run {
+  hq_plugins *set; /* every module loaded once for all configurations (not for --recipe) */
   bench_timer *timer;
   bench_mem *mem;
   hq_ctx *ctx;
@@ -277,6 +259,8 @@ typedef struct bench_run {
 /* 0, or 1 after the message. */
 static int bench_setup(const bench_args *a, bench_run *b) {
   char err[256];
+  if (!a->recipe && hq_plugins_open(a->dirs.v, a->dirs.n, 0, &b->set))
+    return cli_fail(1, CMD, "%s", hq_last_error());
   b->timer = bench_timer_create(a->device, err, sizeof err);
   if (!b->timer) return cli_fail(1, CMD, "%s", err);
   b->mem = bench_mem_create();
@@ -324,6 +308,7 @@ static void bench_free(const bench_args *a, bench_run *b) {
   hq_ctx_destroy(b->ctx);
   bench_mem_destroy(b->mem);
   bench_timer_destroy(b->timer);
+  hq_plugins_close(b->set);
 }
 
 static void report_head(const bench_args *a, bench_run *b) {
@@ -385,17 +370,18 @@ static void config_free(config *c) {
 /* The f-th configuration (--recipe/--role, or formats.v[f]): 0 made, 1 a stock plugin that is not
    installed (skip it), -1 after the message. */
 static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
-  hq_recipe_opts ropts = {
-      .struct_size = sizeof ropts, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
   hq_role role = hq_role_of("bench", "tensor", "x");
   char text[1024], rbuf[512];
   int rc;
-  if (a->recipe) {
+  if (a->recipe) { /* its own plugin set: a shared one would refuse its plugin_dirs */
+    const hq_recipe_opts ropts = cli_recipe_opts(&a->dirs);
     snprintf(c->label, sizeof c->label, "%s %s", a->recipe, a->role_s);
     rc = hq_role_parse(a->role_s, rbuf, sizeof rbuf, &role);
     if (!rc) rc = hq_recipe_load(a->recipe, &ropts, &c->r);
   } else {
-    recipe_for(a->formats.v[f], text, sizeof text, c->label, sizeof c->label); /* checked */
+    const hq_recipe_opts ropts = {.struct_size = sizeof ropts, .plugins = b->set};
+    /* parse_args checked the spec */
+    bench_recipe_text(a->formats.v[f], "b", text, sizeof text, c->label, sizeof c->label);
     rc = hq_recipe_parse_string(text, "bench", &ropts, &c->r);
     if (!rc && hq_recipe_error_count(c->r)) {
       const char *e = hq_recipe_error(c->r, 0);

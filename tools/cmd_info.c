@@ -100,7 +100,7 @@ static int parse_args(int argc, char **argv, info_args *a) {
   const cli_option opts[] = {
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
   };
   const cli_command c = {"info", usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);

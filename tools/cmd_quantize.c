@@ -281,7 +281,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--output", .kind = CLI_STR, .dest = &a->output},
       {.name = "--finite-only", .kind = CLI_FLAG, .dest = &a->finite_only},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -344,7 +344,7 @@ typedef struct qrun {
    values and quantize it: 0, or 1 after the message. */
 static int quantize_input(const quantize_args *a, qrun *u) {
   const int64_t n = u->x.rows * u->x.cols;
-  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = a->dirs.v, .n_extra_dirs = a->dirs.n};
+  const hq_recipe_opts o = cli_recipe_opts(&a->dirs);
   hq_ctx_desc desc = {sizeof desc, a->device, NULL, NULL, NULL, NULL, a->seed};
   u->xd = u->x;
   u->dd = hq_tensor_2d(NULL, HQ_F32, a->device, u->x.rows, u->x.cols);

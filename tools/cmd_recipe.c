@@ -82,16 +82,22 @@ static size_t linear_layers(const hq_recipe *r, char names[][64]) {
 
 static const char *const k_tensors[3] = {"input", "weight", "grad_output"};
 
+/* The line of the [role] section that role linear:TENSOR:LAYER (tensor k_tensors[t]) matches,
+   0 when it matches none. */
+static int role_line(const hq_recipe *r, int t, const char *layer) {
+  hq_role role = hq_role_of("linear", k_tensors[t], layer);
+  long idx = hq_recipe_match(r, &role);
+  hq_role_info ri = {.struct_size = sizeof ri};
+  return idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, &ri) ? ri.line : 0;
+}
+
 /* Quantizers and empty 256x256 qtensors (a shape every stock format accepts) of a layer's three
    roles on ctx. */
 static int layer_tensors(hq_recipe *r, hq_ctx *ctx, const char *layer, hq_quantizer *q[3],
-                         hq_qtensor *t[3], int line[3]) {
+                         hq_qtensor *t[3]) {
   for (int i = 0; i < 3; i++) q[i] = NULL, t[i] = NULL;
   for (int i = 0; i < 3; i++) {
     hq_role role = hq_role_of("linear", k_tensors[i], layer);
-    long idx = hq_recipe_match(r, &role);
-    hq_role_info ri = {.struct_size = sizeof ri};
-    line[i] = idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, &ri) ? ri.line : 0;
     if (hq_quantizer_create(r, &role, &q[i]) || hq_make_empty(q[i], ctx, 256, 256, HQ_BF16, &t[i]))
       return 1;
   }
@@ -105,23 +111,24 @@ static void free_layer(hq_quantizer *q[3], hq_qtensor *t[3]) {
   }
 }
 
-/* Fill out[0..2] (fprop, dgrad, wgrad) for one layer; returns the number of impossible GEMMs,
-   or -1 (message in hq_last_error()) when the roles cannot even be built. */
-static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *layer, lgemm out[3]) {
+/* Fill out[0..2] (fprop, dgrad, wgrad) for one layer whose three roles match the [role]
+   sections of line[] (role_line); returns the number of impossible GEMMs, or -1 (message in
+   hq_last_error()) when the roles cannot even be built. */
+static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *layer,
+                       const int line[3], lgemm out[3]) {
   /* operand (tensor index, transposed) of A and B for each GEMM: see hq_linear_* */
   static const int ops[3][4] = {{1, 1, 0, 0}, {1, 0, 2, 0}, {0, 0, 2, 1}};
   static const char *const names[3] = {"fprop", "dgrad", "wgrad"};
   hq_quantizer *q[3];
   hq_qtensor *t[3];
-  int line[3], bad = 0;
-  if (layer_tensors(r, host, layer, q, t, line)) {
+  int bad = 0;
+  if (layer_tensors(r, host, layer, q, t)) {
     free_layer(q, t);
     return -1;
   }
   hq_quantizer *gq[3] = {NULL, NULL, NULL};
   hq_qtensor *gt[3] = {NULL, NULL, NULL};
-  int gline[3];
-  int have_gpu = gpu && !layer_tensors(r, gpu, layer, gq, gt, gline);
+  int have_gpu = gpu && !layer_tensors(r, gpu, layer, gq, gt);
   for (int g = 0; g < 3; g++) {
     lgemm *o = &out[g];
     memset(o, 0, sizeof *o);
@@ -189,7 +196,7 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   }
   const cli_option opts[] = {
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), take_file, a};
   const int st = cli_parse(&c, argc, argv);
@@ -198,12 +205,14 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   return CLI_RUN;
 }
 
-/* What the check found beyond the recipe's own errors: the GEMMs of each linear layer, on the
-   host and on the first GPU when there is one. */
+/* What the check found beyond the recipe's own errors: the linear layers the recipe names, the
+   [role] section each of their roles matches, and their GEMMs on the host and on the first GPU
+   when there is one. */
 typedef struct gemm_check {
   lgemm gemms[MAX_LAYERS * 3];
   char layers[MAX_LAYERS][64];
-  size_t ng, gemm_err;
+  int lines[MAX_LAYERS][3]; /* role_line of each tensor of each layer: 0 when unmatched */
+  size_t nlayers, ng, gemm_err;
   char gpu_name[128];
   int gpu_arch;
 } gemm_check;
@@ -216,9 +225,11 @@ static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
     if (hq_ctx_create(&d, &gpu)) gpu = NULL;
     else hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
   }
-  size_t nl = host ? linear_layers(r, g->layers) : 0;
-  for (size_t l = 0; l < nl; l++) {
-    int bad = layer_gemms(r, host, gpu, g->layers[l], g->gemms + g->ng);
+  g->nlayers = linear_layers(r, g->layers);
+  for (size_t l = 0; l < g->nlayers; l++)
+    for (int t = 0; t < 3; t++) g->lines[l][t] = role_line(r, t, g->layers[l]);
+  for (size_t l = 0; host && l < g->nlayers; l++) {
+    int bad = layer_gemms(r, host, gpu, g->layers[l], g->lines[l], g->gemms + g->ng);
     if (bad < 0) {
       fprintf(stderr, "%s: linear layer '%s': %s\n", file, g->layers[l], hq_last_error());
       g->gemm_err++;
@@ -407,21 +418,23 @@ static void gemms_text(const gemm_check *g) {
   }
 }
 
-/* The linear roles that match no [role] section while the recipe does not say what such roles
-   get (hq_recipe_unmatched): each of the three tensors of every layer the recipe names and of
-   a layer it does not name, as "linear:TENSOR:NAME" in out[] (at most cap). */
-static size_t unmatched_roles(hq_recipe *r, char out[][96], size_t cap) {
-  if (hq_recipe_unmatched(r) != HQ_UNMATCHED_UNSET) return 0;
-  static char names[MAX_LAYERS + 1][64];
-  size_t nl = linear_layers(r, names), n = 0;
-  snprintf(names[nl++], 64, "%s", "(any other layer)");
-  for (size_t l = 0; l < nl; l++)
-    for (int t = 0; t < 3 && n < cap; t++) {
-      hq_role role = hq_role_of("linear", k_tensors[t], names[l]);
-      if (hq_recipe_match(r, &role) < 0)
-        snprintf(out[n++], 96, "linear:%s:%s", k_tensors[t], names[l]);
+/* Warn about the linear roles that match no [role] section while the recipe does not say what
+   such roles get (hq_recipe_unmatched): each of the three tensors of every layer the recipe
+   names (check_gemms matched them) and of a layer it does not name. */
+static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
+  if (hq_recipe_unmatched(r) != HQ_UNMATCHED_UNSET) return;
+  static const char other[] = "(any other layer)";
+  for (size_t l = 0; l <= g->nlayers; l++)
+    for (int t = 0; t < 3; t++) {
+      const int named = l < g->nlayers;
+      const char *layer = named ? g->layers[l] : other;
+      if ((named ? g->lines[l][t] : role_line(r, t, other)) == 0)
+        fprintf(stderr,
+                "hq recipe check: warning: role linear:%s:%s matches no [role] section: both "
+                "directions stay in high precision (say `unmatched = identity` in [recipe] if "
+                "that is meant)\n",
+                k_tensors[t], layer);
     }
-  return n;
 }
 
 static void report_text(const hq_recipe *r, const char *file, const gemm_check *g) {
@@ -446,7 +459,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   recipe_args a = {0};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
-  hq_recipe_opts o = {.struct_size = sizeof o, .extra_dirs = a.dirs.v, .n_extra_dirs = a.dirs.n};
+  const hq_recipe_opts o = cli_recipe_opts(&a.dirs);
   hq_recipe *r = NULL;
   if (hq_recipe_parse(a.file, &o, &r)) return cli_fail(1, CMD, "%s", hq_last_error());
   /* large (a few hundred KiB): static, the command runs once per process */
@@ -455,15 +468,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   if (!hq_recipe_error_count(r)) check_gemms(r, a.file, &g);
   if (a.json) report_json(r, a.file, &g);
   else report_text(r, a.file, &g);
-  static char unmatched[3 * (MAX_LAYERS + 1)][96];
-  const size_t nu =
-      hq_recipe_error_count(r) ? 0 : unmatched_roles(r, unmatched, 3 * (MAX_LAYERS + 1));
-  for (size_t i = 0; i < nu; i++)
-    fprintf(stderr,
-            "hq recipe check: warning: role %s matches no [role] section: both "
-            "directions stay in high precision (say `unmatched = identity` in [recipe] if that "
-            "is meant)\n",
-            unmatched[i]);
+  if (!hq_recipe_error_count(r)) warn_unmatched(r, &g);
   const int invalid = hq_recipe_error_count(r) || g.gemm_err;
   hq_recipe_free(r);
   return invalid ? 1 : 0;

@@ -294,7 +294,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--data", .kind = CLI_STR, .dest = &a->data_path},
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--plot", .kind = CLI_STR, .dest = &a->plot_file},
-      {.name = "--plugin-dir", .kind = CLI_LIST, .dest = &a->dirs, .max = CLI_MAX_DIRS},
+      CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--lr", .kind = CLI_CALL, .dest = &a->lr, .call = set_lr},
       {.name = "--context", .kind = CLI_INT, .dest = &a->context, .min = 1, .max = 256},
       {.name = "--embed", .kind = CLI_INT, .dest = &a->embed, .min = 1, .max = 4096},
@@ -639,7 +639,7 @@ int hq_cmd_train(int argc, char **argv) {
   }
   session s;
   memset(&s, 0, sizeof s);
-  hq_recipe_opts ro = {.struct_size = sizeof ro, .extra_dirs = a.dirs.v, .n_extra_dirs = a.dirs.n};
+  const hq_recipe_opts ro = cli_recipe_opts(&a.dirs);
   char err[2048];
   status = 1;
   if (load_recipes(&a, &ro, &s) || name_runs(&a, &cfg, &ro, &s)) goto out;
