@@ -38,24 +38,6 @@ static uint32_t path_of(const hq_gemm_kind *k) {
              : HQ_GEMM_PATH_EMULATED_F32;
 }
 
-/* Operand o's raw values in dtype dt (*data; *tmp a temporary to free, or NULL) and where its
-   per-tensor factor lies (*factor; NULL: 1): folded by the dequantize into fd->out when the
-   module can (fd not NULL, a device path), else tensor_factor()'s value in factor_slot. */
-static int operand(const hq_gemm_host *h, const hq_call *call, const hq_gemm_operand *o,
-                   const hq_gemm_operand_kind *k, hq_dtype dt, const void **data, void **tmp,
-                   float *factor_slot, const float **factor, hq_gemm_fold *fd) {
-  *factor = NULL;
-  int rc = h->raw(call, o, dt, data, tmp, fd);
-  if (rc || !o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return rc;
-  if (fd && fd->done) {
-    *factor = fd->out;
-    return HQ_OK;
-  }
-  rc = h->factor(call, o, factor_slot);
-  if (!rc) *factor = factor_slot;
-  return rc;
-}
-
 // --- the host ------------------------------------------------------------------------------------
 
 #ifndef HQ_HAVE_OPENBLAS
@@ -135,8 +117,9 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
   void *ta = NULL, *tb = NULL;
   float fa = 1.0f, fb = 1.0f, *td = NULL;
   const float *pfa = NULL, *pfb = NULL;
-  int rc = operand(h, call, &r->a, &r->kind->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
-  if (!rc) rc = operand(h, call, &r->b, &r->kind->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
+  int rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
+  if (!rc)
+    rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
   float *d = r->d->data;
   const int64_t nd = r->m * r->n;
   if (!rc && r->d->dtype != HQ_F32) {
@@ -175,11 +158,11 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
   /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
      writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
-  int rc = operand(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
+  int rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
   if (fda.done) fdb.in = factors;
   if (!rc)
-    rc = operand(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
-                 fda.done || !pfa ? &fdb : NULL);
+    rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
+                            fda.done || !pfa ? &fdb : NULL);
   if (!rc) {
     hq_lt_matmul mm;
     memset(&mm, 0, sizeof mm);
