@@ -86,11 +86,6 @@ static void add_bias(float *d, int64_t m, int64_t n, const void *bias, hq_dtype 
     for (int64_t i = 0; i < m; i++) d[j * m + i] += hq_load_hp(bias, i, bt);
 }
 
-/* n values between high-precision dtypes on the host (rounding to nearest). */
-static void convert(void *dst, hq_dtype dt, const void *src, hq_dtype st, int64_t n) {
-  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
-}
-
 /* sgemm of the F32 raw values a, b into the F32 d (ld m). */
 static int sgemm(const hq_host_api *api, const hq_gemm_run *r, float alpha, const float *a,
                  const float *b, float *d) {
@@ -128,7 +123,9 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
       rc = api->error(HQ_ENOMEM, "%s: an F32 copy of D (%lld elements)", r->what, (long long)nd);
     } else {
       d = td;
-      if (r->beta != 0.0f) convert(d, HQ_F32, r->d->data, r->d->dtype, nd);
+      /* the core's conversion (hq_host_api.convert), which this provider, built into
+         libhqcore, always has: rounding to nearest, in the mode hq_gemm entered */
+      if (r->beta != 0.0f) rc = api->convert(call, d, HQ_F32, r->d->data, r->d->dtype, nd);
     }
   }
   if (!rc && nd > 0) {
@@ -137,7 +134,7 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
     al = al * (pfb ? *pfb : 1.0f);
     rc = sgemm(api, r, al, a, b, d);
     if (!rc && r->bias) add_bias(d, r->m, r->n, r->bias, r->bias_dtype);
-    if (!rc && td) convert(r->d->data, r->d->dtype, d, HQ_F32, nd);
+    if (!rc && td) rc = api->convert(call, r->d->data, r->d->dtype, d, HQ_F32, nd);
   }
   api->free(call, ta);
   api->free(call, tb);
