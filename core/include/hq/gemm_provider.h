@@ -198,8 +198,13 @@ typedef const hq_gemm_provider *(*hq_gemm_entry_fn)(const hq_gemm_host *host);
 /* Writes a provider module's entry function: it refuses a core of another provider ABI major
    (returning NULL) and otherwise returns &table. */
 #define HQ_GEMM_PROVIDER_DEFINE(table)                                                          \
-  HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v1(const hq_gemm_host *host);        \
-  HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v1(const hq_gemm_host *host) {       \
+  HQ_GEMM_DEFINE_AS_(hq_gemm_provider_v1, table, HQ_GEMM_EXPORT)
+/* The same entry function under the name fn with visibility vis: also how libhqcore's own
+   providers (entered by an internal name, not exported) define theirs, as HQ_FORMAT_DEFINE_AS_
+   does for the built-in format. */
+#define HQ_GEMM_DEFINE_AS_(fn, table, vis)                                                      \
+  vis const hq_gemm_provider *fn(const hq_gemm_host *host);                                     \
+  vis const hq_gemm_provider *fn(const hq_gemm_host *host) {                                    \
     return host && host->abi_major == HQ_GEMM_ABI_MAJOR ? &(table) : NULL;                      \
   }
 
