@@ -10,11 +10,7 @@
 #include "hq/gemm_provider.h"
 
 #ifdef HQ_GEMM_BUILTIN
-#define HQ_GEMM_ENTRY(name, table)                                                            \
-  const hq_gemm_provider *hqi_gemm_##name(const hq_gemm_host *host);                          \
-  const hq_gemm_provider *hqi_gemm_##name(const hq_gemm_host *host) {                         \
-    return host && host->abi_major == HQ_GEMM_ABI_MAJOR ? &(table) : NULL;                     \
-  }
+#define HQ_GEMM_ENTRY(name, table) HQ_GEMM_DEFINE_AS_(hqi_gemm_##name, table, )
 #else
 #define HQ_GEMM_ENTRY(name, table) HQ_GEMM_PROVIDER_DEFINE(table)
 #endif

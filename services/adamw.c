@@ -57,6 +57,15 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
     return hq_set_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the "
                         "gradient [%lld, %lld]", (long long)hq_qtensor_rows(qw),
                         (long long)hq_qtensor_cols(qw), (long long)g->rows, (long long)g->cols);
+  /* the write-back's own refusals, made here because the step would otherwise have written
+     master, m and v by the time the update refuses */
+  if (qw && hq_qtensor_device(qw) != hq_ctx_device(ctx))
+    return hq_set_error(HQ_EINVAL, "hq_adam_step: the quantized weight (role %s) lives on device "
+                        "%d, the context runs on %d", hq_qtensor_role(qw),
+                        hq_qtensor_device(qw), hq_ctx_device(ctx));
+  if (qw && hq_qtensor_is_saved(qw))
+    return hq_set_error(HQ_ESTATE, "hq_adam_step: the quantized weight (role %s) is saved "
+                        "(restore it first)", hq_qtensor_role(qw));
   return HQ_OK;
 }
 
@@ -133,7 +142,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     hq_fpenv_leave(fe);
     return qw ? hq_qtensor_update(qw, ctx, &w) : HQ_OK;
   }
-  if (qw && hq_qtensor_device(qw) == hq_ctx_device(ctx)) {
+  if (qw) {
     /* the whole step in the format's own write-back kernel, where it can take it (HQ_CAP_FUSED_
        ADAM: one read of master, grad, m and v, one write of master, m, v and every direction) */
     hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k};

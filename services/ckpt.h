@@ -87,6 +87,8 @@ int ck_qtensor_usable(const char *path, const char *what, const char *name, cons
 /* Whether columnwise buffer i of qt is a rowwise buffer (HQ_BUF_SHARED, the same memory): it is
    stored once, with the rowwise storage. Rowwise buffers are never. */
 int ck_buffer_aliased(const hq_qtensor *qt, uint32_t dir, uint32_t i);
+/* qt's columnwise_source as the metadata names it: "original" or "rowwise_dequantized". */
+const char *ck_source_name(const hq_qtensor *qt);
 /* The "<name>/hq" JSON text of qt (a new string); `path` names the file in messages. */
 int ck_meta_make(const char *path, const char *name, const hq_qtensor *qt, char **out);
 

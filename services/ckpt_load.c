@@ -86,9 +86,7 @@ static int check_tensor(const ck_load *L, const ck_meta *m, const hq_qtensor *qt
     return ck_error(HQ_EINVAL, path, "tensor '%.200s': directions differ: checkpoint %s, qtensor "
                     "%s (make the qtensor with the saved usage)", name, dirs_text(m->dirs),
                     dirs_text(have));
-  const char *mine = hq_qtensor_columnwise_source(qt) == HQ_SOURCE_ROWWISE_DEQUANTIZED
-                         ? "rowwise_dequantized"
-                         : "original";
+  const char *mine = ck_source_name(qt);
   if ((m->dirs & HQ_COLWISE) && strcmp(m->source, mine) != 0)
     return ck_error(HQ_EINVAL, path, "tensor '%.200s': columnwise_source differs: checkpoint "
                     "'%.40s', qtensor '%s'", name, m->source, mine);

@@ -134,6 +134,11 @@ static json_t *buffers_json(const char *name, const hq_qtensor *qt) {
   return bufs;
 }
 
+const char *ck_source_name(const hq_qtensor *qt) {
+  return hq_qtensor_columnwise_source(qt) == HQ_SOURCE_ROWWISE_DEQUANTIZED ? "rowwise_dequantized"
+                                                                           : "original";
+}
+
 int ck_meta_make(const char *path, const char *name, const hq_qtensor *qt, char **out) {
   *out = NULL;
   hq_format_desc fd[2];
@@ -144,7 +149,6 @@ int ck_meta_make(const char *path, const char *name, const hq_qtensor *qt, char 
   }
   int rc = check_utf8_fields(path, name, qt, fd);
   if (rc) return rc;
-  const int rdq = hq_qtensor_columnwise_source(qt) == HQ_SOURCE_ROWWISE_DEQUANTIZED;
   json_t *o = json_object(), *fm = json_object();
   int bad = !o || !fm;
   bad |= ck_jset(o, "hq_checkpoint", json_integer(CK_META_VERSION)) != 0;
@@ -154,8 +158,7 @@ int ck_meta_make(const char *path, const char *name, const hq_qtensor *qt, char 
   bad |= ck_jset(o, "nominal", json_string(hq_dtype_name(hq_qtensor_nominal_dtype(qt)))) != 0;
   bad |= ck_jset(o, "directions", jdirs(hq_qtensor_dirs(qt))) != 0;
   bad |= ck_jset(o, "usage", jdirs(hq_qtensor_usage(qt))) != 0;
-  bad |= ck_jset(o, "columnwise_source",
-                 json_string(rdq ? "rowwise_dequantized" : "original")) != 0;
+  bad |= ck_jset(o, "columnwise_source", json_string(ck_source_name(qt))) != 0;
   for (int d = 0; !bad && d < 2; d++)
     bad |= ck_jset(fm, hq_dir_name(HQ_ROWWISE << d), format_json(&fd[d])) != 0;
   if (!bad) {

@@ -252,7 +252,6 @@ int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const 
   int rc = check_name(name, "hq_ckpt_add_qtensor");
   if (!rc) rc = ck_qtensor_usable(w->path, "hq_ckpt_add_qtensor", name, ctx, qt);
   if (rc) return rc;
-  size_t nb = hq_qtensor_saved_count(qt);
   char *meta = NULL, *key = NULL;
   wentry fresh[2 * HQ_MAX_BUFFERS];
   size_t nf = 0;
@@ -260,7 +259,6 @@ int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const 
   undo *u = calloc(1, sizeof *u);
   if (!u) return hq_set_error(HQ_ENOMEM, "hq_ckpt_add_qtensor: out of memory");
   rc = claim_name(w, name, "hq_ckpt_add_qtensor", u);
-  if (!rc) rc = reserve_entries(w, nb);
   if (!rc) rc = ck_meta_make(w->path, name, qt, &meta);
   if (!rc) {
     key = hqt_join(name, "/", "hq");
@@ -296,6 +294,8 @@ int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const 
   }
   if (!rc && nf) rc = hq_ctx_sync(ctx);
   else if (rc && nf) hq_ctx_sync(ctx); /* no copy may still be writing into what is freed */
+  /* room for exactly the entries made above, before anything is published */
+  if (!rc) rc = reserve_entries(w, nf);
   if (!rc && json_object_set_new(w->meta, key, json_string(meta)) != 0)
     rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_add_qtensor: out of memory (metadata)");
   free(key);

@@ -7,6 +7,7 @@
 **   - calls restore the caller's current device (on a machine with two devices, a context on
 **     device 1 is used while device 0 is current);
 **   - FSDP extract/assign run on the device (transposes included) and match a full quantize;
+**   - hq_adam_step refuses a quantized weight on another device before it writes anything;
 **   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern);
 **   - a qtensor used through another context's stream: the owner's allocations and frees are
 **     ordered against that stream by events (no race with the stream-ordered pool).
@@ -379,6 +380,56 @@ static void test_adam_and_nonfinite_on_device(void **state) {
 }
 
 
+/* A quantized weight on another device than the context's cannot take the write-back:
+   hq_adam_step refuses it before the step writes anything (hq/train.h), in both directions --
+   a device weight with a host context (the CPU loop) and a host weight with a device context
+   (the fused and the two-kernel paths) -- and master, m and v keep their bytes. */
+static void test_adam_refuses_other_device(void **state) {
+  (void)state;
+  const int64_t R = 64, C = 128, n = R * C;
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\n"
+                                "columnwise = f\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_tensor w = hq_test_tensor(HQ_F32, R, C, 4, 0.1f), g = hq_test_tensor(HQ_F32, R, C, 3, 0.5f);
+  hq_tensor mt = hq_test_tensor(HQ_F32, R, C, 5, 0.01f);
+  hq_tensor vt = hq_test_tensor(HQ_F32, R, C, 6, 0.01f);
+  float *m = mt.data, *v = vt.data;
+  for (int64_t i = 0; i < n; i++) v[i] = v[i] * v[i]; /* a second moment is not negative */
+  float *w0 = malloc(n * 4), *m0 = malloc(n * 4), *v0 = malloc(n * 4), *back = malloc(n * 4);
+  memcpy(w0, w.data, n * 4), memcpy(m0, m, n * 4), memcpy(v0, v, n * 4);
+  float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
+  float *dg = to_device(g.data, n * 4);
+  hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C), gd = hq_tensor_2d(dg, HQ_F32, 0, R, C);
+  hq_qtensor *qh = NULL, *qg = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+  hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 1};
+  /* a device weight, a host context: the CPU loop would have run first */
+  assert_int_equal(hq_adam_step(cpu, &a, &g, w.data, m, v, qg), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_adam_step: the quantized weight (role linear:weight:w) lives on device 0, the "
+               "context runs on -1");
+  assert_memory_equal(w.data, w0, n * 4);
+  assert_memory_equal(m, m0, n * 4);
+  assert_memory_equal(v, v0, n * 4);
+  /* a host weight, a device context: the device step would have run first */
+  assert_int_equal(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qh), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_adam_step: the quantized weight (role linear:weight:w) lives on device -1, the "
+               "context runs on 0");
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, w0, n * 4);
+  CK(cudaMemcpy(back, dm, n * 4, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, m0, n * 4);
+  CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
+  assert_memory_equal(back, v0, n * 4);
+  hq_qtensor_free(qh);
+  hq_qtensor_free(qg);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  cudaFree(dw), cudaFree(dm), cudaFree(dv), cudaFree(dg);
+  free(w.data), free(g.data), free(m), free(v), free(w0), free(m0), free(v0), free(back);
+}
+
 /* Offload and recompute on the device, per format: every saved buffer goes device -> pinned host
    -> a fresh device block, the qtensor is restored from the new blocks and equals the CPU
    quantization byte for byte (so the round trip changed nothing). */
@@ -648,6 +699,7 @@ int main(void) {
       cmocka_unit_test(test_current_device_restored),
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
+      cmocka_unit_test(test_adam_refuses_other_device),
       cmocka_unit_test(test_offload_round_trip),
       cmocka_unit_test(test_identity_conversions),
       cmocka_unit_test(test_pool_trim),

@@ -151,6 +151,7 @@ static void test_refusals(void **s) {
   hq_tensor w = hq_test_tensor(HQ_F32, 64, 64, 3, 1.0f), g = hq_test_tensor(HQ_F32, 64, 64, 4, 1.0f);
   hq_tensor g2 = hq_test_tensor(HQ_F32, 64, 32, 4, 1.0f);
   float *m = calloc(64 * 64, 4), *v = calloc(64 * 64, 4), *keep = malloc(64 * 64 * 4);
+  float *zero = calloc(64 * 64, 4);
   memcpy(keep, w.data, 64 * 64 * 4);
   hq_qtensor *qw = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w, &qw));
@@ -164,11 +165,20 @@ static void test_refusals(void **s) {
   a.step = 1;
   a.beta2 = 1.0f;
   assert_int_equal(hq_adam_step(g_ctx, &a, &g, w.data, m, v, qw), HQ_EINVAL);
+  a.beta2 = 0.999f;
+  /* a saved weight cannot take the write-back: refused before the step touches master, m, v */
+  hq_saved_buffer sv[8];
+  size_t ns = 0;
+  HQ_OK_OR_FAIL(hq_qtensor_save(qw, sv, 8, sizeof sv[0], &ns));
+  assert_int_equal(hq_adam_step(g_ctx, &a, &g, w.data, m, v, qw), HQ_ESTATE);
+  HQ_ERROR_HAS("hq_adam_step: the quantized weight (role (direct)) is saved");
+  HQ_OK_OR_FAIL(hq_qtensor_restore(qw, sv, ns, sizeof sv[0]));
   assert_memory_equal(w.data, keep, 64 * 64 * 4);
-  for (int i = 0; i < 64 * 64; i++) assert_true(m[i] == 0 && v[i] == 0);
+  assert_memory_equal(m, zero, 64 * 64 * 4);
+  assert_memory_equal(v, zero, 64 * 64 * 4);
   hq_qtensor_free(qw);
   hq_quantizer_free(q);
-  free(w.data), free(g.data), free(g2.data), free(m), free(v), free(keep);
+  free(w.data), free(g.data), free(g2.data), free(m), free(v), free(keep), free(zero);
 }
 
 /* Train steps (both copies) alternate with eval steps (the forward GEMM alone: usage rowwise).

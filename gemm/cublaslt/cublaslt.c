@@ -38,7 +38,6 @@
 #include "../builtin.h"
 #include "lt_names.h"
 
-static int is_fp8(hq_dtype t) { return t == HQ_E4M3 || t == HQ_E5M2; }
 static int is_hp(hq_dtype t) { return t == HQ_BF16 || t == HQ_F16 || t == HQ_F32; }
 
 /* Two storages holding their values as they are (no scale, no transform, one high-precision
@@ -126,7 +125,7 @@ static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   const hq_operand_desc *da = k->a.desc, *db = k->b.desc;
   if (plain_pair(da, db)) return HQ_OK;
   const uint32_t ma = da->scale_mode, mb = db->scale_mode;
-  const int fp8 = is_fp8(da->elem) && is_fp8(db->elem);
+  const int fp8 = hq_lt_is_fp8(da->elem) && hq_lt_is_fp8(db->elem);
   const int fp4 = da->elem == HQ_E2M1X2 && db->elem == HQ_E2M1X2;
   if (!fp8 && !fp4)
     return api->error(HQ_ENOTSUP, "cublaslt: %s (%s elements) x %s (%s elements) is no native "

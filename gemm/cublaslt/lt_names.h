@@ -1,11 +1,16 @@
 /*
-** lt_names.h -- the names the cuBLASLt provider and its runner give element dtypes and scale
-** modes in their messages, one table for both (the runner is CUDA C++, the provider C).
+** lt_names.h -- what the cuBLASLt provider and its runner both say about element dtypes and
+** scale modes: their names in messages and which elements are FP8, one definition for both (the
+** runner is CUDA C++, the provider C).
 */
 #ifndef HQ_GEMM_LT_NAMES_H
 #define HQ_GEMM_LT_NAMES_H
 
 #include "hq/plugin.h"
+
+/* Whether element dtype t is an FP8 one (E4M3 or E5M2). An int, so that the C provider passes
+   an hq_dtype and the C++ runner an int or an hq_dtype alike. */
+static inline int hq_lt_is_fp8(int t) { return t == HQ_E4M3 || t == HQ_E5M2; }
 
 /* An element's name: e2m1 for one FP4 element (hq_dtype_name says e2m1x2, the packed byte). */
 static inline const char *hq_lt_elem_name(int t) {

@@ -92,9 +92,12 @@
 
 namespace {
 
-// --- names for messages ------------------------------------------------------------------
+/* Whether an operand of mm has FP8 elements: only then does cuBLASLt's fast accumulation apply. */
+bool any_fp8(const hq_lt_matmul *mm) {
+  return hq_lt_is_fp8(mm->a.elem) || hq_lt_is_fp8(mm->b.elem);
+}
 
-int is_fp8(int t) { return t == HQ_E4M3 || t == HQ_E5M2; }
+// --- names for messages ------------------------------------------------------------------
 
 /* The cuBLASLt data type of an operand element / output / bias dtype; 0 when unsupported. */
 int cuda_type(int t, cudaDataType *out) {
@@ -340,7 +343,7 @@ cublasStatus_t descs_init(descs *ds, const hq_lt_matmul *mm, cublasComputeType_t
     cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     LT_SET(CUBLASLT_MATMUL_DESC_POINTER_MODE, pm);
   }
-  if (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) {
+  if (any_fp8(mm)) {
     int8_t fa = mm->fast_accum ? 1 : 0;
     LT_SET(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fa);
   }
@@ -403,8 +406,7 @@ void describe(char *buf, size_t len, const hq_lt_matmul *mm) {
            hq_lt_elem_name(mm->b.elem), mm->b.trans ? "T" : "N", (long long)mm->b.rows,
            (long long)mm->b.cols, (long long)mm->b.ld, hq_lt_scale_name(mm->b.scale_mode),
            hq_lt_elem_name(mm->d_dtype), (long long)mm->ldd, bias,
-           (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) ? (mm->fast_accum ? ", fast accum" : "")
-                                                       : "");
+           any_fp8(mm) && mm->fast_accum ? ", fast accum" : "");
 }
 
 /* One heuristic query; CUBLAS_STATUS_SUCCESS with *algo, or why not (*no_algo: it returned
@@ -658,7 +660,7 @@ void key_for(plan_key *key, const hq_call *call, const hq_lt_matmul *mm, int ptr
   key->b_scale = (int32_t)mm->b.scale_mode;
   key->d_dtype = mm->d_dtype;
   key->bias_dtype = mm->bias ? mm->bias_dtype : 0;
-  key->fast_accum = (is_fp8(mm->a.elem) || is_fp8(mm->b.elem)) && mm->fast_accum ? 1 : 0;
+  key->fast_accum = any_fp8(mm) && mm->fast_accum ? 1 : 0;
   key->accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
   key->ptr_device = ptr_device;
   key->align_a = align_of(mm->a.data);

@@ -38,24 +38,6 @@ static uint32_t path_of(const hq_gemm_kind *k) {
              : HQ_GEMM_PATH_EMULATED_F32;
 }
 
-/* Operand o's raw values in dtype dt (*data; *tmp a temporary to free, or NULL) and where its
-   per-tensor factor lies (*factor; NULL: 1): folded by the dequantize into fd->out when the
-   module can (fd not NULL, a device path), else tensor_factor()'s value in factor_slot. */
-static int operand(const hq_gemm_host *h, const hq_call *call, const hq_gemm_operand *o,
-                   const hq_gemm_operand_kind *k, hq_dtype dt, const void **data, void **tmp,
-                   float *factor_slot, const float **factor, hq_gemm_fold *fd) {
-  *factor = NULL;
-  int rc = h->raw(call, o, dt, data, tmp, fd);
-  if (rc || !o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return rc;
-  if (fd && fd->done) {
-    *factor = fd->out;
-    return HQ_OK;
-  }
-  rc = h->factor(call, o, factor_slot);
-  if (!rc) *factor = factor_slot;
-  return rc;
-}
-
 // --- the host ------------------------------------------------------------------------------------
 
 #ifndef HQ_HAVE_OPENBLAS
@@ -104,11 +86,6 @@ static void add_bias(float *d, int64_t m, int64_t n, const void *bias, hq_dtype 
     for (int64_t i = 0; i < m; i++) d[j * m + i] += hq_load_hp(bias, i, bt);
 }
 
-/* n values between high-precision dtypes on the host (rounding to nearest). */
-static void convert(void *dst, hq_dtype dt, const void *src, hq_dtype st, int64_t n) {
-  for (int64_t i = 0; i < n; i++) hq_store_hp(dst, i, dt, hq_load_hp(src, i, st));
-}
-
 /* sgemm of the F32 raw values a, b into the F32 d (ld m). */
 static int sgemm(const hq_host_api *api, const hq_gemm_run *r, float alpha, const float *a,
                  const float *b, float *d) {
@@ -135,8 +112,9 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
   void *ta = NULL, *tb = NULL;
   float fa = 1.0f, fb = 1.0f, *td = NULL;
   const float *pfa = NULL, *pfb = NULL;
-  int rc = operand(h, call, &r->a, &r->kind->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
-  if (!rc) rc = operand(h, call, &r->b, &r->kind->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
+  int rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, HQ_F32, &a, &ta, &fa, &pfa, NULL);
+  if (!rc)
+    rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, HQ_F32, &b, &tb, &fb, &pfb, NULL);
   float *d = r->d->data;
   const int64_t nd = r->m * r->n;
   if (!rc && r->d->dtype != HQ_F32) {
@@ -145,7 +123,9 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
       rc = api->error(HQ_ENOMEM, "%s: an F32 copy of D (%lld elements)", r->what, (long long)nd);
     } else {
       d = td;
-      if (r->beta != 0.0f) convert(d, HQ_F32, r->d->data, r->d->dtype, nd);
+      /* the core's conversion (hq_host_api.convert), which this provider, built into
+         libhqcore, always has: rounding to nearest, in the mode hq_gemm entered */
+      if (r->beta != 0.0f) rc = api->convert(call, d, HQ_F32, r->d->data, r->d->dtype, nd);
     }
   }
   if (!rc && nd > 0) {
@@ -154,7 +134,7 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
     al = al * (pfb ? *pfb : 1.0f);
     rc = sgemm(api, r, al, a, b, d);
     if (!rc && r->bias) add_bias(d, r->m, r->n, r->bias, r->bias_dtype);
-    if (!rc && td) convert(r->d->data, r->d->dtype, d, HQ_F32, nd);
+    if (!rc && td) rc = api->convert(call, r->d->data, r->d->dtype, d, HQ_F32, nd);
   }
   api->free(call, ta);
   api->free(call, tb);
@@ -175,11 +155,11 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
   /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
      writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
-  int rc = operand(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
+  int rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
   if (fda.done) fdb.in = factors;
   if (!rc)
-    rc = operand(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
-                 fda.done || !pfa ? &fdb : NULL);
+    rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
+                            fda.done || !pfa ? &fdb : NULL);
   if (!rc) {
     hq_lt_matmul mm;
     memset(&mm, 0, sizeof mm);

@@ -141,11 +141,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const void *w = NULL;
   void *tw = NULL;
   const float *pf = NULL, *px = NULL;
-  int rc = host->raw(call, y, HQ_BF16, &w, &tw, &fdy);
   const hq_gemm_operand_kind *yk = x_is_a ? &r->kind->b : &r->kind->a;
-  if (!rc && fdy.done) pf = factors;
-  else if (!rc && y->st && (yk->flags & HQ_GEMM_OP_FACTOR) && !(rc = host->factor(call, y, factors)))
-    pf = factors;
+  int rc = hq_gemm_raw_factor(host, call, y, yk, HQ_BF16, &w, &tw, factors, &pf, &fdy);
   if (!rc && (xk->flags & HQ_GEMM_OP_FACTOR) && !(rc = host->factor(call, x, factors + 1)))
     px = factors + 1;
   if (!rc) {

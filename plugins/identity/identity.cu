@@ -12,8 +12,9 @@
 
 namespace {
 
-/* The step (hq_adam_elem, the core's AdamW rule), then the new master stored in the storage's
-   dtype OT into d0 (and d1 when the directions have two buffers), each element read once. */
+/* The step (hq_adam_at, the AdamW rule of hq/adamw.h), then the new master stored in the
+   storage's dtype OT into d0 (and d1 when the directions have two buffers), each element read
+   once. */
 template <int GT, int OT>
 __global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g,
                                     float *__restrict__ w, float *__restrict__ m,
@@ -21,11 +22,7 @@ __global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g
                                     void *__restrict__ d1) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    float wi = w[i], mi = m[i], vi = v[i];
-    hq_adam_elem(&k, hq_load_hp(g, i, GT), &wi, &mi, &vi);
-    w[i] = wi;
-    m[i] = mi;
-    v[i] = vi;
+    const float wi = hq_adam_at(&k, g, GT, w, m, v, i);
     hq_store_hp(d0, i, OT, wi);
     if (d1) hq_store_hp(d1, i, OT, wi);
   }

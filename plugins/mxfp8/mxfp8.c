@@ -600,25 +600,22 @@ static int form_move(const hq_call *call, const hq_storage *s, uint32_t buffer,
   sview v;
   int rc = read_storage(host, s, s->dir, M, K, what, &v);
   if (rc) return rc;
-  const int64_t rows = M / hq_mxfp8_scale_m_div(col), C = hq_mxfp8_scale_cols(col, K);
+  const int64_t rows = hq_mxfp8_form_rows(col, M), C = hq_mxfp8_scale_cols(col, K);
   if (buffer != MXFP8_SCALE_INV || !v.swizzled || !form || form->dtype != HQ_E8M0 ||
       form->ndim != 2 || form->shape[0] != rows || form->shape[1] != C ||
       (rows * C != 0 && !form->ptr))
     return host->error(HQ_EINVAL, "mxfp8: %s: buffer %u of the %s storage has no FSDP form [%lld, "
                        "%lld] here (only a swizzled scale buffer has one)", what, buffer,
                        col ? "columnwise" : "rowwise", (long long)rows, (long long)C);
-  uint8_t *f = form->ptr;
+  /* the form's rows, or every row of the buffer (its padding rows too) */
+  const int64_t R = to_form ? rows : hq_mxfp8_scale_rows(col, M);
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
-    return mxfp8_cuda_scale_form(call, v.scale, f, col, M, K, to_form);
+    return mxfp8_cuda_scale_form(call, v.scale, form->ptr, col, M, K, rows, R, C, to_form);
 #endif
-  const int64_t R = to_form ? rows : hq_mxfp8_scale_rows(col, M);
   for (int64_t a = 0; a < R; a++)
-    for (int64_t b = 0; b < C; b++) {
-      const int64_t at = hq_mxfp8_scale_idx(col, a, b, M, K, 1);
-      if (to_form) f[a * C + b] = v.scale[at];
-      else v.scale[at] = a < rows ? f[a * C + b] : 0;
-    }
+    for (int64_t b = 0; b < C; b++)
+      hq_mxfp8_form_move(v.scale, form->ptr, col, M, K, rows, C, a, b, to_form);
   return HQ_OK;
 }
 

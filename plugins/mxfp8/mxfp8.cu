@@ -527,27 +527,25 @@ void launch_dequantize(bool vec, unsigned blocks, cudaStream_t stream, const uin
     launch_dequantize_e<OT, HQ_E4M3>(vec, small, blocks, stream, qd, qs, swz, colwise, dst, M, K);
 }
 
-/* Between a swizzled scale buffer and its FSDP form: one thread per byte of the form (to_form)
-   or of the buffer, each byte moved by the index functions the CPU's loop uses (a permutation:
-   the same bytes by construction). */
+/* Between a swizzled scale buffer and its FSDP form: one thread per byte t of the form
+   (to_form) or of the buffer, entry (t / C, t % C) moved by the CPU loop's hq_mxfp8_form_move
+   (a permutation: the same bytes by construction). */
 __global__ void __launch_bounds__(256)
     scale_form_kernel(uint8_t *swz, uint8_t *form, int colwise, int64_t M, int64_t K,
                       int64_t rows, int64_t n, int64_t C, int to_form) {
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += step) {
-    const int64_t a = t / C, b = t - a * C;
-    const int64_t at = hq_mxfp8_scale_idx(colwise, a, b, M, K, 1);
-    if (to_form) form[t] = swz[at];
-    else swz[at] = a < rows ? form[t] : (uint8_t)0;
+    const int64_t a = t / C;
+    hq_mxfp8_form_move(swz, form, colwise, M, K, rows, C, a, t - a * C, to_form);
   }
 }
 
 } // namespace
 
 extern "C" int mxfp8_cuda_scale_form(const hq_call *call, uint8_t *swizzled, uint8_t *form,
-                                     int colwise, int64_t M, int64_t K, int to_form) {
-  const int64_t rows = M / hq_mxfp8_scale_m_div(colwise), C = hq_mxfp8_scale_cols(colwise, K);
-  const int64_t n = (to_form ? rows : hq_mxfp8_scale_rows(colwise, M)) * C;
+                                     int colwise, int64_t M, int64_t K, int64_t rows, int64_t R,
+                                     int64_t C, int to_form) {
+  const int64_t n = R * C;
   if (n == 0) return HQ_OK;
   int64_t blocks = (n + 255) / 256;
   if (blocks > 132 * 16) blocks = 132 * 16;

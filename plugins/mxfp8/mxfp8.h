@@ -44,11 +44,11 @@ int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call, const hq_t
 int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data, const uint8_t *scale,
                           hq_dtype elem, int swizzled, int colwise, hq_tensor *dst);
 int mxfp8_cuda_zero(const hq_call *call, void *ptr, size_t bytes);
-/* Between a swizzled scale buffer of an [M, K] tensor and its FSDP form (mxfp8.c, form_move):
-   to_form writes the form's M / m_div rows from the buffer, else every byte of the buffer from
-   the form (zero in the padding rows). */
+/* Between a swizzled scale buffer of an [M, K] tensor and its FSDP form of `rows` rows of C
+   bytes (mxfp8.c, form_move): hq_mxfp8_form_move on every entry of the first R rows -- the
+   form's rows (to_form) or every row of the buffer (the padding rows get zeros). */
 int mxfp8_cuda_scale_form(const hq_call *call, uint8_t *swizzled, uint8_t *form, int colwise,
-                          int64_t M, int64_t K, int to_form);
+                          int64_t M, int64_t K, int64_t rows, int64_t R, int64_t C, int to_form);
 #endif
 
 #ifdef __cplusplus

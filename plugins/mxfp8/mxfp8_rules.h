@@ -106,4 +106,20 @@ HQ_HD int64_t hq_mxfp8_scale_idx(int colwise, int64_t a, int64_t b, int64_t M, i
                  : hq_mxfp8_row_scale_idx(a, b, K, swizzled);
 }
 
+/* The FSDP form of a swizzled scale buffer: its first hq_mxfp8_form_rows rows of
+   hq_mxfp8_scale_cols bytes, row-major (the padding rows are not in it). */
+HQ_HD int64_t hq_mxfp8_form_rows(int colwise, int64_t M) {
+  return M / hq_mxfp8_scale_m_div(colwise);
+}
+/* Entry (a, b) moved between the swizzled scale buffer swz of an [M, K] tensor and its form
+   (`rows` rows of C bytes): to_form copies it into the form, else into the buffer, a padding
+   row (a >= rows) getting 0. A permutation of bytes, so the host loop and the kernel give the
+   same bytes. */
+HQ_HD void hq_mxfp8_form_move(uint8_t *swz, uint8_t *form, int colwise, int64_t M, int64_t K,
+                              int64_t rows, int64_t C, int64_t a, int64_t b, int to_form) {
+  const int64_t at = hq_mxfp8_scale_idx(colwise, a, b, M, K, 1);
+  if (to_form) form[a * C + b] = swz[at];
+  else swz[at] = a < rows ? form[a * C + b] : (uint8_t)0;
+}
+
 #endif /* HQ_MXFP8_RULES_H */

@@ -198,8 +198,13 @@ typedef const hq_gemm_provider *(*hq_gemm_entry_fn)(const hq_gemm_host *host);
 /* Writes a provider module's entry function: it refuses a core of another provider ABI major
    (returning NULL) and otherwise returns &table. */
 #define HQ_GEMM_PROVIDER_DEFINE(table)                                                          \
-  HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v1(const hq_gemm_host *host);        \
-  HQ_GEMM_EXPORT const hq_gemm_provider *hq_gemm_provider_v1(const hq_gemm_host *host) {       \
+  HQ_GEMM_DEFINE_AS_(hq_gemm_provider_v1, table, HQ_GEMM_EXPORT)
+/* The same entry function under the name fn with visibility vis: also how libhqcore's own
+   providers (entered by an internal name, not exported) define theirs, as HQ_FORMAT_DEFINE_AS_
+   does for the built-in format. */
+#define HQ_GEMM_DEFINE_AS_(fn, table, vis)                                                      \
+  vis const hq_gemm_provider *fn(const hq_gemm_host *host);                                     \
+  vis const hq_gemm_provider *fn(const hq_gemm_host *host) {                                    \
     return host && host->abi_major == HQ_GEMM_ABI_MAJOR ? &(table) : NULL;                      \
   }
 
@@ -216,6 +221,28 @@ static inline int hq_gemm_k_contiguous(const hq_gemm_operand_kind *o) {
 static inline hq_dtype hq_gemm_emul_dtype(const hq_gemm_operand_kind *o) {
   if (!o->desc) return o->dtype == HQ_BF16 ? HQ_BF16 : HQ_F32;
   return (o->flags & HQ_GEMM_OP_RAW) && o->desc->emul_dtype == HQ_BF16 ? HQ_BF16 : HQ_F32;
+}
+
+/* Operand o's raw values in dtype dt through host->raw() (*data, *tmp as raw() sets them; fd:
+   NULL or the factor to fold, as raw() takes it), and where its per-tensor factor lies
+   (*factor): fd->out when the dequantize folded it, else host->factor()'s value written to
+   *factor_slot (call->device memory) for a storage whose kind k has HQ_GEMM_OP_FACTOR, else
+   NULL (a factor of 1). On failure *factor is NULL and *tmp, if set, is still the caller's to
+   free. */
+static inline int hq_gemm_raw_factor(const hq_gemm_host *host, const hq_call *call,
+                                     const hq_gemm_operand *o, const hq_gemm_operand_kind *k,
+                                     hq_dtype dt, const void **data, void **tmp,
+                                     float *factor_slot, const float **factor, hq_gemm_fold *fd) {
+  *factor = NULL;
+  int rc = host->raw(call, o, dt, data, tmp, fd);
+  if (rc || !o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return rc;
+  if (fd && fd->done) {
+    *factor = fd->out;
+    return HQ_OK;
+  }
+  rc = host->factor(call, o, factor_slot);
+  if (!rc) *factor = factor_slot;
+  return rc;
 }
 
 /* The buffer of storage s with role `role` (hq_buffer.role), or NULL. */

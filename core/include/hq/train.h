@@ -33,8 +33,9 @@ extern "C" {
 **   w -= lr * ((m c1) / (sqrt(v c2) + eps) + weight_decay * w)
 ** every step an FP32 operation in this order, with c1 = 1/(1-b1^t) and c2 = 1/(1-b2^t) computed
 ** once per step in double and rounded to float (decoupled weight decay: AdamW). A quantized
-** parameter without master weights, a gradient or qtensor of another shape, or a step < 1 is
-** refused with HQ_EINVAL before anything changes (the rule is hq_adam_elem in hq/adamw.h).
+** parameter without master weights, a gradient or qtensor on another device than the context's,
+** a step < 1 (HQ_EINVAL), a gradient or qtensor of another shape (HQ_ESHAPE) or a saved qtensor
+** (HQ_ESTATE) is refused before anything changes (the rule is hq_adam_elem in hq/adamw.h).
 ** On a GPU, in as few passes as the weight's format allows:
 **   - one kernel: when one module instance makes every direction qw refreshes, in one update
 **     call that reads each element once, needs no per-tensor amax, and declares
