@@ -48,6 +48,18 @@ if [ "${1:-}" = "--on-device" ]; then
   # same warm machine do not replace each other's build
   build=/tmp/hqbuild/${HQ_DEVDIST:-.devdist}
   mkdir -p "$out" "$build"
+  # the device tool brings back at most 8 files: keep the summaries (HQ_KEEP) as they are and
+  # pack every other log into logs.tgz when the run ends, however it ends
+  pack_out() {
+    local keep=" ${HQ_KEEP:-test-suite.log train.txt train_wide.txt bench.txt bench.json peers.txt} "
+    local f rest=()
+    for f in $(cd "$out" && ls); do [[ "$keep" == *" $f "* ]] || rest+=("$f"); done
+    if [ ${#rest[@]} -gt 0 ]; then
+      tar czf "$out/logs.tgz.part" -C "$out" "${rest[@]}" && (cd "$out" && rm -rf "${rest[@]}") \
+        && mv "$out/logs.tgz.part" "$out/logs.tgz"
+    fi
+  }
+  trap pack_out EXIT
   nvidia-smi -L || true
   if [[ "$modes" == *" --probe "* ]]; then
     # the memory system's ceiling for the quantize kernels' layouts (scripts/store_probe.cu),
