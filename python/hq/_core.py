@@ -1,5 +1,6 @@
 """The hq objects over libhqcore / libhqtrain (hq._native, cffi API mode)."""
 import os
+import weakref
 
 from ._native import ffi, lib
 
@@ -536,6 +537,8 @@ class Buffer:
 
     def __init__(self, qt, dirn, b):
         self._qt = qt
+        self._keep = qt.ptr    # the C qtensor lives while a view of its memory does
+        qt._views.add(self)
         self.direction = "rowwise" if dirn == ROWWISE else "columnwise"
         self.name = _text(b.name)
         self.dtype = dtype_name(b.dtype)
@@ -603,6 +606,15 @@ class QTensor(_Owned):
         self._own(p, lib.hq_qtensor_free)
         self.device = lib.hq_qtensor_device(p)
         self.ctx = ctx
+        self._views = weakref.WeakSet()
+
+    def close(self):
+        """Free the quantized tensor; while a Buffer view of its memory (or an array made from
+        one) is alive, the C side is freed when the last of them goes instead."""
+        if self._p is not None and len(self._views):
+            self._p = None
+            return
+        _Owned.close(self)
 
     @classmethod
     def _quantize(cls, q, ctx, src, dirs=0):

@@ -319,3 +319,15 @@ def test_cuda_context_and_quantize():
         assert data.torch().device.type == "cuda" and data.torch().data_ptr() == data.ptr
         with pytest.raises(hq.InvalidArgument, match="src: on the host, but the context is on cuda:0"):
             qt.update(x.cpu())
+
+
+def test_buffer_view_outlives_closed_qtensor(ctx):
+    row, codes, _ = _mx_row()
+    qt = hq.Recipe.from_string(MX).quantizer("linear:input:a").quantize(
+        ctx, np.tile(row, (32, 1)), hq.ROWWISE)
+    view = qt.buffers()[0].numpy()
+    qt.close()                       # the array still reads valid memory, never freed under it
+    with pytest.raises(hq.StateError):
+        qt.buffers()
+    gc.collect()
+    assert list(view[0, :5]) == codes
