@@ -237,3 +237,24 @@ def test_buffer_as_torch_tensor_aliases_hq_memory():
     # one scale 2^0 per row's single block; the rest is the layout's padding (zero bytes)
     assert torch.equal(s.float()[:32, 0], torch.ones(32))
     assert int((s.view(torch.uint8) != 0).sum()) == 32
+
+
+def test_gpt_example_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from conftest import CONF, TOP
+    words = "/usr/share/dict/words"
+    if not os.path.exists(words):
+        pytest.skip("no %s (Debian package wamerican)" % words)
+    out = subprocess.run([sys.executable, str(TOP / "python" / "examples" / "gpt.py"),
+                          "--steps", "3", "--log-every", "3", "--eval-tokens", "1024",
+                          "--threads", "1", "--recipe", str(CONF / "recipe.ini")],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert ["recipe", "train", "loss", "eval", "loss", "gap", "vs", "base", "time",
+            "tokens/s"] in rows
+    base = next(r for r in rows if r[:1] == ["fp32"])
+    hqrun = next(r for r in rows if r[:1] == ["mxfp8-forward-nvfp4-backward"])
+    assert "(baseline)" in base and float(hqrun[2]) < 3.3   # eval loss below a uniform guess
