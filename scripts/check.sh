@@ -6,9 +6,13 @@
 #   1. build/default: configure (CUDA paths built when nvcc is found; it must print no
 #      "cannot remove" about the build tree's core/ directory) + make check
 #   2. build/asan:    --without-cuda --enable-sanitizers (ASan + UBSan) + make check
+#   2b. python:       the Python package (python/) built with pip against build/default
+#      installed into a staging directory (DESTDIR), and its tests run with pytest
 #   3. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
-# and print the automake totals of 1 and 2 as one line: "N passed, N failed[, N skipped]".
-# GPU tests exit 77 (skipped) on a machine without a CUDA device.
+# and print the totals of 1, 2 and 2b as one line: "N passed, N failed[, N skipped]" (automake's
+# and pytest's counts added). GPU tests exit 77 (skipped) on a machine without a CUDA device;
+# PyTorch tests are skipped when torch is not importable. The Python is $HQ_PYTHON, else the
+# venv scripts/install.sh made (build/venv), else python3.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -57,7 +61,60 @@ run() { # name, configure args...
   fi
 }
 
+# The Python tests, against build/default staged with `make install DESTDIR=`: pkg-config finds
+# the staged hqcore.pc (PKG_CONFIG_SYSROOT_DIR puts the staging directory in front of its -I and
+# -L), the extension's rpath is the staged library directory and HQ_PLUGIN_PATH names the staged
+# format modules. pytest's junit counts join the totals.
+run_python() {
+  local dir=$top/build/default stage=$top/build/default/py-stage py
+  py=${HQ_PYTHON:-}
+  [ -z "$py" ] && [ -x "$top/build/venv/bin/python3" ] && py=$top/build/venv/bin/python3
+  py=${py:-python3}
+  echo "== python: $py -m pytest python/tests"
+  [ -f "$dir/Makefile" ] || { echo "python: build/default was not built"; failed=$((failed + 1)); status=1; return; }
+  if ! "$py" -c 'import cffi, numpy, pytest' 2>/dev/null; then
+    echo "python: $py lacks cffi, numpy or pytest (scripts/install.sh installs them)"
+    failed=$((failed + 1)) status=1
+    return
+  fi
+  rm -rf "$stage" "$dir/python"
+  local pc
+  if ! (cd "$dir" && make -s install DESTDIR="$stage" > py-install.log 2>&1) ||
+     ! pc=$(dirname "$(find "$stage" -name hqcore.pc | head -1)") ||
+     ! PKG_CONFIG_PATH=$pc PKG_CONFIG_SYSROOT_DIR=$stage "$py" -m pip install -q \
+         --no-build-isolation --no-deps --target "$dir/python" "$top/python" > "$dir/py-build.log" 2>&1; then
+    tail -30 "$dir/py-install.log" "$dir/py-build.log" 2>/dev/null
+    echo "python: building the package failed"
+    failed=$((failed + 1)) status=1
+    return
+  fi
+  local plugins
+  plugins=$(dirname "$(find "$stage" -name 'mxfp8*.so' | head -1)")
+  # run from the build directory: `python -m pytest` puts the current directory on sys.path,
+  # and the source python/hq (without its compiled extension) must not shadow the built one
+  (cd "$dir" && PYTHONPATH="$dir/python" HQ_PLUGIN_PATH="$plugins" "$py" -m pytest -q -rs \
+     -p no:cacheprovider --junitxml="$dir/pytest.xml" "$top/python/tests" > "$dir/pytest.log" 2>&1)
+  local rc=$?
+  tail -15 "$dir/pytest.log"
+  local counts
+  counts=$("$py" - "$dir/pytest.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    r = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print(0, 1, 0); sys.exit()
+s = r if r.tag == "testsuite" else r.find("testsuite")
+n, f, e, k = (int(s.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+print(n - f - e - k, f + e, k)
+PY
+)
+  set -- $counts
+  passed=$((passed + $1)) failed=$((failed + $2)) skipped=$((skipped + $3))
+  [ $rc -eq 0 ] || status=1
+}
+
 run default
+run_python
 run asan --without-cuda --enable-sanitizers
 if [ -f build/default/Makefile ]; then
   echo "== make distcheck"

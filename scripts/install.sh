@@ -8,6 +8,12 @@
 # in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched).
 # A later run reuses build/release when it was configured with the same arguments, and
 # configures it again when not (tests/test_install.sh).
+# Then it installs the Python package (python/, docs/python.md) with pip, built against the hq
+# just installed: into the system's python3 (pip's user site when that is not writable) or,
+# where the system Python is externally managed (PEP 668: Debian 12, Ubuntu 23.04 and later) or
+# HQ_VENV names a directory, into a venv it creates there (default build/venv, with the
+# system's site packages visible). PyTorch is optional and large (the PyPI wheel pulls the CUDA
+# libraries, about 3 GB): HQ_WITH_TORCH=1 installs it too (.ci/run sets it).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -52,6 +58,36 @@ make -s -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
 echo "== make install"
 $sudo make -s install >/dev/null
 $sudo ldconfig 2>/dev/null || true
+if [ -d "$top/python" ]; then
+  py=python3
+  command -v python3 >/dev/null || {
+    $sudo apt-get install -y -qq --no-install-recommends python3 >/dev/null; }
+  # pip builds the extension: it needs Python.h and, for a venv, the venv module
+  if ! python3 -c 'import os, sysconfig, venv, ensurepip; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
+    echo "== installing: python3-dev python3-venv python3-pip"
+    $sudo apt-get install -y -qq --no-install-recommends python3-dev python3-venv python3-pip >/dev/null
+  fi
+  managed=$(python3 -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")))')
+  if [ -n "${HQ_VENV:-}" ] || [ "$managed" = True ]; then
+    venv=${HQ_VENV:-$top/build/venv}
+    [ -x "$venv/bin/python3" ] || python3 -m venv --system-site-packages "$venv"
+    py=$venv/bin/python3
+    where="the venv $venv (activate it: . $venv/bin/activate)"
+  else
+    where="the system Python, $(command -v python3)"
+  fi
+  echo "== python package: pip install into $where"
+  "$py" -m pip install -q --disable-pip-version-check "setuptools>=70.1" cffi numpy pytest ml_dtypes
+  if [ "${HQ_WITH_TORCH:-0}" = 1 ]; then
+    echo "== pip install torch (HQ_WITH_TORCH=1)"
+    "$py" -m pip install -q --disable-pip-version-check torch
+  fi
+  # built against the hq just installed: its hqcore.pc first on pkg-config's path
+  PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+    "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
+    --no-deps "$top/python"
+  "$py" -c 'import hq; print("   import hq: hq %s, formats %s" % (hq.version(), ", ".join(f["name"] for f in hq.info()["formats"])))'
+fi
 hq=$prefix/bin/hq
 echo "== $hq train   (the main job: the default recipe and an FP32 baseline, on the CPU)"
 "$hq" train

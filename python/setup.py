@@ -1,0 +1,7 @@
+# The cffi extension hq._native is built against the installed hq (pkg-config hqcore):
+# hq/_build.py extracts its declarations from the installed headers. build_ext always
+# recompiles: pip builds a local directory in place (python/build), and an object left there
+# from a build against another hq (other flags, other rpath) must not be reused.
+from setuptools import setup
+
+setup(cffi_modules=["hq/_build.py:ffibuilder"], options={"build_ext": {"force": True}})
