@@ -330,9 +330,19 @@ EXTRA_PROGRAMS = tests/test_dist_mpi
 tests_test_dist_mpi_SOURCES = tests/test_dist_mpi.c tests/hq_test.h
 tests_test_dist_mpi_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(MPI_CFLAGS)
 tests_test_dist_mpi_LDADD = $(HQ_TEST_LDADD) $(MPI_LIBS)
-CLEANFILES += tests/test_dist_mpi$(EXEEXT)
+# the same over NCCL, one GPU per rank (skips without a GPU per rank)
+EXTRA_PROGRAMS += tests/test_dist_nccl
+tests_test_dist_nccl_SOURCES = tests/test_dist_nccl.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_dist_nccl_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(MPI_CFLAGS) $(CUDA_CPPFLAGS)
+tests_test_dist_nccl_LDADD = $(HQ_TEST_LDADD) $(MPI_LIBS) -lnccl -lcudart
+tests_test_dist_nccl_LDFLAGS = $(CUDA_LDFLAGS)
+CLEANFILES += tests/test_dist_mpi$(EXEEXT) tests/test_dist_nccl$(EXEEXT)
+HQ_DIST_TESTS = tests/test_dist_mpi$(EXEEXT)
+if HAVE_NCCL
+HQ_DIST_TESTS += tests/test_dist_nccl$(EXEEXT)
+endif
 if HAVE_MPI
-tests/test_dist_mpi.log: tests/test_dist_mpi$(EXEEXT)
+tests/test_dist_mpi.log: $(HQ_DIST_TESTS)
 endif
 
 TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
@@ -357,4 +367,5 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
 	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN; \
 	HQ_MPIRUN='$(MPIRUN)'; export HQ_MPIRUN; \
-	HQ_TEST_DIST_MPI='$(abs_top_builddir)/tests/test_dist_mpi$(EXEEXT)'; export HQ_TEST_DIST_MPI;
+	HQ_TEST_DIST_MPI='$(abs_top_builddir)/tests/test_dist_mpi$(EXEEXT)'; export HQ_TEST_DIST_MPI; \
+	HQ_TEST_DIST_NCCL='$(abs_top_builddir)/tests/test_dist_nccl$(EXEEXT)'; export HQ_TEST_DIST_NCCL;

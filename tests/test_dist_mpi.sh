@@ -2,7 +2,9 @@
 # test_dist_mpi.sh -- the FSDP gather across ranks through Open MPI (tests/test_dist_mpi.c):
 # every test of the program under `mpirun -np 2` and `mpirun -np 4`, then a job whose last rank
 # is killed before the gather: every other rank must print that it came back with HQ_EIO (no
-# hang: the job runs under a time limit). Skips (77) without mpirun or without the MPI backend.
+# hang: the job runs under a time limit); built with NCCL, tests/test_dist_nccl under
+# `mpirun -np 2` (it skips without a GPU per rank). Skips (77) without mpirun or without the MPI
+# backend.
 # As root (CI), mpirun needs --allow-run-as-root; --oversubscribe runs 4 ranks on 2 cores.
 set -u
 mpirun=${HQ_MPIRUN:-}
@@ -34,4 +36,16 @@ for np in 2 4; do
   got=$(grep -c "^rank [0-9]* survived: HQ_EIO" "$tmp/out")
   [ "$got" -eq $((np - 1)) ] || { cat "$tmp/err"; echo "FAIL: -np $np: $got of $((np - 1)) ranks came back with HQ_EIO"; exit 1; }
 done
+nccl=${HQ_TEST_DIST_NCCL:-}
+if [ -n "$nccl" ] && [ -x "$nccl" ]; then
+  echo "== NCCL: mpirun -np 2"
+  # shellcheck disable=SC2086
+  timeout 600 "$mpirun" $flags -np 2 "$nccl"
+  rc=$?
+  case $rc in
+    0) ;;
+    77) echo "NCCL: skipped (not a GPU per rank)" ;;
+    *) echo "FAIL: NCCL: mpirun -np 2: status $rc"; exit 1 ;;
+  esac
+fi
 echo "PASS"
