@@ -91,8 +91,8 @@ HQ_API int hq_dist_state_update(hq_dist *d, hq_state *st, hq_ctx *ctx);
 typedef struct hq_gather hq_gather;  /* the plan of one parameter's gather */
 /* Collective. shard: this rank's shard (rows in rank order make the full tensor), quantized
    with the shared amax. The plan holds the staging memory of the gather (allocated through ctx)
-   and stays valid while every rank's shard keeps its shape, quantizer and directions; it uses
-   d in every run (free the plans before d; a plan may be freed after d). */
+   and stays valid while every rank's shard keeps its shape, quantizer and directions. Every
+   run uses d: run a plan only while d lives (freeing it after d is allowed). */
 HQ_API int hq_gather_create(hq_dist *d, hq_ctx *ctx, hq_qtensor *shard, hq_gather **out);
 /* Collective: gather every rank's shard into full (made with hq_make_empty by the shard's
    quantizer at the full rows, or the previous result). The bytes equal the whole tensor
