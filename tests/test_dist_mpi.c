@@ -19,8 +19,9 @@
 **   format, other options (another recipe), a shard that splits a 128-row fp8_block tile or a
 **   32-row MXFP8 columnwise block (the message names the shard rows and the block), nvfp4 with
 **   stochastic rounding (cannot be gathered), a full tensor of the wrong shape.
-** timeout: a rank that is late past the timeout makes the others' gather return HQ_EIO within
-**   it, and the communicator refuses further calls (HQ_ESTATE).
+** timeout: a rank that is late past the 1 s timeout makes the others' gather return HQ_EIO
+**   within 4 s (slack for a loaded machine), and the communicator refuses further calls
+**   (HQ_ESTATE).
 ** `wire ROWS COLS RECIPE...` (argv[1]): prints the bytes a weight's gather moves per recipe.
 ** `die` (argv[1]): the last rank is killed before the gather; every other rank must print
 **   "survived: <status>" with HQ_EIO within the timeout (the script checks the lines).
@@ -305,7 +306,7 @@ static void test_timeout(void **state) {
   HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &x, &shard));
   hq_gather *g = NULL;
   if (g_rank == g_size - 1) {
-    sleep(3);
+    sleep(6); /* well past the others' timeout and its slack, also on a loaded machine */
     HQ_OK_OR_FAIL(hq_gather_create(d, g_ctx, shard, &g));
     hq_gather_free(g);
   } else {
@@ -313,7 +314,7 @@ static void test_timeout(void **state) {
     assert_int_equal(hq_gather_create(d, g_ctx, shard, &g), HQ_EIO);
     HQ_ERROR_HAS("no answer from every rank within 1 s");
     const double took = MPI_Wtime() - t0;
-    if (took > 2.5) fail_msg("rank %d: the timeout of 1 s took %g s", g_rank, took);
+    if (took > 4.0) fail_msg("rank %d: the timeout of 1 s took %g s", g_rank, took);
     float a[2];
     assert_int_equal(hq_dist_amax(d, q, g_ctx, &x, a), HQ_ESTATE);
     HQ_ERROR_HAS("failed or timed out");
