@@ -2,7 +2,8 @@
 lib_LTLIBRARIES += core/libhqcore.la
 hqincludedir = $(includedir)/hq
 hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h \
-	core/include/hq/gemm_provider.h core/include/hq/train.h core/include/hq/adamw.h
+	core/include/hq/gemm_provider.h core/include/hq/train.h core/include/hq/adamw.h \
+	core/include/hq/dist.h
 core_libhqcore_la_SOURCES = core/hq_internal.h core/hqi_cuda.h core/error.c core/util.c \
 	core/device.c core/ctx.c core/host_api.c core/loader.c core/options.c core/format.c core/role.c \
 	core/recipe.c core/quantizer.c core/fsdp.c core/forms.c core/gemm.c core/gemm_host.c core/provider.c \

@@ -5,7 +5,9 @@
 #
 # Works on a fresh clone as root (a container: no sudo needed) or as a user with sudo. The
 # source tree stays unconfigured, so the second command, scripts/check.sh, runs right after it
-# in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched).
+# in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched);
+# Open MPI (openmpi-bin, libopenmpi-dev) gives the FSDP gather its MPI backend and the MPI tests
+# their mpirun, NCCL (with the CUDA toolkit) its NCCL backend.
 # A later run reuses build/release when it was configured with the same arguments, and
 # configures it again when not (tests/test_install.sh).
 # Then it installs the Python package (python/, docs/python.md) with pip, built against the hq
@@ -23,7 +25,7 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "install.sh: not root and no sudo: run as root" >&2; exit 1; }
   sudo=sudo
 fi
-pkgs="autoconf automake libtool pkg-config make gcc libinih-dev libcmocka-dev libopenblas-dev libjansson-dev wamerican"
+pkgs="autoconf automake libtool pkg-config make gcc libinih-dev libcmocka-dev libopenblas-dev libjansson-dev wamerican openmpi-bin libopenmpi-dev"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -3,7 +3,7 @@
 # headers are installed with libhqcore's in core/local.mk).
 lib_LTLIBRARIES += services/libhqtrain.la
 services_libhqtrain_la_SOURCES = services/svc.h services/svc_util.c services/adamw.c \
-	services/adamw_cuda.h
+	services/adamw_cuda.h services/dist_impl.h services/dist.c
 services_libhqtrain_la_CPPFLAGS = $(AM_CPPFLAGS)
 services_libhqtrain_la_LIBADD = core/libhqcore.la -lm
 services_libhqtrain_la_LDFLAGS = -version-info $(HQTRAIN_LT_VERSION) -no-undefined \
@@ -22,4 +22,14 @@ if HAVE_CUDA
 services_libhqtrain_la_CPPFLAGS += $(CUDA_CPPFLAGS)
 services_libhqtrain_la_LIBADD += services/adamw_cuda.lo -lcudart -lstdc++
 services_libhqtrain_la_LDFLAGS += $(CUDA_LDFLAGS)
+endif
+# the FSDP gather's backends (hq/dist.h), each compiled when configure finds its library
+if HAVE_MPI
+services_libhqtrain_la_SOURCES += services/dist_mpi.c
+services_libhqtrain_la_CPPFLAGS += $(MPI_CFLAGS)
+services_libhqtrain_la_LIBADD += $(MPI_LIBS)
+endif
+if HAVE_NCCL
+services_libhqtrain_la_SOURCES += services/dist_nccl.c
+services_libhqtrain_la_LIBADD += -lnccl
 endif

@@ -323,12 +323,34 @@ tests_test_gpu_static_rt_LDADD = $(HQ_TEST_LDADD) -lcudart_static -ldl -lrt -lpt
 tests_test_gpu_static_rt_LDFLAGS = $(CUDA_LDFLAGS) -Wl,--exclude-libs,libcudart_static.a
 endif
 
-TESTS += $(check_PROGRAMS) tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
+# the FSDP gather across ranks (hq/dist.h): a program every rank of `mpirun -np N` runs, driven
+# by tests/test_dist_mpi.sh. Not in check_PROGRAMS (it runs under mpirun only): built before the
+# script's log, cleaned by hand.
+EXTRA_PROGRAMS = tests/test_dist_mpi
+tests_test_dist_mpi_SOURCES = tests/test_dist_mpi.c tests/hq_test.h
+tests_test_dist_mpi_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(MPI_CFLAGS)
+tests_test_dist_mpi_LDADD = $(HQ_TEST_LDADD) $(MPI_LIBS)
+# the same over NCCL, one GPU per rank (skips without a GPU per rank)
+EXTRA_PROGRAMS += tests/test_dist_nccl
+tests_test_dist_nccl_SOURCES = tests/test_dist_nccl.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_dist_nccl_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(MPI_CFLAGS) $(CUDA_CPPFLAGS)
+tests_test_dist_nccl_LDADD = $(HQ_TEST_LDADD) $(MPI_LIBS) -lnccl -lcudart
+tests_test_dist_nccl_LDFLAGS = $(CUDA_LDFLAGS)
+CLEANFILES += tests/test_dist_mpi$(EXEEXT) tests/test_dist_nccl$(EXEEXT)
+HQ_DIST_TESTS = tests/test_dist_mpi$(EXEEXT)
+if HAVE_NCCL
+HQ_DIST_TESTS += tests/test_dist_nccl$(EXEEXT)
+endif
+if HAVE_MPI
+tests/test_dist_mpi.log: $(HQ_DIST_TESTS)
+endif
+
+TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
 	tests/test_install.sh
 endif
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
-EXTRA_DIST += tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
+EXTRA_DIST += tests/test_dist_mpi.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \
@@ -343,4 +365,7 @@ AM_TESTS_ENVIRONMENT = \
 	export HQ_TEST_IDENTITY_SO; \
 	HQ_TEST_IDENTITY_DIR='$(abs_top_builddir)/tests/identity/.libs'; export HQ_TEST_IDENTITY_DIR; \
 	HQ_CONF_DIR='$(abs_top_srcdir)/conf'; export HQ_CONF_DIR; \
-	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN;
+	HQ_BIN='$(abs_top_builddir)/tools/hq'; export HQ_BIN; \
+	HQ_MPIRUN='$(MPIRUN)'; export HQ_MPIRUN; \
+	HQ_TEST_DIST_MPI='$(abs_top_builddir)/tests/test_dist_mpi$(EXEEXT)'; export HQ_TEST_DIST_MPI; \
+	HQ_TEST_DIST_NCCL='$(abs_top_builddir)/tests/test_dist_nccl$(EXEEXT)'; export HQ_TEST_DIST_NCCL;
