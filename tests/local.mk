@@ -274,8 +274,8 @@ check_PROGRAMS += tests/test_checkpoint
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h
 if HAVE_JANSSON
 # the test reads the files' JSON headers itself (jansson) to check them independently
-tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(JANSSON_CFLAGS) -DHQ_TEST_JANSSON
-tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD) $(JANSSON_LIBS)
+tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(JANSSON_CFLAGS) $(XXHASH_CFLAGS) -DHQ_TEST_JANSSON
+tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD) $(JANSSON_LIBS) $(XXHASH_LIBS)
 else
 tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
