@@ -209,7 +209,8 @@ static int stale_temporary(const char *name, const char *base, const char *host)
    stays as it is, and the save goes on. */
 static int remove_stale(const char *path, const char *dir, const char *base, const char *host) {
   DIR *d = opendir(dir);
-  if (!d && errno == ENOMEM) return ck_error(HQ_ENOMEM, path, "out of memory (listing %.300s)", dir);
+  if (!d && errno == ENOMEM)
+    return ck_error(HQ_ENOMEM, path, "out of memory (listing %.300s)", dir);
   if (!d) return HQ_OK;
   struct dirent *e;
   while ((e = readdir(d)))

@@ -107,11 +107,12 @@ typedef struct hq_ckpt hq_ckpt;
    ranges inside the data section, not overlapping and covering it without a hole (the
    safetensors rule). */
 HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
-/* Load without verifying checksums: for a file another tool (or hq before 0.3) wrote, which has
-   none. Without it, such a file is HQ_ENOTSUP at open, saying so. */
+/* Load without verifying checksums: for a file another tool (or an hq without checksums) wrote,
+   which has none. Without it, such a file is HQ_ENOTSUP at open, saying so. */
 #define HQ_CKPT_NO_VERIFY 1u
 typedef struct hq_ckpt_open_opts {
-  uint32_t struct_size;          /* sizeof(hq_ckpt_open_opts); at least HQ_CKPT_OPEN_OPTS_SIZE_0_3 */
+  uint32_t struct_size;          /* sizeof(hq_ckpt_open_opts); at least
+                                    HQ_CKPT_OPEN_OPTS_SIZE_0_3 */
   uint32_t flags;                /* HQ_CKPT_NO_VERIFY, or 0 */
 } hq_ckpt_open_opts;
 #define HQ_CKPT_OPEN_OPTS_SIZE_0_3 (offsetof(hq_ckpt_open_opts, flags) + sizeof(uint32_t))
