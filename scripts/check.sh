@@ -6,8 +6,10 @@
 #   1. build/default: configure (CUDA paths built when nvcc is found; it must print no
 #      "cannot remove" about the build tree's core/ directory) + make check
 #   2. build/asan:    --without-cuda --enable-sanitizers (ASan + UBSan) + make check
-#   3. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
-# and print the automake totals of 1 and 2 as one line: "N passed, N failed[, N skipped]".
+#   3. scripts/fuzz.sh short: the parsers' libFuzzer targets, 10 s each (skipped without clang's
+#      libFuzzer; counted as one test)
+#   4. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
+# and print the automake totals of 1 and 2 (and 3) as one line: "N passed, N failed[, N skipped]".
 # GPU tests exit 77 (skipped) on a machine without a CUDA device.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,6 +61,14 @@ run() { # name, configure args...
 
 run default
 run asan --without-cuda --enable-sanitizers
+# the parsers' fuzz targets, 10 s each (docs/reliability.md), where clang can link libFuzzer
+echo "== fuzz: scripts/fuzz.sh short"
+"$top/scripts/fuzz.sh" short
+case $? in
+  0) passed=$((passed + 1)) ;;
+  77) skipped=$((skipped + 1)) ;;
+  *) failed=$((failed + 1)) status=1 ;;
+esac
 if [ -f build/default/Makefile ]; then
   echo "== make distcheck"
   if ! (cd build/default && make -j"$jobs" distcheck > distcheck.log 2>&1); then
