@@ -3,7 +3,8 @@
 ** safetensors files (docs/checkpoints.md); the work is split by job, each file using only those
 ** below it:
 **   ckpt_file.c   the safetensors file: dtypes, names' UTF-8, reads and writes, the JSON header
-**                 (parsed, validated, built), opening a checkpoint and reading its entries;
+**                 (parsed, validated, built), the checksums (XXH3_64bits), opening a checkpoint
+**                 and reading its entries (verified);
 **   ckpt_meta.c   the "<name>/hq" metadata of a quantized tensor: made from a qtensor, parsed,
 **                 and its formats checked against a qtensor's (plugin, layout version, options);
 **   ckpt_write.c  the writer (names, host snapshots, the file written at close);

@@ -1,8 +1,10 @@
 /*
 ** ckpt_file.c -- the safetensors file of a checkpoint: the dtypes, the names' UTF-8, reads and
 ** writes, the JSON header (built, parsed and verified with jansson, never by hand), and the
-** reader: hq_ckpt_open checks the whole header (nothing in it is trusted: sizes, offsets,
-** shapes, dtypes are validated and overflow-checked) and entries are read with pread() at load.
+** reader: hq_ckpt_open checks the header's checksum before parsing it, then the whole header
+** (nothing in it is trusted: sizes, offsets, shapes, dtypes are validated and overflow-checked),
+** and entries are read with pread() at load, each hashed as it is read and checked against its
+** checksum.
 **
 ** The file (docs/checkpoints.md): an 8-byte little-endian header length N, N bytes of JSON
 ** (padded with spaces to a multiple of 8), then the tensors' bytes, contiguous, in the order they

@@ -22,6 +22,14 @@
 **     dtypes, non-object JSON, deep nesting, NUL bytes, inconsistent "<name>/hq" metadata, and
 **     2000 seeded random mutations: a clean error or a correct load, never a crash (run it in
 **     the ASan/UBSan build);
+**   - checksums (issue 46): one bit flipped in every entry and in every header byte in turn, each
+**     refused naming the entry (the tensor) or the header; a file without checksums refused by
+**     default and loaded with HQ_CKPT_NO_VERIFY;
+**   - two writers of one path (one failing on a full disk), saves killed by SIGKILL and by
+**     SIGXFSZ mid-write (their temporary files removed by the next save, a live process's kept),
+**     a full disk (a 256 KiB tmpfs when mount works, a file size limit always): the file at the
+**     path is never damaged;
+**   - every required key of "<name>/hq" removed and given a wrong value: refused naming it;
 **   - allocation failures injected one at a time into a save and a load (not under ASan);
 **   - Python's safetensors (when python3 can import safetensors and numpy) reads the files.
 */
@@ -1580,11 +1588,9 @@ static void test_full_disk(void **state) {
 
 // --- required metadata keys (issue 46, 9) ---------------------------------------------------
 
-/* Every key docs/checkpoints.md (3) calls required, removed and then given a wrong value, in
-   turn: refused naming the key and the tensor (the header re-signed, so the checks, not the
-   checksums, refuse it). */
-static void test_required_keys(void **state) {
-  (void)state;
+/* real.safetensors: one fp8_tensor [16, 32] qtensor "q" (both directions), as bad_meta edits
+   it; its "q/hq" metadata parsed (json_decref it). */
+static json_t *real_meta(void) {
   hq_qtensor *qt = quantize_cfg(&k_small[0], 3);
   save_as(tpath("real.safetensors"), "q", qt);
   hq_qtensor_free(qt);
@@ -1593,6 +1599,17 @@ static void test_required_keys(void **state) {
   json_error_t err;
   json_t *m = json_loads(hq_ckpt_meta(ck, "q/hq"), 0, &err);
   hq_ckpt_close(ck);
+  assert_non_null(m);
+  return m;
+}
+
+/* Every key docs/checkpoints.md (3) calls required, removed and then given a wrong value, in
+   turn: refused naming the key and the tensor (the header re-signed, so the checks, not the
+   checksums, refuse it). */
+static void test_required_keys(void **state) {
+  (void)state;
+  json_t *m = real_meta();
+  json_error_t err;
   static const struct {
     const char *path[3]; /* the key: top level, formats.<dir>.<key>, buffers[i].<key> */
     const char *bad;     /* a wrong value (JSON) */
@@ -1781,14 +1798,7 @@ static void test_layout_version(void **state) {
   /* the recorded version, field by field: 1 for the stock module; a file without it (written
      before layout versions were recorded) reads as 1; anything but an integer >= 1 is malformed;
      an option listed twice too */
-  hq_qtensor *qt = quantize_cfg(&k_small[0], 3);
-  save_as(tpath("real.safetensors"), "q", qt);
-  hq_qtensor_free(qt);
-  hq_ckpt *ck;
-  HQ_OK_OR_FAIL(hq_ckpt_open(tpath("real.safetensors"), &ck));
-  json_error_t err;
-  json_t *m = json_loads(hq_ckpt_meta(ck, "q/hq"), 0, &err);
-  hq_ckpt_close(ck);
+  json_t *m = real_meta();
   json_t *fr = json_object_get(json_object_get(m, "formats"), "rowwise");
   json_t *fc = json_object_get(json_object_get(m, "formats"), "columnwise");
   assert_int_equal(json_integer_value(json_object_get(fr, "layout_version")), 1);

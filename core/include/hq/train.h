@@ -105,7 +105,8 @@ typedef struct hq_ckpt hq_ckpt;
 /* Open and validate a checkpoint: header length within the file (and at most 100,000,000
    bytes), JSON well formed, every entry's dtype known, shape consistent with its byte range,
    ranges inside the data section, not overlapping and covering it without a hole (the
-   safetensors rule). */
+   safetensors rule); and its checksums, verified as hq_ckpt_open_ex describes (a file without
+   any is HQ_ENOTSUP). */
 HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
 /* Load without verifying checksums: for a file another tool (or an hq without checksums) wrote,
    which has none. Without it, such a file is HQ_ENOTSUP at open, saying so. */
