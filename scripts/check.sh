@@ -8,11 +8,13 @@
 #   2. build/asan:    --without-cuda --enable-sanitizers (ASan + UBSan) + make check
 #   2b. python:       the Python package (python/) built with pip against build/default
 #      installed into a staging directory (DESTDIR), and its tests run with pytest
-#   3. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
-# and print the totals of 1, 2 and 2b as one line: "N passed, N failed[, N skipped]" (automake's
-# and pytest's counts added). GPU tests exit 77 (skipped) on a machine without a CUDA device;
-# PyTorch tests are skipped when torch is not importable. The Python is $HQ_PYTHON, else the
-# venv scripts/install.sh made (build/venv), else python3.
+#   3. scripts/fuzz.sh short: the parsers' libFuzzer targets, 10 s each (skipped without clang's
+#      libFuzzer; counted as one test)
+#   4. make distcheck (a VPATH build from the tarball, read-only sources, install/uninstall)
+# and print the totals of 1, 2, 2b and 3 as one line: "N passed, N failed[, N skipped]"
+# (automake's and pytest's counts added). GPU tests exit 77 (skipped) on a machine without a
+# CUDA device; PyTorch tests are skipped when torch is not importable. The Python is
+# $HQ_PYTHON, else the venv scripts/install.sh made (build/venv), else python3.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -116,6 +118,14 @@ PY
 run default
 run_python
 run asan --without-cuda --enable-sanitizers
+# the parsers' fuzz targets, 10 s each (docs/reliability.md), where clang can link libFuzzer
+echo "== fuzz: scripts/fuzz.sh short"
+"$top/scripts/fuzz.sh" short
+case $? in
+  0) passed=$((passed + 1)) ;;
+  77) skipped=$((skipped + 1)) ;;
+  *) failed=$((failed + 1)) status=1 ;;
+esac
 if [ -f build/default/Makefile ]; then
   echo "== make distcheck"
   if ! (cd build/default && make -j"$jobs" distcheck > distcheck.log 2>&1); then

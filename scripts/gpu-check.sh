@@ -324,14 +324,16 @@ if [ ! -d .devdeps/usr/include ]; then
 fi
 # nor is the word list hq train reads (Debian's wamerican), for --train
 [ -f .devdeps/words ] || cp /usr/share/dict/words .devdeps/words 2>/dev/null || true
-# jansson (checkpoints) is not on the device image either: unpack Debian's packages beside them
-if [ ! -f .devdeps/usr/include/jansson.h ]; then
+# jansson and xxHash (checkpoints and their checksums) are not on the device image either:
+# unpack Debian's packages beside them
+if [ ! -f .devdeps/usr/include/jansson.h ] || [ ! -f .devdeps/usr/include/xxhash.h ]; then
   mkdir -p .devdeps/debs
-  (cd .devdeps/debs && apt-get download libjansson4 libjansson-dev 2>/dev/null)
+  (cd .devdeps/debs && apt-get download libjansson4 libjansson-dev libxxhash0 libxxhash-dev 2>/dev/null)
   for d in .devdeps/debs/*.deb; do dpkg -x "$d" .devdeps; done
   rm -rf .devdeps/debs
   sed -i -e 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' \
-    .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/jansson.pc
+    .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/jansson.pc \
+    .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/libxxhash.pc
 fi
 cat <<MSG
 ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))

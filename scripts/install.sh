@@ -25,7 +25,7 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "install.sh: not root and no sudo: run as root" >&2; exit 1; }
   sudo=sudo
 fi
-pkgs="autoconf automake libtool pkg-config make gcc libinih-dev libcmocka-dev libopenblas-dev libjansson-dev wamerican openmpi-bin libopenmpi-dev"
+pkgs="autoconf automake libtool pkg-config make gcc libinih-dev libcmocka-dev libopenblas-dev libjansson-dev libxxhash-dev wamerican openmpi-bin libopenmpi-dev"
 missing=
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

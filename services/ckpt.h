@@ -3,7 +3,8 @@
 ** safetensors files (docs/checkpoints.md); the work is split by job, each file using only those
 ** below it:
 **   ckpt_file.c   the safetensors file: dtypes, names' UTF-8, reads and writes, the JSON header
-**                 (parsed, validated, built), opening a checkpoint and reading its entries;
+**                 (parsed, validated, built), the checksums (XXH3_64bits), opening a checkpoint
+**                 and reading its entries (verified);
 **   ckpt_meta.c   the "<name>/hq" metadata of a quantized tensor: made from a qtensor, parsed,
 **                 and its formats checked against a qtensor's (plugin, layout version, options);
 **   ckpt_write.c  the writer (names, host snapshots, the file written at close);
@@ -15,6 +16,7 @@
 #define HQ_CKPT_H
 
 #include <jansson.h>
+#include <xxhash.h>
 
 #include "svc.h"
 
@@ -26,6 +28,15 @@
 /* Version of the "<name>/hq" metadata written here. */
 #define CK_META_VERSION 1
 
+/* Checksums (docs/checkpoints.md, 2): XXH3_64bits (seed 0) as 16 lowercase hex digits. The
+   header's is the first "__metadata__" key, so that it sits at a fixed place in the text
+   (CK_SUM_PREFIX): it covers the 8-byte length and the header with its own 16 digits as '0's.
+   Every entry E has "E" CK_SUM_SUFFIX over its bytes. */
+#define CK_SUM_HEADER_KEY "hq_header_xxh3_64"
+#define CK_SUM_PREFIX "{\"__metadata__\":{\"" CK_SUM_HEADER_KEY "\":\""
+#define CK_SUM_SUFFIX "/xxh3_64"
+#define CK_SUM_HEX 16
+
 // --- ckpt_file.c: the safetensors file ---------------------------------------------------------
 
 /* "checkpoint <path>: <message>" as the thread's error; returns code. */
@@ -36,6 +47,12 @@ int ck_utf8_valid(const char *str);
 const char *ck_st_name_of(hq_dtype t);
 /* Write all of buf; HQ_EIO naming the file on failure. */
 int ck_write_all(int fd, const void *buf, size_t n, const char *path);
+/* The 16 lowercase hex digits of h into out (17 bytes with the NUL). */
+void ck_sum_hex(XXH64_hash_t h, char *out);
+/* The checksum of the header text hdr (len bytes, whose first bytes are CK_SUM_PREFIX and 16
+   digits) into *out: over the 8-byte length and the header with those digits read as '0's.
+   HQ_ENOMEM (message naming path) when xxHash's state cannot be allocated. */
+int ck_header_sum(const char *path, const char *hdr, size_t len, XXH64_hash_t *out);
 
 /* JSON builders; a NULL anywhere is out of memory, and jansson frees a value it could not
    insert (0 on success). */
@@ -56,6 +73,7 @@ struct hq_ckpt {
   uint64_t data_size;         /* bytes after the header */
   json_t *root;               /* the header (validated at open) */
   json_t *meta;               /* "__metadata__" (borrowed from root), or NULL */
+  int verify;                 /* checksums verified (not opened with HQ_CKPT_NO_VERIFY) */
 };
 
 /* One entry of the header, as validated. */
@@ -69,9 +87,16 @@ typedef struct ck_entry {
 
 /* The header entry `name` (not "__metadata__"), parsed; HQ_ENOENT when absent. */
 int ck_find_entry(const hq_ckpt *c, const char *name, ck_entry *out);
-/* Copy `bytes` bytes of the data section at `off` into dst on `device` (the host, or ctx's
-   device through a host staging buffer and ctx's stream, synchronized per chunk). */
-int ck_read_into(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, uint64_t off, size_t bytes);
+/* Copy entry `name` (parsed into e) into dst on `device` (the host, or ctx's device through a
+   host staging buffer and ctx's stream, synchronized per chunk), verifying its checksum unless
+   the file was opened without verification (a mismatch is HQ_EPARSE naming the entry; dst then
+   holds the corrupt bytes), with `sum` (ck_sum_state). */
+int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *name,
+                  const ck_entry *e, XXH3_state_t *sum);
+/* The hash state ck_read_entry needs to read into `device` through staging (*out NULL for the
+   host, which is hashed in one pass, and when c is not verified; free it with
+   XXH3_freeState): allocated before a load writes anything. */
+int ck_sum_state(const hq_ckpt *c, int device, XXH3_state_t **out);
 /* Whether a JSON shape (integers checked at open) equals dims; "[a, b, ...]" texts of a JSON
    shape and of dims into buf. */
 int ck_shape_equal(json_t *shape, int ndim, const int64_t *dims);
@@ -117,10 +142,14 @@ typedef struct ck_meta {
   json_t *json;
   int64_t rows, cols;
   uint32_t dirs;              /* the directions present */
-  const char *source;         /* "original" or "rowwise_dequantized" (unchecked text) */
+  uint32_t usage;             /* the directions hq_qtensor_update refreshes (informative) */
+  hq_dtype nominal;           /* f32, f16 or bf16 */
+  const char *source;         /* "original" or "rowwise_dequantized" */
 } ck_meta;
-/* Parse `text` (the value of L->mkey): JSON, an object of version CK_META_VERSION with rows,
-   cols, directions and columnwise_source. HQ_EPARSE / HQ_ENOTSUP / HQ_ENOMEM naming what. */
+/* Parse `text` (the value of L->mkey): JSON, an object of version CK_META_VERSION with every
+   key docs/checkpoints.md (3) calls required, each of its type and range: role, rows, cols,
+   nominal, directions, usage, columnwise_source (formats and buffers: ck_meta_check_formats,
+   ck_meta_buffers). HQ_EPARSE / HQ_ENOTSUP / HQ_ENOMEM naming the key. */
 int ck_meta_parse(const ck_load *L, const char *text, ck_meta *out);
 void ck_meta_free(ck_meta *m);
 /* Check the format records of qt's present directions against qt's formats: plugin name,

@@ -1,8 +1,10 @@
 /*
 ** ckpt_file.c -- the safetensors file of a checkpoint: the dtypes, the names' UTF-8, reads and
 ** writes, the JSON header (built, parsed and verified with jansson, never by hand), and the
-** reader: hq_ckpt_open checks the whole header (nothing in it is trusted: sizes, offsets,
-** shapes, dtypes are validated and overflow-checked) and entries are read with pread() at load.
+** reader: hq_ckpt_open checks the header's checksum before parsing it, then the whole header
+** (nothing in it is trusted: sizes, offsets, shapes, dtypes are validated and overflow-checked),
+** and entries are read with pread() at load, each hashed as it is read and checked against its
+** checksum.
 **
 ** The file (docs/checkpoints.md): an 8-byte little-endian header length N, N bytes of JSON
 ** (padded with spaces to a multiple of 8), then the tensors' bytes, contiguous, in the order they
@@ -144,6 +146,95 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path
     p += k;
     n -= (size_t)k;
     off += (uint64_t)k;
+  }
+  return HQ_OK;
+}
+
+// --- checksums ------------------------------------------------------------------------------
+
+void ck_sum_hex(XXH64_hash_t h, char *out) {
+  snprintf(out, CK_SUM_HEX + 1, "%016llx", (unsigned long long)h);
+}
+
+int ck_header_sum(const char *path, const char *hdr, size_t len, XXH64_hash_t *out) {
+  static const char zeros[CK_SUM_HEX + 1] = "0000000000000000";
+  const size_t at = sizeof CK_SUM_PREFIX - 1;
+  unsigned char n8[8];
+  for (int k = 0; k < 8; k++) n8[k] = (unsigned char)((uint64_t)len >> (8 * k));
+  XXH3_state_t *st = XXH3_createState();
+  if (!st) return ck_error(HQ_ENOMEM, path, "out of memory (checksum state)");
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, n8, sizeof n8);
+  XXH3_64bits_update(st, hdr, at);
+  XXH3_64bits_update(st, zeros, CK_SUM_HEX);
+  XXH3_64bits_update(st, hdr + at + CK_SUM_HEX, len - at - CK_SUM_HEX);
+  *out = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return HQ_OK;
+}
+
+/* 16 lowercase hex digits (what ck_sum_hex writes), and nothing else. */
+static int sum_text_valid(const char *s, size_t n) {
+  if (n != CK_SUM_HEX) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return 1;
+}
+
+/* Where the header text hdr holds its checksum (CK_SUM_PREFIX, 16 digits, '"'): 1 when it does,
+   0 when not (no checksum, or one moved by another writer or by corruption). */
+static int header_has_sum(const char *hdr, size_t len) {
+  const size_t at = sizeof CK_SUM_PREFIX - 1;
+  return len > at + CK_SUM_HEX && memcmp(hdr, CK_SUM_PREFIX, at) == 0 &&
+         sum_text_valid(hdr + at, CK_SUM_HEX) && hdr[at + CK_SUM_HEX] == '"';
+}
+
+/* The header's checksum against its text (before anything in it is parsed or trusted). */
+static int verify_header(const char *path, const char *hdr, size_t len) {
+  XXH64_hash_t h;
+  int rc = ck_header_sum(path, hdr, len, &h);
+  if (rc) return rc;
+  char want[CK_SUM_HEX + 1];
+  ck_sum_hex(h, want);
+  const char *rec = hdr + sizeof CK_SUM_PREFIX - 1;
+  if (memcmp(want, rec, CK_SUM_HEX) != 0)
+    return ck_error(HQ_EPARSE, path, "the header is corrupt: it hashes to xxh3_64 %s, its "
+                    "checksum \"" CK_SUM_HEADER_KEY "\" says %.16s (the file changed after hq "
+                    "wrote it)", want, rec);
+  return HQ_OK;
+}
+
+/* After a verified header: every entry has a checksum key of 16 hex digits. Without a verified
+   header: a file with no checksum at all is a foreign (or older) file, refused with the way to
+   load it; one with entry checksums but no header checksum where hq writes it is corrupt. */
+static int check_sum_keys(hq_ckpt *c, int header_summed) {
+  const char *key;
+  json_t *v;
+  if (!header_summed) {
+    int any = hq_ckpt_meta(c, CK_SUM_HEADER_KEY) != NULL;
+    const size_t ns = strlen(CK_SUM_SUFFIX);
+    json_object_foreach(c->meta, key, v) {
+      size_t n = strlen(key);
+      any |= n > ns && strcmp(key + n - ns, CK_SUM_SUFFIX) == 0;
+    }
+    if (any)
+      return ck_error(HQ_EPARSE, c->path, "the header is corrupt: it has checksums but not the "
+                      "header's own at its start (\"" CK_SUM_HEADER_KEY "\", the first "
+                      "metadata key hq writes)");
+    return ck_error(HQ_ENOTSUP, c->path, "the file has no checksums (written by another tool, "
+                    "or by hq before checksums were added), so corruption in it could not be "
+                    "detected: to load it anyway, open it with HQ_CKPT_NO_VERIFY "
+                    "(hq_ckpt_open_ex), or give hq train --no-verify");
+  }
+  json_object_foreach(c->root, key, v) {
+    if (strcmp(key, "__metadata__") == 0) continue;
+    char *sk = hqt_join(key, "", CK_SUM_SUFFIX);
+    if (!sk) return ck_error(HQ_ENOMEM, c->path, "out of memory");
+    const char *sum = hq_ckpt_meta(c, sk);
+    free(sk);
+    if (!sum || !sum_text_valid(sum, strlen(sum)))
+      return ck_error(HQ_EPARSE, c->path, "entry '%.200s': its checksum \"%.200s" CK_SUM_SUFFIX
+                      "\" is missing or not 16 hex digits", key, key);
   }
   return HQ_OK;
 }
@@ -388,13 +479,27 @@ void hq_ckpt_close(hq_ckpt *c) {
   free(c);
 }
 
-int hq_ckpt_open(const char *path, hq_ckpt **out) {
+int hq_ckpt_open(const char *path, hq_ckpt **out) { return hq_ckpt_open_ex(path, NULL, out); }
+
+int hq_ckpt_open_ex(const char *path, const hq_ckpt_open_opts *opts, hq_ckpt **out) {
   if (!out) return hq_set_error(HQ_EINVAL, "hq_ckpt_open: out is NULL");
   *out = NULL;
   if (!path || !path[0]) return hq_set_error(HQ_EINVAL, "hq_ckpt_open: the path is empty");
+  uint32_t flags = 0;
+  if (opts) {
+    if (opts->struct_size < HQ_CKPT_OPEN_OPTS_SIZE_0_3)
+      return hq_set_error(HQ_EINVAL, "hq_ckpt_open_ex: opts->struct_size %u is smaller than "
+                          "the first version's %zu", opts->struct_size,
+                          (size_t)HQ_CKPT_OPEN_OPTS_SIZE_0_3);
+    flags = opts->flags;
+    if (flags & ~HQ_CKPT_NO_VERIFY)
+      return hq_set_error(HQ_EINVAL, "hq_ckpt_open_ex: unknown flags 0x%x", flags);
+  }
   hq_ckpt *c = calloc(1, sizeof *c);
   if (!c) return hq_set_error(HQ_ENOMEM, "hq_ckpt_open: out of memory");
   c->fd = -1;
+  c->verify = !(flags & HQ_CKPT_NO_VERIFY);
+  int header_summed = 0;
   char *hdr = NULL;
   int rc = HQ_OK;
   c->path = strdup(path);
@@ -433,6 +538,10 @@ int hq_ckpt_open(const char *path, hq_ckpt **out) {
                             (unsigned long long)hlen);
   }
   if (!rc) rc = pread_all(c->fd, hdr, (size_t)hlen, 8, path);
+  /* the header's checksum first, so that a corrupt header is reported as such, whatever the
+     corruption did to its JSON */
+  if (!rc && c->verify && (header_summed = header_has_sum(hdr, (size_t)hlen)))
+    rc = verify_header(path, hdr, (size_t)hlen);
   if (!rc) {
     const char *nul = memchr(hdr, '\0', (size_t)hlen);
     if (nul)
@@ -454,6 +563,7 @@ int hq_ckpt_open(const char *path, hq_ckpt **out) {
     c->data_size = size - 8 - hlen;
     rc = validate(c);
   }
+  if (!rc && c->verify) rc = check_sum_keys(c, header_summed);
   if (rc) {
     hq_ckpt_close(c);
     return rc;
@@ -474,22 +584,53 @@ int ck_find_entry(const hq_ckpt *c, const char *name, ck_entry *out) {
   return entry_parse(c->path, c->data_size, name, v, out);
 }
 
-/* Copy `bytes` bytes of the data section at `off` into dst on ctx's device. */
-int ck_read_into(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, uint64_t off, size_t bytes) {
-  if (!bytes) return HQ_OK;
-  if (device < 0) return pread_all(c->fd, dst, bytes, c->data_start + off, c->path);
-  size_t chunk = bytes < CK_STAGE_BYTES ? bytes : CK_STAGE_BYTES;
-  char *stage = malloc(chunk);
-  if (!stage) return ck_error(HQ_ENOMEM, c->path, "out of memory (%zu bytes of staging)", chunk);
-  int rc = HQ_OK;
-  for (size_t done = 0; !rc && done < bytes; done += chunk) {
-    size_t n = bytes - done < chunk ? bytes - done : chunk;
-    rc = pread_all(c->fd, stage, n, c->data_start + off + done, c->path);
-    if (!rc) rc = hq_ctx_memcpy(ctx, (char *)dst + done, device, stage, HQ_DEVICE_HOST, n);
-    if (!rc) rc = hq_ctx_sync(ctx); /* the staging buffer is reused */
+int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *name,
+                  const ck_entry *e, XXH3_state_t *sum) {
+  const size_t bytes = (size_t)(e->end - e->begin);
+  const uint64_t off = c->data_start + e->begin;
+  const char *want = NULL;
+  if (c->verify) { /* no allocation: a load that read some buffers cannot fail for memory here */
+    char sk[2 * CK_MAX_NAME + sizeof CK_SUM_SUFFIX];
+    if (strlen(name) >= 2 * CK_MAX_NAME)
+      return ck_error(HQ_EPARSE, c->path, "entry '%.200s...': name longer than hq writes", name);
+    snprintf(sk, sizeof sk, "%s" CK_SUM_SUFFIX, name);
+    want = hq_ckpt_meta(c, sk); /* present and well formed: checked at open */
+    if (device >= 0) XXH3_64bits_reset(sum);
   }
-  free(stage);
+  int rc = HQ_OK;
+  XXH64_hash_t h = 0;
+  if (device < 0) {
+    rc = pread_all(c->fd, dst, bytes, off, c->path);
+    if (!rc && c->verify) h = XXH3_64bits(dst, bytes);
+  } else if (bytes) {
+    size_t chunk = bytes < CK_STAGE_BYTES ? bytes : CK_STAGE_BYTES;
+    char *stage = malloc(chunk);
+    if (!stage) rc = ck_error(HQ_ENOMEM, c->path, "out of memory (%zu bytes of staging)", chunk);
+    for (size_t done = 0; !rc && done < bytes; done += chunk) {
+      size_t n = bytes - done < chunk ? bytes - done : chunk;
+      rc = pread_all(c->fd, stage, n, off + done, c->path);
+      if (!rc && c->verify) XXH3_64bits_update(sum, stage, n);
+      if (!rc) rc = hq_ctx_memcpy(ctx, (char *)dst + done, device, stage, HQ_DEVICE_HOST, n);
+      if (!rc) rc = hq_ctx_sync(ctx); /* the staging buffer is reused */
+    }
+    free(stage);
+  }
+  if (!rc && c->verify) {
+    char got[CK_SUM_HEX + 1];
+    ck_sum_hex(device < 0 ? h : XXH3_64bits_digest(sum), got);
+    if (!want || strcmp(got, want) != 0)
+      rc = ck_error(HQ_EPARSE, c->path, "entry '%.200s' is corrupt: its %zu bytes hash to "
+                    "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
+                    name, bytes, got, want ? want : "nothing");
+  }
   return rc;
+}
+
+int ck_sum_state(const hq_ckpt *c, int device, XXH3_state_t **out) {
+  *out = NULL;
+  if (c->verify && device >= 0 && !(*out = XXH3_createState()))
+    return ck_error(HQ_ENOMEM, c->path, "out of memory (checksum state)");
+  return HQ_OK;
 }
 
 int ck_shape_equal(json_t *shape, int ndim, const int64_t *dims) {

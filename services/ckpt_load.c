@@ -48,7 +48,10 @@ int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *tp
     return ck_error(HQ_EINVAL, c->path, "%s: the checkpoint holds %s %s, the destination is %s "
                     "%s", what, e.st_name, ck_shape_text(e.shape, a, sizeof a),
                     ck_st_name_of(t.dtype), ck_dims_text(2, dims, b, sizeof b));
-  rc = ck_read_into(c, ctx, t.data, t.device, e.begin, (size_t)(e.end - e.begin));
+  XXH3_state_t *sum;
+  if ((rc = ck_sum_state(c, t.device, &sum))) return rc;
+  rc = ck_read_entry(c, ctx, t.data, t.device, name, &e, sum);
+  if (sum) XXH3_freeState(sum);
   if (rc) return hqt_error_prefix(rc, "%s", what);
   return HQ_OK;
 }
@@ -86,6 +89,10 @@ static int check_tensor(const ck_load *L, const ck_meta *m, const hq_qtensor *qt
     return ck_error(HQ_EINVAL, path, "tensor '%.200s': directions differ: checkpoint %s, qtensor "
                     "%s (make the qtensor with the saved usage)", name, dirs_text(m->dirs),
                     dirs_text(have));
+  if (m->nominal != hq_qtensor_nominal_dtype(qt))
+    return ck_error(HQ_EINVAL, path, "tensor '%.200s': nominal dtype differs: checkpoint %s, "
+                    "qtensor %s", name, hq_dtype_name(m->nominal),
+                    hq_dtype_name(hq_qtensor_nominal_dtype(qt)));
   const char *mine = ck_source_name(qt);
   if ((m->dirs & HQ_COLWISE) && strcmp(m->source, mine) != 0)
     return ck_error(HQ_EINVAL, path, "tensor '%.200s': columnwise_source differs: checkpoint "
@@ -181,14 +188,15 @@ static int make_private(const ck_load *L, hq_ctx *ctx, hq_qtensor *qt, const rec
 }
 
 /* Every buffer a storage of qt owns, from its record's entry. */
-static int read_buffers(const ck_load *L, hq_ctx *ctx, const hq_qtensor *qt, const records *rec) {
+static int read_buffers(const ck_load *L, hq_ctx *ctx, const hq_qtensor *qt, const records *rec,
+                        XXH3_state_t *sum) {
   for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
     const hq_storage *st = hq_qtensor_storage(qt, dir);
     for (uint32_t i = 0; st && i < st->nbuf; i++) {
       if (ck_buffer_aliased(qt, dir, i)) continue;
       const hq_buffer *b = hq_storage_cbuf(st, i);
       const ck_mbuf *r = rec->r[dir == HQ_COLWISE][i];
-      int rc = ck_read_into(L->c, ctx, b->ptr, st->device, r->ce.begin, b->bytes);
+      int rc = ck_read_entry(L->c, ctx, b->ptr, st->device, r->entry, &r->ce, sum);
       if (rc)
         return hqt_error_prefix(rc, "hq_ckpt_load_qtensor '%.200s': buffer '%s' (the qtensor's "
                                 "contents are now undefined)", L->name, b->name);
@@ -215,9 +223,12 @@ int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *
   if (!rc) rc = ck_meta_check_formats(&L, &m, qt);
   if (!rc) rc = ck_meta_buffers(&L, &m, &bufs, &nbufs);
   if (!rc) rc = match_buffers(&L, qt, bufs, nbufs, &rec);
+  XXH3_state_t *sum = NULL;
+  if (!rc) rc = ck_sum_state(c, hq_qtensor_device(qt), &sum);
   /* every check passed: the private copies, then the reads */
   if (!rc) rc = make_private(&L, ctx, qt, &rec);
-  if (!rc) rc = read_buffers(&L, ctx, qt, &rec);
+  if (!rc) rc = read_buffers(&L, ctx, qt, &rec, sum);
+  if (sum) XXH3_freeState(sum);
   free(bufs);
   ck_meta_free(&m);
   free(mkey);

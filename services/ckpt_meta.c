@@ -238,10 +238,25 @@ int ck_meta_parse(const ck_load *L, const char *text, ck_meta *out) {
   if (version != CK_META_VERSION)
     return ck_error(HQ_ENOTSUP, L->c->path, "tensor '%.200s': metadata version %lld (this hq "
                     "reads version %d)", L->name, (long long)version, CK_META_VERSION);
+  const char *role = NULL, *nominal = NULL;
   if ((rc = mget_int(L, m, "rows", &out->rows)) || (rc = mget_int(L, m, "cols", &out->cols)) ||
-      (rc = mget_dirs(L, m, "directions", &out->dirs)))
+      (rc = mget_dirs(L, m, "directions", &out->dirs)) ||
+      (rc = mget_str(L, m, "columnwise_source", "top level", &out->source)) ||
+      (rc = mget_str(L, m, "role", "top level", &role)) ||
+      (rc = mget_str(L, m, "nominal", "top level", &nominal)) ||
+      (rc = mget_dirs(L, m, "usage", &out->usage)))
     return rc;
-  return mget_str(L, m, "columnwise_source", "top level", &out->source);
+  if (out->rows < 1 || out->cols < 1)
+    return ck_meta_error(L, "\"rows\" and \"cols\" (%lld, %lld) are not positive",
+                         (long long)out->rows, (long long)out->cols);
+  out->nominal = hq_dtype_from_name(nominal);
+  if (out->nominal != HQ_F32 && out->nominal != HQ_F16 && out->nominal != HQ_BF16)
+    return ck_meta_error(L, "\"nominal\" is '%.40s', not f32, f16 or bf16", nominal);
+  if (!out->dirs) return ck_meta_error(L, "\"directions\" is empty");
+  if (strcmp(out->source, "original") != 0 && strcmp(out->source, "rowwise_dequantized") != 0)
+    return ck_meta_error(L, "\"columnwise_source\" is '%.40s', not 'original' or "
+                         "'rowwise_dequantized'", out->source);
+  return HQ_OK;
 }
 
 void ck_meta_free(ck_meta *m) {
@@ -270,10 +285,13 @@ int ck_meta_buffers(const ck_load *L, const ck_meta *meta, ck_mbuf **out, size_t
       break;
     }
     const char *dir = NULL, *dtype = NULL;
+    json_t *shared = json_object_get(o, "shared");
     rc = mget_str(L, o, "entry", where, &m[i].entry);
     if (!rc) rc = mget_str(L, o, "name", where, &m[i].name);
     if (!rc) rc = mget_str(L, o, "direction", where, &dir);
     if (!rc) rc = mget_str(L, o, "dtype", where, &dtype);
+    if (!rc && !json_is_boolean(shared))
+      rc = ck_meta_error(L, "%s: \"shared\" is missing or not true/false", where);
     if (rc) break;
     m[i].dir = dir_of(dir);
     m[i].dtype = hq_dtype_from_name(dtype);
@@ -311,6 +329,18 @@ int ck_meta_buffers(const ck_load *L, const ck_meta *meta, ck_mbuf **out, size_t
                     ck_dims_text(m[i].ndim, m[i].shape, a, sizeof a), m[i].entry,
                     m[i].ce.st_name, ck_shape_text(m[i].ce.shape, b, sizeof b));
     }
+  }
+  /* "shared": true exactly for a columnwise buffer stored under a rowwise buffer's entry (the
+     loader goes by the entries; a flag contradicting them is corruption) */
+  for (size_t i = 0; !rc && i < n; i++) {
+    int under_rowwise = 0;
+    for (size_t k = 0; m[i].dir == HQ_COLWISE && k < n; k++)
+      under_rowwise |= m[k].dir == HQ_ROWWISE && strcmp(m[k].entry, m[i].entry) == 0;
+    const int flag = json_is_true(json_object_get(json_array_get(list, i), "shared"));
+    if (flag != under_rowwise)
+      rc = ck_meta_error(L, "buffer %zu ('%.60s'): \"shared\" is %s, but its entry '%.200s' "
+                         "is %sa rowwise buffer's", i, m[i].name, flag ? "true" : "false",
+                         m[i].entry, under_rowwise ? "" : "not ");
   }
   if (rc) {
     free(m);
@@ -385,14 +415,17 @@ static int check_new_options(const ck_load *L, const char *dn, json_t *opts,
   return HQ_OK;
 }
 
-/* Check direction dir's format record against qt's format instance. */
-static int check_format(const ck_load *L, json_t *formats, const hq_qtensor *qt, uint32_t dir) {
+/* Direction dir's format record, well formed (whether the direction is present or not): the
+   strings format, plugin, plugin_version, options of "key=value" strings, and layout_version
+   (absent from a file written before layout versions were recorded: the first layout). */
+static int format_record(const ck_load *L, json_t *formats, uint32_t dir, json_t **rec) {
   const char *dn = hq_dir_name(dir);
   json_t *f = json_object_get(formats, dn);
   if (!json_is_object(f)) return ck_meta_error(L, "\"formats\" has no \"%s\" object", dn);
-  const char *plugin = NULL, *fname = NULL;
-  int rc = mget_str(L, f, "plugin", dn, &plugin);
-  if (!rc) rc = mget_str(L, f, "format", dn, &fname);
+  const char *text = NULL;
+  int rc = mget_str(L, f, "plugin", dn, &text);
+  if (!rc) rc = mget_str(L, f, "format", dn, &text);
+  if (!rc) rc = mget_str(L, f, "plugin_version", dn, &text);
   if (rc) return rc;
   json_t *opts = json_object_get(f, "options"), *lv = json_object_get(f, "layout_version");
   if (!json_is_array(opts))
@@ -400,11 +433,21 @@ static int check_format(const ck_load *L, json_t *formats, const hq_qtensor *qt,
   for (size_t i = 0; i < json_array_size(opts); i++)
     if (!json_is_string(json_array_get(opts, i)))
       return ck_meta_error(L, "%s: option %zu is not a string", dn, i);
-  /* absent from a file written before layout versions were recorded: the first layout */
   if (lv && (!json_is_integer(lv) || json_integer_value(lv) < 1 ||
              json_integer_value(lv) > UINT32_MAX))
     return ck_meta_error(L, "%s: \"layout_version\" is not an integer from 1 to 2^32-1", dn);
+  *rec = f;
+  return HQ_OK;
+}
+
+/* Check direction dir's format record (well formed) against qt's format instance. */
+static int check_format(const ck_load *L, json_t *f, const hq_qtensor *qt, uint32_t dir) {
+  const char *dn = hq_dir_name(dir);
+  const char *plugin = json_string_value(json_object_get(f, "plugin"));
+  const char *fname = json_string_value(json_object_get(f, "format"));
+  json_t *opts = json_object_get(f, "options"), *lv = json_object_get(f, "layout_version");
   const long long saved_layout = lv ? (long long)json_integer_value(lv) : 1;
+  int rc;
   hq_format_desc fd;
   fd.struct_size = sizeof fd;
   if ((rc = hq_qtensor_format_desc(qt, dir, &fd))) return rc;
@@ -426,7 +469,9 @@ int ck_meta_check_formats(const ck_load *L, const ck_meta *m, const hq_qtensor *
   json_t *formats = json_object_get(m->json, "formats");
   if (!json_is_object(formats)) return ck_meta_error(L, "\"formats\" is missing or not an object");
   for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
-    int rc = (hq_qtensor_dirs(qt) & dir) ? check_format(L, formats, qt, dir) : HQ_OK;
+    json_t *f = NULL;
+    int rc = format_record(L, formats, dir, &f);
+    if (!rc && (hq_qtensor_dirs(qt) & dir)) rc = check_format(L, f, qt, dir);
     if (rc) return rc;
   }
   return HQ_OK;

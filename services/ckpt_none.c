@@ -45,6 +45,12 @@ int hq_ckpt_open(const char *path, hq_ckpt **out) {
   if (out) *out = NULL;
   return no_ckpt();
 }
+int hq_ckpt_open_ex(const char *path, const hq_ckpt_open_opts *opts, hq_ckpt **out) {
+  (void)path;
+  (void)opts;
+  if (out) *out = NULL;
+  return no_ckpt();
+}
 void hq_ckpt_close(hq_ckpt *c) { (void)c; }
 const char *hq_ckpt_meta(const hq_ckpt *c, const char *key) {
   (void)c;

@@ -1,24 +1,28 @@
 /*
 ** ckpt_write.c -- the checkpoint writer: tensor names and metadata keys (their rules, and the
-** sets that keep them unique and unnested), host snapshots of every tensor added, and the file
-** written at close.
+** sets that keep them unique and unnested), host snapshots of every tensor added (each hashed
+** as it is taken), and the file written at close.
 **
 ** The writer copies every tensor to the host when it is added (a snapshot; device buffers through
-** hq_ctx_memcpy + hq_ctx_sync) and writes the file at close, to "<path>.tmp.<pid>" renamed over
-** <path>. Entries:
+** hq_ctx_memcpy + hq_ctx_sync) and writes the file at close, to a temporary file of its own
+** ("<path>.tmp.<pid>.<random>.<host>", created with O_EXCL) renamed over <path>, then fsyncs the
+** directory. Entries:
 **   "<name>"                 a plain tensor (F32, F16, BF16) [rows, cols]
 **   "<name>/<buffer name>"   one buffer a qtensor's storage owns ("fc1/data", ...)
-** and "__metadata__" (string -> string): "hq_version", "<name>/hq" (ckpt_meta.c) and the
-** caller's keys.
+** and "__metadata__" (string -> string): "hq_header_xxh3_64" (first), "hq_version",
+** "<name>/hq" (ckpt_meta.c), the caller's keys, and "<entry>/xxh3_64" per entry.
 */
 #include "config.h"
 #include "ckpt.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The rule for tensor names (docs/checkpoints.md): 1 to CK_MAX_NAME bytes of UTF-8, no control
@@ -50,10 +54,12 @@ typedef struct wentry {
   int64_t shape[HQ_MAX_BUFFER_DIMS];
   size_t bytes;
   void *data;                 /* host copy (malloc) */
+  XXH64_hash_t sum;           /* of data, taken with the copy */
 } wentry;
 
 struct hq_ckpt_writer {
   char *path, *tmp;
+  char *dir;                  /* path's directory, fsynced after the rename */
   int fd;                     /* the temporary file, created at open */
   wentry *e;
   size_t n, cap;
@@ -147,6 +153,97 @@ static int claim_name(hq_ckpt_writer *w, const char *name, const char *what, und
   return each_prefix(name, prefix_record, &a);
 }
 
+// --- temporary files --------------------------------------------------------------------------
+
+/* This host's name as temporary names carry it: letters, digits, '-' and '_' (anything else
+   '_'), at most 32 bytes: a directory shared by several hosts (NFS) holds temporary files of
+   processes this host cannot see, and only its own are ever judged stale. */
+static void host_tag(char *buf, size_t len) {
+  char h[256];
+  if (gethostname(h, sizeof h) != 0 || !h[0]) snprintf(h, sizeof h, "localhost");
+  h[sizeof h - 1] = '\0';
+  size_t i = 0;
+  for (; h[i] && i < 32 && i + 1 < len; i++) {
+    char ch = h[i];
+    buf[i] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                     ch == '-' ? ch : '_';
+  }
+  buf[i] = '\0';
+}
+
+/* The directory of path (a new string: "." for a bare name) and where its last part starts. */
+static char *dir_of(const char *path, const char **base) {
+  const char *slash = strrchr(path, '/');
+  *base = slash ? slash + 1 : path;
+  if (!slash) return strdup(".");
+  if (slash == path) return strdup("/");
+  char *d = malloc((size_t)(slash - path) + 1);
+  if (d) {
+    memcpy(d, path, (size_t)(slash - path));
+    d[slash - path] = '\0';
+  }
+  return d;
+}
+
+/* Whether directory entry `name` is a temporary file of a save to `base` by a process of this
+   host (`host`) that no longer exists: "<base>.tmp.<pid>.<8 hex>.<host>". A pid that exists, or
+   that this process may not signal (EPERM: it exists), keeps its file. */
+static int stale_temporary(const char *name, const char *base, const char *host) {
+  const size_t nb = strlen(base);
+  if (strncmp(name, base, nb) != 0 || strncmp(name + nb, ".tmp.", 5) != 0) return 0;
+  const char *p = name + nb + 5;
+  char *end;
+  errno = 0;
+  long pid = strtol(p, &end, 10);
+  if (end == p || *p < '1' || *p > '9' || errno || pid <= 0 || (pid_t)pid != pid || *end != '.')
+    return 0;
+  p = end + 1;
+  for (int i = 0; i < 8; i++, p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
+  if (*p != '.' || strcmp(p + 1, host) != 0) return 0;
+  return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Remove the stale temporary files of saves to `base` in `dir` (stale_temporary). Best effort:
+   a directory that cannot be listed (but for want of memory) or a file that cannot be removed
+   stays as it is, and the save goes on. */
+static int remove_stale(const char *path, const char *dir, const char *base, const char *host) {
+  DIR *d = opendir(dir);
+  if (!d && errno == ENOMEM)
+    return ck_error(HQ_ENOMEM, path, "out of memory (listing %.300s)", dir);
+  if (!d) return HQ_OK;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (stale_temporary(e->d_name, base, host)) unlinkat(dirfd(d), e->d_name, 0);
+  closedir(d);
+  return HQ_OK;
+}
+
+/* Create w->tmp, a new name of the form stale_temporary reads, exclusively (O_EXCL: never a file
+   another writer or process has open). */
+static int create_temporary(hq_ckpt_writer *w, const char *host) {
+  static unsigned long counter;
+  for (int attempt = 0; attempt < 64; attempt++) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const unsigned long k = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+    const uint64_t seed[5] = {(uint64_t)getpid(), (uint64_t)k, (uint64_t)ts.tv_sec,
+                              (uint64_t)ts.tv_nsec, (uint64_t)(uintptr_t)w};
+    const XXH64_hash_t r = XXH3_64bits(seed, sizeof seed);
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "%ld.%08lx.%s", (long)getpid(),
+             (unsigned long)(r & 0xffffffffu), host);
+    free(w->tmp);
+    w->tmp = hqt_join(w->path, ".tmp.", suffix);
+    if (!w->tmp) return hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (w->fd >= 0) return HQ_OK;
+    if (errno != EEXIST) break;
+  }
+  return ck_error(HQ_EIO, w->path, "cannot create the temporary file %.300s: %s", w->tmp,
+                  strerror(errno));
+}
+
 int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out) {
   if (!out) return hq_set_error(HQ_EINVAL, "hq_ckpt_writer_open: out is NULL");
   *out = NULL;
@@ -155,21 +252,23 @@ int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out) {
   if (!w) return hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
   w->fd = -1;
   w->path = strdup(path);
-  char pid[24];
-  snprintf(pid, sizeof pid, "%ld", (long)getpid());
-  w->tmp = hqt_join(path, ".tmp.", pid);
   w->meta = json_object();
   w->names = json_object();
   w->prefixes = json_object();
+  const char *base = NULL;
+  char *dir = w->dir = w->path ? dir_of(w->path, &base) : NULL;
   int rc = HQ_OK;
-  if (!w->path || !w->tmp || !w->meta || !w->names || !w->prefixes ||
+  /* the header's checksum first: its place in the text is fixed (CK_SUM_PREFIX); its digits are
+     written at close */
+  if (!w->path || !dir || !w->meta || !w->names || !w->prefixes ||
+      json_object_set_new(w->meta, CK_SUM_HEADER_KEY, json_string("0000000000000000")) != 0 ||
       json_object_set_new(w->meta, "hq_version", json_string(hq_version())) != 0)
     rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
   if (!rc) {
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (w->fd < 0)
-      rc = ck_error(HQ_EIO, path, "cannot create the temporary file %.300s: %s", w->tmp,
-                    strerror(errno));
+    char host[40];
+    host_tag(host, sizeof host);
+    rc = remove_stale(path, dir, base, host);
+    if (!rc) rc = create_temporary(w, host);
   }
   if (rc) {
     hq_ckpt_writer_abort(w);
@@ -195,6 +294,7 @@ void hq_ckpt_writer_abort(hq_ckpt_writer *w) {
   json_decref(w->prefixes);
   free(w->path);
   free(w->tmp);
+  free(w->dir);
   free(w);
 }
 
@@ -294,6 +394,7 @@ int hq_ckpt_add_qtensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const 
   }
   if (!rc && nf) rc = hq_ctx_sync(ctx);
   else if (rc && nf) hq_ctx_sync(ctx); /* no copy may still be writing into what is freed */
+  for (size_t i = 0; !rc && i < nf; i++) fresh[i].sum = XXH3_64bits(fresh[i].data, fresh[i].bytes);
   /* room for exactly the entries made above, before anything is published */
   if (!rc) rc = reserve_entries(w, nf);
   if (!rc && json_object_set_new(w->meta, key, json_string(meta)) != 0)
@@ -348,6 +449,7 @@ int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name, const h
     e.bytes = bytes;
     rc = snapshot(w, ctx, t.data, t.device, bytes, name, &e.data);
     if (!rc) rc = hq_ctx_sync(ctx);
+    if (!rc) e.sum = XXH3_64bits(e.data, bytes);
   }
   if (rc) {
     free_new(&e, 1);
@@ -379,8 +481,8 @@ int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value) {
   if (!ck_utf8_valid(value))
     return ck_error(HQ_EINVAL, w->path, "hq_ckpt_add_meta: the value of '%.200s' is not valid "
                     "UTF-8", key);
-  if (strcmp(key, "hq_version") == 0)
-    return ck_error(HQ_EINVAL, w->path, "hq_ckpt_add_meta: 'hq_version' is written by hq");
+  if (strcmp(key, "hq_version") == 0 || strcmp(key, CK_SUM_HEADER_KEY) == 0)
+    return ck_error(HQ_EINVAL, w->path, "hq_ckpt_add_meta: '%s' is written by hq", key);
   if (json_object_get(w->meta, key))
     return ck_error(HQ_EINVAL, w->path, "hq_ckpt_add_meta: key '%.200s' was already added", key);
   undo u0;
@@ -398,10 +500,18 @@ int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value) {
   return HQ_OK;
 }
 
-/* The JSON header, padded with spaces to a multiple of 8. */
+/* The JSON header, padded with spaces to a multiple of 8, its checksums filled in: every
+   entry's key (added to w->meta, which is freed with the writer), then the header's own. */
 static int build_header(hq_ckpt_writer *w, char **out, size_t *len) {
-  json_t *root = json_object();
-  int bad = !root || ck_jset(root, "__metadata__", json_incref(w->meta)) != 0;
+  int bad = 0;
+  for (size_t i = 0; !bad && i < w->n; i++) {
+    char hex[CK_SUM_HEX + 1], *key = hqt_join(w->e[i].name, "", CK_SUM_SUFFIX);
+    ck_sum_hex(w->e[i].sum, hex);
+    bad = !key || json_object_set_new(w->meta, key, json_string(hex)) != 0;
+    free(key);
+  }
+  json_t *root = bad ? NULL : json_object();
+  bad = !root || ck_jset(root, "__metadata__", json_incref(w->meta)) != 0;
   uint64_t off = 0;
   for (size_t i = 0; !bad && i < w->n; i++) {
     const wentry *e = &w->e[i];
@@ -432,9 +542,34 @@ static int build_header(hq_ckpt_writer *w, char **out, size_t *len) {
                     (unsigned long long)CK_MAX_HEADER);
   }
   memset(p + n, ' ', padded - n);
+  const size_t at = sizeof CK_SUM_PREFIX - 1;
+  XXH64_hash_t h;
+  if (padded < at + CK_SUM_HEX || memcmp(p, CK_SUM_PREFIX, at) != 0) {
+    free(p);
+    return ck_error(HQ_EINTERNAL, w->path, "the header does not start with its checksum");
+  }
+  int rc = ck_header_sum(w->path, p, padded, &h);
+  if (rc) {
+    free(p);
+    return rc;
+  }
+  char hex[CK_SUM_HEX + 1];
+  ck_sum_hex(h, hex);
+  memcpy(p + at, hex, CK_SUM_HEX);
   *out = p;
   *len = padded;
   return HQ_OK;
+}
+
+/* fsync the directory of w->path, so that the rename survives a crash. A file system that
+   cannot sync a directory (EINVAL) has nothing more to offer and is not an error. */
+static int sync_dir(hq_ckpt_writer *w) {
+  int fd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = HQ_OK;
+  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
+    rc = ck_error(HQ_EIO, w->path, "written and renamed, but the fsync of its directory %.300s "
+                  "failed (%s): it may not survive a crash", w->dir, strerror(errno));
+  if (fd >= 0) close(fd);
+  return rc;
 }
 
 int hq_ckpt_writer_close(hq_ckpt_writer *w) {
@@ -462,6 +597,8 @@ int hq_ckpt_writer_close(hq_ckpt_writer *w) {
     } else if (rename(w->tmp, w->path) != 0) {
       rc = ck_error(HQ_EIO, w->path, "renaming %.300s to it failed: %s", w->tmp, strerror(errno));
       unlink(w->tmp);
+    } else {
+      rc = sync_dir(w);
     }
   }
   hq_ckpt_writer_abort(w); /* closes and removes the temporary file if it is still open */

@@ -12,8 +12,8 @@ services_libhqtrain_la_LDFLAGS = -version-info $(HQTRAIN_LT_VERSION) -no-undefin
 if HAVE_JANSSON
 services_libhqtrain_la_SOURCES += services/ckpt.h services/ckpt_file.c services/ckpt_meta.c \
 	services/ckpt_write.c services/ckpt_load.c
-services_libhqtrain_la_CPPFLAGS += $(JANSSON_CFLAGS)
-services_libhqtrain_la_LIBADD += $(JANSSON_LIBS)
+services_libhqtrain_la_CPPFLAGS += $(JANSSON_CFLAGS) $(XXHASH_CFLAGS)
+services_libhqtrain_la_LIBADD += $(JANSSON_LIBS) $(XXHASH_LIBS)
 else
 services_libhqtrain_la_SOURCES += services/ckpt_none.c
 endif

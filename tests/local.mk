@@ -274,8 +274,8 @@ check_PROGRAMS += tests/test_checkpoint
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h
 if HAVE_JANSSON
 # the test reads the files' JSON headers itself (jansson) to check them independently
-tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(JANSSON_CFLAGS) -DHQ_TEST_JANSSON
-tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD) $(JANSSON_LIBS)
+tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(JANSSON_CFLAGS) $(XXHASH_CFLAGS) -DHQ_TEST_JANSSON
+tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD) $(JANSSON_LIBS) $(XXHASH_LIBS)
 else
 tests_test_checkpoint_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_checkpoint_LDADD = $(HQ_TEST_LDADD)
@@ -346,11 +346,11 @@ tests/test_dist_mpi.log: $(HQ_DIST_TESTS)
 endif
 
 TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
-	tests/test_install.sh
+	tests/test_install.sh tests/test_ckpt_resume.sh
 endif
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
-EXTRA_DIST += tests/test_dist_mpi.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
+EXTRA_DIST += tests/test_dist_mpi.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/test_ckpt_resume.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \
@@ -369,3 +369,13 @@ AM_TESTS_ENVIRONMENT = \
 	HQ_MPIRUN='$(MPIRUN)'; export HQ_MPIRUN; \
 	HQ_TEST_DIST_MPI='$(abs_top_builddir)/tests/test_dist_mpi$(EXEEXT)'; export HQ_TEST_DIST_MPI; \
 	HQ_TEST_DIST_NCCL='$(abs_top_builddir)/tests/test_dist_nccl$(EXEEXT)'; export HQ_TEST_DIST_NCCL;
+
+# The parsers' libFuzzer targets and their seeds, built and run by scripts/fuzz.sh (clang), not by
+# make check (docs/reliability.md)
+EXTRA_DIST += scripts/fuzz.sh docs/reliability.md tests/fuzz/fuzz_ckpt.c tests/fuzz/fuzz_npy.c \
+	tests/fuzz/fuzz_recipe.c tests/fuzz/seeds/fuzz_ckpt/q_and_t.safetensors \
+	tests/fuzz/seeds/fuzz_ckpt/q_and_t_bare.safetensors tests/fuzz/seeds/fuzz_ckpt/t.safetensors \
+	tests/fuzz/seeds/fuzz_npy/f16_4.npy tests/fuzz/seeds/fuzz_npy/f32_2x2x2.npy \
+	tests/fuzz/seeds/fuzz_npy/f32_2x3.npy tests/fuzz/seeds/fuzz_recipe/fp8_current.ini \
+	tests/fuzz/seeds/fuzz_recipe/fp8_delayed.ini tests/fuzz/seeds/fuzz_recipe/mxfp8.ini \
+	tests/fuzz/seeds/fuzz_recipe/nvfp4.ini

@@ -22,6 +22,14 @@
 **     dtypes, non-object JSON, deep nesting, NUL bytes, inconsistent "<name>/hq" metadata, and
 **     2000 seeded random mutations: a clean error or a correct load, never a crash (run it in
 **     the ASan/UBSan build);
+**   - checksums (issue 46): one bit flipped in every entry and in every header byte in turn, each
+**     refused naming the entry (the tensor) or the header; a file without checksums refused by
+**     default and loaded with HQ_CKPT_NO_VERIFY;
+**   - two writers of one path (one failing on a full disk), saves killed by SIGKILL and by
+**     SIGXFSZ mid-write (their temporary files removed by the next save, a live process's kept),
+**     a full disk (a 256 KiB tmpfs when mount works, a file size limit always): the file at the
+**     path is never damaged;
+**   - every required key of "<name>/hq" removed and given a wrong value: refused naming it;
 **   - allocation failures injected one at a time into a save and a load (not under ASan);
 **   - Python's safetensors (when python3 can import safetensors and numpy) reads the files.
 */
@@ -42,6 +50,11 @@ int main(void) {
 #else
 
 #include <jansson.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <xxhash.h>
 
 // --- allocation failures (malloc replaced; not with AddressSanitizer) ----------------------
 
@@ -197,6 +210,40 @@ static void write_st(const char *path, const char *header, const void *data, siz
   if (n) memcpy(buf + 8 + h, data, n);
   write_file(path, buf, 8 + h + n);
   free(buf);
+}
+
+/* Open without verifying checksums: the hand-made (foreign) files of the hostile tests. */
+static int open_nv(const char *path, hq_ckpt **ck) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
+  return hq_ckpt_open_ex(path, &o, ck);
+}
+
+/* Where hq writes the header's checksum: the first metadata key (docs/checkpoints.md, 2). */
+#define SUM_PREFIX "{\"__metadata__\":{\"hq_header_xxh3_64\":\""
+
+/* The header checksum of file bytes p (n >= 8 + header), computed here from the rule in the
+   docs: XXH3_64bits of the 8-byte length and the header, its own 16 digits read as '0's. */
+static uint64_t header_sum(const unsigned char *p) {
+  uint64_t h = 0;
+  for (int k = 0; k < 8; k++) h |= (uint64_t)p[k] << (8 * k);
+  unsigned char *c = malloc(8 + (size_t)h);
+  memcpy(c, p, 8 + (size_t)h);
+  assert_memory_equal(c + 8, SUM_PREFIX, strlen(SUM_PREFIX));
+  memset(c + 8 + strlen(SUM_PREFIX), '0', 16);
+  uint64_t sum = XXH3_64bits(c, 8 + (size_t)h);
+  free(c);
+  return sum;
+}
+
+/* Rewrite the header checksum of the file at path (after an edit of its header). */
+static void resign(const char *path) {
+  size_t n;
+  unsigned char *p = read_file(path, &n);
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)header_sum(p));
+  memcpy(p + 8 + strlen(SUM_PREFIX), hex, 16);
+  write_file(path, p, n);
+  free(p);
 }
 
 /* The header of a checkpoint file, parsed with jansson (fails the test on any format error). */
@@ -843,7 +890,7 @@ static int known_status(int rc) {
    fails cleanly with a message. Returns the open status. */
 static int try_everything(const char *path, hq_qtensor **dst) {
   hq_ckpt *ck = NULL;
-  int rc = hq_ckpt_open(path, &ck);
+  int rc = open_nv(path, &ck);
   if (rc) {
     if (!known_status(rc)) fail_msg("open: unexpected status %d (%s)", rc, hq_last_error());
     assert_true(hq_last_error()[0] != '\0');
@@ -900,7 +947,7 @@ static void bad_file(const char *h, size_t n, int status, const char *needle) {
   assert_true(n <= sizeof data);
   write_st(path, h, data, n);
   hq_ckpt *ck = NULL;
-  int rc = hq_ckpt_open(path, &ck);
+  int rc = open_nv(path, &ck);
   if (rc != status) fail_msg("header %.120s: status %d, want %d (%s)", h, rc, status,
                              hq_last_error());
   assert_null(ck);
@@ -914,7 +961,7 @@ static void test_hostile_headers(void **state) {
   /* a minimal valid file, then one thing wrong at a time */
   write_st(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", "12345678", 8);
   hq_ckpt *ck = NULL;
-  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  HQ_OK_OR_FAIL(open_nv(path, &ck));
   assert_null(hq_ckpt_meta(ck, "hq_version")); /* no __metadata__: allowed */
   hq_ckpt_close(ck);
 
@@ -957,7 +1004,7 @@ static void test_hostile_headers(void **state) {
   /* a zero dimension makes any other dimension harmless: 0 bytes */
   write_st(path, "{\"z\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807,0],\"data_offsets\":"
            "[0,0]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", "12345678", 8);
-  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  HQ_OK_OR_FAIL(open_nv(path, &ck));
   hq_ckpt_close(ck);
   /* not an object; entries that are not objects; metadata that is not string -> string */
   bad_file("[]", 0, HQ_EPARSE, "not a JSON object");
@@ -980,7 +1027,7 @@ static void test_hostile_headers(void **state) {
     for (int k = 0; k < 8; k++) buf[k] = (unsigned char)((uint64_t)hl >> (8 * k));
     memcpy(buf + 8, h, hl);
     write_file(path, buf, 8 + hl);
-    assert_int_equal(hq_ckpt_open(path, &ck), HQ_EPARSE);
+    assert_int_equal(open_nv(path, &ck), HQ_EPARSE);
     HQ_ERROR_HAS("NUL");
   }
   /* deeply nested JSON: jansson's depth limit, an error not a stack overflow */
@@ -995,7 +1042,7 @@ static void test_hostile_headers(void **state) {
     h[at] = '\0';
     write_st(path, h, NULL, 0);
     free(h);
-    assert_int_equal(hq_ckpt_open(path, &ck), HQ_EPARSE);
+    assert_int_equal(open_nv(path, &ck), HQ_EPARSE);
   }
   /* header lengths: larger than the file, larger than any safetensors header, 2^64 - 1 */
   {
@@ -1005,15 +1052,15 @@ static void test_hostile_headers(void **state) {
       for (int k = 0; k < 8; k++) buf[k] = (unsigned char)(lens[i] >> (8 * k));
       memcpy(buf + 8, "{}      ", 8);
       write_file(path, buf, 16);
-      assert_int_equal(hq_ckpt_open(path, &ck), HQ_EPARSE);
+      assert_int_equal(open_nv(path, &ck), HQ_EPARSE);
       HQ_ERROR_HAS("header length");
     }
     write_file(path, buf, 5);
-    assert_int_equal(hq_ckpt_open(path, &ck), HQ_EPARSE);
+    assert_int_equal(open_nv(path, &ck), HQ_EPARSE);
     HQ_ERROR_HAS("shorter than");
   }
   /* not a regular file */
-  assert_int_equal(hq_ckpt_open(g_dir, &ck), HQ_EIO);
+  assert_int_equal(open_nv(g_dir, &ck), HQ_EIO);
   HQ_ERROR_HAS("regular");
 }
 
@@ -1032,6 +1079,7 @@ static void bad_meta(const char *hq_json, int status, const char *needle) {
   char *h = json_dumps(root, JSON_COMPACT);
   json_decref(root);
   write_st(path, h, p + 8 + hlen, n - 8 - (size_t)hlen);
+  resign(path); /* an edit the checksums cannot see: what the metadata checks must catch */
   free(h);
   free(p);
   hq_ckpt *ck;
@@ -1073,7 +1121,8 @@ static void test_hostile_meta(void **state) {
            "\"columnwise_source\":\"original\"}", HQ_EPARSE, "directions");
   bad_meta("{\"hq_checkpoint\":1,\"rows\":\"16\",\"cols\":32}", HQ_EPARSE, "rows");
   bad_meta("{\"hq_checkpoint\":1,\"rows\":16,\"cols\":32,\"directions\":[\"rowwise\","
-           "\"columnwise\"],\"columnwise_source\":\"original\"}", HQ_EPARSE, "formats");
+           "\"columnwise\"],\"columnwise_source\":\"original\",\"role\":\"r\",\"nominal\":"
+           "\"f32\",\"usage\":[]}", HQ_EPARSE, "formats");
 
   /* edit the real metadata: a buffer that claims another dtype or shape than its entry */
   json_error_t err;
@@ -1191,6 +1240,436 @@ static void test_fuzz(void **state) {
   free(q);
   hq_qtensor_free(dst[0]);
   hq_qtensor_free(dst[1]);
+}
+
+// --- checksums (issue 46, 1) -----------------------------------------------------------------
+
+static void save_as(const char *path, const char *name, const hq_qtensor *qt);
+
+/* Load all three tensors of the small file at `path` (opened with `flags`): a mask of those
+   that failed (1 f8, 2 nv, 4 p); the last failure's status and message in *st, msg. */
+static int load_small(const char *path, uint32_t flags, int *st, char *msg, size_t len) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = flags};
+  hq_ckpt *ck;
+  int rc = hq_ckpt_open_ex(path, &o, &ck);
+  if (rc) fail_msg("open %s: %d (%s)", path, rc, hq_last_error());
+  int failed = 0;
+  for (int i = 0; i < 3; i++) {
+    hq_qtensor *qt = i < 2 ? empty_cfg(&k_small[i]) : NULL;
+    hq_tensor t = hq_test_empty(HQ_F32, 3, 5);
+    rc = i < 2 ? hq_ckpt_load_qtensor(ck, g_ctx, k_small[i].name, qt)
+               : hq_ckpt_load_tensor(ck, g_ctx, "p", &t);
+    if (rc) {
+      failed |= 1 << i;
+      *st = rc;
+      snprintf(msg, len, "%s", hq_last_error());
+    }
+    hq_qtensor_free(qt);
+    free(t.data);
+  }
+  hq_ckpt_close(ck);
+  return failed;
+}
+
+/* One bit flipped in every entry in turn: the file opens (its header is intact) and the load
+   of the tensor owning the entry is refused naming the entry and the tensor; the others load.
+   One bit flipped in every byte of the length and the header in turn: refused at open. */
+static void test_bit_flips(void **state) {
+  (void)state;
+  const char *path = tpath("small.safetensors"), *bad = tpath("flipped.safetensors");
+  write_small(path);
+  char msg[1024];
+  int st = 0;
+  assert_int_equal(load_small(path, 0, &st, msg, sizeof msg), 0);
+  size_t n, hlen, fsz;
+  unsigned char *p = read_file(path, &n);
+  json_t *root = read_header(path, &hlen, &fsz);
+  /* the checksum keys hq writes: the header's first, then one per entry */
+  json_t *meta = json_object_get(root, "__metadata__");
+  assert_memory_equal(p + 8, SUM_PREFIX, strlen(SUM_PREFIX));
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)header_sum(p));
+  assert_string_equal(json_string_value(json_object_get(meta, "hq_header_xxh3_64")), hex);
+  const char *key;
+  json_t *v;
+  int entries = 0;
+  json_object_foreach(root, key, v) {
+    if (!strcmp(key, "__metadata__")) continue;
+    size_t b = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 0));
+    size_t e = (size_t)json_integer_value(json_array_get(json_object_get(v, "data_offsets"), 1));
+    char sk[300], want[17];
+    snprintf(sk, sizeof sk, "%s/xxh3_64", key);
+    snprintf(want, sizeof want, "%016llx",
+             (unsigned long long)XXH3_64bits(p + 8 + hlen + b, e - b));
+    assert_string_equal(json_string_value(json_object_get(meta, sk)), want);
+    /* the owner: "f8", "nv" or "p" */
+    const int owner = !strncmp(key, "f8/", 3) ? 1 : !strncmp(key, "nv/", 3) ? 2 : 4;
+    unsigned char *q = malloc(n);
+    memcpy(q, p, n);
+    q[8 + hlen + b + (e - b) / 2] ^= (unsigned char)(1u << (entries % 8));
+    write_file(bad, q, n);
+    free(q);
+    assert_int_equal(load_small(bad, 0, &st, msg, sizeof msg), owner);
+    assert_int_equal(st, HQ_EPARSE);
+    char needle[300];
+    snprintf(needle, sizeof needle, "entry '%s' is corrupt", key);
+    if (!strstr(msg, needle)) fail_msg("flip in '%s': message '%s'", key, msg);
+    snprintf(needle, sizeof needle, "'%s'", owner == 1 ? "f8" : owner == 2 ? "nv" : "p");
+    if (!strstr(msg, needle)) fail_msg("flip in '%s': message '%s' names no tensor", key, msg);
+    /* without verification, the corrupt bytes load (what HQ_CKPT_NO_VERIFY means) */
+    assert_int_equal(load_small(bad, HQ_CKPT_NO_VERIFY, &st, msg, sizeof msg), 0);
+    entries++;
+  }
+  assert_int_equal(entries, 8); /* f8: data, scale_inv, amax, columnwise_data; nv's 3; p */
+  /* every byte of the length and the header, one bit each */
+  int corrupt_msg = 0;
+  for (size_t at = 0; at < 8 + hlen; at++) {
+    unsigned char *q = malloc(n);
+    memcpy(q, p, n);
+    q[at] ^= (unsigned char)(1u << (at % 8));
+    write_file(bad, q, n);
+    free(q);
+    hq_ckpt *ck = NULL;
+    int rc = hq_ckpt_open(bad, &ck);
+    if (rc != HQ_EPARSE) fail_msg("flip in header byte %zu: status %d (%s)", at, rc,
+                                  rc ? hq_last_error() : "opened");
+    /* past the checksum's own place, the checksum is what refuses it */
+    if (at >= 8 + strlen(SUM_PREFIX) + 17) {
+      HQ_ERROR_HAS("the header is corrupt");
+      corrupt_msg++;
+    }
+  }
+  assert_int_equal(corrupt_msg, (int)(hlen - strlen(SUM_PREFIX) - 17));
+  printf("bit flips: %d entries, %zu header bytes: each refused\n", entries, 8 + hlen);
+  json_decref(root);
+  free(p);
+}
+
+/* A file without checksums (another tool's, or an older hq's): refused by default, saying how
+   to load it; loaded with HQ_CKPT_NO_VERIFY. Options are checked. */
+static void test_foreign_file(void **state) {
+  (void)state;
+  const char *path = tpath("small.safetensors"), *bare = tpath("bare.safetensors");
+  write_small(path);
+  size_t n, hlen, fsz;
+  unsigned char *p = read_file(path, &n);
+  json_t *root = read_header(path, &hlen, &fsz);
+  json_t *meta = json_object_get(root, "__metadata__");
+  json_object_del(meta, "hq_header_xxh3_64");
+  const char *key;
+  json_t *v;
+  void *tmp;
+  json_object_foreach_safe(meta, tmp, key, v) {
+    if (strlen(key) > 8 && !strcmp(key + strlen(key) - 8, "/xxh3_64")) json_object_del(meta, key);
+  }
+  char *h = json_dumps(root, JSON_COMPACT);
+  write_st(bare, h, p + 8 + hlen, n - 8 - hlen);
+  free(h);
+  hq_ckpt *ck = NULL;
+  assert_int_equal(hq_ckpt_open(bare, &ck), HQ_ENOTSUP);
+  assert_null(ck);
+  HQ_ERROR_HAS("has no checksums");
+  HQ_ERROR_HAS("HQ_CKPT_NO_VERIFY");
+  HQ_ERROR_HAS("--no-verify");
+  char msg[1024];
+  int st = 0;
+  assert_int_equal(load_small(bare, HQ_CKPT_NO_VERIFY, &st, msg, sizeof msg), 0);
+  /* entry checksums without the header's where hq writes it: corrupt, not foreign */
+  json_object_set_new(meta, "p/xxh3_64", json_string("0123456789abcdef"));
+  h = json_dumps(root, JSON_COMPACT);
+  write_st(bare, h, p + 8 + hlen, n - 8 - hlen);
+  free(h);
+  assert_int_equal(hq_ckpt_open(bare, &ck), HQ_EPARSE);
+  HQ_ERROR_HAS("has checksums but not the header's");
+  /* the options */
+  hq_ckpt_open_opts o = {.struct_size = 4, .flags = 0};
+  assert_int_equal(hq_ckpt_open_ex(path, &o, &ck), HQ_EINVAL);
+  o.struct_size = sizeof o;
+  o.flags = 2;
+  assert_int_equal(hq_ckpt_open_ex(path, &o, &ck), HQ_EINVAL);
+  HQ_ERROR_HAS("unknown flags");
+  HQ_OK_OR_FAIL(hq_ckpt_open_ex(path, NULL, &ck));
+  hq_ckpt_close(ck);
+  /* hq's own keys cannot be added by the caller */
+  hq_ckpt_writer *w;
+  HQ_OK_OR_FAIL(hq_ckpt_writer_open(tpath("keys.safetensors"), &w));
+  assert_int_equal(hq_ckpt_add_meta(w, "hq_header_xxh3_64", "0"), HQ_EINVAL);
+  hq_ckpt_writer_abort(w);
+  json_decref(root);
+  free(p);
+}
+
+// --- temporary files, crashes, a full disk (issue 46, 2 and 3) ------------------------------
+
+/* The number of files in g_dir whose name starts with `prefix`. */
+static int count_prefix(const char *prefix) {
+  DIR *d = opendir(g_dir);
+  struct dirent *e;
+  int n = 0;
+  while (d && (e = readdir(d))) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+/* A writer of `path` holding one F32 [rows, cols] tensor "t" of values from `seed`. */
+static hq_ckpt_writer *writer_of(const char *path, int64_t rows, int64_t cols, uint64_t seed) {
+  hq_ckpt_writer *w;
+  HQ_OK_OR_FAIL(hq_ckpt_writer_open(path, &w));
+  hq_tensor t = hq_test_tensor(HQ_F32, rows, cols, seed, 1.0f);
+  HQ_OK_OR_FAIL(hq_ckpt_add_tensor(w, g_ctx, "t", &t));
+  free(t.data);
+  return w;
+}
+
+/* The file at path holds "t" [rows, cols] of values from `seed`, verified. */
+static void holds(const char *path, int64_t rows, int64_t cols, uint64_t seed) {
+  hq_ckpt *ck;
+  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  hq_tensor t = hq_test_empty(HQ_F32, rows, cols);
+  hq_tensor x = hq_test_tensor(HQ_F32, rows, cols, seed, 1.0f);
+  HQ_OK_OR_FAIL(hq_ckpt_load_tensor(ck, g_ctx, "t", &t));
+  assert_memory_equal(t.data, x.data, (size_t)(rows * cols) * 4);
+  free(t.data);
+  free(x.data);
+  hq_ckpt_close(ck);
+}
+
+/* Run fn with the file size limit at `bytes` and SIGXFSZ ignored: a write past it fails with
+   EFBIG, as on a full disk (no root needed). */
+static int with_size_limit(rlim_t bytes, int (*fn)(void *), void *arg) {
+  struct rlimit old, lim;
+  getrlimit(RLIMIT_FSIZE, &old);
+  lim = old;
+  lim.rlim_cur = bytes;
+  void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  int rc = fn(arg);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, prev);
+  return rc;
+}
+static int close_writer(void *w) { return hq_ckpt_writer_close(w); }
+
+/* Two writers of one path in one process: each has a temporary file of its own, so the one that
+   fails (here on a full disk) never touches the file the other one wrote; with both succeeding,
+   the last close wins, whole. */
+static void test_two_writers(void **state) {
+  (void)state;
+  const char *path = tpath("two.safetensors");
+  hq_ckpt_writer *a = writer_of(path, 4, 8, 1), *b = writer_of(path, 256, 256, 2);
+  assert_int_equal(count_prefix("two.safetensors.tmp."), 2);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(a));
+  holds(path, 4, 8, 1);
+  /* b (256 KiB) meets a 64 KiB disk: it fails, a's file stays whole */
+  assert_int_equal(with_size_limit(65536, close_writer, b), HQ_EIO);
+  HQ_ERROR_HAS("File too large");
+  holds(path, 4, 8, 1);
+  assert_int_equal(count_prefix("two.safetensors.tmp."), 0);
+  /* both succeed, in the other order: the last close's file */
+  a = writer_of(path, 4, 8, 3);
+  b = writer_of(path, 8, 4, 4);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(b));
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(a));
+  holds(path, 4, 8, 3);
+  assert_int_equal(count_prefix("two.safetensors.tmp."), 0);
+}
+
+/* A child that saves "t" [rows, cols] to path and dies in the middle: killed (SIGKILL) after
+   adding, before close, or by SIGXFSZ while it writes (a file size limit below the file's).
+   Returns its pid; its temporary file remains. */
+static pid_t dying_saver(const char *path, int64_t rows, int64_t cols, int how) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    hq_ckpt_writer *w = NULL;
+    hq_tensor t = hq_test_tensor(HQ_F32, rows, cols, 9, 1.0f);
+    if (hq_ckpt_writer_open(path, &w) || hq_ckpt_add_tensor(w, g_ctx, "t", &t)) _exit(3);
+    if (how == SIGXFSZ) {
+      struct rlimit lim = {1 << 20, 1 << 20};
+      setrlimit(RLIMIT_FSIZE, &lim);
+      hq_ckpt_writer_close(w); /* killed at the first byte past 1 MiB */
+      _exit(4);
+    }
+    if (write(fds[1], "r", 1) != 1) _exit(5);
+    for (;;) pause(); /* killed here, or alive until the test kills it */
+  }
+  close(fds[1]);
+  char c;
+  if (how != SIGXFSZ) assert_int_equal(read(fds[0], &c, 1), 1);
+  close(fds[0]);
+  if (how == SIGKILL) kill(pid, SIGKILL);
+  if (how) {
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFSIGNALED(ws));
+    assert_int_equal(WTERMSIG(ws), how);
+  }
+  return pid;
+}
+
+/* The temporary files of saves killed mid-way (kill -9, SIGXFSZ in the middle of the write) are
+   removed by the next save to that path; a live process's is kept; the file is never touched. */
+static void test_killed_saves(void **state) {
+  (void)state;
+  const char *path = tpath("killed.safetensors");
+  hq_ckpt_writer *w = writer_of(path, 4, 8, 1);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(w));
+  pid_t live = dying_saver(path, 4, 8, 0);
+  pid_t k1 = dying_saver(path, 4, 8, SIGKILL);
+  char pre[3][128];
+  snprintf(pre[0], sizeof pre[0], "killed.safetensors.tmp.%ld.", (long)k1);
+  snprintf(pre[2], sizeof pre[2], "killed.safetensors.tmp.%ld.", (long)live);
+  assert_int_equal(count_prefix(pre[0]), 1);
+  assert_int_equal(count_prefix(pre[2]), 1);
+  /* another save, killed in the middle of its write: its open removed k1's file */
+  pid_t k2 = dying_saver(path, 1024, 1024, SIGXFSZ); /* 4 MiB: cut at 1 MiB */
+  snprintf(pre[1], sizeof pre[1], "killed.safetensors.tmp.%ld.", (long)k2);
+  assert_int_equal(count_prefix(pre[0]), 0);
+  assert_int_equal(count_prefix(pre[1]), 1);
+  assert_int_equal(count_prefix(pre[2]), 1);
+  holds(path, 4, 8, 1); /* the killed saves never reached the file */
+  /* the next save removes the dead one's file, keeps the live one's */
+  w = writer_of(path, 4, 8, 2);
+  assert_int_equal(count_prefix(pre[1]), 0);
+  assert_int_equal(count_prefix(pre[2]), 1);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(w));
+  holds(path, 4, 8, 2);
+  /* a file of another path, or a name hq does not write, is never touched */
+  write_file(tpath("other.safetensors.tmp.999999999.0000abcd.x"), "x", 1);
+  write_file(tpath("killed.safetensors.tmp.notapid"), "x", 1);
+  kill(live, SIGKILL);
+  waitpid(live, NULL, 0);
+  w = writer_of(path, 4, 8, 3);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(w));
+  assert_int_equal(count_prefix("killed.safetensors.tmp."), 1); /* the "notapid" one */
+  assert_true(exists(tpath("other.safetensors.tmp.999999999.0000abcd.x")));
+  holds(path, 4, 8, 3);
+}
+
+/* A full disk: a tiny tmpfs when this process may mount one (root), and a file size limit
+   always: the save fails with HQ_EIO naming the cause, the old file is whole, no temporary
+   file remains. */
+static void test_full_disk(void **state) {
+  (void)state;
+  const char *path = tpath("full.safetensors");
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(writer_of(path, 4, 8, 1)));
+  hq_ckpt_writer *w = writer_of(path, 512, 512, 2); /* 1 MiB */
+  assert_int_equal(with_size_limit(300000, close_writer, w), HQ_EIO);
+  holds(path, 4, 8, 1);
+  assert_int_equal(count_prefix("full.safetensors.tmp."), 0);
+  char mnt[600];
+  snprintf(mnt, sizeof mnt, "%s/tiny", g_dir);
+  assert_int_equal(mkdir(mnt, 0700), 0);
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=256k") != 0) {
+    printf("full disk: no tmpfs (mount: %s): the file size limit stood in\n", strerror(errno));
+    rmdir(mnt);
+    return;
+  }
+  char tpathb[700];
+  snprintf(tpathb, sizeof tpathb, "%s/c.safetensors", mnt);
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(writer_of(tpathb, 4, 8, 1)));
+  w = writer_of(tpathb, 512, 512, 2);
+  assert_int_equal(hq_ckpt_writer_close(w), HQ_EIO);
+  HQ_ERROR_HAS("No space left on device");
+  holds(tpathb, 4, 8, 1);
+  DIR *d = opendir(mnt);
+  struct dirent *e;
+  int files = 0;
+  while ((e = readdir(d))) files += e->d_name[0] != '.';
+  closedir(d);
+  assert_int_equal(files, 1);
+  printf("full disk: a 256 KiB tmpfs refused a 1 MiB save, the old file whole\n");
+  assert_int_equal(umount(mnt), 0);
+  rmdir(mnt);
+}
+
+// --- required metadata keys (issue 46, 9) ---------------------------------------------------
+
+/* real.safetensors: one fp8_tensor [16, 32] qtensor "q" (both directions), as bad_meta edits
+   it; its "q/hq" metadata parsed (json_decref it). */
+static json_t *real_meta(void) {
+  hq_qtensor *qt = quantize_cfg(&k_small[0], 3);
+  save_as(tpath("real.safetensors"), "q", qt);
+  hq_qtensor_free(qt);
+  hq_ckpt *ck;
+  HQ_OK_OR_FAIL(hq_ckpt_open(tpath("real.safetensors"), &ck));
+  json_error_t err;
+  json_t *m = json_loads(hq_ckpt_meta(ck, "q/hq"), 0, &err);
+  hq_ckpt_close(ck);
+  assert_non_null(m);
+  return m;
+}
+
+/* Every key docs/checkpoints.md (3) calls required, removed and then given a wrong value, in
+   turn: refused naming the key and the tensor (the header re-signed, so the checks, not the
+   checksums, refuse it). */
+static void test_required_keys(void **state) {
+  (void)state;
+  json_t *m = real_meta();
+  json_error_t err;
+  static const struct {
+    const char *path[3]; /* the key: top level, formats.<dir>.<key>, buffers[i].<key> */
+    const char *bad;     /* a wrong value (JSON) */
+    int status;
+    const char *needle;
+  } keys[] = {
+      {{"hq_checkpoint"}, "\"1\"", HQ_EPARSE, "\"hq_checkpoint\""},
+      {{"role"}, "7", HQ_EPARSE, "\"role\""},
+      {{"rows"}, "0", HQ_EPARSE, "\"rows\""},
+      {{"cols"}, "\"32\"", HQ_EPARSE, "\"cols\""},
+      {{"nominal"}, "\"e4m3\"", HQ_EPARSE, "\"nominal\""},
+      {{"nominal"}, "\"f16\"", HQ_EINVAL, "nominal dtype differs: checkpoint f16, qtensor f32"},
+      {{"directions"}, "[]", HQ_EPARSE, "\"directions\""},
+      {{"usage"}, "[\"up\"]", HQ_EPARSE, "\"usage\""},
+      {{"columnwise_source"}, "\"copied\"", HQ_EPARSE, "\"columnwise_source\""},
+      {{"formats"}, "[]", HQ_EPARSE, "\"formats\""},
+      {{"formats", "rowwise", "format"}, "1", HQ_EPARSE, "\"format\""},
+      {{"formats", "rowwise", "plugin"}, "null", HQ_EPARSE, "\"plugin\""},
+      {{"formats", "rowwise", "plugin_version"}, "2", HQ_EPARSE, "\"plugin_version\""},
+      {{"formats", "rowwise", "options"}, "{}", HQ_EPARSE, "\"options\""},
+      {{"formats", "columnwise", "plugin_version"}, "[]", HQ_EPARSE, "\"plugin_version\""},
+      {{"buffers"}, "{}", HQ_EPARSE, "\"buffers\""},
+      {{"buffers", "0", "entry"}, "5", HQ_EPARSE, "\"entry\""},
+      {{"buffers", "0", "name"}, "5", HQ_EPARSE, "\"name\""},
+      {{"buffers", "0", "direction"}, "\"up\"", HQ_EPARSE, "bad direction"},
+      {{"buffers", "0", "dtype"}, "\"f99\"", HQ_EPARSE, "bad direction, dtype"},
+      {{"buffers", "0", "shape"}, "[-1]", HQ_EPARSE, "shape"},
+      {{"buffers", "0", "shared"}, "true", HQ_EPARSE, "\"shared\" is true"},
+      {{"buffers", "4", "shared"}, "false", HQ_EPARSE, "\"shared\" is false"},
+      {{"buffers", "1", "shared"}, "\"no\"", HQ_EPARSE, "\"shared\""},
+  };
+  int tried = 0;
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    for (int removed = 0; removed < 2; removed++) {
+      json_t *c = json_deep_copy(m), *o = c;
+      int depth = keys[i].path[2] ? 3 : keys[i].path[1] ? 2 : 1;
+      for (int k = 0; k < depth - 1; k++)
+        o = json_is_array(o) ? json_array_get(o, (size_t)atoi(keys[i].path[k]))
+                             : json_object_get(o, keys[i].path[k]);
+      const char *last = keys[i].path[depth - 1];
+      if (!removed) {
+        /* the key removed: "missing" */
+        if (!json_object_get(o, last)) fail_msg("metadata has no key %s", last);
+        json_object_del(o, last);
+      } else {
+        json_object_set_new(o, last, json_loads(keys[i].bad, JSON_DECODE_ANY, &err));
+      }
+      char *t = json_dumps(c, JSON_COMPACT);
+      const int status = removed ? keys[i].status : HQ_EPARSE;
+      char needle[200];
+      snprintf(needle, sizeof needle, "%s", removed ? keys[i].needle : last);
+      bad_meta(t, status, needle);
+      HQ_ERROR_HAS("tensor 'q'");
+      free(t);
+      json_decref(c);
+      tried++;
+    }
+  }
+  printf("required keys: %d corruptions, each refused naming the key and the tensor\n", tried);
+  json_decref(m);
 }
 
 // --- plugin versions: appended options, layout versions (bug 6) -------------------------------
@@ -1319,14 +1798,7 @@ static void test_layout_version(void **state) {
   /* the recorded version, field by field: 1 for the stock module; a file without it (written
      before layout versions were recorded) reads as 1; anything but an integer >= 1 is malformed;
      an option listed twice too */
-  hq_qtensor *qt = quantize_cfg(&k_small[0], 3);
-  save_as(tpath("real.safetensors"), "q", qt);
-  hq_qtensor_free(qt);
-  hq_ckpt *ck;
-  HQ_OK_OR_FAIL(hq_ckpt_open(tpath("real.safetensors"), &ck));
-  json_error_t err;
-  json_t *m = json_loads(hq_ckpt_meta(ck, "q/hq"), 0, &err);
-  hq_ckpt_close(ck);
+  json_t *m = real_meta();
   json_t *fr = json_object_get(json_object_get(m, "formats"), "rowwise");
   json_t *fc = json_object_get(json_object_get(m, "formats"), "columnwise");
   assert_int_equal(json_integer_value(json_object_get(fr, "layout_version")), 1);
@@ -1508,14 +1980,24 @@ static const char *k_py =
     "    for name, e in exp['entries'].items():\n"
     "        s = f.get_slice(name)\n"
     "        assert s.get_dtype() == e['dtype'] and list(s.get_shape()) == e['shape'], name\n"
+    "    sums = 'not checked (no xxhash module)'\n"
+    "    try:\n"
+    "        import xxhash\n"
+    "    except ImportError:\n"
+    "        xxhash = None\n"
+    "    if xxhash:\n"
+    "        for name in items:\n"
+    "            got = xxhash.xxh3_64_hexdigest(bytes(items[name]['data']))\n"
+    "            assert got == md[name + '/xxh3_64'], (name, got, md[name + '/xxh3_64'])\n"
+    "        sums = 'every checksum equal to python xxhash ' + xxhash.VERSION + \"'s\"\n"
     "arrs = load_file(np_path)\n"
     "for name, e in exp['np'].items():\n"
     "    a = arrs[name]\n"
     "    assert str(a.dtype) == e['dtype'], (name, str(a.dtype))\n"
     "    assert list(a.shape) == e['shape'], name\n"
     "    assert a.tobytes().hex() == e['hex'], name\n"
-    "print('python safetensors %s: %d entries, %d numpy arrays read and checked' % (\n"
-    "    __import__('safetensors').__version__, len(items), len(arrs)))\n";
+    "print('python safetensors %s: %d entries, %d numpy arrays read and checked; %s' % (\n"
+    "    __import__('safetensors').__version__, len(items), len(arrs), sums))\n";
 
 static json_t *hex_of(const void *p, size_t n) {
   char *h = malloc(2 * n + 1);
@@ -1645,6 +2127,9 @@ int main(void) {
       cmocka_unit_test(test_hostile_headers), cmocka_unit_test(test_hostile_meta),
       cmocka_unit_test(test_fuzz),        cmocka_unit_test(test_appended_option),
       cmocka_unit_test(test_layout_version),
+      cmocka_unit_test(test_bit_flips),   cmocka_unit_test(test_foreign_file),
+      cmocka_unit_test(test_two_writers), cmocka_unit_test(test_killed_saves),
+      cmocka_unit_test(test_full_disk),   cmocka_unit_test(test_required_keys),
 #ifdef HQ_TEST_OOM
       cmocka_unit_test(test_oom),
 #endif

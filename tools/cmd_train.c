@@ -25,7 +25,7 @@ static const char usage[] =
     "                [--plugin-dir DIR]... [--lr X] [--hidden H] [--layers L]\n"
     "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
-    "                [--resume FILE] [--verify-resume]\n"
+    "                [--resume FILE [--no-verify]] [--verify-resume]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -66,6 +66,8 @@ static const char usage[] =
     "                    last step; each save replaces the file unless FILE has {step})\n"
     "  --resume FILE     continue the run saved in FILE (one --recipe: the same recipe, model\n"
     "                    shape, batch, seed and data; refused naming what differs) to --steps\n"
+    "  --no-verify       with --resume: load FILE without verifying checksums (a file written by\n"
+    "                    another tool or an older hq has none and is refused without it)\n"
     "  --verify-resume   check the continuation: save mid-run (at --checkpoint-every when given,\n"
     "                    else halfway), train to the end, reload that checkpoint into a fresh\n"
     "                    context and model and train to the end again: the losses of every step\n"
@@ -262,7 +264,7 @@ static int plot(const char *file, run *runs, int n_runs, int baseline, int64_t w
 typedef struct train_args {
   cli_list recipes;
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path;
-  int json, verify_resume;
+  int json, verify_resume, no_verify;
   int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every;
   int64_t context, embed, hidden, layers;
   double lr;
@@ -307,6 +309,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
        .max = INT64_MAX},
       {.name = "--resume", .kind = CLI_STR, .dest = &a->resume_path},
       {.name = "--verify-resume", .kind = CLI_FLAG, .dest = &a->verify_resume},
+      {.name = "--no-verify", .kind = CLI_FLAG, .dest = &a->no_verify},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -314,6 +317,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (a->ckpt_every && !a->ckpt_path && !a->verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
+  if (a->no_verify && !a->resume_path) return cli_fail(2, CMD, "--no-verify needs --resume FILE");
   if (a->resume_path && a->recipes.n > 1)
     return cli_fail(2, CMD, "--resume continues one run: give at most one --recipe");
   if (a->verify_resume && a->steps < 2)
@@ -345,6 +349,7 @@ static void make_config(const train_args *a, train_config *cfg) {
   cfg->device = a->device;
   cfg->ckpt_every = a->ckpt_every;
   cfg->verify_resume = a->verify_resume;
+  cfg->resume_no_verify = a->no_verify;
   cfg->verify_at = a->ckpt_every;
 }
 

@@ -264,7 +264,13 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
   float *curve = NULL;
   int rc = -1;
   const int dev = hq_ctx_device(m->ctx);
-  if (hq_ckpt_open(path, &c)) return fail(err, err_len, "--resume: %s", hq_last_error());
+  /* --no-verify only for the file the user named (the mid-run file of --verify-resume is ours) */
+  hq_ckpt_open_opts oo = {.struct_size = sizeof oo,
+                          .flags = cfg->resume_no_verify && cfg->resume_path &&
+                                           strcmp(path, cfg->resume_path) == 0
+                                       ? HQ_CKPT_NO_VERIFY
+                                       : 0};
+  if (hq_ckpt_open_ex(path, &oo, &c)) return fail(err, err_len, "--resume: %s", hq_last_error());
   const char *v;
   if (!hq_ckpt_meta(c, "hq_train")) {
     fail(err, err_len, "--resume %s: not a checkpoint of hq train (no 'hq_train' metadata)", path);

@@ -174,6 +174,7 @@ typedef struct train_config {
                                                 checkpoint into a fresh context and model, train
                                                 the same steps again and compare bitwise */
   int64_t verify_at;                         /* 0: halfway through the steps left */
+  int resume_no_verify;                      /* --no-verify: resume_path's checksums unchecked */
 } train_config;
 
 /* What the loop reports while it runs. */

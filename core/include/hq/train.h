@@ -90,8 +90,13 @@ HQ_API int hq_ckpt_add_tensor(hq_ckpt_writer *w, hq_ctx *ctx, const char *name,
 /* A free-form "__metadata__" string, UTF-8 (key not lying under a tensor name + "/", whether the
    tensor is added before or after; "hq_version" is written by hq). */
 HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *value);
-/* Write the file (to a temporary name, then renamed: a crash never leaves half a checkpoint)
-   and free the writer, also on failure. */
+/* Write the file and free the writer, also on failure. The file is written to a temporary file
+   of a unique name ("<path>.tmp.<pid>.<random>.<host>", created exclusively), fsynced, renamed
+   over <path> and the directory fsynced: a crash, a full disk or another writer of the same
+   path never leaves half a checkpoint at <path>, and a failed close leaves <path> as it was.
+   Every entry's checksum and the header's (XXH3_64bits) are written into "__metadata__".
+   hq_ckpt_writer_open removes the temporary files of earlier saves to <path> whose process
+   (on this host) no longer exists. */
 HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
 /* Free the writer without writing anything. */
 HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
@@ -100,8 +105,23 @@ typedef struct hq_ckpt hq_ckpt;
 /* Open and validate a checkpoint: header length within the file (and at most 100,000,000
    bytes), JSON well formed, every entry's dtype known, shape consistent with its byte range,
    ranges inside the data section, not overlapping and covering it without a hole (the
-   safetensors rule). */
+   safetensors rule); and its checksums, verified as hq_ckpt_open_ex describes (a file without
+   any is HQ_ENOTSUP). */
 HQ_API int hq_ckpt_open(const char *path, hq_ckpt **out);
+/* Load without verifying checksums: for a file another tool (or an hq without checksums) wrote,
+   which has none. Without it, such a file is HQ_ENOTSUP at open, saying so. */
+#define HQ_CKPT_NO_VERIFY 1u
+typedef struct hq_ckpt_open_opts {
+  uint32_t struct_size;          /* sizeof(hq_ckpt_open_opts); at least
+                                    HQ_CKPT_OPEN_OPTS_SIZE_0_3 */
+  uint32_t flags;                /* HQ_CKPT_NO_VERIFY, or 0 */
+} hq_ckpt_open_opts;
+#define HQ_CKPT_OPEN_OPTS_SIZE_0_3 (offsetof(hq_ckpt_open_opts, flags) + sizeof(uint32_t))
+/* hq_ckpt_open with options (opts NULL: hq_ckpt_open). By default the file's checksums are
+   verified: the header's at open (a mismatch is HQ_EPARSE, "the header is corrupt"), each
+   entry's as it is loaded (HQ_EPARSE naming the entry, "is corrupt"; the destination then holds
+   the corrupt bytes), and a file without checksums is refused (HQ_ENOTSUP). */
+HQ_API int hq_ckpt_open_ex(const char *path, const hq_ckpt_open_opts *opts, hq_ckpt **out);
 HQ_API void hq_ckpt_close(hq_ckpt *c);
 /* A "__metadata__" value (valid until hq_ckpt_close), or NULL. */
 HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
