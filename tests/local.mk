@@ -324,10 +324,11 @@ tests_test_gpu_static_rt_LDFLAGS = $(CUDA_LDFLAGS) -Wl,--exclude-libs,libcudart_
 endif
 
 TESTS += $(check_PROGRAMS) tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
-	tests/test_install.sh
+	tests/test_install.sh tests/test_docs_tables.sh
 endif
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
+EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py
 EXTRA_DIST += tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \
