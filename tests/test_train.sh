@@ -7,7 +7,9 @@
 # format rejects, bad options, --device cuda without a GPU) with their messages and exit status 1
 # or 2, --plot never fails for want of gnuplot, the default recipe finishes, and checkpoints
 # (--checkpoint, --resume, --verify-resume) continue a run bit-identically and refuse what does
-# not fit. Exit 0 pass, 1 fail (automake's protocol).
+# not fit; --baseline, --seeds (the statistics recomputed from --json), the memory estimate and
+# its refusal, and the output paths checked before the first step (issue 46). Exit 0 pass, 1 fail
+# (automake's protocol).
 set -u
 LC_ALL=C; export LC_ALL   # strerror's text in the messages compared below
 hq=${HQ_BIN:?HQ_BIN is set by make check}

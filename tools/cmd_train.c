@@ -451,8 +451,9 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
 /* --seeds: a run's statistics over its seeds. sd: the sample standard deviation across seeds;
    the gap is paired (each seed's eval loss minus the baseline's of the same seed: the same split,
    data order and initial weights), its standard error sd/sqrt(n); a gap exceeds the seed noise
-   when |mean| > 2 standard errors (about a 95% two-sided test for many seeds; with 2 or 3 seeds
-   it flags only large, consistent gaps, which is the intent). NaN where undefined. */
+   when |mean| > 2 standard errors (about a 95% two-sided test for many seeds; with 2 or 3 the
+   standard error is itself rough, and a tiny gap that every seed shares is marked too). NaN
+   where undefined. */
 typedef struct seed_stats {
   int n;
   double train_mean, train_sd, eval_mean, eval_sd, gap_mean, gap_se, time_mean, rate_mean;
