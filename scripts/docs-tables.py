@@ -104,6 +104,17 @@ def block_check():
             % " ".join(SMALL)) + "\n".join(rows) + "\n"
 
 
+def timed_rows(d, first):
+    """A row per run: losses, the gap, time and throughput."""
+    rows = ["| %s | train loss | eval loss | gap vs fp32 | time | tokens/s |" % first,
+            "|---|---|---|---|---|---|"]
+    for r in d["recipes"]:
+        rows.append("| %s | %.4f | %.4f | %s | %.1f s | %s |" % (
+            name_of(r), r["train_loss"], r["eval_loss"], "(baseline)" if r["baseline"] else gap(r["gap"]),
+            r["total_seconds"], rate(r["tokens_per_second"])))
+    return rows
+
+
 _default_doc = {}
 
 
@@ -116,11 +127,7 @@ def default_run():
 
 def block_default():
     d, m = default_run()
-    rows = ["| run | train loss | eval loss | gap vs fp32 | time | tokens/s |", "|---|---|---|---|---|---|"]
-    for r in d["recipes"]:
-        rows.append("| %s | %.4f | %.4f | %s | %.1f s | %s |" % (
-            name_of(r), r["train_loss"], r["eval_loss"], "(baseline)" if r["baseline"] else gap(r["gap"]),
-            r["total_seconds"], rate(r["tokens_per_second"])))
+    rows = timed_rows(d, "run")
     total = sum(r["total_seconds"] for r in d["recipes"])
     return ("`hq train` with the defaults: %.0f s in all (%.1f s of CPU time) on %s. The loss falls from %.2f at step 0 "
             "(ln 27 = 3.30 is a uniform guess) to %.2f (train) and %.2f (held out).\n\n"
@@ -148,11 +155,7 @@ def block_recipes(own=False):
         m = machine()
     else:
         d, m = seeds_run()
-    rows = ["| recipe | train loss | eval loss | gap vs fp32 | time | tokens/s |", "|---|---|---|---|---|---|"]
-    for r in d["recipes"]:
-        rows.append("| %s | %.4f | %.4f | %s | %.1f s | %s |" % (
-            name_of(r), r["train_loss"], r["eval_loss"], "(baseline)" if r["baseline"] else gap(r["gap"]),
-            r["total_seconds"], rate(r["tokens_per_second"])))
+    rows = timed_rows(d, "recipe")
     return ("Every shipped recipe, default settings, seed 1, against the built-in FP32 baseline "
             "(one `hq train` with every recipe%s; %.0f s of CPU time in all; times on %s):\n\n"
             % ("" if own else " and `--seeds 3`: its first seed", d["cpu_seconds"], m)
