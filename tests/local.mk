@@ -346,10 +346,11 @@ tests/test_dist_mpi.log: $(HQ_DIST_TESTS)
 endif
 
 TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
-	tests/test_install.sh tests/test_ckpt_resume.sh
+	tests/test_install.sh tests/test_ckpt_resume.sh tests/test_docs_tables.sh
 endif
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
+EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py
 EXTRA_DIST += tests/test_dist_mpi.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/test_ckpt_resume.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \

@@ -37,7 +37,7 @@ $hq train --device cpu $small --recipe "$conf/examples/high_precision.ini" --jso
   > "$tmp/cpu.json" 2>"$tmp/cpu.err" || { cat "$tmp/cpu.err"; fail "train --device cpu"; }
 [ "$(jget "$tmp/gpu.json" "d['config']['device']")" = cuda ] || fail "--json: device"
 nrec=$(jget "$tmp/gpu.json" "len(d['recipes'])")
-[ "$nrec" -eq $(($# / 2)) ] || fail "expected every shipped recipe ($(($# / 2))), got $nrec runs"
+[ "$nrec" -eq $(($# / 2 + 1)) ] || fail "expected every shipped recipe and the FP32 baseline ($(($# / 2 + 1))), got $nrec runs"
 i=0
 while [ $i -lt "$nrec" ]; do
   name=$(jget "$tmp/gpu.json" "d['recipes'][$i]['name']")

@@ -7,7 +7,9 @@
 # format rejects, bad options, --device cuda without a GPU) with their messages and exit status 1
 # or 2, --plot never fails for want of gnuplot, the default recipe finishes, and checkpoints
 # (--checkpoint, --resume, --verify-resume) continue a run bit-identically and refuse what does
-# not fit. Exit 0 pass, 1 fail (automake's protocol).
+# not fit; --baseline, --seeds (the statistics recomputed from --json), the memory estimate and
+# its refusal, and the output paths checked before the first step (issue 46). Exit 0 pass, 1 fail
+# (automake's protocol).
 set -u
 LC_ALL=C; export LC_ALL   # strerror's text in the messages compared below
 hq=${HQ_BIN:?HQ_BIN is set by make check}
@@ -144,7 +146,7 @@ d = json.load(open(sys.argv[1]))
 f32 = lambda x: struct.unpack('f', struct.pack('f', x))[0]  # min_lr is lr/10 in float, %.9g
 cfg = dict(d['config'])
 del cfg['parameters']
-assert cfg == {'device': 'cpu', 'steps': 40, 'batch': 128, 'seed': 1, 'context': 8, 'embed': 16,
+assert cfg == {'device': 'cpu', 'steps': 40, 'batch': 128, 'seed': 1, 'seeds': 1, 'context': 8, 'embed': 16,
                'hidden': 128, 'layers': 1, 'vocab': 27, 'vocab_padded': 128, 'activation': 'gelu',
                'lr': 0.006, 'min_lr': float('%.9g' % f32(f32(0.006) / 10)), 'warmup': 2,
                'eval_every': 20}, cfg
@@ -187,10 +189,24 @@ for f in recipe.ini examples/fp8_delayed.ini; do
   [ -n "$l0" ] && [ "$l0" = "$l10" ] || fail "$f: evaluation changes the training ($l0, $l10)"; ok
 done
 
-# a recipe that is already high precision is the baseline: no FP32 run is added
+# issue 46 item 12: FP32 stays the baseline when a high-precision recipe (BF16) is given: BF16 is
+# one more row; --baseline NAME (or its file) picks a recipe, --baseline none compares nothing
+table() { sed -n '/^recipe  *train loss/,/^$/p' "$1" | sed '1d; $d' | awk '{ print $1, $4 }' | tr '\n' ' '; }
 $hq train $small --recipe "$conf/examples/high_precision.ini" > "$tmp/hp.txt" || fail "high_precision.ini"
-[ "$(sed -n '/^recipe  *train loss/,/^$/p' "$tmp/hp.txt" | sed '1d; $d' | awk '{ print $1, $4 }')" = "bf16-baseline (baseline)" ] ||
-  { cat "$tmp/hp.txt"; fail "high_precision.ini is the one run, the baseline"; }; ok
+[ "$(table "$tmp/hp.txt" | sed 's/bf16-baseline [-+]0\.[0-9]\{4\} /bf16-baseline G /')" = "bf16-baseline G fp32 (baseline) " ] ||
+  { cat "$tmp/hp.txt"; fail "high_precision.ini: a row, the FP32 baseline after it"; }; ok
+for b in bf16-baseline "$conf/examples/high_precision.ini"; do
+  $hq train $small --recipe "$conf/examples/mxfp8.ini" --recipe "$conf/examples/high_precision.ini" \
+    --baseline "$b" > "$tmp/hp.txt" || fail "--baseline $b"
+  [ "$(table "$tmp/hp.txt" | sed 's/mxfp8 [-+]0\.[0-9]\{4\} /mxfp8 G /')" = "mxfp8 G bf16-baseline (baseline) " ] ||
+    { cat "$tmp/hp.txt"; fail "--baseline $b: no fp32 run, bf16-baseline the baseline"; }; ok
+done
+grep -q "gap: eval loss minus the baseline's (bf16-baseline)" "$tmp/hp.txt" || fail "--baseline: the note"; ok
+$hq train $small --recipe "$conf/examples/mxfp8.ini" --baseline none > "$tmp/hp.txt" || fail "--baseline none"
+[ "$(table "$tmp/hp.txt")" = "mxfp8 - " ] || { cat "$tmp/hp.txt"; fail "--baseline none: one run, no gap"; }
+grep -q "no baseline (--baseline none)" "$tmp/hp.txt" || fail "--baseline none: the note"; ok
+usage_error "hq train: --baseline 'bf16' is not fp32, none, nor a recipe given ('mxfp8', 'bf16-baseline')" \
+  train $small --recipe "$conf/examples/mxfp8.ini" --recipe "$conf/examples/high_precision.ini" --baseline bf16
 
 # review bug 8: a role the recipe leaves unmatched is named on stderr (every layer's grad_output
 # here), unless the recipe says `unmatched = identity`; the shipped recipes leave none
@@ -338,6 +354,100 @@ grep -q "^fp32 .*(baseline)" "$tmp/def.txt" || fail "the default run's baseline"
 HQ_CONF_DIR=$tmp/none $hq train $small 2>"$tmp/e"; [ $? -eq 1 ] || fail "no default recipe exit status"
 [ "$(cat "$tmp/e")" = "hq train: no --recipe given and the default recipe $tmp/none/recipe.ini cannot be read (No such file or directory): install hq (make install), set HQ_CONF_DIR to the directory holding recipe.ini, or give --recipe FILE" ] ||
   { cat "$tmp/e"; fail "no default recipe message"; }; ok
+
+# issue 46 item 13: --seeds N trains every recipe from seeds S..S+N-1; the table's means, spread
+# and marks follow the per-seed numbers of --json (recomputed here: mean, sample sd, the paired
+# gap's standard error, * where |mean gap| > 2 se)
+if [ $have_py -eq 1 ]; then
+  $hq train $small --steps 20 --seed 3 --seeds 3 --recipe "$conf/examples/nvfp4.ini" --json \
+    > "$tmp/seeds.json" 2>"$tmp/e" || { cat "$tmp/e"; fail "--seeds --json"; }
+  grep -q "^hq train: seed 5: " "$tmp/e" || fail "--seeds: the third seed's data line"
+  python3 -c 'import json, math, sys
+d = json.load(open(sys.argv[1]))
+assert d["config"]["seed"] == 3 and d["config"]["seeds"] == 3, d["config"]
+base = [s["eval_loss"] for s in d["recipes"][1]["per_seed"]]
+for r in d["recipes"]:
+    ps = r["per_seed"]
+    assert [s["seed"] for s in ps] == [3, 4, 5], ps
+    assert ps[0]["eval_loss"] == r["eval_loss"]      # the top-level keys: the first seed
+    ev = [s["eval_loss"] for s in ps]
+    m = sum(ev) / 3
+    sd = math.sqrt(sum((x - m) ** 2 for x in ev) / 2)
+    st = r["stats"]
+    assert abs(st["eval_loss_mean"] - m) < 1e-7 and abs(st["eval_loss_sd"] - sd) < 1e-7, st
+    assert len(set(ev)) == 3, ev                     # three seeds, three different runs
+    if r["baseline"]:
+        assert st["gap_mean"] is None and st["gap_exceeds_noise"] is None, st
+        continue
+    g = [a - b for a, b in zip(ev, base)]
+    gm = sum(g) / 3
+    se = math.sqrt(sum((x - gm) ** 2 for x in g) / 2) / math.sqrt(3)
+    assert abs(st["gap_mean"] - gm) < 1e-7 and abs(st["gap_se"] - se) < 1e-7, st
+    assert st["gap_exceeds_noise"] == (abs(gm) > 2 * se), st' "$tmp/seeds.json" ||
+    fail "--seeds: the statistics in --json"; ok
+fi
+$hq train $small --steps 20 --seeds 2 --recipe "$conf/examples/nvfp4.ini" > "$tmp/seeds.txt" 2>&1 ||
+  { cat "$tmp/seeds.txt"; fail "--seeds table"; }
+grep -q "^recipe  *train loss  *eval loss  *sd  *gap vs base  *se  *time  *tokens/s$" "$tmp/seeds.txt" &&
+  grep -q "^2 seeds (1..2), each its own split" "$tmp/seeds.txt" &&
+  grep -q "^\[4/4\] fp32 " "$tmp/seeds.txt" || { cat "$tmp/seeds.txt"; fail "--seeds: the table"; }; ok
+usage_error "hq train: --resume continues one run: --seeds must be 1" train $nd --seeds 2 --resume x
+usage_error "hq train: --seeds '65' is not an integer in [1, 64]" train $nd --seeds 65
+
+# issue 46 item 4: the memory a run needs is printed before the first step; a run that cannot
+# fit is refused at once with the estimate and what is available (HQ_TRAIN_HOST_MEMORY pretends
+# a smaller machine: the size that was OOM-killed on a 23 GB machine)
+grep -q "^hq train: memory: about [0-9.]* MiB per run on the host (" "$tmp/seeds.txt" ||
+  fail "the memory line"; ok
+start=$(date +%s)
+HQ_TRAIN_HOST_MEMORY=23G $hq train --data "$tmp/words.txt" --hidden 16384 --layers 7 --batch 128 \
+  --recipe "$conf/examples/mxfp8.ini" > "$tmp/o" 2>"$tmp/e"; rc=$?
+[ $rc -eq 1 ] || { cat "$tmp/e"; fail "a run too large for the memory: exit status $rc"; }
+grep -q "^hq train: the run needs about [0-9.]* GiB of host memory (.*), more than the 23.0 GiB available (HQ_TRAIN_HOST_MEMORY=23G): refused before allocating; use a smaller --hidden, --layers or --batch$" "$tmp/e" ||
+  { cat "$tmp/e"; fail "a run too large: the message"; }
+[ $(($(date +%s) - start)) -lt 20 ] || fail "a run too large: not refused at once"
+grep -q "^\[" "$tmp/o" && fail "a run too large: it trained"; ok
+# the estimate against an independent count: the default model (C=8 E=16 H=256 L=2, vocab padded
+# to 128) has 132,144 parameters; masters, gradients and Adam moments are 16 bytes each, so the
+# model needs at least 2.0 MiB and, at its largest (two F32 quantized copies of each weight,
+# activations, temporaries), well under the 64 MiB allowance for the process above it
+HQ_TRAIN_HOST_MEMORY=1M $hq train --data "$tmp/words.txt" --recipe "$conf/examples/mxfp8.ini" 2>"$tmp/e" >/dev/null
+grep -q "^hq train: the run needs about [67][0-9].[0-9] MiB of host memory (the model [2-9].[0-9] MiB: .*more than the 1.0 MiB available (HQ_TRAIN_HOST_MEMORY=1M)" "$tmp/e" ||
+  { cat "$tmp/e"; fail "the default model's estimate"; }; ok
+
+# issue 46 item 5: every output path is checked before the first step, not after the run
+early() {   # early MESSAGE ARGS...: exit 1 with MESSAGE, and no step trained
+  msg=$1; shift
+  $hq train $small --recipe "$conf/examples/mxfp8.ini" "$@" > "$tmp/o" 2>"$tmp/e"; rc=$?
+  [ $rc -eq 1 ] || { cat "$tmp/e"; fail "$*: exit status $rc"; }
+  [ "$(tail -n 1 "$tmp/e")" = "$msg" ] || { cat "$tmp/e"; fail "$*: expected '$msg'"; }
+  grep -q "^\[" "$tmp/o" && fail "$*: it trained before failing"
+  ok
+}
+early "hq train: --checkpoint $tmp/nodir/ck.safetensors: the directory $tmp/nodir: No such file or directory" \
+  --checkpoint "$tmp/nodir/ck.safetensors"
+early "hq train: --plot $tmp/nodir/loss.png: the directory $tmp/nodir: No such file or directory" \
+  --plot "$tmp/nodir/loss.png"
+early "hq train: --checkpoint $tmp/words.txt/ck.safetensors: $tmp/words.txt is not a directory" \
+  --checkpoint "$tmp/words.txt/ck.safetensors"
+early "hq train: --plot $tmp: is a directory, not a file" --plot "$tmp"
+mkdir -p "$tmp/ro"
+chmod 555 "$tmp/ro"
+if [ ! -w "$tmp/ro" ]; then   # (root may write anyway)
+  early "hq train: --checkpoint $tmp/ro/ck: cannot create a file in $tmp/ro: Permission denied" \
+    --checkpoint "$tmp/ro/ck"
+fi
+chmod 755 "$tmp/ro"
+# gnuplot's own message when it cannot draw (a stand-in gnuplot that fails as a broken one does)
+mkdir -p "$tmp/bin"
+printf '#!/bin/sh\ncat >/dev/null\necho "line 1: unknown or ambiguous terminal type" >&2\nexit 1\n' > "$tmp/bin/gnuplot"
+chmod +x "$tmp/bin/gnuplot"
+opath=$PATH
+PATH="$tmp/bin:$PATH"
+early "hq train: --plot $tmp/l.png: gnuplot failed on a test plot before the first step (exit status 1): line 1: unknown or ambiguous terminal type" \
+  --plot "$tmp/l.png"
+PATH=$opath
+ls -a "$tmp" | grep -q hq-train-probe && fail "a probe file left behind"; ok
 
 echo "test_train: $n checks passed"
 exit 0

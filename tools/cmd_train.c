@@ -18,6 +18,7 @@
 
 #define CMD "train"
 #define MAX_RECIPES 16
+#define MAX_SEEDS 64
 
 static const char usage[] =
     "usage: hq train [--recipe FILE]... [--device cpu|cuda] [--steps N] [--batch B]\n"
@@ -26,21 +27,28 @@ static const char usage[] =
     "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
+    "                [--baseline NAME|fp32|none] [--seeds N]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
     "word list, once per recipe, every linear layer's fprop, dgrad and wgrad through\n"
     "libhqcore with the quantizers of its roles (linear, input|weight|grad_output,\n"
     "fc1..fcL|lm_head). Every recipe starts from the same seed: the same data order and the\n"
-    "same initial weights. A high-precision baseline (FP32, identity everywhere) is trained\n"
-    "too unless a recipe already is one; the table gives each recipe's held-out loss gap to\n"
-    "it. See docs/training.md.\n"
+    "same initial weights. A baseline in FP32 (identity everywhere) is trained too unless\n"
+    "--baseline names another; the table gives each recipe's held-out loss gap to it.\n"
+    "Memory is estimated and output paths are checked before the first step.\n"
+    "See docs/training.md.\n"
     "\n"
     "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
     "  --device D        cpu (default) or cuda\n"
     "  --steps N         optimizer steps per recipe (default 1000)\n"
     "  --batch B         sequences per step (default 256; a multiple of 128 suits every format)\n"
     "  --seed S          data split, data order, initial weights, stochastic rounding (default 1)\n"
+    "  --seeds N         train every recipe N times, from seeds S..S+N-1 (default 1): the table\n"
+    "                    gives the mean and spread per recipe and marks the gaps to the\n"
+    "                    baseline larger than the seed noise (|mean| > 2 standard errors)\n"
+    "  --baseline B      the run the gaps are measured to: fp32 (default: a built-in FP32 run\n"
+    "                    added after the recipes), the name or file of a --recipe, or none\n"
     "  --eval-every N    held-out loss at step 0 and every N steps (default steps/5; 0: only\n"
     "                    at the end)\n"
     "  --eval-batches N  batches of the periodic eval (default 8; 0: the whole held-out set;\n"
@@ -49,7 +57,8 @@ static const char usage[] =
     "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
     "                    (default /usr/share/dict/words, Debian package wamerican)\n"
     "  --json            print the results as one JSON document (progress goes to stderr)\n"
-    "  --plot FILE.png   draw every recipe's loss curves with gnuplot (when installed)\n"
+    "  --plot FILE.png   draw every recipe's loss curves and held-out gap with gnuplot (when\n"
+    "                    installed; checked before the first step)\n"
     "  --lr X            peak learning rate (default 0.006; warmup, then cosine decay to lr/10)\n"
     "  --context C       characters of context (default 8)\n"
     "  --embed E         embedding width (default 16; fc1's input is C*E)\n"
@@ -78,9 +87,13 @@ typedef struct run {
   char name[128];
   int high_precision;
   int builtin;
-  train_result res;
+  train_result res;                          /* the first seed's run */
+  train_result *more;                        /* --seeds N: the runs of seeds 2..N */
   int done;
 } run;
+
+/* The result of seed k (0-based) of a run. */
+static const train_result *run_seed(const run *rn, int k) { return k ? &rn->more[k - 1] : &rn->res; }
 
 typedef struct progress_state {
   FILE *out;
@@ -181,91 +194,11 @@ static int64_t window_means(const train_result *r, int64_t w, train_point *out) 
   return n;
 }
 
-/* --plot: two panels drawn by gnuplot (fed on a pipe, data inline): every recipe's train loss
-   (mean per log interval, solid) and held-out loss (dashed, points); below, each recipe's train
-   loss minus the baseline's over the same intervals (the same batches: the difference is the
-   recipe's effect, not data noise). A missing gnuplot is a message, not a failure. */
-static int plot(const char *file, run *runs, int n_runs, int baseline, int64_t window,
-                const char *title) {
-  static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                       "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
-                                       "#000000", "#aec7e8", "#ff9896", "#98df8a", "#ffbb78",
-                                       "#c5b0d5", "#c49c94"};
-  const int nc = (int)(sizeof colors / sizeof *colors);
-  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    fprintf(stderr,
-            "hq train: --plot %s: gnuplot is not installed (Debian: apt-get install gnuplot-nox); "
-            "no plot drawn\n",
-            file);
-    return 0;
-  }
-  const size_t cap = (size_t)runs[baseline].res.n_train_curve + 2;
-  train_point *base = malloc(cap * sizeof *base), *pts = malloc(cap * sizeof *pts);
-  if (!base || !pts) {
-    free(base);
-    free(pts);
-    return cli_fail(1, CMD, "--plot: out of memory");
-  }
-  const int64_t nb = window_means(&runs[baseline].res, window, base);
-  FILE *g = popen("gnuplot", "w");
-  if (!g) {
-    free(base);
-    free(pts);
-    return cli_fail(1, CMD, "--plot: cannot run gnuplot: %s", strerror(errno));
-  }
-  fputs("set terminal png size 1100,900\nset output '", g);
-  for (const char *p = file; *p; p++) {
-    if (*p == '\'') fputc('\'', g);   /* '' inside a single-quoted gnuplot string */
-    fputc(*p, g);
-  }
-  fputs("'\n", g);
-  for (int i = 0; i < n_runs; i++) {
-    int64_t n = window_means(&runs[i].res, window, pts);
-    fprintf(g, "$train%d << EOD\n", i);
-    for (int64_t k = 0; k < n; k++) fprintf(g, "%lld %.6f\n", (long long)pts[k].step, pts[k].loss);
-    fprintf(g, "EOD\n$eval%d << EOD\n", i);
-    for (int64_t k = 0; k < runs[i].res.n_eval_curve; k++)
-      fprintf(g, "%lld %.6f\n", (long long)runs[i].res.eval_curve[k].step,
-              runs[i].res.eval_curve[k].loss);
-    fprintf(g, "EOD\n$diff%d << EOD\n", i);
-    for (int64_t k = 1; k < n && k < nb; k++)
-      fprintf(g, "%lld %.6f\n", (long long)pts[k].step, pts[k].loss - base[k].loss);
-    fprintf(g, "EOD\n");
-  }
-  free(base);
-  free(pts);
-  fprintf(g, "set multiplot\nset grid\nset key top right noenhanced\n"
-             "set lmargin 12\nset rmargin 3\n"
-             "set size 1,0.64\nset origin 0,0.36\nset title \"%s\" noenhanced\n"
-             "set ylabel 'loss (nats): train solid, held-out dashed'\nplot ",
-          title);
-  for (int i = 0; i < n_runs; i++) {
-    char name[160];
-    snprintf(name, sizeof name, "%s%s", runs[i].name, i == baseline ? " (baseline)" : "");
-    for (char *p = name; *p; p++)
-      if (*p == '"' || *p == '\\') *p = '_';
-    fprintf(g, "%s$train%d with lines lw 2 lc rgb '%s' title \"%s\", "
-               "$eval%d with linespoints lw 1.5 dt 2 pt 7 ps 0.8 lc rgb '%s' notitle",
-            i ? ", " : "", i, colors[i % nc], name, i, colors[i % nc]);
-  }
-  fprintf(g, "\nset size 1,0.36\nset origin 0,0\nset title 'train loss minus the baseline''s "
-             "(same batches)'\nset xlabel 'step'\nset ylabel 'difference (nats)'\n"
-             "set key off\nplot 0 with lines lc rgb '#444444' lw 1 notitle");
-  for (int i = 0; i < n_runs; i++)
-    if (i != baseline)
-      fprintf(g, ", $diff%d with lines lw 2 lc rgb '%s' notitle", i, colors[i % nc]);
-  fprintf(g, "\nunset multiplot\n");
-  int st = pclose(g);
-  if (st != 0) return cli_fail(1, CMD, "--plot %s: gnuplot failed (status %d)", file, st);
-  fprintf(stderr, "hq train: loss curves drawn in %s\n", file);
-  return 0;
-}
-
 typedef struct train_args {
   cli_list recipes;
-  const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path;
+  const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
   int json, verify_resume, no_verify;
-  int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every;
+  int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every, seeds;
   int64_t context, embed, hidden, layers;
   double lr;
   cli_list dirs;
@@ -310,6 +243,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--resume", .kind = CLI_STR, .dest = &a->resume_path},
       {.name = "--verify-resume", .kind = CLI_FLAG, .dest = &a->verify_resume},
       {.name = "--no-verify", .kind = CLI_FLAG, .dest = &a->no_verify},
+      {.name = "--baseline", .kind = CLI_STR, .dest = &a->baseline_s},
+      {.name = "--seeds", .kind = CLI_INT, .dest = &a->seeds, .min = 1, .max = MAX_SEEDS},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -322,6 +257,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
     return cli_fail(2, CMD, "--resume continues one run: give at most one --recipe");
   if (a->verify_resume && a->steps < 2)
     return cli_fail(2, CMD, "--verify-resume needs --steps 2 or more");
+  if (a->resume_path && a->seeds > 1)
+    return cli_fail(2, CMD, "--resume continues one run: --seeds must be 1");
+  if (a->seed > INT64_MAX - (a->seeds - 1))
+    return cli_fail(2, CMD, "--seed %lld with --seeds %lld goes past %lld", (long long)a->seed,
+                    (long long)a->seeds, (long long)INT64_MAX);
   if (!strcmp(a->act_s, "gelu")) a->act = TRAIN_ACT_GELU;
   else if (!strcmp(a->act_s, "tanh")) a->act = TRAIN_ACT_TANH;
   else return cli_fail(2, CMD, "--act '%s' is not gelu or tanh", a->act_s);
@@ -357,8 +297,10 @@ static void make_config(const train_args *a, train_config *cfg) {
    high precision; the data they all train on. */
 typedef struct session {
   run runs[MAX_RECIPES + 1];
-  int n_runs, baseline;
-  train_data data;
+  int n_runs, baseline;                      /* baseline -1: none */
+  int n_seeds, seed_k;                       /* --seeds, the one training now (0-based) */
+  uint64_t seed0;                            /* --seed: the first seed */
+  train_data data;                           /* the data of seed seed_k */
 } session;
 
 /* Each recipe loaded (every error of a bad one listed): 0, or 1 after the messages. */
@@ -380,8 +322,26 @@ static int load_recipes(const train_args *a, const hq_recipe_opts *ro, session *
   return 0;
 }
 
-/* Name each run (the recipe's name, else its file's; the same one again: name#2), find the
-   baseline among them or add the built-in one: 0, or 1 after the message. */
+/* --baseline NAME: the run of that name or of that --recipe file: its index, or -1 after the
+   message naming the choices. */
+static int find_baseline(const train_args *a, const session *s) {
+  for (int i = 0; i < s->n_runs; i++)
+    if (!strcmp(s->runs[i].name, a->baseline_s) || !strcmp(a->recipes.v[i], a->baseline_s))
+      return i;
+  char names[2048] = "";
+  size_t k = 0;
+  for (int i = 0; i < s->n_runs && k < sizeof names; i++) {
+    int w = snprintf(names + k, sizeof names - k, "%s'%s'", i ? ", " : "", s->runs[i].name);
+    if (w > 0) k += (size_t)w;
+  }
+  cli_fail(2, CMD, "--baseline '%s' is not fp32, none, nor a recipe given (%s)", a->baseline_s,
+           names);
+  return -1;
+}
+
+/* Name each run (the recipe's name, else its file's; the same one again: name#2), pick the
+   baseline (--baseline: the built-in FP32 run, added here, by default; a recipe; none): 0, or
+   the exit status after the message. */
 static int name_runs(const train_args *a, const train_config *cfg, const hq_recipe_opts *ro,
                      session *s) {
   char err[2048];
@@ -407,9 +367,12 @@ static int name_runs(const train_args *a, const train_config *cfg, const hq_reci
     int hp = train_recipe_is_high_precision(rn->recipe, &cfg->model, err, sizeof err);
     if (hp < 0) return cli_fail(1, CMD, "recipe '%s' (%s): %s", rn->name, file, err);
     rn->high_precision = hp;
-    if (hp && s->baseline < 0) s->baseline = i;
   }
-  if (s->baseline >= 0) return 0;
+  if (a->baseline_s && !strcmp(a->baseline_s, "none")) return 0;
+  if (a->baseline_s && strcmp(a->baseline_s, "fp32")) {
+    s->baseline = find_baseline(a, s);
+    return s->baseline < 0 ? 2 : 0;
+  }
   run *rn = &s->runs[s->n_runs];
   if (hq_recipe_load_string(builtin_baseline, "fp32 baseline (built in)", ro, &rn->recipe))
     return cli_fail(1, CMD, "the built-in baseline: %s", hq_last_error());
@@ -417,6 +380,8 @@ static int name_runs(const train_args *a, const train_config *cfg, const hq_reci
   rn->high_precision = 1;
   rn->builtin = 1;
   snprintf(rn->name, sizeof rn->name, "fp32");
+  for (int i = 0; i < s->baseline; i++)   /* a recipe of that name keeps it */
+    if (!strcmp(s->runs[i].name, "fp32")) snprintf(rn->name, sizeof rn->name, "fp32-builtin");
   return 0;
 }
 
@@ -434,8 +399,8 @@ static const char *run_ckpt_path(const char *ckpt_path, const char *name, char *
 }
 
 /* What a run says after it trained: resumed, saved, verified. 1 when the verification failed. */
-static int run_said(const train_args *a, const train_config *cfg, const run *rn, FILE *po) {
-  const train_result *r = &rn->res;
+static int run_said(const train_args *a, const train_config *cfg, const run *rn,
+                    const train_result *r, FILE *po) {
   if (cfg->resume_path)
     fprintf(po, "hq train: %s: resumed at step %lld (checkpoint loaded in %.1f ms)\n", rn->name,
             (long long)r->resumed_from, 1e3 * r->ckpt_load_s);
@@ -465,22 +430,71 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
   int verify_failed = 0;
   for (int i = 0; i < s->n_runs; i++) {
     run *rn = &s->runs[i];
-    progress_state ps = {po, i + 1, s->n_runs};
-    cfg->ckpt_path = a->ckpt_path && s->n_runs > 1
-                         ? run_ckpt_path(a->ckpt_path, rn->name, cpath, sizeof cpath)
+    progress_state ps = {po, s->seed_k * s->n_runs + i + 1, s->n_runs * s->n_seeds};
+    char ck_name[160];
+    if (s->n_seeds > 1)   /* one file per run and seed */
+      snprintf(ck_name, sizeof ck_name, "%.120s-seed%llu", rn->name,
+               (unsigned long long)cfg->seed);
+    else snprintf(ck_name, sizeof ck_name, "%s", rn->name);
+    cfg->ckpt_path = a->ckpt_path && s->n_runs * s->n_seeds > 1
+                         ? run_ckpt_path(a->ckpt_path, ck_name, cpath, sizeof cpath)
                          : a->ckpt_path;
     /* --resume: the recipe's run (the first; the baseline added after it trains from scratch) */
     cfg->resume_path = i == 0 ? a->resume_path : NULL;
     if (cfg->resume_path)
       fprintf(po, "hq train: %s: resuming from %s\n", rn->name, cfg->resume_path);
-    if (train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, &rn->res, err,
-                  sizeof err))
+    train_result *r = s->seed_k ? &rn->more[s->seed_k - 1] : &rn->res;
+    if (train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, r, err, sizeof err))
       return cli_fail(-1, CMD, "%s", err);
-    rn->res.high_precision = rn->high_precision;
+    r->high_precision = rn->high_precision;
     rn->done = 1;
-    verify_failed |= run_said(a, cfg, rn, po);
+    verify_failed |= run_said(a, cfg, rn, r, po);
   }
   return verify_failed;
+}
+
+/* --seeds: a run's statistics over its seeds. sd: the sample standard deviation across seeds;
+   the gap is paired (each seed's eval loss minus the baseline's of the same seed: the same split,
+   data order and initial weights), its standard error sd/sqrt(n); a gap exceeds the seed noise
+   when |mean| > 2 standard errors (about a 95% two-sided test for many seeds; with 2 or 3 the
+   standard error is itself rough, and a tiny gap that every seed shares is marked too). NaN
+   where undefined. */
+typedef struct seed_stats {
+  int n;
+  double train_mean, train_sd, eval_mean, eval_sd, gap_mean, gap_se, time_mean, rate_mean;
+  int exceeds;                               /* 1, 0, or -1: undefined (no baseline, 1 seed) */
+} seed_stats;
+
+static void mean_sd(const double *v, int n, double *mean, double *sd) {
+  double m = 0, q = 0;
+  for (int k = 0; k < n; k++) m += v[k];
+  m /= n;
+  for (int k = 0; k < n; k++) q += (v[k] - m) * (v[k] - m);
+  *mean = m;
+  *sd = n > 1 ? sqrt(q / (n - 1)) : NAN;
+}
+
+static void run_stats(const session *s, int i, seed_stats *st) {
+  double tr[MAX_SEEDS], ev[MAX_SEEDS], gap[MAX_SEEDS], t[MAX_SEEDS], rate[MAX_SEEDS], sd;
+  const int n = s->n_seeds;
+  for (int k = 0; k < n; k++) {
+    const train_result *r = run_seed(&s->runs[i], k);
+    tr[k] = r->train_loss;
+    ev[k] = r->eval_loss;
+    t[k] = r->total_s;
+    rate[k] = r->tokens_per_s;
+    gap[k] = s->baseline >= 0 ? r->eval_loss - run_seed(&s->runs[s->baseline], k)->eval_loss : NAN;
+  }
+  st->n = n;
+  mean_sd(tr, n, &st->train_mean, &st->train_sd);
+  mean_sd(ev, n, &st->eval_mean, &st->eval_sd);
+  mean_sd(t, n, &st->time_mean, &sd);
+  mean_sd(rate, n, &st->rate_mean, &sd);
+  mean_sd(gap, n, &st->gap_mean, &sd);
+  st->gap_se = sd / sqrt((double)n);
+  st->exceeds = s->baseline < 0 || i == s->baseline || n < 2
+                    ? -1
+                    : fabs(st->gap_mean) > 2 * st->gap_se;
 }
 
 static void config_json(json *j, const train_args *a, const train_config *cfg, const session *s) {
@@ -499,6 +513,7 @@ static void config_json(json *j, const train_args *a, const train_config *cfg, c
   json_kint(j, "steps", a->steps);
   json_kint(j, "batch", a->batch);
   json_kint(j, "seed", a->seed);
+  json_kint(j, "seeds", s->n_seeds);
   json_kint(j, "context", a->context);
   json_kint(j, "embed", a->embed);
   json_kint(j, "hidden", a->hidden);
@@ -527,6 +542,41 @@ static void curve_json(json *j, const char *key, const train_point *pts, int64_t
   json_close_arr(j);
 }
 
+/* --seeds: every seed's losses and the statistics of the table (the keys above are the first
+   seed's run). */
+static void seeds_json(json *j, const session *s, int i) {
+  seed_stats st;
+  run_stats(s, i, &st);
+  json_key(j, "per_seed");
+  json_arr(j);
+  for (int k = 0; k < s->n_seeds; k++) {
+    const train_result *r = run_seed(&s->runs[i], k);
+    json_obj(j);
+    json_kint(j, "seed", (int64_t)(s->seed0 + (uint64_t)k));
+    json_knum(j, "train_loss", r->train_loss);
+    json_knum(j, "eval_loss", r->eval_loss);
+    json_knum(j, "gap", s->baseline >= 0
+                            ? r->eval_loss - run_seed(&s->runs[s->baseline], k)->eval_loss
+                            : NAN);
+    json_knum(j, "total_seconds", r->total_s);
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+  json_key(j, "stats");
+  json_obj(j);
+  json_kint(j, "seeds", st.n);
+  json_knum(j, "train_loss_mean", st.train_mean);
+  json_knum(j, "train_loss_sd", st.train_sd);
+  json_knum(j, "eval_loss_mean", st.eval_mean);
+  json_knum(j, "eval_loss_sd", st.eval_sd);
+  json_knum(j, "gap_mean", i == s->baseline ? NAN : st.gap_mean);
+  json_knum(j, "gap_se", i == s->baseline ? NAN : st.gap_se);
+  json_key(j, "gap_exceeds_noise");
+  if (st.exceeds < 0) json_null(j);
+  else json_bool(j, st.exceeds);
+  json_close_obj(j);
+}
+
 static void run_json(json *j, const train_args *a, const train_config *cfg, const session *s,
                      int i) {
   const run *rn = &s->runs[i];
@@ -541,7 +591,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_knum(j, "step0_loss", r->step0_loss);
   json_knum(j, "train_loss", r->train_loss);
   json_knum(j, "eval_loss", r->eval_loss);
-  json_knum(j, "gap", r->eval_loss - s->runs[s->baseline].res.eval_loss);
+  json_knum(j, "gap", s->baseline >= 0 ? r->eval_loss - s->runs[s->baseline].res.eval_loss : NAN);
   json_knum(j, "train_seconds", r->train_s);
   json_knum(j, "total_seconds", r->total_s);
   json_kint(j, "tokens", r->tokens);
@@ -555,6 +605,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   curve_json(j, "train_curve", pts, pts ? window_means(r, cfg->log_every, pts) : 0);
   free(pts);
   curve_json(j, "eval_curve", r->eval_curve, r->n_eval_curve);
+  seeds_json(j, s, i);
   json_key(j, "gemms");
   json_arr(j);
   for (int l = 0; l < r->n_layers; l++) {
@@ -575,7 +626,9 @@ static void report_json(const train_args *a, const train_config *cfg, const sess
   json_begin(&j, stdout);
   json_obj(&j);
   config_json(&j, a, cfg, s);
-  json_kstr(&j, "baseline", s->runs[s->baseline].name);
+  json_key(&j, "baseline");
+  if (s->baseline >= 0) json_str(&j, s->runs[s->baseline].name);
+  else json_null(&j);
   json_key(&j, "recipes");
   json_arr(&j);
   for (int i = 0; i < s->n_runs; i++) run_json(&j, a, cfg, s, i);
@@ -584,24 +637,63 @@ static void report_json(const train_args *a, const train_config *cfg, const sess
   json_end(&j);
 }
 
-static void report_text(const train_config *cfg, const session *s) {
-  const double base_eval = s->runs[s->baseline].res.eval_loss;
-  printf("\n%-30s %10s %10s %12s %8s %10s\n", "recipe", "train loss", "eval loss",
-         "gap vs base", "time", "tokens/s");
+/* The table of --seeds N > 1: means, spreads and which gaps exceed the seed noise. */
+static void report_seeds_text(const train_config *cfg, const session *s) {
+  printf("\n%-30s %10s %10s %7s %12s %7s %8s %10s\n", "recipe", "train loss", "eval loss", "sd",
+         "gap vs base", "se", "time", "tokens/s");
   for (int i = 0; i < s->n_runs; i++) {
-    const train_result *r = &s->runs[i].res;
-    char gap[32], t[32], rate[32], nm[160];
+    seed_stats st;
+    run_stats(s, i, &st);
+    char gap[32] = "-", se[32] = "-", t[32], rate[32];
     if (i == s->baseline) snprintf(gap, sizeof gap, "(baseline)");
-    else snprintf(gap, sizeof gap, "%+.4f", r->eval_loss - base_eval);
-    snprintf(t, sizeof t, "%.1fs", r->total_s);
-    fmt_rate(r->tokens_per_s, rate, sizeof rate);
-    snprintf(nm, sizeof nm, "%s", s->runs[i].name);
-    printf("%-30s %10.4f %10.4f %12s %8s %10s\n", nm, r->train_loss, r->eval_loss, gap, t, rate);
+    else if (s->baseline >= 0) {
+      snprintf(gap, sizeof gap, "%+.4f%s", st.gap_mean, st.exceeds == 1 ? " *" : "  ");
+      snprintf(se, sizeof se, "%.4f", st.gap_se);
+    }
+    snprintf(t, sizeof t, "%.1fs", st.time_mean);
+    fmt_rate(st.rate_mean, rate, sizeof rate);
+    printf("%-30s %10.4f %10.4f %7.4f %12s %7s %8s %10s\n", s->runs[i].name, st.train_mean,
+           st.eval_mean, st.eval_sd, gap, se, t, rate);
   }
-  printf("\ntrain loss: mean of the last %lld steps; eval loss: the whole held-out set (%lld "
-         "examples) after the last step; gap: eval loss minus the baseline's (%s); "
-         "ln(27) = 3.2958 is a uniform guess\n",
-         (long long)cfg->log_every, (long long)s->data.n_eval, s->runs[s->baseline].name);
+  const long long s0 = (long long)s->seed0;
+  printf("\n%d seeds (%lld..%lld), each its own split, data order and initial weights; train and "
+         "eval loss: the mean over the seeds (train: of the last %lld steps; eval: the whole "
+         "held-out set), sd: the eval loss's standard deviation across seeds; ",
+         s->n_seeds, s0, s0 + s->n_seeds - 1, (long long)cfg->log_every);
+  if (s->baseline >= 0)
+    printf("gap: the mean of each seed's eval loss minus the baseline's (%s) of the same seed, "
+           "se: its standard error; * : |gap| > 2 se, a difference larger than the seed noise; ",
+           s->runs[s->baseline].name);
+  else printf("no baseline (--baseline none); ");
+  printf("time, tokens/s: the mean per seed; ln(27) = 3.2958 is a uniform guess\n");
+}
+
+static void report_text(const train_config *cfg, const session *s) {
+  if (s->n_seeds > 1) report_seeds_text(cfg, s);
+  else {
+    const double base_eval = s->baseline >= 0 ? s->runs[s->baseline].res.eval_loss : NAN;
+    printf("\n%-30s %10s %10s %12s %8s %10s\n", "recipe", "train loss", "eval loss",
+           "gap vs base", "time", "tokens/s");
+    for (int i = 0; i < s->n_runs; i++) {
+      const train_result *r = &s->runs[i].res;
+      char gap[32], t[32], rate[32], nm[160];
+      if (i == s->baseline) snprintf(gap, sizeof gap, "(baseline)");
+      else if (s->baseline < 0) snprintf(gap, sizeof gap, "-");
+      else snprintf(gap, sizeof gap, "%+.4f", r->eval_loss - base_eval);
+      snprintf(t, sizeof t, "%.1fs", r->total_s);
+      fmt_rate(r->tokens_per_s, rate, sizeof rate);
+      snprintf(nm, sizeof nm, "%s", s->runs[i].name);
+      printf("%-30s %10.4f %10.4f %12s %8s %10s\n", nm, r->train_loss, r->eval_loss, gap, t,
+             rate);
+    }
+    printf("\ntrain loss: mean of the last %lld steps; eval loss: the whole held-out set (%lld "
+           "examples) after the last step; ",
+           (long long)cfg->log_every, (long long)s->data.n_eval);
+    if (s->baseline >= 0)
+      printf("gap: eval loss minus the baseline's (%s); ", s->runs[s->baseline].name);
+    else printf("no baseline (--baseline none); ");
+    printf("ln(27) = 3.2958 is a uniform guess\n");
+  }
   printf("\nGEMMs of each layer (operand formats A x B, path):\n");
   for (int i = 0; i < s->n_runs; i++) {
     const train_result *r = &s->runs[i].res;
@@ -614,8 +706,372 @@ static void report_text(const train_config *cfg, const session *s) {
   }
 }
 
+/* s quoted for gnuplot's single-quoted strings ('' inside) */
+static void gp_quoted(FILE *g, const char *s) {
+  fputc('\'', g);
+  for (const char *p = s; *p; p++) {
+    if (*p == '\'') fputc('\'', g);
+    fputc(*p, g);
+  }
+  fputc('\'', g);
+}
+
+/* gnuplot reading a script on a pipe, its stderr into a temporary file (errpath) so that a
+   failure can say what gnuplot said. NULL after the message. */
+static FILE *gnuplot_open(const char *file, char *errpath, size_t n) {
+  const char *td = getenv("TMPDIR");
+  snprintf(errpath, n, "%s/hq-train-gnuplot.XXXXXX", td && *td ? td : "/tmp");
+  const int fd = mkstemp(errpath);
+  if (fd < 0) {
+    cli_fail(1, CMD, "--plot %s: a temporary file %s: %s", file, errpath, strerror(errno));
+    return NULL;
+  }
+  close(fd);
+  char cmd[1400];
+  size_t k = (size_t)snprintf(cmd, sizeof cmd, "gnuplot 2>'");
+  for (const char *p = errpath; *p && k + 5 < sizeof cmd; p++) {
+    if (*p == '\'') {   /* ' as '\'' in a single-quoted shell word */
+      memcpy(cmd + k, "'\\''", 4);
+      k += 4;
+    } else cmd[k++] = *p;
+  }
+  snprintf(cmd + k, sizeof cmd - k, "'");
+  FILE *g = popen(cmd, "w");
+  if (!g) {
+    remove(errpath);
+    cli_fail(1, CMD, "--plot %s: cannot run gnuplot: %s", file, strerror(errno));
+  }
+  return g;
+}
+
+/* Wait for gnuplot: 0, or 1 after a message with what gnuplot wrote on stderr (warnings of a
+   successful run are passed on). */
+static int gnuplot_close(FILE *g, const char *errpath, const char *file, const char *what) {
+  const int st = pclose(g);
+  char msg[2048] = "";
+  FILE *e = fopen(errpath, "r");
+  if (e) {
+    size_t n = fread(msg, 1, sizeof msg - 1, e);
+    msg[n] = '\0';
+    fclose(e);
+  }
+  remove(errpath);
+  for (size_t n = strlen(msg); n && (msg[n - 1] == '\n' || msg[n - 1] == ' '); n--)
+    msg[n - 1] = '\0';
+  if (st == 0) {
+    if (*msg) fprintf(stderr, "%s\n", msg);
+    return 0;
+  }
+  char how[64];
+  if (st > 0 && WIFEXITED(st)) snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(st));
+  else snprintf(how, sizeof how, "status %d", st);
+  return cli_fail(1, CMD, "--plot %s: gnuplot failed %s (%s)%s%s", file, what, how,
+                  *msg ? ": " : "", msg);
+}
+
+/* The held-out gap of run i to the baseline at every eval step, the mean over the seeds and
+   mean +- 2 standard errors (the table's rule): rows "step mean low high" into g. */
+static void gap_points(FILE *g, const session *s, int i) {
+  const train_result *r0 = &s->runs[i].res;
+  for (int64_t p = 0; p < r0->n_eval_curve; p++) {
+    const int64_t step = r0->eval_curve[p].step;
+    double v[MAX_SEEDS];
+    int n = 0;
+    for (int k = 0; k < s->n_seeds; k++) {
+      const train_result *r = run_seed(&s->runs[i], k), *b = run_seed(&s->runs[s->baseline], k);
+      for (int64_t q = 0; q < b->n_eval_curve && p < r->n_eval_curve; q++)
+        if (b->eval_curve[q].step == step) {
+          v[n++] = r->eval_curve[p].loss - b->eval_curve[q].loss;
+          break;
+        }
+    }
+    if (n < s->n_seeds) continue;   /* the baseline has no eval at that step */
+    double mean, sd;
+    mean_sd(v, n, &mean, &sd);
+    const double half = n > 1 ? 2 * sd / sqrt((double)n) : 0;
+    fprintf(g, "%lld %.6f %.6f %.6f\n", (long long)step, mean, mean - half, mean + half);
+  }
+}
+
+/* --plot: two panels drawn by gnuplot (fed on a pipe, data inline), the legend in a column of
+   its own to the right so that it covers no curve. Above: every recipe's train loss (the mean
+   of each `window` steps, solid) and held-out loss (dashed, points), the mean over the seeds.
+   Below: each recipe's held-out loss minus the baseline's at every eval, the number the table
+   reports at the last step (the same data, batches and initial weights: the difference is the
+   recipe's effect), with --seeds a band of +- 2 standard errors over the seeds. Without a
+   baseline only the upper panel. */
+static int plot(const char *file, const session *s, int64_t window, int64_t eval_batches,
+                const char *title) {
+  static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                       "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+                                       "#000000", "#aec7e8", "#ff9896", "#98df8a", "#ffbb78",
+                                       "#c5b0d5", "#c49c94"};
+  const int nc = (int)(sizeof colors / sizeof *colors);
+  const int n_runs = s->n_runs, baseline = s->baseline;
+  const size_t cap = (size_t)s->runs[0].res.n_train_curve + 2;
+  train_point *pts = malloc(cap * sizeof *pts), *sum = calloc(cap, sizeof *sum);
+  if (!pts || !sum) {
+    free(pts);
+    free(sum);
+    return cli_fail(1, CMD, "--plot: out of memory");
+  }
+  char errpath[1100];
+  FILE *g = gnuplot_open(file, errpath, sizeof errpath);
+  if (!g) {
+    free(pts);
+    free(sum);
+    return 1;
+  }
+  /* pngcairo draws dashes and antialiases; gnuplot without cairo has only png */
+  fputs("if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1500,1000 "
+        "font ',11' } else { set terminal png size 1500,1000 }\nset output ", g);
+  gp_quoted(g, file);
+  fputs("\n", g);
+  for (int i = 0; i < n_runs; i++) {
+    int64_t n = 0;
+    for (int k = 0; k < s->n_seeds; k++) {   /* the mean curve over the seeds */
+      n = window_means(run_seed(&s->runs[i], k), window, pts);
+      for (int64_t q = 0; q < n; q++) sum[q] = (train_point){pts[q].step, (k ? sum[q].loss : 0) +
+                                                                             pts[q].loss};
+    }
+    fprintf(g, "$train%d << EOD\n", i);
+    for (int64_t q = 0; q < n; q++)
+      fprintf(g, "%lld %.6f\n", (long long)sum[q].step, sum[q].loss / s->n_seeds);
+    fprintf(g, "EOD\n$eval%d << EOD\n", i);
+    const train_result *r0 = &s->runs[i].res;
+    for (int64_t q = 0; q < r0->n_eval_curve; q++) {
+      double e = 0;
+      for (int k = 0; k < s->n_seeds; k++) {
+        const train_result *r = run_seed(&s->runs[i], k);
+        e += q < r->n_eval_curve ? r->eval_curve[q].loss : NAN;
+      }
+      fprintf(g, "%lld %.6f\n", (long long)r0->eval_curve[q].step, e / s->n_seeds);
+    }
+    fprintf(g, "EOD\n");
+    if (baseline >= 0 && i != baseline) {
+      fprintf(g, "$gap%d << EOD\n", i);
+      gap_points(g, s, i);
+      fprintf(g, "EOD\n");
+    }
+  }
+  free(pts);
+  free(sum);
+  const int panels = baseline >= 0 && n_runs > 1;
+  fprintf(g, "set multiplot\nset grid\nset lmargin at screen 0.07\nset rmargin at screen 0.74\n"
+             "set key at screen 0.755, screen 0.95 left top Left reverse noenhanced samplen 3 "
+             "spacing 1.3 box opaque title 'recipes'\n"
+             "set title \"%s\" noenhanced\n",
+          title);
+  if (panels) fprintf(g, "set tmargin at screen 0.95\nset bmargin at screen 0.45\n");
+  else fprintf(g, "set tmargin at screen 0.95\nset bmargin at screen 0.08\nset xlabel 'step'\n");
+  fprintf(g, "set ylabel 'loss (nats): train, mean of %lld steps (solid); held-out (dashed)'\nplot ",
+          (long long)window);
+  for (int i = 0; i < n_runs; i++) {
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", s->runs[i].name, i == baseline ? " (baseline)" : "");
+    for (char *p = name; *p; p++)
+      if (*p == '"' || *p == '\\') *p = '_';
+    fprintf(g, "%s$train%d with lines lw 1.5 lc rgb '%s' title \"%s\", "
+               "$eval%d with linespoints lw 2 dt 2 pt 7 ps 1.1 lc rgb '%s' notitle",
+            i ? ", " : "", i, colors[i % nc], name, i, colors[i % nc]);
+  }
+  if (panels) {
+    char band[128] = "", before[64] = "the whole set";
+    if (eval_batches > 0)
+      snprintf(before, sizeof before, "its first %lld batches", (long long)eval_batches);
+    if (s->n_seeds > 1)
+      snprintf(band, sizeof band, "; band: +-2 standard errors over %d seeds", s->n_seeds);
+    fprintf(g, "\nunset key\nset tmargin at screen 0.38\nset bmargin at screen 0.06\n"
+               "set title \"held-out loss minus %s's: the table's gap at the last step "
+               "(before it: %s)%s\" noenhanced\n"
+               "set xlabel 'step'\nset ylabel 'held-out gap (nats)'\n"
+               "set style fill transparent solid 0.15 noborder\n"
+               "plot 0 with lines lc rgb '#444444' lw 1 notitle",
+            s->runs[baseline].name, before, band);
+    for (int i = 0; i < n_runs; i++) {
+      if (i == baseline) continue;
+      if (s->n_seeds > 1)
+        fprintf(g, ", $gap%d using 1:3:4 with filledcurves lc rgb '%s' notitle", i,
+                colors[i % nc]);
+      fprintf(g, ", $gap%d using 1:2 with linespoints lw 2 pt 7 ps 1.1 lc rgb '%s' notitle", i,
+              colors[i % nc]);
+    }
+  }
+  fprintf(g, "\nunset multiplot\n");
+  if (gnuplot_close(g, errpath, file, "drawing the plot")) return 1;
+  fprintf(stderr, "hq train: loss curves drawn in %s\n", file);
+  return 0;
+}
+
+/* The directory of `path` (".": none) is one a file can be created in: 0, or 1 after the
+   message. Tried by creating (and removing) a file there: access() says yes to root on a
+   read-only directory and knows nothing of a full quota. */
+static int check_dir(const char *opt, const char *path) {
+  char dir[1100];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  struct stat st;
+  if (stat(dir, &st) != 0)
+    return cli_fail(1, CMD, "%s %s: the directory %s: %s", opt, path, dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return cli_fail(1, CMD, "%s %s: %s is not a directory", opt, path, dir);
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return cli_fail(1, CMD, "%s %s: is a directory, not a file", opt, path);
+  char probe[1200];
+  snprintf(probe, sizeof probe, "%s/.hq-train-probe.XXXXXX", dir);
+  const int fd = mkstemp(probe);
+  if (fd < 0)
+    return cli_fail(1, CMD, "%s %s: cannot create a file in %s: %s", opt, path, dir,
+                    strerror(errno));
+  close(fd);
+  remove(probe);
+  return 0;
+}
+
+/* gnuplot draws a PNG in the directory of `file` (a small one, removed): 0, or 1 after the
+   message with gnuplot's own words. */
+static int check_gnuplot(const char *file) {
+  char dir[1100], probe[1200], errpath[1100];
+  snprintf(dir, sizeof dir, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  snprintf(probe, sizeof probe, "%s/.hq-train-probe.XXXXXX", dir);
+  const int fd = mkstemp(probe);
+  if (fd < 0)
+    return cli_fail(1, CMD, "--plot %s: cannot create a file in %s: %s", file, dir,
+                    strerror(errno));
+  close(fd);
+  FILE *g = gnuplot_open(file, errpath, sizeof errpath);
+  if (!g) {
+    remove(probe);
+    return 1;
+  }
+  fputs("set terminal png size 320,240\nset output ", g);
+  gp_quoted(g, probe);
+  fputs("\nplot x notitle\nunset output\n", g);
+  int rc = gnuplot_close(g, errpath, file, "on a test plot before the first step");
+  struct stat st;
+  if (!rc && (stat(probe, &st) != 0 || st.st_size == 0))
+    rc = cli_fail(1, CMD, "--plot %s: gnuplot wrote nothing to a test plot in %s", file, dir);
+  remove(probe);
+  return rc;
+}
+
+/* Every output path checked before the first step (a run must not train for an hour and then
+   fail to save): --checkpoint's and --plot's directories can be written, gnuplot can draw a
+   PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1 after the message. */
+static int check_outputs(train_args *a, const session *s) {
+  if (a->ckpt_path) {
+    const char *p = a->ckpt_path;   /* {step} is in the file's name: one directory for all */
+    char q[1400];
+    if (check_dir("--checkpoint", p)) return 1;
+    for (int i = 0; i < s->n_runs && s->n_runs * s->n_seeds > 1; i++) {
+      struct stat st;
+      run_ckpt_path(p, s->runs[i].name, q, sizeof q);
+      if (stat(q, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail(1, CMD, "--checkpoint %s: %s is a directory, not a file", a->ckpt_path,
+                        q);
+    }
+  }
+  if (!a->plot_file) return 0;
+  if (check_dir("--plot", a->plot_file)) return 1;
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fprintf(stderr,
+            "hq train: --plot %s: gnuplot is not installed (Debian: apt-get install gnuplot-nox); "
+            "no plot will be drawn\n",
+            a->plot_file);
+    a->plot_file = NULL;
+    return 0;
+  }
+  return check_gnuplot(a->plot_file);
+}
+
+/* 12345678 -> "11.8 MiB" */
+static const char *fmt_bytes(uint64_t b, char *buf, size_t n) {
+  if (b >= (uint64_t)1 << 30) snprintf(buf, n, "%.1f GiB", (double)b / 1073741824.0);
+  else snprintf(buf, n, "%.1f MiB", (double)b / 1048576.0);
+  return buf;
+}
+
+/* The memory a run needs, estimated and printed before anything is allocated; a run that
+   cannot fit is refused with both numbers: 0, or 1 after the message. */
+static int check_memory(const train_args *a, const train_config *cfg, const session *s,
+                        FILE *po) {
+  train_memory m;
+  train_memory_estimate(cfg, s->n_runs * s->n_seeds, &m);
+  uint64_t host = 0, dev = 0;
+  char hsrc[256] = "", dsrc[256] = "", b1[32], b2[32], b3[32], b4[32];
+  const int host_known = train_memory_available(HQ_DEVICE_HOST, &host, hsrc, sizeof hsrc) == 0;
+  const int dev_known = cfg->device != HQ_DEVICE_HOST &&
+                        train_memory_available(cfg->device, &dev, dsrc, sizeof dsrc) == 0;
+  fprintf(po, "hq train: memory: about %s per run on the host", fmt_bytes(m.host, b1, sizeof b1));
+  if (host_known) fprintf(po, " (%s available: %s)", fmt_bytes(host, b2, sizeof b2), hsrc);
+  if (cfg->device != HQ_DEVICE_HOST) {
+    fprintf(po, ", %s on %s", fmt_bytes(m.device, b1, sizeof b1), a->device_s);
+    if (dev_known) fprintf(po, " (%s available: %s)", fmt_bytes(dev, b2, sizeof b2), dsrc);
+  }
+  fprintf(po, "\n");
+  fflush(po);
+  const char *where = NULL;
+  uint64_t need = 0, have = 0;
+  const char *src = NULL;
+  if (host_known && m.host > host) where = "host", need = m.host, have = host, src = hsrc;
+  else if (dev_known && m.device > dev)
+    where = a->device_s, need = m.device, have = dev, src = dsrc;
+  if (!where) return 0;
+  return cli_fail(1, CMD,
+                  "the run needs about %s of %s memory (the model %s: parameters, gradients, "
+                  "Adam moments, quantized weights and activations of C=%lld E=%lld H=%lld "
+                  "L=%lld, batch %lld; GEMM and quantize temporaries %s), more than the %s "
+                  "available (%s): refused before allocating; use a smaller --hidden, --layers "
+                  "or --batch",
+                  fmt_bytes(need, b1, sizeof b1), where, fmt_bytes(m.model, b2, sizeof b2),
+                  (long long)a->context, (long long)a->embed, (long long)a->hidden,
+                  (long long)a->layers, (long long)a->batch, fmt_bytes(m.work, b3, sizeof b3),
+                  fmt_bytes(have, b4, sizeof b4), src);
+}
+
+/* "seed S", or with --seeds N "seeds S..S+N-1" */
+static const char *seeds_text(const session *s, char *buf, size_t n) {
+  if (s->n_seeds > 1)
+    snprintf(buf, n, "seeds %llu..%llu", (unsigned long long)s->seed0,
+             (unsigned long long)(s->seed0 + (uint64_t)s->n_seeds - 1));
+  else snprintf(buf, n, "seed %llu", (unsigned long long)s->seed0);
+  return buf;
+}
+
+/* Room for the results of seeds 2..N of every run: 0, or 1 after the message. */
+static int alloc_seeds(session *s) {
+  for (int i = 0; i < s->n_runs && s->n_seeds > 1; i++)
+    if (!(s->runs[i].more = calloc((size_t)s->n_seeds - 1, sizeof *s->runs[i].more)))
+      return cli_fail(1, CMD, "out of memory");
+  return 0;
+}
+
+/* --seeds: every run again from seed S+k, on that seed's split of the data: as train_all. */
+static int train_next_seed(const train_args *a, train_config *cfg, session *s, int k, FILE *po) {
+  char err[2048];
+  cfg->seed = s->seed0 + (uint64_t)k;
+  s->seed_k = k;
+  train_data_free(&s->data);
+  if (train_data_load(&s->data, a->data_path, 0, (int)a->context, cfg->seed, err, sizeof err))
+    return cli_fail(-1, CMD, "%s", err);
+  fprintf(po, "hq train: seed %llu: %lld train, %lld held out: %lld / %lld examples\n",
+          (unsigned long long)cfg->seed, (long long)s->data.n_train_words,
+          (long long)s->data.n_eval_words, (long long)s->data.n_train, (long long)s->data.n_eval);
+  return train_all(a, cfg, s, po);
+}
+
 static void session_free(session *s) {
   for (int i = 0; i < s->n_runs; i++) {
+    for (int k = 1; s->runs[i].more && k < s->n_seeds; k++)
+      train_result_free(&s->runs[i].more[k - 1]);
+    free(s->runs[i].more);
     train_result_free(&s->runs[i].res);
     hq_recipe_free(s->runs[i].recipe);
   }
@@ -625,7 +1081,7 @@ static void session_free(session *s) {
 int hq_cmd_train(int argc, char **argv) {
   train_args a = {.device_s = "cpu", .act_s = "gelu", .steps = 1000, .batch = 256, .seed = 1,
                   .eval_every = -1, .eval_batches = 8, .log_every = -1, .context = 8,
-                  .embed = 16, .hidden = 256, .layers = 2, .lr = 6e-3};
+                  .embed = 16, .hidden = 256, .layers = 2, .lr = 6e-3, .seeds = 1};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;
   train_config cfg;
@@ -647,7 +1103,12 @@ int hq_cmd_train(int argc, char **argv) {
   const hq_recipe_opts ro = cli_recipe_opts(&a.dirs);
   char err[2048];
   status = 1;
-  if (load_recipes(&a, &ro, &s) || name_runs(&a, &cfg, &ro, &s)) goto out;
+  if (load_recipes(&a, &ro, &s)) goto out;
+  if ((status = name_runs(&a, &cfg, &ro, &s)) != 0) goto out;
+  status = 1;
+  s.n_seeds = (int)a.seeds;
+  s.seed0 = cfg.seed;
+  if (alloc_seeds(&s) || check_outputs(&a, &s)) goto out;
   const int is_default = a.data_path == NULL;
   if (!a.data_path) a.data_path = TRAIN_DEFAULT_DATA;
   if (train_data_load(&s.data, a.data_path, is_default, (int)a.context, cfg.seed, err,
@@ -656,23 +1117,30 @@ int hq_cmd_train(int argc, char **argv) {
     goto out;
   }
   FILE *po = a.json ? stderr : stdout;
+  char seeds[64];
   fprintf(po,
           "hq train: %lld words from %s (%lld train, %lld held out: %lld / %lld examples); "
-          "model C=%lld E=%lld H=%lld L=%lld %s, batch %lld, %lld steps, lr %g, seed %lld, %s\n",
+          "model C=%lld E=%lld H=%lld L=%lld %s, batch %lld, %lld steps, lr %g, %s, %s\n",
           (long long)s.data.n_words, a.data_path, (long long)s.data.n_train_words,
           (long long)s.data.n_eval_words, (long long)s.data.n_train, (long long)s.data.n_eval,
           (long long)a.context, (long long)a.embed, (long long)a.hidden, (long long)a.layers,
-          a.act_s, (long long)a.batch, (long long)a.steps, a.lr, (long long)a.seed, a.device_s);
-  const int trained = train_all(&a, &cfg, &s, po);
+          a.act_s, (long long)a.batch, (long long)a.steps, a.lr, seeds_text(&s, seeds, sizeof seeds),
+          a.device_s);
+  if (check_memory(&a, &cfg, &s, po)) goto out;
+  int trained = train_all(&a, &cfg, &s, po);
+  for (int k = 1; trained >= 0 && k < s.n_seeds; k++) {
+    const int t = train_next_seed(&a, &cfg, &s, k, po);
+    trained = t < 0 ? t : trained | t;
+  }
   if (trained < 0) goto out;
   if (a.json) report_json(&a, &cfg, &s);
   else report_text(&cfg, &s);
   status = trained;
   if (a.plot_file) {
     char title[256];
-    snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, seed %lld", (long long)a.steps,
-             (long long)a.batch, (long long)a.seed);
-    int ps = plot(a.plot_file, s.runs, s.n_runs, s.baseline, cfg.log_every, title);
+    snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, %s", (long long)a.steps,
+             (long long)a.batch, seeds_text(&s, seeds, sizeof seeds));
+    int ps = plot(a.plot_file, &s, a.steps >= 200 ? a.steps / 100 : 1, cfg.eval_batches, title);
     if (ps) status = ps;
   }
 out:

@@ -49,6 +49,8 @@ typedef struct train_device_ops {
 const train_device_ops *train_cpu_ops(void);
 /* NULL when hq was built without CUDA */
 const train_device_ops *train_cuda_ops(void);
+/* cudaMemGetInfo of CUDA device `device`: 0, or -1 (no CUDA, no such device). */
+int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* The activations' element rules, shared by both tables (plain C, compiled by gcc and nvcc):
    tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with

@@ -88,4 +88,9 @@ const train_device_ops *train_cpu_ops(void) { return &cpu_ops; }
 
 #ifndef HQ_HAVE_CUDA
 const train_device_ops *train_cuda_ops(void) { return NULL; }
+int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  (void)device;
+  *free_bytes = *total_bytes = 0;
+  return -1;
+}
 #endif

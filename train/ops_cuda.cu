@@ -189,3 +189,22 @@ const train_device_ops cuda_ops = {
 }  // namespace
 
 extern "C" const train_device_ops *train_cuda_ops(void) { return &cuda_ops; }
+
+extern "C" int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  int cur = -1;
+  size_t f = 0, t = 0;
+  *free_bytes = *total_bytes = 0;
+  if (cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();   /* not sticky: leave no error for the next check() */
+    return -1;
+  }
+  const cudaError_t e = cudaMemGetInfo(&f, &t);
+  cudaSetDevice(cur);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return 0;
+}

@@ -242,6 +242,23 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
                           const train_data *d, const char *path, uint64_t *data_rng,
                           train_result *res, char *err, size_t err_len);
 
+/* ---------------------------------------------------------------------------------------------
+** Memory (memory.c): what a run allocates, estimated before it does, and what is available.
+*/
+typedef struct train_memory {
+  uint64_t host, device;                     /* the peak of one run (device: 0 on the CPU) */
+  uint64_t model, work, checkpoint;          /* of which: the model's buffers, GEMM and quantize
+                                                temporaries, checkpoint copies */
+} train_memory;
+/* The estimate for cfg (runs train one after the other: the peak of one, plus the curves of
+   n_results runs kept for the report). */
+void train_memory_estimate(const train_config *cfg, int n_results, train_memory *out);
+/* Bytes available on the host (HQ_DEVICE_HOST: /proc/meminfo's MemAvailable, or the cgroup's
+   limit less its use when lower) or on a CUDA device (cudaMemGetInfo); the environment variable
+   HQ_TRAIN_HOST_MEMORY or HQ_TRAIN_DEVICE_MEMORY (bytes, or with a K, M, G or T suffix) overrides
+   it. source says where the number comes from. Returns 0, or -1 when it cannot be known. */
+int train_memory_available(int device, uint64_t *bytes, char *source, size_t source_len);
+
 /* Train one model with one recipe from cfg->seed. recipe_name names it in messages. Returns 0,
    or -1 with a message naming the recipe, the step and the layer in err. */
 int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe,

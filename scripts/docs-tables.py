@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""docs-tables.py -- the one source of the numbers docs/training.md (and the README) print.
+
+Every table of measured `hq train` results in the docs sits between marker comments
+
+    <!-- docs-tables:NAME begin -->  ...  <!-- docs-tables:NAME end -->
+
+and is written by this script from deterministic runs (the same build gives the same losses on
+every run; only times vary). Usage, from a configured build directory or with HQ_BIN set:
+
+    scripts/docs-tables.py                 # regenerate every CPU block (about 20 min on 2 cores)
+    scripts/docs-tables.py --only check    # one block
+    scripts/docs-tables.py --check         # fail when the small block's losses no longer match
+    scripts/docs-tables.py --check --all   # the same for every CPU block's losses (slow)
+
+--check compares the losses only (times depend on the machine and its load), within 0.0002: the
+last printed digit may flip when another BLAS kernel sums in another order, a real change of a
+recipe or of the trainer moves them more. tests/test_docs_tables.sh runs `--check` in make check.
+The GPU table (docs/training.md 5b) is measured on a device: scripts/gpu-check.sh --train.
+"""
+import json
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ["docs/training.md", "README.md"]
+RECIPES = ["conf/recipe.ini"] + sorted(
+    "conf/examples/" + f for f in os.listdir(os.path.join(TOP, "conf/examples")) if f.endswith(".ini"))
+# The small configuration make check verifies: every shipped recipe, a narrow model, 200 steps.
+SMALL = ["--steps", "200", "--batch", "128", "--hidden", "64", "--layers", "1", "--eval-every", "0"]
+TOL = 0.0002
+
+
+def hq_bin():
+    b = os.environ.get("HQ_BIN")
+    if b:
+        return b
+    for d in ("build/cpu", "build/release", "."):
+        p = os.path.join(TOP, d, "tools/hq")
+        if os.access(p, os.X_OK):
+            return p
+    sys.exit("docs-tables: no hq binary: build it (build/cpu) or set HQ_BIN")
+
+
+def train(args):
+    """hq train ARGS --json: the document."""
+    env = dict(os.environ)
+    env.setdefault("HQ_CONF_DIR", os.path.join(TOP, "conf"))
+    cmd = [hq_bin(), "train", "--json"] + args
+    print("docs-tables: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, cwd=TOP, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        sys.exit("docs-tables: hq %s failed:\n%s" % (" ".join(cmd[1:]), p.stderr[-2000:]))
+    d = json.loads(p.stdout)
+    # CPU time (user + system, every thread): the machine's load changes it far less than the
+    # wall-clock times
+    d["cpu_seconds"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return d
+
+
+def machine():
+    """The CPU, its cores and the load while measuring: the frame of every time printed."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return "%s, %d cores, load average %.1f" % (model, os.cpu_count() or 0, load)
+
+
+def name_of(r):
+    if r["path"] is None:
+        return r["name"] + " (built in)"
+    return os.path.relpath(r["path"], os.path.join(TOP, "conf"))
+
+
+def rate(x):
+    return "%.1fk" % (x / 1e3) if x < 1e6 else "%.2fM" % (x / 1e6)
+
+
+def gap(x):
+    return "" if x is None else ("%+.4f" % x).replace("-", "\u2212")
+
+
+def block_check():
+    d = train(sum((["--recipe", os.path.join(TOP, r)] for r in RECIPES), []) + SMALL)
+    rows = ["| recipe | train loss | eval loss | gap vs fp32 |", "|---|---|---|---|"]
+    for r in d["recipes"]:
+        rows.append("| %s | %.4f | %.4f | %s |" % (name_of(r), r["train_loss"], r["eval_loss"],
+                                                   "(baseline)" if r["baseline"] else gap(r["gap"])))
+    return ("`hq train %s` with every shipped recipe (seed 1, the system word list):\n\n"
+            % " ".join(SMALL)) + "\n".join(rows) + "\n"
+
+
+def timed_rows(d, first):
+    """A row per run: losses, the gap, time and throughput."""
+    rows = ["| %s | train loss | eval loss | gap vs fp32 | time | tokens/s |" % first,
+            "|---|---|---|---|---|---|"]
+    for r in d["recipes"]:
+        rows.append("| %s | %.4f | %.4f | %s | %.1f s | %s |" % (
+            name_of(r), r["train_loss"], r["eval_loss"], "(baseline)" if r["baseline"] else gap(r["gap"]),
+            r["total_seconds"], rate(r["tokens_per_second"])))
+    return rows
+
+
+_default_doc = {}
+
+
+def default_run():
+    if "d" not in _default_doc:
+        _default_doc["d"] = train([])
+        _default_doc["m"] = machine()
+    return _default_doc["d"], _default_doc["m"]
+
+
+def block_default():
+    d, m = default_run()
+    rows = timed_rows(d, "run")
+    total = sum(r["total_seconds"] for r in d["recipes"])
+    return ("`hq train` with the defaults: %.0f s in all (%.1f s of CPU time) on %s. The loss falls from %.2f at step 0 "
+            "(ln 27 = 3.30 is a uniform guess) to %.2f (train) and %.2f (held out).\n\n"
+            % (total, d["cpu_seconds"], m, d["recipes"][0]["step0_loss"], d["recipes"][0]["train_loss"],
+               d["recipes"][0]["eval_loss"])) + "\n".join(rows) + "\n"
+
+
+_seeds_doc = {}
+
+
+def seeds_run():
+    if "d" not in _seeds_doc:
+        args = sum((["--recipe", os.path.join(TOP, r)] for r in RECIPES), [])
+        plot = os.environ.get("DOCS_TABLES_PLOT")
+        if plot:
+            args += ["--plot", plot, "--eval-every", "50"]
+        _seeds_doc["d"] = train(args + ["--seeds", "3"])
+        _seeds_doc["m"] = machine()
+    return _seeds_doc["d"], _seeds_doc["m"]
+
+
+def block_recipes(own=False):
+    if own:   # without the seeds block: one seed, a third of the time
+        d = train(sum((["--recipe", os.path.join(TOP, r)] for r in RECIPES), []))
+        m = machine()
+    else:
+        d, m = seeds_run()
+    rows = timed_rows(d, "recipe")
+    return ("Every shipped recipe, default settings, seed 1, against the built-in FP32 baseline "
+            "(one `hq train` with every recipe%s; %.0f s of CPU time in all; times on %s):\n\n"
+            % ("" if own else " and `--seeds 3`: its first seed", d["cpu_seconds"], m)
+            ) + "\n".join(rows) + "\n"
+
+
+def block_seeds():
+    d, _ = seeds_run()
+    rows = ["| recipe | seed 1 | seed 2 | seed 3 | mean eval loss (sd) | mean gap (se) |", "|---|---|---|---|---|---|"]
+    for r in d["recipes"]:
+        ps, st = r["per_seed"], r["stats"]
+        cells = []
+        for s in ps:
+            cells.append("%.4f" % s["eval_loss"] + ("" if r["baseline"] else " (%s)" % gap(s["gap"])))
+        if r["baseline"]:
+            g = "(baseline)"
+        else:
+            g = "%s (%.4f)%s" % (gap(st["gap_mean"]), st["gap_se"], " *" if st["gap_exceeds_noise"] else "")
+        rows.append("| %s | %s | %.4f (%.4f) | %s |" % (name_of(r), " | ".join(cells), st["eval_loss_mean"],
+                                                       st["eval_loss_sd"], g))
+    return ("`hq train --seeds 3` with every shipped recipe (seeds 1, 2, 3: each its own split, data "
+            "order and initial weights; eval loss, the gap to FP32 of the same seed in parentheses). "
+            "The mean gap's standard error (se) is over the three paired differences; `*` marks a "
+            "gap larger than 2 se, a difference the seed noise does not explain:\n\n") + "\n".join(rows) + "\n"
+
+
+def block_readme():
+    d, m = default_run()
+    fp = [r for r in d["recipes"] if r["baseline"]][0]
+    rec = d["recipes"][0]
+    return ("Measured on %s: it took %.0f s (%.1f s of CPU time); the held-out loss falls from %.2f (ln 27 = 3.30 is a uniform "
+            "guess) to %.4f in FP32 and %.4f with the default recipe (%s nats).\n"
+            % (m, sum(r["total_seconds"] for r in d["recipes"]), d["cpu_seconds"], rec["step0_loss"],
+               fp["eval_loss"], rec["eval_loss"], gap(rec["gap"])))
+
+
+BLOCKS = {"check": block_check, "default": block_default, "recipes": block_recipes,
+          "seeds": block_seeds, "readme": block_readme}
+FAST = {"check"}
+MARK = re.compile(r"(<!-- docs-tables:(\w+) begin -->\n)(.*?)(<!-- docs-tables:\2 end -->)", re.S)
+NUM = re.compile(r"(?<![\w.])[-+\u2212]?\d+\.\d{4}(?![\d])")   # the losses and gaps: 4 places
+
+
+def losses(text):
+    """The 4-decimal numbers of a block (losses and gaps; times have one decimal)."""
+    return [float(x.replace("\u2212", "-")) for x in NUM.findall(text)]
+
+
+def main(argv):
+    check = "--check" in argv
+    names = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
+    names += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--only"]
+    if not names:
+        names = list(BLOCKS) if (not check or "--all" in argv) else sorted(FAST)
+    bad = 0
+    for f in FILES:
+        path = os.path.join(TOP, f)
+        if not os.path.exists(path):
+            continue
+        wanted = [m.group(2) for m in MARK.finditer(open(path, encoding="utf-8").read())
+                  if m.group(2) in names]
+        new = {n: (block_recipes(own=True) if n == "recipes" and "seeds" not in names
+                   else BLOCKS[n]()) for n in wanted}   # the runs first: the file may change meanwhile
+        text = open(path, encoding="utf-8").read()
+        out, pos = [], 0
+        for m in MARK.finditer(text):
+            out.append(text[pos:m.start(3)])
+            body = m.group(3)
+            if m.group(2) in new:
+                if check:
+                    a, b = losses(body), losses(new[m.group(2)])
+                    if len(a) != len(b) or any(abs(x - y) > TOL for x, y in zip(a, b)):
+                        bad = 1
+                        print("docs-tables: %s, block '%s': the documented figures no longer match "
+                              "a run of this build:\n--- documented\n%s--- now\n%s"
+                              % (f, m.group(2), body, new[m.group(2)]), file=sys.stderr)
+                    else:
+                        print("docs-tables: %s, block '%s': %d figures match" % (f, m.group(2), len(a)),
+                              file=sys.stderr)
+                body = new[m.group(2)]
+            out.append(body)
+            pos = m.start(4)
+        out.append(text[pos:])
+        if not check:
+            with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
+                                             encoding="utf-8") as t:
+                t.write("".join(out))
+            os.chmod(t.name, 0o644)
+            os.replace(t.name, path)
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
