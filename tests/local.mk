@@ -325,7 +325,10 @@ endif
 
 TESTS += $(check_PROGRAMS) tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
 	tests/test_install.sh
+# hq train --profile and --preset
+TESTS += tests/test_train_profile.sh tests/test_gpu_train_profile.sh
 endif
+EXTRA_DIST += tests/test_train_profile.sh tests/test_gpu_train_profile.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
