@@ -205,6 +205,10 @@ check_PROGRAMS += tests/test_identity
 tests_test_identity_SOURCES = tests/test_identity.c tests/hq_test.h
 tests_test_identity_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_identity_LDADD = $(HQ_TEST_LDADD)
+check_PROGRAMS += tests/test_alias
+tests_test_alias_SOURCES = tests/test_alias.c tests/hq_test.h
+tests_test_alias_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_alias_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_recipe
 tests_test_recipe_SOURCES = tests/test_recipe.c tests/hq_test.h
 tests_test_recipe_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
@@ -326,9 +330,9 @@ endif
 TESTS += $(check_PROGRAMS) tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
 	tests/test_install.sh
 # hq train --profile and --preset
-TESTS += tests/test_train_profile.sh tests/test_gpu_train_profile.sh
+TESTS += tests/test_train_profile.sh
 endif
-EXTRA_DIST += tests/test_train_profile.sh tests/test_gpu_train_profile.sh
+EXTRA_DIST += tests/test_train_profile.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h

@@ -3,7 +3,11 @@
 # (the same losses with and without it, for recipes whose amax pass the profile splits off); the
 # JSON has every key; the phase counts per step are the model's, counted by hand; the phases and
 # the host overhead add up to the step time, and the host overhead stays under 5% of it (the
-# phases account for the measured step); --preset's sizes and their overrides. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# phases account for the measured step); --preset's sizes and their overrides. On a machine with
+# a CUDA device, also --device cuda: the same losses with and without --profile, times from CUDA
+# events, phases plus idle gaps equal to the GPU span with no negative idle (no phase counted
+# twice), the 9 GEMMs of a step on GPU paths, a peak device memory. Exit 0 pass, 1 fail, 77 skip
+# (automake's protocol).
 set -u
 LC_ALL=C; export LC_ALL
 hq=${HQ_BIN:?HQ_BIN is set by make check}
@@ -98,4 +102,46 @@ done
 $hq train --data "$tmp/words.txt" --preset huge > "$tmp/o" 2> "$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "--preset huge: exit status $rc"
 [ "$(cat "$tmp/e")" = "hq train: --preset 'huge' is not default, wide or large" ] || { cat "$tmp/e"; fail "--preset huge: message"; }
+
+# --- on a GPU (when there is one): the same with CUDA events ---
+small="--data $tmp/words.txt --steps 40 --batch 256 --hidden 256 --layers 2 --eval-every 20 --log-every 10"
+$hq train --device cuda $small --steps 1 --recipe "$conf/examples/high_precision.ini" \
+  >/dev/null 2>"$tmp/probe"
+if [ $? -ne 0 ]; then
+  if grep -q "does not exist\|without CUDA\|no CUDA\|CUDA driver" "$tmp/probe"; then
+    echo "PASS (the CPU part; no CUDA device for the GPU part: $(head -n 1 "$tmp/probe"))"; exit 0
+  fi
+  cat "$tmp/probe"; fail "--device cuda failed on a machine with a GPU"
+fi
+recipes="--recipe $conf/examples/fp8_current.ini --recipe $conf/examples/high_precision.ini"
+$hq train --device cuda $small $recipes --json > "$tmp/plain.json" 2> "$tmp/e" || { cat "$tmp/e"; fail "train"; }
+$hq train --device cuda $small $recipes --json --profile > "$tmp/prof.json" 2> "$tmp/e" || { cat "$tmp/e"; fail "train --profile"; }
+python3 - "$tmp/plain.json" "$tmp/prof.json" <<'PY' || exit 1
+import json, sys
+plain, prof = (json.load(open(f)) for f in sys.argv[1:3])
+def die(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+peak = {}
+for a, b in zip(plain["recipes"], prof["recipes"]):
+    if a["train_curve"] != b["train_curve"] or a["eval_curve"] != b["eval_curve"]:
+        die("%s: the losses differ with --profile" % a["name"])
+    p = b["profile"]
+    if p["timer"] != "cuda_events" or p["steps"] != 20 or "idle_ms" not in p:
+        die("%s: profile %s" % (a["name"], p))
+    total = sum(v["ms"] for v in p["phases"].values())
+    if abs(total + p["idle_ms"] - p["span_ms"]) > 1e-6 * p["span_ms"]:
+        die("%s: phases + idle != span" % a["name"])
+    if p["idle_ms"] < -1e-3 * p["span_ms"]:
+        die("%s: negative idle %.4f ms" % (a["name"], p["idle_ms"]))
+    if p["phases"]["gemm_cpu"]["calls"] != 0:
+        die("%s: CPU GEMMs on the GPU" % a["name"])
+    gpu_gemms = sum(p["phases"][k]["calls"] for k in ["gemm_native", "gemm_emulated", "gemm_fused"])
+    if gpu_gemms != 9:
+        die("%s: %s GEMMs a step on the GPU paths, expected 9" % (a["name"], gpu_gemms))
+    if not (b["peak_device_bytes"] and b["peak_device_bytes"] > 0):
+        die("%s: peak device memory %s" % (a["name"], b["peak_device_bytes"]))
+    peak[a["name"]] = b["peak_device_bytes"]
+print("peak device bytes:", peak)
+PY
 echo "PASS"

@@ -301,17 +301,23 @@ static int gemm_done(train_profile *p, const hq_gemm_info *g, int rc) {
 }
 #define PROF_GEMM(m, g, call) (train_prof_begin((m)->prof), gemm_done((m)->prof, (g), (call)))
 
-/* hq_quantize of a `kind` tensor (TRAIN_QT_*). In a profiled step the per-tensor amax pass runs
-   apart (hq_quantizer_amax, then hq_quantize_ex with it: the same bytes) so that the profile
-   times it on its own. */
+/* hq_quantize of a `kind` tensor (TRAIN_QT_*: an input or an output gradient). An identity
+   direction of the source's dtype borrows the source (HQ_QUANTIZE_ALIAS): no copy. That is safe
+   here because nothing writes a source while its qtensor lives: a layer's input x is written by
+   the previous layer's activation in the next forward, after the backward freed qx; the output
+   gradient's buffer (dlogits or dbuf[k]) is not the one its dgrad writes (dbuf[k ^ 1]), and qdy
+   is freed before the next layer down writes it. In a profiled step the per-tensor amax pass
+   runs apart (hq_quantizer_amax, then hq_quantize_ex with it: the same bytes) so that the
+   profile times it on its own. */
 static int quantize(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
                     hq_qtensor **out) {
   train_profile *p = m->prof;
-  if (!train_prof_on(p)) return hq_quantize(q, m->ctx, src, out);
-  train_prof_quantized(p, kind, 1);
   hq_quantize_args args;
   memset(&args, 0, sizeof args);
   args.struct_size = sizeof args;
+  args.flags = HQ_QUANTIZE_ALIAS;
+  if (!train_prof_on(p)) return hq_quantize_ex(q, m->ctx, src, &args, out);
+  train_prof_quantized(p, kind, 1);
   if (hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE ||
       hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE) {
     if (PROF(m, TRAIN_PH_AMAX, hq_quantizer_amax(q, m->ctx, src, m->prof_amax))) return -1;
