@@ -194,17 +194,25 @@ extern "C" const train_device_ops *train_cuda_ops(void) { return &cuda_ops; }
 
 #include "profile.h"
 
-extern "C" int train_cuda_events_create(void **ev, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
+extern "C" int train_cuda_events_create(void **ev, int64_t n, int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess ||
+      (cur != device && cudaSetDevice(device) != cudaSuccess)) {
+    cudaGetLastError();
+    return -1;
+  }
+  int rc = 0;
+  for (int64_t i = 0; i < n && !rc; i++) {
     cudaEvent_t e = nullptr;
     if (cudaEventCreate(&e) != cudaSuccess) {
       cudaGetLastError();
       train_cuda_events_destroy(ev, i);
-      return -1;
+      rc = -1;
     }
     ev[i] = e;
   }
-  return 0;
+  if (cur != device) cudaSetDevice(cur);
+  return rc;
 }
 
 extern "C" void train_cuda_events_destroy(void **ev, int64_t n) {
@@ -238,7 +246,8 @@ extern "C" int train_cuda_mem_used(int device, int64_t *used) {
   int cur = -1;
   size_t fr = 0, tot = 0;
   *used = 0;
-  if (cudaGetDevice(&cur) != cudaSuccess || (cur != device && cudaSetDevice(device) != cudaSuccess)) {
+  if (cudaGetDevice(&cur) != cudaSuccess ||
+      (cur != device && cudaSetDevice(device) != cudaSuccess)) {
     cudaGetLastError();
     return -1;
   }

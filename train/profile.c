@@ -85,7 +85,7 @@ int train_prof_create(hq_ctx *ctx, int64_t first_step, int64_t steps, int n_line
   if (p->gpu) {
     const int64_t n_ev = 2 * p->cap + 2 * steps;
     p->ev = calloc((size_t)n_ev, sizeof *p->ev);
-    if (!p->ev || train_cuda_events_create(p->ev, n_ev)) {
+    if (!p->ev || train_cuda_events_create(p->ev, n_ev, hq_ctx_device(ctx))) {
       snprintf(err, err_len, "--profile: %lld CUDA events could not be made",
                (long long)n_ev);
       free(p->ev);
@@ -214,9 +214,10 @@ int64_t train_memwatch_peak(const train_memwatch *w) {
 }
 
 #ifndef HQ_HAVE_CUDA
-int train_cuda_events_create(void **ev, int64_t n) {
+int train_cuda_events_create(void **ev, int64_t n, int device) {
   (void)ev;
   (void)n;
+  (void)device;
   return -1;
 }
 void train_cuda_events_destroy(void **ev, int64_t n) {

@@ -105,7 +105,8 @@ void train_memwatch_sample(train_memwatch *w);
 int64_t train_memwatch_peak(const train_memwatch *w);
 
 /* CUDA helpers (ops_cuda.cu; -1 without CUDA). */
-int train_cuda_events_create(void **ev, int64_t n);
+/* n events with timing on CUDA device `device` (where the stream they are recorded on lives) */
+int train_cuda_events_create(void **ev, int64_t n, int device);
 void train_cuda_events_destroy(void **ev, int64_t n);
 int train_cuda_event_record(void *ev, void *stream);
 /* milliseconds from a to b; both recorded and complete */
