@@ -318,6 +318,11 @@ tests_test_gpu_core_SOURCES = tests/test_gpu_core.c tests/hq_test.h
 tests_test_gpu_core_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_core_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_core_LDFLAGS = $(CUDA_LDFLAGS)
+check_PROGRAMS += tests/test_gpu_graph_step
+tests_test_gpu_graph_step_SOURCES = tests/test_gpu_graph_step.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_gpu_graph_step_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_graph_step_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_graph_step_LDFLAGS = $(CUDA_LDFLAGS)
 # a trainer linked with the static CUDA runtime, passing its stream to libhqcore (shared runtime)
 check_PROGRAMS += tests/test_gpu_static_rt
 tests_test_gpu_static_rt_SOURCES = tests/test_gpu_static_rt.c tests/hq_test.h
