@@ -151,6 +151,9 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
   if (ctx->device != shard->ctx->device)
     return hqi_error(HQ_EINVAL, "hq_fsdp_extract: the context runs on device %d, the shard lives "
                      "on %d", ctx->device, shard->ctx->device);
+  if (shard->aliased) /* its data is the caller's source, not a buffer hq may move */
+    return hqi_error(HQ_ESTATE, "hq_fsdp_extract: role %s borrows its source's memory (made "
+                     "with HQ_QUANTIZE_ALIAS)", shard->role);
   size_t count, staging;
   dir_forms forms[2];
   int rc = plan(shard, &count, &staging, "hq_fsdp_extract", forms);
@@ -225,6 +228,9 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
     return hqi_error(HQ_EINVAL, "hq_fsdp_assign: the context, the full tensor and the shard must "
                      "be on one device (%d, %d, %d)", ctx->device, full->ctx->device,
                      shard->ctx->device);
+  if (full->aliased || shard->aliased)
+    return hqi_error(HQ_ESTATE, "hq_fsdp_assign: role %s borrows its source's memory (made with "
+                     "HQ_QUANTIZE_ALIAS)", full->aliased ? full->role : shard->role);
   if (hq_qtensor_dirs(full) != hq_qtensor_dirs(shard) || full->cols != shard->cols)
     return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s: the full tensor (directions 0x%x, %lld "
                      "columns) does not match the shard (0x%x, %lld)", full->role,

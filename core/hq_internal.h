@@ -304,6 +304,8 @@ struct hq_qtensor {
                                 owner's stream waits for before it frees any of them */
   hq_state *state;           /* the quantizer's scaling state (retained), or NULL */
   int32_t slice[2];          /* its slice per direction (state.c), -1: none */
+  uint32_t aliased;          /* directions whose data buffer is the caller's source, borrowed
+                                (HQ_QUANTIZE_ALIAS): never written, freed, moved or saved */
 };
 /* A qtensor's buffers belong to its owner context (qt->ctx); a call on another context's stream
    orders itself after what the owner allocated for it, leaves an event (last_use) that the

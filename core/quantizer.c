@@ -496,6 +496,45 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
   return HQ_OK;
 }
 
+/* HQ_QUANTIZE_ALIAS: the storages of `dirs` (every direction qt makes) laid out by format f with
+   the source itself as their data, when f is the identity format and each storage is exactly
+   the source (one buffer of its dtype and shape); qt->aliased then says which. 0 when they
+   are, HQ_ENOTSUP (no message, nothing kept) when not: the caller copies instead. */
+static int alias_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs, const hq_tensor *src) {
+  if (strcmp(f->plugin->ops.name, "identity") != 0 || f->plugin->ops.make_empty)
+    return HQ_ENOTSUP;
+  const size_t bytes = (size_t)src->rows * (size_t)src->cols * hq_dtype_size(src->dtype);
+  for (int d = 0; d < 2; d++) {
+    const uint32_t dir = d ? HQ_COLWISE : HQ_ROWWISE;
+    if (!(dirs & dir)) continue;
+    qdir *q = &qt->d[d];
+    memset(q, 0, sizeof *q);
+    storage_init(&q->st, dir, qt->rows, qt->cols, qt->ctx->device, qt->nominal);
+    int rc = f->plugin->ops.layout(f->cfg, &hqi_host_api, qt->rows, qt->cols, dir, dirs, &q->st);
+    if (!rc) rc = check_layout(f, &q->st, (dirs & HQ_ROWWISE) && d ? &qt->d[0].st : NULL);
+    hq_buffer *b = BUF(&q->st, 0);
+    if (rc || q->st.nbuf != 1 || b->dtype != src->dtype || b->bytes != bytes) {
+      hq_clear_error();
+      memset(&qt->d[0], 0, sizeof qt->d[0]);
+      memset(&qt->d[1], 0, sizeof qt->d[1]);
+      return HQ_ENOTSUP;
+    }
+    q->present = 1;
+    b->ptr = (b->flags & HQ_BUF_SHARED) && d == 1 && (dirs & HQ_ROWWISE)
+                 ? BUF(&qt->d[0].st, b->shared_with)->ptr
+                 : src->data;   /* borrowed: owned[0] stays 0, so nothing frees it */
+  }
+  qt->aliased = dirs;
+  return HQ_OK;
+}
+
+/* Refuse a call that would write, move or keep the bytes of an aliased qtensor. */
+static int not_aliased(const hq_qtensor *qt, const char *what) {
+  if (!qt->aliased) return HQ_OK;
+  return hqi_error(HQ_ESTATE, "%s: role %s borrows its source's memory (made with "
+                   "HQ_QUANTIZE_ALIAS): quantize the new source instead", what, qt->role);
+}
+
 /* Reserve the plugin scratch every quantize/update of qt will need (owner's memory). */
 static int reserve_scratch(hq_qtensor *qt) {
   size_t need = 0;
@@ -894,7 +933,18 @@ int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
   if (!qt) rc = hqi_error(HQ_ENOMEM, "out of memory");
   else {
     qt->usage = dirs;
-    rc = run(qt, ctx, &src, dirs, 0, args.amax, NULL);
+    /* HQ_QUANTIZE_ALIAS: every direction one identity instance of the source's dtype (one
+       call, one buffer): the source itself, no copy; else the copy as without the flag */
+    const int alias = (args.flags & HQ_QUANTIZE_ALIAS) && qt->source == HQ_SOURCE_ORIGINAL &&
+                      (dirs != HQ_BOTH || fused_call(qt->fmt, qt->source)) &&
+                      alias_storages(qt, qt->fmt[dirs == HQ_COLWISE ? 1 : 0], dirs, &src) == 0;
+    if (alias) {
+      rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset); /* as run() keeps the stream */
+      const int mk = hqi_qtensor_mark_use(qt, ctx);
+      rc = rc ? rc : mk;
+    } else {
+      rc = run(qt, ctx, &src, dirs, 0, args.amax, NULL);
+    }
   }
   hqi_device_leave(saved);
   if (rc) {
@@ -947,6 +997,7 @@ int hq_qtensor_update_ex(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *srcp,
   if (qt->saved)
     return hqi_error(HQ_ESTATE, "hq_qtensor_update: role %s is saved (restore it first)",
                      qt->role);
+  if ((rc = not_aliased(qt, "hq_qtensor_update"))) return rc;
   hq_tensor src;
   hq_quantize_args args;
   rc = check_src(ctx, srcp, "hq_qtensor_update: source", &src);
@@ -1007,6 +1058,7 @@ int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *masterp
                            const hq_adam_pass *adam) {
   if (!qt || !ctx || !adam) return hqi_error(HQ_EINVAL, "hq_qtensor_update_adam: NULL argument");
   int rc = same_device(qt, ctx, "hq_qtensor_update_adam");
+  if (!rc) rc = not_aliased(qt, "hq_qtensor_update_adam");
   hq_tensor master;
   if (!rc) rc = check_src(ctx, masterp, "hq_qtensor_update_adam: master", &master);
   if (rc) return rc;
@@ -1317,6 +1369,8 @@ int hq_qtensor_save(hq_qtensor *qt, hq_saved_buffer *out, size_t cap, size_t ele
     return hqi_error(HQ_EINVAL, "hq_qtensor_save: elem_size %zu is smaller than the oldest "
                      "hq_saved_buffer (%zu bytes)", elem_size, (size_t)HQ_SAVED_BUFFER_SIZE_0_2);
   if (qt->saved) return hqi_error(HQ_ESTATE, "hq_qtensor_save: role %s is already saved", qt->role);
+  int arc = not_aliased(qt, "hq_qtensor_save");
+  if (arc) return arc;
   size_t need = hq_qtensor_saved_count(qt);
   *n = need;
   if (cap < need)

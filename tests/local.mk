@@ -205,6 +205,10 @@ check_PROGRAMS += tests/test_identity
 tests_test_identity_SOURCES = tests/test_identity.c tests/hq_test.h
 tests_test_identity_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_identity_LDADD = $(HQ_TEST_LDADD)
+check_PROGRAMS += tests/test_alias
+tests_test_alias_SOURCES = tests/test_alias.c tests/hq_test.h
+tests_test_alias_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_alias_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_recipe
 tests_test_recipe_SOURCES = tests/test_recipe.c tests/hq_test.h
 tests_test_recipe_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
@@ -314,6 +318,11 @@ tests_test_gpu_core_SOURCES = tests/test_gpu_core.c tests/hq_test.h
 tests_test_gpu_core_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_core_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_core_LDFLAGS = $(CUDA_LDFLAGS)
+check_PROGRAMS += tests/test_gpu_graph_step
+tests_test_gpu_graph_step_SOURCES = tests/test_gpu_graph_step.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_gpu_graph_step_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_graph_step_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_graph_step_LDFLAGS = $(CUDA_LDFLAGS)
 # a trainer linked with the static CUDA runtime, passing its stream to libhqcore (shared runtime)
 check_PROGRAMS += tests/test_gpu_static_rt
 tests_test_gpu_static_rt_SOURCES = tests/test_gpu_static_rt.c tests/hq_test.h
@@ -347,7 +356,10 @@ endif
 
 TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
 	tests/test_install.sh tests/test_ckpt_resume.sh tests/test_docs_tables.sh
+# hq train --profile and --preset
+TESTS += tests/test_train_profile.sh
 endif
+EXTRA_DIST += tests/test_train_profile.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py

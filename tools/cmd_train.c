@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "json.h"
+#include "train_report.h"
 
 #define CMD "train"
 #define MAX_RECIPES 16
@@ -27,7 +28,8 @@ static const char usage[] =
     "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
-    "                [--baseline NAME|fp32|none] [--seeds N]\n"
+    "                [--baseline NAME|fp32|none] [--seeds N] [--profile]\n"
+    "                [--preset default|wide|large]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -80,7 +82,15 @@ static const char usage[] =
     "  --verify-resume   check the continuation: save mid-run (at --checkpoint-every when given,\n"
     "                    else halfway), train to the end, reload that checkpoint into a fresh\n"
     "                    context and model and train to the end again: the losses of every step\n"
-    "                    after it and the final state must be bit-identical (exit 1 if not)\n";
+    "                    after it and the final state must be bit-identical (exit 1 if not)\n"
+    "  --preset P        the model's size: default (C 8, E 16, H 256, L 2, batch 256, lr 0.006),\n"
+    "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002) or large (E 64,\n"
+    "                    H 4096, L 6, batch 32768, lr 0.001: GEMM-bound on a GPU); --context,\n"
+    "                    --embed, --hidden, --layers, --batch and --lr given too override it\n"
+    "  --profile         where a step's time goes, per recipe: GEMMs per path, quantize, amax\n"
+    "                    passes, the trainer's kernels, optimizer, copies, host overhead or GPU\n"
+    "                    idle, over the last 20 steps (CUDA events on a GPU, the host clock on\n"
+    "                    the CPU); a table per recipe, and \"profile\" in --json\n";
 
 typedef struct run {
   hq_recipe *recipe;
@@ -197,7 +207,8 @@ static int64_t window_means(const train_result *r, int64_t w, train_point *out) 
 typedef struct train_args {
   cli_list recipes;
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
-  int json, verify_resume, no_verify;
+  const char *preset;
+  int json, verify_resume, no_verify, profile;
   int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every, seeds;
   int64_t context, embed, hidden, layers;
   double lr;
@@ -213,6 +224,31 @@ static int set_lr(const char *cmd, const cli_option *o, const char *v) {
   if (!*v || *end || errno || !(*lr > 0) || *lr > 1)
     return cli_fail(2, cmd, "--lr '%s' is not a number in (0, 1]", v);
   return 0;
+}
+
+/* The model sizes of --preset; an option given on the command line (non-zero) wins. large is
+   GEMM-bound on a GPU: four of its six linear layers are 4096 x 4096, and 32768 tokens a step
+   make a BF16 step some 17 TFLOP, tens of milliseconds on an H200. */
+static int apply_preset(train_args *a) {
+  static const struct {
+    const char *name;
+    int64_t context, embed, hidden, layers, batch;
+    double lr;
+  } presets[] = {{"default", 8, 16, 256, 2, 256, 6e-3},
+                 {"wide", 8, 64, 1024, 4, 4096, 2e-3},
+                 {"large", 8, 64, 4096, 6, 32768, 1e-3}};
+  if (!a->preset) a->preset = "default";
+  for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+    if (strcmp(a->preset, presets[i].name)) continue;
+    if (!a->context) a->context = presets[i].context;
+    if (!a->embed) a->embed = presets[i].embed;
+    if (!a->hidden) a->hidden = presets[i].hidden;
+    if (!a->layers) a->layers = presets[i].layers;
+    if (!a->batch) a->batch = presets[i].batch;
+    if (!(a->lr > 0)) a->lr = presets[i].lr;
+    return 0;
+  }
+  return cli_fail(2, CMD, "--preset '%s' is not default, wide or large", a->preset);
 }
 
 static int parse_args(int argc, char **argv, train_args *a) {
@@ -245,11 +281,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--no-verify", .kind = CLI_FLAG, .dest = &a->no_verify},
       {.name = "--baseline", .kind = CLI_STR, .dest = &a->baseline_s},
       {.name = "--seeds", .kind = CLI_INT, .dest = &a->seeds, .min = 1, .max = MAX_SEEDS},
+      {.name = "--profile", .kind = CLI_FLAG, .dest = &a->profile},
+      {.name = "--preset", .kind = CLI_STR, .dest = &a->preset},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
   if (st != CLI_RUN) return st;
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
+  if (apply_preset(a)) return 2;
   if (a->ckpt_every && !a->ckpt_path && !a->verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
   if (a->no_verify && !a->resume_path) return cli_fail(2, CMD, "--no-verify needs --resume FILE");
@@ -291,6 +330,7 @@ static void make_config(const train_args *a, train_config *cfg) {
   cfg->verify_resume = a->verify_resume;
   cfg->resume_no_verify = a->no_verify;
   cfg->verify_at = a->ckpt_every;
+  cfg->profile = a->profile;
 }
 
 /* Every run of one invocation: a run per recipe, then the built-in baseline unless a recipe is
@@ -526,6 +566,7 @@ static void config_json(json *j, const train_args *a, const train_config *cfg, c
   json_kint(j, "warmup", cfg->warmup);
   json_kint(j, "eval_every", cfg->eval_every);
   json_kint(j, "parameters", s->runs[0].res.n_params);
+  json_kstr(j, "preset", a->preset);
   json_close_obj(j);
 }
 
@@ -618,6 +659,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
     json_close_obj(j);
   }
   json_close_arr(j);
+  train_report_profile_json(j, r);
   json_close_obj(j);
 }
 
@@ -704,6 +746,17 @@ static void report_text(const train_config *cfg, const session *s) {
       printf("    %-8s fprop %-28s dgrad %-28s wgrad %s\n", r->layer_name[l], g[0], g[1], g[2]);
     }
   }
+  if (s->runs[0].res.peak_bytes >= 0) {
+    printf("\npeak device memory (cudaMemGetInfo high-water over the run's steps, above the level "
+           "before its context):\n");
+    for (int i = 0; i < s->n_runs; i++) {
+      char b[32];
+      train_report_bytes(s->runs[i].res.peak_bytes, b, sizeof b);
+      printf("  %-30s %s\n", s->runs[i].name, b);
+    }
+  }
+  for (int i = 0; i < s->n_runs; i++)
+    train_report_profile_text(stdout, s->runs[i].name, &s->runs[i].res);
 }
 
 /* s quoted for gnuplot's single-quoted strings ('' inside) */
@@ -1079,9 +1132,9 @@ static void session_free(session *s) {
 }
 
 int hq_cmd_train(int argc, char **argv) {
-  train_args a = {.device_s = "cpu", .act_s = "gelu", .steps = 1000, .batch = 256, .seed = 1,
-                  .eval_every = -1, .eval_batches = 8, .log_every = -1, .context = 8,
-                  .embed = 16, .hidden = 256, .layers = 2, .lr = 6e-3, .seeds = 1};
+  /* the model's size and lr: 0 until --preset fills what no option gave */
+  train_args a = {.device_s = "cpu", .act_s = "gelu", .steps = 1000, .seed = 1,
+                  .eval_every = -1, .eval_batches = 8, .log_every = -1, .seeds = 1};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;
   train_config cfg;

@@ -6,7 +6,8 @@ tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/jso
 	tools/buffers.c tools/buffers.h tools/npy.c tools/npy.h tools/cmd_info.c tools/cmd_recipe.c tools/cmd_quantize.c \
 	tools/cmd_bench.c tools/bench_gemm.c tools/bench_timer.c tools/bench_timer.h \
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
-	train/checkpoint.c train/ops_cpu.c
+	train/checkpoint.c train/ops_cpu.c train/profile.h train/profile.c tools/train_report.c \
+	tools/train_report.h
 tools_hq_SOURCES += train/memory.c
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
 tools_hq_LDADD = services/libhqtrain.la core/libhqcore.la -lm

@@ -225,6 +225,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   desc.seed = cfg->seed;   /* stochastic rounding draws from (seed, offset): same for every run */
   train_model m;
   memset(&m, 0, sizeof m);
+  train_profile *prof = NULL;
+  train_memwatch mem;
+  train_memwatch_begin(&mem, cfg->device);   /* before the context: the level without this run */
   const int64_t B = cfg->model.batch, C = cfg->model.context;
   int32_t *x = malloc((size_t)(B * C) * sizeof *x), *y = malloc((size_t)B * sizeof *y);
   res->train_curve = calloc((size_t)cfg->steps, sizeof *res->train_curve);
@@ -240,6 +243,14 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   }
   if (train_model_create(&m, &cfg->model, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
   res->n_params = m.n_params;
+  if (cfg->profile) {   /* the last TRAIN_PROF_STEPS steps, after the first (plans, pools) */
+    const int64_t first = cfg->steps > TRAIN_PROF_STEPS ? cfg->steps - TRAIN_PROF_STEPS + 1
+                          : cfg->steps > 1            ? 2
+                                                      : 1;
+    if (train_prof_create(ctx, first, cfg->steps - first + 1, m.n_lin, &prof, e, sizeof e) ||
+        train_model_profile(&m, prof, e, sizeof e))
+      goto out;
+  }
 
   uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
   if (cfg->resume_path) {
@@ -286,10 +297,13 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     interval_sum += res->train_curve[s].loss;
   for (; step < cfg->steps; step++) {
     train_data_sample(data, &rng, B, x, y);
+    train_prof_step_begin(prof, step + 1);
     const double t0 = train_now();
     double loss;
     if (train_step(&m, cfg, step, x, y, &loss, e, sizeof e)) goto out;
     res->train_s += train_now() - t0;
+    train_prof_step_end(prof);
+    train_memwatch_sample(&mem);
     res->tokens += B;
     res->train_curve[res->n_train_curve++] = (train_point){step, loss};
     if (step == 0) res->step0_loss = loss;
@@ -338,6 +352,8 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     goto out;
   }
   res->tokens_per_s = (double)res->tokens / res->train_s;
+  res->peak_bytes = train_memwatch_peak(&mem);
+  if (prof && train_prof_collect(prof, &res->prof, e, sizeof e)) goto out;
   res->n_layers = m.n_lin;
   for (int i = 0; i < m.n_lin; i++) {
     snprintf(res->layer_name[i], sizeof res->layer_name[i], "%s", m.lin[i].name);
@@ -366,6 +382,7 @@ out:
     remove(v_b);
     rmdir(vdir);
   }
+  train_prof_free(prof);
   train_model_free(&m);
   if (ctx) hq_ctx_destroy(ctx);
   free(x);

@@ -241,7 +241,7 @@ void train_model_free(train_model *m) {
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   }
   void *bufs[] = {m->emb, m->gemb, m->memb, m->vemb, m->tok, m->tgt, m->dlogits,
-                  m->dbuf[0], m->dbuf[1], m->loss};
+                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax};
   for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   if (m->state) hq_state_free(m->state);   /* after every quantizer and qtensor bound to it */
   free(m->amax_stash);
@@ -276,15 +276,74 @@ static hq_gemm_info *info_slot(train_linear *l, int which) {
   return &l->info[which];
 }
 
+/* --profile (profile.h): `call` as one bracket of phase ph; returns the call's status */
+#define PROF(m, ph, call) (train_prof_begin((m)->prof), prof_done((m)->prof, (ph), (call)))
+static int prof_done(train_profile *p, int ph, int rc) {
+  train_prof_end(p, ph);
+  return rc;
+}
+
+/* A GEMM's info: the layer's slot on the first training step, else, in a profiled step, `local`
+   (its path names the bracket's phase), else NULL. */
+static hq_gemm_info *gemm_info(const train_model *m, train_linear *l, int which,
+                               hq_gemm_info *local) {
+  hq_gemm_info *g = info_slot(l, which);
+  if (g || !train_prof_on(m->prof)) return g;
+  memset(local, 0, sizeof *local);
+  local->struct_size = sizeof *local;
+  return local;
+}
+
+/* the bracket of a GEMM: its phase is the path it took */
+static int gemm_done(train_profile *p, const hq_gemm_info *g, int rc) {
+  train_prof_end(p, train_prof_gemm_phase(g ? g->path : HQ_GEMM_PATH_NONE));
+  return rc;
+}
+#define PROF_GEMM(m, g, call) (train_prof_begin((m)->prof), gemm_done((m)->prof, (g), (call)))
+
+/* hq_quantize of a `kind` tensor (TRAIN_QT_*: an input or an output gradient). An identity
+   direction of the source's dtype borrows the source (HQ_QUANTIZE_ALIAS): no copy. That is safe
+   here because nothing writes a source while its qtensor lives: a layer's input x is written by
+   the previous layer's activation in the next forward, after the backward freed qx; the output
+   gradient's buffer (dlogits or dbuf[k]) is not the one its dgrad writes (dbuf[k ^ 1]), and qdy
+   is freed before the next layer down writes it. In a profiled step the per-tensor amax pass
+   runs apart (hq_quantizer_amax, then hq_quantize_ex with it: the same bytes) so that the
+   profile times it on its own. */
+static int quantize(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
+                    hq_qtensor **out) {
+  train_profile *p = m->prof;
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.flags = HQ_QUANTIZE_ALIAS;
+  if (!train_prof_on(p)) return hq_quantize_ex(q, m->ctx, src, &args, out);
+  train_prof_quantized(p, kind, 1);
+  if (hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE ||
+      hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE) {
+    if (PROF(m, TRAIN_PH_AMAX, hq_quantizer_amax(q, m->ctx, src, m->prof_amax))) return -1;
+    args.amax = m->prof_amax;
+  }
+  return PROF(m, TRAIN_PH_QUANTIZE, hq_quantize_ex(q, m->ctx, src, &args, out));
+}
+
+int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_len) {
+  if (!m->prof_amax && dev_alloc(m, 2 * sizeof(float), &m->prof_amax))
+    return fail(err, err_len, "--profile: the amax buffer: %s", hq_last_error());
+  m->prof = p;
+  return 0;
+}
+
 int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
                         int training, double *loss, char *err, size_t err_len) {
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
   const int dev = hq_ctx_device(m->ctx);
-  if (hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
-      hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4))
+  if (PROF(m, TRAIN_PH_COPY,
+           hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
+               hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4)))
     return hq_fail(err, err_len, NULL, "uploading the batch");
-  if (m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed))
+  if (PROF(m, TRAIN_PH_KERNELS,
+           m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed)))
     return fail(err, err_len, "embedding: %s", m->ops->error());
   m->n_valid = n_valid;
   for (int i = 0; i < m->n_lin; i++) {
@@ -295,24 +354,27 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
     }
     hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
     hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
-    if (hq_quantize(l->q_in, m->ctx, &xt, &l->qx))
+    if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, &l->qx))
       return hq_fail(err, err_len, l, "quantizing the input");
-    if (hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b, HQ_F32, &yt,
-                        training ? info_slot(l, TRAIN_FPROP) : NULL))
+    hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
+    if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
+                                         HQ_F32, &yt, gi)))
       return hq_fail(err, err_len, l, "fprop");
     if (!training) {
       hq_qtensor_free(l->qx);
       l->qx = NULL;
     }
     if (i + 1 < m->n_lin &&
-        m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out))
+        PROF(m, TRAIN_PH_KERNELS,
+             m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out)))
       return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
   float lv;
-  if (m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB, c->vocab_pad,
-                   m->loss, training ? m->dlogits : NULL))
+  if (PROF(m, TRAIN_PH_KERNELS,
+           m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB,
+                        c->vocab_pad, m->loss, training ? m->dlogits : NULL)))
     return fail(err, err_len, "loss: %s", m->ops->error());
-  if (hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv))
+  if (PROF(m, TRAIN_PH_COPY, hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv)))
     return fail(err, err_len, "reading the loss: %s", hq_last_error());
   *loss = lv;
   return 0;
@@ -330,14 +392,16 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     float *dx = m->dbuf[next];
     hq_tensor dxt = f32(m, dx, B, l->in);
     hq_qtensor *qdy = NULL;
-    if (hq_quantize(l->q_grad, m->ctx, &dyt, &qdy))
+    if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, &qdy))
       return hq_fail(err, err_len, l, "quantizing the output gradient");
-    int rc = hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy), &gwt, 0,
-                             info_slot(l, TRAIN_WGRAD));
+    hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
+    int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy),
+                                              &gwt, 0, gi));
     if (rc) hq_fail(err, err_len, l, "wgrad");
     if (!rc) {
-      rc = hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
-                           info_slot(l, TRAIN_DGRAD));
+      gi = gemm_info(m, l, TRAIN_DGRAD, &local);
+      rc = PROF_GEMM(m, gi, hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
+                                            gi));
       if (rc) hq_fail(err, err_len, l, "dgrad");
     }
     hq_qtensor_free(qdy);
@@ -345,13 +409,15 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     l->qx = NULL;
     if (rc) return -1;
     l->have_info = 1;
-    if (m->ops->colsum(m->ctx, dy, B, l->out, l->gb))
+    if (PROF(m, TRAIN_PH_KERNELS, m->ops->colsum(m->ctx, dy, B, l->out, l->gb)))
       return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
-      if (m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in))
+      if (PROF(m, TRAIN_PH_KERNELS,
+               m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in)))
         return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
                     m->ops->error());
-    } else if (m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed)) {
+    } else if (PROF(m, TRAIN_PH_KERNELS,
+                    m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed))) {
       return fail(err, err_len, "embedding gradient: %s", m->ops->error());
     }
     dy = dx;
@@ -366,7 +432,7 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
   const int dev = hq_ctx_device(m->ctx);
   hq_adam adam = {sizeof adam, lr, a->beta1, a->beta2, a->eps, 0.0f, m->step};
   hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
-  if (hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL))
+  if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL)))
     return fail(err, err_len, "Adam (embedding): %s", hq_last_error());
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -374,14 +440,15 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
        written back from it (the bytes of a fresh quantize of the new master) */
     adam.weight_decay = a->weight_decay;
     hq_tensor gw = f32(m, l->gw, l->out, l->in);
-    if (hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, l->qw))
+    train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
+    if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, l->qw)))
       return hq_fail(err, err_len, l, "Adam and the quantized weight's write-back");
     adam.weight_decay = 0.0f;
     hq_tensor gb = f32(m, l->gb, 1, l->out);
-    if (hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL))
+    if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
   }
-  if (hq_state_update(m->state, m->ctx))
+  if (PROF(m, TRAIN_PH_STATE, hq_state_update(m->state, m->ctx)))
     return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;
 }

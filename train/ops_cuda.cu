@@ -208,3 +208,74 @@ extern "C" int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
   *total_bytes = t;
   return 0;
 }
+
+/* --- the profile's events and the memory watch (profile.h) --------------------------------- */
+
+#include "profile.h"
+
+extern "C" int train_cuda_events_create(void **ev, int64_t n, int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess ||
+      (cur != device && cudaSetDevice(device) != cudaSuccess)) {
+    cudaGetLastError();
+    return -1;
+  }
+  int rc = 0;
+  for (int64_t i = 0; i < n && !rc; i++) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) {
+      cudaGetLastError();
+      train_cuda_events_destroy(ev, i);
+      rc = -1;
+    }
+    ev[i] = e;
+  }
+  if (cur != device) cudaSetDevice(cur);
+  return rc;
+}
+
+extern "C" void train_cuda_events_destroy(void **ev, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (ev[i]) {
+      cudaEventDestroy((cudaEvent_t)ev[i]);
+      ev[i] = nullptr;
+    }
+}
+
+extern "C" int train_cuda_event_record(void *ev, void *stream) {
+  if (cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream) == cudaSuccess) return 0;
+  cudaGetLastError();
+  return -1;
+}
+
+extern "C" int train_cuda_event_ms(void *a, void *b, float *ms) {
+  if (cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b) == cudaSuccess) return 0;
+  cudaGetLastError();
+  *ms = 0;
+  return -1;
+}
+
+extern "C" int train_cuda_event_sync(void *ev) {
+  if (cudaEventSynchronize((cudaEvent_t)ev) == cudaSuccess) return 0;
+  cudaGetLastError();
+  return -1;
+}
+
+extern "C" int train_cuda_mem_used(int device, int64_t *used) {
+  int cur = -1;
+  size_t fr = 0, tot = 0;
+  *used = 0;
+  if (cudaGetDevice(&cur) != cudaSuccess ||
+      (cur != device && cudaSetDevice(device) != cudaSuccess)) {
+    cudaGetLastError();
+    return -1;
+  }
+  const cudaError_t e = cudaMemGetInfo(&fr, &tot);
+  if (cur != device) cudaSetDevice(cur);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  *used = (int64_t)(tot - fr);
+  return 0;
+}

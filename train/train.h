@@ -20,6 +20,7 @@
 #include "hq/hq.h"
 #include "hq/train.h"
 #include "device.h"   /* the device table: TRAIN_ACT_*, train_device_ops */
+#include "profile.h"  /* --profile: train_profile, train_prof_result */
 
 /* ---------------------------------------------------------------------------------------------
 ** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
@@ -120,6 +121,8 @@ typedef struct train_model {
                                                 amax histories); no slice for other formats */
   float *amax_stash;                         /* host copy of the state's amaxes during an eval */
   size_t n_amax_stash;
+  train_profile *prof;                       /* --profile (NULL: off; not owned) */
+  float *prof_amax;                          /* --profile: the split amax pass's 2 floats */
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
@@ -150,6 +153,9 @@ int train_model_update(train_model *m, const train_adam_cfg *adam, float lr, cha
    both directions, 0 when not, -1 on error (message in err). */
 int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,
                                    size_t err_len);
+/* Profile m's steps into p (profile.h; p outlives m's use of it). Returns 0, or -1 with a message
+   in err. */
+int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_len);
 
 /* ---------------------------------------------------------------------------------------------
 ** Loop (loop.c)
@@ -175,6 +181,7 @@ typedef struct train_config {
                                                 the same steps again and compare bitwise */
   int64_t verify_at;                         /* 0: halfway through the steps left */
   int resume_no_verify;                      /* --no-verify: resume_path's checksums unchecked */
+  int profile;                               /* --profile: per-phase times of the last steps */
 } train_config;
 
 /* What the loop reports while it runs. */
@@ -219,6 +226,8 @@ typedef struct train_result {
   int n_layers;                              /* the GEMMs that ran, per layer */
   char layer_name[TRAIN_MAX_LINEAR][16];
   hq_gemm_info layer_info[TRAIN_MAX_LINEAR][3];
+  train_prof_result prof;                    /* --profile (prof.steps 0: not profiled) */
+  int64_t peak_bytes;                        /* device memory high-water (-1: the host) */
 } train_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -490,6 +490,19 @@ HQ_API int hq_quantizer_state_slice(const hq_quantizer *q, uint32_t dir, hq_stat
                                       source once more and synchronizes the context's stream (not
                                       for a CUDA graph capture). Without it, each format's rule
                                       for non-finite values applies (docs/formats.md). */
+/* HQ_QUANTIZE_ALIAS (hq_quantize_ex only; an update ignores it): when every direction the call
+   makes is one identity format instance storing the source's own dtype (one buffer, no scale:
+   the bytes would be the source's, unchanged), the qtensor borrows the source instead of
+   copying it -- no allocation, no kernel. Without the flag hq always copies, so a qtensor never
+   changes behind its owner's back. With it the caller promises, for the qtensor's whole life:
+   the source is neither written nor freed (a write to it shows through in the qtensor; a free
+   leaves it dangling). An aliased qtensor is read-only: hq_qtensor_update(_ex), the optimizer's
+   write-back (hq_qtensor_update_adam, hq_adam_step), hq_qtensor_save and the FSDP moves refuse
+   it with HQ_ESTATE; GEMMs, hq_dequantize and hq_qtensor_free work as for any qtensor (the free
+   leaves the source alone). Any other recipe -- a format that is not identity, a storage dtype
+   that differs from the source's, a rowwise_dequantized source, two directions in two
+   formats -- copies as without the flag (docs/performance.md, "hq's own cost per call"). */
+#define HQ_QUANTIZE_ALIAS 2u
 typedef struct hq_quantize_args {
   uint32_t struct_size;          /* sizeof(hq_quantize_args) */
   uint32_t flags;                /* HQ_QUANTIZE_* (0 before 0.3: was reserved, zero) */

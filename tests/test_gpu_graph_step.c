@@ -1,0 +1,157 @@
+/*
+** test_gpu_graph_step.c -- a linear layer's steady-state training step captured in a CUDA graph
+** (hq.h: hq's calls are capture-safe once warm): the refresh of the input, the weight and the
+** output gradient (hq_qtensor_update) and the three GEMMs (hq_linear_fprop, dgrad, wgrad), on
+** a non-blocking stream, after one eager step made the plans and the GEMM workspace. The capture
+** must succeed (an allocation or a synchronization inside would break it); the graph replayed
+** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
+** for per-tensor FP8 (the native FP8 path on Hopper) and BF16 identity (the native BF16 path).
+** Exits 77 (skipped) without a CUDA device.
+*/
+#include <cuda_runtime.h>
+
+#include "hq_gpu_test.h"
+
+#define CK(expr)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess) fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                 \
+  } while (0)
+
+static cudaStream_t stream;
+static hq_ctx *gpu;
+
+enum { M = 256, N = 384, K = 512 };   /* tokens, outputs, inputs */
+
+/* the step: refresh the three qtensors from their sources, then y = x W^T, dx = dy W,
+   dw = dy^T x */
+static int step(hq_qtensor *const q[3], const hq_tensor src[3], hq_tensor out[3]) {
+  for (int i = 0; i < 3; i++)
+    if (hq_qtensor_update(q[i], gpu, &src[i])) return -1;
+  if (hq_linear_fprop(gpu, hq_operand_q(q[0]), hq_operand_q(q[1]), NULL, HQ_F32, &out[0], NULL))
+    return -1;
+  if (hq_linear_dgrad(gpu, hq_operand_q(q[2]), hq_operand_q(q[1]), &out[1], NULL)) return -1;
+  return hq_linear_wgrad(gpu, hq_operand_q(q[0]), hq_operand_q(q[2]), &out[2], 0, NULL);
+}
+
+/* host copies of the three outputs, concatenated */
+static float *fetch(const hq_tensor out[3], size_t n) {
+  float *h = malloc(n * sizeof *h);
+  size_t at = 0;
+  CK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < 3; i++) {
+    const size_t k = (size_t)(out[i].rows * out[i].cols);
+    CK(cudaMemcpy(h + at, out[i].data, k * sizeof *h, cudaMemcpyDeviceToHost));
+    at += k;
+  }
+  return h;
+}
+
+static const char *recipes[] = {
+    "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+};
+
+static void test_step_in_a_graph(void **state) {
+  (void)state;
+  const int64_t rows[3] = {M, N, M}, cols[3] = {K, K, N};
+  const char *roles[3] = {"linear:input:l", "linear:weight:l", "linear:grad_output:l"};
+  const int64_t orow[3] = {M, M, N}, ocol[3] = {N, K, K};
+  const size_t n_out = (size_t)(M * N + M * K + N * K);
+  for (size_t k = 0; k < sizeof recipes / sizeof *recipes; k++) {
+    hq_recipe *r = hq_test_recipe(recipes[k]);
+    hq_quantizer *q[3];
+    hq_qtensor *qt[3];
+    hq_tensor src[3], out[2][3], first[3], second[3];
+    for (int i = 0; i < 3; i++) {
+      q[i] = hq_test_quantizer(r, roles[i]);
+      HQ_OK_OR_FAIL(hq_quantizer_set_usage(q[i], HQ_BOTH));
+      first[i] = hq_test_tensor(HQ_BF16, rows[i], cols[i], 10 + (uint64_t)i, 1.0f);
+      second[i] = hq_test_tensor(HQ_BF16, rows[i], cols[i], 20 + (uint64_t)i, 3.0f);
+      const size_t bytes = (size_t)(rows[i] * cols[i]) * 2;
+      void *d = NULL;
+      CK(cudaMalloc(&d, bytes));
+      CK(cudaMemcpy(d, first[i].data, bytes, cudaMemcpyHostToDevice));
+      src[i] = hq_tensor_2d(d, HQ_BF16, 0, rows[i], cols[i]);
+      for (int o = 0; o < 2; o++) {
+        void *p = NULL;
+        CK(cudaMalloc(&p, (size_t)(orow[i] * ocol[i]) * sizeof(float)));
+        out[o][i] = hq_tensor_2d(p, HQ_F32, 0, orow[i], ocol[i]);
+      }
+      HQ_OK_OR_FAIL(hq_quantize(q[i], gpu, &src[i], &qt[i]));
+    }
+    /* warm: the plans, the workspace, the scale buffers */
+    if (step(qt, src, out[0])) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = step(qt, src, out[0]);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("%s: the step under capture: %s", recipes[k], hq_last_error());
+    CK(ce);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    /* new data in the same buffers; the graph's outputs zeroed so that a replay that wrote
+       nothing cannot pass */
+    for (int i = 0; i < 3; i++) {
+      CK(cudaMemcpyAsync(src[i].data, second[i].data, (size_t)(rows[i] * cols[i]) * 2,
+                         cudaMemcpyHostToDevice, stream));
+      CK(cudaMemsetAsync(out[0][i].data, 0, (size_t)(orow[i] * ocol[i]) * sizeof(float), stream));
+    }
+    CK(cudaGraphLaunch(exec, stream));
+    float *replayed = fetch(out[0], n_out);
+    if (step(qt, src, out[1])) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
+    float *eager = fetch(out[1], n_out);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n_out; i++) nonzero += eager[i] != 0.0f;
+    assert_true(nonzero > n_out / 2);
+    if (memcmp(replayed, eager, n_out * sizeof *eager)) {
+      size_t at = 0;
+      while (replayed[at] == eager[at]) at++;
+      fail_msg("%s: the replayed step differs from the eager one at output %zu (%g, %g)",
+               recipes[k], at, (double)replayed[at], (double)eager[at]);
+    }
+    free(replayed);
+    free(eager);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    for (int i = 0; i < 3; i++) {
+      hq_qtensor_free(qt[i]);
+      hq_quantizer_free(q[i]);
+      CK(cudaStreamSynchronize(stream));
+      CK(cudaFree(src[i].data));
+      CK(cudaFree(out[0][i].data));
+      CK(cudaFree(out[1][i].data));
+      free(first[i].data);
+      free(second[i].data);
+    }
+    hq_recipe_free(r);
+  }
+}
+
+static int setup(void **state) {
+  (void)state;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.stream = stream;
+  return hq_ctx_create(&d, &gpu) == HQ_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hq_ctx_destroy(gpu);
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+int main(void) {
+  int n = 0;
+  if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    printf("no CUDA device: skipped\n");
+    return HQ_TEST_SKIP;
+  }
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph)};
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
