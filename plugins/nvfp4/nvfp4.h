@@ -24,9 +24,12 @@ typedef struct nvfp4_cfg {
   uint64_t seed;           /* 0: the context's seed (hq_call.seed) */
   int block_2d;            /* 16x16 tiles, one scale per tile */
   int swizzle;             /* scales in the cuBLAS swizzled layout (docs/formats.md) */
+  int scale_kind;          /* HQ_NVFP4_SCALE_E4M3 / _UE5M3 (option scale_dtype) */
+  int global;              /* HQ_NVFP4_GLOBAL_TENSOR / _ROW / _NONE (option global_scale) */
 } nvfp4_cfg;
 
-/* Buffer indices, both storages (save order): data, scale_inv, amax. hq_storage.meta is not
+/* Buffer indices, both storages (save order): data, scale_inv, amax (absent with
+   global_scale = none: NVFP4_NBUF - 1 buffers; [R] per stored row with global_scale = row). hq_storage.meta is not
    used (left zero): desc.scale_layout, desc.block_m/block_k and desc.transform/transform_param
    hold what it used to. */
 enum { NVFP4_DATA = 0, NVFP4_SCALE_INV = 1, NVFP4_AMAX = 2, NVFP4_NBUF = 3 };
