@@ -583,7 +583,7 @@ static void test_row_scaled_hand(void **state) {
   assert_int_equal(sc[3 * 4], 0x00);
   hq_tensor y = dequant(&u, HQ_ROWWISE, HQ_F32);
   for (int64_t i = 0; i < M * K; i++)
-    if (((const float *)y.data)[i] != (v[i] == 0.25f * mul[i / K] ? 0.0f : v[i]))
+    if (((const float *)y.data)[i] != (i / K < 3 && v[i] == 0.25f * mul[i / K] ? 0.0f : v[i]))
       fail_msg("row-scaled element %lld: %g, want %g", (long long)i, ((const float *)y.data)[i],
                v[i]);
   free(y.data);
@@ -1471,7 +1471,7 @@ static void test_ops_direct(void **state) {
   assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
-  hq_optval vals[6] = {{0}};
+  hq_optval vals[8] = {{0}}; /* one per option of the table */
   vals[1].i = 0xD7E8;
   vals[0].i = 1; /* rht */
   vals[4].i = 1; /* block_2d */
