@@ -181,9 +181,10 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-/* Whether an instance (or a storage) uses one of the options the CUDA kernels do not implement
-   yet: scale_dtype = ue5m3, global_scale = row or none (CPU reference only). */
-static int cpu_only(int scale_kind, int global) {
+/* Whether an instance (or a storage) uses one of the options the tuned CUDA kernels do not
+   take (scale_dtype = ue5m3, global_scale = row or none): on a device they run through the
+   option kernels (nvfp4_cuda_opt_*), and no native GEMM reads their scales. */
+static int opt_path(int scale_kind, int global) {
   return scale_kind != HQ_NVFP4_SCALE_E4M3 || global != HQ_NVFP4_GLOBAL_TENSOR;
 }
 
@@ -191,7 +192,9 @@ static uint64_t instance_caps(const void *cfgp) {
   const nvfp4_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR;
 #ifdef HQ_HAVE_CUDA
-  if (!cpu_only(c->scale_kind, c->global)) caps |= HQ_CAP_CUDA;
+  caps |= HQ_CAP_CUDA; /* every option runs on CUDA */
+#else
+  (void)c;
 #endif
   if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
   return caps;
@@ -224,7 +227,7 @@ static void instance_desc(const nvfp4_cfg *c, uint32_t dir, hq_operand_desc *d) 
   d->order = row ? HQ_ORDER_MK : HQ_ORDER_KM;
   /* only E4M3 scales under one global amax are what cuBLASLt's VEC16_UE4M3 mode (and the fused
      kernel) read; UE5M3 scales and per-row global scales are a scheme of this module alone */
-  d->scale_mode = cpu_only(c->scale_kind, c->global) ? HQ_SCALE_OTHER : HQ_SCALE_VEC16_UE4M3;
+  d->scale_mode = opt_path(c->scale_kind, c->global) ? HQ_SCALE_OTHER : HQ_SCALE_VEC16_UE4M3;
   d->scale_layout = c->swizzle ? HQ_SCALE_LAYOUT_SWIZZLED : HQ_SCALE_LAYOUT_OUTER_MAJOR;
   d->block_m = c->block_2d || !row ? HQ_NVFP4_BLOCK : 1;
   d->block_k = c->block_2d || row ? HQ_NVFP4_BLOCK : 1;
@@ -438,6 +441,8 @@ static void qdir_start(qdir *d, const nvfp4_cfg *c, hq_storage *s, float amax) {
   d->m = hq_nvfp4_block_scale_mult(s_enc);
   if (c->global != HQ_NVFP4_GLOBAL_ROW)
     for (int v = 0; v < 256; v++) d->enc[v] = hq_nvfp4_encode_mult_k((uint8_t)v, s_dec, d->kind);
+  else if (!(s->rows && s->cols) && hq_storage_buf(s, NVFP4_AMAX)->bytes)
+    memset(d->amax_out, 0, hq_storage_buf(s, NVFP4_AMAX)->bytes); /* no strip writes them */
   memset(d->scale, 0, scale->bytes); /* padding: deterministic zeros */
 }
 
@@ -734,6 +739,8 @@ static int amax_op(const void *cfgp, const hq_call *call, const hq_tensor *src, 
 #ifdef HQ_HAVE_CUDA
     int rc = check_src(h, src, "input");
     if (rc) return rc;
+    if (c->global != HQ_NVFP4_GLOBAL_TENSOR) /* amax_kind NONE: 0 */
+      return nvfp4_cuda_memset(call, out, 2 * sizeof(float));
     return nvfp4_cuda_amax(c, call, src, dirs & HQ_BOTH, out);
 #else
     return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); compute the "
@@ -769,20 +776,21 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   if (!(dirs & HQ_BOTH)) return HQ_OK;
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
-    if (cpu_only(c->scale_kind, c->global))
-      return h->error(HQ_ENOTSUP, "nvfp4: scale_dtype = ue5m3 and global_scale = row / none run "
-                      "on the CPU reference only; quantize on a host context");
+    const int has_amax = c->global != HQ_NVFP4_GLOBAL_NONE;
     nvfp4_dev_dir dr, dc;
     if (dirs & HQ_ROWWISE) {
       dr.data = hq_storage_buf(row, NVFP4_DATA)->ptr;
       dr.scale = hq_storage_buf(row, NVFP4_SCALE_INV)->ptr;
-      dr.amax = hq_storage_buf(row, NVFP4_AMAX)->ptr;
+      dr.amax = has_amax ? hq_storage_buf(row, NVFP4_AMAX)->ptr : NULL;
     }
     if (dirs & HQ_COLWISE) {
       dc.data = hq_storage_buf(col, NVFP4_DATA)->ptr;
       dc.scale = hq_storage_buf(col, NVFP4_SCALE_INV)->ptr;
-      dc.amax = hq_storage_buf(col, NVFP4_AMAX)->ptr;
+      dc.amax = has_amax ? hq_storage_buf(col, NVFP4_AMAX)->ptr : NULL;
     }
+    if (opt_path(c->scale_kind, c->global))
+      return nvfp4_cuda_opt_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
+                                     (dirs & HQ_COLWISE) ? &dc : NULL);
     return nvfp4_cuda_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
                                (dirs & HQ_COLWISE) ? &dc : NULL);
   }
@@ -836,7 +844,7 @@ static int read_desc(const hq_host_api *h, const hq_storage *s, const nvfp4_mode
   const hq_operand_desc *d = &s->desc;
   const int row = s->dir == HQ_ROWWISE;
   const char *dn = dir_name(s->dir);
-  const uint32_t mode = cpu_only(md->scale_kind, md->global) ? HQ_SCALE_OTHER
+  const uint32_t mode = opt_path(md->scale_kind, md->global) ? HQ_SCALE_OTHER
                                                              : HQ_SCALE_VEC16_UE4M3;
   if (d->elem != HQ_E2M1X2 || d->scale_mode != mode)
     return h->error(HQ_EINVAL, "nvfp4: the %s storage is not NVFP4 with its buffers' scales "
@@ -896,10 +904,12 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   float *fout = hq_call_factor_out(call);
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
-    if (cpu_only(md.scale_kind, md.global))
-      return h->error(HQ_ENOTSUP, "nvfp4: a storage with %s runs on the CPU reference only; "
-                      "dequantize it on a host context", md.global == HQ_NVFP4_GLOBAL_ROW
-                      ? "global_scale = row" : "scale_dtype = ue5m3");
+    if (opt_path(md.scale_kind, md.global))
+      return nvfp4_cuda_opt_dequantize(
+          call, q, sc,
+          md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+          md.scale_kind, md.global, dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout,
+          call->factor_in, call->factor_mul);
     return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
                                  dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout, call->factor_in,
                                  call->factor_mul);
@@ -975,9 +985,10 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   if (rc) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    if (cpu_only(md.scale_kind, md.global))
-      return h->error(HQ_ENOTSUP, "nvfp4: a storage with scale_dtype = ue5m3 or global_scale = "
-                      "row / none runs on the CPU reference only");
+    if (opt_path(md.scale_kind, md.global))
+      return nvfp4_cuda_opt_factor(
+          call, md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+          md.scale_kind, md.global, out);
     return nvfp4_cuda_tensor_factors(call, hq_storage_cbuf(s, NVFP4_AMAX)->ptr, NULL, out);
 #else
     return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); tensor_factor "

@@ -62,6 +62,19 @@ int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *
    hq_nvfp4_tensor_factor(*amax1): device memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0, const float *amax1,
                               float *out);
+/* The options the tuned kernels do not take (scale_dtype = ue5m3, global_scale = row / none):
+   one thread per block through the rule functions (nvfp4.cu, last section). quantize: the
+   amax buffers ([1] per tensor: given or computed; [R] per stored row; none) and both
+   directions' bytes. dequantize / factor: as nvfp4_cuda_dequantize and
+   nvfp4_cuda_tensor_factors for a storage of scale type `kind` and global scale `global`. */
+int nvfp4_cuda_opt_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                            const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
+int nvfp4_cuda_opt_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
+                              const float *amax, int kind, int global, int colwise, int swizzle,
+                              int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
+                              const float *fin, float fmul);
+int nvfp4_cuda_opt_factor(const hq_call *call, const float *amax, int kind, int global,
+                          float *out);
 /* cudaMemsetAsync(p, 0, bytes) on call->stream. */
 int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 
