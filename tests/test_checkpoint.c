@@ -334,6 +334,15 @@ static const cfg k_cfgs[] = {
     {"nvfp4_2d", "nvfp4:block_2d=true", "nvfp4:block_2d=true", 0, HQ_BOTH, 64, 128, HQ_F32},
     {"nvfp4_sr_swizzle", "nvfp4:stochastic_rounding=true,swizzle=true",
      "nvfp4:stochastic_rounding=true,swizzle=true", 0, HQ_BOTH, 128, 128, HQ_F32},
+    {"nvfp4_row", "nvfp4:global_scale=row", "nvfp4:global_scale=row", 0, HQ_BOTH, 128, 256,
+     HQ_BF16},
+    {"nvfp4_ue5m3", "nvfp4:scale_dtype=ue5m3", "nvfp4:scale_dtype=ue5m3,rht=true", 0, HQ_BOTH,
+     64, 128, HQ_F32},
+    {"nvfp4_ue5m3_none", "nvfp4:scale_dtype=ue5m3,global_scale=none,swizzle=true",
+     "nvfp4:scale_dtype=ue5m3,global_scale=none,stochastic_rounding=true", 0, HQ_BOTH, 64, 96,
+     HQ_F32},
+    {"hybrid.nvrow_mx", "nvfp4:global_scale=row,scale_dtype=ue5m3", "mxfp8", 0, HQ_BOTH, 64,
+     128, HQ_BF16},
     {"fp8_block_1d", "fp8_block", "fp8_block", 0, HQ_BOTH, 128, 256, HQ_F32},
     {"fp8_block_2d", "fp8_block:block=2d", "fp8_block:block=2d", 0, HQ_BOTH, 200, 300, HQ_BF16},
     {"identity_bf16", NULL, NULL, 0, HQ_BOTH, 33, 65, HQ_BF16},
@@ -735,6 +744,7 @@ static void test_mismatch(void **state) {
 
   const char *n7[] = {path, "missing.w", NULL};
   refuse(ck, "missing.w", &saved, HQ_ENOENT, n7);
+
   const char *n8[] = {"plain tensor", NULL};
   refuse(ck, "opt.m", &saved, HQ_EINVAL, n8);
   const char *n9[] = {"layer.w/data", "not a quantized tensor", NULL};
@@ -783,6 +793,28 @@ static void test_mismatch(void **state) {
   hq_ckpt_writer_abort(NULL);
   hq_ckpt_close(NULL);
   assert_null(hq_ckpt_meta(NULL, "x"));
+}
+
+/* nvfp4's global_scale and scale_dtype are stored and compared by name like every option: a
+   row-scaled checkpoint does not load into a per-tensor quantizer, nor E4M3 into UE5M3. */
+static void test_nvfp4_options_mismatch(void **state) {
+  (void)state;
+  const char *path = tpath("nvopts.safetensors");
+  const cfg nv_row = {"nvr", "nvfp4:global_scale=row", "mxfp8", 0, HQ_BOTH, 64, 128, HQ_F32};
+  write_one(path, &nv_row, NULL);
+  hq_ckpt *ck;
+  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  hq_qtensor *ok = empty_cfg(&nv_row);
+  HQ_OK_OR_FAIL(hq_ckpt_load_qtensor(ck, g_ctx, "layer.w", ok));
+  hq_qtensor_free(ok);
+  const cfg nv_tensor = {"nvt", "nvfp4", "mxfp8", 0, HQ_BOTH, 64, 128, HQ_F32};
+  const char *n1[] = {"layer.w", "global_scale=row", "global_scale=tensor", "rowwise", NULL};
+  refuse(ck, "layer.w", &nv_tensor, HQ_EINVAL, n1);
+  const cfg nv_ue = {"nvu", "nvfp4:global_scale=row,scale_dtype=ue5m3", "mxfp8", 0, HQ_BOTH, 64,
+                     128, HQ_F32};
+  const char *n2[] = {"layer.w", "scale_dtype=e4m3", "scale_dtype=ue5m3", NULL};
+  refuse(ck, "layer.w", &nv_ue, HQ_EINVAL, n2);
+  hq_ckpt_close(ck);
 }
 
 static void test_writer_rules(void **state) {
@@ -2123,6 +2155,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),   cmocka_unit_test(test_header_content),
       cmocka_unit_test(test_shared_private), cmocka_unit_test(test_mismatch),
+      cmocka_unit_test(test_nvfp4_options_mismatch),
       cmocka_unit_test(test_writer_rules), cmocka_unit_test(test_truncated),
       cmocka_unit_test(test_hostile_headers), cmocka_unit_test(test_hostile_meta),
       cmocka_unit_test(test_fuzz),        cmocka_unit_test(test_appended_option),

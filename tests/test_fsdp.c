@@ -38,6 +38,9 @@ static const fmt_case cases[] = {
     {"nvfp4 rht", SAME("plugin = nvfp4\nrht = true\n"), 0, NULL},
     {"fp8_block 1d", SAME("plugin = fp8_block\n"), 0, NULL},
     {"fp8_block 2d", SAME("plugin = fp8_block\nblock = 2d\n"), 0, NULL},
+    {"nvfp4 ue5m3", SAME("plugin = nvfp4\nscale_dtype = ue5m3\n"), 0, NULL},
+    {"nvfp4 ue5m3 none", SAME("plugin = nvfp4\nscale_dtype = ue5m3\nglobal_scale = none\n"), 0,
+     NULL},
 };
 
 /* Hybrids: each direction is gathered by its own format's rules. */
@@ -54,6 +57,8 @@ static const fmt_case hybrids[] = {
      "plugin = fp8_tensor\n" ROLE, 0, NULL},
     {"fp8_tensor / mxfp8 swizzled 2d", "[format r]\nplugin = fp8_tensor\n[format c]\nplugin = "
      "mxfp8\nswizzle = true\nblock_2d = true\n" ROLE, 0, NULL},
+    {"nvfp4 row / mxfp8", "[format r]\nplugin = nvfp4\nglobal_scale = row\n[format c]\nplugin = "
+     "mxfp8\n" ROLE, 0, NULL},
     {"nvfp4 swizzled / fp8_tensor", "[format r]\nplugin = nvfp4\nswizzle = true\n[format c]\n"
      "plugin = fp8_tensor\n" ROLE, HQ_ENOTSUP, "swizzle"},
 };
@@ -168,6 +173,8 @@ static void test_shard_row_multiple(void **state) {
   for (size_t i = 0; i < 4; i++) run_case(&cases[i], &x, 32, 0, NULL);
   run_case(&cases[4], &x, 32, HQ_ESHAPE, "not a multiple of 128");
   run_case(&cases[5], &x, 32, HQ_ESHAPE, "not a multiple of 128");
+  run_case(&cases[6], &x, 32, 0, NULL); /* nvfp4 ue5m3: shards of 16-row multiples */
+  run_case(&cases[7], &x, 32, 0, NULL);
   free(x.data);
 }
 
@@ -271,6 +278,8 @@ static void test_shard_rows_query(void **state) {
       {SAME("plugin = nvfp4\nstochastic_rounding = true\n"), 0},
       {SAME("plugin = fp8_block\n"), 128},
       {"[format r]\nplugin = fp8_tensor\n[format c]\nplugin = mxfp8\n" ROLE, 32},
+      /* row-scaled: the rowwise copy shards by 16 rows, the columnwise (per-column amax) not */
+      {SAME("plugin = nvfp4\nglobal_scale = row\n"), 0},
   };
   hq_ctx *ctx = NULL;
   HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
@@ -285,6 +294,10 @@ static void test_shard_rows_query(void **state) {
     if (i == 5) {
       HQ_OK_OR_FAIL(hq_qtensor_drop(qt, HQ_COLWISE));
       assert_int_equal(hq_qtensor_shard_rows(qt), 1);
+    }
+    if (i == 6) {
+      HQ_OK_OR_FAIL(hq_qtensor_drop(qt, HQ_COLWISE));
+      assert_int_equal(hq_qtensor_shard_rows(qt), 16);
     }
     hq_qtensor_free(qt);
     hq_quantizer_free(qz);

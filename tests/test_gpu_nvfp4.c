@@ -20,7 +20,9 @@
 ** raw dequantize (HQ_CALL_DEQ_RAW) and the tensor factor on the device equal the CPU's byte for
 ** byte; hq_gemm of nvfp4 operands on the device (native on sm_100+ against the forced emulated
 ** path, emulated elsewhere) equals the F64 product of the dequantized operands within FP32
-** accumulation error.
+** accumulation error. The options scale_dtype = ue5m3 and global_scale = row / none (the
+** option kernels) join the option sets; their GEMMs take the emulated path (F32 for row-scaled
+** operands) and equal the F64 product too.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -220,6 +222,14 @@ static const char *const option_sets[] = {
     "stochastic_rounding = true\nseed = 77",
     "stochastic_rounding = true",
     "rht = true\nstochastic_rounding = true\nswizzle = true",
+    /* the option kernels (scale_dtype = ue5m3, global_scale = row / none) */
+    "global_scale = row",
+    "global_scale = row\nstochastic_rounding = true\nswizzle = true",
+    "scale_dtype = ue5m3",
+    "scale_dtype = ue5m3\nrht = true\nrht_sign_mask = 0x1234\nswizzle = true",
+    "scale_dtype = ue5m3\nglobal_scale = none\nblock_2d = true",
+    "scale_dtype = ue5m3\nglobal_scale = none\nstochastic_rounding = true",
+    "scale_dtype = ue5m3\nglobal_scale = row",
 };
 #define N_OPTION_SETS (sizeof option_sets / sizeof option_sets[0])
 
@@ -296,7 +306,7 @@ static void test_amax_op_direct(void **state) {
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
   const int64_t shapes[][2] = {{16, 16}, {48, 80}, {208, 400}};
   for (int rht = 0; rht <= 1; rht++) {
-    hq_optval v[6];
+    hq_optval v[8]; /* one per option of the table */
     memset(v, 0, sizeof v);
     v[0].i = rht;
     v[1].i = 0xD7E8;
@@ -485,6 +495,55 @@ static void test_gemm_device(void **state) {
                           nvfp4_native_on);
 }
 
+/* Row-scaled and UE5M3 operands on the device: never native or fused (no such scales in those
+   kernels), the emulated product of the dequantized operands -- F32 for row-scaled ones (their
+   raw values carry the row factors), BF16 for UE5M3 ones. */
+static void test_gemm_options(void **state) {
+  (void)state;
+  static const struct {
+    const char *opts;
+    uint32_t path;
+  } k[] = {{"global_scale = row", HQ_GEMM_PATH_EMULATED_F32},
+           {"scale_dtype = ue5m3\nswizzle = true", HQ_GEMM_PATH_EMULATED_BF16},
+           {"scale_dtype = ue5m3\nglobal_scale = none\nswizzle = true", HQ_GEMM_PATH_EMULATED_BF16},
+           {"scale_dtype = ue5m3\nglobal_scale = row", HQ_GEMM_PATH_EMULATED_F32}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    char text[256];
+    snprintf(text, sizeof text, "[format f]\nplugin = nvfp4\n%s\n[role *:*:*]\nrowwise = f\n"
+             "columnwise = f\n", k[i].opts);
+    hq_recipe *r = hq_test_recipe(text);
+    hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
+    hq_tensor x = hq_test_tensor(HQ_BF16, 128, 256, 91 + i, 2.0f);
+    hq_tensor w = hq_test_tensor(HQ_BF16, 192, 256, 92 + i, 2.0f);
+    hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
+    hq_qtensor *hx, *gx, *hw, *gw;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &hx));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &gx));
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &hw));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wg, &gw));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    /* fprop y = x W^T (TN, the rowwise copies) and x^T x (NT, the columnwise copies) */
+    uint32_t p = hq_gpu_gemm_device_check(cpu, gpu, hw, gw, 1, hx, gx, 0, k[i].opts);
+    if (p != k[i].path)
+      fail_msg("[%s] fprop: path %s, expected %s", k[i].opts, hq_gemm_path_name(p),
+               hq_gemm_path_name(k[i].path));
+    p = hq_gpu_gemm_device_check(cpu, gpu, hx, gx, 0, hx, gx, 1, k[i].opts); /* x^T x */
+    if (p != k[i].path)
+      fail_msg("[%s] NT: path %s, expected %s", k[i].opts, hq_gemm_path_name(p),
+               hq_gemm_path_name(k[i].path));
+    hq_qtensor_free(hx);
+    hq_qtensor_free(gx);
+    hq_qtensor_free(hw);
+    hq_qtensor_free(gw);
+    hq_ctx_free(gpu, xg.data);
+    hq_ctx_free(gpu, wg.data);
+    free(x.data);
+    free(w.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 /* make_empty on the device zeroes every buffer, as on the host. */
 static void test_make_empty(void **state) {
   (void)state;
@@ -507,7 +566,7 @@ static const hq_format_ops *plain_module(hq_host_api *host, uint8_t cfg[256]) {
   const hq_format_ops *ops = hq_test_module_entry("nvfp4")(host);
   assert_non_null(ops);
   memset(cfg, 0, 256);
-  hq_optval v[6] = {{0}};
+  hq_optval v[8] = {{0}}; /* one per option of the table */
   v[1].i = 0xD7E8; /* rht_sign_mask; every other option off */
   if (ops->configure(cfg, v, host)) fail_msg("configure: %s", hq_test_module_error());
   return ops;
@@ -575,6 +634,7 @@ int main(void) {
       cmocka_unit_test(test_huge_dims_refused),
       cmocka_unit_test(test_raw_every_pair),
       cmocka_unit_test(test_gemm_device),
+      cmocka_unit_test(test_gemm_options),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

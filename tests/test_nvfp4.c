@@ -277,16 +277,20 @@ static void test_plugin_caps_and_options(void **state) {
   assert_non_null(p);
   assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
                                           (hq_built_with_cuda() ? HQ_CAP_CUDA : 0));
-  static const char *names[] = {"rht", "rht_sign_mask", "stochastic_rounding", "seed",
-                                "block_2d", "swizzle"};
-  static const char *defs[] = {"false", "0xD7E8", "false", "0", "false", "false"};
+  static const char *names[] = {"rht",      "rht_sign_mask", "stochastic_rounding",
+                                "seed",     "block_2d",      "swizzle",
+                                "scale_dtype", "global_scale"};
+  static const char *defs[] = {"false", "0xD7E8", "false", "0",
+                               "false", "false",  "e4m3",  "tensor"};
   const hq_option *o = hq_plugin_options(p);
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < 8; i++) {
     assert_string_equal(o[i].name, names[i]);
     assert_string_equal(o[i].def, defs[i]);
     assert_true(o[i].help && *o[i].help);
   }
-  assert_null(o[6].name);
+  assert_string_equal(o[6].choices, "e4m3|ue5m3");
+  assert_string_equal(o[7].choices, "tensor|row|none");
+  assert_null(o[8].name);
   assert_int_equal(o[1].min, 0);
   assert_int_equal(o[1].max, 65535);
   hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
@@ -534,6 +538,260 @@ static void test_hand_computed_chain(void **state) {
   free(y.data);
   run_free(&u);
   free(x.data);
+}
+
+// --- options: global_scale = row, scale_dtype = ue5m3, global_scale = none -------------------
+
+/* The E2M1 values in one 16-block (amax 6); 0.25 ties to 0. Packed: want_e2m1_bytes. */
+static const float E2M1_ROW[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.5f, -1, -1.5f, -2, -3, -4,
+                                   -6, 0.25f};
+static const uint8_t E2M1_BYTES[8] = {0x10, 0x32, 0x54, 0x76, 0xa9, 0xcb, 0xed, 0x0f};
+
+/* global_scale = row, rowwise, by hand. Rows 0..2 are E2M1_ROW times 1, 2^10 and 2^-10 in
+   both 16-blocks; row 3 is zero. Each row's amax A_r = 6 * 2^k gives S_enc = 448 * 2^-k,
+   m = 74.66667 * 2^-k (0x42955556 for k = 0) and a block scale RN(6 * 2^k * m) = 448.00003 ->
+   E4M3 448 (0x7E); enc = RN(1 / RN(448 * RN(1 / S_enc))) = 2^-k, so every row has row 0's codes,
+   and the decode multiplier RN(RN(448 * A_r) * RN(1/2688)) = 2^k gives the values back exactly.
+   With one amax for the tensor (6144) row 2's block scale 0.00586 * 0.0729 underflows E4M3 and
+   the row dequantizes to zeros. Columnwise: the copy is x^T's rowwise row-scaled copy (a column
+   of x is a stored row), its amax buffer one amax per column of x. */
+static void test_row_scaled_hand(void **state) {
+  (void)state;
+  const int64_t M = 16, K = 32;
+  float v[16 * 32] = {0};
+  const float mul[3] = {1.0f, 1024.0f, 1.0f / 1024.0f};
+  for (int r = 0; r < 3; r++)
+    for (int k = 0; k < K; k++) v[r * K + k] = E2M1_ROW[k % 16] * mul[r];
+  hq_tensor x = f32_from(v, M, K);
+  run u;
+  run_quant(&u, "global_scale = row", &x, 0, HQ_BOTH);
+  const hq_buffer *am = bufp(&u, HQ_ROWWISE, 2);
+  assert_string_equal(am->name, "amax");
+  assert_int_equal(am->dtype, HQ_F32);
+  assert_int_equal(am->role, HQ_ROLE_OTHER);
+  assert_int_equal(am->ndim, 1);
+  assert_int_equal(am->shape[0], M);
+  const float *ra = am->ptr;
+  assert_true(ra[0] == 6.0f && ra[1] == 6144.0f && ra[2] == 6.0f / 1024.0f && ra[3] == 0.0f);
+  const uint8_t *d = bytes_of(&u, HQ_ROWWISE, 0), *sc = bytes_of(&u, HQ_ROWWISE, 1);
+  for (int r = 0; r < 3; r++)
+    for (int b = 0; b < 2; b++) {
+      assert_memory_equal(d + r * (K / 2) + b * 8, E2M1_BYTES, 8);
+      assert_int_equal(sc[r * 4 + b], 0x7e);
+    }
+  for (int b = 0; b < 16; b++) assert_int_equal(d[3 * (K / 2) + b], 0);
+  assert_int_equal(sc[3 * 4], 0x00);
+  hq_tensor y = dequant(&u, HQ_ROWWISE, HQ_F32);
+  for (int64_t i = 0; i < M * K; i++)
+    if (((const float *)y.data)[i] != (i / K < 3 && v[i] == 0.25f * mul[i / K] ? 0.0f : v[i]))
+      fail_msg("row-scaled element %lld: %g, want %g", (long long)i, ((const float *)y.data)[i],
+               v[i]);
+  free(y.data);
+  /* the descriptor: no native GEMM reads it; raw values carry the row factor (F32) */
+  const hq_storage *st = hq_qtensor_storage(u.t, HQ_ROWWISE);
+  assert_int_equal(st->desc.scale_mode, HQ_SCALE_OTHER);
+  assert_int_equal(st->desc.emul_dtype, HQ_F32);
+  assert_int_equal(st->desc.shard_rows, 16);
+  assert_int_equal(hq_qtensor_storage(u.t, HQ_COLWISE)->desc.shard_rows, 0);
+  /* columnwise = rowwise of x^T, byte for byte, amaxes included */
+  float vt[32 * 16];
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t k = 0; k < K; k++) vt[k * M + i] = v[i * K + k];
+  hq_tensor xt = f32_from(vt, K, M);
+  run ut;
+  run_quant(&ut, "global_scale = row", &xt, 0, HQ_ROWWISE);
+  for (int i = 0; i < 3; i++) {
+    const hq_buffer *a = bufp(&u, HQ_COLWISE, i), *b = bufp(&ut, HQ_ROWWISE, i);
+    assert_int_equal(a->bytes, b->bytes);
+    assert_memory_equal(a->ptr, b->ptr, a->bytes);
+  }
+  assert_string_equal(bufp(&u, HQ_COLWISE, 2)->name, "columnwise_amax");
+  /* column 7 = (6, 6144, 6/1024, 0, ...): amax 6144, codes 7 only for row 1 (byte 0 = 0x70) */
+  assert_true(((const float *)bufp(&u, HQ_COLWISE, 2)->ptr)[7] == 6144.0f);
+  assert_int_equal(bytes_of(&u, HQ_COLWISE, 0)[7 * (M / 2)], 0x70);
+  y = dequant(&u, HQ_COLWISE, HQ_F32);
+  hq_tensor yt = dequant(&ut, HQ_ROWWISE, HQ_F32);
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t k = 0; k < K; k++) assert_true(getf(&y, i, k) == getf(&yt, k, i));
+  free(y.data);
+  free(yt.data);
+  run_free(&ut);
+  free(xt.data);
+  run_free(&u);
+  /* one amax per tensor loses row 2 */
+  run_quant(&u, NULL, &x, 0, HQ_ROWWISE);
+  y = dequant(&u, HQ_ROWWISE, HQ_F32);
+  for (int64_t k = 0; k < K; k++) assert_true(getf(&y, 2, k) == 0.0f);
+  free(y.data);
+  run_free(&u);
+  free(x.data);
+}
+
+/* scale_dtype = ue5m3 by hand, with the global scale and without. Row 0: E2M1_ROW; row 1:
+   E2M1_ROW * 2^-12; row 15 starts with 688128 = 6 * 114688 (the tensor amax, so S_enc = 1).
+   tensor: m = RN(1/6); row 0's scale RN(6 * m) = 1 -> UE5M3 0x78, codes = values; row 1's
+   2^-12 -> 0x18 (e = 3); row 15's 114688.0x -> 0xFE, code 7; decode RN(RN(sf * A) *
+   RN(1/688128)) = sf, so all three dequantize exactly. none: the same codes and scales (S_enc
+   is 1 either way here), no amax buffer, x' = e2m1 * sf. E4M3 with a tensor scale keeps row 1
+   only to 2^-9 * 2688 / 688128 resolution: it underflows. */
+static void test_ue5m3_hand(void **state) {
+  (void)state;
+  const int64_t M = 16, K = 16;
+  float v[16 * 16] = {0};
+  for (int k = 0; k < 16; k++) {
+    v[k] = E2M1_ROW[k];
+    v[K + k] = E2M1_ROW[k] / 4096.0f;
+  }
+  v[15 * K] = 688128.0f;
+  hq_tensor x = f32_from(v, M, K);
+  for (int none = 0; none < 2; none++) {
+    run u;
+    run_quant(&u, none ? "scale_dtype = ue5m3\nglobal_scale = none" : "scale_dtype = ue5m3", &x, 0,
+              HQ_BOTH);
+    const hq_storage *st = hq_qtensor_storage(u.t, HQ_ROWWISE);
+    assert_int_equal(st->nbuf, none ? 2 : 3);
+    assert_int_equal(st->desc.scale_mode, HQ_SCALE_OTHER);
+    assert_int_equal(st->desc.emul_dtype, HQ_BF16);
+    assert_int_equal(bufp(&u, HQ_ROWWISE, 1)->dtype, HQ_U8);
+    if (!none) assert_true(amax_of(&u, HQ_ROWWISE) == 688128.0f);
+    const uint8_t *d = bytes_of(&u, HQ_ROWWISE, 0), *sc = bytes_of(&u, HQ_ROWWISE, 1);
+    assert_memory_equal(d, E2M1_BYTES, 8);
+    assert_memory_equal(d + 8, E2M1_BYTES, 8);
+    assert_int_equal(sc[0], 0x78);
+    assert_int_equal(sc[4], 0x18);
+    assert_int_equal(sc[15 * 4], 0xfe);
+    assert_int_equal(d[15 * 8], 0x07);
+    assert_int_equal(sc[2 * 4], 0x00); /* a zero row */
+    hq_tensor y = dequant(&u, HQ_ROWWISE, HQ_F32);
+    for (int64_t i = 0; i < M * K; i++) {
+      const float want = v[i] == 0.25f || v[i] == 0.25f / 4096.0f ? 0.0f : v[i];
+      if (((const float *)y.data)[i] != want)
+        fail_msg("ue5m3 none=%d element %lld: %g, want %g", none, (long long)i,
+                 ((const float *)y.data)[i], want);
+    }
+    free(y.data);
+    /* columnwise: column 0 = (0, 0, 0 ... 688128): one block, scale 0xFE, code 7 at row 15 */
+    assert_int_equal(bytes_of(&u, HQ_COLWISE, 1)[0], 0xfe);
+    assert_int_equal(bytes_of(&u, HQ_COLWISE, 0)[7], 0x70);
+    assert_int_equal(bytes_of(&u, HQ_COLWISE, 1)[7 * 4], 0x78); /* column 7: 6, 6/4096 */
+    run_free(&u);
+  }
+  run u;
+  run_quant(&u, NULL, &x, 0, HQ_ROWWISE);
+  hq_tensor y = dequant(&u, HQ_ROWWISE, HQ_F32);
+  for (int64_t k = 0; k < K; k++) assert_true(getf(&y, 1, k) == 0.0f);
+  free(y.data);
+  run_free(&u);
+  free(x.data);
+}
+
+/* Bad values and combinations of the options, as recipe errors naming the key. */
+static void test_option_errors(void **state) {
+  (void)state;
+  expect_recipe_error("scale_dtype = e5m3", "scale_dtype", "e4m3|ue5m3");
+  expect_recipe_error("global_scale = column", "global_scale", "tensor|row|none");
+  expect_recipe_error("global_scale = none", "global_scale = none", "ue5m3");
+  expect_recipe_error("global_scale = row\nrht = true", "global_scale = row", "rht");
+  expect_recipe_error("global_scale = row\nblock_2d = true", "global_scale = row", "block_2d");
+}
+
+/* A storage of one configuration is refused by a quantize of another (scale type, global
+   scale), and dequantizes through any instance. */
+static void test_options_cross_instance(void **state) {
+  (void)state;
+  hq_tensor x = spread_tensor(HQ_F32, 32, 64, 5);
+  static const char *opts[] = {"global_scale = row", "scale_dtype = ue5m3",
+                               "scale_dtype = ue5m3\nglobal_scale = none",
+                               "scale_dtype = ue5m3\nglobal_scale = row", NULL};
+  for (int i = 0; i < 5; i++) {
+    run u;
+    run_quant(&u, opts[i], &x, 0, HQ_BOTH);
+    for (int j = 0; j < 5; j++) {
+      if (i == j) continue;
+      run w;
+      run_quant(&w, opts[j], &x, 0, HQ_BOTH);
+      /* dequantize reads the storage: another instance's storage dequantizes the same */
+      for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+        hq_tensor a = dequant(&u, dir, HQ_F32);
+        hq_tensor b = hq_test_empty(HQ_F32, 32, 64);
+        HQ_OK_OR_FAIL(hq_dequantize(u.t, w.ctx, dir, &b));
+        assert_memory_equal(a.data, b.data, 32 * 64 * sizeof(float));
+        free(a.data);
+        free(b.data);
+      }
+      run_free(&w);
+    }
+    run_free(&u);
+  }
+  free(x.data);
+}
+
+/* The emulated GEMM of row-scaled operands: fprop y = x W^T with rows scaled by 2^k (their
+   values come back exactly, see test_row_scaled_hand) equals the exact product, which the F32
+   sum of 32 products of E2M1 values times one power of two holds exactly. */
+static void test_row_scaled_gemm(void **state) {
+  (void)state;
+  const int64_t T = 16, N = 16, K = 32;
+  float xv[16 * 32], wv[16 * 32];
+  uint64_t s = 3;
+  for (int64_t r = 0; r < 16; r++) {
+    const float px = ldexpf(1.0f, (int)(r % 7) - 3), pw = ldexpf(1.0f, 5 - (int)(r % 5));
+    for (int64_t k = 0; k < K; k++) {
+      xv[r * K + k] = E2M1_ROW[hq_test_rand(&s) % 15] * px;
+      wv[r * K + k] = E2M1_ROW[hq_test_rand(&s) % 15] * pw;
+    }
+    xv[r * K] = 6.0f * px; /* each block holds its row's amax */
+    xv[r * K + 16] = -6.0f * px;
+    wv[r * K] = 6.0f * pw;
+    wv[r * K + 16] = 6.0f * pw;
+  }
+  hq_tensor X = f32_from(xv, T, K), W = f32_from(wv, N, K);
+  run ux, uw;
+  run_quant(&ux, "global_scale = row", &X, 0, HQ_BOTH);
+  run_quant(&uw, "global_scale = row", &W, 0, HQ_BOTH);
+  float yv[16 * 16];
+  hq_tensor Y = hq_tensor_2d(yv, HQ_F32, HQ_DEVICE_HOST, T, N);
+  hq_gemm_info info = {0};
+  info.struct_size = sizeof info;
+  HQ_OK_OR_FAIL(hq_linear_fprop(ux.ctx, hq_operand_q(ux.t), hq_operand_q(uw.t), NULL, HQ_F32, &Y,
+                                &info));
+  assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t n = 0; n < N; n++) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; k++) acc += (double)xv[t * K + k] * wv[n * K + k];
+      if ((double)yv[t * N + n] != acc)
+        fail_msg("y[%lld][%lld] = %.9g, want %.9g", (long long)t, (long long)n, yv[t * N + n],
+                 acc);
+    }
+  /* dgrad multiplies W's columnwise copy (one amax per column of W) against dy's rowwise one:
+     dx = dy W, the product of the dequantized values up to F32 accumulation */
+  hq_tensor DY = f32_from(yv, T, N);
+  run ud;
+  run_quant(&ud, "global_scale = row", &DY, 0, HQ_ROWWISE);
+  float dxv[16 * 32];
+  hq_tensor DX = hq_tensor_2d(dxv, HQ_F32, HQ_DEVICE_HOST, T, K);
+  HQ_OK_OR_FAIL(hq_linear_dgrad(ud.ctx, hq_operand_q(ud.t), hq_operand_q(uw.t), &DX, &info));
+  hq_tensor wc = dequant(&uw, HQ_COLWISE, HQ_F32), dr = dequant(&ud, HQ_ROWWISE, HQ_F32);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t k = 0; k < K; k++) {
+      double acc = 0, mag = 0;
+      for (int64_t n = 0; n < N; n++) {
+        acc += (double)getf(&dr, t, n) * getf(&wc, n, k);
+        mag += fabs((double)getf(&dr, t, n) * getf(&wc, n, k));
+      }
+      if (fabs((double)dxv[t * K + k] - acc) > 16 * 0x1p-24 * mag)
+        fail_msg("dx[%lld][%lld] = %.9g, want %.9g", (long long)t, (long long)k, dxv[t * K + k],
+                 acc);
+    }
+  free(wc.data);
+  free(dr.data);
+  run_free(&ud);
+  free(DY.data);
+  run_free(&ux);
+  run_free(&uw);
+  free(X.data);
+  free(W.data);
 }
 
 /* Whole tensors against the reference, for every input dtype, both layouts, both directions. */
@@ -1087,13 +1345,16 @@ typedef struct nv_opts {
   int sr;
   uint64_t seed;
   int two_d, swz;
+  int ue5m3, global; /* scale_dtype, global_scale (enum indices; 0: e4m3, tensor) */
 } nv_opts;
 
 static void configure_nv(const hq_format_ops *ops, const hq_host_api *host, void *cfg,
                          nv_opts o) {
   assert_true(ops->config_size <= 256);
   memset(cfg, 0, 256);
-  hq_optval v[6] = {{0}};
+  hq_optval v[8] = {{0}};
+  v[6].i = o.ue5m3;
+  v[7].i = o.global;
   v[0].i = o.rht;
   v[1].i = o.mask;
   v[2].i = o.sr;
@@ -1168,7 +1429,7 @@ static void sr_direct(const hq_format_ops *ops, hq_host_api *host) {
   hq_tensor x = spread_tensor(HQ_F32, M, K, 61);
   float *t = stored_colwise(&x, 0, 0);
   for (int with_seed = 0; with_seed < 2; with_seed++) {
-    nv_opts o = {0, 0xD7E8, 1, with_seed ? 555 : 0, 0, 0};
+    nv_opts o = {0, 0xD7E8, 1, with_seed ? 555 : 0, 0, 0, 0, 0};
     configure_nv(ops, host, cfg, o);
     hq_call call = scratch_call(ops, host, cfg, 0x1234, 99, M, K, HQ_BOTH);
     hq_storage rs, cs;
@@ -1210,7 +1471,7 @@ static void test_ops_direct(void **state) {
   assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
-  hq_optval vals[6] = {{0}};
+  hq_optval vals[8] = {{0}}; /* one per option of the table */
   vals[1].i = 0xD7E8;
   vals[0].i = 1; /* rht */
   vals[4].i = 1; /* block_2d */
@@ -1264,11 +1525,11 @@ static void test_ops_direct(void **state) {
   static const struct {
     nv_opts o;
     uint32_t col_kind;
-  } kinds[] = {{{0, 0xD7E8, 0, 0, 0, 0}, HQ_AMAX_INPUT},
-               {{1, 0xD7E8, 0, 0, 0, 0}, HQ_AMAX_OWN},
-               {{1, 0x1234, 1, 0, 0, 1}, HQ_AMAX_OWN},
-               {{0, 0xD7E8, 1, 0, 0, 0}, HQ_AMAX_INPUT},
-               {{0, 0xD7E8, 0, 0, 1, 1}, HQ_AMAX_INPUT}};
+  } kinds[] = {{{0, 0xD7E8, 0, 0, 0, 0, 0, 0}, HQ_AMAX_INPUT},
+               {{1, 0xD7E8, 0, 0, 0, 0, 0, 0}, HQ_AMAX_OWN},
+               {{1, 0x1234, 1, 0, 0, 1, 0, 0}, HQ_AMAX_OWN},
+               {{0, 0xD7E8, 1, 0, 0, 0, 0, 0}, HQ_AMAX_INPUT},
+               {{0, 0xD7E8, 0, 0, 1, 1, 0, 0}, HQ_AMAX_INPUT}};
   assert_non_null(ops->amax_kind);
   assert_non_null(ops->amax);
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
@@ -1290,8 +1551,8 @@ static void test_direct_scratch_and_update(void **state) {
   const int64_t M = 48, K = 80;
   hq_tensor xs[3] = {spread_tensor(HQ_F32, M, K, 71), spread_tensor(HQ_BF16, M, K, 72),
                      spread_tensor(HQ_F16, M, K, 73)};
-  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1},
-                                 {1, 0x00ff, 1, 9, 0, 0}, {0, 0xD7E8, 0, 0, 1, 0}};
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1, 0, 0},
+                                 {1, 0x00ff, 1, 9, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 1, 0, 0, 0}};
   uint8_t cfg[256];
   for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++) {
     configure_nv(ops, &host, cfg, opts[oi]);
@@ -1374,7 +1635,7 @@ static void test_direct_amax(void **state) {
   uint8_t cfg[256];
   for (int o = 0; o < 4; o++) {
     const int rht = o >= 1 && o <= 2;
-    nv_opts no = {rht, rht ? masks[o - 1] : 0xD7E8, o == 2, 0, o == 3, o == 3};
+    nv_opts no = {rht, rht ? masks[o - 1] : 0xD7E8, o == 2, 0, o == 3, o == 3, 0, 0};
     configure_nv(ops, &host, cfg, no);
     const double want_col = rht ? amax_t[o - 1] : amax_x;
     for (uint32_t dirs = 1; dirs <= 3; dirs++) {
@@ -1438,12 +1699,12 @@ static void test_cross_instance_dequantize(void **state) {
   static const struct {
     nv_opts a, b;
   } pairs[] = {
-      {{0, 0xD7E8, 0, 0, 0, 1}, {0, 0xD7E8, 0, 0, 0, 0}}, /* swizzled, read by compact */
-      {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1}}, /* compact, read by swizzle + rht */
-      {{1, 0x1234, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 0}}, /* rht, read without rht */
-      {{1, 0xD7E8, 0, 0, 0, 1}, {1, 0x00ff, 0, 0, 0, 0}}, /* rht signs A, read with signs B */
-      {{0, 0xD7E8, 0, 0, 1, 1}, {1, 0xD7E8, 0, 0, 0, 0}}, /* 2-D swizzled, read by 1-D rht */
-      {{1, 0xD7E8, 1, 3, 0, 0}, {0, 0xD7E8, 0, 0, 1, 1}}, /* SR + rht, read by 2-D swizzled */
+      {{0, 0xD7E8, 0, 0, 0, 1, 0, 0}, {0, 0xD7E8, 0, 0, 0, 0, 0, 0}}, /* swizzled, read by compact */
+      {{0, 0xD7E8, 0, 0, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1, 0, 0}}, /* compact, read by swizzle + rht */
+      {{1, 0x1234, 0, 0, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 0, 0, 0}}, /* rht, read without rht */
+      {{1, 0xD7E8, 0, 0, 0, 1, 0, 0}, {1, 0x00ff, 0, 0, 0, 0, 0, 0}}, /* rht signs A, read with signs B */
+      {{0, 0xD7E8, 0, 0, 1, 1, 0, 0}, {1, 0xD7E8, 0, 0, 0, 0, 0, 0}}, /* 2-D swizzled, read by 1-D rht */
+      {{1, 0xD7E8, 1, 3, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 1, 1, 0, 0}}, /* SR + rht, read by 2-D swizzled */
   };
   static const int64_t shapes[][2] = {{144, 80}, {48, 32}};
   uint8_t ca[256], cb[256];
@@ -1677,7 +1938,7 @@ static void test_raw_dequantize_hand(void **state) {
                                 3.21428561f, -2.14285707f, 0.803571403f, 1.60714281f};
   const int64_t M = 16, K = 16;
   uint8_t cfg[256];
-  configure_nv(ops, &host, cfg, (nv_opts){1, 0xD7E8, 0, 0, 0, 0});
+  configure_nv(ops, &host, cfg, (nv_opts){1, 0xD7E8, 0, 0, 0, 0, 0, 0});
   for (int d = 0; d < 2; d++) {
     hq_storage s;
     make_storage(ops, &host, cfg, &s, d ? HQ_COLWISE : HQ_ROWWISE, HQ_BOTH, M, K);
@@ -1739,7 +2000,7 @@ static void test_deq_factor_out(void **state) {
   hq_host_api host = hq_test_host();
   const hq_format_ops *ops = module_ops(&host);
   assert_true(ops->caps & HQ_CAP_DEQ_FACTOR);
-  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1}};
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0, 0, 0}, {1, 0xD7E8, 0, 0, 0, 1, 0, 0}};
   uint8_t cfg[256];
   for (size_t oi = 0; oi < sizeof opts / sizeof opts[0]; oi++)
     for (int empty = 0; empty < 2; empty++) {
@@ -1805,9 +2066,9 @@ static void test_tensor_factor_invariant(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
   const hq_format_ops *ops = module_ops(&host);
-  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 1},
-                                 {0, 0xD7E8, 0, 0, 1, 0}, {1, 0xD7E8, 1, 5, 0, 1},
-                                 {1, 0x1234, 0, 0, 0, 0}};
+  static const nv_opts opts[] = {{0, 0xD7E8, 0, 0, 0, 0, 0, 0}, {0, 0xD7E8, 0, 0, 0, 1, 0, 0},
+                                 {0, 0xD7E8, 0, 0, 1, 0, 0, 0}, {1, 0xD7E8, 1, 5, 0, 1, 0, 0},
+                                 {1, 0x1234, 0, 0, 0, 0, 0, 0}};
   const int64_t M = 144, K = 80;
   int64_t exact = 0, near = 0;
   uint8_t cfg[256];
@@ -1877,7 +2138,7 @@ static void test_emul_dtype_bf16(void **state) {
   const hq_format_ops *ops = module_ops(&host);
   const int64_t R = 128, C = 16; /* stored rows: one per scale code */
   uint8_t cfg[256];
-  configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0});
+  configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0, 0, 0});
   for (int d = 0; d < 2; d++) {
     const int64_t M = d ? C : R, K = d ? R : C;
     hq_storage s;
@@ -1963,7 +2224,7 @@ static void test_gemm_host(void **state) {
       assert_int_equal(sb->desc.transform, sa->desc.transform);
       hq_tensor ra = hq_test_empty(HQ_F32, A0, A1), rb = hq_test_empty(HQ_F32, B0, B1);
       uint8_t cfg[256];
-      configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0});
+      configure_nv(ops, &host, cfg, (nv_opts){0, 0xD7E8, 0, 0, 0, 0, 0, 0});
       DIRECT_OK(deq_flags(ops, cfg, &host, sa, &ra, HQ_CALL_DEQ_RAW));
       DIRECT_OK(deq_flags(ops, cfg, &host, sb, &rb, HQ_CALL_DEQ_RAW));
       const float fa = factor_of(ops, cfg, &host, sa), fb = factor_of(ops, cfg, &host, sb);
@@ -2061,6 +2322,11 @@ int main(void) {
       cmocka_unit_test(test_deq_factor_out),
       cmocka_unit_test(test_emul_dtype_bf16),
       cmocka_unit_test(test_gemm_host),
+      cmocka_unit_test(test_row_scaled_hand),
+      cmocka_unit_test(test_ue5m3_hand),
+      cmocka_unit_test(test_option_errors),
+      cmocka_unit_test(test_options_cross_instance),
+      cmocka_unit_test(test_row_scaled_gemm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

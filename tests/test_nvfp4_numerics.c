@@ -5,8 +5,9 @@
 ** (ties to the even code) and FORMATS.md 0.3's tie table, stochastic rounding against a
 ** double-precision statement of FORMATS.md 3.6's rule, the scale chain of FORMATS.md 3.3 computed
 ** by hand and in double precision, Philox4x32-10 against Random123's published known answers, the
-** RHT against the dense matrix diag(s) H16 / 4, and the scale layouts against an enumeration of
-** FORMATS.md 2.4's tile order.
+** RHT against the dense matrix diag(s) H16 / 4, the scale layouts against an enumeration of
+** FORMATS.md 2.4's tile order, and the UE5M3 scale codec (scale_dtype = ue5m3) code point by
+** code point against its bit fields and a nearest-code search.
 */
 #include <math.h>
 
@@ -404,6 +405,138 @@ static void test_block_scale_random_vs_double(void **state) {
                        e2m1_ref_encode(rf((double)x * ref_enc(sf, &r))));
     }
   }
+}
+
+/* --- UE5M3 (scale_dtype = ue5m3) ---------------------------------------------------------- */
+
+/* UE5M3 from its fields, by hand: 5 exponent bits (bias 15), 3 mantissa bits, no sign; e = 0
+   is subnormal m * 2^-17; 0xFF is the one NaN (no Inf: 0xF8..0xFE are finite). */
+static double ue5m3_ref(unsigned c) {
+  unsigned e = c >> 3, m = c & 7u;
+  return e ? ldexp(1.0 + m / 8.0, (int)e - 15) : ldexp((double)m, -17);
+}
+
+/* Nearest code by search over the 255 finite codes, ties to the even code, saturating at the
+   max; NaN -> 0xFF; x <= 0 -> 0. */
+static unsigned ue5m3_ref_encode(double x) {
+  if (isnan(x)) return 0xffu;
+  if (!(x > 0.0)) return 0u;
+  if (x > 114688.0) return 0xfeu;
+  unsigned best = 0;
+  double bd = INFINITY;
+  for (unsigned c = 0; c < 255; c++) {
+    double d = fabs(ue5m3_ref(c) - x);
+    if (d < bd || (d == bd && (c & 1u) == 0)) {
+      bd = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+static void test_ue5m3_decode_every_code(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 255; c++) assert_true((double)hq_ue5m3_to_f32((uint8_t)c) == ue5m3_ref(c));
+  assert_true(isnan(hq_ue5m3_to_f32(0xff)));
+  /* landmarks: max, the top binade finite, 1.0, the smallest normal and subnormal */
+  assert_true(hq_ue5m3_to_f32(0xfe) == 114688.0f && HQ_UE5M3_MAX == 114688.0f);
+  assert_true(hq_ue5m3_to_f32(0xf8) == 65536.0f);
+  assert_true(hq_ue5m3_to_f32(0x78) == 1.0f && HQ_NVFP4_UE5M3_ONE == 0x78);
+  assert_true(hq_ue5m3_to_f32(0x08) == ldexpf(1.0f, -14));
+  assert_true(hq_ue5m3_to_f32(0x01) == ldexpf(1.0f, -17));
+  assert_true(hq_ue5m3_to_f32(0x00) == 0.0f && !signbit(hq_ue5m3_to_f32(0x00)));
+}
+
+/* Every code, every midpoint between neighbours (ties to the even code) and the values either
+   side of it, the specials, and random inputs against the nearest-code search. */
+static void test_ue5m3_encode_exhaustive(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 255; c++) assert_int_equal(hq_f32_to_ue5m3((float)ue5m3_ref(c)), c);
+  for (unsigned c = 0; c < 254; c++) {
+    const float mid = (float)((ue5m3_ref(c) + ue5m3_ref(c + 1)) / 2.0); /* 5 bits: exact */
+    assert_true((double)mid == (ue5m3_ref(c) + ue5m3_ref(c + 1)) / 2.0);
+    assert_int_equal(hq_f32_to_ue5m3(mid), (c & 1u) ? c + 1 : c);
+    assert_int_equal(hq_f32_to_ue5m3(nextafterf(mid, 0.0f)), c);
+    assert_int_equal(hq_f32_to_ue5m3(nextafterf(mid, INFINITY)), c + 1);
+  }
+  assert_int_equal(hq_f32_to_ue5m3(118784.0f), 0xfe);     /* halfway to 2^17: saturates */
+  assert_int_equal(hq_f32_to_ue5m3(1e30f), 0xfe);
+  assert_int_equal(hq_f32_to_ue5m3(FLT_MAX), 0xfe);
+  assert_int_equal(hq_f32_to_ue5m3(INFINITY), 0xfe);
+  assert_int_equal(hq_f32_to_ue5m3(NAN), 0xff);
+  assert_int_equal(hq_f32_to_ue5m3(-NAN), 0xff);
+  assert_int_equal(hq_f32_to_ue5m3(-0.0f), 0x00);
+  assert_int_equal(hq_f32_to_ue5m3(-3.0f), 0x00);
+  assert_int_equal(hq_f32_to_ue5m3(-INFINITY), 0x00);
+  assert_int_equal(hq_f32_to_ue5m3(ldexpf(1.0f, -18)), 0x00);  /* tie 0 / 2^-17: even */
+  assert_int_equal(hq_f32_to_ue5m3(ldexpf(1.0f, -140)), 0x00); /* FP32 subnormal */
+  uint64_t s = 77;
+  for (int i = 0; i < 200000; i++) {
+    float x = ldexpf(fabsf(hq_test_uniform(&s)), (int)(hq_test_rand(&s) % 44) - 24);
+    assert_int_equal(hq_f32_to_ue5m3(x), ue5m3_ref_encode((double)x));
+  }
+}
+
+/* The rule chain with UE5M3 scales (TE's prototype: 448 -> 114688, so 2688 -> 688128), by
+   hand, and with no global scale. */
+static void test_ue5m3_rules_hand(void **state) {
+  (void)state;
+  const int U = HQ_NVFP4_SCALE_UE5M3;
+  assert_true(hq_nvfp4_global_range(U) == 688128.0f);
+  assert_int_equal(f_bits(hq_nvfp4_global_range_rcp(U)), 0x35c30c31u); /* RN(1/688128) */
+  assert_true(hq_nvfp4_global_encode_scale_k(688128.0f, U) == 1.0f);
+  assert_true(hq_nvfp4_global_encode_scale_k(0.0f, U) == 1.0f);
+  assert_true(hq_nvfp4_global_encode_scale_k(INFINITY, U) == 1.0f);
+  assert_true(hq_nvfp4_tensor_factor_k(688128.0f, U) == 1.0f);
+  /* the E4M3 instances are the _k functions of E4M3 */
+  assert_true(hq_nvfp4_global_encode_scale_k(10.0f, HQ_NVFP4_SCALE_E4M3) ==
+              hq_nvfp4_global_encode_scale(10.0f));
+  /* TE's test values: A = 12 gives S_enc = 688128 / 12 = 57344; m = RN(57344 * RN(1/6)) =
+     9557.334 (0x46155556); block amaxes 3 and 6 give 28672.002 and 57344.004, which UE5M3
+     rounds to 28672 = 1.75 * 2^14 (0xEE) and 57344 = 1.75 * 2^15 (0xF6), TE's expected
+     3 * 114688 / 12 and 6 * 114688 / 12. */
+  float se = hq_nvfp4_global_encode_scale_k(12.0f, U), sd = hq_nvfp4_global_decode_scale(se);
+  assert_true(se == 57344.0f);
+  float m = hq_nvfp4_block_scale_mult(se);
+  assert_int_equal(f_bits(m), 0x46155556u);
+  assert_int_equal(hq_nvfp4_block_scale_k(3.0f, m, U), 0xee);
+  assert_int_equal(hq_nvfp4_block_scale_k(6.0f, m, U), 0xf6);
+  assert_true(hq_ue5m3_to_f32(0xee) == 28672.0f && hq_ue5m3_to_f32(0xf6) == 57344.0f);
+  /* enc = RN(1 / RN(28672 * RN(1/57344))) = 1 / 0.5 = 2; x = 3 -> E2M1(6) = code 7; x = -1.3
+     -> -2.6 -> -3 (code 13) */
+  float enc = hq_nvfp4_encode_mult_k(0xee, sd, U);
+  assert_true(enc == 2.0f);
+  assert_int_equal(hq_nvfp4_quantize(3.0f, enc), 7);
+  assert_int_equal(hq_nvfp4_quantize(-1.3f, enc), 13);
+  /* decode: RN(RN(28672 * 12) * RN(1/688128)) = 0.5; code 7 -> 3 */
+  float dm = hq_nvfp4_decode_mult_k(0xee, 12.0f, U);
+  assert_true(dm == 0.5f);
+  assert_true(hq_nvfp4_dequantize(7, dm) == 3.0f);
+  /* the largest block amax 6 * 114688 = 688128 at S_enc = 1 takes the max code */
+  assert_int_equal(hq_nvfp4_block_scale_k(688128.0f, hq_nvfp4_block_scale_mult(1.0f), U), 0xfe);
+  assert_int_equal(hq_nvfp4_block_scale_k(INFINITY, hq_nvfp4_block_scale_mult(1.0f), U), 0xfe);
+  /* global_scale = none: S_enc = 1, m = RN(1/6). amax 6 -> RN(1.0000000298) = 1 -> 0x78,
+     enc 1; amax 1e-4 -> 1.6667e-5 = 2.18 * 2^-17 -> 0x02 (2^-16); amax 1e-5 -> 0.22 * 2^-17
+     -> 0 (enc FLT_MAX, dequantizes to 0); raw = dequantized = e2m1 * fp32(sf) */
+  m = hq_nvfp4_block_scale_mult(1.0f);
+  assert_int_equal(hq_nvfp4_block_scale_k(6.0f, m, U), 0x78);
+  assert_true(hq_nvfp4_encode_mult_k(0x78, 1.0f, U) == 1.0f);
+  assert_int_equal(hq_nvfp4_block_scale_k(1e-4f, m, U), 0x02);
+  assert_int_equal(hq_nvfp4_block_scale_k(1e-5f, m, U), 0x00);
+  assert_true(hq_nvfp4_encode_mult_k(0x00, 1.0f, U) == FLT_MAX);
+  assert_true(hq_nvfp4_raw_mult_k(0x02, U) == ldexpf(1.0f, -16));
+  assert_true(hq_nvfp4_dequantize(7, hq_nvfp4_raw_mult_k(0xfe, U)) == 688128.0f);
+}
+
+/* Every UE5M3 raw value e2m1 * fp32(sf) is exact in BF16 (desc.emul_dtype stays BF16). */
+static void test_ue5m3_raw_bf16_exact(void **state) {
+  (void)state;
+  for (unsigned c = 0; c < 255; c++)
+    for (unsigned q = 0; q < 16; q++) {
+      float v = hq_nvfp4_dequantize(q, hq_nvfp4_raw_mult_k((uint8_t)c, HQ_NVFP4_SCALE_UE5M3));
+      assert_true((double)v == e2m1_ref(q) * ue5m3_ref(c));
+      assert_true(hq_bf16_to_f32(hq_f32_to_bf16(v)) == v);
+    }
 }
 
 static void test_amax_nan_inf(void **state) {
@@ -844,6 +977,10 @@ int main(void) {
       cmocka_unit_test(test_zero_and_tiny_block),
       cmocka_unit_test(test_block_scale_random_vs_double),
       cmocka_unit_test(test_amax_nan_inf),
+      cmocka_unit_test(test_ue5m3_decode_every_code),
+      cmocka_unit_test(test_ue5m3_encode_exhaustive),
+      cmocka_unit_test(test_ue5m3_rules_hand),
+      cmocka_unit_test(test_ue5m3_raw_bf16_exact),
       cmocka_unit_test(test_philox_known_answers),
       cmocka_unit_test(test_philox_round_keys),
       cmocka_unit_test(test_sr_bits_mapping),

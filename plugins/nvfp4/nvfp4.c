@@ -121,7 +121,7 @@
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
 
-enum { OPT_RHT, OPT_SIGNS, OPT_SR, OPT_SEED, OPT_2D, OPT_SWIZZLE };
+enum { OPT_RHT, OPT_SIGNS, OPT_SR, OPT_SEED, OPT_2D, OPT_SWIZZLE, OPT_SCALE, OPT_GLOBAL };
 
 static const hq_option options[] = {
     [OPT_RHT] = {"rht", HQ_OPT_BOOL, "false",
@@ -143,6 +143,15 @@ static const hq_option options[] = {
     [OPT_SWIZZLE] = {"swizzle", HQ_OPT_BOOL, "false",
                      "block scales in cuBLAS's swizzled 128x4-tile layout (GEMM-ready)", NULL, 0,
                      -1},
+    /* the enum indices are HQ_NVFP4_SCALE_* and HQ_NVFP4_GLOBAL_* */
+    [OPT_SCALE] = {"scale_dtype", HQ_OPT_ENUM, "e4m3",
+                   "block scale type: e4m3 (max 448) or ue5m3 (unsigned E5M3, max 114688; TE's "
+                   "prototype)",
+                   "e4m3|ue5m3", 0, -1},
+    [OPT_GLOBAL] = {"global_scale", HQ_OPT_ENUM, "tensor",
+                    "FP32 global amax: one per direction (tensor), one per stored row (row: TE's "
+                    "row-scaled NVFP4), or none (ue5m3 only)",
+                    "tensor|row|none", 0, -1},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
 
@@ -154,6 +163,16 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   c->seed = (uint64_t)v[OPT_SEED].i;
   c->block_2d = (int)v[OPT_2D].i;
   c->swizzle = (int)v[OPT_SWIZZLE].i;
+  c->scale_kind = (int)v[OPT_SCALE].i;
+  c->global = (int)v[OPT_GLOBAL].i;
+  if (c->global == HQ_NVFP4_GLOBAL_NONE && c->scale_kind != HQ_NVFP4_SCALE_UE5M3)
+    return host->error(HQ_EINVAL, "nvfp4: global_scale = none needs scale_dtype = ue5m3 (E4M3 "
+                       "block scales span 2^-9 .. 448 and need the global scale to reach a "
+                       "tensor's range)");
+  if (c->global == HQ_NVFP4_GLOBAL_ROW && (c->rht || c->block_2d))
+    return host->error(HQ_EINVAL, "nvfp4: global_scale = row cannot be combined with %s = true "
+                       "(TE's row-scaled NVFP4 quantizes 1x16 blocks without the RHT)",
+                       c->rht ? "rht" : "block_2d");
   if (c->block_2d && (c->rht || c->sr))
     return host->error(HQ_EINVAL, "nvfp4: block_2d = true cannot be combined with %s = true "
                        "(2-D quantization makes the columnwise copy the nibble transpose of the "
@@ -162,11 +181,20 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
+/* Whether an instance (or a storage) uses one of the options the tuned CUDA kernels do not
+   take (scale_dtype = ue5m3, global_scale = row or none): on a device they run through the
+   option kernels (nvfp4_cuda_opt_*), and no native GEMM reads their scales. */
+static int opt_path(int scale_kind, int global) {
+  return scale_kind != HQ_NVFP4_SCALE_E4M3 || global != HQ_NVFP4_GLOBAL_TENSOR;
+}
+
 static uint64_t instance_caps(const void *cfgp) {
   const nvfp4_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR;
 #ifdef HQ_HAVE_CUDA
   caps |= HQ_CAP_CUDA; /* every option runs on CUDA */
+#else
+  (void)c;
 #endif
   if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
   return caps;
@@ -187,19 +215,29 @@ static const char *dir_name(uint32_t dir) {
   return dir == HQ_ROWWISE ? "rowwise" : dir == HQ_COLWISE ? "columnwise" : "(no direction)";
 }
 
+/* The scale buffer's dtype of a scale type. */
+static hq_dtype scale_dtype(int kind) {
+  return kind == HQ_NVFP4_SCALE_UE5M3 ? HQ_U8 : HQ_E4M3;
+}
+
 /* The descriptor fields this instance gives direction `dir` (all but struct_size). */
 static void instance_desc(const nvfp4_cfg *c, uint32_t dir, hq_operand_desc *d) {
   const int row = dir == HQ_ROWWISE, rht = !row && c->rht;
   d->elem = HQ_E2M1X2;
   d->order = row ? HQ_ORDER_MK : HQ_ORDER_KM;
-  d->scale_mode = HQ_SCALE_VEC16_UE4M3;
+  /* only E4M3 scales under one global amax are what cuBLASLt's VEC16_UE4M3 mode (and the fused
+     kernel) read; UE5M3 scales and per-row global scales are a scheme of this module alone */
+  d->scale_mode = opt_path(c->scale_kind, c->global) ? HQ_SCALE_OTHER : HQ_SCALE_VEC16_UE4M3;
   d->scale_layout = c->swizzle ? HQ_SCALE_LAYOUT_SWIZZLED : HQ_SCALE_LAYOUT_OUTER_MAJOR;
   d->block_m = c->block_2d || !row ? HQ_NVFP4_BLOCK : 1;
   d->block_k = c->block_2d || row ? HQ_NVFP4_BLOCK : 1;
   d->transform = rht ? HQ_TRANSFORM_RHT16 : HQ_TRANSFORM_NONE;
   d->transform_param = rht ? (uint64_t)c->rht_sign_mask : 0;
-  d->shard_rows = c->sr ? 0 : HQ_NVFP4_BLOCK;
-  d->emul_dtype = HQ_BF16; /* raw values e2m1 * sf: at most 6 significant bits, 2^-10 .. 2688 */
+  /* a per-column amax (global_scale = row, columnwise) spans every shard's rows */
+  d->shard_rows = c->sr || (!row && c->global == HQ_NVFP4_GLOBAL_ROW) ? 0 : HQ_NVFP4_BLOCK;
+  /* raw values e2m1 * sf: at most 6 significant bits, 2^-18 .. 688128 (BF16-exact); with
+     global_scale = row they carry their row's global decode scale too (F32) */
+  d->emul_dtype = c->global == HQ_NVFP4_GLOBAL_ROW ? HQ_F32 : HQ_BF16;
 }
 
 static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64_t cols,
@@ -219,36 +257,65 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   hq_buffer *b = hq_buffer_describe(out, NVFP4_DATA, row ? "data" : "columnwise_data",
                                     HQ_ROLE_DATA, HQ_E2M1X2, 2, R, C / 2);
   hq_buffer_gather(b, along_m, row ? 1 : 2); /* a columnwise byte holds two rows of M */
+  /* UE5M3 scale bytes have no hq_dtype of their own: u8 codes, read as UE5M3 (the scale
+     buffer's dtype is what tells a storage's scale type) */
   b = hq_buffer_describe(out, NVFP4_SCALE_INV, row ? "scale_inv" : "columnwise_scale_inv",
-                         HQ_ROLE_SCALE, HQ_E4M3, 2, hq_nvfp4_scale_rows(R),
+                         HQ_ROLE_SCALE, scale_dtype(c->scale_kind), 2, hq_nvfp4_scale_rows(R),
                          hq_nvfp4_scale_cols(C));
   if (!c->swizzle) hq_buffer_gather(b, along_m, row ? 1 : HQ_NVFP4_BLOCK);
-  b = hq_buffer_describe(out, NVFP4_AMAX, row ? "amax" : "columnwise_amax", HQ_ROLE_AMAX, HQ_F32,
-                         1, 1, 0);
-  hq_buffer_gather(b, HQ_GATHER_SAME, 1);
+  if (c->global == HQ_NVFP4_GLOBAL_TENSOR) {
+    b = hq_buffer_describe(out, NVFP4_AMAX, row ? "amax" : "columnwise_amax", HQ_ROLE_AMAX,
+                           HQ_F32, 1, 1, 0);
+    hq_buffer_gather(b, HQ_GATHER_SAME, 1);
+  } else if (c->global == HQ_NVFP4_GLOBAL_ROW) {
+    /* one amax per stored row: not the per-tensor AMAX role; rowwise shards own their rows */
+    b = hq_buffer_describe(out, NVFP4_AMAX, row ? "amax" : "columnwise_amax", HQ_ROLE_OTHER,
+                           HQ_F32, 1, R, 0);
+    if (row) hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
+  }
   instance_desc(c, dir, &out->desc);
   return HQ_OK;
 }
 
+/* A storage's options, read from its buffers (the storage describes itself): the scale type
+   from the scale buffer's dtype (e4m3, or u8 codes read as UE5M3), the global scale from its
+   amax buffer (none without one, [1] per tensor, [R] per stored row). */
+typedef struct nvfp4_mode {
+  int scale_kind, global;
+} nvfp4_mode;
+
 /* A storage must be an nvfp4 storage of direction `dir` for [M, K], with its buffers allocated
-   (never write or read out of bounds). */
+   (never write or read out of bounds); *mode (may be NULL) gets its options. */
 static int check_storage(const hq_host_api *host, const hq_storage *s, uint32_t dir, int64_t M,
-                         int64_t K) {
+                         int64_t K, nvfp4_mode *mode) {
   const int64_t R = dir == HQ_ROWWISE ? M : K, C = dir == HQ_ROWWISE ? K : M;
-  int ok = s && s->dir == dir && s->nbuf == NVFP4_NBUF && s->buf_size >= sizeof(hq_buffer) &&
-           s->rows == M && s->cols == K;
+  nvfp4_mode md = {HQ_NVFP4_SCALE_E4M3, HQ_NVFP4_GLOBAL_TENSOR};
+  int ok = s && s->dir == dir && (s->nbuf == NVFP4_NBUF || s->nbuf == NVFP4_NBUF - 1) &&
+           s->buf_size >= sizeof(hq_buffer) && s->rows == M && s->cols == K;
   if (ok) {
-    const hq_buffer *d = hq_storage_cbuf(s, NVFP4_DATA), *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV),
-                    *a = hq_storage_cbuf(s, NVFP4_AMAX);
+    const hq_buffer *d = hq_storage_cbuf(s, NVFP4_DATA), *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV);
+    md.scale_kind = sc->dtype == HQ_U8 ? HQ_NVFP4_SCALE_UE5M3 : HQ_NVFP4_SCALE_E4M3;
     ok = d->role == HQ_ROLE_DATA && d->dtype == HQ_E2M1X2 && d->bytes == (size_t)(R * (C / 2)) &&
-         sc->role == HQ_ROLE_SCALE && sc->dtype == HQ_E4M3 &&
-         sc->bytes == (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C)) &&
-         a->role == HQ_ROLE_AMAX && a->dtype == HQ_F32 && a->bytes == sizeof(float) && d->ptr &&
-         sc->ptr && a->ptr;
+         sc->role == HQ_ROLE_SCALE && (sc->dtype == HQ_E4M3 || sc->dtype == HQ_U8) &&
+         sc->bytes == (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C)) && d->ptr &&
+         sc->ptr;
+    if (ok && s->nbuf == NVFP4_NBUF) {
+      const hq_buffer *a = hq_storage_cbuf(s, NVFP4_AMAX);
+      md.global = a->bytes == sizeof(float) && a->role == HQ_ROLE_AMAX ? HQ_NVFP4_GLOBAL_TENSOR
+                                                                       : HQ_NVFP4_GLOBAL_ROW;
+      ok = a->dtype == HQ_F32 && a->ptr &&
+           (md.global == HQ_NVFP4_GLOBAL_TENSOR
+                ? 1
+                : a->role == HQ_ROLE_OTHER && a->bytes == (size_t)R * sizeof(float));
+    } else if (ok) {
+      md.global = HQ_NVFP4_GLOBAL_NONE;
+      ok = md.scale_kind == HQ_NVFP4_SCALE_UE5M3;
+    }
   }
   if (!ok)
     return host->error(HQ_EINVAL, "nvfp4: the %s storage does not match a [%lld, %lld] tensor",
                        dir_name(dir), (long long)M, (long long)K);
+  if (mode) *mode = md;
   return HQ_OK;
 }
 
@@ -259,6 +326,12 @@ static int check_made_here(const hq_host_api *host, const nvfp4_cfg *c, const hq
   memset(&want, 0, sizeof want);
   instance_desc(c, s->dir, &want);
   const hq_operand_desc *d = &s->desc;
+  nvfp4_mode md;
+  if (check_storage(host, s, s->dir, s->rows, s->cols, &md) || md.scale_kind != c->scale_kind ||
+      md.global != c->global)
+    return host->error(HQ_EINVAL, "nvfp4: the %s storage was not described by this instance "
+                       "(its scale type or global scale differs: another nvfp4 configuration "
+                       "made it)", dir_name(s->dir));
   if (d->elem != want.elem || d->order != want.order || d->scale_mode != want.scale_mode ||
       d->scale_layout != want.scale_layout || d->block_m != want.block_m ||
       d->block_k != want.block_k || d->transform != want.transform ||
@@ -336,22 +409,40 @@ static int scratch_take(const nvfp4_cfg *c, const hq_call *call, int64_t rows, i
 /* One direction being quantized. */
 typedef struct qdir {
   uint8_t *data, *scale;   /* NULL: the direction is not made by this call */
-  float *amax_out;
-  float amax;              /* the global amax A */
-  float m;                 /* RN(S_enc * RN(1/6)) */
-  float enc[256];          /* hq_nvfp4_encode_mult of every scale code, for this S_dec */
+  float *amax_out;         /* [1] (tensor), [R] (row: one per stored row), NULL (none) */
+  int kind, global;        /* HQ_NVFP4_SCALE_*, HQ_NVFP4_GLOBAL_* */
+  float amax;              /* the global amax A (tensor) */
+  float m;                 /* RN(S_enc * RN(1/6)) (tensor, none) */
+  float enc[256];          /* hq_nvfp4_encode_mult_k of every scale code, for this S_dec */
 } qdir;
 
-static void qdir_start(qdir *d, hq_storage *s, float amax) {
+/* The global scale of one stored row (global_scale = row), from its amax. */
+typedef struct rowscale {
+  float m, s_dec;
+} rowscale;
+static rowscale rowscale_of(float amax, int kind) {
+  const float s_enc = hq_nvfp4_global_encode_scale_k(amax, kind);
+  rowscale r = {hq_nvfp4_block_scale_mult(s_enc), hq_nvfp4_global_decode_scale(s_enc)};
+  return r;
+}
+
+static void qdir_start(qdir *d, const nvfp4_cfg *c, hq_storage *s, float amax) {
   hq_buffer *scale = hq_storage_buf(s, NVFP4_SCALE_INV);
   d->data = hq_storage_buf(s, NVFP4_DATA)->ptr;
   d->scale = scale->ptr;
-  d->amax_out = hq_storage_buf(s, NVFP4_AMAX)->ptr;
+  d->kind = c->scale_kind;
+  d->global = c->global;
+  d->amax_out = c->global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_buf(s, NVFP4_AMAX)->ptr;
   d->amax = amax;
-  float s_enc = hq_nvfp4_global_encode_scale(amax);
+  /* global_scale = none: S_enc = 1 (TE's quantizer given no amax) */
+  float s_enc = c->global == HQ_NVFP4_GLOBAL_NONE ? 1.0f
+                                                  : hq_nvfp4_global_encode_scale_k(amax, d->kind);
   float s_dec = hq_nvfp4_global_decode_scale(s_enc);
   d->m = hq_nvfp4_block_scale_mult(s_enc);
-  for (int c = 0; c < 256; c++) d->enc[c] = hq_nvfp4_encode_mult((uint8_t)c, s_dec);
+  if (c->global != HQ_NVFP4_GLOBAL_ROW)
+    for (int v = 0; v < 256; v++) d->enc[v] = hq_nvfp4_encode_mult_k((uint8_t)v, s_dec, d->kind);
+  else if (!(s->rows && s->cols) && hq_storage_buf(s, NVFP4_AMAX)->bytes)
+    memset(d->amax_out, 0, hq_storage_buf(s, NVFP4_AMAX)->bytes); /* no strip writes them */
   memset(d->scale, 0, scale->bytes); /* padding: deterministic zeros */
 }
 
@@ -402,6 +493,21 @@ static float input_amax(const hq_tensor *src, float *S, int64_t ld) {
     }
   }
   return m;
+}
+
+/* out[k] = max |x[i][k]| over the rows i (NaN ignored, Inf counted): the columnwise amaxes of
+   global_scale = row, one per column of x (a stored row of the transposed copy). */
+static void column_amaxes(const hq_tensor *src, float *S, int64_t ld, float *out) {
+  const int64_t K = src->cols;
+  for (int64_t k = 0; k < K; k++) out[k] = 0.0f;
+  for (int64_t r0 = 0; r0 < src->rows; r0 += HQ_NVFP4_BLOCK) {
+    load_rows(src, r0, HQ_NVFP4_BLOCK, S, ld);
+    for (int r = 0; r < HQ_NVFP4_BLOCK; r++)
+      for (int64_t k = 0; k < K; k++) {
+        uint32_t b = hq_abs_bits_nonan(S[r * ld + k]);
+        if (b > hq_f32_bits(out[k])) out[k] = hq_bits_f32(b);
+      }
+  }
 }
 
 /* Columns j0..j0+15 of a 16-row strip as 16 contiguous groups: T[16 * l + e] = element e (row
@@ -475,10 +581,16 @@ static inline void pack16(const float *g, float enc, const uint32_t *bits, uint8
 #endif
 }
 
-/* One 16-element block: its scale code (returned) and its 8 bytes. */
-static inline uint8_t encode_block(const float *g, const qdir *d, const uint32_t *bits,
-                                   uint8_t out[8]) {
-  uint8_t sf = hq_nvfp4_block_scale(hq_nvfp4_amax(g, 16), d->m);
+/* One 16-element block: its scale code (returned) and its 8 bytes. rs: its stored row's
+   global scale with global_scale = row, else NULL (the direction's). */
+static inline uint8_t encode_block(const float *g, const qdir *d, const rowscale *rs,
+                                   const uint32_t *bits, uint8_t out[8]) {
+  if (rs) {
+    uint8_t sf = hq_nvfp4_block_scale_k(hq_nvfp4_amax(g, 16), rs->m, d->kind);
+    pack16(g, hq_nvfp4_encode_mult_k(sf, rs->s_dec, d->kind), bits, out);
+    return sf;
+  }
+  uint8_t sf = hq_nvfp4_block_scale_k(hq_nvfp4_amax(g, 16), d->m, d->kind);
   pack16(g, d->enc[sf], bits, out);
   return sf;
 }
@@ -508,10 +620,16 @@ static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
   if (rd) {
     for (int e = 0; e < 16; e++) {
       const int64_t i = r0 + e;
+      rowscale rs, *rsp = NULL;
+      if (rd->global == HQ_NVFP4_GLOBAL_ROW) { /* row i's amax, kept in the storage */
+        rd->amax_out[i] = amax16(S + e * ld, K);
+        rs = rowscale_of(rd->amax_out[i], rd->kind);
+        rsp = &rs;
+      }
       if (sr) sr_bits_run(q, 0, (uint64_t)(i * (K / 16)), K / 16, bits);
       for (int64_t k = 0; k < K; k += 16)
         rd->scale[hq_nvfp4_row_scale_index(i, k, K, sw)] =
-            encode_block(S + e * ld + k, rd, sr ? bits[k / 16] : NULL,
+            encode_block(S + e * ld + k, rd, rsp, sr ? bits[k / 16] : NULL,
                          rd->data + hq_nvfp4_row_data_index(i, k, K));
     }
   }
@@ -531,9 +649,11 @@ static void strip_1d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
                            bits[l]);
       for (int l = 0; l < 16; l++) {
         const int64_t k = j0 + l;
+        rowscale rs; /* global_scale = row: column k's amax, from pass 1 */
+        if (cd->global == HQ_NVFP4_GLOBAL_ROW) rs = rowscale_of(cd->amax_out[k], cd->kind);
         cd->scale[hq_nvfp4_col_scale_index(r0, k, M, sw)] =
-            encode_block(T + 16 * l, cd, sr ? bits[l] : NULL,
-                         cd->data + hq_nvfp4_col_data_index(r0, k, M));
+            encode_block(T + 16 * l, cd, cd->global == HQ_NVFP4_GLOBAL_ROW ? &rs : NULL,
+                         sr ? bits[l] : NULL, cd->data + hq_nvfp4_col_data_index(r0, k, M));
       }
     }
   }
@@ -555,7 +675,7 @@ static void strip_2d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
     }
     uint8_t sf = 0;
     if (rd) {
-      sf = hq_nvfp4_block_scale(a, rd->m);
+      sf = hq_nvfp4_block_scale_k(a, rd->m, rd->kind);
       for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, rd->enc[sf], NULL, codes[e]);
       for (int e = 0; e < 16; e++) {
         memcpy(rd->data + hq_nvfp4_row_data_index(r0 + e, k0, K), codes[e], 8);
@@ -564,7 +684,7 @@ static void strip_2d(const qjob *q, const float *S, int64_t ld, int64_t r0, qdir
     }
     if (cd) {
       if (!share) {
-        sf = hq_nvfp4_block_scale(a, cd->m);
+        sf = hq_nvfp4_block_scale_k(a, cd->m, cd->kind);
         for (int e = 0; e < 16; e++) pack16(S + e * ld + k0, cd->enc[sf], NULL, codes[e]);
       }
       for (int t = 0; t < 16; t++) {
@@ -600,8 +720,11 @@ static void global_amaxes(const nvfp4_cfg *c, const hq_tensor *src, uint32_t dir
   a[1] = (dirs & HQ_COLWISE) ? (c->rht ? amax_t : amax_x) : 0.0f;
 }
 
+/* With global_scale = row or none no per-tensor amax enters the bytes (row: each stored row's
+   own amax, computed by quantize(); a caller's call->amax is not used). */
 static uint32_t amax_kind(const void *cfgp, uint32_t dir) {
   const nvfp4_cfg *c = cfgp;
+  if (c->global != HQ_NVFP4_GLOBAL_TENSOR) return HQ_AMAX_NONE;
   if (dir == HQ_ROWWISE) return HQ_AMAX_INPUT;
   if (dir == HQ_COLWISE) return c->rht ? HQ_AMAX_OWN : HQ_AMAX_INPUT;
   return HQ_AMAX_NONE;
@@ -616,6 +739,8 @@ static int amax_op(const void *cfgp, const hq_call *call, const hq_tensor *src, 
 #ifdef HQ_HAVE_CUDA
     int rc = check_src(h, src, "input");
     if (rc) return rc;
+    if (c->global != HQ_NVFP4_GLOBAL_TENSOR) /* amax_kind NONE: 0 */
+      return nvfp4_cuda_memset(call, out, 2 * sizeof(float));
     return nvfp4_cuda_amax(c, call, src, dirs & HQ_BOTH, out);
 #else
     return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); compute the "
@@ -624,7 +749,7 @@ static int amax_op(const void *cfgp, const hq_call *call, const hq_tensor *src, 
   }
   out[0] = out[1] = 0.0f;
   int rc = check_src(h, src, "input");
-  if (rc) return rc;
+  if (rc || c->global != HQ_NVFP4_GLOBAL_TENSOR) return rc; /* amax_kind NONE: 0 */
   float *S = NULL;
   rc = scratch_take(c, call, src->rows, src->cols, &S, NULL);
   if (rc) return rc;
@@ -643,25 +768,29 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 #endif
   int rc = check_src(h, src, "input");
   const int64_t M = src->rows, K = src->cols;
-  if (!rc && (dirs & HQ_ROWWISE)) rc = check_storage(h, row, HQ_ROWWISE, M, K);
+  if (!rc && (dirs & HQ_ROWWISE)) rc = check_storage(h, row, HQ_ROWWISE, M, K, NULL);
   if (!rc && (dirs & HQ_ROWWISE)) rc = check_made_here(h, c, row);
-  if (!rc && (dirs & HQ_COLWISE)) rc = check_storage(h, col, HQ_COLWISE, M, K);
+  if (!rc && (dirs & HQ_COLWISE)) rc = check_storage(h, col, HQ_COLWISE, M, K, NULL);
   if (!rc && (dirs & HQ_COLWISE)) rc = check_made_here(h, c, col);
   if (rc) return rc;
   if (!(dirs & HQ_BOTH)) return HQ_OK;
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
+    const int has_amax = c->global != HQ_NVFP4_GLOBAL_NONE;
     nvfp4_dev_dir dr, dc;
     if (dirs & HQ_ROWWISE) {
       dr.data = hq_storage_buf(row, NVFP4_DATA)->ptr;
       dr.scale = hq_storage_buf(row, NVFP4_SCALE_INV)->ptr;
-      dr.amax = hq_storage_buf(row, NVFP4_AMAX)->ptr;
+      dr.amax = has_amax ? hq_storage_buf(row, NVFP4_AMAX)->ptr : NULL;
     }
     if (dirs & HQ_COLWISE) {
       dc.data = hq_storage_buf(col, NVFP4_DATA)->ptr;
       dc.scale = hq_storage_buf(col, NVFP4_SCALE_INV)->ptr;
-      dc.amax = hq_storage_buf(col, NVFP4_AMAX)->ptr;
+      dc.amax = has_amax ? hq_storage_buf(col, NVFP4_AMAX)->ptr : NULL;
     }
+    if (opt_path(c->scale_kind, c->global))
+      return nvfp4_cuda_opt_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
+                                     (dirs & HQ_COLWISE) ? &dc : NULL);
     return nvfp4_cuda_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
                                (dirs & HQ_COLWISE) ? &dc : NULL);
   }
@@ -674,9 +803,14 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   rc = scratch_take(c, call, M, K, &S, &bits);
   if (rc) return rc;
   /* pass 1: the global amaxes, unless the call brings them */
-  float a[2];
+  float a[2] = {0.0f, 0.0f};
   uint16_t *cache = NULL; /* optional: without it the quantize pass transforms again */
-  if (call->amax) {
+  if (c->global != HQ_NVFP4_GLOBAL_TENSOR) {
+    /* row: the rowwise amaxes come with the strips; the columnwise ones (one per column of x)
+       need every row first */
+    if (S && (dirs & HQ_COLWISE) && c->global == HQ_NVFP4_GLOBAL_ROW)
+      column_amaxes(src, S, ld, hq_storage_buf(col, NVFP4_AMAX)->ptr);
+  } else if (call->amax) {
     a[0] = (dirs & HQ_ROWWISE) ? call->amax[0] : 0.0f;
     a[1] = (dirs & HQ_COLWISE) ? call->amax[1] : 0.0f;
   } else {
@@ -686,8 +820,8 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     q.rht_cache = cache;
   }
   qdir rd, cd;
-  if (dirs & HQ_ROWWISE) qdir_start(&rd, row, a[0]);
-  if (dirs & HQ_COLWISE) qdir_start(&cd, col, a[1]);
+  if (dirs & HQ_ROWWISE) qdir_start(&rd, c, row, a[0]);
+  if (dirs & HQ_COLWISE) qdir_start(&cd, c, col, a[1]);
   qdir *rp = (dirs & HQ_ROWWISE) ? &rd : NULL, *cp = (dirs & HQ_COLWISE) ? &cd : NULL;
   /* pass 2: 16-row strips */
   for (int64_t r0 = 0; S && r0 < M; r0 += 16) {
@@ -695,8 +829,8 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     if (c->block_2d) strip_2d(&q, S, ld, r0, rp, cp);
     else strip_1d(&q, S, ld, r0, rp, cp, bits);
   }
-  if (rp) *rp->amax_out = rp->amax;
-  if (cp) *cp->amax_out = cp->amax;
+  if (rp && c->global == HQ_NVFP4_GLOBAL_TENSOR) *rp->amax_out = rp->amax;
+  if (cp && c->global == HQ_NVFP4_GLOBAL_TENSOR) *cp->amax_out = cp->amax;
   if (cache) h->free(call, cache);
   return HQ_OK;
 }
@@ -705,14 +839,16 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 
 /* What dequantize needs from a storage's descriptor: the scale layout and the transform. Any
    descriptor an nvfp4 instance makes for that direction is accepted, nothing else. */
-static int read_desc(const hq_host_api *h, const hq_storage *s, int *swizzle, uint32_t *rht_mask,
-                     int *rht) {
+static int read_desc(const hq_host_api *h, const hq_storage *s, const nvfp4_mode *md,
+                     int *swizzle, uint32_t *rht_mask, int *rht) {
   const hq_operand_desc *d = &s->desc;
   const int row = s->dir == HQ_ROWWISE;
   const char *dn = dir_name(s->dir);
-  if (d->elem != HQ_E2M1X2 || d->scale_mode != HQ_SCALE_VEC16_UE4M3)
-    return h->error(HQ_EINVAL, "nvfp4: the %s storage is not NVFP4 (desc.elem = %d, "
-                    "desc.scale_mode = %u)", dn, (int)d->elem, d->scale_mode);
+  const uint32_t mode = opt_path(md->scale_kind, md->global) ? HQ_SCALE_OTHER
+                                                             : HQ_SCALE_VEC16_UE4M3;
+  if (d->elem != HQ_E2M1X2 || d->scale_mode != mode)
+    return h->error(HQ_EINVAL, "nvfp4: the %s storage is not NVFP4 with its buffers' scales "
+                    "(desc.elem = %d, desc.scale_mode = %u)", dn, (int)d->elem, d->scale_mode);
   if (d->order != (row ? HQ_ORDER_MK : HQ_ORDER_KM))
     return h->error(HQ_ENOTSUP, "nvfp4: a %s storage with desc.order = %u is not supported (the "
                     "%s copy is stored %s)", dn, d->order, dn, row ? "[M, K]" : "transposed");
@@ -752,10 +888,11 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const uint32_t dir = s ? s->dir : 0;
   if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
     return h->error(HQ_EINVAL, "nvfp4: dequantize of a storage without a direction");
-  rc = check_storage(h, s, dir, M, K);
+  nvfp4_mode md;
+  rc = check_storage(h, s, dir, M, K, &md);
   int sw = 0, rht = 0;
   uint32_t mask = 0;
-  if (!rc) rc = read_desc(h, s, &sw, &mask, &rht);
+  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
   if (rc) return rc;
   /* raw (HQ_CALL_DEQ_RAW): e2m1 * sf, without the global amax and, for an RHT copy, left in
      the transformed domain (no inverse transform) */
@@ -766,21 +903,41 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the chain's value */
   float *fout = hq_call_factor_out(call);
 #ifdef HQ_HAVE_CUDA
-  if (call->device != HQ_DEVICE_HOST)
+  if (call->device != HQ_DEVICE_HOST) {
+    if (opt_path(md.scale_kind, md.global))
+      return nvfp4_cuda_opt_dequantize(
+          call, q, sc,
+          md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+          md.scale_kind, md.global, dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout,
+          call->factor_in, call->factor_mul);
     return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
                                  dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout, call->factor_in,
                                  call->factor_mul);
+  }
 #endif
-  const float amax = *(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW;
+  /* tensor: the direction's amax; row: one per stored row (amaxes[r]); none: no amax, the
+     decode multiplier is fp32(sf), raw or not */
+  const float *amaxes = md.global == HQ_NVFP4_GLOBAL_NONE
+                            ? NULL : (const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  const float amax = md.global == HQ_NVFP4_GLOBAL_TENSOR ? amaxes[0] : 0.0f;
   if (fout)
     *fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
-                      hq_nvfp4_tensor_factor(amax));
+                      md.global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(amax, kind)
+                                                          : 1.0f);
   const int t = dst->dtype;
+  /* the multiplier of each scale code for a tensor-wide amax (per_row: per stored row r, made
+     by row_decode); raw values keep the per-row factor (they are a row-scaled storage's
+     operand: the emulated GEMM multiplies them as they are, in F32) */
   float dec[256];
-  for (int v = 0; v < 256; v++)
-    dec[v] = raw ? hq_nvfp4_raw_mult((uint8_t)v) : hq_nvfp4_decode_mult((uint8_t)v, amax);
+  if (!per_row)
+    for (int v = 0; v < 256; v++)
+      dec[v] = raw || !amaxes ? hq_nvfp4_raw_mult_k((uint8_t)v, kind)
+                              : hq_nvfp4_decode_mult_k((uint8_t)v, amax, kind);
   if (dir == HQ_ROWWISE) {
     for (int64_t i = 0; i < M; i++) {
+      if (per_row)
+        for (int v = 0; v < 256; v++) dec[v] = hq_nvfp4_decode_mult_k((uint8_t)v, amaxes[i], kind);
       for (int64_t k = 0; k < K; k += 16) {
         const float dm = dec[sc[hq_nvfp4_row_scale_index(i, k, K, sw)]];
         const uint8_t *p = q + hq_nvfp4_row_data_index(i, k, K);
@@ -794,7 +951,8 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
        is transformed back with the signs its descriptor names. */
     for (int64_t i0 = 0; i0 < M; i0 += 16) {
       for (int64_t k = 0; k < K; k++) {
-        const float dm = dec[sc[hq_nvfp4_col_scale_index(i0, k, M, sw)]];
+        const uint8_t sk = sc[hq_nvfp4_col_scale_index(i0, k, M, sw)];
+        const float dm = per_row ? hq_nvfp4_decode_mult_k(sk, amaxes[k], kind) : dec[sk];
         const uint8_t *p = q + hq_nvfp4_col_data_index(i0, k, M);
         float g[16];
         for (int e = 0; e < 16; e++)
@@ -821,19 +979,27 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
     return h->error(HQ_EINVAL, "nvfp4: tensor_factor of a storage without a direction");
   int sw = 0, rht = 0;
   uint32_t mask = 0;
-  int rc = check_storage(h, s, dir, s->rows, s->cols);
-  if (!rc) rc = read_desc(h, s, &sw, &mask, &rht);
+  nvfp4_mode md;
+  int rc = check_storage(h, s, dir, s->rows, s->cols, &md);
+  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
   if (rc) return rc;
-  const float *amax = hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    return nvfp4_cuda_tensor_factors(call, amax, NULL, out);
+    if (opt_path(md.scale_kind, md.global))
+      return nvfp4_cuda_opt_factor(
+          call, md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+          md.scale_kind, md.global, out);
+    return nvfp4_cuda_tensor_factors(call, hq_storage_cbuf(s, NVFP4_AMAX)->ptr, NULL, out);
 #else
     return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); tensor_factor "
                     "on a host context");
 #endif
   }
-  *out = hq_nvfp4_tensor_factor(*amax);
+  /* row: each raw value carries its row's factor already; none: there is no global scale */
+  *out = md.global == HQ_NVFP4_GLOBAL_TENSOR
+             ? hq_nvfp4_tensor_factor_k(*(const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+                                        md.scale_kind)
+             : 1.0f;
   return HQ_OK;
 }
 

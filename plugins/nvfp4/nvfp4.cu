@@ -1848,6 +1848,25 @@ int zero_padding(const hq_call *call, uint8_t *scale, int64_t R, int64_t C) {
   return HQ_OK;
 }
 
+/* Pass 1 of a per-tensor quantize: the amax buffers given (NULL: not made) zeroed, then the
+   amax pass accumulates max |x| into ramax and into camax (the RHT values' with rht). */
+int amax_pass(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src, float *ramax,
+              float *camax) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (ramax) CHECK_CUDA(call, cudaMemsetAsync(ramax, 0, sizeof(float), stream));
+  if (camax) CHECK_CUDA(call, cudaMemsetAsync(camax, 0, sizeof(float), stream));
+  AmaxArgs am;
+  am.x = src->data;
+  am.M = src->rows;
+  am.K = src->cols;
+  am.vec = aligned(src->data, 16);
+  am.x0 = ramax;
+  am.x1 = camax && !cfg->rht ? camax : NULL;
+  am.t = camax && cfg->rht ? camax : NULL;
+  am.mask = cfg->rht_sign_mask;
+  return amax_dispatch(call, src->dtype, am);
+}
+
 } // namespace
 
 extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
@@ -1900,18 +1919,7 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   }
   if (!given) {
     /* pass 1: the global amaxes, accumulated in the storages' own amax buffers */
-    if (row) CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
-    if (col) CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
-    AmaxArgs am;
-    am.x = src->data;
-    am.M = M;
-    am.K = K;
-    am.vec = aligned(src->data, 16);
-    am.x0 = row ? row->amax : NULL;
-    am.x1 = col && !cfg->rht ? col->amax : NULL;
-    am.t = col && cfg->rht ? col->amax : NULL;
-    am.mask = cfg->rht_sign_mask;
-    rc = amax_dispatch(call, src->dtype, am);
+    rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL);
     if (rc) return rc;
   }
   QArgs a;
@@ -1995,5 +2003,332 @@ extern "C" int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0
 
 extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {
   CHECK_CUDA(call, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)call->stream));
+  return HQ_OK;
+}
+
+// --- scale_dtype = ue5m3, global_scale = row / none ----------------------------------------------
+/*
+** The options the tuned kernels above do not take run through these kernels: one thread per
+** 16-element block, each step the rule function of nvfp4_rules.h that the CPU reference calls
+** (hq_nvfp4_*_k with the scale type, the stored row's amax for global_scale = row, S_enc = 1
+** for none), so the bytes are the reference's by construction. Rowwise blocks: thread (i, b),
+** adjacent threads adjacent blocks of a row; columnwise: thread (k, g), adjacent threads
+** adjacent columns k, so that each of the 16 loads of a warp is one coalesced row segment. The
+** global amaxes: global_scale = tensor takes the amax pass of the tuned path (amax_dispatch),
+** row the two kernels below (one warp per row; one thread per column). Not tuned further.
+*/
+namespace {
+
+struct OArgs {
+  const void *x;
+  int dt;
+  int64_t M, K;
+  uint8_t *data, *scale; /* the direction being written */
+  const float *amax;     /* tensor: [1]; row: one per stored row; none: NULL */
+  int kind, global, b2d, swz, sr, rht;
+  uint32_t mask;
+  uint64_t seed, offset;
+};
+
+/* out[i] = max |x[i][k]| over row i (NaN ignored), one warp per row. */
+__global__ void opt_row_amax_kernel(const void *x, int dt, int64_t M, int64_t K, float *out) {
+  const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (i >= M) return;
+  uint32_t mx = 0;
+  for (int64_t k = lane; k < K; k += 32) {
+    const uint32_t b = hq_abs_bits_nonan(hq_load_hp(x, i * K + k, dt));
+    mx = b > mx ? b : mx;
+  }
+  for (int o = 16; o; o >>= 1) {
+    const uint32_t b = __shfl_xor_sync(0xffffffffu, mx, o);
+    mx = b > mx ? b : mx;
+  }
+  if (lane == 0) out[i] = hq_bits_f32(mx);
+}
+
+/* out[k] = max |x[i][k]| over column k (NaN ignored), one thread per column. */
+__global__ void opt_col_amax_kernel(const void *x, int dt, int64_t M, int64_t K, float *out) {
+  const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= K) return;
+  uint32_t mx = 0;
+  for (int64_t i = 0; i < M; i++) {
+    const uint32_t b = hq_abs_bits_nonan(hq_load_hp(x, i * K + k, dt));
+    mx = b > mx ? b : mx;
+  }
+  out[k] = hq_bits_f32(mx);
+}
+
+/* The block multiplier m and the decode scale of a block whose stored row is r. */
+__device__ __forceinline__ void opt_globals(const OArgs &a, int64_t r, float *m, float *s_dec) {
+  float s_enc = 1.0f; /* global_scale = none */
+  if (a.global == HQ_NVFP4_GLOBAL_TENSOR) s_enc = hq_nvfp4_global_encode_scale_k(a.amax[0], a.kind);
+  if (a.global == HQ_NVFP4_GLOBAL_ROW) s_enc = hq_nvfp4_global_encode_scale_k(a.amax[r], a.kind);
+  *m = hq_nvfp4_block_scale_mult(s_enc);
+  *s_dec = hq_nvfp4_global_decode_scale(s_enc);
+}
+
+/* Encode 16 values v (block amax ba) of stored row r into out[8], returning the scale code;
+   block: the block's index for stochastic rounding, colwise its direction bit. */
+__device__ __forceinline__ uint8_t opt_encode(const OArgs &a, const float v[16], float ba,
+                                              int64_t r, uint64_t block, uint32_t colwise,
+                                              uint8_t out[8]) {
+  float m, s_dec;
+  opt_globals(a, r, &m, &s_dec);
+  const uint8_t sf = hq_nvfp4_block_scale_k(ba, m, a.kind);
+  const float enc = hq_nvfp4_encode_mult_k(sf, s_dec, a.kind);
+  uint32_t bits[4] = {0, 0, 0, 0};
+  if (a.sr) hq_nvfp4_sr_bits(a.seed, a.offset, colwise, block, bits);
+  for (int j = 0; j < 8; j++) {
+    uint32_t c0, c1;
+    if (a.sr) {
+      c0 = hq_nvfp4_quantize_sr(v[2 * j], enc, hq_nvfp4_sr_byte(bits, 2 * j));
+      c1 = hq_nvfp4_quantize_sr(v[2 * j + 1], enc, hq_nvfp4_sr_byte(bits, 2 * j + 1));
+    } else {
+      c0 = hq_nvfp4_quantize(v[2 * j], enc);
+      c1 = hq_nvfp4_quantize(v[2 * j + 1], enc);
+    }
+    out[j] = (uint8_t)(c0 | c1 << 4);
+  }
+  return sf;
+}
+
+/* The 16x16 tile amax of block_2d: rows r0.., columns c0.. of x. */
+__device__ __forceinline__ float opt_tile_amax(const OArgs &a, int64_t r0, int64_t c0) {
+  float t = 0.0f;
+  for (int e = 0; e < 16; e++) {
+    float v[16];
+    for (int l = 0; l < 16; l++) v[l] = hq_load_hp(a.x, (r0 + e) * a.K + c0 + l, a.dt);
+    const float b = hq_nvfp4_amax(v, 16);
+    t = b > t ? b : t;
+  }
+  return t;
+}
+
+__global__ void opt_quant_rows_kernel(OArgs a) {
+  const int64_t nb = a.K / 16, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= a.M * nb) return;
+  const int64_t i = t / nb, k0 = (t % nb) * 16;
+  float v[16];
+  for (int e = 0; e < 16; e++) v[e] = hq_load_hp(a.x, i * a.K + k0 + e, a.dt);
+  const float ba = a.b2d ? opt_tile_amax(a, i / 16 * 16, k0) : hq_nvfp4_amax(v, 16);
+  uint8_t out[8];
+  a.scale[hq_nvfp4_row_scale_index(i, k0, a.K, a.swz)] =
+      opt_encode(a, v, ba, i, (uint64_t)t, 0, out);
+  uint8_t *d = a.data + hq_nvfp4_row_data_index(i, k0, a.K);
+  for (int j = 0; j < 8; j++) d[j] = out[j];
+}
+
+__global__ void opt_quant_cols_kernel(OArgs a) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= a.K * (a.M / 16)) return;
+  const int64_t k = t % a.K, i0 = (t / a.K) * 16;
+  float v[16];
+  for (int e = 0; e < 16; e++) v[e] = hq_load_hp(a.x, (i0 + e) * a.K + k, a.dt);
+  if (a.rht) hq_nvfp4_rht16(v, a.mask);
+  const float ba = a.b2d ? opt_tile_amax(a, i0, k / 16 * 16) : hq_nvfp4_amax(v, 16);
+  uint8_t out[8];
+  a.scale[hq_nvfp4_col_scale_index(i0, k, a.M, a.swz)] =
+      opt_encode(a, v, ba, k, (uint64_t)(k * (a.M / 16) + i0 / 16), 1, out);
+  uint8_t *d = a.data + hq_nvfp4_col_data_index(i0, k, a.M);
+  for (int j = 0; j < 8; j++) d[j] = out[j];
+}
+
+struct ODArgs {
+  const uint8_t *q, *scale;
+  const float *amax;
+  int kind, global, colwise, swz, rht, raw;
+  uint32_t mask;
+  void *dst;
+  int dt;
+  int64_t M, K;
+  float *fout;
+  const float *fin;
+  float fmul;
+};
+
+/* The decode multiplier of scale code sf in stored row r (raw values of a per-tensor or
+   scale-less storage: fp32(sf); of a row-scaled one: with the row's factor, as dequantize). */
+__device__ __forceinline__ float opt_dm(const ODArgs &a, uint8_t sf, int64_t r) {
+  if (a.global == HQ_NVFP4_GLOBAL_ROW) return hq_nvfp4_decode_mult_k(sf, a.amax[r], a.kind);
+  if (a.raw || a.global == HQ_NVFP4_GLOBAL_NONE) return hq_nvfp4_raw_mult_k(sf, a.kind);
+  return hq_nvfp4_decode_mult_k(sf, a.amax[0], a.kind);
+}
+
+__device__ __forceinline__ void opt_write_factor(const ODArgs &a) {
+  if (a.fout)
+    *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, a.global == HQ_NVFP4_GLOBAL_TENSOR
+                                                     ? hq_nvfp4_tensor_factor_k(a.amax[0], a.kind)
+                                                     : 1.0f);
+}
+
+__global__ void opt_factor_kernel(ODArgs a) { opt_write_factor(a); }
+
+__global__ void opt_deq_kernel(ODArgs a) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t == 0) opt_write_factor(a);
+  if (!a.colwise) {
+    const int64_t nb = a.K / 16;
+    if (t >= a.M * nb) return;
+    const int64_t i = t / nb, k0 = (t % nb) * 16;
+    const float dm = opt_dm(a, a.scale[hq_nvfp4_row_scale_index(i, k0, a.K, a.swz)], i);
+    const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k0, a.K);
+    for (int e = 0; e < 16; e++)
+      hq_store_hp(a.dst, i * a.K + k0 + e, a.dt,
+                  hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
+    return;
+  }
+  if (t >= a.K * (a.M / 16)) return;
+  const int64_t k = t % a.K, i0 = (t / a.K) * 16;
+  const float dm = opt_dm(a, a.scale[hq_nvfp4_col_scale_index(i0, k, a.M, a.swz)], k);
+  const uint8_t *p = a.q + hq_nvfp4_col_data_index(i0, k, a.M);
+  float g[16];
+  for (int e = 0; e < 16; e++)
+    g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
+  if (a.rht) hq_nvfp4_rht16_inverse(g, a.mask);
+  for (int e = 0; e < 16; e++) hq_store_hp(a.dst, (i0 + e) * a.K + k, a.dt, g[e]);
+}
+
+__global__ void opt_tensor_factor_kernel(const float *amax, int kind, int global, float *out) {
+  *out = global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(*amax, kind) : 1.0f;
+}
+
+constexpr int kOptThreads = 256;
+
+int opt_grid(const hq_call *call, int64_t n, unsigned *grid) {
+  const int64_t g = (n + kOptThreads - 1) / kOptThreads;
+  if (g > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: %lld blocks exceed the grid limit",
+                             (long long)n);
+  *grid = (unsigned)g;
+  return HQ_OK;
+}
+
+/* One direction: its global amaxes (row: the kernels above), then its blocks. */
+int opt_direction(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                  const nvfp4_dev_dir *d, int colwise) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = src->rows, K = src->cols, R = colwise ? K : M;
+  unsigned grid = 0;
+  int rc;
+  if (cfg->global == HQ_NVFP4_GLOBAL_ROW) {
+    CHECK_CUDA(call, cudaMemsetAsync(d->amax, 0, (size_t)R * sizeof(float), stream));
+    if (M == 0 || K == 0) return HQ_OK;
+    if (colwise) {
+      if ((rc = opt_grid(call, K, &grid))) return rc;
+      opt_col_amax_kernel<<<grid, kOptThreads, 0, stream>>>(src->data, src->dtype, M, K,
+                                                             d->amax);
+    } else {
+      if ((rc = opt_grid(call, M * 32, &grid))) return rc;
+      opt_row_amax_kernel<<<grid, kOptThreads, 0, stream>>>(src->data, src->dtype, M, K,
+                                                             d->amax);
+    }
+    CHECK_LAUNCH(call, "nvfp4 row amax kernel");
+  }
+  if (M == 0 || K == 0) return HQ_OK;
+  OArgs a;
+  a.x = src->data;
+  a.dt = src->dtype;
+  a.M = M;
+  a.K = K;
+  a.data = d->data;
+  a.scale = d->scale;
+  a.amax = d->amax;
+  a.kind = cfg->scale_kind;
+  a.global = cfg->global;
+  a.b2d = cfg->block_2d;
+  a.swz = cfg->swizzle;
+  a.sr = cfg->sr;
+  a.rht = colwise && cfg->rht;
+  a.mask = cfg->rht_sign_mask;
+  a.seed = cfg->seed ? cfg->seed : call->seed;
+  a.offset = call->offset;
+  if ((rc = opt_grid(call, M * (K / 16), &grid))) return rc;
+  if (colwise) opt_quant_cols_kernel<<<grid, kOptThreads, 0, stream>>>(a);
+  else opt_quant_rows_kernel<<<grid, kOptThreads, 0, stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 option quantize kernel");
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int nvfp4_cuda_opt_quantize(const nvfp4_cfg *cfg, const hq_call *call,
+                                       const hq_tensor *src, const nvfp4_dev_dir *row,
+                                       const nvfp4_dev_dir *col) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = src->rows, K = src->cols;
+  int rc;
+  /* every scale entry is written as zero first: the kernels write the logical ones */
+  if (row)
+    CHECK_CUDA(call, cudaMemsetAsync(row->scale, 0, (size_t)(hq_nvfp4_scale_rows(M) *
+                                                             hq_nvfp4_scale_cols(K)), stream));
+  if (col)
+    CHECK_CUDA(call, cudaMemsetAsync(col->scale, 0, (size_t)(hq_nvfp4_scale_rows(K) *
+                                                             hq_nvfp4_scale_cols(M)), stream));
+  if (cfg->global == HQ_NVFP4_GLOBAL_TENSOR) {
+    /* the per-tensor amaxes: given, or the tuned path's amax pass into the amax buffers */
+    const float *given = call->amax;
+    if (given) {
+      if (row)
+        CHECK_CUDA(call, cudaMemcpyAsync(row->amax, given, sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+      if (col)
+        CHECK_CUDA(call, cudaMemcpyAsync(col->amax, given + 1, sizeof(float),
+                                         cudaMemcpyDeviceToDevice, stream));
+    } else if (M > 0 && K > 0) {
+      if ((rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL)))
+        return rc;
+    } else {
+      if (row) CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
+      if (col) CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
+    }
+  }
+  if (row && (rc = opt_direction(cfg, call, src, row, 0))) return rc;
+  if (col && (rc = opt_direction(cfg, call, src, col, 1))) return rc;
+  return HQ_OK;
+}
+
+extern "C" int nvfp4_cuda_opt_dequantize(const hq_call *call, const uint8_t *q,
+                                         const uint8_t *scale, const float *amax, int kind,
+                                         int global, int colwise, int swizzle, int rht,
+                                         uint32_t mask, int raw, hq_tensor *dst, float *fout,
+                                         const float *fin, float fmul) {
+  ODArgs a;
+  a.q = q;
+  a.scale = scale;
+  a.amax = amax;
+  a.kind = kind;
+  a.global = global;
+  a.colwise = colwise;
+  a.swz = swizzle;
+  a.rht = rht && !raw; /* a raw RHT copy stays in the transformed domain */
+  a.raw = raw;
+  a.mask = mask;
+  a.dst = dst->data;
+  a.dt = dst->dtype;
+  a.M = dst->rows;
+  a.K = dst->cols;
+  a.fout = raw ? fout : NULL;
+  a.fin = fin;
+  a.fmul = fmul;
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (a.M == 0 || a.K == 0) {
+    if (!a.fout) return HQ_OK;
+    opt_factor_kernel<<<1, 1, 0, stream>>>(a);
+    CHECK_LAUNCH(call, "nvfp4 factor kernel");
+    return HQ_OK;
+  }
+  unsigned grid = 0;
+  int rc = opt_grid(call, a.M * (a.K / 16), &grid);
+  if (rc) return rc;
+  opt_deq_kernel<<<grid, kOptThreads, 0, stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 option dequantize kernel");
+  return HQ_OK;
+}
+
+extern "C" int nvfp4_cuda_opt_factor(const hq_call *call, const float *amax, int kind, int global,
+                                     float *out) {
+  opt_tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax, kind, global, out);
+  CHECK_LAUNCH(call, "nvfp4 tensor factor kernel");
   return HQ_OK;
 }

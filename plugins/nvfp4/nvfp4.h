@@ -24,9 +24,12 @@ typedef struct nvfp4_cfg {
   uint64_t seed;           /* 0: the context's seed (hq_call.seed) */
   int block_2d;            /* 16x16 tiles, one scale per tile */
   int swizzle;             /* scales in the cuBLAS swizzled layout (docs/formats.md) */
+  int scale_kind;          /* HQ_NVFP4_SCALE_E4M3 / _UE5M3 (option scale_dtype) */
+  int global;              /* HQ_NVFP4_GLOBAL_TENSOR / _ROW / _NONE (option global_scale) */
 } nvfp4_cfg;
 
-/* Buffer indices, both storages (save order): data, scale_inv, amax. hq_storage.meta is not
+/* Buffer indices, both storages (save order): data, scale_inv, amax (absent with
+   global_scale = none: NVFP4_NBUF - 1 buffers; [R] per stored row with global_scale = row). hq_storage.meta is not
    used (left zero): desc.scale_layout, desc.block_m/block_k and desc.transform/transform_param
    hold what it used to. */
 enum { NVFP4_DATA = 0, NVFP4_SCALE_INV = 1, NVFP4_AMAX = 2, NVFP4_NBUF = 3 };
@@ -59,6 +62,19 @@ int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *
    hq_nvfp4_tensor_factor(*amax1): device memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0, const float *amax1,
                               float *out);
+/* The options the tuned kernels do not take (scale_dtype = ue5m3, global_scale = row / none):
+   one thread per block through the rule functions (nvfp4.cu, last section). quantize: the
+   amax buffers ([1] per tensor: given or computed; [R] per stored row; none) and both
+   directions' bytes. dequantize / factor: as nvfp4_cuda_dequantize and
+   nvfp4_cuda_tensor_factors for a storage of scale type `kind` and global scale `global`. */
+int nvfp4_cuda_opt_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                            const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
+int nvfp4_cuda_opt_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
+                              const float *amax, int kind, int global, int colwise, int swizzle,
+                              int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
+                              const float *fin, float fmul);
+int nvfp4_cuda_opt_factor(const hq_call *call, const float *amax, int kind, int global,
+                          float *out);
 /* cudaMemsetAsync(p, 0, bytes) on call->stream. */
 int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 

@@ -29,42 +29,119 @@
 **   f     = RN(A * RN(1/2688))  (the per-tensor factor, tensor_factor()) tensor_factor
 ** (function names without their hq_nvfp4_ prefix).
 ** The dequantizer uses A / 2688 (as TE's dequantize kernel and GEMM alpha do), not S_dec.
+** Options (the _k functions take the scale type): scale_dtype = ue5m3 puts UE5M3 for E4M3 and
+** 688128 = 6 * 114688 for 2688 (TE's UE5M3 prototype); global_scale = row takes A per stored
+** row (TE's row-scaled NVFP4: a row of x rowwise, a column of x columnwise); global_scale =
+** none makes S_enc = 1 and x' = RN(e2m1(q) * fp32(sf)).
 */
 #define HQ_NVFP4_BLOCK 16
 #define HQ_NVFP4_RHT_SIGNS 0xD7E8u          /* TE's fixed sign vector; bit i set: s_i = -1 */
 
-/* Global encode scale S_enc from the direction's amax A (>= 0): RN(448*6 / A) clamped to
-   FLT_MAX (as fminf: a NaN quotient also gives FLT_MAX); 1 when A == 0 or the quotient is 0
-   (A = Inf). */
-HQ_HD float hq_nvfp4_global_encode_scale(float amax) {
+/* --------------------------------------------------------------------------------------------
+** UE5M3: an unsigned 8-bit float (no sign bit), 5 exponent bits with bias 15 and 3 mantissa
+** bits; 0xFF is the one NaN and there is no Inf, so the top binade (codes 0xF8..0xFE) is finite:
+** max 0xFE = 1.75 * 2^16 = 114688, smallest normal 2^-14 (0x08), subnormals m * 2^-17. The
+** block scale of nvfp4's `scale_dtype = ue5m3` (TE's prototype kFloat8UE5M3; docs/formats.md).
+** Kept here, apart from the generic codecs of hq/numerics.h: it is a scale type of this format.
+*/
+#define HQ_UE5M3_MAX 114688.0f
+#define HQ_UE5M3_NAN 0xFFu
+
+/* Decode, exact: m * 2^-17 for e = 0, (1 + m/8) * 2^(e-15) otherwise; 0xFF is NaN. */
+HQ_HD float hq_ue5m3_to_f32(uint8_t q) {
+  const uint32_t e = (uint32_t)q >> 3, m = q & 0x7u;
+  if (q == HQ_UE5M3_NAN) return hq_bits_f32(0x7fc00000u);
+  if (e == 0) return hq_mul_rn((float)m, 7.62939453125e-06f); /* m * 2^-17 */
+  return hq_bits_f32(((e + 112u) << 23) | (m << 20));
+}
+
+/* Encode, round to nearest even with saturation to 114688 (Inf too); NaN -> 0xFF; zero and
+   every negative value -> 0 (an unsigned scale: the block scales this encodes are >= 0). The
+   arithmetic is hq_f32_to_e4m3's with this format's widths: an integer RNE of the FP32
+   mantissa to 3 bits in the normal range, |x| * 2^17 rounded to an integer below 2^-14. */
+HQ_HD uint8_t hq_f32_to_ue5m3(float x) {
+  const uint32_t u = hq_f32_bits(x), a = u & 0x7fffffffu;
+  uint32_t n = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (112u << 3);
+  uint32_t small = a < 0x38800000u;                                   /* below 2^-14 */
+  uint32_t as = hq_sel(small, a, 0x38800000u);
+  uint32_t sub = hq_f32_bits(hq_add_rn(hq_mul_rn(hq_bits_f32(as), 131072.0f), 8388608.0f)) -
+                 0x4b000000u;
+  uint32_t c = hq_sel(small, sub, n);
+  c = hq_sel(a > 0x47e00000u, 0xfeu, c);                              /* > 114688, Inf */
+  c = hq_sel(u >> 31, 0u, c);                                         /* negative, -0 */
+  return (uint8_t)hq_sel(a > 0x7f800000u, HQ_UE5M3_NAN, c);
+}
+
+/* --------------------------------------------------------------------------------------------
+** The block scale type (option scale_dtype) and the global scale (option global_scale).
+*/
+#define HQ_NVFP4_SCALE_E4M3 0   /* E4M3 block scales, max 448 (NVFP4 as shipped) */
+#define HQ_NVFP4_SCALE_UE5M3 1  /* UE5M3 block scales, max 114688 */
+#define HQ_NVFP4_GLOBAL_TENSOR 0 /* one FP32 amax per direction */
+#define HQ_NVFP4_GLOBAL_ROW 1    /* one FP32 amax per stored row: per row of x (rowwise), per
+                                    column of x (columnwise) */
+#define HQ_NVFP4_GLOBAL_NONE 2   /* none: S_enc = 1 (UE5M3 only) */
+
+HQ_HD float hq_nvfp4_scale_to_f32(uint8_t sf, int kind) {
+  return kind == HQ_NVFP4_SCALE_UE5M3 ? hq_ue5m3_to_f32(sf) : hq_e4m3_to_f32(sf);
+}
+HQ_HD uint8_t hq_nvfp4_scale_from_f32(float p, int kind) {
+  return kind == HQ_NVFP4_SCALE_UE5M3 ? hq_f32_to_ue5m3(p) : hq_f32_to_e4m3(p);
+}
+/* 6 * the scale type's max: the numerator of S_enc (2688 for E4M3, 688128 for UE5M3), and
+   RN(1 / that), the dequantizer's constant (the double quotient rounded once to FP32, as TE's
+   (float)(1.0 / (6.0 * 448.0))). */
+HQ_HD float hq_nvfp4_global_range(int kind) {
+  return kind == HQ_NVFP4_SCALE_UE5M3 ? 688128.0f : 2688.0f;
+}
+HQ_HD float hq_nvfp4_global_range_rcp(int kind) {
+  return kind == HQ_NVFP4_SCALE_UE5M3 ? (float)(1.0 / 688128.0) : (float)(1.0 / 2688.0);
+}
+
+/* Global encode scale S_enc from the amax A (>= 0) of a direction (global_scale = tensor) or of
+   one stored row (global_scale = row): RN(range / A) clamped to FLT_MAX (as fminf: a NaN
+   quotient also gives FLT_MAX); 1 when A == 0 or the quotient is 0 (A = Inf). With
+   global_scale = none S_enc is 1 (TE's quantizer without an amax tensor). */
+HQ_HD float hq_nvfp4_global_encode_scale_k(float amax, int kind) {
   if (amax == 0.0f) return 1.0f;
-  float s = hq_div_rn(2688.0f, amax);
+  float s = hq_div_rn(hq_nvfp4_global_range(kind), amax);
   if (!(s <= FLT_MAX)) s = FLT_MAX;
   if (s == 0.0f) return 1.0f;
   return s;
+}
+HQ_HD float hq_nvfp4_global_encode_scale(float amax) {
+  return hq_nvfp4_global_encode_scale_k(amax, HQ_NVFP4_SCALE_E4M3);
 }
 
 /* Global decode scale S_dec = RN(1 / S_enc) (TE: 1.0f / S_enc, or 1.0 / S_enc in double rounded
    to float: the same value). */
 HQ_HD float hq_nvfp4_global_decode_scale(float s_enc) { return hq_rcp_rn(s_enc); }
 
-/* The per-direction multiplier m = RN(S_enc * RN(1/6)) of the block scale rule. */
+/* The per-direction (per-row with global_scale = row) multiplier m = RN(S_enc * RN(1/6)) of
+   the block scale rule. */
 HQ_HD float hq_nvfp4_block_scale_mult(float s_enc) { return hq_mul_rn(s_enc, hq_rcp_rn(6.0f)); }
 
-/* The stored E4M3 block scale sf = E4M3_RNE_satfinite(min(RN(a_b * m), FLT_MAX)). */
-HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
+/* The stored block scale sf = SCALE_RNE_satfinite(min(RN(a_b * m), FLT_MAX)), SCALE the
+   option's scale type. */
+HQ_HD uint8_t hq_nvfp4_block_scale_k(float block_amax, float m, int kind) {
   float p = hq_mul_rn(block_amax, m);
   if (p > FLT_MAX) p = FLT_MAX;
-  return hq_f32_to_e4m3(p);
+  return hq_nvfp4_scale_from_f32(p, kind);
+}
+HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
+  return hq_nvfp4_block_scale_k(block_amax, m, HQ_NVFP4_SCALE_E4M3);
 }
 
 /* The block's encode multiplier enc = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); FLT_MAX when
    the product is 0 (a zero or tiny block: its codes may saturate but dequantize to 0). */
-HQ_HD float hq_nvfp4_encode_mult(uint8_t sf, float s_dec) {
-  float d = hq_mul_rn(hq_e4m3_to_f32(sf), s_dec);
+HQ_HD float hq_nvfp4_encode_mult_k(uint8_t sf, float s_dec, int kind) {
+  float d = hq_mul_rn(hq_nvfp4_scale_to_f32(sf, kind), s_dec);
   if (d == 0.0f) return FLT_MAX;
   float e = hq_div_rn(1.0f, d);
   return e < FLT_MAX ? e : FLT_MAX;
+}
+HQ_HD float hq_nvfp4_encode_mult(uint8_t sf, float s_dec) {
+  return hq_nvfp4_encode_mult_k(sf, s_dec, HQ_NVFP4_SCALE_E4M3);
 }
 
 /* One element: q = E2M1_RNE_satfinite(RN(x * enc)), or with stochastic rounding from r8. */
@@ -73,11 +150,17 @@ HQ_HD uint32_t hq_nvfp4_quantize_sr(float x, float enc, uint32_t r8) {
   return hq_f32_to_e2m1_sr(hq_mul_rn(x, enc), r8);
 }
 
-/* Dequantize multiplier of a block: RN(RN(fp32(sf) * A) * RN(1/2688)) (TE dequantize_nvfp4:
-   scale * amax * (float)(1.0 / (6.0 * 448.0)), left to right); an element is then
-   RN(e2m1(q) * mult). */
+/* Dequantize multiplier of a block: RN(RN(fp32(sf) * A) * RN(1/range)) (TE dequantize_nvfp4:
+   scale * amax * (float)(1.0 / (6.0 * 448.0)), left to right; TE's UE5M3 prototype puts
+   114688 for 448); an element is then RN(e2m1(q) * mult). A is the direction's amax, or the
+   stored row's with global_scale = row. With global_scale = none the multiplier is fp32(sf)
+   (hq_nvfp4_raw_mult_k). */
+HQ_HD float hq_nvfp4_decode_mult_k(uint8_t sf, float amax, int kind) {
+  return hq_mul_rn(hq_mul_rn(hq_nvfp4_scale_to_f32(sf, kind), amax),
+                   hq_nvfp4_global_range_rcp(kind));
+}
 HQ_HD float hq_nvfp4_decode_mult(uint8_t sf, float amax) {
-  return hq_mul_rn(hq_mul_rn(hq_e4m3_to_f32(sf), amax), (float)(1.0 / 2688.0));
+  return hq_nvfp4_decode_mult_k(sf, amax, HQ_NVFP4_SCALE_E4M3);
 }
 HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
   return hq_mul_rn(hq_e2m1_to_f32(code), decode_mult);
@@ -89,6 +172,9 @@ HQ_HD float hq_nvfp4_dequantize(uint32_t code, float decode_mult) {
    scales at most 4, so a raw value has at most 6 significant bits, and its magnitude is 0 or in
    [2^-10, 2688] (0.5 * 2^-9 .. 6 * 448). */
 HQ_HD float hq_nvfp4_raw_mult(uint8_t sf) { return hq_e4m3_to_f32(sf); }
+/* ... of either scale type: with UE5M3 scales (4 significant bits, 2^-17 .. 114688) a raw value
+   also has at most 6 significant bits, magnitudes 0 or 2^-18 .. 688128: exact in BF16. */
+HQ_HD float hq_nvfp4_raw_mult_k(uint8_t sf, int kind) { return hq_nvfp4_scale_to_f32(sf, kind); }
 
 /* The raw value by a shorter route (the CUDA dequantize's fast path), equal to
    hq_nvfp4_dequantize(q, hq_nvfp4_raw_mult(sf)) for every code q (bits 0..3 of `code`; higher
@@ -109,8 +195,14 @@ HQ_HD float hq_nvfp4_raw_fast(uint32_t code, float sf_val) {
    so RN(raw * factor) equals the dequantized value bit for bit only where fp32(sf) is a power
    of two (and sf * A neither overflows nor underflows); elsewhere they differ by a few ulps. */
 #define HQ_NVFP4_E4M3_ONE 0x38u
+#define HQ_NVFP4_UE5M3_ONE 0x78u /* 1.0 as UE5M3: e = 15, m = 0 */
+HQ_HD float hq_nvfp4_tensor_factor_k(float amax, int kind) {
+  return hq_nvfp4_decode_mult_k(
+      (uint8_t)(kind == HQ_NVFP4_SCALE_UE5M3 ? HQ_NVFP4_UE5M3_ONE : HQ_NVFP4_E4M3_ONE), amax,
+      kind);
+}
 HQ_HD float hq_nvfp4_tensor_factor(float amax) {
-  return hq_nvfp4_decode_mult((uint8_t)HQ_NVFP4_E4M3_ONE, amax);
+  return hq_nvfp4_tensor_factor_k(amax, HQ_NVFP4_SCALE_E4M3);
 }
 
 /* max |v_i| over n values, NaN ignored, +-Inf counted (docs/formats.md): a max over the FP32 bit
