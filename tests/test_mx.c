@@ -236,11 +236,68 @@ static void test_shape_errors(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* The emulated GEMM (the host path) multiplies the dequantized values: an mxfp4 A against an
+   mxfp6 B, every transpose pair, equals the F64 product of the dequantized operands within FP32
+   accumulation error. */
+static void test_gemm_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  hq_recipe *r = hq_test_recipe("[format a]\nplugin = mxfp4\n[format b]\nplugin = mxfp6\n"
+                                "elem = e3m2\n[role linear:weight:*]\nrowwise = a\n"
+                                "columnwise = a\n[role linear:input:*]\nrowwise = b\n"
+                                "columnwise = b\n");
+  hq_quantizer *qa = hq_test_quantizer(r, "linear:weight:w");
+  hq_quantizer *qb = hq_test_quantizer(r, "linear:input:x");
+  const int64_t m = 64, n = 32, k = 96;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      const int64_t A0 = ta ? m : k, A1 = ta ? k : m, B0 = tb ? k : n, B1 = tb ? n : k;
+      hq_tensor ha = hq_test_tensor(HQ_F32, A0, A1, 7, 1.0f);
+      hq_tensor hb = hq_test_tensor(HQ_BF16, B0, B1, 8, 3.0f);
+      hq_qtensor *A = NULL, *B = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(qa, ctx, &ha, &A));
+      HQ_OK_OR_FAIL(hq_quantize(qb, ctx, &hb, &B));
+      hq_tensor a = hq_test_empty(HQ_F32, A0, A1), b = hq_test_empty(HQ_F32, B0, B1);
+      HQ_OK_OR_FAIL(hq_dequantize(A, ctx, ta ? HQ_ROWWISE : HQ_COLWISE, &a));
+      HQ_OK_OR_FAIL(hq_dequantize(B, ctx, tb ? HQ_COLWISE : HQ_ROWWISE, &b));
+      hq_tensor d = hq_test_empty(HQ_F32, n, m);
+      hq_gemm_info info;
+      memset(&info, 0, sizeof info);
+      info.struct_size = sizeof info;
+      HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, 1.0f, 0.0f, NULL,
+                            &info));
+      assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+      assert_string_equal(info.format_a, "mxfp4");
+      assert_string_equal(info.format_b, "mxfp6");
+      const float *af = a.data, *bf = b.data;
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+          double s = 0, sa = 0;
+          for (int64_t p = 0; p < k; p++) {
+            const double x = ta ? af[i * A1 + p] : af[p * A1 + i];
+            const double y = tb ? bf[p * B1 + j] : bf[j * B1 + p];
+            s += x * y, sa += fabs(x * y);
+          }
+          const double got = ((const float *)d.data)[j * m + i];
+          if (!(fabs(got - s) <= (double)(k + 8) * 0x1p-23 * sa + 1e-30))
+            fail_msg("%c%c: D[%lld][%lld] = %.9g, F64 %.9g", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                     (long long)j, (long long)i, got, s);
+        }
+      hq_qtensor_free(A);
+      hq_qtensor_free(B);
+      free(ha.data), free(hb.data), free(a.data), free(b.data), free(d.data);
+    }
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_torchao_vectors), cmocka_unit_test(test_layout),
       cmocka_unit_test(test_specials),        cmocka_unit_test(test_stochastic),
-      cmocka_unit_test(test_shape_errors),
+      cmocka_unit_test(test_shape_errors),    cmocka_unit_test(test_gemm_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
