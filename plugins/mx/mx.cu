@@ -2,11 +2,8 @@
 ** mx.cu -- the MXFP4 / MXFP6 CUDA kernels (sm_90 and Blackwell; any element kind), bit-identical
 ** to the CPU reference in mx.c: every byte comes from the same functions of mx_rules.h and
 ** hq/numerics.h (scale code, encode multiplier, element casts, Philox stream, packing).
-**   quantize: one kernel per direction asked for. Rowwise, one thread per 32-element block of a
-**     row: 32 loads (16-byte vector loads of an aligned f32 / 16-bit source), the amax, 32 casts,
-**     16 or 24 bytes stored as whole words. Columnwise, one thread per four adjacent columns of a
-**     32-row block (the columns one packed FP6 group or two FP4 bytes hold), so that neighbouring
-**     threads read neighbouring columns (coalesced) and each writes whole bytes.
+**   quantize: one kernel for both directions, the input read once (quantize_tile, below: a
+**     32 x 128 tile per CTA through shared memory, coalesced vector loads and word stores).
 **   dequantize: one thread per 32-element block of a row, 32 outputs.
 ** Everything on call->stream; nothing allocated, nothing synchronized.
 */
@@ -25,7 +22,6 @@ struct QArgs {
   int kind, rule, sr;
   uint64_t seed, offset;
   int64_t M, K;
-  uint8_t *data, *scale;
 };
 
 /* Element i of the source as FP32: hq_load_hp's value (a NaN stays a NaN, which is all the
@@ -36,114 +32,129 @@ __device__ __forceinline__ float load(const void *p, int64_t i, int dtype) {
   return dtype == HQ_BF16 ? hq_bf16_to_f32(h) : hq_f16_to_f32_anynan(h);
 }
 
-/* 32 consecutive source elements from element i (i a multiple of 32): vector loads where the
-   address allows. */
-__device__ __forceinline__ void load32(float (&x)[32], const void *p, int64_t i, int dtype) {
-  if (dtype == HQ_F32 && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
-    const float4 *v = reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-      const float4 f = v[k];
-      x[4 * k] = f.x, x[4 * k + 1] = f.y, x[4 * k + 2] = f.z, x[4 * k + 3] = f.w;
-    }
-    return;
-  }
-  if (dtype != HQ_F32 && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
-    const uint4 *v = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + i);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const uint4 w = v[k];
-      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int h = 0; h < 8; h++) {
-        const uint16_t b = (uint16_t)(u[h / 2] >> (16 * (h & 1)));
-        x[8 * k + h] = dtype == HQ_BF16 ? hq_bf16_to_f32(b) : hq_f16_to_f32_anynan(b);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < 32; k++) x[k] = load(p, i + k, dtype);
-}
+/* One quantize kernel for both directions: a CTA takes a tile of 32 rows x up to 128 columns
+   (kTileW; a narrower last tile where K % 128 != 0), reads it once into shared memory (16-byte
+   vector loads where the source is 16-byte aligned and the tile is whole, else element by
+   element, coalesced either way), and makes from it
+     rowwise:    one thread per 32-element block of a row (32 rows x w/32 blocks), the packed
+                 16 or 24 bytes stored as 8-byte words, neighbouring threads neighbouring blocks;
+     columnwise: one thread per column (its 32-row block), the scale byte stored coalesced, the
+                 codes staged in shared memory, then packed eight columns per thread (FP4: one
+                 4-byte store, FP6: three 2-byte stores) row by row.
+   The input is read once whatever the directions. */
+constexpr int kTileW = 128;
+constexpr int kThreads = 128;
 
-/* 32 values into 32 codes with scale code e: the CPU reference's cast32. */
-__device__ __forceinline__ void cast32(uint32_t (&c)[32], const float (&x)[32], uint8_t e,
+__device__ __forceinline__ void cast32(uint32_t (&c)[32], const float *x, int stride, uint8_t e,
                                        const QArgs &a, const uint32_t *bits) {
   const float mult = hq_mx_encode_mult(e, a.rule);
 #pragma unroll
   for (int k = 0; k < 32; k++) {
-    const float v = hq_mul_rn(x[k], mult);
+    const float v = hq_mul_rn(x[k * stride], mult);
     c[k] = bits ? hq_mx_cast_sr(v, a.kind, hq_mx_sr_byte(bits, k)) : hq_mx_cast(v, a.kind);
   }
 }
 
-__device__ __forceinline__ uint32_t amax_bits(const float (&x)[32]) {
+/* A's bits over 32 values: the integer max of |x|'s patterns, a NaN one when any is NaN (the
+   CPU reference's amax32). */
+__device__ __forceinline__ uint32_t amax_bits(const float *x, int stride) {
   uint32_t m = 0;
 #pragma unroll
-  for (int k = 0; k < 32; k++) m = max(m, hq_f32_bits(x[k]) & 0x7fffffffu);
+  for (int k = 0; k < 32; k++) m = max(m, hq_f32_bits(x[k * stride]) & 0x7fffffffu);
   return m;
 }
 
-__global__ void quantize_rows(QArgs a) {
-  const int64_t nb = a.K / HQ_MX_BLOCK;
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= a.M * nb) return;
-  const int64_t i = t / nb, kb = t % nb;
-  float x[32];
-  load32(x, a.src, i * a.K + kb * HQ_MX_BLOCK, a.dtype);
-  const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(x)), a.kind, a.rule);
-  uint32_t bits[8], c[32];
-  if (a.sr) {
-    uint32_t rk[20];
-    hq_nvfp4_sr_keys(a.seed, rk);
-    hq_mx_sr_bits(rk, a.offset, 0, (uint64_t)t, bits);
-  }
-  cast32(c, x, e, a, a.sr ? bits : nullptr);
-  a.scale[t] = e; /* hq_mx_scale_idx(0, i, 32 kb, K) = t */
-  uint8_t out[24];
-  hq_mx_pack32(out, c, a.kind);
-  const int64_t bb = hq_mx_row_bytes(HQ_MX_BLOCK, a.kind);
-  uint8_t *dst = a.data + i * hq_mx_row_bytes(a.K, a.kind) + kb * bb;
-  /* 16 or 24 bytes at an 8-byte multiple of the row start (rows of K/2 or 3K/4 bytes, K % 32 ==
-     0, keep that alignment when data is 8-byte aligned, as the core's allocations are) */
-  for (int w = 0; w < bb / 8; w++) {
-    uint64_t v = 0;
-    for (int b = 0; b < 8; b++) v |= (uint64_t)out[8 * w + b] << (8 * b);
-    reinterpret_cast<uint64_t *>(dst)[w] = v;
-  }
-}
-
-__global__ void quantize_cols(QArgs a) {
-  const int64_t ng = a.K / 4; /* groups of four columns */
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= (a.M / HQ_MX_BLOCK) * ng) return;
-  const int64_t mb = t / ng, j0 = (t % ng) * 4;
-  uint32_t c[4][32];
-  for (int g = 0; g < 4; g++) {
-    float x[32];
-#pragma unroll
-    for (int r = 0; r < 32; r++) x[r] = load(a.src, (mb * HQ_MX_BLOCK + r) * a.K + j0 + g, a.dtype);
-    const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(x)), a.kind, a.rule);
-    const int64_t si = hq_mx_scale_idx(1, mb * HQ_MX_BLOCK, j0 + g, a.K);
-    uint32_t bits[8];
-    if (a.sr) {
-      uint32_t rk[20];
-      hq_nvfp4_sr_keys(a.seed, rk);
-      hq_mx_sr_bits(rk, a.offset, 1, (uint64_t)si, bits);
+__global__ void __launch_bounds__(kThreads) quantize_tile(QArgs a, uint8_t *rd, uint8_t *rs,
+                                                          uint8_t *cd, uint8_t *cs) {
+  __shared__ float tile[32][kTileW + 1]; /* +1: a column read hits 32 different banks */
+  __shared__ uint8_t codes[32][kTileW];  /* columnwise codes, [row][column] */
+  const int t = threadIdx.x;
+  const int64_t i0 = (int64_t)blockIdx.x * 32, j0 = (int64_t)blockIdx.y * kTileW;
+  const int w = (int)min((int64_t)kTileW, a.K - j0); /* a multiple of 32 */
+  const uintptr_t base = reinterpret_cast<uintptr_t>(a.src);
+  if (w == kTileW && (base & 15u) == 0 && a.dtype == HQ_F32) {
+    /* 4 rows of 128 floats per pass: thread t loads float4 t % 32 of row t / 32 */
+    for (int r = t / 32; r < 32; r += kThreads / 32) {
+      const float4 v = reinterpret_cast<const float4 *>(
+          static_cast<const float *>(a.src) + (i0 + r) * a.K + j0)[t % 32];
+      const int c = 4 * (t % 32);
+      tile[r][c] = v.x, tile[r][c + 1] = v.y, tile[r][c + 2] = v.z, tile[r][c + 3] = v.w;
     }
-    cast32(c[g], x, e, a, a.sr ? bits : nullptr);
-    a.scale[si] = e;
+  } else if (w == kTileW && (base & 15u) == 0) {
+    /* 8 rows of 128 16-bit values per pass: 8 values (16 bytes) per thread */
+    for (int r = t / 16; r < 32; r += kThreads / 16) {
+      const uint4 v = reinterpret_cast<const uint4 *>(
+          static_cast<const uint16_t *>(a.src) + (i0 + r) * a.K + j0)[t % 16];
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      const int c = 8 * (t % 16);
+#pragma unroll
+      for (int h = 0; h < 8; h++) {
+        const uint16_t b = (uint16_t)(u[h / 2] >> (16 * (h & 1)));
+        tile[r][c + h] = a.dtype == HQ_BF16 ? hq_bf16_to_f32(b) : hq_f16_to_f32_anynan(b);
+      }
+    }
+  } else {
+    for (int r = 0; r < 32; r++)
+      for (int c = t; c < w; c += kThreads) tile[r][c] = load(a.src, (i0 + r) * a.K + j0 + c, a.dtype);
   }
+  __syncthreads();
+  uint32_t rk[20];
+  hq_nvfp4_sr_keys(a.seed, rk);
+  const int nb = w / 32;
+  if (rd && t < 32 * nb) {
+    const int r = t / nb, b = t % nb;
+    const float *x = &tile[r][32 * b];
+    const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(x, 1)), a.kind, a.rule);
+    const int64_t si = hq_mx_scale_idx(0, i0 + r, j0 + 32 * b, a.K);
+    uint32_t bits[8], c[32];
+    if (a.sr) hq_mx_sr_bits(rk, a.offset, 0, (uint64_t)si, bits);
+    cast32(c, x, 1, e, a, a.sr ? bits : nullptr);
+    rs[si] = e;
+    uint8_t out[24];
+    hq_mx_pack32(out, c, a.kind);
+    /* 16 or 24 bytes at an 8-byte multiple of the row start (rows of K/2 or 3K/4 bytes with
+       K % 32 == 0); the core's buffers are at least 8-byte aligned */
+    const int64_t bb = hq_mx_row_bytes(HQ_MX_BLOCK, a.kind);
+    uint64_t *dst = reinterpret_cast<uint64_t *>(
+        rd + (i0 + r) * hq_mx_row_bytes(a.K, a.kind) + (j0 / 32 + b) * bb);
+    for (int q = 0; q < bb / 8; q++) {
+      uint64_t v = 0;
+#pragma unroll
+      for (int k = 0; k < 8; k++) v |= (uint64_t)out[8 * q + k] << (8 * k);
+      dst[q] = v;
+    }
+  }
+  if (!cd) return;
+  if (t < w) {
+    const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(&tile[0][t], kTileW + 1)), a.kind,
+                                       a.rule);
+    const int64_t si = hq_mx_scale_idx(1, i0, j0 + t, a.K);
+    uint32_t bits[8], c[32];
+    if (a.sr) hq_mx_sr_bits(rk, a.offset, 1, (uint64_t)si, bits);
+    cast32(c, &tile[0][t], kTileW + 1, e, a, a.sr ? bits : nullptr);
+    cs[si] = e;
+#pragma unroll
+    for (int r = 0; r < 32; r++) codes[r][t] = (uint8_t)c[r];
+  }
+  __syncthreads();
+  /* eight columns per thread, w / 8 threads per row, kThreads / (w / 8) rows at a time */
+  const int per_row = w / 8, rows_at_once = kThreads / per_row;
   const int64_t rb = hq_mx_row_bytes(a.K, a.kind);
-  for (int r = 0; r < 32; r++) {
-    uint8_t *row = a.data + (mb * HQ_MX_BLOCK + r) * rb;
+  for (int r = t / per_row; r < 32 && t < per_row * rows_at_once; r += rows_at_once) {
+    const int g = t % per_row;
+    const uint8_t *c = &codes[r][8 * g];
+    uint8_t *row = cd + (i0 + r) * rb;
     if (a.kind == HQ_E2M1X2) {
-      row[j0 / 2] = (uint8_t)((c[0][r] & 15u) | (c[1][r] & 15u) << 4);
-      row[j0 / 2 + 1] = (uint8_t)((c[2][r] & 15u) | (c[3][r] & 15u) << 4);
+      uint32_t v = 0;
+#pragma unroll
+      for (int k = 0; k < 8; k++) v |= (uint32_t)(c[k] & 15u) << (4 * k);
+      reinterpret_cast<uint32_t *>(row + (j0 + 8 * g) / 2)[0] = v;
     } else {
-      const uint32_t w = hq_fp6_pack4(c[0][r], c[1][r], c[2][r], c[3][r]);
-      uint8_t *g = row + j0 / 4 * 3;
-      g[0] = (uint8_t)w, g[1] = (uint8_t)(w >> 8), g[2] = (uint8_t)(w >> 16);
+      const uint32_t lo = hq_fp6_pack4(c[0], c[1], c[2], c[3]);
+      const uint32_t hi = hq_fp6_pack4(c[4], c[5], c[6], c[7]);
+      const uint64_t v = (uint64_t)lo | (uint64_t)hi << 24; /* 48 bits */
+      uint16_t *p = reinterpret_cast<uint16_t *>(row + (j0 + 8 * g) / 4 * 3);
+      p[0] = (uint16_t)v, p[1] = (uint16_t)(v >> 16), p[2] = (uint16_t)(v >> 32);
     }
   }
 }
@@ -168,19 +179,12 @@ unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
 
 extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_tensor *src) {
   if (q->M * q->K == 0) return HQ_OK;
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  QArgs a = {src->data, (int)src->dtype, (int)q->kind, q->rule, q->sr, q->seed, q->offset,
-             q->M, q->K, nullptr, nullptr};
-  if (q->rd) {
-    a.data = q->rd, a.scale = q->rs;
-    quantize_rows<<<blocks_for(q->M * (q->K / HQ_MX_BLOCK)), 256, 0, stream>>>(a);
-    CHECK_LAUNCH(call, "mx quantize (rowwise)");
-  }
-  if (q->cd) {
-    a.data = q->cd, a.scale = q->cs;
-    quantize_cols<<<blocks_for((q->M / HQ_MX_BLOCK) * (q->K / 4)), 256, 0, stream>>>(a);
-    CHECK_LAUNCH(call, "mx quantize (columnwise)");
-  }
+  const QArgs a = {src->data, (int)src->dtype, (int)q->kind, q->rule, q->sr, q->seed, q->offset,
+                   q->M, q->K};
+  /* x: 32-row blocks (up to 2^31 - 1), y: column tiles (K up to 8M) */
+  const dim3 grid((unsigned)(q->M / HQ_MX_BLOCK), (unsigned)((q->K + kTileW - 1) / kTileW));
+  quantize_tile<<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a, q->rd, q->rs, q->cd, q->cs);
+  CHECK_LAUNCH(call, "mx quantize");
   return HQ_OK;
 }
 
