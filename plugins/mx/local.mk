@@ -8,6 +8,8 @@ plugins_mx_mxfp6_la_SOURCES = plugins/mx/mx_rules.h plugins/mx/mx.c plugins/mx/m
 plugins_mx_mxfp6_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS) -DHQ_MX_FP=6
 plugins_mx_mxfp6_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
 EXTRA_DIST += plugins/mx/mx.cu
+# the generators of tests/mx_tables.h (ml_dtypes) and tests/mx_vectors.h (torchao); not run by make
+EXTRA_DIST += tests/gen_mx_tables.py tests/gen_mx_vectors.py
 if HAVE_CUDA
 plugins_mx_mxfp4_la_LIBADD = plugins/mx/mx.lo $(CUDA_LIBS)
 plugins_mx_mxfp4_la_LDFLAGS += $(CUDA_LDFLAGS)

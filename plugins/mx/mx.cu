@@ -4,7 +4,7 @@
 ** hq/numerics.h (scale code, encode multiplier, element casts, Philox stream, packing).
 **   quantize: one kernel for both directions, the input read once (quantize_tile, below: a
 **     32 x 128 tile per CTA through shared memory, coalesced vector loads and word stores).
-**   dequantize: one thread per 32-element block of a row, 32 outputs.
+**   dequantize: one thread per 8 elements of a row, vector loads and stores (dequantize8).
 ** Everything on call->stream; nothing allocated, nothing synchronized.
 */
 #include <stdint.h>
@@ -159,17 +159,50 @@ __global__ void __launch_bounds__(kThreads) quantize_tile(QArgs a, uint8_t *rd, 
   }
 }
 
-__global__ void dequantize_rows(const uint8_t *data, const uint8_t *scale, int kind, int colwise,
-                                void *dst, int dtype, int64_t M, int64_t K) {
-  const int64_t nb = K / HQ_MX_BLOCK;
+/* Dequantize: one thread per 8 consecutive elements of a row, so that neighbouring threads
+   read neighbouring code bytes (FP4: one 4-byte load, FP6: three 2-byte loads) and write
+   neighbouring outputs (one or two 16-byte stores where the destination is 16-byte aligned). */
+__global__ void dequantize8(const uint8_t *data, const uint8_t *scale, int kind, int colwise,
+                            void *dst, int dtype, int64_t M, int64_t K) {
+  const int64_t n8 = K / 8;
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= M * nb) return;
-  const int64_t i = t / nb, k0 = (t % nb) * HQ_MX_BLOCK;
+  if (t >= M * n8) return;
+  const int64_t i = t / n8, k0 = (t % n8) * 8;
   const uint8_t *row = data + i * hq_mx_row_bytes(K, kind);
-  for (int k = 0; k < HQ_MX_BLOCK; k++) {
-    const float y = hq_mul_rn(hq_mx_elem_to_f32(hq_mx_code(row, k0 + k, kind), kind),
-                              hq_e8m0_to_f32(scale[hq_mx_scale_idx(colwise, i, k0 + k, K)]));
-    hq_store_hp(dst, i * K + k0 + k, dtype, y);
+  uint64_t w;
+  if (kind == HQ_E2M1X2) {
+    w = *reinterpret_cast<const uint32_t *>(row + k0 / 2);
+  } else {
+    const uint16_t *p = reinterpret_cast<const uint16_t *>(row + k0 / 4 * 3);
+    w = (uint64_t)p[0] | (uint64_t)p[1] << 16 | (uint64_t)p[2] << 32;
+  }
+  const int bits = hq_mx_bits(kind);
+  float y[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const uint32_t c = (uint32_t)(w >> (bits * k)) & ((1u << bits) - 1u);
+    const uint8_t e = scale[hq_mx_scale_idx(colwise, i, k0 + k, K)];
+    y[k] = hq_mul_rn(hq_mx_elem_to_f32(c, kind), hq_e8m0_to_f32(e));
+  }
+  const int64_t o = i * K + k0;
+  const bool al = (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;
+  if (dtype == HQ_F32 && al) {
+    float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(dst) + o);
+    q[0] = make_float4(y[0], y[1], y[2], y[3]);
+    q[1] = make_float4(y[4], y[5], y[6], y[7]);
+  } else if (dtype != HQ_F32 && al) {
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const uint32_t lo = dtype == HQ_BF16 ? hq_f32_to_bf16(y[2 * k]) : hq_f32_to_f16(y[2 * k]);
+      const uint32_t hi =
+          dtype == HQ_BF16 ? hq_f32_to_bf16(y[2 * k + 1]) : hq_f32_to_f16(y[2 * k + 1]);
+      h[k] = lo | hi << 16;
+    }
+    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + o) = make_uint4(h[0], h[1], h[2], h[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; k++) hq_store_hp(dst, o + k, dtype, y[k]);
   }
 }
 
@@ -192,7 +225,7 @@ extern "C" int mx_cuda_dequantize(const hq_call *call, const uint8_t *data, cons
                                   hq_dtype kind, int colwise, hq_tensor *dst) {
   const int64_t M = dst->rows, K = dst->cols;
   if (M * K == 0) return HQ_OK;
-  dequantize_rows<<<blocks_for(M * (K / HQ_MX_BLOCK)), 256, 0, (cudaStream_t)call->stream>>>(
+  dequantize8<<<blocks_for(M * (K / 8)), 256, 0, (cudaStream_t)call->stream>>>(
       data, scale, (int)kind, colwise, dst->data, (int)dst->dtype, M, K);
   CHECK_LAUNCH(call, "mx dequantize");
   return HQ_OK;
