@@ -3,7 +3,7 @@
 ** every buffer of every present direction after quantize on a host context and on a device
 ** context, compared byte for byte, for every element type (e2m1, e3m2, e2m3), both scale rules,
 ** round-to-nearest and stochastic rounding (the same seed and offset on both), f32 / bf16 / f16
-** inputs (16-byte aligned: the vector loads; and 2 bytes off: the scalar loads), usage rowwise /
+** inputs (16-byte aligned: the vector loads; one element off: the scalar loads), usage rowwise /
 ** columnwise / both, shapes 32x32 to 1024x1056 with special blocks (zeros, NaN, +-Inf, FP32
 ** subnormals, values past the maximum); dequantize of each direction into f32 / bf16 / f16.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
