@@ -14,16 +14,22 @@ Peers (8192x8192 BF16 on cuda by default, both directions each):
               tensor for columnwise
   fp8_block   1x128 blocks, FP32 scales 448/block_amax, E4M3 values; rowwise, and the
               transposed tensor for columnwise
+  mxfp4       torchao's MX cast (torchao.prototype.mx_formats.mx_tensor.to_mx, E2M1, FLOOR
+              scales: the numerics hq's mxfp4 reproduces bit for bit); rowwise, and the
+              transposed tensor for columnwise (hq keeps it untransposed: the same bytes)
+  mxfp6       the same with FP6 E2M3 (unpacked: torchao stores one code a byte, 1.33x hq's
+              bytes; the byte count below is torchao's)
 
 Written here in plain PyTorch for this benchmark (a fair "user without hq" peer, not bit-exact
-with any library). Times: medians of --iters CUDA-event-timed samples after warm-up, a sample
+with any library), but for mxfp4 / mxfp6, which call torchao (skipped when it is not installed). Times: medians of --iters CUDA-event-timed samples after warm-up, a sample
 being --batch calls back to back (default 10) divided by the batch, as `hq bench` times hq.
 "% of copy" counts (b) the minimal bytes: input read once plus every output written once; "(a)"
 also counts the second read of the input that a per-tensor amax costs (fp8_tensor, nvfp4), as
 `hq bench` does.
 
 usage: python3 scripts/bench_peers.py [--shape 8192x8192] [--iters 50] [--batch 10]
-                                      [--json FILE] [--peers fp8_tensor,mxfp8,nvfp4,fp8_block]
+                                      [--json FILE]
+                                      [--peers fp8_tensor,mxfp8,nvfp4,fp8_block,mxfp4,mxfp6]
                                       [--no-compile] [--hq-json FILE] [--check]
 --hq-json FILE: the output of `hq bench --device cuda --json` from the same run; adds hq's
 times beside the peers and its speed-up over torch.compile.
@@ -119,6 +125,35 @@ def fp8_block(x):
     return rq, rs, cq, cs
 
 
+def _to_mx(x2, elem):
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+    s, q = to_mx(x2.contiguous(), elem, 32)
+    return q, s
+
+
+def mxfp4(x):
+    """MXFP4 through torchao: rowwise, and the transposed tensor for columnwise."""
+    rq, rs = _to_mx(x, torch.float4_e2m1fn_x2)
+    cq, cs = _to_mx(x.t(), torch.float4_e2m1fn_x2)
+    return rq, rs, cq, cs
+
+
+def mxfp6(x):
+    """MXFP6 (E2M3) through torchao: rowwise, and the transposed tensor for columnwise."""
+    from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3
+    rq, rs = _to_mx(x, DTYPE_FP6_E2M3)
+    cq, cs = _to_mx(x.t(), DTYPE_FP6_E2M3)
+    return rq, rs, cq, cs
+
+
+def _torchao_ok():
+    try:
+        import torchao.prototype.mx_formats.mx_tensor  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 # --- dequantization, for --check (the peers compute the real thing) -------------------------
 
 E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -155,6 +190,14 @@ def dequantize(name, outs, m, k):
             return (q.float().view(rows, cols // 128, 128) * s.view(rows, cols // 128, 1)).view(
                 rows, cols)
         return [("rowwise", one(rq, rs, m, k)), ("columnwise", one(cq, cs, k, m).t())]
+    if name in ("mxfp4", "mxfp6"):
+        from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3
+        from torchao.prototype.mx_formats.mx_tensor import to_dtype
+        elem = torch.float4_e2m1fn_x2 if name == "mxfp4" else DTYPE_FP6_E2M3
+        rq, rs, cq, cs = outs
+        r = to_dtype(rq, rs, elem, 32, torch.float32)
+        c = to_dtype(cq, cs, elem, 32, torch.float32)
+        return [("rowwise", r.view(m, k)), ("columnwise", c.view(k, m).t())]
     return []
 
 
@@ -164,6 +207,8 @@ PEERS = {
     "mxfp8": (mxfp8, "mxfp8", 1),
     "nvfp4": (nvfp4, "nvfp4", 2),
     "fp8_block": (fp8_block, "fp8_block block=1d", 1),
+    "mxfp4": (mxfp4, "mxfp4", 1),
+    "mxfp6": (mxfp6, "mxfp6", 1),
 }
 
 
@@ -265,6 +310,9 @@ def main():
     dump()
     for name in names:
         fn, hq_fmt, reads_a = PEERS[name]
+        if name in ("mxfp4", "mxfp6") and not _torchao_ok():
+            print(f"{name:<12} skipped: torchao is not installed")
+            continue
         outs = fn(x)
         ob = out_bytes(outs)
         if args.check:

@@ -276,6 +276,8 @@ static const char *st_dtype(hq_dtype t) {
   case HQ_E5M2: return "F8_E5M2";
   case HQ_E8M0:
   case HQ_E2M1X2:
+  case HQ_E3M2X4:
+  case HQ_E2M3X4:
   case HQ_U8: return "U8";
   case HQ_I8: return "I8";
   case HQ_I32: return "I32";

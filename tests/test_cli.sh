@@ -436,7 +436,7 @@ labels() { awk 'NR > 2 && substr($0, 1, 1) != " " { l = substr($0, 1, 40); sub(/
 expect 0 bench --shape 32x32 --iters 1
 labels > "$tmp/rows"
 printf '%s\n' "identity dtype=bf16" fp8_tensor mxfp8 nvfp4 "nvfp4 rht=true" "nvfp4 stochastic_rounding=true" \
-  "nvfp4 block_2d=true" "fp8_block block=1d" "fp8_block block=2d" > "$tmp/want"
+  "nvfp4 block_2d=true" "fp8_block block=1d" "fp8_block block=2d" mxfp4 mxfp6 > "$tmp/want"
 diff "$tmp/want" "$tmp/rows" || fail "bench: the stock configurations"; ok
 expect 0 bench --all --shape 32x32 --iters 1
 labels > "$tmp/rows"
@@ -445,8 +445,10 @@ printf '%s\n' "identity dtype=bf16" "identity dtype=f16" "identity dtype=f32" fp
   "mxfp8 block_2d=true" "mxfp8 block_2d=true swizzle=true" nvfp4 "nvfp4 swizzle=true" "nvfp4 rht=true" \
   "nvfp4 stochastic_rounding=true" "nvfp4 rht=true stochastic_rounding=true" "nvfp4 block_2d=true" \
   "nvfp4 block_2d=true swizzle=true" "fp8_block block=1d" "fp8_block block=1d dtype=e5m2" \
-  "fp8_block block=1d power_2_scales=false" "fp8_block block=2d" "fp8_block block=2d power_2_scales=false" > "$tmp/want"
-diff "$tmp/want" "$tmp/rows" || fail "bench --all: the 24 configurations"; ok
+  "fp8_block block=1d power_2_scales=false" "fp8_block block=2d" "fp8_block block=2d power_2_scales=false" \
+  mxfp4 "mxfp4 scale=rceil" "mxfp4 stochastic_rounding=true" mxfp6 "mxfp6 elem=e3m2" \
+  "mxfp6 stochastic_rounding=true" > "$tmp/want"
+diff "$tmp/want" "$tmp/rows" || fail "bench --all: the 30 configurations"; ok
 expect 0 bench --all --shape 32x32 --iters 1 --format mxfp8 --format "nvfp4, rht=true"
 [ "$(labels | tr '\n' '|')" = "mxfp8|nvfp4 rht=true|" ] || { cat "$tmp/out"; fail "bench --format replaces --all"; }; ok
 # failures: exit status 1

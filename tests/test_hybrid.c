@@ -132,7 +132,7 @@ static void test_equal_format_hybrid_every_plugin(void **state) {
   (void)state;
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
-  assert_int_equal(hq_plugins_count(set), 5); /* identity and the four stock formats */
+  assert_int_equal(hq_plugins_count(set), 7); /* identity and the six stock formats */
   hq_tensor x = hq_test_tensor(HQ_BF16, 128, 256, 3, 1.0f);
   static const char *extra[][2] = {
       {"fp8_tensor", "dtype = e5m2\npower_2_scales = true"},
@@ -142,6 +142,8 @@ static void test_equal_format_hybrid_every_plugin(void **state) {
       {"nvfp4", "block_2d = true\nswizzle = true"},
       {"fp8_block", "block = 2d\npower_2_scales = false"},
       {"identity", "dtype = f16"},
+      {"mxfp4", "stochastic_rounding = true\nscale = rceil"},
+      {"mxfp6", "elem = e3m2"},
   };
   int checked = 0;
   for (size_t p = 0; p < hq_plugins_count(set); p++) {
@@ -154,7 +156,7 @@ static void test_equal_format_hybrid_every_plugin(void **state) {
       checked++;
     }
   }
-  /* all five stock plugins are built in this tree */
+  /* all seven plugins are built in this tree */
   assert_int_equal(checked, (int)(sizeof extra / sizeof extra[0]));
   free(x.data);
   hq_plugins_close(set);

@@ -184,7 +184,7 @@ static void test_stock_plugins(void **state) {
   HQ_OK_OR_FAIL(hq_plugins_open(NULL, 0, HQ_PLUGINS_NO_DEFAULT, &set));
   assert_int_equal(hq_plugins_rejected_count(set), 0);
   expect_builtin_identity(set);
-  const char *stock[] = {"fp8_tensor", "mxfp8", "nvfp4", "fp8_block"};
+  const char *stock[] = {"fp8_tensor", "mxfp8", "nvfp4", "fp8_block", "mxfp4", "mxfp6"};
   for (size_t i = 0; i < sizeof stock / sizeof stock[0]; i++) {
     const hq_plugin *p = hq_plugins_find(set, stock[i]);
     if (!p) fail_msg("stock plugin %s not found", stock[i]);
@@ -197,7 +197,7 @@ static void test_stock_plugins(void **state) {
     assert_true(strlen(file) > strlen(want));
     assert_string_equal(file + strlen(file) - strlen(want), want);
   }
-  assert_int_equal(hq_plugins_count(set), 5); /* identity + the four stock modules */
+  assert_int_equal(hq_plugins_count(set), 7); /* identity + the six stock modules */
   const hq_plugin *f8 = hq_plugins_find(set, "fp8_tensor");
   assert_true(hq_plugin_caps(f8) & HQ_CAP_REQUANT_SAFE);
   assert_true(hq_plugin_caps(f8) & HQ_CAP_COLWISE_ONLY);

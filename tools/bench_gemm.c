@@ -54,9 +54,9 @@ static const char usage[] =
     "CUDA (default shapes 8192x8192x8192, 4096x4096x4096, 16384x4096x1024, 16384x1024x4096;\n"
     "20 iterations): a direct cuBLASLt BF16 GEMM (the baseline), hq identity bf16, a direct\n"
     "cuBLASLt FP8 GEMM and hq fp8_tensor (target >= 95% of the direct call), the same for\n"
-    "fp8_block (1x128 x 1x128 and 128x128 x 1x128 scales, Hopper), hq mxfp8 and nvfp4 on the\n"
-    "path the device gives them (dequantize included; target >= 80% of the BF16 rate), and the\n"
-    "host dispatch overhead per hq_gemm call (target < 2 us).\n"
+    "fp8_block (1x128 x 1x128 and 128x128 x 1x128 scales, Hopper), hq mxfp8, nvfp4, mxfp4 and\n"
+    "mxfp6 on the path the device gives them (dequantize included; target >= 80% of the BF16\n"
+    "rate), and the host dispatch overhead per hq_gemm call (target < 2 us).\n"
     "CPU (default 1024x1024x1024, 5 iterations): hq's CPU path against a plain sgemm.\n"
     "Medians over --iters samples; a sample is --batch calls issued back to back between two\n"
     "CUDA events, its time divided by the batch (default 10 on a GPU: the time per call of a\n"
@@ -629,8 +629,10 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     hq_qtensor_free(qb);
   }
 
-  /* MXFP8, NVFP4 on whichever path this device gives them, against the BF16 rate */
-  static const char *emul[][2] = {{"mxfp8", "hq mxfp8"}, {"nvfp4", "hq nvfp4"}};
+  /* MXFP8, NVFP4, MXFP4, MXFP6 on whichever path this device gives them, against the BF16
+     rate */
+  static const char *emul[][2] = {
+      {"mxfp8", "hq mxfp8"}, {"nvfp4", "hq nvfp4"}, {"mxfp4", "hq mxfp4"}, {"mxfp6", "hq mxfp6"}};
   for (size_t i = 0; i < sizeof emul / sizeof *emul; i++) {
     row *r = add_row(B, m, n, k, emul[i][1]);
     hq_qtensor *qa = quantize_spec(B, emul[i][0], &a, r->note, sizeof r->note);

@@ -30,9 +30,9 @@ static const char usage[] =
     "Time quantize (both directions in one call, rowwise alone, columnwise alone) for each\n"
     "format configuration: by default every stock configuration whose plugin is installed\n"
     "(identity, fp8_tensor, mxfp8, nvfp4 [+rht, +stochastic_rounding, +block_2d],\n"
-    "fp8_block [1d, 2d]); --all times every option of the stock formats that changes a\n"
-    "kernel or a layout, one at a time (and nvfp4's rht with stochastic rounding, block_2d\n"
-    "with swizzle); --format replaces either list. --recipe/--role times one recipe\n"
+    "fp8_block [1d, 2d], mxfp4, mxfp6); --all times every option of the stock formats that\n"
+    "changes a kernel or a layout, one at a time (and nvfp4's rht with stochastic rounding,\n"
+    "block_2d with swizzle); --format replaces either list. --recipe/--role times one recipe\n"
     "role's (hybrid) quantizer and reports both / (rowwise + columnwise), against the\n"
     "<= 1.1x target for a hybrid of two formats.\n"
     "Formats with a per-tensor amax are timed twice: computing it inside the call (amax own)\n"
@@ -55,7 +55,7 @@ static const char usage[] =
 static const char *default_formats[] = {
     "identity dtype=bf16", "fp8_tensor", "mxfp8", "nvfp4", "nvfp4 rht=true",
     "nvfp4 stochastic_rounding=true", "nvfp4 block_2d=true", "fp8_block block=1d",
-    "fp8_block block=2d",
+    "fp8_block block=2d", "mxfp4", "mxfp6",
 };
 /* --all: every option that selects another kernel, store pattern or layout, one at a time */
 static const char *all_formats[] = {
@@ -83,6 +83,12 @@ static const char *all_formats[] = {
     "fp8_block block=1d power_2_scales=false",
     "fp8_block block=2d",
     "fp8_block block=2d power_2_scales=false",
+    "mxfp4",
+    "mxfp4 scale=rceil",
+    "mxfp4 stochastic_rounding=true",
+    "mxfp6",
+    "mxfp6 elem=e3m2",
+    "mxfp6 stochastic_rounding=true",
 };
 
 /* One direction set of one configuration, timed. */

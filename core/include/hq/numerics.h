@@ -524,4 +524,99 @@ HQ_HD uint32_t hq_e2m1_sr_code_lt8(float a, uint32_t r8) {
   return hq_e2m1_sr_biased_lt8(a, hq_bits_f32((r8 & 0xffu) << 16)) - HQ_E2M1_BIAS_BITS;
 }
 
+/* --------------------------------------------------------------------------------------------
+** Small OCP floats without Inf or NaN ("fn"): FP6 E3M2 / E2M3 (MXFP6) and, by the same generic
+** rule, E2M1. A code of 1 + eb + mb bits holds the sign in its top bit, eb exponent bits (bias
+** 2^(eb-1) - 1; exponent 0 is subnormal) and mb mantissa bits; every exponent is finite.
+** Generic in (eb, mb) so that one definition serves every width; tests/test_mx_numerics.c checks
+** each code point against ml_dtypes (float4_e2m1fn, float6_e3m2fn, float6_e2m3fn) and the generic
+** E2M1 casts against hq_f32_to_e2m1 / hq_f32_to_e2m1_sr.
+*/
+#define HQ_E3M2_MAX 28.0f
+#define HQ_E2M3_MAX 7.5f
+
+/* code -> FP32, exact. Subnormal codes are m * 2^(1 - bias - mb), an exact FP32 multiply. */
+HQ_HD float hq_fpx_to_f32(uint32_t code, int eb, int mb) {
+  const uint32_t bias = (1u << (eb - 1)) - 1u, m = code & ((1u << mb) - 1u);
+  const uint32_t e = (code >> mb) & ((1u << eb) - 1u);
+  const uint32_t s = ((code >> (eb + mb)) & 1u) << 31;
+  const float sub = hq_mul_rn((float)m, hq_bits_f32((128u - bias - (uint32_t)mb) << 23));
+  const uint32_t mag = e ? ((e + 127u - bias) << 23) | (m << (23 - mb)) : hq_f32_bits(sub);
+  return hq_bits_f32(s | mag);
+}
+
+/* FP32 -> code, round to nearest even with saturation to +-max (|x| beyond max and +-Inf give
+   +-max); NaN gives +max (as hq_f32_to_e2m1). The sign bit is x's (-0.0 keeps it). Below the
+   smallest normal 2^(1-bias), |x| * 2^(bias-1+mb) (exact) is rounded to an integer by the add of
+   2^23 (RNE): the subnormal code, or the first normal one when it rounds up. Above, the FP32
+   mantissa is rounded to mb bits on the bit pattern (a carry moves into the exponent) and the
+   exponent rebiased. torchao's _f32_to_floatx_unpacked computes the same codes for every
+   non-NaN input. */
+HQ_HD uint32_t hq_f32_to_fpx(float x, int eb, int mb) {
+  const uint32_t bias = (1u << (eb - 1)) - 1u, maxc = (1u << (eb + mb)) - 1u;
+  const uint32_t u = hq_f32_bits(x), a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return maxc;
+  uint32_t c;
+  if (a < ((128u - bias) << 23)) {
+    const float v = hq_mul_rn(hq_bits_f32(a), hq_bits_f32((126u + bias + (uint32_t)mb) << 23));
+    c = (uint32_t)hq_add_rn(v, 8388608.0f) - 8388608u;
+  } else {
+    const uint32_t sh = 23u - (uint32_t)mb;
+    const uint32_t t = a + ((1u << (sh - 1u)) - 1u) + ((a >> sh) & 1u);
+    c = (t >> sh) - ((127u - bias) << mb);
+  }
+  if (c > maxc) c = maxc;
+  return c | ((u >> 31) << (eb + mb));
+}
+
+/* FP32 -> code with stochastic rounding from 8 random bits r8, the rule of hq_f32_to_e2m1_sr for
+   any width: u = r8 / 256, a = |x|, step(v) the code spacing at v (2^(1-bias-mb) below the
+   smallest normal, else 2^(floor(log2 v) - mb)); t = RN(a + u * step(a)) (u * step exact), the
+   code of t truncated onto the grid, saturated to max; sign of x; NaN -> +max. */
+HQ_HD uint32_t hq_f32_to_fpx_sr(float x, int eb, int mb, uint32_t r8) {
+  const uint32_t bias = (1u << (eb - 1)) - 1u, maxc = (1u << (eb + mb)) - 1u;
+  const uint32_t u = hq_f32_bits(x), a = u & 0x7fffffffu, emin = 128u - bias;
+  if (a > 0x7f800000u) return maxc;
+  uint32_t ea = a >> 23;
+  ea = ea < emin ? emin : ea > 250u ? 250u : ea; /* beyond 2^123 everything saturates anyway */
+  const float step = hq_bits_f32((ea - (uint32_t)mb) << 23);
+  const float t =
+      hq_add_rn(hq_bits_f32(a), hq_mul_rn(hq_mul_rn((float)(r8 & 0xffu), 0.00390625f), step));
+  const uint32_t tb = hq_f32_bits(t);
+  uint32_t c;
+  if (tb < (emin << 23))
+    c = (uint32_t)hq_mul_rn(t, hq_bits_f32((126u + bias + (uint32_t)mb) << 23));
+  else
+    c = (tb >> (23 - mb)) - ((127u - bias) << mb);
+  if (c > maxc) c = maxc;
+  return c | ((u >> 31) << (eb + mb));
+}
+
+/* The FP6 element types of MXFP6 by their packed dtype: HQ_E3M2X4 (max 28) or HQ_E2M3X4 (max
+   7.5); codes 0..63, sign in bit 5. */
+HQ_HD int hq_fp6_ebits(int kind) { return kind == HQ_E3M2X4 ? 3 : 2; }
+HQ_HD float hq_fp6_to_f32(uint32_t code, int kind) {
+  return hq_fpx_to_f32(code, hq_fp6_ebits(kind), 5 - hq_fp6_ebits(kind));
+}
+HQ_HD uint32_t hq_f32_to_fp6(float x, int kind) {
+  return hq_f32_to_fpx(x, hq_fp6_ebits(kind), 5 - hq_fp6_ebits(kind));
+}
+HQ_HD uint32_t hq_f32_to_fp6_sr(float x, int kind, uint32_t r8) {
+  return hq_f32_to_fpx_sr(x, hq_fp6_ebits(kind), 5 - hq_fp6_ebits(kind), r8);
+}
+
+/* Packing of FP6 codes, four in three bytes (HQ_E3M2X4 / HQ_E2M3X4): element n of a row sits at
+   bits 6n .. 6n+5 of the row's little-endian bit stream, as E2M1X2 puts element 2i in the low
+   nibble. Group g = elements 4g .. 4g+3 (codes c0..c3) is bytes 3g .. 3g+2:
+     b0 = c0 | c1 << 6,  b1 = c1 >> 2 | c2 << 4,  b2 = c2 >> 4 | c3 << 2   (each mod 256)
+   i.e. the 24-bit little-endian word c0 | c1 << 6 | c2 << 12 | c3 << 18 (docs/formats.md). */
+HQ_HD uint32_t hq_fp6_pack4(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
+  return (c0 & 63u) | (c1 & 63u) << 6 | (c2 & 63u) << 12 | (c3 & 63u) << 18;
+}
+HQ_HD uint32_t hq_fp6_code(const uint8_t *row, int64_t n) {
+  const uint8_t *g = row + (n >> 2) * 3;
+  const uint32_t w = (uint32_t)g[0] | (uint32_t)g[1] << 8 | (uint32_t)g[2] << 16;
+  return (w >> (6 * (n & 3))) & 63u;
+}
+
 #endif /* HQ_NUMERICS_H */

@@ -216,7 +216,9 @@ typedef enum hq_status {
 
 /* ---------------------------------------------------------------------------------------------
 ** Data types. HQ_E2M1X2 is one byte holding two FP4 E2M1 elements (element 2i in the low
-** nibble, 2i+1 in the high nibble); shapes of such buffers count bytes. The FP8 element kind of a
+** nibble, 2i+1 in the high nibble); HQ_E3M2X4 / HQ_E2M3X4 are FP6 codes packed four in three
+** bytes (element n at bits 6n .. 6n+5 of the row's little-endian bit stream, hq/numerics.h
+** hq_fp6_pack4); shapes of such buffers count bytes. The FP8 element kind of a
 ** format is its hq_dtype (HQ_E4M3 or HQ_E5M2): there is no second FP8 enum.
 */
 typedef enum hq_dtype {
@@ -230,7 +232,9 @@ typedef enum hq_dtype {
   HQ_E8M0 = 7,     /* unsigned power-of-two scale 2^(e-127), 0xFF = NaN */
   HQ_E2M1X2 = 8,   /* two FP4 E2M1 per byte */
   HQ_I32 = 9,
-  HQ_I8 = 10       /* signed 8-bit integer codes */
+  HQ_I8 = 10,      /* signed 8-bit integer codes */
+  HQ_E3M2X4 = 11,  /* four FP6 E3M2 in three bytes (MXFP6; a buffer's shape counts bytes) */
+  HQ_E2M3X4 = 12   /* four FP6 E2M3 in three bytes (MXFP6; a buffer's shape counts bytes) */
 } hq_dtype;
 
 /* Directions (a bit mask). */

@@ -1,0 +1,128 @@
+/*
+** mx_rules.h -- the MXFP4 / MXFP6 rules (OCP Microscaling v1.0: E2M1, E3M2 or E2M3 elements, one
+** E8M0 scale per 32 elements), shared by the plugins' CPU reference (mx.c) and CUDA kernels
+** (mx.cu). Private to the plugins (not installed); host + device. docs/formats.md "MXFP4 and
+** MXFP6" has the rules with worked examples.
+*/
+#ifndef HQ_MX_RULES_H
+#define HQ_MX_RULES_H
+
+#include "hq/numerics.h"
+/* the Philox stream of stochastic rounding is NVFP4's, drawn for two 16-element halves */
+#include "../nvfp4/nvfp4_rules.h"
+
+#define HQ_MX_BLOCK 32
+
+/* The element kinds, by the dtype of the data buffer: HQ_E2M1X2 (MXFP4), HQ_E3M2X4 or
+   HQ_E2M3X4 (MXFP6). */
+HQ_HD int hq_mx_bits(int kind) { return kind == HQ_E2M1X2 ? 4 : 6; }
+/* emax: the exponent of the largest power of two of the element type (OCP's emax_elem; torchao's
+   *_MAX_POW2): 2 for E2M1 and E2M3 (max 6, 7.5), 4 for E3M2 (max 28). */
+HQ_HD int hq_mx_emax(int kind) { return kind == HQ_E3M2X4 ? 4 : 2; }
+HQ_HD float hq_mx_max(int kind) {
+  return kind == HQ_E2M1X2 ? HQ_E2M1_MAX : kind == HQ_E3M2X4 ? HQ_E3M2_MAX : HQ_E2M3_MAX;
+}
+/* Bytes of a row of n elements (n % 32 == 0): n/2 (FP4) or 3n/4 (FP6). */
+HQ_HD int64_t hq_mx_row_bytes(int64_t n, int kind) {
+  return kind == HQ_E2M1X2 ? n / 2 : n / 4 * 3;
+}
+
+/* Scale rules (option scale):
+   HQ_MX_FLOOR (default): OCP v1.0 section 6.3 as torchao's to_mx computes it
+     (ScaleCalculationMode.FLOOR), bit for bit: with A the block amax (max |x|, a NaN anywhere in
+     the block makes A NaN),
+       e = 0xFF                                  if A is NaN
+       e = max(E(A) - emax, 0)                   else, E(A) the biased FP32 exponent field of A
+                                                 (0 for zero and FP32 subnormals, 255 for Inf)
+     so A / 2^(e-127) lies in [2^emax, 2^(emax+1)) and may exceed the element maximum: such
+     elements saturate (6, 7.5 or 28);
+   HQ_MX_RCEIL: the scale rounded up so that nothing saturates (torchao's RCEIL, TE's rule for
+     MXFP8 with a division): t = RN(A / max), e = E8M0 of t rounded toward +Inf
+     (hq_e8m0_from_f32_rp: Inf -> 0xFE), 0xFF if A is NaN. */
+#define HQ_MX_FLOOR 0
+#define HQ_MX_RCEIL 1
+
+HQ_HD uint8_t hq_mx_scale_code(float amax, int kind, int rule) {
+  const uint32_t a = hq_f32_bits(amax) & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint8_t)HQ_E8M0_NAN;
+  if (rule == HQ_MX_RCEIL) return hq_e8m0_from_f32_rp(hq_div_rn(hq_fabs(amax), hq_mx_max(kind)));
+  const int e = (int)(a >> 23) - hq_mx_emax(kind);
+  return (uint8_t)(e > 0 ? e : 0);
+}
+
+/* The encode multiplier of a block with scale code e: every element becomes
+   cast(RN(x * mult)).
+     e = 0xFF (a NaN block): 0, so finite elements become +-0 and NaN / Inf ones NaN (+max);
+     e = 0 under FLOOR: 2^126, as torchao divides by max(2^(e-127), 2^-126) (its scale is
+       clamped to the smallest normal FP32): such a block (A < 2^(emax-126)) dequantizes to half
+       its values, torchao's behaviour, kept for bit agreement;
+     else 2^(127-e) (hq_e8m0_quant_mult; e = 0 under RCEIL gives 2^127, where torchao's RCEIL
+       multiplies by 1: a block with A <= max * 2^-127 is all zero there).
+   x * 2^(127-e) equals torchao's x / 2^(e-127): both are the exact quotient rounded once. */
+HQ_HD float hq_mx_encode_mult(uint8_t e, int rule) {
+  if (e == 0xFFu) return 0.0f;
+  if (e == 0 && rule == HQ_MX_FLOOR) return 0x1p126f;
+  return hq_e8m0_quant_mult(e);
+}
+
+/* One element, round to nearest even (saturating to +-max; NaN -> +max), or stochastically from
+   the random byte r8. */
+HQ_HD uint32_t hq_mx_cast(float v, int kind) {
+  return kind == HQ_E2M1X2 ? hq_f32_to_e2m1(v) : hq_f32_to_fp6(v, kind);
+}
+HQ_HD uint32_t hq_mx_cast_sr(float v, int kind, uint32_t r8) {
+  return kind == HQ_E2M1X2 ? hq_f32_to_e2m1_sr(v, r8) : hq_f32_to_fp6_sr(v, kind, r8);
+}
+HQ_HD float hq_mx_elem_to_f32(uint32_t code, int kind) {
+  return kind == HQ_E2M1X2 ? hq_e2m1_to_f32(code) : hq_fp6_to_f32(code, kind);
+}
+
+/* Dequantize: x' = RN(elem(q) * 2^(e-127)) (hq_e8m0_to_f32: e = 0 is 2^-127, 0xFF NaN). */
+HQ_HD float hq_mx_dequantize(uint32_t code, uint8_t e, int kind) {
+  return hq_mul_rn(hq_mx_elem_to_f32(code, kind), hq_e8m0_to_f32(e));
+}
+
+/* Code n of a packed row. */
+HQ_HD uint32_t hq_mx_code(const uint8_t *row, int64_t n, int kind) {
+  if (kind == HQ_E2M1X2) return (row[n >> 1] >> (4 * (n & 1))) & 15u;
+  return hq_fp6_code(row, n);
+}
+
+/* 32 codes of one block into their packed bytes (16 for FP4, 24 for FP6) at dst. */
+HQ_HD void hq_mx_pack32(uint8_t *dst, const uint32_t c[32], int kind) {
+  if (kind == HQ_E2M1X2) {
+    for (int i = 0; i < 16; i++) dst[i] = (uint8_t)((c[2 * i] & 15u) | (c[2 * i + 1] & 15u) << 4);
+    return;
+  }
+  for (int g = 0; g < 8; g++) {
+    const uint32_t w = hq_fp6_pack4(c[4 * g], c[4 * g + 1], c[4 * g + 2], c[4 * g + 3]);
+    dst[3 * g] = (uint8_t)w;
+    dst[3 * g + 1] = (uint8_t)(w >> 8);
+    dst[3 * g + 2] = (uint8_t)(w >> 16);
+  }
+}
+
+/* Stochastic rounding: the 32 random bytes of a block are NVFP4's stream (hq_nvfp4_sr_bits_rk:
+   key = seed, counter = {block', direction, call offset}) at block' = 2b and 2b + 1, b the
+   block's index in its direction: rowwise i * (K/32) + k/32, columnwise (i/32) * K + k (the
+   index of its scale). Element e = 0..31 of the block (along the block) takes byte e % 16 of
+   half e / 16. */
+HQ_HD void hq_mx_sr_bits(const uint32_t rk[20], uint64_t offset, uint32_t colwise, uint64_t b,
+                         uint32_t out[8]) {
+  hq_nvfp4_sr_bits_rk(rk, offset, colwise, 2 * b, out);
+  hq_nvfp4_sr_bits_rk(rk, offset, colwise, 2 * b + 1, out + 4);
+}
+HQ_HD uint32_t hq_mx_sr_byte(const uint32_t bits[8], int e) {
+  return (bits[e >> 2] >> (8 * (e & 3))) & 0xffu;
+}
+
+/* Buffers of an [M, K] tensor (M % 32 == 0, K % 32 == 0), both directions stored [M, K]
+   (the columnwise copy is not transposed):
+     data (either direction)  [M, hq_mx_row_bytes(K)] bytes, element (i, k) code k of row i
+     rowwise scale_inv        e8m0 [M, K/32]: (i, k) -> i * (K/32) + k/32
+     columnwise_scale_inv     e8m0 [M/32, K]: (i, k) -> (i/32) * K + k */
+HQ_HD int64_t hq_mx_scale_idx(int colwise, int64_t i, int64_t k, int64_t K) {
+  return colwise ? (i / HQ_MX_BLOCK) * K + k : i * (K / HQ_MX_BLOCK) + k / HQ_MX_BLOCK;
+}
+
+#endif /* HQ_MX_RULES_H */

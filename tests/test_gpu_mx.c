@@ -1,0 +1,130 @@
+/*
+** test_gpu_mx.c -- mxfp4 and mxfp6 on a CUDA device are bit-identical to the CPU reference:
+** every buffer of every present direction after quantize on a host context and on a device
+** context, compared byte for byte, for every element type (e2m1, e3m2, e2m3), both scale rules,
+** round-to-nearest and stochastic rounding (the same seed and offset on both), f32 / bf16 / f16
+** inputs (16-byte aligned: the vector loads; one element off: the scalar loads), usage rowwise /
+** columnwise / both, shapes 32x32 to 1024x1056 with special blocks (zeros, NaN, +-Inf, FP32
+** subnormals, values past the maximum); dequantize of each direction into f32 / bf16 / f16.
+** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+#include "hq_gpu_test.h"
+
+static hq_ctx *cpu, *gpu;
+
+static int setup(void **state) {
+  (void)state;
+  return hq_gpu_contexts(&cpu, &gpu, 0x5eed);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  hq_ctx_destroy(cpu);
+  hq_ctx_destroy(gpu);
+  return 0;
+}
+
+static hq_recipe *recipe(int kind, int rceil, int sr) {
+  char text[512];
+  snprintf(text, sizeof text,
+           "[format f]\nplugin = %s\n%sscale = %s\nstochastic_rounding = %s\n[role *:*:*]\n"
+           "rowwise = f\ncolumnwise = f\n",
+           kind ? "mxfp6" : "mxfp4", kind == 1 ? "elem = e3m2\n" : kind == 2 ? "elem = e2m3\n" : "",
+           rceil ? "rceil" : "floor", sr ? "true" : "false");
+  return hq_test_recipe(text);
+}
+
+/* A host input with special blocks along the first rows and columns. */
+static hq_tensor input(hq_dtype t, int64_t M, int64_t K, uint64_t seed) {
+  hq_tensor x = hq_test_tensor(t, M, K, seed, 3.0f);
+  uint64_t s = seed;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < K; j += 32) {
+      const float m = ldexpf(1.0f, (int)(hq_test_rand(&s) % 40) - 20);
+      for (int k = 0; k < 32; k++)
+        hq_store_hp(x.data, i * K + j + k, t, hq_load_hp(x.data, i * K + j + k, t) * m);
+    }
+  const float sp[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, 1e30f, 100.0f, -7.6f};
+  for (int64_t n = 0; n < (int64_t)(sizeof sp / sizeof sp[0]) && n < M; n++) {
+    hq_store_hp(x.data, n * K + n, t, sp[n]);
+    hq_store_hp(x.data, (M - 1 - n) * K + (K - 1) - n, t, sp[n]);
+  }
+  for (int k = 0; k < 32 && M >= 64; k++) hq_store_hp(x.data, 32 * K + 32 + k, t, 0.0f);
+  return x;
+}
+
+static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, uint32_t usage,
+                int shift) {
+  char what[160];
+  snprintf(what, sizeof what, "kind %d rceil %d sr %d dtype %d [%lld, %lld] usage %u shift %d",
+           kind, rceil, sr, (int)t, (long long)M, (long long)K, usage, shift);
+  hq_recipe *r = recipe(kind, rceil, sr);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+  hq_tensor h = input(t, M, K, (uint64_t)(M * 7 + K + kind));
+  hq_tensor g = hq_gpu_tensor_at(gpu, &h, shift);
+  hq_qtensor *qh = NULL, *qg = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &h, &qh));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &g, &qg));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  hq_gpu_compare_usage(gpu, qh, qg, usage, what);
+  /* dequantize each direction on both sides into every dtype */
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (uint32_t d = 1; d <= 2; d++) {
+    if (!(usage & d)) continue;
+    for (int o = 0; o < 3; o++) {
+      hq_tensor yh = hq_test_empty(outs[o], M, K);
+      hq_tensor yg0 = hq_test_empty(outs[o], M, K);
+      hq_tensor yg = hq_gpu_tensor_at(gpu, &yg0, 0);
+      HQ_OK_OR_FAIL(hq_dequantize(qh, cpu, d, &yh));
+      HQ_OK_OR_FAIL(hq_dequantize(qg, gpu, d, &yg));
+      const size_t n = (size_t)(M * K) * hq_dtype_size(outs[o]);
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, yg0.data, HQ_DEVICE_HOST, yg.data, 0, n));
+      HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+      if (memcmp(yh.data, yg0.data, n)) fail_msg("%s: dequantize dir %u dtype %d differs", what, d,
+                                                 (int)outs[o]);
+      hq_ctx_free(gpu, yg.data);
+      free(yh.data);
+      free(yg0.data);
+    }
+  }
+  hq_qtensor_free(qh);
+  hq_qtensor_free(qg);
+  hq_ctx_free(gpu, (char *)g.data - shift);
+  free(h.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+static void test_every_option(void **state) {
+  (void)state;
+  const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int kind = 0; kind < 3; kind++)
+    for (int rceil = 0; rceil < 2; rceil++)
+      for (int sr = 0; sr < 2; sr++)
+        for (int d = 0; d < 3; d++)
+          for (uint32_t usage = 1; usage <= 3; usage++) {
+            one(kind, rceil, sr, dts[d], 96, 160, usage, 0);
+            one(kind, rceil, sr, dts[d], 64, 96, usage, (int)hq_dtype_size(dts[d]));
+          }
+}
+
+static void test_shapes(void **state) {
+  (void)state;
+  const int64_t shapes[][2] = {{32, 32}, {32, 1056}, {1024, 64}, {1024, 1056}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int kind = 0; kind < 3; kind++)
+      one(kind, 0, 0, HQ_BF16, shapes[s][0], shapes[s][1], HQ_BOTH, 0);
+}
+
+int main(void) {
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_option),
+      cmocka_unit_test(test_shapes),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,163 @@
+/*
+** test_mx_numerics.c -- the element and scale codecs of MXFP4 / MXFP6 (hq/numerics.h) and the
+** MX rules (plugins/mx/mx_rules.h) against independent tables: every code point of E2M1, E3M2,
+** E2M3 and E8M0 as ml_dtypes decodes it, ml_dtypes' RNE casts at every value, tie and
+** neighbour of a tie (tests/mx_tables.h, made by tests/gen_mx_tables.py), and hand-computed
+** scale codes and packings.
+*/
+#include <math.h>
+
+#include "hq_test.h"
+
+#include "../plugins/mx/mx_rules.h"
+#include "mx_tables.h"
+
+#define N(a) (sizeof(a) / sizeof((a)[0]))
+
+static void check_decode(const uint32_t *tab, int n, int eb, int mb) {
+  for (int c = 0; c < n; c++) {
+    const uint32_t got = hq_f32_bits(hq_fpx_to_f32((uint32_t)c, eb, mb));
+    if (got != tab[c]) fail_msg("e%dm%d code %d: 0x%08x, ml_dtypes 0x%08x", eb, mb, c, got, tab[c]);
+  }
+}
+
+static void check_encode(const uint32_t (*tab)[2], size_t n, int eb, int mb) {
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t got = hq_f32_to_fpx(hq_bits_f32(tab[i][0]), eb, mb);
+    if (got != tab[i][1])
+      fail_msg("e%dm%d cast of 0x%08x: code %u, ml_dtypes %u", eb, mb, tab[i][0], got, tab[i][1]);
+  }
+}
+
+static void test_decode_every_code(void **state) {
+  (void)state;
+  check_decode(e2m1_decode, 16, 2, 1);
+  check_decode(e3m2_decode, 64, 3, 2);
+  check_decode(e2m3_decode, 64, 2, 3);
+  for (int c = 0; c < 16; c++)
+    assert_int_equal(hq_f32_bits(hq_e2m1_to_f32((uint32_t)c)), e2m1_decode[c]);
+  for (int c = 0; c < 64; c++) {
+    assert_int_equal(hq_f32_bits(hq_fp6_to_f32((uint32_t)c, HQ_E3M2X4)), e3m2_decode[c]);
+    assert_int_equal(hq_f32_bits(hq_fp6_to_f32((uint32_t)c, HQ_E2M3X4)), e2m3_decode[c]);
+  }
+  /* E8M0: all 256 codes, 0xFF NaN (any NaN) */
+  for (int e = 0; e < 255; e++)
+    assert_int_equal(hq_f32_bits(hq_e8m0_to_f32((uint8_t)e)), e8m0_decode[e]);
+  assert_true(hq_isnan(hq_e8m0_to_f32(0xFF)) && hq_isnan(hq_bits_f32(e8m0_decode[255])));
+}
+
+static void test_encode_rne_satfinite(void **state) {
+  (void)state;
+  check_encode(e2m1_encode, N(e2m1_encode), 2, 1);
+  check_encode(e3m2_encode, N(e3m2_encode), 3, 2);
+  check_encode(e2m3_encode, N(e2m3_encode), 2, 3);
+  for (size_t i = 0; i < N(e2m1_encode); i++)
+    assert_int_equal(hq_f32_to_e2m1(hq_bits_f32(e2m1_encode[i][0])), e2m1_encode[i][1]);
+  /* NaN: +max (ml_dtypes writes -0; hq's rule, as hq_f32_to_e2m1) */
+  assert_int_equal(hq_f32_to_fp6(hq_bits_f32(0xffc00000u), HQ_E3M2X4), 0x1F);
+  assert_int_equal(hq_f32_to_fp6(hq_bits_f32(0x7fc00000u), HQ_E2M3X4), 0x1F);
+}
+
+/* The generic E2M1 casts equal the E2M1-specific ones over every FP32 value below 16 (a sweep
+   of the bit patterns) and the generic SR over every random byte. */
+static void test_generic_equals_e2m1(void **state) {
+  (void)state;
+  for (uint32_t u = 0; u < 0x41800000u; u += 0x101u) {
+    const float x = hq_bits_f32(u), nx = -x;
+    assert_int_equal(hq_f32_to_fpx(x, 2, 1), hq_f32_to_e2m1(x));
+    assert_int_equal(hq_f32_to_fpx(nx, 2, 1), hq_f32_to_e2m1(nx));
+    if ((u & 0xfffffu) < 0x101u)
+      for (uint32_t r = 0; r < 256; r++)
+        assert_int_equal(hq_f32_to_fpx_sr(x, 2, 1, r), hq_f32_to_e2m1_sr(x, r));
+    assert_int_equal(hq_f32_to_fpx_sr(nx, 2, 1, u & 255u), hq_f32_to_e2m1_sr(nx, u & 255u));
+  }
+}
+
+/* FP6 stochastic rounding: for a value between two neighbouring codes lo < hi, the result is lo
+   or hi, lo with r8 = 0, and the count of hi over all 256 bytes is the fraction of the step
+   (x - lo) / (hi - lo) times 256, exactly, where that is an integer. */
+static void test_fp6_sr(void **state) {
+  (void)state;
+  const int kinds[2] = {HQ_E3M2X4, HQ_E2M3X4};
+  for (int k = 0; k < 2; k++)
+    for (uint32_t lo = 0; lo < 31; lo++) {
+      const float a = hq_fp6_to_f32(lo, kinds[k]), b = hq_fp6_to_f32(lo + 1, kinds[k]);
+      for (int q = 0; q < 4; q++) {
+        const float x = a + (b - a) * (float)q / 4.0f;
+        int hi = 0;
+        for (uint32_t r = 0; r < 256; r++) {
+          const uint32_t c = hq_f32_to_fp6_sr(x, kinds[k], r);
+          if (c != lo && c != lo + 1) fail_msg("kind %d: %g -> code %u", kinds[k], x, c);
+          hi += c == lo + 1;
+          assert_int_equal(hq_f32_to_fp6_sr(-x, kinds[k], r), c | 0x20u);
+        }
+        assert_int_equal(hq_f32_to_fp6_sr(x, kinds[k], 0), lo);
+        assert_int_equal(hi, 64 * q);
+      }
+    }
+  /* beyond the maximum and Inf saturate whatever the byte; NaN is +max */
+  assert_int_equal(hq_f32_to_fp6_sr(100.0f, HQ_E3M2X4, 255), 0x1F);
+  assert_int_equal(hq_f32_to_fp6_sr(-INFINITY, HQ_E2M3X4, 7), 0x3F);
+  assert_int_equal(hq_f32_to_fp6_sr(NAN, HQ_E2M3X4, 7), 0x1F);
+}
+
+/* Scale codes by hand. FLOOR: max(E(A) - emax, 0); RCEIL: round up of RN(A / max). */
+static void test_scale_codes(void **state) {
+  (void)state;
+  /* A = 6.0 = 1.5 * 2^2: E = 129; emax 2 -> 127 (scale 1); E3M2 emax 4 -> 125 */
+  assert_int_equal(hq_mx_scale_code(6.0f, HQ_E2M1X2, HQ_MX_FLOOR), 127);
+  assert_int_equal(hq_mx_scale_code(6.0f, HQ_E3M2X4, HQ_MX_FLOOR), 125);
+  assert_int_equal(hq_mx_scale_code(7.99f, HQ_E2M3X4, HQ_MX_FLOOR), 127);
+  assert_int_equal(hq_mx_scale_code(8.0f, HQ_E2M1X2, HQ_MX_FLOOR), 128);
+  /* RCEIL: 6 / 6 = 1 -> 127; 6.5 / 6 > 1 -> 128; 28 / 28 -> 127; 7.5 * 2^-3 / 7.5 -> 124 */
+  assert_int_equal(hq_mx_scale_code(6.0f, HQ_E2M1X2, HQ_MX_RCEIL), 127);
+  assert_int_equal(hq_mx_scale_code(6.5f, HQ_E2M1X2, HQ_MX_RCEIL), 128);
+  assert_int_equal(hq_mx_scale_code(28.0f, HQ_E3M2X4, HQ_MX_RCEIL), 127);
+  assert_int_equal(hq_mx_scale_code(0.9375f, HQ_E2M3X4, HQ_MX_RCEIL), 124);
+  /* zero, FP32 subnormals, Inf, NaN */
+  for (int rule = 0; rule < 2; rule++) {
+    assert_int_equal(hq_mx_scale_code(0.0f, HQ_E2M1X2, rule), 0);
+    assert_int_equal(hq_mx_scale_code(NAN, HQ_E2M1X2, rule), 0xFF);
+  }
+  assert_int_equal(hq_mx_scale_code(1e-40f, HQ_E2M1X2, HQ_MX_FLOOR), 0);
+  assert_int_equal(hq_mx_scale_code(INFINITY, HQ_E2M1X2, HQ_MX_FLOOR), 253);
+  assert_int_equal(hq_mx_scale_code(INFINITY, HQ_E3M2X4, HQ_MX_FLOOR), 251);
+  assert_int_equal(hq_mx_scale_code(INFINITY, HQ_E2M1X2, HQ_MX_RCEIL), 0xFE);
+  assert_int_equal(hq_mx_scale_code(FLT_MAX, HQ_E2M1X2, HQ_MX_FLOOR), 252);
+  /* multipliers: 2^(127-e); FLOOR's e = 0 is torchao's 2^126; NaN blocks 0 */
+  assert_true(hq_mx_encode_mult(127, HQ_MX_FLOOR) == 1.0f);
+  assert_true(hq_mx_encode_mult(0, HQ_MX_FLOOR) == 0x1p126f);
+  assert_true(hq_mx_encode_mult(0, HQ_MX_RCEIL) == 0x1p127f);
+  assert_true(hq_mx_encode_mult(254, HQ_MX_FLOOR) == 0x1p-127f);
+  assert_true(hq_mx_encode_mult(0xFF, HQ_MX_RCEIL) == 0.0f);
+}
+
+/* Packing by hand (docs/formats.md's worked example): codes 1, 2, 3, 4 of FP6 are the 24-bit
+   word 1 | 2 << 6 | 3 << 12 | 4 << 18 = 0x103081: bytes 0x81 0x30 0x10. */
+static void test_packing(void **state) {
+  (void)state;
+  uint32_t c[32];
+  for (int k = 0; k < 32; k++) c[k] = (uint32_t)(k % 4 + 1);
+  uint8_t b[24];
+  hq_mx_pack32(b, c, HQ_E3M2X4);
+  assert_int_equal(b[0], 0x81);
+  assert_int_equal(b[1], 0x30);
+  assert_int_equal(b[2], 0x10);
+  for (int k = 0; k < 32; k++) c[k] = (uint32_t)((k * 37 + 5) & 63);
+  hq_mx_pack32(b, c, HQ_E2M3X4);
+  for (int k = 0; k < 32; k++) assert_int_equal(hq_mx_code(b, k, HQ_E2M3X4), c[k]);
+  /* FP4: element 0 low nibble: 0x1, 0xF -> 0xF1 */
+  c[0] = 1, c[1] = 15;
+  hq_mx_pack32(b, c, HQ_E2M1X2);
+  assert_int_equal(b[0], 0xF1);
+  assert_int_equal(hq_mx_code(b, 1, HQ_E2M1X2), 15);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_decode_every_code),  cmocka_unit_test(test_encode_rne_satfinite),
+      cmocka_unit_test(test_generic_equals_e2m1), cmocka_unit_test(test_fp6_sr),
+      cmocka_unit_test(test_scale_codes),        cmocka_unit_test(test_packing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
