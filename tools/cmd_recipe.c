@@ -2,6 +2,7 @@
 ** cmd_recipe.c -- `hq recipe check FILE`: every section resolved, the formats per direction,
 ** shadowed sections, and the errors with file:line. Exit 0 only for a valid recipe.
 */
+#include <stdarg.h>
 #include <string.h>
 
 #include "cli.h"
@@ -62,16 +63,48 @@ typedef struct lgemm {
 
 #define MAX_LAYERS 64
 
+/* What the check found beyond the recipe's own errors: the linear layers the recipe names, the
+   [role] section each of their roles matches, and their GEMMs on the host and on the first GPU
+   when there is one. */
+typedef struct gemm_check {
+  lgemm gemms[MAX_LAYERS * 3];
+  char layers[MAX_LAYERS][64];
+  int lines[MAX_LAYERS][3]; /* role_line of each tensor of each layer: 0 when unmatched */
+  size_t nlayers, ng, gemm_err;
+  char gpu_name[128];
+  int gpu_arch;
+  /* what the check itself failed to do (a context, a format's or a role's description, a layer's
+     tensors): each makes the check incomplete, so the recipe is not reported valid */
+  char fail[8][320];
+  size_t nfail;
+} gemm_check;
+
+/* Record and print one failure of the check itself (see gemm_check.fail). */
+static void check_failed(gemm_check *g, const char *file, const char *fmt, ...) {
+  char msg[320];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s: check incomplete: %s\n", file, msg);
+  if (g->nfail < sizeof g->fail / sizeof g->fail[0])
+    snprintf(g->fail[g->nfail], sizeof g->fail[0], "%s", msg);
+  g->nfail++;
+}
+
 /* The layer names the recipe's linear sections name (a glob part is used as a literal name: it
    matches that section and the less specific ones, as a real layer would). */
-static size_t linear_layers(const hq_recipe *r, char names[][64]) {
+static size_t linear_layers(const hq_recipe *r, const char *file, gemm_check *g,
+                            char names[][64]) {
   size_t n = 0;
   for (size_t i = 0; i < hq_recipe_role_count(r) && n < MAX_LAYERS; i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
     char buf[256];
     hq_role role;
-    if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role))
+    if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
       continue;
+    }
     if (strcmp(role.module_type, "linear") != 0 && !strpbrk(role.module_type, "*?")) continue;
     int dup = 0;
     for (size_t k = 0; k < n; k++) dup |= !strcmp(names[k], role.name);
@@ -115,7 +148,7 @@ static void free_layer(hq_quantizer *q[3], hq_qtensor *t[3]) {
    sections of line[] (role_line); returns the number of impossible GEMMs, or -1 (message in
    hq_last_error()) when the roles cannot even be built. */
 static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *layer,
-                       const int line[3], lgemm out[3]) {
+                       const int line[3], lgemm out[3], const char *file, gemm_check *gc) {
   /* operand (tensor index, transposed) of A and B for each GEMM: see hq_linear_* */
   static const int ops[3][4] = {{1, 1, 0, 0}, {1, 0, 2, 0}, {0, 0, 2, 1}};
   static const char *const names[3] = {"fprop", "dgrad", "wgrad"};
@@ -129,6 +162,8 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
   hq_quantizer *gq[3] = {NULL, NULL, NULL};
   hq_qtensor *gt[3] = {NULL, NULL, NULL};
   int have_gpu = gpu && !layer_tensors(r, gpu, layer, gq, gt);
+  if (gpu && !have_gpu)
+    check_failed(gc, file, "linear layer '%s' on GPU 0: %s", layer, hq_last_error());
   for (int g = 0; g < 3; g++) {
     lgemm *o = &out[g];
     memset(o, 0, sizeof *o);
@@ -146,6 +181,10 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
     hq_gemm_info info = {.struct_size = sizeof info};
     int rc = hq_gemm_plan(host, hq_operand_q(t[ops[g][0]]), ops[g][1], hq_operand_q(t[ops[g][2]]),
                           ops[g][3], NULL, NULL, &info);
+    if (rc == HQ_ENOMEM) { /* the check failed, not the pair */
+      check_failed(gc, file, "%s of linear layer '%s': %s", o->gemm, layer, hq_last_error());
+      continue;
+    }
     if (rc) {
       snprintf(o->why, sizeof o->why, "%s", hq_last_error());
       bad++;
@@ -160,6 +199,9 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
                         ops[g][3], NULL, NULL, &gi)) {
         o->path_gpu = gi.path;
         if (gi.path != HQ_GEMM_PATH_NATIVE) snprintf(o->why, sizeof o->why, "%s", gi.reason);
+      } else {
+        check_failed(gc, file, "%s of linear layer '%s' on GPU 0: %s", o->gemm, layer,
+                     hq_last_error());
       }
     }
   }
@@ -205,34 +247,28 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   return CLI_RUN;
 }
 
-/* What the check found beyond the recipe's own errors: the linear layers the recipe names, the
-   [role] section each of their roles matches, and their GEMMs on the host and on the first GPU
-   when there is one. */
-typedef struct gemm_check {
-  lgemm gemms[MAX_LAYERS * 3];
-  char layers[MAX_LAYERS][64];
-  int lines[MAX_LAYERS][3]; /* role_line of each tensor of each layer: 0 when unmatched */
-  size_t nlayers, ng, gemm_err;
-  char gpu_name[128];
-  int gpu_arch;
-} gemm_check;
-
 static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
   hq_ctx *host = NULL, *gpu = NULL;
-  hq_ctx_create(NULL, &host);
+  if (hq_ctx_create(NULL, &host)) {
+    check_failed(g, file, "host context: %s", hq_last_error());
+    host = NULL;
+  }
   if (hq_device_count() > 0) {
     hq_ctx_desc d = {sizeof d, 0, NULL, NULL, NULL, NULL, 0};
-    if (hq_ctx_create(&d, &gpu)) gpu = NULL;
-    else hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
+    if (hq_ctx_create(&d, &gpu)) {
+      check_failed(g, file, "GPU 0's context: %s", hq_last_error());
+      gpu = NULL;
+    } else {
+      hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
+    }
   }
-  g->nlayers = linear_layers(r, g->layers);
+  g->nlayers = linear_layers(r, file, g, g->layers);
   for (size_t l = 0; l < g->nlayers; l++)
     for (int t = 0; t < 3; t++) g->lines[l][t] = role_line(r, t, g->layers[l]);
   for (size_t l = 0; host && l < g->nlayers; l++) {
-    int bad = layer_gemms(r, host, gpu, g->layers[l], g->lines[l], g->gemms + g->ng);
+    int bad = layer_gemms(r, host, gpu, g->layers[l], g->lines[l], g->gemms + g->ng, file, g);
     if (bad < 0) {
-      fprintf(stderr, "%s: linear layer '%s': %s\n", file, g->layers[l], hq_last_error());
-      g->gemm_err++;
+      check_failed(g, file, "linear layer '%s': %s", g->layers[l], hq_last_error());
       continue;
     }
     for (int k = 0; k < 3; k++)
@@ -249,12 +285,15 @@ static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
   hq_ctx_destroy(host);
 }
 
-static void formats_json(json *j, const hq_recipe *r) {
+static void formats_json(json *j, const hq_recipe *r, const char *file, gemm_check *g) {
   json_key(j, "formats");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     hq_format_info fi = {.struct_size = sizeof fi};
-    if (hq_recipe_format_info(r, i, &fi)) continue;
+    if (hq_recipe_format_info(r, i, &fi)) {
+      check_failed(g, file, "format %zu: %s", i, hq_last_error());
+      continue;
+    }
     json_obj(j);
     json_kstr(j, "name", fi.name);
     if (fi.plugin) json_kstr(j, "plugin", fi.plugin);
@@ -280,12 +319,15 @@ static void formats_json(json *j, const hq_recipe *r) {
   json_close_arr(j);
 }
 
-static void roles_json(json *j, const hq_recipe *r) {
+static void roles_json(json *j, const hq_recipe *r, const char *file, gemm_check *g) {
   json_key(j, "roles");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
-    if (hq_recipe_role_info(r, i, &ri)) continue;
+    if (hq_recipe_role_info(r, i, &ri)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
+      continue;
+    }
     json_obj(j);
     json_kstr(j, "pattern", ri.pattern);
     json_kint(j, "line", ri.line);
@@ -336,32 +378,38 @@ static void gemms_json(json *j, const gemm_check *g) {
   json_close_arr(j);
 }
 
-static void report_json(const hq_recipe *r, const char *file, const gemm_check *g) {
+static void report_json(const hq_recipe *r, const char *file, gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   json j;
   json_begin(&j, stdout);
   json_obj(&j);
   json_kstr(&j, "file", file);
   json_kstr(&j, "name", hq_recipe_name(r));
-  json_kbool(&j, "valid", nerr == 0 && g->gemm_err == 0);
-  formats_json(&j, r);
-  roles_json(&j, r);
+  formats_json(&j, r, file, g);
+  roles_json(&j, r, file, g);
   gemms_json(&j, g);
   json_key(&j, "errors");
   json_arr(&j);
   for (size_t i = 0; i < nerr; i++) json_str(&j, hq_recipe_error(r, i));
   for (size_t k = 0; k < g->ng; k++)
     if (!g->gemms[k].possible) json_str(&j, g->gemms[k].why);
+  for (size_t k = 0; k < g->nfail && k < sizeof g->fail / sizeof g->fail[0]; k++)
+    json_str(&j, g->fail[k]);
   json_close_arr(&j);
+  /* last: the listings above may meet failures of the check itself */
+  json_kbool(&j, "valid", nerr == 0 && g->gemm_err == 0 && g->nfail == 0);
   json_close_obj(&j);
   json_end(&j);
 }
 
-static void formats_text(const hq_recipe *r) {
+static void formats_text(const hq_recipe *r, const char *file, gemm_check *g) {
   if (hq_recipe_format_count(r)) printf("\nformats:\n");
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     hq_format_info fi = {.struct_size = sizeof fi};
-    if (hq_recipe_format_info(r, i, &fi)) continue;
+    if (hq_recipe_format_info(r, i, &fi)) {
+      check_failed(g, file, "format %zu: %s", i, hq_last_error());
+      continue;
+    }
     if (fi.line) printf("  %-12s plugin %s (line %d)\n", fi.name, fi.plugin ? fi.plugin : "?",
                         fi.line);
     else printf("  %-12s plugin %s (implicit: its defaults)\n", fi.name,
@@ -377,7 +425,7 @@ static void formats_text(const hq_recipe *r) {
   }
 }
 
-static void roles_text(const hq_recipe *r) {
+static void roles_text(const hq_recipe *r, const char *file, gemm_check *g) {
   if (hq_recipe_role_count(r))
     printf("\nroles (most specific wins; unmatched roles: %s):\n",
            hq_recipe_unmatched(r) == HQ_UNMATCHED_ERROR  ? "an error"
@@ -385,7 +433,10 @@ static void roles_text(const hq_recipe *r) {
                                                          : "identity");
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
-    if (hq_recipe_role_info(r, i, &ri)) continue;
+    if (hq_recipe_role_info(r, i, &ri)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
+      continue;
+    }
     printf("  [role %s] line %d\n      rowwise = %s, columnwise = %s%s%s\n", ri.pattern, ri.line,
            ri.rowwise, ri.columnwise,
            ri.columnwise_source ? ", columnwise_source = " : "",
@@ -437,12 +488,12 @@ static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
     }
 }
 
-static void report_text(const hq_recipe *r, const char *file, const gemm_check *g) {
+static void report_text(const hq_recipe *r, const char *file, gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
          hq_recipe_name(r)[0] ? ")" : "");
-  formats_text(r);
-  roles_text(r);
+  formats_text(r, file, g);
+  roles_text(r, file, g);
   gemms_text(g);
   if (nerr) {
     fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
@@ -450,6 +501,9 @@ static void report_text(const hq_recipe *r, const char *file, const gemm_check *
   } else if (g->gemm_err) {
     fprintf(stderr, "\n%zu impossible GEMM%s (see above)\n", g->gemm_err,
             g->gemm_err == 1 ? "" : "s");
+  } else if (g->nfail) {
+    fprintf(stderr, "\nthe check is incomplete: %zu failure%s (see above)\n", g->nfail,
+            g->nfail == 1 ? "" : "s");
   } else {
     printf("\nvalid\n");
   }
@@ -469,7 +523,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   if (a.json) report_json(r, a.file, &g);
   else report_text(r, a.file, &g);
   if (!hq_recipe_error_count(r)) warn_unmatched(r, &g);
-  const int invalid = hq_recipe_error_count(r) || g.gemm_err;
+  const int invalid = hq_recipe_error_count(r) || g.gemm_err || g.nfail;
   hq_recipe_free(r);
   return invalid ? 1 : 0;
 }
