@@ -63,7 +63,7 @@ for c in info "recipe check" quantize bench "bench --gemm" train; do
     recipe*) first="usage: hq recipe check FILE [--json] [--plugin-dir DIR]..." ;;
     quantize) first="usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME" ;;
     bench) first="usage: hq bench [--device cpu|cuda[:N]] [--shape RxC] [--dtype bf16|f16|f32]" ;;
-    bench*) first="usage: hq bench --gemm [--device cuda[:N]|cpu] [--shape MxNxK]... [--iters N]" ;;
+    bench*) first="usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]" ;;
     train) first="usage: hq train [--recipe FILE]... [--device cpu|cuda] [--steps N] [--batch B]" ;;
   esac
   [ "$(head -n 1 "$tmp/out")" = "$first" ] || { head -n 1 "$tmp/out"; fail "hq $c --help: first line"; }
@@ -454,7 +454,7 @@ expect 1 bench --format nosuch --shape 8x8 --iters 1
 grep -q "^hq bench: nosuch: bench:2: plugin 'nosuch' was not found on the plugin search path" "$tmp/err" || { cat "$tmp/err"; fail "bench: a plugin not found"; }; ok
 if ! grep -q '"devices":\[{' "$tmp/info.json"; then
   expect 1 bench --device cuda --shape 8x8 --iters 1
-  expect 1 bench --gemm --shape 32x32x32 --iters 1; [ -s "$tmp/out" ] && fail "bench --gemm without a GPU: stdout"
+  expect 1 bench --gemm --device cuda --shape 32x32x32 --iters 1; [ -s "$tmp/out" ] && fail "bench --gemm without a GPU: stdout"
   [ -n "$cuda" ] || [ "$(cat "$tmp/err")" = "hq bench --gemm: this hq was built without CUDA" ] || fail "bench --gemm without CUDA"; ok
 fi
 # bench --gemm on the CPU: per shape the direct sgemm, then hq on f32 tensors, fp8_tensor and
@@ -475,6 +475,22 @@ expect 0 bench --gemm --device=cpu --shape 32x32x32 --iters 1
                      hq f32 tensors
                      hq fp8_tensor (raw dequantize + sgemm)
                      hq mxfp8 (raw dequantize + sgemm)" ] || { cat "$tmp/out"; fail "bench --gemm: the rows"; }; ok
+# bench --gemm runs on the CPU unless --device says otherwise, as every command; hq bench --help
+# points at it
+expect 0 bench --gemm --shape 32x32x32 --iters 1
+[ "$(sed -n 1p "$tmp/out")" = "hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of 1 samples of 1 call" ] || { cat "$tmp/out"; fail "bench --gemm: the CPU by default"; }; ok
+expect 0 bench --help; grep -q "^hq bench --gemm \[--device cpu|cuda\[:N\]\] \.\.\.: GEMM throughput instead" "$tmp/out" || fail "bench --help: --gemm"; ok
+# bench --gemm --format / --recipe --role: the user's rows replace hq's quantized default ones,
+# each against the direct sgemm
+expect 0 bench --gemm --shape 32x32x32 --iters 1 --format 'nvfp4 rht=true' --format fp8_block --recipe "$conf/recipe.ini" --role linear:input:fc1 --json
+jsonrows < "$tmp/out" > "$tmp/rows"
+sed -n 's/^{"shape":\[\([0-9,]*\)\],"kind":"\([^"]*\)","path":"\([^"]*\)".*/\1 \2 \3/p' "$tmp/rows" > "$tmp/got"
+printf '%s\n' "32,32,32 sgemm (direct) direct" "32,32,32 hq f32 tensors cpu" "32,32,32 hq nvfp4 rht=true cpu" \
+  "32,32,32 hq fp8_block cpu" "32,32,32 hq $conf/recipe.ini linear:input:fc1 cpu" > "$tmp/want"
+diff "$tmp/want" "$tmp/got" || { cat "$tmp/out"; fail "bench --gemm --format --recipe: the rows"; }; ok
+usage_error "hq bench --gemm: --recipe and --role go together" bench --gemm --role linear:input:x
+usage_error "hq bench --gemm: --format 'nvfp4 rht' is not 'PLUGIN[ key=value...]'" bench --gemm --format 'nvfp4 rht'
+failure "hq bench --gemm: $tmp/none.ini: cannot open: No such file or directory" bench --gemm --shape 32x32x32 --recipe "$tmp/none.ini" --role a:b:c
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise
 # buffer is the rowwise one (per-tensor FP8's shared scale)
 $hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 --json > "$tmp/q.json" || fail "quantize --json"
