@@ -692,6 +692,60 @@ static void test_configure_status(void **state) {
   hq_plugins_close(set);
 }
 
+/* Where the core receives a module's status (here quantize and dequantize of test_good, whose
+   label "qraw=N" / "draw=N" makes the op return N): an hq_status reaches the caller as it is; any
+   other value (-7, 12345, 12 one past HQ_EINTERNAL) is HQ_EINTERNAL naming the plugin, the op
+   and the value -- never "unknown status", never success. */
+static void test_plugin_status_range(void **state) {
+  (void)state;
+  const char *dir = fixtures();
+  hq_plugins *set = NULL;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(&dir, 1, HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV, &set));
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  static float data[4 * 4];
+  hq_tensor x = hq_tensor_2d(data, HQ_F32, HQ_DEVICE_HOST, 4, 4);
+  static const struct { const char *opt; int rc; const char *msg; } cases[] = {
+      {"label=qraw=-7", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned -7, which is not an hq_status"},
+      {"label=qraw=12345", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned 12345, which is not an hq_status"},
+      {"label=qraw=12", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned 12, which is not an hq_status"},
+      {"label=qraw=3", HQ_ENOTSUP, NULL},
+      {"label=qraw=11", HQ_EINTERNAL, NULL},
+      {"label=draw=-7", HQ_EINTERNAL, "plugin test_good: dequantize() returned -7, which is not an "
+                                      "hq_status"},
+      {"label=draw=12345", HQ_EINTERNAL, "plugin test_good: dequantize() returned 12345, which is "
+                                         "not an hq_status"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    hq_format_spec spec = {sizeof spec, "test_good", &cases[i].opt, 1};
+    hq_quantizer *q = NULL;
+    hq_qtensor *t = NULL;
+    HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, NULL, HQ_SOURCE_ORIGINAL, &q));
+    int rc = hq_quantize(q, ctx, &x, &t);
+    if (!strncmp(cases[i].opt, "label=draw=", 11)) {
+      HQ_OK_OR_FAIL(rc);
+      static float out[4 * 4];
+      hq_tensor y = hq_tensor_2d(out, HQ_F32, HQ_DEVICE_HOST, 4, 4);
+      rc = hq_dequantize(t, ctx, HQ_ROWWISE, &y);
+    }
+    if (rc != cases[i].rc)
+      fail_msg("%s: status %d, expected %d (%s)", cases[i].opt, rc, cases[i].rc, hq_last_error());
+    if (cases[i].msg && !strstr(hq_last_error(), cases[i].msg))
+      fail_msg("%s: error '%s' lacks '%s'", cases[i].opt, hq_last_error(), cases[i].msg);
+    assert_string_not_equal(hq_strerror(rc), "unknown status");
+    hq_qtensor_free(t);
+    hq_quantizer_free(q);
+  }
+  hq_ctx_destroy(ctx);
+  hq_plugins_close(set);
+}
+
 /* A recipe with errors: the parse functions leave the first error in hq_last_error; the
    string twin of hq_recipe_load refuses it. */
 static void test_recipe_string_errors(void **state) {
@@ -838,6 +892,7 @@ int main(void) {
       cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
       cmocka_unit_test(test_recipe_string_errors),  cmocka_unit_test(test_configure_status),
+      cmocka_unit_test(test_plugin_status_range),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,7 +66,9 @@ static const wide_option wide_options[] = {
 };
 #endif
 
-typedef struct cfg { int level; } cfg;
+/* raw_q / raw_d (label "qraw=N" / "draw=N"): what quantize / dequantize return instead of
+   working, any int (a broken module's status); has_raw_* says one was given. */
+typedef struct cfg { int level, has_raw_q, raw_q, has_raw_d, raw_d; } cfg;
 
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
@@ -81,6 +83,11 @@ static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
     return host->error(rc, "configure refuses with status %d", rc);
   }
   if (strncmp(label, "raw=", 4) == 0) return atoi(label + 4);
+  cfg *k = c;
+  k->has_raw_q = strncmp(label, "qraw=", 5) == 0;
+  k->raw_q = k->has_raw_q ? atoi(label + 5) : 0;
+  k->has_raw_d = strncmp(label, "draw=", 5) == 0;
+  k->raw_d = k->has_raw_d ? atoi(label + 5) : 0;
   return HQ_OK;
 }
 
@@ -112,7 +119,7 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
 
 static int quantize(const void *c, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
-  (void)c;
+  if (((const cfg *)c)->has_raw_q) return ((const cfg *)c)->raw_q;
   if (src->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "test_good stores f32 host tensors only");
   call->host->log(call, 2, "test_good: quantize [%lld, %lld]", (long long)src->rows,
@@ -139,7 +146,7 @@ static int update(const void *c, const hq_call *call, const hq_tensor *src, uint
 }
 
 static int dequantize(const void *c, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  (void)c;
+  if (((const cfg *)c)->has_raw_d) return ((const cfg *)c)->raw_d;
   if (dst->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "test_good dequantizes into f32 host tensors only");
   memcpy(dst->data, hq_storage_cbuf(s, 0)->ptr, (size_t)(dst->rows * dst->cols) * 4u);
