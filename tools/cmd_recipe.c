@@ -14,12 +14,16 @@ static const char usage[] =
     "\n"
     "Parse and resolve a recipe: list its format instances (plugin and every option value),\n"
     "each [role] section with the format of each direction and the columnwise source, the\n"
-    "sections another section shadows, and every error as FILE:LINE: message. Then, for\n"
+    "sections another section shadows, and every error as FILE:LINE: message; a warning\n"
+    "where a section naming a layer loses to one naming a tensor type for some of its roles\n"
+    "([role linear:*:lm_head] beside [role linear:grad_output:*]), and the resolved table: the\n"
+    "formats of each linear layer's input, weight and grad_output and their sections. Then, for\n"
     "every linear layer the role sections name, the three GEMMs (fprop W.row x X.row, dgrad\n"
     "W.col x dY.row, wgrad X.col x dY.col): the two operand formats and the path on the CPU\n"
     "and, when a GPU is present, on it (native / emulated); a pair that cannot be multiplied\n"
     "(operands transformed differently along k, e.g. RHT on one wgrad operand only) is an\n"
-    "error naming the role section's FILE:LINE.\n"
+    "error naming the role section's FILE:LINE. A failure of the check itself (e.g. out of\n"
+    "memory) is reported as FILE: check incomplete: ... and makes the recipe not valid.\n"
     "Exit status: 0 valid, 1 errors found, 2 bad usage.\n";
 
 /* The module file a format instance of plugin `name` comes from. */
@@ -350,6 +354,76 @@ static void roles_json(json *j, const hq_recipe *r, const char *file, gemm_check
   json_close_arr(j);
 }
 
+/* The layers the resolved table lists: each linear layer the recipe names, then any other. */
+static const char k_other[] = "(any other layer)";
+static const char *table_layer(const gemm_check *g, size_t l) {
+  return l < g->nlayers ? g->layers[l] : k_other;
+}
+
+/* The [role] section role linear:TENSOR:LAYER resolves to (ri filled), or -1 for none. */
+static long resolved(const hq_recipe *r, int t, const char *layer, hq_role_info *ri) {
+  const hq_role role = hq_role_of("linear", k_tensors[t], layer);
+  const long idx = hq_recipe_match(r, &role);
+  ri->struct_size = sizeof *ri;
+  return idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, ri) ? idx : -1;
+}
+
+/* The rows of the table: the named layers, and "any other" unless a layer "*" stands for it. */
+static size_t table_rows(const gemm_check *g) {
+  for (size_t l = 0; l < g->nlayers; l++)
+    if (!strcmp(g->layers[l], "*")) return g->nlayers;
+  return g->nlayers + 1;
+}
+
+static void layers_text(const hq_recipe *r, const gemm_check *g) {
+  printf("\nresolved roles of each linear layer (tensor: rowwise / columnwise, from section):\n");
+  for (size_t l = 0; l < table_rows(g); l++) {
+    const char *layer = table_layer(g, l);
+    printf("  layer %s\n", layer);
+    for (int t = 0; t < 3; t++) {
+      hq_role_info ri;
+      char fmts[80];
+      if (resolved(r, t, layer, &ri) < 0) {
+        printf("    %-12s identity / identity  (no section matches)\n", k_tensors[t]);
+        continue;
+      }
+      snprintf(fmts, sizeof fmts, "%s / %s", ri.rowwise, ri.columnwise);
+      printf("    %-12s %-24s [role %s] line %d\n", k_tensors[t], fmts, ri.pattern, ri.line);
+    }
+  }
+}
+
+static void layers_json(json *j, const hq_recipe *r, const gemm_check *g) {
+  json_key(j, "layers");
+  json_arr(j);
+  for (size_t l = 0; l < table_rows(g); l++) {
+    const char *layer = table_layer(g, l);
+    json_obj(j);
+    json_kstr(j, "layer", layer);
+    json_key(j, "roles");
+    json_arr(j);
+    for (int t = 0; t < 3; t++) {
+      hq_role_info ri;
+      const int found = resolved(r, t, layer, &ri) >= 0;
+      json_obj(j);
+      json_kstr(j, "tensor", k_tensors[t]);
+      json_kstr(j, "rowwise", found ? ri.rowwise : "identity");
+      json_kstr(j, "columnwise", found ? ri.columnwise : "identity");
+      if (found) {
+        json_kstr(j, "section", ri.pattern);
+        json_kint(j, "line", ri.line);
+      } else {
+        json_key(j, "section");
+        json_null(j);
+      }
+      json_close_obj(j);
+    }
+    json_close_arr(j);
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+}
+
 static void gemms_json(json *j, const gemm_check *g) {
   json_key(j, "gemms");
   json_arr(j);
@@ -387,6 +461,7 @@ static void report_json(const hq_recipe *r, const char *file, gemm_check *g) {
   json_kstr(&j, "name", hq_recipe_name(r));
   formats_json(&j, r, file, g);
   roles_json(&j, r, file, g);
+  if (!nerr) layers_json(&j, r, g);
   gemms_json(&j, g);
   json_key(&j, "errors");
   json_arr(&j);
@@ -474,12 +549,10 @@ static void gemms_text(const gemm_check *g) {
    names (check_gemms matched them) and of a layer it does not name. */
 static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
   if (hq_recipe_unmatched(r) != HQ_UNMATCHED_UNSET) return;
-  static const char other[] = "(any other layer)";
   for (size_t l = 0; l <= g->nlayers; l++)
     for (int t = 0; t < 3; t++) {
-      const int named = l < g->nlayers;
-      const char *layer = named ? g->layers[l] : other;
-      if ((named ? g->lines[l][t] : role_line(r, t, other)) == 0)
+      const char *layer = table_layer(g, l);
+      if ((l < g->nlayers ? g->lines[l][t] : role_line(r, t, layer)) == 0)
         fprintf(stderr,
                 "hq recipe check: warning: role linear:%s:%s matches no [role] section: both "
                 "directions stay in high precision (say `unmatched = identity` in [recipe] if "
@@ -494,6 +567,7 @@ static void report_text(const hq_recipe *r, const char *file, gemm_check *g) {
          hq_recipe_name(r)[0] ? ")" : "");
   formats_text(r, file, g);
   roles_text(r, file, g);
+  if (!nerr) layers_text(r, g);
   gemms_text(g);
   if (nerr) {
     fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
@@ -522,7 +596,10 @@ int hq_cmd_recipe(int argc, char **argv) {
   if (!hq_recipe_error_count(r)) check_gemms(r, a.file, &g);
   if (a.json) report_json(r, a.file, &g);
   else report_text(r, a.file, &g);
-  if (!hq_recipe_error_count(r)) warn_unmatched(r, &g);
+  if (!hq_recipe_error_count(r)) {
+    warn_unmatched(r, &g);
+    cli_warn_role_traps(r, CMD, a.file);
+  }
   const int invalid = hq_recipe_error_count(r) || g.gemm_err || g.nfail;
   hq_recipe_free(r);
   return invalid ? 1 : 0;
