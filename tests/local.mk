@@ -294,6 +294,13 @@ tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h
 tests_test_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_oom_LDADD = $(HQ_TEST_LDADD)
 
+# hq.h's struct init macros, compiled warning-free under -Wall -Wextra -Werror in every build
+check_PROGRAMS += tests/test_struct_init
+tests_test_struct_init_SOURCES = tests/test_struct_init.c tests/hq_test.h
+tests_test_struct_init_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_struct_init_CFLAGS = $(AM_CFLAGS) -Wall -Wextra -Werror
+tests_test_struct_init_LDADD = $(HQ_TEST_LDADD)
+
 # `hq recipe check` under allocation failures injected one at a time (the command linked in)
 check_PROGRAMS += tests/test_recipe_check_oom
 tests_test_recipe_check_oom_SOURCES = tests/test_recipe_check_oom.c tests/hq_test.h \
