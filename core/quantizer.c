@@ -406,7 +406,7 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
     if (b->role == HQ_ROLE_DATA) {
       const int64_t M = st->rows, K = st->cols;
       int64_t d0 = d->order == HQ_ORDER_KM ? K : M, d1 = d->order == HQ_ORDER_KM ? M : K;
-      if (b->dtype == HQ_E2M1X2) d1 = d1 % 2 ? -1 : d1 / 2;
+      if (b->dtype == HQ_E2M1X2 || b->dtype == HQ_I4X2) d1 = d1 % 2 ? -1 : d1 / 2;
       if (b->dtype != d->elem || b->ndim != 2 || b->shape[0] != d0 || b->shape[1] != d1)
         return hqi_error(HQ_EABI, "layout() of '%s': data buffer '%s' (%s [%lld, %lld]) does not "
                          "match the descriptor (elem %s, order %s of [%lld, %lld])", pn, b->name,

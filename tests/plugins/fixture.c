@@ -97,14 +97,16 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
   const int col = dir == HQ_COLWISE;
   (void)host;
   (void)dirs;
+  /* level 10: packed 4-bit integers, two per byte (make_empty only: quantize copies f32) */
   hq_buffer *d = hq_buffer_describe(out, 0, col && level != 4 ? "columnwise_data" : "data",
-                                    level == 1 ? HQ_ROLE_OTHER : HQ_ROLE_DATA, HQ_F32, 2, rows,
-                                    level == 9 ? cols + 1 : cols);
+                                    level == 1 ? HQ_ROLE_OTHER : HQ_ROLE_DATA,
+                                    level == 10 ? HQ_I4X2 : HQ_F32, 2, rows,
+                                    level == 9 ? cols + 1 : level == 10 ? cols / 2 : cols);
   hq_buffer_gather(d, HQ_GATHER_ROWS, 1);
   hq_buffer *a = hq_buffer_describe(out, 1, level == 6 ? d->name : col ? "columnwise_aux" : "aux",
                                     HQ_ROLE_OTHER, HQ_U8, 1, 2, 0);
   hq_buffer_gather(a, HQ_GATHER_SAME, 1);
-  out->desc.elem = level == 2 ? HQ_BF16 : HQ_F32;
+  out->desc.elem = level == 2 ? HQ_BF16 : level == 10 ? HQ_I4X2 : HQ_F32;
   out->desc.order = HQ_ORDER_MK;
   out->desc.shard_rows = 1;
   if (level == 5) {
