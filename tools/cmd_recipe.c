@@ -84,6 +84,7 @@ typedef struct gemm_check {
 } gemm_check;
 
 /* Record and print one failure of the check itself (see gemm_check.fail). */
+static void check_failed(gemm_check *g, const char *file, const char *fmt, ...) HQ_PRINTF(3, 4);
 static void check_failed(gemm_check *g, const char *file, const char *fmt, ...) {
   char msg[320];
   va_list ap;
