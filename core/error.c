@@ -61,6 +61,14 @@ int hqi_error_prefix(int code, const char *fmt, ...) {
   return code;
 }
 
+int hqi_plugin_rc(int rc, const char *module, const char *op) {
+  if (rc >= HQ_OK && rc <= HQ_EINTERNAL) return rc;
+  char copy[512];
+  snprintf(copy, sizeof copy, "%s", hq_last_error());
+  return hqi_error(HQ_EINTERNAL, "plugin %s: %s() returned %d, which is not an hq_status%s%s",
+                   module, op, rc, copy[0] ? ": " : "", copy);
+}
+
 const char *hq_strerror(int status) {
   switch (status) {
   case HQ_OK: return "success";

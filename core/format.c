@@ -46,7 +46,7 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
   }
   hq_clear_error();
   const hqi_fpenv fe = hqi_fp_enter(); /* constants a module derives from its options */
-  int rc = ops->configure(f->cfg, f->vals, &hqi_host_api);
+  int rc = hqi_plugin_rc(ops->configure(f->cfg, f->vals, &hqi_host_api), ops->name, "configure");
   hqi_fp_leave(fe);
   if (rc) {
     const char *msg = hq_last_error();
@@ -54,11 +54,7 @@ int hqi_format_create(const char *name, const hq_plugin *plugin, hq_plugins *set
     snprintf(copy, sizeof copy, "%s", msg[0] ? msg : hq_strerror(rc));
     hqi_format_release(f);
     /* The module's status is the caller's answer (HQ_ENOMEM is worth a retry, HQ_ENOTSUP names
-       an unsupported combination); a value that is no hq_status (HQ_EINTERNAL is the last) is
-       a broken module, which must not pass for success or another code's meaning. */
-    if (rc < 0 || rc > HQ_EINTERNAL)
-      return hqi_error(HQ_EINTERNAL, "plugin %s: configure() returned %d, which is not an "
-                       "hq_status%s%s", ops->name, rc, msg[0] ? ": " : "", msg[0] ? copy : "");
+       an unsupported combination) */
     return hqi_error(rc, "%s", copy);
   }
   f->caps = ops->instance_caps ? ops->instance_caps(f->cfg) : ops->caps;

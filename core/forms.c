@@ -30,7 +30,8 @@ int hqi_buffer_form(const hqi_format *f, const hq_storage *st, uint32_t i, uint3
   const hq_format_ops *ops = &f->plugin->ops;
   const hq_buffer *b = hq_storage_cbuf(st, i);
   hq_clear_error();
-  int rc = ops->buffer_form(f->cfg, &hqi_host_api, st, i, purpose, out);
+  int rc = hqi_plugin_rc(ops->buffer_form(f->cfg, &hqi_host_api, st, i, purpose, out), ops->name,
+                         "buffer_form");
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s form of buffer '%s'",
                             role, hq_dir_name(st->dir), f->name, ops->name,
@@ -76,6 +77,7 @@ static int run(const hqi_format *f, hq_ctx *ctx, hq_storage *st, uint32_t i,
   else
     rc = to_form ? ops->save(f->cfg, &call, st, i, form) : ops->restore(f->cfg, &call, st, i, form);
   hqi_fp_leave(fe);
+  rc = hqi_plugin_rc(rc, ops->name, op);
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of buffer '%s'", role,
                             hq_dir_name(st->dir), f->name, ops->name, op,

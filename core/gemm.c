@@ -272,7 +272,8 @@ static void choice_fill(const plan *p, hqi_gemm_choice *c) {
   c->reason[0] = '\0';
   for (uint32_t i = 0; i < c->n; i++) {
     hq_clear_error();
-    const int rc = c->cand[i]->ops.accepts(&hqi_gemm_host, &p->kind);
+    const int rc = hqi_plugin_rc(c->cand[i]->ops.accepts(&hqi_gemm_host, &p->kind),
+                                 c->cand[i]->ops.name, "accepts");
     if (rc == HQ_OK) {
       c->accepted |= 1u << i;
     } else if (c->declined < 0) {
@@ -334,7 +335,7 @@ static int module_gemm(hq_ctx *ctx, plan *p, hq_gemm_run *r) {
   hq_call call;
   hqi_call_init(ctx, &call, 0, ctx->offset);
   hq_clear_error();
-  int rc = ops->gemm(fa->cfg, &call, &g);
+  int rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
   if (rc == HQ_OK) {
     r->path = HQ_GEMM_PATH_NATIVE;
     copy_name(p->info.provider, sizeof p->info.provider, ops->name);
@@ -365,7 +366,7 @@ static int dispatch(hq_ctx *ctx, plan *p, hq_gemm_run *r) {
     r->path = HQ_GEMM_PATH_NONE;
     r->fused = 0;
     hq_clear_error();
-    rc = pv->ops.run(&hqi_gemm_host, &call, r);
+    rc = hqi_plugin_rc(pv->ops.run(&hqi_gemm_host, &call, r), pv->ops.name, "run");
     if (rc == HQ_OK) {
       copy_name(p->info.provider, sizeof p->info.provider, pv->ops.name);
       return HQ_OK;

@@ -54,7 +54,8 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
     c.factor_mul = fold->mul;
   }
   hq_clear_error();
-  int rc = ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst);
+  int rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name,
+                         "dequantize");
   if (rc)
     return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize",
                             g->what, g->label, g->qt->role, hq_dir_name(g->kind.dir),
@@ -76,7 +77,8 @@ static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out)
   hq_call c;
   hqi_call_init(ctx, &c, 0, ctx->offset);
   hq_clear_error();
-  int rc = ops->tensor_factor(g->fmt->cfg, &c, g->pub.st, out);
+  int rc = hqi_plugin_rc(ops->tensor_factor(g->fmt->cfg, &c, g->pub.st, out), ops->name,
+                         "tensor_factor");
   if (rc)
     return hqi_error_prefix(rc, "%s: operand %s (role %s, plugin %s), tensor_factor", g->what,
                             g->label, g->qt->role, ops->name);

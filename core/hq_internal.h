@@ -17,6 +17,11 @@
 int hqi_verror(int code, const char *fmt, va_list ap);
 /* Prepend "<prefix>: " to the thread's last error; returns code. */
 int hqi_error_prefix(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
+/* Every status a module (a format plugin or a GEMM provider) returns passes here, where the core
+   receives it: an hq_status comes back as it is; any other value (a broken module: -7, 12345) is
+   HQ_EINTERNAL with a message naming the module, the op and the value (and keeping the module's
+   own message), so that it can pass neither for success nor for another status's meaning. */
+int hqi_plugin_rc(int rc, const char *module, const char *op);
 void hqi_log(const hq_ctx *ctx, int level, const char *fmt, ...) HQ_PRINTF(3, 4);
 extern const hq_host_api hqi_host_api;
 

@@ -406,7 +406,7 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
     if (b->role == HQ_ROLE_DATA) {
       const int64_t M = st->rows, K = st->cols;
       int64_t d0 = d->order == HQ_ORDER_KM ? K : M, d1 = d->order == HQ_ORDER_KM ? M : K;
-      if (b->dtype == HQ_E2M1X2) d1 = d1 % 2 ? -1 : d1 / 2;
+      if (b->dtype == HQ_E2M1X2 || b->dtype == HQ_I4X2) d1 = d1 % 2 ? -1 : d1 / 2;
       if (b->dtype == HQ_E3M2X4 || b->dtype == HQ_E2M3X4) d1 = d1 % 4 ? -1 : d1 / 4 * 3;
       if (b->dtype != d->elem || b->ndim != 2 || b->shape[0] != d0 || b->shape[1] != d1)
         return hqi_error(HQ_EABI, "layout() of '%s': data buffer '%s' (%s [%lld, %lld]) does not "
@@ -465,7 +465,9 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
     memset(q, 0, sizeof *q);
     storage_init(&q->st, dir, qt->rows, qt->cols, ctx->device, qt->nominal);
     hq_clear_error();
-    int rc = f->plugin->ops.layout(f->cfg, &hqi_host_api, qt->rows, qt->cols, dir, dirs, &q->st);
+    int rc = hqi_plugin_rc(
+        f->plugin->ops.layout(f->cfg, &hqi_host_api, qt->rows, qt->cols, dir, dirs, &q->st),
+        f->plugin->ops.name, "layout");
     if (!rc) rc = check_layout(f, &q->st, (dirs & HQ_ROWWISE) && d ? &qt->d[0].st : NULL);
     if (rc) {
       memset(q, 0, sizeof *q);
@@ -490,7 +492,8 @@ static int make_storages(hq_qtensor *qt, hqi_format *f, uint32_t dirs) {
       hq_call call;
       hqi_call_init(ctx, &call, 0, qt->offset);
       hq_clear_error();
-      rc = f->plugin->ops.make_empty(f->cfg, &call, &q->st);
+      rc = hqi_plugin_rc(f->plugin->ops.make_empty(f->cfg, &call, &q->st), f->plugin->ops.name,
+                         "make_empty");
       if (rc) return call_prefix(rc, qt, f, dir, "make_empty");
     }
   }
@@ -676,6 +679,7 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
   rc = update && ops->update ? ops->update(f->cfg, &call, src, dirs, row, col)
                              : ops->quantize(f->cfg, &call, src, dirs, row, col);
   hqi_fp_leave(fe);
+  rc = hqi_plugin_rc(rc, ops->name, update && ops->update ? "update" : "quantize");
   if (rc)
     return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of [%lld, %lld] %s",
                             qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
@@ -693,6 +697,7 @@ static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, cons
   const hqi_fpenv fe = hqi_fp_enter();
   int rc = f->plugin->ops.dequantize(f->cfg, &call, st, dst);
   hqi_fp_leave(fe);
+  rc = hqi_plugin_rc(rc, f->plugin->ops.name, "dequantize");
   if (rc) return call_prefix(rc, qt, f, dir, "dequantize");
   return HQ_OK;
 }
@@ -1165,6 +1170,7 @@ static int amax_one(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor 
   const hqi_fpenv fe = hqi_fp_enter();
   int rc = f->plugin->ops.amax(f->cfg, &call, src, dirs, tmp ? tmp : out);
   hqi_fp_leave(fe);
+  rc = hqi_plugin_rc(rc, f->plugin->ops.name, "amax");
   if (rc) return call_prefix(rc, qt, f, dirs, "amax");
   for (int d = 0; d < 2 && tmp; d++)
     if (dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) {

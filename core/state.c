@@ -386,6 +386,7 @@ int hq_state_update(hq_state *st, hq_ctx *ctx) {
     rc = f->plugin->ops.update_state(f->cfg, &call, gr->dirs, (int64_t)gr->n, st->buf + gr->amax0,
                                      st->buf + gr->state0);
     hqi_fp_leave(fe);
+    rc = hqi_plugin_rc(rc, f->plugin->ops.name, "update_state");
     if (rc)
       hqi_error_prefix(rc, "hq_state_update: %s format '%s' (plugin %s), %zu slice%s",
                        dirs_name(gr->dirs), f->name, f->plugin->ops.name, gr->n,

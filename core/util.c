@@ -140,6 +140,7 @@ static const struct {
     {HQ_U8, "u8", 1},     {HQ_E4M3, "e4m3", 1}, {HQ_E5M2, "e5m2", 1},
     {HQ_E8M0, "e8m0", 1}, {HQ_E2M1X2, "e2m1x2", 1}, {HQ_I32, "i32", 4},
     {HQ_I8, "i8", 1},     {HQ_E3M2X4, "e3m2x4", 1}, {HQ_E2M3X4, "e2m3x4", 1},
+    {HQ_I4X2, "i4x2", 1},
 };
 
 const char *hq_dtype_name(hq_dtype t) {

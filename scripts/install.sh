@@ -5,7 +5,15 @@
 #
 # Works on a fresh clone as root (a container: no sudo needed) or as a user with sudo. The
 # source tree stays unconfigured, so the second command, scripts/check.sh, runs right after it
-# in the same tree. CUDA paths are built when nvcc is found (/usr/local/cuda/bin is searched);
+# in the same tree (and tests this build/release instead of building another).
+#
+# CUDA (nvcc found on PATH or in /usr/local/cuda/bin): HQ_CUDA_ARCH chooses the GPU
+# architectures, as configure's --with-cuda-arch: native, all (sm_90 and Blackwell), a list
+# (90,100), or none (the CPU paths only). Unset, it is native where nvidia-smi reports a GPU of
+# compute capability 9.0 or 10.x, and none otherwise: on a machine without such a GPU the CUDA
+# paths could not run, and building them for every target costs most of the set-up time (CI
+# asks for all: .ci/run). ccache, when installed, compiles C and CUDA (HQ_CCACHE=no: not).
+#
 # Open MPI (openmpi-bin, libopenmpi-dev) gives the FSDP gather its MPI backend and the MPI tests
 # their mpirun, NCCL (with the CUDA toolkit) its NCCL backend.
 # A later run reuses build/release when it was configured with the same arguments, and
@@ -34,7 +42,7 @@ if [ -n "$missing" ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
-[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH=$PATH:/usr/local/cuda/bin ;; esac
+. "$top/scripts/build-args.sh"
 [ -x configure ] || autoreconf -fi
 mkdir -p build/release
 cd build/release
@@ -44,6 +52,9 @@ cd build/release
 # configuration of another origin, CC set now or then -- reconfigures: a stale prefix would
 # install into the first run's directory and bake its plugin directory into libhqcore.
 args=(--prefix="$prefix")
+hq_build_args
+args+=("${hq_args[@]}")
+echo "== $hq_args_why"
 want=$(printf '%s\n' "${args[@]}")
 have=
 if [ -f Makefile ] && [ -x config.status ]; then
@@ -53,7 +64,9 @@ if [ -n "$have" ] && [ "$have" = "$want" ]; then
   echo "== reusing build/release (configured with ${args[*]})"
 else
   echo "== configure ${args[*]}"
-  "$top/configure" -q "${args[@]}"
+  # configure.log: scripts/check.sh checks it as it checks the configurations it makes itself
+  "$top/configure" -q "${args[@]}" > configure.log 2>&1 || { tail -20 configure.log; exit 1; }
+  cat configure.log
 fi
 echo "== make"
 make -s -j"$(nproc 2>/dev/null || echo 2)" >/dev/null

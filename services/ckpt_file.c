@@ -45,7 +45,7 @@ static const struct {
 #define N_ST_TYPES (sizeof st_types / sizeof st_types[0])
 
 /* The safetensors dtype an hq dtype is stored as: E8M0 scales and packed E2M1X2 / E3M2X4 /
-   E2M3X4 bytes as U8 (the hq dtype is in the metadata). */
+   E2M3X4 / I4X2 bytes as U8 (the hq dtype is in the metadata). */
 const char *ck_st_name_of(hq_dtype t) {
   switch (t) {
   case HQ_F32: return "F32";
@@ -59,7 +59,8 @@ const char *ck_st_name_of(hq_dtype t) {
   case HQ_E8M0: return "U8";
   case HQ_E2M1X2:
   case HQ_E3M2X4:
-  case HQ_E2M3X4: return "U8";
+  case HQ_E2M3X4:
+  case HQ_I4X2: return "U8";
   default: return NULL;
   }
 }

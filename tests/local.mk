@@ -298,6 +298,20 @@ tests_test_oom_SOURCES = tests/test_oom.c tests/hq_test.h
 tests_test_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_oom_LDADD = $(HQ_TEST_LDADD)
 
+# hq.h's struct init macros, compiled warning-free under -Wall -Wextra -Werror in every build
+check_PROGRAMS += tests/test_struct_init
+tests_test_struct_init_SOURCES = tests/test_struct_init.c tests/hq_test.h
+tests_test_struct_init_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_struct_init_CFLAGS = $(AM_CFLAGS) -Wall -Wextra -Werror
+tests_test_struct_init_LDADD = $(HQ_TEST_LDADD)
+
+# `hq recipe check` under allocation failures injected one at a time (the command linked in)
+check_PROGRAMS += tests/test_recipe_check_oom
+tests_test_recipe_check_oom_SOURCES = tests/test_recipe_check_oom.c tests/hq_test.h \
+	tools/cmd_recipe.c tools/cli.c tools/json.c
+tests_test_recipe_check_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_recipe_check_oom_LDADD = $(HQ_TEST_LDADD)
+
 # delayed scaling: the update rule, one state buffer for many quantizers, hybrids, recipes
 check_PROGRAMS += tests/test_delayed
 tests_test_delayed_SOURCES = tests/test_delayed.c tests/hq_test.h

@@ -692,6 +692,105 @@ static void test_configure_status(void **state) {
   hq_plugins_close(set);
 }
 
+/* Where the core receives a module's status (here quantize and dequantize of test_good, whose
+   label "qraw=N" / "draw=N" makes the op return N): an hq_status reaches the caller as it is; any
+   other value (-7, 12345, 12 one past HQ_EINTERNAL) is HQ_EINTERNAL naming the plugin, the op
+   and the value -- never "unknown status", never success. */
+static void test_plugin_status_range(void **state) {
+  (void)state;
+  const char *dir = fixtures();
+  hq_plugins *set = NULL;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(&dir, 1, HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV, &set));
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  static float data[4 * 4];
+  hq_tensor x = hq_tensor_2d(data, HQ_F32, HQ_DEVICE_HOST, 4, 4);
+  static const struct { const char *opt; int rc; const char *msg; } cases[] = {
+      {"label=qraw=-7", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned -7, which is not an hq_status"},
+      {"label=qraw=12345", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned 12345, which is not an hq_status"},
+      {"label=qraw=12", HQ_EINTERNAL,
+       "role (direct), rowwise format 'test_good' (plugin test_good), quantize of [4, 4] f32: "
+       "plugin test_good: quantize() returned 12, which is not an hq_status"},
+      {"label=qraw=3", HQ_ENOTSUP, NULL},
+      {"label=qraw=11", HQ_EINTERNAL, NULL},
+      {"label=draw=-7", HQ_EINTERNAL, "plugin test_good: dequantize() returned -7, which is not an "
+                                      "hq_status"},
+      {"label=draw=12345", HQ_EINTERNAL, "plugin test_good: dequantize() returned 12345, which is "
+                                         "not an hq_status"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    hq_format_spec spec = {sizeof spec, "test_good", &cases[i].opt, 1};
+    hq_quantizer *q = NULL;
+    hq_qtensor *t = NULL;
+    HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, NULL, HQ_SOURCE_ORIGINAL, &q));
+    int rc = hq_quantize(q, ctx, &x, &t);
+    if (!strncmp(cases[i].opt, "label=draw=", 11)) {
+      HQ_OK_OR_FAIL(rc);
+      static float out[4 * 4];
+      hq_tensor y = hq_tensor_2d(out, HQ_F32, HQ_DEVICE_HOST, 4, 4);
+      rc = hq_dequantize(t, ctx, HQ_ROWWISE, &y);
+    }
+    if (rc != cases[i].rc)
+      fail_msg("%s: status %d, expected %d (%s)", cases[i].opt, rc, cases[i].rc, hq_last_error());
+    if (cases[i].msg && !strstr(hq_last_error(), cases[i].msg))
+      fail_msg("%s: error '%s' lacks '%s'", cases[i].opt, hq_last_error(), cases[i].msg);
+    assert_string_not_equal(hq_strerror(rc), "unknown status");
+    hq_qtensor_free(t);
+    hq_quantizer_free(q);
+  }
+  hq_ctx_destroy(ctx);
+  hq_plugins_close(set);
+}
+
+/* HQ_I4X2 (ABI 2.5): one byte per two signed 4-bit codes. Its name and size; hq_i4x2_pack /
+   hq_i4x2_get over every pair of values (-8..7, element 2i in the low nibble: pack(-8, 7) is
+   0x78, pack(-1, 0) is 0x0F); a data buffer of it has its inner dimension halved, so that a
+   [4, 8] tensor's codes are 16 bytes: 4 bits per element (test_good level 10: codes + aux [2]). */
+static void test_i4x2(void **state) {
+  (void)state;
+  assert_int_equal(HQ_ABI_MINOR, 5);
+  assert_int_equal(HQ_I4X2, 11);
+  assert_int_equal(hq_dtype_size(HQ_I4X2), 1);
+  assert_string_equal(hq_dtype_name(HQ_I4X2), "i4x2");
+  assert_int_equal(hq_dtype_from_name("i4x2"), HQ_I4X2);
+  assert_int_equal(hq_i4x2_pack(-8, 7), 0x78);
+  assert_int_equal(hq_i4x2_pack(-1, 0), 0x0F);
+  assert_int_equal(hq_i4x2_pack(3, -3), 0xD3);
+  for (int lo = -8; lo <= 7; lo++)
+    for (int hi = -8; hi <= 7; hi++) {
+      const uint8_t row[2] = {hq_i4x2_pack(lo, hi), hq_i4x2_pack(hi, lo)};
+      assert_int_equal(row[0], (uint8_t)((lo & 15) | (hi & 15) << 4));
+      assert_int_equal(hq_i4x2_get(row, 0), lo);
+      assert_int_equal(hq_i4x2_get(row, 1), hi);
+      assert_int_equal(hq_i4x2_get(row, 2), hi);
+      assert_int_equal(hq_i4x2_get(row, 3), lo);
+    }
+  const char *dir = fixtures();
+  hq_plugins *set = NULL;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_plugins_open(&dir, 1, HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV, &set));
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const char *opt = "level=10";
+  hq_format_spec spec = {sizeof spec, "test_good", &opt, 1};
+  hq_quantizer *q = NULL;
+  hq_qtensor *t = NULL;
+  HQ_OK_OR_FAIL(hq_quantizer_create_direct(set, &spec, NULL, HQ_SOURCE_ORIGINAL, &q));
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
+  HQ_OK_OR_FAIL(hq_make_empty(q, ctx, 4, 8, HQ_F32, &t));
+  const hq_storage *st = hq_qtensor_storage(t, HQ_ROWWISE);
+  assert_int_equal(hq_storage_cbuf(st, 0)->dtype, HQ_I4X2);
+  assert_int_equal(hq_storage_cbuf(st, 0)->bytes, 16);
+  assert_int_equal(hq_qtensor_bytes(t, HQ_ROWWISE), 16 + 2);
+  hq_qtensor_free(t);
+  hq_quantizer_free(q);
+  hq_ctx_destroy(ctx);
+  hq_plugins_close(set);
+}
+
 /* A recipe with errors: the parse functions leave the first error in hq_last_error; the
    string twin of hq_recipe_load refuses it. */
 static void test_recipe_string_errors(void **state) {
@@ -838,6 +937,8 @@ int main(void) {
       cmocka_unit_test(test_saved_buffer_stride),
       cmocka_unit_test(test_huge_sizes),            cmocka_unit_test(test_direct_quantizer),
       cmocka_unit_test(test_recipe_string_errors),  cmocka_unit_test(test_configure_status),
+      cmocka_unit_test(test_plugin_status_range),
+      cmocka_unit_test(test_i4x2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,7 +63,7 @@ for c in info "recipe check" quantize bench "bench --gemm" train; do
     recipe*) first="usage: hq recipe check FILE [--json] [--plugin-dir DIR]..." ;;
     quantize) first="usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME" ;;
     bench) first="usage: hq bench [--device cpu|cuda[:N]] [--shape RxC] [--dtype bf16|f16|f32]" ;;
-    bench*) first="usage: hq bench --gemm [--device cuda[:N]|cpu] [--shape MxNxK]... [--iters N]" ;;
+    bench*) first="usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]" ;;
     train) first="usage: hq train [--recipe FILE]... [--device cpu|cuda] [--steps N] [--batch B]" ;;
   esac
   [ "$(head -n 1 "$tmp/out")" = "$first" ] || { head -n 1 "$tmp/out"; fail "hq $c --help: first line"; }
@@ -183,7 +183,7 @@ cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b"; fail "bench: the later val
 # info lists the built-in identity and the stock formats with their options
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":4}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":5}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
@@ -357,6 +357,35 @@ $hq recipe check --json "$conf/recipe.ini" 2>/dev/null | grep -q '"gemm":"dgrad"
 printf '[format a]\nplugin = nvfp4\nrht = true\n\n[role linear:input:*]\ncolumnwise = a\n[role linear:grad_output:*]\ncolumnwise = nvfp4\n' > "$tmp/rht.ini"
 $hq recipe check "$tmp/rht.ini" > "$tmp/out" 2> "$tmp/err"; [ $? -eq 1 ] || fail "impossible gemm exit status"
 grep -q "rht.ini:5: wgrad of linear layer '\*' is impossible: .*rht16" "$tmp/err" || { cat "$tmp/err"; fail "impossible gemm message"; }; ok
+# a precedence trap: [role linear:*:lm_head] beside [role linear:grad_output:*] leaves lm_head's
+# grad_output to the second (more literal characters): a warning naming both sections and the
+# fix, the resolved table per layer showing it; valid all the same (exit 0)
+printf '[format f8]\nplugin = fp8_tensor\n[role linear:input:*]\nrowwise = f8\ncolumnwise = f8\n[role linear:weight:*]\nrowwise = f8\ncolumnwise = f8\n[role linear:grad_output:*]\nrowwise = f8\ncolumnwise = f8\n[role linear:*:lm_head]\nrowwise = identity\ncolumnwise = identity\n' > "$tmp/trap.ini"
+expect 0 recipe check "$tmp/trap.ini"
+[ "$(grep -F "$tmp/trap.ini" "$tmp/err")" = "hq recipe check: warning: $tmp/trap.ini:12: [role linear:*:lm_head] does not apply to linear:grad_output:lm_head: [role linear:grad_output:*] (line 9) wins there (more literal characters) with rowwise = f8, columnwise = f8 instead of identity, identity; add [role linear:grad_output:lm_head] if lm_head's grad_output is meant to follow line 12" ] ||
+  { cat "$tmp/err"; fail "recipe check: the lm_head precedence trap"; }
+sed -n '/^resolved roles/,/^$/p' "$tmp/out" > "$tmp/got"
+cat > "$tmp/want" <<'TABLE'
+resolved roles of each linear layer (tensor: rowwise / columnwise, from section):
+  layer *
+    input        f8 / f8                  [role linear:input:*] line 3
+    weight       f8 / f8                  [role linear:weight:*] line 6
+    grad_output  f8 / f8                  [role linear:grad_output:*] line 9
+  layer lm_head
+    input        identity / identity      [role linear:*:lm_head] line 12
+    weight       identity / identity      [role linear:*:lm_head] line 12
+    grad_output  f8 / f8                  [role linear:grad_output:*] line 9
+
+TABLE
+diff "$tmp/want" "$tmp/got" || fail "recipe check: the resolved table per layer"; ok
+$hq recipe check --json "$tmp/trap.ini" 2>/dev/null | grep -qF '{"layer":"lm_head","roles":[{"tensor":"input","rowwise":"identity","columnwise":"identity","section":"linear:*:lm_head","line":12},{"tensor":"weight","rowwise":"identity","columnwise":"identity","section":"linear:*:lm_head","line":12},{"tensor":"grad_output","rowwise":"f8","columnwise":"f8","section":"linear:grad_output:*","line":9}]}' ||
+  fail "recipe check --json: the resolved table"; ok
+# the fix the warning names silences it; so does a trap with the same formats on both sides
+printf '[role linear:grad_output:lm_head]\nrowwise = identity\n' >> "$tmp/trap.ini"
+expect 0 recipe check "$tmp/trap.ini"; grep -q "does not apply" "$tmp/err" && { cat "$tmp/err"; fail "recipe check: warning after the fix"; }
+grep -q "^    grad_output  identity / identity      \[role linear:grad_output:lm_head\] line 15$" "$tmp/out" || { cat "$tmp/out"; fail "recipe check: the fixed table"; }; ok
+printf '[role linear:grad_output:*]\nrowwise = fp8_tensor\n[role linear:*:lm_head]\nrowwise = fp8_tensor\n[recipe]\nunmatched = identity\n' > "$tmp/same.ini"
+expect 0 recipe check "$tmp/same.ini"; grep -q "does not apply" "$tmp/err" && { cat "$tmp/err"; fail "recipe check: a trap without consequence warned"; }; ok
 # bench on the CPU: per configuration a row per direction set (both, rowwise, columnwise), each
 # followed by one with the per-tensor amax given where the format has one, then the ratio row;
 # label, dirs and amax in their columns, then median_ms, input_MB/s and ws_KiB
@@ -456,7 +485,7 @@ expect 1 bench --format nosuch --shape 8x8 --iters 1
 grep -q "^hq bench: nosuch: bench:2: plugin 'nosuch' was not found on the plugin search path" "$tmp/err" || { cat "$tmp/err"; fail "bench: a plugin not found"; }; ok
 if ! grep -q '"devices":\[{' "$tmp/info.json"; then
   expect 1 bench --device cuda --shape 8x8 --iters 1
-  expect 1 bench --gemm --shape 32x32x32 --iters 1; [ -s "$tmp/out" ] && fail "bench --gemm without a GPU: stdout"
+  expect 1 bench --gemm --device cuda --shape 32x32x32 --iters 1; [ -s "$tmp/out" ] && fail "bench --gemm without a GPU: stdout"
   [ -n "$cuda" ] || [ "$(cat "$tmp/err")" = "hq bench --gemm: this hq was built without CUDA" ] || fail "bench --gemm without CUDA"; ok
 fi
 # bench --gemm on the CPU: per shape the direct sgemm, then hq on f32 tensors, fp8_tensor and
@@ -477,6 +506,22 @@ expect 0 bench --gemm --device=cpu --shape 32x32x32 --iters 1
                      hq f32 tensors
                      hq fp8_tensor (raw dequantize + sgemm)
                      hq mxfp8 (raw dequantize + sgemm)" ] || { cat "$tmp/out"; fail "bench --gemm: the rows"; }; ok
+# bench --gemm runs on the CPU unless --device says otherwise, as every command; hq bench --help
+# points at it
+expect 0 bench --gemm --shape 32x32x32 --iters 1
+[ "$(sed -n 1p "$tmp/out")" = "hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of 1 samples of 1 call" ] || { cat "$tmp/out"; fail "bench --gemm: the CPU by default"; }; ok
+expect 0 bench --help; grep -q "^hq bench --gemm \[--device cpu|cuda\[:N\]\] \.\.\.: GEMM throughput instead" "$tmp/out" || fail "bench --help: --gemm"; ok
+# bench --gemm --format / --recipe --role: the user's rows replace hq's quantized default ones,
+# each against the direct sgemm
+expect 0 bench --gemm --shape 32x32x32 --iters 1 --format 'nvfp4 rht=true' --format fp8_block --recipe "$conf/recipe.ini" --role linear:input:fc1 --json
+jsonrows < "$tmp/out" > "$tmp/rows"
+sed -n 's/^{"shape":\[\([0-9,]*\)\],"kind":"\([^"]*\)","path":"\([^"]*\)".*/\1 \2 \3/p' "$tmp/rows" > "$tmp/got"
+printf '%s\n' "32,32,32 sgemm (direct) direct" "32,32,32 hq f32 tensors cpu" "32,32,32 hq nvfp4 rht=true cpu" \
+  "32,32,32 hq fp8_block cpu" "32,32,32 hq $conf/recipe.ini linear:input:fc1 cpu" > "$tmp/want"
+diff "$tmp/want" "$tmp/got" || { cat "$tmp/out"; fail "bench --gemm --format --recipe: the rows"; }; ok
+usage_error "hq bench --gemm: --recipe and --role go together" bench --gemm --role linear:input:x
+usage_error "hq bench --gemm: --format 'nvfp4 rht' is not 'PLUGIN[ key=value...]'" bench --gemm --format 'nvfp4 rht'
+failure "hq bench --gemm: $tmp/none.ini: cannot open: No such file or directory" bench --gemm --shape 32x32x32 --recipe "$tmp/none.ini" --role a:b:c
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise
 # buffer is the rowwise one (per-tensor FP8's shared scale)
 $hq quantize --recipe "$conf/examples/fp8_current.ini" --role linear:weight:w --random 64x32 --json > "$tmp/q.json" || fail "quantize --json"
@@ -562,4 +607,25 @@ if [ "$(wc -c < "$tmp/nan.npy")" -eq $((128 + 256)) ]; then
   $hq quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/nan.npy" --finite-only > /dev/null 2> "$tmp/err"; [ $? -eq 1 ] || fail "--finite-only exit status"
   grep -q "2 NaN/Inf values, the first at \[1, 5\]" "$tmp/err" || { cat "$tmp/err"; fail "--finite-only message"; }; ok
 fi
+# docs/recipes.md lists every shipped example recipe, and nothing else
+ls "$conf/examples" | grep '\.ini$' | sort > "$tmp/want"
+sed -n 's/^| `\([a-z0-9_]*\.ini\)` | .*/\1/p' "${HQ_TEST_SRCDIR:?}/../docs/recipes.md" | sort > "$tmp/got"
+diff "$tmp/want" "$tmp/got" || fail "docs/recipes.md: the list of conf/examples"; ok
+# hq info says where the shipped recipes are (HQ_CONF_DIR here; $(datadir)/hq installed)
+expect 0 info; grep -qx "shipped recipes: $conf (recipe.ini, the default; examples/\*.ini)" "$tmp/out" || { cat "$tmp/out"; fail "info: the recipe directory"; }
+grep -qF "\"recipe_dir\":\"$conf\"" "$tmp/info.json" || fail "info --json: recipe_dir"; ok
+# the element cap named as such; a directory given to --input; an all-NaN input: its statistics
+# are undefined (never relative RMS 0 / SQNR inf), with the NaN count
+usage_error "hq quantize: --random '100000000x100000000' has more than 2^40 (1099511627776) elements, the cap on a tensor's size" \
+  quantize --recipe "$tmp/idr.ini" --role a:b:c --random 100000000x100000000
+failure "hq quantize: $tmp: is a directory, not a .npy or raw file" quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp"
+i=0; : > "$tmp/allnan.f32"; while [ $i -lt 64 ]; do printf '\000\000\300\177' >> "$tmp/allnan.f32"; i=$((i + 1)); done
+expect 0 quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/allnan.f32" --shape 2x32 --dtype f32
+[ "$(sed -n 5p "$tmp/out")" = "           (statistics undefined: all 64 elements are non-finite, 64 of them NaN in the input)" ] ||
+  { cat "$tmp/out"; fail "quantize: all-NaN statistics"; }
+sed -n 4p "$tmp/out" | grep -q "^rowwise    identity     identity             256   32.000          nan          nan       nan$" ||
+  { cat "$tmp/out"; fail "quantize: all-NaN row"; }; ok
+expect 0 quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/allnan.f32" --shape 2x32 --dtype f32 --json
+grep -q '"rel_rms_error":null,"max_abs_error":null,"sqnr_db":null,"nonfinite":64,"nan_inputs":64,"statistics_defined":false' "$tmp/out" ||
+  { cat "$tmp/out"; fail "quantize --json: all-NaN statistics"; }; ok
 echo "PASS: $n checks"

@@ -236,6 +236,51 @@ static void test_rowwise_dequantized_source(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* columnwise_source = rowwise_dequantized holds the dequantized rowwise copy in the SOURCE dtype
+   (hq.h, docs/recipes.md): for a bf16 input it is rounded to bf16 before the columnwise
+   quantize. Rowwise fp8_tensor e4m3 (current scaling, amax 3): scale = RN(448/3) = 0x43155555,
+   scale_inv = RN(1/scale) = 0x3BDB6DB7; 1.0 * scale = 149.33 -> e4m3 144, 0.5 -> 72, 2.0 -> 288,
+   3.0 -> 448; dequantized RN(q * scale_inv) = 0x1.edb6dcp-1 (0.964285731) times 2^-1, 2^0,
+   and 3.0 exactly. The identity f32 columnwise copy stores its source: from an f32 input those
+   f32 values; from a bf16 input their bf16 rounding, 0x1.edb6dcp-1 -> 0x1.eep-1 (7 fraction
+   bits, the dropped 0.857 ulp rounds up) = 0.96484375, 0.482421875, 1.9296875. */
+static void test_rowwise_dequantized_keeps_source_dtype(void **state) {
+  (void)state;
+  hq_ctx *ctx = host_ctx();
+  hq_recipe *r = hq_test_recipe(MIXED);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:derived");
+  static const float in[8] = {3.0f, 1.0f, 0.5f, 2.0f, -1.0f, 0.0f, 1.0f, -2.0f};
+  static const float want_f32[8] = {3.0f, 0x1.edb6dcp-1f, 0x1.edb6dcp-2f, 0x1.edb6dcp+0f,
+                                    -0x1.edb6dcp-1f, 0.0f, 0x1.edb6dcp-1f, -0x1.edb6dcp+0f};
+  static const float want_bf16[8] = {3.0f, 0.96484375f, 0.482421875f, 1.9296875f,
+                                     -0.96484375f, 0.0f, 0.96484375f, -1.9296875f};
+  for (int bf = 0; bf < 2; bf++) {
+    const hq_dtype dt = bf ? HQ_BF16 : HQ_F32;
+    uint32_t raw[8];
+    for (int i = 0; i < 8; i++) hq_store_hp(raw, i, dt, in[i]); /* all exact in bf16 */
+    hq_tensor x = hq_tensor_2d(raw, dt, HQ_DEVICE_HOST, 2, 4);
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+    const hq_buffer *c = qbuf(qt, HQ_COLWISE, 0);
+    assert_int_equal(c->dtype, HQ_F32);
+    const float *col = c->ptr;
+    const float *want = bf ? want_bf16 : want_f32;
+    for (int i = 0; i < 8; i++)
+      if (col[i] != want[i])
+        fail_msg("%s input, element %d: columnwise %a, expected %a", bf ? "bf16" : "f32", i,
+                 (double)col[i], (double)want[i]);
+    /* the rowwise copy itself is the same for both inputs: its dequantize gives the f32 values */
+    hq_tensor deq = hq_test_empty(HQ_F32, 2, 4);
+    HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, HQ_ROWWISE, &deq));
+    assert_memory_equal(deq.data, want_f32, sizeof want_f32);
+    free(deq.data);
+    hq_qtensor_free(qt);
+  }
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 /* One format instance for both directions with columnwise_source = rowwise_dequantized is two
    plugin calls (the columnwise one reads the rowwise result), so the quantizer is not fused: the
    columnwise storage shares no buffer with the rowwise one and holds exactly the columnwise
@@ -1136,6 +1181,7 @@ int main(void) {
       cmocka_unit_test(test_equal_format_hybrid_every_plugin),
       cmocka_unit_test(test_mixed_formats),
       cmocka_unit_test(test_rowwise_dequantized_source),
+      cmocka_unit_test(test_rowwise_dequantized_keeps_source_dtype),
       cmocka_unit_test(test_one_instance_two_calls),
       cmocka_unit_test(test_update_usage_and_sharing),
       cmocka_unit_test(test_make_empty_and_save_restore),

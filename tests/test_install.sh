@@ -5,7 +5,10 @@
 # tree, without root, packages or network: the tree's configure is a fake that records its
 # arguments and writes a config.status answering --config as autoconf's does; make, dpkg, sudo
 # and ldconfig on PATH are fakes, and `make install` puts an hq into the prefix that says which
-# prefix it is in. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# prefix it is in. The CUDA choice (scripts/build-args.sh): HQ_CUDA_ARCH as given, else native
+# where nvidia-smi reports a GPU of compute capability 9.0 or 10.x and the CPU paths only where
+# it reports none (fake nvcc and nvidia-smi); ccache is left out (HQ_CCACHE=no).
+# Exit 0 pass, 1 fail, 77 skip (automake's protocol).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 command -v bash >/dev/null || { echo "SKIP: install.sh needs bash"; exit 77; }
@@ -17,7 +20,7 @@ ok() { n=$((n + 1)); }
 
 tree=$tmp/tree
 mkdir -p "$tree/scripts" "$tmp/bin"
-cp "$src/scripts/install.sh" "$tree/scripts/install.sh"
+cp "$src/scripts/install.sh" "$src/scripts/build-args.sh" "$tree/scripts/"
 log=$tmp/calls
 : > "$log"
 HQ_FAKE_LOG=$log
@@ -64,17 +67,19 @@ printf '#!/bin/sh\nexec "$@"\n' > "$tmp/bin/sudo"
 printf '#!/bin/sh\nexit 0\n' > "$tmp/bin/ldconfig"
 chmod +x "$tmp/bin/make" "$tmp/bin/dpkg" "$tmp/bin/apt-get" "$tmp/bin/sudo" "$tmp/bin/ldconfig"
 
-# run_install PREFIX: run the script with that prefix; the output is in $tmp/out
+# run_install PREFIX: run the script with that prefix (no nvcc, unless $cuda names a folder with
+# one); the output is in $tmp/out
+cuda=$tmp/nocuda arch=none
 run_install() {
-  PATH="$tmp/bin:$PATH" PREFIX=$1 bash "$tree/scripts/install.sh" > "$tmp/out" 2>&1 ||
-    fail "install.sh with PREFIX=$1 exited with status $?"
+  PATH="$tmp/bin:$PATH" PREFIX=$1 HQ_CUDA_BIN=$cuda HQ_CUDA_ARCH=$arch HQ_CCACHE=no \
+    bash "$tree/scripts/install.sh" > "$tmp/out" 2>&1 || fail "install.sh with PREFIX=$1 exited with status $?"
 }
 configures() { grep -c '^configure' "$log"; }
 
 a=$tmp/a b="$tmp/it's b"
 run_install "$a"
 [ "$(configures)" -eq 1 ] || fail "first run: $(configures) configure calls"; ok
-grep -qxF "configure [-q] [--prefix=$a]" "$log" || fail "first run: configure's arguments"; ok
+grep -qxF "configure [-q] [--prefix=$a] [--without-cuda]" "$log" || fail "first run: configure's arguments"; ok
 grep -qxF "hq train from $a" "$tmp/out" || fail "first run: hq train from $a"; ok
 
 run_install "$a"
@@ -85,17 +90,17 @@ grep -qxF "hq train from $a" "$tmp/out" || fail "the same PREFIX again: hq train
 run_install "$b"
 [ "$(configures)" -eq 2 ] || fail "another PREFIX did not reconfigure"; ok
 [ "$(tail -1 "$log")" = "make -s install" ] || fail "another PREFIX: last call $(tail -1 "$log")"; ok
-grep -qxF "configure [-q] [--prefix=$b]" "$log" || fail "another PREFIX: configure's arguments"; ok
+grep -qxF "configure [-q] [--prefix=$b] [--without-cuda]" "$log" || fail "another PREFIX: configure's arguments"; ok
 grep -qxF "hq train from $b" "$tmp/out" || fail "another PREFIX: hq train from $b"; ok
 run_install "$b"
 [ "$(configures)" -eq 2 ] || fail "a quoted PREFIX is not recognised again"; ok
 
 # autoconf 2.71 leaves safe arguments unquoted; a configuration with one more argument (made
 # by hand, say) is not the script's
-printf '#!/bin/sh\necho "--prefix=%s"\n' "$a" > "$tree/build/release/config.status"
+printf '#!/bin/sh\necho "--prefix=%s --without-cuda"\n' "$a" > "$tree/build/release/config.status"
 run_install "$a"
 [ "$(configures)" -eq 2 ] || fail "an unquoted --config answer was not recognised"; ok
-printf '#!/bin/sh\necho "--prefix=%s --without-cuda"\n' "$a" > "$tree/build/release/config.status"
+printf '#!/bin/sh\necho "--prefix=%s --without-cuda --enable-werror"\n' "$a" > "$tree/build/release/config.status"
 run_install "$a"
 [ "$(configures)" -eq 3 ] || fail "a configuration with another argument was reused"; ok
 # a Makefile without a config.status that answers: configure
@@ -103,4 +108,34 @@ rm -f "$tree/build/release/config.status"
 run_install "$a"
 [ "$(configures)" -eq 4 ] || fail "a build directory without config.status was reused"; ok
 grep -q '^apt-get' "$log" && fail "apt-get ran although dpkg reports every package"; ok
+
+# CUDA: nvcc found (a fake, in $cuda); nvidia-smi (a fake on PATH) decides native or the CPU
+cuda=$tmp/cuda arch=
+mkdir -p "$cuda"
+printf '#!/bin/sh\necho "nvcc $*" >> "$HQ_FAKE_LOG"\n' > "$cuda/nvcc"
+printf '#!/bin/sh\nexit 9\n' > "$tmp/bin/nvidia-smi"   # as without a driver: no GPU
+chmod +x "$cuda/nvcc" "$tmp/bin/nvidia-smi"
+run_install "$a"
+[ "$(tail -1 "$log")" = "make -s install" ] || fail "nvcc without a GPU: last call $(tail -1 "$log")"
+grep -qxF "configure [-q] [--prefix=$a] [--without-cuda]" "$log" || fail "nvcc without a GPU: not the CPU build"
+grep -qF "== CUDA: nvcc found but no GPU of compute capability 9.0 or 10.x: the CPU paths only" "$tmp/out" ||
+  fail "nvcc without a GPU: the reason"; ok
+printf '#!/bin/sh\nprintf "9.0\\n9.0\\n"\n' > "$tmp/bin/nvidia-smi"   # two H100s
+run_install "$a"
+grep -qxF "configure [-q] [--prefix=$a] [--with-cuda-arch=native]" "$log" || fail "a Hopper GPU: not native"
+grep -qF "== CUDA: built for this machine's GPUs (compute capability 90;" "$tmp/out" || fail "a Hopper GPU: the reason"; ok
+printf '#!/bin/sh\nprintf "8.9\\n"\n' > "$tmp/bin/nvidia-smi"   # a GPU hq's kernels do not target
+run_install "$a"
+[ "$(grep '^configure' "$log" | tail -1)" = "configure [-q] [--prefix=$a] [--without-cuda]" ] || fail "an sm_89 GPU: not the CPU build"
+grep -qF "no GPU of compute capability 9.0 or 10.x (found: 89)" "$tmp/out" || fail "an sm_89 GPU: the reason"; ok
+arch=all
+run_install "$a"
+[ "$(grep '^configure' "$log" | tail -1)" = "configure [-q] [--prefix=$a] [--with-cuda-arch=all]" ] || fail "HQ_CUDA_ARCH=all"; ok
+# asked for CUDA where there is no nvcc: refused (where a PATH of the system folders has none)
+cuda=$tmp/nocuda
+if ! PATH="$tmp/bin:/usr/bin:/bin" command -v nvcc > /dev/null; then
+  PATH="$tmp/bin:/usr/bin:/bin" PREFIX=$a HQ_CUDA_BIN=$cuda HQ_CUDA_ARCH=all HQ_CCACHE=no \
+    bash "$tree/scripts/install.sh" > "$tmp/out" 2>&1 && fail "HQ_CUDA_ARCH=all without nvcc succeeded"
+  grep -qF "HQ_CUDA_ARCH=all, but nvcc is not found (PATH, $cuda)" "$tmp/out" || fail "HQ_CUDA_ARCH=all without nvcc: the message"; ok
+fi
 echo "test_install.sh: $n checks passed"

@@ -2,7 +2,7 @@
 ** bench_gemm.c -- `hq bench --gemm`: GEMM throughput of hq against direct calls of the same
 ** kind, in one run.
 **
-** CUDA (default): for each shape m x n x k (D = m x n, bf16; A [m, k] and B [n, k] row-major, the
+** CUDA (--device cuda): for each shape m x n x k (D = m x n, bf16; A [m, k] and B [n, k] row-major, the
 ** "TN" product of a linear layer's fprop), medians over --iters samples timed with CUDA events
 ** (a sample: --batch calls back to back, its time divided by the batch) of
 **   - cuBLASLt BF16, called directly here (not through hq): the baseline;
@@ -17,8 +17,10 @@
 ** and the host dispatch overhead of one hq_gemm call: hq_gemm_plan timed over many calls, and
 ** the host time per call of hq_gemm minus that of a direct cublasLtMatmul with a prepared plan
 ** (a small shape, best of several batches of calls issued back to back; target < 2 us).
-** CPU (--device cpu): hq's CPU path (f32 tensors; fp8_tensor and mxfp8 with their raw
-** dequantize) against a plain sgemm called directly (the BLAS libhqcore was built with).
+** CPU (the default, as for every hq command): hq's CPU path (f32 tensors; fp8_tensor and mxfp8
+** with their raw dequantize) against a plain sgemm called directly (the BLAS libhqcore was built
+** with). --format and --recipe/--role replace hq's quantized default rows with the user's, each
+** against the direct BF16 call (CUDA) or the direct sgemm (CPU).
 **
 ** The direct calls reach cuBLASLt (and cblas_sgemm) through the libraries libhqcore already
 ** loaded (dlsym), so the command links nothing beyond libhqcore and the CUDA runtime.
@@ -46,11 +48,16 @@
 #define CMD "bench --gemm"
 
 static const char usage[] =
-    "usage: hq bench --gemm [--device cuda[:N]|cpu] [--shape MxNxK]... [--iters N]\n"
-    "                       [--batch N] [--plugin-dir DIR]... [--json]\n"
+    "usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]\n"
+    "                       [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
+    "                       [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
-    "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU).\n"
+    "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU). On the CPU\n"
+    "by default, as every hq command; --device cuda for the GPU.\n"
+    "--format (one row per configuration) and --recipe/--role (the role's rowwise format, both\n"
+    "operands quantized with it) replace hq's quantized rows: each is timed against the\n"
+    "baseline (the direct BF16 call on a GPU, the direct sgemm on the CPU).\n"
     "CUDA (default shapes 8192x8192x8192, 4096x4096x4096, 16384x4096x1024, 16384x1024x4096;\n"
     "20 iterations): a direct cuBLASLt BF16 GEMM (the baseline), hq identity bf16, a direct\n"
     "cuBLASLt FP8 GEMM and hq fp8_tensor (target >= 95% of the direct call), the same for\n"
@@ -460,6 +467,8 @@ typedef struct dispatch_res {
 #define MAX_SHAPES 16
 #define MAX_ROWS 256
 
+#define MAX_USER 16
+
 typedef struct bench {
   int device, iters, batch;
   hq_ctx *ctx;
@@ -467,6 +476,14 @@ typedef struct bench {
   hq_plugins *set; /* every module loaded once for all the format configurations */
   row rows[MAX_ROWS];
   int nrows;
+  /* the user's rows, replacing the default ones when there are any: --format's specs, and the
+     quantizer of --recipe/--role (its recipe and delayed-scaling state kept alive with it) */
+  const char *const *specs;
+  size_t nspecs;
+  char labels[MAX_USER + 1][300];
+  hq_recipe *role_r;
+  hq_state *role_st;
+  hq_quantizer *role_q;
 } bench;
 
 static row *add_row(bench *B, int64_t m, int64_t n, int64_t k, const char *kind) {
@@ -480,6 +497,17 @@ static row *add_row(bench *B, int64_t m, int64_t n, int64_t k, const char *kind)
   return r;
 }
 
+/* Quantize src with q (labelled `what` in the note); NULL on failure (note set). */
+static hq_qtensor *quantize_with(bench *B, hq_quantizer *q, const char *what,
+                                 const hq_tensor *src, char *note, size_t len) {
+  hq_qtensor *qt = NULL;
+  if (hq_quantize(q, B->ctx, src, &qt)) {
+    snprintf(note, len, "%s: %s", what, hq_last_error());
+    qt = NULL;
+  }
+  return qt;
+}
+
 /* Quantize src ([rows, cols] on the context's device) with `spec`; NULL on failure (note set). */
 static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *src, char *note,
                                  size_t len) {
@@ -489,11 +517,7 @@ static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *sr
     snprintf(note, len, "%s: %s", spec, hq_last_error()[0] ? hq_last_error() : "not installed");
     return NULL;
   }
-  hq_qtensor *qt = NULL;
-  if (hq_quantize(q, B->ctx, src, &qt)) {
-    snprintf(note, len, "%s: %s", spec, hq_last_error());
-    qt = NULL;
-  }
+  hq_qtensor *qt = quantize_with(B, q, spec, src, note, len);
   hq_quantizer_free(q);
   hq_recipe_free(r);
   return qt;
@@ -518,6 +542,32 @@ static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *
   r->path = hq_gemm_path_name(info.path);
   r->fused = info.fused;
   if (info.reason[0]) snprintf(r->note, sizeof r->note, "%s", info.reason);
+}
+
+/* The user's rows (B->specs, then B->role_q) of one shape, each against the baseline pb (named
+   `base`, median base_ms): 1 when there are any (they replace the default rows), else 0. */
+static int user_rows(bench *B, int64_t m, int64_t n, int64_t k, const hq_tensor *a,
+                     const hq_tensor *b, hq_tensor *d, const bench_timed *pb, const char *base,
+                     double base_ms) {
+  const size_t nrow = B->nspecs + (B->role_q != NULL);
+  for (size_t i = 0; i < nrow; i++) {
+    row *r = add_row(B, m, n, k, B->labels[i]);
+    if (!r) break;
+    hq_qtensor *qa, *qb = NULL;
+    if (i < B->nspecs) {
+      qa = quantize_spec(B, B->specs[i], a, r->note, sizeof r->note);
+      if (qa) qb = quantize_spec(B, B->specs[i], b, r->note, sizeof r->note);
+    } else {
+      qa = quantize_with(B, B->role_q, B->labels[i], a, r->note, sizeof r->note);
+      if (qa) qb = quantize_with(B, B->role_q, B->labels[i], b, r->note, sizeof r->note);
+    }
+    r->base = base;
+    r->base_ms = base_ms;
+    if (qa && qb) hq_row(B, r, qa, qb, d, pb, base);
+    hq_qtensor_free(qa);
+    hq_qtensor_free(qb);
+  }
+  return nrow > 0;
 }
 
 #ifdef HQ_HAVE_CUDA
@@ -572,6 +622,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       snprintf(base->note, sizeof base->note, "%s", err);
   }
   const double bf16_ms = base->ms;
+  if (user_rows(B, m, n, k, &a, &b, &d, bf16, "direct bf16", bf16_ms)) goto out;
 
   /* hq identity bf16 */
   {
@@ -806,7 +857,8 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
   }
   static const char *specs[][2] = {{"fp8_tensor", "hq fp8_tensor (raw dequantize + sgemm)"},
                                    {"mxfp8", "hq mxfp8 (raw dequantize + sgemm)"}};
-  for (int i = 0; i < 2; i++) {
+  const int user = user_rows(B, m, n, k, &a, &b, &d, NULL, "direct sgemm", base->ms);
+  for (int i = 0; !user && i < 2; i++) {
     row *r = add_row(B, m, n, k, specs[i][1]);
     hq_qtensor *qa = quantize_spec(B, specs[i][0], &a, r->note, sizeof r->note);
     hq_qtensor *qb = qa ? quantize_spec(B, specs[i][0], &b, r->note, sizeof r->note) : NULL;
@@ -839,7 +891,8 @@ static int parse_mnk(const char *s, int64_t v[3]) {
 }
 
 typedef struct gemm_args {
-  const char *device_s;
+  const char *device_s, *recipe, *role_s;
+  cli_list formats;
   cli_list shape_s;
   int64_t iters, batch;
   int json, gemm;
@@ -856,6 +909,9 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--shape", .kind = CLI_LIST, .dest = &a->shape_s, .max = MAX_SHAPES},
       {.name = "--iters", .kind = CLI_INT, .dest = &a->iters, .min = 1, .max = 10000},
       {.name = "--batch", .kind = CLI_INT, .dest = &a->batch, .min = 1, .max = 1000},
+      {.name = "--format", .kind = CLI_LIST, .dest = &a->formats, .max = MAX_USER},
+      {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
+      {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
       CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
   };
@@ -866,6 +922,12 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
     if (parse_mnk(a->shape_s.v[i], a->shapes[a->nshapes++]))
       return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
+  if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
+  for (size_t i = 0; i < a->formats.n; i++) {
+    char text[1024];
+    if (bench_recipe_text(a->formats.v[i], "f", text, sizeof text, NULL, 0))
+      return cli_fail(2, CMD, "--format '%s' is not 'PLUGIN[ key=value...]'", a->formats.v[i]);
+  }
   if (!a->nshapes) {
     static const int64_t gpu_default[4][3] = {
         {8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 4096, 1024}, {16384, 1024, 4096}};
@@ -982,8 +1044,35 @@ static void report_text(const bench *B, const gemm_run *g) {
   }
 }
 
+/* The user's rows of B: labels, and the quantizer of --recipe/--role (the rowwise direction,
+   which the TN product reads); 0, or 1 after the message. */
+static int user_setup(bench *B, const gemm_args *a) {
+  B->specs = (const char *const *)a->formats.v;
+  B->nspecs = a->formats.n;
+  for (size_t i = 0; i < a->formats.n; i++) {
+    char text[1024], label[256];
+    bench_recipe_text(a->formats.v[i], "f", text, sizeof text, label, sizeof label);
+    snprintf(B->labels[i], sizeof B->labels[i], "hq %s", label);
+  }
+  if (!a->recipe) return 0;
+  snprintf(B->labels[a->formats.n], sizeof B->labels[0], "hq %s %s", a->recipe, a->role_s);
+  const hq_recipe_opts ropts = cli_recipe_opts(&a->dirs);
+  char rbuf[512];
+  hq_role role;
+  if (hq_role_parse(a->role_s, rbuf, sizeof rbuf, &role) ||
+      hq_recipe_load(a->recipe, &ropts, &B->role_r))
+    return cli_fail(1, CMD, "%s", hq_last_error());
+  if (hq_recipe_error_count(B->role_r))
+    return cli_fail(1, CMD, "%s", hq_recipe_error(B->role_r, 0));
+  if (hq_state_create(B->role_r, B->ctx, &B->role_st) ||
+      hq_quantizer_create_ex(B->role_r, &role, B->role_st, &B->role_q) ||
+      hq_quantizer_set_usage(B->role_q, HQ_ROWWISE))
+    return cli_fail(1, CMD, "%s %s: %s", a->recipe, a->role_s, hq_last_error());
+  return 0;
+}
+
 int hq_bench_gemm(int argc, char **argv) {
-  gemm_args a = {.device_s = "cuda"};
+  gemm_args a = {.device_s = "cpu"};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;
   bench B;
@@ -1001,16 +1090,19 @@ int hq_bench_gemm(int argc, char **argv) {
     return cli_fail(1, CMD, "%s", hq_last_error());
   }
   gemm_run g = {.devname = "cpu"};
-  status = 0;
-  if (a.device >= 0) {
+  status = user_setup(&B, &a) ? -1 : 0;
+  if (status == 0 && a.device >= 0) {
     status = run_cuda(&B, &a, &g);
-  } else {
+  } else if (status == 0) {
     for (int s = 0; s < a.nshapes && !status; s++)
       if (bench_cpu_shape(&B, a.shapes[s][0], a.shapes[s][1], a.shapes[s][2])) status = 1;
   }
   if (status >= 0 && a.json) report_json(&B, &g);
   else if (status >= 0) report_text(&B, &g);
   else status = 1;
+  hq_quantizer_free(B.role_q);
+  hq_state_free(B.role_st);
+  hq_recipe_free(B.role_r);
   hq_ctx_destroy(B.ctx);
   bench_timer_destroy(B.timer);
   hq_plugins_close(B.set);

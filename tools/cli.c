@@ -2,11 +2,103 @@
 ** cli.c -- the option parser and value parsers every `hq` command uses (tools/cli.h).
 */
 #include <errno.h>
+#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+// --- recipes ------------------------------------------------------------------------------------
+
+void cli_recipe_dir(char *out, size_t n) {
+  const char *conf = getenv("HQ_CONF_DIR");
+  if (conf && *conf) {
+    snprintf(out, n, "%s", conf);
+    return;
+  }
+#ifdef HQ_RECIPEDIR
+  snprintf(out, n, "%s", HQ_RECIPEDIR);
+#else
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", hq_plugins_default_dir());
+  char *cut = NULL;
+  for (char *p = strstr(dir, "/lib"); p; p = strstr(p + 1, "/lib")) cut = p;
+  if (cut) *cut = '\0';
+  else snprintf(dir, sizeof dir, "/usr/local");
+  snprintf(out, n, "%s/share/hq", dir);
+#endif
+}
+
+static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+/* A section's pattern split into its parts, with the counts the precedence compares (fewer '*',
+   then more literal characters, then fewer '?': docs/recipes.md section 4.1). */
+typedef struct section {
+  hq_role_info ri;
+  char buf[256];
+  hq_role role;
+  int stars, literals, qmarks;
+} section;
+
+static int section_get(const hq_recipe *r, size_t i, section *s) {
+  memset(s, 0, sizeof *s);
+  s->ri.struct_size = sizeof s->ri;
+  if (hq_recipe_role_info(r, i, &s->ri) ||
+      hq_role_parse(s->ri.pattern, s->buf, sizeof s->buf, &s->role))
+    return -1;
+  for (const char *p = s->ri.pattern; *p; p++) {
+    if (*p == ':') continue;
+    s->stars += *p == '*';
+    s->qmarks += *p == '?';
+    s->literals += *p != '*' && *p != '?';
+  }
+  return 0;
+}
+
+/* The one literal part of two (the first one's when both are wildcards), or NULL when two
+   literals differ or a wildcard does not match the other's literal. */
+static const char *meet(const char *a, const char *b) {
+  if (!has_glob(a)) return !has_glob(b) ? (strcmp(a, b) ? NULL : a) : fnmatch(b, a, 0) ? NULL : a;
+  if (!has_glob(b)) return fnmatch(a, b, 0) ? NULL : b;
+  return a;
+}
+
+size_t cli_warn_role_traps(const hq_recipe *r, const char *cmd, const char *file) {
+  size_t n = 0;
+  const size_t count = hq_recipe_role_count(r);
+  for (size_t i = 0; i < count; i++) {
+    section a, b;
+    if (section_get(r, i, &a) || has_glob(a.role.name) || !has_glob(a.role.tensor_type)) continue;
+    for (size_t j = 0; j < count; j++) {
+      if (j == i || section_get(r, j, &b) || !has_glob(b.role.name) ||
+          has_glob(b.role.tensor_type))
+        continue;
+      const char *m = meet(a.role.module_type, b.role.module_type);
+      const char *t = meet(a.role.tensor_type, b.role.tensor_type);
+      const char *nm = meet(a.role.name, b.role.name);
+      if (!m || !t || !nm) continue;
+      const hq_role role = hq_role_of(m, t, nm);
+      if (hq_recipe_match(r, &role) != (long)j) continue;
+      if (!strcmp(a.ri.rowwise, b.ri.rowwise) && !strcmp(a.ri.columnwise, b.ri.columnwise) &&
+          a.ri.columnwise_source == b.ri.columnwise_source)
+        continue;
+      const char *why = b.stars != a.stars         ? "fewer *"
+                        : b.literals != a.literals ? "more literal characters"
+                        : b.qmarks != a.qmarks     ? "fewer ?"
+                                                   : "as specific, and later in the file";
+      fprintf(stderr,
+              "hq %s: warning: %s:%d: [role %s] does not apply to %s:%s:%s: [role %s] (line %d) "
+              "wins there (%s) with rowwise = %s, columnwise = %s instead of %s, %s; add "
+              "[role %s:%s:%s] if %s's %s is meant to follow line %d\n",
+              cmd, file, a.ri.line, a.ri.pattern, m, t, nm, b.ri.pattern, b.ri.line, why,
+              b.ri.rowwise, b.ri.columnwise, a.ri.rowwise, a.ri.columnwise, m, t, nm, nm, t,
+              a.ri.line);
+      n++;
+    }
+  }
+  return n;
+}
 
 int cli_fail(int status, const char *cmd, const char *fmt, ...) {
   va_list ap;
@@ -29,7 +121,8 @@ int cli_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-/* "RxC" into rows and cols (both > 0, R * C at most 2^40); -1 when it is not one. */
+/* "RxC" into rows and cols (both > 0, R * C at most 2^40); -1 when it is not one, -2 when it is
+   one above the cap. */
 static int parse_shape(const char *s, int64_t *rows, int64_t *cols) {
   char *end;
   errno = 0;
@@ -38,7 +131,7 @@ static int parse_shape(const char *s, int64_t *rows, int64_t *cols) {
   const char *c = end + 1;
   long long k = strtoll(c, &end, 10);
   if (end == c || *end || errno || k <= 0) return -1;
-  if (r > (1ll << 40) / k) return -1;
+  if (r > (1ll << 40) / k) return -2;
   *rows = r;
   *cols = k;
   return 0;
@@ -64,8 +157,12 @@ static int parse_device(const char *s, int *device) {
 }
 
 int cli_shape_arg(const char *cmd, const char *opt, const char *s, int64_t *rows, int64_t *cols) {
-  if (parse_shape(s, rows, cols))
-    return cli_fail(2, cmd, "%s '%s' is not RxC with positive R and C", opt, s);
+  const int rc = parse_shape(s, rows, cols);
+  /* the cap keeps every byte count below it far from overflow (int64 sizes, * 16 bytes) */
+  if (rc == -2)
+    return cli_fail(2, cmd, "%s '%s' has more than 2^40 (1099511627776) elements, the cap on a "
+                    "tensor's size", opt, s);
+  if (rc) return cli_fail(2, cmd, "%s '%s' is not RxC with positive R and C", opt, s);
   return 0;
 }
 

@@ -62,6 +62,19 @@ typedef struct cli_option {
    plugin_dirs (they point into dirs). */
 hq_recipe_opts cli_recipe_opts(const cli_list *dirs);
 
+/* The directory of the shipped recipes (recipe.ini, examples/): $HQ_CONF_DIR when set, else
+   $(datadir)/hq (compiled in as HQ_RECIPEDIR, or found beside the installed plugin directory
+   $(libdir)/hq/formats: the prefix before its lib* component, then share/hq). */
+void cli_recipe_dir(char *out, size_t n);
+
+/* Warn (on stderr, "hq CMD: warning: FILE:LINE: ...") about each [role] section with a literal
+   layer name and a wildcard tensor type that loses, for the roles of that name and some tensor
+   type, to a section with a wildcard name and that literal tensor type -- [role linear:*:lm_head]
+   beside [role linear:grad_output:*] leaves lm_head's grad_output to the second -- where the two
+   give different formats: the precedence is documented, but a name usually means "this layer
+   whatever its tensors". Returns the number of warnings. */
+size_t cli_warn_role_traps(const hq_recipe *r, const char *cmd, const char *file);
+
 typedef struct cli_command {
   const char *name;  /* in messages, "hq <name>: ...": "info", "recipe check", "bench --gemm" */
   const char *usage; /* what --help prints: it names every option of opts */

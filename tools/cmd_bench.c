@@ -48,7 +48,11 @@ static const char usage[] =
     "divided by the batch (default 10 on a GPU: the time per call of a trainer that keeps the\n"
     "GPU's queue full; --batch 1 times each call alone, the GPU idle while the host launches\n"
     "it; 1 on the CPU). The calls alternate between two copies of the input (the same\n"
-    "values), so that no call finds in the GPU's L2 cache what the call before it left there.\n";
+    "values), so that no call finds in the GPU's L2 cache what the call before it left there.\n"
+    "\n"
+    "hq bench --gemm [--device cpu|cuda[:N]] ...: GEMM throughput instead (hq's paths against\n"
+    "direct BLAS / cuBLASLt calls; --format and --recipe/--role as here): its own help is\n"
+    "`hq bench --gemm -h`.\n";
 
 #define CMD "bench"
 
@@ -639,7 +643,7 @@ static void report_tail(const bench_args *a, bench_run *b) {
 static int wants_gemm(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 0;
-    if (!strcmp(argv[i], "--gemm")) return 1;
+    if (!strncmp(argv[i], "--gemm", 6) && (!argv[i][6] || argv[i][6] == '=')) return 1;
   }
   return 0;
 }

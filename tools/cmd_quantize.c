@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "buffers.h"
 #include "cli.h"
@@ -86,6 +87,12 @@ static int write_npy(const char *path, const float *v, int64_t rows, int64_t col
 static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_tensor *t) {
   FILE *f = fopen(path, "rb");
   if (!f) return cli_fail(1, CMD, "%s: cannot open: %s", path, strerror(errno));
+  /* fopen opens a directory for reading too; only the reads fail, and then say less */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return cli_fail(1, CMD, "%s: is a directory, not a .npy or raw file", path);
+  }
   fseek(f, 0, SEEK_END);
   long size = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -94,10 +101,16 @@ static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_te
     return cli_fail(1, CMD, "%s: cannot read its size", path);
   }
   unsigned char *buf = malloc((size_t)size + 1);
-  if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) {
+  if (!buf) {
+    fclose(f);
+    return cli_fail(1, CMD, "%s: out of memory for its %ld bytes", path, size);
+  }
+  errno = 0;
+  if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+    const int e = ferror(f) ? errno : 0;
     fclose(f);
     free(buf);
-    return cli_fail(1, CMD, "%s: read error", path);
+    return cli_fail(1, CMD, "%s: read error: %s", path, e ? strerror(e) : "shorter than its size");
   }
   fclose(f);
   char err[512];
@@ -138,16 +151,21 @@ static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_te
   return 0;
 }
 
+/* The error statistics over the elements where the input and the dequantized value are both
+   finite; with none such (an all-NaN input) they are undefined (NAN), never a perfect 0 / inf. */
 typedef struct stats {
   double rel_rms, max_abs, sqnr_db;
-  int64_t nonfinite;
+  int64_t nonfinite, nan_input;
+  int defined;
 } stats;
 
 static stats compare(const hq_tensor *x, const float *d) {
   double sx = 0, se = 0, mx = 0;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < x->rows * x->cols; i++) {
+  int64_t bad = 0, nan_in = 0;
+  const int64_t n = x->rows * x->cols;
+  for (int64_t i = 0; i < n; i++) {
     double a = hq_load_hp(x->data, i, x->dtype), b = d[i];
+    nan_in += isnan(a);
     if (!isfinite(a) || !isfinite(b)) {
       bad++;
       continue;
@@ -158,7 +176,8 @@ static stats compare(const hq_tensor *x, const float *d) {
     if (fabs(e) > mx) mx = fabs(e);
   }
   stats s = {sx > 0 ? sqrt(se / sx) : (se > 0 ? INFINITY : 0), mx,
-             se > 0 ? 10 * log10(sx / se) : INFINITY, bad};
+             se > 0 ? 10 * log10(sx / se) : INFINITY, bad, nan_in, bad < n};
+  if (!s.defined) s.rel_rms = s.max_abs = s.sqnr_db = NAN;
   return s;
 }
 
@@ -363,6 +382,8 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
     json_knum(j, "max_abs_error", s.max_abs);
     json_knum(j, "sqnr_db", s.sqnr_db);
     json_kint(j, "nonfinite", s.nonfinite);
+    json_kint(j, "nan_inputs", s.nan_input);
+    json_kbool(j, "statistics_defined", s.defined);
     /* the storage's buffers as a checkpoint would name them; a columnwise buffer that IS the
        rowwise one (made by the same call) says so and counts once, in the rowwise bytes */
     cli_buffers_json(j, u->qt, dir);
@@ -373,8 +394,12 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
   printf("%-10s %-12s %-11s %12zu %8.3f %12.6g %12.6g %9.3f\n", dname,
          hq_qtensor_format(u->qt, dir), hq_quantizer_plugin(u->q, dir), bytes, bpe, s.rel_rms,
          s.max_abs, s.sqnr_db);
-  if (s.nonfinite) printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
-                          (long long)s.nonfinite);
+  if (!s.defined)
+    printf("%-10s (statistics undefined: all %lld elements are non-finite, %lld of them NaN in "
+           "the input)\n", "", (long long)s.nonfinite, (long long)s.nan_input);
+  else if (s.nonfinite)
+    printf("%-10s (%lld non-finite elements left out of the statistics)\n", "",
+           (long long)s.nonfinite);
   cli_buffers_text(u->qt, dir, 13);
   if (path) printf("%-10s   dequantized -> %s (f32, %lldx%lld)\n", "", path, (long long)x->rows,
                    (long long)x->cols);

@@ -2,6 +2,7 @@
 ** cmd_recipe.c -- `hq recipe check FILE`: every section resolved, the formats per direction,
 ** shadowed sections, and the errors with file:line. Exit 0 only for a valid recipe.
 */
+#include <stdarg.h>
 #include <string.h>
 
 #include "cli.h"
@@ -13,12 +14,16 @@ static const char usage[] =
     "\n"
     "Parse and resolve a recipe: list its format instances (plugin and every option value),\n"
     "each [role] section with the format of each direction and the columnwise source, the\n"
-    "sections another section shadows, and every error as FILE:LINE: message. Then, for\n"
+    "sections another section shadows, and every error as FILE:LINE: message; a warning\n"
+    "where a section naming a layer loses to one naming a tensor type for some of its roles\n"
+    "([role linear:*:lm_head] beside [role linear:grad_output:*]), and the resolved table: the\n"
+    "formats of each linear layer's input, weight and grad_output and their sections. Then, for\n"
     "every linear layer the role sections name, the three GEMMs (fprop W.row x X.row, dgrad\n"
     "W.col x dY.row, wgrad X.col x dY.col): the two operand formats and the path on the CPU\n"
     "and, when a GPU is present, on it (native / emulated); a pair that cannot be multiplied\n"
     "(operands transformed differently along k, e.g. RHT on one wgrad operand only) is an\n"
-    "error naming the role section's FILE:LINE.\n"
+    "error naming the role section's FILE:LINE. A failure of the check itself (e.g. out of\n"
+    "memory) is reported as FILE: check incomplete: ... and makes the recipe not valid.\n"
     "Exit status: 0 valid, 1 errors found, 2 bad usage.\n";
 
 /* The module file a format instance of plugin `name` comes from. */
@@ -62,16 +67,49 @@ typedef struct lgemm {
 
 #define MAX_LAYERS 64
 
+/* What the check found beyond the recipe's own errors: the linear layers the recipe names, the
+   [role] section each of their roles matches, and their GEMMs on the host and on the first GPU
+   when there is one. */
+typedef struct gemm_check {
+  lgemm gemms[MAX_LAYERS * 3];
+  char layers[MAX_LAYERS][64];
+  int lines[MAX_LAYERS][3]; /* role_line of each tensor of each layer: 0 when unmatched */
+  size_t nlayers, ng, gemm_err;
+  char gpu_name[128];
+  int gpu_arch;
+  /* what the check itself failed to do (a context, a format's or a role's description, a layer's
+     tensors): each makes the check incomplete, so the recipe is not reported valid */
+  char fail[8][320];
+  size_t nfail;
+} gemm_check;
+
+/* Record and print one failure of the check itself (see gemm_check.fail). */
+static void check_failed(gemm_check *g, const char *file, const char *fmt, ...) HQ_PRINTF(3, 4);
+static void check_failed(gemm_check *g, const char *file, const char *fmt, ...) {
+  char msg[320];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s: check incomplete: %s\n", file, msg);
+  if (g->nfail < sizeof g->fail / sizeof g->fail[0])
+    snprintf(g->fail[g->nfail], sizeof g->fail[0], "%s", msg);
+  g->nfail++;
+}
+
 /* The layer names the recipe's linear sections name (a glob part is used as a literal name: it
    matches that section and the less specific ones, as a real layer would). */
-static size_t linear_layers(const hq_recipe *r, char names[][64]) {
+static size_t linear_layers(const hq_recipe *r, const char *file, gemm_check *g,
+                            char names[][64]) {
   size_t n = 0;
   for (size_t i = 0; i < hq_recipe_role_count(r) && n < MAX_LAYERS; i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
     char buf[256];
     hq_role role;
-    if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role))
+    if (hq_recipe_role_info(r, i, &ri) || hq_role_parse(ri.pattern, buf, sizeof buf, &role)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
       continue;
+    }
     if (strcmp(role.module_type, "linear") != 0 && !strpbrk(role.module_type, "*?")) continue;
     int dup = 0;
     for (size_t k = 0; k < n; k++) dup |= !strcmp(names[k], role.name);
@@ -115,7 +153,7 @@ static void free_layer(hq_quantizer *q[3], hq_qtensor *t[3]) {
    sections of line[] (role_line); returns the number of impossible GEMMs, or -1 (message in
    hq_last_error()) when the roles cannot even be built. */
 static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *layer,
-                       const int line[3], lgemm out[3]) {
+                       const int line[3], lgemm out[3], const char *file, gemm_check *gc) {
   /* operand (tensor index, transposed) of A and B for each GEMM: see hq_linear_* */
   static const int ops[3][4] = {{1, 1, 0, 0}, {1, 0, 2, 0}, {0, 0, 2, 1}};
   static const char *const names[3] = {"fprop", "dgrad", "wgrad"};
@@ -129,6 +167,8 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
   hq_quantizer *gq[3] = {NULL, NULL, NULL};
   hq_qtensor *gt[3] = {NULL, NULL, NULL};
   int have_gpu = gpu && !layer_tensors(r, gpu, layer, gq, gt);
+  if (gpu && !have_gpu)
+    check_failed(gc, file, "linear layer '%s' on GPU 0: %s", layer, hq_last_error());
   for (int g = 0; g < 3; g++) {
     lgemm *o = &out[g];
     memset(o, 0, sizeof *o);
@@ -146,6 +186,10 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
     hq_gemm_info info = {.struct_size = sizeof info};
     int rc = hq_gemm_plan(host, hq_operand_q(t[ops[g][0]]), ops[g][1], hq_operand_q(t[ops[g][2]]),
                           ops[g][3], NULL, NULL, &info);
+    if (rc == HQ_ENOMEM) { /* the check failed, not the pair */
+      check_failed(gc, file, "%s of linear layer '%s': %s", o->gemm, layer, hq_last_error());
+      continue;
+    }
     if (rc) {
       snprintf(o->why, sizeof o->why, "%s", hq_last_error());
       bad++;
@@ -160,6 +204,9 @@ static int layer_gemms(hq_recipe *r, hq_ctx *host, hq_ctx *gpu, const char *laye
                         ops[g][3], NULL, NULL, &gi)) {
         o->path_gpu = gi.path;
         if (gi.path != HQ_GEMM_PATH_NATIVE) snprintf(o->why, sizeof o->why, "%s", gi.reason);
+      } else {
+        check_failed(gc, file, "%s of linear layer '%s' on GPU 0: %s", o->gemm, layer,
+                     hq_last_error());
       }
     }
   }
@@ -205,34 +252,28 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   return CLI_RUN;
 }
 
-/* What the check found beyond the recipe's own errors: the linear layers the recipe names, the
-   [role] section each of their roles matches, and their GEMMs on the host and on the first GPU
-   when there is one. */
-typedef struct gemm_check {
-  lgemm gemms[MAX_LAYERS * 3];
-  char layers[MAX_LAYERS][64];
-  int lines[MAX_LAYERS][3]; /* role_line of each tensor of each layer: 0 when unmatched */
-  size_t nlayers, ng, gemm_err;
-  char gpu_name[128];
-  int gpu_arch;
-} gemm_check;
-
 static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
   hq_ctx *host = NULL, *gpu = NULL;
-  hq_ctx_create(NULL, &host);
+  if (hq_ctx_create(NULL, &host)) {
+    check_failed(g, file, "host context: %s", hq_last_error());
+    host = NULL;
+  }
   if (hq_device_count() > 0) {
     hq_ctx_desc d = {sizeof d, 0, NULL, NULL, NULL, NULL, 0};
-    if (hq_ctx_create(&d, &gpu)) gpu = NULL;
-    else hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
+    if (hq_ctx_create(&d, &gpu)) {
+      check_failed(g, file, "GPU 0's context: %s", hq_last_error());
+      gpu = NULL;
+    } else {
+      hq_device_info(0, g->gpu_name, sizeof g->gpu_name, &g->gpu_arch);
+    }
   }
-  g->nlayers = linear_layers(r, g->layers);
+  g->nlayers = linear_layers(r, file, g, g->layers);
   for (size_t l = 0; l < g->nlayers; l++)
     for (int t = 0; t < 3; t++) g->lines[l][t] = role_line(r, t, g->layers[l]);
   for (size_t l = 0; host && l < g->nlayers; l++) {
-    int bad = layer_gemms(r, host, gpu, g->layers[l], g->lines[l], g->gemms + g->ng);
+    int bad = layer_gemms(r, host, gpu, g->layers[l], g->lines[l], g->gemms + g->ng, file, g);
     if (bad < 0) {
-      fprintf(stderr, "%s: linear layer '%s': %s\n", file, g->layers[l], hq_last_error());
-      g->gemm_err++;
+      check_failed(g, file, "linear layer '%s': %s", g->layers[l], hq_last_error());
       continue;
     }
     for (int k = 0; k < 3; k++)
@@ -249,12 +290,15 @@ static void check_gemms(hq_recipe *r, const char *file, gemm_check *g) {
   hq_ctx_destroy(host);
 }
 
-static void formats_json(json *j, const hq_recipe *r) {
+static void formats_json(json *j, const hq_recipe *r, const char *file, gemm_check *g) {
   json_key(j, "formats");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     hq_format_info fi = {.struct_size = sizeof fi};
-    if (hq_recipe_format_info(r, i, &fi)) continue;
+    if (hq_recipe_format_info(r, i, &fi)) {
+      check_failed(g, file, "format %zu: %s", i, hq_last_error());
+      continue;
+    }
     json_obj(j);
     json_kstr(j, "name", fi.name);
     if (fi.plugin) json_kstr(j, "plugin", fi.plugin);
@@ -280,12 +324,15 @@ static void formats_json(json *j, const hq_recipe *r) {
   json_close_arr(j);
 }
 
-static void roles_json(json *j, const hq_recipe *r) {
+static void roles_json(json *j, const hq_recipe *r, const char *file, gemm_check *g) {
   json_key(j, "roles");
   json_arr(j);
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
-    if (hq_recipe_role_info(r, i, &ri)) continue;
+    if (hq_recipe_role_info(r, i, &ri)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
+      continue;
+    }
     json_obj(j);
     json_kstr(j, "pattern", ri.pattern);
     json_kint(j, "line", ri.line);
@@ -303,6 +350,76 @@ static void roles_json(json *j, const hq_recipe *r) {
     } else {
       json_null(j);
     }
+    json_close_obj(j);
+  }
+  json_close_arr(j);
+}
+
+/* The layers the resolved table lists: each linear layer the recipe names, then any other. */
+static const char k_other[] = "(any other layer)";
+static const char *table_layer(const gemm_check *g, size_t l) {
+  return l < g->nlayers ? g->layers[l] : k_other;
+}
+
+/* The [role] section role linear:TENSOR:LAYER resolves to (ri filled), or -1 for none. */
+static long resolved(const hq_recipe *r, int t, const char *layer, hq_role_info *ri) {
+  const hq_role role = hq_role_of("linear", k_tensors[t], layer);
+  const long idx = hq_recipe_match(r, &role);
+  ri->struct_size = sizeof *ri;
+  return idx >= 0 && !hq_recipe_role_info(r, (size_t)idx, ri) ? idx : -1;
+}
+
+/* The rows of the table: the named layers, and "any other" unless a layer "*" stands for it. */
+static size_t table_rows(const gemm_check *g) {
+  for (size_t l = 0; l < g->nlayers; l++)
+    if (!strcmp(g->layers[l], "*")) return g->nlayers;
+  return g->nlayers + 1;
+}
+
+static void layers_text(const hq_recipe *r, const gemm_check *g) {
+  printf("\nresolved roles of each linear layer (tensor: rowwise / columnwise, from section):\n");
+  for (size_t l = 0; l < table_rows(g); l++) {
+    const char *layer = table_layer(g, l);
+    printf("  layer %s\n", layer);
+    for (int t = 0; t < 3; t++) {
+      hq_role_info ri;
+      char fmts[80];
+      if (resolved(r, t, layer, &ri) < 0) {
+        printf("    %-12s identity / identity  (no section matches)\n", k_tensors[t]);
+        continue;
+      }
+      snprintf(fmts, sizeof fmts, "%s / %s", ri.rowwise, ri.columnwise);
+      printf("    %-12s %-24s [role %s] line %d\n", k_tensors[t], fmts, ri.pattern, ri.line);
+    }
+  }
+}
+
+static void layers_json(json *j, const hq_recipe *r, const gemm_check *g) {
+  json_key(j, "layers");
+  json_arr(j);
+  for (size_t l = 0; l < table_rows(g); l++) {
+    const char *layer = table_layer(g, l);
+    json_obj(j);
+    json_kstr(j, "layer", layer);
+    json_key(j, "roles");
+    json_arr(j);
+    for (int t = 0; t < 3; t++) {
+      hq_role_info ri;
+      const int found = resolved(r, t, layer, &ri) >= 0;
+      json_obj(j);
+      json_kstr(j, "tensor", k_tensors[t]);
+      json_kstr(j, "rowwise", found ? ri.rowwise : "identity");
+      json_kstr(j, "columnwise", found ? ri.columnwise : "identity");
+      if (found) {
+        json_kstr(j, "section", ri.pattern);
+        json_kint(j, "line", ri.line);
+      } else {
+        json_key(j, "section");
+        json_null(j);
+      }
+      json_close_obj(j);
+    }
+    json_close_arr(j);
     json_close_obj(j);
   }
   json_close_arr(j);
@@ -336,32 +453,39 @@ static void gemms_json(json *j, const gemm_check *g) {
   json_close_arr(j);
 }
 
-static void report_json(const hq_recipe *r, const char *file, const gemm_check *g) {
+static void report_json(const hq_recipe *r, const char *file, gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   json j;
   json_begin(&j, stdout);
   json_obj(&j);
   json_kstr(&j, "file", file);
   json_kstr(&j, "name", hq_recipe_name(r));
-  json_kbool(&j, "valid", nerr == 0 && g->gemm_err == 0);
-  formats_json(&j, r);
-  roles_json(&j, r);
+  formats_json(&j, r, file, g);
+  roles_json(&j, r, file, g);
+  if (!nerr) layers_json(&j, r, g);
   gemms_json(&j, g);
   json_key(&j, "errors");
   json_arr(&j);
   for (size_t i = 0; i < nerr; i++) json_str(&j, hq_recipe_error(r, i));
   for (size_t k = 0; k < g->ng; k++)
     if (!g->gemms[k].possible) json_str(&j, g->gemms[k].why);
+  for (size_t k = 0; k < g->nfail && k < sizeof g->fail / sizeof g->fail[0]; k++)
+    json_str(&j, g->fail[k]);
   json_close_arr(&j);
+  /* last: the listings above may meet failures of the check itself */
+  json_kbool(&j, "valid", nerr == 0 && g->gemm_err == 0 && g->nfail == 0);
   json_close_obj(&j);
   json_end(&j);
 }
 
-static void formats_text(const hq_recipe *r) {
+static void formats_text(const hq_recipe *r, const char *file, gemm_check *g) {
   if (hq_recipe_format_count(r)) printf("\nformats:\n");
   for (size_t i = 0; i < hq_recipe_format_count(r); i++) {
     hq_format_info fi = {.struct_size = sizeof fi};
-    if (hq_recipe_format_info(r, i, &fi)) continue;
+    if (hq_recipe_format_info(r, i, &fi)) {
+      check_failed(g, file, "format %zu: %s", i, hq_last_error());
+      continue;
+    }
     if (fi.line) printf("  %-12s plugin %s (line %d)\n", fi.name, fi.plugin ? fi.plugin : "?",
                         fi.line);
     else printf("  %-12s plugin %s (implicit: its defaults)\n", fi.name,
@@ -377,7 +501,7 @@ static void formats_text(const hq_recipe *r) {
   }
 }
 
-static void roles_text(const hq_recipe *r) {
+static void roles_text(const hq_recipe *r, const char *file, gemm_check *g) {
   if (hq_recipe_role_count(r))
     printf("\nroles (most specific wins; unmatched roles: %s):\n",
            hq_recipe_unmatched(r) == HQ_UNMATCHED_ERROR  ? "an error"
@@ -385,7 +509,10 @@ static void roles_text(const hq_recipe *r) {
                                                          : "identity");
   for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
     hq_role_info ri = {.struct_size = sizeof ri};
-    if (hq_recipe_role_info(r, i, &ri)) continue;
+    if (hq_recipe_role_info(r, i, &ri)) {
+      check_failed(g, file, "role section %zu: %s", i, hq_last_error());
+      continue;
+    }
     printf("  [role %s] line %d\n      rowwise = %s, columnwise = %s%s%s\n", ri.pattern, ri.line,
            ri.rowwise, ri.columnwise,
            ri.columnwise_source ? ", columnwise_source = " : "",
@@ -423,12 +550,10 @@ static void gemms_text(const gemm_check *g) {
    names (check_gemms matched them) and of a layer it does not name. */
 static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
   if (hq_recipe_unmatched(r) != HQ_UNMATCHED_UNSET) return;
-  static const char other[] = "(any other layer)";
   for (size_t l = 0; l <= g->nlayers; l++)
     for (int t = 0; t < 3; t++) {
-      const int named = l < g->nlayers;
-      const char *layer = named ? g->layers[l] : other;
-      if ((named ? g->lines[l][t] : role_line(r, t, other)) == 0)
+      const char *layer = table_layer(g, l);
+      if ((l < g->nlayers ? g->lines[l][t] : role_line(r, t, layer)) == 0)
         fprintf(stderr,
                 "hq recipe check: warning: role linear:%s:%s matches no [role] section: both "
                 "directions stay in high precision (say `unmatched = identity` in [recipe] if "
@@ -437,12 +562,13 @@ static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
     }
 }
 
-static void report_text(const hq_recipe *r, const char *file, const gemm_check *g) {
+static void report_text(const hq_recipe *r, const char *file, gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
          hq_recipe_name(r)[0] ? ")" : "");
-  formats_text(r);
-  roles_text(r);
+  formats_text(r, file, g);
+  roles_text(r, file, g);
+  if (!nerr) layers_text(r, g);
   gemms_text(g);
   if (nerr) {
     fprintf(stderr, "\n%zu error%s:\n", nerr, nerr == 1 ? "" : "s");
@@ -450,6 +576,9 @@ static void report_text(const hq_recipe *r, const char *file, const gemm_check *
   } else if (g->gemm_err) {
     fprintf(stderr, "\n%zu impossible GEMM%s (see above)\n", g->gemm_err,
             g->gemm_err == 1 ? "" : "s");
+  } else if (g->nfail) {
+    fprintf(stderr, "\nthe check is incomplete: %zu failure%s (see above)\n", g->nfail,
+            g->nfail == 1 ? "" : "s");
   } else {
     printf("\nvalid\n");
   }
@@ -468,8 +597,11 @@ int hq_cmd_recipe(int argc, char **argv) {
   if (!hq_recipe_error_count(r)) check_gemms(r, a.file, &g);
   if (a.json) report_json(r, a.file, &g);
   else report_text(r, a.file, &g);
-  if (!hq_recipe_error_count(r)) warn_unmatched(r, &g);
-  const int invalid = hq_recipe_error_count(r) || g.gemm_err;
+  if (!hq_recipe_error_count(r)) {
+    warn_unmatched(r, &g);
+    cli_warn_role_traps(r, CMD, a.file);
+  }
+  const int invalid = hq_recipe_error_count(r) || g.gemm_err || g.nfail;
   hq_recipe_free(r);
   return invalid ? 1 : 0;
 }

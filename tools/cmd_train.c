@@ -139,26 +139,11 @@ static void on_progress(void *user, const train_progress *p) {
   fflush(s->out);
 }
 
-/* The installed default recipe: $HQ_CONF_DIR/recipe.ini when set, else $(datadir)/hq/recipe.ini
-   (compiled in as HQ_RECIPEDIR, or found beside the installed plugin directory
-   $(libdir)/hq/formats: the prefix before its lib* component, then share/hq). */
+/* The installed default recipe: recipe.ini in the shipped recipes' directory (cli_recipe_dir). */
 static void default_recipe(char *out, size_t n) {
-  const char *conf = getenv("HQ_CONF_DIR");
-  if (conf && *conf) {
-    snprintf(out, n, "%s/recipe.ini", conf);
-    return;
-  }
-#ifdef HQ_RECIPEDIR
-  snprintf(out, n, "%s/recipe.ini", HQ_RECIPEDIR);
-#else
   char dir[1024];
-  snprintf(dir, sizeof dir, "%s", hq_plugins_default_dir());
-  char *cut = NULL;
-  for (char *p = strstr(dir, "/lib"); p; p = strstr(p + 1, "/lib")) cut = p;
-  if (cut) *cut = '\0';
-  else snprintf(dir, sizeof dir, "/usr/local");
-  snprintf(out, n, "%s/share/hq/recipe.ini", dir);
-#endif
+  cli_recipe_dir(dir, sizeof dir);
+  snprintf(out, n, "%s/recipe.ini", dir);
 }
 
 static const char builtin_baseline[] =
@@ -358,6 +343,7 @@ static int load_recipes(const train_args *a, const hq_recipe_opts *ro, session *
         fprintf(stderr, "hq train: %s\n", hq_recipe_error(r, k));
       return 1;
     }
+    cli_warn_role_traps(r, "train", file);
   }
   return 0;
 }

@@ -66,7 +66,9 @@ static const wide_option wide_options[] = {
 };
 #endif
 
-typedef struct cfg { int level; } cfg;
+/* raw_q / raw_d (label "qraw=N" / "draw=N"): what quantize / dequantize return instead of
+   working, any int (a broken module's status); has_raw_* says one was given. */
+typedef struct cfg { int level, has_raw_q, raw_q, has_raw_d, raw_d; } cfg;
 
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
@@ -81,6 +83,11 @@ static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
     return host->error(rc, "configure refuses with status %d", rc);
   }
   if (strncmp(label, "raw=", 4) == 0) return atoi(label + 4);
+  cfg *k = c;
+  k->has_raw_q = strncmp(label, "qraw=", 5) == 0;
+  k->raw_q = k->has_raw_q ? atoi(label + 5) : 0;
+  k->has_raw_d = strncmp(label, "draw=", 5) == 0;
+  k->raw_d = k->has_raw_d ? atoi(label + 5) : 0;
   return HQ_OK;
 }
 
@@ -90,14 +97,16 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
   const int col = dir == HQ_COLWISE;
   (void)host;
   (void)dirs;
+  /* level 10: packed 4-bit integers, two per byte (make_empty only: quantize copies f32) */
   hq_buffer *d = hq_buffer_describe(out, 0, col && level != 4 ? "columnwise_data" : "data",
-                                    level == 1 ? HQ_ROLE_OTHER : HQ_ROLE_DATA, HQ_F32, 2, rows,
-                                    level == 9 ? cols + 1 : cols);
+                                    level == 1 ? HQ_ROLE_OTHER : HQ_ROLE_DATA,
+                                    level == 10 ? HQ_I4X2 : HQ_F32, 2, rows,
+                                    level == 9 ? cols + 1 : level == 10 ? cols / 2 : cols);
   hq_buffer_gather(d, HQ_GATHER_ROWS, 1);
   hq_buffer *a = hq_buffer_describe(out, 1, level == 6 ? d->name : col ? "columnwise_aux" : "aux",
                                     HQ_ROLE_OTHER, HQ_U8, 1, 2, 0);
   hq_buffer_gather(a, HQ_GATHER_SAME, 1);
-  out->desc.elem = level == 2 ? HQ_BF16 : HQ_F32;
+  out->desc.elem = level == 2 ? HQ_BF16 : level == 10 ? HQ_I4X2 : HQ_F32;
   out->desc.order = HQ_ORDER_MK;
   out->desc.shard_rows = 1;
   if (level == 5) {
@@ -112,7 +121,7 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
 
 static int quantize(const void *c, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
-  (void)c;
+  if (((const cfg *)c)->has_raw_q) return ((const cfg *)c)->raw_q;
   if (src->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "test_good stores f32 host tensors only");
   call->host->log(call, 2, "test_good: quantize [%lld, %lld]", (long long)src->rows,
@@ -139,7 +148,7 @@ static int update(const void *c, const hq_call *call, const hq_tensor *src, uint
 }
 
 static int dequantize(const void *c, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  (void)c;
+  if (((const cfg *)c)->has_raw_d) return ((const cfg *)c)->raw_d;
   if (dst->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "test_good dequantizes into f32 host tensors only");
   memcpy(dst->data, hq_storage_cbuf(s, 0)->ptr, (size_t)(dst->rows * dst->cols) * 4u);

@@ -86,6 +86,23 @@ extern "C" {
 #define HQ_API
 #endif
 
+/* A struct the caller fills (every one starts with struct_size), declared with struct_size set
+   and every other field zero -- the form that stays warning-free under -Wall -Wextra, where the
+   positional `hq_gemm_info info = {sizeof info};` warns (-Wmissing-field-initializers):
+       hq_gemm_info info = HQ_STRUCT_INIT(hq_gemm_info);    (or HQ_GEMM_INFO_INIT)
+   C99 designated initializers (C++20 in C++). The named forms are the same for each struct. */
+#define HQ_STRUCT_INIT(type) {.struct_size = (uint32_t)sizeof(type)}
+#define HQ_CTX_DESC_INIT HQ_STRUCT_INIT(hq_ctx_desc)
+#define HQ_RECIPE_OPTS_INIT HQ_STRUCT_INIT(hq_recipe_opts)
+#define HQ_FORMAT_INFO_INIT HQ_STRUCT_INIT(hq_format_info)
+#define HQ_ROLE_INFO_INIT HQ_STRUCT_INIT(hq_role_info)
+#define HQ_GEMM_PROVIDER_INFO_INIT HQ_STRUCT_INIT(hq_gemm_provider_info)
+#define HQ_FORMAT_SPEC_INIT HQ_STRUCT_INIT(hq_format_spec)
+#define HQ_QUANTIZE_ARGS_INIT HQ_STRUCT_INIT(hq_quantize_args)
+#define HQ_FORMAT_DESC_INIT HQ_STRUCT_INIT(hq_format_desc)
+#define HQ_GEMM_ARGS_INIT HQ_STRUCT_INIT(hq_gemm_args)
+#define HQ_GEMM_INFO_INIT HQ_STRUCT_INIT(hq_gemm_info)
+
 /* ---------------------------------------------------------------------------------------------
 ** Version, errors, dtypes, devices
 */

@@ -619,4 +619,15 @@ HQ_HD uint32_t hq_fp6_code(const uint8_t *row, int64_t n) {
   return (w >> (6 * (n & 3))) & 63u;
 }
 
+/* HQ_I4X2 (hq/plugin.h): two signed 4-bit integers per byte, element 2i in the low nibble and
+   2i+1 in the high nibble, two's complement (-8..7). pack stores the low 4 bits of each value;
+   get sign-extends element i of a packed row p. */
+HQ_HD uint8_t hq_i4x2_pack(int lo, int hi) {
+  return (uint8_t)(((unsigned)lo & 0xFu) | (((unsigned)hi & 0xFu) << 4));
+}
+HQ_HD int hq_i4x2_get(const uint8_t *p, int64_t i) {
+  const int v = (p[i >> 1] >> ((i & 1) * 4)) & 0xF;
+  return v - ((v & 8) << 1);
+}
+
 #endif /* HQ_NUMERICS_H */

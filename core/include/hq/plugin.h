@@ -183,7 +183,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 4
+#define HQ_ABI_MINOR 5
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -215,11 +215,14 @@ typedef enum hq_status {
 } hq_status;
 
 /* ---------------------------------------------------------------------------------------------
-** Data types. HQ_E2M1X2 is one byte holding two FP4 E2M1 elements (element 2i in the low
-** nibble, 2i+1 in the high nibble); HQ_E3M2X4 / HQ_E2M3X4 are FP6 codes packed four in three
-** bytes (element n at bits 6n .. 6n+5 of the row's little-endian bit stream, hq/numerics.h
-** hq_fp6_pack4); shapes of such buffers count bytes. The FP8 element kind of a
-** format is its hq_dtype (HQ_E4M3 or HQ_E5M2): there is no second FP8 enum.
+** Data types. HQ_E2M1X2 is one byte holding two FP4 E2M1 elements, HQ_I4X2 one byte holding
+** two signed 4-bit integers (two's complement, -8..7); in both element 2i is the low nibble and
+** 2i+1 the high nibble (hq/numerics.h: hq_i4x2_pack, hq_i4x2_get). HQ_E3M2X4 / HQ_E2M3X4 are
+** FP6 codes packed four in three bytes (element n at bits 6n .. 6n+5 of the row's little-endian
+** bit stream, hq/numerics.h hq_fp6_pack4). Shapes of all packed buffers count bytes. The FP8
+** element kind of a format is its hq_dtype (HQ_E4M3 or HQ_E5M2): there is no second FP8 enum.
+** Values are only appended (HQ_E3M2X4, HQ_E2M3X4, HQ_I4X2: ABI 2.5; a module storing one of
+** them requires abi_minor 5).
 */
 typedef enum hq_dtype {
   HQ_DTYPE_INVALID = 0,
@@ -233,8 +236,9 @@ typedef enum hq_dtype {
   HQ_E2M1X2 = 8,   /* two FP4 E2M1 per byte */
   HQ_I32 = 9,
   HQ_I8 = 10,      /* signed 8-bit integer codes */
-  HQ_E3M2X4 = 11,  /* four FP6 E3M2 in three bytes (MXFP6; a buffer's shape counts bytes) */
-  HQ_E2M3X4 = 12   /* four FP6 E2M3 in three bytes (MXFP6; a buffer's shape counts bytes) */
+  HQ_E3M2X4 = 11,  /* four FP6 E3M2 in three bytes (MXFP6; ABI 2.5) */
+  HQ_E2M3X4 = 12,  /* four FP6 E2M3 in three bytes (MXFP6; ABI 2.5) */
+  HQ_I4X2 = 13     /* two signed 4-bit integer codes per byte (ABI 2.5) */
 } hq_dtype;
 
 /* Directions (a bit mask). */

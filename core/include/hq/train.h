@@ -53,6 +53,7 @@ typedef struct hq_adam {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;                  /* 1 for the first step (bias correction) */
 } hq_adam;
+#define HQ_ADAM_INIT HQ_STRUCT_INIT(hq_adam) /* hq.h: struct_size set, the rest zero */
 HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
                         float *m, float *v, hq_qtensor *qw);
 
