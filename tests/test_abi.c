@@ -753,7 +753,7 @@ static void test_plugin_status_range(void **state) {
 static void test_i4x2(void **state) {
   (void)state;
   assert_int_equal(HQ_ABI_MINOR, 5);
-  assert_int_equal(HQ_I4X2, 11);
+  assert_int_equal(HQ_I4X2, 13);
   assert_int_equal(hq_dtype_size(HQ_I4X2), 1);
   assert_string_equal(hq_dtype_name(HQ_I4X2), "i4x2");
   assert_int_equal(hq_dtype_from_name("i4x2"), HQ_I4X2);
