@@ -84,8 +84,17 @@ static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, u
       const size_t n = (size_t)(M * K) * hq_dtype_size(outs[o]);
       HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, yg0.data, HQ_DEVICE_HOST, yg.data, 0, n));
       HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-      if (memcmp(yh.data, yg0.data, n)) fail_msg("%s: dequantize dir %u dtype %d differs", what, d,
-                                                 (int)outs[o]);
+      if (memcmp(yh.data, yg0.data, n)) {
+        /* the first differing element, for the report */
+        const size_t es = hq_dtype_size(outs[o]);
+        size_t e = 0;
+        while (e + 1 < (size_t)(M * K) && !memcmp((char *)yh.data + e * es, (char *)yg0.data + e * es, es)) e++;
+        uint32_t bh = 0, bg = 0;
+        memcpy(&bh, (char *)yh.data + e * es, es);
+        memcpy(&bg, (char *)yg0.data + e * es, es);
+        fail_msg("%s: dequantize dir %u dtype %d differs: element [%lld, %lld] host 0x%x device 0x%x",
+                 what, d, (int)outs[o], (long long)(e / (size_t)K), (long long)(e % (size_t)K), bh, bg);
+      }
       hq_ctx_free(gpu, yg.data);
       free(yh.data);
       free(yg0.data);
