@@ -399,8 +399,7 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
     const uint8_t *row = v.data + i * rb;
     for (int64_t k = 0; k < K; k++) {
       const float y =
-          hq_mul_rn(lut[hq_mx_code(row, k, v.kind)],
-                    hq_e8m0_to_f32(v.scale[hq_mx_scale_idx(colwise, i, k, K)]));
+          hq_mx_scaled(lut[hq_mx_code(row, k, v.kind)], v.scale[hq_mx_scale_idx(colwise, i, k, K)]);
       hq_store_hp(dst->data, i * K + k, dst->dtype, y);
     }
   }

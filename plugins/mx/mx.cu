@@ -182,7 +182,7 @@ __global__ void dequantize8(const uint8_t *data, const uint8_t *scale, int kind,
   for (int k = 0; k < 8; k++) {
     const uint32_t c = (uint32_t)(w >> (bits * k)) & ((1u << bits) - 1u);
     const uint8_t e = scale[hq_mx_scale_idx(colwise, i, k0 + k, K)];
-    y[k] = hq_mul_rn(hq_mx_elem_to_f32(c, kind), hq_e8m0_to_f32(e));
+    y[k] = hq_mx_dequantize(c, e, kind);
   }
   const int64_t o = i * K + k0;
   const bool al = (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;

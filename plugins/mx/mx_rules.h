@@ -77,9 +77,17 @@ HQ_HD float hq_mx_elem_to_f32(uint32_t code, int kind) {
   return kind == HQ_E2M1X2 ? hq_e2m1_to_f32(code) : hq_fp6_to_f32(code, kind);
 }
 
-/* Dequantize: x' = RN(elem(q) * 2^(e-127)) (hq_e8m0_to_f32: e = 0 is 2^-127, 0xFF NaN). */
+/* An element's value v scaled by E8M0 code e: RN(v * 2^(e-127)) (hq_e8m0_to_f32: e = 0 is
+   2^-127). A NaN scale (0xFF) gives the canonical quiet NaN 0x7fc00000 itself, not a product:
+   the host propagates the NaN operand's bits through a multiply and the GPU returns 0x7fffffff,
+   and the CPU reference and the kernels must agree bit for bit. */
+HQ_HD float hq_mx_scaled(float v, uint8_t e) {
+  return e == 0xFFu ? hq_bits_f32(0x7fc00000u) : hq_mul_rn(v, hq_e8m0_to_f32(e));
+}
+
+/* Dequantize: x' = hq_mx_scaled(elem(q), e). */
 HQ_HD float hq_mx_dequantize(uint32_t code, uint8_t e, int kind) {
-  return hq_mul_rn(hq_mx_elem_to_f32(code, kind), hq_e8m0_to_f32(e));
+  return hq_mx_scaled(hq_mx_elem_to_f32(code, kind), e);
 }
 
 /* Code n of a packed row. */

@@ -115,12 +115,13 @@ def _keep_exported(text, inline, exported):
 
 
 _INT_DEFINE = re.compile(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(.+?)\s*$")
+_FN_DEFINE = re.compile(r"^#define\s+([A-Za-z_]\w*)\([^)]*\)\s*(.*?)\s*$")
 
 
 def extract_cdef(preprocessed, exported):
     """The declarations and integer constants of hq's headers in `cc -E -dD` output; functions
     only where `exported` (the libraries' symbols) has them or they are static inline."""
-    decls, defines, keep = [], [], False
+    decls, defines, keep, not_int = [], [], False, set()
     for line in preprocessed.splitlines():
         m = re.match(r'^# \d+ "([^"]*)"', line)
         if m:
@@ -130,8 +131,14 @@ def extract_cdef(preprocessed, exported):
         if not keep:
             continue
         if line.startswith("#"):
+            f = _FN_DEFINE.match(line)
+            if f and not _is_int_expr(f.group(2)):
+                not_int.add(f.group(1))
             d = _INT_DEFINE.match(line)
-            if d and _is_int_expr(d.group(2)):
+            # an integer-looking value that expands a non-integer function-like macro (the
+            # struct initialisers HQ_*_INIT = HQ_STRUCT_INIT(type)) is not a constant
+            if d and _is_int_expr(d.group(2)) and \
+                    not not_int.intersection(re.findall(r"[A-Za-z_]\w*", d.group(2))):
                 defines.append(d.group(1))
             continue
         decls.append(line)
