@@ -20,6 +20,8 @@
 #include "hq/hq.h"
 #include "hq/train.h"
 #include "device.h"   /* the device table: TRAIN_ACT_*, train_device_ops */
+#include "hq/dist.h"
+#include "dist.h"     /* across ranks: train_dist */
 
 /* ---------------------------------------------------------------------------------------------
 ** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
@@ -74,6 +76,8 @@ typedef struct train_model_cfg {
   int64_t batch;                             /* B: rows of every activation */
   int vocab_pad;                             /* lm_head's outputs: 27 padded up (masked) */
   int act;                                   /* TRAIN_ACT_* */
+  train_dist *dist;                          /* the ranks (dist.h; NULL: one process); batch
+                                                is then this rank's part of the global batch */
 } train_model_cfg;
 
 typedef struct train_adam_cfg {
@@ -100,6 +104,13 @@ typedef struct train_linear {
   float *y;                                  /* output (pre-activation) [B, out] */
   hq_gemm_info info[3];                      /* TRAIN_FPROP/DGRAD/WGRAD, first step */
   int have_info;
+  /* across ranks (dist.h): w, mw, vw hold this rank's rows [r0, r0 + rows) of W (one process:
+     all of them); gw the whole gradient of this rank's part of the batch, gws its shard summed
+     over the ranks; qw_shard the shard quantized, gathered into qw by `gather` */
+  int64_t r0, rows;
+  float *gws;
+  hq_qtensor *qw_shard;
+  hq_gather *gather;
 } train_linear;
 
 typedef struct train_model {
@@ -218,6 +229,8 @@ typedef struct train_result {
   int n_layers;                              /* the GEMMs that ran, per layer */
   char layer_name[TRAIN_MAX_LINEAR][16];
   hq_gemm_info layer_info[TRAIN_MAX_LINEAR][3];
+  int ranks;                                 /* mpirun -np N (dist.h): N, else 1 */
+  uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
 } train_result;
 
 /* ---------------------------------------------------------------------------------------------
