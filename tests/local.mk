@@ -350,7 +350,7 @@ TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_train_dist.sh tests
 endif
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
-EXTRA_DIST += tests/test_dist_mpi.sh tests/test_train_dist.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
+EXTRA_DIST += tests/test_dist_mpi.sh tests/test_train_dist.sh tests/mpirun_env.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \

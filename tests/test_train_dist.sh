@@ -6,7 +6,6 @@
 # losses to the last digit; the bytes on the wire per step equal what the shapes give; a shard
 # that would split a 128-row fp8_block tile and a batch that does not split are refused on every
 # rank. Skips (77) without mpirun, python3, or an hq built with MPI.
-# As root (CI), mpirun needs --allow-run-as-root; --oversubscribe runs 4 ranks on 2 cores.
 set -u
 LC_ALL=C; export LC_ALL
 hq=${HQ_BIN:?HQ_BIN is set by make check}
@@ -14,12 +13,7 @@ conf=${HQ_CONF_DIR:?}
 mpirun=${HQ_MPIRUN:-}
 [ -n "$mpirun" ] && command -v "$mpirun" >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: no python3 (reads the JSON)"; exit 77; }
-flags="--oversubscribe --mca btl self,tcp"
-[ "$(id -u)" -eq 0 ] && flags="$flags --allow-run-as-root"
-# under AddressSanitizer: Open MPI's allocations kept until exit are not hq's (test_dist_mpi.sh)
-LSAN_OPTIONS="suppressions=${HQ_TEST_SRCDIR:-.}/lsan_mpi.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export LSAN_OPTIONS ASAN_OPTIONS
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/mpirun_env.sh"   # $flags, sanitizers
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_train_dist.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

@@ -661,7 +661,7 @@ int hq_cmd_train(int argc, char **argv) {
     cli_fail(1, CMD, "%s", err);
     goto out;
   }
-  FILE *po = a.json ? stderr : stdout;
+  FILE *po = a.json && train_dist_rank(dist) == 0 ? stderr : stdout;   /* ranks > 0: none */
   fprintf(po,
           "hq train: %lld words from %s (%lld train, %lld held out: %lld / %lld examples); "
           "model C=%lld E=%lld H=%lld L=%lld %s, batch %lld, %lld steps, lr %g, seed %lld, %s\n",
