@@ -1,7 +1,7 @@
 /*
 ** train.h -- `hq train`: a character-level language model (makemore-style MLP) trained through
-** libhqcore. The trainer uses only the public API (hq/hq.h, hq/train.h); an embedder can copy
-** train/ as a starting point:
+** libhqcore. The trainer uses only the public API (hq/hq.h, hq/train.h, hq/dist.h); an
+** embedder can copy train/ as a starting point:
 **   data.c   the corpus: words -> (context of C previous characters, next character) examples,
 **            a seeded train / held-out split, seeded batch sampling
 **   model.c  embedding -> L hidden linear layers -> lm_head -> softmax cross-entropy; every
@@ -9,6 +9,7 @@
 **            with the quantized weights written back (hq_adam_step); every buffer and every
 **            elementwise op behind a small device table (device.h: ops_cpu.c, ops_cuda.cu)
 **   loop.c   one training run per recipe: schedule, progress, periodic and final eval, timing
+**   dist.c   `mpirun -np N hq train`: linear layers sharded by rows across the ranks (dist.h)
 ** The command line, the table, --json and --plot are in tools/cmd_train.c.
 */
 #ifndef HQ_TRAIN_H
