@@ -11,14 +11,7 @@ mpirun=${HQ_MPIRUN:-}
 prog=${HQ_TEST_DIST_MPI:-}
 [ -n "$mpirun" ] && command -v "$mpirun" >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
 [ -n "$prog" ] && [ -x "$prog" ] || { echo "SKIP: built without MPI"; exit 77; }
-flags="--oversubscribe --mca btl self,tcp"
-[ "$(id -u)" -eq 0 ] && flags="$flags --allow-run-as-root"
-# under AddressSanitizer: Open MPI's own allocations kept until exit are not hq's leaks; the
-# slow unwinder walks through Open MPI's frames (no frame pointers), which the fast one
-# attributes to whatever library lies next to them, so that the suppressions match
-LSAN_OPTIONS="suppressions=${HQ_TEST_SRCDIR:-.}/lsan_mpi.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export LSAN_OPTIONS ASAN_OPTIONS
+. "${HQ_TEST_SRCDIR:-.}/mpirun_env.sh"   # $flags, the sanitizers' options
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_dist.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 for np in 2 4; do

@@ -435,6 +435,14 @@ static int run_said(const train_args *a, const train_config *cfg, const run *rn,
                 "saved in %.1f ms)\n",
             rn->name, cfg->ckpt_path, (long long)r->ckpt_saves, r->ckpt_saves == 1 ? "" : "s",
             (long long)a->steps, (long long)r->ckpt_bytes, 1e3 * r->ckpt_save_s);
+  if (r->ranks > 1 && train_dist_rank(cfg->model.dist) == 0)   /* docs/distributed.md */
+    fprintf(po, "hq train: %s: %d ranks: per step and rank, quantized weights gathered %llu "
+                "bytes (a BF16 all-gather: %llu, %.3fx), FP32 weight gradients reduce-scattered "
+                "%llu bytes\n",
+            rn->name, r->ranks, (unsigned long long)r->wire_gathered,
+            (unsigned long long)r->wire_bf16,
+            r->wire_bf16 ? (double)r->wire_gathered / (double)r->wire_bf16 : 0.0,
+            (unsigned long long)r->wire_reduced);
   if (!a->verify_resume) return 0;
   if (r->verified == 1) {
     fprintf(po, "hq train: %s: resume verified: the checkpoint of step %lld reloaded into a "
@@ -1137,10 +1145,13 @@ int hq_cmd_train(int argc, char **argv) {
                       default_path, strerror(errno));
     a.recipes.v[a.recipes.n++] = default_path;
   }
+  char err[2048];
+  train_dist *dist;   /* under mpirun: the ranks (docs/distributed.md) */
+  if (train_dist_init(&dist, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
+  cfg.model.dist = dist;
   session s;
   memset(&s, 0, sizeof s);
   const hq_recipe_opts ro = cli_recipe_opts(&a.dirs);
-  char err[2048];
   status = 1;
   if (load_recipes(&a, &ro, &s)) goto out;
   if ((status = name_runs(&a, &cfg, &ro, &s)) != 0) goto out;
@@ -1155,7 +1166,7 @@ int hq_cmd_train(int argc, char **argv) {
     cli_fail(1, CMD, "%s", err);
     goto out;
   }
-  FILE *po = a.json ? stderr : stdout;
+  FILE *po = a.json && train_dist_rank(dist) == 0 ? stderr : stdout;   /* ranks > 0: none */
   char seeds[64];
   fprintf(po,
           "hq train: %lld words from %s (%lld train, %lld held out: %lld / %lld examples); "
@@ -1175,7 +1186,7 @@ int hq_cmd_train(int argc, char **argv) {
   if (a.json) report_json(&a, &cfg, &s);
   else report_text(&cfg, &s);
   status = trained;
-  if (a.plot_file) {
+  if (a.plot_file && train_dist_rank(dist) == 0) {
     char title[256];
     snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, %s", (long long)a.steps,
              (long long)a.batch, seeds_text(&s, seeds, sizeof seeds));
@@ -1184,5 +1195,6 @@ int hq_cmd_train(int argc, char **argv) {
   }
 out:
   session_free(&s);
+  train_dist_end(dist);
   return status;
 }

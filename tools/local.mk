@@ -7,12 +7,17 @@ tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/jso
 	tools/cmd_bench.c tools/bench_gemm.c tools/bench_timer.c tools/bench_timer.h \
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
 	train/checkpoint.c train/ops_cpu.c train/profile.h train/profile.c tools/train_report.c \
-	tools/train_report.h
+	tools/train_report.h train/dist.h train/dist.c
 tools_hq_SOURCES += train/memory.c
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
 tools_hq_LDADD = services/libhqtrain.la core/libhqcore.la -lm
 # an installed hq finds libhqcore and libhqtrain in any --prefix without ldconfig or LD_LIBRARY_PATH
 tools_hq_LDFLAGS = -Wl,-rpath,$(libdir)
+# `mpirun -np N hq train` (train/dist.c) when configure found Open MPI
+if HAVE_MPI
+tools_hq_CPPFLAGS += $(MPI_CFLAGS)
+tools_hq_LDADD += $(MPI_LIBS)
+endif
 EXTRA_DIST += train/ops_cuda.cu
 if HAVE_CUDA
 # the trainer's device table for CUDA (train/device.h), compiled by nvcc like the core's kernels

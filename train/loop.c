@@ -40,18 +40,21 @@ static float schedule(const train_config *c, int64_t s) {
    evaluates never changes its training. */
 static int evaluate(train_model *m, const train_data *d, int64_t batches, int32_t *x, int32_t *y,
                     double *out, char *err, size_t err_len) {
-  const int64_t B = m->cfg.batch;
+  /* across ranks, each global batch is split as in training: this rank's rows start at mine */
+  const int64_t Bl = m->cfg.batch, B = Bl * train_dist_size(m->cfg.dist);
   if (train_model_eval_begin(m, err, err_len)) return -1;
   int64_t total = d->n_eval;
   if (batches > 0 && batches * B < total) total = batches * B;
   double sum = 0;
   for (int64_t first = 0; first < total; first += B) {
-    int64_t n = train_data_eval_batch(d, first, B, x, y);
-    if (first + n > total) n = total - first;
+    const int64_t mine = first + train_dist_rank(m->cfg.dist) * Bl;
+    int64_t n = train_data_eval_batch(d, mine, Bl, x, y);
+    if (mine + n > total) n = total > mine ? total - mine : 0;
     double loss;
     if (train_model_forward(m, x, y, n, 0, &loss, err, err_len)) return -1;
     sum += loss * (double)n;
   }
+  if (train_dist_sum(m->cfg.dist, &sum, 1, err, err_len)) return -1;
   *out = sum / (double)total;
   return train_model_eval_end(m, err, err_len);
 }
@@ -65,7 +68,11 @@ static int train_step(train_model *m, const train_config *cfg, int64_t step, con
     snprintf(e, n, "the random stream: %s", hq_last_error());
     return -1;
   }
-  if (train_model_forward(m, x, y, cfg->model.batch, 1, loss, e, n)) return -1;
+  if (train_model_forward(m, x, y, m->cfg.batch, 1, loss, e, n)) return -1;
+  /* across ranks: the mean of the ranks' means, which is the global batch's (equal parts) */
+  const double ranks = train_dist_size(m->cfg.dist);
+  if (train_dist_sum(m->cfg.dist, loss, 1, e, n)) return -1;
+  *loss /= ranks;
   if (!isfinite(*loss)) {
     snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",
              (double)schedule(cfg, step));
@@ -241,7 +248,25 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     snprintf(e, sizeof e, "creating the context: %s", hq_last_error());
     goto out;
   }
-  if (train_model_create(&m, &cfg->model, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
+  /* across ranks (dist.h): every rank's model trains on its part of the global batch */
+  const int ranks = train_dist_size(cfg->model.dist), rank = train_dist_rank(cfg->model.dist);
+  train_model_cfg mc = cfg->model;
+  mc.batch = B / ranks;
+  res->ranks = ranks;
+  if (ranks > 1) {
+    if (B % ranks) {
+      snprintf(e, sizeof e, "--batch %lld does not split across %d ranks: give a multiple of %d",
+               (long long)B, ranks, ranks);
+      goto out;
+    }
+    if (cfg->ckpt_path || cfg->resume_path || cfg->verify_resume || cfg->device != HQ_DEVICE_HOST) {
+      snprintf(e, sizeof e, "across ranks (mpirun -np %d), hq train runs on the CPU without "
+               "checkpoints: --checkpoint, --resume, --verify-resume and --device cuda are not "
+               "supported there yet", ranks);
+      goto out;
+    }
+  }
+  if (train_model_create(&m, &mc, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
   res->n_params = m.n_params;
   if (cfg->profile) {   /* the last TRAIN_PROF_STEPS steps, after the first (plans, pools) */
     const int64_t first = cfg->steps > TRAIN_PROF_STEPS ? cfg->steps - TRAIN_PROF_STEPS + 1
@@ -251,6 +276,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
         train_model_profile(&m, prof, e, sizeof e))
       goto out;
   }
+  train_dist_wire(&m, &res->wire_gathered, &res->wire_bf16, &res->wire_reduced);
 
   uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
   if (cfg->resume_path) {
@@ -300,7 +326,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     train_prof_step_begin(prof, step + 1);
     const double t0 = train_now();
     double loss;
-    if (train_step(&m, cfg, step, x, y, &loss, e, sizeof e)) goto out;
+    if (train_step(&m, cfg, step, x + rank * mc.batch * C, y + rank * mc.batch, &loss, e,
+                   sizeof e))
+      goto out;
     res->train_s += train_now() - t0;
     train_prof_step_end(prof);
     train_memwatch_sample(&mem);
@@ -330,7 +358,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     }
     if (done % cfg->log_every == 0 || done == cfg->steps || !isnan(eval_loss)) {
       last_interval = interval_sum / (double)interval_n;
-      if (progress) {
+      if (progress && rank == 0) {
         train_progress p = {recipe_name, done, cfg->steps, last_interval, eval_loss,
                             (double)res->tokens / res->train_s, train_now() - t_start};
         progress(user, &p);

@@ -107,6 +107,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
     layer_name(cfg, i, l->name, sizeof l->name);
     l->in = i == 0 ? C * E : H;
     l->out = last ? cfg->vocab_pad : H;
+    train_dist_shard(cfg->dist, l->out, &l->r0, &l->rows);
     if (l->out > widest) widest = l->out;
   }
 
@@ -125,8 +126,10 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   for (int i = 0; i < m->n_lin && !bad; i++) {
     train_linear *l = &m->lin[i];
     const size_t nw = (size_t)(l->out * l->in) * fs, nb = (size_t)l->out * fs;
-    bad = dev_alloc(m, nw, &l->w) || dev_alloc(m, nw, &l->gw) || dev_alloc(m, nw, &l->mw) ||
-          dev_alloc(m, nw, &l->vw) || dev_alloc(m, nb, &l->b) || dev_alloc(m, nb, &l->gb) ||
+    const size_t ns = (size_t)(l->rows * l->in) * fs;   /* this rank's shard */
+    bad = dev_alloc(m, ns, &l->w) || dev_alloc(m, nw, &l->gw) || dev_alloc(m, ns, &l->mw) ||
+          dev_alloc(m, ns, &l->vw) || (cfg->dist && dev_alloc(m, ns, &l->gws)) ||
+          dev_alloc(m, nb, &l->b) || dev_alloc(m, nb, &l->gb) ||
           dev_alloc(m, nb, &l->mb) || dev_alloc(m, nb, &l->vb) ||
           dev_alloc(m, (size_t)(B * l->out) * fs, &l->y);
     m->n_params += l->out * l->in + l->out;
@@ -168,8 +171,8 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
     for (int64_t r = 0; r < l->out; r++)
       for (int64_t c = 0; c < l->in; c++)
         h[r * l->in + c] = last && r >= TRAIN_VOCAB ? 0.0f : sd * train_rng_normal(&rng);
-    bad = hq_ctx_memcpy(ctx, l->w, hq_ctx_device(ctx), h, HQ_DEVICE_HOST,
-                        (size_t)(l->out * l->in) * fs);
+    bad = hq_ctx_memcpy(ctx, l->w, hq_ctx_device(ctx), h + l->r0 * l->in, HQ_DEVICE_HOST,
+                        (size_t)(l->rows * l->in) * fs);
   }
   free(h);
   if (bad) {
@@ -214,9 +217,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
       }
       hq_qtensor_free(probe);
     }
-    hq_tensor w = f32(m, l->w, l->out, l->in);
-    if (hq_quantize(l->q_w, ctx, &w, &l->qw)) {
-      hq_fail(err, err_len, l, "quantizing the weight");
+    if (train_dist_weight(m, l, 1, err, err_len)) {
       train_model_free(m);
       return -1;
     }
@@ -230,6 +231,7 @@ void train_model_free(train_model *m) {
     memset(m, 0, sizeof *m);
     return;
   }
+  train_dist_model_free(m);
   for (int i = 0; m->lin && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     if (l->qx) hq_qtensor_free(l->qx);
@@ -316,6 +318,7 @@ static int quantize(train_model *m, hq_quantizer *q, const hq_tensor *src, int k
   memset(&args, 0, sizeof args);
   args.struct_size = sizeof args;
   args.flags = HQ_QUANTIZE_ALIAS;
+  if (m->cfg.dist) return train_dist_quantize(m, q, src, &args, out);   /* the ranks' amax */
   if (!train_prof_on(p)) return hq_quantize_ex(q, m->ctx, src, &args, out);
   train_prof_quantized(p, kind, 1);
   if (hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE ||
@@ -385,6 +388,7 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   const int64_t B = c->batch;
   float *dy = m->dlogits;
   int next = 0;
+  train_dist_loss_grad(m);
   for (int i = m->n_lin - 1; i >= 0; i--) {
     train_linear *l = &m->lin[i];
     if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
@@ -428,6 +432,7 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
 
 int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *err,
                        size_t err_len) {
+  if (train_dist_grads(m, err, err_len)) return -1;
   m->step++;
   const int dev = hq_ctx_device(m->ctx);
   hq_adam adam = {sizeof adam, lr, a->beta1, a->beta2, a->eps, 0.0f, m->step};
@@ -439,16 +444,19 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
        written back from it (the bytes of a fresh quantize of the new master) */
     adam.weight_decay = a->weight_decay;
-    hq_tensor gw = f32(m, l->gw, l->out, l->in);
-    train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
-    if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, l->qw)))
+    hq_tensor gw = f32(m, l->gws ? l->gws : l->gw, l->rows, l->in);
+    if (!m->cfg.dist) train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
+    if (PROF(m, TRAIN_PH_OPTIMIZER,
+             hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, m->cfg.dist ? NULL : l->qw)))
       return hq_fail(err, err_len, l, "Adam and the quantized weight's write-back");
+    /* across ranks: the shard quantized with the shared amax, then gathered into qw */
+    if (m->cfg.dist && train_dist_weight(m, l, 0, err, err_len)) return -1;
     adam.weight_decay = 0.0f;
     hq_tensor gb = f32(m, l->gb, 1, l->out);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
   }
-  if (PROF(m, TRAIN_PH_STATE, hq_state_update(m->state, m->ctx)))
+  if (PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
     return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;
 }

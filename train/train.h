@@ -1,7 +1,7 @@
 /*
 ** train.h -- `hq train`: a character-level language model (makemore-style MLP) trained through
-** libhqcore. The trainer uses only the public API (hq/hq.h, hq/train.h); an embedder can copy
-** train/ as a starting point:
+** libhqcore. The trainer uses only the public API (hq/hq.h, hq/train.h, hq/dist.h); an
+** embedder can copy train/ as a starting point:
 **   data.c   the corpus: words -> (context of C previous characters, next character) examples,
 **            a seeded train / held-out split, seeded batch sampling
 **   model.c  embedding -> L hidden linear layers -> lm_head -> softmax cross-entropy; every
@@ -9,6 +9,7 @@
 **            with the quantized weights written back (hq_adam_step); every buffer and every
 **            elementwise op behind a small device table (device.h: ops_cpu.c, ops_cuda.cu)
 **   loop.c   one training run per recipe: schedule, progress, periodic and final eval, timing
+**   dist.c   `mpirun -np N hq train`: linear layers sharded by rows across the ranks (dist.h)
 ** The command line, the table, --json and --plot are in tools/cmd_train.c.
 */
 #ifndef HQ_TRAIN_H
@@ -21,6 +22,8 @@
 #include "hq/train.h"
 #include "device.h"   /* the device table: TRAIN_ACT_*, train_device_ops */
 #include "profile.h"  /* --profile: train_profile, train_prof_result */
+#include "hq/dist.h"
+#include "dist.h"     /* across ranks: train_dist */
 
 /* ---------------------------------------------------------------------------------------------
 ** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
@@ -75,6 +78,8 @@ typedef struct train_model_cfg {
   int64_t batch;                             /* B: rows of every activation */
   int vocab_pad;                             /* lm_head's outputs: 27 padded up (masked) */
   int act;                                   /* TRAIN_ACT_* */
+  train_dist *dist;                          /* the ranks (dist.h; NULL: one process); batch
+                                                is then this rank's part of the global batch */
 } train_model_cfg;
 
 typedef struct train_adam_cfg {
@@ -101,6 +106,13 @@ typedef struct train_linear {
   float *y;                                  /* output (pre-activation) [B, out] */
   hq_gemm_info info[3];                      /* TRAIN_FPROP/DGRAD/WGRAD, first step */
   int have_info;
+  /* across ranks (dist.h): w, mw, vw hold this rank's rows [r0, r0 + rows) of W (one process:
+     all of them); gw the whole gradient of this rank's part of the batch, gws its shard summed
+     over the ranks; qw_shard the shard quantized, gathered into qw by `gather` */
+  int64_t r0, rows;
+  float *gws;
+  hq_qtensor *qw_shard;
+  hq_gather *gather;
 } train_linear;
 
 typedef struct train_model {
@@ -228,6 +240,8 @@ typedef struct train_result {
   hq_gemm_info layer_info[TRAIN_MAX_LINEAR][3];
   train_prof_result prof;                    /* --profile (prof.steps 0: not profiled) */
   int64_t peak_bytes;                        /* device memory high-water (-1: the host) */
+  int ranks;                                 /* mpirun -np N (dist.h): N, else 1 */
+  uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
 } train_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+#!/bin/sh
+# test_train_dist.sh -- `mpirun -np N hq train` (train/dist.c, docs/distributed.md) on a small
+# generated corpus: with 2 and 4 ranks (the weights sharded by rows, the quantized shards
+# gathered, the weight gradients reduce-scattered, the global batch split) the held-out loss of
+# every recipe is 1 rank's within 1e-4 (same global batch, same seed) and two runs print the same
+# losses to the last digit; the bytes on the wire per step equal what the shapes give; a shard
+# that would split a 128-row fp8_block tile and a batch that does not split are refused on every
+# rank. Skips (77) without mpirun, python3, or an hq built with MPI.
+set -u
+LC_ALL=C; export LC_ALL
+hq=${HQ_BIN:?HQ_BIN is set by make check}
+conf=${HQ_CONF_DIR:?}
+mpirun=${HQ_MPIRUN:-}
+[ -n "$mpirun" ] && command -v "$mpirun" >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: no python3 (reads the JSON)"; exit 77; }
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/mpirun_env.sh"   # $flags, sanitizers
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_train_dist.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/train_corpus.sh"
+train_corpus "$tmp/words.txt" || { echo "SKIP: no corpus"; exit 77; }
+# H = 128: every weight is [128, 128] (fc1's input is C*E = 8*16, lm_head's 27 outputs padded to
+# 128), so 2 and 4 ranks hold 64 and 32 rows of each: whole MXFP8 blocks (32 rows)
+args="train --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --eval-every 20
+      --log-every 10 --recipe $conf/examples/mxfp8.ini --recipe $conf/examples/fp8_current.ini
+      --recipe $conf/examples/fp8_delayed.ini --json"
+# shellcheck disable=SC2086
+"$hq" $args > "$tmp/r1.json" 2> "$tmp/r1.err" || { cat "$tmp/r1.err"; fail "1 rank"; }
+# shellcheck disable=SC2086
+timeout 300 "$mpirun" $flags -np 2 "$hq" info > /dev/null 2>&1 || { echo "SKIP: mpirun cannot start 2 ranks here"; exit 77; }
+
+# losses NAME.json: every run's held-out loss and both curves, as printed (%.9g)
+losses() {
+  python3 -c 'import json,sys
+for r in json.load(open(sys.argv[1]))["recipes"]:
+    print(r["name"], r["eval_loss"], r["train_curve"], r["eval_curve"])' "$1"
+}
+losses "$tmp/r1.json" > "$tmp/l1"
+for np in 2 4; do
+  for k in a b; do
+    # shellcheck disable=SC2086
+    if ! timeout 600 "$mpirun" $flags -np $np "$hq" $args > "$tmp/r$np$k.json" 2> "$tmp/r$np$k.err"; then
+      grep -q "this hq was built without MPI" "$tmp/r$np$k.err" && { echo "SKIP: hq built without MPI"; exit 77; }
+      cat "$tmp/r$np$k.err"; fail "mpirun -np $np hq train"
+    fi
+  done
+  losses "$tmp/r${np}a.json" > "$tmp/l${np}a"
+  losses "$tmp/r${np}b.json" > "$tmp/l${np}b"
+  cmp -s "$tmp/l${np}a" "$tmp/l${np}b" ||
+    { diff "$tmp/l${np}a" "$tmp/l${np}b"; fail "-np $np: two runs printed different losses"; }
+  # the same global batch and seed as 1 rank: the held-out losses agree within 1e-4 (FP32 sums
+  # in another order, nothing else: the activations' and gradients' amaxes are shared too)
+  python3 -c 'import json,sys
+one = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[1]))["recipes"]}
+many = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[2]))["recipes"]}
+assert sorted(one) == ["fp32", "fp8-current-e4m3", "fp8-delayed-hybrid", "mxfp8"], sorted(one)
+assert sorted(many) == sorted(one), sorted(many)
+for k in sorted(one):
+    d = abs(many[k] - one[k])
+    print("%-20s 1 rank %.9g  %s ranks %.9g  difference %.2g" % (k, one[k], sys.argv[3], many[k], d))
+    if not d <= 1e-4: sys.exit("%s: %s ranks differ from 1 by %.3g" % (k, sys.argv[3], d))' \
+    "$tmp/r1.json" "$tmp/r${np}a.json" $np || fail "-np $np: the held-out loss is not 1 rank's"
+  # rank 0 alone reports: one JSON document (parsed above), one wire line per run; per step and
+  # rank, fp8_current gathers both [128, 128] weights as 1-byte codes with the columnwise copy
+  # rebuilt (2 * 128 * 128 = 32768 bytes; BF16: 65536) and reduce-scatters their FP32 gradients
+  # (2 * 128 * 128 * 4 = 131072 bytes)
+  [ "$(grep -c ' ranks: per step and rank' "$tmp/r${np}a.err")" -eq 4 ] ||
+    { cat "$tmp/r${np}a.err"; fail "-np $np: not one wire line per run"; }
+  grep -q "^hq train: fp8-current-e4m3: $np ranks: per step and rank, quantized weights gathered 32768 bytes (a BF16 all-gather: 65536, 0.500x), FP32 weight gradients reduce-scattered 131072 bytes$" "$tmp/r${np}a.err" ||
+    { cat "$tmp/r${np}a.err"; fail "-np $np: the wire line of fp8_current"; }
+done
+
+# refused_everywhere NP MESSAGE ARGS...: mpirun -np NP hq ARGS fails, and every rank wrote the
+# line MESSAGE on stderr (each rank's output in its own file: mpirun would interleave; under
+# ASan, LeakSanitizer's report of the suppressions follows it)
+refused_everywhere() {
+  np=$1 msg=$2; shift 2
+  rm -rf "$tmp/out"
+  # shellcheck disable=SC2086
+  timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np $np "$hq" "$@" > "$tmp/o" 2> "$tmp/e" &&
+    fail "mpirun -np $np hq $*: not refused"
+  r=0
+  while [ $r -lt $np ]; do
+    f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
+    [ -n "$f" ] && [ "$(grep -cFx "$msg" "$f")" -eq 1 ] ||
+      { cat "$tmp/e" $f; fail "mpirun -np $np hq $*: rank $r did not say '$msg'"; }
+    r=$((r + 1))
+  done
+}
+# 2-D fp8_block shards of 64 rows would split its 128-row tiles: the gather helper's message
+refused_everywhere 2 "hq train: recipe 'fp8-block' ($conf/examples/fp8_block.ini), step 0: layer fc1: the weight's gather: hq_gather_create of linear:weight:fc1: the shard of rank 0, rows [0, 64) (64 rows), would split a 128-row scaling block of w (fp8_block, rowwise, 128x128 blocks): every shard's rows must be a multiple of 128" \
+  train --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 --recipe "$conf/examples/fp8_block.ini"
+refused_everywhere 4 "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini), step 0: --batch 130 does not split across 4 ranks: give a multiple of 4" \
+  train --data "$tmp/words.txt" --steps 2 --batch 130 --hidden 128 --layers 1 --recipe "$conf/examples/mxfp8.ini"
+echo "PASS"

@@ -1,0 +1,67 @@
+/*
+** dist.h -- `hq train` across ranks (dist.c): `mpirun -np N hq train ...` trains the same model
+** as one process, FSDP style (ZeRO-3): every linear layer's FP32 master weights and AdamW moments
+** are sharded by rows, each rank quantizes its shard (the per-tensor amax shared through
+** hq_dist_amax), the quantized weight is all-gathered (hq_gather_run, one collective per layer),
+** the weight gradients are reduce-scattered (FP32) and the global batch is split across the ranks
+** (data parallel). Host memory through Open MPI only (hq/dist.h's MPI backend).
+**
+** A NULL train_dist is one process: every function below then does what one rank alone does
+** (nothing, or the local operation), so model.c and loop.c call them unconditionally.
+*/
+#ifndef HQ_TRAIN_DIST_H
+#define HQ_TRAIN_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hq/hq.h"
+
+typedef struct train_dist train_dist;
+struct train_model;
+struct train_linear;
+
+/* Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set and above 1): MPI_Init, the communicator
+   (hq_dist_mpi_create on MPI_COMM_WORLD) into *out, and on every rank but 0 stdout sent to
+   /dev/null (rank 0 alone prints the progress, the table and --json). Otherwise *out = NULL.
+   Returns 0, or -1 with a message in err. */
+int train_dist_init(train_dist **out, char *err, size_t err_len);
+/* hq_dist_free and MPI_Finalize (NULL: nothing). */
+void train_dist_end(train_dist *d);
+int train_dist_rank(const train_dist *d);   /* 0 for NULL */
+int train_dist_size(const train_dist *d);   /* 1 for NULL */
+/* This rank's rows [*first, *first + *count) of a weight of `rows` rows: equal shards, the
+   first rows % size ranks one row more. */
+void train_dist_shard(const train_dist *d, int64_t rows, int64_t *first, int64_t *count);
+/* In place, over the ranks: the sum of n doubles (host). */
+int train_dist_sum(train_dist *d, double *v, size_t n, char *err, size_t err_len);
+
+/* The model's hooks (model.c). Quantize src with q (hq_quantize_ex with the caller's args;
+   across ranks with the amax max-reduced over the ranks first and passed in a->amax, so that
+   every rank's part equals the whole batch's quantization). */
+int train_dist_quantize(struct train_model *m, hq_quantizer *q, const hq_tensor *src,
+                        hq_quantize_args *a, hq_qtensor **out);
+/* The quantized weight of layer l from its master shard: made (first call: the shard quantized,
+   the gather planned, the full qtensor allocated) or refreshed, then gathered into l->qw. One
+   process: l->qw quantized from the master (first call only: hq_adam_step writes it back). */
+int train_dist_weight(struct train_model *m, struct train_linear *l, int first, char *err,
+                      size_t err_len);
+/* Before the backward pass: the loss gradient (the mean over this rank's part of the batch)
+   divided by the ranks, so that every gradient is the global batch's mean's part, the values
+   one process computes for these rows (exact for a power-of-two count of ranks): a delayed
+   scale or a format's rounding then sees the same values. */
+void train_dist_loss_grad(struct train_model *m);
+/* Before the optimizer step: every layer's weight gradient reduce-scattered (summed) into its
+   shard (l->gws), the bias and embedding gradients all-reduced (summed). */
+int train_dist_grads(struct train_model *m, char *err, size_t err_len);
+/* What one step moves per rank (bytes): the quantized weights gathered, the same weights as a
+   BF16 all-gather, the FP32 weight gradients reduce-scattered (each rank's full gradient). */
+void train_dist_wire(const struct train_model *m, uint64_t *gathered, uint64_t *bf16,
+                     uint64_t *reduced);
+/* hq_state_update of the scaling state, its amaxes max-reduced over the ranks first
+   (hq_dist_state_update). */
+int train_dist_state_update(train_dist *d, hq_state *st, hq_ctx *ctx);
+/* The model's distributed state (shards' quantized weights, plans) freed. */
+void train_dist_model_free(struct train_model *m);
+
+#endif
