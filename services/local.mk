@@ -30,6 +30,6 @@ services_libhqtrain_la_CPPFLAGS += $(MPI_CFLAGS)
 services_libhqtrain_la_LIBADD += $(MPI_LIBS)
 endif
 if HAVE_NCCL
+# NCCL itself is loaded at run time (dist_nccl.c says why): only its header is needed here
 services_libhqtrain_la_SOURCES += services/dist_nccl.c
-services_libhqtrain_la_LIBADD += -lnccl
 endif
