@@ -13,6 +13,7 @@
 
 #include "hq_test.h"
 #include "hq/gemm_provider.h"
+#include "../gemm/cublaslt/lt_names.h"
 
 static hq_ctx *g_ctx;
 static hq_host_api g_api;
@@ -769,9 +770,24 @@ static void test_refusals(void **state) {
   problem_free(&p);
 }
 
+/* The element names the provider's messages use: one element, not the packed byte (an MXFP6
+   operand was "? elements" in hq bench --gemm before the FP6 dtypes had names). */
+static void test_elem_names(void **state) {
+  (void)state;
+  static const struct {
+    hq_dtype t;
+    const char *name;
+  } k[] = {{HQ_E4M3, "e4m3"}, {HQ_E5M2, "e5m2"}, {HQ_E2M1X2, "e2m1"}, {HQ_E3M2X4, "e3m2"},
+           {HQ_E2M3X4, "e2m3"}, {HQ_I4X2, "int4"},  {HQ_I8, "int8"},     {HQ_BF16, "bf16"},
+           {HQ_F16, "f16"},     {HQ_F32, "f32"}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    assert_string_equal(hq_lt_elem_name(k[i].t), k[i].name);
+  assert_string_equal(hq_lt_elem_name(-1), "?");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_module),      cmocka_unit_test(test_fp8_tensor),
+      cmocka_unit_test(test_elem_names), cmocka_unit_test(test_module),      cmocka_unit_test(test_fp8_tensor),
       cmocka_unit_test(test_fp8_block),   cmocka_unit_test(test_mxfp8),
       cmocka_unit_test(test_nvfp4),       cmocka_unit_test(test_plain_and_mixed),
       cmocka_unit_test(test_refusals),

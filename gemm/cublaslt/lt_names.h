@@ -12,12 +12,17 @@
    an hq_dtype and the C++ runner an int or an hq_dtype alike. */
 static inline int hq_lt_is_fp8(int t) { return t == HQ_E4M3 || t == HQ_E5M2; }
 
-/* An element's name: e2m1 for one FP4 element (hq_dtype_name says e2m1x2, the packed byte). */
+/* An element's name: e2m1 for one FP4 element (hq_dtype_name says e2m1x2, the packed byte), e3m2
+   and e2m3 for one FP6 element, int4 for one packed 4-bit integer. */
 static inline const char *hq_lt_elem_name(int t) {
   switch (t) {
   case HQ_E4M3: return "e4m3";
   case HQ_E5M2: return "e5m2";
   case HQ_E2M1X2: return "e2m1";
+  case HQ_E3M2X4: return "e3m2";
+  case HQ_E2M3X4: return "e2m3";
+  case HQ_I4X2: return "int4";
+  case HQ_I8: return "int8";
   case HQ_BF16: return "bf16";
   case HQ_F16: return "f16";
   case HQ_F32: return "f32";
