@@ -205,6 +205,21 @@ def losses(text):
 
 
 def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return 0
+    # an argument the script does not know must not start the 20-minute regeneration of
+    # every block
+    known = {"--check", "--all", "--only"}
+    for i, a in enumerate(argv):
+        if a not in known and not a.startswith("--only=") and not (i and argv[i - 1] == "--only"):
+            sys.exit("docs-tables: unknown argument '%s' (see --help)" % a)
+        if a == "--only" and i + 1 == len(argv):
+            sys.exit("docs-tables: --only needs a block name")
+    for n in [a.split("=", 1)[1] for a in argv if a.startswith("--only=")] + \
+             [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--only"]:
+        if n not in BLOCKS:
+            sys.exit("docs-tables: no block '%s' (blocks: %s)" % (n, ", ".join(sorted(BLOCKS))))
     check = "--check" in argv
     names = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
     names += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--only"]

@@ -11,4 +11,8 @@ src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: no python3"; exit 77; }
 [ -r /usr/share/dict/words ] || { echo "SKIP: no /usr/share/dict/words (Debian package wamerican)"; exit 77; }
 [ -r "$src/docs/training.md" ] || { echo "SKIP: no docs/training.md"; exit 77; }
+# an unknown argument (--help was one) is refused at once instead of regenerating every block
+out=$(python3 "$src/scripts/docs-tables.py" --bogus 2>&1) && { echo "FAIL: --bogus accepted"; exit 1; }
+case $out in *"unknown argument '--bogus'"*) ;; *) echo "FAIL: --bogus: $out"; exit 1 ;; esac
+python3 "$src/scripts/docs-tables.py" --help | grep -q "docs-tables.py --check" || { echo "FAIL: --help"; exit 1; }
 python3 "$src/scripts/docs-tables.py" --check
