@@ -219,10 +219,11 @@ typedef struct train_result {
   double step0_loss;                         /* train loss of the first batch, before any step */
   double train_loss;                         /* mean train loss of the last log interval */
   double eval_loss;                          /* whole held-out set, after the last step */
-  double train_s;                            /* forward + backward + update, no eval */
+  double train_s;                            /* forward + backward + update, no eval, of the
+                                                steps after the warm-up (loop.c) */
   double total_s;                            /* the whole run, evals and setup included */
   double tokens_per_s;                       /* examples (one predicted character each) / train_s */
-  int64_t tokens;
+  int64_t tokens;                            /* the examples of those steps */
   int64_t n_params;
   train_point *train_curve;                  /* every step's train loss */
   int64_t n_train_curve;
