@@ -161,6 +161,12 @@ for a, b in zip(plain["recipes"], prof["recipes"]):
     gpu_gemms = sum(p["phases"][k]["calls"] for k in ["gemm_native", "gemm_emulated", "gemm_fused"])
     if gpu_gemms != 9:
         die("%s: %s GEMMs a step on the GPU paths, expected 9" % (a["name"], gpu_gemms))
+    # the trainer kernels' parts add up to them; current scaling's amaxes come from the kernels
+    k = p["phases"]["trainer_kernels"]
+    if abs(sum(v["ms"] for v in k["parts"].values()) - k["ms"]) > 1e-6 * k["ms"]:
+        die("%s: the trainer kernels' parts do not add up" % a["name"])
+    if a["name"] == "fp8-current-e4m3" and p["phases"]["amax"]["calls"] != 1:
+        die("%s: %s amax calls a step, expected 1 (the fused amaxes' zeroing)" % (a["name"], p["phases"]["amax"]["calls"]))
     if not (b["peak_device_bytes"] and b["peak_device_bytes"] > 0):
         die("%s: peak device memory %s" % (a["name"], b["peak_device_bytes"]))
     peak[a["name"]] = b["peak_device_bytes"]
