@@ -4,7 +4,8 @@
 ** and once for CUDA (ops_cuda.cu). model.c picks the table of its context's device and calls
 ** nothing else; the tables run on the context's stream (hq_ctx_stream) so that their work is
 ** ordered with libhqcore's. Every table is deterministic: the same inputs give the same bytes
-** on every run (no atomics; sums in a fixed order), which the trainer's --verify-resume needs.
+** on every run (sums in a fixed order; no atomics but the fused amaxes' max, whose result no
+** order changes), which the trainer's --verify-resume needs.
 */
 #ifndef HQ_TRAIN_DEVICE_H
 #define HQ_TRAIN_DEVICE_H
@@ -28,8 +29,8 @@ typedef struct train_device_ops {
      max-accumulated with max |v| over the tensor the call writes, NaN ignored and Inf counted
      (train_amax_step: hq_quantizer_amax's HQ_AMAX_INPUT rule), so that a per-tensor quantize of
      that tensor takes them as hq_quantize_args.amax and reads it once. The caller zeroes both
-     floats before the call. Every `scratch` is train_scratch_bytes() bytes of the context's
-     device memory that the call may overwrite (the CPU table does not use it). */
+     floats before the call. Every `scratch` is the table's scratch_bytes() (below) of the
+     context's device memory, which the call may overwrite (the CPU table needs none). */
   /* x[b, c*E + e] = emb[tok[b, c], e] */
   int (*embed_fwd)(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
                    int E, float *amax);
