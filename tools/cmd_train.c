@@ -84,15 +84,16 @@ static const char usage[] =
     "                    context and model and train to the end again: the losses of every step\n"
     "                    after it and the final state must be bit-identical (exit 1 if not)\n"
     "  --preset P        the model's size: default (C 8, E 16, H 256, L 2, batch 256, lr 0.006),\n"
-    "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002) or large (E 64,\n"
+    "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002), large (E 64,\n"
     "                    H 4096, L 6, batch 32768, lr 0.001: GEMM-bound on a GPU) or gpt2s\n"
     "                    (E 96, H 768, L 8, batch 4096, lr 0.001: GPT-2 small's width and\n"
     "                    4096 tokens a step); --context, --embed, --hidden, --layers, --batch\n"
     "                    and --lr given too override it\n"
     "  --profile         where a step's time goes, per recipe: GEMMs per path, quantize, amax\n"
-    "                    passes, the trainer's kernels, optimizer, copies, host overhead or GPU\n"
-    "                    idle, over the last 20 steps (CUDA events on a GPU, the host clock on\n"
-    "                    the CPU); a table per recipe, and \"profile\" in --json\n";
+    "                    passes, the trainer's kernels and their parts, optimizer, copies,\n"
+    "                    host overhead or GPU idle, over the last 20 steps (CUDA events on a\n"
+    "                    GPU, the host clock on the CPU); a table per recipe, and \"profile\"\n"
+    "                    in --json\n";
 
 typedef struct run {
   hq_recipe *recipe;
