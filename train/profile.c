@@ -14,8 +14,9 @@
 
 /* Brackets a profiled step can hold: per linear layer at most an amax pass and a quantize of
    the input and of the gradient, three GEMMs, an activation, its gradient, a bias gradient and
-   two optimizer calls (14), plus the embedding, the loss, the copies, the embedding's optimizer
-   call and the state update; with room to spare. */
+   two optimizer calls (14), plus the embedding and its gradient, the loss, the copies, the
+   fused amaxes' zeroing, the embedding's optimizer call and the state update; with room to
+   spare. */
 #define BRACKETS_PER_LAYER 16
 #define BRACKETS_FIXED 16
 
