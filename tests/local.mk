@@ -337,6 +337,14 @@ tests_test_gpu_graph_step_SOURCES = tests/test_gpu_graph_step.c tests/hq_test.h 
 tests_test_gpu_graph_step_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_graph_step_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_graph_step_LDFLAGS = $(CUDA_LDFLAGS)
+# the trainer's CUDA kernels (train/ops_cuda.cu) against host references in double, their fused
+# amaxes against max |x| and hq_quantizer_amax
+check_PROGRAMS += tests/test_gpu_train_ops
+tests_test_gpu_train_ops_SOURCES = tests/test_gpu_train_ops.c tests/hq_test.h tests/hq_gpu_test.h \
+	train/device.h
+tests_test_gpu_train_ops_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(top_srcdir)/train
+tests_test_gpu_train_ops_LDADD = $(HQ_TEST_LDADD) train/ops_cuda.lo -lcudart -lstdc++
+tests_test_gpu_train_ops_LDFLAGS = $(CUDA_LDFLAGS)
 # a trainer linked with the static CUDA runtime, passing its stream to libhqcore (shared runtime)
 check_PROGRAMS += tests/test_gpu_static_rt
 tests_test_gpu_static_rt_SOURCES = tests/test_gpu_static_rt.c tests/hq_test.h

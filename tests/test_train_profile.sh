@@ -49,10 +49,16 @@ phases = ["gemm_native", "gemm_emulated", "gemm_fused", "gemm_cpu", "amax", "qua
 # state update; 2 copies (the batch up, the loss down)
 want = {"gemm_native": 0, "gemm_emulated": 0, "gemm_fused": 0, "gemm_cpu": 6, "quantize": 4,
         "trainer_kernels": 7, "optimizer": 5, "scaling_state": 1, "copies": 2}
-# the amax pass: fp8_tensor with current scaling has one per quantize (2 layers x input and
-# gradient); nvfp4 (its global scale) one per quantize of fc1, lm_head being identity; delayed
+# the amax pass: fp8_tensor with current scaling takes every amax (max |x|) from the kernel that
+# wrote the tensor (embedding, activation, loss and activation gradients), so its one amax call
+# is the step's zeroing of those amaxes; nvfp4's columnwise amax is its own (of the
+# RHT-transformed values), so one pass per quantize of fc1, lm_head being identity; delayed
 # scaling takes its scale from the history, identity has no scale: no amax pass
-want_amax = {"fp8-current-e4m3": 4, "fp8-delayed-hybrid": 0, "nvfp4": 2, "fp32": 0}
+want_amax = {"fp8-current-e4m3": 1, "fp8-delayed-hybrid": 0, "nvfp4": 2, "fp32": 0}
+# the trainer kernels' parts: the embedding and its gradient, 1 activation and its gradient, 2
+# bias gradients, the loss
+want_parts = {"embedding": 2, "activation_fwd": 1, "activation_bwd": 1, "bias_gradient": 2,
+              "loss": 1}
 for r in prof["recipes"]:
     p = r["profile"]
     if p is None:
@@ -71,6 +77,12 @@ for r in prof["recipes"]:
     for k, v in w.items():
         if calls[k] != v:
             die("%s: %s calls per step %s, expected %s" % (r["name"], k, calls[k], v))
+    parts = p["phases"]["trainer_kernels"].get("parts")
+    if parts is None or {k: v["calls"] for k, v in parts.items()} != want_parts:
+        die("%s: trainer kernels' parts %s" % (r["name"], parts))
+    kms = p["phases"]["trainer_kernels"]["ms"]
+    if abs(sum(v["ms"] for v in parts.values()) - kms) > 1e-6 * kms + 1e-9:
+        die("%s: the parts do not add up to the trainer kernels' %.6f ms" % (r["name"], kms))
     q = p["quantize_calls"]
     if q != {"input": 2, "weight": 0, "grad_output": 2, "weight_write-back": 2}:
         die("%s: quantize calls %s" % (r["name"], q))
@@ -89,10 +101,20 @@ for line in ["profile of fp8-current-e4m3: steps 21..40 (20), per step, host clo
              "  quantize calls per step: input 2, weight 0, grad_output 2, weight write-back 2"]:
     if line not in table.split("\n"):
         die("the table lacks %r" % line)
+# the parts' lines follow the trainer kernels' line, indented, in this order
+lines = table.split("\n")
+k = [i for i, l in enumerate(lines) if l.startswith("  trainer kernels ")]
+if len(k) != 2:   # fp8-current-e4m3's table and the fp32 baseline's
+    die("the tables have %d trainer kernels lines, not 2" % len(k))
+for i in k:
+    for n, name in enumerate(["embedding", "activation fwd", "activation bwd", "bias gradient",
+                              "loss"]):
+        if not lines[i + 1 + n].startswith("    " + name + " "):
+            die("line %d after trainer kernels is %r, not %s" % (n + 1, lines[i + 1 + n], name))
 PY
-# --preset fills what no option gives: the sizes of wide and large, with --hidden and --batch
+# --preset fills what no option gives: the sizes of wide, large and gpt2s, with --hidden and --batch
 # given (a CPU-sized step); a preset that does not exist is a usage error
-for preset in "wide 64 4 0.002" "large 64 6 0.001" "default 16 2 0.006"; do
+for preset in "wide 64 4 0.002" "large 64 6 0.001" "gpt2s 96 8 0.001" "default 16 2 0.006"; do
   set -- $preset
   $hq train --data "$tmp/words.txt" --steps 1 --eval-every 0 --preset $1 --hidden 64 --batch 128 \
     --json > "$tmp/p.json" 2> "$tmp/e" || { cat "$tmp/e"; fail "--preset $1"; }
@@ -101,7 +123,7 @@ for preset in "wide 64 4 0.002" "large 64 6 0.001" "default 16 2 0.006"; do
 done
 $hq train --data "$tmp/words.txt" --preset huge > "$tmp/o" 2> "$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "--preset huge: exit status $rc"
-[ "$(cat "$tmp/e")" = "hq train: --preset 'huge' is not default, wide or large" ] || { cat "$tmp/e"; fail "--preset huge: message"; }
+[ "$(cat "$tmp/e")" = "hq train: --preset 'huge' is not default, wide, large or gpt2s" ] || { cat "$tmp/e"; fail "--preset huge: message"; }
 
 # --- on a GPU (when there is one): the same with CUDA events ---
 small="--data $tmp/words.txt --steps 40 --batch 256 --hidden 256 --layers 2 --eval-every 20 --log-every 10"
@@ -139,6 +161,12 @@ for a, b in zip(plain["recipes"], prof["recipes"]):
     gpu_gemms = sum(p["phases"][k]["calls"] for k in ["gemm_native", "gemm_emulated", "gemm_fused"])
     if gpu_gemms != 9:
         die("%s: %s GEMMs a step on the GPU paths, expected 9" % (a["name"], gpu_gemms))
+    # the trainer kernels' parts add up to them; current scaling's amaxes come from the kernels
+    k = p["phases"]["trainer_kernels"]
+    if abs(sum(v["ms"] for v in k["parts"].values()) - k["ms"]) > 1e-6 * k["ms"]:
+        die("%s: the trainer kernels' parts do not add up" % a["name"])
+    if a["name"] == "fp8-current-e4m3" and p["phases"]["amax"]["calls"] != 1:
+        die("%s: %s amax calls a step, expected 1 (the fused amaxes' zeroing)" % (a["name"], p["phases"]["amax"]["calls"]))
     if not (b["peak_device_bytes"] and b["peak_device_bytes"] > 0):
         die("%s: peak device memory %s" % (a["name"], b["peak_device_bytes"]))
     peak[a["name"]] = b["peak_device_bytes"]

@@ -29,7 +29,7 @@ static const char usage[] =
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
     "                [--baseline NAME|fp32|none] [--seeds N] [--profile]\n"
-    "                [--preset default|wide|large]\n"
+    "                [--preset default|wide|large|gpt2s]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -84,13 +84,16 @@ static const char usage[] =
     "                    context and model and train to the end again: the losses of every step\n"
     "                    after it and the final state must be bit-identical (exit 1 if not)\n"
     "  --preset P        the model's size: default (C 8, E 16, H 256, L 2, batch 256, lr 0.006),\n"
-    "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002) or large (E 64,\n"
-    "                    H 4096, L 6, batch 32768, lr 0.001: GEMM-bound on a GPU); --context,\n"
-    "                    --embed, --hidden, --layers, --batch and --lr given too override it\n"
+    "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002), large (E 64,\n"
+    "                    H 4096, L 6, batch 32768, lr 0.001: GEMM-bound on a GPU) or gpt2s\n"
+    "                    (E 96, H 768, L 8, batch 4096, lr 0.001: GPT-2 small's width and\n"
+    "                    4096 tokens a step); --context, --embed, --hidden, --layers, --batch\n"
+    "                    and --lr given too override it\n"
     "  --profile         where a step's time goes, per recipe: GEMMs per path, quantize, amax\n"
-    "                    passes, the trainer's kernels, optimizer, copies, host overhead or GPU\n"
-    "                    idle, over the last 20 steps (CUDA events on a GPU, the host clock on\n"
-    "                    the CPU); a table per recipe, and \"profile\" in --json\n";
+    "                    passes, the trainer's kernels and their parts, optimizer, copies,\n"
+    "                    host overhead or GPU idle, over the last 20 steps (CUDA events on a\n"
+    "                    GPU, the host clock on the CPU); a table per recipe, and \"profile\"\n"
+    "                    in --json\n";
 
 typedef struct run {
   hq_recipe *recipe;
@@ -213,7 +216,10 @@ static int set_lr(const char *cmd, const cli_option *o, const char *v) {
 
 /* The model sizes of --preset; an option given on the command line (non-zero) wins. large is
    GEMM-bound on a GPU: four of its six linear layers are 4096 x 4096, and 32768 tokens a step
-   make a BF16 step some 17 TFLOP, tens of milliseconds on an H200. */
+   make a BF16 step some 17 TFLOP, tens of milliseconds on an H200. gpt2s has GPT-2 small's
+   width (768; C*E = 768 too, so every hidden GEMM is 768 x 768) and 4096 tokens a step, the size
+   of a small trainer's micro-batch, with as many linear layers as fit a plain MLP that still
+   trains (no residuals or normalization here). */
 static int apply_preset(train_args *a) {
   static const struct {
     const char *name;
@@ -221,7 +227,8 @@ static int apply_preset(train_args *a) {
     double lr;
   } presets[] = {{"default", 8, 16, 256, 2, 256, 6e-3},
                  {"wide", 8, 64, 1024, 4, 4096, 2e-3},
-                 {"large", 8, 64, 4096, 6, 32768, 1e-3}};
+                 {"large", 8, 64, 4096, 6, 32768, 1e-3},
+                 {"gpt2s", 8, 96, 768, 8, 4096, 1e-3}};
   if (!a->preset) a->preset = "default";
   for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
     if (strcmp(a->preset, presets[i].name)) continue;
@@ -233,7 +240,7 @@ static int apply_preset(train_args *a) {
     if (!(a->lr > 0)) a->lr = presets[i].lr;
     return 0;
   }
-  return cli_fail(2, CMD, "--preset '%s' is not default, wide or large", a->preset);
+  return cli_fail(2, CMD, "--preset '%s' is not default, wide, large or gpt2s", a->preset);
 }
 
 static int parse_args(int argc, char **argv, train_args *a) {

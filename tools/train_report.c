@@ -33,6 +33,13 @@ void train_report_profile_text(FILE *f, const char *name, const train_result *r)
     const double ms = 1e3 * p->phase_s[i] * k;
     fprintf(f, "  %-22s %8.4g %10.4f %6.1f%%\n", train_prof_phase_name(i), (double)p->calls[i] * k,
             ms, span > 0 ? 100.0 * p->phase_s[i] * k / span : 0.0);
+    if (i != TRAIN_PH_KERNELS) continue;
+    /* its parts, indented: they add up to the line above */
+    for (int q = 0; q < TRAIN_PK_N; q++)
+      if (p->kernel_calls[q])
+        fprintf(f, "    %-20s %8.4g %10.4f %6.1f%%\n", train_prof_kernel_name(q),
+                (double)p->kernel_calls[q] * k, 1e3 * p->kernel_s[q] * k,
+                span > 0 ? 100.0 * p->kernel_s[q] * k / span : 0.0);
   }
   fprintf(f, "  %-22s %8s %10.4f %6.1f%%\n", p->gpu ? "idle (GPU gaps)" : "host overhead", "",
           1e3 * p->other_s * k, span > 0 ? 100.0 * p->other_s * k / span : 0.0);
@@ -72,6 +79,19 @@ void train_report_profile_json(json *j, const train_result *r) {
     json_obj(j);
     json_knum(j, "calls", (double)p->calls[i] * k);
     json_knum(j, "ms", 1e3 * p->phase_s[i] * k);
+    if (i == TRAIN_PH_KERNELS) {   /* its parts, which add up to it */
+      json_key(j, "parts");
+      json_obj(j);
+      for (int q = 0; q < TRAIN_PK_N; q++) {
+        key_of(train_prof_kernel_name(q), key, sizeof key);
+        json_key(j, key);
+        json_obj(j);
+        json_knum(j, "calls", (double)p->kernel_calls[q] * k);
+        json_knum(j, "ms", 1e3 * p->kernel_s[q] * k);
+        json_close_obj(j);
+      }
+      json_close_obj(j);
+    }
     json_close_obj(j);
   }
   json_close_obj(j);

@@ -4,7 +4,8 @@
 ** and once for CUDA (ops_cuda.cu). model.c picks the table of its context's device and calls
 ** nothing else; the tables run on the context's stream (hq_ctx_stream) so that their work is
 ** ordered with libhqcore's. Every table is deterministic: the same inputs give the same bytes
-** on every run (no atomics; sums in a fixed order), which the trainer's --verify-resume needs.
+** on every run (sums in a fixed order; no atomics but the fused amaxes' max, whose result no
+** order changes), which the trainer's --verify-resume needs.
 */
 #ifndef HQ_TRAIN_DEVICE_H
 #define HQ_TRAIN_DEVICE_H
@@ -24,26 +25,35 @@ extern "C" {
 
 typedef struct train_device_ops {
   const char *name;
+  /* Every `amax` below may be NULL (nothing computed); otherwise amax[0] and amax[1] are each
+     max-accumulated with max |v| over the tensor the call writes, NaN ignored and Inf counted
+     (train_amax_step: hq_quantizer_amax's HQ_AMAX_INPUT rule), so that a per-tensor quantize of
+     that tensor takes them as hq_quantize_args.amax and reads it once. The caller zeroes both
+     floats before the call. Every `scratch` is the table's scratch_bytes() (below) of the
+     context's device memory, which the call may overwrite (the CPU table needs none). */
   /* x[b, c*E + e] = emb[tok[b, c], e] */
   int (*embed_fwd)(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
-                   int E);
+                   int E, float *amax);
   /* gemb[v, e] = sum over (b, c) with tok[b, c] == v of dx[b, c*E + e] (gemb: [V, E], V = 27) */
   int (*embed_bwd)(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
-                   int C, int E);
+                   int C, int E, void *scratch);
   /* h = act(y) */
-  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n);
+  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n, float *amax);
   /* d = d * act'(y) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
-  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n);
+  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n, float *amax);
   /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits into *loss (device
      scalar); dlogits (NULL in eval) = (softmax - onehot) / n_valid, 0 in padded rows and
-     columns */
+     columns; amax (of dlogits) only with dlogits */
   int (*xent)(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
-              int V, int Vpad, float *loss, float *dlogits);
+              int V, int Vpad, float *loss, float *dlogits, float *amax, void *scratch);
   /* db[j] = sum_b dy[b, j] */
-  int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db);
+  int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db, void *scratch);
   int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
   /* what the last failing call of this table said */
   const char *(*error)(void);
+  /* bytes of the scratch the calls above need for a model of batch B, context C, embedding E
+     and widest layer `widest` (0: none) */
+  size_t (*scratch_bytes)(int64_t B, int C, int E, int64_t widest);
 } train_device_ops;
 
 const train_device_ops *train_cpu_ops(void);
@@ -80,6 +90,11 @@ static inline TRAIN_HD float train_act_grad(int act, float y) {
   const float s = train_gelu_sig(y);
   return s + y * s * (1.0f - s) * 2.0f * TRAIN_GELU_K * (1.0f + 3.0f * TRAIN_GELU_C * y * y);
 }
+
+/* One step of a per-tensor amax: fmaxf drops a NaN operand, so a chain started at 0 is max |x|
+   with NaN ignored and Inf counted, the rule of hq_fmax_nan_ignoring and of the plugins' amax
+   passes (the same float, whatever the order of the chain). */
+static inline TRAIN_HD float train_amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
 /* One row of the softmax cross-entropy (the rule both xent tables run per row): the loss term
    log(sum_v e^(l_v - max)) + max - l_tgt in double, and, when d is not NULL, d_v =

@@ -46,11 +46,16 @@ void train_memory_estimate(const train_config *cfg, int n_results, train_memory 
   const uint64_t qweights = 2 * weights * f;                    /* both directions, F32 at most */
   const uint64_t fixed = B * (uint64_t)c->context * 4 + B * 4   /* tokens, targets */
                          + B * (uint64_t)c->vocab_pad * f       /* dlogits */
-                         + 2 * B * widest * f;                  /* the gradients flowing down */
+                         + 2 * B * widest * f                   /* the gradients flowing down */
+                         + (uint64_t)(c->layers + 1) * 4 * f;   /* the fused amaxes */
+  /* the device table's scratch: the CUDA table's, the larger (the CPU's is none) */
+  const train_device_ops *dops = train_cuda_ops();
+  const uint64_t scratch =
+      dops ? dops->scratch_bytes((int64_t)B, c->context, c->embed, (int64_t)widest) : 0;
   /* a quantize holds the source's F32 copy (RHT, stochastic rounding) and the gradient's
      quantized copy, both directions, lives through a layer's backward pass */
   const uint64_t quant = biggest_w * f + 2 * B * widest * f;
-  const uint64_t model = params + emb + qweights + acts + qacts + fixed;
+  const uint64_t model = params + emb + qweights + acts + qacts + fixed + scratch;
   /* a checkpoint save copies every saved buffer to the host before writing: the masters,
      moments and quantized weights; --verify-resume then reads two checkpoints back */
   const uint64_t ckpt = (params * 3) / 4 + emb * 3 / 4 + qweights;

@@ -79,6 +79,15 @@ static void layer_name(const train_model_cfg *cfg, int i, char *out, size_t n) {
   else snprintf(out, n, "fc%d", i + 1);
 }
 
+/* Whether the kernel that writes a tensor of quantizer q can hand it its amax: a per-tensor amax
+   of kind HQ_AMAX_INPUT (max |x|, NaN ignored: what device.h's kernels compute) in one direction
+   at least, and none format-specific (HQ_AMAX_OWN: only the format's own pass makes it). */
+static int amax_fusable(const hq_quantizer *q) {
+  const uint32_t r = hq_quantizer_amax_kind(q, HQ_ROWWISE);
+  const uint32_t c = hq_quantizer_amax_kind(q, HQ_COLWISE);
+  return (r == HQ_AMAX_INPUT || c == HQ_AMAX_INPUT) && r != HQ_AMAX_OWN && c != HQ_AMAX_OWN;
+}
+
 // --- build / free -------------------------------------------------------------------------------
 
 int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *recipe,
@@ -134,6 +143,8 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
           dev_alloc(m, (size_t)(B * l->out) * fs, &l->y);
     m->n_params += l->out * l->in + l->out;
   }
+  const size_t scratch = m->ops->scratch_bytes(B, (int)C, (int)E, widest);
+  if (!bad && scratch) bad = dev_alloc(m, scratch, &m->kscratch);
   if (bad) {
     train_model_free(m);
     return fail(err, err_len, "out of memory for the model: %s", hq_last_error());
@@ -216,12 +227,20 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
         return -1;
       }
       hq_qtensor_free(probe);
+      l->fuse_amax[t / 2] = !cfg->dist && amax_fusable(*q[t]);
     }
     if (train_dist_weight(m, l, 1, err, err_len)) {
       train_model_free(m);
       return -1;
     }
   }
+  for (int i = 0; i < m->n_lin && !m->famax; i++)
+    if ((m->lin[i].fuse_amax[0] || m->lin[i].fuse_amax[1]) &&
+        dev_alloc(m, (size_t)m->n_lin * 4 * sizeof(float), &m->famax)) {
+      fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+      train_model_free(m);
+      return -1;
+    }
   return 0;
 }
 
@@ -243,7 +262,7 @@ void train_model_free(train_model *m) {
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   }
   void *bufs[] = {m->emb, m->gemb, m->memb, m->vemb, m->tok, m->tgt, m->dlogits,
-                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax};
+                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax, m->famax, m->kscratch};
   for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   if (m->state) hq_state_free(m->state);   /* after every quantizer and qtensor bound to it */
   free(m->amax_stash);
@@ -284,6 +303,19 @@ static int prof_done(train_profile *p, int ph, int rc) {
   train_prof_end(p, ph);
   return rc;
 }
+/* the same for a trainer kernel: phase TRAIN_PH_KERNELS, part pk (TRAIN_PK_*) */
+#define PROFK(m, pk, call) (train_prof_begin((m)->prof), kernel_done((m)->prof, (pk), (call)))
+static int kernel_done(train_profile *p, int pk, int rc) {
+  train_prof_end_kernel(p, pk);
+  return rc;
+}
+
+/* The fused amax pair of layer i's input (kind TRAIN_QT_INPUT) or output gradient
+   (TRAIN_QT_GRAD) in m->famax, or NULL when its quantizer does not take one. */
+static float *fused_amax(const train_model *m, int i, int kind) {
+  const int t = kind == TRAIN_QT_GRAD;
+  return m->famax && m->lin[i].fuse_amax[t] ? m->famax + 4 * i + 2 * t : NULL;
+}
 
 /* A GEMM's info: the layer's slot on the first training step, else, in a profiled step, `local`
    (its path names the bracket's phase), else NULL. */
@@ -308,21 +340,24 @@ static int gemm_done(train_profile *p, const hq_gemm_info *g, int rc) {
    here because nothing writes a source while its qtensor lives: a layer's input x is written by
    the previous layer's activation in the next forward, after the backward freed qx; the output
    gradient's buffer (dlogits or dbuf[k]) is not the one its dgrad writes (dbuf[k ^ 1]), and qdy
-   is freed before the next layer down writes it. In a profiled step the per-tensor amax pass
-   runs apart (hq_quantizer_amax, then hq_quantize_ex with it: the same bytes) so that the
-   profile times it on its own. */
+   is freed before the next layer down writes it. `fused` (or NULL) is the amax pair the kernel
+   that wrote src computed (fused_amax): the quantize takes it and skips its own amax pass, with
+   the same bytes. Without it, in a profiled step, the per-tensor amax pass runs apart
+   (hq_quantizer_amax, then hq_quantize_ex with it: the same bytes) so that the profile times it
+   on its own. */
 static int quantize(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
-                    hq_qtensor **out) {
+                    const float *fused, hq_qtensor **out) {
   train_profile *p = m->prof;
   hq_quantize_args args;
   memset(&args, 0, sizeof args);
   args.struct_size = sizeof args;
   args.flags = HQ_QUANTIZE_ALIAS;
   if (m->cfg.dist) return train_dist_quantize(m, q, src, &args, out);   /* the ranks' amax */
+  args.amax = fused;
   if (!train_prof_on(p)) return hq_quantize_ex(q, m->ctx, src, &args, out);
   train_prof_quantized(p, kind, 1);
-  if (hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE ||
-      hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE) {
+  if (!fused && (hq_quantizer_amax_kind(q, HQ_ROWWISE) != HQ_AMAX_NONE ||
+                 hq_quantizer_amax_kind(q, HQ_COLWISE) != HQ_AMAX_NONE)) {
     if (PROF(m, TRAIN_PH_AMAX, hq_quantizer_amax(q, m->ctx, src, m->prof_amax))) return -1;
     args.amax = m->prof_amax;
   }
@@ -345,8 +380,14 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
            hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
                hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4)))
     return hq_fail(err, err_len, NULL, "uploading the batch");
-  if (PROF(m, TRAIN_PH_KERNELS,
-           m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed)))
+  /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
+     by one kernel of this forward or of the backward that follows it */
+  const size_t famax_bytes = (size_t)m->n_lin * 4 * sizeof(float);
+  if (m->famax && PROF(m, TRAIN_PH_AMAX, m->ops->zero(m->ctx, m->famax, famax_bytes)))
+    return fail(err, err_len, "zeroing the fused amaxes: %s", m->ops->error());
+  if (PROFK(m, TRAIN_PK_EMBED,
+            m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
+                              fused_amax(m, 0, TRAIN_QT_INPUT))))
     return fail(err, err_len, "embedding: %s", m->ops->error());
   m->n_valid = n_valid;
   for (int i = 0; i < m->n_lin; i++) {
@@ -357,7 +398,7 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
     }
     hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
     hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
-    if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, &l->qx))
+    if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, fused_amax(m, i, TRAIN_QT_INPUT), &l->qx))
       return hq_fail(err, err_len, l, "quantizing the input");
     hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
     if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
@@ -368,14 +409,17 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
       l->qx = NULL;
     }
     if (i + 1 < m->n_lin &&
-        PROF(m, TRAIN_PH_KERNELS,
-             m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out)))
+        PROFK(m, TRAIN_PK_ACT_FWD,
+              m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out,
+                              fused_amax(m, i + 1, TRAIN_QT_INPUT))))
       return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
   float lv;
-  if (PROF(m, TRAIN_PH_KERNELS,
-           m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB,
-                        c->vocab_pad, m->loss, training ? m->dlogits : NULL)))
+  if (PROFK(m, TRAIN_PK_LOSS,
+            m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB,
+                         c->vocab_pad, m->loss, training ? m->dlogits : NULL,
+                         training ? fused_amax(m, m->n_lin - 1, TRAIN_QT_GRAD) : NULL,
+                         m->kscratch)))
     return fail(err, err_len, "loss: %s", m->ops->error());
   if (PROF(m, TRAIN_PH_COPY, hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv)))
     return fail(err, err_len, "reading the loss: %s", hq_last_error());
@@ -396,7 +440,7 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     float *dx = m->dbuf[next];
     hq_tensor dxt = f32(m, dx, B, l->in);
     hq_qtensor *qdy = NULL;
-    if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, &qdy))
+    if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fused_amax(m, i, TRAIN_QT_GRAD), &qdy))
       return hq_fail(err, err_len, l, "quantizing the output gradient");
     hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
     int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy),
@@ -413,15 +457,17 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     l->qx = NULL;
     if (rc) return -1;
     l->have_info = 1;
-    if (PROF(m, TRAIN_PH_KERNELS, m->ops->colsum(m->ctx, dy, B, l->out, l->gb)))
+    if (PROFK(m, TRAIN_PK_BIAS, m->ops->colsum(m->ctx, dy, B, l->out, l->gb, m->kscratch)))
       return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
-      if (PROF(m, TRAIN_PH_KERNELS,
-               m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in)))
+      if (PROFK(m, TRAIN_PK_ACT_BWD,
+                m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in,
+                                fused_amax(m, i - 1, TRAIN_QT_GRAD))))
         return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
                     m->ops->error());
-    } else if (PROF(m, TRAIN_PH_KERNELS,
-                    m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed))) {
+    } else if (PROFK(m, TRAIN_PK_EMBED,
+                     m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed,
+                                       m->kscratch))) {
       return fail(err, err_len, "embedding gradient: %s", m->ops->error());
     }
     dy = dx;

@@ -11,18 +11,29 @@
 
 #define TRAIN_V 27   /* rows of the embedding table (train.h's TRAIN_VOCAB) */
 
+/* amax[0..1] max-accumulated with the chain of train_amax_step over v[0, n) (device.h) */
+static void amax_of(float *amax, const float *v, int64_t n) {
+  if (!amax) return;
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; i++) m = train_amax_step(m, v[i]);
+  amax[0] = fmaxf(amax[0], m);
+  amax[1] = fmaxf(amax[1], m);
+}
+
 static int cpu_embed_fwd(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B,
-                         int C, int E) {
+                         int C, int E, float *amax) {
   (void)ctx;
   for (int64_t b = 0; b < B; b++)
     for (int c = 0; c < C; c++)
       memcpy(x + (b * C + c) * E, emb + (int64_t)tok[b * C + c] * E, (size_t)E * sizeof(float));
+  amax_of(amax, x, B * C * E);
   return 0;
 }
 
 static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb,
-                         int64_t B, int C, int E) {
+                         int64_t B, int C, int E, void *scratch) {
   (void)ctx;
+  (void)scratch;
   memset(gemb, 0, (size_t)TRAIN_V * (size_t)E * sizeof(float));
   for (int64_t b = 0; b < B; b++)
     for (int c = 0; c < C; c++) {
@@ -33,21 +44,27 @@ static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float
   return 0;
 }
 
-static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n) {
+static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n,
+                       float *amax) {
   (void)ctx;
   for (int64_t i = 0; i < n; i++) h[i] = train_act(act, y[i]);
+  amax_of(amax, h, n);
   return 0;
 }
 
-static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n) {
+static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n,
+                       float *amax) {
   (void)ctx;
   for (int64_t i = 0; i < n; i++) d[i] *= train_act_grad(act, y[i]);
+  amax_of(amax, d, n);
   return 0;
 }
 
 static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B,
-                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits) {
+                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits, float *amax,
+                    void *scratch) {
   (void)ctx;
+  (void)scratch;
   double sum = 0;
   const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
   for (int64_t b = 0; b < B; b++) {
@@ -60,11 +77,14 @@ static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_
     sum += train_xent_row(l, tgt[b], V, Vpad, inv, d);
   }
   *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
+  if (dlogits) amax_of(amax, dlogits, B * Vpad);
   return 0;
 }
 
-static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db) {
+static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db,
+                      void *scratch) {
   (void)ctx;
+  (void)scratch;
   memset(db, 0, (size_t)n * sizeof(float));
   for (int64_t b = 0; b < B; b++)
     for (int64_t j = 0; j < n; j++) db[j] += dy[b * n + j];
@@ -79,9 +99,17 @@ static int cpu_zero(hq_ctx *ctx, void *p, size_t bytes) {
 
 static const char *cpu_error(void) { return "no error"; }
 
+static size_t cpu_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
+  (void)B;
+  (void)C;
+  (void)E;
+  (void)widest;
+  return 0;
+}
+
 static const train_device_ops cpu_ops = {
     "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_zero,
-    cpu_error,
+    cpu_error, cpu_scratch_bytes,
 };
 
 const train_device_ops *train_cpu_ops(void) { return &cpu_ops; }

@@ -1,9 +1,11 @@
 /*
 ** ops_cuda.cu -- the trainer's device table on a CUDA device (device.h), on the context's stream.
-** Deterministic by construction: no atomics; every sum (embedding and bias gradients, the loss)
-** runs in a fixed order that depends only on the shapes, so a run repeats bit for bit (the
-** trainer's --verify-resume compares two runs byte for byte). The element rules of the
-** activations are device.h's, shared with the CPU table; the loss sums in double as there.
+** Deterministic by construction: every sum (embedding and bias gradients, the loss) runs in a
+** fixed order that depends only on the shapes, in two stages (bands of rows, then the bands in
+** order), so a run repeats bit for bit (the trainer's --verify-resume compares two runs byte for
+** byte); the only atomics are the fused amaxes' atomicMax, whose result does not depend on their
+** order. The element rules of the activations and the amax are device.h's, shared with the CPU
+** table; the loss sums in double as there.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,79 +41,256 @@ int enter(hq_ctx *ctx, cudaStream_t *s, const char *what) {
   return 0;
 }
 
-unsigned blocks_for(int64_t n, int threads) {
-  int64_t b = (n + threads - 1) / threads;
-  if (b > 65535) b = 65535;   /* grid-stride loops cover the rest */
-  return (unsigned)(b < 1 ? 1 : b);
+constexpr int TPB = 256;   /* threads of the element-wise kernels' blocks */
+
+/* Blocks of an element-wise grid-stride kernel over `items`: enough to fill the device (8
+   resident blocks of TPB threads per SM), no more, so that a kernel's per-block amax commits
+   stay few. */
+unsigned grid_for(int64_t items) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    sms = 16;
+  }
+  const int64_t cap = 8 * (int64_t)sms, b = (items + TPB - 1) / TPB;
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
 }
 
-__global__ void embed_fwd_k(const float *__restrict__ emb, const int32_t *__restrict__ tok,
-                            float *__restrict__ x, int64_t n, int E) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    x[i] = emb[(int64_t)tok[i / E] * E + i % E];
+/* 16-byte aligned pointers (float4 loads and stores) */
+bool aligned16(const void *a, const void *b) {
+  return (((uintptr_t)a | (uintptr_t)b) & 15u) == 0;
 }
 
-/* Column sums of a [rows, cols] matrix, restricted to rows r with key[r] == blockIdx.y when key
-   is given (the embedding gradient: one blockIdx.y per token id). A block owns COLS columns;
-   its GROUPS row groups each sum rows g, g + GROUPS, ... in order, then thread (0, c) adds the
-   groups' sums in order: a fixed order for a given shape. */
-constexpr int COLS = 32, GROUPS = 8;
-__global__ void colsum_k(const float *__restrict__ a, int64_t rows, int64_t cols,
-                         const int32_t *__restrict__ key, float *__restrict__ out) {
-  __shared__ float part[GROUPS][COLS];
-  const int c = threadIdx.x, g = threadIdx.y;
-  const int64_t col = blockIdx.x * (int64_t)COLS + c;
-  const int want = (int)blockIdx.y;
-  float s = 0.0f;
-  if (col < cols)
-    for (int64_t r = g; r < rows; r += GROUPS)
-      if (!key || key[r] == want) s += a[r * cols + col];
-  part[g][c] = s;
+/* The block's part of a fused amax (device.h): the block's maximum of the threads' chains m,
+   then one atomicMax per float of amax on the FP32 bits -- bits of non-negative floats order like
+   the values, so the result does not depend on the order of the blocks. Every thread of the
+   (1-D) block calls it. */
+__device__ void amax_commit(float m, float *amax) {
+  __shared__ float warp_max[TPB / 32];
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = m;
   __syncthreads();
-  if (g == 0 && col < cols) {
-    float t = part[0][c];
-    for (int k = 1; k < GROUPS; k++) t += part[k][c];
-    out[(int64_t)want * cols + col] = t;
-  }
-}
-
-__global__ void act_fwd_k(int act, const float *__restrict__ y, float *__restrict__ h,
-                          int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    h[i] = train_act(act, y[i]);
-}
-
-__global__ void act_bwd_k(int act, const float *__restrict__ y, float *__restrict__ d,
-                          int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    d[i] *= train_act_grad(act, y[i]);
-}
-
-/* One block: thread t takes rows t, t + XT, ... (the row's loss and gradient in double as on
-   the CPU), then a fixed tree sums the threads' partial losses. */
-constexpr int XT = 256;
-__global__ void xent_k(const float *__restrict__ logits, const int32_t *__restrict__ tgt,
-                       int64_t B, int64_t n_valid, int V, int Vpad, float *__restrict__ loss,
-                       float *__restrict__ dlogits) {
-  __shared__ double part[XT];
-  const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
-  double sum = 0;
-  for (int64_t b = threadIdx.x; b < B; b += XT) {
-    const float *l = logits + b * Vpad;
-    float *d = dlogits ? dlogits + b * Vpad : nullptr;
-    if (b >= n_valid) {
-      if (d)
-        for (int v = 0; v < Vpad; v++) d[v] = 0.0f;
-      continue;
+  if (warp == 0) {
+    m = lane < (int)(blockDim.x + 31) / 32 ? warp_max[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0 && m > 0.0f) {
+      atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(m));
+      atomicMax(reinterpret_cast<unsigned int *>(amax + 1), __float_as_uint(m));
     }
-    sum += train_xent_row(l, tgt[b], V, Vpad, inv, d);
   }
+}
+
+/* x[b, c*E + e] = emb[tok[b, c], e]; with E % 4 == 0 and aligned buffers (W = 4) a float4 per
+   thread and step, else one float */
+template <int W>
+__global__ void __launch_bounds__(TPB)
+    embed_fwd_k(const float *__restrict__ emb, const int32_t *__restrict__ tok,
+                float *__restrict__ x, int64_t n, int E, float *amax) {
+  const int64_t nv = n / W, ev = E / W;
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * (int64_t)TPB + threadIdx.x; i < nv;
+       i += (int64_t)gridDim.x * TPB) {
+    const int64_t src = (int64_t)tok[i / ev] * ev + i % ev;
+    if constexpr (W == 4) {
+      const float4 v = reinterpret_cast<const float4 *>(emb)[src];
+      reinterpret_cast<float4 *>(x)[i] = v;
+      m = train_amax_step(train_amax_step(train_amax_step(train_amax_step(m, v.x), v.y), v.z), v.w);
+    } else {
+      const float v = emb[src];
+      x[i] = v;
+      m = train_amax_step(m, v);
+    }
+  }
+  if (amax) amax_commit(m, amax);
+}
+
+/* h = act(y) (FWD) or d = d * act'(y) (!FWD) over n elements: W = 4 takes float4 steps over
+   the first n / 4 vectors (aligned buffers), then one element each for the rest */
+template <bool FWD, int W>
+__global__ void __launch_bounds__(TPB)
+    act_k(int act, const float *__restrict__ y, float *__restrict__ out, int64_t n, float *amax) {
+  const int64_t nv = W == 4 ? n / 4 : 0, stride = (int64_t)gridDim.x * TPB;
+  const int64_t t = blockIdx.x * (int64_t)TPB + threadIdx.x;
+  float m = 0.0f;
+  for (int64_t i = t; i < nv; i += stride) {
+    const float4 a = reinterpret_cast<const float4 *>(y)[i];
+    float4 o;
+    if (FWD) {
+      o = make_float4(train_act(act, a.x), train_act(act, a.y), train_act(act, a.z),
+                      train_act(act, a.w));
+    } else {
+      o = reinterpret_cast<const float4 *>(out)[i];
+      o.x *= train_act_grad(act, a.x);
+      o.y *= train_act_grad(act, a.y);
+      o.z *= train_act_grad(act, a.z);
+      o.w *= train_act_grad(act, a.w);
+    }
+    reinterpret_cast<float4 *>(out)[i] = o;
+    m = train_amax_step(train_amax_step(train_amax_step(train_amax_step(m, o.x), o.y), o.z), o.w);
+  }
+  for (int64_t i = nv * 4 + t; i < n; i += stride) {
+    const float o = FWD ? train_act(act, y[i]) : out[i] * train_act_grad(act, y[i]);
+    out[i] = o;
+    m = train_amax_step(m, o);
+  }
+  if (amax) amax_commit(m, amax);
+}
+
+/* --- column sums in a fixed order -----------------------------------------------------------
+   A [rows, cols] matrix is cut into `chunks` bands of rpc consecutive rows (the last shorter);
+   stage 1 sums each band's columns into part[band, col], stage 2 sums the bands in order. In a
+   band, row group g (of CS_GROUPS) sums rows g, g + CS_GROUPS, ... in order, and the groups'
+   sums are added in order g = 0, 1, ...: the order depends on the shape alone (not on the
+   alignment, which only picks the load width). */
+constexpr int CS_GROUPS = 8;      /* row groups of a stage-1 block (threadIdx.y) */
+constexpr int CS_TILE = 128;      /* columns of a stage-1 block: 32 threads x 4 */
+constexpr int CS_ROWS_MIN = 64;   /* rows of a band at least */
+constexpr int CS_BLOCKS = 2048;   /* stage-1 blocks aimed at: some 16 per SM */
+constexpr int CS_CHUNKS_MAX = 128; /* bands at most: bounds the scratch and stage 2's loop */
+
+/* the bands of a [rows, cols] sum whose stage 1 tiles the columns by `tile` */
+int64_t cs_chunks(int64_t rows, int64_t cols, int64_t tile) {
+  const int64_t tiles = (cols + tile - 1) / tile;
+  int64_t c = (rows + CS_ROWS_MIN - 1) / CS_ROWS_MIN;
+  const int64_t fill = CS_BLOCKS / tiles > 1 ? CS_BLOCKS / tiles : 1;
+  if (c > fill) c = fill;
+  if (c > CS_CHUNKS_MAX) c = CS_CHUNKS_MAX;
+  return c < 1 ? 1 : c;
+}
+
+/* stage 1: W = 4 loads a float4 (cols % 4 == 0, aligned), W = 1 one float; a block covers 32 * W
+   columns, so a W = 1 grid has 4 times the blocks in x of a W = 4 one, same bands */
+template <int W>
+__global__ void __launch_bounds__(32 * CS_GROUPS)
+    colsum_part_k(const float *__restrict__ a, int64_t rows, int64_t cols, int64_t rpc,
+                  float *__restrict__ part) {
+  __shared__ float sh[CS_GROUPS][32 * W];
+  const int x = threadIdx.x, g = threadIdx.y;
+  const int64_t c0 = ((int64_t)blockIdx.x * 32 + x) * W;
+  const int64_t r0 = (int64_t)blockIdx.y * rpc, r1 = r0 + rpc < rows ? r0 + rpc : rows;
+  float s[W];
+#pragma unroll
+  for (int k = 0; k < W; k++) s[k] = 0.0f;
+  if (c0 < cols) {
+#pragma unroll 4
+    for (int64_t r = r0 + g; r < r1; r += CS_GROUPS) {
+      if constexpr (W == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(a + r * cols + c0);
+        s[0] += v.x;
+        s[1] += v.y;
+        s[2] += v.z;
+        s[3] += v.w;
+      } else {
+        s[0] += a[r * cols + c0];
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < W; k++) sh[g][x * W + k] = s[k];
+  __syncthreads();
+  for (int j = g * 32 + x; j < 32 * W; j += 32 * CS_GROUPS) {
+    const int64_t col = (int64_t)blockIdx.x * 32 * W + j;
+    if (col >= cols) continue;
+    float t = sh[0][j];
+    for (int q = 1; q < CS_GROUPS; q++) t += sh[q][j];
+    part[(int64_t)blockIdx.y * cols + col] = t;
+  }
+}
+
+/* stage 2: out[col] = sum of part[k, col] over the bands k in order */
+__global__ void __launch_bounds__(TPB)
+    colsum_final_k(const float *__restrict__ part, int64_t chunks, int64_t cols,
+                   float *__restrict__ out) {
+  for (int64_t c = blockIdx.x * (int64_t)TPB + threadIdx.x; c < cols;
+       c += (int64_t)gridDim.x * TPB) {
+    float t = 0.0f;
+#pragma unroll 8
+    for (int64_t k = 0; k < chunks; k++) t += part[k * cols + c];
+    out[c] = t;
+  }
+}
+
+/* Column sums of a [rows, cols] matrix into out (scratch: cs_chunks(...) * cols floats). */
+void colsum_launch(const float *a, int64_t rows, int64_t cols, float *out, float *scratch,
+                   cudaStream_t s) {
+  const int64_t chunks = cs_chunks(rows, cols, CS_TILE), rpc = (rows + chunks - 1) / chunks;
+  float *part = chunks == 1 ? out : scratch;
+  const dim3 block(32, CS_GROUPS);
+  if (cols % 4 == 0 && aligned16(a, a)) {
+    const dim3 grid((unsigned)((cols + CS_TILE - 1) / CS_TILE), (unsigned)chunks);
+    colsum_part_k<4><<<grid, block, 0, s>>>(a, rows, cols, rpc, part);
+  } else {
+    const dim3 grid((unsigned)((cols + 31) / 32), (unsigned)chunks);
+    colsum_part_k<1><<<grid, block, 0, s>>>(a, rows, cols, rpc, part);
+  }
+  if (chunks > 1) colsum_final_k<<<grid_for(cols), TPB, 0, s>>>(part, chunks, cols, out);
+}
+
+/* Embedding gradient, stage 1: the rows of dx ([rows, E], one token per row) cut into bands as
+   above; a block owns EB_COLS columns of a band, row group g sums rows g, g + CS_GROUPS, ... in
+   order into its own accumulator of the row's token, then the groups' accumulators are added in
+   order into part[band, v, col]. Stage 2 is colsum_final_k over part viewed as [bands, V*E]. A
+   token outside [0, V) adds nothing (it has no row of the table). */
+constexpr int EB_COLS = 32;
+__global__ void __launch_bounds__(EB_COLS * CS_GROUPS)
+    embed_bwd_part_k(const float *__restrict__ dx, const int32_t *__restrict__ tok, int64_t rows,
+                     int E, int64_t rpc, float *__restrict__ part) {
+  __shared__ float acc[CS_GROUPS][TRAIN_V][EB_COLS];
+  const int c = threadIdx.x, g = threadIdx.y;
+  const int64_t col = (int64_t)blockIdx.x * EB_COLS + c;
+  for (int v = 0; v < TRAIN_V; v++) acc[g][v][c] = 0.0f;   /* the thread's own slots */
+  const int64_t r0 = (int64_t)blockIdx.y * rpc, r1 = r0 + rpc < rows ? r0 + rpc : rows;
+  if (col < E) {
+#pragma unroll 4
+    for (int64_t r = r0 + g; r < r1; r += CS_GROUPS) {
+      const int32_t v = tok[r];
+      const float d = dx[r * E + col];
+      if ((uint32_t)v < (uint32_t)TRAIN_V) acc[g][v][c] += d;
+    }
+  }
+  __syncthreads();
+  if (col >= E) return;
+  for (int v = g; v < TRAIN_V; v += CS_GROUPS) {
+    float t = acc[0][v][c];
+    for (int q = 1; q < CS_GROUPS; q++) t += acc[q][v][c];
+    part[((int64_t)blockIdx.y * TRAIN_V + v) * E + col] = t;
+  }
+}
+
+/* Cross-entropy: one thread per row (train_xent_row in double, as on the CPU) writes the row's
+   loss term to row_loss (scratch) and its gradient row; then one block sums the terms of rows
+   [0, n_valid): thread t takes rows t, t + XS, ... in order, then a fixed tree. */
+constexpr int XB = 128, XS = 1024;
+__global__ void __launch_bounds__(XB)
+    xent_rows_k(const float *__restrict__ logits, const int32_t *__restrict__ tgt, int64_t B,
+                int64_t n_valid, int V, int Vpad, double *__restrict__ row_loss,
+                float *__restrict__ dlogits, float *amax) {
+  const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
+  const int64_t b = blockIdx.x * (int64_t)XB + threadIdx.x;
+  float m = 0.0f;
+  if (b < B) {
+    float *d = dlogits ? dlogits + b * Vpad : nullptr;
+    if (b < n_valid) {
+      row_loss[b] = train_xent_row(logits + b * Vpad, tgt[b], V, Vpad, inv, d);
+      if (d && amax)
+        for (int v = 0; v < Vpad; v++) m = train_amax_step(m, d[v]);
+    } else if (d) {
+      for (int v = 0; v < Vpad; v++) d[v] = 0.0f;
+    }
+  }
+  if (amax) amax_commit(m, amax);
+}
+
+__global__ void __launch_bounds__(XS)
+    xent_sum_k(const double *__restrict__ row_loss, int64_t n_valid, float *__restrict__ loss) {
+  __shared__ double part[XS];
+  double sum = 0;
+  for (int64_t b = threadIdx.x; b < n_valid; b += XS) sum += row_loss[b];
   part[threadIdx.x] = sum;
   __syncthreads();
-  for (int w = XT / 2; w > 0; w /= 2) {
+  for (int w = XS / 2; w > 0; w /= 2) {
     if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
     __syncthreads();
   }
@@ -119,53 +298,77 @@ __global__ void xent_k(const float *__restrict__ logits, const int32_t *__restri
 }
 
 int cuda_embed_fwd(hq_ctx *ctx, const float *emb, const int32_t *tok, float *x, int64_t B, int C,
-                   int E) {
+                   int E, float *amax) {
   cudaStream_t s;
   if (enter(ctx, &s, "embedding")) return -1;
   const int64_t n = B * C * E;
-  embed_fwd_k<<<blocks_for(n, 256), 256, 0, s>>>(emb, tok, x, n, E);
+  if (E % 4 == 0 && aligned16(emb, x))
+    embed_fwd_k<4><<<grid_for(n / 4), TPB, 0, s>>>(emb, tok, x, n, E, amax);
+  else
+    embed_fwd_k<1><<<grid_for(n), TPB, 0, s>>>(emb, tok, x, n, E, amax);
   return check("embedding kernel");
 }
 
 int cuda_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
-                   int C, int E) {
+                   int C, int E, void *scratch) {
   cudaStream_t s;
   if (enter(ctx, &s, "embedding gradient")) return -1;
-  /* dx viewed as [B*C, E] with one key (the token) per row; row v of gemb sums the rows of
-     token v */
-  const dim3 grid((unsigned)((E + COLS - 1) / COLS), TRAIN_V), block(COLS, GROUPS);
-  colsum_k<<<grid, block, 0, s>>>(dx, B * C, E, tok, gemb);
+  /* dx viewed as [B*C, E] with one token per row */
+  const int64_t rows = B * C, chunks = cs_chunks(rows, E, EB_COLS);
+  const int64_t rpc = (rows + chunks - 1) / chunks;
+  float *part = chunks == 1 ? gemb : (float *)scratch;
+  const dim3 grid((unsigned)((E + EB_COLS - 1) / EB_COLS), (unsigned)chunks),
+      block(EB_COLS, CS_GROUPS);
+  embed_bwd_part_k<<<grid, block, 0, s>>>(dx, tok, rows, E, rpc, part);
+  if (chunks > 1)
+    colsum_final_k<<<grid_for((int64_t)TRAIN_V * E), TPB, 0, s>>>(part, chunks,
+                                                                  (int64_t)TRAIN_V * E, gemb);
   return check("embedding gradient kernel");
 }
 
-int cuda_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n) {
+int cuda_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n, float *amax) {
   cudaStream_t s;
   if (enter(ctx, &s, "activation")) return -1;
-  act_fwd_k<<<blocks_for(n, 256), 256, 0, s>>>(act, y, h, n);
+  if (aligned16(y, h)) act_k<true, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, h, n, amax);
+  else act_k<true, 1><<<grid_for(n), TPB, 0, s>>>(act, y, h, n, amax);
   return check("activation kernel");
 }
 
-int cuda_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n) {
+int cuda_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n, float *amax) {
   cudaStream_t s;
   if (enter(ctx, &s, "activation gradient")) return -1;
-  act_bwd_k<<<blocks_for(n, 256), 256, 0, s>>>(act, y, d, n);
+  if (aligned16(y, d)) act_k<false, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, d, n, amax);
+  else act_k<false, 1><<<grid_for(n), TPB, 0, s>>>(act, y, d, n, amax);
   return check("activation gradient kernel");
 }
 
 int cuda_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
-              int V, int Vpad, float *loss, float *dlogits) {
+              int V, int Vpad, float *loss, float *dlogits, float *amax, void *scratch) {
   cudaStream_t s;
   if (enter(ctx, &s, "cross-entropy")) return -1;
-  xent_k<<<1, XT, 0, s>>>(logits, tgt, B, n_valid, V, Vpad, loss, dlogits);
+  xent_rows_k<<<(unsigned)((B + XB - 1) / XB), XB, 0, s>>>(
+      logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
+  xent_sum_k<<<1, XS, 0, s>>>((const double *)scratch, n_valid, loss);
   return check("cross-entropy kernel");
 }
 
-int cuda_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db) {
+int cuda_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db, void *scratch) {
   cudaStream_t s;
   if (enter(ctx, &s, "bias gradient")) return -1;
-  const dim3 grid((unsigned)((n + COLS - 1) / COLS), 1), block(COLS, GROUPS);
-  colsum_k<<<grid, block, 0, s>>>(dy, B, n, nullptr, db);
+  colsum_launch(dy, B, n, db, (float *)scratch, s);
   return check("bias gradient kernel");
+}
+
+/* the most any call above uses: the loss terms (B doubles), a bias gradient's bands
+   (at most CS_CHUNKS_MAX x widest) or the embedding gradient's (CS_CHUNKS_MAX x V x E) */
+size_t cuda_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
+  (void)C;
+  size_t n = (size_t)B * sizeof(double);
+  const size_t cs = (size_t)CS_CHUNKS_MAX * (size_t)widest * sizeof(float);
+  const size_t eb = (size_t)CS_CHUNKS_MAX * TRAIN_V * (size_t)E * sizeof(float);
+  if (cs > n) n = cs;
+  if (eb > n) n = eb;
+  return n;
 }
 
 int cuda_zero(hq_ctx *ctx, void *p, size_t bytes) {
@@ -182,8 +385,8 @@ int cuda_zero(hq_ctx *ctx, void *p, size_t bytes) {
 const char *cuda_error(void) { return g_err; }
 
 const train_device_ops cuda_ops = {
-    "cuda", cuda_embed_fwd, cuda_embed_bwd, cuda_act_fwd, cuda_act_bwd, cuda_xent, cuda_colsum,
-    cuda_zero, cuda_error,
+    "cuda",      cuda_embed_fwd, cuda_embed_bwd, cuda_act_fwd,       cuda_act_bwd, cuda_xent,
+    cuda_colsum, cuda_zero,      cuda_error,     cuda_scratch_bytes,
 };
 
 }  // namespace

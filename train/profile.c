@@ -14,13 +14,15 @@
 
 /* Brackets a profiled step can hold: per linear layer at most an amax pass and a quantize of
    the input and of the gradient, three GEMMs, an activation, its gradient, a bias gradient and
-   two optimizer calls (14), plus the embedding, the loss, the copies, the embedding's optimizer
-   call and the state update; with room to spare. */
+   two optimizer calls (14), plus the embedding and its gradient, the loss, the copies, the
+   fused amaxes' zeroing, the embedding's optimizer call and the state update; with room to
+   spare. */
 #define BRACKETS_PER_LAYER 16
 #define BRACKETS_FIXED 16
 
 typedef struct bracket {
   int phase;
+  int part;                       /* TRAIN_PK_* of a kernel bracket, else -1 */
   int64_t ev;                     /* its first event (GPU): ev, ev + 1 */
   double s;                       /* host: its seconds */
 } bracket;
@@ -46,6 +48,12 @@ static const char *const phase_names[TRAIN_PH_N] = {
 
 const char *train_prof_phase_name(int phase) {
   return phase >= 0 && phase < TRAIN_PH_N ? phase_names[phase] : "?";
+}
+
+const char *train_prof_kernel_name(int part) {
+  static const char *const n[TRAIN_PK_N] = {"embedding", "activation fwd", "activation bwd",
+                                            "bias gradient", "loss"};
+  return part >= 0 && part < TRAIN_PK_N ? n[part] : "?";
 }
 
 const char *train_prof_qt_name(int kind) {
@@ -140,15 +148,24 @@ void train_prof_begin(train_profile *p) {
   else p->t_begin = train_now();
 }
 
-void train_prof_end(train_profile *p, int phase) {
+/* the bracket begun last: phase, and part (-1: none) */
+static void end_bracket(train_profile *p, int phase, int part) {
   if (!p || !p->on || p->n_br >= p->cap) return;
   bracket *b = &p->br[p->n_br];
   b->phase = phase;
+  b->part = part;
+  if (part >= 0) p->r.kernel_calls[part]++;
   b->ev = 2 * p->n_br;
   if (p->gpu) train_cuda_event_record(p->ev[b->ev + 1], hq_ctx_stream(p->ctx));
   else b->s = train_now() - p->t_begin;
   p->r.calls[phase]++;
   p->n_br++;
+}
+
+void train_prof_end(train_profile *p, int phase) { end_bracket(p, phase, -1); }
+
+void train_prof_end_kernel(train_profile *p, int part) {
+  end_bracket(p, TRAIN_PH_KERNELS, part);
 }
 
 void train_prof_quantized(train_profile *p, int kind, int64_t n) {
@@ -183,6 +200,7 @@ int train_prof_collect(train_profile *p, train_prof_result *out, char *err, size
   double sum = 0;
   for (int64_t i = 0; i < p->n_br; i++) {
     r->phase_s[p->br[i].phase] += p->br[i].s;
+    if (p->br[i].part >= 0) r->kernel_s[p->br[i].part] += p->br[i].s;
     sum += p->br[i].s;
   }
   r->other_s = r->span_s - sum;

@@ -3,8 +3,9 @@
 **
 ** The model (model.c) brackets every call of a step with train_prof_begin / train_prof_end and
 ** names its phase: a GEMM by the path it took (hq_gemm_info), a quantize, its amax pass (split
-** from the cast with hq_quantizer_amax, which gives the same bytes), the trainer's own kernels
-** (device.h), the optimizer, the scaling-state update and the host<->device copies. The loop
+** from the cast with hq_quantizer_amax, which gives the same bytes, unless the kernel that wrote
+** the tensor computed it), the trainer's own kernels (device.h, by part: TRAIN_PK_*), the
+** optimizer, the scaling-state update and the host<->device copies. The loop
 ** brackets the whole step with train_prof_step_begin / _end.
 **
 ** On the host every phase is timed with clock_gettime (CLOCK_MONOTONIC); what the step spends
@@ -45,6 +46,17 @@ enum {
   TRAIN_PH_N
 };
 
+/* The trainer's kernels (TRAIN_PH_KERNELS) split by what they compute: a kernel bracket names
+   its part, and the phase's total is the sum of its parts. */
+enum {
+  TRAIN_PK_EMBED,           /* the embedding and its gradient */
+  TRAIN_PK_ACT_FWD,         /* activations (with the next layer's input amax, when fused) */
+  TRAIN_PK_ACT_BWD,         /* activation gradients (with the output gradient's amax) */
+  TRAIN_PK_BIAS,            /* bias gradients (column sums) */
+  TRAIN_PK_LOSS,            /* softmax cross-entropy and its gradient */
+  TRAIN_PK_N
+};
+
 /* Quantize calls of a step, per tensor (TRAIN_QT_*): what the step quantized afresh. The weight's
    write-back by hq_adam_step is counted apart (TRAIN_QT_WRITEBACK). */
 enum { TRAIN_QT_INPUT, TRAIN_QT_WEIGHT, TRAIN_QT_GRAD, TRAIN_QT_WRITEBACK, TRAIN_QT_N };
@@ -53,6 +65,8 @@ enum { TRAIN_QT_INPUT, TRAIN_QT_WEIGHT, TRAIN_QT_GRAD, TRAIN_QT_WRITEBACK, TRAIN
 
 /* "gemm native", ... */
 const char *train_prof_phase_name(int phase);
+/* "embedding", "activation fwd", ... */
+const char *train_prof_kernel_name(int part);
 /* "input", "weight", "grad_output", "weight write-back" */
 const char *train_prof_qt_name(int kind);
 
@@ -63,6 +77,8 @@ typedef struct train_prof_result {
   double phase_s[TRAIN_PH_N];     /* seconds, summed over the profiled steps */
   int64_t calls[TRAIN_PH_N];      /* calls, summed over the profiled steps */
   int64_t quantize_calls[TRAIN_QT_N]; /* summed over the profiled steps */
+  double kernel_s[TRAIN_PK_N];    /* TRAIN_PH_KERNELS by part: seconds, summed */
+  int64_t kernel_calls[TRAIN_PK_N];
   double step_s;                  /* host wall time of the profiled steps (the loop's clock) */
   double span_s;                  /* GPU: the steps' spans (first event to last); host: step_s */
   double other_s;                 /* span_s minus every phase: GPU idle gaps, or the host's
@@ -85,6 +101,8 @@ int train_prof_on(const train_profile *p);
 /* Bracket one call (p may be NULL: nothing). */
 void train_prof_begin(train_profile *p);
 void train_prof_end(train_profile *p, int phase);
+/* End a bracket of phase TRAIN_PH_KERNELS, part `part` (TRAIN_PK_*). */
+void train_prof_end_kernel(train_profile *p, int part);
 /* One quantize of a tensor kind (TRAIN_QT_*) in a profiled step. */
 void train_prof_quantized(train_profile *p, int kind, int64_t n);
 /* The phase of a GEMM that took `path` (HQ_GEMM_PATH_*). */

@@ -106,6 +106,10 @@ typedef struct train_linear {
   float *y;                                  /* output (pre-activation) [B, out] */
   hq_gemm_info info[3];                      /* TRAIN_FPROP/DGRAD/WGRAD, first step */
   int have_info;
+  /* the input's (0) and the output gradient's (1) quantizer takes the amax that the kernel
+     writing the tensor computes (device.h): its per-tensor amax is max |x| (HQ_AMAX_INPUT) in
+     one direction at least and format-specific in none; one process */
+  int fuse_amax[2];
   /* across ranks (dist.h): w, mw, vw hold this rank's rows [r0, r0 + rows) of W (one process:
      all of them); gw the whole gradient of this rank's part of the batch, gws its shard summed
      over the ranks; qw_shard the shard quantized, gathered into qw by `gather` */
@@ -135,6 +139,10 @@ typedef struct train_model {
   size_t n_amax_stash;
   train_profile *prof;                       /* --profile (NULL: off; not owned) */
   float *prof_amax;                          /* --profile: the split amax pass's 2 floats */
+  float *famax;                              /* fused amaxes: 2 floats per layer and tensor
+                                                (input, output gradient), zeroed every forward;
+                                                NULL when no layer takes one */
+  void *kscratch;                            /* the device table's scratch (NULL: none) */
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
