@@ -4,8 +4,10 @@
 ** context, compared byte for byte, for every element type (e2m1, e3m2, e2m3), both scale rules,
 ** round-to-nearest and stochastic rounding (the same seed and offset on both), f32 / bf16 / f16
 ** inputs (16-byte aligned: the vector loads; one element off: the scalar loads), usage rowwise /
-** columnwise / both, shapes 32x32 to 1024x1056 with special blocks (zeros, NaN, +-Inf, FP32
-** subnormals, values past the maximum); dequantize of each direction into f32 / bf16 / f16.
+** columnwise / both, shapes 32x32 to 160x4128 and 32x8192 with every kind of last column tile
+** (K % 128 = 0, 32, 64, 96) and special blocks (zeros, NaN, +-Inf, FP32 subnormals, values past
+** the maximum: the kernels' NaN blocks and Inf blocks take the rule, the rest its fast forms);
+** dequantize of each direction into f32 / bf16 / f16, aligned and one element off.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -78,7 +80,9 @@ static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, u
     for (int o = 0; o < 3; o++) {
       hq_tensor yh = hq_test_empty(outs[o], M, K);
       hq_tensor yg0 = hq_test_empty(outs[o], M, K);
-      hq_tensor yg = hq_gpu_tensor_at(gpu, &yg0, 0);
+      /* shift != 0: the destination one element off 16-byte alignment (the scalar stores) */
+      const int dshift = shift ? (int)hq_dtype_size(outs[o]) : 0;
+      hq_tensor yg = hq_gpu_tensor_at(gpu, &yg0, dshift);
       HQ_OK_OR_FAIL(hq_dequantize(qh, cpu, d, &yh));
       HQ_OK_OR_FAIL(hq_dequantize(qg, gpu, d, &yg));
       const size_t n = (size_t)(M * K) * hq_dtype_size(outs[o]);
@@ -95,7 +99,7 @@ static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, u
         fail_msg("%s: dequantize dir %u dtype %d differs: element [%lld, %lld] host 0x%x device 0x%x",
                  what, d, (int)outs[o], (long long)(e / (size_t)K), (long long)(e % (size_t)K), bh, bg);
       }
-      hq_ctx_free(gpu, yg.data);
+      hq_ctx_free(gpu, (char *)yg.data - dshift);
       free(yh.data);
       free(yg0.data);
     }
@@ -121,12 +125,21 @@ static void test_every_option(void **state) {
           }
 }
 
+/* Shapes around the kernels' 32 x 128 tile: K a multiple of 128, K % 128 = 32, 64 or 96 (a
+   last tile with 1..3 of its 4 column blocks), one row block and many, each kind under each
+   option set on a few of them. */
 static void test_shapes(void **state) {
   (void)state;
-  const int64_t shapes[][2] = {{32, 32}, {32, 1056}, {1024, 64}, {1024, 1056}};
+  const int64_t shapes[][2] = {{32, 32},   {32, 1056},  {1024, 64}, {1024, 1056},
+                               {64, 128},  {96, 224},   {160, 4128}, {32, 8192}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int kind = 0; kind < 3; kind++)
+    for (int kind = 0; kind < 3; kind++) {
       one(kind, 0, 0, HQ_BF16, shapes[s][0], shapes[s][1], HQ_BOTH, 0);
+      if (s >= 4)
+        for (int o = 0; o < 3; o++) /* rceil; stochastic rounding under each rule */
+          one(kind, o == 0 || o == 2, o > 0, o == 1 ? HQ_F32 : HQ_F16, shapes[s][0], shapes[s][1],
+              HQ_BOTH, 0);
+    }
 }
 
 int main(void) {

@@ -153,11 +153,68 @@ static void test_packing(void **state) {
   assert_int_equal(hq_mx_code(b, 1, HQ_E2M1X2), 15);
 }
 
+/* The kernels' fast RN forms (hq_mx_cast_fast: E2M1 by two sums and a min, FP6 through the FP8
+   encoder of the value times 2^-12 / 2^-6, folded into the multiplier) equal the rule,
+   hq_mx_cast(RN(x * hq_mx_encode_mult(e)), kind), for every scale code but NaN's and both
+   scale rules: (1) with the multiplier 1 (e = 127) on every 63rd FP32 bit pattern below 64 and
+   every 16383rd above, each with its neighbours, and on every tie of 1, 2 or 3 mantissa bits
+   (only zeros below the rounding bit) in every binade with its neighbours; (2) on a sweep of x for every code 0..254, where the
+   folded multiplier reaches 2^-139 and 2^115 and the products go subnormal. */
+static void check_fast(float x, uint8_t e, int kind, int rule) {
+  if (hq_isnan(x)) return; /* a NaN makes its block a NaN block (e = 0xFF) */
+  const uint32_t want = hq_mx_cast(hq_mul_rn(x, hq_mx_encode_mult(e, rule)), kind);
+  const uint32_t got = hq_mx_cast_fast(x, e, kind, rule);
+  if (got != want)
+    fail_msg("kind %d rule %d e %u x 0x%08x: fast %u, rule %u", kind, rule, e, hq_f32_bits(x),
+             got, want);
+}
+
+static void test_fast_forms(void **state) {
+  (void)state;
+  const int kinds[3] = {HQ_E2M1X2, HQ_E3M2X4, HQ_E2M3X4};
+  for (int k = 0; k < 3; k++) {
+    for (uint32_t u = 0; u < 0x7f800001u; u += u < 0x42800000u ? 0x3fu : 0x3fffu)
+      for (uint32_t d = 0; d < 3; d++) {
+        const float x = hq_bits_f32(u + d - (u ? 1u : 0u));
+        check_fast(x, 127, kinds[k], HQ_MX_FLOOR);
+        check_fast(-x, 127, kinds[k], HQ_MX_FLOOR);
+      }
+    /* every tie of 1, 2 or 3 mantissa bits (and its neighbours) in every binade */
+    for (uint32_t ex = 0; ex < 255; ex++)
+      for (uint32_t m = 0; m < 16; m++)
+        for (uint32_t d = 0; d < 3; d++) {
+          const uint32_t u = ex << 23 | m << 19;
+          const float x = hq_bits_f32(u + d - (u ? 1u : 0u));
+          check_fast(x, 127, kinds[k], HQ_MX_FLOOR);
+          check_fast(-x, 127, kinds[k], HQ_MX_FLOOR);
+        }
+    for (int rule = 0; rule < 2; rule++)
+      for (int e = 0; e < 255; e++) {
+        uint64_t s = (uint64_t)(e * 3 + rule + 1);
+        for (int n = 0; n < 4000; n++) {
+          const uint32_t r = (uint32_t)hq_test_rand(&s);
+          /* values near the block's range: x * 2^(127-e) within a few binades of the grid */
+          const int ex = e - 127 + (int)(r % 12) - 8;
+          float x = ldexpf(1.0f + (float)((r >> 8) & 0xffff) / 65536.0f, ex);
+          if (r & 0x80000000u) x = -x;
+          check_fast(x, (uint8_t)e, kinds[k], rule);
+          check_fast(hq_bits_f32(hq_f32_bits(x) + 1u), (uint8_t)e, kinds[k], rule);
+          check_fast(hq_bits_f32(r & 0x7fffffffu), (uint8_t)e, kinds[k], rule); /* anything */
+        }
+        check_fast(INFINITY, (uint8_t)e, kinds[k], rule);
+        check_fast(-INFINITY, (uint8_t)e, kinds[k], rule);
+        check_fast(-0.0f, (uint8_t)e, kinds[k], rule);
+        check_fast(0.0f, (uint8_t)e, kinds[k], rule);
+      }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_every_code),  cmocka_unit_test(test_encode_rne_satfinite),
       cmocka_unit_test(test_generic_equals_e2m1), cmocka_unit_test(test_fp6_sr),
       cmocka_unit_test(test_scale_codes),        cmocka_unit_test(test_packing),
+      cmocka_unit_test(test_fast_forms),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

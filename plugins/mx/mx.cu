@@ -1,232 +1,575 @@
 /*
 ** mx.cu -- the MXFP4 / MXFP6 CUDA kernels (sm_90 and Blackwell; any element kind), bit-identical
-** to the CPU reference in mx.c: every byte comes from the same functions of mx_rules.h and
-** hq/numerics.h (scale code, encode multiplier, element casts, Philox stream, packing).
-**   quantize: one kernel for both directions, the input read once (quantize_tile, below: a
-**     32 x 128 tile per CTA through shared memory, coalesced vector loads and word stores).
-**   dequantize: one thread per 8 elements of a row, vector loads and stores (dequantize8).
-** Everything on call->stream; nothing allocated, nothing synchronized.
+** to the CPU reference in mx.c: every byte comes from functions of mx_rules.h and hq/numerics.h
+** (scale code, encode multiplier, element casts and their fast forms, Philox stream, packing).
+**
+** Quantize: one kernel for both directions, the input read once, organised as mxfp8.cu's: one
+** CTA of 256 threads per tile of 32 rows x 128 columns, the tiles in row-major order (blockIdx.x
+** along K where the grid allows). Each thread loads two vectors of 8 consecutive elements, rows
+** r and r + 16 of the tile (one 16-byte load each for bf16/f16, kept packed two elements per
+** register, their amaxes taken two per instruction; two for f32), so every element sits in
+** exactly one thread's registers for both directions.
+**   rowwise 1x32: a block is 4 neighbouring lanes; its amax by two xor-shuffles of the bit
+**     patterns (integer max: a NaN anywhere gives a NaN pattern, the rule's amax), one code per
+**     block, then each thread casts its 8 elements;
+**   columnwise 32x1: per column, the max over the thread's two rows, an xor-16 shuffle (the
+**     warp's other row), the 8 warps' partial maxima meet in shared memory (2-4 KiB); 128
+**     threads finish one column each, write its code (128 consecutive bytes), its multiplier
+**     and, with stochastic rounding, its 32 random bytes to shared memory; every thread then
+**     casts its registers with its columns' multipliers.
+** Both copies are stored [M, K] packed along K (the columnwise copy is not transposed), so a
+** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, FP6
+** 6 bytes, gathered over the block's lanes by shuffles into 8-byte stores (FP4: lane pairs,
+** FP6: lanes 0..2 of the 4 write the block's 24 bytes).
+** The element casts are the fast forms of mx_rules.h (hq_mx_cast_fast: E2M1 by two FP32 sums and
+** one min, FP6 through the FP8 convert instruction), the biased E2M1 codes packed by
+** multiply-adds and unbiased once per word; a NaN block (scale 0xFF), and with stochastic
+** rounding every FP6 block and every E2M1 block with an Inf or NaN, takes the rule itself
+** (hq_mx_cast / hq_mx_cast_sr); E2M1 stochastic rounding of a finite block is
+** hq_e2m1_sr_biased_lt8 (every |RN(x * mult)| < 8: mx_rules.h's scale rules).
+** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
+** loads), the element values from a 64-entry table in shared memory, the run's scales (one
+** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
+** Unaligned pointers take the same kernels with scalar loads and stores. Everything on
+** call->stream; nothing allocated, nothing synchronized.
 */
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "mx.h"
 #include "mx_rules.h"
 
 namespace {
 
+constexpr int kBlk = HQ_MX_BLOCK; /* 32 */
+constexpr int kCols = 128;        /* tile columns */
+constexpr int kThreads = 256;     /* 16 vectors of 8 per tile row, 16 rows per pass */
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kAll = 0xffffffffu;
+
 struct QArgs {
-  const void *src;
-  int dtype;          /* HQ_F32 / HQ_BF16 / HQ_F16 */
-  int kind, rule, sr;
-  uint64_t seed, offset;
+  const void *x;
   int64_t M, K;
+  uint8_t *rd, *rs, *cd, *cs;
+  int rule;
+  int vec;       /* x 16-byte aligned: vector loads */
+  int st8;       /* rd and cd 8-byte aligned: 8-byte stores */
+  int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
+  uint64_t offset;
+  uint32_t rk[20]; /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once on the host */
 };
 
-/* Element i of the source as FP32: hq_load_hp's value (a NaN stays a NaN, which is all the
-   rules read of one). */
-__device__ __forceinline__ float load(const void *p, int64_t i, int dtype) {
-  if (dtype == HQ_F32) return static_cast<const float *>(p)[i];
-  const uint16_t h = static_cast<const uint16_t *>(p)[i];
-  return dtype == HQ_BF16 ? hq_bf16_to_f32(h) : hq_f16_to_f32_anynan(h);
+/* Four FP32 values to their FP8 codes (byte k = x_k), RNE and satfinite: the convert
+   instruction on sm_89 and later, hq_f32_to_fp8 elsewhere (the same bits; the values here are
+   never NaN). */
+template <int E8>
+__device__ __forceinline__ uint32_t fp8x4(float x0, float x1, float x2, float x3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t w;
+  if (E8 == HQ_E5M2)
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  else
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return w;
+#else
+  return (uint32_t)hq_f32_to_fp8(x0, E8) | (uint32_t)hq_f32_to_fp8(x1, E8) << 8 |
+         (uint32_t)hq_f32_to_fp8(x2, E8) << 16 | (uint32_t)hq_f32_to_fp8(x3, E8) << 24;
+#endif
 }
 
-/* One quantize kernel for both directions: a CTA takes a tile of 32 rows x up to 128 columns
-   (kTileW; a narrower last tile where K % 128 != 0), reads it once into shared memory (16-byte
-   vector loads where the source is 16-byte aligned and the tile is whole, else element by
-   element, coalesced either way), and makes from it
-     rowwise:    one thread per 32-element block of a row (32 rows x w/32 blocks), the packed
-                 16 or 24 bytes stored as 8-byte words, neighbouring threads neighbouring blocks;
-     columnwise: one thread per column (its 32-row block), the scale byte stored coalesced, the
-                 codes staged in shared memory, then packed eight columns per thread (FP4: one
-                 4-byte store, FP6: three 2-byte stores) row by row.
-   The input is read once whatever the directions. */
-constexpr int kTileW = 128;
-constexpr int kThreads = 128;
-
-__device__ __forceinline__ void cast32(uint32_t (&c)[32], const float *x, int stride, uint8_t e,
-                                       const QArgs &a, const uint32_t *bits) {
-  const float mult = hq_mx_encode_mult(e, a.rule);
-#pragma unroll
-  for (int k = 0; k < 32; k++) {
-    const float v = hq_mul_rn(x[k * stride], mult);
-    c[k] = bits ? hq_mx_cast_sr(v, a.kind, hq_mx_sr_byte(bits, k)) : hq_mx_cast(v, a.kind);
-  }
+/* Four FP6 codes (byte k) as their 24-bit packing (hq_fp6_pack4). */
+__device__ __forceinline__ uint32_t pack_fp6x4(uint32_t c) {
+  return (c & 0x3fu) | ((c >> 2) & 0xfc0u) | ((c >> 4) & 0x3f000u) | ((c >> 6) & 0xfc0000u);
 }
 
-/* A's bits over 32 values: the integer max of |x|'s patterns, a NaN one when any is NaN (the
-   CPU reference's amax32). */
-__device__ __forceinline__ uint32_t amax_bits(const float *x, int stride) {
-  uint32_t m = 0;
-#pragma unroll
-  for (int k = 0; k < 32; k++) m = max(m, hq_f32_bits(x[k * stride]) & 0x7fffffffu);
-  return m;
-}
-
-__global__ void __launch_bounds__(kThreads) quantize_tile(QArgs a, uint8_t *rd, uint8_t *rs,
-                                                          uint8_t *cd, uint8_t *cs) {
-  __shared__ float tile[32][kTileW + 1]; /* +1: a column read hits 32 different banks */
-  __shared__ uint8_t codes[32][kTileW];  /* columnwise codes, [row][column] */
-  const int t = threadIdx.x;
-  const int64_t i0 = (int64_t)blockIdx.x * 32, j0 = (int64_t)blockIdx.y * kTileW;
-  const int w = (int)min((int64_t)kTileW, a.K - j0); /* a multiple of 32 */
-  const uintptr_t base = reinterpret_cast<uintptr_t>(a.src);
-  if (w == kTileW && (base & 15u) == 0 && a.dtype == HQ_F32) {
-    /* 4 rows of 128 floats per pass: thread t loads float4 t % 32 of row t / 32 */
-    for (int r = t / 32; r < 32; r += kThreads / 32) {
-      const float4 v = reinterpret_cast<const float4 *>(
-          static_cast<const float *>(a.src) + (i0 + r) * a.K + j0)[t % 32];
-      const int c = 4 * (t % 32);
-      tile[r][c] = v.x, tile[r][c + 1] = v.y, tile[r][c + 2] = v.z, tile[r][c + 3] = v.w;
-    }
-  } else if (w == kTileW && (base & 15u) == 0) {
-    /* 8 rows of 128 16-bit values per pass: 8 values (16 bytes) per thread */
-    for (int r = t / 16; r < 32; r += kThreads / 16) {
-      const uint4 v = reinterpret_cast<const uint4 *>(
-          static_cast<const uint16_t *>(a.src) + (i0 + r) * a.K + j0)[t % 16];
-      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-      const int c = 8 * (t % 16);
-#pragma unroll
-      for (int h = 0; h < 8; h++) {
-        const uint16_t b = (uint16_t)(u[h / 2] >> (16 * (h & 1)));
-        tile[r][c + h] = a.dtype == HQ_BF16 ? hq_bf16_to_f32(b) : hq_f16_to_f32_anynan(b);
-      }
-    }
-  } else {
-    for (int r = 0; r < 32; r++)
-      for (int c = t; c < w; c += kThreads) tile[r][c] = load(a.src, (i0 + r) * a.K + j0 + c, a.dtype);
-  }
-  __syncthreads();
-  uint32_t rk[20];
-  hq_nvfp4_sr_keys(a.seed, rk);
-  const int nb = w / 32;
-  if (rd && t < 32 * nb) {
-    const int r = t / nb, b = t % nb;
-    const float *x = &tile[r][32 * b];
-    const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(x, 1)), a.kind, a.rule);
-    const int64_t si = hq_mx_scale_idx(0, i0 + r, j0 + 32 * b, a.K);
-    uint32_t bits[8], c[32];
-    if (a.sr) hq_mx_sr_bits(rk, a.offset, 0, (uint64_t)si, bits);
-    cast32(c, x, 1, e, a, a.sr ? bits : nullptr);
-    rs[si] = e;
-    uint8_t out[24];
-    hq_mx_pack32(out, c, a.kind);
-    /* 16 or 24 bytes at an 8-byte multiple of the row start (rows of K/2 or 3K/4 bytes with
-       K % 32 == 0); the core's buffers are at least 8-byte aligned */
-    const int64_t bb = hq_mx_row_bytes(HQ_MX_BLOCK, a.kind);
-    uint64_t *dst = reinterpret_cast<uint64_t *>(
-        rd + (i0 + r) * hq_mx_row_bytes(a.K, a.kind) + (j0 / 32 + b) * bb);
-    for (int q = 0; q < bb / 8; q++) {
-      uint64_t v = 0;
-#pragma unroll
-      for (int k = 0; k < 8; k++) v |= (uint64_t)out[8 * q + k] << (8 * k);
-      dst[q] = v;
-    }
-  }
-  if (!cd) return;
-  if (t < w) {
-    const uint8_t e = hq_mx_scale_code(hq_bits_f32(amax_bits(&tile[0][t], kTileW + 1)), a.kind,
-                                       a.rule);
-    const int64_t si = hq_mx_scale_idx(1, i0, j0 + t, a.K);
-    uint32_t bits[8], c[32];
-    if (a.sr) hq_mx_sr_bits(rk, a.offset, 1, (uint64_t)si, bits);
-    cast32(c, &tile[0][t], kTileW + 1, e, a, a.sr ? bits : nullptr);
-    cs[si] = e;
-#pragma unroll
-    for (int r = 0; r < 32; r++) codes[r][t] = (uint8_t)c[r];
-  }
-  __syncthreads();
-  /* eight columns per thread, w / 8 threads per row, kThreads / (w / 8) rows at a time */
-  const int per_row = w / 8, rows_at_once = kThreads / per_row;
-  const int64_t rb = hq_mx_row_bytes(a.K, a.kind);
-  for (int r = t / per_row; r < 32 && t < per_row * rows_at_once; r += rows_at_once) {
-    const int g = t % per_row;
-    const uint8_t *c = &codes[r][8 * g];
-    uint8_t *row = cd + (i0 + r) * rb;
-    if (a.kind == HQ_E2M1X2) {
-      uint32_t v = 0;
-#pragma unroll
-      for (int k = 0; k < 8; k++) v |= (uint32_t)(c[k] & 15u) << (4 * k);
-      reinterpret_cast<uint32_t *>(row + (j0 + 8 * g) / 2)[0] = v;
-    } else {
-      const uint32_t lo = hq_fp6_pack4(c[0], c[1], c[2], c[3]);
-      const uint32_t hi = hq_fp6_pack4(c[4], c[5], c[6], c[7]);
-      const uint64_t v = (uint64_t)lo | (uint64_t)hi << 24; /* 48 bits */
-      uint16_t *p = reinterpret_cast<uint16_t *>(row + (j0 + 8 * g) / 4 * 3);
-      p[0] = (uint16_t)v, p[1] = (uint16_t)(v >> 16), p[2] = (uint16_t)(v >> 32);
-    }
-  }
-}
-
-/* Dequantize: one thread per 8 consecutive elements of a row, so that neighbouring threads
-   read neighbouring code bytes (FP4: one 4-byte load, FP6: three 2-byte loads) and write
-   neighbouring outputs (one or two 16-byte stores where the destination is 16-byte aligned). */
-__global__ void dequantize8(const uint8_t *data, const uint8_t *scale, int kind, int colwise,
-                            void *dst, int dtype, int64_t M, int64_t K) {
-  const int64_t n8 = K / 8;
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= M * n8) return;
-  const int64_t i = t / n8, k0 = (t % n8) * 8;
-  const uint8_t *row = data + i * hq_mx_row_bytes(K, kind);
-  uint64_t w;
-  if (kind == HQ_E2M1X2) {
-    w = *reinterpret_cast<const uint32_t *>(row + k0 / 2);
-  } else {
-    const uint16_t *p = reinterpret_cast<const uint16_t *>(row + k0 / 4 * 3);
-    w = (uint64_t)p[0] | (uint64_t)p[1] << 16 | (uint64_t)p[2] << 32;
-  }
-  const int bits = hq_mx_bits(kind);
-  float y[8];
-#pragma unroll
-  for (int k = 0; k < 8; k++) {
-    const uint32_t c = (uint32_t)(w >> (bits * k)) & ((1u << bits) - 1u);
-    const uint8_t e = scale[hq_mx_scale_idx(colwise, i, k0 + k, K)];
-    y[k] = hq_mx_dequantize(c, e, kind);
-  }
-  const int64_t o = i * K + k0;
-  const bool al = (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;
-  if (dtype == HQ_F32 && al) {
-    float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(dst) + o);
-    q[0] = make_float4(y[0], y[1], y[2], y[3]);
-    q[1] = make_float4(y[4], y[5], y[6], y[7]);
-  } else if (dtype != HQ_F32 && al) {
-    uint32_t h[4];
+/* The 8 elements of one vector as FP32 (exact): from the thread's packed 16-bit words (PK) or
+   its FP32 registers. */
+template <int DT, bool PK>
+__device__ __forceinline__ void elems8(const uint32_t w[4], const float x[8], float y[8]) {
+  if (PK) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-      const uint32_t lo = dtype == HQ_BF16 ? hq_f32_to_bf16(y[2 * k]) : hq_f32_to_f16(y[2 * k]);
-      const uint32_t hi =
-          dtype == HQ_BF16 ? hq_f32_to_bf16(y[2 * k + 1]) : hq_f32_to_f16(y[2 * k + 1]);
-      h[k] = lo | hi << 16;
+      y[2 * k] = hq_cuda_hp16_to_f32<DT>(w[k] & 0xffffu);
+      y[2 * k + 1] = hq_cuda_hp16_to_f32<DT>(w[k] >> 16);
     }
-    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + o) = make_uint4(h[0], h[1], h[2], h[3]);
   } else {
 #pragma unroll
-    for (int k = 0; k < 8; k++) hq_store_hp(dst, o + k, dtype, y[k]);
+    for (int k = 0; k < 8; k++) y[k] = x[k];
   }
 }
 
-unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
+/* The packed codes of 8 consecutive elements y[0..7] of a row (FP4: 32 bits, FP6: 48 bits,
+   element k at bits k * width), element k in a block with scale code e[k] (all equal rowwise),
+   its fast-form multiplier m[k] (hq_mx_encode_mult, FP6: hq_mx_fp6_fp8_mult) and, with
+   stochastic rounding, its random byte k of rb (byte k % 4 of word k / 4). fast: every element's
+   block takes the fast form (no NaN block; with stochastic rounding no Inf or NaN). */
+template <int KIND, bool SR>
+__device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], const uint8_t e[8],
+                                            uint2 rb, bool fast, int rule) {
+  const uint32_t r[2] = {rb.x, rb.y};
+  if (fast && KIND == HQ_E2M1X2) {
+    /* (HQ_E2M1_BIAS_BITS + code) * 16^k accumulated (mod 2^32: a code <= 7 never carries into
+       the next nibble), the bias removed once, the sign bits (products': bit 31) added */
+    uint32_t acc = 0u, sg = 0u;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const float v = hq_mul_rn(y[k], m[k]);
+      uint32_t b;
+      if (SR)
+        b = hq_e2m1_sr_biased_lt8(v, hq_bits_f32(__byte_perm(r[k >> 2], 0u, 0x4044u | (k & 3) << 8)));
+      else
+        b = hq_mx_e2m1_biased(v);
+      acc += b * (1u << (4 * k));
+      sg |= (hq_f32_bits(v) >> 31) << (4 * k + 3);
+    }
+    return (uint64_t)(acc + (0u - HQ_E2M1_BIAS_BITS * 0x11111111u) + sg);
+  }
+  if (fast && !SR) { /* FP6: the FP8 code of v * 2^-12 / 2^-6, clipped (hq_mx_cast_fast) */
+    constexpr int E8 = KIND == HQ_E3M2X4 ? HQ_E5M2 : HQ_E4M3;
+    float u[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) u[k] = hq_mul_rn(y[k], m[k]);
+    const uint32_t lo = pack_fp6x4(hq_mx_fp6_of_fp8x4(fp8x4<E8>(u[0], u[1], u[2], u[3])));
+    const uint32_t hi = pack_fp6x4(hq_mx_fp6_of_fp8x4(fp8x4<E8>(u[4], u[5], u[6], u[7])));
+    return (uint64_t)lo | (uint64_t)hi << 24;
+  }
+  /* the rule itself */
+  uint32_t c[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const float v = hq_mul_rn(y[k], hq_mx_encode_mult(e[k], rule));
+    c[k] = SR ? hq_mx_cast_sr(v, KIND, (r[k >> 2] >> (8 * (k & 3))) & 0xffu) : hq_mx_cast(v, KIND);
+  }
+  if (KIND == HQ_E2M1X2) {
+    uint32_t w = 0u;
+#pragma unroll
+    for (int k = 0; k < 8; k++) w |= (c[k] & 15u) << (4 * k);
+    return w;
+  }
+  return (uint64_t)hq_fp6_pack4(c[0], c[1], c[2], c[3]) |
+         (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
+}
+
+/* Stores the packed codes v of the 8 elements at column j of a row (row pointer p), the 4
+   lanes of a 32-block together (every lane of the warp calls it: shuffles): FP4 the even lane of
+   a pair writes both lanes' 8 bytes, FP6 lanes 0..2 of the block write its 24 bytes as three
+   8-byte words (offsets 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8,
+   byte stores. */
+template <int KIND>
+__device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, bool valid,
+                                            bool st8, int lane) {
+  if (KIND == HQ_E2M1X2) {
+    const uint32_t other = __shfl_down_sync(kAll, (uint32_t)v, 1);
+    if (!valid) return;
+    if (st8) {
+      if (!(lane & 1))
+        *reinterpret_cast<uint64_t *>(p + j / 2) = (v & 0xffffffffu) | (uint64_t)other << 32;
+    } else {
+      for (int b = 0; b < 4; b++) p[j / 2 + b] = (uint8_t)(v >> (8 * b));
+    }
+    return;
+  }
+  const uint32_t nlo = __shfl_down_sync(kAll, (uint32_t)v, 1);
+  const uint32_t nhi = __shfl_down_sync(kAll, (uint32_t)(v >> 32), 1);
+  if (!valid) return;
+  if (st8) {
+    const int q = lane & 3;
+    if (q < 3) {
+      const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
+      *reinterpret_cast<uint64_t *>(p + (j - 8 * q) / 4 * 3 + 8 * q) =
+          (v >> (16 * q)) | (next << (48 - 16 * q));
+    }
+  } else {
+    for (int b = 0; b < 6; b++) p[j / 4 * 3 + b] = (uint8_t)(v >> (8 * b));
+  }
+}
+
+/* The CTAs per SM the quantize kernels' registers must allow: 6 (40 registers) keeps round to
+   nearest free of spills (8, 32 registers, spills); stochastic rounding, with its Philox
+   rounds, keeps 4. */
+#ifndef HQ_MX_MIN_BLOCKS
+#define HQ_MX_MIN_BLOCKS 6
+#endif
+#ifndef HQ_MX_MIN_BLOCKS_SR
+#define HQ_MX_MIN_BLOCKS_SR 4
+#endif
+template <int DT, int KIND, bool SR>
+__global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN_BLOCKS) quantize_kernel(const QArgs a) {
+  constexpr bool PK = DT != HQ_F32; /* 16-bit input: packed words, two elements each */
+  __shared__ __align__(16) uint32_t part[kWarps * kCols]; /* per-warp column maxima (bits) */
+  __shared__ __align__(16) float s_mult[kCols];            /* per-column fast multipliers */
+  __shared__ __align__(16) uint8_t s_code[kCols];          /* per-column scale codes */
+  __shared__ __align__(16) uint8_t s_fast[kCols];          /* per-column: fast form */
+  __shared__ __align__(16) uint32_t s_bits[SR ? 8 : 1][kCols]; /* per-column random words */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
+  const int64_t K = a.K;
+  const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
+                 bj = a.row_major ? blockIdx.x : blockIdx.y;
+  const int64_t i0 = (int64_t)bi * kBlk, j0 = (int64_t)bj * kCols;
+  const int64_t j = j0 + cg * 8;
+  const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
+  float x[2][8];
+  uint32_t w[2][4];
+#pragma unroll
+  for (int p = 0; p < 2; p++) {
+    const int64_t at = (i0 + r0 + 16 * p) * K + j;
+    if (PK) {
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (valid && a.vec) {
+        u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + at));
+      } else if (valid) {
+        const uint16_t *s = static_cast<const uint16_t *>(a.x) + at;
+        u = make_uint4(s[0] | (uint32_t)s[1] << 16, s[2] | (uint32_t)s[3] << 16,
+                       s[4] | (uint32_t)s[5] << 16, s[6] | (uint32_t)s[7] << 16);
+      }
+      w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
+    } else if (valid) {
+      hq_cuda_load8<HQ_F32>(a.x, at, a.vec, x[p]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
+    }
+  }
+
+  /* the column maxima's partial reduction first (its shared-memory round trip overlaps the
+     rowwise work): max |x| as bit patterns, a NaN kept (NaN-propagating packed maxima, whose
+     lanes' bits order like the values) */
+  if (a.cd) {
+    if (PK) {
+      uint32_t c[4];
+#pragma unroll
+      for (int h = 0; h < 4; h++) {
+        c[h] = hq_cuda_absmax2<DT, true>(w[0][h], w[1][h]);
+        c[h] = hq_cuda_absmax2<DT, true>(c[h], __shfl_xor_sync(kAll, c[h], 16));
+      }
+      if (lane < 16)
+        reinterpret_cast<uint4 *>(&part[warp * kCols])[cg] = make_uint4(c[0], c[1], c[2], c[3]);
+    } else {
+      uint32_t c[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        c[k] = max(hq_f32_bits(x[0][k]) & 0x7fffffffu, hq_f32_bits(x[1][k]) & 0x7fffffffu);
+        c[k] = max(c[k], __shfl_xor_sync(kAll, c[k], 16));
+      }
+      if (lane < 16) {
+        uint4 *d = reinterpret_cast<uint4 *>(&part[warp * kCols + cg * 8]);
+        d[0] = make_uint4(c[0], c[1], c[2], c[3]);
+        d[1] = make_uint4(c[4], c[5], c[6], c[7]);
+      }
+    }
+  }
+
+  if (a.rd) {
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      uint32_t am;
+      if (PK) {
+        const uint32_t mw = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
+        am = max(hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 0)), hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 1)));
+      } else {
+        am = 0u;
+#pragma unroll
+        for (int k = 0; k < 8; k++) am = max(am, hq_f32_bits(x[p][k]) & 0x7fffffffu);
+      }
+      am = max(am, __shfl_xor_sync(kAll, am, 1));
+      am = max(am, __shfl_xor_sync(kAll, am, 2));
+      const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
+      const int64_t row = i0 + r0 + 16 * p;
+      const int64_t si = hq_mx_scale_idx(0, row, j, K);
+      if (valid && (lane & 3) == 0) a.rs[si] = e;
+      const bool fast = SR ? am < 0x7f800000u && KIND == HQ_E2M1X2 : e != HQ_E8M0_NAN;
+      const float mu = !fast ? 0.0f
+                       : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                           : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+      uint2 rb = make_uint2(0u, 0u);
+      if (SR) { /* elements 8q .. 8q + 7 of the block: words 2q, 2q + 1 of its 8 */
+        const int q = lane & 3;
+        uint32_t bits[4];
+        hq_nvfp4_sr_bits_rk(a.rk, a.offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
+        rb = (q & 1) ? make_uint2(bits[2], bits[3]) : make_uint2(bits[0], bits[1]);
+      }
+      float y[8], m[8];
+      uint8_t ek[8];
+      elems8<DT, PK>(w[p], x[p], y);
+#pragma unroll
+      for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
+      const uint64_t v = encode8<KIND, SR>(y, m, ek, rb, fast, a.rule);
+      store_codes<KIND>(a.rd + row * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+    }
+  }
+  if (!a.cd) return; /* uniform over the CTA */
+  __syncthreads();
+  if (t < kCols) {
+    uint32_t am;
+    if (PK) {
+      uint32_t c = part[t >> 1];
+#pragma unroll
+      for (int v = 1; v < kWarps; v++) c = hq_cuda_absmax2<DT, true>(c, part[v * kCols + (t >> 1)]);
+      am = hq_f32_bits(hq_cuda_lane_abs<DT>(c, t & 1));
+    } else {
+      am = part[t];
+#pragma unroll
+      for (int v = 1; v < kWarps; v++) am = max(am, part[v * kCols + t]);
+    }
+    const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
+    const bool fast = SR ? am < 0x7f800000u && KIND == HQ_E2M1X2 : e != HQ_E8M0_NAN;
+    s_code[t] = e;
+    s_fast[t] = fast;
+    s_mult[t] = !fast ? 0.0f
+                : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                    : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+    const int64_t jc = j0 + t;
+    if (jc < K) {
+      const int64_t si = hq_mx_scale_idx(1, i0, jc, K);
+      a.cs[si] = e;
+      if (SR) {
+        uint32_t bits[8];
+        hq_mx_sr_bits(a.rk, a.offset, 1, (uint64_t)si, bits);
+#pragma unroll
+        for (int q = 0; q < 8; q++) s_bits[q][t] = bits[q];
+      }
+    }
+  }
+  __syncthreads();
+  float m[8];
+  uint8_t ek[8];
+  bool fast = true;
+  {
+    const float4 *s = reinterpret_cast<const float4 *>(&s_mult[cg * 8]);
+    const float4 u = s[0], v = s[1];
+    m[0] = u.x, m[1] = u.y, m[2] = u.z, m[3] = u.w, m[4] = v.x, m[5] = v.y, m[6] = v.z, m[7] = v.w;
+    const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
+    const uint2 f = *reinterpret_cast<const uint2 *>(&s_fast[cg * 8]);
+#pragma unroll
+    for (int k = 0; k < 8; k++) ek[k] = (uint8_t)((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
+    fast = (f.x & f.y) == 0x01010101u;
+  }
+#pragma unroll
+  for (int p = 0; p < 2; p++) {
+    const int r = r0 + 16 * p; /* the element's index in its column block */
+    uint2 rb = make_uint2(0u, 0u);
+    if (SR) { /* byte r % 4 of word r / 4 of each of the 8 columns */
+      const uint4 *s = reinterpret_cast<const uint4 *>(&s_bits[r >> 2][cg * 8]);
+      const uint4 u = s[0], v = s[1];
+      const uint32_t sel = (uint32_t)(r & 3);
+      const uint32_t b0 = __byte_perm(u.x, u.y, sel | (sel + 4) << 4);
+      const uint32_t b1 = __byte_perm(u.z, u.w, sel | (sel + 4) << 4);
+      const uint32_t b2 = __byte_perm(v.x, v.y, sel | (sel + 4) << 4);
+      const uint32_t b3 = __byte_perm(v.z, v.w, sel | (sel + 4) << 4);
+      rb = make_uint2(__byte_perm(b0, b1, 0x5410), __byte_perm(b2, b3, 0x5410));
+    }
+    float y[8];
+    elems8<DT, PK>(w[p], x[p], y);
+    const uint64_t v = encode8<KIND, SR>(y, m, ek, rb, fast, a.rule);
+    store_codes<KIND>(a.cd + (i0 + r) * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+  }
+}
+
+/* Dequantize: each thread turns a run of 16 consecutive elements of one row into the output,
+   x' = hq_mx_scaled(elem(q), e) (hq_mx_dequantize) with the element values from a table of the
+   64 (16) codes in shared memory and the run's scales read once; K % 32 == 0, so a run never
+   crosses a row or a rowwise block, and its columnwise scales are 16 consecutive bytes of one
+   scale row. SMALL (fewer than 2^32 runs): the run's row by a 32-bit division. vec: data 8-byte (FP4) / 4-byte (FP6), scales and destination 16-byte aligned. */
+template <int OT, int KIND, bool SMALL>
+__global__ void __launch_bounds__(256)
+    dequantize_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
+                      int colwise, void *__restrict__ dst, int64_t M, int64_t K, int vec) {
+  __shared__ float lut[64];
+  if (threadIdx.x < 64) lut[threadIdx.x] = hq_mx_elem_to_f32(threadIdx.x & (KIND == HQ_E2M1X2 ? 15u : 63u), KIND);
+  __syncthreads();
+  constexpr int bits = KIND == HQ_E2M1X2 ? 4 : 6;
+  const int64_t runs_per_row = K / 16, nrun = M * runs_per_row;
+  const int64_t rb = hq_mx_row_bytes(K, KIND);
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i, k0;
+    hq_cuda_row_col<SMALL>(g, runs_per_row, &i, &k0);
+    k0 *= 16;
+    const uint8_t *row = data + i * rb;
+    uint32_t cw[3];
+    if (KIND == HQ_E2M1X2) {
+      if (vec) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(row + k0 / 2));
+        cw[0] = u.x, cw[1] = u.y;
+      } else {
+        const uint8_t *s = row + k0 / 2;
+        cw[0] = s[0] | s[1] << 8 | s[2] << 16 | (uint32_t)s[3] << 24;
+        cw[1] = s[4] | s[5] << 8 | s[6] << 16 | (uint32_t)s[7] << 24;
+      }
+      cw[2] = 0u;
+    } else {
+      const uint8_t *s = row + k0 / 4 * 3;
+#pragma unroll
+      for (int h = 0; h < 3; h++)
+        cw[h] = vec ? __ldg(reinterpret_cast<const uint32_t *>(s) + h)
+                    : s[4 * h] | s[4 * h + 1] << 8 | s[4 * h + 2] << 16 | (uint32_t)s[4 * h + 3] << 24;
+    }
+    uint8_t e[16];
+    if (!colwise) {
+      const uint8_t r = scale[i * (K / kBlk) + k0 / kBlk];
+#pragma unroll
+      for (int k = 0; k < 16; k++) e[k] = r;
+    } else {
+      const uint8_t *s = scale + (i / kBlk) * K + k0;
+      if (vec) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(s));
+        const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 16; k++) e[k] = (uint8_t)(uw[k >> 2] >> (8 * (k & 3)));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 16; k++) e[k] = s[k];
+      }
+    }
+    float y[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+      const int b = bits * k; /* the code's first bit in the run's little-endian bit stream */
+      uint32_t c = cw[b >> 5] >> (b & 31);
+      if ((b & 31) + bits > 32) c |= cw[(b >> 5) + 1] << (32 - (b & 31));
+      y[k] = hq_mx_scaled(lut[c & ((1u << bits) - 1u)], e[k]);
+    }
+    const int64_t o = i * K + k0;
+    if (vec && OT == HQ_F32) {
+      uint4 *q = reinterpret_cast<uint4 *>(static_cast<float *>(dst) + o);
+#pragma unroll
+      for (int h = 0; h < 4; h++)
+        q[h] = make_uint4(hq_f32_bits(y[4 * h]), hq_f32_bits(y[4 * h + 1]),
+                          hq_f32_bits(y[4 * h + 2]), hq_f32_bits(y[4 * h + 3]));
+    } else if (vec) {
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const uint32_t lo = OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k]) : hq_f32_to_f16(y[2 * k]);
+        const uint32_t hi =
+            OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k + 1]) : hq_f32_to_f16(y[2 * k + 1]);
+        hw[k] = lo | hi << 16;
+      }
+      uint4 *q = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + o);
+      q[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      q[1] = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; k++) hq_store_hp(dst, o + k, OT, y[k]);
+    }
+  }
+}
+
+bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+template <int DT, int KIND>
+void launch_q(const QArgs &a, bool sr, dim3 grid, cudaStream_t s) {
+  if (sr)
+    quantize_kernel<DT, KIND, true><<<grid, kThreads, 0, s>>>(a);
+  else
+    quantize_kernel<DT, KIND, false><<<grid, kThreads, 0, s>>>(a);
+}
+
+template <int DT>
+void launch_q_dt(const QArgs &a, int kind, bool sr, dim3 grid, cudaStream_t s) {
+  if (kind == HQ_E2M1X2)
+    launch_q<DT, HQ_E2M1X2>(a, sr, grid, s);
+  else if (kind == HQ_E3M2X4)
+    launch_q<DT, HQ_E3M2X4>(a, sr, grid, s);
+  else
+    launch_q<DT, HQ_E2M3X4>(a, sr, grid, s);
+}
+
+template <int OT, int KIND>
+void launch_dq_k(unsigned blocks, cudaStream_t s, const uint8_t *data, const uint8_t *scale,
+                 int colwise, void *dst, int64_t M, int64_t K, int vec) {
+  if ((uint64_t)(M * (K / 16)) < ((uint64_t)1 << 32))
+    dequantize_kernel<OT, KIND, true><<<blocks, 256, 0, s>>>(data, scale, colwise, dst, M, K, vec);
+  else
+    dequantize_kernel<OT, KIND, false><<<blocks, 256, 0, s>>>(data, scale, colwise, dst, M, K, vec);
+}
+
+template <int OT>
+void launch_dq(int kind, unsigned blocks, cudaStream_t s, const uint8_t *data,
+               const uint8_t *scale, int colwise, void *dst, int64_t M, int64_t K, int vec) {
+  if (kind == HQ_E2M1X2)
+    launch_dq_k<OT, HQ_E2M1X2>(blocks, s, data, scale, colwise, dst, M, K, vec);
+  else if (kind == HQ_E3M2X4)
+    launch_dq_k<OT, HQ_E3M2X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
+  else
+    launch_dq_k<OT, HQ_E2M3X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
+}
 
 } // namespace
 
 extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_tensor *src) {
-  if (q->M * q->K == 0) return HQ_OK;
-  const QArgs a = {src->data, (int)src->dtype, (int)q->kind, q->rule, q->sr, q->seed, q->offset,
-                   q->M, q->K};
-  /* x: 32-row blocks (up to 2^31 - 1), y: column tiles (K up to 8M) */
-  const dim3 grid((unsigned)(q->M / HQ_MX_BLOCK), (unsigned)((q->K + kTileW - 1) / kTileW));
-  quantize_tile<<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(a, q->rd, q->rs, q->cd, q->cs);
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = q->M, K = q->K;
+  if (M * K == 0) return HQ_OK;
+  /* tiles: gx row blocks of 32, gy column blocks of 128; one of them must fit the grid's y
+     limit (65535) and the other its x limit (2^31 - 1) */
+  const int64_t gx = M / kBlk, gy = (K + kCols - 1) / kCols;
+  if (!(gx <= 65535 && gy <= 0x7fffffff) && !(gy <= 65535 && gx <= 0x7fffffff))
+    return call->host->error(HQ_ESHAPE, "mx CUDA: shape [%lld, %lld] exceeds the grid limits "
+                             "(rows <= %d or cols <= %d)", (long long)M, (long long)K,
+                             65535 * kBlk, 65535 * kCols);
+  QArgs a;
+  a.x = src->data;
+  a.M = M;
+  a.K = K;
+  a.rd = q->rd;
+  a.rs = q->rs;
+  a.cd = q->cd;
+  a.cs = q->cs;
+  a.rule = q->rule;
+  a.vec = aligned(src->data, 16);
+  a.st8 = aligned(q->rd, 8) && aligned(q->cd, 8);
+  a.offset = q->offset;
+  hq_nvfp4_sr_keys(q->seed, a.rk);
+  /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: the CTAs
+     running at once stream whole rows */
+  a.row_major = gx <= 65535;
+  const dim3 grid = a.row_major ? dim3((unsigned)gy, (unsigned)gx) : dim3((unsigned)gx, (unsigned)gy);
+  const int kind = (int)q->kind;
+  switch (src->dtype) {
+  case HQ_F32: launch_q_dt<HQ_F32>(a, kind, q->sr != 0, grid, stream); break;
+  case HQ_F16: launch_q_dt<HQ_F16>(a, kind, q->sr != 0, grid, stream); break;
+  case HQ_BF16: launch_q_dt<HQ_BF16>(a, kind, q->sr != 0, grid, stream); break;
+  default:
+    return call->host->error(HQ_EINVAL, "mx CUDA: source dtype %d", (int)src->dtype);
+  }
   CHECK_LAUNCH(call, "mx quantize");
   return HQ_OK;
 }
 
 extern "C" int mx_cuda_dequantize(const hq_call *call, const uint8_t *data, const uint8_t *scale,
                                   hq_dtype kind, int colwise, hq_tensor *dst) {
-  const int64_t M = dst->rows, K = dst->cols;
-  if (M * K == 0) return HQ_OK;
-  dequantize8<<<blocks_for(M * (K / 8)), 256, 0, (cudaStream_t)call->stream>>>(
-      data, scale, (int)kind, colwise, dst->data, (int)dst->dtype, M, K);
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = dst->rows, K = dst->cols, nrun = M * (K / 16);
+  if (nrun == 0) return HQ_OK;
+  int64_t blocks = (nrun + 255) / 256;
+  if (blocks > 132 * 64) blocks = 132 * 64;
+  const int vec = aligned(data, kind == HQ_E2M1X2 ? 8 : 4) && aligned(scale, 16) &&
+                  aligned(dst->data, 16);
+  switch (dst->dtype) {
+  case HQ_F32:
+    launch_dq<HQ_F32>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
+  case HQ_F16:
+    launch_dq<HQ_F16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
+  case HQ_BF16:
+    launch_dq<HQ_BF16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
+  default:
+    return call->host->error(HQ_EINVAL, "mx CUDA: destination dtype %d", (int)dst->dtype);
+  }
   CHECK_LAUNCH(call, "mx dequantize");
   return HQ_OK;
 }

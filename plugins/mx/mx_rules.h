@@ -65,6 +65,61 @@ HQ_HD float hq_mx_encode_mult(uint8_t e, int rule) {
   return hq_e8m0_quant_mult(e);
 }
 
+/* The fast forms of the RN cast that the CUDA kernels run, each the same code as hq_mx_cast(RN(x *
+   hq_mx_encode_mult(e, rule)), kind) for every block that is not a NaN block (e != 0xFF; a NaN
+   block takes hq_mx_cast itself). tests/test_mx_numerics.c checks them against hq_mx_cast.
+   E2M1: hq_mx_e2m1_biased(v) is hq_e2m1_biased_bits_lt7(|v|) saturated at code 7 (one
+     three-input min on the GPU): HQ_E2M1_BIAS_BITS + the code of |v| for every v not NaN (Inf
+     included), so that a kernel packs the biased codes, subtracts the bias once per word and
+     adds v's sign bits (bit 3 of each nibble is clear).
+   FP6: an FP8 type with as many mantissa bits and a wider exponent has the FP6 grid, subnormals
+     included, scaled by a power of two: E5M2 (bias 15) is E3M2 (bias 3) times 2^-12, E4M3
+     (bias 7) is E2M3 (bias 1) times 2^-6 -- same mantissa width, and the FP8 subnormal step
+     2^-16 / 2^-9 is the FP6 one (2^-4 / 2^-3) times that power. So the FP6 code of v is the FP8
+     code (RNE, satfinite) of v * 2^-12 / 2^-6 with its magnitude bits clipped at 31 (the FP8
+     exponent field then equals the FP6 one and the codes' low 5 bits coincide; beyond the FP6
+     maximum, Inf included, the FP8 code is larger and the clip saturates) and its sign moved
+     from bit 7 to bit 5. The power of two is folded into the multiplier (hq_mx_fp6_fp8_mult:
+     2^-139 .. 2^115, exact): RN(x * m * 2^-s) = RN(x * m) * 2^-s wherever the products are
+     normal FP32 numbers, and where either is not, |x * m| < 2^(-126 + s) lies far below half
+     the smallest FP6 step and both forms give a zero code with x's sign. */
+HQ_HD uint32_t hq_mx_e2m1_biased(float v) {
+#if defined(__CUDA_ARCH__)
+  const float y = fabsf(v);
+  return __vimin3_u32(hq_f32_bits(__fmaf_rn(y, 2.0f, HQ_E2M1_SUM1)),
+                      hq_f32_bits(__fadd_rn(y, HQ_E2M1_SUM2)), HQ_E2M1_SAT_BITS);
+#else
+  const uint32_t b = hq_e2m1_biased_bits_lt7(hq_fabs(v));
+  return b < HQ_E2M1_SAT_BITS ? b : HQ_E2M1_SAT_BITS;
+#endif
+}
+HQ_HD int hq_mx_fp6_fp8_elem(int kind) { return kind == HQ_E3M2X4 ? HQ_E5M2 : HQ_E4M3; }
+HQ_HD float hq_mx_fp6_fp8_mult(uint8_t e, int rule, int kind) {
+  return hq_mul_rn(hq_mx_encode_mult(e, rule), kind == HQ_E3M2X4 ? 0x1p-12f : 0x1p-6f);
+}
+/* Four FP8 codes (byte k) of the scaled values into their four FP6 codes (byte k). */
+HQ_HD uint32_t hq_mx_fp6_of_fp8x4(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __vminu4(w & 0x7f7f7f7fu, 0x1f1f1f1fu) | ((w >> 2) & 0x20202020u);
+#else
+  uint32_t r = 0;
+  for (int k = 0; k < 4; k++) {
+    const uint32_t b = (w >> (8 * k)) & 0xffu, m = b & 0x7fu;
+    r |= ((m < 31u ? m : 31u) | ((b >> 2) & 0x20u)) << (8 * k);
+  }
+  return r;
+#endif
+}
+/* The fast form's code of one value x of a block with scale code e != 0xFF. */
+HQ_HD uint32_t hq_mx_cast_fast(float x, uint8_t e, int kind, int rule) {
+  if (kind == HQ_E2M1X2) {
+    const float v = hq_mul_rn(x, hq_mx_encode_mult(e, rule));
+    return (hq_mx_e2m1_biased(v) - HQ_E2M1_BIAS_BITS) | ((hq_f32_bits(v) >> 28) & 8u);
+  }
+  const float u = hq_mul_rn(x, hq_mx_fp6_fp8_mult(e, rule, kind));
+  return hq_mx_fp6_of_fp8x4(hq_f32_to_fp8(u, hq_mx_fp6_fp8_elem(kind)));
+}
+
 /* One element, round to nearest even (saturating to +-max; NaN -> +max), or stochastically from
    the random byte r8. */
 HQ_HD uint32_t hq_mx_cast(float v, int kind) {
