@@ -153,6 +153,46 @@ static int all_ok(train_dist *d, int ok) {
   return all;
 }
 
+int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
+                           int64_t total, int64_t cols, float *full, char *err, size_t err_len) {
+  train_dist *d = m->cfg.dist;
+  const size_t fs = sizeof(float);
+  if (!d) {   /* one process holds every row */
+    if (hq_ctx_memcpy(m->ctx, full, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
+                      (size_t)(total * cols) * fs))
+      return fail(err, err_len, "copying to the host: %s", hq_last_error());
+    return 0;
+  }
+  /* MPI counts are ints: the checkpoint of a larger tensor needs a gather in pieces */
+  if (total * cols > INT32_MAX)
+    return fail(err, err_len, "a [%lld, %lld] tensor: more than %d elements cannot be gathered "
+                "in one MPI call", (long long)total, (long long)cols, INT32_MAX);
+  int counts[64], displs[64];
+  if (d->size > (int)(sizeof counts / sizeof *counts))
+    return fail(err, err_len, "%d ranks: at most %d", d->size, (int)(sizeof counts / sizeof *counts));
+  for (int r = 0; r < d->size; r++) {
+    int64_t f, n;
+    shard_of(total, d->size, r, &f, &n);
+    counts[r] = (int)(n * cols);
+    displs[r] = (int)(f * cols);
+  }
+  /* host staging: the shard may be device memory, MPI is given host buffers only */
+  float *h = malloc((size_t)(rows * cols) * fs + fs);
+  if (!h) return fail(err, err_len, "out of memory");
+  int rc = 0;
+  if (rows > 0 && hq_ctx_memcpy(m->ctx, h, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
+                                (size_t)(rows * cols) * fs))
+    rc = fail(err, err_len, "copying the shard to the host: %s", hq_last_error());
+  /* the gather runs even after a failed copy: the other ranks are in it */
+  const int mr = MPI_Gatherv(h, (int)(rows * cols), MPI_FLOAT, full, counts, displs, MPI_FLOAT, 0,
+                             d->comm);
+  free(h);
+  if (!rc && mr != MPI_SUCCESS) rc = mpi_fail(err, err_len, mr, "MPI_Gatherv");
+  return rc;
+}
+
+int train_dist_all_ok(train_dist *d, int ok) { return d ? all_ok(d, ok) : ok; }
+
 #else /* !HQ_HAVE_MPI */
 
 int train_dist_init(train_dist **out, char *err, size_t err_len) {
@@ -177,6 +217,15 @@ void train_dist_loss_grad(train_model *m) { (void)m; }
 static int all_ok(train_dist *d, int ok) {
   (void)d;
   return ok;
+}
+int train_dist_all_ok(train_dist *d, int ok) { return all_ok(d, ok); }
+int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
+                           int64_t total, int64_t cols, float *full, char *err, size_t err_len) {
+  (void)rows;
+  if (hq_ctx_memcpy(m->ctx, full, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
+                    (size_t)(total * cols) * sizeof(float)))
+    return fail(err, err_len, "copying to the host: %s", hq_last_error());
+  return 0;
 }
 
 #endif

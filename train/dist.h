@@ -61,6 +61,15 @@ void train_dist_wire(const struct train_model *m, uint64_t *gathered, uint64_t *
 /* hq_state_update of the scaling state, its amaxes max-reduced over the ranks first
    (hq_dist_state_update). */
 int train_dist_state_update(train_dist *d, hq_state *st, hq_ctx *ctx);
+/* Checkpoints (checkpoint.c) hold whole tensors, whatever the count of ranks that writes or
+   reads them. Collective: every rank's shard (its `rows` rows of a [total, cols] FP32 tensor, as
+   train_dist_shard splits it, in the model's device memory) lands in rank 0's host buffer full (total * cols floats;
+   ignored and may be NULL on the other ranks). */
+int train_dist_gather_rows(struct train_model *m, const float *shard, int64_t rows,
+                           int64_t total, int64_t cols, float *full, char *err, size_t err_len);
+/* Collective: 1 when ok is 1 on every rank (NULL d: ok). A rank that fails says why and the
+   others learn of it here, instead of waiting in the next collective. */
+int train_dist_all_ok(train_dist *d, int ok);
 /* The model's distributed state (shards' quantized weights, plans) freed. */
 void train_dist_model_free(struct train_model *m);
 

@@ -259,10 +259,10 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
                (long long)B, ranks, ranks);
       goto out;
     }
-    if (cfg->ckpt_path || cfg->resume_path || cfg->verify_resume || cfg->device != HQ_DEVICE_HOST) {
+    if (cfg->verify_resume || cfg->device != HQ_DEVICE_HOST) {
       snprintf(e, sizeof e, "across ranks (mpirun -np %d), hq train runs on the CPU without "
-               "checkpoints: --checkpoint, --resume, --verify-resume and --device cuda are not "
-               "supported there yet", ranks);
+               "--verify-resume: --verify-resume and --device cuda are not supported there yet",
+               ranks);
       goto out;
     }
   }
