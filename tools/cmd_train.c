@@ -1147,7 +1147,7 @@ int hq_cmd_train(int argc, char **argv) {
   }
   char err[2048];
   train_dist *dist;   /* under mpirun: the ranks (docs/distributed.md) */
-  if (train_dist_init(&dist, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
+  if (train_dist_init(&dist, &cfg.device, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
   cfg.model.dist = dist;
   session s;
   memset(&s, 0, sizeof s);

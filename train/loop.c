@@ -259,10 +259,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
                (long long)B, ranks, ranks);
       goto out;
     }
-    if (cfg->verify_resume || cfg->device != HQ_DEVICE_HOST) {
-      snprintf(e, sizeof e, "across ranks (mpirun -np %d), hq train runs on the CPU without "
-               "--verify-resume: --verify-resume and --device cuda are not supported there yet",
-               ranks);
+    if (cfg->verify_resume) {
+      snprintf(e, sizeof e, "across ranks (mpirun -np %d), --verify-resume is not supported "
+               "yet", ranks);
       goto out;
     }
   }
