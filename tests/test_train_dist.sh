@@ -7,7 +7,8 @@
 # that would split a 128-row fp8_block tile and a batch that does not split are refused on every
 # rank; a checkpoint written by N ranks resumes with M (4 -> 2, 4 -> 1, 1 -> 4, 2 -> 4: the same
 # layout whatever N, the same count continuing byte for byte, another within 1e-4 of 1 rank, two
-# resumed runs bit-identical), and a corrupt or mismatched one is refused on every rank. Skips (77)
+# resumed runs bit-identical), and a corrupt or mismatched one is refused on every rank;
+# --device cuda where it cannot run is refused on every rank, saying why. Skips (77)
 # without mpirun, python3, or an hq built with MPI.
 set -u
 LC_ALL=C; export LC_ALL
@@ -96,6 +97,20 @@ refused_everywhere 2 "hq train: recipe 'fp8-block' ($conf/examples/fp8_block.ini
   train --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 --recipe "$conf/examples/fp8_block.ini"
 refused_everywhere 4 "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini), step 0: --batch 130 does not split across 4 ranks: give a multiple of 4" \
   train --data "$tmp/words.txt" --steps 2 --batch 130 --hidden 128 --layers 1 --recipe "$conf/examples/mxfp8.ini"
+# --device cuda across ranks where it cannot run (an hq without NCCL, a machine without GPUs):
+# refused on every rank, saying why (tests/test_train_dist_nccl.sh runs it where it can)
+rm -rf "$tmp/out"
+if timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np 2 "$hq" train --device cuda \
+     --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 \
+     --recipe "$conf/examples/mxfp8.ini" > "$tmp/o" 2> "$tmp/e"; then
+  echo "(--device cuda ran on 2 ranks here: GPUs present)"
+else
+  for r in 0 1; do
+    f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
+    [ -n "$f" ] && grep -q "^hq train: run by mpirun with 2 ranks and --device cuda, but this hq was built without NCCL\|^hq train: rank $r: --device cuda: no usable GPU\|^hq train: rank $r: --device cuda across ranks takes one GPU per rank" "$f" ||
+      { cat "$tmp/e" $f; fail "mpirun -np 2 hq train --device cuda: rank $r did not say why it cannot run"; }
+  done
+fi
 
 # checkpoints across rank counts (train/checkpoint.c): the file holds every tensor whole, so a
 # run saved at step 20 of 40 by N ranks resumes with M ranks. The same count continues
