@@ -7,7 +7,8 @@
 # that would split a 128-row fp8_block tile and a batch that does not split are refused on every
 # rank; a checkpoint written by N ranks resumes with M (4 -> 2, 4 -> 1, 1 -> 4, 2 -> 4: the same
 # layout whatever N, the same count continuing byte for byte, another within 1e-4 of 1 rank, two
-# resumed runs bit-identical), and a corrupt or mismatched one is refused on every rank;
+# resumed runs bit-identical; --verify-resume too), and a corrupt or mismatched one is refused on
+# every rank;
 # --device cuda where it cannot run is refused on every rank, saying why. Skips (77)
 # without mpirun, python3, or an hq built with MPI.
 set -u
@@ -163,6 +164,12 @@ if not abs(got - one) <= 1e-4: sys.exit("%s: the resumed run is not 1 rank'"'"'s
     fail "$from ranks resumed with $to"
 done
 cmp -s "$tmp/r4to2.st" "$tmp/r4to2b.st" || fail "4 ranks resumed with 2, twice: different final checkpoints"
+# --verify-resume across ranks: every rank reloads rank 0's mid-run file and continues bit for bit
+for np in 2 4; do
+  mpi $np verify$np --verify-resume --checkpoint-every 20
+  grep -q "^hq train: fp8-delayed-hybrid: resume verified: the checkpoint of step 20 reloaded into a fresh model gives bit-identical losses for steps 21..40 and a bit-identical final state$" "$tmp/verify$np.err" ||
+    { cat "$tmp/verify$np.err"; fail "-np $np --verify-resume"; }
+done
 
 # a corrupt or mismatched checkpoint is refused on every rank with the same message: one byte of
 # fc1's master (a sharded tensor: every rank reads it whole) flipped

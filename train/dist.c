@@ -458,6 +458,14 @@ int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
 
 int train_dist_all_ok(train_dist *d, int ok) { return d ? all_ok(d, ok) : ok; }
 
+int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err_len) {
+  if (!d) return 0;
+  if (n > INT32_MAX) return fail(err, err_len, "a string of %zu bytes to broadcast", n);
+  const int rc = MPI_Bcast(s, (int)n, MPI_CHAR, 0, d->comm);
+  s[n - 1] = '\0';
+  return rc == MPI_SUCCESS ? 0 : mpi_fail(err, err_len, rc, "MPI_Bcast");
+}
+
 #else /* !HQ_HAVE_MPI */
 
 int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
@@ -488,6 +496,10 @@ static int all_ok(train_dist *d, int ok) {
   return ok;
 }
 int train_dist_all_ok(train_dist *d, int ok) { return all_ok(d, ok); }
+int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err_len) {
+  (void)d, (void)s, (void)n, (void)err, (void)err_len;
+  return 0;
+}
 int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
                            int64_t total, int64_t cols, float *full, char *err, size_t err_len) {
   (void)rows;

@@ -73,6 +73,9 @@ int train_dist_state_update(train_dist *d, hq_state *st, hq_ctx *ctx);
    ignored and may be NULL on the other ranks). */
 int train_dist_gather_rows(struct train_model *m, const float *shard, int64_t rows,
                            int64_t total, int64_t cols, float *full, char *err, size_t err_len);
+/* Collective: rank 0's string s (a buffer of n bytes on every rank) copied to every rank (NULL d:
+   nothing). 0, or -1 with a message in err. */
+int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err_len);
 /* Collective: 1 when ok is 1 on every rank (NULL d: ok). A rank that fails says why and the
    others learn of it here, instead of waiting in the next collective. */
 int train_dist_all_ok(train_dist *d, int ok);
