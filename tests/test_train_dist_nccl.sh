@@ -1,11 +1,11 @@
 #!/bin/sh
 # test_train_dist_nccl.sh -- `mpirun -np N hq train --device cuda` (train/dist.c over NCCL, one
 # GPU per rank, docs/distributed.md). With one GPU: `mpirun -np 1` takes the NCCL path (a
-# communicator of one rank) and reaches one process's held-out loss within 1e-4, and more ranks
-# than GPUs are refused on every rank. With two GPUs or more, also: 2 ranks reach one GPU's
-# held-out loss within 1e-4 and two runs print the same losses to the last digit, the wire line,
-# and a checkpoint of 2 ranks resumes with 2 (the uninterrupted run's final file, byte for byte)
-# and with 1. Skips (77) without mpirun, python3, a GPU, or an hq built with CUDA, MPI and NCCL;
+# communicator of one rank) and reaches one process's held-out loss within 1e-4, its
+# --verify-resume continues bit for bit, and more ranks than GPUs are refused on every rank.
+# With two GPUs or more, also: 2 ranks reach one GPU's held-out loss within 1e-4 and two runs
+# print the same losses to the last digit, the wire line, and a checkpoint of 2 ranks resumes
+# with 2 (the uninterrupted run's final file, byte for byte) and with 1. Skips (77) without mpirun, python3, a GPU, or an hq built with CUDA, MPI and NCCL;
 # with one GPU it skips after the one-GPU part, saying so.
 set -u
 LC_ALL=C; export LC_ALL
@@ -59,6 +59,16 @@ timeout 600 "$mpirun" $flags -np 1 "$hq" $args > "$tmp/n1.json" 2> "$tmp/n1.err"
 grep -q "^hq train: 1 rank on GPUs through NCCL" "$tmp/n1.err" || { cat "$tmp/n1.err"; fail "-np 1 did not take the NCCL path"; }
 within "$tmp/r1.json" "$tmp/n1.json" "NCCL, 1 rank" || fail "-np 1: the held-out loss"
 
+# the checkpoints of the NCCL path (rank 0 gathers the shards through host memory): with one
+# rank, --verify-resume reloads mid-run and continues bit for bit
+ck="train --device cuda --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1
+    --recipe $conf/examples/fp8_delayed.ini --baseline none --json"
+# shellcheck disable=SC2086
+timeout 600 "$mpirun" $flags -np 1 "$hq" $ck --verify-resume > "$tmp/v1.json" 2> "$tmp/v1.err" ||
+  { cat "$tmp/v1.err"; fail "mpirun -np 1 hq train --device cuda --verify-resume"; }
+grep -q "^hq train: fp8-delayed-hybrid: resume verified: the checkpoint of step 20 reloaded" "$tmp/v1.err" ||
+  { cat "$tmp/v1.err"; fail "-np 1 --verify-resume on the NCCL path"; }
+
 # more ranks than GPUs: refused on every rank before any NCCL call
 np=$((gpus + 1))
 rm -rf "$tmp/out"
@@ -92,8 +102,6 @@ grep -q "^hq train: fp8-current-e4m3: 2 ranks: per step and rank, quantized weig
   { cat "$tmp/n2a.err"; fail "2 GPUs: the wire line of fp8_current"; }
 
 # checkpoints: saved by 2 GPUs at step 20 of 40, resumed with 2 (byte for byte) and with 1
-ck="train --device cuda --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1
-    --recipe $conf/examples/fp8_delayed.ini --baseline none --json"
 # shellcheck disable=SC2086
 timeout 600 "$mpirun" $flags -np 2 "$hq" $ck --checkpoint "$tmp/k2-{step}.st" --checkpoint-every 20 > "$tmp/c2.json" 2> "$tmp/c2.err" ||
   { cat "$tmp/c2.err"; fail "2 GPUs with --checkpoint"; }
