@@ -146,8 +146,7 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
   for (; !rc && k < 3; k++) {   /* the embedding first, then each layer: quantized weight,
                                    master, moments, bias */
     hq_tensor t = hq_tensor_2d(pl[k].full ? pl[k].full : pl[k].p, HQ_F32,
-                               pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows,
-                               pl[k].cols);
+                               pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows, pl[k].cols);
     rc = hq_ckpt_add_tensor(w, m->ctx, pl[k].name, &t);
   }
   for (int i = 0; !rc && i < m->n_lin; i++) {
@@ -156,8 +155,7 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
     rc = hq_ckpt_add_qtensor(w, m->ctx, name, m->lin[i].qw);
     for (int j = 0; !rc && j < 6; j++, k++) {
       hq_tensor t = hq_tensor_2d(pl[k].full ? pl[k].full : pl[k].p, HQ_F32,
-                               pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows,
-                                 pl[k].cols);
+                                 pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows, pl[k].cols);
       rc = hq_ckpt_add_tensor(w, m->ctx, pl[k].name, &t);
     }
   }
@@ -246,7 +244,7 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
     return rc;
   }
   /* across ranks: every sharded tensor gathered whole into rank 0's host memory, then rank 0
-     writes the file alone (through the same safe save), the same bytes one process writes; the
+     writes the file alone (through the same safe save), in the layout one process writes; the
      rest (embedding, biases, quantized weights, scaling state, curves) is the same on every
      rank */
   const int rank = train_dist_rank(dd);
@@ -269,7 +267,7 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
   for (int k = 0; k < n_pl; k++) {
     if (!pl[k].sharded) continue;
     char e[512];
-    if (train_dist_gather_rows((train_model *)m, pl[k].p, pl[k].held, pl[k].rows, pl[k].cols,
+    if (train_dist_gather_rows(m, pl[k].p, pl[k].held, pl[k].rows, pl[k].cols,
                                pl[k].full, e, sizeof e) && ok) {
       ok = 0;
       fail(err, err_len, "checkpoint %s: gathering %s: %s", path, pl[k].name, e);

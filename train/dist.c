@@ -418,7 +418,7 @@ static int all_ok(train_dist *d, int ok) {
   return all;
 }
 
-int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
+int train_dist_gather_rows(const train_model *m, const float *shard, int64_t rows,
                            int64_t total, int64_t cols, float *full, char *err, size_t err_len) {
   train_dist *d = m->cfg.dist;
   const size_t fs = sizeof(float);
@@ -500,7 +500,7 @@ int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err
   (void)d, (void)s, (void)n, (void)err, (void)err_len;
   return 0;
 }
-int train_dist_gather_rows(train_model *m, const float *shard, int64_t rows,
+int train_dist_gather_rows(const train_model *m, const float *shard, int64_t rows,
                            int64_t total, int64_t cols, float *full, char *err, size_t err_len) {
   (void)rows;
   if (hq_ctx_memcpy(m->ctx, full, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),

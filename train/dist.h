@@ -69,9 +69,10 @@ void train_dist_wire(const struct train_model *m, uint64_t *gathered, uint64_t *
 int train_dist_state_update(train_dist *d, hq_state *st, hq_ctx *ctx);
 /* Checkpoints (checkpoint.c) hold whole tensors, whatever the count of ranks that writes or
    reads them. Collective: every rank's shard (its `rows` rows of a [total, cols] FP32 tensor, as
-   train_dist_shard splits it, in the model's device memory) lands in rank 0's host buffer full (total * cols floats;
-   ignored and may be NULL on the other ranks). */
-int train_dist_gather_rows(struct train_model *m, const float *shard, int64_t rows,
+   train_dist_shard splits it, in the model's device memory) lands in rank 0's host buffer full
+   (total * cols floats; ignored and may be NULL on the other ranks). One process: the whole
+   tensor copied to full. 0, or -1 with a message in err. */
+int train_dist_gather_rows(const struct train_model *m, const float *shard, int64_t rows,
                            int64_t total, int64_t cols, float *full, char *err, size_t err_len);
 /* Collective: rank 0's string s (a buffer of n bytes on every rank) copied to every rank (NULL d:
    nothing). 0, or -1 with a message in err. */
