@@ -5,7 +5,12 @@
 # every recipe is 1 rank's within 1e-4 (same global batch, same seed) and two runs print the same
 # losses to the last digit; the bytes on the wire per step equal what the shapes give; a shard
 # that would split a 128-row fp8_block tile and a batch that does not split are refused on every
-# rank. Skips (77) without mpirun, python3, or an hq built with MPI.
+# rank; a checkpoint written by N ranks resumes with M (4 -> 2, 4 -> 1, 1 -> 4, 2 -> 4: the same
+# layout whatever N, the same count continuing byte for byte, another within 1e-4 of 1 rank, two
+# resumed runs bit-identical; --verify-resume too), and a corrupt or mismatched one is refused on
+# every rank;
+# --device cuda where it cannot run is refused on every rank, saying why. Skips (77)
+# without mpirun, python3, or an hq built with MPI.
 set -u
 LC_ALL=C; export LC_ALL
 hq=${HQ_BIN:?HQ_BIN is set by make check}
@@ -93,4 +98,112 @@ refused_everywhere 2 "hq train: recipe 'fp8-block' ($conf/examples/fp8_block.ini
   train --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 --recipe "$conf/examples/fp8_block.ini"
 refused_everywhere 4 "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini), step 0: --batch 130 does not split across 4 ranks: give a multiple of 4" \
   train --data "$tmp/words.txt" --steps 2 --batch 130 --hidden 128 --layers 1 --recipe "$conf/examples/mxfp8.ini"
+# --device cuda across ranks where it cannot run (an hq without NCCL, a machine without GPUs):
+# refused on every rank, saying why (tests/test_train_dist_nccl.sh runs it where it can)
+rm -rf "$tmp/out"
+if timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np 2 "$hq" train --device cuda \
+     --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 \
+     --recipe "$conf/examples/mxfp8.ini" > "$tmp/o" 2> "$tmp/e"; then
+  echo "(--device cuda ran on 2 ranks here: GPUs present)"
+else
+  for r in 0 1; do
+    f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
+    [ -n "$f" ] && grep -q "^hq train: run by mpirun with 2 ranks and --device cuda, but this hq was built without NCCL\|^hq train: rank $r: --device cuda: no usable GPU\|^hq train: rank $r: --device cuda across ranks takes one GPU per rank" "$f" ||
+      { cat "$tmp/e" $f; fail "mpirun -np 2 hq train --device cuda: rank $r did not say why it cannot run"; }
+  done
+fi
+
+# checkpoints across rank counts (train/checkpoint.c): the file holds every tensor whole, so a
+# run saved at step 20 of 40 by N ranks resumes with M ranks. The same count continues
+# bit-identically (the final checkpoint is the uninterrupted run's, byte for byte); another count
+# sums the gradients in another order, so its held-out loss is 1 rank's within 1e-4, and two
+# resumed runs are bit-identical. fp8_delayed: a scaling state (amax histories) and quantized
+# weights to carry over, besides the masters and moments.
+ck="train --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --log-every 10
+    --recipe $conf/examples/fp8_delayed.ini --baseline none --json"
+# mpi NP NAME ARGS...: mpirun -np NP hq $ck ARGS, the JSON in NAME.json
+mpi() {
+  np=$1 name=$2; shift 2
+  # shellcheck disable=SC2086
+  timeout 600 "$mpirun" $flags -np $np "$hq" $ck "$@" > "$tmp/$name.json" 2> "$tmp/$name.err" ||
+    { cat "$tmp/$name.err"; fail "mpirun -np $np hq $ck $*"; }
+}
+for np in 1 2 4; do
+  mpi $np full$np --checkpoint "$tmp/k$np-{step}.st" --checkpoint-every 20
+  [ -s "$tmp/k$np-20.st" ] && [ -s "$tmp/k$np-40.st" ] || fail "-np $np: no checkpoints written"
+done
+# the files of 1 and 4 ranks hold the same entries (names, dtypes, shapes) and metadata keys: the
+# layout does not depend on the count of ranks
+entries() {
+  python3 -c 'import json,struct,sys
+b = open(sys.argv[1], "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+for k in sorted(h):
+    print(k, sorted(h[k]) if k == "__metadata__" else (h[k]["dtype"], h[k]["shape"]))' "$1"
+}
+entries "$tmp/k1-20.st" > "$tmp/e1"
+entries "$tmp/k4-20.st" > "$tmp/e4"
+cmp -s "$tmp/e1" "$tmp/e4" || { diff "$tmp/e1" "$tmp/e4"; fail "the checkpoints of 1 and 4 ranks differ in layout"; }
+grep -q "^fc1.weight.master ('F32', \[128, 128\])$" "$tmp/e4" || { cat "$tmp/e4"; fail "no whole fc1 master"; }
+# the same count: the continuation is the uninterrupted run, byte for byte
+mpi 4 r4to4 --resume "$tmp/k4-20.st" --checkpoint "$tmp/r4to4.st"
+cmp -s "$tmp/r4to4.st" "$tmp/k4-40.st" || fail "4 ranks resumed with 4: the final checkpoint is not the uninterrupted run's"
+# eval_loss JSON: the held-out loss after the last step
+eval_loss() { python3 -c 'import json,sys; print("%.9g" % json.load(open(sys.argv[1]))["recipes"][0]["eval_loss"])' "$1"; }
+for pair in 4:2 4:1 1:4 2:4 4:2; do
+  from=${pair%:*} to=${pair#*:}
+  name=r${from}to$to
+  [ -e "$tmp/$name.st" ] && name=${name}b   # 4 -> 2 twice: the repeat
+  mpi "$to" "$name" --resume "$tmp/k$from-20.st" --checkpoint "$tmp/$name.st"
+  grep -q "resumed at step 20" "$tmp/$name.err" || { cat "$tmp/$name.err"; fail "$name: not resumed"; }
+  python3 -c 'import sys
+one, got = float(sys.argv[1]), float(sys.argv[2])
+print("%s: held-out loss %.9g, 1 rank uninterrupted %.9g, difference %.2g" % (sys.argv[3], got, one, abs(got - one)))
+if not abs(got - one) <= 1e-4: sys.exit("%s: the resumed run is not 1 rank'"'"'s within 1e-4" % sys.argv[3])' \
+    "$(eval_loss "$tmp/full1.json")" "$(eval_loss "$tmp/$name.json")" "$from ranks -> $to" ||
+    fail "$from ranks resumed with $to"
+done
+cmp -s "$tmp/r4to2.st" "$tmp/r4to2b.st" || fail "4 ranks resumed with 2, twice: different final checkpoints"
+# --verify-resume across ranks: every rank reloads rank 0's mid-run file and continues bit for bit
+for np in 2 4; do
+  mpi $np verify$np --verify-resume --checkpoint-every 20
+  grep -q "^hq train: fp8-delayed-hybrid: resume verified: the checkpoint of step 20 reloaded into a fresh model gives bit-identical losses for steps 21..40 and a bit-identical final state$" "$tmp/verify$np.err" ||
+    { cat "$tmp/verify$np.err"; fail "-np $np --verify-resume"; }
+done
+
+# a corrupt or mismatched checkpoint is refused on every rank with the same message: one byte of
+# fc1's master (a sharded tensor: every rank reads it whole) flipped
+python3 -c 'import json,struct,sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<Q", f.read(8))[0]
+e = json.loads(f.read(n))["fc1.weight.master"]["data_offsets"]
+f.seek(8 + n + e[0] + 4 * 128 * 100)   # row 100: rank 3 of 4 holds it, rank 0 of 2 does not
+b = f.read(1)
+f.seek(-1, 1)
+f.write(bytes([b[0] ^ 0x40]))' "$tmp/k4-20.st" || fail "corrupting a checkpoint"
+ckr="train --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --baseline none"
+# refused_saying NP TEXT ARGS...: refused, and every rank's stderr has one line holding TEXT
+refused_saying() {
+  np=$1 msg=$2; shift 2
+  rm -rf "$tmp/out"
+  # shellcheck disable=SC2086
+  timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np $np "$hq" "$@" > "$tmp/o" 2> "$tmp/e" &&
+    fail "mpirun -np $np hq $*: not refused"
+  r=0
+  while [ $r -lt $np ]; do
+    f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
+    [ -n "$f" ] && [ "$(grep -cF -- "$msg" "$f")" -eq 1 ] ||
+      { cat "$tmp/e" $f; fail "mpirun -np $np hq $*: rank $r did not say '$msg'"; }
+    r=$((r + 1))
+  done
+}
+# shellcheck disable=SC2086
+refused_saying 2 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini): --resume: hq_ckpt_load_tensor 'fc1.weight.master': checkpoint $tmp/k4-20.st: entry 'fc1.weight.master' is corrupt: " \
+  $ckr --recipe "$conf/examples/fp8_delayed.ini" --resume "$tmp/k4-20.st"
+# shellcheck disable=SC2086
+refused_everywhere 4 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini): --resume $tmp/k2-20.st: model.hidden differs: the checkpoint has model.hidden = 128, this run 64 (--hidden)" \
+  $ckr --recipe "$conf/examples/fp8_delayed.ini" --resume "$tmp/k2-20.st" --hidden 64
+# shellcheck disable=SC2086
+refused_everywhere 2 "hq train: recipe 'fp8-current-e4m3' ($conf/examples/fp8_current.ini): --resume $tmp/k4-40.st: the checkpoint was written with recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini); this run's recipe is 'fp8-current-e4m3' ($conf/examples/fp8_current.ini)" \
+  $ckr --recipe "$conf/examples/fp8_current.ini" --resume "$tmp/k4-40.st" --steps 60
 echo "PASS"

@@ -42,7 +42,8 @@ static const char usage[] =
     "See docs/training.md.\n"
     "\n"
     "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
-    "  --device D        cpu (default) or cuda\n"
+    "  --device D        cpu (default) or cuda (under mpirun -np N: one GPU per rank, the\n"
+    "                    local rank's, through NCCL; docs/distributed.md)\n"
     "  --steps N         optimizer steps per recipe (default 1000)\n"
     "  --batch B         sequences per step (default 256; a multiple of 128 suits every format)\n"
     "  --seed S          data split, data order, initial weights, stochastic rounding (default 1)\n"
@@ -1154,7 +1155,7 @@ int hq_cmd_train(int argc, char **argv) {
   }
   char err[2048];
   train_dist *dist;   /* under mpirun: the ranks (docs/distributed.md) */
-  if (train_dist_init(&dist, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
+  if (train_dist_init(&dist, &cfg.device, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
   cfg.model.dist = dist;
   session s;
   memset(&s, 0, sizeof s);

@@ -17,6 +17,11 @@
 ** context's random stream: stochastic rounding), data_rng (the data order's generator), recipe,
 ** recipe_file, recipe_spec (the recipe's formats with resolved options and its role sections),
 ** model.* (the shape), lr, data, train_examples, eval_curve.
+**
+** Every tensor is whole, whatever the count of ranks (dist.h): across ranks rank 0 gathers the
+** sharded masters and moments and writes the file alone; on a resume every rank reads the file
+** (one machine, or a filesystem every rank sees) and keeps its rows. A file written by N ranks
+** resumes with any other count.
 */
 #include <errno.h>
 #include <inttypes.h>
@@ -81,11 +86,17 @@ char *train_recipe_spec(hq_recipe *r) {
   return buf;
 }
 
-/* The plain tensors of the model, in file order: name, pointer, rows, cols. */
+/* The plain tensors of the model, in file order: name, pointer, rows, cols. The file holds every
+   tensor whole; across ranks (dist.h) a weight's master and moments are sharded: p holds rows
+   [r0, r0 + held) of them (one process: all of them). full: a host copy of the whole tensor
+   (across ranks, rank 0's, gathered for the save), written instead of p. */
 typedef struct plain {
   char name[40];
   float *p;
   int64_t rows, cols;
+  int64_t r0, held;
+  int sharded;                               /* a weight's master or moment */
+  float *full;
 } plain;
 
 static int plain_list(const train_model *m, plain **out) {
@@ -94,9 +105,9 @@ static int plain_list(const train_model *m, plain **out) {
   if (!v) return -1;
   int k = 0;
   const int64_t E = m->cfg.embed;
-  v[k++] = (plain){"embedding", m->emb, TRAIN_VOCAB, E};
-  v[k++] = (plain){"embedding.adam_m", m->memb, TRAIN_VOCAB, E};
-  v[k++] = (plain){"embedding.adam_v", m->vemb, TRAIN_VOCAB, E};
+  v[k++] = (plain){"embedding", m->emb, TRAIN_VOCAB, E, 0, TRAIN_VOCAB, 0, NULL};
+  v[k++] = (plain){"embedding.adam_m", m->memb, TRAIN_VOCAB, E, 0, TRAIN_VOCAB, 0, NULL};
+  v[k++] = (plain){"embedding.adam_v", m->vemb, TRAIN_VOCAB, E, 0, TRAIN_VOCAB, 0, NULL};
   for (int i = 0; i < m->n_lin; i++) {
     const train_linear *l = &m->lin[i];
     struct {
@@ -111,6 +122,9 @@ static int plain_list(const train_model *m, plain **out) {
       v[k].p = t[j].p;
       v[k].rows = t[j].rows;
       v[k].cols = t[j].cols;
+      v[k].r0 = j < 3 ? l->r0 : 0;   /* the weight's rows are sharded, the bias is whole */
+      v[k].held = j < 3 ? l->rows : t[j].rows;
+      v[k].sharded = j < 3;
       k++;
     }
   }
@@ -118,25 +132,21 @@ static int plain_list(const train_model *m, plain **out) {
   return n;
 }
 
-int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_config *cfg,
-                          const train_data *d, uint64_t data_rng, const train_result *res,
-                          const char *path, char *err, size_t err_len) {
+/* The file, from the tensors in pl (the model's, or host copies of whole tensors). */
+static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
+                      const train_config *cfg, const train_data *d, uint64_t data_rng,
+                      const train_result *res, const char *path, char *err, size_t err_len) {
   hq_ckpt_writer *w = NULL;
-  plain *pl = NULL;
   char *spec = NULL, *curve_txt = NULL;
   float *curve = NULL;
   const int dev = hq_ctx_device(m->ctx);
   if (hq_ckpt_writer_open(path, &w)) return fail(err, err_len, "%s", hq_last_error());
   int rc = 0;
-  const int n_pl = plain_list(m, &pl);
-  if (n_pl < 0) {
-    hq_ckpt_writer_abort(w);
-    return fail(err, err_len, "checkpoint %s: out of memory", path);
-  }
   int k = 0;
   for (; !rc && k < 3; k++) {   /* the embedding first, then each layer: quantized weight,
                                    master, moments, bias */
-    hq_tensor t = hq_tensor_2d(pl[k].p, HQ_F32, dev, pl[k].rows, pl[k].cols);
+    hq_tensor t = hq_tensor_2d(pl[k].full ? pl[k].full : pl[k].p, HQ_F32,
+                               pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows, pl[k].cols);
     rc = hq_ckpt_add_tensor(w, m->ctx, pl[k].name, &t);
   }
   for (int i = 0; !rc && i < m->n_lin; i++) {
@@ -144,7 +154,8 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
     snprintf(name, sizeof name, "%s.weight", m->lin[i].name);
     rc = hq_ckpt_add_qtensor(w, m->ctx, name, m->lin[i].qw);
     for (int j = 0; !rc && j < 6; j++, k++) {
-      hq_tensor t = hq_tensor_2d(pl[k].p, HQ_F32, dev, pl[k].rows, pl[k].cols);
+      hq_tensor t = hq_tensor_2d(pl[k].full ? pl[k].full : pl[k].p, HQ_F32,
+                                 pl[k].full ? HQ_DEVICE_HOST : dev, pl[k].rows, pl[k].cols);
       rc = hq_ckpt_add_tensor(w, m->ctx, pl[k].name, &t);
     }
   }
@@ -159,7 +170,6 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
     curve = malloc((size_t)res->n_train_curve * sizeof *curve);
     if (!curve) {
       hq_ckpt_writer_abort(w);
-      free(pl);
       return fail(err, err_len, "checkpoint %s: out of memory", path);
     }
     for (int64_t s = 0; s < res->n_train_curve; s++) curve[s] = (float)res->train_curve[s].loss;
@@ -183,7 +193,6 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
   }
   if (!rc && (!spec || !curve_txt)) {
     hq_ckpt_writer_abort(w);
-    free(pl);
     free(curve);
     free(spec);
     free(curve_txt);
@@ -203,13 +212,13 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
   if (!rc) rc = meta(w, "model.hidden", "%d", m->cfg.hidden);
   if (!rc) rc = meta(w, "model.layers", "%d", m->cfg.layers);
   if (!rc) rc = meta(w, "model.act", "%s", act_name(m->cfg.act));
-  if (!rc) rc = meta(w, "model.batch", "%lld", (long long)m->cfg.batch);
+  /* the global batch: across ranks, m's is this rank's part of it */
+  if (!rc) rc = meta(w, "model.batch", "%lld", (long long)cfg->model.batch);
   if (!rc) rc = meta(w, "model.vocab_pad", "%d", m->cfg.vocab_pad);
   if (!rc) rc = meta(w, "lr", "%.9g", (double)cfg->lr);
   if (!rc) rc = meta(w, "train_examples", "%lld", (long long)d->n_train);
   if (!rc) rc = meta(w, "eval_examples", "%lld", (long long)d->n_eval);
   if (!rc) rc = hq_ckpt_add_meta(w, "eval_curve", curve_txt);
-  free(pl);
   free(curve);
   free(spec);
   free(curve_txt);
@@ -220,6 +229,60 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
   }
   if (hq_ckpt_writer_close(w)) return fail(err, err_len, "%s", hq_last_error());
   return 0;
+}
+
+int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_config *cfg,
+                          const train_data *d, uint64_t data_rng, const train_result *res,
+                          const char *path, char *err, size_t err_len) {
+  train_dist *dd = m->cfg.dist;
+  plain *pl = NULL;
+  const int n_pl = plain_list(m, &pl);
+  if (!dd) {
+    if (n_pl < 0) return fail(err, err_len, "checkpoint %s: out of memory", path);
+    const int rc = write_file(m, pl, recipe, cfg, d, data_rng, res, path, err, err_len);
+    free(pl);
+    return rc;
+  }
+  /* across ranks: every sharded tensor gathered whole into rank 0's host memory, then rank 0
+     writes the file alone (through the same safe save), in the layout one process writes; the
+     rest (embedding, biases, quantized weights, scaling state, curves) is the same on every
+     rank */
+  const int rank = train_dist_rank(dd);
+  int ok = n_pl >= 0;
+  if (!ok) fail(err, err_len, "checkpoint %s: out of memory", path);
+  for (int k = 0; ok && rank == 0 && k < n_pl; k++) {
+    if (!pl[k].sharded) continue;   /* a whole tensor: the same on every rank */
+    if (!(pl[k].full = malloc((size_t)(pl[k].rows * pl[k].cols) * sizeof(float)))) {
+      ok = 0;
+      fail(err, err_len, "checkpoint %s: out of memory for the gathered %s", path, pl[k].name);
+    }
+  }
+  if (!train_dist_all_ok(dd, ok)) {
+    if (ok) fail(err, err_len, "checkpoint %s: another rank ran out of memory (its message says "
+                 "which)", path);
+    ok = 0;
+    goto out;
+  }
+  /* every rank sees the same shapes, so every rank makes the same gathers in the same order */
+  for (int k = 0; k < n_pl; k++) {
+    if (!pl[k].sharded) continue;
+    char e[512];
+    if (train_dist_gather_rows(m, pl[k].p, pl[k].held, pl[k].rows, pl[k].cols,
+                               pl[k].full, e, sizeof e) && ok) {
+      ok = 0;
+      fail(err, err_len, "checkpoint %s: gathering %s: %s", path, pl[k].name, e);
+    }
+  }
+  if (ok && rank == 0 &&
+      write_file(m, pl, recipe, cfg, d, data_rng, res, path, err, err_len))
+    ok = 0;
+  if (!train_dist_all_ok(dd, ok) && ok)
+    fail(err, err_len, "checkpoint %s: rank 0 could not write it, or another rank could not send "
+         "its rows (that rank's message says why)", path);
+out:
+  for (int k = 0; pl && k < n_pl; k++) free(pl[k].full);
+  free(pl);
+  return ok ? 0 : -1;
 }
 
 /* A metadata value that must be present. */
@@ -270,7 +333,10 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
                                            strcmp(path, cfg->resume_path) == 0
                                        ? HQ_CKPT_NO_VERIFY
                                        : 0};
-  if (hq_ckpt_open_ex(path, &oo, &c)) return fail(err, err_len, "--resume: %s", hq_last_error());
+  if (hq_ckpt_open_ex(path, &oo, &c)) {
+    fail(err, err_len, "--resume: %s", hq_last_error());
+    goto out;
+  }
   const char *v;
   if (!hq_ckpt_meta(c, "hq_train")) {
     fail(err, err_len, "--resume %s: not a checkpoint of hq train (no 'hq_train' metadata)", path);
@@ -317,7 +383,7 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
               {"model.embed", "--embed", m->cfg.embed},
               {"model.hidden", "--hidden", m->cfg.hidden},
               {"model.layers", "--layers", m->cfg.layers},
-              {"model.batch", "--batch", (long long)m->cfg.batch},
+              {"model.batch", "--batch", (long long)cfg->model.batch},
               {"model.vocab_pad", "(the padded vocabulary)", m->cfg.vocab_pad},
               {"seed", "--seed", (long long)cfg->seed},
               {"train_examples", "--data (training examples)", (long long)d->n_train},
@@ -373,8 +439,29 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     goto out;
   }
   for (int k = 0; k < n_pl; k++) {
-    hq_tensor t = hq_tensor_2d(pl[k].p, HQ_F32, dev, pl[k].rows, pl[k].cols);
-    if (hq_ckpt_load_tensor(c, m->ctx, pl[k].name, &t)) {
+    if (pl[k].held == pl[k].rows) {
+      hq_tensor t = hq_tensor_2d(pl[k].p, HQ_F32, dev, pl[k].rows, pl[k].cols);
+      if (hq_ckpt_load_tensor(c, m->ctx, pl[k].name, &t)) {
+        fail(err, err_len, "--resume: %s", hq_last_error());
+        goto out;
+      }
+      continue;
+    }
+    /* across ranks: the whole tensor read on the host, this rank's rows kept (the file does not
+       depend on the count of ranks that wrote it) */
+    const size_t fs = sizeof(float);
+    float *h = malloc((size_t)(pl[k].rows * pl[k].cols) * fs);
+    if (!h) {
+      fail(err, err_len, "--resume %s: out of memory for %s", path, pl[k].name);
+      goto out;
+    }
+    hq_tensor t = hq_tensor_2d(h, HQ_F32, HQ_DEVICE_HOST, pl[k].rows, pl[k].cols);
+    int bad = hq_ckpt_load_tensor(c, m->ctx, pl[k].name, &t) ||
+              (pl[k].held > 0 &&
+               hq_ctx_memcpy(m->ctx, pl[k].p, dev, h + pl[k].r0 * pl[k].cols, HQ_DEVICE_HOST,
+                             (size_t)(pl[k].held * pl[k].cols) * fs));
+    free(h);
+    if (bad) {
       fail(err, err_len, "--resume: %s", hq_last_error());
       goto out;
     }
@@ -452,5 +539,11 @@ out:
   free(spec);
   free(curve);
   hq_ckpt_close(c);
+  /* across ranks every rank reads the file: all of them go on, or none (a rank that went on
+     alone would wait in the first step's collectives for the others) */
+  if (!train_dist_all_ok(m->cfg.dist, rc == 0) && rc == 0) {
+    rc = fail(err, err_len, "--resume %s: another rank could not load the checkpoint (its "
+              "message says why)", path);
+  }
   return rc;
 }

@@ -4,7 +4,9 @@
 ** are sharded by rows, each rank quantizes its shard (the per-tensor amax shared through
 ** hq_dist_amax), the quantized weight is all-gathered (hq_gather_run, one collective per layer),
 ** the weight gradients are reduce-scattered (FP32) and the global batch is split across the ranks
-** (data parallel). Host memory through Open MPI only (hq/dist.h's MPI backend).
+** (data parallel). On the CPU through Open MPI (hq/dist.h's MPI backend); on GPUs, one per
+** rank, through NCCL (its backend, and NCCL's reduce-scatter and all-reduce), bootstrapped by
+** MPI.
 **
 ** A NULL train_dist is one process: every function below then does what one rank alone does
 ** (nothing, or the local operation), so model.c and loop.c call them unconditionally.
@@ -21,11 +23,15 @@ typedef struct train_dist train_dist;
 struct train_model;
 struct train_linear;
 
-/* Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set and above 1): MPI_Init, the communicator
-   (hq_dist_mpi_create on MPI_COMM_WORLD) into *out, and on every rank but 0 stdout sent to
-   /dev/null (rank 0 alone prints the progress, the table and --json). Otherwise *out = NULL.
+/* Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set and above 1; with *device a GPU, 1 or
+   more): MPI_Init, the communicator into *out, and on every rank but 0 stdout sent to /dev/null
+   (rank 0 alone prints the progress, the table and --json). On the CPU the gathers go through
+   hq_dist_mpi_create on MPI_COMM_WORLD. With *device a GPU (--device cuda), each rank takes the
+   GPU of its local rank on its host (*device set to it; refused when the host has fewer GPUs
+   than ranks), and every collective on device memory goes through one NCCL communicator
+   bootstrapped over MPI (hq_dist_nccl_create for the gathers). Otherwise *out = NULL.
    Returns 0, or -1 with a message in err. */
-int train_dist_init(train_dist **out, char *err, size_t err_len);
+int train_dist_init(train_dist **out, int *device, char *err, size_t err_len);
 /* hq_dist_free and MPI_Finalize (NULL: nothing). */
 void train_dist_end(train_dist *d);
 int train_dist_rank(const train_dist *d);   /* 0 for NULL */
@@ -47,10 +53,10 @@ int train_dist_quantize(struct train_model *m, hq_quantizer *q, const hq_tensor 
 int train_dist_weight(struct train_model *m, struct train_linear *l, int first, char *err,
                       size_t err_len);
 /* Before the backward pass: the loss gradient (the mean over this rank's part of the batch)
-   divided by the ranks, so that every gradient is the global batch's mean's part, the values
+   divided by the ranks (0, or -1 with a message in err), so that every gradient is the global batch's mean's part, the values
    one process computes for these rows (exact for a power-of-two count of ranks): a delayed
    scale or a format's rounding then sees the same values. */
-void train_dist_loss_grad(struct train_model *m);
+int train_dist_loss_grad(struct train_model *m, char *err, size_t err_len);
 /* Before the optimizer step: every layer's weight gradient reduce-scattered (summed) into its
    shard (l->gws), the bias and embedding gradients all-reduced (summed). */
 int train_dist_grads(struct train_model *m, char *err, size_t err_len);
@@ -61,6 +67,19 @@ void train_dist_wire(const struct train_model *m, uint64_t *gathered, uint64_t *
 /* hq_state_update of the scaling state, its amaxes max-reduced over the ranks first
    (hq_dist_state_update). */
 int train_dist_state_update(train_dist *d, hq_state *st, hq_ctx *ctx);
+/* Checkpoints (checkpoint.c) hold whole tensors, whatever the count of ranks that writes or
+   reads them. Collective: every rank's shard (its `rows` rows of a [total, cols] FP32 tensor, as
+   train_dist_shard splits it, in the model's device memory) lands in rank 0's host buffer full
+   (total * cols floats; ignored and may be NULL on the other ranks). One process: the whole
+   tensor copied to full. 0, or -1 with a message in err. */
+int train_dist_gather_rows(const struct train_model *m, const float *shard, int64_t rows,
+                           int64_t total, int64_t cols, float *full, char *err, size_t err_len);
+/* Collective: rank 0's string s (a buffer of n bytes on every rank) copied to every rank (NULL d:
+   nothing). 0, or -1 with a message in err. */
+int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err_len);
+/* Collective: 1 when ok is 1 on every rank (NULL d: ok). A rank that fails says why and the
+   others learn of it here, instead of waiting in the next collective. */
+int train_dist_all_ok(train_dist *d, int ok);
 /* The model's distributed state (shards' quantized weights, plans) freed. */
 void train_dist_model_free(struct train_model *m);
 

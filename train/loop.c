@@ -133,10 +133,12 @@ static int save(const train_model *m, hq_recipe *recipe, const train_config *cfg
 /* --verify-resume, second half: a fresh context and model from the checkpoint at_k, trained to
    the end; every step's loss must equal the uninterrupted run's (res->train_curve) and the final
    checkpoint (written without the eval curve, which the two runs do not share) must be the same
-   bytes as final_a. */
-static int verify(const train_config *cfg, const train_data *data, hq_recipe *recipe,
-                  const char *at_k, const char *final_a, const char *final_b, train_result *res,
-                  int32_t *x, int32_t *y, char *e, size_t n) {
+   bytes as final_a. Across ranks every rank runs it with its part of the batch (mc) and reads
+   the files rank 0 wrote. */
+static int verify(const train_config *cfg, const train_model_cfg *mc, const train_data *data,
+                  hq_recipe *recipe, const char *at_k, const char *final_a, const char *final_b,
+                  train_result *res, int32_t *x, int32_t *y, char *e, size_t n) {
+  const int64_t part = train_dist_rank(mc->dist) * mc->batch;   /* this rank's first row */
   hq_ctx *ctx = NULL;
   hq_ctx_desc desc;
   memset(&desc, 0, sizeof desc);
@@ -158,7 +160,7 @@ static int verify(const train_config *cfg, const train_data *data, hq_recipe *re
     snprintf(e, n, "creating the context: %s", hq_last_error());
     goto out;
   }
-  if (train_model_create(&m, &cfg->model, recipe, ctx, cfg->seed, e, n)) goto out;
+  if (train_model_create(&m, mc, recipe, ctx, cfg->seed, e, n)) goto out;
   uint64_t rng;
   if (train_checkpoint_load(&m, recipe, cfg, data, at_k, &rng, &r2, e, n)) goto out;
   res->verified = 1;
@@ -166,7 +168,8 @@ static int verify(const train_config *cfg, const train_data *data, hq_recipe *re
   for (int64_t step = m.step; step < cfg->steps; step++) {
     train_data_sample(data, &rng, cfg->model.batch, x, y);
     double loss;
-    if (train_step(&m, cfg, step, x, y, &loss, e, n)) goto out;
+    if (train_step(&m, cfg, step, x + part * cfg->model.context, y + part, &loss, e, n))
+      goto out;
     r2.train_curve[r2.n_train_curve++] = (train_point){step, loss};
     const double want = res->train_curve[step].loss;
     if (res->verified == 1 && memcmp(&loss, &want, sizeof loss) != 0) {
@@ -200,6 +203,11 @@ static int verify(const train_config *cfg, const train_data *data, hq_recipe *re
              k < 8 + hl ? "in the header (the metadata: step, random-stream offset, data "
                           "position, ...)"
                         : "in the tensors (masters, moments, quantized weights, scaling state)");
+  }
+  /* across ranks: every rank has read the files before rank 0 removes them */
+  if (!train_dist_all_ok(mc->dist, 1)) {
+    snprintf(e, n, "--verify-resume: another rank failed (its message says why)");
+    goto out;
   }
   rc = 0;
 out:
@@ -259,12 +267,6 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
                (long long)B, ranks, ranks);
       goto out;
     }
-    if (cfg->ckpt_path || cfg->resume_path || cfg->verify_resume || cfg->device != HQ_DEVICE_HOST) {
-      snprintf(e, sizeof e, "across ranks (mpirun -np %d), hq train runs on the CPU without "
-               "checkpoints: --checkpoint, --resume, --verify-resume and --device cuda are not "
-               "supported there yet", ranks);
-      goto out;
-    }
   }
   if (train_model_create(&m, &mc, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
   res->n_params = m.n_params;
@@ -303,12 +305,24 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       snprintf(e, sizeof e, "--verify-resume: at least two steps to train are needed");
       goto out;
     }
+    /* across ranks rank 0 makes the directory and writes the files in it; every rank reads
+       them (one machine, or a filesystem every rank sees) */
     const char *td = getenv("TMPDIR");
-    snprintf(vdir, sizeof vdir, "%s/hq-train-verify.XXXXXX", td && *td ? td : "/tmp");
-    if (!mkdtemp(vdir)) {
-      snprintf(e, sizeof e, "--verify-resume: a temporary directory %s: %s", vdir,
-               strerror(errno));
-      vdir[0] = '\0';
+    int made = 1;
+    if (rank == 0) {
+      snprintf(vdir, sizeof vdir, "%s/hq-train-verify.XXXXXX", td && *td ? td : "/tmp");
+      if (!mkdtemp(vdir)) {
+        snprintf(e, sizeof e, "--verify-resume: a temporary directory %s: %s", vdir,
+                 strerror(errno));
+        vdir[0] = '\0';
+        made = 0;
+      }
+    }
+    if (train_dist_bcast_str(cfg->model.dist, vdir, sizeof vdir, e, sizeof e)) goto out;
+    if (!vdir[0]) {
+      if (made)
+        snprintf(e, sizeof e, "--verify-resume: rank 0 could not make a temporary directory "
+                 "(its message says why)");
       goto out;
     }
     snprintf(v_k, sizeof v_k, "%s/step%lld.safetensors", vdir, (long long)verify_at);
@@ -405,7 +419,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     train_model_free(&m);   /* the second model needs no room beside the first */
     hq_ctx_destroy(ctx);
     ctx = NULL;
-    if (verify(cfg, data, recipe, v_k, v_a, v_b, res, x, y, e, sizeof e)) {
+    if (verify(cfg, &mc, data, recipe, v_k, v_a, v_b, res, x, y, e, sizeof e)) {
       snprintf(err, err_len, "recipe '%s', --verify-resume: %s", recipe_name, e);
       e[0] = '\0';
       rc = -2;
@@ -418,7 +432,7 @@ out:
     snprintf(err, err_len, "recipe '%s'%s%s%s, step %lld: %s", recipe_name,
              res->path[0] ? " (" : "", res->path, res->path[0] ? ")" : "", (long long)step, e);
   if (rc == -2) rc = -1;
-  if (vdir[0]) {
+  if (vdir[0] && train_dist_rank(cfg->model.dist) == 0) {
     remove(v_k);
     remove(v_a);
     remove(v_b);

@@ -432,7 +432,7 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   const int64_t B = c->batch;
   float *dy = m->dlogits;
   int next = 0;
-  train_dist_loss_grad(m);
+  if (train_dist_loss_grad(m, err, err_len)) return -1;
   for (int i = m->n_lin - 1; i >= 0; i--) {
     train_linear *l = &m->lin[i];
     if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
