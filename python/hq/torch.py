@@ -131,13 +131,20 @@ class _Slot:
     the weight's quantized copy with the parameter version it was made from, and the operands'
     qtensors of finished steps, updated in place by the next step of the same shape (no
     allocation, no Python object made per step)."""
-    __slots__ = ("ctx", "dev", "mod", "key", "q", "wq", "wver", "pool")
+    __slots__ = ("ctx", "dev", "key", "recipe", "name", "n_in", "n_out", "q", "wq", "wver",
+                 "pool")
 
     def __init__(self, mod, key):
         self.ctx = _context(key)
         self.dev = self.ctx.device
-        self.mod = mod
         self.key = key
+        # what the steps need of the module, not the module itself: a slot in the module's own
+        # dict must not make a reference cycle, or the kept qtensors would wait for the cyclic
+        # garbage collector when the module goes
+        self.recipe = mod.hq_recipe
+        self.name = mod.hq_name
+        self.n_in = mod.in_features
+        self.n_out = mod.out_features
         self.q = [None, None, None]       # input, grad_output, weight (made when first needed)
         self.wq = None
         self.wver = None
@@ -146,21 +153,19 @@ class _Slot:
     def quantizer(self, i):
         q = self.q[i]
         if q is None:
-            m = self.mod
-            role = ("linear", ("input", "grad_output", "weight")[i], m.hq_name)
-            q = self.q[i] = C.Quantizer(m.hq_recipe, role,
-                                        _state(m.hq_recipe, self.ctx, self.key))
+            role = ("linear", ("input", "grad_output", "weight")[i], self.name)
+            q = self.q[i] = C.Quantizer(self.recipe, role, _state(self.recipe, self.ctx, self.key))
         return q
 
     def closed(self):
         raise C.StateError("hq.torch.Linear %s: its context was closed during the step"
-                               % (self.mod.hq_name or "(unnamed)"))
+                               % (self.name or "(unnamed)"))
 
     def weight(self, w):
         """The weight's quantized copy, refreshed in place when the parameter has changed (the
         optimizer's step bumps its version)."""
         version = (w._version, w.data_ptr(), w.dtype)
-        if self.wver == version:
+        if self.wver == version and self.wq._p is not None:
             return self.wq
         if not w.is_contiguous():
             raise C.InvalidArgument("weight: not contiguous (strides %s)" % (w.stride(),),
@@ -200,7 +205,7 @@ def _failed(st, slot, i):
     step = _ffi.string(_lib.hqpy_failed_step()).decode()
     if step == "quantize":
         step = "quantize (%s)" % slot.quantizer(i).role
-    C._check(st, "%s of %s" % (step, slot.mod.hq_name or "hq.torch.Linear"))
+    C._check(st, "%s of %s" % (step, slot.name or "hq.torch.Linear"))
 
 
 def _bias(bias, dev):
@@ -262,12 +267,12 @@ class _LinearFn(torch.autograd.Function):
     def backward(fctx, dy):
         slot, qw, qx, kx, xs, x_dtype, w_dtype, b_dtype = fctx.hq
         fctx.hq = None
-        mod = slot.mod
+        n_in, n_out = slot.n_in, slot.n_out
         need_dx, need_dw, need_db = fctx.needs_input_grad[:3]
         if xs is not None and xs[0]._version != xs[1]:
             raise RuntimeError("hq.torch.Linear %s: its input was modified by an inplace "
                                "operation after the forward (version %d, now %d); the weight "
-                               "gradient needs it unchanged" % (mod.hq_name or "(unnamed)",
+                               "gradient needs it unchanged" % (slot.name or "(unnamed)",
                                                                 xs[1], xs[0]._version))
         if not dy.is_contiguous():
             dy = dy.contiguous()
@@ -277,22 +282,22 @@ class _LinearFn(torch.autograd.Function):
         dx = dw = db = None
         if need_dw and qx is None:
             raise C.StateError("hq.torch.Linear %s: a weight gradient was asked for, but the "
-                               "forward ran without one" % (mod.hq_name or "(unnamed)"))
+                               "forward ran without one" % (slot.name or "(unnamed)"))
         if dirs:
             rows = dy.shape[0]
             dydt = _HQ_DTYPE[dy.dtype]
-            k = (_GRAD, dydt, dirs, rows, mod.out_features)
+            k = (_GRAD, dydt, dirs, rows, n_out)
             io = _ffi.new("hqpy_io *")
             qdy = slot.take(k)
             if qdy is not None:
                 io.qt = qdy
             dxp = dwp = 0
             if need_dx:
-                dx = torch.empty(rows, mod.in_features, dtype=dy.dtype, device=dy.device)
+                dx = torch.empty(rows, n_in, dtype=dy.dtype, device=dy.device)
                 dxp = dx.data_ptr()
             if need_dw:
                 wt = w_dtype if w_dtype != torch.float16 else torch.float32
-                dw = torch.empty(mod.out_features, mod.in_features, dtype=wt, device=dy.device)
+                dw = torch.empty(n_out, n_in, dtype=wt, device=dy.device)
                 dwp = dw.data_ptr()
             q = slot.q[1] or slot.quantizer(1)
             cp = slot.ctx._p
@@ -300,8 +305,8 @@ class _LinearFn(torch.autograd.Function):
                 slot.closed()
             st = _lib.hqpy_linear_bwd(cp, q._p, io, dirs,
                                       dy.data_ptr(), dydt, slot.dev, rows,
-                                      mod.out_features, qw._p, qx if qx is not None else _NULL,
-                                      mod.in_features, dxp, dydt, dwp,
+                                      n_out, qw._p, qx if qx is not None else _NULL, n_in,
+                                      dxp, dydt, dwp,
                                       _HQ_DTYPE[dw.dtype] if dw is not None else _F32)
             aliased = False
             if qdy is None and io.qt != _NULL:

@@ -265,3 +265,28 @@ def test_cuda_steps_reuse_per_stream_bit_identical():
                 assert torch.equal(y, ry) and torch.equal(dx, rdx) and torch.equal(dw, rdw)
             ref.c.close()
     assert len(m._hq_slots) == 2
+
+
+def test_module_and_its_qtensors_go_without_the_cycle_collector():
+    import weakref
+    m = ht.Linear(64, 32, recipe=MX, name="cache.free")
+    _step(m, torch.randn(32, 64), torch.randn(32, 32))
+    kept = _pooled(m, 0)
+    assert kept
+    gone = weakref.ref(m)
+    del kept
+    gc.disable()
+    try:
+        del m                        # by reference count alone: no cycle through its slots
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_weight_copy_closed_by_the_caller_is_made_again():
+    m = ht.Linear(64, 32, recipe=MX, name="cache.wclose")
+    x = torch.randn(32, 64)
+    y = m(x).detach()
+    m.hq_weight().close()
+    assert torch.equal(m(x).detach(), y)
+    assert not m.hq_weight().closed
