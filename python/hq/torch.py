@@ -181,7 +181,12 @@ class _Slot:
 
     def take(self, k):
         lst = self.pool.get(k)
-        return lst.pop() if lst else None
+        if lst:
+            try:
+                return lst.pop()
+            except IndexError:   # emptied since the check by another thread (autograd's)
+                pass
+        return None
 
     def give(self, k, qt, aliased):
         """A qtensor whose step is over: kept for the next step of its shape, unless it borrows
@@ -192,7 +197,7 @@ class _Slot:
         lst = self.pool.get(k)
         if lst is None:
             if len(self.pool) >= _POOL_SHAPES:
-                for old in self.pool.pop(next(iter(self.pool))):
+                for old in self.pool.pop(next(iter(self.pool)), ()):
                     _ffi.release(old)
             lst = self.pool[k] = []
         if len(lst) < _POOL_DEPTH:
