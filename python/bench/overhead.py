@@ -8,9 +8,13 @@ te.Linear where it imports) on square problems N x N x N (tokens = in = out = N)
 Each row times one module's forward + backward (y = m(x); y.backward(dy)) with the input and
 the output gradient made beforehand, --warmup untimed iterations first, then --iters timed
 ones, each between CUDA events and synchronized (on the CPU: perf_counter). Columns: the median
-milliseconds, and the ratio to nn.Linear's median at the same N. hq runs twice: with the
-high-precision recipe (bf16 identity: the binding's own cost over the same kind of GEMM) and
-with each --recipe (default: the installed recipe.ini, MXFP8 forward / NVFP4 backward).
+milliseconds, and the ratio to nn.Linear's median at the same N; then the host time of a step
+(thread CPU time per step over --iters steps run back to back, synchronized once after them:
+the Python and C work of a step, which is what bounds a step where the GPU waits for it; where
+the GPU is the bound instead, it includes the wait for a full launch queue) and its ratio to
+nn.Linear's. hq runs twice: with the high-precision recipe (bf16 identity: the binding's own
+cost over the same kind of GEMM) and with each --recipe (default: the installed recipe.ini,
+MXFP8 forward / NVFP4 backward).
 """
 import argparse
 import os
@@ -28,9 +32,20 @@ HP = ("[recipe]\nname = bf16-identity\n[format hp]\nplugin = identity\ndtype = b
       "[role *:*:*]\nrowwise = hp\ncolumnwise = hp\n")
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def timeit(step, device, warmup, iters):
     for _ in range(warmup):
         step()
+    sync(device)
+    t = time.thread_time_ns()
+    for _ in range(iters):
+        step()
+    host_us = (time.thread_time_ns() - t) / iters / 1e3
+    sync(device)
     out = []
     for _ in range(iters):
         if device.type == "cuda":
@@ -46,7 +61,7 @@ def timeit(step, device, warmup, iters):
             t = time.perf_counter()
             step()
             out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
+    return statistics.median(out), host_us
 
 
 def fwd_bwd(m, x, dy, ctxmgr=None):
@@ -89,7 +104,10 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--no-te", action="store_true")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     dtype = getattr(torch, a.dtype)
     recipes = [("hq " + os.path.basename(r), hq.Recipe(r)) for r in (a.recipe or
@@ -100,7 +118,8 @@ def main():
              " (%s)" % torch.cuda.get_device_name(device) if device.type == "cuda" else "",
              a.dtype, a.iters, a.warmup))
     te_note = None
-    print("%6s  %-34s %10s %8s" % ("N", "module", "ms", "vs nn"))
+    print("%6s  %-34s %10s %8s %10s %8s" % ("N", "module", "ms", "vs nn", "host us",
+                                             "vs nn"))
     for n in [int(s) for s in a.sizes.split(",")]:
         torch.manual_seed(0)
         x = torch.randn(n, n, device=device, dtype=dtype, requires_grad=True)
@@ -116,12 +135,13 @@ def main():
         base = None
         for name, m, cm in rows:
             try:
-                ms = timeit(fwd_bwd(m, x, dy, cm), device, a.warmup, a.iters)
+                ms, host = timeit(fwd_bwd(m, x, dy, cm), device, a.warmup, a.iters)
             except Exception as e:  # noqa: BLE001 - report and go on with the next module
                 print("%6d  %-34s %s" % (n, name, "failed: %s" % str(e).splitlines()[0]))
                 continue
-            base = ms if base is None else base
-            print("%6d  %-34s %10.3f %7.2fx" % (n, name, ms, ms / base), flush=True)
+            base = (ms, host) if base is None else base
+            print("%6d  %-34s %10.3f %7.2fx %10.1f %7.2fx"
+                  % (n, name, ms, ms / base[0], host, host / base[1]), flush=True)
     if te_note:
         print("# " + te_note)
 

@@ -18,6 +18,21 @@ from cffi import FFI
 
 _HQ_HEADERS = ("hq.h", "plugin.h", "gemm_provider.h", "train.h", "adamw.h")
 _SOURCE = "#include <hq/train.h>\n#include <hq/adamw.h>\n"
+# hq.torch's per-call helpers (python/hq/_linear.c), compiled into the extension; their
+# declarations, the one part of the cdef written here, must match that file
+_LINEAR_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_linear.c")
+_LINEAR_CDEF = """
+typedef struct hqpy_io { hq_qtensor *qt; int aliased; } hqpy_io;
+static const char *hqpy_failed_step(void);
+static int hqpy_linear_fwd(hq_ctx *ctx, hq_quantizer *q, hqpy_io *io, uint32_t dirs,
+                           uintptr_t x, hq_dtype xdt, int32_t dev, int64_t tokens, int64_t in,
+                           const hq_qtensor *qw, uintptr_t bias, hq_dtype bdt, uintptr_t y,
+                           hq_dtype ydt, int64_t out);
+static int hqpy_linear_bwd(hq_ctx *ctx, hq_quantizer *q, hqpy_io *io, uint32_t dirs,
+                           uintptr_t dy, hq_dtype dydt, int32_t dev, int64_t tokens, int64_t out,
+                           const hq_qtensor *qw, const hq_qtensor *qx, int64_t in, uintptr_t dx,
+                           hq_dtype dxdt, uintptr_t dw, hq_dtype dwdt);
+"""
 
 
 def _pkg_config(*args):
@@ -207,11 +222,13 @@ def make_ffi():
     recipedir = _pkg_config("--variable=recipedir")
     recipedir = recipedir[0] if recipedir else ""
     ffi = FFI()
-    ffi.cdef(cdef + "static const char *const hq_py_recipedir;\n")
+    ffi.cdef(cdef + "static const char *const hq_py_recipedir;\n" + _LINEAR_CDEF)
     libdirs = _split_flags(libs, "-L")
+    with open(_LINEAR_C) as f:
+        linear = f.read()
     ffi.set_source(
         "hq._native", _SOURCE + "static const char *const hq_py_recipedir = %s;\n"
-        % _c_string(recipedir),
+        % _c_string(recipedir) + linear,
         include_dirs=_split_flags(cflags, "-I"),
         extra_compile_args=[f for f in cflags if not f.startswith("-I")],
         library_dirs=libdirs,
