@@ -9,7 +9,8 @@
 **
 **   - One cublasLtHandle per device, created on first use (under the mutex below) and destroyed
 **     at exit (or when libhqcore is unloaded).
-**   - The workspace (32 MiB: what cuBLASLt's Hopper kernels use) is the calling context's
+**   - The workspace (32 MiB: what cuBLASLt's Hopper kernels use, all of it offered to the
+**     heuristic; the alpha/beta slot below lies past it) is the calling context's
 **     (hqi_call_workspace): allocated through its allocator at its first GEMM, on its stream,
 **     freed by hq_ctx_destroy or hq_device_trim. Per context, not per device: two GEMMs running
 **     concurrently on two contexts' streams never share scratch, and there is no limit on the
@@ -32,7 +33,7 @@
 **     them overwritten under another thread's call.
 **   - alpha_factor: when a call gives per-tensor factors (device FP32 values: the NVFP4 global
 **     decode scales, the emulated path's FP8 scale_inv), alpha * f0 * f1 is computed on the
-**     device by a one-thread kernel, together with beta, into the last bytes of the stream's
+**     device by a one-thread kernel, together with beta, into the bytes past the stream's
 **     workspace (only that stream's work, in order, touches them: a matmul has read its alpha
 **     before the next call's kernel writes it; a stream without a workspace gets 8 bytes of
 **     stream-ordered call memory instead), and the matmul reads both with
@@ -259,17 +260,19 @@ int device_get(int device, dev_use *u) {
   return HQ_OK;
 }
 
-/* The last HQ_LT_AB_BYTES of a workspace hold its context's alpha/beta pair: only work on that
-   context's stream touches it, in stream order, so a matmul's alpha is never overwritten before
-   the matmul has read it. */
+/* HQ_LT_AB_BYTES past the workspace cuBLASLt gets hold the context's alpha/beta pair: only work
+   on that context's stream touches them, in stream order, so a matmul's alpha is never
+   overwritten before the matmul has read it. They come on top of HQ_LT_WORKSPACE, so that the
+   heuristic is offered the same workspace as a direct call with a 32 MiB workspace: offered a
+   few bytes less, it may choose another algorithm for the same problem. */
 #define HQ_LT_AB_BYTES 256
 int workspace_get(const hq_call *call, dev_use *u) {
   void *p = NULL;
-  int rc = hqi_call_workspace(call, HQ_LT_WORKSPACE, &p);
+  int rc = hqi_call_workspace(call, HQ_LT_WORKSPACE + HQ_LT_AB_BYTES, &p);
   if (rc) return rc;
   u->ws = p;
-  u->ws_bytes = p ? HQ_LT_WORKSPACE - HQ_LT_AB_BYTES : 0;
-  u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE - HQ_LT_AB_BYTES) : NULL;
+  u->ws_bytes = p ? HQ_LT_WORKSPACE : 0;
+  u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE) : NULL;
   return HQ_OK;
 }
 
