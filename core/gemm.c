@@ -199,7 +199,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
 
   p->kind.struct_size = sizeof p->kind;
   p->kind.flags = p->args.flags & (HQ_GEMM_FORCE_EMULATED | HQ_GEMM_FUSED_ALWAYS |
-                                   HQ_GEMM_NO_FUSED);
+                                   HQ_GEMM_NO_FUSED | HQ_GEMM_FAST_ACCUM);
   p->kind.device = ctx->device;
   p->kind.arch = ctx->arch;
   p->kind.a = p->a.kind;

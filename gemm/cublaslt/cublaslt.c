@@ -22,7 +22,8 @@
 ** taken with the flag flipped. The per-tensor FP8, FP8-block and FP4 modes take only "TN" (both
 ** operands k-contiguous), which the hq layouts give; the block-scaled MXFP8 mode takes every
 ** flag. Accumulation is cuBLASLt's split FP32 accumulator (no fast accumulation): block scaling
-** requires it, and it keeps per-tensor FP8 as exact as the emulated path.
+** requires it, and it keeps per-tensor FP8 as exact as the emulated path. Per-tensor FP8 takes
+** cuBLASLt's fast accumulation when the caller sets HQ_GEMM_FAST_ACCUM.
 **
 ** accepts() decides from the descriptors, the flags and the architecture; run() checks what
 ** depends on the problem -- non-empty sizes, the multiples cuBLASLt's FP8 kernels need (k % 16,
@@ -270,7 +271,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   mm.ldd = r->m;
   mm.bias = r->bias;
   mm.bias_dtype = r->bias_dtype;
-  mm.fast_accum = 0;
+  /* the split accumulator unless the caller asks otherwise: block scaling needs it */
+  mm.fast_accum = mode == HQ_SCALE_TENSOR_F32 && (k->flags & HQ_GEMM_FAST_ACCUM);
   mm.what = what;
   r->path = HQ_GEMM_PATH_NATIVE;
   /* A per-tensor scale IS the operand's factor (its raw values are the bare codes); a block

@@ -726,8 +726,10 @@ static inline hq_operand hq_operand_hp(const hq_tensor *t) {
 
 /* The paths (HQ_GEMM_PATH_*) and the flags below (HQ_GEMM_FORCE_EMULATED: only the plain
    emulated path, for tests and comparisons; HQ_GEMM_FUSED_ALWAYS: a fused path wherever it can
-   run, whatever the shape, still after a native one; HQ_GEMM_NO_FUSED: never a fused path) are
-   defined in hq/gemm_provider.h, which providers see too. */
+   run, whatever the shape, still after a native one; HQ_GEMM_NO_FUSED: never a fused path;
+   HQ_GEMM_FAST_ACCUM: cuBLASLt's fast accumulation for a native per-tensor FP8 GEMM, faster and
+   less exact than the default split FP32 accumulator) are defined in hq/gemm_provider.h, which
+   providers see too. */
 HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ...,
                                                           "fused-bf16" */
 
