@@ -137,6 +137,12 @@ typedef struct hq_gemm_run {
   /* --- written by run() --- */
   uint32_t path;                /* HQ_GEMM_PATH_* it took (or, in a query, would take) */
   uint32_t fused;               /* HQ_GEMM_PATH_FUSED_BF16: 1 = A read as codes, 2 = B; else 0 */
+  /* --- present when struct_size covers them (an older core: absent, check first) --- */
+  float *amax_d;                /* NULL, or where max |D| of the stored result goes (call->device
+                                   memory, hq_gemm_args.amax_d): a provider whose GEMM produces
+                                   it (an epilogue) writes it there and sets amax_done; otherwise
+                                   the core makes it with one pass over D after run() */
+  uint32_t amax_done;           /* written by run(): 1 when it wrote *amax_d */
 } hq_gemm_run;
 
 /* host->raw(): fold an operand's per-tensor factor into a running product while dequantizing
