@@ -46,7 +46,8 @@
 **   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (zeroed first; for a BF16 D rounded to
 **     BF16 by a one-thread kernel, so that it is the largest stored |D|), in a DIRECT plan the
 **     heuristic was asked for with the epilogue; where it has none for the problem (or the plan
-**     is SPLIT) *amax_done stays 0 and the caller reads D for it.
+**     is SPLIT, or cublasLtMatmul refuses the epilogue the heuristic offered: then that key's
+**     calls run without it) *amax_done stays 0 and the caller reads D for it.
 **   - What cuBLASLt refuses in the epilogue -- it takes a bias only of D's dtype for BF16 / F16 /
 **     F32 inputs and only a BF16 bias for FP8 inputs, and F32 inputs only with an F32 D -- runs
 **     as a matmul into an F32 D (the caller's D, or an F32 temporary when D is BF16) followed by
@@ -212,6 +213,8 @@ struct plan {
   int no_algo;                     /* the heuristic returned no algorithm (status SUCCESS) */
   int mode;                        /* PLAN_* */
   int amax_epi;                    /* DIRECT with cuBLASLt's AMAX_D epilogue */
+  int amax_refused;                /* cublasLtMatmul refused the epilogue the heuristic offered:
+                                      calls of this key run as if no amax was asked */
   cublasComputeType_t compute;
   cublasLtMatmulAlgo_t algo;
 };
@@ -802,6 +805,14 @@ int scalars_for(scalars *sc, const hq_call *call, const hq_lt_matmul *mm, const 
 
 } // namespace
 
+/* mm without the amax epilogue (*amax_done stays 0). */
+static int without_amax(const hq_call *call, const hq_lt_matmul *mm) {
+  hq_lt_matmul plain = *mm;
+  plain.amax_d = nullptr;
+  plain.amax_done = nullptr;
+  return hqi_lt_matmul(call, &plain);
+}
+
 extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   if (!call || !mm_in)
     return hqi_error(HQ_EINVAL, "lt_matmul: NULL %s", call ? "matmul" : "call");
@@ -833,6 +844,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   dev_use u;
   plan pl;
   if ((rc = plan_for(call, mm, &key, &u, &pl)) || query) return rc;
+  if (pl.amax_refused) return without_amax(call, mm);
 
   /* SPLIT into a BF16 D: the product goes to an F32 temporary (beta 0); finish_kernel adds
      beta * D and the bias and rounds once */
@@ -871,6 +883,17 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
                         sc.beta, gd, (cublasLtMatrixLayout_t)&ds.d, gd,
                         (cublasLtMatrixLayout_t)&ds.d, &pl.algo, u.ws, u.ws_bytes,
                         (cudaStream_t)call->stream);
+  }
+  if (amax_d && unsupported(st)) {
+    /* the epilogue the heuristic offered is refused when the matmul is set up (nothing ran):
+       this key's calls run without it from now on, and the caller reads D for the amax */
+    pthread_mutex_lock(&g_mu);
+    plan *p = plan_find(&key, key_hash(&key));
+    if (p) p->amax_refused = 1;
+    pthread_mutex_unlock(&g_mu);
+    call_free(call, sc.owned);
+    call_free(call, tmp);
+    return without_amax(call, mm);
   }
   if (st != CUBLAS_STATUS_SUCCESS) {
     char desc[512];
