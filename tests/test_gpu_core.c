@@ -385,13 +385,18 @@ static void test_adam_and_nonfinite_on_device(void **state) {
    moments and write-back equal the CPU's, and the storage's amax is the max |w| of the new
    master computed here. The largest element sits last, so it lands in the last vector, in the
    tail of a size that is not a multiple of 4, or in the element-wise kernel when the masters are
-   not 16-byte aligned (offset by one float). Gradients of each dtype. */
+   not 16-byte aligned (offset by one float). Gradients of each dtype. mxfp8 and fp8_block (the
+   fused one-kernel write-back) on the same size, against the CPU as well. */
 static void test_adam_amax_large(void **state) {
   (void)state;
   static const char *fp8 = "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\n"
                            "columnwise = f\n";
   static const char *nvfp4 = "[format f]\nplugin = nvfp4\n[role *:*:*]\nrowwise = f\n"
                              "columnwise = f\n";
+  static const char *mxfp8 = "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\n"
+                             "columnwise = f\n";
+  static const char *fp8b = "[format f]\nplugin = fp8_block\n[role *:*:*]\nrowwise = f\n"
+                            "columnwise = f\n";
   const struct {
     const char *recipe;
     int64_t rows, cols;
@@ -400,6 +405,8 @@ static void test_adam_amax_large(void **state) {
   } cases[] = {
       {fp8, 1024, 2048, HQ_BF16, 0}, {fp8, 1023, 2049, HQ_F32, 0},
       {fp8, 1024, 2048, HQ_F16, 1},  {nvfp4, 1024, 2048, HQ_F16, 0},
+      /* the fused write-backs (one kernel, no amax) on the same sizes: many tiles per kernel */
+      {mxfp8, 1024, 2048, HQ_BF16, 0}, {fp8b, 1024, 2048, HQ_F32, 0},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     const int64_t R = cases[c].rows, C = cases[c].cols, n = R * C;
