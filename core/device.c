@@ -282,6 +282,10 @@ int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
   (void)stream; (void)data; (void)dtype; (void)n; (void)out;
   return no_cuda();
 }
+int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out) {
+  (void)stream; (void)data; (void)dtype; (void)n; (void)out;
+  return no_cuda();
+}
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes) {
   (void)stream; (void)dst; (void)dld; (void)src; (void)sld; (void)rows; (void)cols;

@@ -12,6 +12,7 @@
 */
 #include "config.h"
 #include "hq_internal.h"
+#include "hq/numerics.h" /* hq_load_hp */
 
 #include <math.h>
 #include <stdio.h>
@@ -199,7 +200,7 @@ static int prepare(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int tran
 
   p->kind.struct_size = sizeof p->kind;
   p->kind.flags = p->args.flags & (HQ_GEMM_FORCE_EMULATED | HQ_GEMM_FUSED_ALWAYS |
-                                   HQ_GEMM_NO_FUSED);
+                                   HQ_GEMM_NO_FUSED | HQ_GEMM_FAST_ACCUM);
   p->kind.device = ctx->device;
   p->kind.arch = ctx->arch;
   p->kind.a = p->a.kind;
@@ -397,11 +398,24 @@ static void run_init(const plan *p, hq_gemm_run *r, float alpha, float beta, uin
   r->alpha = alpha;
   r->beta = beta;
   r->what = p->what;
+  r->amax_d = p->args.amax_d;
+}
+
+/* hq_gemm_args.amax_d where the GEMM's epilogue did not make it: one pass over the stored D on
+   ctx's stream (a grid-stride kernel) or on the host, max |D| with NaN ignored. */
+static int amax_of_d(hq_ctx *ctx, const hq_tensor *d, float *out) {
+  const int64_t n = d->rows * d->cols;
+  if (ctx->device >= 0) return hqi_cuda_amax(ctx->stream, d->data, d->dtype, n, out);
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(hq_load_hp(d->data, i, d->dtype)));
+  *out = m;
+  return HQ_OK;
 }
 
 static void info_out(plan *p, const hq_gemm_run *r, hq_gemm_info *out) {
   p->info.path = r->path;
   p->info.fused = r->fused;
+  p->info.amax_fused = r->amax_done;
   if (r->path == HQ_GEMM_PATH_NATIVE) p->info.reason[0] = '\0'; /* why native was not taken */
   if (!out) return;
   uint32_t n = out->struct_size;
@@ -426,6 +440,8 @@ static int gemm_common(hq_ctx *ctx, hq_operand A, int transa, hq_operand B, int 
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   const hqi_fpenv fe = hqi_fp_enter();
   rc = dispatch(ctx, &p, &r);
+  if (!rc && r.amax_d && !r.amax_done && !(flags & HQ_GEMM_QUERY))
+    rc = amax_of_d(ctx, &p.d, r.amax_d);
   hqi_fp_leave(fe);
   hqi_device_leave(saved);
   if (rc) return rc;
@@ -460,7 +476,7 @@ int hq_linear_fprop(hq_ctx *ctx, hq_operand x, hq_operand w, const void *bias,
                     hq_dtype bias_dtype, hq_tensor *y, hq_gemm_info *info) {
   char what[160];
   snprintf(what, sizeof what, "fprop: weight %s, input %s", role_of(w), role_of(x));
-  hq_gemm_args a = {sizeof a, 0, bias, bias_dtype, 0, what};
+  hq_gemm_args a = {sizeof a, 0, bias, bias_dtype, 0, what, NULL};
   /* y[tokens, out] = x[tokens, in] * W[out, in]^T: A = W transposed (rowwise), B = x (rowwise) */
   return hq_gemm(ctx, w, 1, x, 0, y, 1.0f, 0.0f, &a, info);
 }
@@ -468,7 +484,7 @@ int hq_linear_fprop(hq_ctx *ctx, hq_operand x, hq_operand w, const void *bias,
 int hq_linear_dgrad(hq_ctx *ctx, hq_operand dy, hq_operand w, hq_tensor *dx, hq_gemm_info *info) {
   char what[160];
   snprintf(what, sizeof what, "dgrad: weight %s, grad_output %s", role_of(w), role_of(dy));
-  hq_gemm_args a = {sizeof a, 0, NULL, HQ_DTYPE_INVALID, 0, what};
+  hq_gemm_args a = {sizeof a, 0, NULL, HQ_DTYPE_INVALID, 0, what, NULL};
   /* dx[tokens, in] = dy[tokens, out] * W[out, in]: A = W (columnwise), B = dy (rowwise) */
   return hq_gemm(ctx, w, 0, dy, 0, dx, 1.0f, 0.0f, &a, info);
 }
@@ -477,7 +493,7 @@ int hq_linear_wgrad(hq_ctx *ctx, hq_operand x, hq_operand dy, hq_tensor *dw, int
                     hq_gemm_info *info) {
   char what[160];
   snprintf(what, sizeof what, "wgrad: input %s, grad_output %s", role_of(x), role_of(dy));
-  hq_gemm_args a = {sizeof a, 0, NULL, HQ_DTYPE_INVALID, 0, what};
+  hq_gemm_args a = {sizeof a, 0, NULL, HQ_DTYPE_INVALID, 0, what, NULL};
   /* dW[out, in] = dy^T * x: A = x (columnwise), B = dy transposed (columnwise) */
   return hq_gemm(ctx, x, 0, dy, 1, dw, 1.0f, accumulate ? 1.0f : 0.0f, &a, info);
 }

@@ -37,6 +37,9 @@ int hqi_call_workspace(const hq_call *call, size_t bytes, void **out);
 int hqi_cuda_convert(void *stream, void *dst, int dt, const void *src, int st, int64_t n);
 int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
                        unsigned long long *out);
+/* *out (device memory) = max |x| of the n elements of data (dtype HQ_F32, HQ_F16 or HQ_BF16),
+   NaN ignored; 0 for n = 0. */
+int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
 

@@ -2,8 +2,9 @@
 ** test_gemm.c -- hq_gemm on the host (the CPU path), against an F64 reference computed here from
 ** the operands' hq_dequantize outputs: high-precision operands with every transpose pair, alpha,
 ** beta, bias and a BF16 output; every stock format through the linear-layer helpers (fprop,
-** dgrad, wgrad); mixed pairs; the hybrid-equals-single-format bit identity; and the refusals
-** (missing direction, k mismatch, D shape, an RHT operand against a plain one).
+** dgrad, wgrad); mixed pairs; the hybrid-equals-single-format bit identity; the refusals
+** (missing direction, k mismatch, D shape, an RHT operand against a plain one); and max |D|
+** (hq_gemm_args.amax_d) against D itself.
 */
 #include <math.h>
 
@@ -73,7 +74,7 @@ static void test_hp_all_flags(void **state) {
         hq_tensor D = hq_test_tensor(dd ? HQ_BF16 : HQ_F32, n, m, 5, 1.0f);
         float *D0 = f32_of(&D), *fa = f32_of(&A);
         float bias[5] = {0.5f, -1.0f, 2.0f, 0.25f, -0.125f};
-        hq_gemm_args args = {sizeof args, 0, bias, HQ_F32, 0, "flags"};
+        hq_gemm_args args = {sizeof args, 0, bias, HQ_F32, 0, "flags", NULL};
         hq_gemm_info info = {.struct_size = sizeof info};
         HQ_OK_OR_FAIL(hq_gemm(g_ctx, hq_operand_hp(&A), ta, hq_operand_hp(&B), tb, &D, 0.75f,
                               0.5f, &args, &info));
@@ -246,6 +247,89 @@ static void test_formats_linear(void **state) {
     free(dw.data);
     free_layer(&L);
   }
+  hq_recipe_free(r);
+}
+
+/* hq_gemm_args.amax_d on the host: max |D| of the stored result, against the largest |D|
+   computed here from D itself, for F32 and BF16 outputs (with beta and a bias, so the epilogue's
+   terms count), high-precision and per-tensor FP8 operands; a NaN in D is ignored; a caller
+   whose struct_size predates the field gets nothing written; HQ_GEMM_FAST_ACCUM, which only the
+   native GPU path honours, leaves the CPU product bit for bit as it is. */
+static float max_abs_of(const hq_tensor *d) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < d->rows * d->cols; i++) {
+    const float v = fabsf(hq_load_hp(d->data, i, d->dtype));
+    if (v > m) m = v; /* a NaN compares false: ignored */
+  }
+  return m;
+}
+
+static void test_amax_d(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(k_recipe);
+  const int64_t m = 24, n = 40, k = 32;
+  hq_tensor A = hq_test_tensor(HQ_F32, m, k, 31, 1.0f), B = hq_test_tensor(HQ_F32, n, k, 32, 1.0f);
+  hq_store_hp(A.data, 5, HQ_F32, -40.0f); /* one large product, negative somewhere */
+  hq_qtensor *qa = quant(r, "linear:weight:fp8", &A), *qb = quant(r, "linear:input:fp8", &B);
+  float bias[24];
+  for (int i = 0; i < 24; i++) bias[i] = (float)(i - 12) * 0.5f;
+  for (int q = 0; q < 2; q++)
+    for (int dd = 0; dd < 2; dd++) {
+      hq_operand oa = q ? hq_operand_q(qa) : hq_operand_hp(&A);
+      hq_operand ob = q ? hq_operand_q(qb) : hq_operand_hp(&B);
+      hq_tensor D = hq_test_tensor(dd ? HQ_BF16 : HQ_F32, n, m, 33, 1.0f);
+      float amax = -1.0f;
+      hq_gemm_args args = HQ_GEMM_ARGS_INIT;
+      args.bias = bias;
+      args.bias_dtype = HQ_F32;
+      args.amax_d = &amax;
+      hq_gemm_info info = HQ_GEMM_INFO_INIT;
+      HQ_OK_OR_FAIL(hq_gemm(g_ctx, oa, 1, ob, 0, &D, 1.5f, 0.5f, &args, &info));
+      assert_int_equal(info.path, HQ_GEMM_PATH_CPU);
+      assert_int_equal(info.amax_fused, 0); /* the host has no epilogue: a pass over D */
+      const float want = max_abs_of(&D);
+      assert_true(want > 10.0f);
+      if (amax != want)
+        fail_msg("%s operands, D %s: amax_d %.9g, max |D| %.9g", q ? "fp8" : "f32",
+                 dd ? "bf16" : "f32", (double)amax, (double)want);
+      /* a NaN in D does not reach the amax; beta 0 leaves D's old values out */
+      hq_store_hp(D.data, 7, D.dtype, NAN);
+      HQ_OK_OR_FAIL(hq_gemm(g_ctx, oa, 1, ob, 0, &D, 1.0f, 0.0f, &args, &info));
+      hq_store_hp(D.data, 0, D.dtype, NAN);
+      const float want0 = max_abs_of(&D);
+      HQ_OK_OR_FAIL(hq_gemm(g_ctx, oa, 1, ob, 0, &D, 1.0f, 1.0f, &args, &info));
+      assert_true(isnan(hq_load_hp(D.data, 0, D.dtype)));
+      if (!(amax >= want0 && amax == max_abs_of(&D)))
+        fail_msg("with a NaN in D: amax_d %.9g, max |D| of the rest %.9g", (double)amax,
+                 (double)max_abs_of(&D));
+      free(D.data);
+    }
+  /* an older caller's struct (without amax_d): nothing written */
+  hq_tensor D = hq_test_empty(HQ_F32, n, m);
+  float untouched = -1.0f;
+  struct {
+    hq_gemm_args a;
+    float *beyond; /* where amax_d lies in the new layout, outside the caller's struct_size */
+  } old;
+  memset(&old, 0, sizeof old);
+  old.a.struct_size = (uint32_t)offsetof(hq_gemm_args, amax_d);
+  old.a.amax_d = &untouched; /* past struct_size: must not be read */
+  HQ_OK_OR_FAIL(hq_gemm(g_ctx, hq_operand_q(qa), 1, hq_operand_q(qb), 0, &D, 1.0f, 0.0f, &old.a,
+                        NULL));
+  assert_true(untouched == -1.0f);
+  /* HQ_GEMM_FAST_ACCUM: the CPU path computes the same bytes */
+  hq_tensor D2 = hq_test_empty(HQ_F32, n, m);
+  hq_gemm_args fast = HQ_GEMM_ARGS_INIT;
+  fast.flags = HQ_GEMM_FAST_ACCUM;
+  HQ_OK_OR_FAIL(hq_gemm(g_ctx, hq_operand_q(qa), 1, hq_operand_q(qb), 0, &D2, 1.0f, 0.0f, &fast,
+                        NULL));
+  assert_memory_equal(D.data, D2.data, (size_t)(n * m) * 4);
+  free(D.data);
+  free(D2.data);
+  hq_qtensor_free(qa);
+  hq_qtensor_free(qb);
+  free(A.data);
+  free(B.data);
   hq_recipe_free(r);
 }
 
@@ -430,6 +514,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_hp_and_accumulate),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_grouped),
+      cmocka_unit_test(test_amax_d),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

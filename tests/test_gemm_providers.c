@@ -232,7 +232,7 @@ static gemm_call gemm(hq_ctx *ctx, const hq_qtensor *a, int ta, const hq_qtensor
   gemm_call c;
   memset(&c.info, 0, sizeof c.info);
   c.info.struct_size = sizeof c.info;
-  hq_gemm_args args = {sizeof args, flags, NULL, HQ_F32, 0, NULL};
+  hq_gemm_args args = {sizeof args, flags, NULL, HQ_F32, 0, NULL, NULL};
   c.rc = hq_gemm(ctx, hq_operand_q(a), ta, hq_operand_q(b), tb, D, 0.5f, 0.0f, &args, &c.info);
   return c;
 }

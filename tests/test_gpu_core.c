@@ -380,6 +380,101 @@ static void test_adam_and_nonfinite_on_device(void **state) {
 }
 
 
+/* The unfused step's per-tensor amax over tensors larger than one sweep of the kernel's grid
+   (each CTA loops several times, so the CTAs' partial maxima have to be combined): the masters,
+   moments and write-back equal the CPU's, and the storage's amax is the max |w| of the new
+   master computed here. The largest element sits last, so it lands in the last vector, in the
+   tail of a size that is not a multiple of 4, or in the element-wise kernel when the masters are
+   not 16-byte aligned (offset by one float). Gradients of each dtype. mxfp8 and fp8_block (the
+   fused one-kernel write-back) on the same size, against the CPU as well. */
+static void test_adam_amax_large(void **state) {
+  (void)state;
+  static const char *fp8 = "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\n"
+                           "columnwise = f\n";
+  static const char *nvfp4 = "[format f]\nplugin = nvfp4\n[role *:*:*]\nrowwise = f\n"
+                             "columnwise = f\n";
+  static const char *mxfp8 = "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\n"
+                             "columnwise = f\n";
+  static const char *fp8b = "[format f]\nplugin = fp8_block\n[role *:*:*]\nrowwise = f\n"
+                            "columnwise = f\n";
+  const struct {
+    const char *recipe;
+    int64_t rows, cols;
+    hq_dtype gdt;
+    int offset; /* floats the master, m and v start past an aligned address */
+  } cases[] = {
+      {fp8, 1024, 2048, HQ_BF16, 0}, {fp8, 1023, 2049, HQ_F32, 0},
+      {fp8, 1024, 2048, HQ_F16, 1},  {nvfp4, 1024, 2048, HQ_F16, 0},
+      /* the fused write-backs (one kernel, no amax) on the same sizes: many tiles per kernel */
+      {mxfp8, 1024, 2048, HQ_BF16, 0}, {fp8b, 1024, 2048, HQ_F32, 0},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    const int64_t R = cases[c].rows, C = cases[c].cols, n = R * C;
+    const int off = cases[c].offset;
+    const size_t gsz = hq_dtype_size(cases[c].gdt);
+    hq_tensor g = hq_test_tensor(cases[c].gdt, R, C, 11 + c, 0.5f);
+    hq_tensor w = hq_test_tensor(HQ_F32, R, C, 21 + c, 0.1f);
+    ((float *)w.data)[n - 1] = -3.0f; /* the largest |w|, before and after the steps */
+    float *m = calloc(n, 4), *v = calloc(n, 4), *back = malloc(n * 4);
+    void *dg = to_device(g.data, n * gsz);
+    float *bw = NULL, *bm = NULL, *bv = NULL;
+    CK(cudaMalloc((void **)&bw, (n + 4) * 4));
+    CK(cudaMalloc((void **)&bm, (n + 4) * 4));
+    CK(cudaMalloc((void **)&bv, (n + 4) * 4));
+    float *dw = bw + off, *dm = bm + off, *dv = bv + off;
+    h2d(dw, w.data, n * 4);
+    h2d(dm, m, n * 4);
+    h2d(dv, v, n * 4);
+    hq_tensor gd = hq_tensor_2d(dg, cases[c].gdt, 0, R, C);
+    hq_tensor wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
+    hq_recipe *r = hq_test_recipe(cases[c].recipe);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_qtensor *qh = NULL, *qg = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+    for (int64_t t = 1; t <= 3; t++) {
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
+      HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
+      HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+    }
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, w.data, n * 4);
+    CK(cudaMemcpy(back, dm, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, m, n * 4);
+    CK(cudaMemcpy(back, dv, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, v, n * 4);
+    float want = 0.0f; /* max |w| of the new master, here */
+    for (int64_t i = 0; i < n; i++) {
+      const float a = fabsf(((const float *)w.data)[i]);
+      want = a > want ? a : want;
+    }
+    assert_true(want == fabsf(((const float *)w.data)[n - 1]));
+    if (cases[c].recipe == fp8) {
+      float got = 0.0f;
+      const hq_buffer *ab = hq_storage_role(hq_qtensor_storage(qg, HQ_ROWWISE), HQ_ROLE_AMAX);
+      assert_non_null(ab);
+      CK(cudaMemcpy(&got, ab->ptr, 4, cudaMemcpyDeviceToHost));
+      if (got != want)
+        fail_msg("case %zu: the write-back's amax %.9g, max |w| of the new master %.9g", c,
+                 (double)got, (double)want);
+    }
+    hq_qtensor *fresh = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &fresh));
+    char what[64];
+    snprintf(what, sizeof what, "large adam case %zu", c);
+    compare(fresh, qg, what);
+    compare(qh, qg, what);
+    hq_qtensor_free(fresh);
+    hq_qtensor_free(qh);
+    hq_qtensor_free(qg);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+    cudaFree(bw), cudaFree(bm), cudaFree(bv), cudaFree(dg);
+    free(g.data), free(w.data), free(m), free(v), free(back);
+  }
+}
+
 /* A quantized weight on another device than the context's cannot take the write-back:
    hq_adam_step refuses it before the step writes anything (hq/train.h), in both directions --
    a device weight with a host context (the CPU loop) and a host weight with a device context
@@ -699,6 +794,7 @@ int main(void) {
       cmocka_unit_test(test_current_device_restored),
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
+      cmocka_unit_test(test_adam_amax_large),
       cmocka_unit_test(test_adam_refuses_other_device),
       cmocka_unit_test(test_offload_round_trip),
       cmocka_unit_test(test_identity_conversions),

@@ -783,6 +783,93 @@ static void test_refusals(void **state) {
   hq_recipe_free(r);
 }
 
+/* hq_gemm_args.amax_d on the GPU, every path: the native per-tensor FP8 GEMM (D bf16 and f32,
+   split and fast accumulation, with bias and beta), the native plain BF16 GEMM of identity
+   storages, the emulated path (forced) and high-precision tensors. Each amax equals the largest
+   |D| of the stored result, computed here from D read back; hq_gemm_info.amax_fused says which
+   calls took it from cuBLASLt's epilogue (printed: cuBLASLt decides which problems have one). */
+static void test_amax_d(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe("[format f8]\nplugin = fp8_tensor\n[format bf]\nplugin = identity\n"
+                                "dtype = bf16\n[role linear:*:fp8]\nrowwise = f8\n"
+                                "columnwise = f8\n[role linear:*:bf]\nrowwise = bf\n"
+                                "columnwise = bf\n");
+  const int64_t m = 256, n = 384, k = 512;
+  hq_tensor ah = hq_test_tensor(HQ_BF16, m, k, 41, 1.0f), bh = hq_test_tensor(HQ_BF16, n, k, 42, 1.0f);
+  hq_store_hp(ah.data, 77, HQ_BF16, -24.0f);
+  hq_tensor ad = to_gpu(&ah), bd = to_gpu(&bh);
+  hq_quantizer *q8 = hq_test_quantizer(r, "linear:weight:fp8"),
+               *qb = hq_test_quantizer(r, "linear:weight:bf");
+  hq_qtensor *a8 = NULL, *b8 = NULL, *abf = NULL, *bbf = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q8, gpu, &ad, &a8));
+  HQ_OK_OR_FAIL(hq_quantize(q8, gpu, &bd, &b8));
+  HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &ad, &abf));
+  HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &bd, &bbf));
+  float biash[256];
+  for (int i = 0; i < 256; i++) biash[i] = (float)(i % 17) - 8.0f;
+  hq_tensor bias_h = hq_tensor_2d(biash, HQ_F32, HQ_DEVICE_HOST, 1, 256), bias_d = to_gpu(&bias_h);
+  float *amax_dev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, sizeof(float), (void **)&amax_dev));
+  const struct {
+    const char *what;
+    int ops;        /* 0 fp8_tensor, 1 identity bf16, 2 high-precision tensors */
+    hq_dtype dt;
+    uint32_t flags;
+    int bias_beta;
+  } cases[] = {
+      {"fp8 -> bf16", 0, HQ_BF16, 0, 0},
+      {"fp8 -> f32", 0, HQ_F32, 0, 0},
+      {"fp8 fast accum -> bf16", 0, HQ_BF16, HQ_GEMM_FAST_ACCUM, 0},
+      {"fp8 -> bf16, bias and beta", 0, HQ_BF16, 0, 1},
+      {"fp8 emulated -> bf16", 0, HQ_BF16, HQ_GEMM_FORCE_EMULATED, 0},
+      {"identity bf16 -> bf16", 1, HQ_BF16, 0, 0},
+      {"bf16 tensors -> f32, bias and beta", 2, HQ_F32, 0, 1},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    hq_operand oa = cases[c].ops == 0   ? hq_operand_q(a8)
+                    : cases[c].ops == 1 ? hq_operand_q(abf)
+                                        : hq_operand_hp(&ad);
+    hq_operand ob = cases[c].ops == 0   ? hq_operand_q(b8)
+                    : cases[c].ops == 1 ? hq_operand_q(bbf)
+                                        : hq_operand_hp(&bd);
+    hq_tensor dh = hq_test_tensor(cases[c].dt, n, m, 43, 4.0f), dd = to_gpu(&dh);
+    hq_gemm_args args = HQ_GEMM_ARGS_INIT;
+    args.flags = cases[c].flags;
+    args.amax_d = amax_dev;
+    if (cases[c].bias_beta) {
+      args.bias = bias_d.data;
+      args.bias_dtype = HQ_F32;
+    }
+    hq_gemm_info info = HQ_GEMM_INFO_INIT;
+    HQ_OK_OR_FAIL(hq_gemm(gpu, oa, 1, ob, 0, &dd, 0.5f, cases[c].bias_beta ? 0.75f : 0.0f, &args,
+                          &info));
+    hq_tensor back = to_host(&dd);
+    float got = -1.0f, want = 0.0f;
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, &got, HQ_DEVICE_HOST, amax_dev, hq_ctx_device(gpu), 4));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    for (int64_t i = 0; i < n * m; i++) {
+      const float v = fabsf(hq_load_hp(back.data, i, back.dtype));
+      if (v > want) want = v;
+    }
+    print_message("amax_d %-36s path %-14s provider %-9s amax_fused %u: %.9g\n", cases[c].what,
+                  hq_gemm_path_name(info.path), info.provider, info.amax_fused, (double)got);
+    if (got != want)
+      fail_msg("%s: amax_d %.9g, max |D| of the stored result %.9g (path %s, amax_fused %u)",
+               cases[c].what, (double)got, (double)want, hq_gemm_path_name(info.path),
+               info.amax_fused);
+    free(back.data);
+    free(dh.data);
+    hq_ctx_free(gpu, dd.data);
+  }
+  hq_ctx_free(gpu, amax_dev);
+  hq_ctx_free(gpu, bias_d.data);
+  hq_qtensor_free(a8), hq_qtensor_free(b8), hq_qtensor_free(abf), hq_qtensor_free(bbf);
+  hq_quantizer_free(q8), hq_quantizer_free(qb);
+  hq_ctx_free(gpu, ad.data), hq_ctx_free(gpu, bd.data);
+  free(ah.data), free(bh.data);
+  hq_recipe_free(r);
+}
+
 /* The fused test's two products of X [rows, K] (quantized) and the identity W [K, K] (BF16):
    out[0] through the fused path (HQ_GEMM_FUSED_ALWAYS), out[1] through the plain emulated one,
    as host F32 tensors (free .data). orient 0: D [K, rows] = X (A, T) x W (B, N), D(i, j) =
@@ -1019,6 +1106,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fused_exact),
       cmocka_unit_test(test_fused_nvfp4_exact),
+      cmocka_unit_test(test_amax_d),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,7 +3,8 @@
 ** identity format uses, and the emulated GEMM's operands: a device-to-device copy when the
 ** dtypes match, otherwise hq/numerics.h's integer rounding, the same code as the CPU path, so the
 ** bytes agree) and the 2-D transpose the FSDP protocol uses to move transposed copies M-major
-** and back. Everything runs on the caller's stream.
+** and back; max |x| of a GEMM's output (hq_gemm_args.amax_d, where the GEMM's own epilogue did
+** not make it). Everything runs on the caller's stream.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -140,6 +141,27 @@ void launch_transpose(void *dst, int64_t dld, const void *src, int64_t sld, int6
   transpose_kernel<T><<<grid, block, 0, s>>>((T *)dst, dld, (const T *)src, sld, rows, cols);
 }
 
+/* max |x| of n elements, NaN ignored (fmaxf is IEEE maxNum: a chain from 0 drops NaN operands),
+   one atomicMax per CTA on the bits (non-negative floats order like their bits); *out was
+   zeroed on the stream. */
+template <int DT>
+__global__ void __launch_bounds__(256) amax_kernel(const void *__restrict__ x, int64_t n,
+                                                   unsigned int *__restrict__ out) {
+  __shared__ float warp_max[8];
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    m = fmaxf(m, fabsf(hq_load_hp(x, i, DT)));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < 8 ? warp_max[threadIdx.x] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (threadIdx.x == 0 && m > 0.0f) atomicMax(out, __float_as_uint(m));
+  }
+}
+
 template <int DT>
 __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
                                  unsigned long long *__restrict__ out) {
@@ -173,6 +195,27 @@ extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int
   if (e != cudaSuccess)
     return hqi_error(HQ_EDEVICE, "%s:%d: non-finite count: %s", __FILE__, __LINE__,
                      cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+extern "C" int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out) {
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof *out, s);
+  if (e == cudaSuccess && n > 0) {
+    /* a grid-stride pass over at most 2048 CTAs: a few per SM, one atomic each */
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 2048) blocks = 2048;
+    unsigned int *o = reinterpret_cast<unsigned int *>(out);
+    if (dtype == HQ_F32) amax_kernel<HQ_F32><<<(unsigned)blocks, 256, 0, s>>>(data, n, o);
+    else if (dtype == HQ_F16) amax_kernel<HQ_F16><<<(unsigned)blocks, 256, 0, s>>>(data, n, o);
+    else amax_kernel<HQ_BF16><<<(unsigned)blocks, 256, 0, s>>>(data, n, o);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return hqi_error(HQ_EDEVICE, "%s:%d: amax of a GEMM's output: %s", __FILE__, __LINE__,
+                     cudaGetErrorString(e));
+  }
   return HQ_OK;
 }
 

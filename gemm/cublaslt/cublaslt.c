@@ -22,7 +22,8 @@
 ** taken with the flag flipped. The per-tensor FP8, FP8-block and FP4 modes take only "TN" (both
 ** operands k-contiguous), which the hq layouts give; the block-scaled MXFP8 mode takes every
 ** flag. Accumulation is cuBLASLt's split FP32 accumulator (no fast accumulation): block scaling
-** requires it, and it keeps per-tensor FP8 as exact as the emulated path.
+** requires it, and it keeps per-tensor FP8 as exact as the emulated path. Per-tensor FP8 takes
+** cuBLASLt's fast accumulation when the caller sets HQ_GEMM_FAST_ACCUM.
 **
 ** accepts() decides from the descriptors, the flags and the architecture; run() checks what
 ** depends on the problem -- non-empty sizes, the multiples cuBLASLt's FP8 kernels need (k % 16,
@@ -270,14 +271,23 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   mm.ldd = r->m;
   mm.bias = r->bias;
   mm.bias_dtype = r->bias_dtype;
-  mm.fast_accum = 0;
+  /* the split accumulator unless the caller asks otherwise: block scaling needs it */
+  mm.fast_accum = mode == HQ_SCALE_TENSOR_F32 && (k->flags & HQ_GEMM_FAST_ACCUM);
   mm.what = what;
+  /* max |D| from cuBLASLt's epilogue where it offers one; else the core makes it after */
+  int32_t amax_done = 0;
+  mm.amax_d = r->amax_d;
+  mm.amax_done = &amax_done;
   r->path = HQ_GEMM_PATH_NATIVE;
   /* A per-tensor scale IS the operand's factor (its raw values are the bare codes); a block
      mode's storage may add one (NVFP4's global scale), folded into alpha: alpha * fa * fb. */
   const int fa = mode != HQ_SCALE_TENSOR_F32 && (k->a.flags & HQ_GEMM_OP_FACTOR);
   const int fb = mode != HQ_SCALE_TENSOR_F32 && (k->b.flags & HQ_GEMM_OP_FACTOR);
-  if (!fa && !fb) return api->lt_matmul(call, &mm);
+  if (!fa && !fb) {
+    rc = api->lt_matmul(call, &mm);
+    r->amax_done = !rc && amax_done;
+    return rc;
+  }
   if (mm.flags & HQ_GEMM_QUERY) {
     /* nothing runs: the scale buffers stand in for the factors (device FP32 pointers) */
     mm.alpha_factor[0] = fa ? mm.a.scale : NULL;
@@ -290,6 +300,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   if (!rc && fb && !(rc = host->factor(call, &r->b, f + 1))) mm.alpha_factor[1] = f + 1;
   if (!rc) rc = api->lt_matmul(call, &mm);
   api->free(call, f); /* stream-ordered: after the GEMM that reads it */
+  r->amax_done = !rc && amax_done;
   return rc;
 }
 

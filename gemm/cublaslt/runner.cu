@@ -9,7 +9,8 @@
 **
 **   - One cublasLtHandle per device, created on first use (under the mutex below) and destroyed
 **     at exit (or when libhqcore is unloaded).
-**   - The workspace (32 MiB: what cuBLASLt's Hopper kernels use) is the calling context's
+**   - The workspace (32 MiB: what cuBLASLt's Hopper kernels use, all of it offered to the
+**     heuristic; the alpha/beta slot below lies past it) is the calling context's
 **     (hqi_call_workspace): allocated through its allocator at its first GEMM, on its stream,
 **     freed by hq_ctx_destroy or hq_device_trim. Per context, not per device: two GEMMs running
 **     concurrently on two contexts' streams never share scratch, and there is no limit on the
@@ -32,7 +33,7 @@
 **     them overwritten under another thread's call.
 **   - alpha_factor: when a call gives per-tensor factors (device FP32 values: the NVFP4 global
 **     decode scales, the emulated path's FP8 scale_inv), alpha * f0 * f1 is computed on the
-**     device by a one-thread kernel, together with beta, into the last bytes of the stream's
+**     device by a one-thread kernel, together with beta, into the bytes past the stream's
 **     workspace (only that stream's work, in order, touches them: a matmul has read its alpha
 **     before the next call's kernel writes it; a stream without a workspace gets 8 bytes of
 **     stream-ordered call memory instead), and the matmul reads both with
@@ -42,6 +43,11 @@
 **     beta from a device constant (kBetaConst) and no kernel runs before it, since a kernel
 **     launched between the dequantizes and the matmul is a measurable share of a mid-sized
 **     call; any other beta is written by the one-thread kernel as above.
+**   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (zeroed first; for a BF16 D rounded to
+**     BF16 by a one-thread kernel, so that it is the largest stored |D|), in a DIRECT plan the
+**     heuristic was asked for with the epilogue; where it has none for the problem (or the plan
+**     is SPLIT, or cublasLtMatmul refuses the epilogue the heuristic offered: then that key's
+**     calls run without it) *amax_done stays 0 and the caller reads D for it.
 **   - What cuBLASLt refuses in the epilogue -- it takes a bias only of D's dtype for BF16 / F16 /
 **     F32 inputs and only a BF16 bias for FP8 inputs, and F32 inputs only with an F32 D -- runs
 **     as a matmul into an F32 D (the caller's D, or an F32 temporary when D is BF16) followed by
@@ -78,6 +84,11 @@
 #define HQ_LT_BLOCK_MODES 1 /* VEC128_32F, BLK128x128_32F (Hopper FP8 blocks) */
 #else
 #define HQ_LT_BLOCK_MODES 0
+#endif
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120000
+#define HQ_LT_AMAX_D 1 /* CUBLASLT_MATMUL_DESC_AMAX_D_POINTER */
+#else
+#define HQ_LT_AMAX_D 0
 #endif
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
 #define HQ_LT_FP4 1 /* CUDA_R_4F_E2M1 */
@@ -179,6 +190,7 @@ struct plan_key {
   int32_t fast_accum;              /* FP8 inputs only, else 0 */
   int32_t ptr_device;              /* 1: alpha and beta in device memory */
   int32_t accumulate_narrow;       /* beta != 0 into a D narrower than F32: SPLIT only */
+  int32_t amax, reserved;          /* amax: the caller asks for max |D| (AMAX_D epilogue) */
   uint32_t align_a, align_b, align_d;
   uint32_t ws_bytes;               /* workspace offered to the heuristic */
   int64_t a_rows, a_cols, a_ld, b_rows, b_cols, b_ld;
@@ -200,6 +212,9 @@ struct plan {
   cublasStatus_t status;           /* SUCCESS: algo is valid; otherwise why there is none */
   int no_algo;                     /* the heuristic returned no algorithm (status SUCCESS) */
   int mode;                        /* PLAN_* */
+  int amax_epi;                    /* DIRECT with cuBLASLt's AMAX_D epilogue */
+  int amax_refused;                /* cublasLtMatmul refused the epilogue the heuristic offered:
+                                      calls of this key run as if no amax was asked */
   cublasComputeType_t compute;
   cublasLtMatmulAlgo_t algo;
 };
@@ -259,17 +274,19 @@ int device_get(int device, dev_use *u) {
   return HQ_OK;
 }
 
-/* The last HQ_LT_AB_BYTES of a workspace hold its context's alpha/beta pair: only work on that
-   context's stream touches it, in stream order, so a matmul's alpha is never overwritten before
-   the matmul has read it. */
+/* HQ_LT_AB_BYTES past the workspace cuBLASLt gets hold the context's alpha/beta pair: only work
+   on that context's stream touches them, in stream order, so a matmul's alpha is never
+   overwritten before the matmul has read it. They come on top of HQ_LT_WORKSPACE, so that the
+   heuristic is offered the same workspace as a direct call with a 32 MiB workspace: offered a
+   few bytes less, it may choose another algorithm for the same problem. */
 #define HQ_LT_AB_BYTES 256
 int workspace_get(const hq_call *call, dev_use *u) {
   void *p = NULL;
-  int rc = hqi_call_workspace(call, HQ_LT_WORKSPACE, &p);
+  int rc = hqi_call_workspace(call, HQ_LT_WORKSPACE + HQ_LT_AB_BYTES, &p);
   if (rc) return rc;
   u->ws = p;
-  u->ws_bytes = p ? HQ_LT_WORKSPACE - HQ_LT_AB_BYTES : 0;
-  u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE - HQ_LT_AB_BYTES) : NULL;
+  u->ws_bytes = p ? HQ_LT_WORKSPACE : 0;
+  u->ab = p ? (float *)((char *)p + HQ_LT_WORKSPACE) : NULL;
   return HQ_OK;
 }
 
@@ -317,7 +334,7 @@ struct descs {
    failure *what names the step. */
 cublasStatus_t descs_init(descs *ds, const hq_lt_matmul *mm, cublasComputeType_t compute,
                           int ptr_device, int with_bias, int d_dtype, int64_t ldd,
-                          const char **what) {
+                          void *amax_d, const char **what) {
   cudaDataType ta = CUDA_R_32F, tb = CUDA_R_32F, td = CUDA_R_32F, tbias = CUDA_R_32F;
   cuda_type(mm->a.elem, &ta);
   cuda_type(mm->b.elem, &tb);
@@ -371,6 +388,11 @@ cublasStatus_t descs_init(descs *ds, const hq_lt_matmul *mm, cublasComputeType_t
     LT_SET(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
     LT_SET(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bp);
   }
+#if HQ_LT_AMAX_D
+  if (amax_d) LT_SET(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax_d);
+#else
+  (void)amax_d;
+#endif
   LT_TRY(cublasLtMatrixLayoutInit(&ds->a, ta, (uint64_t)mm->a.rows, (uint64_t)mm->a.cols,
                                   mm->a.ld), "layout of A");
   LT_TRY(cublasLtMatrixLayoutInit(&ds->b, tb, (uint64_t)mm->b.rows, (uint64_t)mm->b.cols,
@@ -382,14 +404,16 @@ cublasStatus_t descs_init(descs *ds, const hq_lt_matmul *mm, cublasComputeType_t
   return CUBLAS_STATUS_SUCCESS;
 }
 
-/* The descriptors of plan mode `mode`: DIRECT as the caller asked; SPLIT without the bias, into
-   an F32 D (the caller's when F32, else a contiguous temporary). */
+/* The descriptors of plan mode `mode`: DIRECT as the caller asked (with the AMAX_D epilogue into
+   amax_d when it is not NULL); SPLIT without the bias, into an F32 D (the caller's when F32, else
+   a contiguous temporary), never with the epilogue. */
 cublasStatus_t descs_for(descs *ds, const hq_lt_matmul *mm, int mode, cublasComputeType_t c,
-                         int ptr_device, const char **what) {
+                         int ptr_device, void *amax_d, const char **what) {
   if (mode == PLAN_DIRECT)
-    return descs_init(ds, mm, c, ptr_device, mm->bias != NULL, mm->d_dtype, mm->ldd, what);
+    return descs_init(ds, mm, c, ptr_device, mm->bias != NULL, mm->d_dtype, mm->ldd, amax_d,
+                      what);
   return descs_init(ds, mm, c, ptr_device, 0, HQ_F32, mm->d_dtype == HQ_F32 ? mm->ldd : mm->m,
-                    what);
+                    NULL, what);
 }
 
 /* "fp8_tensor e4m3 x e5m2, m=.. n=.. k=.. (A e4m3 T 256x128 ld 256 scale tensor_f32, B ...,
@@ -412,12 +436,14 @@ void describe(char *buf, size_t len, const hq_lt_matmul *mm) {
 /* One heuristic query; CUBLAS_STATUS_SUCCESS with *algo, or why not (*no_algo: it returned
    none). */
 cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan_key *key,
-                         int mode, cublasComputeType_t compute, cublasLtMatmulAlgo_t *algo,
-                         int *no_algo) {
+                         int mode, cublasComputeType_t compute, int amax,
+                         cublasLtMatmulAlgo_t *algo, int *no_algo) {
   descs ds;
   const char *what = "";
   *no_algo = 0;
-  cublasStatus_t st = descs_for(&ds, mm, mode, compute, key->ptr_device, &what);
+  /* the epilogue's pointer only has to be set for the question (the heuristic reads no data) */
+  void *amax_d = amax ? (mm->amax_d ? (void *)mm->amax_d : (void *)(uintptr_t)256) : nullptr;
+  cublasStatus_t st = descs_for(&ds, mm, mode, compute, key->ptr_device, amax_d, &what);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   cublasLtMatmulPreferenceOpaque_t pref;
   uint64_t wsb = key->ws_bytes;
@@ -487,10 +513,24 @@ void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
      adds them in FP32 and rounds once */
   const int first = p->key.accumulate_narrow ? PLAN_SPLIT : PLAN_DIRECT;
   p->status = CUBLAS_STATUS_NOT_SUPPORTED;
+  /* max |D| asked for: DIRECT with the AMAX_D epilogue where cuBLASLt has it for the problem
+     (the core otherwise reads D once more after the matmul) */
+  if (p->key.amax && first == PLAN_DIRECT)
+    for (int c = 0; c < ncomputes; c++) {
+      int no_algo = 0;
+      if (heuristic(lt, mm, &p->key, PLAN_DIRECT, computes[c], 1, &p->algo, &no_algo) ==
+          CUBLAS_STATUS_SUCCESS) {
+        p->status = CUBLAS_STATUS_SUCCESS;
+        p->mode = PLAN_DIRECT;
+        p->compute = computes[c];
+        p->amax_epi = 1;
+        return;
+      }
+    }
   for (int mode = first; mode <= (split_helps ? PLAN_SPLIT : PLAN_DIRECT); mode++)
     for (int c = 0; c < ncomputes; c++) {
       int no_algo = 0;
-      cublasStatus_t st = heuristic(lt, mm, &p->key, mode, computes[c], &p->algo, &no_algo);
+      cublasStatus_t st = heuristic(lt, mm, &p->key, mode, computes[c], 0, &p->algo, &no_algo);
       if (st == CUBLAS_STATUS_SUCCESS) {
         p->status = st;
         p->no_algo = 0;
@@ -526,6 +566,11 @@ const float *beta_consts(int device) {
   addr[device].store(static_cast<const float *>(v), std::memory_order_relaxed);
   return static_cast<const float *>(v);
 }
+
+/* *a = its BF16 rounding (round to nearest even): cuBLASLt's amax of a BF16 D made max |D| of the
+   stored values. Rounding is monotonic and symmetric, so the rounding of the largest |value| is
+   the largest |rounded value|, whether cuBLASLt took its amax before the rounding or after it. */
+__global__ void amax_bf16_kernel(float *a) { *a = hq_bf16_to_f32(hq_f32_to_bf16(*a)); }
 
 /* out[0] = alpha * f0 * f1 (an absent factor is 1), out[1] = beta. */
 __global__ void alpha_beta_kernel(float *out, float alpha, float beta, const float *f0,
@@ -663,6 +708,7 @@ void key_for(plan_key *key, const hq_call *call, const hq_lt_matmul *mm, int ptr
   key->fast_accum = any_fp8(mm) && mm->fast_accum ? 1 : 0;
   key->accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
   key->ptr_device = ptr_device;
+  key->amax = HQ_LT_AMAX_D && mm->amax_d && mm->amax_done;
   key->align_a = align_of(mm->a.data);
   key->align_b = align_of(mm->b.data);
   key->align_d = align_of(mm->d);
@@ -759,6 +805,14 @@ int scalars_for(scalars *sc, const hq_call *call, const hq_lt_matmul *mm, const 
 
 } // namespace
 
+/* mm without the amax epilogue (*amax_done stays 0). */
+static int without_amax(const hq_call *call, const hq_lt_matmul *mm) {
+  hq_lt_matmul plain = *mm;
+  plain.amax_d = nullptr;
+  plain.amax_done = nullptr;
+  return hqi_lt_matmul(call, &plain);
+}
+
 extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   if (!call || !mm_in)
     return hqi_error(HQ_EINVAL, "lt_matmul: NULL %s", call ? "matmul" : "call");
@@ -790,6 +844,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   dev_use u;
   plan pl;
   if ((rc = plan_for(call, mm, &key, &u, &pl)) || query) return rc;
+  if (pl.amax_refused) return without_amax(call, mm);
 
   /* SPLIT into a BF16 D: the product goes to an F32 temporary (beta 0); finish_kernel adds
      beta * D and the bias and rounds once */
@@ -811,7 +866,16 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   descs ds;
   const char *step = "";
   void *gd = to_temp ? (void *)tmp : mm->d;
-  cublasStatus_t st = descs_for(&ds, mm, pl.mode, pl.compute, ptr_device, &step);
+  void *amax_d = pl.amax_epi ? (void *)mm->amax_d : nullptr;
+  cublasStatus_t st = descs_for(&ds, mm, pl.mode, pl.compute, ptr_device, amax_d, &step);
+  if (st == CUBLAS_STATUS_SUCCESS && amax_d) {
+    /* zeroed first: whether the epilogue overwrites or maxes into the value, it starts at 0 */
+    step = "cudaMemsetAsync of the amax";
+    if (cudaMemsetAsync(amax_d, 0, sizeof(float), (cudaStream_t)call->stream) != cudaSuccess) {
+      cudaGetLastError();
+      st = CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+  }
   if (st == CUBLAS_STATUS_SUCCESS) {
     step = "cublasLtMatmul";
     st = cublasLtMatmul(u.lt, (cublasLtMatmulDesc_t)&ds.op, sc.alpha, mm->a.data,
@@ -820,6 +884,17 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
                         (cublasLtMatrixLayout_t)&ds.d, &pl.algo, u.ws, u.ws_bytes,
                         (cudaStream_t)call->stream);
   }
+  if (amax_d && unsupported(st)) {
+    /* the epilogue the heuristic offered is refused when the matmul is set up (nothing ran):
+       this key's calls run without it from now on, and the caller reads D for the amax */
+    pthread_mutex_lock(&g_mu);
+    plan *p = plan_find(&key, key_hash(&key));
+    if (p) p->amax_refused = 1;
+    pthread_mutex_unlock(&g_mu);
+    call_free(call, sc.owned);
+    call_free(call, tmp);
+    return without_amax(call, mm);
+  }
   if (st != CUBLAS_STATUS_SUCCESS) {
     char desc[512];
     describe(desc, sizeof desc, mm);
@@ -827,6 +902,15 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
                    desc, call->device, cublasLtGetStatusString(st));
   } else if (pl.mode == PLAN_SPLIT && (to_temp || mm->bias)) {
     rc = launch_finish(call, mm, tmp, !to_temp);
+  } else if (amax_d) {
+    if (mm->d_dtype == HQ_BF16) {
+      amax_bf16_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(mm->amax_d);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess)
+        rc = hqi_error(HQ_EDEVICE, "%s:%d: %s: amax rounding kernel: %s", __FILE__, __LINE__,
+                       what, cudaGetErrorString(e));
+    }
+    if (!rc) *mm->amax_done = 1;
   }
   /* stream-ordered: released after the work that reads them */
   call_free(call, sc.owned);

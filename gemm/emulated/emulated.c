@@ -144,7 +144,7 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
 
 // --- a CUDA device -------------------------------------------------------------------------------
 
-static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_run *r,
+static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
                     hq_dtype dt) {
   const hq_host_api *api = h->api;
   const void *a = NULL, *b = NULL;
@@ -186,7 +186,13 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
     mm.bias = r->bias;
     mm.bias_dtype = r->bias_dtype;
     mm.what = r->what;
+    /* max |D| from cuBLASLt's epilogue where it offers one for this GEMM; else the core makes
+       it after run() */
+    int32_t amax_done = 0;
+    mm.amax_d = r->amax_d;
+    mm.amax_done = &amax_done;
     rc = api->lt_matmul(call, &mm);
+    r->amax_done = !rc && amax_done;
   }
   /* stream-ordered frees: they follow the GEMM that reads the temporaries */
   api->free(call, ta);

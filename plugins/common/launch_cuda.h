@@ -1,7 +1,7 @@
 /*
 ** launch_cuda.h -- sizing the stock plugins' persistent kernels (resident CTAs, each looping
-** over tiles or a grid stride). Private to the stock plugins (not installed); host code of .cu
-** files.
+** over tiles or a grid stride). Private to the stock plugins and libhqtrain's AdamW kernel
+** (not installed); host code of .cu files.
 **
 ** hq_cuda_resident<Kernel>(threads, dyn, &n): how many CTAs of `Kernel` (threads per CTA, dyn
 ** bytes of dynamic shared memory) the current device holds at once (SMs x CTAs per SM, at least

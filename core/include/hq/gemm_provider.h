@@ -74,6 +74,10 @@ extern "C" {
 #define HQ_GEMM_FORCE_EMULATED 1u /* only the plain emulated path may run */
 #define HQ_GEMM_FUSED_ALWAYS 2u   /* a fused path runs wherever it can, whatever the shape */
 #define HQ_GEMM_NO_FUSED 4u       /* no fused path */
+#define HQ_GEMM_FAST_ACCUM 8u     /* per-tensor FP8 on the native path: cuBLASLt's fast
+                                     accumulation (partial sums kept in the tensor cores' narrower
+                                     accumulator between promotions), faster and less exact; the
+                                     default is the split FP32 accumulator. Other paths ignore it */
 
 /* hq_gemm_operand_kind.flags: what the storage's format module offers (decided by the module's
    table size and operations, never by the minor it requires). */
@@ -99,7 +103,8 @@ typedef struct hq_gemm_operand_kind {
    nothing that changes from call to call. */
 typedef struct hq_gemm_kind {
   uint32_t struct_size;
-  uint32_t flags;               /* the caller's HQ_GEMM_FORCE_EMULATED | FUSED_ALWAYS | NO_FUSED */
+  uint32_t flags;               /* the caller's HQ_GEMM_FORCE_EMULATED | FUSED_ALWAYS | NO_FUSED |
+                                   FAST_ACCUM */
   int32_t device;               /* HQ_DEVICE_HOST or a CUDA ordinal */
   int32_t arch;                 /* compute capability major*10+minor; 0 on the host */
   hq_gemm_operand_kind a, b;
@@ -132,6 +137,12 @@ typedef struct hq_gemm_run {
   /* --- written by run() --- */
   uint32_t path;                /* HQ_GEMM_PATH_* it took (or, in a query, would take) */
   uint32_t fused;               /* HQ_GEMM_PATH_FUSED_BF16: 1 = A read as codes, 2 = B; else 0 */
+  /* --- present when struct_size covers them (an older core: absent, check first) --- */
+  float *amax_d;                /* NULL, or where max |D| of the stored result goes (call->device
+                                   memory, hq_gemm_args.amax_d): a provider whose GEMM produces
+                                   it (an epilogue) writes it there and sets amax_done; otherwise
+                                   the core makes it with one pass over D after run() */
+  uint32_t amax_done;           /* written by run(): 1 when it wrote *amax_d */
 } hq_gemm_run;
 
 /* host->raw(): fold an operand's per-tensor factor into a running product while dequantizing

@@ -726,8 +726,10 @@ static inline hq_operand hq_operand_hp(const hq_tensor *t) {
 
 /* The paths (HQ_GEMM_PATH_*) and the flags below (HQ_GEMM_FORCE_EMULATED: only the plain
    emulated path, for tests and comparisons; HQ_GEMM_FUSED_ALWAYS: a fused path wherever it can
-   run, whatever the shape, still after a native one; HQ_GEMM_NO_FUSED: never a fused path) are
-   defined in hq/gemm_provider.h, which providers see too. */
+   run, whatever the shape, still after a native one; HQ_GEMM_NO_FUSED: never a fused path;
+   HQ_GEMM_FAST_ACCUM: cuBLASLt's fast accumulation for a native per-tensor FP8 GEMM, faster and
+   less exact than the default split FP32 accumulator) are defined in hq/gemm_provider.h, which
+   providers see too. */
 HQ_API const char *hq_gemm_path_name(uint32_t path);   /* "native", "emulated-bf16", ...,
                                                           "fused-bf16" */
 
@@ -740,6 +742,16 @@ typedef struct hq_gemm_args {
   hq_dtype bias_dtype;           /* HQ_F32 or HQ_BF16 */
   int32_t reserved0;
   const char *what;              /* a name for messages and the log ("fprop fc1"), or NULL */
+  /* --- a struct_size that covers it (older callers: none) --- */
+  float *amax_d;                 /* NULL, or one FP32 value in the context's device memory (host
+                                    memory for a host context) that receives, in stream order,
+                                    max |D| over the stored result (after its rounding to D's
+                                    dtype; NaN elements ignored by hq's own pass), on every
+                                    path: from the GEMM's epilogue where cuBLASLt offers one
+                                    (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER; hq_gemm_info.amax_fused
+                                    says so), else from one pass over D after it. Current
+                                    scaling of D then needs no amax pass of its own
+                                    (hq_quantize_args.amax) */
 } hq_gemm_args;
 
 /* What ran (or, from hq_gemm_plan, what would run). */
@@ -755,6 +767,8 @@ typedef struct hq_gemm_info {
                                     dequantized to BF16 first); else 0 */
   char provider[32];             /* the GEMM provider that ran ("cublaslt", "emulated", ...,
                                     a module's name for its own gemm op) */
+  uint32_t amax_fused;           /* hq_gemm_args.amax_d came from the GEMM's own epilogue (1), or
+                                    from a pass over D after it, or none was asked (0) */
 } hq_gemm_info;
 
 /* Run the GEMM on ctx (its device and stream). info (may be NULL) receives the path; the path

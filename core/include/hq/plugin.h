@@ -590,6 +590,12 @@ typedef struct hq_lt_matmul {
   /* --- 2.3 --- */
   const float *alpha_device;    /* NULL, or the whole alpha as one device FP32 value (alpha and
                                    alpha_factor are then ignored) */
+  /* --- no minor of their own: a runner that predates them ignores both and leaves *amax_done
+     0, which the caller has to handle anyway (cuBLASLt may refuse the epilogue) --- */
+  float *amax_d;                /* NULL, or one device FP32 value: max |D| of the stored result
+                                   from cuBLASLt's AMAX_D epilogue, when it offers one for the
+                                   problem (it is then written and *amax_done set to 1) */
+  int32_t *amax_done;           /* with amax_d: set to 1 when *amax_d was written, else left */
 } hq_lt_matmul;
 
 /* For a format's gemm(): an hq_lt_matmul with the fields every native GEMM takes from the problem
