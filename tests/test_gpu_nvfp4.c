@@ -20,9 +20,12 @@
 ** raw dequantize (HQ_CALL_DEQ_RAW) and the tensor factor on the device equal the CPU's byte for
 ** byte; hq_gemm of nvfp4 operands on the device (native on sm_100+ against the forced emulated
 ** path, emulated elsewhere) equals the F64 product of the dequantized operands within FP32
-** accumulation error. The options scale_dtype = ue5m3 and global_scale = row / none (the
-** option kernels) join the option sets; their GEMMs take the emulated path (F32 for row-scaled
-** operands) and equal the F64 product too.
+** accumulation error. The options scale_dtype = ue5m3 and global_scale = row / none join
+** the option sets in every combination the configuration takes (each scale type with each
+** global scale, with rht, stochastic rounding, block_2d and swizzle where allowed), every
+** direction, on the tile-edge shapes and over many tiles and column groups, and through the
+** special inputs; their GEMMs take the emulated path (F32 for row-scaled operands) and equal
+** the F64 product too.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -230,6 +233,15 @@ static const char *const option_sets[] = {
     "scale_dtype = ue5m3\nglobal_scale = none\nblock_2d = true",
     "scale_dtype = ue5m3\nglobal_scale = none\nstochastic_rounding = true",
     "scale_dtype = ue5m3\nglobal_scale = row",
+    /* every scale type x global scale with each of the other options it takes */
+    "scale_dtype = ue5m3\nglobal_scale = row\nstochastic_rounding = true\nswizzle = true",
+    "scale_dtype = ue5m3\nglobal_scale = none",
+    "scale_dtype = ue5m3\nglobal_scale = none\nrht = true\nswizzle = true",
+    "scale_dtype = ue5m3\nglobal_scale = none\nrht = true\nstochastic_rounding = true",
+    "scale_dtype = ue5m3\nstochastic_rounding = true\nseed = 5",
+    "scale_dtype = ue5m3\nblock_2d = true\nswizzle = true",
+    "scale_dtype = ue5m3\nrht = true\nstochastic_rounding = true",
+    "global_scale = row\nswizzle = true",
 };
 #define N_OPTION_SETS (sizeof option_sets / sizeof option_sets[0])
 
@@ -258,6 +270,15 @@ static void test_shapes(void **state) {
     check_case("block_2d = true\nswizzle = true", dts[(s + 2) % 3], shapes[s][0], shapes[s][1],
                500 + s, 0, 0);
   }
+  /* the options' kernels on the same shapes: the row amax pass's strips of 256 columns and
+     bands of 256 rows, partial ones included */
+  static const char *const opt[3] = {"global_scale = row\nscale_dtype = ue5m3",
+                                     "scale_dtype = ue5m3\nglobal_scale = none\nswizzle = true",
+                                     "global_scale = row\nstochastic_rounding = true"};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int o = 0; o < 3; o++)
+      check_case(opt[o], dts[(s + (size_t)o) % 3], shapes[s][0], shapes[s][1], 700 + 3 * s + o,
+                 0, 0);
   check_case("", HQ_BF16, 1024, 2048, 7, 0, 1);
   check_case("rht = true", HQ_BF16, 1024, 2048, 8, 0, 0);
   check_case("stochastic_rounding = true\nblock_2d = false", HQ_F32, 512, 1024, 9, 0, 0);
@@ -277,6 +298,13 @@ static void test_many_tiles(void **state) {
      CTAs walk a full group, then a short one, its finished neighbour stored part by part */
   check_case("block_2d = true", HQ_BF16, 1104, 8192, 34, 0, 0);
   check_case("rht = true\nstochastic_rounding = true", HQ_F16, 1040, 8272, 33, 0, 0);
+  /* the options' kernels over many tiles and groups (the same walk), row-scaled with rows and
+     columns of many tiles each */
+  check_case("global_scale = row", HQ_BF16, 1104, 8192, 35, 0, 0);
+  check_case("scale_dtype = ue5m3\nglobal_scale = row", HQ_F32, 1040, 4176, 36, 0, 0);
+  check_case("scale_dtype = ue5m3", HQ_BF16, 1104, 8192, 37, 0, 0);
+  check_case("scale_dtype = ue5m3\nglobal_scale = none\nrht = true", HQ_F16, 1040, 8272, 38, 0,
+             0);
 }
 
 /* NaN, Inf, subnormals, zero blocks, wide ranges, saturation boundaries, an all-zero tensor. */

@@ -181,9 +181,8 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   return HQ_OK;
 }
 
-/* Whether an instance (or a storage) uses one of the options the tuned CUDA kernels do not
-   take (scale_dtype = ue5m3, global_scale = row or none): on a device they run through the
-   option kernels (nvfp4_cuda_opt_*), and no native GEMM reads their scales. */
+/* Whether an instance (or a storage) uses one of the options outside NVFP4 as cuBLASLt reads it
+   (scale_dtype = ue5m3, global_scale = row or none): no native GEMM reads their scales. */
 static int opt_path(int scale_kind, int global) {
   return scale_kind != HQ_NVFP4_SCALE_E4M3 || global != HQ_NVFP4_GLOBAL_TENSOR;
 }
@@ -788,9 +787,6 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
       dc.scale = hq_storage_buf(col, NVFP4_SCALE_INV)->ptr;
       dc.amax = has_amax ? hq_storage_buf(col, NVFP4_AMAX)->ptr : NULL;
     }
-    if (opt_path(c->scale_kind, c->global))
-      return nvfp4_cuda_opt_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
-                                     (dirs & HQ_COLWISE) ? &dc : NULL);
     return nvfp4_cuda_quantize(c, call, src, (dirs & HQ_ROWWISE) ? &dr : NULL,
                                (dirs & HQ_COLWISE) ? &dc : NULL);
   }
@@ -904,15 +900,11 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   float *fout = hq_call_factor_out(call);
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
-    if (opt_path(md.scale_kind, md.global))
-      return nvfp4_cuda_opt_dequantize(
-          call, q, sc,
-          md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-          md.scale_kind, md.global, dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout,
-          call->factor_in, call->factor_mul);
-    return nvfp4_cuda_dequantize(call, q, sc, hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-                                 dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout, call->factor_in,
-                                 call->factor_mul);
+    return nvfp4_cuda_dequantize(
+        call, q, sc,
+        md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+        md.scale_kind, md.global, dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout,
+        call->factor_in, call->factor_mul);
   }
 #endif
   const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW;
@@ -985,11 +977,9 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   if (rc) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
-    if (opt_path(md.scale_kind, md.global))
-      return nvfp4_cuda_opt_factor(
-          call, md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-          md.scale_kind, md.global, out);
-    return nvfp4_cuda_tensor_factors(call, hq_storage_cbuf(s, NVFP4_AMAX)->ptr, NULL, out);
+    return nvfp4_cuda_tensor_factor(
+        call, md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
+        md.scale_kind, md.global, out);
 #else
     return h->error(HQ_ENOTSUP, "nvfp4: built without CUDA (CPU reference only); tensor_factor "
                     "on a host context");

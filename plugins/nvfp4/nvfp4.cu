@@ -65,7 +65,14 @@
 **     tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the same kernels with
 **     hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT; its values take
 **     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation.
-**   tensor factor: one thread writes hq_nvfp4_tensor_factor of one or two amax buffers (the
+**   options: scale_dtype = ue5m3 and global_scale = row / none take the same kernels,
+**     specialized on them (OPT, struct Head): UE5M3 codes by hq_f32_to_ue5m3 and S_enc = 1 for
+**     none, the encode multipliers from the same per-direction table; global_scale = row takes
+**     its per-row amaxes from a pass of its own first (row_amax_kernel: every row's and every
+**     column's from one read), and the quantize kernel makes each thread's row (or two
+**     columns') S_enc, S_dec and m per tile and each block's encode multiplier by the rule.
+**     Dequantize and the tensor factor take the scale type and global scale as arguments.
+**   tensor factor: one thread writes hq_nvfp4_tensor_factor_k of the amax buffer (the
 **     tensor_factor op, and the alpha factors of the native GEMM); a raw dequantize asked for it
 **     (ABI 2.3, hq_call.factor_out) has thread 0 of its own kernel write it, times the caller's
 **     running product (write_factor), so the emulated GEMM launches nothing for it.
@@ -239,23 +246,50 @@ struct AmaxArgs {
 struct DirConst {
   float amax, s_dec, m;
 };
-__device__ __forceinline__ DirConst dir_const(float amax) {
+
+/* How the kernel makes a block's scale code and encode multiplier (its OPT parameter):
+     OPT 0: nvfp4 as shipped, E4M3 codes, the multiplier from the direction's table (tab: its
+            hq_nvfp4_encode_mult of every code, shared memory);
+     OPT 1: the scale type of the option scale_dtype (kind, a kernel argument) under one global
+            scale per direction (global_scale = tensor, or none: S_enc = 1), from the table;
+     OPT 2: global_scale = row: m and S_dec are the stored row's (the thread's row, or column
+            of x), so the multiplier is the rule's hq_nvfp4_encode_mult_k of the code (no table).
+   OPT 0 takes its constants as compile-time ones, so its code is the shipped kernel's. */
+template <int OPT> struct Head {
+  const float *tab; /* OPT 0, 1 */
+  float m;          /* the block scale multiplier m of the block's direction or stored row */
+  float s_dec;      /* OPT 2: the stored row's S_dec */
+  int kind;         /* OPT 1, 2: HQ_NVFP4_SCALE_* */
+  /* hq_nvfp4_block_scale_k's code of the product p = RN(bamax * m) >= 0 (or NaN): E4M3 through
+     the FP8 convert instruction (fp8_cvt_cuda.h: the same bits; its saturation also covers the
+     rule's Inf -> FLT_MAX clamp), UE5M3 by hq_f32_to_ue5m3 (which saturates Inf too) */
+  __device__ __forceinline__ uint32_t code(float p) const {
+    if (OPT && kind == HQ_NVFP4_SCALE_UE5M3) return hq_f32_to_ue5m3(p);
+    return hq_cuda_f32_to_fp8<HQ_E4M3>(p);
+  }
+  __device__ __forceinline__ float enc(uint32_t sf) const {
+    if (OPT == 2) return hq_nvfp4_encode_mult_k((uint8_t)sf, s_dec, kind);
+    return tab[sf & 0xffu];
+  }
+};
+
+/* A direction's constants (S_dec, m) from its global amax A (or a stored row's with
+   global_scale = row) for scale type `kind`; with global_scale = none (none) S_enc = 1. */
+__device__ __forceinline__ DirConst dir_const_k(float amax, int kind, bool none = false) {
   DirConst d;
   d.amax = amax;
-  const float s_enc = hq_nvfp4_global_encode_scale(amax);
+  const float s_enc = none ? 1.0f : hq_nvfp4_global_encode_scale_k(amax, kind);
   d.s_dec = hq_nvfp4_global_decode_scale(s_enc);
   d.m = hq_nvfp4_block_scale_mult(s_enc);
   return d;
 }
 
-/* A block's scale code from its amax: hq_nvfp4_block_scale(bamax, m) through the FP8 convert
-   instruction (fp8_cvt_cuda.h: the same bits; its saturation also covers the rule's Inf ->
-   FLT_MAX clamp, bamax * m >= 0), and the code's encode multiplier from enc_tab (the
-   direction's hq_nvfp4_encode_mult of every code, shared memory). */
-__device__ __forceinline__ uint8_t block_code(float bamax, float m, const float *enc_tab,
-                                              float *enc) {
-  const uint8_t sf = hq_cuda_f32_to_fp8<HQ_E4M3>(hq_mul_rn(bamax, m));
-  *enc = enc_tab[sf];
+/* A block's scale code from its amax, hq_nvfp4_block_scale_k(bamax, m, kind), and the code's
+   encode multiplier *enc. */
+template <int OPT>
+__device__ __forceinline__ uint8_t block_code(float bamax, const Head<OPT> &h, float *enc) {
+  const uint8_t sf = (uint8_t)h.code(hq_mul_rn(bamax, h.m));
+  *enc = h.enc(sf);
   return sf;
 }
 
@@ -357,13 +391,12 @@ __device__ __forceinline__ uint2 encode_rule(V v, float enc, Key key, uint64_t o
 /* One block of FP32 values: its scale code, and its 8 packed bytes into *out (element 2b in
    the low nibble of byte b), RNE or SR; sgn: the 16 sign bits at their places in the packed
    words (bit 4e + 3 of word e / 8), used by the fast form. */
-template <bool SR, class Key>
-__device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, float m,
-                                            const float *enc_tab, Key key, uint64_t offset,
-                                            uint32_t colwise, uint64_t block, int has_nan,
-                                            uint2 sgn, uint2 *out) {
+template <bool SR, int OPT, class Key>
+__device__ __forceinline__ uint8_t encode16(const float v[16], float bamax, const Head<OPT> &h,
+                                            Key key, uint64_t offset, uint32_t colwise,
+                                            uint64_t block, int has_nan, uint2 sgn, uint2 *out) {
   float enc;
-  const uint8_t sf = block_code(bamax, m, enc_tab, &enc);
+  const uint8_t sf = block_code(bamax, h, &enc);
   auto val = [&](int e) { return v[e]; };
   *out = fast_block<SR>(bamax, enc, has_nan)
              ? encode_fast_any<SR>(val, enc, key, offset, colwise, block, sgn)
@@ -651,6 +684,7 @@ struct QArgs {
   float *camax;
   const float *given; /* the caller's amax[2] (device memory), or NULL: use *ramax / *camax */
   int rht, sr, b2d, swz;
+  int kind, global; /* options scale_dtype and global_scale (HQ_NVFP4_SCALE_*, _GLOBAL_*) */
   uint32_t mask;
   uint64_t seed, offset;
   /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once by the launcher, which the
@@ -884,9 +918,11 @@ __device__ __forceinline__ Signs2 row_signs2(const uint32_t a[8], const uint32_t
    q[j] < 7 when it does (q[j] = RN(bamax * enc) + 0 * ba_j, NaN for a block holding a NaN or an
    Inf), so that one max over a thread's blocks tells whether any needs redo_blocks (which then
    makes it by the rule, its scale code included) and the common path spends nothing on a mask.
-   Both codes come from one convert instruction (hq_nvfp4_block_scale's bits, as block_code)
-   without the FP8 NaN rule: a NaN product makes a NaN code, whose multiplier (FLT_MAX) keeps the
-   block off the fast form, so that code is never kept.
+   Both E4M3 codes come from one convert instruction (hq_nvfp4_block_scale's bits, as
+   block_code) without the FP8 NaN rule: a NaN product makes a NaN code, whose multiplier
+   (FLT_MAX) keeps the block off the fast form, so that code is never kept (UE5M3 codes come
+   from Head::code: its NaN code 0xFF has the multiplier FLT_MAX too). h0, h1: the blocks'
+   Heads (the same one but for the two columns of global_scale = row).
    kFold (the columnwise rht blocks, from rht16_tail<false>): ba0, ba1 are the amaxes of the
    unscaled results, four times the rule's, and m is the direction's m * 0.25 (exact), so the
    products and codes are the rule's; enc comes back times 0.25 (exact: enc >= 2^-124 for every
@@ -894,21 +930,26 @@ __device__ __forceinline__ Signs2 row_signs2(const uint32_t a[8], const uint32_t
    element whose v * 0.25 is normal. The others (|v * 0.25| < 2^-126) encode to a signed zero
    both ways as long as the block's amax is not tiny: a block whose unscaled amax is neither 0
    nor in [2^-100, 2^120) goes to redo_blocks (q = NaN), which takes the rule's own steps. */
-template <bool kFold = false>
+template <bool kFold = false, int OPT>
 __device__ __forceinline__ uint32_t block_heads2(float ba0, float ba1, bool b2d, float t0,
-                                                 float t1, float m, const float *enc_tab,
-                                                 float enc[2], float q[2]) {
+                                                 float t1, const Head<OPT> &h0,
+                                                 const Head<OPT> &h1, float enc[2], float q[2]) {
   const float a0 = b2d ? t0 : ba0, a1 = b2d ? t1 : ba1;
-  const float p0 = hq_mul_rn(a0, m), p1 = hq_mul_rn(a1, m);
+  const float p0 = hq_mul_rn(a0, h0.m), p1 = hq_mul_rn(a1, h1.m);
+  uint32_t sf;
+  if (OPT && h0.kind == HQ_NVFP4_SCALE_UE5M3) { /* UE5M3 (one kind per kernel launch) */
+    sf = h0.code(p0) | h1.code(p1) << 8;
+  } else {
 #if HQ_FP8_HW_CVT
-  unsigned short h;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(p1), "f"(p0));
-  const uint32_t sf = h;
+    unsigned short h;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(p1), "f"(p0));
+    sf = h;
 #else
-  const uint32_t sf = hq_cuda_f32_to_fp8<HQ_E4M3>(p0) | hq_cuda_f32_to_fp8<HQ_E4M3>(p1) << 8;
+    sf = hq_cuda_f32_to_fp8<HQ_E4M3>(p0) | hq_cuda_f32_to_fp8<HQ_E4M3>(p1) << 8;
 #endif
-  enc[0] = enc_tab[sf & 0xffu];
-  enc[1] = enc_tab[sf >> 8];
+  }
+  enc[0] = h0.enc(sf & 0xffu);
+  enc[1] = h1.enc(sf >> 8);
   if (kFold) {
     enc[0] = hq_mul_rn(enc[0], 0.25f);
     enc[1] = hq_mul_rn(enc[1], 0.25f);
@@ -1018,15 +1059,15 @@ template <int DIRS, bool G = false> struct StagedAt {
    column 2q + j - 2 of row block rb (j = 2, 3), the thread's share as the kernel assigns it.
    Each block: its values (through the RHT for a columnwise block with rht), hq_nvfp4_amax (NaN
    ignored) or with block_2d the 16x16 tile amax (ta0, ta1: rowwise blocks j = 0, 1; ta2: the
-   columnwise blocks), the scale code, and hq_nvfp4_quantize (_sr)
-   of every element. Out of line: the common path stays small and free of branches. */
-template <int DT, bool RHT, bool SR, int DIRS, bool G>
+   columnwise blocks), the scale code (hr: the rowwise blocks' Head, hc0 / hc1: columns 2q and
+   2q + 1's), and hq_nvfp4_quantize (_sr) of every element. Out of line: the common path stays
+   small and free of branches. */
+template <int DT, bool RHT, bool SR, int DIRS, bool G, int OPT>
 __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, float ta1,
-                                         float ta2,
-                                         const uint32_t *flip, const float *enc_row,
-                                         const float *enc_col, float rm, float cm, int64_t M,
-                                         int64_t K, int64_t i0, int64_t k0, int b2d,
-                                         uint64_t seed, uint64_t offset, StagedAt<DIRS, G> st) {
+                                         float ta2, const uint32_t *flip, Head<OPT> hr,
+                                         Head<OPT> hc0, Head<OPT> hc1, int64_t M, int64_t K,
+                                         int64_t i0, int64_t k0, int b2d, uint64_t seed,
+                                         uint64_t offset, StagedAt<DIRS, G> st) {
   constexpr int TM = QShape<DIRS>::TM, TK = QShape<DIRS>::TK, RS = QShape<DIRS>::RS;
   const int t = threadIdx.x, r = t % TM, p = t / TM, q = t % (TK / 2), rb = t / (TK / 2);
   for (int j = 0; j < 4; j++) {
@@ -1035,7 +1076,7 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, 
     if (j < 2) {
       row_group_raw<DT, TK>(sm, r, 32 * p + 16 * j, v);
       const float ba = b2d ? (j ? ta1 : ta0) : hq_nvfp4_amax(v, 16);
-      const uint8_t sf = block_code(ba, rm, enc_row, &enc);
+      const uint8_t sf = block_code(ba, hr, &enc);
       const uint64_t blk = (uint64_t)((i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p + j);
       hq_sts64(st.r(r * RS + 2 * p + j),
                encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 0u, blk));
@@ -1053,7 +1094,7 @@ __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, 
         for (int e = 0; e < 16; e++) v[e] = f[j - 2][e];
       }
       const float ba = b2d ? ta2 : hq_nvfp4_amax(v, 16);
-      const uint8_t sf = block_code(ba, cm, enc_col, &enc);
+      const uint8_t sf = block_code(ba, j == 2 ? hc0 : hc1, &enc);
       const uint64_t blk = (uint64_t)((k0 + c) * (M >> 4) + ((i0 >> 4) + rb));
       hq_sts64(st.c(rb, c),
                encode_rule<SR>([&](int e) { return v[e]; }, enc, seed, offset, 1u, blk));
@@ -1173,7 +1214,7 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
   }
 }
 
-template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a, const __grid_constant__ CUtensorMap tm_x,
@@ -1204,21 +1245,29 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const int64_t M = a.M, K = a.K;
   const uint32_t M32 = (uint32_t)M, K32 = (uint32_t)K;
   const int t = threadIdx.x;
-  float rm = 0.0f, cm = 0.0f; /* the directions' block scale multipliers m */
+  /* the scale type (OPT 0: E4M3, a constant) and, OPT 1, global_scale = none (S_enc = 1: no
+     amax read or written); OPT 2 (global_scale = row) takes its constants per tile below */
+  static_assert(OPT != 2 || (!RHT && !B2D), "global_scale = row goes without rht and block_2d");
+  const int kind = OPT ? a.kind : HQ_NVFP4_SCALE_E4M3;
+  const bool none = OPT == 1 && a.global == HQ_NVFP4_GLOBAL_NONE;
+  /* the directions' Heads: rowwise, columnwise (OPT 2: m and S_dec set per tile) */
+  Head<OPT> hr{enc_tab[0], 0.0f, 0.0f, kind}, hc{enc_tab[1], 0.0f, 0.0f, kind};
   if (RHT && t < 16) flip[t] = flip_word<DT>(a.mask, t); /* read after a barrier */
-  if (kRow) {
-    const DirConst d = dir_const(a.given ? a.given[0] : *a.ramax);
-    rm = d.m;
-    enc_tab[0][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
+  if (kRow && OPT != 2) {
+    const DirConst d = dir_const_k(none ? 0.0f : a.given ? a.given[0] : *a.ramax, kind, none);
+    hr.m = d.m;
+    enc_tab[0][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
     if (a.given && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
   }
-  if (kCol) {
-    const DirConst d = dir_const(a.given ? a.given[1] : *a.camax);
-    cm = d.m;
-    enc_tab[1][t] = hq_nvfp4_encode_mult((uint8_t)t, d.s_dec);
+  if (kCol && OPT != 2) {
+    const DirConst d = dir_const_k(none ? 0.0f : a.given ? a.given[1] : *a.camax, kind, none);
+    hc.m = d.m;
+    enc_tab[1][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
     if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
   }
-  const float cm4 = hq_mul_rn(cm, 0.25f); /* rht: cm for the unscaled amaxes (block_heads2) */
+  /* rht: the columnwise Head with m * 0.25, for the unscaled amaxes (block_heads2) */
+  Head<OPT> hc4 = hc;
+  hc4.m = hq_mul_rn(hc.m, 0.25f);
   /* block_2d, a kernel of its own (the configuration refuses it with rht or stochastic
      rounding: no code for it in those kernels), so that the plain kernel carries none of its
      code and block_2d none of the plain kernel's branches */
@@ -1335,6 +1384,23 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const int r = t % TM, p = t / TM;
     /* columnwise threads: columns c = 2q and c + 1, row block rb (rows 16rb..16rb+15) */
     const int q = t % (TK / 2), rb = t / (TK / 2), c = 2 * q;
+    /* the Heads of the thread's blocks: rowwise (row r), columns c and c + 1; with
+       global_scale = row each from its stored row's amax (the row amax pass's; 0 outside the
+       tensor, whose blocks are zeros and are not stored) */
+    Head<OPT> hrt = hr, hct[2] = {RHT ? hc4 : hc, RHT ? hc4 : hc};
+    if constexpr (OPT == 2) {
+      if (kRow) {
+        const DirConst d = dir_const_k(i0 + r < M32 ? a.ramax[i0 + r] : 0.0f, kind);
+        hrt.m = d.m, hrt.s_dec = d.s_dec;
+      }
+      if (kCol) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const DirConst d = dir_const_k(k0 + c + h < K32 ? a.camax[k0 + c + h] : 0.0f, kind);
+          hct[h].m = d.m, hct[h].s_dec = d.s_dec;
+        }
+      }
+    }
     /* SR: the index of row block 2p, of column c's block (c + 1's: + M / 16) */
     const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p;
     const int64_t cblk = (int64_t)(k0 + c) * (M >> 4) + (i0 >> 4) + rb;
@@ -1395,7 +1461,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         for (int h = 0; h < 2; h++) {
           float v[16];
           rht16_head<DT>(x, h ? f1 : f0, fl, h, v);
-          rht16_tail<false>(v, y[h]); /* the 0.25 folded into cm4 and enc (block_heads2) */
+          rht16_tail<false>(v, y[h]); /* the 0.25 folded into hc4 and enc (block_heads2) */
         }
         ba[2] = packed16_amax(y[0]);
         ba[3] = packed16_amax(y[1]);
@@ -1418,11 +1484,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     uint32_t rsf = 0, csf = 0; /* the scale codes of the packed blocks, two per word */
     float enc[4];
     if (kRowP) {
-      rsf = block_heads2(ba[0], ba[1], b2d, tba[0], tba[1], rm, enc_tab[0], enc, fq);
+      rsf = block_heads2(ba[0], ba[1], b2d, tba[0], tba[1], hrt, hrt, enc, fq);
     }
     if (kColP) {
-      csf = block_heads2<RHT>(ba[2], ba[3], b2d, tba[2], tba[3], RHT ? cm4 : cm, enc_tab[1],
-                              enc + 2, fq + 2);
+      csf = block_heads2<RHT>(ba[2], ba[3], b2d, tba[2], tba[3], hct[0], hct[1], enc + 2,
+                              fq + 2);
     }
     if (kRowP) {
       auto v0 = [&](int e) { return row_word_value<DT>(w, e); };
@@ -1486,7 +1552,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 #pragma unroll
       for (int j = 0; j < 2; j++) {
         uint2 o;
-        const uint8_t s = encode16<SR>(v[j], bv[j], rm, enc_tab[0], a.rk, a.offset, 0u,
+        const uint8_t s = encode16<SR>(v[j], bv[j], hrt, a.rk, a.offset, 0u,
                                        (uint64_t)rblk + j, has_nan[j],
                                        signs_of([&](int e) { return v[j][e]; }), &o);
         hq_sts64(st.r(r * RS + 2 * p + j), o);
@@ -1506,7 +1572,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         const float bv = bvs[h];
         uint2 o;
         hq_sts8(st.cs((c + h) * (TM / 16) + rb),
-                encode16<SR>(v[h], bv, cm, enc_tab[1], a.rk, a.offset, 1u,
+                encode16<SR>(v[h], bv, hct[h], a.rk, a.offset, 1u,
                              (uint64_t)cblk + h * (uint64_t)(M >> 4), has_nan,
                              signs_of([&](int e) { return v[h][e]; }), &o));
         hq_sts64(st.c(rb, c + h), o);
@@ -1519,9 +1585,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       unsigned redo = 0;
       for (int j = 0; j < 4; j++)
         redo |= (kAllRule && (j < 2 ? kRowP : kColP)) || !(fq[j] < 7.0f) ? 1u << j : 0u;
-      redo_blocks<DT, RHT, SR, DIRS, kGroup>(redo, sm, tba[0], tba[1], tba[2], flip, enc_tab[0],
-                                     enc_tab[1], rm, cm, M, K, i0, k0, b2d, a.seed, a.offset,
-                                     st);
+      /* the rule's own m for the columnwise blocks (not the folded one of rht) */
+      Head<OPT> hc0 = hct[0], hc1 = hct[1];
+      if (RHT) hc0.m = hc1.m = hc.m;
+      redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
+                                                  hc0, hc1, M, K, i0, k0, b2d, a.seed,
+                                                  a.offset, st);
     }
   }
   if (bulk) hq_fence_proxy_async(); /* the last group's ColGroup, for the bulk stores below */
@@ -1539,7 +1608,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 
 struct DArgs {
   const uint8_t *q, *scale;
-  const float *amax;
+  const float *amax; /* [1] (global_scale = tensor), one per stored row (row), NULL (none) */
+  int kind, global;  /* the storage's scale type and global scale (HQ_NVFP4_SCALE_*, _GLOBAL_*) */
   int colwise, swz, rht, raw; /* rht: apply the inverse RHT (never with raw) */
   int vec;                    /* q 8-byte and dst 16-byte aligned: vector loads and stores */
   uint32_t mask;
@@ -1550,12 +1620,29 @@ struct DArgs {
   float fmul;
 };
 
-/* *fout = hq_mul_rn(fin ? *fin : fmul, hq_nvfp4_tensor_factor(*amax)): the raw dequantize's
-   per-tensor factor, folded into the caller's running product (hq_call.factor_out), written by
-   thread 0 of CTA 0 of the dequantize kernel itself (no launch of its own). */
+/* The per-tensor factor of a storage: hq_nvfp4_tensor_factor_k of its amax with
+   global_scale = tensor; 1 with row (each raw value then carries its row's global scale, see
+   deq_mult) and with none. */
+__device__ __forceinline__ float storage_factor(const float *amax, int kind, int global) {
+  return global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(*amax, kind) : 1.0f;
+}
+
+/* *fout = hq_mul_rn(fin ? *fin : fmul, storage_factor): the raw dequantize's per-tensor factor,
+   folded into the caller's running product (hq_call.factor_out), written by thread 0 of CTA 0
+   of the dequantize kernel itself (no launch of its own). */
 __device__ __forceinline__ void write_factor(const DArgs &a) {
   if (a.fout && blockIdx.x == 0 && threadIdx.x == 0)
-    *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, hq_nvfp4_tensor_factor(*a.amax));
+    *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, storage_factor(a.amax, a.kind, a.global));
+}
+
+/* The decode multiplier of scale code sf in stored row r (amax: the per-tensor amax, read once
+   by the caller): hq_nvfp4_decode_mult_k with the direction's amax, or with global_scale = row
+   the row's (raw values of a row-scaled storage too: the GEMM's F32 operands carry it);
+   fp32(sf) for a raw dequantize and with global_scale = none. */
+__device__ __forceinline__ float deq_mult(const DArgs &a, uint8_t sf, float amax, int64_t r) {
+  if (a.global == HQ_NVFP4_GLOBAL_ROW) return hq_nvfp4_decode_mult_k(sf, a.amax[r], a.kind);
+  if (a.raw || a.global == HQ_NVFP4_GLOBAL_NONE) return hq_nvfp4_raw_mult_k(sf, a.kind);
+  return hq_nvfp4_decode_mult_k(sf, amax, a.kind);
 }
 
 /* The 16 codes of one block: 8 packed bytes (one 8-byte load when aligned: with the shape rule
@@ -1603,17 +1690,18 @@ template <int DT, bool SMALL>
 __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
   write_factor(a);
   const int64_t K = a.K, nrun = a.M * K / 16;
-  const float amax = a.raw ? 0.0f : *a.amax;
+  const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
   for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
        g += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e0 = g * 16;
     int64_t i, k;
     hq_cuda_row_col<SMALL>(e0, K, &i, &k);
     const uint8_t sf = a.scale[hq_nvfp4_row_scale_index(i, k, K, a.swz)];
-    const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
+    const float dm = deq_mult(a, sf, amax, i);
     const uint64_t codes = load_block(a.q + hq_nvfp4_row_data_index(i, k, K), a.vec);
-    if (DT == HQ_BF16 && a.raw && a.vec && !hq_isnan(dm)) {
-      /* raw values: hq_nvfp4_raw_fast, exact in BF16 (hq_nvfp4_raw_mult's comment): the FP32
+    if (DT == HQ_BF16 && a.raw && a.global != HQ_NVFP4_GLOBAL_ROW && a.vec && !hq_isnan(dm)) {
+      /* raw values: hq_nvfp4_raw_fast, exact in BF16 (hq_nvfp4_raw_mult_k's comment; not with
+         global_scale = row, whose raw values carry the row's global scale): the FP32
          results' high halves, two per byte_perm. The stores bound this kernel, not its
          instructions, so a shorter form (byte-permute tables, BF16 pair multiplies) gains
          nothing. */
@@ -1642,14 +1730,14 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   int64_t i0, k0;
   tile_origin(a.K, &i0, &k0);
   const int64_t M = a.M, K = a.K;
-  const float amax = *a.amax;
+  const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
   const int t = threadIdx.x;
   for (int s = 0; s < (kTK * 4) / kThreads; s++) {
     const int u = t + kThreads * s, c = u / 4, rb = u % 4;
     const int64_t i = i0 + 16 * rb, k = k0 + c;
     if (i >= M || k >= K) continue;
     const uint8_t sf = a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)];
-    const float dm = a.raw ? hq_nvfp4_raw_mult(sf) : hq_nvfp4_decode_mult(sf, amax);
+    const float dm = deq_mult(a, sf, amax, k);
     const uint64_t codes = load_block(a.q + hq_nvfp4_col_data_index(i, k, M), a.vec);
     float g[16];
     if (a.raw && !hq_isnan(dm)) /* hq_nvfp4_raw_fast: the same bits, fewer instructions */
@@ -1679,10 +1767,73 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
 /* write_factor alone (a dequantize of no elements runs no dequantize kernel): one thread. */
 __global__ void factor_kernel(DArgs a) { write_factor(a); }
 
-/* The per-tensor factors (tensor_factor(), the native GEMM's alpha factors): one thread. */
-__global__ void tensor_factor_kernel(const float *amax0, const float *amax1, float *out) {
-  out[0] = hq_nvfp4_tensor_factor(*amax0);
-  if (amax1) out[1] = hq_nvfp4_tensor_factor(*amax1);
+/* The per-tensor factor (tensor_factor(), the native GEMM's alpha factor): one thread. */
+__global__ void tensor_factor_kernel(const float *amax, int kind, int global, float *out) {
+  *out = storage_factor(amax, kind, global);
+}
+
+/* global_scale = row: the amax of every row of x (rowwise copy: row[i] = max_k |x[i][k]|) and
+   of every column (columnwise copy: col[k] = max_i |x[i][k]|), NaN ignored, Inf counted, from
+   one read of x (either target may be NULL: not wanted; both were zeroed). A CTA takes a strip
+   of kRaTK columns and kRaBand rows, kRaTM rows at a time: lane l of warp w reads the 8 columns
+   8l.. of rows w, w + 8, w + 16, w + 24 (one or two 16-byte loads each, coalesced along the
+   row), a warp's row maxima leave by one atomicMax per row and strip, the columns' by one per
+   column and band after a reduction over the warps in shared memory. The maxima are over the
+   bits of |x| with NaN patterns as 0 (hq_abs_bits_nonan), which order like the values, so
+   the atomics' order does not change the result. */
+constexpr int kRaTK = 256, kRaTM = 32, kRaBand = 256;
+struct RowAmaxArgs {
+  const void *x;
+  int64_t M, K; /* M, K < 2^31, K % 16 == 0 */
+  int vec;      /* x 16-byte aligned */
+  float *row, *col;
+};
+template <int DT> __global__ void __launch_bounds__(kThreads) row_amax_kernel(RowAmaxArgs a) {
+  __shared__ uint32_t part[kThreads / 32][kRaTK];
+  const int t = threadIdx.x, l = t & 31, w = t >> 5;
+  const unsigned ntk = (unsigned)((a.K + kRaTK - 1) / kRaTK);
+  const int64_t k = (int64_t)(blockIdx.x % ntk) * kRaTK + 8 * l;
+  const int64_t ib = (int64_t)(blockIdx.x / ntk) * kRaBand;
+  const bool kin = k < a.K; /* K % 8 == 0: the 8 columns are wholly inside or outside */
+  uint32_t cmax[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+  for (int64_t i0 = ib; i0 < ib + kRaBand && i0 < a.M; i0 += kRaTM) {
+    float v[4][8];
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const int64_t i = i0 + w + 8 * s;
+      if (kin && i < a.M) {
+        hq_cuda_load8<DT>(a.x, i * a.K + k, a.vec, v[s]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[s][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      uint32_t rmax = 0u;
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const uint32_t b = hq_abs_bits_nonan(v[s][e]);
+        rmax = b > rmax ? b : rmax;
+        cmax[e] = b > cmax[e] ? b : cmax[e];
+      }
+      if (a.row) {
+        rmax = __reduce_max_sync(0xffffffffu, rmax);
+        const int64_t i = i0 + w + 8 * s;
+        if (l == 0 && rmax && i < a.M)
+          atomicMax(reinterpret_cast<unsigned int *>(a.row + i), rmax);
+      }
+    }
+  }
+  if (!a.col) return; /* uniform over the CTA */
+#pragma unroll
+  for (int e = 0; e < 8; e++) part[w][8 * l + e] = cmax[e];
+  __syncthreads();
+  uint32_t m = 0u;
+#pragma unroll
+  for (int j = 0; j < kThreads / 32; j++) m = part[j][t] > m ? part[j][t] : m;
+  const int64_t kc = (int64_t)(blockIdx.x % ntk) * kRaTK + t;
+  if (m && kc < a.K) atomicMax(reinterpret_cast<unsigned int *>(a.col + kc), m);
 }
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
@@ -1764,7 +1915,7 @@ void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *
                             CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
 }
 
-template <int DT, bool RHT, bool SR, int DIRS, bool B2D>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT>
 int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
   using Sh = QShape<DIRS>;
@@ -1785,35 +1936,45 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
   CUtensorMap tx{}, tcd{}, tcs{};
   make_tensor_maps<DT, DIRS, SR>(a, &tx, &tcd, &tcs);
   int64_t resident = 0;
-  CHECK_CUDA(call,
-             (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D>>(kThreads, dyn, &resident)));
+  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>>(
+                       kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR, DIRS, B2D>
+  quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>
       <<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
   if (cudaPeekAtLastError() != cudaSuccess)
-    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D>>();
+    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
 
 /* The kernel for the directions made (1 rowwise, 2 columnwise, 3 both; the RHT is columnwise
    only), so each body holds no branch on them. */
-template <int DT, bool RHT, bool SR, bool B2D = false>
+template <int DT, bool RHT, bool SR, bool B2D, int OPT>
 int launch_quantize_d(const hq_call *call, const QArgs &a) {
   const int dirs = (a.rdata ? 1 : 0) | (a.cdata ? 2 : 0);
   if (dirs == 0) return HQ_OK;
-  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1, B2D>(call, a);
-  if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2, B2D>(call, a);
-  return launch_quantize_t<DT, RHT, SR, 3, B2D>(call, a);
+  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1, B2D, OPT>(call, a);
+  if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2, B2D, OPT>(call, a);
+  return launch_quantize_t<DT, RHT, SR, 3, B2D, OPT>(call, a);
+}
+
+/* The kernel for the options: OPT 0 for nvfp4 as shipped (E4M3 scales, one global amax per
+   direction), 1 for the other scale type or global_scale = none, 2 for global_scale = row (which
+   the configuration refuses with rht and block_2d: no such kernels). */
+template <int DT, int OPT> int launch_quantize_o(const hq_call *call, const QArgs &a) {
+  if (OPT != 2 && a.rht)
+    return a.sr ? launch_quantize_d<DT, OPT != 2, true, false, OPT>(call, a)
+                : launch_quantize_d<DT, OPT != 2, false, false, OPT>(call, a);
+  if (a.sr) return launch_quantize_d<DT, false, true, false, OPT>(call, a);
+  if (OPT != 2 && a.b2d) return launch_quantize_d<DT, false, false, OPT != 2, OPT>(call, a);
+  return launch_quantize_d<DT, false, false, false, OPT>(call, a);
 }
 
 template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
-  if (a.rht)
-    return a.sr ? launch_quantize_d<DT, true, true>(call, a)
-                : launch_quantize_d<DT, true, false>(call, a);
-  if (a.sr) return launch_quantize_d<DT, false, true>(call, a);
-  return a.b2d ? launch_quantize_d<DT, false, false, true>(call, a)
-               : launch_quantize_d<DT, false, false>(call, a);
+  if (a.global == HQ_NVFP4_GLOBAL_ROW) return launch_quantize_o<DT, 2>(call, a);
+  if (a.global == HQ_NVFP4_GLOBAL_NONE || a.kind != HQ_NVFP4_SCALE_E4M3)
+    return launch_quantize_o<DT, 1>(call, a);
+  return launch_quantize_o<DT, 0>(call, a);
 }
 
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
@@ -1867,6 +2028,36 @@ int amax_pass(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src, f
   return amax_dispatch(call, src->dtype, am);
 }
 
+/* Pass 1 of a quantize with global_scale = row: the per-row amax buffers given (NULL: not
+   made; rowwise [M], columnwise [K]) zeroed, then row_amax_kernel fills them. */
+int row_amax_pass(const hq_call *call, const hq_tensor *src, float *row, float *col) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  const int64_t M = src->rows, K = src->cols;
+  if (row) CHECK_CUDA(call, cudaMemsetAsync(row, 0, (size_t)M * sizeof(float), stream));
+  if (col) CHECK_CUDA(call, cudaMemsetAsync(col, 0, (size_t)K * sizeof(float), stream));
+  if (M == 0 || K == 0 || (!row && !col)) return HQ_OK;
+  const int64_t grid = ((K + kRaTK - 1) / kRaTK) * ((M + kRaBand - 1) / kRaBand);
+  if (grid > 0x7fffffff)
+    return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: shape [%lld, %lld] needs more row-amax "
+                             "blocks than a grid holds", (long long)M, (long long)K);
+  RowAmaxArgs a = {src->data, M, K, aligned(src->data, 16), row, col};
+  switch (src->dtype) {
+  case HQ_F32:
+    row_amax_kernel<HQ_F32><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    break;
+  case HQ_F16:
+    row_amax_kernel<HQ_F16><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    break;
+  case HQ_BF16:
+    row_amax_kernel<HQ_BF16><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    break;
+  default:
+    return call->host->error(HQ_EINVAL, "nvfp4 CUDA: source dtype %d", (int)src->dtype);
+  }
+  CHECK_LAUNCH(call, "nvfp4 row amax kernel");
+  return HQ_OK;
+}
+
 } // namespace
 
 extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
@@ -1886,46 +2077,17 @@ extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const 
   return amax_dispatch(call, src->dtype, a);
 }
 
-extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
-                                   const nvfp4_dev_dir *row, const nvfp4_dev_dir *col) {
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = src->rows, K = src->cols;
-  /* the quantize kernel's offsets take 32-bit factors (QArgs): refused before anything runs */
-  if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31))
-    return call->host->error(HQ_ESHAPE,
-                             "nvfp4 CUDA quantize: shape [%lld, %lld] has a dimension of 2^31 or "
-                             "more", (long long)M, (long long)K);
-  int rc;
-  if (row && (rc = zero_padding(call, row->scale, M, K))) return rc;
-  if (col && (rc = zero_padding(call, col->scale, K, M))) return rc;
-  const float *given = call->amax;
-  if (M == 0 || K == 0) {
-    /* nothing to cast: the amax buffers get the given amaxes, or 0 */
-    if (row) {
-      if (given)
-        CHECK_CUDA(call, cudaMemcpyAsync(row->amax, given, sizeof(float), cudaMemcpyDeviceToDevice,
-                                         stream));
-      else
-        CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
-    }
-    if (col) {
-      if (given)
-        CHECK_CUDA(call, cudaMemcpyAsync(col->amax, given + 1, sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
-      else
-        CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
-    }
-    return HQ_OK;
-  }
-  if (!given) {
-    /* pass 1: the global amaxes, accumulated in the storages' own amax buffers */
-    rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL);
-    if (rc) return rc;
-  }
-  QArgs a;
+namespace {
+
+/* The quantize kernels' arguments for every configuration (the one place QArgs is filled):
+   the directions whose pointer is not NULL, the options of cfg, the caller's amaxes `given`
+   (NULL: the amax buffers hold them; unused with global_scale = row or none). */
+QArgs quantize_args(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                    const nvfp4_dev_dir *row, const nvfp4_dev_dir *col, const float *given) {
+  QArgs a = QArgs();
   a.x = src->data;
-  a.M = M;
-  a.K = K;
+  a.M = src->rows;
+  a.K = src->cols;
   a.vec = aligned(src->data, 16);
   a.rdata = row ? row->data : NULL;
   a.rscale = row ? row->scale : NULL;
@@ -1940,10 +2102,63 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   a.sr = cfg->sr;
   a.b2d = cfg->block_2d;
   a.swz = cfg->swizzle;
+  a.kind = cfg->scale_kind;
+  a.global = cfg->global;
   a.mask = cfg->rht_sign_mask;
   a.seed = cfg->seed ? cfg->seed : call->seed;
   hq_nvfp4_sr_keys(a.seed, a.rk);
   a.offset = call->offset;
+  return a;
+}
+
+/* A quantize of no elements: the per-tensor amax buffers get the given amaxes, or 0 (the
+   per-row ones of global_scale = row hold no entry for an empty direction but are zeroed by
+   row_amax_pass; global_scale = none has none). */
+int empty_amaxes(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                 const nvfp4_dev_dir *row, const nvfp4_dev_dir *col) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if (cfg->global == HQ_NVFP4_GLOBAL_ROW)
+    return row_amax_pass(call, src, row ? row->amax : NULL, col ? col->amax : NULL);
+  if (cfg->global == HQ_NVFP4_GLOBAL_NONE) return HQ_OK;
+  const float *given = call->amax;
+  const nvfp4_dev_dir *d[2] = {row, col};
+  for (int j = 0; j < 2; j++) {
+    if (!d[j]) continue;
+    if (given)
+      CHECK_CUDA(call, cudaMemcpyAsync(d[j]->amax, given + j, sizeof(float),
+                                       cudaMemcpyDeviceToDevice, stream));
+    else
+      CHECK_CUDA(call, cudaMemsetAsync(d[j]->amax, 0, sizeof(float), stream));
+  }
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
+                                   const nvfp4_dev_dir *row, const nvfp4_dev_dir *col) {
+  const int64_t M = src->rows, K = src->cols;
+  /* the quantize kernel's offsets take 32-bit factors (QArgs): refused before anything runs */
+  if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31))
+    return call->host->error(HQ_ESHAPE,
+                             "nvfp4 CUDA quantize: shape [%lld, %lld] has a dimension of 2^31 or "
+                             "more", (long long)M, (long long)K);
+  int rc;
+  if (row && (rc = zero_padding(call, row->scale, M, K))) return rc;
+  if (col && (rc = zero_padding(call, col->scale, K, M))) return rc;
+  if (M == 0 || K == 0) return empty_amaxes(cfg, call, src, row, col);
+  /* pass 1: the global amaxes into the storages' amax buffers -- per stored row with
+     global_scale = row; per direction unless the call brings them; none without a global
+     scale */
+  const float *given = cfg->global == HQ_NVFP4_GLOBAL_TENSOR ? call->amax : NULL;
+  if (cfg->global == HQ_NVFP4_GLOBAL_ROW)
+    rc = row_amax_pass(call, src, row ? row->amax : NULL, col ? col->amax : NULL);
+  else if (cfg->global == HQ_NVFP4_GLOBAL_TENSOR && !given)
+    rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL);
+  else
+    rc = HQ_OK;
+  if (rc) return rc;
+  const QArgs a = quantize_args(cfg, call, src, row, col, given);
   switch (src->dtype) {
   case HQ_F32:
     return launch_quantize<HQ_F32>(call, a);
@@ -1957,11 +2172,13 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
 }
 
 extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
-                                     const float *amax, int colwise, int swizzle, int rht,
-                                     uint32_t mask, int raw, hq_tensor *dst, float *fout,
-                                     const float *fin, float fmul) {
+                                     const float *amax, int kind, int global, int colwise,
+                                     int swizzle, int rht, uint32_t mask, int raw, hq_tensor *dst,
+                                     float *fout, const float *fin, float fmul) {
   DArgs a = DArgs();
   a.amax = amax;
+  a.kind = kind;
+  a.global = global;
   a.fout = raw ? fout : NULL;
   a.fin = fin;
   a.fmul = fmul;
@@ -1994,341 +2211,14 @@ extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, cons
   }
 }
 
-extern "C" int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0,
-                                         const float *amax1, float *out) {
-  tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax0, amax1, out);
+extern "C" int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, int kind,
+                                        int global, float *out) {
+  tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax, kind, global, out);
   CHECK_LAUNCH(call, "nvfp4 tensor factor kernel");
   return HQ_OK;
 }
 
 extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {
   CHECK_CUDA(call, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)call->stream));
-  return HQ_OK;
-}
-
-// --- scale_dtype = ue5m3, global_scale = row / none ----------------------------------------------
-/*
-** The options the tuned kernels above do not take run through these kernels: one thread per
-** 16-element block, each step the rule function of nvfp4_rules.h that the CPU reference calls
-** (hq_nvfp4_*_k with the scale type, the stored row's amax for global_scale = row, S_enc = 1
-** for none), so the bytes are the reference's by construction. Rowwise blocks: thread (i, b),
-** adjacent threads adjacent blocks of a row; columnwise: thread (k, g), adjacent threads
-** adjacent columns k, so that each of the 16 loads of a warp is one coalesced row segment. The
-** global amaxes: global_scale = tensor takes the amax pass of the tuned path (amax_dispatch),
-** row the two kernels below (one warp per row; one thread per column). Not tuned further.
-*/
-namespace {
-
-struct OArgs {
-  const void *x;
-  int dt;
-  int64_t M, K;
-  uint8_t *data, *scale; /* the direction being written */
-  const float *amax;     /* tensor: [1]; row: one per stored row; none: NULL */
-  int kind, global, b2d, swz, sr, rht;
-  uint32_t mask;
-  uint64_t seed, offset;
-};
-
-/* out[i] = max |x[i][k]| over row i (NaN ignored), one warp per row. */
-__global__ void opt_row_amax_kernel(const void *x, int dt, int64_t M, int64_t K, float *out) {
-  const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (i >= M) return;
-  uint32_t mx = 0;
-  for (int64_t k = lane; k < K; k += 32) {
-    const uint32_t b = hq_abs_bits_nonan(hq_load_hp(x, i * K + k, dt));
-    mx = b > mx ? b : mx;
-  }
-  for (int o = 16; o; o >>= 1) {
-    const uint32_t b = __shfl_xor_sync(0xffffffffu, mx, o);
-    mx = b > mx ? b : mx;
-  }
-  if (lane == 0) out[i] = hq_bits_f32(mx);
-}
-
-/* out[k] = max |x[i][k]| over column k (NaN ignored), one thread per column. */
-__global__ void opt_col_amax_kernel(const void *x, int dt, int64_t M, int64_t K, float *out) {
-  const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= K) return;
-  uint32_t mx = 0;
-  for (int64_t i = 0; i < M; i++) {
-    const uint32_t b = hq_abs_bits_nonan(hq_load_hp(x, i * K + k, dt));
-    mx = b > mx ? b : mx;
-  }
-  out[k] = hq_bits_f32(mx);
-}
-
-/* The block multiplier m and the decode scale of a block whose stored row is r. */
-__device__ __forceinline__ void opt_globals(const OArgs &a, int64_t r, float *m, float *s_dec) {
-  float s_enc = 1.0f; /* global_scale = none */
-  if (a.global == HQ_NVFP4_GLOBAL_TENSOR) s_enc = hq_nvfp4_global_encode_scale_k(a.amax[0], a.kind);
-  if (a.global == HQ_NVFP4_GLOBAL_ROW) s_enc = hq_nvfp4_global_encode_scale_k(a.amax[r], a.kind);
-  *m = hq_nvfp4_block_scale_mult(s_enc);
-  *s_dec = hq_nvfp4_global_decode_scale(s_enc);
-}
-
-/* Encode 16 values v (block amax ba) of stored row r into out[8], returning the scale code;
-   block: the block's index for stochastic rounding, colwise its direction bit. */
-__device__ __forceinline__ uint8_t opt_encode(const OArgs &a, const float v[16], float ba,
-                                              int64_t r, uint64_t block, uint32_t colwise,
-                                              uint8_t out[8]) {
-  float m, s_dec;
-  opt_globals(a, r, &m, &s_dec);
-  const uint8_t sf = hq_nvfp4_block_scale_k(ba, m, a.kind);
-  const float enc = hq_nvfp4_encode_mult_k(sf, s_dec, a.kind);
-  uint32_t bits[4] = {0, 0, 0, 0};
-  if (a.sr) hq_nvfp4_sr_bits(a.seed, a.offset, colwise, block, bits);
-  for (int j = 0; j < 8; j++) {
-    uint32_t c0, c1;
-    if (a.sr) {
-      c0 = hq_nvfp4_quantize_sr(v[2 * j], enc, hq_nvfp4_sr_byte(bits, 2 * j));
-      c1 = hq_nvfp4_quantize_sr(v[2 * j + 1], enc, hq_nvfp4_sr_byte(bits, 2 * j + 1));
-    } else {
-      c0 = hq_nvfp4_quantize(v[2 * j], enc);
-      c1 = hq_nvfp4_quantize(v[2 * j + 1], enc);
-    }
-    out[j] = (uint8_t)(c0 | c1 << 4);
-  }
-  return sf;
-}
-
-/* The 16x16 tile amax of block_2d: rows r0.., columns c0.. of x. */
-__device__ __forceinline__ float opt_tile_amax(const OArgs &a, int64_t r0, int64_t c0) {
-  float t = 0.0f;
-  for (int e = 0; e < 16; e++) {
-    float v[16];
-    for (int l = 0; l < 16; l++) v[l] = hq_load_hp(a.x, (r0 + e) * a.K + c0 + l, a.dt);
-    const float b = hq_nvfp4_amax(v, 16);
-    t = b > t ? b : t;
-  }
-  return t;
-}
-
-__global__ void opt_quant_rows_kernel(OArgs a) {
-  const int64_t nb = a.K / 16, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= a.M * nb) return;
-  const int64_t i = t / nb, k0 = (t % nb) * 16;
-  float v[16];
-  for (int e = 0; e < 16; e++) v[e] = hq_load_hp(a.x, i * a.K + k0 + e, a.dt);
-  const float ba = a.b2d ? opt_tile_amax(a, i / 16 * 16, k0) : hq_nvfp4_amax(v, 16);
-  uint8_t out[8];
-  a.scale[hq_nvfp4_row_scale_index(i, k0, a.K, a.swz)] =
-      opt_encode(a, v, ba, i, (uint64_t)t, 0, out);
-  uint8_t *d = a.data + hq_nvfp4_row_data_index(i, k0, a.K);
-  for (int j = 0; j < 8; j++) d[j] = out[j];
-}
-
-__global__ void opt_quant_cols_kernel(OArgs a) {
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= a.K * (a.M / 16)) return;
-  const int64_t k = t % a.K, i0 = (t / a.K) * 16;
-  float v[16];
-  for (int e = 0; e < 16; e++) v[e] = hq_load_hp(a.x, (i0 + e) * a.K + k, a.dt);
-  if (a.rht) hq_nvfp4_rht16(v, a.mask);
-  const float ba = a.b2d ? opt_tile_amax(a, i0, k / 16 * 16) : hq_nvfp4_amax(v, 16);
-  uint8_t out[8];
-  a.scale[hq_nvfp4_col_scale_index(i0, k, a.M, a.swz)] =
-      opt_encode(a, v, ba, k, (uint64_t)(k * (a.M / 16) + i0 / 16), 1, out);
-  uint8_t *d = a.data + hq_nvfp4_col_data_index(i0, k, a.M);
-  for (int j = 0; j < 8; j++) d[j] = out[j];
-}
-
-struct ODArgs {
-  const uint8_t *q, *scale;
-  const float *amax;
-  int kind, global, colwise, swz, rht, raw;
-  uint32_t mask;
-  void *dst;
-  int dt;
-  int64_t M, K;
-  float *fout;
-  const float *fin;
-  float fmul;
-};
-
-/* The decode multiplier of scale code sf in stored row r (raw values of a per-tensor or
-   scale-less storage: fp32(sf); of a row-scaled one: with the row's factor, as dequantize). */
-__device__ __forceinline__ float opt_dm(const ODArgs &a, uint8_t sf, int64_t r) {
-  if (a.global == HQ_NVFP4_GLOBAL_ROW) return hq_nvfp4_decode_mult_k(sf, a.amax[r], a.kind);
-  if (a.raw || a.global == HQ_NVFP4_GLOBAL_NONE) return hq_nvfp4_raw_mult_k(sf, a.kind);
-  return hq_nvfp4_decode_mult_k(sf, a.amax[0], a.kind);
-}
-
-__device__ __forceinline__ void opt_write_factor(const ODArgs &a) {
-  if (a.fout)
-    *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, a.global == HQ_NVFP4_GLOBAL_TENSOR
-                                                     ? hq_nvfp4_tensor_factor_k(a.amax[0], a.kind)
-                                                     : 1.0f);
-}
-
-__global__ void opt_factor_kernel(ODArgs a) { opt_write_factor(a); }
-
-__global__ void opt_deq_kernel(ODArgs a) {
-  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t == 0) opt_write_factor(a);
-  if (!a.colwise) {
-    const int64_t nb = a.K / 16;
-    if (t >= a.M * nb) return;
-    const int64_t i = t / nb, k0 = (t % nb) * 16;
-    const float dm = opt_dm(a, a.scale[hq_nvfp4_row_scale_index(i, k0, a.K, a.swz)], i);
-    const uint8_t *p = a.q + hq_nvfp4_row_data_index(i, k0, a.K);
-    for (int e = 0; e < 16; e++)
-      hq_store_hp(a.dst, i * a.K + k0 + e, a.dt,
-                  hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
-    return;
-  }
-  if (t >= a.K * (a.M / 16)) return;
-  const int64_t k = t % a.K, i0 = (t / a.K) * 16;
-  const float dm = opt_dm(a, a.scale[hq_nvfp4_col_scale_index(i0, k, a.M, a.swz)], k);
-  const uint8_t *p = a.q + hq_nvfp4_col_data_index(i0, k, a.M);
-  float g[16];
-  for (int e = 0; e < 16; e++)
-    g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
-  if (a.rht) hq_nvfp4_rht16_inverse(g, a.mask);
-  for (int e = 0; e < 16; e++) hq_store_hp(a.dst, (i0 + e) * a.K + k, a.dt, g[e]);
-}
-
-__global__ void opt_tensor_factor_kernel(const float *amax, int kind, int global, float *out) {
-  *out = global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(*amax, kind) : 1.0f;
-}
-
-constexpr int kOptThreads = 256;
-
-int opt_grid(const hq_call *call, int64_t n, unsigned *grid) {
-  const int64_t g = (n + kOptThreads - 1) / kOptThreads;
-  if (g > 0x7fffffff)
-    return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: %lld blocks exceed the grid limit",
-                             (long long)n);
-  *grid = (unsigned)g;
-  return HQ_OK;
-}
-
-/* One direction: its global amaxes (row: the kernels above), then its blocks. */
-int opt_direction(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
-                  const nvfp4_dev_dir *d, int colwise) {
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = src->rows, K = src->cols, R = colwise ? K : M;
-  unsigned grid = 0;
-  int rc;
-  if (cfg->global == HQ_NVFP4_GLOBAL_ROW) {
-    CHECK_CUDA(call, cudaMemsetAsync(d->amax, 0, (size_t)R * sizeof(float), stream));
-    if (M == 0 || K == 0) return HQ_OK;
-    if (colwise) {
-      if ((rc = opt_grid(call, K, &grid))) return rc;
-      opt_col_amax_kernel<<<grid, kOptThreads, 0, stream>>>(src->data, src->dtype, M, K,
-                                                             d->amax);
-    } else {
-      if ((rc = opt_grid(call, M * 32, &grid))) return rc;
-      opt_row_amax_kernel<<<grid, kOptThreads, 0, stream>>>(src->data, src->dtype, M, K,
-                                                             d->amax);
-    }
-    CHECK_LAUNCH(call, "nvfp4 row amax kernel");
-  }
-  if (M == 0 || K == 0) return HQ_OK;
-  OArgs a;
-  a.x = src->data;
-  a.dt = src->dtype;
-  a.M = M;
-  a.K = K;
-  a.data = d->data;
-  a.scale = d->scale;
-  a.amax = d->amax;
-  a.kind = cfg->scale_kind;
-  a.global = cfg->global;
-  a.b2d = cfg->block_2d;
-  a.swz = cfg->swizzle;
-  a.sr = cfg->sr;
-  a.rht = colwise && cfg->rht;
-  a.mask = cfg->rht_sign_mask;
-  a.seed = cfg->seed ? cfg->seed : call->seed;
-  a.offset = call->offset;
-  if ((rc = opt_grid(call, M * (K / 16), &grid))) return rc;
-  if (colwise) opt_quant_cols_kernel<<<grid, kOptThreads, 0, stream>>>(a);
-  else opt_quant_rows_kernel<<<grid, kOptThreads, 0, stream>>>(a);
-  CHECK_LAUNCH(call, "nvfp4 option quantize kernel");
-  return HQ_OK;
-}
-
-} // namespace
-
-extern "C" int nvfp4_cuda_opt_quantize(const nvfp4_cfg *cfg, const hq_call *call,
-                                       const hq_tensor *src, const nvfp4_dev_dir *row,
-                                       const nvfp4_dev_dir *col) {
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = src->rows, K = src->cols;
-  int rc;
-  /* every scale entry is written as zero first: the kernels write the logical ones */
-  if (row)
-    CHECK_CUDA(call, cudaMemsetAsync(row->scale, 0, (size_t)(hq_nvfp4_scale_rows(M) *
-                                                             hq_nvfp4_scale_cols(K)), stream));
-  if (col)
-    CHECK_CUDA(call, cudaMemsetAsync(col->scale, 0, (size_t)(hq_nvfp4_scale_rows(K) *
-                                                             hq_nvfp4_scale_cols(M)), stream));
-  if (cfg->global == HQ_NVFP4_GLOBAL_TENSOR) {
-    /* the per-tensor amaxes: given, or the tuned path's amax pass into the amax buffers */
-    const float *given = call->amax;
-    if (given) {
-      if (row)
-        CHECK_CUDA(call, cudaMemcpyAsync(row->amax, given, sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
-      if (col)
-        CHECK_CUDA(call, cudaMemcpyAsync(col->amax, given + 1, sizeof(float),
-                                         cudaMemcpyDeviceToDevice, stream));
-    } else if (M > 0 && K > 0) {
-      if ((rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL)))
-        return rc;
-    } else {
-      if (row) CHECK_CUDA(call, cudaMemsetAsync(row->amax, 0, sizeof(float), stream));
-      if (col) CHECK_CUDA(call, cudaMemsetAsync(col->amax, 0, sizeof(float), stream));
-    }
-  }
-  if (row && (rc = opt_direction(cfg, call, src, row, 0))) return rc;
-  if (col && (rc = opt_direction(cfg, call, src, col, 1))) return rc;
-  return HQ_OK;
-}
-
-extern "C" int nvfp4_cuda_opt_dequantize(const hq_call *call, const uint8_t *q,
-                                         const uint8_t *scale, const float *amax, int kind,
-                                         int global, int colwise, int swizzle, int rht,
-                                         uint32_t mask, int raw, hq_tensor *dst, float *fout,
-                                         const float *fin, float fmul) {
-  ODArgs a;
-  a.q = q;
-  a.scale = scale;
-  a.amax = amax;
-  a.kind = kind;
-  a.global = global;
-  a.colwise = colwise;
-  a.swz = swizzle;
-  a.rht = rht && !raw; /* a raw RHT copy stays in the transformed domain */
-  a.raw = raw;
-  a.mask = mask;
-  a.dst = dst->data;
-  a.dt = dst->dtype;
-  a.M = dst->rows;
-  a.K = dst->cols;
-  a.fout = raw ? fout : NULL;
-  a.fin = fin;
-  a.fmul = fmul;
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  if (a.M == 0 || a.K == 0) {
-    if (!a.fout) return HQ_OK;
-    opt_factor_kernel<<<1, 1, 0, stream>>>(a);
-    CHECK_LAUNCH(call, "nvfp4 factor kernel");
-    return HQ_OK;
-  }
-  unsigned grid = 0;
-  int rc = opt_grid(call, a.M * (a.K / 16), &grid);
-  if (rc) return rc;
-  opt_deq_kernel<<<grid, kOptThreads, 0, stream>>>(a);
-  CHECK_LAUNCH(call, "nvfp4 option dequantize kernel");
-  return HQ_OK;
-}
-
-extern "C" int nvfp4_cuda_opt_factor(const hq_call *call, const float *amax, int kind, int global,
-                                     float *out) {
-  opt_tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax, kind, global, out);
-  CHECK_LAUNCH(call, "nvfp4 tensor factor kernel");
   return HQ_OK;
 }

@@ -47,34 +47,25 @@ typedef struct nvfp4_dev_dir {
    directions in dirs (the columnwise one over the RHT values with rht), 0 for the others. */
 int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
                     uint32_t dirs, float *out);
-/* Quantize src into the directions whose pointer is not NULL: an amax pass into the storages'
-   amax buffers unless call->amax is given, then one fused pass for both directions. */
+/* Quantize src into the directions whose pointer is not NULL, every option of cfg: pass 1 fills
+   the storages' amax buffers (per tensor unless call->amax is given; per stored row with
+   global_scale = row; none with global_scale = none), then one fused pass for both directions. */
 int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
                         const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
-/* Dequantize one stored direction (colwise: the transposed copy, through the inverse RHT when
-   rht) into dst [M, K]; with raw, the raw values e2m1 * sf (no amax, no inverse RHT). fout (raw
-   only; NULL: none): *fout = hq_mul_rn(fin ? *fin : fmul, hq_nvfp4_tensor_factor(*amax)),
-   written by the dequantize kernel (ABI 2.3's hq_call.factor_out). */
+/* Dequantize one stored direction of scale type `kind` and global scale `global` (colwise: the
+   transposed copy, through the inverse RHT when rht) into dst [M, K]; amax: [1] per tensor, one
+   per stored row (row), NULL (none). With raw, the raw values e2m1 * sf (no per-tensor amax, no
+   inverse RHT; a row-scaled storage's carry their row's global scale). fout (raw only; NULL:
+   none): *fout = hq_mul_rn(fin ? *fin : fmul, the storage's tensor factor), written by the
+   dequantize kernel (ABI 2.3's hq_call.factor_out). */
 int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
-                          const float *amax, int colwise, int swizzle, int rht, uint32_t mask,
-                          int raw, hq_tensor *dst, float *fout, const float *fin, float fmul);
-/* out[0] = hq_nvfp4_tensor_factor(*amax0) and, when amax1 is not NULL, out[1] =
-   hq_nvfp4_tensor_factor(*amax1): device memory, one thread, on call->stream. */
-int nvfp4_cuda_tensor_factors(const hq_call *call, const float *amax0, const float *amax1,
-                              float *out);
-/* The options the tuned kernels do not take (scale_dtype = ue5m3, global_scale = row / none):
-   one thread per block through the rule functions (nvfp4.cu, last section). quantize: the
-   amax buffers ([1] per tensor: given or computed; [R] per stored row; none) and both
-   directions' bytes. dequantize / factor: as nvfp4_cuda_dequantize and
-   nvfp4_cuda_tensor_factors for a storage of scale type `kind` and global scale `global`. */
-int nvfp4_cuda_opt_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
-                            const nvfp4_dev_dir *row, const nvfp4_dev_dir *col);
-int nvfp4_cuda_opt_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
-                              const float *amax, int kind, int global, int colwise, int swizzle,
-                              int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
-                              const float *fin, float fmul);
-int nvfp4_cuda_opt_factor(const hq_call *call, const float *amax, int kind, int global,
-                          float *out);
+                          const float *amax, int kind, int global, int colwise, int swizzle,
+                          int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
+                          const float *fin, float fmul);
+/* *out = hq_nvfp4_tensor_factor_k(*amax, kind) with global_scale = tensor, 1 otherwise: device
+   memory, one thread, on call->stream. */
+int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, int kind, int global,
+                             float *out);
 /* cudaMemsetAsync(p, 0, bytes) on call->stream. */
 int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 
