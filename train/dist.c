@@ -511,19 +511,35 @@ int train_dist_gather_rows(const train_model *m, const float *shard, int64_t row
 
 #endif
 
+/* The two amaxes hq_dist_amax writes live on the context's device (hq_quantize_args.amax): the
+   caller's host array on the CPU, two floats from the context's stream-ordered pool on a GPU
+   (freed by amax_end after the quantize that reads them, in stream order). */
+static float *amax_begin(train_model *m, float *host) {
+  if (hq_ctx_device(m->ctx) < 0) return host;
+  void *p = NULL;
+  return hq_ctx_alloc(m->ctx, 2 * sizeof(float), &p) ? NULL : p;
+}
+
+static void amax_end(train_model *m, float *amax, float *host) {
+  if (amax && amax != host) hq_ctx_free(m->ctx, amax);
+}
+
 int train_dist_quantize(train_model *m, hq_quantizer *q, const hq_tensor *src,
                         hq_quantize_args *a, hq_qtensor **out) {
   train_dist *d = m->cfg.dist;
-  float amax[2];
-  if (d) {
-    const int rc = hq_dist_amax(d->hd, q, m->ctx, src, amax);
-    if (rc) {
-      d->failed = 1;
-      return rc;
-    }
+  if (!d) return hq_quantize_ex(q, m->ctx, src, a, out);
+  float host[2], *amax = amax_begin(m, host);
+  if (!amax) return -1;
+  int rc = hq_dist_amax(d->hd, q, m->ctx, src, amax);
+  if (rc) {
+    d->failed = 1;
+  } else {
     a->amax = amax;
+    rc = hq_quantize_ex(q, m->ctx, src, a, out);
+    a->amax = NULL;
   }
-  return hq_quantize_ex(q, m->ctx, src, a, out);
+  amax_end(m, amax, host);
+  return rc;
 }
 
 int train_dist_weight(train_model *m, train_linear *l, int first, char *err, size_t err_len) {
@@ -534,12 +550,13 @@ int train_dist_weight(train_model *m, train_linear *l, int first, char *err, siz
       return fail(err, err_len, "layer %s: quantizing the weight: %s", l->name, hq_last_error());
     return 0;
   }
-  float amax[2];
+  float host[2], *amax = amax_begin(m, host);
   hq_quantize_args a = {.struct_size = sizeof a, .amax = amax};
-  int rc = hq_dist_amax(d->hd, l->q_w, m->ctx, &w, amax);
-  if (rc) d->failed = 1;
+  int rc = amax ? hq_dist_amax(d->hd, l->q_w, m->ctx, &w, amax) : -1;
+  if (rc && amax) d->failed = 1;
   if (!rc) rc = first ? hq_quantize_ex(l->q_w, m->ctx, &w, &a, &l->qw_shard)
                       : hq_qtensor_update_ex(l->qw_shard, m->ctx, &w, &a);
+  amax_end(m, amax, host);
   if (first) {
     /* a shard a format refuses (rows not a multiple of its blocks) fails on this rank only */
     if (!all_ok(d, rc == 0)) {
