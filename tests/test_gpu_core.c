@@ -385,8 +385,9 @@ static void test_adam_and_nonfinite_on_device(void **state) {
    moments and write-back equal the CPU's, and the storage's amax is the max |w| of the new
    master computed here. The largest element sits last, so it lands in the last vector, in the
    tail of a size that is not a multiple of 4, or in the element-wise kernel when the masters are
-   not 16-byte aligned (offset by one float). Gradients of each dtype. mxfp8 and fp8_block (the
-   fused one-kernel write-back) on the same size, against the CPU as well. */
+   not 16-byte aligned (offset by one float). Gradients of each dtype. mxfp8 and fp8_block 1-D
+   and 2-D (the fused one-kernel write-back; 2-D also with partial tiles and off 16-byte
+   alignment) on the same size, against the CPU as well. */
 static void test_adam_amax_large(void **state) {
   (void)state;
   static const char *fp8 = "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\n"
@@ -397,6 +398,8 @@ static void test_adam_amax_large(void **state) {
                              "columnwise = f\n";
   static const char *fp8b = "[format f]\nplugin = fp8_block\n[role *:*:*]\nrowwise = f\n"
                             "columnwise = f\n";
+  static const char *fp8b2 = "[format f]\nplugin = fp8_block\nblock = 2d\n[role *:*:*]\n"
+                             "rowwise = f\ncolumnwise = f\n";
   const struct {
     const char *recipe;
     int64_t rows, cols;
@@ -407,6 +410,7 @@ static void test_adam_amax_large(void **state) {
       {fp8, 1024, 2048, HQ_F16, 1},  {nvfp4, 1024, 2048, HQ_F16, 0},
       /* the fused write-backs (one kernel, no amax) on the same sizes: many tiles per kernel */
       {mxfp8, 1024, 2048, HQ_BF16, 0}, {fp8b, 1024, 2048, HQ_F32, 0},
+      {fp8b2, 1100, 2176, HQ_F16, 0},  {fp8b2, 1024, 2048, HQ_BF16, 1},
   };
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     const int64_t R = cases[c].rows, C = cases[c].cols, n = R * C;

@@ -16,6 +16,9 @@
 ** 1-D, 1-D x 2-D and 2-D x 1-D, every flag pair, F32 / BF16 D, against the emulated path
 ** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; 2-D x 2-D takes the
 ** emulated path with this module's reason.
+** The fused AdamW write-back (hq_adam_step with HQ_CAP_FUSED_ADAM) against the CPU's step: 1-D
+** and 2-D, each direction alone and both, partial tiles, the element-wise and 16-byte paths, and
+** tensors of more tiles than one wave of the grid.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -409,6 +412,133 @@ static void test_gemm_on_device(void **state) {
   hq_recipe_free(r);
 }
 
+/* --- the fused AdamW write-back ------------------------------------------------------------
+** hq_adam_step on a device runs the whole optimizer step inside fp8_block's quantize kernel
+** (HQ_CAP_FUSED_ADAM): the masters, moments and every stored byte equal the CPU's loop (the
+** element rule hq_adam_elem, then a quantize), and the stored bytes equal a fresh CPU quantize of
+** the new master. Covered: 1-D and 2-D blocks, both directions and each alone, e4m3 and e5m2,
+** power-of-two scales on and off, gradients in f32, bf16 and f16, partial edge tiles on either
+** side, K % 8 != 0 and masters, moments and gradients off 16-byte alignment (the element-wise
+** path), and tensors of more 128x128 tiles than the device holds CTAs at once. */
+static int adam_fused_seen; /* "AdamW fused into" debug messages on adam_ctx */
+
+static void adam_log(void *user, int level, const char *msg) {
+  (void)user;
+  if (strstr(msg, "AdamW fused into")) adam_fused_seen++;
+  if (level <= 1) fprintf(stderr, "hq: %s\n", msg);
+}
+
+/* A device copy of host array h (n elements of `size` bytes), `shift` elements into its
+   allocation; *base is what to free. */
+static void *adam_to_dev(hq_ctx *dev, const void *h, int64_t n, size_t size, int shift,
+                         void **base) {
+  HQ_OK_OR_FAIL(hq_ctx_alloc(dev, (size_t)(n + shift + 8) * size, base));
+  void *d = (char *)*base + (size_t)shift * size;
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, d, hq_ctx_device(dev), h, HQ_DEVICE_HOST, (size_t)n * size));
+  return d;
+}
+
+static void adam_expect_equal(hq_ctx *dev, const float *d, const float *h, int64_t n,
+                              const char *arr, const char *what) {
+  float *back = malloc((size_t)n * 4);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(dev, back, HQ_DEVICE_HOST, d, hq_ctx_device(dev), (size_t)n * 4));
+  HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&back[i], &h[i], 4) != 0)
+      fail_msg("%s: %s[%lld] is %.9g on the device, %.9g on the CPU", what, arr, (long long)i,
+               (double)back[i], (double)h[i]);
+  free(back);
+}
+
+/* shift: elements the master (wshift) and the gradient and moments (shift) sit past an aligned
+   address. */
+static void adam_case(hq_ctx *dev, const char *options, uint32_t usage, int64_t M, int64_t K,
+                      hq_dtype gdt, int wshift, int shift, uint64_t seed) {
+  char text[512], what[256];
+  snprintf(text, sizeof text, "[format f]\nplugin = fp8_block\n%s\n[role *:*:*]\nrowwise = f\n"
+           "columnwise = f\n", options);
+  snprintf(what, sizeof what, "adam [%s] usage %u %lldx%lld grad %s, shifts %d %d", options,
+           usage, (long long)M, (long long)K, hq_dtype_name(gdt), wshift, shift);
+  for (char *c = what; *c; c++)
+    if (*c == '\n') *c = ' ';
+  const int64_t n = M * K;
+  hq_recipe *r = hq_test_recipe(text);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
+  hq_tensor g = hq_test_tensor(gdt, M, K, seed, 0.5f);
+  hq_tensor w = hq_test_tensor(HQ_F32, M, K, seed + 1, 0.1f);
+  hq_tensor mt = hq_test_tensor(HQ_F32, M, K, seed + 2, 0.01f);
+  hq_tensor vt = hq_test_tensor(HQ_F32, M, K, seed + 3, 0.01f);
+  float *m = mt.data, *v = vt.data;
+  for (int64_t i = 0; i < n; i++) v[i] = v[i] * v[i]; /* a second moment is >= 0 */
+  void *bg, *bw, *bm, *bv;
+  void *dg = adam_to_dev(dev, g.data, n, hq_dtype_size(gdt), shift, &bg);
+  float *dw = adam_to_dev(dev, w.data, n, 4, wshift, &bw);
+  float *dm = adam_to_dev(dev, m, n, 4, shift, &bm);
+  float *dv = adam_to_dev(dev, v, n, 4, shift, &bv);
+  hq_tensor gd = hq_tensor_2d(dg, gdt, hq_ctx_device(dev), M, K);
+  hq_tensor wd = hq_tensor_2d(dw, HQ_F32, hq_ctx_device(dev), M, K);
+  hq_qtensor *qh = NULL, *qg = NULL, *fresh = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+  HQ_OK_OR_FAIL(hq_quantize(q, dev, &wd, &qg));
+  adam_fused_seen = 0;
+  for (int64_t t = 1; t <= 2; t++) {
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t};
+    HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
+    HQ_OK_OR_FAIL(hq_adam_step(dev, &a, &gd, dw, dm, dv, qg));
+  }
+  HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+  if (adam_fused_seen != 2)
+    fail_msg("%s: %d fused write-backs logged, 2 expected", what, adam_fused_seen);
+  adam_expect_equal(dev, dw, w.data, n, "master", what);
+  adam_expect_equal(dev, dm, m, n, "m", what);
+  adam_expect_equal(dev, dv, v, n, "v", what);
+  hq_gpu_compare_usage(dev, qh, qg, usage, what);
+  HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &fresh)); /* independent of the step's path */
+  hq_gpu_compare_usage(dev, fresh, qg, usage, what);
+  hq_qtensor_free(fresh);
+  hq_qtensor_free(qh);
+  hq_qtensor_free(qg);
+  hq_ctx_free(dev, bg), hq_ctx_free(dev, bw), hq_ctx_free(dev, bm), hq_ctx_free(dev, bv);
+  free(g.data), free(w.data), free(m), free(v);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+static void test_fused_adam_writeback(void **state) {
+  (void)state;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.log = adam_log;
+  hq_ctx *dev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &dev));
+  const char *one = "block = 1d", *two = "block = 2d";
+  /* partial tiles on both sides; 16-byte paths (K % 8 == 0, aligned) */
+  adam_case(dev, one, HQ_BOTH, 160, 288, HQ_BF16, 0, 0, 1);
+  adam_case(dev, two, HQ_BOTH, 200, 136, HQ_F16, 0, 0, 2);
+  adam_case(dev, "block = 2d\npower_2_scales = false", HQ_BOTH, 257, 392, HQ_F32, 0, 0, 3);
+  adam_case(dev, "block = 1d\ndtype = e5m2\npower_2_scales = false", HQ_BOTH, 136, 264, HQ_BF16,
+            0, 0, 4);
+  /* each direction alone */
+  adam_case(dev, one, HQ_ROWWISE, 257, 264, HQ_F32, 0, 0, 5);
+  adam_case(dev, one, HQ_COLWISE, 136, 384, HQ_BF16, 0, 0, 6);
+  adam_case(dev, "block = 2d\ndtype = e5m2", HQ_ROWWISE, 130, 200, HQ_F16, 0, 0, 7);
+  adam_case(dev, two, HQ_COLWISE, 300, 136, HQ_BF16, 0, 0, 8);
+  /* element-wise paths: K % 8 != 0; arrays one element off 16-byte alignment */
+  adam_case(dev, one, HQ_BOTH, 130, 131, HQ_BF16, 0, 0, 9);
+  adam_case(dev, two, HQ_BOTH, 131, 259, HQ_F32, 0, 0, 10);
+  adam_case(dev, one, HQ_BOTH, 256, 256, HQ_F16, 1, 1, 11);
+  adam_case(dev, two, HQ_BOTH, 144, 136, HQ_BF16, 1, 1, 12);
+  adam_case(dev, one, HQ_BOTH, 136, 264, HQ_F32, 0, 1, 16); /* master aligned, the rest not */
+  adam_case(dev, two, HQ_COLWISE, 264, 136, HQ_BF16, 0, 2, 17);
+  /* 20 x 21 = 420 tiles: more than one wave of resident CTAs (132 SMs x 2 on an H200) */
+  adam_case(dev, one, HQ_BOTH, 2560, 2688, HQ_F32, 0, 0, 13);
+  adam_case(dev, two, HQ_BOTH, 2560, 2688, HQ_BF16, 0, 0, 14);
+  adam_case(dev, two, HQ_BOTH, 2500, 2690, HQ_F32, 0, 0, 15);
+  hq_ctx_destroy(dev);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -418,6 +548,7 @@ int main(void) {
       cmocka_unit_test(test_misaligned_and_large),
       cmocka_unit_test(test_raw_on_device),
       cmocka_unit_test(test_gemm_on_device),
+      cmocka_unit_test(test_fused_adam_writeback),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

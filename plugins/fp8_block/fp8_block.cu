@@ -21,6 +21,13 @@
 **                   chunks: few bank conflicts), then 16-byte coalesced stores of the [K, M] rows;
 **   2-D             one tile amax, one scale; the bytes are cast once, stored rowwise and, through
 **                   the same shared tile, as their exact transpose.
+** The fused optimizer step (update under HQ_CAP_FUSED_ADAM, an FP32 master): after the tile's
+** read, each thread applies hq_adam_elem to its 8x8 elements row by row, the gradient and moments
+** of a row loaded and master, m and v stored 8 at a time with 16-byte accesses (a thread's two
+** fill its 32-byte sector), element by element only when K % 8 or an array's alignment forbids
+** it; the rows a few ahead are prefetched into L2, so a CTA keeps DRAM reads in flight while it
+** computes; its registers allow HQ_FP8B_ADAM_MIN_BLOCKS CTAs per SM. The updated values then
+** take the quantize path above unchanged.
 ** scale_inv = hq_rcp_rn(scale) is written by the threads that own the block; the zero padding of
 ** each scale buffer's rows (dim 1 up to a multiple of 4) is written by the edge tiles.
 ** dequantize: 32x32 tiles, x = hq_fp8_dequantize(q, its block's scale_inv); a columnwise [K, M]
@@ -63,6 +70,7 @@ struct QArgs {
   int vec_in;        /* K % 8 == 0 and x 16-byte aligned: 16-byte loads */
   int vec_row;       /* K % 8 == 0 and rd 8-byte aligned: 8-byte rowwise stores */
   int vec_col;       /* M % 16 == 0 and cd 16-byte aligned: 16-byte columnwise stores */
+  int vec_adam;      /* vec_in and g, m, v 16-byte aligned: 16-byte optimizer loads/stores */
   /* the fused optimizer step (GT != 0): x is the FP32 master, rewritten with m and v */
   const void *g;
   float *m, *v;
@@ -112,6 +120,26 @@ __device__ __forceinline__ void store_row8(const QArgs &a, int64_t row, int64_t 
   }
 }
 
+/* Store 8 FP32 values at p (32-byte aligned) as two 16-byte stores. */
+__device__ __forceinline__ void store8f(float *p, const float y[8]) {
+  float4 *q = reinterpret_cast<float4 *>(p);
+  q[0] = make_float4(y[0], y[1], y[2], y[3]);
+  q[1] = make_float4(y[4], y[5], y[6], y[7]);
+}
+
+/* Ask L2 for the line holding p (no register, no wait): the fused optimizer step's rows of
+   gradient and moments are requested a few rows ahead of their loads, so each CTA keeps several
+   rows of DRAM reads in flight while it computes. */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+/* Rows of the thread's 8 the fused optimizer step prefetches ahead (0: none); each CTA then
+   has that many rows of gradient and moments (12 KiB to 24 KiB a row) in L2 at once. */
+#ifndef HQ_FP8B_ADAM_PREFETCH
+#define HQ_FP8B_ADAM_PREFETCH 2
+#endif
+
 /* Swizzled byte offset of (row r, byte b) of the shared 128x128 transposed tile: 16-byte chunk
    b/16 of row r sits at chunk (b/16) ^ ((r/8) % 8). */
 __device__ __forceinline__ int sw(int r, int b) {
@@ -120,9 +148,18 @@ __device__ __forceinline__ int sw(int r, int b) {
 
 /* CTAs per SM the register allocation aims at, 1-D and 2-D alike: 3 (80 registers, a few
    spilled words) rather than 2 (128): each CTA loads its tile, reduces, then encodes, so more
-   CTAs keep more loads in flight, which outweighs the spills. */
+   CTAs keep more loads in flight, which outweighs the spills. The fused optimizer step holds
+   the gradient and moments of a row beside the 64-word tile, which does not fit 80 registers
+   without heavy spills: it takes HQ_FP8B_ADAM_MIN_BLOCKS. */
+#ifndef HQ_FP8B_MIN_BLOCKS
+#define HQ_FP8B_MIN_BLOCKS 3
+#endif
+#ifndef HQ_FP8B_ADAM_MIN_BLOCKS
+#define HQ_FP8B_ADAM_MIN_BLOCKS 2
+#endif
 template <int DT, int ELEM, bool TWO_D, int GT>
-__global__ void __launch_bounds__(kThreads, 3) quantize_kernel(QArgs a) {
+__global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP8B_MIN_BLOCKS)
+    quantize_kernel(QArgs a) {
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */
@@ -135,6 +172,16 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_kernel(QArgs a) {
   /* --- the one read of the tile ---------------------------------------------------------- */
   Raw<DT> x;
   const bool col_in = c0 < nc;
+  /* the fused optimizer step: row p's gradient and moments, requested from L2 ahead of use */
+  const auto prefetch_row = [&](int p) {
+    if (GT == 0 || p >= 8 || r0 + p >= nr || !col_in) return;
+    const int64_t i = (m0 + r0 + p) * K + k0 + c0;
+    prefetch_l2(static_cast<const char *>(a.g) + i * (GT == HQ_F32 ? 4 : 2));
+    prefetch_l2(a.m + i);
+    prefetch_l2(a.v + i);
+  };
+  #pragma unroll
+  for (int p = 0; p < HQ_FP8B_ADAM_PREFETCH; p++) prefetch_row(p);
   if (a.vec_in) {
     #pragma unroll
     for (int p = 0; p < 8; p++) {
@@ -179,21 +226,42 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_kernel(QArgs a) {
   if constexpr (GT != 0) {
     /* the fused optimizer step (DT is F32): each in-bounds element of the master, read once
        above by this thread alone, gets one AdamW step (hq_adam_elem) with the gradient and
-       moments at its index; master, m and v are written back and the new value is quantized */
+       moments at its index; master, m and v are written back and the new value is quantized.
+       Each element is read and written by this thread only, once, so the read-only path is
+       safe for the moments too. */
     float *w = static_cast<float *>(const_cast<void *>(a.x));
     #pragma unroll
     for (int p = 0; p < 8; p++) {
+      if (HQ_FP8B_ADAM_PREFETCH > 0) prefetch_row(p + HQ_FP8B_ADAM_PREFETCH);
       if (r0 + p >= nr) continue;
       const int64_t i = (m0 + r0 + p) * K + k0 + c0;
-      #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        if (c0 + j >= nc) continue;
-        float wi = hq_bits_f32(x.w[p][j]), mi = a.m[i + j], vi = a.v[i + j];
-        hq_adam_elem(&a.k, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
-        w[i + j] = wi;
-        a.m[i + j] = mi;
-        a.v[i + j] = vi;
-        x.w[p][j] = hq_f32_bits(wi);
+      if (a.vec_adam) {
+        /* K % 8 == 0: the thread's 8 columns are all in bounds or all out */
+        if (!col_in) continue;
+        float g[8], m[8], v[8], y[8];
+        hq_cuda_load8<GT>(a.g, i, true, g);
+        hq_cuda_load8<HQ_F32>(a.m, i, true, m);
+        hq_cuda_load8<HQ_F32>(a.v, i, true, v);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+          y[j] = hq_bits_f32(x.w[p][j]);
+          hq_adam_elem(&a.k, g[j], &y[j], &m[j], &v[j]);
+          x.w[p][j] = hq_f32_bits(y[j]);
+        }
+        store8f(w + i, y);
+        store8f(a.m + i, m);
+        store8f(a.v + i, v);
+      } else {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+          if (c0 + j >= nc) continue;
+          float wi = hq_bits_f32(x.w[p][j]), mi = a.m[i + j], vi = a.v[i + j];
+          hq_adam_elem(&a.k, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
+          w[i + j] = wi;
+          a.m[i + j] = mi;
+          a.v[i + j] = vi;
+          x.w[p][j] = hq_f32_bits(wi);
+        }
       }
     }
   }
@@ -425,11 +493,13 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   const unsigned grid = (unsigned)tiles;
   a.g = NULL;
   a.m = a.v = NULL;
+  a.vec_adam = 0;
   if (adam) { /* the fused optimizer step: src is the FP32 master (checked in fp8_block.c) */
     a.g = adam->grad;
     a.m = adam->m;
     a.v = adam->v;
     a.k = adam->k;
+    a.vec_adam = a.vec_in && aligned(a.g, 16) && aligned(a.m, 16) && aligned(a.v, 16);
     switch (adam->grad_dtype) {
     case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(elem, two_d, grid, stream, a); break;
     case HQ_F16: launch_quantize_dt<HQ_F32, HQ_F16>(elem, two_d, grid, stream, a); break;
