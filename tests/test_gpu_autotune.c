@@ -184,9 +184,10 @@ static void test_first_call_captured(void **state) {
   hq_tensor d0h = hq_test_tensor(HQ_F32, N, M, 113, 1.0f);
   hq_tensor d = to_dev(ctx, &d0h);
   const size_t bytes = (size_t)(N * M) * sizeof(float);
-  /* the context's workspace exists before the capture: another problem's eager call made it */
+  /* the context's workspace and its choice of provider for the pair exist before the capture:
+     an eager call of the same pair at another shape made them; only the runner's plan is new */
   {
-    hq_qtensor *W = make_q(ctx, "l:w:a", 128, 256, 114), *X = make_q(ctx, "l:x:a", 64, 256, 115);
+    hq_qtensor *W = make_q(ctx, "l:w:a", 128, 256, 114), *X = make_q(ctx, "l:dy:b", 64, 256, 115);
     hq_tensor e = hq_tensor_2d(NULL, HQ_F32, 0, 64, 128);
     HQ_OK_OR_FAIL(hq_ctx_alloc(ctx, 64 * 128 * sizeof(float), &e.data));
     HQ_OK_OR_FAIL(hq_gemm(ctx, hq_operand_q(W), 1, hq_operand_q(X), 0, &e, 1.0f, 0.0f, NULL,

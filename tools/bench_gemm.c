@@ -66,7 +66,7 @@ static const char usage[] =
     "fp8_block (1x128 x 1x128 and 128x128 x 1x128 scales, Hopper), hq mxfp8, nvfp4, mxfp4 and\n"
     "mxfp6 on the path the device gives them (dequantize included; target >= 80% of the BF16\n"
     "rate), and the host dispatch overhead per hq_gemm call (target < 2 us).\n"
-    "Then (and alone with --trainer) the GEMMs of `hq train --preset large` as the trainer\n"
+    "Then (and alone with --trainer) the GEMMs of hq train's large model as the trainer\n"
     "calls them (32768 tokens, 4096 x 4096 layers and the 4096 -> 128 lm_head; fprop, dgrad\n"
     "and wgrad through hq_linear_*, D f32) for the BF16, E4M3 and hybrid (E4M3 forward, E5M2\n"
     "gradients) recipes, each beside a direct cuBLASLt call on the same storages' bytes in the\n"

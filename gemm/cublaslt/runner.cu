@@ -960,9 +960,9 @@ int settle(const hq_call *call, const hq_lt_matmul *mm, const plan_key *key, con
     if (gemm_beta == 0.0f || scratch) {
       const tune_call t = {u->lt,      ds,         sc->alpha, sc->beta, mm->a.data, mm->b.data,
                            scratch ? scratch : gd, u->ws,     u->ws_bytes, stream};
-      pthread_mutex_lock(&g_mu);
+      /* without the lock: other threads' GEMMs go on (the handle is thread-safe), and a wait
+         on this stream never holds up a thread that the stream's work may be waiting for */
       tune(&t, mm, key, pl, &chosen);
-      pthread_mutex_unlock(&g_mu);
     }
     call_free(call, scratch);
   }
