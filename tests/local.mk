@@ -337,6 +337,13 @@ tests_test_gpu_graph_step_SOURCES = tests/test_gpu_graph_step.c tests/hq_test.h 
 tests_test_gpu_graph_step_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_graph_step_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_graph_step_LDFLAGS = $(CUDA_LDFLAGS)
+# the runner's autotune (HQ_GEMM_AUTOTUNE=1): tuned plans against F64, repeated calls bit for
+# bit, a first call under graph capture
+check_PROGRAMS += tests/test_gpu_autotune
+tests_test_gpu_autotune_SOURCES = tests/test_gpu_autotune.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_gpu_autotune_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_autotune_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_autotune_LDFLAGS = $(CUDA_LDFLAGS)
 # the trainer's CUDA kernels (train/ops_cuda.cu) against host references in double, their fused
 # amaxes against max |x| and hq_quantizer_amax
 check_PROGRAMS += tests/test_gpu_train_ops

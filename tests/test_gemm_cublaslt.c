@@ -7,7 +7,7 @@
 ** living on mock device 0. For each format: what accepts() answers per architecture (the exact
 ** status and the reason's words), and what run() hands cuBLASLt, field by field, for every
 ** transpose pair and with and without HQ_GEMM_QUERY; the refusals, none of which reaches the
-** runner. Nothing runs on a GPU.
+** runner; and how the runner reads HQ_GEMM_AUTOTUNE (lt_names.h). Nothing runs on a GPU.
 */
 #include <math.h>
 
@@ -785,8 +785,24 @@ static void test_elem_names(void **state) {
   assert_string_equal(hq_lt_elem_name(-1), "?");
 }
 
+/* HQ_GEMM_AUTOTUNE as the runner reads it: unset, empty and "0" off, "1" on, and anything else
+   refused (-1) rather than read as one of them. */
+static void test_autotune_setting(void **state) {
+  (void)state;
+  assert_int_equal(hq_lt_autotune_parse(NULL), 0);
+  assert_int_equal(hq_lt_autotune_parse(""), 0);
+  assert_int_equal(hq_lt_autotune_parse("0"), 0);
+  assert_int_equal(hq_lt_autotune_parse("1"), 1);
+  static const char *bad[] = {"2", "-1", "01", "10", "1 ", " 1", "00", "on", "true", "yes", "x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    if (hq_lt_autotune_parse(bad[i]) != -1)
+      fail_msg("HQ_GEMM_AUTOTUNE='%s' read as %d, not refused", bad[i],
+               hq_lt_autotune_parse(bad[i]));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_autotune_setting),
       cmocka_unit_test(test_elem_names), cmocka_unit_test(test_module),      cmocka_unit_test(test_fp8_tensor),
       cmocka_unit_test(test_fp8_block),   cmocka_unit_test(test_mxfp8),
       cmocka_unit_test(test_nvfp4),       cmocka_unit_test(test_plain_and_mixed),

@@ -50,7 +50,8 @@
 static const char usage[] =
     "usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]\n"
     "                       [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
-    "                       [--recipe FILE --role M:T:N] [--plugin-dir DIR]... [--json]\n"
+    "                       [--recipe FILE --role M:T:N] [--trainer] [--plugin-dir DIR]...\n"
+    "                       [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
     "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU). On the CPU\n"
@@ -65,6 +66,11 @@ static const char usage[] =
     "fp8_block (1x128 x 1x128 and 128x128 x 1x128 scales, Hopper), hq mxfp8, nvfp4, mxfp4 and\n"
     "mxfp6 on the path the device gives them (dequantize included; target >= 80% of the BF16\n"
     "rate), and the host dispatch overhead per hq_gemm call (target < 2 us).\n"
+    "Then (and alone with --trainer) the GEMMs of hq train's large model as the trainer\n"
+    "calls them (32768 tokens, 4096 x 4096 layers and the 4096 -> 128 lm_head; fprop, dgrad\n"
+    "and wgrad through hq_linear_*, D f32) for the BF16, E4M3 and hybrid (E4M3 forward, E5M2\n"
+    "gradients) recipes, each beside a direct cuBLASLt call on the same storages' bytes in the\n"
+    "same layout (target >= 98%); a mixed FP8 pair is also timed with A and B swapped.\n"
     "CPU (default 1024x1024x1024, 5 iterations): hq's CPU path against a plain sgemm.\n"
     "Medians over --iters samples; a sample is --batch calls issued back to back between two\n"
     "CUDA events, its time divided by the batch (default 10 on a GPU: the time per call of a\n"
@@ -274,9 +280,12 @@ typedef struct dop {
   cudaDataType type;
   int scale_mode;           /* -1: none; else a cublasLtMatmulMatrixScale_t */
   const void *scale;
+  int k_outer;              /* 1: stored [k, outer] instead (k strided: an identity storage's
+                               data read by dgrad or wgrad) */
 } dop;
 
-/* A prepared direct "TN" matmul D (m x n, bf16) = op(A)^T op(B). */
+/* A prepared direct matmul D (m x n, column-major) = op(A) op(B): "TN" for k-contiguous
+   operands, "N" for an A and "T" for a B stored [k, outer]. */
 typedef struct direct {
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, ld;
@@ -302,13 +311,16 @@ static void direct_free(direct *x) {
 }
 
 static int direct_prepare(cublasLtHandle_t h, size_t ws_bytes, const dop *A, const dop *B,
-                          int64_t m, int64_t n, int64_t k, void *D, int fast_accum, direct *x,
-                          char *err, size_t len) {
+                          int64_t m, int64_t n, int64_t k, void *D, cudaDataType td,
+                          int fast_accum, direct *x, char *err, size_t len) {
   memset(x, 0, sizeof *x);
-  LT_CK(lt.cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
-  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T));
-  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &N, sizeof N));
+  /* F32 x F32 as hq's runner asks for it: really FP32 (no TF32) */
+  LT_CK(lt.cublasLtMatmulDescCreate(
+      &x->op, A->type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = A->k_outer ? CUBLAS_OP_N : CUBLAS_OP_T;
+  cublasOperation_t tb = B->k_outer ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (A->type == CUDA_R_8F_E4M3 || A->type == CUDA_R_8F_E5M2) {
     int8_t fa = (int8_t)fast_accum;
     LT_CK(lt.cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
@@ -332,9 +344,11 @@ static int direct_prepare(cublasLtHandle_t h, size_t ws_bytes, const dop *A, con
         x->op, i ? CUBLASLT_MATMUL_DESC_B_SCALE_POINTER : CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &p,
         sizeof p));
   }
-  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->la, A->type, (uint64_t)k, (uint64_t)m, k));
-  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->lb, B->type, (uint64_t)k, (uint64_t)n, k));
-  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->ld, CUDA_R_16BF, (uint64_t)m, (uint64_t)n, m));
+  if (A->k_outer) LT_CK(lt.cublasLtMatrixLayoutCreate(&x->la, A->type, (uint64_t)m, (uint64_t)k, m));
+  else LT_CK(lt.cublasLtMatrixLayoutCreate(&x->la, A->type, (uint64_t)k, (uint64_t)m, k));
+  if (B->k_outer) LT_CK(lt.cublasLtMatrixLayoutCreate(&x->lb, B->type, (uint64_t)n, (uint64_t)k, n));
+  else LT_CK(lt.cublasLtMatrixLayoutCreate(&x->lb, B->type, (uint64_t)k, (uint64_t)n, k));
+  LT_CK(lt.cublasLtMatrixLayoutCreate(&x->ld, td, (uint64_t)m, (uint64_t)n, m));
   cublasLtMatmulPreference_t pref = NULL;
   LT_CK(lt.cublasLtMatmulPreferenceCreate(&pref));
   uint64_t wsb = ws_bytes;
@@ -392,11 +406,12 @@ static int direct_time(cublasLtHandle_t h, const direct *x, void *ws, size_t ws_
   return rc;
 }
 
-/* The direct operand of a storage (fp8_tensor: SCALAR_32F; fp8_block: VEC128 / BLK128x128). */
-static int dop_of(const hq_qtensor *qt, dop *o, char *err, size_t len) {
-  const hq_storage *s = hq_qtensor_storage(qt, HQ_ROWWISE);
+/* The direct operand of direction dir of a storage (fp8_tensor: SCALAR_32F; fp8_block: VEC128 /
+   BLK128x128; identity: the plain data, no scale). */
+static int dop_dir(const hq_qtensor *qt, uint32_t dir, dop *o, char *err, size_t len) {
+  const hq_storage *s = hq_qtensor_storage(qt, dir);
   if (!s) {
-    snprintf(err, len, "no rowwise storage");
+    snprintf(err, len, "no %s storage", dir == HQ_ROWWISE ? "rowwise" : "columnwise");
     return -1;
   }
   memset(o, 0, sizeof *o);
@@ -407,6 +422,11 @@ static int dop_of(const hq_qtensor *qt, dop *o, char *err, size_t len) {
     if (b->role == HQ_ROLE_SCALE) o->scale = b->ptr;
   }
   o->type = s->desc.elem == HQ_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  if (s->desc.scale_mode == HQ_SCALE_NONE && (s->desc.elem == HQ_BF16 || s->desc.elem == HQ_F32)) {
+    o->type = s->desc.elem == HQ_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    if (!o->data) snprintf(err, len, "the storage lacks its data buffer");
+    return o->data ? 0 : -1;
+  }
   switch (s->desc.scale_mode) {
   case HQ_SCALE_TENSOR_F32: o->scale_mode = 0; break;
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120900
@@ -422,6 +442,10 @@ static int dop_of(const hq_qtensor *qt, dop *o, char *err, size_t len) {
     return -1;
   }
   return 0;
+}
+
+static int dop_of(const hq_qtensor *qt, dop *o, char *err, size_t len) {
+  return dop_dir(qt, HQ_ROWWISE, o, err, len);
 }
 
 /* The host time per call of `calls` back-to-back calls, best of `batches` (synchronized
@@ -487,6 +511,8 @@ typedef struct bench {
   hq_state *role_st;
   hq_quantizer *role_q;
   const hq_gemm_args *args; /* hq_gemm's arguments for the rows being timed (NULL: none) */
+  char labels_t[MAX_ROWS][120]; /* the trainer rows' kinds */
+  int nlabels_t;
 } bench;
 
 static row *add_row(bench *B, int64_t m, int64_t n, int64_t k, const char *kind) {
@@ -616,8 +642,9 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   const bench_timed bf16_pb = {direct_pair_run, &bf16_pair};
   const bench_timed *bf16 = NULL;
   {
-    dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
-    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, 0, &xbf, err, sizeof err) &&
+    dop da = {a.data, CUDA_R_16BF, -1, NULL, 0}, db = {b.data, CUDA_R_16BF, -1, NULL, 0};
+    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, CUDA_R_16BF, 0, &xbf, err,
+                        sizeof err) &&
         !direct_time(h, &xbf, ws, ws_bytes, B->timer, B->iters, B->batch, &base->ms, err,
                      sizeof err))
       bf16 = &bf16_pb;
@@ -669,8 +696,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       direct x;
       memset(&x, 0, sizeof x);
       const int ok = !dop_of(qa, &da, err, sizeof err) && !dop_of(qb, &db, err, sizeof err) &&
-                     !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, f8[i].fast, &x,
-                                     err, sizeof err) &&
+                     !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, CUDA_R_16BF,
+                                     f8[i].fast, &x, err, sizeof err) &&
                      !direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, B->batch, &rd->ms,
                                   err, sizeof err);
       if (!ok) snprintf(rd->note, sizeof rd->note, "%s", err);
@@ -788,10 +815,11 @@ static void bench_dispatch(bench *B, cublasLtHandle_t h, void *ws, size_t ws_byt
     char err[256] = "";
     direct x;
     memset(&x, 0, sizeof x);
-    dop da = {a.data, CUDA_R_16BF, -1, NULL}, db = {b.data, CUDA_R_16BF, -1, NULL};
+    dop da = {a.data, CUDA_R_16BF, -1, NULL, 0}, db = {b.data, CUDA_R_16BF, -1, NULL, 0};
     if (qa && qb && (i == 0 || (!dop_of(qa, &da, err, sizeof err) &&
                                 !dop_of(qb, &db, err, sizeof err))) &&
-        !direct_prepare(h, ws_bytes, &da, &db, s, s, s, d.data, i == 1, &x, err, sizeof err)) {
+        !direct_prepare(h, ws_bytes, &da, &db, s, s, s, d.data, CUDA_R_16BF, i == 1, &x,
+                        err, sizeof err)) {
       disp p = {B->ctx, hq_operand_q(qa), hq_operand_q(qb), &d, h, &x, ws, ws_bytes};
       host_us(&p, 1, 20, 1); /* warm-up: plans cached */
       r->plan_us = host_us(&p, 0, 1000, 5);
@@ -809,6 +837,218 @@ out:
   if (b.data) hq_ctx_free(B->ctx, b.data);
   if (d.data) hq_ctx_free(B->ctx, d.data);
   free(ha);
+}
+/* The trainer's GEMMs --------------------------------------------------------------------------- */
+
+/* One of a linear layer's three GEMMs through hq (hq_linear_fprop / dgrad / wgrad), D F32 as in
+   `hq train`, as a timed call. */
+enum { LIN_FPROP, LIN_DGRAD, LIN_WGRAD };
+typedef struct lin_call {
+  hq_ctx *ctx;
+  int which;
+  const hq_qtensor *x, *w, *dy;
+  hq_tensor *d;
+  hq_gemm_info *info;
+} lin_call;
+
+static int lin_run(void *arg) {
+  lin_call *c = arg;
+  if (c->which == LIN_FPROP)
+    return hq_linear_fprop(c->ctx, hq_operand_q(c->x), hq_operand_q(c->w), NULL, HQ_F32, c->d,
+                           c->info);
+  if (c->which == LIN_DGRAD)
+    return hq_linear_dgrad(c->ctx, hq_operand_q(c->dy), hq_operand_q(c->w), c->d, c->info);
+  return hq_linear_wgrad(c->ctx, hq_operand_q(c->x), hq_operand_q(c->dy), c->d, 0, c->info);
+}
+
+/* Quantize src with `spec`, both directions (the three GEMMs read both); NULL on failure. */
+static hq_qtensor *quantize_both(bench *B, const char *spec, const hq_tensor *src, char *note,
+                                 size_t len) {
+  hq_recipe *r = NULL;
+  hq_quantizer *q = quantizer_for(spec, B->set, &r);
+  hq_qtensor *qt = NULL;
+  if (!q || hq_quantizer_set_usage(q, HQ_BOTH))
+    snprintf(note, len, "%s: %s", spec, hq_last_error()[0] ? hq_last_error() : "not installed");
+  else
+    qt = quantize_with(B, q, spec, src, note, len);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  return qt;
+}
+
+/* The operands cuBLASLt multiplies for GEMM `which` of a layer: fprop A = W rowwise, B = x
+   rowwise; dgrad A = W columnwise, B = dy rowwise; wgrad A = x columnwise, B = dy columnwise.
+   A storage in [M, K] order holds the tensor as it is, so k is strided in dgrad's A and in both
+   of wgrad's operands (the "NN" and "NT" products of a high-precision layer); a per-tensor FP8
+   columnwise copy is stored transposed ([K, M] order), so its three products are all "TN". */
+static int lin_dops(int which, const hq_qtensor *x, const hq_qtensor *w, const hq_qtensor *dy,
+                    dop *a, dop *b, char *err, size_t len) {
+  const hq_qtensor *qa = which == LIN_WGRAD ? x : w, *qb = dy;
+  const uint32_t da = which == LIN_FPROP ? HQ_ROWWISE : HQ_COLWISE;
+  const uint32_t db = which == LIN_WGRAD ? HQ_COLWISE : HQ_ROWWISE;
+  if (which == LIN_FPROP) qb = x;
+  if (dop_dir(qa, da, a, err, len) || dop_dir(qb, db, b, err, len)) return -1;
+  const int km_a = hq_qtensor_storage(qa, da)->desc.order == HQ_ORDER_KM;
+  const int km_b = hq_qtensor_storage(qb, db)->desc.order == HQ_ORDER_KM;
+  a->k_outer = (which != LIN_FPROP) != km_a;
+  b->k_outer = (which == LIN_WGRAD) != km_b;
+  return 0;
+}
+
+static const char *type_name(cudaDataType t) {
+  switch (t) {
+  case CUDA_R_8F_E4M3: return "e4m3";
+  case CUDA_R_8F_E5M2: return "e5m2";
+  case CUDA_R_16BF: return "bf16";
+  default: return "f32";
+  }
+}
+
+/* One layer of `hq train` (tokens T, in -> out features) and one recipe pair (spec_f: input and
+   weight, spec_b: output gradient): per GEMM a direct cuBLASLt call on the bytes of hq's storages
+   (D f32, as the trainer's) and hq's linear-layer call against it, interleaved; for a mixed FP8
+   pair also the direct call with A and B swapped (the transposed product, same work), which
+   says whether cuBLASLt's kernel for the pair depends on the operand order. */
+static void trainer_layer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_bytes, int64_t T,
+                          int64_t in, int64_t out, const char *label, const char *spec_f,
+                          const char *spec_b, const hq_tensor *x, const hq_tensor *w,
+                          const hq_tensor *dy, void *d) {
+  static const char *gname[] = {"fprop", "dgrad", "wgrad"};
+  char note[320] = "";
+  hq_qtensor *qx = quantize_both(B, spec_f, x, note, sizeof note);
+  hq_qtensor *qw = qx ? quantize_both(B, spec_f, w, note, sizeof note) : NULL;
+  hq_qtensor *qdy = qw ? quantize_both(B, spec_b, dy, note, sizeof note) : NULL;
+  for (int g = 0; g < 3; g++) {
+    const int64_t m = g == LIN_FPROP ? out : in, n = g == LIN_WGRAD ? out : T;
+    const int64_t k = g == LIN_FPROP ? in : g == LIN_DGRAD ? out : T;
+    if (B->nlabels_t + 3 > MAX_ROWS) break;
+    char *kd = B->labels_t[B->nlabels_t++], *kh = B->labels_t[B->nlabels_t++];
+    char *ks = B->labels_t[B->nlabels_t++];
+    row *rd = add_row(B, m, n, k, kd), *rh = add_row(B, m, n, k, kh);
+    if (!rd || !rh) break;
+    rd->path = "direct";
+    snprintf(kh, 120, "hq %s %s, D f32", label, gname[g]);
+    snprintf(kd, 120, "cuBLASLt %s %s, D f32 (direct)", label, gname[g]);
+    if (!qdy) {
+      snprintf(rh->note, sizeof rh->note, "%s", note);
+      continue;
+    }
+    char err[256] = "";
+    dop da, db;
+    direct x1, x2;
+    memset(&x1, 0, sizeof x1);
+    memset(&x2, 0, sizeof x2);
+    int ok = !lin_dops(g, qx, qw, qdy, &da, &db, err, sizeof err);
+    if (ok) {
+      snprintf(kd, 120, "cuBLASLt %s x %s %s, D f32 (direct)", type_name(da.type),
+               type_name(db.type), gname[g]);
+      ok = !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d, CUDA_R_32F, 0, &x1, err,
+                           sizeof err) &&
+           !direct_time(h, &x1, ws, ws_bytes, B->timer, B->iters, B->batch, &rd->ms, err,
+                        sizeof err);
+    }
+    if (!ok) snprintf(rd->note, sizeof rd->note, "%s", err);
+    hq_tensor dt = hq_tensor_2d(d, HQ_F32, B->device, n, m);
+    hq_gemm_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    lin_call c = {B->ctx, g, qx, qw, qdy, &dt, &info};
+    const bench_timed f = {lin_run, &c};
+    direct_pair pair = {h, &x1, ws, ws_bytes, CUBLAS_STATUS_SUCCESS};
+    const bench_timed pb = {direct_pair_run, &pair};
+    double ms = NAN, base_ms = NAN;
+    if (bench_time_calls(B->timer, B->iters, 3, B->batch, &f, &ms, ok ? &pb : NULL, &base_ms)) {
+      snprintf(rh->note, sizeof rh->note, "%s", hq_last_error());
+    } else {
+      rh->ms = ms;
+      rh->path = hq_gemm_path_name(info.path);
+      if (info.reason[0]) snprintf(rh->note, sizeof rh->note, "%s", info.reason);
+      if (ok) {
+        rh->base = "direct (same pair)";
+        rh->base_ms = base_ms;
+        rh->target = 98.0;
+      }
+    }
+    /* the mixed pair the other way round: D^T = op(B)^T op(A), n x m */
+    if (ok && da.type != db.type && da.type != CUDA_R_16BF && da.type != CUDA_R_32F) {
+      row *rs = add_row(B, n, m, k, ks);
+      if (!rs) break;
+      rs->path = "direct";
+      snprintf(ks, 120, "cuBLASLt %s x %s %s swapped, D f32 (direct)", type_name(db.type),
+               type_name(da.type), gname[g]);
+      if (!direct_prepare(h, ws_bytes, &db, &da, n, m, k, d, CUDA_R_32F, 0, &x2, err,
+                          sizeof err) &&
+          !direct_time(h, &x2, ws, ws_bytes, B->timer, B->iters, B->batch, &rs->ms, err,
+                       sizeof err)) {
+        rs->base = "the unswapped direct call";
+        rs->base_ms = rd->ms;
+      } else {
+        snprintf(rs->note, sizeof rs->note, "%s", err);
+      }
+    }
+    direct_free(&x1);
+    direct_free(&x2);
+  }
+  hq_qtensor_free(qx);
+  hq_qtensor_free(qw);
+  hq_qtensor_free(qdy);
+}
+
+/* The GEMMs of `hq train --preset large` (32768 tokens; the 4096 x 4096 hidden layers, and the
+   lm_head 4096 -> 128 that the hybrid recipes keep in high precision, as F32 identity), each
+   recipe pair of those runs: BF16 (high_precision.ini), E4M3 x E4M3 (fp8_current.ini), E4M3
+   forward with E5M2 gradients (fp8_current_hybrid.ini, fp8_delayed.ini), and the lm_head in F32
+   (the hybrids' identity with the trainer's F32 tensors). */
+static int bench_cuda_trainer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_bytes) {
+  const int64_t T = 32768, H = 4096, V = 128;
+  hq_tensor x = hq_tensor_2d(NULL, HQ_F32, B->device, T, H);
+  hq_tensor w = hq_tensor_2d(NULL, HQ_F32, B->device, H, H);
+  hq_tensor dy = hq_tensor_2d(NULL, HQ_F32, B->device, T, H);
+  float *hx = random_host(HQ_F32, T, H, 11), *hw = random_host(HQ_F32, H, H, 12);
+  float *hd = random_host(HQ_F32, T, H, 13);
+  void *d = NULL;
+  int rc = 0;
+  x.data = dalloc(B, (size_t)(T * H) * 4);
+  w.data = dalloc(B, (size_t)(H * H) * 4);
+  dy.data = dalloc(B, (size_t)(T * H) * 4);
+  d = dalloc(B, (size_t)(T * H) * 4);
+  if (!hx || !hw || !hd || !x.data || !w.data || !dy.data || !d ||
+      hq_ctx_memcpy(B->ctx, x.data, B->device, hx, HQ_DEVICE_HOST, (size_t)(T * H) * 4) ||
+      hq_ctx_memcpy(B->ctx, w.data, B->device, hw, HQ_DEVICE_HOST, (size_t)(H * H) * 4) ||
+      hq_ctx_memcpy(B->ctx, dy.data, B->device, hd, HQ_DEVICE_HOST, (size_t)(T * H) * 4) ||
+      hq_ctx_sync(B->ctx)) {
+    fprintf(stderr, "hq bench --gemm: the trainer's GEMMs: inputs: %s\n", hq_last_error());
+    rc = -1;
+    goto out;
+  }
+  static const char *pairs[][3] = {
+      {"bf16", "identity dtype=bf16", "identity dtype=bf16"},
+      {"fp8 e4m3", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e4m3"},
+      {"fp8 hybrid", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e5m2"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+    trainer_layer(B, h, ws, ws_bytes, T, H, H, pairs[i][0], pairs[i][1], pairs[i][2], &x, &w,
+                  &dy, d);
+  /* the lm_head: the same buffers, read as [T, H] inputs, a [V, H] weight, a [T, V] gradient */
+  {
+    hq_tensor wl = hq_tensor_2d(w.data, HQ_F32, B->device, V, H);
+    hq_tensor dyl = hq_tensor_2d(dy.data, HQ_F32, B->device, T, V);
+    static const char *heads[][2] = {{"lm_head bf16", "identity dtype=bf16"},
+                                     {"lm_head f32", "identity"},
+                                     {"lm_head fp8 e4m3", "fp8_tensor dtype=e4m3"}};
+    for (size_t i = 0; i < sizeof heads / sizeof *heads; i++)
+      trainer_layer(B, h, ws, ws_bytes, T, H, V, heads[i][0], heads[i][1], heads[i][1], &x, &wl,
+                    &dyl, d);
+  }
+out:
+  if (x.data) hq_ctx_free(B->ctx, x.data);
+  if (w.data) hq_ctx_free(B->ctx, w.data);
+  if (dy.data) hq_ctx_free(B->ctx, dy.data);
+  if (d) hq_ctx_free(B->ctx, d);
+  free(hx);
+  free(hw);
+  free(hd);
+  return rc;
 }
 #endif /* HQ_HAVE_CUDA */
 
@@ -907,7 +1147,7 @@ typedef struct gemm_args {
   cli_list formats;
   cli_list shape_s;
   int64_t iters, batch;
-  int json, gemm;
+  int json, gemm, trainer;
   cli_list dirs;
   int device;
   int64_t shapes[MAX_SHAPES][3];
@@ -926,6 +1166,7 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
       CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
+      {.name = "--trainer", .kind = CLI_FLAG, .dest = &a->trainer},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -935,6 +1176,9 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
+  if (a->trainer && (a->shape_s.n || a->formats.n || a->recipe || a->device < 0))
+    return cli_fail(2, CMD, "--trainer times the trainer's own GEMMs on a GPU: it takes no "
+                    "--shape, --format or --recipe, and needs --device cuda");
   for (size_t i = 0; i < a->formats.n; i++) {
     char text[1024];
     if (bench_recipe_text(a->formats.v[i], "f", text, sizeof text, NULL, 0))
@@ -979,10 +1223,13 @@ static int run_cuda(bench *B, const gemm_args *a, gemm_run *g) {
   if (lt.cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&ws, ws_bytes) != cudaSuccess)
     return cli_fail(-1, CMD, "cuBLASLt handle or workspace on device %d", B->device);
   int status = 0;
-  for (int s = 0; s < a->nshapes && !status; s++)
+  for (int s = 0; s < a->nshapes && !a->trainer && !status; s++)
     if (bench_cuda_shape(B, a->shapes[s][0], a->shapes[s][1], a->shapes[s][2], h, ws, ws_bytes))
       status = 1;
-  if (!status) bench_dispatch(B, h, ws, ws_bytes, g->dres, &g->ndres);
+  /* the trainer's GEMMs: with the default shapes, or alone with --trainer */
+  const int trainer = a->trainer || (!a->shape_s.n && !a->formats.n && !a->recipe);
+  if (!status && trainer && bench_cuda_trainer(B, h, ws, ws_bytes)) status = 1;
+  if (!status && !a->trainer) bench_dispatch(B, h, ws, ws_bytes, g->dres, &g->ndres);
   cudaFree(ws);
   lt.cublasLtDestroy(h);
   return status;

@@ -1,7 +1,8 @@
 /*
 ** lt_names.h -- what the cuBLASLt provider and its runner both say about element dtypes and
 ** scale modes: their names in messages and which elements are FP8, one definition for both (the
-** runner is CUDA C++, the provider C).
+** runner is CUDA C++, the provider C); and the runner's HQ_GEMM_AUTOTUNE setting, parsed here so
+** that a CPU test checks the rule the runner applies.
 */
 #ifndef HQ_GEMM_LT_NAMES_H
 #define HQ_GEMM_LT_NAMES_H
@@ -42,6 +43,16 @@ static inline const char *hq_lt_scale_name(uint32_t m) {
   case HQ_SCALE_BLK128X128_F32: return "blk128x128_f32";
   default: return "other";
   }
+}
+
+/* The value of HQ_GEMM_AUTOTUNE (NULL: unset): 0 (unset, empty or "0": the heuristic's first
+   algorithm), 1 ("1": time the heuristic's candidates at a plan's first call and keep the
+   fastest), -1 for anything else (the runner refuses it, naming the variable and the value,
+   rather than guess what was meant). */
+static inline int hq_lt_autotune_parse(const char *v) {
+  if (!v || !v[0] || (v[0] == '0' && !v[1])) return 0;
+  if (v[0] == '1' && !v[1]) return 1;
+  return -1;
 }
 
 #endif

@@ -27,6 +27,10 @@
 **     heuristic chose, or the status with which it found none (a refused problem is not asked
 **     again). The heuristic runs once per distinct problem. The cache is a fixed table of
 **     HQ_LT_PLANS entries; when it is full the least recently used entry is replaced. The
+**     algorithm is settled at the key's first call that runs (a query does not): the
+**     heuristic's first answer or, with HQ_GEMM_AUTOTUNE=1, the fastest of its first
+**     HQ_LT_TUNE_CANDIDATES answers timed on that call (settle(); docs/gemm.md says when and
+**     why), fixed for the plan's life. The
 **     descriptors themselves are initialised on the stack for every call (cublasLt*Init, no
 **     allocation, a fraction of a microsecond): the per-call pointers (scales, bias) are
 **     attributes of the matmul descriptor, and a descriptor shared between threads would have
@@ -60,6 +64,7 @@
 */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,6 +73,7 @@
 
 #include <atomic>
 
+#include "hq/hq.h"
 #include "hq/numerics.h"
 #include "hq/plugin.h"
 
@@ -215,6 +221,8 @@ struct plan {
   int amax_epi;                    /* DIRECT with cuBLASLt's AMAX_D epilogue */
   int amax_refused;                /* cublasLtMatmul refused the epilogue the heuristic offered:
                                       calls of this key run as if no amax was asked */
+  int settled;                     /* algo is final: fixed by the key's first call that ran (the
+                                      autotune's choice, or the heuristic's first answer) */
   cublasComputeType_t compute;
   cublasLtMatmulAlgo_t algo;
 };
@@ -433,14 +441,13 @@ void describe(char *buf, size_t len, const hq_lt_matmul *mm) {
            any_fp8(mm) && mm->fast_accum ? ", fast accum" : "");
 }
 
-/* One heuristic query; CUBLAS_STATUS_SUCCESS with *algo, or why not (*no_algo: it returned
-   none). */
-cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan_key *key,
-                         int mode, cublasComputeType_t compute, int amax,
-                         cublasLtMatmulAlgo_t *algo, int *no_algo) {
+/* One heuristic query for up to `want` algorithms, best first, into res[0 .. *count). */
+cublasStatus_t heuristic_n(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan_key *key,
+                           int mode, cublasComputeType_t compute, int amax, int want,
+                           cublasLtMatmulHeuristicResult_t *res, int *count) {
   descs ds;
   const char *what = "";
-  *no_algo = 0;
+  *count = 0;
   /* the epilogue's pointer only has to be set for the question (the heuristic reads no data) */
   void *amax_d = amax ? (mm->amax_d ? (void *)mm->amax_d : (void *)(uintptr_t)256) : nullptr;
   cublasStatus_t st = descs_for(&ds, mm, mode, compute, key->ptr_device, amax_d, &what);
@@ -473,14 +480,23 @@ cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan
     st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                               &reductions, sizeof reductions);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
+  memset(res, 0, sizeof *res * (size_t)want);
+  return cublasLtMatmulAlgoGetHeuristic(lt, (cublasLtMatmulDesc_t)&ds.op,
+                                        (cublasLtMatrixLayout_t)&ds.a,
+                                        (cublasLtMatrixLayout_t)&ds.b,
+                                        (cublasLtMatrixLayout_t)&ds.d,
+                                        (cublasLtMatrixLayout_t)&ds.d, &pref, want, res, count);
+}
+
+/* The heuristic's first answer; CUBLAS_STATUS_SUCCESS with *algo, or why not (*no_algo: it
+   returned none). */
+cublasStatus_t heuristic(cublasLtHandle_t lt, const hq_lt_matmul *mm, const plan_key *key,
+                         int mode, cublasComputeType_t compute, int amax,
+                         cublasLtMatmulAlgo_t *algo, int *no_algo) {
   cublasLtMatmulHeuristicResult_t res;
   int count = 0;
-  memset(&res, 0, sizeof res);
-  st = cublasLtMatmulAlgoGetHeuristic(lt, (cublasLtMatmulDesc_t)&ds.op,
-                                      (cublasLtMatrixLayout_t)&ds.a,
-                                      (cublasLtMatrixLayout_t)&ds.b,
-                                      (cublasLtMatrixLayout_t)&ds.d,
-                                      (cublasLtMatrixLayout_t)&ds.d, &pref, 1, &res, &count);
+  *no_algo = 0;
+  cublasStatus_t st = heuristic_n(lt, mm, key, mode, compute, amax, 1, &res, &count);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (count < 1) {
     *no_algo = 1;
@@ -803,6 +819,166 @@ int scalars_for(scalars *sc, const hq_call *call, const hq_lt_matmul *mm, const 
   return HQ_OK;
 }
 
+// --- autotune ------------------------------------------------------------------------------
+
+#define HQ_LT_TUNE_CANDIDATES 8 /* the heuristic's answers timed at a plan's first call */
+#define HQ_LT_TUNE_REPS 3       /* timed runs of each, after one untimed run */
+
+/* HQ_GEMM_AUTOTUNE, read once per process (hq_lt_autotune_parse: 0, 1, or -1 invalid): a plan's
+   algorithm must not depend on when the variable was read. */
+int autotune_setting(void) {
+  static std::atomic<int> setting{-2};
+  int v = setting.load(std::memory_order_relaxed);
+  if (v == -2) {
+    v = hq_lt_autotune_parse(getenv("HQ_GEMM_AUTOTUNE"));
+    setting.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+/* What one call's matmul needs besides the algorithm, for timing candidates. */
+struct tune_call {
+  cublasLtHandle_t lt;
+  const descs *ds;
+  const void *alpha, *beta;
+  const void *a, *b;
+  void *d;
+  void *ws;
+  size_t ws_bytes;
+  cudaStream_t stream;
+};
+
+cublasStatus_t tune_run(const tune_call *t, const cublasLtMatmulAlgo_t *algo) {
+  return cublasLtMatmul(t->lt, (cublasLtMatmulDesc_t)&t->ds->op, t->alpha, t->a,
+                        (cublasLtMatrixLayout_t)&t->ds->a, t->b, (cublasLtMatrixLayout_t)&t->ds->b,
+                        t->beta, t->d, (cublasLtMatrixLayout_t)&t->ds->d, t->d,
+                        (cublasLtMatrixLayout_t)&t->ds->d, algo, t->ws, t->ws_bytes, t->stream);
+}
+
+/* Milliseconds per run of algo on t (one untimed run, then HQ_LT_TUNE_REPS between two events);
+   a negative value when the algorithm fails (skipped), NAN when timing itself failed (tuning
+   stops). */
+float tune_time(const tune_call *t, const cublasLtMatmulAlgo_t *algo, cudaEvent_t e0,
+                cudaEvent_t e1) {
+  if (tune_run(t, algo) != CUBLAS_STATUS_SUCCESS) {
+    cudaGetLastError();
+    return -1.0f;
+  }
+  if (cudaEventRecord(e0, t->stream) != cudaSuccess) return NAN;
+  for (int r = 0; r < HQ_LT_TUNE_REPS; r++)
+    if (tune_run(t, algo) != CUBLAS_STATUS_SUCCESS) {
+      cudaGetLastError();
+      /* the event pair is left recorded around nothing useful: wait so that they are reusable */
+      return cudaStreamSynchronize(t->stream) == cudaSuccess ? -1.0f : NAN;
+    }
+  float ms = 0.0f;
+  if (cudaEventRecord(e1, t->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+    return NAN;
+  return ms / HQ_LT_TUNE_REPS;
+}
+
+/* The fastest of the heuristic's first HQ_LT_TUNE_CANDIDATES answers for pl's problem, timed on
+   t (the call's own operands, scalars, descriptors and workspace) into *algo; *algo is left as
+   it is (the heuristic's first) when fewer than two answers run or timing fails. Another answer
+   replaces the first only when it is at least 3% faster: between kernels within the timing noise
+   the heuristic's order decides, so that the choice does not flip from run to run. */
+void tune(const tune_call *t, const hq_lt_matmul *mm, const plan_key *key, const plan *pl,
+          cublasLtMatmulAlgo_t *algo) {
+  cublasLtMatmulHeuristicResult_t res[HQ_LT_TUNE_CANDIDATES];
+  int count = 0;
+  if (heuristic_n(t->lt, mm, key, pl->mode, pl->compute, pl->amax_epi, HQ_LT_TUNE_CANDIDATES, res,
+                  &count) != CUBLAS_STATUS_SUCCESS || count < 2)
+    return;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    return;
+  }
+  /* the plan's own algorithm first: the one to beat */
+  float base = tune_time(t, algo, e0, e1), best = base;
+  int best_i = -1;
+  for (int i = 0; i < count && !isnan(base) && base >= 0.0f; i++) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > t->ws_bytes ||
+        !memcmp(&res[i].algo, algo, sizeof *algo))
+      continue;
+    const float ms = tune_time(t, &res[i].algo, e0, e1);
+    if (isnan(ms)) {
+      best_i = -1; /* timing broke down: keep the heuristic's first */
+      break;
+    }
+    if (ms >= 0.0f && ms < best) best = ms, best_i = i;
+  }
+  if (best_i >= 0 && best <= 0.97f * base) *algo = res[best_i].algo;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGetLastError();
+}
+
+/* Bytes of the D a plan's matmul writes (its dtype and leading dimension in the plan's mode). */
+size_t gemm_d_bytes(const hq_lt_matmul *mm, int mode) {
+  const int f32 = mode == PLAN_SPLIT || mm->d_dtype == HQ_F32;
+  const int64_t ld = mode == PLAN_SPLIT && mm->d_dtype != HQ_F32 ? mm->m : mm->ldd;
+  return (size_t)(ld * (mm->n - 1) + mm->m) * (f32 ? 4u : 2u);
+}
+
+/* At the first call of pl's key that runs (not a query): fix the key's algorithm for the plan's
+   life, into pl->algo. With HQ_GEMM_AUTOTUNE=1 the heuristic's candidates are timed on this
+   call's operands first -- into D itself when the matmul does not read it (gemm_beta 0: the
+   call's own matmul overwrites it next), else into a scratch D, so that the caller's D and beta
+   mean what they say -- except while the stream is being captured into a CUDA graph (nothing
+   may synchronize there): then, as without the variable, the heuristic's first answer. When
+   another thread settled the key meanwhile, its choice is taken. HQ_OK or the error of an
+   invalid HQ_GEMM_AUTOTUNE. */
+int settle(const hq_call *call, const hq_lt_matmul *mm, const plan_key *key, const dev_use *u,
+           plan *pl, const descs *ds, const scalars *sc, void *gd, float gemm_beta) {
+  const int on = autotune_setting();
+  if (on < 0)
+    return hqi_error(HQ_EINVAL, "HQ_GEMM_AUTOTUNE='%s': expected 0 (the heuristic's first "
+                     "algorithm) or 1 (time the heuristic's candidates)",
+                     getenv("HQ_GEMM_AUTOTUNE") ? getenv("HQ_GEMM_AUTOTUNE") : "");
+  cublasLtMatmulAlgo_t chosen = pl->algo;
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusActive;
+  if (on && cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
+    cudaGetLastError();
+    cap = cudaStreamCaptureStatusActive; /* unknown: do as under capture */
+  }
+  if (on && cap == cudaStreamCaptureStatusNone) {
+    void *scratch = nullptr;
+    if (gemm_beta != 0.0f) {
+      const size_t bytes = gemm_d_bytes(mm, pl->mode);
+      scratch = call_alloc(call, bytes);
+      if (scratch && cudaMemsetAsync(scratch, 0, bytes, stream) != cudaSuccess) {
+        cudaGetLastError();
+        call_free(call, scratch);
+        scratch = nullptr;
+      }
+      if (!scratch) hq_clear_error(); /* no room to tune: the heuristic's first */
+    }
+    if (gemm_beta == 0.0f || scratch) {
+      const tune_call t = {u->lt,      ds,         sc->alpha, sc->beta, mm->a.data, mm->b.data,
+                           scratch ? scratch : gd, u->ws,     u->ws_bytes, stream};
+      /* without the lock: other threads' GEMMs go on (the handle is thread-safe), and a wait
+         on this stream never holds up a thread that the stream's work may be waiting for */
+      tune(&t, mm, key, pl, &chosen);
+    }
+    call_free(call, scratch);
+  }
+  pthread_mutex_lock(&g_mu);
+  plan *p = plan_find(key, key_hash(key));
+  if (p && p->settled) {
+    chosen = p->algo;
+  } else if (p) {
+    p->algo = chosen;
+    p->settled = 1;
+  }
+  pthread_mutex_unlock(&g_mu);
+  pl->algo = chosen;
+  return HQ_OK;
+}
+
 } // namespace
 
 /* mm without the amax epilogue (*amax_done stays 0). */
@@ -868,6 +1044,12 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
   void *gd = to_temp ? (void *)tmp : mm->d;
   void *amax_d = pl.amax_epi ? (void *)mm->amax_d : nullptr;
   cublasStatus_t st = descs_for(&ds, mm, pl.mode, pl.compute, ptr_device, amax_d, &step);
+  if (st == CUBLAS_STATUS_SUCCESS && !pl.settled &&
+      (rc = settle(call, mm, &key, &u, &pl, &ds, &sc, gd, gemm_beta))) {
+    call_free(call, sc.owned);
+    call_free(call, tmp);
+    return rc;
+  }
   if (st == CUBLAS_STATUS_SUCCESS && amax_d) {
     /* zeroed first: whether the epilogue overwrites or maxes into the value, it starts at 0 */
     step = "cudaMemsetAsync of the amax";
