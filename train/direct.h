@@ -37,8 +37,6 @@ typedef struct train_direct train_direct;
 int train_direct_create(hq_ctx *ctx, int n_lin, const int64_t *in, const int64_t *out,
                         int64_t batch, train_direct **d, char *err, size_t err_len);
 void train_direct_free(train_direct *d);
-/* Bytes create allocates for that model (the memory estimate's share). */
-uint64_t train_direct_bytes(int n_lin, const int64_t *in, const int64_t *out, int64_t batch);
 
 /* The BF16 copy of layer i's weight from its FP32 master w [out, in]. */
 int train_direct_weight(train_direct *d, int i, const float *w);

@@ -285,17 +285,6 @@ int bad_layer(train_direct *d, int i) {
 
 } // namespace
 
-extern "C" uint64_t train_direct_bytes(int n_lin, const int64_t *in, const int64_t *out,
-                                       int64_t batch) {
-  uint64_t b = DIRECT_WORKSPACE;
-  int64_t widest = 0;
-  for (int i = 0; i < n_lin; i++) {
-    b += 2 * (uint64_t)(out[i] * in[i] + batch * in[i]);
-    if (out[i] > widest) widest = out[i];
-  }
-  return b + 2 * (uint64_t)(batch * widest);
-}
-
 extern "C" int train_direct_create(hq_ctx *ctx, int n_lin, const int64_t *in, const int64_t *out,
                                    int64_t batch, train_direct **dp, char *err, size_t err_len) {
   *dp = NULL;

@@ -19,13 +19,6 @@ int train_direct_create(hq_ctx *ctx, int n_lin, const int64_t *in, const int64_t
   return -1;
 }
 void train_direct_free(train_direct *d) { (void)d; }
-uint64_t train_direct_bytes(int n_lin, const int64_t *in, const int64_t *out, int64_t batch) {
-  (void)n_lin;
-  (void)in;
-  (void)out;
-  (void)batch;
-  return 0;
-}
 int train_direct_weight(train_direct *d, int i, const float *w) {
   (void)d, (void)i, (void)w;
   return -1;
