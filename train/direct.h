@@ -13,8 +13,9 @@
 ** message.
 **
 ** Everything runs on the context's stream. One cuBLASLt handle and one 32 MiB workspace per run,
-** made by create; a plan (the heuristic's algorithm) per layer and GEMM, chosen at the first
-** call and kept. Every call returns 0, or -1 with train_direct_error() saying what failed.
+** made by create; a plan (the heuristic's algorithm) per distinct problem (GEMM, shape and the
+** buffers' alignments: layers of one shape share it), chosen at its first call and kept. Every
+** call returns 0, or -1 with train_direct_error() saying what failed.
 */
 #ifndef HQ_TRAIN_DIRECT_H
 #define HQ_TRAIN_DIRECT_H

@@ -33,17 +33,22 @@ enum { G_FPROP, G_DGRAD, G_WGRAD, G_N };
 
 namespace {
 
+/* A plan: what defines the problem (the GEMM, hence the transposes and the bias; m, n, k, hence
+   the layouts; the buffers' alignments) and the heuristic's answer for it. */
+struct plan_key {
+  int64_t g, m, n, k;
+  uint32_t align[3];             /* A, B, D */
+  uint32_t pad;
+};
 struct plan {
-  int ready;                     /* chosen (the heuristic has run for this GEMM) */
+  plan_key key;
   int split_bias;                /* fprop: the bias by bias_kernel, not the epilogue */
-  uint32_t align[3];             /* A, B, D alignments the plan was chosen for */
   cublasLtMatmulAlgo_t algo;
 };
 
 struct layer {
   int64_t in, out;
   uint16_t *wb, *xb;             /* BF16 W [out, in], x [B, in] */
-  plan p[G_N];
 };
 
 /* one GEMM's operands in cuBLASLt's terms */
@@ -67,6 +72,8 @@ struct train_direct {
   int64_t batch;
   int n_lin;
   layer *lin;
+  plan *plans;                   /* one per distinct problem: at most 3 a layer */
+  int n_plans;
   uint16_t *dyb;                 /* BF16 dy [B, widest out] */
   char err[512];
 };
@@ -234,18 +241,31 @@ cublasStatus_t heuristic(train_direct *d, const problem *p, int with_bias, const
 
 const char *const gemm_name[G_N] = {"fprop", "dgrad", "wgrad"};
 
-/* One GEMM of layer i: the plan chosen on the first call (again only if a buffer's alignment
-   changed), then the matmul, then the split plan's bias. */
+/* One GEMM of layer i: its problem's plan (the heuristic runs once per distinct problem, on
+   its first call: layers of one shape share it), then the matmul, then the split plan's bias. */
 int matmul(train_direct *d, int i, int g, const problem *p) {
-  layer *l = &d->lin[i];
-  plan *pl = &l->p[g];
   char what[64];
   snprintf(what, sizeof what, "layer %d %s (m %lld, n %lld, k %lld)", i, gemm_name[g],
            (long long)p->m, (long long)p->n, (long long)p->k);
   if (enter(d, what)) return -1;
-  const uint32_t al[3] = {align_of(p->a), align_of(p->b), align_of(p->d)};
+  plan_key key;
+  memset(&key, 0, sizeof key);
+  key.g = g;
+  key.m = p->m;
+  key.n = p->n;
+  key.k = p->k;
+  key.align[0] = align_of(p->a);
+  key.align[1] = align_of(p->b);
+  key.align[2] = align_of(p->d);
+  const uint32_t *al = key.align;
+  plan *pl = NULL;
+  for (int q = 0; q < d->n_plans && !pl; q++)
+    if (!memcmp(&d->plans[q].key, &key, sizeof key)) pl = &d->plans[q];
   const char *step = "";
-  if (!pl->ready || memcmp(pl->align, al, sizeof al)) {
+  if (!pl) {
+    /* only a buffer whose alignment changed between calls could need more than 3 a layer */
+    if (d->n_plans == 3 * d->n_lin) return fail(d, "%s: no room for another plan", what);
+    pl = &d->plans[d->n_plans];
     int none = 0;
     cublasStatus_t st = heuristic(d, p, p->bias != NULL, al, &pl->algo, &none, &step);
     pl->split_bias = 0;
@@ -256,8 +276,8 @@ int matmul(train_direct *d, int i, int g, const problem *p) {
     if (st != CUBLAS_STATUS_SUCCESS)
       return fail(d, "%s: cuBLASLt has no BF16 x BF16 -> F32 algorithm: %s: %s", what, step,
                   none ? "the heuristic returned none" : cublasLtGetStatusString(st));
-    memcpy(pl->align, al, sizeof al);
-    pl->ready = 1;
+    pl->key = key;
+    d->n_plans++;
   }
   descs ds;
   cublasStatus_t st = descs_init(&ds, p, p->bias && !pl->split_bias, &step);
@@ -295,9 +315,11 @@ extern "C" int train_direct_create(hq_ctx *ctx, int n_lin, const int64_t *in, co
   }
   train_direct *d = (train_direct *)calloc(1, sizeof *d);
   layer *lin = (layer *)calloc((size_t)(n_lin > 0 ? n_lin : 1), sizeof *lin);
-  if (!d || !lin) {
+  plan *plans = (plan *)calloc((size_t)(n_lin > 0 ? 3 * n_lin : 1), sizeof *plans);
+  if (!d || !lin || !plans) {
     free(d);
     free(lin);
+    free(plans);
     snprintf(err, err_len, "bf16-direct: out of memory");
     return -1;
   }
@@ -307,6 +329,7 @@ extern "C" int train_direct_create(hq_ctx *ctx, int n_lin, const int64_t *in, co
   d->batch = batch;
   d->n_lin = n_lin;
   d->lin = lin;
+  d->plans = plans;
   int rc = enter(d, "bf16-direct");
   if (!rc) {
     const cublasStatus_t st = cublasLtCreate(&d->lt);
@@ -347,6 +370,7 @@ extern "C" void train_direct_free(train_direct *d) {
   if (d->ws) hq_ctx_free(d->ctx, d->ws);
   if (d->have_lt && enter(d, "bf16-direct") == 0) cublasLtDestroy(d->lt);
   free(d->lin);
+  free(d->plans);
   free(d);
 }
 
