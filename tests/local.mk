@@ -387,8 +387,10 @@ TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_train_dist.sh tests
 	tests/test_install.sh tests/test_ckpt_resume.sh tests/test_docs_tables.sh
 # hq train --profile and --preset
 TESTS += tests/test_train_profile.sh
+# hq train --baseline bf16-direct: its options, and on a GPU its run against the identity recipe
+TESTS += tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 endif
-EXTRA_DIST += tests/test_train_profile.sh
+EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py

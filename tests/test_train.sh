@@ -206,7 +206,7 @@ grep -q "gap: eval loss minus the baseline's (bf16-baseline)" "$tmp/hp.txt" || f
 $hq train $small --recipe "$conf/examples/mxfp8.ini" --baseline none > "$tmp/hp.txt" || fail "--baseline none"
 [ "$(table "$tmp/hp.txt")" = "mxfp8 - " ] || { cat "$tmp/hp.txt"; fail "--baseline none: one run, no gap"; }
 grep -q "no baseline (--baseline none)" "$tmp/hp.txt" || fail "--baseline none: the note"; ok
-usage_error "hq train: --baseline 'bf16' is not fp32, none, nor a recipe given ('mxfp8', 'bf16-baseline')" \
+usage_error "hq train: --baseline 'bf16' is not fp32, bf16-direct, none, nor a recipe given ('mxfp8', 'bf16-baseline')" \
   train $small --recipe "$conf/examples/mxfp8.ini" --recipe "$conf/examples/high_precision.ini" --baseline bf16
 
 # review bug 8: a role the recipe leaves unmatched is named on stderr (every layer's grad_output
@@ -227,7 +227,7 @@ done; ok
 # the options' two forms (--opt=value, --opt value) train the same; a repeated option: the later
 # value wins (scripts such as tests/test_gpu_train.sh append overrides to a list of defaults)
 tiny="--steps 2 --eval-every 0 --recipe $conf/examples/fp8_current.ini --json"
-untimed() { sed -E 's/"(train_seconds|total_seconds|tokens_per_second)":[^,]*/"\1":T/g' "$1"; }
+untimed() { sed -E 's/"(train_seconds|total_seconds|tokens_per_second|speed_vs_baseline)":[^,]*/"\1":T/g' "$1"; }
 $hq train $small $tiny > "$tmp/a.json" 2>/dev/null || fail "train $tiny"
 $hq train --data="$tmp/words.txt" --steps=2 --batch=128 --hidden=128 --layers=1 --eval-every=0 \
   --log-every=10 --recipe="$conf/examples/fp8_current.ini" --json > "$tmp/b.json" 2>/dev/null || fail "train --opt=value"

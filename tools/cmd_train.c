@@ -28,7 +28,7 @@ static const char usage[] =
     "                [--context C] [--embed E] [--act gelu|tanh] [--log-every N]\n"
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
-    "                [--baseline NAME|fp32|none] [--seeds N] [--profile]\n"
+    "                [--baseline NAME|fp32|bf16-direct|none] [--seeds N] [--profile]\n"
     "                [--preset default|wide|large|gpt2s]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
@@ -51,7 +51,11 @@ static const char usage[] =
     "                    gives the mean and spread per recipe and marks the gaps to the\n"
     "                    baseline larger than the seed noise (|mean| > 2 standard errors)\n"
     "  --baseline B      the run the gaps are measured to: fp32 (default: a built-in FP32 run\n"
-    "                    added after the recipes), the name or file of a --recipe, or none\n"
+    "                    added after the recipes), bf16-direct (a built-in run of the same\n"
+    "                    model whose GEMMs call cuBLASLt directly on BF16 copies, no hq GEMM\n"
+    "                    or quantizer: what hq costs against a plain BF16 trainer; --device\n"
+    "                    cuda only, one process, no checkpoints), the name or file of a\n"
+    "                    --recipe, or none\n"
     "  --eval-every N    held-out loss at step 0 and every N steps (default steps/5; 0: only\n"
     "                    at the end)\n"
     "  --eval-batches N  batches of the periodic eval (default 8; 0: the whole held-out set;\n"
@@ -101,6 +105,7 @@ typedef struct run {
   char name[128];
   int high_precision;
   int builtin;
+  int direct;                                /* the bf16-direct run (train/direct.h) */
   train_result res;                          /* the first seed's run */
   train_result *more;                        /* --seeds N: the runs of seeds 2..N */
   int done;
@@ -160,6 +165,21 @@ static const char builtin_baseline[] =
     "[role *:*:*]\n"
     "rowwise = f32\n"
     "columnwise = f32\n";
+
+/* What the bf16-direct run computes, as a recipe: every role identity in BF16 (the run itself
+   uses no quantizer; the recipe names it and its formats in the report and the JSON). */
+static const char builtin_direct[] =
+    "; the bf16-direct run of hq train: the GEMMs on cuBLASLt from BF16 copies, no hq GEMM\n"
+    "[recipe]\n"
+    "name = bf16-direct\n"
+    "[format bf16]\n"
+    "plugin = identity\n"
+    "dtype = bf16\n"
+    "[role *:*:*]\n"
+    "rowwise = bf16\n"
+    "columnwise = bf16\n";
+
+static int is_direct(const char *baseline) { return baseline && !strcmp(baseline, "bf16-direct"); }
 
 static void gemm_text(const hq_gemm_info *g, char *buf, size_t n) {
   if (!g->struct_size) snprintf(buf, n, "-");
@@ -294,6 +314,12 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (a->seed > INT64_MAX - (a->seeds - 1))
     return cli_fail(2, CMD, "--seed %lld with --seeds %lld goes past %lld", (long long)a->seed,
                     (long long)a->seeds, (long long)INT64_MAX);
+  if (is_direct(a->baseline_s) && a->device == HQ_DEVICE_HOST)
+    return cli_fail(2, CMD, "--baseline bf16-direct calls cuBLASLt directly: it needs --device "
+                    "cuda (on the CPU, compare with --baseline fp32)");
+  if (is_direct(a->baseline_s) && (a->ckpt_path || a->resume_path || a->verify_resume))
+    return cli_fail(2, CMD, "--baseline bf16-direct saves no checkpoint: give it without "
+                    "--checkpoint, --resume and --verify-resume");
   if (!strcmp(a->act_s, "gelu")) a->act = TRAIN_ACT_GELU;
   else if (!strcmp(a->act_s, "tanh")) a->act = TRAIN_ACT_TANH;
   else return cli_fail(2, CMD, "--act '%s' is not gelu or tanh", a->act_s);
@@ -368,8 +394,8 @@ static int find_baseline(const train_args *a, const session *s) {
     int w = snprintf(names + k, sizeof names - k, "%s'%s'", i ? ", " : "", s->runs[i].name);
     if (w > 0) k += (size_t)w;
   }
-  cli_fail(2, CMD, "--baseline '%s' is not fp32, none, nor a recipe given (%s)", a->baseline_s,
-           names);
+  cli_fail(2, CMD, "--baseline '%s' is not fp32, bf16-direct, none, nor a recipe given (%s)",
+           a->baseline_s, names);
   return -1;
 }
 
@@ -403,6 +429,21 @@ static int name_runs(const train_args *a, const train_config *cfg, const hq_reci
     rn->high_precision = hp;
   }
   if (a->baseline_s && !strcmp(a->baseline_s, "none")) return 0;
+  if (is_direct(a->baseline_s)) {
+    run *rn = &s->runs[s->n_runs];
+    if (hq_recipe_load_string(builtin_direct, "bf16-direct (cuBLASLt, built in)", ro,
+                              &rn->recipe))
+      return cli_fail(1, CMD, "the built-in bf16-direct run: %s", hq_last_error());
+    s->baseline = s->n_runs++;
+    rn->high_precision = 1;
+    rn->builtin = 1;
+    rn->direct = 1;
+    snprintf(rn->name, sizeof rn->name, "bf16-direct");
+    for (int i = 0; i < s->baseline; i++)   /* a recipe of that name keeps it */
+      if (!strcmp(s->runs[i].name, "bf16-direct"))
+        snprintf(rn->name, sizeof rn->name, "bf16-direct-builtin");
+    return 0;
+  }
   if (a->baseline_s && strcmp(a->baseline_s, "fp32")) {
     s->baseline = find_baseline(a, s);
     return s->baseline < 0 ? 2 : 0;
@@ -486,6 +527,7 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
     if (cfg->resume_path)
       fprintf(po, "hq train: %s: resuming from %s\n", rn->name, cfg->resume_path);
     train_result *r = s->seed_k ? &rn->more[s->seed_k - 1] : &rn->res;
+    cfg->model.direct = rn->direct;
     if (train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, r, err, sizeof err))
       return cli_fail(-1, CMD, "%s", err);
     r->high_precision = rn->high_precision;
@@ -631,6 +673,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   else json_str(j, r->path);
   json_kbool(j, "baseline", i == s->baseline);
   json_kbool(j, "high_precision", rn->high_precision);
+  json_kbool(j, "direct", rn->direct);
   json_knum(j, "step0_loss", r->step0_loss);
   json_knum(j, "train_loss", r->train_loss);
   json_knum(j, "eval_loss", r->eval_loss);
@@ -639,6 +682,8 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_knum(j, "total_seconds", r->total_s);
   json_kint(j, "tokens", r->tokens);
   json_knum(j, "tokens_per_second", r->tokens_per_s);
+  json_knum(j, "speed_vs_baseline",
+            s->baseline >= 0 ? r->tokens_per_s / s->runs[s->baseline].res.tokens_per_s : NAN);
   json_kint(j, "resumed_from", r->resumed_from);
   json_key(j, "resume_verified");
   if (!a->verify_resume) json_null(j);
@@ -737,6 +782,17 @@ static void report_text(const train_config *cfg, const session *s) {
       printf("gap: eval loss minus the baseline's (%s); ", s->runs[s->baseline].name);
     else printf("no baseline (--baseline none); ");
     printf("ln(27) = 3.2958 is a uniform guess\n");
+  }
+  if (s->baseline >= 0 && s->runs[s->baseline].direct) {
+    /* issue 48's measure: hq's step against the same step calling cuBLASLt directly */
+    printf("\ntokens/s against %s (the same model and step, its GEMMs on cuBLASLt directly):\n",
+           s->runs[s->baseline].name);
+    for (int i = 0; i < s->n_runs; i++) {
+      seed_stats st, sb;
+      run_stats(s, i, &st);
+      run_stats(s, s->baseline, &sb);
+      printf("  %-30s %.3fx\n", s->runs[i].name, st.rate_mean / sb.rate_mean);
+    }
   }
   printf("\nGEMMs of each layer (operand formats A x B, path):\n");
   for (int i = 0; i < s->n_runs; i++) {
@@ -1161,6 +1217,10 @@ int hq_cmd_train(int argc, char **argv) {
   memset(&s, 0, sizeof s);
   const hq_recipe_opts ro = cli_recipe_opts(&a.dirs);
   status = 1;
+  if (is_direct(a.baseline_s) && dist) {   /* its GEMMs are not sharded across ranks */
+    status = cli_fail(2, CMD, "--baseline bf16-direct runs in one process, not under mpirun");
+    goto out;
+  }
   if (load_recipes(&a, &ro, &s)) goto out;
   if ((status = name_runs(&a, &cfg, &ro, &s)) != 0) goto out;
   status = 1;

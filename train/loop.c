@@ -268,6 +268,12 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       goto out;
     }
   }
+  /* bf16-direct keeps no quantized weight or scaling state: nothing a checkpoint could hold */
+  if (mc.direct && (cfg->ckpt_path || cfg->resume_path || cfg->verify_resume)) {
+    snprintf(e, sizeof e, "bf16-direct saves no checkpoint (--checkpoint, --resume and "
+             "--verify-resume take the recipes' runs)");
+    goto out;
+  }
   if (train_model_create(&m, &mc, recipe, ctx, cfg->seed, e, sizeof e)) goto out;
   res->n_params = m.n_params;
   if (cfg->profile) {   /* the last TRAIN_PROF_STEPS steps, after the first (plans, pools) */

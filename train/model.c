@@ -22,6 +22,11 @@
 ** device table of the context's device (device.h: ops_cpu.c, ops_cuda.cu); nothing else differs
 ** between the CPU and a GPU: every buffer comes from hq_ctx_alloc on the model's context, every
 ** copy goes through hq_ctx_memcpy, and the table's kernels run on the context's stream.
+**
+** The bf16-direct run (cfg.direct, direct.h) is the same model and step with the three GEMMs of
+** every layer called on cuBLASLt directly from BF16 copies that its own cast kernel makes (the
+** input, the output gradient, the weight after every AdamW step): no quantizer, no scaling state,
+** no libhqcore GEMM. It measures what hq costs a trainer against the identity BF16 recipe.
 */
 #include <math.h>
 #include <stdarg.h>
@@ -89,6 +94,42 @@ static int amax_fusable(const hq_quantizer *q) {
 }
 
 // --- build / free -------------------------------------------------------------------------------
+
+/* The bf16-direct run's GEMMs (direct.h), the weights' first BF16 copies, and the GEMMs' info as
+   the report shows it. On failure m is freed. */
+static int direct_create(train_model *m, char *err, size_t err_len) {
+  int64_t in[TRAIN_MAX_LINEAR], out[TRAIN_MAX_LINEAR];
+  const int64_t B = m->cfg.batch;
+  int rc = 0;
+  if (m->cfg.dist) rc = fail(err, err_len, "bf16-direct runs in one process, not across ranks");
+  for (int i = 0; i < m->n_lin; i++) {
+    in[i] = m->lin[i].in;
+    out[i] = m->lin[i].out;
+  }
+  if (!rc) rc = train_direct_create(m->ctx, m->n_lin, in, out, B, &m->direct, err, err_len);
+  for (int i = 0; i < m->n_lin && !rc; i++) {
+    train_linear *l = &m->lin[i];
+    if (train_direct_weight(m->direct, i, l->w))
+      rc = fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+    /* m, n, k of each GEMM as libhqcore reports them (column-major, core/gemm.c) */
+    const int64_t mnk[3][3] = {{l->out, B, l->in}, {l->in, B, l->out}, {l->in, l->out, B}};
+    for (int g = 0; g < 3; g++) {
+      hq_gemm_info *gi = &l->info[g];
+      memset(gi, 0, sizeof *gi);
+      gi->struct_size = sizeof *gi;
+      gi->path = HQ_GEMM_PATH_NATIVE;
+      gi->m = mnk[g][0];
+      gi->n = mnk[g][1];
+      gi->k = mnk[g][2];
+      snprintf(gi->format_a, sizeof gi->format_a, "bf16");
+      snprintf(gi->format_b, sizeof gi->format_b, "bf16");
+      snprintf(gi->provider, sizeof gi->provider, "cublaslt-direct");
+    }
+    l->have_info = 1;
+  }
+  if (rc) train_model_free(m);
+  return rc;
+}
 
 int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *recipe,
                        hq_ctx *ctx, uint64_t seed, char *err, size_t err_len) {
@@ -191,6 +232,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
     return fail(err, err_len, "copying the initial weights: %s", hq_last_error());
   }
 
+  if (cfg->direct) return direct_create(m, err, err_len);
   /* quantizers of the three roles of every layer, bound to one scaling state for the recipe;
      the weights quantized once, both directions; the input and gradient shapes tried now (an
      empty tensor of each) so that a format that rejects one fails here, before any training */
@@ -251,6 +293,7 @@ void train_model_free(train_model *m) {
     return;
   }
   train_dist_model_free(m);
+  train_direct_free(m->direct);
   for (int i = 0; m->lin && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     if (l->qx) hq_qtensor_free(l->qx);
@@ -371,6 +414,22 @@ int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_
   return 0;
 }
 
+/* Layer l's input quantized (both directions in training, kept in l->qx for its wgrad) and its
+   fprop through libhqcore. */
+static int linear_fprop(train_model *m, train_linear *l, int training, char *err, size_t err_len) {
+  const int64_t B = m->cfg.batch;
+  const int i = (int)(l - m->lin);
+  hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
+  hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
+  if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, fused_amax(m, i, TRAIN_QT_INPUT), &l->qx))
+    return hq_fail(err, err_len, l, "quantizing the input");
+  hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
+  if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
+                                       HQ_F32, &yt, gi)))
+    return hq_fail(err, err_len, l, "fprop");
+  return 0;
+}
+
 int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
                         int training, double *loss, char *err, size_t err_len) {
   const train_model_cfg *c = &m->cfg;
@@ -396,14 +455,14 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
       hq_qtensor_free(l->qx);
       l->qx = NULL;
     }
-    hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
-    hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
-    if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, fused_amax(m, i, TRAIN_QT_INPUT), &l->qx))
-      return hq_fail(err, err_len, l, "quantizing the input");
-    hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
-    if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
-                                         HQ_F32, &yt, gi)))
-      return hq_fail(err, err_len, l, "fprop");
+    if (m->direct) {
+      train_prof_quantized(m->prof, TRAIN_QT_INPUT, 1);
+      if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_input(m->direct, i, l->x)) ||
+          PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_fprop(m->direct, i, l->b, l->y)))
+        return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+    } else if (linear_fprop(m, l, training, err, err_len)) {
+      return -1;
+    }
     if (!training) {
       hq_qtensor_free(l->qx);
       l->qx = NULL;
@@ -427,6 +486,36 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
   return 0;
 }
 
+/* Layer l's output gradient dy quantized, its wgrad (into l->gw) and dgrad (into dx) through
+   libhqcore; the input kept by its training forward freed. */
+static int linear_backward(train_model *m, train_linear *l, const float *dy, float *dx, char *err,
+                           size_t err_len) {
+  const int64_t B = m->cfg.batch;
+  const int i = (int)(l - m->lin);
+  if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
+  hq_tensor dyt = f32(m, (float *)dy, B, l->out), gwt = f32(m, l->gw, l->out, l->in);
+  hq_tensor dxt = f32(m, dx, B, l->in);
+  hq_qtensor *qdy = NULL;
+  if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fused_amax(m, i, TRAIN_QT_GRAD), &qdy))
+    return hq_fail(err, err_len, l, "quantizing the output gradient");
+  hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
+  int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy), &gwt,
+                                            0, gi));
+  if (rc) hq_fail(err, err_len, l, "wgrad");
+  if (!rc) {
+    gi = gemm_info(m, l, TRAIN_DGRAD, &local);
+    rc = PROF_GEMM(m, gi, hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
+                                          gi));
+    if (rc) hq_fail(err, err_len, l, "dgrad");
+  }
+  hq_qtensor_free(qdy);
+  hq_qtensor_free(l->qx);
+  l->qx = NULL;
+  if (rc) return -1;
+  l->have_info = 1;
+  return 0;
+}
+
 int train_model_backward(train_model *m, char *err, size_t err_len) {
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
@@ -435,28 +524,16 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   if (train_dist_loss_grad(m, err, err_len)) return -1;
   for (int i = m->n_lin - 1; i >= 0; i--) {
     train_linear *l = &m->lin[i];
-    if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
-    hq_tensor dyt = f32(m, dy, B, l->out), gwt = f32(m, l->gw, l->out, l->in);
     float *dx = m->dbuf[next];
-    hq_tensor dxt = f32(m, dx, B, l->in);
-    hq_qtensor *qdy = NULL;
-    if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fused_amax(m, i, TRAIN_QT_GRAD), &qdy))
-      return hq_fail(err, err_len, l, "quantizing the output gradient");
-    hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
-    int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy),
-                                              &gwt, 0, gi));
-    if (rc) hq_fail(err, err_len, l, "wgrad");
-    if (!rc) {
-      gi = gemm_info(m, l, TRAIN_DGRAD, &local);
-      rc = PROF_GEMM(m, gi, hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
-                                            gi));
-      if (rc) hq_fail(err, err_len, l, "dgrad");
+    if (m->direct) {   /* the same two GEMMs, in the same order, from the BF16 copies */
+      train_prof_quantized(m->prof, TRAIN_QT_GRAD, 1);
+      if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_grad(m->direct, i, dy)) ||
+          PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_wgrad(m->direct, i, l->gw)) ||
+          PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_dgrad(m->direct, i, dx)))
+        return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+    } else if (linear_backward(m, l, dy, dx, err, err_len)) {
+      return -1;
     }
-    hq_qtensor_free(qdy);
-    hq_qtensor_free(l->qx);
-    l->qx = NULL;
-    if (rc) return -1;
-    l->have_info = 1;
     if (PROFK(m, TRAIN_PK_BIAS, m->ops->colsum(m->ctx, dy, B, l->out, l->gb, m->kscratch)))
       return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
@@ -492,9 +569,13 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
     adam.weight_decay = a->weight_decay;
     hq_tensor gw = f32(m, l->gws ? l->gws : l->gw, l->rows, l->in);
     if (!m->cfg.dist) train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
-    if (PROF(m, TRAIN_PH_OPTIMIZER,
-             hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw, m->cfg.dist ? NULL : l->qw)))
+    if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw,
+                                                 m->cfg.dist || m->direct ? NULL : l->qw)))
       return hq_fail(err, err_len, l, "Adam and the quantized weight's write-back");
+    /* bf16-direct: the weight's BF16 copy from the new master, in the optimizer's phase as the
+       write-back above is */
+    if (m->direct && PROF(m, TRAIN_PH_OPTIMIZER, train_direct_weight(m->direct, i, l->w)))
+      return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     /* across ranks: the shard quantized with the shared amax, then gathered into qw */
     if (m->cfg.dist && train_dist_weight(m, l, 0, err, err_len)) return -1;
     adam.weight_decay = 0.0f;
@@ -502,7 +583,7 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
   }
-  if (PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
+  if (m->state && PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
     return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;
 }
@@ -510,6 +591,7 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
 int train_model_eval_begin(train_model *m, char *err, size_t err_len) {
   float *amax;
   size_t n;
+  if (!m->state) return 0;   /* bf16-direct: nothing an evaluation could change */
   if (hq_state_amaxes(m->state, &amax, &n))
     return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   if (n > m->n_amax_stash) {
@@ -527,6 +609,7 @@ int train_model_eval_begin(train_model *m, char *err, size_t err_len) {
 int train_model_eval_end(train_model *m, char *err, size_t err_len) {
   float *amax;
   size_t n;
+  if (!m->state) return 0;
   if (hq_state_amaxes(m->state, &amax, &n))
     return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   if (n != m->n_amax_stash)

@@ -24,6 +24,7 @@
 #include "profile.h"  /* --profile: train_profile, train_prof_result */
 #include "hq/dist.h"
 #include "dist.h"     /* across ranks: train_dist */
+#include "direct.h"   /* the bf16-direct run: train_direct */
 
 /* ---------------------------------------------------------------------------------------------
 ** Random numbers: one small generator (splitmix64), the same on every machine, so that two runs
@@ -80,6 +81,9 @@ typedef struct train_model_cfg {
   int act;                                   /* TRAIN_ACT_* */
   train_dist *dist;                          /* the ranks (dist.h; NULL: one process); batch
                                                 is then this rank's part of the global batch */
+  int direct;                                /* 1: the bf16-direct run (direct.h): every GEMM
+                                                on cuBLASLt, no quantizer, no scaling state;
+                                                a CUDA context, one process */
 } train_model_cfg;
 
 typedef struct train_adam_cfg {
@@ -143,6 +147,7 @@ typedef struct train_model {
                                                 (input, output gradient), zeroed every forward;
                                                 NULL when no layer takes one */
   void *kscratch;                            /* the device table's scratch (NULL: none) */
+  train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
