@@ -169,22 +169,22 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
          (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
 }
 
-/* Stores the packed codes v of the 8 elements at column j of a row (row pointer p), the 4
-   lanes of a 32-block together (every lane of the warp calls it: shuffles): FP4 the even lane of
-   a pair writes both lanes' 8 bytes, FP6 lanes 0..2 of the block write its 24 bytes as three
-   8-byte words (offsets 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8,
-   byte stores. */
+/* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
+   row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
+   the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
+   lanes 0..2 of the block write its 24 bytes as three 8-byte words (lane k's word at its own
+   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8, byte
+   stores. */
 template <int KIND>
-__device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, bool valid,
-                                            bool st8, int lane) {
+__device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
+                                            int lane) {
   if (KIND == HQ_E2M1X2) {
     const uint32_t other = __shfl_down_sync(kAll, (uint32_t)v, 1);
     if (!valid) return;
     if (st8) {
-      if (!(lane & 1))
-        *reinterpret_cast<uint64_t *>(p + j / 2) = (v & 0xffffffffu) | (uint64_t)other << 32;
+      if (!(lane & 1)) *reinterpret_cast<uint64_t *>(q) = (v & 0xffffffffu) | (uint64_t)other << 32;
     } else {
-      for (int b = 0; b < 4; b++) p[j / 2 + b] = (uint8_t)(v >> (8 * b));
+      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
     }
     return;
   }
@@ -192,14 +192,13 @@ __device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, b
   const uint32_t nhi = __shfl_down_sync(kAll, (uint32_t)(v >> 32), 1);
   if (!valid) return;
   if (st8) {
-    const int q = lane & 3;
-    if (q < 3) {
+    const int k = lane & 3;
+    if (k < 3) {
       const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
-      *reinterpret_cast<uint64_t *>(p + (j - 8 * q) / 4 * 3 + 8 * q) =
-          (v >> (16 * q)) | (next << (48 - 16 * q));
+      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
     }
   } else {
-    for (int b = 0; b < 6; b++) p[j / 4 * 3 + b] = (uint8_t)(v >> (8 * b));
+    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
   }
 }
 
@@ -230,6 +229,11 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
   const int64_t i0 = (int64_t)bi * kBlk, j0 = (int64_t)bj * kCols;
   const int64_t j = j0 + cg * 8;
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
+  /* the byte offset of the thread's first code in row r0 of the tile (either direction's data),
+     and its rowwise scale's index; row r0 + 16 is rowb / K/32 further */
+  const int64_t rowb = hq_mx_row_bytes(K, KIND);
+  const int64_t o0 = (i0 + r0) * rowb + (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
+  const int64_t s0 = (i0 + r0) * (K / kBlk) + j / kBlk;
   float x[2][8];
   uint32_t w[2][4];
 #pragma unroll
@@ -298,8 +302,7 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
         am = max(am, __shfl_xor_sync(kAll, am, 2));
       }
       const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
-      const int64_t row = i0 + r0 + 16 * p;
-      const int64_t si = hq_mx_scale_idx(0, row, j, K);
+      const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
       if (valid && (lane & 3) == 0) a.rs[si] = e;
       const bool fast = hq_mx_fast_block(am, e, KIND, SR);
       const float mu = !fast ? 0.0f
@@ -325,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
         for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
         v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
       }
-      store_codes<KIND>(a.rd + row * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+      store_codes<KIND>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
     }
   }
   if (!a.cd) return; /* uniform over the CTA */
@@ -409,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
       elems8<DT, PK>(w[p], x[p], y);
       v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
     }
-    store_codes<KIND>(a.cd + (i0 + r) * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+    store_codes<KIND>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
   }
 }
 
