@@ -131,12 +131,15 @@ if [ "${1:-}" = "--on-device" ]; then
     # (the variants' build and test logs stay in $abdir/log, and only a failed one is copied
     # to $out: the device tool brings back a few files, and ab.txt must be among them)
     abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/orig" "$abdir/log"
+    # the modules built from plugins/PLUGIN/PLUGIN.cu (plugins/mx: mxfp4.la and mxfp6.la)
+    ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
+                  | grep . || echo "plugins/$1/$1.la"; }
     labels=()
     for v in "$root"/.devab/*__*.cu; do
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
       [ -f "$abdir/orig/$pl.cu" ] || cp plugins/$pl/$pl.cu "$abdir/orig/"
       cp "$v" plugins/$pl/$pl.cu
-      if ! make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$abdir/log/$b.build.log" 2>&1; then
+      if ! make -j16 $(ab_mods $pl) tests/test_gpu_$pl > "$abdir/log/$b.build.log" 2>&1; then
         echo "variant $b: build failed"; grep -m5 error "$abdir/log/$b.build.log"; rc=1
         cp "$abdir/log/$b.build.log" "$out/ab-$b.build.log"; continue
       fi
@@ -151,7 +154,7 @@ if [ "${1:-}" = "--on-device" ]; then
         # the test's own log names the failing case (make check's log only counts it)
         cp tests/test_gpu_$pl.log "$out/ab-$b.test.log" 2>/dev/null || true; continue
       fi
-      mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/$pl.so "$abdir/$b/"
+      mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/*.so "$abdir/$b/"
       labels+=("$b")
     done
     # the tree's own sources back, built, for the modes after this one (--bench, --sanitize)
@@ -159,7 +162,7 @@ if [ "${1:-}" = "--on-device" ]; then
       [ -f "$o" ] || continue
       pl=$(basename "$o" .cu)
       cp "$o" plugins/$pl/$pl.cu
-      make -j16 plugins/$pl/$pl.la tests/test_gpu_$pl > "$abdir/log/$pl-restore.build.log" 2>&1 \
+      make -j16 $(ab_mods $pl) tests/test_gpu_$pl > "$abdir/log/$pl-restore.build.log" 2>&1 \
         || { echo "rebuilding plugins/$pl from its own source failed"; rc=1
              cp "$abdir/log/$pl-restore.build.log" "$out/"; }
     done

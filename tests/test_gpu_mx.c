@@ -55,6 +55,13 @@ static hq_tensor input(hq_dtype t, int64_t M, int64_t K, uint64_t seed) {
     hq_store_hp(x.data, (M - 1 - n) * K + (K - 1) - n, t, sp[n]);
   }
   for (int k = 0; k < 32 && M >= 64; k++) hq_store_hp(x.data, 32 * K + 32 + k, t, 0.0f);
+  /* a rowwise and a columnwise block of values near 2^-133 (BF16 subnormals, scale code 0: the
+     BF16 form's multiply-add takes subnormal operands) */
+  for (int k = 0; k < 32 && M >= 96 && K >= 128; k++) {
+    const float v = ldexpf((float)(k - 16) * 3.0f + 0.5f, -133);
+    hq_store_hp(x.data, 40 * K + 64 + k, t, v);
+    hq_store_hp(x.data, (64 + k) * K + 100, t, v);
+  }
   return x;
 }
 

@@ -209,12 +209,114 @@ static void test_fast_forms(void **state) {
   }
 }
 
+/* The packed BF16 form of the E2M1 cast (hq_mx_e2m1x8_bf16, the kernels' form for BF16 input)
+   against the rule: every BF16 bit pattern but NaN, in groups of 8 with each pair's own scale
+   code, for every scale code under both rules (where the form applies), packing and signs
+   included. */
+static void test_bf16_e2m1_form(void **state) {
+  (void)state;
+  for (int rule = 0; rule < 2; rule++)
+    for (int e = 0; e < 255; e++)
+      for (uint32_t g = 0; g < 0x10000u; g += 8) {
+        uint32_t w[4], m1[4], m2[4], want = 0;
+        uint8_t ej[4];
+        int ok = 1;
+        for (int j = 0; j < 4; j++) {
+          ej[j] = (uint8_t)((e + 67 * j * (int)((g >> 3) & 3u)) % 255);
+          ok &= hq_mx_e2m1_bf16_ok(ej[j], rule);
+          m1[j] = hq_mx_bf16_mult2(ej[j], 0);
+          m2[j] = hq_mx_bf16_mult2(ej[j], 1);
+        }
+        if (!ok) continue;
+        for (int k = 0; k < 8; k++) {
+          uint32_t b = g + (uint32_t)k;
+          if ((b & 0x7fffu) > 0x7f80u) b &= 0x8000u; /* NaN: a NaN block takes the rule */
+          w[k / 2] = k & 1 ? w[k / 2] | b << 16 : b;
+          const float v = hq_mul_rn(hq_bf16_to_f32((uint16_t)b), hq_mx_encode_mult(ej[k / 2], rule));
+          want |= hq_mx_cast(v, HQ_E2M1X2) << (4 * k);
+        }
+        const uint32_t got = hq_mx_e2m1x8_bf16(w, m1, m2);
+        if (got != want)
+          fail_msg("bf16 %04x.. scale codes %u %u %u %u rule %d: 0x%08x, rule 0x%08x", g, ej[0],
+                   ej[1], ej[2], ej[3], rule, got, want);
+      }
+  /* the multiplier words: 2^-127 (a BF16 subnormal) and 2^127 */
+  assert_int_equal(hq_mx_bf16_mult2(254, 0), 0x00400040u);
+  assert_int_equal(hq_mx_bf16_mult2(1, 1), 0x7f007f00u);
+  assert_int_equal(hq_mx_bf16_mult2(0, 1), 0x7f007f00u);
+  assert_false(hq_mx_e2m1_bf16_ok(0, HQ_MX_RCEIL));
+  assert_true(hq_mx_e2m1_bf16_ok(0, HQ_MX_FLOOR));
+  assert_false(hq_mx_e2m1_bf16_ok(0xFF, HQ_MX_FLOOR));
+}
+
+/* The FP6 form of blocks with a finite amax (hq_mx_fp6x4_of_fp8x4_fin after the FP8 convert of
+   x * hq_mx_fp6_fp8_mult) against the rule, packing included: blocks of random amax A (every
+   binade) under both rules, with A, the grid's points, ties and their neighbours scaled into
+   the block, and random values in [-A, A]; then the clip and packing alone on every word of
+   four codes of magnitude <= 32 that holds one byte of each magnitude at each place. */
+static uint32_t fp6x4_fin(const float x[4], uint8_t e, int kind, int rule) {
+  const float m = hq_mx_fp6_fp8_mult(e, rule, kind);
+  uint32_t w = 0;
+  for (int k = 0; k < 4; k++) w |= (uint32_t)hq_f32_to_fp8(hq_mul_rn(x[k], m), hq_mx_fp6_fp8_elem(kind)) << (8 * k);
+  return hq_mx_fp6x4_of_fp8x4_fin(w);
+}
+
+static void test_fp6_fin_form(void **state) {
+  (void)state;
+  const int kinds[2] = {HQ_E3M2X4, HQ_E2M3X4};
+  uint64_t s = 49;
+  for (int k = 0; k < 2; k++)
+    for (int rule = 0; rule < 2; rule++)
+      for (int n = 0; n < 60000; n++) {
+        const uint32_t r = (uint32_t)hq_test_rand(&s);
+        const float A = hq_bits_f32(r % 0x7f800000u);
+        const uint8_t e = hq_mx_scale_code(A, kinds[k], rule);
+        const float mult = hq_mx_encode_mult(e, rule);
+        float x[4];
+        for (int q = 0; q < 4; q++) {
+          const uint32_t t = (uint32_t)hq_test_rand(&s);
+          float v;
+          if (q == 0) {
+            v = A;
+          } else if (t & 1u) { /* a grid point or tie of the element type, +-1 ulp, in the block */
+            const float g = hq_mul_rn(hq_mx_elem_to_f32((t >> 1) & 31u, kinds[k]) +
+                                          hq_mx_elem_to_f32(((t >> 1) & 31u) + ((t >> 6) & 1u), kinds[k]),
+                                      0.5f);
+            v = hq_bits_f32(hq_f32_bits(hq_mul_rn(g, hq_e8m0_to_f32(e))) + ((t >> 7) % 3u) - 1u);
+            if (!(hq_fabs(v) <= A)) v = A;
+          } else {
+            v = hq_mul_rn(A, (float)(t >> 8) / 16777216.0f);
+          }
+          x[q] = (t >> 31) ? -v : v;
+        }
+        uint32_t c[4];
+        for (int q = 0; q < 4; q++) c[q] = hq_mx_cast(hq_mul_rn(x[q], mult), kinds[k]);
+        const uint32_t want = hq_fp6_pack4(c[0], c[1], c[2], c[3]), got = fp6x4_fin(x, e, kinds[k], rule);
+        if (got != want)
+          fail_msg("kind %d rule %d A 0x%08x e %u: 0x%06x, rule 0x%06x", kinds[k], rule,
+                   hq_f32_bits(A), e, got, want);
+      }
+  for (uint32_t b = 0; b < 66; b++) /* FP8 byte b: magnitude b % 33, sign b / 33 */
+    for (int at = 0; at < 4; at++) {
+      const uint32_t byte = (b % 33u) | (b / 33u) << 7;
+      uint32_t w = 0, c[4];
+      for (int q = 0; q < 4; q++) {
+        const uint32_t o = q == at ? byte : (b * 7u + (uint32_t)q * 13u) % 66u;
+        const uint32_t ob = q == at ? byte : (o % 33u) | (o / 33u) << 7;
+        w |= ob << (8 * q);
+        c[q] = ((ob & 0x7fu) < 31u ? (ob & 0x7fu) : 31u) | (ob >> 2 & 0x20u);
+      }
+      assert_int_equal(hq_mx_fp6x4_of_fp8x4_fin(w), hq_fp6_pack4(c[0], c[1], c[2], c[3]));
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_every_code),  cmocka_unit_test(test_encode_rne_satfinite),
       cmocka_unit_test(test_generic_equals_e2m1), cmocka_unit_test(test_fp6_sr),
       cmocka_unit_test(test_scale_codes),        cmocka_unit_test(test_packing),
-      cmocka_unit_test(test_fast_forms),
+      cmocka_unit_test(test_fast_forms),         cmocka_unit_test(test_bf16_e2m1_form),
+      cmocka_unit_test(test_fp6_fin_form),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,12 +21,16 @@
 ** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, FP6
 ** 6 bytes, gathered over the block's lanes by shuffles into 8-byte stores (FP4: lane pairs,
 ** FP6: lanes 0..2 of the 4 write the block's 24 bytes).
-** The element casts are the fast forms of mx_rules.h (hq_mx_cast_fast: E2M1 by two FP32 sums and
-** one min, FP6 through the FP8 convert instruction), the biased E2M1 codes packed by
-** multiply-adds and unbiased once per word; a NaN block (scale 0xFF), and with stochastic
-** rounding every FP6 block and every E2M1 block with an Inf or NaN, takes the rule itself
-** (hq_mx_cast / hq_mx_cast_sr); E2M1 stochastic rounding of a finite block is
-** hq_e2m1_sr_biased_lt8 (every |RN(x * mult)| < 8: mx_rules.h's scale rules).
+** The element casts are the fast forms of mx_rules.h: E2M1 from BF16 on the packed input words
+** themselves, two elements per instruction (hq_mx_e2m1x8_bf16: two BF16x2 multiply-adds and a
+** 16-bit three-input min per pair, the multipliers BF16 words made from the scale code);
+** E2M1 from FP32 / F16 by two FP32 sums and one min (hq_mx_cast_fast), the biased codes packed
+** by multiply-adds and unbiased once per word; FP6 through the FP8 convert instruction, the
+** codes clipped and packed by hq_mx_fp6x4_of_fp8x4_fin (a block with a finite amax). A NaN
+** block (scale 0xFF), an FP6 block holding an Inf, a BF16 E2M1 block with scale code 0 under
+** RCEIL, and with stochastic rounding every FP6 block and every E2M1 block with an Inf or NaN,
+** take the rule itself (hq_mx_cast / hq_mx_cast_sr); E2M1 stochastic rounding of a finite
+** block is hq_e2m1_sr_biased_lt8 (every |RN(x * mult)| < 8: mx_rules.h's scale rules).
 ** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
 ** loads), the element values from a 64-entry table in shared memory, the run's scales (one
 ** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
@@ -88,9 +92,13 @@ __device__ __forceinline__ uint32_t fp8x4(float x0, float x1, float x2, float x3
 #endif
 }
 
-/* Four FP6 codes (byte k) as their 24-bit packing (hq_fp6_pack4). */
-__device__ __forceinline__ uint32_t pack_fp6x4(uint32_t c) {
-  return (c & 0x3fu) | ((c >> 2) & 0xfc0u) | ((c >> 4) & 0x3f000u) | ((c >> 6) & 0xfc0000u);
+/* Whether a block with amax bits am (NaN kept) and scale code e takes the fast forms: E2M1 by
+   round to nearest every block but a NaN block; FP6 by round to nearest (its FP8 codes clipped
+   by hq_mx_fp6x4_of_fp8x4_fin) and E2M1 stochastic rounding (hq_e2m1_sr_biased_lt8) every block
+   with a finite amax; FP6 stochastic rounding none. */
+__device__ __forceinline__ bool hq_mx_fast_block(uint32_t am, uint8_t e, int kind, bool sr) {
+  if (kind == HQ_E2M1X2 && !sr) return e != HQ_E8M0_NAN;
+  return am < 0x7f800000u && (kind == HQ_E2M1X2 || !sr);
 }
 
 /* The 8 elements of one vector as FP32 (exact): from the thread's packed 16-bit words (PK) or
@@ -140,8 +148,8 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
     float u[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) u[k] = hq_mul_rn(y[k], m[k]);
-    const uint32_t lo = pack_fp6x4(hq_mx_fp6_of_fp8x4(fp8x4<E8>(u[0], u[1], u[2], u[3])));
-    const uint32_t hi = pack_fp6x4(hq_mx_fp6_of_fp8x4(fp8x4<E8>(u[4], u[5], u[6], u[7])));
+    const uint32_t lo = hq_mx_fp6x4_of_fp8x4_fin(fp8x4<E8>(u[0], u[1], u[2], u[3]));
+    const uint32_t hi = hq_mx_fp6x4_of_fp8x4_fin(fp8x4<E8>(u[4], u[5], u[6], u[7]));
     return (uint64_t)lo | (uint64_t)hi << 24;
   }
   /* the rule itself */
@@ -161,22 +169,22 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
          (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
 }
 
-/* Stores the packed codes v of the 8 elements at column j of a row (row pointer p), the 4
-   lanes of a 32-block together (every lane of the warp calls it: shuffles): FP4 the even lane of
-   a pair writes both lanes' 8 bytes, FP6 lanes 0..2 of the block write its 24 bytes as three
-   8-byte words (offsets 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8,
-   byte stores. */
+/* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
+   row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
+   the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
+   lanes 0..2 of the block write its 24 bytes as three 8-byte words (lane k's word at its own
+   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8, byte
+   stores. */
 template <int KIND>
-__device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, bool valid,
-                                            bool st8, int lane) {
+__device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
+                                            int lane) {
   if (KIND == HQ_E2M1X2) {
     const uint32_t other = __shfl_down_sync(kAll, (uint32_t)v, 1);
     if (!valid) return;
     if (st8) {
-      if (!(lane & 1))
-        *reinterpret_cast<uint64_t *>(p + j / 2) = (v & 0xffffffffu) | (uint64_t)other << 32;
+      if (!(lane & 1)) *reinterpret_cast<uint64_t *>(q) = (v & 0xffffffffu) | (uint64_t)other << 32;
     } else {
-      for (int b = 0; b < 4; b++) p[j / 2 + b] = (uint8_t)(v >> (8 * b));
+      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
     }
     return;
   }
@@ -184,14 +192,13 @@ __device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, b
   const uint32_t nhi = __shfl_down_sync(kAll, (uint32_t)(v >> 32), 1);
   if (!valid) return;
   if (st8) {
-    const int q = lane & 3;
-    if (q < 3) {
+    const int k = lane & 3;
+    if (k < 3) {
       const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
-      *reinterpret_cast<uint64_t *>(p + (j - 8 * q) / 4 * 3 + 8 * q) =
-          (v >> (16 * q)) | (next << (48 - 16 * q));
+      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
     }
   } else {
-    for (int b = 0; b < 6; b++) p[j / 4 * 3 + b] = (uint8_t)(v >> (8 * b));
+    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
   }
 }
 
@@ -207,11 +214,14 @@ __device__ __forceinline__ void store_codes(uint8_t *p, int64_t j, uint64_t v, b
 template <int DT, int KIND, bool SR>
 __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN_BLOCKS) quantize_kernel(const QArgs a) {
   constexpr bool PK = DT != HQ_F32; /* 16-bit input: packed words, two elements each */
+  /* BF16 to E2M1 by round to nearest: the packed form (hq_mx_e2m1x8_bf16), on the words */
+  constexpr bool BP = DT == HQ_BF16 && KIND == HQ_E2M1X2 && !SR;
   __shared__ __align__(16) uint32_t part[kWarps * kCols]; /* per-warp column maxima (bits) */
   __shared__ __align__(16) float s_mult[kCols];            /* per-column fast multipliers */
   __shared__ __align__(16) uint8_t s_code[kCols];          /* per-column scale codes */
   __shared__ __align__(16) uint8_t s_fast[kCols];          /* per-column: fast form */
   __shared__ __align__(16) uint32_t s_bits[SR ? 8 : 1][kCols]; /* per-column random words */
+  __shared__ __align__(16) uint16_t s_mb[BP ? 2 : 1][kCols]; /* per-column BF16 mult, 2 * mult */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   const int64_t K = a.K;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
@@ -219,6 +229,11 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
   const int64_t i0 = (int64_t)bi * kBlk, j0 = (int64_t)bj * kCols;
   const int64_t j = j0 + cg * 8;
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
+  /* the byte offset of the thread's first code in row r0 of the tile (either direction's data),
+     and its rowwise scale's index; row r0 + 16 is rowb / K/32 further */
+  const int64_t rowb = hq_mx_row_bytes(K, KIND);
+  const int64_t o0 = (i0 + r0) * rowb + (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
+  const int64_t s0 = (i0 + r0) * (K / kBlk) + j / kBlk;
   float x[2][8];
   uint32_t w[2][4];
 #pragma unroll
@@ -274,21 +289,22 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
 #pragma unroll
     for (int p = 0; p < 2; p++) {
       uint32_t am;
-      if (PK) {
-        const uint32_t mw = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
+      if (PK) { /* the block's 4 lanes' packed maxima joined before the two lanes are */
+        uint32_t mw = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
+        mw = hq_cuda_absmax2<DT, true>(mw, __shfl_xor_sync(kAll, mw, 1));
+        mw = hq_cuda_absmax2<DT, true>(mw, __shfl_xor_sync(kAll, mw, 2));
         am = max(hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 0)), hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 1)));
       } else {
         am = 0u;
 #pragma unroll
         for (int k = 0; k < 8; k++) am = max(am, hq_f32_bits(x[p][k]) & 0x7fffffffu);
+        am = max(am, __shfl_xor_sync(kAll, am, 1));
+        am = max(am, __shfl_xor_sync(kAll, am, 2));
       }
-      am = max(am, __shfl_xor_sync(kAll, am, 1));
-      am = max(am, __shfl_xor_sync(kAll, am, 2));
       const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
-      const int64_t row = i0 + r0 + 16 * p;
-      const int64_t si = hq_mx_scale_idx(0, row, j, K);
+      const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
       if (valid && (lane & 3) == 0) a.rs[si] = e;
-      const bool fast = SR ? am < 0x7f800000u && KIND == HQ_E2M1X2 : e != HQ_E8M0_NAN;
+      const bool fast = hq_mx_fast_block(am, e, KIND, SR);
       const float mu = !fast ? 0.0f
                        : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
                                            : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
@@ -299,13 +315,20 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
         hq_nvfp4_sr_bits_rk(a.rk, a.offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
         rb = (q & 1) ? make_uint2(bits[2], bits[3]) : make_uint2(bits[0], bits[1]);
       }
-      float y[8], m[8];
-      uint8_t ek[8];
-      elems8<DT, PK>(w[p], x[p], y);
+      uint64_t v;
+      if (BP && hq_mx_e2m1_bf16_ok(e, a.rule)) {
+        const uint32_t m1 = hq_mx_bf16_mult2(e, 0), m2 = hq_mx_bf16_mult2(e, 1);
+        const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
+        v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
+      } else {
+        float y[8], m[8];
+        uint8_t ek[8];
+        elems8<DT, PK>(w[p], x[p], y);
 #pragma unroll
-      for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
-      const uint64_t v = encode8<KIND, SR>(y, m, ek, rb, fast, a.rule);
-      store_codes<KIND>(a.rd + row * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+        for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
+        v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
+      }
+      store_codes<KIND>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
     }
   }
   if (!a.cd) return; /* uniform over the CTA */
@@ -323,10 +346,15 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
       for (int v = 1; v < kWarps; v++) am = max(am, part[v * kCols + t]);
     }
     const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
-    const bool fast = SR ? am < 0x7f800000u && KIND == HQ_E2M1X2 : e != HQ_E8M0_NAN;
+    const bool fast = BP ? hq_mx_e2m1_bf16_ok(e, a.rule)
+                      : hq_mx_fast_block(am, e, KIND, SR);
+    if (BP) {
+      s_mb[0][t] = (uint16_t)hq_mx_bf16_mult2(e, 0);
+      s_mb[BP ? 1 : 0][t] = (uint16_t)hq_mx_bf16_mult2(e, 1);
+    }
     s_code[t] = e;
     s_fast[t] = fast;
-    s_mult[t] = !fast ? 0.0f
+    s_mult[t] = !fast || BP ? 0.0f
                 : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
                                     : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
     const int64_t jc = j0 + t;
@@ -342,6 +370,13 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
     }
   }
   __syncthreads();
+  uint32_t m1w[4] = {0u, 0u, 0u, 0u}, m2w[4] = {0u, 0u, 0u, 0u};
+  if (BP) { /* the 8 columns' BF16 multipliers, two columns a word */
+    const uint4 u1 = *reinterpret_cast<const uint4 *>(&s_mb[0][cg * 8]);
+    const uint4 u2 = *reinterpret_cast<const uint4 *>(&s_mb[BP ? 1 : 0][cg * 8]);
+    m1w[0] = u1.x, m1w[1] = u1.y, m1w[2] = u1.z, m1w[3] = u1.w;
+    m2w[0] = u2.x, m2w[1] = u2.y, m2w[2] = u2.z, m2w[3] = u2.w;
+  }
   float m[8];
   uint8_t ek[8];
   bool fast = true;
@@ -369,10 +404,15 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
       const uint32_t b3 = __byte_perm(v.z, v.w, sel | (sel + 4) << 4);
       rb = make_uint2(__byte_perm(b0, b1, 0x5410), __byte_perm(b2, b3, 0x5410));
     }
-    float y[8];
-    elems8<DT, PK>(w[p], x[p], y);
-    const uint64_t v = encode8<KIND, SR>(y, m, ek, rb, fast, a.rule);
-    store_codes<KIND>(a.cd + (i0 + r) * hq_mx_row_bytes(K, KIND), j, v, valid, a.st8, lane);
+    uint64_t v;
+    if (BP && fast) {
+      v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
+    } else {
+      float y[8];
+      elems8<DT, PK>(w[p], x[p], y);
+      v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
+    }
+    store_codes<KIND>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
   }
 }
 

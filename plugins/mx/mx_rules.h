@@ -110,6 +110,19 @@ HQ_HD uint32_t hq_mx_fp6_of_fp8x4(uint32_t w) {
   return r;
 #endif
 }
+/* The same for the four FP8 codes of values of a block whose amax is finite (no Inf, no NaN),
+   packed at once into their 24 bits (hq_fp6_pack4). There every |RN(x * mult)| is below
+   2^(emax+1) (FLOOR) or at most the element maximum rounded once (RCEIL), so each FP8 magnitude
+   code is at most 32 (2^(emax+1) times 2^-12 or 2^-6), and the clip at 31 is the subtraction of
+   the byte's bit 5 (set only for 32: no borrow). The packing moves bytes 0 and 2 up by 2 bits
+   (b + 3 * those bytes: two 12-bit pairs), then the low pair up by 4 (+ 15 * it), and takes the
+   24 bits at bit 6 -- two multiply-adds instead of a shift and mask per code. */
+HQ_HD uint32_t hq_mx_fp6x4_of_fp8x4_fin(uint32_t w) {
+  const uint32_t c = w - ((w >> 5) & 0x01010101u);
+  const uint32_t b = (c & 0x1f1f1f1fu) | ((c >> 2) & 0x20202020u);
+  const uint32_t p = b + (b & 0x00ff00ffu) * 3u;
+  return (p + (p & 0x0000ffffu) * 15u) >> 6;
+}
 /* The fast form's code of one value x of a block with scale code e != 0xFF. */
 HQ_HD uint32_t hq_mx_cast_fast(float x, uint8_t e, int kind, int rule) {
   if (kind == HQ_E2M1X2) {
@@ -118,6 +131,104 @@ HQ_HD uint32_t hq_mx_cast_fast(float x, uint8_t e, int kind, int rule) {
   }
   const float u = hq_mul_rn(x, hq_mx_fp6_fp8_mult(e, rule, kind));
   return hq_mx_fp6_of_fp8x4(hq_f32_to_fp8(u, hq_mx_fp6_fp8_elem(kind)));
+}
+
+/* The packed form of the E2M1 RN cast for a BF16 input, two elements per instruction: the
+   two-sum form above done in BF16x2 arithmetic (fma.rn.bf16x2: the exact a * b + c rounded
+   once to BF16). The constants are hq_e2m1_biased_bits_lt7's scaled from 2^24 to 2^8 (BF16 has
+   8 significant bits as FP32 has 24): p1 = RN(2|v| + 250) and p2 = RN(|v| + 252) land in
+   [128, 256) (step 1) or [256, 512) (step 2) exactly as the FP32 sums land about 2^24, so
+   min(p1, p2, 258) as BF16 bits is HQ_MX_E2M1_BF16_BIAS + the code of |v| for every |v| < 8
+   and for Inf, v = x * mult the exact product (x a BF16 value, mult a power of two: the product
+   is the rule's RN(x * mult) wherever that is a normal FP32 number, and below 2^-126 both round
+   to code 0). The multiplier enters the multiply-add as BF16 (2 * mult for p1), so the form
+   needs 2 * mult <= 2^127: every scale code but e = 0 under RCEIL (mult 2^127), and no NaN
+   block (hq_mx_e2m1_bf16_ok). */
+#define HQ_MX_E2M1_BF16_SUM1 0x437au /* BF16 250 = 2^8 - 6: code 0 */
+#define HQ_MX_E2M1_BF16_SUM2 0x437cu /* BF16 252 = 2^8 - 4 */
+#define HQ_MX_E2M1_BF16_SAT 0x4381u  /* BF16 258 = 2^8 + 2: code 7 */
+#define HQ_MX_E2M1_BF16_BIAS HQ_MX_E2M1_BF16_SUM1
+HQ_HD int hq_mx_e2m1_bf16_ok(uint8_t e, int rule) {
+  return e != 0xFFu && !(e == 0 && rule == HQ_MX_RCEIL);
+}
+/* The BF16 bits of the multiplier of a block with hq_mx_e2m1_bf16_ok (twice = 1: of 2 * mult),
+   in both halves of the word, by integer arithmetic: mult = 2^(127 - e), and e = 0 under FLOOR
+   has e = 1's (2^126); 2 * mult has the BF16 exponent field 255 - e, mult 254 - e but for
+   e = 254, whose 2^-127 is the BF16 subnormal 0x0040. */
+HQ_HD uint32_t hq_mx_bf16_mult2(uint8_t e, int twice) {
+  const uint32_t ee = e > 1u ? e : 1u;
+  const uint32_t b = twice ? (255u - ee) << 7 : ee == 254u ? 0x40u : (254u - ee) << 7;
+  return b * 0x10001u;
+}
+/* fma.rn.bf16x2 of the word pairs (a * b + c per 16-bit lane). The host form rounds the FP32
+   sum of an FP32 product, which is the single rounding here: a has 8 significant bits and b is
+   a power of two, so the product is exact (or far below 1), and the sum is exact wherever it
+   can lie near a BF16 tie (c = 250 or 252). */
+HQ_HD uint32_t hq_mx_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  uint32_t d = 0;
+  for (int h = 0; h < 32; h += 16) {
+    const float p = hq_mul_rn(hq_bf16_to_f32((uint16_t)(a >> h)), hq_bf16_to_f32((uint16_t)(b >> h)));
+    d |= (uint32_t)hq_f32_to_bf16(hq_add_rn(p, hq_bf16_to_f32((uint16_t)(c >> h)))) << h;
+  }
+  return d;
+#endif
+}
+/* The unsigned 16-bit lanewise min of three words (one DPX instruction on sm_90). */
+HQ_HD uint32_t hq_mx_min3_u16x2(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __vimin3_u16x2(a, b, c);
+#else
+  uint32_t d = 0;
+  for (int h = 0; h < 32; h += 16) {
+    uint32_t x = (a >> h) & 0xffffu, y = (b >> h) & 0xffffu, z = (c >> h) & 0xffffu;
+    x = x < y ? x : y;
+    d |= (x < z ? x : z) << h;
+  }
+  return d;
+#endif
+}
+/* Bytes of (a, b) chosen by s: CUDA's __byte_perm without its sign modes. */
+HQ_HD uint32_t hq_mx_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t ab = (uint64_t)b << 32 | a;
+  uint32_t d = 0;
+  for (int k = 0; k < 4; k++) d |= (uint32_t)((ab >> (8 * ((s >> (4 * k)) & 7u))) & 0xffu) << (8 * k);
+  return d;
+#endif
+}
+/* The E2M1 codes of 8 consecutive BF16 elements (w: 4 words, element 2j in the low half of
+   w[j]), each pair j with its multiplier words m1[j] (mult) and m2[j] (2 * mult) from
+   hq_mx_bf16_mult2, as the packed word (element k in nibble k): hq_mx_cast(RN(x * mult)) of each
+   for a block with hq_mx_e2m1_bf16_ok. The biased lanes of pairs 2i and 2i + 1 are joined by one
+   multiply-add (lanes at bytes 0, 2 and 1, 3; a code + sign < 16 never carries), unbiased at
+   once, given their signs (the elements' sign bits gathered by a byte permute, moved to bit 3),
+   and each byte's two nibbles folded by one shift-add. */
+HQ_HD uint32_t hq_mx_e2m1x8_bf16(const uint32_t w[4], const uint32_t m1[4], const uint32_t m2[4]) {
+  uint32_t q[4];
+  for (int j = 0; j < 4; j++) {
+    const uint32_t a = w[j] & 0x7fff7fffu;
+    q[j] = hq_mx_min3_u16x2(hq_mx_bf16x2_fma(a, m2[j], HQ_MX_E2M1_BF16_SUM1 * 0x10001u),
+                            hq_mx_bf16x2_fma(a, m1[j], HQ_MX_E2M1_BF16_SUM2 * 0x10001u),
+                            HQ_MX_E2M1_BF16_SAT * 0x10001u);
+  }
+  /* the bias of four lanes at bytes 0, 2 (one word) and 1, 3 (the next, times 256) */
+  const uint32_t bias4 = HQ_MX_E2M1_BF16_BIAS * 0x10001u + HQ_MX_E2M1_BF16_BIAS * 0x1000100u;
+  uint32_t h[2];
+  for (int i = 0; i < 2; i++) {
+    /* elements 4i, 4i + 2, 4i + 1, 4i + 3 in bytes 0..3: their sign bits (bit 15 or 31 of the
+       input words) at bit 7 of those bytes, then bit 3 */
+    const uint32_t s = (hq_mx_prmt(w[2 * i], w[2 * i + 1], 0x7351u) >> 4) & 0x08080808u;
+    const uint32_t c = q[2 * i] + q[2 * i + 1] * 256u - bias4 + s;
+    h[i] = c + (c >> 12); /* bytes 2, 3 onto the high nibbles of bytes 0, 1 */
+  }
+  return hq_mx_prmt(h[0], h[1], 0x5410u);
 }
 
 /* One element, round to nearest even (saturating to +-max; NaN -> +max), or stochastically from
