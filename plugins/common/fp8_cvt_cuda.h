@@ -37,15 +37,13 @@ template <int ELEM> __device__ __forceinline__ uint8_t hq_cuda_f32_to_fp8(float 
 #endif
 }
 
-/* Four casts packed into one word, byte k = the cast of x_k: exactly the four bytes of
-   hq_cuda_f32_to_fp8<ELEM>, in two convert instructions where the chip has them (their 16-bit
-   results joined into the word by the register pair move, no masks). The hardware keeps a NaN's
-   sign; a byte is a NaN pattern (hq_fp8_code_special: with satfinite no finite or infinite
-   input gives one) exactly when its input was NaN, and those bytes become HQ_FP8_NAN with no
-   branch (hq_fp8_word_canon_nan: three integer instructions per word for E4M3; a branch to a
-   byte loop would split the casts' code into blocks). */
+/* Four casts packed into one word, byte k = RNE satfinite of x_k, NaN inputs left as the
+   hardware writes them (sign kept, not HQ_FP8_NAN): the raw form, for callers whose values are
+   never NaN (plugins/mx's FP6 casts); two convert instructions where the chip has them (their
+   16-bit results joined into the word by the register pair move, no masks). */
 template <int ELEM>
-__device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
+__device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8_raw(float x0, float x1, float x2,
+                                                            float x3) {
 #if HQ_FP8_HW_CVT
   uint32_t w;
   if (ELEM == HQ_E5M2)
@@ -60,10 +58,25 @@ __device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, flo
         "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
         "mov.b32 %0, {lo, hi};\n}"
         : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  return hq_fp8_word_canon_nan(w, ELEM);
+  return w;
 #else
   return (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x0) | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x1) << 8 |
          (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x2) << 16 | (uint32_t)hq_cuda_f32_to_fp8<ELEM>(x3) << 24;
+#endif
+}
+
+/* Four casts packed into one word, byte k = the cast of x_k: exactly the four bytes of
+   hq_cuda_f32_to_fp8<ELEM>. The hardware keeps a NaN's sign; a byte is a NaN pattern
+   (hq_fp8_code_special: with satfinite no finite or infinite input gives one) exactly when its
+   input was NaN, and those bytes become HQ_FP8_NAN with no branch (hq_fp8_word_canon_nan: three
+   integer instructions per word for E4M3; a branch to a byte loop would split the casts' code
+   into blocks). */
+template <int ELEM>
+__device__ __forceinline__ uint32_t hq_cuda_f32x4_to_fp8(float x0, float x1, float x2, float x3) {
+#if HQ_FP8_HW_CVT
+  return hq_fp8_word_canon_nan(hq_cuda_f32x4_to_fp8_raw<ELEM>(x0, x1, x2, x3), ELEM);
+#else
+  return hq_cuda_f32x4_to_fp8_raw<ELEM>(x0, x1, x2, x3);
 #endif
 }
 

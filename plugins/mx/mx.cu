@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
 #include "hq/numerics.h"
 #include "mx.h"
@@ -65,32 +66,6 @@ struct QArgs {
   uint64_t offset;
   uint32_t rk[20]; /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once on the host */
 };
-
-/* Four FP32 values to their FP8 codes (byte k = x_k), RNE and satfinite: the convert
-   instruction on sm_89 and later, hq_f32_to_fp8 elsewhere (the same bits; the values here are
-   never NaN). */
-template <int E8>
-__device__ __forceinline__ uint32_t fp8x4(float x0, float x1, float x2, float x3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t w;
-  if (E8 == HQ_E5M2)
-    asm("{\n.reg .b16 lo, hi;\n"
-        "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
-        "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n"
-        "mov.b32 %0, {lo, hi};\n}"
-        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  else
-    asm("{\n.reg .b16 lo, hi;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-        "mov.b32 %0, {lo, hi};\n}"
-        : "=r"(w) : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  return w;
-#else
-  return (uint32_t)hq_f32_to_fp8(x0, E8) | (uint32_t)hq_f32_to_fp8(x1, E8) << 8 |
-         (uint32_t)hq_f32_to_fp8(x2, E8) << 16 | (uint32_t)hq_f32_to_fp8(x3, E8) << 24;
-#endif
-}
 
 /* Whether a block with amax bits am (NaN kept) and scale code e takes the fast forms: E2M1 by
    round to nearest every block but a NaN block; FP6 by round to nearest (its FP8 codes clipped
@@ -148,8 +123,10 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
     float u[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) u[k] = hq_mul_rn(y[k], m[k]);
-    const uint32_t lo = hq_mx_fp6x4_of_fp8x4_fin(fp8x4<E8>(u[0], u[1], u[2], u[3]));
-    const uint32_t hi = hq_mx_fp6x4_of_fp8x4_fin(fp8x4<E8>(u[4], u[5], u[6], u[7]));
+    const uint32_t lo =
+        hq_mx_fp6x4_of_fp8x4_fin(hq_cuda_f32x4_to_fp8_raw<E8>(u[0], u[1], u[2], u[3]));
+    const uint32_t hi =
+        hq_mx_fp6x4_of_fp8x4_fin(hq_cuda_f32x4_to_fp8_raw<E8>(u[4], u[5], u[6], u[7]));
     return (uint64_t)lo | (uint64_t)hi << 24;
   }
   /* the rule itself */
