@@ -380,10 +380,10 @@ if HAVE_NCCL
 HQ_DIST_TESTS += tests/test_dist_nccl$(EXEEXT)
 endif
 if HAVE_MPI
-tests/test_dist_mpi.log: $(HQ_DIST_TESTS)
+tests/test_dist_mpi.log tests/test_bench_dist.log: $(HQ_DIST_TESTS)
 endif
 
-TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_train_dist.sh tests/test_train_dist_nccl.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
+TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_bench_dist.sh tests/test_train_dist.sh tests/test_train_dist_nccl.sh tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh \
 	tests/test_install.sh tests/test_ckpt_resume.sh tests/test_docs_tables.sh
 # hq train --profile and --preset
 TESTS += tests/test_train_profile.sh
@@ -394,7 +394,7 @@ EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py
-EXTRA_DIST += tests/test_dist_mpi.sh tests/test_train_dist.sh tests/test_train_dist_nccl.sh tests/mpirun_env.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/test_ckpt_resume.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
+EXTRA_DIST += tests/test_dist_mpi.sh tests/test_bench_dist.sh tests/test_train_dist.sh tests/test_train_dist_nccl.sh tests/mpirun_env.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/test_ckpt_resume.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \
 	HQ_PLUGIN_PATH=`echo $(HQ_TEST_PLUGIN_DIRS) | tr ' ' ':'`; export HQ_PLUGIN_PATH; \

@@ -52,7 +52,9 @@ static const char usage[] =
     "\n"
     "hq bench --gemm [--device cpu|cuda[:N]] ...: GEMM throughput instead (hq's paths against\n"
     "direct BLAS / cuBLASLt calls; --format and --recipe/--role as here): its own help is\n"
-    "`hq bench --gemm -h`.\n";
+    "`hq bench --gemm -h`.\n"
+    "mpirun -np N hq bench --dist ...: the FSDP gather's bandwidth against the raw all-gather\n"
+    "of the same bytes (Open MPI, or NCCL with --device cuda): `hq bench --dist -h`.\n";
 
 #define CMD "bench"
 
@@ -639,17 +641,20 @@ static void report_tail(const bench_args *a, bench_run *b) {
   json_end(j);
 }
 
-/* hq bench --gemm is another command (tools/bench_gemm.c); --gemm before any --help selects it */
-static int wants_gemm(int argc, char **argv) {
+/* hq bench --gemm and --dist are other commands (tools/bench_gemm.c, tools/bench_dist.c); the
+   option before any --help selects it */
+static int wants(int argc, char **argv, const char *opt) {
+  const size_t n = strlen(opt);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 0;
-    if (!strncmp(argv[i], "--gemm", 6) && (!argv[i][6] || argv[i][6] == '=')) return 1;
+    if (!strncmp(argv[i], opt, n) && (!argv[i][n] || argv[i][n] == '=')) return 1;
   }
   return 0;
 }
 
 int hq_cmd_bench(int argc, char **argv) {
-  if (wants_gemm(argc, argv)) return hq_bench_gemm(argc, argv);
+  if (wants(argc, argv, "--gemm")) return hq_bench_gemm(argc, argv);
+  if (wants(argc, argv, "--dist")) return hq_bench_dist(argc, argv);
   bench_args a = {.device_s = "cpu", .dtype_s = "bf16"};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;

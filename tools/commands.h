@@ -13,5 +13,7 @@ int hq_cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c */
 int hq_cmd_train(int argc, char **argv);    /* tools/cmd_train.c */
 /* hq bench --gemm (tools/bench_gemm.c): argv as hq_cmd_bench's. */
 int hq_bench_gemm(int argc, char **argv);
+/* mpirun -np N hq bench --dist (tools/bench_dist.c): argv as hq_cmd_bench's. */
+int hq_bench_dist(int argc, char **argv);
 
 #endif
