@@ -448,7 +448,9 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
   const int64_t full = l->out * l->in, mine = l->rows * l->in;
   float *hf = d->hf;
   uint16_t *h = d->h16;
-  if (hq_ctx_memcpy(m->ctx, hf, HQ_DEVICE_HOST, l->gw, dev, (size_t)full * sizeof *hf))
+  /* each copy to the host waited for (hq_ctx_sync) before the host reads it */
+  if (hq_ctx_memcpy(m->ctx, hf, HQ_DEVICE_HOST, l->gw, dev, (size_t)full * sizeof *hf) ||
+      hq_ctx_sync(m->ctx))
     return fail(err, err_len, "rank %d: layer %s: the gradient to the host: %s", d->rank,
                 l->name, hq_last_error());
   for (int64_t k = 0; k < full; k++) h[k] = hq_f32_to_bf16(hf[k]);
@@ -472,7 +474,8 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
     else rc = nccl_wait(d, stream, "the BF16 gradient's NCCL reduction", err, err_len);
   }
   if (!rc && mine > 0 &&
-      hq_ctx_memcpy(m->ctx, h + full, HQ_DEVICE_HOST, shard, dev, (size_t)mine * sizeof *h))
+      (hq_ctx_memcpy(m->ctx, h + full, HQ_DEVICE_HOST, shard, dev, (size_t)mine * sizeof *h) ||
+       hq_ctx_sync(m->ctx)))
     rc = fail(err, err_len, "rank %d: layer %s: the BF16 shard to the host: %s", d->rank,
               l->name, hq_last_error());
   hq_ctx_free(m->ctx, p);
