@@ -8,7 +8,8 @@
 # rank; a checkpoint written by N ranks resumes with M (4 -> 2, 4 -> 1, 1 -> 4, 2 -> 4: the same
 # layout whatever N, the same count continuing byte for byte, another within 1e-4 of 1 rank, two
 # resumed runs bit-identical; --verify-resume too), and a corrupt or mismatched one is refused on
-# every rank;
+# every rank; --grad-dtype bf16 trains within 0.01 of fp32's held-out loss, bit-identically
+# twice, with half the gradient bytes, and a bad value or one process is refused;
 # --device cuda where it cannot run is refused on every rank, saying why. Skips (77)
 # without mpirun, python3, or an hq built with MPI.
 set -u
@@ -75,6 +76,46 @@ for k in sorted(one):
   grep -q "^hq train: fp8-current-e4m3: $np ranks: per step and rank, quantized weights gathered 32768 bytes (a BF16 all-gather: 65536, 0.500x), FP32 weight gradients reduce-scattered 131072 bytes$" "$tmp/r${np}a.err" ||
     { cat "$tmp/r${np}a.err"; fail "-np $np: the wire line of fp8_current"; }
 done
+
+# --grad-dtype bf16 (docs/distributed.md): each rank's weight gradient rounded to BF16 (RNE),
+# reduce-scattered with a BF16 sum, widened back for AdamW. It trains (every run's held-out loss
+# falls), its held-out loss is the FP32 reduce-scatter's of the same rank count within 0.01 (the
+# gradients carry 8 significant bits instead of 24; the weights, moments and updates stay FP32),
+# two runs print the same losses to the last digit (MPI's reduce-scatter adds the ranks' parts in
+# an order fixed by the count of ranks), and the gradients' bytes on the wire halve: fp8_current's
+# two [128, 128] gradients are 2 * 128 * 128 * 2 = 65536 bytes per step and rank.
+for np in 2 4; do
+  for k in a b; do
+    # shellcheck disable=SC2086
+    timeout 600 "$mpirun" $flags -np $np "$hq" $args --grad-dtype bf16 > "$tmp/b$np$k.json" 2> "$tmp/b$np$k.err" ||
+      { cat "$tmp/b$np$k.err"; fail "mpirun -np $np hq train --grad-dtype bf16"; }
+    losses "$tmp/b$np$k.json" > "$tmp/lb$np$k"
+  done
+  cmp -s "$tmp/lb${np}a" "$tmp/lb${np}b" ||
+    { diff "$tmp/lb${np}a" "$tmp/lb${np}b"; fail "-np $np --grad-dtype bf16: two runs printed different losses"; }
+  python3 -c 'import json,sys
+fp32 = {r["name"]: r for r in json.load(open(sys.argv[1]))["recipes"]}
+bf16 = {r["name"]: r for r in json.load(open(sys.argv[2]))["recipes"]}
+assert sorted(bf16) == sorted(fp32), sorted(bf16)
+for k in sorted(fp32):
+    a, b = fp32[k]["eval_loss"], bf16[k]["eval_loss"]
+    first = bf16[k]["eval_curve"][0]
+    first = first["loss"] if isinstance(first, dict) else first[-1]
+    print("%-20s %s ranks: FP32 gradients %.9g  BF16 %.9g  difference %.2g  (step 0: %.4g)" % (k, sys.argv[3], a, b, abs(a - b), first))
+    if not b < first - 0.1: sys.exit("%s: --grad-dtype bf16 did not train (%.4g -> %.4g)" % (k, first, b))
+    if not abs(a - b) <= 0.01: sys.exit("%s: BF16 gradients differ from FP32 by %.3g" % (k, abs(a - b)))' \
+    "$tmp/r${np}a.json" "$tmp/b${np}a.json" $np || fail "-np $np: --grad-dtype bf16 against fp32"
+  grep -q "^hq train: fp8-current-e4m3: $np ranks: per step and rank, quantized weights gathered 32768 bytes (a BF16 all-gather: 65536, 0.500x), BF16 weight gradients reduce-scattered 65536 bytes$" "$tmp/b${np}a.err" ||
+    { cat "$tmp/b${np}a.err"; fail "-np $np --grad-dtype bf16: the wire line of fp8_current"; }
+done
+# a bad value, and bf16 in one process (nothing to reduce), are refused saying why
+"$hq" train --data "$tmp/words.txt" --steps 2 --grad-dtype fp16 > "$tmp/o" 2> "$tmp/e" &&
+  fail "--grad-dtype fp16 accepted"
+grep -qFx "hq train: --grad-dtype 'fp16' is not fp32 or bf16" "$tmp/e" || { cat "$tmp/e"; fail "--grad-dtype fp16: the message"; }
+"$hq" train --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 --grad-dtype bf16 \
+  --recipe "$conf/examples/mxfp8.ini" > "$tmp/o" 2> "$tmp/e" && fail "--grad-dtype bf16 in one process accepted"
+grep -qFx "hq train: --grad-dtype bf16 rounds the weight gradients for the reduce-scatter across ranks, and this run has one rank: run it under mpirun -np 2 or more, or leave --grad-dtype out" "$tmp/e" ||
+  { cat "$tmp/e"; fail "--grad-dtype bf16 in one process: the message"; }
 
 # refused_everywhere NP MESSAGE ARGS...: mpirun -np NP hq ARGS fails, and every rank wrote the
 # line MESSAGE on stderr (each rank's output in its own file: mpirun would interleave; under

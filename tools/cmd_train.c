@@ -29,7 +29,7 @@ static const char usage[] =
     "                [--eval-batches N] [--checkpoint FILE] [--checkpoint-every N]\n"
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
     "                [--baseline NAME|fp32|bf16-direct|none] [--seeds N] [--profile]\n"
-    "                [--preset default|wide|large|gpt2s]\n"
+    "                [--preset default|wide|large|gpt2s] [--grad-dtype fp32|bf16]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -61,6 +61,10 @@ static const char usage[] =
     "  --eval-batches N  batches of the periodic eval (default 8; 0: the whole held-out set;\n"
     "                    the final eval always uses the whole set)\n"
     "  --log-every N     a progress line every N steps (default steps/10)\n"
+    "  --grad-dtype T    under mpirun -np N (N >= 2): the weight gradients' reduce-scatter in\n"
+    "                    fp32 (default) or bf16 (each rank's gradient rounded to BF16, summed\n"
+    "                    in BF16, widened back for AdamW: half the bytes; the result depends\n"
+    "                    on N); refused in one process; docs/distributed.md\n"
     "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
     "                    (default /usr/share/dict/words, Debian package wamerican)\n"
     "  --json            print the results as one JSON document (progress goes to stderr)\n"
@@ -216,13 +220,13 @@ static int64_t window_means(const train_result *r, int64_t w, train_point *out) 
 typedef struct train_args {
   cli_list recipes;
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
-  const char *preset;
+  const char *preset, *grad_dtype_s;
   int json, verify_resume, no_verify, profile;
   int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every, seeds;
   int64_t context, embed, hidden, layers;
   double lr;
   cli_list dirs;
-  int device, act;
+  int device, act, grad_bf16;
 } train_args;
 
 static int set_lr(const char *cmd, const cli_option *o, const char *v) {
@@ -296,6 +300,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--seeds", .kind = CLI_INT, .dest = &a->seeds, .min = 1, .max = MAX_SEEDS},
       {.name = "--profile", .kind = CLI_FLAG, .dest = &a->profile},
       {.name = "--preset", .kind = CLI_STR, .dest = &a->preset},
+      {.name = "--grad-dtype", .kind = CLI_STR, .dest = &a->grad_dtype_s},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -323,6 +328,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (!strcmp(a->act_s, "gelu")) a->act = TRAIN_ACT_GELU;
   else if (!strcmp(a->act_s, "tanh")) a->act = TRAIN_ACT_TANH;
   else return cli_fail(2, CMD, "--act '%s' is not gelu or tanh", a->act_s);
+  if (!strcmp(a->grad_dtype_s, "bf16")) a->grad_bf16 = 1;
+  else if (strcmp(a->grad_dtype_s, "fp32"))
+    return cli_fail(2, CMD, "--grad-dtype '%s' is not fp32 or bf16", a->grad_dtype_s);
   return CLI_RUN;
 }
 
@@ -335,6 +343,7 @@ static void make_config(const train_args *a, train_config *cfg) {
   cfg->model.batch = a->batch;
   cfg->model.vocab_pad = 128;   /* 27 padded to a multiple every stock format accepts */
   cfg->model.act = a->act;
+  cfg->model.grad_bf16 = a->grad_bf16;
   cfg->adam = (train_adam_cfg){0.9f, 0.95f, 1e-8f, 0.0f};
   cfg->steps = a->steps;
   cfg->lr = (float)a->lr;
@@ -486,12 +495,12 @@ static int run_said(const train_args *a, const train_config *cfg, const run *rn,
             (long long)a->steps, (long long)r->ckpt_bytes, 1e3 * r->ckpt_save_s);
   if (r->ranks > 1 && train_dist_rank(cfg->model.dist) == 0)   /* docs/distributed.md */
     fprintf(po, "hq train: %s: %d ranks: per step and rank, quantized weights gathered %llu "
-                "bytes (a BF16 all-gather: %llu, %.3fx), FP32 weight gradients reduce-scattered "
+                "bytes (a BF16 all-gather: %llu, %.3fx), %s weight gradients reduce-scattered "
                 "%llu bytes\n",
             rn->name, r->ranks, (unsigned long long)r->wire_gathered,
             (unsigned long long)r->wire_bf16,
             r->wire_bf16 ? (double)r->wire_gathered / (double)r->wire_bf16 : 0.0,
-            (unsigned long long)r->wire_reduced);
+            cfg->model.grad_bf16 ? "BF16" : "FP32", (unsigned long long)r->wire_reduced);
   if (!a->verify_resume) return 0;
   if (r->verified == 1) {
     fprintf(po, "hq train: %s: resume verified: the checkpoint of step %lld reloaded into a "
@@ -1191,8 +1200,8 @@ static void session_free(session *s) {
 
 int hq_cmd_train(int argc, char **argv) {
   /* the model's size and lr: 0 until --preset fills what no option gave */
-  train_args a = {.device_s = "cpu", .act_s = "gelu", .steps = 1000, .seed = 1,
-                  .eval_every = -1, .eval_batches = 8, .log_every = -1, .seeds = 1};
+  train_args a = {.device_s = "cpu", .act_s = "gelu", .grad_dtype_s = "fp32", .steps = 1000,
+                  .seed = 1, .eval_every = -1, .eval_batches = 8, .log_every = -1, .seeds = 1};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;
   train_config cfg;
@@ -1219,6 +1228,12 @@ int hq_cmd_train(int argc, char **argv) {
   status = 1;
   if (is_direct(a.baseline_s) && dist) {   /* its GEMMs are not sharded across ranks */
     status = cli_fail(2, CMD, "--baseline bf16-direct runs in one process, not under mpirun");
+    goto out;
+  }
+  if (a.grad_bf16 && train_dist_size(dist) < 2) {   /* nothing to reduce: refused, not ignored */
+    status = cli_fail(2, CMD, "--grad-dtype bf16 rounds the weight gradients for the "
+                      "reduce-scatter across ranks, and this run has one rank: run it under "
+                      "mpirun -np 2 or more, or leave --grad-dtype out");
     goto out;
   }
   if (load_recipes(&a, &ro, &s)) goto out;

@@ -21,6 +21,7 @@
 #include <nccl.h>   /* before hq/dist.h: it declares hq_dist_nccl_create when NCCL's is seen */
 #endif
 #include "hq/dist.h"
+#include "hq/numerics.h"   /* hq_f32_to_bf16: the BF16 gradients' rounding (RNE) */
 #include "train.h"
 #include "dist.h"
 
@@ -57,7 +58,27 @@ struct train_dist {
 #endif
   int failed;                     /* a collective of hd failed: its communicator may be aborted
                                      (hq_dist aborts NCCL's on an error or timeout) */
+  /* --grad-dtype bf16 (train_model_cfg.grad_bf16): host scratch for a layer's whole gradient
+     and its shard, as BF16 (h16) and, on GPUs, staged as FP32 (hf); sized for the largest
+     layer, grown on every rank at once (the ranks train the same shapes) */
+  uint16_t *h16;
+  float *hf;
+  size_t h16_n, hf_n;
+#ifdef HQ_HAVE_MPI
+  int have_bf16_sum;
+  MPI_Op bf16_sum;                /* the BF16 sum of the host reduce-scatter (bf16_sum_fn) */
+#endif
 };
+
+/* 1 when the model's collectives run on GPUs (NCCL) */
+static inline int on_gpu(const train_dist *d) {
+#ifdef TRAIN_DIST_NCCL
+  return d->gpu;
+#else
+  (void)d;
+  return 0;
+#endif
+}
 
 static int fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
@@ -274,6 +295,9 @@ void train_dist_end(train_dist *d) {
   /* after the helper that used it; never an aborted one (the process ends anyway) */
   if (d->nccl && !d->failed) (void)d->api.comm_destroy(d->nccl);
 #endif
+  if (d->have_bf16_sum) MPI_Op_free(&d->bf16_sum);
+  free(d->h16);
+  free(d->hf);
   MPI_Comm_free(&d->comm);
   free(d);
   MPI_Finalize();
@@ -290,6 +314,73 @@ static int sum_f32(train_dist *d, float *v, int64_t n, const char *what, char *e
                    size_t err_len) {
   int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_FLOAT, MPI_SUM, d->comm);
   return rc == MPI_SUCCESS ? 0 : mpi_fail(err, err_len, rc, what);
+}
+
+/* MPI_User_function on BF16 bit patterns (MPI_UINT16_T): inout[i] = in[i] + inout[i], the sum
+   of the two values taken in FP32 and rounded to BF16 (RNE). FP32's 24 significant bits are
+   more than twice BF16's 8 plus two, so that second rounding gives the correctly rounded BF16
+   sum: the result depends on the order MPI's reduce-scatter adds the ranks' parts in (fixed for
+   a given count of ranks), never on timing. */
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *type) {
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  (void)type;
+  for (int i = 0; i < *len; i++)
+    b[i] = hq_f32_to_bf16(hq_bf16_to_f32(a[i]) + hq_bf16_to_f32(b[i]));
+}
+
+/* --grad-dtype bf16: the host scratch for m's largest layer (its whole gradient and its shard)
+   and the MPI op, made or grown on every rank at once and agreed, so that a rank without the
+   memory fails the step on every rank instead of leaving the others in the reduce-scatter. */
+static int bf16_ready(train_dist *d, const train_model *m, char *err, size_t err_len) {
+  size_t need = 0;
+  for (int i = 0; i < m->n_lin; i++) {
+    const train_linear *l = &m->lin[i];
+    const size_t n = (size_t)(l->out * l->in) + (size_t)(l->rows * l->in);
+    if (n > need) need = n;
+  }
+  const int gpu = on_gpu(d);
+  if (need <= d->h16_n && (!gpu || need <= d->hf_n) && d->have_bf16_sum) return 0;
+  int ok = 1;
+  if (need > d->h16_n) {
+    uint16_t *p = realloc(d->h16, need * sizeof *p);
+    if (p) d->h16 = p, d->h16_n = need;
+    else ok = 0;
+  }
+  if (ok && gpu && need > d->hf_n) {
+    float *p = realloc(d->hf, need * sizeof *p);
+    if (p) d->hf = p, d->hf_n = need;
+    else ok = 0;
+  }
+  if (ok && !d->have_bf16_sum) {
+    if (MPI_Op_create(bf16_sum_fn, 1, &d->bf16_sum) == MPI_SUCCESS) d->have_bf16_sum = 1;
+    else ok = 0;
+  }
+  if (!all_ok(d, ok)) {
+    if (ok) return fail(err, err_len, "rank %d: another rank could not prepare the BF16 "
+                        "gradient reduce-scatter (its message says why)", d->rank);
+    return fail(err, err_len, "rank %d: the BF16 gradient reduce-scatter: out of memory (%zu "
+                "BF16 values)", d->rank, need);
+  }
+  return 0;
+}
+
+/* --grad-dtype bf16 on the host: layer l's gradient rounded to BF16, reduce-scattered (summed
+   in BF16 by bf16_sum_fn) with counts[r] values to rank r, and this rank's shard widened back
+   to FP32 into l->gws for AdamW. */
+static int grads_bf16_mpi(train_dist *d, train_linear *l, const int *counts, char *err,
+                          size_t err_len) {
+  const int64_t full = l->out * l->in, mine = l->rows * l->in;
+  uint16_t *g = d->h16, *s = d->h16 + full;
+  for (int64_t k = 0; k < full; k++) g[k] = hq_f32_to_bf16(l->gw[k]);
+  const int rc = MPI_Reduce_scatter(g, s, counts, MPI_UINT16_T, d->bf16_sum, d->comm);
+  if (rc != MPI_SUCCESS) {
+    char what[80];
+    snprintf(what, sizeof what, "layer %s: MPI_Reduce_scatter (BF16)", l->name);
+    return mpi_fail(err, err_len, rc, what);
+  }
+  for (int64_t k = 0; k < mine; k++) l->gws[k] = hq_bf16_to_f32(s[k]);
+  return 0;
 }
 
 int train_dist_loss_grad(train_model *m, char *err, size_t err_len) {
@@ -347,16 +438,68 @@ static int nccl_wait(train_dist *d, cudaStream_t stream, const char *what, char 
   }
 }
 
+/* --grad-dtype bf16 on GPUs (unverified, as the rest of this path): layer l's gradient rounded
+   to BF16 on the host (the trainer has no device kernel of its own; the identity format's
+   rounding, hq_f32_to_bf16), reduce-scattered by NCCL as ncclBfloat16 with ncclSum (all-reduced
+   where the rows do not split evenly), and this rank's shard widened back to FP32 in l->gws. */
+static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaStream_t stream,
+                          char *err, size_t err_len) {
+  const int dev = hq_ctx_device(m->ctx);
+  const int64_t full = l->out * l->in, mine = l->rows * l->in;
+  float *hf = d->hf;
+  uint16_t *h = d->h16;
+  /* each copy to the host waited for (hq_ctx_sync) before the host reads it */
+  if (hq_ctx_memcpy(m->ctx, hf, HQ_DEVICE_HOST, l->gw, dev, (size_t)full * sizeof *hf) ||
+      hq_ctx_sync(m->ctx))
+    return fail(err, err_len, "rank %d: layer %s: the gradient to the host: %s", d->rank,
+                l->name, hq_last_error());
+  for (int64_t k = 0; k < full; k++) h[k] = hq_f32_to_bf16(hf[k]);
+  void *p = NULL;
+  if (hq_ctx_alloc(m->ctx, (size_t)(full + mine) * sizeof *h, &p))
+    return fail(err, err_len, "rank %d: layer %s: device memory for the BF16 gradient: %s",
+                d->rank, l->name, hq_last_error());
+  uint16_t *g = p, *shard = g + full;
+  int rc = hq_ctx_memcpy(m->ctx, g, dev, h, HQ_DEVICE_HOST, (size_t)full * sizeof *h) ?
+           fail(err, err_len, "rank %d: layer %s: the BF16 gradient to the GPU: %s", d->rank,
+                l->name, hq_last_error()) : 0;
+  if (!rc) {
+    ncclResult_t r;
+    if (l->out % d->size == 0) {
+      r = d->api.reduce_scatter(g, shard, (size_t)mine, ncclBfloat16, ncclSum, d->nccl, stream);
+    } else {
+      r = d->api.all_reduce(g, g, (size_t)full, ncclBfloat16, ncclSum, d->nccl, stream);
+      shard = g + l->r0 * l->in;
+    }
+    if (r != ncclSuccess) rc = nccl_fail(d, err, err_len, r, "the BF16 gradient's NCCL reduction");
+    else rc = nccl_wait(d, stream, "the BF16 gradient's NCCL reduction", err, err_len);
+  }
+  if (!rc && mine > 0 &&
+      (hq_ctx_memcpy(m->ctx, h + full, HQ_DEVICE_HOST, shard, dev, (size_t)mine * sizeof *h) ||
+       hq_ctx_sync(m->ctx)))
+    rc = fail(err, err_len, "rank %d: layer %s: the BF16 shard to the host: %s", d->rank,
+              l->name, hq_last_error());
+  hq_ctx_free(m->ctx, p);
+  if (rc) return rc;
+  for (int64_t k = 0; k < mine; k++) hf[k] = hq_bf16_to_f32(h[full + k]);
+  if (mine > 0 && hq_ctx_memcpy(m->ctx, l->gws, dev, hf, HQ_DEVICE_HOST, (size_t)mine * sizeof *hf))
+    return fail(err, err_len, "rank %d: layer %s: the shard's gradient to the GPU: %s", d->rank,
+                l->name, hq_last_error());
+  return 0;
+}
+
 /* train_dist_grads on GPUs: NCCL on the context's stream. A weight whose rows split evenly
    (every shard the same size, as ncclReduceScatter requires) is reduce-scattered; otherwise it
    is all-reduced and this rank's rows copied out (twice the traffic, the same sums). */
 static int nccl_grads(train_dist *d, train_model *m, char *err, size_t err_len) {
   cudaStream_t stream = (cudaStream_t)hq_ctx_stream(m->ctx);
   if (!d->nccl) return fail(err, err_len, "rank %d: the NCCL communicator was aborted", d->rank);
+  if (m->cfg.grad_bf16 && bf16_ready(d, m, err, err_len)) return -1;
   ncclResult_t r = ncclSuccess;
   for (int i = 0; r == ncclSuccess && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
-    if (l->out % d->size == 0) {
+    if (m->cfg.grad_bf16) {
+      if (nccl_grad_bf16(d, m, l, stream, err, err_len)) return -1;
+    } else if (l->out % d->size == 0) {
       r = d->api.reduce_scatter(l->gw, l->gws, (size_t)(l->rows * l->in), ncclFloat32, ncclSum,
                                 d->nccl, stream);
     } else {
@@ -391,12 +534,18 @@ int train_dist_grads(train_model *m, char *err, size_t err_len) {
   int counts[64];
   if (d->size > (int)(sizeof counts / sizeof *counts))
     return fail(err, err_len, "%d ranks: at most %d", d->size, (int)(sizeof counts / sizeof *counts));
+  if (m->cfg.grad_bf16 && bf16_ready(d, m, err, err_len)) return -1;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     for (int r = 0; r < d->size; r++) {
       int64_t first, rows;
       shard_of(l->out, d->size, r, &first, &rows);
       counts[r] = (int)(rows * l->in);
+    }
+    if (m->cfg.grad_bf16) {
+      if (grads_bf16_mpi(d, l, counts, err, err_len)) return -1;
+      if (sum_f32(d, l->gb, l->out, "MPI_Allreduce (bias gradient)", err, err_len)) return -1;
+      continue;
     }
     int rc = MPI_Reduce_scatter(l->gw, l->gws, counts, MPI_FLOAT, MPI_SUM, d->comm);
     if (rc != MPI_SUCCESS) {
@@ -599,7 +748,8 @@ void train_dist_wire(const train_model *m, uint64_t *gathered, uint64_t *bf16, u
     if (!l->gather || hq_gather_get_info(l->gather, &gi)) continue;
     *gathered += gi.wire_bytes;
     *bf16 += gi.bf16_bytes;
-    *reduced += (uint64_t)(l->out * l->in) * sizeof(float);
+    *reduced += (uint64_t)(l->out * l->in) * (m->cfg.grad_bf16 ? sizeof(uint16_t)
+                                                                : sizeof(float));
   }
 }
 

@@ -3,7 +3,8 @@
 ** as one process, FSDP style (ZeRO-3): every linear layer's FP32 master weights and AdamW moments
 ** are sharded by rows, each rank quantizes its shard (the per-tensor amax shared through
 ** hq_dist_amax), the quantized weight is all-gathered (hq_gather_run, one collective per layer),
-** the weight gradients are reduce-scattered (FP32) and the global batch is split across the ranks
+** the weight gradients are reduce-scattered (FP32, or BF16 with train_model_cfg.grad_bf16:
+** rounded, summed in BF16, widened back) and the global batch is split across the ranks
 ** (data parallel). On the CPU through Open MPI (hq/dist.h's MPI backend); on GPUs, one per
 ** rank, through NCCL (its backend, and NCCL's reduce-scatter and all-reduce), bootstrapped by
 ** MPI.
@@ -58,10 +59,14 @@ int train_dist_weight(struct train_model *m, struct train_linear *l, int first, 
    scale or a format's rounding then sees the same values. */
 int train_dist_loss_grad(struct train_model *m, char *err, size_t err_len);
 /* Before the optimizer step: every layer's weight gradient reduce-scattered (summed) into its
-   shard (l->gws), the bias and embedding gradients all-reduced (summed). */
+   shard (l->gws), the bias and embedding gradients all-reduced (summed). With m->cfg.grad_bf16
+   the weight gradients are rounded to BF16 (RNE) first, summed in BF16 (on the host a
+   user-defined MPI_Op: each pair added in FP32 and rounded back; on GPUs NCCL's ncclBfloat16
+   sum) and the shard widened back to FP32; the bits then depend on the count of ranks. */
 int train_dist_grads(struct train_model *m, char *err, size_t err_len);
 /* What one step moves per rank (bytes): the quantized weights gathered, the same weights as a
-   BF16 all-gather, the FP32 weight gradients reduce-scattered (each rank's full gradient). */
+   BF16 all-gather, the weight gradients reduce-scattered (each rank's full gradient, 4 bytes an
+   element, 2 with grad_bf16). */
 void train_dist_wire(const struct train_model *m, uint64_t *gathered, uint64_t *bf16,
                      uint64_t *reduced);
 /* hq_state_update of the scaling state, its amaxes max-reduced over the ranks first

@@ -81,6 +81,8 @@ typedef struct train_model_cfg {
   int act;                                   /* TRAIN_ACT_* */
   train_dist *dist;                          /* the ranks (dist.h; NULL: one process); batch
                                                 is then this rank's part of the global batch */
+  int grad_bf16;                             /* --grad-dtype bf16: the weight gradients
+                                                reduce-scattered in BF16 (dist.c; ranks > 1) */
   int direct;                                /* 1: the bf16-direct run (direct.h): every GEMM
                                                 on cuBLASLt, no quantizer, no scaling state;
                                                 a CUDA context, one process */
