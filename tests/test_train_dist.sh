@@ -117,11 +117,12 @@ grep -qFx "hq train: --grad-dtype 'fp16' is not fp32 or bf16" "$tmp/e" || { cat 
 grep -qFx "hq train: --grad-dtype bf16 rounds the weight gradients for the reduce-scatter across ranks, and this run has one rank: run it under mpirun -np 2 or more, or leave --grad-dtype out" "$tmp/e" ||
   { cat "$tmp/e"; fail "--grad-dtype bf16 in one process: the message"; }
 
-# refused_everywhere NP MESSAGE ARGS...: mpirun -np NP hq ARGS fails, and every rank wrote the
-# line MESSAGE on stderr (each rank's output in its own file: mpirun would interleave; under
-# ASan, LeakSanitizer's report of the suppressions follows it)
-refused_everywhere() {
-  np=$1 msg=$2; shift 2
+# refused_matching GREP_FLAGS NP MESSAGE ARGS...: mpirun -np NP hq ARGS fails, and every rank's
+# stderr has exactly one line that `grep GREP_FLAGS MESSAGE` matches (each rank's output in its
+# own file: mpirun would interleave; under ASan, LeakSanitizer's report of the suppressions
+# follows it)
+refused_matching() {
+  gf=$1 np=$2 msg=$3; shift 3
   rm -rf "$tmp/out"
   # shellcheck disable=SC2086
   timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np $np "$hq" "$@" > "$tmp/o" 2> "$tmp/e" &&
@@ -129,11 +130,13 @@ refused_everywhere() {
   r=0
   while [ $r -lt $np ]; do
     f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
-    [ -n "$f" ] && [ "$(grep -cFx "$msg" "$f")" -eq 1 ] ||
+    [ -n "$f" ] && [ "$(grep -c $gf -- "$msg" "$f")" -eq 1 ] ||
       { cat "$tmp/e" $f; fail "mpirun -np $np hq $*: rank $r did not say '$msg'"; }
     r=$((r + 1))
   done
 }
+# refused_everywhere NP MESSAGE ARGS...: refused, and every rank wrote the line MESSAGE
+refused_everywhere() { refused_matching -Fx "$@"; }
 # 2-D fp8_block shards of 64 rows would split its 128-row tiles: the gather helper's message
 refused_everywhere 2 "hq train: recipe 'fp8-block' ($conf/examples/fp8_block.ini), step 0: layer fc1: the weight's gather: hq_gather_create of linear:weight:fc1: the shard of rank 0, rows [0, 64) (64 rows), would split a 128-row scaling block of w (fp8_block, rowwise, 128x128 blocks): every shard's rows must be a multiple of 128" \
   train --data "$tmp/words.txt" --steps 2 --batch 128 --hidden 128 --layers 1 --recipe "$conf/examples/fp8_block.ini"
@@ -224,20 +227,7 @@ f.seek(-1, 1)
 f.write(bytes([b[0] ^ 0x40]))' "$tmp/k4-20.st" || fail "corrupting a checkpoint"
 ckr="train --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --baseline none"
 # refused_saying NP TEXT ARGS...: refused, and every rank's stderr has one line holding TEXT
-refused_saying() {
-  np=$1 msg=$2; shift 2
-  rm -rf "$tmp/out"
-  # shellcheck disable=SC2086
-  timeout 300 "$mpirun" $flags --output-filename "$tmp/out" -np $np "$hq" "$@" > "$tmp/o" 2> "$tmp/e" &&
-    fail "mpirun -np $np hq $*: not refused"
-  r=0
-  while [ $r -lt $np ]; do
-    f=$(ls "$tmp"/out/*/rank.$r/stderr 2>/dev/null)
-    [ -n "$f" ] && [ "$(grep -cF -- "$msg" "$f")" -eq 1 ] ||
-      { cat "$tmp/e" $f; fail "mpirun -np $np hq $*: rank $r did not say '$msg'"; }
-    r=$((r + 1))
-  done
-}
+refused_saying() { refused_matching -F "$@"; }
 # shellcheck disable=SC2086
 refused_saying 2 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini): --resume: hq_ckpt_load_tensor 'fc1.weight.master': checkpoint $tmp/k4-20.st: entry 'fc1.weight.master' is corrupt: " \
   $ckr --recipe "$conf/examples/fp8_delayed.ini" --resume "$tmp/k4-20.st"
