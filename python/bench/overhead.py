@@ -3,12 +3,13 @@
 te.Linear where it imports) on square problems N x N x N (tokens = in = out = N), medians.
 
     python3 python/bench/overhead.py                         # GPU: 256 .. 8192, bf16 input
-    python3 python/bench/overhead.py --device cpu --sizes 256,512 --iters 5
+    python3 python/bench/overhead.py --device cpu --sizes 256,512 --iters 10 --loop 5
 
 Each row times one module's forward + backward (y = m(x); y.backward(dy)) with the input and
 the output gradient made beforehand, --warmup untimed iterations first, then --iters timed
-ones, each between CUDA events and synchronized (on the CPU: perf_counter). Columns: the median
-milliseconds, and the ratio to nn.Linear's median at the same N; then the host time of a step
+ones in samples of --loop steps run back to back between two CUDA events (on the CPU:
+perf_counter), as a training loop runs them. Columns: the median time per step over the
+samples, and the ratio to nn.Linear's median at the same N; then the host time of a step
 (thread CPU time per step over --iters steps run back to back, synchronized once after them:
 the Python and C work of a step, which is what bounds a step where the GPU waits for it; where
 the GPU is the bound instead, it includes the wait for a full launch queue) and its ratio to
@@ -37,7 +38,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def timeit(step, device, warmup, iters):
+def timeit(step, device, warmup, iters, loop):
     for _ in range(warmup):
         step()
     sync(device)
@@ -47,20 +48,23 @@ def timeit(step, device, warmup, iters):
     host_us = (time.thread_time_ns() - t) / iters / 1e3
     sync(device)
     out = []
-    for _ in range(iters):
+    # a training loop runs steps back to back: a sample is `loop` of them between two events,
+    # so a step's time is the larger of its host and GPU times, not its launch latency
+    for _ in range(max(1, iters // loop)):
         if device.type == "cuda":
             a = torch.cuda.Event(enable_timing=True)
             b = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
             a.record()
-            step()
+            for _ in range(loop):
+                step()
             b.record()
             b.synchronize()
-            out.append(a.elapsed_time(b))
+            out.append(a.elapsed_time(b) / loop)
         else:
             t = time.perf_counter()
-            step()
-            out.append((time.perf_counter() - t) * 1e3)
+            for _ in range(loop):
+                step()
+            out.append((time.perf_counter() - t) * 1e3 / loop)
     return statistics.median(out), host_us
 
 
@@ -95,6 +99,30 @@ def te_candidates(n, device, dtype):
     return out, None
 
 
+def trace(n, device, dtype, recipes, warmup):
+    """One step per module under torch.profiler: where the time of a row above goes (kernels
+    launched by hq's C library are seen too, the profiler works at the CUDA driver level)."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    torch.manual_seed(0)
+    x = torch.randn(n, n, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(n, n, device=device, dtype=dtype)
+    mods = [("nn.Linear", nn.Linear(n, n, device=device, dtype=dtype))]
+    mods += [(name, ht.Linear(n, n, device=device, recipe=r, name="bench")) for name, r in recipes]
+    for name, m in mods:
+        step = fwd_bwd(m, x, dy)
+        for _ in range(warmup):
+            step()
+        sync(device)
+        with profile(activities=acts) as prof:
+            for _ in range(5):
+                step()
+            sync(device)
+        print("# trace N=%d %s (5 steps)" % (n, name))
+        print(prof.key_averages().table(sort_by="self_cuda_time_total" if device.type == "cuda"
+                                        else "self_cpu_time_total", row_limit=14))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -102,9 +130,14 @@ def main():
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--recipe", action="append")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--iters", type=int, default=200, help="timed steps per module")
+    p.add_argument("--loop", type=int, default=20,
+                   help="steps back to back per sample (median over iters/loop samples)")
     p.add_argument("--no-te", action="store_true")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
+    p.add_argument("--trace", type=int, metavar="N",
+                   help="after the table, each module's GPU kernels and host calls for one "
+                        "step at size N (torch.profiler)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -113,10 +146,10 @@ def main():
     recipes = [("hq " + os.path.basename(r), hq.Recipe(r)) for r in (a.recipe or
                                                                     [hq.default_recipe()])]
     recipes.insert(0, ("hq bf16-identity", hq.Recipe.from_string(HP, "bf16-identity")))
-    print("# hq %s, torch %s, %s%s, %s input, median of %d (after %d warm-up)"
+    print("# hq %s, torch %s, %s%s, %s input, median of %d samples of %d steps (after %d warm-up)"
           % (hq.version(), torch.__version__, device,
              " (%s)" % torch.cuda.get_device_name(device) if device.type == "cuda" else "",
-             a.dtype, a.iters, a.warmup))
+             a.dtype, max(1, a.iters // a.loop), a.loop, a.warmup))
     te_note = None
     print("%6s  %-34s %10s %8s %10s %8s" % ("N", "module", "ms", "vs nn", "host us",
                                              "vs nn"))
@@ -135,7 +168,7 @@ def main():
         base = None
         for name, m, cm in rows:
             try:
-                ms, host = timeit(fwd_bwd(m, x, dy, cm), device, a.warmup, a.iters)
+                ms, host = timeit(fwd_bwd(m, x, dy, cm), device, a.warmup, a.iters, a.loop)
             except Exception as e:  # noqa: BLE001 - report and go on with the next module
                 print("%6d  %-34s %s" % (n, name, "failed: %s" % str(e).splitlines()[0]))
                 continue
@@ -144,6 +177,8 @@ def main():
                   % (n, name, ms, ms / base[0], host, host / base[1]), flush=True)
     if te_note:
         print("# " + te_note)
+    if a.trace:
+        trace(a.trace, device, dtype, recipes, a.warmup)
 
 
 if __name__ == "__main__":
