@@ -68,9 +68,10 @@ static const char usage[] =
     "rate), and the host dispatch overhead per hq_gemm call (target < 2 us).\n"
     "Then (and alone with --trainer) the GEMMs of hq train's large model as the trainer\n"
     "calls them (32768 tokens, 4096 x 4096 layers and the 4096 -> 128 lm_head; fprop, dgrad\n"
-    "and wgrad through hq_linear_*, D f32) for the BF16, E4M3 and hybrid (E4M3 forward, E5M2\n"
-    "gradients) recipes, each beside a direct cuBLASLt call on the same storages' bytes in the\n"
-    "same layout (target >= 98%); a mixed FP8 pair is also timed with A and B swapped.\n"
+    "and wgrad through hq_linear_*, D f32) for the BF16, E4M3, hybrid (E4M3 forward, E5M2\n"
+    "gradients) and FP8-block (128x128 weights, 1x128 activations) recipes, each beside a\n"
+    "direct cuBLASLt call on the same storages' bytes in the same layout (target >= 98%); a\n"
+    "mixed FP8 pair is also timed with A and B swapped.\n"
     "CPU (default 1024x1024x1024, 5 iterations): hq's CPU path against a plain sgemm.\n"
     "Medians over --iters samples; a sample is --batch calls issued back to back between two\n"
     "CUDA events, its time divided by the batch (default 10 on a GPU: the time per call of a\n"
@@ -904,19 +905,19 @@ static const char *type_name(cudaDataType t) {
   }
 }
 
-/* One layer of `hq train` (tokens T, in -> out features) and one recipe pair (spec_f: input and
-   weight, spec_b: output gradient): per GEMM a direct cuBLASLt call on the bytes of hq's storages
+/* One layer of `hq train` (tokens T, in -> out features) and one recipe's formats (spec_f: input,
+   spec_w: weight, spec_b: output gradient): per GEMM a direct cuBLASLt call on the bytes of hq's storages
    (D f32, as the trainer's) and hq's linear-layer call against it, interleaved; for a mixed FP8
    pair also the direct call with A and B swapped (the transposed product, same work), which
    says whether cuBLASLt's kernel for the pair depends on the operand order. */
 static void trainer_layer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_bytes, int64_t T,
                           int64_t in, int64_t out, const char *label, const char *spec_f,
-                          const char *spec_b, const hq_tensor *x, const hq_tensor *w,
-                          const hq_tensor *dy, void *d) {
+                          const char *spec_w, const char *spec_b, const hq_tensor *x,
+                          const hq_tensor *w, const hq_tensor *dy, void *d) {
   static const char *gname[] = {"fprop", "dgrad", "wgrad"};
   char note[320] = "";
   hq_qtensor *qx = quantize_both(B, spec_f, x, note, sizeof note);
-  hq_qtensor *qw = qx ? quantize_both(B, spec_f, w, note, sizeof note) : NULL;
+  hq_qtensor *qw = qx ? quantize_both(B, spec_w, w, note, sizeof note) : NULL;
   hq_qtensor *qdy = qw ? quantize_both(B, spec_b, dy, note, sizeof note) : NULL;
   for (int g = 0; g < 3; g++) {
     const int64_t m = g == LIN_FPROP ? out : in, n = g == LIN_WGRAD ? out : T;
@@ -997,7 +998,8 @@ static void trainer_layer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_byte
 /* The GEMMs of `hq train --preset large` (32768 tokens; the 4096 x 4096 hidden layers, and the
    lm_head 4096 -> 128 that the hybrid recipes keep in high precision, as F32 identity), each
    recipe pair of those runs: BF16 (high_precision.ini), E4M3 x E4M3 (fp8_current.ini), E4M3
-   forward with E5M2 gradients (fp8_current_hybrid.ini, fp8_delayed.ini), and the lm_head in F32
+   forward with E5M2 gradients (fp8_current_hybrid.ini, fp8_delayed.ini), FP8 blocks
+   (fp8_block.ini: 128x128 weights, 1x128 activations and gradients), and the lm_head in F32
    (the hybrids' identity with the trainer's F32 tensors). */
 static int bench_cuda_trainer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_bytes) {
   const int64_t T = 32768, H = 4096, V = 128;
@@ -1021,14 +1023,16 @@ static int bench_cuda_trainer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_
     rc = -1;
     goto out;
   }
-  static const char *pairs[][3] = {
-      {"bf16", "identity dtype=bf16", "identity dtype=bf16"},
-      {"fp8 e4m3", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e4m3"},
-      {"fp8 hybrid", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e5m2"},
+  static const char *pairs[][4] = {
+      {"bf16", "identity dtype=bf16", "identity dtype=bf16", "identity dtype=bf16"},
+      {"fp8 e4m3", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e4m3"},
+      {"fp8 hybrid", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e4m3", "fp8_tensor dtype=e5m2"},
+      /* fp8_block.ini: 1x128 activations and gradients, 128x128 weights */
+      {"fp8 block", "fp8_block block=1d", "fp8_block block=2d", "fp8_block block=1d"},
   };
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
-    trainer_layer(B, h, ws, ws_bytes, T, H, H, pairs[i][0], pairs[i][1], pairs[i][2], &x, &w,
-                  &dy, d);
+    trainer_layer(B, h, ws, ws_bytes, T, H, H, pairs[i][0], pairs[i][1], pairs[i][2],
+                  pairs[i][3], &x, &w, &dy, d);
   /* the lm_head: the same buffers, read as [T, H] inputs, a [V, H] weight, a [T, V] gradient */
   {
     hq_tensor wl = hq_tensor_2d(w.data, HQ_F32, B->device, V, H);
@@ -1037,8 +1041,8 @@ static int bench_cuda_trainer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_
                                      {"lm_head f32", "identity"},
                                      {"lm_head fp8 e4m3", "fp8_tensor dtype=e4m3"}};
     for (size_t i = 0; i < sizeof heads / sizeof *heads; i++)
-      trainer_layer(B, h, ws, ws_bytes, T, H, V, heads[i][0], heads[i][1], heads[i][1], &x, &wl,
-                    &dyl, d);
+      trainer_layer(B, h, ws, ws_bytes, T, H, V, heads[i][0], heads[i][1], heads[i][1],
+                    heads[i][1], &x, &wl, &dyl, d);
   }
 out:
   if (x.data) hq_ctx_free(B->ctx, x.data);
