@@ -225,6 +225,30 @@ def _bias(bias, dev):
     return int(_ffi.cast("uintptr_t", v.t.data)), v.t.dtype
 
 
+def _io_take(slot, k):
+    """The C call's in/out record, holding the slot's kept qtensor for key k if it has one."""
+    io = _ffi.new("hqpy_io *")
+    qt = slot.take(k)
+    if qt is not None:
+        io.qt = qt
+    return io, qt
+
+
+def _io_result(io, qt):
+    """The qtensor after the call (the kept one, or the one the call made, owned here from now
+    on) and whether it borrows the caller's tensor."""
+    if qt is None and io.qt != _NULL:
+        return _ffi.gc(io.qt, _lib.hq_qtensor_free), bool(io.aliased)
+    return qt, False
+
+
+def _ctx_ptr(slot):
+    cp = slot.ctx._p
+    if cp is None:
+        slot.closed()
+    return cp
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x, weight, bias, mod, need_dw, track):
@@ -235,25 +259,16 @@ class _LinearFn(torch.autograd.Function):
         xdt = _HQ_DTYPE[x.dtype]
         dirs = C.BOTH if need_dw else C.ROWWISE
         k = (_INPUT, xdt, dirs, rows, cols)
-        io = _ffi.new("hqpy_io *")
-        qx = slot.take(k)
-        if qx is not None:
-            io.qt = qx
+        io, qx = _io_take(slot, k)
         out_dtype = x.dtype if x.dtype != torch.float16 else torch.float32
         y = torch.empty(rows, mod.out_features, dtype=out_dtype, device=x.device)
         bptr, bdt = _bias(bias, slot.dev)
         q = slot.q[0] or slot.quantizer(0)
-        cp = slot.ctx._p
-        if cp is None:
-            slot.closed()
-        st = _lib.hqpy_linear_fwd(cp, q._p, io, dirs, x.data_ptr(),
+        st = _lib.hqpy_linear_fwd(_ctx_ptr(slot), q._p, io, dirs, x.data_ptr(),
                                   xdt, slot.dev, rows, cols, qw._p, bptr, bdt,
                                   y.data_ptr(), _HQ_DTYPE[out_dtype],
                                   mod.out_features)
-        aliased = False
-        if qx is None and io.qt != _NULL:
-            qx = _ffi.gc(io.qt, _lib.hq_qtensor_free)
-            aliased = bool(io.aliased)
+        qx, aliased = _io_result(io, qx)
         if st:
             _failed(st, slot, 0)
         if need_dw and track:
@@ -292,10 +307,7 @@ class _LinearFn(torch.autograd.Function):
             rows = dy.shape[0]
             dydt = _HQ_DTYPE[dy.dtype]
             k = (_GRAD, dydt, dirs, rows, n_out)
-            io = _ffi.new("hqpy_io *")
-            qdy = slot.take(k)
-            if qdy is not None:
-                io.qt = qdy
+            io, qdy = _io_take(slot, k)
             dxp = dwp = 0
             if need_dx:
                 dx = torch.empty(rows, n_in, dtype=dy.dtype, device=dy.device)
@@ -305,18 +317,12 @@ class _LinearFn(torch.autograd.Function):
                 dw = torch.empty(n_out, n_in, dtype=wt, device=dy.device)
                 dwp = dw.data_ptr()
             q = slot.q[1] or slot.quantizer(1)
-            cp = slot.ctx._p
-            if cp is None:
-                slot.closed()
-            st = _lib.hqpy_linear_bwd(cp, q._p, io, dirs,
+            st = _lib.hqpy_linear_bwd(_ctx_ptr(slot), q._p, io, dirs,
                                       dy.data_ptr(), dydt, slot.dev, rows,
                                       n_out, qw._p, qx if qx is not None else _NULL, n_in,
                                       dxp, dydt, dwp,
                                       _HQ_DTYPE[dw.dtype] if dw is not None else _F32)
-            aliased = False
-            if qdy is None and io.qt != _NULL:
-                qdy = _ffi.gc(io.qt, _lib.hq_qtensor_free)
-                aliased = bool(io.aliased)
+            qdy, aliased = _io_result(io, qdy)
             if st:
                 _failed(st, slot, 1)
             slot.give(k, qdy, aliased)
