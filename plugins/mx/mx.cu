@@ -146,15 +146,30 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
          (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
 }
 
+/* HQ_MX_ST4 = 1 (a variant to time, not the default): FP4 codes stored 4 bytes per lane, no
+   shuffle, the same sectors per warp store (a row's 16 lanes write 64 consecutive bytes either
+   way); ptxas then spills 16 bytes in the BF16 kernel at 32 registers. */
+#ifndef HQ_MX_ST4
+#define HQ_MX_ST4 0
+#endif
 /* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
    row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
    the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
    lanes 0..2 of the block write its 24 bytes as three 8-byte words (lane k's word at its own
-   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8, byte
-   stores. */
+   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0); with HQ_MX_ST4,
+   every FP4 lane its own 4 bytes. Without st8, byte stores. */
 template <int KIND>
 __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
                                             int lane) {
+  if (KIND == HQ_E2M1X2 && HQ_MX_ST4) {
+    if (!valid) return;
+    if (st8) {
+      *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
+    } else {
+      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
+    }
+    return;
+  }
   if (KIND == HQ_E2M1X2) {
     const uint32_t other = __shfl_down_sync(kAll, (uint32_t)v, 1);
     if (!valid) return;
