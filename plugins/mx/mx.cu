@@ -9,9 +9,10 @@
 ** r and r + 16 of the tile (one 16-byte load each for bf16/f16, kept packed two elements per
 ** register, their amaxes taken two per instruction; two for f32), so every element sits in
 ** exactly one thread's registers for both directions.
-**   rowwise 1x32: a block is 4 neighbouring lanes; its amax by two xor-shuffles of the bit
-**     patterns (integer max: a NaN anywhere gives a NaN pattern, the rule's amax), one code per
-**     block, then each thread casts its 8 elements;
+**   rowwise 1x32: a block is 4 neighbouring lanes; the thread's two rows' amaxes are
+**     reduce-scattered over them (NaN-propagating maxima: a NaN anywhere gives a NaN amax, the
+**     rule's), so that each lane computes one scale code and gets the other row's by a
+**     shuffle, then each thread casts its 8 elements per row;
 **   columnwise 32x1: per column, the max over the thread's two rows, an xor-16 shuffle (the
 **     warp's other row), the 8 warps' partial maxima meet in shared memory (2-4 KiB); 128
 **     threads finish one column each, write its code (128 consecutive bytes), its multiplier
@@ -34,8 +35,10 @@
 ** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
 ** loads), the element values from a 64-entry table in shared memory, the run's scales (one
 ** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
-** Unaligned pointers take the same kernels with scalar loads and stores. Everything on
-** call->stream; nothing allocated, nothing synchronized.
+** Unaligned pointers take scalar loads and stores (quantize: a 16-bit input that is not
+** 16-byte aligned takes the kernels' VEC = false form, its elements in FP32 registers as an FP32
+** input's). The aligned 16-bit quantize kernels fit round to nearest in 32 registers, 8 CTAs per
+** SM (HQ_MX_MIN_BLOCKS_PK). Everything on call->stream; nothing allocated, nothing synchronized.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
