@@ -240,7 +240,16 @@ static void test_bf16_e2m1_form(void **state) {
           fail_msg("bf16 %04x.. scale codes %u %u %u %u rule %d: 0x%08x, rule 0x%08x", g, ej[0],
                    ej[1], ej[2], ej[3], rule, got, want);
       }
-  /* the multiplier words: 2^-127 (a BF16 subnormal) and 2^127 */
+  /* the multiplier words: the BF16 bits of mult and 2 * mult (exact: powers of two from 2^-127,
+     a BF16 subnormal, to 2^127) in both halves, for every code the form takes */
+  for (int rule = 0; rule < 2; rule++)
+    for (int e = 0; e < 255; e++) {
+      if (!hq_mx_e2m1_bf16_ok((uint8_t)e, rule)) continue;
+      const float mult = hq_mx_encode_mult((uint8_t)e, rule);
+      const uint32_t b1 = hq_f32_to_bf16(mult), b2 = hq_f32_to_bf16(hq_mul_rn(mult, 2.0f));
+      assert_int_equal(hq_mx_bf16_mult2((uint8_t)e, 0), b1 | b1 << 16);
+      assert_int_equal(hq_mx_bf16_mult2((uint8_t)e, 1), b2 | b2 << 16);
+    }
   assert_int_equal(hq_mx_bf16_mult2(254, 0), 0x00400040u);
   assert_int_equal(hq_mx_bf16_mult2(1, 1), 0x7f007f00u);
   assert_int_equal(hq_mx_bf16_mult2(0, 1), 0x7f007f00u);

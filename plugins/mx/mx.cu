@@ -9,9 +9,10 @@
 ** r and r + 16 of the tile (one 16-byte load each for bf16/f16, kept packed two elements per
 ** register, their amaxes taken two per instruction; two for f32), so every element sits in
 ** exactly one thread's registers for both directions.
-**   rowwise 1x32: a block is 4 neighbouring lanes; its amax by two xor-shuffles of the bit
-**     patterns (integer max: a NaN anywhere gives a NaN pattern, the rule's amax), one code per
-**     block, then each thread casts its 8 elements;
+**   rowwise 1x32: a block is 4 neighbouring lanes; the thread's two rows' amaxes are
+**     reduce-scattered over them (NaN-propagating maxima: a NaN anywhere gives a NaN amax, the
+**     rule's), so that each lane computes one scale code and gets the other row's by a
+**     shuffle, then each thread casts its 8 elements per row;
 **   columnwise 32x1: per column, the max over the thread's two rows, an xor-16 shuffle (the
 **     warp's other row), the 8 warps' partial maxima meet in shared memory (2-4 KiB); 128
 **     threads finish one column each, write its code (128 consecutive bytes), its multiplier
@@ -34,8 +35,10 @@
 ** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
 ** loads), the element values from a 64-entry table in shared memory, the run's scales (one
 ** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
-** Unaligned pointers take the same kernels with scalar loads and stores. Everything on
-** call->stream; nothing allocated, nothing synchronized.
+** Unaligned pointers take scalar loads and stores (quantize: a 16-bit input that is not
+** 16-byte aligned takes the kernels' VEC = false form, its elements in FP32 registers as an FP32
+** input's). The aligned 16-bit quantize kernels fit round to nearest in 32 registers, 8 CTAs per
+** SM (HQ_MX_MIN_BLOCKS_PK). Everything on call->stream; nothing allocated, nothing synchronized.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -60,20 +63,20 @@ struct QArgs {
   int64_t M, K;
   uint8_t *rd, *rs, *cd, *cs;
   int rule;
-  int vec;       /* x 16-byte aligned: vector loads */
+  int vec;       /* x 16-byte aligned: vector loads (the kernels' VEC) */
   int st8;       /* rd and cd 8-byte aligned: 8-byte stores */
   int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
   uint64_t offset;
   uint32_t rk[20]; /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once on the host */
 };
 
-/* Whether a block with amax bits am (NaN kept) and scale code e takes the fast forms: E2M1 by
-   round to nearest every block but a NaN block; FP6 by round to nearest (its FP8 codes clipped
-   by hq_mx_fp6x4_of_fp8x4_fin) and E2M1 stochastic rounding (hq_e2m1_sr_biased_lt8) every block
-   with a finite amax; FP6 stochastic rounding none. */
-__device__ __forceinline__ bool hq_mx_fast_block(uint32_t am, uint8_t e, int kind, bool sr) {
+/* Whether a block with scale code e and a finite amax or not (fin) takes the fast forms: E2M1
+   by round to nearest every block but a NaN block; FP6 by round to nearest (its FP8 codes
+   clipped by hq_mx_fp6x4_of_fp8x4_fin) and E2M1 stochastic rounding (hq_e2m1_sr_biased_lt8)
+   every block with a finite amax; FP6 stochastic rounding none. */
+__device__ __forceinline__ bool hq_mx_fast_block(bool fin, uint8_t e, int kind, bool sr) {
   if (kind == HQ_E2M1X2 && !sr) return e != HQ_E8M0_NAN;
-  return am < 0x7f800000u && (kind == HQ_E2M1X2 || !sr);
+  return fin && (kind == HQ_E2M1X2 || !sr);
 }
 
 /* The 8 elements of one vector as FP32 (exact): from the thread's packed 16-bit words (PK) or
@@ -146,15 +149,30 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
          (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
 }
 
+/* HQ_MX_ST4 = 1 (a variant to time, not the default): FP4 codes stored 4 bytes per lane, no
+   shuffle, the same sectors per warp store (a row's 16 lanes write 64 consecutive bytes either
+   way); ptxas then spills 16 bytes in the BF16 kernel at 32 registers. */
+#ifndef HQ_MX_ST4
+#define HQ_MX_ST4 0
+#endif
 /* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
    row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
    the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
    lanes 0..2 of the block write its 24 bytes as three 8-byte words (lane k's word at its own
-   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0). Without st8, byte
-   stores. */
+   first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0); with HQ_MX_ST4,
+   every FP4 lane its own 4 bytes. Without st8, byte stores. */
 template <int KIND>
 __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
                                             int lane) {
+  if (KIND == HQ_E2M1X2 && HQ_MX_ST4) {
+    if (!valid) return;
+    if (st8) {
+      *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
+    } else {
+      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
+    }
+    return;
+  }
   if (KIND == HQ_E2M1X2) {
     const uint32_t other = __shfl_down_sync(kAll, (uint32_t)v, 1);
     if (!valid) return;
@@ -179,20 +197,49 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
   }
 }
 
-/* The CTAs per SM the quantize kernels' registers must allow: 6 (40 registers) keeps round to
-   nearest free of spills (8, 32 registers, spills); stochastic rounding, with its Philox
-   rounds, keeps 4. */
+/* The CTAs per SM the quantize kernels' registers must allow. Each tile is one CTA, so the
+   loads in flight are the resident CTAs': a 16-bit input read with 16-byte loads (kept packed)
+   fits round to nearest in 32 registers, 8 CTAs, the SM's 2048 threads -- but F16 to E2M1,
+   whose elements are unpacked to FP32 for the cast, spills there; it, FP32 and unaligned
+   inputs keep 6 (40 registers); stochastic rounding, with its Philox rounds, keeps 4. */
+#ifndef HQ_MX_MIN_BLOCKS_PK
+#define HQ_MX_MIN_BLOCKS_PK 8
+#endif
 #ifndef HQ_MX_MIN_BLOCKS
 #define HQ_MX_MIN_BLOCKS 6
 #endif
 #ifndef HQ_MX_MIN_BLOCKS_SR
 #define HQ_MX_MIN_BLOCKS_SR 4
 #endif
-template <int DT, int KIND, bool SR>
-__global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN_BLOCKS) quantize_kernel(const QArgs a) {
-  constexpr bool PK = DT != HQ_F32; /* 16-bit input: packed words, two elements each */
+template <int DT, int KIND, bool VEC, bool SR>
+constexpr int kMinBlocksOf = SR ? HQ_MX_MIN_BLOCKS_SR
+                             : DT == HQ_BF16 && VEC ? HQ_MX_MIN_BLOCKS_PK
+                             : DT == HQ_F16 && VEC && KIND != HQ_E2M1X2 ? HQ_MX_MIN_BLOCKS_PK
+                                                    : HQ_MX_MIN_BLOCKS;
+
+/* The amax of a row block from its 4 lanes' partial maxima pa[p] of the thread's two rows p
+   (packed NaN-propagating 16-bit maxima (PK) or FP32 magnitude bits), reduce-scattered: the
+   lanes with bit 0 = p finish row p (two shuffles for both rows), as FP32 bits, NaN kept. */
+template <int DT, bool PK>
+__device__ __forceinline__ uint32_t row_amax_scatter(const uint32_t pa[2], int lane) {
+  const bool b0 = lane & 1;
+  const uint32_t mine = b0 ? pa[1] : pa[0], theirs = b0 ? pa[0] : pa[1];
+  const uint32_t got = __shfl_xor_sync(kAll, theirs, 1);
+  if (PK) {
+    uint32_t m = hq_cuda_absmax2<DT, true>(mine, got);
+    m = hq_cuda_absmax2<DT, true>(m, __shfl_xor_sync(kAll, m, 2));
+    return max(hq_f32_bits(hq_cuda_lane_abs<DT>(m, 0)), hq_f32_bits(hq_cuda_lane_abs<DT>(m, 1)));
+  }
+  const uint32_t m = max(mine, got);
+  return max(m, __shfl_xor_sync(kAll, m, 2));
+}
+
+template <int DT, int KIND, bool SR, bool VEC>
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) quantize_kernel(const QArgs a) {
+  /* a 16-bit input read with 16-byte loads stays in its packed words, two elements each */
+  constexpr bool PK = DT != HQ_F32 && VEC;
   /* BF16 to E2M1 by round to nearest: the packed form (hq_mx_e2m1x8_bf16), on the words */
-  constexpr bool BP = DT == HQ_BF16 && KIND == HQ_E2M1X2 && !SR;
+  constexpr bool BP = PK && DT == HQ_BF16 && KIND == HQ_E2M1X2 && !SR;
   __shared__ __align__(16) uint32_t part[kWarps * kCols]; /* per-warp column maxima (bits) */
   __shared__ __align__(16) float s_mult[kCols];            /* per-column fast multipliers */
   __shared__ __align__(16) uint8_t s_code[kCols];          /* per-column scale codes */
@@ -218,16 +265,10 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
     const int64_t at = (i0 + r0 + 16 * p) * K + j;
     if (PK) {
       uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (valid && a.vec) {
-        u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + at));
-      } else if (valid) {
-        const uint16_t *s = static_cast<const uint16_t *>(a.x) + at;
-        u = make_uint4(s[0] | (uint32_t)s[1] << 16, s[2] | (uint32_t)s[3] << 16,
-                       s[4] | (uint32_t)s[5] << 16, s[6] | (uint32_t)s[7] << 16);
-      }
+      if (valid) u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + at));
       w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
     } else if (valid) {
-      hq_cuda_load8<HQ_F32>(a.x, at, a.vec, x[p]);
+      hq_cuda_load8<DT>(a.x, at, VEC, x[p]);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
@@ -263,25 +304,31 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
   }
 
   if (a.rd) {
+    /* the two rows' block amaxes reduce-scattered over the block's 4 lanes: each lane computes
+       one scale code (of row r0 + 16 * (lane & 1)), the pair's other code comes by shuffle with
+       its amax's finiteness (bit 8), and lanes 0 and 1 of the 4 write the two codes */
+    uint32_t pa[2];
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-      uint32_t am;
-      if (PK) { /* the block's 4 lanes' packed maxima joined before the two lanes are */
-        uint32_t mw = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
-        mw = hq_cuda_absmax2<DT, true>(mw, __shfl_xor_sync(kAll, mw, 1));
-        mw = hq_cuda_absmax2<DT, true>(mw, __shfl_xor_sync(kAll, mw, 2));
-        am = max(hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 0)), hq_f32_bits(hq_cuda_lane_abs<DT>(mw, 1)));
+      if (PK) {
+        pa[p] = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
       } else {
-        am = 0u;
+        pa[p] = 0u;
 #pragma unroll
-        for (int k = 0; k < 8; k++) am = max(am, hq_f32_bits(x[p][k]) & 0x7fffffffu);
-        am = max(am, __shfl_xor_sync(kAll, am, 1));
-        am = max(am, __shfl_xor_sync(kAll, am, 2));
+        for (int k = 0; k < 8; k++) pa[p] = max(pa[p], hq_f32_bits(x[p][k]) & 0x7fffffffu);
       }
-      const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
+    }
+    const uint32_t my_am = row_amax_scatter<DT, PK>(pa, lane);
+    const uint8_t my_e = hq_mx_scale_code(hq_bits_f32(my_am), KIND, a.rule);
+    const uint32_t my_ew = my_e | (my_am < 0x7f800000u ? 0x100u : 0u);
+    const uint32_t other_ew = __shfl_xor_sync(kAll, my_ew, 1);
+    if (valid && !(lane & 2)) a.rs[s0 + 16 * (lane & 1) * (K / kBlk)] = my_e;
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      const uint32_t ew = p == (lane & 1) ? my_ew : other_ew;
+      const uint8_t e = (uint8_t)ew;
       const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
-      if (valid && (lane & 3) == 0) a.rs[si] = e;
-      const bool fast = hq_mx_fast_block(am, e, KIND, SR);
+      const bool fast = hq_mx_fast_block(ew & 0x100u, e, KIND, SR);
       const float mu = !fast ? 0.0f
                        : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
                                            : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
@@ -324,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, SR ? HQ_MX_MIN_BLOCKS_SR : HQ_MX_MIN
     }
     const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
     const bool fast = BP ? hq_mx_e2m1_bf16_ok(e, a.rule)
-                      : hq_mx_fast_block(am, e, KIND, SR);
+                      : hq_mx_fast_block(am < 0x7f800000u, e, KIND, SR);
     if (BP) {
       s_mb[0][t] = (uint16_t)hq_mx_bf16_mult2(e, 0);
       s_mb[BP ? 1 : 0][t] = (uint16_t)hq_mx_bf16_mult2(e, 1);
@@ -487,10 +534,14 @@ bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0;
 
 template <int DT, int KIND>
 void launch_q(const QArgs &a, bool sr, dim3 grid, cudaStream_t s) {
-  if (sr)
-    quantize_kernel<DT, KIND, true><<<grid, kThreads, 0, s>>>(a);
+  if (sr && a.vec)
+    quantize_kernel<DT, KIND, true, true><<<grid, kThreads, 0, s>>>(a);
+  else if (sr)
+    quantize_kernel<DT, KIND, true, false><<<grid, kThreads, 0, s>>>(a);
+  else if (a.vec)
+    quantize_kernel<DT, KIND, false, true><<<grid, kThreads, 0, s>>>(a);
   else
-    quantize_kernel<DT, KIND, false><<<grid, kThreads, 0, s>>>(a);
+    quantize_kernel<DT, KIND, false, false><<<grid, kThreads, 0, s>>>(a);
 }
 
 template <int DT>
