@@ -1095,6 +1095,98 @@ static void test_fused_nvfp4_exact(void **state) {
   hq_recipe_free(r);
 }
 
+/* The fused path with an MXFP4 / MXFP6 operand (Hopper): storages whose bytes are written here --
+   random codes (every code point), E8M0 scales 0..128 on the first 128 rows (one multiply in the
+   kernel) and 0..250 on the rest (two multiplies; 250 keeps 28 * 2^123 below BF16's maximum), a
+   NaN scale at row 9 -- times an identity BF16 W, both orientations, D (F32) against
+   RN_bf16(elem(q) * 2^(e-127)) computed here from the bytes with hq/numerics.h's decoders, bit
+   for bit, and the unfused emulated path alike. 320 rows: a partial last row tile, whose scale
+   rows the storage does not have. MXFP4 K = 800 (a half last k-step: its second scale past the
+   row), MXFP6 K = 832 (the kernel's FP6 rows need K % 64 == 0). */
+static void test_fused_mx_exact(void **state) {
+  (void)state;
+  if (g_arch != 90) skip();
+  hq_recipe *r = hq_test_recipe(
+      "[format m4]\nplugin = mxfp4\n[format m6a]\nplugin = mxfp6\nelem = e3m2\n"
+      "[format m6b]\nplugin = mxfp6\nelem = e2m3\n"
+      "[role linear:input:m4]\nrowwise = m4\n[role linear:input:m6a]\nrowwise = m6a\n"
+      "[role linear:input:m6b]\nrowwise = m6b\n");
+  static const char *const roles[3] = {"linear:input:m4", "linear:input:m6a", "linear:input:m6b"};
+  static const char *const names[3] = {"mxfp4", "mxfp6 e3m2", "mxfp6 e2m3"};
+  const int kinds[3] = {HQ_E2M1X2, HQ_E3M2X4, HQ_E2M3X4};
+  const int64_t rows = 320;
+  for (int v = 0; v < 3; v++) {
+    const int64_t K = v ? 832 : 800;
+    hq_tensor x = hq_test_tensor(HQ_F32, rows, K, 995 + v, 1.0f);
+    hq_tensor w = hq_test_empty(HQ_BF16, K, K);
+    for (int64_t j = 0; j < K; j++) hq_store_hp(w.data, j * K + j, HQ_BF16, 1.0f);
+    hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
+    hq_quantizer *q = hq_test_quantizer(r, roles[v]);
+    hq_qtensor *qx = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qx));
+    const hq_storage *st = hq_qtensor_storage(qx, HQ_ROWWISE);
+    const hq_buffer *bd = hq_gpu_buf_of(st, HQ_ROLE_DATA), *bs = hq_gpu_buf_of(st, HQ_ROLE_SCALE);
+    const int64_t rb = v ? K / 4 * 3 : K / 2, nb = K / 32;
+    assert_int_equal(bd->bytes, (size_t)(rows * rb));
+    assert_int_equal(bs->bytes, (size_t)(rows * nb));
+    uint8_t *data = malloc(bd->bytes), *sc = malloc(bs->bytes);
+    assert_non_null(data);
+    assert_non_null(sc);
+    uint64_t s = 4321 + (uint64_t)v;
+    for (size_t n = 0; n < bd->bytes; n++) data[n] = (uint8_t)(hq_test_rand(&s) >> 24);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t b = 0; b < nb; b++)
+        sc[i * nb + b] = (uint8_t)((hq_test_rand(&s) >> 24) % (i < 128 ? 129 : 251));
+    sc[9 * nb + 3] = 0xFF;
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, bd->ptr, hq_ctx_device(gpu), data, HQ_DEVICE_HOST, bd->bytes));
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, bs->ptr, hq_ctx_device(gpu), sc, HQ_DEVICE_HOST, bs->bytes));
+    for (int orient = 0; orient < 2; orient++) {
+      hq_tensor out[2];
+      fused_and_emulated(qx, &wg, orient, rows, K, out);
+      const float *fd = out[0].data, *em = out[1].data;
+      int64_t checked = 0;
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < K; j++) {
+          const int64_t e = orient ? i * K + j : j * rows + i; /* D's element of X(i, j) */
+          if (i == 9) { /* the NaN scale: NaN * 0 spreads along X's row 9 */
+            if (!isnan(fd[e]) || !isnan(em[e]))
+              fail_msg("%s orient %d: X(9, %lld): fused %g, emulated %g, expected NaN", names[v],
+                       orient, (long long)j, fd[e], em[e]);
+            continue;
+          }
+          const uint8_t *row = data + i * rb;
+          const uint32_t code = v ? hq_fp6_code(row, j) : (row[j / 2] >> (4 * (j & 1))) & 15u;
+          const float val = v ? hq_fp6_to_f32(code, kinds[v]) : hq_e2m1_to_f32(code);
+          const uint8_t sf = sc[i * nb + j / 32];
+          const float ref = hq_bf16_to_f32(hq_f32_to_bf16(hq_mul_rn(val, hq_e8m0_to_f32(sf))));
+          if (ref == 0.0f) { /* a -0 code sums with +0 products to +0 on either path */
+            if (fd[e] != 0.0f || em[e] != 0.0f)
+              fail_msg("%s orient %d: X(%lld, %lld): fused %a, emulated %a, expected 0",
+                       names[v], orient, (long long)i, (long long)j, fd[e], em[e]);
+          } else if (memcmp(&fd[e], &ref, 4) || memcmp(&em[e], &ref, 4)) {
+            fail_msg("%s orient %d: X(%lld, %lld) (code %x, scale %02x): fused %a, emulated %a, "
+                     "expected %a", names[v], orient, (long long)i, (long long)j, code, sf, fd[e],
+                     em[e], ref);
+          }
+          checked++;
+        }
+      printf("fused exact: %s, D %s: %lld values equal to RN_bf16(elem * 2^(e-127)), bit for "
+             "bit\n", names[v], orient ? "= X (X as B)" : "= X^T (X as A)", (long long)checked);
+      free(out[0].data);
+      free(out[1].data);
+    }
+    free(data);
+    free(sc);
+    hq_qtensor_free(qx);
+    hq_quantizer_free(q);
+    hq_ctx_free(gpu, xg.data);
+    hq_ctx_free(gpu, wg.data);
+    free(x.data);
+    free(w.data);
+  }
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -1106,6 +1198,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fused_exact),
       cmocka_unit_test(test_fused_nvfp4_exact),
+      cmocka_unit_test(test_fused_mx_exact),
       cmocka_unit_test(test_amax_d),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

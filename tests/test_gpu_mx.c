@@ -7,7 +7,8 @@
 ** columnwise / both, shapes 32x32 to 160x4128 and 32x8192 with every kind of last column tile
 ** (K % 128 = 0, 32, 64, 96) and special blocks (zeros, NaN, +-Inf, FP32 subnormals, values past
 ** the maximum: the kernels' NaN blocks and Inf blocks take the rule, the rest its fast forms);
-** dequantize of each direction into f32 / bf16 / f16, aligned and one element off.
+** dequantize of each direction into f32 / bf16 / f16, aligned and one element off, of those
+** storages and of storages holding every code and every scale byte.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -149,11 +150,78 @@ static void test_shapes(void **state) {
     }
 }
 
+/* Dequantize of storages whose bytes are written here, not by quantize: every code at every
+   position of a pair of codes, every scale code 0..255 (0xFF NaN, 0 the subnormal 2^-127, 254
+   past BF16's range) in both directions, on both sides into f32 / bf16 / f16, byte for byte
+   (the CPU reference is the oracle); destinations aligned (the vector kernel) and one element
+   off (the scalar one). */
+static void test_dequantize_every_byte(void **state) {
+  (void)state;
+  const int64_t M = 256, K = 1024;
+  const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
+  for (int kind = 0; kind < 3; kind++) {
+    hq_recipe *r = recipe(kind, 0, 0);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
+    hq_tensor h = hq_test_tensor(HQ_F32, M, K, 4242, 1.0f);
+    hq_tensor g = hq_gpu_tensor_at(gpu, &h, 0);
+    hq_qtensor *qh = NULL, *qg = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &h, &qh));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &g, &qg));
+    for (uint32_t d = 1; d <= 2; d++) {
+      const hq_storage *sh = hq_qtensor_storage(qh, d), *sg = hq_qtensor_storage(qg, d);
+      const uint32_t roles[2] = {HQ_ROLE_DATA, HQ_ROLE_SCALE};
+      for (int b = 0; b < 2; b++) {
+        const hq_buffer *bh = hq_gpu_buf_of(sh, roles[b]), *bg = hq_gpu_buf_of(sg, roles[b]);
+        assert_int_equal(bh->bytes, bg->bytes);
+        uint8_t *p = bh->ptr;
+        /* scales: byte n is n mod 256; codes: an LCG's bytes (every code pair shows up) */
+        uint64_t st = 99 + d;
+        for (size_t n = 0; n < bh->bytes; n++)
+          p[n] = b ? (uint8_t)(n * (d == 1 ? 1 : 7)) : (uint8_t)(hq_test_rand(&st) >> 24);
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, bg->ptr, hq_ctx_device(gpu), p, HQ_DEVICE_HOST,
+                                    bh->bytes));
+      }
+      for (int o = 0; o < 3; o++)
+        for (int shift = 0; shift < 2; shift++) {
+          hq_tensor yh = hq_test_empty(outs[o], M, K), yg0 = hq_test_empty(outs[o], M, K);
+          const int dshift = shift * (int)hq_dtype_size(outs[o]);
+          hq_tensor yg = hq_gpu_tensor_at(gpu, &yg0, dshift);
+          HQ_OK_OR_FAIL(hq_dequantize(qh, cpu, d, &yh));
+          HQ_OK_OR_FAIL(hq_dequantize(qg, gpu, d, &yg));
+          const size_t es = hq_dtype_size(outs[o]), n = (size_t)(M * K) * es;
+          HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, yg0.data, HQ_DEVICE_HOST, yg.data, 0, n));
+          HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+          for (size_t e = 0; e < (size_t)(M * K); e++)
+            if (memcmp((char *)yh.data + e * es, (char *)yg0.data + e * es, es)) {
+              uint32_t vh = 0, vg = 0;
+              memcpy(&vh, (char *)yh.data + e * es, es);
+              memcpy(&vg, (char *)yg0.data + e * es, es);
+              fail_msg("kind %d dir %u dtype %d shift %d: element [%lld, %lld] host 0x%x device "
+                       "0x%x", kind, d, (int)outs[o], shift, (long long)(e / (size_t)K),
+                       (long long)(e % (size_t)K), vh, vg);
+            }
+          hq_ctx_free(gpu, (char *)yg.data - dshift);
+          free(yh.data);
+          free(yg0.data);
+        }
+    }
+    printf("dequantize every byte: kind %d, both directions, f32 / bf16 / f16: equal\n", kind);
+    hq_qtensor_free(qh);
+    hq_qtensor_free(qg);
+    hq_ctx_free(gpu, g.data);
+    free(h.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_option),
       cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_dequantize_every_byte),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -319,13 +319,48 @@ static void test_fp6_fin_form(void **state) {
     }
 }
 
+/* hq_mx_dequantize_bf16x2 (the BF16 dequantize of the kernels: the dequantize kernel's BF16
+   output, the fused GEMM's A fragments) against ml_dtypes' element values: every code pair of
+   every kind under every scale code, each half the element's value times 2^(e-127) computed in
+   double (exact), rounded to FP32 then to BF16 (the dequantize's rule: FP32 value, then the
+   destination's RN), a NaN scale the canonical NaN 0x7fc0. */
+static void test_dequantize_bf16x2(void **state) {
+  (void)state;
+  static const int kinds[3] = {HQ_E2M1X2, HQ_E3M2X4, HQ_E2M3X4};
+  const uint32_t *tabs[3] = {e2m1_decode, e3m2_decode, e2m3_decode};
+  int64_t checked = 0;
+  for (int v = 0; v < 3; v++) {
+    const int n = v ? 64 : 16;
+    for (int e = 0; e < 256; e++)
+      for (int lo = 0; lo < n; lo++)
+        for (int hi = 0; hi < n; hi++) {
+          const uint32_t got = hq_mx_dequantize_bf16x2((uint32_t)lo | (uint32_t)hi << 16,
+                                                       (uint8_t)e, kinds[v]);
+          const int c[2] = {lo, hi};
+          for (int h = 0; h < 2; h++) {
+            uint16_t want = 0x7fc0u;
+            if (e != 255) {
+              const float f = (float)ldexp((double)hq_bits_f32(tabs[v][c[h]]), e - 127);
+              want = hq_f32_to_bf16(f);
+            }
+            const uint16_t g = (uint16_t)(got >> (16 * h));
+            if (g != want)
+              fail_msg("kind %d code %d scale %d: bf16 0x%04x, expected 0x%04x", kinds[v], c[h],
+                       e, g, want);
+            checked++;
+          }
+        }
+  }
+  printf("dequantize bf16x2: %lld values, bit for bit\n", (long long)checked);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_every_code),  cmocka_unit_test(test_encode_rne_satfinite),
       cmocka_unit_test(test_generic_equals_e2m1), cmocka_unit_test(test_fp6_sr),
       cmocka_unit_test(test_scale_codes),        cmocka_unit_test(test_packing),
       cmocka_unit_test(test_fast_forms),         cmocka_unit_test(test_bf16_e2m1_form),
-      cmocka_unit_test(test_fp6_fin_form),
+      cmocka_unit_test(test_fp6_fin_form),      cmocka_unit_test(test_dequantize_bf16x2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,10 @@
 ** as codes and scales inside a Hopper wgmma kernel (fused_gemm.cu), so that a large operand is
 ** never written out and read back in BF16. The operand it reads itself is a rowwise storage whose
 ** descriptor says OCP MX (E4M3 / E5M2 codes, one E8M0 scale per 1x32 block along k; decoded by
-** mxfp8_rules.h) or NVFP4 (E2M1 codes two a byte, one E4M3 scale per 1x16 block, a per-tensor
-** factor apart; nvfp4_rules.h), in [M, K] order, its scales compact (outer-major) or swizzled;
+** mxfp8_rules.h), NVFP4 (E2M1 codes two a byte, one E4M3 scale per 1x16 block, a per-tensor
+** factor apart; nvfp4_rules.h) or MXFP4 / MXFP6 (E2M1 codes two a byte, or E3M2 / E2M3 codes
+** four in three bytes, one E8M0 scale per 1x32 block, compact; mx_rules.h), in [M, K] order,
+** its scales compact (outer-major) or swizzled;
 ** the other operand's raw values must be exact in BF16 and have k contiguous in the orientation
 ** the flags give (A transposed, B not), since the kernel streams it as K-major BF16 tiles.
 **
@@ -35,6 +37,12 @@ int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
 }
 #endif
 
+/* Whether a descriptor is an MXFP4 / MXFP6 one: E2M1 / E3M2 / E2M3 codes, E8M0 scales per 1x32. */
+static int is_mx(const hq_operand_desc *d) {
+  return (d->elem == HQ_E2M1X2 || d->elem == HQ_E3M2X4 || d->elem == HQ_E2M3X4) &&
+         d->scale_mode == HQ_SCALE_VEC32_UE8M0 && d->block_k == 32;
+}
+
 /* Whether operand x (A when x_is_a) can be the fused one against y, by their kinds alone. */
 static int fusable(const hq_gemm_kind *k, int x_is_a) {
   const hq_gemm_operand_kind *x = x_is_a ? &k->a : &k->b, *y = x_is_a ? &k->b : &k->a;
@@ -42,14 +50,16 @@ static int fusable(const hq_gemm_kind *k, int x_is_a) {
   if (!d || !(x->flags & HQ_GEMM_OP_RAW) || hq_gemm_emul_dtype(y) != HQ_BF16) return 0;
   /* the BF16 operand K-contiguous as the emulated path lays it out: A transposed, B not */
   if (x_is_a ? k->b.trans : !k->a.trans) return 0;
+  if (x->dir != HQ_ROWWISE || d->order != HQ_ORDER_MK || d->block_m != 1) return 0;
+  if (is_mx(d)) /* MXFP4 / MXFP6: compact scales, no per-tensor factor */
+    return d->scale_layout == HQ_SCALE_LAYOUT_OUTER_MAJOR && !(x->flags & HQ_GEMM_OP_FACTOR);
   const int nv = d->elem == HQ_E2M1X2;
   if (nv ? d->scale_mode != HQ_SCALE_VEC16_UE4M3 || d->block_k != 16
          : (d->elem != HQ_E4M3 && d->elem != HQ_E5M2) || d->scale_mode != HQ_SCALE_VEC32_UE8M0 ||
                d->block_k != 32 || (x->flags & HQ_GEMM_OP_FACTOR))
     return 0;
-  return x->dir == HQ_ROWWISE && d->order == HQ_ORDER_MK && d->block_m == 1 &&
-         (d->scale_layout == HQ_SCALE_LAYOUT_OUTER_MAJOR ||
-          d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED);
+  return d->scale_layout == HQ_SCALE_LAYOUT_OUTER_MAJOR ||
+         d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED;
 }
 
 static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
@@ -62,8 +72,8 @@ static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   return api->error(HQ_ENOTSUP, "fused_hopper: libhqcore was built without CUDA");
 #else
   if (!fusable(k, 1) && !fusable(k, 0))
-    return api->error(HQ_ENOTSUP, "fused_hopper: neither operand is a rowwise MXFP8 / NVFP4 "
-                      "storage against a BF16-exact, K-contiguous other one");
+    return api->error(HQ_ENOTSUP, "fused_hopper: neither operand is a rowwise MXFP8 / NVFP4 / "
+                      "MXFP4 / MXFP6 storage against a BF16-exact, K-contiguous other one");
   return HQ_OK;
 #endif
 }
@@ -76,17 +86,20 @@ static int args_for(const hq_host_api *api, const hq_call *call, const hq_gemm_r
   if (!fusable(k, x_is_a)) return 0;
   const hq_gemm_operand *x = x_is_a ? &r->a : &r->b;
   const hq_operand_desc *d = &x->st->desc;
-  const int nv = d->elem == HQ_E2M1X2;
+  const int nv = d->elem == HQ_E2M1X2, mx = is_mx(d);
+  const int fp6 = mx && !nv;
   const int64_t outer = x_is_a ? r->m : r->n;
   const hq_buffer *data = hq_storage_role(x->st, HQ_ROLE_DATA);
   const hq_buffer *sc = hq_storage_role(x->st, HQ_ROLE_SCALE);
-  /* one byte per stored element in both buffers, the codes [outer, k] (FP4: k / 2 bytes), the
-     scales of every row up to a whole 128-row tile */
+  /* one byte per stored element in both buffers, the codes [outer, k] (FP4: k / 2 bytes; FP6:
+     3k / 4), the scales of every row up to a whole 128-row tile (MXFP4 / MXFP6: of every row,
+     k / 32 a row) */
   if (!data || !sc || data->ndim != 2 || sc->ndim != 2 || data->shape[0] != outer ||
-      data->shape[1] != (nv ? r->k / 2 : r->k) || (nv && r->k % 2) ||
+      data->shape[1] != (fp6 ? r->k / 4 * 3 : nv ? r->k / 2 : r->k) ||
+      (nv && r->k % 2) || (fp6 && r->k % 4) ||
       data->bytes != (size_t)(data->shape[0] * data->shape[1]) ||
       sc->bytes != (size_t)(sc->shape[0] * sc->shape[1]) ||
-      sc->shape[0] < (outer + 127) / 128 * 128)
+      sc->shape[0] < (mx ? outer : (outer + 127) / 128 * 128) || (mx && sc->shape[1] != r->k / 32))
     return 0;
   memset(fa, 0, sizeof *fa);
   fa->device = call->device;
@@ -97,6 +110,7 @@ static int args_for(const hq_host_api *api, const hq_call *call, const hq_gemm_r
   fa->xs_ld = sc->shape[1];
   fa->xs_swizzled = d->scale_layout == HQ_SCALE_LAYOUT_SWIZZLED;
   fa->elem = (int)d->elem;
+  fa->e8m0 = d->scale_mode == HQ_SCALE_VEC32_UE8M0;
   fa->mx = outer;
   fa->nw = x_is_a ? r->n : r->m;
   fa->k = r->k;
@@ -167,8 +181,9 @@ static const hq_gemm_provider table = {
     .priority = 50,
     .name = "fused_hopper",
     .version = PACKAGE_VERSION,
-    .description = "Hopper wgmma kernel reading an MXFP8 / NVFP4 operand's codes and scales, the "
-                   "other in BF16 (emulated product, no BF16 copy of the large operand)",
+    .description = "Hopper wgmma kernel reading an MXFP8 / NVFP4 / MXFP4 / MXFP6 operand's codes "
+                   "and scales, the other in BF16 (emulated product, no BF16 copy of the large "
+                   "operand)",
     .accepts = accepts,
     .run = run,
 };

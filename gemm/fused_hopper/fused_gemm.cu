@@ -32,7 +32,12 @@
 ** itself made exactly from the scale's bits (fragment<HQ_E2M1X2>); a warp holding a NaN or
 ** negative scale takes the rule. So the fused path multiplies the same BF16 values as the
 ** emulated path (NVFP4's scaled by a power of two) and accumulates in FP32: results equal the
-** exact product up to the order of accumulation, like every emulated path.
+** exact product up to the order of accumulation, like every emulated path. MXFP4 (E2M1 codes as
+** NVFP4's, E8M0 scales per 32) and MXFP6 (E3M2 / E2M3 codes four in three bytes, stages of
+** 48-byte unswizzled rows) use mx_rules.h's BF16 dequantize (hq_mx_dequantize_bf16x2's form): the
+** code's bits placed into a BF16 word, times 2^(e - bias) in one multiply, or 2^(127 - bias) and
+** then 2^(e - 127); their scales are read a byte at a time (any K / 32; rows past the storage's
+** read its last row's, the codes there being the TMA's zeros).
 **
 ** The kernel: a CTA computes a 128 x 256 tile of (i, j) with three warpgroups. Warpgroup 0 (one
 ** thread) streams K in steps of 64 through a 5-stage ring of shared memory with TMA: X's 128 x 64
@@ -57,8 +62,8 @@
 ** the emulated path's D).
 **
 ** Limits (hqi_fused_gemm returns HQ_ENOTSUP, the caller takes the unfused emulated path): a
-** device of compute capability 9.0, K % 32 == 0, 16-byte aligned X, W and scales, dimensions
-** below 2^31. This file is compiled for sm_90a alone (Makefile.am); every CUDA status is checked.
+** device of compute capability 9.0, K % 32 == 0 (MXFP6: K % 64 == 0), 16-byte aligned X, W and
+** scales (MXFP4 / MXFP6: any scale alignment, compact scales only), dimensions below 2^31. This file is compiled for sm_90a alone (Makefile.am); every CUDA status is checked.
 */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -71,6 +76,7 @@
 #include "hq/plugin.h"
 /* The decode rules are the formats' own (the one definition their CPU references and kernels
    share); the kernel's fast conversions are checked against them bit for bit. */
+#include "mx/mx_rules.h"
 #include "mxfp8/mxfp8_rules.h"
 #include "nvfp4/nvfp4_rules.h"
 #include "tma_cuda.h" /* the TMA, its mbarriers, the driver's tensor-map encoder */
@@ -83,6 +89,15 @@ constexpr int kBM = 128, kBN = 256, kBK = 64;
 constexpr int kBBytes = kBN * kBK * 2; /* W values per stage */
 constexpr int kLdI = 68;               /* staging stride, lines of 64 i (x_is_m) */
 constexpr int kLdJ = 260;              /* staging stride, lines of 256 j */
+constexpr int kCW = 24;                /* code words a thread holds per k-step (MXFP6's two rows) */
+
+/* The kernel's storage kinds: the element dtype (HQ_E4M3 / HQ_E5M2: MXFP8; HQ_E2M1X2: NVFP4;
+   HQ_E3M2X4 / HQ_E2M3X4: MXFP6), and kMx4 for MXFP4 (E2M1 codes as NVFP4's, E8M0 scales per 32). */
+constexpr int kMx4 = 0x100 | HQ_E2M1X2;
+/* MXFP4 / MXFP6: the element kind of mx_rules.h, else 0 */
+__host__ __device__ constexpr int mx_kind(int f) {
+  return f == kMx4 ? HQ_E2M1X2 : f == HQ_E3M2X4 || f == HQ_E2M3X4 ? f : 0;
+}
 
 /* Per storage kind: the bytes of one X row per 64-wide k-step (its TMA box and swizzle span), the
    ring's depth, the bytes of scales per row and k-step. */
@@ -92,6 +107,13 @@ template <int ELEM> struct Fmt {     /* MXFP8: one byte per code, two E8M0 scale
 template <> struct Fmt<HQ_E2M1X2> { /* NVFP4: two codes per byte, four E4M3 scales per k-step */
   static constexpr int row = 32, stages = 6, sbytes = 4;
 };
+template <> struct Fmt<kMx4> {      /* MXFP4: two codes per byte, two E8M0 scales per k-step */
+  static constexpr int row = 32, stages = 6, sbytes = 2;
+};
+template <> struct Fmt<HQ_E3M2X4> { /* MXFP6: four codes in three bytes (no swizzle: 48-byte rows) */
+  static constexpr int row = 48, stages = 5, sbytes = 2;
+};
+template <> struct Fmt<HQ_E2M3X4> : Fmt<HQ_E3M2X4> {};
 template <int ELEM> __host__ __device__ constexpr int a_bytes() { /* X per stage */
   return kBM * Fmt<ELEM>::row;
 }
@@ -226,7 +248,7 @@ template <int ELEM> __device__ __forceinline__ void code_offsets(int r, int t, u
 /* A thread's codes of one k-step from the stage at shared address sa, at its offsets o
    (code_offsets, computed once) */
 template <int ELEM>
-__device__ __forceinline__ void codes(uint32_t sa, const uint32_t (&o)[4], uint32_t (&h)[16]) {
+__device__ __forceinline__ void codes(uint32_t sa, const uint32_t (&o)[4], uint32_t (&h)[kCW]) {
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
     const uint32_t b0 = sa + o[kk], b1 = b0 + 8 * 64;
@@ -237,7 +259,7 @@ __device__ __forceinline__ void codes(uint32_t sa, const uint32_t (&o)[4], uint3
   }
 }
 template <int ELEM>
-__device__ __forceinline__ void fragment(const uint32_t (&h)[16], int t, uint32_t e0, uint32_t e1,
+__device__ __forceinline__ void fragment(const uint32_t (&h)[kCW], int t, uint32_t e0, uint32_t e1,
                                          uint32_t (&fa)[16]) {
   using KD = Kind<ELEM>;
   (void)t;
@@ -330,7 +352,7 @@ __device__ __forceinline__ void code_offsets<HQ_E2M1X2>(int r, int t, uint32_t (
 }
 template <>
 __device__ __forceinline__ void codes<HQ_E2M1X2>(uint32_t sa, const uint32_t (&o)[4],
-                                                 uint32_t (&w)[16]) {
+                                                 uint32_t (&w)[kCW]) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const uint4 a = lds_v4(sa + o[h]);
@@ -340,7 +362,7 @@ __device__ __forceinline__ void codes<HQ_E2M1X2>(uint32_t sa, const uint32_t (&o
   }
 }
 template <>
-__device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint32_t (&w)[16], int t, uint32_t e0,
+__device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint32_t (&w)[kCW], int t, uint32_t e0,
                                                     uint32_t e1, uint32_t (&fa)[16]) {
   const uint32_t *w0 = w, *w1 = w + 8; /* rows r and r + 8: 32 bytes (64 codes) each */
   /* substep kk: codes 16 kk + 2t, +1 are byte t of word 2 kk; 16 kk + 8 + 2t, +1 of 2 kk + 1 */
@@ -371,6 +393,141 @@ __device__ __forceinline__ void fragment<HQ_E2M1X2>(const uint32_t (&w)[16], int
       fa[4 * kk + 3] = nv_rule_pair((w1[2 * kk + 1] >> sh) & 0xffu, s1);
     }
   }
+}
+
+/* MXFP4 / MXFP6 (mx_rules.h's BF16 dequantize, hq_mx_dequantize_bf16x2): each code pair as the BF16
+   pair of its values times 2^(bias - 127) (MXFP4: e2m1_pair, NVFP4's placement of the E2M1 bits,
+   which is hq_mx_bf16_raw2's; MXFP6: hq_mx_bf16_raw2 itself), then times 2^(e - bias) in one
+   multiply where every scale the warp holds in the k-step allows it (hq_mx_bf16_one_max), else
+   times 2^(127 - bias) and 2^(e - 127) (the NaN scale 0xFF a NaN pair): the exact value
+   rounded once to BF16, the emulated path's dequantize bit for bit. Row r's two E8M0 scales of
+   the k-step are e0 (low byte: k 0..31, substeps 0 and 1; high byte: 32..63), row r + 8's e1. */
+template <int F>
+__device__ __forceinline__ void mx_scale(const uint32_t (&raw)[16], uint32_t e0, uint32_t e1,
+                                         uint32_t (&fa)[16]) {
+  constexpr int K = mx_kind(F);
+  const uint32_t s00 = e0 & 0xff, s01 = (e0 >> 8) & 0xff, s10 = e1 & 0xff, s11 = (e1 >> 8) & 0xff;
+  const uint32_t emax = max(max(s00, s01), max(s10, s11));
+  if (!__any_sync(0xffffffffu, emax > hq_mx_bf16_one_max(K))) {
+    const uint32_t f00 = hq_mx_bf16_one2((uint8_t)s00, K), f01 = hq_mx_bf16_one2((uint8_t)s01, K);
+    const uint32_t f10 = hq_mx_bf16_one2((uint8_t)s10, K), f11 = hq_mx_bf16_one2((uint8_t)s11, K);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t fr0 = kk < 2 ? f00 : f01, fr1 = kk < 2 ? f10 : f11;
+      fa[4 * kk + 0] = bmul2(raw[4 * kk + 0], fr0);
+      fa[4 * kk + 1] = bmul2(raw[4 * kk + 1], fr1);
+      fa[4 * kk + 2] = bmul2(raw[4 * kk + 2], fr0);
+      fa[4 * kk + 3] = bmul2(raw[4 * kk + 3], fr1);
+    }
+  } else {
+    const uint32_t pre = hq_mx_bf16_pre2(K);
+    const uint32_t f00 = scale_pair(s00, 0), f01 = scale_pair(s01, 0);
+    const uint32_t f10 = scale_pair(s10, 0), f11 = scale_pair(s11, 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const uint32_t fr0 = kk < 2 ? f00 : f01, fr1 = kk < 2 ? f10 : f11;
+      fa[4 * kk + 0] = bmul2(bmul2(raw[4 * kk + 0], pre), fr0);
+      fa[4 * kk + 1] = bmul2(bmul2(raw[4 * kk + 1], pre), fr1);
+      fa[4 * kk + 2] = bmul2(bmul2(raw[4 * kk + 2], pre), fr0);
+      fa[4 * kk + 3] = bmul2(bmul2(raw[4 * kk + 3], pre), fr1);
+    }
+  }
+}
+
+/* MXFP4: NVFP4's stage layout and code reads (32-byte rows, 32-byte swizzle) */
+template <>
+__device__ __forceinline__ void code_offsets<kMx4>(int r, int t, uint32_t (&o)[4]) {
+  code_offsets<HQ_E2M1X2>(r, t, o);
+}
+template <>
+__device__ __forceinline__ void codes<kMx4>(uint32_t sa, const uint32_t (&o)[4],
+                                            uint32_t (&w)[kCW]) {
+  codes<HQ_E2M1X2>(sa, o, w);
+}
+template <>
+__device__ __forceinline__ void fragment<kMx4>(const uint32_t (&w)[kCW], int t, uint32_t e0,
+                                               uint32_t e1, uint32_t (&fa)[16]) {
+  const uint32_t *w0 = w, *w1 = w + 8;
+  const uint32_t sel = (uint32_t)t | (uint32_t)(t + 8) << 4 | (uint32_t)(t + 4) << 8 |
+                       (uint32_t)(t + 12) << 12;
+  uint32_t raw[16];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    raw[4 * kk + 0] = e2m1_pair(w0[2 * kk], sel);
+    raw[4 * kk + 1] = e2m1_pair(w1[2 * kk], sel);
+    raw[4 * kk + 2] = e2m1_pair(w0[2 * kk + 1], sel);
+    raw[4 * kk + 3] = e2m1_pair(w1[2 * kk + 1], sel);
+  }
+  mx_scale<kMx4>(raw, e0, e1, fa);
+}
+
+/* MXFP6: a stage holds 48-byte rows (64 codes, the little-endian bit stream of the storage, code
+   n at bit 6n), unswizzled; a thread reads its two rows whole (three 16-byte loads each: the 8
+   rows of a warp fall on distinct banks, 48 bytes apart) and takes its code pairs 16 kk + 2t, +1
+   and 16 kk + 8 + 2t, +1 at bits 96 kk (+ 48) + 12 t by a 64-bit funnel of two words. */
+template <int F> __device__ __forceinline__ void code_offsets6(int r, uint32_t (&o)[4]) {
+  o[0] = r * 48;
+  o[1] = (r + 8) * 48;
+  o[2] = o[3] = 0;
+}
+template <>
+__device__ __forceinline__ void code_offsets<HQ_E3M2X4>(int r, int t, uint32_t (&o)[4]) {
+  (void)t;
+  code_offsets6<HQ_E3M2X4>(r, o);
+}
+template <>
+__device__ __forceinline__ void code_offsets<HQ_E2M3X4>(int r, int t, uint32_t (&o)[4]) {
+  (void)t;
+  code_offsets6<HQ_E2M3X4>(r, o);
+}
+__device__ __forceinline__ void codes6(uint32_t sa, const uint32_t (&o)[4], uint32_t (&w)[kCW]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+    for (int h = 0; h < 3; h++) {
+      const uint4 a = lds_v4(sa + o[rr] + 16 * h);
+      w[12 * rr + 4 * h + 0] = a.x, w[12 * rr + 4 * h + 1] = a.y;
+      w[12 * rr + 4 * h + 2] = a.z, w[12 * rr + 4 * h + 3] = a.w;
+    }
+}
+template <>
+__device__ __forceinline__ void codes<HQ_E3M2X4>(uint32_t sa, const uint32_t (&o)[4],
+                                                 uint32_t (&w)[kCW]) {
+  codes6(sa, o, w);
+}
+template <>
+__device__ __forceinline__ void codes<HQ_E2M3X4>(uint32_t sa, const uint32_t (&o)[4],
+                                                 uint32_t (&w)[kCW]) {
+  codes6(sa, o, w);
+}
+template <int F>
+__device__ __forceinline__ void fragment6(const uint32_t (&w)[kCW], int t, uint32_t e0,
+                                          uint32_t e1, uint32_t (&fa)[16]) {
+  uint32_t raw[16];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int b = 96 * kk + 48 * h, i = b >> 5;
+      const uint32_t o = (uint32_t)(b & 31) + 12u * (uint32_t)t; /* <= 52: bits within w[i..i+1] */
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+        const uint64_t v = ((uint64_t)w[12 * rr + i + 1] << 32 | w[12 * rr + i]) >> o;
+        const uint32_t c = (uint32_t)v & 0xfffu;
+        raw[4 * kk + 2 * h + rr] = hq_mx_bf16_raw2(c | c << 10, mx_kind(F)); /* lo, hi at 0, 16 */
+      }
+    }
+  mx_scale<F>(raw, e0, e1, fa);
+}
+template <>
+__device__ __forceinline__ void fragment<HQ_E3M2X4>(const uint32_t (&w)[kCW], int t, uint32_t e0,
+                                                    uint32_t e1, uint32_t (&fa)[16]) {
+  fragment6<HQ_E3M2X4>(w, t, e0, e1, fa);
+}
+template <>
+__device__ __forceinline__ void fragment<HQ_E2M3X4>(const uint32_t (&w)[kCW], int t, uint32_t e0,
+                                                    uint32_t e1, uint32_t (&fa)[16]) {
+  fragment6<HQ_E2M3X4>(w, t, e0, e1, fa);
 }
 
 #endif /* HQ_FUSED_SM90A */
@@ -476,8 +633,11 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
   const int g = lane >> 2, t = lane & 3;
   const int r0 = cw * 64 + warp * 16 + g; /* the thread's rows in the tile: r0, r0 + 8 */
   /* the rows' scales of the next k-step to load (scales() loads steps 0, 1, 2, ... in order) */
-  const uint8_t *xs0 = p.xs + scale_row(p, m0 + r0);
-  const uint8_t *xs1 = p.xs + scale_row(p, m0 + r0 + 8);
+  /* MXFP4 / MXFP6: the storage's scales cover its rows alone (rows past mx, whose codes the TMA
+     fills with zeros and whose results are never stored, read row mx - 1's) */
+  constexpr bool kMxs = mx_kind(ELEM) != 0;
+  const uint8_t *xs0 = p.xs + scale_row(p, kMxs ? min(m0 + r0, p.mx - 1) : m0 + r0);
+  const uint8_t *xs1 = p.xs + scale_row(p, kMxs ? min(m0 + r0 + 8, p.mx - 1) : m0 + r0 + 8);
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; i++) acc[i] = 0.0f;
@@ -487,7 +647,13 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
      pairs, so every slot index is a constant and no register is copied. */
   uint32_t sc[2][2];
   auto scales = [&](int b, uint32_t(&d)[2]) {
-    if (Fmt<ELEM>::sbytes == 4) {
+    if (kMxs) {
+      /* byte loads (a row's k / 32 scales, any alignment); a half k-step's second scale, past
+         the row, is 127 (its codes are the TMA's zeros) */
+      const bool two = 2 * b + 1 < p.k / 32;
+      d[0] = __ldg(xs0) | (two ? (uint32_t)__ldg(xs0 + 1) : 127u) << 8;
+      d[1] = __ldg(xs1) | (two ? (uint32_t)__ldg(xs1 + 1) : 127u) << 8;
+    } else if (Fmt<ELEM>::sbytes == 4) {
       d[0] = __ldg(reinterpret_cast<const uint32_t *>(xs0));
       d[1] = __ldg(reinterpret_cast<const uint32_t *>(xs1));
     } else {
@@ -511,8 +677,8 @@ fused_kernel(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CU
      recomputed from the shared window, an S2R and four more instructions, at each use) */
   uint32_t co[4]; /* the thread's code offsets in a stage, held in registers (pinned per step) */
   code_offsets<ELEM>(r0, t, co);
-  uint32_t hc[16]; /* the codes of the next fragment to build, read one step early */
-  auto read_codes = [&](uint32_t(&h)[16]) {
+  uint32_t hc[kCW]; /* the codes of the next fragment to build, read one step early */
+  auto read_codes = [&](uint32_t(&h)[kCW]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) pin(co[i]);
     pin(full_s);
@@ -641,7 +807,8 @@ int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMa
   if (e != cudaSuccess && slot) slot->store(0);
   if (e != cudaSuccess)
     return a->error(HQ_EDEVICE, "%s: fused %s GEMM (m=%lld n=%lld k=%lld): %s", a->what,
-                     ELEM == HQ_E2M1X2 ? "NVFP4" : "MXFP8",
+                     ELEM == HQ_E2M1X2 ? "NVFP4" : ELEM == kMx4 ? "MXFP4"
+                     : mx_kind(ELEM)   ? "MXFP6" : "MXFP8",
                      (long long)(a->x_is_m ? a->mx : a->nw), (long long)(a->x_is_m ? a->nw : a->mx),
                      (long long)a->k, cudaGetErrorString(e));
   return HQ_OK;
@@ -649,9 +816,26 @@ int launch(const hqi_fused_gemm_args *a, const CUtensorMap &tx, const CUtensorMa
 
 bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* The kernel's storage kind of the arguments (Fmt), or 0 where it has none */
+int kind_of(const hqi_fused_gemm_args *a) {
+  if (a->elem == HQ_E2M1X2) return a->e8m0 ? kMx4 : HQ_E2M1X2;
+  if (a->elem == HQ_E3M2X4 || a->elem == HQ_E2M3X4) return a->e8m0 ? a->elem : 0;
+  return a->elem == HQ_E4M3 || a->elem == HQ_E5M2 ? a->elem : 0;
+}
+
 } // namespace
 
 extern "C" int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
+  const int f = kind_of(a);
+  if (!f) return 0;
+  if (mx_kind(f)) {
+    /* MXFP4 / MXFP6: compact scales of any alignment, k / 32 a row; the TMA's row pitch (k / 2
+       or 3k / 4 bytes) a multiple of 16 */
+    return a->arch == 90 && a->k > 0 && a->k % (f == kMx4 ? 32 : 64) == 0 && a->mx > 0 &&
+           a->nw > 0 && a->mx < (1ll << 31) && a->nw < (1ll << 31) && a->k < (1ll << 31) &&
+           !a->xs_swizzled && a->xs_ld >= a->k / 32 && al16(a->x) && al16(a->w) &&
+           ((uintptr_t)a->d & 3) == 0;
+  }
   const int nv = a->elem == HQ_E2M1X2;
   if (!nv && a->elem != HQ_E4M3 && a->elem != HQ_E5M2) return 0;
   /* scale columns the kernel reads: whole k-steps (2 E8M0 / 4 E4M3 per row), in tiles of 4
@@ -670,12 +854,16 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
     return a->error(HQ_ENOTSUP, "%s: the driver has no cuTensorMapEncodeTiled", a->what);
   CUtensorMap tx, tw;
   {
-    /* X's bytes: [mx, k] codes, or [mx, k / 2] for two E2M1 codes per byte */
-    const int nv = a->elem == HQ_E2M1X2;
-    const uint64_t row = (uint64_t)(nv ? a->k / 2 : a->k);
+    /* X's bytes: [mx, k] codes, [mx, k / 2] for two E2M1 codes per byte, [mx, 3k / 4] for
+       four FP6 codes in three bytes */
+    const int f = kind_of(a), fp4 = a->elem == HQ_E2M1X2, fp6 = mx_kind(f) && !fp4;
+    const uint64_t row = (uint64_t)(fp4 ? a->k / 2 : fp6 ? a->k / 4 * 3 : a->k);
     CUresult r = hq_tensor_map_2d(&tx, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->x, row, (uint64_t)a->mx,
-                                  row, nv ? Fmt<HQ_E2M1X2>::row : Fmt<HQ_E4M3>::row, kBM,
-                                  nv ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                  row, fp4 ? Fmt<HQ_E2M1X2>::row : fp6 ? Fmt<HQ_E3M2X4>::row
+                                                                   : Fmt<HQ_E4M3>::row,
+                                  kBM, fp4 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                       : fp6 ? CU_TENSOR_MAP_SWIZZLE_NONE
+                                             : CU_TENSOR_MAP_SWIZZLE_64B,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
     if (r != CUDA_SUCCESS)
       return a->error(HQ_EDEVICE, "%s: fused GEMM: cuTensorMapEncodeTiled (X, %lld x %lld codes) "
@@ -709,7 +897,12 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   p.bias_f32 = a->bias_dtype == HQ_F32;
   const unsigned tiles =
       (unsigned)(((a->mx + kBM - 1) / kBM) * ((a->nw + kBN - 1) / kBN));
-  return a->elem == HQ_E2M1X2 ? launch<HQ_E2M1X2>(a, tx, tw, p, tiles)
-         : a->elem == HQ_E5M2  ? launch<HQ_E5M2>(a, tx, tw, p, tiles)
-                               : launch<HQ_E4M3>(a, tx, tw, p, tiles);
+  switch (kind_of(a)) {
+  case HQ_E2M1X2: return launch<HQ_E2M1X2>(a, tx, tw, p, tiles);
+  case kMx4: return launch<kMx4>(a, tx, tw, p, tiles);
+  case HQ_E3M2X4: return launch<HQ_E3M2X4>(a, tx, tw, p, tiles);
+  case HQ_E2M3X4: return launch<HQ_E2M3X4>(a, tx, tw, p, tiles);
+  case HQ_E5M2: return launch<HQ_E5M2>(a, tx, tw, p, tiles);
+  default: return launch<HQ_E4M3>(a, tx, tw, p, tiles);
+  }
 }

@@ -256,6 +256,44 @@ HQ_HD float hq_mx_dequantize(uint32_t code, uint8_t e, int kind) {
   return hq_mx_scaled(hq_mx_elem_to_f32(code, kind), e);
 }
 
+/* The dequantize in BF16 arithmetic, two elements at once (the dequantize kernel's BF16 output and
+   the fused GEMM's A fragments). An element's magnitude bits (exponent, then mantissa) moved to
+   the top of a BF16 word's exponent and mantissa fields -- BF16 subnormals for the element's
+   subnormals -- give the element's value times 2^(bias - 127), bias 1 (E2M1, E2M3) or 3 (E3M2):
+   exact for every code. Times 2^(127 - bias) it is the value itself (a normal BF16 number, exact),
+   and times 2^(e - 127) (BF16 normal for e >= 1, the subnormal 2^-127 for e = 0) it is the exact
+   product rounded once to BF16, which is hq_f32_to_bf16(hq_mx_dequantize(code, e, kind)): the
+   FP32 product is exact wherever it is at least 2^-146 (at most 4 significant bits), and below
+   that both round to zero. The two factors join into one, 2^(e - bias), where that is a BF16
+   normal: e <= 127 + bias (hq_mx_bf16_one_max). A NaN scale (0xFF) takes the rule itself. */
+HQ_HD int hq_mx_bias(int kind) { return kind == HQ_E3M2X4 ? 3 : 1; }
+HQ_HD uint32_t hq_mx_bf16_one_max(int kind) { return 127u + (uint32_t)hq_mx_bias(kind); }
+/* Codes lo and hi, c = lo | hi << 16 (other bits of c ignored), as the BF16 pair of their values
+   times 2^(bias - 127). */
+HQ_HD uint32_t hq_mx_bf16_raw2(uint32_t c, int kind) {
+  const int w = hq_mx_bits(kind), mb = kind == HQ_E2M1X2 ? 1 : kind == HQ_E3M2X4 ? 2 : 3;
+  const uint32_t mag = ((1u << (w - 1)) - 1u) * 0x10001u, sgn = (1u << (w - 1)) * 0x10001u;
+  return ((c & mag) << (7 - mb)) | ((c & sgn) << (16 - w));
+}
+/* The BF16 pair 2^(127 - bias) (the raw pair's factor to the values) */
+HQ_HD uint32_t hq_mx_bf16_pre2(int kind) { return ((254u - (uint32_t)hq_mx_bias(kind)) << 7) * 0x10001u; }
+/* The BF16 pair 2^(e - 127), e != 0xFF */
+HQ_HD uint32_t hq_mx_bf16_scale2(uint8_t e) { return (e ? (uint32_t)e << 7 : 0x40u) * 0x10001u; }
+/* The BF16 pair 2^(e - bias), e <= hq_mx_bf16_one_max(kind) */
+HQ_HD uint32_t hq_mx_bf16_one2(uint8_t e, int kind) {
+  return (((uint32_t)e + 127u - (uint32_t)hq_mx_bias(kind)) << 7) * 0x10001u;
+}
+/* mul.rn.bf16x2 as a multiply-add of -0 (a * b + -0 is a * b, signed zeros included) */
+HQ_HD uint32_t hq_mx_bf16x2_mul(uint32_t a, uint32_t b) { return hq_mx_bf16x2_fma(a, b, 0x80008000u); }
+/* The BF16 pair of hq_f32_to_bf16(hq_mx_dequantize(code, e, kind)) of the two codes of c
+   (hq_mx_bf16_raw2's form). */
+HQ_HD uint32_t hq_mx_dequantize_bf16x2(uint32_t c, uint8_t e, int kind) {
+  if (e == 0xFFu) return (uint32_t)hq_f32_to_bf16(hq_mx_scaled(0.0f, e)) * 0x10001u;
+  const uint32_t r = hq_mx_bf16_raw2(c, kind);
+  if (e <= hq_mx_bf16_one_max(kind)) return hq_mx_bf16x2_mul(r, hq_mx_bf16_one2(e, kind));
+  return hq_mx_bf16x2_mul(hq_mx_bf16x2_mul(r, hq_mx_bf16_pre2(kind)), hq_mx_bf16_scale2(e));
+}
+
 /* Code n of a packed row. */
 HQ_HD uint32_t hq_mx_code(const uint8_t *row, int64_t n, int kind) {
   if (kind == HQ_E2M1X2) return (row[n >> 1] >> (4 * (n & 1))) & 15u;
