@@ -124,15 +124,96 @@ void hq_fsdp_release(hq_qtensor *shard) {
   shard->fsdp_staging = NULL;
 }
 
+/* The host transpose goes tile by tile so that the rows read and the rows written stay in cache
+   while a tile is done: element by element across the whole matrix, every byte written lands
+   on another cache line. 64 x 64 tiles of up to 8-byte elements are 32 KiB each way. */
+#define TILE 64
+
+#define TRANSPOSE_TILE(T, r0, r1, c0, c1)                                                      \
+  for (int64_t c = c0; c < c1; c++) {                                                          \
+    T *restrict d_ = (T *)dst + c * dld;                                                       \
+    const T *restrict s_ = (const T *)src + c;                                                 \
+    for (int64_t r = r0; r < r1; r++) d_[r] = s_[r * sld];                                     \
+  }
+
+#define TRANSPOSE_TILES(T)                                                                     \
+  for (int64_t r0 = 0; r0 < rows; r0 += TILE)                                                  \
+    for (int64_t c0 = 0; c0 < cols; c0 += TILE) {                                              \
+      const int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows;                                  \
+      const int64_t c1 = c0 + TILE < cols ? c0 + TILE : cols;                                  \
+      TRANSPOSE_TILE(T, r0, r1, c0, c1)                                                        \
+    }
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+/* A 16 x 16 block of bytes transposed in registers: four rounds of interleaving pairs of rows
+   (bytes, then 2-, 4- and 8-byte units) turn 16 row loads into 16 column stores. */
+static void transpose16_u8(uint8_t *dst, int64_t dld, const uint8_t *src, int64_t sld) {
+  __m128i x[16], y[16];
+  for (int i = 0; i < 16; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + i * sld));
+  for (int i = 0; i < 8; i++) {
+    y[2 * i] = _mm_unpacklo_epi8(x[2 * i], x[2 * i + 1]);
+    y[2 * i + 1] = _mm_unpackhi_epi8(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++)
+    for (int k = 0; k < 2; k++) {
+      x[4 * i + 2 * k] = _mm_unpacklo_epi16(y[4 * i + k], y[4 * i + k + 2]);
+      x[4 * i + 2 * k + 1] = _mm_unpackhi_epi16(y[4 * i + k], y[4 * i + k + 2]);
+    }
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 4; k++) {
+      y[8 * i + 2 * k] = _mm_unpacklo_epi32(x[8 * i + k], x[8 * i + k + 4]);
+      y[8 * i + 2 * k + 1] = _mm_unpackhi_epi32(x[8 * i + k], x[8 * i + k + 4]);
+    }
+  for (int k = 0; k < 8; k++) {
+    x[2 * k] = _mm_unpacklo_epi64(y[k], y[k + 8]);
+    x[2 * k + 1] = _mm_unpackhi_epi64(y[k], y[k + 8]);
+  }
+  for (int j = 0; j < 16; j++) _mm_storeu_si128((__m128i *)(dst + j * dld), x[j]);
+}
+#endif
+
+static void transpose_u8(uint8_t *dst, int64_t dld, const uint8_t *src, int64_t sld, int64_t rows,
+                         int64_t cols) {
+#ifdef __SSE2__
+  const int64_t rows16 = rows / 16 * 16, cols16 = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < rows16; r0 += TILE)
+    for (int64_t c0 = 0; c0 < cols16; c0 += TILE) {
+      const int64_t r1 = r0 + TILE < rows16 ? r0 + TILE : rows16;
+      const int64_t c1 = c0 + TILE < cols16 ? c0 + TILE : cols16;
+      for (int64_t r = r0; r < r1; r += 16)
+        for (int64_t c = c0; c < c1; c += 16)
+          transpose16_u8(dst + c * dld + r, dld, src + r * sld + c, sld);
+    }
+  /* the edges that do not fill a 16 x 16 block */
+  TRANSPOSE_TILE(uint8_t, 0, rows16, cols16, cols)
+  TRANSPOSE_TILE(uint8_t, rows16, rows, 0, cols)
+#else
+  TRANSPOSE_TILES(uint8_t)
+#endif
+}
+
+static void transpose_host(void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows,
+                           int64_t cols, int64_t es) {
+  switch (es) {
+  case 1: transpose_u8(dst, dld, src, sld, rows, cols); return;
+  case 2: TRANSPOSE_TILES(uint16_t) return;
+  case 4: TRANSPOSE_TILES(uint32_t) return;
+  case 8: TRANSPOSE_TILES(uint64_t) return;
+  default:
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++)
+        memcpy((char *)dst + (c * dld + r) * es, (const char *)src + (r * sld + c) * es,
+               (size_t)es);
+  }
+}
+
 /* dst[c][r] = src[r][c] for a [rows, cols] block of es-byte elements (leading dims in elements). */
 static int transpose(hq_ctx *ctx, void *dst, int64_t dld, const void *src, int64_t sld,
                      int64_t rows, int64_t cols, int64_t es) {
   if (ctx->device >= 0)
     return hqi_cuda_transpose(ctx->stream, dst, dld, src, sld, rows, cols, (int)es);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      memcpy((char *)dst + (c * dld + r) * es, (const char *)src + (r * sld + c) * es,
-             (size_t)es);
+  transpose_host(dst, dld, src, sld, rows, cols, es);
   return HQ_OK;
 }
 
@@ -294,7 +375,9 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
           rc = hqi_form_read(full->fmt[d], ctx, &q->st, i, fm, HQ_FORM_FSDP, full->role);
         } else if (b->gather == HQ_GATHER_ROWS) {
           size_t used = (size_t)(rows * row_bytes);
-          rc = copy_on_device(ctx, b->ptr, e.ptr, used);
+          /* a gather may have received the rows in place (e.ptr is the buffer, as
+             hq_fsdp_extract of the full tensor lists it): nothing to copy then */
+          if (e.ptr != b->ptr) rc = copy_on_device(ctx, b->ptr, e.ptr, used);
           if (!rc) rc = hqi_ctx_memset(ctx, (char *)b->ptr + used, 0, b->bytes - used);
         } else {
           rc = hqi_ctx_memset(ctx, b->ptr, 0, b->bytes);

@@ -156,6 +156,14 @@ struct hq_gather {
   size_t send_bytes, recv_bytes;
   void *send, *recv, *full[MAX_ENTRIES];
   hq_ctx *ctx;                   /* owns the staging memory */
+  /* host memory, per-rank counts (MPI): each entry is unpacked straight into its place in the
+     full tensor named by `key` (its address and its buffers'): a buffer of the full tensor
+     itself where hq_fsdp_extract of it lists that buffer in place, else full[e] */
+  int direct;
+  size_t sent;                   /* entries that travel (not rebuilt) */
+  void *dest[MAX_ENTRIES];
+  const void *key[1 + 2 * HQ_MAX_BUFFERS];
+  int have_dest;
   int pending;                   /* a collective into the staging memory may still be running */
   uint64_t rebuilt_bytes;
 };
@@ -328,7 +336,7 @@ static void gather_release(hq_gather *g) {
   hq_ctx_free(g->ctx, g->send);
   hq_ctx_free(g->ctx, g->recv);
   for (size_t e = 0; e < g->n; e++)
-    if (g->rebuild_of[e] < 0) hq_ctx_free(g->ctx, g->full[e]);
+    if (g->rebuild_of[e] < 0 && g->full[e]) hq_ctx_free(g->ctx, g->full[e]);
 }
 
 void hq_gather_free(hq_gather *g) {
@@ -357,6 +365,11 @@ static int plan(hq_gather *g, const sig *all, hq_ctx *ctx, const char *what) {
     return hq_set_error(HQ_ENOMEM, "%s: out of memory for the plan", what);
   for (size_t e = 0; e < g->n; e++) g->rebuild_of[e] = -1;
   if (g->rebuild) g->rebuild_of[1] = 0;
+  /* Host memory with a count per rank: no padding between entries (they are copied, never
+     read in place), and an entry's rank parts lie in rank order in its full buffer exactly as
+     the all-gather lays out the messages, so a single sent entry is gathered in place. */
+  g->direct = !d->ops->uniform_slots && !d->ops->device_memory;
+  g->sent = g->n - (g->rebuild ? 1u : 0u);
   size_t slot = 0;
   for (int r = 0; r < size; r++) {
     size_t o = 0;
@@ -364,7 +377,8 @@ static int plan(hq_gather *g, const sig *all, hq_ctx *ctx, const char *what) {
       g->rows_of[(size_t)r * MAX_ENTRIES + e] = all[r].e[e].rows;
       if (g->rebuild_of[e] >= 0) continue;
       g->off[(size_t)r * MAX_ENTRIES + e] = o;
-      o = align_up(o + (size_t)(all[r].e[e].rows * all[r].e[e].row_bytes));
+      o += (size_t)(all[r].e[e].rows * all[r].e[e].row_bytes);
+      if (!g->direct) o = align_up(o);
     }
     g->counts[r] = o;
     if (o > slot) slot = o;
@@ -389,12 +403,14 @@ static int plan(hq_gather *g, const sig *all, hq_ctx *ctx, const char *what) {
     if (g->rebuild_of[e] >= 0) g->rebuilt_bytes += (uint64_t)(rows * g->ent[e].row_bytes);
   }
   g->ctx = ctx;
+  if (g->direct && g->sent == 1) return HQ_OK; /* no staging: sent and received in place */
   int rc = hq_ctx_alloc(ctx, g->send_bytes ? g->send_bytes : 1, &g->send);
   if (!rc) rc = hq_ctx_alloc(ctx, g->recv_bytes ? g->recv_bytes : 1, &g->recv);
-  for (size_t e = 0; e < g->n && !rc; e++)
+  for (size_t e = 0; e < g->n && !rc && !g->direct; e++) /* direct: found at the first run */
     if (g->rebuild_of[e] < 0)
       rc = hq_ctx_alloc(ctx, (size_t)(g->ent[e].rows * g->ent[e].row_bytes) + 1, &g->full[e]);
   if (rc) return hqt_error_prefix(rc, "%s: staging memory", what);
+  if (g->direct) return HQ_OK; /* no padding to clear */
   /* the alignment padding goes out too: zero it once, so that no stale bytes travel */
   void *zero = calloc(1, g->send_bytes ? g->send_bytes : 1);
   if (!zero) return hq_set_error(HQ_ENOMEM, "%s: out of memory", what);
@@ -454,6 +470,101 @@ int hq_gather_create(hq_dist *d, hq_ctx *ctx, hq_qtensor *shard, hq_gather **out
   return HQ_OK;
 }
 
+/* The full tensor's own address and its buffers' (what the entries' places depend on). */
+static void full_key(const hq_qtensor *full, const void **key) {
+  memset(key, 0, (1 + 2 * HQ_MAX_BUFFERS) * sizeof *key);
+  key[0] = full;
+  for (int i = 0; i < 2; i++) {
+    const hq_storage *s = hq_qtensor_dirs(full) & (1u << i)
+                              ? hq_qtensor_storage(full, 1u << i) : NULL;
+    for (uint32_t b = 0; s && b < s->nbuf && b < HQ_MAX_BUFFERS; b++)
+      key[1 + i * HQ_MAX_BUFFERS + b] = HQ_STORAGE_BUF((hq_storage *)s, b)->ptr;
+  }
+}
+
+/* Where every sent entry lands in full. hq_fsdp_extract of the full tensor lists a buffer that
+   is gathered by rows as the buffer itself (its first rows), and hq_fsdp_assign copies nothing
+   for an entry that is that buffer; every other entry (transposed, or in a format's own form)
+   lands in full[e] and is assigned from there. Found once per full tensor. */
+static int find_dest(hq_gather *g, hq_ctx *ctx, hq_qtensor *full, const char *what) {
+  const void *key[1 + 2 * HQ_MAX_BUFFERS];
+  full_key(full, key);
+  if (g->have_dest && !memcmp(key, g->key, sizeof key)) return HQ_OK;
+  g->have_dest = 0;
+  hq_fsdp_buffer fe[MAX_ENTRIES];
+  size_t n = 0;
+  int rc = hq_fsdp_extract(full, ctx, fe, MAX_ENTRIES, sizeof(hq_fsdp_buffer), &n);
+  if (!rc && n != g->n)
+    rc = hq_set_error(HQ_EINVAL, "%s of %s: the full tensor has %zu buffers to gather, the "
+                      "shards %zu", what, hq_qtensor_role(full), n, g->n);
+  for (size_t e = 0; e < g->n && !rc; e++) {
+    g->dest[e] = NULL;
+    if (g->rebuild_of[e] >= 0) continue;
+    if (fe[e].rows != g->ent[e].rows || fe[e].row_bytes != g->ent[e].row_bytes ||
+        fe[e].dir != g->ent[e].dir) {
+      rc = hq_set_error(HQ_EINVAL, "%s of %s: buffer '%s' of the full tensor is %" PRId64 " x %"
+                        PRId64 " bytes, the shards make %" PRId64 " x %" PRId64, what,
+                        hq_qtensor_role(full), fe[e].name, fe[e].rows, fe[e].row_bytes,
+                        g->ent[e].rows, g->ent[e].row_bytes);
+      break;
+    }
+    const hq_storage *s = hq_qtensor_storage(full, fe[e].dir);
+    for (uint32_t b = 0; s && b < s->nbuf; b++)
+      if (HQ_STORAGE_BUF((hq_storage *)s, b)->ptr == fe[e].ptr) g->dest[e] = fe[e].ptr;
+    if (!g->dest[e] && !g->full[e])
+      rc = hq_ctx_alloc(ctx, (size_t)(g->ent[e].rows * g->ent[e].row_bytes) + 1, &g->full[e]);
+    if (!g->dest[e]) g->dest[e] = g->full[e];
+  }
+  hq_fsdp_release(full);
+  if (rc) return rc;
+  memcpy(g->key, key, sizeof key);
+  g->have_dest = 1;
+  return HQ_OK;
+}
+
+/* The gather in host memory with a count per rank: the entries land in their places in full
+   (find_dest). A single sent entry goes from the shard's buffer straight to its place; several
+   are packed into one message (one collective) and each rank's part copied to its place. */
+static int run_direct(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full,
+                      const hq_fsdp_buffer *ext) {
+  static const char what[] = "hq_gather_run";
+  hq_dist *d = g->d;
+  const size_t me = (size_t)d->rank * MAX_ENTRIES;
+  int rc = find_dest(g, ctx, full, what);
+  size_t one = 0;
+  while (one < g->n && g->rebuild_of[one] >= 0) one++;
+  if (!rc && g->sent == 1) {
+    rc = d->ops->allgatherv(d, ctx, ext[one].ptr, g->dest[one], g->counts, g->displs);
+  } else if (!rc) {
+    for (size_t e = 0; e < g->n; e++)
+      if (g->rebuild_of[e] < 0)
+        memcpy((char *)g->send + g->off[me + e], ext[e].ptr,
+               (size_t)(g->rows_of[me + e] * g->ent[e].row_bytes));
+    rc = d->ops->allgatherv(d, ctx, g->send, g->recv, g->counts, g->displs);
+    for (size_t e = 0; e < g->n && !rc; e++) {
+      if (g->rebuild_of[e] >= 0) continue;
+      size_t at = 0;
+      for (int r = 0; r < d->size; r++) {
+        const size_t k = (size_t)r * MAX_ENTRIES + e;
+        const size_t bytes = (size_t)(g->rows_of[k] * g->ent[e].row_bytes);
+        memcpy((char *)g->dest[e] + at, (char *)g->recv + g->displs[r] + g->off[k], bytes);
+        at += bytes;
+      }
+    }
+  }
+  g->pending = d->pending;
+  hq_fsdp_buffer gathered[MAX_ENTRIES];
+  for (size_t e = 0; e < g->n; e++) {
+    gathered[e] = g->ent[e];
+    gathered[e].name = ext[e].name;
+    gathered[e].ptr = g->dest[g->rebuild_of[e] >= 0 ? (size_t)g->rebuild_of[e] : e];
+  }
+  /* a collective still pending may read the shard's staging: it is kept then */
+  if (!g->pending) hq_fsdp_release(shard);
+  if (rc) return rc;
+  return hq_fsdp_assign(full, ctx, shard, gathered, g->n, sizeof(hq_fsdp_buffer));
+}
+
 int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full) {
   static const char what[] = "hq_gather_run";
   if (!g) return hq_set_error(HQ_EINVAL, "%s: plan is NULL", what);
@@ -485,6 +596,7 @@ int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full
                         " bytes, the plan's %" PRId64 " x %" PRId64 " (make a new plan)", what,
                         ext[e].name, ext[e].rows, ext[e].row_bytes, g->rows_of[me + e],
                         g->ent[e].row_bytes);
+  if (!rc && g->direct) return run_direct(g, ctx, shard, full, ext);
   /* pack: every sent entry at its offset in this rank's message */
   for (size_t e = 0; e < n && !rc; e++) {
     if (g->rebuild_of[e] >= 0) continue;

@@ -178,6 +178,61 @@ static void test_shard_row_multiple(void **state) {
   free(x.data);
 }
 
+/* Shapes whose transposed copies (per-tensor FP8's columnwise codes, NVFP4's columnwise scales)
+   fill no 16 x 16 block or 64 x 64 tile evenly: the host transpose's edges, gathered equal to
+   whole as above. */
+static void test_transpose_edges(void **state) {
+  (void)state;
+  const int64_t shapes[][3] = {{3, 24, 100}, {2, 120, 200}, {4, 16, 37}}; /* shards, rows, cols */
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    hq_tensor x = test_input(HQ_BF16, shapes[i][0] * shapes[i][1], shapes[i][2]);
+    run_case(&cases[0], &x, shapes[i][1], 0, NULL); /* fp8_tensor e4m3 */
+    free(x.data);
+  }
+  hq_tensor x = test_input(HQ_BF16, 3 * 48, 96);
+  run_case(&cases[2], &x, 48, 0, NULL); /* nvfp4: 48 / 16 = 3 columns of scales per shard */
+  free(x.data);
+}
+
+/* hq_fsdp_extract of a full tensor lists its row-gathered buffers in place; assigning that list
+   back (an entry that is the buffer itself is not copied onto itself) leaves every byte as it
+   was, for every stock format with both directions. */
+static void test_assign_in_place(void **state) {
+  (void)state;
+  hq_tensor x = test_input(HQ_BF16, 128, 96);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i].refuse) continue;
+    hq_recipe *r = hq_test_recipe(cases[i].recipe);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_ctx *ctx = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+    hq_qtensor *full = NULL, *ref = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &full));
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &ref));
+    hq_fsdp_buffer list[2 * HQ_MAX_BUFFERS];
+    size_t n = 0;
+    if (hq_fsdp_extract(full, ctx, list, 2 * HQ_MAX_BUFFERS, sizeof list[0], &n) != HQ_OK)
+      fail_msg("%s: extract: %s", cases[i].name, hq_last_error());
+    int in_place = 0;
+    for (size_t e = 0; e < n; e++)
+      for (uint32_t d = 1; d <= 2; d++) {
+        const hq_storage *st = hq_qtensor_storage(full, d);
+        for (uint32_t b = 0; st && b < st->nbuf; b++)
+          in_place |= HQ_STORAGE_BUF((hq_storage *)st, b)->ptr == list[e].ptr;
+      }
+    assert_true(in_place); /* every stock format gathers its rowwise data by rows */
+    HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, ref, list, n, sizeof list[0]));
+    hq_fsdp_release(full);
+    hq_test_same_qtensors(full, ref, cases[i].name);
+    hq_qtensor_free(full);
+    hq_qtensor_free(ref);
+    hq_ctx_destroy(ctx);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  free(x.data);
+}
+
 /* One swizzled mxfp8 instance (`opts`, one line each) of usage `usage`, world shards of ms rows of
    x: gathered equals whole; each shard's list equals a compact instance's for the same shard. */
 static void swizzled_case(const char *opts, uint32_t usage, const hq_tensor *x, int64_t ms) {
@@ -347,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_hybrids),          cmocka_unit_test(test_f32_input),
       cmocka_unit_test(test_shard_row_multiple), cmocka_unit_test(test_shard_rows_query),
       cmocka_unit_test(test_errors),           cmocka_unit_test(test_swizzled_mxfp8),
+      cmocka_unit_test(test_transpose_edges),  cmocka_unit_test(test_assign_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

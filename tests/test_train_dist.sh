@@ -237,4 +237,23 @@ refused_everywhere 4 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_
 # shellcheck disable=SC2086
 refused_everywhere 2 "hq train: recipe 'fp8-current-e4m3' ($conf/examples/fp8_current.ini): --resume $tmp/k4-40.st: the checkpoint was written with recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini); this run's recipe is 'fp8-current-e4m3' ($conf/examples/fp8_current.ini)" \
   $ckr --recipe "$conf/examples/fp8_current.ini" --resume "$tmp/k4-40.st" --steps 60
+# --grad-dtype is recorded (metadata grad_dtype): a run that reduces gradients resumes only in
+# the checkpoint's dtype (BF16 sums round: another dtype is another training), and then continues
+# bit-identically; one process reduces nothing and resumes either
+mpi 2 kb --grad-dtype bf16 --checkpoint "$tmp/kb-{step}.st" --checkpoint-every 20
+python3 -c 'import json,struct,sys
+b = open(sys.argv[1], "rb").read()
+m = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
+sys.exit(0 if m.get("grad_dtype") == sys.argv[2] else "grad_dtype: %r" % m.get("grad_dtype"))' \
+  "$tmp/kb-20.st" bf16 || fail "the checkpoint of --grad-dtype bf16 does not record it"
+# shellcheck disable=SC2086
+refused_everywhere 2 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini): --resume $tmp/kb-20.st: the checkpoint's weight gradients were reduced across ranks in bf16, this run's in fp32: another reduce dtype is another training; give --grad-dtype bf16 to continue it" \
+  $ckr --recipe "$conf/examples/fp8_delayed.ini" --resume "$tmp/kb-20.st"
+# shellcheck disable=SC2086
+refused_everywhere 2 "hq train: recipe 'fp8-delayed-hybrid' ($conf/examples/fp8_delayed.ini): --resume $tmp/k1-20.st: the checkpoint's weight gradients were reduced across ranks in fp32, this run's in bf16: another reduce dtype is another training; give --grad-dtype fp32 to continue it" \
+  $ckr --recipe "$conf/examples/fp8_delayed.ini" --resume "$tmp/k1-20.st" --grad-dtype bf16
+mpi 2 rb --grad-dtype bf16 --resume "$tmp/kb-20.st" --checkpoint "$tmp/rb.st"
+cmp -s "$tmp/rb.st" "$tmp/kb-40.st" || fail "--grad-dtype bf16 resumed with 2 ranks: the final checkpoint is not the uninterrupted run's"
+mpi 1 rb1 --resume "$tmp/kb-20.st"
+grep -q "resumed at step 20" "$tmp/rb1.err" || { cat "$tmp/rb1.err"; fail "a --grad-dtype bf16 checkpoint in one process: not resumed"; }
 echo "PASS"

@@ -4,8 +4,9 @@
 # communicator of one rank) and reaches one process's held-out loss within 1e-4, its
 # --verify-resume continues bit for bit, and more ranks than GPUs are refused on every rank.
 # With two GPUs or more, also: 2 ranks reach one GPU's held-out loss within 1e-4 and two runs
-# print the same losses to the last digit, the wire line, and a checkpoint of 2 ranks resumes
-# with 2 (the uninterrupted run's final file, byte for byte) and with 1. Skips (77) without mpirun, python3, a GPU, or an hq built with CUDA, MPI and NCCL;
+# print the same losses to the last digit, the wire line, --grad-dtype bf16 (twice the same,
+# within 0.01 of FP32 gradients), and a checkpoint of 2 ranks resumes with 2 (the uninterrupted
+# run's final file, byte for byte) and with 1. Skips (77) without mpirun, python3, a GPU, or an hq built with CUDA, MPI and NCCL;
 # with one GPU it skips after the one-GPU part, saying so.
 set -u
 LC_ALL=C; export LC_ALL
@@ -100,6 +101,27 @@ cmp -s "$tmp/la" "$tmp/lb" || { diff "$tmp/la" "$tmp/lb"; fail "2 GPUs: two runs
 within "$tmp/r1.json" "$tmp/n2a.json" "2 GPUs" || fail "2 GPUs: the held-out loss"
 grep -q "^hq train: fp8-current-e4m3: 2 ranks: per step and rank, quantized weights gathered 32768 bytes (a BF16 all-gather: 65536, 0.500x), FP32 weight gradients reduce-scattered 131072 bytes$" "$tmp/n2a.err" ||
   { cat "$tmp/n2a.err"; fail "2 GPUs: the wire line of fp8_current"; }
+
+# --grad-dtype bf16 on 2 GPUs (the rounding and widening kernels of train/dist_cuda.cu around
+# NCCL's BF16 reduce-scatter): two runs print the same losses, every recipe's held-out loss is
+# the FP32 reduce-scatter's within 0.01 (as on the CPU), and half the gradient bytes travel
+for k in a b; do
+  # shellcheck disable=SC2086
+  timeout 600 "$mpirun" $flags -np 2 "$hq" $args --grad-dtype bf16 > "$tmp/g2$k.json" 2> "$tmp/g2$k.err" ||
+    { cat "$tmp/g2$k.err"; fail "mpirun -np 2 hq train --device cuda --grad-dtype bf16"; }
+done
+losses "$tmp/g2a.json" > "$tmp/ga"
+losses "$tmp/g2b.json" > "$tmp/gb"
+cmp -s "$tmp/ga" "$tmp/gb" || { diff "$tmp/ga" "$tmp/gb"; fail "2 GPUs --grad-dtype bf16: two runs printed different losses"; }
+python3 -c 'import json,sys
+f = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[1]))["recipes"]}
+b = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[2]))["recipes"]}
+for k in sorted(f):
+    print("%-20s 2 GPUs: FP32 gradients %.9g  BF16 %.9g  difference %.2g" % (k, f[k], b[k], abs(b[k] - f[k])))
+    if not abs(b[k] - f[k]) <= 0.01: sys.exit("%s: BF16 gradients %.6g, FP32 %.6g" % (k, b[k], f[k]))' \
+  "$tmp/n2a.json" "$tmp/g2a.json" || fail "2 GPUs --grad-dtype bf16 against fp32"
+grep -q "BF16 weight gradients reduce-scattered 65536 bytes$" "$tmp/g2a.err" ||
+  { cat "$tmp/g2a.err"; fail "2 GPUs --grad-dtype bf16: the wire line"; }
 
 # checkpoints: saved by 2 GPUs at step 20 of 40, resumed with 2 (byte for byte) and with 1
 # shellcheck disable=SC2086

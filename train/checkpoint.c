@@ -54,6 +54,10 @@ static int meta(hq_ckpt_writer *w, const char *key, const char *fmt, ...) {
 }
 
 static const char *act_name(int act) { return act == TRAIN_ACT_TANH ? "tanh" : "gelu"; }
+/* the weight gradients' reduce dtype as --grad-dtype spells it */
+static const char *grad_dtype_name(const train_model *m) {
+  return m->cfg.grad_bf16 ? "bf16" : "fp32";
+}
 
 /* The recipe as it resolves: its formats (plugin, every option with defaults resolved) and its
    role sections, one per line -- insensitive to comments and layout, sensitive to anything that
@@ -216,6 +220,8 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
   if (!rc) rc = meta(w, "model.batch", "%lld", (long long)cfg->model.batch);
   if (!rc) rc = meta(w, "model.vocab_pad", "%d", m->cfg.vocab_pad);
   if (!rc) rc = meta(w, "lr", "%.9g", (double)cfg->lr);
+  /* the dtype the weight gradients are summed across ranks in (one process: FP32 throughout) */
+  if (!rc) rc = hq_ckpt_add_meta(w, "grad_dtype", grad_dtype_name(m));
   if (!rc) rc = meta(w, "train_examples", "%lld", (long long)d->n_train);
   if (!rc) rc = meta(w, "eval_examples", "%lld", (long long)d->n_eval);
   if (!rc) rc = hq_ckpt_add_meta(w, "eval_curve", curve_txt);
@@ -406,6 +412,17 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     fail(err, err_len,
          "--resume %s: model.act differs: the checkpoint has model.act = %s, this run %s (--act)",
          path, v, act_name(m->cfg.act));
+    goto out;
+  }
+  /* The reduce's dtype changes the numbers a step computes (BF16 sums round), so a resume that
+     reduces gradients continues only in the checkpoint's dtype; one process reduces nothing.
+     A checkpoint from before grad_dtype was recorded says nothing and is not checked. */
+  if ((v = hq_ckpt_meta(c, "grad_dtype")) && m->cfg.dist && strcmp(v, grad_dtype_name(m)) != 0) {
+    fail(err, err_len,
+         "--resume %s: the checkpoint's weight gradients were reduced across ranks in %s, this "
+         "run's in %s: another reduce dtype is another training; give --grad-dtype %s to "
+         "continue it",
+         path, v, grad_dtype_name(m), v);
     goto out;
   }
   uint64_t step, rng_off, drng;

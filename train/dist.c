@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>   /* before hq/dist.h: it declares hq_dist_nccl_create when NCCL's is seen */
+#include "dist_cuda.h"   /* the BF16 gradient's conversions on the GPU */
 #endif
 #include "hq/dist.h"
 #include "hq/numerics.h"   /* hq_f32_to_bf16: the BF16 gradients' rounding (RNE) */
@@ -58,12 +59,11 @@ struct train_dist {
 #endif
   int failed;                     /* a collective of hd failed: its communicator may be aborted
                                      (hq_dist aborts NCCL's on an error or timeout) */
-  /* --grad-dtype bf16 (train_model_cfg.grad_bf16): host scratch for a layer's whole gradient
-     and its shard, as BF16 (h16) and, on GPUs, staged as FP32 (hf); sized for the largest
-     layer, grown on every rank at once (the ranks train the same shapes) */
+  /* --grad-dtype bf16 through MPI (train_model_cfg.grad_bf16): host scratch for a layer's whole
+     gradient and its shard as BF16, sized for the largest layer, grown on every rank at once
+     (the ranks train the same shapes); on GPUs the kernels of dist_cuda.cu use device memory */
   uint16_t *h16;
-  float *hf;
-  size_t h16_n, hf_n;
+  size_t h16_n;
 #ifdef HQ_HAVE_MPI
   int have_bf16_sum;
   MPI_Op bf16_sum;                /* the BF16 sum of the host reduce-scatter (bf16_sum_fn) */
@@ -297,7 +297,6 @@ void train_dist_end(train_dist *d) {
 #endif
   if (d->have_bf16_sum) MPI_Op_free(&d->bf16_sum);
   free(d->h16);
-  free(d->hf);
   MPI_Comm_free(&d->comm);
   free(d);
   MPI_Finalize();
@@ -329,8 +328,8 @@ static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *type) {
     b[i] = hq_f32_to_bf16(hq_bf16_to_f32(a[i]) + hq_bf16_to_f32(b[i]));
 }
 
-/* --grad-dtype bf16: the host scratch for m's largest layer (its whole gradient and its shard)
-   and the MPI op, made or grown on every rank at once and agreed, so that a rank without the
+/* --grad-dtype bf16 on the host: the scratch for m's largest layer (its whole gradient and its
+   shard) and the MPI op, made or grown on every rank at once and agreed, so that a rank without the
    memory fails the step on every rank instead of leaving the others in the reduce-scatter. */
 static int bf16_ready(train_dist *d, const train_model *m, char *err, size_t err_len) {
   size_t need = 0;
@@ -339,17 +338,11 @@ static int bf16_ready(train_dist *d, const train_model *m, char *err, size_t err
     const size_t n = (size_t)(l->out * l->in) + (size_t)(l->rows * l->in);
     if (n > need) need = n;
   }
-  const int gpu = on_gpu(d);
-  if (need <= d->h16_n && (!gpu || need <= d->hf_n) && d->have_bf16_sum) return 0;
+  if (need <= d->h16_n && d->have_bf16_sum) return 0;
   int ok = 1;
   if (need > d->h16_n) {
     uint16_t *p = realloc(d->h16, need * sizeof *p);
     if (p) d->h16 = p, d->h16_n = need;
-    else ok = 0;
-  }
-  if (ok && gpu && need > d->hf_n) {
-    float *p = realloc(d->hf, need * sizeof *p);
-    if (p) d->hf = p, d->hf_n = need;
     else ok = 0;
   }
   if (ok && !d->have_bf16_sum) {
@@ -439,29 +432,21 @@ static int nccl_wait(train_dist *d, cudaStream_t stream, const char *what, char 
 }
 
 /* --grad-dtype bf16 on GPUs (unverified, as the rest of this path): layer l's gradient rounded
-   to BF16 on the host (the trainer has no device kernel of its own; the identity format's
-   rounding, hq_f32_to_bf16), reduce-scattered by NCCL as ncclBfloat16 with ncclSum (all-reduced
-   where the rows do not split evenly), and this rank's shard widened back to FP32 in l->gws. */
+   to BF16 on the GPU (dist_cuda.cu: the CPU path's rule, hq_f32_to_bf16), reduce-scattered by
+   NCCL as ncclBfloat16 with ncclSum (all-reduced where the rows do not split evenly), and this
+   rank's summed shard widened back to FP32 into l->gws, all on the stream: no host copy. */
 static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaStream_t stream,
                           char *err, size_t err_len) {
-  const int dev = hq_ctx_device(m->ctx);
   const int64_t full = l->out * l->in, mine = l->rows * l->in;
-  float *hf = d->hf;
-  uint16_t *h = d->h16;
-  /* each copy to the host waited for (hq_ctx_sync) before the host reads it */
-  if (hq_ctx_memcpy(m->ctx, hf, HQ_DEVICE_HOST, l->gw, dev, (size_t)full * sizeof *hf) ||
-      hq_ctx_sync(m->ctx))
-    return fail(err, err_len, "rank %d: layer %s: the gradient to the host: %s", d->rank,
-                l->name, hq_last_error());
-  for (int64_t k = 0; k < full; k++) h[k] = hq_f32_to_bf16(hf[k]);
   void *p = NULL;
-  if (hq_ctx_alloc(m->ctx, (size_t)(full + mine) * sizeof *h, &p))
+  if (hq_ctx_alloc(m->ctx, (size_t)(full + mine) * sizeof(uint16_t), &p))
     return fail(err, err_len, "rank %d: layer %s: device memory for the BF16 gradient: %s",
                 d->rank, l->name, hq_last_error());
   uint16_t *g = p, *shard = g + full;
-  int rc = hq_ctx_memcpy(m->ctx, g, dev, h, HQ_DEVICE_HOST, (size_t)full * sizeof *h) ?
-           fail(err, err_len, "rank %d: layer %s: the BF16 gradient to the GPU: %s", d->rank,
-                l->name, hq_last_error()) : 0;
+  char why[256];
+  int rc = 0;
+  if (train_cuda_f32_to_bf16(stream, g, l->gw, full, why, sizeof why))
+    rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
   if (!rc) {
     ncclResult_t r;
     if (l->out % d->size == 0) {
@@ -471,20 +456,14 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
       shard = g + l->r0 * l->in;
     }
     if (r != ncclSuccess) rc = nccl_fail(d, err, err_len, r, "the BF16 gradient's NCCL reduction");
-    else rc = nccl_wait(d, stream, "the BF16 gradient's NCCL reduction", err, err_len);
   }
-  if (!rc && mine > 0 &&
-      (hq_ctx_memcpy(m->ctx, h + full, HQ_DEVICE_HOST, shard, dev, (size_t)mine * sizeof *h) ||
-       hq_ctx_sync(m->ctx)))
-    rc = fail(err, err_len, "rank %d: layer %s: the BF16 shard to the host: %s", d->rank,
-              l->name, hq_last_error());
-  hq_ctx_free(m->ctx, p);
-  if (rc) return rc;
-  for (int64_t k = 0; k < mine; k++) hf[k] = hq_bf16_to_f32(h[full + k]);
-  if (mine > 0 && hq_ctx_memcpy(m->ctx, l->gws, dev, hf, HQ_DEVICE_HOST, (size_t)mine * sizeof *hf))
-    return fail(err, err_len, "rank %d: layer %s: the shard's gradient to the GPU: %s", d->rank,
-                l->name, hq_last_error());
-  return 0;
+  if (!rc && train_cuda_bf16_to_f32(stream, l->gws, shard, mine, why, sizeof why))
+    rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
+  /* the scratch is freed only once the stream is done with it; after a failed launch the
+     reduction already enqueued may still read it, so it is then left to the ending process */
+  if (!rc) rc = nccl_wait(d, stream, "the BF16 gradient's NCCL reduction", err, err_len);
+  if (!rc) hq_ctx_free(m->ctx, p);
+  return rc;
 }
 
 /* train_dist_grads on GPUs: NCCL on the context's stream. A weight whose rows split evenly
@@ -493,7 +472,6 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
 static int nccl_grads(train_dist *d, train_model *m, char *err, size_t err_len) {
   cudaStream_t stream = (cudaStream_t)hq_ctx_stream(m->ctx);
   if (!d->nccl) return fail(err, err_len, "rank %d: the NCCL communicator was aborted", d->rank);
-  if (m->cfg.grad_bf16 && bf16_ready(d, m, err, err_len)) return -1;
   ncclResult_t r = ncclSuccess;
   for (int i = 0; r == ncclSuccess && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];

@@ -829,7 +829,10 @@ HQ_API void hq_qtensors_free(hq_qtensor **qts, size_t n);
 ** not a multiple of hq_qtensor_shard_rows) is refused by hq_fsdp_extract, before any
 ** communication, naming the buffer and the rule.
 ** The extracted buffers stay valid until hq_fsdp_release(shard), the next hq_fsdp_extract of the
-** shard, or its free; they may alias the shard's own buffers (do not modify them).
+** shard, or its free; they may alias the shard's own buffers (do not modify them). So the list
+** hq_fsdp_extract gives for the FULL tensor tells a gather where each entry can land in place:
+** an entry listed as one of the full tensor's own buffers may be received straight into it, and
+** hq_fsdp_assign copies nothing for a gathered entry that is the buffer it would fill.
 */
 typedef struct hq_fsdp_buffer {
   uint32_t struct_size;          /* set by hq_fsdp_extract; the caller sets it in the gathered

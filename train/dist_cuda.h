@@ -1,0 +1,28 @@
+/*
+** dist_cuda.h -- the device kernels of --grad-dtype bf16 on GPUs (train/dist_cuda.cu, built with
+** CUDA): a weight gradient rounded to BF16 before NCCL's BF16 reduce-scatter and widened back to
+** FP32 after, on the given stream, so that no gradient goes through host memory.
+*/
+#ifndef HQ_TRAIN_DIST_CUDA_H
+#define HQ_TRAIN_DIST_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst[k] = hq_f32_to_bf16(src[k]) for k < n (round to nearest even, NaN kept quiet: the CPU
+   path's rule bit for bit), enqueued on stream (a cudaStream_t). 0, or -1 with err filled. */
+int train_cuda_f32_to_bf16(void *stream, uint16_t *dst, const float *src, int64_t n, char *err,
+                           size_t err_len);
+/* dst[k] = hq_bf16_to_f32(src[k]) for k < n (exact), enqueued on stream. */
+int train_cuda_bf16_to_f32(void *stream, float *dst, const uint16_t *src, int64_t n, char *err,
+                           size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HQ_TRAIN_DIST_CUDA_H */
