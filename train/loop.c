@@ -333,8 +333,11 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     goto out;
   }
   /* a graph is captured on a stream of the trainer's own, the context's; when none can be
-     made, the context's creation says what is wrong with the device (or the run notes it) */
-  if (cfg->cuda_graph && cfg->device != HQ_DEVICE_HOST && hq_built_with_cuda()) {
+     made, the context's creation says what is wrong with the device (or the run notes it). A
+     run that is never captured (across ranks, --profile) keeps the default stream it always
+     had. */
+  if (cfg->cuda_graph && cfg->device != HQ_DEVICE_HOST && hq_built_with_cuda() &&
+      !cfg->model.dist && !cfg->profile) {
     char se[200];
     if (train_cuda_stream_create(cfg->device, &sg.stream, se, sizeof se))
       snprintf(res->graph_note, sizeof res->graph_note, "a stream of its own: %s", se);
@@ -375,13 +378,14 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   train_dist_wire(&m, &res->wire_gathered, &res->wire_bf16, &res->wire_reduced);
   if (cfg->cuda_graph) {
     const char *why = train_model_graph_refusal(&m);
-    if (!sg.stream) {
+    if (cfg->device == HQ_DEVICE_HOST) {
       /* the host captures nothing, but takes the graph's kept qtensors (no allocation a step;
-         the same bytes), which --cuda-graph off against on then checks on the CPU too */
+         the same bytes), which --cuda-graph off against on then checks on the CPU too;
+         stochastic rounding included, as nothing is replayed */
       sg.split = !m.cfg.dist && !m.prof;
     } else if (why) {
       snprintf(res->graph_note, sizeof res->graph_note, "%s", why);
-    } else {
+    } else if (sg.stream) {   /* else the note says why there is none */
       sg.split = sg.on = 1;
     }
     if (sg.split) train_model_keep_q(&m);
