@@ -82,6 +82,10 @@ int train_graph_end(int device, void *stream, int ok, train_graph **out, char *e
 int train_graph_launch(int device, train_graph *g, void *stream, char *err,
                        size_t err_len);
 void train_graph_free(train_graph *g);
+/* Page-locked host memory (cudaMallocHost): the batch's staging buffers, whose copies to the
+   device a capture can record (a copy from pageable memory cannot be captured). */
+int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len);
+void train_cuda_host_free(void *p);
 
 /* The activations' element rules, shared by both tables (plain C, compiled by gcc and nvcc):
    tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with

@@ -84,17 +84,20 @@ static int train_step(train_model *m, const train_config *cfg, int64_t step, con
              : 0;
 }
 
-/* --cuda-graph: the forward and backward of a step (the device work between the batch's upload
-   and the loss's read-back, some hundred launches at the default size) captured once the run is
-   warm and replayed at every later step. The upload, the read-back, the loss's check and the
-   optimizer step run around the replay, as in an eager step: the optimizer's learning rate and
-   bias corrections change every step and reach its kernels as arguments. */
+/* --cuda-graph: the device work of a step up to the optimizer (the batch's copy to the device
+   from a page-locked staging buffer, the forward, the backward: some hundred launches at the
+   default size) captured once the run is warm and replayed at every later step. The optimizer
+   step, the loss's read-back and its check run after the replay, as in an eager step: the
+   optimizer's learning rate and bias corrections change every step and reach its kernels as
+   arguments. */
 typedef struct step_graph {
   int split;                     /* the step as graph_step runs it (kept qtensors; the CPU too) */
   int on;                        /* capture at the next step past the warm ones, then replay */
   int device;
   void *stream;                  /* the context's stream: the trainer's own (device.h) */
   train_graph *g;                /* NULL until captured */
+  int32_t *sx, *sy;              /* the batch's staging buffers (page-locked on a GPU) */
+  int pinned;
   int64_t eager;                 /* steps run eagerly in this mode so far */
   int64_t replays;
 } step_graph;
@@ -103,9 +106,17 @@ typedef struct step_graph {
    every kept qtensor once before it is recorded. */
 #define TRAIN_GRAPH_WARM 2
 
-/* The forward and backward of this step: the graph's replay, or eagerly (capturing them first
-   when the run is warm). A capture that fails leaves a note, turns the graph off and runs the
-   step eagerly. */
+/* The batch's copy from the staging buffers, the forward and the backward */
+static int fwd_bwd(train_model *m, const step_graph *sg, char *e, size_t n) {
+  return train_model_upload(m, sg->sx, sg->sy, e, n) ||
+                 train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
+                 train_model_backward(m, e, n)
+             ? -1
+             : 0;
+}
+
+/* fwd_bwd of this step: the graph's replay, or eagerly (capturing it first when the run is
+   warm). A capture that fails leaves a note, turns the graph off and runs the step eagerly. */
 static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *note,
                          size_t note_len, char *e, size_t n) {
   if (sg->on && !sg->g && sg->eager >= TRAIN_GRAPH_WARM) {
@@ -113,8 +124,7 @@ static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *not
     if (train_graph_begin(sg->device, sg->stream, ge, sizeof ge)) {
       snprintf(note, note_len, "%s", ge);
     } else {
-      const int rc = train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
-                     train_model_backward(m, e, n);
+      const int rc = fwd_bwd(m, sg, e, n);
       if (train_graph_end(sg->device, sg->stream, !rc, &sg->g, ge, sizeof ge))
         snprintf(note, note_len, "%s", ge);
       else if (rc)
@@ -135,13 +145,15 @@ static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *not
     return 0;
   }
   sg->eager++;
-  return train_model_forward_dev(m, m->cfg.batch, 1, e, n) || train_model_backward(m, e, n);
+  return fwd_bwd(m, sg, e, n);
 }
 
 /* train_step with the graph (sg->split; on the CPU without one): the same calls in the same
-   order on the device. The optimizer is queued behind the replay before the loss is read back,
-   so that its launches overlap the replay instead of following a wait; a loss that is not
-   finite then fails the run as in train_step, with the update queued but never used. */
+   order on the device. The batch is written into the staging buffers, which the last step's
+   work no longer reads (its loss was read back). The optimizer is queued behind the replay
+   before the loss is read back, so that its launches overlap the replay instead of following a
+   wait; a loss that is not finite then fails the run as in train_step, with the update queued
+   but never used. */
 static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
                       const int32_t *x, const int32_t *y, double *loss, char *note,
                       size_t note_len, char *e, size_t n) {
@@ -149,7 +161,9 @@ static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, i
     snprintf(e, n, "the random stream: %s", hq_last_error());
     return -1;
   }
-  if (train_model_upload(m, x, y, e, n) || graph_fwd_bwd(m, sg, step, note, note_len, e, n) ||
+  memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
+  memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
+  if (graph_fwd_bwd(m, sg, step, note, note_len, e, n) ||
       train_model_update(m, &cfg->adam, schedule(cfg, step), e, n) ||
       train_model_read_loss(m, loss, e, n))
     return -1;
@@ -388,6 +402,25 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     } else if (sg.stream) {   /* else the note says why there is none */
       sg.split = sg.on = 1;
     }
+    /* the batch's staging buffers: page-locked where a capture copies from them */
+    const size_t bx = (size_t)(mc.batch * C) * sizeof *x, by = (size_t)mc.batch * sizeof *y;
+    if (sg.split && sg.on) {
+      char pe[200];
+      void *px = NULL, *py = NULL;
+      if (train_cuda_host_alloc(cfg->device, bx, &px, pe, sizeof pe) ||
+          train_cuda_host_alloc(cfg->device, by, &py, pe, sizeof pe)) {
+        train_cuda_host_free(px);
+        snprintf(res->graph_note, sizeof res->graph_note, "page-locked staging: %s", pe);
+        sg.split = sg.on = 0;
+      } else {
+        sg.sx = px;
+        sg.sy = py;
+        sg.pinned = 1;
+      }
+    } else if (sg.split && (!(sg.sx = malloc(bx)) || !(sg.sy = malloc(by)))) {
+      snprintf(e, sizeof e, "out of memory");
+      goto out;
+    }
     if (sg.split) train_model_keep_q(&m);
   }
 
@@ -557,6 +590,13 @@ out:
   }
   train_prof_free(prof);
   train_graph_free(sg.g);
+  if (sg.pinned) {
+    train_cuda_host_free(sg.sx);
+    train_cuda_host_free(sg.sy);
+  } else {
+    free(sg.sx);
+    free(sg.sy);
+  }
   train_model_free(&m);
   if (ctx) hq_ctx_destroy(ctx);
   /* after the context, whose last work (its frees) is queued on it: destroying a stream lets

@@ -154,4 +154,11 @@ int train_graph_launch(int device, train_graph *g, void *stream, char *err,
   return no_cuda(err, err_len);
 }
 void train_graph_free(train_graph *g) { (void)g; }
+int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len) {
+  (void)device;
+  (void)bytes;
+  *out = NULL;
+  return no_cuda(err, err_len);
+}
+void train_cuda_host_free(void *p) { (void)p; }
 #endif

@@ -596,3 +596,18 @@ extern "C" void train_graph_free(train_graph *g) {
   cudaGraphExecDestroy(g->exec);
   delete g;
 }
+
+extern "C" int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err,
+                                     size_t err_len) {
+  *out = nullptr;
+  int cur;
+  int rc = graph_enter(device, &cur, err, err_len);
+  if (!rc) rc = graph_check(cudaMallocHost(out, bytes ? bytes : 1), "cudaMallocHost", err, err_len);
+  graph_leave(device, cur);
+  if (rc) *out = nullptr;
+  return rc;
+}
+
+extern "C" void train_cuda_host_free(void *p) {
+  if (p) cudaFreeHost(p);
+}
