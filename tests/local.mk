@@ -397,8 +397,12 @@ TESTS += $(check_PROGRAMS) tests/test_dist_mpi.sh tests/test_bench_dist.sh tests
 TESTS += tests/test_train_profile.sh
 # hq train --baseline bf16-direct: its options, and on a GPU its run against the identity recipe
 TESTS += tests/test_train_direct.sh tests/test_gpu_train_direct.sh
+# hq train --cuda-graph on against off: the same bits (the CPU: the kept qtensors; a GPU: the
+# captured step)
+TESTS += tests/test_train_graph.sh tests/test_gpu_train_graph.sh
 endif
 EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_gpu_train_direct.sh
+EXTRA_DIST += tests/test_train_graph.sh tests/test_gpu_train_graph.sh tests/train_graph.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
 EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py

@@ -6,6 +6,12 @@
 ** must succeed (an allocation or a synchronization inside would break it); the graph replayed
 ** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
 ** for per-tensor FP8 (the native FP8 path on Hopper) and BF16 identity (the native BF16 path).
+** hq_adam_step with the quantized weight's write-back, captured once warm and replayed twice,
+** leaves the masters, the moments and every direction of the quantized weight with the bytes of
+** the same step (the same constants) run eagerly twice on a copy of the same parameters: per-
+** tensor FP8 takes the two-kernel path (the step's kernel hands the write-back its amax in an
+** 8-byte stream-ordered temporary, which the capture records as the graph's own), BF16 identity
+** the fused write-back kernel.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -129,6 +135,121 @@ static void test_step_in_a_graph(void **state) {
   }
 }
 
+enum { WR = 192, WC = 320 };   /* the weight AdamW updates */
+
+/* One parameter: FP32 master, moments, gradient on the device, the quantized weight. */
+typedef struct param {
+  float *w, *m, *v, *g;
+  hq_qtensor *qw;
+} param;
+
+static void param_make(param *p, hq_quantizer *q, const hq_tensor *w0, const hq_tensor *g0) {
+  const size_t bytes = (size_t)(WR * WC) * sizeof(float);
+  CK(cudaMalloc((void **)&p->w, bytes));
+  CK(cudaMalloc((void **)&p->m, bytes));
+  CK(cudaMalloc((void **)&p->v, bytes));
+  CK(cudaMalloc((void **)&p->g, bytes));
+  CK(cudaMemcpy(p->w, w0->data, bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(p->g, g0->data, bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemset(p->m, 0, bytes));
+  CK(cudaMemset(p->v, 0, bytes));
+  hq_tensor wd = hq_tensor_2d(p->w, HQ_F32, 0, WR, WC);
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &p->qw));
+}
+
+static int adam(param *p, const hq_adam *a) {
+  hq_tensor g = hq_tensor_2d(p->g, HQ_F32, 0, WR, WC);
+  return hq_adam_step(gpu, a, &g, p->w, p->m, p->v, p->qw);
+}
+
+/* The bytes of p: master, moments, then every direction of the quantized weight dequantized
+   (F32), concatenated; *n floats. */
+static float *param_bytes(param *p, size_t *n) {
+  const size_t k = (size_t)(WR * WC);
+  float *h = malloc(5 * k * sizeof *h), *d = NULL;
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(h, p->w, k * sizeof *h, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h + k, p->m, k * sizeof *h, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h + 2 * k, p->v, k * sizeof *h, cudaMemcpyDeviceToHost));
+  CK(cudaMalloc((void **)&d, k * sizeof *h));
+  *n = 3 * k;
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    if (!(hq_qtensor_dirs(p->qw) & dir)) continue;
+    hq_tensor dt = hq_tensor_2d(d, HQ_F32, 0, WR, WC);
+    HQ_OK_OR_FAIL(hq_dequantize(p->qw, gpu, dir, &dt));
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(h + *n, d, k * sizeof *h, cudaMemcpyDeviceToHost));
+    *n += k;
+  }
+  CK(cudaFree(d));
+  return h;
+}
+
+static void param_free(param *p) {
+  hq_qtensor_free(p->qw);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaFree(p->w));
+  CK(cudaFree(p->m));
+  CK(cudaFree(p->v));
+  CK(cudaFree(p->g));
+}
+
+static void test_adam_in_a_graph(void **state) {
+  (void)state;
+  const hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 3};
+  for (size_t k = 0; k < sizeof recipes / sizeof *recipes; k++) {
+    hq_recipe *r = hq_test_recipe(recipes[k]);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:l");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
+    hq_tensor w0 = hq_test_tensor(HQ_F32, WR, WC, 30, 0.05f);
+    hq_tensor g0 = hq_test_tensor(HQ_F32, WR, WC, 31, 1.0f);
+    param warm, pg, pe;   /* warms the kernels; the graph's; the eager one's */
+    param_make(&warm, q, &w0, &g0);
+    param_make(&pg, q, &w0, &g0);
+    param_make(&pe, q, &w0, &g0);
+    if (adam(&warm, &a)) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = adam(&pg, &a);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("%s: hq_adam_step under capture: %s", recipes[k], hq_last_error());
+    CK(ce);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    for (int i = 0; i < 2; i++)
+      if (adam(&pe, &a)) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
+    size_t ng, ne;
+    float *got = param_bytes(&pg, &ng), *want = param_bytes(&pe, &ne);
+    assert_int_equal(ng, ne);
+    assert_true(ng >= 4 * (size_t)(WR * WC));   /* a direction of the weight at least */
+    /* two steps moved the master: a replay that ran nothing cannot pass */
+    float *w0d = (float *)w0.data;
+    size_t moved = 0;
+    for (size_t i = 0; i < (size_t)(WR * WC); i++) moved += want[i] != w0d[i];
+    assert_true(moved > (size_t)(WR * WC) / 2);
+    if (memcmp(got, want, ng * sizeof *got)) {
+      size_t at = 0;
+      while (got[at] == want[at]) at++;
+      fail_msg("%s: the replayed AdamW steps differ from the eager ones at float %zu of %zu "
+               "(%g, %g)", recipes[k], at, ng, (double)got[at], (double)want[at]);
+    }
+    free(got);
+    free(want);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    param_free(&warm);
+    param_free(&pg);
+    param_free(&pe);
+    free(w0.data);
+    free(g0.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -152,6 +273,7 @@ int main(void) {
     printf("no CUDA device: skipped\n");
     return HQ_TEST_SKIP;
   }
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
+                                     cmocka_unit_test(test_adam_in_a_graph)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

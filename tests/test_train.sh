@@ -147,7 +147,7 @@ d = json.load(open(sys.argv[1]))
 f32 = lambda x: struct.unpack('f', struct.pack('f', x))[0]  # min_lr is lr/10 in float, %.9g
 cfg = dict(d['config'])
 del cfg['parameters']
-assert cfg == {'device': 'cpu', 'preset': 'default', 'steps': 40, 'batch': 128, 'seed': 1, 'seeds': 1, 'context': 8, 'embed': 16,
+assert cfg == {'device': 'cpu', 'cuda_graph': 'on', 'preset': 'default', 'steps': 40, 'batch': 128, 'seed': 1, 'seeds': 1, 'context': 8, 'embed': 16,
                'hidden': 128, 'layers': 1, 'vocab': 27, 'vocab_padded': 128, 'activation': 'gelu',
                'lr': 0.006, 'min_lr': float('%.9g' % f32(f32(0.006) / 10)), 'warmup': 2,
                'eval_every': 20}, cfg

@@ -30,6 +30,7 @@ static const char usage[] =
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
     "                [--baseline NAME|fp32|bf16-direct|none] [--seeds N] [--profile]\n"
     "                [--preset default|wide|large|gpt2s] [--grad-dtype fp32|bf16]\n"
+    "                [--cuda-graph on|off]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -65,6 +66,12 @@ static const char usage[] =
     "                    fp32 (default) or bf16 (each rank's gradient rounded to BF16, summed\n"
     "                    in BF16, widened back for AdamW: half the bytes; the result depends\n"
     "                    on N); refused in one process; docs/distributed.md\n"
+    "  --cuda-graph on|off\n"
+    "                    with --device cuda: capture a step's forward and backward in a CUDA\n"
+    "                    graph once warm (after 2 steps) and replay it at every later step\n"
+    "                    (default on; the same losses and weights, bit for bit). A run that\n"
+    "                    cannot be captured (stochastic rounding, --profile, several ranks)\n"
+    "                    runs eagerly, with a one-line note; docs/training.md\n"
     "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
     "                    (default /usr/share/dict/words, Debian package wamerican)\n"
     "  --json            print the results as one JSON document (progress goes to stderr)\n"
@@ -220,13 +227,13 @@ static int64_t window_means(const train_result *r, int64_t w, train_point *out) 
 typedef struct train_args {
   cli_list recipes;
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
-  const char *preset, *grad_dtype_s;
+  const char *preset, *grad_dtype_s, *cuda_graph_s;
   int json, verify_resume, no_verify, profile;
   int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every, seeds;
   int64_t context, embed, hidden, layers;
   double lr;
   cli_list dirs;
-  int device, act, grad_bf16;
+  int device, act, grad_bf16, cuda_graph;
 } train_args;
 
 static int set_lr(const char *cmd, const cli_option *o, const char *v) {
@@ -301,6 +308,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--profile", .kind = CLI_FLAG, .dest = &a->profile},
       {.name = "--preset", .kind = CLI_STR, .dest = &a->preset},
       {.name = "--grad-dtype", .kind = CLI_STR, .dest = &a->grad_dtype_s},
+      {.name = "--cuda-graph", .kind = CLI_STR, .dest = &a->cuda_graph_s},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -331,6 +339,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (!strcmp(a->grad_dtype_s, "bf16")) a->grad_bf16 = 1;
   else if (strcmp(a->grad_dtype_s, "fp32"))
     return cli_fail(2, CMD, "--grad-dtype '%s' is not fp32 or bf16", a->grad_dtype_s);
+  if (!strcmp(a->cuda_graph_s, "on")) a->cuda_graph = 1;
+  else if (strcmp(a->cuda_graph_s, "off"))
+    return cli_fail(2, CMD, "--cuda-graph '%s' is not on or off", a->cuda_graph_s);
   return CLI_RUN;
 }
 
@@ -359,6 +370,7 @@ static void make_config(const train_args *a, train_config *cfg) {
   cfg->resume_no_verify = a->no_verify;
   cfg->verify_at = a->ckpt_every;
   cfg->profile = a->profile;
+  cfg->cuda_graph = a->cuda_graph;
 }
 
 /* Every run of one invocation: a run per recipe, then the built-in baseline unless a recipe is
@@ -620,6 +632,7 @@ static void config_json(json *j, const train_args *a, const train_config *cfg, c
   json_kint(j, "eval_every", cfg->eval_every);
   json_kint(j, "parameters", s->runs[0].res.n_params);
   json_kstr(j, "preset", a->preset);
+  json_kstr(j, "cuda_graph", a->cuda_graph_s);
   json_close_obj(j);
 }
 
@@ -694,6 +707,12 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_knum(j, "speed_vs_baseline",
             s->baseline >= 0 ? r->tokens_per_s / s->runs[s->baseline].res.tokens_per_s : NAN);
   json_kint(j, "resumed_from", r->resumed_from);
+  /* --cuda-graph: the steps replayed from the captured graph, and why none were (null: it
+     captured, or it was off, or the CPU) */
+  json_kint(j, "graph_replays", r->graph_replays);
+  json_key(j, "graph_note");
+  if (r->graph_note[0]) json_str(j, r->graph_note);
+  else json_null(j);
   json_key(j, "resume_verified");
   if (!a->verify_resume) json_null(j);
   else json_bool(j, r->verified == 1);
@@ -1200,7 +1219,8 @@ static void session_free(session *s) {
 
 int hq_cmd_train(int argc, char **argv) {
   /* the model's size and lr: 0 until --preset fills what no option gave */
-  train_args a = {.device_s = "cpu", .act_s = "gelu", .grad_dtype_s = "fp32", .steps = 1000,
+  train_args a = {.device_s = "cpu", .act_s = "gelu", .grad_dtype_s = "fp32",
+                  .cuda_graph_s = "on", .steps = 1000,
                   .seed = 1, .eval_every = -1, .eval_batches = 8, .log_every = -1, .seeds = 1};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;

@@ -62,6 +62,31 @@ const train_device_ops *train_cuda_ops(void);
 /* cudaMemGetInfo of CUDA device `device`: 0, or -1 (no CUDA, no such device). */
 int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
+/* The CUDA graph of a training step (loop.c, --cuda-graph). A graph can only be captured on a
+   stream of the trainer's own (the legacy default stream cannot be captured), so a run that
+   captures creates its context on train_cuda_stream_create's stream. Each call returns 0, or -1
+   with CUDA's message in err (the calls without CUDA say so). */
+typedef struct train_graph train_graph;
+int train_cuda_stream_create(int device, void **stream, char *err, size_t err_len);
+void train_cuda_stream_destroy(void *stream);
+/* Begin capturing the work queued on `stream` by this thread (thread-local mode: a call that
+   would synchronize or allocate outside the stream's order fails the capture instead of
+   running). */
+int train_graph_begin(int device, void *stream, char *err, size_t err_len);
+/* End the capture on `stream` and instantiate it into *out. ok = 0 (a captured call failed):
+   the capture is ended and dropped, *out is NULL and 0 is returned (the caller has the
+   message). */
+int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
+                    size_t err_len);
+/* Replay g on `stream` (queued: nothing waits). */
+int train_graph_launch(int device, train_graph *g, void *stream, char *err,
+                       size_t err_len);
+void train_graph_free(train_graph *g);
+/* Page-locked host memory (cudaMallocHost): the batch's staging buffers, whose copies to the
+   device a capture can record (a copy from pageable memory cannot be captured). */
+int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len);
+void train_cuda_host_free(void *p);
+
 /* The activations' element rules, shared by both tables (plain C, compiled by gcc and nvcc):
    tanh(y) = 1 - 2 / (1 + e^(2y)); GELU (tanh form) 0.5 y (1 + tanh(u)) = y * sigmoid(2u) with
    u = sqrt(2/pi) (y + 0.044715 y^3): one expf per element. */

@@ -84,6 +84,97 @@ static int train_step(train_model *m, const train_config *cfg, int64_t step, con
              : 0;
 }
 
+/* --cuda-graph: the device work of a step up to the optimizer (the batch's copy to the device
+   from a page-locked staging buffer, the forward, the backward: some hundred launches at the
+   default size) captured once the run is warm and replayed at every later step. The optimizer
+   step, the loss's read-back and its check run after the replay, as in an eager step: the
+   optimizer's learning rate and bias corrections change every step and reach its kernels as
+   arguments. */
+typedef struct step_graph {
+  int split;                     /* the step as graph_step runs it (kept qtensors; the CPU too) */
+  int on;                        /* capture at the next step past the warm ones, then replay */
+  int device;
+  void *stream;                  /* the context's stream: the trainer's own (device.h) */
+  train_graph *g;                /* NULL until captured */
+  int32_t *sx, *sy;              /* the batch's staging buffers (page-locked on a GPU) */
+  int pinned;
+  int64_t eager;                 /* steps run eagerly in this mode so far */
+  int64_t replays;
+} step_graph;
+/* The eager steps before the capture: the first makes the kept qtensors, the scaling state's
+   buffer, the GEMM plans and the context's workspace; the second runs the in-place refresh of
+   every kept qtensor once before it is recorded. */
+#define TRAIN_GRAPH_WARM 2
+
+/* The batch's copy from the staging buffers, the forward and the backward */
+static int fwd_bwd(train_model *m, const step_graph *sg, char *e, size_t n) {
+  return train_model_upload(m, sg->sx, sg->sy, e, n) ||
+                 train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
+                 train_model_backward(m, e, n)
+             ? -1
+             : 0;
+}
+
+/* fwd_bwd of this step: the graph's replay, or eagerly (capturing it first when the run is
+   warm). A capture that fails leaves a note, turns the graph off and runs the step eagerly. */
+static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *note,
+                         size_t note_len, char *e, size_t n) {
+  if (sg->on && !sg->g && sg->eager >= TRAIN_GRAPH_WARM) {
+    char ge[512] = "";
+    if (train_graph_begin(sg->device, sg->stream, ge, sizeof ge)) {
+      snprintf(note, note_len, "%s", ge);
+    } else {
+      const int rc = fwd_bwd(m, sg, e, n);
+      if (train_graph_end(sg->device, sg->stream, !rc, &sg->g, ge, sizeof ge))
+        snprintf(note, note_len, "%s", ge);
+      else if (rc)
+        snprintf(note, note_len, "capturing the step: %s", e);
+    }
+    if (!sg->g) {
+      sg->on = 0;
+      /* the capture ran nothing, but it counted its quantizations in the random stream */
+      if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
+        snprintf(e, n, "the random stream: %s", hq_last_error());
+        return -1;
+      }
+    }
+  }
+  if (sg->g) {
+    if (train_graph_launch(sg->device, sg->g, sg->stream, e, n)) return -1;
+    sg->replays++;
+    return 0;
+  }
+  sg->eager++;
+  return fwd_bwd(m, sg, e, n);
+}
+
+/* train_step with the graph (sg->split; on the CPU without one): the same calls in the same
+   order on the device. The batch is written into the staging buffers, which the last step's
+   work no longer reads (its loss was read back). The optimizer is queued behind the replay
+   before the loss is read back, so that its launches overlap the replay instead of following a
+   wait; a loss that is not finite then fails the run as in train_step, with the update queued
+   but never used. */
+static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
+                      const int32_t *x, const int32_t *y, double *loss, char *note,
+                      size_t note_len, char *e, size_t n) {
+  if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
+    snprintf(e, n, "the random stream: %s", hq_last_error());
+    return -1;
+  }
+  memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
+  memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
+  if (graph_fwd_bwd(m, sg, step, note, note_len, e, n) ||
+      train_model_update(m, &cfg->adam, schedule(cfg, step), e, n) ||
+      train_model_read_loss(m, loss, e, n))
+    return -1;
+  if (!isfinite(*loss)) {
+    snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",
+             (double)schedule(cfg, step));
+    return -1;
+  }
+  return 0;
+}
+
 static int64_t file_size(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
@@ -241,6 +332,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   train_model m;
   memset(&m, 0, sizeof m);
   train_profile *prof = NULL;
+  step_graph sg;
+  memset(&sg, 0, sizeof sg);
+  sg.device = cfg->device;
   train_memwatch mem;
   train_memwatch_begin(&mem, cfg->device);   /* before the context: the level without this run */
   const int64_t B = cfg->model.batch, C = cfg->model.context;
@@ -251,6 +345,17 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   if (!x || !y || !res->train_curve || !res->eval_curve) {
     snprintf(e, sizeof e, "out of memory");
     goto out;
+  }
+  /* a graph is captured on a stream of the trainer's own, the context's; when none can be
+     made, the context's creation says what is wrong with the device (or the run notes it). A
+     run that is never captured (across ranks, --profile) keeps the default stream it always
+     had. */
+  if (cfg->cuda_graph && cfg->device != HQ_DEVICE_HOST && hq_built_with_cuda() &&
+      !cfg->model.dist && !cfg->profile) {
+    char se[200];
+    if (train_cuda_stream_create(cfg->device, &sg.stream, se, sizeof se))
+      snprintf(res->graph_note, sizeof res->graph_note, "a stream of its own: %s", se);
+    desc.stream = sg.stream;
   }
   if (hq_ctx_create(&desc, &ctx)) {
     snprintf(e, sizeof e, "creating the context: %s", hq_last_error());
@@ -285,6 +390,39 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       goto out;
   }
   train_dist_wire(&m, &res->wire_gathered, &res->wire_bf16, &res->wire_reduced);
+  if (cfg->cuda_graph) {
+    const char *why = train_model_graph_refusal(&m);
+    if (cfg->device == HQ_DEVICE_HOST) {
+      /* the host captures nothing, but takes the graph's kept qtensors (no allocation a step;
+         the same bytes), which --cuda-graph off against on then checks on the CPU too;
+         stochastic rounding included, as nothing is replayed */
+      sg.split = !m.cfg.dist && !m.prof;
+    } else if (why) {
+      snprintf(res->graph_note, sizeof res->graph_note, "%s", why);
+    } else if (sg.stream) {   /* else the note says why there is none */
+      sg.split = sg.on = 1;
+    }
+    /* the batch's staging buffers: page-locked where a capture copies from them */
+    const size_t bx = (size_t)(mc.batch * C) * sizeof *x, by = (size_t)mc.batch * sizeof *y;
+    if (sg.split && sg.on) {
+      char pe[200];
+      void *px = NULL, *py = NULL;
+      if (train_cuda_host_alloc(cfg->device, bx, &px, pe, sizeof pe) ||
+          train_cuda_host_alloc(cfg->device, by, &py, pe, sizeof pe)) {
+        train_cuda_host_free(px);
+        snprintf(res->graph_note, sizeof res->graph_note, "page-locked staging: %s", pe);
+        sg.split = sg.on = 0;
+      } else {
+        sg.sx = px;
+        sg.sy = py;
+        sg.pinned = 1;
+      }
+    } else if (sg.split && (!(sg.sx = malloc(bx)) || !(sg.sy = malloc(by)))) {
+      snprintf(e, sizeof e, "out of memory");
+      goto out;
+    }
+    if (sg.split) train_model_keep_q(&m);
+  }
 
   uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
   if (cfg->resume_path) {
@@ -352,8 +490,10 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     train_prof_step_begin(prof, step + 1);
     const double t0 = train_now();
     double loss;
-    if (train_step(&m, cfg, step, x + rank * mc.batch * C, y + rank * mc.batch, &loss, e,
-                   sizeof e))
+    const int32_t *xs = x + rank * mc.batch * C, *ys = y + rank * mc.batch;
+    if (sg.split ? graph_step(&m, cfg, &sg, step, xs, ys, &loss, res->graph_note,
+                                   sizeof res->graph_note, e, sizeof e)
+                      : train_step(&m, cfg, step, xs, ys, &loss, e, sizeof e))
       goto out;
     const double dt = train_now() - t0;
     all_s += dt;
@@ -414,6 +554,10 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   }
   res->tokens_per_s = res->train_s > 0 ? (double)res->tokens / res->train_s
                                         : (double)all_tokens / all_s;
+  res->graph_replays = sg.replays;
+  if (res->graph_note[0] && rank == 0)
+    fprintf(stderr, "hq train: recipe '%s': --cuda-graph: %s; its steps ran eagerly\n",
+            recipe_name, res->graph_note);
   res->peak_bytes = train_memwatch_peak(&mem);
   if (prof && train_prof_collect(prof, &res->prof, e, sizeof e)) goto out;
   res->n_layers = m.n_lin;
@@ -445,8 +589,19 @@ out:
     rmdir(vdir);
   }
   train_prof_free(prof);
+  train_graph_free(sg.g);
+  if (sg.pinned) {
+    train_cuda_host_free(sg.sx);
+    train_cuda_host_free(sg.sy);
+  } else {
+    free(sg.sx);
+    free(sg.sy);
+  }
   train_model_free(&m);
   if (ctx) hq_ctx_destroy(ctx);
+  /* after the context, whose last work (its frees) is queued on it: destroying a stream lets
+     that work finish */
+  train_cuda_stream_destroy(sg.stream);
   free(x);
   free(y);
   res->total_s = train_now() - t_start;

@@ -93,6 +93,13 @@ static int amax_fusable(const hq_quantizer *q) {
   return (r == HQ_AMAX_INPUT || c == HQ_AMAX_INPUT) && r != HQ_AMAX_OWN && c != HQ_AMAX_OWN;
 }
 
+/* The input qtensor of the last training forward given up: freed, unless it is the kept one
+   (train_model.keep_q). */
+static void drop_qx(train_linear *l) {
+  if (l->qx && l->qx != l->kx) hq_qtensor_free(l->qx);
+  l->qx = NULL;
+}
+
 // --- build / free -------------------------------------------------------------------------------
 
 /* The bf16-direct run's GEMMs (direct.h), the weights' first BF16 copies, and the GEMMs' info as
@@ -296,7 +303,9 @@ void train_model_free(train_model *m) {
   train_direct_free(m->direct);
   for (int i = 0; m->lin && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
-    if (l->qx) hq_qtensor_free(l->qx);
+    drop_qx(l);
+    if (l->kx) hq_qtensor_free(l->kx);
+    if (l->kdy) hq_qtensor_free(l->kdy);
     if (l->qw) hq_qtensor_free(l->qw);
     hq_quantizer_free(l->q_in);
     hq_quantizer_free(l->q_w);
@@ -407,6 +416,35 @@ static int quantize(train_model *m, hq_quantizer *q, const hq_tensor *src, int k
   return PROF(m, TRAIN_PH_QUANTIZE, hq_quantize_ex(q, m->ctx, src, &args, out));
 }
 
+/* Whether every direction qt holds is one buffer at src: qt borrows it (HQ_QUANTIZE_ALIAS). */
+static int borrows(const hq_qtensor *qt, const void *src) {
+  const uint32_t dirs = hq_qtensor_dirs(qt);
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    const hq_storage *st = (dirs & dir) ? hq_qtensor_storage(qt, dir) : NULL;
+    if ((dirs & dir) && (!st || st->nbuf != 1 || hq_storage_cbuf(st, 0)->ptr != src)) return 0;
+  }
+  return dirs != 0;
+}
+
+/* quantize() into a qtensor kept across steps (train_model.keep_q): made at the first call,
+   refreshed in place at every later one (hq_qtensor_update_ex: the bytes of a fresh quantize,
+   the same fused amax taken, nothing allocated). A qtensor that borrows its source already
+   holds the source's new bytes: nothing to do. */
+static int quantize_kept(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
+                         const float *fused, hq_qtensor **slot, int *alias) {
+  if (!*slot) {
+    if (quantize(m, q, src, kind, fused, slot)) return -1;
+    *alias = borrows(*slot, src->data);
+    return 0;
+  }
+  if (*alias) return 0;
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = fused;
+  return hq_qtensor_update_ex(*slot, m->ctx, src, &args);
+}
+
 int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_len) {
   if (!m->prof_amax && dev_alloc(m, 2 * sizeof(float), &m->prof_amax))
     return fail(err, err_len, "--profile: the amax buffer: %s", hq_last_error());
@@ -421,8 +459,14 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   const int i = (int)(l - m->lin);
   hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
   hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
-  if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, fused_amax(m, i, TRAIN_QT_INPUT), &l->qx))
+  const float *fa = fused_amax(m, i, TRAIN_QT_INPUT);
+  if (training && m->keep_q) {
+    if (quantize_kept(m, l->q_in, &xt, TRAIN_QT_INPUT, fa, &l->kx, &l->kx_alias))
+      return hq_fail(err, err_len, l, "quantizing the input");
+    l->qx = l->kx;
+  } else if (quantize(m, l->q_in, &xt, TRAIN_QT_INPUT, fa, &l->qx)) {
     return hq_fail(err, err_len, l, "quantizing the input");
+  }
   hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
   if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
                                        HQ_F32, &yt, gi)))
@@ -430,8 +474,8 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   return 0;
 }
 
-int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
-                        int training, double *loss, char *err, size_t err_len) {
+int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, char *err,
+                       size_t err_len) {
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
   const int dev = hq_ctx_device(m->ctx);
@@ -439,6 +483,13 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
            hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
                hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4)))
     return hq_fail(err, err_len, NULL, "uploading the batch");
+  return 0;
+}
+
+int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
+                            size_t err_len) {
+  const train_model_cfg *c = &m->cfg;
+  const int64_t B = c->batch;
   /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
      by one kernel of this forward or of the backward that follows it */
   const size_t famax_bytes = (size_t)m->n_lin * 4 * sizeof(float);
@@ -451,10 +502,7 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
   m->n_valid = n_valid;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
-    if (l->qx) {
-      hq_qtensor_free(l->qx);
-      l->qx = NULL;
-    }
+    drop_qx(l);
     if (m->direct) {
       train_prof_quantized(m->prof, TRAIN_QT_INPUT, 1);
       if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_input(m->direct, i, l->x)) ||
@@ -463,28 +511,76 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
     } else if (linear_fprop(m, l, training, err, err_len)) {
       return -1;
     }
-    if (!training) {
-      hq_qtensor_free(l->qx);
-      l->qx = NULL;
-    }
+    if (!training) drop_qx(l);
     if (i + 1 < m->n_lin &&
         PROFK(m, TRAIN_PK_ACT_FWD,
               m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out,
                               fused_amax(m, i + 1, TRAIN_QT_INPUT))))
       return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
-  float lv;
   if (PROFK(m, TRAIN_PK_LOSS,
             m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB,
                          c->vocab_pad, m->loss, training ? m->dlogits : NULL,
                          training ? fused_amax(m, m->n_lin - 1, TRAIN_QT_GRAD) : NULL,
                          m->kscratch)))
     return fail(err, err_len, "loss: %s", m->ops->error());
-  if (PROF(m, TRAIN_PH_COPY, hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss, dev, sizeof lv)))
+  return 0;
+}
+
+int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_len) {
+  float lv;
+  if (PROF(m, TRAIN_PH_COPY, hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss,
+                                           hq_ctx_device(m->ctx), sizeof lv)))
     return fail(err, err_len, "reading the loss: %s", hq_last_error());
   *loss = lv;
   return 0;
 }
+
+int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
+                        int training, double *loss, char *err, size_t err_len) {
+  return train_model_upload(m, x, y, err, err_len) ||
+                 train_model_forward_dev(m, n_valid, training, err, err_len) ||
+                 train_model_read_loss(m, loss, err, err_len)
+             ? -1
+             : 0;
+}
+
+/* Whether direction dir of q draws random bits (stochastic rounding): it does not give the same
+   bytes for the same input (HQ_CAP_REQUANT_SAFE) and keeps no scaling state (the other reason a
+   format is not requant-safe). */
+static int draws_random(hq_quantizer *q, uint32_t dir) {
+  const uint32_t usage = hq_quantizer_usage(q);
+  hq_quantizer_set_usage(q, dir);
+  const int safe = hq_quantizer_requant_safe(q);
+  hq_quantizer_set_usage(q, usage);
+  if (safe) return 0;
+  hq_state_slice sl;
+  memset(&sl, 0, sizeof sl);
+  sl.struct_size = sizeof sl;
+  const int stateful = hq_quantizer_state_slice(q, dir, &sl) == HQ_OK;
+  hq_clear_error();
+  return !stateful;
+}
+
+const char *train_model_graph_refusal(train_model *m) {
+  if (m->cfg.dist)
+    return "a run across ranks is not captured (its reductions run between the kernels)";
+  if (m->prof) return "--profile times each phase with events between the kernels";
+  for (int i = 0; i < m->n_lin && !m->direct; i++) {
+    hq_quantizer *q[2] = {m->lin[i].q_in, m->lin[i].q_grad};
+    for (int t = 0; t < 2; t++) {
+      if (hq_quantizer_columnwise_source(q[t]) == HQ_SOURCE_ROWWISE_DEQUANTIZED)
+        return "a quantizer with columnwise_source = rowwise_dequantized allocates a temporary "
+               "at every step";
+      if (draws_random(q[t], HQ_ROWWISE) || draws_random(q[t], HQ_COLWISE))
+        return "stochastic rounding draws from a random-stream offset the host sets at every "
+               "step, which a replay would repeat";
+    }
+  }
+  return NULL;
+}
+
+void train_model_keep_q(train_model *m) { m->keep_q = 1; }
 
 /* Layer l's output gradient dy quantized, its wgrad (into l->gw) and dgrad (into dx) through
    libhqcore; the input kept by its training forward freed. */
@@ -496,8 +592,19 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   hq_tensor dyt = f32(m, (float *)dy, B, l->out), gwt = f32(m, l->gw, l->out, l->in);
   hq_tensor dxt = f32(m, dx, B, l->in);
   hq_qtensor *qdy = NULL;
-  if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fused_amax(m, i, TRAIN_QT_GRAD), &qdy))
+  const float *fa = fused_amax(m, i, TRAIN_QT_GRAD);
+  if (m->keep_q) {
+    /* a borrowed source must stay the buffer it borrowed: the backward's order fixes it */
+    if (l->kdy && l->kdy_alias && l->kdy_src != dy)
+      return fail(err, err_len, "layer %s: the output gradient moved to another buffer while "
+                  "its kept qtensor borrows the first one", l->name);
+    if (quantize_kept(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fa, &l->kdy, &l->kdy_alias))
+      return hq_fail(err, err_len, l, "quantizing the output gradient");
+    l->kdy_src = dy;
+    qdy = l->kdy;
+  } else if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fa, &qdy)) {
     return hq_fail(err, err_len, l, "quantizing the output gradient");
+  }
   hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
   int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy), &gwt,
                                             0, gi));
@@ -508,9 +615,8 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
                                           gi));
     if (rc) hq_fail(err, err_len, l, "dgrad");
   }
-  hq_qtensor_free(qdy);
-  hq_qtensor_free(l->qx);
-  l->qx = NULL;
+  if (qdy != l->kdy) hq_qtensor_free(qdy);
+  drop_qx(l);
   if (rc) return -1;
   l->have_info = 1;
   return 0;

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "device.h"
@@ -121,4 +122,43 @@ int train_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes)
   *free_bytes = *total_bytes = 0;
   return -1;
 }
+/* A build without CUDA never captures: the loop asks for a graph only on a CUDA context. */
+static int no_cuda(char *err, size_t err_len) {
+  snprintf(err, err_len, "this hq was built without CUDA");
+  return -1;
+}
+int train_cuda_stream_create(int device, void **stream, char *err, size_t err_len) {
+  (void)device;
+  *stream = NULL;
+  return no_cuda(err, err_len);
+}
+void train_cuda_stream_destroy(void *stream) { (void)stream; }
+int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
+  (void)device;
+  (void)stream;
+  return no_cuda(err, err_len);
+}
+int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
+                    size_t err_len) {
+  (void)device;
+  (void)stream;
+  (void)ok;
+  *out = NULL;
+  return no_cuda(err, err_len);
+}
+int train_graph_launch(int device, train_graph *g, void *stream, char *err,
+                       size_t err_len) {
+  (void)device;
+  (void)g;
+  (void)stream;
+  return no_cuda(err, err_len);
+}
+void train_graph_free(train_graph *g) { (void)g; }
+int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len) {
+  (void)device;
+  (void)bytes;
+  *out = NULL;
+  return no_cuda(err, err_len);
+}
+void train_cuda_host_free(void *p) { (void)p; }
 #endif

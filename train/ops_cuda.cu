@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <new>
+
 #include "device.h"
 
 #define TRAIN_V 27   /* rows of the embedding table (train.h's TRAIN_VOCAB) */
@@ -481,4 +483,131 @@ extern "C" int train_cuda_mem_used(int device, int64_t *used) {
   }
   *used = (int64_t)(tot - fr);
   return 0;
+}
+
+// --- the step's CUDA graph (loop.c) -------------------------------------------------------------
+
+struct train_graph {
+  cudaGraphExec_t exec;
+};
+
+/* 0, or -1 with "what: CUDA's message" in err (the error cleared: none of these is sticky) */
+static int graph_check(cudaError_t e, const char *what, char *err, size_t err_len) {
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  snprintf(err, err_len, "%s: %s", what, cudaGetErrorString(e));
+  return -1;
+}
+
+extern "C" int train_cuda_stream_create(int device, void **stream, char *err, size_t err_len) {
+  *stream = nullptr;
+  int cur = -1;
+  if (graph_check(cudaGetDevice(&cur), "cudaGetDevice", err, err_len)) return -1;
+  if (cur != device && graph_check(cudaSetDevice(device), "cudaSetDevice", err, err_len))
+    return -1;
+  cudaStream_t s = nullptr;
+  /* non-blocking: the legacy default stream, which other code may use, never joins the work
+     a capture records */
+  const int rc = graph_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags", err, err_len);
+  if (cur != device) cudaSetDevice(cur);
+  *stream = s;
+  return rc;
+}
+
+extern "C" void train_cuda_stream_destroy(void *stream) {
+  if (stream) cudaStreamDestroy((cudaStream_t)stream);
+}
+
+/* `device` current for the call (the caller's put back by graph_leave) */
+static int graph_enter(int device, int *cur, char *err, size_t err_len) {
+  *cur = -1;
+  if (graph_check(cudaGetDevice(cur), "cudaGetDevice", err, err_len)) return -1;
+  return *cur != device && graph_check(cudaSetDevice(device), "cudaSetDevice", err, err_len);
+}
+static void graph_leave(int device, int cur) {
+  if (cur >= 0 && cur != device) cudaSetDevice(cur);
+}
+
+extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
+  int cur;
+  int rc = graph_enter(device, &cur, err, err_len);
+  if (!rc)
+    rc = graph_check(cudaStreamBeginCapture((cudaStream_t)stream,
+                                            cudaStreamCaptureModeThreadLocal),
+                     "cudaStreamBeginCapture", err, err_len);
+  graph_leave(device, cur);
+  return rc;
+}
+
+static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t err_len) {
+  cudaGraph_t graph = nullptr;
+  /* ended in every case, so that the stream takes eager work again */
+  const cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &graph);
+  if (!ok) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    return 0;
+  }
+  if (graph_check(e, "cudaStreamEndCapture", err, err_len)) {
+    if (graph) cudaGraphDestroy(graph);
+    return -1;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const int rc = graph_check(cudaGraphInstantiateWithFlags(&exec, graph, 0),
+                             "cudaGraphInstantiate", err, err_len);
+  cudaGraphDestroy(graph);
+  if (rc) return -1;
+  train_graph *g = new (std::nothrow) train_graph;
+  if (!g) {
+    cudaGraphExecDestroy(exec);
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  g->exec = exec;
+  *out = g;
+  return 0;
+}
+
+extern "C" int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
+                               size_t err_len) {
+  *out = nullptr;
+  int cur;
+  int rc = graph_enter(device, &cur, err, err_len);
+  /* the capture is ended even when the device could not be selected: that is the thread's */
+  const int rc2 = graph_end(stream, ok && !rc, out, err, err_len);
+  graph_leave(device, cur);
+  return rc ? -1 : rc2;
+}
+
+extern "C" int train_graph_launch(int device, train_graph *g, void *stream, char *err,
+                                  size_t err_len) {
+  int cur;
+  int rc = graph_enter(device, &cur, err, err_len);
+  if (!rc)
+    rc = graph_check(cudaGraphLaunch(g->exec, (cudaStream_t)stream), "cudaGraphLaunch", err,
+                     err_len);
+  graph_leave(device, cur);
+  return rc;
+}
+
+extern "C" void train_graph_free(train_graph *g) {
+  if (!g) return;
+  cudaGraphExecDestroy(g->exec);
+  delete g;
+}
+
+extern "C" int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err,
+                                     size_t err_len) {
+  *out = nullptr;
+  int cur;
+  int rc = graph_enter(device, &cur, err, err_len);
+  if (!rc) rc = graph_check(cudaMallocHost(out, bytes ? bytes : 1), "cudaMallocHost", err, err_len);
+  graph_leave(device, cur);
+  if (rc) *out = nullptr;
+  return rc;
+}
+
+extern "C" void train_cuda_host_free(void *p) {
+  if (p) cudaFreeHost(p);
 }

@@ -123,6 +123,14 @@ typedef struct train_linear {
   float *gws;
   hq_qtensor *qw_shard;
   hq_gather *gather;
+  /* train_model.keep_q: the input and the output gradient of a training step quantized into
+     qtensors made at the first one and refreshed in place (hq_qtensor_update) at every later
+     one, so that a step allocates nothing and can be captured in a CUDA graph; *_alias: the
+     qtensor borrows its source (HQ_QUANTIZE_ALIAS), a buffer every step rewrites in place, so
+     there is nothing to refresh */
+  hq_qtensor *kx, *kdy;
+  const float *kdy_src;
+  int kx_alias, kdy_alias;
 } train_linear;
 
 typedef struct train_model {
@@ -150,6 +158,7 @@ typedef struct train_model {
                                                 NULL when no layer takes one */
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
+  int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
@@ -163,6 +172,19 @@ void train_model_free(train_model *m);
    the columnwise copy) and keeps them for train_model_backward; 0 (eval) only rowwise. */
 int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
                         int training, double *loss, char *err, size_t err_len);
+/* train_model_forward in three parts, for a step captured in a CUDA graph (loop.c): the batch
+   uploaded (host copies, outside the capture), the forward on the device (the loss left in
+   m->loss), the loss read back (synchronizes the stream; after the replay). */
+int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, char *err,
+                       size_t err_len);
+int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
+                            size_t err_len);
+int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_len);
+/* Why m's forward and backward cannot be captured in a CUDA graph (a fixed string), or NULL
+   when they can once warm; then train_model_keep_q(m) makes the training step keep its
+   qtensors. */
+const char *train_model_graph_refusal(train_model *m);
+void train_model_keep_q(train_model *m);
 /* Backward pass of the last training forward: every gradient (no accumulation). */
 int train_model_backward(train_model *m, char *err, size_t err_len);
 /* Evaluation must not change training: train_model_eval_begin stashes what a quantize
@@ -209,6 +231,8 @@ typedef struct train_config {
   int64_t verify_at;                         /* 0: halfway through the steps left */
   int resume_no_verify;                      /* --no-verify: resume_path's checksums unchecked */
   int profile;                               /* --profile: per-phase times of the last steps */
+  int cuda_graph;                            /* --cuda-graph on: the steady-state forward and
+                                                backward captured once and replayed (loop.c) */
 } train_config;
 
 /* What the loop reports while it runs. */
@@ -258,6 +282,9 @@ typedef struct train_result {
   int64_t peak_bytes;                        /* device memory high-water (-1: the host) */
   int ranks;                                 /* mpirun -np N (dist.h): N, else 1 */
   uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
+  int64_t graph_replays;                     /* --cuda-graph: steps replayed from the graph */
+  char graph_note[256];                      /* why the run did not capture ("": it did, or
+                                                --cuda-graph off, or the CPU) */
 } train_result;
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,65 @@
+#!/bin/sh
+# test_gpu_train_graph.sh -- `hq train --device cuda --cuda-graph on|off` (exit 77 when no GPU can
+# run it): with the graph on, every recipe whose step can be captured runs 2 warm steps eagerly,
+# captures the third and replays it at every later step, and its losses and final state equal
+# the eager run's bit for bit (train_graph.sh: fp32, BF16 identity, per-tensor FP8 current and
+# delayed, MXFP8); NVFP4's stochastic rounding is refused with a one-line note and runs eagerly
+# (its bits still equal). The bf16-direct baseline is captured the same way and its losses equal
+# its eager run's; --profile runs eagerly with a note. Exit 0 pass, 1 fail, 77 skip.
+set -u
+hq=${HQ_BIN:?HQ_BIN is set by make check}
+conf=${HQ_CONF_DIR:?}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_gpu_train_graph.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs python3 (json)"; exit 77; }
+. "${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/train_corpus.sh"
+. "$HQ_TEST_SRCDIR/train_graph.sh"
+train_corpus "$tmp/words.txt" || { echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; }
+hp="$conf/examples/high_precision.ini"
+
+$hq train --device cuda --data "$tmp/words.txt" --steps 1 --batch 64 --hidden 64 --recipe "$hp" \
+  --baseline none >/dev/null 2>"$tmp/probe"
+if [ $? -ne 0 ]; then
+  if grep -q "does not exist\|without CUDA\|no CUDA\|CUDA driver" "$tmp/probe"; then
+    echo "SKIP: no CUDA device ($(head -n 1 "$tmp/probe"))"; exit 77
+  fi
+  cat "$tmp/probe"; fail "--device cuda failed on a machine with a GPU"
+fi
+
+graph_runs cuda "$tmp"
+python3 - "$tmp/on.json" <<'PY' || exit 1
+import json, sys
+for r in json.load(open(sys.argv[1]))["recipes"]:
+    if r["name"] == "nvfp4":
+        if r["graph_replays"] != 0 or "stochastic rounding" not in (r["graph_note"] or ""):
+            sys.exit("FAIL: nvfp4: expected no replay and the stochastic-rounding note, got %s, %s"
+                     % (r["graph_replays"], r["graph_note"]))
+    elif r["graph_replays"] != 12 - 3 + 1 or r["graph_note"] is not None:
+        sys.exit("FAIL: %s: expected 10 replays (12 steps, 2 warm), got %s (note: %s)"
+                 % (r["name"], r["graph_replays"], r["graph_note"]))
+PY
+[ "$(grep -c -- "--cuda-graph:" "$tmp/on.err")" -eq 1 ] || { cat "$tmp/on.err"; fail "expected one --cuda-graph note (nvfp4)"; }
+grep -q "recipe 'nvfp4': --cuda-graph: stochastic rounding" "$tmp/on.err" || { cat "$tmp/on.err"; fail "the nvfp4 note"; }
+
+# the bf16-direct baseline: captured the same way, the same losses as without the graph
+for g in on off; do
+  $hq train --device cuda --data "$tmp/words.txt" --steps 12 --batch 128 --hidden 64 --layers 2 \
+    --eval-every 5 --log-every 1 --recipe "$hp" --baseline bf16-direct --cuda-graph $g --json \
+    > "$tmp/d_$g.json" 2> "$tmp/d_$g.err" || { cat "$tmp/d_$g.err"; fail "bf16-direct, --cuda-graph $g"; }
+done
+python3 - "$tmp/d_on.json" "$tmp/d_off.json" <<'PY' || exit 1
+import json, sys
+on, off = (json.load(open(p))["recipes"] for p in sys.argv[1:3])
+for a, b in zip(on, off):
+    if a["train_curve"] != b["train_curve"] or a["eval_curve"] != b["eval_curve"]:
+        sys.exit("FAIL: %s: the losses differ with the graph on and off" % a["name"])
+    if a["graph_replays"] != 10:
+        sys.exit("FAIL: %s: %s replays, expected 10" % (a["name"], a["graph_replays"]))
+PY
+
+# --profile times phases between the kernels: eager, said once
+$hq train --device cuda --data "$tmp/words.txt" --steps 4 --batch 64 --hidden 64 --recipe "$hp" \
+  --baseline none --profile > /dev/null 2> "$tmp/p.err" || { cat "$tmp/p.err"; fail "--profile"; }
+grep -q "cuda-graph: --profile" "$tmp/p.err" || { cat "$tmp/p.err"; fail "--profile: no note"; }
+exit 0
