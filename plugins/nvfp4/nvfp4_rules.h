@@ -137,7 +137,9 @@ HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
 HQ_HD float hq_nvfp4_encode_mult_k(uint8_t sf, float s_dec, int kind) {
   float d = hq_mul_rn(hq_nvfp4_scale_to_f32(sf, kind), s_dec);
   if (d == 0.0f) return FLT_MAX;
-  float e = hq_div_rn(1.0f, d);
+  /* RN(1 / d) by the correctly rounded reciprocal: the IEEE quotient 1 / d, the same bits (the
+     device's reciprocal sequence is shorter than its division's) */
+  float e = hq_rcp_rn(d);
   return e < FLT_MAX ? e : FLT_MAX;
 }
 HQ_HD float hq_nvfp4_encode_mult(uint8_t sf, float s_dec) {
