@@ -25,7 +25,10 @@
 ** global scale, with rht, stochastic rounding, block_2d and swizzle where allowed), every
 ** direction, on the tile-edge shapes and over many tiles and column groups, and through the
 ** special inputs; their GEMMs take the emulated path (F32 for row-scaled operands) and equal
-** the F64 product too.
+** the F64 product too. global_scale = row's one-read rowwise kernel and its two-pass
+** fallback: odd K / 16, slabs of one row and of many, rows at and just over the on-chip budget
+** in each dtype, rows of very different magnitudes with all-zero rows, NaN and Inf
+** (test_row_scaled).
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -109,10 +112,26 @@ static void check_dequantize(const hq_qtensor *h, const hq_qtensor *g, uint32_t 
       the first 16 rows, columns whose transform has outputs of FP32-subnormal size beside
       normal ones (two equal values cancel in half the outputs, leaving a third, tiny one),
       unscaled amaxes just above and below 2^-100 and at 2^120, huge values below it, a block
-      of 2^-126 values. */
+      of 2^-126 values;
+   5: rows of very different magnitudes (2^-30 .. 2^30 times the random values; f16 2^-12 ..
+      2^12), every 5th row all zero (A_i = 0: S_enc = 1), a NaN in row 1 and -Inf in row 4
+      (global_scale = row). */
 static void fill_special(hq_tensor *x, int kind) {
   const hq_dtype dt = x->dtype;
   const int64_t M = x->rows, K = x->cols, n = M * K;
+  if (kind == 5) { /* rows of 61 magnitudes 2^-30 .. 2^30 (f16: 25, 2^-12 .. 2^12), every 5th
+                      row all zero */
+    const int span = dt == HQ_F16 ? 25 : 61;
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t k = 0; k < K; k++) {
+        const float v = hq_load_hp(x->data, i * K + k, dt);
+        hq_store_hp(x->data, i * K + k, dt,
+                    i % 5 == 2 ? 0.0f : ldexpf(v, (int)((i * 7) % span) - span / 2));
+      }
+    if (M > 1) hq_store_hp(x->data, K + 3, dt, NAN);                 /* NaN in row 1 */
+    if (M > 4) hq_store_hp(x->data, 4 * K + K - 1, dt, -INFINITY); /* Inf in row 4 */
+    return;
+  }
   if (kind == 3) {
     memset(x->data, 0, (size_t)n * hq_dtype_size(dt));
     return;
@@ -305,6 +324,47 @@ static void test_many_tiles(void **state) {
   check_case("scale_dtype = ue5m3", HQ_BF16, 1104, 8192, 37, 0, 0);
   check_case("scale_dtype = ue5m3\nglobal_scale = none\nrht = true", HQ_F16, 1040, 8272, 38, 0,
              0);
+}
+
+/* global_scale = row through the one-read rowwise kernel (rowq_kernel: a CTA's slab of whole
+   rows in shared memory, rows of up to 32 KiB) and its fallback, the two-pass kernels (a row
+   longer than a slab, an unaligned source: check_case's unaligned quantize), against the CPU:
+   odd K / 16 (no warp-wide row reduction, scale codes byte by byte), K / 16 a multiple of 4
+   but not of 32, slabs of 1 row, of many rows (capped at 256) with a partial last slab, rows
+   exactly at the budget and just over it in each dtype; rows of very different magnitudes with
+   all-zero rows, NaN and Inf (fill kind 5); every direction (columnwise and both directions
+   take the two-pass kernels, whose amaxes now come one tile ahead); swizzle, stochastic
+   rounding and UE5M3 scales. */
+static void test_row_scaled(void **state) {
+  (void)state;
+  static const struct {
+    const char *opt;
+    hq_dtype dt;
+    int64_t M, K;
+  } c[] = {
+      {"global_scale = row", HQ_BF16, 96, 208},    /* K / 16 = 13 */
+      {"global_scale = row", HQ_BF16, 40, 8208},   /* 513 blocks a row, one row a slab */
+      {"global_scale = row", HQ_BF16, 64, 8192},   /* two rows a slab, one atomic per warp */
+      {"global_scale = row", HQ_F16, 528, 80},     /* 204 rows a slab, the last slab partial */
+      {"global_scale = row", HQ_F32, 1040, 16},    /* 256 rows a slab (the cap) */
+      {"global_scale = row", HQ_F32, 48, 192},     /* K / 16 = 12: words, no warp reduction */
+      {"global_scale = row", HQ_BF16, 32, 16384},  /* exactly a slab */
+      {"global_scale = row", HQ_BF16, 32, 16400},  /* over the budget: two-pass */
+      {"global_scale = row", HQ_F32, 32, 8192},    /* exactly a slab */
+      {"global_scale = row", HQ_F32, 32, 8208},    /* over the budget: two-pass */
+      {"global_scale = row\nswizzle = true", HQ_BF16, 144, 336},
+      {"global_scale = row\nswizzle = true", HQ_F16, 80, 1024},
+      {"global_scale = row\nstochastic_rounding = true", HQ_BF16, 112, 400},
+      {"global_scale = row\nstochastic_rounding = true\nswizzle = true", HQ_F32, 64, 2064},
+      {"scale_dtype = ue5m3\nglobal_scale = row", HQ_BF16, 80, 1040},
+      {"scale_dtype = ue5m3\nglobal_scale = row\nswizzle = true", HQ_F16, 48, 16400},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    check_case(c[i].opt, c[i].dt, c[i].M, c[i].K, 900 + i, 5, 0);
+    if (i % 4 == 0) check_case(c[i].opt, c[i].dt, c[i].M, c[i].K, 950 + i, 0, 0);
+  }
+  /* many slabs per CTA (more than the GPU holds CTAs at once), rows of every magnitude */
+  check_case("global_scale = row", HQ_BF16, 2048, 8192, 990, 5, 0);
 }
 
 /* NaN, Inf, subnormals, zero blocks, wide ranges, saturation boundaries, an all-zero tensor. */
@@ -655,6 +715,7 @@ int main(void) {
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_many_tiles),
       cmocka_unit_test(test_special_values),
+      cmocka_unit_test(test_row_scaled),
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_make_empty),
       cmocka_unit_test(test_raw_and_factor),

@@ -529,6 +529,47 @@ static void test_ue5m3_rules_hand(void **state) {
 }
 
 /* Every UE5M3 raw value e2m1 * fp32(sf) is exact in BF16 (desc.emul_dtype stays BF16). */
+/* hq_nvfp4_encode_mult_tab (the per-row table of global_scale = row's one-read kernel) equals
+   the rule hq_nvfp4_encode_mult_k for every one of the 256 codes of both scale types, over
+   S_dec of every binade of [2^-100, 2^100] (256 mantissas each: an even spread and random
+   ones, plus both ends of each binade) and the range's edges; outside the range
+   hq_nvfp4_encode_table_ok says no. Independent of the table's derivation: the rule is
+   evaluated as written. */
+static void test_encode_table_vs_rule(void **state) {
+  (void)state;
+  uint64_t rng = 0x243f6a8885a308d3ull;
+  assert_true(hq_nvfp4_encode_table_ok(0x1p-100f) && hq_nvfp4_encode_table_ok(0x1p100f));
+  assert_false(hq_nvfp4_encode_table_ok(nextafterf(0x1p-100f, 0.0f)));
+  assert_false(hq_nvfp4_encode_table_ok(nextafterf(0x1p100f, INFINITY)));
+  assert_false(hq_nvfp4_encode_table_ok(NAN));
+  long n = 0;
+  for (int e = -100; e <= 100; e++)
+    for (int j = 0; j < (e == 100 ? 1 : 256); j++) {
+      uint32_t mant;
+      if (j == 0) mant = 0;
+      else if (j == 1) mant = 0x7fffffu;
+      else if (j < 128) mant = (uint32_t)j * (0x800000u / 128u);
+      else {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        mant = (uint32_t)(rng >> 41);
+      }
+      const float s_dec = bits_f(((uint32_t)(e + 127) << 23) | mant);
+      assert_true(hq_nvfp4_encode_table_ok(s_dec));
+      float tab[8];
+      for (int g = 0; g < 8; g++) tab[g] = hq_nvfp4_encode_table(g, s_dec);
+      for (int kind = 0; kind < 2; kind++)
+        for (int c = 0; c < 256; c++) {
+          const float want = hq_nvfp4_encode_mult_k((uint8_t)c, s_dec, kind);
+          const float got = hq_nvfp4_encode_mult_tab((uint8_t)c, tab, s_dec, kind);
+          if (f_bits(want) != f_bits(got) && !(isnan(want) && isnan(got)))
+            fail_msg("kind %d code 0x%02x S_dec %a: rule %a, table %a", kind, c, s_dec, want,
+                     got);
+          n++;
+        }
+    }
+  assert_true(n > 25000000L);
+}
+
 static void test_ue5m3_raw_bf16_exact(void **state) {
   (void)state;
   for (unsigned c = 0; c < 255; c++)
@@ -981,6 +1022,7 @@ int main(void) {
       cmocka_unit_test(test_ue5m3_encode_exhaustive),
       cmocka_unit_test(test_ue5m3_rules_hand),
       cmocka_unit_test(test_ue5m3_raw_bf16_exact),
+      cmocka_unit_test(test_encode_table_vs_rule),
       cmocka_unit_test(test_philox_known_answers),
       cmocka_unit_test(test_philox_round_keys),
       cmocka_unit_test(test_sr_bits_mapping),

@@ -70,7 +70,10 @@
 **     none, the encode multipliers from the same per-direction table; global_scale = row takes
 **     its per-row amaxes from a pass of its own first (row_amax_kernel: every row's and every
 **     column's from one read), and the quantize kernel makes each thread's row (or two
-**     columns') S_enc, S_dec and m per tile and each block's encode multiplier by the rule.
+**     columns') S_enc, S_dec and m per tile and each block's encode multiplier by the rule --
+**     except the rowwise copy alone, which rowq_kernel makes from one read (slabs of whole rows
+**     in shared memory, each row's amax reduced there, its constants and an encode-multiplier
+**     table made once per row).
 **     Dequantize and the tensor factor take the scale type and global scale as arguments.
 **   tensor factor: one thread writes hq_nvfp4_tensor_factor_k of the amax buffer (the
 **     tensor_factor op, and the alpha factors of the native GEMM); a raw dequantize asked for it
@@ -694,6 +697,8 @@ struct QArgs {
      kernel parameters so that no tile recomputes them: the data rows' K / 2 and M / 2, the
      scale rows' hq_nvfp4_scale_cols(K) and (M) */
   uint32_t rld, cld, rsc, csc;
+  /* rowq_kernel (global_scale = row, the rowwise copy alone): stored rows per slab */
+  uint32_t rq_rows;
 };
 
 __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
@@ -1298,6 +1303,24 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   }
   uint32_t groups_s = tiles_s + kStages * R::kBytes;
   TileWalk<TM, TK, kGroup ? kColGroup : 1> cur(M, K), ahead(M, K); /* ahead: the next to copy */
+  /* global_scale = row: the amaxes of the thread's stored rows in a tile (rowwise: row r;
+     columnwise: columns c, c + 1; 0 outside the tensor, whose blocks are zeros and are not
+     stored), loaded one tile ahead so that their latency hides behind a tile's encoding */
+  float ra = 0.0f, ca[2] = {0.0f, 0.0f};
+  auto row_amaxes = [&](uint32_t ti0, uint32_t tk0, float &r_, float c_[2]) {
+    const uint32_t ri = ti0 + (uint32_t)(t % TM), ck = tk0 + 2u * (uint32_t)(t % (TK / 2));
+    if (kRow) r_ = ri < M32 ? a.ramax[ri] : 0.0f;
+    if (kCol) {
+      c_[0] = ck < K32 ? a.camax[ck] : 0.0f;
+      c_[1] = ck + 1 < K32 ? a.camax[ck + 1] : 0.0f;
+    }
+  };
+  if (OPT == 2 && cur.valid()) row_amaxes(cur.i0(), cur.k0(), ra, ca);
+  /* OPT 2: the (m, S_dec) of the thread's row and columns, made for the tile row rc_i0 and
+     the tile column cc_k0 (origins below 2^31: the first tile makes them) */
+  uint32_t rc_i0 = 0xffffffffu, cc_k0 = 0xffffffffu;
+  float rc[2] = {0.0f, 0.0f}, cc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+  (void)rc_i0, (void)cc_k0, (void)rc, (void)cc; /* read by OPT 2 alone */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (ahead.valid())
@@ -1329,6 +1352,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     const uint32_t i0 = cur.i0(), k0 = cur.k0(), g0 = cur.g0();
     const unsigned slot = cur.slot();
     cur = cur.next();
+    float nra = 0.0f, nca[2] = {0.0f, 0.0f}; /* OPT 2: the next tile's (row_amaxes) */
+    if (OPT == 2 && cur.valid()) row_amaxes(cur.i0(), cur.k0(), nra, nca);
     const bool full = tile_full<TM, TK>(M32, K32, i0, k0);
     if (!tma) hq_cuda_cp_async_wait<kStages - 2>();
     if (bulk && slot == 0) { /* tile n - 1 ended its group (or tile n is the first): its
@@ -1389,17 +1414,24 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
        tensor, whose blocks are zeros and are not stored) */
     Head<OPT> hrt = hr, hct[2] = {RHT ? hc4 : hc, RHT ? hc4 : hc};
     if constexpr (OPT == 2) {
-      if (kRow) {
-        const DirConst d = dir_const_k(i0 + r < M32 ? a.ramax[i0 + r] : 0.0f, kind);
-        hrt.m = d.m, hrt.s_dec = d.s_dec;
+      /* made again only when the tile's rows (columns) are not the previous tile's: the
+         tiles of a group (both directions) share their columns */
+      if (kRow && i0 != rc_i0) {
+        const DirConst d = dir_const_k(ra, kind);
+        rc[0] = d.m, rc[1] = d.s_dec, rc_i0 = i0;
       }
-      if (kCol) {
+      if (kCol && k0 != cc_k0) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-          const DirConst d = dir_const_k(k0 + c + h < K32 ? a.camax[k0 + c + h] : 0.0f, kind);
-          hct[h].m = d.m, hct[h].s_dec = d.s_dec;
+          const DirConst d = dir_const_k(ca[h], kind);
+          cc[h][0] = d.m, cc[h][1] = d.s_dec;
         }
+        cc_k0 = k0;
       }
+      hrt.m = rc[0], hrt.s_dec = rc[1];
+#pragma unroll
+      for (int h = 0; h < 2; h++) hct[h].m = cc[h][0], hct[h].s_dec = cc[h][1];
+      ra = nra, ca[0] = nca[0], ca[1] = nca[1];
     }
     /* SR: the index of row block 2p, of column c's block (c + 1's: + M / 16) */
     const int64_t rblk = (int64_t)(i0 + r) * (K >> 4) + (k0 >> 4) + 2 * p;
@@ -1604,6 +1636,188 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                       &tm_cscale);
   }
   if (bulk && t == 0) hq_tma_store_wait<0>(); /* the shared memory the stores read stays */
+}
+
+/* global_scale = row, the rowwise copy alone, from ONE read of the input (the two-pass path
+   reads it twice: the row amax pass, then quantize_kernel). A CTA takes whole rows: a slab of
+   rq_rows consecutive rows (rq_rows * K elements, contiguous in the input and, packed, in the
+   rowwise data) is copied into shared memory, its rows' amaxes reduced there, and every block
+   encoded from the slab, so the input leaves DRAM once. Resident CTAs grid-stride over the
+   slabs through a ring of kRqStages slab buffers (cp.async, as issue_tile): the next slabs are
+   copied in while one is encoded. Per slab, three steps between barriers:
+     1. each thread takes blocks t, t + 256, ... of the slab (row-major, so a warp reads and
+        later writes consecutive bytes), keeps their values in registers, and takes each
+        block's amax (NaN ignored) into its row's max in shared memory (the bits of a
+        non-negative float order like the values, so the order of the atomics does not
+        matter; a warp whose blocks lie in one row reduces first: one atomic per warp);
+     2. each row's constants, once: its S_dec and m (dir_const_k: the rule's functions) and
+        the 8 entries of its encode multiplier table (hq_nvfp4_encode_table: 8 threads a row);
+        row i's amax A_i to the amax buffer;
+     3. each block: its scale code by the rule with its row's m, its encode multiplier from the
+        row's table (hq_nvfp4_encode_mult_tab: the rule's bits, without a division per block;
+        the rule itself for a row whose S_dec is outside the table's range), the codes by the
+        fast form or the rule as in quantize_kernel;
+        8 packed bytes stored per thread (a warp's 256 consecutive bytes), the scale codes as
+        words of 4 entries where a row's blocks come in fours (K % 64 == 0), else byte by byte.
+   On-chip budget: a slab buffer of kRqSlab bytes holds at least one row, so rows of up to
+   kRqSlab bytes (16384 bf16 / f16, 8192 f32 elements) take this kernel; a longer row cannot be
+   held while its amax is reduced, and goes to the two-pass kernels (rowq_fits), as does an input
+   not 16-byte aligned (cp.async copies 16-byte chunks). */
+#ifndef HQ_NVFP4_RQ_SLAB /* bytes per slab buffer (a multiple of 16 KiB) */
+#define HQ_NVFP4_RQ_SLAB 32768
+#endif
+#ifndef HQ_NVFP4_RQ_STAGES /* slab buffers per CTA (2 or more) */
+#define HQ_NVFP4_RQ_STAGES 3
+#endif
+constexpr int kRqSlab = HQ_NVFP4_RQ_SLAB, kRqStages = HQ_NVFP4_RQ_STAGES;
+static_assert(kRqSlab % (16 * 4 * kThreads) == 0 && kRqStages >= 2,
+              "a slab buffer is whole 16-block rounds of the CTA's threads, in F32 too");
+/* rows per slab, at most: one thread makes each row's constants (step 2) */
+constexpr int kRqMaxRows = kThreads;
+template <int DT> constexpr int kRqElems = kRqSlab / (DT == HQ_F32 ? 4 : 2);
+/* blocks per thread and slab, at most */
+template <int DT> constexpr int kRqBPT = kRqElems<DT> / 16 / kThreads;
+
+template <int DT, bool SR>
+__global__ void __launch_bounds__(kThreads, 2) rowq_kernel(QArgs a) {
+  constexpr int kEsz = DT == HQ_F32 ? 4 : 2, kBPT = kRqBPT<DT>;
+  extern __shared__ __align__(16) uint8_t slabs[]; /* kRqStages buffers of kRqSlab bytes */
+  __shared__ uint32_t rmax[kRqMaxRows];            /* the slab's row amaxes (bits), step 1 */
+  __shared__ float rm[kRqMaxRows], rsd[kRqMaxRows]; /* each row's m and S_dec, step 2 */
+  __shared__ float rtab[kRqMaxRows][8];             /* each row's hq_nvfp4_encode_table */
+  const int t = threadIdx.x, lane = t & 31;
+  const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K, R = a.rq_rows, nbr = K / 16;
+  const uint32_t nslab = (M + R - 1) / R;
+  const int kind = a.kind;
+  const uint32_t base = hq_smem_addr(slabs);
+  /* every lane of a warp sees blocks of one row for each j (step 1's warp reduction), and a
+     scale word's 4 blocks are 4 lanes' (step 3) */
+  const bool warp_row = nbr % 32 == 0, words = nbr % 4 == 0 && a.a4;
+  /* copy slab s (its rows' rows * K * kEsz bytes, a multiple of 32) into buffer b */
+  auto issue = [&](uint32_t s, int b) {
+    const uint32_t r0 = s * R, rows = min(R, M - r0), chunks = rows * K * kEsz / 16;
+    const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)r0 * K * kEsz;
+    const uint32_t dst = base + (uint32_t)b * kRqSlab;
+    for (uint32_t c = t; c < chunks; c += kThreads)
+      hq_cp_async16_at(dst + 16u * c, src + 16u * (uint64_t)c);
+  };
+  rmax[t] = 0u; /* read after the loop's first barrier */
+  uint32_t si = blockIdx.x; /* the next slab to copy */
+#pragma unroll
+  for (int b = 0; b < kRqStages - 1; b++) {
+    if (si < nslab) issue(si, b);
+    hq_cuda_cp_async_commit();
+    si += gridDim.x;
+  }
+  int buf = 0;
+  for (uint32_t s = blockIdx.x; s < nslab; s += gridDim.x) {
+    hq_cuda_cp_async_wait<kRqStages - 2>();
+    __syncthreads(); /* slab s is in; slab s - 1's buffer is free (its step 3 is done) */
+    if (si < nslab) issue(si, buf == 0 ? kRqStages - 1 : buf - 1);
+    hq_cuda_cp_async_commit();
+    si += gridDim.x;
+    const uint32_t r0 = s * R, rows = min(R, M - r0), nb = rows * nbr;
+    const uint32_t sm = base + (uint32_t)buf * kRqSlab;
+    buf = buf + 1 == kRqStages ? 0 : buf + 1;
+    /* step 1: the thread's blocks, their amaxes, the rows' maxima */
+    uint32_t w[kBPT][8];   /* 16-bit input: block j's raw words (row_words' layout) */
+    float v[kBPT][16];     /* F32 input: block j's values */
+    float bam[kBPT];       /* block j's amax, NaN ignored */
+    int has_nan[kBPT];
+    uint32_t row[kBPT];    /* block j's row in the slab */
+#pragma unroll
+    for (int j = 0; j < kBPT; j++) {
+      const uint32_t b = (uint32_t)t + (uint32_t)j * kThreads;
+      const bool in = b < nb;
+      bam[j] = 0.0f, has_nan[j] = 0, row[j] = in ? b / nbr : 0u;
+      if (in) {
+        const uint32_t p = sm + b * (16u * kEsz);
+        if (DT == HQ_F32) {
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            const uint4 f = hq_lds128(p + 16u * q);
+            v[j][4 * q] = hq_bits_f32(f.x), v[j][4 * q + 1] = hq_bits_f32(f.y);
+            v[j][4 * q + 2] = hq_bits_f32(f.z), v[j][4 * q + 3] = hq_bits_f32(f.w);
+          }
+          bam[j] = block_amax16(v[j], &has_nan[j]);
+        } else {
+          const uint4 x = hq_lds128(p), y = hq_lds128(p + 16u);
+          w[j][0] = x.x, w[j][1] = x.y, w[j][2] = x.z, w[j][3] = x.w;
+          w[j][4] = y.x, w[j][5] = y.y, w[j][6] = y.z, w[j][7] = y.w;
+          const float ba = packed16_amax<DT>(w[j]); /* NaN propagated */
+          has_nan[j] = is_nan_abs(ba);
+          bam[j] = has_nan[j] ? amax_of([&](int e) { return row_word_value<DT>(w[j], e); }) : ba;
+        }
+      }
+      const uint32_t u = hq_f32_bits(bam[j]); /* 0 for a block outside the slab */
+      if (warp_row) { /* uniform: the warp's 32 blocks are all in or all out, in one row */
+        const uint32_t wm = __reduce_max_sync(0xffffffffu, u);
+        if (lane == 0 && in && wm) atomicMax(&rmax[row[j]], wm);
+      } else if (in && u) {
+        atomicMax(&rmax[row[j]], u);
+      }
+    }
+    __syncthreads();
+    /* step 2: each row's constants, entry g of row i's table by thread 8i + g (and the
+       following rounds of 256), which also makes S_dec; g = 0 writes the rest */
+    for (uint32_t u = (uint32_t)t; u < rows * 8u; u += kThreads) {
+      const uint32_t i = u >> 3, g = u & 7u;
+      const float A = hq_bits_f32(rmax[i]);
+      const DirConst d = dir_const_k(A, kind);
+      rtab[i][g] = hq_nvfp4_encode_table((int)g, d.s_dec);
+      if (g == 0) {
+        a.ramax[r0 + i] = A;
+        rm[i] = d.m, rsd[i] = d.s_dec;
+      }
+    }
+    __syncthreads();
+    if ((uint32_t)t < rows) rmax[t] = 0u; /* for the next slab's step 1, after its barrier */
+    /* step 3: encode and store */
+    uint8_t *const out = a.rdata + (uint64_t)r0 * (K / 2);
+#pragma unroll
+    for (int j = 0; j < kBPT; j++) {
+      const uint32_t b = (uint32_t)t + (uint32_t)j * kThreads;
+      const bool in = b < nb;
+      uint32_t sf = 0u;
+      if (in) {
+        const uint32_t i = row[j];
+        const float s_dec = rsd[i];
+        const Head<2> h{nullptr, rm[i], s_dec, kind};
+        const uint64_t blk = (uint64_t)r0 * nbr + b; /* hq_nvfp4_sr_bits' rowwise index */
+        sf = h.code(hq_mul_rn(bam[j], h.m));
+        const float enc = hq_nvfp4_encode_table_ok(s_dec)
+                              ? hq_nvfp4_encode_mult_tab((uint8_t)sf, rtab[i], s_dec, kind)
+                              : h.enc(sf);
+        uint2 o;
+        if (DT == HQ_F32) {
+          auto val = [&](int e) { return v[j][e]; };
+          o = fast_block<SR>(bam[j], enc, has_nan[j])
+                  ? encode_fast_any<SR>(val, enc, a.rk, a.offset, 0u, blk, signs_of(val))
+                  : encode_rule<SR>(val, enc, a.rk, a.offset, 0u, blk);
+        } else {
+          auto val = [&](int e) { return row_word_value<DT>(w[j], e); };
+          const uint2 s0 = sign_split(w[j][0], w[j][1], w[j][2], w[j][3]);
+          const uint2 s1 = sign_split(w[j][4], w[j][5], w[j][6], w[j][7]);
+          const uint2 sg = make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y));
+          o = fast_block<SR>(bam[j], enc, has_nan[j])
+                  ? encode_fast_any<SR>(val, enc, a.rk, a.offset, 0u, blk, sg)
+                  : encode_rule<SR>(val, enc, a.rk, a.offset, 0u, blk);
+        }
+        store8(out + 8u * (uint64_t)b, o, a.a8);
+      }
+      const uint32_t cb = b - row[j] * nbr; /* the block's index in its row */
+      if (words) { /* lanes 4n .. 4n + 3: blocks cb .. cb + 3 of one row, cb % 4 == 0 */
+        const uint32_t s1 = __shfl_down_sync(0xffffffffu, sf, 1);
+        const uint32_t s2 = __shfl_down_sync(0xffffffffu, sf, 2);
+        const uint32_t s3 = __shfl_down_sync(0xffffffffu, sf, 3);
+        if (in && (lane & 3) == 0)
+          store_scale_word(a.rscale, r0 + row[j], cb, K, a.swz, 1,
+                           sf | s1 << 8 | s2 << 16 | s3 << 24);
+      } else if (in) {
+        a.rscale[hq_nvfp4_scale_offset(r0 + row[j], cb, K, a.swz)] = (uint8_t)sf;
+      }
+    }
+  }
 }
 
 struct DArgs {
@@ -1977,6 +2191,36 @@ template <int DT> int launch_quantize(const hq_call *call, const QArgs &a) {
   return launch_quantize_o<DT, 0>(call, a);
 }
 
+/* Whether a quantize takes rowq_kernel (one read): global_scale = row, the rowwise copy alone,
+   a 16-byte aligned input whose rows fit a slab buffer (rowq_kernel says why). */
+bool rowq_fits(const nvfp4_cfg *cfg, const hq_tensor *src, const nvfp4_dev_dir *row,
+               const nvfp4_dev_dir *col) {
+  if (cfg->global != HQ_NVFP4_GLOBAL_ROW || !row || col) return false;
+  const int64_t esz = src->dtype == HQ_F32 ? 4 : src->dtype == HQ_F16 || src->dtype == HQ_BF16
+                                                     ? 2
+                                                     : 0;
+  return esz && aligned(src->data, 16) && src->cols * esz <= kRqSlab;
+}
+
+template <int DT, bool SR> int launch_rowq_t(const hq_call *call, QArgs a) {
+  a.rld = (uint32_t)a.K / 2;
+  a.rsc = (uint32_t)hq_nvfp4_scale_cols(a.K);
+  const int64_t rows = kRqElems<DT> / a.K;
+  a.rq_rows = (uint32_t)(rows < kRqMaxRows ? rows : kRqMaxRows);
+  const int64_t nslab = (a.M + a.rq_rows - 1) / a.rq_rows;
+  const int dyn = kRqStages * kRqSlab;
+  int64_t resident = 0;
+  CHECK_CUDA(call, (hq_cuda_resident<rowq_kernel<DT, SR>>(kThreads, dyn, &resident)));
+  const unsigned grid = (unsigned)(nslab < resident ? nslab : resident);
+  rowq_kernel<DT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<rowq_kernel<DT, SR>>();
+  CHECK_LAUNCH(call, "nvfp4 row-scaled rowwise quantize kernel");
+  return HQ_OK;
+}
+template <int DT> int launch_rowq(const hq_call *call, const QArgs &a) {
+  return a.sr ? launch_rowq_t<DT, true>(call, a) : launch_rowq_t<DT, false>(call, a);
+}
+
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   if (!a.colwise) {
@@ -2147,6 +2391,17 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   if (row && (rc = zero_padding(call, row->scale, M, K))) return rc;
   if (col && (rc = zero_padding(call, col->scale, K, M))) return rc;
   if (M == 0 || K == 0) return empty_amaxes(cfg, call, src, row, col);
+  if (rowq_fits(cfg, src, row, col)) { /* one read: the row amaxes made on chip */
+    const QArgs a = quantize_args(cfg, call, src, row, col, NULL);
+    switch (src->dtype) {
+    case HQ_F32:
+      return launch_rowq<HQ_F32>(call, a);
+    case HQ_F16:
+      return launch_rowq<HQ_F16>(call, a);
+    default:
+      return launch_rowq<HQ_BF16>(call, a);
+    }
+  }
   /* pass 1: the global amaxes into the storages' amax buffers -- per stored row with
      global_scale = row; per direction unless the call brings them; none without a global
      scale */

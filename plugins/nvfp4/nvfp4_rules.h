@@ -137,11 +137,40 @@ HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
 HQ_HD float hq_nvfp4_encode_mult_k(uint8_t sf, float s_dec, int kind) {
   float d = hq_mul_rn(hq_nvfp4_scale_to_f32(sf, kind), s_dec);
   if (d == 0.0f) return FLT_MAX;
-  float e = hq_div_rn(1.0f, d);
+  /* RN(1 / d) by the correctly rounded reciprocal: the IEEE quotient 1 / d, the same bits (the
+     device's reciprocal sequence is shorter than its division's) */
+  float e = hq_rcp_rn(d);
   return e < FLT_MAX ? e : FLT_MAX;
 }
 HQ_HD float hq_nvfp4_encode_mult(uint8_t sf, float s_dec) {
   return hq_nvfp4_encode_mult_k(sf, s_dec, HQ_NVFP4_SCALE_E4M3);
+}
+
+/* hq_nvfp4_encode_mult_k by a table of one S_dec (a stored row's, with global_scale = row),
+   for kernels that make many blocks under it: every positive finite scale value is 2^k * y_g
+   with y_g = 1 + g/8 (g = 0..7; E4M3 and UE5M3 subnormals too: m * 2^-9 is 2^k * 1, 1.5, 1.25
+   or 1.75), and while every product and quotient of the rule stays an FP32 normal, scaling by
+   2^k commutes with both roundings: RN(2^k y_g S_dec) = 2^k RN(y_g S_dec) and
+   RN(1 / (2^k D)) = 2^-k RN(1 / D). So enc = 2^-k * tab[g] with tab[g] =
+   hq_nvfp4_encode_mult_k(code of y_g, S_dec) (hq_nvfp4_encode_table), the same bits as the
+   rule, when S_dec is in [2^-100, 2^100] (hq_nvfp4_encode_table_ok): scale values lie in
+   [2^-17, 2^17), so the products in [2^-117, 2^118) and their reciprocals are normal and below
+   FLT_MAX. A code whose value is 0 or not positive gets the rule. tests/test_nvfp4_numerics.c
+   compares it with the rule for every code and scale type over S_dec of every binade of the
+   range and its edges. */
+#define HQ_NVFP4_E4M3_ONE_CODE 0x38u /* E4M3 1.0; + g: 1 + g/8 */
+HQ_HD int hq_nvfp4_encode_table_ok(float s_dec) {
+  return s_dec >= 0x1p-100f && s_dec <= 0x1p100f;
+}
+HQ_HD float hq_nvfp4_encode_table(int g, float s_dec) {
+  return hq_nvfp4_encode_mult_k((uint8_t)(HQ_NVFP4_E4M3_ONE_CODE + (uint32_t)g), s_dec,
+                                HQ_NVFP4_SCALE_E4M3);
+}
+HQ_HD float hq_nvfp4_encode_mult_tab(uint8_t sf, const float tab[8], float s_dec, int kind) {
+  const float v = hq_nvfp4_scale_to_f32(sf, kind);
+  if (!(v > 0.0f)) return hq_nvfp4_encode_mult_k(sf, s_dec, kind);
+  const uint32_t b = hq_f32_bits(v); /* normal: exponent field b >> 23 in [110, 143] */
+  return hq_mul_rn(tab[(b >> 20) & 7u], hq_bits_f32((254u - (b >> 23)) << 23));
 }
 
 /* One element: q = E2M1_RNE_satfinite(RN(x * enc)), or with stochastic rounding from r8. */
