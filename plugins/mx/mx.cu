@@ -32,13 +32,13 @@
 ** RCEIL, and with stochastic rounding every FP6 block and every E2M1 block with an Inf or NaN,
 ** take the rule itself (hq_mx_cast / hq_mx_cast_sr); E2M1 stochastic rounding of a finite
 ** block is hq_e2m1_sr_biased_lt8 (every |RN(x * mult)| < 8: mx_rules.h's scale rules).
-** Dequantize: a pair of 32-blocks per thread in flat order (codes by 16-byte loads, scales once
-** per block, 16-byte stores), BF16 output two elements per instruction (hq_mx_dequantize_bf16x2),
-** one wave of CTAs striding over the pairs; unaligned pointers take the same kernels with scalar
-** loads and stores. Quantize: a 16-bit input that is not 16-byte aligned takes the kernels'
-** VEC = false form, its elements in FP32 registers as an FP32 input's. The aligned 16-bit
-** quantize kernels fit round to nearest in 32 registers, 8 CTAs per SM (HQ_MX_MIN_BLOCKS_PK).
-** Everything on call->stream; nothing allocated, nothing synchronized.
+** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
+** loads), the element values from a 64-entry table in shared memory, the run's scales (one
+** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
+** Unaligned pointers take scalar loads and stores (quantize: a 16-bit input that is not
+** 16-byte aligned takes the kernels' VEC = false form, its elements in FP32 registers as an FP32
+** input's). The aligned 16-bit quantize kernels fit round to nearest in 32 registers, 8 CTAs per
+** SM (HQ_MX_MIN_BLOCKS_PK). Everything on call->stream; nothing allocated, nothing synchronized.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -46,7 +46,6 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
-#include "launch_cuda.h"
 #include "hq/numerics.h"
 #include "mx.h"
 #include "mx_rules.h"
@@ -441,91 +440,93 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
   }
 }
 
-/* Dequantize: each thread turns a pair of 32-blocks into the output, x' = hq_mx_scaled(elem(q), e)
-   (hq_mx_dequantize). K % 32 == 0 and M % 32 == 0, so the blocks tile the tensor in flat order:
-   block b holds elements 32b .. 32b + 31, its codes are bytes b * 16 (FP4) / b * 24 (FP6) on,
-   its rowwise scale is byte b, and the number of blocks is even. A pair's codes are 32 / 48
-   bytes at a 16-byte boundary (two / three 16-byte loads); its rowwise scales 2 bytes, its
-   columnwise ones 2 x 32 consecutive bytes of scale rows (4 16-byte loads). BF16 output is made
-   two elements per instruction in BF16 arithmetic (hq_mx_dequantize_bf16x2's form), F16 / F32
-   from the exact element values; stores of 16 bytes. SMALL (fewer than 2^32 blocks): the
-   columnwise block's row by a 32-bit division. vec: codes and destination 16-byte aligned, scales
-   16-byte (columnwise) / 2-byte (rowwise) aligned; else every element by the rule, scalar. The
-   grid is sized to the device (the blocks a wave holds) and strides over the pairs. */
+/* Dequantize: each thread turns a run of 16 consecutive elements of one row into the output,
+   x' = hq_mx_scaled(elem(q), e) (hq_mx_dequantize) with the element values from a table of the
+   64 (16) codes in shared memory and the run's scales read once; K % 32 == 0, so a run never
+   crosses a row or a rowwise block, and its columnwise scales are 16 consecutive bytes of one
+   scale row. SMALL (fewer than 2^32 runs): the run's row by a 32-bit division. vec: data 8-byte (FP4) / 4-byte (FP6), scales and destination 16-byte aligned. */
 template <int OT, int KIND, bool SMALL>
 __global__ void __launch_bounds__(256)
     dequantize_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
                       int colwise, void *__restrict__ dst, int64_t M, int64_t K, int vec) {
+  __shared__ float lut[64];
+  if (threadIdx.x < 64) lut[threadIdx.x] = hq_mx_elem_to_f32(threadIdx.x & (KIND == HQ_E2M1X2 ? 15u : 63u), KIND);
+  __syncthreads();
   constexpr int bits = KIND == HQ_E2M1X2 ? 4 : 6;
-  constexpr int nw = 2 * bits; /* 32-bit words of a pair's codes: 8 (FP4) or 12 (FP6) */
-  const int64_t bpr = K / kBlk, npair = M * bpr / 2;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < npair;
+  const int64_t runs_per_row = K / 16, nrun = M * runs_per_row;
+  const int64_t rb = hq_mx_row_bytes(K, KIND);
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
        g += (int64_t)gridDim.x * blockDim.x) {
-    if (!vec) {
-      for (int64_t n = 64 * g; n < 64 * g + 64; n++) {
-        const int64_t i = n / K, k = n - i * K;
-        const uint32_t c = hq_mx_code(data + i * hq_mx_row_bytes(K, KIND), k, KIND);
-        hq_store_hp(dst, n, OT, hq_mx_dequantize(c, scale[hq_mx_scale_idx(colwise, i, k, K)], KIND));
+    int64_t i, k0;
+    hq_cuda_row_col<SMALL>(g, runs_per_row, &i, &k0);
+    k0 *= 16;
+    const uint8_t *row = data + i * rb;
+    uint32_t cw[3];
+    if (KIND == HQ_E2M1X2) {
+      if (vec) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(row + k0 / 2));
+        cw[0] = u.x, cw[1] = u.y;
+      } else {
+        const uint8_t *s = row + k0 / 2;
+        cw[0] = s[0] | s[1] << 8 | s[2] << 16 | (uint32_t)s[3] << 24;
+        cw[1] = s[4] | s[5] << 8 | s[6] << 16 | (uint32_t)s[7] << 24;
       }
-      continue;
-    }
-    uint32_t cw[nw];
-    {
-      const uint4 *s = reinterpret_cast<const uint4 *>(data + g * (nw * 4));
+      cw[2] = 0u;
+    } else {
+      const uint8_t *s = row + k0 / 4 * 3;
 #pragma unroll
-      for (int h = 0; h < nw / 4; h++) {
-        const uint4 u = __ldg(s + h);
-        cw[4 * h] = u.x, cw[4 * h + 1] = u.y, cw[4 * h + 2] = u.z, cw[4 * h + 3] = u.w;
+      for (int h = 0; h < 3; h++)
+        cw[h] = vec ? __ldg(reinterpret_cast<const uint32_t *>(s) + h)
+                    : s[4 * h] | s[4 * h + 1] << 8 | s[4 * h + 2] << 16 | (uint32_t)s[4 * h + 3] << 24;
+    }
+    uint8_t e[16];
+    if (!colwise) {
+      const uint8_t r = scale[i * (K / kBlk) + k0 / kBlk];
+#pragma unroll
+      for (int k = 0; k < 16; k++) e[k] = r;
+    } else {
+      const uint8_t *s = scale + (i / kBlk) * K + k0;
+      if (vec) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(s));
+        const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 16; k++) e[k] = (uint8_t)(uw[k >> 2] >> (8 * (k & 3)));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 16; k++) e[k] = s[k];
       }
     }
-    /* the scale of element q (0..63) of the pair: byte q of sw (columnwise) or es[q / 32] */
-    uint32_t sw[16];
-    uint8_t es[2] = {0, 0};
-    if (!colwise) {
-      const uint16_t u = __ldg(reinterpret_cast<const uint16_t *>(scale) + g);
-      es[0] = (uint8_t)u, es[1] = (uint8_t)(u >> 8);
+    float y[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+      const int b = bits * k; /* the code's first bit in the run's little-endian bit stream */
+      uint32_t c = cw[b >> 5] >> (b & 31);
+      if ((b & 31) + bits > 32) c |= cw[(b >> 5) + 1] << (32 - (b & 31));
+      y[k] = hq_mx_scaled(lut[c & ((1u << bits) - 1u)], e[k]);
+    }
+    const int64_t o = i * K + k0;
+    if (vec && OT == HQ_F32) {
+      uint4 *q = reinterpret_cast<uint4 *>(static_cast<float *>(dst) + o);
+#pragma unroll
+      for (int h = 0; h < 4; h++)
+        q[h] = make_uint4(hq_f32_bits(y[4 * h]), hq_f32_bits(y[4 * h + 1]),
+                          hq_f32_bits(y[4 * h + 2]), hq_f32_bits(y[4 * h + 3]));
+    } else if (vec) {
+      uint32_t hw[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const uint32_t lo = OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k]) : hq_f32_to_f16(y[2 * k]);
+        const uint32_t hi =
+            OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k + 1]) : hq_f32_to_f16(y[2 * k + 1]);
+        hw[k] = lo | hi << 16;
+      }
+      uint4 *q = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + o);
+      q[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      q[1] = make_uint4(hw[4], hw[5], hw[6], hw[7]);
     } else {
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        int64_t i, kb;
-        hq_cuda_row_col<SMALL>(2 * g + h, bpr, &i, &kb);
-        const uint4 *s = reinterpret_cast<const uint4 *>(scale + (i / kBlk) * K + kb * kBlk);
-        const uint4 u = __ldg(s), v = __ldg(s + 1);
-        sw[8 * h] = u.x, sw[8 * h + 1] = u.y, sw[8 * h + 2] = u.z, sw[8 * h + 3] = u.w;
-        sw[8 * h + 4] = v.x, sw[8 * h + 5] = v.y, sw[8 * h + 6] = v.z, sw[8 * h + 7] = v.w;
-      }
+      for (int k = 0; k < 16; k++) hq_store_hp(dst, o + k, OT, y[k]);
     }
-    uint32_t out[64]; /* the output's 32-bit words (BF16 / F16: the first 32) */
-#pragma unroll
-    for (int j = 0; j < 32; j++) { /* elements 2j, 2j + 1 */
-      const int b = 2 * bits * j; /* their first bit in the pair's little-endian bit stream */
-      uint32_t c = cw[b >> 5] >> (b & 31);
-      if ((b & 31) + 2 * bits > 32) c |= cw[(b >> 5) + 1] << (32 - (b & 31));
-      c = (c & ((1u << bits) - 1u)) | ((c >> bits) & ((1u << bits) - 1u)) << 16;
-      const uint8_t e0 = colwise ? (uint8_t)(sw[j >> 1] >> (16 * (j & 1))) : es[j >> 4];
-      const uint8_t e1 = colwise ? (uint8_t)(sw[j >> 1] >> (16 * (j & 1) + 8)) : e0;
-      if (OT == HQ_BF16 && !colwise) {
-        out[j] = hq_mx_dequantize_bf16x2(c, e0, KIND);
-      } else if (OT == HQ_BF16) {
-        out[j] = (hq_mx_dequantize_bf16x2(c, e0, KIND) & 0xffffu) |
-                 (hq_mx_dequantize_bf16x2(c, e1, KIND) & 0xffff0000u);
-      } else {
-        /* the exact element values (hq_mx_bf16_raw2 times 2^(127 - bias): normal, exact) */
-        const uint32_t v = hq_mx_bf16x2_mul(hq_mx_bf16_raw2(c, KIND), hq_mx_bf16_pre2(KIND));
-        const float y0 = hq_mx_scaled(hq_bf16_to_f32((uint16_t)v), e0);
-        const float y1 = hq_mx_scaled(hq_bf16_to_f32((uint16_t)(v >> 16)), e1);
-        if (OT == HQ_F32) {
-          out[2 * j] = hq_f32_bits(y0), out[2 * j + 1] = hq_f32_bits(y1);
-        } else {
-          out[j] = (uint32_t)hq_f32_to_f16(y0) | (uint32_t)hq_f32_to_f16(y1) << 16;
-        }
-      }
-    }
-    uint4 *q = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(dst) +
-                                         g * (OT == HQ_F32 ? 256 : 128));
-#pragma unroll
-    for (int h = 0; h < (OT == HQ_F32 ? 16 : 8); h++)
-      q[h] = make_uint4(out[4 * h], out[4 * h + 1], out[4 * h + 2], out[4 * h + 3]);
   }
 }
 
@@ -553,36 +554,24 @@ void launch_q_dt(const QArgs &a, int kind, bool sr, dim3 grid, cudaStream_t s) {
     launch_q<DT, HQ_E2M3X4>(a, sr, grid, s);
 }
 
-/* One wave of the dequantize kernel (launch_cuda.h: resident CTAs, counted once per device), at
-   most the CTAs the pairs need. */
-template <auto Kernel> cudaError_t launch_dq_wave(int64_t npair, cudaStream_t s, const uint8_t *data,
-                                                  const uint8_t *scale, int colwise, void *dst,
-                                                  int64_t M, int64_t K, int vec) {
-  int64_t n = 0;
-  const cudaError_t e = hq_cuda_resident<Kernel>(256, 0, &n);
-  if (e != cudaSuccess) return e;
-  const int64_t need = (npair + 255) / 256;
-  Kernel<<<(unsigned)(need < n ? need : n), 256, 0, s>>>(data, scale, colwise, dst, M, K, vec);
-  return cudaSuccess;
-}
-
 template <int OT, int KIND>
-cudaError_t launch_dq_k(cudaStream_t s, const uint8_t *data, const uint8_t *scale, int colwise,
-                        void *dst, int64_t M, int64_t K, int vec) {
-  const int64_t nblk = M * (K / kBlk);
-  if ((uint64_t)nblk < ((uint64_t)1 << 32))
-    return launch_dq_wave<dequantize_kernel<OT, KIND, true>>(nblk / 2, s, data, scale, colwise,
-                                                             dst, M, K, vec);
-  return launch_dq_wave<dequantize_kernel<OT, KIND, false>>(nblk / 2, s, data, scale, colwise, dst,
-                                                            M, K, vec);
+void launch_dq_k(unsigned blocks, cudaStream_t s, const uint8_t *data, const uint8_t *scale,
+                 int colwise, void *dst, int64_t M, int64_t K, int vec) {
+  if ((uint64_t)(M * (K / 16)) < ((uint64_t)1 << 32))
+    dequantize_kernel<OT, KIND, true><<<blocks, 256, 0, s>>>(data, scale, colwise, dst, M, K, vec);
+  else
+    dequantize_kernel<OT, KIND, false><<<blocks, 256, 0, s>>>(data, scale, colwise, dst, M, K, vec);
 }
 
 template <int OT>
-cudaError_t launch_dq(int kind, cudaStream_t s, const uint8_t *data, const uint8_t *scale,
-                      int colwise, void *dst, int64_t M, int64_t K, int vec) {
-  if (kind == HQ_E2M1X2) return launch_dq_k<OT, HQ_E2M1X2>(s, data, scale, colwise, dst, M, K, vec);
-  if (kind == HQ_E3M2X4) return launch_dq_k<OT, HQ_E3M2X4>(s, data, scale, colwise, dst, M, K, vec);
-  return launch_dq_k<OT, HQ_E2M3X4>(s, data, scale, colwise, dst, M, K, vec);
+void launch_dq(int kind, unsigned blocks, cudaStream_t s, const uint8_t *data,
+               const uint8_t *scale, int colwise, void *dst, int64_t M, int64_t K, int vec) {
+  if (kind == HQ_E2M1X2)
+    launch_dq_k<OT, HQ_E2M1X2>(blocks, s, data, scale, colwise, dst, M, K, vec);
+  else if (kind == HQ_E3M2X4)
+    launch_dq_k<OT, HQ_E3M2X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
+  else
+    launch_dq_k<OT, HQ_E2M3X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
 }
 
 } // namespace
@@ -630,19 +619,25 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
 extern "C" int mx_cuda_dequantize(const hq_call *call, const uint8_t *data, const uint8_t *scale,
                                   hq_dtype kind, int colwise, hq_tensor *dst) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  const int64_t M = dst->rows, K = dst->cols;
-  if (M * K == 0) return HQ_OK;
-  const int vec = aligned(data, 16) && aligned(scale, colwise ? 16 : 2) && aligned(dst->data, 16);
-  cudaError_t e;
+  const int64_t M = dst->rows, K = dst->cols, nrun = M * (K / 16);
+  if (nrun == 0) return HQ_OK;
+  int64_t blocks = (nrun + 255) / 256;
+  if (blocks > 132 * 64) blocks = 132 * 64;
+  const int vec = aligned(data, kind == HQ_E2M1X2 ? 8 : 4) && aligned(scale, 16) &&
+                  aligned(dst->data, 16);
   switch (dst->dtype) {
-  case HQ_F32: e = launch_dq<HQ_F32>((int)kind, stream, data, scale, colwise, dst->data, M, K, vec); break;
-  case HQ_F16: e = launch_dq<HQ_F16>((int)kind, stream, data, scale, colwise, dst->data, M, K, vec); break;
-  case HQ_BF16: e = launch_dq<HQ_BF16>((int)kind, stream, data, scale, colwise, dst->data, M, K, vec); break;
+  case HQ_F32:
+    launch_dq<HQ_F32>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
+  case HQ_F16:
+    launch_dq<HQ_F16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
+  case HQ_BF16:
+    launch_dq<HQ_BF16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
+    break;
   default:
     return call->host->error(HQ_EINVAL, "mx CUDA: destination dtype %d", (int)dst->dtype);
   }
-  if (e != cudaSuccess)
-    return call->host->error(HQ_EDEVICE, "mx dequantize: sizing the grid: %s", cudaGetErrorString(e));
   CHECK_LAUNCH(call, "mx dequantize");
   return HQ_OK;
 }
