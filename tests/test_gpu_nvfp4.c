@@ -343,7 +343,7 @@ static void test_row_scaled(void **state) {
     int64_t M, K;
   } c[] = {
       {"global_scale = row", HQ_BF16, 96, 208},    /* K / 16 = 13 */
-      {"global_scale = row", HQ_BF16, 40, 8208},   /* 513 blocks a row, one row a slab */
+      {"global_scale = row", HQ_BF16, 48, 8208},   /* 513 blocks a row, one row a slab */
       {"global_scale = row", HQ_BF16, 64, 8192},   /* two rows a slab, one atomic per warp */
       {"global_scale = row", HQ_F16, 528, 80},     /* 204 rows a slab, the last slab partial */
       {"global_scale = row", HQ_F32, 1040, 16},    /* 256 rows a slab (the cap) */
