@@ -62,9 +62,11 @@ typedef struct dir_forms {
   hq_buffer_form form[HQ_MAX_BUFFERS];
 } dir_forms;
 
-/* Check that qt can be extracted; count the entries and the staging bytes; fill the forms. */
-static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char *what,
-                dir_forms forms[2]) {
+/* Check that qt can be extracted; count the entries and the staging bytes of the directions in
+   `dirs` (every present direction is checked, so that a refusal does not depend on `dirs`); fill
+   the forms. */
+static int plan(const hq_qtensor *qt, uint32_t dirs, size_t *count, size_t *staging,
+                const char *what, dir_forms forms[2]) {
   *count = 0;
   *staging = 0;
   memset(forms, 0, 2 * sizeof *forms);
@@ -91,7 +93,9 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
       hq_buffer_form *fm = &forms[d].form[i];
       int rc = hqi_buffer_form(f, &q->st, i, HQ_FORM_FSDP, qt->role, fm);
       if (rc) return rc;
+      const int listed = (dirs & q->st.dir) != 0;
       if (fm->ndim) {
+        if (!listed) continue;
         (*count)++;
         *staging += stage_round(fm->bytes);
         continue;
@@ -109,6 +113,7 @@ static int plan(const hq_qtensor *qt, size_t *count, size_t *staging, const char
         return hqi_error(HQ_EABI, "%s: role %s: buffer '%s' has %lld entries along M, fewer "
                          "than the %lld its rule needs", what, qt->role, b->name, (long long)dim,
                          (long long)m_entries(b, qt->rows));
+      if (!listed) continue;
       (*count)++;
       if (b->gather == HQ_GATHER_COLS)
         *staging += stage_round((size_t)(m_entries(b, qt->rows) * b->shape[0] * elem_bytes(b)));
@@ -224,8 +229,16 @@ static int copy_on_device(hq_ctx *ctx, void *dst, const void *src, size_t bytes)
 
 int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t cap,
                     size_t elem_size, size_t *n) {
+  return hq_fsdp_extract_dirs(shard, ctx, HQ_BOTH, out, cap, elem_size, n);
+}
+
+int hq_fsdp_extract_dirs(hq_qtensor *shard, hq_ctx *ctx, uint32_t dirs, hq_fsdp_buffer *out,
+                         size_t cap, size_t elem_size, size_t *n) {
   if (!shard || !ctx || !n || (!out && cap))
     return hqi_error(HQ_EINVAL, "hq_fsdp_extract: NULL argument");
+  if (!dirs || (dirs & ~(uint32_t)HQ_BOTH))
+    return hqi_error(HQ_EINVAL, "hq_fsdp_extract_dirs: dirs 0x%x is not HQ_ROWWISE, HQ_COLWISE "
+                     "or both", dirs);
   if (cap && elem_size < HQ_FSDP_BUFFER_SIZE_0_2)
     return hqi_error(HQ_EINVAL, "hq_fsdp_extract: elem_size %zu is smaller than the oldest "
                      "hq_fsdp_buffer (%zu bytes)", elem_size, (size_t)HQ_FSDP_BUFFER_SIZE_0_2);
@@ -237,7 +250,7 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
                      "with HQ_QUANTIZE_ALIAS)", shard->role);
   size_t count, staging;
   dir_forms forms[2];
-  int rc = plan(shard, &count, &staging, "hq_fsdp_extract", forms);
+  int rc = plan(shard, dirs, &count, &staging, "hq_fsdp_extract", forms);
   *n = count;
   if (rc) return rc;
   if (cap < count)
@@ -258,7 +271,7 @@ int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t 
   size_t k = 0;
   for (int d = 0; d < 2 && !rc; d++) {
     hqi_qdir *q = &shard->d[d];
-    if (!q->present) continue;
+    if (!q->present || !(dirs & q->st.dir)) continue;
     for (uint32_t i = 0; i < q->st.nbuf && !rc; i++) {
       hq_buffer *b = HQ_STORAGE_BUF(&q->st, i);
       if (!q->owned[i] || (b->gather == HQ_GATHER_SAME && !forms[d].form[i].ndim)) continue;
@@ -326,7 +339,7 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                        shard->fmt[d]->name);
   size_t count, staging;
   dir_forms forms[2];
-  int rc = plan(full, &count, &staging, "hq_fsdp_assign", forms);
+  int rc = plan(full, HQ_BOTH, &count, &staging, "hq_fsdp_assign", forms);
   if (rc) return rc;
   if (n != count)
     return hqi_error(HQ_EINVAL, "hq_fsdp_assign: role %s expects %zu gathered buffers, %zu given",
@@ -380,8 +393,14 @@ int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
           if (e.ptr != b->ptr) rc = copy_on_device(ctx, b->ptr, e.ptr, used);
           if (!rc) rc = hqi_ctx_memset(ctx, (char *)b->ptr + used, 0, b->bytes - used);
         } else {
-          rc = hqi_ctx_memset(ctx, b->ptr, 0, b->bytes);
+          /* the transpose fills columns [0, rows) of every row; the padding columns after them
+             are zeroed: on a device by one memset first (one call, not one per row), on the
+             host row by row, so that the bytes the transpose writes are written once */
+          const int64_t pad = b->shape[1] - rows;
+          if (ctx->device >= 0 && pad) rc = hqi_ctx_memset(ctx, b->ptr, 0, b->bytes);
           if (!rc) rc = transpose(ctx, b->ptr, b->shape[1], e.ptr, b->shape[0], rows, b->shape[0], es);
+          for (int64_t r = 0; r < b->shape[0] && !rc && ctx->device < 0 && pad; r++)
+            memset((char *)b->ptr + (r * b->shape[1] + rows) * es, 0, (size_t)(pad * es));
         }
         k++;
       }

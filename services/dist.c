@@ -164,6 +164,7 @@ struct hq_gather {
   void *dest[MAX_ENTRIES];
   const void *key[1 + 2 * HQ_MAX_BUFFERS];
   int have_dest;
+  char rebuilt_name[48];         /* the rebuilt entry's buffer (not extracted by a run) */
   int pending;                   /* a collective into the staging memory may still be running */
   uint64_t rebuilt_bytes;
 };
@@ -364,7 +365,10 @@ static int plan(hq_gather *g, const sig *all, hq_ctx *ctx, const char *what) {
   if (!g->rows_of || !g->off || !g->counts || !g->displs)
     return hq_set_error(HQ_ENOMEM, "%s: out of memory for the plan", what);
   for (size_t e = 0; e < g->n; e++) g->rebuild_of[e] = -1;
-  if (g->rebuild) g->rebuild_of[1] = 0;
+  if (g->rebuild) {
+    g->rebuild_of[1] = 0;
+    copy_str(g->rebuilt_name, sizeof g->rebuilt_name, all[0].e[1].name);
+  }
   /* Host memory with a count per rank: no padding between entries (they are copied, never
      read in place), and an entry's rank parts lie in rank order in its full buffer exactly as
      the all-gather lays out the messages, so a single sent entry is gathered in place. */
@@ -582,13 +586,15 @@ int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full
                         g->rows, g->cols);
   hq_fsdp_buffer ext[MAX_ENTRIES];
   size_t n = 0;
-  if ((rc = hq_fsdp_extract(shard, ctx, ext, MAX_ENTRIES, sizeof(hq_fsdp_buffer), &n)))
+  /* a rebuilt direction (the columnwise one, the last entry) is neither extracted nor sent */
+  if ((rc = hq_fsdp_extract_dirs(shard, ctx, g->rebuild ? HQ_ROWWISE : HQ_BOTH, ext,
+                                 MAX_ENTRIES, sizeof(hq_fsdp_buffer), &n)))
     return rc;
   const size_t me = (size_t)d->rank * MAX_ENTRIES;
   /* the plan was made for this shard: a shard that changed since would desynchronize the
      ranks, so it is refused here (the other ranks then time out in the collective) */
-  if (n != g->n) rc = hq_set_error(HQ_EINVAL, "%s: the shard has %zu buffers to gather, the "
-                                   "plan %zu (make a new plan)", what, n, g->n);
+  if (n != g->sent) rc = hq_set_error(HQ_EINVAL, "%s: the shard has %zu buffers to gather, the "
+                                      "plan %zu (make a new plan)", what, n, g->sent);
   for (size_t e = 0; e < n && !rc; e++)
     if (ext[e].rows != g->rows_of[me + e] || ext[e].row_bytes != g->ent[e].row_bytes ||
         ext[e].dir != g->ent[e].dir)
@@ -596,6 +602,13 @@ int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full
                         " bytes, the plan's %" PRId64 " x %" PRId64 " (make a new plan)", what,
                         ext[e].name, ext[e].rows, ext[e].row_bytes, g->rows_of[me + e],
                         g->ent[e].row_bytes);
+  for (size_t e = n; e < g->n && !rc; e++) { /* the rebuilt entry, as the plan describes it */
+    ext[e] = g->ent[e];
+    ext[e].name = g->rebuilt_name;
+    ext[e].rows = g->rows_of[me + e];
+    ext[e].ptr = NULL;
+  }
+  n = g->n;
   if (!rc && g->direct) return run_direct(g, ctx, shard, full, ext);
   /* pack: every sent entry at its offset in this rank's message */
   for (size_t e = 0; e < n && !rc; e++) {

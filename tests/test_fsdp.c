@@ -14,6 +14,7 @@
 ** byte for byte, the full tensor's every byte written; each shard's extracted list is the
 ** compact layout's list for the same input, byte for byte (the swizzled scales travel as the
 ** compact rows). nvfp4's swizzled scales (no such ops) are still refused.
+** hq_fsdp_extract_dirs: each direction's list is that direction's part of the whole list.
 */
 #include "hq_test.h"
 
@@ -69,6 +70,16 @@ static hq_tensor rows_of(const hq_tensor *x, int64_t r0, int64_t n) {
                       x->dtype, x->device, n, x->cols);
 }
 
+/* Every byte of every buffer of qt's present directions set to a value no quantize leaves in
+   padding, so that an assign that skips a byte shows. */
+static void poison(hq_qtensor *qt) {
+  for (uint32_t d = 1; d <= 2; d++) {
+    hq_storage *st = (hq_storage *)hq_qtensor_storage(qt, d);
+    for (uint32_t b = 0; st && b < st->nbuf; b++)
+      memset(HQ_STORAGE_BUF(st, b)->ptr, 0xa5, HQ_STORAGE_BUF(st, b)->bytes);
+  }
+}
+
 /* Split x into WORLD shards of ms rows, run the protocol, compare with the whole quantized. */
 static void run_case(const fmt_case *c, const hq_tensor *x, int64_t ms, int expect,
                      const char *why) {
@@ -112,6 +123,7 @@ static void run_case(const fmt_case *c, const hq_tensor *x, int64_t ms, int expe
   hq_test_all_gather(ext, world, n[0], gathered, mem);
   hq_qtensor *full = NULL, *ref = NULL;
   HQ_OK_OR_FAIL(hq_make_empty(q, ctx, x->rows, x->cols, x->dtype, &full));
+  poison(full); /* assign must write every byte, padding included */
   HQ_OK_OR_FAIL(hq_fsdp_assign(full, ctx, shard[world - 1], gathered, n[0],
                                sizeof(hq_fsdp_buffer)));
   HQ_OK_OR_FAIL(hq_quantize_ex(q, ctx, x, &args, &ref));
@@ -231,6 +243,106 @@ static void test_assign_in_place(void **state) {
     hq_recipe_free(r);
   }
   free(x.data);
+}
+
+/* hq_fsdp_extract_dirs: HQ_ROWWISE lists exactly the rowwise entries of hq_fsdp_extract's list
+   (its first ones, byte for byte), HQ_COLWISE exactly the rest, for every stock format and
+   hybrid; a direction that is not present lists nothing; dirs outside HQ_BOTH are refused; a
+   shard refused for its other direction (1-D fp8_block's columnwise 128-row blocks) is refused
+   whichever direction is asked. */
+typedef struct entry_copy {
+  hq_fsdp_buffer e;
+  unsigned char *bytes;
+} entry_copy;
+
+static size_t extract_copy(hq_qtensor *qt, hq_ctx *ctx, uint32_t dirs, entry_copy *out) {
+  hq_fsdp_buffer list[2 * HQ_MAX_BUFFERS];
+  size_t n = 0;
+  if (hq_fsdp_extract_dirs(qt, ctx, dirs, list, 2 * HQ_MAX_BUFFERS, sizeof list[0], &n))
+    fail_msg("extract dirs %u: %s", dirs, hq_last_error());
+  for (size_t e = 0; e < n; e++) {
+    const size_t bytes = (size_t)(list[e].rows * list[e].row_bytes);
+    out[e].e = list[e];
+    out[e].bytes = malloc(bytes ? bytes : 1);
+    assert_non_null(out[e].bytes);
+    memcpy(out[e].bytes, list[e].ptr, bytes);
+  }
+  hq_fsdp_release(qt);
+  return n;
+}
+
+static void same_entry(const entry_copy *a, const entry_copy *b, const char *what) {
+  if (a->e.dir != b->e.dir || strcmp(a->e.name, b->e.name) || a->e.rows != b->e.rows ||
+      a->e.row_bytes != b->e.row_bytes || a->e.dtype != b->e.dtype ||
+      memcmp(a->bytes, b->bytes, (size_t)(a->e.rows * a->e.row_bytes)))
+    fail_msg("%s: entry '%s' differs from the whole list's '%s'", what, a->e.name, b->e.name);
+}
+
+static void test_extract_dirs(void **state) {
+  (void)state;
+  hq_tensor x = test_input(HQ_BF16, 128, 96);
+  const size_t nc = sizeof cases / sizeof cases[0], nh = sizeof hybrids / sizeof hybrids[0];
+  for (size_t i = 0; i < nc + nh; i++) {
+    const fmt_case *c = i < nc ? &cases[i] : &hybrids[i - nc];
+    if (c->refuse) continue;
+    hq_recipe *r = hq_test_recipe(c->recipe);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_ctx *ctx = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+    hq_qtensor *qt = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+    entry_copy all[2 * HQ_MAX_BUFFERS], row[2 * HQ_MAX_BUFFERS], col[2 * HQ_MAX_BUFFERS];
+    const size_t n = extract_copy(qt, ctx, HQ_BOTH, all);
+    const size_t nr = extract_copy(qt, ctx, HQ_ROWWISE, row);
+    const size_t ncol = extract_copy(qt, ctx, HQ_COLWISE, col);
+    assert_int_equal(nr + ncol, n);
+    assert_true(nr > 0 && ncol > 0);
+    for (size_t e = 0; e < nr; e++) {
+      assert_int_equal(row[e].e.dir, HQ_ROWWISE);
+      same_entry(&row[e], &all[e], c->name);
+    }
+    for (size_t e = 0; e < ncol; e++) {
+      assert_int_equal(col[e].e.dir, HQ_COLWISE);
+      same_entry(&col[e], &all[nr + e], c->name);
+    }
+    hq_fsdp_buffer one;
+    size_t k = 9;
+    assert_int_equal(hq_fsdp_extract_dirs(qt, ctx, 0, &one, 1, sizeof one, &k), HQ_EINVAL);
+    HQ_ERROR_HAS("dirs");
+    assert_int_equal(hq_fsdp_extract_dirs(qt, ctx, 4, &one, 1, sizeof one, &k), HQ_EINVAL);
+    for (size_t e = 0; e < n; e++) free(all[e].bytes);
+    for (size_t e = 0; e < nr; e++) free(row[e].bytes);
+    for (size_t e = 0; e < ncol; e++) free(col[e].bytes);
+    hq_qtensor_free(qt);
+    /* rowwise alone: asking for the columnwise direction lists nothing */
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
+    HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+    assert_int_equal(extract_copy(qt, ctx, HQ_COLWISE, col), 0);
+    hq_qtensor_free(qt);
+    hq_ctx_destroy(ctx);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  free(x.data);
+  /* 32 rows of 1-D fp8_block: its rowwise 1 x 128 blocks could be sharded, its columnwise
+     128 x 1 blocks cannot; the rowwise list alone is refused all the same */
+  hq_tensor y = test_input(HQ_BF16, 32, 128);
+  hq_recipe *r = hq_test_recipe(cases[4].recipe);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &y, &qt));
+  hq_fsdp_buffer list[2 * HQ_MAX_BUFFERS];
+  size_t k = 0;
+  assert_int_equal(hq_fsdp_extract_dirs(qt, ctx, HQ_ROWWISE, list, 2 * HQ_MAX_BUFFERS,
+                                        sizeof list[0], &k), HQ_ESHAPE);
+  HQ_ERROR_HAS("not a multiple of 128");
+  hq_qtensor_free(qt);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  free(y.data);
 }
 
 /* One swizzled mxfp8 instance (`opts`, one line each) of usage `usage`, world shards of ms rows of
@@ -403,6 +515,7 @@ int main(void) {
       cmocka_unit_test(test_shard_row_multiple), cmocka_unit_test(test_shard_rows_query),
       cmocka_unit_test(test_errors),           cmocka_unit_test(test_swizzled_mxfp8),
       cmocka_unit_test(test_transpose_edges),  cmocka_unit_test(test_assign_in_place),
+      cmocka_unit_test(test_extract_dirs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -851,6 +851,13 @@ typedef struct hq_fsdp_buffer {
 HQ_API int64_t hq_qtensor_shard_rows(const hq_qtensor *qt);
 HQ_API int hq_fsdp_extract(hq_qtensor *shard, hq_ctx *ctx, hq_fsdp_buffer *out, size_t cap,
                            size_t elem_size, size_t *n);
+/* hq_fsdp_extract listing only the entries of the directions in `dirs` (HQ_ROWWISE, HQ_COLWISE
+   or HQ_BOTH; a direction that is not present lists nothing): a gather that sends one direction
+   and rebuilds the other (per-tensor FP8's columnwise codes from the rowwise ones) extracts, and
+   for a transposed buffer transposes, only what it sends. Every present direction is still
+   checked, so it refuses what hq_fsdp_extract refuses. hq_fsdp_extract is dirs = HQ_BOTH. */
+HQ_API int hq_fsdp_extract_dirs(hq_qtensor *shard, hq_ctx *ctx, uint32_t dirs,
+                                hq_fsdp_buffer *out, size_t cap, size_t elem_size, size_t *n);
 HQ_API int hq_fsdp_assign(hq_qtensor *full, hq_ctx *ctx, const hq_qtensor *shard,
                           const hq_fsdp_buffer *gathered, size_t n, size_t elem_size);
 HQ_API void hq_fsdp_release(hq_qtensor *shard);
