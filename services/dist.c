@@ -540,11 +540,14 @@ static int run_direct(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *
   if (!rc && g->sent == 1) {
     rc = d->ops->allgatherv(d, ctx, ext[one].ptr, g->dest[one], g->counts, g->displs);
   } else if (!rc) {
+    /* packed straight into this rank's place in the received message and gathered in place,
+       so that the collective does not copy this rank's part once more */
+    char *mine = (char *)g->recv + g->displs[d->rank];
     for (size_t e = 0; e < g->n; e++)
       if (g->rebuild_of[e] < 0)
-        memcpy((char *)g->send + g->off[me + e], ext[e].ptr,
+        memcpy(mine + g->off[me + e], ext[e].ptr,
                (size_t)(g->rows_of[me + e] * g->ent[e].row_bytes));
-    rc = d->ops->allgatherv(d, ctx, g->send, g->recv, g->counts, g->displs);
+    rc = d->ops->allgatherv(d, ctx, mine, g->recv, g->counts, g->displs);
     for (size_t e = 0; e < g->n && !rc; e++) {
       if (g->rebuild_of[e] >= 0) continue;
       size_t at = 0;

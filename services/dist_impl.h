@@ -19,7 +19,8 @@ typedef struct hqt_dist_ops {
      order): the plan's descriptors. */
   int (*allgather_host)(hq_dist *d, hq_ctx *ctx, const void *send, void *recv, size_t bytes);
   /* The gather: rank r's counts[r] bytes land at recv + displs[r]; send holds this rank's
-     message (for uniform slots, counts[r] is the slot for every r). */
+     message (for uniform slots, counts[r] is the slot for every r). send may be this rank's
+     place in recv (in place: the message is already where it lands). */
   int (*allgatherv)(hq_dist *d, hq_ctx *ctx, const void *send, void *recv, const size_t *counts,
                     const size_t *displs);
   /* In-place MAX all-reduce of n floats in the staging memory's place (device or host). */

@@ -74,6 +74,8 @@ static int mpi_allgatherv(hq_dist *d, hq_ctx *ctx, const void *send, void *recv,
     m->displs[r] = (int)displs[r];
   }
   MPI_Request req;
+  /* a message already in its place is gathered in place: MPI copies nothing onto itself */
+  if (send == (const char *)recv + displs[d->rank]) send = MPI_IN_PLACE;
   int err = MPI_Iallgatherv(send, m->counts[d->rank], MPI_BYTE, recv, m->counts, m->displs,
                             MPI_BYTE, m->comm, &req);
   if (err != MPI_SUCCESS) return mpi_fail(d, err, "MPI_Iallgatherv of a quantized parameter");
