@@ -408,7 +408,8 @@ static int plan(hq_gather *g, const sig *all, hq_ctx *ctx, const char *what) {
   }
   g->ctx = ctx;
   if (g->direct && g->sent == 1) return HQ_OK; /* no staging: sent and received in place */
-  int rc = hq_ctx_alloc(ctx, g->send_bytes ? g->send_bytes : 1, &g->send);
+  /* direct: packed into this rank's place in recv, no send buffer */
+  int rc = g->direct ? HQ_OK : hq_ctx_alloc(ctx, g->send_bytes ? g->send_bytes : 1, &g->send);
   if (!rc) rc = hq_ctx_alloc(ctx, g->recv_bytes ? g->recv_bytes : 1, &g->recv);
   for (size_t e = 0; e < g->n && !rc && !g->direct; e++) /* direct: found at the first run */
     if (g->rebuild_of[e] < 0)
