@@ -606,6 +606,10 @@ int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full
                         " bytes, the plan's %" PRId64 " x %" PRId64 " (make a new plan)", what,
                         ext[e].name, ext[e].rows, ext[e].row_bytes, g->rows_of[me + e],
                         g->ent[e].row_bytes);
+  if (!rc && g->rebuild && hq_qtensor_dirs(shard) != HQ_BOTH)
+    rc = hq_set_error(HQ_EINVAL, "%s: the plan rebuilds the columnwise copy of a shard with both "
+                      "directions; this shard has directions 0x%x (make a new plan)", what,
+                      hq_qtensor_dirs(shard));
   for (size_t e = n; e < g->n && !rc; e++) { /* the rebuilt entry, as the plan describes it */
     ext[e] = g->ent[e];
     ext[e].name = g->rebuilt_name;

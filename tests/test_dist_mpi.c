@@ -289,6 +289,27 @@ static void test_refusals(void **state) {
   hq_qtensor_free(shard);
   hq_quantizer_free(q);
   hq_recipe_free(r);
+  /* a plan that rebuilds per-tensor FP8's columnwise copy (it extracts the rowwise direction
+     alone) run with a shard that holds only the rowwise direction: refused on every rank before
+     the collective, not gathered as if the rebuild still applied */
+  r = hq_test_recipe(ONE("plugin = fp8_tensor\n"));
+  q = hq_test_quantizer(r, "linear:weight:w");
+  HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &x, &shard));
+  HQ_OK_OR_FAIL(hq_gather_create(g_dist, g_ctx, shard, &g));
+  hq_gather_info info = {.struct_size = sizeof info};
+  HQ_OK_OR_FAIL(hq_gather_get_info(g, &info));
+  assert_int_equal(info.rebuilt_dir, HQ_COLWISE);
+  hq_qtensor_free(shard);
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_ROWWISE));
+  HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &x, &shard));
+  HQ_OK_OR_FAIL(hq_make_empty(q, g_ctx, 32 * g_size, K, HQ_BF16, &full));
+  assert_int_equal(hq_gather_run(g, g_ctx, shard, full), HQ_EINVAL);
+  HQ_ERROR_HAS("make a new plan");
+  hq_gather_free(g);
+  hq_qtensor_free(full);
+  hq_qtensor_free(shard);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
   free(x.data);
 }
 
