@@ -59,25 +59,32 @@ static int evaluate(train_model *m, const train_data *d, int64_t batches, int32_
   return train_model_eval_end(m, err, err_len);
 }
 
+/* The step keys stochastic rounding's random stream (with each role's name): a resumed run and
+   one with evaluations in between draw the same bits at every step. */
+static int set_rng(train_model *m, int64_t step, char *e, size_t n) {
+  if (!hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) return 0;
+  snprintf(e, n, "the random stream: %s", hq_last_error());
+  return -1;
+}
+
+/* A train loss that is not finite fails the run. */
+static int check_loss(const train_config *cfg, int64_t step, double loss, char *e, size_t n) {
+  if (isfinite(loss)) return 0;
+  snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(loss) ? "NaN" : "infinite",
+           (double)schedule(cfg, step));
+  return -1;
+}
+
 /* One optimizer step (step: 0-based) on the batch in x, y. */
 static int train_step(train_model *m, const train_config *cfg, int64_t step, const int32_t *x,
                       const int32_t *y, double *loss, char *e, size_t n) {
-  /* the step keys stochastic rounding's random stream (with each role's name): a resumed run
-     and one with evaluations in between draw the same bits at every step */
-  if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
-    snprintf(e, n, "the random stream: %s", hq_last_error());
+  if (set_rng(m, step, e, n) || train_model_forward(m, x, y, m->cfg.batch, 1, loss, e, n))
     return -1;
-  }
-  if (train_model_forward(m, x, y, m->cfg.batch, 1, loss, e, n)) return -1;
   /* across ranks: the mean of the ranks' means, which is the global batch's (equal parts) */
   const double ranks = train_dist_size(m->cfg.dist);
   if (train_dist_sum(m->cfg.dist, loss, 1, e, n)) return -1;
   *loss /= ranks;
-  if (!isfinite(*loss)) {
-    snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",
-             (double)schedule(cfg, step));
-    return -1;
-  }
+  if (check_loss(cfg, step, *loss, e, n)) return -1;
   return train_model_backward(m, e, n) || train_model_update(m, &cfg->adam, schedule(cfg, step),
                                                              e, n)
              ? -1
@@ -133,10 +140,7 @@ static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *not
     if (!sg->g) {
       sg->on = 0;
       /* the capture ran nothing, but it counted its quantizations in the random stream */
-      if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
-        snprintf(e, n, "the random stream: %s", hq_last_error());
-        return -1;
-      }
+      if (set_rng(m, step, e, n)) return -1;
     }
   }
   if (sg->g) {
@@ -157,22 +161,14 @@ static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *not
 static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
                       const int32_t *x, const int32_t *y, double *loss, char *note,
                       size_t note_len, char *e, size_t n) {
-  if (hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) {
-    snprintf(e, n, "the random stream: %s", hq_last_error());
-    return -1;
-  }
+  if (set_rng(m, step, e, n)) return -1;
   memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
   memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
   if (graph_fwd_bwd(m, sg, step, note, note_len, e, n) ||
       train_model_update(m, &cfg->adam, schedule(cfg, step), e, n) ||
       train_model_read_loss(m, loss, e, n))
     return -1;
-  if (!isfinite(*loss)) {
-    snprintf(e, n, "the train loss is %s (lr %.3g)", isnan(*loss) ? "NaN" : "infinite",
-             (double)schedule(cfg, step));
-    return -1;
-  }
-  return 0;
+  return check_loss(cfg, step, *loss, e, n);
 }
 
 static int64_t file_size(const char *path) {
