@@ -604,28 +604,35 @@ __global__ void alpha_beta_kernel(float *out, float alpha, float beta, const flo
      t == NULL, in_place == 1:  D                   (D already holds alpha*op(A)op(B) + beta*D)
      t != NULL:                 t[j*m+i] + beta * D (t: the F32 product, contiguous)
    beta == 0 never reads D (which may hold NaN). */
+/* One element of finish_kernel: row i, at D's offset `at`, tv the F32 product's value there. */
+__device__ __forceinline__ float finish_elem(const void *d, int dt, int64_t at, int64_t i,
+                                             float beta, float tv, int in_place,
+                                             const void *bias, int bt) {
+  float v;
+  if (in_place) {
+    v = hq_load_hp(d, at, dt);
+  } else {
+    v = tv;
+    if (beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
+  }
+  if (bias) v = v + hq_load_hp(bias, i, bt);
+  return v;
+}
+
 __global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd, float beta,
                               const float *t, int in_place, const void *bias, int bt) {
   int64_t total = m * n;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
        e += (int64_t)gridDim.x * blockDim.x) {
     int64_t i = e % m, j = e / m, at = j * ldd + i;
-    float v;
-    if (in_place) {
-      v = hq_load_hp(d, at, dt);
-    } else {
-      v = t ? t[e] : 0.0f;
-      if (beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
-    }
-    if (bias) v = v + hq_load_hp(bias, i, bt);
-    hq_store_hp(d, at, dt, v);
+    hq_store_hp(d, at, dt,
+                finish_elem(d, dt, at, i, beta, t ? t[e] : 0.0f, in_place, bias, bt));
   }
 }
 
 /* finish_kernel four rows of a column at a time, for the common shape (m and ldd multiples of
    4, every pointer aligned for it, D F32 or BF16): one 16-byte load of t and one 16- or 8-byte
-   store per thread, a division per four elements. Each element's arithmetic is finish_kernel's,
-   in the same order, so the bits are the same. */
+   store per thread, a division per four elements; each element is finish_elem, as there. */
 template <int DT>
 __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float beta,
                                const float *t, int in_place, const void *bias, int bt) {
@@ -633,21 +640,13 @@ __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total4;
        e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t j = e / m4, i = (e - j * m4) * 4, at = j * ldd + i;
-    float v[4];
-    if (in_place) {
-      for (int k = 0; k < 4; k++) v[k] = hq_load_hp(d, at + k, DT);
-    } else {
-      if (t) {
-        const float4 q = reinterpret_cast<const float4 *>(t)[e];
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-      } else {
-        v[0] = v[1] = v[2] = v[3] = 0.0f;
-      }
-      if (beta != 0.0f)
-        for (int k = 0; k < 4; k++) v[k] = v[k] + beta * hq_load_hp(d, at + k, DT);
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t && !in_place) {
+      const float4 q = reinterpret_cast<const float4 *>(t)[e];
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     }
-    if (bias)
-      for (int k = 0; k < 4; k++) v[k] = v[k] + hq_load_hp(bias, i + k, bt);
+    for (int k = 0; k < 4; k++)
+      v[k] = finish_elem(d, DT, at + k, i + k, beta, v[k], in_place, bias, bt);
     if (DT == HQ_F32) {
       *reinterpret_cast<float4 *>((float *)d + at) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
