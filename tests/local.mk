@@ -352,13 +352,13 @@ tests_test_gpu_train_ops_SOURCES = tests/test_gpu_train_ops.c tests/hq_test.h te
 tests_test_gpu_train_ops_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(top_srcdir)/train
 tests_test_gpu_train_ops_LDADD = $(HQ_TEST_LDADD) train/ops_cuda.lo -lcudart -lstdc++
 tests_test_gpu_train_ops_LDFLAGS = $(CUDA_LDFLAGS)
-# --grad-dtype bf16's conversions on the GPU (train/dist_cuda.cu) against the CPU path's rounding
+# --grad-dtype bf16's conversions on the GPU (train/cast_cuda.cu) against the CPU path's rounding
 # and a reference, bit for bit
 check_PROGRAMS += tests/test_gpu_dist_bf16
 tests_test_gpu_dist_bf16_SOURCES = tests/test_gpu_dist_bf16.c tests/hq_test.h tests/hq_gpu_test.h \
-	train/dist_cuda.h
+	train/cast_cuda.h
 tests_test_gpu_dist_bf16_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(top_srcdir)/train
-tests_test_gpu_dist_bf16_LDADD = $(HQ_TEST_LDADD) train/dist_cuda.lo -lcudart -lstdc++
+tests_test_gpu_dist_bf16_LDADD = $(HQ_TEST_LDADD) train/cast_cuda.lo -lcudart -lstdc++
 tests_test_gpu_dist_bf16_LDFLAGS = $(CUDA_LDFLAGS)
 # a trainer linked with the static CUDA runtime, passing its stream to libhqcore (shared runtime)
 check_PROGRAMS += tests/test_gpu_static_rt

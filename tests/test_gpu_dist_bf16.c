@@ -1,6 +1,6 @@
 /*
 ** test_gpu_dist_bf16.c -- the device conversions of --grad-dtype bf16 across GPUs
-** (train/dist_cuda.cu) round FP32 to BF16 bit for bit as the CPU path does (hq_f32_to_bf16) and
+** (train/cast_cuda.cu, which the bf16-direct run's casts share) round FP32 to BF16 bit for bit as the CPU path does (hq_f32_to_bf16) and
 ** as a reference written here: the nearer of the two BF16 values around x, compared in double,
 ** ties to the even code, NaN kept quiet with its sign, the overflow past the largest BF16 to
 ** Inf. Inputs: every upper half (sign, exponent, 7 mantissa bits) with lower halves that are
@@ -13,7 +13,7 @@
 
 #include <string.h>
 
-#include "dist_cuda.h"
+#include "cast_cuda.h"
 
 static double bf16_value(uint16_t h) {
   if ((h & 0x7fffu) == 0x7f80u) return ldexp(1.0, 128); /* Inf stands as 2^128, one step on */
@@ -86,21 +86,28 @@ static void test_device(void **state) {
   HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, df, 0, u, HQ_DEVICE_HOST, n * sizeof(float)));
   char err[256];
   void *stream = hq_ctx_stream(gpu);
-  /* a count that is no multiple of the block: the tail converts, and nothing after it is written */
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, dh, 0, memset(h16, 0xab, n * sizeof *h16), HQ_DEVICE_HOST,
-                              n * sizeof *h16));
-  if (train_cuda_f32_to_bf16(stream, dh, df, (int64_t)n - 3, err, sizeof err)) fail_msg("%s", err);
-  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, h16, HQ_DEVICE_HOST, dh, 0, n * sizeof *h16));
-  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  for (size_t k = 0; k < n; k++) {
-    const uint16_t want = k < n - 3 ? ref_bf16(u[k]) : 0xabab;
-    if (h16[k] != want) fail_msg("element %zu (0x%08x): device 0x%04x, want 0x%04x", k, u[k],
-                                 h16[k], want);
+  /* a count that is no multiple of 4 takes the element-wise kernel, a multiple of 4 on aligned
+     buffers the four-element one; each converts up to its count, and nothing after it is
+     written */
+  const size_t counts[2] = {n - 3, (n - 3) & ~(size_t)3};
+  for (int c = 0; c < 2; c++) {
+    const size_t cnt = counts[c];
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, dh, 0, memset(h16, 0xab, n * sizeof *h16), HQ_DEVICE_HOST,
+                                n * sizeof *h16));
+    if (train_cuda_f32_to_bf16(stream, dh, df, (int64_t)cnt, "test cast", err, sizeof err))
+      fail_msg("%s", err);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, h16, HQ_DEVICE_HOST, dh, 0, n * sizeof *h16));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    for (size_t k = 0; k < n; k++) {
+      const uint16_t want = k < cnt ? ref_bf16(u[k]) : 0xabab;
+      if (h16[k] != want) fail_msg("count %zu, element %zu (0x%08x): device 0x%04x, want 0x%04x",
+                                   cnt, k, u[k], h16[k], want);
+    }
   }
   /* widening: every BF16 code, its FP32 bits exactly code << 16 (NaN payloads kept) */
   for (uint32_t c = 0; c < 65536; c++) all[c] = (uint16_t)c;
   HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, dh, 0, all, HQ_DEVICE_HOST, sizeof all));
-  if (train_cuda_bf16_to_f32(stream, dw, dh, 65536, err, sizeof err)) fail_msg("%s", err);
+  if (train_cuda_bf16_to_f32(stream, dw, dh, 65536, "test widening", err, sizeof err)) fail_msg("%s", err);
   HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, dw, 0, 65536 * sizeof *back));
   HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
   for (uint32_t c = 0; c < 65536; c++)

@@ -102,7 +102,7 @@ within "$tmp/r1.json" "$tmp/n2a.json" "2 GPUs" || fail "2 GPUs: the held-out los
 grep -q "^hq train: fp8-current-e4m3: 2 ranks: per step and rank, quantized weights gathered 32768 bytes (a BF16 all-gather: 65536, 0.500x), FP32 weight gradients reduce-scattered 131072 bytes$" "$tmp/n2a.err" ||
   { cat "$tmp/n2a.err"; fail "2 GPUs: the wire line of fp8_current"; }
 
-# --grad-dtype bf16 on 2 GPUs (the rounding and widening kernels of train/dist_cuda.cu around
+# --grad-dtype bf16 on 2 GPUs (the rounding and widening kernels of train/cast_cuda.cu around
 # NCCL's BF16 reduce-scatter): two runs print the same losses, every recipe's held-out loss is
 # the FP32 reduce-scatter's within 0.01 (as on the CPU), and half the gradient bytes travel
 for k in a b; do

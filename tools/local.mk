@@ -7,7 +7,7 @@ tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/jso
 	tools/cmd_bench.c tools/bench_gemm.c tools/bench_dist.c tools/bench_timer.c tools/bench_timer.h \
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
 	train/checkpoint.c train/ops_cpu.c train/profile.h train/profile.c tools/train_report.c \
-	tools/train_report.h train/dist.h train/dist.c train/dist_cuda.h
+	tools/train_report.h train/dist.h train/dist.c train/cast_cuda.h
 tools_hq_SOURCES += train/memory.c train/direct.h
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
 tools_hq_LDADD = services/libhqtrain.la core/libhqcore.la -lm
@@ -18,12 +18,12 @@ if HAVE_MPI
 tools_hq_CPPFLAGS += $(MPI_CFLAGS)
 tools_hq_LDADD += $(MPI_LIBS)
 endif
-EXTRA_DIST += train/ops_cuda.cu train/direct_cuda.cu train/dist_cuda.cu
+EXTRA_DIST += train/ops_cuda.cu train/direct_cuda.cu train/cast_cuda.cu
 if HAVE_CUDA
 # the trainer's device table for CUDA (train/device.h), compiled by nvcc like the core's kernels;
 # the bf16-direct run's GEMMs (train/direct.h) on the cuBLASLt configure found for libhqcore;
-# the BF16 gradient's conversions of the ranks' NCCL reduce-scatter (train/dist_cuda.h)
-tools_hq_LDADD += train/ops_cuda.lo train/direct_cuda.lo train/dist_cuda.lo -lcublasLt -lcudart \
+# the FP32 <-> BF16 conversions of that run and of the ranks' BF16 reduce-scatter (train/cast_cuda.h)
+tools_hq_LDADD += train/ops_cuda.lo train/direct_cuda.lo train/cast_cuda.lo -lcublasLt -lcudart \
 	-lstdc++
 tools_hq_LDFLAGS += $(CUDA_LDFLAGS)
 else

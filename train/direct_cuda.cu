@@ -1,5 +1,6 @@
 /*
-** direct_cuda.cu -- the bf16-direct run's GEMMs on cuBLASLt and its FP32 -> BF16 cast (direct.h).
+** direct_cuda.cu -- the bf16-direct run's GEMMs on cuBLASLt and its FP32 -> BF16 casts (direct.h;
+** the conversion is cast_cuda.cu's, which --grad-dtype bf16 shares).
 **
 ** A plan is chosen as libhqcore's cuBLASLt runner chooses one for the identity recipe's GEMMs,
 ** so that both take the same algorithm and give the same bits: compute type 32F, scale type
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "hq/numerics.h"
+#include "cast_cuda.h"
 #include "direct.h"
 
 /* the workspace offered to the heuristic and given to every matmul: libhqcore's runner offers
@@ -113,23 +115,6 @@ uint32_t align_of(const void *p) {
   return r;
 }
 
-/* dst[i] = BF16(src[i]), four elements a thread when n allows it */
-__global__ void cast4_kernel(const float4 *src, uint2 *dst, int64_t n4) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const float4 v = src[i];
-    uint2 o;
-    o.x = (uint32_t)hq_f32_to_bf16(v.x) | (uint32_t)hq_f32_to_bf16(v.y) << 16;
-    o.y = (uint32_t)hq_f32_to_bf16(v.z) | (uint32_t)hq_f32_to_bf16(v.w) << 16;
-    dst[i] = o;
-  }
-}
-__global__ void cast_kernel(const float *src, uint16_t *dst, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    dst[i] = hq_f32_to_bf16(src[i]);
-}
-
 /* y[j * m + i] += bias[i]: the split plan's bias, in FP32 as the epilogue adds it */
 __global__ void bias_kernel(float *y, const float *bias, int64_t m, int64_t total) {
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
@@ -144,11 +129,10 @@ unsigned blocks_for(int64_t n) {
 
 int cast(train_direct *d, const float *src, uint16_t *dst, int64_t n, const char *what) {
   if (enter(d, what)) return -1;
-  if (n % 4 == 0 && !((uintptr_t)src & 15) && !((uintptr_t)dst & 7))
-    cast4_kernel<<<blocks_for(n / 4), 256, 0, d->stream>>>((const float4 *)src, (uint2 *)dst,
-                                                            n / 4);
-  else cast_kernel<<<blocks_for(n), 256, 0, d->stream>>>(src, dst, n);
-  return cuda_check(d, what);
+  char why[256];
+  return train_cuda_f32_to_bf16(d->stream, dst, src, n, what, why, sizeof why)
+             ? fail(d, "%s", why)
+             : 0;
 }
 
 struct descs {

@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>   /* before hq/dist.h: it declares hq_dist_nccl_create when NCCL's is seen */
-#include "dist_cuda.h"   /* the BF16 gradient's conversions on the GPU */
+#include "cast_cuda.h"   /* the BF16 gradient's conversions on the GPU */
 #endif
 #include "hq/dist.h"
 #include "hq/numerics.h"   /* hq_f32_to_bf16: the BF16 gradients' rounding (RNE) */
@@ -61,7 +61,7 @@ struct train_dist {
                                      (hq_dist aborts NCCL's on an error or timeout) */
   /* --grad-dtype bf16 through MPI (train_model_cfg.grad_bf16): host scratch for a layer's whole
      gradient and its shard as BF16, sized for the largest layer, grown on every rank at once
-     (the ranks train the same shapes); on GPUs the kernels of dist_cuda.cu use device memory */
+     (the ranks train the same shapes); on GPUs the kernels of cast_cuda.cu use device memory */
   uint16_t *h16;
   size_t h16_n;
 #ifdef HQ_HAVE_MPI
@@ -432,7 +432,7 @@ static int nccl_wait(train_dist *d, cudaStream_t stream, const char *what, char 
 }
 
 /* --grad-dtype bf16 on GPUs (unverified, as the rest of this path): layer l's gradient rounded
-   to BF16 on the GPU (dist_cuda.cu: the CPU path's rule, hq_f32_to_bf16), reduce-scattered by
+   to BF16 on the GPU (cast_cuda.cu: the CPU path's rule, hq_f32_to_bf16), reduce-scattered by
    NCCL as ncclBfloat16 with ncclSum (all-reduced where the rows do not split evenly), and this
    rank's summed shard widened back to FP32 into l->gws, all on the stream: no host copy. */
 static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaStream_t stream,
@@ -445,7 +445,8 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
   uint16_t *g = p, *shard = g + full;
   char why[256];
   int rc = 0;
-  if (train_cuda_f32_to_bf16(stream, g, l->gw, full, why, sizeof why))
+  if (train_cuda_f32_to_bf16(stream, g, l->gw, full, "rounding the gradient to BF16 on the GPU",
+                             why, sizeof why))
     rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
   if (!rc) {
     ncclResult_t r;
@@ -457,7 +458,8 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
     }
     if (r != ncclSuccess) rc = nccl_fail(d, err, err_len, r, "the BF16 gradient's NCCL reduction");
   }
-  if (!rc && train_cuda_bf16_to_f32(stream, l->gws, shard, mine, why, sizeof why))
+  if (!rc && train_cuda_bf16_to_f32(stream, l->gws, shard, mine,
+                                   "widening the BF16 gradient to FP32 on the GPU", why, sizeof why))
     rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
   /* the scratch is freed only once the stream is done with it; after a failed launch the
      reduction already enqueued may still read it, so it is then left to the ending process */
