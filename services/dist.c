@@ -527,6 +527,24 @@ static int find_dest(hq_gather *g, hq_ctx *ctx, hq_qtensor *full, const char *wh
   return HQ_OK;
 }
 
+/* Every sent entry of every rank from the received message into dest[e] (memory of device dev,
+   as the message's): entry e of rank r goes after the rows of ranks 0..r-1. */
+static int unpack(const hq_gather *g, hq_ctx *ctx, void *const *dest, int dev) {
+  int rc = HQ_OK;
+  for (size_t e = 0; e < g->n && !rc; e++) {
+    if (g->rebuild_of[e] >= 0) continue;
+    size_t at = 0;
+    for (int r = 0; r < g->d->size && !rc; r++) {
+      const size_t k = (size_t)r * MAX_ENTRIES + e;
+      const size_t bytes = (size_t)(g->rows_of[k] * g->ent[e].row_bytes);
+      rc = hq_ctx_memcpy(ctx, (char *)dest[e] + at, dev,
+                         (const char *)g->recv + g->displs[r] + g->off[k], dev, bytes);
+      at += bytes;
+    }
+  }
+  return rc;
+}
+
 /* The gather in host memory with a count per rank: the entries land in their places in full
    (find_dest). A single sent entry goes from the shard's buffer straight to its place; several
    are packed into one message (one collective) and each rank's part copied to its place. */
@@ -549,16 +567,7 @@ static int run_direct(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *
         memcpy(mine + g->off[me + e], ext[e].ptr,
                (size_t)(g->rows_of[me + e] * g->ent[e].row_bytes));
     rc = d->ops->allgatherv(d, ctx, mine, g->recv, g->counts, g->displs);
-    for (size_t e = 0; e < g->n && !rc; e++) {
-      if (g->rebuild_of[e] >= 0) continue;
-      size_t at = 0;
-      for (int r = 0; r < d->size; r++) {
-        const size_t k = (size_t)r * MAX_ENTRIES + e;
-        const size_t bytes = (size_t)(g->rows_of[k] * g->ent[e].row_bytes);
-        memcpy((char *)g->dest[e] + at, (char *)g->recv + g->displs[r] + g->off[k], bytes);
-        at += bytes;
-      }
-    }
+    if (!rc) rc = unpack(g, ctx, g->dest, HQ_DEVICE_HOST);
   }
   g->pending = d->pending;
   hq_fsdp_buffer gathered[MAX_ENTRIES];
@@ -635,18 +644,7 @@ int hq_gather_run(hq_gather *g, hq_ctx *ctx, hq_qtensor *shard, hq_qtensor *full
     g->pending = d->pending;
     return rc;
   }
-  /* unpack: entry e of rank r goes after the rows of ranks 0..r-1 */
-  for (size_t e = 0; e < g->n && !rc; e++) {
-    if (g->rebuild_of[e] >= 0) continue;
-    size_t at = 0;
-    for (int r = 0; r < d->size && !rc; r++) {
-      const size_t k = (size_t)r * MAX_ENTRIES + e;
-      const size_t bytes = (size_t)(g->rows_of[k] * g->ent[e].row_bytes);
-      rc = hq_ctx_memcpy(ctx, (char *)g->full[e] + at, g->device,
-                         (char *)g->recv + g->displs[r] + g->off[k], g->device, bytes);
-      at += bytes;
-    }
-  }
+  rc = unpack(g, ctx, g->full, g->device);
   for (size_t e = 0; e < g->n; e++)
     gathered[e].ptr = g->full[g->rebuild_of[e] >= 0 ? (size_t)g->rebuild_of[e] : e];
   if (!rc) rc = hq_fsdp_assign(full, ctx, shard, gathered, g->n, sizeof(hq_fsdp_buffer));
