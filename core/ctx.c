@@ -145,12 +145,37 @@ int hqi_call_workspace(const hq_call *call, size_t bytes, void **out) {
   return HQ_OK;
 }
 
+/* The device refusal of the calls on hq's memory pool (fn names the call): HQ_EINVAL for a
+   device that does not exist, HQ_ENOTSUP for any without CUDA; HQ_OK otherwise. */
+static int pool_device_refused(const char *fn, int device) {
+  if (device >= 0 && device < hq_device_count()) return HQ_OK;
+  return hqi_error(hq_built_with_cuda() ? HQ_EINVAL : HQ_ENOTSUP, "%s: CUDA device %d %s", fn,
+                   device, hq_built_with_cuda() ? "does not exist" : "asked for, but this "
+                                                                     "libhqcore was built "
+                                                                     "without CUDA");
+}
+
+int hq_device_mem_stats(int device, hq_mem_stats *out) {
+  if (!out) return hqi_error(HQ_EINVAL, "hq_device_mem_stats: out is NULL");
+  hq_mem_stats v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  /* zeroed first, so that a refusal leaves no stale counts */
+  int rc = hqi_struct_out(out, &v, sizeof v, HQ_MEM_STATS_SIZE_0_3, "hq_mem_stats");
+  if (!rc) rc = pool_device_refused("hq_device_mem_stats", device);
+  if (!rc) rc = hqi_cuda_pool_stats(device, &v.in_use, &v.peak, &v.reserved);
+  if (!rc) rc = hqi_struct_out(out, &v, sizeof v, HQ_MEM_STATS_SIZE_0_3, "hq_mem_stats");
+  return rc;
+}
+
+int hq_device_mem_reset_peak(int device) {
+  int rc = pool_device_refused("hq_device_mem_reset_peak", device);
+  return rc ? rc : hqi_cuda_pool_reset_peak(device);
+}
+
 int hq_device_trim(int device) {
-  if (device < 0 || device >= hq_device_count())
-    return hqi_error(hq_built_with_cuda() ? HQ_EINVAL : HQ_ENOTSUP,
-                     "hq_device_trim: CUDA device %d %s", device,
-                     hq_built_with_cuda() ? "does not exist" : "asked for, but this libhqcore was "
-                                                               "built without CUDA");
+  int rc = pool_device_refused("hq_device_trim", device);
+  if (rc) return rc;
   /* the workspaces' frees are stream-ordered: the pool trim below waits for the device first */
   hqi_workspaces_release(device);
   return hqi_cuda_pool_trim(device);

@@ -60,6 +60,10 @@ int hqi_cuda_arch(int device) {
 #define HQI_MAX_POOLS 64
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static cudaMemPool_t pools[HQI_MAX_POOLS];
+/* in_use at the last reset of a pool's peak: the driver's high-water can only be set to zero,
+   so until the next allocation it may read below what was in use at the reset, which the peak
+   since then includes. */
+static uint64_t peak_floor[HQI_MAX_POOLS];
 
 static int pool_of(int device, cudaMemPool_t *out) {
   if (device < 0 || device >= HQI_MAX_POOLS)
@@ -110,6 +114,71 @@ int hqi_cuda_pool_trim(int device) {
     cudaGetLastError();
     return hqi_error(HQ_EDEVICE, "hq_device_trim: device %d: %s", device, cudaGetErrorString(e));
   }
+  return HQ_OK;
+}
+
+/* The pool of `device` if hq has made it (NULL: none yet), or HQ_EINVAL for a device past the
+   pools hq keeps; *floor its peak_floor. */
+static int pool_made(int device, const char *fn, cudaMemPool_t *out, uint64_t *floor) {
+  *out = NULL;
+  if (device < 0 || device >= HQI_MAX_POOLS)
+    return hqi_error(HQ_EINVAL, "%s: CUDA device %d: hq keeps memory pools for devices 0..%d", fn,
+                     device, HQI_MAX_POOLS - 1);
+  pthread_mutex_lock(&pool_mu);
+  *out = pools[device];
+  if (floor) *floor = peak_floor[device];
+  pthread_mutex_unlock(&pool_mu);
+  return HQ_OK;
+}
+
+static int pool_attr_failed(const char *fn, int device, const char *call, cudaError_t e) {
+  cudaGetLastError();
+  return hqi_error(HQ_EDEVICE, "%s: device %d: %s of hq's memory pool: %s", fn, device, call,
+                   cudaGetErrorString(e));
+}
+
+int hqi_cuda_pool_stats(int device, uint64_t *in_use, uint64_t *peak, uint64_t *reserved) {
+  static const char fn[] = "hq_device_mem_stats";
+  *in_use = *peak = *reserved = 0;
+  cudaMemPool_t p;
+  uint64_t floor = 0;
+  int rc = pool_made(device, fn, &p, &floor);
+  if (rc || !p) return rc;
+  int saved;
+  if ((rc = hqi_device_enter(device, &saved))) return rc;
+  uint64_t used = 0, high = 0, res = 0;
+  cudaError_t e = cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemCurrent, &used);
+  if (e == cudaSuccess) e = cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemHigh, &high);
+  if (e == cudaSuccess) e = cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &res);
+  hqi_device_leave(saved);
+  if (e != cudaSuccess) return pool_attr_failed(fn, device, "cudaMemPoolGetAttribute", e);
+  if (high < floor) high = floor;
+  if (high < used) high = used;
+  *in_use = used;
+  *peak = high;
+  *reserved = res;
+  return HQ_OK;
+}
+
+int hqi_cuda_pool_reset_peak(int device) {
+  static const char fn[] = "hq_device_mem_reset_peak";
+  cudaMemPool_t p;
+  int rc = pool_made(device, fn, &p, NULL);
+  if (rc || !p) return rc; /* a pool made later starts with a high-water of zero */
+  int saved;
+  if ((rc = hqi_device_enter(device, &saved))) return rc;
+  uint64_t used = 0, zero = 0;
+  cudaError_t e = cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemCurrent, &used);
+  const char *call = "cudaMemPoolGetAttribute";
+  if (e == cudaSuccess) {
+    e = cudaMemPoolSetAttribute(p, cudaMemPoolAttrUsedMemHigh, &zero);
+    call = "cudaMemPoolSetAttribute";
+  }
+  hqi_device_leave(saved);
+  if (e != cudaSuccess) return pool_attr_failed(fn, device, call, e);
+  pthread_mutex_lock(&pool_mu);
+  peak_floor[device] = used;
+  pthread_mutex_unlock(&pool_mu);
   return HQ_OK;
 }
 
@@ -232,6 +301,15 @@ int hq_device_info(int device, char *name, size_t name_len, int *arch) {
 }
 int hqi_cuda_arch(int device) { (void)device; return 0; }
 int hqi_cuda_pool_trim(int device) {
+  (void)device;
+  return no_cuda();
+}
+int hqi_cuda_pool_stats(int device, uint64_t *in_use, uint64_t *peak, uint64_t *reserved) {
+  (void)device;
+  *in_use = *peak = *reserved = 0;
+  return no_cuda();
+}
+int hqi_cuda_pool_reset_peak(int device) {
   (void)device;
   return no_cuda();
 }

@@ -126,6 +126,10 @@ int hqi_cuda_sync(void *stream);
 int hqi_cuda_arch(int device);
 /* Wait for the device, then hand what hq's memory pool of it keeps back to the driver. */
 int hqi_cuda_pool_trim(int device);
+/* hq's memory pool of `device` (an existing device): bytes in use, their peak since the last
+   hqi_cuda_pool_reset_peak, bytes reserved; all zero while the pool has not been made. */
+int hqi_cuda_pool_stats(int device, uint64_t *in_use, uint64_t *peak, uint64_t *reserved);
+int hqi_cuda_pool_reset_peak(int device);
 /* Whether work queued on `stream` is being captured into a CUDA graph. */
 int hqi_cuda_capturing(void *stream);
 /* Ordering between streams, without host synchronization: hqi_cuda_stream_after makes the work

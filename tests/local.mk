@@ -273,6 +273,12 @@ tests_test_optim_SOURCES = tests/test_optim.c tests/hq_test.h
 tests_test_optim_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_optim_LDADD = $(HQ_TEST_LDADD)
 
+# hq's pool counts: the refusals in every build (the counts themselves: test_gpu_core)
+check_PROGRAMS += tests/test_mem_stats
+tests_test_mem_stats_SOURCES = tests/test_mem_stats.c tests/hq_test.h
+tests_test_mem_stats_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
+tests_test_mem_stats_LDADD = $(HQ_TEST_LDADD)
+
 # checkpoints: safetensors round trips, hostile files, Python's safetensors reader when present
 check_PROGRAMS += tests/test_checkpoint
 tests_test_checkpoint_SOURCES = tests/test_checkpoint.c tests/hq_test.h

@@ -10,7 +10,8 @@
 **   - hq_adam_step refuses a quantized weight on another device before it writes anything;
 **   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern);
 **   - a qtensor used through another context's stream: the owner's allocations and frees are
-**     ordered against that stream by events (no race with the stream-ordered pool).
+**     ordered against that stream by events (no race with the stream-ordered pool);
+**   - hq_device_mem_stats counts hq's pool alone, its peak included, and resets the peak.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -787,6 +788,112 @@ static void test_pool_trim(void **state) {
   assert_int_equal(hq_device_trim(1 << 20), HQ_EINVAL);
 }
 
+/* An allocator of the test's own (cudaMalloc, outside hq's pool) for a context. */
+static void *own_alloc(void *user, int device, size_t bytes, void *s) {
+  (void)user;
+  (void)device;
+  (void)s;
+  void *p = NULL;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+static void own_free(void *user, int device, void *ptr, void *s) {
+  (void)user;
+  (void)device;
+  (void)s;
+  cudaFree(ptr);
+}
+
+static hq_mem_stats pool_stats(void) {
+  hq_mem_stats m = HQ_MEM_STATS_INIT;
+  CK(cudaStreamSynchronize(stream)); /* the stream-ordered frees done */
+  HQ_OK_OR_FAIL(hq_device_mem_stats(0, &m));
+  assert_int_equal(m.struct_size, sizeof m);
+  assert_true(m.reserved >= m.in_use);
+  assert_true(m.peak >= m.in_use);
+  return m;
+}
+
+/* hq_device_mem_stats counts hq's pool, and nothing else: a 64 MiB hq_ctx_alloc raises in_use
+   and the peak by at least 64 MiB and its free brings in_use back exactly, the peak staying;
+   memory outside the pool (cudaMalloc, a context with an allocator of its own) moves no count;
+   hq_device_mem_reset_peak brings the peak down to in_use; an FP8 qtensor of 1024 x 2048 raises
+   in_use by at least its buffers' bytes (two directions of one byte per element); a device
+   that does not exist is refused by name. */
+static void test_pool_stats(void **state) {
+  (void)state;
+  const uint64_t big = (uint64_t)64 << 20;
+  CK(cudaDeviceSynchronize()); /* the earlier tests' frees done: in_use settled at the reset */
+  HQ_OK_OR_FAIL(hq_device_mem_reset_peak(0));
+  const hq_mem_stats s0 = pool_stats();
+  assert_true(s0.peak == s0.in_use);
+  void *p = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, big, &p));
+  const hq_mem_stats s1 = pool_stats();
+  assert_true(s1.in_use >= s0.in_use + big);
+  assert_true(s1.peak >= s0.in_use + big);
+  hq_ctx_free(gpu, p);
+  const hq_mem_stats s2 = pool_stats();
+  assert_true(s2.in_use == s0.in_use);
+  assert_true(s2.peak == s1.peak);
+
+  /* outside hq's pool */
+  void *q = NULL, *o = NULL;
+  CK(cudaMalloc(&q, big));
+  hq_allocator al = {sizeof al, own_alloc, own_free, NULL};
+  hq_ctx_desc d = HQ_CTX_DESC_INIT;
+  d.device = 0;
+  d.stream = stream;
+  d.allocator = &al;
+  hq_ctx *own = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &own));
+  HQ_OK_OR_FAIL(hq_ctx_alloc(own, big, &o));
+  const hq_mem_stats s3 = pool_stats();
+  assert_true(s3.in_use == s2.in_use);
+  assert_true(s3.peak == s2.peak);
+  hq_ctx_free(own, o);
+  hq_ctx_destroy(own);
+  CK(cudaFree(q));
+
+  CK(cudaDeviceSynchronize());
+  HQ_OK_OR_FAIL(hq_device_mem_reset_peak(0));
+  const hq_mem_stats s4 = pool_stats();
+  assert_true(s4.peak == s4.in_use);
+  assert_true(s4.peak < s1.peak);
+
+  const int64_t R = 1024, C = 2048;
+  hq_tensor x = hq_test_tensor(HQ_BF16, R, C, 7, 1.0f);
+  void *dx = to_device(x.data, (size_t)(R * C) * 2);
+  hq_tensor xd = hq_tensor_2d(dx, HQ_BF16, 0, R, C);
+  hq_recipe *r = hq_test_recipe("[format f]\nplugin = fp8_tensor\n[role *:*:*]\n"
+                                "rowwise = f\ncolumnwise = f\n");
+  hq_quantizer *qz = hq_test_quantizer(r, "linear:input:x");
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(qz, gpu, &xd, &qt));
+  uint64_t held = 0;
+  for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1) {
+    const hq_storage *st = hq_qtensor_storage(qt, dir);
+    assert_non_null(st);
+    for (uint32_t i = 0; i < st->nbuf; i++)
+      if (!(hq_storage_cbuf(st, i)->flags & HQ_BUF_SHARED)) held += hq_storage_cbuf(st, i)->bytes;
+  }
+  assert_true(held >= (uint64_t)(2 * R * C));
+  const hq_mem_stats s5 = pool_stats();
+  assert_true(s5.in_use >= s4.in_use + held);
+  assert_true(s5.peak >= s4.in_use + held);
+  hq_qtensor_free(qt);
+  hq_quantizer_free(qz);
+  hq_recipe_free(r);
+  CK(cudaFree(dx));
+  free(x.data);
+
+  hq_mem_stats m = HQ_MEM_STATS_INIT;
+  assert_int_equal(hq_device_mem_stats(1 << 20, &m), HQ_EINVAL);
+  assert_non_null(strstr(hq_last_error(), "1048576"));
+  assert_int_equal(hq_device_mem_stats(-1, &m), HQ_EINVAL);
+  assert_int_equal(hq_device_mem_reset_peak(1 << 20), HQ_EINVAL);
+  assert_non_null(strstr(hq_last_error(), "1048576"));
+}
+
 int main(void) {
   int n = 0;
   if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -803,6 +910,7 @@ int main(void) {
       cmocka_unit_test(test_offload_round_trip),
       cmocka_unit_test(test_identity_conversions),
       cmocka_unit_test(test_pool_trim),
+      cmocka_unit_test(test_pool_stats),
       cmocka_unit_test(test_cross_stream_update),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -23,6 +23,9 @@ static void test_init_macros(void **state) {
   CHECK_INIT(hq_gemm_args, ga);
   assert_null(ga.bias);
   assert_null(ga.what);
+  hq_mem_stats ms = HQ_MEM_STATS_INIT;
+  CHECK_INIT(hq_mem_stats, ms);
+  assert_true(ms.in_use == 0 && ms.peak == 0 && ms.reserved == 0);
   hq_ctx_desc cd = HQ_CTX_DESC_INIT;
   CHECK_INIT(hq_ctx_desc, cd);
   assert_int_equal(cd.device, 0);

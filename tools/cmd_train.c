@@ -833,8 +833,8 @@ static void report_text(const train_config *cfg, const session *s) {
     }
   }
   if (s->runs[0].res.peak_bytes >= 0) {
-    printf("\npeak device memory (cudaMemGetInfo high-water over the run's steps, above the level "
-           "before its context):\n");
+    printf("\npeak device memory (this process's: hq's pool high-water over the run, above its "
+           "level before the run, plus CUDA graphs'):\n");
     for (int i = 0; i < s->n_runs; i++) {
       char b[32];
       train_report_bytes(s->runs[i].res.peak_bytes, b, sizeof b);

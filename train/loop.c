@@ -499,7 +499,6 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       res->tokens += B;
     }
     train_prof_step_end(prof);
-    train_memwatch_sample(&mem);
     res->train_curve[res->n_train_curve++] = (train_point){step, loss};
     if (step == 0) res->step0_loss = loss;
     interval_sum += loss;

@@ -466,23 +466,18 @@ extern "C" int train_cuda_event_sync(void *ev) {
   return -1;
 }
 
-extern "C" int train_cuda_mem_used(int device, int64_t *used) {
-  int cur = -1;
-  size_t fr = 0, tot = 0;
-  *used = 0;
-  if (cudaGetDevice(&cur) != cudaSuccess ||
-      (cur != device && cudaSetDevice(device) != cudaSuccess)) {
-    cudaGetLastError();
-    return -1;
-  }
-  const cudaError_t e = cudaMemGetInfo(&fr, &tot);
-  if (cur != device) cudaSetDevice(cur);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  *used = (int64_t)(tot - fr);
-  return 0;
+extern "C" int train_cuda_graph_mem(int device, int reset, uint64_t *used, uint64_t *high) {
+  *used = *high = 0;
+  uint64_t zero = 0;
+  cudaError_t e = cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemCurrent, used);
+  if (e == cudaSuccess && reset)
+    e = cudaDeviceSetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &zero);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, high);
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  *used = *high = 0;
+  return -1;
 }
 
 // --- the step's CUDA graph (loop.c) -------------------------------------------------------------

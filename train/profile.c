@@ -1,7 +1,7 @@
 /*
 ** profile.c -- `hq train --profile` (profile.h): per-phase times of a step, from the host clock
 ** on a CPU context and from CUDA events on the context's stream on a GPU, and the device memory
-** high-water of a run.
+** high-water of a run (this process's own).
 */
 #include "config.h"
 
@@ -213,22 +213,29 @@ bad:
 
 void train_memwatch_begin(train_memwatch *w, int device) {
   w->device = device;
-  w->base = w->high = -1;
+  w->ok = 0;
+  w->pool_base = w->graph_base = 0;
   if (device == HQ_DEVICE_HOST) return;
-  int64_t used;
-  /* hq's pool keeps what it frees (for reuse) until trimmed: trim it so the base is this run's */
-  if (hq_device_trim(device) == HQ_OK && train_cuda_mem_used(device, &used) == 0)
-    w->base = w->high = used;
-}
-
-void train_memwatch_sample(train_memwatch *w) {
-  int64_t used;
-  if (w->base >= 0 && train_cuda_mem_used(w->device, &used) == 0 && used > w->high)
-    w->high = used;
+  /* the trim waits for the device (the previous run's frees are done) and empties hq's pool, so
+     that every run pays the same cost of mapping its memory */
+  hq_mem_stats s = HQ_MEM_STATS_INIT;
+  uint64_t high;
+  w->ok = hq_device_trim(device) == HQ_OK && hq_device_mem_reset_peak(device) == HQ_OK &&
+          hq_device_mem_stats(device, &s) == HQ_OK &&
+          train_cuda_graph_mem(device, 1, &w->graph_base, &high) == 0;
+  w->pool_base = s.in_use;
 }
 
 int64_t train_memwatch_peak(const train_memwatch *w) {
-  return w->base >= 0 ? w->high - w->base : -1;
+  if (!w->ok) return -1;
+  hq_mem_stats s = HQ_MEM_STATS_INIT;
+  uint64_t used, high;
+  if (hq_device_mem_stats(w->device, &s) || train_cuda_graph_mem(w->device, 0, &used, &high))
+    return -1;
+  /* the graphs' high-water restarted from zero: what was in use at the begin bounds it below */
+  if (high < w->graph_base) high = w->graph_base;
+  const uint64_t pool = s.peak > w->pool_base ? s.peak - w->pool_base : 0;
+  return (int64_t)(pool + (high - w->graph_base));
 }
 
 #ifndef HQ_HAVE_CUDA
@@ -257,9 +264,10 @@ int train_cuda_event_sync(void *ev) {
   (void)ev;
   return -1;
 }
-int train_cuda_mem_used(int device, int64_t *used) {
+int train_cuda_graph_mem(int device, int reset, uint64_t *used, uint64_t *high) {
   (void)device;
-  *used = 0;
+  (void)reset;
+  *used = *high = 0;
   return -1;
 }
 #endif

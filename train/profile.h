@@ -111,15 +111,18 @@ int train_prof_gemm_phase(uint32_t path);
    message in err. */
 int train_prof_collect(train_profile *p, train_prof_result *out, char *err, size_t err_len);
 
-/* Device memory high-water of a run on a CUDA device, apart from --profile: begin before the
-   run's context is made (hq_device_trim hands hq's pool back first, so the level is the run's
-   own), sample after every step, read at the end. -1 on the host. */
+/* This process's device memory high-water of a run on a CUDA device, apart from --profile and
+   from other processes: begin before the run's context is made, read at the end. Every buffer
+   of the run comes from hq's memory pool (hq_ctx_alloc, hq's own allocations), whose peak
+   (hq_device_mem_stats) counts it; what a captured step allocates is its CUDA graph's own memory
+   instead, counted by the graph memory's high-water; the peak is the sum of both above their
+   levels at the begin. -1 on the host, or when the counts cannot be read. */
 typedef struct train_memwatch {
   int device;
-  int64_t base, high;             /* bytes in use before the run; the highest sample */
+  int ok;                         /* the counts were read and reset at the begin */
+  uint64_t pool_base, graph_base; /* bytes in use at the begin: hq's pool, CUDA graphs */
 } train_memwatch;
 void train_memwatch_begin(train_memwatch *w, int device);
-void train_memwatch_sample(train_memwatch *w);
 int64_t train_memwatch_peak(const train_memwatch *w);
 
 /* CUDA helpers (ops_cuda.cu; -1 without CUDA). */
@@ -130,8 +133,10 @@ int train_cuda_event_record(void *ev, void *stream);
 /* milliseconds from a to b; both recorded and complete */
 int train_cuda_event_ms(void *a, void *b, float *ms);
 int train_cuda_event_sync(void *ev);
-/* bytes in use on the device (cudaMemGetInfo: total - free) */
-int train_cuda_mem_used(int device, int64_t *used);
+/* The memory of this process's CUDA graphs on `device` (cudaGraphMemAttr*): bytes in use now and
+   the high-water since its last reset; reset != 0 resets the high-water first (to zero: the
+   only value CUDA takes, so it may read below *used until the next allocation). */
+int train_cuda_graph_mem(int device, int reset, uint64_t *used, uint64_t *high);
 
 #ifdef __cplusplus
 }

@@ -126,6 +126,26 @@ HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
 /* Hand the memory hq's pool of `device` keeps for reuse back to the driver (waits for the
    device first). Memory still allocated is not touched. */
 HQ_API int hq_device_trim(int device);
+/* The memory of hq's pool of a CUDA device: what hq allocated there itself (contexts without an
+   hq_allocator), apart from other processes and from the rest of this one -- unlike the
+   driver's device-wide free memory. Counts only; nothing waits for the device. */
+typedef struct hq_mem_stats {
+  uint32_t struct_size;          /* sizeof(hq_mem_stats); at least HQ_MEM_STATS_SIZE_0_3 */
+  uint64_t in_use;               /* bytes allocated from the pool and not freed */
+  uint64_t peak;                 /* the highest in_use since the pool was made or the last
+                                    hq_device_mem_reset_peak (never below in_use then) */
+  uint64_t reserved;             /* bytes the pool holds from the driver: in use and kept for
+                                    reuse (hq_device_trim hands the kept part back) */
+} hq_mem_stats;
+#define HQ_MEM_STATS_SIZE_0_3 (offsetof(hq_mem_stats, reserved) + sizeof(uint64_t))
+#define HQ_MEM_STATS_INIT HQ_STRUCT_INIT(hq_mem_stats)
+/* Fill *out (set out->struct_size first). All zero before hq's first allocation on the device.
+   HQ_EINVAL: out NULL, struct_size too small, a device that does not exist (the message names
+   it); HQ_ENOTSUP: a libhqcore built without CUDA; HQ_EDEVICE: the CUDA runtime failed. */
+HQ_API int hq_device_mem_stats(int device, hq_mem_stats *out);
+/* Restart the peak of hq_device_mem_stats from the bytes in use now (a run's own high-water:
+   reset, run, read). Errors as hq_device_mem_stats. */
+HQ_API int hq_device_mem_reset_peak(int device);
 HQ_API int hq_built_with_cuda(void);
 /* hq's host arithmetic mode (IEEE subnormals and rounding to nearest: the conventions above),
    for code outside libhqcore that must give libhqcore's bits on the host (a loop over
