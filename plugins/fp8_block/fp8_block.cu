@@ -75,6 +75,7 @@ struct QArgs {
   const void *g;
   float *m, *v;
   hq_adam_consts k;
+  const hq_adam_consts *kd; /* ABI 2.6: NULL, or k in device memory, read as the kernel runs */
 };
 
 /* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
@@ -160,6 +161,7 @@ __device__ __forceinline__ int sw(int r, int b) {
 template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP8B_MIN_BLOCKS)
     quantize_kernel(QArgs a) {
+  if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */
@@ -473,6 +475,7 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   const int64_t M = src->rows, K = src->cols;
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
   QArgs a;
+  a.kd = nullptr;
   a.x = src->data;
   a.M = M;
   a.K = K;
@@ -499,6 +502,7 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
     a.m = adam->m;
     a.v = adam->v;
     a.k = adam->k;
+    a.kd = hq_adam_pass_k_dev(adam);
     a.vec_adam = a.vec_in && aligned(a.g, 16) && aligned(a.m, 16) && aligned(a.v, 16);
     switch (adam->grad_dtype) {
     case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(elem, two_d, grid, stream, a); break;
