@@ -13,7 +13,8 @@
 ** same 5 steps run eagerly (constants as arguments, and again from a slot): per-tensor FP8 takes
 ** the two-kernel path (the step's kernel hands the write-back its amax in an 8-byte
 ** stream-ordered temporary, which the capture records as the graph's own), BF16 identity and
-** MXFP8 the fused write-back kernel. Captured without consts_dev, the step is refused
+** MXFP8 the fused write-back kernel, and a module fused without HQ_CAP_ADAM_KDEV (tests/wrap/
+** mxfp8_nokdev.c) the two-kernel path. Captured without consts_dev, the step is refused
 ** (HQ_ESTATE) and records nothing.
 ** Exits 77 (skipped) without a CUDA device.
 */
@@ -199,11 +200,18 @@ static void param_free(param *p) {
 
 /* The weights the AdamW capture runs on: per-tensor FP8 with current scaling (the two-kernel
    path: the step's kernel hands the write-back its amax), BF16 identity and MXFP8 (the fused
-   write-back kernel). */
-static const char *adam_recipes[] = {
-    "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
-    "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
-    "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+   write-back kernel), and mxfp8_nokdev (tests/wrap: fused without HQ_CAP_ADAM_KDEV, which
+   refuses a k_dev; with consts_dev the core must take the two-kernel path for it, while its
+   eager steps without consts_dev stay fused). */
+static const struct {
+  const char *text;
+  int wrap;   /* its plugin is in $HQ_TEST_WRAP_DIR */
+} adam_recipes[] = {
+    {"[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 0},
+    {"[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+     0},
+    {"[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 0},
+    {"[format f]\nplugin = mxfp8_nokdev\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 1},
 };
 
 enum { ADAM_STEPS = 5 };
@@ -233,8 +241,10 @@ static void test_adam_in_a_graph(void **state) {
   CK(cudaMalloc(&kd_eager, HQ_ADAM_CONSTS_BYTES));
   CK(cudaMallocHost(&kh, HQ_ADAM_CONSTS_BYTES));
   for (size_t k = 0; k < sizeof adam_recipes / sizeof *adam_recipes; k++) {
-    const char *rname = adam_recipes[k];
-    hq_recipe *r = hq_test_recipe(rname);
+    const char *rname = adam_recipes[k].text, *wrap = getenv("HQ_TEST_WRAP_DIR");
+    if (adam_recipes[k].wrap && !wrap)
+      fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+    hq_recipe *r = hq_test_recipe_dirs(rname, &wrap, adam_recipes[k].wrap ? 1 : 0);
     hq_quantizer *q = hq_test_quantizer(r, "linear:weight:l");
     HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
     hq_tensor w0 = hq_test_tensor(HQ_F32, WR, WC, 30, 0.05f);
