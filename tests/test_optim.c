@@ -231,7 +231,8 @@ static void test_consts_write(void **s) {
 
 /* consts_dev on a host context: the step applies what the slot holds. The slot of the same step
    gives test_hand_computed's bits; a slot written for lr = 0.25 moves w by 0.25 * 1.25 although
-   the hq_adam says 0.125 (the slot is read, not the fields). A misaligned slot is refused. */
+   the hq_adam says 0.125 (the slot is read, not the fields). A misaligned slot is refused; an
+   hq_adam of the oldest layout has no slot, whatever lies past it. */
 static void test_consts_slot(void **s) {
   (void)s;
   _Alignas(16) unsigned char slot[HQ_ADAM_CONSTS_BYTES + 16];
@@ -253,6 +254,11 @@ static void test_consts_slot(void **s) {
   assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
   HQ_ERROR_HAS("not 16-byte aligned");
   assert_true(w == 1.0f);
+  /* a caller of the oldest layout has no consts_dev: what lies there is not read */
+  a.struct_size = HQ_ADAM_SIZE_0_1;
+  m = 0.0f, v = 0.0f;
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.84375f);
 }
 
 /* Train steps (both copies) alternate with eval steps (the forward GEMM alone: usage rowwise).
