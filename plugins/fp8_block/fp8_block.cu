@@ -161,7 +161,13 @@ __device__ __forceinline__ int sw(int r, int b) {
 template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP8B_MIN_BLOCKS)
     quantize_kernel(QArgs a) {
-  if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
+  /* the optimizer's constants (GT != 0): *a.kd when given (a graph's replay: this step's), else
+     the argument, in shared memory: a copy in registers would spill at this kernel's bound */
+  __shared__ hq_adam_consts sk;
+  if constexpr (GT != 0) {
+    if (threadIdx.x == 0) sk = a.kd ? *a.kd : a.k;
+    __syncthreads();
+  }
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         #pragma unroll
         for (int j = 0; j < 8; j++) {
           y[j] = hq_bits_f32(x.w[p][j]);
-          hq_adam_elem(&a.k, g[j], &y[j], &m[j], &v[j]);
+          hq_adam_elem(&sk, g[j], &y[j], &m[j], &v[j]);
           x.w[p][j] = hq_f32_bits(y[j]);
         }
         store8f(w + i, y);
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         for (int j = 0; j < 8; j++) {
           if (c0 + j >= nc) continue;
           float wi = hq_bits_f32(x.w[p][j]), mi = a.m[i + j], vi = a.v[i + j];
-          hq_adam_elem(&a.k, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
+          hq_adam_elem(&sk, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
           w[i + j] = wi;
           a.m[i + j] = mi;
           a.v[i + j] = vi;
