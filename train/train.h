@@ -186,9 +186,10 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, char 
 int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
                             size_t err_len);
 int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_len);
-/* Why m's forward and backward cannot be captured in a CUDA graph (a fixed string), or NULL
-   when they can once warm; then train_model_keep_q(m) makes the training step keep its
-   qtensors. */
+/* Why m's training step (forward, backward, optimizer) cannot be captured in a CUDA graph (a
+   fixed string), or NULL when it can once warm; then train_model_keep_q(m) makes the training
+   step keep its qtensors and train_model_graph_consts(m) gives the optimizer its constants in
+   device memory. */
 const char *train_model_graph_refusal(train_model *m);
 void train_model_keep_q(train_model *m);
 /* Backward pass of the last training forward: every gradient (no accumulation). */
