@@ -1045,14 +1045,18 @@ int hq_qtensor_update(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src) {
 }
 
 /* The format instance whose one update() call makes every direction qt refreshes, when that call
-   may carry the optimizer step (HQ_CAP_FUSED_ADAM, no per-tensor amax, a CUDA device); else
-   NULL. *dirs receives the directions. */
-static hqi_format *fused_adam_format(const hq_qtensor *qt, const hq_ctx *ctx, uint32_t *dirs) {
+   may carry the optimizer step (HQ_CAP_FUSED_ADAM, no per-tensor amax, a CUDA device; with the
+   constants in device memory, HQ_CAP_ADAM_KDEV too); else NULL. *dirs receives the
+   directions. */
+static hqi_format *fused_adam_format(const hq_qtensor *qt, const hq_ctx *ctx,
+                                     const hq_adam_pass *adam, uint32_t *dirs) {
   *dirs = qt->usage & hq_qtensor_dirs(qt);
   if (ctx->device < 0 || qt->saved || !*dirs || qt->source != HQ_SOURCE_ORIGINAL) return NULL;
   hqi_format *f = *dirs == HQ_COLWISE ? qt->fmt[1] : qt->fmt[0];
   if (*dirs == HQ_BOTH && !fused_call(qt->fmt, qt->source)) return NULL; /* two calls, two reads */
   if (!(f->caps & HQ_CAP_FUSED_ADAM)) return NULL;
+  /* a module without the cap would apply adam->k, the constants of the capture */
+  if (hq_adam_pass_k_dev(adam) && !(f->caps & HQ_CAP_ADAM_KDEV)) return NULL;
   for (int d = 0; d < 2; d++)
     if ((*dirs & (d ? HQ_COLWISE : HQ_ROWWISE)) &&
         fmt_amax_kind(f, d ? HQ_COLWISE : HQ_ROWWISE) != HQ_AMAX_NONE)
@@ -1074,12 +1078,16 @@ int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *masterp
                      "(an FP32 master of its shape)", qt->role, hq_dtype_name(master.dtype),
                      (long long)master.rows, (long long)master.cols, (long long)qt->rows,
                      (long long)qt->cols);
+  if ((uintptr_t)hq_adam_pass_k_dev(adam) % 16)
+    return hqi_error(HQ_EINVAL, "hq_qtensor_update_adam: role %s: adam->k_dev %p is not 16-byte "
+                     "aligned", qt->role, (const void *)hq_adam_pass_k_dev(adam));
   uint32_t dirs;
-  hqi_format *f = fused_adam_format(qt, ctx, &dirs);
+  hqi_format *f = fused_adam_format(qt, ctx, adam, &dirs);
   if (!f) /* nothing ran */
     return hqi_error(HQ_ENOTSUP, "hq_qtensor_update_adam: role %s: no one update() call of its "
                      "format can carry the optimizer step (host, saved, rowwise_dequantized, "
-                     "two formats, no HQ_CAP_FUSED_ADAM or a per-tensor amax)", qt->role);
+                     "two formats, no HQ_CAP_FUSED_ADAM, a per-tensor amax, or constants in "
+                     "device memory without HQ_CAP_ADAM_KDEV)", qt->role);
   int saved;
   if ((rc = hqi_device_enter(ctx->device, &saved))) return rc;
   rc = run(qt, ctx, &master, dirs, 1, NULL, adam); /* one call: fused_adam_format's conditions */

@@ -7,6 +7,7 @@
 #include "svc.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "hq/adamw.h"
 #include "adamw_cuda.h"
@@ -18,25 +19,53 @@ int hqt_cuda_enter(int device, int *saved) {
   return device < 0 ? HQ_OK : hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
 }
 void hqt_cuda_leave(int saved) { (void)saved; }
-int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const void *grad, int gdtype, float *w,
-                  float *m, float *v, int64_t n, unsigned int *amax_bits) {
-  (void)stream; (void)k; (void)grad; (void)gdtype; (void)w; (void)m; (void)v; (void)n;
-  (void)amax_bits;
+int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
+                  const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
+                  unsigned int *amax_bits) {
+  (void)stream; (void)k; (void)k_dev; (void)grad; (void)gdtype; (void)w; (void)m; (void)v;
+  (void)n; (void)amax_bits;
+  return hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
+}
+int hqt_cuda_capturing(void *stream, int *capturing) {
+  (void)stream;
+  *capturing = 0;
   return hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
 }
 #endif
+
+/* hq_adam_consts_write's bytes are the struct the kernels read: the public size must match it. */
+_Static_assert(sizeof(hq_adam_consts) == HQ_ADAM_CONSTS_BYTES,
+               "HQ_ADAM_CONSTS_BYTES is not sizeof(hq_adam_consts)");
+
+/* Copy the caller's hq_adam into *a (fields its struct_size lacks zero) and check its fields
+   (fn names the call in the message). */
+static int check_fields(const hq_adam *ap, const char *fn, hq_adam *a) {
+  if (!ap) return hq_set_error(HQ_EINVAL, "%s: NULL argument", fn);
+  if (ap->struct_size < HQ_ADAM_SIZE_0_1)
+    return hq_set_error(HQ_EINVAL, "%s: hq_adam.struct_size = %zu is smaller than the oldest "
+                        "layout (%zu bytes): set it to sizeof(hq_adam)", fn,
+                        (size_t)ap->struct_size, (size_t)HQ_ADAM_SIZE_0_1);
+  memset(a, 0, sizeof *a);
+  memcpy(a, ap, ap->struct_size < sizeof *a ? ap->struct_size : sizeof *a);
+  a->struct_size = sizeof *a;
+  if (a->step < 1) return hq_set_error(HQ_EINVAL, "%s: step %lld (the first step is 1)", fn,
+                                       (long long)a->step);
+  if (!(a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 && a->eps >= 0 &&
+        isfinite(a->lr) && isfinite(a->weight_decay)))
+    return hq_set_error(HQ_EINVAL, "%s: beta1 = %g and beta2 = %g must lie in [0, 1), eps = %g "
+                        ">= 0, lr = %g and weight_decay = %g finite", fn, a->beta1, a->beta2,
+                        a->eps, a->lr, a->weight_decay);
+  return HQ_OK;
+}
 
 /* Check the arguments (nothing has changed when this fails) and copy the caller's hq_adam. */
 static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, const float *master,
                       const float *m, const float *v, const hq_qtensor *qw, hq_adam *a,
                       hq_tensor *g) {
-  if (!ctx || !ap) return hq_set_error(HQ_EINVAL, "hq_adam_step: NULL argument");
-  if (ap->struct_size < sizeof(hq_adam)) /* every field is of the first layout */
-    return hq_set_error(HQ_EINVAL, "hq_adam.struct_size = %zu is smaller than the oldest layout "
-                        "(%zu bytes): set it to sizeof(hq_adam)", (size_t)ap->struct_size,
-                        sizeof(hq_adam));
-  *a = *ap;
-  int rc = hq_tensor_check(gradp, "hq_adam_step: gradient", g);
+  if (!ctx) return hq_set_error(HQ_EINVAL, "hq_adam_step: NULL argument");
+  int rc = check_fields(ap, "hq_adam_step", a);
+  if (rc) return rc;
+  rc = hq_tensor_check(gradp, "hq_adam_step: gradient", g);
   if (rc) return rc;
   if (!master)
     return hq_set_error(HQ_EINVAL, "hq_adam_step: no FP32 master weights%s: a quantized "
@@ -46,13 +75,9 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
   if (g->device != hq_ctx_device(ctx))
     return hq_set_error(HQ_EINVAL, "hq_adam_step: the gradient is on device %d, the context "
                         "runs on %d", g->device, hq_ctx_device(ctx));
-  if (a->step < 1) return hq_set_error(HQ_EINVAL, "hq_adam_step: step %lld (the first step is 1)",
-                                       (long long)a->step);
-  if (!(a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 && a->eps >= 0 &&
-        isfinite(a->lr) && isfinite(a->weight_decay)))
-    return hq_set_error(HQ_EINVAL, "hq_adam_step: beta1 = %g and beta2 = %g must lie in [0, 1), "
-                        "eps = %g >= 0, lr = %g and weight_decay = %g finite", a->beta1,
-                        a->beta2, a->eps, a->lr, a->weight_decay);
+  if ((uintptr_t)a->consts_dev % 16)
+    return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.consts_dev %p is not 16-byte aligned",
+                        a->consts_dev);
   if (qw && (hq_qtensor_rows(qw) != g->rows || hq_qtensor_cols(qw) != g->cols))
     return hq_set_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the "
                         "gradient [%lld, %lld]", (long long)hq_qtensor_rows(qw),
@@ -66,6 +91,20 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
   if (qw && hq_qtensor_is_saved(qw))
     return hq_set_error(HQ_ESTATE, "hq_adam_step: the quantized weight (role %s) is saved "
                         "(restore it first)", hq_qtensor_role(qw));
+  if (g->device >= 0) {
+    /* a graph replays kernel arguments as captured: the constants must come from memory */
+    int capturing = 0, saved;
+    rc = hqt_cuda_enter(g->device, &saved);
+    if (!rc) rc = hqt_cuda_capturing(hq_ctx_stream(ctx), &capturing);
+    hqt_cuda_leave(saved);
+    if (rc) return rc;
+    if (capturing && !a->consts_dev)
+      return hq_set_error(HQ_ESTATE, "hq_adam_step: the context's stream is being captured into "
+                          "a CUDA graph and hq_adam.consts_dev is NULL: the step's constants "
+                          "(lr, c1, c2) would be frozen in the graph at their values of step "
+                          "%lld; give hq_adam.consts_dev and fill it before each replay "
+                          "(hq_adam_consts_write)", (long long)a->step);
+  }
   return HQ_OK;
 }
 
@@ -106,8 +145,8 @@ static int amax_from_source(const hq_qtensor *qw) {
    a per-tensor amax of the new master (fp8_tensor with current scaling, nvfp4's global scales)
    the step's kernel computes it, so the master is read once by the step and once by the
    format's cast instead of once more for the amax. */
-static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_tensor *g, hq_tensor *w,
-                       float *m, float *v, hq_qtensor *qw) {
+static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_adam_consts *k_dev,
+                       const hq_tensor *g, hq_tensor *w, float *m, float *v, hq_qtensor *qw) {
   const int device = hq_ctx_device(ctx);
   void *amax = NULL;
   int saved, rc = hqt_cuda_enter(device, &saved);
@@ -115,8 +154,8 @@ static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_tensor *g,
   if (qw && amax_from_source(qw) && hq_ctx_alloc(ctx, 2 * sizeof(unsigned int), &amax))
     rc = hq_set_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", device);
   if (!rc)
-    rc = hqt_cuda_adam(hq_ctx_stream(ctx), k, g->data, g->dtype, w->data, m, v, g->rows * g->cols,
-                       amax);
+    rc = hqt_cuda_adam(hq_ctx_stream(ctx), k, k_dev, g->data, g->dtype, w->data, m, v,
+                       g->rows * g->cols, amax);
   hqt_cuda_leave(saved);
   if (!rc && qw) {
     hq_quantize_args args = {.struct_size = sizeof args, .amax = (const float *)amax};
@@ -132,7 +171,9 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   hq_tensor g = {0};
   int rc = check_args(ctx, ap, gradp, master, m, v, qw, &a, &g);
   if (rc) return rc;
-  const hq_adam_consts k = step_consts(&a);
+  const hq_adam_consts *k_dev = a.consts_dev;
+  /* a host context's "device memory" is host memory: the step applies what the slot holds */
+  const hq_adam_consts k = k_dev && hq_ctx_device(ctx) < 0 ? *k_dev : step_consts(&a);
   const int64_t n = g.rows * g.cols;
   /* the write-back's source */
   hq_tensor w = hq_tensor_2d(master, HQ_F32, hq_ctx_device(ctx), g.rows, g.cols);
@@ -145,10 +186,20 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
   if (qw) {
     /* the whole step in the format's own write-back kernel, where it can take it (HQ_CAP_FUSED_
        ADAM: one read of master, grad, m and v, one write of master, m, v and every direction) */
-    hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k};
+    hq_adam_pass pass = {sizeof pass, (uint32_t)g.dtype, g.data, m, v, k, k_dev};
     rc = hq_qtensor_update_adam(qw, ctx, &w, &pass);
     if (rc != HQ_ENOTSUP) return rc;
     hq_clear_error(); /* not a failure: the two-kernel path below takes the step */
   }
-  return device_step(ctx, &k, &g, &w, m, v, qw);
+  return device_step(ctx, &k, k_dev, &g, &w, m, v, qw);
+}
+
+int hq_adam_consts_write(const hq_adam *ap, void *host_dst) {
+  hq_adam a;
+  int rc = check_fields(ap, "hq_adam_consts_write", &a);
+  if (rc) return rc;
+  if (!host_dst) return hq_set_error(HQ_EINVAL, "hq_adam_consts_write: host_dst is NULL");
+  const hq_adam_consts k = step_consts(&a);
+  memcpy(host_dst, &k, sizeof k);
+  return HQ_OK;
 }

@@ -60,9 +60,10 @@ __device__ void cta_amax_commit(uint32_t mx, unsigned int *amax_bits) {
    in the same pass). */
 template <int DT, bool VEC, bool AMAX>
 __global__ void __launch_bounds__(kThreads)
-    adam_kernel(hq_adam_consts k, const void *__restrict__ g, float *__restrict__ w,
-                float *__restrict__ m, float *__restrict__ v, int64_t n,
-                unsigned int *__restrict__ amax_bits) {
+    adam_kernel(hq_adam_consts k, const hq_adam_consts *__restrict__ kd,
+                const void *__restrict__ g, float *__restrict__ w, float *__restrict__ m,
+                float *__restrict__ v, int64_t n, unsigned int *__restrict__ amax_bits) {
+  if (kd) k = *kd; /* a graph's replay: this step's constants, written after the capture */
   uint32_t mx = 0;
   const int64_t stride = (int64_t)gridDim.x * kThreads;
   const int64_t first = blockIdx.x * (int64_t)kThreads + threadIdx.x;
@@ -116,8 +117,8 @@ int cuda_error(cudaError_t e, const char *what, int line) {
 /* One launch of the kernel chosen by VEC and AMAX over as many CTAs as the device holds at once
    (fewer when the tensor has less work than that). */
 template <int DT, bool VEC, bool AMAX>
-cudaError_t launch(cudaStream_t s, const hq_adam_consts &k, const void *g, float *w, float *m,
-                   float *v, int64_t n, unsigned int *amax_bits) {
+cudaError_t launch(cudaStream_t s, const hq_adam_consts &k, const hq_adam_consts *kd, const void *g,
+                   float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
   int64_t resident = 0;
   cudaError_t e = hq_cuda_resident<adam_kernel<DT, VEC, AMAX>>(kThreads, 0, &resident);
   if (e != cudaSuccess) return e;
@@ -125,22 +126,24 @@ cudaError_t launch(cudaStream_t s, const hq_adam_consts &k, const void *g, float
   int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > resident) blocks = resident;
   if (blocks < 1) blocks = 1; /* a tail alone */
-  adam_kernel<DT, VEC, AMAX><<<(unsigned)blocks, kThreads, 0, s>>>(k, g, w, m, v, n, amax_bits);
+  adam_kernel<DT, VEC, AMAX><<<(unsigned)blocks, kThreads, 0, s>>>(k, kd, g, w, m, v, n,
+                                                                 amax_bits);
   e = cudaGetLastError();
   if (e != cudaSuccess) hq_cuda_resident_forget<adam_kernel<DT, VEC, AMAX>>();
   return e;
 }
 
 template <int DT>
-cudaError_t launch_dt(cudaStream_t s, const hq_adam_consts &k, const void *g, float *w, float *m,
-                      float *v, int64_t n, unsigned int *amax_bits) {
+cudaError_t launch_dt(cudaStream_t s, const hq_adam_consts &k, const hq_adam_consts *kd,
+                      const void *g, float *w, float *m, float *v, int64_t n,
+                      unsigned int *amax_bits) {
   const uintptr_t ga = DT == HQ_F32 ? 15u : 7u; /* a float4 or four 16-bit elements */
   const bool vec = !((uintptr_t)g & ga) && !(((uintptr_t)w | (uintptr_t)m | (uintptr_t)v) & 15u);
   if (vec)
-    return amax_bits ? launch<DT, true, true>(s, k, g, w, m, v, n, amax_bits)
-                     : launch<DT, true, false>(s, k, g, w, m, v, n, nullptr);
-  return amax_bits ? launch<DT, false, true>(s, k, g, w, m, v, n, amax_bits)
-                   : launch<DT, false, false>(s, k, g, w, m, v, n, nullptr);
+    return amax_bits ? launch<DT, true, true>(s, k, kd, g, w, m, v, n, amax_bits)
+                     : launch<DT, true, false>(s, k, kd, g, w, m, v, n, nullptr);
+  return amax_bits ? launch<DT, false, true>(s, k, kd, g, w, m, v, n, amax_bits)
+                   : launch<DT, false, false>(s, k, kd, g, w, m, v, n, nullptr);
 }
 
 } // namespace
@@ -163,16 +166,26 @@ extern "C" void hqt_cuda_leave(int saved) {
   if (cudaGetDevice(&cur) == cudaSuccess && cur != saved) cudaSetDevice(saved);
 }
 
-extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const void *grad, int gdtype,
-                             float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
+extern "C" int hqt_cuda_capturing(void *stream, int *capturing) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  *capturing = 0;
+  const cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+  if (e != cudaSuccess) return cuda_error(e, "cudaStreamIsCapturing", __LINE__);
+  *capturing = st != cudaStreamCaptureStatusNone;
+  return HQ_OK;
+}
+
+extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
+                             const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
+                             unsigned int *amax_bits) {
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e;
   if (amax_bits && (e = cudaMemsetAsync(amax_bits, 0, 2 * sizeof *amax_bits, s)) != cudaSuccess)
     return cuda_error(e, "cudaMemsetAsync of the amax", __LINE__);
   if (n <= 0) return HQ_OK;
-  if (gdtype == HQ_F32) e = launch_dt<HQ_F32>(s, *k, grad, w, m, v, n, amax_bits);
-  else if (gdtype == HQ_F16) e = launch_dt<HQ_F16>(s, *k, grad, w, m, v, n, amax_bits);
-  else e = launch_dt<HQ_BF16>(s, *k, grad, w, m, v, n, amax_bits);
+  if (gdtype == HQ_F32) e = launch_dt<HQ_F32>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
+  else if (gdtype == HQ_F16) e = launch_dt<HQ_F16>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
+  else e = launch_dt<HQ_BF16>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
   if (e != cudaSuccess) return cuda_error(e, "adam kernel", __LINE__);
   return HQ_OK;
 }

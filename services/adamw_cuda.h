@@ -18,13 +18,18 @@ extern "C" {
    puts it back (a host `device` does nothing). */
 int hqt_cuda_enter(int device, int *saved);
 void hqt_cuda_leave(int saved);
+/* Whether `stream` (of the current device) is being captured into a CUDA graph, in *capturing. */
+int hqt_cuda_capturing(void *stream, int *capturing);
 /* One AdamW step (hq_adam_at, hq/adamw.h) over the n elements of the FP32 master w and moments
-   m, v with the gradient grad (dtype gdtype), on `stream` of the current device. amax_bits: NULL,
+   m, v with the gradient grad (dtype gdtype), on `stream` of the current device, with the
+   constants *k, or *k_dev (device memory, read when the kernel runs) when k_dev is not NULL.
+   amax_bits: NULL,
    or two words of device memory that are zeroed on the stream and then receive, by atomic max
    into both, the FP32 bits of max |updated w| with NaN ignored (hq_abs_bits_nonan): the
    write-back's per-tensor amax, made in the same pass. */
-int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const void *grad, int gdtype, float *w,
-                  float *m, float *v, int64_t n, unsigned int *amax_bits);
+int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
+                  const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
+                  unsigned int *amax_bits);
 
 #ifdef __cplusplus
 }

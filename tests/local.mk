@@ -173,6 +173,12 @@ tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
 	tests/wrap/stock_fp8_tensor.h tests/hq_wrap.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A module wrapping mxfp8 without HQ_CAP_ADAM_KDEV (test_gpu_graph_step), beside it.
+check_LTLIBRARIES += tests/wrap/mxfp8_nokdev.la
+tests_wrap_mxfp8_nokdev_la_SOURCES = tests/wrap/mxfp8_nokdev.c tests/wrap/stock_fp8_tensor.h \
+	tests/hq_wrap.h
+tests_wrap_mxfp8_nokdev_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_wrap_mxfp8_nokdev_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # Later versions of fp8_tensor, named fp8_tensor (test_checkpoint, bug 6), a folder each: one
 # with an option appended, one whose layout version changed.
 check_LTLIBRARIES += tests/wrap/next/fp8_tensor_next.la

@@ -752,7 +752,7 @@ static void test_plugin_status_range(void **state) {
    [4, 8] tensor's codes are 16 bytes: 4 bits per element (test_good level 10: codes + aux [2]). */
 static void test_i4x2(void **state) {
   (void)state;
-  assert_int_equal(HQ_ABI_MINOR, 5);
+  assert_int_equal(HQ_ABI_MINOR, 6);
   assert_int_equal(HQ_I4X2, 13);
   assert_int_equal(hq_dtype_size(HQ_I4X2), 1);
   assert_string_equal(hq_dtype_name(HQ_I4X2), "i4x2");

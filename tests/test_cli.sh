@@ -183,7 +183,7 @@ cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b"; fail "bench: the later val
 # info lists the built-in identity and the stock formats with their options
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":5}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":6}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok

@@ -629,6 +629,8 @@ static void test_module_direct(void **state) {
      new master's amax first) */
   assert_int_equal(ops->instance_caps(ccfg) & HQ_CAP_FUSED_ADAM, 0);
   assert_int_equal(!!(ops->instance_caps(dcfg) & HQ_CAP_FUSED_ADAM), hq_built_with_cuda());
+  assert_int_equal(ops->instance_caps(ccfg) & HQ_CAP_ADAM_KDEV, 0);
+  assert_int_equal(!!(ops->instance_caps(dcfg) & HQ_CAP_ADAM_KDEV), hq_built_with_cuda());
   hq_call call = hq_test_call(&host, 0, 0);
   float amax = 3.0f;
   assert_int_equal(ops->update_state(ccfg, &call, HQ_BOTH, 1, &amax, init), HQ_EINVAL);

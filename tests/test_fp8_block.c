@@ -893,11 +893,13 @@ static void test_module_direct(void **state) {
   assert_null(ops->tensor_factor); /* no per-tensor factor */
   assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
   /* HQ_CAP_CUDA exactly when the build has the CUDA path (tests/test_gpu_fp8_block.c) */
-  assert_int_equal(ops->caps & ~(HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM),
+  assert_int_equal(ops->caps & ~(HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV),
                    HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);
   assert_int_equal(!!(ops->caps & HQ_CAP_CUDA), !!hq_built_with_cuda());
   /* the fused optimizer write-back rides on the CUDA kernel (tests/test_gpu_core.c) */
   assert_int_equal(!!(ops->caps & HQ_CAP_FUSED_ADAM), !!hq_built_with_cuda());
+  /* ... reading its constants from device memory when given (ABI 2.6: graph capture) */
+  assert_int_equal(!!(ops->caps & HQ_CAP_ADAM_KDEV), !!hq_built_with_cuda());
   assert_non_null(ops->scratch_size);
   /* no per-tensor amax: amax_kind NONE for both directions (the op is absent) */
   assert_true(ops->amax_kind == NULL || (ops->amax_kind(NULL, HQ_ROWWISE) == HQ_AMAX_NONE &&

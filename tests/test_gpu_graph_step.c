@@ -6,12 +6,16 @@
 ** must succeed (an allocation or a synchronization inside would break it); the graph replayed
 ** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
 ** for per-tensor FP8 (the native FP8 path on Hopper) and BF16 identity (the native BF16 path).
-** hq_adam_step with the quantized weight's write-back, captured once warm and replayed twice,
-** leaves the masters, the moments and every direction of the quantized weight with the bytes of
-** the same step (the same constants) run eagerly twice on a copy of the same parameters: per-
-** tensor FP8 takes the two-kernel path (the step's kernel hands the write-back its amax in an
-** 8-byte stream-ordered temporary, which the capture records as the graph's own), BF16 identity
-** the fused write-back kernel.
+** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
+** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
+** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
+** the masters, the moments and every direction of the quantized weight with the bytes of the
+** same 5 steps run eagerly (constants as arguments, and again from a slot): per-tensor FP8 takes
+** the two-kernel path (the step's kernel hands the write-back its amax in an 8-byte
+** stream-ordered temporary, which the capture records as the graph's own), BF16 identity and
+** MXFP8 the fused write-back kernel, and a module fused without HQ_CAP_ADAM_KDEV (tests/wrap/
+** mxfp8_nokdev.c) the two-kernel path. Captured without consts_dev, the step is refused
+** (HQ_ESTATE) and records nothing.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -194,60 +198,136 @@ static void param_free(param *p) {
   CK(cudaFree(p->g));
 }
 
+/* The weights the AdamW capture runs on: per-tensor FP8 with current scaling (the two-kernel
+   path: the step's kernel hands the write-back its amax), BF16 identity and MXFP8 (the fused
+   write-back kernel), and mxfp8_nokdev (tests/wrap: fused without HQ_CAP_ADAM_KDEV, which
+   refuses a k_dev; with consts_dev the core must take the two-kernel path for it, while its
+   eager steps without consts_dev stay fused). */
+static const struct {
+  const char *text;
+  int wrap;   /* its plugin is in $HQ_TEST_WRAP_DIR */
+} adam_recipes[] = {
+    {"[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 0},
+    {"[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+     0},
+    {"[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 0},
+    {"[format f]\nplugin = mxfp8_nokdev\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n", 1},
+};
+
+enum { ADAM_STEPS = 5 };
+
+/* Step t (1-based) of the replays: the learning rate changes at every step, as a schedule's
+   does, and so do the bias corrections; a replay applying the constants of the capture would
+   differ from the eager steps from the second step on. */
+static hq_adam adam_at_step(int64_t t, const void *consts_dev) {
+  hq_adam a = {sizeof a, 1e-2f / (float)t, 0.9f, 0.95f, 1e-8f, 0.01f, t, consts_dev};
+  return a;
+}
+
+/* The first float where got and want differ fails the test. */
+static void same_floats(const float *got, const float *want, size_t n, const char *what,
+                        const char *recipe) {
+  if (!memcmp(got, want, n * sizeof *got)) return;
+  size_t at = 0;
+  while (!memcmp(&got[at], &want[at], sizeof *got)) at++;
+  fail_msg("%s: %s differ from the eager steps at float %zu of %zu (%g, %g)", recipe, what, at, n,
+           (double)got[at], (double)want[at]);
+}
+
 static void test_adam_in_a_graph(void **state) {
   (void)state;
-  const hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 3};
-  for (size_t k = 0; k < sizeof recipes / sizeof *recipes; k++) {
-    hq_recipe *r = hq_test_recipe(recipes[k]);
+  void *kd = NULL, *kd_eager = NULL, *kh = NULL;   /* the graph's slot, the eager one's, host */
+  CK(cudaMalloc(&kd, HQ_ADAM_CONSTS_BYTES));
+  CK(cudaMalloc(&kd_eager, HQ_ADAM_CONSTS_BYTES));
+  CK(cudaMallocHost(&kh, HQ_ADAM_CONSTS_BYTES));
+  for (size_t k = 0; k < sizeof adam_recipes / sizeof *adam_recipes; k++) {
+    const char *rname = adam_recipes[k].text, *wrap = getenv("HQ_TEST_WRAP_DIR");
+    if (adam_recipes[k].wrap && !wrap)
+      fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+    hq_recipe *r = hq_test_recipe_dirs(rname, &wrap, adam_recipes[k].wrap ? 1 : 0);
     hq_quantizer *q = hq_test_quantizer(r, "linear:weight:l");
     HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
     hq_tensor w0 = hq_test_tensor(HQ_F32, WR, WC, 30, 0.05f);
     hq_tensor g0 = hq_test_tensor(HQ_F32, WR, WC, 31, 1.0f);
-    param warm, pg, pe;   /* warms the kernels; the graph's; the eager one's */
+    param warm, pg, pe, pk;   /* warms the kernels; the graph's; eager; eager with a slot */
     param_make(&warm, q, &w0, &g0);
     param_make(&pg, q, &w0, &g0);
     param_make(&pe, q, &w0, &g0);
-    if (adam(&warm, &a)) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
+    param_make(&pk, q, &w0, &g0);
+    const hq_adam a1 = adam_at_step(1, NULL);
+    if (adam(&warm, &a1)) fail_msg("%s: the eager step: %s", rname, hq_last_error());
     CK(cudaStreamSynchronize(stream));
+
+    /* without consts_dev a capture is refused, nothing queued: the constants would be frozen */
     cudaGraph_t graph;
-    cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const int rc = adam(&pg, &a);
-    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
-    if (rc) fail_msg("%s: hq_adam_step under capture: %s", recipes[k], hq_last_error());
+    const int refused = adam(&pg, &a1);
+    CK(cudaStreamEndCapture(stream, &graph));
+    assert_int_equal(refused, HQ_ESTATE);
+    HQ_ERROR_HAS("hq_adam.consts_dev");
+    size_t nodes = 1;
+    CK(cudaGraphGetNodes(graph, NULL, &nodes));
+    assert_int_equal(nodes, 0);
+    CK(cudaGraphDestroy(graph));
+
+    /* the capture: the slot filled from page-locked memory, then the step reading it */
+    cudaGraphExec_t exec;
+    const hq_adam ag = adam_at_step(1, kd);
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaError_t ce = cudaMemcpyAsync(kd, kh, HQ_ADAM_CONSTS_BYTES, cudaMemcpyHostToDevice, stream);
+    const int rc = ce == cudaSuccess ? adam(&pg, &ag) : -1;
+    const cudaError_t ee = cudaStreamEndCapture(stream, &graph);
     CK(ce);
+    if (rc) fail_msg("%s: hq_adam_step under capture: %s", rname, hq_last_error());
+    CK(ee);
     CK(cudaGraphInstantiate(&exec, graph, 0));
-    CK(cudaGraphLaunch(exec, stream));
-    CK(cudaGraphLaunch(exec, stream));
-    for (int i = 0; i < 2; i++)
-      if (adam(&pe, &a)) fail_msg("%s: the eager step: %s", recipes[k], hq_last_error());
-    size_t ng, ne;
+    for (int64_t t = 1; t <= ADAM_STEPS; t++) {
+      /* the replay: this step's constants into the host buffer the graph's copy reads (the last
+         replay has finished: synchronized below) */
+      const hq_adam at = adam_at_step(t, NULL);
+      HQ_OK_OR_FAIL(hq_adam_consts_write(&at, kh));
+      CK(cudaGraphLaunch(exec, stream));
+      CK(cudaStreamSynchronize(stream));
+      /* eager, constants as arguments */
+      if (adam(&pe, &at)) fail_msg("%s: the eager step %lld: %s", rname, (long long)t,
+                                   hq_last_error());
+      /* eager with its slot filled: the same bits as without */
+      const hq_adam ak = adam_at_step(t, kd_eager);
+      CK(cudaMemcpyAsync(kd_eager, kh, HQ_ADAM_CONSTS_BYTES, cudaMemcpyHostToDevice, stream));
+      if (adam(&pk, &ak)) fail_msg("%s: the eager step %lld with consts_dev: %s", rname,
+                                   (long long)t, hq_last_error());
+      CK(cudaStreamSynchronize(stream));
+    }
+    size_t ng, ne, nk;
     float *got = param_bytes(&pg, &ng), *want = param_bytes(&pe, &ne);
+    float *slot = param_bytes(&pk, &nk);
     assert_int_equal(ng, ne);
+    assert_int_equal(nk, ne);
     assert_true(ng >= 4 * (size_t)(WR * WC));   /* a direction of the weight at least */
-    /* two steps moved the master: a replay that ran nothing cannot pass */
+    /* the steps moved the master: a replay that ran nothing cannot pass */
     float *w0d = (float *)w0.data;
     size_t moved = 0;
     for (size_t i = 0; i < (size_t)(WR * WC); i++) moved += want[i] != w0d[i];
     assert_true(moved > (size_t)(WR * WC) / 2);
-    if (memcmp(got, want, ng * sizeof *got)) {
-      size_t at = 0;
-      while (got[at] == want[at]) at++;
-      fail_msg("%s: the replayed AdamW steps differ from the eager ones at float %zu of %zu "
-               "(%g, %g)", recipes[k], at, ng, (double)got[at], (double)want[at]);
-    }
+    same_floats(got, want, ng, "the replayed AdamW steps (master, moments, write-back)", rname);
+    same_floats(slot, want, nk, "the eager steps with consts_dev", rname);
     free(got);
     free(want);
+    free(slot);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
     param_free(&warm);
     param_free(&pg);
     param_free(&pe);
+    param_free(&pk);
     free(w0.data);
     free(g0.data);
     hq_quantizer_free(q);
     hq_recipe_free(r);
   }
+  CK(cudaFree(kd));
+  CK(cudaFree(kd_eager));
+  CK(cudaFreeHost(kh));
 }
 
 static int setup(void **state) {

@@ -1,10 +1,12 @@
 #!/bin/sh
 # test_gpu_train_graph.sh -- `hq train --device cuda --cuda-graph on|off` (exit 77 when no GPU can
 # run it): with the graph on, every recipe whose step can be captured runs 2 warm steps eagerly,
-# captures the third and replays it at every later step, and its losses and final state equal
-# the eager run's bit for bit (train_graph.sh: fp32, BF16 identity, per-tensor FP8 current and
-# delayed, MXFP8); NVFP4's stochastic rounding is refused with a one-line note and runs eagerly
-# (its bits still equal). The bf16-direct baseline is captured the same way and its losses equal
+# captures the third (the optimizer included, its constants read from device slots the host
+# refills before each launch) and replays it at every later step, and its losses and final state
+# equal the eager run's bit for bit (train_graph.sh: fp32, BF16 identity, per-tensor FP8 current
+# and delayed, MXFP8; the learning rate and bias corrections change at every one of the 12 steps,
+# so a replay with the captured constants parts from the eager run); NVFP4's stochastic
+# rounding is refused with a one-line note and runs eagerly (its bits still equal). The bf16-direct baseline is captured the same way and its losses equal
 # its eager run's; --profile runs eagerly with a note. Exit 0 pass, 1 fail, 77 skip.
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}

@@ -721,8 +721,9 @@ static void test_options(void **state) {
   const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), "mxfp8");
   assert_non_null(p);
   uint64_t caps = hq_plugin_caps(p);
+  const uint64_t cuda_caps = HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV;
   assert_int_equal(caps, HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY |
-                             (hq_built_with_cuda() ? HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM : 0));
+                             (hq_built_with_cuda() ? cuda_caps : 0));
   const hq_option *o = hq_plugin_options(p);
   const char *names[] = {"dtype", "swizzle", "block_2d"};
   const char *defs[] = {"e4m3", "false", "false"};

@@ -3,7 +3,8 @@
 ** formulas, the quantized write-back equal to a fresh quantize of the new master (every stock
 ** format), refusals that change nothing, and the train/eval alternation: a persistent weight
 ** keeps both copies when eval steps use only the rowwise one, and its columnwise copy is fresh
-** after every optimizer step.
+** after every optimizer step; hq_adam_consts_write's constants against hand-computed ones and
+** hq_adam.consts_dev on the host (the step applies the slot's constants).
 */
 #include <math.h>
 
@@ -39,7 +40,7 @@ static void test_hand_computed(void **s) {
   (void)s;
   float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
   hq_tensor gt = hq_tensor_2d(&g, HQ_F32, HQ_DEVICE_HOST, 1, 1);
-  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1};
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL};
   HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
   assert_true(m == 0.0625f);
   assert_true(v == 0x1p-12f);
@@ -63,7 +64,7 @@ static void test_steps_against_f64(void **s) {
   for (int64_t i = 0; i < n; i++) w[i] = hq_test_normal(&seed);
   for (int64_t t = 1; t <= 5; t++) {
     hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 100 + (uint64_t)t, 0.3f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL};
     double *ew = malloc(n * 8), *em = malloc(n * 8), *ev = malloc(n * 8), *mag = malloc(n * 8);
     for (int64_t i = 0; i < n; i++) {
       double gi = hq_load_hp(g.data, i, HQ_BF16);
@@ -124,7 +125,7 @@ static void test_write_back(void **s) {
     HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &qw));
     for (int64_t t = 1; t <= 2; t++) {
       hq_tensor g = hq_test_tensor(HQ_F32, R, C, 30 + (uint64_t)t, 1.0f);
-      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t};
+      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL};
       HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w0.data, m, v, qw));
       hq_qtensor *fresh = NULL;
       HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &fresh));
@@ -155,7 +156,7 @@ static void test_refusals(void **s) {
   memcpy(keep, w.data, 64 * 64 * 4);
   hq_qtensor *qw = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w, &qw));
-  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1};
+  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL};
   assert_int_equal(hq_adam_step(g_ctx, &a, &g, NULL, m, v, qw), HQ_EINVAL);
   HQ_ERROR_HAS("master");
   assert_int_equal(hq_adam_step(g_ctx, &a, &g2, w.data, m, v, qw), HQ_ESHAPE);
@@ -181,6 +182,85 @@ static void test_refusals(void **s) {
   free(w.data), free(g.data), free(g2.data), free(m), free(v), free(keep), free(zero);
 }
 
+/* hq_adam_consts_write: the constants of a step, with betas whose powers are exact (b1 = 1/2,
+   b2 = 3/4): c1 = 1 / (1 - 2^-t) = 2, 4/3, 8/7 and c2 = 1 / (1 - (3/4)^t) = 4, 16/7, 64/37,
+   each the float nearest the rational; exactly HQ_ADAM_CONSTS_BYTES bytes written. */
+static void test_consts_write(void **s) {
+  (void)s;
+  assert_int_equal(HQ_ADAM_CONSTS_BYTES, sizeof(hq_adam_consts));
+  const double c1[3] = {2.0, 4.0 / 3.0, 8.0 / 7.0}, c2[3] = {4.0, 16.0 / 7.0, 64.0 / 37.0};
+  unsigned char buf[HQ_ADAM_CONSTS_BYTES + 8];
+  for (int64_t t = 1; t <= 3; t++) {
+    hq_adam a = {sizeof a, 0.125f, 0.5f, 0.75f, 0x1p-20f, 0.25f, t, NULL};
+    memset(buf, 0xa5, sizeof buf);
+    HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
+    for (size_t i = HQ_ADAM_CONSTS_BYTES; i < sizeof buf; i++) assert_int_equal(buf[i], 0xa5);
+    hq_adam_consts k;
+    memcpy(&k, buf, sizeof k);
+    assert_true(k.lr == 0.125f && k.b1 == 0.5f && k.b2 == 0.75f && k.eps == 0x1p-20f);
+    assert_true(k.wd == 0.25f && k.one_minus_b1 == 0.5f && k.one_minus_b2 == 0.25f);
+    if (k.c1 != (float)c1[t - 1] || k.c2 != (float)c2[t - 1])
+      fail_msg("step %lld: c1 %.9g c2 %.9g, expected %.9g %.9g", (long long)t, (double)k.c1,
+               (double)k.c2, (double)(float)c1[t - 1], (double)(float)c2[t - 1]);
+  }
+  /* the oldest layout (no consts_dev) is accepted */
+  hq_adam a = {HQ_ADAM_SIZE_0_1, 0.125f, 0.5f, 0.75f, 0.0f, 0.0f, 1, NULL};
+  HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
+  /* refusals write nothing */
+  memset(buf, 0xa5, sizeof buf);
+  a.struct_size = sizeof a;
+  a.step = 0;
+  assert_int_equal(hq_adam_consts_write(&a, buf), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_adam_consts_write: step 0");
+  a.step = 1;
+  a.beta1 = 1.0f;
+  assert_int_equal(hq_adam_consts_write(&a, buf), HQ_EINVAL);
+  HQ_ERROR_HAS("beta1 = 1");
+  a.beta1 = 0.5f;
+  a.lr = INFINITY;
+  assert_int_equal(hq_adam_consts_write(&a, buf), HQ_EINVAL);
+  a.lr = 0.125f;
+  a.struct_size = HQ_ADAM_SIZE_0_1 - 1;
+  assert_int_equal(hq_adam_consts_write(&a, buf), HQ_EINVAL);
+  HQ_ERROR_HAS("struct_size");
+  a.struct_size = sizeof a;
+  assert_int_equal(hq_adam_consts_write(NULL, buf), HQ_EINVAL);
+  assert_int_equal(hq_adam_consts_write(&a, NULL), HQ_EINVAL);
+  for (size_t i = 0; i < sizeof buf; i++) assert_int_equal(buf[i], 0xa5);
+}
+
+/* consts_dev on a host context: the step applies what the slot holds. The slot of the same step
+   gives test_hand_computed's bits; a slot written for lr = 0.25 moves w by 0.25 * 1.25 although
+   the hq_adam says 0.125 (the slot is read, not the fields). A misaligned slot is refused; an
+   hq_adam of the oldest layout has no slot, whatever lies past it. */
+static void test_consts_slot(void **s) {
+  (void)s;
+  _Alignas(16) unsigned char slot[HQ_ADAM_CONSTS_BYTES + 16];
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL};
+  HQ_OK_OR_FAIL(hq_adam_consts_write(&a, slot));
+  a.consts_dev = slot;
+  float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
+  hq_tensor gt = hq_tensor_2d(&g, HQ_F32, HQ_DEVICE_HOST, 1, 1);
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.84375f && m == 0.0625f && v == 0x1p-12f);
+  hq_adam other = a;
+  other.lr = 0.25f;
+  HQ_OK_OR_FAIL(hq_adam_consts_write(&other, slot));
+  w = 1.0f, m = 0.0f, v = 0.0f;
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.6875f);
+  a.consts_dev = slot + 4;
+  w = 1.0f;
+  assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
+  HQ_ERROR_HAS("not 16-byte aligned");
+  assert_true(w == 1.0f);
+  /* a caller of the oldest layout has no consts_dev: what lies there is not read */
+  a.struct_size = HQ_ADAM_SIZE_0_1;
+  m = 0.0f, v = 0.0f;
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.84375f);
+}
+
 /* Train steps (both copies) alternate with eval steps (the forward GEMM alone: usage rowwise).
    The weight never loses its columnwise copy, and after every optimizer step both copies equal
    a fresh quantize of the master -- also when an eval-time update refreshed only the rowwise
@@ -202,7 +282,7 @@ static void test_train_eval_alternation(void **s) {
     /* train: both copies, an optimizer step with the write-back */
     HQ_OK_OR_FAIL(hq_qtensor_set_usage(qw, HQ_BOTH));
     hq_tensor g = hq_test_tensor(HQ_F32, R, C, 50 + (uint64_t)t, 1.0f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL};
     HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w.data, m, v, qw));
     assert_int_equal(hq_qtensor_dirs(qw), HQ_BOTH);
     hq_qtensor *fresh = NULL;
@@ -230,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_hand_computed),     cmocka_unit_test(test_steps_against_f64),
       cmocka_unit_test(test_write_back),        cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_train_eval_alternation),
+      cmocka_unit_test(test_consts_write),      cmocka_unit_test(test_consts_slot),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -152,12 +152,12 @@ static void test_format_errors(void **state) {
   expect_error("[format f8]\nplugin = nosuch\n", 2, "plugin 'nosuch' was not found");
   expect_error("[format f8]\nplugin = bad_major\n", 2,
                "was rejected: built for plugin ABI 3 (requires 3.0), but this core implements "
-               "plugin ABI 2.5");
+               "plugin ABI 2.6");
   expect_error("[format f8]\nplugin = v1_entry\n", 2,
                "was rejected: built for plugin ABI 1 (it exports hq_format_module_v1)");
   expect_error("[role a:b:c]\nrowwise = newer_minor\n", 2,
                "format 'newer_minor': the module");
-  expect_error("[role a:b:c]\nrowwise = newer_minor\n", 2, "requires plugin ABI 2.6");
+  expect_error("[role a:b:c]\nrowwise = newer_minor\n", 2, "requires plugin ABI 2.7");
   expect_error("[format f8]\nplugin = fp8_tensor\n[format f8]\nplugin = identity\n", 3,
                "format 'f8' is defined twice (first at line 1)");
   expect_error("[format f 8]\nplugin = fp8_tensor\n", 1, "format name 'f 8' must be");

@@ -208,7 +208,8 @@ static void test_unshare(void **s) {
 }
 
 /* hq_qtensor_update_adam takes its one fused call on a CUDA device only: on the host it refuses
-   with HQ_ENOTSUP and runs nothing; wrong arguments are refused first. */
+   with HQ_ENOTSUP and runs nothing; wrong arguments (a misaligned k_dev too) are refused
+   first. */
 static void test_update_adam_refusals(void **s) {
   (void)s;
   hq_quantizer *q = direct("mxfp8", NULL, "mxfp8", HQ_SOURCE_ORIGINAL);
@@ -238,6 +239,16 @@ static void test_update_adam_refusals(void **s) {
   assert_int_equal(hq_qtensor_update_adam(qt, g_ctx, &ws, &pass), HQ_ESHAPE);
   HQ_ERROR_HAS("[64, 64]");
   assert_int_equal(hq_qtensor_update_adam(qt, g_ctx, &w, NULL), HQ_EINVAL);
+  /* constants in device memory (ABI 2.6) must be 16-byte aligned; a pass of the 2.2 layout has
+     none, whatever lies past it */
+  _Alignas(16) unsigned char slot[48];
+  pass.k_dev = (const hq_adam_consts *)(slot + 4);
+  assert_int_equal(hq_qtensor_update_adam(qt, g_ctx, &w, &pass), HQ_EINVAL);
+  HQ_ERROR_HAS("k_dev");
+  HQ_ERROR_HAS("16-byte aligned");
+  pass.struct_size = HQ_ADAM_PASS_SIZE_2_2;
+  assert_int_equal(hq_qtensor_update_adam(qt, g_ctx, &w, &pass), HQ_ENOTSUP);
+  assert_true(((float *)w.data)[0] == w0 && m[0] == 0.0f);
   free(w.data), free(wb.data), free(g.data), free(m), free(v);
   hq_qtensor_free(qt);
   hq_quantizer_free(q);

@@ -91,12 +91,13 @@ static int train_step(train_model *m, const train_config *cfg, int64_t step, con
              : 0;
 }
 
-/* --cuda-graph: the device work of a step up to the optimizer (the batch's copy to the device
-   from a page-locked staging buffer, the forward, the backward: some hundred launches at the
-   default size) captured once the run is warm and replayed at every later step. The optimizer
-   step, the loss's read-back and its check run after the replay, as in an eager step: the
-   optimizer's learning rate and bias corrections change every step and reach its kernels as
-   arguments. */
+/* --cuda-graph: the device work of a step (the batch's copy to the device from a page-locked
+   staging buffer, the forward, the backward, the optimizer: some hundred launches at the
+   default size) captured once the run is warm and replayed at every later step. The optimizer's
+   learning rate and bias corrections change every step: its kernels read them from device slots
+   (hq_adam.consts_dev) that a copy recorded in the graph fills from a page-locked host buffer,
+   which the host writes before each launch. The loss's read-back and its check run after the
+   replay, as in an eager step. */
 typedef struct step_graph {
   int split;                     /* the step as graph_step runs it (kept qtensors; the CPU too) */
   int on;                        /* capture at the next step past the warm ones, then replay */
@@ -113,25 +114,27 @@ typedef struct step_graph {
    every kept qtensor once before it is recorded. */
 #define TRAIN_GRAPH_WARM 2
 
-/* The batch's copy from the staging buffers, the forward and the backward */
-static int fwd_bwd(train_model *m, const step_graph *sg, char *e, size_t n) {
+/* The batch's copy from the staging buffers, the forward, the backward and the optimizer's
+   device work (its constants written by train_model_update_begin) */
+static int device_step(train_model *m, const train_config *cfg, const step_graph *sg, char *e,
+                       size_t n) {
   return train_model_upload(m, sg->sx, sg->sy, e, n) ||
                  train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
-                 train_model_backward(m, e, n)
+                 train_model_backward(m, e, n) || train_model_update_dev(m, &cfg->adam, e, n)
              ? -1
              : 0;
 }
 
-/* fwd_bwd of this step: the graph's replay, or eagerly (capturing it first when the run is
+/* device_step of this step: the graph's replay, or eagerly (capturing it first when the run is
    warm). A capture that fails leaves a note, turns the graph off and runs the step eagerly. */
-static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *note,
-                         size_t note_len, char *e, size_t n) {
+static int graph_device_step(train_model *m, const train_config *cfg, step_graph *sg,
+                             int64_t step, char *note, size_t note_len, char *e, size_t n) {
   if (sg->on && !sg->g && sg->eager >= TRAIN_GRAPH_WARM) {
     char ge[512] = "";
     if (train_graph_begin(sg->device, sg->stream, ge, sizeof ge)) {
       snprintf(note, note_len, "%s", ge);
     } else {
-      const int rc = fwd_bwd(m, sg, e, n);
+      const int rc = device_step(m, cfg, sg, e, n);
       if (train_graph_end(sg->device, sg->stream, !rc, &sg->g, ge, sizeof ge))
         snprintf(note, note_len, "%s", ge);
       else if (rc)
@@ -149,23 +152,22 @@ static int graph_fwd_bwd(train_model *m, step_graph *sg, int64_t step, char *not
     return 0;
   }
   sg->eager++;
-  return fwd_bwd(m, sg, e, n);
+  return device_step(m, cfg, sg, e, n);
 }
 
 /* train_step with the graph (sg->split; on the CPU without one): the same calls in the same
-   order on the device. The batch is written into the staging buffers, which the last step's
-   work no longer reads (its loss was read back). The optimizer is queued behind the replay
-   before the loss is read back, so that its launches overlap the replay instead of following a
-   wait; a loss that is not finite then fails the run as in train_step, with the update queued
-   but never used. */
+   order on the device. The batch and the optimizer's constants are written into their host
+   buffers, which the last step's work no longer reads (its loss was read back, which waited for
+   the whole step). The optimizer runs before the loss is read back; a loss that is not finite
+   then fails the run as in train_step, with the update applied but never used. */
 static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
                       const int32_t *x, const int32_t *y, double *loss, char *note,
                       size_t note_len, char *e, size_t n) {
   if (set_rng(m, step, e, n)) return -1;
   memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
   memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
-  if (graph_fwd_bwd(m, sg, step, note, note_len, e, n) ||
-      train_model_update(m, &cfg->adam, schedule(cfg, step), e, n) ||
+  if (train_model_update_begin(m, &cfg->adam, schedule(cfg, step), e, n) ||
+      graph_device_step(m, cfg, sg, step, note, note_len, e, n) ||
       train_model_read_loss(m, loss, e, n))
     return -1;
   return check_loss(cfg, step, *loss, e, n);
@@ -404,8 +406,10 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       char pe[200];
       void *px = NULL, *py = NULL;
       if (train_cuda_host_alloc(cfg->device, bx, &px, pe, sizeof pe) ||
-          train_cuda_host_alloc(cfg->device, by, &py, pe, sizeof pe)) {
+          train_cuda_host_alloc(cfg->device, by, &py, pe, sizeof pe) ||
+          train_model_graph_consts(&m, pe, sizeof pe)) {
         train_cuda_host_free(px);
+        train_cuda_host_free(py);
         snprintf(res->graph_note, sizeof res->graph_note, "page-locked staging: %s", pe);
         sg.split = sg.on = 0;
       } else {

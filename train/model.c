@@ -314,9 +314,14 @@ void train_model_free(train_model *m) {
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   }
   void *bufs[] = {m->emb, m->gemb, m->memb, m->vemb, m->tok, m->tgt, m->dlogits,
-                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax, m->famax, m->kscratch};
+                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax, m->famax, m->kscratch,
+                  m->kc_dev};
   for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   if (m->state) hq_state_free(m->state);   /* after every quantizer and qtensor bound to it */
+  if (m->kc_host) {
+    hq_ctx_sync(m->ctx); /* a queued copy may still read it */
+    train_cuda_host_free(m->kc_host);
+  }
   free(m->amax_stash);
   free(m->lin);
   memset(m, 0, sizeof *m);
@@ -659,12 +664,52 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   return 0;
 }
 
-int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *err,
-                       size_t err_len) {
-  if (train_dist_grads(m, err, err_len)) return -1;
+/* The two sets of constants a step applies: AdamW without weight decay (the embedding, the
+   biases) and with it (the weights). */
+#define TRAIN_KC_PLAIN 0
+#define TRAIN_KC_DECAY 1
+/* A slot's bytes: HQ_ADAM_CONSTS_BYTES rounded up to hq_adam.consts_dev's 16-byte alignment. */
+#define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
+
+static hq_adam adam_of(const train_model *m, const train_adam_cfg *a, int slot) {
+  hq_adam adam = {sizeof adam, m->lr, a->beta1, a->beta2, a->eps,
+                  slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL};
+  if (m->kc_dev) adam.consts_dev = (const char *)m->kc_dev + slot * TRAIN_KC_STRIDE;
+  return adam;
+}
+
+int train_model_graph_consts(train_model *m, char *err, size_t err_len) {
+  const size_t bytes = 2 * TRAIN_KC_STRIDE;
+  if (train_cuda_host_alloc(hq_ctx_device(m->ctx), bytes, &m->kc_host, err, err_len)) return -1;
+  if (dev_alloc(m, bytes, &m->kc_dev)) {
+    train_cuda_host_free(m->kc_host);
+    m->kc_host = NULL;
+    return fail(err, err_len, "the optimizer's constants on the device: %s", hq_last_error());
+  }
+  return 0;
+}
+
+int train_model_update_begin(train_model *m, const train_adam_cfg *a, float lr, char *err,
+                             size_t err_len) {
   m->step++;
+  m->lr = lr;
+  for (int slot = 0; m->kc_host && slot < 2; slot++) {
+    const hq_adam adam = adam_of(m, a, slot);
+    if (hq_adam_consts_write(&adam, (char *)m->kc_host + slot * TRAIN_KC_STRIDE))
+      return fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
+  }
+  return 0;
+}
+
+int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, size_t err_len) {
+  if (train_dist_grads(m, err, err_len)) return -1;
   const int dev = hq_ctx_device(m->ctx);
-  hq_adam adam = {sizeof adam, lr, a->beta1, a->beta2, a->eps, 0.0f, m->step};
+  /* the step's constants into the slots, queued ahead of the kernels that read them (in a
+     graph, a copy node that reads the host buffer at every replay) */
+  if (m->kc_dev && hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST,
+                                 2 * TRAIN_KC_STRIDE))
+    return fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
+  hq_adam adam = adam_of(m, a, TRAIN_KC_PLAIN);
   hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
   if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL)))
     return fail(err, err_len, "Adam (embedding): %s", hq_last_error());
@@ -672,7 +717,7 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
     train_linear *l = &m->lin[i];
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
        written back from it (the bytes of a fresh quantize of the new master) */
-    adam.weight_decay = a->weight_decay;
+    adam = adam_of(m, a, TRAIN_KC_DECAY);
     hq_tensor gw = f32(m, l->gws ? l->gws : l->gw, l->rows, l->in);
     if (!m->cfg.dist) train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw,
@@ -684,7 +729,7 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
       return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     /* across ranks: the shard quantized with the shared amax, then gathered into qw */
     if (m->cfg.dist && train_dist_weight(m, l, 0, err, err_len)) return -1;
-    adam.weight_decay = 0.0f;
+    adam = adam_of(m, a, TRAIN_KC_PLAIN);
     hq_tensor gb = f32(m, l->gb, 1, l->out);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
@@ -692,6 +737,14 @@ int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *
   if (m->state && PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
     return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;
+}
+
+int train_model_update(train_model *m, const train_adam_cfg *a, float lr, char *err,
+                       size_t err_len) {
+  return train_model_update_begin(m, a, lr, err, err_len) ||
+                 train_model_update_dev(m, a, err, err_len)
+             ? -1
+             : 0;
 }
 
 int train_model_eval_begin(train_model *m, char *err, size_t err_len) {

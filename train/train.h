@@ -159,6 +159,12 @@ typedef struct train_model {
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
+  float lr;                                  /* the learning rate of the step under way */
+  /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
+     weight decay, weight decay), written by the host into page-locked kc_host and copied to
+     kc_dev on the stream ahead of the kernels that read them (hq_adam.consts_dev); NULL: the
+     constants go to the kernels as arguments */
+  void *kc_host, *kc_dev;
 } train_model;
 
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
@@ -180,9 +186,10 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, char 
 int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
                             size_t err_len);
 int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_len);
-/* Why m's forward and backward cannot be captured in a CUDA graph (a fixed string), or NULL
-   when they can once warm; then train_model_keep_q(m) makes the training step keep its
-   qtensors. */
+/* Why m's training step (forward, backward, optimizer) cannot be captured in a CUDA graph (a
+   fixed string), or NULL when it can once warm; then train_model_keep_q(m) makes the training
+   step keep its qtensors and train_model_graph_consts(m) gives the optimizer its constants in
+   device memory. */
 const char *train_model_graph_refusal(train_model *m);
 void train_model_keep_q(train_model *m);
 /* Backward pass of the last training forward: every gradient (no accumulation). */
@@ -198,6 +205,19 @@ int train_model_eval_end(train_model *m, char *err, size_t err_len);
    several ranks all-reduces hq_state_amaxes with MAX first). */
 int train_model_update(train_model *m, const train_adam_cfg *adam, float lr, char *err,
                        size_t err_len);
+/* train_model_update in two parts, for a step whose optimizer a CUDA graph replays (loop.c):
+   the host's part (the step counted, its constants written for the device slots; outside the
+   graph, before every launch) and the device's (the slots filled, every AdamW step, the
+   scaling state's update: what the graph records). */
+int train_model_update_begin(train_model *m, const train_adam_cfg *adam, float lr, char *err,
+                             size_t err_len);
+int train_model_update_dev(train_model *m, const train_adam_cfg *adam, char *err,
+                           size_t err_len);
+/* Give m's optimizer its constants in device memory (kc_dev, filled from page-locked kc_host),
+   so that a captured update reads each step's. Returns 0, or -1 with the message in err (m
+   unchanged). The host buffer is rewritten by train_model_update_begin: the caller must have
+   synchronized the stream since the last update (the loss's read-back does). */
+int train_model_graph_consts(train_model *m, char *err, size_t err_len);
 /* 1 when the recipe gives every role of every layer of this model identity (high precision) in
    both directions, 0 when not, -1 on error (message in err). */
 int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,

@@ -75,6 +75,7 @@ struct QArgs {
   const void *g;
   float *m, *v;
   hq_adam_consts k;
+  const hq_adam_consts *kd; /* ABI 2.6: NULL, or k in device memory, read as the kernel runs */
 };
 
 /* The registers of one thread: 8 rows x 8 elements, raw input bits (two 16-bit elements per word
@@ -160,6 +161,13 @@ __device__ __forceinline__ int sw(int r, int b) {
 template <int DT, int ELEM, bool TWO_D, int GT>
 __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP8B_MIN_BLOCKS)
     quantize_kernel(QArgs a) {
+  /* the optimizer's constants (GT != 0): *a.kd when given (a graph's replay: this step's), else
+     the argument, in shared memory: a copy in registers would spill at this kernel's bound */
+  __shared__ hq_adam_consts sk;
+  if constexpr (GT != 0) {
+    if (threadIdx.x == 0) sk = a.kd ? *a.kd : a.k;
+    __syncthreads();
+  }
   __shared__ __align__(16) uint8_t ct[kB * kB]; /* [tile column k][tile row m], swizzled */
   __shared__ float wmax[8][kB];                 /* per-warp column amax (1-D) */
   __shared__ float cscale[kB];                  /* column scales (1-D) */
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         #pragma unroll
         for (int j = 0; j < 8; j++) {
           y[j] = hq_bits_f32(x.w[p][j]);
-          hq_adam_elem(&a.k, g[j], &y[j], &m[j], &v[j]);
+          hq_adam_elem(&sk, g[j], &y[j], &m[j], &v[j]);
           x.w[p][j] = hq_f32_bits(y[j]);
         }
         store8f(w + i, y);
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         for (int j = 0; j < 8; j++) {
           if (c0 + j >= nc) continue;
           float wi = hq_bits_f32(x.w[p][j]), mi = a.m[i + j], vi = a.v[i + j];
-          hq_adam_elem(&a.k, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
+          hq_adam_elem(&sk, hq_load_hp(a.g, i + j, GT), &wi, &mi, &vi);
           w[i + j] = wi;
           a.m[i + j] = mi;
           a.v[i + j] = vi;
@@ -473,6 +481,7 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   const int64_t M = src->rows, K = src->cols;
   if (M <= 0 || K <= 0 || (!rd && !cd)) return HQ_OK;
   QArgs a;
+  a.kd = nullptr;
   a.x = src->data;
   a.M = M;
   a.K = K;
@@ -499,6 +508,7 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
     a.m = adam->m;
     a.v = adam->v;
     a.k = adam->k;
+    a.kd = hq_adam_pass_k_dev(adam);
     a.vec_adam = a.vec_in && aligned(a.g, 16) && aligned(a.m, 16) && aligned(a.v, 16);
     switch (adam->grad_dtype) {
     case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(elem, two_d, grid, stream, a); break;

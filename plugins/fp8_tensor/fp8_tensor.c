@@ -136,7 +136,7 @@ static uint64_t instance_caps(const void *cfgp) {
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
                   (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
 #ifdef HQ_HAVE_CUDA
-  caps |= HQ_CAP_CUDA | (c->delayed ? HQ_CAP_FUSED_ADAM : 0);
+  caps |= HQ_CAP_CUDA | (c->delayed ? HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV : 0);
 #endif
   return caps;
 }

@@ -72,6 +72,7 @@ struct CastArgs {
   const void *g;
   float *m, *v;
   hq_adam_consts k;
+  const hq_adam_consts *kd; /* ABI 2.6: NULL, or k in device memory, read as the kernel runs */
 };
 
 /* One AdamW step (hq_adam_elem) on master element i, whose value w this thread alone has read:
@@ -153,6 +154,7 @@ __device__ void block_amax_commit(const CastArgs &a, uint32_t m) {
 
 template <int DT, int GT>
 __global__ void cast_transpose_kernel(CastArgs a) {
+  if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   __shared__ uint8_t tile[kTile][kTile + 4];
   const float scale = block_scale(a);
   const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
@@ -189,6 +191,7 @@ __global__ void cast_transpose_kernel(CastArgs a) {
    along K) unless there are more than 65535 row tiles. */
 template <int DT, int GT>
 __global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs a) {
+  if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x;
   const unsigned bj = a.row_major ? blockIdx.x : blockIdx.y;
@@ -359,6 +362,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   a.m = adam ? adam->m : NULL;
   a.v = adam ? adam->v : NULL;
   if (adam) a.k = adam->k;
+  a.kd = hq_adam_pass_k_dev(adam);
   float *acc_copy = NULL; /* delayed: a second, distinct amax buffer gets the result after */
   if (state) {
     acc_copy = a.amax_out[1] ? a.amax_out[1] : a.amax_out[0];

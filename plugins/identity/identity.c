@@ -130,7 +130,7 @@ static const hq_format_ops ops = {
     .description = "high-precision passthrough (f32/bf16/f16), one buffer for both directions",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM
+            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV
 #endif
     ,
     .options = options,

@@ -16,10 +16,11 @@ namespace {
    storage's dtype OT into d0 (and d1 when the directions have two buffers), each element read
    once. */
 template <int GT, int OT>
-__global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g,
-                                    float *__restrict__ w, float *__restrict__ m,
-                                    float *__restrict__ v, int64_t n, void *__restrict__ d0,
-                                    void *__restrict__ d1) {
+__global__ void adam_convert_kernel(hq_adam_consts k, const hq_adam_consts *__restrict__ kd,
+                                    const void *__restrict__ g, float *__restrict__ w,
+                                    float *__restrict__ m, float *__restrict__ v, int64_t n,
+                                    void *__restrict__ d0, void *__restrict__ d1) {
+  if (kd) k = *kd; /* ABI 2.6: the constants as they are when the kernel runs (a graph replay) */
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const float wi = hq_adam_at(&k, g, GT, w, m, v, i);
@@ -31,12 +32,16 @@ __global__ void adam_convert_kernel(hq_adam_consts k, const void *__restrict__ g
 template <int GT>
 void launch(unsigned blocks, cudaStream_t s, const hq_adam_pass *a, float *w, int64_t n, void *d0,
             void *d1, int ot) {
+  const hq_adam_consts *kd = hq_adam_pass_k_dev(a);
   if (ot == HQ_F32)
-    adam_convert_kernel<GT, HQ_F32><<<blocks, 256, 0, s>>>(a->k, a->grad, w, a->m, a->v, n, d0, d1);
+    adam_convert_kernel<GT, HQ_F32><<<blocks, 256, 0, s>>>(a->k, kd, a->grad, w, a->m, a->v, n,
+                                                           d0, d1);
   else if (ot == HQ_F16)
-    adam_convert_kernel<GT, HQ_F16><<<blocks, 256, 0, s>>>(a->k, a->grad, w, a->m, a->v, n, d0, d1);
+    adam_convert_kernel<GT, HQ_F16><<<blocks, 256, 0, s>>>(a->k, kd, a->grad, w, a->m, a->v, n,
+                                                           d0, d1);
   else
-    adam_convert_kernel<GT, HQ_BF16><<<blocks, 256, 0, s>>>(a->k, a->grad, w, a->m, a->v, n, d0, d1);
+    adam_convert_kernel<GT, HQ_BF16><<<blocks, 256, 0, s>>>(a->k, kd, a->grad, w, a->m, a->v, n,
+                                                            d0, d1);
 }
 
 } // namespace

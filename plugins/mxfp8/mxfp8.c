@@ -642,7 +642,7 @@ static const hq_format_ops ops = {
                    "copy untransposed",
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM
+            | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV
 #endif
     ,
     .options = options,

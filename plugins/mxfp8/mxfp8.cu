@@ -72,6 +72,7 @@ struct QArgs {
   const void *g;
   float *m, *v;
   hq_adam_consts k;
+  const hq_adam_consts *kd; /* ABI 2.6: NULL, or k in device memory, read as the kernel runs */
 };
 
 /* The 8 elements at index i of the FP32 master after one AdamW step (hq_adam_elem, the core's
@@ -161,6 +162,7 @@ __device__ __forceinline__ void elems8(const uint32_t w[4], const float x[8], fl
 template <int DT, int ELEM, bool VEC, int GT, int MODE>
 __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
     quantize_kernel(QArgs a) {
+  if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   constexpr int TWO_D = MODE == kTwoD ? 1 : MODE == kTwoDRows ? 2 : 0;
   constexpr bool defer = MODE == kDeferred;
   /* PK: a 16-bit input stays in its packed words (8 registers for the thread's 16 elements, not
@@ -579,6 +581,7 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
                              "(rows <= %d or cols <= %d)", (long long)M, (long long)K,
                              65535 * kBlk, 65535 * kCols);
   QArgs a;
+  a.kd = nullptr;
   a.x = src->data;
   a.M = M;
   a.K = K;
@@ -603,6 +606,7 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
     a.m = q->adam->m;
     a.v = q->adam->v;
     a.k = q->adam->k;
+    a.kd = hq_adam_pass_k_dev(q->adam);
     vec = vec && aligned(a.g, 16) && aligned(a.m, 16) && aligned(a.v, 16);
     switch (q->adam->grad_dtype) {
     case HQ_F32: launch_quantize_dt<HQ_F32, HQ_F32>(a, q->elem, vec, grid, stream); break;

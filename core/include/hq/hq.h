@@ -641,8 +641,10 @@ HQ_API int hq_qtensor_unshare(hq_qtensor *qt, hq_ctx *ctx);
    hq_qtensor_update(qt, ctx, master), in one pass. HQ_ENOTSUP, with nothing run, where that one
    call cannot be made: on the host, for a saved qtensor, a rowwise_dequantized source, two
    format instances for the directions refreshed, a format without HQ_CAP_FUSED_ADAM or one that
-   needs a per-tensor amax; the caller then runs the step itself and updates (as hq_adam_step
-   does). A wrong device, shape or master dtype is HQ_EINVAL (HQ_ESHAPE). The call
+   needs a per-tensor amax, constants in device memory (adam->k_dev, ABI 2.6) for a format
+   without HQ_CAP_ADAM_KDEV; the caller then runs the step itself and updates (as hq_adam_step
+   does). A wrong device, shape or master dtype is HQ_EINVAL (HQ_ESHAPE), as is a k_dev not
+   16-byte aligned. The call
    is logged at debug level ("AdamW fused into the ... write-back"). */
 HQ_API int hq_qtensor_update_adam(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *master,
                                   const hq_adam_pass *adam);

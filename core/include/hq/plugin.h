@@ -183,7 +183,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define HQ_ABI_MAJOR 2
-#define HQ_ABI_MINOR 5
+#define HQ_ABI_MINOR 6
 
 /* The one symbol a format module exports. */
 #define HQ_FORMAT_ENTRY_NAME "hq_format_module_v2"
@@ -755,6 +755,14 @@ static inline float *hq_call_factor_out(const hq_call *call) {
 ** declare the capability). The bytes written -- master, moments, every buffer of the storages --
 ** are then those of the unfused sequence (the step, then update() of the new master) by
 ** construction. call->adam is never set on the host, nor for a module compiled against 2.1.
+**
+** Constants in device memory (2.6): a caller that captures the step in a CUDA graph gives its
+** constants in device memory (hq_adam.consts_dev, hq/train.h), which the replays read as they
+** run; a kernel argument would be frozen at its capture value. The core then passes
+** adam->k_dev (read it through hq_adam_pass_k_dev) to an instance whose caps include
+** HQ_CAP_ADAM_KDEV, and the kernel applies *k_dev instead of adam->k, read when it runs (once per
+** thread or CTA: the values are the same for the whole call). An instance without the cap never
+** sees k_dev: the core takes the unfused path for it.
 */
 typedef struct hq_adam_consts {
   float lr, b1, b2, eps, wd;       /* learning rate, betas, epsilon, decoupled weight decay */
@@ -768,7 +776,22 @@ typedef struct hq_adam_pass {
   const void *grad;                /* [M, K] row-major, on the call's device */
   float *m, *v;                    /* Adam moments [M, K], FP32, updated in place */
   hq_adam_consts k;
+  /* --- 2.6 (read through hq_adam_pass_k_dev) --- */
+  const hq_adam_consts *k_dev;     /* NULL, or the step's constants in memory of the call's
+                                      device (16-byte aligned), to be used instead of k: set only
+                                      for an instance with HQ_CAP_ADAM_KDEV */
 } hq_adam_pass;
+
+/* Size of an hq_adam_pass of ABI 2.2 (the constants by value only). */
+#define HQ_ADAM_PASS_SIZE_2_2 (offsetof(hq_adam_pass, k) + sizeof(hq_adam_consts))
+/* Size of an hq_adam_pass that carries k_dev. */
+#define HQ_ADAM_PASS_SIZE_2_6 (offsetof(hq_adam_pass, k_dev) + sizeof(void *))
+
+/* The device copy of the constants a fused step must read when its kernel runs (2.6), or NULL
+   (use a->k): a pass of an older core has no k_dev. */
+static inline const hq_adam_consts *hq_adam_pass_k_dev(const hq_adam_pass *a) {
+  return a && a->struct_size >= HQ_ADAM_PASS_SIZE_2_6 ? a->k_dev : NULL;
+}
 
 /* The fused optimizer step a quantize/update call carries (NULL: none, or a call of a 2.1 core).
    *ok is 0 when it cannot be honoured as the rules above state it -- not an update on a CUDA
@@ -778,7 +801,7 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
                                                int *ok) {
   const hq_adam_pass *a = call->struct_size >= HQ_CALL_SIZE_2_2 ? call->adam : NULL;
   *ok = !a || (call->device != HQ_DEVICE_HOST && (call->flags & HQ_CALL_UPDATE) &&
-               src->dtype == HQ_F32 && a->struct_size >= sizeof(hq_adam_pass) &&
+               src->dtype == HQ_F32 && a->struct_size >= HQ_ADAM_PASS_SIZE_2_2 &&
                (a->grad_dtype == HQ_F32 || a->grad_dtype == HQ_F16 ||
                 a->grad_dtype == HQ_BF16));
   return a;
@@ -798,6 +821,9 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
                                              (see "Fused optimizer write-back") */
 #define HQ_CAP_DEQ_FACTOR (1ull << 6)     /* 2.3: dequantize() with HQ_CALL_DEQ_RAW honours
                                              call->factor_out (needs tensor_factor()) */
+#define HQ_CAP_ADAM_KDEV (1ull << 7)      /* 2.6: update() with call->adam reads the constants
+                                             from adam->k_dev when it is not NULL (see "Constants
+                                             in device memory") */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */

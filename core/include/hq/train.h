@@ -47,15 +47,37 @@ extern "C" {
 **     the step's kernel computes it in the same pass and hands it to the write-back, so the
 **     master is not read a third time.
 ** The bytes are the same on every path.
+**
+** CUDA graphs: the step's constants (lr, the betas, eps, weight_decay, c1, c2) reach its kernels
+** as kernel arguments, which a graph captures once and replays unchanged. To capture
+** hq_adam_step, give consts_dev: device memory of the context's device (HQ_ADAM_CONSTS_BYTES
+** bytes, 16-byte aligned) that every kernel of the step reads the constants from when it runs;
+** fill it before each replay with what hq_adam_consts_write makes for that step (e.g. from
+** page-locked host memory by a cudaMemcpyAsync recorded in the same graph ahead of the step).
+** hq_adam_step writes nothing there, and reads it on the stream in order: a slot must keep its
+** constants until the steps that read them have run (one slot per set of constants in flight).
+** With consts_dev the fields of hq_adam still go through every check above, and an eager step
+** gives the same bits as without it when the slot holds its constants. A step queued on a stream
+** being captured without consts_dev is refused (HQ_ESTATE, nothing captured): its replays would
+** all apply the constants of the capture.
 */
 typedef struct hq_adam {
-  uint32_t struct_size;          /* sizeof(hq_adam) */
+  uint32_t struct_size;          /* sizeof(hq_adam); at least HQ_ADAM_SIZE_0_1 */
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;                  /* 1 for the first step (bias correction) */
+  const void *consts_dev;        /* NULL, or the step's constants in device memory (above) */
 } hq_adam;
 #define HQ_ADAM_INIT HQ_STRUCT_INIT(hq_adam) /* hq.h: struct_size set, the rest zero */
+/* Size of an hq_adam without consts_dev (the constants then always come from its fields). */
+#define HQ_ADAM_SIZE_0_1 (offsetof(hq_adam, step) + sizeof(int64_t))
+/* Bytes of the constants hq_adam_consts_write makes and hq_adam.consts_dev holds. */
+#define HQ_ADAM_CONSTS_BYTES 36
 HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
                         float *m, float *v, hq_qtensor *qw);
+/* Write the constants of step `adam` (HQ_ADAM_CONSTS_BYTES bytes, the bits hq_adam_step applies:
+   c1 and c2 from adam->step) into host memory at host_dst, for hq_adam.consts_dev. The fields
+   are checked as hq_adam_step checks them (HQ_EINVAL, nothing written); consts_dev is not read. */
+HQ_API int hq_adam_consts_write(const hq_adam *adam, void *host_dst);
 
 /* ---------------------------------------------------------------------------------------------
 ** Checkpoints: safetensors files (https://github.com/huggingface/safetensors: an 8-byte
