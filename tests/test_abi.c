@@ -394,6 +394,48 @@ static void test_rng_offset(void **state) {
   hq_recipe_free(r);
 }
 
+/* The offsets a plugin sees on the host, pinned: values of the rule computed outside hq (a
+   Python SplitMix64 / FNV-1a-64) that the core gave before the rule moved into hq/plugin.h's
+   hq_rng_offset, so that a change of the mix, of the role key or of the count shows here. Read
+   from test_good's log line (the fixture prints call->offset). */
+static void test_rng_offset_pinned(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(3, NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  sink s = {0};
+  counting c = {0};
+  hq_allocator a = {.struct_size = sizeof a, .alloc = count_alloc, .free = count_free,
+                    .user = &c};
+  hq_ctx *ctx = ctx_with(&s, &c, &a);
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  static const struct {
+    uint64_t step;
+    const char *offset; /* of the step's first call (n = 0), then its second (n = 1) */
+    const char *next;
+  } pin[] = {
+      {0, "0x19662b0b94ec2e62", "0x83ff08f0d483c778"},
+      {7, "0x263e7e82fa1c557f", "0xcc4c0dfc564c7522"},
+      {UINT64_MAX, "0xe12eabffb33b7924", NULL},
+  };
+  for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++) {
+    HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, pin[i].step));
+    for (int n = 0; n < 2 && (n == 0 || pin[i].next); n++) {
+      hq_qtensor *qt = NULL;
+      const int before = s.n;
+      HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+      assert_true(s.n > before);
+      const char *at = strstr(s.last, "offset ");
+      assert_non_null(at);
+      assert_string_equal(at + 7, n ? pin[i].next : pin[i].offset);
+      hq_qtensor_free(qt);
+    }
+  }
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 /* Review bug 10: hq_ctx_destroy while quantized tensors and a scaling state made on the context
    are alive was a silent use-after-free (their frees went through the freed context). Now the
    context ends when the last of them is freed: destroying it first logs a warning (through its
@@ -932,6 +974,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
+      cmocka_unit_test(test_rng_offset_pinned),
       cmocka_unit_test(test_ctx_outlived),
       cmocka_unit_test(test_struct_sizes),
       cmocka_unit_test(test_saved_buffer_stride),
