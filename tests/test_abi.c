@@ -395,9 +395,10 @@ static void test_rng_offset(void **state) {
 }
 
 /* The offsets a plugin sees on the host, pinned: values of the rule computed outside hq (a
-   Python SplitMix64 / FNV-1a-64) that the core gave before the rule moved into hq/plugin.h's
-   hq_rng_offset, so that a change of the mix, of the role key or of the count shows here. Read
-   from test_good's log line (the fixture prints call->offset). */
+   Python SplitMix64 / FNV-1a-64) that the core gave before the rule moved into hq/numerics.h's
+   hq_rng_offset, so that a change of the mix, of the role key or of the count shows here; and
+   the call's role_key and role_count (ABI 2.6), from which a captured kernel remakes the offset.
+   Read from test_good's log line (the fixture prints them). */
 static void test_rng_offset_pinned(void **state) {
   (void)state;
   hq_recipe *r = fixture_recipe(3, NULL);
@@ -426,7 +427,10 @@ static void test_rng_offset_pinned(void **state) {
       assert_true(s.n > before);
       const char *at = strstr(s.last, "offset ");
       assert_non_null(at);
-      assert_string_equal(at + 7, n ? pin[i].next : pin[i].offset);
+      char want[96];
+      snprintf(want, sizeof want, "%s key 0x3b705da3490431e9 count %d",
+               n ? pin[i].next : pin[i].offset, n); /* FNV-1a-64 of "linear:weight:w" */
+      assert_string_equal(at + 7, want);
       hq_qtensor_free(qt);
     }
   }
@@ -434,6 +438,25 @@ static void test_rng_offset_pinned(void **state) {
   hq_ctx_destroy(ctx);
   hq_quantizer_free(q);
   hq_recipe_free(r);
+}
+
+/* hq_rng_offset and hq_splitmix64 (hq/numerics.h), the rule the core and the kernels share (ABI
+   2.6), against values computed outside hq (a Python SplitMix64 whose first outputs from seed 0
+   are the published 0xe220a8397b1dcdaf, 0x910a2dec89025cc1; FNV-1a-64 role keys), and against
+   the test's own rebuild of the documented rule. */
+static void test_rng_offset_helper(void **state) {
+  (void)state;
+  assert_true(hq_splitmix64(0) == 0xe220a8397b1dcdafull);
+  assert_true(hq_splitmix64(1) == 0x910a2dec89025cc1ull);
+  assert_true(hq_splitmix64(UINT64_MAX) == 0xe4d971771b652c20ull);
+  const uint64_t kw = 0x3b705da3490431e9ull;  /* FNV-1a-64 of "linear:weight:w" */
+  const uint64_t kg = 0x08bbf33033e5a02cull;  /* ... of "linear:grad_output:x" */
+  assert_true(hq_rng_offset(0, kw, 0) == 0x19662b0b94ec2e62ull);
+  assert_true(hq_rng_offset(7, kw, 1) == 0xcc4c0dfc564c7522ull);
+  assert_true(hq_rng_offset(7, kg, 2) == 0x4ae62fe3557ab47aull);
+  assert_true(hq_rng_offset(UINT64_MAX, kg, 5) == 0x695448fc6716f046ull);
+  assert_true(hq_rng_offset(7, kg, 2) == hq_test_rng_offset("linear:grad_output:x", 7, 2));
+  assert_true(hq_rng_offset(3, kw, 9) == hq_test_rng_offset("linear:weight:w", 3, 9));
 }
 
 /* Review bug 10: hq_ctx_destroy while quantized tensors and a scaling state made on the context
@@ -794,7 +817,7 @@ static void test_plugin_status_range(void **state) {
    [4, 8] tensor's codes are 16 bytes: 4 bits per element (test_good level 10: codes + aux [2]). */
 static void test_i4x2(void **state) {
   (void)state;
-  assert_int_equal(HQ_ABI_MINOR, 5);
+  assert_int_equal(HQ_ABI_MINOR, 6);
   assert_int_equal(HQ_I4X2, 13);
   assert_int_equal(hq_dtype_size(HQ_I4X2), 1);
   assert_string_equal(hq_dtype_name(HQ_I4X2), "i4x2");
@@ -974,7 +997,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
-      cmocka_unit_test(test_rng_offset_pinned),
+      cmocka_unit_test(test_rng_offset_pinned),     cmocka_unit_test(test_rng_offset_helper),
       cmocka_unit_test(test_ctx_outlived),
       cmocka_unit_test(test_struct_sizes),
       cmocka_unit_test(test_saved_buffer_stride),

@@ -183,18 +183,18 @@ cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b"; fail "bench: the later val
 # info lists the built-in identity and the stock formats with their options
 for s in '"name":"identity"' '"name":"fp8_tensor"' '"name":"mxfp8"' '"name":"nvfp4"' '"name":"fp8_block"' \
          '"name":"rht_sign_mask","type":"int","default":"0xD7E8"' '"name":"block","type":"enum","default":"1d"' '"name":"power_2_scales","type":"bool","default":"false"' \
-         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":5}'; do
+         '"name":"dtype","type":"enum","default":"e4m3"' '"choices":\["e4m3","e5m2"\]' '"abi":{"major":2,"minor":6}'; do
   grep -q "$s" "$tmp/info.json" || fail "info --json lacks $s"; ok
 done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
 # the capability flags by name: nvfp4 and fp8_tensor fold their factor (ABI 2.3), mxfp8 does not
 for f in nvfp4 fp8_tensor; do
-  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\"" "$tmp/info.json" ||
+  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\(,rng-dev\)\?\"" "$tmp/info.json" ||
     fail "info --json: $f's caps lack deq-factor"; ok
 done
 grep -q '"name":"mxfp8","version":"[^"]*","description":"[^"]*","file":"[^"]*","caps":"[^"]*deq-factor' "$tmp/info.json" &&
   fail "info --json: mxfp8 claims deq-factor"; ok
-$hq info | grep -q '^  nvfp4 [^ ]*  \[cpu.*deq-factor\]$' || fail "info text: nvfp4's caps"; ok
+$hq info | grep -q '^  nvfp4 [^ ]*  \[cpu.*deq-factor\(,rng-dev\)\?\]$' || fail "info text: nvfp4's caps"; ok
 # identity is built into libhqcore: listed first, with that in place of a file, in both forms
 grep -q '"plugins":\[{"name":"identity",' "$tmp/info.json" || fail "info --json: identity is not the first format"; ok
 grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(built into libhqcore)"' "$tmp/info.json" || fail "info --json: identity's file"; ok

@@ -360,7 +360,7 @@ static void test_host_convert(void **state) {
   hq_plugins *set = open_pair();
   const hq_host_api *host = core_host();
   assert_int_equal(host->abi_major, HQ_ABI_MAJOR);
-  assert_int_equal(host->abi_minor, 5);
+  assert_int_equal(host->abi_minor, 6);
   assert_true(host->struct_size >= HQ_HOST_API_SIZE_2_4);
   assert_non_null(host->convert);
   /* every bf16 and f16 code into f32: exact */

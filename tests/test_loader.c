@@ -70,9 +70,9 @@ static void test_fixtures(void **state) {
   hq_test_expect_reason(set, "good_dup.so", "/good.so");
   hq_test_expect_reason(set, "bad_major.so", "built for plugin ABI 3 (requires 3.0)");
   hq_test_expect_reason(set, "bad_major.so",
-                        "this core implements plugin ABI 2.5 (major versions must match)");
+                        "this core implements plugin ABI 2.6 (major versions must match)");
   hq_test_expect_reason(set, "newer_minor.so",
-                        "requires plugin ABI 2.6, newer than this core's 2.5");
+                        "requires plugin ABI 2.7, newer than this core's 2.6");
   hq_test_expect_reason(set, "small_struct.so", "struct_size 24 is smaller than ABI 2.0's");
   hq_test_expect_reason(set, "no_entry.so", "no entry point hq_format_module_v2");
   /* a module of ABI 1 is told apart from a non-module: it must be rebuilt */
