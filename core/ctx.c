@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hq/numerics.h"
+
 /* One role's count of calls in the current step; key 0 marks a free slot (hqi_role_key never
    returns 0). */
 struct hqi_rng_slot {
@@ -89,6 +91,13 @@ static void ctx_end(hq_ctx *ctx) {
     int saved;
     if (hqi_device_enter(ctx->device, &saved) == HQ_OK) {
       hqi_ctx_free_raw(ctx, ctx->workspace); /* stream-ordered: after the GEMMs that use it */
+      hqi_device_leave(saved);
+    }
+  }
+  if (ctx->offset_dev) {
+    int saved;
+    if (hqi_device_enter(ctx->device, &saved) == HQ_OK) {
+      hqi_ctx_free_raw(ctx, ctx->offset_dev); /* stream-ordered: after the work that reads it */
       hqi_device_leave(saved);
     }
   }
@@ -268,20 +277,38 @@ int hq_ctx_sync(hq_ctx *ctx) {
 
 uint64_t hq_ctx_seed(const hq_ctx *ctx) { return ctx ? ctx->seed : 0; }
 uint64_t hq_ctx_rng_offset(const hq_ctx *ctx) { return ctx ? ctx->offset : 0; }
+
+/* The step's copy on the device (ctx->offset_dev), allocated at the first set, then rewritten
+   in stream order: a graph replay that follows on the stream reads the step set before it. */
+static int set_offset_dev(hq_ctx *ctx, uint64_t offset) {
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  if (!ctx->offset_dev) {
+    ctx->offset_dev = hqi_ctx_alloc_raw(ctx, sizeof *ctx->offset_dev);
+    if (!ctx->offset_dev)
+      rc = hqi_error(HQ_ENOMEM, "hq_ctx_set_rng_offset: 8 bytes for the step on CUDA device %d",
+                     ctx->device);
+  }
+  if (!rc) rc = hqi_cuda_set_u64(ctx->stream, ctx->offset_dev, offset);
+  hqi_device_leave(saved);
+  return rc;
+}
+
 int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
   if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset: ctx is NULL");
+  if (ctx->device >= 0) {
+    /* a write captured into a graph would set the step of every replay to this one */
+    if (hqi_cuda_capturing(ctx->stream))
+      return hqi_error(HQ_ESTATE, "hq_ctx_set_rng_offset: the context's stream is being "
+                       "captured into a CUDA graph: set the step before the capture and before "
+                       "each replay, outside the graph");
+    int rc = set_offset_dev(ctx, offset);
+    if (rc) return rc;
+  }
   ctx->offset = offset;
   if (ctx->rng) memset(ctx->rng, 0, ctx->rng_cap * sizeof *ctx->rng);
   ctx->rng_n = 0;
   return HQ_OK;
-}
-
-/* SplitMix64's finalizer: a bijection whose outputs of nearby inputs look unrelated. */
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 uint64_t hqi_role_key(const char *role) {
@@ -292,12 +319,12 @@ uint64_t hqi_role_key(const char *role) {
 }
 
 static struct hqi_rng_slot *rng_slot(struct hqi_rng_slot *t, size_t cap, uint64_t key) {
-  size_t i = (size_t)mix64(key) & (cap - 1);
+  size_t i = (size_t)hq_splitmix64(key) & (cap - 1);
   while (t[i].key && t[i].key != key) i = (i + 1) & (cap - 1);
   return &t[i];
 }
 
-int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset) {
+int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset, uint64_t *count) {
   if (2 * (ctx->rng_n + 1) > ctx->rng_cap) { /* at most half full: short probe chains */
     const size_t cap = ctx->rng_cap ? 2 * ctx->rng_cap : 64;
     struct hqi_rng_slot *t = hqi_calloc(cap, sizeof *t);
@@ -313,8 +340,8 @@ int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset) {
     s->key = role_key;
     ctx->rng_n++;
   }
-  *offset = mix64(role_key ^ mix64(ctx->offset ^ mix64(s->count)));
-  s->count++;
+  *offset = hq_rng_offset(ctx->offset, role_key, s->count);
+  *count = s->count++;
   return HQ_OK;
 }
 

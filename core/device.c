@@ -370,5 +370,9 @@ int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, in
   (void)elem_bytes;
   return no_cuda();
 }
+int hqi_cuda_set_u64(void *stream, uint64_t *dst, uint64_t value) {
+  (void)stream; (void)dst; (void)value;
+  return no_cuda();
+}
 
 #endif

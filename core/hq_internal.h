@@ -199,6 +199,8 @@ struct hq_ctx {
   void *log_user;
   uint64_t seed;
   uint64_t offset;          /* the step of the random stream (hq_ctx_set_rng_offset) */
+  uint64_t *offset_dev;     /* its copy on the device (hq_call.offset_dev), from the first set
+                               on a CUDA context; NULL before */
   struct hqi_rng_slot *rng; /* calls per role key since the step was set (hqi_ctx_rng_next) */
   size_t rng_cap, rng_n;
   void *workspace;          /* the cuBLASLt runner's (hqi_call_workspace), or NULL */
@@ -208,9 +210,9 @@ struct hq_ctx {
 };
 /* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
    `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of
-   that role the step has seen, so that a role's draws depend on nothing another role does.
-   HQ_ENOMEM when the count cannot be kept. */
-int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset);
+   that role the step has seen, so that a role's draws depend on nothing another role does;
+   *count: that count (hq_call.role_count). HQ_ENOMEM when the count cannot be kept. */
+int hqi_ctx_rng_next(hq_ctx *ctx, uint64_t role_key, uint64_t *offset, uint64_t *count);
 uint64_t hqi_role_key(const char *role);
 /* A qtensor or an hq_state keeps the context that owns its memory alive. */
 hq_ctx *hqi_ctx_retain(hq_ctx *ctx);
@@ -304,6 +306,7 @@ struct hq_qtensor {
   hqi_qdir d[2];
   int saved;
   uint64_t offset;           /* random stream of the operation in progress */
+  uint64_t role_count;       /* ... its role's count of operations in the step (hq_call) */
   uint64_t role_key;         /* hqi_role_key(role): its random streams' key */
   void *scratch;             /* plugin scratch reserved for quantize/update (owner's memory) */
   size_t scratch_bytes;

@@ -42,6 +42,9 @@ int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
 int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out);
 int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, int64_t sld,
                        int64_t rows, int64_t cols, int elem_bytes);
+/* *dst (device memory) = value, in stream order (one thread: no pageable copy, so that it may
+   precede a graph replay that reads it). */
+int hqi_cuda_set_u64(void *stream, uint64_t *dst, uint64_t value);
 
 /* The host service hq_host_api.lt_matmul: one cuBLASLt matmul on call->device / call->stream,
    with the runner's cached handle and plans and the context's workspace

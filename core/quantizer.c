@@ -657,6 +657,35 @@ static int call_state(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, uint32_t dirs,
   return HQ_OK;
 }
 
+/* Under a CUDA graph capture, the random stream of a quantize/update comes from the context's
+   step on the device (call->offset_dev, ABI 2.6), which hq_ctx_set_rng_offset rewrites before
+   each replay: a module with HQ_CAP_RNG_DEV gets it; one without it that draws random numbers
+   (not requant-safe and no scaling state, the trainer's test too: stochastic rounding) is
+   refused, since the offset baked into the graph would repeat its noise at every replay. A
+   requant-safe instance draws nothing, and the eager path asks the stream nothing. */
+static int capture_rng(const hq_qtensor *qt, hq_ctx *ctx, const hqi_format *f, uint32_t dirs,
+                       hq_call *call) {
+  if (ctx->device < 0 || (f->caps & HQ_CAP_REQUANT_SAFE)) return HQ_OK;
+  const int rng_dev = (f->caps & HQ_CAP_RNG_DEV) != 0;
+  const int fused = fused_call(qt->fmt, qt->source);
+  if (!rng_dev && hqi_format_state_floats(f, fused ? HQ_BOTH : dirs)) return HQ_OK;
+  if (!hqi_cuda_capturing(ctx->stream)) return HQ_OK;
+  const char *dn = dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs);
+  if (!rng_dev)
+    return hqi_error(HQ_ESTATE, "role %s, %s format '%s' (plugin %s) draws random numbers "
+                     "(stochastic rounding) from an offset the host sets, which every replay of "
+                     "a CUDA graph would repeat, and does not declare HQ_CAP_RNG_DEV (ABI 2.6): "
+                     "quantize it outside the capture", qt->role, dn, f->name,
+                     f->plugin->ops.name);
+  if (!ctx->offset_dev)
+    return hqi_error(HQ_ESTATE, "role %s, %s format '%s' (plugin %s): a quantization captured "
+                     "into a CUDA graph draws its random stream from the context's step on the "
+                     "device, which hq_ctx_set_rng_offset sets: call it before the capture",
+                     qt->role, dn, f->name, f->plugin->ops.name);
+  call->offset_dev = ctx->offset_dev;
+  return HQ_OK;
+}
+
 /* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's); adam: the
    fused optimizer step of hq_adam_step (an update only), else NULL. */
 static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
@@ -668,12 +697,15 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
   call.scratch_bytes = qt->scratch_bytes;
   call.amax = amax;
   call.adam = adam;
+  call.role_key = qt->role_key;
+  call.role_count = qt->role_count;
   const hq_format_ops *ops = &f->plugin->ops;
   if (dirs == HQ_COLWISE && !(f->caps & HQ_CAP_COLWISE_ONLY))
     return hqi_error(HQ_ENOTSUP, "role %s, columnwise format '%s' (plugin %s) cannot make a "
                      "columnwise storage without a rowwise one", qt->role, f->name, ops->name);
   int rc = call_state(qt, ctx, f, dirs, &call);
   if (rc) return rc;
+  if ((rc = capture_rng(qt, ctx, f, dirs, &call))) return rc;
   hq_clear_error();
   const hqi_fpenv fe = hqi_fp_enter();
   rc = update && ops->update ? ops->update(f->cfg, &call, src, dirs, row, col)
@@ -723,6 +755,8 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
     t.cols = qt->cols;
     t.nominal = src->dtype;
     t.offset = qt->offset;
+    t.role_count = qt->role_count;
+    t.role_key = qt->role_key;
     t.scratch = qt->scratch;
     t.scratch_bytes = qt->scratch_bytes;
     rc = make_storages(&t, qt->fmt[0], HQ_ROWWISE);
@@ -753,7 +787,7 @@ static int rowwise_source(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src,
 static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t dirs, int update,
                     const float *amax, const hq_adam_pass *adam) {
   hqi_format *fr = qt->fmt[0], *fc = qt->fmt[1];
-  int rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset);
+  int rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset, &qt->role_count);
   if (rc) return rc;
   if (!update && (rc = reserve_scratch(qt))) return rc;
   if (dirs == HQ_BOTH && fused_call(qt->fmt, qt->source)) {
@@ -945,7 +979,8 @@ int hq_quantize_ex(hq_quantizer *q, hq_ctx *ctx, const hq_tensor *srcp,
                       (dirs != HQ_BOTH || fused_call(qt->fmt, qt->source)) &&
                       alias_storages(qt, qt->fmt[dirs == HQ_COLWISE ? 1 : 0], dirs, &src) == 0;
     if (alias) {
-      rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset); /* as run() keeps the stream */
+      /* as run() keeps the stream */
+      rc = hqi_ctx_rng_next(ctx, qt->role_key, &qt->offset, &qt->role_count);
       const int mk = hqi_qtensor_mark_use(qt, ctx);
       rc = rc ? rc : mk;
     } else {

@@ -170,25 +170,31 @@ tests_plugins_forms_forms_unused_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A module wrapping fp8_tensor without HQ_CAP_DEQ_FACTOR (test_gpu_gemm), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/fp8_tensor_nofold.la
 tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
-	tests/wrap/stock_fp8_tensor.h tests/hq_wrap.h
+	tests/wrap/stock_module.h tests/hq_wrap.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A module wrapping mxfp8 without HQ_CAP_ADAM_KDEV (test_gpu_graph_step), beside it.
 check_LTLIBRARIES += tests/wrap/mxfp8_nokdev.la
-tests_wrap_mxfp8_nokdev_la_SOURCES = tests/wrap/mxfp8_nokdev.c tests/wrap/stock_fp8_tensor.h \
+tests_wrap_mxfp8_nokdev_la_SOURCES = tests/wrap/mxfp8_nokdev.c tests/wrap/stock_module.h \
 	tests/hq_wrap.h
 tests_wrap_mxfp8_nokdev_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_mxfp8_nokdev_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A module wrapping nvfp4 without HQ_CAP_RNG_DEV (test_gpu_rng_graph), in a folder of its own.
+check_LTLIBRARIES += tests/wrap/norng/nvfp4_norng.la
+tests_wrap_norng_nvfp4_norng_la_SOURCES = tests/wrap/nvfp4_norng.c tests/wrap/stock_module.h \
+	tests/hq_wrap.h
+tests_wrap_norng_nvfp4_norng_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_wrap_norng_nvfp4_norng_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # Later versions of fp8_tensor, named fp8_tensor (test_checkpoint, bug 6), a folder each: one
 # with an option appended, one whose layout version changed.
 check_LTLIBRARIES += tests/wrap/next/fp8_tensor_next.la
 tests_wrap_next_fp8_tensor_next_la_SOURCES = tests/wrap/fp8_tensor_next.c \
-	tests/wrap/stock_fp8_tensor.h
+	tests/wrap/stock_module.h
 tests_wrap_next_fp8_tensor_next_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_APPEND_OPTION
 tests_wrap_next_fp8_tensor_next_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 check_LTLIBRARIES += tests/wrap/relayout/fp8_tensor_relayout.la
 tests_wrap_relayout_fp8_tensor_relayout_la_SOURCES = tests/wrap/fp8_tensor_next.c \
-	tests/wrap/stock_fp8_tensor.h
+	tests/wrap/stock_module.h
 tests_wrap_relayout_fp8_tensor_relayout_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_LAYOUT=2
 tests_wrap_relayout_fp8_tensor_relayout_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
@@ -349,6 +355,12 @@ tests_test_gpu_graph_step_SOURCES = tests/test_gpu_graph_step.c tests/hq_test.h 
 tests_test_gpu_graph_step_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gpu_graph_step_LDADD = $(HQ_TEST_LDADD) -lcudart
 tests_test_gpu_graph_step_LDFLAGS = $(CUDA_LDFLAGS)
+# stochastic rounding captured in a CUDA graph: each replay draws the step set before it (ABI 2.6)
+check_PROGRAMS += tests/test_gpu_rng_graph
+tests_test_gpu_rng_graph_SOURCES = tests/test_gpu_rng_graph.c tests/hq_test.h tests/hq_gpu_test.h
+tests_test_gpu_rng_graph_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gpu_rng_graph_LDADD = $(HQ_TEST_LDADD) -lcudart
+tests_test_gpu_rng_graph_LDFLAGS = $(CUDA_LDFLAGS)
 # the runner's autotune (HQ_GEMM_AUTOTUNE=1): tuned plans against F64, repeated calls bit for
 # bit, a first call under graph capture
 check_PROGRAMS += tests/test_gpu_autotune

@@ -394,6 +394,71 @@ static void test_rng_offset(void **state) {
   hq_recipe_free(r);
 }
 
+/* The offsets a plugin sees on the host, pinned: values of the rule computed outside hq (a
+   Python SplitMix64 / FNV-1a-64) that the core gave before the rule moved into hq/numerics.h's
+   hq_rng_offset, so that a change of the mix, of the role key or of the count shows here; and
+   the call's role_key and role_count (ABI 2.6), from which a captured kernel remakes the offset.
+   Read from test_good's log line (the fixture prints them). */
+static void test_rng_offset_pinned(void **state) {
+  (void)state;
+  hq_recipe *r = fixture_recipe(3, NULL);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  sink s = {0};
+  counting c = {0};
+  hq_allocator a = {.struct_size = sizeof a, .alloc = count_alloc, .free = count_free,
+                    .user = &c};
+  hq_ctx *ctx = ctx_with(&s, &c, &a);
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  static const struct {
+    uint64_t step;
+    const char *offset; /* of the step's first call (n = 0), then its second (n = 1) */
+    const char *next;
+  } pin[] = {
+      {0, "0x19662b0b94ec2e62", "0x83ff08f0d483c778"},
+      {7, "0x263e7e82fa1c557f", "0xcc4c0dfc564c7522"},
+      {UINT64_MAX, "0xe12eabffb33b7924", NULL},
+  };
+  for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++) {
+    HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(ctx, pin[i].step));
+    for (int n = 0; n < 2 && (n == 0 || pin[i].next); n++) {
+      hq_qtensor *qt = NULL;
+      const int before = s.n;
+      HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &qt));
+      assert_true(s.n > before);
+      const char *at = strstr(s.last, "offset ");
+      assert_non_null(at);
+      char want[96];
+      snprintf(want, sizeof want, "%s key 0x3b705da3490431e9 count %d",
+               n ? pin[i].next : pin[i].offset, n); /* FNV-1a-64 of "linear:weight:w" */
+      assert_string_equal(at + 7, want);
+      hq_qtensor_free(qt);
+    }
+  }
+  free(x.data);
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
+/* hq_rng_offset and hq_splitmix64 (hq/numerics.h), the rule the core and the kernels share (ABI
+   2.6), against values computed outside hq (a Python SplitMix64 whose first outputs from seed 0
+   are the published 0xe220a8397b1dcdaf, 0x910a2dec89025cc1; FNV-1a-64 role keys), and against
+   the test's own rebuild of the documented rule. */
+static void test_rng_offset_helper(void **state) {
+  (void)state;
+  assert_true(hq_splitmix64(0) == 0xe220a8397b1dcdafull);
+  assert_true(hq_splitmix64(1) == 0x910a2dec89025cc1ull);
+  assert_true(hq_splitmix64(UINT64_MAX) == 0xe4d971771b652c20ull);
+  const uint64_t kw = 0x3b705da3490431e9ull;  /* FNV-1a-64 of "linear:weight:w" */
+  const uint64_t kg = 0x08bbf33033e5a02cull;  /* ... of "linear:grad_output:x" */
+  assert_true(hq_rng_offset(0, kw, 0) == 0x19662b0b94ec2e62ull);
+  assert_true(hq_rng_offset(7, kw, 1) == 0xcc4c0dfc564c7522ull);
+  assert_true(hq_rng_offset(7, kg, 2) == 0x4ae62fe3557ab47aull);
+  assert_true(hq_rng_offset(UINT64_MAX, kg, 5) == 0x695448fc6716f046ull);
+  assert_true(hq_rng_offset(7, kg, 2) == hq_test_rng_offset("linear:grad_output:x", 7, 2));
+  assert_true(hq_rng_offset(3, kw, 9) == hq_test_rng_offset("linear:weight:w", 3, 9));
+}
+
 /* Review bug 10: hq_ctx_destroy while quantized tensors and a scaling state made on the context
    are alive was a silent use-after-free (their frees went through the freed context). Now the
    context ends when the last of them is freed: destroying it first logs a warning (through its
@@ -932,6 +997,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
+      cmocka_unit_test(test_rng_offset_pinned),     cmocka_unit_test(test_rng_offset_helper),
       cmocka_unit_test(test_ctx_outlived),
       cmocka_unit_test(test_struct_sizes),
       cmocka_unit_test(test_saved_buffer_stride),

@@ -189,12 +189,12 @@ done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
 # the capability flags by name: nvfp4 and fp8_tensor fold their factor (ABI 2.3), mxfp8 does not
 for f in nvfp4 fp8_tensor; do
-  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\"" "$tmp/info.json" ||
+  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\(,rng-dev\)\?\"" "$tmp/info.json" ||
     fail "info --json: $f's caps lack deq-factor"; ok
 done
 grep -q '"name":"mxfp8","version":"[^"]*","description":"[^"]*","file":"[^"]*","caps":"[^"]*deq-factor' "$tmp/info.json" &&
   fail "info --json: mxfp8 claims deq-factor"; ok
-$hq info | grep -q '^  nvfp4 [^ ]*  \[cpu.*deq-factor\]$' || fail "info text: nvfp4's caps"; ok
+$hq info | grep -q '^  nvfp4 [^ ]*  \[cpu.*deq-factor\(,rng-dev\)\?\]$' || fail "info text: nvfp4's caps"; ok
 # identity is built into libhqcore: listed first, with that in place of a file, in both forms
 grep -q '"plugins":\[{"name":"identity",' "$tmp/info.json" || fail "info --json: identity is not the first format"; ok
 grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"(built into libhqcore)"' "$tmp/info.json" || fail "info --json: identity's file"; ok

@@ -4,12 +4,14 @@
 # quantized weights, scaling state and curves) and fails unless the two agree bit for bit:
 # every step's train loss, the held-out losses and every checkpoint file byte for byte. The
 # recipes: the FP32 baseline (identity borrowing its source), BF16 identity (a copy), per-tensor
-# FP8 with current and with delayed scaling (the state's amaxes and scales), MXFP8 and NVFP4
-# (stochastic rounding on the gradients).
+# FP8 with current and with delayed scaling (the state's amaxes and scales), MXFP8, NVFP4 and the
+# default recipe.ini (both with stochastic rounding on the gradients: on a GPU its replays must
+# draw each step's bits, not the captured step's).
 graph_recipes() {
   for r in fp8_current fp8_delayed mxfp8 nvfp4 high_precision; do
     printf ' --recipe %s/examples/%s.ini' "$conf" "$r"
   done
+  printf ' --recipe %s/recipe.ini' "$conf"
 }
 
 graph_runs() {
@@ -27,7 +29,7 @@ on, off = (json.load(open(p)) for p in sys.argv[1:3])
 if on["config"]["cuda_graph"] != "on" or off["config"]["cuda_graph"] != "off":
     print("FAIL: --json config.cuda_graph"); sys.exit(1)
 names = [r["name"] for r in on["recipes"]]
-if len(names) != 6 or names != [r["name"] for r in off["recipes"]]:
+if len(names) != 7 or names != [r["name"] for r in off["recipes"]]:
     print("FAIL: runs %s / %s" % (names, [r["name"] for r in off["recipes"]])); sys.exit(1)
 for a, b in zip(on["recipes"], off["recipes"]):
     if len(a["train_curve"]) != 13 or a["train_curve"] != b["train_curve"]:
@@ -43,5 +45,5 @@ PY
       fail "$(basename "$f"): the final state differs with the graph on and off"
     n=$((n + 1))
   done
-  [ $n -eq 6 ] || fail "expected 6 checkpoints, found $n"
+  [ $n -eq 7 ] || fail "expected 7 checkpoints, found $n"
 }

@@ -392,8 +392,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     const char *why = train_model_graph_refusal(&m);
     if (cfg->device == HQ_DEVICE_HOST) {
       /* the host captures nothing, but takes the graph's kept qtensors (no allocation a step;
-         the same bytes), which --cuda-graph off against on then checks on the CPU too;
-         stochastic rounding included, as nothing is replayed */
+         the same bytes), which --cuda-graph off against on then checks on the CPU too */
       sg.split = !m.cfg.dist && !m.prof;
     } else if (why) {
       snprintf(res->graph_note, sizeof res->graph_note, "%s", why);

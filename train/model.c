@@ -550,23 +550,6 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
              : 0;
 }
 
-/* Whether direction dir of q draws random bits (stochastic rounding): it does not give the same
-   bytes for the same input (HQ_CAP_REQUANT_SAFE) and keeps no scaling state (the other reason a
-   format is not requant-safe). */
-static int draws_random(hq_quantizer *q, uint32_t dir) {
-  const uint32_t usage = hq_quantizer_usage(q);
-  hq_quantizer_set_usage(q, dir);
-  const int safe = hq_quantizer_requant_safe(q);
-  hq_quantizer_set_usage(q, usage);
-  if (safe) return 0;
-  hq_state_slice sl;
-  memset(&sl, 0, sizeof sl);
-  sl.struct_size = sizeof sl;
-  const int stateful = hq_quantizer_state_slice(q, dir, &sl) == HQ_OK;
-  hq_clear_error();
-  return !stateful;
-}
-
 const char *train_model_graph_refusal(train_model *m) {
   if (m->cfg.dist)
     return "a run across ranks is not captured (its reductions run between the kernels)";
@@ -577,9 +560,6 @@ const char *train_model_graph_refusal(train_model *m) {
       if (hq_quantizer_columnwise_source(q[t]) == HQ_SOURCE_ROWWISE_DEQUANTIZED)
         return "a quantizer with columnwise_source = rowwise_dequantized allocates a temporary "
                "at every step";
-      if (draws_random(q[t], HQ_ROWWISE) || draws_random(q[t], HQ_COLWISE))
-        return "stochastic rounding draws from a random-stream offset the host sets at every "
-               "step, which a replay would repeat";
     }
   }
   return NULL;

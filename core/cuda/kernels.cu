@@ -180,6 +180,8 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
   }
 }
 
+__global__ void set_u64_kernel(uint64_t *dst, uint64_t value) { *dst = value; }
+
 } // namespace
 
 extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int64_t n,
@@ -256,5 +258,14 @@ extern "C" int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const vo
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return hqi_error(HQ_EDEVICE, "%s:%d: transpose: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+extern "C" int hqi_cuda_set_u64(void *stream, uint64_t *dst, uint64_t value) {
+  set_u64_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(dst, value);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: writing the random stream's step: %s", __FILE__,
+                     __LINE__, cudaGetErrorString(e));
   return HQ_OK;
 }

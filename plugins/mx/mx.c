@@ -411,7 +411,7 @@ static uint64_t instance_caps(const void *cfgp) {
   const mx_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY;
 #ifdef HQ_HAVE_CUDA
-  caps |= HQ_CAP_CUDA;
+  caps |= HQ_CAP_CUDA | HQ_CAP_RNG_DEV; /* a graph's SR draws from the device step */
 #endif
   if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
   return caps;
@@ -433,7 +433,7 @@ static const hq_format_ops ops = {
 #endif
     .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA
+            | HQ_CAP_CUDA | HQ_CAP_RNG_DEV
 #endif
     ,
     .options = options,

@@ -67,6 +67,10 @@ struct QArgs {
   int st8;       /* rd and cd 8-byte aligned: 8-byte stores */
   int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
   uint64_t offset;
+  /* a graph replay's random stream (hq_call.offset_dev, ABI 2.6): when offset_dev is set, the
+     offset is hq_rng_offset(*offset_dev, role_key, role_count), made by the kernel */
+  const uint64_t *offset_dev;
+  uint64_t role_key, role_count;
   uint32_t rk[20]; /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once on the host */
 };
 
@@ -247,6 +251,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
   __shared__ __align__(16) uint32_t s_bits[SR ? 8 : 1][kCols]; /* per-column random words */
   __shared__ __align__(16) uint16_t s_mb[BP ? 2 : 1][kCols]; /* per-column BF16 mult, 2 * mult */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
+  /* the call's random-stream offset, once per thread: from the step a graph replay reads on
+     the device (the host set it before the replay), else the host's */
+  const uint64_t offset =
+      !SR ? 0 : a.offset_dev ? hq_rng_offset(*a.offset_dev, a.role_key, a.role_count) : a.offset;
   const int64_t K = a.K;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
                  bj = a.row_major ? blockIdx.x : blockIdx.y;
@@ -336,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
       if (SR) { /* elements 8q .. 8q + 7 of the block: words 2q, 2q + 1 of its 8 */
         const int q = lane & 3;
         uint32_t bits[4];
-        hq_nvfp4_sr_bits_rk(a.rk, a.offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
+        hq_nvfp4_sr_bits_rk(a.rk, offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
         rb = (q & 1) ? make_uint2(bits[2], bits[3]) : make_uint2(bits[0], bits[1]);
       }
       uint64_t v;
@@ -387,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
       a.cs[si] = e;
       if (SR) {
         uint32_t bits[8];
-        hq_mx_sr_bits(a.rk, a.offset, 1, (uint64_t)si, bits);
+        hq_mx_sr_bits(a.rk, offset, 1, (uint64_t)si, bits);
 #pragma unroll
         for (int q = 0; q < 8; q++) s_bits[q][t] = bits[q];
       }
@@ -599,6 +607,10 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.vec = aligned(src->data, 16);
   a.st8 = aligned(q->rd, 8) && aligned(q->cd, 8);
   a.offset = q->offset;
+  a.offset_dev = hq_call_offset_dev(call);
+  /* the fields of a 2.6 call (an older core's ends before them) */
+  a.role_key = a.offset_dev ? call->role_key : 0;
+  a.role_count = a.offset_dev ? call->role_count : 0;
   hq_nvfp4_sr_keys(q->seed, a.rk);
   /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: the CTAs
      running at once stream whole rows */

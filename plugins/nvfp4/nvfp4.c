@@ -191,7 +191,8 @@ static uint64_t instance_caps(const void *cfgp) {
   const nvfp4_cfg *c = cfgp;
   uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR;
 #ifdef HQ_HAVE_CUDA
-  caps |= HQ_CAP_CUDA; /* every option runs on CUDA */
+  caps |= HQ_CAP_CUDA | HQ_CAP_RNG_DEV; /* every option runs on CUDA; a graph's SR draws from
+                                            the device step (hq_call.offset_dev) */
 #else
   (void)c;
 #endif
@@ -1003,7 +1004,7 @@ static const hq_format_ops ops = {
     .description = "NVFP4: E2M1 in 16-blocks, E4M3 block scales, FP32 amax; RHT, SR, 2-D, swizzle",
     .caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR
 #ifdef HQ_HAVE_CUDA
-            | HQ_CAP_CUDA
+            | HQ_CAP_CUDA | HQ_CAP_RNG_DEV
 #endif
     ,
     .options = options,

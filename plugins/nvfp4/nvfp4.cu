@@ -690,6 +690,10 @@ struct QArgs {
   int kind, global; /* options scale_dtype and global_scale (HQ_NVFP4_SCALE_*, _GLOBAL_*) */
   uint32_t mask;
   uint64_t seed, offset;
+  /* a graph replay's random stream (hq_call.offset_dev, ABI 2.6): when offset_dev is set, the
+     offset is hq_rng_offset(*offset_dev, role_key, role_count), made by the kernel (q_offset) */
+  const uint64_t *offset_dev;
+  uint64_t role_key, role_count;
   /* the seed's Philox round keys (hq_nvfp4_sr_keys), made once by the launcher, which the
      kernels' rounds read as uniform operands: no key is bumped per block */
   uint32_t rk[20];
@@ -700,6 +704,14 @@ struct QArgs {
   /* rowq_kernel (global_scale = row, the rowwise copy alone): stored rows per slab */
   uint32_t rq_rows;
 };
+
+/* The call's random-stream offset, once per thread at a kernel's start: from the step a graph
+   replay reads on the device (the host set it before the replay), else the host's; 0 without
+   stochastic rounding (nothing draws). */
+template <bool SR> __device__ __forceinline__ uint64_t q_offset(const QArgs &a) {
+  if (!SR) return 0;
+  return a.offset_dev ? hq_rng_offset(*a.offset_dev, a.role_key, a.role_count) : a.offset;
+}
 
 __device__ __forceinline__ void store8(uint8_t *p, uint2 v, int a8) {
   if (a8) {
@@ -1250,6 +1262,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const int64_t M = a.M, K = a.K;
   const uint32_t M32 = (uint32_t)M, K32 = (uint32_t)K;
   const int t = threadIdx.x;
+  const uint64_t offset = q_offset<SR>(a);
   /* the scale type (OPT 0: E4M3, a constant) and, OPT 1, global_scale = none (S_enc = 1: no
      amax read or written); OPT 2 (global_scale = row) takes its constants per tile below */
   static_assert(OPT != 2 || (!RHT && !B2D), "global_scale = row goes without rht and block_2d");
@@ -1527,9 +1540,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       auto v1 = [&](int e) { return row_word_value<DT>(w + 8, e); };
       const Signs2 sg = row_signs2(w, w + 8);
       hq_sts64(st.r(r * RS + 2 * p),
-               encode_fast_any<SR>(v0, enc[0], a.rk, a.offset, 0u, (uint64_t)rblk, sg.s[0]));
+               encode_fast_any<SR>(v0, enc[0], a.rk, offset, 0u, (uint64_t)rblk, sg.s[0]));
       hq_sts64(st.r(r * RS + 2 * p + 1),
-               encode_fast_any<SR>(v1, enc[1], a.rk, a.offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
+               encode_fast_any<SR>(v1, enc[1], a.rk, offset, 0u, (uint64_t)rblk + 1, sg.s[1]));
       hq_sts16(st.rs(r * (TK / 16) + 2 * p), rsf);
     }
     /* both directions: tile n - 1's staged bytes, here between the two directions' blocks
@@ -1545,8 +1558,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         auto v0 = [&](int e) { return row_word_value<HQ_BF16>(y[0], e); };
         auto v1 = [&](int e) { return row_word_value<HQ_BF16>(y[1], e); };
         const Signs2 sg = row_signs2(y[0], y[1]);
-        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, a.offset, 1u, b0, sg.s[0]);
-        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, a.offset, 1u, b1, sg.s[1]);
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, offset, 1u, b0, sg.s[0]);
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, offset, 1u, b1, sg.s[1]);
       } else {
         auto v0 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] & 0xffffu); };
         auto v1 = [&](int e) { return hq_cuda_hp16_to_f32<DT>(x[e] >> 16); };
@@ -1556,9 +1569,9 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         const uint2 d0 = sign_split(x[1], x[3], x[5], x[7]);
         const uint2 e1 = sign_split(x[8], x[10], x[12], x[14]);
         const uint2 d1 = sign_split(x[9], x[11], x[13], x[15]);
-        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, a.offset, 1u, b0,
+        o[0] = encode_fast_any<SR>(v0, enc[2], a.rk, offset, 1u, b0,
                                    make_uint2(sign_word(e0.x, d0.x), sign_word(e1.x, d1.x)));
-        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, a.offset, 1u, b1,
+        o[1] = encode_fast_any<SR>(v1, enc[3], a.rk, offset, 1u, b1,
                                    make_uint2(sign_word(e0.y, d0.y), sign_word(e1.y, d1.y)));
       }
       if constexpr (kGroup) { /* a ColGroup's columns are rows 128 bytes apart */
@@ -1584,7 +1597,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 #pragma unroll
       for (int j = 0; j < 2; j++) {
         uint2 o;
-        const uint8_t s = encode16<SR>(v[j], bv[j], hrt, a.rk, a.offset, 0u,
+        const uint8_t s = encode16<SR>(v[j], bv[j], hrt, a.rk, offset, 0u,
                                        (uint64_t)rblk + j, has_nan[j],
                                        signs_of([&](int e) { return v[j][e]; }), &o);
         hq_sts64(st.r(r * RS + 2 * p + j), o);
@@ -1604,7 +1617,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
         const float bv = bvs[h];
         uint2 o;
         hq_sts8(st.cs((c + h) * (TM / 16) + rb),
-                encode16<SR>(v[h], bv, hct[h], a.rk, a.offset, 1u,
+                encode16<SR>(v[h], bv, hct[h], a.rk, offset, 1u,
                              (uint64_t)cblk + h * (uint64_t)(M >> 4), has_nan,
                              signs_of([&](int e) { return v[h][e]; }), &o));
         hq_sts64(st.c(rb, c + h), o);
@@ -1622,7 +1635,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       if (RHT) hc0.m = hc1.m = hc.m;
       redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
                                                   hc0, hc1, M, K, i0, k0, b2d, a.seed,
-                                                  a.offset, st);
+                                                  offset, st);
     }
   }
   if (bulk) hq_fence_proxy_async(); /* the last group's ColGroup, for the bulk stores below */
@@ -1686,6 +1699,7 @@ __global__ void __launch_bounds__(kThreads, 2) rowq_kernel(QArgs a) {
   __shared__ float rm[kRqMaxRows], rsd[kRqMaxRows]; /* each row's m and S_dec, step 2 */
   __shared__ float rtab[kRqMaxRows][8];             /* each row's hq_nvfp4_encode_table */
   const int t = threadIdx.x, lane = t & 31;
+  const uint64_t offset = q_offset<SR>(a);
   const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K, R = a.rq_rows, nbr = K / 16;
   const uint32_t nslab = (M + R - 1) / R;
   const int kind = a.kind;
@@ -1792,16 +1806,16 @@ __global__ void __launch_bounds__(kThreads, 2) rowq_kernel(QArgs a) {
         if (DT == HQ_F32) {
           auto val = [&](int e) { return v[j][e]; };
           o = fast_block<SR>(bam[j], enc, has_nan[j])
-                  ? encode_fast_any<SR>(val, enc, a.rk, a.offset, 0u, blk, signs_of(val))
-                  : encode_rule<SR>(val, enc, a.rk, a.offset, 0u, blk);
+                  ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, signs_of(val))
+                  : encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
         } else {
           auto val = [&](int e) { return row_word_value<DT>(w[j], e); };
           const uint2 s0 = sign_split(w[j][0], w[j][1], w[j][2], w[j][3]);
           const uint2 s1 = sign_split(w[j][4], w[j][5], w[j][6], w[j][7]);
           const uint2 sg = make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y));
           o = fast_block<SR>(bam[j], enc, has_nan[j])
-                  ? encode_fast_any<SR>(val, enc, a.rk, a.offset, 0u, blk, sg)
-                  : encode_rule<SR>(val, enc, a.rk, a.offset, 0u, blk);
+                  ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, sg)
+                  : encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
         }
         store8(out + 8u * (uint64_t)b, o, a.a8);
       }
@@ -2352,6 +2366,11 @@ QArgs quantize_args(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *
   a.seed = cfg->seed ? cfg->seed : call->seed;
   hq_nvfp4_sr_keys(a.seed, a.rk);
   a.offset = call->offset;
+  a.offset_dev = hq_call_offset_dev(call);
+  if (a.offset_dev) { /* the fields of a 2.6 call: an older core's ends before them */
+    a.role_key = call->role_key;
+    a.role_count = call->role_count;
+  }
   return a;
 }
 

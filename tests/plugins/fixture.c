@@ -19,13 +19,14 @@
 **                    header would declare them, with option_size saying so
 **
 ** test_good stores an f32 tensor as it is ("data", or "columnwise_data" made alone) plus a
-** 2-byte "aux" buffer, and logs one info line per quantize through host->log. Its `level`
-** option selects a deliberate bug in layout() or update(), so that the core's checks can be
-** tested: 1 no data buffer, 2 data dtype differs from desc.elem, 4 columnwise buffer without the
-** "columnwise_" prefix, 5 swizzled scale marked gatherable, 6 two buffers of one name, 7
-** configure() refuses, 8 update() allocates through host->alloc, 9 data shape differs from the
-** descriptor's order. Any other level is valid. A `label` of "status=N" makes configure() refuse
-** with status N through host->error, "raw=N" return N without a message.
+** 2-byte "aux" buffer, and logs one info line per quantize through host->log, with the call's
+** random-stream offset and its inputs (hq_call.offset, role_key, role_count). Its `level` option selects a deliberate bug in layout()
+** or update(), so that the core's checks can be tested: 1 no data buffer, 2 data dtype differs
+** from desc.elem, 4 columnwise buffer without the "columnwise_" prefix, 5 swizzled scale marked
+** gatherable, 6 two buffers of one name, 7 configure() refuses, 8 update() allocates through
+** host->alloc, 9 data shape differs from the descriptor's order. Any other level is valid. A
+** `label` of "status=N" makes configure() refuse with status N through host->error, "raw=N"
+** return N without a message.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -124,8 +125,13 @@ static int quantize(const void *c, const hq_call *call, const hq_tensor *src, ui
   if (((const cfg *)c)->has_raw_q) return ((const cfg *)c)->raw_q;
   if (src->dtype != HQ_F32 || call->device != HQ_DEVICE_HOST)
     return call->host->error(HQ_ENOTSUP, "test_good stores f32 host tensors only");
-  call->host->log(call, 2, "test_good: quantize [%lld, %lld]", (long long)src->rows,
-                  (long long)src->cols);
+  /* role_key and role_count (ABI 2.6) only from a call that carries them */
+  const int rk = call->struct_size >= HQ_CALL_SIZE_2_6;
+  call->host->log(call, 2, "test_good: quantize [%lld, %lld] offset 0x%016llx key 0x%016llx "
+                  "count %llu", (long long)src->rows, (long long)src->cols,
+                  (unsigned long long)call->offset,
+                  (unsigned long long)(rk ? call->role_key : 0),
+                  (unsigned long long)(rk ? call->role_count : 0));
   for (int d = 0; d < 2; d++) {
     hq_storage *s = d ? col : row;
     if (!(dirs & (d ? HQ_COLWISE : HQ_ROWWISE))) continue;

@@ -9,7 +9,7 @@
 ** Each is built into a folder of its own (tests/wrap/next, tests/wrap/relayout): it takes the
 ** stock module's name, so a plugin set opened there holds it instead of the stock one.
 */
-#include "stock_fp8_tensor.h"
+#include "stock_module.h"
 
 static hq_format_ops ops;
 static const hq_format_ops *inner;

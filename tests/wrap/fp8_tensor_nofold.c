@@ -7,7 +7,7 @@
 ** the folding ones. Built for make check only, into a folder of its own (tests/wrap), apart from
 ** the loader fixtures whose counts the loader tests check.
 */
-#include "stock_fp8_tensor.h"
+#include "stock_module.h"
 
 static hq_format_ops ops;
 static const hq_format_ops *inner;

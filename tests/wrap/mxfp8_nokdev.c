@@ -6,7 +6,7 @@
 ** so that a core handing it to such a module fails test_gpu_graph_step instead of passing
 ** because the stock kernel underneath reads it. Built for make check only (tests/wrap).
 */
-#include "stock_fp8_tensor.h"
+#include "stock_module.h"
 
 static hq_format_ops ops;
 static const hq_format_ops *inner;

@@ -56,7 +56,9 @@
 **     (stream-ordered): a quantizer with columnwise_source = rowwise_dequantized (a temporary
 **     of the source's size for the dequantized copy), and the first update of one direction
 **     alone of a tensor whose two directions share a buffer (the direction left alone receives
-**     its own copy, once).
+**     its own copy, once). A captured stochastic rounding draws from the step the context holds
+**     at each replay: set it (hq_ctx_set_rng_offset) before the capture and before every
+**     replay, outside the graph (docs/embedding.md, section 11).
 **
 ** Example
 **     hq_ctx *ctx;       hq_ctx_create(NULL, &ctx);                     // host
@@ -206,7 +208,11 @@ HQ_API int hq_ctx_sync(hq_ctx *ctx);
    elsewhere changes no NVFP4 gradient's rounding), and a trainer that sets the step at the start
    of every step (hq_ctx_set_rng_offset(ctx, step)) reproduces a run exactly from a checkpoint
    of its step; one that never sets it still gets fresh bits at every operation. Setting the
-   step also restarts every role's count. */
+   step also restarts every role's count. On a CUDA context the step is also kept in device
+   memory (allocated at the first set) and rewritten in stream order, so that operations
+   captured into a CUDA graph draw from the step set before each replay (HQ_ENOMEM,
+   HQ_EDEVICE when it cannot be written; HQ_ESTATE while the context's stream is being
+   captured: set it outside the graph). */
 HQ_API uint64_t hq_ctx_seed(const hq_ctx *ctx);
 HQ_API uint64_t hq_ctx_rng_offset(const hq_ctx *ctx);
 HQ_API int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset);

@@ -4,11 +4,12 @@
 **
 ** What lives here is format-neutral: FP32 bit casts and IEEE round-to-nearest arithmetic, the
 ** f32 <-> bf16 / f16 conversions and the hp load/store helpers a plugin uses to read its input,
-** the FP8 (E4M3, E5M2), E8M0 and FP4 (E2M1) element codecs, the scaled FP8 element cast, and the
-** cuBLAS swizzled scale-layout offset (HQ_SCALE_LAYOUT_SWIZZLED). Each is plain integer/FP32
-** code that compiles as C (host) and as CUDA (host + device), so a format's CPU reference and
-** its kernels agree bit for bit by construction. The rules of a particular format (its scale
-** from amax, block layouts, transforms, random streams) live with that format's plugin.
+** the FP8 (E4M3, E5M2), E8M0 and FP4 (E2M1) element codecs, the scaled FP8 element cast, the
+** cuBLAS swizzled scale-layout offset (HQ_SCALE_LAYOUT_SWIZZLED) and the random stream's
+** per-operation offset (hq_rng_offset). Each is plain integer/FP32 code that compiles as C
+** (host) and as CUDA (host + device), so a format's CPU reference and its kernels agree bit for
+** bit by construction. The rules of a particular format (its scale from amax, block layouts,
+** transforms, random streams) live with that format's plugin.
 **   - FP8 casts are round-to-nearest-even with saturation to the finite range (satfinite):
 **     |x| > max and +-Inf become +-max, NaN becomes NaN (0x7F).
 **   - A scaling multiply is one FP32 multiply rounded to nearest, done before the cast.
@@ -628,6 +629,24 @@ HQ_HD uint8_t hq_i4x2_pack(int lo, int hi) {
 HQ_HD int hq_i4x2_get(const uint8_t *p, int64_t i) {
   const int v = (p[i >> 1] >> ((i & 1) * 4)) & 0xF;
   return v - ((v & 8) << 1);
+}
+
+/* --------------------------------------------------------------------------------------------
+** The random stream's per-operation offset (hq_call.offset; docs/embedding.md, section 11): the
+** one rule the core applies on the host and a kernel applies on the device when a graph replay
+** supplies the step (hq_call.offset_dev, ABI 2.6), so both give the same offset.
+*/
+/* SplitMix64's output function: a bijection whose outputs of nearby inputs look unrelated. */
+HQ_HD uint64_t hq_splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* The offset of the count-th operation (from 0) since the context's step was set to `step`, of
+   the role whose key is role_key (hq_call.role_key). */
+HQ_HD uint64_t hq_rng_offset(uint64_t step, uint64_t role_key, uint64_t count) {
+  return hq_splitmix64(role_key ^ hq_splitmix64(step ^ hq_splitmix64(count)));
 }
 
 #endif /* HQ_NUMERICS_H */

@@ -690,10 +690,11 @@ typedef struct hq_call {
   uint64_t seed;                   /* random stream for stochastic rounding: the context's seed */
   uint64_t offset;                 /* ... and the operation's offset, mixed from its role, the
                                       context's step and the role's count of operations in it
-                                      (docs/embedding.md, section 11): the calls that make the
-                                      two directions of one tensor share it, so derive each
-                                      direction's stream from (seed, offset, direction, element
-                                      position) */
+                                      (hq_rng_offset; docs/embedding.md, section 11): the calls
+                                      that make the two directions of one tensor share it, so
+                                      derive each direction's stream from (seed, offset,
+                                      direction, element position). Under a CUDA graph capture
+                                      the step comes from offset_dev (2.6) instead */
   const float *amax;               /* quantize/update: NULL (compute the per-tensor amax from
                                       src) or amax[0] for the rowwise, amax[1] for the columnwise
                                       direction, as amax() would compute them, in memory of
@@ -721,6 +722,19 @@ typedef struct hq_call {
                                       does it), also when dst has no elements. */
   const float *factor_in;          /* ... NULL or one FP32 value in memory of call->device */
   float factor_mul;                /* ... m when factor_in is NULL */
+  /* --- 2.6 (read offset_dev through hq_call_offset_dev()) --- */
+  const uint64_t *offset_dev;      /* quantize/update of an instance with HQ_CAP_RNG_DEV on a
+                                      stream being captured into a CUDA graph: the context's
+                                      step (what hq_ctx_set_rng_offset set, one uint64 in memory
+                                      of `device`, rewritten in stream order before a replay);
+                                      the operation's offset is then hq_rng_offset(*offset_dev,
+                                      role_key, role_count) (hq/numerics.h), computed by the
+                                      kernel, and `offset` (the capture's value) must not be
+                                      used. NULL otherwise: use `offset` */
+  uint64_t role_key;               /* quantize/update: the role's key and its count of
+                                      operations in the step, the inputs of `offset` besides the
+                                      step: offset = hq_rng_offset(step, role_key, role_count) */
+  uint64_t role_count;
 } hq_call;
 
 /* Size of an hq_call that carries the state fields. */
@@ -729,6 +743,15 @@ typedef struct hq_call {
 #define HQ_CALL_SIZE_2_2 (offsetof(hq_call, adam) + sizeof(void *))
 /* Size of an hq_call that carries the factor fields. */
 #define HQ_CALL_SIZE_2_3 (offsetof(hq_call, factor_mul) + sizeof(float))
+
+/* Size of an hq_call that carries the device step of the random stream. */
+#define HQ_CALL_SIZE_2_6 (offsetof(hq_call, role_count) + sizeof(uint64_t))
+
+/* The device step a graph-captured quantize/update draws from (2.6): call->offset_dev of a call
+   that carries it, else NULL (the call's stream is call->offset). */
+static inline const uint64_t *hq_call_offset_dev(const hq_call *call) {
+  return call->struct_size >= HQ_CALL_SIZE_2_6 ? call->offset_dev : NULL;
+}
 
 /* Where a raw dequantize writes the storage's factor (2.3): call->factor_out of a call that
    carries it with HQ_CALL_DEQ_RAW, else NULL (nothing to write). */
@@ -824,6 +847,9 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
 #define HQ_CAP_ADAM_KDEV (1ull << 7)      /* 2.6: update() with call->adam reads the constants
                                              from adam->k_dev when it is not NULL (see "Constants
                                              in device memory") */
+#define HQ_CAP_RNG_DEV (1ull << 8)        /* 2.6: quantize/update draws its stochastic rounding
+                                             from call->offset_dev when it is not NULL (a CUDA
+                                             graph capture: see hq_call.offset_dev) */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */

@@ -1,10 +1,10 @@
 /*
-** stock_fp8_tensor.h -- what the test modules of tests/wrap share: a stock module (fp8_tensor.so,
-** mxfp8.so, found on $HQ_PLUGIN_PATH, where make check puts the built plugins), opened and
+** stock_module.h -- what the test modules of tests/wrap share: a stock module (fp8_tensor.so,
+** nvfp4.so, found on $HQ_PLUGIN_PATH, where make check puts the built plugins), opened and
 ** entered, its ops table copied into the wrapper's own for it to change.
 */
-#ifndef HQ_STOCK_FP8_TENSOR_H
-#define HQ_STOCK_FP8_TENSOR_H
+#ifndef HQ_STOCK_MODULE_H
+#define HQ_STOCK_MODULE_H
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@
 
 #include "../hq_wrap.h"
 
-/* The table of the stock module in file `so` (kept open for the process); *ops receives a
+/* The table of stock module `so` ("fp8_tensor.so"; kept open for the process); *ops receives a
    copy. NULL (after host->error) when it cannot be found or was built against another
    hq_format_ops. */
 static const hq_format_ops *stock_module(const hq_host_api *host, const char *so,
@@ -35,10 +35,8 @@ static const hq_format_ops *stock_module(const hq_host_api *host, const char *so
   return hq_wrap_module(host, file, ops, &inner) ? inner : NULL;
 }
 
-/* The stock fp8_tensor module (fp8_tensor.so). Inline: a wrapper of another module has no use
-   for it. */
 static inline const hq_format_ops *stock_fp8_tensor(const hq_host_api *host, hq_format_ops *ops) {
   return stock_module(host, "fp8_tensor.so", ops);
 }
 
-#endif /* HQ_STOCK_FP8_TENSOR_H */
+#endif /* HQ_STOCK_MODULE_H */
