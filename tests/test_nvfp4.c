@@ -275,8 +275,9 @@ static void test_plugin_caps_and_options(void **state) {
   hq_recipe *r = nv_recipe(NULL);
   const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), "nvfp4");
   assert_non_null(p);
-  assert_int_equal(hq_plugin_caps(p), HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
-                                          (hq_built_with_cuda() ? HQ_CAP_CUDA : 0));
+  assert_int_equal(hq_plugin_caps(p),
+                   HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
+                       (hq_built_with_cuda() ? HQ_CAP_CUDA | HQ_CAP_RNG_DEV : 0));
   static const char *names[] = {"rht",      "rht_sign_mask", "stochastic_rounding",
                                 "seed",     "block_2d",      "swizzle",
                                 "scale_dtype", "global_scale"};
@@ -1480,8 +1481,9 @@ static void test_ops_direct(void **state) {
   vals[0].i = 0;
   vals[4].i = 0;
   vals[2].i = 1; /* stochastic_rounding */
-  /* every instance runs on CUDA in a CUDA build (tests/test_gpu_nvfp4.c checks it) */
-  const uint64_t cuda = hq_built_with_cuda() ? HQ_CAP_CUDA : 0;
+  /* every instance runs on CUDA in a CUDA build (tests/test_gpu_nvfp4.c checks it), its
+     stochastic rounding from the device step under a graph capture (test_gpu_rng_graph) */
+  const uint64_t cuda = hq_built_with_cuda() ? HQ_CAP_CUDA | HQ_CAP_RNG_DEV : 0;
   DIRECT_OK(ops->configure(cfg, vals, &host));
   assert_int_equal(ops->instance_caps(cfg),
                    HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR | cuda);
