@@ -21,6 +21,8 @@
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
 # work elsewhere does not stop it); HQ_BENCH_ARGS gives --bench's hq bench arguments (default
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
+# HQ_CUDA_ARCH=90 configures for sm_90 alone (a measurement on the H200; the default builds every
+# architecture hq supports, as CI does).
 # Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
@@ -73,14 +75,18 @@ if [ "${1:-}" = "--on-device" ]; then
   rm -rf "$build"/hq-*/
   tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
   cd "$build"/hq-*/
-  ./configure -q --with-cuda > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  # HQ_CUDA_ARCH (e.g. 90) builds for that architecture alone: a measurement on the lent H200
+  # needs no Blackwell code, and the build takes less of the session's device time
+  ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
+    > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
   if [[ "$modes" == *" --quick "* ]]; then
     # the library, the stock plugins and hq only (no tests), for --ab and --ncu
     SECONDS=0
     make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
       plugins/fp8_tensor/fp8_tensor.la plugins/mxfp8/mxfp8.la \
-      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la tools/hq \
+      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la plugins/mx/mxfp4.la \
+      plugins/mx/mxfp6.la tools/hq \
       $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) >> "$out/build.log" 2>&1 \
       || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
