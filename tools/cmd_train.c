@@ -712,6 +712,10 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   /* --cuda-graph: the steps replayed from the captured graph, and why none were (null: it
      captured, or it was off, or the CPU) */
   json_kint(j, "graph_replays", r->graph_replays);
+  json_kint(j, "graph_kernels", r->graph_kernels);
+  json_kint(j, "graph_copies", r->graph_copies);
+  json_kint(j, "graph_memsets", r->graph_memsets);
+  json_kint(j, "graph_other", r->graph_other);
   json_key(j, "graph_note");
   if (r->graph_note[0]) json_str(j, r->graph_note);
   else json_null(j);
@@ -841,6 +845,19 @@ static void report_text(const train_config *cfg, const session *s) {
       char b[32];
       train_report_bytes(s->runs[i].res.peak_bytes, b, sizeof b);
       printf("  %-30s %s\n", s->runs[i].name, b);
+    }
+  }
+  int graphs = 0;
+  for (int i = 0; i < s->n_runs; i++) graphs += s->runs[i].res.graph_replays > 0;
+  if (graphs) {
+    printf("\nthe step's CUDA graph (--cuda-graph on; each node is one launch every replay "
+           "runs):\n");
+    for (int i = 0; i < s->n_runs; i++) {
+      const train_result *r = &s->runs[i].res;
+      if (r->graph_replays > 0)
+        printf("  %-30s %d kernels, %d copies, %d memsets, %d other\n", s->runs[i].name,
+               r->graph_kernels, r->graph_copies, r->graph_memsets, r->graph_other);
+      else printf("  %-30s (not captured)\n", s->runs[i].name);
     }
   }
   for (int i = 0; i < s->n_runs; i++)

@@ -154,6 +154,10 @@ int train_graph_launch(int device, train_graph *g, void *stream, char *err,
   return no_cuda(err, err_len);
 }
 void train_graph_free(train_graph *g) { (void)g; }
+void train_graph_nodes(const train_graph *g, int *counts) {
+  (void)g;
+  for (int k = 0; k < TRAIN_GRAPH_NODE_KINDS; k++) counts[k] = 0;
+}
 int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len) {
   (void)device;
   (void)bytes;

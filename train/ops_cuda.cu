@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <new>
 
@@ -484,6 +485,7 @@ extern "C" int train_cuda_graph_mem(int device, int reset, uint64_t *used, uint6
 
 struct train_graph {
   cudaGraphExec_t exec;
+  int nodes[TRAIN_GRAPH_NODE_KINDS];
 };
 
 /* 0, or -1 with "what: CUDA's message" in err (the error cleared: none of these is sticky) */
@@ -535,6 +537,31 @@ extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err
   return rc;
 }
 
+/* counts[k] += the nodes of `graph` of each kind (train_graph_node_kind) */
+static int graph_count(cudaGraph_t graph, int *counts, char *err, size_t err_len) {
+  size_t n = 0;
+  if (graph_check(cudaGraphGetNodes(graph, nullptr, &n), "cudaGraphGetNodes", err, err_len))
+    return -1;
+  if (!n) return 0;
+  cudaGraphNode_t *nodes = new (std::nothrow) cudaGraphNode_t[n];
+  if (!nodes) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  int rc = graph_check(cudaGraphGetNodes(graph, nodes, &n), "cudaGraphGetNodes", err, err_len);
+  for (size_t i = 0; !rc && i < n; i++) {
+    cudaGraphNodeType t;
+    rc = graph_check(cudaGraphNodeGetType(nodes[i], &t), "cudaGraphNodeGetType", err, err_len);
+    if (rc) break;
+    counts[t == cudaGraphNodeTypeKernel   ? TRAIN_GRAPH_KERNELS
+           : t == cudaGraphNodeTypeMemcpy ? TRAIN_GRAPH_COPIES
+           : t == cudaGraphNodeTypeMemset ? TRAIN_GRAPH_MEMSETS
+                                          : TRAIN_GRAPH_OTHER]++;
+  }
+  delete[] nodes;
+  return rc;
+}
+
 static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t err_len) {
   cudaGraph_t graph = nullptr;
   /* ended in every case, so that the stream takes eager work again */
@@ -546,6 +573,11 @@ static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t 
   }
   if (graph_check(e, "cudaStreamEndCapture", err, err_len)) {
     if (graph) cudaGraphDestroy(graph);
+    return -1;
+  }
+  int counts[TRAIN_GRAPH_NODE_KINDS] = {0};
+  if (graph_count(graph, counts, err, err_len)) {
+    cudaGraphDestroy(graph);
     return -1;
   }
   cudaGraphExec_t exec = nullptr;
@@ -560,6 +592,7 @@ static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t 
     return -1;
   }
   g->exec = exec;
+  memcpy(g->nodes, counts, sizeof counts);
   *out = g;
   return 0;
 }
@@ -584,6 +617,10 @@ extern "C" int train_graph_launch(int device, train_graph *g, void *stream, char
                      err_len);
   graph_leave(device, cur);
   return rc;
+}
+
+extern "C" void train_graph_nodes(const train_graph *g, int *counts) {
+  memcpy(counts, g->nodes, sizeof g->nodes);
 }
 
 extern "C" void train_graph_free(train_graph *g) {
