@@ -37,6 +37,11 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     if r["graph_replays"] != 12 - 3 + 1 or r["graph_note"] is not None:
         sys.exit("FAIL: %s: expected 10 replays (12 steps, 2 warm), got %s (note: %s)"
                  % (r["name"], r["graph_replays"], r["graph_note"]))
+    # the graph holds at least the step's GEMMs (2 layers and the head: fprop, dgrad, wgrad
+    # each) and the batch's two copies to the device
+    if r["graph_kernels"] < 9 or r["graph_copies"] < 2:
+        sys.exit("FAIL: %s: the graph's nodes: %s kernels, %s copies" %
+                 (r["name"], r["graph_kernels"], r["graph_copies"]))
 PY
 grep -q -- "--cuda-graph:" "$tmp/on.err" && { cat "$tmp/on.err"; fail "a --cuda-graph note: every recipe is captured"; }
 

@@ -19,7 +19,7 @@ graph_runs cpu "$tmp"
 python3 -c "
 import json, sys
 for r in json.load(open('$tmp/on.json'))['recipes']:
-    if r['graph_replays'] != 0 or r['graph_note'] is not None:
+    if r['graph_replays'] != 0 or r['graph_note'] is not None or r['graph_kernels'] != 0:
         sys.exit('FAIL: %s: the CPU replayed or noted something' % r['name'])
 " || exit 1
 [ -s "$tmp/on.err" ] && grep -q -- "--cuda-graph" "$tmp/on.err" && fail "a --cuda-graph note on the CPU"
