@@ -539,6 +539,77 @@ static void test_delayed_on_device(void **state) {
   hq_recipe_free(r);
 }
 
+/* The update kernel spreads a slice's history over a block of 256 threads: histories longer
+   than the block (600, 1024: several chunks of the roll, one not whole) and of one row, the
+   whole state set by hand to distinct values (NaN, Inf, -0 and a subnormal among the history's
+   rows), then updated over several steps with amaxes that are 0, NaN or finite, against the
+   CPU's serial rule: every float of the state equal after each update. */
+static void test_delayed_long_history(void **state) {
+  (void)state;
+  hq_recipe *r = hq_test_recipe(
+      "[format l]\nplugin = fp8_tensor\nscaling = delayed\namax_history_len = 1024\n"
+      "[format m]\nplugin = fp8_tensor\ndtype = e5m2\nscaling = delayed\n"
+      "amax_history_len = 600\namax_compute_algo = most_recent\n"
+      "[format o]\nplugin = fp8_tensor\nscaling = delayed\namax_history_len = 1\n"
+      "[role *:*:l]\nrowwise = l\ncolumnwise = l\n"
+      "[role *:*:m]\nrowwise = m\ncolumnwise = m\n"
+      "[role *:*:o]\nrowwise = o\ncolumnwise = o\n");
+  hq_state *sh = NULL, *sg = NULL;
+  HQ_OK_OR_FAIL(hq_state_create(r, cpu, &sh));
+  HQ_OK_OR_FAIL(hq_state_create(r, gpu, &sg));
+  const char *roles[3] = {"a:b:l", "a:b:m", "a:b:o"};
+  hq_quantizer *qh[3], *qg[3];
+  for (int k = 0; k < 3; k++) {
+    char buf[64];
+    hq_role role;
+    HQ_OK_OR_FAIL(hq_role_parse(roles[k], buf, sizeof buf, &role));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sh, &qh[k]));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sg, &qg[k]));
+  }
+  float *dh = NULL, *dg = NULL, *ah = NULL, *ag = NULL;
+  size_t nh = 0, ng = 0, mh = 0, mg = 0;
+  HQ_OK_OR_FAIL(hq_state_amaxes(sh, &ah, &mh));
+  HQ_OK_OR_FAIL(hq_state_amaxes(sg, &ag, &mg));
+  HQ_OK_OR_FAIL(hq_state_data(sh, &dh, &nh));
+  HQ_OK_OR_FAIL(hq_state_data(sg, &dg, &ng));
+  assert_int_equal(nh, ng);
+  assert_int_equal(mh, mg);
+  assert_true(mh >= 3 && mh <= 16 && nh >= 1024 + 600 + 1);
+  /* distinct positive values, a few specials among them */
+  uint64_t seed = 12345;
+  for (size_t i = 0; i < nh; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    dh[i] = ldexpf((float)(seed >> 40) + 1.0f, (int)(seed % 41) - 30);
+  }
+  dh[5] = NAN;
+  dh[700] = INFINITY;
+  dh[900] = -0.0f;
+  dh[1030] = 1e-45f;
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, dg, 0, dh, HQ_DEVICE_HOST, nh * sizeof *dh));
+  const float amaxes[5][3] = {{3.0f, 5.0f, 7.0f}, {0.0f, NAN, 2.0f}, {NAN, 0.0f, 0.0f},
+                              {1e30f, 1e-30f, INFINITY}, {0.25f, 0.5f, 0.75f}};
+  for (int t = 0; t < 5; t++) {
+    float a[16] = {0};
+    for (size_t i = 0; i < mh && i < 16; i++) a[i] = amaxes[t][i % 3];
+    memcpy(ah, a, mh * sizeof *ah);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, ag, 0, a, HQ_DEVICE_HOST, mh * sizeof *ag));
+    HQ_OK_OR_FAIL(hq_state_update(sh, cpu));
+    HQ_OK_OR_FAIL(hq_state_update(sg, gpu));
+    compare_states(sh, sg, "long histories", t + 1);
+    float back[16];
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, ag, 0, mh * sizeof *back));
+    HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+    assert_memory_equal(back, ah, mh * sizeof *ah);
+  }
+  for (int k = 0; k < 3; k++) {
+    hq_quantizer_free(qh[k]);
+    hq_quantizer_free(qg[k]);
+  }
+  hq_state_free(sh);
+  hq_state_free(sg);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -550,6 +621,7 @@ int main(void) {
       cmocka_unit_test(test_factor_out_empty),
       cmocka_unit_test(test_gemm_on_device),
       cmocka_unit_test(test_delayed_on_device),
+      cmocka_unit_test(test_delayed_long_history),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,7 +25,7 @@
 ** Delayed scaling (fp8_tensor_rules.h): no amax pass; every block reads the scale from the
 ** slice's state, block (0,0) writes scale_inv, and each block atomically maxes its tile's max|x|
 ** (NaN ignored, on the FP32 bits) into the storage's amax (zeroed first) and the slice's amax.
-** update_state: one kernel per group of slices, one thread per slice (fp8t_delayed_update).
+** update_state: one kernel per group of slices, one block per slice (fp8t_delayed_update's rule).
 ** The fused optimizer write-back (HQ_CAP_FUSED_ADAM, delayed scaling only: its scale does not
 ** depend on the new master): the cast kernels apply one AdamW step (hq_adam_elem) to each
 ** element of the FP32 master as they read it, write master, m and v back and cast the new value.
@@ -305,12 +305,41 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
   return HQ_OK;
 }
 
-/* One thread per slice: the same function the CPU runs. */
-__global__ void update_state_kernel(int64_t n, float *amax, float *state, int history_len,
-                                    int most_recent, float scaled_max) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n)
-    fp8t_delayed_update(amax + i, state + i * history_len, history_len, most_recent, scaled_max);
+/* One block per slice, the history spread over its threads: one thread walking a 1024-row
+   history serially (a dependent load and store per row) takes some 0.17 ms, more than a small
+   model's whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
+   ignores NaN and so does not depend on the order it is taken in; the roll moves each row up by
+   one, every thread reading its rows of a chunk before any thread writes them. */
+#define FP8T_STATE_THREADS 256
+__global__ void __launch_bounds__(FP8T_STATE_THREADS)
+    update_state_kernel(float *amax, float *state, int history_len, int most_recent,
+                        float scaled_max) {
+  __shared__ float warp_max[FP8T_STATE_THREADS / 32];
+  float *st = state + (int64_t)blockIdx.x * history_len;
+  const float last = amax[blockIdx.x];
+  const int t = threadIdx.x;
+  float m = 0.0f;
+  if (last != 0.0f) {
+    for (int i = t; i < history_len; i += FP8T_STATE_THREADS)
+      m = hq_fmax_nan_ignoring(m, i < history_len - 1 ? st[i + 1] : last);
+    for (int off = 16; off > 0; off >>= 1)
+      m = hq_fmax_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((t & 31) == 0) warp_max[t >> 5] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int w = 0; w < FP8T_STATE_THREADS / 32; w++) m = hq_fmax_nan_ignoring(m, warp_max[w]);
+    for (int base = 1; base < history_len; base += FP8T_STATE_THREADS) {
+      const int i = base + t;
+      const float v = i < history_len - 1 ? st[i + 1] : last;
+      __syncthreads();
+      if (i < history_len) st[i] = v;
+    }
+  }
+  if (t == 0) {
+    if (most_recent) m = last;
+    st[0] = fp8t_delayed_scale(m, st[0], scaled_max);
+    if (last != 0.0f) amax[blockIdx.x] = 0.0f;
+  }
 }
 
 template <int DT, int GT>
@@ -478,11 +507,10 @@ extern "C" int fp8t_cuda_factor(const hq_call *call, const float *scale_inv, flo
 extern "C" int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *amax, float *state,
                                       int history_len, int most_recent, float scaled_max) {
   if (n <= 0) return HQ_OK;
-  const int64_t blocks = (n + 127) / 128;
-  if (blocks > 0x7fffffff)
+  if (n > 0x7fffffff)
     return call->host->error(HQ_ESHAPE, "fp8_tensor CUDA: %lld slices", (long long)n);
-  update_state_kernel<<<(unsigned)blocks, 128, 0, (cudaStream_t)call->stream>>>(
-      n, amax, state, history_len, most_recent, scaled_max);
+  update_state_kernel<<<(unsigned)n, FP8T_STATE_THREADS, 0, (cudaStream_t)call->stream>>>(
+      amax, state, history_len, most_recent, scaled_max);
   CHECK_LAUNCH(call, "update_state kernel");
   return HQ_OK;
 }

@@ -45,7 +45,7 @@ int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor
                        float *amax, float *col_scale_inv, float *col_amax, const float *state,
                        float *state_amax, const hq_adam_pass *adam);
 
-/* GPU end-of-step update of n delayed-scaling slices (fp8t_delayed_update, one thread each):
+/* GPU end-of-step update of n delayed-scaling slices (fp8t_delayed_update's rule, a block each):
    amax[i] and state + i * history_len, device memory, on call->stream. */
 int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *amax, float *state,
                            int history_len, int most_recent, float scaled_max);

@@ -48,6 +48,15 @@ HQ_HD uint32_t fp8t_amax_accumulate(uint32_t old_bits, float a) {
       NaN ignored (fmaxf), 0 when the roll was skipped (algo max); or last (most_recent);
    3. scale = RN(scaled_max / amax) when amax is finite and > 0, else the previous scale; a scale
       of Inf (a tiny amax) becomes FLT_MAX. */
+/* Step 3 alone: the slice's new scale from the amax of step 2 and its previous scale (the GPU's
+   block-parallel update rolls and reduces the history itself, then takes this). */
+HQ_HD float fp8t_delayed_scale(float amax, float prev, float scaled_max) {
+  float scale = prev;
+  if (!hq_isnan(amax) && !hq_isinf(amax) && amax > 0.0f) scale = hq_div_rn(scaled_max, amax);
+  if (hq_isinf(scale)) scale = FLT_MAX;
+  return scale;
+}
+
 HQ_HD void fp8t_delayed_update(float *amax0, float *state, int history_len, int most_recent,
                                float scaled_max) {
   const float last = *amax0;
@@ -61,10 +70,7 @@ HQ_HD void fp8t_delayed_update(float *amax0, float *state, int history_len, int 
     *amax0 = 0.0f;
   }
   if (most_recent) amax = last;
-  float scale = state[0];
-  if (!hq_isnan(amax) && !hq_isinf(amax) && amax > 0.0f) scale = hq_div_rn(scaled_max, amax);
-  if (hq_isinf(scale)) scale = FLT_MAX;
-  state[0] = scale;
+  state[0] = fp8t_delayed_scale(amax, state[0], scaled_max);
 }
 
 #endif /* HQ_FP8_TENSOR_RULES_H */
