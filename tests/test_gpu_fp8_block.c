@@ -17,8 +17,9 @@
 ** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; 2-D x 2-D takes the
 ** emulated path with this module's reason.
 ** The fused AdamW write-back (hq_adam_step with HQ_CAP_FUSED_ADAM) against the CPU's step: 1-D
-** and 2-D, each direction alone and both, partial tiles, the element-wise and 16-byte paths, and
-** tensors of more tiles than one wave of the grid.
+** and 2-D, each direction alone and both, partial tiles, the element-wise and 16-byte paths, on
+** tensors of fewer tiles than one wave of the fused kernel's CTAs (the step runs apart, then the
+** quantize) and of more (the step inside the quantize kernel).
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -532,7 +533,8 @@ static void test_fused_adam_writeback(void **state) {
   adam_case(dev, two, HQ_BOTH, 144, 136, HQ_BF16, 1, 1, 12);
   adam_case(dev, one, HQ_BOTH, 136, 264, HQ_F32, 0, 1, 16); /* master aligned, the rest not */
   adam_case(dev, two, HQ_COLWISE, 264, 136, HQ_BF16, 0, 2, 17);
-  /* 20 x 21 = 420 tiles: more than one wave of resident CTAs (132 SMs x 2 on an H200) */
+  /* 20 x 21 = 420 tiles: more than one wave of resident CTAs (132 SMs x 2 on an H200): the
+     fused kernel; every case above has fewer, and takes the split path */
   adam_case(dev, one, HQ_BOTH, 2560, 2688, HQ_F32, 0, 0, 13);
   adam_case(dev, two, HQ_BOTH, 2560, 2688, HQ_BF16, 0, 0, 14);
   adam_case(dev, two, HQ_BOTH, 2500, 2690, HQ_F32, 0, 0, 15);

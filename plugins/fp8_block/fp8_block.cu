@@ -27,7 +27,8 @@
 ** fill its 32-byte sector), element by element only when K % 8 or an array's alignment forbids
 ** it; the rows a few ahead are prefetched into L2, so a CTA keeps DRAM reads in flight while it
 ** computes; its registers allow HQ_FP8B_ADAM_MIN_BLOCKS CTAs per SM. The updated values then
-** take the quantize path above unchanged.
+** take the quantize path above unchanged. On a tensor of fewer tiles than one wave of those CTAs
+** the step runs apart instead (adam_cuda.h: element-wise over every SM), then the plain quantize.
 ** scale_inv = hq_rcp_rn(scale) is written by the threads that own the block; the zero padding of
 ** each scale buffer's rows (dim 1 up to a multiple of 4) is written by the edge tiles.
 ** dequantize: 32x32 tiles, x = hq_fp8_dequantize(q, its block's scale_inv); a columnwise [K, M]
@@ -39,6 +40,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "adam_cuda.h"
 #include "fp8_cvt_cuda.h"
 #include "amax_cuda.h"
 #include "cuda_check.h"
@@ -470,6 +472,19 @@ void launch_quantize_dt(int elem, int two_d, unsigned grid, cudaStream_t stream,
   else launch_quantize<DT, HQ_E4M3, GT>(two_d, grid, stream, a);
 }
 
+/* Whether a fused optimizer step over `tiles` tiles fills one wave of the device's SMs at the
+   fused kernel's CTAs per SM. Below that the fused kernel's time is its threads' latency (each
+   steps its 64 elements in sequence while most SMs idle), so the write-back is split
+   (hq_cuda_adam): docs/performance.md has the measurements. */
+bool fused_adam_fills(const hq_call *call, int64_t tiles) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device) != cudaSuccess) {
+    cudaGetLastError();
+    return true; /* unknown: the fused kernel, correct at any size */
+  }
+  return tiles >= (int64_t)sms * HQ_FP8B_ADAM_MIN_BLOCKS;
+}
+
 } // namespace
 
 /* Quantize src ([M, K], f32/f16/bf16, device memory) into the rowwise (rd, rs) and/or columnwise
@@ -503,6 +518,12 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   a.g = NULL;
   a.m = a.v = NULL;
   a.vec_adam = 0;
+  if (adam && !fused_adam_fills(call, tiles)) {
+    /* too few tiles for the fused kernel to fill the GPU: the step over every SM, then the
+       plain quantize of the new master (the same bits) */
+    CHECK_CUDA(call, hq_cuda_adam(adam, static_cast<float *>(src->data), M * K, stream));
+    adam = NULL;
+  }
   if (adam) { /* the fused optimizer step: src is the FP32 master (checked in fp8_block.c) */
     a.g = adam->grad;
     a.m = adam->m;
