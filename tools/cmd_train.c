@@ -715,6 +715,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kint(j, "graph_kernels", r->graph_kernels);
   json_kint(j, "graph_copies", r->graph_copies);
   json_kint(j, "graph_memsets", r->graph_memsets);
+  json_kint(j, "graph_allocs", r->graph_allocs);
   json_kint(j, "graph_other", r->graph_other);
   json_key(j, "graph_note");
   if (r->graph_note[0]) json_str(j, r->graph_note);
@@ -855,8 +856,9 @@ static void report_text(const train_config *cfg, const session *s) {
     for (int i = 0; i < s->n_runs; i++) {
       const train_result *r = &s->runs[i].res;
       if (r->graph_replays > 0)
-        printf("  %-30s %d kernels, %d copies, %d memsets, %d other\n", s->runs[i].name,
-               r->graph_kernels, r->graph_copies, r->graph_memsets, r->graph_other);
+        printf("  %-30s %d kernels, %d copies, %d memsets, %d allocations and frees, %d other\n",
+               s->runs[i].name, r->graph_kernels, r->graph_copies, r->graph_memsets,
+               r->graph_allocs, r->graph_other);
       else printf("  %-30s (not captured)\n", s->runs[i].name);
     }
   }

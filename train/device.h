@@ -84,7 +84,8 @@ int train_graph_launch(int device, train_graph *g, void *stream, char *err,
 void train_graph_free(train_graph *g);
 /* What a captured step holds, per kind of node (counts[TRAIN_GRAPH_NODE_KINDS]): each node is
    one launch that the replay still runs, so their number bounds a small model's step. */
-enum { TRAIN_GRAPH_KERNELS, TRAIN_GRAPH_COPIES, TRAIN_GRAPH_MEMSETS, TRAIN_GRAPH_OTHER,
+enum { TRAIN_GRAPH_KERNELS, TRAIN_GRAPH_COPIES, TRAIN_GRAPH_MEMSETS, TRAIN_GRAPH_ALLOCS,
+       TRAIN_GRAPH_OTHER,
        TRAIN_GRAPH_NODE_KINDS };
 void train_graph_nodes(const train_graph *g, int *counts);
 /* Page-locked host memory (cudaMallocHost): the batch's staging buffers, whose copies to the

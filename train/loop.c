@@ -559,6 +559,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     res->graph_kernels = nodes[TRAIN_GRAPH_KERNELS];
     res->graph_copies = nodes[TRAIN_GRAPH_COPIES];
     res->graph_memsets = nodes[TRAIN_GRAPH_MEMSETS];
+    res->graph_allocs = nodes[TRAIN_GRAPH_ALLOCS];
     res->graph_other = nodes[TRAIN_GRAPH_OTHER];
   }
   if (res->graph_note[0] && rank == 0)

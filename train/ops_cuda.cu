@@ -286,6 +286,55 @@ __global__ void __launch_bounds__(XB)
   if (amax) amax_commit(m, amax);
 }
 
+/* The same rows, one warp each when the vocabulary fits a warp (V <= 32): lane v takes class v
+   (and the padded columns v + 32, v + 64, ...). The row's maximum and its sum of exponentials are still taken in class order (every
+   lane folds the warp's values by shuffles, v = 0 .. V-1), so each row's term and gradient are
+   train_xent_row's bits; the exponentials, the long part of a row, run side by side, and the
+   gradient row is stored coalesced instead of by one thread. */
+constexpr int XW = XB / 32; /* rows per block */
+__global__ void __launch_bounds__(XB)
+    xent_warp_k(const float *__restrict__ logits, const int32_t *__restrict__ tgt, int64_t B,
+                int64_t n_valid, int V, int Vpad, double *__restrict__ row_loss,
+                float *__restrict__ dlogits, float *amax) {
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const int64_t b = blockIdx.x * (int64_t)XW + (threadIdx.x >> 5);
+  float m = 0.0f;
+  if (b < B) {
+    float *d = dlogits ? dlogits + b * Vpad : nullptr;
+    if (b < n_valid) {
+      const float inv = 1.0f / (float)n_valid;
+      const float lv = lane < V ? logits[b * Vpad + lane] : 0.0f;
+      const int t = tgt[b];
+      float mx = __shfl_sync(full, lv, 0);
+      for (int v = 1; v < V; v++) {
+        const float x = __shfl_sync(full, lv, v);
+        mx = x > mx ? x : mx;
+      }
+      const double e = lane < V ? exp((double)(lv - mx)) : 0.0;
+      double z = 0;
+      for (int v = 0; v < V; v++) z += __shfl_sync(full, e, v);
+      /* every lane has read its logit (the shuffles above wait for the whole warp) before any
+         lane writes d, which may alias the logits */
+      const float lt = __shfl_sync(full, lv, t & 31);
+      if (lane == 0) row_loss[b] = log(z) + (double)mx - (double)lt;
+      if (d)
+        for (int v = lane; v < Vpad; v += 32) {
+          float g = 0.0f; /* the padded columns [V, Vpad) */
+          if (v < V) {    /* then v is this lane's class */
+            g = (float)(e / z) * inv;
+            if (v == t) g -= inv;
+          }
+          d[v] = g;
+          if (amax) m = train_amax_step(m, g);
+        }
+    } else if (d) {
+      for (int v = lane; v < Vpad; v += 32) d[v] = 0.0f;
+    }
+  }
+  if (amax) amax_commit(m, amax);
+}
+
 __global__ void __launch_bounds__(XS)
     xent_sum_k(const double *__restrict__ row_loss, int64_t n_valid, float *__restrict__ loss) {
   __shared__ double part[XS];
@@ -349,8 +398,12 @@ int cuda_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, i
               int V, int Vpad, float *loss, float *dlogits, float *amax, void *scratch) {
   cudaStream_t s;
   if (enter(ctx, &s, "cross-entropy")) return -1;
-  xent_rows_k<<<(unsigned)((B + XB - 1) / XB), XB, 0, s>>>(
-      logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
+  if (V >= 1 && V <= 32)
+    xent_warp_k<<<(unsigned)((B + XW - 1) / XW), XB, 0, s>>>(
+        logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
+  else
+    xent_rows_k<<<(unsigned)((B + XB - 1) / XB), XB, 0, s>>>(
+        logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
   xent_sum_k<<<1, XS, 0, s>>>((const double *)scratch, n_valid, loss);
   return check("cross-entropy kernel");
 }
@@ -556,7 +609,9 @@ static int graph_count(cudaGraph_t graph, int *counts, char *err, size_t err_len
     counts[t == cudaGraphNodeTypeKernel   ? TRAIN_GRAPH_KERNELS
            : t == cudaGraphNodeTypeMemcpy ? TRAIN_GRAPH_COPIES
            : t == cudaGraphNodeTypeMemset ? TRAIN_GRAPH_MEMSETS
-                                          : TRAIN_GRAPH_OTHER]++;
+           : t == cudaGraphNodeTypeMemAlloc || t == cudaGraphNodeTypeMemFree
+               ? TRAIN_GRAPH_ALLOCS
+               : TRAIN_GRAPH_OTHER]++;
   }
   delete[] nodes;
   return rc;
