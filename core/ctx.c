@@ -275,6 +275,19 @@ int hq_ctx_sync(hq_ctx *ctx) {
   return rc;
 }
 
+int hq_ctx_capturing(const hq_ctx *ctx, int *capturing) {
+  if (capturing) *capturing = 0;
+  if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_capturing: ctx is NULL");
+  if (!capturing) return hqi_error(HQ_EINVAL, "hq_ctx_capturing: capturing is NULL");
+  if (ctx->device < 0) return HQ_OK;
+  /* the legacy default stream (a NULL stream) is the current device's */
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (!rc) rc = hqi_cuda_capture_query(ctx->stream, capturing);
+  hqi_device_leave(saved);
+  if (rc) return hqi_error_prefix(rc, "hq_ctx_capturing: CUDA device %d", ctx->device);
+  return HQ_OK;
+}
+
 uint64_t hq_ctx_seed(const hq_ctx *ctx) { return ctx ? ctx->seed : 0; }
 uint64_t hq_ctx_rng_offset(const hq_ctx *ctx) { return ctx ? ctx->offset : 0; }
 

@@ -210,13 +210,28 @@ void hqi_cuda_event_destroy(void *ev) {
   if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) cudaGetLastError();
 }
 
-int hqi_cuda_capturing(void *stream) {
+/* cudaStreamIsCapturing of `stream`, the runtime's last error cleared when it fails (a kernel
+   launch checked after it would otherwise report it). An invalidated capture counts: the stream
+   stays in capture mode, refusing what a capture refuses, until cudaStreamEndCapture. */
+static cudaError_t capture_status(void *stream, int *capturing) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return st != cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+  if (e != cudaSuccess) cudaGetLastError();
+  *capturing = e == cudaSuccess && st != cudaStreamCaptureStatusNone;
+  return e;
+}
+
+int hqi_cuda_capturing(void *stream) {
+  int capturing;
+  capture_status(stream, &capturing);
+  return capturing;
+}
+
+int hqi_cuda_capture_query(void *stream, int *capturing) {
+  const cudaError_t e = capture_status(stream, capturing);
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "cudaStreamIsCapturing failed: %s", cudaGetErrorString(e));
+  return HQ_OK;
 }
 
 /* Stream-ordered allocation from hq's pool of `device` on `stream`, with the caller's current
@@ -316,6 +331,11 @@ int hqi_cuda_pool_reset_peak(int device) {
 int hqi_cuda_capturing(void *stream) {
   (void)stream;
   return 0;
+}
+int hqi_cuda_capture_query(void *stream, int *capturing) {
+  (void)stream;
+  *capturing = 0;
+  return no_cuda();
 }
 int hqi_cuda_event_record(void **ev, void *stream) {
   (void)ev; (void)stream;

@@ -130,8 +130,12 @@ int hqi_cuda_pool_trim(int device);
    hqi_cuda_pool_reset_peak, bytes reserved; all zero while the pool has not been made. */
 int hqi_cuda_pool_stats(int device, uint64_t *in_use, uint64_t *peak, uint64_t *reserved);
 int hqi_cuda_pool_reset_peak(int device);
-/* Whether work queued on `stream` is being captured into a CUDA graph. */
+/* Whether work queued on `stream` is being captured into a CUDA graph (an invalidated capture
+   counts). hqi_cuda_capturing answers 0 when CUDA cannot tell; hqi_cuda_capture_query returns
+   that failure (HQ_EDEVICE, CUDA's message), e.g. for the legacy default stream while another
+   stream of the device is being captured. */
 int hqi_cuda_capturing(void *stream);
+int hqi_cuda_capture_query(void *stream, int *capturing);
 /* Ordering between streams, without host synchronization: hqi_cuda_stream_after makes the work
    queued on `waiter` from now on wait for what is queued on `signaler` so far; an event recorded
    with hqi_cuda_event_record (created at its first use) can be waited on later, even after the

@@ -26,11 +26,6 @@ int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k
   (void)n; (void)amax_bits;
   return hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
 }
-int hqt_cuda_capturing(void *stream, int *capturing) {
-  (void)stream;
-  *capturing = 0;
-  return hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
-}
 #endif
 
 /* hq_adam_consts_write's bytes are the struct the kernels read: the public size must match it. */
@@ -93,10 +88,8 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
                         "(restore it first)", hq_qtensor_role(qw));
   if (g->device >= 0) {
     /* a graph replays kernel arguments as captured: the constants must come from memory */
-    int capturing = 0, saved;
-    rc = hqt_cuda_enter(g->device, &saved);
-    if (!rc) rc = hqt_cuda_capturing(hq_ctx_stream(ctx), &capturing);
-    hqt_cuda_leave(saved);
+    int capturing = 0;
+    rc = hq_ctx_capturing(ctx, &capturing);
     if (rc) return rc;
     if (capturing && !a->consts_dev)
       return hq_set_error(HQ_ESTATE, "hq_adam_step: the context's stream is being captured into "

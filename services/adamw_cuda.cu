@@ -166,15 +166,6 @@ extern "C" void hqt_cuda_leave(int saved) {
   if (cudaGetDevice(&cur) == cudaSuccess && cur != saved) cudaSetDevice(saved);
 }
 
-extern "C" int hqt_cuda_capturing(void *stream, int *capturing) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  *capturing = 0;
-  const cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
-  if (e != cudaSuccess) return cuda_error(e, "cudaStreamIsCapturing", __LINE__);
-  *capturing = st != cudaStreamCaptureStatusNone;
-  return HQ_OK;
-}
-
 extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
                              const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
                              unsigned int *amax_bits) {

@@ -18,8 +18,6 @@ extern "C" {
    puts it back (a host `device` does nothing). */
 int hqt_cuda_enter(int device, int *saved);
 void hqt_cuda_leave(int saved);
-/* Whether `stream` (of the current device) is being captured into a CUDA graph, in *capturing. */
-int hqt_cuda_capturing(void *stream, int *capturing);
 /* One AdamW step (hq_adam_at, hq/adamw.h) over the n elements of the FP32 master w and moments
    m, v with the gradient grad (dtype gdtype), on `stream` of the current device, with the
    constants *k, or *k_dev (device memory, read when the kernel runs) when k_dev is not NULL.

@@ -7,6 +7,7 @@
 **   - an update must not allocate; host->log reaches the context's logger;
 **   - the context passed to a call is the one whose logger and allocator the call uses;
 **   - identity is built in; the random stream position is readable and settable;
+**   - a host context is never being captured into a CUDA graph (hq_ctx_capturing);
 **   - saved-buffer descriptors;
 **   - a module's configure() status reaches the caller unchanged.
 */
@@ -273,6 +274,25 @@ static void test_per_call_context(void **state) {
   hq_ctx_destroy(ctx2);
   hq_quantizer_free(q);
   hq_recipe_free(r);
+}
+
+/* hq_ctx_capturing: a host context never captures (HQ_OK, the flag written 0 over what the
+   caller left there), and each NULL argument is refused by name, the flag cleared when given. */
+static void test_ctx_capturing_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  int capturing = 7;
+  HQ_OK_OR_FAIL(hq_ctx_capturing(ctx, &capturing));
+  assert_int_equal(capturing, 0);
+  capturing = 7;
+  assert_int_equal(hq_ctx_capturing(NULL, &capturing), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_capturing: ctx is NULL");
+  assert_int_equal(capturing, 0);
+  assert_int_equal(hq_ctx_capturing(ctx, NULL), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_capturing: capturing is NULL");
+  assert_int_equal(hq_ctx_capturing(NULL, NULL), HQ_EINVAL);
+  hq_ctx_destroy(ctx);
 }
 
 // --- identity, random stream, saved buffers ----------------------------------------------------
@@ -996,6 +1016,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
+      cmocka_unit_test(test_ctx_capturing_host),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
       cmocka_unit_test(test_rng_offset_pinned),     cmocka_unit_test(test_rng_offset_helper),
       cmocka_unit_test(test_ctx_outlived),

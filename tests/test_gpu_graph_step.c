@@ -16,9 +16,14 @@
 ** MXFP8 the fused write-back kernel, and a module fused without HQ_CAP_ADAM_KDEV (tests/wrap/
 ** mxfp8_nokdev.c) the two-kernel path. Captured without consts_dev, the step is refused
 ** (HQ_ESTATE) and records nothing.
+** hq_ctx_capturing follows a capture of the context's stream: 0 before, 1 inside (asked from
+** the capturing thread and from another), 1 once an illegal call has invalidated it, 0 once
+** ended; on the legacy default stream while a blocking stream captures, CUDA cannot tell and
+** the call says so (HQ_EDEVICE), the capture left intact.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
+#include <pthread.h>
 
 #include "hq_gpu_test.h"
 
@@ -330,6 +335,100 @@ static void test_adam_in_a_graph(void **state) {
   CK(cudaFreeHost(kh));
 }
 
+/* hq_ctx_capturing(gpu) asked from a thread other than the capturing one: {status, flag}. */
+static void *capturing_elsewhere(void *arg) {
+  int *out = arg;
+  out[0] = hq_ctx_capturing(gpu, &out[1]);
+  return NULL;
+}
+
+/* hq_ctx_capturing held to CUDA's own answers for the stream. Every answer is collected first
+   and checked once the capture has ended, so that a failure leaves no stream in capture mode. */
+static void test_ctx_capturing(void **state) {
+  (void)state;
+  int before = 7, inside = 7, after = 7, other[2] = {-1, -1};
+  HQ_OK_OR_FAIL(hq_ctx_capturing(gpu, &before));
+  assert_int_equal(before, 0);
+
+  cudaGraph_t graph = NULL;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const int rc_in = hq_ctx_capturing(gpu, &inside);
+  pthread_t th;
+  const int made = pthread_create(&th, NULL, capturing_elsewhere, other);
+  if (!made) pthread_join(th, NULL);
+  const cudaError_t ee = cudaStreamEndCapture(stream, &graph);
+  CK(ee);
+  CK(cudaGraphDestroy(graph));
+  HQ_OK_OR_FAIL(hq_ctx_capturing(gpu, &after));
+  HQ_OK_OR_FAIL(rc_in);
+  assert_int_equal(inside, 1);
+  assert_int_equal(made, 0);
+  assert_int_equal(other[0], HQ_OK);
+  assert_int_equal(other[1], 1);
+  assert_int_equal(after, 0);
+
+  /* a synchronization inside the capture is refused and invalidates it: the stream stays in
+     capture mode until the capture is ended, and is reported as capturing */
+  int invalidated = 7;
+  graph = NULL;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t se = cudaStreamSynchronize(stream);
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  const cudaError_t qe = cudaStreamIsCapturing(stream, &st);
+  const int rc_inv = hq_ctx_capturing(gpu, &invalidated);
+  const cudaError_t ie = cudaStreamEndCapture(stream, &graph);
+  cudaGetLastError();
+  after = 7;
+  HQ_OK_OR_FAIL(hq_ctx_capturing(gpu, &after));
+  assert_int_not_equal(se, cudaSuccess);
+  CK(qe);
+  assert_int_equal(st, cudaStreamCaptureStatusInvalidated);
+  HQ_OK_OR_FAIL(rc_inv);
+  assert_int_equal(invalidated, 1);
+  assert_int_not_equal(ie, cudaSuccess);   /* the capture ended without a graph */
+  assert_null(graph);
+  assert_int_equal(after, 0);
+
+  /* a context on the legacy default stream while a blocking stream of its device captures:
+     CUDA refuses to tell (cudaStreamIsCapturing documents cudaErrorStreamCaptureImplicit), and
+     hq_ctx_capturing says so -- HQ_EDEVICE with CUDA's message, the flag 0 -- with the
+     runtime's last error cleared and the capture left active */
+  cudaStream_t blocking;
+  CK(cudaStreamCreate(&blocking));
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;   /* stream NULL */
+  hq_ctx *legacy = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &legacy));
+  int flag = 7;
+  graph = NULL;
+  CK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t direct = cudaStreamIsCapturing(cudaStreamLegacy, &st);
+  cudaGetLastError();
+  const int rc_legacy = hq_ctx_capturing(legacy, &flag);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", hq_last_error());
+  const cudaError_t last = cudaGetLastError();
+  enum cudaStreamCaptureStatus still = cudaStreamCaptureStatusNone;
+  const cudaError_t qs = cudaStreamIsCapturing(blocking, &still);
+  const cudaError_t le = cudaStreamEndCapture(blocking, &graph);
+  CK(le);
+  CK(cudaGraphDestroy(graph));
+  int free_again = 7;
+  HQ_OK_OR_FAIL(hq_ctx_capturing(legacy, &free_again));   /* nothing captures: it can tell */
+  hq_ctx_destroy(legacy);
+  CK(cudaStreamDestroy(blocking));
+  assert_int_equal(free_again, 0);
+  assert_int_equal(direct, cudaErrorStreamCaptureImplicit);
+  assert_int_equal(rc_legacy, HQ_EDEVICE);
+  assert_int_equal(flag, 0);
+  if (!strstr(msg, "hq_ctx_capturing") || !strstr(msg, cudaGetErrorString(direct)))
+    fail_msg("the message '%s' lacks the call or CUDA's reason", msg);
+  assert_int_equal(last, cudaSuccess);
+  CK(qs);
+  assert_int_equal(still, cudaStreamCaptureStatusActive);
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -354,6 +453,7 @@ int main(void) {
     return HQ_TEST_SKIP;
   }
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
-                                     cmocka_unit_test(test_adam_in_a_graph)};
+                                     cmocka_unit_test(test_adam_in_a_graph),
+                                     cmocka_unit_test(test_ctx_capturing)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

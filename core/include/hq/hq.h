@@ -200,6 +200,17 @@ HQ_API int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src
                          size_t bytes);
 /* Wait until all work queued on the context's stream has finished. */
 HQ_API int hq_ctx_sync(hq_ctx *ctx);
+/* Whether the context's stream is being captured into a CUDA graph, by this thread or any
+   other, in *capturing: 1 while a capture is active, and also once it has been invalidated (an
+   error inside it) until cudaStreamEndCapture ends it, since the stream refuses the same work
+   until then; 0 for a host context, in a build without CUDA, and when nothing captures. A
+   trainer asks before a call that would synchronize or allocate outside stream order
+   (hq_ctx_sync, hq_ctx_memcpy to or from host memory, reading a loss, cudaMalloc): inside a
+   capture such a call breaks the capture instead of running, so it belongs before the capture
+   or after the replay. HQ_EINVAL for a NULL argument; HQ_EDEVICE with CUDA's message when CUDA
+   cannot tell (the legacy default stream, a NULL stream, while another stream of the device is
+   being captured). On any failure *capturing is 0: check the status before the flag. */
+HQ_API int hq_ctx_capturing(const hq_ctx *ctx, int *capturing);
 /* The random stream of stochastic rounding. A quantize or update operation draws from the
    context's seed and an offset mixed from three things: its quantizer's role
    ("module_type:tensor_type:name"), the context's step (this offset: 0 at creation, set by
