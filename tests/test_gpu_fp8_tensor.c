@@ -452,6 +452,34 @@ static void compare_states(hq_state *sh, hq_state *sg, const char *what, int ste
   free(back);
 }
 
+/* A delayed-scaling state on the host and one on the device, and three roles' quantizers bound
+   to each (which lays out their slices). */
+typedef struct delayed_pair {
+  hq_state *sh, *sg;
+  hq_quantizer *qh[3], *qg[3];
+} delayed_pair;
+
+static void delayed_pair_make(delayed_pair *p, hq_recipe *r, const char *const roles[3]) {
+  HQ_OK_OR_FAIL(hq_state_create(r, cpu, &p->sh));
+  HQ_OK_OR_FAIL(hq_state_create(r, gpu, &p->sg));
+  for (int k = 0; k < 3; k++) {
+    char buf[64];
+    hq_role role;
+    HQ_OK_OR_FAIL(hq_role_parse(roles[k], buf, sizeof buf, &role));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, p->sh, &p->qh[k]));
+    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, p->sg, &p->qg[k]));
+  }
+}
+
+static void delayed_pair_free(delayed_pair *p) {
+  for (int k = 0; k < 3; k++) {
+    hq_quantizer_free(p->qh[k]);
+    hq_quantizer_free(p->qg[k]);
+  }
+  hq_state_free(p->sh);
+  hq_state_free(p->sg);
+}
+
 /* Delayed scaling on the device: a fused quantizer (aligned and odd shapes, a NaN and an Inf in
    some steps), delayed rowwise beside mxfp8 columnwise, delayed columnwise (e5m2, most_recent,
    margin) beside mxfp8 rowwise; f32, bf16 and f16 inputs; a quantize and an in-place update per
@@ -466,18 +494,11 @@ static void test_delayed_on_device(void **state) {
       "[role *:*:fused]\nrowwise = d\ncolumnwise = d\n"
       "[role *:*:rowd]\nrowwise = d\ncolumnwise = mxfp8\n"
       "[role *:*:cold]\nrowwise = mxfp8\ncolumnwise = e\n");
-  hq_state *sh = NULL, *sg = NULL;
-  HQ_OK_OR_FAIL(hq_state_create(r, cpu, &sh));
-  HQ_OK_OR_FAIL(hq_state_create(r, gpu, &sg));
   const char *roles[3] = {"a:b:fused", "a:b:rowd", "a:b:cold"};
-  hq_quantizer *qh[3], *qg[3];
-  for (int k = 0; k < 3; k++) {
-    char buf[64];
-    hq_role role;
-    HQ_OK_OR_FAIL(hq_role_parse(roles[k], buf, sizeof buf, &role));
-    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sh, &qh[k]));
-    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sg, &qg[k]));
-  }
+  delayed_pair dp;
+  delayed_pair_make(&dp, r, roles);
+  hq_state *sh = dp.sh, *sg = dp.sg;
+  hq_quantizer **qh = dp.qh, **qg = dp.qg;
   compare_states(sh, sg, "initial", 0);
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
   const float factors[5] = {1.0f, 20.0f, 0.05f, 3.0f, 0.5f};
@@ -530,12 +551,7 @@ static void test_delayed_on_device(void **state) {
     HQ_OK_OR_FAIL(hq_state_update(sg, gpu));
     compare_states(sh, sg, "hand-set amaxes", t + 1);
   }
-  for (int k = 0; k < 3; k++) {
-    hq_quantizer_free(qh[k]);
-    hq_quantizer_free(qg[k]);
-  }
-  hq_state_free(sh);
-  hq_state_free(sg);
+  delayed_pair_free(&dp);
   hq_recipe_free(r);
 }
 
@@ -554,18 +570,10 @@ static void test_delayed_long_history(void **state) {
       "[role *:*:l]\nrowwise = l\ncolumnwise = l\n"
       "[role *:*:m]\nrowwise = m\ncolumnwise = m\n"
       "[role *:*:o]\nrowwise = o\ncolumnwise = o\n");
-  hq_state *sh = NULL, *sg = NULL;
-  HQ_OK_OR_FAIL(hq_state_create(r, cpu, &sh));
-  HQ_OK_OR_FAIL(hq_state_create(r, gpu, &sg));
   const char *roles[3] = {"a:b:l", "a:b:m", "a:b:o"};
-  hq_quantizer *qh[3], *qg[3];
-  for (int k = 0; k < 3; k++) {
-    char buf[64];
-    hq_role role;
-    HQ_OK_OR_FAIL(hq_role_parse(roles[k], buf, sizeof buf, &role));
-    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sh, &qh[k]));
-    HQ_OK_OR_FAIL(hq_quantizer_create_ex(r, &role, sg, &qg[k]));
-  }
+  delayed_pair dp;
+  delayed_pair_make(&dp, r, roles);
+  hq_state *sh = dp.sh, *sg = dp.sg;
   float *dh = NULL, *dg = NULL, *ah = NULL, *ag = NULL;
   size_t nh = 0, ng = 0, mh = 0, mg = 0;
   HQ_OK_OR_FAIL(hq_state_amaxes(sh, &ah, &mh));
@@ -601,12 +609,7 @@ static void test_delayed_long_history(void **state) {
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     assert_memory_equal(back, ah, mh * sizeof *ah);
   }
-  for (int k = 0; k < 3; k++) {
-    hq_quantizer_free(qh[k]);
-    hq_quantizer_free(qg[k]);
-  }
-  hq_state_free(sh);
-  hq_state_free(sg);
+  delayed_pair_free(&dp);
   hq_recipe_free(r);
 }
 
