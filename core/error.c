@@ -63,7 +63,7 @@ int hqi_error_prefix(int code, const char *fmt, ...) {
 
 int hqi_plugin_rc(int rc, const char *module, const char *op) {
   if (rc >= HQ_OK && rc <= HQ_EINTERNAL) return rc;
-  char copy[512];
+  char copy[HQ_ERRBUF]; /* the whole message: hqi_error's own buffer cuts what does not fit */
   snprintf(copy, sizeof copy, "%s", hq_last_error());
   return hqi_error(HQ_EINTERNAL, "plugin %s: %s() returned %d, which is not an hq_status%s%s",
                    module, op, rc, copy[0] ? ": " : "", copy);

@@ -125,6 +125,13 @@ static int device_step(train_model *m, const train_config *cfg, const step_graph
              : 0;
 }
 
+/* note = prefix + msg, cut to note_len: a note is one line of the report, and a long CUDA
+   message loses its tail there rather than the line its neighbours */
+static void note_set(char *note, size_t note_len, const char *prefix, const char *msg) {
+  if (snprintf(note, note_len, "%s%s", prefix, msg) >= (int)note_len && note_len > 4)
+    memcpy(note + note_len - 4, "...", 4);
+}
+
 /* device_step of this step: the graph's replay, or eagerly (capturing it first when the run is
    warm). A capture that fails leaves a note, turns the graph off and runs the step eagerly. */
 static int graph_device_step(train_model *m, const train_config *cfg, step_graph *sg,
@@ -132,13 +139,13 @@ static int graph_device_step(train_model *m, const train_config *cfg, step_graph
   if (sg->on && !sg->g && sg->eager >= TRAIN_GRAPH_WARM) {
     char ge[512] = "";
     if (train_graph_begin(sg->device, sg->stream, ge, sizeof ge)) {
-      snprintf(note, note_len, "%s", ge);
+      note_set(note, note_len, "", ge);
     } else {
       const int rc = device_step(m, cfg, sg, e, n);
       if (train_graph_end(sg->device, sg->stream, !rc, &sg->g, ge, sizeof ge))
-        snprintf(note, note_len, "%s", ge);
+        note_set(note, note_len, "", ge);
       else if (rc)
-        snprintf(note, note_len, "capturing the step: %s", e);
+        note_set(note, note_len, "capturing the step: ", e);
     }
     if (!sg->g) {
       sg->on = 0;
