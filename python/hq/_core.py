@@ -384,6 +384,14 @@ class Context(_Owned):
         return int(ffi.cast("uintptr_t", lib.hq_ctx_stream(self.ptr)))
 
     @property
+    def capturing(self):
+        """Whether the context's stream is being captured into a CUDA graph now, by any thread:
+        sync() or reading a result back would break the capture instead of running."""
+        out = ffi.new("int *")
+        _check(lib.hq_ctx_capturing(self.ptr, out), "hq_ctx_capturing")
+        return bool(out[0])
+
+    @property
     def seed(self):
         return lib.hq_ctx_seed(self.ptr)
 

@@ -315,6 +315,29 @@ def test_garbage_collection_frees():
     assert ref() is None
 
 
+def test_host_context_never_capturing(ctx):
+    assert ctx.capturing is False
+
+
+@pytest.mark.cuda
+def test_cuda_context_capturing():
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    x = torch.ones(16, device="cuda")
+    with hq.Context("cuda:0", s) as c:
+        assert c.capturing is False
+        g = torch.cuda.CUDAGraph()
+        seen = []
+        with torch.cuda.graph(g, stream=s):
+            y = x * 2
+            seen.append(c.capturing)
+        assert seen == [True]
+        assert c.capturing is False
+        g.replay()
+        torch.cuda.synchronize()
+        assert float(y.sum()) == 32.0
+
+
 @pytest.mark.cuda
 def test_cuda_context_and_quantize():
     torch = pytest.importorskip("torch")
