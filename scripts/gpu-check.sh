@@ -8,7 +8,7 @@
 #   makes the release tarball (make dist) into .devdist/, unpacks inih and cmocka into .devdeps/
 #   (both git-ignored) and prints the device tool call to make:
 #     carry   [".devdist", ".devdeps"]
-#     command bash scripts/gpu-check.sh --on-device [--bench|--peers|--train|--sanitize]
+#     command bash scripts/gpu-check.sh --on-device [--bench|--peers|--train|--train-ab|--sanitize]
 # There (what that command runs): unpack the tarball, ./configure --with-cuda, make -j16,
 # make check (GPU tests run for real), copy the logs to $OUT; with --bench also run
 # `hq bench --device cuda`; with --peers run it (text, and --json) and the PyTorch peers of
@@ -23,6 +23,10 @@
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
 # HQ_CUDA_ARCH=90 configures for sm_90 alone (a measurement on the H200; the default builds every
 # architecture hq supports, as CI does).
+# --train-ab (with --quick, and HQ_DEVDIST_BEFORE=.devdist0: an earlier tree's `make dist`
+# tarball carried too) trains every shipped recipe on the default and wide models with both
+# builds and writes train_ab.md, the before/after table of docs/performance.md
+# (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT, HQ_AB_STEPS_WIDE).
 # Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
@@ -41,7 +45,7 @@ set -euo pipefail
 
 if [ "${1:-}" = "--on-device" ]; then
   shift
-  modes=" $* "   # any of --bench, --peers, --train, --sanitize, in one call (peers first, sanitize last)
+  modes=" $* "   # any of --bench, --peers, --train, --train-ab, --sanitize, in one call (peers first, sanitize last)
   root=$PWD
   export PKG_CONFIG_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -53,7 +57,7 @@ if [ "${1:-}" = "--on-device" ]; then
   # the device tool brings back at most 8 files: keep the summaries (HQ_KEEP) as they are and
   # pack every other log into logs.tgz when the run ends, however it ends
   pack_out() {
-    local keep=" ${HQ_KEEP:-test-suite.log train.txt train_wide.txt bench.txt bench.json peers.txt} "
+    local keep=" ${HQ_KEEP:-test-suite.log train.txt train_wide.txt train_ab.md bench.txt bench.json peers.txt} "
     local f rest=()
     for f in $(cd "$out" && ls); do [[ "$keep" == *" $f "* ]] || rest+=("$f"); done
     if [ ${#rest[@]} -gt 0 ]; then
@@ -269,6 +273,36 @@ if len(rows) >= 3:
       | tee "$out/train.txt" || rc=1
     HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" --hidden 1024 --layers 4 \
       --embed 64 --batch 4096 --steps 300 --lr 0.002 ${HQ_TRAIN_ARGS:-} 2>&1 | tee "$out/train_wide.txt" || rc=1
+  fi
+  if [[ "$modes" == *" --train-ab "* ]] && [ -x tools/hq ]; then
+    # before/after throughput: every shipped recipe with the BF16 baseline, default and wide
+    # models, graph on, with this build and with the carried tarball HQ_DEVDIST_BEFORE (an
+    # earlier tree's make dist, built --quick in its own folder), the two builds' runs
+    # interleaved per size; train_ab.md is scripts/train_ab.py's table of both
+    [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "--train-ab: set HQ_DEVDIST_BEFORE"; exit 2; }
+    here=$PWD
+    OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash "$root/scripts/gpu-check.sh" --on-device \
+      --quick > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
+    cd "$here"
+    before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
+    set -- --recipe conf/examples/high_precision.ini --recipe conf/recipe.ini
+    for r in conf/examples/*.ini; do
+      [ "$r" = conf/examples/high_precision.ini ] || set -- "$@" --recipe "$r"
+    done
+    [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
+    set -- "$@" --device cuda --eval-every 0 --baseline bf16-baseline --json ${HQ_TRAIN_ARGS:-}
+    for size in default wide; do
+      sz=(--steps ${HQ_AB_STEPS_DEFAULT:-2000})
+      [ $size = wide ] && sz=(--preset wide --steps ${HQ_AB_STEPS_WIDE:-300})
+      for v in before after; do
+        d=$here; [ $v = before ] && d=$before
+        (cd "$d" && HQ_PLUGIN_PATH=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':') ./tools/hq train \
+           "$@" "${sz[@]}" > "$out/ab_${size}_$v.json" 2> "$out/ab_${size}_$v.err") || rc=1
+      done
+    done
+    python3 "$root/scripts/train_ab.py" "default, before=$out/ab_default_before.json" \
+      "default, after=$out/ab_default_after.json" "wide, before=$out/ab_wide_before.json" \
+      "wide, after=$out/ab_wide_after.json" | tee "$out/train_ab.md" || rc=1
   fi
   if [[ "$modes" == *" --sanitize "* ]]; then
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)

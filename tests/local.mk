@@ -424,12 +424,14 @@ TESTS += tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 # hq train --cuda-graph on against off: the same bits (the CPU: the kept qtensors; a GPU: the
 # captured step)
 TESTS += tests/test_train_graph.sh tests/test_gpu_train_graph.sh
+# scripts/train_ab.py, the before/after tables of docs/performance.md
+TESTS += tests/test_train_ab.sh
 endif
 EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 EXTRA_DIST += tests/test_train_graph.sh tests/test_gpu_train_graph.sh tests/train_graph.sh
 TEST_EXTENSIONS = .sh
 SH_LOG_COMPILER = $(SHELL)
-EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py
+EXTRA_DIST += tests/test_docs_tables.sh scripts/docs-tables.py tests/test_train_ab.sh scripts/train_ab.py
 EXTRA_DIST += tests/test_dist_mpi.sh tests/test_bench_dist.sh tests/test_train_dist.sh tests/test_train_dist_nccl.sh tests/mpirun_env.sh tests/lsan_mpi.supp tests/test_cli.sh tests/test_train.sh tests/test_gpu_train.sh tests/test_install.sh tests/test_ckpt_resume.sh tests/train_corpus.sh tests/fp8_ref.h tests/hq_gpu_test.h tests/hq_alloc_fail.h
 
 AM_TESTS_ENVIRONMENT = \

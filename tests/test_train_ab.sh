@@ -1,0 +1,56 @@
+#!/bin/sh
+# test_train_ab.sh -- scripts/train_ab.py, which makes docs/performance.md's before/after
+# throughput tables from `hq train --json` (scripts/gpu-check.sh --train-ab): two tiny CPU runs,
+# the second without one recipe; the table has a row per recipe of the first file in its order,
+# each cell the run's tokens/s and its ratio to its own file's baseline (the baseline 1.00x,
+# one ratio recomputed here from the JSON), "--" where a file lacks the recipe; bad arguments
+# are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+set -u
+hq=${HQ_BIN:?HQ_BIN is set by make check}
+conf=${HQ_CONF_DIR:?}
+src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_train_ab.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs python3"; exit 77; }
+. "$HQ_TEST_SRCDIR/train_corpus.sh"
+train_corpus "$tmp/words.txt" || { echo "SKIP: no corpus (no awk and no /usr/share/dict/words)"; exit 77; }
+
+hp=$conf/examples/high_precision.ini fp8=$conf/examples/fp8_current.ini mx=$conf/examples/mxfp8.ini
+run() { # OUT RECIPE...
+  o=$1; shift
+  r=""; for f in "$@"; do r="$r --recipe $f"; done
+  # shellcheck disable=SC2086
+  $hq train --data "$tmp/words.txt" --steps 6 --batch 32 --hidden 32 --eval-every 0 $r \
+    --baseline bf16-baseline --json > "$o" 2> "$o.err" || { cat "$o.err"; fail "hq train $*"; }
+}
+run "$tmp/a.json" "$hp" "$fp8" "$mx"
+run "$tmp/b.json" "$hp" "$mx"
+ab=$src/scripts/train_ab.py
+python3 "$ab" "x, before=$tmp/a.json" "x, after=$tmp/b.json" > "$tmp/t.md" || fail "train_ab.py"
+python3 - "$tmp/t.md" "$tmp/a.json" <<'PY' || exit 1
+import json, sys
+rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+runs = json.load(open(sys.argv[2]))["recipes"]
+def fail(m):
+    sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
+if rows[0] != "| recipe | x, before | x, after |" or rows[1] != "|---|---|---|":
+    fail("the header")
+if [r.split(" | ")[0][2:] for r in rows[2:]] != [r["name"] for r in runs]:
+    fail("the rows are not the first file's recipes in its order")
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+if not all(c.endswith("(1.00x)") for c in cells["bf16-baseline"]):
+    fail("the baseline is not 1.00x in every column")
+if cells["fp8-current-e4m3"][1] != "--":
+    fail("a recipe the second file lacks is not '--'")
+t = {r["name"]: r["tokens_per_second"] for r in runs}
+want = "(%.2fx)" % (t["mxfp8"] / t["bf16-baseline"])
+if not cells["mxfp8"][0].endswith(want):
+    fail("mxfp8's ratio: expected %s" % want)
+PY
+python3 "$ab" nolabel > "$tmp/o" 2>&1 && fail "an argument without '=' accepted"
+grep -q "'nolabel' is not LABEL=FILE" "$tmp/o" || { cat "$tmp/o"; fail "the message for 'nolabel'"; }
+python3 "$ab" "x=$tmp/a.json.err" > "$tmp/o" 2>&1 && fail "a file that is not JSON accepted"
+grep -q "a.json.err" "$tmp/o" || { cat "$tmp/o"; fail "the message does not name the file"; }
+python3 "$ab" > /dev/null 2>&1; [ $? -eq 2 ] || fail "no arguments: expected exit status 2"
+exit 0
