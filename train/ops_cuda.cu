@@ -287,8 +287,9 @@ __global__ void __launch_bounds__(XB)
 }
 
 /* The same rows, one warp each when the vocabulary fits a warp (V <= 32): lane v takes class v
-   (and the padded columns v + 32, v + 64, ...). The row's maximum and its sum of exponentials are still taken in class order (every
-   lane folds the warp's values by shuffles, v = 0 .. V-1), so each row's term and gradient are
+   (and the padded columns v + 32, v + 64, ...). The row's maximum and its sum of exponentials
+   are still taken in class order (every lane folds the warp's values by shuffles, v = 0 ..
+   V-1), so each row's term and gradient are
    train_xent_row's bits; the exponentials, the long part of a row, run side by side, and the
    gradient row is stored coalesced instead of by one thread. */
 constexpr int XW = XB / 32; /* rows per block */

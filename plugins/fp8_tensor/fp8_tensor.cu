@@ -306,8 +306,8 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
 }
 
 /* One block per slice, the history spread over its threads: one thread walking a 1024-row
-   history serially (a dependent load and store per row) takes some 0.17 ms, more than a small
-   model's whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
+   history serially (a dependent load and store per row) would take longer than a small model's
+   whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
    ignores NaN and so does not depend on the order it is taken in; the roll moves each row up by
    one, every thread reading its rows of a chunk before any thread writes them. */
 #define FP8T_STATE_THREADS 256
