@@ -285,10 +285,8 @@ if len(rows) >= 3:
       --quick > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
     cd "$here"
     before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
-    set -- --recipe conf/examples/high_precision.ini --recipe conf/recipe.ini
-    for r in conf/examples/*.ini; do
-      [ "$r" = conf/examples/high_precision.ini ] || set -- "$@" --recipe "$r"
-    done
+    set -- --recipe conf/recipe.ini
+    for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
     [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
     set -- "$@" --device cuda --eval-every 0 --baseline bf16-baseline --json ${HQ_TRAIN_ARGS:-}
     for size in default wide; do

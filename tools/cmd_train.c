@@ -712,11 +712,11 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   /* --cuda-graph: the steps replayed from the captured graph, and why none were (null: it
      captured, or it was off, or the CPU) */
   json_kint(j, "graph_replays", r->graph_replays);
-  json_kint(j, "graph_kernels", r->graph_kernels);
-  json_kint(j, "graph_copies", r->graph_copies);
-  json_kint(j, "graph_memsets", r->graph_memsets);
-  json_kint(j, "graph_allocs", r->graph_allocs);
-  json_kint(j, "graph_other", r->graph_other);
+  json_kint(j, "graph_kernels", r->graph_nodes[TRAIN_GRAPH_KERNELS]);
+  json_kint(j, "graph_copies", r->graph_nodes[TRAIN_GRAPH_COPIES]);
+  json_kint(j, "graph_memsets", r->graph_nodes[TRAIN_GRAPH_MEMSETS]);
+  json_kint(j, "graph_allocs", r->graph_nodes[TRAIN_GRAPH_ALLOCS]);
+  json_kint(j, "graph_other", r->graph_nodes[TRAIN_GRAPH_OTHER]);
   json_key(j, "graph_note");
   if (r->graph_note[0]) json_str(j, r->graph_note);
   else json_null(j);
@@ -855,10 +855,11 @@ static void report_text(const train_config *cfg, const session *s) {
            "runs):\n");
     for (int i = 0; i < s->n_runs; i++) {
       const train_result *r = &s->runs[i].res;
+      const int *g = r->graph_nodes;
       if (r->graph_replays > 0)
         printf("  %-30s %d kernels, %d copies, %d memsets, %d allocations and frees, %d other\n",
-               s->runs[i].name, r->graph_kernels, r->graph_copies, r->graph_memsets,
-               r->graph_allocs, r->graph_other);
+               s->runs[i].name, g[TRAIN_GRAPH_KERNELS], g[TRAIN_GRAPH_COPIES],
+               g[TRAIN_GRAPH_MEMSETS], g[TRAIN_GRAPH_ALLOCS], g[TRAIN_GRAPH_OTHER]);
       else printf("  %-30s (not captured)\n", s->runs[i].name);
     }
   }

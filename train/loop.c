@@ -560,15 +560,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   res->tokens_per_s = res->train_s > 0 ? (double)res->tokens / res->train_s
                                         : (double)all_tokens / all_s;
   res->graph_replays = sg.replays;
-  if (sg.g) {
-    int nodes[TRAIN_GRAPH_NODE_KINDS];
-    train_graph_nodes(sg.g, nodes);
-    res->graph_kernels = nodes[TRAIN_GRAPH_KERNELS];
-    res->graph_copies = nodes[TRAIN_GRAPH_COPIES];
-    res->graph_memsets = nodes[TRAIN_GRAPH_MEMSETS];
-    res->graph_allocs = nodes[TRAIN_GRAPH_ALLOCS];
-    res->graph_other = nodes[TRAIN_GRAPH_OTHER];
-  }
+  if (sg.g) train_graph_nodes(sg.g, res->graph_nodes);
   if (res->graph_note[0] && rank == 0)
     fprintf(stderr, "hq train: recipe '%s': --cuda-graph: %s; its steps ran eagerly\n",
             recipe_name, res->graph_note);

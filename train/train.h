@@ -303,7 +303,7 @@ typedef struct train_result {
   int ranks;                                 /* mpirun -np N (dist.h): N, else 1 */
   uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
   int64_t graph_replays;                     /* --cuda-graph: steps replayed from the graph */
-  int graph_kernels, graph_copies, graph_memsets, graph_allocs, graph_other; /* its nodes */
+  int graph_nodes[TRAIN_GRAPH_NODE_KINDS];    /* its nodes per kind (train_graph_nodes) */
   char graph_note[256];                      /* why the run did not capture ("": it did, or
                                                 --cuda-graph off, or the CPU) */
 } train_result;
