@@ -591,7 +591,7 @@ extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err
   return rc;
 }
 
-/* counts[k] += the nodes of `graph` of each kind (train_graph_node_kind) */
+/* counts[k] += the nodes of `graph` of each kind k (TRAIN_GRAPH_*, device.h) */
 static int graph_count(cudaGraph_t graph, int *counts, char *err, size_t err_len) {
   size_t n = 0;
   if (graph_check(cudaGraphGetNodes(graph, nullptr, &n), "cudaGraphGetNodes", err, err_len))
