@@ -520,6 +520,11 @@ printf '%s\n' "32,32,32 sgemm (direct) direct" "32,32,32 hq f32 tensors cpu" "32
   "32,32,32 hq fp8_block cpu" "32,32,32 hq $conf/recipe.ini linear:input:fc1 cpu" > "$tmp/want"
 diff "$tmp/want" "$tmp/got" || { cat "$tmp/out"; fail "bench --gemm --format --recipe: the rows"; }; ok
 usage_error "hq bench --gemm: --recipe and --role go together" bench --gemm --role linear:input:x
+# --path chooses the path of the user's rows: emulated forces the plain emulated one, and says so
+expect 0 bench --gemm --shape 32x32x32 --iters 1 --format mxfp8 --path emulated
+grep -q "^ *hq mxfp8 .*\[the caller forced the emulated path\]" "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm --path emulated"; }; ok
+usage_error "hq bench --gemm: --path 'fused' is not auto, unfused or emulated" bench --gemm --format mxfp8 --path fused
+usage_error "hq bench --gemm: --path chooses the path of --format and --recipe rows: give one" bench --gemm --path unfused
 usage_error "hq bench --gemm: --format 'nvfp4 rht' is not 'PLUGIN[ key=value...]'" bench --gemm --format 'nvfp4 rht'
 failure "hq bench --gemm: $tmp/none.ini: cannot open: No such file or directory" bench --gemm --shape 32x32x32 --recipe "$tmp/none.ini" --role a:b:c
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise

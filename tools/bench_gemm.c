@@ -50,15 +50,18 @@
 static const char usage[] =
     "usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]\n"
     "                       [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
-    "                       [--recipe FILE --role M:T:N] [--trainer] [--plugin-dir DIR]...\n"
-    "                       [--json]\n"
+    "                       [--recipe FILE --role M:T:N] [--path auto|unfused|emulated]\n"
+    "                       [--trainer] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
     "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU). On the CPU\n"
     "by default, as every hq command; --device cuda for the GPU.\n"
     "--format (one row per configuration) and --recipe/--role (the role's rowwise format, both\n"
     "operands quantized with it) replace hq's quantized rows: each is timed against the\n"
-    "baseline (the direct BF16 call on a GPU, the direct sgemm on the CPU).\n"
+    "baseline (the direct BF16 call on a GPU, the direct sgemm on the CPU). --path picks\n"
+    "the path of those rows: auto (default: the one hq_gemm picks), unfused (no fused\n"
+    "kernel: HQ_GEMM_NO_FUSED) or emulated (both operands dequantized, one BF16 GEMM:\n"
+    "HQ_GEMM_FORCE_EMULATED), to compare the paths of a shape.\n"
     "CUDA (default shapes 8192x8192x8192, 4096x4096x4096, 16384x4096x1024, 16384x1024x4096;\n"
     "20 iterations): a direct cuBLASLt BF16 GEMM (the baseline), hq identity bf16, a direct\n"
     "cuBLASLt FP8 GEMM and hq fp8_tensor (target >= 98% of the direct call; split FP32\n"
@@ -512,6 +515,7 @@ typedef struct bench {
   hq_state *role_st;
   hq_quantizer *role_q;
   const hq_gemm_args *args; /* hq_gemm's arguments for the rows being timed (NULL: none) */
+  hq_gemm_args user_args;   /* the user's rows' (--path) */
   char labels_t[MAX_ROWS][120]; /* the trainer rows' kinds */
   int nlabels_t;
 } bench;
@@ -593,7 +597,10 @@ static int user_rows(bench *B, int64_t m, int64_t n, int64_t k, const hq_tensor 
     }
     r->base = base;
     r->base_ms = base_ms;
+    const hq_gemm_args *saved = B->args;
+    B->args = &B->user_args;
     if (qa && qb) hq_row(B, r, qa, qb, d, pb, base);
+    B->args = saved;
     hq_qtensor_free(qa);
     hq_qtensor_free(qb);
   }
@@ -1147,7 +1154,7 @@ static int parse_mnk(const char *s, int64_t v[3]) {
 }
 
 typedef struct gemm_args {
-  const char *device_s, *recipe, *role_s;
+  const char *device_s, *recipe, *role_s, *path_s;
   cli_list formats;
   cli_list shape_s;
   int64_t iters, batch;
@@ -1168,6 +1175,7 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--format", .kind = CLI_LIST, .dest = &a->formats, .max = MAX_USER},
       {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
+      {.name = "--path", .kind = CLI_STR, .dest = &a->path_s},
       CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--trainer", .kind = CLI_FLAG, .dest = &a->trainer},
@@ -1180,6 +1188,11 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
+  if (a->path_s && strcmp(a->path_s, "auto") && strcmp(a->path_s, "unfused") &&
+      strcmp(a->path_s, "emulated"))
+    return cli_fail(2, CMD, "--path '%s' is not auto, unfused or emulated", a->path_s);
+  if (a->path_s && !a->formats.n && !a->recipe)
+    return cli_fail(2, CMD, "--path chooses the path of --format and --recipe rows: give one");
   if (a->trainer && (a->shape_s.n || a->formats.n || a->recipe || a->device < 0))
     return cli_fail(2, CMD, "--trainer times the trainer's own GEMMs on a GPU: it takes no "
                     "--shape, --format or --recipe, and needs --device cuda");
@@ -1310,6 +1323,9 @@ static void report_text(const bench *B, const gemm_run *g) {
 /* The user's rows of B: labels, and the quantizer of --recipe/--role (the rowwise direction,
    which the TN product reads); 0, or 1 after the message. */
 static int user_setup(bench *B, const gemm_args *a) {
+  B->user_args = (hq_gemm_args)HQ_GEMM_ARGS_INIT;
+  if (a->path_s && !strcmp(a->path_s, "unfused")) B->user_args.flags = HQ_GEMM_NO_FUSED;
+  if (a->path_s && !strcmp(a->path_s, "emulated")) B->user_args.flags = HQ_GEMM_FORCE_EMULATED;
   B->specs = (const char *const *)a->formats.v;
   B->nspecs = a->formats.n;
   for (size_t i = 0; i < a->formats.n; i++) {
