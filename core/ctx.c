@@ -310,12 +310,16 @@ static int set_offset_dev(hq_ctx *ctx, uint64_t offset) {
 int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
   if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset: ctx is NULL");
   if (ctx->device >= 0) {
-    /* a write captured into a graph would set the step of every replay to this one */
-    if (hqi_cuda_capturing(ctx->stream))
+    /* a write captured into a graph would set the step of every replay to this one
+       (hq_ctx_capturing asks with the context's device current: a NULL stream is that
+       device's legacy stream, not the caller's current device's) */
+    int capturing = 0, rc = hq_ctx_capturing(ctx, &capturing);
+    if (rc) return hqi_error_prefix(rc, "hq_ctx_set_rng_offset");
+    if (capturing)
       return hqi_error(HQ_ESTATE, "hq_ctx_set_rng_offset: the context's stream is being "
                        "captured into a CUDA graph: set the step before the capture and before "
                        "each replay, outside the graph");
-    int rc = set_offset_dev(ctx, offset);
+    rc = set_offset_dev(ctx, offset);
     if (rc) return rc;
   }
   ctx->offset = offset;

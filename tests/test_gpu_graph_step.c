@@ -19,7 +19,8 @@
 ** hq_ctx_capturing follows a capture of the context's stream: 0 before, 1 inside (asked from
 ** the capturing thread and from another), 1 once an illegal call has invalidated it, 0 once
 ** ended; on the legacy default stream while a blocking stream captures, CUDA cannot tell and
-** the call says so (HQ_EDEVICE), the capture left intact.
+** the call says so (HQ_EDEVICE), and hq_ctx_set_rng_offset refuses for that reason, the capture
+** left intact.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -409,6 +410,12 @@ static void test_ctx_capturing(void **state) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", hq_last_error());
   const cudaError_t last = cudaGetLastError();
+  /* nor does hq_ctx_set_rng_offset write the step then: its stream-ordered allocation and copy
+     on the legacy stream would end the other stream's capture (it asked with the query's
+     error ignored, and went on, before it took hq_ctx_capturing's answer) */
+  const int rc_set = hq_ctx_set_rng_offset(legacy, 5);
+  const uint64_t off_set = hq_ctx_rng_offset(legacy);
+  const cudaError_t last_set = cudaGetLastError();
   enum cudaStreamCaptureStatus still = cudaStreamCaptureStatusNone;
   const cudaError_t qs = cudaStreamIsCapturing(blocking, &still);
   const cudaError_t le = cudaStreamEndCapture(blocking, &graph);
@@ -425,6 +432,9 @@ static void test_ctx_capturing(void **state) {
   if (!strstr(msg, "hq_ctx_capturing") || !strstr(msg, cudaGetErrorString(direct)))
     fail_msg("the message '%s' lacks the call or CUDA's reason", msg);
   assert_int_equal(last, cudaSuccess);
+  assert_int_equal(rc_set, HQ_EDEVICE);
+  assert_int_equal(off_set, 0);
+  assert_int_equal(last_set, cudaSuccess);
   CK(qs);
   assert_int_equal(still, cudaStreamCaptureStatusActive);
 }
