@@ -281,9 +281,9 @@ if len(rows) >= 3:
     # interleaved per size; train_ab.md is scripts/train_ab.py's table of both
     [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "--train-ab: set HQ_DEVDIST_BEFORE"; exit 2; }
     here=$PWD
-    OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash "$root/scripts/gpu-check.sh" --on-device \
-      --quick > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
-    cd "$here"
+    # from the carried tree's root, where the nested call finds the tarball and .devdeps
+    (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
+      --on-device --quick) > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
     before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
     set -- --recipe conf/recipe.ini
     for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
