@@ -50,7 +50,7 @@
 static const char usage[] =
     "usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]\n"
     "                       [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
-    "                       [--recipe FILE --role M:T:N] [--path auto|unfused|emulated]\n"
+    "                       [--recipe FILE --role M:T:N] [--path auto|fused|unfused|emulated]\n"
     "                       [--trainer] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
@@ -59,8 +59,9 @@ static const char usage[] =
     "--format (one row per configuration) and --recipe/--role (the role's rowwise format, both\n"
     "operands quantized with it) replace hq's quantized rows: each is timed against the\n"
     "baseline (the direct BF16 call on a GPU, the direct sgemm on the CPU). --path picks\n"
-    "the path of those rows: auto (default: the one hq_gemm picks), unfused (no fused\n"
-    "kernel: HQ_GEMM_NO_FUSED) or emulated (both operands dequantized, one BF16 GEMM:\n"
+    "the path of those rows: auto (default: the one hq_gemm picks), fused (a fused kernel\n"
+    "wherever one can run: HQ_GEMM_FUSED_ALWAYS), unfused (no fused kernel:\n"
+    "HQ_GEMM_NO_FUSED) or emulated (both operands dequantized, one BF16 GEMM:\n"
     "HQ_GEMM_FORCE_EMULATED), to compare the paths of a shape.\n"
     "CUDA (default shapes 8192x8192x8192, 4096x4096x4096, 16384x4096x1024, 16384x1024x4096;\n"
     "20 iterations): a direct cuBLASLt BF16 GEMM (the baseline), hq identity bf16, a direct\n"
@@ -1188,9 +1189,9 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
-  if (a->path_s && strcmp(a->path_s, "auto") && strcmp(a->path_s, "unfused") &&
-      strcmp(a->path_s, "emulated"))
-    return cli_fail(2, CMD, "--path '%s' is not auto, unfused or emulated", a->path_s);
+  if (a->path_s && strcmp(a->path_s, "auto") && strcmp(a->path_s, "fused") &&
+      strcmp(a->path_s, "unfused") && strcmp(a->path_s, "emulated"))
+    return cli_fail(2, CMD, "--path '%s' is not auto, fused, unfused or emulated", a->path_s);
   if (a->path_s && !a->formats.n && !a->recipe)
     return cli_fail(2, CMD, "--path chooses the path of --format and --recipe rows: give one");
   if (a->trainer && (a->shape_s.n || a->formats.n || a->recipe || a->device < 0))
@@ -1324,6 +1325,7 @@ static void report_text(const bench *B, const gemm_run *g) {
    which the TN product reads); 0, or 1 after the message. */
 static int user_setup(bench *B, const gemm_args *a) {
   B->user_args = (hq_gemm_args)HQ_GEMM_ARGS_INIT;
+  if (a->path_s && !strcmp(a->path_s, "fused")) B->user_args.flags = HQ_GEMM_FUSED_ALWAYS;
   if (a->path_s && !strcmp(a->path_s, "unfused")) B->user_args.flags = HQ_GEMM_NO_FUSED;
   if (a->path_s && !strcmp(a->path_s, "emulated")) B->user_args.flags = HQ_GEMM_FORCE_EMULATED;
   B->specs = (const char *const *)a->formats.v;
