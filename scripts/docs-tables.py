@@ -16,8 +16,14 @@ every run; only times vary). Usage, from a configured build directory or with HQ
 --check compares the losses only (times depend on the machine and its load), within 0.0002. Every
 run uses OpenBLAS's AVX2 kernels (blas_env), so the losses are the same on any x86-64 CPU with
 AVX2 and FMA; --check skips (exit 77) on other CPUs. tests/test_docs_tables.sh runs `--check` in make check.
-The GPU table (docs/training.md 5b) is measured on a device: scripts/gpu-check.sh --train.
+docs/distributed.md's tables (blocks dist40, dist_grad, dist_resume, dist300) train across
+ranks under Open MPI's mpirun on the CPU (a few minutes; not part of --check unless --all).
+The GPU table (docs/training.md 5b, block gpu) is measured on a device: scripts/gpu-check.sh
+--on-device --train brings back train.json and train_wide.json, and
+    DOCS_TABLES_GPU=DIR scripts/docs-tables.py --only gpu
+writes the table from them (without DOCS_TABLES_GPU the block is left as it is).
 """
+import atexit
 import json
 import os
 import platform
@@ -28,7 +34,7 @@ import sys
 import tempfile
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["docs/training.md", "README.md"]
+FILES = ["docs/training.md", "README.md", "docs/distributed.md"]
 RECIPES = ["conf/recipe.ini"] + sorted(
     "conf/examples/" + f for f in os.listdir(os.path.join(TOP, "conf/examples")) if f.endswith(".ini"))
 # The small configuration make check verifies: every shipped recipe, a narrow model, 200 steps.
@@ -64,12 +70,17 @@ def blas_env():
     return {"OPENBLAS_CORETYPE": "Haswell"}
 
 
-def train(args):
-    """hq train ARGS --json: the document."""
+def train(args, ranks=0, err=None):
+    """hq train ARGS --json: the document (under `mpirun -np RANKS` when RANKS > 0; its stderr
+    appended to the list err when one is given)."""
     env = dict(os.environ)
     env.setdefault("HQ_CONF_DIR", os.path.join(TOP, "conf"))
     env.update(blas_env() or {})
     cmd = [hq_bin(), "train", "--json"] + args
+    if ranks:
+        # the flags of tests/mpirun_env.sh: more ranks than cores, TCP between them, root allowed
+        cmd = ["mpirun", "--oversubscribe", "--mca", "btl", "self,tcp"] + \
+            (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["-np", str(ranks)] + cmd
     print("docs-tables: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, cwd=TOP, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -77,6 +88,8 @@ def train(args):
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         sys.exit("docs-tables: hq %s failed:\n%s" % (" ".join(cmd[1:]), p.stderr[-2000:]))
+    if err is not None:
+        err.append(p.stderr)
     d = json.loads(p.stdout)
     # CPU time (user + system, every thread): the machine's load changes it far less than the
     # wall-clock times
@@ -210,8 +223,161 @@ def block_readme():
                fp["eval_loss"], rec["eval_loss"], gap(rec["gap"])))
 
 
+# docs/distributed.md: `hq train` across ranks on the CPU (Open MPI), the corpus of
+# tests/train_corpus.sh, the runs tests/test_train_dist.sh checks
+DIST_RECIPES = ["examples/mxfp8.ini", "examples/fp8_current.ini", "examples/fp8_delayed.ini",
+                "examples/fp8_current_hybrid.ini", "examples/hybrid_fp8_identity.ini",
+                "examples/nvfp4.ini", "recipe.ini"]
+DIST_SMALL = ["--steps", "40", "--batch", "128", "--hidden", "128", "--layers", "1",
+              "--eval-every", "20", "--log-every", "10"]
+_corpus = {}
+
+
+def corpus():
+    """tests/train_corpus.sh's 3000 generated words, in a file that lives as long as the run."""
+    if "f" not in _corpus:
+        t = tempfile.NamedTemporaryFile(prefix="hq_docs_corpus.", suffix=".txt", delete=False)
+        t.close()
+        subprocess.run(["sh", "-c", '. "$1"; train_corpus "$2"', "sh",
+                        os.path.join(TOP, "tests/train_corpus.sh"), t.name], check=True)
+        _corpus["f"] = t.name
+        atexit.register(os.unlink, t.name)
+    return _corpus["f"]
+
+
+def recipe_args(names):
+    return sum((["--recipe", os.path.join(TOP, "conf", r)] for r in names), [])
+
+
+def evals(d):
+    return {(name_of(r) if not r["baseline"] else "fp32"): r["eval_loss"] for r in d["recipes"]}
+
+
+def label(n):
+    return "fp32 (the baseline)" if n == "fp32" else "`conf/%s`" % n
+
+
+_dist40 = {}
+
+
+def dist40_runs():
+    if not _dist40:
+        base = ["--data", corpus()] + DIST_SMALL + recipe_args(DIST_RECIPES)
+        for np in (1, 2, 4):
+            _dist40[np] = evals(train(base, ranks=np if np > 1 else 0))
+    return _dist40
+
+
+def block_dist40():
+    runs = dist40_runs()
+    rows = ["| recipe | 1 rank | 2 ranks | 4 ranks |", "|---|---:|---:|---:|"]
+    for n in ["fp32"] + DIST_RECIPES:
+        rows.append("| %s | %s |" % (label(n), " | ".join("%.8f" % runs[np][n] for np in (1, 2, 4))))
+    return "\n".join(rows) + "\n"
+
+
+def block_dist_grad():
+    names = ["examples/fp8_current.ini", "examples/fp8_delayed.ini", "examples/mxfp8.ini"]
+    base = ["--data", corpus()] + DIST_SMALL + recipe_args(names)
+    fp = {np: evals(train(base, ranks=np)) for np in (2, 4)}
+    bf = {np: evals(train(base + ["--grad-dtype", "bf16"], ranks=np)) for np in (2, 4)}
+    rows = ["| recipe | 2 ranks FP32 / BF16 | 4 ranks FP32 / BF16 |", "|---|---|---|"]
+    for n in ["fp32"] + names:
+        rows.append("| %s | %s |" % ("fp32" if n == "fp32" else "`conf/%s`" % n, " | ".join(
+            "%.8f / %.8f" % (fp[np][n], bf[np][n]) for np in (2, 4))))
+    return "\n".join(rows) + "\n"
+
+
+def block_dist_resume():
+    d = tempfile.mkdtemp(prefix="hq_docs_resume.")
+    ck = ["--data", corpus(), "--steps", "40", "--batch", "128", "--hidden", "128", "--layers", "1",
+          "--log-every", "10", "--baseline", "none"] + recipe_args(["examples/fp8_delayed.ini"])
+    for np in (1, 2, 4):
+        train(ck + ["--checkpoint", os.path.join(d, "k%d-{step}.st" % np), "--checkpoint-every", "20"],
+              ranks=np if np > 1 else 0)
+    one = train(ck)["recipes"][0]["eval_loss"]
+    rows = ["| saved with -> resumed with | held-out loss | difference |", "|---|---:|---:|"]
+    for a, b in ((4, 2), (4, 1), (1, 4), (2, 4)):
+        got = train(ck + ["--resume", os.path.join(d, "k%d-20.st" % a)],
+                    ranks=b if b > 1 else 0)["recipes"][0]["eval_loss"]
+        rows.append("| %d -> %d | %.8f | %.2g |" % (a, b, got, abs(got - one)))
+    for f in os.listdir(d):
+        os.unlink(os.path.join(d, f))
+    os.rmdir(d)
+    return ("Held-out loss against one uninterrupted process (%.8f):\n\n" % one) + "\n".join(rows) + "\n"
+
+
+def block_dist300():
+    names = ["examples/mxfp8.ini", "examples/fp8_current.ini", "recipe.ini"]
+    base = ["--data", corpus(), "--hidden", "256", "--layers", "2", "--batch", "256", "--steps", "300",
+            "--eval-every", "0"] + recipe_args(names)
+    runs, wire = {}, []
+    m0 = machine()
+    for np in (1, 2, 4):
+        err = []
+        d = train(base, ranks=np if np > 1 else 0, err=err)
+        runs[np] = {(name_of(r) if not r["baseline"] else "fp32"): r for r in d["recipes"]}
+        if np == 2:
+            wire = err[0].splitlines()
+    m1 = machine()
+    rows = ["| recipe | held-out loss, 1 / 2 / 4 ranks | tokens/s, 1 / 2 / 4 ranks |", "|---|---|---|"]
+    for n in ["fp32"] + names:
+        rows.append("| %s | %s | %s |" % (label(n), " / ".join("%.8f" % runs[np][n]["eval_loss"] for np in (1, 2, 4)),
+                                          " / ".join(rate(runs[np][n]["tokens_per_second"]) for np in (1, 2, 4))))
+    # the wire line of each run of 2 ranks: bytes per step and rank
+    bytes_rows = ["| recipe | quantized weights gathered | vs a BF16 all-gather | FP32 gradients reduce-scattered |",
+                  "|---|---:|---:|---:|"]
+    pat = re.compile(r"^hq train: (.*): 2 ranks: per step and rank, quantized weights gathered (\d+) bytes "
+                     r"\(a BF16 all-gather: (\d+), ([\d.]+)x\), FP32 weight gradients reduce-scattered (\d+) bytes")
+    by_name = {r["name"]: n for n, r in runs[2].items()}
+    for line in wire:
+        mm = pat.match(line)
+        if mm and mm.group(1) in by_name:
+            bytes_rows.append("| %s | %s | %sx | %s |" % (label(by_name[mm.group(1)]), "{:,}".format(int(mm.group(2))),
+                                                        mm.group(4), "{:,}".format(int(mm.group(5)))))
+    return ("Machine: %s at the start, %s at the end.\n\n" % (m0, m1.rsplit(" ", 1)[1])
+            + "\n".join(rows) + "\n\nBytes per step and rank, as the 2-rank runs printed them:\n\n"
+            + "\n".join(bytes_rows) + "\n")
+
+
+def block_gpu():
+    """docs/training.md's GPU table from the two documents `scripts/gpu-check.sh --on-device
+    --train` brings back (DOCS_TABLES_GPU: the folder holding train.json and train_wide.json):
+    measured on a device, so regenerated only when they are given."""
+    d = os.environ.get("DOCS_TABLES_GPU")
+    if not d:
+        return None
+    docs = [json.load(open(os.path.join(d, f))) for f in ("train.json", "train_wide.json")]
+    dev = docs[0]["config"]["device"]
+    cells = {}
+    for k, doc in enumerate(docs):
+        bf16 = [r for r in doc["recipes"] if r["path"] and r["path"].endswith("high_precision.ini")]
+        base = bf16[0]["tokens_per_second"] if bf16 else None
+        for r in doc["recipes"]:
+            n = "fp32 (built in)" if r["baseline"] else name_of(r)
+            ratio = " (%.2fx)" % (r["tokens_per_second"] / base) if base else ""
+            cells.setdefault(n, ["", "", "", "", "", ""])[3 * k:3 * k + 3] = [
+                "%.4f" % r["eval_loss"] + ("" if r["baseline"] else " (%s)" % gap(r["gap"])),
+                rate(r["tokens_per_second"]) + ratio,
+                "%.1f" % (r["peak_device_bytes"] / 2 ** 20) if r.get("peak_device_bytes") else ""]
+    rows = ["| recipe | default: eval loss (gap) | tokens/s (x BF16) | peak MiB | wide: eval loss (gap) "
+            "| tokens/s (x BF16) | peak MiB |", "|---|---|---|---|---|---|---|"]
+    for n, c in cells.items():
+        rows.append("| %s | %s |" % (n, " | ".join(c)))
+    c0, c1 = docs[0]["config"], docs[1]["config"]
+    return ("`hq train --device %s` (`scripts/gpu-check.sh --on-device --train`, one call; seed 1, graph %s): "
+            "the default model (%d steps of %d, H = %d, %d hidden layers) and the wide one (`--preset wide`: "
+            "%d steps of %d, H = %d, %d layers, lr %g); gaps to the FP32 baseline of the same run, "
+            "tokens/s over the training steps and their ratio to the BF16 recipe (`high_precision.ini`), "
+            "peak device memory of the run:\n\n"
+            % (dev, c0["cuda_graph"], c0["steps"], c0["batch"], c0["hidden"], c0["layers"], c1["steps"],
+               c1["batch"], c1["hidden"], c1["layers"], c1["lr"])) + "\n".join(rows) + "\n"
+
+
 BLOCKS = {"check": block_check, "default": block_default, "recipes": block_recipes,
-          "seeds": block_seeds, "readme": block_readme}
+          "seeds": block_seeds, "readme": block_readme, "dist40": block_dist40,
+          "dist_grad": block_dist_grad, "dist_resume": block_dist_resume, "dist300": block_dist300,
+          "gpu": block_gpu}
 FAST = {"check"}
 MARK = re.compile(r"(<!-- docs-tables:(\w+) begin -->\n)(.*?)(<!-- docs-tables:\2 end -->)", re.S)
 NUM = re.compile(r"(?<![\w.])[-+\u2212]?\d+\.\d{4}(?![\d])")   # the losses and gaps: 4 places
@@ -256,6 +422,7 @@ def main(argv):
                   if m.group(2) in names]
         new = {n: (block_recipes(own=True) if n == "recipes" and "seeds" not in names
                    else BLOCKS[n]()) for n in wanted}   # the runs first: the file may change meanwhile
+        new = {n: t for n, t in new.items() if t is not None}   # not measurable here: left as is
         text = open(path, encoding="utf-8").read()
         out, pos = [], 0
         for m in MARK.finditer(text):

@@ -55,8 +55,11 @@ for np in 2 4; do
   losses "$tmp/r${np}b.json" > "$tmp/l${np}b"
   cmp -s "$tmp/l${np}a" "$tmp/l${np}b" ||
     { diff "$tmp/l${np}a" "$tmp/l${np}b"; fail "-np $np: two runs printed different losses"; }
-  # the same global batch and seed as 1 rank: the held-out losses agree within 1e-4 (FP32 sums
-  # in another order, nothing else: the activations' and gradients' amaxes are shared too)
+  # the same global batch and seed as 1 rank: FP32 sums in another order, nothing else (the
+  # activations' and gradients' amaxes are shared too), so fp32 and per-tensor FP8 agree within
+  # 1e-4; a sum one ulp apart can cross a BF16 rounding boundary (the BF16 head of mxfp8.ini
+  # and fp8_delayed.ini), after which the runs part slowly: those within 5e-4 (a wrong shard or
+  # reduction moves the loss by 1e-2 or more)
   python3 -c 'import json,sys
 one = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[1]))["recipes"]}
 many = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[2]))["recipes"]}
@@ -65,7 +68,8 @@ assert sorted(many) == sorted(one), sorted(many)
 for k in sorted(one):
     d = abs(many[k] - one[k])
     print("%-20s 1 rank %.9g  %s ranks %.9g  difference %.2g" % (k, one[k], sys.argv[3], many[k], d))
-    if not d <= 1e-4: sys.exit("%s: %s ranks differ from 1 by %.3g" % (k, sys.argv[3], d))' \
+    bound = 1e-4 if k in ("fp32", "fp8-current-e4m3") else 5e-4
+    if not d <= bound: sys.exit("%s: %s ranks differ from 1 by %.3g" % (k, sys.argv[3], d))' \
     "$tmp/r1.json" "$tmp/r${np}a.json" $np || fail "-np $np: the held-out loss is not 1 rank's"
   # rank 0 alone reports: one JSON document (parsed above), one wire line per run; per step and
   # rank, fp8_current gathers both [128, 128] weights as 1-byte codes with the columnwise copy
@@ -160,7 +164,7 @@ fi
 # checkpoints across rank counts (train/checkpoint.c): the file holds every tensor whole, so a
 # run saved at step 20 of 40 by N ranks resumes with M ranks. The same count continues
 # bit-identically (the final checkpoint is the uninterrupted run's, byte for byte); another count
-# sums the gradients in another order, so its held-out loss is 1 rank's within 1e-4, and two
+# sums the gradients in another order, so its held-out loss is 1 rank's within 5e-4, and two
 # resumed runs are bit-identical. fp8_delayed: a scaling state (amax histories) and quantized
 # weights to carry over, besides the masters and moments.
 ck="train --data $tmp/words.txt --steps 40 --batch 128 --hidden 128 --layers 1 --log-every 10
@@ -192,7 +196,8 @@ grep -q "^fc1.weight.master ('F32', \[128, 128\])$" "$tmp/e4" || { cat "$tmp/e4"
 # the same count: the continuation is the uninterrupted run, byte for byte
 mpi 4 r4to4 --resume "$tmp/k4-20.st" --checkpoint "$tmp/r4to4.st"
 cmp -s "$tmp/r4to4.st" "$tmp/k4-40.st" || fail "4 ranks resumed with 4: the final checkpoint is not the uninterrupted run's"
-# eval_loss JSON: the held-out loss after the last step
+# eval_loss JSON: the held-out loss after the last step; fp8_delayed.ini's BF16 head parts the
+# runs of other rank counts slowly (the bound of the first check above)
 eval_loss() { python3 -c 'import json,sys; print("%.9g" % json.load(open(sys.argv[1]))["recipes"][0]["eval_loss"])' "$1"; }
 for pair in 4:2 4:1 1:4 2:4 4:2; do
   from=${pair%:*} to=${pair#*:}
@@ -203,7 +208,7 @@ for pair in 4:2 4:1 1:4 2:4 4:2; do
   python3 -c 'import sys
 one, got = float(sys.argv[1]), float(sys.argv[2])
 print("%s: held-out loss %.9g, 1 rank uninterrupted %.9g, difference %.2g" % (sys.argv[3], got, one, abs(got - one)))
-if not abs(got - one) <= 1e-4: sys.exit("%s: the resumed run is not 1 rank'"'"'s within 1e-4" % sys.argv[3])' \
+if not abs(got - one) <= 5e-4: sys.exit("%s: the resumed run is not 1 rank'"'"'s within 5e-4" % sys.argv[3])' \
     "$(eval_loss "$tmp/full1.json")" "$(eval_loss "$tmp/$name.json")" "$from ranks -> $to" ||
     fail "$from ranks resumed with $to"
 done

@@ -1,9 +1,9 @@
 #!/bin/sh
 # test_train_dist_nccl.sh -- `mpirun -np N hq train --device cuda` (train/dist.c over NCCL, one
 # GPU per rank, docs/distributed.md). With one GPU: `mpirun -np 1` takes the NCCL path (a
-# communicator of one rank) and reaches one process's held-out loss within 1e-4, its
+# communicator of one rank) and reaches one process's held-out loss (within 1e-4 or 5e-4), its
 # --verify-resume continues bit for bit, and more ranks than GPUs are refused on every rank.
-# With two GPUs or more, also: 2 ranks reach one GPU's held-out loss within 1e-4 and two runs
+# With two GPUs or more, also: 2 ranks reach one GPU's held-out loss (the same bounds) and two runs
 # print the same losses to the last digit, the wire line, --grad-dtype bf16 (twice the same,
 # within 0.01 of FP32 gradients), and a checkpoint of 2 ranks resumes with 2 (the uninterrupted
 # run's final file, byte for byte) and with 1. Skips (77) without mpirun, python3, a GPU, or an hq built with CUDA, MPI and NCCL;
@@ -43,6 +43,8 @@ args="train --device cuda --data $tmp/words.txt --steps 40 --batch 128 --hidden 
 "$hq" $args > "$tmp/r1.json" 2> "$tmp/r1.err" || { cat "$tmp/r1.err"; fail "one process on a GPU"; }
 
 # within NAME.json NAME2.json LABEL: every run's held-out loss within 1e-4 of the reference's
+# (fp32, per-tensor FP8), or 5e-4 where a BF16 rounding can amplify a sum's order (the BF16 head
+# of mxfp8.ini and fp8_delayed.ini; tests/test_train_dist.sh says why)
 within() {
   python3 -c 'import json,sys
 one = {r["name"]: r["eval_loss"] for r in json.load(open(sys.argv[1]))["recipes"]}
@@ -51,7 +53,8 @@ assert sorted(many) == sorted(one), (sorted(one), sorted(many))
 for k in sorted(one):
     d = abs(many[k] - one[k])
     print("%-20s one GPU %.9g  %s %.9g  difference %.2g%s" % (k, one[k], sys.argv[3], many[k], d, " (identical)" if d == 0 else ""))
-    if not d <= 1e-4: sys.exit("%s: %s differs from one GPU by %.3g" % (k, sys.argv[3], d))' "$1" "$2" "$3"
+    bound = 1e-4 if k in ("fp32", "fp8-current-e4m3") else 5e-4
+    if not d <= bound: sys.exit("%s: %s differs from one GPU by %.3g" % (k, sys.argv[3], d))' "$1" "$2" "$3"
 }
 # mpirun -np 1: the NCCL path with one rank
 # shellcheck disable=SC2086
