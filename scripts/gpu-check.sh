@@ -15,7 +15,9 @@
 # scripts/bench_peers.py (from the carried tree; HQ_PEERS_ARGS adds its arguments) in the same
 # call, outputs in $OUT as bench.txt, bench.json, peers.txt, peers.json, then the hybrid
 # check of the stock recipes' hybrid roles (hybrid.txt); with --train run `hq train --device
-# cuda` on every shipped recipe (train.txt, train_wide.txt); with --sanitize run
+# cuda` on every shipped recipe, default and wide models (train.json and train_wide.json, which
+# `DOCS_TABLES_GPU=DIR scripts/docs-tables.py --only gpu` turns into docs/training.md's table 5b);
+# with --sanitize run
 # compute-sanitizer (memcheck, racecheck, synccheck) on every GPU test binary instead
 # (HQ_SAN_TESTS and HQ_SAN_TOOLS choose; with --quick the named tests are built too).
 # HQ_ONLY=test_gpu_X limits the run to that test program (built with make -k, so unfinished
@@ -57,7 +59,7 @@ if [ "${1:-}" = "--on-device" ]; then
   # the device tool brings back at most 8 files: keep the summaries (HQ_KEEP) as they are and
   # pack every other log into logs.tgz when the run ends, however it ends
   pack_out() {
-    local keep=" ${HQ_KEEP:-test-suite.log train.txt train_wide.txt train_ab.md bench.txt bench.json peers.txt} "
+    local keep=" ${HQ_KEEP:-test-suite.log train.json train_wide.json train_ab.md bench.txt bench.json peers.txt} "
     local f rest=()
     for f in $(cd "$out" && ls); do [[ "$keep" == *" $f "* ]] || rest+=("$f"); done
     if [ ${#rest[@]} -gt 0 ]; then
@@ -269,10 +271,13 @@ if len(rows) >= 3:
     for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
     # the device image has no word list: the one carried in .devdeps (copied there from wamerican)
     [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
-    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" ${HQ_TRAIN_ARGS:-} 2>&1 \
-      | tee "$out/train.txt" || rc=1
-    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" --hidden 1024 --layers 4 \
-      --embed 64 --batch 4096 --steps 300 --lr 0.002 ${HQ_TRAIN_ARGS:-} 2>&1 | tee "$out/train_wide.txt" || rc=1
+    # --json documents (train.json, train_wide.json) for docs-tables.py's gpu block, the
+    # progress and notes in train.txt and train_wide.txt
+    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" ${HQ_TRAIN_ARGS:-} --json \
+      > "$out/train.json" 2> "$out/train.txt" || { rc=1; tail -5 "$out/train.txt"; }
+    HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" --preset wide --steps 300 \
+      ${HQ_TRAIN_ARGS:-} --json > "$out/train_wide.json" 2> "$out/train_wide.txt" \
+      || { rc=1; tail -5 "$out/train_wide.txt"; }
   fi
   if [[ "$modes" == *" --train-ab "* ]] && [ -x tools/hq ]; then
     # before/after throughput: every shipped recipe with the BF16 baseline, default and wide
