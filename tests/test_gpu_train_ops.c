@@ -3,10 +3,12 @@
 ** train/device.h) against references computed here on the host in double: the embedding and its
 ** gradient, the activations and their gradients (tanh and GELU), the bias gradient's column sums
 ** and the softmax cross-entropy, at shapes that take the vector and the scalar paths, one band
-** and many. Each fused amax equals max |x| of what the kernel wrote (NaN ignored, Inf counted),
-** bit for bit, NaN and Inf cases included, and equals hq_quantizer_amax of an fp8_tensor
-** (current scaling) quantizer; a quantize given it makes the same bytes as one that computes its
-** own. Every kernel run twice gives the same bytes. Exit 77 without a CUDA device.
+** and many. The activations and the cross-entropy add a nonzero bias to what they read (the
+** layer's output holds none), checked against the FP32 sum made here. Each fused amax equals
+** max |x| of what the kernel wrote (NaN ignored, Inf counted), bit for bit, NaN and Inf cases
+** included, and equals hq_quantizer_amax of an fp8_tensor (current scaling) quantizer; a
+** quantize given it makes the same bytes as one that computes its own. Every kernel run twice
+** gives the same bytes. Exit 77 without a CUDA device.
 */
 #include "hq_test.h"
 #include "hq_gpu_test.h"
@@ -146,46 +148,59 @@ static double ref_act_grad(int act, double y) {
   return 0.5 * (1.0 + t) + 0.5 * y * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * y * y);
 }
 
-/* n elements from `offset` floats into the buffers (offset 1: not 16-byte aligned, the scalar
-   path) */
-static void act_case(int act, int64_t n, int offset) {
-  char what[96];
-  const int64_t rows = n % 1024 ? 1 : n / 1024;   /* the quantize's view of the n elements */
+/* y [rows, cols] and the bias [cols] from `offset` floats into their buffers (offset 1: not
+   16-byte aligned, the scalar path, as is a cols not a multiple of 4). The expected outputs take
+   act of y + b summed here in FP32 (the kernels' one rounding), then in double. */
+static void act_case(int act, int64_t rows, int64_t cols, int offset) {
+  char what[128];
+  const int64_t n = rows * cols;
+  const int64_t vr = n % 1024 ? 1 : n / 1024;   /* the quantize's view of the n elements */
   float *y = fill_normal(n, 11 + (uint64_t)n, 2.0f), *d = fill_normal(n, 12 + (uint64_t)n, 1.0f);
+  float *b = fill_normal(cols, 13 + (uint64_t)cols, 1.0f);
   float *yd = dev_alloc((size_t)(n + offset) * 4), *hd = dev_alloc((size_t)(n + offset) * 4);
   float *dd = dev_alloc((size_t)(n + offset) * 4), *h2 = dev_alloc((size_t)(n + offset) * 4);
+  float *bd = dev_alloc((size_t)(cols + offset) * 4);
   float *got = malloc((size_t)n * 4);
   double *want = malloc((size_t)n * 8);
   up(yd + offset, y, (size_t)n * 4);
   up(dd + offset, d, (size_t)n * 4);
+  up(bd + offset, b, (size_t)cols * 4);
+  const float *bo = bd + offset;
 
-  snprintf(what, sizeof what, "%s fwd n %lld offset %d", act ? "gelu" : "tanh", (long long)n,
-           offset);
+  snprintf(what, sizeof what, "%s fwd rows %lld cols %lld offset %d", act ? "gelu" : "tanh",
+           (long long)rows, (long long)cols, offset);
   float *a = amax_pair();
-  HQ_OK_OR_FAIL(ops->act_fwd(gpu, act, yd + offset, hd + offset, n, a));
+  HQ_OK_OR_FAIL(ops->act_fwd(gpu, act, yd + offset, bo, cols, hd + offset, n, a));
   down(got, hd + offset, (size_t)n * 4);
-  for (int64_t i = 0; i < n; i++) want[i] = ref_act(act, y[i]);
+  for (int64_t i = 0; i < n; i++) {
+    const float v = y[i] + b[i % cols];
+    want[i] = ref_act(act, v);
+  }
   close_to(got, want, n, 2e-6, 2e-5, what);
-  check_amax(a, hd + offset, rows, n / rows, what);
-  HQ_OK_OR_FAIL(ops->act_fwd(gpu, act, yd + offset, h2 + offset, n, NULL));
+  check_amax(a, hd + offset, vr, n / vr, what);
+  HQ_OK_OR_FAIL(ops->act_fwd(gpu, act, yd + offset, bo, cols, h2 + offset, n, NULL));
   same_bytes(hd + offset, h2 + offset, (size_t)n * 4, what);
 
-  snprintf(what, sizeof what, "%s bwd n %lld offset %d", act ? "gelu" : "tanh", (long long)n,
-           offset);
+  snprintf(what, sizeof what, "%s bwd rows %lld cols %lld offset %d", act ? "gelu" : "tanh",
+           (long long)rows, (long long)cols, offset);
   HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
-  HQ_OK_OR_FAIL(ops->act_bwd(gpu, act, yd + offset, dd + offset, n, a));
+  HQ_OK_OR_FAIL(ops->act_bwd(gpu, act, yd + offset, bo, cols, dd + offset, n, a));
   down(got, dd + offset, (size_t)n * 4);
-  for (int64_t i = 0; i < n; i++) want[i] = d[i] * ref_act_grad(act, y[i]);
+  for (int64_t i = 0; i < n; i++) {
+    const float v = y[i] + b[i % cols];
+    want[i] = d[i] * ref_act_grad(act, v);
+  }
   close_to(got, want, n, 1e-5, 2e-5, what);
-  check_amax(a, dd + offset, rows, n / rows, what);
+  check_amax(a, dd + offset, vr, n / vr, what);
   up(h2 + offset, d, (size_t)n * 4);
-  HQ_OK_OR_FAIL(ops->act_bwd(gpu, act, yd + offset, h2 + offset, n, NULL));
+  HQ_OK_OR_FAIL(ops->act_bwd(gpu, act, yd + offset, bo, cols, h2 + offset, n, NULL));
   same_bytes(dd + offset, h2 + offset, (size_t)n * 4, what);
 
-  void *bufs[] = {yd, hd, dd, h2, a};
-  for (size_t i = 0; i < 5; i++) hq_ctx_free(gpu, bufs[i]);
+  void *bufs[] = {yd, hd, dd, h2, bd, a};
+  for (size_t i = 0; i < 6; i++) hq_ctx_free(gpu, bufs[i]);
   free(y);
   free(d);
+  free(b);
   free(got);
   free(want);
 }
@@ -193,40 +208,45 @@ static void act_case(int act, int64_t n, int offset) {
 static void test_activations(void **state) {
   (void)state;
   for (int act = 0; act < 2; act++) {
-    act_case(act, 1 << 20, 0);        /* float4 only */
-    act_case(act, 4099, 0);           /* float4 and a tail of 3 */
-    act_case(act, 4099, 1);           /* not aligned: one element at a time */
-    act_case(act, 3, 0);              /* the tail alone */
+    act_case(act, 1024, 1024, 0);   /* float4 steps */
+    /* more float4 steps than the grid has threads: each thread's bias column moves along
+       rows of 250 vectors by the grid's stride */
+    act_case(act, 4096, 1000, 0);
+    act_case(act, 3001, 333, 0);    /* rows not whole float4s: scalar, several steps a thread */
+    act_case(act, 5, 820, 1);       /* not aligned: one element at a time */
+    act_case(act, 333, 30, 0);      /* the lm_head's width less its padding: scalar */
+    act_case(act, 1, 3, 0);         /* less than a float4 */
   }
 }
 
 /* NaN and Inf: an amax ignores NaN and counts Inf; all NaN (or all 0) gives 0 */
 static void test_amax_nonfinite(void **state) {
   (void)state;
-  const int64_t n = 1000;
-  float *h = fill_normal(n, 5, 1.0f);
-  float *yd = dev_alloc(n * 4), *hd = dev_alloc(n * 4);
+  const int64_t n = 1000, cols = 100;
+  float *h = fill_normal(n, 5, 1.0f), *b = fill_normal(cols, 6, 0.5f);
+  float *yd = dev_alloc(n * 4), *hd = dev_alloc(n * 4), *bd = dev_alloc(cols * 4);
   h[17] = NAN;
   h[400] = -NAN;
   up(yd, h, n * 4);
+  up(bd, b, cols * 4);
   float *a = amax_pair();
   /* tanh: NaN in, NaN out (ignored); the others below 1 */
-  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_TANH, yd, hd, n, a));
+  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_TANH, yd, bd, cols, hd, n, a));
   check_amax(a, hd, 1, n, "tanh with NaN");
   /* the gradient: d holds -Inf at one place, NaN at others: amax +Inf */
   h[123] = -INFINITY;
   up(hd, h, n * 4);
   HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
-  HQ_OK_OR_FAIL(ops->act_bwd(gpu, TRAIN_ACT_TANH, yd, hd, n, a));
+  HQ_OK_OR_FAIL(ops->act_bwd(gpu, TRAIN_ACT_TANH, yd, bd, cols, hd, n, a));
   float got[2];
   down(got, a, sizeof got);
   assert_true(isinf(got[0]) && got[0] > 0 && isinf(got[1]));
   check_amax(a, hd, 1, n, "tanh gradient with NaN and -Inf");
-  /* GELU of +Inf is +Inf */
+  /* GELU of +Inf (+ a finite bias) is +Inf */
   h[600] = INFINITY;
   up(yd, h, n * 4);
   HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
-  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, hd, n, a));
+  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, bd, cols, hd, n, a));
   check_amax(a, hd, 1, n, "gelu with NaN and Inf");
   down(got, a, sizeof got);
   assert_true(isinf(got[0]) && got[0] > 0);
@@ -234,13 +254,15 @@ static void test_amax_nonfinite(void **state) {
   for (int64_t i = 0; i < n; i++) h[i] = NAN;
   up(yd, h, n * 4);
   HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
-  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, hd, n, a));
+  HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, bd, cols, hd, n, a));
   down(got, a, sizeof got);
   assert_true(got[0] == 0.0f && got[1] == 0.0f && !signbit(got[0]));
   hq_ctx_free(gpu, yd);
   hq_ctx_free(gpu, hd);
+  hq_ctx_free(gpu, bd);
   hq_ctx_free(gpu, a);
   free(h);
+  free(b);
 }
 
 // --- embedding ----------------------------------------------------------------------------------
@@ -346,44 +368,51 @@ static void test_colsum(void **state) {
 
 // --- cross-entropy ------------------------------------------------------------------------------
 
-static void xent_case(int64_t B, int64_t n_valid, int Vpad) {
+/* V classes of Vpad columns; the bias is nonzero on the V classes and NaN on the padded
+   columns, which no kernel may read. The expected values take the logits y + b summed here in
+   FP32 (the kernels' one rounding). */
+static void xent_case(int64_t B, int64_t n_valid, int nv, int Vpad) {
   char what[96];
-  snprintf(what, sizeof what, "xent B %lld valid %lld Vpad %d", (long long)B, (long long)n_valid,
-           Vpad);
-  float *l = fill_normal(B * Vpad, 41, 3.0f);
+  snprintf(what, sizeof what, "xent B %lld valid %lld V %d Vpad %d", (long long)B,
+           (long long)n_valid, nv, Vpad);
+  float *l = fill_normal(B * Vpad, 41, 3.0f), *bias = fill_normal(Vpad, 43, 2.0f);
+  for (int v = nv; v < Vpad; v++) bias[v] = NAN;
   int32_t *t = malloc((size_t)B * 4);
   uint64_t s = 42;
-  for (int64_t b = 0; b < B; b++) t[b] = (int32_t)(hq_test_rand(&s) % V);
+  for (int64_t b = 0; b < B; b++) t[b] = (int32_t)(hq_test_rand(&s) % (uint64_t)nv);
   float *ld = dev_alloc((size_t)(B * Vpad) * 4), *dd = dev_alloc((size_t)(B * Vpad) * 4);
   float *d2 = dev_alloc((size_t)(B * Vpad) * 4), *lossd = dev_alloc(8);
+  float *bd = dev_alloc((size_t)Vpad * 4);
   int32_t *td = dev_alloc((size_t)B * 4);
   up(ld, l, (size_t)(B * Vpad) * 4);
+  up(bd, bias, (size_t)Vpad * 4);
   up(td, t, (size_t)B * 4);
   float *a = amax_pair();
-  HQ_OK_OR_FAIL(ops->xent(gpu, ld, td, B, n_valid, V, Vpad, lossd, dd, a, scratch));
+  HQ_OK_OR_FAIL(ops->xent(gpu, ld, bd, td, B, n_valid, nv, Vpad, lossd, dd, a, scratch));
   float loss[2];
   down(&loss[0], lossd, 4);
-  HQ_OK_OR_FAIL(ops->xent(gpu, ld, td, B, n_valid, V, Vpad, lossd, d2, NULL, scratch));
+  HQ_OK_OR_FAIL(ops->xent(gpu, ld, bd, td, B, n_valid, nv, Vpad, lossd, d2, NULL, scratch));
   same_bytes(dd, d2, (size_t)(B * Vpad) * 4, what);
   down(&loss[1], lossd, 4);
   assert_memory_equal(&loss[0], &loss[1], 4);
   /* eval: no gradient, the same loss */
-  HQ_OK_OR_FAIL(ops->xent(gpu, ld, td, B, n_valid, V, Vpad, lossd, NULL, NULL, scratch));
+  HQ_OK_OR_FAIL(ops->xent(gpu, ld, bd, td, B, n_valid, nv, Vpad, lossd, NULL, NULL, scratch));
   down(&loss[1], lossd, 4);
   assert_memory_equal(&loss[0], &loss[1], 4);
 
   double sum = 0;
   double *want = calloc((size_t)(B * Vpad), 8);
+  float *r = malloc((size_t)nv * 4);
   for (int64_t b = 0; b < n_valid; b++) {
-    /* the row's max and its differences in FP32 (as the rule takes them: exact max, rounded
-       differences), everything after in double */
-    const float *r = l + b * Vpad;
+    /* the row's logits and their differences from the max in FP32 (as the rule takes them:
+       exact max, rounded differences), everything after in double */
+    for (int v = 0; v < nv; v++) r[v] = l[b * Vpad + v] + bias[v];
     float mx = r[0];
     double z = 0;
-    for (int v = 1; v < V; v++) mx = r[v] > mx ? r[v] : mx;
-    for (int v = 0; v < V; v++) z += exp((double)(float)(r[v] - mx));
+    for (int v = 1; v < nv; v++) mx = r[v] > mx ? r[v] : mx;
+    for (int v = 0; v < nv; v++) z += exp((double)(float)(r[v] - mx));
     sum += log(z) + mx - r[t[b]];
-    for (int v = 0; v < V; v++)
+    for (int v = 0; v < nv; v++)
       want[b * Vpad + v] = exp((double)(float)(r[v] - mx)) / z / (double)n_valid;
     want[b * Vpad + t[b]] -= 1.0 / (double)n_valid;
   }
@@ -394,23 +423,26 @@ static void xent_case(int64_t B, int64_t n_valid, int Vpad) {
   down(got, dd, (size_t)(B * Vpad) * 4);
   /* rows past n_valid and columns past V exactly 0 (want's zeros) */
   for (int64_t i = 0; i < B * Vpad; i++)
-    if ((i / Vpad >= n_valid || i % Vpad >= V) && got[i] != 0.0f)
+    if ((i / Vpad >= n_valid || i % Vpad >= nv) && got[i] != 0.0f)
       fail_msg("%s: padding element %lld is %g", what, (long long)i, got[i]);
   close_to(got, want, B * Vpad, 1e-9, 2e-6, what);
   check_amax(a, dd, B, Vpad, what);
-  void *bufs[] = {ld, dd, d2, lossd, td, a};
-  for (size_t i = 0; i < 6; i++) hq_ctx_free(gpu, bufs[i]);
+  void *bufs[] = {ld, dd, d2, lossd, bd, td, a};
+  for (size_t i = 0; i < 7; i++) hq_ctx_free(gpu, bufs[i]);
   free(l);
+  free(bias);
   free(t);
+  free(r);
   free(want);
   free(got);
 }
 
 static void test_xent(void **state) {
   (void)state;
-  xent_case(32768, 32768, 32);   /* 256 blocks of rows, 32 rows per summing thread */
-  xent_case(3000, 2900, 32);     /* padded rows */
-  xent_case(100, 0, 27);         /* nothing valid: loss 0, gradient 0 */
+  xent_case(32768, 32768, V, 32);   /* 256 blocks of rows, 32 rows per summing thread */
+  xent_case(3000, 2900, V, 32);     /* padded rows */
+  xent_case(100, 0, V, 27);         /* nothing valid: loss 0, gradient 0 */
+  xent_case(1000, 990, 40, 44);     /* more classes than a warp: a thread per row */
 }
 
 static int setup(void **state) {

@@ -37,15 +37,23 @@ typedef struct train_device_ops {
   /* gemb[v, e] = sum over (b, c) with tok[b, c] == v of dx[b, c*E + e] (gemb: [V, E], V = 27) */
   int (*embed_bwd)(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb, int64_t B,
                    int C, int E, void *scratch);
-  /* h = act(y) */
-  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, float *h, int64_t n, float *amax);
-  /* d = d * act'(y) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
-  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, float *d, int64_t n, float *amax);
-  /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits into *loss (device
-     scalar); dlogits (NULL in eval) = (softmax - onehot) / n_valid, 0 in padded rows and
-     columns; amax (of dlogits) only with dlogits */
-  int (*xent)(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
-              int V, int Vpad, float *loss, float *dlogits, float *amax, void *scratch);
+  /* The layer's bias is added by the calls that read its output, not by its GEMM (the output
+     buffer y holds x W^T alone): a GEMM with an FP32 bias can cost a kernel of its own (a
+     cuBLASLt FP8 matmul takes only a BF16 one), and these calls read y anyway. The sum is one
+     FP32 add, y + bias rounded once, as a GEMM that adds the bias after its product makes it.
+     y, h and d are [n / cols, cols] row-major (n a multiple of cols), bias [cols]. */
+  /* h = act(y + bias[col]) */
+  int (*act_fwd)(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols, float *h,
+                 int64_t n, float *amax);
+  /* d = d * act'(y + bias[col]) in place: the gradient w.r.t. h becomes the gradient w.r.t. y */
+  int (*act_bwd)(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols, float *d,
+                 int64_t n, float *amax);
+  /* mean cross-entropy of rows [0, n_valid) over the first V of Vpad logits y + bias[v] (y:
+     [B, Vpad], bias: [V] at least) into *loss (device scalar); dlogits (NULL in eval) = (softmax
+     - onehot) / n_valid, 0 in padded rows and columns; amax (of dlogits) only with dlogits */
+  int (*xent)(hq_ctx *ctx, const float *logits, const float *bias, const int32_t *tgt, int64_t B,
+              int64_t n_valid, int V, int Vpad, float *loss, float *dlogits, float *amax,
+              void *scratch);
   /* db[j] = sum_b dy[b, j] */
   int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db, void *scratch);
   int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
@@ -127,18 +135,27 @@ static inline TRAIN_HD float train_act_grad(int act, float y) {
    passes (the same float, whatever the order of the chain). */
 static inline TRAIN_HD float train_amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
-/* One row of the softmax cross-entropy (the rule both xent tables run per row): the loss term
-   log(sum_v e^(l_v - max)) + max - l_tgt in double, and, when d is not NULL, d_v =
-   softmax_v * inv for v < V, d_tgt -= inv, 0 in the padded columns [V, Vpad). */
-static inline TRAIN_HD double train_xent_row(const float *l, int32_t tgt, int V, int Vpad,
-                                             float inv, float *d) {
-  float mx = l[0];
-  for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+/* One row of the softmax cross-entropy (the rule both xent tables run per row) over the logits
+   l_v = y[v] + bias[v] (one FP32 add): the loss term log(sum_v e^(l_v - max)) + max - l_tgt in
+   double, and, when d is not NULL, d_v = softmax_v * inv for v < V, d_tgt -= inv, 0 in the
+   padded columns [V, Vpad). */
+static inline TRAIN_HD float train_logit(const float *y, const float *bias, int v) {
+  return y[v] + bias[v];
+}
+static inline TRAIN_HD double train_xent_row(const float *y, const float *bias, int32_t tgt,
+                                             int V, int Vpad, float inv, float *d) {
+  float mx = train_logit(y, bias, 0);
+  for (int v = 1; v < V; v++) {
+    const float l = train_logit(y, bias, v);
+    mx = l > mx ? l : mx;
+  }
   double z = 0;
-  for (int v = 0; v < V; v++) z += exp((double)(l[v] - mx));
-  const double term = log(z) + (double)mx - (double)l[tgt]; /* before d: d may alias l */
+  for (int v = 0; v < V; v++) z += exp((double)(train_logit(y, bias, v) - mx));
+  /* before d: d may alias y */
+  const double term = log(z) + (double)mx - (double)train_logit(y, bias, tgt);
   if (d) {
-    for (int v = 0; v < V; v++) d[v] = (float)(exp((double)(l[v] - mx)) / z) * inv;
+    for (int v = 0; v < V; v++)
+      d[v] = (float)(exp((double)(train_logit(y, bias, v) - mx)) / z) * inv;
     d[tgt] -= inv;
     for (int v = V; v < Vpad; v++) d[v] = 0.0f;
   }

@@ -5,12 +5,12 @@
 ** operands are made by this file's cast kernel (FP32 -> BF16, round to nearest even: the
 ** identity format's conversion, hq/numerics.h's hq_f32_to_bf16): each layer's input in the
 ** forward, the output gradient in the backward, the weight after every optimizer step. The
-** GEMMs are cublasLtMatmul with BF16 A and B, an FP32 D, FP32 accumulation and the bias in the
-** BIAS epilogue, set up as libhqcore's cuBLASLt runner sets up the identity recipe's GEMMs (the
-** same layouts, transposes, workspace, alignments and reduction schemes offered to the
-** heuristic) so that a run takes the same algorithms and its losses equal those of the
-** high-precision (identity BF16) recipe's run. CUDA only: without CUDA create fails with a
-** message.
+** GEMMs are cublasLtMatmul with BF16 A and B, an FP32 D, FP32 accumulation and no bias (the
+** trainer's kernels add it as they read the output, as they do after libhqcore's fprop), set up
+** as libhqcore's cuBLASLt runner sets up the identity recipe's GEMMs (the same layouts,
+** transposes, workspace, alignments and reduction schemes offered to the heuristic) so that a
+** run takes the same algorithms and its losses equal those of the high-precision (identity
+** BF16) recipe's run. CUDA only: without CUDA create fails with a message.
 **
 ** Everything runs on the context's stream. One cuBLASLt handle and one 32 MiB workspace per run,
 ** made by create; a plan (the heuristic's algorithm) per distinct problem (GEMM, shape and the
@@ -45,8 +45,8 @@ int train_direct_weight(train_direct *d, int i, const float *w);
 int train_direct_input(train_direct *d, int i, const float *x);
 /* The BF16 copy of layer i's output gradient dy [batch, out] (used by its wgrad and dgrad). */
 int train_direct_grad(train_direct *d, int i, const float *dy);
-/* y [batch, out] = x W^T + b (FP32; b [out]) from the BF16 copies. */
-int train_direct_fprop(train_direct *d, int i, const float *b, float *y);
+/* y [batch, out] = x W^T (FP32, no bias) from the BF16 copies. */
+int train_direct_fprop(train_direct *d, int i, float *y);
 /* gw [out, in] = dy^T x (FP32, overwritten) from the BF16 copies. */
 int train_direct_wgrad(train_direct *d, int i, float *gw);
 /* dx [batch, in] = dy W (FP32) from the BF16 copies. */

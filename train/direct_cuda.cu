@@ -7,10 +7,9 @@
 ** 32F, host alpha 1 and beta 0, TRANSA / TRANSB set, the heuristic asked for its first answer
 ** with the whole 32 MiB workspace, the buffers' alignments (the largest power of two up to 256
 ** dividing each address; C's and D's both D's) and split-K reductions in the compute type only.
-** fprop asks first for the bias in the BIAS epilogue (an FP32 bias into an FP32 D); where
-** cuBLASLt has no algorithm for that, the matmul runs without it and one kernel adds the bias in
-** FP32, as the runner's split plan does. The operands, in cuBLASLt's column-major terms (a
-** row-major [R, C] buffer is a C x R matrix with ld C):
+** No GEMM adds a bias: fprop's output is x W^T alone, as the trainer asks of libhqcore's fprop
+** too (its kernels add the bias as they read the output, device.h). The operands, in cuBLASLt's
+** column-major terms (a row-major [R, C] buffer is a C x R matrix with ld C):
 **   fprop  y [B, out]  = A: W  (in x out, ld in) T,  B: x  (in x B, ld in) N,   m out, n B, k in
 **   dgrad  dx [B, in]  = A: W  (in x out, ld in) N,  B: dy (out x B, ld out) N, m in, n B, k out
 **   wgrad  gw [out, in] = A: x (in x B, ld in) N,    B: dy (out x B, ld out) T, m in, n out, k B
@@ -35,8 +34,8 @@ enum { G_FPROP, G_DGRAD, G_WGRAD, G_N };
 
 namespace {
 
-/* A plan: what defines the problem (the GEMM, hence the transposes and the bias; m, n, k, hence
-   the layouts; the buffers' alignments) and the heuristic's answer for it. */
+/* A plan: what defines the problem (the GEMM, hence the transposes; m, n, k, hence the layouts;
+   the buffers' alignments) and the heuristic's answer for it. */
 struct plan_key {
   int64_t g, m, n, k;
   uint32_t align[3];             /* A, B, D */
@@ -44,7 +43,6 @@ struct plan_key {
 };
 struct plan {
   plan_key key;
-  int split_bias;                /* fprop: the bias by bias_kernel, not the epilogue */
   cublasLtMatmulAlgo_t algo;
 };
 
@@ -59,7 +57,6 @@ struct problem {
   void *d;
   int64_t a_rows, a_cols, b_rows, b_cols, m, n, k;
   int ta, tb;
-  const float *bias;
 };
 
 } // namespace
@@ -91,11 +88,6 @@ int fail(train_direct *d, const char *fmt, ...) {
   return -1;
 }
 
-int cuda_check(train_direct *d, const char *what) {
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? 0 : fail(d, "%s: %s", what, cudaGetErrorString(e));
-}
-
 /* every call runs on the context's device */
 int enter(train_direct *d, const char *what) {
   int cur = -1;
@@ -115,18 +107,6 @@ uint32_t align_of(const void *p) {
   return r;
 }
 
-/* y[j * m + i] += bias[i]: the split plan's bias, in FP32 as the epilogue adds it */
-__global__ void bias_kernel(float *y, const float *bias, int64_t m, int64_t total) {
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
-       e += (int64_t)gridDim.x * blockDim.x)
-    y[e] = y[e] + bias[e % m];
-}
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + 255) / 256;
-  return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
-
 int cast(train_direct *d, const float *src, uint16_t *dst, int64_t n, const char *what) {
   if (enter(d, what)) return -1;
   char why[256];
@@ -140,9 +120,8 @@ struct descs {
   cublasLtMatrixLayoutOpaque_t a, b, d;
 };
 
-/* the descriptors of problem p (with the bias epilogue when with_bias); *step names what
-   failed */
-cublasStatus_t descs_init(descs *ds, const problem *p, int with_bias, const char **step) {
+/* the descriptors of problem p; *step names what failed */
+cublasStatus_t descs_init(descs *ds, const problem *p, const char **step) {
   cublasStatus_t st;
 #define TRY(expr, name)                                                                        \
   do {                                                                                         \
@@ -157,14 +136,6 @@ cublasStatus_t descs_init(descs *ds, const problem *p, int with_bias, const char
   const cublasOperation_t tb = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   SET(CUBLASLT_MATMUL_DESC_TRANSA, ta);
   SET(CUBLASLT_MATMUL_DESC_TRANSB, tb);
-  if (with_bias) {
-    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    const int32_t bt = (int32_t)CUDA_R_32F;
-    const void *bp = p->bias;
-    SET(CUBLASLT_MATMUL_DESC_EPILOGUE, ep);
-    SET(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt);
-    SET(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bp);
-  }
   TRY(cublasLtMatrixLayoutInit(&ds->a, CUDA_R_16BF, (uint64_t)p->a_rows, (uint64_t)p->a_cols,
                                p->a_rows), "layout of A");
   TRY(cublasLtMatrixLayoutInit(&ds->b, CUDA_R_16BF, (uint64_t)p->b_rows, (uint64_t)p->b_cols,
@@ -176,18 +147,12 @@ cublasStatus_t descs_init(descs *ds, const problem *p, int with_bias, const char
   return CUBLAS_STATUS_SUCCESS;
 }
 
-int unsupported(cublasStatus_t st) {
-  return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
-         st == CUBLAS_STATUS_ARCH_MISMATCH;
-}
-
-/* The heuristic's first algorithm for p (with the bias epilogue when with_bias) into *algo;
-   *none: it returned none. */
-cublasStatus_t heuristic(train_direct *d, const problem *p, int with_bias, const uint32_t al[3],
+/* The heuristic's first algorithm for p into *algo; *none: it returned none. */
+cublasStatus_t heuristic(train_direct *d, const problem *p, const uint32_t al[3],
                          cublasLtMatmulAlgo_t *algo, int *none, const char **step) {
   descs ds;
   *none = 0;
-  cublasStatus_t st = descs_init(&ds, p, with_bias, step);
+  cublasStatus_t st = descs_init(&ds, p, step);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   cublasLtMatmulPreferenceOpaque_t pref;
   const uint64_t wsb = DIRECT_WORKSPACE;
@@ -226,7 +191,7 @@ cublasStatus_t heuristic(train_direct *d, const problem *p, int with_bias, const
 const char *const gemm_name[G_N] = {"fprop", "dgrad", "wgrad"};
 
 /* One GEMM of layer i: its problem's plan (the heuristic runs once per distinct problem, on
-   its first call: layers of one shape share it), then the matmul, then the split plan's bias. */
+   its first call: layers of one shape share it), then the matmul. */
 int matmul(train_direct *d, int i, int g, const problem *p) {
   char what[64];
   snprintf(what, sizeof what, "layer %d %s (m %lld, n %lld, k %lld)", i, gemm_name[g],
@@ -251,12 +216,7 @@ int matmul(train_direct *d, int i, int g, const problem *p) {
     if (d->n_plans == 3 * d->n_lin) return fail(d, "%s: no room for another plan", what);
     pl = &d->plans[d->n_plans];
     int none = 0;
-    cublasStatus_t st = heuristic(d, p, p->bias != NULL, al, &pl->algo, &none, &step);
-    pl->split_bias = 0;
-    if (p->bias && unsupported(st)) {
-      pl->split_bias = 1;
-      st = heuristic(d, p, 0, al, &pl->algo, &none, &step);
-    }
+    const cublasStatus_t st = heuristic(d, p, al, &pl->algo, &none, &step);
     if (st != CUBLAS_STATUS_SUCCESS)
       return fail(d, "%s: cuBLASLt has no BF16 x BF16 -> F32 algorithm: %s: %s", what, step,
                   none ? "the heuristic returned none" : cublasLtGetStatusString(st));
@@ -264,7 +224,7 @@ int matmul(train_direct *d, int i, int g, const problem *p) {
     d->n_plans++;
   }
   descs ds;
-  cublasStatus_t st = descs_init(&ds, p, p->bias && !pl->split_bias, &step);
+  cublasStatus_t st = descs_init(&ds, p, &step);
   const float alpha = 1.0f, beta = 0.0f;
   if (st == CUBLAS_STATUS_SUCCESS) {
     step = "cublasLtMatmul";
@@ -275,11 +235,6 @@ int matmul(train_direct *d, int i, int g, const problem *p) {
   }
   if (st != CUBLAS_STATUS_SUCCESS)
     return fail(d, "%s: %s: %s", what, step, cublasLtGetStatusString(st));
-  if (p->bias && pl->split_bias) {
-    bias_kernel<<<blocks_for(p->m * p->n), 256, 0, d->stream>>>((float *)p->d, p->bias, p->m,
-                                                                 p->m * p->n);
-    return cuda_check(d, what);
-  }
   return 0;
 }
 
@@ -374,11 +329,11 @@ extern "C" int train_direct_grad(train_direct *d, int i, const float *dy) {
   return cast(d, dy, d->dyb, d->batch * d->lin[i].out, "the output gradient's BF16 cast");
 }
 
-extern "C" int train_direct_fprop(train_direct *d, int i, const float *b, float *y) {
+extern "C" int train_direct_fprop(train_direct *d, int i, float *y) {
   if (bad_layer(d, i)) return -1;
   const layer *l = &d->lin[i];
   const problem p = {l->wb, l->xb, y, l->in, l->out, l->in, d->batch,
-                     l->out, d->batch, l->in, 1, 0, b};
+                     l->out, d->batch, l->in, 1, 0};
   return matmul(d, i, G_FPROP, &p);
 }
 
@@ -386,7 +341,7 @@ extern "C" int train_direct_dgrad(train_direct *d, int i, float *dx) {
   if (bad_layer(d, i)) return -1;
   const layer *l = &d->lin[i];
   const problem p = {l->wb, d->dyb, dx, l->in, l->out, l->out, d->batch,
-                     l->in, d->batch, l->out, 0, 0, NULL};
+                     l->in, d->batch, l->out, 0, 0};
   return matmul(d, i, G_DGRAD, &p);
 }
 
@@ -394,7 +349,7 @@ extern "C" int train_direct_wgrad(train_direct *d, int i, float *gw) {
   if (bad_layer(d, i)) return -1;
   const layer *l = &d->lin[i];
   const problem p = {l->xb, d->dyb, gw, l->in, d->batch, l->out, d->batch,
-                     l->in, l->out, d->batch, 0, 1, NULL};
+                     l->in, l->out, d->batch, 0, 1};
   return matmul(d, i, G_WGRAD, &p);
 }
 

@@ -31,8 +31,8 @@ int train_direct_grad(train_direct *d, int i, const float *dy) {
   (void)d, (void)i, (void)dy;
   return -1;
 }
-int train_direct_fprop(train_direct *d, int i, const float *b, float *y) {
-  (void)d, (void)i, (void)b, (void)y;
+int train_direct_fprop(train_direct *d, int i, float *y) {
+  (void)d, (void)i, (void)y;
   return -1;
 }
 int train_direct_wgrad(train_direct *d, int i, float *gw) {

@@ -4,6 +4,7 @@
 **   tokens [B, C] -> embedding (27 x E, FP32) -> concat x1 [B, C*E]
 **   -> fc1 .. fcL: y = x W^T + b, x_next = act(y)       (W [H, in], act = tanh or GELU)
 **   -> lm_head: logits [B, Vpad] = x W^T + b             (27 real outputs, the rest masked)
+**   (the GEMMs compute x W^T alone; the activation and the loss add b as they read it)
 **   -> softmax cross-entropy over the 27 real logits, mean over the batch
 **
 ** Every linear layer runs its three GEMMs through libhqcore (hq_linear_fprop / dgrad / wgrad),
@@ -473,7 +474,8 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
     return hq_fail(err, err_len, l, "quantizing the input");
   }
   hq_gemm_info local, *gi = training ? gemm_info(m, l, TRAIN_FPROP, &local) : NULL;
-  if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), l->b,
+  /* no bias: the kernels that read y add it (device.h) */
+  if (PROF_GEMM(m, gi, hq_linear_fprop(m->ctx, hq_operand_q(l->qx), hq_operand_q(l->qw), NULL,
                                        HQ_F32, &yt, gi)))
     return hq_fail(err, err_len, l, "fprop");
   return 0;
@@ -511,7 +513,7 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
     if (m->direct) {
       train_prof_quantized(m->prof, TRAIN_QT_INPUT, 1);
       if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_input(m->direct, i, l->x)) ||
-          PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_fprop(m->direct, i, l->b, l->y)))
+          PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_fprop(m->direct, i, l->y)))
         return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     } else if (linear_fprop(m, l, training, err, err_len)) {
       return -1;
@@ -519,13 +521,14 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
     if (!training) drop_qx(l);
     if (i + 1 < m->n_lin &&
         PROFK(m, TRAIN_PK_ACT_FWD,
-              m->ops->act_fwd(m->ctx, c->act, l->y, m->lin[i + 1].x, B * l->out,
+              m->ops->act_fwd(m->ctx, c->act, l->y, l->b, l->out, m->lin[i + 1].x, B * l->out,
                               fused_amax(m, i + 1, TRAIN_QT_INPUT))))
       return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
   if (PROFK(m, TRAIN_PK_LOSS,
-            m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->tgt, B, n_valid, TRAIN_VOCAB,
-                         c->vocab_pad, m->loss, training ? m->dlogits : NULL,
+            m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->lin[m->n_lin - 1].b, m->tgt, B,
+                         n_valid, TRAIN_VOCAB, c->vocab_pad, m->loss,
+                         training ? m->dlogits : NULL,
                          training ? fused_amax(m, m->n_lin - 1, TRAIN_QT_GRAD) : NULL,
                          m->kscratch)))
     return fail(err, err_len, "loss: %s", m->ops->error());
@@ -629,8 +632,8 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
       return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
       if (PROFK(m, TRAIN_PK_ACT_BWD,
-                m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, dx, B * l->in,
-                                fused_amax(m, i - 1, TRAIN_QT_GRAD))))
+                m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, m->lin[i - 1].b, l->in, dx,
+                                B * l->in, fused_amax(m, i - 1, TRAIN_QT_GRAD))))
         return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
                     m->ops->error());
     } else if (PROFK(m, TRAIN_PK_EMBED,

@@ -45,25 +45,29 @@ static int cpu_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float
   return 0;
 }
 
-static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n,
-                       float *amax) {
+static int cpu_act_fwd(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols,
+                       float *h, int64_t n, float *amax) {
   (void)ctx;
-  for (int64_t i = 0; i < n; i++) h[i] = train_act(act, y[i]);
+  for (int64_t r = 0; r < n; r += cols)
+    for (int64_t c = 0; c < cols && r + c < n; c++)
+      h[r + c] = train_act(act, y[r + c] + bias[c]);
   amax_of(amax, h, n);
   return 0;
 }
 
-static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n,
-                       float *amax) {
+static int cpu_act_bwd(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols,
+                       float *d, int64_t n, float *amax) {
   (void)ctx;
-  for (int64_t i = 0; i < n; i++) d[i] *= train_act_grad(act, y[i]);
+  for (int64_t r = 0; r < n; r += cols)
+    for (int64_t c = 0; c < cols && r + c < n; c++)
+      d[r + c] *= train_act_grad(act, y[r + c] + bias[c]);
   amax_of(amax, d, n);
   return 0;
 }
 
-static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B,
-                    int64_t n_valid, int V, int Vpad, float *loss, float *dlogits, float *amax,
-                    void *scratch) {
+static int cpu_xent(hq_ctx *ctx, const float *logits, const float *bias, const int32_t *tgt,
+                    int64_t B, int64_t n_valid, int V, int Vpad, float *loss, float *dlogits,
+                    float *amax, void *scratch) {
   (void)ctx;
   (void)scratch;
   double sum = 0;
@@ -75,7 +79,7 @@ static int cpu_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_
       if (d) memset(d, 0, (size_t)Vpad * sizeof(float));
       continue;
     }
-    sum += train_xent_row(l, tgt[b], V, Vpad, inv, d);
+    sum += train_xent_row(l, bias, tgt[b], V, Vpad, inv, d);
   }
   *loss = (float)(n_valid > 0 ? sum / (double)n_valid : 0.0);
   if (dlogits) amax_of(amax, dlogits, B * Vpad);

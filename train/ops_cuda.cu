@@ -109,34 +109,46 @@ __global__ void __launch_bounds__(TPB)
   if (amax) amax_commit(m, amax);
 }
 
-/* h = act(y) (FWD) or d = d * act'(y) (!FWD) over n elements: W = 4 takes float4 steps over
-   the first n / 4 vectors (aligned buffers), then one element each for the rest */
+/* h = act(y + bias[col]) (FWD) or d = d * act'(y + bias[col]) (!FWD) over n elements of rows
+   of `cols`: W = 4 takes float4 steps (cols % 4 == 0 and aligned buffers: the 4 elements of a
+   step share a row, so their bias is one float4), W = 1 one element each. A thread's bias
+   column c follows its index i as i advances by the grid's stride (c += stride mod the row, less
+   a row when past it), so that no step divides. */
 template <bool FWD, int W>
 __global__ void __launch_bounds__(TPB)
-    act_k(int act, const float *__restrict__ y, float *__restrict__ out, int64_t n, float *amax) {
-  const int64_t nv = W == 4 ? n / 4 : 0, stride = (int64_t)gridDim.x * TPB;
-  const int64_t t = blockIdx.x * (int64_t)TPB + threadIdx.x;
+    act_k(int act, const float *__restrict__ y, const float *__restrict__ bias, int64_t cols,
+          float *__restrict__ out, int64_t n, float *amax) {
+  const int64_t nv = n / W, cv = cols / W, stride = (int64_t)gridDim.x * TPB;
+  const int64_t t = blockIdx.x * (int64_t)TPB + threadIdx.x, cs = stride % cv;
+  int64_t c = t % cv;
   float m = 0.0f;
   for (int64_t i = t; i < nv; i += stride) {
-    const float4 a = reinterpret_cast<const float4 *>(y)[i];
-    float4 o;
-    if (FWD) {
-      o = make_float4(train_act(act, a.x), train_act(act, a.y), train_act(act, a.z),
-                      train_act(act, a.w));
+    if constexpr (W == 4) {
+      const float4 a = reinterpret_cast<const float4 *>(y)[i];
+      const float4 bv = reinterpret_cast<const float4 *>(bias)[c];
+      const float4 v = make_float4(a.x + bv.x, a.y + bv.y, a.z + bv.z, a.w + bv.w);
+      float4 o;
+      if (FWD) {
+        o = make_float4(train_act(act, v.x), train_act(act, v.y), train_act(act, v.z),
+                        train_act(act, v.w));
+      } else {
+        o = reinterpret_cast<const float4 *>(out)[i];
+        o.x *= train_act_grad(act, v.x);
+        o.y *= train_act_grad(act, v.y);
+        o.z *= train_act_grad(act, v.z);
+        o.w *= train_act_grad(act, v.w);
+      }
+      reinterpret_cast<float4 *>(out)[i] = o;
+      m = train_amax_step(train_amax_step(train_amax_step(train_amax_step(m, o.x), o.y), o.z),
+                          o.w);
     } else {
-      o = reinterpret_cast<const float4 *>(out)[i];
-      o.x *= train_act_grad(act, a.x);
-      o.y *= train_act_grad(act, a.y);
-      o.z *= train_act_grad(act, a.z);
-      o.w *= train_act_grad(act, a.w);
+      const float v = y[i] + bias[c];
+      const float o = FWD ? train_act(act, v) : out[i] * train_act_grad(act, v);
+      out[i] = o;
+      m = train_amax_step(m, o);
     }
-    reinterpret_cast<float4 *>(out)[i] = o;
-    m = train_amax_step(train_amax_step(train_amax_step(train_amax_step(m, o.x), o.y), o.z), o.w);
-  }
-  for (int64_t i = nv * 4 + t; i < n; i += stride) {
-    const float o = FWD ? train_act(act, y[i]) : out[i] * train_act_grad(act, y[i]);
-    out[i] = o;
-    m = train_amax_step(m, o);
+    c += cs;
+    if (c >= cv) c -= cv;
   }
   if (amax) amax_commit(m, amax);
 }
@@ -267,16 +279,16 @@ __global__ void __launch_bounds__(EB_COLS * CS_GROUPS)
    [0, n_valid): thread t takes rows t, t + XS, ... in order, then a fixed tree. */
 constexpr int XB = 128, XS = 1024;
 __global__ void __launch_bounds__(XB)
-    xent_rows_k(const float *__restrict__ logits, const int32_t *__restrict__ tgt, int64_t B,
-                int64_t n_valid, int V, int Vpad, double *__restrict__ row_loss,
-                float *__restrict__ dlogits, float *amax) {
+    xent_rows_k(const float *__restrict__ logits, const float *__restrict__ bias,
+                const int32_t *__restrict__ tgt, int64_t B, int64_t n_valid, int V, int Vpad,
+                double *__restrict__ row_loss, float *__restrict__ dlogits, float *amax) {
   const float inv = n_valid > 0 ? 1.0f / (float)n_valid : 0.0f;
   const int64_t b = blockIdx.x * (int64_t)XB + threadIdx.x;
   float m = 0.0f;
   if (b < B) {
     float *d = dlogits ? dlogits + b * Vpad : nullptr;
     if (b < n_valid) {
-      row_loss[b] = train_xent_row(logits + b * Vpad, tgt[b], V, Vpad, inv, d);
+      row_loss[b] = train_xent_row(logits + b * Vpad, bias, tgt[b], V, Vpad, inv, d);
       if (d && amax)
         for (int v = 0; v < Vpad; v++) m = train_amax_step(m, d[v]);
     } else if (d) {
@@ -294,9 +306,9 @@ __global__ void __launch_bounds__(XB)
    gradient row is stored coalesced instead of by one thread. */
 constexpr int XW = XB / 32; /* rows per block */
 __global__ void __launch_bounds__(XB)
-    xent_warp_k(const float *__restrict__ logits, const int32_t *__restrict__ tgt, int64_t B,
-                int64_t n_valid, int V, int Vpad, double *__restrict__ row_loss,
-                float *__restrict__ dlogits, float *amax) {
+    xent_warp_k(const float *__restrict__ logits, const float *__restrict__ bias,
+                const int32_t *__restrict__ tgt, int64_t B, int64_t n_valid, int V, int Vpad,
+                double *__restrict__ row_loss, float *__restrict__ dlogits, float *amax) {
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const int64_t b = blockIdx.x * (int64_t)XW + (threadIdx.x >> 5);
@@ -305,7 +317,8 @@ __global__ void __launch_bounds__(XB)
     float *d = dlogits ? dlogits + b * Vpad : nullptr;
     if (b < n_valid) {
       const float inv = 1.0f / (float)n_valid;
-      const float lv = lane < V ? logits[b * Vpad + lane] : 0.0f;
+      /* train_logit's sum */
+      const float lv = lane < V ? logits[b * Vpad + lane] + bias[lane] : 0.0f;
       const int t = tgt[b];
       float mx = __shfl_sync(full, lv, 0);
       for (int v = 1; v < V; v++) {
@@ -379,32 +392,50 @@ int cuda_embed_bwd(hq_ctx *ctx, const float *dx, const int32_t *tok, float *gemb
   return check("embedding gradient kernel");
 }
 
-int cuda_act_fwd(hq_ctx *ctx, int act, const float *y, float *h, int64_t n, float *amax) {
+/* the activation kernels' launch: float4 steps when a row is whole float4s and every buffer
+   is 16-byte aligned */
+int act_launch(bool fwd, int act, const float *y, const float *bias, int64_t cols, float *out,
+               int64_t n, float *amax, cudaStream_t s) {
+  if (cols < 1 || n % cols) {
+    snprintf(g_err, sizeof g_err, "activation: %lld elements are not rows of %lld",
+             (long long)n, (long long)cols);
+    return -1;
+  }
+  const bool v4 = cols % 4 == 0 && aligned16(y, out) && aligned16(bias, bias);
+  if (fwd && v4) act_k<true, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, bias, cols, out, n, amax);
+  else if (fwd) act_k<true, 1><<<grid_for(n), TPB, 0, s>>>(act, y, bias, cols, out, n, amax);
+  else if (v4) act_k<false, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, bias, cols, out, n, amax);
+  else act_k<false, 1><<<grid_for(n), TPB, 0, s>>>(act, y, bias, cols, out, n, amax);
+  return check(fwd ? "activation kernel" : "activation gradient kernel");
+}
+
+int cuda_act_fwd(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols, float *h,
+                 int64_t n, float *amax) {
   cudaStream_t s;
   if (enter(ctx, &s, "activation")) return -1;
-  if (aligned16(y, h)) act_k<true, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, h, n, amax);
-  else act_k<true, 1><<<grid_for(n), TPB, 0, s>>>(act, y, h, n, amax);
-  return check("activation kernel");
+  return act_launch(true, act, y, bias, cols, h, n, amax, s);
 }
 
-int cuda_act_bwd(hq_ctx *ctx, int act, const float *y, float *d, int64_t n, float *amax) {
+int cuda_act_bwd(hq_ctx *ctx, int act, const float *y, const float *bias, int64_t cols, float *d,
+                 int64_t n, float *amax) {
   cudaStream_t s;
   if (enter(ctx, &s, "activation gradient")) return -1;
-  if (aligned16(y, d)) act_k<false, 4><<<grid_for(n / 4), TPB, 0, s>>>(act, y, d, n, amax);
-  else act_k<false, 1><<<grid_for(n), TPB, 0, s>>>(act, y, d, n, amax);
-  return check("activation gradient kernel");
+  return act_launch(false, act, y, bias, cols, d, n, amax, s);
 }
 
-int cuda_xent(hq_ctx *ctx, const float *logits, const int32_t *tgt, int64_t B, int64_t n_valid,
-              int V, int Vpad, float *loss, float *dlogits, float *amax, void *scratch) {
+int cuda_xent(hq_ctx *ctx, const float *logits, const float *bias, const int32_t *tgt, int64_t B,
+              int64_t n_valid, int V, int Vpad, float *loss, float *dlogits, float *amax,
+              void *scratch) {
   cudaStream_t s;
   if (enter(ctx, &s, "cross-entropy")) return -1;
   if (V >= 1 && V <= 32)
-    xent_warp_k<<<(unsigned)((B + XW - 1) / XW), XB, 0, s>>>(
-        logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
+    xent_warp_k<<<(unsigned)((B + XW - 1) / XW), XB, 0, s>>>(logits, bias, tgt, B, n_valid, V,
+                                                             Vpad, (double *)scratch, dlogits,
+                                                             dlogits ? amax : nullptr);
   else
-    xent_rows_k<<<(unsigned)((B + XB - 1) / XB), XB, 0, s>>>(
-        logits, tgt, B, n_valid, V, Vpad, (double *)scratch, dlogits, dlogits ? amax : nullptr);
+    xent_rows_k<<<(unsigned)((B + XB - 1) / XB), XB, 0, s>>>(logits, bias, tgt, B, n_valid, V,
+                                                             Vpad, (double *)scratch, dlogits,
+                                                             dlogits ? amax : nullptr);
   xent_sum_k<<<1, XS, 0, s>>>((const double *)scratch, n_valid, loss);
   return check("cross-entropy kernel");
 }

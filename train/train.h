@@ -109,7 +109,7 @@ typedef struct train_linear {
                                                 back after every optimizer step */
   hq_qtensor *qx;                            /* this step's quantized input (kept for wgrad) */
   float *x;                                  /* input activations [B, in] */
-  float *y;                                  /* output (pre-activation) [B, out] */
+  float *y;                                  /* output x W^T [B, out], without b (device.h) */
   hq_gemm_info info[3];                      /* TRAIN_FPROP/DGRAD/WGRAD, first step */
   int have_info;
   /* the input's (0) and the output gradient's (1) quantizer takes the amax that the kernel
