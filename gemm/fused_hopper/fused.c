@@ -12,8 +12,9 @@
 **
 ** By default the provider takes a problem only when the other operand is small -- at most
 ** HQ_FUSED_MAX_OTHER rows along m or n -- because there the unfused path's BF16 copy of the large
-** operand costs more than the fused kernel gives up to cuBLASLt's BF16 GEMM; HQ_GEMM_FUSED_ALWAYS
-** lifts that. The larger operand is the one fused when both could be.
+** operand costs more than the fused kernel gives up to cuBLASLt's BF16 GEMM -- and the fused
+** operand is not tiny (HQ_FUSED_MIN_ELEMS); HQ_GEMM_FUSED_ALWAYS lifts both. The larger operand
+** is the one fused when both could be.
 */
 #include "config.h"
 
@@ -26,6 +27,13 @@
 /* Rows of the other operand up to which the fused path is taken by default
    (docs/performance.md, section 6, has the measurements that placed the crossover here). */
 #define HQ_FUSED_MAX_OTHER 2048
+/* Elements of the fused operand below which the unfused path is taken by default: there the
+   BF16 copy the fused kernel saves is a few hundred KiB, less than the kernel's fixed cost (a
+   128 x 256 tile per CTA, so a handful of CTAs, each filling its ring and staging its tile)
+   over cuBLASLt's small-tile kernels (docs/performance.md, section 7). */
+#ifndef HQ_FUSED_MIN_ELEMS
+#define HQ_FUSED_MIN_ELEMS (1 << 20)
+#endif
 
 #ifndef HQ_HAVE_CUDA
 int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a) {
@@ -135,10 +143,14 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   if (!pick)
     return api->error(HQ_ENOTSUP, "fused_hopper: the fused kernel does not take this problem "
                       "(shapes, alignment or k %% 32)");
-  const int64_t other = pick == 1 ? r->n : r->m;
+  const int64_t other = pick == 1 ? r->n : r->m, fused = (pick == 1 ? r->m : r->n) * r->k;
   if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && other > HQ_FUSED_MAX_OTHER)
     return api->error(HQ_ENOTSUP, "fused_hopper: the other operand has %lld rows, more than %d: "
                       "the unfused path is faster there", (long long)other, HQ_FUSED_MAX_OTHER);
+  if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && fused < HQ_FUSED_MIN_ELEMS)
+    return api->error(HQ_ENOTSUP, "fused_hopper: the fused operand has %lld elements, fewer than "
+                      "%d: the unfused path is faster there", (long long)fused,
+                      HQ_FUSED_MIN_ELEMS);
   r->path = HQ_GEMM_PATH_FUSED_BF16;
   r->fused = (uint32_t)pick;
   if (r->flags & HQ_GEMM_QUERY) return HQ_OK;
