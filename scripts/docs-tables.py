@@ -354,7 +354,10 @@ def block_gpu():
         bf16 = [r for r in doc["recipes"] if r["path"] and r["path"].endswith("high_precision.ini")]
         base = bf16[0]["tokens_per_second"] if bf16 else None
         for r in doc["recipes"]:
-            n = "fp32 (built in)" if r["baseline"] else name_of(r)
+            # the device's paths, relative to its tree: the part after conf/, as name_of gives here
+            p = "/" + (r["path"] or "")
+            n = "fp32 (built in)" if r["baseline"] else (
+                p.split("/conf/", 1)[1] if "/conf/" in p else name_of(r))
             ratio = " (%.2fx)" % (r["tokens_per_second"] / base) if base else ""
             cells.setdefault(n, ["", "", "", "", "", ""])[3 * k:3 * k + 3] = [
                 "%.4f" % r["eval_loss"] + ("" if r["baseline"] else " (%s)" % gap(r["gap"])),
