@@ -895,11 +895,7 @@ static void test_pool_stats(void **state) {
 }
 
 int main(void) {
-  int n = 0;
-  if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-    printf("no CUDA device: skipped\n");
-    return HQ_TEST_SKIP;
-  }
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_graph_capture_update),
       cmocka_unit_test(test_current_device_restored),

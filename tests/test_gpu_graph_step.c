@@ -457,11 +457,7 @@ static int teardown(void **state) {
 }
 
 int main(void) {
-  int n = 0;
-  if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-    printf("no CUDA device: skipped\n");
-    return HQ_TEST_SKIP;
-  }
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_ctx_capturing)};

@@ -233,11 +233,7 @@ static int teardown(void **state) {
 }
 
 int main(void) {
-  int n = 0;
-  if (!hq_built_with_cuda() || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-    printf("no CUDA device: skipped\n");
-    return HQ_TEST_SKIP;
-  }
+  if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_replays_draw_their_step),
                                      cmocka_unit_test(test_refusals)};
   return cmocka_run_group_tests(tests, setup, teardown);
