@@ -1,13 +1,8 @@
 /*
-** adamw_cuda.cu -- libhqtrain's AdamW step on a CUDA device (hq_adam_step's unfused path): one
-** grid-stride pass over the masters that can also produce the write-back's per-tensor amax.
-** Everything runs on the caller's stream.
-**
-** The grid is the CTAs the device holds at once (launch_cuda.h), each looping over the tensor;
-** with the amax, each CTA reduces its maximum in registers and shared memory and sends it out in
-** one atomicMax per word. Atomics on one address are serialised at the L2 cache, so their number
-** has to stay near the number of resident CTAs: one per warp over a 16M-element master is half a
-** million per word, which costs more than the step's own memory traffic.
+** adamw_cuda.cu -- libhqtrain's AdamW step on a CUDA device (hq_adam_step's unfused path): the
+** element-wise step of plugins/common/adam_cuda.h (one grid-stride pass over the masters that
+** can also produce the write-back's per-tensor amax), which the stock plugins' split write-back
+** launches too. Everything runs on the caller's stream.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -15,135 +10,13 @@
 #include "hq/adamw.h"
 #include "hq/hq.h"
 #include "adamw_cuda.h"
-#include "launch_cuda.h"
+#include "adam_cuda.h"
 
 namespace {
-
-constexpr int kThreads = 256;
-
-/* Four gradient elements from index i (a multiple of 4; g aligned for the vector load), as
-   FP32 exactly as hq_load_hp converts them (the CPU step's values, NaN bits included). */
-template <int DT> __device__ __forceinline__ void load_g4(const void *g, int64_t i, float out[4]) {
-  if (DT == HQ_F32) {
-    const float4 a = __ldg(reinterpret_cast<const float4 *>(static_cast<const float *>(g) + i));
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-  } else {
-    const uint2 w = __ldg(reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(g) + i));
-    const uint16_t h[4] = {(uint16_t)(w.x & 0xffffu), (uint16_t)(w.x >> 16),
-                           (uint16_t)(w.y & 0xffffu), (uint16_t)(w.y >> 16)};
-#pragma unroll
-    for (int e = 0; e < 4; e++) out[e] = DT == HQ_F16 ? hq_f16_to_f32(h[e]) : hq_bf16_to_f32(h[e]);
-  }
-}
-
-/* The CTA's maximum of every thread's mx, then one atomicMax into each of the two words (bits
-   of non-negative floats order like their values, so the atomics' order does not matter). Called
-   by every thread of the CTA. */
-__device__ void cta_amax_commit(uint32_t mx, unsigned int *amax_bits) {
-  __shared__ uint32_t warp_max[kThreads / 32];
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = mx;
-  __syncthreads();
-  if (warp == 0) {
-    mx = __reduce_max_sync(0xffffffffu, lane < kThreads / 32 ? warp_max[lane] : 0u);
-    if (lane == 0 && mx) {
-      atomicMax(&amax_bits[0], mx);
-      atomicMax(&amax_bits[1], mx);
-    }
-  }
-}
-
-/* VEC: w, m, v 16-byte aligned and g aligned for 4 elements: the n / 4 groups of four by vector
-   loads and stores, the last n % 4 elements by CTA 0. Otherwise element by element.
-   AMAX: also the NaN-ignoring max |w| of the updated masters (the write-back's per-tensor amax,
-   in the same pass). */
-template <int DT, bool VEC, bool AMAX>
-__global__ void __launch_bounds__(kThreads)
-    adam_kernel(hq_adam_consts k, const hq_adam_consts *__restrict__ kd,
-                const void *__restrict__ g, float *__restrict__ w, float *__restrict__ m,
-                float *__restrict__ v, int64_t n, unsigned int *__restrict__ amax_bits) {
-  if (kd) k = *kd; /* a graph's replay: this step's constants, written after the capture */
-  uint32_t mx = 0;
-  const int64_t stride = (int64_t)gridDim.x * kThreads;
-  const int64_t first = blockIdx.x * (int64_t)kThreads + threadIdx.x;
-  if (VEC) {
-    const int64_t n4 = n / 4;
-    for (int64_t q = first; q < n4; q += stride) {
-      const int64_t i = 4 * q;
-      float gg[4];
-      load_g4<DT>(g, i, gg);
-      float4 w4 = *reinterpret_cast<const float4 *>(w + i);
-      float4 m4 = *reinterpret_cast<const float4 *>(m + i);
-      float4 v4 = *reinterpret_cast<const float4 *>(v + i);
-      float wv[4] = {w4.x, w4.y, w4.z, w4.w}, mv[4] = {m4.x, m4.y, m4.z, m4.w},
-            vv[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        hq_adam_elem(&k, gg[e], &wv[e], &mv[e], &vv[e]);
-        if (AMAX) {
-          const uint32_t b = hq_abs_bits_nonan(wv[e]);
-          mx = b > mx ? b : mx;
-        }
-      }
-      *reinterpret_cast<float4 *>(w + i) = make_float4(wv[0], wv[1], wv[2], wv[3]);
-      *reinterpret_cast<float4 *>(m + i) = make_float4(mv[0], mv[1], mv[2], mv[3]);
-      *reinterpret_cast<float4 *>(v + i) = make_float4(vv[0], vv[1], vv[2], vv[3]);
-    }
-    if (blockIdx.x == 0 && threadIdx.x < n % 4) {
-      const float wi = hq_adam_at(&k, g, DT, w, m, v, 4 * n4 + threadIdx.x);
-      if (AMAX) {
-        const uint32_t b = hq_abs_bits_nonan(wi);
-        mx = b > mx ? b : mx;
-      }
-    }
-  } else {
-    for (int64_t i = first; i < n; i += stride) {
-      const float wi = hq_adam_at(&k, g, DT, w, m, v, i);
-      if (AMAX) {
-        const uint32_t b = hq_abs_bits_nonan(wi);
-        mx = b > mx ? b : mx;
-      }
-    }
-  }
-  if (AMAX) cta_amax_commit(mx, amax_bits);
-}
 
 int cuda_error(cudaError_t e, const char *what, int line) {
   cudaGetLastError(); /* clear it: the next call must not see this one's failure */
   return hq_set_error(HQ_EDEVICE, "%s:%d: %s: %s", __FILE__, line, what, cudaGetErrorString(e));
-}
-
-/* One launch of the kernel chosen by VEC and AMAX over as many CTAs as the device holds at once
-   (fewer when the tensor has less work than that). */
-template <int DT, bool VEC, bool AMAX>
-cudaError_t launch(cudaStream_t s, const hq_adam_consts &k, const hq_adam_consts *kd, const void *g,
-                   float *w, float *m, float *v, int64_t n, unsigned int *amax_bits) {
-  int64_t resident = 0;
-  cudaError_t e = hq_cuda_resident<adam_kernel<DT, VEC, AMAX>>(kThreads, 0, &resident);
-  if (e != cudaSuccess) return e;
-  const int64_t items = VEC ? n / 4 : n;
-  int64_t blocks = (items + kThreads - 1) / kThreads;
-  if (blocks > resident) blocks = resident;
-  if (blocks < 1) blocks = 1; /* a tail alone */
-  adam_kernel<DT, VEC, AMAX><<<(unsigned)blocks, kThreads, 0, s>>>(k, kd, g, w, m, v, n,
-                                                                 amax_bits);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) hq_cuda_resident_forget<adam_kernel<DT, VEC, AMAX>>();
-  return e;
-}
-
-template <int DT>
-cudaError_t launch_dt(cudaStream_t s, const hq_adam_consts &k, const hq_adam_consts *kd,
-                      const void *g, float *w, float *m, float *v, int64_t n,
-                      unsigned int *amax_bits) {
-  const uintptr_t ga = DT == HQ_F32 ? 15u : 7u; /* a float4 or four 16-bit elements */
-  const bool vec = !((uintptr_t)g & ga) && !(((uintptr_t)w | (uintptr_t)m | (uintptr_t)v) & 15u);
-  if (vec)
-    return amax_bits ? launch<DT, true, true>(s, k, kd, g, w, m, v, n, amax_bits)
-                     : launch<DT, true, false>(s, k, kd, g, w, m, v, n, nullptr);
-  return amax_bits ? launch<DT, false, true>(s, k, kd, g, w, m, v, n, amax_bits)
-                   : launch<DT, false, false>(s, k, kd, g, w, m, v, n, nullptr);
 }
 
 } // namespace
@@ -173,10 +46,7 @@ extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_ada
   cudaError_t e;
   if (amax_bits && (e = cudaMemsetAsync(amax_bits, 0, 2 * sizeof *amax_bits, s)) != cudaSuccess)
     return cuda_error(e, "cudaMemsetAsync of the amax", __LINE__);
-  if (n <= 0) return HQ_OK;
-  if (gdtype == HQ_F32) e = launch_dt<HQ_F32>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
-  else if (gdtype == HQ_F16) e = launch_dt<HQ_F16>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
-  else e = launch_dt<HQ_BF16>(s, *k, k_dev, grad, w, m, v, n, amax_bits);
-  if (e != cudaSuccess) return cuda_error(e, "adam kernel", __LINE__);
+  if ((e = hq_cuda_adam_run(s, *k, k_dev, grad, gdtype, w, m, v, n, amax_bits)) != cudaSuccess)
+    return cuda_error(e, "adam kernel", __LINE__);
   return HQ_OK;
 }
