@@ -73,6 +73,9 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
   if ((uintptr_t)a->consts_dev % 16)
     return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.consts_dev %p is not 16-byte aligned",
                         a->consts_dev);
+  if ((uintptr_t)a->amax_dev % 4)
+    return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.amax_dev %p is not 4-byte aligned",
+                        a->amax_dev);
   if (qw && (hq_qtensor_rows(qw) != g->rows || hq_qtensor_cols(qw) != g->cols))
     return hq_set_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the "
                         "gradient [%lld, %lld]", (long long)hq_qtensor_rows(qw),
@@ -139,13 +142,18 @@ static int amax_from_source(const hq_qtensor *qw) {
    the step's kernel computes it, so the master is read once by the step and once by the
    format's cast instead of once more for the amax. */
 static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_adam_consts *k_dev,
-                       const hq_tensor *g, hq_tensor *w, float *m, float *v, hq_qtensor *qw) {
+                       void *amax_dev, const hq_tensor *g, hq_tensor *w, float *m, float *v,
+                       hq_qtensor *qw) {
   const int device = hq_ctx_device(ctx);
-  void *amax = NULL;
+  void *amax = NULL, *owned = NULL;   /* the caller's slot, or one of this call's */
   int saved, rc = hqt_cuda_enter(device, &saved);
   if (rc) return rc;
-  if (qw && amax_from_source(qw) && hq_ctx_alloc(ctx, 2 * sizeof(unsigned int), &amax))
-    rc = hq_set_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", device);
+  if (qw && amax_from_source(qw)) {
+    amax = amax_dev;
+    if (!amax && hq_ctx_alloc(ctx, HQ_ADAM_AMAX_BYTES, &owned))
+      rc = hq_set_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", device);
+    if (!amax) amax = owned;
+  }
   if (!rc)
     rc = hqt_cuda_adam(hq_ctx_stream(ctx), k, k_dev, g->data, g->dtype, w->data, m, v,
                        g->rows * g->cols, amax);
@@ -154,7 +162,7 @@ static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_adam_const
     hq_quantize_args args = {.struct_size = sizeof args, .amax = (const float *)amax};
     rc = hq_qtensor_update_ex(qw, ctx, w, amax ? &args : NULL);
   }
-  hq_ctx_free(ctx, amax); /* stream-ordered: after the update that reads it */
+  hq_ctx_free(ctx, owned); /* stream-ordered: after the update that reads it */
   return rc;
 }
 
@@ -184,7 +192,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     if (rc != HQ_ENOTSUP) return rc;
     hq_clear_error(); /* not a failure: the two-kernel path below takes the step */
   }
-  return device_step(ctx, &k, k_dev, &g, &w, m, v, qw);
+  return device_step(ctx, &k, k_dev, a.amax_dev, &g, &w, m, v, qw);
 }
 
 int hq_adam_consts_write(const hq_adam *ap, void *host_dst) {

@@ -320,7 +320,7 @@ static void test_adam_and_nonfinite_on_device(void **state) {
     }
     fused_adam_logged = 0;
     for (int64_t t = 1; t <= 3; t++) {
-      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL};
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
       if (sh && t < 3) { /* the next step casts with the scale this one's amax gives (the last
@@ -438,7 +438,7 @@ static void test_adam_amax_large(void **state) {
     HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
     for (int64_t t = 1; t <= 3; t++) {
-      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL};
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
     }
@@ -503,7 +503,7 @@ static void test_adam_refuses_other_device(void **state) {
   hq_qtensor *qh = NULL, *qg = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
   HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
-  hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, NULL};
+  hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, NULL, NULL};
   /* a device weight, a host context: the CPU loop would have run first */
   assert_int_equal(hq_adam_step(cpu, &a, &g, w.data, m, v, qg), HQ_EINVAL);
   HQ_ERROR_HAS("hq_adam_step: the quantized weight (role linear:weight:w) lives on device 0, the "

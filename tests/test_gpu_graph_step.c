@@ -11,8 +11,8 @@
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
 ** the masters, the moments and every direction of the quantized weight with the bytes of the
 ** same 5 steps run eagerly (constants as arguments, and again from a slot): per-tensor FP8 takes
-** the two-kernel path (the step's kernel hands the write-back its amax in an 8-byte
-** stream-ordered temporary, which the capture records as the graph's own), BF16 identity and
+** the two-kernel path (the step's kernel hands the write-back its amax in the caller's 8-byte
+** slot, hq_adam.amax_dev: the captured graph holds no allocation or free node), BF16 identity and
 ** MXFP8 the fused write-back kernel, and a module fused without HQ_CAP_ADAM_KDEV (tests/wrap/
 ** mxfp8_nokdev.c) the two-kernel path. Captured without consts_dev, the step is refused
 ** (HQ_ESTATE) and records nothing.
@@ -225,8 +225,8 @@ enum { ADAM_STEPS = 5 };
 /* Step t (1-based) of the replays: the learning rate changes at every step, as a schedule's
    does, and so do the bias corrections; a replay applying the constants of the capture would
    differ from the eager steps from the second step on. */
-static hq_adam adam_at_step(int64_t t, const void *consts_dev) {
-  hq_adam a = {sizeof a, 1e-2f / (float)t, 0.9f, 0.95f, 1e-8f, 0.01f, t, consts_dev};
+static hq_adam adam_at_step(int64_t t, const void *consts_dev, void *amax_dev) {
+  hq_adam a = {sizeof a, 1e-2f / (float)t, 0.9f, 0.95f, 1e-8f, 0.01f, t, consts_dev, amax_dev};
   return a;
 }
 
@@ -243,7 +243,9 @@ static void same_floats(const float *got, const float *want, size_t n, const cha
 static void test_adam_in_a_graph(void **state) {
   (void)state;
   void *kd = NULL, *kd_eager = NULL, *kh = NULL;   /* the graph's slot, the eager one's, host */
+  void *ka = NULL;                                 /* the write-back amax's slot (amax_dev) */
   CK(cudaMalloc(&kd, HQ_ADAM_CONSTS_BYTES));
+  CK(cudaMalloc(&ka, HQ_ADAM_AMAX_BYTES));
   CK(cudaMalloc(&kd_eager, HQ_ADAM_CONSTS_BYTES));
   CK(cudaMallocHost(&kh, HQ_ADAM_CONSTS_BYTES));
   for (size_t k = 0; k < sizeof adam_recipes / sizeof *adam_recipes; k++) {
@@ -260,7 +262,7 @@ static void test_adam_in_a_graph(void **state) {
     param_make(&pg, q, &w0, &g0);
     param_make(&pe, q, &w0, &g0);
     param_make(&pk, q, &w0, &g0);
-    const hq_adam a1 = adam_at_step(1, NULL);
+    const hq_adam a1 = adam_at_step(1, NULL, NULL);
     if (adam(&warm, &a1)) fail_msg("%s: the eager step: %s", rname, hq_last_error());
     CK(cudaStreamSynchronize(stream));
 
@@ -278,7 +280,8 @@ static void test_adam_in_a_graph(void **state) {
 
     /* the capture: the slot filled from page-locked memory, then the step reading it */
     cudaGraphExec_t exec;
-    const hq_adam ag = adam_at_step(1, kd);
+    /* the write-back amax in a slot of the caller's (amax_dev): no allocation in the graph */
+    const hq_adam ag = adam_at_step(1, kd, ka);
     CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     cudaError_t ce = cudaMemcpyAsync(kd, kh, HQ_ADAM_CONSTS_BYTES, cudaMemcpyHostToDevice, stream);
     const int rc = ce == cudaSuccess ? adam(&pg, &ag) : -1;
@@ -286,11 +289,24 @@ static void test_adam_in_a_graph(void **state) {
     CK(ce);
     if (rc) fail_msg("%s: hq_adam_step under capture: %s", rname, hq_last_error());
     CK(ee);
+    size_t count = 0;
+    CK(cudaGraphGetNodes(graph, NULL, &count));
+    cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
+    assert_non_null(all);
+    CK(cudaGraphGetNodes(graph, all, &count));
+    size_t allocs = 0;
+    for (size_t i = 0; i < count; i++) {
+      enum cudaGraphNodeType type;
+      CK(cudaGraphNodeGetType(all[i], &type));
+      allocs += type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree;
+    }
+    free(all);
+    if (allocs) fail_msg("%s: the captured step holds %zu allocation or free nodes", rname, allocs);
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int64_t t = 1; t <= ADAM_STEPS; t++) {
       /* the replay: this step's constants into the host buffer the graph's copy reads (the last
          replay has finished: synchronized below) */
-      const hq_adam at = adam_at_step(t, NULL);
+      const hq_adam at = adam_at_step(t, NULL, NULL);
       HQ_OK_OR_FAIL(hq_adam_consts_write(&at, kh));
       CK(cudaGraphLaunch(exec, stream));
       CK(cudaStreamSynchronize(stream));
@@ -298,7 +314,7 @@ static void test_adam_in_a_graph(void **state) {
       if (adam(&pe, &at)) fail_msg("%s: the eager step %lld: %s", rname, (long long)t,
                                    hq_last_error());
       /* eager with its slot filled: the same bits as without */
-      const hq_adam ak = adam_at_step(t, kd_eager);
+      const hq_adam ak = adam_at_step(t, kd_eager, ka);
       CK(cudaMemcpyAsync(kd_eager, kh, HQ_ADAM_CONSTS_BYTES, cudaMemcpyHostToDevice, stream));
       if (adam(&pk, &ak)) fail_msg("%s: the eager step %lld with consts_dev: %s", rname,
                                    (long long)t, hq_last_error());
@@ -332,6 +348,7 @@ static void test_adam_in_a_graph(void **state) {
     hq_recipe_free(r);
   }
   CK(cudaFree(kd));
+  CK(cudaFree(ka));
   CK(cudaFree(kd_eager));
   CK(cudaFreeHost(kh));
 }

@@ -40,7 +40,7 @@ static void test_hand_computed(void **s) {
   (void)s;
   float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
   hq_tensor gt = hq_tensor_2d(&g, HQ_F32, HQ_DEVICE_HOST, 1, 1);
-  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL};
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL};
   HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
   assert_true(m == 0.0625f);
   assert_true(v == 0x1p-12f);
@@ -64,7 +64,7 @@ static void test_steps_against_f64(void **s) {
   for (int64_t i = 0; i < n; i++) w[i] = hq_test_normal(&seed);
   for (int64_t t = 1; t <= 5; t++) {
     hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 100 + (uint64_t)t, 0.3f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL, NULL};
     double *ew = malloc(n * 8), *em = malloc(n * 8), *ev = malloc(n * 8), *mag = malloc(n * 8);
     for (int64_t i = 0; i < n; i++) {
       double gi = hq_load_hp(g.data, i, HQ_BF16);
@@ -125,7 +125,7 @@ static void test_write_back(void **s) {
     HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &qw));
     for (int64_t t = 1; t <= 2; t++) {
       hq_tensor g = hq_test_tensor(HQ_F32, R, C, 30 + (uint64_t)t, 1.0f);
-      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL};
+      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL};
       HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w0.data, m, v, qw));
       hq_qtensor *fresh = NULL;
       HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &fresh));
@@ -156,7 +156,7 @@ static void test_refusals(void **s) {
   memcpy(keep, w.data, 64 * 64 * 4);
   hq_qtensor *qw = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w, &qw));
-  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL};
+  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL, NULL};
   assert_int_equal(hq_adam_step(g_ctx, &a, &g, NULL, m, v, qw), HQ_EINVAL);
   HQ_ERROR_HAS("master");
   assert_int_equal(hq_adam_step(g_ctx, &a, &g2, w.data, m, v, qw), HQ_ESHAPE);
@@ -191,7 +191,7 @@ static void test_consts_write(void **s) {
   const double c1[3] = {2.0, 4.0 / 3.0, 8.0 / 7.0}, c2[3] = {4.0, 16.0 / 7.0, 64.0 / 37.0};
   unsigned char buf[HQ_ADAM_CONSTS_BYTES + 8];
   for (int64_t t = 1; t <= 3; t++) {
-    hq_adam a = {sizeof a, 0.125f, 0.5f, 0.75f, 0x1p-20f, 0.25f, t, NULL};
+    hq_adam a = {sizeof a, 0.125f, 0.5f, 0.75f, 0x1p-20f, 0.25f, t, NULL, NULL};
     memset(buf, 0xa5, sizeof buf);
     HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
     for (size_t i = HQ_ADAM_CONSTS_BYTES; i < sizeof buf; i++) assert_int_equal(buf[i], 0xa5);
@@ -204,7 +204,7 @@ static void test_consts_write(void **s) {
                (double)k.c2, (double)(float)c1[t - 1], (double)(float)c2[t - 1]);
   }
   /* the oldest layout (no consts_dev) is accepted */
-  hq_adam a = {HQ_ADAM_SIZE_0_1, 0.125f, 0.5f, 0.75f, 0.0f, 0.0f, 1, NULL};
+  hq_adam a = {HQ_ADAM_SIZE_0_1, 0.125f, 0.5f, 0.75f, 0.0f, 0.0f, 1, NULL, NULL};
   HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
   /* refusals write nothing */
   memset(buf, 0xa5, sizeof buf);
@@ -236,7 +236,7 @@ static void test_consts_write(void **s) {
 static void test_consts_slot(void **s) {
   (void)s;
   _Alignas(16) unsigned char slot[HQ_ADAM_CONSTS_BYTES + 16];
-  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL};
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL};
   HQ_OK_OR_FAIL(hq_adam_consts_write(&a, slot));
   a.consts_dev = slot;
   float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
@@ -254,6 +254,14 @@ static void test_consts_slot(void **s) {
   assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
   HQ_ERROR_HAS("not 16-byte aligned");
   assert_true(w == 1.0f);
+  /* amax_dev, which a host step does not use, is checked all the same: 4-byte aligned */
+  a.consts_dev = slot;
+  a.amax_dev = slot + 2;
+  assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_adam.amax_dev");
+  HQ_ERROR_HAS("not 4-byte aligned");
+  assert_true(w == 1.0f);
+  a.amax_dev = NULL;
   /* a caller of the oldest layout has no consts_dev: what lies there is not read */
   a.struct_size = HQ_ADAM_SIZE_0_1;
   m = 0.0f, v = 0.0f;
@@ -282,7 +290,7 @@ static void test_train_eval_alternation(void **s) {
     /* train: both copies, an optimizer step with the write-back */
     HQ_OK_OR_FAIL(hq_qtensor_set_usage(qw, HQ_BOTH));
     hq_tensor g = hq_test_tensor(HQ_F32, R, C, 50 + (uint64_t)t, 1.0f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL};
     HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w.data, m, v, qw));
     assert_int_equal(hq_qtensor_dirs(qw), HQ_BOTH);
     hq_qtensor *fresh = NULL;

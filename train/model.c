@@ -656,15 +656,20 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
 
 static hq_adam adam_of(const train_model *m, const train_adam_cfg *a, int slot) {
   hq_adam adam = {sizeof adam, m->lr, a->beta1, a->beta2, a->eps,
-                  slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL};
-  if (m->kc_dev) adam.consts_dev = (const char *)m->kc_dev + slot * TRAIN_KC_STRIDE;
+                  slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL, NULL};
+  if (m->kc_dev) {
+    adam.consts_dev = (const char *)m->kc_dev + slot * TRAIN_KC_STRIDE;
+    /* the write-back amax's slot, after both constants' slots: one for every parameter, whose
+       steps run one after the other on the context's stream (no allocation in the graph) */
+    adam.amax_dev = (char *)m->kc_dev + 2 * TRAIN_KC_STRIDE;
+  }
   return adam;
 }
 
 int train_model_graph_consts(train_model *m, char *err, size_t err_len) {
   const size_t bytes = 2 * TRAIN_KC_STRIDE;
   if (train_cuda_host_alloc(hq_ctx_device(m->ctx), bytes, &m->kc_host, err, err_len)) return -1;
-  if (dev_alloc(m, bytes, &m->kc_dev)) {
+  if (dev_alloc(m, bytes + HQ_ADAM_AMAX_BYTES, &m->kc_dev)) {
     train_cuda_host_free(m->kc_host);
     m->kc_host = NULL;
     return fail(err, err_len, "the optimizer's constants on the device: %s", hq_last_error());

@@ -60,18 +60,29 @@ extern "C" {
 ** gives the same bits as without it when the slot holds its constants. A step queued on a stream
 ** being captured without consts_dev is refused (HQ_ESTATE, nothing captured): its replays would
 ** all apply the constants of the capture.
+**
+** The two-kernel path's per-tensor amax (above) lives in 8 bytes of device memory between the
+** step's kernel and the write-back: by default a stream-ordered allocation per call, which a
+** capture records as the graph's own allocation and free nodes. amax_dev gives those bytes
+** instead (device memory of the context's device, 4-byte aligned, HQ_ADAM_AMAX_BYTES): the step
+** zeroes and fills them and the write-back reads them, in stream order, so one slot serves
+** every parameter whose steps run on one stream, one after the other. The bytes are the same
+** with and without it; a host context ignores it.
 */
 typedef struct hq_adam {
   uint32_t struct_size;          /* sizeof(hq_adam); at least HQ_ADAM_SIZE_0_1 */
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;                  /* 1 for the first step (bias correction) */
   const void *consts_dev;        /* NULL, or the step's constants in device memory (above) */
+  void *amax_dev;                /* NULL, or the write-back amax's device memory (above) */
 } hq_adam;
 #define HQ_ADAM_INIT HQ_STRUCT_INIT(hq_adam) /* hq.h: struct_size set, the rest zero */
 /* Size of an hq_adam without consts_dev (the constants then always come from its fields). */
 #define HQ_ADAM_SIZE_0_1 (offsetof(hq_adam, step) + sizeof(int64_t))
 /* Bytes of the constants hq_adam_consts_write makes and hq_adam.consts_dev holds. */
 #define HQ_ADAM_CONSTS_BYTES 36
+/* Bytes of hq_adam.amax_dev. */
+#define HQ_ADAM_AMAX_BYTES 8
 HQ_API int hq_adam_step(hq_ctx *ctx, const hq_adam *adam, const hq_tensor *grad, float *master,
                         float *m, float *v, hq_qtensor *qw);
 /* Write the constants of step `adam` (HQ_ADAM_CONSTS_BYTES bytes, the bits hq_adam_step applies:
