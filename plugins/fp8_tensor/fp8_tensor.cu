@@ -52,6 +52,10 @@ constexpr int kRowsPerPass = 8; /* block = 32 x 8 threads, 4 rows each */
 /* --- fast path ---------------------------------------------------------------------------- */
 constexpr int kVTile = 128;    /* 128x128 tile, 256 threads, an 8x8 block per thread */
 constexpr int kVThreads = 256;
+/* A tensor of fewer 128x128 tiles than this takes 64x64 tiles of 64 threads (the same 8x8
+   block per thread): four times the CTAs, so that a small tensor's work spreads over about a
+   wave of SMs (H100 / H200: 132) instead of waiting on a few. */
+constexpr int64_t kVSmallTiles = 128;
 
 struct CastArgs {
   const void *x;
@@ -187,16 +191,18 @@ __global__ void cast_transpose_kernel(CastArgs a) {
    permutes) as 8 columns of 8 codes; no shared memory but the scale's. A warp covers 32 rows x
    64 columns (lane: 8 column groups x 4 row groups), so a load instruction reads 128
    contiguous bytes per row, a rowwise store writes 64 per row and a columnwise store whole
-   32-byte sectors; the CTA's 8 warps tile 128 x 128, the tiles in row-major order (blockIdx.x
+   32-byte sectors; the CTA's warps tile T x T (T = 128: 8 warps, 2 across and 4 down; T = 64
+   for small tensors: 2 warps, one above the other), the tiles in row-major order (blockIdx.x
    along K) unless there are more than 65535 row tiles. */
-template <int DT, int GT>
-__global__ void __launch_bounds__(kVThreads) cast_transpose_vec_kernel(CastArgs a) {
+template <int DT, int GT, int T>
+__global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs a) {
   if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
+  constexpr int kColWarps = T / 64;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x;
   const unsigned bj = a.row_major ? blockIdx.x : blockIdx.y;
-  const int64_t i = (int64_t)bi * kVTile + (warp >> 1) * 32 + (lane >> 3) * 8;
-  const int64_t j = (int64_t)bj * kVTile + (warp & 1) * 64 + (lane & 7) * 8;
+  const int64_t i = (int64_t)bi * T + (warp / kColWarps) * 32 + (lane >> 3) * 8;
+  const int64_t j = (int64_t)bj * T + (warp % kColWarps) * 64 + (lane & 7) * 8;
   const bool in = i < a.M && j < a.K;
   float x[8][8];
   if (in)
@@ -398,13 +404,19 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     a.amax_out[0] = a.amax_out[1] = NULL;
   }
   if (vec) {
-    const unsigned tm = (unsigned)((src->rows + kVTile - 1) / kVTile),
-                   tk = (unsigned)((src->cols + kVTile - 1) / kVTile);
+    const int64_t tiles =
+        ((src->rows + kVTile - 1) / kVTile) * ((src->cols + kVTile - 1) / kVTile);
+    const int T = tiles < kVSmallTiles ? 64 : kVTile;
+    const unsigned tm = (unsigned)((src->rows + T - 1) / T),
+                   tk = (unsigned)((src->cols + T - 1) / T);
     /* row-major tile order wherever the grid's y limit allows: the CTAs running at once read
        whole rows */
     a.row_major = tm <= 65535;
     const dim3 vgrid = a.row_major ? dim3(tk, tm) : dim3(tm, tk);
-    cast_transpose_vec_kernel<DT, GT><<<vgrid, kVThreads, 0, stream>>>(a);
+    if (T == 64)
+      cast_transpose_vec_kernel<DT, GT, 64><<<vgrid, 64, 0, stream>>>(a);
+    else
+      cast_transpose_vec_kernel<DT, GT, kVTile><<<vgrid, kVThreads, 0, stream>>>(a);
   } else {
     cast_transpose_kernel<DT, GT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
   }

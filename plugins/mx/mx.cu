@@ -34,7 +34,9 @@
 ** block is hq_e2m1_sr_biased_lt8 (every |RN(x * mult)| < 8: mx_rules.h's scale rules).
 ** Dequantize: a run of 16 elements of one row per thread (FP4 one 8-byte load, FP6 three 4-byte
 ** loads), the element values from a 64-entry table in shared memory, the run's scales (one
-** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores.
+** rowwise, 16 consecutive bytes columnwise) once, 16-byte stores. Into BF16 from aligned
+** buffers (the emulated GEMM's operands) a kernel of its own: mx_rules.h's BF16 pair rule on
+** the packed codes, four runs of 8 per thread along a row, each warp store 512 consecutive bytes.
 ** Unaligned pointers take scalar loads and stores (quantize: a 16-bit input that is not
 ** 16-byte aligned takes the kernels' VEC = false form, its elements in FP32 registers as an FP32
 ** input's). The aligned 16-bit quantize kernels fit round to nearest in 32 registers, 8 CTAs per
@@ -538,6 +540,197 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/* Dequantize into BF16 from aligned buffers (the emulated GEMM's operands): mx_rules.h's BF16
+   pair rule (hq_mx_dequantize_bf16x2), two elements per bf16x2 multiply and no FP32 rounding
+   step, which the table kernel above spends most of its instructions on. A warp takes 1024
+   columns of one row: lane l holds the runs of 8 elements at k + 256 u + 8 l, u = 0..3, so every
+   warp store is 512 consecutive bytes, the code loads coalesce, all four runs' codes and scales
+   are loaded before any is used, and every address is one base plus a constant. A CTA takes 8
+   rows (blockIdx.y: 8 rows, blockIdx.x: 1024 columns). Written for the host too (the dq_*
+   helpers), so that the body can be run there against the CPU reference. */
+constexpr int kDqRun = 8;                       /* elements per run: one 16-byte store */
+constexpr int kDqUnits = 4;                     /* runs per thread */
+constexpr int kDqCols = 32 * kDqRun * kDqUnits; /* columns per warp */
+constexpr int kDqRowsPerCta = 8;
+
+/* prmt.b32 with its sign mode (a selector nibble with bit 3 set gives the top bit of the byte it
+   names, replicated), which the fused GEMM's E2M1 pairs use too */
+HQ_HD uint32_t dq_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+#else
+  const uint64_t ab = (uint64_t)b << 32 | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; k++) {
+    const uint32_t n = (s >> (4 * k)) & 15u, v = (uint32_t)(ab >> (8 * (n & 7u))) & 0xffu;
+    r |= (n & 8u ? (v & 0x80u ? 0xffu : 0u) : v) << (8 * k);
+  }
+  return r;
+#endif
+}
+/* the low word of (hi:lo) >> n, n <= 32 */
+HQ_HD uint32_t dq_fshr(uint32_t lo, uint32_t hi, uint32_t n) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_rc(lo, hi, n);
+#else
+  return (uint32_t)(((uint64_t)hi << 32 | lo) >> n);
+#endif
+}
+/* the lanewise unsigned maximum of two 16-bit pairs */
+HQ_HD uint32_t dq_max2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vmaxu2(a, b);
+#else
+  const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+  return lo | ((a >> 16) > (b >> 16) ? a >> 16 : b >> 16) << 16;
+#endif
+}
+/* whether p holds on every lane of the warp (on the host: of the thread) */
+HQ_HD bool dq_all(bool p) {
+#if defined(__CUDA_ARCH__)
+  return __all_sync(kAll, p);
+#else
+  return p;
+#endif
+}
+template <typename T> HQ_HD T dq_ld(const T *p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+/* one 16-byte store (the compiler splits a plain one here into four) */
+HQ_HD void dq_st16(uint16_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+#else
+  *reinterpret_cast<uint4 *>(p) = make_uint4(a, b, c, d);
+#endif
+}
+
+/* The raw BF16 pairs (hq_mx_bf16_raw2's words) of the 8 codes of a run, word j holding codes 2j
+   and 2j + 1. E2M1 (c[0]: the 8 nibbles): the fused GEMM's form -- one sign-mode byte permute puts
+   a code's nibble at the top of one byte and its sign bit across the next, one shift and one mask
+   leave the magnitude at bits 6..8 and the sign at bit 15 of each half. FP6 (the 48 code bits at
+   bit sh of c[1]:c[0]): the same, each code taken from a byte that holds it at bits 2..7 (its
+   sign at bit 7): code n starts at bit 6n, so byte 0 of the stream shifted by -2, 4, 10 or 16
+   bits holds codes 0..3 that way and byte 3 codes 4..7. */
+template <int KIND> HQ_HD void dq_raw(const uint32_t c[2], uint32_t sh, uint32_t r[4]) {
+  if (KIND == HQ_E2M1X2) {
+    const uint32_t x4 = c[0] << 4;
+    for (uint32_t j = 0; j < 4; j++)
+      r[j] =
+          (dq_prmt(x4, c[0], j | (j + 8) << 4 | (j + 4) << 8 | (j + 12) << 12) << 2) & 0x81c081c0u;
+    return;
+  }
+  constexpr int s = KIND == HQ_E3M2X4 ? 5 : 4; /* 7 - mantissa bits */
+  constexpr uint32_t mask = (0x8000u | 0x1fu << s) * 0x10001u;
+  const uint32_t wa = dq_fshr(c[0], c[1], sh) << 2, wb = dq_fshr(c[0], c[1], sh + 4);
+  const uint32_t wc = dq_fshr(c[0], c[1], sh + 10), wd = dq_fshr(c[0], c[1], sh + 16);
+  r[0] = (dq_prmt(wa, wb, 0xc480u) << (s - 2)) & mask;
+  r[1] = (dq_prmt(wc, wd, 0xc480u) << (s - 2)) & mask;
+  r[2] = (dq_prmt(wa, wb, 0xf7b3u) << (s - 2)) & mask;
+  r[3] = (dq_prmt(wc, wd, 0xf7b3u) << (s - 2)) & mask;
+}
+/* The scale codes of a run's 4 pairs in 16-bit lanes, from ec (columnwise: the run's 8 codes;
+   rowwise: .x its one code) */
+template <bool COLWISE> HQ_HD void dq_ew(uint2 ec, uint32_t ew[4]) {
+  if (COLWISE) {
+    ew[0] = dq_prmt(ec.x, 0u, 0x4140u), ew[1] = dq_prmt(ec.x, 0u, 0x4342u);
+    ew[2] = dq_prmt(ec.y, 0u, 0x4140u), ew[3] = dq_prmt(ec.y, 0u, 0x4342u);
+  } else {
+    ew[0] = ew[1] = ew[2] = ew[3] = ec.x * 0x10001u;
+  }
+}
+
+/* One thread's runs of rows i, i + rstep, ... below M (bx: blockIdx.x, t: threadIdx.x). I: the
+   index type, uint32_t where M * K < 2^31 (the launcher's check), else int64_t. The indices come
+   from the element offset e = i K + k of the thread's first run: its code bytes e / 2 (FP4) or
+   6 (e / 8), its rowwise scale e / 32; its columnwise scale is (i / 32) K + k.
+   FULL: every run in (bx's columns all below K), else a run is all in or all out (K % 32 == 0).
+   The raw pairs times 2^(e - bias) in one multiply (hq_mx_bf16_one2, the rule's first form) where
+   every scale code of the warp's runs is below 128 (<= hq_mx_bf16_one_max; one OR per word to
+   test, where the exact bound would take three instructions per word); else, as the rule's second
+   form, times 2^(127 - bias) (exact) and 2^(e - 127) (hq_mx_bf16_scale2: e = 0 the subnormal
+   2^-127), the lanes of NaN scales (0xFF) replaced by the rule's NaN. */
+template <int KIND, bool COLWISE, typename I, bool FULL>
+HQ_HD void dq_bf16_rows(const uint8_t *data, const uint8_t *scale, uint16_t *dst, I M, I K, I bx,
+                        I i, I rstep, int t) {
+  constexpr bool FP4 = KIND == HQ_E2M1X2;
+  constexpr uint32_t one_add = (127u - (KIND == HQ_E3M2X4 ? 3u : 1u)) << 7; /* hq_mx_bf16_one2 */
+  constexpr int ustep = 32 * kDqRun;                     /* columns between a thread's runs */
+  constexpr int cstep = FP4 ? ustep / 2 : ustep / 4 * 3; /* their code bytes */
+  const int lane = t & 31;
+  const I k = bx * (I)kDqCols + (I)(lane * kDqRun); /* run u at k + 256 u */
+  bool valid[kDqUnits];
+  for (int u = 0; u < kDqUnits; u++) valid[u] = FULL || k + (I)(ustep * u) < K;
+  /* FP6: the run's 6 code bytes read as the two aligned words that hold them, sh bits into the
+     first */
+  const uint32_t sh = FP4 ? 0u : (uint32_t)(lane & 1) * 16u;
+  for (; i < M; i += rstep) {
+    const I e = i * K + k;
+    const uint32_t *p =
+        reinterpret_cast<const uint32_t *>(data + (FP4 ? e / 2 : e / 8 * 6 - (I)(sh / 8)));
+    const uint8_t *sr = scale + e / kBlk;             /* rowwise: run u's at 8 u */
+    const uint8_t *sc = scale + ((i / kBlk) * K + k); /* columnwise: at 256 u */
+    uint32_t c[kDqUnits][2];
+    uint2 ec[kDqUnits]; /* columnwise: the run's 8 scale codes; rowwise: .x its one code */
+    for (int u = 0; u < kDqUnits; u++) {
+      c[u][0] = c[u][1] = 0u;
+      ec[u] = make_uint2(0u, 0u);
+      if (!valid[u]) continue;
+      c[u][0] = dq_ld(p + cstep / 4 * u);
+      if (!FP4) c[u][1] = dq_ld(p + cstep / 4 * u + 1);
+      if (COLWISE)
+        ec[u] = dq_ld(reinterpret_cast<const uint2 *>(sc + ustep * u));
+      else
+        ec[u].x = dq_ld(sr + ustep / kBlk * u);
+    }
+    uint32_t big = 0u;
+    for (int u = 0; u < kDqUnits; u++) big |= ec[u].x | ec[u].y;
+    uint16_t *o = dst + e;
+    uint32_t r[4], ew[4], w[4];
+    if (dq_all(!(big & 0x80808080u))) { /* every code < 128 */
+      for (int u = 0; u < kDqUnits; u++) {
+        dq_raw<KIND>(c[u], sh, r);
+        dq_ew<COLWISE>(ec[u], ew);
+        for (int j = 0; j < 4; j++)
+          w[j] = hq_mx_bf16x2_mul(r[j], (ew[j] << 7) + one_add * 0x10001u);
+        if (valid[u]) dq_st16(o + ustep * u, w[0], w[1], w[2], w[3]);
+      }
+    } else {
+      const uint32_t pre = hq_mx_bf16_pre2(KIND);
+      const uint32_t nan2 = (uint32_t)hq_f32_to_bf16(hq_mx_scaled(0.0f, 0xFFu)) * 0x10001u;
+      for (int u = 0; u < kDqUnits; u++) {
+        dq_raw<KIND>(c[u], sh, r);
+        dq_ew<COLWISE>(ec[u], ew);
+        for (int j = 0; j < 4; j++) {
+          const uint32_t es = ew[j] << 7, nan = dq_prmt(es + 0x00800080u, 0u, 0xbb99u);
+          w[j] = hq_mx_bf16x2_mul(hq_mx_bf16x2_mul(r[j], pre), dq_max2(es, 0x00400040u));
+          w[j] = (w[j] & ~nan) | (nan2 & nan);
+        }
+        if (valid[u]) dq_st16(o + ustep * u, w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+}
+
+/* 8 CTAs of 256 per SM (32 registers); the 64-bit index form, which spills there, 6 */
+template <int KIND, bool COLWISE, typename I>
+__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 8 : 6)
+    dequantize_bf16_kernel(const uint8_t *__restrict__ data, const uint8_t *__restrict__ scale,
+                           uint16_t *__restrict__ dst, I M, I K) {
+  const I bx = blockIdx.x, i = (I)blockIdx.y * kDqRowsPerCta + (I)(threadIdx.x / 32),
+          rstep = (I)gridDim.y * kDqRowsPerCta;
+  if ((bx + 1) * (I)kDqCols <= K) /* uniform over the CTA */
+    dq_bf16_rows<KIND, COLWISE, I, true>(data, scale, dst, M, K, bx, i, rstep, (int)threadIdx.x);
+  else
+    dq_bf16_rows<KIND, COLWISE, I, false>(data, scale, dst, M, K, bx, i, rstep, (int)threadIdx.x);
+}
+
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 template <int DT, int KIND>
@@ -580,6 +773,29 @@ void launch_dq(int kind, unsigned blocks, cudaStream_t s, const uint8_t *data,
     launch_dq_k<OT, HQ_E3M2X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
   else
     launch_dq_k<OT, HQ_E2M3X4>(blocks, s, data, scale, colwise, dst, M, K, vec);
+}
+
+/* The BF16 kernel's grid: 1024 columns per blockIdx.x, 8 rows per blockIdx.y (a loop past the
+   grid's y limit); 32-bit indices where every element offset fits */
+template <int KIND, bool COLWISE>
+void launch_dq_bf16(cudaStream_t s, const uint8_t *data, const uint8_t *scale, void *dst, int64_t M,
+                    int64_t K) {
+  const int64_t gy = M / kDqRowsPerCta;
+  const dim3 grid((unsigned)((K + kDqCols - 1) / kDqCols), (unsigned)(gy < 65535 ? gy : 65535));
+  uint16_t *d = static_cast<uint16_t *>(dst);
+  if (M * K < ((int64_t)1 << 31))
+    dequantize_bf16_kernel<KIND, COLWISE, uint32_t>
+        <<<grid, 256, 0, s>>>(data, scale, d, (uint32_t)M, (uint32_t)K);
+  else
+    dequantize_bf16_kernel<KIND, COLWISE, int64_t><<<grid, 256, 0, s>>>(data, scale, d, M, K);
+}
+template <int KIND>
+void launch_dq_bf16_k(cudaStream_t s, const uint8_t *data, const uint8_t *scale, int colwise,
+                      void *dst, int64_t M, int64_t K) {
+  if (colwise)
+    launch_dq_bf16<KIND, true>(s, data, scale, dst, M, K);
+  else
+    launch_dq_bf16<KIND, false>(s, data, scale, dst, M, K);
 }
 
 } // namespace
@@ -645,6 +861,15 @@ extern "C" int mx_cuda_dequantize(const hq_call *call, const uint8_t *data, cons
     launch_dq<HQ_F16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
     break;
   case HQ_BF16:
+    if (vec && (K + kDqCols - 1) / kDqCols <= 0x7fffffff) {
+      if (kind == HQ_E2M1X2)
+        launch_dq_bf16_k<HQ_E2M1X2>(stream, data, scale, colwise, dst->data, M, K);
+      else if (kind == HQ_E3M2X4)
+        launch_dq_bf16_k<HQ_E3M2X4>(stream, data, scale, colwise, dst->data, M, K);
+      else
+        launch_dq_bf16_k<HQ_E2M3X4>(stream, data, scale, colwise, dst->data, M, K);
+      break;
+    }
     launch_dq<HQ_BF16>((int)kind, (unsigned)blocks, stream, data, scale, colwise, dst->data, M, K, vec);
     break;
   default:
