@@ -8,7 +8,8 @@
 ** max |x| of what the kernel wrote (NaN ignored, Inf counted), bit for bit, NaN and Inf cases
 ** included, and equals hq_quantizer_amax of an fp8_tensor (current scaling) quantizer; a
 ** quantize given it makes the same bytes as one that computes its own. Every kernel run twice
-** gives the same bytes. Exit 77 without a CUDA device.
+** gives the same bytes. An activation of elements that are not whole rows is refused. Exit 77
+** without a CUDA device.
 */
 #include "hq_test.h"
 #include "hq_gpu_test.h"
@@ -217,6 +218,16 @@ static void test_activations(void **state) {
     act_case(act, 333, 30, 0);      /* the lm_head's width less its padding: scalar */
     act_case(act, 1, 3, 0);         /* less than a float4 */
   }
+  /* elements that are not whole rows, and rows of no column, are refused before any launch,
+     saying so */
+  float *buf = dev_alloc(64 * sizeof(float));
+  assert_int_equal(ops->act_fwd(gpu, TRAIN_ACT_GELU, buf, buf, 4, buf + 16, 10, NULL), -1);
+  if (!strstr(ops->error(), "activation: 10 elements are not rows of 4"))
+    fail_msg("act_fwd's refusal says '%s'", ops->error());
+  assert_int_equal(ops->act_bwd(gpu, TRAIN_ACT_TANH, buf, buf, 0, buf + 16, 8, NULL), -1);
+  if (!strstr(ops->error(), "activation: 8 elements are not rows of 0"))
+    fail_msg("act_bwd's refusal says '%s'", ops->error());
+  hq_ctx_free(gpu, buf);
 }
 
 /* NaN and Inf: an amax ignores NaN and counts Inf; all NaN (or all 0) gives 0 */
