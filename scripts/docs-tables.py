@@ -71,13 +71,13 @@ def blas_env():
 
 
 def train(args, ranks=0, err=None):
-    """hq train ARGS --json: the document (under `mpirun -np RANKS` when RANKS > 0; its stderr
-    appended to the list err when one is given)."""
+    """hq train ARGS --json: the document (under `mpirun -np RANKS` when RANKS > 1, else one
+    process; its stderr appended to the list err when one is given)."""
     env = dict(os.environ)
     env.setdefault("HQ_CONF_DIR", os.path.join(TOP, "conf"))
     env.update(blas_env() or {})
     cmd = [hq_bin(), "train", "--json"] + args
-    if ranks:
+    if ranks > 1:
         # the flags of tests/mpirun_env.sh: more ranks than cores, TCP between them, root allowed
         cmd = ["mpirun", "--oversubscribe", "--mca", "btl", "self,tcp"] + \
             (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["-np", str(ranks)] + cmd
@@ -249,8 +249,13 @@ def recipe_args(names):
     return sum((["--recipe", os.path.join(TOP, "conf", r)] for r in names), [])
 
 
+def by_name(d):
+    """The runs of document d by recipe path under conf/ ("fp32" for the built-in baseline)."""
+    return {("fp32" if r["baseline"] else name_of(r)): r for r in d["recipes"]}
+
+
 def evals(d):
-    return {(name_of(r) if not r["baseline"] else "fp32"): r["eval_loss"] for r in d["recipes"]}
+    return {n: r["eval_loss"] for n, r in by_name(d).items()}
 
 
 def label(n):
@@ -264,7 +269,7 @@ def dist40_runs():
     if not _dist40:
         base = ["--data", corpus()] + DIST_SMALL + recipe_args(DIST_RECIPES)
         for np in (1, 2, 4):
-            _dist40[np] = evals(train(base, ranks=np if np > 1 else 0))
+            _dist40[np] = evals(train(base, ranks=np))
     return _dist40
 
 
@@ -283,7 +288,7 @@ def block_dist_grad():
     bf = {np: evals(train(base + ["--grad-dtype", "bf16"], ranks=np)) for np in (2, 4)}
     rows = ["| recipe | 2 ranks FP32 / BF16 | 4 ranks FP32 / BF16 |", "|---|---|---|"]
     for n in ["fp32"] + names:
-        rows.append("| %s | %s |" % ("fp32" if n == "fp32" else "`conf/%s`" % n, " | ".join(
+        rows.append("| %s | %s |" % (label(n), " | ".join(
             "%.8f / %.8f" % (fp[np][n], bf[np][n]) for np in (2, 4))))
     return "\n".join(rows) + "\n"
 
@@ -294,12 +299,12 @@ def block_dist_resume():
           "--log-every", "10", "--baseline", "none"] + recipe_args(["examples/fp8_delayed.ini"])
     for np in (1, 2, 4):
         train(ck + ["--checkpoint", os.path.join(d, "k%d-{step}.st" % np), "--checkpoint-every", "20"],
-              ranks=np if np > 1 else 0)
+              ranks=np)
     one = train(ck)["recipes"][0]["eval_loss"]
     rows = ["| saved with -> resumed with | held-out loss | difference |", "|---|---:|---:|"]
     for a, b in ((4, 2), (4, 1), (1, 4), (2, 4)):
         got = train(ck + ["--resume", os.path.join(d, "k%d-20.st" % a)],
-                    ranks=b if b > 1 else 0)["recipes"][0]["eval_loss"]
+                    ranks=b)["recipes"][0]["eval_loss"]
         rows.append("| %d -> %d | %.8f | %.2g |" % (a, b, got, abs(got - one)))
     for f in os.listdir(d):
         os.unlink(os.path.join(d, f))
@@ -315,8 +320,8 @@ def block_dist300():
     m0 = machine()
     for np in (1, 2, 4):
         err = []
-        d = train(base, ranks=np if np > 1 else 0, err=err)
-        runs[np] = {(name_of(r) if not r["baseline"] else "fp32"): r for r in d["recipes"]}
+        d = train(base, ranks=np, err=err)
+        runs[np] = by_name(d)
         if np == 2:
             wire = err[0].splitlines()
     m1 = machine()
@@ -329,11 +334,11 @@ def block_dist300():
                   "|---|---:|---:|---:|"]
     pat = re.compile(r"^hq train: (.*): 2 ranks: per step and rank, quantized weights gathered (\d+) bytes "
                      r"\(a BF16 all-gather: (\d+), ([\d.]+)x\), FP32 weight gradients reduce-scattered (\d+) bytes")
-    by_name = {r["name"]: n for n, r in runs[2].items()}
+    key_of = {r["name"]: n for n, r in runs[2].items()}   # the wire line names the recipe
     for line in wire:
         mm = pat.match(line)
-        if mm and mm.group(1) in by_name:
-            bytes_rows.append("| %s | %s | %sx | %s |" % (label(by_name[mm.group(1)]), "{:,}".format(int(mm.group(2))),
+        if mm and mm.group(1) in key_of:
+            bytes_rows.append("| %s | %s | %sx | %s |" % (label(key_of[mm.group(1)]), "{:,}".format(int(mm.group(2))),
                                                         mm.group(4), "{:,}".format(int(mm.group(5)))))
     return ("Machine: %s at the start, %s at the end.\n\n" % (m0, m1.rsplit(" ", 1)[1])
             + "\n".join(rows) + "\n\nBytes per step and rank, as the 2-rank runs printed them:\n\n"
