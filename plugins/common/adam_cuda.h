@@ -2,9 +2,9 @@
 ** adam_cuda.h -- the AdamW step element by element on a CUDA device (hq_adam_elem per element,
 ** the CPU's rule), the one kernel both users launch: libhqtrain's unfused hq_adam_step
 ** (services/adamw_cuda.cu, optionally with the write-back's per-tensor amax) and a plugin whose
-** fused write-back (HQ_CAP_FUSED_ADAM) splits the step off on a tensor of few scaling blocks,
-** where that write-back's one CTA per block leaves most SMs idle (fp8_block: the plugin's plain
-** quantize then reads the new master: the same bits, one more read of the master). Private to
+** fused write-back (HQ_CAP_FUSED_ADAM) splits the step off on a small tensor, where that
+** write-back's few CTAs leave most SMs idle (fp8_block, fp8_tensor: the plugin's plain quantize
+** then reads the new master: the same bits, one more read of the master). Private to
 ** the stock plugins and libhqtrain (not installed); host code of .cu files.
 **
 **   hq_cuda_adam_run(stream, k, kd, g, gdtype, w, m, v, n, amax_bits)
@@ -12,6 +12,8 @@
 **       when not NULL: a graph's replay), amax_bits NULL or two words zeroed by the caller that
 **       receive max |w| of the new masters (NaN ignored, as float bits); queued on stream
 **   hq_cuda_adam(adam, w, n, stream)   the same from a plugin's hq_adam_pass, no amax
+**   hq_cuda_fused_adam_fills(device, ctas, per_sm)   whether a plugin's fused write-back of
+**       that many CTAs fills the device, or should be split into the step and a plain quantize
 **
 ** The grid is the CTAs the device holds at once (launch_cuda.h), each looping over the tensor;
 ** with the amax, each CTA reduces its maximum in registers and shared memory and sends it out in
@@ -169,6 +171,16 @@ static inline cudaError_t hq_cuda_adam(const hq_adam_pass *adam, float *w, int64
                                        cudaStream_t stream) {
   return hq_cuda_adam_run(stream, adam->k, hq_adam_pass_k_dev(adam), adam->grad,
                           (int)adam->grad_dtype, w, adam->m, adam->v, n, nullptr);
+}
+
+/* Whether a plugin's fused write-back of `ctas` CTAs fills one wave of the device's SMs at
+   `per_sm` CTAs each. A fused kernel steps each thread's elements in sequence, so below that its
+   time is those threads' latency while most SMs idle, and the caller splits the step off
+   (hq_cuda_adam over every SM, then its plain quantize of the new master: the same bits). An
+   unknown SM count answers true: the fused kernel is correct at any size. */
+static inline bool hq_cuda_fused_adam_fills(int device, int64_t ctas, int per_sm) {
+  const int sms = hq_cuda_device_sms(device);
+  return sms <= 0 || ctas >= (int64_t)sms * per_sm;
 }
 
 #endif /* HQ_ADAM_CUDA_H */

@@ -10,7 +10,7 @@
 ** 0.1 ms kernel should not pay every time. With dyn > 0 the kernel's dynamic shared memory limit
 ** is raised to dyn and its carveout set to the most shared memory first (needed above 48 KiB).
 ** hq_cuda_resident_forget<Kernel>() after a failed launch: the next call sets up again (e.g.
-** after a device reset).
+** after a device reset). hq_cuda_device_sms(device): the device's SM count, cached the same way.
 */
 #ifndef HQ_LAUNCH_CUDA_H
 #define HQ_LAUNCH_CUDA_H
@@ -50,6 +50,21 @@ template <auto Kernel> inline cudaError_t hq_cuda_resident(int threads, int dyn,
   }
   *n = r;
   return cudaSuccess;
+}
+
+/* The SMs of `device` (0 when the runtime cannot tell), asked once per device: a small
+   tensor's call is mostly host time. */
+inline int hq_cuda_device_sms(int device) {
+  static std::atomic<int> cache[kHqMaxDevices]; /* 0: not asked yet */
+  std::atomic<int> *slot = device >= 0 && device < kHqMaxDevices ? &cache[device] : nullptr;
+  int sms = slot ? slot->load(std::memory_order_relaxed) : 0;
+  if (sms > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (slot) slot->store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 template <auto Kernel> inline void hq_cuda_resident_forget() {

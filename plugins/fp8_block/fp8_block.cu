@@ -472,19 +472,6 @@ void launch_quantize_dt(int elem, int two_d, unsigned grid, cudaStream_t stream,
   else launch_quantize<DT, HQ_E4M3, GT>(two_d, grid, stream, a);
 }
 
-/* Whether a fused optimizer step over `tiles` tiles fills one wave of the device's SMs at the
-   fused kernel's CTAs per SM. Below that the fused kernel's time is its threads' latency (each
-   steps its 64 elements in sequence while most SMs idle), so the write-back is split
-   (hq_cuda_adam): docs/performance.md has the measurements. */
-bool fused_adam_fills(const hq_call *call, int64_t tiles) {
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device) != cudaSuccess) {
-    cudaGetLastError();
-    return true; /* unknown: the fused kernel, correct at any size */
-  }
-  return tiles >= (int64_t)sms * HQ_FP8B_ADAM_MIN_BLOCKS;
-}
-
 } // namespace
 
 /* Quantize src ([M, K], f32/f16/bf16, device memory) into the rowwise (rd, rs) and/or columnwise
@@ -518,7 +505,7 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
   a.g = NULL;
   a.m = a.v = NULL;
   a.vec_adam = 0;
-  if (adam && !fused_adam_fills(call, tiles)) {
+  if (adam && !hq_cuda_fused_adam_fills(call->device, tiles, HQ_FP8B_ADAM_MIN_BLOCKS)) {
     /* too few tiles for the fused kernel to fill the GPU: the step over every SM, then the
        plain quantize of the new master (the same bits) */
     CHECK_CUDA(call, hq_cuda_adam(adam, static_cast<float *>(src->data), M * K, stream));

@@ -34,6 +34,7 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "adam_cuda.h"
 #include "amax_cuda.h"
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
@@ -56,6 +57,9 @@ constexpr int kVThreads = 256;
    block per thread): four times the CTAs, so that a small tensor's work spreads over about a
    wave of SMs (H100 / H200: 132) instead of waiting on a few. */
 constexpr int64_t kVSmallTiles = 128;
+/* The fused write-back's threads per SM that hide their loads' latency (half the SM's 2048):
+   a smaller tensor has its step split off (fp8t_cuda_quantize). */
+constexpr int kFusedThreadsPerSM = 1024;
 
 struct CastArgs {
   const void *x;
@@ -455,6 +459,19 @@ extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, cons
 #define FP8T_Q(DT, GT)                                                                          \
   quantize_t<DT, GT>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv, col_amax, \
                      state, state_amax, adam)
+  if (adam) {
+    /* a tensor too small for the fused kernel's threads (64 elements each, in sequence) to fill
+       the device: the step over every SM, then the plain cast of the new master */
+    const int64_t M = src->rows, K = src->cols;
+    const int64_t tiles = ((M + kVTile - 1) / kVTile) * ((K + kVTile - 1) / kVTile);
+    const int threads = tiles < kVSmallTiles ? 64 : kVThreads;
+    const int64_t ctas = threads == 64 ? ((M + 63) / 64) * ((K + 63) / 64) : tiles;
+    if (!hq_cuda_fused_adam_fills(call->device, ctas, kFusedThreadsPerSM / threads)) {
+      CHECK_CUDA(call, hq_cuda_adam(adam, static_cast<float *>(src->data), M * K,
+                                    (cudaStream_t)call->stream));
+      adam = NULL;
+    }
+  }
   if (adam) { /* the fused optimizer step: src is the FP32 master (checked in fp8_tensor.c) */
     switch (adam->grad_dtype) {
     case HQ_F32: return FP8T_Q(HQ_F32, HQ_F32);
