@@ -101,6 +101,11 @@ static void ctx_end(hq_ctx *ctx) {
       hqi_device_leave(saved);
     }
   }
+  /* the side stream's work is ordered before the context's later work, which the frees above
+     follow: destroying it (and its events) now releases them once that work is done */
+  hqi_cuda_stream_destroy(ctx->side);
+  hqi_cuda_event_destroy(ctx->side_ev[0]);
+  hqi_cuda_event_destroy(ctx->side_ev[1]);
   free(ctx->gemm_cache);
   free(ctx->rng);
   free(ctx);
@@ -210,20 +215,37 @@ void hqi_workspaces_release(int device) {
 int hq_ctx_device(const hq_ctx *ctx) { return ctx ? ctx->device : HQ_DEVICE_HOST; }
 void *hq_ctx_stream(const hq_ctx *ctx) { return ctx ? ctx->stream : NULL; }
 
-void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes) {
+void *hqi_ctx_alloc_on(hq_ctx *ctx, size_t bytes, void *stream) {
   if (ctx->has_allocator)
-    return ctx->allocator.alloc(ctx->allocator.user, ctx->device, bytes, ctx->stream);
+    return ctx->allocator.alloc(ctx->allocator.user, ctx->device, bytes, stream);
   if (ctx->device < 0) return hqi_host_alloc(bytes);
   void *p = NULL;
-  if (hqi_cuda_malloc(ctx->device, bytes, ctx->stream, &p)) return NULL;
+  if (hqi_cuda_malloc(ctx->device, bytes, stream, &p)) return NULL;
   return p;
 }
 
-void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr) {
+void hqi_ctx_free_on(hq_ctx *ctx, void *ptr, void *stream) {
   if (!ptr) return;
-  if (ctx->has_allocator) ctx->allocator.free(ctx->allocator.user, ctx->device, ptr, ctx->stream);
+  if (ctx->has_allocator) ctx->allocator.free(ctx->allocator.user, ctx->device, ptr, stream);
   else if (ctx->device < 0) hqi_host_free(ptr);
-  else hqi_cuda_free(ctx->device, ptr, ctx->stream);
+  else hqi_cuda_free(ctx->device, ptr, stream);
+}
+
+void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes) {
+  return hqi_ctx_alloc_on(ctx, bytes, ctx->stream);
+}
+
+void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr) { hqi_ctx_free_on(ctx, ptr, ctx->stream); }
+
+void *hqi_ctx_side_stream(hq_ctx *ctx) {
+  if (ctx->side || ctx->device < 0 || ctx->side_failed) return ctx->side;
+  if (hqi_cuda_capturing(ctx->stream)) return NULL;
+  if (hqi_cuda_stream_create(ctx->device, &ctx->side)) {
+    hq_clear_error(); /* one stream does the same work */
+    ctx->side_failed = 1;
+    ctx->side = NULL;
+  }
+  return ctx->side;
 }
 
 int hq_ctx_alloc(hq_ctx *ctx, size_t bytes, void **out) {

@@ -197,6 +197,27 @@ int hqi_cuda_stream_wait_event(void *stream, void *ev) {
   return HQ_OK;
 }
 
+int hqi_cuda_stream_create(int device, void **out) {
+  *out = NULL;
+  int saved;
+  int rc = hqi_device_enter(device, &saved);
+  if (rc) return rc;
+  cudaStream_t st = NULL;
+  const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  hqi_device_leave(saved);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return hqi_error(HQ_EDEVICE, "cudaStreamCreateWithFlags on device %d failed: %s", device,
+                     cudaGetErrorString(e));
+  }
+  *out = st;
+  return HQ_OK;
+}
+
+void hqi_cuda_stream_destroy(void *stream) {
+  if (stream && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess) cudaGetLastError();
+}
+
 int hqi_cuda_stream_after(void *waiter, void *signaler) {
   if (waiter == signaler) return HQ_OK;
   void *ev = NULL;
@@ -350,6 +371,12 @@ int hqi_cuda_stream_after(void *waiter, void *signaler) {
   return no_cuda();
 }
 void hqi_cuda_event_destroy(void *ev) { (void)ev; }
+int hqi_cuda_stream_create(int device, void **out) {
+  (void)device;
+  *out = NULL;
+  return no_cuda();
+}
+void hqi_cuda_stream_destroy(void *stream) { (void)stream; }
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
   (void)device; (void)bytes; (void)stream;
   *out = NULL;

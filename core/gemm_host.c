@@ -22,31 +22,46 @@ static const void *raw_in_place(const hqi_gop *g, hq_dtype dt) {
                                                                                         : NULL;
 }
 
-static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
-                   const void **data, void **tmp, hq_gemm_fold *fold) {
-  const hqi_gop *g = o ? o->handle : NULL;
-  hq_ctx *ctx = call ? call->core_private : NULL;
-  if (!g || !ctx || !data || !tmp || (dt != HQ_F32 && dt != HQ_BF16))
+/* The checks every raw request starts with. */
+static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, const void **data,
+                    void **tmp) {
+  if (!o || !o->handle || !call || !call->core_private || !data || !tmp ||
+      (dt != HQ_F32 && dt != HQ_BF16))
     return hqi_error(HQ_EINVAL, "hq_gemm_host.raw: an operand hq_gemm did not hand out, a call "
                      "without its context, or dtype %s (f32 or bf16)", hq_dtype_name(dt));
+  return HQ_OK;
+}
+
+/* The first half of a raw request: *data the operand's own memory when it holds its raw values
+   in dt (*tmp NULL, nothing to fill), else a temporary allocated on the context's stream (*tmp =
+   *data), which raw_fill then fills. */
+static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **data,
+                       void **tmp) {
   *tmp = NULL;
-  if (fold) fold->done = 0;
   if (g->qt ? (*data = raw_in_place(g, dt)) != NULL : g->hp.dtype == dt) {
     if (!g->qt) *data = g->hp.data;
     return HQ_OK;
   }
-  const int64_t n = g->pub.rows * g->pub.cols;
-  const size_t bytes = (size_t)n * hq_dtype_size(dt);
+  const size_t bytes = (size_t)(g->pub.rows * g->pub.cols) * hq_dtype_size(dt);
   *tmp = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
   if (!*tmp)
     return hqi_error(HQ_ENOMEM, "%s: operand %s: %zu bytes for its %s copy on device %d", g->what,
                      g->label, bytes, hq_dtype_name(dt), ctx->device);
   *data = *tmp;
-  if (!g->qt) return hqi_convert(ctx->device, ctx->stream, *tmp, dt, g->hp.data, g->hp.dtype, n);
-  hq_tensor dst = hq_tensor_2d(*tmp, dt, ctx->device, g->pub.rows, g->pub.cols);
+  return HQ_OK;
+}
+
+/* The second half: the operand's raw values in dt into tmp, queued on `stream` (the context's,
+   or the side stream of a pair). */
+static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_gemm_fold *fold,
+                    void *stream) {
+  const int64_t n = g->pub.rows * g->pub.cols;
+  if (!g->qt) return hqi_convert(ctx->device, stream, tmp, dt, g->hp.data, g->hp.dtype, n);
+  hq_tensor dst = hq_tensor_2d(tmp, dt, ctx->device, g->pub.rows, g->pub.cols);
   const hq_format_ops *ops = &g->fmt->plugin->ops;
   hq_call c;
   hqi_call_init(ctx, &c, (g->kind.flags & HQ_GEMM_OP_RAW) ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
+  c.stream = stream;
   const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
   if (folds) {
     c.factor_out = fold->out;
@@ -62,6 +77,50 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
                             g->fmt->name, ops->name);
   if (folds) fold->done = 1;
   return HQ_OK;
+}
+
+static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
+                   const void **data, void **tmp, hq_gemm_fold *fold) {
+  int rc = raw_args(call, o, dt, data, tmp);
+  if (rc) return rc;
+  hq_ctx *ctx = call->core_private;
+  const hqi_gop *g = o->handle;
+  if (fold) fold->done = 0;
+  rc = raw_prepare(ctx, g, dt, data, tmp);
+  return rc || !*tmp ? rc : raw_fill(ctx, g, dt, *tmp, fold, ctx->stream);
+}
+
+/* raw() of a and of b, the two fills side by side where both have one on a CUDA device: b's on
+   the context's stream, a's on the context's side stream, forked from it after both temporaries
+   are allocated there and joined back before this returns (also when a fill fails, so that a
+   capture stays whole). Without a side stream (none can be made, or none was made before a
+   capture began: making one is not capture work) the fills run in turn. */
+static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                        const void **data_a, void **tmp_a, const hq_gemm_operand *b,
+                        hq_dtype dtb, const void **data_b, void **tmp_b) {
+  int rc = raw_args(call, a, dta, data_a, tmp_a);
+  if (!rc) rc = raw_args(call, b, dtb, data_b, tmp_b);
+  if (rc) return rc;
+  hq_ctx *ctx = call->core_private;
+  const hqi_gop *ga = a->handle, *gb = b->handle;
+  *tmp_b = NULL;
+  rc = raw_prepare(ctx, ga, dta, data_a, tmp_a);
+  if (!rc) rc = raw_prepare(ctx, gb, dtb, data_b, tmp_b);
+  if (rc) return rc;
+  void *side = *tmp_a && *tmp_b ? hqi_ctx_side_stream(ctx) : NULL;
+  if (!side) {
+    if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, ctx->stream);
+    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream);
+    return rc;
+  }
+  rc = hqi_cuda_event_record(&ctx->side_ev[0], ctx->stream);
+  if (!rc) rc = hqi_cuda_stream_wait_event(side, ctx->side_ev[0]);
+  if (rc) return rc; /* nothing forked */
+  rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, side);
+  if (!rc) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream); /* beside a's */
+  int jrc = hqi_cuda_event_record(&ctx->side_ev[1], side);
+  if (!jrc) jrc = hqi_cuda_stream_wait_event(ctx->stream, ctx->side_ev[1]);
+  return rc ? rc : jrc;
 }
 
 static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out) {
@@ -92,4 +151,5 @@ const hq_gemm_host hqi_gemm_host = {
     .api = &hqi_host_api,
     .raw = svc_raw,
     .factor = svc_factor,
+    .raw_pair = svc_raw_pair,
 };

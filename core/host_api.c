@@ -30,14 +30,15 @@ static void *host_alloc(const hq_call *call, size_t bytes) {
               "(declare scratch_size and use call->scratch)", bytes);
     return NULL;
   }
-  void *p = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
+  /* on the call's stream: a call may run on the context's side stream (a GEMM's operand pair) */
+  void *p = hqi_ctx_alloc_on(ctx, bytes ? bytes : 1, call->stream);
   if (!p) hqi_error(HQ_ENOMEM, "host->alloc: %zu bytes on device %d failed", bytes, ctx->device);
   return p;
 }
 
 static void host_free(const hq_call *call, void *ptr) {
   hq_ctx *ctx = call ? (hq_ctx *)call->core_private : NULL;
-  if (ctx && ptr) hqi_ctx_free_raw(ctx, ptr);
+  if (ctx && ptr) hqi_ctx_free_on(ctx, ptr, call->stream);
 }
 
 static int host_device_arch(int device) { return device < 0 ? 0 : hqi_cuda_arch(device); }

@@ -144,6 +144,10 @@ int hqi_cuda_stream_after(void *waiter, void *signaler);
 int hqi_cuda_event_record(void **ev, void *stream);
 int hqi_cuda_stream_wait_event(void *stream, void *ev);
 void hqi_cuda_event_destroy(void *ev);
+/* A stream of its own on `device` (non-blocking: it orders only with what it waits for), and its
+   end (after the work queued on it). */
+int hqi_cuda_stream_create(int device, void **out);
+void hqi_cuda_stream_destroy(void *stream);
 /* Make `device` current (a no-op for the host), remembering the caller's current device in
    *saved; hqi_device_leave(saved) restores it. */
 int hqi_device_enter(int device, int *saved);
@@ -211,6 +215,10 @@ struct hq_ctx {
   size_t workspace_bytes;
   struct hq_ctx *ws_next;   /* the list of contexts holding a workspace (ctx.c) */
   struct hqi_gemm_choice *gemm_cache; /* the GEMM providers' answers (gemm.c), or NULL */
+  void *side;               /* a second stream of the device for work that may run beside the
+                               context's (hqi_ctx_side_stream), or NULL before its first use */
+  void *side_ev[2];         /* the fork and join events between the two, or NULL */
+  int side_failed;          /* making the side stream failed once: not asked again */
 };
 /* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
    `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of
@@ -223,6 +231,14 @@ hq_ctx *hqi_ctx_retain(hq_ctx *ctx);
 void hqi_ctx_release(hq_ctx *ctx);
 void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes);
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
+/* The same, ordered on `stream` (a plugin call's, which may be the side stream) instead of the
+   context's. */
+void *hqi_ctx_alloc_on(hq_ctx *ctx, size_t bytes, void *stream);
+void hqi_ctx_free_on(hq_ctx *ctx, void *ptr, void *stream);
+/* The context's side stream (made at the first ask, never during a capture of the context's
+   stream, so that the capture does not hold it), or NULL on the host, during a capture before
+   one exists, or when it cannot be made (no error recorded: the caller runs on one stream). */
+void *hqi_ctx_side_stream(hq_ctx *ctx);
 /* Fill an hq_call for one plugin operation on ctx. `offset` selects the random stream: every
    plugin call of one quantize/update operation gets the same offset (the directions of a
    tensor draw the same numbers whether they are made by one call or by two). */

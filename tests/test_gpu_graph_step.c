@@ -5,7 +5,10 @@
 ** a non-blocking stream, after one eager step made the plans and the GEMM workspace. The capture
 ** must succeed (an allocation or a synchronization inside would break it); the graph replayed
 ** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
-** for per-tensor FP8 (the native FP8 path on Hopper) and BF16 identity (the native BF16 path).
+** for per-tensor FP8 (the native FP8 path on Hopper), BF16 identity (the native BF16 path) and
+** MXFP8 / MXFP4 (emulated on Hopper: each GEMM's two dequantizes on the context's stream and its
+** side stream, so the graph forks and joins; a context's first GEMM captured before it has a side
+** stream runs them in turn, one chain, with the bytes of the forked eager run).
 ** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
 ** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
@@ -66,7 +69,28 @@ static float *fetch(const hq_tensor out[3], size_t n) {
 static const char *recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = identity\ndtype = bf16\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    /* emulated on Hopper: each GEMM's two dequantizes forked onto the context's side stream */
+    "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    "[format f]\nplugin = mxfp4\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
 };
+
+/* The nodes and edges of a captured graph: a capture of one stream is a chain (edges = nodes -
+   1); work forked onto a second stream and joined back adds edges. */
+static void graph_shape(cudaGraph_t graph, size_t *nodes, size_t *edges) {
+  CK(cudaGraphGetNodes(graph, NULL, nodes));
+#if CUDART_VERSION >= 13000
+  CK(cudaGraphGetEdges(graph, NULL, NULL, NULL, edges));
+#else
+  CK(cudaGraphGetEdges(graph, NULL, NULL, edges));
+#endif
+}
+
+/* Whether device 0 multiplies MX formats by emulation (Hopper) rather than natively. */
+static int mx_emulated(void) {
+  int arch = 0;
+  char name[128];
+  return hq_device_info(0, name, sizeof name, &arch) == HQ_OK && arch / 10 == 9;
+}
 
 static void test_step_in_a_graph(void **state) {
   (void)state;
@@ -106,6 +130,11 @@ static void test_step_in_a_graph(void **state) {
     const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
     if (rc) fail_msg("%s: the step under capture: %s", recipes[k], hq_last_error());
     CK(ce);
+    size_t nodes = 0, edges = 0;
+    graph_shape(graph, &nodes, &edges);
+    if (strstr(recipes[k], "mxfp") && mx_emulated() && edges < nodes)
+      fail_msg("%s: %zu nodes, %zu edges: the emulated GEMMs' dequantizes were not forked",
+               recipes[k], nodes, edges);
     CK(cudaGraphInstantiate(&exec, graph, 0));
     /* new data in the same buffers; the graph's outputs zeroed so that a replay that wrote
        nothing cannot pass */
@@ -456,6 +485,77 @@ static void test_ctx_capturing(void **state) {
   assert_int_equal(still, cudaStreamCaptureStatusActive);
 }
 
+/* The first GEMM of a context captured before the context made its side stream (making one is
+   not capture work): its dequantizes run in turn on the captured stream (the graph is a chain),
+   and the replay gives the bytes of the same GEMM run eagerly afterwards, which forks. */
+static void test_first_gemm_captured(void **state) {
+  (void)state;
+  if (!mx_emulated()) skip();
+  hq_ctx *ctx = NULL;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.stream = stream;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  hq_recipe *r = hq_test_recipe(recipes[2]);
+  const char *roles[2] = {"linear:input:l", "linear:weight:l"};
+  const int64_t rows[2] = {M, N};
+  hq_quantizer *q[2];
+  hq_qtensor *qt[2];
+  hq_tensor h[2];
+  void *dsrc[2], *dout[2];
+  for (int i = 0; i < 2; i++) {
+    q[i] = hq_test_quantizer(r, roles[i]);
+    h[i] = hq_test_tensor(HQ_BF16, rows[i], K, 30 + (uint64_t)i, 1.0f);
+    CK(cudaMalloc(&dsrc[i], (size_t)(rows[i] * K) * 2));
+    CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
+    hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
+    HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
+    CK(cudaMalloc(&dout[i], (size_t)(M * N) * sizeof(float)));
+  }
+  hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, M, N),
+                      hq_tensor_2d(dout[1], HQ_F32, 0, M, N)};
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                 &out[0], NULL);
+  const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  if (rc) fail_msg("the first GEMM under capture: %s", hq_last_error());
+  CK(ce);
+  size_t nodes = 0, edges = 0;
+  graph_shape(graph, &nodes, &edges);
+  if (edges + 1 != nodes) fail_msg("%zu nodes, %zu edges: not one stream's chain", nodes, edges);
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, stream));
+  HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                &out[1], NULL));
+  float *a = malloc((size_t)(M * N) * sizeof *a), *b = malloc((size_t)(M * N) * sizeof *b);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(a, dout[0], (size_t)(M * N) * sizeof *a, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b, dout[1], (size_t)(M * N) * sizeof *b, cudaMemcpyDeviceToHost));
+  size_t nonzero = 0;
+  for (size_t i = 0; i < (size_t)(M * N); i++) nonzero += b[i] != 0.0f;
+  assert_true(nonzero > (size_t)(M * N) / 2);
+  assert_memory_equal(a, b, (size_t)(M * N) * sizeof *a);
+  free(a), free(b);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  for (int i = 0; i < 2; i++) {
+    hq_qtensor_free(qt[i]);
+    hq_quantizer_free(q[i]);
+    free(h[i].data);
+  }
+  CK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < 2; i++) {
+    CK(cudaFree(dsrc[i]));
+    CK(cudaFree(dout[i]));
+  }
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -477,6 +577,7 @@ int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
                                      cmocka_unit_test(test_adam_in_a_graph),
+                                     cmocka_unit_test(test_first_gemm_captured),
                                      cmocka_unit_test(test_ctx_capturing)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -155,11 +155,24 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
      writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
-  int rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
-  if (fda.done) fdb.in = factors;
-  if (!rc)
-    rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
-                            fda.done || !pfa ? &fdb : NULL);
+  int rc;
+  if (!((r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS) && hq_gemm_host_has_raw_pair(h)) {
+    /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
+       then their per-tensor factors, if any, for the runner to multiply into alpha */
+    rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
+    if (!rc && r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR) &&
+        !(rc = h->factor(call, &r->a, factors)))
+      pfa = factors;
+    if (!rc && r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR) &&
+        !(rc = h->factor(call, &r->b, factors + 1)))
+      pfb = factors + 1;
+  } else {
+    rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
+    if (fda.done) fdb.in = factors;
+    if (!rc)
+      rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
+                              fda.done || !pfa ? &fdb : NULL);
+  }
   if (!rc) {
     hq_lt_matmul mm;
     memset(&mm, 0, sizeof mm);

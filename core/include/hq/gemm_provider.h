@@ -1,5 +1,5 @@
 /*
-** hq/gemm_provider.h -- the GEMM provider ABI of libhqcore, version 1.0.
+** hq/gemm_provider.h -- the GEMM provider ABI of libhqcore, version 1.1.
 **
 ** A GEMM provider multiplies two operands -- quantized storages described by their operand
 ** descriptors (hq/plugin.h, hq_operand_desc) or high-precision tensors -- in one way: cuBLASLt's
@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 #define HQ_GEMM_ABI_MAJOR 1
-#define HQ_GEMM_ABI_MINOR 0
+#define HQ_GEMM_ABI_MINOR 1
 
 /* The one symbol a GEMM provider module exports. */
 #define HQ_GEMM_ENTRY_NAME "hq_gemm_provider_v1"
@@ -178,7 +178,23 @@ typedef struct hq_gemm_host {
   /* The per-tensor factor of a storage with HQ_GEMM_OP_FACTOR: one FP32 value written to *out
      (call->device memory) on call->stream. */
   int (*factor)(const hq_call *call, const hq_gemm_operand *o, float *out);
+  /* --- 1.1 (check hq_gemm_host_has_raw_pair) ---
+     raw(call, a, dta, ...) and raw(call, b, dtb, ...) without folds, in one request: the same
+     results, but the two dequantizations may run side by side (b's on call->stream, a's on a
+     second stream of the context that waits for call->stream first and that call->stream waits
+     for before this returns), so that a GEMM of two small quantized operands waits for one
+     dequantize's latency, not two. On failure the temporaries that were allocated are still the
+     caller's to free. */
+  int (*raw_pair)(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                  const void **data_a, void **tmp_a, const hq_gemm_operand *b, hq_dtype dtb,
+                  const void **data_b, void **tmp_b);
 } hq_gemm_host;
+
+/* Whether the core offers raw_pair (a 1.0 core does not). */
+#define HQ_GEMM_HOST_SIZE_1_1 (offsetof(hq_gemm_host, raw_pair) + sizeof(void *))
+static inline int hq_gemm_host_has_raw_pair(const hq_gemm_host *h) {
+  return h->abi_minor >= 1 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_1 && h->raw_pair != NULL;
+}
 
 /* The table a provider returns. */
 typedef struct hq_gemm_provider {
