@@ -29,7 +29,9 @@
 # tarball carried too) trains every shipped recipe on the default and wide models with both
 # builds and writes train_ab.md, the before/after table of docs/performance.md
 # (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT, HQ_AB_STEPS_WIDE).
-# Kernel work: --quick builds the library, the stock plugins and hq only (no make check);
+# Kernel work: --quick builds the library, the stock plugins (HQ_QUICK_PLUGINS="fp8_block mx":
+# those alone; on the H200 machine a quick build of fp8_block alone took 35 s, of all six 110-125
+# s) and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
 # variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt,
@@ -86,14 +88,16 @@ if [ "${1:-}" = "--on-device" ]; then
   ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
+  # the modules built from plugins/PLUGIN's sources (plugins/mx: mxfp4.la and mxfp6.la)
+  ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
+                | grep . || echo "plugins/$1/$1.la"; }
   if [[ "$modes" == *" --quick "* ]]; then
-    # the library, the stock plugins and hq only (no tests), for --ab and --ncu
+    # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
+    # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
     SECONDS=0
     make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
-      plugins/fp8_tensor/fp8_tensor.la plugins/mxfp8/mxfp8.la \
-      plugins/nvfp4/nvfp4.la plugins/fp8_block/fp8_block.la plugins/mx/mxfp4.la \
-      plugins/mx/mxfp6.la tools/hq \
-      $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) >> "$out/build.log" 2>&1 \
+      $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do ab_mods $p; done) \
+      tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) >> "$out/build.log" 2>&1 \
       || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
   elif [ -n "${HQ_ONLY:-}" ]; then
@@ -137,46 +141,48 @@ if [ "${1:-}" = "--on-device" ]; then
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
   if [[ "$modes" == *" --ab "* ]]; then
     # kernel variants side by side: each carried .devab/PLUGIN__LABEL.cu replaces
-    # plugins/PLUGIN/PLUGIN.cu, is built, must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1),
-    # and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant in turn,
-    # one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
+    # plugins/PLUGIN/PLUGIN.cu in a copy of the built tree, all copies built at once (one nvcc
+    # per .cu file would leave most cores idle: MX and NVFP4 variants take over a minute each),
+    # then each must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1) in its copy, one at a time
+    # (make check-TESTS: the harness alone, not check's `all`; abs_top_builddir / abs_top_srcdir
+    # given to make, so that the test loads the copy's modules), and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant
+    # in turn, one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
     # (the variants' build and test logs stay in $abdir/log, and only a failed one is copied
-    # to $out: the device tool brings back a few files, and ab.txt must be among them)
-    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/orig" "$abdir/log"
-    # the modules built from plugins/PLUGIN/PLUGIN.cu (plugins/mx: mxfp4.la and mxfp6.la)
-    ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
-                  | grep . || echo "plugins/$1/$1.la"; }
+    # to $out: the device tool brings back a few files, and ab.txt must be among them). The
+    # tree itself is left as built, for the modes after this one (--bench, --sanitize).
+    abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/log"
     labels=()
+    nvar=$(ls "$root"/.devab/*__*.cu 2>/dev/null | wc -l)
+    jobs_each=$(( 16 / (nvar > 0 ? nvar : 1) ))
+    [ "$jobs_each" -ge 2 ] || jobs_each=2
     for v in "$root"/.devab/*__*.cu; do
-      b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}
-      [ -f "$abdir/orig/$pl.cu" ] || cp plugins/$pl/$pl.cu "$abdir/orig/"
-      cp "$v" plugins/$pl/$pl.cu
-      if ! make -j16 $(ab_mods $pl) tests/test_gpu_$pl > "$abdir/log/$b.build.log" 2>&1; then
+      [ -f "$v" ] || continue
+      b=$(basename "$v" .cu); pl=${b%%__*}; d="$abdir/tree-$b"
+      cp -a "$PWD" "$d" && cp "$v" "$d/plugins/$pl/$pl.cu" || { echo "variant $b: copy failed"; rc=1; continue; }
+      (cd "$d" && make -j"$jobs_each" $(ab_mods $pl) tests/test_gpu_$pl \
+         > "$abdir/log/$b.build.log" 2>&1; echo $? > "$abdir/log/$b.build.rc") &
+    done
+    wait
+    for v in "$root"/.devab/*__*.cu; do
+      [ -f "$v" ] || continue
+      b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}; d="$abdir/tree-$b"
+      if [ "$(cat "$abdir/log/$b.build.rc" 2>/dev/null)" != 0 ]; then
         echo "variant $b: build failed"; grep -m5 error "$abdir/log/$b.build.log"; rc=1
         cp "$abdir/log/$b.build.log" "$out/ab-$b.build.log"; continue
       fi
       if [ -n "${HQ_AB_NOCHECK:-}" ] && [[ "$lab" =~ $HQ_AB_NOCHECK ]]; then
         echo "variant $b: built (not checked: HQ_AB_NOCHECK)"
-      elif HQ_TEST_QUICK=1 make check TESTS=tests/test_gpu_$pl check_PROGRAMS=tests/test_gpu_$pl \
-           check_LTLIBRARIES= > "$abdir/log/$b.check.log" 2>&1; then
+      elif (cd "$d" && HQ_TEST_QUICK=1 make check-TESTS TESTS=tests/test_gpu_$pl \
+              abs_top_builddir="$d" abs_top_srcdir="$d" > "$abdir/log/$b.check.log" 2>&1); then
         echo "variant $b: tests/test_gpu_$pl passed"
       else
-        echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 tests/test_gpu_$pl.log; rc=1
+        echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 "$d/tests/test_gpu_$pl.log"; rc=1
         cp "$abdir/log/$b.check.log" "$out/ab-$b.check.log"
         # the test's own log names the failing case (make check's log only counts it)
-        cp tests/test_gpu_$pl.log "$out/ab-$b.test.log" 2>/dev/null || true; continue
+        cp "$d/tests/test_gpu_$pl.log" "$out/ab-$b.test.log" 2>/dev/null || true; continue
       fi
-      mkdir -p "$abdir/$b"; cp plugins/$pl/.libs/*.so "$abdir/$b/"
+      mkdir -p "$abdir/$b"; cp "$d"/plugins/$pl/.libs/*.so "$abdir/$b/"
       labels+=("$b")
-    done
-    # the tree's own sources back, built, for the modes after this one (--bench, --sanitize)
-    for o in "$abdir"/orig/*.cu; do
-      [ -f "$o" ] || continue
-      pl=$(basename "$o" .cu)
-      cp "$o" plugins/$pl/$pl.cu
-      make -j16 $(ab_mods $pl) tests/test_gpu_$pl > "$abdir/log/$pl-restore.build.log" 2>&1 \
-        || { echo "rebuilding plugins/$pl from its own source failed"; rc=1
-             cp "$abdir/log/$pl-restore.build.log" "$out/"; }
     done
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
       for b in "${labels[@]}"; do
