@@ -39,7 +39,14 @@
 **   - The context passed to a call is authoritative for that call: its device must be the
 **     tensor's, all device work of the call is queued on its stream in order, and its allocator
 **     provides the call's scratch and temporaries. No call synchronizes the stream unless its
-**     documentation says so (hq_ctx_sync, hq_ctx_memcpy to or from host memory).
+**     documentation says so (hq_ctx_sync, hq_ctx_memcpy to or from host memory). One
+**     exception to "on its stream": an emulated GEMM may dequantize its two operands side by
+**     side, one of them on a second, non-blocking stream the context makes for itself at its
+**     first such GEMM outside a capture (and destroys with the context); that stream waits for
+**     the context's stream first and the context's stream waits for it before the call
+**     returns, so to the caller the call is ordered on the context's stream as any other (and a
+**     captured graph holds the two as parallel branches). Its scratch from the allocator is
+**     requested with that stream.
 **   - The buffers of a qtensor belong to the context that made it (hq_quantize, hq_make_empty):
 **     they are allocated and freed through its allocator, on its stream. Using a qtensor on
 **     another stream of the same device is allowed; order that stream's work before freeing the
