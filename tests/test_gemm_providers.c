@@ -5,7 +5,8 @@
 ** identity f32 x identity f32 on the host, is the one hq_gemm runs, with the exact product; its
 ** predicate is asked once per kind and context (a new context or another kind asks again);
 ** when its run() declines the next provider runs and hq_gemm_info says why; hq_gemm_plan runs
-** nothing. The loader rejects broken provider modules naming the file and the reason. And review
+** nothing; read through host->raw_pair (ABI 1.1) its operands give the same product, and a dtype
+** raw_pair refuses fails the GEMM with the provider named. The loader rejects broken provider modules naming the file and the reason. And review
 ** bug 7: a format module with the 2.1 table that requires only ABI 2.0 has its storages
 ** multiplied through their raw values and per-tensor factor.
 */
@@ -363,6 +364,50 @@ static void test_dispatch_and_cache(void **state) {
   free(Dh.data);
 }
 
+/* A provider reading its operands through host->raw_pair (provider ABI 1.1) gets what two raw()
+   requests give: on the host (no side stream) the same product bit for bit; a dtype raw_pair
+   refuses (F16) fails the GEMM with raw's message, the provider named. */
+static void test_raw_pair(void **state) {
+  (void)state;
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe(&fx, &fl);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  const int64_t m = 6, n = 5, k = 7;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor xa = int_tensor(m, k, 1), xb = int_tensor(n, k, 2);
+  hq_qtensor *A = quantize(q, ctx, &xa), *B = quantize(q, ctx, &xb);
+  hq_tensor D = hq_test_empty(HQ_F32, n, m), D2 = hq_test_empty(HQ_F32, n, m);
+  fx->mode = GEMM_FIXTURE_RUN;
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  fx->mode = GEMM_FIXTURE_PAIR;
+  fx->pairs = 0;
+  c = gemm(ctx, A, 1, B, 0, &D2, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->pairs, 1);
+  expect_product(&xa, 1, &xb, 0, 0.5f, &D2);
+  assert_memory_equal(D.data, D2.data, (size_t)(n * m) * sizeof(float));
+  fx->mode = GEMM_FIXTURE_PAIR_BAD;
+  assert_int_equal(hq_gemm(ctx, hq_operand_q(A), 1, hq_operand_q(B), 0, &D2, 0.5f, 0.0f, NULL,
+                           NULL),
+                   HQ_EINVAL);
+  HQ_ERROR_HAS("GEMM provider test_gemm");
+  HQ_ERROR_HAS("hq_gemm_host.raw: an operand hq_gemm did not hand out, a call without its "
+               "context, or dtype f16 (f32 or bf16)");
+  assert_int_equal(fx->pairs, 1);
+  fx->mode = GEMM_FIXTURE_RUN;
+  hq_qtensor *all[] = {A, B};
+  hq_qtensors_free(all, 2);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+  free(xa.data);
+  free(xb.data);
+  free(D.data);
+  free(D2.data);
+}
+
 /* When the accepting provider's run() declines (HQ_ENOTSUP, nothing run), the next accepting
    one runs: test_gemm_low, then, with both declining, emulated; info.reason carries the first
    decline's message. A provider's failure (not HQ_ENOTSUP) is hq_gemm's, with the provider
@@ -493,6 +538,7 @@ int main(void) {
       cmocka_unit_test(test_listing),
       cmocka_unit_test(test_rejections),
       cmocka_unit_test(test_dispatch_and_cache),
+      cmocka_unit_test(test_raw_pair),
       cmocka_unit_test(test_decline),
       cmocka_unit_test(test_raw_by_table_size),
   };

@@ -19,7 +19,9 @@
 ** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
 ** raw values through host->raw() and computes D = alpha * op(A) op(B) + beta * D (+ bias) with a
 ** naive loop in double, one rounding per element, reporting HQ_GEMM_PATH_CPU. It counts its
-** calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or fail.
+** calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or fail,
+** or read both operands through host->raw_pair (provider ABI 1.1), or ask it for a dtype it
+** refuses.
 */
 #include <stddef.h>
 
@@ -82,7 +84,10 @@ static double op_at(const float *x, int64_t cols, int trans, int64_t i, int64_t 
 
 static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const hq_host_api *api = host->api;
-  if (gemm_fixture.mode != GEMM_FIXTURE_RUN) {
+  const int pair = gemm_fixture.mode == GEMM_FIXTURE_PAIR || gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD;
+  if (pair && !hq_gemm_host_has_raw_pair(host))
+    return api->error(HQ_EABI, NAME ": the core offers no raw_pair");
+  if (gemm_fixture.mode != GEMM_FIXTURE_RUN && !pair) {
     gemm_fixture.declines++;
     if (gemm_fixture.mode == GEMM_FIXTURE_DECLINE)
       return api->error(HQ_ENOTSUP, NAME ": declined m = %lld on purpose", (long long)r->m);
@@ -95,8 +100,15 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   }
   const void *a = NULL, *b = NULL;
   void *ta = NULL, *tb = NULL;
-  int rc = host->raw(call, &r->a, HQ_F32, &a, &ta, NULL);
-  if (!rc) rc = host->raw(call, &r->b, HQ_F32, &b, &tb, NULL);
+  int rc;
+  if (pair) {
+    rc = host->raw_pair(call, &r->a, HQ_F32, &a, &ta, &r->b,
+                        gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
+    if (!rc) gemm_fixture.pairs++;
+  } else {
+    rc = host->raw(call, &r->a, HQ_F32, &a, &ta, NULL);
+    if (!rc) rc = host->raw(call, &r->b, HQ_F32, &b, &tb, NULL);
+  }
   if (!rc) {
     float *d = r->d->data;
     for (int64_t j = 0; j < r->n; j++)

@@ -13,6 +13,8 @@
 #define GEMM_FIXTURE_RUN 0     /* run() computes the product */
 #define GEMM_FIXTURE_DECLINE 1 /* run() declines every problem (HQ_ENOTSUP, nothing run) */
 #define GEMM_FIXTURE_FAIL 2    /* run() fails (HQ_EDEVICE) */
+#define GEMM_FIXTURE_PAIR 3    /* run() reads both operands through host->raw_pair (ABI 1.1) */
+#define GEMM_FIXTURE_PAIR_BAD 4 /* run() asks raw_pair for B in F16 (refused) and returns that */
 
 typedef struct gemm_fixture_state {
   int accepts_calls; /* every accepts() */
@@ -20,6 +22,7 @@ typedef struct gemm_fixture_state {
   int queries;       /* run() with HQ_GEMM_QUERY */
   int declines;      /* run() that declined or failed */
   int mode;          /* GEMM_FIXTURE_*, set by the test */
+  int pairs;         /* raw_pair requests that succeeded */
 } gemm_fixture_state;
 
 #define RAW_FACTOR_COUNTS "raw_factor_fixture"
