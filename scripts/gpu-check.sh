@@ -141,7 +141,8 @@ if [ "${1:-}" = "--on-device" ]; then
   plugins=$(ls -d "$PWD"/plugins/*/.libs | tr '\n' ':')
   if [[ "$modes" == *" --ab "* ]]; then
     # kernel variants side by side: each carried .devab/PLUGIN__LABEL.cu replaces
-    # plugins/PLUGIN/PLUGIN.cu in a copy of the built tree, all copies built at once (one nvcc
+    # plugins/PLUGIN/PLUGIN.cu (and each .devab/PLUGIN__LABEL--NAME.h the plugin's header
+    # NAME.h) in a copy of the built tree, all copies built at once (one nvcc
     # per .cu file would leave most cores idle: MX and NVFP4 variants take over a minute each),
     # then each must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1) in its copy, one at a time
     # (make check-TESTS: the harness alone, not check's `all`; abs_top_builddir / abs_top_srcdir
@@ -159,6 +160,10 @@ if [ "${1:-}" = "--on-device" ]; then
       [ -f "$v" ] || continue
       b=$(basename "$v" .cu); pl=${b%%__*}; d="$abdir/tree-$b"
       cp -a "$PWD" "$d" && cp "$v" "$d/plugins/$pl/$pl.cu" || { echo "variant $b: copy failed"; rc=1; continue; }
+      # a variant's own headers: .devab/PLUGIN__LABEL--NAME.h replaces plugins/PLUGIN/NAME.h
+      for h in "$root"/.devab/"$b"--*.h; do
+        [ -f "$h" ] && cp "$h" "$d/plugins/$pl/${h##*--}"
+      done
       (cd "$d" && make -j"$jobs_each" $(ab_mods $pl) tests/test_gpu_$pl \
          > "$abdir/log/$b.build.log" 2>&1; echo $? > "$abdir/log/$b.build.rc") &
     done
