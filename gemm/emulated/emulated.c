@@ -156,7 +156,8 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
      writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
   int rc;
-  if (!((r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS) && hq_gemm_host_has_raw_pair(h)) {
+  const uint32_t folds = (r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS;
+  if (!folds && hq_gemm_host_has_raw_pair(h)) {
     /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
        then their per-tensor factors, if any, for the runner to multiply into alpha */
     rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);

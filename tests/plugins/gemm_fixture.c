@@ -84,7 +84,8 @@ static double op_at(const float *x, int64_t cols, int trans, int64_t i, int64_t 
 
 static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const hq_host_api *api = host->api;
-  const int pair = gemm_fixture.mode == GEMM_FIXTURE_PAIR || gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD;
+  const int pair =
+      gemm_fixture.mode == GEMM_FIXTURE_PAIR || gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD;
   if (pair && !hq_gemm_host_has_raw_pair(host))
     return api->error(HQ_EABI, NAME ": the core offers no raw_pair");
   if (gemm_fixture.mode != GEMM_FIXTURE_RUN && !pair) {
