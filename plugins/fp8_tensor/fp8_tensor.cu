@@ -61,6 +61,12 @@ constexpr int64_t kVSmallTiles = 128;
    a smaller tensor has its step split off (fp8t_cuda_quantize). */
 constexpr int kFusedThreadsPerSM = 1024;
 
+/* The vector kernel's tile edge T for an M x K tensor (T x T tiles of T * T / 64 threads). */
+int vec_tile(int64_t M, int64_t K) {
+  const int64_t tiles = ((M + kVTile - 1) / kVTile) * ((K + kVTile - 1) / kVTile);
+  return tiles < kVSmallTiles ? 64 : kVTile;
+}
+
 struct CastArgs {
   const void *x;
   int64_t M, K;
@@ -408,9 +414,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     a.amax_out[0] = a.amax_out[1] = NULL;
   }
   if (vec) {
-    const int64_t tiles =
-        ((src->rows + kVTile - 1) / kVTile) * ((src->cols + kVTile - 1) / kVTile);
-    const int T = tiles < kVSmallTiles ? 64 : kVTile;
+    const int T = vec_tile(src->rows, src->cols);
     const unsigned tm = (unsigned)((src->rows + T - 1) / T),
                    tk = (unsigned)((src->cols + T - 1) / T);
     /* row-major tile order wherever the grid's y limit allows: the CTAs running at once read
@@ -463,10 +467,9 @@ extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, cons
     /* a tensor too small for the fused kernel's threads (64 elements each, in sequence) to fill
        the device: the step over every SM, then the plain cast of the new master */
     const int64_t M = src->rows, K = src->cols;
-    const int64_t tiles = ((M + kVTile - 1) / kVTile) * ((K + kVTile - 1) / kVTile);
-    const int threads = tiles < kVSmallTiles ? 64 : kVThreads;
-    const int64_t ctas = threads == 64 ? ((M + 63) / 64) * ((K + 63) / 64) : tiles;
-    if (!hq_cuda_fused_adam_fills(call->device, ctas, kFusedThreadsPerSM / threads)) {
+    const int T = vec_tile(M, K);
+    const int64_t ctas = ((M + T - 1) / T) * ((K + T - 1) / T);
+    if (!hq_cuda_fused_adam_fills(call->device, ctas, kFusedThreadsPerSM / (T * T / 64))) {
       CHECK_CUDA(call, hq_cuda_adam(adam, static_cast<float *>(src->data), M * K,
                                     (cudaStream_t)call->stream));
       adam = NULL;
