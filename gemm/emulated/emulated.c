@@ -161,12 +161,8 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
     /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
        then their per-tensor factors, if any, for the runner to multiply into alpha */
     rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
-    if (!rc && r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR) &&
-        !(rc = h->factor(call, &r->a, factors)))
-      pfa = factors;
-    if (!rc && r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR) &&
-        !(rc = h->factor(call, &r->b, factors + 1)))
-      pfb = factors + 1;
+    if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
+    if (!rc) rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
   } else {
     rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
     if (fda.done) fdb.in = factors;

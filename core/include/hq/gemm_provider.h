@@ -250,6 +250,19 @@ static inline hq_dtype hq_gemm_emul_dtype(const hq_gemm_operand_kind *o) {
   return (o->flags & HQ_GEMM_OP_RAW) && o->desc->emul_dtype == HQ_BF16 ? HQ_BF16 : HQ_F32;
 }
 
+/* Where operand o's per-tensor factor lies once its raw values were asked for without a fold
+   (raw() without fd, or raw_pair()): host->factor()'s value written to *factor_slot for a storage
+   whose kind k has HQ_GEMM_OP_FACTOR, else NULL (a factor of 1). */
+static inline int hq_gemm_factor_of(const hq_gemm_host *host, const hq_call *call,
+                                    const hq_gemm_operand *o, const hq_gemm_operand_kind *k,
+                                    float *factor_slot, const float **factor) {
+  *factor = NULL;
+  if (!o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return HQ_OK;
+  int rc = host->factor(call, o, factor_slot);
+  if (!rc) *factor = factor_slot;
+  return rc;
+}
+
 /* Operand o's raw values in dtype dt through host->raw() (*data, *tmp as raw() sets them; fd:
    NULL or the factor to fold, as raw() takes it), and where its per-tensor factor lies
    (*factor): fd->out when the dequantize folded it, else host->factor()'s value written to
@@ -262,14 +275,12 @@ static inline int hq_gemm_raw_factor(const hq_gemm_host *host, const hq_call *ca
                                      float *factor_slot, const float **factor, hq_gemm_fold *fd) {
   *factor = NULL;
   int rc = host->raw(call, o, dt, data, tmp, fd);
-  if (rc || !o->st || !(k->flags & HQ_GEMM_OP_FACTOR)) return rc;
-  if (fd && fd->done) {
+  if (rc) return rc;
+  if (fd && fd->done && o->st && (k->flags & HQ_GEMM_OP_FACTOR)) {
     *factor = fd->out;
     return HQ_OK;
   }
-  rc = host->factor(call, o, factor_slot);
-  if (!rc) *factor = factor_slot;
-  return rc;
+  return hq_gemm_factor_of(host, call, o, k, factor_slot, factor);
 }
 
 /* The buffer of storage s with role `role` (hq_buffer.role), or NULL. */
