@@ -230,7 +230,7 @@ static void test_bf16_e2m1_form(void **state) {
         if (!ok) continue;
         for (int k = 0; k < 8; k++) {
           uint32_t b = g + (uint32_t)k;
-          if ((b & 0x7fffu) > 0x7f80u) b &= 0x8000u; /* NaN: a NaN block takes the rule */
+          if ((b & 0x7fffu) >= 0x7f80u) b &= 0x8000u; /* NaN: a NaN block takes the rule */
           w[k / 2] = k & 1 ? w[k / 2] | b << 16 : b;
           const float v = hq_mul_rn(hq_bf16_to_f32((uint16_t)b), hq_mx_encode_mult(ej[k / 2], rule));
           want |= hq_mx_cast(v, HQ_E2M1X2) << (4 * k);
@@ -256,6 +256,84 @@ static void test_bf16_e2m1_form(void **state) {
   assert_false(hq_mx_e2m1_bf16_ok(0, HQ_MX_RCEIL));
   assert_true(hq_mx_e2m1_bf16_ok(0, HQ_MX_FLOOR));
   assert_false(hq_mx_e2m1_bf16_ok(0xFF, HQ_MX_FLOOR));
+}
+
+/* The packed BF16 form of the FP6 cast (hq_mx_fp6x8_bf16) against the rule, packing and signs
+   included, for both element types: every finite BF16 bit pattern (the form's blocks have a
+   finite amax) under every scale code the form takes (hq_mx_fp6_bf16_ok), either rule, each
+   pattern in a position (0..7 of the 8) that turns with the code, each pair with its own code;
+   then every pattern in each of the 8 positions for the codes at the ends of the range and 127.
+   The rule's codes come from a table per scale code (fp6_want), hq_mx_cast of RN(x * mult). */
+static uint8_t fp6_want[255][0x10000];
+static void fp6_bf16_table(int kind, int rule) {
+  for (int e = (int)hq_mx_fp6_bf16_emin(kind); e < 255; e++)
+    for (uint32_t b = 0; b < 0x10000u; b++) {
+      const float v = hq_mul_rn(hq_bf16_to_f32((uint16_t)b), hq_mx_encode_mult((uint8_t)e, rule));
+      fp6_want[e][b] = (uint8_t)hq_mx_cast(v, kind);
+    }
+}
+/* patterns g + (k + r) % 8 at positions k = 0..7 (NaN patterns replaced by a zero of their
+   sign), pair j under code ej[j]; 0 when they agree */
+static int fp6_bf16_group(int kind, uint32_t g, int r, const uint8_t ej[4], int report) {
+  uint32_t w[4], nd[4];
+  uint64_t want = 0;
+  for (int j = 0; j < 4; j++) nd[j] = hq_mx_fp6_bf16_nd(ej[j], kind) * 0x10001u;
+  for (int k = 0; k < 8; k++) {
+    uint32_t b = g + (uint32_t)((k + r) & 7);
+    if ((b & 0x7fffu) >= 0x7f80u) b &= 0x8000u;
+    w[k / 2] = k & 1 ? w[k / 2] | b << 16 : b;
+    want |= (uint64_t)fp6_want[ej[k / 2]][b] << (6 * k);
+  }
+  const uint64_t got = hq_mx_fp6x8_bf16(w, nd, kind);
+  if (got != want && report)
+    fail_msg("kind %d bf16 %04x.. turn %d scale codes %u %u %u %u: 0x%012llx, rule 0x%012llx",
+             kind, g, r, ej[0], ej[1], ej[2], ej[3], (unsigned long long)got,
+             (unsigned long long)want);
+  return got != want;
+}
+
+static void test_bf16_fp6_form(void **state) {
+  (void)state;
+  const int kinds[2] = {HQ_E3M2X4, HQ_E2M3X4};
+  int64_t checked = 0;
+  for (int k = 0; k < 2; k++) {
+    const int kind = kinds[k], emin = (int)hq_mx_fp6_bf16_emin(kind);
+    /* the form takes no rule: both rules' multipliers are 2^(127 - e) for every code it takes
+       (e >= 1), so their rule codes are one table */
+    for (int e = emin; e < 255; e++)
+      assert_true(hq_mx_encode_mult((uint8_t)e, HQ_MX_FLOOR) ==
+                  hq_mx_encode_mult((uint8_t)e, HQ_MX_RCEIL));
+    fp6_bf16_table(kind, HQ_MX_RCEIL);
+    for (int e = emin; e < 255; e++)
+      for (uint32_t g = 0; g < 0x10000u; g += 8) {
+        uint8_t ej[4];
+        for (int j = 0; j < 4; j++) {
+          ej[j] = (uint8_t)(emin + (e - emin + 67 * j * (int)((g >> 3) & 3u)) % (255 - emin));
+          assert_true(hq_mx_fp6_bf16_ok(ej[j], kind));
+        }
+        fp6_bf16_group(kind, g, e & 7, ej, 1);
+        checked += 8;
+      }
+    const uint8_t ends[4] = {(uint8_t)emin, 127, 253, 254};
+    for (int q = 0; q < 4; q++)
+      for (int r = 0; r < 8; r++)
+        for (uint32_t g = 0; g < 0x10000u; g += 8) {
+          const uint8_t ej[4] = {ends[q], ends[q], ends[q], ends[q]};
+          fp6_bf16_group(kind, g, r, ej, 1);
+          checked += 8;
+        }
+    /* an Inf reads as 2^128, below the saturation for the code of a block that holds it (FLOOR:
+       255 - emax), so such blocks keep the rule */
+    const uint8_t e_inf = hq_mx_scale_code(INFINITY, kind, HQ_MX_FLOOR);
+    uint32_t w[4] = {0x7f80u, 0, 0, 0}, nd[4];
+    for (int j = 0; j < 4; j++) nd[j] = hq_mx_fp6_bf16_nd(e_inf, kind) * 0x10001u;
+    assert_int_equal(hq_mx_cast(INFINITY, kind), 31);
+    assert_int_not_equal(hq_mx_fp6x8_bf16(w, nd, kind) & 63u, 31);
+    assert_false(hq_mx_fp6_bf16_ok((uint8_t)(emin - 1), kind));
+    assert_true(hq_mx_fp6_bf16_ok((uint8_t)emin, kind));
+    assert_false(hq_mx_fp6_bf16_ok(0xFF, kind));
+  }
+  printf("bf16 fp6 form: %lld elements, bit for bit\n", (long long)checked);
 }
 
 /* The FP6 form of blocks with a finite amax (hq_mx_fp6x4_of_fp8x4_fin after the FP8 convert of
@@ -360,7 +438,8 @@ int main(void) {
       cmocka_unit_test(test_generic_equals_e2m1), cmocka_unit_test(test_fp6_sr),
       cmocka_unit_test(test_scale_codes),        cmocka_unit_test(test_packing),
       cmocka_unit_test(test_fast_forms),         cmocka_unit_test(test_bf16_e2m1_form),
-      cmocka_unit_test(test_fp6_fin_form),      cmocka_unit_test(test_dequantize_bf16x2),
+      cmocka_unit_test(test_fp6_fin_form),      cmocka_unit_test(test_bf16_fp6_form),
+      cmocka_unit_test(test_dequantize_bf16x2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

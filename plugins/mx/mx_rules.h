@@ -231,6 +231,144 @@ HQ_HD uint32_t hq_mx_e2m1x8_bf16(const uint32_t w[4], const uint32_t m1[4], cons
   return hq_mx_prmt(h[0], h[1], 0x5410u);
 }
 
+/* The packed form of the FP6 RN cast for a BF16 input, two elements per instruction, through
+   the FP8 convert of F16 pairs (cvt.rn.satfinite.e4m3x2 / e5m2x2.f16x2, which sm_90 has; its
+   BF16-pair form does not exist). As in hq_mx_cast_fast, the FP6 code of v = RN(x * mult) is the
+   FP8 code of t = v * 2^-s (s = 6: E4M3 for E2M3, s = 12: E5M2 for E3M2), the magnitude clipped
+   at 31. With mult = 2^(127 - e) (both rules for e >= 1) t is x * 2^(127 - e - s): x's 8
+   significant bits with its exponent moved, so where t is a normal F16 number its bits are x's
+   magnitude bits minus D << 7 (D = e + s - 15, the biases' and exponents' difference), shifted
+   up 3 places (F16 has 3 more mantissa bits) -- integer arithmetic on the 16-bit lanes, exact.
+   One DPX instruction per pair (__viaddmin_s16x2_relu: max(min(a + b, c), 0) per lane) adds
+   -D << 7, clamps at zero and at CAP, the lane of the element maximum (7.5 or 28 times 2^-s):
+     above CAP the cast saturates to code 31, which CAP's convert gives;
+     below 1 << 7 (t < 2^-14, so |v| < 2^-8 for E2M3) the lane is not t's, but everything
+       there, x's subnormals included, converts to FP8 code 0 (the lane, read as F16, and t are
+       both below half the smallest FP8 step), the rule's code, as zero (the clamp) gives;
+     and the sum never wraps (|x| bits < 2^15, 0 <= D << 7 < 2^15).
+   E5M2's step below 2^-14 is 2^-16, so E3M2's subnormals need t below the F16 normals: its lane
+   holds t * 2^4 (D = e - 7, CAP 28 * 2^-8), and one F16 multiply by 2^-4 gives t, the exact
+   product rounded once (the F16 grid there, 2^-24, is finer than E5M2's; only t < 2^-17, which
+   is code 0 either way, may round). The sign is x's (also of a zero code), put at bit 5 of each
+   FP8 magnitude byte (all below 32: the clamp) from a byte permute that replicates the sign
+   bit of the elements' high bytes. Valid for every finite x of a block with scale code e >= 9
+   (E2M3) or e >= 7 (E3M2), either rule (hq_mx_fp6_bf16_ok: D >= 0), i.e. every element of such
+   a block with a finite amax; lower codes (amax below about 2^-116) keep hq_mx_cast_fast. An
+   Inf reads as 2^128, which is not beyond the maximum at the codes of blocks that hold one
+   (FLOOR 253 for E2M3, 251 for E3M2; RCEIL 254), so those keep the rule, as they do with
+   hq_mx_cast_fast. */
+#define HQ_MX_E2M3_BF16_CAP 0x05f0u /* F16 7.5 * 2^-6 = 0x2f80, >> 3 */
+#define HQ_MX_E3M2_BF16_CAP 0x05e0u /* F16 28 * 2^-8 = 0x2f00, >> 3 */
+#define HQ_MX_F16X2_2EM4 0x2c002c00u /* F16 2^-4, both halves */
+HQ_HD uint32_t hq_mx_fp6_bf16_emin(int kind) { return kind == HQ_E3M2X4 ? 7u : 9u; }
+HQ_HD int hq_mx_fp6_bf16_ok(uint8_t e, int kind) {
+  return e != 0xFFu && e >= hq_mx_fp6_bf16_emin(kind);
+}
+/* The lane word -D << 7 of a block with hq_mx_fp6_bf16_ok (one lane; times 0x10001 for both) */
+HQ_HD uint32_t hq_mx_fp6_bf16_nd(uint8_t e, int kind) {
+  return (0u - (((uint32_t)e - hq_mx_fp6_bf16_emin(kind)) << 7)) & 0xffffu;
+}
+/* max(min(a + b, c), 0) per signed 16-bit lane, the sum wrapping (one DPX instruction) */
+HQ_HD uint32_t hq_mx_viaddmin_s16x2_relu(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __viaddmin_s16x2_relu(a, b, c);
+#else
+  uint32_t d = 0;
+  for (int h = 0; h < 32; h += 16) {
+    const int32_t x = (int16_t)(uint16_t)(((a >> h) + (b >> h)) & 0xffffu);
+    const int32_t z = (int16_t)(uint16_t)((c >> h) & 0xffffu);
+    const int32_t m = x < z ? x : z;
+    d |= (uint32_t)(m > 0 ? m : 0) << h;
+  }
+  return d;
+#endif
+}
+/* mul.rn.f16x2 (subnormals kept). The host form rounds the FP32 product, exact for F16 factors
+   (11 significant bits each), once to F16. */
+HQ_HD uint32_t hq_mx_f16x2_mul(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  uint32_t d = 0;
+  for (int h = 0; h < 32; h += 16) {
+    const float p = hq_mul_rn(hq_f16_to_f32((uint16_t)(a >> h)), hq_f16_to_f32((uint16_t)(b >> h)));
+    d |= (uint32_t)hq_f32_to_f16(p) << h;
+  }
+  return d;
+#endif
+}
+/* cvt.rn.satfinite.{e4m3x2, e5m2x2}.f16x2 (FP8 elem HQ_E4M3 / HQ_E5M2) of two F16 pairs: the
+   four FP8 codes, a's low half in byte 0, b's high half in byte 3 (one word, as the convert
+   writes it). F16 to FP32 is exact, so the host form is the FP32 rule. */
+HQ_HD uint32_t hq_mx_fp8x4_of_f16x4(uint32_t a, uint32_t b, int elem) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  if (elem == HQ_E5M2)
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e5m2x2.f16x2 lo, %1;\n"
+        "cvt.rn.satfinite.e5m2x2.f16x2 hi, %2;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 lo, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f16x2 hi, %2;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  uint32_t d = 0;
+  for (int k = 0; k < 4; k++) {
+    const uint16_t h = (uint16_t)((k < 2 ? a : b) >> (16 * (k & 1)));
+    d |= (uint32_t)hq_f32_to_fp8(hq_f16_to_f32(h), elem) << (8 * k);
+  }
+  return d;
+#endif
+}
+/* prmt.b32 in its default mode: selector nibble k picks byte (k & 7) of (a, b), and with bit 3
+   set replicates that byte's bit 7 over the result byte. */
+HQ_HD uint32_t hq_mx_prmt_sx(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+#else
+  const uint64_t ab = (uint64_t)b << 32 | a;
+  uint32_t d = 0;
+  for (int k = 0; k < 4; k++) {
+    const uint32_t n = (s >> (4 * k)) & 15u, y = (uint32_t)(ab >> (8 * (n & 7u))) & 0xffu;
+    d |= ((n & 8u) ? ((y >> 7) ? 0xffu : 0u) : y) << (8 * k);
+  }
+  return d;
+#endif
+}
+/* The FP6 codes of 8 consecutive BF16 elements (w: 4 words, element 2j in the low half of w[j]),
+   pair j with its lane word nd[j] (hq_mx_fp6_bf16_nd of its two elements' blocks), packed as
+   hq_fp6_pack4 packs them (element k at bits 6k .. 6k + 5): hq_mx_cast(RN(x * mult)) of each, for
+   finite x of blocks with hq_mx_fp6_bf16_ok. The FP8 pairs of pairs 2i, 2i + 1 are one word of 4 magnitude
+   bytes; with their signs, the bytes are packed 6 bits apart by the two multiply-adds of
+   hq_mx_fp6x4_of_fp8x4_fin. */
+HQ_HD uint64_t hq_mx_fp6x8_bf16(const uint32_t w[4], const uint32_t nd[4], int kind) {
+  const uint32_t cap = (kind == HQ_E3M2X4 ? HQ_MX_E3M2_BF16_CAP : HQ_MX_E2M3_BF16_CAP) * 0x10001u;
+  uint32_t f[4];
+  for (int j = 0; j < 4; j++) {
+    f[j] = hq_mx_viaddmin_s16x2_relu(w[j] & 0x7fff7fffu, nd[j], cap) << 3;
+    if (kind == HQ_E3M2X4) f[j] = hq_mx_f16x2_mul(f[j], HQ_MX_F16X2_2EM4);
+  }
+  uint32_t q[2];
+  for (int i = 0; i < 2; i++) {
+    /* elements 4i .. 4i + 3 in bytes 0..3; their sign bits are bit 7 of bytes 1, 3 of the words */
+    const uint32_t m = hq_mx_fp8x4_of_f16x4(f[2 * i], f[2 * i + 1], hq_mx_fp6_fp8_elem(kind));
+    const uint32_t s = hq_mx_prmt_sx(w[2 * i], w[2 * i + 1], 0xFDB9u);
+    const uint32_t b = m | (s & 0x20202020u);
+    const uint32_t p = b + (b & 0x00ff00ffu) * 3u;
+    q[i] = (p + (p & 0x0000ffffu) * 15u) >> 6;
+  }
+  return (uint64_t)q[0] | (uint64_t)q[1] << 24;
+}
+
 /* One element, round to nearest even (saturating to +-max; NaN -> +max), or stochastically from
    the random byte r8. */
 HQ_HD uint32_t hq_mx_cast(float v, int kind) {
