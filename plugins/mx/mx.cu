@@ -26,8 +26,11 @@
 ** themselves, two elements per instruction (hq_mx_e2m1x8_bf16: two BF16x2 multiply-adds and a
 ** 16-bit three-input min per pair, the multipliers BF16 words made from the scale code);
 ** E2M1 from FP32 / F16 by two FP32 sums and one min (hq_mx_cast_fast), the biased codes packed
-** by multiply-adds and unbiased once per word; FP6 through the FP8 convert instruction, the
-** codes clipped and packed by hq_mx_fp6x4_of_fp8x4_fin (a block with a finite amax). A NaN
+** by multiply-adds and unbiased once per word; FP6 from BF16 on the packed words too
+** (hq_mx_fp6x8_bf16: per pair an integer mask, one DPX add-min-max and a shift make the F16
+** pair of the scaled values, which the F16-pair FP8 convert rounds; scale codes from 9 or 7 up),
+** else through the FP8 convert of FP32 pairs, the codes clipped and packed by
+** hq_mx_fp6x4_of_fp8x4_fin (either way a block with a finite amax). A NaN
 ** block (scale 0xFF), an FP6 block holding an Inf, a BF16 E2M1 block with scale code 0 under
 ** RCEIL, and with stochastic rounding every FP6 block and every E2M1 block with an Inf or NaN,
 ** take the rule itself (hq_mx_cast / hq_mx_cast_sr); E2M1 stochastic rounding of a finite
@@ -246,12 +249,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
   constexpr bool PK = DT != HQ_F32 && VEC;
   /* BF16 to E2M1 by round to nearest: the packed form (hq_mx_e2m1x8_bf16), on the words */
   constexpr bool BP = PK && DT == HQ_BF16 && KIND == HQ_E2M1X2 && !SR;
+  /* BF16 to FP6 by round to nearest: the packed form (hq_mx_fp6x8_bf16) for the blocks of a
+     finite amax with hq_mx_fp6_bf16_ok */
+  constexpr bool BP6 = PK && DT == HQ_BF16 && KIND != HQ_E2M1X2 && !SR;
   __shared__ __align__(16) uint32_t part[kWarps * kCols]; /* per-warp column maxima (bits) */
   __shared__ __align__(16) float s_mult[kCols];            /* per-column fast multipliers */
   __shared__ __align__(16) uint8_t s_code[kCols];          /* per-column scale codes */
   __shared__ __align__(16) uint8_t s_fast[kCols];          /* per-column: fast form */
   __shared__ __align__(16) uint32_t s_bits[SR ? 8 : 1][kCols]; /* per-column random words */
-  __shared__ __align__(16) uint16_t s_mb[BP ? 2 : 1][kCols]; /* per-column BF16 mult, 2 * mult */
+  /* per-column BF16 mult, 2 * mult (BP); the FP6 form's lane -D << 7 (BP6) */
+  __shared__ __align__(16) uint16_t s_mb[BP ? 2 : 1][kCols];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   /* the call's random-stream offset, once per thread: from the step a graph replay reads on
      the device (the host set it before the replay), else the host's */
@@ -354,6 +361,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
         const uint32_t m1 = hq_mx_bf16_mult2(e, 0), m2 = hq_mx_bf16_mult2(e, 1);
         const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
         v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
+      } else if (BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND)) {
+        const uint32_t nd = hq_mx_fp6_bf16_nd(e, KIND) * 0x10001u;
+        const uint32_t ndw[4] = {nd, nd, nd, nd};
+        v = hq_mx_fp6x8_bf16(w[p], ndw, KIND);
       } else {
         float y[8], m[8];
         uint8_t ek[8];
@@ -382,12 +393,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
     const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
     const bool fast = BP ? hq_mx_e2m1_bf16_ok(e, a.rule)
                       : hq_mx_fast_block(am < 0x7f800000u, e, KIND, SR);
+    /* bit 1: the column takes the packed FP6 form */
+    const bool ok6 = BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND);
     if (BP) {
       s_mb[0][t] = (uint16_t)hq_mx_bf16_mult2(e, 0);
       s_mb[BP ? 1 : 0][t] = (uint16_t)hq_mx_bf16_mult2(e, 1);
     }
+    if (BP6) s_mb[0][t] = (uint16_t)(ok6 ? hq_mx_fp6_bf16_nd(e, KIND) : 0u);
     s_code[t] = e;
-    s_fast[t] = fast;
+    s_fast[t] = (uint8_t)(fast | ok6 << 1);
     s_mult[t] = !fast || BP ? 0.0f
                 : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
                                     : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
@@ -405,25 +419,33 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
   }
   __syncthreads();
   uint32_t m1w[4] = {0u, 0u, 0u, 0u}, m2w[4] = {0u, 0u, 0u, 0u};
-  if (BP) { /* the 8 columns' BF16 multipliers, two columns a word */
+  if (BP || BP6) { /* the 8 columns' BF16 multipliers (BP6: lane words), two columns a word */
     const uint4 u1 = *reinterpret_cast<const uint4 *>(&s_mb[0][cg * 8]);
-    const uint4 u2 = *reinterpret_cast<const uint4 *>(&s_mb[BP ? 1 : 0][cg * 8]);
     m1w[0] = u1.x, m1w[1] = u1.y, m1w[2] = u1.z, m1w[3] = u1.w;
+  }
+  if (BP) {
+    const uint4 u2 = *reinterpret_cast<const uint4 *>(&s_mb[BP ? 1 : 0][cg * 8]);
     m2w[0] = u2.x, m2w[1] = u2.y, m2w[2] = u2.z, m2w[3] = u2.w;
   }
   float m[8];
   uint8_t ek[8];
-  bool fast = true;
-  {
+  bool fast = true, bp6 = false;
+  /* the 8 columns' fast multipliers and scale codes; BP6 kernels read them on the path that
+     needs them (the packed form's registers leave no room to hold them across it) */
+  const auto load_mult = [&]() {
     const float4 *s = reinterpret_cast<const float4 *>(&s_mult[cg * 8]);
     const float4 u = s[0], v = s[1];
     m[0] = u.x, m[1] = u.y, m[2] = u.z, m[3] = u.w, m[4] = v.x, m[5] = v.y, m[6] = v.z, m[7] = v.w;
     const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
-    const uint2 f = *reinterpret_cast<const uint2 *>(&s_fast[cg * 8]);
 #pragma unroll
     for (int k = 0; k < 8; k++) ek[k] = (uint8_t)((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
-    fast = (f.x & f.y) == 0x01010101u;
+  };
+  {
+    const uint2 f = *reinterpret_cast<const uint2 *>(&s_fast[cg * 8]);
+    fast = (f.x & f.y & 0x01010101u) == 0x01010101u;
+    bp6 = BP6 && (f.x & f.y) == 0x03030303u;
   }
+  if (!BP6) load_mult();
 #pragma unroll
   for (int p = 0; p < 2; p++) {
     const int r = r0 + 16 * p; /* the element's index in its column block */
@@ -441,7 +463,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
     uint64_t v;
     if (BP && fast) {
       v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
+    } else if (BP6 && bp6) {
+      v = hq_mx_fp6x8_bf16(w[p], m1w, KIND);
     } else {
+      if (BP6) load_mult();
       float y[8];
       elems8<DT, PK>(w[p], x[p], y);
       v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
