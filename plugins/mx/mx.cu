@@ -158,11 +158,12 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
          (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
 }
 
-/* HQ_MX_ST4 = 1 (a variant to time, not the default): FP4 codes stored 4 bytes per lane, no
-   shuffle, the same sectors per warp store (a row's 16 lanes write 64 consecutive bytes either
-   way); ptxas then spills 16 bytes in the BF16 kernel at 32 registers. */
+/* HQ_MX_ST4 (1, the default): FP4 codes stored 4 bytes per lane, no shuffle, the same sectors
+   per warp store (a row's 16 lanes write 64 consecutive bytes either way); faster than the
+   shuffled 8-byte stores (0, kept for measuring) although ptxas spills 16 bytes in the BF16
+   kernel at 32 registers. */
 #ifndef HQ_MX_ST4
-#define HQ_MX_ST4 0
+#define HQ_MX_ST4 1
 #endif
 /* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
    row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
@@ -578,23 +579,6 @@ constexpr int kDqUnits = 4;                     /* runs per thread */
 constexpr int kDqCols = 32 * kDqRun * kDqUnits; /* columns per warp */
 constexpr int kDqRowsPerCta = 8;
 
-/* prmt.b32 with its sign mode (a selector nibble with bit 3 set gives the top bit of the byte it
-   names, replicated), which the fused GEMM's E2M1 pairs use too */
-HQ_HD uint32_t dq_prmt(uint32_t a, uint32_t b, uint32_t s) {
-#if defined(__CUDA_ARCH__)
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-  return r;
-#else
-  const uint64_t ab = (uint64_t)b << 32 | a;
-  uint32_t r = 0;
-  for (int k = 0; k < 4; k++) {
-    const uint32_t n = (s >> (4 * k)) & 15u, v = (uint32_t)(ab >> (8 * (n & 7u))) & 0xffu;
-    r |= (n & 8u ? (v & 0x80u ? 0xffu : 0u) : v) << (8 * k);
-  }
-  return r;
-#endif
-}
 /* the low word of (hi:lo) >> n, n <= 32 */
 HQ_HD uint32_t dq_fshr(uint32_t lo, uint32_t hi, uint32_t n) {
 #if defined(__CUDA_ARCH__)
@@ -647,25 +631,25 @@ template <int KIND> HQ_HD void dq_raw(const uint32_t c[2], uint32_t sh, uint32_t
   if (KIND == HQ_E2M1X2) {
     const uint32_t x4 = c[0] << 4;
     for (uint32_t j = 0; j < 4; j++)
-      r[j] =
-          (dq_prmt(x4, c[0], j | (j + 8) << 4 | (j + 4) << 8 | (j + 12) << 12) << 2) & 0x81c081c0u;
+      r[j] = (hq_mx_prmt_sx(x4, c[0], j | (j + 8) << 4 | (j + 4) << 8 | (j + 12) << 12) << 2) &
+             0x81c081c0u;
     return;
   }
   constexpr int s = KIND == HQ_E3M2X4 ? 5 : 4; /* 7 - mantissa bits */
   constexpr uint32_t mask = (0x8000u | 0x1fu << s) * 0x10001u;
   const uint32_t wa = dq_fshr(c[0], c[1], sh) << 2, wb = dq_fshr(c[0], c[1], sh + 4);
   const uint32_t wc = dq_fshr(c[0], c[1], sh + 10), wd = dq_fshr(c[0], c[1], sh + 16);
-  r[0] = (dq_prmt(wa, wb, 0xc480u) << (s - 2)) & mask;
-  r[1] = (dq_prmt(wc, wd, 0xc480u) << (s - 2)) & mask;
-  r[2] = (dq_prmt(wa, wb, 0xf7b3u) << (s - 2)) & mask;
-  r[3] = (dq_prmt(wc, wd, 0xf7b3u) << (s - 2)) & mask;
+  r[0] = (hq_mx_prmt_sx(wa, wb, 0xc480u) << (s - 2)) & mask;
+  r[1] = (hq_mx_prmt_sx(wc, wd, 0xc480u) << (s - 2)) & mask;
+  r[2] = (hq_mx_prmt_sx(wa, wb, 0xf7b3u) << (s - 2)) & mask;
+  r[3] = (hq_mx_prmt_sx(wc, wd, 0xf7b3u) << (s - 2)) & mask;
 }
 /* The scale codes of a run's 4 pairs in 16-bit lanes, from ec (columnwise: the run's 8 codes;
    rowwise: .x its one code) */
 template <bool COLWISE> HQ_HD void dq_ew(uint2 ec, uint32_t ew[4]) {
   if (COLWISE) {
-    ew[0] = dq_prmt(ec.x, 0u, 0x4140u), ew[1] = dq_prmt(ec.x, 0u, 0x4342u);
-    ew[2] = dq_prmt(ec.y, 0u, 0x4140u), ew[3] = dq_prmt(ec.y, 0u, 0x4342u);
+    ew[0] = hq_mx_prmt_sx(ec.x, 0u, 0x4140u), ew[1] = hq_mx_prmt_sx(ec.x, 0u, 0x4342u);
+    ew[2] = hq_mx_prmt_sx(ec.y, 0u, 0x4140u), ew[3] = hq_mx_prmt_sx(ec.y, 0u, 0x4342u);
   } else {
     ew[0] = ew[1] = ew[2] = ew[3] = ec.x * 0x10001u;
   }
@@ -733,7 +717,7 @@ HQ_HD void dq_bf16_rows(const uint8_t *data, const uint8_t *scale, uint16_t *dst
         dq_raw<KIND>(c[u], sh, r);
         dq_ew<COLWISE>(ec[u], ew);
         for (int j = 0; j < 4; j++) {
-          const uint32_t es = ew[j] << 7, nan = dq_prmt(es + 0x00800080u, 0u, 0xbb99u);
+          const uint32_t es = ew[j] << 7, nan = hq_mx_prmt_sx(es + 0x00800080u, 0u, 0xbb99u);
           w[j] = hq_mx_bf16x2_mul(hq_mx_bf16x2_mul(r[j], pre), dq_max2(es, 0x00400040u));
           w[j] = (w[j] & ~nan) | (nan2 & nan);
         }
