@@ -1036,12 +1036,14 @@ __device__ __forceinline__ uint32_t colgroup_word(uint32_t cg, int g, int col) {
 }
 /* whether a kernel stages its columnwise bytes by groups: both directions without stochastic
    rounding, whose kernel is bound by its instructions rather than its stores (grouping made it
-   slower) */
-template <int DIRS, bool SR> constexpr bool kGroupC = DIRS == 3 && !SR && kColGroup > 1;
+   slower), on a tensor of at least a wave of groups (UG: fewer, each tile its own CTA: a group
+   per CTA would leave most SMs idle and take four tiles' time) */
+template <int DIRS, bool SR, bool UG = false>
+constexpr bool kGroupC = DIRS == 3 && !SR && !UG && kColGroup > 1;
 /* whether the kernel aligns its tiles (and the ColGroups after them) to 1024 bytes, the
    128-byte swizzle's alignment, in the 1024 bytes of dynamic shared memory the launcher adds */
-template <int DT, int DIRS, bool SR>
-constexpr bool kAlign1K = kTmaTile<DT, QShape<DIRS>::TK> || kGroupC<DIRS, SR>;
+template <int DT, int DIRS, bool SR, bool UG = false>
+constexpr bool kAlign1K = kTmaTile<DT, QShape<DIRS>::TK> || kGroupC<DIRS, SR, UG>;
 
 /* A staging buffer's shared-window address (hq_smem_addr: taken once, then offsets added) and
    the addresses of its parts: packed word i of the rowwise staging, word (rb, col) of the
@@ -1231,7 +1233,7 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
   }
 }
 
-template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT, bool UG>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a, const __grid_constant__ CUtensorMap tm_x,
@@ -1245,7 +1247,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   /* the packed bytes and the scale bytes, staged as each block is encoded (no registers held
      across the two directions), then stored coalesced (Staged) */
   /* both directions with round to nearest: the columnwise bytes go to ColGroups (kGroupC) */
-  constexpr bool kGroup = kGroupC<DIRS, SR>;
+  constexpr bool kGroup = kGroupC<DIRS, SR, UG>;
   __shared__ Staged<DIRS, kGroup> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (flip_word) */
   __shared__ __align__(8) uint64_t full_bar[kStages]; /* TMA tiles: buffer s's copy has landed */
@@ -1308,7 +1310,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const uint32_t bar_s = hq_smem_addr(full_bar);
   uint32_t parity = 0;
   static_assert(!kGroup || kStages * R::kBytes % 1024 == 0, "ColGroups 1024-byte aligned");
-  if constexpr (kAlign1K<DT, DIRS, SR>) tiles_s = (tiles_s + 1023u) & ~1023u;
+  if constexpr (kAlign1K<DT, DIRS, SR, UG>) tiles_s = (tiles_s + 1023u) & ~1023u;
   if constexpr (kTma && HQ_TMA_ARCH) {
     if (t < kStages) hq_mbar_init(bar_s + 8u * t, 1);
     hq_mbar_init_fence();
@@ -2120,10 +2122,10 @@ int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
    - and then its scales in the compact layout with a pitch of a multiple of 16 bytes: K rows
      of M / 16 bytes (the padding after them not written, as by the kernel's own stores),
      boxes of PART rows x one column's 4 * kColGroup bytes. */
-template <int DT, int DIRS, bool SR>
+template <int DT, int DIRS, bool SR, bool UG>
 void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *tcs) {
   a.tma = a.tmc = a.tmcs = 0;
-  constexpr bool kTma = kTmaTile<DT, QShape<DIRS>::TK>, kGroup = kGroupC<DIRS, SR>;
+  constexpr bool kTma = kTmaTile<DT, QShape<DIRS>::TK>, kGroup = kGroupC<DIRS, SR, UG>;
   if (kTma && a.vec)
     a.tma = hq_tensor_map_2d(tx, DT == HQ_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -2143,11 +2145,11 @@ void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *
                             CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
 }
 
-template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT, bool UG = false>
 int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
   using Sh = QShape<DIRS>;
-  constexpr bool kGroup = kGroupC<DIRS, SR>;
+  constexpr bool kGroup = kGroupC<DIRS, SR, UG>;
   /* both directions: groups of kColGroup tiles along M (ColGroup) */
   int rc = tile_grid(call, a.M, a.K, &grid, kGroup ? Sh::TM * kColGroup : Sh::TM, Sh::TK);
   if (rc) return rc;
@@ -2160,17 +2162,17 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
      device and kernel */
   const int dyn = kStagesOf<DT, DIRS, SR> * RawTile<DT, Sh::TM, Sh::TK>::kBytes +
                   (kGroup ? 2 * (int)sizeof(ColGroup) : 0) +
-                  (kAlign1K<DT, DIRS, SR> ? 1024 : 0);
+                  (kAlign1K<DT, DIRS, SR, UG> ? 1024 : 0);
   CUtensorMap tx{}, tcd{}, tcs{};
-  make_tensor_maps<DT, DIRS, SR>(a, &tx, &tcd, &tcs);
+  make_tensor_maps<DT, DIRS, SR, UG>(a, &tx, &tcd, &tcs);
   int64_t resident = 0;
-  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>>(
+  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>>(
                        kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>
+  quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>
       <<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
   if (cudaPeekAtLastError() != cudaSuccess)
-    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT>>();
+    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
@@ -2183,6 +2185,14 @@ int launch_quantize_d(const hq_call *call, const QArgs &a) {
   if (dirs == 0) return HQ_OK;
   if (dirs == 1) return launch_quantize_t<DT, false, SR, 1, B2D, OPT>(call, a);
   if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2, B2D, OPT>(call, a);
+  if constexpr (kGroupC<3, SR>) {
+    /* fewer groups than SMs: a CTA per tile (kGroupC's UG) */
+    unsigned groups = 0;
+    int rc = tile_grid(call, a.M, a.K, &groups, QShape<3>::TM * kColGroup, QShape<3>::TK);
+    if (rc) return rc;
+    if ((int64_t)groups < (int64_t)hq_cuda_device_sms(call->device))
+      return launch_quantize_t<DT, RHT, SR, 3, B2D, OPT, true>(call, a);
+  }
   return launch_quantize_t<DT, RHT, SR, 3, B2D, OPT>(call, a);
 }
 
