@@ -72,8 +72,8 @@
 **     column's from one read), and the quantize kernel makes each thread's row (or two
 **     columns') S_enc, S_dec and m per tile and each block's encode multiplier by the rule --
 **     except the rowwise copy alone, which rowq_kernel makes from one read (slabs of whole rows
-**     in shared memory, each row's amax reduced there, its constants and an encode-multiplier
-**     table made once per row).
+**     in shared memory by the TMA's bulk copy, each row's amax reduced there, one barrier per
+**     slab, its constants and an encode-multiplier table made once per warp and row).
 **     Dequantize and the tensor factor take the scale type and global scale as arguments.
 **   tensor factor: one thread writes hq_nvfp4_tensor_factor_k of the amax buffer (the
 **     tensor_factor op, and the alpha factors of the native GEMM); a raw dequantize asked for it
@@ -1657,97 +1657,192 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
    reads it twice: the row amax pass, then quantize_kernel). A CTA takes whole rows: a slab of
    rq_rows consecutive rows (rq_rows * K elements, contiguous in the input and, packed, in the
    rowwise data) is copied into shared memory, its rows' amaxes reduced there, and every block
-   encoded from the slab, so the input leaves DRAM once. Resident CTAs grid-stride over the
-   slabs through a ring of kRqStages slab buffers (cp.async, as issue_tile): the next slabs are
-   copied in while one is encoded. Per slab, three steps between barriers:
-     1. each thread takes blocks t, t + 256, ... of the slab (row-major, so a warp reads and
-        later writes consecutive bytes), keeps their values in registers, and takes each
-        block's amax (NaN ignored) into its row's max in shared memory (the bits of a
-        non-negative float order like the values, so the order of the atomics does not
-        matter; a warp whose blocks lie in one row reduces first: one atomic per warp);
-     2. each row's constants, once: its S_dec and m (dir_const_k: the rule's functions) and
-        the 8 entries of its encode multiplier table (hq_nvfp4_encode_table: 8 threads a row);
-        row i's amax A_i to the amax buffer;
-     3. each block: its scale code by the rule with its row's m, its encode multiplier from the
-        row's table (hq_nvfp4_encode_mult_tab: the rule's bits, without a division per block;
-        the rule itself for a row whose S_dec is outside the table's range), the codes by the
-        fast form or the rule as in quantize_kernel;
-        8 packed bytes stored per thread (a warp's 256 consecutive bytes), the scale codes as
-        words of 4 entries where a row's blocks come in fours (K % 64 == 0), else byte by byte.
+   encoded from registers, so the input leaves DRAM once. Resident CTAs grid-stride over the
+   slabs through a ring of slab buffers, each filled by one bulk copy (the TMA's 1-D
+   cp.async.bulk, issued by thread 0, completing on the buffer's mbarrier): no thread spends
+   instructions on addresses of 16-byte pieces, and the copy of a slab is in flight as soon as
+   the slab before it in the same buffer has been read.
+   Warp w takes blocks (w * kBPT + j) * 32 + lane of the slab (j < kBPT, row-major), so that
+   each j is 32 consecutive blocks (a warp reads and later writes consecutive bytes) and, when
+   K / 16 is a multiple of 32, lies in one row: the row is then the same for every lane and
+   everything per row (its max, its constants, its encode table) is made by the warp, with no
+   barrier between the rows' maxima and the blocks.
+   Per slab, ONE barrier:
+     1. (after the slab's mbarrier) each thread takes its blocks' values into registers and
+        their amaxes (NaN ignored); each row's max into rmax[n % 3] (the bits of a non-negative
+        float order like the values, so the order of the atomics does not matter): one
+        reduction and one atomic per warp and row where the row is the warp's, else one atomic
+        per block;
+     2. the barrier: every row's max is whole, and every thread has read the slab buffer, which
+        thread 0 then refills with the slab kStages later;
+     3. the rows' constants, S_dec and m (dir_const_k: the rule's functions): where each j is
+        one row, lanes 8j .. 8j + 7 make row[j]'s and its 8-entry encode table
+        (hq_nvfp4_encode_table, entry lane % 8), one round per warp and slab whatever K; else
+        each thread once per row it meets. Then each block from registers: its scale code by
+        the rule with its row's m (a shuffle), its encode multiplier from the table (a
+        shuffle and a power of 2 from the code's exponent: hq_nvfp4_encode_mult_tab's bits),
+        else by the rule itself (a subnormal or zero code, a row whose S_dec is outside the
+        table's range, rows not the warps'); the codes by the fast form or the rule as in
+        quantize_kernel; 8 packed bytes stored per thread (a warp's 256 consecutive bytes),
+        the scale codes as words of 4 entries where a row's blocks come in fours (K % 64 ==
+        0), else byte by byte. Row i's amax A_i goes to the amax buffer from a thread that
+        made its constants for the segment holding its block 0.
+   The row maxima rotate through three buffers, so that no other barrier is needed: slab n's
+   are written before barrier n and read between barriers n and n + 1, and the buffer slab
+   n + 2 will take is cleared between those barriers too (its last readers, slab n - 1's, were
+   done before barrier n; its first writers, slab n + 2's, start after barrier n + 1).
    On-chip budget: a slab buffer of kRqSlab bytes holds at least one row, so rows of up to
    kRqSlab bytes (16384 bf16 / f16, 8192 f32 elements) take this kernel; a longer row cannot be
    held while its amax is reduced, and goes to the two-pass kernels (rowq_fits), as does an input
-   not 16-byte aligned (cp.async copies 16-byte chunks). */
+   not 16-byte aligned (the bulk copy takes 16-byte aligned addresses). Registers hold a slab's
+   share per thread (kBPT blocks) from step 1 to step 3, so the slab buffer is free after the
+   barrier and two buffers keep a slab in flight while one is encoded and another is read. */
 #ifndef HQ_NVFP4_RQ_SLAB /* bytes per slab buffer (a multiple of 16 KiB) */
 #define HQ_NVFP4_RQ_SLAB 32768
 #endif
-#ifndef HQ_NVFP4_RQ_STAGES /* slab buffers per CTA (2 or more) */
-#define HQ_NVFP4_RQ_STAGES 3
+/* slab buffers per CTA (2 or more) and the CTAs per SM the registers are allotted for: round
+   to nearest 2 buffers at 3 CTAs per SM (80 registers: 24 warps per SM, two slabs in flight per
+   CTA while one is encoded), stochastic rounding, whose blocks hold more registers, 3 at 2 */
+#ifndef HQ_NVFP4_RQ_STAGES
+#define HQ_NVFP4_RQ_STAGES 2
 #endif
-constexpr int kRqSlab = HQ_NVFP4_RQ_SLAB, kRqStages = HQ_NVFP4_RQ_STAGES;
-static_assert(kRqSlab % (16 * 4 * kThreads) == 0 && kRqStages >= 2,
+#ifndef HQ_NVFP4_RQ_MIN_BLOCKS
+#define HQ_NVFP4_RQ_MIN_BLOCKS 3
+#endif
+#ifndef HQ_NVFP4_RQ_SR_STAGES
+#define HQ_NVFP4_RQ_SR_STAGES 3
+#endif
+#ifndef HQ_NVFP4_RQ_SR_MIN_BLOCKS
+#define HQ_NVFP4_RQ_SR_MIN_BLOCKS 2
+#endif
+constexpr int kRqSlab = HQ_NVFP4_RQ_SLAB;
+template <bool SR>
+constexpr int kRqStages = SR ? HQ_NVFP4_RQ_SR_STAGES : HQ_NVFP4_RQ_STAGES;
+template <bool SR>
+constexpr int kRqMinBlocks = SR ? HQ_NVFP4_RQ_SR_MIN_BLOCKS : HQ_NVFP4_RQ_MIN_BLOCKS;
+static_assert(kRqSlab % (16 * 4 * kThreads) == 0 && kRqStages<false> >= 2 &&
+                  kRqStages<true> >= 2,
               "a slab buffer is whole 16-block rounds of the CTA's threads, in F32 too");
-/* rows per slab, at most: one thread makes each row's constants (step 2) */
+/* rows per slab, at most: thread t clears row t's max (step 3) */
 constexpr int kRqMaxRows = kThreads;
 template <int DT> constexpr int kRqElems = kRqSlab / (DT == HQ_F32 ? 4 : 2);
 /* blocks per thread and slab, at most */
 template <int DT> constexpr int kRqBPT = kRqElems<DT> / 16 / kThreads;
 
-template <int DT, bool SR>
-__global__ void __launch_bounds__(kThreads, 2) rowq_kernel(QArgs a) {
-  constexpr int kEsz = DT == HQ_F32 ? 4 : 2, kBPT = kRqBPT<DT>;
-  extern __shared__ __align__(16) uint8_t slabs[]; /* kRqStages buffers of kRqSlab bytes */
-  __shared__ uint32_t rmax[kRqMaxRows];            /* the slab's row amaxes (bits), step 1 */
-  __shared__ float rm[kRqMaxRows], rsd[kRqMaxRows]; /* each row's m and S_dec, step 2 */
-  __shared__ float rtab[kRqMaxRows][8];             /* each row's hq_nvfp4_encode_table */
+/* The 1-D bulk copy (TMA, sm_90 on) of `bytes` (a multiple of 16; both addresses 16-byte
+   aligned) from global src to the shared-window address dst, its bytes counted on bar. */
+__device__ __forceinline__ void rq_bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                             uint32_t bar) {
+  HQ_TMA_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+             "[%3];" ::"r"(dst),
+             "l"(src), "r"(bytes), "r"(bar)
+             : "memory");
+}
+
+/* The scale code's encode multiplier from a row's table (hq_nvfp4_encode_mult_tab's bits for
+   a normal code, sf >= 8): code sf = e * 8 + g has the value 2^(e - bias) * (1 + g / 8), whose
+   FP32 exponent field is e - bias + 127, so the table's power of 2 is 2^(254 - that) = the
+   float with exponent field kExp - e (E4M3: bias 7, kExp 134; UE5M3: bias 15, kExp 142);
+   tv = the table's entry g. */
+template <bool UE> __device__ __forceinline__ float rq_tab_enc(float tv, uint32_t sf) {
+  constexpr uint32_t kExp = UE ? 142u : 134u;
+  return hq_mul_rn(tv, hq_bits_f32(kExp * 0x800000u - (sf >> 3) * 0x800000u));
+}
+
+/* The rule for 16 values of a block with round to nearest (encode_rule), out of line: the
+   blocks the fast form does not take are rare, and the kernel's common path stays compact. A
+   16-bit input's 8 raw words in x, y (row_words' layout), an F32 one's 16 values' bits in x, y,
+   z, u. */
+template <int DT>
+__device__ __noinline__ uint2 rq_rule_rn(uint4 x, uint4 y, uint4 z, uint4 u, float enc) {
+  const uint32_t q[16] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w,
+                          z.x, z.y, z.z, z.w, u.x, u.y, u.z, u.w};
+  auto val = [&](int e) {
+    return DT == HQ_F32 ? hq_bits_f32(q[e]) : row_word_value<DT>(q, e);
+  };
+  return encode_rule<false>(val, enc, (const uint32_t *)nullptr, 0u, 0u, 0u);
+}
+/* Keeps a pointer in registers as made, where the compiler would make it again from the
+   kernel's arguments before each use (hq_pin's reason, for a 64-bit value). */
+__device__ __forceinline__ void rq_pin64(uint8_t *&p) { asm volatile("" : "+l"(p)); }
+__device__ __forceinline__ uint4 f4(const float *v, int e) {
+  return make_uint4(hq_f32_bits(v[e]), hq_f32_bits(v[e + 1]), hq_f32_bits(v[e + 2]),
+                    hq_f32_bits(v[e + 3]));
+}
+
+template <int DT, bool SR, bool UE>
+__global__ void __launch_bounds__(kThreads, kRqMinBlocks<SR>) rowq_kernel(QArgs a) {
+  constexpr int kEsz = DT == HQ_F32 ? 4 : 2, kBPT = kRqBPT<DT>, kStages = kRqStages<SR>;
+  constexpr int kind = UE ? HQ_NVFP4_SCALE_UE5M3 : HQ_NVFP4_SCALE_E4M3;
+  extern __shared__ __align__(16) uint8_t slabs[]; /* kStages buffers of kRqSlab bytes */
+  __shared__ uint32_t rmax[3][kRqMaxRows];          /* the slabs' row amaxes (bits), step 1 */
+  __shared__ __align__(8) uint64_t full[kStages];   /* buffer b's copy has landed */
   const int t = threadIdx.x, lane = t & 31;
   const uint64_t offset = q_offset<SR>(a);
   const uint32_t M = (uint32_t)a.M, K = (uint32_t)a.K, R = a.rq_rows, nbr = K / 16;
   const uint32_t nslab = (M + R - 1) / R;
-  const int kind = a.kind;
-  const uint32_t base = hq_smem_addr(slabs);
-  /* every lane of a warp sees blocks of one row for each j (step 1's warp reduction), and a
-     scale word's 4 blocks are 4 lanes' (step 3) */
-  const bool warp_row = nbr % 32 == 0, words = nbr % 4 == 0 && a.a4;
+  uint32_t base = hq_smem_addr(slabs);
+  const uint32_t bar0 = hq_smem_addr(full);
+  /* each j's 32 blocks lie in one row (step 1's warp reduction, step 3's table), and a scale
+     word's 4 blocks are 4 lanes' (step 3) */
+  const bool warp_row = nbr % 32 == 0, q4 = (lane & 3) == 0;
+  /* the scale codes by words of 4 (1: compact, at block b's place r0 * nbr + b; 2: swizzled),
+     0: byte by byte */
+  const int smode = nbr % 4 == 0 && a.a4 ? (a.swz ? 2 : 1) : 0;
+  /* the thread's blocks in a slab, b0 + 32 j, and their rows: the same in every slab (one
+     division each, once); block b of the slab is block b - row[j] * nbr of its row */
+  const uint32_t b0 = (uint32_t)(t >> 5) * (32u * kBPT) + (uint32_t)lane;
+  uint32_t row[kBPT];
+#pragma unroll
+  for (int j = 0; j < kBPT; j++) row[j] = (b0 + 32u * j) / nbr;
+  /* warp_row: lanes 8j .. 8j + 7 make the constants of j's row (kBPT <= 4 rows a warp, one
+     round of the warp whatever K): the lane's segment, its row, and whether the lane writes
+     that row's amax (entry 0, the segment holding the row's block 0) */
+  const uint32_t cseg = ((uint32_t)(t >> 5) * kBPT + ((uint32_t)(lane >> 3) & (kBPT - 1))) * 32u;
+  const uint32_t crow = cseg / nbr;
+  const bool cfirst = cseg == crow * nbr && (lane & 7) == 0;
   /* copy slab s (its rows' rows * K * kEsz bytes, a multiple of 32) into buffer b */
   auto issue = [&](uint32_t s, int b) {
-    const uint32_t r0 = s * R, rows = min(R, M - r0), chunks = rows * K * kEsz / 16;
-    const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)r0 * K * kEsz;
-    const uint32_t dst = base + (uint32_t)b * kRqSlab;
-    for (uint32_t c = t; c < chunks; c += kThreads)
-      hq_cp_async16_at(dst + 16u * c, src + 16u * (uint64_t)c);
+    const uint32_t r0 = s * R, rows = min(R, M - r0), bytes = rows * K * kEsz;
+    hq_mbar_expect_tx(bar0 + 8u * b, bytes);
+    rq_bulk_load(base + (uint32_t)b * kRqSlab,
+                 static_cast<const uint8_t *>(a.x) + (uint64_t)r0 * K * kEsz, bytes, bar0 + 8u * b);
   };
-  rmax[t] = 0u; /* read after the loop's first barrier */
-  uint32_t si = blockIdx.x; /* the next slab to copy */
+  rmax[0][t] = rmax[1][t] = rmax[2][t] = 0u;
+  if (t < kStages) hq_mbar_init(bar0 + 8u * t, 1);
+  hq_mbar_init_fence();
+  __syncthreads(); /* the barriers and row maxima are set */
+  if (t == 0) {
 #pragma unroll
-  for (int b = 0; b < kRqStages - 1; b++) {
-    if (si < nslab) issue(si, b);
-    hq_cuda_cp_async_commit();
-    si += gridDim.x;
+    for (int b = 0; b < kStages; b++) {
+      const uint32_t s = blockIdx.x + (uint32_t)b * gridDim.x;
+      if (s < nslab) issue(s, b);
+    }
   }
-  int buf = 0;
+  int buf = 0, rb = 0;  /* slab n's buffer (n % kStages) and row-max buffer (n % 3) */
+  uint32_t parity = 0u; /* bit b: the phase of buffer b's mbarrier to wait for */
   for (uint32_t s = blockIdx.x; s < nslab; s += gridDim.x) {
-    hq_cuda_cp_async_wait<kRqStages - 2>();
-    __syncthreads(); /* slab s is in; slab s - 1's buffer is free (its step 3 is done) */
-    if (si < nslab) issue(si, buf == 0 ? kRqStages - 1 : buf - 1);
-    hq_cuda_cp_async_commit();
-    si += gridDim.x;
+    hq_pin(base);
+#pragma unroll
+    for (int j = 0; j < kBPT; j++) hq_pin(row[j]); /* nothing made from them is held across
+                                                      slabs (registers) */
     const uint32_t r0 = s * R, rows = min(R, M - r0), nb = rows * nbr;
     const uint32_t sm = base + (uint32_t)buf * kRqSlab;
-    buf = buf + 1 == kRqStages ? 0 : buf + 1;
+    uint32_t *const rm = rmax[rb];
+    hq_mbar_wait(bar0 + 8u * buf, (parity >> buf) & 1u);
+    parity ^= 1u << buf;
     /* step 1: the thread's blocks, their amaxes, the rows' maxima */
-    uint32_t w[kBPT][8];   /* 16-bit input: block j's raw words (row_words' layout) */
-    float v[kBPT][16];     /* F32 input: block j's values */
-    float bam[kBPT];       /* block j's amax, NaN ignored */
-    int has_nan[kBPT];
-    uint32_t row[kBPT];    /* block j's row in the slab */
+    uint32_t w[kBPT][8]; /* 16-bit input: block j's raw words (row_words' layout) */
+    float v[kBPT][16];   /* F32 input: block j's values */
+    float bam[kBPT];     /* block j's amax, NaN ignored */
+    uint32_t nanm = 0u;  /* bit j: block j holds a NaN */
+    uint32_t acc = 0u; /* warp_row: the max of the thread's blocks in row[j] so far */
 #pragma unroll
     for (int j = 0; j < kBPT; j++) {
-      const uint32_t b = (uint32_t)t + (uint32_t)j * kThreads;
-      const bool in = b < nb;
-      bam[j] = 0.0f, has_nan[j] = 0, row[j] = in ? b / nbr : 0u;
+      const bool in = (b0 + 32u * j) < nb;
+      bam[j] = 0.0f;
       if (in) {
-        const uint32_t p = sm + b * (16u * kEsz);
+        const uint32_t p = sm + (b0 + 32u * j) * (16u * kEsz);
         if (DT == HQ_F32) {
 #pragma unroll
           for (int q = 0; q < 4; q++) {
@@ -1755,82 +1850,129 @@ __global__ void __launch_bounds__(kThreads, 2) rowq_kernel(QArgs a) {
             v[j][4 * q] = hq_bits_f32(f.x), v[j][4 * q + 1] = hq_bits_f32(f.y);
             v[j][4 * q + 2] = hq_bits_f32(f.z), v[j][4 * q + 3] = hq_bits_f32(f.w);
           }
-          bam[j] = block_amax16(v[j], &has_nan[j]);
+          int hn;
+          bam[j] = block_amax16(v[j], &hn);
+          nanm |= (uint32_t)hn << j;
         } else {
           const uint4 x = hq_lds128(p), y = hq_lds128(p + 16u);
           w[j][0] = x.x, w[j][1] = x.y, w[j][2] = x.z, w[j][3] = x.w;
           w[j][4] = y.x, w[j][5] = y.y, w[j][6] = y.z, w[j][7] = y.w;
           const float ba = packed16_amax<DT>(w[j]); /* NaN propagated */
-          has_nan[j] = is_nan_abs(ba);
-          bam[j] = has_nan[j] ? amax_of([&](int e) { return row_word_value<DT>(w[j], e); }) : ba;
+          const int hn = is_nan_abs(ba);
+          nanm |= (uint32_t)hn << j;
+          bam[j] = hn ? amax_of([&](int e) { return row_word_value<DT>(w[j], e); }) : ba;
         }
       }
       const uint32_t u = hq_f32_bits(bam[j]); /* 0 for a block outside the slab */
-      if (warp_row) { /* uniform: the warp's 32 blocks are all in or all out, in one row */
-        const uint32_t wm = __reduce_max_sync(0xffffffffu, u);
-        if (lane == 0 && in && wm) atomicMax(&rmax[row[j]], wm);
+      if (warp_row) { /* uniform: j's 32 blocks are all in or all out, in one row */
+        acc = max(acc, u);
+        /* the warp's max of the row once its last block of the thread's is in */
+        if (j + 1 == kBPT || row[j + 1] != row[j] || (b0 + 32u * (j + 1)) >= nb) {
+          const uint32_t wm = __reduce_max_sync(0xffffffffu, acc);
+          if (lane == 0 && in && wm) atomicMax(&rm[row[j]], wm);
+          acc = 0u;
+        }
       } else if (in && u) {
-        atomicMax(&rmax[row[j]], u);
+        atomicMax(&rm[row[j]], u);
       }
     }
-    __syncthreads();
-    /* step 2: each row's constants, entry g of row i's table by thread 8i + g (and the
-       following rounds of 256), which also makes S_dec; g = 0 writes the rest */
-    for (uint32_t u = (uint32_t)t; u < rows * 8u; u += kThreads) {
-      const uint32_t i = u >> 3, g = u & 7u;
-      const float A = hq_bits_f32(rmax[i]);
+    __syncthreads(); /* every row's max is whole; slab n's buffer has been read */
+    if (t == 0 && s + kStages * gridDim.x < nslab) issue(s + kStages * gridDim.x, buf);
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    /* row maxima of slab n + 2 start from 0 (the buffer slab n - 1 read, see above) */
+    rmax[rb == 0 ? 2 : rb - 1][t] = 0u;
+    rb = rb == 2 ? 0 : rb + 1;
+    /* step 3: the rows' constants, encode and store. The thread's blocks are b0 + 32 j:
+       their packed bytes 256 j bytes apart, and (words, compact scales: K / 16 entries a
+       row, so block b's entry is r0 * nbr + b) their scale words 32 j entries apart */
+    uint8_t *ob = a.rdata + (uint64_t)r0 * (K / 2) + 8u * b0;
+    uint8_t *sb = a.rscale + (uint64_t)r0 * nbr + b0;
+    if (!SR) rq_pin64(ob), rq_pin64(sb); /* made once, not again before each store (the
+                                            registers stochastic rounding needs elsewhere) */
+    __builtin_assume(__isGlobal(ob)), __builtin_assume(__isGlobal(sb));
+    /* warp_row: m and the encode table of row[j] in lanes 8j .. 8j + 7 (entry lane % 8; 0
+       where S_dec is outside the table's range) */
+    float mv = 0.0f, tv = 0.0f;
+    if (warp_row) {
+      const float A = hq_bits_f32(rm[crow]);
       const DirConst d = dir_const_k(A, kind);
-      rtab[i][g] = hq_nvfp4_encode_table((int)g, d.s_dec);
-      if (g == 0) {
-        a.ramax[r0 + i] = A;
-        rm[i] = d.m, rsd[i] = d.s_dec;
-      }
+      mv = d.m;
+      tv = hq_nvfp4_encode_table_ok(d.s_dec) ? hq_nvfp4_encode_table(lane & 7, d.s_dec) : 0.0f;
+      if (cfirst && cseg < nb) a.ramax[r0 + crow] = A;
     }
-    __syncthreads();
-    if ((uint32_t)t < rows) rmax[t] = 0u; /* for the next slab's step 1, after its barrier */
-    /* step 3: encode and store */
-    uint8_t *const out = a.rdata + (uint64_t)r0 * (K / 2);
+    /* otherwise each thread's, made once per row it meets */
+    uint32_t cur = 0xffffffffu; /* the row whose constants are held */
+    float s_dec = 0.0f, m = 0.0f;
 #pragma unroll
     for (int j = 0; j < kBPT; j++) {
-      const uint32_t b = (uint32_t)t + (uint32_t)j * kThreads;
+      const uint32_t b = (b0 + 32u * j), i = row[j];
       const bool in = b < nb;
-      uint32_t sf = 0u;
+      if (!warp_row && in && i != cur) {
+        const float A = hq_bits_f32(rm[i]);
+        const DirConst d = dir_const_k(A, kind);
+        s_dec = d.s_dec, m = d.m, cur = i;
+        if (b == i * nbr) a.ramax[r0 + i] = A;
+      }
+      /* the scale code (0 outside the slab, whose bam is 0); the shuffles by every lane */
+      const float mj = __shfl_sync(0xffffffffu, mv, 8 * j);
+      const float pr = hq_mul_rn(bam[j], warp_row ? mj : m);
+      uint32_t sf;
+#if HQ_FP8_HW_CVT
+      if (!UE) { /* bam * m is never NaN (bam >= 0 and not NaN, m finite and positive), and
+                    the instruction saturates +Inf as the rule does: no NaN test */
+        unsigned short c2;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c2) : "f"(0.0f), "f"(pr));
+        sf = c2;
+      } else
+#endif
+        sf = Head<2>{nullptr, 0.0f, 0.0f, kind}.code(pr);
+      /* the multiplier from row[j]'s table entry sf % 8 (tv is 0 where there is none) */
+      const float te = __shfl_sync(0xffffffffu, tv, (int)((sf & 7u) | (8u * j)));
+      const bool hit = (sf >= 8u) & (te > 0.0f);
+      float enc = rq_tab_enc<UE>(te, sf);
       if (in) {
-        const uint32_t i = row[j];
-        const float s_dec = rsd[i];
-        const Head<2> h{nullptr, rm[i], s_dec, kind};
+        if (!hit) { /* the rule's multiplier (its S_dec made again where warp_row) */
+          const float sd = warp_row ? dir_const_k(hq_bits_f32(rm[i]), kind).s_dec : s_dec;
+          enc = hq_nvfp4_encode_mult_k((uint8_t)sf, sd, kind);
+        }
+        const bool fast = fast_block<SR>(bam[j], enc, (nanm >> j) & 1u);
         const uint64_t blk = (uint64_t)r0 * nbr + b; /* hq_nvfp4_sr_bits' rowwise index */
-        sf = h.code(hq_mul_rn(bam[j], h.m));
-        const float enc = hq_nvfp4_encode_table_ok(s_dec)
-                              ? hq_nvfp4_encode_mult_tab((uint8_t)sf, rtab[i], s_dec, kind)
-                              : h.enc(sf);
         uint2 o;
         if (DT == HQ_F32) {
           auto val = [&](int e) { return v[j][e]; };
-          o = fast_block<SR>(bam[j], enc, has_nan[j])
-                  ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, signs_of(val))
-                  : encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
+          if (fast)
+            o = encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, signs_of(val));
+          else if (SR)
+            o = encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
+          else
+            o = rq_rule_rn<DT>(f4(v[j], 0), f4(v[j], 4), f4(v[j], 8), f4(v[j], 12), enc);
         } else {
           auto val = [&](int e) { return row_word_value<DT>(w[j], e); };
           const uint2 s0 = sign_split(w[j][0], w[j][1], w[j][2], w[j][3]);
           const uint2 s1 = sign_split(w[j][4], w[j][5], w[j][6], w[j][7]);
           const uint2 sg = make_uint2(sign_word(s0.x, s0.y), sign_word(s1.x, s1.y));
-          o = fast_block<SR>(bam[j], enc, has_nan[j])
-                  ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, sg)
-                  : encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
+          const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+          if (fast)
+            o = encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, sg);
+          else if (SR)
+            o = encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
+          else
+            o = rq_rule_rn<DT>(make_uint4(w[j][0], w[j][1], w[j][2], w[j][3]),
+                               make_uint4(w[j][4], w[j][5], w[j][6], w[j][7]), z, z, enc);
         }
-        store8(out + 8u * (uint64_t)b, o, a.a8);
+        store8(ob + 256u * j, o, a.a8);
       }
-      const uint32_t cb = b - row[j] * nbr; /* the block's index in its row */
-      if (words) { /* lanes 4n .. 4n + 3: blocks cb .. cb + 3 of one row, cb % 4 == 0 */
-        const uint32_t s1 = __shfl_down_sync(0xffffffffu, sf, 1);
-        const uint32_t s2 = __shfl_down_sync(0xffffffffu, sf, 2);
-        const uint32_t s3 = __shfl_down_sync(0xffffffffu, sf, 3);
-        if (in && (lane & 3) == 0)
-          store_scale_word(a.rscale, r0 + row[j], cb, K, a.swz, 1,
-                           sf | s1 << 8 | s2 << 16 | s3 << 24);
+      if (smode) { /* lanes 4n .. 4n + 3: blocks cb .. cb + 3 of one row, cb % 4 == 0 */
+        const uint32_t x = __byte_perm(sf, __shfl_down_sync(0xffffffffu, sf, 1), 0x0040u);
+        const uint32_t wd = __byte_perm(x, __shfl_down_sync(0xffffffffu, x, 2), 0x5410u);
+        if (in && q4) {
+          if (smode == 1)
+            *reinterpret_cast<uint32_t *>(sb + 32u * j) = wd;
+          else
+            store_scale_word(a.rscale, r0 + i, b - i * nbr, K, 1, 1, wd);
+        }
       } else if (in) {
-        a.rscale[hq_nvfp4_scale_offset(r0 + row[j], cb, K, a.swz)] = (uint8_t)sf;
+        a.rscale[hq_nvfp4_scale_offset(r0 + i, b - i * nbr, K, a.swz)] = (uint8_t)sf;
       }
     }
   }
@@ -2226,23 +2368,29 @@ bool rowq_fits(const nvfp4_cfg *cfg, const hq_tensor *src, const nvfp4_dev_dir *
   return esz && aligned(src->data, 16) && src->cols * esz <= kRqSlab;
 }
 
-template <int DT, bool SR> int launch_rowq_t(const hq_call *call, QArgs a) {
+template <int DT, bool SR, bool UE> int launch_rowq_t(const hq_call *call, QArgs a) {
   a.rld = (uint32_t)a.K / 2;
   a.rsc = (uint32_t)hq_nvfp4_scale_cols(a.K);
   const int64_t rows = kRqElems<DT> / a.K;
   a.rq_rows = (uint32_t)(rows < kRqMaxRows ? rows : kRqMaxRows);
   const int64_t nslab = (a.M + a.rq_rows - 1) / a.rq_rows;
-  const int dyn = kRqStages * kRqSlab;
+  const int dyn = kRqStages<SR> * kRqSlab;
   int64_t resident = 0;
-  CHECK_CUDA(call, (hq_cuda_resident<rowq_kernel<DT, SR>>(kThreads, dyn, &resident)));
+  CHECK_CUDA(call, (hq_cuda_resident<rowq_kernel<DT, SR, UE>>(kThreads, dyn, &resident)));
   const unsigned grid = (unsigned)(nslab < resident ? nslab : resident);
-  rowq_kernel<DT, SR><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
-  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<rowq_kernel<DT, SR>>();
+  rowq_kernel<DT, SR, UE><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<rowq_kernel<DT, SR, UE>>();
   CHECK_LAUNCH(call, "nvfp4 row-scaled rowwise quantize kernel");
   return HQ_OK;
 }
+/* specialized on the scale type too (its code and its table's exponent), a kernel argument
+   elsewhere */
+template <int DT, bool SR> int launch_rowq_k(const hq_call *call, const QArgs &a) {
+  return a.kind == HQ_NVFP4_SCALE_UE5M3 ? launch_rowq_t<DT, SR, true>(call, a)
+                                        : launch_rowq_t<DT, SR, false>(call, a);
+}
 template <int DT> int launch_rowq(const hq_call *call, const QArgs &a) {
-  return a.sr ? launch_rowq_t<DT, true>(call, a) : launch_rowq_t<DT, false>(call, a);
+  return a.sr ? launch_rowq_k<DT, true>(call, a) : launch_rowq_k<DT, false>(call, a);
 }
 
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
