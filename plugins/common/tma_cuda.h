@@ -20,6 +20,9 @@
 **   hq_mbar_expect_tx(bar, bytes)   arrive, and expect `bytes` more from copies this phase
 **   hq_mbar_arrive(bar)             arrive
 **   hq_mbar_wait(bar, parity)       wait until the phase of that parity has completed
+**   hq_tma_load_1d(dst, src, bytes, bar)    `bytes` contiguous bytes (a multiple of 16; both
+**                                   addresses 16-byte aligned) of global src into dst; they
+**                                   count on bar
 **   hq_tma_load_2d(dst, map, bar, c0, c1)   box (c0 innermost, c1) of map into dst; its bytes
 **                                   count on bar
 **   hq_tma_store_2d(map, c0, c1, src)       src into box (c0, c1) of map, clipped at the
@@ -112,6 +115,13 @@ __device__ __forceinline__ void hq_mbar_wait(uint32_t bar, uint32_t parity) {
                : "r"(bar), "r"(parity)
                : "memory");
   } while (!done);
+}
+__device__ __forceinline__ void hq_tma_load_1d(uint32_t dst, const void *src, uint32_t bytes,
+                                               uint32_t bar) {
+  HQ_TMA_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+             "[%3];" ::"r"(dst),
+             "l"(src), "r"(bytes), "r"(bar)
+             : "memory");
 }
 __device__ __forceinline__ void hq_tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                                int c0, int c1) {

@@ -1729,16 +1729,6 @@ template <int DT> constexpr int kRqElems = kRqSlab / (DT == HQ_F32 ? 4 : 2);
 /* blocks per thread and slab, at most */
 template <int DT> constexpr int kRqBPT = kRqElems<DT> / 16 / kThreads;
 
-/* The 1-D bulk copy (TMA, sm_90 on) of `bytes` (a multiple of 16; both addresses 16-byte
-   aligned) from global src to the shared-window address dst, its bytes counted on bar. */
-__device__ __forceinline__ void rq_bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                             uint32_t bar) {
-  HQ_TMA_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-             "[%3];" ::"r"(dst),
-             "l"(src), "r"(bytes), "r"(bar)
-             : "memory");
-}
-
 /* The scale code's encode multiplier from a row's table (hq_nvfp4_encode_mult_tab's bits for
    a normal code, sf >= 8): code sf = e * 8 + g has the value 2^(e - bias) * (1 + g / 8), whose
    FP32 exponent field is e - bias + 127, so the table's power of 2 is 2^(254 - that) = the
@@ -1805,8 +1795,9 @@ __global__ void __launch_bounds__(kThreads, kRqMinBlocks<SR>) rowq_kernel(QArgs 
   auto issue = [&](uint32_t s, int b) {
     const uint32_t r0 = s * R, rows = min(R, M - r0), bytes = rows * K * kEsz;
     hq_mbar_expect_tx(bar0 + 8u * b, bytes);
-    rq_bulk_load(base + (uint32_t)b * kRqSlab,
-                 static_cast<const uint8_t *>(a.x) + (uint64_t)r0 * K * kEsz, bytes, bar0 + 8u * b);
+    hq_tma_load_1d(base + (uint32_t)b * kRqSlab,
+                   static_cast<const uint8_t *>(a.x) + (uint64_t)r0 * K * kEsz, bytes,
+                   bar0 + 8u * b);
   };
   rmax[0][t] = rmax[1][t] = rmax[2][t] = 0u;
   if (t < kStages) hq_mbar_init(bar0 + 8u * t, 1);
