@@ -4,8 +4,8 @@
 ** context, compared byte for byte, for every element type (e2m1, e3m2, e2m3), both scale rules,
 ** round-to-nearest and stochastic rounding (the same seed and offset on both), f32 / bf16 / f16
 ** inputs (16-byte aligned: the vector loads; one element off: the scalar loads), usage rowwise /
-** columnwise / both, shapes 32x32 to 160x4128 and 32x8192 with every kind of last column tile
-** (K % 128 = 0, 32, 64, 96) and special blocks (zeros, NaN, +-Inf, FP32 subnormals, values past
+** columnwise / both, shapes 32x32 to 160x4128, 32x8192 and 4160x8224 (several row blocks per
+** CTA) with every kind of last column tile (K % 128 = 0, 32, 64, 96) and special blocks (zeros, NaN, +-Inf, FP32 subnormals, values past
 ** the maximum: the kernels' NaN blocks and Inf blocks take the rule, the rest its fast forms);
 ** dequantize of each direction into f32 / bf16 / f16, aligned and one element off, of those
 ** storages and of storages holding every code and every scale byte.
@@ -150,6 +150,20 @@ static void test_shapes(void **state) {
     }
 }
 
+/* The rowwise copy alone from an aligned input by round to nearest, more tiles than two waves of
+   8 CTAs per SM hold twice over (4160 x 8224: 130 x 65 tiles, the last column tile a quarter
+   full): the launcher gives each CTA several consecutive row blocks (2 on a 132-SM device), so
+   the kernel's loop over row blocks runs, with a short last CTA where they do not divide; every
+   element kind and input dtype, both scale rules. Both directions of the same shape take a CTA
+   per tile. */
+static void test_many_tiles(void **state) {
+  (void)state;
+  for (int kind = 0; kind < 3; kind++) one(kind, 0, 0, HQ_BF16, 4160, 8224, HQ_ROWWISE, 0);
+  one(0, 1, 0, HQ_F32, 4160, 8224, HQ_ROWWISE, 0);
+  one(1, 1, 0, HQ_F16, 4128, 8224, HQ_ROWWISE, 0); /* 129 row blocks: the last CTA's one */
+  one(0, 0, 0, HQ_BF16, 4160, 8224, HQ_BOTH, 0);
+}
+
 /* Dequantize of storages whose bytes are written here, not by quantize: every code at every
    position of a pair of codes, every scale code 0..255 (0xFF NaN, 0 the subnormal 2^-127, 254
    past BF16's range) in both directions, on both sides into f32 / bf16 / f16, byte for byte
@@ -221,6 +235,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_option),
       cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_many_tiles),
       cmocka_unit_test(test_dequantize_every_byte),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -5,7 +5,9 @@
 **
 ** Quantize: one kernel for both directions, the input read once, organised as mxfp8.cu's: one
 ** CTA of 256 threads per tile of 32 rows x 128 columns, the tiles in row-major order (blockIdx.x
-** along K where the grid allows). Each thread loads two vectors of 8 consecutive elements, rows
+** along K where the grid allows); the rowwise copy alone from an aligned input by round to
+** nearest takes its own form of it (ROWS: no columnwise code), each CTA over up to HQ_MX_TILES
+** consecutive tiles down its column block where the grid still holds two waves of CTAs. Each thread loads two vectors of 8 consecutive elements, rows
 ** r and r + 16 of the tile (one 16-byte load each for bf16/f16, kept packed two elements per
 ** register, their amaxes taken two per instruction; two for f32), so every element sits in
 ** exactly one thread's registers for both directions.
@@ -51,6 +53,7 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
+#include "launch_cuda.h"
 #include "hq/numerics.h"
 #include "mx.h"
 #include "mx_rules.h"
@@ -71,6 +74,7 @@ struct QArgs {
   int vec;       /* x 16-byte aligned: vector loads (the kernels' VEC) */
   int st8;       /* rd and cd 8-byte aligned: 8-byte stores */
   int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
+  int64_t tiles; /* consecutive row blocks per CTA (the ROWS kernels; else 1) */
   uint64_t offset;
   /* a graph replay's random stream (hq_call.offset_dev, ABI 2.6): when offset_dev is set, the
      offset is hq_rng_offset(*offset_dev, role_key, role_count), made by the kernel */
@@ -212,6 +216,10 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
    fits round to nearest in 32 registers, 8 CTAs, the SM's 2048 threads -- but F16 to E2M1,
    whose elements are unpacked to FP32 for the cast, spills there; it, FP32 and unaligned
    inputs keep 6 (40 registers); stochastic rounding, with its Philox rounds, keeps 4. */
+/* The most row blocks one rowwise-only quantize CTA takes (mx_cuda_quantize chooses how many) */
+#ifndef HQ_MX_TILES
+#define HQ_MX_TILES 2
+#endif
 #ifndef HQ_MX_MIN_BLOCKS_PK
 #define HQ_MX_MIN_BLOCKS_PK 8
 #endif
@@ -244,8 +252,12 @@ __device__ __forceinline__ uint32_t row_amax_scatter(const uint32_t pa[2], int l
   return max(m, __shfl_xor_sync(kAll, m, 2));
 }
 
-template <int DT, int KIND, bool SR, bool VEC>
-__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) quantize_kernel(const QArgs a) {
+/* ROWS: the rowwise copy alone (no columnwise code), the CTA over a.tiles consecutive row blocks
+   of its column block, the last CTA's fewer: its start, indices and predicates are about half of
+   a one-tile CTA's instructions, done once for them all */
+template <int DT, int KIND, bool SR, bool VEC, bool ROWS = false>
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
+    quantize_kernel(const QArgs a) {
   /* a 16-bit input read with 16-byte loads stays in its packed words, two elements each */
   constexpr bool PK = DT != HQ_F32 && VEC;
   /* BF16 to E2M1 by round to nearest: the packed form (hq_mx_e2m1x8_bf16), on the words */
@@ -268,211 +280,219 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>) qua
   const int64_t K = a.K;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
                  bj = a.row_major ? blockIdx.x : blockIdx.y;
-  const int64_t i0 = (int64_t)bi * kBlk, j0 = (int64_t)bj * kCols;
+  const int64_t j0 = (int64_t)bj * kCols;
   const int64_t j = j0 + cg * 8;
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
-  /* the byte offset of the thread's first code in row r0 of the tile (either direction's data),
-     and its rowwise scale's index; row r0 + 16 is rowb / K/32 further */
   const int64_t rowb = hq_mx_row_bytes(K, KIND);
-  const int64_t o0 = (i0 + r0) * rowb + (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
-  const int64_t s0 = (i0 + r0) * (K / kBlk) + j / kBlk;
-  float x[2][8];
-  uint32_t w[2][4];
-#pragma unroll
-  for (int p = 0; p < 2; p++) {
-    const int64_t at = (i0 + r0 + 16 * p) * K + j;
-    if (PK) {
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (valid) u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + at));
-      w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
-    } else if (valid) {
-      hq_cuda_load8<DT>(a.x, at, VEC, x[p]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
-    }
-  }
-
-  /* the column maxima's partial reduction first (its shared-memory round trip overlaps the
-     rowwise work): max |x| as bit patterns, a NaN kept (NaN-propagating packed maxima, whose
-     lanes' bits order like the values) */
-  if (a.cd) {
-    if (PK) {
-      uint32_t c[4];
-#pragma unroll
-      for (int h = 0; h < 4; h++) {
-        c[h] = hq_cuda_absmax2<DT, true>(w[0][h], w[1][h]);
-        c[h] = hq_cuda_absmax2<DT, true>(c[h], __shfl_xor_sync(kAll, c[h], 16));
-      }
-      if (lane < 16)
-        reinterpret_cast<uint4 *>(&part[warp * kCols])[cg] = make_uint4(c[0], c[1], c[2], c[3]);
-    } else {
-      uint32_t c[8];
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        c[k] = max(hq_f32_bits(x[0][k]) & 0x7fffffffu, hq_f32_bits(x[1][k]) & 0x7fffffffu);
-        c[k] = max(c[k], __shfl_xor_sync(kAll, c[k], 16));
-      }
-      if (lane < 16) {
-        uint4 *d = reinterpret_cast<uint4 *>(&part[warp * kCols + cg * 8]);
-        d[0] = make_uint4(c[0], c[1], c[2], c[3]);
-        d[1] = make_uint4(c[4], c[5], c[6], c[7]);
-      }
-    }
-  }
-
-  if (a.rd) {
-    /* the two rows' block amaxes reduce-scattered over the block's 4 lanes: each lane computes
-       one scale code (of row r0 + 16 * (lane & 1)), the pair's other code comes by shuffle with
-       its amax's finiteness (bit 8), and lanes 0 and 1 of the 4 write the two codes */
-    uint32_t pa[2];
+  const int64_t nt = ROWS ? a.tiles : 1;
+  for (int64_t u = 0; u < nt; u++) {
+    const int64_t i0 = ((int64_t)bi * nt + u) * kBlk;
+    if (ROWS && i0 >= a.M) break; /* uniform over the CTA */
+    /* the byte offset of the thread's first code in row r0 of the tile (either direction's data),
+       and its rowwise scale's index; row r0 + 16 is rowb / K/32 further */
+    const int64_t o0 = (i0 + r0) * rowb + (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
+    const int64_t s0 = (i0 + r0) * (K / kBlk) + j / kBlk;
+    float x[2][8];
+    uint32_t w[2][4];
 #pragma unroll
     for (int p = 0; p < 2; p++) {
+      const int64_t at = (i0 + r0 + 16 * p) * K + j;
       if (PK) {
-        pa[p] = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (valid)
+          u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + at));
+        w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
+      } else if (valid) {
+        hq_cuda_load8<DT>(a.x, at, VEC, x[p]);
       } else {
-        pa[p] = 0u;
 #pragma unroll
-        for (int k = 0; k < 8; k++) pa[p] = max(pa[p], hq_f32_bits(x[p][k]) & 0x7fffffffu);
+        for (int k = 0; k < 8; k++) x[p][k] = 0.0f;
       }
     }
-    const uint32_t my_am = row_amax_scatter<DT, PK>(pa, lane);
-    const uint8_t my_e = hq_mx_scale_code(hq_bits_f32(my_am), KIND, a.rule);
-    const uint32_t my_ew = my_e | (my_am < 0x7f800000u ? 0x100u : 0u);
-    const uint32_t other_ew = __shfl_xor_sync(kAll, my_ew, 1);
-    if (valid && !(lane & 2)) a.rs[s0 + 16 * (lane & 1) * (K / kBlk)] = my_e;
+
+    /* the column maxima's partial reduction first (its shared-memory round trip overlaps the
+       rowwise work): max |x| as bit patterns, a NaN kept (NaN-propagating packed maxima, whose
+       lanes' bits order like the values) */
+    if (!ROWS && a.cd) {
+      if (PK) {
+        uint32_t c[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+          c[h] = hq_cuda_absmax2<DT, true>(w[0][h], w[1][h]);
+          c[h] = hq_cuda_absmax2<DT, true>(c[h], __shfl_xor_sync(kAll, c[h], 16));
+        }
+        if (lane < 16)
+          reinterpret_cast<uint4 *>(&part[warp * kCols])[cg] = make_uint4(c[0], c[1], c[2], c[3]);
+      } else {
+        uint32_t c[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+          c[k] = max(hq_f32_bits(x[0][k]) & 0x7fffffffu, hq_f32_bits(x[1][k]) & 0x7fffffffu);
+          c[k] = max(c[k], __shfl_xor_sync(kAll, c[k], 16));
+        }
+        if (lane < 16) {
+          uint4 *d = reinterpret_cast<uint4 *>(&part[warp * kCols + cg * 8]);
+          d[0] = make_uint4(c[0], c[1], c[2], c[3]);
+          d[1] = make_uint4(c[4], c[5], c[6], c[7]);
+        }
+      }
+    }
+
+    if (a.rd) {
+      /* the two rows' block amaxes reduce-scattered over the block's 4 lanes: each lane computes
+         one scale code (of row r0 + 16 * (lane & 1)), the pair's other code comes by shuffle with
+         its amax's finiteness (bit 8), and lanes 0 and 1 of the 4 write the two codes */
+      uint32_t pa[2];
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        if (PK) {
+          pa[p] = hq_cuda_absmax_tree<DT, 4, true>(w[p]);
+        } else {
+          pa[p] = 0u;
+#pragma unroll
+          for (int k = 0; k < 8; k++) pa[p] = max(pa[p], hq_f32_bits(x[p][k]) & 0x7fffffffu);
+        }
+      }
+      const uint32_t my_am = row_amax_scatter<DT, PK>(pa, lane);
+      const uint8_t my_e = hq_mx_scale_code(hq_bits_f32(my_am), KIND, a.rule);
+      const uint32_t my_ew = my_e | (my_am < 0x7f800000u ? 0x100u : 0u);
+      const uint32_t other_ew = __shfl_xor_sync(kAll, my_ew, 1);
+      if (valid && !(lane & 2)) a.rs[s0 + 16 * (lane & 1) * (K / kBlk)] = my_e;
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        const uint32_t ew = p == (lane & 1) ? my_ew : other_ew;
+        const uint8_t e = (uint8_t)ew;
+        const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
+        const bool fast = hq_mx_fast_block(ew & 0x100u, e, KIND, SR);
+        const float mu = !fast ? 0.0f
+                         : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                             : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+        uint2 rb = make_uint2(0u, 0u);
+        if (SR) { /* elements 8q .. 8q + 7 of the block: words 2q, 2q + 1 of its 8 */
+          const int q = lane & 3;
+          uint32_t bits[4];
+          hq_nvfp4_sr_bits_rk(a.rk, offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
+          rb = (q & 1) ? make_uint2(bits[2], bits[3]) : make_uint2(bits[0], bits[1]);
+        }
+        uint64_t v;
+        if (BP && hq_mx_e2m1_bf16_ok(e, a.rule)) {
+          const uint32_t m1 = hq_mx_bf16_mult2(e, 0), m2 = hq_mx_bf16_mult2(e, 1);
+          const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
+          v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
+        } else if (BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND)) {
+          const uint32_t nd = hq_mx_fp6_bf16_nd(e, KIND) * 0x10001u;
+          const uint32_t ndw[4] = {nd, nd, nd, nd};
+          v = hq_mx_fp6x8_bf16(w[p], ndw, KIND);
+        } else {
+          float y[8], m[8];
+          uint8_t ek[8];
+          elems8<DT, PK>(w[p], x[p], y);
+#pragma unroll
+          for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
+          v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
+        }
+        store_codes<KIND>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+      }
+    }
+    if (ROWS || !a.cd) continue; /* uniform over the CTA */
+    __syncthreads();
+    if (t < kCols) {
+      uint32_t am;
+      if (PK) {
+        uint32_t c = part[t >> 1];
+#pragma unroll
+        for (int v = 1; v < kWarps; v++)
+          c = hq_cuda_absmax2<DT, true>(c, part[v * kCols + (t >> 1)]);
+        am = hq_f32_bits(hq_cuda_lane_abs<DT>(c, t & 1));
+      } else {
+        am = part[t];
+#pragma unroll
+        for (int v = 1; v < kWarps; v++) am = max(am, part[v * kCols + t]);
+      }
+      const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
+      const bool fast = BP ? hq_mx_e2m1_bf16_ok(e, a.rule)
+                        : hq_mx_fast_block(am < 0x7f800000u, e, KIND, SR);
+      /* bit 1: the column takes the packed FP6 form */
+      const bool ok6 = BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND);
+      if (BP) {
+        s_mb[0][t] = (uint16_t)hq_mx_bf16_mult2(e, 0);
+        s_mb[BP ? 1 : 0][t] = (uint16_t)hq_mx_bf16_mult2(e, 1);
+      }
+      if (BP6) s_mb[0][t] = (uint16_t)(ok6 ? hq_mx_fp6_bf16_nd(e, KIND) : 0u);
+      s_code[t] = e;
+      s_fast[t] = (uint8_t)(fast | ok6 << 1);
+      s_mult[t] = !fast || BP ? 0.0f
+                  : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                      : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+      const int64_t jc = j0 + t;
+      if (jc < K) {
+        const int64_t si = hq_mx_scale_idx(1, i0, jc, K);
+        a.cs[si] = e;
+        if (SR) {
+          uint32_t bits[8];
+          hq_mx_sr_bits(a.rk, offset, 1, (uint64_t)si, bits);
+#pragma unroll
+          for (int q = 0; q < 8; q++) s_bits[q][t] = bits[q];
+        }
+      }
+    }
+    __syncthreads();
+    uint32_t m1w[4] = {0u, 0u, 0u, 0u}, m2w[4] = {0u, 0u, 0u, 0u};
+    if (BP || BP6) { /* the 8 columns' BF16 multipliers (BP6: lane words), two columns a word */
+      const uint4 u1 = *reinterpret_cast<const uint4 *>(&s_mb[0][cg * 8]);
+      m1w[0] = u1.x, m1w[1] = u1.y, m1w[2] = u1.z, m1w[3] = u1.w;
+    }
+    if (BP) {
+      const uint4 u2 = *reinterpret_cast<const uint4 *>(&s_mb[BP ? 1 : 0][cg * 8]);
+      m2w[0] = u2.x, m2w[1] = u2.y, m2w[2] = u2.z, m2w[3] = u2.w;
+    }
+    float m[8];
+    uint8_t ek[8];
+    bool fast = true, bp6 = false;
+    /* the 8 columns' fast multipliers and scale codes; BP6 kernels read them on the path that
+       needs them (the packed form's registers leave no room to hold them across it) */
+    const auto load_mult = [&]() {
+      const float4 *s = reinterpret_cast<const float4 *>(&s_mult[cg * 8]);
+      const float4 u = s[0], v = s[1];
+      m[0] = u.x, m[1] = u.y, m[2] = u.z, m[3] = u.w;
+      m[4] = v.x, m[5] = v.y, m[6] = v.z, m[7] = v.w;
+      const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
+#pragma unroll
+      for (int k = 0; k < 8; k++) ek[k] = (uint8_t)((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
+    };
+    {
+      const uint2 f = *reinterpret_cast<const uint2 *>(&s_fast[cg * 8]);
+      fast = (f.x & f.y & 0x01010101u) == 0x01010101u;
+      bp6 = BP6 && (f.x & f.y) == 0x03030303u;
+    }
+    if (!BP6) load_mult();
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-      const uint32_t ew = p == (lane & 1) ? my_ew : other_ew;
-      const uint8_t e = (uint8_t)ew;
-      const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
-      const bool fast = hq_mx_fast_block(ew & 0x100u, e, KIND, SR);
-      const float mu = !fast ? 0.0f
-                       : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
-                                           : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+      const int r = r0 + 16 * p; /* the element's index in its column block */
       uint2 rb = make_uint2(0u, 0u);
-      if (SR) { /* elements 8q .. 8q + 7 of the block: words 2q, 2q + 1 of its 8 */
-        const int q = lane & 3;
-        uint32_t bits[4];
-        hq_nvfp4_sr_bits_rk(a.rk, offset, 0, 2 * (uint64_t)si + (q >> 1), bits);
-        rb = (q & 1) ? make_uint2(bits[2], bits[3]) : make_uint2(bits[0], bits[1]);
+      if (SR) { /* byte r % 4 of word r / 4 of each of the 8 columns */
+        const uint4 *s = reinterpret_cast<const uint4 *>(&s_bits[r >> 2][cg * 8]);
+        const uint4 u = s[0], v = s[1];
+        const uint32_t sel = (uint32_t)(r & 3);
+        const uint32_t b0 = __byte_perm(u.x, u.y, sel | (sel + 4) << 4);
+        const uint32_t b1 = __byte_perm(u.z, u.w, sel | (sel + 4) << 4);
+        const uint32_t b2 = __byte_perm(v.x, v.y, sel | (sel + 4) << 4);
+        const uint32_t b3 = __byte_perm(v.z, v.w, sel | (sel + 4) << 4);
+        rb = make_uint2(__byte_perm(b0, b1, 0x5410), __byte_perm(b2, b3, 0x5410));
       }
       uint64_t v;
-      if (BP && hq_mx_e2m1_bf16_ok(e, a.rule)) {
-        const uint32_t m1 = hq_mx_bf16_mult2(e, 0), m2 = hq_mx_bf16_mult2(e, 1);
-        const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
+      if (BP && fast) {
         v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
-      } else if (BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND)) {
-        const uint32_t nd = hq_mx_fp6_bf16_nd(e, KIND) * 0x10001u;
-        const uint32_t ndw[4] = {nd, nd, nd, nd};
-        v = hq_mx_fp6x8_bf16(w[p], ndw, KIND);
+      } else if (BP6 && bp6) {
+        v = hq_mx_fp6x8_bf16(w[p], m1w, KIND);
       } else {
-        float y[8], m[8];
-        uint8_t ek[8];
+        if (BP6) load_mult();
+        float y[8];
         elems8<DT, PK>(w[p], x[p], y);
-#pragma unroll
-        for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
         v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
       }
-      store_codes<KIND>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+      store_codes<KIND>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
     }
-  }
-  if (!a.cd) return; /* uniform over the CTA */
-  __syncthreads();
-  if (t < kCols) {
-    uint32_t am;
-    if (PK) {
-      uint32_t c = part[t >> 1];
-#pragma unroll
-      for (int v = 1; v < kWarps; v++) c = hq_cuda_absmax2<DT, true>(c, part[v * kCols + (t >> 1)]);
-      am = hq_f32_bits(hq_cuda_lane_abs<DT>(c, t & 1));
-    } else {
-      am = part[t];
-#pragma unroll
-      for (int v = 1; v < kWarps; v++) am = max(am, part[v * kCols + t]);
-    }
-    const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
-    const bool fast = BP ? hq_mx_e2m1_bf16_ok(e, a.rule)
-                      : hq_mx_fast_block(am < 0x7f800000u, e, KIND, SR);
-    /* bit 1: the column takes the packed FP6 form */
-    const bool ok6 = BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND);
-    if (BP) {
-      s_mb[0][t] = (uint16_t)hq_mx_bf16_mult2(e, 0);
-      s_mb[BP ? 1 : 0][t] = (uint16_t)hq_mx_bf16_mult2(e, 1);
-    }
-    if (BP6) s_mb[0][t] = (uint16_t)(ok6 ? hq_mx_fp6_bf16_nd(e, KIND) : 0u);
-    s_code[t] = e;
-    s_fast[t] = (uint8_t)(fast | ok6 << 1);
-    s_mult[t] = !fast || BP ? 0.0f
-                : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
-                                    : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
-    const int64_t jc = j0 + t;
-    if (jc < K) {
-      const int64_t si = hq_mx_scale_idx(1, i0, jc, K);
-      a.cs[si] = e;
-      if (SR) {
-        uint32_t bits[8];
-        hq_mx_sr_bits(a.rk, offset, 1, (uint64_t)si, bits);
-#pragma unroll
-        for (int q = 0; q < 8; q++) s_bits[q][t] = bits[q];
-      }
-    }
-  }
-  __syncthreads();
-  uint32_t m1w[4] = {0u, 0u, 0u, 0u}, m2w[4] = {0u, 0u, 0u, 0u};
-  if (BP || BP6) { /* the 8 columns' BF16 multipliers (BP6: lane words), two columns a word */
-    const uint4 u1 = *reinterpret_cast<const uint4 *>(&s_mb[0][cg * 8]);
-    m1w[0] = u1.x, m1w[1] = u1.y, m1w[2] = u1.z, m1w[3] = u1.w;
-  }
-  if (BP) {
-    const uint4 u2 = *reinterpret_cast<const uint4 *>(&s_mb[BP ? 1 : 0][cg * 8]);
-    m2w[0] = u2.x, m2w[1] = u2.y, m2w[2] = u2.z, m2w[3] = u2.w;
-  }
-  float m[8];
-  uint8_t ek[8];
-  bool fast = true, bp6 = false;
-  /* the 8 columns' fast multipliers and scale codes; BP6 kernels read them on the path that
-     needs them (the packed form's registers leave no room to hold them across it) */
-  const auto load_mult = [&]() {
-    const float4 *s = reinterpret_cast<const float4 *>(&s_mult[cg * 8]);
-    const float4 u = s[0], v = s[1];
-    m[0] = u.x, m[1] = u.y, m[2] = u.z, m[3] = u.w, m[4] = v.x, m[5] = v.y, m[6] = v.z, m[7] = v.w;
-    const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
-#pragma unroll
-    for (int k = 0; k < 8; k++) ek[k] = (uint8_t)((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
-  };
-  {
-    const uint2 f = *reinterpret_cast<const uint2 *>(&s_fast[cg * 8]);
-    fast = (f.x & f.y & 0x01010101u) == 0x01010101u;
-    bp6 = BP6 && (f.x & f.y) == 0x03030303u;
-  }
-  if (!BP6) load_mult();
-#pragma unroll
-  for (int p = 0; p < 2; p++) {
-    const int r = r0 + 16 * p; /* the element's index in its column block */
-    uint2 rb = make_uint2(0u, 0u);
-    if (SR) { /* byte r % 4 of word r / 4 of each of the 8 columns */
-      const uint4 *s = reinterpret_cast<const uint4 *>(&s_bits[r >> 2][cg * 8]);
-      const uint4 u = s[0], v = s[1];
-      const uint32_t sel = (uint32_t)(r & 3);
-      const uint32_t b0 = __byte_perm(u.x, u.y, sel | (sel + 4) << 4);
-      const uint32_t b1 = __byte_perm(u.z, u.w, sel | (sel + 4) << 4);
-      const uint32_t b2 = __byte_perm(v.x, v.y, sel | (sel + 4) << 4);
-      const uint32_t b3 = __byte_perm(v.z, v.w, sel | (sel + 4) << 4);
-      rb = make_uint2(__byte_perm(b0, b1, 0x5410), __byte_perm(b2, b3, 0x5410));
-    }
-    uint64_t v;
-    if (BP && fast) {
-      v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
-    } else if (BP6 && bp6) {
-      v = hq_mx_fp6x8_bf16(w[p], m1w, KIND);
-    } else {
-      if (BP6) load_mult();
-      float y[8];
-      elems8<DT, PK>(w[p], x[p], y);
-      v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
-    }
-    store_codes<KIND>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
   }
 }
 
@@ -748,6 +768,8 @@ void launch_q(const QArgs &a, bool sr, dim3 grid, cudaStream_t s) {
     quantize_kernel<DT, KIND, true, true><<<grid, kThreads, 0, s>>>(a);
   else if (sr)
     quantize_kernel<DT, KIND, true, false><<<grid, kThreads, 0, s>>>(a);
+  else if (a.vec && !a.cd)
+    quantize_kernel<DT, KIND, false, true, true><<<grid, kThreads, 0, s>>>(a);
   else if (a.vec)
     quantize_kernel<DT, KIND, false, true><<<grid, kThreads, 0, s>>>(a);
   else
@@ -839,8 +861,18 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   hq_nvfp4_sr_keys(q->seed, a.rk);
   /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: the CTAs
      running at once stream whole rows */
-  a.row_major = gx <= 65535;
-  const dim3 grid = a.row_major ? dim3((unsigned)gy, (unsigned)gx) : dim3((unsigned)gx, (unsigned)gy);
+  /* the rowwise copy alone from aligned input by round to nearest: the ROWS kernels, a CTA over
+     up to HQ_MX_TILES row blocks where the grid keeps two waves of 8 CTAs per SM or more */
+  a.tiles = 1;
+  if (!q->sr && a.vec && !a.cd) {
+    const int sms = hq_cuda_device_sms(call->device);
+    a.tiles = sms > 0 ? gx * gy / (2 * 8 * (int64_t)sms) : 1;
+    a.tiles = a.tiles < 1 ? 1 : a.tiles > HQ_MX_TILES ? HQ_MX_TILES : a.tiles;
+  }
+  const int64_t gt = (gx + a.tiles - 1) / a.tiles; /* the grid along M */
+  a.row_major = gt <= 65535;
+  const dim3 grid =
+      a.row_major ? dim3((unsigned)gy, (unsigned)gt) : dim3((unsigned)gt, (unsigned)gy);
   const int kind = (int)q->kind;
   switch (src->dtype) {
   case HQ_F32: launch_q_dt<HQ_F32>(a, kind, q->sr != 0, grid, stream); break;
