@@ -10,7 +10,8 @@
 ** 0.1 ms kernel should not pay every time. With dyn > 0 the kernel's dynamic shared memory limit
 ** is raised to dyn and its carveout set to the most shared memory first (needed above 48 KiB).
 ** hq_cuda_resident_forget<Kernel>() after a failed launch: the next call sets up again (e.g.
-** after a device reset). hq_cuda_device_sms(device): the device's SM count, cached the same way.
+** after a device reset). hq_cuda_device_sms(device): the device's SM count, cached the same way;
+** hq_cuda_stride_grid(device, blocks): a grid-stride kernel's grid.
 */
 #ifndef HQ_LAUNCH_CUDA_H
 #define HQ_LAUNCH_CUDA_H
@@ -25,6 +26,31 @@ constexpr int kHqMaxDevices = 64; /* counts cached per device index below this *
 template <auto Kernel> struct hq_cuda_launch_cache {
   static inline std::atomic<int64_t> resident[kHqMaxDevices];
 };
+
+/* The SMs of `device` (0 when the runtime cannot tell), asked once per device: a small
+   tensor's call is mostly host time. */
+inline int hq_cuda_device_sms(int device) {
+  static std::atomic<int> cache[kHqMaxDevices]; /* 0: not asked yet */
+  std::atomic<int> *slot = device >= 0 && device < kHqMaxDevices ? &cache[device] : nullptr;
+  int sms = slot ? slot->load(std::memory_order_relaxed) : 0;
+  if (sms > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (slot) slot->store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+/* The grid of a grid-stride kernel of `blocks` CTAs of work on `device`: at most 64 CTAs per SM
+   (8 waves of the 8 CTAs of 256 threads an SM holds, enough to even out the tail; more only
+   adds launch work). A device whose SMs the runtime cannot count gets 64 CTAs (its launch
+   reports the error). */
+inline int64_t hq_cuda_stride_grid(int device, int64_t blocks) {
+  const int sms = hq_cuda_device_sms(device);
+  const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * 64;
+  return blocks < cap ? blocks : cap;
+}
 
 template <auto Kernel> inline cudaError_t hq_cuda_resident(int threads, int dyn, int64_t *n) {
   int dev = 0;
@@ -41,30 +67,15 @@ template <auto Kernel> inline cudaError_t hq_cuda_resident(int threads, int dyn,
          (e = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    (int)cudaSharedmemCarveoutMaxShared)) != cudaSuccess))
       return e;
-    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
-        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, dyn)) !=
-            cudaSuccess)
+    if ((sms = hq_cuda_device_sms(dev)) <= 0) return cudaErrorInvalidDevice;
+    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, dyn)) !=
+        cudaSuccess)
       return e;
     r = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
     if (slot) slot->store(r);
   }
   *n = r;
   return cudaSuccess;
-}
-
-/* The SMs of `device` (0 when the runtime cannot tell), asked once per device: a small
-   tensor's call is mostly host time. */
-inline int hq_cuda_device_sms(int device) {
-  static std::atomic<int> cache[kHqMaxDevices]; /* 0: not asked yet */
-  std::atomic<int> *slot = device >= 0 && device < kHqMaxDevices ? &cache[device] : nullptr;
-  int sms = slot ? slot->load(std::memory_order_relaxed) : 0;
-  if (sms > 0) return sms;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (slot) slot->store(sms, std::memory_order_relaxed);
-  return sms;
 }
 
 template <auto Kernel> inline void hq_cuda_resident_forget() {

@@ -891,7 +891,7 @@ extern "C" int mx_cuda_dequantize(const hq_call *call, const uint8_t *data, cons
   const int64_t M = dst->rows, K = dst->cols, nrun = M * (K / 16);
   if (nrun == 0) return HQ_OK;
   int64_t blocks = (nrun + 255) / 256;
-  if (blocks > 132 * 64) blocks = 132 * 64;
+  blocks = hq_cuda_stride_grid(call->device, blocks);
   const int vec = aligned(data, kind == HQ_E2M1X2 ? 8 : 4) && aligned(scale, 16) &&
                   aligned(dst->data, 16);
   switch (dst->dtype) {

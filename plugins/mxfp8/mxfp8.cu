@@ -48,6 +48,7 @@
 #include "cuda_check.h"
 #include "fp8_cvt_cuda.h"
 #include "hp_load_cuda.h"
+#include "launch_cuda.h"
 #include "mx_cvt_cuda.h"
 #include "hq/adamw.h"
 #include "hq/numerics.h"
@@ -634,7 +635,7 @@ extern "C" int mxfp8_cuda_dequantize(const hq_call *call, const uint8_t *data,
   const int64_t M = dst->rows, K = dst->cols, nrun = M * K / 16;
   if (nrun == 0) return HQ_OK;
   int64_t blocks = (nrun + 255) / 256;
-  if (blocks > 132 * 64) blocks = 132 * 64;
+  blocks = hq_cuda_stride_grid(call->device, blocks);
   const bool vec = aligned(data, 16) && aligned(dst->data, 16);
   switch (dst->dtype) {
   case HQ_F32:

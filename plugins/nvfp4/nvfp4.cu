@@ -2392,7 +2392,7 @@ template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
                                (long long)a.K);
     const int64_t nrun = a.M * a.K / 16;
     int64_t blocks = (nrun + kThreads - 1) / kThreads;
-    if (blocks > 132 * 64) blocks = 132 * 64;
+    blocks = hq_cuda_stride_grid(call->device, blocks);
     if ((uint64_t)(a.M * a.K) < ((uint64_t)1 << 32))
       dequantize_rows_kernel<DT, true><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
     else
