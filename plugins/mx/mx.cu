@@ -21,9 +21,9 @@
 **     and, with stochastic rounding, its 32 random bytes to shared memory; every thread then
 **     casts its registers with its columns' multipliers.
 ** Both copies are stored [M, K] packed along K (the columnwise copy is not transposed), so a
-** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, FP6
-** 6 bytes, gathered over the block's lanes by shuffles into 8-byte stores (FP4: lane pairs,
-** FP6: lanes 0..2 of the 4 write the block's 24 bytes).
+** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, one
+** 4-byte store per lane; FP6 6 bytes, a 4-byte and a 2-byte store per lane, except in the ROWS
+** kernels, where lanes 0..2 of a block write its 24 bytes as three 8-byte stores after shuffles.
 ** The element casts are the fast forms of mx_rules.h: E2M1 from BF16 on the packed input words
 ** themselves, two elements per instruction (hq_mx_e2m1x8_bf16: two BF16x2 multiply-adds and a
 ** 16-bit three-input min per pair, the multipliers BF16 words made from the scale code);
@@ -174,8 +174,11 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
    the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
    lanes 0..2 of the block write its 24 bytes as three 8-byte words (lane k's word at its own
    first byte + 2k, 8-byte aligned: rows of K/2 or 3K/4 bytes, K % 32 == 0); with HQ_MX_ST4,
-   every FP4 lane its own 4 bytes. Without st8, byte stores. */
-template <int KIND>
+   every FP4 lane its own 4 bytes; with ST6, every FP6 lane its own 6 bytes. ST6 is the kernels'
+   choice for every call but the rowwise copy alone (ROWS): the kernel that writes both copies
+   was faster with the lanes' own stores and the ROWS kernel with the shuffled 8-byte ones.
+   Without st8, byte stores. */
+template <int KIND, bool ST6>
 __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
                                             int lane) {
   if (KIND == HQ_E2M1X2 && HQ_MX_ST4) {
@@ -195,6 +198,16 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
     } else {
       for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
     }
+    return;
+  }
+  if (ST6 && st8) {
+    /* lane k's 6 bytes at its own first byte (6k into the block: 4-byte aligned for even k,
+       2 mod 4 for odd), as one 4-byte and one 2-byte store, no shuffle */
+    if (!valid) return;
+    const bool odd = lane & 1;
+    const uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+    *reinterpret_cast<uint32_t *>(q + (odd ? 2 : 0)) = odd ? __funnelshift_r(lo, hi, 16) : lo;
+    *reinterpret_cast<uint16_t *>(q + (odd ? 0 : 4)) = (uint16_t)(odd ? lo : hi);
     return;
   }
   const uint32_t nlo = __shfl_down_sync(kAll, (uint32_t)v, 1);
@@ -391,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
           for (int k = 0; k < 8; k++) m[k] = mu, ek[k] = e;
           v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
         }
-        store_codes<KIND>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+        store_codes<KIND, !ROWS>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
       }
     }
     if (ROWS || !a.cd) continue; /* uniform over the CTA */
@@ -491,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
         elems8<DT, PK>(w[p], x[p], y);
         v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
       }
-      store_codes<KIND>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+      store_codes<KIND, !ROWS>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
     }
   }
 }
