@@ -7,10 +7,11 @@
 ** CTA of 256 threads per tile of 32 rows x 128 columns, the tiles in row-major order (blockIdx.x
 ** along K where the grid allows); the rowwise copy alone from an aligned input by round to
 ** nearest takes its own form of it (ROWS: no columnwise code), each CTA over up to HQ_MX_TILES
-** consecutive tiles down its column block where the grid still holds two waves of CTAs. Each thread loads two vectors of 8 consecutive elements, rows
-** r and r + 16 of the tile (one 16-byte load each for bf16/f16, kept packed two elements per
-** register, their amaxes taken two per instruction; two for f32), so every element sits in
-** exactly one thread's registers for both directions.
+** consecutive tiles down its column block where the grid still holds two waves of CTAs. Each
+** thread loads two vectors of 8 consecutive elements, rows r and r + 16 of the tile (one 16-byte
+** load each for bf16/f16, kept packed two elements per register, their amaxes taken two per
+** instruction; two for f32), so every element sits in exactly one thread's registers for both
+** directions.
 **   rowwise 1x32: a block is 4 neighbouring lanes; the thread's two rows' amaxes are
 **     reduce-scattered over them (NaN-propagating maxima: a NaN anywhere gives a NaN amax, the
 **     rule's), so that each lane computes one scale code and gets the other row's by a
@@ -775,13 +776,14 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 8 : 6)
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
+/* rows: the ROWS kernels (mx_cuda_quantize's choice, which sized the grid by a.tiles) */
 template <int DT, int KIND>
-void launch_q(const QArgs &a, bool sr, dim3 grid, cudaStream_t s) {
+void launch_q(const QArgs &a, bool sr, bool rows, dim3 grid, cudaStream_t s) {
   if (sr && a.vec)
     quantize_kernel<DT, KIND, true, true><<<grid, kThreads, 0, s>>>(a);
   else if (sr)
     quantize_kernel<DT, KIND, true, false><<<grid, kThreads, 0, s>>>(a);
-  else if (a.vec && !a.cd)
+  else if (rows)
     quantize_kernel<DT, KIND, false, true, true><<<grid, kThreads, 0, s>>>(a);
   else if (a.vec)
     quantize_kernel<DT, KIND, false, true><<<grid, kThreads, 0, s>>>(a);
@@ -790,13 +792,13 @@ void launch_q(const QArgs &a, bool sr, dim3 grid, cudaStream_t s) {
 }
 
 template <int DT>
-void launch_q_dt(const QArgs &a, int kind, bool sr, dim3 grid, cudaStream_t s) {
+void launch_q_dt(const QArgs &a, int kind, bool sr, bool rows, dim3 grid, cudaStream_t s) {
   if (kind == HQ_E2M1X2)
-    launch_q<DT, HQ_E2M1X2>(a, sr, grid, s);
+    launch_q<DT, HQ_E2M1X2>(a, sr, rows, grid, s);
   else if (kind == HQ_E3M2X4)
-    launch_q<DT, HQ_E3M2X4>(a, sr, grid, s);
+    launch_q<DT, HQ_E3M2X4>(a, sr, rows, grid, s);
   else
-    launch_q<DT, HQ_E2M3X4>(a, sr, grid, s);
+    launch_q<DT, HQ_E2M3X4>(a, sr, rows, grid, s);
 }
 
 template <int OT, int KIND>
@@ -872,25 +874,26 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.role_key = a.offset_dev ? call->role_key : 0;
   a.role_count = a.offset_dev ? call->role_count : 0;
   hq_nvfp4_sr_keys(q->seed, a.rk);
-  /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: the CTAs
-     running at once stream whole rows */
   /* the rowwise copy alone from aligned input by round to nearest: the ROWS kernels, a CTA over
      up to HQ_MX_TILES row blocks where the grid keeps two waves of 8 CTAs per SM or more */
+  const bool rows = !q->sr && a.vec && !a.cd;
   a.tiles = 1;
-  if (!q->sr && a.vec && !a.cd) {
+  if (rows) {
     const int sms = hq_cuda_device_sms(call->device);
     a.tiles = sms > 0 ? gx * gy / (2 * 8 * (int64_t)sms) : 1;
     a.tiles = a.tiles < 1 ? 1 : a.tiles > HQ_MX_TILES ? HQ_MX_TILES : a.tiles;
   }
   const int64_t gt = (gx + a.tiles - 1) / a.tiles; /* the grid along M */
+  /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: the CTAs
+     running at once stream whole rows */
   a.row_major = gt <= 65535;
   const dim3 grid =
       a.row_major ? dim3((unsigned)gy, (unsigned)gt) : dim3((unsigned)gt, (unsigned)gy);
   const int kind = (int)q->kind;
   switch (src->dtype) {
-  case HQ_F32: launch_q_dt<HQ_F32>(a, kind, q->sr != 0, grid, stream); break;
-  case HQ_F16: launch_q_dt<HQ_F16>(a, kind, q->sr != 0, grid, stream); break;
-  case HQ_BF16: launch_q_dt<HQ_BF16>(a, kind, q->sr != 0, grid, stream); break;
+  case HQ_F32: launch_q_dt<HQ_F32>(a, kind, q->sr != 0, rows, grid, stream); break;
+  case HQ_F16: launch_q_dt<HQ_F16>(a, kind, q->sr != 0, rows, grid, stream); break;
+  case HQ_BF16: launch_q_dt<HQ_BF16>(a, kind, q->sr != 0, rows, grid, stream); break;
   default:
     return call->host->error(HQ_EINVAL, "mx CUDA: source dtype %d", (int)src->dtype);
   }
