@@ -5,8 +5,9 @@
 ** round-to-nearest and stochastic rounding (the same seed and offset on both), f32 / bf16 / f16
 ** inputs (16-byte aligned: the vector loads; one element off: the scalar loads), usage rowwise /
 ** columnwise / both, shapes 32x32 to 160x4128, 32x8192 and 4160x8224 (several row blocks per
-** CTA) with every kind of last column tile (K % 128 = 0, 32, 64, 96) and special blocks (zeros, NaN, +-Inf, FP32 subnormals, values past
-** the maximum: the kernels' NaN blocks and Inf blocks take the rule, the rest its fast forms);
+** CTA) with every kind of last column tile (K % 128 = 0, 32, 64, 96) and special blocks (zeros,
+** NaN, +-Inf, FP32 subnormals, values past the maximum: the kernels' NaN blocks and Inf blocks
+** take the rule, the rest its fast forms);
 ** dequantize of each direction into f32 / bf16 / f16, aligned and one element off, of those
 ** storages and of storages holding every code and every scale byte.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
