@@ -62,7 +62,8 @@
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
-**     tile (coalesced stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the same kernels with
+**     tile of 16 x 128 (one row block: small tensors still spread over the SMs; coalesced
+**     stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the same kernels with
 **     hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT; its values take
 **     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation.
 **   options: scale_dtype = ue5m3 and global_scale = row / none take the same kernels,
@@ -164,14 +165,6 @@ template <int DIRS> struct QShape {
   static constexpr int CS = TK + 256 / TM;
 };
 
-/* The origin of 64x128 tile number `tile` (tiles in row-major order, K fastest; fewer than
-   2^31 tiles, so 32-bit division). */
-__device__ __forceinline__ void tile_origin_of(unsigned tile, int64_t K, int64_t *i0, int64_t *k0) {
-  const unsigned ntk = (unsigned)((K + kTK - 1) / kTK);
-  *i0 = (int64_t)(tile / ntk) * kTM;
-  *k0 = (int64_t)(tile % ntk) * kTK;
-}
-
 /* Whether the TM x TK tile at (i0, k0) lies wholly inside [M, K]. */
 template <int TM, int TK>
 __device__ __forceinline__ bool tile_full(uint32_t M, uint32_t K, uint32_t i0, uint32_t k0) {
@@ -210,11 +203,6 @@ template <int TM, int TK, int G = 1> struct TileWalk {
   __device__ __forceinline__ unsigned slot() const { return j; }
   __device__ __forceinline__ uint32_t g0() const { return G * gm * TM; }
 };
-
-/* The 64x128 tile of CTA blockIdx.x. */
-__device__ __forceinline__ void tile_origin(int64_t K, int64_t *i0, int64_t *k0) {
-  tile_origin_of(blockIdx.x, K, i0, k0);
-}
 
 /* Max of u over the CTA, atomically maxed into each non-NULL target (bits of a non-negative
    float, which order like the values): one atomic per CTA and target, so that the atomics on
@@ -2085,23 +2073,26 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
   }
 }
 
-/* Columnwise dequantize: one CTA per 64x128 tile, blocks of 16 along M read from the [K, M]
-   copy, the inverse RHT where asked, back to [M, K] rows through a shared tile. */
-template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(DArgs a) {
-  __shared__ float ft[kTM * (kTK + 1)];
+/* Columnwise dequantize: one CTA of 128 threads per 16 x 128 tile, one block of 16 along M for
+   each of 128 columns: each thread decodes one block from the [K, M] copy (8 bytes, the inverse
+   RHT where asked), the tile goes back to [M, K] rows through shared memory in runs of 4
+   columns (a warp stores a whole 128-column row). A tile of one row block keeps a tensor of a
+   few hundred rows on as many CTAs as its blocks of 16 x 128 (a 256 x 256 weight: 32). */
+constexpr int kDcM = 16, kDcK = 128;
+template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArgs a) {
+  /* rows padded to 132 floats: the 16-byte reads of a row's runs stay conflict-free */
+  __shared__ __align__(16) float ft[kDcM][kDcK + 4];
   write_factor(a);
-  int64_t i0, k0;
-  tile_origin(a.K, &i0, &k0);
   const int64_t M = a.M, K = a.K;
+  const unsigned ntk = (unsigned)((K + kDcK - 1) / kDcK);
+  const int64_t i0 = (int64_t)(blockIdx.x / ntk) * kDcM, k0 = (int64_t)(blockIdx.x % ntk) * kDcK;
   const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
   const int t = threadIdx.x;
-  for (int s = 0; s < (kTK * 4) / kThreads; s++) {
-    const int u = t + kThreads * s, c = u / 4, rb = u % 4;
-    const int64_t i = i0 + 16 * rb, k = k0 + c;
-    if (i >= M || k >= K) continue;
-    const uint8_t sf = a.scale[hq_nvfp4_col_scale_index(i, k, M, a.swz)];
+  const int64_t k = k0 + t;
+  if (k < K) { /* M % 16 == 0: the tile's 16 rows are all in */
+    const uint8_t sf = a.scale[hq_nvfp4_col_scale_index(i0, k, M, a.swz)];
     const float dm = deq_mult(a, sf, amax, k);
-    const uint64_t codes = load_block(a.q + hq_nvfp4_col_data_index(i, k, M), a.vec);
+    const uint64_t codes = load_block(a.q + hq_nvfp4_col_data_index(i0, k, M), a.vec);
     float g[16];
     if (a.raw && !hq_isnan(dm)) /* hq_nvfp4_raw_fast: the same bits, fewer instructions */
       for (int e = 0; e < 16; e++) g[e] = hq_nvfp4_raw_fast((uint32_t)(codes >> (4 * e)), dm);
@@ -2109,20 +2100,20 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequantize_kernel(
       for (int e = 0; e < 16; e++)
         g[e] = hq_nvfp4_dequantize((uint32_t)(codes >> (4 * e)) & 0xfu, dm);
     if (a.rht) hq_nvfp4_rht16_inverse(g, a.mask);
-    for (int e = 0; e < 16; e++) ft[(16 * rb + e) * (kTK + 1) + c] = g[e];
+    for (int e = 0; e < 16; e++) ft[e][t] = g[e];
   }
   __syncthreads();
   /* back to [M, K] rows: runs of 4 columns per thread (vector stores when the run is whole) */
-  for (int u = t; u < kTM * kTK / 4; u += kThreads) {
-    const int rr = u / (kTK / 4), c = 4 * (u % (kTK / 4));
-    const int64_t i = i0 + rr, k = k0 + c;
-    if (i >= M || k >= K) continue;
-    const float *src = &ft[rr * (kTK + 1) + c];
-    const float g[4] = {src[0], src[1], src[2], src[3]};
-    if (k + 4 <= K && a.vec && K % 4 == 0) {
-      store_run<DT, 4>(a.dst, i * K + k, g, 1);
+  for (int u = t; u < kDcM * kDcK / 4; u += kDcK) {
+    const int rr = u / (kDcK / 4), c = 4 * (u % (kDcK / 4));
+    const int64_t i = i0 + rr, kk = k0 + c;
+    if (kk >= K) continue;
+    const float4 f = *reinterpret_cast<const float4 *>(&ft[rr][c]);
+    const float g[4] = {f.x, f.y, f.z, f.w};
+    if (kk + 4 <= K && a.vec && K % 4 == 0) {
+      store_run<DT, 4>(a.dst, i * K + kk, g, 1);
     } else {
-      for (int e = 0; e < 4 && k + e < K; e++) hq_store_hp(a.dst, i * K + k + e, DT, g[e]);
+      for (int e = 0; e < 4 && kk + e < K; e++) hq_store_hp(a.dst, i * K + kk + e, DT, g[e]);
     }
   }
 }
@@ -2401,9 +2392,9 @@ template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
     return HQ_OK;
   }
   unsigned grid = 0;
-  int rc = tile_grid(call, a.M, a.K, &grid);
+  int rc = tile_grid(call, a.M, a.K, &grid, kDcM, kDcK);
   if (rc) return rc;
-  dequantize_kernel<DT><<<grid, kThreads, 0, stream>>>(a);
+  dequantize_kernel<DT><<<grid, kDcK, 0, stream>>>(a);
   CHECK_LAUNCH(call, "nvfp4 columnwise dequantize kernel");
   return HQ_OK;
 }
