@@ -177,8 +177,9 @@ static void *default_cfg(const hq_format_ops *ops, const hq_host_api *host) {
 /* The module's amax op on the device, called directly: out[0] / out[1] get max |x| (NaN ignored,
    Inf counted) for the requested directions and 0 for the others (written over whatever was
    there), for aligned (vectorized) and odd shapes (the largest |x| in the last n % 8 elements
-   of one of them), from a 16-byte aligned source and one an element off, every input dtype;
-   its scratch is 0. */
+   of the last three), on both sides of 2^17 elements (the pass's one-cluster form, and the
+   memset and atomics of a larger tensor), from a 16-byte aligned source and one an element
+   off, every input dtype; its scratch is 0. */
 static void test_amax_op_direct(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
@@ -190,7 +191,8 @@ static void test_amax_op_direct(void **state) {
   hq_call call = hq_test_call(&host, 0, 0);
   call.device = 0;
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  const int64_t shapes[][2] = {{1, 1}, {37, 53}, {64, 64}, {1000, 333}, {3, 5}, {1001, 333}};
+  const int64_t shapes[][2] = {{1, 1},      {37, 53},     {64, 64},    {1000, 333},
+                               {3, 5},      {1001, 333},  {121, 1045}, {362, 363}};
   for (int t = 0; t < 3; t++)
     for (size_t sh = 0; sh < 2 * (sizeof shapes / sizeof shapes[0]); sh++) {
       const size_t shape = sh / 2;
@@ -200,7 +202,7 @@ static void test_amax_op_direct(void **state) {
         hq_store_hp(x.data, 5, dts[t], NAN);
         hq_store_hp(x.data, M * K - 2, dts[t], -300.0f);
       }
-      if (shape == 5) hq_store_hp(x.data, M * K - 1, dts[t], 400.0f); /* n % 8 == 5 */
+      if (shape >= 5) hq_store_hp(x.data, M * K - 1, dts[t], 400.0f); /* n % 8 == 5, 5, 6 */
       float want = 0;
       for (int64_t i = 0; i < M * K; i++) {
         float a = fabsf(hq_load_hp(x.data, i, dts[t]));

@@ -24,6 +24,8 @@
 ** ended; on the legacy default stream while a blocking stream captures, CUDA cannot tell and
 ** the call says so (HQ_EDEVICE), and hq_ctx_set_rng_offset refuses for that reason, the capture
 ** left intact.
+** A small tensor's current-scaling quantize captured holds no memset node (its amax pass is one
+** kernel) and replays to the CPU reference's bytes.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -72,6 +74,9 @@ static const char *recipes[] = {
     /* emulated on Hopper: each GEMM's two dequantizes forked onto the context's side stream */
     "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = mxfp4\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    /* the RHT amax pass: one cluster on the input and the gradient, the memset and atomic form
+       on the weight (2^17 elements and fewer, and more) */
+    "[format f]\nplugin = nvfp4\nrht = true\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
 };
 
 /* The nodes and edges of a captured graph: a capture of one stream is a chain (edges = nodes -
@@ -556,6 +561,77 @@ static void test_first_gemm_captured(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* A small tensor's current-scaling quantize (fp8_tensor; nvfp4's global scales, with and
+   without the RHT pass), captured: its amax pass is one kernel, with no memset node (in a
+   replayed step a memset node costs about two kernel nodes), and the replay on new data leaves
+   the CPU reference's bytes for that data. */
+static void test_small_amax_in_a_graph(void **state) {
+  (void)state;
+  static const char *const fmts[] = {"plugin = fp8_tensor", "plugin = nvfp4",
+                                     "plugin = nvfp4\nrht = true"};
+  enum { R = 128, C = 256 };
+  for (size_t k = 0; k < sizeof fmts / sizeof *fmts; k++) {
+    char text[160];
+    snprintf(text, sizeof text, "[format f]\n%s\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+             fmts[k]);
+    hq_recipe *r = hq_test_recipe(text);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:input:l");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
+    hq_tensor h1 = hq_test_tensor(HQ_BF16, R, C, 40 + (uint64_t)k, 1.0f);
+    hq_tensor h2 = hq_test_tensor(HQ_BF16, R, C, 50 + (uint64_t)k, 5.0f);
+    const size_t bytes = (size_t)(R * C) * 2;
+    void *d = NULL;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemcpy(d, h1.data, bytes, cudaMemcpyHostToDevice));
+    hq_tensor src = hq_tensor_2d(d, HQ_BF16, 0, R, C);
+    hq_qtensor *qg = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &src, &qg));
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = hq_qtensor_update(qg, gpu, &src);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("%s: the update under capture: %s", fmts[k], hq_last_error());
+    CK(ce);
+    size_t count = 0, memsets = 0, kernels = 0;
+    CK(cudaGraphGetNodes(graph, NULL, &count));
+    cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
+    assert_non_null(all);
+    CK(cudaGraphGetNodes(graph, all, &count));
+    for (size_t i = 0; i < count; i++) {
+      enum cudaGraphNodeType type;
+      CK(cudaGraphNodeGetType(all[i], &type));
+      memsets += type == cudaGraphNodeTypeMemset;
+      kernels += type == cudaGraphNodeTypeKernel;
+    }
+    free(all);
+    if (memsets) fail_msg("%s: the captured quantize holds %zu memset nodes", fmts[k], memsets);
+    assert_true(kernels >= 2); /* the amax pass and the cast */
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaMemcpyAsync(d, h2.data, bytes, cudaMemcpyHostToDevice, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    /* the CPU reference's quantize of the second fill, byte for byte (amax buffers included) */
+    hq_ctx *host = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_create(NULL, &host));
+    hq_qtensor *qh = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, host, &h2, &qh));
+    hq_gpu_compare_usage(gpu, qh, qg, HQ_BOTH, fmts[k]);
+    hq_qtensor_free(qh);
+    hq_ctx_destroy(host);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    hq_qtensor_free(qg);
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaFree(d));
+    free(h1.data);
+    free(h2.data);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -578,6 +654,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_first_gemm_captured),
+                                     cmocka_unit_test(test_small_amax_in_a_graph),
                                      cmocka_unit_test(test_ctx_capturing)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

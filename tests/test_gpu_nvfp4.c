@@ -386,7 +386,8 @@ static void test_special_values(void **state) {
 
 /* The module's amax op on the device, called directly: out[0] / out[1] get the CPU's amaxes for
    the requested directions and 0 for the others (written over whatever was there), with and
-   without rht, every input dtype; scratch on a device is 0. */
+   without rht, every input dtype, on both sides of 2^17 elements (the passes' one-cluster
+   form, and the memset and atomics of a larger tensor); scratch on a device is 0. */
 static void test_amax_op_direct(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
@@ -395,7 +396,7 @@ static void test_amax_op_direct(void **state) {
   assert_non_null(ops->amax);
   assert_true(ops->caps & HQ_CAP_CUDA);
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};
-  const int64_t shapes[][2] = {{16, 16}, {48, 80}, {208, 400}};
+  const int64_t shapes[][2] = {{16, 16}, {48, 80}, {208, 400}, {512, 256}, {528, 256}};
   for (int rht = 0; rht <= 1; rht++) {
     hq_optval v[8]; /* one per option of the table */
     memset(v, 0, sizeof v);

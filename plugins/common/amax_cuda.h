@@ -1,31 +1,44 @@
 /*
 ** amax_cuda.h -- the per-tensor amax pass of the stock plugins' kernels (fp8_tensor's current
 ** scaling, nvfp4's global scales): max |x| over a whole tensor, NaN ignored, Inf counted -- the
-** CPU reference's rule (hq_fmax_nan_ignoring) -- atomically maxed into one or two device floats
-** that the caller zeroed on the stream. Private to the stock plugins (not installed).
+** CPU reference's rule (hq_fmax_nan_ignoring) -- written into one or two device floats.
+** Private to the stock plugins (not installed).
 **
 ** hq_cuda_amax<DT>(x, n, vec, t0, t1, stream): n elements, taken 8 at a time (the last n % 8
-** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. A
-** read-only stream, so what bounds it is the bytes in flight: as many CTAs as are resident
-** (launch_cuda.h, counted once per device), each thread with 4 independent 8-element loads in
-** flight per step; the max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN operand: one
-** instruction per element, never NaN); the CTA's maximum goes out in one atomicMax per target
-** (bits of a non-negative float order like the values, so the result does not depend on the
-** atomics' order).
+** by the first CTA, one each); vec: x 16-byte aligned (16-byte loads), else element loads. The
+** targets need no zeroing by the caller. A tensor of at most kHqAmaxClusterElems elements is
+** reduced by one cluster of kHqAmaxCluster CTAs, which gather their maxima in the first CTA's
+** shared memory and store the result: one kernel and nothing else, because in a captured step a
+** memset node costs about twice a small kernel's node (docs/performance.md), and a small
+** model's step is a chain of such nodes. A larger tensor takes a memset of the targets and as
+** many CTAs as are resident (launch_cuda.h, counted once per device), each thread with 4
+** independent 8-element loads in flight per step and each CTA's maximum going out in one
+** atomicMax per target (bits of a non-negative float order like the values, so the result does
+** not depend on the atomics' order). The max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
+** operand: one instruction per element, never NaN).
 ** The pass walks the tensor backwards (8-element vector g of a thread's walk is vector n8 - 1 - g;
 ** a warp still reads 512 contiguous bytes), so that when it ends the L2 cache holds the head of
 ** the tensor, which the cast kernel after it in the same call reads first (the caches keep what
 ** was read last). HQ_AMAX_FORWARD=1 walks it forwards (for measuring).
+**
+** hq_cuda_cluster_max(m, t0, t1, cmax): the cluster form's ending, shared with the plugins' own
+** amax kernels (nvfp4's RHT pass): every thread's m in, the cluster's maximum stored by the first
+** thread of the first CTA.
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "hp_load_cuda.h"
 #include "launch_cuda.h"
 
 constexpr int kHqAmaxThreads = 256;
+/* 8 CTAs: the portable cluster size; 2^17 elements are 8 vectors per thread of such a cluster,
+   two rounds of its four loads in flight, about what the atomic form's kernel and memset cost */
+constexpr int kHqAmaxCluster = 8;
+constexpr int64_t kHqAmaxClusterElems = (int64_t)1 << 17;
 #ifndef HQ_AMAX_FORWARD
 #define HQ_AMAX_FORWARD 0
 #endif
@@ -37,7 +50,44 @@ constexpr int kHqAmaxThreads = 256;
    start at 0. The stock plugins' block and tensor amaxes all take it. */
 __device__ __forceinline__ float hq_cuda_amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
 
-template <int DT, bool VEC>
+/* The maximum of every thread's m over the CTA, on thread 0 (the others return 0): warp
+   shuffles, then the warps' maxima through shared memory. */
+template <int THREADS> __device__ __forceinline__ float hq_cuda_cta_max(float m) {
+  __shared__ float warp_max[THREADS / 32];
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  m = 0.0f;
+  if (warp == 0) {
+    m = lane < THREADS / 32 ? warp_max[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  }
+  return threadIdx.x == 0 ? m : 0.0f;
+}
+
+/* The cluster form's ending: each CTA's maximum into slot `rank` of the first CTA's cmax (a
+   __shared__ array of kHqAmaxCluster floats in the caller), a cluster barrier (release /
+   acquire: the slots are visible after it), then the first CTA's thread 0 stores the maximum
+   into each non-NULL target. Every thread of every CTA calls it. */
+template <int THREADS>
+__device__ __forceinline__ void hq_cuda_cluster_max(float m, float *t0, float *t1, float *cmax) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  m = hq_cuda_cta_max<THREADS>(m);
+  if (threadIdx.x == 0) cl.map_shared_rank(cmax, 0)[cl.block_rank()] = m;
+  cl.sync();
+  if (cl.block_rank() == 0 && threadIdx.x == 0) {
+    float r = 0.0f;
+    for (unsigned c = 0; c < cl.num_blocks(); c++) r = fmaxf(r, cmax[c]);
+    if (t0) *t0 = r;
+    if (t1) *t1 = r;
+  }
+}
+
+/* CL: launched as one cluster of kHqAmaxCluster CTAs (hq_cuda_cluster_max stores the result),
+   else any grid (atomicMax into targets the launcher zeroed). */
+template <int DT, bool VEC, bool CL>
 __global__ void __launch_bounds__(kHqAmaxThreads)
     hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n, float *t0, float *t1) {
   const int64_t n8 = n / 8;
@@ -63,35 +113,63 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
 #pragma unroll
     for (int e = 0; e < 8; e++) m = hq_cuda_amax_step(m, v[e]);
   }
-  __shared__ float warp_max[kHqAmaxThreads / 32];
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < kHqAmaxThreads / 32 ? warp_max[lane] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0 && m > 0.0f) {
-      if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), __float_as_uint(m));
-      if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), __float_as_uint(m));
-    }
+  if (CL) {
+    __shared__ float cmax[kHqAmaxCluster];
+    hq_cuda_cluster_max<kHqAmaxThreads>(m, t0, t1, cmax);
+    return;
   }
+  m = hq_cuda_cta_max<kHqAmaxThreads>(m);
+  if (threadIdx.x == 0 && m > 0.0f) {
+    if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), __float_as_uint(m));
+    if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), __float_as_uint(m));
+  }
+}
+
+/* Launch `kernel` as one cluster of kHqAmaxCluster CTAs of `threads` threads. */
+template <typename... P, typename... A>
+inline cudaError_t hq_cuda_launch_cluster(void (*kernel)(P...), int threads, cudaStream_t stream,
+                                          A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kHqAmaxCluster);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = kHqAmaxCluster;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* Zero the non-NULL targets on the stream (one memset when they are adjacent). */
+inline cudaError_t hq_cuda_zero_targets(float *t0, float *t1, cudaStream_t stream) {
+  if (t0 && t1 && (t1 == t0 + 1 || t0 == t1 + 1))
+    return cudaMemsetAsync(t0 < t1 ? t0 : t1, 0, 2 * sizeof(float), stream);
+  cudaError_t e = cudaSuccess;
+  if (t0) e = cudaMemsetAsync(t0, 0, sizeof(float), stream);
+  if (e == cudaSuccess && t1) e = cudaMemsetAsync(t1, 0, sizeof(float), stream);
+  return e;
 }
 
 template <int DT, bool VEC>
 inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n, float *t0, float *t1,
                                   cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
+  if (n <= kHqAmaxClusterElems)
+    return hq_cuda_launch_cluster(hq_cuda_amax_kernel<DT, VEC, true>, kHqAmaxThreads, stream, x,
+                                  n, t0, t1);
+  cudaError_t e = hq_cuda_zero_targets(t0, t1, stream);
+  if (e != cudaSuccess) return e;
   int64_t resident = 0;
-  const cudaError_t e =
-      hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC>>(kHqAmaxThreads, 0, &resident);
+  e = hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC, false>>(kHqAmaxThreads, 0, &resident);
   if (e != cudaSuccess) return e;
   int64_t blocks = (n / 8 + kHqAmaxThreads - 1) / kHqAmaxThreads;
   if (blocks > resident) blocks = resident;
-  if (blocks < 1) blocks = 1; /* a tail alone */
-  hq_cuda_amax_kernel<DT, VEC><<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n, t0, t1);
+  hq_cuda_amax_kernel<DT, VEC, false>
+      <<<(unsigned)blocks, kHqAmaxThreads, 0, stream>>>(x, n, t0, t1);
   const cudaError_t l = cudaGetLastError();
-  if (l != cudaSuccess) hq_cuda_resident_forget<hq_cuda_amax_kernel<DT, VEC>>();
+  if (l != cudaSuccess) hq_cuda_resident_forget<hq_cuda_amax_kernel<DT, VEC, false>>();
   return l;
 }
 

@@ -8,12 +8,12 @@
 ** Every launch, memset and copy is queued on call->stream; nothing allocates (no scratch) and
 ** nothing synchronizes, so quantize/update can be captured in a CUDA graph.
 **
-** amax op:  memset out[0..1] to 0, the amax kernel into out[0] (or out[1] for a columnwise-only
-**           request), and a device-to-device copy to out[1] when both directions are asked for.
-** quantize: (1) amax kernel, skipped when the caller passes call->amax: max|x| ignoring NaN
-**           (amax_cuda.h's flat pass, which nvfp4 shares: any alignment, any n), atomicMax on
-**           the FP32 bits (valid for non-negative floats) into the storage's amax buffer
-**           (zeroed first, on the stream);
+** amax op:  the amax pass writes out[0] (or out[1] for a columnwise-only request; the other
+**           float zeroed first), both floats when both directions are asked for.
+** quantize: (1) amax pass, skipped when the caller passes call->amax: max|x| ignoring NaN
+**           (amax_cuda.h's flat pass, which nvfp4 shares: any alignment, any n; one cluster's
+**           kernel on a small tensor, else a memset and atomicMax on the FP32 bits) into the
+**           storage's amax buffer;
 **           (2) cast kernel: each block recomputes the scale from that amax -- or from the
 **           caller's (fp8t_one_amax) -- (a few flops), then quantizes a tile read once from
 **           global memory, writes the rowwise bytes and the transposed columnwise bytes
@@ -311,9 +311,8 @@ int grid_for(const hq_call *call, int64_t M, int64_t K, dim3 *grid) {
   return HQ_OK;
 }
 
-/* The amax pass: max |x| of the n elements of x, atomically maxed into *acc and, if not NULL,
-   *acc2 (which the caller zeroed on the stream): the stock plugins' shared pass (amax_cuda.h;
-   vec: x 16-byte aligned). */
+/* The amax pass: max |x| of the n elements of x written into *acc and, if not NULL, *acc2:
+   the stock plugins' shared pass (amax_cuda.h; vec: x 16-byte aligned). */
 template <int DT>
 int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t n, int vec,
                 float *acc, float *acc2 = NULL) {
@@ -378,9 +377,8 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     acc = amax ? amax : col_amax;
     CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
   } else if (!given) {
-    /* the storage's own amax buffer accumulates the amax pass (no scratch, no allocation) */
+    /* the storage's own amax buffer receives the amax pass (no scratch, no allocation) */
     acc = amax ? amax : col_amax;
-    CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
     rc = launch_amax<DT>(call, stream, src->data, n, aligned16(src->data), acc);
     if (rc) return rc;
   }
@@ -440,9 +438,12 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
 extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs,
                               float *out) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
+  /* a direction not asked for reads 0; both directions are written by the pass alone (no
+     memset node in a captured step) */
+  if ((dirs & HQ_BOTH) != HQ_BOTH)
+    CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
   if (!(dirs & HQ_BOTH)) return HQ_OK;
-  /* both directions: the pass maxes into both floats (no copy of one into the other) */
+  /* both directions: the pass writes both floats (no copy of one into the other) */
   float *acc = (dirs & HQ_ROWWISE) ? out : out + 1;
   float *acc2 = (dirs & HQ_BOTH) == HQ_BOTH ? out + 1 : NULL;
   const int64_t n = src->rows * src->cols;

@@ -836,7 +836,7 @@ template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const
    barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. The walk
    goes backwards (patch g of it is patch npatch - 1 - g), as the flat pass does (amax_cuda.h),
    so that the L2 cache holds the tensor's head when the quantize kernel starts reading it. */
-template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
+template <int DT, bool CL> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
   constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
   const int64_t K = a.K, nq = K / 4, npatch = (a.M / 16) * nq;
   uint32_t fl[16];
@@ -894,6 +894,12 @@ template <int DT> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxAr
           mt = max(mt, hq_abs_bits_nonan(row_word_value<HQ_BF16>(y, e)));
       }
     }
+  }
+  if (CL) { /* one cluster: the first CTA stores each maximum (amax_cuda.h) */
+    __shared__ float cmax[kHqAmaxCluster], cmt[kHqAmaxCluster];
+    if (a.x0 || a.x1) hq_cuda_cluster_max<kThreads>(mx, a.x0, a.x1, cmax);
+    if (a.t) hq_cuda_cluster_max<kThreads>(__uint_as_float(mt), a.t, NULL, cmt);
+    return;
   }
   if (a.x0 || a.x1) cta_atomic_max(hq_f32_bits(mx), a.x0, a.x1);
   if (a.t) {
@@ -2203,20 +2209,28 @@ int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid, int tm 
   return HQ_OK;
 }
 
+/* The amax pass: writes *x0, *x1 and *t (each where not NULL); the targets need no zeroing. */
 template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   if (!a.t) { /* max |x| alone: the shared flat pass (amax_cuda.h) */
     CHECK_CUDA(call, hq_cuda_amax<DT>(a.x, a.M * a.K, a.vec, a.x0, a.x1, stream));
     return HQ_OK;
   }
-  /* 16x4 patches, one per thread: as many CTAs as are resident, each looping */
+  /* a small tensor: one cluster, no memset node (amax_cuda.h says why) */
+  if (a.M * a.K <= kHqAmaxClusterElems) {
+    CHECK_CUDA(call, (hq_cuda_launch_cluster(amax_kernel<DT, true>, kThreads, stream, a)));
+    return HQ_OK;
+  }
+  /* 16x4 patches, one per thread: as many CTAs as are resident, each looping, each maxing
+     atomically into the zeroed targets */
+  CHECK_CUDA(call, hq_cuda_zero_targets(a.x0, a.x1, stream));
+  CHECK_CUDA(call, hq_cuda_zero_targets(a.t, NULL, stream));
   const int64_t blocks = ((a.M / 16) * (a.K / 4) + kThreads - 1) / kThreads;
   int64_t resident = 0;
-  CHECK_CUDA(call, hq_cuda_resident<amax_kernel<DT>>(kThreads, 0, &resident));
+  CHECK_CUDA(call, (hq_cuda_resident<amax_kernel<DT, false>>(kThreads, 0, &resident)));
   const unsigned grid = (unsigned)(blocks < resident ? blocks : resident);
-  if (grid == 0) return HQ_OK;
-  amax_kernel<DT><<<grid, kThreads, 0, stream>>>(a);
-  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<amax_kernel<DT>>();
+  amax_kernel<DT, false><<<grid, kThreads, 0, stream>>>(a);
+  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<amax_kernel<DT, false>>();
   CHECK_LAUNCH(call, "nvfp4 amax kernel");
   return HQ_OK;
 }
@@ -2407,13 +2421,10 @@ int zero_padding(const hq_call *call, uint8_t *scale, int64_t R, int64_t C) {
   return HQ_OK;
 }
 
-/* Pass 1 of a per-tensor quantize: the amax buffers given (NULL: not made) zeroed, then the
-   amax pass accumulates max |x| into ramax and into camax (the RHT values' with rht). */
+/* Pass 1 of a per-tensor quantize: the amax pass writes max |x| into ramax and camax (the RHT
+   values' with rht), each where not NULL. */
 int amax_pass(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src, float *ramax,
               float *camax) {
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  if (ramax) CHECK_CUDA(call, cudaMemsetAsync(ramax, 0, sizeof(float), stream));
-  if (camax) CHECK_CUDA(call, cudaMemsetAsync(camax, 0, sizeof(float), stream));
   AmaxArgs am;
   am.x = src->data;
   am.M = src->rows;
@@ -2460,8 +2471,10 @@ int row_amax_pass(const hq_call *call, const hq_tensor *src, float *row, float *
 
 extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
                                uint32_t dirs, float *out) {
-  cudaStream_t stream = (cudaStream_t)call->stream;
-  CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
+  /* a direction not asked for reads 0, as does the amax of no element; both directions of a
+     tensor are written by the pass alone (no memset node in a captured step) */
+  if ((dirs & HQ_BOTH) != HQ_BOTH || src->rows == 0 || src->cols == 0)
+    CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), (cudaStream_t)call->stream));
   if (!(dirs & HQ_BOTH) || src->rows == 0 || src->cols == 0) return HQ_OK;
   AmaxArgs a;
   a.x = src->data;
