@@ -41,7 +41,9 @@
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
 # (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters). --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
-# and stores of a quantize layout with no encoding) into probe.txt, and stops. --mx-pairs
+# and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
+# likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
+# allocation, memset and forked node) into graph_nodes.txt. --mx-pairs
 # rebuilds nvfp4 with -DHQ_MX_CVT_PAIRS=1 (the form Blackwell's FP4 convert takes, the software
 # rule in the instruction's place: plugins/common/mx_cvt_cuda.h) and runs tests/test_gpu_nvfp4
 # with it, then rebuilds it as configured.
@@ -78,6 +80,15 @@ if [ "${1:-}" = "--on-device" ]; then
     "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I "$root/plugins/common" \
       -o "$build/store_probe" "$root/scripts/store_probe.cu" || exit 1
     "$build/store_probe" | tee "$out/probe.txt"
+    exit "${PIPESTATUS[0]}"
+  fi
+  if [[ "$modes" == *" --graph-probe "* ]]; then
+    # what a replayed CUDA graph pays per node of each kind (scripts/graph_nodes.cu), without
+    # building hq
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    "$nvcc" -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -o "$build/graph_nodes" \
+      "$root/scripts/graph_nodes.cu" || exit 1
+    "$build/graph_nodes" | tee "$out/graph_nodes.txt"
     exit "${PIPESTATUS[0]}"
   fi
   rm -rf "$build"/hq-*/

@@ -1,0 +1,131 @@
+// graph_nodes.cu -- what a replayed CUDA graph pays per node of each kind a captured training step
+// holds: kernels, stream-ordered allocations and frees, memsets, and work forked onto a second
+// stream and joined back by events.
+//
+// Built and run on the device by `scripts/gpu-check.sh --on-device --graph-probe` (nvcc, sm_90).
+// Not part of the library or its tests.
+//
+// Each configuration captures a chain of K tiny kernels (64 CTAs of 256 threads, each thread one
+// multiply-add on a 64 KiB buffer: about as small as a kernel gets, so the figure is the node's
+// own cost) on one non-blocking stream; A of them are preceded by an allocation of 256 KiB from a
+// memory pool and followed by its free, with one more kernel writing the buffer in between (on
+// the capturing stream, or with `side` on a second stream forked and joined by events); S
+// memsets of 4 bytes are spread over the chain. The graph is instantiated once, replayed 20
+// times to warm, then timed as the median of 30 samples of 20 replays back to back.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+      exit(1);                                                                                 \
+    }                                                                                          \
+  } while (0)
+
+__global__ void tiny(float *p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = p[i] * 0.5f + 1.0f;
+}
+
+static void launch_tiny(float *p, cudaStream_t s) {
+  tiny<<<64, 256, 0, s>>>(p, 16384);
+  CK(cudaGetLastError());
+}
+
+/* Microseconds per replay of the graph of one configuration. */
+static float run(int K, int A, int S, int side, cudaMemPool_t pool) {
+  cudaStream_t s, s2;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  float *base;
+  CK(cudaMalloc(&base, 1 << 20));
+  CK(cudaMemset(base, 0, 1 << 20));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  int a = 0, m = 0;
+  for (int k = 0; k < K; k++) {
+    if (a < A && k % std::max(1, K / std::max(1, A)) == 0) {
+      void *t;
+      CK(cudaMallocFromPoolAsync(&t, 256 << 10, pool, s));
+      if (side) {
+        CK(cudaEventRecord(fork, s));
+        CK(cudaStreamWaitEvent(s2, fork, 0));
+        launch_tiny((float *)t, s2);
+        CK(cudaEventRecord(join, s2));
+        CK(cudaStreamWaitEvent(s, join, 0));
+      } else {
+        launch_tiny((float *)t, s);
+      }
+      CK(cudaFreeAsync(t, s));
+      a++;
+    }
+    if (m < S && k % std::max(1, K / std::max(1, S)) == 0) {
+      CK(cudaMemsetAsync(base + 1024 * m, 0, 4, s));
+      m++;
+    }
+    launch_tiny(base, s);
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int w = 0; w < 20; w++) CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> v;
+  for (int r = 0; r < 30; r++) {
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1000.0f / 20);
+  }
+  std::sort(v.begin(), v.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaEventDestroy(fork));
+  CK(cudaEventDestroy(join));
+  CK(cudaFree(base));
+  CK(cudaStreamDestroy(s));
+  CK(cudaStreamDestroy(s2));
+  return v[v.size() / 2];
+}
+
+int main() {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  cudaMemPool_t pool;
+  cudaMemPoolProps pp = {};
+  pp.allocType = cudaMemAllocationTypePinned;
+  pp.location.type = cudaMemLocationTypeDevice;
+  pp.location.id = 0;
+  CK(cudaMemPoolCreate(&pool, &pp));
+  /* the pool keeps what was freed, as hq's context pool does: no allocation reaches the driver
+     once warm */
+  uint64_t keep = UINT64_MAX;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  printf("%s: us per replay (median of 30 x 20) of K kernels, A allocation/free pairs (each with\n"
+         "a kernel writing it, on the stream or forked onto a side stream), S memsets\n", p.name);
+  const int cfg[][4] = {{40, 0, 0, 0},  {58, 0, 0, 0},   {80, 0, 0, 0}, {40, 18, 0, 0},
+                        {40, 18, 0, 1}, {40, 0, 10, 0},  {40, 18, 10, 1}};
+  for (const auto &c : cfg)
+    printf("K %2d  A %2d  S %2d  side %d: %7.2f us\n", c[0], c[1], c[2], c[3],
+           run(c[0], c[1], c[2], c[3], pool));
+  CK(cudaMemPoolDestroy(pool));
+  return 0;
+}
