@@ -74,9 +74,13 @@ static const char *recipes[] = {
     /* emulated on Hopper: each GEMM's two dequantizes forked onto the context's side stream */
     "[format f]\nplugin = mxfp8\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format f]\nplugin = mxfp4\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
-    /* the RHT amax pass: one cluster on the input and the gradient, the memset and atomic form
-       on the weight (2^17 elements and fewer, and more) */
-    "[format f]\nplugin = nvfp4\nrht = true\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+    /* the RHT amax pass (one cluster: 2^17 elements and fewer) on the input and the gradient,
+       whose columnwise copies wgrad multiplies; the plain pass's memset and atomic form on the
+       weight (more), which dgrad multiplies by the gradient's rowwise copy, untransformed */
+    "[format f]\nplugin = nvfp4\nrht = true\n[format w]\nplugin = nvfp4\n"
+    "[role linear:input:*]\nrowwise = f\ncolumnwise = f\n"
+    "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
+    "[role linear:grad_output:*]\nrowwise = f\ncolumnwise = f\n",
 };
 
 /* The nodes and edges of a captured graph: a capture of one stream is a chain (edges = nodes -
