@@ -27,7 +27,9 @@
 **     computes it) from registers: a thread loads 16 rows x 4 columns (8- or 16-byte loads,
 **     scalar ones when the input is not 16-byte aligned) and transforms its 4 columns, with no
 **     shared tile and no barrier; resident CTAs loop over the patches, one atomicMax per CTA
-**     and target: the result does not depend on the order of the atomics.
+**     and target into targets zeroed first: the result does not depend on the order of the
+**     atomics. A tensor of at most 2^17 elements takes one cluster of 8 CTAs instead, whose
+**     first CTA gathers the maxima and stores them (no memset node in a captured step).
 **   quantize: as many CTAs as are resident at once, each looping over tiles (TileWalk) through
 **     a ring of tile buffers (kStagesOf): the next tiles are copied in while tile n is encoded,
 **     so the memory stays busy while the CTAs compute. One barrier per tile: after it, tile
