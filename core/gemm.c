@@ -85,6 +85,9 @@ static int resolve(const hq_ctx *ctx, hq_operand in, int is_a, int trans, const 
     o->kind.desc = &o->pub.st->desc;
     o->kind.dtype = o->pub.st->desc.elem;
     o->kind.flags = module_gemm_flags(o->fmt);
+    const hq_buffer *raw = hq_storage_role(o->pub.st, HQ_ROLE_RAW);
+    if (raw && raw->dtype == HQ_BF16 && (o->kind.flags & HQ_GEMM_OP_RAW))
+      o->kind.flags |= HQ_GEMM_OP_RAWCOPY; /* a layout fact: the same for every storage of fmt */
     o->kind.format = o->fmt->plugin->ops.name;
     return HQ_OK;
   }

@@ -22,6 +22,16 @@ static const void *raw_in_place(const hqi_gop *g, hq_dtype dt) {
                                                                                         : NULL;
 }
 
+/* The raw-values buffer (HQ_ROLE_RAW) of g's storage when it is of dtype dt and the tensor's
+   shape: what the format's quantize wrote beside the data, read in place. */
+static const void *raw_copy(const hqi_gop *g, hq_dtype dt) {
+  const hq_buffer *b = hq_storage_role(g->pub.st, HQ_ROLE_RAW);
+  return b && b->dtype == dt && b->ndim == 2 && b->shape[0] == g->pub.rows &&
+                 b->shape[1] == g->pub.cols
+             ? b->ptr
+             : NULL;
+}
+
 /* The checks every raw request starts with. */
 static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, const void **data,
                     void **tmp) {
@@ -33,12 +43,13 @@ static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, 
 }
 
 /* The first half of a raw request: *data the operand's own memory when it holds its raw values
-   in dt (*tmp NULL, nothing to fill), else a temporary allocated on the context's stream (*tmp =
+   in dt, in its data or in a raw-values buffer (*tmp NULL, nothing to fill), else a temporary allocated on the context's stream (*tmp =
    *data), which raw_fill then fills. */
 static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **data,
                        void **tmp) {
   *tmp = NULL;
-  if (g->qt ? (*data = raw_in_place(g, dt)) != NULL : g->hp.dtype == dt) {
+  if (g->qt ? (*data = raw_in_place(g, dt)) != NULL || (*data = raw_copy(g, dt)) != NULL
+            : g->hp.dtype == dt) {
     if (!g->qt) *data = g->hp.data;
     return HQ_OK;
   }

@@ -352,7 +352,7 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
   const char *pn = f->plugin->ops.name;
   const hq_operand_desc *d = &st->desc;
   const int col = st->dir == HQ_COLWISE;
-  int ndata = 0, nscale = 0, namax = 0;
+  int ndata = 0, nscale = 0, namax = 0, nraw = 0;
   if (st->nbuf < 1 || st->nbuf > HQ_MAX_BUFFERS)
     return hqi_error(HQ_EABI, "layout() of '%s' described %u buffers (1 to %d)", pn, st->nbuf,
                      HQ_MAX_BUFFERS);
@@ -391,12 +391,19 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
     for (uint32_t k = 0; k < i; k++)
       if (strcmp(BUF(st, k)->name, b->name) == 0)
         return hqi_error(HQ_EABI, "layout() of '%s': two buffers are named '%s'", pn, b->name);
-    if (b->role > HQ_ROLE_AMAX)
+    if (b->role > HQ_ROLE_RAW)
       return hqi_error(HQ_EABI, "layout() of '%s': buffer '%s' has an unknown role %u", pn,
                        b->name, b->role);
     ndata += b->role == HQ_ROLE_DATA;
     nscale += b->role == HQ_ROLE_SCALE;
     namax += b->role == HQ_ROLE_AMAX;
+    nraw += b->role == HQ_ROLE_RAW;
+    if (b->role == HQ_ROLE_RAW &&
+        ((b->dtype != HQ_BF16 && b->dtype != HQ_F32) || b->ndim != 2 ||
+         b->shape[0] != st->rows || b->shape[1] != st->cols || (b->flags & HQ_BUF_SHARED)))
+      return hqi_error(HQ_EABI, "layout() of '%s': raw-values buffer '%s' must be bf16 or f32 "
+                       "[%lld, %lld] (the tensor's rows and columns), not shared", pn, b->name,
+                       (long long)st->rows, (long long)st->cols);
     if (b->gather > HQ_GATHER_SAME || (b->gather == HQ_GATHER_COLS && b->ndim != 2) ||
         ((b->gather == HQ_GATHER_ROWS || b->gather == HQ_GATHER_COLS) &&
          (b->m_div < 1 || (d->shard_rows > 0 && d->shard_rows % b->m_div))))
@@ -438,6 +445,9 @@ static int check_layout(const hqi_format *f, hq_storage *st, const hq_storage *r
   if (ndata != 1)
     return hqi_error(HQ_EABI, "layout() of '%s': %d buffers have the data role (exactly one "
                      "must)", pn, ndata);
+  if (nraw > 1)
+    return hqi_error(HQ_EABI, "layout() of '%s': %d buffers have the raw-values role (at most "
+                     "one may)", pn, nraw);
   if ((d->scale_mode == HQ_SCALE_NONE) != (nscale == 0) || nscale > 1)
     return hqi_error(HQ_EABI, "layout() of '%s': scale mode %u with %d scale buffers", pn,
                      d->scale_mode, nscale);

@@ -154,6 +154,58 @@ static void test_layout_checks(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* The raw-values role (ABI 2.6): a valid f32 [rows, cols] buffer is kept and filled; one of
+   another dtype or shape, or two of them, are layout errors naming the buffer. */
+static void test_raw_buffer_checks(void **state) {
+  (void)state;
+  static const struct { int n; const char *needle; } cases[] = {
+      {2, "raw-values buffer 'raw' must be bf16 or f32 [8, 16]"},
+      {3, "raw-values buffer 'raw' must be bf16 or f32 [8, 16]"},
+      {4, "2 buffers have the raw-values role (at most one may)"},
+      {1, NULL},
+  };
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 16, 2, 1.0f);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "[recipe]\nplugin_dirs = %s\n[format g]\nplugin = test_good\nlabel = rawbuf=%d\n"
+             "[role linear:weight:*]\nrowwise = g\ncolumnwise = g\n",
+             fixtures(), cases[i].n);
+    hq_recipe_opts o = {0};
+    o.struct_size = sizeof o;
+    o.plugin_flags = HQ_PLUGINS_NO_DEFAULT | HQ_PLUGINS_NO_ENV;
+    hq_recipe *r = NULL;
+    HQ_OK_OR_FAIL(hq_recipe_parse_string(text, "abi.ini", &o, &r));
+    if (hq_recipe_error_count(r)) fail_msg("%s", hq_recipe_error(r, 0));
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_qtensor *qt = NULL;
+    const int rc = hq_quantize(q, ctx, &x, &qt);
+    if (cases[i].needle) {
+      if (rc != HQ_EABI) fail_msg("rawbuf=%d: %d (%s)", cases[i].n, rc, hq_last_error());
+      assert_null(qt);
+      HQ_ERROR_HAS(cases[i].needle);
+      HQ_ERROR_HAS("test_good");
+    } else {
+      HQ_OK_OR_FAIL(rc);
+      for (uint32_t d = HQ_ROWWISE; d <= HQ_COLWISE; d <<= 1) {
+        const hq_storage *s = hq_qtensor_storage(qt, d);
+        assert_int_equal(s->nbuf, 3);
+        const hq_buffer *b = hq_storage_cbuf(s, 2);
+        assert_int_equal(b->role, HQ_ROLE_RAW);
+        assert_int_equal(b->bytes, 8 * 16 * 4);
+        assert_memory_equal(b->ptr, x.data, 8 * 16 * 4);
+      }
+      hq_qtensor_free(qt);
+    }
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+  }
+  free(x.data);
+  hq_ctx_destroy(ctx);
+}
+
 /* The valid fixture: descriptor and buffers as the core completes them. */
 static void test_storage_as_described(void **state) {
   (void)state;
@@ -1014,6 +1066,7 @@ int main(void) {
       cmocka_unit_test(test_dir_name),
       cmocka_unit_test(test_ctx_desc_floor),        cmocka_unit_test(test_recipe_opts_floor),
       cmocka_unit_test(test_tensor_struct_size),    cmocka_unit_test(test_layout_checks),
+      cmocka_unit_test(test_raw_buffer_checks),
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_ctx_capturing_host),

@@ -636,6 +636,106 @@ static void test_small_amax_in_a_graph(void **state) {
   }
 }
 
+/* The kernel nodes of a captured hq_gemm of A (transposed) and B into D (flags: hq_gemm_args). */
+static size_t captured_gemm_kernels(hq_qtensor *A, hq_qtensor *B, hq_tensor *D, uint32_t flags,
+                                    hq_gemm_info *info) {
+  hq_gemm_args args = {sizeof args, flags, NULL, HQ_DTYPE_INVALID, 0, "raw copy test", NULL};
+  /* warm: plans and workspace before the capture */
+  HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(A), 1, hq_operand_q(B), 0, D, 1.0f, 0.0f, &args, info));
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const int rc = hq_gemm(gpu, hq_operand_q(A), 1, hq_operand_q(B), 0, D, 1.0f, 0.0f, &args, NULL);
+  const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  if (rc) fail_msg("the GEMM under capture: %s", hq_last_error());
+  CK(ce);
+  size_t count = 0, kernels = 0;
+  CK(cudaGraphGetNodes(graph, NULL, &count));
+  cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
+  assert_non_null(all);
+  CK(cudaGraphGetNodes(graph, all, &count));
+  for (size_t i = 0; i < count; i++) {
+    enum cudaGraphNodeType type;
+    CK(cudaGraphNodeGetType(all[i], &type));
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  free(all);
+  CK(cudaGraphDestroy(graph));
+  return kernels;
+}
+
+/* mxfp8 with raw_copy = bf16 on a device whose MXFP8 GEMM is emulated (Hopper): an fprop-shaped
+   GEMM (2048 x 512 input, 256 x 512 weight, the shape the fused kernel takes) reads both
+   operands' raw values in place -- the emulated BF16 path, not the fused kernel, and two kernel
+   nodes fewer in its capture than the same operands without the copy on the emulated path (no
+   dequantize) -- and its D has the bytes of that path's D. */
+static void test_raw_copy_gemm(void **state) {
+  (void)state;
+  if (!mx_emulated()) skip();
+  enum { T = 2048, O = 256, I = 512 };
+  hq_recipe *rr = hq_test_recipe("[format f]\nplugin = mxfp8\nraw_copy = bf16\n[role *:*:*]\n"
+                                 "rowwise = f\ncolumnwise = f\n");
+  hq_recipe *rp = hq_test_recipe(recipes[2]);
+  hq_tensor hx = hq_test_tensor(HQ_BF16, T, I, 61, 2.0f), hw = hq_test_tensor(HQ_BF16, O, I, 62,
+                                                                              0.5f);
+  void *dx = NULL, *dw = NULL, *dr = NULL, *dp = NULL;
+  CK(cudaMalloc(&dx, (size_t)T * I * 2));
+  CK(cudaMalloc(&dw, (size_t)O * I * 2));
+  CK(cudaMalloc(&dr, (size_t)T * O * 4));
+  CK(cudaMalloc(&dp, (size_t)T * O * 4));
+  CK(cudaMemcpy(dx, hx.data, (size_t)T * I * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw, hw.data, (size_t)O * I * 2, cudaMemcpyHostToDevice));
+  hq_tensor x = hq_tensor_2d(dx, HQ_BF16, 0, T, I), w = hq_tensor_2d(dw, HQ_BF16, 0, O, I);
+  hq_tensor yr = hq_tensor_2d(dr, HQ_F32, 0, T, O), yp = hq_tensor_2d(dp, HQ_F32, 0, T, O);
+  hq_quantizer *qxr = hq_test_quantizer(rr, "linear:input:l"),
+               *qwr = hq_test_quantizer(rr, "linear:weight:l"),
+               *qxp = hq_test_quantizer(rp, "linear:input:l"),
+               *qwp = hq_test_quantizer(rp, "linear:weight:l");
+  hq_qtensor *xr = NULL, *wr = NULL, *xp = NULL, *wp = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(qxr, gpu, &x, &xr));
+  HQ_OK_OR_FAIL(hq_quantize(qwr, gpu, &w, &wr));
+  HQ_OK_OR_FAIL(hq_quantize(qxp, gpu, &x, &xp));
+  HQ_OK_OR_FAIL(hq_quantize(qwp, gpu, &w, &wp));
+  hq_gemm_info ir = {.struct_size = sizeof ir}, ip = {.struct_size = sizeof ip},
+               iq = {.struct_size = sizeof iq};
+  /* without the flag the plain operands take the fused kernel at this shape */
+  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(wp), 1, hq_operand_q(xp), 0, &yp, NULL, &iq));
+  assert_int_equal(iq.path, HQ_GEMM_PATH_FUSED_BF16);
+  const size_t kr = captured_gemm_kernels(wr, xr, &yr, 0, &ir);
+  const size_t kp = captured_gemm_kernels(wp, xp, &yp, HQ_GEMM_NO_FUSED, &ip);
+  assert_int_equal(ir.path, HQ_GEMM_PATH_EMULATED_BF16);
+  assert_int_equal(ir.fused, 0);
+  assert_int_equal(ip.path, HQ_GEMM_PATH_EMULATED_BF16);
+  if (kr + 2 > kp)
+    fail_msg("the GEMM on raw copies captured %zu kernels, on dequantized operands %zu (two "
+             "dequantizes fewer expected)", kr, kp);
+  float *a = malloc((size_t)T * O * 4), *b = malloc((size_t)T * O * 4);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(a, dr, (size_t)T * O * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b, dp, (size_t)T * O * 4, cudaMemcpyDeviceToHost));
+  size_t nonzero = 0;
+  for (size_t i = 0; i < (size_t)T * O; i++) nonzero += b[i] != 0.0f;
+  assert_true(nonzero > (size_t)T * O / 2);
+  assert_memory_equal(a, b, (size_t)T * O * 4);
+  free(a);
+  free(b);
+  hq_qtensor *all[] = {xr, wr, xp, wp};
+  hq_qtensors_free(all, 4);
+  hq_quantizer_free(qxr);
+  hq_quantizer_free(qwr);
+  hq_quantizer_free(qxp);
+  hq_quantizer_free(qwp);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaFree(dx));
+  CK(cudaFree(dw));
+  CK(cudaFree(dr));
+  CK(cudaFree(dp));
+  free(hx.data);
+  free(hw.data);
+  hq_recipe_free(rr);
+  hq_recipe_free(rp);
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -659,6 +759,7 @@ int main(void) {
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_first_gemm_captured),
                                      cmocka_unit_test(test_small_amax_in_a_graph),
+                                     cmocka_unit_test(test_raw_copy_gemm),
                                      cmocka_unit_test(test_ctx_capturing)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,8 @@
 ** NaN, +-Inf, FP32 subnormals, values past the maximum: the kernels' NaN blocks and Inf blocks
 ** take the rule, the rest its fast forms);
 ** dequantize of each direction into f32 / bf16 / f16, aligned and one element off, of those
-** storages and of storages holding every code and every scale byte.
+** storages and of storages holding every code and every scale byte. raw_copy = bf16: the raw
+** values' buffers equal the CPU's too.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -31,13 +32,16 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* set by test_raw_copy: the recipes keep raw copies (raw_copy = bf16) */
+static int raw_copy;
+
 static hq_recipe *recipe(int kind, int rceil, int sr) {
   char text[512];
   snprintf(text, sizeof text,
-           "[format f]\nplugin = %s\n%sscale = %s\nstochastic_rounding = %s\n[role *:*:*]\n"
+           "[format f]\nplugin = %s\n%sscale = %s\nstochastic_rounding = %s\n%s[role *:*:*]\n"
            "rowwise = f\ncolumnwise = f\n",
            kind ? "mxfp6" : "mxfp4", kind == 1 ? "elem = e3m2\n" : kind == 2 ? "elem = e2m3\n" : "",
-           rceil ? "rceil" : "floor", sr ? "true" : "false");
+           rceil ? "rceil" : "floor", sr ? "true" : "false", raw_copy ? "raw_copy = bf16\n" : "");
   return hq_test_recipe(text);
 }
 
@@ -132,6 +136,24 @@ static void test_every_option(void **state) {
             one(kind, rceil, sr, dts[d], 96, 160, usage, 0);
             one(kind, rceil, sr, dts[d], 64, 96, usage, (int)hq_dtype_size(dts[d]));
           }
+}
+
+/* raw_copy = bf16: the raw-values buffers (the RAW kernels, every element kind, both scale
+   rules, with and without stochastic rounding, aligned and unaligned inputs, every usage) equal
+   the CPU's byte for byte, as every other buffer does. */
+static void test_raw_copy(void **state) {
+  (void)state;
+  raw_copy = 1;
+  for (int kind = 0; kind < 3; kind++)
+    for (int rceil = 0; rceil < 2; rceil++)
+      for (int sr = 0; sr < 2; sr++)
+        for (uint32_t usage = 1; usage <= 3; usage++) {
+          one(kind, rceil, sr, HQ_BF16, 96, 160, usage, 0);
+          one(kind, rceil, sr, HQ_F32, 64, 96, usage, 4);
+        }
+  one(0, 0, 0, HQ_BF16, 1024, 1056, HQ_BOTH, 0);
+  one(1, 1, 1, HQ_F16, 1024, 1056, HQ_BOTH, 0);
+  raw_copy = 0;
 }
 
 /* Shapes around the kernels' 32 x 128 tile: K a multiple of 128, K % 128 = 32, 64 or 96 (a
@@ -235,6 +257,7 @@ int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_option),
+      cmocka_unit_test(test_raw_copy),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_many_tiles),
       cmocka_unit_test(test_dequantize_every_byte),

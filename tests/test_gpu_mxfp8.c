@@ -17,7 +17,8 @@
 ** of swizzled scales on the device (the module's un-swizzle and swizzle kernels), 2 and 4 shards
 ** of 32 and 128 rows, both directions, 1-D and 2-D blocks: each shard's extracted list equals
 ** the CPU's byte for byte, and the gathered tensor (its device buffers filled with garbage
-** first) equals the CPU's whole-tensor quantize byte for byte.
+** first) equals the CPU's whole-tensor quantize byte for byte. raw_copy = bf16: the raw-values
+** buffers (every kernel mode, every input dtype, update, unaligned inputs) equal the CPU's.
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>
@@ -234,6 +235,12 @@ static const char *const option_sets[] = {
     "dtype = e5m2\nswizzle = true\nblock_2d = true",
     "dtype = e5m2\nblock_2d = true",
     "dtype = e5m2\nswizzle = true",
+    /* the raw values kept beside the codes (every kernel mode: 1-D, swizzled both directions,
+       2-D with and without the rowwise copy) */
+    "raw_copy = bf16",
+    "raw_copy = bf16\nswizzle = true",
+    "raw_copy = bf16\nblock_2d = true",
+    "raw_copy = bf16\ndtype = e5m2\nswizzle = true\nblock_2d = true",
 };
 #define NOPT (sizeof option_sets / sizeof option_sets[0])
 static const hq_dtype dtypes[3] = {HQ_F32, HQ_BF16, HQ_F16};

@@ -3,7 +3,7 @@
 ** (tests/mx_vectors.h, made by tests/gen_mx_vectors.py) byte for byte in both directions, for
 ** every element type and both scale rules; the buffer table; hand-computed specials (NaN and Inf
 ** blocks); dequantize against the rule computed here; stochastic rounding's determinism and
-** unbiasedness; shape errors.
+** unbiasedness; shape errors; raw_copy's BF16 raw values against the rule and the dequantize.
 */
 #include <math.h>
 
@@ -113,6 +113,84 @@ static void test_torchao_vectors(void **state) {
         hq_qtensor_free(qt);
         hq_recipe_free(rc);
       }
+  hq_ctx_destroy(ctx);
+}
+
+/* raw_copy = bf16: each storage gains "raw" / "columnwise_raw" (role RAW, BF16 [M, K], gathered
+   by rows) holding bf16(elem(q) * 2^(e - 127)) of its own codes and scales, the bytes
+   hq_dequantize writes into BF16; an update rewrites it. Every element kind, both scale rules,
+   with and without stochastic rounding, NaN / Inf blocks among the values. */
+static void test_raw_copy(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  const int64_t M = 64, K = 96;
+  const char *rules[2] = {"floor", "rceil"};
+  for (int k = 0; k < 3; k++)
+    for (int r = 0; r < 2; r++)
+      for (int sr = 0; sr < 2; sr++) {
+        hq_recipe *rc = recipe(k, rules[r], sr ? "raw_copy = bf16\nstochastic_rounding = true\n"
+                                                  "seed = 5"
+                                               : "raw_copy = bf16");
+        hq_tensor t = hq_test_tensor(HQ_F32, M, K, 30 + (uint64_t)(k * 4 + r * 2 + sr), 3.0f);
+        float *tf = t.data;
+        tf[5] = NAN;
+        tf[K + 40] = INFINITY;
+        tf[3 * K + 7] = ldexpf(1.0f, -130);
+        hq_tensor t2 = hq_test_tensor(HQ_F32, M, K, 90 + (uint64_t)k, 0.01f);
+        hq_qtensor *qt = quantize(rc, ctx, &t, HQ_BOTH);
+        for (int pass = 0; pass < 2; pass++) {
+          if (pass) HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &t2));
+          char what[96];
+          snprintf(what, sizeof what, "kind %d %s sr %d pass %d", k, rules[r], sr, pass);
+          for (uint32_t dir = 1; dir <= 2; dir++) {
+            const hq_storage *st = hq_qtensor_storage(qt, dir);
+            assert_int_equal(st->nbuf, 3);
+            const hq_buffer *d = buf(qt, dir, 0), *sc = buf(qt, dir, 1), *rb = buf(qt, dir, 2);
+            assert_string_equal(rb->name, dir == HQ_ROWWISE ? "raw" : "columnwise_raw");
+            assert_int_equal(rb->role, HQ_ROLE_RAW);
+            assert_int_equal(rb->dtype, HQ_BF16);
+            assert_int_equal(rb->shape[0], M);
+            assert_int_equal(rb->shape[1], K);
+            assert_int_equal(rb->gather, HQ_GATHER_ROWS);
+            assert_int_equal(rb->m_div, 1);
+            assert_int_equal(rb->bytes, (size_t)(M * K) * 2);
+            const int kind = d->dtype;
+            for (int64_t i = 0; i < M; i++)
+              for (int64_t j = 0; j < K; j++) {
+                const uint8_t *row = (const uint8_t *)d->ptr + i * (d->bytes / M);
+                const uint32_t code = kind == HQ_E2M1X2 ? (row[j / 2] >> (4 * (j % 2))) & 15u
+                                                        : hq_fp6_code(row, j);
+                const uint8_t e = ((const uint8_t *)sc->ptr)[dir == HQ_ROWWISE
+                                                                 ? i * (K / 32) + j / 32
+                                                                 : (i / 32) * K + j];
+                const float el =
+                    kind == HQ_E2M1X2 ? hq_e2m1_to_f32(code) : hq_fp6_to_f32(code, kind);
+                const float want = e == 0xFF ? NAN : el * hq_e8m0_to_f32(e);
+                const uint16_t wb = hq_f32_to_bf16(want);
+                const uint16_t gb = ((const uint16_t *)rb->ptr)[i * K + j];
+                if (wb != gb && !(isnan(want) && (gb & 0x7fffu) > 0x7f80u))
+                  fail_msg("%s dir %u: raw (%lld, %lld) = %04x, want %04x", what, dir,
+                           (long long)i, (long long)j, gb, wb);
+              }
+            hq_tensor yb = hq_test_empty(HQ_BF16, M, K);
+            HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, dir, &yb));
+            assert_memory_equal(yb.data, rb->ptr, (size_t)(M * K) * 2);
+            free(yb.data);
+          }
+        }
+        hq_qtensor_free(qt);
+        free(t.data);
+        free(t2.data);
+        hq_recipe_free(rc);
+      }
+  /* without the option: two buffers a storage, as before */
+  hq_recipe *rc = recipe(0, "floor", NULL);
+  hq_tensor t = hq_test_tensor(HQ_F32, M, K, 3, 1.0f);
+  hq_qtensor *qt = quantize(rc, ctx, &t, HQ_BOTH);
+  assert_int_equal(hq_qtensor_storage(qt, HQ_ROWWISE)->nbuf, 2);
+  hq_qtensor_free(qt);
+  free(t.data);
+  hq_recipe_free(rc);
   hq_ctx_destroy(ctx);
 }
 
@@ -298,6 +376,7 @@ int main(void) {
       cmocka_unit_test(test_torchao_vectors), cmocka_unit_test(test_layout),
       cmocka_unit_test(test_specials),        cmocka_unit_test(test_stochastic),
       cmocka_unit_test(test_shape_errors),    cmocka_unit_test(test_gemm_host),
+      cmocka_unit_test(test_raw_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

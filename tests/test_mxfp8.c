@@ -626,6 +626,103 @@ static void test_dequantize(void **state) {
   hq_ctx_destroy(ctx);
 }
 
+/* raw_copy = bf16: each storage gains a third buffer, "raw" / "columnwise_raw" (role RAW, BF16
+   [M, K], gathered by rows), holding bf16(code's value * 2^(e - 127)) from the reference
+   quantization's codes, equal to what hq_dequantize writes into a BF16 tensor; an update rewrites
+   it; a GEMM of such operands gives the bytes of the same operands without it. Every element
+   kind, both scale layouts, 1-D and 2-D blocks, with NaN, Inf, zeros and subnormals. */
+static void test_raw_copy(void **state) {
+  (void)state;
+  hq_ctx *ctx = make_ctx();
+  const int64_t M = 96, K = 160;
+  float *xf = gen(M, K, 41, -30, 30, 1), *xf2 = gen(M, K, 42, -10, 10, 0);
+  hq_tensor x = tensor_of(xf, HQ_F32, M, K), x2 = tensor_of(xf2, HQ_F32, M, K);
+  for (int kind = 0; kind < 2; kind++)
+    for (int swz = 0; swz < 2; swz++)
+      for (int two_d = 0; two_d < 2; two_d++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "[format mx]\nplugin = mxfp8\ndtype = %s\nswizzle = %s\nblock_2d = %s\n"
+                 "raw_copy = bf16\n[format plain]\nplugin = mxfp8\ndtype = %s\n"
+                 "swizzle = %s\nblock_2d = %s\n[role *:weight:*]\nrowwise = mx\n"
+                 "columnwise = mx\n[role *:input:*]\nrowwise = plain\ncolumnwise = plain\n",
+                 kind ? "e5m2" : "e4m3", swz ? "true" : "false", two_d ? "true" : "false",
+                 kind ? "e5m2" : "e4m3", swz ? "true" : "false", two_d ? "true" : "false");
+        hq_recipe *r = hq_test_recipe(text);
+        hq_qtensor *qt = quantize(r, ctx, &x, HQ_BOTH); /* the weight role: raw_copy */
+        for (int pass = 0; pass < 2; pass++) {
+          const float *src = pass ? xf2 : xf;
+          if (pass) HQ_OK_OR_FAIL(hq_qtensor_update(qt, ctx, &x2));
+          for (int d = 1; d <= 2; d++) {
+            const hq_storage *st = storage(qt, (uint32_t)d);
+            assert_int_equal(st->nbuf, 3);
+            const hq_buffer *rb = hq_storage_cbuf(st, 2);
+            assert_string_equal(rb->name, d == 1 ? "raw" : "columnwise_raw");
+            assert_int_equal(rb->role, HQ_ROLE_RAW);
+            assert_int_equal(rb->dtype, HQ_BF16);
+            assert_int_equal(rb->ndim, 2);
+            assert_int_equal(rb->shape[0], M);
+            assert_int_equal(rb->shape[1], K);
+            assert_int_equal(rb->gather, HQ_GATHER_ROWS);
+            assert_int_equal(rb->m_div, 1);
+            assert_int_equal(rb->bytes, (size_t)(M * K) * 2);
+            const uint16_t *raw = rb->ptr;
+            /* against the reference's codes and scales */
+            uint8_t *data = malloc((size_t)(M * K)), *codes = malloc((size_t)(M * K));
+            ref_quantize(src, M, K, kind, d, two_d, data, codes);
+            for (int64_t i = 0; i < M; i++)
+              for (int64_t j = 0; j < K; j++) {
+                const int e = d == 1 ? codes[i * (K / 32) + j / 32] : codes[(i / 32) * K + j];
+                const float want = hq_mul_rn((float)ref_fp8_decode(data[i * K + j], kind),
+                                             hq_e8m0_to_f32((uint8_t)e));
+                const uint16_t wb = hq_f32_to_bf16(want), gb = raw[i * K + j];
+                if (wb != gb && !(hq_isnan(want) && (gb & 0x7f80u) == 0x7f80u && (gb & 0x7fu)))
+                  fail_msg("kind %d swz %d 2d %d pass %d dir %d (%lld, %lld): raw %04x, want "
+                           "%04x (%a)", kind, swz, two_d, pass, d, (long long)i, (long long)j,
+                           gb, wb, (double)want);
+              }
+            /* and what the dequantize writes into BF16, byte for byte */
+            hq_tensor yb = hq_test_empty(HQ_BF16, M, K);
+            HQ_OK_OR_FAIL(hq_dequantize(qt, ctx, (uint32_t)d, &yb));
+            assert_memory_equal(yb.data, raw, (size_t)(M * K) * 2);
+            free(yb.data);
+            free(data);
+            free(codes);
+          }
+        }
+        /* a GEMM reads the same values with and without the copy (the CPU path multiplies the
+           F32 raw values; a device's emulated path reads the BF16 copy in place) */
+        hq_quantizer *qi = hq_test_quantizer(r, "linear:input:x");
+        HQ_OK_OR_FAIL(hq_quantizer_set_usage(qi, HQ_BOTH));
+        hq_qtensor *xin = NULL;
+        HQ_OK_OR_FAIL(hq_quantize(qi, ctx, &x2, &xin));
+        hq_tensor y1 = hq_test_empty(HQ_F32, M, M), y2 = hq_test_empty(HQ_F32, M, M);
+        HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(xin), hq_operand_q(qt), NULL, HQ_F32,
+                                      &y1, NULL));
+        HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(xin), hq_operand_q(xin), NULL, HQ_F32,
+                                      &y2, NULL));
+        assert_memory_equal(y1.data, y2.data, (size_t)(M * M) * sizeof(float));
+        free(y1.data);
+        free(y2.data);
+        hq_qtensor_free(xin);
+        hq_quantizer_free(qi);
+        hq_qtensor_free(qt);
+        hq_recipe_free(r);
+      }
+  /* without the option: two buffers, as before */
+  hq_recipe *r0 = mx_recipe(0, 0, 0);
+  hq_qtensor *q0 = quantize(r0, ctx, &x, HQ_BOTH);
+  assert_int_equal(storage(q0, HQ_ROWWISE)->nbuf, 2);
+  assert_int_equal(storage(q0, HQ_COLWISE)->nbuf, 2);
+  hq_qtensor_free(q0);
+  hq_recipe_free(r0);
+  free(x.data);
+  free(x2.data);
+  free(xf);
+  free(xf2);
+  hq_ctx_destroy(ctx);
+}
+
 /* Special values survive dequantize as documented: NaN -> NaN, Inf -> +-max * 2^127. */
 static void test_dequantize_specials(void **state) {
   (void)state;
@@ -725,24 +822,26 @@ static void test_options(void **state) {
   assert_int_equal(caps, HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY |
                              (hq_built_with_cuda() ? cuda_caps : 0));
   const hq_option *o = hq_plugin_options(p);
-  const char *names[] = {"dtype", "swizzle", "block_2d"};
-  const char *defs[] = {"e4m3", "false", "false"};
-  for (int i = 0; i < 3; i++) {
+  const char *names[] = {"dtype", "swizzle", "block_2d", "raw_copy"};
+  const char *defs[] = {"e4m3", "false", "false", "none"};
+  for (int i = 0; i < 4; i++) {
     assert_string_equal(o[i].name, names[i]);
     assert_string_equal(o[i].def, defs[i]);
     assert_true(o[i].help && strlen(o[i].help) > 10 && !strchr(o[i].help, '\n'));
   }
-  assert_null(o[3].name);
+  assert_null(o[4].name);
   hq_recipe_free(r);
 
   /* bad values are recipe errors, one each, naming the line and the value */
   const char *bad[] = {"[format mx]\nplugin = mxfp8\ndtype = e2m1\n",
                        "[format mx]\nplugin = mxfp8\nswizzle = maybe\n",
-                       "[format mx]\nplugin = mxfp8\nblock_size = 16\n"};
+                       "[format mx]\nplugin = mxfp8\nblock_size = 16\n",
+                       "[format mx]\nplugin = mxfp8\nraw_copy = f16\n"};
   const char *why[] = {"bad.ini:3: option 'dtype' (enum) of format 'mx': 'e2m1' is not one of",
                        "bad.ini:3: option 'swizzle' (bool) of format 'mx': 'maybe' is not a bool",
-                       "bad.ini:3: unknown option 'block_size' for plugin 'mxfp8'"};
-  for (int i = 0; i < 3; i++) {
+                       "bad.ini:3: unknown option 'block_size' for plugin 'mxfp8'",
+                       "bad.ini:3: option 'raw_copy' (enum) of format 'mx': 'f16' is not one of"};
+  for (int i = 0; i < 4; i++) {
     hq_recipe_opts ro = {0};
     ro.struct_size = sizeof ro;
     ro.plugin_flags = HQ_PLUGINS_NO_DEFAULT;
@@ -1436,6 +1535,7 @@ int main(void) {
       cmocka_unit_test(test_cross_instance_storages),
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_raw_equals_dequantize),
+      cmocka_unit_test(test_raw_copy),
       cmocka_unit_test(test_emul_dtype_bf16),
       cmocka_unit_test(test_gemm_host),
   };

@@ -56,6 +56,9 @@ static int fusable(const hq_gemm_kind *k, int x_is_a) {
   const hq_gemm_operand_kind *x = x_is_a ? &k->a : &k->b, *y = x_is_a ? &k->b : &k->a;
   const hq_operand_desc *d = x->desc;
   if (!d || !(x->flags & HQ_GEMM_OP_RAW) || hq_gemm_emul_dtype(y) != HQ_BF16) return 0;
+  /* a storage carrying its BF16 raw values: the unfused path is then one plain BF16 GEMM on
+     them, with no dequantize, faster than decoding the codes in the GEMM */
+  if (x->flags & HQ_GEMM_OP_RAWCOPY) return 0;
   /* the BF16 operand K-contiguous as the emulated path lays it out: A transposed, B not */
   if (x_is_a ? k->b.trans : !k->a.trans) return 0;
   if (x->dir != HQ_ROWWISE || d->order != HQ_ORDER_MK || d->block_m != 1) return 0;

@@ -64,7 +64,15 @@
 
 #define BLK HQ_MX_BLOCK
 
-enum { OPT_SCALE, OPT_SR, OPT_SEED, OPT_ELEM };
+enum {
+  OPT_SCALE,
+  OPT_SR,
+  OPT_SEED,
+#if HQ_MX_FP == 6
+  OPT_ELEM,
+#endif
+  OPT_RAW
+};
 
 static const hq_option options[] = {
     [OPT_SCALE] = {"scale", HQ_OPT_ENUM, "floor",
@@ -80,6 +88,10 @@ static const hq_option options[] = {
     [OPT_ELEM] = {"elem", HQ_OPT_ENUM, "e2m3", "FP6 element type (max 7.5 / 28)", "e2m3|e3m2", 0,
                   -1},
 #endif
+    [OPT_RAW] = {"raw_copy", HQ_OPT_ENUM, "none",
+                 "keep each copy's raw values in BF16 beside its codes (2 more bytes an element): "
+                 "an emulated GEMM reads them instead of dequantizing",
+                 "none|bf16", 0, -1},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
 
@@ -94,6 +106,7 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   c->rule = v[OPT_SCALE].i ? HQ_MX_RCEIL : HQ_MX_FLOOR;
   c->sr = (int)v[OPT_SR].i;
   c->seed = (uint64_t)v[OPT_SEED].i;
+  c->raw_copy = (int)v[OPT_RAW].i;
   return HQ_OK;
 }
 
@@ -146,12 +159,18 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
     b = hq_buffer_describe(out, MX_SCALE_INV, "columnwise_scale_inv", HQ_ROLE_SCALE, HQ_E8M0, 2,
                            rows / BLK, cols);
   hq_buffer_gather(b, HQ_GATHER_ROWS, row ? 1 : BLK);
+  if (c->raw_copy) {
+    b = hq_buffer_describe(out, MX_RAW, row ? "raw" : "columnwise_raw", HQ_ROLE_RAW, HQ_BF16, 2,
+                           rows, cols);
+    hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
+  }
   return HQ_OK;
 }
 
 /* What the loops need of one storage, read from its descriptor and buffers. */
 typedef struct sview {
   uint8_t *data, *scale;
+  uint16_t *raw;      /* the raw values' BF16 buffer (raw_copy), or NULL */
   hq_dtype kind;
 } sview;
 
@@ -161,7 +180,7 @@ static int read_storage(const hq_host_api *host, const hq_storage *s, uint32_t d
                         int64_t K, const char *what, sview *v) {
   const char *dn = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
   if (!s) return host->error(HQ_EINVAL, MX_NAME ": %s: the %s storage is missing", what, dn);
-  if (s->dir != dir || s->nbuf != MX_NBUF)
+  if (s->dir != dir || (s->nbuf != MX_NBUF && s->nbuf != MX_NBUF + 1))
     return host->error(HQ_EINVAL, MX_NAME ": %s: the %s storage was not laid out by " MX_NAME
                        " (dir %u, %u buffers)", what, dn, s->dir, s->nbuf);
   if (s->rows != M || s->cols != K)
@@ -187,9 +206,15 @@ static int read_storage(const hq_host_api *host, const hq_storage *s, uint32_t d
     return host->error(HQ_EINVAL, MX_NAME ": %s: the %s storage's buffer roles, dtypes or sizes "
                        "differ from an " MX_NAME " layout of [%lld, %lld]", what, dn,
                        (long long)M, (long long)K);
-  if ((db->bytes != 0 && !db->ptr) || (eb->bytes != 0 && !eb->ptr))
+  const hq_buffer *rb = s->nbuf > MX_NBUF ? hq_storage_cbuf(s, MX_RAW) : NULL;
+  if (rb && (rb->role != HQ_ROLE_RAW || rb->dtype != HQ_BF16 || rb->bytes != (size_t)(M * K) * 2))
+    return host->error(HQ_EINVAL, MX_NAME ": %s: the %s storage's third buffer is not its raw "
+                       "values (bf16 [%lld, %lld])", what, dn, (long long)M, (long long)K);
+  if ((db->bytes != 0 && !db->ptr) || (eb->bytes != 0 && !eb->ptr) ||
+      (rb && rb->bytes != 0 && !rb->ptr))
     return host->error(HQ_EINVAL, MX_NAME ": %s: a buffer of the %s storage is not allocated",
                        what, dn);
+  v->raw = rb ? rb->ptr : NULL;
   v->data = db->ptr;
   v->scale = eb->ptr;
   v->kind = d->elem;
@@ -328,6 +353,24 @@ static int quantize_cpu(const mx_job *q, const hq_call *call, const hq_tensor *s
   return HQ_OK;
 }
 
+/* The CPU dequantize of one storage's codes and scales into dst (dtype dt, [M, K]): x' =
+   hq_mx_scaled(elem(q), e), stored in dt by hq_store_hp. The raw values of raw_copy are this,
+   into BF16. */
+static void dequantize_cpu(const uint8_t *data, const uint8_t *scale, hq_dtype kind, int colwise,
+                           int64_t M, int64_t K, void *dst, hq_dtype dt) {
+  float lut[64];
+  for (uint32_t k = 0; k < 64; k++) lut[k] = hq_mx_elem_to_f32(k, kind);
+  const int64_t rb = hq_mx_row_bytes(K, kind);
+  for (int64_t i = 0; i < M; i++) {
+    const uint8_t *row = data + i * rb;
+    for (int64_t k = 0; k < K; k++) {
+      const float y =
+          hq_mx_scaled(lut[hq_mx_code(row, k, kind)], scale[hq_mx_scale_idx(colwise, i, k, K)]);
+      hq_store_hp(dst, i * K + k, dt, y);
+    }
+  }
+}
+
 /* quantize and update (the core calls quantize with HQ_CALL_UPDATE for an update). */
 static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src, uint32_t dirs,
                     hq_storage *row, hq_storage *col) {
@@ -359,11 +402,15 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return host->error(HQ_EINVAL, MX_NAME ": the fused optimizer step is not supported");
   const mx_job q = {(dirs & HQ_ROWWISE) ? r.kind : c.kind, cfg->rule, cfg->sr,
                     cfg->seed ? cfg->seed : call->seed, call->offset, M, K,
-                    r.data, r.scale, c.data, c.scale};
+                    r.data, r.scale, c.data, c.scale, r.raw, c.raw};
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) return mx_cuda_quantize(&q, call, src);
 #endif
-  return quantize_cpu(&q, call, src);
+  rc = quantize_cpu(&q, call, src);
+  /* raw_copy: the raw values of what was just written, by the dequantize's own loop */
+  if (!rc && r.raw) dequantize_cpu(r.data, r.scale, r.kind, 0, M, K, r.raw, HQ_BF16);
+  if (!rc && c.raw) dequantize_cpu(c.data, c.scale, c.kind, 1, M, K, c.raw, HQ_BF16);
+  return rc;
 }
 
 /* Reads the storage alone (any instance's). The raw values (HQ_CALL_DEQ_RAW) are the dequantized
@@ -392,17 +439,7 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (call->device != HQ_DEVICE_HOST)
     return mx_cuda_dequantize(call, v.data, v.scale, v.kind, colwise, dst);
 #endif
-  float lut[64];
-  for (uint32_t k = 0; k < 64; k++) lut[k] = hq_mx_elem_to_f32(k, v.kind);
-  const int64_t rb = hq_mx_row_bytes(K, v.kind);
-  for (int64_t i = 0; i < M; i++) {
-    const uint8_t *row = v.data + i * rb;
-    for (int64_t k = 0; k < K; k++) {
-      const float y =
-          hq_mx_scaled(lut[hq_mx_code(row, k, v.kind)], v.scale[hq_mx_scale_idx(colwise, i, k, K)]);
-      hq_store_hp(dst->data, i * K + k, dst->dtype, y);
-    }
-  }
+  dequantize_cpu(v.data, v.scale, v.kind, colwise, M, K, dst->data, dst->dtype);
   return HQ_OK;
 }
 

@@ -71,6 +71,8 @@ struct QArgs {
   const void *x;
   int64_t M, K;
   uint8_t *rd, *rs, *cd, *cs;
+  uint16_t *rr, *cr; /* raw_copy: the directions' raw values (BF16 [M, K]); RAW kernels only */
+  int raw16;     /* rr and cr 16-byte aligned: 16-byte raw stores */
   int rule;
   int vec;       /* x 16-byte aligned: vector loads (the kernels' VEC) */
   int st8;       /* rd and cd 8-byte aligned: 8-byte stores */
@@ -225,6 +227,27 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
   }
 }
 
+/* The raw values (raw_copy) of the 8 codes packed in v (FP4: nibble k; FP6: bits 6k .. 6k+5)
+   with their scale codes e[k]: hq_mx_dequantize rounded to BF16 -- the bytes a dequantize into a
+   BF16 tensor writes -- in one 16-byte store (v16) or element stores. */
+template <int KIND>
+__device__ __forceinline__ void store_raw8(uint16_t *p, uint64_t v, const uint8_t e[8], bool v16) {
+  uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 8; k += 2) {
+    const int w = KIND == HQ_E2M1X2 ? 4 : 6;
+    const uint32_t m = (1u << w) - 1u;
+    const uint32_t c0 = (uint32_t)(v >> (w * k)) & m, c1 = (uint32_t)(v >> (w * (k + 1))) & m;
+    h[k / 2] = (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c0, e[k], KIND)) |
+               (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c1, e[k + 1], KIND)) << 16;
+  }
+  if (v16) {
+    *reinterpret_cast<uint4 *>(p) = make_uint4(h[0], h[1], h[2], h[3]);
+  } else {
+    for (int k = 0; k < 8; k++) p[k] = (uint16_t)(h[k / 2] >> (16 * (k % 2)));
+  }
+}
+
 /* The CTAs per SM the quantize kernels' registers must allow. Each tile is one CTA, so the
    loads in flight are the resident CTAs': a 16-bit input read with 16-byte loads (kept packed)
    fits round to nearest in 32 registers, 8 CTAs, the SM's 2048 threads -- but F16 to E2M1,
@@ -243,8 +266,11 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
 #ifndef HQ_MX_MIN_BLOCKS_SR
 #define HQ_MX_MIN_BLOCKS_SR 4
 #endif
-template <int DT, int KIND, bool VEC, bool SR>
+/* The raw_copy kernels (RAW) hold the codes a while longer: the unpacked forms' bound from
+   packed 16-bit inputs, stochastic rounding's from FP32 or element loads (no spills either way). */
+template <int DT, int KIND, bool VEC, bool SR, bool RAW = false>
 constexpr int kMinBlocksOf = SR ? HQ_MX_MIN_BLOCKS_SR
+                             : RAW ? (VEC && DT != HQ_F32 ? HQ_MX_MIN_BLOCKS : HQ_MX_MIN_BLOCKS_SR)
                              : DT == HQ_BF16 && VEC ? HQ_MX_MIN_BLOCKS_PK
                              : DT == HQ_F16 && VEC && KIND != HQ_E2M1X2 ? HQ_MX_MIN_BLOCKS_PK
                                                     : HQ_MX_MIN_BLOCKS;
@@ -269,8 +295,10 @@ __device__ __forceinline__ uint32_t row_amax_scatter(const uint32_t pa[2], int l
 /* ROWS: the rowwise copy alone (no columnwise code), the CTA over a.tiles consecutive row blocks
    of its column block, the last CTA's fewer: its start, indices and predicates are about half of
    a one-tile CTA's instructions, done once for them all */
-template <int DT, int KIND, bool SR, bool VEC, bool ROWS = false>
-__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
+/* RAW: the storages keep their raw values (raw_copy): each copy's codes are also written as
+   BF16 raw values, from the scale codes they were made with (store_raw8). */
+template <int DT, int KIND, bool SR, bool VEC, bool ROWS = false, bool RAW = false>
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>)
     quantize_kernel(const QArgs a) {
   /* a 16-bit input read with 16-byte loads stays in its packed words, two elements each */
   constexpr bool PK = DT != HQ_F32 && VEC;
@@ -406,6 +434,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
           v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
         }
         store_codes<KIND, !ROWS>(a.rd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+        if (RAW && valid) {
+          const uint8_t ev[8] = {e, e, e, e, e, e, e, e};
+          store_raw8<KIND>(a.rr + (i0 + r0 + 16 * p) * K + j, v, ev, a.raw16);
+        }
       }
     }
     if (ROWS || !a.cd) continue; /* uniform over the CTA */
@@ -506,6 +538,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR>)
         v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
       }
       store_codes<KIND, !ROWS>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+      if (RAW && valid) { /* the 8 columns' codes */
+        const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
+        uint8_t ev[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) ev[k] = (uint8_t)((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
+        store_raw8<KIND>(a.cr + (i0 + r0 + 16 * p) * K + j, v, ev, a.raw16);
+      }
     }
   }
 }
@@ -779,6 +818,17 @@ bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0;
 /* rows: the ROWS kernels (mx_cuda_quantize's choice, which sized the grid by a.tiles) */
 template <int DT, int KIND>
 void launch_q(const QArgs &a, bool sr, bool rows, dim3 grid, cudaStream_t s) {
+  if (a.rr || a.cr) { /* raw_copy: the RAW kernels (never the ROWS ones) */
+    if (sr && a.vec)
+      quantize_kernel<DT, KIND, true, true, false, true><<<grid, kThreads, 0, s>>>(a);
+    else if (sr)
+      quantize_kernel<DT, KIND, true, false, false, true><<<grid, kThreads, 0, s>>>(a);
+    else if (a.vec)
+      quantize_kernel<DT, KIND, false, true, false, true><<<grid, kThreads, 0, s>>>(a);
+    else
+      quantize_kernel<DT, KIND, false, false, false, true><<<grid, kThreads, 0, s>>>(a);
+    return;
+  }
   if (sr && a.vec)
     quantize_kernel<DT, KIND, true, true><<<grid, kThreads, 0, s>>>(a);
   else if (sr)
@@ -865,6 +915,9 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.rs = q->rs;
   a.cd = q->cd;
   a.cs = q->cs;
+  a.rr = q->rr;
+  a.cr = q->cr;
+  a.raw16 = aligned(q->rr, 16) && aligned(q->cr, 16);
   a.rule = q->rule;
   a.vec = aligned(src->data, 16);
   a.st8 = aligned(q->rd, 8) && aligned(q->cd, 8);
@@ -876,7 +929,7 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   hq_nvfp4_sr_keys(q->seed, a.rk);
   /* the rowwise copy alone from aligned input by round to nearest: the ROWS kernels, a CTA over
      up to HQ_MX_TILES row blocks where the grid keeps two waves of 8 CTAs per SM or more */
-  const bool rows = !q->sr && a.vec && !a.cd;
+  const bool rows = !q->sr && a.vec && !a.cd && !a.rr;
   a.tiles = 1;
   if (rows) {
     const int sms = hq_cuda_device_sms(call->device);

@@ -18,10 +18,12 @@ typedef struct mx_cfg {
   int rule;          /* HQ_MX_FLOOR / HQ_MX_RCEIL (option scale) */
   int sr;            /* stochastic rounding (option stochastic_rounding) */
   uint64_t seed;     /* option seed; 0: the call's (the context's) seed */
+  int raw_copy;      /* each storage also keeps its raw values in BF16 (option raw_copy) */
 } mx_cfg;
 
-/* Buffer indices, both storages (save order): data, scale_inv. */
-enum { MX_DATA = 0, MX_SCALE_INV = 1, MX_NBUF = 2 };
+/* Buffer indices, both storages (save order): data, scale_inv, and with raw_copy = bf16 the raw
+   values (HQ_ROLE_RAW: BF16 [M, K], what the raw dequantize writes), written with the data. */
+enum { MX_DATA = 0, MX_SCALE_INV = 1, MX_NBUF = 2, MX_RAW = 2 };
 
 /* One quantize, as mx.c read it from the storages (validated there). */
 typedef struct mx_job {
@@ -31,6 +33,7 @@ typedef struct mx_job {
   int64_t M, K;       /* multiples of 32 */
   uint8_t *rd, *rs;   /* rowwise data / scales, or NULL */
   uint8_t *cd, *cs;   /* columnwise data / scales, or NULL */
+  uint16_t *rr, *cr;  /* the storages' raw values (BF16 [M, K], raw_copy), or NULL */
 } mx_job;
 
 #ifdef HQ_HAVE_CUDA

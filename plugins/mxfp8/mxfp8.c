@@ -98,7 +98,7 @@
 #include "mxfp8.h"
 #include "mxfp8_rules.h"
 
-enum { OPT_DTYPE, OPT_SWIZZLE, OPT_2D };
+enum { OPT_DTYPE, OPT_SWIZZLE, OPT_2D, OPT_RAW };
 
 static const hq_option options[] = {
     [OPT_DTYPE] = {"dtype", HQ_OPT_ENUM, "e4m3", "FP8 element type (max 448 / 57344)",
@@ -109,6 +109,11 @@ static const hq_option options[] = {
     [OPT_2D] = {"block_2d", HQ_OPT_BOOL, "false",
                 "one scale per 32x32 tile, the same code in both directions (for weights)", NULL,
                 0, -1},
+    [OPT_RAW] = {"raw_copy", HQ_OPT_ENUM, "none",
+                 "keep each copy's raw values in BF16 beside its codes (2 more bytes an element): "
+                 "an emulated GEMM (no native MXFP8 GEMM, e.g. Hopper) reads them instead of "
+                 "dequantizing",
+                 "none|bf16", 0, -1},
     {NULL, 0, NULL, NULL, NULL, 0, 0},
 };
 
@@ -118,6 +123,7 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
   c->elem = v[OPT_DTYPE].i ? HQ_E5M2 : HQ_E4M3;
   c->swizzle = (int)v[OPT_SWIZZLE].i;
   c->block_2d = (int)v[OPT_2D].i;
+  c->raw_copy = (int)v[OPT_RAW].i;
   return HQ_OK;
 }
 
@@ -173,6 +179,11 @@ static int layout(const void *cfgp, const hq_host_api *host, int64_t rows, int64
   /* compact: one scale row per row of M (rowwise) or per 32 rows (columnwise), padding rows
      after them; swizzled: 128-row tiles interleave rows, so it cannot be concatenated */
   if (!c->swizzle) hq_buffer_gather(b, HQ_GATHER_ROWS, row ? 1 : BLK);
+  if (c->raw_copy) {
+    b = hq_buffer_describe(out, MXFP8_RAW, row ? "raw" : "columnwise_raw", HQ_ROLE_RAW, HQ_BF16,
+                           2, rows, cols);
+    hq_buffer_gather(b, HQ_GATHER_ROWS, 1);
+  }
   return HQ_OK;
 }
 
@@ -185,6 +196,7 @@ static size_t scale_bytes(uint32_t dir, int64_t M, int64_t K) {
 /* What the CPU loops need of one storage, read from its descriptor and buffers. */
 typedef struct sview {
   uint8_t *data, *scale;
+  uint16_t *raw;      /* the raw values' BF16 buffer (raw_copy), or NULL */
   size_t scale_bytes;
   hq_dtype elem;      /* HQ_E4M3 / HQ_E5M2 */
   int swizzled;       /* desc.scale_layout == HQ_SCALE_LAYOUT_SWIZZLED */
@@ -198,7 +210,7 @@ static int read_storage(const hq_host_api *host, const hq_storage *s, uint32_t d
                         int64_t K, const char *what, sview *v) {
   const char *dn = dir == HQ_ROWWISE ? "rowwise" : "columnwise";
   if (!s) return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage is missing", what, dn);
-  if (s->dir != dir || s->nbuf != MXFP8_NBUF)
+  if (s->dir != dir || (s->nbuf != MXFP8_NBUF && s->nbuf != MXFP8_NBUF + 1))
     return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage was not laid out by mxfp8 (dir %u, "
                        "%u buffers)", what, dn, s->dir, s->nbuf);
   if (s->rows != M || s->cols != K)
@@ -226,9 +238,15 @@ static int read_storage(const hq_host_api *host, const hq_storage *s, uint32_t d
     return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage's buffer roles, dtypes or sizes "
                        "differ from an MXFP8 layout of [%lld, %lld]", what, dn, (long long)M,
                        (long long)K);
-  if ((db->bytes != 0 && !db->ptr) || (eb->bytes != 0 && !eb->ptr))
+  const hq_buffer *rb = s->nbuf > MXFP8_NBUF ? hq_storage_cbuf(s, MXFP8_RAW) : NULL;
+  if (rb && (rb->role != HQ_ROLE_RAW || rb->dtype != HQ_BF16 || rb->bytes != (size_t)(M * K) * 2))
+    return host->error(HQ_EINVAL, "mxfp8: %s: the %s storage's third buffer is not its raw "
+                       "values (bf16 [%lld, %lld])", what, dn, (long long)M, (long long)K);
+  if ((db->bytes != 0 && !db->ptr) || (eb->bytes != 0 && !eb->ptr) ||
+      (rb && rb->bytes != 0 && !rb->ptr))
     return host->error(HQ_EINVAL, "mxfp8: %s: a buffer of the %s storage is not allocated", what,
                        dn);
+  v->raw = rb ? rb->ptr : NULL;
   v->data = db->ptr;
   v->scale = eb->ptr;
   v->scale_bytes = eb->bytes;
@@ -439,6 +457,35 @@ static int quantize_cpu(const qjob *q, const hq_call *call, const hq_tensor *src
   return HQ_OK;
 }
 
+/* The CPU dequantize of one storage's codes qd and scales qs into dst (dtype dt, [M, K]): each
+   element hq_mul_rn(code's value, its block's scale), stored in dt by hq_store_hp (f32: as is).
+   The raw values of raw_copy are this, into BF16. */
+static void dequantize_cpu(const uint8_t *qd, const uint8_t *qs, hq_dtype elem, int swz,
+                           int colwise, int64_t M, int64_t K, void *dst, hq_dtype dt) {
+  float lut[256], sinv[TW];
+  for (int k = 0; k < 256; k++) lut[k] = hq_fp8_to_f32((uint8_t)k, elem);
+  float *out = dt == HQ_F32 ? dst : NULL;
+  for (int64_t i = 0; i < M; i++) {
+    for (int64_t j0 = 0; j0 < K; j0 += TW) {
+      int w = (int)(K - j0 < TW ? K - j0 : TW);
+      for (int k = 0; k < w; k++) {
+        int64_t j = j0 + k;
+        if (colwise) sinv[k] = hq_e8m0_to_f32(qs[hq_mxfp8_col_scale_idx(i / 32, j, M, K, swz)]);
+        else if (k % 32 == 0)
+          sinv[k] = hq_e8m0_to_f32(qs[hq_mxfp8_row_scale_idx(i, j / 32, K, swz)]);
+        else sinv[k] = sinv[k - k % 32];
+      }
+      const uint8_t *qrow = qd + i * K + j0;
+      if (out) {
+        for (int k = 0; k < w; k++) out[i * K + j0 + k] = hq_mul_rn(lut[qrow[k]], sinv[k]);
+      } else {
+        for (int k = 0; k < w; k++)
+          hq_store_hp(dst, i * K + j0 + k, dt, hq_mul_rn(lut[qrow[k]], sinv[k]));
+      }
+    }
+  }
+}
+
 /* quantize and update (the core calls quantize with HQ_CALL_UPDATE for an update): the layout
    written -- element dtype, scale layout, 1-D or 2-D blocks -- is the one each storage's
    descriptor states. */
@@ -478,13 +525,17 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
     mxfp8_cuda_job j = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
-                        r.swizzled, c.swizzled, adam};
+                        r.swizzled, c.swizzled, r.raw, c.raw, adam};
     return mxfp8_cuda_quantize(&j, call, src);
   }
 #endif
   qjob q = {v->elem, v->two_d, M, K, r.data, r.scale, c.data, c.scale,
             r.scale_bytes, c.scale_bytes, r.swizzled, c.swizzled};
-  return quantize_cpu(&q, call, src);
+  rc = quantize_cpu(&q, call, src);
+  /* raw_copy: the raw values of what was just written, by the dequantize's own loop */
+  if (!rc && r.raw) dequantize_cpu(r.data, r.scale, r.elem, r.swizzled, 0, M, K, r.raw, HQ_BF16);
+  if (!rc && c.raw) dequantize_cpu(c.data, c.scale, c.elem, c.swizzled, 1, M, K, c.raw, HQ_BF16);
+  return rc;
 }
 
 /* Reads the storage alone (any instance's): element dtype and scale layout from its descriptor;
@@ -520,28 +571,7 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (call->device != HQ_DEVICE_HOST)
     return mxfp8_cuda_dequantize(call, qd, qs, elem, swz, colwise, dst);
 #endif
-  float lut[256], sinv[TW];
-  for (int k = 0; k < 256; k++) lut[k] = hq_fp8_to_f32((uint8_t)k, elem);
-  float *out = dst->dtype == HQ_F32 ? dst->data : NULL;
-  for (int64_t i = 0; i < M; i++) {
-    for (int64_t j0 = 0; j0 < K; j0 += TW) {
-      int w = (int)(K - j0 < TW ? K - j0 : TW);
-      for (int k = 0; k < w; k++) {
-        int64_t j = j0 + k;
-        if (colwise) sinv[k] = hq_e8m0_to_f32(qs[hq_mxfp8_col_scale_idx(i / 32, j, M, K, swz)]);
-        else if (k % 32 == 0)
-          sinv[k] = hq_e8m0_to_f32(qs[hq_mxfp8_row_scale_idx(i, j / 32, K, swz)]);
-        else sinv[k] = sinv[k - k % 32];
-      }
-      const uint8_t *qrow = qd + i * K + j0;
-      if (out) {
-        for (int k = 0; k < w; k++) out[i * K + j0 + k] = hq_mul_rn(lut[qrow[k]], sinv[k]);
-      } else {
-        for (int k = 0; k < w; k++)
-          hq_store_hp(dst->data, i * K + j0 + k, dst->dtype, hq_mul_rn(lut[qrow[k]], sinv[k]));
-      }
-    }
-  }
+  dequantize_cpu(qd, qs, elem, swz, colwise, M, K, dst->data, dst->dtype);
   return HQ_OK;
 }
 
@@ -576,7 +606,7 @@ static int make_empty(const void *cfgp, const hq_call *call, hq_storage *s) {
 static int buffer_form(const void *cfgp, const hq_host_api *host, const hq_storage *s,
                        uint32_t buffer, uint32_t purpose, hq_buffer_form *form) {
   (void)cfgp, (void)host;
-  if (purpose != HQ_FORM_FSDP || buffer != MXFP8_SCALE_INV || s->nbuf != MXFP8_NBUF ||
+  if (purpose != HQ_FORM_FSDP || buffer != MXFP8_SCALE_INV || s->nbuf < MXFP8_NBUF ||
       s->desc.scale_layout != HQ_SCALE_LAYOUT_SWIZZLED)
     return HQ_OK;
   const int col = s->dir == HQ_COLWISE;

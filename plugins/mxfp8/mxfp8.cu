@@ -66,6 +66,7 @@ struct QArgs {
   const void *x;
   int64_t M, K;
   uint8_t *rd, *rs, *cd, *cs;
+  uint16_t *rr, *cr; /* raw_copy: the directions' raw values (BF16 [M, K]); RAW kernels only */
   int rswz, cswz, two_d;
   int rs4;       /* rs is 4-byte aligned (block_2d's rowwise codes go out as words) */
   int row_major; /* tiles in row-major order: blockIdx.x along K (else along M) */
@@ -106,6 +107,37 @@ __device__ __forceinline__ void adam_load8(const QArgs &a, int64_t i, float x[8]
   }
 }
 
+/* The dequantized value, RN(fp32(q) * 2^(e-127)) (hq_mxfp8_dequantize), with the NaN the CPU
+   reference's FP32 multiply returns: IEEE leaves the payload of a NaN product open; the host
+   (x86 SSE, AArch64 without default-NaN) returns the NaN operand, quieted, where the GPU returns
+   its canonical NaN. Finite and infinite results are untouched. */
+__device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
+  const float r = hq_mxfp8_dequantize(q, e, elem);
+  if (!hq_isnan(r)) return r;
+  const float f = hq_fp8_to_f32(q, elem);
+  const uint32_t nb = hq_isnan(f) ? hq_f32_bits(f) : hq_f32_bits(hq_e8m0_to_f32(e));
+  return hq_bits_f32(nb | 0x00400000u);
+}
+
+/* The raw values (raw_copy) of 8 codes just made, packed in q (byte k: element k), with their
+   scale codes e[k]: deq's value, rounded to BF16 as hq_store_hp rounds it -- the bytes the
+   dequantize kernel writes into a BF16 tensor -- in one 16-byte store (VEC) or element stores. */
+template <int ELEM, bool VEC>
+__device__ __forceinline__ void store_raw8(uint16_t *p, uint2 q, const uint8_t e[8]) {
+  uint32_t h[4];
+  for (int k = 0; k < 8; k += 2) {
+    const uint8_t c0 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4)));
+    const uint8_t c1 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4 + 1)));
+    h[k / 2] = (uint32_t)hq_f32_to_bf16(deq(c0, e[k], ELEM)) |
+               (uint32_t)hq_f32_to_bf16(deq(c1, e[k + 1], ELEM)) << 16;
+  }
+  if (VEC) {
+    *reinterpret_cast<uint4 *>(p) = make_uint4(h[0], h[1], h[2], h[3]);
+  } else {
+    for (int k = 0; k < 8; k++) p[k] = (uint16_t)(h[k / 2] >> (16 * (k % 2)));
+  }
+}
+
 template <bool VEC>
 __device__ __forceinline__ void store8(uint8_t *p, uint2 packed) {
   if (VEC) {
@@ -141,11 +173,14 @@ constexpr int kDeferred = 3; /* 1x32 and 32x1, both copies cast after the column
 #ifndef HQ_MXFP8_MIN_BLOCKS_PK
 #define HQ_MXFP8_MIN_BLOCKS_PK 8
 #endif
-template <int DT, bool VEC, int GT, int MODE>
-constexpr int kMinBlocksOf = GT                      ? 4
-                             : DT != HQ_F32 && VEC   ? HQ_MXFP8_MIN_BLOCKS_PK
-                             : MODE == kTwoDRows     ? HQ_MXFP8_2D_MIN_BLOCKS
-                                                     : HQ_MXFP8_MIN_BLOCKS;
+/* The raw_copy kernels (RAW) hold the codes' values a while longer: they take the bounds of the
+   unpacked forms, 6 CTAs (5 for block_2d with the rowwise copy), and 4 with element loads, which
+   keep them unspilled. */
+template <int DT, bool VEC, int GT, int MODE, bool RAW = false>
+constexpr int kMinBlocksOf = GT || (RAW && !VEC)            ? 4
+                             : DT != HQ_F32 && VEC && !RAW  ? HQ_MXFP8_MIN_BLOCKS_PK
+                             : MODE == kTwoDRows            ? HQ_MXFP8_2D_MIN_BLOCKS
+                                                            : HQ_MXFP8_MIN_BLOCKS;
 /* The 8 elements of one vector as FP32 (exact): from the thread's packed 16-bit words (PK) or
    its FP32 registers. */
 template <int DT, bool PK>
@@ -160,8 +195,11 @@ __device__ __forceinline__ void elems8(const uint32_t w[4], const float x[8], fl
   }
 }
 
-template <int DT, int ELEM, bool VEC, int GT, int MODE>
-__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
+/* RAW: the storages keep their raw values (raw_copy): each copy's codes are also written as
+   BF16 raw values, from the scale codes they were made with (store_raw8). A kernel of its own,
+   so that the kernels without it keep their registers. */
+template <int DT, int ELEM, bool VEC, int GT, int MODE, bool RAW>
+__global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE, RAW>)
     quantize_kernel(QArgs a) {
   if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   constexpr int TWO_D = MODE == kTwoD ? 1 : MODE == kTwoDRows ? 2 : 0;
@@ -174,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
   __shared__ __align__(16) float s_mult[kCols];          /* per-column multipliers */
   __shared__ __align__(4) uint8_t s_code[kCols / kBlk];  /* block_2d: the tile's block codes */
   __shared__ __align__(4) uint8_t s_rcode[kBlk * 4];     /* defer: the rows' codes */
+  __shared__ __align__(16) uint8_t s_e[RAW ? kCols : 1];  /* RAW: per-column scale codes */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, cg = t & 15, r0 = t >> 4;
   const int64_t K = a.K, M = a.M;
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
@@ -225,11 +264,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
     } else {
       if (valid && !(lane & 2))
         a.rs[hq_mxfp8_row_scale_idx(i0 + r0 + 16 * b0, j / kBlk, K, a.rswz)] = e;
+      uint8_t er[2] = {0, 0}; /* RAW: the two rows' codes, from the lanes that made them */
+      if (RAW)
+        for (int p = 0; p < 2; p++)
+          er[p] = (uint8_t)__shfl_sync(0xffffffffu, (uint32_t)e, (lane & ~3) | p);
       for (int p = 0; p < 2; p++) {
         float y[8];
         elems8<DT, PK>(w[p], x[p], y);
         const uint2 q = hq_cuda_cast8<ELEM>(y, rmult[p]);
         if (valid) store8<VEC>(a.rd + (i0 + r0 + 16 * p) * K + j, q);
+        if (RAW && valid) {
+          const uint8_t ev[8] = {er[p], er[p], er[p], er[p], er[p], er[p], er[p], er[p]};
+          store_raw8<ELEM, VEC>(a.rr + (i0 + r0 + 16 * p) * K + j, q, ev);
+        }
       }
     }
   }
@@ -272,6 +319,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
       for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     const uint8_t e = hq_cuda_e8m0_rp(hq_mxfp8_scale_t(m, ELEM));
     s_mult[t] = hq_e8m0_quant_mult(e);
+    if (RAW) s_e[t] = e;
     const int64_t jc = j0 + t;
     if (a.cd && jc < K) a.cs[hq_mxfp8_col_scale_idx(i0 / kBlk, jc, M, K, a.cswz)] = e;
     if (TWO_D == 2 && a.rd && lane == 0) s_code[warp] = e; /* warp w < 4: block w's code */
@@ -290,9 +338,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, VEC, GT, MODE>)
       elems8<DT, PK>(w[p], x[p], y);
       const uint2 q = hq_cuda_cast8v<ELEM>(y, mult);
       const int64_t off = (i0 + r0 + 16 * p) * K + j;
-      if (defer) store8<VEC>(a.rd + off, hq_cuda_cast8<ELEM>(y, rmult[p]));
+      if (defer) {
+        const uint2 qr = hq_cuda_cast8<ELEM>(y, rmult[p]);
+        store8<VEC>(a.rd + off, qr);
+        if (RAW) { /* the row's code of this 32-block, staged above */
+          const uint8_t er = s_rcode[(r0 + 16 * p) * 4 + (cg >> 2)];
+          const uint8_t ev[8] = {er, er, er, er, er, er, er, er};
+          store_raw8<ELEM, VEC>(a.rr + off, qr, ev);
+        }
+      }
       if (a.cd) store8<VEC>(a.cd + off, q);
       if (TWO_D == 2 && a.rd) store8<VEC>(a.rd + off, q);
+      if (RAW) { /* the columns' codes: both copies' with block_2d (the same bytes) */
+        uint8_t ev[8];
+        for (int k = 0; k < 8; k++) ev[k] = s_e[cg * 8 + k];
+        if (a.cd) store_raw8<ELEM, VEC>(a.cr + off, q, ev);
+        if (TWO_D == 2 && a.rd) store_raw8<ELEM, VEC>(a.rr + off, q, ev);
+      }
     }
   }
   /* 2-D rowwise codes: thread r < 32 writes row i0 + r's codes of the tile's 4 blocks, one
@@ -363,18 +425,6 @@ PadArgs pad_args(uint8_t *p, int colwise, int swz, int64_t M, int64_t K) {
   a.n1 = (a.Up - a.U) * a.Vp;
   a.n = a.n1 + a.U * (a.Vp - a.V);
   return a;
-}
-
-/* The dequantized value, RN(fp32(q) * 2^(e-127)) (hq_mxfp8_dequantize), with the NaN the CPU
-   reference's FP32 multiply returns: IEEE leaves the payload of a NaN product open; the host
-   (x86 SSE, AArch64 without default-NaN) returns the NaN operand, quieted, where the GPU returns
-   its canonical NaN. Finite and infinite results are untouched. */
-__device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
-  const float r = hq_mxfp8_dequantize(q, e, elem);
-  if (!hq_isnan(r)) return r;
-  const float f = hq_fp8_to_f32(q, elem);
-  const uint32_t nb = hq_isnan(f) ? hq_f32_bits(f) : hq_f32_bits(hq_e8m0_to_f32(e));
-  return hq_bits_f32(nb | 0x00400000u);
 }
 
 /* The fast path of one run of 16 codes (vector loads and stores): every code ordinary
@@ -476,10 +526,15 @@ bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0;
 
 template <int DT, int ELEM, int GT, int MODE>
 void launch_quantize_2d(const QArgs &a, bool vec, dim3 grid, cudaStream_t stream) {
-  if (vec)
-    quantize_kernel<DT, ELEM, true, GT, MODE><<<grid, kThreads, 0, stream>>>(a);
+  const bool raw = a.rr || a.cr;
+  if (vec && raw)
+    quantize_kernel<DT, ELEM, true, GT, MODE, true><<<grid, kThreads, 0, stream>>>(a);
+  else if (vec)
+    quantize_kernel<DT, ELEM, true, GT, MODE, false><<<grid, kThreads, 0, stream>>>(a);
+  else if (raw)
+    quantize_kernel<DT, ELEM, false, GT, MODE, true><<<grid, kThreads, 0, stream>>>(a);
   else
-    quantize_kernel<DT, ELEM, false, GT, MODE><<<grid, kThreads, 0, stream>>>(a);
+    quantize_kernel<DT, ELEM, false, GT, MODE, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
 template <int DT, int ELEM, int GT>
@@ -594,7 +649,10 @@ extern "C" int mxfp8_cuda_quantize(const mxfp8_cuda_job *q, const hq_call *call,
   a.cswz = q->cswz;
   a.two_d = q->two_d;
   a.rs4 = aligned(q->rs, 4);
-  bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8);
+  a.rr = q->rr;
+  a.cr = q->cr;
+  bool vec = aligned(src->data, 16) && aligned(q->rd, 8) && aligned(q->cd, 8) &&
+             aligned(q->rr, 16) && aligned(q->cr, 16);
   /* row-major tile order (blockIdx.x along K) wherever the grid's y limit allows: consecutive
      CTAs read neighbouring 256-byte row segments and write neighbouring 128-byte ones, so the
      CTAs running at once stream whole rows (column-major order strides down M, reading and

@@ -20,10 +20,12 @@ typedef struct mxfp8_cfg {
   hq_dtype elem;     /* HQ_E4M3 / HQ_E5M2 (option dtype) */
   int swizzle;       /* scale buffers in the cuBLAS swizzled layout (option swizzle) */
   int block_2d;      /* one scale per 32x32 tile, shared by both directions (option block_2d) */
+  int raw_copy;      /* each storage also keeps its raw values in BF16 (option raw_copy) */
 } mxfp8_cfg;
 
-/* Buffer indices, both storages (save order): data, scale_inv. */
-enum { MXFP8_DATA = 0, MXFP8_SCALE_INV = 1, MXFP8_NBUF = 2 };
+/* Buffer indices, both storages (save order): data, scale_inv, and with raw_copy = bf16 the raw
+   values (HQ_ROLE_RAW: BF16 [M, K], what the raw dequantize writes), written with the data. */
+enum { MXFP8_DATA = 0, MXFP8_SCALE_INV = 1, MXFP8_NBUF = 2, MXFP8_RAW = 2 };
 
 /* hq_storage.meta is unused (left zero): the descriptor holds every layout fact. */
 
@@ -36,6 +38,7 @@ typedef struct mxfp8_cuda_job {
   uint8_t *rd, *rs;   /* rowwise data / scales (device memory), or NULL */
   uint8_t *cd, *cs;   /* columnwise data / scales (device memory), or NULL */
   int rswz, cswz;     /* the storages' scale layouts: swizzled or compact */
+  uint16_t *rr, *cr;  /* the storages' raw values (BF16 [M, K], raw_copy), or NULL */
   const hq_adam_pass *adam; /* the fused optimizer step (src is then the FP32 master), or NULL */
 } mxfp8_cuda_job;
 

@@ -26,7 +26,9 @@
 ** gatherable, 6 two buffers of one name, 7 configure() refuses, 8 update() allocates through
 ** host->alloc, 9 data shape differs from the descriptor's order. Any other level is valid. A
 ** `label` of "status=N" makes configure() refuse with status N through host->error, "raw=N"
-** return N without a message.
+** return N without a message. A label "rawbuf=N" adds a raw-values buffer (HQ_ROLE_RAW, ABI
+** 2.6): 1 a valid f32 [rows, cols] one that quantize fills with the data, 2 of dtype u8, 3 of
+** [rows, cols + 1], 4 two of them.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +71,7 @@ static const wide_option wide_options[] = {
 
 /* raw_q / raw_d (label "qraw=N" / "draw=N"): what quantize / dequantize return instead of
    working, any int (a broken module's status); has_raw_* says one was given. */
-typedef struct cfg { int level, has_raw_q, raw_q, has_raw_d, raw_d; } cfg;
+typedef struct cfg { int level, has_raw_q, raw_q, has_raw_d, raw_d, rawbuf; } cfg;
 
 static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   ((cfg *)c)->level = (int)v[0].i;
@@ -89,6 +91,7 @@ static int configure(void *c, const hq_optval *v, const hq_host_api *host) {
   k->raw_q = k->has_raw_q ? atoi(label + 5) : 0;
   k->has_raw_d = strncmp(label, "draw=", 5) == 0;
   k->raw_d = k->has_raw_d ? atoi(label + 5) : 0;
+  k->rawbuf = strncmp(label, "rawbuf=", 7) == 0 ? atoi(label + 7) : 0;
   return HQ_OK;
 }
 
@@ -117,6 +120,14 @@ static int layout(const void *c, const hq_host_api *host, int64_t rows, int64_t 
     out->desc.scale_mode = HQ_SCALE_VEC32_UE8M0;
     out->desc.scale_layout = HQ_SCALE_LAYOUT_SWIZZLED;
   }
+  const int rawbuf = ((const cfg *)c)->rawbuf;
+  for (int k = 0; rawbuf && k < (rawbuf == 4 ? 2 : 1); k++) {
+    static const char *const names[2][2] = {{"raw", "raw2"}, {"columnwise_raw", "columnwise_raw2"}};
+    hq_buffer *rb = hq_buffer_describe(out, out->nbuf, names[col][k], HQ_ROLE_RAW,
+                                       rawbuf == 2 ? HQ_U8 : HQ_F32, 2, rows,
+                                       rawbuf == 3 ? cols + 1 : cols);
+    hq_buffer_gather(rb, HQ_GATHER_ROWS, 1);
+  }
   return HQ_OK;
 }
 
@@ -139,6 +150,8 @@ static int quantize(const void *c, const hq_call *call, const hq_tensor *src, ui
     uint8_t *aux = hq_storage_buf(s, 1)->ptr;
     aux[0] = 1;
     aux[1] = (uint8_t)(2 + d);
+    if (((const cfg *)c)->rawbuf == 1) /* the raw values of an f32 copy: the values */
+      memcpy(hq_storage_buf(s, 2)->ptr, src->data, (size_t)(src->rows * src->cols) * 4u);
   }
   return HQ_OK;
 }

@@ -87,6 +87,9 @@ extern "C" {
                                  raw values; host->factor() gives it */
 #define HQ_GEMM_OP_FOLDS 4u   /* its raw dequantize can write that factor itself
                                  (HQ_CAP_DEQ_FACTOR; hq_gemm_fold) */
+#define HQ_GEMM_OP_RAWCOPY 8u /* the storage carries its raw values in BF16 (a HQ_ROLE_RAW
+                                 buffer of the tensor's shape): host->raw() in BF16 returns them
+                                 in place, no dequantize runs */
 
 /* One operand as accepts() sees it. */
 typedef struct hq_gemm_operand_kind {
@@ -164,9 +167,10 @@ typedef struct hq_gemm_host {
                                    workspace) */
   /* The raw values of operand o as a row-major [o->rows, o->cols] array of dtype dt (HQ_F32
      or HQ_BF16) on call->device. *data is the operand's own memory when it already holds
-     exactly that -- a high-precision tensor of dtype dt, or a storage whose descriptor says its
+     exactly that -- a high-precision tensor of dtype dt, a storage whose descriptor says its
      data buffer is its raw values (no scale, no transform, no per-tensor factor, elements of dt
-     in [M, K] order) -- and *tmp is then NULL; otherwise a temporary the service allocates
+     in [M, K] order), or a storage with a raw-values buffer (HQ_ROLE_RAW) of dtype dt -- and
+     *tmp is then NULL; otherwise a temporary the service allocates
      through the call's context and fills on call->stream (*tmp = *data), to be freed with
      host->api->free(call, *tmp) after the work that reads it (stream order). A storage is
      dequantized through its format with HQ_CALL_DEQ_RAW (completely, factor 1, when the module

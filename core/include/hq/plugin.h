@@ -357,6 +357,14 @@ typedef struct hq_operand_desc {
 #define HQ_ROLE_DATA 1u   /* the quantized elements (exactly one per storage) */
 #define HQ_ROLE_SCALE 2u  /* the scale the data is multiplied by (scale_inv): at most one */
 #define HQ_ROLE_AMAX 3u   /* the per-tensor amax the scales came from (FP32 [1]) */
+#define HQ_ROLE_RAW 4u    /* (2.6) the storage's raw values, exactly what dequantize() with
+                             HQ_CALL_DEQ_RAW writes into a tensor of the buffer's dtype (HQ_BF16
+                             or HQ_F32), [rows, cols] row-major whichever the direction: written
+                             by every quantize and update together with the data (at most one per
+                             storage). The emulated GEMM reads it in place instead of
+                             dequantizing the operand, so a format whose GEMM is emulated on the
+                             device can trade its memory for the dequantize (e.g. mxfp8's
+                             raw_copy = bf16). It moves, saves and gathers like any buffer. */
 
 /* hq_buffer.flags */
 #define HQ_BUF_SHARED 1u  /* COLWISE storage only: when the ROWWISE storage of the same tensor is
