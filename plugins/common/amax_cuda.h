@@ -10,8 +10,8 @@
 ** reduced by one cluster of kHqAmaxCluster CTAs, which gather their maxima in the first CTA's
 ** shared memory and store the result: one kernel and nothing else, because in a captured step a
 ** memset node costs about twice a small kernel's node (docs/performance.md), and a small
-** model's step is a chain of such nodes. A larger tensor takes a memset of the targets and as
-** many CTAs as are resident (launch_cuda.h, counted once per device), each thread with 4
+** model's step is a chain of such nodes. A larger tensor takes a zeroing of the targets (one
+** kernel: launch_cuda.h's hq_cuda_zero_words) and as many CTAs as are resident (launch_cuda.h, counted once per device), each thread with 4
 ** independent 8-element loads in flight per step and each CTA's maximum going out in one
 ** atomicMax per target (bits of a non-negative float order like the values, so the result does
 ** not depend on the atomics' order). The max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
@@ -143,23 +143,13 @@ inline cudaError_t hq_cuda_launch_cluster(void (*kernel)(P...), int threads, cud
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-/* Zero the non-NULL targets on the stream (one memset when they are adjacent). */
-inline cudaError_t hq_cuda_zero_targets(float *t0, float *t1, cudaStream_t stream) {
-  if (t0 && t1 && (t1 == t0 + 1 || t0 == t1 + 1))
-    return cudaMemsetAsync(t0 < t1 ? t0 : t1, 0, 2 * sizeof(float), stream);
-  cudaError_t e = cudaSuccess;
-  if (t0) e = cudaMemsetAsync(t0, 0, sizeof(float), stream);
-  if (e == cudaSuccess && t1) e = cudaMemsetAsync(t1, 0, sizeof(float), stream);
-  return e;
-}
-
 template <int DT, bool VEC>
 inline cudaError_t hq_cuda_amax_v(const void *x, int64_t n, float *t0, float *t1,
                                   cudaStream_t stream) {
   if (n <= kHqAmaxClusterElems)
     return hq_cuda_launch_cluster(hq_cuda_amax_kernel<DT, VEC, true>, kHqAmaxThreads, stream, x,
                                   n, t0, t1);
-  cudaError_t e = hq_cuda_zero_targets(t0, t1, stream);
+  cudaError_t e = hq_cuda_zero_words(t0, t1, nullptr, stream);
   if (e != cudaSuccess) return e;
   int64_t resident = 0;
   e = hq_cuda_resident<hq_cuda_amax_kernel<DT, VEC, false>>(kHqAmaxThreads, 0, &resident);

@@ -11,7 +11,8 @@
 ** is raised to dyn and its carveout set to the most shared memory first (needed above 48 KiB).
 ** hq_cuda_resident_forget<Kernel>() after a failed launch: the next call sets up again (e.g.
 ** after a device reset). hq_cuda_device_sms(device): the device's SM count, cached the same way;
-** hq_cuda_stride_grid(device, blocks): a grid-stride kernel's grid.
+** hq_cuda_stride_grid(device, blocks): a grid-stride kernel's grid. hq_cuda_zero_words(a, b, c,
+** stream): up to three 4-byte words zeroed by one kernel.
 */
 #ifndef HQ_LAUNCH_CUDA_H
 #define HQ_LAUNCH_CUDA_H
@@ -50,6 +51,22 @@ inline int64_t hq_cuda_stride_grid(int device, int64_t blocks) {
   const int sms = hq_cuda_device_sms(device);
   const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * 64;
   return blocks < cap ? blocks : cap;
+}
+
+/* One thread a word; NULL words are skipped. */
+template <typename W> __global__ void hq_cuda_zero_kernel(W *a, W *b, W *c) {
+  W *const w[3] = {a, b, c};
+  if (threadIdx.x < 3 && w[threadIdx.x]) *w[threadIdx.x] = 0;
+}
+
+/* Zero the non-NULL 4-byte words a, b and c on the stream, as one kernel: the zeroing before an
+   atomic pass sits in every step a trainer captures, and there a memset node costs about twice
+   a small kernel's node (scripts/graph_nodes.cu). */
+inline cudaError_t hq_cuda_zero_words(void *a, void *b, void *c, cudaStream_t stream) {
+  if (!a && !b && !c) return cudaSuccess;
+  hq_cuda_zero_kernel<uint32_t><<<1, 32, 0, stream>>>(
+      static_cast<uint32_t *>(a), static_cast<uint32_t *>(b), static_cast<uint32_t *>(c));
+  return cudaGetLastError();
 }
 
 template <auto Kernel> inline cudaError_t hq_cuda_resident(int threads, int dyn, int64_t *n) {

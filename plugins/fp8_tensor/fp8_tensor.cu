@@ -375,7 +375,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     /* delayed: the cast kernel accumulates the tensor's amax into the storage's amax buffer */
     given = NULL;
     acc = amax ? amax : col_amax;
-    CHECK_CUDA(call, cudaMemsetAsync(acc, 0, sizeof(float), stream));
+    CHECK_CUDA(call, hq_cuda_zero_words(acc, NULL, NULL, stream));
   } else if (!given) {
     /* the storage's own amax buffer receives the amax pass (no scratch, no allocation) */
     acc = amax ? amax : col_amax;

@@ -2225,8 +2225,7 @@ template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   }
   /* 16x4 patches, one per thread: as many CTAs as are resident, each looping, each maxing
      atomically into the zeroed targets */
-  CHECK_CUDA(call, hq_cuda_zero_targets(a.x0, a.x1, stream));
-  CHECK_CUDA(call, hq_cuda_zero_targets(a.t, NULL, stream));
+  CHECK_CUDA(call, hq_cuda_zero_words(a.x0, a.x1, a.t, stream));
   const int64_t blocks = ((a.M / 16) * (a.K / 4) + kThreads - 1) / kThreads;
   int64_t resident = 0;
   CHECK_CUDA(call, (hq_cuda_resident<amax_kernel<DT, false>>(kThreads, 0, &resident)));
