@@ -43,8 +43,8 @@ static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, 
 }
 
 /* The first half of a raw request: *data the operand's own memory when it holds its raw values
-   in dt, in its data or in a raw-values buffer (*tmp NULL, nothing to fill), else a temporary allocated on the context's stream (*tmp =
-   *data), which raw_fill then fills. */
+   in dt, in its data or in a raw-values buffer (*tmp NULL, nothing to fill), else a temporary
+   allocated on the context's stream (*tmp = *data), which raw_fill then fills. */
 static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **data,
                        void **tmp) {
   *tmp = NULL;

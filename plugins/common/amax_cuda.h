@@ -11,11 +11,12 @@
 ** shared memory and store the result: one kernel and nothing else, because in a captured step a
 ** memset node costs about twice a small kernel's node (docs/performance.md), and a small
 ** model's step is a chain of such nodes. A larger tensor takes a zeroing of the targets (one
-** kernel: launch_cuda.h's hq_cuda_zero_words) and as many CTAs as are resident (launch_cuda.h, counted once per device), each thread with 4
-** independent 8-element loads in flight per step and each CTA's maximum going out in one
-** atomicMax per target (bits of a non-negative float order like the values, so the result does
-** not depend on the atomics' order). The max is fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN
-** operand: one instruction per element, never NaN).
+** kernel: launch_cuda.h's hq_cuda_zero_words) and as many CTAs as are resident (launch_cuda.h,
+** counted once per device), each thread with 4 independent 8-element loads in flight per step
+** and each CTA's maximum going out in one atomicMax per target (bits of a non-negative float
+** order like the values, so the result does not depend on the atomics' order). The max is
+** fmaxf(m, |v|) from 0 (IEEE maxNum drops a NaN operand: one instruction per element, never
+** NaN).
 ** The pass walks the tensor backwards (8-element vector g of a thread's walk is vector n8 - 1 - g;
 ** a warp still reads 512 contiguous bytes), so that when it ends the L2 cache holds the head of
 ** the tensor, which the cast kernel after it in the same call reads first (the caches keep what
