@@ -94,6 +94,22 @@ static void graph_shape(cudaGraph_t graph, size_t *nodes, size_t *edges) {
 #endif
 }
 
+/* The nodes of a captured graph of one kind. */
+static size_t graph_count(cudaGraph_t graph, enum cudaGraphNodeType type) {
+  size_t count = 0, n = 0;
+  CK(cudaGraphGetNodes(graph, NULL, &count));
+  cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
+  assert_non_null(all);
+  CK(cudaGraphGetNodes(graph, all, &count));
+  for (size_t i = 0; i < count; i++) {
+    enum cudaGraphNodeType t;
+    CK(cudaGraphNodeGetType(all[i], &t));
+    n += t == type;
+  }
+  free(all);
+  return n;
+}
+
 /* Whether device 0 multiplies MX formats by emulation (Hopper) rather than natively. */
 static int mx_emulated(void) {
   int arch = 0;
@@ -327,18 +343,8 @@ static void test_adam_in_a_graph(void **state) {
     CK(ce);
     if (rc) fail_msg("%s: hq_adam_step under capture: %s", rname, hq_last_error());
     CK(ee);
-    size_t count = 0;
-    CK(cudaGraphGetNodes(graph, NULL, &count));
-    cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
-    assert_non_null(all);
-    CK(cudaGraphGetNodes(graph, all, &count));
-    size_t allocs = 0;
-    for (size_t i = 0; i < count; i++) {
-      enum cudaGraphNodeType type;
-      CK(cudaGraphNodeGetType(all[i], &type));
-      allocs += type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree;
-    }
-    free(all);
+    const size_t allocs = graph_count(graph, cudaGraphNodeTypeMemAlloc) +
+                          graph_count(graph, cudaGraphNodeTypeMemFree);
     if (allocs) fail_msg("%s: the captured step holds %zu allocation or free nodes", rname, allocs);
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int64_t t = 1; t <= ADAM_STEPS; t++) {
@@ -598,18 +604,8 @@ static void test_small_amax_in_a_graph(void **state) {
     const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
     if (rc) fail_msg("%s: the update under capture: %s", fmts[k], hq_last_error());
     CK(ce);
-    size_t count = 0, memsets = 0, kernels = 0;
-    CK(cudaGraphGetNodes(graph, NULL, &count));
-    cudaGraphNode_t *all = (cudaGraphNode_t *)calloc(count ? count : 1, sizeof *all);
-    assert_non_null(all);
-    CK(cudaGraphGetNodes(graph, all, &count));
-    for (size_t i = 0; i < count; i++) {
-      enum cudaGraphNodeType type;
-      CK(cudaGraphNodeGetType(all[i], &type));
-      memsets += type == cudaGraphNodeTypeMemset;
-      kernels += type == cudaGraphNodeTypeKernel;
-    }
-    free(all);
+    const size_t memsets = graph_count(graph, cudaGraphNodeTypeMemset);
+    const size_t kernels = graph_count(graph, cudaGraphNodeTypeKernel);
     if (memsets) fail_msg("%s: the captured quantize holds %zu memset nodes", fmts[k], memsets);
     assert_true(kernels >= 2); /* the amax pass and the cast */
     CK(cudaGraphInstantiate(&exec, graph, 0));
