@@ -73,24 +73,22 @@ if [ "${1:-}" = "--on-device" ]; then
   }
   trap pack_out EXIT
   nvidia-smi -L || true
-  if [[ "$modes" == *" --probe "* ]]; then
-    # the memory system's ceiling for the quantize kernels' layouts (scripts/store_probe.cu),
-    # from the carried tree, without building hq
+  # a probe: scripts/NAME.cu from the carried tree, compiled (nvcc flags after NAME) and run,
+  # its output in $out/TXT; no hq build, and the run ends with the probe's status
+  probe() { # NAME TXT FLAGS...
+    local name=$1 txt=$2 nvcc
+    shift 2
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    "$nvcc" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I "$root/plugins/common" \
-      -o "$build/store_probe" "$root/scripts/store_probe.cu" || exit 1
-    "$build/store_probe" | tee "$out/probe.txt"
+    "$nvcc" -std=c++17 "$@" -o "$build/$name" "$root/scripts/$name.cu" || exit 1
+    "$build/$name" | tee "$out/$txt"
     exit "${PIPESTATUS[0]}"
-  fi
-  if [[ "$modes" == *" --graph-probe "* ]]; then
-    # what a replayed CUDA graph pays per node of each kind (scripts/graph_nodes.cu), without
-    # building hq
-    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    "$nvcc" -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -o "$build/graph_nodes" \
-      "$root/scripts/graph_nodes.cu" || exit 1
-    "$build/graph_nodes" | tee "$out/graph_nodes.txt"
-    exit "${PIPESTATUS[0]}"
-  fi
+  }
+  # the memory system's ceiling for the quantize kernels' layouts
+  [[ "$modes" == *" --probe "* ]] && probe store_probe probe.txt -O3 \
+    -gencode arch=compute_90a,code=sm_90a -I "$root/plugins/common"
+  # what a replayed CUDA graph pays per node of each kind
+  [[ "$modes" == *" --graph-probe "* ]] && probe graph_nodes graph_nodes.txt -O2 \
+    -gencode arch=compute_90,code=sm_90
   rm -rf "$build"/hq-*/
   tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
   cd "$build"/hq-*/
