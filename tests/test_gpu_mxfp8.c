@@ -489,7 +489,7 @@ static void test_module_direct(void **state) {
   const hq_format_ops *ops = hq_test_module_entry("mxfp8")(&host);
   assert_non_null(ops);
   assert_true((ops->caps & HQ_CAP_CUDA) != 0);
-  hq_optval v[3];
+  hq_optval v[8]; /* at least one per option of the table (configure reads them all) */
   memset(v, 0, sizeof v);
   void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
   HQ_OK_OR_FAIL(ops->configure(cfg, v, &host));

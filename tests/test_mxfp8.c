@@ -865,11 +865,15 @@ static const hq_format_ops *load_ops(hq_host_api *host) {
   return ops;
 }
 
-/* A configured instance: kind (0 e4m3, 1 e5m2), swizzle, block_2d (the option table's order). */
+/* A configured instance: kind (0 e4m3, 1 e5m2), swizzle, block_2d (the option table's order),
+   raw_copy none. configure() reads one value per option of the table: as many as it has. */
 static void *direct_cfg(const hq_format_ops *ops, const hq_host_api *host, int kind, int swz,
                         int two_d) {
   void *cfg = calloc(1, ops->config_size ? ops->config_size : 1);
-  hq_optval v[3] = {{kind, 0, NULL}, {swz, 0, NULL}, {two_d, 0, NULL}};
+  size_t nopt = 0;
+  while (ops->options[nopt].name) nopt++;
+  assert_int_equal(nopt, 4);
+  hq_optval v[4] = {{kind, 0, NULL}, {swz, 0, NULL}, {two_d, 0, NULL}, {0, 0, NULL}};
   assert_int_equal(ops->configure(cfg, v, host), HQ_OK);
   return cfg;
 }
