@@ -45,6 +45,7 @@ static uint32_t module_gemm_flags(const hqi_format *f) {
   if (o->struct_size >= HQ_FORMAT_OPS_SIZE_2_1) fl |= HQ_GEMM_OP_RAW;
   if ((fl & HQ_GEMM_OP_RAW) && o->tensor_factor) fl |= HQ_GEMM_OP_FACTOR;
   if ((fl & HQ_GEMM_OP_FACTOR) && (f->caps & HQ_CAP_DEQ_FACTOR)) fl |= HQ_GEMM_OP_FOLDS;
+  if ((fl & HQ_GEMM_OP_RAW) && (f->caps & HQ_CAP_DEQ_ROW_FACTOR)) fl |= HQ_GEMM_OP_ROWF;
   return fl;
 }
 

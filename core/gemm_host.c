@@ -155,6 +155,44 @@ static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out)
   return HQ_OK;
 }
 
+/* The raw values of a storage with per-row factors, split: the values without them into one
+   temporary, the factors (one per stored row) into another, by one raw dequantize that writes
+   both (call->row_factor_out). */
+static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
+                        float **factors) {
+  if (data) *data = NULL;
+  if (factors) *factors = NULL;
+  const void *unused = NULL;
+  void *tmp = NULL;
+  int rc = raw_args(call, o, dt, data ? &unused : NULL, factors ? &tmp : NULL);
+  if (rc) return rc;
+  hq_ctx *ctx = call->core_private;
+  const hqi_gop *g = o->handle;
+  if (!g->qt || !(g->kind.flags & HQ_GEMM_OP_ROWF))
+    return hqi_error(HQ_EINVAL, "%s: operand %s (%s) has no per-row factors (its format does not "
+                     "declare HQ_CAP_DEQ_ROW_FACTOR)", g->what, g->label, g->kind.format);
+  const int64_t outer = g->kind.dir == HQ_ROWWISE ? g->pub.rows : g->pub.cols;
+  const size_t bytes = (size_t)(g->pub.rows * g->pub.cols) * hq_dtype_size(dt);
+  *data = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
+  if (*data) *factors = hqi_ctx_alloc_raw(ctx, outer ? (size_t)outer * sizeof(float) : 1);
+  if (!*data || !*factors)
+    return hqi_error(HQ_ENOMEM, "%s: operand %s: %zu bytes for its %s values and %lld row "
+                     "factors on device %d", g->what, g->label, bytes, hq_dtype_name(dt),
+                     (long long)outer, ctx->device);
+  hq_tensor dst = hq_tensor_2d(*data, dt, ctx->device, g->pub.rows, g->pub.cols);
+  const hq_format_ops *ops = &g->fmt->plugin->ops;
+  hq_call c;
+  hqi_call_init(ctx, &c, HQ_CALL_DEQ_RAW, ctx->offset);
+  c.row_factor_out = *factors;
+  hq_clear_error();
+  rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name, "dequantize");
+  if (rc)
+    return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize "
+                            "with row factors", g->what, g->label, g->qt->role,
+                            hq_dir_name(g->kind.dir), g->fmt->name, ops->name);
+  return HQ_OK;
+}
+
 const hq_gemm_host hqi_gemm_host = {
     .abi_major = HQ_GEMM_ABI_MAJOR,
     .abi_minor = HQ_GEMM_ABI_MINOR,
@@ -163,4 +201,5 @@ const hq_gemm_host hqi_gemm_host = {
     .raw = svc_raw,
     .factor = svc_factor,
     .raw_pair = svc_raw_pair,
+    .raw_rows = svc_raw_rows,
 };

@@ -305,8 +305,8 @@ static inline uint32_t hq_gpu_gemm_device_check(hq_ctx *host_ctx, hq_ctx *dev,
   args.flags = HQ_GEMM_FORCE_EMULATED;
   HQ_OK_OR_FAIL(hq_gemm(dev, hq_operand_q(gA), ta, hq_operand_q(gB), tb, &de, 1.0f, 0.0f, &args,
                         &info));
-  /* forced emulation multiplies in BF16, or in F32 where the operands' raw values need it (per-row
-     factors); a plan that was emulated already is that same path */
+  /* forced emulation multiplies in BF16, or in F32 where the operands' raw values need it; a plan
+     that was emulated already is that same path */
   assert_true(info.path == HQ_GEMM_PATH_EMULATED_BF16 || info.path == HQ_GEMM_PATH_EMULATED_F32);
   if (path == HQ_GEMM_PATH_EMULATED_BF16 || path == HQ_GEMM_PATH_EMULATED_F32)
     assert_int_equal(info.path, path);

@@ -287,6 +287,7 @@ static const char *k_recipe =
     "[format nv_b]\nplugin = nvfp4\n"
     "[format nv_rht]\nplugin = nvfp4\nrht = true\n"
     "[format nv_w]\nplugin = nvfp4\nblock_2d = true\n"
+    "[format nvr]\nplugin = nvfp4\nglobal_scale = row\n"
     "[format fb]\nplugin = fp8_block\n"
     "[format fb_b]\nplugin = fp8_block\n"
     "[format fb2]\nplugin = fp8_block\nblock = 2d\n"
@@ -303,6 +304,7 @@ static const char *k_recipe =
     "[role linear:*:nvfp4]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:*:nvfp4_rht]\nrowwise = nv\ncolumnwise = nv_rht\n"
     "[role linear:weight:nvfp4_rht]\nrowwise = nv_w\ncolumnwise = nv_w\n"
+    "[role linear:*:nvfp4_row]\nrowwise = nvr\ncolumnwise = nvr\n"
     "[role linear:*:fp8_block]\nrowwise = fb\ncolumnwise = fb\n"
     "[role linear:weight:fp8_block]\nrowwise = fb2\ncolumnwise = fb2\n"
     "[role linear:*:fp8_block_b2]\nrowwise = fb\ncolumnwise = fb\n"
@@ -323,6 +325,11 @@ static const char *k_recipe =
     "[role linear:weight:mixed_nf]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:input:mixed_nf]\nrowwise = f8n\ncolumnwise = f8n\n"
     "[role linear:grad_output:mixed_nf]\nrowwise = f8n\ncolumnwise = nv\n"
+    /* row-scaled NVFP4 (per-row factors split off, ABI 2.6) against operands without them: fprop
+       A only (x identity bf16, read in place), dgrad both, wgrad B only (x mxfp8) */
+    "[role linear:weight:mixed_row]\nrowwise = nvr\ncolumnwise = nvr\n"
+    "[role linear:input:mixed_row]\nrowwise = bf\ncolumnwise = mx\n"
+    "[role linear:grad_output:mixed_row]\nrowwise = nvr\ncolumnwise = nvr\n"
     "[role linear:weight:mixed_f32]\nrowwise = mx\ncolumnwise = f8\n"
     "[role linear:input:mixed_f32]\nrowwise = nv\ncolumnwise = nv\n"
     "[role linear:grad_output:mixed_f32]\nrowwise = hf\ncolumnwise = nv\n"
@@ -456,6 +463,8 @@ static const lcfg k_layers[] = {
     {"mxfp8", "BBB", 1, 1},        /* (native on sm_100: the looser bound) */
     {"nvfp4", "BBB", 1, 0},
     {"nvfp4_rht", "BBB", 1, 1},    /* 16x16 weights; RHT on both wgrad operands */
+    {"nvfp4_row", "BBB", 0, 1},    /* per-row factors on both operands of every GEMM */
+    {"mixed_row", "BBB", 0, 0},    /* per-row factors on one operand, on both, on the other */
     {"fp8_block", "NNN", 1, 1},    /* 2-D x 1-D (fprop, dgrad), 1-D x 1-D (wgrad) */
     {"fp8_block_b2", "NNN", 1, 0}, /* 1-D x 2-D (fprop), 1-D x 1-D, 2-D x 1-D (wgrad) */
     {"fp8_block_2d2d", "BBB", 1, 0}, /* 2-D x 2-D: no cuBLASLt kernel */
@@ -519,11 +528,12 @@ static void test_formats_linear(void **state) {
 static void test_bias_beta_dtypes(void **state) {
   (void)state;
   hq_recipe *r = gemm_recipe();
-  const char *names[] = {"bf16",  "fp8",       "mxfp8",    "fp8_block_np2", "mixed_f32",
-                         "nvfp4", "mixed_nv8", "mixed_nf", "mixed"};
+  const char *names[] = {"bf16",      "fp8",       "mxfp8",    "nvfp4_row", "fp8_block_np2",
+                         "mixed_f32", "nvfp4",     "mixed_nv8", "mixed_nf",  "mixed",
+                         "mixed_row"};
   const int64_t tokens = 128, in = 384, out = 256;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-    if (g_quick && i > 2) break;
+    if (g_quick && i > 3) break;
     layer L;
     layer_make(r, names[i], tokens, in, out, 300 + 10 * i, &L);
     const lcfg *cf = NULL;

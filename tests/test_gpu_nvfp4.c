@@ -24,8 +24,8 @@
 ** the option sets in every combination the configuration takes (each scale type with each
 ** global scale, with rht, stochastic rounding, block_2d and swizzle where allowed), every
 ** direction, on the tile-edge shapes and over many tiles and column groups, and through the
-** special inputs; their GEMMs take the emulated path (F32 for row-scaled operands) and equal
-** the F64 product too. global_scale = row's one-read rowwise kernel and its two-pass
+** special inputs; their GEMMs take the emulated path (BF16, row-scaled operands with their row
+** factors split off and multiplied into the F32 product) and equal the F64 product too. global_scale = row's one-read rowwise kernel and its two-pass
 ** fallback: odd K / 16, slabs of one row and of many, rows at and just over the on-chip budget
 ** in each dtype, rows of very different magnitudes with all-zero rows, NaN and Inf
 ** (test_row_scaled).
@@ -447,6 +447,50 @@ static void test_amax_op_direct(void **state) {
 
 // --- ABI 2.1: raw dequantize and hq_gemm on the device -----------------------------------------
 
+/* A row-scaled storage's raw values split from their row factors (ABI 2.6 row_factor_out) on the
+   device equal the host's, byte for byte: the BF16 values (what the emulated GEMM multiplies)
+   and the one factor per stored row (M of them rowwise, K columnwise), NaN against NaN aside. */
+static void compare_row_split(const hq_format_ops *ops, const hq_host_api *host,
+                              const hq_qtensor *h, const hq_qtensor *g, uint32_t d,
+                              const char *what) {
+  const int64_t M = hq_qtensor_rows(h), K = hq_qtensor_cols(h), R = d == HQ_ROWWISE ? M : K;
+  const size_t vb = (size_t)(M * K) * 2, fb = (size_t)R * sizeof(float);
+  hq_tensor vh = hq_test_empty(HQ_BF16, M, K), vg = vh;
+  float *fh = malloc(fb), *fg = malloc(fb), *fdev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, vb, &vg.data));
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, fb, (void **)&fdev));
+  vg.device = 0;
+  uint8_t cfg[256] = {0};
+  hq_call hc = hq_test_call(host, 0, 0), dc = hc;
+  hc.flags = dc.flags = HQ_CALL_DEQ_RAW;
+  dc.device = 0;
+  hc.row_factor_out = fh;
+  dc.row_factor_out = fdev;
+  if (ops->dequantize(cfg, &hc, hq_qtensor_storage(h, d), &vh) ||
+      ops->dequantize(cfg, &dc, hq_qtensor_storage(g, d), &vg))
+    fail_msg("%s: dequantize with row factors: %s", what, hq_test_module_error());
+  uint16_t *back = malloc(vb);
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back, HQ_DEVICE_HOST, vg.data, 0, vb));
+  HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, fg, HQ_DEVICE_HOST, fdev, 0, fb));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  for (int64_t t = 0; t < M * K; t++) {
+    const float a = hq_load_hp(back, t, HQ_BF16), b = hq_load_hp(vh.data, t, HQ_BF16);
+    if (!(isnan(a) && isnan(b)) && back[t] != ((const uint16_t *)vh.data)[t])
+      fail_msg("%s dir %u: split value %lld cpu %a gpu %a", what, d, (long long)t, (double)b,
+               (double)a);
+  }
+  for (int64_t r = 0; r < R; r++)
+    if (!(isnan(fh[r]) && isnan(fg[r])) && memcmp(&fh[r], &fg[r], sizeof(float)))
+      fail_msg("%s dir %u: row factor %lld cpu %a gpu %a", what, d, (long long)r, (double)fh[r],
+               (double)fg[r]);
+  free(back);
+  free(fh);
+  free(fg);
+  free(vh.data);
+  hq_ctx_free(gpu, vg.data);
+  hq_ctx_free(gpu, fdev);
+}
+
 /* The raw dequantize and the tensor factor on the device equal the CPU's, byte for byte: every
    option set (RHT copies stay in the transformed domain on both), both directions, every
    destination dtype, and special inputs (NaN, Inf: an Inf amax gives an Inf factor). */
@@ -475,6 +519,8 @@ static void test_raw_and_factor(void **state) {
       compare_usage(h, g, HQ_BOTH, option_sets[o]);
       for (uint32_t d = 1; d <= 2; d++) {
         hq_gpu_compare_raw(gpu, ops, &host, h, g, d, option_sets[o]);
+        if (strstr(option_sets[o], "global_scale = row"))
+          compare_row_split(ops, &host, h, g, d, option_sets[o]);
         /* the factor: host value vs device value, one thread on the legacy stream */
         uint8_t cfg[256] = {0};
         hq_call hc = hq_test_call(&host, 0, 0), dc = hc;
@@ -588,17 +634,18 @@ static void test_gemm_device(void **state) {
 }
 
 /* Row-scaled and UE5M3 operands on the device: never native or fused (no such scales in those
-   kernels), the emulated product of the dequantized operands -- F32 for row-scaled ones (their
-   raw values carry the row factors), BF16 for UE5M3 ones. */
+   kernels), the emulated product of the dequantized operands in BF16 -- row-scaled ones as their
+   BF16-exact values without the row factors, which multiply the F32 product (ABI 2.6
+   row_factor_out; before, an F32 GEMM of raw values carrying them). */
 static void test_gemm_options(void **state) {
   (void)state;
   static const struct {
     const char *opts;
     uint32_t path;
-  } k[] = {{"global_scale = row", HQ_GEMM_PATH_EMULATED_F32},
+  } k[] = {{"global_scale = row", HQ_GEMM_PATH_EMULATED_BF16},
            {"scale_dtype = ue5m3\nswizzle = true", HQ_GEMM_PATH_EMULATED_BF16},
            {"scale_dtype = ue5m3\nglobal_scale = none\nswizzle = true", HQ_GEMM_PATH_EMULATED_BF16},
-           {"scale_dtype = ue5m3\nglobal_scale = row", HQ_GEMM_PATH_EMULATED_F32}};
+           {"scale_dtype = ue5m3\nglobal_scale = row", HQ_GEMM_PATH_EMULATED_BF16}};
   for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
     char text[256];
     snprintf(text, sizeof text, "[format f]\nplugin = nvfp4\n%s\n[role *:*:*]\nrowwise = f\n"

@@ -2057,6 +2057,89 @@ static void test_deq_factor_out(void **state) {
     }
 }
 
+/* ABI 2.6's row factors (HQ_CAP_DEQ_ROW_FACTOR): a raw dequantize of a row-scaled storage with
+   call->row_factor_out writes each stored row's factor RN(A_r * RN(1/2688)) and the raw values
+   without it, e2m1 * fp32(sf). The hand data of test_row_scaled_hand: rowwise, rows 0..2 carry
+   scale 0x7E (448) and amaxes 6, 6144, 6/1024, so their values are E2M1_ROW * 448 (0.25 ties to
+   0) in F32 and BF16 alike, and 448 times each factor is the row's multiplier 2^k within an ulp;
+   columnwise (stored row = column k of x) the factors follow the per-column amaxes
+   1024 * |E2M1_ROW[k % 16]|, and RN(value * factor) is the plain raw value within 3 ulps (the
+   rounding of RN(fp32(sf) * A) first, as test_tensor_factor_invariant). Without
+   HQ_CALL_DEQ_RAW, or from a call struct of 2.5, nothing is written to row_factor_out and the
+   values keep their factors. */
+static void test_row_factor_out(void **state) {
+  (void)state;
+  hq_host_api host = hq_test_host();
+  const hq_format_ops *ops = module_ops(&host);
+  const int64_t M = 16, K = 32;
+  float v[16 * 32] = {0};
+  const float mul[3] = {1.0f, 1024.0f, 1.0f / 1024.0f};
+  for (int r = 0; r < 3; r++)
+    for (int k = 0; k < K; k++) v[r * K + k] = E2M1_ROW[k % 16] * mul[r];
+  hq_tensor x = f32_from(v, M, K);
+  run u;
+  run_quant(&u, "global_scale = row", &x, 0, HQ_BOTH);
+  const float A_row[4] = {6.0f, 6144.0f, 6.0f / 1024.0f, 0.0f};
+  for (int d = 0; d < 2; d++) {
+    const hq_storage *s = hq_qtensor_storage(u.t, d ? HQ_COLWISE : HQ_ROWWISE);
+    const int64_t R = d ? K : M;
+    float f[32], A[32];
+    for (int64_t r = 0; r < R; r++) {
+      f[r] = -1.0f;
+      A[r] = d ? 1024.0f * fabsf(E2M1_ROW[r % 16]) : r < 4 ? A_row[r] : 0.0f;
+    }
+    hq_tensor plain = hq_test_empty(HQ_F32, M, K);
+    DIRECT_OK(deq_flags(ops, NULL, &host, s, &plain, HQ_CALL_DEQ_RAW));
+    for (int t = 0; t < 2; t++) {
+      hq_tensor y = hq_test_empty(t ? HQ_BF16 : HQ_F32, M, K);
+      hq_call c = hq_test_call(&host, 0, 0);
+      c.flags = HQ_CALL_DEQ_RAW;
+      c.row_factor_out = f;
+      DIRECT_OK(ops->dequantize(NULL, &c, s, &y));
+      for (int64_t r = 0; r < R; r++) {
+        if (!same_float(f[r], want_factor(A[r])))
+          fail_msg("dir %d: factor of stored row %lld %a, want RN(%a * RN(1/2688)) = %a", d + 1,
+                   (long long)r, (double)f[r], (double)A[r], (double)want_factor(A[r]));
+        if (!d && r < 3 && ulp_dist(448.0f * f[r], mul[r]) > 1)
+          fail_msg("row %lld: 448 * factor %a is not 2^k = %a", (long long)r,
+                   (double)(448.0f * f[r]), (double)mul[r]);
+      }
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+          const float got = getf(&y, i, k), p = getf(&plain, i, k);
+          if (!d) {
+            const float want = i < 3 && E2M1_ROW[k % 16] != 0.25f ? E2M1_ROW[k % 16] * 448.0f
+                                                                  : 0.0f;
+            if (got != want)
+              fail_msg("rowwise [%lld][%lld] %s: %g, want %g", (long long)i, (long long)k,
+                       t ? "bf16" : "f32", got, want);
+          }
+          volatile float prod = got * f[d ? k : i];
+          if (ulp_dist(prod, p) > 3)
+            fail_msg("dir %d [%lld][%lld]: value %g times factor %g = %a, plain raw %a", d + 1,
+                     (long long)i, (long long)k, got, (double)f[d ? k : i], (double)prod,
+                     (double)p);
+        }
+      free(y.data);
+    }
+    /* not raw, or a call struct that ends before row_factor_out: untouched, factors kept */
+    float untouched = -7.0f;
+    hq_tensor y = hq_test_empty(HQ_F32, M, K);
+    hq_call c = hq_test_call(&host, 0, 0);
+    c.row_factor_out = &untouched;
+    DIRECT_OK(ops->dequantize(NULL, &c, s, &y));
+    c.flags = HQ_CALL_DEQ_RAW;
+    c.struct_size = HQ_CALL_SIZE_2_3;
+    DIRECT_OK(ops->dequantize(NULL, &c, s, &y));
+    assert_true(untouched == -7.0f);
+    assert_memory_equal(y.data, plain.data, (size_t)(M * K) * sizeof(float));
+    free(y.data);
+    free(plain.data);
+  }
+  run_free(&u);
+  free(x.data);
+}
+
 /* The invariant of the per-tensor factor, on quantized random data (1-D, 2-D, swizzled, SR,
    RHT; both directions): tensor_factor is RN(A * RN(1/2688)) of the storage's amax; every raw
    value is e2m1(q) * fp32(sf) (computed here from the bytes); and RN(raw * factor) equals the
@@ -2322,6 +2405,7 @@ int main(void) {
       cmocka_unit_test(test_raw_dequantize_hand),
       cmocka_unit_test(test_tensor_factor_invariant),
       cmocka_unit_test(test_deq_factor_out),
+      cmocka_unit_test(test_row_factor_out),
       cmocka_unit_test(test_emul_dtype_bf16),
       cmocka_unit_test(test_gemm_host),
       cmocka_unit_test(test_row_scaled_hand),

@@ -47,6 +47,10 @@
 **     beta from a device constant (kBetaConst) and no kernel runs before it, since a kernel
 **     launched between the dequantizes and the matmul is a measurable share of a mid-sized
 **     call; any other beta is written by the one-thread kernel as above.
+**   - row_factor (2.6): factors per row of op(A) and per column of op(B) (the emulated path's
+**     row-scaled NVFP4 operands, whose raw values without them are exact in BF16) multiply the
+**     F32 product in the SPLIT epilogue kernel, before beta * D and the bias: such a call always
+**     runs SPLIT into an F32 temporary.
 **   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (zeroed first; for a BF16 D rounded to
 **     BF16 by a one-thread kernel, so that it is the largest stored |D|), in a DIRECT plan the
 **     heuristic was asked for with the epilogue; where it has none for the problem (or the plan
@@ -196,7 +200,8 @@ struct plan_key {
   int32_t fast_accum;              /* FP8 inputs only, else 0 */
   int32_t ptr_device;              /* 1: alpha and beta in device memory */
   int32_t accumulate_narrow;       /* beta != 0 into a D narrower than F32: SPLIT only */
-  int32_t amax, reserved;          /* amax: the caller asks for max |D| (AMAX_D epilogue) */
+  int32_t amax;                    /* the caller asks for max |D| (AMAX_D epilogue) */
+  int32_t rowf;                    /* per-row / per-column factors (row_factor): SPLIT only */
   uint32_t align_a, align_b, align_d;
   uint32_t ws_bytes;               /* workspace offered to the heuristic */
   int64_t a_rows, a_cols, a_ld, b_rows, b_cols, b_ld;
@@ -210,6 +215,14 @@ struct plan_key {
    and the bias in FP32 and rounds once to D's dtype. */
 #define PLAN_DIRECT 0
 #define PLAN_SPLIT 1
+
+/* Whether the call gives factors per row of op(A) or per column of op(B) (2.6 row_factor): they
+   multiply the F32 product element by element, so such a call is SPLIT and its product always
+   goes to a temporary (the caller's F32 D may hold the beta * D it adds). */
+static int has_rowf(const hq_lt_matmul *mm) { return mm->row_factor[0] || mm->row_factor[1]; }
+
+/* Whether a SPLIT matmul writes an F32 temporary (contiguous, ld m) rather than the caller's D. */
+static int split_to_temp(const hq_lt_matmul *mm) { return mm->d_dtype != HQ_F32 || has_rowf(mm); }
 
 struct plan {
   plan_key key;
@@ -420,8 +433,8 @@ cublasStatus_t descs_for(descs *ds, const hq_lt_matmul *mm, int mode, cublasComp
   if (mode == PLAN_DIRECT)
     return descs_init(ds, mm, c, ptr_device, mm->bias != NULL, mm->d_dtype, mm->ldd, amax_d,
                       what);
-  return descs_init(ds, mm, c, ptr_device, 0, HQ_F32, mm->d_dtype == HQ_F32 ? mm->ldd : mm->m,
-                    NULL, what);
+  return descs_init(ds, mm, c, ptr_device, 0, HQ_F32, split_to_temp(mm) ? mm->m : mm->ldd, NULL,
+                    what);
 }
 
 /* "fp8_tensor e4m3 x e5m2, m=.. n=.. k=.. (A e4m3 T 256x128 ld 256 scale tensor_f32, B ...,
@@ -455,7 +468,7 @@ cublasStatus_t heuristic_n(cublasLtHandle_t lt, const hq_lt_matmul *mm, const pl
   cublasLtMatmulPreferenceOpaque_t pref;
   uint64_t wsb = key->ws_bytes;
   uint32_t al[3] = {key->align_a, key->align_b, mode == PLAN_DIRECT ? key->align_d : 256u};
-  if (mode == PLAN_SPLIT && mm->d_dtype == HQ_F32) al[2] = key->align_d;
+  if (mode == PLAN_SPLIT && !split_to_temp(mm)) al[2] = key->align_d;
   st = cublasLtMatmulPreferenceInit(&pref);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -523,11 +536,11 @@ void plan_choose(plan *p, cublasLtHandle_t lt, const hq_lt_matmul *mm) {
     computes[0] = CUBLAS_COMPUTE_32F_PEDANTIC;
     ncomputes = 2;
   }
-  const int split_helps = mm->bias != NULL || mm->d_dtype != HQ_F32;
+  const int split_helps = mm->bias != NULL || mm->d_dtype != HQ_F32 || p->key.rowf;
   /* beta * D into a BF16 D: cuBLASLt's own epilogue rounded alpha * acc to BF16 before adding
      beta * C on an H100 (3 BF16 ulps off an F64 reference when the two cancel): the SPLIT plan
      adds them in FP32 and rounds once */
-  const int first = p->key.accumulate_narrow ? PLAN_SPLIT : PLAN_DIRECT;
+  const int first = p->key.accumulate_narrow || p->key.rowf ? PLAN_SPLIT : PLAN_DIRECT;
   p->status = CUBLAS_STATUS_NOT_SUPPORTED;
   /* max |D| asked for: DIRECT with the AMAX_D epilogue where cuBLASLt has it for the problem
      (the core otherwise reads D once more after the matmul) */
@@ -602,17 +615,21 @@ __global__ void alpha_beta_kernel(float *out, float alpha, float beta, const flo
    to dt, where v is
      t == NULL, in_place == 0:  beta * D            (k = 0: nothing to multiply)
      t == NULL, in_place == 1:  D                   (D already holds alpha*op(A)op(B) + beta*D)
-     t != NULL:                 t[j*m+i] + beta * D (t: the F32 product, contiguous)
+     t != NULL:                 t[j*m+i] * ra[i] * rb[j] + beta * D (t: the F32 product,
+                                contiguous; ra, rb: the row factors, each skipped when NULL)
    beta == 0 never reads D (which may hold NaN). */
 /* One element of finish_kernel: row i, at D's offset `at`, tv the F32 product's value there. */
 __device__ __forceinline__ float finish_elem(const void *d, int dt, int64_t at, int64_t i,
-                                             float beta, float tv, int in_place,
-                                             const void *bias, int bt) {
+                                             int64_t j, float beta, float tv, int in_place,
+                                             const void *bias, int bt, const float *ra,
+                                             const float *rb) {
   float v;
   if (in_place) {
     v = hq_load_hp(d, at, dt);
   } else {
     v = tv;
+    if (ra) v = v * ra[i];
+    if (rb) v = v * rb[j];
     if (beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
   }
   if (bias) v = v + hq_load_hp(bias, i, bt);
@@ -620,13 +637,15 @@ __device__ __forceinline__ float finish_elem(const void *d, int dt, int64_t at, 
 }
 
 __global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd, float beta,
-                              const float *t, int in_place, const void *bias, int bt) {
+                              const float *t, int in_place, const void *bias, int bt,
+                              const float *ra, const float *rb) {
   int64_t total = m * n;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
        e += (int64_t)gridDim.x * blockDim.x) {
     int64_t i = e % m, j = e / m, at = j * ldd + i;
     hq_store_hp(d, at, dt,
-                finish_elem(d, dt, at, i, beta, t ? t[e] : 0.0f, in_place, bias, bt));
+                finish_elem(d, dt, at, i, j, beta, t ? t[e] : 0.0f, in_place, bias, bt,
+                            t ? ra : nullptr, t ? rb : nullptr));
   }
 }
 
@@ -635,7 +654,8 @@ __global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd
    store per thread, a division per four elements; each element is finish_elem, as there. */
 template <int DT>
 __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float beta,
-                               const float *t, int in_place, const void *bias, int bt) {
+                               const float *t, int in_place, const void *bias, int bt,
+                               const float *ra, const float *rb) {
   const int64_t m4 = m / 4, total4 = m4 * n;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total4;
        e += (int64_t)gridDim.x * blockDim.x) {
@@ -646,7 +666,8 @@ __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float
       v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     }
     for (int k = 0; k < 4; k++)
-      v[k] = finish_elem(d, DT, at + k, i + k, beta, v[k], in_place, bias, bt);
+      v[k] = finish_elem(d, DT, at + k, i + k, j, beta, v[k], in_place, bias, bt,
+                         t ? ra : nullptr, t ? rb : nullptr);
     if (DT == HQ_F32) {
       *reinterpret_cast<float4 *>((float *)d + at) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
@@ -673,14 +694,17 @@ int launch_finish(const hq_call *call, const hq_lt_matmul *mm, const float *t, i
   cudaStream_t s = (cudaStream_t)call->stream;
   if (vec && dt == HQ_F32)
     finish4_kernel<HQ_F32><<<(unsigned)blocks, 256, 0, s>>>(
-        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype);
+        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype,
+        mm->row_factor[0], mm->row_factor[1]);
   else if (vec)
     finish4_kernel<HQ_BF16><<<(unsigned)blocks, 256, 0, s>>>(
-        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype);
+        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype,
+        mm->row_factor[0], mm->row_factor[1]);
   else
     finish_kernel<<<(unsigned)blocks, 256, 0, s>>>(mm->d, mm->d_dtype, mm->m, mm->n, mm->ldd,
                                                    mm->beta, t, in_place, mm->bias,
-                                                   mm->bias_dtype);
+                                                   mm->bias_dtype, mm->row_factor[0],
+                                                   mm->row_factor[1]);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     char desc[512];
@@ -775,6 +799,7 @@ void key_for(plan_key *key, const hq_call *call, const hq_lt_matmul *mm, int ptr
   key->bias_dtype = mm->bias ? mm->bias_dtype : 0;
   key->fast_accum = any_fp8(mm) && mm->fast_accum ? 1 : 0;
   key->accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
+  key->rowf = has_rowf(mm);
   key->ptr_device = ptr_device;
   key->amax = HQ_LT_AMAX_D && mm->amax_d && mm->amax_done;
   key->align_a = align_of(mm->a.data);
@@ -971,7 +996,7 @@ void tune(const tune_call *t, const hq_lt_matmul *mm, const plan_key *key, const
 /* Bytes of the D a plan's matmul writes (its dtype and leading dimension in the plan's mode). */
 size_t gemm_d_bytes(const hq_lt_matmul *mm, int mode) {
   const int f32 = mode == PLAN_SPLIT || mm->d_dtype == HQ_F32;
-  const int64_t ld = mode == PLAN_SPLIT && mm->d_dtype != HQ_F32 ? mm->m : mm->ldd;
+  const int64_t ld = mode == PLAN_SPLIT && split_to_temp(mm) ? mm->m : mm->ldd;
   return (size_t)(ld * (mm->n - 1) + mm->m) * (f32 ? 4u : 2u);
 }
 
@@ -1076,7 +1101,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
 
   /* SPLIT into a BF16 D: the product goes to an F32 temporary (beta 0); finish_kernel adds
      beta * D and the bias and rounds once */
-  const int to_temp = pl.mode == PLAN_SPLIT && mm->d_dtype != HQ_F32;
+  const int to_temp = pl.mode == PLAN_SPLIT && split_to_temp(mm);
   const float gemm_beta = to_temp ? 0.0f : mm->beta;
   float *tmp = NULL;
   if (to_temp) {

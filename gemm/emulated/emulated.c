@@ -6,7 +6,9 @@
 ** core's runner, host->api->lt_matmul) in BF16 when both operands' raw values are exact there,
 ** else in F32 (no TF32); on the host an F32 sgemm (OpenBLAS when libhqcore is built with it,
 ** else the blocked loop below). It accepts every kind, so hq_gemm always has a path: this is the
-** last provider asked (priority 0).
+** last provider asked (priority 0). On a GPU an operand whose raw values carry a factor per row
+** (HQ_GEMM_OP_ROWF: row-scaled NVFP4) is multiplied as its BF16-exact values without them
+** (host->raw_rows), the runner multiplying the F32 product by the factors of its row and column.
 **
 ** The order in which the factors multiply alpha is fixed, (alpha * fa) * fb, on both devices,
 ** so that the emulated product of quantized operands does not depend on where it runs beyond
@@ -30,10 +32,22 @@ static int accepts(const hq_gemm_host *host, const hq_gemm_kind *kind) {
   return HQ_OK;
 }
 
+/* Whether operand o is multiplied on the device as BF16-exact values with its per-row factors
+   kept out (HQ_GEMM_OP_ROWF, a core that offers raw_rows): the runner applies the factors to
+   the F32 product, so a row-scaled operand needs no F32 GEMM. */
+static int split_rows(const hq_gemm_host *h, const hq_gemm_operand_kind *o) {
+  return (o->flags & HQ_GEMM_OP_ROWF) && hq_gemm_host_has_raw_rows(h);
+}
+
+/* The dtype operand o is multiplied in on the device. */
+static hq_dtype dev_dtype(const hq_gemm_host *h, const hq_gemm_operand_kind *o) {
+  return split_rows(h, o) ? HQ_BF16 : hq_gemm_emul_dtype(o);
+}
+
 /* The path a problem takes here. */
-static uint32_t path_of(const hq_gemm_kind *k) {
+static uint32_t path_of(const hq_gemm_host *h, const hq_gemm_kind *k) {
   if (k->device < 0) return HQ_GEMM_PATH_CPU;
-  return hq_gemm_emul_dtype(&k->a) == HQ_BF16 && hq_gemm_emul_dtype(&k->b) == HQ_BF16
+  return dev_dtype(h, &k->a) == HQ_BF16 && dev_dtype(h, &k->b) == HQ_BF16
              ? HQ_GEMM_PATH_EMULATED_BF16
              : HQ_GEMM_PATH_EMULATED_F32;
 }
@@ -152,12 +166,28 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   float *factors = api->alloc(call, 2 * sizeof(float));
   if (!factors) return api->error(HQ_ENOMEM, "%s: 8 bytes of device memory", r->what);
   const float *pfa = NULL, *pfb = NULL;
+  float *rfa = NULL, *rfb = NULL; /* per-row factors of A (m) and B (n), split off (raw_rows) */
+  const int rows_a = split_rows(h, &r->kind->a), rows_b = split_rows(h, &r->kind->b);
   /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
      writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
   int rc;
   const uint32_t folds = (r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS;
-  if (!folds && hq_gemm_host_has_raw_pair(h)) {
+  if (rows_a || rows_b) {
+    /* a row-scaled operand: its values without the row factors and the factors, which the
+       runner multiplies into the F32 product ((alpha * fa * fb) * ra[i] * rb[j]) */
+    void *va = NULL, *vb = NULL;
+    rc = rows_a ? h->raw_rows(call, &r->a, dt, &va, &rfa)
+                : h->raw(call, &r->a, dt, &a, &ta, NULL);
+    if (rows_a) a = ta = va;
+    if (!rc) {
+      rc = rows_b ? h->raw_rows(call, &r->b, dt, &vb, &rfb)
+                  : h->raw(call, &r->b, dt, &b, &tb, NULL);
+      if (rows_b) b = tb = vb;
+    }
+    if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
+    if (!rc) rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
+  } else if (!folds && hq_gemm_host_has_raw_pair(h)) {
     /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
        then their per-tensor factors, if any, for the runner to multiply into alpha */
     rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
@@ -190,6 +220,8 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
       mm.alpha_factor[0] = pfa;
       mm.alpha_factor[1] = pfb;
     }
+    mm.row_factor[0] = rfa;
+    mm.row_factor[1] = rfb;
     mm.d = r->d->data;
     mm.d_dtype = r->d->dtype;
     mm.ldd = r->m;
@@ -207,12 +239,14 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   /* stream-ordered frees: they follow the GEMM that reads the temporaries */
   api->free(call, ta);
   api->free(call, tb);
+  api->free(call, rfa);
+  api->free(call, rfb);
   api->free(call, factors);
   return rc;
 }
 
 static int run(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r) {
-  r->path = path_of(r->kind);
+  r->path = path_of(h, r->kind);
   if (r->flags & HQ_GEMM_QUERY) return HQ_OK;
   if (r->path == HQ_GEMM_PATH_CPU) return cpu_gemm(h, call, r);
   return gpu_gemm(h, call, r, r->path == HQ_GEMM_PATH_EMULATED_BF16 ? HQ_BF16 : HQ_F32);

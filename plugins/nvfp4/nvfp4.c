@@ -197,6 +197,7 @@ static uint64_t instance_caps(const void *cfgp) {
   (void)c;
 #endif
   if (!c->sr) caps |= HQ_CAP_REQUANT_SAFE;
+  if (c->global == HQ_NVFP4_GLOBAL_ROW) caps |= HQ_CAP_DEQ_ROW_FACTOR;
   return caps;
 }
 
@@ -895,25 +896,34 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
      the transformed domain (no inverse transform) */
   const int raw = (call->flags & HQ_CALL_DEQ_RAW) != 0;
   if (raw) rht = 0;
+  /* ABI 2.6 (HQ_CAP_DEQ_ROW_FACTOR): a row-scaled storage's raw values split into e2m1 * sf
+     (those of global_scale = none, BF16-exact) and each stored row's factor
+     hq_nvfp4_tensor_factor_k(amax[r]) */
+  float *rfout = md.global == HQ_NVFP4_GLOBAL_ROW ? hq_call_row_factor_out(call) : NULL;
+  const int64_t stored_rows = dir == HQ_ROWWISE ? M : K;
   const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
   const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
   /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the chain's value */
   float *fout = hq_call_factor_out(call);
 #ifdef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST) {
-    return nvfp4_cuda_dequantize(
-        call, q, sc,
-        md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr,
-        md.scale_kind, md.global, dir == HQ_COLWISE, sw, rht, mask, raw, dst, fout,
-        call->factor_in, call->factor_mul);
+    const float *amax_dev =
+        md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+    if (rfout && (rc = nvfp4_cuda_row_factors(call, amax_dev, md.scale_kind, stored_rows, rfout)))
+      return rc;
+    return nvfp4_cuda_dequantize(call, q, sc, rfout ? NULL : amax_dev, md.scale_kind,
+                                 rfout ? HQ_NVFP4_GLOBAL_NONE : md.global, dir == HQ_COLWISE, sw,
+                                 rht, mask, raw, dst, fout, call->factor_in, call->factor_mul);
   }
 #endif
-  const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW;
+  const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !rfout;
   /* tensor: the direction's amax; row: one per stored row (amaxes[r]); none: no amax, the
      decode multiplier is fp32(sf), raw or not */
   const float *amaxes = md.global == HQ_NVFP4_GLOBAL_NONE
                             ? NULL : (const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   const float amax = md.global == HQ_NVFP4_GLOBAL_TENSOR ? amaxes[0] : 0.0f;
+  for (int64_t r = 0; rfout && r < stored_rows; r++)
+    rfout[r] = hq_nvfp4_tensor_factor_k(amaxes[r], kind);
   if (fout)
     *fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
                       md.global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(amax, kind)
@@ -921,7 +931,8 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const int t = dst->dtype;
   /* the multiplier of each scale code for a tensor-wide amax (per_row: per stored row r, made
      by row_decode); raw values keep the per-row factor (they are a row-scaled storage's
-     operand: the emulated GEMM multiplies them as they are, in F32) */
+     operand: the emulated GEMM multiplies them as they are, in F32) unless it was split off
+     (rfout) */
   float dec[256];
   if (!per_row)
     for (int v = 0; v < 256; v++)

@@ -2646,6 +2646,23 @@ extern "C" int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, 
   return HQ_OK;
 }
 
+/* One row factor a thread: a row-scaled raw value split into its BF16-exact part and this. */
+__global__ void row_factors_kernel(const float *amax, int kind, int64_t n, float *out) {
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
+       r += (int64_t)gridDim.x * blockDim.x)
+    out[r] = hq_nvfp4_tensor_factor_k(amax[r], kind);
+}
+
+extern "C" int nvfp4_cuda_row_factors(const hq_call *call, const float *amax, int kind, int64_t n,
+                                      float *out) {
+  if (n <= 0) return HQ_OK;
+  const int64_t blocks = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+  row_factors_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)call->stream>>>(amax, kind, n,
+                                                                                out);
+  CHECK_LAUNCH(call, "nvfp4 row factors kernel");
+  return HQ_OK;
+}
+
 extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {
   CHECK_CUDA(call, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)call->stream));
   return HQ_OK;

@@ -66,6 +66,10 @@ int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *
    memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, int kind, int global,
                              float *out);
+/* out[r] = hq_nvfp4_tensor_factor_k(amax[r], kind) for the n stored rows of a row-scaled
+   storage (ABI 2.6's hq_call.row_factor_out), on call->stream. */
+int nvfp4_cuda_row_factors(const hq_call *call, const float *amax, int kind, int64_t n,
+                           float *out);
 /* cudaMemsetAsync(p, 0, bytes) on call->stream. */
 int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 

@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 #define HQ_GEMM_ABI_MAJOR 1
-#define HQ_GEMM_ABI_MINOR 1
+#define HQ_GEMM_ABI_MINOR 2
 
 /* The one symbol a GEMM provider module exports. */
 #define HQ_GEMM_ENTRY_NAME "hq_gemm_provider_v1"
@@ -90,6 +90,9 @@ extern "C" {
 #define HQ_GEMM_OP_RAWCOPY 8u /* the storage carries its raw values in BF16 (a HQ_ROLE_RAW
                                  buffer of the tensor's shape): host->raw() in BF16 returns them
                                  in place, no dequantize runs */
+#define HQ_GEMM_OP_ROWF 16u   /* its raw values split into BF16-exact values times one FP32
+                                 factor per stored row (HQ_CAP_DEQ_ROW_FACTOR): host->raw_rows()
+                                 gives both (1.2) */
 
 /* One operand as accepts() sees it. */
 typedef struct hq_gemm_operand_kind {
@@ -192,12 +195,29 @@ typedef struct hq_gemm_host {
   int (*raw_pair)(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
                   const void **data_a, void **tmp_a, const hq_gemm_operand *b, hq_dtype dtb,
                   const void **data_b, void **tmp_b);
+  /* --- 1.2 (check hq_gemm_host_has_raw_rows) ---
+     The raw values of a storage operand with HQ_GEMM_OP_ROWF split in two: *data a row-major
+     [o->rows, o->cols] temporary of dtype dt (HQ_BF16 or HQ_F32) holding the raw values without
+     their per-row factors (exact in BF16), and *factors a temporary of one FP32 factor per
+     stored row -- o->rows of them for a rowwise storage, o->cols for a columnwise one: the
+     operand's outer index in the GEMM -- so that raw value (r, c) of the storage's rows is
+     data times factors. Both allocated through the call's context and filled on call->stream,
+     to be freed with host->api->free() after the work that reads them; on failure the ones
+     allocated are still the caller's to free. */
+  int (*raw_rows)(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
+                  float **factors);
 } hq_gemm_host;
 
 /* Whether the core offers raw_pair (a 1.0 core does not). */
 #define HQ_GEMM_HOST_SIZE_1_1 (offsetof(hq_gemm_host, raw_pair) + sizeof(void *))
 static inline int hq_gemm_host_has_raw_pair(const hq_gemm_host *h) {
   return h->abi_minor >= 1 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_1 && h->raw_pair != NULL;
+}
+
+/* Whether the core offers raw_rows (a 1.0 or 1.1 core does not). */
+#define HQ_GEMM_HOST_SIZE_1_2 (offsetof(hq_gemm_host, raw_rows) + sizeof(void *))
+static inline int hq_gemm_host_has_raw_rows(const hq_gemm_host *h) {
+  return h->abi_minor >= 2 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_2 && h->raw_rows != NULL;
 }
 
 /* The table a provider returns. */

@@ -604,6 +604,14 @@ typedef struct hq_lt_matmul {
                                    from cuBLASLt's AMAX_D epilogue, when it offers one for the
                                    problem (it is then written and *amax_done set to 1) */
   int32_t *amax_done;           /* with amax_d: set to 1 when *amax_d was written, else left */
+  /* --- 2.6: a runner that predates it reads struct_size and refuses nothing, so check
+     hq_host_api.abi_minor >= 6 before setting it --- */
+  const float *row_factor[2];   /* NULL, or device FP32 factors: [0] one per row of op(A) (m),
+                                   [1] one per column of op(B) (n). Element (i, j) of
+                                   alpha * op(A) op(B) is multiplied by row_factor[0][i], then by
+                                   row_factor[1][j], before beta * D and the bias are added: a
+                                   matmul into an F32 temporary and one epilogue kernel (no
+                                   AMAX_D epilogue: *amax_done stays 0) */
 } hq_lt_matmul;
 
 /* For a format's gemm(): an hq_lt_matmul with the fields every native GEMM takes from the problem
@@ -743,6 +751,15 @@ typedef struct hq_call {
                                       operations in the step, the inputs of `offset` besides the
                                       step: offset = hq_rng_offset(step, role_key, role_count) */
   uint64_t role_count;
+  float *row_factor_out;           /* dequantize() with HQ_CALL_DEQ_RAW of an instance with
+                                      HQ_CAP_DEQ_ROW_FACTOR: NULL, or where to write one FP32
+                                      factor per stored row of the storage (its rows when
+                                      rowwise, its columns when columnwise: the operand's outer
+                                      index in a GEMM), on call->stream in memory of
+                                      call->device; the raw values written are then those
+                                      without that factor, exactly representable in BF16
+                                      whatever desc.emul_dtype says. Read it through
+                                      hq_call_row_factor_out() */
 } hq_call;
 
 /* Size of an hq_call that carries the state fields. */
@@ -753,7 +770,7 @@ typedef struct hq_call {
 #define HQ_CALL_SIZE_2_3 (offsetof(hq_call, factor_mul) + sizeof(float))
 
 /* Size of an hq_call that carries the device step of the random stream. */
-#define HQ_CALL_SIZE_2_6 (offsetof(hq_call, role_count) + sizeof(uint64_t))
+#define HQ_CALL_SIZE_2_6 (offsetof(hq_call, row_factor_out) + sizeof(float *))
 
 /* The device step a graph-captured quantize/update draws from (2.6): call->offset_dev of a call
    that carries it, else NULL (the call's stream is call->offset). */
@@ -766,6 +783,14 @@ static inline const uint64_t *hq_call_offset_dev(const hq_call *call) {
 static inline float *hq_call_factor_out(const hq_call *call) {
   return call->struct_size >= HQ_CALL_SIZE_2_3 && (call->flags & HQ_CALL_DEQ_RAW)
              ? call->factor_out
+             : NULL;
+}
+
+/* Where a raw dequantize writes the storage's per-row factors (2.6): call->row_factor_out of a
+   call that carries it with HQ_CALL_DEQ_RAW, else NULL (the raw values keep their factors). */
+static inline float *hq_call_row_factor_out(const hq_call *call) {
+  return call->struct_size >= HQ_CALL_SIZE_2_6 && (call->flags & HQ_CALL_DEQ_RAW)
+             ? call->row_factor_out
              : NULL;
 }
 
@@ -858,6 +883,10 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
 #define HQ_CAP_RNG_DEV (1ull << 8)        /* 2.6: quantize/update draws its stochastic rounding
                                              from call->offset_dev when it is not NULL (a CUDA
                                              graph capture: see hq_call.offset_dev) */
+#define HQ_CAP_DEQ_ROW_FACTOR (1ull << 9) /* 2.6: dequantize() with HQ_CALL_DEQ_RAW honours
+                                             call->row_factor_out: the raw values split into
+                                             BF16-exact values times one FP32 factor per stored
+                                             row (e.g. NVFP4's per-row global scale) */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */
