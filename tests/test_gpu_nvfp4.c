@@ -25,10 +25,11 @@
 ** global scale, with rht, stochastic rounding, block_2d and swizzle where allowed), every
 ** direction, on the tile-edge shapes and over many tiles and column groups, and through the
 ** special inputs; their GEMMs take the emulated path (BF16, row-scaled operands with their row
-** factors split off and multiplied into the F32 product) and equal the F64 product too. global_scale = row's one-read rowwise kernel and its two-pass
-** fallback: odd K / 16, slabs of one row and of many, rows at and just over the on-chip budget
-** in each dtype, rows of very different magnitudes with all-zero rows, NaN and Inf
-** (test_row_scaled).
+** factors split off and multiplied into the F32 product) and equal the F64 product too, and a
+** row-scaled storage's split raw values and row factors equal the CPU's byte for byte.
+** global_scale = row's one-read rowwise kernel and its two-pass fallback: odd K / 16, slabs of
+** one row and of many, rows at and just over the on-chip budget in each dtype, rows of very
+** different magnitudes with all-zero rows, NaN and Inf (test_row_scaled).
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
 #include <math.h>

@@ -548,6 +548,18 @@ static const float E2M1_ROW[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.5f, -1, -1.5
                                    -6, 0.25f};
 static const uint8_t E2M1_BYTES[8] = {0x10, 0x32, 0x54, 0x76, 0xa9, 0xcb, 0xed, 0x0f};
 
+/* The row multipliers of row_scaled_input's rows 0..2. */
+static const float ROW_MUL[3] = {1.0f, 1024.0f, 1.0f / 1024.0f};
+
+/* v[16 x 32]: rows 0..2 are E2M1_ROW times ROW_MUL[r] in both 16-blocks, the rest zero; as a
+   tensor over v. */
+static hq_tensor row_scaled_input(float v[16 * 32]) {
+  memset(v, 0, 16 * 32 * sizeof(float));
+  for (int r = 0; r < 3; r++)
+    for (int k = 0; k < 32; k++) v[r * 32 + k] = E2M1_ROW[k % 16] * ROW_MUL[r];
+  return f32_from(v, 16, 32);
+}
+
 /* global_scale = row, rowwise, by hand. Rows 0..2 are E2M1_ROW times 1, 2^10 and 2^-10 in
    both 16-blocks; row 3 is zero. Each row's amax A_r = 6 * 2^k gives S_enc = 448 * 2^-k,
    m = 74.66667 * 2^-k (0x42955556 for k = 0) and a block scale RN(6 * 2^k * m) = 448.00003 ->
@@ -559,11 +571,8 @@ static const uint8_t E2M1_BYTES[8] = {0x10, 0x32, 0x54, 0x76, 0xa9, 0xcb, 0xed, 
 static void test_row_scaled_hand(void **state) {
   (void)state;
   const int64_t M = 16, K = 32;
-  float v[16 * 32] = {0};
-  const float mul[3] = {1.0f, 1024.0f, 1.0f / 1024.0f};
-  for (int r = 0; r < 3; r++)
-    for (int k = 0; k < K; k++) v[r * K + k] = E2M1_ROW[k % 16] * mul[r];
-  hq_tensor x = f32_from(v, M, K);
+  float v[16 * 32];
+  hq_tensor x = row_scaled_input(v);
   run u;
   run_quant(&u, "global_scale = row", &x, 0, HQ_BOTH);
   const hq_buffer *am = bufp(&u, HQ_ROWWISE, 2);
@@ -584,7 +593,8 @@ static void test_row_scaled_hand(void **state) {
   assert_int_equal(sc[3 * 4], 0x00);
   hq_tensor y = dequant(&u, HQ_ROWWISE, HQ_F32);
   for (int64_t i = 0; i < M * K; i++)
-    if (((const float *)y.data)[i] != (i / K < 3 && v[i] == 0.25f * mul[i / K] ? 0.0f : v[i]))
+    if (((const float *)y.data)[i] !=
+        (i / K < 3 && v[i] == 0.25f * ROW_MUL[i / K] ? 0.0f : v[i]))
       fail_msg("row-scaled element %lld: %g, want %g", (long long)i, ((const float *)y.data)[i],
                v[i]);
   free(y.data);
@@ -2072,11 +2082,8 @@ static void test_row_factor_out(void **state) {
   hq_host_api host = hq_test_host();
   const hq_format_ops *ops = module_ops(&host);
   const int64_t M = 16, K = 32;
-  float v[16 * 32] = {0};
-  const float mul[3] = {1.0f, 1024.0f, 1.0f / 1024.0f};
-  for (int r = 0; r < 3; r++)
-    for (int k = 0; k < K; k++) v[r * K + k] = E2M1_ROW[k % 16] * mul[r];
-  hq_tensor x = f32_from(v, M, K);
+  float v[16 * 32];
+  hq_tensor x = row_scaled_input(v);
   run u;
   run_quant(&u, "global_scale = row", &x, 0, HQ_BOTH);
   const float A_row[4] = {6.0f, 6144.0f, 6.0f / 1024.0f, 0.0f};
@@ -2100,9 +2107,9 @@ static void test_row_factor_out(void **state) {
         if (!same_float(f[r], want_factor(A[r])))
           fail_msg("dir %d: factor of stored row %lld %a, want RN(%a * RN(1/2688)) = %a", d + 1,
                    (long long)r, (double)f[r], (double)A[r], (double)want_factor(A[r]));
-        if (!d && r < 3 && ulp_dist(448.0f * f[r], mul[r]) > 1)
+        if (!d && r < 3 && ulp_dist(448.0f * f[r], ROW_MUL[r]) > 1)
           fail_msg("row %lld: 448 * factor %a is not 2^k = %a", (long long)r,
-                   (double)(448.0f * f[r]), (double)mul[r]);
+                   (double)(448.0f * f[r]), (double)ROW_MUL[r]);
       }
       for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k++) {
