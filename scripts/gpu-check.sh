@@ -39,7 +39,9 @@
 # Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
 # sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too); --mem
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
-# (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters). --probe builds nothing
+# (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters); --step-kernels sums
+# each shipped recipe's training step by kernel (Nsight Compute over eager hq train steps,
+# HQ_STEP_PRESET, HQ_STEP_STEPS; scripts/ncu_steps.py) into step_kernels.txt. --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
 # and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
 # likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
@@ -209,8 +211,8 @@ if [ "${1:-}" = "--on-device" ]; then
     done | tee "$out/ab.txt"
   fi
   ncu=
-  if [[ "$modes" == *" --ncu "* || "$modes" == *" --mem "* ]]; then
-    # Nsight Compute, for --ncu and --mem: on PATH or in the toolkit's own folder
+  if [[ "$modes" == *" --ncu "* || "$modes" == *" --mem "* || "$modes" == *" --step-kernels "* ]]; then
+    # Nsight Compute, for --ncu, --mem and --step-kernels: on PATH or in the toolkit's own folder
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
     [ -n "$ncu" ] || { echo "--ncu/--mem: no ncu on PATH nor in /opt/nvidia/nsight-compute"; rc=1; }
   fi
@@ -257,6 +259,31 @@ if len(rows) >= 3:
       --launch-count "${HQ_MEM_COUNT:-40}" \
       ./tools/hq bench --device cuda --iters 2 --batch 1 "$@" > "$out/mem.csv" 2>&1 || rc=1
     python3 "$root/scripts/ncu_mem.py" "$out/mem.csv" | tee "$out/mem.txt" || rc=1
+  fi
+  if [[ "$modes" == *" --step-kernels "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
+    # where a training step's kernel time goes, per shipped recipe (the BF16 one first): every
+    # launch of HQ_STEP_STEPS (6) eager steps of hq train (--cuda-graph off: a replayed graph is
+    # one launch to ncu) at --preset HQ_STEP_PRESET (default), timed by Nsight Compute with the
+    # clocks at base (its default, so the sums are relative: a captured step at boost clocks
+    # runs in less), summed per whole step by scripts/ncu_steps.py into step_kernels.txt
+    mkdir -p "$out/steps"
+    set --
+    for r in conf/examples/high_precision.ini conf/recipe.ini conf/examples/*.ini; do
+      case " $* " in *" $r "*) continue ;; esac
+      set -- "$@" "$r"
+    done
+    data=()
+    [ -r /usr/share/dict/words ] || data=(--data "$root/.devdeps/words")
+    labels=()
+    for r in "$@"; do
+      l=$(basename "$r" .ini)
+      HQ_PLUGIN_PATH=$plugins timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum \
+        ./tools/hq train --device cuda --cuda-graph off --baseline none --eval-every 0 \
+        --preset "${HQ_STEP_PRESET:-default}" --steps "${HQ_STEP_STEPS:-6}" --recipe "$r" \
+        ${data[@]+"${data[@]}"} > "$out/steps/$l.csv" 2>&1 || rc=1
+      labels+=("$l=$out/steps/$l.csv")
+    done
+    python3 "$root/scripts/ncu_steps.py" "${labels[@]}" | tee "$out/step_kernels.txt" || rc=1
   fi
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
     set -- ${HQ_BENCH_ARGS:---all}

@@ -427,6 +427,9 @@ TESTS += tests/test_train_graph.sh tests/test_gpu_train_graph.sh
 # scripts/train_ab.py, the before/after tables of docs/performance.md
 TESTS += tests/test_train_ab.sh
 endif
+# scripts/ncu_steps.py, the kernel sums per step of docs/performance.md (needs no hq)
+TESTS += tests/test_ncu_steps.sh
+EXTRA_DIST += tests/test_ncu_steps.sh scripts/ncu_steps.py
 EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 EXTRA_DIST += tests/test_train_graph.sh tests/test_gpu_train_graph.sh tests/train_graph.sh
 TEST_EXTENSIONS = .sh

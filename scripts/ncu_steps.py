@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""ncu_steps.py [--step-kernel REGEX] [--top N] LABEL=CSV... -- where a training step's kernel
+time goes, from `ncu --csv --metrics gpu__time_duration.sum hq train ... --cuda-graph off`
+(scripts/gpu-check.sh --step-kernels; docs/performance.md cites its sums).
+
+The launches of a file, in their order, are cut into whole steps at the launches of the step
+kernel (default the loss's final sum, xent_sum, which runs once a step): from one of them to the
+next is one step's backward, optimizer and next forward, so a run of S steps gives S - 1 whole
+steps and the first forward and the last backward are left out. Per file: the kernels a step
+launches and their microseconds, then each kernel (its name up to the first '(' or '<', without
+'void ' and anonymous namespaces) with its calls, microseconds a step and a call, largest first.
+Lines of the file that are not ncu's CSV (the program's own output, ==PROF== lines) are ignored.
+Exits non-zero when a file holds no counters or fewer than two step kernels."""
+import collections
+import csv
+import re
+import sys
+
+
+def short_name(name):
+    s = re.sub(r"^void ", "", name)
+    s = re.sub(r"\(anonymous namespace\)::|<unnamed>::", "", s)
+    return re.split(r"[(<]", s, 1)[0].strip()
+
+
+def micros(value, unit):
+    v = float(value.replace(",", ""))
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+             "second": 1e6, "s": 1e6}
+    if unit not in scale:
+        raise ValueError("unknown time unit %r" % unit)
+    return v * scale[unit]
+
+
+def launches(path):
+    """[(short name, microseconds)] in launch order."""
+    with open(path, newline="", errors="replace") as f:
+        lines = [l for l in f if l.startswith('"')]
+    out = collections.OrderedDict()
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        out[int(r["ID"])] = (short_name(r["Kernel Name"]),
+                             micros(r["Metric Value"], r.get("Metric Unit", "")))
+    return [out[k] for k in sorted(out)]
+
+
+def summary(label, path, step_re, top):
+    ks = launches(path)
+    if not ks:
+        sys.stderr.write("%s: %s holds no gpu__time_duration.sum counters\n" % (label, path))
+        return 1
+    marks = [i for i, (n, _) in enumerate(ks) if step_re.search(n)]
+    if len(marks) < 2:
+        sys.stderr.write("%s: %d launches of the step kernel /%s/ in %s: two are needed for one "
+                         "whole step\n" % (label, len(marks), step_re.pattern, path))
+        return 1
+    steps = len(marks) - 1
+    agg = collections.OrderedDict()
+    for n, us in ks[marks[0]:marks[-1]]:
+        c, t = agg.get(n, (0, 0.0))
+        agg[n] = (c + 1, t + us)
+    calls = sum(c for c, _ in agg.values())
+    total = sum(t for _, t in agg.values())
+    print("%s: %d whole steps, %.1f kernels and %.1f us of kernel time a step" %
+          (label, steps, calls / steps, total / steps))
+    for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
+        print("  %-48s %5.1f calls %9.2f us/step %8.2f us/call" % (n, c / steps, t / steps, t / c))
+    return 0
+
+
+def main(argv):
+    step, top, files = "xent_sum", 12, []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--step-kernel", "--top") and i + 1 < len(argv):
+            if a == "--top":
+                top = int(argv[i + 1])
+            else:
+                step = argv[i + 1]
+            i += 2
+            continue
+        if "=" not in a or a.startswith("-"):
+            sys.stderr.write("ncu_steps.py: %r: want LABEL=CSV (or --step-kernel REGEX, --top N)\n"
+                             % a)
+            return 2
+        files.append(a.split("=", 1))
+        i += 1
+    if not files:
+        sys.stderr.write(__doc__)
+        return 2
+    rc = 0
+    for label, path in files:
+        rc |= summary(label, path, re.compile(step), top)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,51 @@
+#!/bin/sh
+# test_ncu_steps.sh -- scripts/ncu_steps.py, which sums a training step's kernels from Nsight
+# Compute's CSV (scripts/gpu-check.sh --step-kernels; docs/performance.md's kernel sums): a
+# hand-made file of nine launches in three time units, with the program's own lines and ncu's
+# ==PROF== lines between them; the launches before the first step kernel and after the last
+# are left out, the two whole steps between them summed by hand below. A file with one step
+# kernel and a bad argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
+set -u
+src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_ncu_steps.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs python3"; exit 77; }
+h='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+row() { # ID NAME UNIT VALUE
+  printf '"%s","1","hq","h","%s","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","%s","%s"\n' "$1" "$2" "$3" "$4"
+}
+{
+  echo "==PROF== Connected to process 1 (hq)"
+  echo "[1/1] bf16-baseline step 1/3"
+  echo "$h"
+  row 0 "void fwd_k(float *)" usecond 5
+  row 1 "void xent_sum_k(const double *, long, float *)" nsecond "2,000"
+  row 2 "void (anonymous namespace)::quantize<1>(Args)" usecond 3
+  row 3 "void fwd_k(float *)" msecond 0.005
+  echo "==PROF== Disconnected"
+  row 4 "void xent_sum_k(const double *, long, float *)" usecond 2
+  row 5 "void (anonymous namespace)::quantize<1>(Args)" usecond 4
+  row 6 "void fwd_k(float *)" usecond 5
+  row 7 "void xent_sum_k(const double *, long, float *)" usecond 2
+  row 8 "void bwd_k(float *)" usecond 7
+} > "$tmp/a.csv"
+python3 "$src/scripts/ncu_steps.py" "bf16=$tmp/a.csv" > "$tmp/out.txt" 2> "$tmp/err.txt" \
+  || { cat "$tmp/err.txt"; fail "ncu_steps.py on a good file"; }
+# steps: launches 1..6 (two whole steps): xent 2 + 2, quantize 3 + 4, fwd 5 + 5 = 21 us
+cat > "$tmp/want.txt" <<'W'
+bf16: 2 whole steps, 3.0 kernels and 10.5 us of kernel time a step
+  fwd_k                                              1.0 calls      5.00 us/step     5.00 us/call
+  quantize                                           1.0 calls      3.50 us/step     3.50 us/call
+  xent_sum_k                                         1.0 calls      2.00 us/step     2.00 us/call
+W
+diff "$tmp/want.txt" "$tmp/out.txt" || fail "the summary differs from the hand sums"
+{ echo "$h"; row 0 "void xent_sum_k(double)" usecond 2; row 1 "void fwd_k(float *)" usecond 1; } \
+  > "$tmp/one.csv"
+python3 "$src/scripts/ncu_steps.py" "x=$tmp/one.csv" > /dev/null 2> "$tmp/err.txt" \
+  && fail "one step kernel accepted"
+grep -q "1 launches of the step kernel" "$tmp/err.txt" || fail "one step kernel: $(cat "$tmp/err.txt")"
+python3 "$src/scripts/ncu_steps.py" "$tmp/a.csv" > /dev/null 2> "$tmp/err.txt" \
+  && fail "an argument without a label accepted"
+grep -q "want LABEL=CSV" "$tmp/err.txt" || fail "no label: $(cat "$tmp/err.txt")"
+echo "PASS: ncu_steps.py"
