@@ -31,7 +31,7 @@ static void caps_text(uint64_t caps, char *buf, size_t len) {
       {HQ_CAP_CPU, "cpu"}, {HQ_CAP_CUDA, "cuda"}, {HQ_CAP_REQUANT_SAFE, "requant-safe"},
       {HQ_CAP_COLWISE_ONLY, "colwise-only"}, {HQ_CAP_FUSED_ADAM, "fused-adam"},
       {HQ_CAP_DEQ_FACTOR, "deq-factor"}, {HQ_CAP_ADAM_KDEV, "adam-kdev"},
-      {HQ_CAP_RNG_DEV, "rng-dev"}};
+      {HQ_CAP_RNG_DEV, "rng-dev"}, {HQ_CAP_DEQ_ROW_FACTOR, "deq-row-factor"}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     if (!(caps & names[i].bit)) continue;
     if (buf[0]) strncat(buf, ",", len - strlen(buf) - 1);
