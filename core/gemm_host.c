@@ -159,9 +159,10 @@ static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out)
    temporary, the factors (one per stored row) into another, by one raw dequantize that writes
    both (call->row_factor_out). */
 static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
-                        float **factors) {
+                        float **factors, hq_gemm_fold *fold) {
   if (data) *data = NULL;
   if (factors) *factors = NULL;
+  if (fold) fold->done = 0;
   const void *unused = NULL;
   void *tmp = NULL;
   int rc = raw_args(call, o, dt, data ? &unused : NULL, factors ? &tmp : NULL);
@@ -184,12 +185,19 @@ static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype 
   hq_call c;
   hqi_call_init(ctx, &c, HQ_CALL_DEQ_RAW, ctx->offset);
   c.row_factor_out = *factors;
+  const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
+  if (folds) {
+    c.factor_out = fold->out;
+    c.factor_in = fold->in;
+    c.factor_mul = fold->mul;
+  }
   hq_clear_error();
   rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name, "dequantize");
   if (rc)
     return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize "
                             "with row factors", g->what, g->label, g->qt->role,
                             hq_dir_name(g->kind.dir), g->fmt->name, ops->name);
+  if (folds) fold->done = 1;
   return HQ_OK;
 }
 

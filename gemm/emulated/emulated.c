@@ -158,6 +158,27 @@ static int cpu_gemm(const hq_gemm_host *h, const hq_call *call, const hq_gemm_ru
 
 // --- a CUDA device -------------------------------------------------------------------------------
 
+/* Operand o's values in dt and where its per-tensor factor lies, as hq_gemm_raw_factor gives
+   them (fd: the fold to offer its dequantize, or NULL); for an operand split from its per-row
+   factors (split) the values without them in *tmp (= *data) and the factors in *rowf (both
+   temporaries), the per-tensor factor folded by the same dequantize where the module can. */
+static int operand_raw(const hq_gemm_host *h, const hq_call *call, const hq_gemm_operand *o,
+                       const hq_gemm_operand_kind *k, hq_dtype dt, int split, const void **data,
+                       void **tmp, float **rowf, float *slot, const float **pf,
+                       hq_gemm_fold *fd) {
+  if (!split) return hq_gemm_raw_factor(h, call, o, k, dt, data, tmp, slot, pf, fd);
+  *pf = NULL;
+  void *v = NULL;
+  int rc = h->raw_rows(call, o, dt, &v, rowf, fd);
+  *data = *tmp = v;
+  if (rc) return rc;
+  if (fd && fd->done && (k->flags & HQ_GEMM_OP_FACTOR)) {
+    *pf = fd->out;
+    return HQ_OK;
+  }
+  return hq_gemm_factor_of(h, call, o, k, slot, pf);
+}
+
 static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
                     hq_dtype dt) {
   const hq_host_api *api = h->api;
@@ -173,32 +194,19 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
   int rc;
   const uint32_t folds = (r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS;
-  if (rows_a || rows_b) {
-    /* a row-scaled operand: its values without the row factors and the factors, which the
-       runner multiplies into the F32 product ((alpha * fa * fb) * ra[i] * rb[j]) */
-    void *va = NULL, *vb = NULL;
-    rc = rows_a ? h->raw_rows(call, &r->a, dt, &va, &rfa)
-                : h->raw(call, &r->a, dt, &a, &ta, NULL);
-    if (rows_a) a = ta = va;
-    if (!rc) {
-      rc = rows_b ? h->raw_rows(call, &r->b, dt, &vb, &rfb)
-                  : h->raw(call, &r->b, dt, &b, &tb, NULL);
-      if (rows_b) b = tb = vb;
-    }
-    if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
-    if (!rc) rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
-  } else if (!folds && hq_gemm_host_has_raw_pair(h)) {
+  if (!folds && !rows_a && !rows_b && hq_gemm_host_has_raw_pair(h)) {
     /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
        then their per-tensor factors, if any, for the runner to multiply into alpha */
     rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
     if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
     if (!rc) rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
   } else {
-    rc = hq_gemm_raw_factor(h, call, &r->a, &r->kind->a, dt, &a, &ta, factors, &pfa, &fda);
+    rc = operand_raw(h, call, &r->a, &r->kind->a, dt, rows_a, &a, &ta, &rfa, factors, &pfa,
+                     &fda);
     if (fda.done) fdb.in = factors;
     if (!rc)
-      rc = hq_gemm_raw_factor(h, call, &r->b, &r->kind->b, dt, &b, &tb, factors + 1, &pfb,
-                              fda.done || !pfa ? &fdb : NULL);
+      rc = operand_raw(h, call, &r->b, &r->kind->b, dt, rows_b, &b, &tb, &rfb, factors + 1, &pfb,
+                       fda.done || !pfa ? &fdb : NULL);
   }
   if (!rc) {
     hq_lt_matmul mm;

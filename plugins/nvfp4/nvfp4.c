@@ -909,11 +909,10 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (call->device != HQ_DEVICE_HOST) {
     const float *amax_dev =
         md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
-    if (rfout && (rc = nvfp4_cuda_row_factors(call, amax_dev, md.scale_kind, stored_rows, rfout)))
-      return rc;
     return nvfp4_cuda_dequantize(call, q, sc, rfout ? NULL : amax_dev, md.scale_kind,
                                  rfout ? HQ_NVFP4_GLOBAL_NONE : md.global, dir == HQ_COLWISE, sw,
-                                 rht, mask, raw, dst, fout, call->factor_in, call->factor_mul);
+                                 rht, mask, raw, dst, fout, call->factor_in, call->factor_mul,
+                                 amax_dev, rfout, stored_rows);
   }
 #endif
   const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !rfout;

@@ -1977,6 +1977,9 @@ struct DArgs {
   float *fout;       /* NULL, or the factor's destination (ABI 2.3): see write_factor */
   const float *fin;
   float fmul;
+  float *rfout;          /* NULL, or the row factors' destination (ABI 2.6): write_row_factors */
+  const float *rf_amax;  /* ... the storage's amax of each of its rf_n stored rows */
+  int64_t rf_n;
 };
 
 /* The per-tensor factor of a storage: hq_nvfp4_tensor_factor_k of its amax with
@@ -2040,6 +2043,16 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
   }
 }
 
+/* The row factors of a row-scaled storage split from its raw values (hq_call.row_factor_out):
+   rfout[r] = hq_nvfp4_tensor_factor_k(rf_amax[r]) for its rf_n stored rows, grid-stride over
+   every thread of the dequantize kernel itself (no launch of its own). */
+__device__ __forceinline__ void write_row_factors(const DArgs &a) {
+  if (!a.rfout) return;
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < a.rf_n;
+       r += (int64_t)gridDim.x * blockDim.x)
+    a.rfout[r] = hq_nvfp4_tensor_factor_k(a.rf_amax[r], a.kind);
+}
+
 /* Rowwise dequantize: one thread per 16-block, grid-stride over the [M, K] tensor's blocks in
    order (K % 16 == 0: a block never crosses a row): one 8-byte load of its codes, its scale, two
    16-byte stores (BF16/F16), so consecutive threads write one contiguous span (a half block per
@@ -2048,6 +2061,7 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
 template <int DT, bool SMALL>
 __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
   write_factor(a);
+  write_row_factors(a);
   const int64_t K = a.K, nrun = a.M * K / 16;
   const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
   for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
@@ -2091,6 +2105,7 @@ template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArg
   /* rows padded to 132 floats: the 16-byte reads of a row's runs stay conflict-free */
   __shared__ __align__(16) float ft[kDcM][kDcK + 4];
   write_factor(a);
+  write_row_factors(a);
   const int64_t M = a.M, K = a.K;
   const unsigned ntk = (unsigned)((K + kDcK - 1) / kDcK);
   const int64_t i0 = (int64_t)(blockIdx.x / ntk) * kDcM, k0 = (int64_t)(blockIdx.x % ntk) * kDcK;
@@ -2126,8 +2141,12 @@ template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArg
   }
 }
 
-/* write_factor alone (a dequantize of no elements runs no dequantize kernel): one thread. */
-__global__ void factor_kernel(DArgs a) { write_factor(a); }
+/* write_factor and write_row_factors alone (a dequantize of no elements runs no dequantize
+   kernel: a [M, 0] tensor's rowwise storage still has M row factors). */
+__global__ void factor_kernel(DArgs a) {
+  write_factor(a);
+  write_row_factors(a);
+}
 
 /* The per-tensor factor (tensor_factor(), the native GEMM's alpha factor): one thread. */
 __global__ void tensor_factor_kernel(const float *amax, int kind, int global, float *out) {
@@ -2602,7 +2621,8 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
 extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
                                      const float *amax, int kind, int global, int colwise,
                                      int swizzle, int rht, uint32_t mask, int raw, hq_tensor *dst,
-                                     float *fout, const float *fin, float fmul) {
+                                     float *fout, const float *fin, float fmul,
+                                     const float *rf_amax, float *rfout, int64_t rf_n) {
   DArgs a = DArgs();
   a.amax = amax;
   a.kind = kind;
@@ -2610,9 +2630,13 @@ extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, cons
   a.fout = raw ? fout : NULL;
   a.fin = fin;
   a.fmul = fmul;
+  a.rfout = raw && rf_n > 0 ? rfout : NULL;
+  a.rf_amax = rf_amax;
+  a.rf_n = rf_n;
   if (dst->rows == 0 || dst->cols == 0) {
-    if (!a.fout) return HQ_OK;
-    factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(a);
+    if (!a.fout && !a.rfout) return HQ_OK;
+    const int64_t nb = (rf_n + 255) / 256 < 1024 ? (rf_n + 255) / 256 : 1024;
+    factor_kernel<<<a.rfout ? (unsigned)nb : 1u, 256, 0, (cudaStream_t)call->stream>>>(a);
     CHECK_LAUNCH(call, "nvfp4 factor kernel");
     return HQ_OK;
   }
@@ -2643,23 +2667,6 @@ extern "C" int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, 
                                         int global, float *out) {
   tensor_factor_kernel<<<1, 1, 0, (cudaStream_t)call->stream>>>(amax, kind, global, out);
   CHECK_LAUNCH(call, "nvfp4 tensor factor kernel");
-  return HQ_OK;
-}
-
-/* One row factor a thread: a row-scaled raw value split into its BF16-exact part and this. */
-__global__ void row_factors_kernel(const float *amax, int kind, int64_t n, float *out) {
-  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
-       r += (int64_t)gridDim.x * blockDim.x)
-    out[r] = hq_nvfp4_tensor_factor_k(amax[r], kind);
-}
-
-extern "C" int nvfp4_cuda_row_factors(const hq_call *call, const float *amax, int kind, int64_t n,
-                                      float *out) {
-  if (n <= 0) return HQ_OK;
-  const int64_t blocks = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
-  row_factors_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)call->stream>>>(amax, kind, n,
-                                                                                out);
-  CHECK_LAUNCH(call, "nvfp4 row factors kernel");
   return HQ_OK;
 }
 

@@ -57,19 +57,19 @@ int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tens
    per stored row (row), NULL (none). With raw, the raw values e2m1 * sf (no per-tensor amax, no
    inverse RHT; a row-scaled storage's carry their row's global scale). fout (raw only; NULL:
    none): *fout = hq_mul_rn(fin ? *fin : fmul, the storage's tensor factor), written by the
-   dequantize kernel (ABI 2.3's hq_call.factor_out). */
+   dequantize kernel (ABI 2.3's hq_call.factor_out). rfout (raw only; NULL: none):
+   rfout[r] = hq_nvfp4_tensor_factor_k(rf_amax[r], kind) for the rf_n stored rows of a
+   row-scaled storage (ABI 2.6's hq_call.row_factor_out; the values are then dequantized with
+   amax NULL and global none), written by the dequantize kernel. */
 int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
                           const float *amax, int kind, int global, int colwise, int swizzle,
                           int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
-                          const float *fin, float fmul);
+                          const float *fin, float fmul, const float *rf_amax, float *rfout,
+                          int64_t rf_n);
 /* *out = hq_nvfp4_tensor_factor_k(*amax, kind) with global_scale = tensor, 1 otherwise: device
    memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, int kind, int global,
                              float *out);
-/* out[r] = hq_nvfp4_tensor_factor_k(amax[r], kind) for the n stored rows of a row-scaled
-   storage (ABI 2.6's hq_call.row_factor_out), on call->stream. */
-int nvfp4_cuda_row_factors(const hq_call *call, const float *amax, int kind, int64_t n,
-                           float *out);
 /* cudaMemsetAsync(p, 0, bytes) on call->stream. */
 int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes);
 

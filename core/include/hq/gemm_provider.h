@@ -203,9 +203,10 @@ typedef struct hq_gemm_host {
      operand's outer index in the GEMM -- so that raw value (r, c) of the storage's rows is
      data times factors. Both allocated through the call's context and filled on call->stream,
      to be freed with host->api->free() after the work that reads them; on failure the ones
-     allocated are still the caller's to free. */
+     allocated are still the caller's to free. fold: as raw() takes it (the per-tensor factor
+     folded by the same dequantize, HQ_GEMM_OP_FOLDS; fold->done says whether it was). */
   int (*raw_rows)(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
-                  float **factors);
+                  float **factors, hq_gemm_fold *fold);
 } hq_gemm_host;
 
 /* Whether the core offers raw_pair (a 1.0 core does not). */
