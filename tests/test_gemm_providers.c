@@ -2,11 +2,14 @@
 ** test_gemm_providers.c -- GEMM providers as a module kind (hq/gemm_provider.h), through the
 ** public API. Fixture modules (tests/plugins/gemm_fixture.c) are loaded from a plugin folder and
 ** listed with the built-in providers in order of priority; the one of priority 200, which takes
-** identity f32 x identity f32 on the host, is the one hq_gemm runs, with the exact product; its
-** predicate is asked once per kind and context (a new context or another kind asks again);
-** when its run() declines the next provider runs and hq_gemm_info says why; hq_gemm_plan runs
-** nothing; read through host->raw_pair (ABI 1.1) its operands give the same product, and a dtype
-** raw_pair refuses fails the GEMM with the provider named. The loader rejects broken provider modules naming the file and the reason. And review
+** identity f32 (or row-factor) storages on the host, is the one hq_gemm runs, with the exact
+** product; its predicate is asked once per kind and context (a new context or another kind asks
+** again); when its run() declines the next provider runs and hq_gemm_info says why;
+** hq_gemm_plan runs nothing; read through host->raw_pair (ABI 1.1) its operands give the same
+** product, and a dtype raw_pair refuses fails the GEMM with the provider named; read through
+** host->raw_rows (ABI 1.2) a row-scaled NVFP4 operand's values and row factors give the
+** dequantized operands' product. The loader rejects broken provider modules naming the file and
+** the reason. And review
 ** bug 7: a format module with the 2.1 table that requires only ABI 2.0 has its storages
 ** multiplied through their raw values and per-tensor factor.
 */
@@ -63,8 +66,8 @@ static void expect_providers(const hq_plugins *set, const want_provider *want, s
       snprintf(tail, sizeof tail, "/%s", want[i].file);
       if (!ends_with(info.file, tail)) fail_msg("provider %zu: file %s", i, info.file);
       assert_string_equal(info.version, "0.7");
-      assert_string_equal(info.description,
-                          "test fixture: identity f32 x identity f32 on the host, a naive loop");
+      assert_string_equal(info.description, "test fixture: identity f32 and row-factor storages "
+                                            "on the host, a naive loop");
     } else {
       assert_string_equal(info.file, "(built into libhqcore)");
       assert_string_equal(info.version, hq_version());
@@ -320,7 +323,7 @@ static void test_dispatch_and_cache(void **state) {
   hq_tensor Dh = hq_test_empty(HQ_BF16, n, m);
   c = gemm(ctx, A, 1, B, 0, &Dh, 0);
   expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU,
-             "test_gemm: only identity f32 x identity f32 into an f32 D on the host");
+             "test_gemm: only identity f32 or row-factor storages into an f32 D on the host");
   assert_int_equal(fx->accepts_calls, 4);
   c = gemm(ctx, A, 1, B, 0, &D, HQ_GEMM_FORCE_EMULATED);
   expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "test_gemm: the caller forced the emulated path");
@@ -406,6 +409,81 @@ static void test_raw_pair(void **state) {
   free(xb.data);
   free(D.data);
   free(D2.data);
+}
+
+/* A provider reading a row-scaled NVFP4 operand through host->raw_rows (provider ABI 1.2) gets
+   values without the row factors and one factor per stored row -- A rowwise (x, its rows), B
+   columnwise (w transposed: its factors are per column of w) -- and its product of those, times
+   the factors of row i and column j, equals the F64 product of the dequantized operands within
+   FP32 accumulation (the dequantized values round RN(fp32(sf) * A_r) first); the built-in
+   emulated path (both fixtures declining) agrees the same way. Asking raw_rows of an identity
+   operand fails the GEMM with the service's message. */
+static void test_raw_rows(void **state) {
+  (void)state;
+  const char *text = "[format f]\nplugin = identity\ndtype = f32\n"
+                     "[format nr]\nplugin = nvfp4\nglobal_scale = row\n"
+                     "[role *:*:*]\nrowwise = f\ncolumnwise = f\n"
+                     "[role linear:*:nr]\nrowwise = nr\ncolumnwise = nr\n";
+  const char *dirs[] = {fixture_dir("providers")};
+  hq_recipe *r = hq_test_recipe_dirs(text, dirs, 1);
+  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 3, &low));
+  assert_string_equal(low.name, "test_gemm_low");
+  gemm_fixture_state *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
+  gemm_fixture_state *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
+  memset(fx, 0, sizeof *fx);
+  memset(fl, 0, sizeof *fl);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:nr");
+  hq_quantizer *qf = hq_test_quantizer(r, "linear:input:f");
+  const int64_t m = 48, n = 32, k = 64; /* D = x w: x [m, k] rowwise, w [k, n] columnwise */
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor x = hq_test_tensor(HQ_F32, m, k, 71, 3.0f), w = hq_test_tensor(HQ_F32, k, n, 72, 0.5f);
+  for (int64_t i = 0; i < m; i++) /* rows of very different magnitudes: the factors matter */
+    for (int64_t p = 0; p < k; p++) ((float *)x.data)[i * k + p] *= ldexpf(1.0f, (int)(i % 9) - 4);
+  hq_qtensor *X = quantize(q, ctx, &x), *W = quantize(q, ctx, &w);
+  hq_tensor xd = hq_test_empty(HQ_F32, m, k), wd = hq_test_empty(HQ_F32, k, n);
+  HQ_OK_OR_FAIL(hq_dequantize(X, ctx, HQ_ROWWISE, &xd));
+  HQ_OK_OR_FAIL(hq_dequantize(W, ctx, HQ_COLWISE, &wd));
+  hq_tensor D = hq_test_empty(HQ_F32, n, m);
+  for (int declined = 0; declined < 2; declined++) {
+    fx->mode = fl->mode = declined ? GEMM_FIXTURE_DECLINE : GEMM_FIXTURE_RUN;
+    fx->rows = 0;
+    gemm_call c = gemm(ctx, X, 1, W, 1, &D, 0); /* alpha 0.5 */
+    expect_ran(&c, declined ? "emulated" : "test_gemm", HQ_GEMM_PATH_CPU,
+               declined ? "test_gemm: declined" : "");
+    assert_int_equal(fx->rows, declined ? 0 : 2);
+    const float *a = xd.data, *b = wd.data, *d = D.data;
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t i = 0; i < m; i++) {
+        double sum = 0, mag = 0;
+        for (int64_t p = 0; p < k; p++) {
+          sum += 0.5 * a[i * k + p] * b[p * n + j];
+          mag += fabs(0.5 * a[i * k + p] * b[p * n + j]);
+        }
+        if (!(fabs(d[j * m + i] - sum) <= (double)(k + 16) * 0x1p-23 * mag + 1e-30))
+          fail_msg("%s: D[%lld][%lld] = %.9g, F64 %.9g", declined ? "emulated" : "raw_rows",
+                   (long long)j, (long long)i, (double)d[j * m + i], sum);
+      }
+  }
+  /* raw_rows of an operand without row factors: the service's refusal, the provider named */
+  hq_qtensor *F = quantize(qf, ctx, &x);
+  fx->mode = GEMM_FIXTURE_ROWS_BAD;
+  hq_tensor D2 = hq_test_empty(HQ_F32, m, m);
+  assert_int_equal(hq_gemm(ctx, hq_operand_q(F), 1, hq_operand_q(F), 0, &D2, 1.0f, 0.0f, NULL,
+                           NULL),
+                   HQ_EINVAL);
+  HQ_ERROR_HAS("GEMM provider test_gemm");
+  HQ_ERROR_HAS("has no per-row factors");
+  fx->mode = fl->mode = GEMM_FIXTURE_RUN;
+  hq_qtensor *all[] = {X, W, F};
+  hq_qtensors_free(all, 3);
+  hq_quantizer_free(q);
+  hq_quantizer_free(qf);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+  free(x.data), free(w.data), free(xd.data), free(wd.data), free(D.data), free(D2.data);
 }
 
 /* When the accepting provider's run() declines (HQ_ENOTSUP, nothing run), the next accepting
@@ -539,6 +617,7 @@ int main(void) {
       cmocka_unit_test(test_rejections),
       cmocka_unit_test(test_dispatch_and_cache),
       cmocka_unit_test(test_raw_pair),
+      cmocka_unit_test(test_raw_rows),
       cmocka_unit_test(test_decline),
       cmocka_unit_test(test_raw_by_table_size),
   };

@@ -15,13 +15,16 @@
 **   providers_bad/dup_a.so, dup_b.so  both named "test_gemm_dup"
 **   providers_bad/no_entry.so       exports hq_gemm_provider_v0, no entry point of either kind
 **
-** A valid one multiplies identity f32 storages on the host into an f32 D: accepts() takes
+** A valid one multiplies identity f32 storages, and storages whose raw values split from per-row
+** factors (HQ_GEMM_OP_ROWF: nvfp4 global_scale = row), on the host into an f32 D: accepts() takes
 ** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
-** raw values through host->raw() and computes D = alpha * op(A) op(B) + beta * D (+ bias) with a
-** naive loop in double, one rounding per element, reporting HQ_GEMM_PATH_CPU. It counts its
-** calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or fail,
-** or read both operands through host->raw_pair (provider ABI 1.1), or ask it for a dtype it
-** refuses.
+** raw values through host->raw() -- a split one's values and row factors through host->raw_rows
+** (provider ABI 1.2), its per-tensor factor through host->factor -- and computes D = alpha *
+** op(A) op(B) + beta * D (+ bias) with a naive loop in double, one rounding per element,
+** reporting HQ_GEMM_PATH_CPU. It counts its calls in the exported gemm_fixture (gemm_fixture.h),
+** whose `mode` makes run() decline or fail, or read both operands through host->raw_pair
+** (provider ABI 1.1), or ask raw_pair for a dtype it refuses, or raw_rows for an operand without
+** row factors.
 */
 #include <stddef.h>
 
@@ -65,15 +68,38 @@ static int plain_f32(const hq_gemm_operand_kind *o) {
          o->desc->transform == HQ_TRANSFORM_NONE;
 }
 
+/* A storage whose raw values split from per-row factors (host->raw_rows). */
+static int split_rows(const hq_gemm_operand_kind *o) {
+  return o->desc && (o->flags & HQ_GEMM_OP_ROWF);
+}
+
 static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   gemm_fixture.accepts_calls++;
   if (k->flags & HQ_GEMM_FORCE_EMULATED)
     return host->api->error(HQ_ENOTSUP, NAME ": the caller forced the emulated path");
-  if (k->device != HQ_DEVICE_HOST || !plain_f32(&k->a) || !plain_f32(&k->b) ||
-      k->d_dtype != HQ_F32)
-    return host->api->error(HQ_ENOTSUP, NAME ": only identity f32 x identity f32 into an f32 D "
-                            "on the host");
+  if (k->device != HQ_DEVICE_HOST || !(plain_f32(&k->a) || split_rows(&k->a)) ||
+      !(plain_f32(&k->b) || split_rows(&k->b)) || k->d_dtype != HQ_F32)
+    return host->api->error(HQ_ENOTSUP, NAME ": only identity f32 or row-factor storages into "
+                            "an f32 D on the host");
   return HQ_OK;
+}
+
+/* Operand o's raw values in F32 (*x, a temporary in *tx to free): through raw_rows for a split
+   one, with its row factors in *rf (freed by the caller) and its per-tensor factor in *f (1
+   without one); else through raw(). ROWS_BAD asks raw_rows of an operand that has no split. */
+static int operand(const hq_gemm_host *host, const hq_call *call, const hq_gemm_operand *o,
+                   const hq_gemm_operand_kind *k, const void **x, void **tx, float **rf,
+                   float *f) {
+  *f = 1.0f;
+  if (!split_rows(k) && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD)
+    return host->raw(call, o, HQ_F32, x, tx, NULL);
+  if (!hq_gemm_host_has_raw_rows(host)) return host->api->error(HQ_EABI, NAME ": no raw_rows");
+  void *v = NULL;
+  int rc = host->raw_rows(call, o, HQ_F32, &v, rf);
+  *x = *tx = v;
+  if (!rc && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
+  if (!rc) gemm_fixture.rows++;
+  return rc;
 }
 
 /* Element (i, j) of op(X) for X's raw values, row-major [rows, cols] (cuBLAS's column-major
@@ -88,7 +114,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
       gemm_fixture.mode == GEMM_FIXTURE_PAIR || gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD;
   if (pair && !hq_gemm_host_has_raw_pair(host))
     return api->error(HQ_EABI, NAME ": the core offers no raw_pair");
-  if (gemm_fixture.mode != GEMM_FIXTURE_RUN && !pair) {
+  if (gemm_fixture.mode != GEMM_FIXTURE_RUN && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD &&
+      !pair) {
     gemm_fixture.declines++;
     if (gemm_fixture.mode == GEMM_FIXTURE_DECLINE)
       return api->error(HQ_ENOTSUP, NAME ": declined m = %lld on purpose", (long long)r->m);
@@ -101,14 +128,15 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   }
   const void *a = NULL, *b = NULL;
   void *ta = NULL, *tb = NULL;
+  float *ra = NULL, *rb = NULL, fa = 1.0f, fb = 1.0f;
   int rc;
   if (pair) {
     rc = host->raw_pair(call, &r->a, HQ_F32, &a, &ta, &r->b,
                         gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
     if (!rc) gemm_fixture.pairs++;
   } else {
-    rc = host->raw(call, &r->a, HQ_F32, &a, &ta, NULL);
-    if (!rc) rc = host->raw(call, &r->b, HQ_F32, &b, &tb, NULL);
+    rc = operand(host, call, &r->a, &r->kind->a, &a, &ta, &ra, &fa);
+    if (!rc) rc = operand(host, call, &r->b, &r->kind->b, &b, &tb, &rb, &fb);
   }
   if (!rc) {
     float *d = r->d->data;
@@ -118,7 +146,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
         for (int64_t p = 0; p < r->k; p++)
           s += op_at(a, r->a.cols, r->kind->a.trans, i, p) *
                op_at(b, r->b.cols, r->kind->b.trans, p, j);
-        s *= r->alpha;
+        s *= (double)r->alpha * fa * fb * (ra ? ra[i] : 1.0f) * (rb ? rb[j] : 1.0f);
         if (r->beta != 0.0f) s += (double)r->beta * d[j * r->m + i];
         if (r->bias) s += hq_load_hp(r->bias, i, r->bias_dtype);
         d[j * r->m + i] = (float)s;
@@ -127,6 +155,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   }
   api->free(call, ta);
   api->free(call, tb);
+  api->free(call, ra);
+  api->free(call, rb);
   return rc;
 }
 
@@ -151,7 +181,8 @@ static const hq_gemm_provider table = {
 #ifndef GEMM_FIXTURE_NO_VERSION
     .version = "0.7",
 #endif
-    .description = "test fixture: identity f32 x identity f32 on the host, a naive loop",
+    .description = "test fixture: identity f32 and row-factor storages on the host, a naive "
+                   "loop",
     .accepts = HAS_ACCEPTS ? accepts : NULL,
     .run = HAS_RUN ? run : NULL,
 };

@@ -15,6 +15,7 @@
 #define GEMM_FIXTURE_FAIL 2    /* run() fails (HQ_EDEVICE) */
 #define GEMM_FIXTURE_PAIR 3    /* run() reads both operands through host->raw_pair (ABI 1.1) */
 #define GEMM_FIXTURE_PAIR_BAD 4 /* run() asks raw_pair for B in F16 (refused) and returns that */
+#define GEMM_FIXTURE_ROWS_BAD 5 /* run() asks raw_rows for an operand without row factors */
 
 typedef struct gemm_fixture_state {
   int accepts_calls; /* every accepts() */
@@ -23,6 +24,7 @@ typedef struct gemm_fixture_state {
   int declines;      /* run() that declined or failed */
   int mode;          /* GEMM_FIXTURE_*, set by the test */
   int pairs;         /* raw_pair requests that succeeded */
+  int rows;          /* raw_rows requests that succeeded (operands with per-row factors) */
 } gemm_fixture_state;
 
 #define RAW_FACTOR_COUNTS "raw_factor_fixture"
