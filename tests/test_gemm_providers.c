@@ -449,11 +449,12 @@ static void test_raw_rows(void **state) {
   hq_tensor D = hq_test_empty(HQ_F32, n, m);
   for (int declined = 0; declined < 2; declined++) {
     fx->mode = fl->mode = declined ? GEMM_FIXTURE_DECLINE : GEMM_FIXTURE_RUN;
-    fx->rows = 0;
+    fx->rows = fx->folds = 0;
     gemm_call c = gemm(ctx, X, 1, W, 1, &D, 0); /* alpha 0.5 */
     expect_ran(&c, declined ? "emulated" : "test_gemm", HQ_GEMM_PATH_CPU,
                declined ? "test_gemm: declined" : "");
     assert_int_equal(fx->rows, declined ? 0 : 2);
+    assert_int_equal(fx->folds, declined ? 0 : 2); /* nvfp4 folds (HQ_CAP_DEQ_FACTOR) */
     const float *a = xd.data, *b = wd.data, *d = D.data;
     for (int64_t j = 0; j < n; j++)
       for (int64_t i = 0; i < m; i++) {

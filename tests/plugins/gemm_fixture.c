@@ -19,7 +19,8 @@
 ** factors (HQ_GEMM_OP_ROWF: nvfp4 global_scale = row), on the host into an f32 D: accepts() takes
 ** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
 ** raw values through host->raw() -- a split one's values and row factors through host->raw_rows
-** (provider ABI 1.2), its per-tensor factor through host->factor -- and computes D = alpha *
+** (provider ABI 1.2), its per-tensor factor folded by that dequantize or through host->factor --
+** and computes D = alpha *
 ** op(A) op(B) + beta * D (+ bias) with a naive loop in double, one rounding per element,
 ** reporting HQ_GEMM_PATH_CPU. It counts its calls in the exported gemm_fixture (gemm_fixture.h),
 ** whose `mode` makes run() decline or fail, or read both operands through host->raw_pair
@@ -95,9 +96,11 @@ static int operand(const hq_gemm_host *host, const hq_call *call, const hq_gemm_
     return host->raw(call, o, HQ_F32, x, tx, NULL);
   if (!hq_gemm_host_has_raw_rows(host)) return host->api->error(HQ_EABI, NAME ": no raw_rows");
   void *v = NULL;
-  int rc = host->raw_rows(call, o, HQ_F32, &v, rf);
+  hq_gemm_fold fd = {f, NULL, 1.0f, 0}; /* the per-tensor factor, folded where the module can */
+  int rc = host->raw_rows(call, o, HQ_F32, &v, rf, &fd);
   *x = *tx = v;
-  if (!rc && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
+  if (!rc && !fd.done && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
+  if (!rc && fd.done) gemm_fixture.folds++;
   if (!rc) gemm_fixture.rows++;
   return rc;
 }

@@ -25,6 +25,7 @@ typedef struct gemm_fixture_state {
   int mode;          /* GEMM_FIXTURE_*, set by the test */
   int pairs;         /* raw_pair requests that succeeded */
   int rows;          /* raw_rows requests that succeeded (operands with per-row factors) */
+  int folds;         /* ... of them, those whose dequantize folded the per-tensor factor */
 } gemm_fixture_state;
 
 #define RAW_FACTOR_COUNTS "raw_factor_fixture"
