@@ -162,19 +162,24 @@ static void test_rejections(void **state) {
 
 // --- dispatch --------------------------------------------------------------------------------
 
-/* Identity f32 operands from a recipe that loads the fixture folder `sub` (NULL: none). */
-static hq_recipe *identity_recipe(const char *sub) {
-  const char *text = "[format f]\nplugin = identity\ndtype = f32\n[role *:*:*]\nrowwise = f\n"
-                     "columnwise = f\n";
+/* Recipe `text`, its plugin set also loading the fixture folder `sub` (NULL: none). */
+static hq_recipe *recipe_in(const char *text, const char *sub) {
   if (!sub) return hq_test_recipe(text);
   const char *dirs[] = {fixture_dir(sub)};
   return hq_test_recipe_dirs(text, dirs, 1);
 }
 
-/* An identity f32 recipe whose set loaded the fixture folder, and the states of its two
-   provider modules (test_gemm, 0th by priority; test_gemm_low, 3rd), counters at zero. */
-static hq_recipe *fixture_recipe(gemm_fixture_state **fx, gemm_fixture_state **fl) {
-  hq_recipe *r = identity_recipe("providers");
+static const char *const k_identity = "[format f]\nplugin = identity\ndtype = f32\n"
+                                      "[role *:*:*]\nrowwise = f\ncolumnwise = f\n";
+
+/* Identity f32 operands from a recipe that loads the fixture folder `sub` (NULL: none). */
+static hq_recipe *identity_recipe(const char *sub) { return recipe_in(k_identity, sub); }
+
+/* Recipe `text` whose set loaded the fixture folder, and the states of its two provider modules
+   (test_gemm, 0th by priority; test_gemm_low, 3rd), counters at zero. */
+static hq_recipe *fixture_recipe_of(const char *text, gemm_fixture_state **fx,
+                                    gemm_fixture_state **fl) {
+  hq_recipe *r = recipe_in(text, "providers");
   hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
   HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
   HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 3, &low));
@@ -185,6 +190,11 @@ static hq_recipe *fixture_recipe(gemm_fixture_state **fx, gemm_fixture_state **f
   memset(*fx, 0, sizeof **fx);
   memset(*fl, 0, sizeof **fl);
   return r;
+}
+
+/* The identity f32 recipe with the fixtures (fixture_recipe_of). */
+static hq_recipe *fixture_recipe(gemm_fixture_state **fx, gemm_fixture_state **fl) {
+  return fixture_recipe_of(k_identity, fx, fl);
 }
 
 /* A host tensor [rows, cols] of small integers (every product below is exact). */
@@ -424,16 +434,8 @@ static void test_raw_rows(void **state) {
                      "[format nr]\nplugin = nvfp4\nglobal_scale = row\n"
                      "[role *:*:*]\nrowwise = f\ncolumnwise = f\n"
                      "[role linear:*:nr]\nrowwise = nr\ncolumnwise = nr\n";
-  const char *dirs[] = {fixture_dir("providers")};
-  hq_recipe *r = hq_test_recipe_dirs(text, dirs, 1);
-  hq_gemm_provider_info top = {.struct_size = sizeof top}, low = {.struct_size = sizeof low};
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
-  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 3, &low));
-  assert_string_equal(low.name, "test_gemm_low");
-  gemm_fixture_state *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
-  gemm_fixture_state *fl = module_symbol(low.file, GEMM_FIXTURE_STATE);
-  memset(fx, 0, sizeof *fx);
-  memset(fl, 0, sizeof *fl);
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe_of(text, &fx, &fl);
   hq_quantizer *q = hq_test_quantizer(r, "linear:input:nr");
   hq_quantizer *qf = hq_test_quantizer(r, "linear:input:f");
   const int64_t m = 48, n = 32, k = 64; /* D = x w: x [m, k] rowwise, w [k, n] columnwise */
