@@ -50,7 +50,7 @@
 **   - row_factor (2.6): factors per row of op(A) and per column of op(B) (the emulated path's
 **     row-scaled NVFP4 operands, whose raw values without them are exact in BF16) multiply the
 **     F32 product in the SPLIT epilogue kernel, before beta * D and the bias: such a call always
-**     runs SPLIT into an F32 temporary.
+**     runs SPLIT, into an F32 temporary unless D is F32 and beta 0 (then in place).
 **   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (zeroed first; for a BF16 D rounded to
 **     BF16 by a one-thread kernel, so that it is the largest stored |D|), in a DIRECT plan the
 **     heuristic was asked for with the epilogue; where it has none for the problem (or the plan
@@ -217,12 +217,16 @@ struct plan_key {
 #define PLAN_SPLIT 1
 
 /* Whether the call gives factors per row of op(A) or per column of op(B) (2.6 row_factor): they
-   multiply the F32 product element by element, so such a call is SPLIT and its product always
-   goes to a temporary (the caller's F32 D may hold the beta * D it adds). */
+   multiply the F32 product element by element, so such a call is SPLIT. */
 static int has_rowf(const hq_lt_matmul *mm) { return mm->row_factor[0] || mm->row_factor[1]; }
 
-/* Whether a SPLIT matmul writes an F32 temporary (contiguous, ld m) rather than the caller's D. */
-static int split_to_temp(const hq_lt_matmul *mm) { return mm->d_dtype != HQ_F32 || has_rowf(mm); }
+/* Whether a SPLIT matmul writes an F32 temporary (contiguous, ld m) rather than the caller's D:
+   for a narrower D, and for row factors with beta != 0 (the factors multiply the product, not
+   the beta * D an F32 D would already hold); with beta 0 an F32 D takes the product and the
+   epilogue scales it in place (no m x n temporary). */
+static int split_to_temp(const hq_lt_matmul *mm) {
+  return mm->d_dtype != HQ_F32 || (has_rowf(mm) && mm->beta != 0.0f);
+}
 
 struct plan {
   plan_key key;
@@ -614,7 +618,8 @@ __global__ void alpha_beta_kernel(float *out, float alpha, float beta, const flo
 /* D (column-major m x n, leading dimension ldd, dtype dt) = v + bias[i], in FP32, rounded once
    to dt, where v is
      t == NULL, in_place == 0:  beta * D            (k = 0: nothing to multiply)
-     t == NULL, in_place == 1:  D                   (D already holds alpha*op(A)op(B) + beta*D)
+     t == NULL, in_place == 1:  D * ra[i] * rb[j]   (D already holds alpha*op(A)op(B) + beta*D;
+                                                     row factors only with beta 0)
      t != NULL:                 t[j*m+i] * ra[i] * rb[j] + beta * D (t: the F32 product,
                                 contiguous; ra, rb: the row factors, each skipped when NULL)
    beta == 0 never reads D (which may hold NaN). */
@@ -626,6 +631,8 @@ __device__ __forceinline__ float finish_elem(const void *d, int dt, int64_t at, 
   float v;
   if (in_place) {
     v = hq_load_hp(d, at, dt);
+    if (ra) v = v * ra[i];
+    if (rb) v = v * rb[j];
   } else {
     v = tv;
     if (ra) v = v * ra[i];
@@ -645,7 +652,7 @@ __global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd
     int64_t i = e % m, j = e / m, at = j * ldd + i;
     hq_store_hp(d, at, dt,
                 finish_elem(d, dt, at, i, j, beta, t ? t[e] : 0.0f, in_place, bias, bt,
-                            t ? ra : nullptr, t ? rb : nullptr));
+                            t || in_place ? ra : nullptr, t || in_place ? rb : nullptr));
   }
 }
 
@@ -667,7 +674,7 @@ __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float
     }
     for (int k = 0; k < 4; k++)
       v[k] = finish_elem(d, DT, at + k, i + k, j, beta, v[k], in_place, bias, bt,
-                         t ? ra : nullptr, t ? rb : nullptr);
+                         t || in_place ? ra : nullptr, t || in_place ? rb : nullptr);
     if (DT == HQ_F32) {
       *reinterpret_cast<float4 *>((float *)d + at) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
@@ -799,7 +806,7 @@ void key_for(plan_key *key, const hq_call *call, const hq_lt_matmul *mm, int ptr
   key->bias_dtype = mm->bias ? mm->bias_dtype : 0;
   key->fast_accum = any_fp8(mm) && mm->fast_accum ? 1 : 0;
   key->accumulate_narrow = mm->d_dtype != HQ_F32 && mm->beta != 0.0f;
-  key->rowf = has_rowf(mm);
+  key->rowf = has_rowf(mm) ? 1 + (mm->beta != 0.0f) : 0; /* 2: into a temporary */
   key->ptr_device = ptr_device;
   key->amax = HQ_LT_AMAX_D && mm->amax_d && mm->amax_done;
   key->align_a = align_of(mm->a.data);
@@ -1159,7 +1166,7 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
     describe(desc, sizeof desc, mm);
     rc = hqi_error(HQ_EDEVICE, "%s:%d: %s for %s on device %d: %s", __FILE__, __LINE__, step,
                    desc, call->device, cublasLtGetStatusString(st));
-  } else if (pl.mode == PLAN_SPLIT && (to_temp || mm->bias)) {
+  } else if (pl.mode == PLAN_SPLIT && (to_temp || mm->bias || has_rowf(mm))) {
     rc = launch_finish(call, mm, tmp, !to_temp);
   } else if (amax_d) {
     if (mm->d_dtype == HQ_BF16) {
