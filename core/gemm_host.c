@@ -63,9 +63,10 @@ static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **
 }
 
 /* The second half: the operand's raw values in dt into tmp, queued on `stream` (the context's,
-   or the side stream of a pair). */
+   or the side stream of a pair); with row_factors (raw_rows) the values without the per-row
+   factors, which go there. */
 static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_gemm_fold *fold,
-                    void *stream) {
+                    void *stream, float *row_factors) {
   const int64_t n = g->pub.rows * g->pub.cols;
   if (!g->qt) return hqi_convert(ctx->device, stream, tmp, dt, g->hp.data, g->hp.dtype, n);
   hq_tensor dst = hq_tensor_2d(tmp, dt, ctx->device, g->pub.rows, g->pub.cols);
@@ -73,6 +74,7 @@ static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_ge
   hq_call c;
   hqi_call_init(ctx, &c, (g->kind.flags & HQ_GEMM_OP_RAW) ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
   c.stream = stream;
+  c.row_factor_out = row_factors;
   const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
   if (folds) {
     c.factor_out = fold->out;
@@ -83,9 +85,10 @@ static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_ge
   int rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name,
                          "dequantize");
   if (rc)
-    return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize",
-                            g->what, g->label, g->qt->role, hq_dir_name(g->kind.dir),
-                            g->fmt->name, ops->name);
+    return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), "
+                            "dequantize%s", g->what, g->label, g->qt->role,
+                            hq_dir_name(g->kind.dir), g->fmt->name, ops->name,
+                            row_factors ? " with row factors" : "");
   if (folds) fold->done = 1;
   return HQ_OK;
 }
@@ -98,7 +101,7 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
   const hqi_gop *g = o->handle;
   if (fold) fold->done = 0;
   rc = raw_prepare(ctx, g, dt, data, tmp);
-  return rc || !*tmp ? rc : raw_fill(ctx, g, dt, *tmp, fold, ctx->stream);
+  return rc || !*tmp ? rc : raw_fill(ctx, g, dt, *tmp, fold, ctx->stream, NULL);
 }
 
 /* raw() of a and of b, the two fills side by side where both have one on a CUDA device: b's on
@@ -120,15 +123,15 @@ static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype 
   if (rc) return rc;
   void *side = *tmp_a && *tmp_b ? hqi_ctx_side_stream(ctx) : NULL;
   if (!side) {
-    if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, ctx->stream);
-    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream);
+    if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, ctx->stream, NULL);
+    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream, NULL);
     return rc;
   }
   rc = hqi_cuda_event_record(&ctx->side_ev[0], ctx->stream);
   if (!rc) rc = hqi_cuda_stream_wait_event(side, ctx->side_ev[0]);
   if (rc) return rc; /* nothing forked */
-  rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, side);
-  if (!rc) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream); /* beside a's */
+  rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, side, NULL);
+  if (!rc) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream, NULL); /* beside a's */
   int jrc = hqi_cuda_event_record(&ctx->side_ev[1], side);
   if (!jrc) jrc = hqi_cuda_stream_wait_event(ctx->stream, ctx->side_ev[1]);
   return rc ? rc : jrc;
@@ -157,7 +160,7 @@ static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out)
 
 /* The raw values of a storage with per-row factors, split: the values without them into one
    temporary, the factors (one per stored row) into another, by one raw dequantize that writes
-   both (call->row_factor_out). */
+   both (raw_fill with call->row_factor_out). */
 static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
                         float **factors, hq_gemm_fold *fold) {
   if (data) *data = NULL;
@@ -180,25 +183,7 @@ static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype 
     return hqi_error(HQ_ENOMEM, "%s: operand %s: %zu bytes for its %s values and %lld row "
                      "factors on device %d", g->what, g->label, bytes, hq_dtype_name(dt),
                      (long long)outer, ctx->device);
-  hq_tensor dst = hq_tensor_2d(*data, dt, ctx->device, g->pub.rows, g->pub.cols);
-  const hq_format_ops *ops = &g->fmt->plugin->ops;
-  hq_call c;
-  hqi_call_init(ctx, &c, HQ_CALL_DEQ_RAW, ctx->offset);
-  c.row_factor_out = *factors;
-  const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
-  if (folds) {
-    c.factor_out = fold->out;
-    c.factor_in = fold->in;
-    c.factor_mul = fold->mul;
-  }
-  hq_clear_error();
-  rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name, "dequantize");
-  if (rc)
-    return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), dequantize "
-                            "with row factors", g->what, g->label, g->qt->role,
-                            hq_dir_name(g->kind.dir), g->fmt->name, ops->name);
-  if (folds) fold->done = 1;
-  return HQ_OK;
+  return raw_fill(ctx, g, dt, *data, fold, ctx->stream, *factors);
 }
 
 const hq_gemm_host hqi_gemm_host = {
