@@ -10,7 +10,8 @@ steps and the first forward and the last backward are left out. Per file: the ke
 launches and their microseconds, then each kernel (its name up to the first '(' or '<', without
 'void ' and anonymous namespaces) with its calls, microseconds a step and a call, largest first.
 Lines of the file that are not ncu's CSV (the program's own output, ==PROF== lines) are ignored.
-Exits non-zero when a file holds no counters or fewer than two step kernels."""
+Exits non-zero, naming the file, when it holds no counters, a time in a unit it does not know or
+fewer than two step kernels."""
 import collections
 import csv
 import re
@@ -46,7 +47,11 @@ def launches(path):
 
 
 def summary(label, path, step_re, top):
-    ks = launches(path)
+    try:
+        ks = launches(path)
+    except (ValueError, KeyError) as e:
+        sys.stderr.write("%s: %s: not ncu's gpu__time_duration.sum CSV: %s\n" % (label, path, e))
+        return 1
     if not ks:
         sys.stderr.write("%s: %s holds no gpu__time_duration.sum counters\n" % (label, path))
         return 1

@@ -4,7 +4,7 @@
 # hand-made file of nine launches in three time units, with the program's own lines and ncu's
 # ==PROF== lines between them; the launches before the first step kernel and after the last
 # are left out, the two whole steps between them summed by hand below. A file with one step
-# kernel and a bad argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
+# kernel, a time in an unknown unit and a bad argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_ncu_steps.XXXXXX")
@@ -45,6 +45,11 @@ diff "$tmp/want.txt" "$tmp/out.txt" || fail "the summary differs from the hand s
 python3 "$src/scripts/ncu_steps.py" "x=$tmp/one.csv" > /dev/null 2> "$tmp/err.txt" \
   && fail "one step kernel accepted"
 grep -q "1 launches of the step kernel" "$tmp/err.txt" || fail "one step kernel: $(cat "$tmp/err.txt")"
+{ echo "$h"; row 0 "void xent_sum_k(double)" furlong 2; } > "$tmp/unit.csv"
+python3 "$src/scripts/ncu_steps.py" "u=$tmp/unit.csv" > /dev/null 2> "$tmp/err.txt" \
+  && fail "an unknown time unit accepted"
+grep -q "u: $tmp/unit.csv: not ncu's gpu__time_duration.sum CSV: unknown time unit 'furlong'" \
+  "$tmp/err.txt" || fail "unknown unit: $(cat "$tmp/err.txt")"
 python3 "$src/scripts/ncu_steps.py" "$tmp/a.csv" > /dev/null 2> "$tmp/err.txt" \
   && fail "an argument without a label accepted"
 grep -q "want LABEL=CSV" "$tmp/err.txt" || fail "no label: $(cat "$tmp/err.txt")"
