@@ -796,8 +796,10 @@ static void test_refusals(void **state) {
 /* hq_gemm_args.amax_d on the GPU, every path: the native per-tensor FP8 GEMM (D bf16 and f32,
    split and fast accumulation, with bias and beta), the native plain BF16 GEMM of identity
    storages, the emulated path (forced) and high-precision tensors. Each amax equals the largest
-   |D| of the stored result, computed here from D read back; hq_gemm_info.amax_fused says which
-   calls took it from cuBLASLt's epilogue (printed: cuBLASLt decides which problems have one). */
+   |D| of the stored result, computed here from D read back, though the slot held 1e30 before
+   the call (the value is written, not maxed into: the runner no longer zeroes it, relying on
+   cuBLASLt's documented AMAX_D); hq_gemm_info.amax_fused says which calls took it from cuBLASLt's
+   epilogue (printed: cuBLASLt decides which problems have one). */
 static void test_amax_d(void **state) {
   (void)state;
   hq_recipe *r = hq_test_recipe("[format f8]\nplugin = fp8_tensor\n[format bf]\nplugin = identity\n"
@@ -850,6 +852,8 @@ static void test_amax_d(void **state) {
       args.bias = bias_d.data;
       args.bias_dtype = HQ_F32;
     }
+    static const float stale = 1e30f; /* outlives the stream-ordered copy */
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, amax_dev, hq_ctx_device(gpu), &stale, HQ_DEVICE_HOST, 4));
     hq_gemm_info info = HQ_GEMM_INFO_INIT;
     HQ_OK_OR_FAIL(hq_gemm(gpu, oa, 1, ob, 0, &dd, 0.5f, cases[c].bias_beta ? 0.75f : 0.0f, &args,
                           &info));

@@ -28,6 +28,8 @@
 ** and replays to the CPU reference's bytes; nor does hq_adam_step's two-kernel write-back.
 ** mxfp8 with raw_copy = bf16: an fprop-shaped GEMM reads the raw copies in place (emulated, not
 ** fused, two kernel nodes fewer captured than on dequantized operands) with the same bytes.
+** A GEMM's amax (hq_gemm_args.amax_d) captured, native FP8 and emulated, D bf16 and f32: no
+** memset node, and the replay writes max |D| over whatever the slot held.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -729,6 +731,92 @@ static void test_raw_copy_gemm(void **state) {
   hq_recipe_free(rp);
 }
 
+/* hq_gemm_args.amax_d captured: per-tensor FP8 operands multiplied on the native path (cuBLASLt's
+   AMAX_D epilogue where it offers one; the runner does not zero the slot first) and forced onto
+   the emulated path (hq's own pass over D, its slot zeroed by a kernel), D bf16 and f32, each
+   captured once warm: no memset node, and each replay, the slot holding 1e30 before it, leaves
+   max |D| of the stored result, computed here from D read back. */
+static void test_amax_d_in_a_graph(void **state) {
+  (void)state;
+  enum { Mr = 256, Nr = 384, Kr = 512 };
+  hq_recipe *r = hq_test_recipe("[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\n"
+                                "columnwise = f8\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:l");
+  hq_tensor ha = hq_test_tensor(HQ_BF16, Mr, Kr, 71, 1.0f), hb = hq_test_tensor(HQ_BF16, Nr, Kr,
+                                                                                72, 1.0f);
+  hq_store_hp(ha.data, 5, HQ_BF16, -30.0f);
+  void *da = NULL, *db = NULL, *dd = NULL, *slot = NULL;
+  CK(cudaMalloc(&da, (size_t)Mr * Kr * 2));
+  CK(cudaMalloc(&db, (size_t)Nr * Kr * 2));
+  CK(cudaMalloc(&dd, (size_t)Mr * Nr * 4));
+  CK(cudaMalloc(&slot, 4));
+  CK(cudaMemcpy(da, ha.data, (size_t)Mr * Kr * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db, hb.data, (size_t)Nr * Kr * 2, cudaMemcpyHostToDevice));
+  hq_tensor a = hq_tensor_2d(da, HQ_BF16, 0, Mr, Kr), b = hq_tensor_2d(db, HQ_BF16, 0, Nr, Kr);
+  hq_qtensor *qa = NULL, *qb = NULL;
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &a, &qa));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &b, &qb));
+  static const float stale = 1e30f;
+  float *back = malloc((size_t)Mr * Nr * 4);
+  assert_non_null(back);
+  for (int c = 0; c < 4; c++) {
+    const hq_dtype dt = c & 1 ? HQ_F32 : HQ_BF16;
+    const uint32_t flags = c & 2 ? HQ_GEMM_FORCE_EMULATED : 0;
+    hq_tensor d = hq_tensor_2d(dd, dt, 0, Mr, Nr);
+    hq_gemm_args args = HQ_GEMM_ARGS_INIT;
+    args.flags = flags;
+    args.amax_d = slot;
+    hq_gemm_info info = HQ_GEMM_INFO_INIT;
+    /* warm: plans and workspace before the capture */
+    HQ_OK_OR_FAIL(hq_gemm(gpu, hq_operand_q(qb), 1, hq_operand_q(qa), 0, &d, 1.0f, 0.0f, &args,
+                          &info));
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = hq_gemm(gpu, hq_operand_q(qb), 1, hq_operand_q(qa), 0, &d, 1.0f, 0.0f, &args,
+                           NULL);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("case %d: the GEMM under capture: %s", c, hq_last_error());
+    CK(ce);
+    const size_t memsets = graph_count(graph, cudaGraphNodeTypeMemset);
+    print_message("amax_d captured, D %s, path %s, amax_fused %u: %zu memset nodes\n",
+                  dt == HQ_F32 ? "f32" : "bf16", hq_gemm_path_name(info.path), info.amax_fused,
+                  memsets);
+    if (memsets) fail_msg("case %d: the captured GEMM holds %zu memset nodes", c, memsets);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaMemcpy(slot, &stale, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dd, 0, (size_t)Mr * Nr * 4));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    float got = -1.0f, want = 0.0f;
+    CK(cudaMemcpy(&got, slot, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(back, dd, (size_t)Mr * Nr * (dt == HQ_F32 ? 4 : 2), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < (int64_t)Mr * Nr; i++) {
+      const float v = fabsf(hq_load_hp(back, i, dt));
+      if (v > want) want = v;
+    }
+    assert_true(want > 0.0f);
+    if (got != want)
+      fail_msg("case %d (path %s, amax_fused %u): amax_d %.9g after the replay, max |D| %.9g", c,
+               hq_gemm_path_name(info.path), info.amax_fused, (double)got, (double)want);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+  }
+  free(back);
+  hq_qtensor_free(qa);
+  hq_qtensor_free(qb);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaFree(da));
+  CK(cudaFree(db));
+  CK(cudaFree(dd));
+  CK(cudaFree(slot));
+  free(ha.data);
+  free(hb.data);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -753,6 +841,7 @@ int main(void) {
                                      cmocka_unit_test(test_first_gemm_captured),
                                      cmocka_unit_test(test_amax_in_a_graph),
                                      cmocka_unit_test(test_raw_copy_gemm),
+                                     cmocka_unit_test(test_amax_d_in_a_graph),
                                      cmocka_unit_test(test_ctx_capturing)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,8 +51,9 @@
 **     row-scaled NVFP4 operands, whose raw values without them are exact in BF16) multiply the
 **     F32 product in the SPLIT epilogue kernel, before beta * D and the bias: such a call always
 **     runs SPLIT, into an F32 temporary unless D is F32 and beta 0 (then in place).
-**   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (zeroed first; for a BF16 D rounded to
-**     BF16 by a one-thread kernel, so that it is the largest stored |D|), in a DIRECT plan the
+**   - amax_d: max |D| from cuBLASLt's AMAX_D epilogue (not zeroed first: cuBLASLt documents the
+**     value as set on completion, not maxed into; for a BF16 D rounded to BF16 by a one-thread
+**     kernel, so that it is the largest stored |D|), in a DIRECT plan the
 **     heuristic was asked for with the epilogue; where it has none for the problem (or the plan
 **     is SPLIT, or cublasLtMatmul refuses the epilogue the heuristic offered: then that key's
 **     calls run without it) *amax_done stays 0 and the caller reads D for it.
@@ -1133,14 +1134,6 @@ extern "C" int hqi_lt_matmul(const hq_call *call, const hq_lt_matmul *mm_in) {
     call_free(call, sc.owned);
     call_free(call, tmp);
     return rc;
-  }
-  if (st == CUBLAS_STATUS_SUCCESS && amax_d) {
-    /* zeroed first: whether the epilogue overwrites or maxes into the value, it starts at 0 */
-    step = "cudaMemsetAsync of the amax";
-    if (cudaMemsetAsync(amax_d, 0, sizeof(float), (cudaStream_t)call->stream) != cudaSuccess) {
-      cudaGetLastError();
-      st = CUBLAS_STATUS_EXECUTION_FAILED;
-    }
   }
   if (st == CUBLAS_STATUS_SUCCESS) {
     step = "cublasLtMatmul";
