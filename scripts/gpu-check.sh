@@ -265,7 +265,10 @@ if len(rows) >= 3:
     # launch of HQ_STEP_STEPS (6) eager steps of hq train (--cuda-graph off: a replayed graph is
     # one launch to ncu) at --preset HQ_STEP_PRESET (default), timed by Nsight Compute with the
     # clocks at base (its default, so the sums are relative: a captured step at boost clocks
-    # runs in less), summed per whole step by scripts/ncu_steps.py into step_kernels.txt
+    # runs in less), summed per whole step by scripts/ncu_steps.py into step_kernels.txt. ncu
+    # stops after HQ_STEP_LAUNCHES (1500) launches: the final evaluation's thousands of forward
+    # launches come after the steps, which ncu_steps.py leaves out, and would take most of the
+    # time (about 15 ms a launch profiled)
     mkdir -p "$out/steps"
     set --
     for r in conf/examples/high_precision.ini conf/recipe.ini conf/examples/*.ini; do
@@ -278,7 +281,8 @@ if len(rows) >= 3:
     for r in "$@"; do
       l=$(basename "$r" .ini)
       HQ_PLUGIN_PATH=$plugins timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum \
-        ./tools/hq train --device cuda --cuda-graph off --baseline none --eval-every 0 \
+        --launch-count "${HQ_STEP_LAUNCHES:-1500}" ./tools/hq train --device cuda \
+        --cuda-graph off --baseline none --eval-every 0 \
         --preset "${HQ_STEP_PRESET:-default}" --steps "${HQ_STEP_STEPS:-6}" --recipe "$r" \
         ${data[@]+"${data[@]}"} > "$out/steps/$l.csv" 2>&1 || rc=1
       labels+=("$l=$out/steps/$l.csv")

@@ -4,9 +4,11 @@ time goes, from `ncu --csv --metrics gpu__time_duration.sum hq train ... --cuda-
 (scripts/gpu-check.sh --step-kernels; docs/performance.md cites its sums).
 
 The launches of a file, in their order, are cut into whole steps at the launches of the step
-kernel (default the loss's final sum, xent_sum, which runs once a step): from one of them to the
-next is one step's backward, optimizer and next forward, so a run of S steps gives S - 1 whole
-steps and the first forward and the last backward are left out. Per file: the kernels a step
+kernel (default the embedding's backward, embed_bwd_part_k, which runs once a training step and
+never in an evaluation, whose forwards end the run): from one of them to the next is one step's
+optimizer, next forward and backward, so a run of S steps gives S - 1 whole steps, and the first
+step's forward and backward and everything after the last step's backward (its optimizer, the
+final evaluation) are left out. Per file: the kernels a step
 launches and their microseconds, then each kernel (its name up to the first '(' or '<', without
 'void ' and anonymous namespaces) with its calls, microseconds a step and a call, largest first.
 Lines of the file that are not ncu's CSV (the program's own output, ==PROF== lines) are ignored.
@@ -75,7 +77,7 @@ def summary(label, path, step_re, top):
 
 
 def main(argv):
-    step, top, files = "xent_sum", 12, []
+    step, top, files = "embed_bwd_part_k", 12, []
     i = 0
     while i < len(argv):
         a = argv[i]

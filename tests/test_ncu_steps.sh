@@ -1,8 +1,9 @@
 #!/bin/sh
 # test_ncu_steps.sh -- scripts/ncu_steps.py, which sums a training step's kernels from Nsight
 # Compute's CSV (scripts/gpu-check.sh --step-kernels; docs/performance.md's kernel sums): a
-# hand-made file of nine launches in three time units, with the program's own lines and ncu's
-# ==PROF== lines between them; the launches before the first step kernel and after the last
+# hand-made file of fourteen launches in three time units, with the program's own lines and ncu's
+# ==PROF== lines between them; the launches before the first step kernel (the embedding's
+# backward) and after the last (an evaluation's forwards, whose loss sums once ended each "step")
 # are left out, the two whole steps between them summed by hand below. A file with one step
 # kernel, a time in an unknown unit and a bad argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
 set -u
@@ -20,32 +21,40 @@ row() { # ID NAME UNIT VALUE
   echo "[1/1] bf16-baseline step 1/3"
   echo "$h"
   row 0 "void fwd_k(float *)" usecond 5
-  row 1 "void xent_sum_k(const double *, long, float *)" nsecond "2,000"
+  row 1 "void embed_bwd_part_k(const float *, const int *, long, int, int, float *)" nsecond "2,000"
   row 2 "void (anonymous namespace)::quantize<1>(Args)" usecond 3
   row 3 "void fwd_k(float *)" msecond 0.005
   echo "==PROF== Disconnected"
   row 4 "void xent_sum_k(const double *, long, float *)" usecond 2
-  row 5 "void (anonymous namespace)::quantize<1>(Args)" usecond 4
-  row 6 "void fwd_k(float *)" usecond 5
-  row 7 "void xent_sum_k(const double *, long, float *)" usecond 2
-  row 8 "void bwd_k(float *)" usecond 7
+  row 5 "void embed_bwd_part_k(const float *, const int *, long, int, int, float *)" usecond 2
+  row 6 "void (anonymous namespace)::quantize<1>(Args)" usecond 4
+  row 7 "void fwd_k(float *)" usecond 5
+  row 8 "void xent_sum_k(const double *, long, float *)" usecond 2
+  row 9 "void embed_bwd_part_k(const float *, const int *, long, int, int, float *)" usecond 2
+  echo "[eval] held-out loss"
+  row 10 "void fwd_k(float *)" usecond 1
+  row 11 "void xent_sum_k(const double *, long, float *)" usecond 1
+  row 12 "void fwd_k(float *)" usecond 1
+  row 13 "void xent_sum_k(const double *, long, float *)" usecond 1
 } > "$tmp/a.csv"
 python3 "$src/scripts/ncu_steps.py" "bf16=$tmp/a.csv" > "$tmp/out.txt" 2> "$tmp/err.txt" \
   || { cat "$tmp/err.txt"; fail "ncu_steps.py on a good file"; }
-# steps: launches 1..6 (two whole steps): xent 2 + 2, quantize 3 + 4, fwd 5 + 5 = 21 us
+# steps: launches 1..8 (two whole steps): embed_bwd 2 + 2, quantize 3 + 4, fwd 5 + 5, xent 2 + 2
+# = 25 us; the evaluation's four launches after them are not a step
 cat > "$tmp/want.txt" <<'W'
-bf16: 2 whole steps, 3.0 kernels and 10.5 us of kernel time a step
+bf16: 2 whole steps, 4.0 kernels and 12.5 us of kernel time a step
   fwd_k                                              1.0 calls      5.00 us/step     5.00 us/call
   quantize                                           1.0 calls      3.50 us/step     3.50 us/call
+  embed_bwd_part_k                                   1.0 calls      2.00 us/step     2.00 us/call
   xent_sum_k                                         1.0 calls      2.00 us/step     2.00 us/call
 W
 diff "$tmp/want.txt" "$tmp/out.txt" || fail "the summary differs from the hand sums"
-{ echo "$h"; row 0 "void xent_sum_k(double)" usecond 2; row 1 "void fwd_k(float *)" usecond 1; } \
+{ echo "$h"; row 0 "void embed_bwd_part_k(float *)" usecond 2; row 1 "void fwd_k(float *)" usecond 1; } \
   > "$tmp/one.csv"
 python3 "$src/scripts/ncu_steps.py" "x=$tmp/one.csv" > /dev/null 2> "$tmp/err.txt" \
   && fail "one step kernel accepted"
 grep -q "1 launches of the step kernel" "$tmp/err.txt" || fail "one step kernel: $(cat "$tmp/err.txt")"
-{ echo "$h"; row 0 "void xent_sum_k(double)" furlong 2; } > "$tmp/unit.csv"
+{ echo "$h"; row 0 "void embed_bwd_part_k(float *)" furlong 2; } > "$tmp/unit.csv"
 python3 "$src/scripts/ncu_steps.py" "u=$tmp/unit.csv" > /dev/null 2> "$tmp/err.txt" \
   && fail "an unknown time unit accepted"
 grep -q "u: $tmp/unit.csv: not ncu's gpu__time_duration.sum CSV: unknown time unit 'furlong'" \
