@@ -31,6 +31,7 @@
 #include <hq/numerics.h>
 #include <hq/plugin.h>
 
+#include "amax_cuda.h"
 #include "launch_cuda.h"
 
 constexpr int kHqAdamThreads = 256;
@@ -48,24 +49,6 @@ __device__ __forceinline__ void hq_adam_load_g4(const void *g, int64_t i, float 
                            (uint16_t)(w.y & 0xffffu), (uint16_t)(w.y >> 16)};
 #pragma unroll
     for (int e = 0; e < 4; e++) out[e] = DT == HQ_F16 ? hq_f16_to_f32(h[e]) : hq_bf16_to_f32(h[e]);
-  }
-}
-
-/* The CTA's maximum of every thread's mx, then one atomicMax into each of the two words (bits
-   of non-negative floats order like their values, so the atomics' order does not matter). Called
-   by every thread of the CTA. */
-__device__ inline void hq_adam_amax_commit(uint32_t mx, unsigned int *amax_bits) {
-  __shared__ uint32_t warp_max[kHqAdamThreads / 32];
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = mx;
-  __syncthreads();
-  if (warp == 0) {
-    mx = __reduce_max_sync(0xffffffffu, lane < kHqAdamThreads / 32 ? warp_max[lane] : 0u);
-    if (lane == 0 && mx) {
-      atomicMax(&amax_bits[0], mx);
-      atomicMax(&amax_bits[1], mx);
-    }
   }
 }
 
@@ -121,7 +104,9 @@ __global__ void __launch_bounds__(kHqAdamThreads)
       }
     }
   }
-  if (AMAX) hq_adam_amax_commit(mx, amax_bits);
+  if (AMAX)
+    hq_cuda_cta_atomic_max(mx, reinterpret_cast<float *>(amax_bits),
+                           reinterpret_cast<float *>(amax_bits + 1));
 }
 
 /* One launch of the kernel chosen by VEC and AMAX over as many CTAs as the device holds at once

@@ -24,7 +24,8 @@
 **
 ** hq_cuda_cluster_max(m, t0, t1, cmax): the cluster form's ending, shared with the plugins' own
 ** amax kernels (nvfp4's RHT pass): every thread's m in, the cluster's maximum stored by the first
-** thread of the first CTA.
+** thread of the first CTA. hq_cuda_cta_atomic_max(u, t0, t1): the atomic form's ending, shared
+** the same way (nvfp4's pass, fp8_tensor's delayed cast, adam_cuda.h's write-back amax).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
@@ -65,6 +66,28 @@ template <int THREADS> __device__ __forceinline__ float hq_cuda_cta_max(float m)
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   }
   return threadIdx.x == 0 ? m : 0.0f;
+}
+
+/* The maximum of every thread's u over the CTA (u: the bits of a non-negative float, which order
+   like the values), atomically maxed by one thread into each non-NULL target, none when it is 0:
+   a grid's CTAs make the whole maximum in any order, one atomic per CTA and target (the stock
+   plugins' amax passes, delayed scaling's cast, AdamW's write-back amax). Every thread of the
+   CTA (blockDim.x * blockDim.y threads, a multiple of 32) calls it; a second call in the same
+   kernel comes after a __syncthreads() (the warps' maxima share one array). */
+__device__ __forceinline__ void hq_cuda_cta_atomic_max(uint32_t u, float *t0, float *t1) {
+  __shared__ uint32_t warp_max[32];
+  const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  u = __reduce_max_sync(0xffffffffu, u);
+  if (lane == 0) warp_max[warp] = u;
+  __syncthreads();
+  if (warp == 0) {
+    const unsigned nwarps = (blockDim.x * blockDim.y) >> 5;
+    u = __reduce_max_sync(0xffffffffu, lane < nwarps ? warp_max[lane] : 0u);
+    if (lane == 0 && u) {
+      if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), u);
+      if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), u);
+    }
+  }
 }
 
 /* The cluster form's ending: each CTA's maximum into slot `rank` of the first CTA's cmax (a
@@ -119,11 +142,7 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
     hq_cuda_cluster_max<kHqAmaxThreads>(m, t0, t1, cmax);
     return;
   }
-  m = hq_cuda_cta_max<kHqAmaxThreads>(m);
-  if (threadIdx.x == 0 && m > 0.0f) {
-    if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), __float_as_uint(m));
-    if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), __float_as_uint(m));
-  }
+  hq_cuda_cta_atomic_max(__float_as_uint(m), t0, t1);
 }
 
 /* Launch `kernel` as one cluster of kHqAmaxCluster CTAs of `threads` threads. */

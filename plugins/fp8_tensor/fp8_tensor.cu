@@ -146,26 +146,6 @@ __device__ float block_scale(const CastArgs &a) {
   return s_scale;
 }
 
-/* Delayed scaling: the block's max |x| bits (m per thread, NaN ignored) atomically maxed into
-   the storage's amax and the slice's amax -- fp8t_amax_accumulate for every block, so the
-   result is that of the whole tensor's amax, in any block order. Called by every thread. */
-__device__ void block_amax_commit(const CastArgs &a, uint32_t m) {
-  __shared__ uint32_t warp_max[32];
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    const int nwarps = (int)((blockDim.x * blockDim.y) >> 5);
-    m = lane < nwarps ? warp_max[lane] : 0u;
-    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0 && m) {
-      atomicMax(reinterpret_cast<unsigned int *>(a.acc_out), m);
-      atomicMax(reinterpret_cast<unsigned int *>(a.state_amax), m);
-    }
-  }
-}
-
 template <int DT, int GT>
 __global__ void cast_transpose_kernel(CastArgs a) {
   if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
@@ -185,7 +165,9 @@ __global__ void cast_transpose_kernel(CastArgs a) {
       tile[r][threadIdx.x] = q;
     }
   }
-  if (a.state) block_amax_commit(a, __float_as_uint(m));
+  /* delayed scaling: the block's max |x| (NaN ignored) into the storage's amax and the slice's
+     -- fp8t_amax_accumulate for every block, the whole tensor's amax in any block order */
+  if (a.state) hq_cuda_cta_atomic_max(__float_as_uint(m), a.acc_out, a.state_amax);
   if (!a.col) return;
   __syncthreads();
   const int64_t ii = i0 + threadIdx.x;
@@ -236,7 +218,8 @@ __global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs
       if (a.row) *reinterpret_cast<uint2 *>(a.row + (i + r) * a.K + j) = q[r];
     }
   }
-  if (a.state) block_amax_commit(a, __float_as_uint(m));
+  /* delayed scaling: as in cast_transpose_kernel */
+  if (a.state) hq_cuda_cta_atomic_max(__float_as_uint(m), a.acc_out, a.state_amax);
   if (!in || !a.col) return;
   uint32_t lo[8], hi[8]; /* column c: rows 0-3 in lo[c], rows 4-7 in hi[c] */
   hq_cuda_transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, lo);
@@ -438,10 +421,11 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
 extern "C" int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs,
                               float *out) {
   cudaStream_t stream = (cudaStream_t)call->stream;
-  /* a direction not asked for reads 0; both directions are written by the pass alone (no
-     memset node in a captured step) */
+  /* a direction not asked for reads 0, zeroed by a kernel (a memset node costs a captured step
+     about twice as much); the asked ones are written by the pass alone */
   if ((dirs & HQ_BOTH) != HQ_BOTH)
-    CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), stream));
+    CHECK_CUDA(call, hq_cuda_zero_words((dirs & HQ_ROWWISE) ? NULL : out,
+                                        (dirs & HQ_COLWISE) ? NULL : out + 1, NULL, stream));
   if (!(dirs & HQ_BOTH)) return HQ_OK;
   /* both directions: the pass writes both floats (no copy of one into the other) */
   float *acc = (dirs & HQ_ROWWISE) ? out : out + 1;

@@ -206,25 +206,6 @@ template <int TM, int TK, int G = 1> struct TileWalk {
   __device__ __forceinline__ uint32_t g0() const { return G * gm * TM; }
 };
 
-/* Max of u over the CTA, atomically maxed into each non-NULL target (bits of a non-negative
-   float, which order like the values): one atomic per CTA and target, so that the atomics on
-   the one address stay few (the amax pass's CTAs are resident ones, a few hundred in all; one
-   per warp and tile had made them a large share of the pass). Every thread of the CTA calls
-   it. */
-__device__ __forceinline__ void cta_atomic_max(uint32_t u, float *t0, float *t1) {
-  __shared__ uint32_t warp_max[kThreads / 32];
-  u = __reduce_max_sync(0xffffffffu, u);
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = u;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    u = __reduce_max_sync(0xffffffffu, threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u);
-    if (threadIdx.x == 0 && u) {
-      if (t0) atomicMax(reinterpret_cast<unsigned int *>(t0), u);
-      if (t1) atomicMax(reinterpret_cast<unsigned int *>(t1), u);
-    }
-  }
-}
-
 struct AmaxArgs {
   const void *x;
   int64_t M, K;
@@ -903,10 +884,11 @@ template <int DT, bool CL> __global__ void __launch_bounds__(kThreads) amax_kern
     if (a.t) hq_cuda_cluster_max<kThreads>(__uint_as_float(mt), a.t, NULL, cmt);
     return;
   }
-  if (a.x0 || a.x1) cta_atomic_max(hq_f32_bits(mx), a.x0, a.x1);
+  /* one atomic per CTA and target: the pass's CTAs are the resident ones, a few hundred */
+  if (a.x0 || a.x1) hq_cuda_cta_atomic_max(hq_f32_bits(mx), a.x0, a.x1);
   if (a.t) {
-    __syncthreads(); /* cta_atomic_max's shared words are free again */
-    cta_atomic_max(mt, a.t, NULL);
+    __syncthreads(); /* hq_cuda_cta_atomic_max's shared words are free again */
+    hq_cuda_cta_atomic_max(mt, a.t, NULL);
   }
 }
 
@@ -2491,11 +2473,14 @@ int row_amax_pass(const hq_call *call, const hq_tensor *src, float *row, float *
 
 extern "C" int nvfp4_cuda_amax(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src,
                                uint32_t dirs, float *out) {
-  /* a direction not asked for reads 0, as does the amax of no element; both directions of a
-     tensor are written by the pass alone (no memset node in a captured step) */
-  if ((dirs & HQ_BOTH) != HQ_BOTH || src->rows == 0 || src->cols == 0)
-    CHECK_CUDA(call, cudaMemsetAsync(out, 0, 2 * sizeof(float), (cudaStream_t)call->stream));
-  if (!(dirs & HQ_BOTH) || src->rows == 0 || src->cols == 0) return HQ_OK;
+  /* a direction not asked for reads 0, as does the amax of no element, zeroed by a kernel (a
+     memset node costs a captured step about twice as much); the asked directions of a tensor
+     are written by the pass alone */
+  const bool empty = src->rows == 0 || src->cols == 0;
+  float *zr = (empty || !(dirs & HQ_ROWWISE)) ? out : NULL;
+  float *zc = (empty || !(dirs & HQ_COLWISE)) ? out + 1 : NULL;
+  if (zr || zc) CHECK_CUDA(call, hq_cuda_zero_words(zr, zc, NULL, (cudaStream_t)call->stream));
+  if (zr && zc) return HQ_OK; /* nothing left to reduce */
   AmaxArgs a;
   a.x = src->data;
   a.M = src->rows;
