@@ -260,11 +260,19 @@ void hq_ctx_free(hq_ctx *ctx, void *ptr) {
   if (ctx) hqi_ctx_free_raw(ctx, ptr);
 }
 
+/* the largest zeroing hqi_ctx_memset gives a kernel: one CTA of 256 threads, 16 words each */
+#define HQI_ZERO_KERNEL_BYTES 16384
+
 int hqi_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes) {
   if (ctx->device < 0) {
     if (bytes) memset(dst, value, bytes);
     return HQ_OK;
   }
+  /* a few zero words (an amax's slots) by a kernel, which a captured step replays for about
+     half a memset node's cost; larger or unaligned buffers by the memset */
+  if (value == 0 && bytes && bytes <= HQI_ZERO_KERNEL_BYTES && bytes % 4 == 0 &&
+      (uintptr_t)dst % 4 == 0)
+    return hqi_cuda_zero_words(ctx->stream, dst, (int64_t)(bytes / 4));
   return hqi_cuda_memset(dst, value, bytes, ctx->stream);
 }
 

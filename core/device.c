@@ -421,5 +421,9 @@ int hqi_cuda_set_u64(void *stream, uint64_t *dst, uint64_t value) {
   (void)stream; (void)dst; (void)value;
   return no_cuda();
 }
+int hqi_cuda_zero_words(void *stream, void *dst, int64_t n) {
+  (void)stream; (void)dst; (void)n;
+  return no_cuda();
+}
 
 #endif

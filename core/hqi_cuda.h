@@ -45,6 +45,10 @@ int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const void *src, in
 /* *dst (device memory) = value, in stream order (one thread: no pageable copy, so that it may
    precede a graph replay that reads it). */
 int hqi_cuda_set_u64(void *stream, uint64_t *dst, uint64_t value);
+/* n 4-byte words at dst (device memory, 4-byte aligned) zeroed by one CTA, in stream order: for
+   the few words of an amax or a small buffer, where a memset node would cost a replayed graph
+   about twice a kernel node. */
+int hqi_cuda_zero_words(void *stream, void *dst, int64_t n);
 
 /* The host service hq_host_api.lt_matmul: one cuBLASLt matmul on call->device / call->stream,
    with the runner's cached handle and plans and the context's workspace

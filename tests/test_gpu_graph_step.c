@@ -25,7 +25,8 @@
 ** the call says so (HQ_EDEVICE), and hq_ctx_set_rng_offset refuses for that reason, the capture
 ** left intact.
 ** A current-scaling quantize captured, of a small tensor and a larger one, holds no memset node
-** and replays to the CPU reference's bytes; nor does hq_adam_step's two-kernel write-back.
+** and replays to the CPU reference's bytes; nor does hq_adam_step's two-kernel write-back, nor
+** hq_quantizer_amax for one direction or both (the other direction's slot reads 0).
 ** mxfp8 with raw_copy = bf16: an fprop-shaped GEMM reads the raw copies in place (emulated, not
 ** fused, two kernel nodes fewer captured than on dequantized operands) with the same bytes.
 ** A GEMM's amax (hq_gemm_args.amax_d) captured, native FP8 and emulated, D bf16 and f32: no
@@ -641,6 +642,74 @@ static void test_amax_in_a_graph(void **state) {
   }
 }
 
+/* hq_quantizer_amax captured for one direction and for both (fp8_tensor, nvfp4), of a small
+   tensor (one cluster) and a larger one (the atomic pass): no memset node (the direction not
+   asked for is zeroed by a kernel), and the replay on new data, both slots holding 1e30 before
+   it, leaves max |x| of that data in each asked direction and 0 in the other. */
+static void test_quantizer_amax_in_a_graph(void **state) {
+  (void)state;
+  static const char *const fmts[] = {"plugin = fp8_tensor", "plugin = nvfp4"};
+  static const uint32_t usages[] = {HQ_ROWWISE, HQ_COLWISE, HQ_BOTH};
+  static const int64_t shapes[][2] = {{128, 256}, {512, 384}};
+  static const float stale[2] = {1e30f, 1e30f};
+  for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+    for (size_t u = 0; u < sizeof usages / sizeof *usages; u++)
+      for (size_t z = 0; z < 2; z++) {
+        const int64_t R = shapes[z][0], C = shapes[z][1];
+        char text[160];
+        snprintf(text, sizeof text, "[format f]\n%s\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
+                 fmts[f]);
+        hq_recipe *r = hq_test_recipe(text);
+        hq_quantizer *q = hq_test_quantizer(r, "linear:input:l");
+        HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usages[u]));
+        hq_tensor h1 = hq_test_tensor(HQ_BF16, R, C, 80 + (uint64_t)z, 1.0f);
+        hq_tensor h2 = hq_test_tensor(HQ_BF16, R, C, 90 + (uint64_t)z, 3.0f);
+        const size_t bytes = (size_t)(R * C) * 2;
+        void *d = NULL;
+        float *out = NULL;
+        CK(cudaMalloc(&d, bytes));
+        CK(cudaMalloc((void **)&out, 2 * sizeof(float)));
+        CK(cudaMemcpy(d, h1.data, bytes, cudaMemcpyHostToDevice));
+        hq_tensor src = hq_tensor_2d(d, HQ_BF16, 0, R, C);
+        HQ_OK_OR_FAIL(hq_quantizer_amax(q, gpu, &src, out)); /* warm */
+        CK(cudaStreamSynchronize(stream));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const int rc = hq_quantizer_amax(q, gpu, &src, out);
+        const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+        if (rc) fail_msg("%s, usage %u: the amax under capture: %s", fmts[f], usages[u],
+                         hq_last_error());
+        CK(ce);
+        const size_t memsets = graph_count(graph, cudaGraphNodeTypeMemset);
+        if (memsets)
+          fail_msg("%s, usage %u, %lld x %lld: the captured amax holds %zu memset nodes", fmts[f],
+                   usages[u], (long long)R, (long long)C, memsets);
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        CK(cudaMemcpy(d, h2.data, bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(out, stale, sizeof stale, cudaMemcpyHostToDevice));
+        CK(cudaGraphLaunch(exec, stream));
+        CK(cudaStreamSynchronize(stream));
+        float got[2], m = 0.0f;
+        CK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < R * C; i++) m = fmaxf(m, fabsf(hq_load_hp(h2.data, i, HQ_BF16)));
+        const float want[2] = {usages[u] & HQ_ROWWISE ? m : 0.0f,
+                               usages[u] & HQ_COLWISE ? m : 0.0f};
+        if (got[0] != want[0] || got[1] != want[1])
+          fail_msg("%s, usage %u, %lld x %lld: amax %.9g / %.9g after the replay, want %.9g / %.9g",
+                   fmts[f], usages[u], (long long)R, (long long)C, (double)got[0],
+                   (double)got[1], (double)want[0], (double)want[1]);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaFree(d));
+        CK(cudaFree(out));
+        free(h1.data);
+        free(h2.data);
+        hq_quantizer_free(q);
+        hq_recipe_free(r);
+      }
+}
+
 /* The kernel nodes of a captured hq_gemm of A (transposed) and B into D (flags: hq_gemm_args). */
 static size_t captured_gemm_kernels(hq_qtensor *A, hq_qtensor *B, hq_tensor *D, uint32_t flags,
                                     hq_gemm_info *info) {
@@ -840,6 +909,7 @@ int main(void) {
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_first_gemm_captured),
                                      cmocka_unit_test(test_amax_in_a_graph),
+                                     cmocka_unit_test(test_quantizer_amax_in_a_graph),
                                      cmocka_unit_test(test_raw_copy_gemm),
                                      cmocka_unit_test(test_amax_d_in_a_graph),
                                      cmocka_unit_test(test_ctx_capturing)};

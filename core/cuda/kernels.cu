@@ -183,6 +183,9 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
 /* one word written on the stream: a kernel node, where a memset node would cost a replayed graph
    about twice as much */
 template <typename T> __global__ void set_kernel(T *dst, T value) { *dst = value; }
+__global__ void zero_words_kernel(uint32_t *dst, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = 0;
+}
 
 } // namespace
 
@@ -261,6 +264,16 @@ extern "C" int hqi_cuda_transpose(void *stream, void *dst, int64_t dld, const vo
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return hqi_error(HQ_EDEVICE, "%s:%d: transpose: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+  return HQ_OK;
+}
+
+extern "C" int hqi_cuda_zero_words(void *stream, void *dst, int64_t n) {
+  if (n <= 0) return HQ_OK;
+  zero_words_kernel<<<1, 256, 0, (cudaStream_t)stream>>>((uint32_t *)dst, n);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return hqi_error(HQ_EDEVICE, "%s:%d: zeroing %lld words: %s", __FILE__, __LINE__,
+                     (long long)n, cudaGetErrorString(e));
   return HQ_OK;
 }
 
