@@ -143,7 +143,7 @@ void launch_transpose(void *dst, int64_t dld, const void *src, int64_t sld, int6
 
 /* max |x| of n elements, NaN ignored (fmaxf is IEEE maxNum: a chain from 0 drops NaN operands),
    one atomicMax per CTA on the bits (non-negative floats order like their bits); *out was
-   zeroed on the stream (set_kernel). */
+   zeroed on the stream (zero_words_kernel). */
 template <int DT>
 __global__ void __launch_bounds__(256) amax_kernel(const void *__restrict__ x, int64_t n,
                                                    unsigned int *__restrict__ out) {
@@ -180,7 +180,7 @@ __global__ void nonfinite_kernel(const void *__restrict__ x, int64_t n,
   }
 }
 
-/* one word written on the stream: a kernel node, where a memset node would cost a replayed graph
+/* words written on the stream: a kernel node, where a memset node would cost a replayed graph
    about twice as much */
 template <typename T> __global__ void set_kernel(T *dst, T value) { *dst = value; }
 __global__ void zero_words_kernel(uint32_t *dst, int64_t n) {
@@ -207,7 +207,7 @@ extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int
 
 extern "C" int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out) {
   cudaStream_t s = (cudaStream_t)stream;
-  set_kernel<uint32_t><<<1, 1, 0, s>>>(reinterpret_cast<uint32_t *>(out), 0u);
+  zero_words_kernel<<<1, 32, 0, s>>>(reinterpret_cast<uint32_t *>(out), 1);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess && n > 0) {
     /* a grid-stride pass over at most 2048 CTAs: a few per SM, one atomic each */
