@@ -637,7 +637,7 @@ static void test_gemm_device(void **state) {
 /* Row-scaled and UE5M3 operands on the device: never native or fused (no such scales in those
    kernels), the emulated product of the dequantized operands in BF16 -- row-scaled ones as their
    BF16-exact values without the row factors, which multiply the F32 product (ABI 2.6
-   row_factor_out; before, an F32 GEMM of raw values carrying them). */
+   row_factor_out). */
 static void test_gemm_options(void **state) {
   (void)state;
   static const struct {
