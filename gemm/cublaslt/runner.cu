@@ -629,17 +629,10 @@ __device__ __forceinline__ float finish_elem(const void *d, int dt, int64_t at, 
                                              int64_t j, float beta, float tv, int in_place,
                                              const void *bias, int bt, const float *ra,
                                              const float *rb) {
-  float v;
-  if (in_place) {
-    v = hq_load_hp(d, at, dt);
-    if (ra) v = v * ra[i];
-    if (rb) v = v * rb[j];
-  } else {
-    v = tv;
-    if (ra) v = v * ra[i];
-    if (rb) v = v * rb[j];
-    if (beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
-  }
+  float v = in_place ? hq_load_hp(d, at, dt) : tv;
+  if (ra) v = v * ra[i];
+  if (rb) v = v * rb[j];
+  if (!in_place && beta != 0.0f) v = v + beta * hq_load_hp(d, at, dt);
   if (bias) v = v + hq_load_hp(bias, i, bt);
   return v;
 }
@@ -652,8 +645,7 @@ __global__ void finish_kernel(void *d, int dt, int64_t m, int64_t n, int64_t ldd
        e += (int64_t)gridDim.x * blockDim.x) {
     int64_t i = e % m, j = e / m, at = j * ldd + i;
     hq_store_hp(d, at, dt,
-                finish_elem(d, dt, at, i, j, beta, t ? t[e] : 0.0f, in_place, bias, bt,
-                            t || in_place ? ra : nullptr, t || in_place ? rb : nullptr));
+                finish_elem(d, dt, at, i, j, beta, t ? t[e] : 0.0f, in_place, bias, bt, ra, rb));
   }
 }
 
@@ -674,8 +666,7 @@ __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float
       v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     }
     for (int k = 0; k < 4; k++)
-      v[k] = finish_elem(d, DT, at + k, i + k, j, beta, v[k], in_place, bias, bt,
-                         t || in_place ? ra : nullptr, t || in_place ? rb : nullptr);
+      v[k] = finish_elem(d, DT, at + k, i + k, j, beta, v[k], in_place, bias, bt, ra, rb);
     if (DT == HQ_F32) {
       *reinterpret_cast<float4 *>((float *)d + at) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
@@ -700,19 +691,21 @@ int launch_finish(const hq_call *call, const hq_lt_matmul *mm, const float *t, i
   int64_t blocks = (total + 255) / 256;
   if (blocks > 65536) blocks = 65536;
   cudaStream_t s = (cudaStream_t)call->stream;
+  /* the factors scale a product; with none (k = 0: beta * D alone) they are not read, so that a
+     NaN or Inf factor cannot turn its zero into NaN */
+  const int product = t || in_place;
+  const float *ra = product ? mm->row_factor[0] : nullptr, *rb = product ? mm->row_factor[1]
+                                                                         : nullptr;
   if (vec && dt == HQ_F32)
     finish4_kernel<HQ_F32><<<(unsigned)blocks, 256, 0, s>>>(
-        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype,
-        mm->row_factor[0], mm->row_factor[1]);
+        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype, ra, rb);
   else if (vec)
     finish4_kernel<HQ_BF16><<<(unsigned)blocks, 256, 0, s>>>(
-        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype,
-        mm->row_factor[0], mm->row_factor[1]);
+        mm->d, mm->m, mm->n, mm->ldd, mm->beta, t, in_place, mm->bias, mm->bias_dtype, ra, rb);
   else
     finish_kernel<<<(unsigned)blocks, 256, 0, s>>>(mm->d, mm->d_dtype, mm->m, mm->n, mm->ldd,
                                                    mm->beta, t, in_place, mm->bias,
-                                                   mm->bias_dtype, mm->row_factor[0],
-                                                   mm->row_factor[1]);
+                                                   mm->bias_dtype, ra, rb);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     char desc[512];
