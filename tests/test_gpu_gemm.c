@@ -994,6 +994,52 @@ static void test_fused_exact(void **state) {
   hq_recipe_free(r);
 }
 
+/* The fused path's default reach (Hopper): an F32 D (hq train's GEMMs) with k below 2048 takes
+   the unfused path, which trained the wide model faster; a BF16 D keeps the fused kernel at the
+   same k, as does an F32 D at k = 2048 and HQ_GEMM_FUSED_ALWAYS at any k. The fused operand holds
+   2^20 elements each time (the size rule's floor) against a 256-row BF16 weight. */
+static void test_fused_short_k(void **state) {
+  (void)state;
+  if (g_arch != 90) skip();
+  hq_recipe *r = hq_test_recipe("[format mx]\nplugin = mxfp8\n[role linear:input:x]\nrowwise = mx\n");
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+  static const struct {
+    int64_t k;
+    hq_dtype d;
+    uint32_t flags;
+    int fused;
+  } cases[] = {{1024, HQ_F32, 0, 0},
+               {1024, HQ_BF16, 0, 1},
+               {2048, HQ_F32, 0, 1},
+               {1024, HQ_F32, HQ_GEMM_FUSED_ALWAYS, 1},
+               {512, HQ_F32, 0, 0}};
+  enum { N = 256 };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t k = cases[c].k, rows = ((int64_t)1 << 20) / k;
+    hq_tensor x = hq_test_tensor(HQ_F32, rows, k, 77 + (uint64_t)c, 1.0f);
+    hq_tensor w = hq_test_tensor(HQ_BF16, N, k, 78 + (uint64_t)c, 1.0f);
+    hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
+    hq_qtensor *qx = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qx));
+    hq_tensor d = hq_tensor_2d(NULL, cases[c].d, 0, N, rows);
+    hq_gemm_args a = {.struct_size = sizeof a, .flags = cases[c].flags};
+    hq_gemm_info info = {.struct_size = sizeof info};
+    HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(qx), 1, hq_operand_hp(&wg), 0, &d, &a, &info));
+    if ((info.path == HQ_GEMM_PATH_FUSED_BF16) != cases[c].fused)
+      fail_msg("k %lld, D %s, flags %#x: path %s, the fused path %s", (long long)k,
+               cases[c].d == HQ_F32 ? "f32" : "bf16", (unsigned)cases[c].flags,
+               hq_gemm_path_name(info.path),
+               cases[c].fused ? "expected" : "not expected");
+    hq_qtensor_free(qx);
+    hq_ctx_free(gpu, xg.data);
+    hq_ctx_free(gpu, wg.data);
+    free(x.data);
+    free(w.data);
+  }
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 /* A host copy of the buffer with `role` of a device storage (free()). */
 static uint8_t *storage_buf(const hq_storage *st, uint32_t role, const hq_buffer **out) {
   const hq_buffer *b = hq_gpu_buf_of(st, role);
@@ -1211,6 +1257,7 @@ int main(void) {
       cmocka_unit_test(test_odd_shapes),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_fused_exact),
+      cmocka_unit_test(test_fused_short_k),
       cmocka_unit_test(test_fused_nvfp4_exact),
       cmocka_unit_test(test_fused_mx_exact),
       cmocka_unit_test(test_amax_d),

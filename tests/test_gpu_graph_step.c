@@ -736,7 +736,7 @@ static size_t captured_gemm_kernels(hq_qtensor *A, hq_qtensor *B, hq_tensor *D, 
 static void test_raw_copy_gemm(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  enum { T = 2048, O = 256, I = 512 };
+  enum { T = 2048, O = 256, I = 2048 }; /* k = 2048: an F32 D is fused from there */
   hq_recipe *rr = hq_test_recipe("[format f]\nplugin = mxfp8\nraw_copy = bf16\n[role *:*:*]\n"
                                  "rowwise = f\ncolumnwise = f\n");
   hq_recipe *rp = hq_test_recipe(recipes[2]);

@@ -13,7 +13,8 @@
 ** By default the provider takes a problem only when the other operand is small -- at most
 ** HQ_FUSED_MAX_OTHER rows along m or n -- because there the unfused path's BF16 copy of the large
 ** operand costs more than the fused kernel gives up to cuBLASLt's BF16 GEMM -- and the fused
-** operand is not tiny (HQ_FUSED_MIN_ELEMS); HQ_GEMM_FUSED_ALWAYS lifts both. The larger operand
+** operand is not tiny (HQ_FUSED_MIN_ELEMS) and, for an F32 D, k is not short (HQ_FUSED_MIN_K_F32);
+** HQ_GEMM_FUSED_ALWAYS lifts all three. The larger operand
 ** is the one fused when both could be.
 */
 #include "config.h"
@@ -33,6 +34,12 @@
    over cuBLASLt's small-tile kernels (docs/performance.md, section 7). */
 #ifndef HQ_FUSED_MIN_ELEMS
 #define HQ_FUSED_MIN_ELEMS (1 << 20)
+#endif
+/* The shortest k the fused path is taken for by default when D is F32 (hq train's GEMMs): at
+   k = 1024 its wide model trained faster on the unfused path, where with a BF16 D the fused
+   kernel stays the faster even at k = 768 (docs/performance.md, section 7). */
+#ifndef HQ_FUSED_MIN_K_F32
+#define HQ_FUSED_MIN_K_F32 2048
 #endif
 
 #ifndef HQ_HAVE_CUDA
@@ -154,6 +161,10 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
     return api->error(HQ_ENOTSUP, "fused_hopper: the fused operand has %lld elements, fewer than "
                       "%d: the unfused path is faster there", (long long)fused,
                       HQ_FUSED_MIN_ELEMS);
+  if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && r->d->dtype == HQ_F32 &&
+      r->k < HQ_FUSED_MIN_K_F32)
+    return api->error(HQ_ENOTSUP, "fused_hopper: D is f32 and k is %lld, less than %d: the "
+                      "unfused path is faster there", (long long)r->k, HQ_FUSED_MIN_K_F32);
   r->path = HQ_GEMM_PATH_FUSED_BF16;
   r->fused = (uint32_t)pick;
   if (r->flags & HQ_GEMM_QUERY) return HQ_OK;
