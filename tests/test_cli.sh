@@ -526,6 +526,8 @@ expect 0 bench --gemm --shape 32x32x32 --iters 1 --format mxfp8 --path emulated
 grep -q "^ *hq mxfp8 .*\[the caller forced the emulated path\]" "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm --path emulated"; }; ok
 usage_error "hq bench --gemm: --path 'fuse' is not auto, fused, unfused or emulated" bench --gemm --format mxfp8 --path fuse
 usage_error "hq bench --gemm: --path chooses the path of --format and --recipe rows: give one" bench --gemm --path unfused
+usage_error "hq bench --gemm: --d 'f16' is not bf16 or f32" bench --gemm --d f16
+usage_error "hq bench --gemm: --d f32 chooses a GPU's D: the CPU's D is always f32" bench --gemm --d f32
 usage_error "hq bench --gemm: --format 'nvfp4 rht' is not 'PLUGIN[ key=value...]'" bench --gemm --format 'nvfp4 rht'
 failure "hq bench --gemm: $tmp/none.ini: cannot open: No such file or directory" bench --gemm --shape 32x32x32 --recipe "$tmp/none.ini" --role a:b:c
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise

@@ -51,10 +51,11 @@ static const char usage[] =
     "usage: hq bench --gemm [--device cpu|cuda[:N]] [--shape MxNxK]... [--iters N]\n"
     "                       [--batch N] [--format 'PLUGIN[ key=value...]']...\n"
     "                       [--recipe FILE --role M:T:N] [--path auto|fused|unfused|emulated]\n"
-    "                       [--trainer] [--plugin-dir DIR]... [--json]\n"
+    "                       [--d bf16|f32] [--trainer] [--plugin-dir DIR]... [--json]\n"
     "\n"
     "GEMM throughput of hq against direct calls of the same kind, in one run: D = A B^T with\n"
-    "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 (f32 on the CPU). On the CPU\n"
+    "A [m, k], B [n, k] (the fprop of a linear layer), D bf16 on a GPU (--d f32: F32, as hq\n"
+    "train's GEMMs write it, for the baseline and every row) and f32 on the CPU. On the CPU\n"
     "by default, as every hq command; --device cuda for the GPU.\n"
     "--format (one row per configuration) and --recipe/--role (the role's rowwise format, both\n"
     "operands quantized with it) replace hq's quantized rows: each is timed against the\n"
@@ -517,6 +518,7 @@ typedef struct bench {
   hq_quantizer *role_q;
   const hq_gemm_args *args; /* hq_gemm's arguments for the rows being timed (NULL: none) */
   hq_gemm_args user_args;   /* the user's rows' (--path) */
+  int d_f32;                /* a GPU's D in F32 (--d f32), not BF16 */
   char labels_t[MAX_ROWS][120]; /* the trainer rows' kinds */
   int nlabels_t;
 } bench;
@@ -629,11 +631,12 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   memset(&xbf, 0, sizeof xbf);
   hq_tensor a = hq_tensor_2d(NULL, HQ_BF16, B->device, m, k);
   hq_tensor b = hq_tensor_2d(NULL, HQ_BF16, B->device, n, k);
-  hq_tensor d = hq_tensor_2d(NULL, HQ_BF16, B->device, n, m);
+  hq_tensor d = hq_tensor_2d(NULL, B->d_f32 ? HQ_F32 : HQ_BF16, B->device, n, m);
+  const cudaDataType dtype = B->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
   void *ha = random_host(HQ_BF16, m, k, 1), *hb = random_host(HQ_BF16, n, k, 2);
   a.data = dalloc(B, (size_t)(m * k) * 2);
   b.data = dalloc(B, (size_t)(n * k) * 2);
-  d.data = dalloc(B, (size_t)(m * n) * 2);
+  d.data = dalloc(B, (size_t)(m * n) * (B->d_f32 ? 4 : 2));
   if (!ha || !hb || !a.data || !b.data || !d.data ||
       hq_ctx_memcpy(B->ctx, a.data, B->device, ha, HQ_DEVICE_HOST, (size_t)(m * k) * 2) ||
       hq_ctx_memcpy(B->ctx, b.data, B->device, hb, HQ_DEVICE_HOST, (size_t)(n * k) * 2) ||
@@ -652,7 +655,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   const bench_timed *bf16 = NULL;
   {
     dop da = {a.data, CUDA_R_16BF, -1, NULL, 0}, db = {b.data, CUDA_R_16BF, -1, NULL, 0};
-    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, CUDA_R_16BF, 0, &xbf, err,
+    if (!direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, dtype, 0, &xbf, err,
                         sizeof err) &&
         !direct_time(h, &xbf, ws, ws_bytes, B->timer, B->iters, B->batch, &base->ms, err,
                      sizeof err))
@@ -705,7 +708,7 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       direct x;
       memset(&x, 0, sizeof x);
       const int ok = !dop_of(qa, &da, err, sizeof err) && !dop_of(qb, &db, err, sizeof err) &&
-                     !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, CUDA_R_16BF,
+                     !direct_prepare(h, ws_bytes, &da, &db, m, n, k, d.data, dtype,
                                      f8[i].fast, &x, err, sizeof err) &&
                      !direct_time(h, &x, ws, ws_bytes, B->timer, B->iters, B->batch, &rd->ms,
                                   err, sizeof err);
@@ -1155,7 +1158,7 @@ static int parse_mnk(const char *s, int64_t v[3]) {
 }
 
 typedef struct gemm_args {
-  const char *device_s, *recipe, *role_s, *path_s;
+  const char *device_s, *recipe, *role_s, *path_s, *d_s;
   cli_list formats;
   cli_list shape_s;
   int64_t iters, batch;
@@ -1177,6 +1180,7 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_s},
       {.name = "--path", .kind = CLI_STR, .dest = &a->path_s},
+      {.name = "--d", .kind = CLI_STR, .dest = &a->d_s},
       CLI_PLUGIN_DIRS(&a->dirs),
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--trainer", .kind = CLI_FLAG, .dest = &a->trainer},
@@ -1192,6 +1196,12 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
   if (a->path_s && strcmp(a->path_s, "auto") && strcmp(a->path_s, "fused") &&
       strcmp(a->path_s, "unfused") && strcmp(a->path_s, "emulated"))
     return cli_fail(2, CMD, "--path '%s' is not auto, fused, unfused or emulated", a->path_s);
+  if (a->d_s && strcmp(a->d_s, "bf16") && strcmp(a->d_s, "f32"))
+    return cli_fail(2, CMD, "--d '%s' is not bf16 or f32", a->d_s);
+  if (a->d_s && !strcmp(a->d_s, "f32") && a->device < 0)
+    return cli_fail(2, CMD, "--d f32 chooses a GPU's D: the CPU's D is always f32");
+  if (a->d_s && a->trainer)
+    return cli_fail(2, CMD, "--trainer times the trainer's GEMMs with their own D (f32): no --d");
   if (a->path_s && !a->formats.n && !a->recipe)
     return cli_fail(2, CMD, "--path chooses the path of --format and --recipe rows: give one");
   if (a->trainer && (a->shape_s.n || a->formats.n || a->recipe || a->device < 0))
@@ -1265,7 +1275,7 @@ static void report_json(const bench *B, const gemm_run *g) {
   if (B->device >= 0) json_kint(&j, "arch", g->arch);
   json_kint(&j, "iters", B->iters);
   json_kint(&j, "batch", B->batch);
-  json_kstr(&j, "d_dtype", B->device >= 0 ? "bf16" : "f32");
+  json_kstr(&j, "d_dtype", B->device >= 0 && !B->d_f32 ? "bf16" : "f32");
   json_key(&j, "results");
   json_arr(&j);
   for (int i = 0; i < B->nrows; i++) json_row(&j, &B->rows[i]);
@@ -1295,8 +1305,8 @@ static void report_json(const bench *B, const gemm_run *g) {
 static void report_text(const bench *B, const gemm_run *g) {
   const int gpu = B->device >= 0;
   if (gpu)
-    printf("hq bench --gemm: %s (sm_%d), D bf16, median of %d samples of %d call%s (CUDA "
-           "events)\n", g->devname, g->arch, B->iters, B->batch,
+    printf("hq bench --gemm: %s (sm_%d), D %s, median of %d samples of %d call%s (CUDA "
+           "events)\n", g->devname, g->arch, B->d_f32 ? "f32" : "bf16", B->iters, B->batch,
            B->batch == 1 ? "" : "s back to back");
   else
     printf("hq bench --gemm: cpu (the BLAS libhqcore uses), D f32, median of %d samples of %d "
@@ -1359,6 +1369,7 @@ int hq_bench_gemm(int argc, char **argv) {
   bench B;
   memset(&B, 0, sizeof B);
   B.device = a.device;
+  B.d_f32 = a.d_s && !strcmp(a.d_s, "f32");
   B.iters = (int)a.iters;
   B.batch = (int)a.batch;
   char err[256];
