@@ -1021,7 +1021,9 @@ static void test_fused_short_k(void **state) {
     hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
     hq_qtensor *qx = NULL;
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qx));
-    hq_tensor d = hq_tensor_2d(NULL, cases[c].d, 0, N, rows);
+    void *dd = NULL; /* the plan checks D's pointer though it runs nothing */
+    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, (size_t)(N * rows) * (cases[c].d == HQ_F32 ? 4 : 2), &dd));
+    hq_tensor d = hq_tensor_2d(dd, cases[c].d, 0, N, rows);
     hq_gemm_args a = {.struct_size = sizeof a, .flags = cases[c].flags};
     hq_gemm_info info = {.struct_size = sizeof info};
     HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(qx), 1, hq_operand_hp(&wg), 0, &d, &a, &info));
@@ -1031,6 +1033,7 @@ static void test_fused_short_k(void **state) {
                hq_gemm_path_name(info.path),
                cases[c].fused ? "expected" : "not expected");
     hq_qtensor_free(qx);
+    hq_ctx_free(gpu, dd);
     hq_ctx_free(gpu, xg.data);
     hq_ctx_free(gpu, wg.data);
     free(x.data);
