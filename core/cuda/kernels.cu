@@ -207,9 +207,10 @@ extern "C" int hqi_cuda_nonfinite(void *stream, const void *data, int dtype, int
 
 extern "C" int hqi_cuda_amax(void *stream, const void *data, int dtype, int64_t n, float *out) {
   cudaStream_t s = (cudaStream_t)stream;
-  zero_words_kernel<<<1, 32, 0, s>>>(reinterpret_cast<uint32_t *>(out), 1);
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && n > 0) {
+  int rc = hqi_cuda_zero_words(stream, out, 1);
+  if (rc) return rc;
+  cudaError_t e = cudaSuccess;
+  if (n > 0) {
     /* a grid-stride pass over at most 2048 CTAs: a few per SM, one atomic each */
     int64_t blocks = (n + 255) / 256;
     if (blocks > 2048) blocks = 2048;
