@@ -27,8 +27,9 @@
 ** special inputs; their GEMMs take the emulated path (BF16, row-scaled operands with their row
 ** factors split off and multiplied into the F32 product) and equal the F64 product too, and a
 ** row-scaled storage's split raw values and row factors equal the CPU's byte for byte.
-** global_scale = row's one-read rowwise kernel and its two-pass fallback: odd K / 16, slabs of
-** one row and of many, rows at and just over the on-chip budget in each dtype, rows of very
+** global_scale = row's one-read rowwise kernel (its half-size and full-size slabs) and its
+** two-pass fallback: odd K / 16, slabs of one row and of many, rows at and just over each slab
+** size and the on-chip budget in each dtype, rows of very
 ** different magnitudes with all-zero rows, NaN and Inf (test_row_scaled).
 ** Exits 77 (skipped) when no CUDA device is present or the build has no CUDA.
 */
@@ -347,14 +348,14 @@ static void test_row_scaled(void **state) {
     int64_t M, K;
   } c[] = {
       {"global_scale = row", HQ_BF16, 96, 208},    /* K / 16 = 13 */
-      {"global_scale = row", HQ_BF16, 48, 8208},   /* 513 blocks a row, one row a slab */
-      {"global_scale = row", HQ_BF16, 64, 8192},   /* two rows a slab, one atomic per warp */
-      {"global_scale = row", HQ_F16, 528, 80},     /* 204 rows a slab, the last slab partial */
+      {"global_scale = row", HQ_BF16, 48, 8208},   /* 513 blocks a row: a large slab each */
+      {"global_scale = row", HQ_BF16, 64, 8192},   /* exactly a small slab, one atomic a warp */
+      {"global_scale = row", HQ_F16, 528, 80},     /* 102 rows a small slab, the last partial */
       {"global_scale = row", HQ_F32, 1040, 16},    /* 256 rows a slab (the cap) */
       {"global_scale = row", HQ_F32, 48, 192},     /* K / 16 = 12: words, no warp reduction */
-      {"global_scale = row", HQ_BF16, 32, 16384},  /* exactly a slab */
+      {"global_scale = row", HQ_BF16, 32, 16384},  /* exactly a large slab */
       {"global_scale = row", HQ_BF16, 32, 16400},  /* over the budget: two-pass */
-      {"global_scale = row", HQ_F32, 32, 8192},    /* exactly a slab */
+      {"global_scale = row", HQ_F32, 32, 8192},    /* exactly a large slab */
       {"global_scale = row", HQ_F32, 32, 8208},    /* over the budget: two-pass */
       {"global_scale = row\nswizzle = true", HQ_BF16, 144, 336},
       {"global_scale = row\nswizzle = true", HQ_F16, 80, 1024},

@@ -1670,7 +1670,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
    n + 2 will take is cleared between those barriers too (its last readers, slab n - 1's, were
    done before barrier n; its first writers, slab n + 2's, start after barrier n + 1).
    On-chip budget: a slab buffer of kRqSlab bytes holds at least one row, so rows of up to
-   kRqSlab bytes (16384 bf16 / f16, 8192 f32 elements) take this kernel; a longer row cannot be
+   HQ_NVFP4_RQ_SLAB bytes (16384 bf16 / f16, 8192 f32 elements; RqShape: rows of half that take
+   half-size slabs) take this kernel; a longer row cannot be
    held while its amax is reduced, and goes to the two-pass kernels (rowq_fits), as does an input
    not 16-byte aligned (the bulk copy takes 16-byte aligned addresses). Registers hold a slab's
    share per thread (kBPT blocks) from step 1 to step 3, so the slab buffer is free after the
@@ -1693,19 +1694,37 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 #ifndef HQ_NVFP4_RQ_SR_MIN_BLOCKS
 #define HQ_NVFP4_RQ_SR_MIN_BLOCKS 2
 #endif
-constexpr int kRqSlab = HQ_NVFP4_RQ_SLAB;
-template <bool SR>
-constexpr int kRqStages = SR ? HQ_NVFP4_RQ_SR_STAGES : HQ_NVFP4_RQ_STAGES;
-template <bool SR>
-constexpr int kRqMinBlocks = SR ? HQ_NVFP4_RQ_SR_MIN_BLOCKS : HQ_NVFP4_RQ_MIN_BLOCKS;
-static_assert(kRqSlab % (16 * 4 * kThreads) == 0 && kRqStages<false> >= 2 &&
-                  kRqStages<true> >= 2,
-              "a slab buffer is whole 16-block rounds of the CTA's threads, in F32 too");
+/* Rows of at most HQ_NVFP4_RQ_SMALL_SLAB bytes (round to nearest) take half-size slabs: half
+   the blocks per thread, so 4 CTAs per SM fit the registers, with 3 buffers each -- more slabs
+   in flight per SM than the large form's 6 (a measured 75.2% of copy against 72.9% for 8192
+   x 8192 bf16, docs/performance.md); longer rows keep the large slabs. */
+#ifndef HQ_NVFP4_RQ_SMALL_SLAB
+#define HQ_NVFP4_RQ_SMALL_SLAB 16384
+#endif
+#ifndef HQ_NVFP4_RQ_SMALL_STAGES
+#define HQ_NVFP4_RQ_SMALL_STAGES 3
+#endif
+#ifndef HQ_NVFP4_RQ_SMALL_MIN_BLOCKS
+#define HQ_NVFP4_RQ_SMALL_MIN_BLOCKS 4
+#endif
+/* One form of rowq_kernel: slab buffer bytes, buffers per CTA, CTAs per SM (SMALL: the
+   half-size slabs, round to nearest only) */
+template <bool SR, bool SMALL> struct RqShape {
+  static constexpr int kSlab = SMALL ? HQ_NVFP4_RQ_SMALL_SLAB : HQ_NVFP4_RQ_SLAB;
+  static constexpr int kStages = SR      ? HQ_NVFP4_RQ_SR_STAGES
+                                 : SMALL ? HQ_NVFP4_RQ_SMALL_STAGES
+                                         : HQ_NVFP4_RQ_STAGES;
+  static constexpr int kMinBlocks = SR      ? HQ_NVFP4_RQ_SR_MIN_BLOCKS
+                                    : SMALL ? HQ_NVFP4_RQ_SMALL_MIN_BLOCKS
+                                            : HQ_NVFP4_RQ_MIN_BLOCKS;
+  static_assert(kSlab % (16 * 4 * kThreads) == 0 && kStages >= 2 && !(SR && SMALL),
+                "a slab buffer is whole 16-block rounds of the CTA's threads, in F32 too");
+  /* elements and blocks per thread of a slab, at most */
+  template <int DT> static constexpr int kElems = kSlab / (DT == HQ_F32 ? 4 : 2);
+  template <int DT> static constexpr int kBPT = kElems<DT> / 16 / kThreads;
+};
 /* rows per slab, at most: thread t clears row t's max (step 3) */
 constexpr int kRqMaxRows = kThreads;
-template <int DT> constexpr int kRqElems = kRqSlab / (DT == HQ_F32 ? 4 : 2);
-/* blocks per thread and slab, at most */
-template <int DT> constexpr int kRqBPT = kRqElems<DT> / 16 / kThreads;
 
 /* The scale code's encode multiplier from a row's table (hq_nvfp4_encode_mult_tab's bits for
    a normal code, sf >= 8): code sf = e * 8 + g has the value 2^(e - bias) * (1 + g / 8), whose
@@ -1738,9 +1757,12 @@ __device__ __forceinline__ uint4 f4(const float *v, int e) {
                     hq_f32_bits(v[e + 3]));
 }
 
-template <int DT, bool SR, bool UE>
-__global__ void __launch_bounds__(kThreads, kRqMinBlocks<SR>) rowq_kernel(QArgs a) {
-  constexpr int kEsz = DT == HQ_F32 ? 4 : 2, kBPT = kRqBPT<DT>, kStages = kRqStages<SR>;
+template <int DT, bool SR, bool UE, bool SMALL>
+__global__ void __launch_bounds__(kThreads, (RqShape<SR, SMALL>::kMinBlocks))
+    rowq_kernel(QArgs a) {
+  using Sh = RqShape<SR, SMALL>;
+  constexpr int kEsz = DT == HQ_F32 ? 4 : 2, kBPT = Sh::template kBPT<DT>;
+  constexpr int kStages = Sh::kStages, kRqSlab = Sh::kSlab;
   constexpr int kind = UE ? HQ_NVFP4_SCALE_UE5M3 : HQ_NVFP4_SCALE_E4M3;
   extern __shared__ __align__(16) uint8_t slabs[]; /* kStages buffers of kRqSlab bytes */
   __shared__ uint32_t rmax[3][kRqMaxRows];          /* the slabs' row amaxes (bits), step 1 */
@@ -2363,29 +2385,39 @@ bool rowq_fits(const nvfp4_cfg *cfg, const hq_tensor *src, const nvfp4_dev_dir *
   const int64_t esz = src->dtype == HQ_F32 ? 4 : src->dtype == HQ_F16 || src->dtype == HQ_BF16
                                                      ? 2
                                                      : 0;
-  return esz && aligned(src->data, 16) && src->cols * esz <= kRqSlab;
+  return esz && aligned(src->data, 16) && src->cols * esz <= HQ_NVFP4_RQ_SLAB;
 }
 
-template <int DT, bool SR, bool UE> int launch_rowq_t(const hq_call *call, QArgs a) {
+template <int DT, bool SR, bool UE, bool SMALL> int launch_rowq_t(const hq_call *call, QArgs a) {
+  using Sh = RqShape<SR, SMALL>;
   a.rld = (uint32_t)a.K / 2;
   a.rsc = (uint32_t)hq_nvfp4_scale_cols(a.K);
-  const int64_t rows = kRqElems<DT> / a.K;
+  const int64_t rows = Sh::template kElems<DT> / a.K;
   a.rq_rows = (uint32_t)(rows < kRqMaxRows ? rows : kRqMaxRows);
   const int64_t nslab = (a.M + a.rq_rows - 1) / a.rq_rows;
-  const int dyn = kRqStages<SR> * kRqSlab;
+  const int dyn = Sh::kStages * Sh::kSlab;
   int64_t resident = 0;
-  CHECK_CUDA(call, (hq_cuda_resident<rowq_kernel<DT, SR, UE>>(kThreads, dyn, &resident)));
+  CHECK_CUDA(call,
+             (hq_cuda_resident<rowq_kernel<DT, SR, UE, SMALL>>(kThreads, dyn, &resident)));
   const unsigned grid = (unsigned)(nslab < resident ? nslab : resident);
-  rowq_kernel<DT, SR, UE><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
-  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<rowq_kernel<DT, SR, UE>>();
+  rowq_kernel<DT, SR, UE, SMALL><<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a);
+  if (cudaPeekAtLastError() != cudaSuccess)
+    hq_cuda_resident_forget<rowq_kernel<DT, SR, UE, SMALL>>();
   CHECK_LAUNCH(call, "nvfp4 row-scaled rowwise quantize kernel");
   return HQ_OK;
 }
 /* specialized on the scale type too (its code and its table's exponent), a kernel argument
-   elsewhere */
+   elsewhere; rows that fit the half-size slabs take them (round to nearest) */
+template <int DT, bool SR, bool UE> int launch_rowq_s(const hq_call *call, const QArgs &a) {
+  if constexpr (!SR) {
+    if (a.K * (DT == HQ_F32 ? 4 : 2) <= RqShape<false, true>::kSlab)
+      return launch_rowq_t<DT, SR, UE, true>(call, a);
+  }
+  return launch_rowq_t<DT, SR, UE, false>(call, a);
+}
 template <int DT, bool SR> int launch_rowq_k(const hq_call *call, const QArgs &a) {
-  return a.kind == HQ_NVFP4_SCALE_UE5M3 ? launch_rowq_t<DT, SR, true>(call, a)
-                                        : launch_rowq_t<DT, SR, false>(call, a);
+  return a.kind == HQ_NVFP4_SCALE_UE5M3 ? launch_rowq_s<DT, SR, true>(call, a)
+                                        : launch_rowq_s<DT, SR, false>(call, a);
 }
 template <int DT> int launch_rowq(const hq_call *call, const QArgs &a) {
   return a.sr ? launch_rowq_k<DT, true>(call, a) : launch_rowq_k<DT, false>(call, a);
