@@ -268,7 +268,8 @@ if len(rows) >= 3:
     # runs in less), summed per whole step by scripts/ncu_steps.py into step_kernels.txt. ncu
     # stops after HQ_STEP_LAUNCHES (1500) launches: the final evaluation's thousands of forward
     # launches come after the steps, which ncu_steps.py leaves out, and would take most of the
-    # time (about 15 ms a launch profiled)
+    # time (about 15 ms a launch profiled). HQ_STEP_DRAM=1 adds each launch's DRAM bytes read,
+    # HQ_STEP_CALLS=REGEX lists one step's launches of the kernels it matches (ncu_steps.py --calls)
     mkdir -p "$out/steps"
     set --
     for r in conf/examples/high_precision.ini conf/recipe.ini conf/examples/*.ini; do
@@ -280,14 +281,16 @@ if len(rows) >= 3:
     labels=()
     for r in "$@"; do
       l=$(basename "$r" .ini)
-      HQ_PLUGIN_PATH=$plugins timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum \
+      HQ_PLUGIN_PATH=$plugins timeout 120 "$ncu" --csv \
+        --metrics "gpu__time_duration.sum${HQ_STEP_DRAM:+,dram__bytes_read.sum}" \
         --launch-count "${HQ_STEP_LAUNCHES:-1500}" ./tools/hq train --device cuda \
         --cuda-graph off --baseline none --eval-every 0 \
         --preset "${HQ_STEP_PRESET:-default}" --steps "${HQ_STEP_STEPS:-6}" --recipe "$r" \
         ${data[@]+"${data[@]}"} > "$out/steps/$l.csv" 2>&1 || rc=1
       labels+=("$l=$out/steps/$l.csv")
     done
-    python3 "$root/scripts/ncu_steps.py" "${labels[@]}" | tee "$out/step_kernels.txt" || rc=1
+    python3 "$root/scripts/ncu_steps.py" ${HQ_STEP_CALLS:+--calls "$HQ_STEP_CALLS"} "${labels[@]}" \
+      | tee "$out/step_kernels.txt" || rc=1
   fi
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
     set -- ${HQ_BENCH_ARGS:---all}

@@ -13,7 +13,12 @@ launches and their microseconds, then each kernel (its name up to the first '(' 
 'void ' and anonymous namespaces) with its calls, microseconds a step and a call, largest first.
 Lines of the file that are not ncu's CSV (the program's own output, ==PROF== lines) are ignored.
 Exits non-zero, naming the file, when it holds no counters, a time in a unit it does not know or
-fewer than two step kernels."""
+fewer than two step kernels.
+
+--calls REGEX lists, after a file's sums, every launch of its first whole step whose name matches
+REGEX, in order: name, grid, microseconds and, when the file also holds ncu's
+dram__bytes_read.sum (`--metrics gpu__time_duration.sum,dram__bytes_read.sum`), the megabytes
+the launch read from DRAM -- to tell the calls of one kernel at different sizes apart."""
 import collections
 import csv
 import re
@@ -35,22 +40,38 @@ def micros(value, unit):
     return v * scale[unit]
 
 
-def launches(path):
-    """[(short name, microseconds)] in launch order."""
+def megabytes(value, unit):
+    v = float(value.replace(",", ""))
+    scale = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "B": 1e-6, "KB": 1e-3,
+             "MB": 1.0, "GB": 1e3}
+    if unit not in scale:
+        raise ValueError("unknown byte unit %r" % unit)
+    return v * scale[unit]
+
+
+def launches(path, detail=False):
+    """[(short name, microseconds)] in launch order; detail: [(short name, microseconds, grid,
+    DRAM megabytes read or None)]."""
     with open(path, newline="", errors="replace") as f:
         lines = [l for l in f if l.startswith('"')]
-    out = collections.OrderedDict()
+    out, grid, dram = collections.OrderedDict(), {}, {}
     for r in csv.DictReader(lines):
+        k = int(r["ID"])
+        if r.get("Metric Name") == "dram__bytes_read.sum":
+            dram[k] = megabytes(r["Metric Value"], r.get("Metric Unit", ""))
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        out[int(r["ID"])] = (short_name(r["Kernel Name"]),
-                             micros(r["Metric Value"], r.get("Metric Unit", "")))
+        out[k] = (short_name(r["Kernel Name"]), micros(r["Metric Value"], r.get("Metric Unit", "")))
+        grid[k] = r.get("Grid Size", "")
+    if detail:
+        return [out[k] + (grid[k], dram.get(k)) for k in sorted(out)]
     return [out[k] for k in sorted(out)]
 
 
-def summary(label, path, step_re, top):
+def summary(label, path, step_re, top, calls_re=None):
     try:
-        ks = launches(path)
+        kd = launches(path, detail=True)
+        ks = [(n, us) for n, us, _, _ in kd]
     except (ValueError, KeyError) as e:
         sys.stderr.write("%s: %s: not ncu's gpu__time_duration.sum CSV: %s\n" % (label, path, e))
         return 1
@@ -73,24 +94,32 @@ def summary(label, path, step_re, top):
           (label, steps, calls / steps, total / steps))
     for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         print("  %-48s %5.1f calls %9.2f us/step %8.2f us/call" % (n, c / steps, t / steps, t / c))
+    if calls_re is not None:
+        print("%s: the launches of its first whole step matching /%s/:" % (label, calls_re.pattern))
+        for n, us, grid, mb in kd[marks[0]:marks[1]]:
+            if calls_re.search(n):
+                print("  %-40s grid %-14s %8.2f us%s" %
+                      (n, grid, us, "" if mb is None else " %8.2f MB read" % mb))
     return 0
 
 
 def main(argv):
-    step, top, files = "embed_bwd_part_k", 12, []
+    step, top, calls, files = "embed_bwd_part_k", 12, None, []
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("--step-kernel", "--top") and i + 1 < len(argv):
+        if a in ("--step-kernel", "--top", "--calls") and i + 1 < len(argv):
             if a == "--top":
                 top = int(argv[i + 1])
+            elif a == "--calls":
+                calls = re.compile(argv[i + 1])
             else:
                 step = argv[i + 1]
             i += 2
             continue
         if "=" not in a or a.startswith("-"):
-            sys.stderr.write("ncu_steps.py: %r: want LABEL=CSV (or --step-kernel REGEX, --top N)\n"
-                             % a)
+            sys.stderr.write("ncu_steps.py: %r: want LABEL=CSV (or --step-kernel REGEX, --top N, "
+                             "--calls REGEX)\n" % a)
             return 2
         files.append(a.split("=", 1))
         i += 1
@@ -99,7 +128,7 @@ def main(argv):
         return 2
     rc = 0
     for label, path in files:
-        rc |= summary(label, path, re.compile(step), top)
+        rc |= summary(label, path, re.compile(step), top, calls)
     return rc
 
 

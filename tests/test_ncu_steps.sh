@@ -5,7 +5,8 @@
 # ==PROF== lines between them; the launches before the first step kernel (the embedding's
 # backward) and after the last (an evaluation's forwards, whose loss sums once ended each "step")
 # are left out, the two whole steps between them summed by hand below. A file with one step
-# kernel, a time in an unknown unit and a bad argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
+# kernel, a time in an unknown unit and a bad argument are refused by name; --calls lists one
+# step's launches of a kernel. Exit 0 pass, 1 fail, 77 skip (automake).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_ncu_steps.XXXXXX")
@@ -49,6 +50,23 @@ bf16: 2 whole steps, 4.0 kernels and 12.5 us of kernel time a step
   xent_sum_k                                         1.0 calls      2.00 us/step     2.00 us/call
 W
 diff "$tmp/want.txt" "$tmp/out.txt" || fail "the summary differs from the hand sums"
+# --calls: the first whole step's launches of one kernel, with their grid and, where the file
+# has it, the DRAM bytes each read (one launch in Mbyte, one in Kbyte, one without the counter)
+dram() { # ID UNIT VALUE
+  printf '"%s","1","hq","h","x","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","%s","%s"\n' "$1" "$2" "$3"
+}
+{ cat "$tmp/a.csv"; dram 2 Mbyte 1.5; dram 6 Kbyte 250; } > "$tmp/d.csv"
+python3 "$src/scripts/ncu_steps.py" --calls quantize "d=$tmp/d.csv" > "$tmp/out.txt" \
+  2> "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "ncu_steps.py --calls"; }
+tail -n 2 "$tmp/out.txt" > "$tmp/calls.txt"
+cat > "$tmp/want.txt" <<'W'
+d: the launches of its first whole step matching /quantize/:
+  quantize                                 grid (8, 1, 1)          3.00 us     1.50 MB read
+W
+diff "$tmp/want.txt" "$tmp/calls.txt" || fail "--calls lists other launches"
+python3 "$src/scripts/ncu_steps.py" --calls fwd_k "a=$tmp/a.csv" | tail -n 1 > "$tmp/calls.txt"
+echo "  fwd_k                                    grid (8, 1, 1)          5.00 us" > "$tmp/want.txt"
+diff "$tmp/want.txt" "$tmp/calls.txt" || fail "--calls without DRAM counters"
 { echo "$h"; row 0 "void embed_bwd_part_k(float *)" usecond 2; row 1 "void fwd_k(float *)" usecond 1; } \
   > "$tmp/one.csv"
 python3 "$src/scripts/ncu_steps.py" "x=$tmp/one.csv" > /dev/null 2> "$tmp/err.txt" \
