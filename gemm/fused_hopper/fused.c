@@ -35,9 +35,9 @@
 #ifndef HQ_FUSED_MIN_ELEMS
 #define HQ_FUSED_MIN_ELEMS (1 << 20)
 #endif
-/* The shortest k the fused path is taken for by default when D is F32 (hq train's GEMMs): at
-   k = 1024 its wide model trained faster on the unfused path, where with a BF16 D the fused
-   kernel stays the faster even at k = 768 (docs/performance.md, section 7). */
+/* The shortest k the fused path is taken for by default when D is F32 (hq train's GEMMs): below
+   it the fused kernel's F32 epilogue costs more than the unfused path's dequantize, while with
+   a BF16 D the fused kernel stays the faster at every k measured (docs/performance.md). */
 #ifndef HQ_FUSED_MIN_K_F32
 #define HQ_FUSED_MIN_K_F32 2048
 #endif

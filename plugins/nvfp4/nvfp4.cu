@@ -1696,8 +1696,8 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
 #endif
 /* Rows of at most HQ_NVFP4_RQ_SMALL_SLAB bytes (round to nearest) take half-size slabs: half
    the blocks per thread, so 4 CTAs per SM fit the registers, with 3 buffers each -- more slabs
-   in flight per SM than the large form's 6 (a measured 75.2% of copy against 72.9% for 8192
-   x 8192 bf16, docs/performance.md); longer rows keep the large slabs. */
+   in flight per SM than the large form's 6, which measured the faster (docs/performance.md);
+   longer rows keep the large slabs, the only ones that hold them. */
 #ifndef HQ_NVFP4_RQ_SMALL_SLAB
 #define HQ_NVFP4_RQ_SMALL_SLAB 16384
 #endif
