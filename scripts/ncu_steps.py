@@ -49,9 +49,8 @@ def megabytes(value, unit):
     return v * scale[unit]
 
 
-def launches(path, detail=False):
-    """[(short name, microseconds)] in launch order; detail: [(short name, microseconds, grid,
-    DRAM megabytes read or None)]."""
+def launches(path):
+    """[(short name, microseconds, grid, DRAM megabytes read or None)] in launch order."""
     with open(path, newline="", errors="replace") as f:
         lines = [l for l in f if l.startswith('"')]
     out, grid, dram = collections.OrderedDict(), {}, {}
@@ -63,14 +62,12 @@ def launches(path, detail=False):
             continue
         out[k] = (short_name(r["Kernel Name"]), micros(r["Metric Value"], r.get("Metric Unit", "")))
         grid[k] = r.get("Grid Size", "")
-    if detail:
-        return [out[k] + (grid[k], dram.get(k)) for k in sorted(out)]
-    return [out[k] for k in sorted(out)]
+    return [out[k] + (grid[k], dram.get(k)) for k in sorted(out)]
 
 
 def summary(label, path, step_re, top, calls_re=None):
     try:
-        kd = launches(path, detail=True)
+        kd = launches(path)
         ks = [(n, us) for n, us, _, _ in kd]
     except (ValueError, KeyError) as e:
         sys.stderr.write("%s: %s: not ncu's gpu__time_duration.sum CSV: %s\n" % (label, path, e))

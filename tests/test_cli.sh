@@ -528,6 +528,7 @@ usage_error "hq bench --gemm: --path 'fuse' is not auto, fused, unfused or emula
 usage_error "hq bench --gemm: --path chooses the path of --format and --recipe rows: give one" bench --gemm --path unfused
 usage_error "hq bench --gemm: --d 'f16' is not bf16 or f32" bench --gemm --d f16
 usage_error "hq bench --gemm: --d f32 chooses a GPU's D: the CPU's D is always f32" bench --gemm --d f32
+usage_error "hq bench --gemm: --trainer times the trainer's GEMMs with their own D (f32): no --d" bench --gemm --trainer --d bf16
 usage_error "hq bench --gemm: --format 'nvfp4 rht' is not 'PLUGIN[ key=value...]'" bench --gemm --format 'nvfp4 rht'
 failure "hq bench --gemm: $tmp/none.ini: cannot open: No such file or directory" bench --gemm --shape 32x32x32 --recipe "$tmp/none.ini" --role a:b:c
 # quantize lists each direction's buffers: name, dtype, shape, bytes, and whether a columnwise
