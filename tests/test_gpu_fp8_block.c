@@ -226,7 +226,8 @@ static void test_special_values(void **state) {
 }
 
 /* A misaligned input pointer (element loads instead of 16-byte ones) gives the same bytes; and
-   one larger tensor per block shape. */
+   one larger tensor per block shape. Tensors of at most 16 tiles (every shape above) take the
+   split kernel, a cluster of CTAs a tile; the larger ones here the one-CTA-a-tile kernel. */
 static void test_misaligned_and_large(void **state) {
   (void)state;
   const hq_dtype dts[3] = {HQ_F32, HQ_BF16, HQ_F16};

@@ -31,12 +31,16 @@
 ** the step runs apart instead (adam_cuda.h: element-wise over every SM), then the plain quantize.
 ** scale_inv = hq_rcp_rn(scale) is written by the threads that own the block; the zero padding of
 ** each scale buffer's rows (dim 1 up to a multiple of 4) is written by the edge tiles.
+** A tensor of at most HQ_FP8B_SPLIT_TILES tiles (without the optimizer step) takes
+** quantize_split_kernel instead: a cluster of 8 CTAs a tile, 16 rows each, the column and tile
+** amaxes reduced through distributed shared memory (the comment there says why).
 ** dequantize: 32x32 tiles, x = hq_fp8_dequantize(q, its block's scale_inv); a columnwise [K, M]
 ** storage is read coalesced and transposed through shared memory.
 **
 ** Every launch is queued on call->stream; nothing allocates (scratch_size is 0 on a device),
 ** nothing synchronizes: quantize/update can be captured in a CUDA graph.
 */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -420,6 +424,178 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
   }
 }
 
+/* A tensor of few tiles (HQ_FP8B_SPLIT_TILES or fewer): each 128x128 tile is quantized by a
+   cluster of kSplit CTAs, CTA r taking the tile's rows 16r .. 16r + 15, so that a small tensor
+   spreads over kSplit times the SMs (one CTA a tile leaves most of the GPU idle while each CTA
+   runs its whole tile's chain of loads, reductions and casts). Thread t holds row t / 16's eight
+   columns 8 (t % 16) .. + 7 as FP32. A 1x128 rowwise block is one CTA's row (16 lanes' shuffles);
+   a 128x1 columnwise block's amax and a 128x128 block's amax are reduced over the cluster: each
+   CTA writes its partial maxima into every CTA's shared slots (distributed shared memory), one
+   cluster barrier, then each CTA reduces the 8 slots locally, so no CTA reads another's memory
+   after the barrier and none has to wait for the others to exit. The amaxes, scales and casts are
+   the one-CTA kernel's (hq_cuda_amax_step, hq_fp8b_scale, hq_cuda_cast8): the same bytes. The
+   fused optimizer step keeps the one-CTA kernel. */
+constexpr int kSplit = 8, kSplitRows = kB / kSplit;
+static_assert(kSplitRows * 16 == kThreads, "a thread per row and 8-column group of a CTA's rows");
+#ifndef HQ_FP8B_SPLIT_TILES
+#define HQ_FP8B_SPLIT_TILES 16
+#endif
+
+template <int DT, int ELEM, bool TWO_D>
+__global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  __shared__ float slot[kSplit][kB];                 /* the cluster's partial maxima, by rank */
+  __shared__ float wmax[kThreads / 32][kB];          /* per-warp column maxima (1-D columnwise) */
+  __shared__ float cscale[kB];                       /* column scales (1-D columnwise) */
+  __shared__ uint8_t ctile[kB][kSplitRows + 1];      /* [tile column][CTA row] codes, padded */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lr = t >> 4, c0 = (t & 15) * 8;
+  const unsigned rank = cl.block_rank();
+  const int64_t tile = blockIdx.x / kSplit, mb = tile / a.Kb, kb = tile % a.Kb;
+  const int64_t m0 = mb * kB, k0 = kb * kB, M = a.M, K = a.K;
+  const int nr = (int)(M - m0 < kB ? M - m0 : kB), nc = (int)(K - k0 < kB ? K - k0 : kB);
+  const int r = (int)rank * kSplitRows + lr; /* this thread's row in the tile */
+  const bool row_in = r < nr, col_in = c0 < nc;
+  const int64_t i = m0 + r;
+  /* every CTA of the cluster has started before any writes into another's shared memory: the
+     arrival here, the wait just before the first such write (the load overlaps it) */
+  if (TWO_D || a.cd) cl.barrier_arrive();
+
+  float y[8];
+  if (row_in && col_in && a.vec_in) {
+    hq_cuda_load8<DT>(a.x, i * K + k0 + c0, true, y);
+  } else {
+    #pragma unroll
+    for (int j = 0; j < 8; j++)
+      y[j] = row_in && c0 + j < nc ? hq_load_hp(a.x, i * K + k0 + c0 + j, DT) : 0.0f;
+  }
+  /* out-of-bounds elements are 0: they never raise an amax and their bytes are never stored */
+
+  if (TWO_D) {
+    float m = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < 8; j++) m = hq_cuda_amax_step(m, y[j]);
+    m = hq_cuda_cta_max<kThreads>(m); /* on thread 0 */
+    cl.barrier_wait();
+    if (t == 0)
+      for (unsigned c = 0; c < kSplit; c++) cl.map_shared_rank(&slot[0][0], c)[rank] = m;
+    cl.sync();
+    float tm = 0.0f;
+    #pragma unroll
+    for (int c = 0; c < kSplit; c++) tm = fmaxf(tm, slot[0][c]);
+    const float scale = hq_fp8b_scale(tm, ELEM, a.pow2, a.epsilon, DT);
+    const uint2 q = hq_cuda_cast8<ELEM>(y, scale);
+    if (rank == 0) {
+      if (t == 0) {
+        const float scale_inv = hq_rcp_rn(scale);
+        if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
+        if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
+      }
+      /* padding of the scale rows: [m/128][Kb .. r4(Kb)) and [k/128][Mb .. r4(Mb)) */
+      if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
+        a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
+      const int64_t Mb = hq_fp8b_nblocks(M);
+      if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
+        a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
+    }
+    if (a.rd && row_in && col_in) store_row8(a, i, k0 + c0, q);
+    if (a.cd)
+      #pragma unroll
+      for (int j = 0; j < 8; j++) ctile[c0 + j][lr] = (uint8_t)((j < 4 ? q.x : q.y) >> (8 * (j & 3)));
+  } else {
+    if (a.rd) {
+      /* the row's amax over its 16 lanes (a half-warp) */
+      float rm = 0.0f;
+      #pragma unroll
+      for (int j = 0; j < 8; j++) rm = hq_cuda_amax_step(rm, y[j]);
+      #pragma unroll
+      for (int off = 8; off > 0; off >>= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, off));
+      const float scale = hq_fp8b_scale(rm, ELEM, a.pow2, a.epsilon, DT);
+      if ((t & 15) == 0 && row_in) a.rs[hq_fp8b_row1d_index(i, k0, M)] = hq_rcp_rn(scale);
+      if (row_in && col_in) store_row8(a, i, k0 + c0, hq_cuda_cast8<ELEM>(y, scale));
+      const int64_t r4M = hq_roundup(M, 4);
+      if (rank == 0 && mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
+    }
+    if (a.cd) {
+      /* column maxima over the CTA's 16 rows: lanes l and l ^ 16 hold rows 2w and 2w + 1, then
+         the warps through shared memory; then over the cluster's 8 CTAs */
+      float cm[8];
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        cm[j] = hq_cuda_amax_step(0.0f, y[j]);
+        cm[j] = fmaxf(cm[j], __shfl_xor_sync(0xffffffffu, cm[j], 16));
+      }
+      if (lane < 16)
+        #pragma unroll
+        for (int j = 0; j < 8; j++) wmax[warp][c0 + j] = cm[j];
+      __syncthreads();
+      cl.barrier_wait();
+      if (t < kB) {
+        float m = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < kThreads / 32; w++) m = fmaxf(m, wmax[w][t]);
+        for (unsigned c = 0; c < kSplit; c++) cl.map_shared_rank(&slot[0][0], c)[rank * kB + t] = m;
+      }
+      cl.sync();
+      if (t < kB) {
+        float m = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < kSplit; c++) m = fmaxf(m, slot[c][t]);
+        const float scale = hq_fp8b_scale(m, ELEM, a.pow2, a.epsilon, DT);
+        cscale[t] = scale;
+        if (rank == 0 && t < nc) a.cs[hq_fp8b_col1d_index(m0, k0 + t, K)] = hq_rcp_rn(scale);
+      }
+      const int64_t r4K = hq_roundup(K, 4);
+      if (rank == 0 && kb == a.Kb - 1 && t < r4K - K) a.cs[mb * r4K + K + t] = 0.0f;
+      __syncthreads();
+      const uint2 q = hq_cuda_cast8v<ELEM>(y, &cscale[c0]);
+      #pragma unroll
+      for (int j = 0; j < 8; j++) ctile[c0 + j][lr] = (uint8_t)((j < 4 ? q.x : q.y) >> (8 * (j & 3)));
+    }
+  }
+  if (!a.cd) return;
+  /* the transposed bytes: tile column c's 16 codes of this CTA's rows, 16 bytes at
+     [k0 + c][m0 + 16 rank] of the [K, M] copy */
+  __syncthreads();
+  if (t < nc && (int)rank * kSplitRows < nr) {
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    #pragma unroll
+    for (int b = 0; b < kSplitRows; b++) w[b >> 2] |= (uint32_t)ctile[t][b] << (8 * (b & 3));
+    const int nb = nr - (int)rank * kSplitRows < kSplitRows ? nr - (int)rank * kSplitRows : kSplitRows;
+    uint8_t *o = a.cd + (k0 + t) * M + m0 + (int64_t)rank * kSplitRows;
+    if (a.vec_col && nb == kSplitRows) {
+      *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      for (int b = 0; b < nb; b++) o[b] = (uint8_t)(w[b >> 2] >> (8 * (b & 3)));
+    }
+  }
+}
+
+template <int DT, int ELEM>
+cudaError_t launch_split(int two_d, unsigned tiles, cudaStream_t stream, const QArgs &a) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tiles * kSplit);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = kSplit;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return two_d ? cudaLaunchKernelEx(&cfg, quantize_split_kernel<DT, ELEM, true>, a)
+               : cudaLaunchKernelEx(&cfg, quantize_split_kernel<DT, ELEM, false>, a);
+}
+
+template <int DT>
+cudaError_t launch_split_dt(int elem, int two_d, unsigned tiles, cudaStream_t stream,
+                            const QArgs &a) {
+  return elem == HQ_E5M2 ? launch_split<DT, HQ_E5M2>(two_d, tiles, stream, a)
+                         : launch_split<DT, HQ_E4M3>(two_d, tiles, stream, a);
+}
+
 /* dst[m][k] = hq_fp8_dequantize(q, scale_inv of (m, k)); q is [M, K] (colwise 0) or [K, M]
    (colwise 1, read coalesced along M and transposed through shared memory). */
 constexpr int kT = 32, kRows = 8;
@@ -524,6 +700,17 @@ extern "C" int fp8b_cuda_quantize(const hq_call *call, const hq_tensor *src, int
     default: launch_quantize_dt<HQ_F32, HQ_BF16>(elem, two_d, grid, stream, a); break;
     }
     CHECK_LAUNCH(call, "fp8_block quantize kernel with the fused optimizer step");
+    return HQ_OK;
+  }
+  if (tiles <= HQ_FP8B_SPLIT_TILES) {
+    /* a few tiles: each over a cluster of kSplit CTAs */
+    switch (src->dtype) {
+    case HQ_F32: CHECK_CUDA(call, launch_split_dt<HQ_F32>(elem, two_d, grid, stream, a)); break;
+    case HQ_F16: CHECK_CUDA(call, launch_split_dt<HQ_F16>(elem, two_d, grid, stream, a)); break;
+    case HQ_BF16: CHECK_CUDA(call, launch_split_dt<HQ_BF16>(elem, two_d, grid, stream, a)); break;
+    default:
+      return call->host->error(HQ_EINVAL, "fp8_block CUDA: source dtype %d", (int)src->dtype);
+    }
     return HQ_OK;
   }
   switch (src->dtype) {
