@@ -145,22 +145,28 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
   hq_cuda_cta_atomic_max(__float_as_uint(m), t0, t1);
 }
 
-/* Launch `kernel` as one cluster of kHqAmaxCluster CTAs of `threads` threads. */
+/* Launch `kernel` as `grid` CTAs of `threads` threads in clusters of `cluster` (grid a multiple
+   of it); hq_cuda_launch_cluster: one cluster of kHqAmaxCluster. */
 template <typename... P, typename... A>
-inline cudaError_t hq_cuda_launch_cluster(void (*kernel)(P...), int threads, cudaStream_t stream,
-                                          A... args) {
+inline cudaError_t hq_cuda_launch_clusters(void (*kernel)(P...), unsigned grid, unsigned cluster,
+                                           int threads, cudaStream_t stream, A... args) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kHqAmaxCluster);
+  cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = kHqAmaxCluster;
+  at[0].val.clusterDim.x = cluster;
   at[0].val.clusterDim.y = 1;
   at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+template <typename... P, typename... A>
+inline cudaError_t hq_cuda_launch_cluster(void (*kernel)(P...), int threads, cudaStream_t stream,
+                                          A... args) {
+  return hq_cuda_launch_clusters(kernel, kHqAmaxCluster, kHqAmaxCluster, threads, stream, args...);
 }
 
 template <int DT, bool VEC>

@@ -147,6 +147,24 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
 #define HQ_FP8B_ADAM_PREFETCH 2
 #endif
 
+/* A 2-D block's scale_inv in both scale buffers (thread 0 of the tile's CTA or cluster) and,
+   by threads t < 3 of the edge tiles, the zero padding of the scale rows: [m/128][Kb .. r4(Kb))
+   and [k/128][Mb .. r4(Mb)). */
+__device__ __forceinline__ void store_2d_scales(const QArgs &a, int t, int64_t mb, int64_t kb,
+                                                float scale) {
+  const int64_t M = a.M, K = a.K, m0 = mb * kB, k0 = kb * kB;
+  if (t == 0) {
+    const float scale_inv = hq_rcp_rn(scale);
+    if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
+    if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
+  }
+  if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
+    a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
+  const int64_t Mb = hq_fp8b_nblocks(M);
+  if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
+    a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
+}
+
 /* Swizzled byte offset of (row r, byte b) of the shared 128x128 transposed tile: 16-byte chunk
    b/16 of row r sits at chunk (b/16) ^ ((r/8) % 8). */
 __device__ __forceinline__ int sw(int r, int b) {
@@ -301,17 +319,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
       for (int j = 0; j < 8; j++) y[j] = x.at(p, j);
       q[p] = hq_cuda_cast8<ELEM>(y, scale);
     }
-    if (t == 0) {
-      const float scale_inv = hq_rcp_rn(scale);
-      if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
-      if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
-    }
-    /* padding of the scale rows: [m/128][Kb .. r4(Kb)) and [k/128][Mb .. r4(Mb)) */
-    if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
-      a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
-    const int64_t Mb = hq_fp8b_nblocks(M);
-    if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
-      a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
+    store_2d_scales(a, t, mb, kb, scale);
     if (a.rd && col_in)
       #pragma unroll
       for (int p = 0; p < 8; p++)
@@ -486,19 +494,7 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
     for (int c = 0; c < kSplit; c++) tm = fmaxf(tm, slot[0][c]);
     const float scale = hq_fp8b_scale(tm, ELEM, a.pow2, a.epsilon, DT);
     const uint2 q = hq_cuda_cast8<ELEM>(y, scale);
-    if (rank == 0) {
-      if (t == 0) {
-        const float scale_inv = hq_rcp_rn(scale);
-        if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
-        if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
-      }
-      /* padding of the scale rows: [m/128][Kb .. r4(Kb)) and [k/128][Mb .. r4(Mb)) */
-      if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
-        a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
-      const int64_t Mb = hq_fp8b_nblocks(M);
-      if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
-        a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
-    }
+    if (rank == 0) store_2d_scales(a, t, mb, kb, scale);
     if (a.rd && row_in && col_in) store_row8(a, i, k0 + c0, q);
     if (a.cd)
       #pragma unroll
@@ -574,19 +570,10 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
 
 template <int DT, int ELEM>
 cudaError_t launch_split(int two_d, unsigned tiles, cudaStream_t stream, const QArgs &a) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(tiles * kSplit);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = kSplit;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  return two_d ? cudaLaunchKernelEx(&cfg, quantize_split_kernel<DT, ELEM, true>, a)
-               : cudaLaunchKernelEx(&cfg, quantize_split_kernel<DT, ELEM, false>, a);
+  return two_d ? hq_cuda_launch_clusters(quantize_split_kernel<DT, ELEM, true>, tiles * kSplit,
+                                         kSplit, kThreads, stream, a)
+               : hq_cuda_launch_clusters(quantize_split_kernel<DT, ELEM, false>, tiles * kSplit,
+                                         kSplit, kThreads, stream, a);
 }
 
 template <int DT>
