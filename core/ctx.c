@@ -276,6 +276,20 @@ int hqi_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes) {
   return hqi_cuda_memset(dst, value, bytes, ctx->stream);
 }
 
+int hq_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes) {
+  if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_memset: ctx is NULL");
+  if (!dst && bytes) return hqi_error(HQ_EINVAL, "hq_ctx_memset: dst is NULL (%zu bytes)", bytes);
+  if (value < 0 || value > 255)
+    return hqi_error(HQ_EINVAL, "hq_ctx_memset: value %d is not a byte (0 to 255)", value);
+  if (!bytes || ctx->device < 0) return hqi_ctx_memset(ctx, dst, value, bytes);
+  int saved, rc = hqi_device_enter(ctx->device, &saved);
+  if (rc) return rc;
+  rc = hqi_ctx_memset(ctx, dst, value, bytes);
+  hqi_device_leave(saved);
+  if (rc) return hqi_error_prefix(rc, "hq_ctx_memset: %zu bytes on device %d", bytes, ctx->device);
+  return HQ_OK;
+}
+
 int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
                   size_t bytes) {
   if (!ctx || (!dst && bytes) || (!src && bytes))

@@ -8,6 +8,7 @@
 **   - the context passed to a call is the one whose logger and allocator the call uses;
 **   - identity is built in; the random stream position is readable and settable;
 **   - a host context is never being captured into a CUDA graph (hq_ctx_capturing);
+**   - hq_ctx_memset on a host context sets exactly the bytes asked, and refuses bad arguments;
 **   - saved-buffer descriptors;
 **   - a module's configure() status reaches the caller unchanged.
 */
@@ -344,6 +345,40 @@ static void test_ctx_capturing_host(void **state) {
   assert_int_equal(hq_ctx_capturing(ctx, NULL), HQ_EINVAL);
   HQ_ERROR_HAS("hq_ctx_capturing: capturing is NULL");
   assert_int_equal(hq_ctx_capturing(NULL, NULL), HQ_EINVAL);
+  hq_ctx_destroy(ctx);
+}
+
+/* hq_ctx_memset on a host context: exactly [off, off + n) takes the value, nothing around it;
+   zero bytes with a NULL dst is nothing to do; a NULL context or dst and a value that is not a
+   byte are refused by name, the buffer untouched. */
+static void test_ctx_memset_host(void **state) {
+  (void)state;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  unsigned char buf[64];
+  const struct { size_t off, n; int value; } cases[] = {{0, 64, 0}, {3, 17, 0xab}, {1, 6, 255},
+                                                        {60, 4, 0}, {10, 0, 7}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    memset(buf, 0x11, sizeof buf);
+    HQ_OK_OR_FAIL(hq_ctx_memset(ctx, buf + cases[c].off, cases[c].value, cases[c].n));
+    for (size_t i = 0; i < sizeof buf; i++) {
+      const int in = i >= cases[c].off && i < cases[c].off + cases[c].n;
+      if (buf[i] != (in ? cases[c].value : 0x11))
+        fail_msg("case %zu: byte %zu is 0x%02x, 0x%02x expected", c, i, buf[i],
+                 in ? cases[c].value : 0x11);
+    }
+  }
+  HQ_OK_OR_FAIL(hq_ctx_memset(ctx, NULL, 0, 0));
+  memset(buf, 0x11, sizeof buf);
+  assert_int_equal(hq_ctx_memset(NULL, buf, 0, 8), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_memset: ctx is NULL");
+  assert_int_equal(hq_ctx_memset(ctx, NULL, 0, 8), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_memset: dst is NULL (8 bytes)");
+  assert_int_equal(hq_ctx_memset(ctx, buf, 256, 8), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_ctx_memset: value 256 is not a byte (0 to 255)");
+  assert_int_equal(hq_ctx_memset(ctx, buf, -1, 8), HQ_EINVAL);
+  HQ_ERROR_HAS("value -1 is not a byte");
+  for (size_t i = 0; i < sizeof buf; i++) assert_int_equal(buf[i], 0x11);
   hq_ctx_destroy(ctx);
 }
 
@@ -1070,6 +1105,7 @@ int main(void) {
       cmocka_unit_test(test_storage_as_described),  cmocka_unit_test(test_update_must_not_allocate),
       cmocka_unit_test(test_per_call_context),      cmocka_unit_test(test_identity_is_built_in),
       cmocka_unit_test(test_ctx_capturing_host),
+      cmocka_unit_test(test_ctx_memset_host),
       cmocka_unit_test(test_rng_offset),            cmocka_unit_test(test_call_dirs),
       cmocka_unit_test(test_rng_offset_pinned),     cmocka_unit_test(test_rng_offset_helper),
       cmocka_unit_test(test_ctx_outlived),

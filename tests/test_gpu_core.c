@@ -11,7 +11,9 @@
 **   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern);
 **   - a qtensor used through another context's stream: the owner's allocations and frees are
 **     ordered against that stream by events (no race with the stream-ordered pool);
-**   - hq_device_mem_stats counts hq's pool alone, its peak included, and resets the peak.
+**   - hq_device_mem_stats counts hq's pool alone, its peak included, and resets the peak;
+**   - hq_ctx_memset sets exactly the bytes asked on the stream, by its kernel (small aligned
+**     zeroings) and by the memset (the rest), and a captured one replays.
 ** Exits 77 (skipped) without a CUDA device.
 */
 #include <cuda_runtime.h>
@@ -188,6 +190,53 @@ static void test_current_device_restored(void **state) {
   free(x.data);
   hq_quantizer_free(q);
   hq_recipe_free(r);
+}
+
+/* hq_ctx_memset on the device, each case in a buffer of 0xee bytes whose every byte is then
+   checked: the kernel's zeroings (4-byte aligned, up to 16 KiB: the smallest, one at the limit)
+   and the memset's (one word over the limit, an unaligned start or length, a non-zero value);
+   then one captured into a CUDA graph and replayed over a refilled buffer. */
+static void test_ctx_memset_device(void **state) {
+  (void)state;
+  enum { N = 40000 };
+  const struct { size_t off, n; int value; } cases[] = {
+      {4, 4, 0}, {128, 16384, 0}, {256, 16388, 0}, {1, 6, 0}, {8, 10, 0}, {100, 1000, 0x5a}};
+  unsigned char *d = NULL, *h = malloc(N);
+  CK(cudaMalloc((void **)&d, N));
+  for (size_t c = 0; c <= sizeof cases / sizeof cases[0]; c++) {
+    const int graph = c == sizeof cases / sizeof cases[0]; /* the last round: a replayed capture */
+    const size_t off = graph ? 64 : cases[c].off, n = graph ? 32 : cases[c].n;
+    const int value = graph ? 0 : cases[c].value;
+    CK(cudaMemsetAsync(d, 0xee, N, stream));
+    if (graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const int rc = hq_ctx_memset(gpu, d + off, value, n);
+      const cudaError_t ce = cudaStreamEndCapture(stream, &g);
+      if (rc) fail_msg("hq_ctx_memset under capture: %s", hq_last_error());
+      CK(ce);
+      CK(cudaGraphInstantiate(&exec, g, 0));
+      CK(cudaMemsetAsync(d, 0xee, N, stream)); /* what the capture did not run */
+      CK(cudaGraphLaunch(exec, stream));
+      CK(cudaStreamSynchronize(stream));
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(g));
+    } else {
+      HQ_OK_OR_FAIL(hq_ctx_memset(gpu, d + off, value, n));
+    }
+    CK(cudaMemcpyAsync(h, d, N, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < N; i++) {
+      const int want = i >= off && i < off + n ? value : 0xee;
+      if (h[i] != want)
+        fail_msg("%s [%zu, +%zu) = %d: byte %zu is 0x%02x, 0x%02x expected",
+                 graph ? "replayed" : "set", off, n, value, i, h[i], want);
+    }
+  }
+  assert_int_equal(hq_ctx_memset(gpu, d, 300, 4), HQ_EINVAL);
+  CK(cudaFree(d));
+  free(h);
 }
 
 /* The FSDP protocol on the device: fp8_tensor (its columnwise copy is transposed: the COLS rule
@@ -912,6 +961,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_graph_capture_update),
       cmocka_unit_test(test_current_device_restored),
+      cmocka_unit_test(test_ctx_memset_device),
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
       cmocka_unit_test(test_adam_amax_large),

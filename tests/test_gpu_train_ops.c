@@ -56,7 +56,7 @@ static float host_amax(const float *x, int64_t n) {
 /* the fused amax pair on the device, zeroed */
 static float *amax_pair(void) {
   float *a = dev_alloc(2 * sizeof(float));
-  HQ_OK_OR_FAIL(ops->zero(gpu, a, 2 * sizeof(float)));
+  HQ_OK_OR_FAIL(hq_ctx_memset(gpu, a, 0, 2 * sizeof(float)));
   return a;
 }
 
@@ -184,7 +184,7 @@ static void act_case(int act, int64_t rows, int64_t cols, int offset) {
 
   snprintf(what, sizeof what, "%s bwd rows %lld cols %lld offset %d", act ? "gelu" : "tanh",
            (long long)rows, (long long)cols, offset);
-  HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
+  HQ_OK_OR_FAIL(hq_ctx_memset(gpu, a, 0, 8));
   HQ_OK_OR_FAIL(ops->act_bwd(gpu, act, yd + offset, bo, cols, dd + offset, n, a));
   down(got, dd + offset, (size_t)n * 4);
   for (int64_t i = 0; i < n; i++) {
@@ -247,7 +247,7 @@ static void test_amax_nonfinite(void **state) {
   /* the gradient: d holds -Inf at one place, NaN at others: amax +Inf */
   h[123] = -INFINITY;
   up(hd, h, n * 4);
-  HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
+  HQ_OK_OR_FAIL(hq_ctx_memset(gpu, a, 0, 8));
   HQ_OK_OR_FAIL(ops->act_bwd(gpu, TRAIN_ACT_TANH, yd, bd, cols, hd, n, a));
   float got[2];
   down(got, a, sizeof got);
@@ -256,7 +256,7 @@ static void test_amax_nonfinite(void **state) {
   /* GELU of +Inf (+ a finite bias) is +Inf */
   h[600] = INFINITY;
   up(yd, h, n * 4);
-  HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
+  HQ_OK_OR_FAIL(hq_ctx_memset(gpu, a, 0, 8));
   HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, bd, cols, hd, n, a));
   check_amax(a, hd, 1, n, "gelu with NaN and Inf");
   down(got, a, sizeof got);
@@ -264,7 +264,7 @@ static void test_amax_nonfinite(void **state) {
   /* every element NaN: 0 */
   for (int64_t i = 0; i < n; i++) h[i] = NAN;
   up(yd, h, n * 4);
-  HQ_OK_OR_FAIL(ops->zero(gpu, a, 8));
+  HQ_OK_OR_FAIL(hq_ctx_memset(gpu, a, 0, 8));
   HQ_OK_OR_FAIL(ops->act_fwd(gpu, TRAIN_ACT_GELU, yd, bd, cols, hd, n, a));
   down(got, a, sizeof got);
   assert_true(got[0] == 0.0f && got[1] == 0.0f && !signbit(got[0]));

@@ -56,7 +56,6 @@ typedef struct train_device_ops {
               void *scratch);
   /* db[j] = sum_b dy[b, j] */
   int (*colsum)(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float *db, void *scratch);
-  int (*zero)(hq_ctx *ctx, void *p, size_t bytes);
   /* what the last failing call of this table said */
   const char *(*error)(void);
   /* bytes of the scratch the calls above need for a model of batch B, context C, embedding E

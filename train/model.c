@@ -59,7 +59,7 @@ static int hq_fail(char *err, size_t err_len, const train_linear *l, const char 
 static int dev_alloc(train_model *m, size_t bytes, void *out) {
   void *p = NULL;
   if (hq_ctx_alloc(m->ctx, bytes, &p)) return -1;
-  if (m->ops->zero(m->ctx, p, bytes)) {
+  if (hq_ctx_memset(m->ctx, p, 0, bytes)) {
     hq_ctx_free(m->ctx, p);
     return -1;
   }
@@ -500,8 +500,8 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
   /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
      by one kernel of this forward or of the backward that follows it */
   const size_t famax_bytes = (size_t)m->n_lin * 4 * sizeof(float);
-  if (m->famax && PROF(m, TRAIN_PH_AMAX, m->ops->zero(m->ctx, m->famax, famax_bytes)))
-    return fail(err, err_len, "zeroing the fused amaxes: %s", m->ops->error());
+  if (m->famax && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->famax, 0, famax_bytes)))
+    return fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
   if (PROFK(m, TRAIN_PK_EMBED,
             m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
                               fused_amax(m, 0, TRAIN_QT_INPUT))))

@@ -96,12 +96,6 @@ static int cpu_colsum(hq_ctx *ctx, const float *dy, int64_t B, int64_t n, float 
   return 0;
 }
 
-static int cpu_zero(hq_ctx *ctx, void *p, size_t bytes) {
-  (void)ctx;
-  memset(p, 0, bytes);
-  return 0;
-}
-
 static const char *cpu_error(void) { return "no error"; }
 
 static size_t cpu_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
@@ -113,8 +107,8 @@ static size_t cpu_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
 }
 
 static const train_device_ops cpu_ops = {
-    "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_zero,
-    cpu_error, cpu_scratch_bytes,
+    "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_error,
+    cpu_scratch_bytes,
 };
 
 const train_device_ops *train_cpu_ops(void) { return &cpu_ops; }

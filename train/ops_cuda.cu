@@ -459,34 +459,11 @@ size_t cuda_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
   return n;
 }
 
-/* A small buffer (the step's fused amaxes, zeroed at every forward) is zeroed by one CTA: in a
-   replayed graph a kernel node costs about half a memset node. Larger buffers keep the memset,
-   whose bandwidth one CTA would not reach. */
-constexpr size_t kZeroKernelBytes = 16384;
-__global__ void __launch_bounds__(TPB) zero_words_k(uint32_t *__restrict__ p, uint32_t n) {
-  for (uint32_t i = threadIdx.x; i < n; i += TPB) p[i] = 0;
-}
-
-int cuda_zero(hq_ctx *ctx, void *p, size_t bytes) {
-  cudaStream_t s;
-  if (enter(ctx, &s, "zeroing a buffer")) return -1;
-  if (bytes > 0 && bytes <= kZeroKernelBytes && bytes % 4 == 0 && (uintptr_t)p % 4 == 0) {
-    zero_words_k<<<1, TPB, 0, s>>>((uint32_t *)p, (uint32_t)(bytes / 4));
-    return check("zeroing a buffer");
-  }
-  const cudaError_t e = cudaMemsetAsync(p, 0, bytes, s);
-  if (e != cudaSuccess) {
-    snprintf(g_err, sizeof g_err, "zeroing %zu bytes: %s", bytes, cudaGetErrorString(e));
-    return -1;
-  }
-  return 0;
-}
-
 const char *cuda_error(void) { return g_err; }
 
 const train_device_ops cuda_ops = {
-    "cuda",      cuda_embed_fwd, cuda_embed_bwd, cuda_act_fwd,       cuda_act_bwd, cuda_xent,
-    cuda_colsum, cuda_zero,      cuda_error,     cuda_scratch_bytes,
+    "cuda",      cuda_embed_fwd, cuda_embed_bwd, cuda_act_fwd, cuda_act_bwd, cuda_xent,
+    cuda_colsum, cuda_error,     cuda_scratch_bytes,
 };
 
 }  // namespace

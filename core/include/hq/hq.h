@@ -205,6 +205,14 @@ HQ_API void hq_ctx_free(hq_ctx *ctx, void *ptr);
 /* Copy bytes between host and/or the context's device (ordered on its stream). */
 HQ_API int hq_ctx_memcpy(hq_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
                          size_t bytes);
+/* Set `bytes` bytes at dst (host memory for a host context, else memory of the context's
+   device) to `value` (a byte, 0 to 255), ordered on the context's stream like hq's own work.
+   Nothing allocates or synchronizes, so a step captured into a CUDA graph may hold it: a small
+   zeroing (up to 16 KiB of 4-byte aligned words, e.g. the amax slots a trainer clears every step)
+   is one kernel, which a replayed graph runs for about half a memset node's cost; anything else
+   is cudaMemsetAsync. HQ_EINVAL for a NULL ctx, a NULL dst with bytes > 0 or a value that is not
+   a byte; HQ_EDEVICE with CUDA's message when the launch fails. */
+HQ_API int hq_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes);
 /* Wait until all work queued on the context's stream has finished. */
 HQ_API int hq_ctx_sync(hq_ctx *ctx);
 /* Whether the context's stream is being captured into a CUDA graph, by this thread or any
