@@ -281,7 +281,8 @@ int hq_ctx_memset(hq_ctx *ctx, void *dst, int value, size_t bytes) {
   if (!dst && bytes) return hqi_error(HQ_EINVAL, "hq_ctx_memset: dst is NULL (%zu bytes)", bytes);
   if (value < 0 || value > 255)
     return hqi_error(HQ_EINVAL, "hq_ctx_memset: value %d is not a byte (0 to 255)", value);
-  if (!bytes || ctx->device < 0) return hqi_ctx_memset(ctx, dst, value, bytes);
+  if (!bytes) return HQ_OK;
+  if (ctx->device < 0) return hqi_ctx_memset(ctx, dst, value, bytes);
   int saved, rc = hqi_device_enter(ctx->device, &saved);
   if (rc) return rc;
   rc = hqi_ctx_memset(ctx, dst, value, bytes);
