@@ -697,12 +697,17 @@ static int capture_rng(const hq_qtensor *qt, hq_ctx *ctx, const hqi_format *f, u
 }
 
 /* One plugin quantize/update call on ctx (the call's context: stream; scratch is qt's); adam: the
-   fused optimizer step of hq_adam_step (an update only), else NULL. */
-static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
-                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
-                         const float *amax, const hq_adam_pass *adam) {
+   fused optimizer step of hq_adam_step (an update only), else NULL; copy: the other direction's
+   plain-copy buffer the call writes besides its own (HQ_CAP_COPY_OUT), else NULL. */
+static int call_quantize_copy(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                              uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                              const float *amax, const hq_adam_pass *adam, hq_buffer *copy) {
   hq_call call;
   hqi_call_init(ctx, &call, update ? HQ_CALL_UPDATE : 0, qt->offset);
+  if (copy) {
+    call.copy_out = copy->ptr;
+    call.copy_dtype = copy->dtype;
+  }
   call.scratch = qt->scratch;
   call.scratch_bytes = qt->scratch_bytes;
   call.amax = amax;
@@ -723,11 +728,40 @@ static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_te
   hqi_fp_leave(fe);
   rc = hqi_plugin_rc(rc, ops->name, update && ops->update ? "update" : "quantize");
   if (rc)
-    return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of [%lld, %lld] %s",
+    return hqi_error_prefix(rc, "role %s, %s format '%s' (plugin %s), %s of [%lld, %lld] %s%s",
                             qt->role, dirs == HQ_BOTH ? "rowwise+columnwise" : dname(dirs),
                             f->name, ops->name, update ? "update" : "quantize",
-                            (long long)src->rows, (long long)src->cols, hq_dtype_name(src->dtype));
+                            (long long)src->rows, (long long)src->cols, hq_dtype_name(src->dtype),
+                            copy ? " with the columnwise copy" : "");
   return HQ_OK;
+}
+
+static int call_quantize(hq_qtensor *qt, hq_ctx *ctx, hqi_format *f, const hq_tensor *src,
+                         uint32_t dirs, hq_storage *row, hq_storage *col, int update,
+                         const float *amax, const hq_adam_pass *adam) {
+  return call_quantize_copy(qt, ctx, f, src, dirs, row, col, update, amax, adam, NULL);
+}
+
+/* Whether the rowwise call may write the columnwise storage too: that storage is a plain copy
+   (HQ_CAP_PLAIN_COPY, e.g. identity) of an F32 original, which the rowwise module can store from
+   its own read (HQ_CAP_COPY_OUT), so the source is read once for both directions. */
+static int copy_beside_ok(const hq_qtensor *qt, const hq_tensor *src, uint32_t dirs,
+                          const hq_adam_pass *adam) {
+  return dirs == HQ_BOTH && !adam && qt->source == HQ_SOURCE_ORIGINAL && src->dtype == HQ_F32 &&
+         (qt->fmt[0]->caps & HQ_CAP_COPY_OUT) && (qt->fmt[1]->caps & HQ_CAP_PLAIN_COPY);
+}
+
+/* The columnwise storage's one buffer when it is what copy_out writes (BF16 or F16, [rows,
+   cols], its own memory), else NULL: the columnwise call makes it. */
+static hq_buffer *plain_copy(hq_qtensor *qt) {
+  qdir *c = &qt->d[1];
+  if (!c->present || c->st.nbuf != 1) return NULL;
+  hq_buffer *b = BUF(&c->st, 0);
+  const size_t n = (size_t)qt->rows * (size_t)qt->cols;
+  if ((b->dtype != HQ_BF16 && b->dtype != HQ_F16) || (b->flags & HQ_BUF_SHARED) ||
+      b->bytes != n * 2 || (n && !b->ptr))
+    return NULL;
+  return b;
 }
 
 static int call_dequantize(const hq_qtensor *qt, hq_ctx *ctx, uint32_t dir, const hq_storage *st,
@@ -812,10 +846,20 @@ static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t 
     rc = unshare(qt, ctx); /* the direction left alone must not see the other's new scales */
     if (rc) return rc;
   }
+  const int beside = copy_beside_ok(qt, src, dirs, adam);
   if (dirs & HQ_ROWWISE) {
     if (!update && (rc = make_storages(qt, fr, HQ_ROWWISE))) return rc;
-    rc = call_quantize(qt, ctx, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update, amax, adam);
+    if (beside && !update && (rc = make_storages(qt, fc, HQ_COLWISE))) return rc;
+    hq_buffer *copy = beside ? plain_copy(qt) : NULL;
+    rc = call_quantize_copy(qt, ctx, fr, src, HQ_ROWWISE, &qt->d[0].st, NULL, update, amax, adam,
+                            copy);
     if (rc) return rc;
+    if (copy) {
+      hqi_log(ctx, 3, "role %s: the columnwise %s copy (format '%s') written by the rowwise "
+              "call (format '%s', plugin %s)", qt->role, hq_dtype_name(copy->dtype), fc->name,
+              fr->name, fr->plugin->ops.name);
+      return HQ_OK;
+    }
   }
   if (dirs & HQ_COLWISE) {
     hq_tensor csrc = *src;
@@ -825,7 +869,7 @@ static int run_dirs(hq_qtensor *qt, hq_ctx *ctx, const hq_tensor *src, uint32_t 
                           &tmp);
       if (rc) return rc;
     }
-    rc = update ? HQ_OK : make_storages(qt, fc, HQ_COLWISE);
+    rc = update || beside ? HQ_OK : make_storages(qt, fc, HQ_COLWISE);
     if (!rc)
       rc = call_quantize(qt, ctx, fc, &csrc, HQ_COLWISE, NULL, &qt->d[1].st, update, amax, adam);
     if (tmp) hqi_ctx_free_raw(ctx, tmp); /* stream-ordered free: no synchronization */

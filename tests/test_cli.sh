@@ -189,9 +189,14 @@ done
 $hq info | grep -q "amax_epsilon" || fail "info text lacks options"; ok
 # the capability flags by name: nvfp4 and fp8_tensor fold their factor (ABI 2.3), mxfp8 does not
 for f in nvfp4 fp8_tensor; do
-  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\(,rng-dev\)\?\"" "$tmp/info.json" ||
+  grep -q "\"name\":\"$f\",\"version\":\"[^\"]*\",\"description\":\"[^\"]*\",\"file\":\"[^\"]*\",\"caps\":\"cpu[^\"]*,deq-factor\(,rng-dev\)\?\(,copy-out\)\?\"" "$tmp/info.json" ||
     fail "info --json: $f's caps lack deq-factor"; ok
 done
+# ABI 2.6: fp8_tensor writes a plain copy beside its codes, identity's storage is one
+grep -q '"name":"fp8_tensor","version":"[^"]*","description":"[^"]*","file":"[^"]*","caps":"[^"]*,copy-out"' "$tmp/info.json" ||
+  fail "info --json: fp8_tensor's caps lack copy-out"; ok
+grep -q '"name":"identity","version":"[^"]*","description":"[^"]*","file":"[^"]*","caps":"[^"]*plain-copy' "$tmp/info.json" ||
+  fail "info --json: identity's caps lack plain-copy"; ok
 grep -q '"name":"mxfp8","version":"[^"]*","description":"[^"]*","file":"[^"]*","caps":"[^"]*deq-factor' "$tmp/info.json" &&
   fail "info --json: mxfp8 claims deq-factor"; ok
 $hq info | grep -q '^  nvfp4 [^ ]*  \[cpu.*deq-factor\(,rng-dev\)\?\]$' || fail "info text: nvfp4's caps"; ok

@@ -20,6 +20,7 @@
 */
 #include <math.h>
 
+#include "copy_bits.h"
 #include "hq_gpu_test.h"
 
 static hq_ctx *cpu, *gpu;
@@ -158,6 +159,82 @@ static void test_hybrid_on_device(void **state) {
   hq_ctx_free(gpu, xg.data);
   free(x.data);
   hq_recipe_free(r);
+}
+
+static void count_copy_log(void *user, int level, const char *msg) {
+  if (level == 3 && strstr(msg, "written by the rowwise call")) ++*(int *)user;
+}
+
+/* ABI 2.6 copy_out on the device: the hybrid of fp8_tensor rowwise and identity BF16 / F16
+   columnwise from an F32 source is one call (the core's debug line once per quantize and
+   update), whose columnwise copy equals identity's own on the CPU byte for byte (copy_bits'
+   ties, overflows, subnormals, Inf and NaN among the elements) and whose codes equal fp8_tensor's
+   alone, through the vector kernel at both tile sizes (96 x 160: 64 x 64 tiles; 1024 x 2048:
+   128 x 128), the scalar one (33 x 65, and a source one element off 16-byte alignment), a fresh
+   quantize and an update with a caller's amax. */
+static void test_copy_beside_on_device(void **state) {
+  (void)state;
+  int logged = 0;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.log = count_copy_log;
+  d.log_user = &logged;
+  hq_ctx *dev = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &dev));
+  const int64_t shapes[4][2] = {{96, 160}, {1024, 2048}, {33, 65}, {64, 64}};
+  const size_t shifts[4] = {0, 0, 0, 4};
+  const char *dts[2] = {"bf16", "f16"};
+  const float amax_host[2] = {100.0f, 100.0f};
+  float *amax_dev = hq_gpu_amax_to_dev(dev, amax_host);
+  int calls = 0;
+  for (int t = 0; t < 2; t++) {
+    char text[256], hp[128];
+    snprintf(text, sizeof text, "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = "
+             "identity\ndtype = %s\n[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n", dts[t]);
+    snprintf(hp, sizeof hp, "[format hp]\nplugin = identity\ndtype = %s\n[role *:*:*]\n"
+             "rowwise = hp\ncolumnwise = hp\n", dts[t]);
+    hq_recipe *r = hq_test_recipe(text), *rh = hq_test_recipe(hp);
+    hq_recipe *r8 = hq_test_recipe("[role *:*:*]\nrowwise = fp8_tensor\n");
+    hq_quantizer *qh = hq_test_quantizer(r, "a:b:c"), *qi = hq_test_quantizer(rh, "a:b:c");
+    hq_quantizer *q8 = hq_test_quantizer(r8, "a:b:c");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(qi, HQ_COLWISE));
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q8, HQ_ROWWISE));
+    for (int s = 0; s < 4; s++) {
+      const int64_t M = shapes[s][0], K = shapes[s][1];
+      char what[96];
+      snprintf(what, sizeof what, "copy beside, %s, %lldx%lld, shift %zu", dts[t], (long long)M,
+               (long long)K, shifts[s]);
+      hq_qtensor *g = NULL;
+      for (int pass = 0; pass < 2; pass++) {
+        hq_tensor x = hq_test_tensor(HQ_F32, M, K, 7 + pass, pass ? 30.0f : 2.0f);
+        for (size_t k = 0; k < N_COPY_BITS; k++)
+          memcpy((float *)x.data + k * 41 + pass, &copy_bits[k].f32, 4);
+        hq_tensor xg = hq_gpu_tensor_at(dev, &x, shifts[s]);
+        if (!pass) g = hq_test_quantize_ex(qh, dev, &xg, NULL);
+        else hq_test_update_ex(g, dev, &xg, amax_dev);
+        assert_int_equal(logged, ++calls);
+        hq_qtensor *hi = hq_test_quantize_ex(qi, cpu, &x, NULL);
+        hq_qtensor *h8 = hq_test_quantize_ex(q8, cpu, &x, pass ? amax_host : NULL);
+        hq_gpu_compare_dir(dev, hi, g, HQ_COLWISE, what);
+        hq_gpu_compare_dir(dev, h8, g, HQ_ROWWISE, what);
+        hq_qtensor_free(hi);
+        hq_qtensor_free(h8);
+        HQ_OK_OR_FAIL(hq_ctx_sync(dev));
+        hq_ctx_free(dev, (char *)xg.data - shifts[s]);
+        free(x.data);
+      }
+      hq_qtensor_free(g);
+    }
+    hq_quantizer_free(qh);
+    hq_quantizer_free(qi);
+    hq_quantizer_free(q8);
+    hq_recipe_free(r);
+    hq_recipe_free(rh);
+    hq_recipe_free(r8);
+  }
+  hq_ctx_free(dev, amax_dev);
+  hq_ctx_destroy(dev);
 }
 
 /* A configuration with every option at its default (current scaling, e4m3): one value per entry
@@ -620,6 +697,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bitwise_equal),
       cmocka_unit_test(test_hybrid_on_device),
+      cmocka_unit_test(test_copy_beside_on_device),
       cmocka_unit_test(test_amax_op_direct),
       cmocka_unit_test(test_device_mismatch),
       cmocka_unit_test(test_raw_and_factor_on_device),

@@ -13,6 +13,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "copy_bits.h"
 #include "hq_test.h"
 
 static hq_ctx *host_ctx(void) {
@@ -191,6 +192,117 @@ static void test_mixed_formats(void **state) {
   hq_qtensor_free(qt);
   hq_qtensor_free(ref);
   hq_recipe_free(r8);
+  free(x.data);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+}
+
+
+static void count_copy_log(void *user, int level, const char *msg) {
+  if (level == 3 && strstr(msg, "written by the rowwise call")) ++*(int *)user;
+}
+
+/* One tensor of the hybrid (fp8_tensor rowwise, identity `dtype` columnwise) from x, both
+   directions; *qt is made by the first call and updated in place by later ones. */
+static void hybrid_pass(hq_recipe *r, hq_ctx *ctx, const hq_tensor *x, hq_qtensor **qt) {
+  if (*qt) {
+    HQ_OK_OR_FAIL(hq_qtensor_update(*qt, ctx, x));
+    return;
+  }
+  *qt = quantize_with(r, ctx, x, HQ_BOTH);
+}
+
+/* ABI 2.6 copy_out: fp8_tensor (HQ_CAP_COPY_OUT) writes the identity columnwise copy of an F32
+   source from its own read, and the core makes no identity call (its debug log says so, once
+   per quantize and update). The copy holds the hand-checked BF16 / F16 bits of copy_bits and,
+   for every element, identity's own bytes; the rowwise codes are fp8_tensor's alone. A BF16
+   source, a columnwise-only usage and an F32 copy keep the identity call (no log line) with the
+   same bytes. */
+static void test_copy_beside(void **state) {
+  (void)state;
+  const char *dts[2] = {"bf16", "f16"};
+  for (int t = 0; t < 2; t++) {
+    char text[256], hp[128];
+    snprintf(text, sizeof text, "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = "
+             "identity\ndtype = %s\n[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n", dts[t]);
+    snprintf(hp, sizeof hp, "[format hp]\nplugin = identity\ndtype = %s\n[role *:*:*]\n"
+             "rowwise = hp\ncolumnwise = hp\n", dts[t]);
+    hq_recipe *r = hq_test_recipe(text), *rh = hq_test_recipe(hp);
+    hq_recipe *r8 = hq_test_recipe("[role *:*:*]\nrowwise = fp8_tensor\n");
+    int logged = 0;
+    hq_ctx_desc d = {0};
+    d.struct_size = sizeof d;
+    d.device = HQ_DEVICE_HOST;
+    d.log = count_copy_log;
+    d.log_user = &logged;
+    hq_ctx *ctx = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+    hq_qtensor *qt = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+      hq_tensor x = hq_test_tensor(HQ_F32, 19, 37, 5 + pass, pass ? 30.0f : 2.0f);
+      for (size_t k = 0; k < N_COPY_BITS; k++) /* spread over rows and columns */
+        memcpy((float *)x.data + k * 41 + pass, &copy_bits[k].f32, 4);
+      hybrid_pass(r, ctx, &x, &qt);
+      assert_int_equal(logged, pass + 1);
+      const hq_buffer *c = qbuf(qt, HQ_COLWISE, 0);
+      assert_int_equal(hq_qtensor_storage(qt, HQ_COLWISE)->nbuf, 1);
+      assert_int_equal(c->dtype, t ? HQ_F16 : HQ_BF16);
+      assert_string_equal(c->name, "columnwise_data");
+      for (size_t k = 0; k < N_COPY_BITS; k++) {
+        const uint16_t got = ((const uint16_t *)c->ptr)[k * 41 + pass];
+        const uint16_t want = t ? copy_bits[k].f16 : copy_bits[k].bf16;
+        if (got != want)
+          fail_msg("%s copy of 0x%08x: 0x%04x, want 0x%04x", dts[t], copy_bits[k].f32, got, want);
+      }
+      /* every element as identity alone writes it, the codes as fp8_tensor alone */
+      hq_qtensor *hq = quantize_with(rh, ctx, &x, HQ_COLWISE);
+      hq_qtensor *f8 = quantize_with(r8, ctx, &x, HQ_ROWWISE);
+      assert_int_equal(logged, pass + 1);
+      assert_memory_equal(c->ptr, qbuf(hq, HQ_COLWISE, 0)->ptr, c->bytes);
+      assert_same_storage(qt, f8, HQ_ROWWISE, "fp8 rowwise beside the copy");
+      hq_qtensor_free(hq);
+      hq_qtensor_free(f8);
+      free(x.data);
+    }
+    hq_qtensor_free(qt);
+    /* the two calls: a BF16 source, a columnwise-only tensor, an F32 copy */
+    hq_tensor xb = hq_test_tensor(HQ_BF16, 19, 37, 9, 2.0f);
+    hq_qtensor *b = quantize_with(r, ctx, &xb, HQ_BOTH);
+    hq_qtensor *hb = quantize_with(rh, ctx, &xb, HQ_COLWISE);
+    assert_memory_equal(qbuf(b, HQ_COLWISE, 0)->ptr, qbuf(hb, HQ_COLWISE, 0)->ptr,
+                        qbuf(b, HQ_COLWISE, 0)->bytes);
+    hq_tensor x = hq_test_tensor(HQ_F32, 19, 37, 10, 2.0f);
+    hq_qtensor *col = quantize_with(r, ctx, &x, HQ_COLWISE);
+    hq_qtensor *hc = quantize_with(rh, ctx, &x, HQ_COLWISE);
+    assert_memory_equal(qbuf(col, HQ_COLWISE, 0)->ptr, qbuf(hc, HQ_COLWISE, 0)->ptr,
+                        qbuf(col, HQ_COLWISE, 0)->bytes);
+    assert_int_equal(logged, 2);
+    hq_qtensor_free(b);
+    hq_qtensor_free(hb);
+    hq_qtensor_free(col);
+    hq_qtensor_free(hc);
+    free(xb.data);
+    free(x.data);
+    hq_ctx_destroy(ctx);
+    hq_recipe_free(r);
+    hq_recipe_free(rh);
+    hq_recipe_free(r8);
+  }
+  /* identity in f32 (its default for an f32 source) is not a BF16 / F16 copy: two calls */
+  int logged = 0;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = HQ_DEVICE_HOST;
+  d.log = count_copy_log;
+  d.log_user = &logged;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  hq_recipe *r = hq_test_recipe(MIXED);
+  hq_tensor x = hq_test_tensor(HQ_F32, 8, 8, 3, 2.0f);
+  hq_qtensor *qt = quantize_with(r, ctx, &x, HQ_BOTH);
+  assert_int_equal(logged, 0);
+  assert_memory_equal(qbuf(qt, HQ_COLWISE, 0)->ptr, x.data, 8 * 8 * 4);
+  hq_qtensor_free(qt);
   free(x.data);
   hq_recipe_free(r);
   hq_ctx_destroy(ctx);
@@ -1180,6 +1292,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_equal_format_hybrid_every_plugin),
       cmocka_unit_test(test_mixed_formats),
+      cmocka_unit_test(test_copy_beside),
       cmocka_unit_test(test_rowwise_dequantized_source),
       cmocka_unit_test(test_rowwise_dequantized_keeps_source_dtype),
       cmocka_unit_test(test_one_instance_two_calls),

@@ -14,8 +14,8 @@ static const char usage[] =
     "usage: hq info [--json] [--shape RxC] [--plugin-dir DIR]...\n"
     "\n"
     "Print the version, the plugin ABI, the plugin search path, every format found with its\n"
-    "capabilities (cpu, cuda, requant-safe, colwise-only, fused-adam, deq-factor, adam-kdev:\n"
-    "the module's HQ_CAP_* flags), its options (type, default, help) and the buffers of each\n"
+    "capabilities (cpu, cuda, requant-safe, colwise-only, fused-adam, deq-factor, adam-kdev,\n"
+    "rng-dev, deq-row-factor, copy-out, plain-copy: the module's HQ_CAP_* flags), its options (type, default, help) and the buffers of each\n"
     "direction, the GEMM providers in the order a GEMM asks them (built in or loaded from the\n"
     "path), the modules that were rejected and why, and the CUDA devices.\n"
     "  --shape RxC    the sample tensor whose buffers are listed (default 256x256): each\n"
@@ -31,7 +31,8 @@ static void caps_text(uint64_t caps, char *buf, size_t len) {
       {HQ_CAP_CPU, "cpu"}, {HQ_CAP_CUDA, "cuda"}, {HQ_CAP_REQUANT_SAFE, "requant-safe"},
       {HQ_CAP_COLWISE_ONLY, "colwise-only"}, {HQ_CAP_FUSED_ADAM, "fused-adam"},
       {HQ_CAP_DEQ_FACTOR, "deq-factor"}, {HQ_CAP_ADAM_KDEV, "adam-kdev"},
-      {HQ_CAP_RNG_DEV, "rng-dev"}, {HQ_CAP_DEQ_ROW_FACTOR, "deq-row-factor"}};
+      {HQ_CAP_RNG_DEV, "rng-dev"}, {HQ_CAP_DEQ_ROW_FACTOR, "deq-row-factor"},
+      {HQ_CAP_COPY_OUT, "copy-out"}, {HQ_CAP_PLAIN_COPY, "plain-copy"}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     if (!(caps & names[i].bit)) continue;
     if (buf[0]) strncat(buf, ",", len - strlen(buf) - 1);

@@ -130,10 +130,12 @@ static int configure(void *cfgp, const hq_optval *v, const hq_host_api *host) {
 
 /* A delayed-scaling instance is not requantization-safe: its scale moves between steps. It takes
    the fused optimizer step on a GPU (its scale comes from the state, not from the new master, so
-   the cast reads each element once). */
+   the cast reads each element once). Every instance writes a plain BF16 / F16 copy of an F32
+   source beside its codes (ABI 2.6 copy_out): a hybrid with a high-precision other direction
+   then reads the source once. */
 static uint64_t instance_caps(const void *cfgp) {
   const fp8t_cfg *c = cfgp;
-  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
+  uint64_t caps = HQ_CAP_CPU | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR | HQ_CAP_COPY_OUT |
                   (c->delayed ? 0 : HQ_CAP_REQUANT_SAFE);
 #ifdef HQ_HAVE_CUDA
   caps |= HQ_CAP_CUDA | (c->delayed ? HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV : 0);
@@ -317,9 +319,10 @@ static void cast_row(hq_dtype elem, const float *x, float scale, int n, uint8_t 
 
 /* Quantize with one scale into row [M,K] and/or col [K,M], 64x64 tiles: each tile is read once,
    cast row by row, its bytes written to the rowwise copy and, transposed through the tile, to
-   the columnwise copy. */
+   the columnwise copy; with copy (an F32 source), each element also stored in copy_dt there
+   [M,K] (hq_store_hp: the host's convert rule). */
 static void cast_transpose(const hq_tensor *src, float scale, hq_dtype elem, uint8_t *row,
-                           uint8_t *col) {
+                           uint8_t *col, void *copy, int copy_dt) {
   const int64_t M = src->rows, K = src->cols;
   float x[TILE * TILE];
   uint8_t q[TILE * TILE];
@@ -331,6 +334,9 @@ static void cast_transpose(const hq_tensor *src, float scale, hq_dtype elem, uin
       for (int r = 0; r < nr; r++) {
         cast_row(elem, x + r * TILE, scale, nc, q + r * TILE);
         if (row) memcpy(row + (i0 + r) * K + j0, q + r * TILE, (size_t)nc);
+        if (copy)
+          for (int c = 0; c < nc; c++)
+            hq_store_hp(copy, (i0 + r) * K + j0 + c, copy_dt, x[r * TILE + c]);
       }
       if (col)
         for (int c = 0; c < nc; c++) {
@@ -388,13 +394,20 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
     return call->host->error(HQ_EINVAL, "fp8_tensor: the fused optimizer step comes with an "
                              "update of an f32 master on a CUDA device (gradient f32, f16 or "
                              "bf16), with scaling = delayed");
+  /* ABI 2.6: the other direction's plain copy, from this call's read of src */
+  int32_t copy_dt;
+  void *copy = hq_call_copy_out(call, &copy_dt);
+  if (copy && (src->dtype != HQ_F32 || (copy_dt != HQ_BF16 && copy_dt != HQ_F16) || adam))
+    return call->host->error(HQ_EINVAL, "fp8_tensor: copy_out takes an f32 source into bf16 or "
+                             "f16 without the fused optimizer step (source dtype %d, copy "
+                             "dtype %d)", (int)src->dtype, (int)copy_dt);
   const float *state = NULL;
   float *state_amax = NULL;
   if (c->delayed && (rc = delayed_slice(call, &state, &state_amax))) return rc;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
     return fp8t_cuda_quantize(c, call, src, c->delayed ? NULL : call->amax, rd, cd, rs, ra, cs,
-                              ca, state, state_amax, adam);
+                              ca, state, state_amax, adam, copy, copy_dt);
 #else
     return call->host->error(HQ_ENOTSUP, "fp8_tensor was built without CUDA");
 #endif
@@ -406,7 +419,7 @@ static int quantize(const void *cfgp, const hq_call *call, const hq_tensor *src,
   float scale_inv = hq_rcp_rn(scale);
   if (state_amax)
     *state_amax = hq_bits_f32(fp8t_amax_accumulate(hq_f32_bits(*state_amax), amax));
-  cast_transpose(src, scale, c->elem, rd, cd);
+  cast_transpose(src, scale, c->elem, rd, cd, copy, copy_dt);
   if (rs) *rs = scale_inv, *ra = amax;
   if (cs) *cs = scale_inv, *ca = amax;
   return HQ_OK;
@@ -500,7 +513,8 @@ static const hq_format_ops ops = {
     .version = PACKAGE_VERSION,
     .description = "per-tensor FP8 (E4M3/E5M2), current or delayed scaling; columnwise = byte "
                    "transpose",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY | HQ_CAP_DEQ_FACTOR |
+            HQ_CAP_COPY_OUT
 #ifdef HQ_HAVE_CUDA
             | HQ_CAP_CUDA
 #endif

@@ -52,7 +52,6 @@ constexpr int kRowsPerPass = 8; /* block = 32 x 8 threads, 4 rows each */
 
 /* --- fast path ---------------------------------------------------------------------------- */
 constexpr int kVTile = 128;    /* 128x128 tile, 256 threads, an 8x8 block per thread */
-constexpr int kVThreads = 256;
 /* A tensor of fewer 128x128 tiles than this takes 64x64 tiles of 64 threads (the same 8x8
    block per thread): four times the CTAs, so that a small tensor's work spreads over about a
    wave of SMs (H100 / H200: 132) instead of waiting on a few. */
@@ -87,7 +86,27 @@ struct CastArgs {
   float *m, *v;
   hq_adam_consts k;
   const hq_adam_consts *kd; /* ABI 2.6: NULL, or k in device memory, read as the kernel runs */
+  /* ABI 2.6 copy_out (an F32 x, GT == 0): NULL, or where every element also goes as copy_dt */
+  void *copy;
+  int copy_dt;
 };
+
+/* x[0..8) stored at copy[i..i + 8) as CT (HQ_BF16 or HQ_F16: hq_store_hp's rule, the core's
+   convert), one 16-byte store: i % 8 == 0, copy 16-byte aligned. CT is a template parameter:
+   with the dtype chosen at run time the compiler computed both conversions of every element. */
+template <int CT>
+__device__ __forceinline__ void store_copy8(void *copy, int64_t i, const float x[8]) {
+  uint32_t u[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const float a = x[2 * k], b = x[2 * k + 1];
+    const uint32_t lo = CT == HQ_F16 ? hq_f32_to_f16(a) : hq_f32_to_bf16(a);
+    const uint32_t hi = CT == HQ_F16 ? hq_f32_to_f16(b) : hq_f32_to_bf16(b);
+    u[k] = lo | hi << 16;
+  }
+  uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(copy) + i);
+  *p = make_uint4(u[0], u[1], u[2], u[3]);
+}
 
 /* One AdamW step (hq_adam_elem) on master element i, whose value w this thread alone has read:
    master, m and v are written back and the new value returned for the cast. */
@@ -159,6 +178,8 @@ __global__ void cast_transpose_kernel(CastArgs a) {
     if (i < a.M && j < a.K) {
       float x = hq_load_hp(a.x, i * a.K + j, DT);
       if constexpr (GT != 0) x = adam_at<GT>(a, i * a.K + j, x);
+      if constexpr (DT == HQ_F32 && GT == 0)
+        if (a.copy) hq_store_hp(a.copy, i * a.K + j, a.copy_dt, x);
       if (a.state) m = hq_cuda_amax_step(m, x); /* under delayed scaling only */
       uint8_t q = hq_fp8_quantize(x, scale, a.elem);
       if (a.row) a.row[i * a.K + j] = q;
@@ -186,7 +207,7 @@ __global__ void cast_transpose_kernel(CastArgs a) {
    32-byte sectors; the CTA's warps tile T x T (T = 128: 8 warps, 2 across and 4 down; T = 64
    for small tensors: 2 warps, one above the other), the tiles in row-major order (blockIdx.x
    along K) unless there are more than 65535 row tiles. */
-template <int DT, int GT, int T>
+template <int DT, int GT, int T, int CT = 0>
 __global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs a) {
   if (GT != 0 && a.kd) a.k = *a.kd; /* a graph's replay: this step's constants */
   constexpr int kColWarps = T / 64;
@@ -211,6 +232,7 @@ __global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs
 #pragma unroll
     for (int r = 0; r < 8; r++) {
       if constexpr (GT != 0) adam_at8<GT>(a, (i + r) * a.K + j, x[r]);
+      if constexpr (CT != 0) store_copy8<CT>(a.copy, (i + r) * a.K + j, x[r]);
       if (a.state)
         for (int k = 0; k < 8; k++) m = hq_cuda_amax_step(m, x[r][k]);
       q[r] = a.elem == HQ_E5M2 ? hq_cuda_cast8<HQ_E5M2>(x[r], scale)
@@ -340,18 +362,36 @@ __global__ void __launch_bounds__(FP8T_STATE_THREADS)
   }
 }
 
+/* The vector kernel of T x T tiles; ct: the copy's dtype (HQ_BF16 / HQ_F16, an F32 source without
+   the optimizer step: copy_out), else 0. */
+template <int DT, int GT, int T>
+void launch_vec(dim3 grid, cudaStream_t stream, const CastArgs &a, int ct) {
+  constexpr int threads = T * T / 64;
+  if constexpr (DT == HQ_F32 && GT == 0) {
+    if (ct == HQ_F16) {
+      cast_transpose_vec_kernel<DT, GT, T, HQ_F16><<<grid, threads, 0, stream>>>(a);
+      return;
+    }
+    if (ct == HQ_BF16) {
+      cast_transpose_vec_kernel<DT, GT, T, HQ_BF16><<<grid, threads, 0, stream>>>(a);
+      return;
+    }
+  }
+  cast_transpose_vec_kernel<DT, GT, T><<<grid, threads, 0, stream>>>(a);
+}
+
 template <int DT, int GT>
 int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                const float *given, uint8_t *row, uint8_t *col, float *scale_inv, float *amax,
                float *col_scale_inv, float *col_amax, const float *state, float *state_amax,
-               const hq_adam_pass *adam) {
+               const hq_adam_pass *adam, void *copy, int copy_dt) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   const int64_t n = src->rows * src->cols;
   dim3 grid;
   int rc = grid_for(call, src->rows, src->cols, &grid);
   if (rc) return rc;
   const int vec = src->rows % 8 == 0 && src->cols % 8 == 0 && aligned16(src->data) &&
-                  aligned16(row) && aligned16(col) &&
+                  aligned16(row) && aligned16(col) && aligned16(copy) &&
                   (!adam || (aligned16(adam->grad) && aligned16(adam->m) && aligned16(adam->v)));
   float *acc = NULL;
   if (state) {
@@ -389,6 +429,8 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   a.v = adam ? adam->v : NULL;
   if (adam) a.k = adam->k;
   a.kd = hq_adam_pass_k_dev(adam);
+  a.copy = copy;
+  a.copy_dt = copy_dt;
   float *acc_copy = NULL; /* delayed: a second, distinct amax buffer gets the result after */
   if (state) {
     acc_copy = a.amax_out[1] ? a.amax_out[1] : a.amax_out[0];
@@ -403,9 +445,9 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     a.row_major = tm <= 65535;
     const dim3 vgrid = a.row_major ? dim3(tk, tm) : dim3(tm, tk);
     if (T == 64)
-      cast_transpose_vec_kernel<DT, GT, 64><<<vgrid, 64, 0, stream>>>(a);
+      launch_vec<DT, GT, 64>(vgrid, stream, a, copy ? copy_dt : 0);
     else
-      cast_transpose_vec_kernel<DT, GT, kVTile><<<vgrid, kVThreads, 0, stream>>>(a);
+      launch_vec<DT, GT, kVTile>(vgrid, stream, a, copy ? copy_dt : 0);
   } else {
     cast_transpose_kernel<DT, GT><<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(a);
   }
@@ -444,10 +486,10 @@ extern "C" int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, cons
                                   const float *given, uint8_t *row, uint8_t *col,
                                   float *scale_inv, float *amax, float *col_scale_inv,
                                   float *col_amax, const float *state, float *state_amax,
-                                  const hq_adam_pass *adam) {
+                                  const hq_adam_pass *adam, void *copy, int copy_dt) {
 #define FP8T_Q(DT, GT)                                                                          \
   quantize_t<DT, GT>(cfg, call, src, given, row, col, scale_inv, amax, col_scale_inv, col_amax, \
-                     state, state_amax, adam)
+                     state, state_amax, adam, copy, copy_dt)
   if (adam) {
     /* a tensor too small for the fused kernel's threads (64 elements each, in sequence) to fill
        the device: the step over every SM, then the plain cast of the new master */

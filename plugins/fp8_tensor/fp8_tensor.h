@@ -39,11 +39,13 @@ int fp8t_cuda_amax(const hq_call *call, const hq_tensor *src, uint32_t dirs, flo
    and each block max-accumulates its max|x| into the storage's amax and into *state_amax
    (fp8t_amax_accumulate, as atomicMax on the bits).
    adam (delayed scaling only, src the FP32 master): the fused optimizer step, applied to each
-   element as it is read (master, m, v written back) before the cast of its new value. */
+   element as it is read (master, m, v written back) before the cast of its new value.
+   copy (an F32 src, no adam; NULL: none): every element also stored in copy_dt (HQ_BF16 /
+   HQ_F16) at copy [M,K], by hq_store_hp's rule (ABI 2.6 copy_out). */
 int fp8t_cuda_quantize(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
                        const float *given, uint8_t *row, uint8_t *col, float *scale_inv,
                        float *amax, float *col_scale_inv, float *col_amax, const float *state,
-                       float *state_amax, const hq_adam_pass *adam);
+                       float *state_amax, const hq_adam_pass *adam, void *copy, int copy_dt);
 
 /* GPU end-of-step update of n delayed-scaling slices (fp8t_delayed_update's rule, a block each):
    amax[i] and state + i * history_len, device memory, on call->stream. */

@@ -14,6 +14,8 @@
 ** Buffers (save order): rowwise "data" [rows, cols] of the storage dtype (FSDP: gathered by
 ** rows); columnwise the same buffer shared (name "data") or, made alone, its own
 ** "columnwise_data" [rows, cols]. desc: elem = the storage dtype, order MK, no scale.
+** That is a plain copy (HQ_CAP_PLAIN_COPY): in a hybrid whose other direction's module writes
+** such a copy from its own read (HQ_CAP_COPY_OUT), the core makes no call of this one.
 */
 #include "config.h"
 
@@ -128,7 +130,7 @@ static const hq_format_ops ops = {
     .name = "identity",
     .version = PACKAGE_VERSION,
     .description = "high-precision passthrough (f32/bf16/f16), one buffer for both directions",
-    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY
+    .caps = HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY | HQ_CAP_PLAIN_COPY
 #ifdef HQ_HAVE_CUDA
             | HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV
 #endif

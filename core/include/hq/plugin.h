@@ -760,6 +760,18 @@ typedef struct hq_call {
                                       without that factor, exactly representable in BF16
                                       whatever desc.emul_dtype says. Read it through
                                       hq_call_row_factor_out() */
+  void *copy_out;                  /* quantize/update of an instance with HQ_CAP_COPY_OUT: NULL,
+                                      or where to write, besides the storages, every element of
+                                      src converted to copy_dtype, row-major [rows, cols], each
+                                      as the host's convert service converts it (hq_f32_to_bf16
+                                      / hq_f32_to_f16 of hq/numerics.h), in memory of
+                                      call->device on call->stream. The core sets it only for an
+                                      F32 src, copy_dtype HQ_BF16 or HQ_F16, and no call->adam:
+                                      the other direction's plain copy (HQ_CAP_PLAIN_COPY) made
+                                      from this call's one read of src. Read it through
+                                      hq_call_copy_out() */
+  int32_t copy_dtype;
+  int32_t reserved1;
 } hq_call;
 
 /* Size of an hq_call that carries the state fields. */
@@ -769,8 +781,9 @@ typedef struct hq_call {
 /* Size of an hq_call that carries the factor fields. */
 #define HQ_CALL_SIZE_2_3 (offsetof(hq_call, factor_mul) + sizeof(float))
 
-/* Size of an hq_call that carries the device step of the random stream. */
-#define HQ_CALL_SIZE_2_6 (offsetof(hq_call, row_factor_out) + sizeof(float *))
+/* Size of an hq_call that carries the 2.6 fields (the device step of the random stream, the
+   per-row factors, the plain copy written beside). */
+#define HQ_CALL_SIZE_2_6 (offsetof(hq_call, reserved1) + sizeof(int32_t))
 
 /* The device step a graph-captured quantize/update draws from (2.6): call->offset_dev of a call
    that carries it, else NULL (the call's stream is call->offset). */
@@ -792,6 +805,14 @@ static inline float *hq_call_row_factor_out(const hq_call *call) {
   return call->struct_size >= HQ_CALL_SIZE_2_6 && (call->flags & HQ_CALL_DEQ_RAW)
              ? call->row_factor_out
              : NULL;
+}
+
+/* Where a quantize/update writes the plain copy of its source (2.6), and *dtype its dtype:
+   call->copy_out of a call that carries it, else NULL (no copy). */
+static inline void *hq_call_copy_out(const hq_call *call, int32_t *dtype) {
+  void *p = call->struct_size >= HQ_CALL_SIZE_2_6 ? call->copy_out : NULL;
+  *dtype = p ? call->copy_dtype : 0;
+  return p;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -887,6 +908,15 @@ static inline const hq_adam_pass *hq_call_adam(const hq_call *call, const hq_ten
                                              call->row_factor_out: the raw values split into
                                              BF16-exact values times one FP32 factor per stored
                                              row (e.g. NVFP4's per-row global scale) */
+#define HQ_CAP_COPY_OUT (1ull << 10)      /* 2.6: quantize/update honours call->copy_out: a
+                                             plain BF16 / F16 copy of an F32 src written from
+                                             the same read (see hq_call.copy_out) */
+#define HQ_CAP_PLAIN_COPY (1ull << 11)    /* 2.6: every storage of the instance is one buffer
+                                             holding src converted to the buffer's dtype by the
+                                             host's convert service, row-major [rows, cols], in
+                                             either direction: another direction's module with
+                                             HQ_CAP_COPY_OUT may write it in place of this
+                                             module's call (the core then makes none) */
 
 /* amax_kind(): what per-tensor amax a direction's quantization depends on. */
 #define HQ_AMAX_NONE 0u   /* none (block scales only, or no scaling) */
