@@ -147,6 +147,15 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
 #define HQ_FP8B_ADAM_PREFETCH 2
 #endif
 
+/* The zero padding of row `row` of a scale buffer whose rows hold n scales stored r4(n) apart:
+   entries n .. r4(n), by threads t < r4(n) - n of a tile that is the last along n (`last`). The
+   1-D rowwise scales ([k/128][M]), the 1-D columnwise ones ([m/128][K]) and both 2-D ones
+   ([m/128][k/128], [k/128][m/128]) are such rows. */
+__device__ __forceinline__ void pad_scale_row(float *s, int64_t n, int64_t row, int t, bool last) {
+  const int64_t r4 = hq_roundup(n, 4);
+  if (last && t < r4 - n) s[row * r4 + n + t] = 0.0f;
+}
+
 /* A 2-D block's scale_inv in both scale buffers (thread 0 of the tile's CTA or cluster) and,
    by threads t < 3 of the edge tiles, the zero padding of the scale rows: [m/128][Kb .. r4(Kb))
    and [k/128][Mb .. r4(Mb)). */
@@ -158,11 +167,9 @@ __device__ __forceinline__ void store_2d_scales(const QArgs &a, int t, int64_t m
     if (a.rs) a.rs[hq_fp8b_row2d_index(m0, k0, K)] = scale_inv;
     if (a.cs) a.cs[hq_fp8b_col2d_index(m0, k0, M)] = scale_inv;
   }
-  if (a.rs && kb == a.Kb - 1 && t < hq_roundup(a.Kb, 4) - a.Kb)
-    a.rs[mb * hq_roundup(a.Kb, 4) + a.Kb + t] = 0.0f;
   const int64_t Mb = hq_fp8b_nblocks(M);
-  if (a.cs && mb == Mb - 1 && t < hq_roundup(Mb, 4) - Mb)
-    a.cs[kb * hq_roundup(Mb, 4) + Mb + t] = 0.0f;
+  if (a.rs) pad_scale_row(a.rs, a.Kb, mb, t, kb == a.Kb - 1);
+  if (a.cs) pad_scale_row(a.cs, Mb, kb, t, mb == Mb - 1);
 }
 
 /* Swizzled byte offset of (row r, byte b) of the shared 128x128 transposed tile: 16-byte chunk
@@ -370,8 +377,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         const uint2 q = hq_cuda_cast8<ELEM>(y, scale); /* stored at once: no registers held */
         if (col_in && r0 + p < nr) store_row8(a, m0 + r0 + p, k0 + c0, q);
       }
-      const int64_t r4M = hq_roundup(M, 4);
-      if (mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
+      pad_scale_row(a.rs, M, kb, t, mb == hq_fp8b_nblocks(M) - 1);
     }
     /* --- 1-D columnwise: each tile column is a 128x1 block ---------------------------------- */
     if (a.cd) {
@@ -400,8 +406,7 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
         cscale[t] = scale;
         if (t < nc) a.cs[hq_fp8b_col1d_index(m0, k0 + t, K)] = hq_rcp_rn(scale);
       }
-      const int64_t r4K = hq_roundup(K, 4);
-      if (kb == a.Kb - 1 && t < r4K - K) a.cs[mb * r4K + K + t] = 0.0f;
+      pad_scale_row(a.cs, K, mb, t, kb == a.Kb - 1);
       __syncthreads();
       #pragma unroll
       for (int j = 0; j < 8; j++) {
@@ -510,8 +515,7 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
       const float scale = hq_fp8b_scale(rm, ELEM, a.pow2, a.epsilon, DT);
       if ((t & 15) == 0 && row_in) a.rs[hq_fp8b_row1d_index(i, k0, M)] = hq_rcp_rn(scale);
       if (row_in && col_in) store_row8(a, i, k0 + c0, hq_cuda_cast8<ELEM>(y, scale));
-      const int64_t r4M = hq_roundup(M, 4);
-      if (rank == 0 && mb == hq_fp8b_nblocks(M) - 1 && t < r4M - M) a.rs[kb * r4M + M + t] = 0.0f;
+      pad_scale_row(a.rs, M, kb, t, rank == 0 && mb == hq_fp8b_nblocks(M) - 1);
     }
     if (a.cd) {
       /* column maxima over the CTA's 16 rows: lanes l and l ^ 16 hold rows 2w and 2w + 1, then
@@ -542,8 +546,7 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
         cscale[t] = scale;
         if (rank == 0 && t < nc) a.cs[hq_fp8b_col1d_index(m0, k0 + t, K)] = hq_rcp_rn(scale);
       }
-      const int64_t r4K = hq_roundup(K, 4);
-      if (rank == 0 && kb == a.Kb - 1 && t < r4K - K) a.cs[mb * r4K + K + t] = 0.0f;
+      pad_scale_row(a.cs, K, mb, t, rank == 0 && kb == a.Kb - 1);
       __syncthreads();
       const uint2 q = hq_cuda_cast8v<ELEM>(y, &cscale[c0]);
       #pragma unroll
