@@ -30,10 +30,12 @@
 static cudaStream_t stream;
 static hq_ctx *cpu, *gpu;
 static int fused_adam_logged; /* debug messages "AdamW fused into ..." seen on the gpu context */
+static int copy_logged;       /* ... and "... written by the rowwise call" (copy_out) */
 
 static void gpu_log(void *user, int level, const char *msg) {
   (void)user;
   if (strstr(msg, "AdamW fused into")) fused_adam_logged++;
+  if (strstr(msg, "written by the rowwise call")) copy_logged++;
   if (level <= 1) fprintf(stderr, "hq: %s\n", msg);
 }
 
@@ -307,11 +309,14 @@ static void test_fsdp_on_device(void **state) {
    half of a hybrid; nvfp4's global scales), whose columnwise amax is format-specific (nvfp4
    with RHT: the update computes it), which need none (2-D nvfp4), and whose module runs the
    whole step inside its write-back kernel (HQ_CAP_FUSED_ADAM: mxfp8 with both directions and
-   with the rowwise direction alone, identity in BF16 and F32, fp8_block 1-D and 2-D); the
+   with the rowwise direction alone, identity in BF16 and F32, fp8_block 1-D and 2-D), and the
+   hybrid whose BF16 / F16 identity copy fp8_tensor's update writes beside its codes (copy_out,
+   after the step's kernel); the
    shape (160 x 288) gives fp8_block 2 x 3 tiles, the last ones partial (fp8_block and delayed
    fp8_tensor split the step off there; delayed fp8_tensor is run on a size that takes its fused
    kernel too); non-finite counting on the device. */
-static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0};
+static const int adam_fused[] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};
+static const int adam_copy[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
 static const char *adam_recipes[] = {
     "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\ncolumnwise = f\n",
     "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\n"
@@ -333,6 +338,11 @@ static const char *adam_recipes[] = {
     /* ... and not as one half of a hybrid (two calls) */
     "[format f]\nplugin = fp8_tensor\nscaling = delayed\n[format g]\nplugin = fp8_tensor\n"
     "dtype = e5m2\nscaling = delayed\nmargin = 1\n[role *:*:*]\nrowwise = f\ncolumnwise = g\n",
+    /* the identity copy written by fp8_tensor's update (copy_out), BF16 and F16 */
+    "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\ndtype = bf16\n"
+    "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
+    "[format a]\nplugin = fp8_tensor\n[format b]\nplugin = identity\ndtype = f16\n"
+    "[role *:*:*]\nrowwise = a\ncolumnwise = b\n",
 };
 
 /* Three steps of recipe k on an R x C weight, on the CPU and the device, compared. */
@@ -368,7 +378,7 @@ static void adam_recipe_case(size_t k, int64_t R, int64_t C) {
       HQ_OK_OR_FAIL(hq_qtensor_drop(qh, HQ_COLWISE));
       HQ_OK_OR_FAIL(hq_qtensor_drop(qg, HQ_COLWISE));
     }
-    fused_adam_logged = 0;
+    fused_adam_logged = copy_logged = 0;
     for (int64_t t = 1; t <= 3; t++) {
       hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
@@ -382,6 +392,9 @@ static void adam_recipe_case(size_t k, int64_t R, int64_t C) {
     if (fused_adam_logged != 3 * adam_fused[k])
       fail_msg("%s: %d fused write-backs logged, %d expected", adam_recipes[k],
                fused_adam_logged, 3 * adam_fused[k]);
+    if (copy_logged != 3 * adam_copy[k])
+      fail_msg("%s: %d copies written beside logged, %d expected", adam_recipes[k], copy_logged,
+               3 * adam_copy[k]);
     CK(cudaStreamSynchronize(stream));
     if (sh) { /* the states the three steps' amaxes rolled into agree, and the scale moved */
       float *ah = NULL, *ag = NULL;
