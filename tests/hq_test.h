@@ -80,6 +80,20 @@ static inline uint64_t hq_test_rng_offset(const char *role, uint64_t step, uint6
   return hq_test_splitmix(k ^ hq_test_splitmix(step ^ hq_test_splitmix(n)));
 }
 
+/* A context on `device` (HQ_DEVICE_HOST or a CUDA ordinal) whose log callback is `log` with
+   `user`: a test counts the lines it looks for. */
+static inline hq_ctx *hq_test_log_ctx(int device, void (*log)(void *, int, const char *),
+                                      void *user) {
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = device;
+  d.log = log;
+  d.log_user = user;
+  hq_ctx *ctx = NULL;
+  if (hq_ctx_create(&d, &ctx)) fail_msg("%s", hq_last_error());
+  return ctx;
+}
+
 static inline hq_tensor hq_test_empty(hq_dtype t, int64_t rows, int64_t cols) {
   return hq_tensor_2d(calloc((size_t)(rows * cols), hq_dtype_size(t)), t, HQ_DEVICE_HOST, rows,
                       cols);

@@ -230,7 +230,7 @@ tests_test_fp8_tensor_SOURCES = tests/test_fp8_tensor.c tests/hq_test.h
 tests_test_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_fp8_tensor_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_hybrid
-tests_test_hybrid_SOURCES = tests/test_hybrid.c tests/hq_test.h tests/copy_bits.h
+tests_test_hybrid_SOURCES = tests/test_hybrid.c tests/hq_test.h tests/copy_out.h
 tests_test_hybrid_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_hybrid_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_abi
@@ -249,7 +249,7 @@ tests_test_forms_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_forms_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_gpu_fp8_tensor
 tests_test_gpu_fp8_tensor_SOURCES = tests/test_gpu_fp8_tensor.c tests/hq_test.h \
-	tests/copy_bits.h tests/hq_gpu_test.h
+	tests/copy_out.h tests/hq_gpu_test.h
 tests_test_gpu_fp8_tensor_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_gpu_fp8_tensor_LDADD = $(HQ_TEST_LDADD)
 

@@ -47,16 +47,7 @@ static void log_ops(void *user, int level, const char *msg) {
   l->save += strstr(msg, "test_forms: save ") != NULL;
   l->restore += strstr(msg, "test_forms: restore ") != NULL;
 }
-static hq_ctx *logged_ctx(oplog *l) {
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = HQ_DEVICE_HOST;
-  d.log = log_ops;
-  d.log_user = l;
-  hq_ctx *ctx = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
-  return ctx;
-}
+static hq_ctx *logged_ctx(oplog *l) { return hq_test_log_ctx(HQ_DEVICE_HOST, log_ops, l); }
 
 /* The fixture's tag of row i of x (forms.c): the xor of the four bytes of x[i][0]'s bits. */
 static uint8_t tag_of(const hq_tensor *x, int64_t i) {

@@ -20,7 +20,7 @@
 */
 #include <math.h>
 
-#include "copy_bits.h"
+#include "copy_out.h"
 #include "hq_gpu_test.h"
 
 static hq_ctx *cpu, *gpu;
@@ -161,10 +161,6 @@ static void test_hybrid_on_device(void **state) {
   hq_recipe_free(r);
 }
 
-static void count_copy_log(void *user, int level, const char *msg) {
-  if (level == 3 && strstr(msg, "written by the rowwise call")) ++*(int *)user;
-}
-
 /* ABI 2.6 copy_out on the device: the hybrid of fp8_tensor rowwise and identity BF16 / F16
    columnwise from an F32 source is one call (the core's debug line once per quantize and
    update), whose columnwise copy equals identity's own on the CPU byte for byte (copy_bits'
@@ -175,13 +171,7 @@ static void count_copy_log(void *user, int level, const char *msg) {
 static void test_copy_beside_on_device(void **state) {
   (void)state;
   int logged = 0;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  d.log = count_copy_log;
-  d.log_user = &logged;
-  hq_ctx *dev = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_create(&d, &dev));
+  hq_ctx *dev = copy_log_ctx(0, &logged);
   const int64_t shapes[4][2] = {{96, 160}, {1024, 2048}, {33, 65}, {64, 64}};
   const size_t shifts[4] = {0, 0, 0, 4};
   const char *dts[2] = {"bf16", "f16"};
@@ -189,13 +179,9 @@ static void test_copy_beside_on_device(void **state) {
   float *amax_dev = hq_gpu_amax_to_dev(dev, amax_host);
   int calls = 0;
   for (int t = 0; t < 2; t++) {
-    char text[256], hp[128];
-    snprintf(text, sizeof text, "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = "
-             "identity\ndtype = %s\n[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n", dts[t]);
-    snprintf(hp, sizeof hp, "[format hp]\nplugin = identity\ndtype = %s\n[role *:*:*]\n"
-             "rowwise = hp\ncolumnwise = hp\n", dts[t]);
-    hq_recipe *r = hq_test_recipe(text), *rh = hq_test_recipe(hp);
-    hq_recipe *r8 = hq_test_recipe("[role *:*:*]\nrowwise = fp8_tensor\n");
+    hq_recipe *rs[3];
+    copy_recipes(dts[t], rs);
+    hq_recipe *r = rs[0], *rh = rs[1], *r8 = rs[2];
     hq_quantizer *qh = hq_test_quantizer(r, "a:b:c"), *qi = hq_test_quantizer(rh, "a:b:c");
     hq_quantizer *q8 = hq_test_quantizer(r8, "a:b:c");
     HQ_OK_OR_FAIL(hq_quantizer_set_usage(qi, HQ_COLWISE));

@@ -13,7 +13,7 @@
 #include <xmmintrin.h>
 #endif
 
-#include "copy_bits.h"
+#include "copy_out.h"
 #include "hq_test.h"
 
 static hq_ctx *host_ctx(void) {
@@ -198,10 +198,6 @@ static void test_mixed_formats(void **state) {
 }
 
 
-static void count_copy_log(void *user, int level, const char *msg) {
-  if (level == 3 && strstr(msg, "written by the rowwise call")) ++*(int *)user;
-}
-
 /* One tensor of the hybrid (fp8_tensor rowwise, identity `dtype` columnwise) from x, both
    directions; *qt is made by the first call and updated in place by later ones. */
 static void hybrid_pass(hq_recipe *r, hq_ctx *ctx, const hq_tensor *x, hq_qtensor **qt) {
@@ -222,21 +218,11 @@ static void test_copy_beside(void **state) {
   (void)state;
   const char *dts[2] = {"bf16", "f16"};
   for (int t = 0; t < 2; t++) {
-    char text[256], hp[128];
-    snprintf(text, sizeof text, "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = "
-             "identity\ndtype = %s\n[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n", dts[t]);
-    snprintf(hp, sizeof hp, "[format hp]\nplugin = identity\ndtype = %s\n[role *:*:*]\n"
-             "rowwise = hp\ncolumnwise = hp\n", dts[t]);
-    hq_recipe *r = hq_test_recipe(text), *rh = hq_test_recipe(hp);
-    hq_recipe *r8 = hq_test_recipe("[role *:*:*]\nrowwise = fp8_tensor\n");
+    hq_recipe *rs[3];
+    copy_recipes(dts[t], rs);
+    hq_recipe *r = rs[0], *rh = rs[1], *r8 = rs[2];
     int logged = 0;
-    hq_ctx_desc d = {0};
-    d.struct_size = sizeof d;
-    d.device = HQ_DEVICE_HOST;
-    d.log = count_copy_log;
-    d.log_user = &logged;
-    hq_ctx *ctx = NULL;
-    HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+    hq_ctx *ctx = copy_log_ctx(HQ_DEVICE_HOST, &logged);
     hq_qtensor *qt = NULL;
     for (int pass = 0; pass < 2; pass++) {
       hq_tensor x = hq_test_tensor(HQ_F32, 19, 37, 5 + pass, pass ? 30.0f : 2.0f);
@@ -290,13 +276,7 @@ static void test_copy_beside(void **state) {
   }
   /* identity in f32 (its default for an f32 source) is not a BF16 / F16 copy: two calls */
   int logged = 0;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = HQ_DEVICE_HOST;
-  d.log = count_copy_log;
-  d.log_user = &logged;
-  hq_ctx *ctx = NULL;
-  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  hq_ctx *ctx = copy_log_ctx(HQ_DEVICE_HOST, &logged);
   hq_recipe *r = hq_test_recipe(MIXED);
   hq_tensor x = hq_test_tensor(HQ_F32, 8, 8, 3, 2.0f);
   hq_qtensor *qt = quantize_with(r, ctx, &x, HQ_BOTH);

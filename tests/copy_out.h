@@ -1,12 +1,15 @@
 /*
-** copy_bits.h -- F32 values and their BF16 / F16 bits, for the tests of a plain copy written
-** beside a format's codes (ABI 2.6 copy_out): test_hybrid on the host, test_gpu_fp8_tensor on a
-** device.
+** copy_out.h -- what the tests of a plain copy written beside a format's codes (ABI 2.6
+** copy_out) share: test_hybrid on the host, test_gpu_fp8_tensor on a device. F32 values and
+** their BF16 / F16 bits, a context whose log counts the core's line for each such call, and the
+** recipes compared.
 */
-#ifndef HQ_TEST_COPY_BITS_H
-#define HQ_TEST_COPY_BITS_H
+#ifndef HQ_TEST_COPY_OUT_H
+#define HQ_TEST_COPY_OUT_H
 
 #include <stdint.h>
+
+#include "hq_test.h"
 
 /* F32 bit patterns and their BF16 / F16 conversions (round to nearest even, overflow to Inf,
    NaN quiet with its sign; checked against ml_dtypes.bfloat16 and numpy.float16, NaN by the rule
@@ -29,5 +32,28 @@ static const struct copy_bit { uint32_t f32; uint16_t bf16, f16; } copy_bits[] =
     {0xffa00000u, 0xffe0u, 0xfe00u}, /* ... negative */
 };
 #define N_COPY_BITS (sizeof copy_bits / sizeof copy_bits[0])
+
+
+static void copy_log_count(void *user, int level, const char *msg) {
+  if (level == 3 && strstr(msg, "written by the rowwise call")) ++*(int *)user;
+}
+
+/* A context on `device` whose log counts the core's copy_out lines into *logged. */
+static inline hq_ctx *copy_log_ctx(int device, int *logged) {
+  return hq_test_log_ctx(device, copy_log_count, logged);
+}
+
+/* The recipes compared for an identity dtype dt ("bf16" or "f16"): r[0] the hybrid (fp8_tensor
+   rowwise, identity columnwise), r[1] identity alone, r[2] fp8_tensor alone. */
+static inline void copy_recipes(const char *dt, hq_recipe *r[3]) {
+  char text[256];
+  snprintf(text, sizeof text, "[format f8]\nplugin = fp8_tensor\n[format hp]\nplugin = "
+           "identity\ndtype = %s\n[role *:*:*]\nrowwise = f8\ncolumnwise = hp\n", dt);
+  r[0] = hq_test_recipe(text);
+  snprintf(text, sizeof text, "[format hp]\nplugin = identity\ndtype = %s\n[role *:*:*]\n"
+           "rowwise = hp\ncolumnwise = hp\n", dt);
+  r[1] = hq_test_recipe(text);
+  r[2] = hq_test_recipe("[role *:*:*]\nrowwise = fp8_tensor\n");
+}
 
 #endif
