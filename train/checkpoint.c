@@ -34,15 +34,6 @@
 
 #define CKPT_LAYOUT "1"
 
-static int fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
 static int meta(hq_ckpt_writer *w, const char *key, const char *fmt, ...) HQ_PRINTF(3, 4);
 static int meta(hq_ckpt_writer *w, const char *key, const char *fmt, ...) {
   char v[256];
@@ -144,7 +135,7 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
   char *spec = NULL, *curve_txt = NULL;
   float *curve = NULL;
   const int dev = hq_ctx_device(m->ctx);
-  if (hq_ckpt_writer_open(path, &w)) return fail(err, err_len, "%s", hq_last_error());
+  if (hq_ckpt_writer_open(path, &w)) return train_fail(err, err_len, "%s", hq_last_error());
   int rc = 0;
   int k = 0;
   for (; !rc && k < 3; k++) {   /* the embedding first, then each layer: quantized weight,
@@ -174,7 +165,7 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
     curve = malloc((size_t)res->n_train_curve * sizeof *curve);
     if (!curve) {
       hq_ckpt_writer_abort(w);
-      return fail(err, err_len, "checkpoint %s: out of memory", path);
+      return train_fail(err, err_len, "checkpoint %s: out of memory", path);
     }
     for (int64_t s = 0; s < res->n_train_curve; s++) curve[s] = (float)res->train_curve[s].loss;
     /* a host tensor: the trainer's context is the host's (a CUDA trainer passes a host context
@@ -200,7 +191,7 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
     free(curve);
     free(spec);
     free(curve_txt);
-    return fail(err, err_len, "checkpoint %s: out of memory", path);
+    return train_fail(err, err_len, "checkpoint %s: out of memory", path);
   }
   if (!rc) rc = hq_ckpt_add_meta(w, "hq_train", CKPT_LAYOUT);
   if (!rc) rc = meta(w, "step", "%lld", (long long)m->step);
@@ -229,11 +220,11 @@ static int write_file(const train_model *m, const plain *pl, hq_recipe *recipe,
   free(spec);
   free(curve_txt);
   if (rc) {
-    fail(err, err_len, "%s", hq_last_error());
+    train_fail(err, err_len, "%s", hq_last_error());
     hq_ckpt_writer_abort(w);
     return -1;
   }
-  if (hq_ckpt_writer_close(w)) return fail(err, err_len, "%s", hq_last_error());
+  if (hq_ckpt_writer_close(w)) return train_fail(err, err_len, "%s", hq_last_error());
   return 0;
 }
 
@@ -244,7 +235,7 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
   plain *pl = NULL;
   const int n_pl = plain_list(m, &pl);
   if (!dd) {
-    if (n_pl < 0) return fail(err, err_len, "checkpoint %s: out of memory", path);
+    if (n_pl < 0) return train_fail(err, err_len, "checkpoint %s: out of memory", path);
     const int rc = write_file(m, pl, recipe, cfg, d, data_rng, res, path, err, err_len);
     free(pl);
     return rc;
@@ -255,17 +246,21 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
      rank */
   const int rank = train_dist_rank(dd);
   int ok = n_pl >= 0;
-  if (!ok) fail(err, err_len, "checkpoint %s: out of memory", path);
+  if (!ok) train_fail(err, err_len, "checkpoint %s: out of memory", path);
   for (int k = 0; ok && rank == 0 && k < n_pl; k++) {
     if (!pl[k].sharded) continue;   /* a whole tensor: the same on every rank */
     if (!(pl[k].full = malloc((size_t)(pl[k].rows * pl[k].cols) * sizeof(float)))) {
       ok = 0;
-      fail(err, err_len, "checkpoint %s: out of memory for the gathered %s", path, pl[k].name);
+      train_fail(err, err_len, "checkpoint %s: out of memory for the gathered %s", path,
+                 pl[k].name);
     }
   }
   if (!train_dist_all_ok(dd, ok)) {
-    if (ok) fail(err, err_len, "checkpoint %s: another rank ran out of memory (its message says "
-                 "which)", path);
+    if (ok)
+      train_fail(err, err_len,
+                 "checkpoint %s: another rank ran out of memory (its message says "
+                 "which)",
+                 path);
     ok = 0;
     goto out;
   }
@@ -276,15 +271,17 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
     if (train_dist_gather_rows(m, pl[k].p, pl[k].held, pl[k].rows, pl[k].cols,
                                pl[k].full, e, sizeof e) && ok) {
       ok = 0;
-      fail(err, err_len, "checkpoint %s: gathering %s: %s", path, pl[k].name, e);
+      train_fail(err, err_len, "checkpoint %s: gathering %s: %s", path, pl[k].name, e);
     }
   }
   if (ok && rank == 0 &&
       write_file(m, pl, recipe, cfg, d, data_rng, res, path, err, err_len))
     ok = 0;
   if (!train_dist_all_ok(dd, ok) && ok)
-    fail(err, err_len, "checkpoint %s: rank 0 could not write it, or another rank could not send "
-         "its rows (that rank's message says why)", path);
+    train_fail(err, err_len,
+               "checkpoint %s: rank 0 could not write it, or another rank could not send "
+               "its rows (that rank's message says why)",
+               path);
 out:
   for (int k = 0; pl && k < n_pl; k++) free(pl[k].full);
   free(pl);
@@ -294,7 +291,7 @@ out:
 /* A metadata value that must be present. */
 static const char *need(hq_ckpt *c, const char *path, const char *key, char *err, size_t n) {
   const char *v = hq_ckpt_meta(c, key);
-  if (!v) fail(err, n, "--resume %s: no '%s' in the checkpoint's metadata", path, key);
+  if (!v) train_fail(err, n, "--resume %s: no '%s' in the checkpoint's metadata", path, key);
   return v;
 }
 
@@ -340,17 +337,18 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
                                        ? HQ_CKPT_NO_VERIFY
                                        : 0};
   if (hq_ckpt_open_ex(path, &oo, &c)) {
-    fail(err, err_len, "--resume: %s", hq_last_error());
+    train_fail(err, err_len, "--resume: %s", hq_last_error());
     goto out;
   }
   const char *v;
   if (!hq_ckpt_meta(c, "hq_train")) {
-    fail(err, err_len, "--resume %s: not a checkpoint of hq train (no 'hq_train' metadata)", path);
+    train_fail(err, err_len, "--resume %s: not a checkpoint of hq train (no 'hq_train' metadata)",
+               path);
     goto out;
   }
   if (strcmp(hq_ckpt_meta(c, "hq_train"), CKPT_LAYOUT) != 0) {
-    fail(err, err_len, "--resume %s: checkpoint layout %s, this hq train reads %s", path,
-         hq_ckpt_meta(c, "hq_train"), CKPT_LAYOUT);
+    train_fail(err, err_len, "--resume %s: checkpoint layout %s, this hq train reads %s", path,
+               hq_ckpt_meta(c, "hq_train"), CKPT_LAYOUT);
     goto out;
   }
   /* the recipe */
@@ -360,25 +358,26 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
   if (!(v = need(c, path, "recipe", err, err_len))) goto out;
   const char *cfile = hq_ckpt_meta(c, "recipe_file");
   if (strcmp(v, rname) != 0) {
-    fail(err, err_len,
-         "--resume %s: the checkpoint was written with recipe '%s' (%s); this run's recipe is "
-         "'%s' (%s)",
-         path, v, cfile ? cfile : "?", rname, rpath);
+    train_fail(
+        err, err_len,
+        "--resume %s: the checkpoint was written with recipe '%s' (%s); this run's recipe is "
+        "'%s' (%s)",
+        path, v, cfile ? cfile : "?", rname, rpath);
     goto out;
   }
   if (!(v = need(c, path, "recipe_spec", err, err_len))) goto out;
   spec = train_recipe_spec(recipe);
   if (!spec) {
-    fail(err, err_len, "out of memory");
+    train_fail(err, err_len, "out of memory");
     goto out;
   }
   if (strcmp(v, spec) != 0) {
     char a[512], b[512];
     first_diff(v, spec, a, sizeof a, b, sizeof b);
-    fail(err, err_len,
-         "--resume %s: recipe '%s' (%s) differs from the one the checkpoint was written with "
-         "(%s): checkpoint '%s', this recipe '%s'",
-         path, rname, rpath, cfile ? cfile : "?", a, b);
+    train_fail(err, err_len,
+               "--resume %s: recipe '%s' (%s) differs from the one the checkpoint was written with "
+               "(%s): checkpoint '%s', this recipe '%s'",
+               path, rname, rpath, cfile ? cfile : "?", a, b);
     goto out;
   }
   /* the shape and the run */
@@ -398,68 +397,73 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     uint64_t got;
     if (!(v = need(c, path, ints[i].key, err, err_len))) goto out;
     if (parse_u64(v, &got)) {
-      fail(err, err_len, "--resume %s: metadata '%s' = '%s' is not a count", path, ints[i].key, v);
+      train_fail(err, err_len, "--resume %s: metadata '%s' = '%s' is not a count", path,
+                 ints[i].key, v);
       goto out;
     }
     if ((long long)got != ints[i].want) {
-      fail(err, err_len, "--resume %s: %s differs: the checkpoint has %s = %s, this run %lld (%s)",
-           path, ints[i].key, ints[i].key, v, ints[i].want, ints[i].opt);
+      train_fail(err, err_len,
+                 "--resume %s: %s differs: the checkpoint has %s = %s, this run %lld (%s)", path,
+                 ints[i].key, ints[i].key, v, ints[i].want, ints[i].opt);
       goto out;
     }
   }
   if (!(v = need(c, path, "model.act", err, err_len))) goto out;
   if (strcmp(v, act_name(m->cfg.act)) != 0) {
-    fail(err, err_len,
-         "--resume %s: model.act differs: the checkpoint has model.act = %s, this run %s (--act)",
-         path, v, act_name(m->cfg.act));
+    train_fail(
+        err, err_len,
+        "--resume %s: model.act differs: the checkpoint has model.act = %s, this run %s (--act)",
+        path, v, act_name(m->cfg.act));
     goto out;
   }
   /* The reduce's dtype changes the numbers a step computes (BF16 sums round), so a resume that
      reduces gradients continues only in the checkpoint's dtype; one process reduces nothing.
      A checkpoint from before grad_dtype was recorded says nothing and is not checked. */
   if ((v = hq_ckpt_meta(c, "grad_dtype")) && m->cfg.dist && strcmp(v, grad_dtype_name(m)) != 0) {
-    fail(err, err_len,
-         "--resume %s: the checkpoint's weight gradients were reduced across ranks in %s, this "
-         "run's in %s: another reduce dtype is another training; give --grad-dtype %s to "
-         "continue it",
-         path, v, grad_dtype_name(m), v);
+    train_fail(
+        err, err_len,
+        "--resume %s: the checkpoint's weight gradients were reduced across ranks in %s, this "
+        "run's in %s: another reduce dtype is another training; give --grad-dtype %s to "
+        "continue it",
+        path, v, grad_dtype_name(m), v);
     goto out;
   }
   uint64_t step, rng_off, drng;
   if (!(v = need(c, path, "step", err, err_len))) goto out;
   if (parse_u64(v, &step) || step < 1) {
-    fail(err, err_len, "--resume %s: metadata 'step' = '%s' is not a step", path, v);
+    train_fail(err, err_len, "--resume %s: metadata 'step' = '%s' is not a step", path, v);
     goto out;
   }
   if ((int64_t)step >= cfg->steps) {
-    fail(err, err_len,
-         "--resume %s: the checkpoint is at step %llu: --steps %lld leaves nothing to train (give "
-         "more steps)",
-         path, (unsigned long long)step, (long long)cfg->steps);
+    train_fail(
+        err, err_len,
+        "--resume %s: the checkpoint is at step %llu: --steps %lld leaves nothing to train (give "
+        "more steps)",
+        path, (unsigned long long)step, (long long)cfg->steps);
     goto out;
   }
   if (!(v = need(c, path, "rng_offset", err, err_len))) goto out;
   if (parse_u64(v, &rng_off)) {
-    fail(err, err_len, "--resume %s: metadata 'rng_offset' = '%s' is not a count", path, v);
+    train_fail(err, err_len, "--resume %s: metadata 'rng_offset' = '%s' is not a count", path, v);
     goto out;
   }
   if (!(v = need(c, path, "data_rng", err, err_len))) goto out;
   if (parse_u64(v, &drng)) {
-    fail(err, err_len, "--resume %s: metadata 'data_rng' = '%s' is not a count", path, v);
+    train_fail(err, err_len, "--resume %s: metadata 'data_rng' = '%s' is not a count", path, v);
     goto out;
   }
 
   /* the tensors: every check of libhqcore is made before a tensor is written */
   const int n_pl = plain_list(m, &pl);
   if (n_pl < 0) {
-    fail(err, err_len, "out of memory");
+    train_fail(err, err_len, "out of memory");
     goto out;
   }
   for (int k = 0; k < n_pl; k++) {
     if (pl[k].held == pl[k].rows) {
       hq_tensor t = hq_tensor_2d(pl[k].p, HQ_F32, dev, pl[k].rows, pl[k].cols);
       if (hq_ckpt_load_tensor(c, m->ctx, pl[k].name, &t)) {
-        fail(err, err_len, "--resume: %s", hq_last_error());
+        train_fail(err, err_len, "--resume: %s", hq_last_error());
         goto out;
       }
       continue;
@@ -469,7 +473,7 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     const size_t fs = sizeof(float);
     float *h = malloc((size_t)(pl[k].rows * pl[k].cols) * fs);
     if (!h) {
-      fail(err, err_len, "--resume %s: out of memory for %s", path, pl[k].name);
+      train_fail(err, err_len, "--resume %s: out of memory for %s", path, pl[k].name);
       goto out;
     }
     hq_tensor t = hq_tensor_2d(h, HQ_F32, HQ_DEVICE_HOST, pl[k].rows, pl[k].cols);
@@ -479,7 +483,7 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
                              (size_t)(pl[k].held * pl[k].cols) * fs));
     free(h);
     if (bad) {
-      fail(err, err_len, "--resume: %s", hq_last_error());
+      train_fail(err, err_len, "--resume: %s", hq_last_error());
       goto out;
     }
   }
@@ -487,35 +491,35 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     char name[40];
     snprintf(name, sizeof name, "%s.weight", m->lin[i].name);
     if (hq_ckpt_load_qtensor(c, m->ctx, name, m->lin[i].qw)) {
-      fail(err, err_len, "--resume: %s", hq_last_error());
+      train_fail(err, err_len, "--resume: %s", hq_last_error());
       goto out;
     }
   }
   float *sdata;
   size_t sn;
   if (hq_state_data(m->state, &sdata, &sn)) {
-    fail(err, err_len, "--resume %s: the scaling state: %s", path, hq_last_error());
+    train_fail(err, err_len, "--resume %s: the scaling state: %s", path, hq_last_error());
     goto out;
   }
   if (sn > 0) {   /* the state is written back through the buffer hq_state_data hands out (memory
                      of the state's device), as hq.h documents */
     hq_tensor t = hq_tensor_2d(sdata, HQ_F32, dev, 1, (int64_t)sn);
     if (hq_ckpt_load_tensor(c, m->ctx, "scaling_state", &t)) {
-      fail(err, err_len, "--resume: the scaling state (%zu floats for this recipe): %s", sn,
-           hq_last_error());
+      train_fail(err, err_len, "--resume: the scaling state (%zu floats for this recipe): %s", sn,
+                 hq_last_error());
       goto out;
     }
   }
   /* the loss curve of the steps before */
   curve = malloc((size_t)step * sizeof *curve);
   if (!curve) {
-    fail(err, err_len, "out of memory");
+    train_fail(err, err_len, "out of memory");
     goto out;
   }
   {
     hq_tensor t = hq_tensor_2d(curve, HQ_F32, HQ_DEVICE_HOST, 1, (int64_t)step);
     if (hq_ckpt_load_tensor(c, m->ctx, "loss_curve", &t)) {
-      fail(err, err_len, "--resume: %s", hq_last_error());
+      train_fail(err, err_len, "--resume: %s", hq_last_error());
       goto out;
     }
   }
@@ -527,7 +531,7 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     for (const char *p = v; *p; p++) n += *p == ',';
     train_point *e = realloc(res->eval_curve, (size_t)(n + res->cap_eval_curve) * sizeof *e);
     if (!e) {
-      fail(err, err_len, "out of memory");
+      train_fail(err, err_len, "out of memory");
       goto out;
     }
     res->eval_curve = e;
@@ -545,7 +549,7 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
     }
   }
   if (hq_ctx_set_rng_offset(m->ctx, rng_off)) {
-    fail(err, err_len, "--resume %s: the random stream: %s", path, hq_last_error());
+    train_fail(err, err_len, "--resume %s: the random stream: %s", path, hq_last_error());
     goto out;
   }
   *data_rng = drng;
@@ -559,8 +563,10 @@ out:
   /* across ranks every rank reads the file: all of them go on, or none (a rank that went on
      alone would wait in the first step's collectives for the others) */
   if (!train_dist_all_ok(m->cfg.dist, rc == 0) && rc == 0) {
-    rc = fail(err, err_len, "--resume %s: another rank could not load the checkpoint (its "
-              "message says why)", path);
+    rc = train_fail(err, err_len,
+                    "--resume %s: another rank could not load the checkpoint (its "
+                    "message says why)",
+                    path);
   }
   return rc;
 }

@@ -4,7 +4,6 @@
 */
 #include "config.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,15 +79,6 @@ static inline int on_gpu(const train_dist *d) {
 #endif
 }
 
-static int fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
 int train_dist_rank(const train_dist *d) { return d ? d->rank : 0; }
 int train_dist_size(const train_dist *d) { return d ? d->size : 1; }
 
@@ -109,15 +99,15 @@ static int mpi_fail(char *err, size_t err_len, int rc, const char *what) {
   char s[MPI_MAX_ERROR_STRING];
   int n = 0;
   if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
-  return fail(err, err_len, "%s: %s", what, s);
+  return train_fail(err, err_len, "%s: %s", what, s);
 }
 
 static int all_ok(train_dist *d, int ok);
 
 #ifdef TRAIN_DIST_NCCL
 static int nccl_fail(train_dist *d, char *err, size_t err_len, ncclResult_t r, const char *what) {
-  return fail(err, err_len, "rank %d: %s: %s", d->rank, what,
-              d->api.get_error_string ? d->api.get_error_string(r) : "NCCL error");
+  return train_fail(err, err_len, "rank %d: %s: %s", d->rank, what,
+                    d->api.get_error_string ? d->api.get_error_string(r) : "NCCL error");
 }
 
 static int nccl_load(train_dist *d, char *err, size_t err_len) {
@@ -125,8 +115,10 @@ static int nccl_load(train_dist *d, char *err, size_t err_len) {
   a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
   if (!a->lib) a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (!a->lib)
-    return fail(err, err_len, "rank %d: --device cuda across ranks needs NCCL: libnccl.so.2 "
-                "cannot be loaded: %s", d->rank, dlerror());
+    return train_fail(err, err_len,
+                      "rank %d: --device cuda across ranks needs NCCL: libnccl.so.2 "
+                      "cannot be loaded: %s",
+                      d->rank, dlerror());
   const struct {
     const char *name;
     void **slot;
@@ -150,8 +142,8 @@ static int nccl_load(train_dist *d, char *err, size_t err_len) {
   (void)sizeof(a->get_error_string == ncclGetErrorString);
   for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++)
     if (!(*sym[i].slot = dlsym(a->lib, sym[i].name)))
-      return fail(err, err_len, "rank %d: the process's libnccl.so.2 has no %s", d->rank,
-                  sym[i].name);
+      return train_fail(err, err_len, "rank %d: the process's libnccl.so.2 has no %s", d->rank,
+                        sym[i].name);
   return 0;
 }
 
@@ -163,30 +155,36 @@ static int gpu_pick(train_dist *d, int *device, char *err, size_t err_len) {
   int lrank = 0, lsize = 1, n = 0;
   if (MPI_Comm_split_type(d->comm, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &local) !=
       MPI_SUCCESS)
-    return fail(err, err_len, "rank %d: MPI_Comm_split_type (the ranks of this host) failed",
-                d->rank);
+    return train_fail(err, err_len, "rank %d: MPI_Comm_split_type (the ranks of this host) failed",
+                      d->rank);
   MPI_Comm_rank(local, &lrank);
   MPI_Comm_size(local, &lsize);
   MPI_Comm_free(&local);
   int rc = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    rc = fail(err, err_len, "rank %d: --device cuda: no usable GPU (cudaGetDeviceCount: %s)",
-              d->rank, cudaGetErrorString(e));
+    rc = train_fail(err, err_len, "rank %d: --device cuda: no usable GPU (cudaGetDeviceCount: %s)",
+                    d->rank, cudaGetErrorString(e));
   } else if (n < lsize) {
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-    rc = fail(err, err_len, "rank %d: --device cuda across ranks takes one GPU per rank: this "
-              "host runs %d ranks but sees %d GPU%s (CUDA_VISIBLE_DEVICES=%s); start at most %d "
-              "ranks per host", d->rank, lsize, n, n == 1 ? "" : "s", vis ? vis : "(unset)", n);
+    rc = train_fail(
+        err, err_len,
+        "rank %d: --device cuda across ranks takes one GPU per rank: this "
+        "host runs %d ranks but sees %d GPU%s (CUDA_VISIBLE_DEVICES=%s); start at most %d "
+        "ranks per host",
+        d->rank, lsize, n, n == 1 ? "" : "s", vis ? vis : "(unset)", n);
   } else {
     const cudaError_t e2 = cudaSetDevice(lrank);
     if (e2 != cudaSuccess)
-      rc = fail(err, err_len, "rank %d: cudaSetDevice(%d): %s", d->rank, lrank,
-                cudaGetErrorString(e2));
+      rc = train_fail(err, err_len, "rank %d: cudaSetDevice(%d): %s", d->rank, lrank,
+                      cudaGetErrorString(e2));
   }
   if (!all_ok(d, rc == 0)) {
-    if (!rc) rc = fail(err, err_len, "rank %d: another rank has no GPU of its own (its message "
-                       "says why)", d->rank);
+    if (!rc)
+      rc = train_fail(err, err_len,
+                      "rank %d: another rank has no GPU of its own (its message "
+                      "says why)",
+                      d->rank);
     return rc;
   }
   *device = lrank;
@@ -206,8 +204,11 @@ static int nccl_start(train_dist *d, char *err, size_t err_len) {
   const int mr = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm);
   if (!rc && mr != MPI_SUCCESS) rc = mpi_fail(err, err_len, mr, "MPI_Bcast of the NCCL id");
   if (!all_ok(d, rc == 0)) {
-    if (!rc) rc = fail(err, err_len, "rank %d: rank 0 could not make the NCCL id (its message "
-                       "says why)", d->rank);
+    if (!rc)
+      rc = train_fail(err, err_len,
+                      "rank %d: rank 0 could not make the NCCL id (its message "
+                      "says why)",
+                      d->rank);
     return rc;
   }
   const ncclResult_t r = d->api.comm_init_rank(&d->nccl, d->size, id, d->rank);
@@ -216,10 +217,12 @@ static int nccl_start(train_dist *d, char *err, size_t err_len) {
     rc = nccl_fail(d, err, err_len, r, "ncclCommInitRank");
   }
   if (!rc && hq_dist_nccl_create(d->nccl, NULL, &d->hd))
-    rc = fail(err, err_len, "rank %d: the communicator: %s", d->rank, hq_last_error());
+    rc = train_fail(err, err_len, "rank %d: the communicator: %s", d->rank, hq_last_error());
   if (!all_ok(d, rc == 0) && !rc)
-    rc = fail(err, err_len, "rank %d: another rank could not join the NCCL communicator (its "
-              "message says why)", d->rank);
+    rc = train_fail(err, err_len,
+                    "rank %d: another rank could not join the NCCL communicator (its "
+                    "message says why)",
+                    d->rank);
   return rc;
 }
 #endif
@@ -232,27 +235,32 @@ int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
      communicator of one rank is valid), so that the path runs on a machine with one GPU */
   if (!ws || atoi(ws) < (gpu ? 1 : 2)) return 0;
   if (gpu && *device != 0)
-    return fail(err, err_len, "under mpirun each rank uses the GPU of its local rank: give "
-                "--device cuda, not cuda:%d", *device);
+    return train_fail(err, err_len,
+                      "under mpirun each rank uses the GPU of its local rank: give "
+                      "--device cuda, not cuda:%d",
+                      *device);
 #ifndef TRAIN_DIST_NCCL
   if (gpu && atoi(ws) < 2) return 0;   /* one process, as without mpirun */
   if (gpu)
-    return fail(err, err_len, "run by mpirun with %s ranks and --device cuda, but this hq was "
-                "built without NCCL (configure found no CUDA with nccl.h and libnccl): rebuild "
-                "with them, or train across ranks on the CPU", ws);
+    return train_fail(
+        err, err_len,
+        "run by mpirun with %s ranks and --device cuda, but this hq was "
+        "built without NCCL (configure found no CUDA with nccl.h and libnccl): rebuild "
+        "with them, or train across ranks on the CPU",
+        ws);
 #endif
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS)
-    return fail(err, err_len, "MPI_Init failed under mpirun (OMPI_COMM_WORLD_SIZE=%s)", ws);
+    return train_fail(err, err_len, "MPI_Init failed under mpirun (OMPI_COMM_WORLD_SIZE=%s)", ws);
   train_dist *d = calloc(1, sizeof *d);
-  if (!d) return fail(err, err_len, "out of memory");
+  if (!d) return train_fail(err, err_len, "out of memory");
   MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &d->size);
   if (MPI_Comm_dup(MPI_COMM_WORLD, &d->comm) != MPI_SUCCESS) {
     free(d);
     MPI_Finalize();
-    return fail(err, err_len, "MPI_Comm_dup failed");
+    return train_fail(err, err_len, "MPI_Comm_dup failed");
   }
   MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
 #ifdef TRAIN_DIST_NCCL
@@ -260,8 +268,8 @@ int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
     d->gpu = 1;
     int rc = nccl_load(d, err, err_len);
     if (!all_ok(d, rc == 0) && !rc)
-      rc = fail(err, err_len, "rank %d: another rank could not load NCCL (its message says why)",
-                d->rank);
+      rc = train_fail(err, err_len,
+                      "rank %d: another rank could not load NCCL (its message says why)", d->rank);
     if (rc || gpu_pick(d, device, err, err_len) || nccl_start(d, err, err_len)) {
       train_dist_end(d);
       return -1;
@@ -272,7 +280,7 @@ int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
   }
 #endif
   if (!gpu && hq_dist_mpi_create(MPI_COMM_WORLD, NULL, &d->hd)) {
-    fail(err, err_len, "rank %d: the communicator: %s", d->rank, hq_last_error());
+    train_fail(err, err_len, "rank %d: the communicator: %s", d->rank, hq_last_error());
     MPI_Comm_free(&d->comm);
     free(d);
     MPI_Finalize();
@@ -282,7 +290,7 @@ int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
   const int rank = d->rank;
   if (rank != 0 && !freopen("/dev/null", "w", stdout)) {
     train_dist_end(d);
-    return fail(err, err_len, "rank %d: /dev/null for stdout", rank);
+    return train_fail(err, err_len, "rank %d: /dev/null for stdout", rank);
   }
   *out = d;
   return 0;
@@ -350,10 +358,15 @@ static int bf16_ready(train_dist *d, const train_model *m, char *err, size_t err
     else ok = 0;
   }
   if (!all_ok(d, ok)) {
-    if (ok) return fail(err, err_len, "rank %d: another rank could not prepare the BF16 "
-                        "gradient reduce-scatter (its message says why)", d->rank);
-    return fail(err, err_len, "rank %d: the BF16 gradient reduce-scatter: out of memory (%zu "
-                "BF16 values)", d->rank, need);
+    if (ok)
+      return train_fail(err, err_len,
+                        "rank %d: another rank could not prepare the BF16 "
+                        "gradient reduce-scatter (its message says why)",
+                        d->rank);
+    return train_fail(err, err_len,
+                      "rank %d: the BF16 gradient reduce-scatter: out of memory (%zu "
+                      "BF16 values)",
+                      d->rank, need);
   }
   return 0;
 }
@@ -389,12 +402,12 @@ int train_dist_loss_grad(train_model *m, char *err, size_t err_len) {
   /* on a GPU through the host: one [B, vocab_pad] tensor per step, and the device table has no
      scale op to do it in place */
   float *h = malloc((size_t)n * sizeof *h);
-  if (!h) return fail(err, err_len, "out of memory");
+  if (!h) return train_fail(err, err_len, "out of memory");
   int rc = hq_ctx_memcpy(m->ctx, h, HQ_DEVICE_HOST, m->dlogits, dev, (size_t)n * sizeof *h);
   for (int64_t k = 0; !rc && k < n; k++) h[k] *= inv;
   if (!rc) rc = hq_ctx_memcpy(m->ctx, m->dlogits, dev, h, HQ_DEVICE_HOST, (size_t)n * sizeof *h);
   free(h);
-  return rc ? fail(err, err_len, "the loss gradient across ranks: %s", hq_last_error()) : 0;
+  return rc ? train_fail(err, err_len, "the loss gradient across ranks: %s", hq_last_error()) : 0;
 }
 
 #ifdef TRAIN_DIST_NCCL
@@ -410,7 +423,7 @@ static int nccl_wait(train_dist *d, cudaStream_t stream, const char *what, char 
     const cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return 0;
     if (e != cudaErrorNotReady)
-      return fail(err, err_len, "rank %d: %s: %s", d->rank, what, cudaGetErrorString(e));
+      return train_fail(err, err_len, "rank %d: %s: %s", d->rank, what, cudaGetErrorString(e));
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = d->api.comm_get_async_error(d->nccl, &async);
     if (r != ncclSuccess) return nccl_fail(d, err, err_len, r, what);
@@ -424,8 +437,10 @@ static int nccl_wait(train_dist *d, cudaStream_t stream, const char *what, char 
       (void)d->api.comm_abort(d->nccl);
       d->nccl = NULL;
       d->failed = 1;
-      return fail(err, err_len, "rank %d: %s: not finished within %g s (a rank died or hangs); "
-                  "the NCCL communicator was aborted", d->rank, what, timeout_s);
+      return train_fail(err, err_len,
+                        "rank %d: %s: not finished within %g s (a rank died or hangs); "
+                        "the NCCL communicator was aborted",
+                        d->rank, what, timeout_s);
     }
     nanosleep(&nap, NULL);
   }
@@ -440,14 +455,14 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
   const int64_t full = l->out * l->in, mine = l->rows * l->in;
   void *p = NULL;
   if (hq_ctx_alloc(m->ctx, (size_t)(full + mine) * sizeof(uint16_t), &p))
-    return fail(err, err_len, "rank %d: layer %s: device memory for the BF16 gradient: %s",
-                d->rank, l->name, hq_last_error());
+    return train_fail(err, err_len, "rank %d: layer %s: device memory for the BF16 gradient: %s",
+                      d->rank, l->name, hq_last_error());
   uint16_t *g = p, *shard = g + full;
   char why[256];
   int rc = 0;
   if (train_cuda_f32_to_bf16(stream, g, l->gw, full, "rounding the gradient to BF16 on the GPU",
                              why, sizeof why))
-    rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
+    rc = train_fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
   if (!rc) {
     ncclResult_t r;
     if (l->out % d->size == 0) {
@@ -458,9 +473,10 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
     }
     if (r != ncclSuccess) rc = nccl_fail(d, err, err_len, r, "the BF16 gradient's NCCL reduction");
   }
-  if (!rc && train_cuda_bf16_to_f32(stream, l->gws, shard, mine,
-                                   "widening the BF16 gradient to FP32 on the GPU", why, sizeof why))
-    rc = fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
+  if (!rc &&
+      train_cuda_bf16_to_f32(stream, l->gws, shard, mine,
+                             "widening the BF16 gradient to FP32 on the GPU", why, sizeof why))
+    rc = train_fail(err, err_len, "rank %d: layer %s: %s", d->rank, l->name, why);
   /* the scratch is freed only once the stream is done with it; after a failed launch the
      reduction already enqueued may still read it, so it is then left to the ending process */
   if (!rc) rc = nccl_wait(d, stream, "the BF16 gradient's NCCL reduction", err, err_len);
@@ -473,7 +489,8 @@ static int nccl_grad_bf16(train_dist *d, train_model *m, train_linear *l, cudaSt
    is all-reduced and this rank's rows copied out (twice the traffic, the same sums). */
 static int nccl_grads(train_dist *d, train_model *m, char *err, size_t err_len) {
   cudaStream_t stream = (cudaStream_t)hq_ctx_stream(m->ctx);
-  if (!d->nccl) return fail(err, err_len, "rank %d: the NCCL communicator was aborted", d->rank);
+  if (!d->nccl)
+    return train_fail(err, err_len, "rank %d: the NCCL communicator was aborted", d->rank);
   ncclResult_t r = ncclSuccess;
   for (int i = 0; r == ncclSuccess && i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -490,8 +507,8 @@ static int nccl_grads(train_dist *d, train_model *m, char *err, size_t err_len) 
                                               (size_t)(l->rows * l->in) * sizeof(float),
                                               cudaMemcpyDeviceToDevice, stream);
         if (e != cudaSuccess)
-          return fail(err, err_len, "rank %d: layer %s: copying the gradient's rows: %s",
-                      d->rank, l->name, cudaGetErrorString(e));
+          return train_fail(err, err_len, "rank %d: layer %s: copying the gradient's rows: %s",
+                            d->rank, l->name, cudaGetErrorString(e));
       }
     }
     if (r == ncclSuccess)
@@ -513,7 +530,8 @@ int train_dist_grads(train_model *m, char *err, size_t err_len) {
 #endif
   int counts[64];
   if (d->size > (int)(sizeof counts / sizeof *counts))
-    return fail(err, err_len, "%d ranks: at most %d", d->size, (int)(sizeof counts / sizeof *counts));
+    return train_fail(err, err_len, "%d ranks: at most %d", d->size,
+                      (int)(sizeof counts / sizeof *counts));
   if (m->cfg.grad_bf16 && bf16_ready(d, m, err, err_len)) return -1;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -554,16 +572,19 @@ int train_dist_gather_rows(const train_model *m, const float *shard, int64_t row
   if (!d) {   /* one process holds every row */
     if (hq_ctx_memcpy(m->ctx, full, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
                       (size_t)(total * cols) * fs))
-      return fail(err, err_len, "copying to the host: %s", hq_last_error());
+      return train_fail(err, err_len, "copying to the host: %s", hq_last_error());
     return 0;
   }
   /* MPI counts are ints: the checkpoint of a larger tensor needs a gather in pieces */
   if (total * cols > INT32_MAX)
-    return fail(err, err_len, "a [%lld, %lld] tensor: more than %d elements cannot be gathered "
-                "in one MPI call", (long long)total, (long long)cols, INT32_MAX);
+    return train_fail(err, err_len,
+                      "a [%lld, %lld] tensor: more than %d elements cannot be gathered "
+                      "in one MPI call",
+                      (long long)total, (long long)cols, INT32_MAX);
   int counts[64], displs[64];
   if (d->size > (int)(sizeof counts / sizeof *counts))
-    return fail(err, err_len, "%d ranks: at most %d", d->size, (int)(sizeof counts / sizeof *counts));
+    return train_fail(err, err_len, "%d ranks: at most %d", d->size,
+                      (int)(sizeof counts / sizeof *counts));
   for (int r = 0; r < d->size; r++) {
     int64_t f, n;
     shard_of(total, d->size, r, &f, &n);
@@ -572,11 +593,11 @@ int train_dist_gather_rows(const train_model *m, const float *shard, int64_t row
   }
   /* host staging: the shard may be device memory, MPI is given host buffers only */
   float *h = malloc((size_t)(rows * cols) * fs + fs);
-  if (!h) return fail(err, err_len, "out of memory");
+  if (!h) return train_fail(err, err_len, "out of memory");
   int rc = 0;
   if (rows > 0 && hq_ctx_memcpy(m->ctx, h, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
                                 (size_t)(rows * cols) * fs))
-    rc = fail(err, err_len, "copying the shard to the host: %s", hq_last_error());
+    rc = train_fail(err, err_len, "copying the shard to the host: %s", hq_last_error());
   /* the gather runs even after a failed copy: the other ranks are in it */
   const int mr = MPI_Gatherv(h, (int)(rows * cols), MPI_FLOAT, full, counts, displs, MPI_FLOAT, 0,
                              d->comm);
@@ -589,7 +610,7 @@ int train_dist_all_ok(train_dist *d, int ok) { return d ? all_ok(d, ok) : ok; }
 
 int train_dist_bcast_str(train_dist *d, char *s, size_t n, char *err, size_t err_len) {
   if (!d) return 0;
-  if (n > INT32_MAX) return fail(err, err_len, "a string of %zu bytes to broadcast", n);
+  if (n > INT32_MAX) return train_fail(err, err_len, "a string of %zu bytes to broadcast", n);
   const int rc = MPI_Bcast(s, (int)n, MPI_CHAR, 0, d->comm);
   s[n - 1] = '\0';
   return rc == MPI_SUCCESS ? 0 : mpi_fail(err, err_len, rc, "MPI_Bcast");
@@ -602,9 +623,11 @@ int train_dist_init(train_dist **out, int *device, char *err, size_t err_len) {
   const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
   (void)device;
   if (ws && atoi(ws) > 1)
-    return fail(err, err_len, "run by mpirun with %s ranks, but this hq was built without MPI "
-                "(configure found no Open MPI: install openmpi-bin libopenmpi-dev and rebuild)",
-                ws);
+    return train_fail(
+        err, err_len,
+        "run by mpirun with %s ranks, but this hq was built without MPI "
+        "(configure found no Open MPI: install openmpi-bin libopenmpi-dev and rebuild)",
+        ws);
   return 0;
 }
 void train_dist_end(train_dist *d) { (void)d; }
@@ -634,7 +657,7 @@ int train_dist_gather_rows(const train_model *m, const float *shard, int64_t row
   (void)rows;
   if (hq_ctx_memcpy(m->ctx, full, HQ_DEVICE_HOST, shard, hq_ctx_device(m->ctx),
                     (size_t)(total * cols) * sizeof(float)))
-    return fail(err, err_len, "copying to the host: %s", hq_last_error());
+    return train_fail(err, err_len, "copying to the host: %s", hq_last_error());
   return 0;
 }
 
@@ -676,7 +699,8 @@ int train_dist_weight(train_model *m, train_linear *l, int first, char *err, siz
   hq_tensor w = hq_tensor_2d(l->w, HQ_F32, hq_ctx_device(m->ctx), l->rows, l->in);
   if (!d) {
     if (first && hq_quantize(l->q_w, m->ctx, &w, &l->qw))
-      return fail(err, err_len, "layer %s: quantizing the weight: %s", l->name, hq_last_error());
+      return train_fail(err, err_len, "layer %s: quantizing the weight: %s", l->name,
+                        hq_last_error());
     return 0;
   }
   float host[2], *amax = amax_begin(m, host);
@@ -690,25 +714,30 @@ int train_dist_weight(train_model *m, train_linear *l, int first, char *err, siz
     /* a shard a format refuses (rows not a multiple of its blocks) fails on this rank only */
     if (!all_ok(d, rc == 0)) {
       if (rc)
-        return fail(err, err_len, "layer %s: quantizing rank %d's shard of the weight, rows "
-                    "[%lld, %lld) of %lld: %s", l->name, d->rank, (long long)l->r0,
-                    (long long)(l->r0 + l->rows), (long long)l->out, hq_last_error());
-      return fail(err, err_len, "layer %s: another rank could not quantize its shard of the "
-                  "weight (its message says why)", l->name);
+        return train_fail(err, err_len,
+                          "layer %s: quantizing rank %d's shard of the weight, rows "
+                          "[%lld, %lld) of %lld: %s",
+                          l->name, d->rank, (long long)l->r0, (long long)(l->r0 + l->rows),
+                          (long long)l->out, hq_last_error());
+      return train_fail(err, err_len,
+                        "layer %s: another rank could not quantize its shard of the "
+                        "weight (its message says why)",
+                        l->name);
     }
     /* collective: refuses, on every rank with the same message, shards that split a block */
     if (hq_gather_create(d->hd, m->ctx, l->qw_shard, &l->gather) ||
         hq_make_empty(l->q_w, m->ctx, l->out, l->in, HQ_F32, &l->qw)) {
       d->failed = 1;
-      return fail(err, err_len, "layer %s: the weight's gather: %s", l->name, hq_last_error());
+      return train_fail(err, err_len, "layer %s: the weight's gather: %s", l->name,
+                        hq_last_error());
     }
   } else if (rc) {
-    return fail(err, err_len, "layer %s: quantizing the weight's shard: %s", l->name,
-                hq_last_error());
+    return train_fail(err, err_len, "layer %s: quantizing the weight's shard: %s", l->name,
+                      hq_last_error());
   }
   if (hq_gather_run(l->gather, m->ctx, l->qw_shard, l->qw)) {
     d->failed = 1;
-    return fail(err, err_len, "layer %s: gathering the weight: %s", l->name, hq_last_error());
+    return train_fail(err, err_len, "layer %s: gathering the weight: %s", l->name, hq_last_error());
   }
   return 0;
 }

@@ -39,8 +39,7 @@
 
 // --- helpers ------------------------------------------------------------------------------------
 
-static int fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
+int train_fail(char *err, size_t err_len, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(err, err_len, fmt, ap);
@@ -51,9 +50,9 @@ static int fail(char *err, size_t err_len, const char *fmt, ...) {
 /* An error of libhqcore in layer `l`: "layer fc1: what: <hq_last_error>" (what may be NULL
    when libhqcore's message already names the role) */
 static int hq_fail(char *err, size_t err_len, const train_linear *l, const char *what) {
-  if (!l) return fail(err, err_len, "%s: %s", what, hq_last_error());
-  if (!what) return fail(err, err_len, "layer %s: %s", l->name, hq_last_error());
-  return fail(err, err_len, "layer %s: %s: %s", l->name, what, hq_last_error());
+  if (!l) return train_fail(err, err_len, "%s: %s", what, hq_last_error());
+  if (!what) return train_fail(err, err_len, "layer %s: %s", l->name, hq_last_error());
+  return train_fail(err, err_len, "layer %s: %s: %s", l->name, what, hq_last_error());
 }
 
 static int dev_alloc(train_model *m, size_t bytes, void *out) {
@@ -109,7 +108,8 @@ static int direct_create(train_model *m, char *err, size_t err_len) {
   int64_t in[TRAIN_MAX_LINEAR], out[TRAIN_MAX_LINEAR];
   const int64_t B = m->cfg.batch;
   int rc = 0;
-  if (m->cfg.dist) rc = fail(err, err_len, "bf16-direct runs in one process, not across ranks");
+  if (m->cfg.dist)
+    rc = train_fail(err, err_len, "bf16-direct runs in one process, not across ranks");
   for (int i = 0; i < m->n_lin; i++) {
     in[i] = m->lin[i].in;
     out[i] = m->lin[i].out;
@@ -118,7 +118,7 @@ static int direct_create(train_model *m, char *err, size_t err_len) {
   for (int i = 0; i < m->n_lin && !rc; i++) {
     train_linear *l = &m->lin[i];
     if (train_direct_weight(m->direct, i, l->w))
-      rc = fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+      rc = train_fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     /* m, n, k of each GEMM as libhqcore reports them (column-major, core/gemm.c) */
     const int64_t mnk[3][3] = {{l->out, B, l->in}, {l->in, B, l->out}, {l->in, l->out, B}};
     for (int g = 0; g < 3; g++) {
@@ -147,17 +147,19 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   m->ops = hq_ctx_device(ctx) == HQ_DEVICE_HOST ? train_cpu_ops() : train_cuda_ops();
   if (!m->ops) {
     m->ctx = NULL;
-    return fail(err, err_len, "device %d: this hq was built without CUDA", hq_ctx_device(ctx));
+    return train_fail(err, err_len, "device %d: this hq was built without CUDA",
+                      hq_ctx_device(ctx));
   }
   const int64_t B = cfg->batch, C = cfg->context, E = cfg->embed, H = cfg->hidden;
   if (cfg->layers < 1 || cfg->layers >= TRAIN_MAX_LINEAR)
-    return fail(err, err_len, "layers = %d: must be 1..%d", cfg->layers, TRAIN_MAX_LINEAR - 1);
+    return train_fail(err, err_len, "layers = %d: must be 1..%d", cfg->layers,
+                      TRAIN_MAX_LINEAR - 1);
   if (B < 1 || C < 1 || E < 1 || H < 1 || cfg->vocab_pad < TRAIN_VOCAB)
-    return fail(err, err_len, "bad model dimensions");
+    return train_fail(err, err_len, "bad model dimensions");
 
   m->n_lin = cfg->layers + 1;
   m->lin = calloc((size_t)m->n_lin, sizeof *m->lin);
-  if (!m->lin) return fail(err, err_len, "out of memory");
+  if (!m->lin) return train_fail(err, err_len, "out of memory");
   int64_t widest = C * E;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -196,14 +198,14 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   if (!bad && scratch) bad = dev_alloc(m, scratch, &m->kscratch);
   if (bad) {
     train_model_free(m);
-    return fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+    return train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
   }
   /* layer i's input: the embedding concat (i = 0) or layer i-1's activations */
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     if (dev_alloc(m, (size_t)(B * l->in) * fs, &l->x)) {
       train_model_free(m);
-      return fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+      return train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
     }
   }
 
@@ -219,7 +221,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   float *h = malloc(host_n * fs);
   if (!h) {
     train_model_free(m);
-    return fail(err, err_len, "out of memory");
+    return train_fail(err, err_len, "out of memory");
   }
   for (size_t k = 0; k < (size_t)(TRAIN_VOCAB * E); k++) h[k] = train_rng_normal(&rng);
   bad = hq_ctx_memcpy(ctx, m->emb, hq_ctx_device(ctx), h, HQ_DEVICE_HOST,
@@ -237,7 +239,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   free(h);
   if (bad) {
     train_model_free(m);
-    return fail(err, err_len, "copying the initial weights: %s", hq_last_error());
+    return train_fail(err, err_len, "copying the initial weights: %s", hq_last_error());
   }
 
   if (cfg->direct) return direct_create(m, err, err_len);
@@ -245,7 +247,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
      the weights quantized once, both directions; the input and gradient shapes tried now (an
      empty tensor of each) so that a format that rejects one fails here, before any training */
   if (hq_state_create(recipe, ctx, &m->state)) {
-    fail(err, err_len, "the recipe's scaling state: %s", hq_last_error());
+    train_fail(err, err_len, "the recipe's scaling state: %s", hq_last_error());
     train_model_free(m);
     return -1;
   }
@@ -263,8 +265,8 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
                 "in [recipe] if that is meant)\n", hq_recipe_path(recipe), role_tensor[t],
                 l->name);
       if (hq_quantizer_create_ex(recipe, &role, m->state, q[t])) {
-        fail(err, err_len, "layer %s: role linear:%s:%s: %s", l->name, role_tensor[t], l->name,
-             hq_last_error());
+        train_fail(err, err_len, "layer %s: role linear:%s:%s: %s", l->name, role_tensor[t],
+                   l->name, hq_last_error());
         train_model_free(m);
         return -1;
       }
@@ -287,7 +289,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   for (int i = 0; i < m->n_lin && !m->famax; i++)
     if ((m->lin[i].fuse_amax[0] || m->lin[i].fuse_amax[1]) &&
         dev_alloc(m, (size_t)m->n_lin * 4 * sizeof(float), &m->famax)) {
-      fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+      train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
       train_model_free(m);
       return -1;
     }
@@ -337,7 +339,8 @@ int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg
       hq_role role = hq_role_of("linear", role_tensor[t], name);
       hq_quantizer *q;
       if (hq_quantizer_create(recipe, &role, &q))
-        return fail(err, err_len, "role linear:%s:%s: %s", role_tensor[t], name, hq_last_error());
+        return train_fail(err, err_len, "role linear:%s:%s: %s", role_tensor[t], name,
+                          hq_last_error());
       int hp = same(hq_quantizer_plugin(q, HQ_ROWWISE), "identity") &&
                same(hq_quantizer_plugin(q, HQ_COLWISE), "identity");
       hq_quantizer_free(q);
@@ -453,7 +456,7 @@ static int quantize_kept(train_model *m, hq_quantizer *q, const hq_tensor *src, 
 
 int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_len) {
   if (!m->prof_amax && dev_alloc(m, 2 * sizeof(float), &m->prof_amax))
-    return fail(err, err_len, "--profile: the amax buffer: %s", hq_last_error());
+    return train_fail(err, err_len, "--profile: the amax buffer: %s", hq_last_error());
   m->prof = p;
   return 0;
 }
@@ -501,11 +504,11 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
      by one kernel of this forward or of the backward that follows it */
   const size_t famax_bytes = (size_t)m->n_lin * 4 * sizeof(float);
   if (m->famax && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->famax, 0, famax_bytes)))
-    return fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
+    return train_fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
   if (PROFK(m, TRAIN_PK_EMBED,
             m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
                               fused_amax(m, 0, TRAIN_QT_INPUT))))
-    return fail(err, err_len, "embedding: %s", m->ops->error());
+    return train_fail(err, err_len, "embedding: %s", m->ops->error());
   m->n_valid = n_valid;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
@@ -514,7 +517,7 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
       train_prof_quantized(m->prof, TRAIN_QT_INPUT, 1);
       if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_input(m->direct, i, l->x)) ||
           PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_fprop(m->direct, i, l->y)))
-        return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+        return train_fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     } else if (linear_fprop(m, l, training, err, err_len)) {
       return -1;
     }
@@ -523,7 +526,7 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
         PROFK(m, TRAIN_PK_ACT_FWD,
               m->ops->act_fwd(m->ctx, c->act, l->y, l->b, l->out, m->lin[i + 1].x, B * l->out,
                               fused_amax(m, i + 1, TRAIN_QT_INPUT))))
-      return fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
+      return train_fail(err, err_len, "layer %s: activation: %s", l->name, m->ops->error());
   }
   if (PROFK(m, TRAIN_PK_LOSS,
             m->ops->xent(m->ctx, m->lin[m->n_lin - 1].y, m->lin[m->n_lin - 1].b, m->tgt, B,
@@ -531,7 +534,7 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
                          training ? m->dlogits : NULL,
                          training ? fused_amax(m, m->n_lin - 1, TRAIN_QT_GRAD) : NULL,
                          m->kscratch)))
-    return fail(err, err_len, "loss: %s", m->ops->error());
+    return train_fail(err, err_len, "loss: %s", m->ops->error());
   return 0;
 }
 
@@ -539,7 +542,7 @@ int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_le
   float lv;
   if (PROF(m, TRAIN_PH_COPY, hq_ctx_memcpy(m->ctx, &lv, HQ_DEVICE_HOST, m->loss,
                                            hq_ctx_device(m->ctx), sizeof lv)))
-    return fail(err, err_len, "reading the loss: %s", hq_last_error());
+    return train_fail(err, err_len, "reading the loss: %s", hq_last_error());
   *loss = lv;
   return 0;
 }
@@ -576,7 +579,8 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
                            size_t err_len) {
   const int64_t B = m->cfg.batch;
   const int i = (int)(l - m->lin);
-  if (!l->qx) return fail(err, err_len, "layer %s: backward without a training forward", l->name);
+  if (!l->qx)
+    return train_fail(err, err_len, "layer %s: backward without a training forward", l->name);
   hq_tensor dyt = f32(m, (float *)dy, B, l->out), gwt = f32(m, l->gw, l->out, l->in);
   hq_tensor dxt = f32(m, dx, B, l->in);
   hq_qtensor *qdy = NULL;
@@ -584,8 +588,10 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   if (m->keep_q) {
     /* a borrowed source must stay the buffer it borrowed: the backward's order fixes it */
     if (l->kdy && l->kdy_alias && l->kdy_src != dy)
-      return fail(err, err_len, "layer %s: the output gradient moved to another buffer while "
-                  "its kept qtensor borrows the first one", l->name);
+      return train_fail(err, err_len,
+                        "layer %s: the output gradient moved to another buffer while "
+                        "its kept qtensor borrows the first one",
+                        l->name);
     if (quantize_kept(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fa, &l->kdy, &l->kdy_alias))
       return hq_fail(err, err_len, l, "quantizing the output gradient");
     l->kdy_src = dy;
@@ -624,22 +630,22 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
       if (PROF(m, TRAIN_PH_QUANTIZE, train_direct_grad(m->direct, i, dy)) ||
           PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_wgrad(m->direct, i, l->gw)) ||
           PROF(m, TRAIN_PH_GEMM_NATIVE, train_direct_dgrad(m->direct, i, dx)))
-        return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+        return train_fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     } else if (linear_backward(m, l, dy, dx, err, err_len)) {
       return -1;
     }
     if (PROFK(m, TRAIN_PK_BIAS, m->ops->colsum(m->ctx, dy, B, l->out, l->gb, m->kscratch)))
-      return fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
+      return train_fail(err, err_len, "layer %s: bias gradient: %s", l->name, m->ops->error());
     if (i > 0) {
       if (PROFK(m, TRAIN_PK_ACT_BWD,
                 m->ops->act_bwd(m->ctx, c->act, m->lin[i - 1].y, m->lin[i - 1].b, l->in, dx,
                                 B * l->in, fused_amax(m, i - 1, TRAIN_QT_GRAD))))
-        return fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
-                    m->ops->error());
+        return train_fail(err, err_len, "layer %s: activation gradient: %s", m->lin[i - 1].name,
+                          m->ops->error());
     } else if (PROFK(m, TRAIN_PK_EMBED,
                      m->ops->embed_bwd(m->ctx, dx, m->tok, m->gemb, B, c->context, c->embed,
                                        m->kscratch))) {
-      return fail(err, err_len, "embedding gradient: %s", m->ops->error());
+      return train_fail(err, err_len, "embedding gradient: %s", m->ops->error());
     }
     dy = dx;
     next ^= 1;
@@ -672,7 +678,7 @@ int train_model_graph_consts(train_model *m, char *err, size_t err_len) {
   if (dev_alloc(m, bytes + HQ_ADAM_AMAX_BYTES, &m->kc_dev)) {
     train_cuda_host_free(m->kc_host);
     m->kc_host = NULL;
-    return fail(err, err_len, "the optimizer's constants on the device: %s", hq_last_error());
+    return train_fail(err, err_len, "the optimizer's constants on the device: %s", hq_last_error());
   }
   return 0;
 }
@@ -684,7 +690,7 @@ int train_model_update_begin(train_model *m, const train_adam_cfg *a, float lr, 
   for (int slot = 0; m->kc_host && slot < 2; slot++) {
     const hq_adam adam = adam_of(m, a, slot);
     if (hq_adam_consts_write(&adam, (char *)m->kc_host + slot * TRAIN_KC_STRIDE))
-      return fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
+      return train_fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
   }
   return 0;
 }
@@ -696,11 +702,11 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
      graph, a copy node that reads the host buffer at every replay) */
   if (m->kc_dev && hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST,
                                  2 * TRAIN_KC_STRIDE))
-    return fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
+    return train_fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
   hq_adam adam = adam_of(m, a, TRAIN_KC_PLAIN);
   hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
   if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL)))
-    return fail(err, err_len, "Adam (embedding): %s", hq_last_error());
+    return train_fail(err, err_len, "Adam (embedding): %s", hq_last_error());
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
@@ -714,7 +720,7 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
     /* bf16-direct: the weight's BF16 copy from the new master, in the optimizer's phase as the
        write-back above is */
     if (m->direct && PROF(m, TRAIN_PH_OPTIMIZER, train_direct_weight(m->direct, i, l->w)))
-      return fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
+      return train_fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     /* across ranks: the shard quantized with the shared amax, then gathered into qw */
     if (m->cfg.dist && train_dist_weight(m, l, 0, err, err_len)) return -1;
     adam = adam_of(m, a, TRAIN_KC_PLAIN);
@@ -723,7 +729,7 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
       return hq_fail(err, err_len, l, "Adam (bias)");
   }
   if (m->state && PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
-    return fail(err, err_len, "updating the scaling state: %s", hq_last_error());
+    return train_fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;
 }
 
@@ -740,16 +746,16 @@ int train_model_eval_begin(train_model *m, char *err, size_t err_len) {
   size_t n;
   if (!m->state) return 0;   /* bf16-direct: nothing an evaluation could change */
   if (hq_state_amaxes(m->state, &amax, &n))
-    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+    return train_fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   if (n > m->n_amax_stash) {
     float *p = realloc(m->amax_stash, n * sizeof *p);
-    if (!p) return fail(err, err_len, "out of memory");
+    if (!p) return train_fail(err, err_len, "out of memory");
     m->amax_stash = p;
   }
   m->n_amax_stash = n;
   if (n && hq_ctx_memcpy(m->ctx, m->amax_stash, HQ_DEVICE_HOST, amax, hq_ctx_device(m->ctx),
                          n * sizeof *amax))
-    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+    return train_fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   return 0;
 }
 
@@ -758,11 +764,11 @@ int train_model_eval_end(train_model *m, char *err, size_t err_len) {
   size_t n;
   if (!m->state) return 0;
   if (hq_state_amaxes(m->state, &amax, &n))
-    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+    return train_fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   if (n != m->n_amax_stash)
-    return fail(err, err_len, "the scaling state changed size during an evaluation");
+    return train_fail(err, err_len, "the scaling state changed size during an evaluation");
   if (n && hq_ctx_memcpy(m->ctx, amax, hq_ctx_device(m->ctx), m->amax_stash, HQ_DEVICE_HOST,
                          n * sizeof *amax))
-    return fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
+    return train_fail(err, err_len, "the scaling state's amaxes: %s", hq_last_error());
   return 0;
 }

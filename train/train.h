@@ -167,6 +167,10 @@ typedef struct train_model {
   void *kc_host, *kc_dev;
 } train_model;
 
+/* The message into err (err_len bytes), and -1: how every train_* function that takes err
+   reports a failure. */
+int train_fail(char *err, size_t err_len, const char *fmt, ...) HQ_PRINTF(3, 4);
+
 /* Build the model on ctx's device: parameters initialised from `seed` (the same for every
    recipe), quantizers of every layer's three roles from the recipe, the weights quantized once
    (both directions). On failure returns -1 with a message naming the layer and role in err. */
