@@ -577,6 +577,27 @@ static void test_ops_direct(void **state) {
   hq_tensor wrong = hq_test_empty(HQ_F32, K, M);
   assert_int_equal(m.ops->dequantize(cfg, &call, &r1, &wrong), HQ_ESHAPE);
   free(wrong.data);
+  /* copy_out (ABI 2.6) takes an F32 source into BF16 / F16 only: a 16-bit source or an F32
+     copy is refused by name before anything is written */
+  uint16_t copy[9 * 7];
+  memset(copy, 0xAB, sizeof copy);
+  uint8_t codes[9 * 7];
+  memcpy(codes, hq_storage_buf(&r1, 0)->ptr, sizeof codes);
+  hq_tensor x32 = hq_test_tensor(HQ_F32, M, K, 6, 1.0f);
+  const struct { const hq_tensor *src; int32_t dt; } refused[] = {
+      {&x, HQ_BF16}, {&x32, HQ_F32}, {&x32, HQ_E4M3}};
+  for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+    hq_call cc = call;
+    cc.copy_out = copy;
+    cc.copy_dtype = refused[k].dt;
+    char *msg = hq_test_module_error();
+    msg[0] = 0;
+    assert_int_equal(m.ops->quantize(cfg, &cc, refused[k].src, HQ_ROWWISE, &r1, NULL), HQ_EINVAL);
+    assert_non_null(strstr(msg, "copy_out"));
+    for (size_t i = 0; i < sizeof copy / sizeof copy[0]; i++) assert_int_equal(copy[i], 0xABAB);
+    assert_memory_equal(hq_storage_buf(&r1, 0)->ptr, codes, sizeof codes);
+  }
+  free(x32.data);
   HQ_OK_OR_FAIL(m.ops->dequantize(cfg, &call, &c1, &d));
   if (!hq_built_with_cuda()) {
     hq_call dev = call;
