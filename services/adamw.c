@@ -21,9 +21,9 @@ int hqt_cuda_enter(int device, int *saved) {
 void hqt_cuda_leave(int saved) { (void)saved; }
 int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
                   const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
-                  unsigned int *amax_bits) {
+                  unsigned int *amax_bits, int zeroed) {
   (void)stream; (void)k; (void)k_dev; (void)grad; (void)gdtype; (void)w; (void)m; (void)v;
-  (void)n; (void)amax_bits;
+  (void)n; (void)amax_bits; (void)zeroed;
   return hq_set_error(HQ_ENOTSUP, "libhqtrain was built without CUDA");
 }
 #endif
@@ -76,6 +76,14 @@ static int check_args(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, co
   if ((uintptr_t)a->amax_dev % 4)
     return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.amax_dev %p is not 4-byte aligned",
                         a->amax_dev);
+  if (a->flags & ~HQ_ADAM_AMAX_ZEROED)
+    return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.flags = 0x%x has bits hq does not know "
+                        "(HQ_ADAM_AMAX_ZEROED is 0x%x)", (unsigned)a->flags,
+                        (unsigned)HQ_ADAM_AMAX_ZEROED);
+  if ((a->flags & HQ_ADAM_AMAX_ZEROED) && !a->amax_dev)
+    return hq_set_error(HQ_EINVAL, "hq_adam_step: hq_adam.flags has HQ_ADAM_AMAX_ZEROED and "
+                        "hq_adam.amax_dev is NULL: the flag says the caller's slot is zero, so "
+                        "give the slot");
   if (qw && (hq_qtensor_rows(qw) != g->rows || hq_qtensor_cols(qw) != g->cols))
     return hq_set_error(HQ_ESHAPE, "hq_adam_step: the quantized weight is [%lld, %lld], the "
                         "gradient [%lld, %lld]", (long long)hq_qtensor_rows(qw),
@@ -142,21 +150,23 @@ static int amax_from_source(const hq_qtensor *qw) {
    the step's kernel computes it, so the master is read once by the step and once by the
    format's cast instead of once more for the amax. */
 static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_adam_consts *k_dev,
-                       void *amax_dev, const hq_tensor *g, hq_tensor *w, float *m, float *v,
+                       const hq_adam *a, const hq_tensor *g, hq_tensor *w, float *m, float *v,
                        hq_qtensor *qw) {
   const int device = hq_ctx_device(ctx);
   void *amax = NULL, *owned = NULL;   /* the caller's slot, or one of this call's */
   int saved, rc = hqt_cuda_enter(device, &saved);
   if (rc) return rc;
   if (qw && amax_from_source(qw)) {
-    amax = amax_dev;
+    amax = a->amax_dev;
     if (!amax && hq_ctx_alloc(ctx, HQ_ADAM_AMAX_BYTES, &owned))
       rc = hq_set_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", device);
     if (!amax) amax = owned;
   }
+  /* only the caller's slot can be promised zero: this call's allocation is not */
+  const int zeroed = amax && !owned && (a->flags & HQ_ADAM_AMAX_ZEROED);
   if (!rc)
     rc = hqt_cuda_adam(hq_ctx_stream(ctx), k, k_dev, g->data, g->dtype, w->data, m, v,
-                       g->rows * g->cols, amax);
+                       g->rows * g->cols, amax, zeroed);
   hqt_cuda_leave(saved);
   if (!rc && qw) {
     hq_quantize_args args = {.struct_size = sizeof args, .amax = (const float *)amax};
@@ -192,7 +202,7 @@ int hq_adam_step(hq_ctx *ctx, const hq_adam *ap, const hq_tensor *gradp, float *
     if (rc != HQ_ENOTSUP) return rc;
     hq_clear_error(); /* not a failure: the two-kernel path below takes the step */
   }
-  return device_step(ctx, &k, k_dev, a.amax_dev, &g, &w, m, v, qw);
+  return device_step(ctx, &k, k_dev, &a, &g, &w, m, v, qw);
 }
 
 int hq_adam_consts_write(const hq_adam *ap, void *host_dst) {

@@ -41,11 +41,11 @@ extern "C" void hqt_cuda_leave(int saved) {
 
 extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
                              const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
-                             unsigned int *amax_bits) {
+                             unsigned int *amax_bits, int zeroed) {
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e;
   /* zeroed by a kernel, not a memset: a kernel node costs half a memset node in a graph */
-  if (amax_bits && (e = hq_cuda_zero_words(amax_bits, amax_bits + 1, nullptr, s)) != cudaSuccess)
+  if (amax_bits && !zeroed && (e = hq_cuda_zero_words(amax_bits, amax_bits + 1, nullptr, s)) != cudaSuccess)
     return cuda_error(e, "zeroing the amax", __LINE__);
   if ((e = hq_cuda_adam_run(s, *k, k_dev, grad, gdtype, w, m, v, n, amax_bits)) != cudaSuccess)
     return cuda_error(e, "adam kernel", __LINE__);

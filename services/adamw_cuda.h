@@ -22,12 +22,13 @@ void hqt_cuda_leave(int saved);
    m, v with the gradient grad (dtype gdtype), on `stream` of the current device, with the
    constants *k, or *k_dev (device memory, read when the kernel runs) when k_dev is not NULL.
    amax_bits: NULL,
-   or two words of device memory that are zeroed on the stream and then receive, by atomic max
-   into both, the FP32 bits of max |updated w| with NaN ignored (hq_abs_bits_nonan): the
-   write-back's per-tensor amax, made in the same pass. */
+   or two words of device memory that are zeroed on the stream (unless `zeroed`: the caller's
+   promise that they are zero then) and then receive, by atomic max into both, the FP32 bits of
+   max |updated w| with NaN ignored (hq_abs_bits_nonan): the write-back's per-tensor amax, made
+   in the same pass. */
 int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_adam_consts *k_dev,
                   const void *grad, int gdtype, float *w, float *m, float *v, int64_t n,
-                  unsigned int *amax_bits);
+                  unsigned int *amax_bits, int zeroed);
 
 #ifdef __cplusplus
 }

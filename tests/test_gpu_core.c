@@ -7,7 +7,8 @@
 **   - calls restore the caller's current device (on a machine with two devices, a context on
 **     device 1 is used while device 0 is current);
 **   - FSDP extract/assign run on the device (transposes included) and match a full quantize;
-**   - hq_adam_step refuses a quantized weight on another device before it writes anything;
+**   - hq_adam_step refuses a quantized weight on another device before it writes anything, and
+**     leaves a write-back amax slot the caller promised zero (HQ_ADAM_AMAX_ZEROED) unzeroed;
 **   - the identity format's dtype conversions give the CPU's bytes (every 16-bit pattern);
 **   - a qtensor used through another context's stream: the owner's allocations and frees are
 **     ordered against that stream by events (no race with the stream-ordered pool);
@@ -380,7 +381,7 @@ static void adam_recipe_case(size_t k, int64_t R, int64_t C) {
     }
     fused_adam_logged = copy_logged = 0;
     for (int64_t t = 1; t <= 3; t++) {
-      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL, 0};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
       if (sh && t < 3) { /* the next step casts with the scale this one's amax gives (the last
@@ -513,7 +514,7 @@ static void test_adam_amax_large(void **state) {
     HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
     HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
     for (int64_t t = 1; t <= 3; t++) {
-      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL, 0};
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
       HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
     }
@@ -555,6 +556,75 @@ static void test_adam_amax_large(void **state) {
   }
 }
 
+/* hq_adam.amax_dev with HQ_ADAM_AMAX_ZEROED (hq/train.h): the caller's slot is taken as zero,
+   the step launches no zeroing. Per-tensor FP8 (current scaling), three steps each: a slot
+   zeroed by hq_ctx_memset before each step gives the CPU's bytes and is left holding max |w| of
+   the new master in both words; a slot holding 1e30 without the flag is zeroed by the step (the
+   CPU's bytes again); with the flag the same stale slot is not zeroed, so the write-back's amax
+   is 1e30 -- the proof that the flag, not a leftover zeroing, decides. */
+static void test_adam_amax_zeroed(void **state) {
+  (void)state;
+  static const char *fp8 = "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\n"
+                           "columnwise = f\n";
+  const int64_t R = 512, C = 768, n = R * C;
+  const float stale = 1e30f;
+  for (int mode = 0; mode < 3; mode++) { /* 0: memset + flag, 1: stale, no flag, 2: stale + flag */
+    hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 31, 0.5f);
+    hq_tensor w = hq_test_tensor(HQ_F32, R, C, 32, 0.1f);
+    float *m = calloc(n, 4), *v = calloc(n, 4), *back = malloc(n * 4);
+    void *dg = to_device(g.data, n * 2);
+    float *dw = to_device(w.data, n * 4), *dm = to_device(m, n * 4), *dv = to_device(v, n * 4);
+    float *slot = NULL;
+    CK(cudaMalloc((void **)&slot, HQ_ADAM_AMAX_BYTES));
+    hq_tensor gd = hq_tensor_2d(dg, HQ_BF16, 0, R, C), wd = hq_tensor_2d(dw, HQ_F32, 0, R, C);
+    hq_recipe *r = hq_test_recipe(fp8);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+    hq_qtensor *qh = NULL, *qg = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
+    for (int64_t t = 1; t <= 3; t++) {
+      hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, slot,
+                   mode == 1 ? 0 : HQ_ADAM_AMAX_ZEROED};
+      if (mode == 0) {
+        HQ_OK_OR_FAIL(hq_ctx_memset(gpu, slot, 0, HQ_ADAM_AMAX_BYTES));
+      } else {
+        const float two[2] = {stale, stale};
+        CK(cudaStreamSynchronize(stream));
+        h2d(slot, two, sizeof two);
+      }
+      HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
+      HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+    }
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
+    assert_memory_equal(back, w.data, n * 4); /* the step itself never depends on the slot */
+    float want = 0.0f, got[2] = {0, 0}, stored = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+      const float a = fabsf(((const float *)w.data)[i]);
+      want = a > want ? a : want;
+    }
+    CK(cudaMemcpy(got, slot, sizeof got, cudaMemcpyDeviceToHost));
+    const hq_buffer *ab = hq_storage_role(hq_qtensor_storage(qg, HQ_ROWWISE), HQ_ROLE_AMAX);
+    assert_non_null(ab);
+    CK(cudaMemcpy(&stored, ab->ptr, 4, cudaMemcpyDeviceToHost));
+    const float expect = mode == 2 ? stale : want;
+    if (got[0] != expect || got[1] != expect || stored != expect)
+      fail_msg("mode %d: slot %.9g %.9g, the write-back's amax %.9g, expected %.9g", mode,
+               (double)got[0], (double)got[1], (double)stored, (double)expect);
+    if (mode < 2) {
+      char what[48];
+      snprintf(what, sizeof what, "amax slot mode %d", mode);
+      compare(qh, qg, what);
+    }
+    hq_qtensor_free(qh);
+    hq_qtensor_free(qg);
+    hq_quantizer_free(q);
+    hq_recipe_free(r);
+    cudaFree(slot), cudaFree(dw), cudaFree(dm), cudaFree(dv), cudaFree(dg);
+    free(g.data), free(w.data), free(m), free(v), free(back);
+  }
+}
+
 /* A quantized weight on another device than the context's cannot take the write-back:
    hq_adam_step refuses it before the step writes anything (hq/train.h), in both directions --
    a device weight with a host context (the CPU loop) and a host weight with a device context
@@ -578,7 +648,7 @@ static void test_adam_refuses_other_device(void **state) {
   hq_qtensor *qh = NULL, *qg = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, cpu, &w, &qh));
   HQ_OK_OR_FAIL(hq_quantize(q, gpu, &wd, &qg));
-  hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, NULL, NULL};
+  hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, NULL, NULL, 0};
   /* a device weight, a host context: the CPU loop would have run first */
   assert_int_equal(hq_adam_step(cpu, &a, &g, w.data, m, v, qg), HQ_EINVAL);
   HQ_ERROR_HAS("hq_adam_step: the quantized weight (role linear:weight:w) lives on device 0, the "
@@ -978,6 +1048,7 @@ int main(void) {
       cmocka_unit_test(test_fsdp_on_device),
       cmocka_unit_test(test_adam_and_nonfinite_on_device),
       cmocka_unit_test(test_adam_amax_large),
+      cmocka_unit_test(test_adam_amax_zeroed),
       cmocka_unit_test(test_adam_refuses_other_device),
       cmocka_unit_test(test_offload_round_trip),
       cmocka_unit_test(test_identity_conversions),

@@ -485,7 +485,7 @@ static void adam_case(hq_ctx *dev, const char *options, uint32_t usage, int64_t 
   HQ_OK_OR_FAIL(hq_quantize(q, dev, &wd, &qg));
   adam_fused_seen = 0;
   for (int64_t t = 1; t <= 2; t++) {
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, NULL, 0};
     HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
     HQ_OK_OR_FAIL(hq_adam_step(dev, &a, &gd, dw, dm, dv, qg));
   }

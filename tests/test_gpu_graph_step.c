@@ -285,7 +285,7 @@ enum { ADAM_STEPS = 5 };
    does, and so do the bias corrections; a replay applying the constants of the capture would
    differ from the eager steps from the second step on. */
 static hq_adam adam_at_step(int64_t t, const void *consts_dev, void *amax_dev) {
-  hq_adam a = {sizeof a, 1e-2f / (float)t, 0.9f, 0.95f, 1e-8f, 0.01f, t, consts_dev, amax_dev};
+  hq_adam a = {sizeof a, 1e-2f / (float)t, 0.9f, 0.95f, 1e-8f, 0.01f, t, consts_dev, amax_dev, 0};
   return a;
 }
 

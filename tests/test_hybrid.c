@@ -1210,7 +1210,7 @@ static void flush_compute(hq_recipe *rec, const char *const *roles, size_t nrole
   memcpy(w, in->w, sizeof w);
   memcpy(m, in->m, sizeof m);
   memcpy(v, in->v, sizeof v);
-  hq_adam ad = {sizeof ad, 1e-3f, 0.9f, 0.999f, 0x1p-130f, 0.0f, 3, NULL, NULL};
+  hq_adam ad = {sizeof ad, 1e-3f, 0.9f, 0.999f, 0x1p-130f, 0.0f, 3, NULL, NULL, 0};
   HQ_OK_OR_FAIL(hq_adam_step(ctx, &ad, &in->g, w, m, v, NULL));
   flush_append(r, w, sizeof w);
   flush_append(r, m, sizeof m);

@@ -40,7 +40,7 @@ static void test_hand_computed(void **s) {
   (void)s;
   float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
   hq_tensor gt = hq_tensor_2d(&g, HQ_F32, HQ_DEVICE_HOST, 1, 1);
-  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL};
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL, 0};
   HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
   assert_true(m == 0.0625f);
   assert_true(v == 0x1p-12f);
@@ -64,7 +64,7 @@ static void test_steps_against_f64(void **s) {
   for (int64_t i = 0; i < n; i++) w[i] = hq_test_normal(&seed);
   for (int64_t t = 1; t <= 5; t++) {
     hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 100 + (uint64_t)t, 0.3f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL, NULL};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL, NULL, 0};
     double *ew = malloc(n * 8), *em = malloc(n * 8), *ev = malloc(n * 8), *mag = malloc(n * 8);
     for (int64_t i = 0; i < n; i++) {
       double gi = hq_load_hp(g.data, i, HQ_BF16);
@@ -125,7 +125,7 @@ static void test_write_back(void **s) {
     HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &qw));
     for (int64_t t = 1; t <= 2; t++) {
       hq_tensor g = hq_test_tensor(HQ_F32, R, C, 30 + (uint64_t)t, 1.0f);
-      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL};
+      hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL, 0};
       HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w0.data, m, v, qw));
       hq_qtensor *fresh = NULL;
       HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w0, &fresh));
@@ -156,7 +156,7 @@ static void test_refusals(void **s) {
   memcpy(keep, w.data, 64 * 64 * 4);
   hq_qtensor *qw = NULL;
   HQ_OK_OR_FAIL(hq_quantize(q, g_ctx, &w, &qw));
-  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL, NULL};
+  hq_adam a = {sizeof a, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL, NULL, 0};
   assert_int_equal(hq_adam_step(g_ctx, &a, &g, NULL, m, v, qw), HQ_EINVAL);
   HQ_ERROR_HAS("master");
   assert_int_equal(hq_adam_step(g_ctx, &a, &g2, w.data, m, v, qw), HQ_ESHAPE);
@@ -191,7 +191,7 @@ static void test_consts_write(void **s) {
   const double c1[3] = {2.0, 4.0 / 3.0, 8.0 / 7.0}, c2[3] = {4.0, 16.0 / 7.0, 64.0 / 37.0};
   unsigned char buf[HQ_ADAM_CONSTS_BYTES + 8];
   for (int64_t t = 1; t <= 3; t++) {
-    hq_adam a = {sizeof a, 0.125f, 0.5f, 0.75f, 0x1p-20f, 0.25f, t, NULL, NULL};
+    hq_adam a = {sizeof a, 0.125f, 0.5f, 0.75f, 0x1p-20f, 0.25f, t, NULL, NULL, 0};
     memset(buf, 0xa5, sizeof buf);
     HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
     for (size_t i = HQ_ADAM_CONSTS_BYTES; i < sizeof buf; i++) assert_int_equal(buf[i], 0xa5);
@@ -204,7 +204,7 @@ static void test_consts_write(void **s) {
                (double)k.c2, (double)(float)c1[t - 1], (double)(float)c2[t - 1]);
   }
   /* the oldest layout (no consts_dev) is accepted */
-  hq_adam a = {HQ_ADAM_SIZE_0_1, 0.125f, 0.5f, 0.75f, 0.0f, 0.0f, 1, NULL, NULL};
+  hq_adam a = {HQ_ADAM_SIZE_0_1, 0.125f, 0.5f, 0.75f, 0.0f, 0.0f, 1, NULL, NULL, 0};
   HQ_OK_OR_FAIL(hq_adam_consts_write(&a, buf));
   /* refusals write nothing */
   memset(buf, 0xa5, sizeof buf);
@@ -236,7 +236,7 @@ static void test_consts_write(void **s) {
 static void test_consts_slot(void **s) {
   (void)s;
   _Alignas(16) unsigned char slot[HQ_ADAM_CONSTS_BYTES + 16];
-  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL};
+  hq_adam a = {sizeof a, 0.125f, 0.875f, 1.0f - 0x1p-10f, 0.0f, 0.25f, 1, NULL, NULL, 0};
   HQ_OK_OR_FAIL(hq_adam_consts_write(&a, slot));
   a.consts_dev = slot;
   float g = 0.5f, w = 1.0f, m = 0.0f, v = 0.0f;
@@ -262,6 +262,31 @@ static void test_consts_slot(void **s) {
   HQ_ERROR_HAS("not 4-byte aligned");
   assert_true(w == 1.0f);
   a.amax_dev = NULL;
+  /* flags: a bit hq does not know, and HQ_ADAM_AMAX_ZEROED without a slot to be zero, are
+     refused before the step writes anything; with an aligned slot the flag is taken (a host
+     step ignores the slot); a caller whose hq_adam ends before flags has none (the slot's
+     constants, lr = 0.25, apply) */
+  m = 0.0f, v = 0.0f;
+  a.flags = 2;
+  assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
+  HQ_ERROR_HAS("hq_adam.flags = 0x2 has bits hq does not know");
+  a.flags = HQ_ADAM_AMAX_ZEROED;
+  assert_int_equal(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL), HQ_EINVAL);
+  HQ_ERROR_HAS("HQ_ADAM_AMAX_ZEROED and hq_adam.amax_dev is NULL");
+  assert_true(w == 1.0f && m == 0.0f && v == 0.0f);
+  a.struct_size = offsetof(hq_adam, flags);
+  a.flags = 0xffffffffu; /* past the caller's struct: not read */
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.6875f);
+  a.struct_size = sizeof a;
+  a.flags = HQ_ADAM_AMAX_ZEROED;
+  a.amax_dev = slot + 4;
+  w = 1.0f, m = 0.0f, v = 0.0f;
+  HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &gt, &w, &m, &v, NULL));
+  assert_true(w == 0.6875f);
+  a.flags = 0;
+  a.amax_dev = NULL;
+  w = 1.0f;
   /* a caller of the oldest layout has no consts_dev: what lies there is not read */
   a.struct_size = HQ_ADAM_SIZE_0_1;
   m = 0.0f, v = 0.0f;
@@ -290,7 +315,7 @@ static void test_train_eval_alternation(void **s) {
     /* train: both copies, an optimizer step with the write-back */
     HQ_OK_OR_FAIL(hq_qtensor_set_usage(qw, HQ_BOTH));
     hq_tensor g = hq_test_tensor(HQ_F32, R, C, 50 + (uint64_t)t, 1.0f);
-    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL};
+    hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, t, NULL, NULL, 0};
     HQ_OK_OR_FAIL(hq_adam_step(g_ctx, &a, &g, w.data, m, v, qw));
     assert_int_equal(hq_qtensor_dirs(qw), HQ_BOTH);
     hq_qtensor *fresh = NULL;

@@ -286,13 +286,25 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
       return -1;
     }
   }
-  for (int i = 0; i < m->n_lin && !m->famax; i++)
-    if ((m->lin[i].fuse_amax[0] || m->lin[i].fuse_amax[1]) &&
-        dev_alloc(m, (size_t)m->n_lin * 4 * sizeof(float), &m->famax)) {
-      train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
-      train_model_free(m);
-      return -1;
-    }
+  /* the amaxes cleared every step, in one buffer zeroed by one kernel each forward: the fused
+     ones, then one slot per weight for the optimizer's write-back amax (hq_adam.amax_dev with
+     HQ_ADAM_AMAX_ZEROED: no zeroing launch per weight), which the step's kernel computes when
+     the weight's directions take the new master's amax (the rule of amax_fusable; a host
+     step has no such kernel) */
+  int need_f = 0, need_a = 0;
+  for (int i = 0; i < m->n_lin; i++) {
+    need_f |= m->lin[i].fuse_amax[0] || m->lin[i].fuse_amax[1];
+    need_a |= !cfg->dist && hq_ctx_device(ctx) >= 0 && amax_fusable(m->lin[i].q_w);
+  }
+  const size_t nf = need_f ? (size_t)m->n_lin * 4 : 0, na = need_a ? (size_t)m->n_lin * 2 : 0;
+  if (nf + na && dev_alloc(m, (nf + na) * sizeof(float), &m->zbuf)) {
+    train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
+    train_model_free(m);
+    return -1;
+  }
+  m->zbytes = (nf + na) * sizeof(float);
+  m->famax = nf ? m->zbuf : NULL;
+  m->aslot = na ? m->zbuf + nf : NULL;
   return 0;
 }
 
@@ -317,7 +329,7 @@ void train_model_free(train_model *m) {
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   }
   void *bufs[] = {m->emb, m->gemb, m->memb, m->vemb, m->tok, m->tgt, m->dlogits,
-                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax, m->famax, m->kscratch,
+                  m->dbuf[0], m->dbuf[1], m->loss, m->prof_amax, m->zbuf, m->kscratch,
                   m->kc_dev};
   for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) dev_free(m, bufs[k]);
   if (m->state) hq_state_free(m->state);   /* after every quantizer and qtensor bound to it */
@@ -501,9 +513,9 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
   /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
-     by one kernel of this forward or of the backward that follows it */
-  const size_t famax_bytes = (size_t)m->n_lin * 4 * sizeof(float);
-  if (m->famax && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->famax, 0, famax_bytes)))
+     by one kernel of this forward or of the backward that follows it; the weights' write-back
+     slots with them, for the optimizer that follows every training step's backward */
+  if (m->zbuf && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->zbuf, 0, m->zbytes)))
     return train_fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
   if (PROFK(m, TRAIN_PK_EMBED,
             m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
@@ -662,20 +674,15 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
 
 static hq_adam adam_of(const train_model *m, const train_adam_cfg *a, int slot) {
   hq_adam adam = {sizeof adam, m->lr, a->beta1, a->beta2, a->eps,
-                  slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL, NULL};
-  if (m->kc_dev) {
-    adam.consts_dev = (const char *)m->kc_dev + slot * TRAIN_KC_STRIDE;
-    /* the write-back amax's slot, after both constants' slots: one for every parameter, whose
-       steps run one after the other on the context's stream (no allocation in the graph) */
-    adam.amax_dev = (char *)m->kc_dev + 2 * TRAIN_KC_STRIDE;
-  }
+                  slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL, NULL, 0};
+  if (m->kc_dev) adam.consts_dev = (const char *)m->kc_dev + slot * TRAIN_KC_STRIDE;
   return adam;
 }
 
 int train_model_graph_consts(train_model *m, char *err, size_t err_len) {
   const size_t bytes = 2 * TRAIN_KC_STRIDE;
   if (train_cuda_host_alloc(hq_ctx_device(m->ctx), bytes, &m->kc_host, err, err_len)) return -1;
-  if (dev_alloc(m, bytes + HQ_ADAM_AMAX_BYTES, &m->kc_dev)) {
+  if (dev_alloc(m, bytes, &m->kc_dev)) {
     train_cuda_host_free(m->kc_host);
     m->kc_host = NULL;
     return train_fail(err, err_len, "the optimizer's constants on the device: %s", hq_last_error());
@@ -712,6 +719,10 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
        written back from it (the bytes of a fresh quantize of the new master) */
     adam = adam_of(m, a, TRAIN_KC_DECAY);
+    if (m->aslot) { /* the weight's own slot, zeroed by this step's forward */
+      adam.amax_dev = m->aslot + 2 * i;
+      adam.flags = HQ_ADAM_AMAX_ZEROED;
+    }
     hq_tensor gw = f32(m, l->gws ? l->gws : l->gw, l->rows, l->in);
     if (!m->cfg.dist) train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw,

@@ -156,6 +156,12 @@ typedef struct train_model {
   float *famax;                              /* fused amaxes: 2 floats per layer and tensor
                                                 (input, output gradient), zeroed every forward;
                                                 NULL when no layer takes one */
+  float *aslot;                              /* each weight's write-back amax (hq_adam.amax_dev:
+                                                2 floats per layer), zeroed with famax; NULL
+                                                when no weight's write-back takes one */
+  float *zbuf;                               /* the one allocation of famax and aslot, zeroed
+                                                by one kernel every forward (zbytes) */
+  size_t zbytes;
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */

@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
   /* 5. one optimizer step: AdamW on the FP32 master wv with dW, the quantized weight written
         back; both copies equal a fresh quantize of the new master (a weight quantizer without
         stochastic rounding: the same input gives the same bytes) */
-  hq_adam adam = {sizeof adam, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL, NULL};
+  hq_adam adam = {sizeof adam, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL, NULL, 0};
   CHECK(hq_adam_step(ctx, &adam, &tdw, wv, m, v, w));
   CHECK(hq_quantize(qw, ctx, &tw, &fresh));
   for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE && hq_quantizer_requant_safe(qw); dir <<= 1) {

@@ -67,7 +67,13 @@ extern "C" {
 ** instead (device memory of the context's device, 4-byte aligned, HQ_ADAM_AMAX_BYTES): the step
 ** zeroes and fills them and the write-back reads them, in stream order, so one slot serves
 ** every parameter whose steps run on one stream, one after the other. The bytes are the same
-** with and without it; a host context ignores it.
+** with and without it; a host context ignores it. With HQ_ADAM_AMAX_ZEROED in flags the caller
+** promises that the slot's bytes are zero when the step's kernel runs (in stream order), and the
+** step does not zero them itself: a trainer that gives each parameter a slot of its own and
+** zeroes them all with one hq_ctx_memset a step saves a launch per parameter (in a graph, a
+** node). The step leaves the amax there; a slot that is not zero gives a larger amax (the
+** write-back's scale then differs from a fresh quantize's). The flag without amax_dev, and any
+** other bit of flags, is HQ_EINVAL.
 */
 typedef struct hq_adam {
   uint32_t struct_size;          /* sizeof(hq_adam); at least HQ_ADAM_SIZE_0_1 */
@@ -75,7 +81,10 @@ typedef struct hq_adam {
   int64_t step;                  /* 1 for the first step (bias correction) */
   const void *consts_dev;        /* NULL, or the step's constants in device memory (above) */
   void *amax_dev;                /* NULL, or the write-back amax's device memory (above) */
+  uint32_t flags;                /* 0, or HQ_ADAM_AMAX_ZEROED (above) */
 } hq_adam;
+/* hq_adam.flags: amax_dev is zero when the step runs; the step does not zero it (above). */
+#define HQ_ADAM_AMAX_ZEROED 1u
 #define HQ_ADAM_INIT HQ_STRUCT_INIT(hq_adam) /* hq.h: struct_size set, the rest zero */
 /* Size of an hq_adam without consts_dev (the constants then always come from its fields). */
 #define HQ_ADAM_SIZE_0_1 (offsetof(hq_adam, step) + sizeof(int64_t))
