@@ -303,6 +303,22 @@ static void test_hand_computed(void **state) {
   hq_plugins_close(set);
 }
 
+/* hq_pack2_hp16 (hq/numerics.h), the pair the CUDA kernels' 16-bit vector stores write: each
+   pair of the hand-computed vector above packs to the two hand-computed codes, the first in the
+   low half (little-endian memory order), for BF16 and F16. */
+static void test_pack2(void **state) {
+  (void)state;
+  for (int i = 0; i < 8; i += 2) {
+    float a, b;
+    memcpy(&a, &hand_f32[i], 4);
+    memcpy(&b, &hand_f32[i + 1], 4);
+    assert_int_equal(hq_pack2_hp16(a, b, HQ_BF16),
+                     (uint32_t)hand_bf16[i] | (uint32_t)hand_bf16[i + 1] << 16);
+    assert_int_equal(hq_pack2_hp16(a, b, HQ_F16),
+                     (uint32_t)hand_f16[i] | (uint32_t)hand_f16[i + 1] << 16);
+  }
+}
+
 /* The module on a host table older than 2.4 (no convert): it refuses, naming the service. */
 static void test_module_needs_convert(void **state) {
   (void)state;
@@ -428,6 +444,7 @@ int main(void) {
       cmocka_unit_test(test_module_loads),
       cmocka_unit_test(test_same_bytes_as_builtin),
       cmocka_unit_test(test_hand_computed),
+      cmocka_unit_test(test_pack2),
       cmocka_unit_test(test_module_needs_convert),
       cmocka_unit_test(test_host_convert),
   };

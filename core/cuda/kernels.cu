@@ -48,11 +48,7 @@ template <int DT> __device__ __forceinline__ void store8(void *dst, int64_t g, c
     ((float4 *)dst)[2 * g + 1] = make_float4(v[4], v[5], v[6], v[7]);
   } else {
     uint32_t u[4];
-    for (int k = 0; k < 4; k++) {
-      const uint32_t lo = DT == HQ_F16 ? hq_f32_to_f16(v[2 * k]) : hq_f32_to_bf16(v[2 * k]);
-      const uint32_t hi = DT == HQ_F16 ? hq_f32_to_f16(v[2 * k + 1]) : hq_f32_to_bf16(v[2 * k + 1]);
-      u[k] = lo | hi << 16;
-    }
+    for (int k = 0; k < 4; k++) u[k] = hq_pack2_hp16(v[2 * k], v[2 * k + 1], DT);
     ((uint4 *)dst)[g] = make_uint4(u[0], u[1], u[2], u[3]);
   }
 }

@@ -671,8 +671,8 @@ __global__ void finish4_kernel(void *d, int64_t m, int64_t n, int64_t ldd, float
       *reinterpret_cast<float4 *>((float *)d + at) = make_float4(v[0], v[1], v[2], v[3]);
     } else {
       uint2 w;
-      w.x = hq_f32_to_bf16(v[0]) | (uint32_t)hq_f32_to_bf16(v[1]) << 16;
-      w.y = hq_f32_to_bf16(v[2]) | (uint32_t)hq_f32_to_bf16(v[3]) << 16;
+      w.x = hq_pack2_hp16(v[0], v[1], DT);
+      w.y = hq_pack2_hp16(v[2], v[3], DT);
       *reinterpret_cast<uint2 *>((uint16_t *)d + at) = w;
     }
   }

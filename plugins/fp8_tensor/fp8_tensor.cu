@@ -91,19 +91,15 @@ struct CastArgs {
   int copy_dt;
 };
 
-/* x[0..8) stored at copy[i..i + 8) as CT (HQ_BF16 or HQ_F16: hq_store_hp's rule, the core's
-   convert), one 16-byte store: i % 8 == 0, copy 16-byte aligned. CT is a template parameter:
-   with the dtype chosen at run time the compiler computed both conversions of every element. */
+/* x[0..8) stored at copy[i..i + 8) as CT (HQ_BF16 or HQ_F16: hq_pack2_hp16, hq_store_hp's rule
+   and the core's convert's), one 16-byte store: i % 8 == 0, copy 16-byte aligned. CT is a
+   template parameter: with the dtype chosen at run time the compiler computed both conversions
+   of every element. */
 template <int CT>
 __device__ __forceinline__ void store_copy8(void *copy, int64_t i, const float x[8]) {
   uint32_t u[4];
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const float a = x[2 * k], b = x[2 * k + 1];
-    const uint32_t lo = CT == HQ_F16 ? hq_f32_to_f16(a) : hq_f32_to_bf16(a);
-    const uint32_t hi = CT == HQ_F16 ? hq_f32_to_f16(b) : hq_f32_to_bf16(b);
-    u[k] = lo | hi << 16;
-  }
+  for (int k = 0; k < 4; k++) u[k] = hq_pack2_hp16(x[2 * k], x[2 * k + 1], CT);
   uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(copy) + i);
   *p = make_uint4(u[0], u[1], u[2], u[3]);
 }

@@ -623,12 +623,7 @@ __global__ void __launch_bounds__(256)
     } else if (vec) {
       uint32_t hw[8];
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const uint32_t lo = OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k]) : hq_f32_to_f16(y[2 * k]);
-        const uint32_t hi =
-            OT == HQ_BF16 ? hq_f32_to_bf16(y[2 * k + 1]) : hq_f32_to_f16(y[2 * k + 1]);
-        hw[k] = lo | hi << 16;
-      }
+      for (int k = 0; k < 8; k++) hw[k] = hq_pack2_hp16(y[2 * k], y[2 * k + 1], OT);
       uint4 *q = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + o);
       q[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
       q[1] = make_uint4(hw[4], hw[5], hw[6], hw[7]);

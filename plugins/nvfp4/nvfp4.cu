@@ -2036,11 +2036,7 @@ __device__ __forceinline__ void store_run(void *dst, int64_t off, const float *g
       o[k] = make_float4(g[4 * k], g[4 * k + 1], g[4 * k + 2], g[4 * k + 3]);
   } else {
     uint32_t h[N / 2];
-    for (int k = 0; k < N / 2; k++) {
-      const uint32_t lo = DT == HQ_F16 ? hq_f32_to_f16(g[2 * k]) : hq_f32_to_bf16(g[2 * k]);
-      const uint32_t hi = DT == HQ_F16 ? hq_f32_to_f16(g[2 * k + 1]) : hq_f32_to_bf16(g[2 * k + 1]);
-      h[k] = lo | hi << 16;
-    }
+    for (int k = 0; k < N / 2; k++) h[k] = hq_pack2_hp16(g[2 * k], g[2 * k + 1], DT);
     uint16_t *o16 = static_cast<uint16_t *>(dst) + off;
     if (N == 4) *reinterpret_cast<uint2 *>(o16) = make_uint2(h[0], h[1]);
     else *reinterpret_cast<uint4 *>(o16) = make_uint4(h[0], h[1], h[2], h[3]);

@@ -320,6 +320,14 @@ HQ_HD void hq_store_hp(void *p, int64_t i, int dtype, float v) {
   else ((uint16_t *)p)[i] = hq_f32_to_bf16(v);
 }
 
+/* x and y stored as the 16-bit dtype `dtype` (2: F16, else BF16) by hq_store_hp's rule, packed
+   as two consecutive elements: x in the low half, the memory order of a little-endian word. The
+   vector stores of the kernels that write 16-bit outputs take it, one rule with the scalar. */
+HQ_HD uint32_t hq_pack2_hp16(float x, float y, int dtype) {
+  if (dtype == 2) return (uint32_t)hq_f32_to_f16(x) | (uint32_t)hq_f32_to_f16(y) << 16;
+  return (uint32_t)hq_f32_to_bf16(x) | (uint32_t)hq_f32_to_bf16(y) << 16;
+}
+
 /* Largest finite value of a high-precision dtype (FP8-block's value_for_inf). */
 HQ_HD float hq_hp_max(int dtype) {
   if (dtype == 2) return 65504.0f;
