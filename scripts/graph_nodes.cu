@@ -12,6 +12,13 @@
 // the capturing stream, or with `side` on a second stream forked and joined by events); S
 // memsets of 4 bytes are spread over the chain. The graph is instantiated once, replayed 20
 // times to warm, then timed as the median of 30 samples of 20 replays back to back.
+//
+// The second table asks what programmatic dependent launch (PDL) would save between kernels: a
+// chain of K kernels of one size (tiny as above, or a pass over 4 MiB read and written, a
+// small-tensor kernel's size) launched plainly, or with the launch attribute
+// cudaLaunchAttributeProgrammaticStreamSerialization and each kernel waiting for the one before
+// it (griddepcontrol.wait) before it touches memory, having let the next launch early
+// (griddepcontrol.launch_dependents) -- the form every kernel of a step would take.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +44,75 @@ __global__ void tiny(float *p, int n) {
 static void launch_tiny(float *p, cudaStream_t s) {
   tiny<<<64, 256, 0, s>>>(p, 16384);
   CK(cudaGetLastError());
+}
+
+/* PDL: the next kernel may launch now; this one waits for the one before it to complete (its
+   memory visible) before any access. Without the launch attribute both are no-ops. */
+template <bool PDL> __device__ __forceinline__ void pdl_enter() {
+  if (PDL) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+}
+/* n floats a grid-stride, 4 a thread a step: y = x * 0.5 + 1 from one half into the other */
+template <bool PDL> __global__ void pass(float *p, int n) {
+  pdl_enter<PDL>();
+  const float4 *x = reinterpret_cast<const float4 *>(p);
+  float4 *y = reinterpret_cast<float4 *>(p + n);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += gridDim.x * blockDim.x) {
+    const float4 v = x[i];
+    y[i] = make_float4(v.x * 0.5f + 1.0f, v.y * 0.5f + 1.0f, v.z * 0.5f + 1.0f, v.w * 0.5f + 1.0f);
+  }
+}
+
+/* Microseconds per replay of a chain of K kernels of n floats each (grid blocks of 256
+   threads), with PDL or without. */
+static float run_chain(int K, int n, int blocks, bool pdl) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *buf;
+  CK(cudaMalloc(&buf, 2 * (size_t)n * sizeof(float)));
+  CK(cudaMemset(buf, 0, 2 * (size_t)n * sizeof(float)));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < K; k++) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    CK(cudaLaunchKernelEx(&cfg, pdl ? pass<true> : pass<false>, buf, n));
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int w = 0; w < 20; w++) CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> v;
+  for (int r = 0; r < 30; r++) {
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1000.0f / 20);
+  }
+  std::sort(v.begin(), v.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(buf));
+  CK(cudaStreamDestroy(s));
+  return v[v.size() / 2];
 }
 
 /* Microseconds per replay of the graph of one configuration. */
@@ -126,6 +202,14 @@ int main() {
   for (const auto &c : cfg)
     printf("K %2d  A %2d  S %2d  side %d: %7.2f us\n", c[0], c[1], c[2], c[3],
            run(c[0], c[1], c[2], c[3], pool));
+  printf("\nus per replay of a chain of K kernels, plain / with PDL (the saving per kernel):\n");
+  const int chain[][3] = {{40, 16384, 16}, {80, 16384, 16}, {40, 1 << 18, 264},
+                          {40, 1 << 20, 528}, {80, 1 << 20, 528}};
+  for (const auto &c : chain) {
+    const float a = run_chain(c[0], c[1], c[2], false), b = run_chain(c[0], c[1], c[2], true);
+    printf("K %2d  %8d floats (%4d CTAs): %8.2f / %8.2f us  (%.2f us a kernel)\n", c[0], c[1],
+           c[2], a, b, (a - b) / c[0]);
+  }
   CK(cudaMemPoolDestroy(pool));
   return 0;
 }
