@@ -249,6 +249,27 @@ __global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs
     *reinterpret_cast<uint2 *>(a.col + (j + c) * a.M + i) = make_uint2(lo[c], hi[c]);
 }
 
+/* The rowwise codes alone under current scaling (no columnwise codes, so nothing to transpose;
+   no optimizer step; the identity copy beside them when CT is set): element-wise, a thread per
+   8 consecutive elements and a CTA per 2048, the load issued before the scale's barrier. The
+   vector kernel's 8 x 8 blocks exist for the transpose; without one, its few threads per SM
+   (a 1024 x 1024 weight: 256 CTAs of 64) left most of the device's warps idle. n8: the
+   tensor's groups of 8 (M K % 8 == 0, every pointer 16-byte aligned). */
+constexpr int kRowThreads = 256;
+template <int DT, int CT = 0>
+__global__ void __launch_bounds__(kRowThreads) cast_row_kernel(CastArgs a, int64_t n8) {
+  const int64_t g = blockIdx.x * (int64_t)kRowThreads + threadIdx.x;
+  const bool in = g < n8;
+  float x[8];
+  if (in) hq_cuda_load8<DT>(a.x, g * 8, true, x);
+  const float scale = block_scale(a); /* every thread: it synchronizes the CTA */
+  if (!in) return;
+  if constexpr (CT != 0) store_copy8<CT>(a.copy, g * 8, x);
+  *reinterpret_cast<uint2 *>(a.row + g * 8) = a.elem == HQ_E5M2
+                                                  ? hq_cuda_cast8<HQ_E5M2>(x, scale)
+                                                  : hq_cuda_cast8<HQ_E4M3>(x, scale);
+}
+
 /* The value of one code: raw (scale_inv_p NULL, HQ_CALL_DEQ_RAW) or dequantized. */
 __device__ __forceinline__ float code_value(uint8_t q, int raw, float scale_inv, int elem) {
   return raw ? fp8t_raw(q, elem) : hq_fp8_dequantize(q, scale_inv, elem);
@@ -432,7 +453,18 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     acc_copy = a.amax_out[1] ? a.amax_out[1] : a.amax_out[0];
     a.amax_out[0] = a.amax_out[1] = NULL;
   }
-  if (vec) {
+  const int64_t n8 = n / 8, row_ctas = (n8 + kRowThreads - 1) / kRowThreads;
+  if (GT == 0 && vec && row && !col && !state && row_ctas <= 0x7fffffff) {
+    /* a copy comes with an F32 source only (copy_out's contract, checked by the caller) */
+    const int ct = DT == HQ_F32 && copy ? copy_dt : 0;
+    if constexpr (DT == HQ_F32) {
+      if (ct == HQ_F16)
+        cast_row_kernel<DT, HQ_F16><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
+      else if (ct == HQ_BF16)
+        cast_row_kernel<DT, HQ_BF16><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
+    }
+    if (!ct) cast_row_kernel<DT><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
+  } else if (vec) {
     const int T = vec_tile(src->rows, src->cols);
     const unsigned tm = (unsigned)((src->rows + T - 1) / T),
                    tk = (unsigned)((src->cols + T - 1) / T);
