@@ -249,12 +249,13 @@ __global__ void __launch_bounds__(T * T / 64) cast_transpose_vec_kernel(CastArgs
     *reinterpret_cast<uint2 *>(a.col + (j + c) * a.M + i) = make_uint2(lo[c], hi[c]);
 }
 
-/* The rowwise codes alone under current scaling (no columnwise codes, so nothing to transpose;
-   no optimizer step; the identity copy beside them when CT is set): element-wise, a thread per
-   8 consecutive elements and a CTA per 2048, the load issued before the scale's barrier. The
-   vector kernel's 8 x 8 blocks exist for the transpose; without one, its few threads per SM
-   (a 1024 x 1024 weight: 256 CTAs of 64) left most of the device's warps idle. n8: the
-   tensor's groups of 8 (M K % 8 == 0, every pointer 16-byte aligned). */
+/* The rowwise codes alone (no columnwise codes, so nothing to transpose; no optimizer step; the
+   identity copy beside them when CT is set): element-wise, a thread per 8 consecutive elements
+   and a CTA per 2048, the load issued before the scale's barrier; under delayed scaling each
+   CTA's max |x| goes out as the vector kernel's does. The vector kernel's 8 x 8 blocks exist
+   for the transpose; without one, its few threads per SM (a 1024 x 1024 weight: 256 CTAs of
+   64) left most of the device's warps idle. n8: the tensor's groups of 8 (M K % 8 == 0, every
+   pointer 16-byte aligned). */
 constexpr int kRowThreads = 256;
 template <int DT, int CT = 0>
 __global__ void __launch_bounds__(kRowThreads) cast_row_kernel(CastArgs a, int64_t n8) {
@@ -263,11 +264,17 @@ __global__ void __launch_bounds__(kRowThreads) cast_row_kernel(CastArgs a, int64
   float x[8];
   if (in) hq_cuda_load8<DT>(a.x, g * 8, true, x);
   const float scale = block_scale(a); /* every thread: it synchronizes the CTA */
-  if (!in) return;
-  if constexpr (CT != 0) store_copy8<CT>(a.copy, g * 8, x);
-  *reinterpret_cast<uint2 *>(a.row + g * 8) = a.elem == HQ_E5M2
-                                                  ? hq_cuda_cast8<HQ_E5M2>(x, scale)
-                                                  : hq_cuda_cast8<HQ_E4M3>(x, scale);
+  if (in) {
+    if constexpr (CT != 0) store_copy8<CT>(a.copy, g * 8, x);
+    *reinterpret_cast<uint2 *>(a.row + g * 8) = a.elem == HQ_E5M2
+                                                    ? hq_cuda_cast8<HQ_E5M2>(x, scale)
+                                                    : hq_cuda_cast8<HQ_E4M3>(x, scale);
+  }
+  if (!a.state) return;
+  float m = 0.0f; /* delayed scaling: as in cast_transpose_vec_kernel */
+  if (in)
+    for (int k = 0; k < 8; k++) m = hq_cuda_amax_step(m, x[k]);
+  hq_cuda_cta_atomic_max(__float_as_uint(m), a.acc_out, a.state_amax);
 }
 
 /* The value of one code: raw (scale_inv_p NULL, HQ_CALL_DEQ_RAW) or dequantized. */
@@ -454,7 +461,7 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
     a.amax_out[0] = a.amax_out[1] = NULL;
   }
   const int64_t n8 = n / 8, row_ctas = (n8 + kRowThreads - 1) / kRowThreads;
-  if (GT == 0 && vec && row && !col && !state && row_ctas <= 0x7fffffff) {
+  if (GT == 0 && vec && row && !col && row_ctas > 0 && row_ctas <= 0x7fffffff) {
     /* a copy comes with an F32 source only (copy_out's contract, checked by the caller) */
     const int ct = DT == HQ_F32 && copy ? copy_dt : 0;
     if constexpr (DT == HQ_F32) {
