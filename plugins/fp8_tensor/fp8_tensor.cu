@@ -20,8 +20,9 @@
 **           (transposed in registers, or through shared memory in the scalar kernel).
 ** Fast path (rows % 8 == 0, cols % 8 == 0, 16-byte aligned pointers): an 8x8 block per thread,
 ** 8 elements per 16-byte (bf16/f16) or 2x16-byte (f32) load, 8-byte stores of both copies, the
-** transpose in registers (byte permutes). Otherwise a scalar 32x32-tile kernel. Both compute
-** every byte with the same hq/numerics.h rules.
+** transpose in registers (byte permutes); the rowwise codes alone (nothing to transpose, no
+** optimizer step) a thread per 8 consecutive elements instead. Otherwise a scalar 32x32-tile
+** kernel. All compute every byte with the same hq/numerics.h rules.
 ** Delayed scaling (fp8_tensor_rules.h): no amax pass; every block reads the scale from the
 ** slice's state, block (0,0) writes scale_inv, and each block atomically maxes its tile's max|x|
 ** (NaN ignored, on the FP32 bits) into the storage's amax (zeroed first) and the slice's amax.
