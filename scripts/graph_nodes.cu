@@ -46,6 +46,34 @@ static void launch_tiny(float *p, cudaStream_t s) {
   CK(cudaGetLastError());
 }
 
+/* Microseconds per replay of g on s (median of 30 samples of 20 replays back to back, after 20
+   to warm); g is destroyed. */
+static float replay_us(cudaGraph_t g, cudaStream_t s) {
+  cudaGraphExec_t ge;
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int w = 0; w < 20; w++) CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> v;
+  for (int r = 0; r < 30; r++) {
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1000.0f / 20);
+  }
+  std::sort(v.begin(), v.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return v[v.size() / 2];
+}
+
 /* PDL: the next kernel may launch now; this one waits for the one before it to complete (its
    memory visible) before any access. Without the launch attribute both are no-ops. */
 template <bool PDL> __device__ __forceinline__ void pdl_enter() {
@@ -74,7 +102,6 @@ static float run_chain(int K, int n, int blocks, bool pdl) {
   CK(cudaMalloc(&buf, 2 * (size_t)n * sizeof(float)));
   CK(cudaMemset(buf, 0, 2 * (size_t)n * sizeof(float)));
   cudaGraph_t g;
-  cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int k = 0; k < K; k++) {
     cudaLaunchConfig_t cfg = {};
@@ -89,30 +116,10 @@ static float run_chain(int K, int n, int blocks, bool pdl) {
     CK(cudaLaunchKernelEx(&cfg, pdl ? pass<true> : pass<false>, buf, n));
   }
   CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int w = 0; w < 20; w++) CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> v;
-  for (int r = 0; r < 30; r++) {
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(ms * 1000.0f / 20);
-  }
-  std::sort(v.begin(), v.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  const float us = replay_us(g, s);
   CK(cudaFree(buf));
   CK(cudaStreamDestroy(s));
-  return v[v.size() / 2];
+  return us;
 }
 
 /* Microseconds per replay of the graph of one configuration. */
@@ -127,7 +134,6 @@ static float run(int K, int A, int S, int side, cudaMemPool_t pool) {
   CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   cudaGraph_t g;
-  cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   int a = 0, m = 0;
   for (int k = 0; k < K; k++) {
@@ -153,33 +159,13 @@ static float run(int K, int A, int S, int side, cudaMemPool_t pool) {
     launch_tiny(base, s);
   }
   CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int w = 0; w < 20; w++) CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> v;
-  for (int r = 0; r < 30; r++) {
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(ms * 1000.0f / 20);
-  }
-  std::sort(v.begin(), v.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  const float us = replay_us(g, s);
   CK(cudaEventDestroy(fork));
   CK(cudaEventDestroy(join));
   CK(cudaFree(base));
   CK(cudaStreamDestroy(s));
   CK(cudaStreamDestroy(s2));
-  return v[v.size() / 2];
+  return us;
 }
 
 int main() {
