@@ -45,7 +45,8 @@ extern "C" int hqt_cuda_adam(void *stream, const hq_adam_consts *k, const hq_ada
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e;
   /* zeroed by a kernel, not a memset: a kernel node costs half a memset node in a graph */
-  if (amax_bits && !zeroed && (e = hq_cuda_zero_words(amax_bits, amax_bits + 1, nullptr, s)) != cudaSuccess)
+  if (amax_bits && !zeroed &&
+      (e = hq_cuda_zero_words(amax_bits, amax_bits + 1, nullptr, s)) != cudaSuccess)
     return cuda_error(e, "zeroing the amax", __LINE__);
   if ((e = hq_cuda_adam_run(s, *k, k_dev, grad, gdtype, w, m, v, n, amax_bits)) != cudaSuccess)
     return cuda_error(e, "adam kernel", __LINE__);
