@@ -463,15 +463,19 @@ int quantize_t(const fp8t_cfg *cfg, const hq_call *call, const hq_tensor *src,
   }
   const int64_t n8 = n / 8, row_ctas = (n8 + kRowThreads - 1) / kRowThreads;
   if (GT == 0 && vec && row && !col && row_ctas > 0 && row_ctas <= 0x7fffffff) {
-    /* a copy comes with an F32 source only (copy_out's contract, checked by the caller) */
-    const int ct = DT == HQ_F32 && copy ? copy_dt : 0;
+    /* a copy comes with an F32 source only, as BF16 or F16 (copy_out's contract, checked by
+       the caller; launch_vec's choice) */
+    bool launched = false;
     if constexpr (DT == HQ_F32) {
-      if (ct == HQ_F16)
+      if (copy && copy_dt == HQ_F16) {
         cast_row_kernel<DT, HQ_F16><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
-      else if (ct == HQ_BF16)
+        launched = true;
+      } else if (copy && copy_dt == HQ_BF16) {
         cast_row_kernel<DT, HQ_BF16><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
+        launched = true;
+      }
     }
-    if (!ct) cast_row_kernel<DT><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
+    if (!launched) cast_row_kernel<DT><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(a, n8);
   } else if (vec) {
     const int T = vec_tile(src->rows, src->cols);
     const unsigned tm = (unsigned)((src->rows + T - 1) / T),
