@@ -28,7 +28,8 @@
 # --train-ab (with --quick, and HQ_DEVDIST_BEFORE=.devdist0: an earlier tree's `make dist`
 # tarball carried too) trains every shipped recipe on the default and wide models with both
 # builds and writes train_ab.md, the before/after table of docs/performance.md
-# (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT, HQ_AB_STEPS_WIDE).
+# (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT, HQ_AB_STEPS_WIDE; HQ_AB_RECIPES, HQ_AB_SIZES and
+# HQ_AB_ROUNDS: which recipes, which sizes, how many interleaved rounds).
 # Kernel work: --quick builds the library, the stock plugins (HQ_QUICK_PLUGINS="fp8_block mx":
 # those alone; on the H200 machine a quick build of fp8_block alone took 35 s, of all six 110-125
 # s) and hq only (no make check);
@@ -344,22 +345,36 @@ if len(rows) >= 3:
     (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
       --on-device --quick) > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
     before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
-    set -- --recipe conf/recipe.ini
-    for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
+    # HQ_AB_RECIPES: the recipes (paths from the tree's root; the BF16 one, the baseline, is
+    # always run), default every shipped one; HQ_AB_SIZES: default and wide; HQ_AB_ROUNDS
+    # rounds, each running every size with both builds, so that the machine's drift falls on
+    # both alike (train_ab.py gives each cell the rounds' smallest and largest figures)
+    set -- --recipe conf/examples/high_precision.ini
+    for r in ${HQ_AB_RECIPES:-conf/recipe.ini conf/examples/*.ini}; do
+      [ "$r" = conf/examples/high_precision.ini ] || set -- "$@" --recipe "$r"
+    done
     [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
     set -- "$@" --device cuda --eval-every 0 --baseline bf16-baseline --json ${HQ_TRAIN_ARGS:-}
-    for size in default wide; do
-      sz=(--steps ${HQ_AB_STEPS_DEFAULT:-2000})
-      [ $size = wide ] && sz=(--preset wide --steps ${HQ_AB_STEPS_WIDE:-300})
-      for v in before after; do
-        d=$here; [ $v = before ] && d=$before
-        (cd "$d" && HQ_PLUGIN_PATH=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':') ./tools/hq train \
-           "$@" "${sz[@]}" > "$out/ab_${size}_$v.json" 2> "$out/ab_${size}_$v.err") || rc=1
+    sizes=${HQ_AB_SIZES:-default wide}
+    for round in $(seq 1 "${HQ_AB_ROUNDS:-1}"); do
+      for size in $sizes; do
+        sz=(--steps ${HQ_AB_STEPS_DEFAULT:-2000})
+        [ $size = wide ] && sz=(--preset wide --steps ${HQ_AB_STEPS_WIDE:-300})
+        for v in before after; do
+          d=$here; [ $v = before ] && d=$before
+          f=$out/ab_${size}_${v}_$round
+          (cd "$d" && HQ_PLUGIN_PATH=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':') ./tools/hq \
+             train "$@" "${sz[@]}" > "$f.json" 2> "$f.err") || rc=1
+        done
       done
     done
-    python3 "$root/scripts/train_ab.py" "default, before=$out/ab_default_before.json" \
-      "default, after=$out/ab_default_after.json" "wide, before=$out/ab_wide_before.json" \
-      "wide, after=$out/ab_wide_after.json" | tee "$out/train_ab.md" || rc=1
+    cols=()
+    for size in $sizes; do
+      for v in before after; do
+        cols+=("$size, $v=$(ls "$out"/ab_${size}_${v}_*.json | paste -sd, -)")
+      done
+    done
+    python3 "$root/scripts/train_ab.py" "${cols[@]}" | tee "$out/train_ab.md" || rc=1
   fi
   if [[ "$modes" == *" --sanitize "* ]]; then
     # compute-sanitizer on the GPU tests' real binaries (libtool wraps them in scripts)

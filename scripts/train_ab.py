@@ -3,13 +3,19 @@
 
     scripts/train_ab.py "default, before=d0.json" "default, after=d1.json" \\
                         "wide, before=w0.json" "wide, after=w1.json"
+    scripts/train_ab.py "default, before=d0a.json,d0b.json,d0c.json" ...
 
-Each argument is LABEL=FILE: FILE is the output of one `hq train --json` run (every recipe of
-one model size, one build), LABEL its column's heading. Prints a Markdown table, one row per
-recipe of the first file in its order, each cell the run's tokens/s and its ratio to the
-baseline of the same file (the `--baseline` run, which every file needs), as the performance
-notes print them; a recipe a file lacks gets "--". Ratios are taken within one file, so builds
-and sizes compare by ratio even when the machine's clocks moved between runs.
+Each argument is LABEL=FILE[,FILE...]: each FILE is the output of one `hq train --json` run
+(every recipe of one model size, one build), several of them the rounds of the same column
+(interleaved with the other columns' runs, so that the machine's drift falls on every column
+alike); LABEL is the column's heading. Prints a Markdown table, one row per recipe of the
+column's first file in the first column's order, each cell the run's tokens/s and its ratio to
+the baseline of the same file (the `--baseline` run, which every file needs), as the
+performance notes print them -- over several rounds the smallest and largest of each, "2.03-
+2.19M (0.89-0.93x)" -- and the held-out loss where the rounds disagree on it ("loss differs"),
+since the same recipe from the same seed gives the same loss bit for bit; a recipe a column's
+files lack gets "--". Ratios are taken within one file, so builds and sizes compare by ratio
+even when the machine's clocks moved between runs.
 scripts/gpu-check.sh --train-ab makes the files on a GPU (docs/building.md).
 """
 import json
@@ -25,10 +31,8 @@ def rate(r):
     return "%.0f" % r
 
 
-def load(arg):
-    label, sep, path = arg.partition("=")
-    if not sep or not label or not path:
-        sys.exit("train_ab.py: '%s' is not LABEL=FILE" % arg)
+def load_file(path):
+    """(runs, baseline tokens/s) of one hq train --json document"""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -41,7 +45,33 @@ def load(arg):
     if len(base) != 1:
         sys.exit("train_ab.py: %s: %d baseline runs, expected 1 (run hq train with --baseline)"
                  % (path, len(base)))
-    return label, runs, base[0]["tokens_per_second"]
+    return runs, base[0]["tokens_per_second"]
+
+
+def load(arg):
+    """(label, [(runs, baseline), ...]) of one LABEL=FILE[,FILE...] argument"""
+    label, sep, paths = arg.partition("=")
+    if not sep or not label or not paths or "" in paths.split(","):
+        sys.exit("train_ab.py: '%s' is not LABEL=FILE[,FILE...]" % arg)
+    return label, [load_file(p) for p in paths.split(",")]
+
+
+def span(lo, hi, fmt):
+    a, b = fmt(lo), fmt(hi)
+    return a if a == b else "%s-%s" % (a, b)
+
+
+def cell(name, rounds):
+    got = [(next((x for x in runs if x["name"] == name), None), base) for runs, base in rounds]
+    got = [(r, base) for r, base in got if r is not None and base]
+    if not got:
+        return "--"
+    t = [r["tokens_per_second"] for r, _ in got]
+    x = [r["tokens_per_second"] / base for r, base in got]
+    s = "%s (%sx)" % (span(min(t), max(t), rate), span(min(x), max(x), lambda v: "%.2f" % v))
+    if len({json.dumps(r.get("eval_loss")) for r, _ in got}) > 1:
+        s += ", loss differs"
+    return s
 
 
 def main(argv):
@@ -49,19 +79,11 @@ def main(argv):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
     cols = [load(a) for a in argv[1:]]
-    print("| recipe | " + " | ".join(label for label, _, _ in cols) + " |")
+    print("| recipe | " + " | ".join(label for label, _ in cols) + " |")
     print("|---|" + "---|" * len(cols))
-    for r0 in cols[0][1]:
+    for r0 in cols[0][1][0][0]:
         name = r0["name"]
-        cells = []
-        for _, runs, base in cols:
-            r = next((x for x in runs if x["name"] == name), None)
-            if r is None or not base:
-                cells.append("--")
-            else:
-                t = r["tokens_per_second"]
-                cells.append("%s (%.2fx)" % (rate(t), t / base))
-        print("| %s | %s |" % (name, " | ".join(cells)))
+        print("| %s | %s |" % (name, " | ".join(cell(name, rounds) for _, rounds in cols)))
     return 0
 
 

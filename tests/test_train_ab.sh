@@ -3,8 +3,10 @@
 # throughput tables from `hq train --json` (scripts/gpu-check.sh --train-ab): two tiny CPU runs,
 # the second without one recipe; the table has a row per recipe of the first file in its order,
 # each cell the run's tokens/s and its ratio to its own file's baseline (the baseline 1.00x,
-# one ratio recomputed here from the JSON), "--" where a file lacks the recipe; bad arguments
-# are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# one ratio recomputed here from the JSON), "--" where a file lacks the recipe; several files
+# to a column (rounds) give each cell the smallest and largest tokens/s and ratio of its rounds,
+# recomputed here, and "loss differs" only where the rounds' held-out losses do (another seed);
+# bad arguments are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -22,7 +24,8 @@ run() { # OUT RECIPE...
   r=""; for f in "$@"; do r="$r --recipe $f"; done
   # shellcheck disable=SC2086
   $hq train --data "$tmp/words.txt" --steps 6 --batch 32 --hidden 32 --eval-every 0 $r \
-    --baseline bf16-baseline --json > "$o" 2> "$o.err" || { cat "$o.err"; fail "hq train $*"; }
+    --baseline bf16-baseline --json ${SEED:+--seed $SEED} > "$o" 2> "$o.err" ||
+    { cat "$o.err"; fail "hq train $*"; }
 }
 run "$tmp/a.json" "$hp" "$fp8" "$mx"
 run "$tmp/b.json" "$hp" "$mx"
@@ -48,6 +51,30 @@ want = "(%.2fx)" % (t["mxfp8"] / t["bf16-baseline"])
 if not cells["mxfp8"][0].endswith(want):
     fail("mxfp8's ratio: expected %s" % want)
 PY
+# rounds: a.json and a2.json (the same runs again) in one column, c.json (another seed) with them
+# in a second
+run "$tmp/a2.json" "$hp" "$fp8" "$mx"
+SEED=2 run "$tmp/c.json" "$hp" "$fp8" "$mx"
+python3 "$ab" "r=$tmp/a.json,$tmp/a2.json" "s=$tmp/a.json,$tmp/c.json" > "$tmp/r.md" ||
+  fail "train_ab.py with rounds"
+python3 - "$tmp/r.md" "$tmp/a.json" "$tmp/a2.json" <<'PY' || exit 1
+import json, sys
+rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+def fail(m):
+    sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+docs = [{r["name"]: r["tokens_per_second"] for r in json.load(open(p))["recipes"]} for p in sys.argv[2:]]
+x = sorted(d["mxfp8"] / d["bf16-baseline"] for d in docs)
+f = ["%.2f" % v for v in x]
+want = "(%sx)" % (f[0] if f[0] == f[1] else "%s-%s" % (f[0], f[1]))
+if not cells["mxfp8"][0].endswith(want):
+    fail("mxfp8's ratio over two rounds: expected %s" % want)
+if any("loss differs" in c for c in cells["mxfp8"][:1]):
+    fail("the same seed's rounds marked as differing")
+if not cells["fp8-current-e4m3"][1].endswith(", loss differs"):
+    fail("two seeds' rounds not marked")
+PY
+python3 "$ab" "x=$tmp/a.json," > "$tmp/o" 2>&1 && fail "an empty file name accepted"
 python3 "$ab" nolabel > "$tmp/o" 2>&1 && fail "an argument without '=' accepted"
 grep -q "'nolabel' is not LABEL=FILE" "$tmp/o" || { cat "$tmp/o"; fail "the message for 'nolabel'"; }
 python3 "$ab" "x=$tmp/a.json.err" > "$tmp/o" 2>&1 && fail "a file that is not JSON accepted"
