@@ -70,6 +70,9 @@ constexpr unsigned kAll = 0xffffffffu;
 struct QArgs {
   const void *x;
   int64_t M, K;
+  /* hq_mx_row_bytes(K) and K / 32, made on the host: read from the parameters, they take none
+     of the kernels' registers and instructions (a signed division costs its sign fix-ups) */
+  int64_t rowb, kb;
   uint8_t *rd, *rs, *cd, *cs;
   uint16_t *rr, *cr; /* raw_copy: the directions' raw values (BF16 [M, K]); RAW kernels only */
   int raw16;     /* rr and cr 16-byte aligned: 16-byte raw stores */
@@ -267,10 +270,13 @@ __device__ __forceinline__ void store_raw8(uint16_t *p, uint64_t v, const uint8_
 #define HQ_MX_MIN_BLOCKS_SR 4
 #endif
 /* The raw_copy kernels (RAW) hold the codes a while longer: the unpacked forms' bound from
-   packed 16-bit inputs, stochastic rounding's from FP32 or element loads (no spills either way). */
+   packed 16-bit inputs kept packed, stochastic rounding's from FP32, element loads and F16 to
+   E2M1 (unpacked for its cast, as above), so that none spills. */
 template <int DT, int KIND, bool VEC, bool SR, bool RAW = false>
 constexpr int kMinBlocksOf = SR ? HQ_MX_MIN_BLOCKS_SR
-                             : RAW ? (VEC && DT != HQ_F32 ? HQ_MX_MIN_BLOCKS : HQ_MX_MIN_BLOCKS_SR)
+                             : RAW ? (VEC && (DT == HQ_BF16 || (DT == HQ_F16 && KIND != HQ_E2M1X2))
+                                          ? HQ_MX_MIN_BLOCKS
+                                          : HQ_MX_MIN_BLOCKS_SR)
                              : DT == HQ_BF16 && VEC ? HQ_MX_MIN_BLOCKS_PK
                              : DT == HQ_F16 && VEC && KIND != HQ_E2M1X2 ? HQ_MX_MIN_BLOCKS_PK
                                                     : HQ_MX_MIN_BLOCKS;
@@ -325,20 +331,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
   const int64_t j0 = (int64_t)bj * kCols;
   const int64_t j = j0 + cg * 8;
   const bool valid = j < K; /* K % 32 == 0: the 4 lanes of a 32-block agree */
-  const int64_t rowb = hq_mx_row_bytes(K, KIND);
+  const int64_t rowb = a.rowb, kb = a.kb;
   const int64_t nt = ROWS ? a.tiles : 1;
-  for (int64_t u = 0; u < nt; u++) {
+  /* in row r0 of a tile: the thread's first element's index, the byte offset of its first code
+     (either direction's data) and its rowwise scale's index; row r0 + 16 is K / rowb / K/32
+     further. The ROWS kernels make them once per CTA and advance them by a tile (32 rows) an
+     iteration; the one-tile kernels make them per tile as before, which keeps their register
+     allocation */
+  const int64_t c0 = KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3;
+  const int64_t ib = (int64_t)bi * nt * kBlk + r0;
+  int64_t at_r = ib * K + j, o0_r = ib * rowb + c0, s0_r = ib * kb + j / kBlk;
+  for (int64_t u = 0; u < nt; u++, at_r += kBlk * K, o0_r += kBlk * rowb, s0_r += K) {
     const int64_t i0 = ((int64_t)bi * nt + u) * kBlk;
     if (ROWS && i0 >= a.M) break; /* uniform over the CTA */
-    /* the byte offset of the thread's first code in row r0 of the tile (either direction's data),
-       and its rowwise scale's index; row r0 + 16 is rowb / K/32 further */
-    const int64_t o0 = (i0 + r0) * rowb + (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
-    const int64_t s0 = (i0 + r0) * (K / kBlk) + j / kBlk;
+    const int64_t at0 = ROWS ? at_r : (i0 + r0) * K + j;
+    const int64_t o0 = ROWS ? o0_r : (i0 + r0) * rowb + c0;
+    const int64_t s0 = ROWS ? s0_r : (i0 + r0) * kb + j / kBlk;
     float x[2][8];
     uint32_t w[2][4];
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-      const int64_t at = (i0 + r0 + 16 * p) * K + j;
+      const int64_t at = ROWS ? at0 + 16 * p * K : (i0 + r0 + 16 * p) * K + j;
       if (PK) {
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         if (valid)
@@ -399,16 +412,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
       const uint8_t my_e = hq_mx_scale_code(hq_bits_f32(my_am), KIND, a.rule);
       const uint32_t my_ew = my_e | (my_am < 0x7f800000u ? 0x100u : 0u);
       const uint32_t other_ew = __shfl_xor_sync(kAll, my_ew, 1);
-      if (valid && !(lane & 2)) a.rs[s0 + 16 * (lane & 1) * (K / kBlk)] = my_e;
+      if (valid && !(lane & 2)) a.rs[s0 + 16 * (lane & 1) * kb] = my_e;
 #pragma unroll
       for (int p = 0; p < 2; p++) {
         const uint32_t ew = p == (lane & 1) ? my_ew : other_ew;
         const uint8_t e = (uint8_t)ew;
-        const int64_t si = s0 + 16 * p * (K / kBlk); /* hq_mx_scale_idx(0, row, j, K) */
-        const bool fast = hq_mx_fast_block(ew & 0x100u, e, KIND, SR);
-        const float mu = !fast ? 0.0f
-                         : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
-                                             : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+        const int64_t si = s0 + 16 * p * kb; /* hq_mx_scale_idx(0, row, j, K) */
+        const bool fin = ew & 0x100u;
+        const bool fast = hq_mx_fast_block(fin, e, KIND, SR);
+        /* the fast multiplier: the packed kernels make it only on the path that takes it (made
+           before the branch, it cost every block its instructions), the others here */
+        const auto mult = [&]() {
+          return !fast ? 0.0f
+                 : KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                     : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+        };
+        const float mu0 = BP || BP6 ? 0.0f : mult();
         uint2 rb = make_uint2(0u, 0u);
         if (SR) { /* elements 8q .. 8q + 7 of the block: words 2q, 2q + 1 of its 8 */
           const int q = lane & 3;
@@ -421,11 +440,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
           const uint32_t m1 = hq_mx_bf16_mult2(e, 0), m2 = hq_mx_bf16_mult2(e, 1);
           const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
           v = hq_mx_e2m1x8_bf16(w[p], m1w, m2w);
-        } else if (BP6 && fast && hq_mx_fp6_bf16_ok(e, KIND)) {
+        } else if (BP6 && fin && hq_mx_fp6_bf16_ok(e, KIND)) { /* BP6: fast is fin */
           const uint32_t nd = hq_mx_fp6_bf16_nd(e, KIND) * 0x10001u;
           const uint32_t ndw[4] = {nd, nd, nd, nd};
           v = hq_mx_fp6x8_bf16(w[p], ndw, KIND);
         } else {
+          const float mu = BP || BP6 ? mult() : mu0;
           float y[8], m[8];
           uint8_t ek[8];
           elems8<DT, PK>(w[p], x[p], y);
@@ -906,6 +926,8 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.x = src->data;
   a.M = M;
   a.K = K;
+  a.rowb = hq_mx_row_bytes(K, q->kind);
+  a.kb = K / kBlk;
   a.rd = q->rd;
   a.rs = q->rs;
   a.cd = q->cd;
