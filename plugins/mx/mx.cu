@@ -170,8 +170,7 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
 
 /* HQ_MX_ST4 (1, the default): FP4 codes stored 4 bytes per lane, no shuffle, the same sectors
    per warp store (a row's 16 lanes write 64 consecutive bytes either way); faster than the
-   shuffled 8-byte stores (0, kept for measuring) although ptxas spills 16 bytes in the BF16
-   kernel at 32 registers. */
+   shuffled 8-byte stores (0, kept for measuring). */
 #ifndef HQ_MX_ST4
 #define HQ_MX_ST4 1
 #endif
@@ -334,24 +333,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
   const int64_t rowb = a.rowb, kb = a.kb;
   const int64_t nt = ROWS ? a.tiles : 1;
   /* in row r0 of a tile: the thread's first element's index, the byte offset of its first code
-     (either direction's data) and its rowwise scale's index; row r0 + 16 is K / rowb / K/32
-     further. The ROWS kernels make them once per CTA and advance them by a tile (32 rows) an
-     iteration; the one-tile kernels make them per tile as before, which keeps their register
-     allocation */
-  const int64_t c0 = KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3;
+     (either direction's data) and its rowwise scale's index (row r0 + 16's are 16 rows of K,
+     rowb and K/32 further). The ROWS kernels make them once per CTA and advance them by a tile
+     (32 rows) an iteration; the one-tile kernels make them per tile */
+  const int64_t c0 = (uint32_t)j / (KIND == HQ_E2M1X2 ? 2u : 4u) * (KIND == HQ_E2M1X2 ? 1u : 3u);
   const int64_t ib = (int64_t)bi * nt * kBlk + r0;
   int64_t at_r = ib * K + j, o0_r = ib * rowb + c0, s0_r = ib * kb + j / kBlk;
   for (int64_t u = 0; u < nt; u++, at_r += kBlk * K, o0_r += kBlk * rowb, s0_r += K) {
     const int64_t i0 = ((int64_t)bi * nt + u) * kBlk;
     if (ROWS && i0 >= a.M) break; /* uniform over the CTA */
-    const int64_t at0 = ROWS ? at_r : (i0 + r0) * K + j;
-    const int64_t o0 = ROWS ? o0_r : (i0 + r0) * rowb + c0;
-    const int64_t s0 = ROWS ? s0_r : (i0 + r0) * kb + j / kBlk;
+    /* the one-tile kernels: 32 x 32 -> 64-bit products (rows and row lengths below 2^32: the
+       launcher's check), one instruction each, as the compiler makes them again after the
+       barriers rather than hold them in the 32 registers */
+    const uint32_t rw = (uint32_t)(i0 + r0);
+    const int64_t at0 = ROWS ? at_r : (int64_t)((uint64_t)rw * (uint32_t)K) + j;
+    const int64_t o0 = ROWS ? o0_r : (int64_t)((uint64_t)rw * (uint32_t)rowb) + c0;
+    const int64_t s0 = ROWS ? s0_r : (int64_t)((uint64_t)rw * (uint32_t)kb) + j / kBlk;
     float x[2][8];
     uint32_t w[2][4];
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-      const int64_t at = ROWS ? at0 + 16 * p * K : (i0 + r0 + 16 * p) * K + j;
+      const int64_t at =
+          ROWS ? at0 + 16 * p * K : (int64_t)((uint64_t)(rw + 16 * p) * (uint32_t)K) + j;
       if (PK) {
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
         if (valid)
@@ -918,10 +921,11 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   /* tiles: gx row blocks of 32, gy column blocks of 128; one of them must fit the grid's y
      limit (65535) and the other its x limit (2^31 - 1) */
   const int64_t gx = M / kBlk, gy = (K + kCols - 1) / kCols;
-  if (!(gx <= 65535 && gy <= 0x7fffffff) && !(gy <= 65535 && gx <= 0x7fffffff))
+  if ((!(gx <= 65535 && gy <= 0x7fffffff) && !(gy <= 65535 && gx <= 0x7fffffff)) ||
+      M > 0xffffffffLL || K > 0xffffffffLL)
     return call->host->error(HQ_ESHAPE, "mx CUDA: shape [%lld, %lld] exceeds the grid limits "
-                             "(rows <= %d or cols <= %d)", (long long)M, (long long)K,
-                             65535 * kBlk, 65535 * kCols);
+                             "(rows <= %d or cols <= %d; both below 2^32)", (long long)M,
+                             (long long)K, 65535 * kBlk, 65535 * kCols);
   QArgs a;
   a.x = src->data;
   a.M = M;
