@@ -42,10 +42,23 @@ HQ_HD int64_t hq_mx_row_bytes(int64_t n, int kind) {
 #define HQ_MX_FLOOR 0
 #define HQ_MX_RCEIL 1
 
+/* RCEIL without the division, where the quotient is a normal number: with A = 1.m * 2^E and
+   max = c * 2^k (E2M1 1.5 * 2^2, E2M3 1.875 * 2^2, E3M2 1.75 * 2^4), A / max lies in
+   [1, 2) * 2^(E - k) when 1.m >= c and in (1, 2) * 2^(E - k - 1) when 1.m < c, and RN(A / max)
+   is a power of two only where 1.m = c: a step of 1.m (2^-23) moves the quotient by 2^-23 / c
+   (or 2^-22 / c) of its binade, more than half its spacing, as c < 2. So the quotient rounded
+   up to a power of two is 2^(E - k + (1.m > c)): the code is E's field - k, plus 1 where m > c's
+   mantissa. Amaxes whose quotient is subnormal (E's field < k + 2), zero and Inf take the
+   division. tests/test_mx_numerics.c checks it against the division. */
 HQ_HD uint8_t hq_mx_scale_code(float amax, int kind, int rule) {
   const uint32_t a = hq_f32_bits(amax) & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint8_t)HQ_E8M0_NAN;
-  if (rule == HQ_MX_RCEIL) return hq_e8m0_from_f32_rp(hq_div_rn(hq_fabs(amax), hq_mx_max(kind)));
+  if (rule == HQ_MX_RCEIL) {
+    const uint32_t mb = hq_f32_bits(hq_mx_max(kind)), k = (mb >> 23) - 127u, eb = a >> 23;
+    if (eb >= k + 2u && a < 0x7f800000u)
+      return (uint8_t)(eb - k + ((a & 0x7fffffu) > (mb & 0x7fffffu) ? 1u : 0u));
+    return hq_e8m0_from_f32_rp(hq_div_rn(hq_fabs(amax), hq_mx_max(kind)));
+  }
   const int e = (int)(a >> 23) - hq_mx_emax(kind);
   return (uint8_t)(e > 0 ? e : 0);
 }
