@@ -48,8 +48,8 @@ HQ_HD int64_t hq_mx_row_bytes(int64_t n, int kind) {
    is a power of two only where 1.m = c: a step of 1.m (2^-23) moves the quotient by 2^-23 / c
    (or 2^-22 / c) of its binade, more than half its spacing, as c < 2. So the quotient rounded
    up to a power of two is 2^(E - k + (1.m > c)): the code is E's field - k, plus 1 where m > c's
-   mantissa. Amaxes whose quotient is subnormal (E's field < k + 2), zero and Inf take the
-   division. tests/test_mx_numerics.c checks it against the division. */
+   mantissa. Amaxes of an exponent field below k + 2 (where the quotient may be subnormal), zero
+   and Inf take the division. tests/test_mx_numerics.c checks it against the division. */
 HQ_HD uint8_t hq_mx_scale_code(float amax, int kind, int rule) {
   const uint32_t a = hq_f32_bits(amax) & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint8_t)HQ_E8M0_NAN;
