@@ -336,6 +336,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
      (either direction's data) and its rowwise scale's index (row r0 + 16's are 16 rows of K,
      rowb and K/32 further). The ROWS kernels make them once per CTA and advance them by a tile
      (32 rows) an iteration; the one-tile kernels make them per tile */
+  /* element j's first code byte: hq_mx_row_bytes(j)'s rule in unsigned 32-bit arithmetic (its
+     signed 64-bit division costs the kernels instructions) */
   const int64_t c0 = (uint32_t)j / (KIND == HQ_E2M1X2 ? 2u : 4u) * (KIND == HQ_E2M1X2 ? 1u : 3u);
   const int64_t ib = (int64_t)bi * nt * kBlk + r0;
   int64_t at_r = ib * K + j, o0_r = ib * rowb + c0, s0_r = ib * kb + j / kBlk;
