@@ -459,7 +459,8 @@ AM_TESTS_ENVIRONMENT = \
 # The parsers' libFuzzer targets and their seeds, built and run by scripts/fuzz.sh (clang), not by
 # make check (docs/reliability.md)
 EXTRA_DIST += scripts/fuzz.sh docs/reliability.md tests/fuzz/fuzz_ckpt.c tests/fuzz/fuzz_npy.c \
-	tests/fuzz/fuzz_recipe.c tests/fuzz/seeds/fuzz_ckpt/q_and_t.safetensors \
+	tests/fuzz/fuzz_recipe.c tests/fuzz/fuzz_formats.h tests/fuzz/ckpt_seeds.c \
+	tests/fuzz/seeds/fuzz_ckpt/q_and_t.safetensors \
 	tests/fuzz/seeds/fuzz_ckpt/q_and_t_bare.safetensors tests/fuzz/seeds/fuzz_ckpt/t.safetensors \
 	tests/fuzz/seeds/fuzz_npy/f16_4.npy tests/fuzz/seeds/fuzz_npy/f32_2x2x2.npy \
 	tests/fuzz/seeds/fuzz_npy/f32_2x3.npy tests/fuzz/seeds/fuzz_recipe/fp8_current.ini \

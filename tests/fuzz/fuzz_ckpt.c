@@ -1,8 +1,11 @@
 /*
 ** fuzz_ckpt.c -- libFuzzer target: the checkpoint reader (services/ckpt_*.c) on arbitrary bytes
 ** as a file: opened with and without checksum verification, then the tensors the seeds hold
-** loaded ("t": F32 [3, 5]; "q": an fp8_tensor [16, 32] qtensor, both directions). Every call is
-** HQ_OK or a refusal with a message; nothing reads outside the file (scripts/fuzz.sh).
+** loaded ("t": F32 [3, 5]; "q": a [32, 32] qtensor of both directions, tried in every format of
+** fuzz_formats.h, so a file of one format also meets the others' checks) and every direction a
+** load accepted dequantized on the host: a file that passes the checks with hostile codes in its
+** buffers (NaN and out-of-range scales, any amax) is still only numbers. Every call is HQ_OK or
+** a refusal with a message; nothing reads outside the file or a buffer (scripts/fuzz.sh).
 */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -12,28 +15,50 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_formats.h"
 #include "hq/train.h"
 
-static const char k_recipe[] = "[recipe]\nname = fuzz\n[format f8]\nplugin = fp8_tensor\n"
-                               "dtype = e4m3\n[role *:*:*]\nrowwise = f8\ncolumnwise = f8\n";
 static hq_ctx *g_ctx;
-static hq_quantizer *g_q;
+static hq_quantizer *g_q[FUZZ_NFORMATS];
 
 static void refusal(int rc) {
   if (rc && !hq_last_error()[0]) abort(); /* a refusal always says why */
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (!g_ctx) {
-    hq_recipe *r = NULL;
-    hq_role role = hq_role_of("linear", "weight", "fc1");
-    if (hq_ctx_create(NULL, &g_ctx) || hq_recipe_load_string(k_recipe, "fuzz", NULL, &r) ||
-        hq_quantizer_create(r, &role, &g_q)) {
-      fprintf(stderr, "fuzz_ckpt: setup: %s (HQ_PLUGIN_PATH?)\n", hq_last_error());
+static void setup(void) {
+  hq_recipe *r = NULL;
+  if (hq_ctx_create(NULL, &g_ctx) ||
+      hq_recipe_load_string(fuzz_recipe_text, "fuzz", NULL, &r)) {
+    fprintf(stderr, "fuzz_ckpt: setup: %s (HQ_PLUGIN_PATH?)\n", hq_last_error());
+    abort();
+  }
+  for (int f = 0; f < FUZZ_NFORMATS; f++) {
+    hq_role role = hq_role_of("linear", "weight", fuzz_role_names[f]);
+    if (hq_quantizer_create(r, &role, &g_q[f])) {
+      fprintf(stderr, "fuzz_ckpt: setup: role %s: %s\n", fuzz_role_names[f], hq_last_error());
       abort();
     }
-    hq_recipe_free(r); /* the quantizer keeps what it needs */
   }
+  hq_recipe_free(r); /* the quantizers keep what they need */
+}
+
+/* "q" in format f: loaded, then each direction dequantized (a refusal is allowed). */
+static void load_q(hq_ckpt *c, int f) {
+  hq_qtensor *qt = NULL;
+  if (hq_make_empty(g_q[f], g_ctx, FUZZ_Q_ROWS, FUZZ_Q_COLS, HQ_F32, &qt) != HQ_OK) return;
+  int rc = hq_ckpt_load_qtensor(c, g_ctx, "q", qt);
+  refusal(rc);
+  if (rc == HQ_OK) {
+    static float out[FUZZ_Q_ROWS * FUZZ_Q_COLS];
+    hq_tensor dst = hq_tensor_2d(out, HQ_F32, HQ_DEVICE_HOST, FUZZ_Q_ROWS, FUZZ_Q_COLS);
+    for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir <<= 1)
+      if (hq_qtensor_dirs(qt) & dir) refusal(hq_dequantize(qt, g_ctx, dir, &dst));
+  }
+  hq_qtensor_free(qt);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (!g_ctx) setup();
   int fd = memfd_create("fuzz.safetensors", 0);
   if (fd < 0) return 0;
   if (size && write(fd, data, size) != (ssize_t)size) {
@@ -51,11 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     float v[15];
     hq_tensor t = hq_tensor_2d(v, HQ_F32, HQ_DEVICE_HOST, 3, 5);
     refusal(hq_ckpt_load_tensor(c, g_ctx, "t", &t));
-    hq_qtensor *qt = NULL;
-    if (hq_make_empty(g_q, g_ctx, 16, 32, HQ_F32, &qt) == HQ_OK) {
-      refusal(hq_ckpt_load_qtensor(c, g_ctx, "q", qt));
-      hq_qtensor_free(qt);
-    }
+    for (int f = 0; f < FUZZ_NFORMATS; f++) load_q(c, f);
     (void)hq_ckpt_meta(c, "step");
     hq_ckpt_close(c);
   }
