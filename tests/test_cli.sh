@@ -569,6 +569,49 @@ cmp -s "$tmp/deq.npy" "$tmp/rt.npy" && cmp -s "$tmp/deq.npy" "$tmp/rt.columnwise
 grep -q "\"output\":\"$tmp/rt.columnwise.npy\"" "$tmp/out" || fail "quantize --json output path"; ok
 $hq quantize --recipe "$tmp/id.ini" --role a:b:c --random 4x4 --output "$tmp/no/such/dir/x.npy" >/dev/null 2>"$tmp/err"; [ $? -eq 1 ] || fail "quantize --output to a missing directory exit"
 grep -q "no/such/dir/x.npy: cannot create" "$tmp/err" || fail "quantize --output error message"; ok
+# quantize --save: the quantized tensor itself as a safetensors checkpoint
+mx4="--recipe $conf/examples/mxfp4.ini --role linear:weight:fc1 --random 64x64"
+expect 0 quantize $mx4 --save "$tmp/q.safetensors" --output "$tmp/q"
+grep -qxF "saved as 'fc1' in $tmp/q.safetensors (safetensors)" "$tmp/out" || { cat "$tmp/out"; fail "quantize --save text"; }; ok
+expect 0 quantize $mx4 --save "$tmp/q2.safetensors" --name layers.0.w --json
+grep -qF "\"saved\":{\"path\":\"$tmp/q2.safetensors\",\"name\":\"layers.0.w\"}" "$tmp/out" || fail "quantize --save --json"; ok
+usage_error "hq quantize: --save needs a file name" quantize $qr --save=
+usage_error "hq quantize: --name names the tensor in --save's file: give --save too" quantize $qr --name x
+# the checkpoint writer's refusals: a name it cannot store, a directory that is not there; no file
+expect 1 quantize $mx4 --save "$tmp/bad.safetensors" --name /x
+grep -q "^hq quantize: --save $tmp/bad.safetensors: .*'/x'" "$tmp/err" || { cat "$tmp/err"; fail "quantize --save bad name"; }
+[ ! -e "$tmp/bad.safetensors" ] || fail "quantize --save wrote a file it refused"; ok
+expect 1 quantize $mx4 --save "$tmp/no/such/dir/q.safetensors"
+grep -q "no/such/dir/q.safetensors" "$tmp/err" || { cat "$tmp/err"; fail "quantize --save to a missing directory"; }; ok
+# the file's entries and metadata, and its codes decoded by hand from docs/formats.md (E2M1
+# nibbles, low nibble first, times 2^(E8M0 - 127); one scale per 32 along the row, or per 32
+# down the column for the columnwise copy, also stored [M, K]) give --output's values bit for bit
+if python3 -c 'import numpy' 2>/dev/null; then
+  python3 -c "
+import json, struct, sys, numpy as np
+d = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', d[:8])[0]
+h = json.loads(d[8:8 + n])
+meta = json.loads(h['__metadata__']['fc1/hq'])
+assert meta['formats']['rowwise']['plugin'] == 'mxfp4' and meta['rows'] == 64, meta
+def buf(name, shape):
+    e = h['fc1/' + name]
+    assert e['dtype'] == 'U8' and e['shape'] == list(shape), (name, e)
+    a, b = e['data_offsets']
+    return np.frombuffer(d[8 + n + a:8 + n + b], np.uint8).reshape(shape)
+lut = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+def codes(b):  # [r, c/2] bytes -> [r, c] codes
+    return np.stack([b & 15, b >> 4], axis=-1).reshape(b.shape[0], -1)
+def pow2(s):
+    return np.ldexp(np.float32(1), s.astype(np.int32) - 127).astype(np.float32)
+row = lut[codes(buf('data', (64, 32)))] * np.repeat(pow2(buf('scale_inv', (64, 2))), 32, axis=1)
+col = lut[codes(buf('columnwise_data', (64, 32)))] * \\
+    np.repeat(pow2(buf('columnwise_scale_inv', (2, 64))), 32, axis=0)
+for got, f in ((row, sys.argv[2]), (col, sys.argv[3])):
+    want = np.load(f)
+    assert want.shape == got.shape and np.array_equal(want.view(np.uint32), got.view(np.uint32)), f
+" "$tmp/q.safetensors" "$tmp/q.npy" "$tmp/q.columnwise.npy" || fail "quantize --save: the file's codes"; ok
+fi
 # info lists each format's buffers per direction for a sample shape, as quantize --json does
 $hq info --json --shape 64x32 > "$tmp/info64.json" || fail "info --shape"
 grep -q '"sample_shape":\[64,32\]' "$tmp/info64.json" || fail "info --json sample_shape"; ok

@@ -1,6 +1,7 @@
 /*
 ** cmd_quantize.c -- `hq quantize`: quantize a tensor (random or from a file) for one recipe role,
-** dequantize every direction, report format, bytes, relative RMS error, max abs error, SQNR.
+** dequantize every direction, report format, bytes, relative RMS error, max abs error, SQNR;
+** optionally save the quantized tensor as a checkpoint (safetensors).
 */
 #include <errno.h>
 #include <math.h>
@@ -14,12 +15,14 @@
 #include "json.h"
 #include "npy.h"
 #include "hq/numerics.h"
+#include "hq/train.h"
 
 static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
     "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC])\n"
     "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
-    "                   [--output FILE.npy] [--finite-only] [--plugin-dir DIR]...\n"
+    "                   [--output FILE.npy] [--save FILE.safetensors [--name NAME]]\n"
+    "                   [--finite-only] [--plugin-dir DIR]...\n"
     "\n"
     "Quantize one tensor with the quantizer the recipe gives the role (both directions),\n"
     "dequantize each direction and print per direction: format, plugin, bytes, bits per\n"
@@ -38,8 +41,13 @@ static const char usage[] =
     "  --output FILE.npy  write each direction's dequantized tensor as a .npy file (f32,\n"
     "                 shape [rows, cols], C order; numpy.load reads it): the rowwise one\n"
     "                 to FILE.npy, the columnwise one to FILE.columnwise.npy (.npy is\n"
-    "                 appended to FILE when missing). The quantized buffers themselves\n"
-    "                 will be written by the checkpoint support (safetensors), not here.\n"
+    "                 appended to FILE when missing)\n"
+    "  --save FILE    write the quantized tensor itself (every direction's buffers and the\n"
+    "                 metadata that names its format, plugin and options) as a safetensors\n"
+    "                 checkpoint: hq_ckpt_load_qtensor loads it into a qtensor of the same\n"
+    "                 recipe and role, other tools read its entries (docs/checkpoints.md)\n"
+    "  --name NAME    the tensor's name in --save's file (default: the role's name, e.g.\n"
+    "                 fc1, or \"tensor\" when it has none); its buffers are NAME/data, ...\n"
     "  --finite-only  refuse an input holding NaN or Inf (exit 1, naming the count and the\n"
     "                 first position) instead of quantizing it by each format's rule; without\n"
     "                 it the report counts them (docs/formats.md, NaN, Inf and zero)\n"
@@ -183,6 +191,7 @@ static stats compare(const hq_tensor *x, const float *d) {
 
 typedef struct quantize_args {
   const char *recipe, *role_text, *random, *input, *shape, *dtype_s, *device_s, *output;
+  const char *save, *name; /* --save's file and the tensor's name in it */
   uint64_t seed;
   double scale;
   int json, finite_only;
@@ -220,6 +229,8 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
       {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--output", .kind = CLI_STR, .dest = &a->output},
+      {.name = "--save", .kind = CLI_STR, .dest = &a->save},
+      {.name = "--name", .kind = CLI_STR, .dest = &a->name},
       {.name = "--finite-only", .kind = CLI_FLAG, .dest = &a->finite_only},
       CLI_PLUGIN_DIRS(&a->dirs),
   };
@@ -227,6 +238,9 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   const int st = cli_parse(&c, argc, argv);
   if (st != CLI_RUN) return st;
   if (a->output && !*a->output) return cli_fail(2, CMD, "--output needs a file name");
+  if (a->save && !*a->save) return cli_fail(2, CMD, "--save needs a file name");
+  if (a->name && !a->save) return cli_fail(2, CMD, "--name names the tensor in --save's file: "
+                                              "give --save too");
   if (!a->recipe || !a->role_text) return cli_fail(2, CMD, "--recipe and --role are required");
   if (!!a->random == !!a->input)
     return cli_fail(2, CMD, "give exactly one of --random and --input");
@@ -234,6 +248,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
+  if (a->save && !a->name) a->name = a->role.name && *a->role.name ? a->role.name : "tensor";
   return CLI_RUN;
 }
 
@@ -312,6 +327,19 @@ static int quantize_input(const quantize_args *a, qrun *u) {
   return 0;
 }
 
+/* --save: the quantized tensor as a checkpoint of one qtensor (the writer checks the name and
+   writes the file atomically). 0, or 1 after the message. */
+static int save_qtensor(const quantize_args *a, qrun *u) {
+  hq_ckpt_writer *w = NULL;
+  if (hq_ckpt_writer_open(a->save, &w)) return cli_fail(1, CMD, "--save: %s", hq_last_error());
+  if (hq_ckpt_add_qtensor(w, u->ctx, a->name, u->qt)) {
+    hq_ckpt_writer_abort(w);
+    return cli_fail(1, CMD, "--save %s: %s", a->save, hq_last_error());
+  }
+  if (hq_ckpt_writer_close(w)) return cli_fail(1, CMD, "--save: %s", hq_last_error());
+  return 0;
+}
+
 static void qrun_free(qrun *u) {
   hq_qtensor_free(u->qt);
   if (u->dev_in) hq_ctx_free(u->ctx, u->dev_in);
@@ -340,6 +368,13 @@ static void report_head(const quantize_args *a, const qrun *u, json *j) {
     json_kstr(j, "device", a->device_s);
     json_kint(j, "nonfinite_inputs", u->nonfinite);
     json_kbool(j, "fused", hq_quantizer_fused(u->q));
+    if (a->save) {
+      json_key(j, "saved");
+      json_obj(j);
+      json_kstr(j, "path", a->save);
+      json_kstr(j, "name", a->name);
+      json_close_obj(j);
+    }
     json_key(j, "directions");
     json_arr(j);
     return;
@@ -351,6 +386,7 @@ static void report_head(const quantize_args *a, const qrun *u, json *j) {
            "format's rule (docs/formats.md; --finite-only refuses them)\n",
            (long long)u->nonfinite, u->nonfinite == 1 ? "" : "s",
            (long long)(u->first_nonfinite / x->cols), (long long)(u->first_nonfinite % x->cols));
+  if (a->save) printf("saved as '%s' in %s (safetensors)\n", a->name, a->save);
   printf("%-10s %-12s %-11s %12s %8s %12s %12s %9s\n", "direction", "format", "plugin", "bytes",
          "bits/el", "rel_rms", "max_abs", "sqnr_db");
 }
@@ -413,7 +449,8 @@ int hq_cmd_quantize(int argc, char **argv) {
   qrun u;
   memset(&u, 0, sizeof u);
   if ((st = make_input(&a, &u.x)) != 0) return st;
-  if ((a.output && output_paths(a.output, u.paths)) || quantize_input(&a, &u)) {
+  if ((a.output && output_paths(a.output, u.paths)) || quantize_input(&a, &u) ||
+      (a.save && save_qtensor(&a, &u))) {
     qrun_free(&u);
     return 1;
   }
