@@ -3,7 +3,8 @@
 ** hq_tensor, a quantized one into a qtensor made for the same formats. Every check -- the
 ** metadata against the qtensor (shape, directions, columnwise source, formats, every buffer's
 ** name, dtype and shape) and the metadata against the file's entries -- is made before a byte
-** is written; then the buffers are read (pread, staged through the host for a device).
+** is written; then the buffers are read (pread, staged through the host for a device). Also
+** what an entry is (hq_ckpt_entry) and the entries' names, for a file another tool wrote.
 */
 #include "config.h"
 #include "ckpt.h"
@@ -17,6 +18,64 @@ static const char *dirs_text(uint32_t d) {
          : d == HQ_ROWWISE ? "rowwise"
          : d == HQ_COLWISE ? "columnwise"
                            : "none";
+}
+
+/* Whether a validated shape loads into [rows, cols]: its own two dimensions, else all but the
+   last multiplied and the last (a scalar: [1, 1]). The product cannot overflow: the entry's
+   element count was checked against its bytes at open. */
+static int shape_loads_as(json_t *shape, const int64_t dims[2]) {
+  const size_t nd = json_array_size(shape);
+  if (nd == 2) return ck_shape_equal(shape, 2, dims);
+  int64_t rows = 1, cols = nd ? (int64_t)json_integer_value(json_array_get(shape, nd - 1)) : 1;
+  for (size_t k = 0; k + 1 < nd; k++)
+    rows *= (int64_t)json_integer_value(json_array_get(shape, k));
+  return rows == dims[0] && cols == dims[1];
+}
+
+int hq_ckpt_entry(const hq_ckpt *c, const char *name, hq_ckpt_entry_info *out) {
+  if (!c || !name || !out) return hq_set_error(HQ_EINVAL, "hq_ckpt_entry: NULL argument");
+  if (out->struct_size < HQ_CKPT_ENTRY_INFO_SIZE_0_3)
+    return hq_set_error(HQ_EINVAL, "hq_ckpt_entry: hq_ckpt_entry_info.struct_size is %u, at "
+                        "least %zu expected (set it to sizeof(hq_ckpt_entry_info))",
+                        out->struct_size, (size_t)HQ_CKPT_ENTRY_INFO_SIZE_0_3);
+  ck_entry e;
+  int rc = ck_find_entry(c, name, &e);
+  if (rc == HQ_ENOENT) {
+    char *key = hqt_join(name, "/", "hq");
+    if (!key) return hq_set_error(HQ_ENOMEM, "hq_ckpt_entry: out of memory");
+    const int quant = hq_ckpt_meta(c, key) != NULL;
+    free(key);
+    return ck_error(HQ_ENOENT, c->path, "hq_ckpt_entry '%.200s': no such entry%s", name,
+                    quant ? " (a quantized tensor: its buffers are the entries '<name>/...')"
+                          : "");
+  }
+  if (rc) return rc;
+  if (e.ndim > HQ_CKPT_MAX_DIMS)
+    return ck_error(HQ_ENOTSUP, c->path, "hq_ckpt_entry '%.200s': %zu dimensions, more than the "
+                    "%d hq_ckpt_entry_info holds", name, e.ndim, HQ_CKPT_MAX_DIMS);
+  hq_ckpt_entry_info v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = out->struct_size < sizeof v ? out->struct_size : (uint32_t)sizeof v;
+  v.st_dtype = e.st_name;
+  v.dtype = e.hq;
+  v.ndim = (int)e.ndim;
+  for (size_t k = 0; k < e.ndim; k++)
+    v.shape[k] = (int64_t)json_integer_value(json_array_get(e.shape, k));
+  v.bytes = e.end - e.begin;
+  memcpy(out, &v, v.struct_size);
+  return HQ_OK;
+}
+
+const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i) {
+  if (!c) return NULL;
+  const char *key;
+  json_t *v;
+  json_object_foreach(c->root, key, v) {
+    (void)v;
+    if (!strcmp(key, "__metadata__")) continue;
+    if (i-- == 0) return key;
+  }
+  return NULL;
 }
 
 int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *tp) {
@@ -44,7 +103,7 @@ int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *tp
   if (rc) return rc;
   const int64_t dims[2] = {t.rows, t.cols};
   char a[200], b[200];
-  if (e.hq != t.dtype || !ck_shape_equal(e.shape, 2, dims))
+  if (e.hq != t.dtype || !shape_loads_as(e.shape, dims))
     return ck_error(HQ_EINVAL, c->path, "%s: the checkpoint holds %s %s, the destination is %s "
                     "%s", what, e.st_name, ck_shape_text(e.shape, a, sizeof a),
                     ck_st_name_of(t.dtype), ck_dims_text(2, dims, b, sizeof b));

@@ -64,6 +64,17 @@ int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *
   (void)qt;
   return no_ckpt();
 }
+int hq_ckpt_entry(const hq_ckpt *c, const char *name, hq_ckpt_entry_info *out) {
+  (void)c;
+  (void)name;
+  (void)out;
+  return no_ckpt();
+}
+const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i) {
+  (void)c;
+  (void)i;
+  return NULL;
+}
 int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t) {
   (void)c;
   (void)ctx;

@@ -1433,6 +1433,89 @@ static void test_foreign_file(void **state) {
   free(p);
 }
 
+/* Another tool's file (hand-made here: no hq metadata, no checksums): hq_ckpt_entry and
+   hq_ckpt_entry_name describe its entries, and hq_ckpt_load_tensor takes a 3-D stack, a vector
+   and a scalar flattened as numpy's C-order reshape (rows = all dimensions but the last). */
+static void test_foreign_entries(void **state) {
+  (void)state;
+  const char *path = tpath("foreign.safetensors");
+  float v[2 * 3 * 4 + 5 + 1];
+  for (int i = 0; i < 30; i++) v[i] = (float)i - 7.5f;
+  char h[600];
+  snprintf(h, sizeof h,
+           "{\"__metadata__\":{\"format\":\"pt\"},"
+           "\"stack\":{\"dtype\":\"F32\",\"shape\":[2,3,4],\"data_offsets\":[0,96]},"
+           "\"vec\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[96,116]},"
+           "\"one\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[116,120]},"
+           "\"ids\":{\"dtype\":\"I64\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+           "\"data_offsets\":[120,128]}}");
+  unsigned char data[128] = {0};
+  memcpy(data, v, 120);
+  write_st(path, h, data, sizeof data);
+  hq_ckpt *ck = NULL;
+  HQ_OK_OR_FAIL(open_nv(path, &ck));
+  /* the names in the header's order, then NULL */
+  const char *want[] = {"stack", "vec", "one", "ids"};
+  for (size_t i = 0; i < 4; i++) assert_string_equal(hq_ckpt_entry_name(ck, i), want[i]);
+  assert_null(hq_ckpt_entry_name(ck, 4));
+  assert_null(hq_ckpt_entry_name(NULL, 0));
+  hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
+  HQ_OK_OR_FAIL(hq_ckpt_entry(ck, "stack", &e));
+  assert_string_equal(e.st_dtype, "F32");
+  assert_int_equal(e.dtype, HQ_F32);
+  assert_int_equal(e.ndim, 3);
+  assert_true(e.shape[0] == 2 && e.shape[1] == 3 && e.shape[2] == 4 && e.bytes == 96);
+  HQ_OK_OR_FAIL(hq_ckpt_entry(ck, "one", &e));
+  assert_true(e.ndim == 0 && e.bytes == 4);
+  assert_int_equal(hq_ckpt_entry(ck, "ids", &e), HQ_ENOTSUP); /* 9 dimensions */
+  HQ_ERROR_HAS("9 dimensions");
+  assert_int_equal(hq_ckpt_entry(ck, "nope", &e), HQ_ENOENT);
+  HQ_ERROR_HAS("'nope': no such entry");
+  assert_int_equal(hq_ckpt_entry(ck, "__metadata__", &e), HQ_ENOENT);
+  hq_ckpt_entry_info small = {.struct_size = 4};
+  assert_int_equal(hq_ckpt_entry(ck, "stack", &small), HQ_EINVAL);
+  HQ_ERROR_HAS("struct_size");
+  /* a caller of an older, shorter struct gets its part only (here: up to bytes, the floor) */
+  struct {
+    hq_ckpt_entry_info e;
+    uint64_t guard;
+  } older = {.guard = 0x5a5a5a5a5a5a5a5au};
+  older.e.struct_size = (uint32_t)HQ_CKPT_ENTRY_INFO_SIZE_0_3;
+  HQ_OK_OR_FAIL(hq_ckpt_entry(ck, "vec", &older.e));
+  assert_true(older.e.ndim == 1 && older.e.shape[0] == 5 && older.e.bytes == 20);
+  assert_true(older.guard == 0x5a5a5a5a5a5a5a5au);
+  /* flattened loads: [2, 3, 4] as [6, 4], [5] as [1, 5], a scalar as [1, 1]; other shapes are
+     refused naming both */
+  float got[24];
+  hq_tensor t = hq_tensor_2d(got, HQ_F32, HQ_DEVICE_HOST, 6, 4);
+  HQ_OK_OR_FAIL(hq_ckpt_load_tensor(ck, g_ctx, "stack", &t));
+  assert_memory_equal(got, v, 96);
+  t = hq_tensor_2d(got, HQ_F32, HQ_DEVICE_HOST, 1, 5);
+  HQ_OK_OR_FAIL(hq_ckpt_load_tensor(ck, g_ctx, "vec", &t));
+  assert_memory_equal(got, v + 24, 20);
+  t = hq_tensor_2d(got, HQ_F32, HQ_DEVICE_HOST, 1, 1);
+  HQ_OK_OR_FAIL(hq_ckpt_load_tensor(ck, g_ctx, "one", &t));
+  assert_true(got[0] == v[29]);
+  t = hq_tensor_2d(got, HQ_F32, HQ_DEVICE_HOST, 2, 12);
+  assert_int_equal(hq_ckpt_load_tensor(ck, g_ctx, "stack", &t), HQ_EINVAL);
+  HQ_ERROR_HAS("[2, 3, 4]");
+  t = hq_tensor_2d(got, HQ_F32, HQ_DEVICE_HOST, 5, 1);
+  assert_int_equal(hq_ckpt_load_tensor(ck, g_ctx, "vec", &t), HQ_EINVAL);
+  hq_ckpt_close(ck);
+  /* a quantized tensor's name is no entry; the error says where its buffers are */
+  const char *qpath = tpath("small.safetensors");
+  write_small(qpath);
+  HQ_OK_OR_FAIL(hq_ckpt_open(qpath, &ck));
+  const char *q0 = hq_ckpt_entry_name(ck, 0);
+  assert_non_null(q0);
+  char qname[256];
+  snprintf(qname, sizeof qname, "%.*s", (int)(strchr(q0, '/') - q0), q0);
+  assert_int_equal(hq_ckpt_entry(ck, qname, &e), HQ_ENOENT);
+  HQ_ERROR_HAS("a quantized tensor");
+  HQ_OK_OR_FAIL(hq_ckpt_entry(ck, q0, &e));
+  hq_ckpt_close(ck);
+}
+
 // --- temporary files, crashes, a full disk (issue 46, 2 and 3) ------------------------------
 
 /* The number of files in g_dir whose name starts with `prefix`. */
@@ -2163,6 +2246,7 @@ int main(void) {
       cmocka_unit_test(test_fuzz),        cmocka_unit_test(test_appended_option),
       cmocka_unit_test(test_layout_version),
       cmocka_unit_test(test_bit_flips),   cmocka_unit_test(test_foreign_file),
+      cmocka_unit_test(test_foreign_entries),
       cmocka_unit_test(test_two_writers), cmocka_unit_test(test_killed_saves),
       cmocka_unit_test(test_full_disk),   cmocka_unit_test(test_required_keys),
 #ifdef HQ_TEST_OOM

@@ -927,6 +927,22 @@ class Checkpoint(_Owned):
         _check(lib.hq_ckpt_load_tensor(self.ptr, ctx.ptr, _bytes(name), v.t),
                "checkpoint %s: %s" % (self.path, name))
 
+    def entries(self):
+        """{entry name: (safetensors dtype, shape)} in the header's order (hq_ckpt_entry): a
+        plain tensor's name, or "<name>/<buffer>" for a quantized tensor's buffers."""
+        out = {}
+        info = ffi.new("hq_ckpt_entry_info *")
+        i = 0
+        while True:
+            name = lib.hq_ckpt_entry_name(self.ptr, i)
+            if name == ffi.NULL:
+                return out
+            info.struct_size = ffi.sizeof("hq_ckpt_entry_info")
+            _check(lib.hq_ckpt_entry(self.ptr, name, info), "checkpoint %s" % self.path)
+            shape = tuple(info.shape[k] for k in range(info.ndim))
+            out[_text(name)] = (_text(info.st_dtype), shape)
+            i += 1
+
 
 def default_recipe():
     """The path of the installed default recipe (what `hq train` uses without --recipe)."""

@@ -202,6 +202,13 @@ def test_checkpoint_roundtrip(ctx, tmp_path):
     loaded = np.zeros_like(master)
     with hq.Checkpoint(path) as ck:
         assert ck.meta("step") == "7"
+        # MXFP8 (formats.md: e4m3 data, e8m0 scales padded to [roundup(M, 128),
+        # roundup(K/32, 4)] and, columnwise, [roundup(M/32, 4), roundup(K, 128)])
+        assert ck.entries() == {"fc.weight/data": ("F8_E4M3", (64, 64)),
+                                "fc.weight/scale_inv": ("U8", (128, 4)),
+                                "fc.weight/columnwise_data": ("F8_E4M3", (64, 64)),
+                                "fc.weight/columnwise_scale_inv": ("U8", (4, 128)),
+                                "fc.master": ("F32", (64, 64))}
         ck.load_qtensor("fc.weight", back)
         ck.load_tensor("fc.master", loaded, ctx)
         with pytest.raises(hq.NotFound):

@@ -1,11 +1,12 @@
 /*
 ** fuzz_ckpt.c -- libFuzzer target: the checkpoint reader (services/ckpt_*.c) on arbitrary bytes
-** as a file: opened with and without checksum verification, then the tensors the seeds hold
-** loaded ("t": F32 [3, 5]; "q": a [32, 32] qtensor of both directions, tried in every format of
-** fuzz_formats.h, so a file of one format also meets the others' checks) and every direction a
-** load accepted dequantized on the host: a file that passes the checks with hostile codes in its
-** buffers (NaN and out-of-range scales, any amax) is still only numbers. Every call is HQ_OK or
-** a refusal with a message; nothing reads outside the file or a buffer (scripts/fuzz.sh).
+** as a file: opened with and without checksum verification, every entry described
+** (hq_ckpt_entry), then the tensors the seeds hold loaded ("t": F32 [3, 5]; "q": a [32, 32]
+** qtensor of both directions, tried in every format of fuzz_formats.h, so a file of one format
+** also meets the others' checks) and every direction a load accepted dequantized on the host:
+** a file that passes the checks with hostile codes in its buffers (NaN and out-of-range scales,
+** any amax) is still only numbers. Every call is HQ_OK or a refusal with a message; nothing
+** reads outside the file or a buffer (scripts/fuzz.sh).
 */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -73,6 +74,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = hq_ckpt_open_ex(path, &o, &c);
     refusal(rc);
     if (rc) continue;
+    for (size_t i = 0; i < 64; i++) { /* every entry described (a refusal is allowed) */
+      const char *nm = hq_ckpt_entry_name(c, i);
+      if (!nm) break;
+      hq_ckpt_entry_info e = {.struct_size = sizeof e};
+      refusal(hq_ckpt_entry(c, nm, &e));
+    }
     float v[15];
     hq_tensor t = hq_tensor_2d(v, HQ_F32, HQ_DEVICE_HOST, 3, 5);
     refusal(hq_ckpt_load_tensor(c, g_ctx, "t", &t));

@@ -175,8 +175,30 @@ HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
    gets a private buffer, as hq_qtensor_update would give it. qt's usage flags are not changed.
    A device qtensor is filled through host staging (synchronizes ctx's stream). */
 HQ_API int hq_ckpt_load_qtensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_qtensor *qt);
-/* Load high-precision tensor `name` into t (same dtype and shape; on ctx's device or the host). */
+/* Load high-precision tensor `name` into t (same dtype and shape; on ctx's device or the host).
+   An entry of other than two dimensions (another tool's: a stack of experts, a vector) loads
+   into [the product of all its dimensions but the last, its last] -- its C-order bytes as they
+   are, numpy's reshape -- and a scalar into [1, 1]. */
 HQ_API int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t);
+/* What entry `name` of the file is -- a plain tensor's name, or "<name>/<buffer>" for a buffer
+   of a quantized tensor -- without reading its bytes: how a caller sizes hq_ckpt_load_tensor's
+   destination from a file it did not write. HQ_ENOENT when the file has no such entry. */
+#define HQ_CKPT_MAX_DIMS 8
+typedef struct hq_ckpt_entry_info {
+  uint32_t struct_size;          /* sizeof(hq_ckpt_entry_info); at least
+                                    HQ_CKPT_ENTRY_INFO_SIZE_0_3 */
+  const char *st_dtype;          /* the safetensors dtype ("BF16", "F8_E4M3", "U8", ...; valid
+                                    until hq_ckpt_close) */
+  hq_dtype dtype;                /* the hq dtype of its elements (HQ_DTYPE_INVALID: none of hq's) */
+  int ndim;                      /* dimensions, at most HQ_CKPT_MAX_DIMS (more: HQ_ENOTSUP) */
+  int64_t shape[HQ_CKPT_MAX_DIMS];
+  uint64_t bytes;                /* its bytes in the file */
+} hq_ckpt_entry_info;
+#define HQ_CKPT_ENTRY_INFO_SIZE_0_3 (offsetof(hq_ckpt_entry_info, bytes) + sizeof(uint64_t))
+HQ_API int hq_ckpt_entry(const hq_ckpt *c, const char *name, hq_ckpt_entry_info *out);
+/* The file's entry names in the header's order ("__metadata__" is none): the i-th (0-based), or
+   NULL past the last; valid until hq_ckpt_close. */
+HQ_API const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i);
 
 #ifdef __cplusplus
 }
