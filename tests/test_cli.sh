@@ -570,7 +570,8 @@ grep -q "\"output\":\"$tmp/rt.columnwise.npy\"" "$tmp/out" || fail "quantize --j
 $hq quantize --recipe "$tmp/id.ini" --role a:b:c --random 4x4 --output "$tmp/no/such/dir/x.npy" >/dev/null 2>"$tmp/err"; [ $? -eq 1 ] || fail "quantize --output to a missing directory exit"
 grep -q "no/such/dir/x.npy: cannot create" "$tmp/err" || fail "quantize --output error message"; ok
 # quantize --save: the quantized tensor itself as a safetensors checkpoint
-mx4="--recipe $conf/examples/mxfp4.ini --role linear:weight:fc1 --random 64x64"
+mx4x="--recipe $conf/examples/mxfp4.ini --role linear:weight:fc1"
+mx4="$mx4x --random 64x64"
 expect 0 quantize $mx4 --save "$tmp/q.safetensors" --output "$tmp/q"
 grep -qxF "saved as 'fc1' in $tmp/q.safetensors (safetensors)" "$tmp/out" || { cat "$tmp/out"; fail "quantize --save text"; }; ok
 expect 0 quantize $mx4 --save "$tmp/q2.safetensors" --name layers.0.w --json
@@ -612,6 +613,38 @@ for got, f in ((row, sys.argv[2]), (col, sys.argv[3])):
     assert want.shape == got.shape and np.array_equal(want.view(np.uint32), got.view(np.uint32)), f
 " "$tmp/q.safetensors" "$tmp/q.npy" "$tmp/q.columnwise.npy" || fail "quantize --save: the file's codes"; ok
 fi
+# quantize --input FILE.safetensors --tensor NAME: an entry of another tool's file (no hq
+# metadata, no checksums; here an F16 stack [2, 32, 64], flattened to 64 x 64, and an I64 entry)
+if command -v python3 >/dev/null 2>&1; then
+  python3 -c "
+import json, struct, sys
+vals = [((i * 37) % 101 - 50) / 16.0 for i in range(2 * 32 * 64)]
+stack = struct.pack('<%de' % len(vals), *vals)
+ids = struct.pack('<4q', 1, 2, 3, 4)
+h = json.dumps({'__metadata__': {'format': 'pt'},
+                'stack': {'dtype': 'F16', 'shape': [2, 32, 64], 'data_offsets': [0, len(stack)]},
+                'ids': {'dtype': 'I64', 'shape': [4], 'data_offsets': [len(stack), len(stack) + 32]}})
+h += ' ' * (-len(h) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + stack + ids)
+" "$tmp/m.safetensors" || fail "writing a safetensors file"
+  expect 0 quantize --recipe "$tmp/id.ini" --role a:b:c --input "$tmp/m.safetensors" --tensor stack --output "$tmp/st"
+  grep -q "shape 64x64 f16 on cpu" "$tmp/out" || { cat "$tmp/out"; fail "quantize --tensor: shape and dtype"; }; ok
+  failure "hq quantize: $tmp/m.safetensors is a safetensors file: give --tensor NAME, one of its entries: 'stack' [2, 32, 64] F16, 'ids' [4] I64" quantize $mx4x --input "$tmp/m.safetensors"
+  failure "hq quantize: $tmp/m.safetensors: entry 'ids' holds I64 elements; hq quantize takes F32, F16 or BF16" quantize $mx4x --input "$tmp/m.safetensors" --tensor ids
+  expect 1 quantize $mx4x --input "$tmp/m.safetensors" --tensor nope
+  grep -qF "'nope': no such entry (the file holds 'stack' [2, 32, 64] F16, 'ids' [4] I64)" "$tmp/err" || { cat "$tmp/err"; fail "quantize --tensor of no entry"; }; ok
+  # hq's own checkpoint (verified: it has checksums); a quantized buffer is no high-precision input
+  failure "hq quantize: $tmp/q.safetensors: entry 'fc1/data' holds U8 elements; hq quantize takes F32, F16 or BF16" quantize $mx4x --input "$tmp/q.safetensors" --tensor fc1/data
+  if python3 -c 'import numpy' 2>/dev/null; then
+    python3 -c "
+import numpy as np, sys
+want = np.array([((i * 37) % 101 - 50) / 16.0 for i in range(2 * 32 * 64)], np.float16)
+got = np.load(sys.argv[1])
+assert got.shape == (64, 64) and np.array_equal(got.ravel(), want.astype(np.float32)), got.shape
+" "$tmp/st.npy" || fail "quantize --tensor: the values (identity, f32)"; ok
+  fi
+fi
+usage_error "hq quantize: --tensor names an entry of a safetensors --input (whose shape the file gives: no --shape)" quantize $qr --tensor x
 # info lists each format's buffers per direction for a sample shape, as quantize --json does
 $hq info --json --shape 64x32 > "$tmp/info64.json" || fail "info --shape"
 grep -q '"sample_shape":\[64,32\]' "$tmp/info64.json" || fail "info --json sample_shape"; ok

@@ -19,7 +19,8 @@
 
 static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
-    "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC])\n"
+    "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC] |\n"
+    "                    --input FILE.safetensors --tensor NAME)\n"
     "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
     "                   [--output FILE.npy] [--save FILE.safetensors [--name NAME]]\n"
     "                   [--finite-only] [--plugin-dir DIR]...\n"
@@ -34,8 +35,12 @@ static const char usage[] =
     "                 (--seed, default 1; also the stochastic rounding seed), stored in\n"
     "                 --dtype (default f32)\n"
     "  --input FILE   a .npy file (float32 or float16, C order, any rank: the leading\n"
-    "                 dimensions are flattened into rows), or raw little-endian values of\n"
-    "                 --dtype with --shape RxC\n"
+    "                 dimensions are flattened into rows), raw little-endian values of\n"
+    "                 --dtype with --shape RxC, or a safetensors file (a model's weights,\n"
+    "                 an hq checkpoint) with --tensor\n"
+    "  --tensor NAME  the entry of a safetensors --input to quantize (F32, F16 or BF16, any\n"
+    "                 rank: the leading dimensions are flattened into rows); without it the\n"
+    "                 error lists the file's entries\n"
     "  --device D     cpu (default), cuda or cuda:N: where the quantize runs\n"
     "  --json         print the report as one JSON document\n"
     "  --output FILE.npy  write each direction's dequantized tensor as a .npy file (f32,\n"
@@ -90,6 +95,73 @@ static int write_npy(const char *path, const float *v, int64_t rows, int64_t col
   if (fclose(f) != 0) ok = 0;
   if (!ok) return cli_fail(1, CMD, "%s: write error: %s", path, strerror(errno));
   return 0;
+}
+
+/* A safetensors file's entries, as "NAME [shape] DTYPE, ..." (at most 8, then how many more). */
+static void entry_list(const hq_ckpt *c, char *buf, size_t len) {
+  size_t at = 0, n = 0;
+  buf[0] = '\0';
+  for (const char *nm; (nm = hq_ckpt_entry_name(c, n)) != NULL; n++) {
+    if (n >= 8) continue;
+    hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
+    if (hq_ckpt_entry(c, nm, &e) || at >= len) continue;
+    at += (size_t)snprintf(buf + at, len - at, "%s'%.80s' [", n ? ", " : "", nm);
+    for (int k = 0; k < e.ndim && at < len; k++)
+      at += (size_t)snprintf(buf + at, len - at, "%s%lld", k ? ", " : "", (long long)e.shape[k]);
+    if (at < len) at += (size_t)snprintf(buf + at, len - at, "] %s", e.st_dtype);
+  }
+  if (n > 8 && at < len) snprintf(buf + at, len - at, " and %zu more", n - 8);
+  if (!n) snprintf(buf, len, "no entry");
+}
+
+/* Entry `name` of safetensors file `path` into t (host, its own dtype and flattened shape). The
+   file's checksums are verified where it has them (an hq checkpoint), not required otherwise (a
+   file another tool wrote). */
+static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
+  hq_ckpt *c = NULL;
+  hq_ctx *ctx = NULL;
+  char list[1024];
+  int rc = 1;
+  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
+  if (hq_ckpt_meta(c, "hq_header_xxh3_64")) { /* hq wrote it: open it again, verified */
+    hq_ckpt_close(c);
+    c = NULL;
+    if (hq_ckpt_open(path, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
+  }
+  hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
+  if (!name) {
+    entry_list(c, list, sizeof list);
+    cli_fail(1, CMD, "%s is a safetensors file: give --tensor NAME, one of its entries: %s", path,
+             list);
+  } else if (hq_ckpt_entry(c, name, &e)) {
+    const char *why = hq_last_error();
+    entry_list(c, list, sizeof list);
+    cli_fail(1, CMD, "%s (the file holds %s)", why, list);
+  } else if (e.dtype != HQ_F32 && e.dtype != HQ_F16 && e.dtype != HQ_BF16) {
+    cli_fail(1, CMD, "%s: entry '%s' holds %s elements; hq quantize takes F32, F16 or BF16", path,
+             name, e.st_dtype);
+  } else {
+    int64_t rows = 1;
+    for (int k = 0; k + 1 < e.ndim; k++) rows *= e.shape[k];
+    *t = hq_tensor_2d(NULL, e.dtype, HQ_DEVICE_HOST, rows, e.ndim ? e.shape[e.ndim - 1] : 1);
+    if (!rows || !t->cols)
+      cli_fail(1, CMD, "%s: entry '%s' holds no element", path, name);
+    else if (!(t->data = malloc((size_t)e.bytes)))
+      cli_fail(1, CMD, "out of memory for the %llu bytes of '%s'", (unsigned long long)e.bytes,
+               name);
+    else if (hq_ctx_create(NULL, &ctx) || hq_ckpt_load_tensor(c, ctx, name, t))
+      cli_fail(1, CMD, "%s", hq_last_error());
+    else
+      rc = 0;
+    if (rc) {
+      free(t->data);
+      t->data = NULL;
+    }
+  }
+  hq_ctx_destroy(ctx);
+  hq_ckpt_close(c);
+  return rc;
 }
 
 static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_tensor *t) {
@@ -192,6 +264,7 @@ static stats compare(const hq_tensor *x, const float *d) {
 typedef struct quantize_args {
   const char *recipe, *role_text, *random, *input, *shape, *dtype_s, *device_s, *output;
   const char *save, *name; /* --save's file and the tensor's name in it */
+  const char *tensor;      /* --tensor: the entry of a safetensors --input */
   uint64_t seed;
   double scale;
   int json, finite_only;
@@ -225,6 +298,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
       {.name = "--scale", .kind = CLI_CALL, .dest = &a->scale, .call = set_scale},
       {.name = "--input", .kind = CLI_STR, .dest = &a->input},
       {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
+      {.name = "--tensor", .kind = CLI_STR, .dest = &a->tensor},
       {.name = "--dtype", .kind = CLI_STR, .dest = &a->dtype_s},
       {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
@@ -244,6 +318,9 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (!a->recipe || !a->role_text) return cli_fail(2, CMD, "--recipe and --role are required");
   if (!!a->random == !!a->input)
     return cli_fail(2, CMD, "give exactly one of --random and --input");
+  if (a->tensor && (!a->input || a->shape))
+    return cli_fail(2, CMD, "--tensor names an entry of a safetensors --input (whose shape the "
+                    "file gives: no --shape)");
   if (cli_dtype_arg(CMD, a->dtype_s, &a->dtype) || cli_device_arg(CMD, a->device_s, &a->device))
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
@@ -256,7 +333,13 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
    after the message. */
 static int make_input(const quantize_args *a, hq_tensor *x) {
   *x = hq_tensor_2d(NULL, a->dtype, HQ_DEVICE_HOST, 0, 0);
-  if (!a->random) return load_input(a->input, a->shape, a->dtype, x);
+  if (a->input) {
+    const size_t n = strlen(a->input), e = strlen(".safetensors");
+    /* by name, so that a large file is never read whole to find out */
+    if (a->tensor || (n > e && !strcmp(a->input + n - e, ".safetensors")))
+      return load_safetensors(a->input, a->tensor, x);
+    return load_input(a->input, a->shape, a->dtype, x);
+  }
   if (cli_shape_arg(CMD, "--random", a->random, &x->rows, &x->cols)) return 2;
   x->data = malloc((size_t)(x->rows * x->cols) * hq_dtype_size(a->dtype));
   if (!x->data) return cli_fail(1, CMD, "out of memory for %s", a->random);
