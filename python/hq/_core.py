@@ -906,13 +906,17 @@ class CheckpointWriter(_Owned):
 
 
 class Checkpoint(_Owned):
-    """An opened checkpoint (hq_ckpt)."""
+    """An opened checkpoint (hq_ckpt). verify=False opens a file without checksums (another
+    tool's safetensors file: HQ_CKPT_NO_VERIFY), which hq_ckpt_open refuses."""
     _kind = "checkpoint"
 
-    def __init__(self, path):
+    def __init__(self, path, verify=True):
         out = ffi.new("hq_ckpt **")
+        opts = ffi.new("hq_ckpt_open_opts *")
+        opts.struct_size = ffi.sizeof("hq_ckpt_open_opts")
+        opts.flags = 0 if verify else lib.HQ_CKPT_NO_VERIFY
         self.path = os.fspath(path)
-        _check(lib.hq_ckpt_open(_bytes(self.path), out), "checkpoint %s" % self.path)
+        _check(lib.hq_ckpt_open_ex(_bytes(self.path), opts, out), "checkpoint %s" % self.path)
         self._own(out[0], lib.hq_ckpt_close)
 
     def meta(self, key):

@@ -1,6 +1,8 @@
 """The bindings (hq): contexts, recipes, quantizers, buffers, GEMMs, AdamW, checkpoints,
 errors. Expectations are computed by hand or by NumPy in float64, never by hq itself."""
 import gc
+import json
+import struct
 
 import numpy as np
 import pytest
@@ -217,6 +219,22 @@ def test_checkpoint_roundtrip(ctx, tmp_path):
                     back.buffers(hq.ROWWISE) + back.buffers(hq.COLWISE)):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_array_equal(loaded, master)
+
+
+def test_checkpoint_foreign(ctx, tmp_path):
+    # a safetensors file another tool wrote: no checksums, a 3-D F16 stack
+    stack = (np.arange(2 * 3 * 4, dtype=np.float32) - 7.5).astype(np.float16).reshape(2, 3, 4)
+    h = json.dumps({"stack": {"dtype": "F16", "shape": [2, 3, 4], "data_offsets": [0, 48]}})
+    h += " " * (-len(h) % 8)
+    path = tmp_path / "foreign.safetensors"
+    path.write_bytes(struct.pack("<Q", len(h)) + h.encode() + stack.tobytes())
+    with pytest.raises(hq.Error, match="has no checksums"):
+        hq.Checkpoint(path)
+    with hq.Checkpoint(path, verify=False) as ck:
+        assert ck.entries() == {"stack": ("F16", (2, 3, 4))}
+        flat = np.zeros((6, 4), np.float16)  # [2, 3, 4] loads as [2 * 3, 4]
+        ck.load_tensor("stack", flat, ctx)
+    np.testing.assert_array_equal(flat, stack.reshape(6, 4))
 
 
 def test_delayed_scaling_state(ctx):
