@@ -633,6 +633,15 @@ open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + stack + i
   failure "hq quantize: $tmp/m.safetensors: entry 'ids' holds I64 elements; hq quantize takes F32, F16 or BF16" quantize $mx4x --input "$tmp/m.safetensors" --tensor ids
   expect 1 quantize $mx4x --input "$tmp/m.safetensors" --tensor nope
   grep -qF "'nope': no such entry (the file holds 'stack' [2, 32, 64] F16, 'ids' [4] I64)" "$tmp/err" || { cat "$tmp/err"; fail "quantize --tensor of no entry"; }; ok
+  # the error names the missing entry, not the 9-dimensional one the listing could not describe
+  python3 -c "
+import json, struct, sys
+h = json.dumps({'a': {'dtype': 'F32', 'shape': [1] * 9, 'data_offsets': [0, 4]}})
+h += ' ' * (-len(h) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + struct.pack('<f', 1))
+" "$tmp/nine.safetensors" || fail "writing a safetensors file"
+  expect 1 quantize $mx4x --input "$tmp/nine.safetensors" --tensor nope
+  grep -qF "'nope': no such entry" "$tmp/err" || { cat "$tmp/err"; fail "quantize --tensor: the error of a missing entry"; }; ok
   # hq's own checkpoint (verified: it has checksums); a quantized buffer is no high-precision input
   failure "hq quantize: $tmp/q.safetensors: entry 'fc1/data' holds U8 elements; hq quantize takes F32, F16 or BF16" quantize $mx4x --input "$tmp/q.safetensors" --tensor fc1/data
   if python3 -c 'import numpy' 2>/dev/null; then

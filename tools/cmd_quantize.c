@@ -135,7 +135,8 @@ static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
     cli_fail(1, CMD, "%s is a safetensors file: give --tensor NAME, one of its entries: %s", path,
              list);
   } else if (hq_ckpt_entry(c, name, &e)) {
-    const char *why = hq_last_error();
+    char why[512]; /* entry_list's calls may set the last error again */
+    snprintf(why, sizeof why, "%s", hq_last_error());
     entry_list(c, list, sizeof list);
     cli_fail(1, CMD, "%s (the file holds %s)", why, list);
   } else if (e.dtype != HQ_F32 && e.dtype != HQ_F16 && e.dtype != HQ_BF16) {
