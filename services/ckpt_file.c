@@ -580,6 +580,17 @@ const char *hq_ckpt_meta(const hq_ckpt *c, const char *key) {
   return json_string_value(json_object_get(c->meta, key));
 }
 
+const char *hq_ckpt_meta_key(const hq_ckpt *c, size_t i) {
+  if (!c || !c->meta) return NULL;
+  const char *key;
+  json_t *v;
+  json_object_foreach(c->meta, key, v) {
+    (void)v;
+    if (i-- == 0) return key;
+  }
+  return NULL;
+}
+
 /* The header entry `name` (not "__metadata__"), parsed; HQ_ENOENT when absent. */
 int ck_find_entry(const hq_ckpt *c, const char *name, ck_entry *out) {
   json_t *v = strcmp(name, "__metadata__") ? json_object_get(c->root, name) : NULL;
@@ -626,6 +637,46 @@ int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *na
                     "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
                     name, bytes, got, want ? want : "nothing");
   }
+  return rc;
+}
+
+int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes) {
+  if (bytes) *bytes = 0;
+  if (!c) return hq_set_error(HQ_EINVAL, "hq_ckpt_verify: NULL checkpoint");
+  if (!c->verify)
+    return ck_error(HQ_ENOTSUP, c->path, "hq_ckpt_verify: opened with HQ_CKPT_NO_VERIFY (the file "
+                    "may have no checksums): open it with hq_ckpt_open to verify it");
+  char *stage = malloc(CK_STAGE_BYTES);
+  XXH3_state_t *sum = XXH3_createState();
+  int rc = stage && sum ? HQ_OK : ck_error(HQ_ENOMEM, c->path, "hq_ckpt_verify: out of memory");
+  const char *name;
+  json_t *v;
+  json_object_foreach(c->root, name, v) {
+    if (rc) break;
+    if (!strcmp(name, "__metadata__")) continue;
+    ck_entry e;
+    if ((rc = entry_parse(c->path, c->data_size, name, v, &e))) break;
+    const uint64_t n = e.end - e.begin;
+    XXH3_64bits_reset(sum);
+    for (uint64_t done = 0; !rc && done < n; done += CK_STAGE_BYTES) {
+      const size_t k = n - done < CK_STAGE_BYTES ? (size_t)(n - done) : CK_STAGE_BYTES;
+      rc = pread_all(c->fd, stage, k, c->data_start + e.begin + done, c->path);
+      if (!rc) XXH3_64bits_update(sum, stage, k);
+    }
+    if (rc) break;
+    char sk[2 * CK_MAX_NAME + sizeof CK_SUM_SUFFIX], got[CK_SUM_HEX + 1];
+    snprintf(sk, sizeof sk, "%s" CK_SUM_SUFFIX, name);
+    const char *want = hq_ckpt_meta(c, sk); /* present for every entry: checked at open */
+    ck_sum_hex(XXH3_64bits_digest(sum), got);
+    if (!want || strcmp(got, want) != 0)
+      rc = ck_error(HQ_EPARSE, c->path, "entry '%.200s' is corrupt: its %llu bytes hash to "
+                    "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
+                    name, (unsigned long long)n, got, want ? want : "nothing");
+    else if (bytes)
+      *bytes += n;
+  }
+  free(stage);
+  XXH3_freeState(sum);
   return rc;
 }
 

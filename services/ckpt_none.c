@@ -75,6 +75,16 @@ const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i) {
   (void)i;
   return NULL;
 }
+const char *hq_ckpt_meta_key(const hq_ckpt *c, size_t i) {
+  (void)c;
+  (void)i;
+  return NULL;
+}
+int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes) {
+  (void)c;
+  if (bytes) *bytes = 0;
+  return no_ckpt();
+}
 int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *t) {
   (void)c;
   (void)ctx;

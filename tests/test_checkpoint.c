@@ -1516,6 +1516,54 @@ static void test_foreign_entries(void **state) {
   hq_ckpt_close(ck);
 }
 
+/* hq_ckpt_verify reads every entry against its checksum: all of the data section on a good
+   file; a flipped bit in the last entry is that entry named (no load needed to find it); a file
+   opened unverified is refused. hq_ckpt_meta_key lists the metadata in the file's order. */
+static void test_verify(void **state) {
+  (void)state;
+  const char *path = tpath("verify.safetensors");
+  write_small(path);
+  size_t hlen, fsz;
+  json_t *root = read_header(path, &hlen, &fsz);
+  json_decref(root);
+  hq_ckpt *ck = NULL;
+  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck));
+  uint64_t read = 1;
+  HQ_OK_OR_FAIL(hq_ckpt_verify(ck, &read));
+  assert_int_equal(read, fsz - 8 - hlen);
+  HQ_OK_OR_FAIL(hq_ckpt_verify(ck, NULL));
+  /* the metadata keys: the header's checksum first (section 2), step, each tensor's "/hq" */
+  assert_string_equal(hq_ckpt_meta_key(ck, 0), "hq_header_xxh3_64");
+  int step = 0, f8 = 0, nv = 0;
+  size_t i = 0;
+  for (const char *k; (k = hq_ckpt_meta_key(ck, i)) != NULL; i++) {
+    step += !strcmp(k, "step");
+    f8 += !strcmp(k, "f8/hq");
+    nv += !strcmp(k, "nv/hq");
+    assert_non_null(hq_ckpt_meta(ck, k));
+  }
+  assert_true(step == 1 && f8 == 1 && nv == 1);
+  assert_null(hq_ckpt_meta_key(NULL, 0));
+  hq_ckpt_close(ck);
+  /* the last byte of the file belongs to the last entry added, "p" */
+  size_t n;
+  unsigned char *p = read_file(path, &n);
+  p[n - 1] ^= 0x01;
+  write_file(path, p, n);
+  free(p);
+  HQ_OK_OR_FAIL(hq_ckpt_open(path, &ck)); /* the header is intact */
+  assert_int_equal(hq_ckpt_verify(ck, &read), HQ_EPARSE);
+  HQ_ERROR_HAS("entry 'p' is corrupt");
+  assert_true(read < fsz - 8 - hlen);
+  hq_ckpt_close(ck);
+  HQ_OK_OR_FAIL(open_nv(path, &ck));
+  assert_int_equal(hq_ckpt_verify(ck, &read), HQ_ENOTSUP);
+  HQ_ERROR_HAS("HQ_CKPT_NO_VERIFY");
+  assert_int_equal(read, 0);
+  hq_ckpt_close(ck);
+  assert_int_equal(hq_ckpt_verify(NULL, NULL), HQ_EINVAL);
+}
+
 // --- temporary files, crashes, a full disk (issue 46, 2 and 3) ------------------------------
 
 /* The number of files in g_dir whose name starts with `prefix`. */
@@ -2246,7 +2294,7 @@ int main(void) {
       cmocka_unit_test(test_fuzz),        cmocka_unit_test(test_appended_option),
       cmocka_unit_test(test_layout_version),
       cmocka_unit_test(test_bit_flips),   cmocka_unit_test(test_foreign_file),
-      cmocka_unit_test(test_foreign_entries),
+      cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_verify),
       cmocka_unit_test(test_two_writers), cmocka_unit_test(test_killed_saves),
       cmocka_unit_test(test_full_disk),   cmocka_unit_test(test_required_keys),
 #ifdef HQ_TEST_OOM

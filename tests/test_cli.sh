@@ -654,6 +654,25 @@ assert got.shape == (64, 64) and np.array_equal(got.ravel(), want.astype(np.floa
   fi
 fi
 usage_error "hq quantize: --tensor names an entry of a safetensors --input (whose shape the file gives: no --shape)" quantize $qr --tensor x
+# info --checkpoint: what a checkpoint holds, every entry checked against its checksum
+expect 0 info --checkpoint "$tmp/q.safetensors"
+grep -qE '^  fc1/columnwise_scale_inv +U8 +\[2, 64\] +128$' "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint: an entry"; }
+grep -qxF "  quantized tensors (hq_ckpt_load_qtensor): fc1" "$tmp/out" || fail "info --checkpoint: the quantized tensors"
+grep -qxF "  checksums: every entry verified (4352 bytes read)" "$tmp/out" || fail "info --checkpoint: verified"; ok
+expect 0 info --checkpoint "$tmp/q.safetensors" --json
+grep -qF '"checksums":"verified"' "$tmp/out" && grep -qF '"quantized":[{"name":"fc1","metadata":"{' "$tmp/out" || fail "info --checkpoint --json"; ok
+# a flipped bit in the last entry's last byte: listed, then exit 1 naming that entry
+cp "$tmp/q.safetensors" "$tmp/flip.safetensors"
+last=$(($(wc -c < "$tmp/flip.safetensors") - 1))
+b=$(od -An -tu1 -j "$last" -N1 "$tmp/flip.safetensors" | tr -d ' ')
+printf "$(printf '\\%03o' $((b ^ 1)))" | dd of="$tmp/flip.safetensors" bs=1 seek="$last" conv=notrunc 2>/dev/null
+expect 1 info --checkpoint "$tmp/flip.safetensors"
+grep -q "^hq info: checkpoint $tmp/flip.safetensors: entry 'fc1/columnwise_scale_inv' is corrupt" "$tmp/err" || { cat "$tmp/err"; fail "info --checkpoint of a flipped bit"; }; ok
+if [ -f "$tmp/m.safetensors" ]; then
+  expect 0 info --checkpoint "$tmp/m.safetensors"
+  grep -qE "^  stack +F16 +\[2, 32, 64\] +8192$" "$tmp/out" && grep -qxF "  metadata format = pt" "$tmp/out" &&
+    grep -qxF "  checksums: none (a file another tool wrote): not verified" "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint of a foreign file"; }; ok
+fi
 # info lists each format's buffers per direction for a sample shape, as quantize --json does
 $hq info --json --shape 64x32 > "$tmp/info64.json" || fail "info --shape"
 grep -q '"sample_shape":\[64,32\]' "$tmp/info64.json" || fail "info --json sample_shape"; ok

@@ -1,7 +1,8 @@
 /*
 ** cmd_info.c -- `hq info`: version, ABI, plugin search path, formats with their options,
-** GEMM providers, rejected modules, devices.
+** GEMM providers, rejected modules, devices; or what a checkpoint holds, its checksums verified.
 */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -9,9 +10,11 @@
 #include "cli.h"
 #include "commands.h"
 #include "json.h"
+#include "hq/train.h"
 
 static const char usage[] =
     "usage: hq info [--json] [--shape RxC] [--plugin-dir DIR]...\n"
+    "       hq info --checkpoint FILE [--json]\n"
     "\n"
     "Print the version, the plugin ABI, the plugin search path, every format found with its\n"
     "capabilities (cpu, cuda, requant-safe, colwise-only, fused-adam, deq-factor, adam-kdev,\n"
@@ -24,6 +27,11 @@ static const char usage[] =
     "                 [R, C] tensor on the CPU; per buffer: name (as checkpoints name it),\n"
     "                 dtype, shape, bytes, and whether a columnwise buffer is the rowwise\n"
     "                 one (shared). `hq quantize --json` lists them the same way.\n"
+    "  --checkpoint FILE  instead: what a safetensors file holds -- every entry (name,\n"
+    "                 dtype, shape, bytes), the quantized tensors (NAME/hq metadata) and\n"
+    "                 the other metadata -- and every entry read and checked against its\n"
+    "                 checksum (hq_ckpt_verify): exit 1 naming the first corrupt entry; a\n"
+    "                 file without checksums (another tool's) is listed, not verified\n"
     "  --plugin-dir DIR  a directory to search for formats (after $HQ_PLUGIN_PATH)\n";
 
 static void caps_text(uint64_t caps, char *buf, size_t len) {
@@ -94,7 +102,7 @@ static void option_json(json *j, const hq_option *o) {
 
 typedef struct info_args {
   int json;
-  const char *shape;
+  const char *shape, *checkpoint;
   int64_t rows, cols;
   cli_list dirs;
 } info_args;
@@ -103,6 +111,7 @@ static int parse_args(int argc, char **argv, info_args *a) {
   const cli_option opts[] = {
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
       {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
+      {.name = "--checkpoint", .kind = CLI_STR, .dest = &a->checkpoint},
       CLI_PLUGIN_DIRS(&a->dirs),
   };
   const cli_command c = {"info", usage, opts, CLI_NOPTS(opts), NULL, NULL};
@@ -278,10 +287,125 @@ static void report_text(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   }
 }
 
+/* Whether metadata key k is hq's own bookkeeping (a checksum), not worth listing. */
+static int sum_key(const char *k) {
+  const size_t n = strlen(k), s = strlen("xxh3_64");
+  return n >= s && !strcmp(k + n - s, "xxh3_64");
+}
+
+/* --checkpoint: the entries, the quantized tensors and the other metadata of FILE, then its
+   checksums verified. 0, or 1 (a file that cannot be opened, a corrupt entry). */
+static int report_checkpoint(const char *path, int as_json) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
+  hq_ckpt *c = NULL;
+  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, "info", "%s", hq_last_error());
+  const int sums = hq_ckpt_meta(c, "hq_header_xxh3_64") != NULL;
+  if (sums) { /* hq wrote it: open it again, verified (the header's checksum at open) */
+    hq_ckpt_close(c);
+    c = NULL;
+    if (hq_ckpt_open(path, &c)) return cli_fail(1, "info", "%s", hq_last_error());
+  }
+  json j;
+  uint64_t total = 0;
+  size_t n = 0;
+  if (as_json) {
+    json_begin(&j, stdout);
+    json_obj(&j);
+    json_kstr(&j, "checkpoint", path);
+    json_key(&j, "entries");
+    json_arr(&j);
+  } else {
+    printf("checkpoint %s\n  %-40s %-8s %-20s %12s\n", path, "entry", "dtype", "shape", "bytes");
+  }
+  for (const char *nm; (nm = hq_ckpt_entry_name(c, n)) != NULL; n++) {
+    hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
+    const int ok = hq_ckpt_entry(c, nm, &e) == HQ_OK; /* more than 8 dimensions: name only */
+    char shape[200] = "?";
+    size_t at = 0;
+    for (int k = 0; ok && k <= e.ndim && at < sizeof shape; k++)
+      at += (size_t)snprintf(shape + at, sizeof shape - at, k == e.ndim ? "]" : "%s%lld",
+                             k ? ", " : "[", k < e.ndim ? (long long)e.shape[k] : 0LL);
+    if (ok && !e.ndim) snprintf(shape, sizeof shape, "[]");
+    total += ok ? e.bytes : 0;
+    if (as_json) {
+      json_obj(&j);
+      json_kstr(&j, "name", nm);
+      if (ok) {
+        json_kstr(&j, "dtype", e.st_dtype);
+        json_kints(&j, "shape", e.shape, e.ndim);
+        json_kint(&j, "bytes", (int64_t)e.bytes);
+      }
+      json_close_obj(&j);
+    } else {
+      printf("  %-40s %-8s %-20s %12llu\n", nm, ok ? e.st_dtype : "?", shape,
+             (unsigned long long)(ok ? e.bytes : 0));
+    }
+  }
+  if (as_json) {
+    json_close_arr(&j);
+    json_key(&j, "quantized");
+    json_arr(&j);
+  } else {
+    printf("  %zu entr%s, %llu bytes\n", n, n == 1 ? "y" : "ies", (unsigned long long)total);
+  }
+  /* a quantized tensor NAME is described by metadata NAME/hq (docs/checkpoints.md, 3) */
+  size_t nq = 0;
+  for (size_t i = 0; hq_ckpt_meta_key(c, i); i++) {
+    const char *k = hq_ckpt_meta_key(c, i);
+    const size_t kl = strlen(k);
+    if (kl <= 3 || strcmp(k + kl - 3, "/hq")) continue;
+    if (as_json) {
+      json_obj(&j);
+      json_key(&j, "name");
+      char nm[1100];
+      snprintf(nm, sizeof nm, "%.*s", (int)(kl - 3), k);
+      json_str(&j, nm);
+      json_kstr(&j, "metadata", hq_ckpt_meta(c, k));
+      json_close_obj(&j);
+    } else {
+      printf("%s%.*s", nq ? ", " : "  quantized tensors (hq_ckpt_load_qtensor): ", (int)(kl - 3),
+             k);
+    }
+    nq++;
+  }
+  if (as_json) {
+    json_close_arr(&j);
+    json_key(&j, "metadata");
+    json_obj(&j);
+  } else if (nq) {
+    printf("\n");
+  }
+  for (size_t i = 0; hq_ckpt_meta_key(c, i); i++) {
+    const char *k = hq_ckpt_meta_key(c, i);
+    const size_t kl = strlen(k);
+    if (sum_key(k) || (kl > 3 && !strcmp(k + kl - 3, "/hq"))) continue;
+    if (as_json) json_kstr(&j, k, hq_ckpt_meta(c, k));
+    else printf("  metadata %s = %.200s\n", k, hq_ckpt_meta(c, k));
+  }
+  uint64_t read = 0;
+  int rc = sums ? hq_ckpt_verify(c, &read) : HQ_OK;
+  const char *why = rc ? hq_last_error() : NULL;
+  if (as_json) {
+    json_close_obj(&j);
+    json_kstr(&j, "checksums", !sums ? "none" : rc ? "corrupt" : "verified");
+    if (why) json_kstr(&j, "error", why);
+    json_close_obj(&j);
+    json_end(&j);
+  } else if (!sums) {
+    printf("  checksums: none (a file another tool wrote): not verified\n");
+  } else if (!rc) {
+    printf("  checksums: every entry verified (%llu bytes read)\n", (unsigned long long)read);
+  }
+  if (rc) cli_fail(1, "info", "%s", why);
+  hq_ckpt_close(c);
+  return rc ? 1 : 0;
+}
+
 int hq_cmd_info(int argc, char **argv) {
   info_args a = {.shape = "256x256"};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
+  if (a.checkpoint) return report_checkpoint(a.checkpoint, a.json);
   hq_plugins *set = NULL;
   hq_ctx *ctx = NULL;
   if (hq_plugins_open(a.dirs.v, a.dirs.n, 0, &set) || hq_ctx_create(NULL, &ctx)) {

@@ -931,6 +931,13 @@ class Checkpoint(_Owned):
         _check(lib.hq_ckpt_load_tensor(self.ptr, ctx.ptr, _bytes(name), v.t),
                "checkpoint %s: %s" % (self.path, name))
 
+    def verify(self):
+        """Read every entry against its checksum (hq_ckpt_verify): the bytes read; raises naming
+        the first corrupt entry."""
+        n = ffi.new("uint64_t *")
+        _check(lib.hq_ckpt_verify(self.ptr, n), "checkpoint %s" % self.path)
+        return int(n[0])
+
     def entries(self):
         """{entry name: (safetensors dtype, shape)} in the header's order (hq_ckpt_entry): a
         plain tensor's name, or "<name>/<buffer>" for a quantized tensor's buffers."""

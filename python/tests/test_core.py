@@ -211,6 +211,7 @@ def test_checkpoint_roundtrip(ctx, tmp_path):
                                 "fc.weight/columnwise_data": ("F8_E4M3", (64, 64)),
                                 "fc.weight/columnwise_scale_inv": ("U8", (4, 128)),
                                 "fc.master": ("F32", (64, 64))}
+        assert ck.verify() == 64 * 64 + 128 * 4 + 64 * 64 + 4 * 128 + 64 * 64 * 4
         ck.load_qtensor("fc.weight", back)
         ck.load_tensor("fc.master", loaded, ctx)
         with pytest.raises(hq.NotFound):
@@ -232,6 +233,8 @@ def test_checkpoint_foreign(ctx, tmp_path):
         hq.Checkpoint(path)
     with hq.Checkpoint(path, verify=False) as ck:
         assert ck.entries() == {"stack": ("F16", (2, 3, 4))}
+        with pytest.raises(hq.NotSupported, match="HQ_CKPT_NO_VERIFY"):
+            ck.verify()
         flat = np.zeros((6, 4), np.float16)  # [2, 3, 4] loads as [2 * 3, 4]
         ck.load_tensor("stack", flat, ctx)
     np.testing.assert_array_equal(flat, stack.reshape(6, 4))

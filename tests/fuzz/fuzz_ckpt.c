@@ -1,7 +1,7 @@
 /*
 ** fuzz_ckpt.c -- libFuzzer target: the checkpoint reader (services/ckpt_*.c) on arbitrary bytes
-** as a file: opened with and without checksum verification, every entry described
-** (hq_ckpt_entry), then the tensors the seeds hold loaded ("t": F32 [3, 5]; "q": a [32, 32]
+** as a file: opened with and without checksum verification, verified (hq_ckpt_verify), its
+** metadata keys listed and every entry described (hq_ckpt_entry), then the tensors the seeds hold loaded ("t": F32 [3, 5]; "q": a [32, 32]
 ** qtensor of both directions, tried in every format of fuzz_formats.h, so a file of one format
 ** also meets the others' checks) and every direction a load accepted dequantized on the host:
 ** a file that passes the checks with hostile codes in its buffers (NaN and out-of-range scales,
@@ -74,6 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = hq_ckpt_open_ex(path, &o, &c);
     refusal(rc);
     if (rc) continue;
+    int vr = hq_ckpt_verify(c, NULL); /* HQ_ENOTSUP when opened unverified */
+    refusal(vr);
+    for (size_t i = 0; hq_ckpt_meta_key(c, i) && i < 64; i++)
+      if (!hq_ckpt_meta(c, hq_ckpt_meta_key(c, i))) abort(); /* every listed key has a value */
     for (size_t i = 0; i < 64; i++) { /* every entry described (a refusal is allowed) */
       const char *nm = hq_ckpt_entry_name(c, i);
       if (!nm) break;

@@ -168,6 +168,8 @@ HQ_API int hq_ckpt_open_ex(const char *path, const hq_ckpt_open_opts *opts, hq_c
 HQ_API void hq_ckpt_close(hq_ckpt *c);
 /* A "__metadata__" value (valid until hq_ckpt_close), or NULL. */
 HQ_API const char *hq_ckpt_meta(const hq_ckpt *c, const char *key);
+/* The "__metadata__" keys in the file's order: the i-th (0-based), or NULL past the last. */
+HQ_API const char *hq_ckpt_meta_key(const hq_ckpt *c, size_t i);
 /* Load quantized tensor `name` into qt (made by hq_make_empty or hq_quantize with a quantizer of
    the same formats and options; its shape, directions and columnwise_source must be the saved
    ones). Every check is made before anything is written. A columnwise buffer qt shares with its
@@ -199,6 +201,11 @@ HQ_API int hq_ckpt_entry(const hq_ckpt *c, const char *name, hq_ckpt_entry_info 
 /* The file's entry names in the header's order ("__metadata__" is none): the i-th (0-based), or
    NULL past the last; valid until hq_ckpt_close. */
 HQ_API const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i);
+/* Read every entry and check it against its checksum without loading anything (a bounded
+   staging buffer): whether a file on disk is still what hq wrote. HQ_OK, or HQ_EPARSE naming the
+   first corrupt entry, HQ_EIO when a read fails; HQ_ENOTSUP for a file opened with
+   HQ_CKPT_NO_VERIFY (it may have no checksums). *bytes (may be NULL) receives the bytes read. */
+HQ_API int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes);
 
 #ifdef __cplusplus
 }
