@@ -657,7 +657,7 @@ usage_error "hq quantize: --tensor names an entry of a safetensors --input (whos
 # info --checkpoint: what a checkpoint holds, every entry checked against its checksum
 expect 0 info --checkpoint "$tmp/q.safetensors"
 grep -qE '^  fc1/columnwise_scale_inv +U8 +\[2, 64\] +128$' "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint: an entry"; }
-grep -qxF "  quantized tensors (hq_ckpt_load_qtensor): fc1" "$tmp/out" || fail "info --checkpoint: the quantized tensors"
+grep -qxF "    fc1: [64, 64] f32; rowwise mx (mxfp4: scale=floor, stochastic_rounding=false, seed=0, raw_copy=none); columnwise mx (mxfp4: scale=floor, stochastic_rounding=false, seed=0, raw_copy=none)" "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint: the quantized tensors"; }
 grep -qxF "  checksums: every entry verified (4352 bytes read)" "$tmp/out" || fail "info --checkpoint: verified"; ok
 expect 0 info --checkpoint "$tmp/q.safetensors" --json
 grep -qF '"checksums":"verified"' "$tmp/out" && grep -qF '"quantized":[{"name":"fc1","metadata":"{' "$tmp/out" || fail "info --checkpoint --json"; ok

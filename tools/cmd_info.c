@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "buffers.h"
+#include "ckpt_desc.h"
 #include "cli.h"
 #include "commands.h"
 #include "json.h"
@@ -28,10 +29,11 @@ static const char usage[] =
     "                 dtype, shape, bytes, and whether a columnwise buffer is the rowwise\n"
     "                 one (shared). `hq quantize --json` lists them the same way.\n"
     "  --checkpoint FILE  instead: what a safetensors file holds -- every entry (name,\n"
-    "                 dtype, shape, bytes), the quantized tensors (NAME/hq metadata) and\n"
-    "                 the other metadata -- and every entry read and checked against its\n"
-    "                 checksum (hq_ckpt_verify): exit 1 naming the first corrupt entry; a\n"
-    "                 file without checksums (another tool's) is listed, not verified\n"
+    "                 dtype, shape, bytes), the quantized tensors (shape, each direction's\n"
+    "                 format, plugin and options) and the other metadata -- then every\n"
+    "                 entry read and checked against its checksum: exit 1 naming the first\n"
+    "                 corrupt entry; a file without checksums (another tool's) is listed,\n"
+    "                 not verified\n"
     "  --plugin-dir DIR  a directory to search for formats (after $HQ_PLUGIN_PATH)\n";
 
 static void caps_text(uint64_t caps, char *buf, size_t len) {
@@ -363,8 +365,10 @@ static int report_checkpoint(const char *path, int as_json) {
       json_kstr(&j, "metadata", hq_ckpt_meta(c, k));
       json_close_obj(&j);
     } else {
-      printf("%s%.*s", nq ? ", " : "  quantized tensors (hq_ckpt_load_qtensor): ", (int)(kl - 3),
-             k);
+      char d[1024];
+      if (!nq) printf("  quantized tensors (hq_ckpt_load_qtensor):\n");
+      printf("    %.*s: %s\n", (int)(kl - 3), k,
+             ckpt_describe(hq_ckpt_meta(c, k), d, sizeof d) ? "(metadata not readable)" : d);
     }
     nq++;
   }
@@ -372,8 +376,6 @@ static int report_checkpoint(const char *path, int as_json) {
     json_close_arr(&j);
     json_key(&j, "metadata");
     json_obj(&j);
-  } else if (nq) {
-    printf("\n");
   }
   for (size_t i = 0; hq_ckpt_meta_key(c, i); i++) {
     const char *k = hq_ckpt_meta_key(c, i);

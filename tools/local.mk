@@ -8,9 +8,14 @@ tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/jso
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
 	train/checkpoint.c train/ops_cpu.c train/profile.h train/profile.c tools/train_report.c \
 	tools/train_report.h train/dist.h train/dist.c train/cast_cuda.h
-tools_hq_SOURCES += train/memory.c train/direct.h
+tools_hq_SOURCES += train/memory.c train/direct.h tools/ckpt_desc.c tools/ckpt_desc.h
 tools_hq_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS) -DHQ_RECIPEDIR='"$(hqrecipedir)"'
 tools_hq_LDADD = services/libhqtrain.la core/libhqcore.la -lm
+# hq info --checkpoint reads a quantized tensor's metadata (tools/ckpt_desc.c)
+if HAVE_JANSSON
+tools_hq_CPPFLAGS += $(JANSSON_CFLAGS)
+tools_hq_LDADD += $(JANSSON_LIBS)
+endif
 # an installed hq finds libhqcore and libhqtrain in any --prefix without ldconfig or LD_LIBRARY_PATH
 tools_hq_LDFLAGS = -Wl,-rpath,$(libdir)
 # `mpirun -np N hq train` (train/dist.c) when configure found Open MPI
