@@ -621,7 +621,7 @@ import json, struct, sys
 vals = [((i * 37) % 101 - 50) / 16.0 for i in range(2 * 32 * 64)]
 stack = struct.pack('<%de' % len(vals), *vals)
 ids = struct.pack('<4q', 1, 2, 3, 4)
-h = json.dumps({'__metadata__': {'format': 'pt'},
+h = json.dumps({'__metadata__': {'format': 'pt', 'note': 'two\\nlines'},
                 'stack': {'dtype': 'F16', 'shape': [2, 32, 64], 'data_offsets': [0, len(stack)]},
                 'ids': {'dtype': 'I64', 'shape': [4], 'data_offsets': [len(stack), len(stack) + 32]}})
 h += ' ' * (-len(h) % 8)
@@ -670,7 +670,7 @@ expect 1 info --checkpoint "$tmp/flip.safetensors"
 grep -q "^hq info: checkpoint $tmp/flip.safetensors: entry 'fc1/columnwise_scale_inv' is corrupt" "$tmp/err" || { cat "$tmp/err"; fail "info --checkpoint of a flipped bit"; }; ok
 if [ -f "$tmp/m.safetensors" ]; then
   expect 0 info --checkpoint "$tmp/m.safetensors"
-  grep -qE "^  stack +F16 +\[2, 32, 64\] +8192$" "$tmp/out" && grep -qxF "  metadata format = pt" "$tmp/out" &&
+  grep -qE "^  stack +F16 +\[2, 32, 64\] +8192$" "$tmp/out" && grep -qxF "  metadata format = pt" "$tmp/out" && grep -qxF '  metadata note = two\nlines' "$tmp/out" &&
     grep -qxF "  checksums: none (a file another tool wrote): not verified" "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint of a foreign file"; }; ok
 fi
 # info lists each format's buffers per direction for a sample shape, as quantize --json does

@@ -295,6 +295,20 @@ static int sum_key(const char *k) {
   return n >= s && !strcmp(k + n - s, "xxh3_64");
 }
 
+/* A metadata value on one line of the listing: control characters as \n, \t or \xNN, at most
+   200 bytes of it (then "..."). */
+static void print_value(const char *v) {
+  size_t n = 0;
+  for (; *v && n < 200; v++, n++) {
+    const unsigned char ch = (unsigned char)*v;
+    if (ch == '\n') fputs("\\n", stdout);
+    else if (ch == '\t') fputs("\\t", stdout);
+    else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch);
+    else putchar(ch);
+  }
+  fputs(*v ? "...\n" : "\n", stdout);
+}
+
 /* --checkpoint: the entries, the quantized tensors and the other metadata of FILE, then its
    checksums verified. 0, or 1 (a file that cannot be opened, a corrupt entry). */
 static int report_checkpoint(const char *path, int as_json) {
@@ -382,7 +396,7 @@ static int report_checkpoint(const char *path, int as_json) {
     const size_t kl = strlen(k);
     if (sum_key(k) || (kl > 3 && !strcmp(k + kl - 3, "/hq"))) continue;
     if (as_json) json_kstr(&j, k, hq_ckpt_meta(c, k));
-    else printf("  metadata %s = %.200s\n", k, hq_ckpt_meta(c, k));
+    else printf("  metadata %s = ", k), print_value(hq_ckpt_meta(c, k));
   }
   uint64_t read = 0;
   int rc = sums ? hq_ckpt_verify(c, &read) : HQ_OK;
