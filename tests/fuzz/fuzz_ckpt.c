@@ -1,12 +1,13 @@
 /*
 ** fuzz_ckpt.c -- libFuzzer target: the checkpoint reader (services/ckpt_*.c) on arbitrary bytes
 ** as a file: opened with and without checksum verification, verified (hq_ckpt_verify), its
-** metadata keys listed and every entry described (hq_ckpt_entry), then the tensors the seeds hold loaded ("t": F32 [3, 5]; "q": a [32, 32]
-** qtensor of both directions, tried in every format of fuzz_formats.h, so a file of one format
-** also meets the others' checks) and every direction a load accepted dequantized on the host:
-** a file that passes the checks with hostile codes in its buffers (NaN and out-of-range scales,
-** any amax) is still only numbers. Every call is HQ_OK or a refusal with a message; nothing
-** reads outside the file or a buffer (scripts/fuzz.sh).
+** metadata keys listed and every entry described (hq_ckpt_entry), then the tensors the seeds
+** hold loaded ("t": F32 [3, 5]; "q": a [32, 32] qtensor of both directions, tried in every
+** format of fuzz_formats.h, so a file of one format also meets the others' checks) and every
+** direction a load accepted dequantized on the host: a file that passes the checks with hostile
+** codes in its buffers (NaN and out-of-range scales, any amax) is still only numbers. Every call
+** is HQ_OK or a refusal with a message; nothing reads outside the file or a buffer
+** (scripts/fuzz.sh).
 */
 #define _GNU_SOURCE
 #include <stdint.h>
