@@ -633,6 +633,54 @@ open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + stack + i
   failure "hq quantize: $tmp/m.safetensors: entry 'ids' holds I64 elements; hq quantize takes F32, F16 or BF16" quantize $mx4x --input "$tmp/m.safetensors" --tensor ids
   expect 1 quantize $mx4x --input "$tmp/m.safetensors" --tensor nope
   grep -qF "'nope': no such entry (the file holds 'stack' [2, 32, 64] F16, 'ids' [4] I64)" "$tmp/err" || { cat "$tmp/err"; fail "quantize --tensor of no entry"; }; ok
+  # --all: every tensor of a model file, each with its own role (the entry's name), the recipe's
+  # globs choosing the formats (embed.* identity BF16, the rest MXFP4); 1-D and I64 skipped
+  python3 -c "
+import json, struct, sys
+ents, data = {}, b''
+def add(name, shape, code, vals):
+    global data
+    raw = struct.pack('<%d%s' % (len(vals), code), *vals)
+    ents[name] = {'dtype': {'e': 'F16', 'f': 'F32', 'q': 'I64'}[code], 'shape': shape,
+                  'data_offsets': [len(data), len(data) + len(raw)]}
+    data += raw
+f = lambda n, s: [((i * s) % 97 - 48) / 8.0 for i in range(n)]
+add('embed.weight', [96, 64], 'e', f(96 * 64, 7))
+add('layers.0.up.weight', [128, 64], 'f', f(128 * 64, 13))
+add('layers.0.norm.weight', [64], 'f', [1.0] * 64)
+add('layers.0.down.weight', [64, 128], 'f', f(64 * 128, 29))
+add('ids', [4], 'q', [1, 2, 3, 4])
+h = json.dumps({'__metadata__': {'format': 'pt'}, **ents})
+h += ' ' * (-len(h) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + data)
+" "$tmp/model.safetensors" || fail "writing a model file"
+  printf '[format mx]\nplugin = mxfp4\n[format hp]\nplugin = identity\ndtype = bf16\n[role linear:weight:*]\nrowwise = mx\ncolumnwise = mx\n[role linear:weight:embed.*]\nrowwise = hp\ncolumnwise = hp\n' > "$tmp/conv.ini"
+  expect 0 quantize --recipe "$tmp/conv.ini" --role 'linear:weight:*' --input "$tmp/model.safetensors" --all --save "$tmp/model-mx.safetensors"
+  grep -qE '^embed.weight +96x64 +rowwise +hp +identity +16.000 ' "$tmp/out" &&
+    grep -qE '^layers.0.up.weight +128x64 +rowwise +mx +mxfp4 +4.250 ' "$tmp/out" &&
+    grep -qE '^ +columnwise +mx +mxfp4 +4.250 ' "$tmp/out" &&
+    grep -qxF "3 tensors quantized (77824 bytes -> 29696, both directions), 0 failed, 2 skipped (1-D, or not F32 / F16 / BF16); saved in $tmp/model-mx.safetensors" "$tmp/out" || { cat "$tmp/out"; fail "quantize --all: the table"; }; ok
+  expect 0 info --checkpoint "$tmp/model-mx.safetensors"
+  grep -qF "    layers.0.down.weight: [64, 128] f32; rowwise mx (mxfp4: " "$tmp/out" && grep -qF "    embed.weight: [96, 64] f16; rowwise hp (identity: dtype=bf16)" "$tmp/out" || { cat "$tmp/out"; fail "quantize --all --save: the file"; }; ok
+  expect 0 quantize --recipe "$tmp/conv.ini" --role 'linear:weight:*' --input "$tmp/model.safetensors" --all --json
+  grep -qF '{"name":"ids","skipped":"not F32, F16 or BF16"}' "$tmp/out" && grep -qF '"quantized":3,"failed":0}' "$tmp/out" || fail "quantize --all --json"; ok
+  # a tensor the format refuses (40 rows for MXFP4's 32-row blocks): its line says why, the others
+  # are still reported, exit 1, and --save writes nothing
+  python3 -c "
+import json, struct, sys
+vals = [((i * 11) % 97 - 48) / 8.0 for i in range(40 * 64)]
+raw = struct.pack('<%df' % len(vals), *vals)
+h = json.dumps({'a.weight': {'dtype': 'F32', 'shape': [40, 64], 'data_offsets': [0, len(raw)]},
+                'b.weight': {'dtype': 'F32', 'shape': [32, 64], 'data_offsets': [len(raw), len(raw) + 32 * 64 * 4]}})
+h += ' ' * (-len(h) % 8)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(h)) + h.encode() + raw + raw[:32 * 64 * 4])
+" "$tmp/odd.safetensors" || fail "writing a model file"
+  expect 1 quantize --recipe "$tmp/conv.ini" --role 'linear:weight:*' --input "$tmp/odd.safetensors" --all --save "$tmp/odd-mx.safetensors"
+  grep -qE "^a.weight +40x64 +role linear:weight:a.weight, rowwise format 'mx' \(plugin mxfp4\), shape \[40, 64\]: mxfp4: rows = 40 is not a multiple of 32$" "$tmp/out" &&
+    grep -qE '^b.weight +32x64 +rowwise +mx ' "$tmp/out" || { cat "$tmp/out"; fail "quantize --all: a refused tensor"; }
+  [ ! -e "$tmp/odd-mx.safetensors" ] && grep -qxF "hq quantize: --save: $tmp/odd-mx.safetensors not written (1 tensor failed)" "$tmp/err" || { cat "$tmp/err"; fail "quantize --all: no file after a failure"; }; ok
+  usage_error "hq quantize: --all: give --role MODULE:TENSOR:* (each entry's name takes the *), not linear:weight:w" quantize --recipe "$tmp/conv.ini" --role linear:weight:w --input "$tmp/model.safetensors" --all
+  usage_error "hq quantize: --all quantizes every entry of a safetensors --input (no --shape, --tensor, --output or --name)" quantize --recipe "$tmp/conv.ini" --role 'linear:weight:*' --input "$tmp/model.safetensors" --all --tensor x
   # the error names the missing entry, not the 9-dimensional one the listing could not describe
   python3 -c "
 import json, struct, sys

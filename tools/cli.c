@@ -100,15 +100,22 @@ size_t cli_warn_role_traps(const hq_recipe *r, const char *cmd, const char *file
   return n;
 }
 
+static char last_failure[1024]; /* its start: a long message is printed whole, kept cut */
+
 int cli_fail(int status, const char *cmd, const char *fmt, ...) {
-  va_list ap;
+  va_list ap, copy;
   fprintf(stderr, "hq %s: ", cmd);
   va_start(ap, fmt);
+  va_copy(copy, ap);
   vfprintf(stderr, fmt, ap);
+  vsnprintf(last_failure, sizeof last_failure, fmt, copy);
+  va_end(copy);
   va_end(ap);
   fputc('\n', stderr);
   return status;
 }
+
+const char *cli_last_failure(void) { return last_failure; }
 
 // --- values --------------------------------------------------------------------------------------
 

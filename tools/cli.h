@@ -14,6 +14,8 @@
 
 /* Print "hq <cmd>: message" to stderr; returns `status`. */
 int cli_fail(int status, const char *cmd, const char *fmt, ...) HQ_PRINTF(3, 4);
+/* The message of the last cli_fail (without the "hq CMD: "), for a report that goes on. */
+const char *cli_last_failure(void);
 
 // --- values --------------------------------------------------------------------------------------
 /* An unsigned integer, decimal, 0x hex or 0 octal (strtoull's base 0); -1 when it is not one. */

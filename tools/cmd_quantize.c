@@ -20,7 +20,7 @@
 static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
     "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC] |\n"
-    "                    --input FILE.safetensors --tensor NAME)\n"
+    "                    --input FILE.safetensors (--tensor NAME | --all))\n"
     "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
     "                   [--output FILE.npy] [--save FILE.safetensors [--name NAME]]\n"
     "                   [--finite-only] [--plugin-dir DIR]...\n"
@@ -41,6 +41,13 @@ static const char usage[] =
     "  --tensor NAME  the entry of a safetensors --input to quantize (F32, F16 or BF16, any\n"
     "                 rank: the leading dimensions are flattened into rows); without it the\n"
     "                 error lists the file's entries\n"
+    "  --all          every entry of a safetensors --input of two or more dimensions and\n"
+    "                 dtype F32, F16 or BF16 (a model's weights), each with the role --role\n"
+    "                 gives with the entry's name for its NAME (--role linear:weight:*, so\n"
+    "                 the recipe's [role] globs choose each tensor's formats): a line per\n"
+    "                 tensor and direction (format, bits per element, errors), and with\n"
+    "                 --save every quantized tensor in one file under its entry's name;\n"
+    "                 exit 1 after the table when a tensor could not be quantized\n"
     "  --device D     cpu (default), cuda or cuda:N: where the quantize runs\n"
     "  --json         print the report as one JSON document\n"
     "  --output FILE.npy  write each direction's dequantized tensor as a .npy file (f32,\n"
@@ -266,6 +273,7 @@ typedef struct quantize_args {
   const char *recipe, *role_text, *random, *input, *shape, *dtype_s, *device_s, *output;
   const char *save, *name; /* --save's file and the tensor's name in it */
   const char *tensor;      /* --tensor: the entry of a safetensors --input */
+  int all;                 /* --all: every entry of it */
   uint64_t seed;
   double scale;
   int json, finite_only;
@@ -300,6 +308,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
       {.name = "--input", .kind = CLI_STR, .dest = &a->input},
       {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
       {.name = "--tensor", .kind = CLI_STR, .dest = &a->tensor},
+      {.name = "--all", .kind = CLI_FLAG, .dest = &a->all},
       {.name = "--dtype", .kind = CLI_STR, .dest = &a->dtype_s},
       {.name = "--device", .kind = CLI_STR, .dest = &a->device_s},
       {.name = "--json", .kind = CLI_FLAG, .dest = &a->json},
@@ -322,10 +331,16 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (a->tensor && (!a->input || a->shape))
     return cli_fail(2, CMD, "--tensor names an entry of a safetensors --input (whose shape the "
                     "file gives: no --shape)");
+  if (a->all && (!a->input || a->shape || a->tensor || a->output || a->name))
+    return cli_fail(2, CMD, "--all quantizes every entry of a safetensors --input (no --shape, "
+                    "--tensor, --output or --name)");
   if (cli_dtype_arg(CMD, a->dtype_s, &a->dtype) || cli_device_arg(CMD, a->device_s, &a->device))
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
+  if (a->all && strcmp(a->role.name ? a->role.name : "", "*") != 0)
+    return cli_fail(2, CMD, "--all: give --role MODULE:TENSOR:* (each entry's name takes the *), "
+                    "not %s", a->role_text);
   if (a->save && !a->name) a->name = a->role.name && *a->role.name ? a->role.name : "tensor";
   return CLI_RUN;
 }
@@ -475,9 +490,9 @@ static void report_head(const quantize_args *a, const qrun *u, json *j) {
          "bits/el", "rel_rms", "max_abs", "sqnr_db");
 }
 
-/* One direction: dequantize it, compare it with the input, write --output's file, report it.
-   0, or 1 after the message. */
-static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json *j) {
+/* One direction dequantized (into u->deq on the host) and compared with the input: 0, or 1
+   after the message. */
+static int direction_stats(const quantize_args *a, qrun *u, uint32_t dir, stats *s) {
   const hq_tensor *x = &u->x;
   const size_t deq_bytes = sizeof(float) * (size_t)(x->rows * x->cols);
   if (hq_dequantize(u->qt, u->ctx, dir, &u->dd) ||
@@ -485,7 +500,16 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
        (hq_ctx_memcpy(u->ctx, u->deq, HQ_DEVICE_HOST, u->dd.data, a->device, deq_bytes) ||
         hq_ctx_sync(u->ctx))))
     return cli_fail(1, CMD, "%s", hq_last_error());
-  stats s = compare(x, u->deq);
+  *s = compare(x, u->deq);
+  return 0;
+}
+
+/* One direction: dequantize it, compare it with the input, write --output's file, report it.
+   0, or 1 after the message. */
+static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json *j) {
+  const hq_tensor *x = &u->x;
+  stats s;
+  if (direction_stats(a, u, dir, &s)) return 1;
   const char *path = u->paths[dir - 1];
   if (path && write_npy(path, u->deq, x->rows, x->cols)) return 1;
   size_t bytes = hq_qtensor_bytes(u->qt, dir);
@@ -526,10 +550,184 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
   return 0;
 }
 
+/* --all: the entries of the --input file that hold a tensor to quantize (two or more
+   dimensions, F32 / F16 / BF16), in the header's order, and the others with why not. */
+typedef struct all_entry {
+  char *name;
+  const char *skipped; /* NULL: quantized */
+} all_entry;
+
+static int all_entries(const char *path, all_entry **out, size_t *n) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
+  hq_ckpt *c = NULL;
+  *out = NULL;
+  *n = 0;
+  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
+  size_t cnt = 0;
+  while (hq_ckpt_entry_name(c, cnt)) cnt++;
+  all_entry *v = calloc(cnt ? cnt : 1, sizeof *v);
+  if (!v) {
+    hq_ckpt_close(c);
+    return cli_fail(1, CMD, "out of memory");
+  }
+  for (size_t i = 0; i < cnt; i++) {
+    hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
+    const char *nm = hq_ckpt_entry_name(c, i);
+    v[i].name = strdup(nm);
+    if (hq_ckpt_entry(c, nm, &e)) v[i].skipped = "more than 8 dimensions";
+    else if (e.dtype != HQ_F32 && e.dtype != HQ_F16 && e.dtype != HQ_BF16)
+      v[i].skipped = "not F32, F16 or BF16";
+    else if (e.ndim < 2) v[i].skipped = "fewer than 2 dimensions";
+  }
+  hq_ckpt_close(c);
+  for (size_t i = 0; i < cnt; i++)
+    if (!v[i].name) {
+      for (size_t k = 0; k < cnt; k++) free(v[k].name);
+      free(v);
+      return cli_fail(1, CMD, "out of memory");
+    }
+  *out = v;
+  *n = cnt;
+  return 0;
+}
+
+/* --all: each entry quantized with its role, a line per direction (or the entry's error); --save
+   adds every quantized tensor to one writer. */
+static int quantize_all(const quantize_args *a0) {
+  all_entry *ents;
+  size_t nents, done = 0, failed = 0;
+  if (all_entries(a0->input, &ents, &nents)) return 1;
+  size_t n = nents; /* the entries to go through: none when --save cannot start */
+  hq_ckpt_writer *w = NULL;
+  if (a0->save && hq_ckpt_writer_open(a0->save, &w)) {
+    cli_fail(1, CMD, "--save: %s", hq_last_error());
+    n = 0, failed = 1;
+  }
+  json j;
+  if (a0->json) {
+    json_begin(&j, stdout);
+    json_obj(&j);
+    json_kstr(&j, "recipe", a0->recipe);
+    json_kstr(&j, "role", a0->role_text);
+    json_kstr(&j, "input", a0->input);
+    json_key(&j, "tensors");
+    json_arr(&j);
+  } else if (n) {
+    printf("%s, role %s -> %s\n%-36s %-14s %-10s %-10s %-10s %8s %12s %9s\n", a0->input,
+           a0->role_text, a0->recipe, "tensor", "shape", "direction", "format", "plugin",
+           "bits/el", "rel_rms", "sqnr_db");
+  }
+  uint64_t in_bytes = 0, out_bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ents[i].skipped) {
+      if (a0->json) {
+        json_obj(&j);
+        json_kstr(&j, "name", ents[i].name);
+        json_kstr(&j, "skipped", ents[i].skipped);
+        json_close_obj(&j);
+      }
+      continue;
+    }
+    quantize_args a = *a0;
+    char rb[1200];
+    snprintf(rb, sizeof rb, "%s:%s:%s", a0->role.module_type, a0->role.tensor_type,
+             ents[i].name);
+    a.role = hq_role_of(a0->role.module_type, a0->role.tensor_type, ents[i].name);
+    a.role_text = rb;
+    a.tensor = ents[i].name;
+    a.json = 0;
+    qrun u;
+    memset(&u, 0, sizeof u);
+    stats s[2];
+    char why[600] = "";
+    /* an entry's error goes to stderr and into its line; the table goes on */
+    int rc = make_input(&a, &u.x);
+    if (!rc) rc = quantize_input(&a, &u);
+    for (uint32_t dir = HQ_ROWWISE; !rc && dir <= HQ_COLWISE; dir++)
+      rc = direction_stats(&a, &u, dir, &s[dir - 1]);
+    if (!rc && w && hq_ckpt_add_qtensor(w, u.ctx, ents[i].name, u.qt))
+      rc = cli_fail(1, CMD, "--save: %s", hq_last_error());
+    if (rc) snprintf(why, sizeof why, "%s", cli_last_failure());
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lld", (long long)u.x.rows, (long long)u.x.cols);
+    if (a0->json) {
+      json_obj(&j);
+      json_kstr(&j, "name", ents[i].name);
+      const int64_t sh[2] = {u.x.rows, u.x.cols};
+      json_kints(&j, "shape", sh, 2);
+      if (rc) json_kstr(&j, "error", why);
+    } else if (rc) {
+      printf("%-36s %-14s %s\n", ents[i].name, shape, why[0] ? why : "(failed)");
+    }
+    if (!rc) {
+      if (a0->json) {
+        json_key(&j, "directions");
+        json_arr(&j);
+      }
+      in_bytes += (uint64_t)(u.x.rows * u.x.cols) * hq_dtype_size(u.x.dtype);
+      for (uint32_t dir = HQ_ROWWISE; dir <= HQ_COLWISE; dir++) {
+        const size_t bytes = hq_qtensor_bytes(u.qt, dir);
+        const double bpe = 8.0 * (double)bytes / (double)(u.x.rows * u.x.cols);
+        const stats *t = &s[dir - 1];
+        out_bytes += bytes;
+        if (a0->json) {
+          json_obj(&j);
+          json_kstr(&j, "direction", hq_dir_name(dir));
+          json_kstr(&j, "format", hq_qtensor_format(u.qt, dir));
+          json_kstr(&j, "plugin", hq_quantizer_plugin(u.q, dir));
+          json_kint(&j, "bytes", (int64_t)bytes);
+          json_knum(&j, "bits_per_element", bpe);
+          json_knum(&j, "rel_rms_error", t->rel_rms);
+          json_knum(&j, "sqnr_db", t->sqnr_db);
+          json_close_obj(&j);
+        } else {
+          printf("%-36s %-14s %-10s %-10s %-10s %8.3f %12.6g %9.3f\n",
+                 dir == HQ_ROWWISE ? ents[i].name : "", dir == HQ_ROWWISE ? shape : "",
+                 hq_dir_name(dir), hq_qtensor_format(u.qt, dir), hq_quantizer_plugin(u.q, dir),
+                 bpe, t->rel_rms, t->sqnr_db);
+        }
+      }
+      if (a0->json) json_close_arr(&j);
+      done++;
+    }
+    if (a0->json) json_close_obj(&j);
+    failed += rc != 0;
+    qrun_free(&u);
+  }
+  if (w && (failed ? (hq_ckpt_writer_abort(w), 0) : hq_ckpt_writer_close(w)))
+    failed += cli_fail(1, CMD, "--save: %s", hq_last_error());
+  if (a0->json) {
+    json_close_arr(&j);
+    if (w && !failed) {
+      json_key(&j, "saved");
+      json_obj(&j);
+      json_kstr(&j, "path", a0->save);
+      json_close_obj(&j);
+    }
+    json_kint(&j, "quantized", (int64_t)done);
+    json_kint(&j, "failed", (int64_t)failed);
+    json_close_obj(&j);
+    json_end(&j);
+  } else if (n) {
+    printf("%zu tensor%s quantized (%llu bytes -> %llu, both directions), %zu failed, %zu "
+           "skipped (1-D, or not F32 / F16 / BF16)%s%s\n", done, done == 1 ? "" : "s",
+           (unsigned long long)in_bytes, (unsigned long long)out_bytes, failed,
+           n - done - failed, w && !failed ? "; saved in " : "",
+           w && !failed ? a0->save : "");
+  }
+  for (size_t i = 0; i < nents; i++) free(ents[i].name);
+  free(ents);
+  if (failed && w)
+    fprintf(stderr, "hq quantize: --save: %s not written (%zu tensor%s failed)\n", a0->save,
+            failed, failed == 1 ? "" : "s");
+  return failed ? 1 : 0;
+}
+
 int hq_cmd_quantize(int argc, char **argv) {
   quantize_args a = {.dtype_s = "f32", .device_s = "cpu", .seed = 1, .scale = 1.0};
   int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
+  if (a.all) return quantize_all(&a);
   qrun u;
   memset(&u, 0, sizeof u);
   if ((st = make_input(&a, &u.x)) != 0) return st;
