@@ -74,6 +74,10 @@ struct hq_ckpt {
   json_t *root;               /* the header (validated at open) */
   json_t *meta;               /* "__metadata__" (borrowed from root), or NULL */
   int verify;                 /* checksums verified (not opened with HQ_CKPT_NO_VERIFY) */
+  /* the entries' names and the metadata keys in the header's order (borrowed from root), made
+     at open: hq_ckpt_entry_name and hq_ckpt_meta_key index them */
+  const char **names, **mkeys;
+  size_t nnames, nmkeys;
 };
 
 /* One entry of the header, as validated. */

@@ -418,7 +418,11 @@ static int validate(hq_ckpt *c) {
     return ck_error(HQ_EPARSE, c->path, "the header is not a JSON object");
   size_t n = json_object_size(c->root);
   range *r = calloc(n, sizeof *r);
-  if (!r) return ck_error(HQ_ENOMEM, c->path, "out of memory (%zu entries)", n);
+  c->names = calloc(n ? n : 1, sizeof *c->names);
+  if (!r || !c->names) {
+    free(r);
+    return ck_error(HQ_ENOMEM, c->path, "out of memory (%zu entries)", n);
+  }
   size_t nr = 0;
   int rc = HQ_OK;
   const char *key;
@@ -440,10 +444,18 @@ static int validate(hq_ckpt *c) {
       }
       if (rc) break;
       c->meta = v;
+      c->mkeys = calloc(json_object_size(v) ? json_object_size(v) : 1, sizeof *c->mkeys);
+      if (!c->mkeys) {
+        rc = ck_error(HQ_ENOMEM, c->path, "out of memory (%zu metadata keys)",
+                      json_object_size(v));
+        break;
+      }
+      json_object_foreach(v, mk, mv) c->mkeys[c->nmkeys++] = mk;
       continue;
     }
     ck_entry e;
     if ((rc = entry_parse(c->path, c->data_size, key, v, &e))) break;
+    c->names[c->nnames++] = key;
     r[nr].begin = e.begin;
     r[nr].end = e.end;
     r[nr].name = key;
@@ -478,6 +490,8 @@ void hq_ckpt_close(hq_ckpt *c) {
   if (!c) return;
   if (c->fd >= 0) close(c->fd);
   json_decref(c->root);
+  free(c->names);
+  free(c->mkeys);
   free(c->path);
   free(c);
 }
@@ -581,14 +595,11 @@ const char *hq_ckpt_meta(const hq_ckpt *c, const char *key) {
 }
 
 const char *hq_ckpt_meta_key(const hq_ckpt *c, size_t i) {
-  if (!c || !c->meta) return NULL;
-  const char *key;
-  json_t *v;
-  json_object_foreach(c->meta, key, v) {
-    (void)v;
-    if (i-- == 0) return key;
-  }
-  return NULL;
+  return c && i < c->nmkeys ? c->mkeys[i] : NULL;
+}
+
+const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i) {
+  return c && i < c->nnames ? c->names[i] : NULL;
 }
 
 /* The header entry `name` (not "__metadata__"), parsed; HQ_ENOENT when absent. */
@@ -598,17 +609,38 @@ int ck_find_entry(const hq_ckpt *c, const char *name, ck_entry *out) {
   return entry_parse(c->path, c->data_size, name, v, out);
 }
 
+/* The metadata key of entry `name`'s checksum, into a buffer on the stack (no allocation: a
+   load that read some buffers cannot fail for memory here); a name longer than hq writes is
+   refused before any byte is read. */
+#define CK_SUM_KEY_LEN (2 * CK_MAX_NAME + sizeof CK_SUM_SUFFIX)
+static int sum_key(const hq_ckpt *c, const char *name, char sk[CK_SUM_KEY_LEN]) {
+  if (strlen(name) >= 2 * CK_MAX_NAME)
+    return ck_error(HQ_EPARSE, c->path, "entry '%.200s...': name longer than hq writes", name);
+  snprintf(sk, CK_SUM_KEY_LEN, "%s" CK_SUM_SUFFIX, name);
+  return HQ_OK;
+}
+
+/* Entry `name`'s `bytes`, hashed to h, against the checksum under key sk (present and well
+   formed in a file opened with verification: checked at open). */
+static int sum_match(const hq_ckpt *c, const char *name, const char *sk, XXH64_hash_t h,
+                     uint64_t bytes) {
+  const char *want = hq_ckpt_meta(c, sk);
+  char got[CK_SUM_HEX + 1];
+  ck_sum_hex(h, got);
+  if (want && strcmp(got, want) == 0) return HQ_OK;
+  return ck_error(HQ_EPARSE, c->path, "entry '%.200s' is corrupt: its %llu bytes hash to "
+                  "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
+                  name, (unsigned long long)bytes, got, want ? want : "nothing");
+}
+
 int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *name,
                   const ck_entry *e, XXH3_state_t *sum) {
   const size_t bytes = (size_t)(e->end - e->begin);
   const uint64_t off = c->data_start + e->begin;
-  const char *want = NULL;
-  if (c->verify) { /* no allocation: a load that read some buffers cannot fail for memory here */
-    char sk[2 * CK_MAX_NAME + sizeof CK_SUM_SUFFIX];
-    if (strlen(name) >= 2 * CK_MAX_NAME)
-      return ck_error(HQ_EPARSE, c->path, "entry '%.200s...': name longer than hq writes", name);
-    snprintf(sk, sizeof sk, "%s" CK_SUM_SUFFIX, name);
-    want = hq_ckpt_meta(c, sk); /* present and well formed: checked at open */
+  char sk[CK_SUM_KEY_LEN];
+  if (c->verify) {
+    const int krc = sum_key(c, name, sk);
+    if (krc) return krc;
     if (device >= 0) XXH3_64bits_reset(sum);
   }
   int rc = HQ_OK;
@@ -629,14 +661,8 @@ int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *na
     }
     free(stage);
   }
-  if (!rc && c->verify) {
-    char got[CK_SUM_HEX + 1];
-    ck_sum_hex(device < 0 ? h : XXH3_64bits_digest(sum), got);
-    if (!want || strcmp(got, want) != 0)
-      rc = ck_error(HQ_EPARSE, c->path, "entry '%.200s' is corrupt: its %zu bytes hash to "
-                    "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
-                    name, bytes, got, want ? want : "nothing");
-  }
+  if (!rc && c->verify)
+    rc = sum_match(c, name, sk, device < 0 ? h : XXH3_64bits_digest(sum), bytes);
   return rc;
 }
 
@@ -649,13 +675,11 @@ int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes) {
   char *stage = malloc(CK_STAGE_BYTES);
   XXH3_state_t *sum = XXH3_createState();
   int rc = stage && sum ? HQ_OK : ck_error(HQ_ENOMEM, c->path, "hq_ckpt_verify: out of memory");
-  const char *name;
-  json_t *v;
-  json_object_foreach(c->root, name, v) {
-    if (rc) break;
-    if (!strcmp(name, "__metadata__")) continue;
+  for (size_t i = 0; !rc && i < c->nnames; i++) {
+    const char *name = c->names[i];
     ck_entry e;
-    if ((rc = entry_parse(c->path, c->data_size, name, v, &e))) break;
+    char sk[CK_SUM_KEY_LEN];
+    if ((rc = ck_find_entry(c, name, &e)) || (rc = sum_key(c, name, sk))) break;
     const uint64_t n = e.end - e.begin;
     XXH3_64bits_reset(sum);
     for (uint64_t done = 0; !rc && done < n; done += CK_STAGE_BYTES) {
@@ -663,17 +687,8 @@ int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes) {
       rc = pread_all(c->fd, stage, k, c->data_start + e.begin + done, c->path);
       if (!rc) XXH3_64bits_update(sum, stage, k);
     }
-    if (rc) break;
-    char sk[2 * CK_MAX_NAME + sizeof CK_SUM_SUFFIX], got[CK_SUM_HEX + 1];
-    snprintf(sk, sizeof sk, "%s" CK_SUM_SUFFIX, name);
-    const char *want = hq_ckpt_meta(c, sk); /* present for every entry: checked at open */
-    ck_sum_hex(XXH3_64bits_digest(sum), got);
-    if (!want || strcmp(got, want) != 0)
-      rc = ck_error(HQ_EPARSE, c->path, "entry '%.200s' is corrupt: its %llu bytes hash to "
-                    "xxh3_64 %s, the header records %.16s (the file changed after hq wrote it)",
-                    name, (unsigned long long)n, got, want ? want : "nothing");
-    else if (bytes)
-      *bytes += n;
+    if (rc || (rc = sum_match(c, name, sk, XXH3_64bits_digest(sum), n))) break;
+    if (bytes) *bytes += n;
   }
   free(stage);
   XXH3_freeState(sum);

@@ -4,7 +4,7 @@
 ** metadata against the qtensor (shape, directions, columnwise source, formats, every buffer's
 ** name, dtype and shape) and the metadata against the file's entries -- is made before a byte
 ** is written; then the buffers are read (pread, staged through the host for a device). Also
-** what an entry is (hq_ckpt_entry) and the entries' names, for a file another tool wrote.
+** what an entry is (hq_ckpt_entry), for a file another tool wrote.
 */
 #include "config.h"
 #include "ckpt.h"
@@ -64,18 +64,6 @@ int hq_ckpt_entry(const hq_ckpt *c, const char *name, hq_ckpt_entry_info *out) {
   v.bytes = e.end - e.begin;
   memcpy(out, &v, v.struct_size);
   return HQ_OK;
-}
-
-const char *hq_ckpt_entry_name(const hq_ckpt *c, size_t i) {
-  if (!c) return NULL;
-  const char *key;
-  json_t *v;
-  json_object_foreach(c->root, key, v) {
-    (void)v;
-    if (!strcmp(key, "__metadata__")) continue;
-    if (i-- == 0) return key;
-  }
-  return NULL;
 }
 
 int hq_ckpt_load_tensor(hq_ckpt *c, hq_ctx *ctx, const char *name, hq_tensor *tp) {
