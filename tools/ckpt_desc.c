@@ -1,7 +1,9 @@
 /*
-** ckpt_desc.c -- a quantized tensor's "<name>/hq" metadata (docs/checkpoints.md, 3) as one line
-** for `hq info --checkpoint`: shape, nominal dtype, each direction's format, plugin and options.
-** Apart from cmd_info.c because jansson's names (json_null, ...) meet the tools' JSON writer's.
+** ckpt_desc.c -- the commands' view of a safetensors file: opening it verified where hq wrote
+** it, an entry's shape as text, and a quantized tensor's "<name>/hq" metadata (docs/checkpoints.md,
+** 3) as one line for `hq info --checkpoint`: shape, nominal dtype, each direction's format,
+** plugin and options. Apart from cmd_info.c because jansson's names (json_null, ...) meet the
+** tools' JSON writer's.
 */
 #include "config.h"
 
@@ -9,6 +11,25 @@
 #include <string.h>
 
 #include "ckpt_desc.h"
+
+int ckpt_open_any(const char *path, hq_ckpt **out, int *summed) {
+  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
+  *summed = 0;
+  int rc = hq_ckpt_open_ex(path, &o, out);
+  if (rc || !hq_ckpt_meta(*out, "hq_header_xxh3_64")) return rc;
+  /* hq wrote it: again, verified (the header's checksum at open, each entry's as it is read) */
+  hq_ckpt_close(*out);
+  *out = NULL;
+  *summed = 1;
+  return hq_ckpt_open(path, out);
+}
+
+void ckpt_shape_text(const hq_ckpt_entry_info *e, char *buf, size_t len) {
+  size_t at = (size_t)snprintf(buf, len, "[");
+  for (int k = 0; k < e->ndim && at < len; k++)
+    at += (size_t)snprintf(buf + at, len - at, "%s%lld", k ? ", " : "", (long long)e->shape[k]);
+  if (at < len) snprintf(buf + at, len - at, "]");
+}
 
 #ifdef HQ_HAVE_JANSSON
 #include <jansson.h>

@@ -289,11 +289,15 @@ static void report_text(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   }
 }
 
-/* Whether metadata key k is hq's own bookkeeping (a checksum), not worth listing. */
-static int sum_key(const char *k) {
-  const size_t n = strlen(k), s = strlen("xxh3_64");
-  return n >= s && !strcmp(k + n - s, "xxh3_64");
+/* Whether metadata key k ends in suffix s. */
+static int key_ends(const char *k, const char *s) {
+  const size_t n = strlen(k), m = strlen(s);
+  return n >= m && !strcmp(k + n - m, s);
 }
+/* hq's own bookkeeping (a checksum, not worth listing); a quantized tensor's description (a
+   name before the "/hq") */
+static int sum_key(const char *k) { return key_ends(k, "xxh3_64"); }
+static int qt_key(const char *k) { return strlen(k) > 3 && key_ends(k, "/hq"); }
 
 /* A metadata value on one line of the listing: control characters as \n, \t or \xNN, at most
    200 bytes of it (then "..."). */
@@ -312,15 +316,9 @@ static void print_value(const char *v) {
 /* --checkpoint: the entries, the quantized tensors and the other metadata of FILE, then its
    checksums verified. 0, or 1 (a file that cannot be opened, a corrupt entry). */
 static int report_checkpoint(const char *path, int as_json) {
-  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
   hq_ckpt *c = NULL;
-  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, "info", "%s", hq_last_error());
-  const int sums = hq_ckpt_meta(c, "hq_header_xxh3_64") != NULL;
-  if (sums) { /* hq wrote it: open it again, verified (the header's checksum at open) */
-    hq_ckpt_close(c);
-    c = NULL;
-    if (hq_ckpt_open(path, &c)) return cli_fail(1, "info", "%s", hq_last_error());
-  }
+  int sums;
+  if (ckpt_open_any(path, &c, &sums)) return cli_fail(1, "info", "%s", hq_last_error());
   json j;
   uint64_t total = 0;
   size_t n = 0;
@@ -337,11 +335,7 @@ static int report_checkpoint(const char *path, int as_json) {
     hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
     const int ok = hq_ckpt_entry(c, nm, &e) == HQ_OK; /* more than 8 dimensions: name only */
     char shape[200] = "?";
-    size_t at = 0;
-    for (int k = 0; ok && k <= e.ndim && at < sizeof shape; k++)
-      at += (size_t)snprintf(shape + at, sizeof shape - at, k == e.ndim ? "]" : "%s%lld",
-                             k ? ", " : "[", k < e.ndim ? (long long)e.shape[k] : 0LL);
-    if (ok && !e.ndim) snprintf(shape, sizeof shape, "[]");
+    if (ok) ckpt_shape_text(&e, shape, sizeof shape);
     total += ok ? e.bytes : 0;
     if (as_json) {
       json_obj(&j);
@@ -366,10 +360,10 @@ static int report_checkpoint(const char *path, int as_json) {
   }
   /* a quantized tensor NAME is described by metadata NAME/hq (docs/checkpoints.md, 3) */
   size_t nq = 0;
-  for (size_t i = 0; hq_ckpt_meta_key(c, i); i++) {
-    const char *k = hq_ckpt_meta_key(c, i);
+  const char *k;
+  for (size_t i = 0; (k = hq_ckpt_meta_key(c, i)) != NULL; i++) {
+    if (!qt_key(k)) continue;
     const size_t kl = strlen(k);
-    if (kl <= 3 || strcmp(k + kl - 3, "/hq")) continue;
     if (as_json) {
       json_obj(&j);
       json_key(&j, "name");
@@ -391,10 +385,8 @@ static int report_checkpoint(const char *path, int as_json) {
     json_key(&j, "metadata");
     json_obj(&j);
   }
-  for (size_t i = 0; hq_ckpt_meta_key(c, i); i++) {
-    const char *k = hq_ckpt_meta_key(c, i);
-    const size_t kl = strlen(k);
-    if (sum_key(k) || (kl > 3 && !strcmp(k + kl - 3, "/hq"))) continue;
+  for (size_t i = 0; (k = hq_ckpt_meta_key(c, i)) != NULL; i++) {
+    if (sum_key(k) || qt_key(k)) continue;
     if (as_json) json_kstr(&j, k, hq_ckpt_meta(c, k));
     else printf("  metadata %s = ", k), print_value(hq_ckpt_meta(c, k));
   }

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "buffers.h"
+#include "ckpt_desc.h"
 #include "cli.h"
 #include "commands.h"
 #include "json.h"
@@ -104,6 +105,9 @@ static int write_npy(const char *path, const float *v, int64_t rows, int64_t col
   return 0;
 }
 
+/* Whether hq quantize takes elements of dtype d (F32, F16, BF16). */
+static int quantizable(hq_dtype d) { return d == HQ_F32 || d == HQ_F16 || d == HQ_BF16; }
+
 /* A safetensors file's entries, as "NAME [shape] DTYPE, ..." (at most 8, then how many more). */
 static void entry_list(const hq_ckpt *c, char *buf, size_t len) {
   size_t at = 0, n = 0;
@@ -112,30 +116,22 @@ static void entry_list(const hq_ckpt *c, char *buf, size_t len) {
     if (n >= 8) continue;
     hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
     if (hq_ckpt_entry(c, nm, &e) || at >= len) continue;
-    at += (size_t)snprintf(buf + at, len - at, "%s'%.80s' [", n ? ", " : "", nm);
-    for (int k = 0; k < e.ndim && at < len; k++)
-      at += (size_t)snprintf(buf + at, len - at, "%s%lld", k ? ", " : "", (long long)e.shape[k]);
-    if (at < len) at += (size_t)snprintf(buf + at, len - at, "] %s", e.st_dtype);
+    char shape[200];
+    ckpt_shape_text(&e, shape, sizeof shape);
+    at += (size_t)snprintf(buf + at, len - at, "%s'%.80s' %s %s", n ? ", " : "", nm, shape,
+                           e.st_dtype);
   }
   if (n > 8 && at < len) snprintf(buf + at, len - at, " and %zu more", n - 8);
   if (!n) snprintf(buf, len, "no entry");
 }
 
-/* Entry `name` of safetensors file `path` into t (host, its own dtype and flattened shape). The
-   file's checksums are verified where it has them (an hq checkpoint), not required otherwise (a
-   file another tool wrote). */
-static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
-  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
-  hq_ckpt *c = NULL;
+/* Entry `name` of the safetensors file c (opened from `path`) into t (host, its own dtype and
+   flattened shape); load_safetensors opens the file for it, verified where it has hq's
+   checksums (ckpt_open_any). */
+static int load_entry(hq_ckpt *c, const char *path, const char *name, hq_tensor *t) {
   hq_ctx *ctx = NULL;
   char list[1024];
   int rc = 1;
-  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
-  if (hq_ckpt_meta(c, "hq_header_xxh3_64")) { /* hq wrote it: open it again, verified */
-    hq_ckpt_close(c);
-    c = NULL;
-    if (hq_ckpt_open(path, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
-  }
   hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
   if (!name) {
     entry_list(c, list, sizeof list);
@@ -146,7 +142,7 @@ static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
     snprintf(why, sizeof why, "%s", hq_last_error());
     entry_list(c, list, sizeof list);
     cli_fail(1, CMD, "%s (the file holds %s)", why, list);
-  } else if (e.dtype != HQ_F32 && e.dtype != HQ_F16 && e.dtype != HQ_BF16) {
+  } else if (!quantizable(e.dtype)) {
     cli_fail(1, CMD, "%s: entry '%s' holds %s elements; hq quantize takes F32, F16 or BF16", path,
              name, e.st_dtype);
   } else {
@@ -168,6 +164,13 @@ static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
     }
   }
   hq_ctx_destroy(ctx);
+  return rc;
+}
+static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
+  hq_ckpt *c = NULL;
+  int summed;
+  if (ckpt_open_any(path, &c, &summed)) return cli_fail(1, CMD, "%s", hq_last_error());
+  const int rc = load_entry(c, path, name, t);
   hq_ckpt_close(c);
   return rc;
 }
@@ -274,6 +277,7 @@ typedef struct quantize_args {
   const char *save, *name; /* --save's file and the tensor's name in it */
   const char *tensor;      /* --tensor: the entry of a safetensors --input */
   int all;                 /* --all: every entry of it */
+  hq_ckpt *ck;             /* --all: that file, opened once for every entry */
   uint64_t seed;
   double scale;
   int json, finite_only;
@@ -352,6 +356,7 @@ static int make_input(const quantize_args *a, hq_tensor *x) {
   if (a->input) {
     const size_t n = strlen(a->input), e = strlen(".safetensors");
     /* by name, so that a large file is never read whole to find out */
+    if (a->ck) return load_entry(a->ck, a->input, a->tensor, x);
     if (a->tensor || (n > e && !strcmp(a->input + n - e, ".safetensors")))
       return load_safetensors(a->input, a->tensor, x);
     return load_input(a->input, a->shape, a->dtype, x);
@@ -553,39 +558,25 @@ static int report_direction(const quantize_args *a, qrun *u, uint32_t dir, json 
 /* --all: the entries of the --input file that hold a tensor to quantize (two or more
    dimensions, F32 / F16 / BF16), in the header's order, and the others with why not. */
 typedef struct all_entry {
-  char *name;
+  const char *name;    /* the file's (valid while it is open) */
   const char *skipped; /* NULL: quantized */
 } all_entry;
 
-static int all_entries(const char *path, all_entry **out, size_t *n) {
-  hq_ckpt_open_opts o = {.struct_size = sizeof o, .flags = HQ_CKPT_NO_VERIFY};
-  hq_ckpt *c = NULL;
+static int all_entries(const hq_ckpt *c, all_entry **out, size_t *n) {
   *out = NULL;
   *n = 0;
-  if (hq_ckpt_open_ex(path, &o, &c)) return cli_fail(1, CMD, "%s", hq_last_error());
   size_t cnt = 0;
   while (hq_ckpt_entry_name(c, cnt)) cnt++;
   all_entry *v = calloc(cnt ? cnt : 1, sizeof *v);
-  if (!v) {
-    hq_ckpt_close(c);
-    return cli_fail(1, CMD, "out of memory");
-  }
+  if (!v) return cli_fail(1, CMD, "out of memory");
   for (size_t i = 0; i < cnt; i++) {
     hq_ckpt_entry_info e = HQ_STRUCT_INIT(hq_ckpt_entry_info);
-    const char *nm = hq_ckpt_entry_name(c, i);
-    v[i].name = strdup(nm);
-    if (hq_ckpt_entry(c, nm, &e)) v[i].skipped = "more than 8 dimensions";
-    else if (e.dtype != HQ_F32 && e.dtype != HQ_F16 && e.dtype != HQ_BF16)
+    v[i].name = hq_ckpt_entry_name(c, i);
+    if (hq_ckpt_entry(c, v[i].name, &e)) v[i].skipped = "more than 8 dimensions";
+    else if (!quantizable(e.dtype))
       v[i].skipped = "not F32, F16 or BF16";
     else if (e.ndim < 2) v[i].skipped = "fewer than 2 dimensions";
   }
-  hq_ckpt_close(c);
-  for (size_t i = 0; i < cnt; i++)
-    if (!v[i].name) {
-      for (size_t k = 0; k < cnt; k++) free(v[k].name);
-      free(v);
-      return cli_fail(1, CMD, "out of memory");
-    }
   *out = v;
   *n = cnt;
   return 0;
@@ -596,7 +587,13 @@ static int all_entries(const char *path, all_entry **out, size_t *n) {
 static int quantize_all(const quantize_args *a0) {
   all_entry *ents;
   size_t nents, done = 0, failed = 0;
-  if (all_entries(a0->input, &ents, &nents)) return 1;
+  hq_ckpt *ck = NULL;
+  int summed;
+  if (ckpt_open_any(a0->input, &ck, &summed)) return cli_fail(1, CMD, "%s", hq_last_error());
+  if (all_entries(ck, &ents, &nents)) {
+    hq_ckpt_close(ck);
+    return 1;
+  }
   size_t n = nents; /* the entries to go through: none when --save cannot start */
   hq_ckpt_writer *w = NULL;
   if (a0->save && hq_ckpt_writer_open(a0->save, &w)) {
@@ -635,6 +632,7 @@ static int quantize_all(const quantize_args *a0) {
     a.role = hq_role_of(a0->role.module_type, a0->role.tensor_type, ents[i].name);
     a.role_text = rb;
     a.tensor = ents[i].name;
+    a.ck = ck;
     a.json = 0;
     qrun u;
     memset(&u, 0, sizeof u);
@@ -715,8 +713,8 @@ static int quantize_all(const quantize_args *a0) {
            n - done - failed, w && !failed ? "; saved in " : "",
            w && !failed ? a0->save : "");
   }
-  for (size_t i = 0; i < nents; i++) free(ents[i].name);
   free(ents);
+  hq_ckpt_close(ck);
   if (failed && w)
     fprintf(stderr, "hq quantize: --save: %s not written (%zu tensor%s failed)\n", a0->save,
             failed, failed == 1 ? "" : "s");
