@@ -633,6 +633,22 @@ static int sum_match(const hq_ckpt *c, const char *name, const char *sk, XXH64_h
                   name, (unsigned long long)bytes, got, want ? want : "nothing");
 }
 
+/* `bytes` of the file from offset off, read through the host buffer stage (`chunk` bytes) a
+   piece at a time: each piece hashed into sum (NULL: not) and, with dst, copied to dst on
+   `device` (synchronized: the next piece reuses the buffer). */
+static int read_staged(hq_ckpt *c, uint64_t off, uint64_t bytes, char *stage, size_t chunk,
+                       XXH3_state_t *sum, hq_ctx *ctx, void *dst, int device) {
+  int rc = HQ_OK;
+  for (uint64_t done = 0; !rc && done < bytes; done += chunk) {
+    const size_t n = bytes - done < chunk ? (size_t)(bytes - done) : chunk;
+    rc = pread_all(c->fd, stage, n, off + done, c->path);
+    if (!rc && sum) XXH3_64bits_update(sum, stage, n);
+    if (!rc && dst) rc = hq_ctx_memcpy(ctx, (char *)dst + done, device, stage, HQ_DEVICE_HOST, n);
+    if (!rc && dst) rc = hq_ctx_sync(ctx);
+  }
+  return rc;
+}
+
 int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *name,
                   const ck_entry *e, XXH3_state_t *sum) {
   const size_t bytes = (size_t)(e->end - e->begin);
@@ -652,13 +668,8 @@ int ck_read_entry(hq_ckpt *c, hq_ctx *ctx, void *dst, int device, const char *na
     size_t chunk = bytes < CK_STAGE_BYTES ? bytes : CK_STAGE_BYTES;
     char *stage = malloc(chunk);
     if (!stage) rc = ck_error(HQ_ENOMEM, c->path, "out of memory (%zu bytes of staging)", chunk);
-    for (size_t done = 0; !rc && done < bytes; done += chunk) {
-      size_t n = bytes - done < chunk ? bytes - done : chunk;
-      rc = pread_all(c->fd, stage, n, off + done, c->path);
-      if (!rc && c->verify) XXH3_64bits_update(sum, stage, n);
-      if (!rc) rc = hq_ctx_memcpy(ctx, (char *)dst + done, device, stage, HQ_DEVICE_HOST, n);
-      if (!rc) rc = hq_ctx_sync(ctx); /* the staging buffer is reused */
-    }
+    if (!rc)
+      rc = read_staged(c, off, bytes, stage, chunk, c->verify ? sum : NULL, ctx, dst, device);
     free(stage);
   }
   if (!rc && c->verify)
@@ -682,11 +693,7 @@ int hq_ckpt_verify(hq_ckpt *c, uint64_t *bytes) {
     if ((rc = ck_find_entry(c, name, &e)) || (rc = sum_key(c, name, sk))) break;
     const uint64_t n = e.end - e.begin;
     XXH3_64bits_reset(sum);
-    for (uint64_t done = 0; !rc && done < n; done += CK_STAGE_BYTES) {
-      const size_t k = n - done < CK_STAGE_BYTES ? (size_t)(n - done) : CK_STAGE_BYTES;
-      rc = pread_all(c->fd, stage, k, c->data_start + e.begin + done, c->path);
-      if (!rc) XXH3_64bits_update(sum, stage, k);
-    }
+    rc = read_staged(c, c->data_start + e.begin, n, stage, CK_STAGE_BYTES, sum, NULL, NULL, 0);
     if (rc || (rc = sum_match(c, name, sk, XXH3_64bits_digest(sum), n))) break;
     if (bytes) *bytes += n;
   }
