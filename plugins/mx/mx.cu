@@ -351,6 +351,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
     const int64_t at0 = ROWS ? at_r : (int64_t)((uint64_t)rw * (uint32_t)K) + j;
     const int64_t o0 = ROWS ? o0_r : (int64_t)((uint64_t)rw * (uint32_t)rowb) + c0;
     const int64_t s0 = ROWS ? s0_r : (int64_t)((uint64_t)rw * (uint32_t)kb) + j / kBlk;
+    /* the columnwise codes' place, made before the barriers and held across them (the 32
+       registers of 8 CTAs an SM had the compiler make it again after them) */
+    uint8_t *cq = ROWS ? nullptr : a.cd + o0;
+    if (!ROWS) asm volatile("" : "+l"(cq));
+    if (!ROWS) __builtin_assume(__isGlobal(cq));
     float x[2][8];
     uint32_t w[2][4];
 #pragma unroll
@@ -562,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksOf<DT, KIND, VEC, SR, RAW>
         elems8<DT, PK>(w[p], x[p], y);
         v = encode8<KIND, SR>(y, m, ek, rb, fast && !BP, a.rule);
       }
-      store_codes<KIND, !ROWS>(a.cd + o0 + 16 * p * rowb, v, valid, a.st8, lane);
+      store_codes<KIND, !ROWS>(cq + 16 * p * rowb, v, valid, a.st8, lane);
       if (RAW && valid) { /* the 8 columns' codes */
         const uint2 c = *reinterpret_cast<const uint2 *>(&s_code[cg * 8]);
         uint8_t ev[8];
