@@ -104,17 +104,25 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
   return rc || !*tmp ? rc : raw_fill(ctx, g, dt, *tmp, fold, ctx->stream, NULL);
 }
 
-/* raw() of a and of b, the two fills side by side where both have one on a CUDA device: b's on
-   the context's stream, a's on the context's side stream, forked from it after both temporaries
-   are allocated there and joined back before this returns (also when a fill fails, so that a
-   capture stays whole). Without a side stream (none can be made, or none was made before a
-   capture began: making one is not capture work) the fills run in turn. */
-static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
-                        const void **data_a, void **tmp_a, const hq_gemm_operand *b,
-                        hq_dtype dtb, const void **data_b, void **tmp_b) {
+/* raw() of a and of b with folds fa and fb (NULL: none), the two fills side by side where both
+   have one on a CUDA device: b's on the context's stream, a's on the context's side stream,
+   forked from it after both temporaries are allocated there and joined back before this returns
+   (also when a fill fails, so that a capture stays whole). Without a side stream (none can be
+   made, or none was made before a capture began: making one is not capture work) the fills run
+   in turn. */
+static int svc_raw_pair_fold(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                             const void **data_a, void **tmp_a, hq_gemm_fold *fa,
+                             const hq_gemm_operand *b, hq_dtype dtb, const void **data_b,
+                             void **tmp_b, hq_gemm_fold *fb) {
   int rc = raw_args(call, a, dta, data_a, tmp_a);
   if (!rc) rc = raw_args(call, b, dtb, data_b, tmp_b);
   if (rc) return rc;
+  if (fa) fa->done = 0;
+  if (fb) fb->done = 0;
+  /* side by side, one fold reading the other's product would race with its write */
+  if (fa && fb && ((fa->out && fb->in == fa->out) || (fb->out && fa->in == fb->out)))
+    return hqi_error(HQ_EINVAL, "hq_gemm_host.raw_pair_fold: one operand's fold reads the "
+                     "other's product; the two run side by side (ask raw() for each in turn)");
   hq_ctx *ctx = call->core_private;
   const hqi_gop *ga = a->handle, *gb = b->handle;
   *tmp_b = NULL;
@@ -123,18 +131,24 @@ static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype 
   if (rc) return rc;
   void *side = *tmp_a && *tmp_b ? hqi_ctx_side_stream(ctx) : NULL;
   if (!side) {
-    if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, ctx->stream, NULL);
-    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream, NULL);
+    if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, fa, ctx->stream, NULL);
+    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, fb, ctx->stream, NULL);
     return rc;
   }
   rc = hqi_cuda_event_record(&ctx->side_ev[0], ctx->stream);
   if (!rc) rc = hqi_cuda_stream_wait_event(side, ctx->side_ev[0]);
   if (rc) return rc; /* nothing forked */
-  rc = raw_fill(ctx, ga, dta, *tmp_a, NULL, side, NULL);
-  if (!rc) rc = raw_fill(ctx, gb, dtb, *tmp_b, NULL, ctx->stream, NULL); /* beside a's */
+  rc = raw_fill(ctx, ga, dta, *tmp_a, fa, side, NULL);
+  if (!rc) rc = raw_fill(ctx, gb, dtb, *tmp_b, fb, ctx->stream, NULL); /* beside a's */
   int jrc = hqi_cuda_event_record(&ctx->side_ev[1], side);
   if (!jrc) jrc = hqi_cuda_stream_wait_event(ctx->stream, ctx->side_ev[1]);
   return rc ? rc : jrc;
+}
+
+static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                        const void **data_a, void **tmp_a, const hq_gemm_operand *b,
+                        hq_dtype dtb, const void **data_b, void **tmp_b) {
+  return svc_raw_pair_fold(call, a, dta, data_a, tmp_a, NULL, b, dtb, data_b, tmp_b, NULL);
 }
 
 static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out) {
@@ -195,4 +209,5 @@ const hq_gemm_host hqi_gemm_host = {
     .factor = svc_factor,
     .raw_pair = svc_raw_pair,
     .raw_rows = svc_raw_rows,
+    .raw_pair_fold = svc_raw_pair_fold,
 };

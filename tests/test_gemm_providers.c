@@ -333,7 +333,8 @@ static void test_dispatch_and_cache(void **state) {
   hq_tensor Dh = hq_test_empty(HQ_BF16, n, m);
   c = gemm(ctx, A, 1, B, 0, &Dh, 0);
   expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU,
-             "test_gemm: only identity f32 or row-factor storages into an f32 D on the host");
+             "test_gemm: only identity f32, row-factor or folding storages into an f32 D on the "
+             "host");
   assert_int_equal(fx->accepts_calls, 4);
   c = gemm(ctx, A, 1, B, 0, &D, HQ_GEMM_FORCE_EMULATED);
   expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "test_gemm: the caller forced the emulated path");
@@ -409,6 +410,65 @@ static void test_raw_pair(void **state) {
   HQ_ERROR_HAS("hq_gemm_host.raw: an operand hq_gemm did not hand out, a call without its "
                "context, or dtype f16 (f32 or bf16)");
   assert_int_equal(fx->pairs, 1);
+  fx->mode = GEMM_FIXTURE_RUN;
+  hq_qtensor *all[] = {A, B};
+  hq_qtensors_free(all, 2);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+  free(xa.data);
+  free(xb.data);
+  free(D.data);
+  free(D2.data);
+}
+
+/* A provider reading two NVFP4 operands through host->raw_pair_fold (provider ABI 1.3) gets each
+   per-tensor factor folded by its own dequantize into a product of its own -- A's times alpha,
+   B's alone: RN(alpha * fa) and fb, with f = RN(amax * RN(1/2688)) of each input (docs/formats.md)
+   -- and the GEMM agrees with raw() plus factor() (test_gemm's RUN mode) to the rounding of the
+   scalar; a fold reading the other's product is refused, the provider named. */
+static void test_raw_pair_fold(void **state) {
+  (void)state;
+  const char *text = "[format n]\nplugin = nvfp4\n[role *:*:*]\nrowwise = n\ncolumnwise = n\n";
+  gemm_fixture_state *fx, *fl;
+  hq_recipe *r = fixture_recipe_of(text, &fx, &fl);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
+  const int64_t m = 32, n = 16, k = 64;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor xa = hq_test_tensor(HQ_F32, m, k, 81, 3.0f);
+  hq_tensor xb = hq_test_tensor(HQ_F32, n, k, 82, 0.25f);
+  float amax[2] = {0.0f, 0.0f};
+  for (int64_t i = 0; i < m * k; i++) amax[0] = fmaxf(amax[0], fabsf(((float *)xa.data)[i]));
+  for (int64_t i = 0; i < n * k; i++) amax[1] = fmaxf(amax[1], fabsf(((float *)xb.data)[i]));
+  const float fa = amax[0] * (1.0f / 2688.0f), fb = amax[1] * (1.0f / 2688.0f);
+  hq_qtensor *A = quantize(q, ctx, &xa), *B = quantize(q, ctx, &xb);
+  hq_tensor D = hq_test_empty(HQ_F32, n, m), D2 = hq_test_empty(HQ_F32, n, m);
+  fx->mode = GEMM_FIXTURE_RUN;
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0); /* alpha 0.5 */
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  fx->mode = GEMM_FIXTURE_PAIR_FOLD;
+  c = gemm(ctx, A, 1, B, 0, &D2, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->pair_folds, 2);
+  assert_true(fx->fold_a == 0.5f * fa);
+  assert_true(fx->fold_b == fb);
+  const float *d = D.data, *d2 = D2.data;
+  size_t nonzero = 0;
+  for (int64_t i = 0; i < m * n; i++) {
+    nonzero += d2[i] != 0.0f;
+    if (fabsf(d2[i] - d[i]) > 0x1p-20f * fabsf(d[i]))
+      fail_msg("D[%lld] = %.9g through raw_pair_fold, %.9g through raw() and factor()",
+               (long long)i, (double)d2[i], (double)d[i]);
+  }
+  assert_true(nonzero > (size_t)(m * n) / 2);
+  fx->mode = GEMM_FIXTURE_PAIR_FOLD_BAD;
+  assert_int_equal(hq_gemm(ctx, hq_operand_q(A), 1, hq_operand_q(B), 0, &D2, 0.5f, 0.0f, NULL,
+                           NULL),
+                   HQ_EINVAL);
+  HQ_ERROR_HAS("GEMM provider test_gemm");
+  HQ_ERROR_HAS("hq_gemm_host.raw_pair_fold: one operand's fold reads the other's product");
+  assert_int_equal(fx->pair_folds, 2);
   fx->mode = GEMM_FIXTURE_RUN;
   hq_qtensor *all[] = {A, B};
   hq_qtensors_free(all, 2);
@@ -620,6 +680,7 @@ int main(void) {
       cmocka_unit_test(test_rejections),
       cmocka_unit_test(test_dispatch_and_cache),
       cmocka_unit_test(test_raw_pair),
+      cmocka_unit_test(test_raw_pair_fold),
       cmocka_unit_test(test_raw_rows),
       cmocka_unit_test(test_decline),
       cmocka_unit_test(test_raw_by_table_size),

@@ -6,9 +6,10 @@
 ** must succeed (an allocation or a synchronization inside would break it); the graph replayed
 ** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
 ** for per-tensor FP8 (the native FP8 path on Hopper), BF16 identity (the native BF16 path) and
-** MXFP8 / MXFP4 (emulated on Hopper: each GEMM's two dequantizes on the context's stream and its
-** side stream, so the graph forks and joins; a context's first GEMM captured before it has a side
-** stream runs them in turn, one chain, with the bytes of the forked eager run).
+** MXFP8 / MXFP4 and NVFP4 (emulated on Hopper: each GEMM's two dequantizes on the context's
+** stream and its side stream, so the graph forks and joins -- NVFP4's each folding its factor into
+** a product of its own, which the GEMM's alpha multiplies; a context's first GEMM captured before
+** it has a side stream runs them in turn, one chain, with the bytes of the forked eager run).
 ** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
 ** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
@@ -162,7 +163,9 @@ static void test_step_in_a_graph(void **state) {
     CK(ce);
     size_t nodes = 0, edges = 0;
     graph_shape(graph, &nodes, &edges);
-    if (strstr(recipes[k], "mxfp") && mx_emulated() && edges < nodes)
+    /* NVFP4's operands fold their per-tensor factors, each into its own product (ABI 1.3) */
+    if ((strstr(recipes[k], "mxfp") || strstr(recipes[k], "nvfp4")) && mx_emulated() &&
+        edges < nodes)
       fail_msg("%s: %zu nodes, %zu edges: the emulated GEMMs' dequantizes were not forked",
                recipes[k], nodes, edges);
     CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -510,73 +513,81 @@ static void test_ctx_capturing(void **state) {
 
 /* The first GEMM of a context captured before the context made its side stream (making one is
    not capture work): its dequantizes run in turn on the captured stream (the graph is a chain),
-   and the replay gives the bytes of the same GEMM run eagerly afterwards, which forks. */
+   and the replay gives the bytes of the same GEMM run eagerly afterwards, which forks; for
+   MXFP8 and for NVFP4, whose folds then run in turn too, each into its own product. */
 static void test_first_gemm_captured(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  hq_ctx *ctx = NULL;
-  hq_ctx_desc d = {0};
-  d.struct_size = sizeof d;
-  d.device = 0;
-  d.stream = stream;
-  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
-  hq_recipe *r = hq_test_recipe(recipes[2]);
-  const char *roles[2] = {"linear:input:l", "linear:weight:l"};
-  const int64_t rows[2] = {M, N};
-  hq_quantizer *q[2];
-  hq_qtensor *qt[2];
-  hq_tensor h[2];
-  void *dsrc[2], *dout[2];
-  for (int i = 0; i < 2; i++) {
-    q[i] = hq_test_quantizer(r, roles[i]);
-    h[i] = hq_test_tensor(HQ_BF16, rows[i], K, 30 + (uint64_t)i, 1.0f);
-    CK(cudaMalloc(&dsrc[i], (size_t)(rows[i] * K) * 2));
-    CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
-    hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
-    HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
-    CK(cudaMalloc(&dout[i], (size_t)(M * N) * sizeof(float)));
+  /* mxfp8 (no factor) and nvfp4 (each operand folding its factor into its own product) */
+  static const int which[2] = {2, 4};
+  for (int w = 0; w < 2; w++) {
+    hq_ctx *ctx = NULL;
+    hq_ctx_desc d = {0};
+    d.struct_size = sizeof d;
+    d.device = 0;
+    d.stream = stream;
+    HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+    hq_recipe *r = hq_test_recipe(recipes[which[w]]);
+    const char *roles[2] = {"linear:input:l", "linear:weight:l"};
+    const int64_t rows[2] = {M, N};
+    hq_quantizer *q[2];
+    hq_qtensor *qt[2];
+    hq_tensor h[2];
+    void *dsrc[2], *dout[2];
+    for (int i = 0; i < 2; i++) {
+      q[i] = hq_test_quantizer(r, roles[i]);
+      h[i] = hq_test_tensor(HQ_BF16, rows[i], K, 30 + (uint64_t)i, 1.0f);
+      CK(cudaMalloc(&dsrc[i], (size_t)(rows[i] * K) * 2));
+      CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
+      hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
+      HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
+      CK(cudaMalloc(&dout[i], (size_t)(M * N) * sizeof(float)));
+    }
+    hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, M, N),
+                        hq_tensor_2d(dout[1], HQ_F32, 0, M, N)};
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                   &out[0], NULL);
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc)
+      fail_msg("%s: the first GEMM under capture: %s", recipes[which[w]], hq_last_error());
+    CK(ce);
+    size_t nodes = 0, edges = 0;
+    graph_shape(graph, &nodes, &edges);
+    if (edges + 1 != nodes)
+      fail_msg("%s: %zu nodes, %zu edges: not one stream's chain", recipes[which[w]], nodes,
+               edges);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, stream));
+    HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                  &out[1], NULL));
+    float *a = malloc((size_t)(M * N) * sizeof *a), *b = malloc((size_t)(M * N) * sizeof *b);
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(a, dout[0], (size_t)(M * N) * sizeof *a, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b, dout[1], (size_t)(M * N) * sizeof *b, cudaMemcpyDeviceToHost));
+    size_t nonzero = 0;
+    for (size_t i = 0; i < (size_t)(M * N); i++) nonzero += b[i] != 0.0f;
+    assert_true(nonzero > (size_t)(M * N) / 2);
+    assert_memory_equal(a, b, (size_t)(M * N) * sizeof *a);
+    free(a), free(b);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    for (int i = 0; i < 2; i++) {
+      hq_qtensor_free(qt[i]);
+      hq_quantizer_free(q[i]);
+      free(h[i].data);
+    }
+    CK(cudaStreamSynchronize(stream));
+    for (int i = 0; i < 2; i++) {
+      CK(cudaFree(dsrc[i]));
+      CK(cudaFree(dout[i]));
+    }
+    hq_recipe_free(r);
+    hq_ctx_destroy(ctx);
   }
-  hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, M, N),
-                      hq_tensor_2d(dout[1], HQ_F32, 0, M, N)};
-  CK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
-                                 &out[0], NULL);
-  const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
-  if (rc) fail_msg("the first GEMM under capture: %s", hq_last_error());
-  CK(ce);
-  size_t nodes = 0, edges = 0;
-  graph_shape(graph, &nodes, &edges);
-  if (edges + 1 != nodes) fail_msg("%zu nodes, %zu edges: not one stream's chain", nodes, edges);
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, stream));
-  HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
-                                &out[1], NULL));
-  float *a = malloc((size_t)(M * N) * sizeof *a), *b = malloc((size_t)(M * N) * sizeof *b);
-  CK(cudaStreamSynchronize(stream));
-  CK(cudaMemcpy(a, dout[0], (size_t)(M * N) * sizeof *a, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(b, dout[1], (size_t)(M * N) * sizeof *b, cudaMemcpyDeviceToHost));
-  size_t nonzero = 0;
-  for (size_t i = 0; i < (size_t)(M * N); i++) nonzero += b[i] != 0.0f;
-  assert_true(nonzero > (size_t)(M * N) / 2);
-  assert_memory_equal(a, b, (size_t)(M * N) * sizeof *a);
-  free(a), free(b);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  for (int i = 0; i < 2; i++) {
-    hq_qtensor_free(qt[i]);
-    hq_quantizer_free(q[i]);
-    free(h[i].data);
-  }
-  CK(cudaStreamSynchronize(stream));
-  for (int i = 0; i < 2; i++) {
-    CK(cudaFree(dsrc[i]));
-    CK(cudaFree(dout[i]));
-  }
-  hq_recipe_free(r);
-  hq_ctx_destroy(ctx);
 }
 
 /* A current-scaling quantize (fp8_tensor; nvfp4's global scales, with and without the RHT

@@ -9,6 +9,8 @@
 ** last provider asked (priority 0). On a GPU an operand whose raw values carry a factor per row
 ** (HQ_GEMM_OP_ROWF: row-scaled NVFP4) is multiplied as its BF16-exact values without them
 ** (host->raw_rows), the runner multiplying the F32 product by the factors of its row and column.
+** Otherwise the two operands are dequantized side by side (host->raw_pair, or raw_pair_fold when
+** a module folds its factor: each into a product of its own, so neither waits for the other).
 **
 ** The order in which the factors multiply alpha is fixed, (alpha * fa) * fb, on both devices,
 ** so that the emulated product of quantized operands does not depend on where it runs beyond
@@ -189,17 +191,32 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   const float *pfa = NULL, *pfb = NULL;
   float *rfa = NULL, *rfb = NULL; /* per-row factors of A (m) and B (n), split off (raw_rows) */
   const int rows_a = split_rows(h, &r->kind->a), rows_b = split_rows(h, &r->kind->b);
-  /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: A's
-     writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
+  /* alpha * fa * fb in that order, folded by the dequantize kernels where the modules can: in
+     turn, A's writes alpha * fa into factors[0], B's then (alpha * fa) * fb into factors[1] */
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
-  int rc;
-  const uint32_t folds = (r->kind->a.flags | r->kind->b.flags) & HQ_GEMM_OP_FOLDS;
-  if (!folds && !rows_a && !rows_b && hq_gemm_host_has_raw_pair(h)) {
-    /* nothing to fold (B's fold would wait for A's): both operands dequantized side by side,
-       then their per-tensor factors, if any, for the runner to multiply into alpha */
-    rc = h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
-    if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
-    if (!rc) rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
+  int rc, alpha_in = 0; /* alpha_in: *pfa or *pfb already holds alpha (folded) */
+  const int folds_a = (r->kind->a.flags & HQ_GEMM_OP_FOLDS) != 0,
+            folds_b = (r->kind->b.flags & HQ_GEMM_OP_FOLDS) != 0;
+  if (!rows_a && !rows_b &&
+      (folds_a || folds_b ? hq_gemm_host_has_raw_pair_fold(h) : hq_gemm_host_has_raw_pair(h))) {
+    /* both operands dequantized side by side, each folding its own factor into a product of
+       its own -- A's with alpha; B's with alpha only when A has no factor, so that the order
+       stays (alpha * fa) * fb -- and the runner multiplies the two: a chained fold would make
+       B's dequantize wait for A's */
+    const int has_fa = r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR);
+    hq_gemm_fold pa = {factors, NULL, r->alpha, 0};
+    hq_gemm_fold pb = {factors + 1, NULL, has_fa ? 1.0f : r->alpha, 0};
+    rc = folds_a || folds_b ? h->raw_pair_fold(call, &r->a, dt, &a, &ta, folds_a ? &pa : NULL,
+                                               &r->b, dt, &b, &tb, folds_b ? &pb : NULL)
+                            : h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
+    if (!rc && pa.done && has_fa) pfa = pa.out, alpha_in = 1;
+    else if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
+    if (!rc && pb.done && r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR)) {
+      pfb = pb.out;
+      alpha_in |= !has_fa;
+    } else if (!rc) {
+      rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
+    }
   } else {
     rc = operand_raw(h, call, &r->a, &r->kind->a, dt, rows_a, &a, &ta, &rfa, factors, &pfa,
                      &fda);
@@ -207,6 +224,8 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
     if (!rc)
       rc = operand_raw(h, call, &r->b, &r->kind->b, dt, rows_b, &b, &tb, &rfb, factors + 1, &pfb,
                        fda.done || !pfa ? &fdb : NULL);
+    alpha_in = fda.done || fdb.done;
+    if (fdb.done) pfa = NULL; /* B's product holds alpha * fa already (or A has no factor) */
   }
   if (!rc) {
     hq_lt_matmul mm;
@@ -221,10 +240,10 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
     mm.k = r->k;
     mm.alpha = r->alpha;
     mm.beta = r->beta;
-    if (fdb.done || (fda.done && !pfb)) {
-      mm.alpha_device = fdb.done ? pfb : pfa; /* the whole alpha, folded */
+    if (alpha_in && (!pfa || !pfb)) {
+      mm.alpha_device = pfa ? pfa : pfb; /* the whole alpha, folded */
     } else {
-      if (fda.done) mm.alpha = 1.0f; /* A's slot holds alpha * fa: (1 * (alpha * fa)) * fb */
+      if (alpha_in) mm.alpha = 1.0f; /* A's product holds alpha * fa: (1 * (alpha * fa)) * fb */
       mm.alpha_factor[0] = pfa;
       mm.alpha_factor[1] = pfb;
     }

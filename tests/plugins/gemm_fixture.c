@@ -15,16 +15,20 @@
 **   providers_bad/dup_a.so, dup_b.so  both named "test_gemm_dup"
 **   providers_bad/no_entry.so       exports hq_gemm_provider_v0, no entry point of either kind
 **
-** A valid one multiplies identity f32 storages, and storages whose raw values split from per-row
-** factors (HQ_GEMM_OP_ROWF: nvfp4 global_scale = row), on the host into an f32 D: accepts() takes
+** A valid one multiplies identity f32 storages, storages whose raw values split from per-row
+** factors (HQ_GEMM_OP_ROWF: nvfp4 global_scale = row) and storages whose dequantize folds a
+** per-tensor factor (HQ_GEMM_OP_FOLDS: nvfp4), on the host into an f32 D: accepts() takes
 ** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
-** raw values through host->raw() -- a split one's values and row factors through host->raw_rows
-** (provider ABI 1.2), its per-tensor factor folded by that dequantize or through host->factor --
+** raw values through host->raw() and their factors through host->factor -- a split one's values
+** and row factors through host->raw_rows (provider ABI 1.2), its per-tensor factor folded by that
+** dequantize or through host->factor --
 ** and computes D = alpha *
 ** op(A) op(B) + beta * D (+ bias) with a naive loop in double, one rounding per element,
 ** reporting HQ_GEMM_PATH_CPU. It counts its calls in the exported gemm_fixture (gemm_fixture.h),
 ** whose `mode` makes run() decline or fail, or read both operands through host->raw_pair
-** (provider ABI 1.1), or ask raw_pair for a dtype it refuses, or raw_rows for an operand without
+** (provider ABI 1.1) or host->raw_pair_fold (1.3: alpha folded into A's product, B's factor
+** alone into B's, the product D = (A's * B's) * S), or ask raw_pair for a dtype it refuses,
+** raw_pair_fold for a fold that reads the other's product, or raw_rows for an operand without
 ** row factors.
 */
 #include <stddef.h>
@@ -74,14 +78,20 @@ static int split_rows(const hq_gemm_operand_kind *o) {
   return o->desc && (o->flags & HQ_GEMM_OP_ROWF);
 }
 
+/* A storage whose dequantize can fold its per-tensor factor (HQ_GEMM_OP_FOLDS). */
+static int folding(const hq_gemm_operand_kind *o) {
+  return o->desc && (o->flags & HQ_GEMM_OP_FOLDS) && !(o->flags & HQ_GEMM_OP_ROWF);
+}
+
 static int accepts(const hq_gemm_host *host, const hq_gemm_kind *k) {
   gemm_fixture.accepts_calls++;
   if (k->flags & HQ_GEMM_FORCE_EMULATED)
     return host->api->error(HQ_ENOTSUP, NAME ": the caller forced the emulated path");
-  if (k->device != HQ_DEVICE_HOST || !(plain_f32(&k->a) || split_rows(&k->a)) ||
-      !(plain_f32(&k->b) || split_rows(&k->b)) || k->d_dtype != HQ_F32)
-    return host->api->error(HQ_ENOTSUP, NAME ": only identity f32 or row-factor storages into "
-                            "an f32 D on the host");
+  if (k->device != HQ_DEVICE_HOST ||
+      !(plain_f32(&k->a) || split_rows(&k->a) || folding(&k->a)) ||
+      !(plain_f32(&k->b) || split_rows(&k->b) || folding(&k->b)) || k->d_dtype != HQ_F32)
+    return host->api->error(HQ_ENOTSUP, NAME ": only identity f32, row-factor or folding "
+                            "storages into an f32 D on the host");
   return HQ_OK;
 }
 
@@ -92,8 +102,11 @@ static int operand(const hq_gemm_host *host, const hq_call *call, const hq_gemm_
                    const hq_gemm_operand_kind *k, const void **x, void **tx, float **rf,
                    float *f) {
   *f = 1.0f;
-  if (!split_rows(k) && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD)
-    return host->raw(call, o, HQ_F32, x, tx, NULL);
+  if (!split_rows(k) && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD) {
+    int rc = host->raw(call, o, HQ_F32, x, tx, NULL);
+    if (!rc && o->st && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
+    return rc;
+  }
   if (!hq_gemm_host_has_raw_rows(host)) return host->api->error(HQ_EABI, NAME ": no raw_rows");
   void *v = NULL;
   hq_gemm_fold fd = {f, NULL, 1.0f, 0}; /* the per-tensor factor, folded where the module can */
@@ -113,12 +126,14 @@ static double op_at(const float *x, int64_t cols, int trans, int64_t i, int64_t 
 
 static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const hq_host_api *api = host->api;
-  const int pair =
-      gemm_fixture.mode == GEMM_FIXTURE_PAIR || gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD;
+  const int mode = gemm_fixture.mode;
+  const int pair = mode == GEMM_FIXTURE_PAIR || mode == GEMM_FIXTURE_PAIR_BAD;
+  const int pair_fold = mode == GEMM_FIXTURE_PAIR_FOLD || mode == GEMM_FIXTURE_PAIR_FOLD_BAD;
   if (pair && !hq_gemm_host_has_raw_pair(host))
     return api->error(HQ_EABI, NAME ": the core offers no raw_pair");
-  if (gemm_fixture.mode != GEMM_FIXTURE_RUN && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD &&
-      !pair) {
+  if (pair_fold && !hq_gemm_host_has_raw_pair_fold(host))
+    return api->error(HQ_EABI, NAME ": the core offers no raw_pair_fold");
+  if (mode != GEMM_FIXTURE_RUN && mode != GEMM_FIXTURE_ROWS_BAD && !pair && !pair_fold) {
     gemm_fixture.declines++;
     if (gemm_fixture.mode == GEMM_FIXTURE_DECLINE)
       return api->error(HQ_ENOTSUP, NAME ": declined m = %lld on purpose", (long long)r->m);
@@ -132,11 +147,28 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const void *a = NULL, *b = NULL;
   void *ta = NULL, *tb = NULL;
   float *ra = NULL, *rb = NULL, fa = 1.0f, fb = 1.0f;
+  double whole = 0.0; /* alpha times both factors, when the folds made it (have_whole) */
+  int have_whole = 0;
   int rc;
   if (pair) {
     rc = host->raw_pair(call, &r->a, HQ_F32, &a, &ta, &r->b,
                         gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
     if (!rc) gemm_fixture.pairs++;
+  } else if (pair_fold) {
+    /* host memory (the fixture runs on the host): the folds write the products here */
+    float prod[2] = {1.0f, 1.0f};
+    hq_gemm_fold pa = {&prod[0], NULL, r->alpha, 0};
+    hq_gemm_fold pb = {&prod[1], mode == GEMM_FIXTURE_PAIR_FOLD_BAD ? &prod[0] : NULL, 1.0f, 0};
+    rc = host->raw_pair_fold(call, &r->a, HQ_F32, &a, &ta, &pa, &r->b, HQ_F32, &b, &tb, &pb);
+    if (!rc && !pa.done) rc = api->error(HQ_EINVAL, NAME ": A's factor was not folded");
+    if (!rc && !pb.done) rc = api->error(HQ_EINVAL, NAME ": B's factor was not folded");
+    if (!rc) {
+      gemm_fixture.pair_folds += 2;
+      gemm_fixture.fold_a = prod[0];
+      gemm_fixture.fold_b = prod[1];
+      whole = (double)hq_mul_rn(prod[0], prod[1]); /* (alpha * fa) * fb */
+      have_whole = 1;
+    }
   } else {
     rc = operand(host, call, &r->a, &r->kind->a, &a, &ta, &ra, &fa);
     if (!rc) rc = operand(host, call, &r->b, &r->kind->b, &b, &tb, &rb, &fb);
@@ -149,7 +181,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
         for (int64_t p = 0; p < r->k; p++)
           s += op_at(a, r->a.cols, r->kind->a.trans, i, p) *
                op_at(b, r->b.cols, r->kind->b.trans, p, j);
-        s *= (double)r->alpha * fa * fb * (ra ? ra[i] : 1.0f) * (rb ? rb[j] : 1.0f);
+        s *= (have_whole ? whole : (double)r->alpha * fa * fb) * (ra ? ra[i] : 1.0f) *
+             (rb ? rb[j] : 1.0f);
         if (r->beta != 0.0f) s += (double)r->beta * d[j * r->m + i];
         if (r->bias) s += hq_load_hp(r->bias, i, r->bias_dtype);
         d[j * r->m + i] = (float)s;

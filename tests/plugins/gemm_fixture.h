@@ -16,6 +16,9 @@
 #define GEMM_FIXTURE_PAIR 3    /* run() reads both operands through host->raw_pair (ABI 1.1) */
 #define GEMM_FIXTURE_PAIR_BAD 4 /* run() asks raw_pair for B in F16 (refused) and returns that */
 #define GEMM_FIXTURE_ROWS_BAD 5 /* run() asks raw_rows for an operand without row factors */
+#define GEMM_FIXTURE_PAIR_FOLD 6 /* run() reads both through host->raw_pair_fold (ABI 1.3), each
+                                    operand's factor folded into a product of its own */
+#define GEMM_FIXTURE_PAIR_FOLD_BAD 7 /* ... with B's fold reading A's product (refused) */
 
 typedef struct gemm_fixture_state {
   int accepts_calls; /* every accepts() */
@@ -26,6 +29,8 @@ typedef struct gemm_fixture_state {
   int pairs;         /* raw_pair requests that succeeded */
   int rows;          /* raw_rows requests that succeeded (operands with per-row factors) */
   int folds;         /* ... of them, those whose dequantize folded the per-tensor factor */
+  int pair_folds;    /* the folds raw_pair_fold made */
+  float fold_a, fold_b; /* the last raw_pair_fold's two products (A's with alpha, B's alone) */
 } gemm_fixture_state;
 
 #define RAW_FACTOR_COUNTS "raw_factor_fixture"

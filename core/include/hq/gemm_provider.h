@@ -1,5 +1,5 @@
 /*
-** hq/gemm_provider.h -- the GEMM provider ABI of libhqcore, version 1.1.
+** hq/gemm_provider.h -- the GEMM provider ABI of libhqcore, version 1.3.
 **
 ** A GEMM provider multiplies two operands -- quantized storages described by their operand
 ** descriptors (hq/plugin.h, hq_operand_desc) or high-precision tensors -- in one way: cuBLASLt's
@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 #define HQ_GEMM_ABI_MAJOR 1
-#define HQ_GEMM_ABI_MINOR 2
+#define HQ_GEMM_ABI_MINOR 3
 
 /* The one symbol a GEMM provider module exports. */
 #define HQ_GEMM_ENTRY_NAME "hq_gemm_provider_v1"
@@ -207,6 +207,16 @@ typedef struct hq_gemm_host {
      folded by the same dequantize, HQ_GEMM_OP_FOLDS; fold->done says whether it was). */
   int (*raw_rows)(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, void **data,
                   float **factors, hq_gemm_fold *fold);
+  /* --- 1.3 (check hq_gemm_host_has_raw_pair_fold) ---
+     raw_pair() with a fold for each operand (fa, fb: NULL or as raw() takes them), the two
+     dequantizations still side by side: each folds its own factor into its own product, so
+     neither may read the other's (fb->in == fa->out or fa->in == fb->out is refused with
+     HQ_EINVAL); the caller multiplies the two products (e.g. as hq_lt_matmul.alpha_factor).
+     fa->done and fb->done say which were folded, as after raw(). */
+  int (*raw_pair_fold)(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                       const void **data_a, void **tmp_a, hq_gemm_fold *fa,
+                       const hq_gemm_operand *b, hq_dtype dtb, const void **data_b, void **tmp_b,
+                       hq_gemm_fold *fb);
 } hq_gemm_host;
 
 /* Whether the core offers raw_pair (a 1.0 core does not). */
@@ -219,6 +229,13 @@ static inline int hq_gemm_host_has_raw_pair(const hq_gemm_host *h) {
 #define HQ_GEMM_HOST_SIZE_1_2 (offsetof(hq_gemm_host, raw_rows) + sizeof(void *))
 static inline int hq_gemm_host_has_raw_rows(const hq_gemm_host *h) {
   return h->abi_minor >= 2 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_2 && h->raw_rows != NULL;
+}
+
+/* Whether the core offers raw_pair_fold (a core before 1.3 does not). */
+#define HQ_GEMM_HOST_SIZE_1_3 (offsetof(hq_gemm_host, raw_pair_fold) + sizeof(void *))
+static inline int hq_gemm_host_has_raw_pair_fold(const hq_gemm_host *h) {
+  return h->abi_minor >= 3 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_3 &&
+         h->raw_pair_fold != NULL;
 }
 
 /* The table a provider returns. */
