@@ -173,12 +173,7 @@ static int operand_raw(const hq_gemm_host *h, const hq_call *call, const hq_gemm
   void *v = NULL;
   int rc = h->raw_rows(call, o, dt, &v, rowf, fd);
   *data = *tmp = v;
-  if (rc) return rc;
-  if (fd && fd->done && (k->flags & HQ_GEMM_OP_FACTOR)) {
-    *pf = fd->out;
-    return HQ_OK;
-  }
-  return hq_gemm_factor_of(h, call, o, k, slot, pf);
+  return rc ? rc : hq_gemm_folded_factor(h, call, o, k, fd, slot, pf);
 }
 
 static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
@@ -209,14 +204,10 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
     rc = folds_a || folds_b ? h->raw_pair_fold(call, &r->a, dt, &a, &ta, folds_a ? &pa : NULL,
                                                &r->b, dt, &b, &tb, folds_b ? &pb : NULL)
                             : h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
-    if (!rc && pa.done && has_fa) pfa = pa.out, alpha_in = 1;
-    else if (!rc) rc = hq_gemm_factor_of(h, call, &r->a, &r->kind->a, factors, &pfa);
-    if (!rc && pb.done && r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR)) {
-      pfb = pb.out;
-      alpha_in |= !has_fa;
-    } else if (!rc) {
-      rc = hq_gemm_factor_of(h, call, &r->b, &r->kind->b, factors + 1, &pfb);
-    }
+    if (!rc) rc = hq_gemm_folded_factor(h, call, &r->a, &r->kind->a, &pa, factors, &pfa);
+    if (!rc) rc = hq_gemm_folded_factor(h, call, &r->b, &r->kind->b, &pb, factors + 1, &pfb);
+    /* a product the dequantize wrote (not factor()'s value in the same slot) holds alpha */
+    alpha_in = (pa.done && pfa) || (!has_fa && pb.done && pfb);
   } else {
     rc = operand_raw(h, call, &r->a, &r->kind->a, dt, rows_a, &a, &ta, &rfa, factors, &pfa,
                      &fda);

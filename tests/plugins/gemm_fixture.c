@@ -102,17 +102,15 @@ static int operand(const hq_gemm_host *host, const hq_call *call, const hq_gemm_
                    const hq_gemm_operand_kind *k, const void **x, void **tx, float **rf,
                    float *f) {
   *f = 1.0f;
-  if (!split_rows(k) && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD) {
-    int rc = host->raw(call, o, HQ_F32, x, tx, NULL);
-    if (!rc && o->st && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
-    return rc;
-  }
+  const float *pf = NULL; /* f itself, or NULL: no factor (1) */
+  if (!split_rows(k) && gemm_fixture.mode != GEMM_FIXTURE_ROWS_BAD)
+    return hq_gemm_raw_factor(host, call, o, k, HQ_F32, x, tx, f, &pf, NULL);
   if (!hq_gemm_host_has_raw_rows(host)) return host->api->error(HQ_EABI, NAME ": no raw_rows");
   void *v = NULL;
   hq_gemm_fold fd = {f, NULL, 1.0f, 0}; /* the per-tensor factor, folded where the module can */
   int rc = host->raw_rows(call, o, HQ_F32, &v, rf, &fd);
   *x = *tx = v;
-  if (!rc && !fd.done && (k->flags & HQ_GEMM_OP_FACTOR)) rc = host->factor(call, o, f);
+  if (!rc) rc = hq_gemm_folded_factor(host, call, o, k, &fd, f, &pf);
   if (!rc && fd.done) gemm_fixture.folds++;
   if (!rc) gemm_fixture.rows++;
   return rc;

@@ -305,24 +305,31 @@ static inline int hq_gemm_factor_of(const hq_gemm_host *host, const hq_call *cal
   return rc;
 }
 
+/* Where operand o's per-tensor factor lies once its raw values were asked for with fold fd
+   (NULL: none; raw(), raw_rows() or raw_pair_fold()): fd->out when the dequantize folded it,
+   else as hq_gemm_factor_of finds it. */
+static inline int hq_gemm_folded_factor(const hq_gemm_host *host, const hq_call *call,
+                                        const hq_gemm_operand *o, const hq_gemm_operand_kind *k,
+                                        const hq_gemm_fold *fd, float *factor_slot,
+                                        const float **factor) {
+  if (fd && fd->done && o->st && (k->flags & HQ_GEMM_OP_FACTOR)) {
+    *factor = fd->out;
+    return HQ_OK;
+  }
+  return hq_gemm_factor_of(host, call, o, k, factor_slot, factor);
+}
+
 /* Operand o's raw values in dtype dt through host->raw() (*data, *tmp as raw() sets them; fd:
    NULL or the factor to fold, as raw() takes it), and where its per-tensor factor lies
-   (*factor): fd->out when the dequantize folded it, else host->factor()'s value written to
-   *factor_slot (call->device memory) for a storage whose kind k has HQ_GEMM_OP_FACTOR, else
-   NULL (a factor of 1). On failure *factor is NULL and *tmp, if set, is still the caller's to
-   free. */
+   (*factor, hq_gemm_folded_factor). On failure *factor is NULL and *tmp, if set, is still the
+   caller's to free. */
 static inline int hq_gemm_raw_factor(const hq_gemm_host *host, const hq_call *call,
                                      const hq_gemm_operand *o, const hq_gemm_operand_kind *k,
                                      hq_dtype dt, const void **data, void **tmp,
                                      float *factor_slot, const float **factor, hq_gemm_fold *fd) {
   *factor = NULL;
   int rc = host->raw(call, o, dt, data, tmp, fd);
-  if (rc) return rc;
-  if (fd && fd->done && o->st && (k->flags & HQ_GEMM_OP_FACTOR)) {
-    *factor = fd->out;
-    return HQ_OK;
-  }
-  return hq_gemm_factor_of(host, call, o, k, factor_slot, factor);
+  return rc ? rc : hq_gemm_folded_factor(host, call, o, k, fd, factor_slot, factor);
 }
 
 /* The buffer of storage s with role `role` (hq_buffer.role), or NULL. */
