@@ -200,6 +200,11 @@ static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype 
   return raw_fill(ctx, g, dt, *data, fold, ctx->stream, *factors);
 }
 
+static int svc_capturing(const hq_call *call) {
+  const hq_ctx *ctx = call ? call->core_private : NULL;
+  return ctx && ctx->device >= 0 && hqi_cuda_capturing(ctx->stream);
+}
+
 const hq_gemm_host hqi_gemm_host = {
     .abi_major = HQ_GEMM_ABI_MAJOR,
     .abi_minor = HQ_GEMM_ABI_MINOR,
@@ -210,4 +215,5 @@ const hq_gemm_host hqi_gemm_host = {
     .raw_pair = svc_raw_pair,
     .raw_rows = svc_raw_rows,
     .raw_pair_fold = svc_raw_pair_fold,
+    .capturing = svc_capturing,
 };

@@ -448,8 +448,10 @@ static void test_raw_pair_fold(void **state) {
   gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0); /* alpha 0.5 */
   expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
   fx->mode = GEMM_FIXTURE_PAIR_FOLD;
+  fx->capturing = 7;
   c = gemm(ctx, A, 1, B, 0, &D2, 0);
   expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->capturing, 0); /* hq_gemm_host.capturing: a host context never captures */
   assert_int_equal(fx->pair_folds, 2);
   assert_true(fx->fold_a == 0.5f * fa);
   assert_true(fx->fold_b == fb);

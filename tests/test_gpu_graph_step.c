@@ -8,8 +8,9 @@
 ** for per-tensor FP8 (the native FP8 path on Hopper), BF16 identity (the native BF16 path) and
 ** MXFP8 / MXFP4 and NVFP4 (emulated on Hopper: each GEMM's two dequantizes on the context's
 ** stream and its side stream, so the graph forks and joins -- NVFP4's each folding its factor into
-** a product of its own, which the GEMM's alpha multiplies; a context's first GEMM captured before
-** it has a side stream runs them in turn, one chain, with the bytes of the forked eager run).
+** a product of its own, which the GEMM's alpha multiplies, where eagerly B's fold reads A's
+** product, and only while both operands have at most 2^20 elements; a context's first GEMM
+** captured before it has a side stream runs them in turn, one chain, with the eager run's bytes).
 ** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
 ** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
@@ -511,25 +512,21 @@ static void test_ctx_capturing(void **state) {
   assert_int_equal(still, cudaStreamCaptureStatusActive);
 }
 
-/* The first GEMM of a context captured before the context made its side stream (making one is
-   not capture work): its dequantizes run in turn on the captured stream (the graph is a chain),
-   and the replay gives the bytes of the same GEMM run eagerly afterwards, which forks; for
-   MXFP8 and for NVFP4, whose folds then run in turn too, each into its own product. */
-static void test_first_gemm_captured(void **state) {
-  (void)state;
-  if (!mx_emulated()) skip();
-  /* mxfp8 (no factor) and nvfp4 (each operand folding its factor into its own product) */
-  static const int which[2] = {2, 4};
-  for (int w = 0; w < 2; w++) {
+/* y = x W^T of recipes[rec] (x: tokens x K, W: N x K) captured on a new context -- after one
+   eager run of it when warm (the context then has its side stream) -- the graph a fork
+   (want_fork) or one stream's chain, and its replay the bytes of the same GEMM run eagerly
+   afterwards. */
+static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
+  const int64_t rows[2] = {tokens, N};
+  {
     hq_ctx *ctx = NULL;
     hq_ctx_desc d = {0};
     d.struct_size = sizeof d;
     d.device = 0;
     d.stream = stream;
     HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
-    hq_recipe *r = hq_test_recipe(recipes[which[w]]);
+    hq_recipe *r = hq_test_recipe(recipes[rec]);
     const char *roles[2] = {"linear:input:l", "linear:weight:l"};
-    const int64_t rows[2] = {M, N};
     hq_quantizer *q[2];
     hq_qtensor *qt[2];
     hq_tensor h[2];
@@ -541,10 +538,13 @@ static void test_first_gemm_captured(void **state) {
       CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
       hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
       HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
-      CK(cudaMalloc(&dout[i], (size_t)(M * N) * sizeof(float)));
+      CK(cudaMalloc(&dout[i], (size_t)(tokens * N) * sizeof(float)));
     }
-    hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, M, N),
-                        hq_tensor_2d(dout[1], HQ_F32, 0, M, N)};
+    hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, tokens, N),
+                        hq_tensor_2d(dout[1], HQ_F32, 0, tokens, N)};
+    if (warm)
+      HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                    &out[1], NULL));
     CK(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -552,26 +552,27 @@ static void test_first_gemm_captured(void **state) {
     const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
                                    &out[0], NULL);
     const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
-    if (rc)
-      fail_msg("%s: the first GEMM under capture: %s", recipes[which[w]], hq_last_error());
+    if (rc) fail_msg("%s: the GEMM under capture: %s", recipes[rec], hq_last_error());
     CK(ce);
     size_t nodes = 0, edges = 0;
     graph_shape(graph, &nodes, &edges);
-    if (edges + 1 != nodes)
-      fail_msg("%s: %zu nodes, %zu edges: not one stream's chain", recipes[which[w]], nodes,
-               edges);
+    if (want_fork ? edges < nodes : edges + 1 != nodes)
+      fail_msg("%s, %lld tokens%s: %zu nodes, %zu edges: %s", recipes[rec], (long long)tokens,
+               warm ? " (warm)" : "", nodes, edges,
+               want_fork ? "the dequantizes were not forked" : "not one stream's chain");
     CK(cudaGraphInstantiate(&exec, graph, 0));
     CK(cudaGraphLaunch(exec, stream));
     HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
                                   &out[1], NULL));
-    float *a = malloc((size_t)(M * N) * sizeof *a), *b = malloc((size_t)(M * N) * sizeof *b);
+    const size_t n = (size_t)(tokens * N);
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
     CK(cudaStreamSynchronize(stream));
-    CK(cudaMemcpy(a, dout[0], (size_t)(M * N) * sizeof *a, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(b, dout[1], (size_t)(M * N) * sizeof *b, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(a, dout[0], n * sizeof *a, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b, dout[1], n * sizeof *b, cudaMemcpyDeviceToHost));
     size_t nonzero = 0;
-    for (size_t i = 0; i < (size_t)(M * N); i++) nonzero += b[i] != 0.0f;
-    assert_true(nonzero > (size_t)(M * N) / 2);
-    assert_memory_equal(a, b, (size_t)(M * N) * sizeof *a);
+    for (size_t i = 0; i < n; i++) nonzero += b[i] != 0.0f;
+    assert_true(nonzero > n / 2);
+    assert_memory_equal(a, b, n * sizeof *a);
     free(a), free(b);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
@@ -588,6 +589,30 @@ static void test_first_gemm_captured(void **state) {
     hq_recipe_free(r);
     hq_ctx_destroy(ctx);
   }
+}
+
+/* The first GEMM of a context captured before the context made its side stream (making one is
+   not capture work): its dequantizes run in turn on the captured stream (the graph is a chain),
+   and the replay gives the bytes of the same GEMM run eagerly afterwards -- for MXFP8 (no
+   factor; the eager run forks) and for NVFP4 (each operand folding its factor into its own
+   product, in turn; the eager run chains the folds, B's reading A's product). */
+static void test_first_gemm_captured(void **state) {
+  (void)state;
+  if (!mx_emulated()) skip();
+  fprop_captured(2, M, 0, 0);
+  fprop_captured(4, M, 0, 0);
+}
+
+/* NVFP4 operands, which both carry a per-tensor factor, captured once the context has its side
+   stream: small ones (at most 2^20 elements each) dequantized side by side, each folding into
+   its own product, the graph a fork; an input of 2304 x 512 = 1.18M elements dequantized in
+   turn, B's fold reading A's product, the graph a chain. Each replay gives the eager run's
+   bytes (a chain: eagerly the emulated path never pairs two such operands). */
+static void test_fold_pair_captured(void **state) {
+  (void)state;
+  if (!mx_emulated()) skip();
+  fprop_captured(4, M, 1, 1);
+  fprop_captured(4, 2304, 1, 0);
 }
 
 /* A current-scaling quantize (fp8_tensor; nvfp4's global scales, with and without the RHT
@@ -919,6 +944,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_first_gemm_captured),
+      cmocka_unit_test(test_fold_pair_captured),
                                      cmocka_unit_test(test_amax_in_a_graph),
                                      cmocka_unit_test(test_quantizer_amax_in_a_graph),
                                      cmocka_unit_test(test_raw_copy_gemm),

@@ -10,7 +10,9 @@
 ** (HQ_GEMM_OP_ROWF: row-scaled NVFP4) is multiplied as its BF16-exact values without them
 ** (host->raw_rows), the runner multiplying the F32 product by the factors of its row and column.
 ** Otherwise the two operands are dequantized side by side (host->raw_pair, or raw_pair_fold when
-** a module folds its factor: each into a product of its own, so neither waits for the other).
+** a module folds its factor: each into a product of its own, so neither waits for the other;
+** two such products cost one more kernel, so operands that both carry a factor are paired only
+** when small and in a captured graph, else B's dequantize folds A's product, the chain).
 **
 ** The order in which the factors multiply alpha is fixed, (alpha * fa) * fb, on both devices,
 ** so that the emulated product of quantized operands does not depend on where it runs beyond
@@ -176,6 +178,19 @@ static int operand_raw(const hq_gemm_host *h, const hq_call *call, const hq_gemm
   return rc ? rc : hq_gemm_folded_factor(h, call, o, k, fd, slot, pf);
 }
 
+/* Two operands that both carry a per-tensor factor, one at least folding it, are dequantized
+   side by side only in a captured graph and when both are small: their two products cost one
+   more kernel (the runner multiplies them into alpha), and the fork and join host time per
+   call, which pays when the graph replays them and each dequantize is as short as a launch, not
+   eagerly nor when each already keeps the GPU busy (the chain, B's dequantize folding A's
+   product, adds neither). 2^20 elements: 2 MiB of BF16 written by each. */
+enum { PAIR_FOLD_MAX_ELEMS = 1 << 20 };
+
+static int pair_fold_pays(const hq_gemm_host *h, const hq_call *call, const hq_gemm_run *r) {
+  return r->a.rows * r->a.cols <= PAIR_FOLD_MAX_ELEMS &&
+         r->b.rows * r->b.cols <= PAIR_FOLD_MAX_ELEMS && hq_gemm_host_capturing(h, call);
+}
+
 static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
                     hq_dtype dt) {
   const hq_host_api *api = h->api;
@@ -192,13 +207,16 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   int rc, alpha_in = 0; /* alpha_in: *pfa or *pfb already holds alpha (folded) */
   const int folds_a = (r->kind->a.flags & HQ_GEMM_OP_FOLDS) != 0,
             folds_b = (r->kind->b.flags & HQ_GEMM_OP_FOLDS) != 0;
-  if (!rows_a && !rows_b &&
-      (folds_a || folds_b ? hq_gemm_host_has_raw_pair_fold(h) : hq_gemm_host_has_raw_pair(h))) {
+  const int has_fa = r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR),
+            has_fb = r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR);
+  const int pair_ok = folds_a || folds_b ? hq_gemm_host_has_raw_pair_fold(h)
+                                         : hq_gemm_host_has_raw_pair(h);
+  if (!rows_a && !rows_b && pair_ok &&
+      (!(folds_a || folds_b) || !(has_fa && has_fb) || pair_fold_pays(h, call, r))) {
     /* both operands dequantized side by side, each folding its own factor into a product of
        its own -- A's with alpha; B's with alpha only when A has no factor, so that the order
        stays (alpha * fa) * fb -- and the runner multiplies the two: a chained fold would make
        B's dequantize wait for A's */
-    const int has_fa = r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR);
     hq_gemm_fold pa = {factors, NULL, r->alpha, 0};
     hq_gemm_fold pb = {factors + 1, NULL, has_fa ? 1.0f : r->alpha, 0};
     rc = folds_a || folds_b ? h->raw_pair_fold(call, &r->a, dt, &a, &ta, folds_a ? &pa : NULL,

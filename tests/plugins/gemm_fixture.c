@@ -142,6 +142,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
     gemm_fixture.queries++;
     return HQ_OK;
   }
+  gemm_fixture.capturing = hq_gemm_host_capturing(host, call);
   const void *a = NULL, *b = NULL;
   void *ta = NULL, *tb = NULL;
   float *ra = NULL, *rb = NULL, fa = 1.0f, fb = 1.0f;

@@ -31,6 +31,7 @@ typedef struct gemm_fixture_state {
   int folds;         /* ... of them, those whose dequantize folded the per-tensor factor */
   int pair_folds;    /* the folds raw_pair_fold made */
   float fold_a, fold_b; /* the last raw_pair_fold's two products (A's with alpha, B's alone) */
+  int capturing;     /* hq_gemm_host_capturing() at the last run() that computed */
 } gemm_fixture_state;
 
 #define RAW_FACTOR_COUNTS "raw_factor_fixture"

@@ -217,6 +217,11 @@ typedef struct hq_gemm_host {
                        const void **data_a, void **tmp_a, hq_gemm_fold *fa,
                        const hq_gemm_operand *b, hq_dtype dtb, const void **data_b, void **tmp_b,
                        hq_gemm_fold *fb);
+  /* (1.3; hq_gemm_host_capturing) 1 while call->stream is being captured into a CUDA graph,
+     else 0 (also on the host and when CUDA cannot tell): a replayed graph launches its kernels
+     without the host, so work that costs host time per call (forks, joins, one more launch)
+     can pay in a graph and not eagerly. */
+  int (*capturing)(const hq_call *call);
 } hq_gemm_host;
 
 /* Whether the core offers raw_pair (a 1.0 core does not). */
@@ -232,10 +237,16 @@ static inline int hq_gemm_host_has_raw_rows(const hq_gemm_host *h) {
 }
 
 /* Whether the core offers raw_pair_fold (a core before 1.3 does not). */
-#define HQ_GEMM_HOST_SIZE_1_3 (offsetof(hq_gemm_host, raw_pair_fold) + sizeof(void *))
+#define HQ_GEMM_HOST_SIZE_1_3 (offsetof(hq_gemm_host, capturing) + sizeof(void *))
 static inline int hq_gemm_host_has_raw_pair_fold(const hq_gemm_host *h) {
   return h->abi_minor >= 3 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_3 &&
          h->raw_pair_fold != NULL;
+}
+
+/* Whether call's stream is being captured into a CUDA graph (0 from a core before 1.3). */
+static inline int hq_gemm_host_capturing(const hq_gemm_host *h, const hq_call *call) {
+  return h->abi_minor >= 3 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_3 && h->capturing &&
+         h->capturing(call);
 }
 
 /* The table a provider returns. */
