@@ -386,21 +386,8 @@ if len(rows) >= 3:
     # HQ_SAN_TESTS: the test programs (default every GPU test, or HQ_ONLY); HQ_SAN_TOOLS: the
     # tools (default memcheck racecheck synccheck)
     tests=${HQ_SAN_TESTS:-${HQ_ONLY:-test_gpu_*}}
-    # racecheck also instruments the kernels of the libraries hq calls: cuBLASLt's warp-
-    # specialized GEMM kernels (nvjet_*, *xmma*, cutlass*) order their shared memory through
-    # mbarriers and TMA, which racecheck reports as hazards (H200, cuBLASLt 13.1: 384 in one
-    # nvjet kernel of test_gpu_fp8_tensor's native FP8 GEMM). A racecheck run counts as clean
-    # in hq's kernels when its test passed and every reported access lies in such a kernel;
-    # prints which, else fails. memcheck and synccheck keep no such exception.
-    san_library_races() { # TOOL LOG
-      [ "$1" = racecheck ] || return 1
-      grep -q '^\[  PASSED  \]' "$2" && ! grep -q '^\[  FAILED  \]' "$2" || return 1
-      local ks
-      ks=$(grep -oE 'access at [^ +]+' "$2" | awk '{print $3}' | sort -u)
-      [ -n "$ks" ] || return 1
-      ! grep -vqE '^(nvjet_|cutlass|cublas)|xmma' <<< "$ks" || return 1
-      echo "race reports: $(grep -c 'Race reported' "$2"), all inside cuBLASLt's kernels ($(echo $ks))"
-    }
+    # the sanitizer reports that are not hq's (scripts/sanitizer_filters.sh)
+    . "$root/scripts/sanitizer_filters.sh"
     for t in $(for n in $tests; do echo tests/.libs/$n; done); do
       case $t in *lt-*) continue ;; esac
       [ -x "$t" ] || continue
@@ -410,6 +397,8 @@ if len(rows) >= 3:
           echo "compute-sanitizer $tool $(basename "$t"): clean"
         elif lib=$(san_library_races "$tool" "$log"); then
           echo "compute-sanitizer $tool $(basename "$t"): clean in hq's kernels; $lib"
+        elif api=$(san_provoked_api_errors "$tool" "$log"); then
+          echo "compute-sanitizer $tool $(basename "$t"): clean; $api"
         else
           echo "compute-sanitizer $tool $(basename "$t"): FAILED"; tail -20 "$log"; rc=1
         fi

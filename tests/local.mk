@@ -431,6 +431,9 @@ endif
 # scripts/ncu_steps.py, the kernel sums per step of docs/performance.md (needs no hq)
 TESTS += tests/test_ncu_steps.sh
 EXTRA_DIST += tests/test_ncu_steps.sh scripts/ncu_steps.py
+# scripts/sanitizer_filters.sh, which failed sanitizer runs gpu-check.sh counts as clean
+TESTS += tests/test_sanitizer_filters.sh
+EXTRA_DIST += tests/test_sanitizer_filters.sh scripts/sanitizer_filters.sh
 EXTRA_DIST += tests/test_train_profile.sh tests/test_train_direct.sh tests/test_gpu_train_direct.sh
 EXTRA_DIST += tests/test_train_graph.sh tests/test_gpu_train_graph.sh tests/train_graph.sh
 TEST_EXTENSIONS = .sh
