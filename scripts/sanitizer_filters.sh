@@ -30,10 +30,11 @@ san_provoked_api_errors() { # TOOL LOG
   grep -q '^\[  PASSED  \]' "$2" && ! grep -q '^\[  FAILED  \]' "$2" || return 1
   local total provoked
   total=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$2")
-  provoked=$(awk '/^========= [A-Z]/ && !/Host Frame/ { if (blk && cap && ours) n++;
-                    blk = /Program hit cudaErrorStreamCapture/; cap = blk; ours = 0 }
+  # a report starts at "========= X..." (its backtrace lines are indented further)
+  provoked=$(awk '/^========= [A-Z]/ { if (cap && ours) n++;
+                    cap = /Program hit cudaErrorStreamCapture/; ours = 0 }
                   /Host Frame: test_ctx_capturing / { ours = 1 }
-                  END { if (blk && cap && ours) n++; print n + 0 }' "$2")
+                  END { if (cap && ours) n++; print n + 0 }' "$2")
   [ -n "$total" ] && [ "$total" -gt 0 ] && [ "$total" = "$provoked" ] || return 1
   echo "API errors: $total, all stream-capture errors test_ctx_capturing provokes"
 }

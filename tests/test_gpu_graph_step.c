@@ -518,77 +518,75 @@ static void test_ctx_capturing(void **state) {
    afterwards. */
 static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   const int64_t rows[2] = {tokens, N};
-  {
-    hq_ctx *ctx = NULL;
-    hq_ctx_desc d = {0};
-    d.struct_size = sizeof d;
-    d.device = 0;
-    d.stream = stream;
-    HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
-    hq_recipe *r = hq_test_recipe(recipes[rec]);
-    const char *roles[2] = {"linear:input:l", "linear:weight:l"};
-    hq_quantizer *q[2];
-    hq_qtensor *qt[2];
-    hq_tensor h[2];
-    void *dsrc[2], *dout[2];
-    for (int i = 0; i < 2; i++) {
-      q[i] = hq_test_quantizer(r, roles[i]);
-      h[i] = hq_test_tensor(HQ_BF16, rows[i], K, 30 + (uint64_t)i, 1.0f);
-      CK(cudaMalloc(&dsrc[i], (size_t)(rows[i] * K) * 2));
-      CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
-      hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
-      HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
-      CK(cudaMalloc(&dout[i], (size_t)(tokens * N) * sizeof(float)));
-    }
-    hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, tokens, N),
-                        hq_tensor_2d(dout[1], HQ_F32, 0, tokens, N)};
-    if (warm)
-      HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
-                                    &out[1], NULL));
-    CK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
-                                   &out[0], NULL);
-    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
-    if (rc) fail_msg("%s: the GEMM under capture: %s", recipes[rec], hq_last_error());
-    CK(ce);
-    size_t nodes = 0, edges = 0;
-    graph_shape(graph, &nodes, &edges);
-    if (want_fork ? edges < nodes : edges + 1 != nodes)
-      fail_msg("%s, %lld tokens%s: %zu nodes, %zu edges: %s", recipes[rec], (long long)tokens,
-               warm ? " (warm)" : "", nodes, edges,
-               want_fork ? "the dequantizes were not forked" : "not one stream's chain");
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    CK(cudaGraphLaunch(exec, stream));
+  hq_ctx *ctx = NULL;
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.stream = stream;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
+  hq_recipe *r = hq_test_recipe(recipes[rec]);
+  const char *roles[2] = {"linear:input:l", "linear:weight:l"};
+  hq_quantizer *q[2];
+  hq_qtensor *qt[2];
+  hq_tensor h[2];
+  void *dsrc[2], *dout[2];
+  for (int i = 0; i < 2; i++) {
+    q[i] = hq_test_quantizer(r, roles[i]);
+    h[i] = hq_test_tensor(HQ_BF16, rows[i], K, 30 + (uint64_t)i, 1.0f);
+    CK(cudaMalloc(&dsrc[i], (size_t)(rows[i] * K) * 2));
+    CK(cudaMemcpy(dsrc[i], h[i].data, (size_t)(rows[i] * K) * 2, cudaMemcpyHostToDevice));
+    hq_tensor src = hq_tensor_2d(dsrc[i], HQ_BF16, 0, rows[i], K);
+    HQ_OK_OR_FAIL(hq_quantize(q[i], ctx, &src, &qt[i]));
+    CK(cudaMalloc(&dout[i], (size_t)(tokens * N) * sizeof(float)));
+  }
+  hq_tensor out[2] = {hq_tensor_2d(dout[0], HQ_F32, 0, tokens, N),
+                      hq_tensor_2d(dout[1], HQ_F32, 0, tokens, N)};
+  if (warm)
     HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
                                   &out[1], NULL));
-    const size_t n = (size_t)(tokens * N);
-    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-    CK(cudaStreamSynchronize(stream));
-    CK(cudaMemcpy(a, dout[0], n * sizeof *a, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(b, dout[1], n * sizeof *b, cudaMemcpyDeviceToHost));
-    size_t nonzero = 0;
-    for (size_t i = 0; i < n; i++) nonzero += b[i] != 0.0f;
-    assert_true(nonzero > n / 2);
-    assert_memory_equal(a, b, n * sizeof *a);
-    free(a), free(b);
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-    for (int i = 0; i < 2; i++) {
-      hq_qtensor_free(qt[i]);
-      hq_quantizer_free(q[i]);
-      free(h[i].data);
-    }
-    CK(cudaStreamSynchronize(stream));
-    for (int i = 0; i < 2; i++) {
-      CK(cudaFree(dsrc[i]));
-      CK(cudaFree(dout[i]));
-    }
-    hq_recipe_free(r);
-    hq_ctx_destroy(ctx);
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const int rc = hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                 &out[0], NULL);
+  const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  if (rc) fail_msg("%s: the GEMM under capture: %s", recipes[rec], hq_last_error());
+  CK(ce);
+  size_t nodes = 0, edges = 0;
+  graph_shape(graph, &nodes, &edges);
+  if (want_fork ? edges < nodes : edges + 1 != nodes)
+    fail_msg("%s, %lld tokens%s: %zu nodes, %zu edges: %s", recipes[rec], (long long)tokens,
+             warm ? " (warm)" : "", nodes, edges,
+             want_fork ? "the dequantizes were not forked" : "not one stream's chain");
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, stream));
+  HQ_OK_OR_FAIL(hq_linear_fprop(ctx, hq_operand_q(qt[0]), hq_operand_q(qt[1]), NULL, HQ_F32,
+                                &out[1], NULL));
+  const size_t n = (size_t)(tokens * N);
+  float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaMemcpy(a, dout[0], n * sizeof *a, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b, dout[1], n * sizeof *b, cudaMemcpyDeviceToHost));
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n; i++) nonzero += b[i] != 0.0f;
+  assert_true(nonzero > n / 2);
+  assert_memory_equal(a, b, n * sizeof *a);
+  free(a), free(b);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  for (int i = 0; i < 2; i++) {
+    hq_qtensor_free(qt[i]);
+    hq_quantizer_free(q[i]);
+    free(h[i].data);
   }
+  CK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < 2; i++) {
+    CK(cudaFree(dsrc[i]));
+    CK(cudaFree(dout[i]));
+  }
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
 }
 
 /* The first GEMM of a context captured before the context made its side stream (making one is
@@ -944,7 +942,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_step_in_a_graph),
                                      cmocka_unit_test(test_adam_in_a_graph),
                                      cmocka_unit_test(test_first_gemm_captured),
-      cmocka_unit_test(test_fold_pair_captured),
+                                     cmocka_unit_test(test_fold_pair_captured),
                                      cmocka_unit_test(test_amax_in_a_graph),
                                      cmocka_unit_test(test_quantizer_amax_in_a_graph),
                                      cmocka_unit_test(test_raw_copy_gemm),

@@ -206,22 +206,22 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
   hq_gemm_fold fda = {factors, NULL, r->alpha, 0}, fdb = {factors + 1, NULL, r->alpha, 0};
   int rc, alpha_in = 0; /* alpha_in: *pfa or *pfb already holds alpha (folded) */
   const int folds_a = (r->kind->a.flags & HQ_GEMM_OP_FOLDS) != 0,
-            folds_b = (r->kind->b.flags & HQ_GEMM_OP_FOLDS) != 0;
+            folds_b = (r->kind->b.flags & HQ_GEMM_OP_FOLDS) != 0, folds = folds_a || folds_b;
   const int has_fa = r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR),
             has_fb = r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR);
-  const int pair_ok = folds_a || folds_b ? hq_gemm_host_has_raw_pair_fold(h)
-                                         : hq_gemm_host_has_raw_pair(h);
-  if (!rows_a && !rows_b && pair_ok &&
-      (!(folds_a || folds_b) || !(has_fa && has_fb) || pair_fold_pays(h, call, r))) {
+  if (!rows_a && !rows_b &&
+      (folds ? hq_gemm_host_has_raw_pair_fold(h) &&
+                   (!(has_fa && has_fb) || pair_fold_pays(h, call, r))
+             : hq_gemm_host_has_raw_pair(h))) {
     /* both operands dequantized side by side, each folding its own factor into a product of
        its own -- A's with alpha; B's with alpha only when A has no factor, so that the order
        stays (alpha * fa) * fb -- and the runner multiplies the two: a chained fold would make
        B's dequantize wait for A's */
     hq_gemm_fold pa = {factors, NULL, r->alpha, 0};
     hq_gemm_fold pb = {factors + 1, NULL, has_fa ? 1.0f : r->alpha, 0};
-    rc = folds_a || folds_b ? h->raw_pair_fold(call, &r->a, dt, &a, &ta, folds_a ? &pa : NULL,
-                                               &r->b, dt, &b, &tb, folds_b ? &pb : NULL)
-                            : h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
+    rc = folds ? h->raw_pair_fold(call, &r->a, dt, &a, &ta, folds_a ? &pa : NULL, &r->b, dt, &b,
+                                  &tb, folds_b ? &pb : NULL)
+               : h->raw_pair(call, &r->a, dt, &a, &ta, &r->b, dt, &b, &tb);
     if (!rc) rc = hq_gemm_folded_factor(h, call, &r->a, &r->kind->a, &pa, factors, &pfa);
     if (!rc) rc = hq_gemm_folded_factor(h, call, &r->b, &r->kind->b, &pb, factors + 1, &pfb);
     /* a product the dequantize wrote (not factor()'s value in the same slot) holds alpha */

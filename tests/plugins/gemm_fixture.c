@@ -21,15 +21,13 @@
 ** exactly those kinds (and refuses a caller's HQ_GEMM_FORCE_EMULATED), run() reads the operands'
 ** raw values through host->raw() and their factors through host->factor -- a split one's values
 ** and row factors through host->raw_rows (provider ABI 1.2), its per-tensor factor folded by that
-** dequantize or through host->factor --
-** and computes D = alpha *
-** op(A) op(B) + beta * D (+ bias) with a naive loop in double, one rounding per element,
-** reporting HQ_GEMM_PATH_CPU. It counts its calls in the exported gemm_fixture (gemm_fixture.h),
-** whose `mode` makes run() decline or fail, or read both operands through host->raw_pair
-** (provider ABI 1.1) or host->raw_pair_fold (1.3: alpha folded into A's product, B's factor
-** alone into B's, the product D = (A's * B's) * S), or ask raw_pair for a dtype it refuses,
-** raw_pair_fold for a fold that reads the other's product, or raw_rows for an operand without
-** row factors.
+** dequantize or through host->factor -- and computes D = alpha * op(A) op(B) + beta * D (+ bias)
+** with a naive loop in double, one rounding per element, reporting HQ_GEMM_PATH_CPU. It counts
+** its calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or
+** fail, or read both operands through host->raw_pair (provider ABI 1.1) or host->raw_pair_fold
+** (1.3: alpha folded into A's product, B's factor alone into B's, the product D = (A's * B's) *
+** S), or ask raw_pair for a dtype it refuses, raw_pair_fold for a fold that reads the other's
+** product, or raw_rows for an operand without row factors.
 */
 #include <stddef.h>
 
@@ -133,7 +131,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
     return api->error(HQ_EABI, NAME ": the core offers no raw_pair_fold");
   if (mode != GEMM_FIXTURE_RUN && mode != GEMM_FIXTURE_ROWS_BAD && !pair && !pair_fold) {
     gemm_fixture.declines++;
-    if (gemm_fixture.mode == GEMM_FIXTURE_DECLINE)
+    if (mode == GEMM_FIXTURE_DECLINE)
       return api->error(HQ_ENOTSUP, NAME ": declined m = %lld on purpose", (long long)r->m);
     return api->error(HQ_EDEVICE, NAME ": failed on purpose");
   }
@@ -151,7 +149,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   int rc;
   if (pair) {
     rc = host->raw_pair(call, &r->a, HQ_F32, &a, &ta, &r->b,
-                        gemm_fixture.mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
+                        mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
     if (!rc) gemm_fixture.pairs++;
   } else if (pair_fold) {
     /* host memory (the fixture runs on the host): the folds write the products here */
