@@ -200,9 +200,15 @@ static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype 
   return raw_fill(ctx, g, dt, *data, fold, ctx->stream, *factors);
 }
 
+/* Outside a capture this also makes the context's side stream if it has none: a provider asks
+   before it would fork, and a capture that follows cannot make one (it is not capture work), so
+   a context whose eager calls never forked would otherwise chain every captured pair. */
 static int svc_capturing(const hq_call *call) {
-  const hq_ctx *ctx = call ? call->core_private : NULL;
-  return ctx && ctx->device >= 0 && hqi_cuda_capturing(ctx->stream);
+  hq_ctx *ctx = call ? call->core_private : NULL;
+  if (!ctx || ctx->device < 0) return 0;
+  if (hqi_cuda_capturing(ctx->stream)) return 1;
+  (void)hqi_ctx_side_stream(ctx);
+  return 0;
 }
 
 const hq_gemm_host hqi_gemm_host = {

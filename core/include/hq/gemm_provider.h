@@ -220,7 +220,8 @@ typedef struct hq_gemm_host {
   /* (1.3; hq_gemm_host_capturing) 1 while call->stream is being captured into a CUDA graph,
      else 0 (also on the host and when CUDA cannot tell): a replayed graph launches its kernels
      without the host, so work that costs host time per call (forks, joins, one more launch)
-     can pay in a graph and not eagerly. */
+     can pay in a graph and not eagerly. Outside a capture the core then readies what a later
+     capture's raw_pair / raw_pair_fold needs to fork (the context's side stream). */
   int (*capturing)(const hq_call *call);
 } hq_gemm_host;
 
