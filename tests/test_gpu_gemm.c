@@ -996,26 +996,30 @@ static void test_fused_exact(void **state) {
 
 /* The fused path's default reach (Hopper): an F32 D (hq train's GEMMs) with k below 2048 takes
    the unfused path, which trained the wide model faster; a BF16 D keeps the fused kernel at the
-   same k, as does an F32 D at k = 2048 and HQ_GEMM_FUSED_ALWAYS at any k. The fused operand holds
-   2^20 elements each time (the size rule's floor) against a 256-row BF16 weight. */
+   same k, as does an F32 D at k = 2048 and HQ_GEMM_FUSED_ALWAYS at any k. A grid of fewer than
+   96 output tiles of 128 x 256 takes the unfused path whatever k (3968 x 768: 31 x 3 = 93 tiles;
+   4096 x 512: 64), 4096 x 768 (96) the fused one. The fused operand (the MXFP8 input, the
+   larger) holds at least 2^20 elements (the size rule's floor) against a BF16 weight. */
 static void test_fused_short_k(void **state) {
   (void)state;
   if (g_arch != 90) skip();
   hq_recipe *r = hq_test_recipe("[format mx]\nplugin = mxfp8\n[role linear:input:x]\nrowwise = mx\n");
   hq_quantizer *q = hq_test_quantizer(r, "linear:input:x");
   static const struct {
-    int64_t k;
+    int64_t rows, n, k;
     hq_dtype d;
     uint32_t flags;
     int fused;
-  } cases[] = {{1024, HQ_F32, 0, 0},
-               {1024, HQ_BF16, 0, 1},
-               {2048, HQ_F32, 0, 1},
-               {1024, HQ_F32, HQ_GEMM_FUSED_ALWAYS, 1},
-               {512, HQ_F32, 0, 0}};
-  enum { N = 256 };
+  } cases[] = {{4096, 768, 1024, HQ_F32, 0, 0},
+               {4096, 768, 1024, HQ_BF16, 0, 1},
+               {4096, 768, 2048, HQ_F32, 0, 1},
+               {4096, 768, 1024, HQ_F32, HQ_GEMM_FUSED_ALWAYS, 1},
+               {4096, 768, 512, HQ_F32, 0, 0},
+               {3968, 768, 2048, HQ_BF16, 0, 0},
+               {3968, 768, 2048, HQ_F32, HQ_GEMM_FUSED_ALWAYS, 1},
+               {4096, 512, 2048, HQ_BF16, 0, 0}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t k = cases[c].k, rows = ((int64_t)1 << 20) / k;
+    const int64_t k = cases[c].k, rows = cases[c].rows, N = cases[c].n;
     hq_tensor x = hq_test_tensor(HQ_F32, rows, k, 77 + (uint64_t)c, 1.0f);
     hq_tensor w = hq_test_tensor(HQ_BF16, N, k, 78 + (uint64_t)c, 1.0f);
     hq_tensor xg = to_gpu(&x), wg = to_gpu(&w);
@@ -1028,9 +1032,9 @@ static void test_fused_short_k(void **state) {
     hq_gemm_info info = {.struct_size = sizeof info};
     HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(qx), 1, hq_operand_hp(&wg), 0, &d, &a, &info));
     if ((info.path == HQ_GEMM_PATH_FUSED_BF16) != cases[c].fused)
-      fail_msg("k %lld, D %s, flags %#x: path %s, the fused path %s", (long long)k,
-               cases[c].d == HQ_F32 ? "f32" : "bf16", (unsigned)cases[c].flags,
-               hq_gemm_path_name(info.path),
+      fail_msg("%lld x %lld x %lld, D %s, flags %#x: path %s, the fused path %s",
+               (long long)rows, (long long)N, (long long)k, cases[c].d == HQ_F32 ? "f32" : "bf16",
+               (unsigned)cases[c].flags, hq_gemm_path_name(info.path),
                cases[c].fused ? "expected" : "not expected");
     hq_qtensor_free(qx);
     hq_ctx_free(gpu, dd);

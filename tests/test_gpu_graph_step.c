@@ -763,14 +763,14 @@ static size_t captured_gemm_kernels(hq_qtensor *A, hq_qtensor *B, hq_tensor *D, 
 }
 
 /* mxfp8 with raw_copy = bf16 on a device whose MXFP8 GEMM is emulated (Hopper): an fprop-shaped
-   GEMM (2048 x 512 input, 256 x 512 weight, the shape the fused kernel takes) reads both
-   operands' raw values in place -- the emulated BF16 path, not the fused kernel, and two kernel
+   GEMM (4096 x 2048 input, 768 x 2048 weight: 96 output tiles, a shape the fused kernel takes)
+   reads both operands' raw values in place -- the emulated BF16 path, not the fused kernel, and two kernel
    nodes fewer in its capture than the same operands without the copy on the emulated path (no
    dequantize) -- and its D has the bytes of that path's D. */
 static void test_raw_copy_gemm(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  enum { T = 2048, O = 256, I = 2048 }; /* k = 2048: an F32 D is fused from there */
+  enum { T = 4096, O = 768, I = 2048 }; /* k = 2048: an F32 D is fused from there */
   hq_recipe *rr = hq_test_recipe("[format f]\nplugin = mxfp8\nraw_copy = bf16\n[role *:*:*]\n"
                                  "rowwise = f\ncolumnwise = f\n");
   hq_recipe *rp = hq_test_recipe(recipes[2]);

@@ -13,8 +13,9 @@
 ** By default the provider takes a problem only when the other operand is small -- at most
 ** HQ_FUSED_MAX_OTHER rows along m or n -- because there the unfused path's BF16 copy of the large
 ** operand costs more than the fused kernel gives up to cuBLASLt's BF16 GEMM -- and the fused
-** operand is not tiny (HQ_FUSED_MIN_ELEMS) and, for an F32 D, k is not short (HQ_FUSED_MIN_K_F32);
-** HQ_GEMM_FUSED_ALWAYS lifts all three. The larger operand
+** operand is not tiny (HQ_FUSED_MIN_ELEMS), its grid of output tiles is not small
+** (HQ_FUSED_MIN_TILES) and, for an F32 D, k is not short (HQ_FUSED_MIN_K_F32);
+** HQ_GEMM_FUSED_ALWAYS lifts all four. The larger operand
 ** is the one fused when both could be.
 */
 #include "config.h"
@@ -40,6 +41,14 @@
    a BF16 D the fused kernel stays the faster at every k measured (docs/performance.md). */
 #ifndef HQ_FUSED_MIN_K_F32
 #define HQ_FUSED_MIN_K_F32 2048
+#endif
+/* The fewest output tiles (CTAs) the fused path is taken for by default: each CTA makes one
+   tile over the whole of k, so a smaller grid leaves most of an H100's or H200's 132 SMs idle
+   while cuBLASLt's BF16 GEMM of the unfused path splits the work finer (docs/performance.md:
+   at 64 tiles and fewer the unfused path was the faster by 13-38 points of BF16, at 96 the two
+   were even, at 128 the fused one won). */
+#ifndef HQ_FUSED_MIN_TILES
+#define HQ_FUSED_MIN_TILES 96
 #endif
 
 #ifndef HQ_HAVE_CUDA
@@ -161,6 +170,12 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
     return api->error(HQ_ENOTSUP, "fused_hopper: the fused operand has %lld elements, fewer than "
                       "%d: the unfused path is faster there", (long long)fused,
                       HQ_FUSED_MIN_ELEMS);
+  const int64_t tiles = ((pick == 1 ? r->m : r->n) + HQI_FUSED_TILE_X - 1) / HQI_FUSED_TILE_X *
+                        ((other + HQI_FUSED_TILE_W - 1) / HQI_FUSED_TILE_W);
+  if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && tiles < HQ_FUSED_MIN_TILES)
+    return api->error(HQ_ENOTSUP, "fused_hopper: %lld output tiles of %d x %d, fewer than %d: "
+                      "the unfused path is faster there", (long long)tiles, HQI_FUSED_TILE_X,
+                      HQI_FUSED_TILE_W, HQ_FUSED_MIN_TILES);
   if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && r->d->dtype == HQ_F32 &&
       r->k < HQ_FUSED_MIN_K_F32)
     return api->error(HQ_ENOTSUP, "fused_hopper: D is f32 and k is %lld, less than %d: the "

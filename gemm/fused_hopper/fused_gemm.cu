@@ -85,7 +85,7 @@
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64;
+constexpr int kBM = HQI_FUSED_TILE_X, kBN = HQI_FUSED_TILE_W, kBK = 64;
 constexpr int kBBytes = kBN * kBK * 2; /* W values per stage */
 constexpr int kLdI = 68;               /* staging stride, lines of 64 i (x_is_m) */
 constexpr int kLdJ = 260;              /* staging stride, lines of 256 j */

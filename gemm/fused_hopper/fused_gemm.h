@@ -42,6 +42,10 @@ typedef struct hqi_fused_gemm_args {
   int (*error)(int code, const char *fmt, ...); /* records a failure's message (host->error) */
 } hqi_fused_gemm_args;
 
+/* The output tile of one CTA (X's rows x W's rows): the grid is one CTA per tile, k unsplit. */
+#define HQI_FUSED_TILE_X 128
+#define HQI_FUSED_TILE_W 256
+
 /* Whether hqi_fused_gemm can run the problem (device 9.0, kind, shapes, alignment); no CUDA
    call. */
 int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a);

@@ -745,8 +745,11 @@ HQ_API int hq_qtensor_is_saved(const hq_qtensor *qt);
 **                   GEMM kernel; the other operand (K contiguous in the orientation the flags
 **                   give) is dequantized as on the emulated path. Taken when the other operand
 **                   has at most 2048 rows along m or n (where writing and rereading a BF16 copy
-**                   of the large operand costs more than the fused kernel gives up to cuBLASLt),
-**                   or always with HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
+**                   of the large operand costs more than the fused kernel gives up to cuBLASLt)
+**                   and the problem is not small (the fused operand at least 2^20 elements, its
+**                   output at least 96 tiles of 128 x 256, with an F32 D k at least 2048: the
+**                   unfused path is faster below; docs/gemm.md), or always with
+**                   HQ_GEMM_FUSED_ALWAYS; never with HQ_GEMM_NO_FUSED or
 **                   HQ_GEMM_FORCE_EMULATED.
 **   emulated        every other problem (it takes them all). EMULATED_BF16 / EMULATED_F32 on a
 **                   GPU: each operand dequantized to its raw values (elements times block
