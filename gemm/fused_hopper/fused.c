@@ -43,10 +43,9 @@
 #define HQ_FUSED_MIN_K_F32 2048
 #endif
 /* The fewest output tiles (CTAs) the fused path is taken for by default: each CTA makes one
-   tile over the whole of k, so a smaller grid leaves most of an H100's or H200's 132 SMs idle
-   while cuBLASLt's BF16 GEMM of the unfused path splits the work finer (docs/performance.md:
-   at 64 tiles and fewer the unfused path was the faster by 13-38 points of BF16, at 96 the two
-   were even, at 128 the fused one won). */
+   tile over the whole of k, so a smaller grid leaves most of an H100 SXM's or H200's 132 SMs
+   idle while the unfused path's cuBLASLt GEMM splits the work finer; 96 is where the two paths
+   measured even (docs/performance.md, "The fused kernel's small grids"). */
 #ifndef HQ_FUSED_MIN_TILES
 #define HQ_FUSED_MIN_TILES 96
 #endif
