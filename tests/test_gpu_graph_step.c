@@ -764,9 +764,9 @@ static size_t captured_gemm_kernels(hq_qtensor *A, hq_qtensor *B, hq_tensor *D, 
 
 /* mxfp8 with raw_copy = bf16 on a device whose MXFP8 GEMM is emulated (Hopper): an fprop-shaped
    GEMM (4096 x 2048 input, 768 x 2048 weight: 96 output tiles, a shape the fused kernel takes)
-   reads both operands' raw values in place -- the emulated BF16 path, not the fused kernel, and two kernel
-   nodes fewer in its capture than the same operands without the copy on the emulated path (no
-   dequantize) -- and its D has the bytes of that path's D. */
+   reads both operands' raw values in place -- the emulated BF16 path, not the fused kernel, and
+   two kernel nodes fewer in its capture than the same operands without the copy on the emulated
+   path (no dequantize) -- and its D has the bytes of that path's D. */
 static void test_raw_copy_gemm(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
