@@ -169,8 +169,7 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
     return api->error(HQ_ENOTSUP, "fused_hopper: the fused operand has %lld elements, fewer than "
                       "%d: the unfused path is faster there", (long long)fused,
                       HQ_FUSED_MIN_ELEMS);
-  const int64_t tiles = ((pick == 1 ? r->m : r->n) + HQI_FUSED_TILE_X - 1) / HQI_FUSED_TILE_X *
-                        ((other + HQI_FUSED_TILE_W - 1) / HQI_FUSED_TILE_W);
+  const int64_t tiles = hqi_fused_tiles(pick == 1 ? r->m : r->n, other);
   if (!(r->kind->flags & HQ_GEMM_FUSED_ALWAYS) && tiles < HQ_FUSED_MIN_TILES)
     return api->error(HQ_ENOTSUP, "fused_hopper: %lld output tiles of %d x %d, fewer than %d: "
                       "the unfused path is faster there", (long long)tiles, HQI_FUSED_TILE_X,

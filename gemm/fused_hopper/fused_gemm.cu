@@ -895,8 +895,7 @@ extern "C" int hqi_fused_gemm(const hqi_fused_gemm_args *a) {
   p.f1 = a->factor[1];
   p.bias = a->bias;
   p.bias_f32 = a->bias_dtype == HQ_F32;
-  const unsigned tiles =
-      (unsigned)(((a->mx + kBM - 1) / kBM) * ((a->nw + kBN - 1) / kBN));
+  const unsigned tiles = (unsigned)hqi_fused_tiles(a->mx, a->nw);
   switch (kind_of(a)) {
   case HQ_E2M1X2: return launch<HQ_E2M1X2>(a, tx, tw, p, tiles);
   case kMx4: return launch<kMx4>(a, tx, tw, p, tiles);

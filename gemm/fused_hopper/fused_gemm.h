@@ -46,6 +46,13 @@ typedef struct hqi_fused_gemm_args {
 #define HQI_FUSED_TILE_X 128
 #define HQI_FUSED_TILE_W 256
 
+/* The kernel's grid for mx rows of X and nw rows of W: the provider's size rule and the launch
+   count the same tiles. */
+static inline int64_t hqi_fused_tiles(int64_t mx, int64_t nw) {
+  return ((mx + HQI_FUSED_TILE_X - 1) / HQI_FUSED_TILE_X) *
+         ((nw + HQI_FUSED_TILE_W - 1) / HQI_FUSED_TILE_W);
+}
+
 /* Whether hqi_fused_gemm can run the problem (device 9.0, kind, shapes, alignment); no CUDA
    call. */
 int hqi_fused_gemm_supported(const hqi_fused_gemm_args *a);
