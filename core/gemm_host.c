@@ -62,6 +62,32 @@ static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **
   return HQ_OK;
 }
 
+/* The dequantize call that fills tmp with storage operand g's raw values in dt on `stream`:
+   *c and *dst, with the fold when the module folds (returned: 1) and row_factors (raw_rows: the
+   values without the per-row factors, which go there). */
+static int raw_call(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp,
+                    const hq_gemm_fold *fold, void *stream, float *row_factors, hq_call *c,
+                    hq_tensor *dst) {
+  *dst = hq_tensor_2d(tmp, dt, ctx->device, g->pub.rows, g->pub.cols);
+  hqi_call_init(ctx, c, (g->kind.flags & HQ_GEMM_OP_RAW) ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
+  c->stream = stream;
+  c->row_factor_out = row_factors;
+  const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
+  if (folds) {
+    c->factor_out = fold->out;
+    c->factor_in = fold->in;
+    c->factor_mul = fold->mul;
+  }
+  return folds;
+}
+
+/* The error of a failed dequantize of g (rc, the module's message kept). */
+static int raw_failed(int rc, const hqi_gop *g, const char *op) {
+  return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), %s", g->what,
+                          g->label, g->qt->role, hq_dir_name(g->kind.dir), g->fmt->name,
+                          g->fmt->plugin->ops.name, op);
+}
+
 /* The second half: the operand's raw values in dt into tmp, queued on `stream` (the context's,
    or the side stream of a pair); with row_factors (raw_rows) the values without the per-row
    factors, which go there. */
@@ -69,27 +95,55 @@ static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_ge
                     void *stream, float *row_factors) {
   const int64_t n = g->pub.rows * g->pub.cols;
   if (!g->qt) return hqi_convert(ctx->device, stream, tmp, dt, g->hp.data, g->hp.dtype, n);
-  hq_tensor dst = hq_tensor_2d(tmp, dt, ctx->device, g->pub.rows, g->pub.cols);
   const hq_format_ops *ops = &g->fmt->plugin->ops;
   hq_call c;
-  hqi_call_init(ctx, &c, (g->kind.flags & HQ_GEMM_OP_RAW) ? HQ_CALL_DEQ_RAW : 0, ctx->offset);
-  c.stream = stream;
-  c.row_factor_out = row_factors;
-  const int folds = fold && (g->kind.flags & HQ_GEMM_OP_FOLDS);
-  if (folds) {
-    c.factor_out = fold->out;
-    c.factor_in = fold->in;
-    c.factor_mul = fold->mul;
-  }
+  hq_tensor dst;
+  const int folds = raw_call(ctx, g, dt, tmp, fold, stream, row_factors, &c, &dst);
   hq_clear_error();
   int rc = hqi_plugin_rc(ops->dequantize(g->fmt->cfg, &c, g->pub.st, &dst), ops->name,
                          "dequantize");
-  if (rc)
-    return hqi_error_prefix(rc, "%s: operand %s (role %s, %s format '%s', plugin %s), "
-                            "dequantize%s", g->what, g->label, g->qt->role,
-                            hq_dir_name(g->kind.dir), g->fmt->name, ops->name,
-                            row_factors ? " with row factors" : "");
+  if (rc) return raw_failed(rc, g, row_factors ? "dequantize with row factors" : "dequantize");
   if (folds) fold->done = 1;
+  return HQ_OK;
+}
+
+/* Whether the fills of storage operands ga and gb (both needing one) go to their module as one
+   request: one module (the same code, whichever plugin set loaded it), which offers
+   dequantize_pair (format ABI 2.6). */
+static int joint_fill(const hqi_gop *ga, const hqi_gop *gb) {
+  return ga->qt && gb->qt && ga->fmt->plugin->ops.dequantize_pair != NULL &&
+         ga->fmt->plugin->ops.dequantize_pair == gb->fmt->plugin->ops.dequantize_pair;
+}
+
+/* Both fills as one request on the context's stream: HQ_ENOTSUP (nothing queued, no error
+   left) when the module declines the pair, so that the caller fills them another way. fb is
+   folded only where fa is when it reads fa's product (a chain). */
+static int raw_fill_joint(hq_ctx *ctx, const hqi_gop *ga, hq_dtype dta, void *tmp_a,
+                          hq_gemm_fold *fa, const hqi_gop *gb, hq_dtype dtb, void *tmp_b,
+                          hq_gemm_fold *fb) {
+  const hq_format_ops *ops = &ga->fmt->plugin->ops;
+  hq_call ca, cb;
+  hq_tensor da, db;
+  const int folds_a = raw_call(ctx, ga, dta, tmp_a, fa, ctx->stream, NULL, &ca, &da);
+  const int chain = fa && fb && fb->in && fb->in == fa->out;
+  const int folds_b = raw_call(ctx, gb, dtb, tmp_b, chain && !folds_a ? NULL : fb, ctx->stream,
+                               NULL, &cb, &db);
+  if (!(ca.flags & cb.flags & HQ_CALL_DEQ_RAW)) return HQ_ENOTSUP; /* a module before 2.1 */
+  hq_clear_error();
+  int rc = ops->dequantize_pair(ga->fmt->cfg, &ca, ga->pub.st, &da, gb->fmt->cfg, &cb,
+                                gb->pub.st, &db);
+  if (rc == HQ_ENOTSUP) {
+    hq_clear_error();
+    return HQ_ENOTSUP;
+  }
+  rc = hqi_plugin_rc(rc, ops->name, "dequantize_pair");
+  if (rc)
+    return hqi_error_prefix(rc, "%s: operands %s (role %s, %s format '%s') and %s (role %s, %s "
+                            "format '%s'), plugin %s, dequantize_pair", ga->what, ga->label,
+                            ga->qt->role, hq_dir_name(ga->kind.dir), ga->fmt->name, gb->label,
+                            gb->qt->role, hq_dir_name(gb->kind.dir), gb->fmt->name, ops->name);
+  if (folds_a) fa->done = 1;
+  if (folds_b) fb->done = 1;
   return HQ_OK;
 }
 
@@ -104,12 +158,13 @@ static int svc_raw(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt,
   return rc || !*tmp ? rc : raw_fill(ctx, g, dt, *tmp, fold, ctx->stream, NULL);
 }
 
-/* raw() of a and of b with folds fa and fb (NULL: none), the two fills side by side where both
-   have one on a CUDA device: b's on the context's stream, a's on the context's side stream,
-   forked from it after both temporaries are allocated there and joined back before this returns
-   (also when a fill fails, so that a capture stays whole). Without a side stream (none can be
-   made, or none was made before a capture began: making one is not capture work) the fills run
-   in turn. */
+/* raw() of a and of b with folds fa and fb (NULL: none). Where both need a fill: as one request
+   to their module where it offers one (joint_fill), else side by side on a CUDA device: b's on
+   the context's stream, a's on the context's side stream, forked from it after both temporaries
+   are allocated there and joined back before this returns (also when a fill fails, so that a
+   capture stays whole). In turn without a side stream (none can be made, or none was made
+   before a capture began: making one is not capture work) and for a chain (fb reads fa's
+   product, folded only where fa's is). */
 static int svc_raw_pair_fold(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
                              const void **data_a, void **tmp_a, hq_gemm_fold *fa,
                              const hq_gemm_operand *b, hq_dtype dtb, const void **data_b,
@@ -119,20 +174,26 @@ static int svc_raw_pair_fold(const hq_call *call, const hq_gemm_operand *a, hq_d
   if (rc) return rc;
   if (fa) fa->done = 0;
   if (fb) fb->done = 0;
-  /* side by side, one fold reading the other's product would race with its write */
-  if (fa && fb && ((fa->out && fb->in == fa->out) || (fb->out && fa->in == fb->out)))
-    return hqi_error(HQ_EINVAL, "hq_gemm_host.raw_pair_fold: one operand's fold reads the "
-                     "other's product; the two run side by side (ask raw() for each in turn)");
+  /* A's fold reading B's product would read it before B's dequantize writes it */
+  if (fa && fb && fb->out && fa->in == fb->out)
+    return hqi_error(HQ_EINVAL, "hq_gemm_host.raw_pair_fold: A's fold reads B's product, which "
+                     "B's dequantize writes after A's (B's may read A's)");
+  const int chain = fa && fb && fa->out && fb->in == fa->out;
   hq_ctx *ctx = call->core_private;
   const hqi_gop *ga = a->handle, *gb = b->handle;
   *tmp_b = NULL;
   rc = raw_prepare(ctx, ga, dta, data_a, tmp_a);
   if (!rc) rc = raw_prepare(ctx, gb, dtb, data_b, tmp_b);
   if (rc) return rc;
-  void *side = *tmp_a && *tmp_b ? hqi_ctx_side_stream(ctx) : NULL;
+  if (*tmp_a && *tmp_b && joint_fill(ga, gb)) {
+    rc = raw_fill_joint(ctx, ga, dta, *tmp_a, fa, gb, dtb, *tmp_b, fb);
+    if (rc != HQ_ENOTSUP) return rc;
+  }
+  void *side = *tmp_a && *tmp_b && !chain ? hqi_ctx_side_stream(ctx) : NULL;
   if (!side) {
     if (*tmp_a) rc = raw_fill(ctx, ga, dta, *tmp_a, fa, ctx->stream, NULL);
-    if (!rc && *tmp_b) rc = raw_fill(ctx, gb, dtb, *tmp_b, fb, ctx->stream, NULL);
+    if (!rc && *tmp_b)
+      rc = raw_fill(ctx, gb, dtb, *tmp_b, chain && !fa->done ? NULL : fb, ctx->stream, NULL);
     return rc;
   }
   rc = hqi_cuda_event_record(&ctx->side_ev[0], ctx->stream);
@@ -149,6 +210,20 @@ static int svc_raw_pair(const hq_call *call, const hq_gemm_operand *a, hq_dtype 
                         const void **data_a, void **tmp_a, const hq_gemm_operand *b,
                         hq_dtype dtb, const void **data_b, void **tmp_b) {
   return svc_raw_pair_fold(call, a, dta, data_a, tmp_a, NULL, b, dtb, data_b, tmp_b, NULL);
+}
+
+/* Whether raw_pair of a and b would be one request to their module (gemm_provider.h). */
+static int svc_joint(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+                     const hq_gemm_operand *b, hq_dtype dtb) {
+  const void *data;
+  void *tmp;
+  if (raw_args(call, a, dta, &data, &tmp) || raw_args(call, b, dtb, &data, &tmp)) {
+    hq_clear_error();
+    return 0;
+  }
+  const hqi_gop *ga = a->handle, *gb = b->handle;
+  return joint_fill(ga, gb) && !raw_in_place(ga, dta) && !raw_copy(ga, dta) &&
+         !raw_in_place(gb, dtb) && !raw_copy(gb, dtb);
 }
 
 static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out) {
@@ -222,4 +297,5 @@ const hq_gemm_host hqi_gemm_host = {
     .raw_rows = svc_raw_rows,
     .raw_pair_fold = svc_raw_pair_fold,
     .capturing = svc_capturing,
+    .joint = svc_joint,
 };

@@ -140,6 +140,12 @@ tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c
 tests_plugins_minor0_raw_factor_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+# A format module offering dequantize_pair (ABI 2.6), in a folder of its own.
+check_LTLIBRARIES += tests/plugins/pair/pair.la
+tests_plugins_pair_pair_la_SOURCES = tests/plugins/pair_fixture.c
+tests_plugins_pair_pair_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_plugins_pair_pair_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+
 # Buffer-form fixtures (ABI 2.4, test_forms), in a folder of their own: one valid module, one whose
 # table is too short to show its ops, four malformed op sets the loader rejects.
 check_LTLIBRARIES += tests/plugins/forms/forms.la

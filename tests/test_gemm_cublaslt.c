@@ -84,7 +84,7 @@ static int setup(void **state) {
   g_api.alloc = mock_alloc;
   g_api.free = mock_free;
   g_host = (hq_gemm_host){HQ_GEMM_ABI_MAJOR, HQ_GEMM_ABI_MINOR, sizeof g_host, &g_api, mock_raw,
-                          mock_factor, NULL, NULL, NULL, NULL};
+                          mock_factor, NULL, NULL, NULL, NULL, NULL};
   g_lt = g_entry(&g_host);
   return g_lt && hq_ctx_create(NULL, &g_ctx) == HQ_OK ? 0 : -1;
 }

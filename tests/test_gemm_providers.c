@@ -433,7 +433,8 @@ static void test_raw_pair(void **state) {
    per-tensor factor folded by its own dequantize into a product of its own -- A's times alpha,
    B's alone: RN(alpha * fa) and fb, with f = RN(amax * RN(1/2688)) of each input (docs/formats.md)
    -- and the GEMM agrees with raw() plus factor() (test_gemm's RUN mode) to the rounding of the
-   scalar; a fold reading the other's product is refused, the provider named. */
+   scalar; A's fold reading B's product is refused, the provider named. With B's fold reading
+   A's product (ABI 1.4, a chain) B's product is RN(RN(alpha * fa) * fb), the same GEMM. */
 static void test_raw_pair_fold(void **state) {
   (void)state;
   const char *text = "[format n]\nplugin = nvfp4\n[role *:*:*]\nrowwise = n\ncolumnwise = n\n";
@@ -472,9 +473,18 @@ static void test_raw_pair_fold(void **state) {
   }
   assert_true(nonzero > (size_t)(m * n) / 2);
   fx->mode = GEMM_FIXTURE_PAIR_FOLD_BAD;
-  expect_refused(ctx, A, B, &D2,
-                 "hq_gemm_host.raw_pair_fold: one operand's fold reads the other's product");
+  expect_refused(ctx, A, B, &D2, "hq_gemm_host.raw_pair_fold: A's fold reads B's product");
   assert_int_equal(fx->pair_folds, 2);
+  fx->mode = GEMM_FIXTURE_PAIR_CHAIN;
+  c = gemm(ctx, A, 1, B, 0, &D2, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->pair_folds, 4);
+  assert_true(fx->fold_a == 0.5f * fa);
+  assert_true(fx->fold_b == (0.5f * fa) * fb);
+  for (int64_t i = 0; i < m * n; i++)
+    if (fabsf(d2[i] - d[i]) > 0x1p-20f * fabsf(d[i]))
+      fail_msg("D[%lld] = %.9g through a chained raw_pair_fold, %.9g through raw() and factor()",
+               (long long)i, (double)d2[i], (double)d[i]);
   fx->mode = GEMM_FIXTURE_RUN;
   hq_qtensor *all[] = {A, B};
   hq_qtensors_free(all, 2);
@@ -485,6 +495,132 @@ static void test_raw_pair_fold(void **state) {
   free(xb.data);
   free(D.data);
   free(D2.data);
+}
+
+/* Recipe `text` loading the provider fixtures and the test_pair format (tests/plugins/pair),
+   the states of test_gemm and of test_pair at zero. */
+static hq_recipe *pair_recipe(const char *text, gemm_fixture_state **fx,
+                              pair_fixture_state **px) {
+  const char *dirs[] = {fixture_dir("providers"), fixture_dir("pair")};
+  hq_recipe *r = hq_test_recipe_dirs(text, dirs, 2);
+  hq_gemm_provider_info top = {.struct_size = sizeof top};
+  HQ_OK_OR_FAIL(hq_plugins_gemm_info(hq_recipe_plugins(r), 0, &top));
+  assert_string_equal(top.name, "test_gemm");
+  *fx = module_symbol(top.file, GEMM_FIXTURE_STATE);
+  const hq_plugin *p = hq_plugins_find(hq_recipe_plugins(r), "test_pair");
+  assert_non_null(p);
+  *px = module_symbol(hq_plugin_file(p), PAIR_FIXTURE_STATE);
+  memset(*fx, 0, sizeof **fx);
+  memset(*px, 0, sizeof **px);
+  return r;
+}
+
+/* D [n, m] == RN(scalar * S) with S the exact sum of the codes' products, A's codes ca [m, k]
+   and B's cb [n, k] (A transposed, B not: gemm()'s flags). */
+static void expect_codes_product(const float *ca, const float *cb, int64_t m, int64_t n,
+                                 int64_t k, double scalar, const hq_tensor *D) {
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      double s = 0;
+      for (int64_t q = 0; q < k; q++) s += (double)ca[i * k + q] * cb[j * k + q];
+      const float want = (float)(s * scalar), got = ((const float *)D->data)[j * m + i];
+      if (got != want)
+        fail_msg("D[%lld][%lld] = %.9g, expected %.9g", (long long)j, (long long)i, (double)got,
+                 (double)want);
+    }
+}
+
+/* A module offering dequantize_pair (format ABI 2.6; tests/plugins/pair_fixture.c) gets a GEMM's
+   two raw dequantizations as one request, from two instances of it (another scale each):
+   hq_gemm_host.joint says 1, and raw_pair, raw_pair_fold and a chain (B's fold reading A's
+   product: RN(RN(alpha * fa) * fb)) each make one request of two dequantizes, the product exact.
+   A pair the module declines (HQ_ENOTSUP) is made as two dequantizes, the same product; a pair
+   it fails fails the GEMM naming both operands and the op. With an identity operand (read in
+   place) there is no request: joint 0, one dequantize. */
+static void test_joint_pair(void **state) {
+  (void)state;
+  const char *text = "[format a]\nplugin = test_pair\nscale = 0.1\n"
+                     "[format b]\nplugin = test_pair\nscale = 0.3\n"
+                     "[format f]\nplugin = identity\ndtype = f32\n"
+                     "[role linear:weight:*]\nrowwise = a\ncolumnwise = a\n"
+                     "[role linear:grad_output:*]\nrowwise = f\ncolumnwise = f\n"
+                     "[role *:*:*]\nrowwise = b\ncolumnwise = b\n";
+  gemm_fixture_state *fx;
+  pair_fixture_state *px;
+  hq_recipe *r = pair_recipe(text, &fx, &px);
+  hq_quantizer *qa = hq_test_quantizer(r, "linear:weight:w");
+  hq_quantizer *qb = hq_test_quantizer(r, "linear:input:x");
+  hq_quantizer *qf = hq_test_quantizer(r, "linear:grad_output:y");
+  const int64_t m = 6, n = 5, k = 7;
+  const float fa = 0.1f, fb = 0.3f;
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  hq_tensor xa = hq_test_tensor(HQ_F32, m, k, 21, 1.0f), xb = hq_test_tensor(HQ_F32, n, k, 22, 1.0f);
+  hq_qtensor *A = quantize(qa, ctx, &xa), *B = quantize(qb, ctx, &xb), *F = quantize(qf, ctx, &xb);
+  const float *ca = hq_storage_cbuf(hq_qtensor_storage(A, HQ_ROWWISE), 0)->ptr;
+  const float *cb = hq_storage_cbuf(hq_qtensor_storage(B, HQ_ROWWISE), 0)->ptr;
+  hq_tensor D = hq_test_empty(HQ_F32, n, m);
+  const float whole = (0.5f * fa) * fb; /* RN(RN(alpha * fa) * fb) */
+
+  fx->mode = GEMM_FIXTURE_PAIR; /* factors by factor(), multiplied in double by the fixture */
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->joint, 1);
+  assert_int_equal(px->pairs, 1);
+  assert_int_equal(px->deqs, 2);
+  expect_codes_product(ca, cb, m, n, k, 0.5 * fa * (double)fb, &D);
+  fx->mode = GEMM_FIXTURE_PAIR_FOLD;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(px->pairs, 2);
+  assert_true(fx->fold_a == 0.5f * fa);
+  assert_true(fx->fold_b == fb);
+  expect_codes_product(ca, cb, m, n, k, whole, &D);
+  fx->mode = GEMM_FIXTURE_PAIR_CHAIN;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(px->pairs, 3);
+  assert_int_equal(px->deqs, 6);
+  assert_true(fx->fold_b == whole);
+  expect_codes_product(ca, cb, m, n, k, whole, &D);
+  /* declined: two dequantizes, in turn for the chain */
+  px->decline = 1;
+  fx->fold_b = 0.0f;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->joint, 1);
+  assert_int_equal(px->pairs, 3);
+  assert_int_equal(px->deqs, 8);
+  assert_true(fx->fold_b == whole);
+  expect_codes_product(ca, cb, m, n, k, whole, &D);
+  px->decline = 0;
+  px->fail = 1;
+  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  assert_int_equal(c.rc, HQ_EDEVICE);
+  HQ_ERROR_HAS("GEMM provider test_gemm");
+  HQ_ERROR_HAS("operands A (role linear:weight:w, rowwise format 'a') and B (role "
+               "linear:input:x, rowwise format 'b'), plugin test_pair, dequantize_pair");
+  HQ_ERROR_HAS("test_pair: failed on purpose");
+  px->fail = 0;
+  /* an identity operand is read in place: no pair */
+  fx->mode = GEMM_FIXTURE_PAIR;
+  c = gemm(ctx, A, 1, F, 0, &D, 0);
+  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+  assert_int_equal(fx->joint, 0);
+  assert_int_equal(px->pairs, 3);
+  assert_int_equal(px->deqs, 9);
+  expect_codes_product(ca, xb.data, m, n, k, 0.5 * fa, &D);
+  fx->mode = GEMM_FIXTURE_RUN;
+  hq_qtensor *all[] = {A, B, F};
+  hq_qtensors_free(all, 3);
+  hq_quantizer_free(qa);
+  hq_quantizer_free(qb);
+  hq_quantizer_free(qf);
+  hq_recipe_free(r);
+  hq_ctx_destroy(ctx);
+  free(xa.data);
+  free(xb.data);
+  free(D.data);
 }
 
 /* A provider reading a row-scaled NVFP4 operand through host->raw_rows (provider ABI 1.2) gets
@@ -683,6 +819,7 @@ int main(void) {
       cmocka_unit_test(test_dispatch_and_cache),
       cmocka_unit_test(test_raw_pair),
       cmocka_unit_test(test_raw_pair_fold),
+      cmocka_unit_test(test_joint_pair),
       cmocka_unit_test(test_raw_rows),
       cmocka_unit_test(test_decline),
       cmocka_unit_test(test_raw_by_table_size),

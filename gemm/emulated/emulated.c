@@ -209,7 +209,17 @@ static int gpu_gemm(const hq_gemm_host *h, const hq_call *call, hq_gemm_run *r,
             folds_b = (r->kind->b.flags & HQ_GEMM_OP_FOLDS) != 0, folds = folds_a || folds_b;
   const int has_fa = r->a.st && (r->kind->a.flags & HQ_GEMM_OP_FACTOR),
             has_fb = r->b.st && (r->kind->b.flags & HQ_GEMM_OP_FACTOR);
-  if (!rows_a && !rows_b &&
+  if (!rows_a && !rows_b && has_fa && has_fb && folds_a && folds_b &&
+      hq_gemm_host_joint(h, call, &r->a, dt, &r->b, dt)) {
+    /* one request to the format for both, B's fold reading A's product (the chain at one
+       launch's cost): factors[1] = (alpha * fa) * fb, the whole alpha */
+    fdb.in = factors;
+    rc = h->raw_pair_fold(call, &r->a, dt, &a, &ta, &fda, &r->b, dt, &b, &tb, &fdb);
+    if (!rc) rc = hq_gemm_folded_factor(h, call, &r->a, &r->kind->a, &fda, factors, &pfa);
+    if (!rc) rc = hq_gemm_folded_factor(h, call, &r->b, &r->kind->b, &fdb, factors + 1, &pfb);
+    alpha_in = fda.done || fdb.done;
+    if (fdb.done) pfa = NULL; /* B's product holds alpha * fa already */
+  } else if (!rows_a && !rows_b &&
       (folds ? hq_gemm_host_has_raw_pair_fold(h) &&
                    (!(has_fa && has_fb) || pair_fold_pays(h, call, r))
              : hq_gemm_host_has_raw_pair(h))) {

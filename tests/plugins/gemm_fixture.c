@@ -26,8 +26,9 @@
 ** its calls in the exported gemm_fixture (gemm_fixture.h), whose `mode` makes run() decline or
 ** fail, or read both operands through host->raw_pair (provider ABI 1.1) or host->raw_pair_fold
 ** (1.3: alpha folded into A's product, B's factor alone into B's, the product D = (A's * B's) *
-** S), or ask raw_pair for a dtype it refuses, raw_pair_fold for a fold that reads the other's
-** product, or raw_rows for an operand without row factors.
+** S; 1.4: B's fold reading A's product, D = B's * S), or ask raw_pair for a dtype it refuses,
+** raw_pair_fold for A's fold reading B's product, or raw_rows for an operand without row
+** factors.
 */
 #include <stddef.h>
 
@@ -124,7 +125,9 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   const hq_host_api *api = host->api;
   const int mode = gemm_fixture.mode;
   const int pair = mode == GEMM_FIXTURE_PAIR || mode == GEMM_FIXTURE_PAIR_BAD;
-  const int pair_fold = mode == GEMM_FIXTURE_PAIR_FOLD || mode == GEMM_FIXTURE_PAIR_FOLD_BAD;
+  const int chain = mode == GEMM_FIXTURE_PAIR_CHAIN;
+  const int pair_fold = mode == GEMM_FIXTURE_PAIR_FOLD || mode == GEMM_FIXTURE_PAIR_FOLD_BAD ||
+                        chain;
   if (pair && !hq_gemm_host_has_raw_pair(host))
     return api->error(HQ_EABI, NAME ": the core offers no raw_pair");
   if (pair_fold && !hq_gemm_host_has_raw_pair_fold(host))
@@ -147,15 +150,21 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
   double whole = 0.0; /* alpha times both factors, when the folds made it (have_whole) */
   int have_whole = 0;
   int rc;
+  if (pair || pair_fold)
+    gemm_fixture.joint = hq_gemm_host_joint(host, call, &r->a, HQ_F32, &r->b, HQ_F32);
   if (pair) {
     rc = host->raw_pair(call, &r->a, HQ_F32, &a, &ta, &r->b,
                         mode == GEMM_FIXTURE_PAIR_BAD ? HQ_F16 : HQ_F32, &b, &tb);
+    const float *pf; /* the factors, where the operands have them (host memory: fa, fb) */
+    if (!rc) rc = hq_gemm_factor_of(host, call, &r->a, &r->kind->a, &fa, &pf);
+    if (!rc) rc = hq_gemm_factor_of(host, call, &r->b, &r->kind->b, &fb, &pf);
     if (!rc) gemm_fixture.pairs++;
   } else if (pair_fold) {
     /* host memory (the fixture runs on the host): the folds write the products here */
     float prod[2] = {1.0f, 1.0f};
-    hq_gemm_fold pa = {&prod[0], NULL, r->alpha, 0};
-    hq_gemm_fold pb = {&prod[1], mode == GEMM_FIXTURE_PAIR_FOLD_BAD ? &prod[0] : NULL, 1.0f, 0};
+    hq_gemm_fold pa = {&prod[0], mode == GEMM_FIXTURE_PAIR_FOLD_BAD ? &prod[1] : NULL, r->alpha,
+                       0};
+    hq_gemm_fold pb = {&prod[1], chain ? &prod[0] : NULL, 1.0f, 0};
     rc = host->raw_pair_fold(call, &r->a, HQ_F32, &a, &ta, &pa, &r->b, HQ_F32, &b, &tb, &pb);
     if (!rc && !pa.done) rc = api->error(HQ_EINVAL, NAME ": A's factor was not folded");
     if (!rc && !pb.done) rc = api->error(HQ_EINVAL, NAME ": B's factor was not folded");
@@ -163,7 +172,8 @@ static int run(const hq_gemm_host *host, const hq_call *call, hq_gemm_run *r) {
       gemm_fixture.pair_folds += 2;
       gemm_fixture.fold_a = prod[0];
       gemm_fixture.fold_b = prod[1];
-      whole = (double)hq_mul_rn(prod[0], prod[1]); /* (alpha * fa) * fb */
+      /* (alpha * fa) * fb: B's product, or the two multiplied */
+      whole = chain ? (double)prod[1] : (double)hq_mul_rn(prod[0], prod[1]);
       have_whole = 1;
     }
   } else {

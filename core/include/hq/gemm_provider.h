@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 #define HQ_GEMM_ABI_MAJOR 1
-#define HQ_GEMM_ABI_MINOR 3
+#define HQ_GEMM_ABI_MINOR 4
 
 /* The one symbol a GEMM provider module exports. */
 #define HQ_GEMM_ENTRY_NAME "hq_gemm_provider_v1"
@@ -212,7 +212,11 @@ typedef struct hq_gemm_host {
      dequantizations still side by side: each folds its own factor into its own product, so
      neither may read the other's (fb->in == fa->out or fa->in == fb->out is refused with
      HQ_EINVAL); the caller multiplies the two products (e.g. as hq_lt_matmul.alpha_factor).
-     fa->done and fb->done say which were folded, as after raw(). */
+     fa->done and fb->done say which were folded, as after raw().
+     1.4: B's fold may read A's product (fb->in == fa->out, a chain): the two dequantizations
+     then run as one request to their format (see joint()) or in turn, never side by side, and
+     B's is folded only when A's was (fb->done 0 otherwise). fa->in == fb->out is still
+     refused. */
   int (*raw_pair_fold)(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
                        const void **data_a, void **tmp_a, hq_gemm_fold *fa,
                        const hq_gemm_operand *b, hq_dtype dtb, const void **data_b, void **tmp_b,
@@ -223,6 +227,13 @@ typedef struct hq_gemm_host {
      can pay in a graph and not eagerly. Outside a capture the core then readies what a later
      capture's raw_pair / raw_pair_fold needs to fork (the context's side stream). */
   int (*capturing)(const hq_call *call);
+  /* --- 1.4 (hq_gemm_host_joint) ---
+     1 when raw_pair / raw_pair_fold of a (in dta) and b (in dtb) would hand both
+     dequantizations to their format module as one request (format ABI 2.6's
+     dequantize_pair: both need one, one module offers it), which may then run them as one
+     launch, a chain included; else 0. Queues nothing. */
+  int (*joint)(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta,
+               const hq_gemm_operand *b, hq_dtype dtb);
 } hq_gemm_host;
 
 /* Whether the core offers raw_pair (a 1.0 core does not). */
@@ -248,6 +259,16 @@ static inline int hq_gemm_host_has_raw_pair_fold(const hq_gemm_host *h) {
 static inline int hq_gemm_host_capturing(const hq_gemm_host *h, const hq_call *call) {
   return h->abi_minor >= 3 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_3 && h->capturing &&
          h->capturing(call);
+}
+
+/* Whether raw_pair_fold of a and b would be one request to their format module, which then
+   accepts a chained fold at one launch's cost (0 from a core before 1.4). */
+#define HQ_GEMM_HOST_SIZE_1_4 (offsetof(hq_gemm_host, joint) + sizeof(void *))
+static inline int hq_gemm_host_joint(const hq_gemm_host *h, const hq_call *call,
+                                     const hq_gemm_operand *a, hq_dtype dta,
+                                     const hq_gemm_operand *b, hq_dtype dtb) {
+  return h->abi_minor >= 4 && h->struct_size >= HQ_GEMM_HOST_SIZE_1_4 && h->joint &&
+         h->joint(call, a, dta, b, dtb);
 }
 
 /* The table a provider returns. */

@@ -1055,6 +1055,19 @@ typedef struct hq_format_ops {
      form->ptr (read only). Comes with save. */
   int (*restore)(const void *cfg, const hq_call *call, hq_storage *s, uint32_t buffer,
                  const hq_buffer_form *form);
+
+  /* --- 2.6 (absent from an older table: NULL) ------------------------------------------------ */
+  /* Two raw dequantizes as one request, so that a GEMM's two operands cost one launch (one
+     node of a captured graph): the effect of dequantize(cfg, call, s, dst) and then
+     dequantize(cfg_b, call_b, s_b, dst_b), in that order. Both calls have HQ_CALL_DEQ_RAW and
+     the same device and stream; s_b may come from another instance of this module (cfg_b).
+     The second's fold may read the first's product (call_b->factor_in == call->factor_out): it
+     then sees the product the first writes. Return HQ_ENOTSUP, having queued nothing, to
+     decline a pair (the core then makes the two dequantize() calls; no message is needed).
+     NULL: every pair is two calls. */
+  int (*dequantize_pair)(const void *cfg, const hq_call *call, const hq_storage *s,
+                         hq_tensor *dst, const void *cfg_b, const hq_call *call_b,
+                         const hq_storage *s_b, hq_tensor *dst_b);
 } hq_format_ops;
 
 /* The entry point every format module exports (and nothing else). Called once per load with the
