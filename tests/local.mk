@@ -136,13 +136,13 @@ tests_plugins_providers_bad_no_entry_la_CPPFLAGS = $(AM_CPPFLAGS) -DGEMM_FIXTURE
 tests_plugins_providers_bad_no_entry_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A format module with the 2.1 table that requires ABI 2.0 (review bug 7), in a folder of its own.
 check_LTLIBRARIES += tests/plugins/minor0/raw_factor.la
-tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c
+tests_plugins_minor0_raw_factor_la_SOURCES = tests/plugins/raw_factor.c tests/plugins/int_codes.h
 tests_plugins_minor0_raw_factor_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_minor0_raw_factor_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
 # A format module offering dequantize_pair (ABI 2.6), in a folder of its own.
 check_LTLIBRARIES += tests/plugins/pair/pair.la
-tests_plugins_pair_pair_la_SOURCES = tests/plugins/pair_fixture.c
+tests_plugins_pair_pair_la_SOURCES = tests/plugins/pair_fixture.c tests/plugins/int_codes.h
 tests_plugins_pair_pair_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_plugins_pair_pair_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 

@@ -555,47 +555,44 @@ static void test_joint_pair(void **state) {
   const float fa = 0.1f, fb = 0.3f;
   hq_ctx *ctx = NULL;
   HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
-  hq_tensor xa = hq_test_tensor(HQ_F32, m, k, 21, 1.0f), xb = hq_test_tensor(HQ_F32, n, k, 22, 1.0f);
+  hq_tensor xa = hq_test_tensor(HQ_F32, m, k, 21, 1.0f);
+  hq_tensor xb = hq_test_tensor(HQ_F32, n, k, 22, 1.0f);
   hq_qtensor *A = quantize(qa, ctx, &xa), *B = quantize(qb, ctx, &xb), *F = quantize(qf, ctx, &xb);
   const float *ca = hq_storage_cbuf(hq_qtensor_storage(A, HQ_ROWWISE), 0)->ptr;
   const float *cb = hq_storage_cbuf(hq_qtensor_storage(B, HQ_ROWWISE), 0)->ptr;
   hq_tensor D = hq_test_empty(HQ_F32, n, m);
   const float whole = (0.5f * fa) * fb; /* RN(RN(alpha * fa) * fb) */
 
-  fx->mode = GEMM_FIXTURE_PAIR; /* factors by factor(), multiplied in double by the fixture */
-  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
-  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
-  assert_int_equal(fx->joint, 1);
-  assert_int_equal(px->pairs, 1);
-  assert_int_equal(px->deqs, 2);
-  expect_codes_product(ca, cb, m, n, k, 0.5 * fa * (double)fb, &D);
-  fx->mode = GEMM_FIXTURE_PAIR_FOLD;
-  c = gemm(ctx, A, 1, B, 0, &D, 0);
-  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
-  assert_int_equal(px->pairs, 2);
-  assert_true(fx->fold_a == 0.5f * fa);
-  assert_true(fx->fold_b == fb);
-  expect_codes_product(ca, cb, m, n, k, whole, &D);
-  fx->mode = GEMM_FIXTURE_PAIR_CHAIN;
-  c = gemm(ctx, A, 1, B, 0, &D, 0);
-  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
-  assert_int_equal(px->pairs, 3);
-  assert_int_equal(px->deqs, 6);
-  assert_true(fx->fold_b == whole);
-  expect_codes_product(ca, cb, m, n, k, whole, &D);
-  /* declined: two dequantizes, in turn for the chain */
-  px->decline = 1;
-  fx->fold_b = 0.0f;
-  c = gemm(ctx, A, 1, B, 0, &D, 0);
-  expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
-  assert_int_equal(fx->joint, 1);
-  assert_int_equal(px->pairs, 3);
-  assert_int_equal(px->deqs, 8);
-  assert_true(fx->fold_b == whole);
-  expect_codes_product(ca, cb, m, n, k, whole, &D);
+  /* raw_pair (factors by factor(), multiplied in double by the fixture), raw_pair_fold (each
+     factor its own product, B's alone), the chain, the chain declined (two dequantizes) */
+  const struct {
+    int mode, decline, pairs, deqs;
+    float fold_b;   /* B's product, or 0: not asked */
+    double scalar;  /* alpha * fa * fb as the fixture multiplies */
+  } runs[] = {
+      {GEMM_FIXTURE_PAIR, 0, 1, 2, 0.0f, 0.5 * fa * (double)fb},
+      {GEMM_FIXTURE_PAIR_FOLD, 0, 2, 4, fb, whole},
+      {GEMM_FIXTURE_PAIR_CHAIN, 0, 3, 6, whole, whole},
+      {GEMM_FIXTURE_PAIR_CHAIN, 1, 3, 8, whole, whole},
+  };
+  for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+    fx->mode = runs[i].mode;
+    px->decline = runs[i].decline;
+    fx->fold_b = 0.0f;
+    gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+    expect_ran(&c, "test_gemm", HQ_GEMM_PATH_CPU, "");
+    assert_int_equal(fx->joint, 1);
+    assert_int_equal(px->pairs, runs[i].pairs);
+    assert_int_equal(px->deqs, runs[i].deqs);
+    if (runs[i].fold_b != 0.0f) {
+      assert_true(fx->fold_a == 0.5f * fa);
+      assert_true(fx->fold_b == runs[i].fold_b);
+    }
+    expect_codes_product(ca, cb, m, n, k, runs[i].scalar, &D);
+  }
   px->decline = 0;
   px->fail = 1;
-  c = gemm(ctx, A, 1, B, 0, &D, 0);
+  gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
   assert_int_equal(c.rc, HQ_EDEVICE);
   HQ_ERROR_HAS("GEMM provider test_gemm");
   HQ_ERROR_HAS("operands A (role linear:weight:w, rowwise format 'a') and B (role "
