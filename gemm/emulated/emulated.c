@@ -12,7 +12,9 @@
 ** Otherwise the two operands are dequantized side by side (host->raw_pair, or raw_pair_fold when
 ** a module folds its factor: each into a product of its own, so neither waits for the other;
 ** two such products cost one more kernel, so operands that both carry a factor are paired only
-** when small and in a captured graph, else B's dequantize folds A's product, the chain).
+** when small and in a captured graph, else B's dequantize folds A's product, the chain) -- or,
+** where their module takes the two as one request (host->joint, provider ABI 1.4), by one
+** launch, in which two folding operands make the chain at no cost.
 **
 ** The order in which the factors multiply alpha is fixed, (alpha * fa) * fb, on both devices,
 ** so that the emulated product of quantized operands does not depend on where it runs beyond
