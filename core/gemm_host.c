@@ -32,6 +32,13 @@ static const void *raw_copy(const hqi_gop *g, hq_dtype dt) {
              : NULL;
 }
 
+/* A storage operand's own memory holding its raw values in dt (raw_in_place or raw_copy), or
+   NULL: they must be dequantized. */
+static const void *stored_raw(const hqi_gop *g, hq_dtype dt) {
+  const void *p = raw_in_place(g, dt);
+  return p ? p : raw_copy(g, dt);
+}
+
 /* The checks every raw request starts with. */
 static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, const void **data,
                     void **tmp) {
@@ -48,8 +55,7 @@ static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, 
 static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **data,
                        void **tmp) {
   *tmp = NULL;
-  if (g->qt ? (*data = raw_in_place(g, dt)) != NULL || (*data = raw_copy(g, dt)) != NULL
-            : g->hp.dtype == dt) {
+  if (g->qt ? (*data = stored_raw(g, dt)) != NULL : g->hp.dtype == dt) {
     if (!g->qt) *data = g->hp.data;
     return HQ_OK;
   }
@@ -109,26 +115,24 @@ static int raw_fill(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, void *tmp, hq_ge
 
 /* Whether the fills of storage operands ga and gb (both needing one) go to their module as one
    request: one module (the same code, whichever plugin set loaded it), which offers
-   dequantize_pair (format ABI 2.6). */
+   dequantize_pair (format ABI 2.6; its table is past 2.1's, so both calls are raw ones). */
 static int joint_fill(const hqi_gop *ga, const hqi_gop *gb) {
   return ga->qt && gb->qt && ga->fmt->plugin->ops.dequantize_pair != NULL &&
          ga->fmt->plugin->ops.dequantize_pair == gb->fmt->plugin->ops.dequantize_pair;
 }
 
 /* Both fills as one request on the context's stream: HQ_ENOTSUP (nothing queued, no error
-   left) when the module declines the pair, so that the caller fills them another way. fb is
-   folded only where fa is when it reads fa's product (a chain). */
+   left) when the module declines the pair, so that the caller fills them another way. With
+   `chain` (fb reads fa's product) fb is folded only where fa is. */
 static int raw_fill_joint(hq_ctx *ctx, const hqi_gop *ga, hq_dtype dta, void *tmp_a,
                           hq_gemm_fold *fa, const hqi_gop *gb, hq_dtype dtb, void *tmp_b,
-                          hq_gemm_fold *fb) {
+                          hq_gemm_fold *fb, int chain) {
   const hq_format_ops *ops = &ga->fmt->plugin->ops;
   hq_call ca, cb;
   hq_tensor da, db;
   const int folds_a = raw_call(ctx, ga, dta, tmp_a, fa, ctx->stream, NULL, &ca, &da);
-  const int chain = fa && fb && fb->in && fb->in == fa->out;
   const int folds_b = raw_call(ctx, gb, dtb, tmp_b, chain && !folds_a ? NULL : fb, ctx->stream,
                                NULL, &cb, &db);
-  if (!(ca.flags & cb.flags & HQ_CALL_DEQ_RAW)) return HQ_ENOTSUP; /* a module before 2.1 */
   hq_clear_error();
   int rc = ops->dequantize_pair(ga->fmt->cfg, &ca, ga->pub.st, &da, gb->fmt->cfg, &cb,
                                 gb->pub.st, &db);
@@ -186,7 +190,7 @@ static int svc_raw_pair_fold(const hq_call *call, const hq_gemm_operand *a, hq_d
   if (!rc) rc = raw_prepare(ctx, gb, dtb, data_b, tmp_b);
   if (rc) return rc;
   if (*tmp_a && *tmp_b && joint_fill(ga, gb)) {
-    rc = raw_fill_joint(ctx, ga, dta, *tmp_a, fa, gb, dtb, *tmp_b, fb);
+    rc = raw_fill_joint(ctx, ga, dta, *tmp_a, fa, gb, dtb, *tmp_b, fb, chain);
     if (rc != HQ_ENOTSUP) return rc;
   }
   void *side = *tmp_a && *tmp_b && !chain ? hqi_ctx_side_stream(ctx) : NULL;
@@ -222,8 +226,7 @@ static int svc_joint(const hq_call *call, const hq_gemm_operand *a, hq_dtype dta
     return 0;
   }
   const hqi_gop *ga = a->handle, *gb = b->handle;
-  return joint_fill(ga, gb) && !raw_in_place(ga, dta) && !raw_copy(ga, dta) &&
-         !raw_in_place(gb, dtb) && !raw_copy(gb, dtb);
+  return joint_fill(ga, gb) && !stored_raw(ga, dta) && !stored_raw(gb, dtb);
 }
 
 static int svc_factor(const hq_call *call, const hq_gemm_operand *o, float *out) {
