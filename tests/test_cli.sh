@@ -169,8 +169,6 @@ expect 0 quantize --recipe="$conf/examples/fp8_current.ini" --role=linear:weight
 cmp -s "$tmp/a" "$tmp/out" || fail "quantize: --opt=value and --opt value differ"
 expect 0 quantize $q --random 8x8 --seed 1 --scale 5 --dtype f16 --random 64x32 --seed 7 --scale 2 --dtype bf16 --json
 cmp -s "$tmp/a" "$tmp/out" || fail "quantize: the later values do not win"
-expect 0 quantize $q --random 64x32 --seed 0x7 --scale 2 --dtype bf16 --json
-cmp -s "$tmp/a" "$tmp/out" || fail "quantize --seed 0x7 is not 7"; ok
 expect 0 recipe check --json --plugin-dir "$tmp" "$conf/recipe.ini"; cp "$tmp/out" "$tmp/a"
 expect 0 recipe check "$conf/recipe.ini" --json --json --plugin-dir="$tmp"
 cmp -s "$tmp/a" "$tmp/out" || fail "recipe check: options around FILE, --opt=value"; ok
@@ -794,4 +792,21 @@ sed -n 4p "$tmp/out" | grep -q "^rowwise    identity     identity             25
 expect 0 quantize --recipe "$tmp/idr.ini" --role a:b:c --input "$tmp/allnan.f32" --shape 2x32 --dtype f32 --json
 grep -q '"rel_rms_error":null,"max_abs_error":null,"sqnr_db":null,"nonfinite":64,"nan_inputs":64,"statistics_defined":false' "$tmp/out" ||
   { cat "$tmp/out"; fail "quantize --json: all-NaN statistics"; }; ok
+# options: decimal integers, conflicting options, bench exit status, messages
+# integers are decimal: a leading 0 is not octal, 0x is not hex, no blank or sign before the digits
+expect 0 quantize $q --random 64x32 --seed 7 --json; cp "$tmp/out" "$tmp/a"
+expect 0 quantize $q --random 64x32 --seed 07 --json
+cmp -s "$tmp/a" "$tmp/out" || fail "quantize --seed 07 is not 7"; ok
+expect 0 quantize $q --random 64x32 --seed 010 --json; cp "$tmp/out" "$tmp/a"
+expect 0 quantize $q --random 64x32 --seed 10 --json
+cmp -s "$tmp/a" "$tmp/out" || fail "quantize --seed 010 is not 10"; ok
+expect 0 quantize $q --random 64x32 --seed 09 --json; cp "$tmp/out" "$tmp/a"
+expect 0 quantize $q --random 64x32 --seed 9 --json
+cmp -s "$tmp/a" "$tmp/out" || fail "quantize --seed 09 is not 9"; ok
+usage_error "hq quantize: --seed '0x7' is not an integer" quantize $q --random 64x32 --seed 0x7
+usage_error "hq train: --steps '0x10' is not an integer in [1, 10000000]" train --seed 09 --steps 0x10
+usage_error "hq bench: --batch ' 2' is not an integer in [1, 1000]" bench --batch ' 2'
+usage_error "hq bench: --iters '+2' is not an integer in [1, 100000]" bench --iters +2
+expect 0 bench --gemm --shape 32x32x32 --iters 010 --json
+grep -q '"iters":10,' "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm --iters 010 is not 10"; }; ok
 echo "PASS: $n checks"

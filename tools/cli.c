@@ -121,9 +121,11 @@ const char *cli_last_failure(void) { return last_failure; }
 
 int cli_u64(const char *s, uint64_t *out) {
   char *end;
+  /* digits only: strtoull would also take leading blanks, a sign (" -1" wraps) */
+  if (*s < '0' || *s > '9') return -1;
   errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (!*s || *end || errno || *s == '-') return -1;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end || errno) return -1;
   *out = v;
   return 0;
 }

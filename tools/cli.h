@@ -18,7 +18,8 @@ int cli_fail(int status, const char *cmd, const char *fmt, ...) HQ_PRINTF(3, 4);
 const char *cli_last_failure(void);
 
 // --- values --------------------------------------------------------------------------------------
-/* An unsigned integer, decimal, 0x hex or 0 octal (strtoull's base 0); -1 when it is not one. */
+/* An unsigned integer in decimal digits only ("010" is ten; no sign, blank or 0x), at most
+   UINT64_MAX; -1 when it is not one. */
 int cli_u64(const char *s, uint64_t *out);
 
 /* A command's option `opt`: "RxC" (both > 0, R * C at most 2^40), "cpu", "cuda" (or "gpu") or
