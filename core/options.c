@@ -5,6 +5,7 @@
 #include "hq_internal.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,28 @@ static int choice_index(const char *choices, const char *text) {
 
 static int ranged(const hq_option *o) { return o->min <= o->max; }
 
+/* An option's range bound as a recipe writes it: an int option's in full (9223372036854775807,
+   not 9.2233720368547758e+18). */
+static const char *bound_text(const hq_option *o, double v, char *buf, size_t len) {
+  if (o->type == HQ_OPT_INT && v >= -9.2e18 && v <= 9.2e18)
+    snprintf(buf, len, "%lld", (long long)v);
+  else if (o->type == HQ_OPT_INT)
+    snprintf(buf, len, "%s", v > 0 ? "9223372036854775807" : "-9223372036854775808");
+  else
+    snprintf(buf, len, "%.17g", v);
+  return buf;
+}
+
+/* Option o's range as "[min, max]": its own, or an int option's 64-bit limits when it has none. */
+static void range_text(const hq_option *o, char *buf, size_t len) {
+  char lo[32], hi[32];
+  if (!ranged(o))
+    snprintf(buf, len, "[-9223372036854775808, 9223372036854775807] (64-bit)");
+  else
+    snprintf(buf, len, "[%s, %s]", bound_text(o, o->min, lo, sizeof lo),
+             bound_text(o, o->max, hi, sizeof hi));
+}
+
 int hqi_option_parse(const hq_option *o, const char *text, hq_optval *out, char *err,
                      size_t err_len) {
   memset(out, 0, sizeof *out);
@@ -59,12 +82,21 @@ int hqi_option_parse(const hq_option *o, const char *text, hq_optval *out, char 
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 0);
+    char range[96];
+    range_text(o, range, sizeof range);
+    /* an integer strtoll cannot hold is still an integer: the range is what is wrong */
+    if (*text && !*end && errno == ERANGE) {
+      snprintf(err, err_len, "'%s' is out of range %s", text, range);
+      return HQ_EPARSE;
+    }
     if (!*text || *end || errno) {
-      snprintf(err, err_len, "'%s' is not an integer", text);
+      const int octal = text[0] == '0' && strspn(text, "0123456789") == strlen(text);
+      snprintf(err, err_len, "'%s' is not an integer%s", text,
+               octal ? " (a leading 0 reads as octal: digits 0-7)" : "");
       return HQ_EPARSE;
     }
     if (ranged(o) && ((double)v < o->min || (double)v > o->max)) {
-      snprintf(err, err_len, "%lld is out of range [%.17g, %.17g]", v, o->min, o->max);
+      snprintf(err, err_len, "%lld is out of range %s", v, range);
       return HQ_EPARSE;
     }
     out->i = v;
@@ -74,6 +106,12 @@ int hqi_option_parse(const hq_option *o, const char *text, hq_optval *out, char 
     char *end;
     errno = 0;
     double v = strtod(text, &end);
+    /* strtod's ERANGE below DBL_MIN: finite, but too small to hold as a normal double */
+    if (*text && !*end && errno == ERANGE && fabs(v) < DBL_MIN) {
+      snprintf(err, err_len, "'%s' is too small: its magnitude is below the smallest normal "
+               "double (2.2250738585072014e-308); write 0 for zero", text);
+      return HQ_EPARSE;
+    }
     if (!*text || *end || errno || !isfinite(v)) {
       snprintf(err, err_len, "'%s' is not a finite number", text);
       return HQ_EPARSE;

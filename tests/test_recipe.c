@@ -176,6 +176,20 @@ static void test_format_errors(void **state) {
   expect_error("[format t]\nplugin = test_good\nlevel = 11\n", 3,
                "11 is out of range [0, 10]");
   expect_error("[format t]\nplugin = test_good\nlevel = 3x\n", 3, "'3x' is not an integer");
+  /* an integer too large for 64 bits is out of range, not "not an integer" */
+  expect_error("[format t]\nplugin = test_good\nlevel = 99999999999999999999999\n", 3,
+               "'99999999999999999999999' is out of range [0, 10]");
+  expect_error("[format t]\nplugin = test_good\nlevel = 9223372036854775808\n", 3,
+               "'9223372036854775808' is out of range [0, 10]");
+  expect_error("[format m]\nplugin = mxfp4\nseed = 9223372036854775808\n", 3,
+               "'9223372036854775808' is out of range [0, 9223372036854775807]");
+  expect_error("[format t]\nplugin = test_good\nlevel = 09\n", 3,
+               "'09' is not an integer (a leading 0 reads as octal: digits 0-7)");
+  /* a finite value below the smallest normal double is named as such */
+  expect_error("[format t]\nplugin = test_good\nratio = 1e-310\n", 3,
+               "'1e-310' is too small: its magnitude is below the smallest normal double");
+  expect_error("[format t]\nplugin = test_good\nratio = -1e-400\n", 3,
+               "'-1e-400' is too small");
   expect_error("[format t]\nplugin = test_good\nratio = 1.5\n", 3, "out of range [0, 1]");
   expect_error("[format t]\nplugin = test_good\nmode = slow\n", 3, "not one of fast|exact");
   /* configure() refusing a combination is reported at the section header */
