@@ -809,4 +809,22 @@ usage_error "hq bench: --batch ' 2' is not an integer in [1, 1000]" bench --batc
 usage_error "hq bench: --iters '+2' is not an integer in [1, 100000]" bench --iters +2
 expect 0 bench --gemm --shape 32x32x32 --iters 010 --json
 grep -q '"iters":10,' "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm --iters 010 is not 10"; }; ok
+# bench: a row that fails makes the exit status 1 (its line says failed); a format without a path
+# on the device stays skipped (exit 0)
+failure "hq bench: 3 timings failed (see above)" bench --iters 1 --format mxfp8 --shape 33x64
+grep -q "^mxfp8  *both       failed: .*rows = 33 is not a multiple of 32$" "$tmp/out" || { cat "$tmp/out"; fail "bench: the failed row"; }; ok
+failure "hq bench: 3 timings failed (see above)" bench --iters 1 --format mxfp8 --shape 33x64 --json
+grep -q '{"format":"mxfp8","dirs":"columnwise","error":"[^"]*rows = 33 is not a multiple of 32"}' "$tmp/out" || { cat "$tmp/out"; fail "bench --json: the failed row"; }; ok
+failure "hq bench --gemm: 1 row failed (see the table)" bench --gemm --iters 1 --shape 64x64x64 --format nosuch
+grep -q "^ *hq nosuch  *-  *-  *-  (failed: nosuch: bench:2: plugin 'nosuch' was not found" "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm: the failed row"; }; ok
+expect 1 bench --gemm --iters 1 --shape 64x64x64 --format nosuch --json
+grep -q '"kind":"hq nosuch","error":"nosuch: bench:2: plugin' "$tmp/out" || { cat "$tmp/out"; fail "bench --gemm --json: the failed row"; }; ok
+if [ -n "${HQ_MPIRUN:-}" ] && command -v "$HQ_MPIRUN" > /dev/null 2>&1 && [ -x "${HQ_TEST_DIST_MPI:-}" ]; then
+  # shellcheck disable=SC2086
+  (. "${HQ_TEST_SRCDIR:?}/mpirun_env.sh"; timeout 120 "$HQ_MPIRUN" $flags -np 1 "$hq" bench --dist \
+    --format nosuch --shape 64x64 --iters 1 --warmup 0 > "$tmp/out" 2> "$tmp/err")
+  [ $? -eq 1 ] || { cat "$tmp/out" "$tmp/err"; fail "bench --dist --format nosuch: exit status"; }
+  grep -q "^nosuch  *failed: bench:2: plugin 'nosuch' was not found" "$tmp/out" || { cat "$tmp/out"; fail "bench --dist: the failed row"; }
+  grep -q "^hq bench --dist: 1 format failed (see the table)$" "$tmp/err" || { cat "$tmp/err"; fail "bench --dist: the failure"; }; ok
+fi
 echo "PASS: $n checks"

@@ -43,7 +43,10 @@ static const char usage[] =
     "(1d and 2d). A sample is a barrier then one timed call; its time is the slowest rank's;\n"
     "medians of --iters samples (default 20) after --warmup calls (default 5). algbw = bytes /\n"
     "time, busbw = algbw * (N-1)/N (nccl-tests' all-gather definitions; bytes: what every rank\n"
-    "receives); hq% = hq's busbw / the raw call's. Rank 0 prints.\n";
+    "receives); hq% = hq's busbw / the raw call's. Rank 0 prints.\n"
+    "Exit status 1 when a format fails (not found, refused, or its gather refusing the shape\n"
+    "over N ranks: its row says failed); a default format whose plugin is not installed is\n"
+    "skipped.\n";
 
 static const char *stock[] = {"identity dtype=bf16", "fp8_tensor", "mxfp8", "nvfp4",
                               "fp8_block block=1d", "fp8_block block=2d"};
@@ -54,6 +57,7 @@ typedef struct dist_args {
   int iters, warmup;
   const char *formats[64];
   size_t nformats;
+  int user_formats;               /* formats from --format, not the stock list */
   const char *dirs[16];
   size_t ndirs;
 } dist_args;
@@ -98,6 +102,7 @@ static int parse(int argc, char **argv, dist_args *a) {
       return cli_fail(2, CMD, "unknown option %s\n%s", o, usage);
     }
   }
+  a->user_formats = a->nformats > 0;
   if (!a->nformats) {
     for (size_t f = 0; f < sizeof stock / sizeof stock[0]; f++) a->formats[f] = stock[f];
     a->nformats = sizeof stock / sizeof stock[0];
@@ -328,8 +333,9 @@ static int raw_allgather(const dist_args *a, dist_run *r, const void *send, void
   return 0;
 }
 
-/* One format: 0 timed, 1 skipped (plugin not installed or the format refused, the reason printed
-   by rank 0), -1 a failure that ends the run (printed). */
+/* One format: 0 timed, 1 skipped (a stock format whose plugin is not installed), 2 failed (the
+   format, or its gather, refused: a row of its own; the reason printed by rank 0), -1 a failure
+   that ends the run (printed). */
 static int bench_format(const dist_args *a, dist_run *r, const char *spec) {
   char text[1024], label[256];
   if (bench_recipe_text(spec, "b", text, sizeof text, label, sizeof label))
@@ -356,8 +362,10 @@ static int bench_format(const dist_args *a, dist_run *r, const char *spec) {
     snprintf(why, sizeof why, "%s", hq_last_error());
   }
   if (!all_ok(!why[0])) { /* the same recipe everywhere: the ranks agree on skipping it */
-    if (r->rank == 0) printf("%-22s skipped: %s\n", label, why[0] ? why : "(another rank)");
-    status = 1;
+    const int skip = !a->user_formats && strstr(why, "was not found");
+    if (r->rank == 0)
+      printf("%-22s %s: %s\n", label, skip ? "skipped" : "failed", why[0] ? why : "(another rank)");
+    status = skip ? 1 : 2;
     goto out;
   }
   float *amax = NULL;
@@ -376,8 +384,8 @@ static int bench_format(const dist_args *a, dist_run *r, const char *spec) {
   }
   /* hq_gather_create refuses on every rank alike (a shard that splits a scaling block): skip */
   if (hq_gather_create(r->hd, r->ctx, shard, &g)) {
-    if (r->rank == 0) printf("%-22s skipped: %s\n", label, hq_last_error());
-    status = 1;
+    if (r->rank == 0) printf("%-22s failed: %s\n", label, hq_last_error());
+    status = 2;
     goto out;
   }
   hq_gather_info info = {.struct_size = sizeof info};
@@ -470,12 +478,18 @@ int hq_bench_dist(int argc, char **argv) {
     printf("%-22s %12s %8s %8s %8s %8s %8s %8s %6s %6s\n", "format", "bytes", "hq ms", "algbw",
            "busbw", "raw ms", "algbw", "busbw", "hq%", "xbf16");
   }
-  for (size_t f = 0; f < a.nformats; f++)
-    if (bench_format(&a, &r, a.formats[f]) < 0) goto out;
+  size_t failed = 0;
+  for (size_t f = 0; f < a.nformats; f++) {
+    const int st = bench_format(&a, &r, a.formats[f]);
+    if (st < 0) goto out;
+    failed += st == 2;
+  }
   if (r.rank == 0)
     printf("bytes: what every rank receives; GB/s; busbw = algbw * (n-1)/n; hq%%: hq's bandwidth "
            "/ the raw all-gather's of the same bytes; xbf16: bytes / the bf16 weight's\n");
-  status = 0;
+  status = failed ? 1 : 0;
+  if (failed && r.rank == 0)
+    cli_fail(1, CMD, "%zu format%s failed (see the table)", failed, failed == 1 ? "" : "s");
 out:
   teardown(&a, &r);
   MPI_Finalize();

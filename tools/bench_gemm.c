@@ -84,7 +84,10 @@ static const char usage[] =
     "times each call alone, the host's work before its first kernel included). Each hq row\n"
     "times its baseline again, one sample of it before each of its own, and its percentage is\n"
     "against that interleaved median (a shared GPU's clocks drift between rows); the baseline's\n"
-    "own row shows its first timing. TFLOP/s = 2 m n k / time.\n";
+    "own row shows its first timing. TFLOP/s = 2 m n k / time.\n"
+    "Exit status 1 when an hq row did not run (failed: the reason); a direct call this\n"
+    "machine lacks (no cblas_sgemm, a pair the GPU's cuBLASLt refuses) and a default row\n"
+    "whose module is not installed are skipped (the reason in parentheses) and leave it 0.\n";
 
 /* One measured row. */
 typedef struct row {
@@ -97,7 +100,17 @@ typedef struct row {
   double target;            /* % of the baseline it should reach, 0: none */
   char note[320];           /* why it did not run, or the reason hq took its path */
   uint32_t fused;           /* hq_gemm_info.fused: 1 = A, 2 = B read as codes (fused-bf16) */
+  int user;                 /* a row of --format or --recipe/--role */
 } row;
+
+/* Whether row r was meant to run and did not (exit status 1): a direct library call this machine
+   lacks (no cblas_sgemm, a pair this GPU's cuBLASLt refuses) and a stock row whose module is not
+   installed are skipped instead. */
+static int row_failed(const row *r) {
+  if (!isnan(r->ms)) return 0;
+  if (r->path && !strcmp(r->path, "direct")) return 0;
+  return r->user || !strstr(r->note, "was not found");
+}
 
 #ifdef HQ_HAVE_CUDA
 /* Host microseconds (the dispatch bench times host work, not the device) */
@@ -164,8 +177,8 @@ static void print_row(const row *r, int first, int gpu) {
     snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)r->m, (long long)r->n,
              (long long)r->k);
   if (isnan(r->ms)) {
-    printf("%-20s %-44s %-14s %9s %8s  (%s)\n", shape, r->kind, r->path ? r->path : "-", "-", "-",
-           r->note);
+    printf("%-20s %-44s %-14s %9s %8s  (%s%s)\n", shape, r->kind, r->path ? r->path : "-", "-",
+           "-", row_failed(r) ? "failed: " : "", r->note);
     return;
   }
   double f = tflops(r) * (gpu ? 1.0 : 1000.0);
@@ -187,7 +200,7 @@ static void json_row(json *j, const row *r) {
   if (r->path) json_kstr(j, "path", r->path);
   if (r->fused) json_kstr(j, "fused_operand", r->fused == 1 ? "A" : "B");
   if (isnan(r->ms)) {
-    json_kstr(j, "skipped", r->note);
+    json_kstr(j, row_failed(r) ? "error" : "skipped", r->note);
   } else {
     json_knum(j, "median_ms", r->ms);
     json_knum(j, "tflops", tflops(r));
@@ -590,6 +603,7 @@ static int user_rows(bench *B, int64_t m, int64_t n, int64_t k, const hq_tensor 
   for (size_t i = 0; i < nrow; i++) {
     row *r = add_row(B, m, n, k, B->labels[i]);
     if (!r) break;
+    r->user = 1;
     hq_qtensor *qa, *qb = NULL;
     if (i < B->nspecs) {
       qa = quantize_spec(B, B->specs[i], a, r->note, sizeof r->note);
@@ -1392,6 +1406,10 @@ int hq_bench_gemm(int argc, char **argv) {
   if (status >= 0 && a.json) report_json(&B, &g);
   else if (status >= 0) report_text(&B, &g);
   else status = 1;
+  int failed = 0;
+  for (int i = 0; i < B.nrows; i++) failed += row_failed(&B.rows[i]);
+  if (failed && status != 1)
+    status = cli_fail(1, CMD, "%d row%s failed (see the table)", failed, failed == 1 ? "" : "s");
   hq_quantizer_free(B.role_q);
   hq_state_free(B.role_st);
   hq_recipe_free(B.role_r);

@@ -49,6 +49,9 @@ static const char usage[] =
     "GPU's queue full; --batch 1 times each call alone, the GPU idle while the host launches\n"
     "it; 1 on the CPU). The calls alternate between two copies of the input (the same\n"
     "values), so that no call finds in the GPU's L2 cache what the call before it left there.\n"
+    "Exit status 1 when a timing fails (a format refusing the shape: its rows say failed);\n"
+    "a format without a path on the device is listed as skipped, a stock one whose plugin is\n"
+    "not installed left out, and neither changes it.\n"
     "\n"
     "hq bench --gemm [--device cpu|cuda[:N]] ...: GEMM throughput instead (hq's paths against\n"
     "direct BLAS / cuBLASLt calls; --format and --recipe/--role as here): its own help is\n"
@@ -266,6 +269,7 @@ typedef struct bench_run {
   double copy_bw;
   targets t;
   json j;
+  size_t failed; /* direction sets (or their given-amax timings) that failed: exit status 1 */
 } bench_run;
 
 /* 0, or 1 after the message. */
@@ -568,15 +572,18 @@ static void bench_config(const bench_args *a, bench_run *b, const config *c) {
   const hq_tensor *const xs[2] = {&b->x, &b->x2}; /* the two copies the timed calls alternate on */
   const uint32_t usages[3] = {HQ_BOTH, HQ_ROWWISE, HQ_COLWISE};
   meas res[3];
+  char why[3][512];
   memset(res, 0, sizeof res);
   for (int u = 0; u < 3; u++) {
     int trc = time_usage(c->q, b->ctx, b->mem, xs, usages[u], (int)a->iters, (int)a->batch,
                          b->timer, b->amax, &res[u]);
+    snprintf(why[u], sizeof why[u], "%s", hq_last_error());
     if (!res[u].ok)
-      fprintf(stderr, "hq bench: %s %s: %s\n", c->label, usage_names[u], hq_last_error());
+      fprintf(stderr, "hq bench: %s %s: %s\n", c->label, usage_names[u], why[u]);
     else if (trc)
       fprintf(stderr, "hq bench: %s %s with a given amax: %s\n", c->label, usage_names[u],
-              hq_last_error());
+              why[u]);
+    b->failed += !res[u].ok || trc;
   }
   ratios q = {.hybrid = !hq_quantizer_fused(c->q) && frow && fcol && strcmp(frow, fcol) != 0};
   q.all = res[0].ok && res[1].ok && res[2].ok;
@@ -585,7 +592,18 @@ static void bench_config(const bench_args *a, bench_run *b, const config *c) {
   q.ratio_given = q.all_given ? res[0].given_ms / (res[1].given_ms + res[2].given_ms) : NAN;
   for (int u = 0; u < 3; u++) {
     const meas *m = &res[u];
-    if (!m->ok) continue;
+    if (!m->ok) { /* in the table too: a run whose every row failed printed an empty one */
+      if (a->json) {
+        json_obj(&b->j);
+        json_kstr(&b->j, "format", c->label);
+        json_kstr(&b->j, "dirs", usage_names[u]);
+        json_kstr(&b->j, "error", why[u]);
+        json_close_obj(&b->j);
+      } else {
+        printf("%-40s %-10s failed: %s\n", u ? "" : c->label, usage_names[u], why[u]);
+      }
+      continue;
+    }
     const figures f = figures_of(m, (double)b->in_bytes);
     if (a->device >= 0 && b->copy_bw > 0) {
       targets *t = &b->t;
@@ -676,7 +694,9 @@ int hq_cmd_bench(int argc, char **argv) {
     config_free(&c);
   }
   report_tail(&a, &b);
-  status = 0;
+  status = b.failed ? cli_fail(1, CMD, "%zu timing%s failed (see above)", b.failed,
+                               b.failed == 1 ? "" : "s")
+                    : 0;
 out:
   bench_free(&a, &b);
   return status;
