@@ -699,7 +699,8 @@ assert got.shape == (64, 64) and np.array_equal(got.ravel(), want.astype(np.floa
 " "$tmp/st.npy" || fail "quantize --tensor: the values (identity, f32)"; ok
   fi
 fi
-usage_error "hq quantize: --tensor names an entry of a safetensors --input (whose shape the file gives: no --shape)" quantize $qr --tensor x
+usage_error "hq quantize: --tensor names an entry of a safetensors --input (whose shape the file gives: no --shape)" \
+  quantize --recipe "$conf/recipe.ini" --role a:b:c --input x.safetensors --tensor x --shape 4x4
 # info --checkpoint: what a checkpoint holds, every entry checked against its checksum
 expect 0 info --checkpoint "$tmp/q.safetensors"
 grep -qE '^  fc1/columnwise_scale_inv +U8 +\[2, 64\] +128$' "$tmp/out" || { cat "$tmp/out"; fail "info --checkpoint: an entry"; }
@@ -827,4 +828,23 @@ if [ -n "${HQ_MPIRUN:-}" ] && command -v "$HQ_MPIRUN" > /dev/null 2>&1 && [ -x "
   grep -q "^nosuch  *failed: bench:2: plugin 'nosuch' was not found" "$tmp/out" || { cat "$tmp/out"; fail "bench --dist: the failed row"; }
   grep -q "^hq bench --dist: 1 format failed (see the table)$" "$tmp/err" || { cat "$tmp/err"; fail "bench --dist: the failure"; }; ok
 fi
+# an option that does not apply with the others is refused naming both (a raw --input keeps
+# --shape and --dtype; --seed also seeds stochastic rounding, so it applies to --input too)
+qi="quantize --recipe $tmp/idr.ini --role a:b:c"
+expect 0 $qi --random 64x64 --output "$tmp/a64" --save "$tmp/a64.safetensors"
+usage_error "hq quantize: --shape does not apply to --input $tmp/a64.npy: a .npy file gives its own shape (64x64)" $qi --input "$tmp/a64.npy" --shape 32x128
+usage_error "hq quantize: --dtype does not apply to --input $tmp/a64.npy: a .npy file gives its own dtype (f32)" $qi --input "$tmp/a64.npy" --dtype bf16
+usage_error "hq quantize: --scale scales --random's values: it does not apply to --input" $qi --input "$tmp/a64.npy" --seed 5 --scale 100
+expect 0 $qi --input "$tmp/a64.npy" --seed 5
+usage_error "hq quantize: --shape gives a raw --input file's shape: it does not apply to --random, whose RxC is the shape" $qi --random 64x64 --shape 32x32
+usage_error "hq quantize: --tensor names an entry of a safetensors --input: it does not apply to --random" $qi --random 64x64 --tensor foo
+usage_error "hq quantize: --all quantizes every entry of a safetensors --input: it does not apply to --random" $qi --random 64x64 --all
+usage_error "hq quantize: --dtype does not apply to a safetensors --input: the file gives each entry's dtype" $qi --input "$tmp/a64.safetensors" --tensor c/data --dtype bf16
+usage_error "hq quantize: --shape does not apply to a safetensors --input: the file gives each entry's shape" $qi --input "$tmp/a64.safetensors" --shape 4x4
+head -c 512 "$tmp/a64.npy" | tail -c 384 > "$tmp/raw96.f32"
+expect 0 $qi --input "$tmp/raw96.f32" --shape 4x24 --dtype f32
+grep -q "shape 4x24 f32 on cpu" "$tmp/out" || { cat "$tmp/out"; fail "quantize: a raw --input's --shape and --dtype"; }; ok
+expect 0 $qi --input "$tmp/raw96.f32" --shape 8x24 --dtype bf16
+grep -q "shape 8x24 bf16 on cpu" "$tmp/out" || { cat "$tmp/out"; fail "quantize: a raw --input's --dtype bf16"; }; ok
+usage_error "hq info: --shape sets the sample tensor of the format listing: it does not apply to --checkpoint" info --checkpoint "$tmp/a64.safetensors" --shape 64x64
 echo "PASS: $n checks"

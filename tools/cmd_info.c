@@ -119,6 +119,10 @@ static int parse_args(int argc, char **argv, info_args *a) {
   const cli_command c = {"info", usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
   if (st != CLI_RUN) return st;
+  if (a->checkpoint && a->shape)
+    return cli_fail(2, "info", "--shape sets the sample tensor of the format listing: it does not "
+                    "apply to --checkpoint");
+  if (!a->shape) a->shape = "256x256";
   return cli_shape_arg("info", "--shape", a->shape, &a->rows, &a->cols) ? 2 : CLI_RUN;
 }
 
@@ -410,7 +414,7 @@ static int report_checkpoint(const char *path, int as_json) {
 }
 
 int hq_cmd_info(int argc, char **argv) {
-  info_args a = {.shape = "256x256"};
+  info_args a = {0};
   const int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
   if (a.checkpoint) return report_checkpoint(a.checkpoint, a.json);

@@ -20,9 +20,10 @@
 
 static const char usage[] =
     "usage: hq quantize --recipe FILE --role MODULE:TENSOR:NAME\n"
-    "                   (--random RxC [--seed S] [--scale X] | --input FILE [--shape RxC] |\n"
+    "                   (--random RxC [--scale X] [--dtype f32|bf16|f16] | --input FILE.npy |\n"
+    "                    --input FILE --shape RxC [--dtype f32|bf16|f16] |\n"
     "                    --input FILE.safetensors (--tensor NAME | --all))\n"
-    "                   [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]\n"
+    "                   [--seed S] [--device cpu|cuda[:N]] [--json]\n"
     "                   [--output FILE.npy] [--save FILE.safetensors [--name NAME]]\n"
     "                   [--finite-only] [--plugin-dir DIR]...\n"
     "\n"
@@ -32,13 +33,16 @@ static const char usage[] =
     "dtype, shape, bytes; a columnwise buffer that is the rowwise one says so).\n"
     "  --recipe FILE  the recipe (.ini) to read\n"
     "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1)\n"
-    "  --random RxC   N(0, X^2) data (X = --scale, default 1) from a seeded generator\n"
-    "                 (--seed, default 1; also the stochastic rounding seed), stored in\n"
-    "                 --dtype (default f32)\n"
+    "  --random RxC   N(0, X^2) data (X = --scale, default 1) from a seeded generator,\n"
+    "                 stored in --dtype (default f32)\n"
+    "  --seed S       the seed of --random's generator and of stochastic rounding, with\n"
+    "                 --input too (default 1)\n"
     "  --input FILE   a .npy file (float32 or float16, C order, any rank: the leading\n"
     "                 dimensions are flattened into rows), raw little-endian values of\n"
-    "                 --dtype with --shape RxC, or a safetensors file (a model's weights,\n"
-    "                 an hq checkpoint) with --tensor\n"
+    "                 --dtype (default f32) with --shape RxC, or a safetensors file (a\n"
+    "                 model's weights, an hq checkpoint) with --tensor; --shape and --dtype\n"
+    "                 are refused with a .npy or safetensors file, which gives its own, and\n"
+    "                 --scale (--random's) with any --input\n"
     "  --tensor NAME  the entry of a safetensors --input to quantize (F32, F16 or BF16, any\n"
     "                 rank: the leading dimensions are flattened into rows); without it the\n"
     "                 error lists the file's entries\n"
@@ -175,7 +179,10 @@ static int load_safetensors(const char *path, const char *name, hq_tensor *t) {
   return rc;
 }
 
-static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_tensor *t) {
+/* --input PATH: a .npy file (then no --shape or --dtype: dtype_s is NULL unless given) or raw
+   values of dtype (default f32) in --shape. */
+static int load_input(const char *path, const char *shape, const char *dtype_s, hq_dtype dtype,
+                      hq_tensor *t) {
   FILE *f = fopen(path, "rb");
   if (!f) return cli_fail(1, CMD, "%s: cannot open: %s", path, strerror(errno));
   /* fopen opens a directory for reading too; only the reads fail, and then say less */
@@ -211,6 +218,14 @@ static int load_input(const char *path, const char *shape, hq_dtype dtype, hq_te
   if (npy < 0) {
     free(buf);
     return cli_fail(1, CMD, "%s", err);
+  }
+  if (npy && (shape || dtype_s)) { /* the file's own, not the option's, would be used */
+    free(buf);
+    if (shape)
+      return cli_fail(2, CMD, "--shape does not apply to --input %s: a .npy file gives its own "
+                      "shape (%lldx%lld)", path, (long long)t->rows, (long long)t->cols);
+    return cli_fail(2, CMD, "--dtype does not apply to --input %s: a .npy file gives its own "
+                    "dtype (%s)", path, hq_dtype_name(t->dtype));
   }
   if (!npy) {
     if (!shape) {
@@ -332,13 +347,31 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (!a->recipe || !a->role_text) return cli_fail(2, CMD, "--recipe and --role are required");
   if (!!a->random == !!a->input)
     return cli_fail(2, CMD, "give exactly one of --random and --input");
-  if (a->tensor && (!a->input || a->shape))
+  /* an option the others make meaningless is refused, never silently dropped */
+  if (a->random && a->tensor)
+    return cli_fail(2, CMD, "--tensor names an entry of a safetensors --input: it does not "
+                    "apply to --random");
+  if (a->random && a->all)
+    return cli_fail(2, CMD, "--all quantizes every entry of a safetensors --input: it does not "
+                    "apply to --random");
+  if (a->random && a->shape)
+    return cli_fail(2, CMD, "--shape gives a raw --input file's shape: it does not apply to "
+                    "--random, whose RxC is the shape");
+  if (a->input && a->scale > 0)
+    return cli_fail(2, CMD, "--scale scales --random's values: it does not apply to --input");
+  if (a->tensor && a->shape)
     return cli_fail(2, CMD, "--tensor names an entry of a safetensors --input (whose shape the "
                     "file gives: no --shape)");
-  if (a->all && (!a->input || a->shape || a->tensor || a->output || a->name))
+  if (a->all && (a->shape || a->tensor || a->output || a->name))
     return cli_fail(2, CMD, "--all quantizes every entry of a safetensors --input (no --shape, "
                     "--tensor, --output or --name)");
-  if (cli_dtype_arg(CMD, a->dtype_s, &a->dtype) || cli_device_arg(CMD, a->device_s, &a->device))
+  const size_t n = a->input ? strlen(a->input) : 0, e = strlen(".safetensors");
+  const int st_input = a->tensor || a->all || (n > e && !strcmp(a->input + n - e, ".safetensors"));
+  if (st_input && (a->shape || a->dtype_s))
+    return cli_fail(2, CMD, "%s does not apply to a safetensors --input: the file gives each "
+                    "entry's %s", a->shape ? "--shape" : "--dtype", a->shape ? "shape" : "dtype");
+  if ((a->dtype_s && cli_dtype_arg(CMD, a->dtype_s, &a->dtype)) ||
+      cli_device_arg(CMD, a->device_s, &a->device))
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
@@ -359,14 +392,15 @@ static int make_input(const quantize_args *a, hq_tensor *x) {
     if (a->ck) return load_entry(a->ck, a->input, a->tensor, x);
     if (a->tensor || (n > e && !strcmp(a->input + n - e, ".safetensors")))
       return load_safetensors(a->input, a->tensor, x);
-    return load_input(a->input, a->shape, a->dtype, x);
+    return load_input(a->input, a->shape, a->dtype_s, a->dtype, x);
   }
   if (cli_shape_arg(CMD, "--random", a->random, &x->rows, &x->cols)) return 2;
   x->data = malloc((size_t)(x->rows * x->cols) * hq_dtype_size(a->dtype));
   if (!x->data) return cli_fail(1, CMD, "out of memory for %s", a->random);
   uint64_t s = a->seed * 0x9E3779B97F4A7C15ull + 1;
+  const double scale = a->scale > 0 ? a->scale : 1.0; /* 0: no --scale */
   for (int64_t i = 0; i < x->rows * x->cols; i++)
-    hq_store_hp(x->data, i, a->dtype, (float)(rng_normal(&s) * a->scale));
+    hq_store_hp(x->data, i, a->dtype, (float)(rng_normal(&s) * scale));
   return 0;
 }
 
@@ -722,7 +756,7 @@ static int quantize_all(const quantize_args *a0) {
 }
 
 int hq_cmd_quantize(int argc, char **argv) {
-  quantize_args a = {.dtype_s = "f32", .device_s = "cpu", .seed = 1, .scale = 1.0};
+  quantize_args a = {.device_s = "cpu", .seed = 1, .dtype = HQ_F32};
   int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
   if (a.all) return quantize_all(&a);
