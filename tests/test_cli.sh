@@ -847,4 +847,11 @@ grep -q "shape 4x24 f32 on cpu" "$tmp/out" || { cat "$tmp/out"; fail "quantize: 
 expect 0 $qi --input "$tmp/raw96.f32" --shape 8x24 --dtype bf16
 grep -q "shape 8x24 bf16 on cpu" "$tmp/out" || { cat "$tmp/out"; fail "quantize: a raw --input's --dtype bf16"; }; ok
 usage_error "hq info: --shape sets the sample tensor of the format listing: it does not apply to --checkpoint" info --checkpoint "$tmp/a64.safetensors" --shape 64x64
+# --scale keeps --random's values (|x| < 6 X) finite and X normal in --dtype
+usage_error "hq quantize: --scale '1e39' is outside [1.1754944e-38, 5.6713724e+37] for --dtype f32: --random's values (|x| up to 6 X) would overflow to Inf" $qi --random 64x64 --scale 1e39
+usage_error "hq quantize: --scale '1e-50' is outside [1.1754944e-38, 5.6713724e+37] for --dtype f32: --random's values (|x| up to 6 X) would be mostly zeros or subnormal numbers" $qi --random 64x64 --scale 1e-50
+usage_error "hq quantize: --scale '20000' is outside [6.1035156e-05, 10917.333] for --dtype f16: --random's values (|x| up to 6 X) would overflow to Inf" $qi --random 64x64 --scale 20000 --dtype f16
+expect 0 $qi --random 64x64 --scale 5e37 --json
+grep -q '"nonfinite_inputs":0,' "$tmp/out" || { cat "$tmp/out"; fail "quantize --scale 5e37: non-finite input"; }; ok
+expect 0 $qi --random 64x64 --scale 2e-38
 echo "PASS: $n checks"

@@ -34,7 +34,9 @@ static const char usage[] =
     "  --recipe FILE  the recipe (.ini) to read\n"
     "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1)\n"
     "  --random RxC   N(0, X^2) data (X = --scale, default 1) from a seeded generator,\n"
-    "                 stored in --dtype (default f32)\n"
+    "                 stored in --dtype (default f32); its values reach 6 X, so X must be\n"
+    "                 a normal number of --dtype and 6 X finite there (f32: X in\n"
+    "                 [1.2e-38, 5.6e37])\n"
     "  --seed S       the seed of --random's generator and of stochastic rounding, with\n"
     "                 --input too (default 1)\n"
     "  --input FILE   a .npy file (float32 or float16, C order, any rank: the leading\n"
@@ -79,6 +81,9 @@ static uint64_t rng_next(uint64_t *s) {
   *s ^= *s >> 27;
   return *s * 2685821657736338717ull;
 }
+
+/* rng_normal's values lie in [-RNG_MAX, RNG_MAX) (twelve uniforms in [0, 1), less 6) */
+#define RNG_MAX 6.0
 
 static float rng_normal(uint64_t *s) {
   double acc = 0;
@@ -294,7 +299,10 @@ typedef struct quantize_args {
   int all;                 /* --all: every entry of it */
   hq_ckpt *ck;             /* --all: that file, opened once for every entry */
   uint64_t seed;
-  double scale;
+  struct {
+    double v; /* 0: no --scale */
+    const char *text;
+  } scale;
   int json, finite_only;
   cli_list dirs;
   hq_dtype dtype;
@@ -310,11 +318,28 @@ static int set_seed(const char *cmd, const cli_option *o, const char *v) {
 
 static int set_scale(const char *cmd, const cli_option *o, const char *v) {
   char *end;
-  double *scale = o->dest;
-  *scale = strtod(v, &end);
-  if (*end || !isfinite(*scale) || *scale <= 0)
+  quantize_args *a = o->dest;
+  a->scale.v = strtod(v, &end);
+  a->scale.text = v;
+  if (*end || !isfinite(a->scale.v) || a->scale.v <= 0)
     return cli_fail(2, cmd, "--scale '%s' is not a positive number", v);
   return 0;
+}
+
+/* --scale X within what --random's values, up to RNG_MAX X, can be in `dtype`: X itself normal
+   (a smaller one makes the values zeros or subnormals) and RNG_MAX X finite. 0, or 2 after the
+   message. */
+static int check_scale(const quantize_args *a) {
+  const double min_normal = a->dtype == HQ_F16 ? 6.103515625e-05 : 1.1754943508222875e-38;
+  const double max = a->dtype == HQ_F16    ? 65504.0
+                     : a->dtype == HQ_BF16 ? 3.3895313892515355e+38
+                                           : 3.4028234663852886e+38;
+  if (a->scale.v >= min_normal && a->scale.v * RNG_MAX <= max) return 0;
+  return cli_fail(2, CMD, "--scale '%s' is outside [%.8g, %.8g] for --dtype %s: --random's values "
+                  "(|x| up to %g X) would %s", a->scale.text, min_normal, max / RNG_MAX,
+                  hq_dtype_name(a->dtype), RNG_MAX,
+                  a->scale.v < min_normal ? "be mostly zeros or subnormal numbers"
+                                          : "overflow to Inf");
 }
 
 static int parse_args(int argc, char **argv, quantize_args *a) {
@@ -323,7 +348,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
       {.name = "--role", .kind = CLI_STR, .dest = &a->role_text},
       {.name = "--random", .kind = CLI_STR, .dest = &a->random},
       {.name = "--seed", .kind = CLI_CALL, .dest = &a->seed, .call = set_seed},
-      {.name = "--scale", .kind = CLI_CALL, .dest = &a->scale, .call = set_scale},
+      {.name = "--scale", .kind = CLI_CALL, .dest = a, .call = set_scale},
       {.name = "--input", .kind = CLI_STR, .dest = &a->input},
       {.name = "--shape", .kind = CLI_STR, .dest = &a->shape},
       {.name = "--tensor", .kind = CLI_STR, .dest = &a->tensor},
@@ -357,7 +382,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (a->random && a->shape)
     return cli_fail(2, CMD, "--shape gives a raw --input file's shape: it does not apply to "
                     "--random, whose RxC is the shape");
-  if (a->input && a->scale > 0)
+  if (a->input && a->scale.v > 0)
     return cli_fail(2, CMD, "--scale scales --random's values: it does not apply to --input");
   if (a->tensor && a->shape)
     return cli_fail(2, CMD, "--tensor names an entry of a safetensors --input (whose shape the "
@@ -371,7 +396,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
     return cli_fail(2, CMD, "%s does not apply to a safetensors --input: the file gives each "
                     "entry's %s", a->shape ? "--shape" : "--dtype", a->shape ? "shape" : "dtype");
   if ((a->dtype_s && cli_dtype_arg(CMD, a->dtype_s, &a->dtype)) ||
-      cli_device_arg(CMD, a->device_s, &a->device))
+      cli_device_arg(CMD, a->device_s, &a->device) || (a->scale.v > 0 && check_scale(a)))
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
@@ -398,7 +423,7 @@ static int make_input(const quantize_args *a, hq_tensor *x) {
   x->data = malloc((size_t)(x->rows * x->cols) * hq_dtype_size(a->dtype));
   if (!x->data) return cli_fail(1, CMD, "out of memory for %s", a->random);
   uint64_t s = a->seed * 0x9E3779B97F4A7C15ull + 1;
-  const double scale = a->scale > 0 ? a->scale : 1.0; /* 0: no --scale */
+  const double scale = a->scale.v > 0 ? a->scale.v : 1.0;
   for (int64_t i = 0; i < x->rows * x->cols; i++)
     hq_store_hp(x->data, i, a->dtype, (float)(rng_normal(&s) * scale));
   return 0;
