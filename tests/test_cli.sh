@@ -854,4 +854,18 @@ usage_error "hq quantize: --scale '20000' is outside [6.1035156e-05, 10917.333] 
 expect 0 $qi --random 64x64 --scale 5e37 --json
 grep -q '"nonfinite_inputs":0,' "$tmp/out" || { cat "$tmp/out"; fail "quantize --scale 5e37: non-finite input"; }; ok
 expect 0 $qi --random 64x64 --scale 2e-38
+# --role: a [role] pattern's rules (no empty part), and a warning when no section matches it
+usage_error "hq quantize: --role '::' has an empty part (use '*' to match anything)" $qi --random 64x64 --role ::
+usage_error "hq quantize: --role 'linear::fc1' has an empty part (use '*' to match anything)" $qi --random 64x64 --role linear::fc1
+usage_error "hq quantize: --role 'a:b[:c': part 'b[' holds '[': role patterns use only '*' and '?' wildcards" $qi --random 64x64 --role 'a:b[:c'
+for r in LINEAR:WEIGHT:FC1 conv:weight:fc1; do
+  expect 0 quantize --recipe "$conf/recipe.ini" --role $r --random 64x64
+  [ "$(cat "$tmp/err")" = "hq quantize: warning: recipe $conf/recipe.ini: role $r matches no [role] section: both directions stay in high precision (say \`unmatched = identity\` in [recipe] if that is meant)" ] ||
+    { cat "$tmp/err"; fail "quantize --role $r: no warning"; }; ok
+done
+expect 0 quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 64x64
+[ -s "$tmp/err" ] && { cat "$tmp/err"; fail "quantize --role linear:weight:fc1 warned"; }; ok
+printf '[recipe]\nunmatched = identity\n[role linear:*:*]\nrowwise = identity\n' > "$tmp/um3.ini"
+expect 0 quantize --recipe "$tmp/um3.ini" --role conv:weight:fc1 --random 64x64
+[ -s "$tmp/err" ] && { cat "$tmp/err"; fail "quantize warned under unmatched = identity"; }; ok
 echo "PASS: $n checks"

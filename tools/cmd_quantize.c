@@ -32,7 +32,9 @@ static const char usage[] =
     "element, relative RMS error, max abs error and SQNR, then the direction's buffers (name,\n"
     "dtype, shape, bytes; a columnwise buffer that is the rowwise one says so).\n"
     "  --recipe FILE  the recipe (.ini) to read\n"
-    "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1)\n"
+    "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1),\n"
+    "                 no part empty, as in a [role] section; a role no section matches stays\n"
+    "                 in high precision, with a warning unless the recipe says `unmatched`\n"
     "  --random RxC   N(0, X^2) data (X = --scale, default 1) from a seeded generator,\n"
     "                 stored in --dtype (default f32); its values reach 6 X, so X must be\n"
     "                 a normal number of --dtype and 6 X finite there (f32: X in\n"
@@ -400,6 +402,17 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
     return 2;
   if (hq_role_parse(a->role_text, a->role_buf, sizeof a->role_buf, &a->role))
     return cli_fail(2, CMD, "%s", hq_last_error());
+  /* the rules of a recipe's [role] patterns, so that --role names only what a section can */
+  const char *parts[3] = {a->role.module_type, a->role.tensor_type, a->role.name};
+  for (int i = 0; i < 3; i++) {
+    const char *bad = strpbrk(parts[i], "[]\\");
+    if (!*parts[i])
+      return cli_fail(2, CMD, "--role '%s' has an empty part (use '*' to match anything)",
+                      a->role_text);
+    if (bad)
+      return cli_fail(2, CMD, "--role '%s': part '%s' holds '%c': role patterns use only '*' "
+                      "and '?' wildcards", a->role_text, parts[i], *bad);
+  }
   if (a->all && strcmp(a->role.name ? a->role.name : "", "*") != 0)
     return cli_fail(2, CMD, "--all: give --role MODULE:TENSOR:* (each entry's name takes the *), "
                     "not %s", a->role_text);
@@ -469,8 +482,14 @@ static int quantize_input(const quantize_args *a, qrun *u) {
   u->deq = malloc(sizeof(float) * (size_t)n);
   if (!u->deq) return cli_fail(1, CMD, "out of memory");
   u->dd.data = u->deq;
-  if (hq_recipe_load(a->recipe, &o, &u->r) || hq_ctx_create(&desc, &u->ctx) ||
-      hq_state_create(u->r, u->ctx, &u->st) || hq_quantizer_create_ex(u->r, &a->role, u->st, &u->q))
+  if (hq_recipe_load(a->recipe, &o, &u->r)) return cli_fail(1, CMD, "%s", hq_last_error());
+  /* a mistyped role gets identity without a word otherwise (hq train and recipe check warn too) */
+  if (hq_recipe_unmatched(u->r) == HQ_UNMATCHED_UNSET && hq_recipe_match(u->r, &a->role) < 0)
+    fprintf(stderr, "hq quantize: warning: recipe %s: role %s matches no [role] section: both "
+            "directions stay in high precision (say `unmatched = identity` in [recipe] if that "
+            "is meant)\n", a->recipe, a->role_text);
+  if (hq_ctx_create(&desc, &u->ctx) || hq_state_create(u->r, u->ctx, &u->st) ||
+      hq_quantizer_create_ex(u->r, &a->role, u->st, &u->q))
     return cli_fail(1, CMD, "%s", hq_last_error());
   if (a->device >= 0) {
     size_t bx = (size_t)n * hq_dtype_size(u->x.dtype);
