@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define INIH_MAX_LINE 198   /* characters per line that inih r55 reads whole (200-byte buffer) */
 #define INIH_MAX_NAME 49    /* section / key characters it keeps */
@@ -849,6 +850,12 @@ int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **ou
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return hqi_error(HQ_EIO, "%s: cannot open: %s", path, strerror(errno));
+  /* fopen opens a directory for reading too; only its reads fail, saying less */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return hqi_error(HQ_EIO, "%s: is a directory, not a recipe file", path);
+  }
   /* the file's size when it has one (a pipe reads up to the limit) */
   long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
   if (size >= 0) rewind(f);
@@ -858,12 +865,13 @@ int hq_recipe_parse(const char *path, const hq_recipe_opts *opts, hq_recipe **ou
     fclose(f);
     return hqi_error(HQ_ENOMEM, "out of memory reading %s (%zu bytes)", path, cap);
   }
+  errno = 0;
   size_t n = fread(text, 1, cap - 1, f);
-  int err = ferror(f);
+  const int err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
   if (err) {
     free(text);
-    return hqi_error(HQ_EIO, "%s: read error", path);
+    return hqi_error(HQ_EIO, "%s: read error: %s", path, strerror(err));
   }
   if (size >= 0 && size <= MAX_RECIPE_BYTES && n > (size_t)size) {
     free(text);

@@ -868,4 +868,10 @@ expect 0 quantize --recipe "$conf/recipe.ini" --role linear:weight:fc1 --random 
 printf '[recipe]\nunmatched = identity\n[role linear:*:*]\nrowwise = identity\n' > "$tmp/um3.ini"
 expect 0 quantize --recipe "$tmp/um3.ini" --role conv:weight:fc1 --random 64x64
 [ -s "$tmp/err" ] && { cat "$tmp/err"; fail "quantize warned under unmatched = identity"; }; ok
+# messages: a directory given as a file says so
+mkdir -p "$tmp/adir"
+failure "hq recipe check: $tmp/adir: is a directory, not a recipe file" recipe check "$tmp/adir"
+failure "hq quantize: $tmp/adir: is a directory, not a recipe file" quantize --recipe "$tmp/adir" --role a:b:c --random 4x4
+failure "hq train: $tmp/adir: is a directory, not a text file" train --data "$tmp/adir" --steps 1
+failure "hq train: recipe $tmp/adir: $tmp/adir: is a directory, not a recipe file" train --recipe "$tmp/adir" --steps 1
 echo "PASS: $n checks"

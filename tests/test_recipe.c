@@ -392,6 +392,13 @@ static void test_files(void **state) {
   hq_recipe *r = NULL;
   assert_int_equal(hq_recipe_load("/nonexistent/recipe.ini", &o, &r), HQ_EIO);
   HQ_ERROR_HAS("/nonexistent/recipe.ini: cannot open");
+  /* a directory opens for reading: named as such, not a bare "read error" */
+  char dir[] = "/tmp/hq_dir_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  assert_int_equal(hq_recipe_parse(dir, &o, &r), HQ_EIO);
+  assert_null(r);
+  HQ_ERROR_HAS(": is a directory, not a recipe file");
+  rmdir(dir);
   /* a binary file */
   char path[] = "/tmp/hq_bin_XXXXXX";
   int fd = mkstemp(path);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "train.h"
 
@@ -64,6 +65,13 @@ static int read_file(const char *path, int is_default, char **out, size_t *n, ch
       snprintf(err, err_len, "%s: %s", path, strerror(errno));
     return -1;
   }
+  /* fopen opens a directory for reading too; only its reads fail, saying less */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    snprintf(err, err_len, "%s: is a directory, not a text file", path);
+    return -1;
+  }
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap + 1);
   for (;;) {
@@ -72,6 +80,7 @@ static int read_file(const char *path, int is_default, char **out, size_t *n, ch
       snprintf(err, err_len, "%s: out of memory", path);
       return -1;
     }
+    errno = 0;
     size_t got = fread(buf + len, 1, cap - len, f);
     len += got;
     if (got == 0) break;
@@ -88,11 +97,11 @@ static int read_file(const char *path, int is_default, char **out, size_t *n, ch
       cap *= 2;
     }
   }
-  int bad = ferror(f);
+  const int bad = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
   if (bad) {
     free(buf);
-    snprintf(err, err_len, "%s: read error", path);
+    snprintf(err, err_len, "%s: read error: %s", path, strerror(bad));
     return -1;
   }
   buf[len] = '\0';
