@@ -874,4 +874,20 @@ failure "hq recipe check: $tmp/adir: is a directory, not a recipe file" recipe c
 failure "hq quantize: $tmp/adir: is a directory, not a recipe file" quantize --recipe "$tmp/adir" --role a:b:c --random 4x4
 failure "hq train: $tmp/adir: is a directory, not a text file" train --data "$tmp/adir" --steps 1
 failure "hq train: recipe $tmp/adir: $tmp/adir: is a directory, not a recipe file" train --recipe "$tmp/adir" --steps 1
+# a .npy header's shape is read whole or refused as malformed (never a shorter shape)
+npyhdr() { # FILE SHAPE: a float32 .npy file of SHAPE's header and 64x64 values
+  h="{'descr': '<f4', 'fortran_order': False, 'shape': $2, }"
+  { printf '\223NUMPY\001\000\166\000'; printf '%s' "$h"; printf "%$((128 - 10 - ${#h} - 1))s\n" ""; head -c 16384 /dev/zero; } > "$1"
+}
+for sh in "(64, abc)" "(64 64)" "(64, 64 x)" "(64,, 64)" "[64, 64]" "(-64, 64)"; do
+  npyhdr "$tmp/bad.npy" "$sh"
+  failure "hq quantize: $tmp/bad.npy: .npy header's shape $sh is malformed (a tuple of decimal integers expected)" $qi --input "$tmp/bad.npy"
+done
+for sh in "(64, 0)" "()"; do
+  npyhdr "$tmp/bad.npy" "$sh"
+  failure "hq quantize: $tmp/bad.npy: .npy shape $sh is not 1 to 16 positive dimensions" $qi --input "$tmp/bad.npy"
+done
+for sh in "(64, 64)" "(64,64,)" "(4096,)" "(64L, 64L)" "( 2 , 32 , 64 )"; do
+  npyhdr "$tmp/ok.npy" "$sh"; expect 0 $qi --input "$tmp/ok.npy"; ok
+done
 echo "PASS: $n checks"

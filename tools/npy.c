@@ -9,6 +9,32 @@
 
 #include "npy.h"
 
+/* The dims of the header's "'shape': (d0, d1, ...)" tuple, text starting after 'shape': their
+   count (0 for "()"), -1 when it is not a tuple of decimal integers (a dim left unread must never
+   pass for a smaller shape), -2 when a dim is 0 or beyond 64 bits, or there are over 16. */
+static int parse_shape(const char *s, int64_t dims[16]) {
+  s += strspn(s, " ");
+  if (*s++ != ':') return -1;
+  s += strspn(s, " ");
+  if (*s++ != '(') return -1;
+  int nd = 0, bad = 0;
+  for (;;) {
+    s += strspn(s, " ");
+    if (*s == ')') break; /* "()", or after a trailing comma: "(64,)" */
+    if (*s < '0' || *s > '9') return -1;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (v <= 0 || errno == ERANGE || nd == 16) bad = 1;
+    else dims[nd++] = v;
+    if (*end == 'L') end++; /* numpy under Python 2 wrote longs as 64L */
+    s = end + strspn(end, " ");
+    if (*s == ',') s++;
+    else if (*s != ')') return -1;
+  }
+  return bad ? -2 : nd;
+}
+
 int cli_npy_parse(const char *path, unsigned char *buf, size_t n, hq_tensor *t, size_t *offset,
                     char *err, size_t err_len) {
   if (n < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) return 0; /* not .npy */
@@ -44,22 +70,17 @@ int cli_npy_parse(const char *path, unsigned char *buf, size_t n, hq_tensor *t, 
       free(h);
       return -1;
     }
-    char *p = strchr(sh, '(');
     int64_t dims[16];
-    int nd = 0;
-    while (p && *++p && *p != ')') {
-      char *end;
-      errno = 0;
-      long long v = strtoll(p, &end, 10);
-      if (end == p) break;
-      if (nd == 16 || v <= 0 || errno == ERANGE) nd = -1;
-      if (nd < 0) break;
-      dims[nd++] = v;
-      p = strchr(end, ',');
-      if (!p) break;
-    }
-    if (nd <= 0) {
-      snprintf(err, err_len, "%s: .npy shape is empty, zero-sized or unreadable", path);
+    const int nd = parse_shape(sh + 7, dims);
+    const char *v = sh + 7 + strspn(sh + 7, " :"); /* the shape's text, up to its ')' */
+    size_t vlen = strcspn(v, ")]}");
+    vlen = vlen > 60 ? 60 : vlen + (v[vlen] == ')' || v[vlen] == ']');
+    if (nd == -1) {
+      snprintf(err, err_len, "%s: .npy header's shape %.*s is malformed (a tuple of decimal "
+               "integers expected)", path, (int)vlen, v);
+    } else if (nd <= 0) {
+      snprintf(err, err_len, "%s: .npy shape %.*s is not 1 to 16 positive dimensions", path,
+               (int)vlen, v);
     } else {
       /* the element count, overflow-checked: at most 2^40 (as --shape), so that no size below
          can wrap (a wrapped product would quantize another shape) */
