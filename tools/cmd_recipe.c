@@ -237,6 +237,9 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   if (argc >= 2 && strcmp(argv[1], "check") == 0) {
     argc--;
     argv++;
+  } else if (argc >= 2 && argv[1][0] != '-') {
+    return cli_fail(2, "recipe", "'%s' is not a subcommand: the one is check (see `hq recipe "
+                    "--help`)", argv[1]);
   } else if (argc < 2 || (strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)) {
     fputs(usage, stderr);
     return 2;
