@@ -892,4 +892,7 @@ done
 # hq recipe names an unknown subcommand
 usage_error "hq recipe: 'bogus' is not a subcommand: the one is check (see \`hq recipe --help\`)" recipe bogus
 usage_error "hq recipe: 'frobnicate' is not a subcommand: the one is check (see \`hq recipe --help\`)" recipe frobnicate --json
+# hq train --data: the word length limit named in the error, with the words it left out
+{ printf 'abc\n'; head -c 1001 /dev/zero | tr '\000' 'q'; printf '\n'; } > "$tmp/long.txt"
+failure "hq train: $tmp/long.txt: 1 word(s) of 1 to 1000 letters a-z (whitespace-separated, lowercase; 1 longer one left out); at least 2 are needed (one to train on, one held out)" train --data "$tmp/long.txt" --steps 1
 echo "PASS: $n checks"

@@ -247,7 +247,7 @@ $hq train $small --recipe "$tmp/bad.ini" 2>"$tmp/e"; [ $? -eq 1 ] || fail "bad r
 grep -q "^hq train: $tmp/bad.ini:2: plugin 'nosuch' was not found on the plugin search path" "$tmp/e" || { cat "$tmp/e"; fail "bad recipe: file:line"; }; ok
 failure "hq train: $tmp/nowords.txt: No such file or directory" train $small --data "$tmp/nowords.txt"
 printf 'Only Capitals\n' > "$tmp/few.txt"
-failure "hq train: $tmp/few.txt: 0 word(s) of the letters a-z (whitespace-separated, lowercase); at least 2 are needed (one to train on, one held out)" \
+failure "hq train: $tmp/few.txt: 0 word(s) of 1 to 1000 letters a-z (whitespace-separated, lowercase); at least 2 are needed (one to train on, one held out)" \
   train $small --data "$tmp/few.txt"
 # 80 columns: not a multiple of MXFP8's 32-element blocks -- refused before training, naming the
 # recipe, the layer and the step

@@ -19,6 +19,7 @@
 #include "train.h"
 
 #define MAX_FILE_BYTES (256u << 20)
+#define MAX_WORD_LETTERS 1000 /* a longer token is no word (the model's context is short) */
 
 // --- random numbers ----------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ int train_data_load(train_data *d, const char *path, int is_default, int context
 
   /* words: whitespace-separated tokens of a-z only */
   size_t cap = 1024;
-  int64_t n = 0;
+  int64_t n = 0, n_long = 0;
   word *w = malloc(cap * sizeof *w);
   for (size_t i = 0; w && i < len;) {
     while (i < len && is_space(text[i])) i++;
@@ -152,7 +153,8 @@ int train_data_load(train_data *d, const char *path, int is_default, int context
       if (text[i] < 'a' || text[i] > 'z') ok = 0;
       i++;
     }
-    if (i == start || !ok || i - start > 1000) continue;
+    n_long += ok && i - start > MAX_WORD_LETTERS;
+    if (i == start || !ok || i - start > MAX_WORD_LETTERS) continue;
     if ((size_t)n == cap) {
       word *nw = realloc(w, 2 * cap * sizeof *w);
       if (!nw) {
@@ -175,10 +177,14 @@ int train_data_load(train_data *d, const char *path, int is_default, int context
   if (n < 2) {
     free(w);
     free(text);
+    char more[96] = "";
+    if (n_long)
+      snprintf(more, sizeof more, "; %lld longer one%s left out", (long long)n_long,
+               n_long == 1 ? "" : "s");
     snprintf(err, err_len,
-             "%s: %lld word(s) of the letters a-z (whitespace-separated, lowercase); at least 2 "
-             "are needed (one to train on, one held out)",
-             path, (long long)n);
+             "%s: %lld word(s) of 1 to %d letters a-z (whitespace-separated, lowercase%s); at "
+             "least 2 are needed (one to train on, one held out)",
+             path, (long long)n, MAX_WORD_LETTERS, more);
     return -1;
   }
 
