@@ -895,4 +895,12 @@ usage_error "hq recipe: 'frobnicate' is not a subcommand: the one is check (see 
 # hq train --data: the word length limit named in the error, with the words it left out
 { printf 'abc\n'; head -c 1001 /dev/zero | tr '\000' 'q'; printf '\n'; } > "$tmp/long.txt"
 failure "hq train: $tmp/long.txt: 1 word(s) of 1 to 1000 letters a-z (whitespace-separated, lowercase; 1 longer one left out); at least 2 are needed (one to train on, one held out)" train --data "$tmp/long.txt" --steps 1
+# recipe check: a shadowed (dead) [role] section is a warning on stderr naming both FILE:LINEs
+printf '[format f8]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f8\n[role *:*:*]\nrowwise = identity\n' > "$tmp/dup.ini"
+expect 0 recipe check "$tmp/dup.ini"
+grep -qx "hq recipe check: warning: $tmp/dup.ini:3: \[role \*:\*:\*\] never applies: \[role \*:\*:\*\] at $tmp/dup.ini:5 wins every role it matches (the same pattern, written later); merge the two sections or delete one" "$tmp/err" ||
+  { cat "$tmp/err"; fail "recipe check: no warning for a shadowed section"; }
+grep -q "shadowed: \[role \*:\*:\*\] (line 5)" "$tmp/out" && [ "$(tail -n 1 "$tmp/out")" = valid ] || { cat "$tmp/out"; fail "recipe check: the shadowed line and valid"; }; ok
+expect 0 recipe check "$conf/recipe.ini"
+grep -q "never applies" "$tmp/err" && { cat "$tmp/err"; fail "recipe check: a shadow warning for recipe.ini"; }; ok
 echo "PASS: $n checks"

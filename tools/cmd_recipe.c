@@ -14,7 +14,8 @@ static const char usage[] =
     "\n"
     "Parse and resolve a recipe: list its format instances (plugin and every option value),\n"
     "each [role] section with the format of each direction and the columnwise source, the\n"
-    "sections another section shadows, and every error as FILE:LINE: message; a warning\n"
+    "sections another section shadows (each also a warning naming both FILE:LINEs: a\n"
+    "shadowed section never applies), and every error as FILE:LINE: message; a warning\n"
     "where a section naming a layer loses to one naming a tensor type for some of its roles\n"
     "([role linear:*:lm_head] beside [role linear:grad_output:*]), and the resolved table: the\n"
     "formats of each linear layer's input, weight and grad_output and their sections. Then, for\n"
@@ -565,6 +566,23 @@ static void warn_unmatched(const hq_recipe *r, const gemm_check *g) {
     }
 }
 
+/* Warn about each shadowed [role] section: it never applies, which is almost always a mistake (a
+   pattern written twice, its first section's settings silently dropped). */
+static void warn_shadowed(const hq_recipe *r, const char *file) {
+  for (size_t i = 0; i < hq_recipe_role_count(r); i++) {
+    hq_role_info ri = {.struct_size = sizeof ri}, sb = {.struct_size = sizeof sb};
+    if (hq_recipe_role_info(r, i, &ri) || ri.shadowed_by < 0 ||
+        hq_recipe_role_info(r, (size_t)ri.shadowed_by, &sb))
+      continue;
+    const int same = !strcmp(ri.pattern, sb.pattern);
+    fprintf(stderr,
+            "hq recipe check: warning: %s:%d: [role %s] never applies: [role %s] at %s:%d wins "
+            "every role it matches (%s); merge the two sections or delete one\n",
+            file, ri.line, ri.pattern, sb.pattern, file, sb.line,
+            same ? "the same pattern, written later" : "it is as or more specific");
+  }
+}
+
 static void report_text(const hq_recipe *r, const char *file, gemm_check *g) {
   const size_t nerr = hq_recipe_error_count(r);
   printf("recipe %s%s%s%s\n", file, hq_recipe_name(r)[0] ? " (" : "", hq_recipe_name(r),
@@ -602,6 +620,7 @@ int hq_cmd_recipe(int argc, char **argv) {
   else report_text(r, a.file, &g);
   if (!hq_recipe_error_count(r)) {
     warn_unmatched(r, &g);
+    warn_shadowed(r, a.file);
     cli_warn_role_traps(r, CMD, a.file);
   }
   const int invalid = hq_recipe_error_count(r) || g.gemm_err || g.nfail;
