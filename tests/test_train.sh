@@ -450,5 +450,10 @@ early "hq train: --plot $tmp/l.png: gnuplot failed on a test plot before the fir
 PATH=$opath
 ls -a "$tmp" | grep -q hq-train-probe && fail "a probe file left behind"; ok
 
+# train: errors before training (pre-flight, resume options, float ranges)
+# --lr below float32's normal range (0, or subnormal, once the trainer's float holds it)
+usage_error "hq train: --lr '1e-50' is 0 as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr 1e-50
+usage_error "hq train: --lr '1e-40' is subnormal as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr=1e-40
+
 echo "test_train: $n checks passed"
 exit 0

@@ -5,6 +5,7 @@
 ** tokens/s), --json, and --plot (gnuplot). The training itself is train/ (public API only).
 */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +80,8 @@ static const char usage[] =
     "  --json            print the results as one JSON document (progress goes to stderr)\n"
     "  --plot FILE.png   draw every recipe's loss curves and held-out gap with gnuplot (when\n"
     "                    installed; checked before the first step)\n"
-    "  --lr X            peak learning rate (default 0.006; warmup, then cosine decay to lr/10)\n"
+    "  --lr X            peak learning rate (default 0.006; warmup, then cosine decay to lr/10),\n"
+    "                    in (0, 1] and a normal float32 (at least 1.17549435e-38)\n"
     "  --context C       characters of context (default 8)\n"
     "  --embed E         embedding width (default 16; fc1's input is C*E)\n"
     "  --hidden H        width of the hidden layers (default 256)\n"
@@ -243,8 +245,14 @@ static int set_lr(const char *cmd, const cli_option *o, const char *v) {
   double *lr = o->dest;
   errno = 0;
   *lr = strtod(v, &end);
-  if (!*v || *end || errno || !(*lr > 0) || *lr > 1)
+  const int tiny = errno == ERANGE && fabs(*lr) < 1;   /* an underflow, not an overflow */
+  if (!*v || *end || (errno && !tiny) || !(*lr >= 0) || signbit(*lr) || *lr > 1 ||
+      (*lr == 0 && !tiny))
     return cli_fail(2, cmd, "--lr '%s' is not a number in (0, 1]", v);
+  /* the trainer holds lr in a float: one that rounds to 0 or to a subnormal never trains */
+  if (!isnormal((float)*lr))
+    return cli_fail(2, cmd, "--lr '%s' is %s as a float32, the trainer's precision: give at "
+                    "least %.9g", v, (float)*lr == 0 ? "0" : "subnormal", (double)FLT_MIN);
   return 0;
 }
 
