@@ -451,6 +451,11 @@ PATH=$opath
 ls -a "$tmp" | grep -q hq-train-probe && fail "a probe file left behind"; ok
 
 # train: errors before training (pre-flight, resume options, float ranges)
+# empty or directory output paths, and a gnuplot pipe, are refused at parsing
+usage_error "hq train: --checkpoint '' is empty: give the FILE to write" train $nd --checkpoint ''
+usage_error "hq train: --plot '' is empty: give the FILE to write" train $nd --plot ''
+usage_error "hq train: --checkpoint '$tmp/' names a directory: give a FILE" train $nd --checkpoint "$tmp/"
+usage_error "hq train: --plot '|cat' starts with '|', which gnuplot runs as a command: give a FILE" train $nd --plot '|cat'
 # --lr below float32's normal range (0, or subnormal, once the trainer's float holds it)
 usage_error "hq train: --lr '1e-50' is 0 as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr 1e-50
 usage_error "hq train: --lr '1e-40' is subnormal as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr=1e-40

@@ -285,6 +285,22 @@ static int apply_preset(train_args *a) {
   return cli_fail(2, CMD, "--preset '%s' is not default, wide, large or gpt2s", a->preset);
 }
 
+/* An output FILE option refused at parsing, where a run would train and fail only when it writes
+   (an empty name; one that names a directory; for gnuplot, a leading '|', which it runs as a
+   command): 0, or 2 after the message. */
+static int check_out_arg(const char *opt, const char *path, int gnuplot) {
+  if (!path) return 0;
+  if (!*path) return cli_fail(2, CMD, "%s '' is empty: give the FILE to write", opt);
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+    return cli_fail(2, CMD, "%s '%s' names a directory: give a FILE", opt, path);
+  if (gnuplot && *path == '|')
+    return cli_fail(2, CMD, "%s '%s' starts with '|', which gnuplot runs as a command: give a "
+                    "FILE", opt, path);
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, train_args *a) {
   const cli_option opts[] = {
       {.name = "--recipe", .kind = CLI_LIST, .dest = &a->recipes, .max = MAX_RECIPES},
@@ -324,6 +340,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
   const int st = cli_parse(&c, argc, argv);
   if (st != CLI_RUN) return st;
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
+  if (check_out_arg("--checkpoint", a->ckpt_path, 0) || check_out_arg("--plot", a->plot_file, 1))
+    return 2;
   if (apply_preset(a)) return 2;
   if (a->ckpt_every && !a->ckpt_path && !a->verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
