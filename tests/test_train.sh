@@ -456,6 +456,17 @@ usage_error "hq train: --checkpoint '' is empty: give the FILE to write" train $
 usage_error "hq train: --plot '' is empty: give the FILE to write" train $nd --plot ''
 usage_error "hq train: --checkpoint '$tmp/' names a directory: give a FILE" train $nd --checkpoint "$tmp/"
 usage_error "hq train: --plot '|cat' starts with '|', which gnuplot runs as a command: give a FILE" train $nd --plot '|cat'
+# --resume continues the saved run's learning rate: another --lr is refused naming both, none
+# given takes the checkpoint's (the same final state as giving it)
+rs="--data $tmp/words.txt --hidden 32 --batch 32 --layers 1 --eval-every 0 --baseline none --recipe $conf/examples/fp8_current.ini"
+$hq train $rs --steps 3 --lr 0.01 --checkpoint "$tmp/lr.safetensors" > /dev/null 2> "$tmp/e" || { cat "$tmp/e"; fail "--lr 0.01 --checkpoint"; }
+failure "hq train: --lr 0.1 differs from the learning rate of the run saved in $tmp/lr.safetensors (lr = 0.01): --resume continues that run; leave --lr out or give --lr 0.01" \
+  train $rs --steps 6 --resume "$tmp/lr.safetensors" --lr 0.1
+grep -q "^\[" "$tmp/o" && fail "--resume --lr: it trained"
+$hq train $rs --steps 6 --resume "$tmp/lr.safetensors" --checkpoint "$tmp/lr-a.safetensors" > "$tmp/o" 2> "$tmp/e" || { cat "$tmp/e"; fail "--resume without --lr"; }
+grep -q ", 6 steps, lr 0.01, seed 1, cpu$" "$tmp/o" || { cat "$tmp/o"; fail "--resume without --lr: not the checkpoint's lr"; }
+$hq train $rs --steps 6 --resume "$tmp/lr.safetensors" --lr 0.01 --checkpoint "$tmp/lr-b.safetensors" > /dev/null 2> "$tmp/e" || { cat "$tmp/e"; fail "--resume --lr 0.01"; }
+cmp -s "$tmp/lr-a.safetensors" "$tmp/lr-b.safetensors" || fail "--resume: without --lr and with the checkpoint's, other states"; ok
 # --lr below float32's normal range (0, or subnormal, once the trainer's float holds it)
 usage_error "hq train: --lr '1e-50' is 0 as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr 1e-50
 usage_error "hq train: --lr '1e-40' is subnormal as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr=1e-40

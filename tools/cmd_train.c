@@ -96,7 +96,8 @@ static const char usage[] =
     "                    save after steps N, 2N, ... and the last (default 0: only after the\n"
     "                    last step; each save replaces the file unless FILE has {step})\n"
     "  --resume FILE     continue the run saved in FILE (one --recipe: the same recipe, model\n"
-    "                    shape, batch, seed and data; refused naming what differs) to --steps\n"
+    "                    shape, batch, seed and data; refused naming what differs) to --steps,\n"
+    "                    with its learning rate: an --lr that differs from it is refused\n"
     "  --no-verify       with --resume: load FILE without verifying checksums (a file written by\n"
     "                    another tool or an older hq has none and is refused without it)\n"
     "  --verify-resume   check the continuation: save mid-run (at --checkpoint-every when given,\n"
@@ -233,6 +234,7 @@ typedef struct train_args {
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
   const char *preset, *grad_dtype_s, *cuda_graph_s;
   int json, verify_resume, no_verify, profile;
+  int lr_given;                              /* --lr on the command line (not --preset's) */
   int64_t steps, batch, seed, eval_every, eval_batches, log_every, ckpt_every, seeds;
   int64_t context, embed, hidden, layers;
   double lr;
@@ -342,6 +344,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (check_out_arg("--checkpoint", a->ckpt_path, 0) || check_out_arg("--plot", a->plot_file, 1))
     return 2;
+  a->lr_given = a->lr > 0;   /* before --preset fills it */
   if (apply_preset(a)) return 2;
   if (a->ckpt_every && !a->ckpt_path && !a->verify_resume)
     return cli_fail(2, CMD, "--checkpoint-every needs --checkpoint FILE (or --verify-resume)");
@@ -371,6 +374,41 @@ static int parse_args(int argc, char **argv, train_args *a) {
   else if (strcmp(a->cuda_graph_s, "off"))
     return cli_fail(2, CMD, "--cuda-graph '%s' is not on or off", a->cuda_graph_s);
   return CLI_RUN;
+}
+
+/* f as the shortest decimal text that reads back as f (0.01, not 0.00999999978). */
+static const char *float_text(float f, char *buf, size_t n) {
+  for (int p = 1; p <= 9; p++) {
+    snprintf(buf, n, "%.*g", p, (double)f);
+    if (strtof(buf, NULL) == f) break;
+  }
+  return buf;
+}
+
+/* --resume continues the saved run, so the learning rate, the one hyper-parameter the checkpoint
+   records that a resume takes rather than checks, is the checkpoint's: an --lr that differs is
+   refused (1 after the message naming both), none given takes it, and a file that cannot be read
+   is left to the run's load to report (0). */
+static int resume_lr(train_args *a) {
+  if (!a->resume_path) return 0;
+  hq_ckpt_open_opts oo = {.struct_size = sizeof oo, .flags = a->no_verify ? HQ_CKPT_NO_VERIFY : 0};
+  hq_ckpt *c;
+  if (hq_ckpt_open_ex(a->resume_path, &oo, &c)) return 0;
+  const char *v = hq_ckpt_meta(c, "lr");
+  char *end;
+  const float saved = v ? strtof(v, &end) : 0;
+  int rc = 0;
+  if (v && *v && !*end && isnormal(saved) && saved > 0) {
+    char sv[32], given[32];
+    float_text(saved, sv, sizeof sv);
+    if (!a->lr_given) a->lr = strtod(sv, NULL);
+    else if ((float)a->lr != saved)
+      rc = cli_fail(1, CMD, "--lr %s differs from the learning rate of the run saved in %s "
+                    "(lr = %s): --resume continues that run; leave --lr out or give --lr %s",
+                    float_text((float)a->lr, given, sizeof given), a->resume_path, sv, sv);
+  }
+  hq_ckpt_close(c);
+  return rc;
 }
 
 static void make_config(const train_args *a, train_config *cfg) {
@@ -1272,6 +1310,7 @@ int hq_cmd_train(int argc, char **argv) {
                   .seed = 1, .eval_every = -1, .eval_batches = 8, .log_every = -1, .seeds = 1};
   int status = parse_args(argc, argv, &a);
   if (status != CLI_RUN) return status;
+  if (resume_lr(&a)) return 1;
   train_config cfg;
   make_config(&a, &cfg);
   /* the default recipe when none is given */

@@ -416,6 +416,19 @@ int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config 
         path, v, act_name(m->cfg.act));
     goto out;
   }
+  /* a resume continues the saved run's learning rate (the schedule's peak), never another */
+  if (!(v = need(c, path, "lr", err, err_len))) goto out;
+  char *end;
+  const float lr = strtof(v, &end);
+  if (!*v || *end || !(lr > 0)) {
+    train_fail(err, err_len, "--resume %s: metadata 'lr' = '%s' is not a learning rate", path, v);
+    goto out;
+  }
+  if (lr != cfg->lr) {
+    train_fail(err, err_len, "--resume %s: lr differs: the checkpoint has lr = %s, this run %.9g "
+               "(--lr)", path, v, (double)cfg->lr);
+    goto out;
+  }
   /* The reduce's dtype changes the numbers a step computes (BF16 sums round), so a resume that
      reduces gradients continues only in the checkpoint's dtype; one process reduces nothing.
      A checkpoint from before grad_dtype was recorded says nothing and is not checked. */

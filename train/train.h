@@ -332,9 +332,9 @@ int train_checkpoint_save(const train_model *m, hq_recipe *recipe, const train_c
                           const train_data *d, uint64_t data_rng, const train_result *res,
                           const char *path, char *err, size_t err_len);
 /* Load path into m (built with cfg->model and recipe, not trained): refused with a message naming
-   the difference when the recipe, the shape, the seed or the data differ. Sets m->step, the
-   context's random-stream offset, *data_rng and res's curves (res->train_curve has room for
-   cfg->steps points). */
+   the difference when the recipe, the shape, the seed, the data or the learning rate differ.
+   Sets m->step, the context's random-stream offset, *data_rng and res's curves
+   (res->train_curve has room for cfg->steps points). */
 int train_checkpoint_load(train_model *m, hq_recipe *recipe, const train_config *cfg,
                           const train_data *d, const char *path, uint64_t *data_rng,
                           train_result *res, char *err, size_t err_len);
