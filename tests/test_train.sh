@@ -467,6 +467,14 @@ $hq train $rs --steps 6 --resume "$tmp/lr.safetensors" --checkpoint "$tmp/lr-a.s
 grep -q ", 6 steps, lr 0.01, seed 1, cpu$" "$tmp/o" || { cat "$tmp/o"; fail "--resume without --lr: not the checkpoint's lr"; }
 $hq train $rs --steps 6 --resume "$tmp/lr.safetensors" --lr 0.01 --checkpoint "$tmp/lr-b.safetensors" > /dev/null 2> "$tmp/e" || { cat "$tmp/e"; fail "--resume --lr 0.01"; }
 cmp -s "$tmp/lr-a.safetensors" "$tmp/lr-b.safetensors" || fail "--resume: without --lr and with the checkpoint's, other states"; ok
+# --verify-resume saves at the first --checkpoint-every step the run trains: refused when none
+# comes before --steps; after a resume from step 3, --checkpoint-every 2 verifies at step 4
+usage_error "hq train: --verify-resume saves at the first --checkpoint-every step, and --checkpoint-every 3 saves none before --steps 3: give a smaller one, or leave it out to verify halfway" \
+  train $nd --steps 3 --verify-resume --checkpoint-every 3
+$hq train $rs --steps 9 --resume "$tmp/lr.safetensors" --checkpoint-every 2 --verify-resume > "$tmp/o" 2> "$tmp/e" || { cat "$tmp/e"; fail "--resume --verify-resume"; }
+grep -q "resume verified: the checkpoint of step 4 .* steps 5..9" "$tmp/o" || { cat "$tmp/o"; fail "--resume --verify-resume: not at step 4"; }; ok
+failure "hq train: recipe 'fp8-current-e4m3' ($conf/examples/fp8_current.ini), step 3: --verify-resume: --checkpoint-every 2 saves no checkpoint after step 3 before --steps 4: give a smaller one, or leave it out to verify halfway" \
+  train $rs --steps 4 --resume "$tmp/lr.safetensors" --checkpoint-every 2 --verify-resume
 # --lr below float32's normal range (0, or subnormal, once the trainer's float holds it)
 usage_error "hq train: --lr '1e-50' is 0 as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr 1e-50
 usage_error "hq train: --lr '1e-40' is subnormal as a float32, the trainer's precision: give at least 1.17549435e-38" train $nd --lr=1e-40

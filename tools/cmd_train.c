@@ -100,10 +100,11 @@ static const char usage[] =
     "                    with its learning rate: an --lr that differs from it is refused\n"
     "  --no-verify       with --resume: load FILE without verifying checksums (a file written by\n"
     "                    another tool or an older hq has none and is refused without it)\n"
-    "  --verify-resume   check the continuation: save mid-run (at --checkpoint-every when given,\n"
-    "                    else halfway), train to the end, reload that checkpoint into a fresh\n"
-    "                    context and model and train to the end again: the losses of every step\n"
-    "                    after it and the final state must be bit-identical (exit 1 if not)\n"
+    "  --verify-resume   check the continuation: save mid-run (with --checkpoint-every N, at the\n"
+    "                    first multiple of N the run trains, refused when none comes before\n"
+    "                    --steps; else halfway), train to the end, reload that checkpoint into a\n"
+    "                    fresh context and model and train to the end again: the losses of every\n"
+    "                    step after it and the final state must be bit-identical (exit 1 if not)\n"
     "  --preset P        the model's size: default (C 8, E 16, H 256, L 2, batch 256, lr 0.006),\n"
     "                    wide (E 64, H 1024, L 4, batch 4096, lr 0.002), large (E 64,\n"
     "                    H 4096, L 6, batch 32768, lr 0.001: GEMM-bound on a GPU) or gpt2s\n"
@@ -353,6 +354,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
     return cli_fail(2, CMD, "--resume continues one run: give at most one --recipe");
   if (a->verify_resume && a->steps < 2)
     return cli_fail(2, CMD, "--verify-resume needs --steps 2 or more");
+  if (a->verify_resume && a->ckpt_every >= a->steps)
+    return cli_fail(2, CMD, "--verify-resume saves at the first --checkpoint-every step, and "
+                    "--checkpoint-every %lld saves none before --steps %lld: give a smaller one, "
+                    "or leave it out to verify halfway", (long long)a->ckpt_every,
+                    (long long)a->steps);
   if (a->resume_path && a->seeds > 1)
     return cli_fail(2, CMD, "--resume continues one run: --seeds must be 1");
   if (a->seed > INT64_MAX - (a->seeds - 1))

@@ -448,9 +448,15 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   }
   int64_t verify_at = 0;
   if (cfg->verify_resume) {
-    verify_at = cfg->verify_at > step && cfg->verify_at < cfg->steps
-                    ? cfg->verify_at
-                    : step + (cfg->steps - step) / 2;
+    /* the first --checkpoint-every step this run trains: where a user resumes from */
+    verify_at = cfg->verify_at > 0 ? (step / cfg->verify_at + 1) * cfg->verify_at
+                                   : step + (cfg->steps - step) / 2;
+    if (cfg->verify_at > 0 && verify_at >= cfg->steps) {
+      snprintf(e, sizeof e, "--verify-resume: --checkpoint-every %lld saves no checkpoint after "
+               "step %lld before --steps %lld: give a smaller one, or leave it out to verify "
+               "halfway", (long long)cfg->verify_at, (long long)step, (long long)cfg->steps);
+      goto out;
+    }
     if (verify_at <= step) {
       snprintf(e, sizeof e, "--verify-resume: at least two steps to train are needed");
       goto out;

@@ -258,7 +258,9 @@ typedef struct train_config {
   int verify_resume;                         /* save at step verify_at, train on, then reload that
                                                 checkpoint into a fresh context and model, train
                                                 the same steps again and compare bitwise */
-  int64_t verify_at;                         /* 0: halfway through the steps left */
+  int64_t verify_at;                         /* N: the first multiple of N after the starting
+                                                step (refused when none comes before steps);
+                                                0: halfway through the steps left */
   int resume_no_verify;                      /* --no-verify: resume_path's checksums unchecked */
   int profile;                               /* --profile: per-phase times of the last steps */
   int cuda_graph;                            /* --cuda-graph on: the steady-state forward and
