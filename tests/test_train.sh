@@ -250,10 +250,10 @@ printf 'Only Capitals\n' > "$tmp/few.txt"
 failure "hq train: $tmp/few.txt: 0 word(s) of 1 to 1000 letters a-z (whitespace-separated, lowercase); at least 2 are needed (one to train on, one held out)" \
   train $small --data "$tmp/few.txt"
 # 80 columns: not a multiple of MXFP8's 32-element blocks -- refused before training, naming the
-# recipe, the layer and the step
+# recipe and the layer
 $hq train $small --hidden 80 --recipe "$conf/examples/mxfp8.ini" >/dev/null 2>"$tmp/e"
 [ $? -eq 1 ] || fail "rejected shape exit status"
-grep "recipe 'mxfp8'" "$tmp/e" | grep "step 0" | grep -q "layer fc1" || { cat "$tmp/e"; fail "rejected shape message"; }; ok
+grep "recipe 'mxfp8'" "$tmp/e" | grep "before the first step" | grep -q "layer fc1" || { cat "$tmp/e"; fail "rejected shape message"; }; ok
 
 # checkpoints (docs/training.md, 8). --verify-resume: every shipped recipe (stochastic rounding in
 # recipe.ini and nvfp4.ini, delayed scaling in fp8_delayed.ini) saved mid-run, reloaded into a
@@ -451,6 +451,12 @@ PATH=$opath
 ls -a "$tmp" | grep -q hq-train-probe && fail "a probe file left behind"; ok
 
 # train: errors before training (pre-flight, resume options, float ranges)
+# every recipe is tried on the model's shapes before the first run trains: MXFP8's 32-row blocks
+# refuse --batch 16, named (file, role, shape) before the BF16 recipe given first trains
+pre="--data $tmp/words.txt --steps 3 --hidden 32 --layers 1 --eval-every 0"
+failure "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini): layer fc1: role linear:input:fc1, rowwise format 'mx' (plugin mxfp8), shape [16, 128]: mxfp8: rows = 16 is not a multiple of 32 (checked before the first step: nothing trained)" \
+  train $pre --batch 16 --baseline none --recipe "$conf/examples/high_precision.ini" --recipe "$conf/examples/mxfp8.ini"
+grep -q "^\[" "$tmp/o" && fail "pre-flight: a run trained before the refusal"
 # empty or directory output paths, and a gnuplot pipe, are refused at parsing
 usage_error "hq train: --checkpoint '' is empty: give the FILE to write" train $nd --checkpoint ''
 usage_error "hq train: --plot '' is empty: give the FILE to write" train $nd --plot ''

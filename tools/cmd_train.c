@@ -40,7 +40,8 @@ static const char usage[] =
     "fc1..fcL|lm_head). Every recipe starts from the same seed: the same data order and the\n"
     "same initial weights. A baseline in FP32 (identity everywhere) is trained too unless\n"
     "--baseline names another; the table gives each recipe's held-out loss gap to it.\n"
-    "Memory is estimated and output paths are checked before the first step.\n"
+    "Memory is estimated, output paths are checked and every recipe is tried on the model's\n"
+    "shapes (each role's quantizer makes an empty tensor of its shape) before the first step.\n"
     "See docs/training.md.\n"
     "\n"
     "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
@@ -1267,6 +1268,23 @@ static int check_memory(const train_args *a, const train_config *cfg, const sess
                   fmt_bytes(have, b4, sizeof b4), src);
 }
 
+/* Every run's recipe tried on the model's shapes before the first step, so that a format that
+   refuses one does so now and not after the runs before it trained: 0, or 1 after the message
+   naming the recipe, its file, the layer, the role, the format and the shape. */
+static int preflight(const train_config *cfg, const session *s) {
+  char err[2048];
+  for (int i = 0; i < s->n_runs; i++) {
+    train_model_cfg mc = cfg->model;
+    mc.direct = s->runs[i].direct;
+    if (train_recipe_check(s->runs[i].recipe, &mc, cfg->device, err, sizeof err)) {
+      const char *file = hq_recipe_path(s->runs[i].recipe);
+      return cli_fail(1, CMD, "recipe '%s' (%s): %s (checked before the first step: nothing "
+                      "trained)", s->runs[i].name, file ? file : "built in", err);
+    }
+  }
+  return 0;
+}
+
 /* "seed S", or with --seeds N "seeds S..S+N-1" */
 static const char *seeds_text(const session *s, char *buf, size_t n) {
   if (s->n_seeds > 1)
@@ -1372,7 +1390,7 @@ int hq_cmd_train(int argc, char **argv) {
           (long long)a.context, (long long)a.embed, (long long)a.hidden, (long long)a.layers,
           a.act_s, (long long)a.batch, (long long)a.steps, a.lr, seeds_text(&s, seeds, sizeof seeds),
           a.device_s);
-  if (check_memory(&a, &cfg, &s, po)) goto out;
+  if (check_memory(&a, &cfg, &s, po) || preflight(&cfg, &s)) goto out;
   int trained = train_all(&a, &cfg, &s, po);
   for (int k = 1; trained >= 0 && k < s.n_seeds; k++) {
     const int t = train_next_seed(&a, &cfg, &s, k, po);

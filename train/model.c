@@ -342,6 +342,52 @@ void train_model_free(train_model *m) {
   memset(m, 0, sizeof *m);
 }
 
+int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, int device, char *err,
+                       size_t err_len) {
+  const int ranks = train_dist_size(cfg->dist);
+  if (cfg->direct || cfg->batch % ranks) return 0;   /* no quantizer; a batch the run refuses */
+  hq_ctx_desc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.struct_size = sizeof desc;
+  desc.device = device;
+  hq_ctx *ctx;
+  if (hq_ctx_create(&desc, &ctx)) return 0;   /* the run says what is wrong with the device */
+  hq_state *st = NULL;
+  int rc = 0;
+  if (hq_state_create(recipe, ctx, &st))
+    rc = train_fail(err, err_len, "the recipe's scaling state: %s", hq_last_error());
+  const int64_t B = cfg->batch / ranks;
+  for (int i = 0; i <= cfg->layers && !rc; i++) {
+    char name[16];
+    layer_name(cfg, i, name, sizeof name);
+    const int64_t in = i ? cfg->hidden : (int64_t)cfg->context * cfg->embed;
+    const int64_t out = i == cfg->layers ? cfg->vocab_pad : cfg->hidden;
+    int64_t r0, rows;
+    train_dist_shard(cfg->dist, out, &r0, &rows);
+    /* the input, the weight, the output gradient as train_model_create makes them; across
+       ranks this rank's shard of the weight too */
+    const int64_t shape[4][2] = {{B, in}, {out, in}, {B, out}, {rows, in}};
+    for (int t = 0; t < (rows < out ? 4 : 3) && !rc; t++) {
+      const char *tensor = role_tensor[t == 3 ? 1 : t];
+      hq_role role = hq_role_of("linear", tensor, name);
+      hq_quantizer *q = NULL;
+      hq_qtensor *probe = NULL;
+      if (hq_quantizer_create_ex(recipe, &role, st, &q))
+        rc = train_fail(err, err_len, "layer %s: role linear:%s:%s: %s", name, tensor, name,
+                        hq_last_error());
+      else if (hq_quantizer_set_usage(q, HQ_BOTH) ||
+               hq_make_empty(q, ctx, shape[t][0], shape[t][1], HQ_F32, &probe))
+        rc = train_fail(err, err_len, "layer %s: %s%s", name,
+                        t == 3 ? "this rank's shard of the weight: " : "", hq_last_error());
+      if (probe) hq_qtensor_free(probe);
+      hq_quantizer_free(q);
+    }
+  }
+  if (st) hq_state_free(st);
+  hq_ctx_destroy(ctx);
+  return rc;
+}
+
 int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,
                                    size_t err_len) {
   for (int i = 0; i <= cfg->layers; i++) {
