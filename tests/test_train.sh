@@ -457,6 +457,14 @@ pre="--data $tmp/words.txt --steps 3 --hidden 32 --layers 1 --eval-every 0"
 failure "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini): layer fc1: role linear:input:fc1, rowwise format 'mx' (plugin mxfp8), shape [16, 128]: mxfp8: rows = 16 is not a multiple of 32 (checked before the first step: nothing trained)" \
   train $pre --batch 16 --baseline none --recipe "$conf/examples/high_precision.ini" --recipe "$conf/examples/mxfp8.ini"
 grep -q "^\[" "$tmp/o" && fail "pre-flight: a run trained before the refusal"
+# a run that fails later (the baseline's checkpoint path taken by a directory) keeps the table
+# of the runs that finished, and exits 1
+mkdir -p "$tmp/ckd/ck-3-fp32.safetensors"
+$hq train $pre --batch 32 --recipe "$conf/examples/mxfp8.ini" --checkpoint "$tmp/ckd/ck-{step}.safetensors" > "$tmp/o" 2> "$tmp/e"; rc=$?
+[ $rc -eq 1 ] || { cat "$tmp/e"; fail "a later run's failure: exit status $rc"; }
+[ "$(table "$tmp/o")" = "mxfp8 - " ] || { cat "$tmp/o"; fail "a later run's failure: the finished run's table"; }
+[ "$(tail -n 1 "$tmp/e")" = "hq train: run 'fp32' failed (above); the report covers the 1 run that finished before it, without the baseline" ] ||
+  { cat "$tmp/e"; fail "a later run's failure: the note"; }; ok
 # empty or directory output paths, and a gnuplot pipe, are refused at parsing
 usage_error "hq train: --checkpoint '' is empty: give the FILE to write" train $nd --checkpoint ''
 usage_error "hq train: --plot '' is empty: give the FILE to write" train $nd --plot ''

@@ -41,7 +41,8 @@ static const char usage[] =
     "same initial weights. A baseline in FP32 (identity everywhere) is trained too unless\n"
     "--baseline names another; the table gives each recipe's held-out loss gap to it.\n"
     "Memory is estimated, output paths are checked and every recipe is tried on the model's\n"
-    "shapes (each role's quantizer makes an empty tensor of its shape) before the first step.\n"
+    "shapes (each role's quantizer makes an empty tensor of its shape) before the first step;\n"
+    "when a run fails after others finished, their table is printed and the exit status is 1.\n"
     "See docs/training.md.\n"
     "\n"
     "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
@@ -452,6 +453,7 @@ typedef struct session {
   run runs[MAX_RECIPES + 1];
   int n_runs, baseline;                      /* baseline -1: none */
   int n_seeds, seed_k;                       /* --seeds, the one training now (0-based) */
+  int n_done;                                /* the runs of seed seed_k that finished */
   uint64_t seed0;                            /* --seed: the first seed */
   train_data data;                           /* the data of seed seed_k */
 } session;
@@ -605,6 +607,7 @@ static int run_said(const train_args *a, const train_config *cfg, const run *rn,
 static int train_all(const train_args *a, train_config *cfg, session *s, FILE *po) {
   char err[2048], cpath[1400];
   int verify_failed = 0;
+  s->n_done = 0;
   for (int i = 0; i < s->n_runs; i++) {
     run *rn = &s->runs[i];
     progress_state ps = {po, s->seed_k * s->n_runs + i + 1, s->n_runs * s->n_seeds};
@@ -626,6 +629,7 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
       return cli_fail(-1, CMD, "%s", err);
     r->high_precision = rn->high_precision;
     rn->done = 1;
+    s->n_done = i + 1;
     verify_failed |= run_said(a, cfg, rn, r, po);
   }
   return verify_failed;
@@ -1285,6 +1289,36 @@ static int preflight(const train_config *cfg, const session *s) {
   return 0;
 }
 
+/* After a failed run (its message printed), s is cut to the runs that finished, for their report:
+   every run of the seeds before the failed one's, else the runs before it (the baseline only if
+   among them); returns 0 when none finished, and keep holds what restore_session puts back. */
+typedef struct session_cut {
+  int n_runs, n_seeds, baseline;
+} session_cut;
+
+static int cut_to_finished(session *s, session_cut *keep) {
+  *keep = (session_cut){s->n_runs, s->n_seeds, s->baseline};
+  const char *failed = s->runs[s->n_done < s->n_runs ? s->n_done : 0].name;
+  if (s->seed_k > 0) s->n_seeds = s->seed_k;
+  else {
+    s->n_seeds = 1;
+    s->n_runs = s->n_done;
+    if (s->baseline >= s->n_runs) s->baseline = -1;
+  }
+  if (s->n_runs > 0)
+    fprintf(stderr, "hq train: run '%s' failed (above); the report covers the %d run%s that "
+            "finished before it%s\n", failed, s->n_runs * s->n_seeds,
+            s->n_runs * s->n_seeds == 1 ? "" : "s",
+            keep->baseline >= 0 && s->baseline < 0 ? ", without the baseline" : "");
+  return s->n_runs > 0;
+}
+
+static void restore_session(session *s, const session_cut *keep) {
+  s->n_runs = keep->n_runs;
+  s->n_seeds = keep->n_seeds;
+  s->baseline = keep->baseline;
+}
+
 /* "seed S", or with --seeds N "seeds S..S+N-1" */
 static const char *seeds_text(const session *s, char *buf, size_t n) {
   if (s->n_seeds > 1)
@@ -1307,6 +1341,7 @@ static int train_next_seed(const train_args *a, train_config *cfg, session *s, i
   char err[2048];
   cfg->seed = s->seed0 + (uint64_t)k;
   s->seed_k = k;
+  s->n_done = 0;
   train_data_free(&s->data);
   if (train_data_load(&s->data, a->data_path, 0, (int)a->context, cfg->seed, err, sizeof err))
     return cli_fail(-1, CMD, "%s", err);
@@ -1396,10 +1431,15 @@ int hq_cmd_train(int argc, char **argv) {
     const int t = train_next_seed(&a, &cfg, &s, k, po);
     trained = t < 0 ? t : trained | t;
   }
-  if (trained < 0) goto out;
+  /* a failed run does not lose the ones that finished: their report, and exit 1 */
+  session_cut keep = {s.n_runs, s.n_seeds, s.baseline};
+  if (trained < 0 && !cut_to_finished(&s, &keep)) {
+    restore_session(&s, &keep); /* every run's results freed below, the failed one's too */
+    goto out;
+  }
   if (a.json) report_json(&a, &cfg, &s);
   else report_text(&cfg, &s);
-  status = trained;
+  status = trained < 0 ? 1 : trained;
   if (a.plot_file && train_dist_rank(dist) == 0) {
     char title[256];
     snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, %s", (long long)a.steps,
@@ -1407,6 +1447,7 @@ int hq_cmd_train(int argc, char **argv) {
     int ps = plot(a.plot_file, &s, a.steps >= 200 ? a.steps / 100 : 1, cfg.eval_batches, title);
     if (ps) status = ps;
   }
+  restore_session(&s, &keep);
 out:
   session_free(&s);
   train_dist_end(dist);
