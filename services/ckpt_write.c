@@ -6,7 +6,8 @@
 ** The writer copies every tensor to the host when it is added (a snapshot; device buffers through
 ** hq_ctx_memcpy + hq_ctx_sync) and writes the file at close, to a temporary file of its own
 ** ("<path>.tmp.<pid>.<random>.<host>", created with O_EXCL) renamed over <path>, then fsyncs the
-** directory. Entries:
+** directory; <path> is the file its symbolic links name, and only a regular or new file is
+** replaced (resolve_target). Entries:
 **   "<name>"                 a plain tensor (F32, F16, BF16) [rows, cols]
 **   "<name>/<buffer name>"   one buffer a qtensor's storage owns ("fc1/data", ...)
 ** and "__metadata__" (string -> string): "hq_header_xxh3_64" (first), "hq_version",
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,8 +60,9 @@ typedef struct wentry {
 } wentry;
 
 struct hq_ckpt_writer {
-  char *path, *tmp;
-  char *dir;                  /* path's directory, fsynced after the rename */
+  char *path, *tmp;           /* path as given (messages name it) */
+  char *target;               /* the file written: path, or where its symbolic links end */
+  char *dir;                  /* target's directory, fsynced after the rename */
   int fd;                     /* the temporary file, created at open */
   wentry *e;
   size_t n, cap;
@@ -185,6 +188,70 @@ static char *dir_of(const char *path, const char **base) {
   return d;
 }
 
+/* What a file of mode m is, for a message. */
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket"
+                       : "a file of another kind";
+}
+
+/* The file a save to `path` replaces (a new string into *out): where path's chain of symbolic
+   links ends, so that the temporary file lies beside it and the rename replaces it, not the
+   link. What exists there must be a regular file: the rename would replace a device, a FIFO or
+   a socket by the checkpoint (HQ_EIO). A name that does not exist yet is the file to create. */
+static int resolve_target(const char *path, char **out) {
+  *out = NULL;
+  char *cur = strdup(path);
+  if (!cur) return hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
+  for (int hops = 0;; hops++) {
+    struct stat st;
+    if (lstat(cur, &st) != 0 || S_ISREG(st.st_mode)) {
+      *out = cur;
+      return HQ_OK;
+    }
+    int rc = HQ_OK;
+    if (!S_ISLNK(st.st_mode))
+      rc = ck_error(HQ_EIO, path, "not a regular file (%s%s%.300s): a checkpoint is written only "
+                    "to a regular file or a new one", file_kind(st.st_mode),
+                    strcmp(cur, path) ? ", the link's target " : "", strcmp(cur, path) ? cur : "");
+    else if (hops == 40)
+      rc = ck_error(HQ_EIO, path, "more than 40 symbolic links to follow");
+    size_t len = st.st_size > 0 ? (size_t)st.st_size + 1 : 256;
+    char *link = NULL;
+    while (!rc) {
+      char *p = realloc(link, len);
+      if (!p) {
+        rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
+        break;
+      }
+      link = p;
+      const ssize_t n = readlink(cur, link, len);
+      if (n < 0) rc = ck_error(HQ_EIO, path, "reading the link %.300s: %s", cur, strerror(errno));
+      else if ((size_t)n < len) {
+        link[n] = '\0';
+        break;
+      } else len *= 2;
+    }
+    char *next = NULL;
+    if (!rc && link[0] != '/') {
+      const char *base;
+      char *dir = dir_of(cur, &base);
+      next = dir ? hqt_join(dir, "/", link) : NULL;
+      free(dir);
+    } else if (!rc) {
+      next = strdup(link);
+    }
+    if (!rc && !next) rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
+    free(link);
+    free(cur);
+    if (rc) return rc;
+    cur = next;
+  }
+}
+
 /* Whether directory entry `name` is a temporary file of a save to `base` by a process of this
    host (`host`) that no longer exists: "<base>.tmp.<pid>.<8 hex>.<host>". A pid that exists, or
    that this process may not signal (EPERM: it exists), keeps its file. */
@@ -234,7 +301,7 @@ static int create_temporary(hq_ckpt_writer *w, const char *host) {
     snprintf(suffix, sizeof suffix, "%ld.%08lx.%s", (long)getpid(),
              (unsigned long)(r & 0xffffffffu), host);
     free(w->tmp);
-    w->tmp = hqt_join(w->path, ".tmp.", suffix);
+    w->tmp = hqt_join(w->target, ".tmp.", suffix);
     if (!w->tmp) return hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (w->fd >= 0) return HQ_OK;
@@ -256,13 +323,14 @@ int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out) {
   w->names = json_object();
   w->prefixes = json_object();
   const char *base = NULL;
-  char *dir = w->dir = w->path ? dir_of(w->path, &base) : NULL;
-  int rc = HQ_OK;
+  int rc = w->path ? resolve_target(path, &w->target) : HQ_OK;
+  char *dir = w->dir = w->target ? dir_of(w->target, &base) : NULL;
   /* the header's checksum first: its place in the text is fixed (CK_SUM_PREFIX); its digits are
      written at close */
-  if (!w->path || !dir || !w->meta || !w->names || !w->prefixes ||
-      json_object_set_new(w->meta, CK_SUM_HEADER_KEY, json_string("0000000000000000")) != 0 ||
-      json_object_set_new(w->meta, "hq_version", json_string(hq_version())) != 0)
+  if (!rc && (!w->path || !dir || !w->meta || !w->names || !w->prefixes ||
+              json_object_set_new(w->meta, CK_SUM_HEADER_KEY,
+                                  json_string("0000000000000000")) != 0 ||
+              json_object_set_new(w->meta, "hq_version", json_string(hq_version())) != 0))
     rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
   if (!rc) {
     char host[40];
@@ -293,6 +361,7 @@ void hq_ckpt_writer_abort(hq_ckpt_writer *w) {
   json_decref(w->names);
   json_decref(w->prefixes);
   free(w->path);
+  free(w->target);
   free(w->tmp);
   free(w->dir);
   free(w);
@@ -572,6 +641,14 @@ static int sync_dir(hq_ckpt_writer *w) {
   return rc;
 }
 
+/* What now lies at w->target when it is not a regular file (put there since the open), else
+   NULL: the rename must not replace it. */
+static const char *replaced_kind(const hq_ckpt_writer *w) {
+  struct stat st;
+  if (lstat(w->target, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+  return S_ISLNK(st.st_mode) ? "a symbolic link" : file_kind(st.st_mode);
+}
+
 int hq_ckpt_writer_close(hq_ckpt_writer *w) {
   if (!w) return hq_set_error(HQ_EINVAL, "hq_ckpt_writer_close: NULL writer");
   char *hdr = NULL;
@@ -590,11 +667,16 @@ int hq_ckpt_writer_close(hq_ckpt_writer *w) {
     rc = ck_error(HQ_EIO, w->path, "fsync of %.300s failed: %s", w->tmp, strerror(errno));
   if (!rc) {
     int fd = w->fd;
+    const char *now = NULL;
     w->fd = -1;
     if (close(fd) != 0) {
       rc = ck_error(HQ_EIO, w->path, "closing %.300s failed: %s", w->tmp, strerror(errno));
       unlink(w->tmp);
-    } else if (rename(w->tmp, w->path) != 0) {
+    } else if ((now = replaced_kind(w)) != NULL) {
+      rc = ck_error(HQ_EIO, w->path, "not a regular file any more (%s): not replaced by %.300s",
+                    now, w->tmp);
+      unlink(w->tmp);
+    } else if (rename(w->tmp, w->target) != 0) {
       rc = ck_error(HQ_EIO, w->path, "renaming %.300s to it failed: %s", w->tmp, strerror(errno));
       unlink(w->tmp);
     } else {

@@ -871,15 +871,15 @@ static void test_writer_rules(void **state) {
   hq_ckpt_close(ck);
   free(l.data);
 
-  /* I/O: a directory that does not exist; a rename onto a directory (temporary file removed) */
+  /* I/O: a directory that does not exist; a directory at the path (refused at open, no temporary
+     file: the rename onto it would fail) */
   assert_int_equal(hq_ckpt_writer_open(tpath("no/such/dir.safetensors"), &w), HQ_EIO);
   assert_null(w);
   const char *dpath = tpath("a_directory");
   mkdir(dpath, 0755);
-  HQ_OK_OR_FAIL(hq_ckpt_writer_open(dpath, &w));
-  HQ_OK_OR_FAIL(hq_ckpt_add_tensor(w, g_ctx, "t", &t));
-  assert_int_equal(hq_ckpt_writer_close(w), HQ_EIO);
-  HQ_ERROR_HAS("renaming");
+  assert_int_equal(hq_ckpt_writer_open(dpath, &w), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file (a directory)");
+  assert_null(w);
   assert_false(dir_has_prefix("a_directory.tmp"));
   rmdir(dpath);
   /* an empty checkpoint is a valid file */
@@ -1639,6 +1639,50 @@ static void test_two_writers(void **state) {
   assert_int_equal(count_prefix("two.safetensors.tmp."), 0);
 }
 
+/* A path that names a FIFO or a directory is refused at open (the rename would replace it), also
+   through a symbolic link, and one that becomes a FIFO before close is left alone; a link is
+   followed: the file it names is written, beside it the temporary file, and the link stays. */
+static void test_not_regular(void **state) {
+  (void)state;
+  hq_ckpt_writer *w = NULL;
+  const char *fifo = tpath("fifo.st"), *dir = tpath("dir.st"), *lf = tpath("lf.st");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_int_equal(symlink("fifo.st", lf), 0);
+  assert_int_equal(hq_ckpt_writer_open(fifo, &w), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file (a FIFO)");
+  assert_int_equal(hq_ckpt_writer_open(dir, &w), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file (a directory)");
+  assert_int_equal(hq_ckpt_writer_open(lf, &w), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file (a FIFO, the link's target");
+  assert_null(w);
+  /* a link to a file, and a dangling one into a directory: the targets are written */
+  const char *link = tpath("link.st"), *target = tpath("target.st"), *dl = tpath("dangling.st");
+  assert_int_equal(symlink("target.st", link), 0);
+  assert_int_equal(symlink("dir.st/new.st", dl), 0);
+  for (int k = 0; k < 2; k++) {   /* a new file, then one replaced */
+    HQ_OK_OR_FAIL(hq_ckpt_writer_close(writer_of(link, 4, 8, 5 + (uint64_t)k)));
+    holds(target, 4, 8, 5 + (uint64_t)k);
+  }
+  HQ_OK_OR_FAIL(hq_ckpt_writer_close(writer_of(dl, 4, 8, 7)));
+  holds(tpath("dir.st/new.st"), 4, 8, 7);
+  struct stat st;
+  assert_int_equal(lstat(link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(lstat(dl, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(count_prefix("link.st.tmp.") + count_prefix("target.st.tmp."), 0);
+  /* a FIFO made at the path while the writer is open: close refuses to replace it */
+  const char *late = tpath("late.st");
+  w = writer_of(late, 4, 8, 1);
+  assert_int_equal(mkfifo(late, 0600), 0);
+  assert_int_equal(hq_ckpt_writer_close(w), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file any more (a FIFO)");
+  assert_int_equal(lstat(late, &st), 0);
+  assert_true(S_ISFIFO(st.st_mode));
+  assert_int_equal(count_prefix("late.st.tmp."), 0);
+}
+
 /* A child that saves "t" [rows, cols] to path and dies in the middle: killed (SIGKILL) after
    adding, before close, or by SIGXFSZ while it writes (a file size limit below the file's).
    Returns its pid; its temporary file remains. */
@@ -2295,7 +2339,8 @@ int main(void) {
       cmocka_unit_test(test_layout_version),
       cmocka_unit_test(test_bit_flips),   cmocka_unit_test(test_foreign_file),
       cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_verify),
-      cmocka_unit_test(test_two_writers), cmocka_unit_test(test_killed_saves),
+      cmocka_unit_test(test_two_writers), cmocka_unit_test(test_not_regular),
+      cmocka_unit_test(test_killed_saves),
       cmocka_unit_test(test_full_disk),   cmocka_unit_test(test_required_keys),
 #ifdef HQ_TEST_OOM
       cmocka_unit_test(test_oom),

@@ -139,7 +139,10 @@ HQ_API int hq_ckpt_add_meta(hq_ckpt_writer *w, const char *key, const char *valu
    path never leaves half a checkpoint at <path>, and a failed close leaves <path> as it was.
    Every entry's checksum and the header's (XXH3_64bits) are written into "__metadata__".
    hq_ckpt_writer_open removes the temporary files of earlier saves to <path> whose process
-   (on this host) no longer exists. */
+   (on this host) no longer exists. A symbolic link at <path> is followed: the file it names is
+   written (the temporary file beside it) and the link stays; a <path> (or link target) that
+   exists and is not a regular file -- a device, FIFO, socket or directory -- is refused with
+   HQ_EIO at open, and at close if one was put there since. */
 HQ_API int hq_ckpt_writer_close(hq_ckpt_writer *w);
 /* Free the writer without writing anything. */
 HQ_API void hq_ckpt_writer_abort(hq_ckpt_writer *w);
