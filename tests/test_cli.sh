@@ -903,4 +903,31 @@ grep -qx "hq recipe check: warning: $tmp/dup.ini:3: \[role \*:\*:\*\] never appl
 grep -q "shadowed: \[role \*:\*:\*\] (line 5)" "$tmp/out" && [ "$(tail -n 1 "$tmp/out")" = valid ] || { cat "$tmp/out"; fail "recipe check: the shadowed line and valid"; }; ok
 expect 0 recipe check "$conf/recipe.ini"
 grep -q "never applies" "$tmp/err" && { cat "$tmp/err"; fail "recipe check: a shadow warning for recipe.ini"; }; ok
+# output paths (devices, FIFOs, symlinks, long paths, partial files)
+mkdir "$tmp/op"
+q64="quantize --recipe $conf/examples/fp8_current.ini --role linear:weight:w --random 64x64"
+notreg="not a regular file (%s): hq writes its output only to a regular file or a new one"
+# a device or a FIFO given as an output is refused before any work, and stays what it was
+mkfifo "$tmp/op/fifo" "$tmp/op/fifo.npy" || fail "mkfifo"
+failure "hq quantize: --save $tmp/op/fifo: $(printf "$notreg" "a FIFO")" $q64 --save "$tmp/op/fifo"
+[ -s "$tmp/out" ] && fail "quantize --save FIFO: it quantized before refusing"
+[ -p "$tmp/op/fifo" ] || fail "quantize --save replaced a FIFO"
+failure "hq quantize: --output $tmp/op/fifo.npy: $(printf "$notreg" "a FIFO")" $q64 --output "$tmp/op/fifo"
+[ -p "$tmp/op/fifo.npy" ] || fail "quantize --output replaced a FIFO"
+failure "hq quantize: --save /dev/null: $(printf "$notreg" "a character device")" $q64 --save /dev/null
+[ -c /dev/null ] || fail "quantize --save /dev/null: /dev/null is no longer a character device"
+# a symbolic link is followed: the file it names is written, the link stays a link
+ln -s target.st "$tmp/op/link.st"; ln -s t.npy "$tmp/op/l.npy"; ln -s fifo "$tmp/op/lf.st"
+expect 0 $q64 --save "$tmp/op/link.st" --output "$tmp/op/l"
+[ -L "$tmp/op/link.st" ] && [ -L "$tmp/op/l.npy" ] || fail "quantize: a symbolic link output replaced"
+expect 0 info --checkpoint "$tmp/op/target.st"
+[ "$(wc -c < "$tmp/op/t.npy")" -eq $((128 + 64 * 64 * 4)) ] || fail "quantize --output: the link's target"
+failure "hq quantize: --save $tmp/op/lf.st: $(printf "$notreg" "a FIFO, the link's target $tmp/op/fifo")" $q64 --save "$tmp/op/lf.st"
+# a failed write (a file size limit, as a full disk) leaves no part of a file, and an old file whole
+printf old > "$tmp/op/big.columnwise.npy"
+(trap '' XFSZ; ulimit -f 64; $hq $q64 --random 256x256 --output "$tmp/op/big" > "$tmp/out" 2> "$tmp/err"); rc=$?
+[ $rc -eq 1 ] && [ "$(tail -n 1 "$tmp/err")" = "hq quantize: --output $tmp/op/big.npy: write error: File too large (nothing written there)" ] ||
+  { cat "$tmp/err"; fail "quantize --output past a file size limit: exit status $rc"; }
+[ ! -e "$tmp/op/big.npy" ] && [ "$(cat "$tmp/op/big.columnwise.npy")" = old ] || fail "quantize --output: a partial .npy left"
+ls "$tmp/op" | grep -q '\.tmp\.' && fail "quantize: a temporary file left in $tmp/op"; ok
 echo "PASS: $n checks"

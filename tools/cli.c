@@ -2,10 +2,14 @@
 ** cli.c -- the option parser and value parsers every `hq` command uses (tools/cli.h).
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -282,4 +286,158 @@ int cli_parse(const cli_command *c, int argc, char **argv) {
     if (st) return st;
   }
   return CLI_RUN;
+}
+
+// --- output files --------------------------------------------------------------------------------
+
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket"
+                       : "a file of another kind";
+}
+
+/* The link at `link` read into a new string (NULL after setting errno). */
+static char *read_link(const char *link, off_t size) {
+  size_t len = size > 0 ? (size_t)size + 1 : 256;
+  for (char *buf = NULL;; len *= 2) {
+    char *p = realloc(buf, len);
+    if (!p) {
+      free(buf);
+      return NULL;
+    }
+    buf = p;
+    const ssize_t n = readlink(link, buf, len);
+    if (n < 0) {
+      free(buf);
+      return NULL;
+    }
+    if ((size_t)n < len) {
+      buf[n] = '\0';
+      return buf;
+    }
+  }
+}
+
+int cli_output_path(const char *cmd, const char *opt, const char *path, char **target) {
+  if (target) *target = NULL;
+  const size_t n = strlen(path);
+  if (n >= PATH_MAX)
+    return cli_fail(1, cmd, "%s %.60s...: the path is %zu bytes long, more than the system takes "
+                    "(PATH_MAX %d, the NUL included)", opt, path, n, PATH_MAX);
+  char *cur = strdup(path);
+  for (int hops = 0; cur; hops++) {
+    struct stat st;
+    const int found = lstat(cur, &st) == 0;
+    if (!found && errno == ENAMETOOLONG) {   /* a name longer than NAME_MAX */
+      cli_fail(1, cmd, "%s %s: %s", opt, path, strerror(errno));
+      free(cur);
+      return 1;
+    }
+    if (!found || S_ISREG(st.st_mode)) break;
+    const int linked = strcmp(cur, path) != 0;
+    if (!S_ISLNK(st.st_mode)) {
+      cli_fail(1, cmd, "%s %s: not a regular file (%s%s%s): hq writes its output only to a "
+               "regular file or a new one", opt, path, file_kind(st.st_mode),
+               linked ? ", the link's target " : "", linked ? cur : "");
+      free(cur);
+      return 1;
+    }
+    if (hops == 40) {
+      free(cur);
+      return cli_fail(1, cmd, "%s %s: more than 40 symbolic links to follow", opt, path);
+    }
+    char *link = read_link(cur, st.st_size);
+    if (!link) {
+      const int e = errno;
+      cli_fail(1, cmd, "%s %s: reading the link %s: %s", opt, path, cur, strerror(e));
+      free(cur);
+      return 1;
+    }
+    const char *slash = strrchr(cur, '/');
+    char *next = link;
+    if (link[0] != '/' && slash) {   /* relative to the link's directory */
+      const size_t d = (size_t)(slash - cur) + 1;
+      next = malloc(d + strlen(link) + 1);
+      if (next) {
+        memcpy(next, cur, d);
+        strcpy(next + d, link);
+      }
+      free(link);
+    }
+    free(cur);
+    cur = next;
+  }
+  if (!cur) return cli_fail(1, cmd, "out of memory");
+  if (target) *target = cur;
+  else free(cur);
+  return 0;
+}
+
+int cli_out_open(const char *cmd, const char *opt, const char *path, cli_out *o) {
+  memset(o, 0, sizeof *o);
+  o->cmd = cmd, o->opt = opt, o->path = path;
+  if (cli_output_path(cmd, opt, path, &o->target)) return 1;
+  const size_t len = strlen(o->target) + 64;
+  if (!(o->tmp = malloc(len))) {
+    cli_out_abort(o);
+    return cli_fail(1, cmd, "out of memory");
+  }
+  static unsigned counter;
+  const char *slash = strrchr(o->target, '/');
+  const int dir_len = slash ? (int)(slash - o->target) + 1 : 0;
+  int fd = -1, short_name = 0;
+  for (int attempt = 0; fd < 0 && attempt < 100; attempt++) {
+    /* a file name near NAME_MAX has no room for the suffix: then a short name in its directory */
+    if (short_name)
+      snprintf(o->tmp, len, "%.*s.hq-tmp.%ld.%u", dir_len, o->target, (long)getpid(), counter++);
+    else snprintf(o->tmp, len, "%s.tmp.%ld.%u", o->target, (long)getpid(), counter++);
+    fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == ENAMETOOLONG && !short_name) short_name = 1;
+    else if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0 || !(o->f = fdopen(fd, "wb"))) {
+    const int e = errno;
+    if (fd >= 0) {
+      close(fd);
+      unlink(o->tmp);
+    }
+    cli_fail(1, cmd, "%s %s: cannot create (its temporary file %s): %s", opt, path, o->tmp,
+             strerror(e));
+    free(o->tmp);
+    o->tmp = NULL;
+    cli_out_abort(o);
+    return 1;
+  }
+  return 0;
+}
+
+int cli_out_commit(cli_out *o, int ok) {
+  int e = ok ? 0 : errno;
+  if (o->f) {
+    if (ok && (fflush(o->f) != 0 || fsync(fileno(o->f)) != 0)) ok = 0, e = errno;
+    if (fclose(o->f) != 0 && ok) ok = 0, e = errno;
+    o->f = NULL;
+  }
+  if (ok && rename(o->tmp, o->target) != 0) ok = 0, e = errno;
+  if (ok) {
+    free(o->tmp);
+    o->tmp = NULL;
+    cli_out_abort(o);
+    return 0;
+  }
+  cli_fail(1, o->cmd, "%s %s: write error: %s (nothing written there)", o->opt, o->path,
+           e ? strerror(e) : "unknown");
+  cli_out_abort(o);
+  return 1;
+}
+
+void cli_out_abort(cli_out *o) {
+  if (o->f) fclose(o->f);
+  if (o->tmp) unlink(o->tmp);
+  free(o->tmp);
+  free(o->target);
+  memset(o, 0, sizeof *o);
 }

@@ -101,4 +101,32 @@ int cli_parse(const cli_command *c, int argc, char **argv);
 
 #define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
 
+// --- output files --------------------------------------------------------------------------------
+/* The rule for a file a command writes, given to option `opt` (the rule hq_ckpt_writer_open
+   applies to a checkpoint): the path is shorter than PATH_MAX (never cut); a symbolic link is
+   followed to the file it names, which is the file written (into *target as a new string when
+   target is not NULL: path itself when no link); what exists there must be a regular file (a
+   device, FIFO, socket or directory would be replaced, or block the write). A path that cannot
+   be looked up (a missing directory) passes, for the create to say why. 0, or 1 after the
+   message "hq CMD: OPT PATH: ...". */
+int cli_output_path(const char *cmd, const char *opt, const char *path, char **target);
+
+/* A file written whole or not at all: written to a temporary file beside the target
+   ("<target>.tmp.<pid>.<n>", created exclusively), renamed over it on success and removed on
+   any failure, so that the path holds the old file or the new one, never part of one. */
+typedef struct cli_out {
+  const char *cmd, *opt, *path; /* for messages: the command, its option, the path given */
+  char *target;                 /* the file written (cli_output_path) */
+  char *tmp;                    /* the temporary file */
+  FILE *f;                      /* open on tmp for writing (NULL once closed) */
+} cli_out;
+/* Check path (cli_output_path) and create the temporary file: 0, or 1 after the message. */
+int cli_out_open(const char *cmd, const char *opt, const char *path, cli_out *o);
+/* Close the temporary file (when still open), check every write and rename it over the target:
+   0, or 1 after the message with the temporary file removed. `ok` 0: a write already failed
+   (errno says why). o is freed in both cases. */
+int cli_out_commit(cli_out *o, int ok);
+/* Remove the temporary file and free o (nothing written at the path). */
+void cli_out_abort(cli_out *o);
+
 #endif

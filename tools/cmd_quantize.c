@@ -72,7 +72,12 @@ static const char usage[] =
     "  --finite-only  refuse an input holding NaN or Inf (exit 1, naming the count and the\n"
     "                 first position) instead of quantizing it by each format's rule; without\n"
     "                 it the report counts them (docs/formats.md, NaN, Inf and zero)\n"
-    "  --plugin-dir DIR  a directory to search for formats (repeatable)\n";
+    "  --plugin-dir DIR  a directory to search for formats (repeatable)\n"
+    "\n"
+    "--output's and --save's files are written whole or not at all (to a temporary file beside\n"
+    "each, renamed over it; a failed write leaves the path as it was); a symbolic link is\n"
+    "followed to the file it names, and a path that is a device, FIFO, socket or directory\n"
+    "is refused before any work.\n";
 
 #define CMD "quantize"
 
@@ -94,7 +99,8 @@ static float rng_normal(uint64_t *s) {
 }
 
 /* Write rows x cols f32 values as a .npy file: version 1.0, C order, the host's byte order
-   ('<f4' on little-endian), header padded to a multiple of 64 bytes as numpy writes it. */
+   ('<f4' on little-endian), header padded to a multiple of 64 bytes as numpy writes it; whole
+   or not at all (cli_out: a failed write leaves no part of a file at the path). */
 static int write_npy(const char *path, const float *v, int64_t rows, int64_t cols) {
   const uint16_t one = 1;
   char h[160];
@@ -105,15 +111,14 @@ static int write_npy(const char *path, const float *v, int64_t rows, int64_t col
   hlen += (64 - (10 + hlen) % 64) % 64;
   unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
                            (unsigned char)(hlen >> 8)};
-  FILE *f = fopen(path, "wb");
-  if (!f) return cli_fail(1, CMD, "%s: cannot create: %s", path, strerror(errno));
+  cli_out o;
+  if (cli_out_open(CMD, "--output", path, &o)) return 1;
+  FILE *f = o.f;
   size_t count = (size_t)(rows * cols);
   int ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre && fputs(h, f) >= 0 &&
            fprintf(f, "%*s\n", (int)(hlen - 1 - (size_t)n), "") >= 0 &&
            fwrite(v, sizeof(float), count, f) == count;
-  if (fclose(f) != 0) ok = 0;
-  if (!ok) return cli_fail(1, CMD, "%s: write error: %s", path, strerror(errno));
-  return 0;
+  return cli_out_commit(&o, ok);
 }
 
 /* Whether hq quantize takes elements of dtype d (F32, F16, BF16). */
@@ -803,12 +808,22 @@ int hq_cmd_quantize(int argc, char **argv) {
   quantize_args a = {.device_s = "cpu", .seed = 1, .dtype = HQ_F32};
   int st = parse_args(argc, argv, &a);
   if (st != CLI_RUN) return st;
+  /* every output path checked before any work (the writers apply the same rule again) */
+  if (a.save && cli_output_path(CMD, "--save", a.save, NULL)) return 1;
   if (a.all) return quantize_all(&a);
   qrun u;
   memset(&u, 0, sizeof u);
-  if ((st = make_input(&a, &u.x)) != 0) return st;
-  if ((a.output && output_paths(a.output, u.paths)) || quantize_input(&a, &u) ||
-      (a.save && save_qtensor(&a, &u))) {
+  if (a.output && (output_paths(a.output, u.paths) ||
+                   cli_output_path(CMD, "--output", u.paths[0], NULL) ||
+                   cli_output_path(CMD, "--output", u.paths[1], NULL))) {
+    qrun_free(&u);
+    return 1;
+  }
+  if ((st = make_input(&a, &u.x)) != 0) {
+    qrun_free(&u);
+    return st;
+  }
+  if (quantize_input(&a, &u) || (a.save && save_qtensor(&a, &u))) {
     qrun_free(&u);
     return 1;
   }
