@@ -930,4 +930,46 @@ printf old > "$tmp/op/big.columnwise.npy"
   { cat "$tmp/err"; fail "quantize --output past a file size limit: exit status $rc"; }
 [ ! -e "$tmp/op/big.npy" ] && [ "$(cat "$tmp/op/big.columnwise.npy")" = old ] || fail "quantize --output: a partial .npy left"
 ls "$tmp/op" | grep -q '\.tmp\.' && fail "quantize: a temporary file left in $tmp/op"; ok
+# hq train: every file a run saves to is checked before the first step, by the same rule (a
+# refusal comes before the data and memory lines: "hq train: memory" on stdout means it trained)
+. "${HQ_TEST_SRCDIR:?}/train_corpus.sh"
+if train_corpus "$tmp/op/words.txt"; then
+  tr1="train --data $tmp/op/words.txt --batch 32 --hidden 64 --layers 1 --eval-every 0 --steps 1 --recipe $conf/examples/fp8_delayed.ini"
+  failure "hq train: --checkpoint $tmp/op/fifo: $(printf "$notreg" "a FIFO")" $tr1 --baseline none --checkpoint "$tmp/op/fifo"
+  grep -q "^hq train: memory" "$tmp/out" && fail "train --checkpoint FIFO: it trained before refusing"
+  [ -p "$tmp/op/fifo" ] || fail "train --checkpoint replaced a FIFO"
+  for b in none fp32; do   # one run writes the path, two runs files beside it: refused alike
+    failure "hq train: --checkpoint /dev/null: $(printf "$notreg" "a character device")" $tr1 --baseline $b --checkpoint /dev/null
+    [ -c /dev/null ] || fail "train --checkpoint /dev/null: /dev/null is no longer a character device"
+  done
+  ln -s ck-target.st "$tmp/op/ck-link.st"
+  expect 0 $tr1 --baseline none --checkpoint "$tmp/op/ck-link.st"
+  [ -L "$tmp/op/ck-link.st" ] && [ -s "$tmp/op/ck-target.st" ] || fail "train --checkpoint: a symbolic link replaced"; ok
+  # long paths (6 directories of 240 bytes): two runs save two files, never one cut name
+  long=$tmp/op; for i in 1 2 3 4 5 6; do long=$long/$(printf '%0240d' 0); done
+  mkdir -p "$long" || fail "mkdir of a long path"
+  expect 0 $tr1 --checkpoint "$long/ck.safetensors"
+  [ -s "$long/ck-fp32.safetensors" ] && [ -s "$long/ck-fp8-delayed-hybrid.safetensors" ] ||
+    { ls "$long"; fail "train --checkpoint under a long path: a run's file missing"; }; ok
+  failure "hq train: --checkpoint $long/none/ck.safetensors: the directory $long/none: No such file or directory" \
+    $tr1 --checkpoint "$long/none/ck.safetensors"
+  grep -q "^hq train: memory" "$tmp/out" && fail "train --checkpoint: a long missing directory found after training"
+  huge=$long; while [ ${#huge} -lt 4200 ]; do huge=$huge/$(printf '%0240d' 0); done
+  expect 1 $tr1 --checkpoint "$huge/ck"
+  grep -q "\.\.\.: the path is $((${#huge} + 3)) bytes long, more than the system takes (PATH_MAX" "$tmp/err" && ! grep -q "^hq train: memory" "$tmp/out" ||
+    { cat "$tmp/err"; fail "train --checkpoint longer than PATH_MAX"; }; ok
+  # a file name with no room for the writer's temporary suffix: refused before the first step
+  expect 1 $tr1 --baseline none --checkpoint "$tmp/op/$(printf '%0245d' 0)"
+  grep -q "File name too long" "$tmp/err" && ! grep -q "^hq train: memory" "$tmp/out" || { cat "$tmp/err"; fail "train --checkpoint of a long name"; }; ok
+  # a long TMPDIR: --verify-resume's directory and gnuplot's messages go there, never to a cut name
+  TMPDIR=$long $hq $tr1 --baseline none --steps 2 --verify-resume > "$tmp/out" 2> "$tmp/err" ||
+    { cat "$tmp/err"; fail "train --verify-resume with a long TMPDIR"; }; ok
+  if command -v gnuplot > /dev/null 2>&1; then
+    ln -s plot-target.png "$tmp/op/plot.png"
+    TMPDIR=$long $hq $tr1 --plot "$tmp/op/plot.png" > "$tmp/out" 2> "$tmp/err" ||
+      { cat "$tmp/err"; fail "train --plot with a long TMPDIR"; }
+    [ -L "$tmp/op/plot.png" ] && [ -s "$tmp/op/plot-target.png" ] || fail "train --plot: a symbolic link replaced"; ok
+  fi
+  ls -a "$tmp/op" "$long" | grep -q '\.tmp\.\|hq-train-probe' && fail "train: a temporary file left"
+fi
 echo "PASS: $n checks"

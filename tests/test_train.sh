@@ -431,7 +431,7 @@ early "hq train: --plot $tmp/nodir/loss.png: the directory $tmp/nodir: No such f
   --plot "$tmp/nodir/loss.png"
 early "hq train: --checkpoint $tmp/words.txt/ck.safetensors: $tmp/words.txt is not a directory" \
   --checkpoint "$tmp/words.txt/ck.safetensors"
-early "hq train: --plot $tmp: is a directory, not a file" --plot "$tmp"
+early "hq train: --plot $tmp: not a regular file (a directory): hq writes its output only to a regular file or a new one" --plot "$tmp"
 mkdir -p "$tmp/ro"
 chmod 555 "$tmp/ro"
 if [ ! -w "$tmp/ro" ]; then   # (root may write anyway)
@@ -457,10 +457,12 @@ pre="--data $tmp/words.txt --steps 3 --hidden 32 --layers 1 --eval-every 0"
 failure "hq train: recipe 'mxfp8' ($conf/examples/mxfp8.ini): layer fc1: role linear:input:fc1, rowwise format 'mx' (plugin mxfp8), shape [16, 128]: mxfp8: rows = 16 is not a multiple of 32 (checked before the first step: nothing trained)" \
   train $pre --batch 16 --baseline none --recipe "$conf/examples/high_precision.ini" --recipe "$conf/examples/mxfp8.ini"
 grep -q "^\[" "$tmp/o" && fail "pre-flight: a run trained before the refusal"
-# a run that fails later (the baseline's checkpoint path taken by a directory) keeps the table
-# of the runs that finished, and exits 1
-mkdir -p "$tmp/ckd/ck-3-fp32.safetensors"
-$hq train $pre --batch 32 --recipe "$conf/examples/mxfp8.ini" --checkpoint "$tmp/ckd/ck-{step}.safetensors" > "$tmp/o" 2> "$tmp/e"; rc=$?
+# a run that fails later keeps the table of the runs that finished, and exits 1: the baseline's
+# save at step 2 finds a directory there (the check before training tries each run's file of
+# the last step, the longest name, not every {step} of --checkpoint-every)
+mkdir -p "$tmp/ckd/ck-2-fp32.safetensors"
+$hq train $pre --batch 32 --recipe "$conf/examples/mxfp8.ini" --checkpoint "$tmp/ckd/ck-{step}.safetensors" \
+  --checkpoint-every 2 > "$tmp/o" 2> "$tmp/e"; rc=$?
 [ $rc -eq 1 ] || { cat "$tmp/e"; fail "a later run's failure: exit status $rc"; }
 [ "$(table "$tmp/o")" = "mxfp8 - " ] || { cat "$tmp/o"; fail "a later run's failure: the finished run's table"; }
 [ "$(tail -n 1 "$tmp/e")" = "hq train: run 'fp32' failed (above); the report covers the 1 run that finished before it, without the baseline" ] ||

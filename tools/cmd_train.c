@@ -117,7 +117,13 @@ static const char usage[] =
     "                    passes, the trainer's kernels and their parts, optimizer, copies,\n"
     "                    host overhead or GPU idle, over the last 20 steps (CUDA events on a\n"
     "                    GPU, the host clock on the CPU); a table per recipe, and \"profile\"\n"
-    "                    in --json\n";
+    "                    in --json\n"
+    "\n"
+    "--checkpoint's and --plot's files are written whole or not at all (to a temporary file\n"
+    "beside each, renamed over it); a symbolic link is followed to the file it names. Before\n"
+    "the first step every file a run will write is checked: a path that is a device, FIFO,\n"
+    "socket or directory, longer than PATH_MAX, or in a directory that cannot be written is\n"
+    "refused, naming the option and the path.\n";
 
 typedef struct run {
   hq_recipe *recipe;
@@ -556,17 +562,35 @@ static int name_runs(const train_args *a, const train_config *cfg, const hq_reci
   return 0;
 }
 
-/* --checkpoint with several runs: one file per run, FILE-NAME.ext. */
-static const char *run_ckpt_path(const char *ckpt_path, const char *name, char *path, size_t len) {
-  char nm[160];
-  snprintf(nm, sizeof nm, "%s", name);
-  for (char *p = nm; *p; p++)
-    if (*p == '/' || *p == ' ') *p = '_';
-  const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
-  if (dot && (!slash || dot > slash + 1))
-    snprintf(path, len, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
-  else snprintf(path, len, "%s-%s", ckpt_path, nm);
+/* --checkpoint with several runs: one file per run, FILE-NAME.ext (a new string, NULL when out
+   of memory). */
+static char *run_ckpt_path(const char *ckpt_path, const char *name) {
+  const size_t len = strlen(ckpt_path) + strlen(name) + 2;
+  char *path = malloc(len), *nm = strdup(name);
+  if (path && nm) {
+    for (char *p = nm; *p; p++)
+      if (*p == '/' || *p == ' ') *p = '_';
+    const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
+    if (dot && (!slash || dot > slash + 1))
+      snprintf(path, len, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
+    else snprintf(path, len, "%s-%s", ckpt_path, nm);
+  } else {
+    free(path);
+    path = NULL;
+  }
+  free(nm);
   return path;
+}
+
+/* The file run i saves to with `seed` (a new string, NULL when out of memory): --checkpoint for
+   one run, else one file per run, and per seed with --seeds. */
+static char *run_ckpt_file(const train_args *a, const session *s, int i, uint64_t seed) {
+  if (s->n_runs * s->n_seeds <= 1) return strdup(a->ckpt_path);
+  char ck_name[160];   /* a run's name is under 128 bytes: never cut */
+  if (s->n_seeds > 1)
+    snprintf(ck_name, sizeof ck_name, "%s-seed%llu", s->runs[i].name, (unsigned long long)seed);
+  else snprintf(ck_name, sizeof ck_name, "%s", s->runs[i].name);
+  return run_ckpt_path(a->ckpt_path, ck_name);
 }
 
 /* What a run says after it trained: resumed, saved, verified. 1 when the verification failed. */
@@ -605,32 +629,33 @@ static int run_said(const train_args *a, const train_config *cfg, const run *rn,
 /* Train every run in turn, progress on po: 0, 1 when a resume verification failed (the runs
    are reported), -1 after the message of a failed run. */
 static int train_all(const train_args *a, train_config *cfg, session *s, FILE *po) {
-  char err[2048], cpath[1400];
+  char err[2048];
   int verify_failed = 0;
   s->n_done = 0;
   for (int i = 0; i < s->n_runs; i++) {
     run *rn = &s->runs[i];
     progress_state ps = {po, s->seed_k * s->n_runs + i + 1, s->n_runs * s->n_seeds};
-    char ck_name[160];
-    if (s->n_seeds > 1)   /* one file per run and seed */
-      snprintf(ck_name, sizeof ck_name, "%.120s-seed%llu", rn->name,
-               (unsigned long long)cfg->seed);
-    else snprintf(ck_name, sizeof ck_name, "%s", rn->name);
-    cfg->ckpt_path = a->ckpt_path && s->n_runs * s->n_seeds > 1
-                         ? run_ckpt_path(a->ckpt_path, ck_name, cpath, sizeof cpath)
-                         : a->ckpt_path;
+    char *cpath = NULL;
+    if (a->ckpt_path && !(cpath = run_ckpt_file(a, s, i, cfg->seed)))
+      return cli_fail(-1, CMD, "out of memory");
+    cfg->ckpt_path = cpath;
     /* --resume: the recipe's run (the first; the baseline added after it trains from scratch) */
     cfg->resume_path = i == 0 ? a->resume_path : NULL;
     if (cfg->resume_path)
       fprintf(po, "hq train: %s: resuming from %s\n", rn->name, cfg->resume_path);
     train_result *r = s->seed_k ? &rn->more[s->seed_k - 1] : &rn->res;
     cfg->model.direct = rn->direct;
-    if (train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, r, err, sizeof err))
-      return cli_fail(-1, CMD, "%s", err);
-    r->high_precision = rn->high_precision;
-    rn->done = 1;
-    s->n_done = i + 1;
-    verify_failed |= run_said(a, cfg, rn, r, po);
+    const int failed =
+        train_run(cfg, &s->data, rn->recipe, rn->name, on_progress, &ps, r, err, sizeof err);
+    if (!failed) {
+      r->high_precision = rn->high_precision;
+      rn->done = 1;
+      s->n_done = i + 1;
+      verify_failed |= run_said(a, cfg, rn, r, po);
+    }
+    cfg->ckpt_path = a->ckpt_path;
+    free(cpath);
+    if (failed) return cli_fail(-1, CMD, "%s", err);
   }
   return verify_failed;
 }
@@ -952,37 +977,71 @@ static void gp_quoted(FILE *g, const char *s) {
   fputc('\'', g);
 }
 
-/* gnuplot reading a script on a pipe, its stderr into a temporary file (errpath) so that a
-   failure can say what gnuplot said. NULL after the message. */
-static FILE *gnuplot_open(const char *file, char *errpath, size_t n) {
+/* "dir/name" (a new string, NULL when out of memory). */
+static char *path_join(const char *dir, const char *name) {
+  const size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+/* The directory of path (a new string: "." for a bare name, "/" for the root), NULL when out
+   of memory. */
+static char *dir_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return strdup(".");
+  const size_t n = slash == path ? 1 : (size_t)(slash - path);
+  char *d = malloc(n + 1);
+  if (d) {
+    memcpy(d, path, n);
+    d[n] = '\0';
+  }
+  return d;
+}
+
+/* gnuplot reading a script on a pipe, its stderr into a temporary file (*errpath, a new string)
+   so that a failure can say what gnuplot said. NULL after the message. */
+static FILE *gnuplot_open(const char *file, char **errpath) {
   const char *td = getenv("TMPDIR");
-  snprintf(errpath, n, "%s/hq-train-gnuplot.XXXXXX", td && *td ? td : "/tmp");
-  const int fd = mkstemp(errpath);
+  char *ep = path_join(td && *td ? td : "/tmp", "hq-train-gnuplot.XXXXXX");
+  char *cmd = ep ? malloc(4 * strlen(ep) + 16) : NULL;   /* each ' quoted as 4 bytes */
+  *errpath = NULL;
+  if (!cmd) {
+    free(ep);
+    cli_fail(1, CMD, "--plot %s: out of memory", file);
+    return NULL;
+  }
+  const int fd = mkstemp(ep);
   if (fd < 0) {
-    cli_fail(1, CMD, "--plot %s: a temporary file %s: %s", file, errpath, strerror(errno));
+    cli_fail(1, CMD, "--plot %s: a temporary file %s: %s", file, ep, strerror(errno));
+    free(ep);
+    free(cmd);
     return NULL;
   }
   close(fd);
-  char cmd[1400];
-  size_t k = (size_t)snprintf(cmd, sizeof cmd, "gnuplot 2>'");
-  for (const char *p = errpath; *p && k + 5 < sizeof cmd; p++) {
+  size_t k = (size_t)sprintf(cmd, "gnuplot 2>'");
+  for (const char *p = ep; *p; p++) {
     if (*p == '\'') {   /* ' as '\'' in a single-quoted shell word */
       memcpy(cmd + k, "'\\''", 4);
       k += 4;
     } else cmd[k++] = *p;
   }
-  snprintf(cmd + k, sizeof cmd - k, "'");
+  memcpy(cmd + k, "'", 2);
   FILE *g = popen(cmd, "w");
+  free(cmd);
   if (!g) {
-    remove(errpath);
     cli_fail(1, CMD, "--plot %s: cannot run gnuplot: %s", file, strerror(errno));
+    remove(ep);
+    free(ep);
+    return NULL;
   }
+  *errpath = ep;
   return g;
 }
 
 /* Wait for gnuplot: 0, or 1 after a message with what gnuplot wrote on stderr (warnings of a
-   successful run are passed on). */
-static int gnuplot_close(FILE *g, const char *errpath, const char *file, const char *what) {
+   successful run are passed on). errpath (gnuplot_open's) is removed and freed. */
+static int gnuplot_close(FILE *g, char *errpath, const char *file, const char *what) {
   const int st = pclose(g);
   char msg[2048] = "";
   FILE *e = fopen(errpath, "r");
@@ -992,6 +1051,7 @@ static int gnuplot_close(FILE *g, const char *errpath, const char *file, const c
     fclose(e);
   }
   remove(errpath);
+  free(errpath);
   for (size_t n = strlen(msg); n && (msg[n - 1] == '\n' || msg[n - 1] == ' '); n--)
     msg[n - 1] = '\0';
   if (st == 0) {
@@ -1051,8 +1111,15 @@ static int plot(const char *file, const session *s, int64_t window, int64_t eval
     free(sum);
     return cli_fail(1, CMD, "--plot: out of memory");
   }
-  char errpath[1100];
-  FILE *g = gnuplot_open(file, errpath, sizeof errpath);
+  /* gnuplot draws into a temporary file beside the plot, renamed over it once it succeeded */
+  cli_out o;
+  char *errpath = NULL;
+  FILE *g = NULL;
+  if (!cli_out_open(CMD, "--plot", file, &o)) {
+    fclose(o.f);
+    o.f = NULL;
+    if (!(g = gnuplot_open(file, &errpath))) cli_out_abort(&o);
+  }
   if (!g) {
     free(pts);
     free(sum);
@@ -1061,7 +1128,7 @@ static int plot(const char *file, const session *s, int64_t window, int64_t eval
   /* pngcairo draws dashes and antialiases; gnuplot without cairo has only png */
   fputs("if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1500,1000 "
         "font ',11' } else { set terminal png size 1500,1000 }\nset output ", g);
-  gp_quoted(g, file);
+  gp_quoted(g, o.tmp);
   fputs("\n", g);
   for (int i = 0; i < n_runs; i++) {
     int64_t n = 0;
@@ -1134,97 +1201,123 @@ static int plot(const char *file, const session *s, int64_t window, int64_t eval
     }
   }
   fprintf(g, "\nunset multiplot\n");
-  if (gnuplot_close(g, errpath, file, "drawing the plot")) return 1;
+  if (gnuplot_close(g, errpath, file, "drawing the plot")) {
+    cli_out_abort(&o);
+    return 1;
+  }
+  if (cli_out_commit(&o, 1)) return 1;
   fprintf(stderr, "hq train: loss curves drawn in %s\n", file);
   return 0;
 }
 
-/* The directory of `path` (".": none) is one a file can be created in: 0, or 1 after the
-   message. Tried by creating (and removing) a file there: access() says yes to root on a
-   read-only directory and knows nothing of a full quota. */
-static int check_dir(const char *opt, const char *path) {
-  char dir[1100];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = '\0';
-  else *slash = '\0';
+/* The directory of `target` (the file `path` names: cli_output_path) is one a file can be
+   created in: 0, or 1 after the message. Tried by creating (and removing) a file there: access()
+   says yes to root on a read-only directory and knows nothing of a full quota. */
+static int check_dir(const char *opt, const char *path, const char *target) {
+  char *dir = dir_of(target), *probe = dir ? path_join(dir, ".hq-train-probe.XXXXXX") : NULL;
   struct stat st;
-  if (stat(dir, &st) != 0)
-    return cli_fail(1, CMD, "%s %s: the directory %s: %s", opt, path, dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode))
-    return cli_fail(1, CMD, "%s %s: %s is not a directory", opt, path, dir);
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return cli_fail(1, CMD, "%s %s: is a directory, not a file", opt, path);
-  char probe[1200];
-  snprintf(probe, sizeof probe, "%s/.hq-train-probe.XXXXXX", dir);
-  const int fd = mkstemp(probe);
-  if (fd < 0)
-    return cli_fail(1, CMD, "%s %s: cannot create a file in %s: %s", opt, path, dir,
-                    strerror(errno));
-  close(fd);
-  remove(probe);
-  return 0;
+  int rc = 0, fd;
+  if (!probe) rc = cli_fail(1, CMD, "out of memory");
+  else if (stat(dir, &st) != 0)
+    rc = cli_fail(1, CMD, "%s %s: the directory %s: %s", opt, path, dir, strerror(errno));
+  else if (!S_ISDIR(st.st_mode))
+    rc = cli_fail(1, CMD, "%s %s: %s is not a directory", opt, path, dir);
+  else if ((fd = mkstemp(probe)) < 0)
+    rc = cli_fail(1, CMD, "%s %s: cannot create a file in %s: %s", opt, path, dir,
+                  strerror(errno));
+  else {
+    close(fd);
+    remove(probe);
+  }
+  free(dir);
+  free(probe);
+  return rc;
 }
 
-/* gnuplot draws a PNG in the directory of `file` (a small one, removed): 0, or 1 after the
-   message with gnuplot's own words. */
-static int check_gnuplot(const char *file) {
-  char dir[1100], probe[1200], errpath[1100];
-  snprintf(dir, sizeof dir, "%s", file);
-  char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = '\0';
-  else *slash = '\0';
-  snprintf(probe, sizeof probe, "%s/.hq-train-probe.XXXXXX", dir);
-  const int fd = mkstemp(probe);
-  if (fd < 0)
-    return cli_fail(1, CMD, "--plot %s: cannot create a file in %s: %s", file, dir,
-                    strerror(errno));
-  close(fd);
-  FILE *g = gnuplot_open(file, errpath, sizeof errpath);
-  if (!g) {
-    remove(probe);
-    return 1;
+/* gnuplot draws a PNG in the directory of `target` (the file --plot names; a small PNG,
+   removed): 0, or 1 after the message with gnuplot's own words. */
+static int check_gnuplot(const char *file, const char *target) {
+  char *dir = dir_of(target), *probe = dir ? path_join(dir, ".hq-train-probe.XXXXXX") : NULL;
+  if (!probe) {
+    free(dir);
+    return cli_fail(1, CMD, "out of memory");
   }
-  fputs("set terminal png size 320,240\nset output ", g);
-  gp_quoted(g, probe);
-  fputs("\nplot x notitle\nunset output\n", g);
-  int rc = gnuplot_close(g, errpath, file, "on a test plot before the first step");
-  struct stat st;
-  if (!rc && (stat(probe, &st) != 0 || st.st_size == 0))
-    rc = cli_fail(1, CMD, "--plot %s: gnuplot wrote nothing to a test plot in %s", file, dir);
-  remove(probe);
+  int rc = 0;
+  const int fd = mkstemp(probe);
+  if (fd < 0) {
+    rc = cli_fail(1, CMD, "--plot %s: cannot create a file in %s: %s", file, dir,
+                  strerror(errno));
+  } else {
+    close(fd);
+    char *errpath;
+    FILE *g = gnuplot_open(file, &errpath);
+    if (!g) rc = 1;
+    else {
+      fputs("set terminal png size 320,240\nset output ", g);
+      gp_quoted(g, probe);
+      fputs("\nplot x notitle\nunset output\n", g);
+      rc = gnuplot_close(g, errpath, file, "on a test plot before the first step");
+      struct stat st;
+      if (!rc && (stat(probe, &st) != 0 || st.st_size == 0))
+        rc = cli_fail(1, CMD, "--plot %s: gnuplot wrote nothing to a test plot in %s", file, dir);
+    }
+    remove(probe);
+  }
+  free(dir);
+  free(probe);
+  return rc;
+}
+
+/* A file a save will write: the output rule (cli_output_path), its directory, and the
+   checkpoint writer's own open (its temporary file, of the name a save makes, created and
+   removed): 0, or 1 after the message. */
+static int check_ckpt(const char *file) {
+  char *target = NULL;
+  hq_ckpt_writer *w = NULL;
+  int rc = cli_output_path(CMD, "--checkpoint", file, &target) ||
+           check_dir("--checkpoint", file, target);
+  if (!rc && hq_ckpt_writer_open(file, &w))
+    rc = cli_fail(1, CMD, "--checkpoint: %s", hq_last_error());
+  hq_ckpt_writer_abort(w);
+  free(target);
   return rc;
 }
 
 /* Every output path checked before the first step (a run must not train for an hour and then
-   fail to save): --checkpoint's and --plot's directories can be written, gnuplot can draw a
-   PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1 after the message. */
+   fail to save): every file the runs save to (with {step}: the last step's, the longest name)
+   and --plot's are files hq may write (cli_output_path) in directories that can be written,
+   gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1
+   after the message. */
 static int check_outputs(train_args *a, const session *s) {
-  if (a->ckpt_path) {
-    const char *p = a->ckpt_path;   /* {step} is in the file's name: one directory for all */
-    char q[1400];
-    if (check_dir("--checkpoint", p)) return 1;
-    for (int i = 0; i < s->n_runs && s->n_runs * s->n_seeds > 1; i++) {
-      struct stat st;
-      run_ckpt_path(p, s->runs[i].name, q, sizeof q);
-      if (stat(q, &st) == 0 && S_ISDIR(st.st_mode))
-        return cli_fail(1, CMD, "--checkpoint %s: %s is a directory, not a file", a->ckpt_path,
-                        q);
+  /* the path as given first (several runs write beside it: it must not name a device either),
+     and its directory: {step} and -NAME change only the files' names */
+  if (a->ckpt_path && (cli_output_path(CMD, "--checkpoint", a->ckpt_path, NULL) ||
+                       check_dir("--checkpoint", a->ckpt_path, a->ckpt_path)))
+    return 1;
+  for (int k = 0; a->ckpt_path && k < s->n_seeds; k++)
+    for (int i = 0; i < s->n_runs; i++) {
+      char *file = run_ckpt_file(a, s, i, s->seed0 + (uint64_t)k);
+      char *last = file ? train_step_path(file, a->steps) : NULL;
+      const int rc = last ? check_ckpt(last) : cli_fail(1, CMD, "out of memory");
+      free(file);
+      free(last);
+      if (rc) return 1;
     }
-  }
   if (!a->plot_file) return 0;
-  if (check_dir("--plot", a->plot_file)) return 1;
-  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  char *target = NULL;
+  int rc = cli_output_path(CMD, "--plot", a->plot_file, &target) ||
+           check_dir("--plot", a->plot_file, target);
+  if (!rc && system("command -v gnuplot >/dev/null 2>&1") != 0) {
     fprintf(stderr,
             "hq train: --plot %s: gnuplot is not installed (Debian: apt-get install gnuplot-nox); "
             "no plot will be drawn\n",
             a->plot_file);
     a->plot_file = NULL;
-    return 0;
+  } else if (!rc) {
+    rc = check_gnuplot(a->plot_file, target);
   }
-  return check_gnuplot(a->plot_file);
+  free(target);
+  return rc;
 }
 
 /* 12345678 -> "11.8 MiB" */

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -199,20 +200,28 @@ static unsigned char *read_all(const char *path, size_t *n) {
   return b;
 }
 
-/* pat with every "{step}" replaced by the step */
-static void step_path(const char *pat, int64_t step, char *out, size_t n) {
-  size_t k = 0;
-  out[0] = '\0';
-  for (const char *p = pat; *p && k + 1 < n;) {
+char *train_step_path(const char *pat, int64_t step) {
+  char num[24];
+  const size_t nd = (size_t)snprintf(num, sizeof num, "%lld", (long long)step);
+  size_t n = 1;
+  for (const char *p = pat; *p;) {
+    const int tag = !strncmp(p, "{step}", 6);
+    n += tag ? nd : 1;
+    p += tag ? 6 : 1;
+  }
+  char *out = malloc(n), *o = out;
+  if (!out) return NULL;
+  for (const char *p = pat; *p;) {
     if (!strncmp(p, "{step}", 6)) {
-      int w = snprintf(out + k, n - k, "%lld", (long long)step);
-      k = w > 0 && (size_t)w < n - k ? k + (size_t)w : n - 1;
+      memcpy(o, num, nd);
+      o += nd;
       p += 6;
     } else {
-      out[k++] = *p++;
-      out[k] = '\0';
+      *o++ = *p++;
     }
   }
+  *o = '\0';
+  return out;
 }
 
 /* Save what the loop holds; times and sizes into res. */
@@ -326,7 +335,8 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   char e[2048] = "";
   int64_t step = 0;
   int rc = -1;
-  char vdir[1024] = "", v_k[1100] = "", v_a[1100] = "", v_b[1100] = "";
+  char vdir[PATH_MAX] = "", v_k[PATH_MAX + 64] = "", v_a[PATH_MAX + 64] = "",
+       v_b[PATH_MAX + 64] = "";
 
   hq_ctx *ctx = NULL;
   hq_ctx_desc desc;
@@ -466,8 +476,14 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     const char *td = getenv("TMPDIR");
     int made = 1;
     if (rank == 0) {
-      snprintf(vdir, sizeof vdir, "%s/hq-train-verify.XXXXXX", td && *td ? td : "/tmp");
-      if (!mkdtemp(vdir)) {
+      const int len = snprintf(vdir, sizeof vdir, "%s/hq-train-verify.XXXXXX",
+                               td && *td ? td : "/tmp");
+      if (len < 0 || (size_t)len >= sizeof vdir) {   /* never a directory of a cut name */
+        snprintf(e, sizeof e, "--verify-resume: TMPDIR is %zu bytes long, too long for a "
+                 "temporary directory in it (PATH_MAX %d)", strlen(td), PATH_MAX);
+        vdir[0] = '\0';
+        made = 0;
+      } else if (!mkdtemp(vdir)) {
         snprintf(e, sizeof e, "--verify-resume: a temporary directory %s: %s", vdir,
                  strerror(errno));
         vdir[0] = '\0';
@@ -481,6 +497,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
                  "(its message says why)");
       goto out;
     }
+    /* vdir is shorter than PATH_MAX, each name under 64 bytes: none is cut */
     snprintf(v_k, sizeof v_k, "%s/step%lld.safetensors", vdir, (long long)verify_at);
     snprintf(v_a, sizeof v_a, "%s/final-uninterrupted.safetensors", vdir);
     snprintf(v_b, sizeof v_b, "%s/final-resumed.safetensors", vdir);
@@ -533,9 +550,14 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
        curve is the one a resumed run continues */
     if (cfg->ckpt_path &&
         ((cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0) || done == cfg->steps)) {
-      char cp[1400];
-      step_path(cfg->ckpt_path, done, cp, sizeof cp);
-      if (save(&m, recipe, cfg, data, rng, res, cp, res, e, sizeof e)) goto out;
+      char *cp = train_step_path(cfg->ckpt_path, done);
+      if (!cp) {
+        snprintf(e, sizeof e, "--checkpoint: out of memory");
+        goto out;
+      }
+      const int failed = save(&m, recipe, cfg, data, rng, res, cp, res, e, sizeof e);
+      free(cp);
+      if (failed) goto out;
       res->ckpt_saves++;
     }
     if (done % cfg->log_every == 0 || done == cfg->steps || !isnan(eval_loss)) {

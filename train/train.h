@@ -372,6 +372,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
               const char *recipe_name, train_progress_fn progress, void *user,
               train_result *res, char *err, size_t err_len);
 void train_result_free(train_result *res);
+/* The file a save at `step` writes: pat with every "{step}" replaced by the step (a new string,
+   NULL when out of memory). */
+char *train_step_path(const char *pat, int64_t step);
 
 /* Seconds of a monotonic clock. */
 double train_now(void);
