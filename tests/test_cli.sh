@@ -971,5 +971,12 @@ if train_corpus "$tmp/op/words.txt"; then
     [ -L "$tmp/op/plot.png" ] && [ -s "$tmp/op/plot-target.png" ] || fail "train --plot: a symbolic link replaced"; ok
   fi
   ls -a "$tmp/op" "$long" | grep -q '\.tmp\.\|hq-train-probe' && fail "train: a temporary file left"
+  # a long HQ_CONF_DIR: the shipped recipes' directory and the default recipe, never cut
+  cp "$conf/recipe.ini" "$long/"
+  HQ_CONF_DIR=$long $hq info > "$tmp/out" 2> "$tmp/err" || fail "info with a long HQ_CONF_DIR"
+  grep -qxF "shipped recipes: $long (recipe.ini, the default; examples/*.ini)" "$tmp/out" ||
+    fail "info: a long HQ_CONF_DIR cut"
+  HQ_CONF_DIR=$long $hq ${tr1%% --recipe *} --baseline none > "$tmp/out" 2> "$tmp/err" ||
+    { cat "$tmp/err"; fail "train: the default recipe in a long HQ_CONF_DIR"; }; ok
 fi
 echo "PASS: $n checks"

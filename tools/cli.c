@@ -15,22 +15,23 @@
 
 // --- recipes ------------------------------------------------------------------------------------
 
-void cli_recipe_dir(char *out, size_t n) {
+char *cli_recipe_dir(void) {
   const char *conf = getenv("HQ_CONF_DIR");
-  if (conf && *conf) {
-    snprintf(out, n, "%s", conf);
-    return;
-  }
+  if (conf && *conf) return strdup(conf);
 #ifdef HQ_RECIPEDIR
-  snprintf(out, n, "%s", HQ_RECIPEDIR);
+  return strdup(HQ_RECIPEDIR);
 #else
-  char dir[1024];
-  snprintf(dir, sizeof dir, "%s", hq_plugins_default_dir());
+  char *dir = strdup(hq_plugins_default_dir());
+  if (!dir) return NULL;
   char *cut = NULL;
   for (char *p = strstr(dir, "/lib"); p; p = strstr(p + 1, "/lib")) cut = p;
   if (cut) *cut = '\0';
-  else snprintf(dir, sizeof dir, "/usr/local");
-  snprintf(out, n, "%s/share/hq", dir);
+  const char *prefix = cut ? dir : "/usr/local";
+  const size_t n = strlen(prefix) + sizeof "/share/hq";
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%s/share/hq", prefix);
+  free(dir);
+  return out;
 #endif
 }
 

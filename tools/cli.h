@@ -67,8 +67,9 @@ hq_recipe_opts cli_recipe_opts(const cli_list *dirs);
 
 /* The directory of the shipped recipes (recipe.ini, examples/): $HQ_CONF_DIR when set, else
    $(datadir)/hq (compiled in as HQ_RECIPEDIR, or found beside the installed plugin directory
-   $(libdir)/hq/formats: the prefix before its lib* component, then share/hq). */
-void cli_recipe_dir(char *out, size_t n);
+   $(libdir)/hq/formats: the prefix before its lib* component, then share/hq): a new string,
+   NULL when out of memory. */
+char *cli_recipe_dir(void);
 
 /* Warn (on stderr, "hq CMD: warning: FILE:LINE: ...") about each [role] section with a literal
    layer name and a wildcard tensor type that loses, for the roles of that name and some tensor

@@ -174,9 +174,9 @@ static void report_json(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols
   json_close_obj(&j);
   json_kbool(&j, "cuda", hq_built_with_cuda());
   json_kstr(&j, "default_plugin_dir", hq_plugins_default_dir());
-  char rdir[1024];
-  cli_recipe_dir(rdir, sizeof rdir);
-  json_kstr(&j, "recipe_dir", rdir);
+  char *rdir = cli_recipe_dir();
+  json_kstr(&j, "recipe_dir", rdir ? rdir : "(out of memory)");
+  free(rdir);
   const int64_t shape[2] = {rows, cols};
   json_kints(&j, "sample_shape", shape, 2);
   json_key(&j, "plugin_path");
@@ -259,9 +259,10 @@ static void plugin_text(hq_plugins *set, hq_ctx *ctx, const hq_plugin *p, int64_
 static void report_text(hq_plugins *set, hq_ctx *ctx, int64_t rows, int64_t cols) {
   printf("hq %s, plugin ABI %d.%d, CUDA %s\n", hq_version(), HQ_ABI_MAJOR, HQ_ABI_MINOR,
          hq_built_with_cuda() ? "built in" : "not built");
-  char rdir[1024];
-  cli_recipe_dir(rdir, sizeof rdir);
-  printf("\nshipped recipes: %s (recipe.ini, the default; examples/*.ini)\n", rdir);
+  char *rdir = cli_recipe_dir();
+  printf("\nshipped recipes: %s (recipe.ini, the default; examples/*.ini)\n",
+         rdir ? rdir : "(out of memory)");
+  free(rdir);
   printf("\nplugin search path:\n");
   for (size_t i = 0; i < hq_plugins_dir_count(set); i++) {
     struct stat st;

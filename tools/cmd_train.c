@@ -173,11 +173,15 @@ static void on_progress(void *user, const train_progress *p) {
   fflush(s->out);
 }
 
-/* The installed default recipe: recipe.ini in the shipped recipes' directory (cli_recipe_dir). */
-static void default_recipe(char *out, size_t n) {
-  char dir[1024];
-  cli_recipe_dir(dir, sizeof dir);
-  snprintf(out, n, "%s/recipe.ini", dir);
+/* The installed default recipe: recipe.ini in the shipped recipes' directory (cli_recipe_dir);
+   a new string, NULL when out of memory. */
+static char *default_recipe(void) {
+  char *dir = cli_recipe_dir();
+  const size_t n = dir ? strlen(dir) + sizeof "/recipe.ini" : 0;
+  char *out = dir ? malloc(n) : NULL;
+  if (out) snprintf(out, n, "%s/recipe.ini", dir);
+  free(dir);
+  return out;
 }
 
 static const char builtin_baseline[] =
@@ -1466,20 +1470,26 @@ int hq_cmd_train(int argc, char **argv) {
   train_config cfg;
   make_config(&a, &cfg);
   /* the default recipe when none is given */
-  char default_path[1100];
+  char *default_path = NULL;
   if (a.recipes.n == 0) {
-    default_recipe(default_path, sizeof default_path);
-    if (access(default_path, R_OK) != 0)
-      return cli_fail(1, CMD,
-                      "no --recipe given and the default recipe %s cannot be read (%s): install "
-                      "hq (make install), set HQ_CONF_DIR to the directory holding recipe.ini, or "
-                      "give --recipe FILE",
-                      default_path, strerror(errno));
+    if (!(default_path = default_recipe())) return cli_fail(1, CMD, "out of memory");
+    if (access(default_path, R_OK) != 0) {
+      cli_fail(1, CMD,
+               "no --recipe given and the default recipe %s cannot be read (%s): install hq "
+               "(make install), set HQ_CONF_DIR to the directory holding recipe.ini, or give "
+               "--recipe FILE",
+               default_path, strerror(errno));
+      free(default_path);
+      return 1;
+    }
     a.recipes.v[a.recipes.n++] = default_path;
   }
   char err[2048];
   train_dist *dist;   /* under mpirun: the ranks (docs/distributed.md) */
-  if (train_dist_init(&dist, &cfg.device, err, sizeof err)) return cli_fail(1, CMD, "%s", err);
+  if (train_dist_init(&dist, &cfg.device, err, sizeof err)) {
+    free(default_path);
+    return cli_fail(1, CMD, "%s", err);
+  }
   cfg.model.dist = dist;
   session s;
   memset(&s, 0, sizeof s);
@@ -1544,5 +1554,6 @@ int hq_cmd_train(int argc, char **argv) {
 out:
   session_free(&s);
   train_dist_end(dist);
+  free(default_path);
   return status;
 }
