@@ -188,68 +188,11 @@ static char *dir_of(const char *path, const char **base) {
   return d;
 }
 
-/* What a file of mode m is, for a message. */
-static const char *file_kind(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISSOCK(m) ? "a socket"
-                       : "a file of another kind";
-}
-
-/* The file a save to `path` replaces (a new string into *out): where path's chain of symbolic
-   links ends, so that the temporary file lies beside it and the rename replaces it, not the
-   link. What exists there must be a regular file: the rename would replace a device, a FIFO or
-   a socket by the checkpoint (HQ_EIO). A name that does not exist yet is the file to create. */
+/* The file a save to `path` replaces (a new string into *out): hq_output_target's rule, its
+   refusal named as the checkpoint's. */
 static int resolve_target(const char *path, char **out) {
-  *out = NULL;
-  char *cur = strdup(path);
-  if (!cur) return hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
-  for (int hops = 0;; hops++) {
-    struct stat st;
-    if (lstat(cur, &st) != 0 || S_ISREG(st.st_mode)) {
-      *out = cur;
-      return HQ_OK;
-    }
-    int rc = HQ_OK;
-    if (!S_ISLNK(st.st_mode))
-      rc = ck_error(HQ_EIO, path, "not a regular file (%s%s%.300s): a checkpoint is written only "
-                    "to a regular file or a new one", file_kind(st.st_mode),
-                    strcmp(cur, path) ? ", the link's target " : "", strcmp(cur, path) ? cur : "");
-    else if (hops == 40)
-      rc = ck_error(HQ_EIO, path, "more than 40 symbolic links to follow");
-    size_t len = st.st_size > 0 ? (size_t)st.st_size + 1 : 256;
-    char *link = NULL;
-    while (!rc) {
-      char *p = realloc(link, len);
-      if (!p) {
-        rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
-        break;
-      }
-      link = p;
-      const ssize_t n = readlink(cur, link, len);
-      if (n < 0) rc = ck_error(HQ_EIO, path, "reading the link %.300s: %s", cur, strerror(errno));
-      else if ((size_t)n < len) {
-        link[n] = '\0';
-        break;
-      } else len *= 2;
-    }
-    char *next = NULL;
-    if (!rc && link[0] != '/') {
-      const char *base;
-      char *dir = dir_of(cur, &base);
-      next = dir ? hqt_join(dir, "/", link) : NULL;
-      free(dir);
-    } else if (!rc) {
-      next = strdup(link);
-    }
-    if (!rc && !next) rc = hq_set_error(HQ_ENOMEM, "hq_ckpt_writer_open: out of memory");
-    free(link);
-    free(cur);
-    if (rc) return rc;
-    cur = next;
-  }
+  const int rc = hq_output_target(path, out);
+  return rc ? ck_error(rc, path, "%s", hq_last_error()) : HQ_OK;
 }
 
 /* Whether directory entry `name` is a temporary file of a save to `base` by a process of this
@@ -646,7 +589,7 @@ static int sync_dir(hq_ckpt_writer *w) {
 static const char *replaced_kind(const hq_ckpt_writer *w) {
   struct stat st;
   if (lstat(w->target, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
-  return S_ISLNK(st.st_mode) ? "a symbolic link" : file_kind(st.st_mode);
+  return S_ISLNK(st.st_mode) ? "a symbolic link" : hqt_file_kind(st.st_mode);
 }
 
 int hq_ckpt_writer_close(hq_ckpt_writer *w) {

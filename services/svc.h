@@ -19,5 +19,8 @@ int hqt_error_prefix(int code, const char *fmt, ...) HQ_PRINTF(2, 3);
 /* a, sep and b concatenated into a new string (malloc; NULL when out of memory): the entry and
    key names of a checkpoint ("<name>/<buffer>", "<name>/hq"). */
 char *hqt_join(const char *a, const char *sep, const char *b);
+/* What a file of mode `mode` (struct stat's st_mode) is, for a message: "a directory", "a FIFO",
+   "a character device", ... */
+const char *hqt_file_kind(unsigned mode);
 
 #endif /* HQ_SVC_H */

@@ -1683,6 +1683,44 @@ static void test_not_regular(void **state) {
   assert_int_equal(count_prefix("late.st.tmp."), 0);
 }
 
+/* hq_output_target, the rule itself: a new name and a regular file are their own targets; a
+   chain of links (relative, absolute) ends at the file it names; a FIFO, through a link too, is
+   refused with its kind; a loop of links stops after 40. */
+static void test_output_target(void **state) {
+  (void)state;
+  char *t = NULL;
+  const char *nw = tpath("ot_new.st"), *reg = tpath("ot_reg.st");
+  HQ_OK_OR_FAIL(hq_output_target(nw, &t));
+  assert_string_equal(t, nw);
+  free(t);
+  FILE *f = fopen(reg, "w");
+  assert_non_null(f);
+  fclose(f);
+  HQ_OK_OR_FAIL(hq_output_target(reg, &t));
+  assert_string_equal(t, reg);
+  free(t);
+  const char *l1 = tpath("ot_l1"), *l2 = tpath("ot_l2");
+  assert_int_equal(symlink("ot_l2", l1), 0);  /* relative: to the link's directory */
+  assert_int_equal(symlink(reg, l2), 0);      /* absolute */
+  HQ_OK_OR_FAIL(hq_output_target(l1, &t));
+  assert_string_equal(t, reg);
+  free(t);
+  const char *fifo = tpath("ot_fifo"), *lf = tpath("ot_lf");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(symlink("ot_fifo", lf), 0);
+  assert_int_equal(hq_output_target(fifo, &t), HQ_EIO);
+  assert_null(t);
+  HQ_ERROR_HAS("not a regular file (a FIFO): hq writes its output only to a regular file");
+  assert_int_equal(hq_output_target(lf, &t), HQ_EIO);
+  HQ_ERROR_HAS("not a regular file (a FIFO, the link's target");
+  const char *la = tpath("ot_la"), *lb = tpath("ot_lb");
+  assert_int_equal(symlink("ot_lb", la), 0);
+  assert_int_equal(symlink("ot_la", lb), 0);
+  assert_int_equal(hq_output_target(la, &t), HQ_EIO);
+  HQ_ERROR_HAS("more than 40 symbolic links to follow");
+  assert_null(t);
+}
+
 /* A child that saves "t" [rows, cols] to path and dies in the middle: killed (SIGKILL) after
    adding, before close, or by SIGXFSZ while it writes (a file size limit below the file's).
    Returns its pid; its temporary file remains. */
@@ -2340,6 +2378,7 @@ int main(void) {
       cmocka_unit_test(test_bit_flips),   cmocka_unit_test(test_foreign_file),
       cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_verify),
       cmocka_unit_test(test_two_writers), cmocka_unit_test(test_not_regular),
+      cmocka_unit_test(test_output_target),
       cmocka_unit_test(test_killed_saves),
       cmocka_unit_test(test_full_disk),   cmocka_unit_test(test_required_keys),
 #ifdef HQ_TEST_OOM

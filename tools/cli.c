@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "hq/train.h"
 
 // --- recipes ------------------------------------------------------------------------------------
 
@@ -291,89 +292,16 @@ int cli_parse(const cli_command *c, int argc, char **argv) {
 
 // --- output files --------------------------------------------------------------------------------
 
-static const char *file_kind(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISSOCK(m) ? "a socket"
-                       : "a file of another kind";
-}
-
-/* The link at `link` read into a new string (NULL after setting errno). */
-static char *read_link(const char *link, off_t size) {
-  size_t len = size > 0 ? (size_t)size + 1 : 256;
-  for (char *buf = NULL;; len *= 2) {
-    char *p = realloc(buf, len);
-    if (!p) {
-      free(buf);
-      return NULL;
-    }
-    buf = p;
-    const ssize_t n = readlink(link, buf, len);
-    if (n < 0) {
-      free(buf);
-      return NULL;
-    }
-    if ((size_t)n < len) {
-      buf[n] = '\0';
-      return buf;
-    }
-  }
-}
-
 int cli_output_path(const char *cmd, const char *opt, const char *path, char **target) {
   if (target) *target = NULL;
   const size_t n = strlen(path);
   if (n >= PATH_MAX)
     return cli_fail(1, cmd, "%s %.60s...: the path is %zu bytes long, more than the system takes "
                     "(PATH_MAX %d, the NUL included)", opt, path, n, PATH_MAX);
-  char *cur = strdup(path);
-  for (int hops = 0; cur; hops++) {
-    struct stat st;
-    const int found = lstat(cur, &st) == 0;
-    if (!found && errno == ENAMETOOLONG) {   /* a name longer than NAME_MAX */
-      cli_fail(1, cmd, "%s %s: %s", opt, path, strerror(errno));
-      free(cur);
-      return 1;
-    }
-    if (!found || S_ISREG(st.st_mode)) break;
-    const int linked = strcmp(cur, path) != 0;
-    if (!S_ISLNK(st.st_mode)) {
-      cli_fail(1, cmd, "%s %s: not a regular file (%s%s%s): hq writes its output only to a "
-               "regular file or a new one", opt, path, file_kind(st.st_mode),
-               linked ? ", the link's target " : "", linked ? cur : "");
-      free(cur);
-      return 1;
-    }
-    if (hops == 40) {
-      free(cur);
-      return cli_fail(1, cmd, "%s %s: more than 40 symbolic links to follow", opt, path);
-    }
-    char *link = read_link(cur, st.st_size);
-    if (!link) {
-      const int e = errno;
-      cli_fail(1, cmd, "%s %s: reading the link %s: %s", opt, path, cur, strerror(e));
-      free(cur);
-      return 1;
-    }
-    const char *slash = strrchr(cur, '/');
-    char *next = link;
-    if (link[0] != '/' && slash) {   /* relative to the link's directory */
-      const size_t d = (size_t)(slash - cur) + 1;
-      next = malloc(d + strlen(link) + 1);
-      if (next) {
-        memcpy(next, cur, d);
-        strcpy(next + d, link);
-      }
-      free(link);
-    }
-    free(cur);
-    cur = next;
-  }
-  if (!cur) return cli_fail(1, cmd, "out of memory");
-  if (target) *target = cur;
-  else free(cur);
+  char *t = NULL;
+  if (hq_output_target(path, &t)) return cli_fail(1, cmd, "%s %s: %s", opt, path, hq_last_error());
+  if (target) *target = t;
+  else free(t);
   return 0;
 }
 

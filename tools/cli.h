@@ -103,13 +103,11 @@ int cli_parse(const cli_command *c, int argc, char **argv);
 #define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
 
 // --- output files --------------------------------------------------------------------------------
-/* The rule for a file a command writes, given to option `opt` (the rule hq_ckpt_writer_open
-   applies to a checkpoint): the path is shorter than PATH_MAX (never cut); a symbolic link is
-   followed to the file it names, which is the file written (into *target as a new string when
-   target is not NULL: path itself when no link); what exists there must be a regular file (a
-   device, FIFO, socket or directory would be replaced, or block the write). A path that cannot
-   be looked up (a missing directory) passes, for the create to say why. 0, or 1 after the
-   message "hq CMD: OPT PATH: ...". */
+/* The rule for a file a command writes, given to option `opt`: the path is shorter than PATH_MAX
+   (never cut), and libhqtrain's hq_output_target -- the rule of every file hq writes, its
+   checkpoints' too -- says which file is written (into *target as a new string when target is
+   not NULL) or why none may be. A path that cannot be looked up (a missing directory) passes,
+   for the create to say why. 0, or 1 after the message "hq CMD: OPT PATH: ...". */
 int cli_output_path(const char *cmd, const char *opt, const char *path, char **target);
 
 /* A file written whole or not at all: written to a temporary file beside the target

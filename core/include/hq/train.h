@@ -120,6 +120,15 @@ HQ_API int hq_adam_consts_write(const hq_adam *adam, void *host_dst);
 */
 typedef struct hq_ckpt_writer hq_ckpt_writer;
 HQ_API int hq_ckpt_writer_open(const char *path, hq_ckpt_writer **out);
+/* Where a write to `path` lands, by the rule every file hq writes follows (a checkpoint here;
+   the hq command's .npy and plot files): the end of path's chain of symbolic links, into *target
+   (a new string: free() it), so that a temporary file beside it renamed over it replaces that
+   file and the links stay; a name that does not exist yet is its own target. What exists there
+   must be a regular file -- a rename would replace a device, a FIFO, a socket or a directory --
+   else HQ_EIO, hq_last_error() saying what it is ("not a regular file (a FIFO, the link's target
+   T): ..."), as for more than 40 links or one that cannot be read. Built with or without
+   jansson. */
+HQ_API int hq_output_target(const char *path, char **target);
 /* Every present direction and every buffer of qt, under `name`. Names: 1 to 1024 bytes of UTF-8
    without control characters, no '/' at either end, no "//", not "__metadata__"; unique in the
    file, and no name or metadata key may lie under another name + "/" (HQ_EINVAL). A saved
