@@ -1369,21 +1369,30 @@ static int check_memory(const train_args *a, const train_config *cfg, const sess
                   fmt_bytes(have, b4, sizeof b4), src);
 }
 
-/* Every run's recipe tried on the model's shapes before the first step, so that a format that
-   refuses one does so now and not after the runs before it trained: 0, or 1 after the message
-   naming the recipe, its file, the layer, the role, the format and the shape. */
+/* Every run's recipe tried on the model's shapes before the first step, on one context of the
+   runs' device, so that a format that refuses one does so now and not after the runs before it
+   trained: 0 -- also when no context can be made, which the first run then reports -- or 1 after
+   the message naming the recipe, its file, the layer, the role, the format and the shape. */
 static int preflight(const train_config *cfg, const session *s) {
+  hq_ctx_desc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.struct_size = sizeof desc;
+  desc.device = cfg->device;
+  hq_ctx *ctx;
+  if (hq_ctx_create(&desc, &ctx)) return 0;
   char err[2048];
-  for (int i = 0; i < s->n_runs; i++) {
+  int rc = 0;
+  for (int i = 0; i < s->n_runs && !rc; i++) {
     train_model_cfg mc = cfg->model;
     mc.direct = s->runs[i].direct;
-    if (train_recipe_check(s->runs[i].recipe, &mc, cfg->device, err, sizeof err)) {
+    if (train_recipe_check(s->runs[i].recipe, &mc, ctx, err, sizeof err)) {
       const char *file = hq_recipe_path(s->runs[i].recipe);
-      return cli_fail(1, CMD, "recipe '%s' (%s): %s (checked before the first step: nothing "
-                      "trained)", s->runs[i].name, file ? file : "built in", err);
+      rc = cli_fail(1, CMD, "recipe '%s' (%s): %s (checked before the first step: nothing "
+                    "trained)", s->runs[i].name, file ? file : "built in", err);
     }
   }
-  return 0;
+  hq_ctx_destroy(ctx);
+  return rc;
 }
 
 /* After a failed run (its message printed), s is cut to the runs that finished, for their report:

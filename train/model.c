@@ -342,16 +342,10 @@ void train_model_free(train_model *m) {
   memset(m, 0, sizeof *m);
 }
 
-int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, int device, char *err,
+int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, hq_ctx *ctx, char *err,
                        size_t err_len) {
   const int ranks = train_dist_size(cfg->dist);
   if (cfg->direct || cfg->batch % ranks) return 0;   /* no quantizer; a batch the run refuses */
-  hq_ctx_desc desc;
-  memset(&desc, 0, sizeof desc);
-  desc.struct_size = sizeof desc;
-  desc.device = device;
-  hq_ctx *ctx;
-  if (hq_ctx_create(&desc, &ctx)) return 0;   /* the run says what is wrong with the device */
   hq_state *st = NULL;
   int rc = 0;
   if (hq_state_create(recipe, ctx, &st))
@@ -384,7 +378,6 @@ int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, int device
     }
   }
   if (st) hq_state_free(st);
-  hq_ctx_destroy(ctx);
   return rc;
 }
 

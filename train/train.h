@@ -233,12 +233,12 @@ int train_model_graph_consts(train_model *m, char *err, size_t err_len);
 int train_recipe_is_high_precision(hq_recipe *recipe, const train_model_cfg *cfg, char *err,
                                    size_t err_len);
 /* Try recipe on cfg's shapes before a run trains, so that a format refuses one here and not
-   after other runs trained: on a context of `device`, each layer's three roles made into
-   quantizers as train_model_create makes them and an empty qtensor of each role's shape (the
-   input [B, in] and the output gradient [B, out] of this rank's batch, the weight [out, in] and
-   this rank's shard of it). Returns 0 -- also when no context can be made, which the run then
-   reports -- or -1 with a message naming the layer, the role, the format and the shape. */
-int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, int device, char *err,
+   after other runs trained: on ctx (one of the runs' device, shared by every recipe's check),
+   each layer's three roles made into quantizers as train_model_create makes them and an empty
+   qtensor of each role's shape (the input [B, in] and the output gradient [B, out] of this
+   rank's batch, the weight [out, in] and this rank's shard of it). Returns 0, or -1 with a
+   message naming the layer, the role, the format and the shape. */
+int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, hq_ctx *ctx, char *err,
                        size_t err_len);
 /* Profile m's steps into p (profile.h; p outlives m's use of it). Returns 0, or -1 with a message
    in err. */
