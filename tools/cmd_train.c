@@ -1395,34 +1395,25 @@ static int preflight(const train_config *cfg, const session *s) {
   return rc;
 }
 
-/* After a failed run (its message printed), s is cut to the runs that finished, for their report:
-   every run of the seeds before the failed one's, else the runs before it (the baseline only if
-   among them); returns 0 when none finished, and keep holds what restore_session puts back. */
-typedef struct session_cut {
-  int n_runs, n_seeds, baseline;
-} session_cut;
-
-static int cut_to_finished(session *s, session_cut *keep) {
-  *keep = (session_cut){s->n_runs, s->n_seeds, s->baseline};
+/* After a failed run (its message printed), *v is the view of s its report shows: the runs that
+   finished -- every run of the seeds before the failed one's, else the runs before it (the
+   baseline only if among them). A copy, so that s still owns and frees every run's results.
+   Returns 0 when none finished. */
+static int finished_view(const session *s, session *v) {
+  *v = *s;
   const char *failed = s->runs[s->n_done < s->n_runs ? s->n_done : 0].name;
-  if (s->seed_k > 0) s->n_seeds = s->seed_k;
+  if (s->seed_k > 0) v->n_seeds = s->seed_k;
   else {
-    s->n_seeds = 1;
-    s->n_runs = s->n_done;
-    if (s->baseline >= s->n_runs) s->baseline = -1;
+    v->n_seeds = 1;
+    v->n_runs = s->n_done;
+    if (v->baseline >= v->n_runs) v->baseline = -1;
   }
-  if (s->n_runs > 0)
+  if (v->n_runs > 0)
     fprintf(stderr, "hq train: run '%s' failed (above); the report covers the %d run%s that "
-            "finished before it%s\n", failed, s->n_runs * s->n_seeds,
-            s->n_runs * s->n_seeds == 1 ? "" : "s",
-            keep->baseline >= 0 && s->baseline < 0 ? ", without the baseline" : "");
-  return s->n_runs > 0;
-}
-
-static void restore_session(session *s, const session_cut *keep) {
-  s->n_runs = keep->n_runs;
-  s->n_seeds = keep->n_seeds;
-  s->baseline = keep->baseline;
+            "finished before it%s\n", failed, v->n_runs * v->n_seeds,
+            v->n_runs * v->n_seeds == 1 ? "" : "s",
+            s->baseline >= 0 && v->baseline < 0 ? ", without the baseline" : "");
+  return v->n_runs > 0;
 }
 
 /* "seed S", or with --seeds N "seeds S..S+N-1" */
@@ -1544,22 +1535,23 @@ int hq_cmd_train(int argc, char **argv) {
     trained = t < 0 ? t : trained | t;
   }
   /* a failed run does not lose the ones that finished: their report, and exit 1 */
-  session_cut keep = {s.n_runs, s.n_seeds, s.baseline};
-  if (trained < 0 && !cut_to_finished(&s, &keep)) {
-    restore_session(&s, &keep); /* every run's results freed below, the failed one's too */
-    goto out;
+  session view;
+  const session *shown = &s;
+  if (trained < 0) {
+    if (!finished_view(&s, &view)) goto out;
+    shown = &view;
   }
-  if (a.json) report_json(&a, &cfg, &s);
-  else report_text(&cfg, &s);
+  if (a.json) report_json(&a, &cfg, shown);
+  else report_text(&cfg, shown);
   status = trained < 0 ? 1 : trained;
   if (a.plot_file && train_dist_rank(dist) == 0) {
     char title[256];
     snprintf(title, sizeof title, "hq train: %lld steps, batch %lld, %s", (long long)a.steps,
-             (long long)a.batch, seeds_text(&s, seeds, sizeof seeds));
-    int ps = plot(a.plot_file, &s, a.steps >= 200 ? a.steps / 100 : 1, cfg.eval_batches, title);
+             (long long)a.batch, seeds_text(shown, seeds, sizeof seeds));
+    int ps = plot(a.plot_file, shown, a.steps >= 200 ? a.steps / 100 : 1, cfg.eval_batches,
+                  title);
     if (ps) status = ps;
   }
-  restore_session(&s, &keep);
 out:
   session_free(&s);
   train_dist_end(dist);
