@@ -349,6 +349,13 @@ static int check_scale(const quantize_args *a) {
                                           : "overflow to Inf");
 }
 
+/* Whether --input is a safetensors file: --tensor or --all names an entry of one, else by its
+   name, so that a large file is never read whole to find out. */
+static int st_input(const quantize_args *a) {
+  const size_t n = a->input ? strlen(a->input) : 0, e = strlen(".safetensors");
+  return a->tensor || a->all || (n > e && !strcmp(a->input + n - e, ".safetensors"));
+}
+
 static int parse_args(int argc, char **argv, quantize_args *a) {
   const cli_option opts[] = {
       {.name = "--recipe", .kind = CLI_STR, .dest = &a->recipe},
@@ -397,9 +404,7 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (a->all && (a->shape || a->tensor || a->output || a->name))
     return cli_fail(2, CMD, "--all quantizes every entry of a safetensors --input (no --shape, "
                     "--tensor, --output or --name)");
-  const size_t n = a->input ? strlen(a->input) : 0, e = strlen(".safetensors");
-  const int st_input = a->tensor || a->all || (n > e && !strcmp(a->input + n - e, ".safetensors"));
-  if (st_input && (a->shape || a->dtype_s))
+  if (st_input(a) && (a->shape || a->dtype_s))
     return cli_fail(2, CMD, "%s does not apply to a safetensors --input: the file gives each "
                     "entry's %s", a->shape ? "--shape" : "--dtype", a->shape ? "shape" : "dtype");
   if ((a->dtype_s && cli_dtype_arg(CMD, a->dtype_s, &a->dtype)) ||
@@ -430,11 +435,8 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
 static int make_input(const quantize_args *a, hq_tensor *x) {
   *x = hq_tensor_2d(NULL, a->dtype, HQ_DEVICE_HOST, 0, 0);
   if (a->input) {
-    const size_t n = strlen(a->input), e = strlen(".safetensors");
-    /* by name, so that a large file is never read whole to find out */
     if (a->ck) return load_entry(a->ck, a->input, a->tensor, x);
-    if (a->tensor || (n > e && !strcmp(a->input + n - e, ".safetensors")))
-      return load_safetensors(a->input, a->tensor, x);
+    if (st_input(a)) return load_safetensors(a->input, a->tensor, x);
     return load_input(a->input, a->shape, a->dtype_s, a->dtype, x);
   }
   if (cli_shape_arg(CMD, "--random", a->random, &x->rows, &x->cols)) return 2;
