@@ -560,4 +560,67 @@ static inline void hq_gpu_check_factor_out(hq_ctx *gpu, const hq_format_ops *ops
   hq_ctx_free(gpu, dev);
 }
 
+/* dequantize_pair (format ABI 2.6) of device storages sa and sb into dtype dt takes the pair
+   (no HQ_ENOTSUP) and writes the bytes of the two raw dequantizes made alone, every byte of both
+   outputs (their memory holds another pattern first). With folds (the module folds its
+   per-tensor factor; fa, fb the factors' host values) the pair is a chain: the first writes
+   RN(1.5 * fa), the second reads that product and writes RN(RN(1.5 * fa) * fb). */
+static inline void hq_gpu_check_pair(hq_ctx *gpu, const hq_format_ops *ops,
+                                     const hq_host_api *host, const hq_storage *sa,
+                                     const hq_storage *sb, hq_dtype dt, int folds, float fa,
+                                     float fb, const char *what) {
+  if (!ops->dequantize_pair) fail_msg("%s: the module has no dequantize_pair", what);
+  const hq_storage *st[2] = {sa, sb};
+  const int dev = hq_ctx_device(gpu);
+  hq_tensor y[4]; /* a and b alone, a and b as a pair */
+  size_t bytes[2];
+  uint8_t *back[4];
+  for (int i = 0; i < 4; i++) {
+    const hq_storage *s = st[i % 2];
+    bytes[i % 2] = (size_t)(s->rows * s->cols) * hq_dtype_size(dt);
+    y[i] = hq_tensor_2d(NULL, dt, dev, s->rows, s->cols);
+    HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, bytes[i % 2], &y[i].data));
+    back[i] = malloc(bytes[i % 2]);
+    memset(back[i], 0xa5, bytes[i % 2]);
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, y[i].data, dev, back[i], HQ_DEVICE_HOST, bytes[i % 2]));
+  }
+  float *prod = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_alloc(gpu, 2 * sizeof(float), (void **)&prod));
+  uint8_t cfg[256] = {0};
+  hq_call c = hq_test_call(host, 0, 0);
+  c.device = dev;
+  c.flags = HQ_CALL_DEQ_RAW;
+  if (ops->dequantize(cfg, &c, sa, &y[0]) || ops->dequantize(cfg, &c, sb, &y[1]))
+    fail_msg("%s: dequantize: %s", what, hq_test_module_error());
+  hq_call ca = c, cb = c;
+  if (folds) {
+    ca.factor_out = prod;
+    ca.factor_mul = 1.5f;
+    cb.factor_out = prod + 1;
+    cb.factor_in = prod;
+    cb.factor_mul = 99.0f; /* ignored: factor_in is set */
+  }
+  const int rc = ops->dequantize_pair(cfg, &ca, sa, &y[2], cfg, &cb, sb, &y[3]);
+  if (rc) fail_msg("%s: dequantize_pair -> %d: %s", what, rc, hq_test_module_error());
+  float got[2] = {0.0f, 0.0f};
+  if (folds) HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, got, HQ_DEVICE_HOST, prod, dev, sizeof got));
+  for (int i = 0; i < 4; i++)
+    HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, back[i], HQ_DEVICE_HOST, y[i].data, dev, bytes[i % 2]));
+  HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
+  for (int i = 0; i < 2; i++)
+    if (memcmp(back[2 + i], back[i], bytes[i]))
+      fail_msg("%s: the pair's %c differs from its dequantize alone", what, i ? 'b' : 'a');
+  volatile float w0 = 1.5f * fa, w1 = w0 * fb; /* each product rounded to FP32 */
+  const float want[2] = {w0, w1};
+  if (folds && memcmp(got, want, sizeof got))
+    fail_msg("%s: the pair's products %a, %a; want RN(1.5 * %a) = %a, then RN(* %a) = %a", what,
+             (double)got[0], (double)got[1], (double)fa, (double)want[0], (double)fb,
+             (double)want[1]);
+  for (int i = 0; i < 4; i++) {
+    free(back[i]);
+    hq_ctx_free(gpu, y[i].data);
+  }
+  hq_ctx_free(gpu, prod);
+}
+
 #endif

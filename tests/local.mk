@@ -185,6 +185,11 @@ tests_wrap_mxfp8_nokdev_la_SOURCES = tests/wrap/mxfp8_nokdev.c tests/wrap/stock_
 	tests/hq_wrap.h
 tests_wrap_mxfp8_nokdev_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_mxfp8_nokdev_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A module wrapping nvfp4 without dequantize_pair (test_gpu_graph_step), beside them.
+check_LTLIBRARIES += tests/wrap/nvfp4_nopair.la
+tests_wrap_nvfp4_nopair_la_SOURCES = tests/wrap/nopair.c tests/wrap/stock_module.h tests/hq_wrap.h
+tests_wrap_nvfp4_nopair_la_CPPFLAGS = $(AM_CPPFLAGS) -DWRAP_STOCK='"nvfp4"'
+tests_wrap_nvfp4_nopair_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A module wrapping nvfp4 without HQ_CAP_RNG_DEV (test_gpu_rng_graph), in a folder of its own.
 check_LTLIBRARIES += tests/wrap/norng/nvfp4_norng.la
 tests_wrap_norng_nvfp4_norng_la_SOURCES = tests/wrap/nvfp4_norng.c tests/wrap/stock_module.h \

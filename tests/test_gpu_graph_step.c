@@ -6,11 +6,14 @@
 ** must succeed (an allocation or a synchronization inside would break it); the graph replayed
 ** on new data in the same buffers gives the bytes of the same calls run eagerly on that data,
 ** for per-tensor FP8 (the native FP8 path on Hopper), BF16 identity (the native BF16 path) and
-** MXFP8 / MXFP4 and NVFP4 (emulated on Hopper: each GEMM's two dequantizes on the context's
-** stream and its side stream, so the graph forks and joins -- NVFP4's each folding its factor into
-** a product of its own, which the GEMM's alpha multiplies, where eagerly B's fold reads A's
-** product, and only while both operands have at most 2^20 elements; a context's first GEMM
-** captured before it has a side stream runs them in turn, one chain, with the eager run's bytes).
+** MXFP8 / MXFP4 and NVFP4 (emulated on Hopper: NVFP4's two dequantizes of each GEMM are one
+** launch of the module's dequantize_pair, the graph one chain, folding both factors into one
+** product; MXFP8's and MXFP4's, and NVFP4's through a module without the op (tests/wrap/
+** nopair.c), run on the context's stream and its side stream, so the graph forks and joins --
+** NVFP4's each folding its factor into a product of its own, which the GEMM's alpha multiplies,
+** where eagerly B's fold reads A's product, and only while both operands have at most 2^20
+** elements; a context's first GEMM captured before it has a side stream runs them in turn, one
+** chain, with the eager run's bytes; the pair saves the NVFP4 step two kernel nodes a GEMM).
 ** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
 ** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
@@ -88,7 +91,21 @@ static const char *recipes[] = {
     "[role linear:input:*]\nrowwise = f\ncolumnwise = f\n"
     "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
     "[role linear:grad_output:*]\nrowwise = f\ncolumnwise = f\n",
+    /* recipe 4 through a module without dequantize_pair (tests/wrap/nopair.c) */
+    "[format f]\nplugin = nvfp4_nopair\nrht = true\n[format w]\nplugin = nvfp4_nopair\n"
+    "[role linear:input:*]\nrowwise = f\ncolumnwise = f\n"
+    "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
+    "[role linear:grad_output:*]\nrowwise = f\ncolumnwise = f\n",
 };
+enum { N_RECIPES = sizeof recipes / sizeof *recipes, NOPAIR = 5 }; /* the wrapped one */
+
+/* recipes[k], its plugins found on the test path and, for NOPAIR, in $HQ_TEST_WRAP_DIR */
+static hq_recipe *step_recipe(size_t k) {
+  const char *wrap = getenv("HQ_TEST_WRAP_DIR");
+  if (k >= NOPAIR && !wrap)
+    fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+  return hq_test_recipe_dirs(recipes[k], &wrap, k >= NOPAIR ? 1 : 0);
+}
 
 /* The nodes and edges of a captured graph: a capture of one stream is a chain (edges = nodes -
    1); work forked onto a second stream and joined back adds edges. */
@@ -130,8 +147,9 @@ static void test_step_in_a_graph(void **state) {
   const char *roles[3] = {"linear:input:l", "linear:weight:l", "linear:grad_output:l"};
   const int64_t orow[3] = {M, M, N}, ocol[3] = {N, K, K};
   const size_t n_out = (size_t)(M * N + M * K + N * K);
-  for (size_t k = 0; k < sizeof recipes / sizeof *recipes; k++) {
-    hq_recipe *r = hq_test_recipe(recipes[k]);
+  size_t kernels[N_RECIPES];
+  for (size_t k = 0; k < N_RECIPES; k++) {
+    hq_recipe *r = step_recipe(k);
     hq_quantizer *q[3];
     hq_qtensor *qt[3];
     hq_tensor src[3], out[2][3], first[3], second[3];
@@ -164,10 +182,18 @@ static void test_step_in_a_graph(void **state) {
     CK(ce);
     size_t nodes = 0, edges = 0;
     graph_shape(graph, &nodes, &edges);
-    /* NVFP4's operands fold their per-tensor factors, each into its own product (ABI 1.3) */
-    if ((strstr(recipes[k], "mxfp") || strstr(recipes[k], "nvfp4")) && mx_emulated() &&
-        edges < nodes)
+    kernels[k] = graph_count(graph, cudaGraphNodeTypeKernel);
+    /* each emulated GEMM's two dequantizes: one launch of nvfp4's dequantize_pair (a chain),
+       or, from the MX modules and the one without the op, two kernels side by side (NVFP4's
+       each folding its per-tensor factor into its own product, ABI 1.3) */
+    const int emulated =
+        (strstr(recipes[k], "mxfp") || strstr(recipes[k], "nvfp4")) && mx_emulated();
+    const int paired = k == 4;
+    if (emulated && !paired && edges < nodes)
       fail_msg("%s: %zu nodes, %zu edges: the emulated GEMMs' dequantizes were not forked",
+               recipes[k], nodes, edges);
+    if (emulated && paired && edges + 1 != nodes)
+      fail_msg("%s: %zu nodes, %zu edges: the emulated GEMMs' dequantizes were not one launch",
                recipes[k], nodes, edges);
     CK(cudaGraphInstantiate(&exec, graph, 0));
     /* new data in the same buffers; the graph's outputs zeroed so that a replay that wrote
@@ -206,6 +232,12 @@ static void test_step_in_a_graph(void **state) {
     }
     hq_recipe_free(r);
   }
+  /* the pair saves each of the step's three NVFP4 GEMMs two kernels: one dequantize, and the
+     runner's kernel multiplying the two products (the one launch folds B's factor into A's
+     product) */
+  if (mx_emulated() && kernels[NOPAIR] != kernels[4] + 6)
+    fail_msg("kernel nodes: nvfp4 %zu, without the pair %zu (want 6 more)", kernels[4],
+             kernels[NOPAIR]);
 }
 
 enum { WR = 192, WC = 320 };   /* the weight AdamW updates */
@@ -524,7 +556,7 @@ static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   d.device = 0;
   d.stream = stream;
   HQ_OK_OR_FAIL(hq_ctx_create(&d, &ctx));
-  hq_recipe *r = hq_test_recipe(recipes[rec]);
+  hq_recipe *r = step_recipe((size_t)rec);
   const char *roles[2] = {"linear:input:l", "linear:weight:l"};
   hq_quantizer *q[2];
   hq_qtensor *qt[2];
@@ -590,26 +622,33 @@ static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
 }
 
 /* The first GEMM of a context captured before the context made its side stream (making one is
-   not capture work): its dequantizes run in turn on the captured stream (the graph is a chain),
-   and the replay gives the bytes of the same GEMM run eagerly afterwards -- for MXFP8 (no
-   factor; the eager run forks) and for NVFP4 (each operand folding its factor into its own
-   product, in turn; the eager run chains the folds, B's reading A's product). */
+   not capture work), from modules without dequantize_pair: its dequantizes run in turn on the
+   captured stream (the graph is a chain), and the replay gives the bytes of the same GEMM run
+   eagerly afterwards -- for MXFP8 (no factor; the eager run forks) and for NVFP4 wrapped
+   without the op (each operand folding its factor into its own product, in turn; the eager run
+   chains the folds, B's reading A's product). The stock nvfp4's one launch needs no side
+   stream: a chain too. */
 static void test_first_gemm_captured(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
+  fprop_captured(NOPAIR, M, 0, 0);
   fprop_captured(2, M, 0, 0);
   fprop_captured(4, M, 0, 0);
 }
 
 /* NVFP4 operands, which both carry a per-tensor factor, captured once the context has its side
-   stream: small ones (at most 2^20 elements each) dequantized side by side, each folding into
-   its own product, the graph a fork; an input of 2304 x 512 = 1.18M elements dequantized in
-   turn, B's fold reading A's product, the graph a chain. Each replay gives the eager run's
-   bytes (a chain: eagerly the emulated path never pairs two such operands). */
+   stream. From a module without dequantize_pair: small ones (at most 2^20 elements each)
+   dequantized side by side, each folding into its own product, the graph a fork; an input of
+   2304 x 512 = 1.18M elements dequantized in turn, B's fold reading A's product, the graph a
+   chain. From the stock module: one launch for both, B's fold reading A's product, a chain at
+   either size. Each replay gives the eager run's bytes (eagerly the emulated path never forks
+   two such operands). */
 static void test_fold_pair_captured(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  fprop_captured(4, M, 1, 1);
+  fprop_captured(NOPAIR, M, 1, 1);
+  fprop_captured(NOPAIR, 2304, 1, 0);
+  fprop_captured(4, M, 1, 0);
   fprop_captured(4, 2304, 1, 0);
 }
 

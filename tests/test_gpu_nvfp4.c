@@ -519,6 +519,7 @@ static void test_raw_and_factor(void **state) {
       HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &g));
       HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
       compare_usage(h, g, HQ_BOTH, option_sets[o]);
+      float fhs[2] = {0.0f, 0.0f}; /* each direction's factor on the host */
       for (uint32_t d = 1; d <= 2; d++) {
         hq_gpu_compare_raw(gpu, ops, &host, h, g, d, option_sets[o]);
         if (strstr(option_sets[o], "global_scale = row"))
@@ -537,10 +538,25 @@ static void test_raw_and_factor(void **state) {
         if (memcmp(&fh, &fg, sizeof fh))
           fail_msg("%s special %d dir %u: factor cpu %a gpu %a", option_sets[o], special, d,
                    (double)fh, (double)fg);
+        fhs[d - 1] = fh;
         hq_ctx_free(gpu, dev);
         if (!special)
           hq_gpu_check_factor_out(gpu, ops, &host, hq_qtensor_storage(g, d), fh, 96, 160,
                                   option_sets[o]);
+      }
+      /* both directions as one pair (ABI 2.6), in either order and each with itself, into the
+         emulated GEMM's BF16, into F32 and F16; the special values too (the kernels' NaN
+         paths), the chained fold only where the values are finite (a row-scaled storage's
+         per-tensor factor is 1) */
+      static const struct { uint32_t a, b; hq_dtype dt; } pairs[] = {
+          {1, 2, HQ_BF16}, {2, 1, HQ_BF16}, {1, 1, HQ_BF16}, {2, 2, HQ_F32}, {2, 1, HQ_F16}};
+      for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
+        const uint32_t da = pairs[p].a, db = pairs[p].b;
+        char what[600];
+        snprintf(what, sizeof what, "%s special %d, pair of directions %u and %u, %s",
+                 option_sets[o], special, da, db, hq_dtype_name(pairs[p].dt));
+        hq_gpu_check_pair(gpu, ops, &host, hq_qtensor_storage(g, da), hq_qtensor_storage(g, db),
+                          pairs[p].dt, !special, fhs[da - 1], fhs[db - 1], what);
       }
       hq_qtensor_free(h);
       hq_qtensor_free(g);

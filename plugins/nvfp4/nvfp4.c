@@ -872,8 +872,10 @@ static int read_desc(const hq_host_api *h, const hq_storage *s, const nvfp4_mode
   return HQ_OK;
 }
 
-static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
-  (void)cfgp; /* the storage describes itself: it may come from another nvfp4 instance */
+/* The checks of a dequantize of s into dst and what it then does, as the device kernels take
+   it (*d, *md). */
+static int deq_job(const hq_call *call, const hq_storage *s, hq_tensor *dst, nvfp4_deq *d,
+                   nvfp4_mode *md) {
   const hq_host_api *h = call->host;
 #ifndef HQ_HAVE_CUDA
   if (call->device != HQ_DEVICE_HOST)
@@ -886,35 +888,58 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const uint32_t dir = s ? s->dir : 0;
   if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
     return h->error(HQ_EINVAL, "nvfp4: dequantize of a storage without a direction");
-  nvfp4_mode md;
-  rc = check_storage(h, s, dir, M, K, &md);
+  rc = check_storage(h, s, dir, M, K, md);
   int sw = 0, rht = 0;
   uint32_t mask = 0;
-  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
+  if (!rc) rc = read_desc(h, s, md, &sw, &mask, &rht);
   if (rc) return rc;
   /* raw (HQ_CALL_DEQ_RAW): e2m1 * sf, without the global amax and, for an RHT copy, left in
      the transformed domain (no inverse transform) */
   const int raw = (call->flags & HQ_CALL_DEQ_RAW) != 0;
-  if (raw) rht = 0;
   /* ABI 2.6 (HQ_CAP_DEQ_ROW_FACTOR): a row-scaled storage's raw values split into e2m1 * sf
      (those of global_scale = none, BF16-exact) and each stored row's factor
      hq_nvfp4_tensor_factor_k(amax[r]) */
-  float *rfout = md.global == HQ_NVFP4_GLOBAL_ROW ? hq_call_row_factor_out(call) : NULL;
-  const int64_t stored_rows = dir == HQ_ROWWISE ? M : K;
-  const uint8_t *q = hq_storage_cbuf(s, NVFP4_DATA)->ptr;
-  const uint8_t *sc = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
-  /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the chain's value */
-  float *fout = hq_call_factor_out(call);
+  float *rfout = md->global == HQ_NVFP4_GLOBAL_ROW ? hq_call_row_factor_out(call) : NULL;
+  const float *amax =
+      md->global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  *d = (nvfp4_deq){.q = hq_storage_cbuf(s, NVFP4_DATA)->ptr,
+                   .scale = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr,
+                   .amax = rfout ? NULL : amax,
+                   .kind = md->scale_kind,
+                   .global = rfout ? HQ_NVFP4_GLOBAL_NONE : md->global,
+                   .colwise = dir == HQ_COLWISE,
+                   .swizzle = sw,
+                   .rht = raw ? 0 : rht,
+                   .raw = raw,
+                   .mask = mask,
+                   .dst = dst,
+                   /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the
+                      chain's value */
+                   .fout = hq_call_factor_out(call),
+                   .fin = call->factor_in,
+                   .fmul = call->factor_mul,
+                   .rf_amax = amax,
+                   .rfout = rfout,
+                   .rf_n = dir == HQ_ROWWISE ? M : K};
+  return HQ_OK;
+}
+
+static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s, hq_tensor *dst) {
+  (void)cfgp; /* the storage describes itself: it may come from another nvfp4 instance */
+  nvfp4_deq d = {0};
+  nvfp4_mode md = {0};
+  int rc = deq_job(call, s, dst, &d, &md);
+  if (rc) return rc;
 #ifdef HQ_HAVE_CUDA
-  if (call->device != HQ_DEVICE_HOST) {
-    const float *amax_dev =
-        md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
-    return nvfp4_cuda_dequantize(call, q, sc, rfout ? NULL : amax_dev, md.scale_kind,
-                                 rfout ? HQ_NVFP4_GLOBAL_NONE : md.global, dir == HQ_COLWISE, sw,
-                                 rht, mask, raw, dst, fout, call->factor_in, call->factor_mul,
-                                 amax_dev, rfout, stored_rows);
-  }
+  if (call->device != HQ_DEVICE_HOST) return nvfp4_cuda_dequantize(call, &d);
 #endif
+  const int64_t M = dst->rows, K = dst->cols;
+  const uint32_t dir = s->dir;
+  const int raw = d.raw, rht = d.rht, sw = d.swizzle;
+  const uint32_t mask = d.mask;
+  const uint8_t *q = d.q, *sc = d.scale;
+  float *rfout = d.rfout, *fout = d.fout;
+  const int64_t stored_rows = d.rf_n;
   const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !rfout;
   /* tensor: the direction's amax; row: one per stored row (amaxes[r]); none: no amax, the
      decode multiplier is fp32(sf), raw or not */
@@ -966,6 +991,27 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
     }
   }
   return HQ_OK;
+}
+
+/* ABI 2.6: an emulated GEMM's two raw dequantizes as one launch (nvfp4_cuda_dequantize_pair).
+   On the host, and for a pair the kernel does not take, HQ_ENOTSUP: the core makes the two
+   calls. */
+static int dequantize_pair(const void *cfg, const hq_call *call, const hq_storage *s,
+                           hq_tensor *dst, const void *cfg_b, const hq_call *call_b,
+                           const hq_storage *s_b, hq_tensor *dst_b) {
+  (void)cfg; /* the storages describe themselves */
+  (void)cfg_b;
+#ifdef HQ_HAVE_CUDA
+  if (call->device == HQ_DEVICE_HOST) return HQ_ENOTSUP; /* both calls share device and stream */
+  nvfp4_deq a, b;
+  nvfp4_mode ma, mb;
+  int rc = deq_job(call, s, dst, &a, &ma);
+  if (!rc) rc = deq_job(call_b, s_b, dst_b, &b, &mb);
+  return rc ? rc : nvfp4_cuda_dequantize_pair(call, &a, &b);
+#else
+  (void)call, (void)s, (void)dst, (void)call_b, (void)s_b, (void)dst_b;
+  return HQ_ENOTSUP;
+#endif
 }
 
 // --- ABI 2.1: the per-tensor factor and the native GEMM ------------------------------------
@@ -1030,6 +1076,7 @@ static const hq_format_ops ops = {
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
     .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
+    .dequantize_pair = dequantize_pair,
 };
 
 HQ_FORMAT_DEFINE(ops);

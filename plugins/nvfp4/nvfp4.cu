@@ -1996,9 +1996,12 @@ __device__ __forceinline__ float storage_factor(const float *amax, int kind, int
 /* *fout = hq_mul_rn(fin ? *fin : fmul, storage_factor): the raw dequantize's per-tensor factor,
    folded into the caller's running product (hq_call.factor_out), written by thread 0 of CTA 0
    of the dequantize kernel itself (no launch of its own). */
-__device__ __forceinline__ void write_factor(const DArgs &a) {
-  if (a.fout && blockIdx.x == 0 && threadIdx.x == 0)
+__device__ __forceinline__ void write_factor_now(const DArgs &a) {
+  if (a.fout)
     *a.fout = hq_mul_rn(a.fin ? *a.fin : a.fmul, storage_factor(a.amax, a.kind, a.global));
+}
+__device__ __forceinline__ void write_factor(const DArgs &a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) write_factor_now(a);
 }
 
 /* The decode multiplier of scale code sf in stored row r (amax: the per-tensor amax, read once
@@ -2059,13 +2062,10 @@ __device__ __forceinline__ void write_row_factors(const DArgs &a) {
    thread, every store of a warp 512 contiguous bytes, was slower). SMALL (M * K < 2^32) finds
    the row with 32-bit arithmetic. */
 template <int DT, bool SMALL>
-__global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
-  write_factor(a);
-  write_row_factors(a);
+__device__ __forceinline__ void deq_rows(const DArgs &a, int64_t cta, int64_t ctas) {
   const int64_t K = a.K, nrun = a.M * K / 16;
   const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < nrun;
-       g += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t g = cta * blockDim.x + threadIdx.x; g < nrun; g += ctas * blockDim.x) {
     const int64_t e0 = g * 16;
     int64_t i, k;
     hq_cuda_row_col<SMALL>(e0, K, &i, &k);
@@ -2094,6 +2094,12 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
     store_run<DT, 8>(a.dst, e0 + 8, v + 8, a.vec);
   }
 }
+template <int DT, bool SMALL>
+__global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
+  write_factor(a);
+  write_row_factors(a);
+  deq_rows<DT, SMALL>(a, blockIdx.x, gridDim.x);
+}
 
 /* Columnwise dequantize: one CTA of 128 threads per 16 x 128 tile, one block of 16 along M for
    each of 128 columns: each thread decodes one block from the [K, M] copy (8 bytes, the inverse
@@ -2101,14 +2107,13 @@ __global__ void __launch_bounds__(kThreads) dequantize_rows_kernel(DArgs a) {
    columns (a warp stores a whole 128-column row). A tile of one row block keeps a tensor of a
    few hundred rows on as many CTAs as its blocks of 16 x 128 (a 256 x 256 weight: 32). */
 constexpr int kDcM = 16, kDcK = 128;
-template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArgs a) {
-  /* rows padded to 132 floats: the 16-byte reads of a row's runs stay conflict-free */
-  __shared__ __align__(16) float ft[kDcM][kDcK + 4];
-  write_factor(a);
-  write_row_factors(a);
+/* rows padded to 132 floats: the 16-byte reads of a row's runs stay conflict-free */
+typedef float DcTile[kDcM][kDcK + 4];
+template <int DT>
+__device__ __forceinline__ void deq_cols(const DArgs &a, unsigned tile, DcTile &ft) {
   const int64_t M = a.M, K = a.K;
   const unsigned ntk = (unsigned)((K + kDcK - 1) / kDcK);
-  const int64_t i0 = (int64_t)(blockIdx.x / ntk) * kDcM, k0 = (int64_t)(blockIdx.x % ntk) * kDcK;
+  const int64_t i0 = (int64_t)(tile / ntk) * kDcM, k0 = (int64_t)(tile % ntk) * kDcK;
   const float amax = a.raw || a.global != HQ_NVFP4_GLOBAL_TENSOR ? 0.0f : *a.amax;
   const int t = threadIdx.x;
   const int64_t k = k0 + t;
@@ -2138,6 +2143,33 @@ template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArg
     } else {
       for (int e = 0; e < 4 && kk + e < K; e++) hq_store_hp(a.dst, i * K + kk + e, DT, g[e]);
     }
+  }
+}
+template <int DT> __global__ void __launch_bounds__(kDcK) dequantize_kernel(DArgs a) {
+  __shared__ __align__(16) DcTile ft;
+  write_factor(a);
+  write_row_factors(a);
+  deq_cols<DT>(a, blockIdx.x, ft);
+}
+
+/* Two dequantizes in one launch (dequantize_pair): CTAs [0, na) do a's, the others b's, each
+   part as its own kernel above would (a rowwise part grid-strides over its CTAs at 128 threads
+   each, a columnwise part takes a 16 x 128 tile a CTA); thread 0 of CTA 0 writes a's factor and
+   then b's, so that b's may read a's product (a chained fold). No row factors. */
+template <int DT, bool SMALL>
+__global__ void __launch_bounds__(kDcK) dequantize_pair_kernel(DArgs a, DArgs b, unsigned na) {
+  __shared__ __align__(16) DcTile ft;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    write_factor_now(a);
+    write_factor_now(b);
+  }
+  if (blockIdx.x < na) {
+    if (a.colwise) deq_cols<DT>(a, blockIdx.x, ft);
+    else deq_rows<DT, SMALL>(a, blockIdx.x, na);
+  } else {
+    const unsigned cta = blockIdx.x - na, ctas = gridDim.x - na;
+    if (b.colwise) deq_cols<DT>(b, cta, ft);
+    else deq_rows<DT, SMALL>(b, cta, ctas);
   }
 }
 
@@ -2631,39 +2663,82 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   }
 }
 
-extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
-                                     const float *amax, int kind, int global, int colwise,
-                                     int swizzle, int rht, uint32_t mask, int raw, hq_tensor *dst,
-                                     float *fout, const float *fin, float fmul,
-                                     const float *rf_amax, float *rfout, int64_t rf_n) {
+namespace {
+
+/* The kernel arguments of dequantize d. */
+DArgs deq_args(const nvfp4_deq *d) {
   DArgs a = DArgs();
-  a.amax = amax;
-  a.kind = kind;
-  a.global = global;
-  a.fout = raw ? fout : NULL;
-  a.fin = fin;
-  a.fmul = fmul;
-  a.rfout = raw && rf_n > 0 ? rfout : NULL;
-  a.rf_amax = rf_amax;
-  a.rf_n = rf_n;
+  a.amax = d->amax;
+  a.kind = d->kind;
+  a.global = d->global;
+  a.fout = d->raw ? d->fout : NULL;
+  a.fin = d->fin;
+  a.fmul = d->fmul;
+  a.rfout = d->raw && d->rf_n > 0 ? d->rfout : NULL;
+  a.rf_amax = d->rf_amax;
+  a.rf_n = d->rf_n;
+  a.q = d->q;
+  a.scale = d->scale;
+  a.colwise = d->colwise;
+  a.swz = d->swizzle;
+  a.rht = d->rht && !d->raw; /* a raw RHT copy stays in the transformed domain */
+  a.raw = d->raw;
+  a.mask = d->mask;
+  a.dst = d->dst->data;
+  a.M = d->dst->rows;
+  a.K = d->dst->cols;
+  a.vec = aligned(d->q, 8) && aligned(a.dst, 16) && a.M % 16 == 0 && a.K % 16 == 0;
+  return a;
+}
+
+/* CTAs of one part of the pair kernel (128 threads): a rowwise part's grid-stride grid, a
+   columnwise part's tiles; 0 when the part cannot be one (K % 16 != 0 rowwise). */
+int64_t pair_ctas(const hq_call *call, const DArgs &a) {
+  if (a.colwise) return ((a.M + kDcM - 1) / kDcM) * ((a.K + kDcK - 1) / kDcK);
+  if (a.K % 16 != 0) return 0;
+  return hq_cuda_stride_grid(call->device, (a.M * a.K / 16 + kDcK - 1) / kDcK);
+}
+
+template <int DT> int launch_pair(const hq_call *call, const DArgs &a, const DArgs &b,
+                                  unsigned na, unsigned n) {
+  cudaStream_t stream = (cudaStream_t)call->stream;
+  if ((uint64_t)(a.M * a.K) < ((uint64_t)1 << 32) && (uint64_t)(b.M * b.K) < ((uint64_t)1 << 32))
+    dequantize_pair_kernel<DT, true><<<n, kDcK, 0, stream>>>(a, b, na);
+  else
+    dequantize_pair_kernel<DT, false><<<n, kDcK, 0, stream>>>(a, b, na);
+  CHECK_LAUNCH(call, "nvfp4 pair dequantize kernel");
+  return HQ_OK;
+}
+
+} // namespace
+
+extern "C" int nvfp4_cuda_dequantize_pair(const hq_call *call, const nvfp4_deq *da,
+                                          const nvfp4_deq *db) {
+  const hq_tensor *ta = da->dst, *tb = db->dst;
+  if (ta->dtype != tb->dtype || ta->rows * ta->cols == 0 || tb->rows * tb->cols == 0 ||
+      (da->raw && da->rfout && da->rf_n > 0) || (db->raw && db->rfout && db->rf_n > 0))
+    return HQ_ENOTSUP;
+  const DArgs a = deq_args(da), b = deq_args(db);
+  const int64_t na = pair_ctas(call, a), nb = pair_ctas(call, b);
+  if (na == 0 || nb == 0 || na + nb > 0x7fffffff) return HQ_ENOTSUP;
+  switch (ta->dtype) {
+  case HQ_F32: return launch_pair<HQ_F32>(call, a, b, (unsigned)na, (unsigned)(na + nb));
+  case HQ_F16: return launch_pair<HQ_F16>(call, a, b, (unsigned)na, (unsigned)(na + nb));
+  case HQ_BF16: return launch_pair<HQ_BF16>(call, a, b, (unsigned)na, (unsigned)(na + nb));
+  default: return HQ_ENOTSUP;
+  }
+}
+
+extern "C" int nvfp4_cuda_dequantize(const hq_call *call, const nvfp4_deq *d) {
+  const hq_tensor *dst = d->dst;
+  DArgs a = deq_args(d);
   if (dst->rows == 0 || dst->cols == 0) {
     if (!a.fout && !a.rfout) return HQ_OK;
-    const int64_t nb = (rf_n + 255) / 256 < 1024 ? (rf_n + 255) / 256 : 1024;
+    const int64_t nb = (a.rf_n + 255) / 256 < 1024 ? (a.rf_n + 255) / 256 : 1024;
     factor_kernel<<<a.rfout ? (unsigned)nb : 1u, 256, 0, (cudaStream_t)call->stream>>>(a);
     CHECK_LAUNCH(call, "nvfp4 factor kernel");
     return HQ_OK;
   }
-  a.q = q;
-  a.scale = scale;
-  a.colwise = colwise;
-  a.swz = swizzle;
-  a.rht = rht && !raw; /* a raw RHT copy stays in the transformed domain */
-  a.raw = raw;
-  a.mask = mask;
-  a.dst = dst->data;
-  a.M = dst->rows;
-  a.K = dst->cols;
-  a.vec = aligned(q, 8) && aligned(dst->data, 16) && a.M % 16 == 0 && a.K % 16 == 0;
   switch (dst->dtype) {
   case HQ_F32:
     return launch_dequantize<HQ_F32>(call, a);

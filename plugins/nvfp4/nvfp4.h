@@ -61,11 +61,24 @@ int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, const hq_tens
    rfout[r] = hq_nvfp4_tensor_factor_k(rf_amax[r], kind) for the rf_n stored rows of a
    row-scaled storage (ABI 2.6's hq_call.row_factor_out; the values are then dequantized with
    amax NULL and global none), written by the dequantize kernel. */
-int nvfp4_cuda_dequantize(const hq_call *call, const uint8_t *q, const uint8_t *scale,
-                          const float *amax, int kind, int global, int colwise, int swizzle,
-                          int rht, uint32_t mask, int raw, hq_tensor *dst, float *fout,
-                          const float *fin, float fmul, const float *rf_amax, float *rfout,
-                          int64_t rf_n);
+typedef struct nvfp4_deq {
+  const uint8_t *q, *scale;
+  const float *amax;
+  int kind, global, colwise, swizzle, rht, raw;
+  uint32_t mask;
+  hq_tensor *dst;
+  float *fout;
+  const float *fin;
+  float fmul;
+  const float *rf_amax;
+  float *rfout;
+  int64_t rf_n;
+} nvfp4_deq;
+int nvfp4_cuda_dequantize(const hq_call *call, const nvfp4_deq *d);
+/* Two of them as one launch, a's and then b's effect (b's fin may be a's fout: the product a
+   writes), both on call->stream: HQ_ENOTSUP, nothing queued and no message, for a pair the
+   kernel does not take (another dst dtype, no elements, row factors). */
+int nvfp4_cuda_dequantize_pair(const hq_call *call, const nvfp4_deq *a, const nvfp4_deq *b);
 /* *out = hq_nvfp4_tensor_factor_k(*amax, kind) with global_scale = tensor, 1 otherwise: device
    memory, one thread, on call->stream. */
 int nvfp4_cuda_tensor_factor(const hq_call *call, const float *amax, int kind, int global,
