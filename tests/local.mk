@@ -342,6 +342,13 @@ tests_test_recipe_check_oom_SOURCES = tests/test_recipe_check_oom.c tests/hq_tes
 tests_test_recipe_check_oom_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
 tests_test_recipe_check_oom_LDADD = $(HQ_TEST_LDADD)
 
+# hq bench's format configurations: a stock module missing (skipped) or rejected (failed)
+check_PROGRAMS += tests/test_bench_spec
+tests_test_bench_spec_SOURCES = tests/test_bench_spec.c tests/hq_test.h tools/bench_spec.c \
+	tools/bench_spec.h
+tests_test_bench_spec_CPPFLAGS = $(HQ_TEST_CPPFLAGS) -I$(top_srcdir)/tools
+tests_test_bench_spec_LDADD = $(HQ_TEST_LDADD)
+
 # delayed scaling: the update rule, one state buffer for many quantizers, hybrids, recipes
 check_PROGRAMS += tests/test_delayed
 tests_test_delayed_SOURCES = tests/test_delayed.c tests/hq_test.h

@@ -24,6 +24,7 @@
 #include <nccl.h>   /* before hq/dist.h: it declares hq_dist_nccl_create when NCCL's is seen */
 #endif
 #include "hq/dist.h"
+#include "bench_spec.h"
 #include "bench_timer.h"
 #include "cli.h"
 #include "commands.h"
@@ -362,7 +363,7 @@ static int bench_format(const dist_args *a, dist_run *r, const char *spec) {
     snprintf(why, sizeof why, "%s", hq_last_error());
   }
   if (!all_ok(!why[0])) { /* the same recipe everywhere: the ranks agree on skipping it */
-    const int skip = !a->user_formats && strstr(why, "was not found");
+    const int skip = !a->user_formats && bench_spec_missing(r->set, spec);
     if (r->rank == 0)
       printf("%-22s %s: %s\n", label, skip ? "skipped" : "failed", why[0] ? why : "(another rank)");
     status = skip ? 1 : 2;

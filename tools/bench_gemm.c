@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_spec.h"
 #include "bench_timer.h"
 #include "cli.h"
 #include "commands.h"
@@ -101,6 +102,7 @@ typedef struct row {
   char note[320];           /* why it did not run, or the reason hq took its path */
   uint32_t fused;           /* hq_gemm_info.fused: 1 = A, 2 = B read as codes (fused-bf16) */
   int user;                 /* a row of --format or --recipe/--role */
+  int missing;              /* its module is not installed (bench_spec_missing) */
 } row;
 
 /* Whether row r was meant to run and did not (exit status 1): a direct library call this machine
@@ -109,7 +111,7 @@ typedef struct row {
 static int row_failed(const row *r) {
   if (!isnan(r->ms)) return 0;
   if (r->path && !strcmp(r->path, "direct")) return 0;
-  return r->user || !strstr(r->note, "was not found");
+  return r->user || !r->missing;
 }
 
 #ifdef HQ_HAVE_CUDA
@@ -573,6 +575,14 @@ static hq_qtensor *quantize_spec(bench *B, const char *spec, const hq_tensor *sr
   return qt;
 }
 
+/* quantize_spec for row r: its note says why it failed, and r->missing whether spec's module
+   is not installed. */
+static hq_qtensor *row_quantize(bench *B, row *r, const char *spec, const hq_tensor *src) {
+  hq_qtensor *qt = quantize_spec(B, spec, src, r->note, sizeof r->note);
+  if (!qt) r->missing = bench_spec_missing(B->set, spec);
+  return qt;
+}
+
 /* Time hq_gemm of two formats (qa for A, qb for B) into row r; with a baseline pb (named
    `base`), its median timed interleaved into r->base_ms. */
 static void hq_row(bench *B, row *r, hq_qtensor *qa, hq_qtensor *qb, hq_tensor *d,
@@ -606,8 +616,8 @@ static int user_rows(bench *B, int64_t m, int64_t n, int64_t k, const hq_tensor 
     r->user = 1;
     hq_qtensor *qa, *qb = NULL;
     if (i < B->nspecs) {
-      qa = quantize_spec(B, B->specs[i], a, r->note, sizeof r->note);
-      if (qa) qb = quantize_spec(B, B->specs[i], b, r->note, sizeof r->note);
+      qa = row_quantize(B, r, B->specs[i], a);
+      if (qa) qb = row_quantize(B, r, B->specs[i], b);
     } else {
       qa = quantize_with(B, B->role_q, B->labels[i], a, r->note, sizeof r->note);
       if (qa) qb = quantize_with(B, B->role_q, B->labels[i], b, r->note, sizeof r->note);
@@ -683,8 +693,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
   /* hq identity bf16 */
   {
     row *r = add_row(B, m, n, k, "hq identity bf16");
-    hq_qtensor *qa = quantize_spec(B, "identity dtype=bf16", &a, r->note, sizeof r->note);
-    hq_qtensor *qb = qa ? quantize_spec(B, "identity dtype=bf16", &b, r->note, sizeof r->note) : NULL;
+    hq_qtensor *qa = row_quantize(B, r, "identity dtype=bf16", &a);
+    hq_qtensor *qb = qa ? row_quantize(B, r, "identity dtype=bf16", &b) : NULL;
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
     if (qa && qb) hq_row(B, r, qa, qb, &d, bf16, "direct bf16");
@@ -715,8 +725,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
     row *rd = add_row(B, m, n, k, f8[i].direct_kind);
     rd->path = "direct";
     row *rh = add_row(B, m, n, k, f8[i].hq_kind);
-    hq_qtensor *qa = quantize_spec(B, f8[i].spec_a, &a, rh->note, sizeof rh->note);
-    hq_qtensor *qb = qa ? quantize_spec(B, f8[i].spec_b, &b, rh->note, sizeof rh->note) : NULL;
+    hq_qtensor *qa = row_quantize(B, rh, f8[i].spec_a, &a);
+    hq_qtensor *qb = qa ? row_quantize(B, rh, f8[i].spec_b, &b) : NULL;
     if (qa && qb) {
       dop da, db;
       direct x;
@@ -751,8 +761,8 @@ static int bench_cuda_shape(bench *B, int64_t m, int64_t n, int64_t k, cublasLtH
       {"mxfp8", "hq mxfp8"}, {"nvfp4", "hq nvfp4"}, {"mxfp4", "hq mxfp4"}, {"mxfp6", "hq mxfp6"}};
   for (size_t i = 0; i < sizeof emul / sizeof *emul; i++) {
     row *r = add_row(B, m, n, k, emul[i][1]);
-    hq_qtensor *qa = quantize_spec(B, emul[i][0], &a, r->note, sizeof r->note);
-    hq_qtensor *qb = qa ? quantize_spec(B, emul[i][0], &b, r->note, sizeof r->note) : NULL;
+    hq_qtensor *qa = row_quantize(B, r, emul[i][0], &a);
+    hq_qtensor *qb = qa ? row_quantize(B, r, emul[i][0], &b) : NULL;
     r->base = "direct bf16";
     r->base_ms = bf16_ms;
     if (qa && qb) hq_row(B, r, qa, qb, &d, bf16, "direct bf16");
@@ -1141,8 +1151,8 @@ static int bench_cpu_shape(bench *B, int64_t m, int64_t n, int64_t k) {
   const int user = user_rows(B, m, n, k, &a, &b, &d, NULL, "direct sgemm", base->ms);
   for (int i = 0; !user && i < 2; i++) {
     row *r = add_row(B, m, n, k, specs[i][1]);
-    hq_qtensor *qa = quantize_spec(B, specs[i][0], &a, r->note, sizeof r->note);
-    hq_qtensor *qb = qa ? quantize_spec(B, specs[i][0], &b, r->note, sizeof r->note) : NULL;
+    hq_qtensor *qa = row_quantize(B, r, specs[i][0], &a);
+    hq_qtensor *qb = qa ? row_quantize(B, r, specs[i][0], &b) : NULL;
     if (qa && qb) hq_row(B, r, qa, qb, &d, NULL, NULL);
     r->base = "direct sgemm";
     r->base_ms = base->ms;

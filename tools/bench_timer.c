@@ -236,24 +236,3 @@ int bench_mem_failed(const bench_mem *m) { return m->failed; }
 
 // --- the recipe of one format configuration ------------------------------------------------------
 
-int bench_recipe_text(const char *spec, const char *name, char *out, size_t len, char *label,
-                      size_t label_len) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL, *tok = strtok_r(buf, " ,", &save);
-  if (!tok) return -1;
-  size_t n = (size_t)snprintf(out, len, "[format %s]\nplugin = %s\n", name, tok);
-  if (label) snprintf(label, label_len, "%s", tok);
-  while ((tok = strtok_r(NULL, " ,", &save)) != NULL) {
-    char *eq = strchr(tok, '=');
-    if (!eq) return -1;
-    *eq = '\0';
-    n += (size_t)snprintf(out + n, len - n, "%s = %s\n", tok, eq + 1);
-    if (label) {
-      size_t l = strlen(label);
-      snprintf(label + l, label_len - l, " %s=%s", tok, eq + 1);
-    }
-  }
-  snprintf(out + n, len - n, "[role *:*:*]\nrowwise = %s\ncolumnwise = %s\n", name, name);
-  return 0;
-}

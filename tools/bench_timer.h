@@ -2,7 +2,7 @@
 ** bench_timer.h -- what both benches of `hq bench` share: timing (host clock on the CPU, CUDA
 ** events on a device), the device-to-device copy bandwidth measured in the same run (the
 ** memory-bound ceiling), a counting allocator (current and peak bytes) given to the bench's
-** hq_ctx, and the recipe of one format configuration.
+** hq_ctx.
 */
 #ifndef HQ_BENCH_TIMER_H
 #define HQ_BENCH_TIMER_H
@@ -48,13 +48,5 @@ size_t bench_mem_current(const bench_mem *m);
 size_t bench_mem_peak(const bench_mem *m);  /* the most held since the last reset */
 void bench_mem_reset_peak(bench_mem *m);    /* peak := current */
 int bench_mem_failed(const bench_mem *m);   /* an allocation failed or a free was unknown */
-
-/* The recipe of one format configuration, spec "PLUGIN[ key=value...]" (separated by spaces or
-   commas: "nvfp4 rht=true"): a [format NAME] of that plugin with those options, both directions
-   of every role, into out (1024 bytes hold any spec of up to 255 characters); the label "PLUGIN
-   key=value..." into label unless it is NULL. NAME is the bench's own (messages about the
-   format name it). 0, or -1 when spec is not of that form. */
-int bench_recipe_text(const char *spec, const char *name, char *out, size_t len, char *label,
-                      size_t label_len);
 
 #endif

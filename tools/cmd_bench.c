@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_spec.h"
 #include "bench_timer.h"
 #include "cli.h"
 #include "commands.h"
@@ -401,7 +402,7 @@ static int config_make(const bench_args *a, bench_run *b, size_t f, config *c) {
     rc = hq_recipe_parse_string(text, "bench", &ropts, &c->r);
     if (!rc && hq_recipe_error_count(c->r)) {
       const char *e = hq_recipe_error(c->r, 0);
-      if (strstr(e, "was not found") && a->stock) return 1;
+      if (a->stock && bench_spec_missing(b->set, a->formats.v[f])) return 1;
       return cli_fail(-1, CMD, "%s: %s", c->label, e);
     }
   }

@@ -1,10 +1,12 @@
 # tools/local.mk -- the hq command
 bin_PROGRAMS += tools/hq
 # hq.c only dispatches to the commands (commands.h); the commands use cli.c (options, values,
-# errors), json.c, buffers.c and bench_timer.c, none of which calls back into a command
+# errors), json.c, buffers.c, bench_timer.c and bench_spec.c, none of which calls back into a
+# command
 tools_hq_SOURCES = tools/hq.c tools/commands.h tools/cli.c tools/cli.h tools/json.c tools/json.h \
 	tools/buffers.c tools/buffers.h tools/npy.c tools/npy.h tools/cmd_info.c tools/cmd_recipe.c tools/cmd_quantize.c \
 	tools/cmd_bench.c tools/bench_gemm.c tools/bench_dist.c tools/bench_timer.c tools/bench_timer.h \
+	tools/bench_spec.c tools/bench_spec.h \
 	tools/cmd_train.c train/train.h train/device.h train/data.c train/model.c train/loop.c \
 	train/checkpoint.c train/ops_cpu.c train/profile.h train/profile.c tools/train_report.c \
 	tools/train_report.h train/dist.h train/dist.c train/cast_cuda.h
