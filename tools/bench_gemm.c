@@ -954,6 +954,8 @@ static void trainer_layer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_byte
   hq_qtensor *qx = quantize_both(B, spec_f, x, note, sizeof note);
   hq_qtensor *qw = qx ? quantize_both(B, spec_w, w, note, sizeof note) : NULL;
   hq_qtensor *qdy = qw ? quantize_both(B, spec_b, dy, note, sizeof note) : NULL;
+  /* a stock module not installed skips the rows (row_failed) */
+  const int missing = !qdy && bench_spec_missing(B->set, !qx ? spec_f : !qw ? spec_w : spec_b);
   for (int g = 0; g < 3; g++) {
     const int64_t m = g == LIN_FPROP ? out : in, n = g == LIN_WGRAD ? out : T;
     const int64_t k = g == LIN_FPROP ? in : g == LIN_DGRAD ? out : T;
@@ -967,6 +969,7 @@ static void trainer_layer(bench *B, cublasLtHandle_t h, void *ws, size_t ws_byte
     snprintf(kd, 120, "cuBLASLt %s %s, D f32 (direct)", label, gname[g]);
     if (!qdy) {
       snprintf(rh->note, sizeof rh->note, "%s", note);
+      rh->missing = missing;
       continue;
     }
     char err[256] = "";

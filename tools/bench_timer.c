@@ -233,6 +233,3 @@ size_t bench_mem_current(const bench_mem *m) { return m->current; }
 size_t bench_mem_peak(const bench_mem *m) { return m->peak; }
 void bench_mem_reset_peak(bench_mem *m) { m->peak = m->current; }
 int bench_mem_failed(const bench_mem *m) { return m->failed; }
-
-// --- the recipe of one format configuration ------------------------------------------------------
-
