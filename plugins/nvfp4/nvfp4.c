@@ -10,8 +10,9 @@
 ** directions (staged through shared memory, coalesced 8-byte stores; block_2d tile amaxes, RHT,
 ** Philox SR and swizzled scale indices as below).
 ** dequantize: a kernel per direction (the columnwise copy through the inverse RHT and a shared
-** tile). make_empty zeroes with cudaMemsetAsync. Everything on call->stream, no scratch (0 on a
-** device), no allocation, no synchronization.
+** tile); dequantize_pair: an emulated GEMM's two raw dequantizes as one launch of both bodies.
+** make_empty zeroes with cudaMemsetAsync. Everything on call->stream, no scratch (0 on a device),
+** no allocation, no synchronization.
 **
 ** Quantize, per direction, with TE's operation order (docs/formats.md; every rule is a function of
 ** nvfp4_rules.h, which the CUDA kernels share):

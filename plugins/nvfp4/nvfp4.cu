@@ -67,7 +67,10 @@
 **     tile of 16 x 128 (one row block: small tensors still spread over the SMs; coalesced
 **     stores). The raw dequantize (HQ_CALL_DEQ_RAW) is the same kernels with
 **     hq_nvfp4_raw_mult (the block scale alone) and no inverse RHT; its values take
-**     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation.
+**     hq_nvfp4_raw_fast (the same bits) and, into BF16, exact truncation. dequantize_pair
+**     (an emulated GEMM's two raw dequantizes) runs both as one grid, the first CTAs on the
+**     first storage's part with that part's own device body, the rest on the second's; one
+**     thread writes both folded factors in order, so the second may read the first's product.
 **   options: scale_dtype = ue5m3 and global_scale = row / none take the same kernels,
 **     specialized on them (OPT, struct Head): UE5M3 codes by hq_f32_to_ue5m3 and S_enc = 1 for
 **     none, the encode multipliers from the same per-direction table; global_scale = row takes
