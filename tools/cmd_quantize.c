@@ -338,9 +338,7 @@ static int set_scale(const char *cmd, const cli_option *o, const char *v) {
    message. */
 static int check_scale(const quantize_args *a) {
   const double min_normal = a->dtype == HQ_F16 ? 6.103515625e-05 : 1.1754943508222875e-38;
-  const double max = a->dtype == HQ_F16    ? 65504.0
-                     : a->dtype == HQ_BF16 ? 3.3895313892515355e+38
-                                           : 3.4028234663852886e+38;
+  const double max = hq_hp_max((int)a->dtype);
   if (a->scale.v >= min_normal && a->scale.v * RNG_MAX <= max) return 0;
   return cli_fail(2, CMD, "--scale '%s' is outside [%.8g, %.8g] for --dtype %s: --random's values "
                   "(|x| up to %g X) would %s", a->scale.text, min_normal, max / RNG_MAX,
