@@ -84,6 +84,13 @@ static void layer_name(const train_model_cfg *cfg, int i, char *out, size_t n) {
   else snprintf(out, n, "fc%d", i + 1);
 }
 
+/* Linear layer i's input and output features: fc1 reads the context's embeddings, the hidden
+   layers H, lm_head writes the padded vocabulary. */
+static void layer_dims(const train_model_cfg *cfg, int i, int64_t *in, int64_t *out) {
+  *in = i == 0 ? (int64_t)cfg->context * cfg->embed : cfg->hidden;
+  *out = i == cfg->layers ? cfg->vocab_pad : cfg->hidden;
+}
+
 /* Whether the kernel that writes a tensor of quantizer q can hand it its amax: a per-tensor amax
    of kind HQ_AMAX_INPUT (max |x|, NaN ignored: what device.h's kernels compute) in one direction
    at least, and none format-specific (HQ_AMAX_OWN: only the format's own pass makes it). */
@@ -163,10 +170,8 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
   int64_t widest = C * E;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
-    const int last = i == m->n_lin - 1;
     layer_name(cfg, i, l->name, sizeof l->name);
-    l->in = i == 0 ? C * E : H;
-    l->out = last ? cfg->vocab_pad : H;
+    layer_dims(cfg, i, &l->in, &l->out);
     train_dist_shard(cfg->dist, l->out, &l->r0, &l->rows);
     if (l->out > widest) widest = l->out;
   }
@@ -354,9 +359,8 @@ int train_recipe_check(hq_recipe *recipe, const train_model_cfg *cfg, hq_ctx *ct
   for (int i = 0; i <= cfg->layers && !rc; i++) {
     char name[16];
     layer_name(cfg, i, name, sizeof name);
-    const int64_t in = i ? cfg->hidden : (int64_t)cfg->context * cfg->embed;
-    const int64_t out = i == cfg->layers ? cfg->vocab_pad : cfg->hidden;
-    int64_t r0, rows;
+    int64_t in, out, r0, rows;
+    layer_dims(cfg, i, &in, &out);
     train_dist_shard(cfg->dist, out, &r0, &rows);
     /* the input, the weight, the output gradient as train_model_create makes them; across
        ranks this rank's shard of the weight too */
