@@ -1215,12 +1215,14 @@ static int plot(const char *file, const session *s, int64_t window, int64_t eval
 }
 
 /* The directory of `target` (the file `path` names: cli_output_path) is one a file can be
-   created in: 0, or 1 after the message. Tried by creating (and removing) a file there: access()
-   says yes to root on a read-only directory and knows nothing of a full quota. */
-static int check_dir(const char *opt, const char *path, const char *target) {
+   created in: 0, or 1 after the message. Tried by creating a file there: access() says yes to
+   root on a read-only directory and knows nothing of a full quota. The file is removed, or with
+   `keep` handed over in *keep (a new string) for the caller to use and remove. */
+static int check_dir(const char *opt, const char *path, const char *target, char **keep) {
   char *dir = dir_of(target), *probe = dir ? path_join(dir, ".hq-train-probe.XXXXXX") : NULL;
   struct stat st;
   int rc = 0, fd;
+  if (keep) *keep = NULL;
   if (!probe) rc = cli_fail(1, CMD, "out of memory");
   else if (stat(dir, &st) != 0)
     rc = cli_fail(1, CMD, "%s %s: the directory %s: %s", opt, path, dir, strerror(errno));
@@ -1231,44 +1233,31 @@ static int check_dir(const char *opt, const char *path, const char *target) {
                   strerror(errno));
   else {
     close(fd);
-    remove(probe);
+    if (keep) *keep = probe, probe = NULL;
+    else remove(probe);
   }
   free(dir);
   free(probe);
   return rc;
 }
 
-/* gnuplot draws a PNG in the directory of `target` (the file --plot names; a small PNG,
-   removed): 0, or 1 after the message with gnuplot's own words. */
-static int check_gnuplot(const char *file, const char *target) {
-  char *dir = dir_of(target), *probe = dir ? path_join(dir, ".hq-train-probe.XXXXXX") : NULL;
-  if (!probe) {
+/* gnuplot draws a small PNG into `probe` (check_dir's file in the directory --plot writes to):
+   0, or 1 after the message with gnuplot's own words. */
+static int check_gnuplot(const char *file, const char *probe) {
+  char *errpath;
+  FILE *g = gnuplot_open(file, &errpath);
+  if (!g) return 1;
+  fputs("set terminal png size 320,240\nset output ", g);
+  gp_quoted(g, probe);
+  fputs("\nplot x notitle\nunset output\n", g);
+  int rc = gnuplot_close(g, errpath, file, "on a test plot before the first step");
+  struct stat st;
+  if (!rc && (stat(probe, &st) != 0 || st.st_size == 0)) {
+    char *dir = dir_of(probe);
+    rc = cli_fail(1, CMD, "--plot %s: gnuplot wrote nothing to a test plot in %s", file,
+                  dir ? dir : probe);
     free(dir);
-    return cli_fail(1, CMD, "out of memory");
   }
-  int rc = 0;
-  const int fd = mkstemp(probe);
-  if (fd < 0) {
-    rc = cli_fail(1, CMD, "--plot %s: cannot create a file in %s: %s", file, dir,
-                  strerror(errno));
-  } else {
-    close(fd);
-    char *errpath;
-    FILE *g = gnuplot_open(file, &errpath);
-    if (!g) rc = 1;
-    else {
-      fputs("set terminal png size 320,240\nset output ", g);
-      gp_quoted(g, probe);
-      fputs("\nplot x notitle\nunset output\n", g);
-      rc = gnuplot_close(g, errpath, file, "on a test plot before the first step");
-      struct stat st;
-      if (!rc && (stat(probe, &st) != 0 || st.st_size == 0))
-        rc = cli_fail(1, CMD, "--plot %s: gnuplot wrote nothing to a test plot in %s", file, dir);
-    }
-    remove(probe);
-  }
-  free(dir);
-  free(probe);
   return rc;
 }
 
@@ -1279,7 +1268,7 @@ static int check_ckpt(const char *file) {
   char *target = NULL;
   hq_ckpt_writer *w = NULL;
   int rc = cli_output_path(CMD, "--checkpoint", file, &target) ||
-           check_dir("--checkpoint", file, target);
+           check_dir("--checkpoint", file, target, NULL);
   if (!rc && hq_ckpt_writer_open(file, &w))
     rc = cli_fail(1, CMD, "--checkpoint: %s", hq_last_error());
   hq_ckpt_writer_abort(w);
@@ -1296,7 +1285,7 @@ static int check_outputs(train_args *a, const session *s) {
   /* the path as given first (several runs write beside it: it must not name a device either),
      and its directory: {step} and -NAME change only the files' names */
   if (a->ckpt_path && (cli_output_path(CMD, "--checkpoint", a->ckpt_path, NULL) ||
-                       check_dir("--checkpoint", a->ckpt_path, a->ckpt_path)))
+                       check_dir("--checkpoint", a->ckpt_path, a->ckpt_path, NULL)))
     return 1;
   for (int k = 0; a->ckpt_path && k < s->n_seeds; k++)
     for (int i = 0; i < s->n_runs; i++) {
@@ -1308,9 +1297,9 @@ static int check_outputs(train_args *a, const session *s) {
       if (rc) return 1;
     }
   if (!a->plot_file) return 0;
-  char *target = NULL;
+  char *target = NULL, *probe = NULL; /* check_dir's file, which gnuplot's test draws into */
   int rc = cli_output_path(CMD, "--plot", a->plot_file, &target) ||
-           check_dir("--plot", a->plot_file, target);
+           check_dir("--plot", a->plot_file, target, &probe);
   if (!rc && system("command -v gnuplot >/dev/null 2>&1") != 0) {
     fprintf(stderr,
             "hq train: --plot %s: gnuplot is not installed (Debian: apt-get install gnuplot-nox); "
@@ -1318,8 +1307,10 @@ static int check_outputs(train_args *a, const session *s) {
             a->plot_file);
     a->plot_file = NULL;
   } else if (!rc) {
-    rc = check_gnuplot(a->plot_file, target);
+    rc = check_gnuplot(a->plot_file, probe);
   }
+  if (probe) remove(probe);
+  free(probe);
   free(target);
   return rc;
 }
