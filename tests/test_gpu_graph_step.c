@@ -97,7 +97,9 @@ static const char *recipes[] = {
     "[role linear:weight:*]\nrowwise = w\ncolumnwise = w\n"
     "[role linear:grad_output:*]\nrowwise = f\ncolumnwise = f\n",
 };
-enum { N_RECIPES = sizeof recipes / sizeof *recipes, NOPAIR = 5 }; /* the wrapped one */
+/* PAIRED: the stock nvfp4 recipe, whose module has dequantize_pair; NOPAIR: the same recipe
+   through the wrapped module without it */
+enum { N_RECIPES = sizeof recipes / sizeof *recipes, PAIRED = 4, NOPAIR = 5 };
 
 /* recipes[k], its plugins found on the test path and, for NOPAIR, in $HQ_TEST_WRAP_DIR */
 static hq_recipe *step_recipe(size_t k) {
@@ -188,7 +190,7 @@ static void test_step_in_a_graph(void **state) {
        each folding its per-tensor factor into its own product, ABI 1.3) */
     const int emulated =
         (strstr(recipes[k], "mxfp") || strstr(recipes[k], "nvfp4")) && mx_emulated();
-    const int paired = k == 4;
+    const int paired = k == PAIRED;
     if (emulated && !paired && edges < nodes)
       fail_msg("%s: %zu nodes, %zu edges: the emulated GEMMs' dequantizes were not forked",
                recipes[k], nodes, edges);
@@ -235,8 +237,8 @@ static void test_step_in_a_graph(void **state) {
   /* the pair saves each of the step's three NVFP4 GEMMs two kernels: one dequantize, and the
      runner's kernel multiplying the two products (the one launch folds B's factor into A's
      product) */
-  if (mx_emulated() && kernels[NOPAIR] != kernels[4] + 6)
-    fail_msg("kernel nodes: nvfp4 %zu, without the pair %zu (want 6 more)", kernels[4],
+  if (mx_emulated() && kernels[NOPAIR] != kernels[PAIRED] + 6)
+    fail_msg("kernel nodes: nvfp4 %zu, without the pair %zu (want 6 more)", kernels[PAIRED],
              kernels[NOPAIR]);
 }
 
@@ -547,8 +549,8 @@ static void test_ctx_capturing(void **state) {
 /* y = x W^T of recipes[rec] (x: tokens x K, W: N x K) captured on a new context -- after one
    eager run of it when warm (the context then has its side stream) -- the graph a fork
    (want_fork) or one stream's chain, and its replay the bytes of the same GEMM run eagerly
-   afterwards. */
-static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
+   afterwards. Returns the graph's kernel nodes. */
+static size_t fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   const int64_t rows[2] = {tokens, N};
   hq_ctx *ctx = NULL;
   hq_ctx_desc d = {0};
@@ -587,6 +589,7 @@ static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   CK(ce);
   size_t nodes = 0, edges = 0;
   graph_shape(graph, &nodes, &edges);
+  const size_t kernels = graph_count(graph, cudaGraphNodeTypeKernel);
   if (want_fork ? edges < nodes : edges + 1 != nodes)
     fail_msg("%s, %lld tokens%s: %zu nodes, %zu edges: %s", recipes[rec], (long long)tokens,
              warm ? " (warm)" : "", nodes, edges,
@@ -619,6 +622,17 @@ static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   }
   hq_recipe_free(r);
   hq_ctx_destroy(ctx);
+  return kernels;
+}
+
+/* The kernel nodes the stock nvfp4's pair saves a captured GEMM against the module without it:
+   one dequantize where B's fold reads A's product (large operands, in turn), and also the
+   runner's kernel multiplying the two products where each operand folds into its own (small
+   operands: forked, or in turn before the context has a side stream). */
+static void want_saved(size_t nopair, size_t paired, size_t saved, const char *what) {
+  if (nopair != paired + saved)
+    fail_msg("%s: %zu kernel nodes without the pair, %zu with it (want %zu fewer)", what, nopair,
+             paired, saved);
 }
 
 /* The first GEMM of a context captured before the context made its side stream (making one is
@@ -631,9 +645,9 @@ static void fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
 static void test_first_gemm_captured(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  fprop_captured(NOPAIR, M, 0, 0);
+  const size_t n = fprop_captured(NOPAIR, M, 0, 0);
   fprop_captured(2, M, 0, 0);
-  fprop_captured(4, M, 0, 0);
+  want_saved(n, fprop_captured(PAIRED, M, 0, 0), 2, "the first GEMM captured");
 }
 
 /* NVFP4 operands, which both carry a per-tensor factor, captured once the context has its side
@@ -646,10 +660,10 @@ static void test_first_gemm_captured(void **state) {
 static void test_fold_pair_captured(void **state) {
   (void)state;
   if (!mx_emulated()) skip();
-  fprop_captured(NOPAIR, M, 1, 1);
-  fprop_captured(NOPAIR, 2304, 1, 0);
-  fprop_captured(4, M, 1, 0);
-  fprop_captured(4, 2304, 1, 0);
+  const size_t forked = fprop_captured(NOPAIR, M, 1, 1);
+  const size_t chained = fprop_captured(NOPAIR, 2304, 1, 0);
+  want_saved(forked, fprop_captured(PAIRED, M, 1, 0), 2, "small operands, warm");
+  want_saved(chained, fprop_captured(PAIRED, 2304, 1, 0), 1, "2304 tokens, warm");
 }
 
 /* A current-scaling quantize (fp8_tensor; nvfp4's global scales, with and without the RHT

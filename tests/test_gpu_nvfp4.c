@@ -558,6 +558,25 @@ static void test_raw_and_factor(void **state) {
         hq_gpu_check_pair(gpu, ops, &host, hq_qtensor_storage(g, da), hq_qtensor_storage(g, db),
                           pairs[p].dt, !special, fhs[da - 1], fhs[db - 1], what);
       }
+      /* with a storage of another shape (48 x 288: another grid for each part), both orders */
+      hq_tensor x2 = hq_test_tensor(dts[o % 3], 48, 288, 3100 + o, 4.0f);
+      hq_tensor x2g = to_gpu(&x2);
+      hq_qtensor *g2 = NULL;
+      HQ_OK_OR_FAIL(hq_quantize(q, gpu, &x2g, &g2));
+      for (uint32_t p = 0; p < 4; p++) {
+        const hq_qtensor *ta = p < 2 ? g : g2, *tb = p < 2 ? g2 : g;
+        const uint32_t da = 1 + (p & 1), db = 2 - (p & 1);
+        char what[600];
+        snprintf(what, sizeof what, "%s special %d, pair of %lldx%lld direction %u and "
+                 "%lldx%lld direction %u", option_sets[o], special,
+                 (long long)hq_qtensor_rows(ta), (long long)hq_qtensor_cols(ta), da,
+                 (long long)hq_qtensor_rows(tb), (long long)hq_qtensor_cols(tb), db);
+        hq_gpu_check_pair(gpu, ops, &host, hq_qtensor_storage(ta, da),
+                          hq_qtensor_storage(tb, db), HQ_BF16, 0, 1.0f, 1.0f, what);
+      }
+      hq_qtensor_free(g2);
+      hq_ctx_free(gpu, x2g.data);
+      free(x2.data);
       hq_qtensor_free(h);
       hq_qtensor_free(g);
       hq_ctx_free(gpu, xg.data);
