@@ -28,8 +28,10 @@
 **     scalar ones when the input is not 16-byte aligned) and transforms its 4 columns, with no
 **     shared tile and no barrier; resident CTAs loop over the patches, one atomicMax per CTA
 **     and target into targets zeroed first: the result does not depend on the order of the
-**     atomics. A tensor of at most 2^17 elements takes one cluster of 8 CTAs instead, whose
-**     first CTA gathers the maxima and stores them (no memset node in a captured step).
+**     atomics. A tensor of at most 2^17 elements takes one cluster of 8 CTAs of 512 threads
+**     instead, a thread on 16 rows x 1 column (element loads, one transform: the pass is then
+**     one thread's chain long), whose first CTA gathers the maxima and stores them (no memset
+**     node in a captured step).
 **   quantize: as many CTAs as are resident at once, each looping over tiles (TileWalk) through
 **     a ring of tile buffers (kStagesOf): the next tiles are copied in while tile n is encoded,
 **     so the memory stays busy while the CTAs compute. One barrier per tile: after it, tile
@@ -814,34 +816,53 @@ template <int DT = HQ_BF16> __device__ __forceinline__ float packed16_amax(const
   return hq_cuda_lane_abs<DT>(hq_cuda_absmax2<DT, true>(mm, prmt<0x1032u>(mm, mm)), 0);
 }
 
+/* The small-tensor (one cluster) form of the RHT amax pass: 16 x 1 patches on CTAs of 512
+   threads, so that a thread transforms one column where the large form's transforms four; at
+   that size the pass lasts as long as one thread's chain of dependent instructions (the grid
+   fills 8 of the SMs), which the narrower patch shortens. 2^17 elements are 8192 patches, two
+   a thread. */
+constexpr int kAmaxClThreads = 512;
+
 /* The RHT amax pass: max |x| and the columnwise amax of the transformed 16-groups (the
    transform through rht16_head / rht16_tail, the rule's bits), from registers: a thread takes
    16 rows x 4 columns (M % 16 == 0 and K % 16 == 0, the format's shape rule, so patches tile the
    tensor exactly), 16 loads of 8 bytes (16-byte ones for f32) in flight, consecutive threads on
    consecutive column quads (a warp reads 256- or 512-byte row segments), no shared tile and no
-   barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. The walk
-   goes backwards (patch g of it is patch npatch - 1 - g), as the flat pass does (amax_cuda.h),
-   so that the L2 cache holds the tensor's head when the quantize kernel starts reading it. */
-template <int DT, bool CL> __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxArgs a) {
+   barrier; resident CTAs loop over the patches, one atomicMax per CTA and target. CL, one
+   cluster: 16 x 1 patches (kAmaxClThreads), 16 element loads in flight, a warp on 32
+   consecutive columns. The walk goes backwards (patch g of it is patch npatch - 1 - g), as the
+   flat pass does (amax_cuda.h), so that the L2 cache holds the tensor's head when the quantize
+   kernel starts reading it. */
+template <int DT, bool CL>
+__global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(AmaxArgs a) {
   constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
-  const int64_t K = a.K, nq = K / 4, npatch = (a.M / 16) * nq;
+  constexpr int kT = CL ? kAmaxClThreads : kThreads, PW = CL ? 1 : 4; /* the patch's columns */
+  const int64_t K = a.K, nq = K / PW, npatch = (a.M / 16) * nq;
   uint32_t fl[16];
 #pragma unroll
   for (int e = 0; e < 16; e++) fl[e] = flip_word<DT>(a.mask, e);
   float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
   uint32_t mt = 0;
-  for (int64_t g = blockIdx.x * (int64_t)kThreads + threadIdx.x; g < npatch;
-       g += (int64_t)gridDim.x * kThreads) {
+  for (int64_t g = blockIdx.x * (int64_t)kT + threadIdx.x; g < npatch;
+       g += (int64_t)gridDim.x * kT) {
     const int64_t gb = HQ_AMAX_FORWARD ? g : npatch - 1 - g; /* backwards */
-    const int64_t i = (gb / nq) * 16, k = (gb % nq) * 4;
+    const int64_t i = (gb / nq) * 16, k = (gb % nq) * PW;
     const uint8_t *p = static_cast<const uint8_t *>(a.x) + (i * K + k) * kEsz;
-    /* column pairs (k, k + 1) and (k + 2, k + 3): raw words (16-bit) or FP32 values */
+    /* column pairs (k, k + 1) and (k + 2, k + 3): raw words (16-bit) or FP32 values; PW 1:
+       column k alone, a 16-bit element in its word's high half */
     uint32_t w[2][16];
     float f[4][16];
 #pragma unroll
     for (int e = 0; e < 16; e++) {
       const uint8_t *q = p + e * K * kEsz;
-      if (DT == HQ_F32) {
+      if (PW == 1 && DT == HQ_F32) {
+        f[0][e] = *reinterpret_cast<const float *>(q);
+        mx = fmaxf(mx, fabsf(f[0][e]));
+      } else if (PW == 1) {
+        const uint16_t s = *reinterpret_cast<const uint16_t *>(q);
+        w[0][e] = (uint32_t)s << 16;
+        mx = fmaxf(mx, fabsf(hq_cuda_hp16_to_f32<DT>(s)));
+      } else if (DT == HQ_F32) {
         float4 v;
         if (a.vec) {
           v = *reinterpret_cast<const float4 *>(q);
@@ -867,10 +888,10 @@ template <int DT, bool CL> __global__ void __launch_bounds__(kThreads) amax_kern
     }
     if (!a.t) continue;
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < PW; c++) {
       float v[16];
       uint32_t y[8];
-      rht16_head<DT>(w[c >> 1], f[c], fl, c & 1, v);
+      rht16_head<DT>(w[c >> 1], f[c], fl, PW == 1 || (c & 1), v);
       rht16_tail(v, y);
       const float ba = packed16_amax(y);
       if (!is_nan_abs(ba)) {
@@ -883,8 +904,8 @@ template <int DT, bool CL> __global__ void __launch_bounds__(kThreads) amax_kern
   }
   if (CL) { /* one cluster: the first CTA stores each maximum (amax_cuda.h) */
     __shared__ float cmax[kHqAmaxCluster], cmt[kHqAmaxCluster];
-    if (a.x0 || a.x1) hq_cuda_cluster_max<kThreads>(mx, a.x0, a.x1, cmax);
-    if (a.t) hq_cuda_cluster_max<kThreads>(__uint_as_float(mt), a.t, NULL, cmt);
+    if (a.x0 || a.x1) hq_cuda_cluster_max<kT>(mx, a.x0, a.x1, cmax);
+    if (a.t) hq_cuda_cluster_max<kT>(__uint_as_float(mt), a.t, NULL, cmt);
     return;
   }
   /* one atomic per CTA and target: the pass's CTAs are the resident ones, a few hundred */
@@ -2274,7 +2295,7 @@ template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   }
   /* a small tensor: one cluster, no memset node (amax_cuda.h says why) */
   if (a.M * a.K <= kHqAmaxClusterElems) {
-    CHECK_CUDA(call, (hq_cuda_launch_cluster(amax_kernel<DT, true>, kThreads, stream, a)));
+    CHECK_CUDA(call, (hq_cuda_launch_cluster(amax_kernel<DT, true>, kAmaxClThreads, stream, a)));
     return HQ_OK;
   }
   /* 16x4 patches, one per thread: as many CTAs as are resident, each looping, each maxing
