@@ -389,7 +389,8 @@ static void test_special_values(void **state) {
 /* The module's amax op on the device, called directly: out[0] / out[1] get the CPU's amaxes for
    the requested directions and 0 for the others (written over whatever was there), with and
    without rht, every input dtype, on both sides of 2^17 elements (the passes' one-cluster
-   form, and the memset and atomics of a larger tensor); scratch on a device is 0. */
+   form, and the memset and atomics of a larger tensor), a large value at several places or
+   none; scratch on a device is 0. */
 static void test_amax_op_direct(void **state) {
   (void)state;
   hq_host_api host = hq_test_host();
@@ -416,11 +417,16 @@ static void test_amax_op_direct(void **state) {
     hq_recipe *r = hq_test_recipe(text);
     hq_quantizer *q = hq_test_quantizer(r, "a:b:c");
     for (int t = 0; t < 3; t++)
-      for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+      for (size_t c = 0; c < 5 * (sizeof shapes / sizeof shapes[0]); c++) {
+        const size_t sh = c / 5, ol = c % 5;
         const int64_t M = shapes[sh][0], K = shapes[sh][1];
-        hq_tensor x = hq_test_tensor(dts[t], M, K, 700 + sh, 2.0f);
+        /* the -300 that sets both maxima in the last column pair of the last row block, the
+           first column, the last, the middle, or nowhere (the random values' own maxima): a
+           pass that skipped or repeated patches would miss one */
+        const int64_t at[5] = {M * K - 2, 0, K - 1, (M / 2) * K + K / 2 + 1, -1};
+        hq_tensor x = hq_test_tensor(dts[t], M, K, 700 + sh + 10 * (uint64_t)ol, 2.0f);
         hq_store_hp(x.data, 5, dts[t], NAN);
-        hq_store_hp(x.data, M * K - 2, dts[t], -300.0f);
+        if (at[ol] >= 0) hq_store_hp(x.data, at[ol], dts[t], -300.0f);
         float want[2];
         HQ_OK_OR_FAIL(hq_quantizer_amax(q, cpu, &x, want));
         hq_tensor xg = to_gpu(&x);
@@ -433,9 +439,9 @@ static void test_amax_op_direct(void **state) {
           const float w0 = (dirs & HQ_ROWWISE) ? want[0] : 0.0f;
           const float w1 = (dirs & HQ_COLWISE) ? want[1] : 0.0f;
           if (memcmp(&out[0], &w0, 4) || memcmp(&out[1], &w1, 4))
-            fail_msg("rht %d %s %lldx%lld dirs %u: amax {%a, %a}, want {%a, %a}", rht,
-                     hq_dtype_name(dts[t]), (long long)M, (long long)K, dirs, out[0], out[1],
-                     w0, w1);
+            fail_msg("rht %d %s %lldx%lld, -300 at %lld, dirs %u: amax {%a, %a}, want {%a, %a}",
+                     rht, hq_dtype_name(dts[t]), (long long)M, (long long)K, (long long)at[ol],
+                     dirs, out[0], out[1], w0, w1);
           hq_ctx_free(gpu, og);
         }
         hq_ctx_free(gpu, xg.data);
