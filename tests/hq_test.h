@@ -233,6 +233,15 @@ static inline void hq_test_expect_reason(const hq_plugins *set, const char *base
   if (!strstr(r, needle)) fail_msg("%s: reason '%s' lacks '%s'", base, r, needle);
 }
 
+/* Write text (NULL: nothing, an empty file) to path, replacing what was there; a file that
+   cannot be written fails the test. */
+static inline void hq_test_write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) fail_msg("%s: cannot be written", path);
+  if (text && fputs(text, f) == EOF) fail_msg("%s: write failed", path);
+  if (fclose(f) != 0) fail_msg("%s: close failed", path);
+}
+
 /* Path of a file under the test source directory ($HQ_TEST_SRCDIR, set by make check). */
 static inline const char *hq_test_path(const char *rel) {
   static char buf[4096];

@@ -35,10 +35,7 @@ static void test_missing(void **state) {
 
   char so[600];
   snprintf(so, sizeof so, "%s/mxfp8.so", dir);
-  FILE *f = fopen(so, "w");
-  assert_non_null(f);
-  fputs("not a module\n", f);
-  fclose(f);
+  hq_test_write_file(so, "not a module\n");
   hq_plugins *bad = open_dir(dir, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT);
   assert_int_equal(hq_plugins_rejected_count(bad), 1);
   assert_int_equal(bench_spec_missing(bad, "mxfp8"), 0);

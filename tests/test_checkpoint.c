@@ -1693,9 +1693,7 @@ static void test_output_target(void **state) {
   HQ_OK_OR_FAIL(hq_output_target(nw, &t));
   assert_string_equal(t, nw);
   free(t);
-  FILE *f = fopen(reg, "w");
-  assert_non_null(f);
-  fclose(f);
+  hq_test_write_file(reg, NULL);
   HQ_OK_OR_FAIL(hq_output_target(reg, &t));
   assert_string_equal(t, reg);
   free(t);

@@ -109,16 +109,12 @@ static void test_garbage_files(void **state) {
   assert_non_null(mkdtemp(dir));
   char path[512];
   snprintf(path, sizeof path, "%s/garbage.so", dir);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs("this is not an ELF file\n", f);
-  fclose(f);
+  hq_test_write_file(path, "this is not an ELF file\n");
   char sub[512], txt[512];
   snprintf(sub, sizeof sub, "%s/dir.so", dir);
   assert_int_equal(mkdir(sub, 0700), 0);
   snprintf(txt, sizeof txt, "%s/readme.txt", dir);
-  f = fopen(txt, "w");
-  fclose(f);
+  hq_test_write_file(txt, NULL);
   const char *dirs[] = {dir};
   hq_plugins *set = NULL;
   HQ_OK_OR_FAIL(hq_plugins_open(dirs, 1, HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT, &set));

@@ -362,10 +362,8 @@ static void test_plugin_dirs_relative(void **state) {
   snprintf(link, sizeof link, "%s/fmts", dir);
   assert_int_equal(symlink(fx, link), 0);
   snprintf(path, sizeof path, "%s/r.ini", dir);
-  FILE *f = fopen(path, "w");
-  fputs("[recipe]\nplugin_dirs = fmts:/nonexistent\n[format t]\nplugin = test_good\n"
-        "[role *:*:*]\nrowwise = t\n", f);
-  fclose(f);
+  hq_test_write_file(path, "[recipe]\nplugin_dirs = fmts:/nonexistent\n[format t]\n"
+                           "plugin = test_good\n[role *:*:*]\nrowwise = t\n");
   hq_recipe_opts o = {.struct_size = sizeof o, .plugin_flags = HQ_PLUGINS_NO_ENV | HQ_PLUGINS_NO_DEFAULT};
   hq_recipe *r = NULL;
   HQ_OK_OR_FAIL(hq_recipe_load(path, &o, &r));
@@ -375,9 +373,8 @@ static void test_plugin_dirs_relative(void **state) {
   assert_string_equal(hq_plugins_dir(set, 0), link);
   hq_recipe_free(r);
   /* load fails with the first error (file:line) */
-  f = fopen(path, "w");
-  fputs("[recipe]\nplugin_dirs = fmts\n[format t]\nplugin = test_good\nlevel = 99\n", f);
-  fclose(f);
+  hq_test_write_file(path, "[recipe]\nplugin_dirs = fmts\n[format t]\nplugin = test_good\n"
+                           "level = 99\n");
   assert_int_equal(hq_recipe_load(path, &o, &r), HQ_EPARSE);
   assert_null(r);
   HQ_ERROR_HAS("r.ini:5: option 'level'");

@@ -78,10 +78,7 @@ static int run_check(const char *file, long long fail_at) {
 static void test_every_failure_reported(void **state) {
   (void)state;
   const char *file = "recipe_check_oom.ini";
-  FILE *f = fopen(file, "w");
-  assert_non_null(f);
-  fputs(k_recipe, f);
-  fclose(f);
+  hq_test_write_file(file, k_recipe);
 
   /* the clean run: valid, every layer's three GEMMs listed */
   assert_int_equal(run_check(file, -1), 0);
