@@ -935,24 +935,19 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   if (call->device != HQ_DEVICE_HOST) return nvfp4_cuda_dequantize(call, &d);
 #endif
   const int64_t M = dst->rows, K = dst->cols;
-  const uint32_t dir = s->dir;
-  const int raw = d.raw, rht = d.rht, sw = d.swizzle;
-  const uint32_t mask = d.mask;
-  const uint8_t *q = d.q, *sc = d.scale;
-  float *rfout = d.rfout, *fout = d.fout;
-  const int64_t stored_rows = d.rf_n;
-  const int kind = md.scale_kind, per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !rfout;
+  const int sw = d.swizzle, kind = md.scale_kind;
+  const int per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !d.rfout;
   /* tensor: the direction's amax; row: one per stored row (amaxes[r]); none: no amax, the
      decode multiplier is fp32(sf), raw or not */
   const float *amaxes = md.global == HQ_NVFP4_GLOBAL_NONE
                             ? NULL : (const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   const float amax = md.global == HQ_NVFP4_GLOBAL_TENSOR ? amaxes[0] : 0.0f;
-  for (int64_t r = 0; rfout && r < stored_rows; r++)
-    rfout[r] = hq_nvfp4_tensor_factor_k(amaxes[r], kind);
-  if (fout)
-    *fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
-                      md.global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(amax, kind)
-                                                          : 1.0f);
+  for (int64_t r = 0; d.rfout && r < d.rf_n; r++)
+    d.rfout[r] = hq_nvfp4_tensor_factor_k(amaxes[r], kind);
+  if (d.fout)
+    *d.fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
+                        md.global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(amax, kind)
+                                                            : 1.0f);
   const int t = dst->dtype;
   /* the multiplier of each scale code for a tensor-wide amax (per_row: per stored row r, made
      by row_decode); raw values keep the per-row factor (they are a row-scaled storage's
@@ -961,15 +956,15 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   float dec[256];
   if (!per_row)
     for (int v = 0; v < 256; v++)
-      dec[v] = raw || !amaxes ? hq_nvfp4_raw_mult_k((uint8_t)v, kind)
-                              : hq_nvfp4_decode_mult_k((uint8_t)v, amax, kind);
-  if (dir == HQ_ROWWISE) {
+      dec[v] = d.raw || !amaxes ? hq_nvfp4_raw_mult_k((uint8_t)v, kind)
+                                : hq_nvfp4_decode_mult_k((uint8_t)v, amax, kind);
+  if (s->dir == HQ_ROWWISE) {
     for (int64_t i = 0; i < M; i++) {
       if (per_row)
         for (int v = 0; v < 256; v++) dec[v] = hq_nvfp4_decode_mult_k((uint8_t)v, amaxes[i], kind);
       for (int64_t k = 0; k < K; k += 16) {
-        const float dm = dec[sc[hq_nvfp4_row_scale_index(i, k, K, sw)]];
-        const uint8_t *p = q + hq_nvfp4_row_data_index(i, k, K);
+        const float dm = dec[d.scale[hq_nvfp4_row_scale_index(i, k, K, sw)]];
+        const uint8_t *p = d.q + hq_nvfp4_row_data_index(i, k, K);
         for (int e = 0; e < 16; e++)
           hq_store_hp(dst->data, i * K + k + e, t,
                       hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm));
@@ -980,13 +975,13 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
        is transformed back with the signs its descriptor names. */
     for (int64_t i0 = 0; i0 < M; i0 += 16) {
       for (int64_t k = 0; k < K; k++) {
-        const uint8_t sk = sc[hq_nvfp4_col_scale_index(i0, k, M, sw)];
+        const uint8_t sk = d.scale[hq_nvfp4_col_scale_index(i0, k, M, sw)];
         const float dm = per_row ? hq_nvfp4_decode_mult_k(sk, amaxes[k], kind) : dec[sk];
-        const uint8_t *p = q + hq_nvfp4_col_data_index(i0, k, M);
+        const uint8_t *p = d.q + hq_nvfp4_col_data_index(i0, k, M);
         float g[16];
         for (int e = 0; e < 16; e++)
           g[e] = hq_nvfp4_dequantize((uint32_t)(p[e >> 1] >> ((e & 1) * 4)) & 0xfu, dm);
-        if (rht) hq_nvfp4_rht16_inverse(g, mask);
+        if (d.rht) hq_nvfp4_rht16_inverse(g, d.mask);
         for (int e = 0; e < 16; e++) hq_store_hp(dst->data, (i0 + e) * K + k, t, g[e]);
       }
     }
