@@ -937,15 +937,14 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   const int64_t M = dst->rows, K = dst->cols;
   const int sw = d.swizzle, kind = md.scale_kind;
   const int per_row = md.global == HQ_NVFP4_GLOBAL_ROW && !d.rfout;
-  /* tensor: the direction's amax; row: one per stored row (amaxes[r]); none: no amax, the
-     decode multiplier is fp32(sf), raw or not */
-  const float *amaxes = md.global == HQ_NVFP4_GLOBAL_NONE
-                            ? NULL : (const float *)hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  /* the storage's amax buffer (deq_job's rf_amax) -- tensor: the direction's amax; row: one
+     per stored row (amaxes[r]); none: NULL, the decode multiplier is fp32(sf), raw or not */
+  const float *amaxes = d.rf_amax;
   const float amax = md.global == HQ_NVFP4_GLOBAL_TENSOR ? amaxes[0] : 0.0f;
   for (int64_t r = 0; d.rfout && r < d.rf_n; r++)
     d.rfout[r] = hq_nvfp4_tensor_factor_k(amaxes[r], kind);
   if (d.fout)
-    *d.fout = hq_mul_rn(call->factor_in ? *call->factor_in : call->factor_mul,
+    *d.fout = hq_mul_rn(d.fin ? *d.fin : d.fmul,
                         md.global == HQ_NVFP4_GLOBAL_TENSOR ? hq_nvfp4_tensor_factor_k(amax, kind)
                                                             : 1.0f);
   const int t = dst->dtype;
