@@ -5,7 +5,9 @@
 ** 16x16 to 2048x8192 (multiples of 16, tile edges in both dimensions, more tiles than the GPU
 ** holds CTAs at once); every option and their
 ** combinations (swizzle, block_2d, rht with the default and another sign mask, stochastic
-** rounding with an instance seed and with the context's seed, rht + SR + swizzle); special
+** rounding with an instance seed and with the context's seed, rht + SR + swizzle; with rht the
+** small tensors' one-cluster kernel that makes its own global amaxes, at 1 to 8 tiles, and the
+** amax pass before the kernel from 9 tiles on); special
 ** inputs (NaN, Inf, subnormals, -0, all-zero blocks and an all-zero tensor, wide dynamic range
 ** inside one block, values at the E2M1 and E4M3 saturation boundaries); a source pointer off
 ** 16-byte alignment; dequantize of each
@@ -302,6 +304,14 @@ static void test_shapes(void **state) {
                  0, 0);
   check_case("", HQ_BF16, 1024, 2048, 7, 0, 1);
   check_case("rht = true", HQ_BF16, 1024, 2048, 8, 0, 0);
+  /* a quantize with rht and no caller amax over at most 8 tiles is one cluster that makes its
+     own global amaxes: 8 tiles in each usage at 256 x 256 (64 x 128 both directions, 128 x 64
+     the columnwise copy alone), the trainer's shape; NaN and Inf among them (fill kind 2); 9
+     tiles and more take the amax pass first (192 x 384) */
+  check_case("rht = true", HQ_F32, 256, 256, 10, 0, 1);
+  check_case("rht = true\nstochastic_rounding = true", HQ_F32, 256, 256, 11, 2, 0);
+  check_case("scale_dtype = ue5m3\nrht = true\nswizzle = true", HQ_BF16, 256, 256, 12, 2, 0);
+  check_case("rht = true\nstochastic_rounding = true", HQ_F16, 192, 384, 13, 0, 0);
   check_case("stochastic_rounding = true\nblock_2d = false", HQ_F32, 512, 1024, 9, 0, 0);
 }
 

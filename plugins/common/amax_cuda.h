@@ -24,8 +24,10 @@
 **
 ** hq_cuda_cluster_max(m, t0, t1, cmax): the cluster form's ending, shared with the plugins' own
 ** amax kernels (nvfp4's RHT pass): every thread's m in, the cluster's maximum stored by the first
-** thread of the first CTA. hq_cuda_cta_atomic_max(u, t0, t1): the atomic form's ending, shared
-** the same way (nvfp4's pass, fp8_tensor's delayed cast, adam_cuda.h's write-back amax).
+** thread of the first CTA. hq_cuda_cluster_max2_all(m0, m1, slot): two maxima over a cluster,
+** returned to every thread, for a kernel that goes on to use them (nvfp4's small quantize, which
+** makes its own global amaxes). hq_cuda_cta_atomic_max(u, t0, t1): the atomic form's ending,
+** shared the same way (nvfp4's pass, fp8_tensor's delayed cast, adam_cuda.h's write-back amax).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
@@ -109,6 +111,40 @@ __device__ __forceinline__ void hq_cuda_cluster_max(float m, float *t0, float *t
   }
 }
 
+/* Every thread's m0 and m1 maxed over the whole cluster (at most kHqAmaxCluster CTAs) and
+   returned to every thread of every CTA. Each CTA's two maxima go into slot `rank` of every
+   CTA's `slot` (a __shared__ array of kHqAmaxCluster in the caller), one cluster barrier, then
+   each thread reduces its own CTA's slots, so no CTA reads another's memory after the barrier
+   and none waits for the others to exit. The caller made its cluster arrival
+   (cl.barrier_arrive()) at its start: the wait here, before the first write into another CTA's
+   shared memory, is what proves that CTA has started. fmaxf: neither maximum may be NaN. */
+template <int THREADS>
+__device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, float2 *slot) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  __shared__ float2 warp_max[THREADS / 32];
+  for (int off = 16; off > 0; off >>= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, off));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, off));
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = make_float2(m0, m1);
+  __syncthreads();
+  cl.barrier_wait();
+  if (threadIdx.x < cl.num_blocks()) { /* thread c writes this CTA's maxima into CTA c */
+    float2 r = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; w++)
+      r = make_float2(fmaxf(r.x, warp_max[w].x), fmaxf(r.y, warp_max[w].y));
+    cl.map_shared_rank(slot, threadIdx.x)[cl.block_rank()] = r;
+  }
+  cl.sync();
+  float r0 = 0.0f, r1 = 0.0f;
+  for (unsigned c = 0; c < cl.num_blocks(); c++)
+    r0 = fmaxf(r0, slot[c].x), r1 = fmaxf(r1, slot[c].y);
+  m0 = r0, m1 = r1;
+}
+
 /* CL: launched as one cluster of kHqAmaxCluster CTAs (hq_cuda_cluster_max stores the result),
    else any grid (atomicMax into targets the launcher zeroed). */
 template <int DT, bool VEC, bool CL>
@@ -145,14 +181,17 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
   hq_cuda_cta_atomic_max(__float_as_uint(m), t0, t1);
 }
 
-/* Launch `kernel` as `grid` CTAs of `threads` threads in clusters of `cluster` (grid a multiple
-   of it); hq_cuda_launch_cluster: one cluster of kHqAmaxCluster. */
+/* Launch `kernel` as `grid` CTAs of `threads` threads (and dyn bytes of dynamic shared memory)
+   in clusters of `cluster` (grid a multiple of it); hq_cuda_launch_cluster: one cluster of
+   kHqAmaxCluster. */
 template <typename... P, typename... A>
-inline cudaError_t hq_cuda_launch_clusters(void (*kernel)(P...), unsigned grid, unsigned cluster,
-                                           int threads, cudaStream_t stream, A... args) {
+inline cudaError_t hq_cuda_launch_clusters_dyn(void (*kernel)(P...), unsigned grid,
+                                               unsigned cluster, int threads, size_t dyn,
+                                               cudaStream_t stream, A... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = dyn;
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -162,6 +201,11 @@ inline cudaError_t hq_cuda_launch_clusters(void (*kernel)(P...), unsigned grid, 
   cfg.attrs = at;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+template <typename... P, typename... A>
+inline cudaError_t hq_cuda_launch_clusters(void (*kernel)(P...), unsigned grid, unsigned cluster,
+                                           int threads, cudaStream_t stream, A... args) {
+  return hq_cuda_launch_clusters_dyn(kernel, grid, cluster, threads, 0, stream, args...);
 }
 template <typename... P, typename... A>
 inline cudaError_t hq_cuda_launch_cluster(void (*kernel)(P...), int threads, cudaStream_t stream,

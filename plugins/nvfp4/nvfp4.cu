@@ -31,7 +31,12 @@
 **     atomics. A tensor of at most 2^17 elements takes one cluster of 8 CTAs of 512 threads
 **     instead, a thread on 16 rows x 1 column (element loads, one transform: the pass is then
 **     one thread's chain long), whose first CTA gathers the maxima and stores them (no memset
-**     node in a captured step).
+**     node in a captured step). A quantize with rht whose call brings no amax and whose grid
+**     is at most 8 CTAs (a trainer's small activations and gradients) runs no pass: its kernel
+**     is launched as one cluster (CA), each CTA takes its share of the same 16 x 1 patches
+**     while its first tiles' copies are in flight, and the cluster's maxima reach every thread
+**     through distributed shared memory before the constants are made -- one launch where
+**     there were two, a graph node fewer per call.
 **   quantize: as many CTAs as are resident at once, each looping over tiles (TileWalk) through
 **     a ring of tile buffers (kStagesOf): the next tiles are copied in while tile n is encoded,
 **     so the memory stays busy while the CTAs compute. One barrier per tile: after it, tile
@@ -679,6 +684,9 @@ struct QArgs {
   uint32_t rld, cld, rsc, csc;
   /* rowq_kernel (global_scale = row, the rowwise copy alone): stored rows per slab */
   uint32_t rq_rows;
+  /* a per-tensor quantize whose call brought no amax: the launcher makes the global amaxes into
+     *ramax / *camax (the amax pass, or the small kernel's own cluster), then clears it */
+  int own;
 };
 
 /* The call's random-stream offset, once per thread at a kernel's start: from the step a graph
@@ -833,18 +841,19 @@ constexpr int kAmaxClThreads = 512;
    consecutive columns. The walk goes backwards (patch g of it is patch npatch - 1 - g), as the
    flat pass does (amax_cuda.h), so that the L2 cache holds the tensor's head when the quantize
    kernel starts reading it. */
-template <int DT, bool CL>
-__global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(AmaxArgs a) {
+/* Patches first, first + stride, ... of the RHT amax pass (PW: the patch's columns, 1 or 4;
+   the walk and the arithmetic described above), maxed into mx (max |x|) and, where a.t is set,
+   into mt (the transformed columns' amax, as bits). amax_kernel's body, and the start of the
+   small quantize that makes its own global amaxes (quantize_kernel's CA). */
+template <int DT, int PW>
+__device__ __forceinline__ void amax_patches(const AmaxArgs &a, int64_t first, int64_t stride,
+                                             float &mx, uint32_t &mt) {
   constexpr int kEsz = DT == HQ_F32 ? 4 : 2;
-  constexpr int kT = CL ? kAmaxClThreads : kThreads, PW = CL ? 1 : 4; /* the patch's columns */
   const int64_t K = a.K, nq = K / PW, npatch = (a.M / 16) * nq;
   uint32_t fl[16];
 #pragma unroll
   for (int e = 0; e < 16; e++) fl[e] = flip_word<DT>(a.mask, e);
-  float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
-  uint32_t mt = 0;
-  for (int64_t g = blockIdx.x * (int64_t)kT + threadIdx.x; g < npatch;
-       g += (int64_t)gridDim.x * kT) {
+  for (int64_t g = first; g < npatch; g += stride) {
     const int64_t gb = HQ_AMAX_FORWARD ? g : npatch - 1 - g; /* backwards */
     const int64_t i = (gb / nq) * 16, k = (gb % nq) * PW;
     const uint8_t *p = static_cast<const uint8_t *>(a.x) + (i * K + k) * kEsz;
@@ -902,6 +911,15 @@ __global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(Am
       }
     }
   }
+}
+
+template <int DT, bool CL>
+__global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(AmaxArgs a) {
+  constexpr int kT = CL ? kAmaxClThreads : kThreads;
+  float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
+  uint32_t mt = 0;
+  amax_patches<DT, CL ? 1 : 4>(a, blockIdx.x * (int64_t)kT + threadIdx.x, (int64_t)gridDim.x * kT,
+                               mx, mt);
   if (CL) { /* one cluster: the first CTA stores each maximum (amax_cuda.h) */
     __shared__ float cmax[kHqAmaxCluster], cmt[kHqAmaxCluster];
     if (a.x0 || a.x1) hq_cuda_cluster_max<kT>(mx, a.x0, a.x1, cmax);
@@ -1082,8 +1100,10 @@ template <int DIRS, bool G = false> struct StagedAt {
    ignored) or with block_2d the 16x16 tile amax (ta0, ta1: rowwise blocks j = 0, 1; ta2: the
    columnwise blocks), the scale code (hr: the rowwise blocks' Head, hc0 / hc1: columns 2q and
    2q + 1's), and hq_nvfp4_quantize (_sr) of every element. Out of line: the common path stays
-   small and free of branches. */
-template <int DT, bool RHT, bool SR, int DIRS, bool G, int OPT>
+   small and free of branches. Each kernel its own copy (CA, its caller's): ptxas fits one
+   out-of-line function's registers to all of its callers, and the small kernel's sharing it
+   cost the others registers and spills. */
+template <int DT, bool RHT, bool SR, int DIRS, bool G, int OPT, bool CA>
 __device__ __noinline__ void redo_blocks(unsigned redo, uint32_t sm, float ta0, float ta1,
                                          float ta2, const uint32_t *flip, Head<OPT> hr,
                                          Head<OPT> hc0, Head<OPT> hc1, int64_t M, int64_t K,
@@ -1235,7 +1255,7 @@ __device__ __forceinline__ void store_col_group(const QArgs &a, uint32_t cg, uin
   }
 }
 
-template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT, bool UG>
+template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT, bool UG, bool CA>
 __global__ void
 __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlocks1)
     quantize_kernel(QArgs a, const __grid_constant__ CUtensorMap tm_x,
@@ -1274,19 +1294,31 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const bool none = OPT == 1 && a.global == HQ_NVFP4_GLOBAL_NONE;
   /* the directions' Heads: rowwise, columnwise (OPT 2: m and S_dec set per tile) */
   Head<OPT> hr{enc_tab[0], 0.0f, 0.0f, kind}, hc{enc_tab[1], 0.0f, 0.0f, kind};
+  /* CA: the kernel is one cluster that makes the global amaxes itself (below); every CTA
+     arrives now, so that the reduction's first write into another CTA's shared memory can
+     wait for that CTA to have started (hq_cuda_cluster_max2_all) */
+  if constexpr (CA) cooperative_groups::this_cluster().barrier_arrive();
   if (RHT && t < 16) flip[t] = flip_word<DT>(a.mask, t); /* read after a barrier */
-  if (kRow && OPT != 2) {
-    const DirConst d = dir_const_k(none ? 0.0f : a.given ? a.given[0] : *a.ramax, kind, none);
-    hr.m = d.m;
-    enc_tab[0][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
-    if (a.given && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
-  }
-  if (kCol && OPT != 2) {
-    const DirConst d = dir_const_k(none ? 0.0f : a.given ? a.given[1] : *a.camax, kind, none);
-    hc.m = d.m;
-    enc_tab[1][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
-    if (a.given && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
-  }
+  float ga[2] = {0.0f, 0.0f}; /* CA: the global amaxes the cluster reduced */
+  /* the directions' constants and encode tables; the amax buffers get what the call brought
+     or the cluster made (the pass before this kernel wrote them otherwise) */
+  auto dir_consts = [&]() {
+    if (kRow && OPT != 2) {
+      const DirConst d =
+          dir_const_k(none ? 0.0f : CA ? ga[0] : a.given ? a.given[0] : *a.ramax, kind, none);
+      hr.m = d.m;
+      enc_tab[0][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
+      if ((CA || a.given) && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
+    }
+    if (kCol && OPT != 2) {
+      const DirConst d =
+          dir_const_k(none ? 0.0f : CA ? ga[1] : a.given ? a.given[1] : *a.camax, kind, none);
+      hc.m = d.m;
+      enc_tab[1][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
+      if ((CA || a.given) && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
+    }
+  };
+  if constexpr (!CA) dir_consts();
   /* rht: the columnwise Head with m * 0.25, for the unscaled amaxes (block_heads2) */
   Head<OPT> hc4 = hc;
   hc4.m = hq_mul_rn(hc.m, 0.25f);
@@ -1345,6 +1377,24 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                              tiles_s + s * R::kBytes, tma, &tm_x, bar_s + 8u * s);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
+  }
+  if constexpr (CA) {
+    /* the global amaxes while the first tiles' copies are in flight: this CTA's share of the
+       RHT pass's 16 x 1 patches (amax_patches; am.t only asks for the transformed columns'),
+       maxed over the cluster and taken by every thread; max |x| for the rowwise copy, the
+       transformed values' for the columnwise one (the pass's outputs, the same bits) */
+    __shared__ float2 cslot[kHqAmaxCluster];
+    const AmaxArgs am{a.x, a.M, a.K, a.vec, NULL, NULL, RHT ? a.camax : NULL, a.mask};
+    float mx = 0.0f;
+    uint32_t mt = 0;
+    amax_patches<DT, 1>(am, blockIdx.x * (int64_t)kThreads + t, (int64_t)gridDim.x * kThreads,
+                        mx, mt);
+    float m1 = __uint_as_float(mt);
+    hq_cuda_cluster_max2_all<kThreads>(mx, m1, cslot);
+    ga[0] = mx, ga[1] = RHT ? m1 : mx;
+    dir_consts();
+    hc4 = hc;
+    hc4.m = hq_mul_rn(hc.m, 0.25f);
   }
   /* one barrier per tile: tile n - 1's staged bytes are stored after it, while tile n is
      encoded into the other staging buffer; a group's columnwise bytes once its last tile is
@@ -1637,7 +1687,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       /* the rule's own m for the columnwise blocks (not the folded one of rht) */
       Head<OPT> hc0 = hct[0], hc1 = hct[1];
       if (RHT) hc0.m = hc1.m = hc.m;
-      redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
+      redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT, CA>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
                                                   hc0, hc1, M, K, i0, k0, b2d, a.seed,
                                                   offset, st);
     }
@@ -2359,6 +2409,21 @@ void make_tensor_maps(QArgs &a, CUtensorMap *tx, CUtensorMap *tcd, CUtensorMap *
                             CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
 }
 
+/* The amax pass of a per-tensor quantize: max |x| into ramax, and into camax the same (the RHT
+   values' amax with rht), each where not NULL. */
+AmaxArgs pass_args(const QArgs &q) {
+  AmaxArgs am;
+  am.x = q.x;
+  am.M = q.M;
+  am.K = q.K;
+  am.vec = q.vec;
+  am.x0 = q.ramax;
+  am.x1 = q.camax && !q.rht ? q.camax : NULL;
+  am.t = q.camax && q.rht ? q.camax : NULL;
+  am.mask = q.mask;
+  return am;
+}
+
 template <int DT, bool RHT, bool SR, int DIRS, bool B2D, int OPT, bool UG = false>
 int launch_quantize_t(const hq_call *call, QArgs a) {
   unsigned grid = 0;
@@ -2380,13 +2445,29 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
   CUtensorMap tx{}, tcd{}, tcs{};
   make_tensor_maps<DT, DIRS, SR, UG>(a, &tx, &tcd, &tcs);
   int64_t resident = 0;
-  CHECK_CUDA(call, (hq_cuda_resident<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>>(
-                       kThreads, dyn, &resident)));
+  /* the global amaxes not made yet (QArgs.own): a grid of at most one cluster makes them itself
+     with rht (kOwn: the kernels the small tensors of both rounding modes take), in one launch
+     where the pass and the quantize take two; any other, the pass first */
+  constexpr bool kOwn = RHT && !B2D && (DIRS != 3 || SR || UG);
+  if (a.own) {
+    if constexpr (kOwn) {
+      if (grid <= (unsigned)kHqAmaxCluster) {
+        constexpr auto kern = quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG, true>;
+        CHECK_CUDA(call, (hq_cuda_resident<kern>(kThreads, dyn, &resident)));
+        CHECK_CUDA(call, hq_cuda_launch_clusters_dyn(kern, grid, grid, kThreads, (size_t)dyn,
+                                                     (cudaStream_t)call->stream, a, tx, tcd,
+                                                     tcs));
+        return HQ_OK;
+      }
+    }
+    if ((rc = launch_amax<DT>(call, pass_args(a)))) return rc;
+    a.own = 0;
+  }
+  constexpr auto kern = quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG, false>;
+  CHECK_CUDA(call, (hq_cuda_resident<kern>(kThreads, dyn, &resident)));
   if ((int64_t)grid > resident) grid = (unsigned)resident;
-  quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>
-      <<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
-  if (cudaPeekAtLastError() != cudaSuccess)
-    hq_cuda_resident_forget<quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG>>();
+  kern<<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
+  if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<kern>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
   return HQ_OK;
 }
@@ -2505,22 +2586,6 @@ int zero_padding(const hq_call *call, uint8_t *scale, int64_t R, int64_t C) {
   const size_t bytes = (size_t)(hq_nvfp4_scale_rows(R) * hq_nvfp4_scale_cols(C));
   if (bytes) CHECK_CUDA(call, cudaMemsetAsync(scale, 0, bytes, (cudaStream_t)call->stream));
   return HQ_OK;
-}
-
-/* Pass 1 of a per-tensor quantize: the amax pass writes max |x| into ramax and camax (the RHT
-   values' with rht), each where not NULL. */
-int amax_pass(const nvfp4_cfg *cfg, const hq_call *call, const hq_tensor *src, float *ramax,
-              float *camax) {
-  AmaxArgs am;
-  am.x = src->data;
-  am.M = src->rows;
-  am.K = src->cols;
-  am.vec = aligned(src->data, 16);
-  am.x0 = ramax;
-  am.x1 = camax && !cfg->rht ? camax : NULL;
-  am.t = camax && cfg->rht ? camax : NULL;
-  am.mask = cfg->rht_sign_mask;
-  return amax_dispatch(call, src->dtype, am);
 }
 
 /* Pass 1 of a quantize with global_scale = row: the per-row amax buffers given (NULL: not
@@ -2663,18 +2728,15 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
       return launch_rowq<HQ_BF16>(call, a);
     }
   }
-  /* pass 1: the global amaxes into the storages' amax buffers -- per stored row with
-     global_scale = row; per direction unless the call brings them; none without a global
-     scale */
+  /* the global amaxes into the storages' amax buffers -- per stored row with global_scale =
+     row (a pass first); per direction unless the call brings them (the launcher, own); none
+     without a global scale */
   const float *given = cfg->global == HQ_NVFP4_GLOBAL_TENSOR ? call->amax : NULL;
-  if (cfg->global == HQ_NVFP4_GLOBAL_ROW)
-    rc = row_amax_pass(call, src, row ? row->amax : NULL, col ? col->amax : NULL);
-  else if (cfg->global == HQ_NVFP4_GLOBAL_TENSOR && !given)
-    rc = amax_pass(cfg, call, src, row ? row->amax : NULL, col ? col->amax : NULL);
-  else
-    rc = HQ_OK;
-  if (rc) return rc;
-  const QArgs a = quantize_args(cfg, call, src, row, col, given);
+  if (cfg->global == HQ_NVFP4_GLOBAL_ROW &&
+      (rc = row_amax_pass(call, src, row ? row->amax : NULL, col ? col->amax : NULL)))
+    return rc;
+  QArgs a = quantize_args(cfg, call, src, row, col, given);
+  a.own = cfg->global == HQ_NVFP4_GLOBAL_TENSOR && !given;
   switch (src->dtype) {
   case HQ_F32:
     return launch_quantize<HQ_F32>(call, a);
