@@ -1282,10 +1282,13 @@ static int check_ckpt(const char *file) {
    gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1
    after the message. */
 static int check_outputs(train_args *a, const session *s) {
-  /* the path as given first (several runs write beside it: it must not name a device either),
-     and its directory: {step} and -NAME change only the files' names */
-  if (a->ckpt_path && (cli_output_path(CMD, "--checkpoint", a->ckpt_path, NULL) ||
-                       check_dir("--checkpoint", a->ckpt_path, a->ckpt_path, NULL)))
+  /* the path as given first where the runs write beside it (several runs, or {step}: it must
+     not name a device either), and its directory: {step} and -NAME change only the files'
+     names; one run without {step} writes that very file, which check_ckpt checks below */
+  const int beside = s->n_runs * s->n_seeds > 1 || (a->ckpt_path && strstr(a->ckpt_path, "{step}"));
+  if (a->ckpt_path && beside &&
+      (cli_output_path(CMD, "--checkpoint", a->ckpt_path, NULL) ||
+       check_dir("--checkpoint", a->ckpt_path, a->ckpt_path, NULL)))
     return 1;
   for (int k = 0; a->ckpt_path && k < s->n_seeds; k++)
     for (int i = 0; i < s->n_runs; i++) {
