@@ -305,9 +305,9 @@ static void test_shapes(void **state) {
   check_case("", HQ_BF16, 1024, 2048, 7, 0, 1);
   check_case("rht = true", HQ_BF16, 1024, 2048, 8, 0, 0);
   /* a quantize with rht and no caller amax over at most 8 tiles is one cluster that makes its
-     own global amaxes: 8 tiles in each usage at 256 x 256 (64 x 128 both directions, 128 x 64
-     the columnwise copy alone), the trainer's shape; NaN and Inf among them (fill kind 2); 9
-     tiles and more take the amax pass first (192 x 384) */
+     own global amaxes: 8 tiles in both usages with a columnwise copy at 256 x 256 (64 x 128
+     both directions, 128 x 64 the columnwise copy alone), the trainer's shape; NaN and Inf
+     among them (fill kind 2); 9 tiles and more take the amax pass first (192 x 384) */
   check_case("rht = true", HQ_F32, 256, 256, 10, 0, 1);
   check_case("rht = true\nstochastic_rounding = true", HQ_F32, 256, 256, 11, 2, 0);
   check_case("scale_dtype = ue5m3\nrht = true\nswizzle = true", HQ_BF16, 256, 256, 12, 2, 0);

@@ -113,11 +113,12 @@ __device__ __forceinline__ void hq_cuda_cluster_max(float m, float *t0, float *t
 
 /* Every thread's m0 and m1 maxed over the whole cluster (at most kHqAmaxCluster CTAs) and
    returned to every thread of every CTA. Each CTA's two maxima go into slot `rank` of every
-   CTA's `slot` (a __shared__ array of kHqAmaxCluster in the caller), one cluster barrier, then
-   each thread reduces its own CTA's slots, so no CTA reads another's memory after the barrier
+   CTA's `slot` (a __shared__ array of kHqAmaxCluster in the caller), a cluster barrier, then
+   each thread reduces its own CTA's slots, so no CTA reads another's memory after that barrier
    and none waits for the others to exit. The caller made its cluster arrival
-   (cl.barrier_arrive()) at its start: the wait here, before the first write into another CTA's
-   shared memory, is what proves that CTA has started. fmaxf: neither maximum may be NaN. */
+   (cl.barrier_arrive()) at its start: the wait for it here, before the first write into another
+   CTA's shared memory, is what proves that CTA has started. The maxima are of non-negative
+   values from 0 (fmaxf would drop a NaN, so a NaN may not stand for one). */
 template <int THREADS>
 __device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, float2 *slot) {
   namespace cg = cooperative_groups;

@@ -44,15 +44,16 @@
 **     other. A tile wholly inside the tensor with aligned buffers (every tile but the edges) is
 **     copied and stored with no bounds checks; a partial tile is zero-filled in shared memory,
 **     so every block is encoded without a check (only the stores check). Per CTA once: the
-**     global amaxes (call->amax, which CTA 0 copies into the storages' amax buffers, or the
-**     buffers the amax pass filled), S_enc, S_dec and m per direction, and a shared table of
-**     hq_nvfp4_encode_mult for the 256 scale codes. Per tile a thread encodes four blocks: two
-**     rowwise (16 along K of one row) and two columnwise (16 along M of two adjacent columns,
-**     one 32-bit shared read per row; with rht through rht16_head / rht16_tail), with no branch
-**     among them -- every block's values and amax, then the heads (block_heads2), then the
-**     fast forms -- so that their dependent chains overlap; a block the fast form does not
-**     take (a NaN, an Inf, a scale code that underflows) is redone by the rule, out of line
-**     (redo_blocks), so that the instruction cache holds the common path. The fast forms
+**     global amaxes (call->amax, which CTA 0 copies into the storages' amax buffers; the
+**     buffers the amax pass filled; or the cluster's own, CA, which CTA 0 stores), S_enc, S_dec
+**     and m per direction, and a shared table of hq_nvfp4_encode_mult for the 256 scale
+**     codes. Per tile a thread encodes four blocks: two rowwise (16 along K of one row) and two
+**     columnwise (16 along M of two adjacent columns, one 32-bit shared read per row; with rht
+**     through rht16_head / rht16_tail), with no branch among them -- every block's values and
+**     amax, then the heads (block_heads2), then the fast forms -- so that their dependent chains
+**     overlap; a block the fast form does not take (a NaN, an Inf, a scale code that
+**     underflows) is redone by the rule, out of line (redo_blocks), so that the instruction
+**     cache holds the common path. The fast forms
 **     (fast_block) are hq_e2m1_biased_bits_lt7 for round to nearest and hq_e2m1_sr_biased_lt8
 **     for stochastic rounding (one hq_nvfp4_sr_bits draw per block, byte e for element e),
 **     packed by multiply-adds; a 16-bit input's block amaxes come from packed
@@ -685,7 +686,8 @@ struct QArgs {
   /* rowq_kernel (global_scale = row, the rowwise copy alone): stored rows per slab */
   uint32_t rq_rows;
   /* a per-tensor quantize whose call brought no amax: the launcher makes the global amaxes into
-     *ramax / *camax (the amax pass, or the small kernel's own cluster), then clears it */
+     *ramax / *camax (the small kernel's own cluster; or the amax pass, after which it is
+     cleared for the quantize that follows) */
   int own;
 };
 
@@ -840,11 +842,11 @@ constexpr int kAmaxClThreads = 512;
    cluster: 16 x 1 patches (kAmaxClThreads), 16 element loads in flight, a warp on 32
    consecutive columns. The walk goes backwards (patch g of it is patch npatch - 1 - g), as the
    flat pass does (amax_cuda.h), so that the L2 cache holds the tensor's head when the quantize
-   kernel starts reading it. */
-/* Patches first, first + stride, ... of the RHT amax pass (PW: the patch's columns, 1 or 4;
-   the walk and the arithmetic described above), maxed into mx (max |x|) and, where a.t is set,
-   into mt (the transformed columns' amax, as bits). amax_kernel's body, and the start of the
-   small quantize that makes its own global amaxes (quantize_kernel's CA). */
+   kernel starts reading it.
+   amax_patches is its per-thread part -- patches first, first + stride, ... (PW: the patch's
+   columns, 1 or 4), maxed into mx (max |x|) and, where a.t is set, into mt (the transformed
+   columns' amax, as bits) -- shared with the small quantize that makes its own global amaxes
+   (quantize_kernel's CA); amax_kernel adds the CTAs' and the cluster's endings. */
 template <int DT, int PW>
 __device__ __forceinline__ void amax_patches(const AmaxArgs &a, int64_t first, int64_t stride,
                                              float &mx, uint32_t &mt) {
@@ -2454,10 +2456,12 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
       if (grid <= (unsigned)kHqAmaxCluster) {
         constexpr auto kern = quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG, true>;
         CHECK_CUDA(call, (hq_cuda_resident<kern>(kThreads, dyn, &resident)));
-        CHECK_CUDA(call, hq_cuda_launch_clusters_dyn(kern, grid, grid, kThreads, (size_t)dyn,
-                                                     (cudaStream_t)call->stream, a, tx, tcd,
-                                                     tcs));
-        return HQ_OK;
+        const cudaError_t e = hq_cuda_launch_clusters_dyn(
+            kern, grid, grid, kThreads, (size_t)dyn, (cudaStream_t)call->stream, a, tx, tcd, tcs);
+        if (e == cudaSuccess) return HQ_OK;
+        hq_cuda_resident_forget<kern>(); /* set up again at the next call */
+        return call->host->error(HQ_EDEVICE, "nvfp4 CUDA: the quantize kernel as one cluster of "
+                                 "%u CTAs: %s", grid, cudaGetErrorString(e));
       }
     }
     if ((rc = launch_amax<DT>(call, pass_args(a)))) return rc;
