@@ -1385,15 +1385,16 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
        RHT pass's 16 x 1 patches (amax_patches; am.t only asks for the transformed columns'),
        maxed over the cluster and taken by every thread; max |x| for the rowwise copy, the
        transformed values' for the columnwise one (the pass's outputs, the same bits) */
+    static_assert(RHT && kCol, "the one-cluster form is the RHT pass's; the launcher's kOwn");
     __shared__ float2 cslot[kHqAmaxCluster];
-    const AmaxArgs am{a.x, a.M, a.K, a.vec, NULL, NULL, RHT ? a.camax : NULL, a.mask};
+    const AmaxArgs am{a.x, a.M, a.K, a.vec, NULL, NULL, a.camax, a.mask};
     float mx = 0.0f;
     uint32_t mt = 0;
     amax_patches<DT, 1>(am, blockIdx.x * (int64_t)kThreads + t, (int64_t)gridDim.x * kThreads,
                         mx, mt);
     float m1 = __uint_as_float(mt);
     hq_cuda_cluster_max2_all<kThreads>(mx, m1, cslot);
-    ga[0] = mx, ga[1] = RHT ? m1 : mx;
+    ga[0] = mx, ga[1] = m1;
     dir_consts();
     hc4 = hc;
     hc4.m = hq_mul_rn(hc.m, 0.25f);
