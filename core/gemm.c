@@ -337,13 +337,39 @@ static int module_gemm(hq_ctx *ctx, plan *p, hq_gemm_run *r) {
   g.bias_dtype = r->bias_dtype;
   g.alpha = r->alpha;
   g.beta = r->beta;
+  hq_dtype emul = (hq_dtype)0;
+  g.emul_out = &emul;
   hq_call call;
   hqi_call_init(ctx, &call, 0, ctx->offset);
   hq_clear_error();
-  int rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
+  int rc;
+  if ((p->kind.flags & HQ_GEMM_FUSED_ALWAYS) && !(g.flags & HQ_GEMM_QUERY)) {
+    /* the caller wants a fused path wherever one can run, after a native one only: a module
+       whose product would be emulated is asked first, and then left to the providers */
+    g.flags |= HQ_GEMM_QUERY;
+    rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
+    g.flags = r->flags;
+    if (rc == HQ_OK && emul) rc = HQ_ENOTSUP;
+    emul = (hq_dtype)0;
+    hq_clear_error();
+    if (rc == HQ_ENOTSUP) return HQ_ENOTSUP;
+  }
+  rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
   if (rc == HQ_OK) {
-    r->path = HQ_GEMM_PATH_NATIVE;
+    /* a module's own kernel may multiply raw values (an emulated product) rather than codes */
+    r->path = emul == HQ_BF16  ? HQ_GEMM_PATH_EMULATED_BF16
+              : emul == HQ_F32 ? HQ_GEMM_PATH_EMULATED_F32
+                               : HQ_GEMM_PATH_NATIVE;
     copy_name(p->info.provider, sizeof p->info.provider, ops->name);
+    if (emul) { /* why no native path took it: the providers' first refusal, as for the core's
+                   own emulated path */
+      hqi_gemm_choice local;
+      const hqi_gemm_choice *c = choice_of(ctx, p, &local);
+      if (c->declined >= 0) memcpy(p->info.reason, c->reason, sizeof p->info.reason);
+      else
+        snprintf(p->info.reason, sizeof p->info.reason, "module %s multiplies the raw values in "
+                 "its own kernel (%s)", ops->name, hq_dtype_name(emul));
+    }
   } else if (rc == HQ_ENOTSUP) {
     snprintf(p->info.reason, sizeof p->info.reason, "%s", hq_last_error());
   } else {

@@ -179,6 +179,13 @@ tests_wrap_fp8_tensor_nofold_la_SOURCES = tests/wrap/fp8_tensor_nofold.c \
 	tests/wrap/stock_module.h tests/hq_wrap.h
 tests_wrap_fp8_tensor_nofold_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_wrap_fp8_tensor_nofold_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
+# A module wrapping fp8_tensor with a gemm op that reports an emulated product
+# (test_gemm_providers), beside it.
+check_LTLIBRARIES += tests/wrap/fp8_tensor_owngemm.la
+tests_wrap_fp8_tensor_owngemm_la_SOURCES = tests/wrap/owngemm.c tests/wrap/stock_module.h \
+	tests/hq_wrap.h
+tests_wrap_fp8_tensor_owngemm_la_CPPFLAGS = $(AM_CPPFLAGS)
+tests_wrap_fp8_tensor_owngemm_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 # A module wrapping mxfp8 without HQ_CAP_ADAM_KDEV (test_gpu_graph_step), beside it.
 check_LTLIBRARIES += tests/wrap/mxfp8_nokdev.la
 tests_wrap_mxfp8_nokdev_la_SOURCES = tests/wrap/mxfp8_nokdev.c tests/wrap/stock_module.h \

@@ -11,7 +11,9 @@
 ** dequantized operands' product. The loader rejects broken provider modules naming the file and
 ** the reason. And review
 ** bug 7: a format module with the 2.1 table that requires only ABI 2.0 has its storages
-** multiplied through their raw values and per-tensor factor.
+** multiplied through their raw values and per-tensor factor. A format module's gemm op that
+** reports an emulated product (ABI 2.6, tests/wrap/owngemm.c) is reported as such, with the
+** providers' reason, and gives way to HQ_GEMM_FUSED_ALWAYS.
 */
 #include <math.h>
 
@@ -738,6 +740,58 @@ static void test_decline(void **state) {
   free(D.data);
 }
 
+// --- a module's own emulated GEMM (ABI 2.6) --------------------------------------------------
+
+/* A format module's gemm op may multiply the raw values itself and say so (emul_out): the
+   wrapped fp8_tensor of tests/wrap/owngemm.c does on the host for every m but 8 and 16. The
+   core then reports path emulated-f32, the module as provider, and the reason the providers
+   give (cublaslt's first refusal), and D is what the op wrote. The caller's
+   HQ_GEMM_FUSED_ALWAYS leaves such a problem to the providers (the op is only asked, it writes
+   nothing: D is the emulated path's product, equal to HQ_GEMM_FORCE_EMULATED's). A decline
+   with a message gives that reason; one without a message leaves the providers'. */
+static void test_module_emulated(void **state) {
+  (void)state;
+  const char *wrap = getenv("HQ_TEST_WRAP_DIR");
+  if (!wrap) fail_msg("HQ_TEST_WRAP_DIR is not set (make check sets it to tests/wrap/.libs)");
+  hq_recipe *r = hq_test_recipe_dirs("[format f]\nplugin = fp8_tensor_owngemm\n"
+                                     "[role *:*:*]\nrowwise = f\ncolumnwise = f\n", &wrap, 1);
+  hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
+  hq_ctx *ctx = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(NULL, &ctx));
+  const int64_t ms[3] = {32, 8, 16}, n = 5, k = 24;
+  for (int t = 0; t < 3; t++) {
+    const int64_t m = ms[t];
+    hq_tensor xa = int_tensor(m, k, 21 + (uint64_t)t), xb = int_tensor(n, k, 31);
+    hq_qtensor *A = quantize(q, ctx, &xa), *B = quantize(q, ctx, &xb);
+    hq_tensor D = hq_test_empty(HQ_F32, n, m), E = hq_test_empty(HQ_F32, n, m);
+    gemm_call c = gemm(ctx, A, 1, B, 0, &D, 0);
+    const gemm_call e = gemm(ctx, A, 1, B, 0, &E, HQ_GEMM_FORCE_EMULATED);
+    expect_ran(&e, "emulated", HQ_GEMM_PATH_CPU, "the caller forced the emulated path");
+    if (m == 32) {
+      expect_ran(&c, "fp8_tensor_owngemm", HQ_GEMM_PATH_EMULATED_F32,
+                 "cublaslt: no native GEMM on the host");
+      for (int64_t i = 0; i < m * n; i++) assert_true(((float *)D.data)[i] == 42.0f);
+      c = gemm(ctx, A, 1, B, 0, &D, HQ_GEMM_FUSED_ALWAYS);
+      expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "cublaslt: no native GEMM on the host");
+      assert_memory_equal(D.data, E.data, (size_t)(m * n) * sizeof(float));
+    } else {
+      expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU,
+                 m == 8 ? "fp8_tensor_owngemm: declined m = 8 on purpose"
+                        : "cublaslt: no native GEMM on the host");
+      assert_memory_equal(D.data, E.data, (size_t)(m * n) * sizeof(float));
+    }
+    hq_qtensor_free(A);
+    hq_qtensor_free(B);
+    free(xa.data);
+    free(xb.data);
+    free(D.data);
+    free(E.data);
+  }
+  hq_ctx_destroy(ctx);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+}
+
 // --- review bug 7: a module's offer, by its table ------------------------------------------
 
 /* test_raw_factor (tests/plugins/raw_factor.c) has the 2.1 table and a tensor_factor op but
@@ -820,6 +874,7 @@ int main(void) {
       cmocka_unit_test(test_raw_rows),
       cmocka_unit_test(test_decline),
       cmocka_unit_test(test_raw_by_table_size),
+      cmocka_unit_test(test_module_emulated),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -543,7 +543,9 @@ typedef struct hq_optval {
 **
 ** Dispatch. When both storages come from one module that has a gemm() op, the core asks it
 ** (HQ_GEMM_QUERY) whether it runs this pair natively on this device; HQ_OK runs it there.
-** HQ_ENOTSUP (with its reason, which hq_gemm_info reports) and every other pair -- two modules,
+** A module's op may instead multiply the raw values in its own kernel -- an emulated product --
+** and say so through emul_out (2.6). HQ_ENOTSUP (with its reason, which hq_gemm_info reports,
+** or without one: the providers' reasons then stand) and every other pair -- two modules,
 ** a module without gemm() -- take the EMULATED path: each storage is dequantized RAW
 ** (HQ_CALL_DEQ_RAW) into its desc.emul_dtype, the per-tensor factors of both (tensor_factor())
 ** are folded into alpha, and the core multiplies the two (cuBLASLt BF16 or F32 GEMM with FP32
@@ -565,7 +567,19 @@ typedef struct hq_gemm_problem {
   const void *bias;             /* NULL, or [m] of bias_dtype on call->device: D[j][i] += bias[i] */
   hq_dtype bias_dtype;
   float alpha, beta;            /* beta != 0 accumulates into D */
+  /* --- 2.6 (read through hq_gemm_problem_emul_out()) --- */
+  hq_dtype *emul_out;           /* gemm() that answers HQ_OK writes here the dtype its kernel
+                                   multiplied the operands' raw values in (HQ_BF16 / HQ_F32:
+                                   the module's own emulated product, which hq_gemm_info then
+                                   reports as emulated-bf16 / -f32), or leaves it 0: native */
 } hq_gemm_problem;
+
+/* Where a gemm() op says its product was emulated (2.6): p->emul_out of a core that passes it,
+   else NULL (an older core, which reports every module GEMM as native). */
+#define HQ_GEMM_PROBLEM_SIZE_2_6 (offsetof(hq_gemm_problem, emul_out) + sizeof(hq_dtype *))
+static inline hq_dtype *hq_gemm_problem_emul_out(const hq_gemm_problem *p) {
+  return p->struct_size >= HQ_GEMM_PROBLEM_SIZE_2_6 ? p->emul_out : NULL;
+}
 
 /* One cuBLASLt matmul, as the core runs it for a plugin (host->lt_matmul). Column-major, as in
    cuBLASLt: operand X is a stored rows x cols column-major matrix with leading dimension ld,
@@ -1003,10 +1017,12 @@ typedef struct hq_format_ops {
      dequantized value (per-tensor FP8: scale_inv; NVFP4: the global decode scale). NULL: the
      storage has none (1). */
   int (*tensor_factor)(const void *cfg, const hq_call *call, const hq_storage *s, float *out);
-  /* Native GEMM of two storages of this module (see "GEMMs" above): with HQ_GEMM_QUERY in
-     p->flags answer HQ_OK (would run natively here) or HQ_ENOTSUP with the reason (host->error);
-     without it, run. cfg is A's instance, p->cfg_b B's. Usually built on host->lt_matmul.
-     NULL: every pair of this module is emulated. */
+  /* The module's own GEMM of two of its storages (see "GEMMs" above): with HQ_GEMM_QUERY in
+     p->flags answer HQ_OK (would run here) or HQ_ENOTSUP with the reason (host->error; or none,
+     to leave the reason to the providers); without it, run. cfg is A's instance, p->cfg_b B's.
+     Native ones are usually built on host->lt_matmul; a kernel of the module's that multiplies
+     the raw values writes their dtype to hq_gemm_problem_emul_out(p) (2.6). NULL: the core's
+     paths take every pair of this module. */
   int (*gemm)(const void *cfg, const hq_call *call, const hq_gemm_problem *p);
   /* --- state (2.1; see "State" above) ----------------------------------------------------- */
   /* Floats of state one slice of this instance keeps when it serves `dirs` (HQ_ROWWISE,
