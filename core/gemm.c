@@ -342,19 +342,17 @@ static int module_gemm(hq_ctx *ctx, plan *p, hq_gemm_run *r) {
   hq_call call;
   hqi_call_init(ctx, &call, 0, ctx->offset);
   hq_clear_error();
-  int rc;
   if ((p->kind.flags & HQ_GEMM_FUSED_ALWAYS) && !(g.flags & HQ_GEMM_QUERY)) {
     /* the caller wants a fused path wherever one can run, after a native one only: a module
        whose product would be emulated is asked first, and then left to the providers */
     g.flags |= HQ_GEMM_QUERY;
-    rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
+    const int q = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
+    if (q == HQ_OK && emul) return HQ_ENOTSUP;
     g.flags = r->flags;
-    if (rc == HQ_OK && emul) rc = HQ_ENOTSUP;
     emul = (hq_dtype)0;
     hq_clear_error();
-    if (rc == HQ_ENOTSUP) return HQ_ENOTSUP;
   }
-  rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
+  int rc = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
   if (rc == HQ_OK) {
     /* a module's own kernel may multiply raw values (an emulated product) rather than codes */
     r->path = emul == HQ_BF16  ? HQ_GEMM_PATH_EMULATED_BF16
