@@ -342,9 +342,10 @@ static int module_gemm(hq_ctx *ctx, plan *p, hq_gemm_run *r) {
   hq_call call;
   hqi_call_init(ctx, &call, 0, ctx->offset);
   hq_clear_error();
-  if ((p->kind.flags & HQ_GEMM_FUSED_ALWAYS) && !(g.flags & HQ_GEMM_QUERY)) {
+  if (p->kind.flags & HQ_GEMM_FUSED_ALWAYS) {
     /* the caller wants a fused path wherever one can run, after a native one only: a module
-       whose product would be emulated is asked first, and then left to the providers */
+       whose product would be emulated is asked first, and then left to the providers -- in a
+       plan (itself a query) as in a run, so that the two name the same path */
     g.flags |= HQ_GEMM_QUERY;
     const int q = hqi_plugin_rc(ops->gemm(fa->cfg, &call, &g), ops->name, "gemm");
     if (q == HQ_OK && emul) return HQ_ENOTSUP;

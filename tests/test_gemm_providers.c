@@ -774,6 +774,12 @@ static void test_module_emulated(void **state) {
       c = gemm(ctx, A, 1, B, 0, &D, HQ_GEMM_FUSED_ALWAYS);
       expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU, "cublaslt: no native GEMM on the host");
       assert_memory_equal(D.data, E.data, (size_t)(m * n) * sizeof(float));
+      /* a plan with the flag names the path a run takes (it named the module's) */
+      hq_gemm_args fa = {sizeof fa, HQ_GEMM_FUSED_ALWAYS, NULL, HQ_F32, 0, NULL, NULL};
+      hq_gemm_info pi = {.struct_size = sizeof pi};
+      HQ_OK_OR_FAIL(hq_gemm_plan(ctx, hq_operand_q(A), 1, hq_operand_q(B), 0, &D, &fa, &pi));
+      assert_string_equal(pi.provider, "emulated");
+      assert_int_equal(pi.path, HQ_GEMM_PATH_CPU);
     } else {
       expect_ran(&c, "emulated", HQ_GEMM_PATH_CPU,
                  m == 8 ? "fp8_tensor_owngemm: declined m = 8 on purpose"
