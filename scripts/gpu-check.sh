@@ -26,10 +26,12 @@
 # HQ_CUDA_ARCH=90 configures for sm_90 alone (a measurement on the H200; the default builds every
 # architecture hq supports, as CI does).
 # --train-ab (with --quick, and HQ_DEVDIST_BEFORE=.devdist0: an earlier tree's `make dist`
-# tarball carried too) trains every shipped recipe on the default and wide models with both
-# builds and writes train_ab.md, the before/after table of docs/performance.md
-# (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT, HQ_AB_STEPS_WIDE; HQ_AB_RECIPES, HQ_AB_SIZES and
-# HQ_AB_ROUNDS: which recipes, which sizes, how many interleaved rounds).
+# tarball carried too; or HQ_AB_BEFORE_CPPFLAGS="PLUGIN FLAGS": this tree with that plugin's C
+# sources compiled with FLAGS, a compile-time switch, no second build) trains every shipped
+# recipe on the default and wide models with both builds and writes train_ab.md, the
+# before/after table of docs/performance.md (scripts/train_ab.py; HQ_AB_STEPS_DEFAULT,
+# HQ_AB_STEPS_WIDE; HQ_AB_RECIPES, HQ_AB_SIZES and HQ_AB_ROUNDS: which recipes, which sizes,
+# how many interleaved rounds).
 # Kernel work: --quick builds the library, the stock plugins (HQ_QUICK_PLUGINS="fp8_block mx":
 # those alone; on the H200 machine a quick build of fp8_block alone took 35 s, of all six 110-125
 # s) and hq only (no make check);
@@ -337,14 +339,32 @@ if len(rows) >= 3:
   if [[ "$modes" == *" --train-ab "* ]] && [ -x tools/hq ]; then
     # before/after throughput: every shipped recipe with the BF16 baseline, default and wide
     # models, graph on, with this build and with the carried tarball HQ_DEVDIST_BEFORE (an
-    # earlier tree's make dist, built --quick in its own folder), the two builds' runs
-    # interleaved per size; train_ab.md is scripts/train_ab.py's table of both
-    [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "--train-ab: set HQ_DEVDIST_BEFORE"; exit 2; }
+    # earlier tree's make dist, built --quick in its own folder) or this build's variant
+    # (HQ_AB_BEFORE_CPPFLAGS), the two builds' runs interleaved per size; train_ab.md is
+    # scripts/train_ab.py's table of both
     here=$PWD
-    # from the carried tree's root, where the nested call finds the tarball and .devdeps
-    (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
-      --on-device --quick) > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
-    before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
+    if [ -n "${HQ_AB_BEFORE_CPPFLAGS:-}" ]; then
+      # "PLUGIN FLAGS...": before is this build with PLUGIN's C sources recompiled with the
+      # preprocessor flags (e.g. "nvfp4 -DHQ_NVFP4_GEMM_MAX_MNK=0": a compile-time switch off),
+      # its module in a folder of its own, so that no second tree is built
+      read -r abp abf <<< "$HQ_AB_BEFORE_CPPFLAGS"
+      bdir=/tmp/hqbuild/ab-before-$abp
+      rm -rf "$bdir" && mkdir -p "$bdir"
+      # the C objects only (automake names them MODULE_la-SOURCE.lo; the CUDA ones stay built)
+      c_objs() { rm -f plugins/$abp/*_la-*.lo $(ab_mods "$abp"); }
+      { c_objs && make -s CPPFLAGS="$abf" $(ab_mods "$abp") && cp plugins/$abp/.libs/*.so "$bdir/" \
+          && c_objs && make -s $(ab_mods "$abp"); } \
+        > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
+      before=$here
+    else
+      [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "--train-ab: set HQ_DEVDIST_BEFORE or" \
+        "HQ_AB_BEFORE_CPPFLAGS"; exit 2; }
+      # from the carried tree's root, where the nested call finds the tarball and .devdeps
+      (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
+        --on-device --quick) > "$out/before-build.txt" 2>&1 \
+        || { tail -20 "$out/before-build.txt"; exit 1; }
+      before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
+    fi
     # HQ_AB_RECIPES: the recipes (paths from the tree's root; the BF16 one, the baseline, is
     # always run), default every shipped one; HQ_AB_SIZES: default and wide; HQ_AB_ROUNDS
     # rounds, each running every size with both builds, so that the machine's drift falls on
@@ -363,8 +383,11 @@ if len(rows) >= 3:
         for v in before after; do
           d=$here; [ $v = before ] && d=$before
           f=$out/ab_${size}_${v}_$round
-          (cd "$d" && HQ_PLUGIN_PATH=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':') ./tools/hq \
-             train "$@" "${sz[@]}" > "$f.json" 2> "$f.err") || rc=1
+          pp=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':')
+          [ $v = before ] && [ -n "${HQ_AB_BEFORE_CPPFLAGS:-}" ] \
+            && pp=$(echo "$pp" | sed "s|$d/plugins/$abp/.libs|$bdir|")
+          (cd "$d" && HQ_PLUGIN_PATH=$pp ./tools/hq train "$@" "${sz[@]}" > "$f.json" \
+             2> "$f.err") || rc=1
         done
       done
     done
