@@ -891,7 +891,12 @@ static void test_module_direct(void **state) {
   assert_string_equal(ops->name, "fp8_block");
   assert_string_equal(ops->version, hq_version());
   assert_null(ops->tensor_factor); /* no per-tensor factor */
-  assert_null(ops->gemm); /* native GEMMs are gemm/cublaslt's, by the descriptors */
+  /* its own GEMM: small problems on the FP8 tensor cores of compute capability 9.x
+     (tests/test_gpu_gemm); it takes no host problem, which the core's CPU path multiplies */
+  assert_non_null(ops->gemm);
+  hq_call hcall = hq_test_call(&host, 0, 0);
+  hq_gemm_problem gp = {.struct_size = sizeof gp, .m = 1, .n = 1, .k = 1};
+  assert_int_equal(ops->gemm(NULL, &hcall, &gp), HQ_ENOTSUP);
   /* HQ_CAP_CUDA exactly when the build has the CUDA path (tests/test_gpu_fp8_block.c) */
   assert_int_equal(ops->caps & ~(HQ_CAP_CUDA | HQ_CAP_FUSED_ADAM | HQ_CAP_ADAM_KDEV),
                    HQ_CAP_CPU | HQ_CAP_REQUANT_SAFE | HQ_CAP_COLWISE_ONLY);

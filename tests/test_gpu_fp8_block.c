@@ -12,10 +12,11 @@
 ** module's caps (HQ_CAP_CUDA) and its device scratch (0).
 ** ABI 2.1: the raw dequantize (HQ_CALL_DEQ_RAW), called directly on the device, equals the CPU's
 ** byte for byte and the device's normal dequantize (no per-tensor factor, no transform); hq_gemm
-** of two fp8_block operands: on Hopper (sm_90) the native path (this module's gemm op) for 1-D x
-** 1-D, 1-D x 2-D and 2-D x 1-D, every flag pair, F32 / BF16 D, against the emulated path
-** (HQ_GEMM_FORCE_EMULATED) and an F64 product of the dequantized operands; 2-D x 2-D takes the
-** emulated path with this module's reason.
+** of two fp8_block operands: on Hopper (sm_90) the native path for 1-D x 1-D, 1-D x 2-D and 2-D x
+** 1-D, every flag pair, F32 / BF16 D, against the emulated path (HQ_GEMM_FORCE_EMULATED) and an
+** F64 product of the dequantized operands -- small problems by this module's own kernel (2-D x
+** 2-D too), large ones by cuBLASLt; a large 2-D x 2-D takes the emulated path with the cublaslt
+** provider's reason.
 ** The fused AdamW write-back (hq_adam_step with HQ_CAP_FUSED_ADAM) against the CPU's step: 1-D
 ** and 2-D, each direction alone and both, partial tiles, the element-wise and 16-byte paths, on
 ** tensors of fewer tiles than one wave of the fused kernel's CTAs (the step runs apart, then the
@@ -341,10 +342,11 @@ static void test_raw_on_device(void **state) {
    reason containing `reason` (NULL: unchecked); hq_gemm's result and the emulated path's
    (HQ_GEMM_FORCE_EMULATED, which must be `emul`) are checked against the F64 product of the
    dequantized operands: the emulated one within FP32 accumulation error, the native one (FP8
-   tensor cores, 128-element blocks promoted to FP32) within 2^-10 of sum |alpha a b| more. */
+   tensor cores, 128-element blocks promoted to FP32) within 2^-10 of sum |alpha a b| more. The
+   plan must name `provider` (NULL: unchecked). */
 static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int tb, int64_t M,
                       int64_t N, int64_t K, hq_dtype ddt, uint32_t want, const char *reason,
-                      uint32_t emul) {
+                      uint32_t emul, const char *provider) {
   char what[200];
   snprintf(what, sizeof what, "%s x %s ta %d tb %d m %lld n %lld k %lld D %s", ra, rb, ta, tb,
            (long long)M, (long long)N, (long long)K, hq_dtype_name(ddt));
@@ -359,6 +361,12 @@ static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int 
   HQ_OK_OR_FAIL(hq_quantize(qb, gpu, &xbg, &B));
   hq_tensor d0h = hq_test_tensor(ddt, N, M, 61, 1.0f);
   hq_tensor d = to_gpu(&d0h, 0, &pd), de = to_gpu(&d0h, 0, &pe);
+  if (provider) {
+    hq_gemm_info info = {.struct_size = sizeof info};
+    HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(A), ta, hq_operand_q(B), tb, &d, NULL, &info));
+    if (strcmp(info.provider, provider) != 0)
+      fail_msg("%s: provider %s, expected %s", what, info.provider, provider);
+  }
   hq_gpu_gemm_vs_f64(gpu, A, ta, B, tb, &d0h, &d, &de, want, reason, emul, what);
   hq_ctx_free(gpu, pd);
   hq_ctx_free(gpu, pe);
@@ -376,8 +384,9 @@ static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int 
 /* hq_gemm of fp8_block operands on the device: native on Hopper for 1-D x 1-D, 1-D x 2-D and
    2-D x 1-D (pow2 and FP32 scales, e4m3 with an e5m2 gradient, every flag pair, F32 and BF16 D),
    equal to the emulated path (BF16 with pow2 scales on both sides, else F32) and the F64 product
-   within the bounds above; shapes with partial blocks (m 200, n 136, k 320) whichever path they
-   take; 2-D x 2-D emulated with the module's reason. */
+   within the bounds above: at 2^24 multiply-adds by the module's own kernel, with partial blocks
+   (m 200, n 136, k 320: a last block of 64) too, at 2^28 by cuBLASLt; 2-D x 2-D by the module's
+   kernel when small, else emulated with cuBLASLt's reason. */
 static void test_gemm_on_device(void **state) {
   (void)state;
   int arch = 0;
@@ -406,11 +415,20 @@ static void test_gemm_on_device(void **state) {
                                              : HQ_GEMM_PATH_EMULATED_F32;
         gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 256, 128, 512,
                   (ta + tb + pr) & 1 ? HQ_BF16 : HQ_F32, hopper ? HQ_GEMM_PATH_NATIVE : emul,
-                  NULL, emul);
-        gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 200, 136, 320, HQ_F32, 0, NULL, emul);
+                  NULL, emul, hopper ? "fp8_block" : NULL);
+        gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 200, 136, 320, HQ_F32, 0, NULL, emul,
+                  hopper ? "fp8_block" : NULL);
       }
-  gemm_case(r, "l:w:two", "l:x:two", 1, 0, 256, 128, 256, HQ_F32, HQ_GEMM_PATH_EMULATED_BF16,
-            hopper ? "2-D x 2-D" : NULL, HQ_GEMM_PATH_EMULATED_BF16);
+  for (int pr = 0; pr < np; pr++) /* 1024 x 512 x 512: cuBLASLt's */
+    gemm_case(r, pairs[pr].a, pairs[pr].b, 1, 0, 1024, 512, 512, pr & 1 ? HQ_BF16 : HQ_F32,
+              hopper ? HQ_GEMM_PATH_NATIVE : 0, NULL,
+              pairs[pr].bf16 ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_EMULATED_F32,
+              hopper ? "cublaslt" : NULL);
+  gemm_case(r, "l:w:two", "l:x:two", 1, 0, 256, 128, 256, HQ_F32,
+            hopper ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16, NULL,
+            HQ_GEMM_PATH_EMULATED_BF16, hopper ? "fp8_block" : NULL);
+  gemm_case(r, "l:w:two", "l:x:two", 1, 0, 512, 256, 512, HQ_F32, HQ_GEMM_PATH_EMULATED_BF16,
+            hopper ? "2-D x 2-D" : NULL, HQ_GEMM_PATH_EMULATED_BF16, NULL);
   hq_recipe_free(r);
 }
 

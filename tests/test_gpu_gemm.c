@@ -467,7 +467,7 @@ static const lcfg k_layers[] = {
     {"mixed_row", "BBB", 0, 0},    /* per-row factors on one operand, on both, on the other */
     {"fp8_block", "NNN", 1, 1},    /* 2-D x 1-D (fprop, dgrad), 1-D x 1-D (wgrad) */
     {"fp8_block_b2", "NNN", 1, 0}, /* 1-D x 2-D (fprop), 1-D x 1-D, 2-D x 1-D (wgrad) */
-    {"fp8_block_2d2d", "BBB", 1, 0}, /* 2-D x 2-D: no cuBLASLt kernel */
+    {"fp8_block_2d2d", "NNN", 1, 0}, /* 2-D x 2-D: the module's own kernel (cuBLASLt has none) */
     {"fp8_block_np2", "NNN", 1, 0},  /* non-power-of-two scales: emulated would be F32 */
     {"mixed", "BBB", 1, 1},        /* mxfp8 x nvfp4, fp8_tensor x identity bf16, nvfp4 x nvfp4 */
     {"mixed_f32", "BFB", 1, 0},    /* fp8_tensor x identity f32 */
@@ -769,7 +769,8 @@ static void test_refusals(void **state) {
   if (g_arch == 90) {
     layer E, B2;
     layer_make(r, "fp8_e5", tokens, in, out, 720, &E);
-    layer_make(r, "fp8_block_2d2d", tokens, in, out, 730, &B2);
+    /* above fp8_block's own kernel (2^26 multiply-adds), which multiplies 2-D x 2-D natively */
+    layer_make(r, "fp8_block_2d2d", 512, 256, 512, 730, &B2);
     HQ_OK_OR_FAIL(hq_gemm_plan(gpu, hq_operand_q(E.w.g), 0, hq_operand_q(E.dy.g), 0, NULL, NULL,
                                &info));
     assert_int_equal(info.path, HQ_GEMM_PATH_EMULATED_BF16);

@@ -85,6 +85,7 @@
 #include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+#include "fp8_block_gemm.h"
 #include "fp8_block_rules.h"
 
 enum { OPT_BLOCK, OPT_DTYPE, OPT_POW2, OPT_EPS };
@@ -537,6 +538,62 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
   return HQ_OK;
 }
 
+/* Problems up to this many multiply-adds (m * n * k) take the module's own kernel: there
+   cuBLASLt's block-scaled GEMM is mostly its fixed cost; larger ones are faster on cuBLASLt,
+   whose kernels reuse each operand tile across a wider one of the other. */
+#ifndef HQ_FP8B_GEMM_MAX_MNK
+#define HQ_FP8B_GEMM_MAX_MNK (1ll << 25)
+#endif
+
+#ifdef HQ_HAVE_CUDA
+/* One operand of the module's GEMM: s a storage whose stored matrix is `outer` rows of k
+   contiguous elements. HQ_ENOTSUP, without a message (gemm_op), for one the kernel does not
+   take. */
+static int gemm_operand(const hq_host_api *h, const hq_storage *s, int64_t outer, int64_t k,
+                        fp8b_gemm_operand *o) {
+  geom g;
+  if (!s) return h->error(HQ_EINVAL, "fp8_block: a GEMM operand without a storage");
+  int rc = read_storage(h, s, s->rows, s->cols, &g);
+  if (rc) return rc;
+  /* the stored matrix: [rows, cols] rowwise, [cols, rows] columnwise (transposed); the kernel
+     reads its codes 16 bytes at a time */
+  const int64_t R = g.colwise ? s->cols : s->rows, C = g.colwise ? s->rows : s->cols;
+  if (R != outer || C != k || C % 16 || ((uintptr_t)g.data & 15u)) return HQ_ENOTSUP;
+  *o = (fp8b_gemm_operand){.q = g.data, .scale = g.scale, .elem = g.elem, .two_d = g.two_d};
+  return HQ_OK;
+}
+#endif
+
+/* The module's own GEMM (ABI 2.1's gemm op): on Hopper (compute capability 9.x; the build has its
+   code for sm_90 and Blackwell alone) a small problem's block-scaled product in one kernel
+   (fp8_block_gemm.cu) on the FP8 tensor cores, in place of cuBLASLt's -- the same products of
+   codes, each block's partial sum times its two scales into FP32, so a native product that equals
+   cuBLASLt's up to the order of accumulation. Its 2-D x 2-D products, which cuBLASLt does not
+   run, are native here too. Everything else -- the host, other devices, problems above
+   HQ_FP8B_GEMM_MAX_MNK, a layout the kernel does not read -- is declined without a message and
+   takes the core's paths (cuBLASLt's, or the emulated one with its reason). */
+static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfgp; /* the storages describe themselves */
+  if (call->device == HQ_DEVICE_HOST) return HQ_ENOTSUP;
+#ifndef HQ_HAVE_CUDA
+  (void)p;
+  return HQ_ENOTSUP;
+#else
+  const hq_host_api *h = call->host;
+  const int arch = h->device_arch ? h->device_arch(call->device) : 0;
+  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 ||
+      p->m * p->n > HQ_FP8B_GEMM_MAX_MNK / p->k || p->n > 65535ll * FP8B_GEMM_TILE ||
+      (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
+      (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
+    return HQ_ENOTSUP;
+  fp8b_gemm_operand a, b;
+  int rc = gemm_operand(h, p->a, p->m, p->k, &a);
+  if (!rc) rc = gemm_operand(h, p->b, p->n, p->k, &b);
+  if (rc) return rc;
+  return p->flags & HQ_GEMM_QUERY ? HQ_OK : fp8b_cuda_gemm(call, p, &a, &b);
+#endif
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* requires ABI 2.1 (raw dequantize, gemm) */
@@ -558,6 +615,7 @@ static const hq_format_ops ops = {
     .quantize = quantize,
     .dequantize = dequantize,
     .tensor_factor = NULL, /* no per-tensor factor */
+    .gemm = gemm_op,
     .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
 };
 

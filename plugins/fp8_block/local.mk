@@ -1,11 +1,13 @@
 # plugins/fp8_block/local.mk -- FP8 block scaling (CPU reference + CUDA kernels)
 hqplugin_LTLIBRARIES += plugins/fp8_block/fp8_block.la
-plugins_fp8_block_fp8_block_la_SOURCES = plugins/fp8_block/fp8_block_rules.h plugins/fp8_block/fp8_block.c
+plugins_fp8_block_fp8_block_la_SOURCES = plugins/fp8_block/fp8_block_rules.h \
+	plugins/fp8_block/fp8_block.c plugins/fp8_block/fp8_block_gemm.h
 plugins_fp8_block_fp8_block_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS)
 plugins_fp8_block_fp8_block_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
-EXTRA_DIST += plugins/fp8_block/fp8_block.cu
+EXTRA_DIST += plugins/fp8_block/fp8_block.cu plugins/fp8_block/fp8_block_gemm.cu
 if HAVE_CUDA
-plugins_fp8_block_fp8_block_la_LIBADD = plugins/fp8_block/fp8_block.lo $(CUDA_LIBS)
+plugins_fp8_block_fp8_block_la_LIBADD = plugins/fp8_block/fp8_block.lo \
+	plugins/fp8_block/fp8_block_gemm.lo $(CUDA_LIBS)
 plugins_fp8_block_fp8_block_la_LDFLAGS += $(CUDA_LDFLAGS)
 endif
 HQ_TEST_PLUGIN_DIRS += $(abs_top_builddir)/plugins/fp8_block/.libs
