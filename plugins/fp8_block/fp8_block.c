@@ -64,7 +64,8 @@
 **                E4M3 subnormal 2^-9 times 2^-127 is 2^-136), which the BF16 emulated GEMM
 **                rounds to that grid. With FP32 scales (power_2_scales = false) a raw value has
 **                up to 24 significant bits: F32.
-**   native gemm  none of its own: its scale buffers are laid out as cuBLASLt reads them
+**   own gemm     small problems on Hopper (gemm_op below, fp8_block_gemm.cu); the rest:
+**   native gemm  its scale buffers are laid out as cuBLASLt reads them
 **                (docs/formats.md: 1-D [ceil(k/128), r4(outer)] outer contiguous = BLOCK_MAJOR;
 **                2-D [ceil(outer/128), r4(ceil(k/128))] = OUTER_MAJOR) and its data keeps k
 **                contiguous, so gemm/cublaslt's provider multiplies its storages natively on
