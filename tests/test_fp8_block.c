@@ -891,7 +891,7 @@ static void test_module_direct(void **state) {
   assert_string_equal(ops->name, "fp8_block");
   assert_string_equal(ops->version, hq_version());
   assert_null(ops->tensor_factor); /* no per-tensor factor */
-  /* its own GEMM: small problems on the FP8 tensor cores of compute capability 9.x
+  /* its own GEMM: small problems by mma.sync on the codes on compute capability 9.x
      (tests/test_gpu_gemm); it takes no host problem, which the core's CPU path multiplies */
   assert_non_null(ops->gemm);
   hq_call hcall = hq_test_call(&host, 0, 0);

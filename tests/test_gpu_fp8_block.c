@@ -424,6 +424,13 @@ static void test_gemm_on_device(void **state) {
               hopper ? HQ_GEMM_PATH_NATIVE : 0, NULL,
               pairs[pr].bf16 ? HQ_GEMM_PATH_EMULATED_BF16 : HQ_GEMM_PATH_EMULATED_F32,
               hopper ? "cublaslt" : NULL);
+  /* E5M2 as A, and E5M2 x E5M2, for which cuBLASLt has no kernel: the module's own */
+  gemm_case(r, "l:w:g5", "l:x:one", 1, 0, 256, 128, 512, HQ_BF16,
+            hopper ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16, NULL,
+            HQ_GEMM_PATH_EMULATED_BF16, hopper ? "fp8_block" : NULL);
+  gemm_case(r, "l:w:g5", "l:x:g5", 0, 1, 200, 136, 320, HQ_F32,
+            hopper ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16, NULL,
+            HQ_GEMM_PATH_EMULATED_BF16, hopper ? "fp8_block" : NULL);
   gemm_case(r, "l:w:two", "l:x:two", 1, 0, 256, 128, 256, HQ_F32,
             hopper ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16, NULL,
             HQ_GEMM_PATH_EMULATED_BF16, hopper ? "fp8_block" : NULL);

@@ -567,12 +567,13 @@ static int gemm_operand(const hq_host_api *h, const hq_storage *s, int64_t outer
 
 /* The module's own GEMM (ABI 2.1's gemm op): on Hopper (compute capability 9.x; the build has its
    code for sm_90 and Blackwell alone) a small problem's block-scaled product in one kernel
-   (fp8_block_gemm.cu) on the FP8 tensor cores, in place of cuBLASLt's -- the same products of
+   (fp8_block_gemm.cu) by mma.sync on the codes, in place of cuBLASLt's -- the same products of
    codes, each block's partial sum times its two scales into FP32, so a native product that equals
-   cuBLASLt's up to the order of accumulation. Its 2-D x 2-D products, which cuBLASLt does not
-   run, are native here too. Everything else -- the host, other devices, problems above
-   HQ_FP8B_GEMM_MAX_MNK, a layout the kernel does not read -- is declined without a message and
-   takes the core's paths (cuBLASLt's, or the emulated one with its reason). */
+   cuBLASLt's up to the order and precision of accumulation. Its 2-D x 2-D products, which
+   cuBLASLt does not run, are native here too. Everything else -- the host, other devices,
+   problems above HQ_FP8B_GEMM_MAX_MNK, a layout the kernel does not read -- is declined without
+   a message and takes the core's paths (cuBLASLt's, or the emulated one with its reason); a
+   storage that is not fp8_block's at all is an error. */
 static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
   (void)cfgp; /* the storages describe themselves */
   if (call->device == HQ_DEVICE_HOST) return HQ_ENOTSUP;

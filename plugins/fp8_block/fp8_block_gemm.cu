@@ -1,8 +1,10 @@
 /*
-** fp8_block_gemm.cu -- the fp8_block module's own GEMM for small problems on Hopper: FP8 tensor
-** cores through mma.sync, each 128-element block of k multiplied on its own and added to an FP32
+** fp8_block_gemm.cu -- the fp8_block module's own GEMM for small problems on Hopper: the FP8
+** codes multiplied by mma.sync, each 128-element block of k on its own and added to an FP32
 ** accumulator times its two block scales, in one kernel (fp8_block.c's gemm op says which
-** problems).
+** problems). On sm_90 ptxas lowers an FP8 mma.sync to exact FP8 -> FP16 conversions in registers
+** and FP16 MMAs with FP32 accumulation (Hopper's FP8 tensor-core rate is wgmma's alone): at these
+** sizes the rate is not what bounds the kernel, and the products are exact either way.
 **
 ** Why: cuBLASLt's block-scaled FP8 GEMM on sm_90 takes about 7 us at a trainer's small sizes
 ** (256 x 256 x 256), where a BF16 GEMM of the same shape takes 5: a fixed cost of its set-up, not
@@ -20,7 +22,8 @@
 ** while this one is multiplied) and, for one row, its scale; after a barrier the warps read their
 ** fragments with ldmatrix (8-bit MMA fragments are the b16 ones with byte pairs), multiply the
 ** block into a zeroed partial, and add it scaled. Rows past m / n and k past the operand are
-** zeros. The MMA's inputs are FP8 (native), so the path is reported native.
+** zeros. The MMAs take the codes themselves and the scales are applied per block as a
+** block-scaled GEMM applies them, so the path is reported native.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
