@@ -345,7 +345,7 @@ if len(rows) >= 3:
     here=$PWD
     if [ -n "${HQ_AB_BEFORE_CPPFLAGS:-}" ]; then
       # "PLUGIN FLAGS...": before is this build with PLUGIN's C sources recompiled with the
-      # preprocessor flags (e.g. "nvfp4 -DHQ_NVFP4_GEMM_MAX_MNK=0": a compile-time switch off),
+      # preprocessor flags (e.g. "fp8_block -DHQ_FP8B_GEMM_MAX_MNK=0": a switch turned off),
       # its module in a folder of its own, so that no second tree is built
       read -r abp abf <<< "$HQ_AB_BEFORE_CPPFLAGS"
       bdir=/tmp/hqbuild/ab-before-$abp

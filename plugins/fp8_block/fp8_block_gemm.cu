@@ -6,10 +6,9 @@
 ** and FP16 MMAs with FP32 accumulation (Hopper's FP8 tensor-core rate is wgmma's alone): at these
 ** sizes the rate is not what bounds the kernel, and the products are exact either way.
 **
-** Why: cuBLASLt's block-scaled FP8 GEMM on sm_90 takes about 7 us at a trainer's small sizes
-** (256 x 256 x 256), where a BF16 GEMM of the same shape takes 5: a fixed cost of its set-up, not
-** the work. A CTA per 32 x 32 tile of D and a k loop of a few blocks is latency-bound the same way,
-** with less of it.
+** Why: at a trainer's small sizes (256 x 256 x 256) cuBLASLt's block-scaled FP8 GEMM on sm_90 is
+** mostly a fixed cost, longer than a BF16 GEMM of the same shape (docs/performance.md). A CTA per
+** 32 x 32 tile of D and a k loop of a few blocks is latency-bound the same way, with less of it.
 **
 ** D(i, j) = alpha * sum_b (sa(i, b) * sb(j, b)) * P_b(i, j) (+ beta * D(i, j)) (+ bias[i]), rounded
 ** once into D's dtype, i < m over A's stored rows, j < n over B's, D row-major [n, m] (F32 or
