@@ -164,7 +164,9 @@ for i, (r, (name, path, fwd, bwd)) in enumerate(zip(d['recipes'], want)):
     assert (r['resumed_from'], r['resume_verified']) == (0, None), r['name']
     assert [p[0] for p in r['train_curve']] == [0, 10, 20, 30, 40], r['train_curve']
     assert [p[0] for p in r['eval_curve']] == [0, 20, 40], r['eval_curve']
-    g = lambda a, p='cpu': {'a': a, 'b': a, 'path': p, 'm': 128, 'n': 128, 'k': 128}
+    # each GEMM with the provider that ran it: on the CPU the core's own CPU path
+    g = lambda a, p='cpu': {'a': a, 'b': a, 'path': p, 'provider': 'emulated', 'm': 128,
+                            'n': 128, 'k': 128}
     assert r['gemms'] == [{'layer': 'fc1', 'fprop': g(fwd), 'dgrad': g(bwd), 'wgrad': g(bwd)},
                           {'layer': 'lm_head', 'fprop': g('identity'), 'dgrad': g('identity'),
                            'wgrad': g('identity')}], r['gemms']

@@ -222,6 +222,8 @@ static void json_gemm(json *j, const hq_gemm_info *g) {
   json_kstr(j, "a", g->struct_size ? g->format_a : "");
   json_kstr(j, "b", g->struct_size ? g->format_b : "");
   json_kstr(j, "path", g->struct_size ? hq_gemm_path_name(g->path) : "");
+  /* which provider, or which format module's own kernel, ran it */
+  json_kstr(j, "provider", g->struct_size ? g->provider : "");
   json_kint(j, "m", g->m);
   json_kint(j, "n", g->n);
   json_kint(j, "k", g->k);
