@@ -385,8 +385,8 @@ static void gemm_case(hq_recipe *r, const char *ra, const char *rb, int ta, int 
    2-D x 1-D (pow2 and FP32 scales, e4m3 with an e5m2 gradient, every flag pair, F32 and BF16 D),
    equal to the emulated path (BF16 with pow2 scales on both sides, else F32) and the F64 product
    within the bounds above: at 2^24 multiply-adds by the module's own kernel, with partial blocks
-   (m 200, n 136, k 320: a last block of 64) too, at 2^28 by cuBLASLt; 2-D x 2-D by the module's
-   kernel when small, else emulated with cuBLASLt's reason. */
+   (m 200, n 136, k 320: a last block of 64) too, at 2^28 or with k = 4096 by cuBLASLt; 2-D x 2-D
+   by the module's kernel when small, else emulated with cuBLASLt's reason. */
 static void test_gemm_on_device(void **state) {
   (void)state;
   int arch = 0;
@@ -419,6 +419,10 @@ static void test_gemm_on_device(void **state) {
         gemm_case(r, pairs[pr].a, pairs[pr].b, ta, tb, 200, 136, 320, HQ_F32, 0, NULL, emul,
                   hopper ? "fp8_block" : NULL);
       }
+  /* k = 4096 (2^24 multiply-adds): above the kernel's k, cuBLASLt's */
+  gemm_case(r, "l:w:one", "l:x:one", 1, 0, 64, 64, 4096, HQ_F32,
+            hopper ? HQ_GEMM_PATH_NATIVE : HQ_GEMM_PATH_EMULATED_BF16, NULL,
+            HQ_GEMM_PATH_EMULATED_BF16, hopper ? "cublaslt" : NULL);
   for (int pr = 0; pr < np; pr++) /* 1024 x 512 x 512: cuBLASLt's */
     gemm_case(r, pairs[pr].a, pairs[pr].b, 1, 0, 1024, 512, 512, pr & 1 ? HQ_BF16 : HQ_F32,
               hopper ? HQ_GEMM_PATH_NATIVE : 0, NULL,

@@ -545,6 +545,9 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
 #ifndef HQ_FP8B_GEMM_MAX_MNK
 #define HQ_FP8B_GEMM_MAX_MNK (1ll << 25)
 #endif
+/* ... and at most this k: each CTA walks k alone, block after block, where cuBLASLt splits a long
+   k across CTAs (a few tiles of a long k would leave most SMs idle). */
+#define HQ_FP8B_GEMM_MAX_K 2048
 
 #ifdef HQ_HAVE_CUDA
 /* One operand of the module's GEMM: s a storage whose stored matrix is `outer` rows of k
@@ -571,9 +574,9 @@ static int gemm_operand(const hq_host_api *h, const hq_storage *s, int64_t outer
    codes, each block's partial sum times its two scales into FP32, so a native product that equals
    cuBLASLt's up to the order and precision of accumulation. Its 2-D x 2-D products, which
    cuBLASLt does not run, are native here too. Everything else -- the host, other devices,
-   problems above HQ_FP8B_GEMM_MAX_MNK, a layout the kernel does not read -- is declined without
-   a message and takes the core's paths (cuBLASLt's, or the emulated one with its reason); a
-   storage that is not fp8_block's at all is an error. */
+   problems above HQ_FP8B_GEMM_MAX_MNK or HQ_FP8B_GEMM_MAX_K, a layout the kernel does not read --
+   is declined without a message and takes the core's paths (cuBLASLt's, or the emulated one with
+   its reason); a storage that is not fp8_block's at all is an error. */
 static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
   (void)cfgp; /* the storages describe themselves */
   if (call->device == HQ_DEVICE_HOST) return HQ_ENOTSUP;
@@ -583,7 +586,7 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
 #else
   const hq_host_api *h = call->host;
   const int arch = h->device_arch ? h->device_arch(call->device) : 0;
-  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 ||
+  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 || p->k > HQ_FP8B_GEMM_MAX_K ||
       p->m * p->n > HQ_FP8B_GEMM_MAX_MNK / p->k || p->n > 65535ll * FP8B_GEMM_TILE ||
       (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
       (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
