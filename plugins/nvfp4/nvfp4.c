@@ -873,6 +873,25 @@ static int read_desc(const hq_host_api *h, const hq_storage *s, const nvfp4_mode
   return HQ_OK;
 }
 
+/* What dequantize and tensor_factor read of a stored operand: s must be an nvfp4 storage of its
+   own direction for [M, K] with a descriptor an nvfp4 instance makes; `what` names the caller in
+   the error. */
+typedef struct nvfp4_view {
+  nvfp4_mode md;
+  int swizzle, rht;
+  uint32_t mask;
+} nvfp4_view;
+
+static int read_storage(const hq_host_api *h, const hq_storage *s, int64_t M, int64_t K,
+                        const char *what, nvfp4_view *v) {
+  const uint32_t dir = s ? s->dir : 0;
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return h->error(HQ_EINVAL, "nvfp4: %s: a storage without a direction", what);
+  *v = (nvfp4_view){.swizzle = 0};
+  int rc = check_storage(h, s, dir, M, K, &v->md);
+  return rc ? rc : read_desc(h, s, &v->md, &v->swizzle, &v->mask, &v->rht);
+}
+
 /* The checks of a dequantize of s into dst and what it then does, as the device kernels take
    it (*d, *md). */
 static int deq_job(const hq_call *call, const hq_storage *s, hq_tensor *dst, nvfp4_deq *d,
@@ -886,14 +905,11 @@ static int deq_job(const hq_call *call, const hq_storage *s, hq_tensor *dst, nvf
   int rc = check_src(h, dst, "output");
   if (rc) return rc;
   const int64_t M = dst->rows, K = dst->cols;
-  const uint32_t dir = s ? s->dir : 0;
-  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
-    return h->error(HQ_EINVAL, "nvfp4: dequantize of a storage without a direction");
-  rc = check_storage(h, s, dir, M, K, md);
-  int sw = 0, rht = 0;
-  uint32_t mask = 0;
-  if (!rc) rc = read_desc(h, s, md, &sw, &mask, &rht);
+  nvfp4_view v;
+  rc = read_storage(h, s, M, K, "dequantize", &v);
   if (rc) return rc;
+  *md = v.md;
+  const uint32_t dir = s->dir;
   /* raw (HQ_CALL_DEQ_RAW): e2m1 * sf, without the global amax and, for an RHT copy, left in
      the transformed domain (no inverse transform) */
   const int raw = (call->flags & HQ_CALL_DEQ_RAW) != 0;
@@ -909,10 +925,10 @@ static int deq_job(const hq_call *call, const hq_storage *s, hq_tensor *dst, nvf
                    .kind = md->scale_kind,
                    .global = rfout ? HQ_NVFP4_GLOBAL_NONE : md->global,
                    .colwise = dir == HQ_COLWISE,
-                   .swizzle = sw,
-                   .rht = raw ? 0 : rht,
+                   .swizzle = v.swizzle,
+                   .rht = raw ? 0 : v.rht,
                    .raw = raw,
-                   .mask = mask,
+                   .mask = v.mask,
                    .dst = dst,
                    /* ABI 2.3 (HQ_CAP_DEQ_FACTOR): with a raw dequantize, the factor times the
                       chain's value */
@@ -1018,15 +1034,10 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   (void)cfgp;
   const hq_host_api *h = call->host;
   if (!out) return h->error(HQ_EINVAL, "nvfp4: tensor_factor without an output");
-  const uint32_t dir = s ? s->dir : 0;
-  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
-    return h->error(HQ_EINVAL, "nvfp4: tensor_factor of a storage without a direction");
-  int sw = 0, rht = 0;
-  uint32_t mask = 0;
-  nvfp4_mode md;
-  int rc = check_storage(h, s, dir, s->rows, s->cols, &md);
-  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
+  nvfp4_view v;
+  int rc = read_storage(h, s, s ? s->rows : 0, s ? s->cols : 0, "tensor_factor", &v);
   if (rc) return rc;
+  const nvfp4_mode md = v.md;
   if (call->device != HQ_DEVICE_HOST) {
 #ifdef HQ_HAVE_CUDA
     return nvfp4_cuda_tensor_factor(
