@@ -119,6 +119,8 @@ typedef struct gcase {
   uint32_t path;            /* the expected path (0: do not check; another arch) */
   int fp8_native;           /* native FP8 tensor-core accumulation (the looser bound) */
   uint8_t *out;             /* when set: receives the device D's bytes (n * m elements) */
+  const char *provider;     /* when set: the provider expected to run it */
+  int vs_forced;            /* compare with the forced emulated path even when not native */
 } gcase;
 
 /* Max over D of |x - y| / (coef * S + extra), where x is D and y the reference (or a second
@@ -217,6 +219,7 @@ static void run_case(gcase *c) {
   if (c->path && !hq_gpu_path_ok(info.path, c->path))
     fail_msg("%s: path %s, expected %s (reason: %s)", c->what, hq_gemm_path_name(info.path),
              hq_gemm_path_name(c->path), info.reason);
+  if (c->provider) assert_string_equal(info.provider, c->provider);
   assert_int_equal(info.m, m);
   assert_int_equal(info.n, n);
   assert_int_equal(info.k, c->k);
@@ -236,19 +239,21 @@ static void run_case(gcase *c) {
   within(what, "reference", &dh, NULL, &r, coef, 1, 1);
   if (c->out) memcpy(c->out, dh.data, tbytes(&dh));
 
-  if (info.path == HQ_GEMM_PATH_NATIVE) {
+  if (info.path == HQ_GEMM_PATH_NATIVE || c->vs_forced) {
     /* the forced emulated path on the device agrees within both bounds */
     hq_tensor de = to_gpu(&d0);
     args.flags = HQ_GEMM_FORCE_EMULATED;
     hq_gemm_info einfo = {.struct_size = sizeof einfo};
     HQ_OK_OR_FAIL(hq_gemm(gpu, c->ag, c->ta, c->bg, c->tb, &de, c->alpha, c->beta, &args, &einfo));
     assert_true(einfo.path == HQ_GEMM_PATH_EMULATED_BF16 || einfo.path == HQ_GEMM_PATH_EMULATED_F32);
+    if (c->provider) assert_string_not_equal(einfo.provider, c->provider);
     hq_tensor deh = to_host(&de);
     within(what, "forced emulated", &dh, &deh, &r, coef + acc_bound(c->k), 2, 2);
     within(what, "reference (forced emulated)", &deh, NULL, &r, acc_bound(c->k), 1, 1);
     free(deh.data);
     hq_ctx_free(gpu, de.data);
-  } else {
+  }
+  if (info.path != HQ_GEMM_PATH_NATIVE) {
     /* the CPU path on the same operands agrees within two FP32 accumulations */
     hq_tensor dc = hq_test_empty(c->ddt, n, m);
     memcpy(dc.data, d0.data, tbytes(&d0));
@@ -288,6 +293,9 @@ static const char *k_recipe =
     "[format nv_rht]\nplugin = nvfp4\nrht = true\n"
     "[format nv_w]\nplugin = nvfp4\nblock_2d = true\n"
     "[format nvr]\nplugin = nvfp4\nglobal_scale = row\n"
+    "[format nv_sw]\nplugin = nvfp4\nswizzle = true\n"
+    "[format nv_ue]\nplugin = nvfp4\nscale_dtype = ue5m3\nglobal_scale = none\n"
+    "[format nv_ut]\nplugin = nvfp4\nscale_dtype = ue5m3\nrht = true\n"
     "[format fb]\nplugin = fp8_block\n"
     "[format fb_b]\nplugin = fp8_block\n"
     "[format fb2]\nplugin = fp8_block\nblock = 2d\n"
@@ -305,6 +313,12 @@ static const char *k_recipe =
     "[role linear:*:nvfp4_rht]\nrowwise = nv\ncolumnwise = nv_rht\n"
     "[role linear:weight:nvfp4_rht]\nrowwise = nv_w\ncolumnwise = nv_w\n"
     "[role linear:*:nvfp4_row]\nrowwise = nvr\ncolumnwise = nvr\n"
+    /* the module's own GEMM: swizzled scales; UE5M3 scales without a global scale (factor 1)
+       against E4M3 ones; UE5M3 with a global scale and RHT on the wgrad operands */
+    "[role linear:*:nvfp4_sw]\nrowwise = nv_sw\ncolumnwise = nv_sw\n"
+    "[role linear:*:nvfp4_ue]\nrowwise = nv_ue\ncolumnwise = nv_ue\n"
+    "[role linear:weight:nvfp4_ue]\nrowwise = nv\ncolumnwise = nv_sw\n"
+    "[role linear:*:nvfp4_ut]\nrowwise = nv_ut\ncolumnwise = nv_ut\n"
     "[role linear:*:fp8_block]\nrowwise = fb\ncolumnwise = fb\n"
     "[role linear:weight:fp8_block]\nrowwise = fb2\ncolumnwise = fb2\n"
     "[role linear:*:fp8_block_b2]\nrowwise = fb\ncolumnwise = fb\n"
@@ -1255,6 +1269,74 @@ static void test_fused_mx_exact(void **state) {
   hq_recipe_free(r);
 }
 
+/* nvfp4's own GEMM (its gemm op; Hopper, at most 2^25 multiply-adds): the three GEMMs of layers
+   whose shapes leave partial 32 x 32 tiles and k over several 256-element chunks (fprop k = 800:
+   four, the last partial), every scale form the kernel decodes (compact and swizzled, E4M3 and
+   UE5M3, no global scale, RHT on both wgrad operands, 16x16 weight blocks), D f32 and bf16, beta
+   and a bias: the module reports an emulated BF16 product, and its D agrees with the F64 reference
+   and the CPU path (run_case) and with the core's emulated path (HQ_GEMM_FORCE_EMULATED:
+   dequantize, then cuBLASLt) within two FP32 accumulations. A problem above 2^25 multiply-adds
+   takes the emulated path. */
+static void test_nvfp4_module_gemm(void **state) {
+  (void)state;
+  if (g_arch / 10 != 9) {
+    printf("nvfp4 module GEMM: compute capability %d.%d has none (skipped)\n", g_arch / 10,
+           g_arch % 10);
+    return;
+  }
+  hq_recipe *r = gemm_recipe();
+  const char *names[] = {"nvfp4", "nvfp4_rht", "nvfp4_sw", "nvfp4_ue", "nvfp4_ut"};
+  const int64_t shapes[][3] = {{256, 256, 256}, {96, 800, 48}, {80, 48, 112}}; /* tokens, in,
+                                                                                  out */
+  int n_cases = 0;
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+      if (g_quick && s > 1) break;
+      layer L;
+      layer_make(r, names[i], shapes[s][0], shapes[s][1], shapes[s][2], 900 + 10 * i + s, &L);
+      for (int g = 0; g < 3; g++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s %lldx%lldx%lld %s", names[i], (long long)shapes[s][0],
+                 (long long)shapes[s][1], (long long)shapes[s][2], gemm_name[g]);
+        gcase c = layer_case(&L, g, what);
+        c.path = HQ_GEMM_PATH_EMULATED_BF16;
+        if (g == DGRAD) c.ddt = HQ_BF16, c.beta = 0.5f, c.bias_dt = HQ_F32;
+        if (g == WGRAD) c.alpha = 0.75f, c.bias_dt = HQ_BF16;
+        c.provider = "nvfp4";
+        c.vs_forced = 1; /* the core's emulated path agrees within its bounds */
+        run_case(&c);
+        /* the native provider's reason; a fused path where the caller asks for one */
+        hq_gemm_info info = {.struct_size = sizeof info};
+        HQ_OK_OR_FAIL(hq_gemm_plan(gpu, c.ag, c.ta, c.bg, c.tb, NULL, NULL, &info));
+        if (!strstr(info.reason, "cublaslt")) fail_msg("%s: reason '%s'", what, info.reason);
+        if (g == FPROP) {
+          hq_gemm_args args;
+          args_init(&args, NULL, 0, what);
+          args.flags = HQ_GEMM_FUSED_ALWAYS;
+          HQ_OK_OR_FAIL(hq_gemm_plan(gpu, c.ag, c.ta, c.bg, c.tb, NULL, &args, &info));
+          assert_int_equal(info.path, HQ_GEMM_PATH_FUSED_BF16);
+        }
+        n_cases++;
+      }
+      layer_free(&L);
+    }
+  }
+  /* 512 x 512 x 256: 2^26 multiply-adds, declined to the emulated path; the reason is the native
+     provider's, as it is when the module runs it */
+  layer L;
+  layer_make(r, "nvfp4", 512, 256, 512, 990, &L);
+  gcase c = layer_case(&L, FPROP, "nvfp4 512x256x512 fprop");
+  hq_gemm_info info = {.struct_size = sizeof info};
+  HQ_OK_OR_FAIL(hq_gemm_plan(gpu, c.ag, c.ta, c.bg, c.tb, NULL, NULL, &info));
+  assert_string_not_equal(info.provider, "nvfp4");
+  assert_int_equal(info.path, HQ_GEMM_PATH_EMULATED_BF16);
+  if (!strstr(info.reason, "cublaslt")) fail_msg("reason: %s", info.reason);
+  layer_free(&L);
+  printf("nvfp4 module GEMM: %d GEMMs agree with the reference, the CPU path and the core's "
+         "emulated path\n", n_cases);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -1269,6 +1351,7 @@ int main(void) {
       cmocka_unit_test(test_fused_nvfp4_exact),
       cmocka_unit_test(test_fused_mx_exact),
       cmocka_unit_test(test_amax_d),
+      cmocka_unit_test(test_nvfp4_module_gemm),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

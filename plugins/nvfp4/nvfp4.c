@@ -1056,6 +1056,78 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
   return HQ_OK;
 }
 
+/* Problems up to this many multiply-adds (m * n * k) take the module's own kernel: there the
+   emulated path's two launches (the dequantize of both operands, then cuBLASLt's BF16 GEMM) are
+   mostly latency; larger ones are faster on that path, whose GEMM runs at the BF16 rate and
+   decodes each element once (the kernel decodes an operand once per tile of the other). */
+#ifndef HQ_NVFP4_GEMM_MAX_MNK
+#define HQ_NVFP4_GEMM_MAX_MNK (1ll << 25)
+#endif
+
+#ifdef HQ_HAVE_CUDA
+/* One operand of the module's GEMM: s a k-contiguous storage of `outer` rows of k. HQ_ENOTSUP,
+   without a message (gemm_op), for one the kernel does not take. */
+static int gemm_operand(const hq_host_api *h, const hq_storage *s, const char *which,
+                        int64_t outer, int64_t k, nvfp4_gemm_operand *o) {
+  nvfp4_mode md;
+  int sw = 0, rht = 0;
+  uint32_t mask = 0;
+  const uint32_t dir = s ? s->dir : 0;
+  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
+    return h->error(HQ_EINVAL, "nvfp4: gemm operand %s is a storage without a direction", which);
+  int rc = check_storage(h, s, dir, s->rows, s->cols, &md);
+  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
+  if (rc) return rc;
+  /* the stored matrix: [rows, cols] rowwise, [cols, rows] columnwise (transposed); a global
+     scale per row is the emulated path's to apply; the codes are read 8 bytes at a time */
+  const int64_t R = dir == HQ_ROWWISE ? s->rows : s->cols;
+  const int64_t C = dir == HQ_ROWWISE ? s->cols : s->rows;
+  const hq_buffer *d = hq_storage_cbuf(s, NVFP4_DATA);
+  if (R != outer || C != k || C % 16 || md.global == HQ_NVFP4_GLOBAL_ROW ||
+      ((uintptr_t)d->ptr & 7u))
+    return HQ_ENOTSUP;
+  o->q = d->ptr;
+  o->scale = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
+  o->amax = md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
+  o->kind = md.scale_kind;
+  o->swizzle = sw;
+  return HQ_OK;
+}
+#endif
+
+/* The module's own GEMM (ABI 2.1's gemm op): on Hopper (compute capability 9.x, no FP4 tensor
+   cores; the build has its code for sm_90 and Blackwell alone) a small problem's emulated product
+   in one kernel (nvfp4_gemm.cu), in place of the emulated path's dequantize and cuBLASLt GEMM --
+   the same raw values in BF16, FP32 accumulation, the factors folded into alpha in the same order,
+   so the result equals that path's up to the order of accumulation. It reports the product as
+   emulated in BF16 (2.6's emul_out). Everything else is declined without a message -- the host,
+   Blackwell (cuBLASLt multiplies NVFP4 natively), problems above HQ_NVFP4_GEMM_MAX_MNK, row-scaled
+   operands, a core too old to be told the product is emulated -- and takes the core's paths, whose
+   providers say why it is not native: the kernel is a faster emulated path, not a native one, so
+   its declines are no such reason. */
+static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
+  (void)cfgp; /* the storages describe themselves */
+  hq_dtype *emul = hq_gemm_problem_emul_out(p);
+  if (call->device == HQ_DEVICE_HOST || !emul) return HQ_ENOTSUP;
+#ifndef HQ_HAVE_CUDA
+  return HQ_ENOTSUP;
+#else
+  const hq_host_api *h = call->host;
+  const int arch = h->device_arch ? h->device_arch(call->device) : 0;
+  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 ||
+      p->m * p->n > HQ_NVFP4_GEMM_MAX_MNK / p->k || p->n > 65535ll * NVFP4_GEMM_TILE ||
+      (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
+      (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
+    return HQ_ENOTSUP;
+  nvfp4_gemm_operand a, b;
+  int rc = gemm_operand(h, p->a, "A", p->m, p->k, &a);
+  if (!rc) rc = gemm_operand(h, p->b, "B", p->n, p->k, &b);
+  if (rc) return rc;
+  *emul = HQ_BF16;
+  return p->flags & HQ_GEMM_QUERY ? HQ_OK : nvfp4_cuda_gemm(call, p, &a, &b);
+#endif
+}
+
 static const hq_format_ops ops = {
     .abi_major = HQ_ABI_MAJOR,
     .abi_minor = 1, /* requires ABI 2.1: DEQ_RAW, emul_dtype, host->lt_matmul */
@@ -1081,6 +1153,7 @@ static const hq_format_ops ops = {
     .update = NULL, /* the core calls quantize() with HQ_CALL_UPDATE */
     .dequantize = dequantize,
     .tensor_factor = tensor_factor,
+    .gemm = gemm_op,
     .layout_version = 1, /* raise it when the bytes this module stores change (checkpoints) */
     .dequantize_pair = dequantize_pair,
 };
