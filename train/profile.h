@@ -33,7 +33,8 @@ extern "C" {
 /* The phases of a step. */
 enum {
   TRAIN_PH_GEMM_NATIVE,     /* hq GEMMs on the native path (low-precision tensor cores) */
-  TRAIN_PH_GEMM_EMULATED,   /* emulated paths: operands dequantized, then a BF16/F32 GEMM */
+  TRAIN_PH_GEMM_EMULATED,   /* emulated paths: the raw values multiplied in BF16/F32 (both
+                               dequantized first, or in a module's own kernel) */
   TRAIN_PH_GEMM_FUSED,      /* the fused path: one operand decoded inside the GEMM kernel */
   TRAIN_PH_GEMM_CPU,        /* the host's F32 GEMM (a CPU context) */
   TRAIN_PH_AMAX,            /* per-tensor amax passes (hq_quantizer_amax) */
