@@ -873,9 +873,9 @@ static int read_desc(const hq_host_api *h, const hq_storage *s, const nvfp4_mode
   return HQ_OK;
 }
 
-/* What dequantize and tensor_factor read of a stored operand: s must be an nvfp4 storage of its
-   own direction for [M, K] with a descriptor an nvfp4 instance makes; `what` names the caller in
-   the error. */
+/* What dequantize, tensor_factor and the GEMM read of a stored operand: s must be an nvfp4
+   storage of its own direction for [M, K] with a descriptor an nvfp4 instance makes; `what`
+   names the caller or the operand in the error. */
 typedef struct nvfp4_view {
   nvfp4_mode md;
   int swizzle, rht;
@@ -1069,15 +1069,11 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
    without a message (gemm_op), for one the kernel does not take. */
 static int gemm_operand(const hq_host_api *h, const hq_storage *s, const char *which,
                         int64_t outer, int64_t k, nvfp4_gemm_operand *o) {
-  nvfp4_mode md;
-  int sw = 0, rht = 0;
-  uint32_t mask = 0;
-  const uint32_t dir = s ? s->dir : 0;
-  if (dir != HQ_ROWWISE && dir != HQ_COLWISE)
-    return h->error(HQ_EINVAL, "nvfp4: gemm operand %s is a storage without a direction", which);
-  int rc = check_storage(h, s, dir, s->rows, s->cols, &md);
-  if (!rc) rc = read_desc(h, s, &md, &sw, &mask, &rht);
+  nvfp4_view v;
+  int rc = read_storage(h, s, s ? s->rows : 0, s ? s->cols : 0, which, &v);
   if (rc) return rc;
+  const nvfp4_mode md = v.md;
+  const uint32_t dir = s->dir;
   /* the stored matrix: [rows, cols] rowwise, [cols, rows] columnwise (transposed); a global
      scale per row is the emulated path's to apply; the codes are read 8 bytes at a time */
   const int64_t R = dir == HQ_ROWWISE ? s->rows : s->cols;
@@ -1090,7 +1086,7 @@ static int gemm_operand(const hq_host_api *h, const hq_storage *s, const char *w
   o->scale = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
   o->amax = md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   o->kind = md.scale_kind;
-  o->swizzle = sw;
+  o->swizzle = v.swizzle;
   return HQ_OK;
 }
 #endif
@@ -1120,8 +1116,8 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
       (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
     return HQ_ENOTSUP;
   nvfp4_gemm_operand a, b;
-  int rc = gemm_operand(h, p->a, "A", p->m, p->k, &a);
-  if (!rc) rc = gemm_operand(h, p->b, "B", p->n, p->k, &b);
+  int rc = gemm_operand(h, p->a, "the GEMM's operand A", p->m, p->k, &a);
+  if (!rc) rc = gemm_operand(h, p->b, "the GEMM's operand B", p->n, p->k, &b);
   if (rc) return rc;
   *emul = HQ_BF16;
   return p->flags & HQ_GEMM_QUERY ? HQ_OK : nvfp4_cuda_gemm(call, p, &a, &b);
