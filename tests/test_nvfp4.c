@@ -1480,7 +1480,7 @@ static void test_ops_direct(void **state) {
   assert_string_equal(ops->version, hq_version());
   assert_non_null(ops->tensor_factor);
   /* its own GEMM: a small problem's emulated product in one kernel on a GPU of compute
-     capability 8.x / 9.x (tests/test_gpu_gemm); native GEMMs are gemm/cublaslt's */
+     capability 9.x (tests/test_gpu_gemm); native GEMMs are gemm/cublaslt's */
   assert_non_null(ops->gemm);
   uint8_t cfg[256] = {0};
   assert_true(ops->config_size <= sizeof cfg);
