@@ -317,6 +317,10 @@ static const char *k_recipe =
        against E4M3 ones; UE5M3 with a global scale and RHT on the wgrad operands */
     "[role linear:*:nvfp4_sw]\nrowwise = nv_sw\ncolumnwise = nv_sw\n"
     "[role linear:*:nvfp4_ue]\nrowwise = nv_ue\ncolumnwise = nv_ue\n"
+    /* row-scaled weights against per-tensor activations and gradients: a row factor on A
+       (fprop, dgrad) beside a factor in alpha */
+    "[role linear:*:nvfp4_rmix]\nrowwise = nv\ncolumnwise = nv\n"
+    "[role linear:weight:nvfp4_rmix]\nrowwise = nvr\ncolumnwise = nvr\n"
     "[role linear:weight:nvfp4_ue]\nrowwise = nv\ncolumnwise = nv_sw\n"
     "[role linear:*:nvfp4_ut]\nrowwise = nv_ut\ncolumnwise = nv_ut\n"
     "[role linear:*:fp8_block]\nrowwise = fb\ncolumnwise = fb\n"
@@ -1272,11 +1276,12 @@ static void test_fused_mx_exact(void **state) {
 /* nvfp4's own GEMM (its gemm op; Hopper, at most 2^25 multiply-adds): the three GEMMs of layers
    whose shapes leave partial 32 x 32 tiles and k over several 256-element chunks (fprop k = 800:
    four, the last partial), every scale form the kernel decodes (compact and swizzled, E4M3 and
-   UE5M3, no global scale, RHT on both wgrad operands, 16x16 weight blocks), D f32 and bf16, beta
-   and a bias: the module reports an emulated BF16 product, and its D agrees with the F64 reference
-   and the CPU path (run_case) and with the core's emulated path (HQ_GEMM_FORCE_EMULATED:
-   dequantize, then cuBLASLt) within two FP32 accumulations. A problem above 2^25 multiply-adds
-   takes the emulated path. */
+   UE5M3, no global scale, RHT on both wgrad operands, 16x16 weight blocks), row-scaled operands
+   (both, or the weight against per-tensor ones), D f32 and bf16, beta and a bias: the module
+   reports an emulated BF16 product, and its D agrees with the F64 reference and the CPU path
+   (run_case) and with the core's emulated path (HQ_GEMM_FORCE_EMULATED: dequantize, then
+   cuBLASLt) within two FP32 accumulations. A problem above 2^25 multiply-adds takes the emulated
+   path. */
 static void test_nvfp4_module_gemm(void **state) {
   (void)state;
   if (g_arch / 10 != 9) {
@@ -1285,7 +1290,8 @@ static void test_nvfp4_module_gemm(void **state) {
     return;
   }
   hq_recipe *r = gemm_recipe();
-  const char *names[] = {"nvfp4", "nvfp4_rht", "nvfp4_sw", "nvfp4_ue", "nvfp4_ut"};
+  const char *names[] = {"nvfp4",    "nvfp4_rht", "nvfp4_sw",  "nvfp4_ue",
+                         "nvfp4_ut", "nvfp4_row", "nvfp4_rmix"};
   const int64_t shapes[][3] = {{256, 256, 256}, {96, 800, 48}, {80, 48, 112}}; /* tokens, in,
                                                                                   out */
   int n_cases = 0;
@@ -1294,6 +1300,7 @@ static void test_nvfp4_module_gemm(void **state) {
       if (g_quick && s > 1) break;
       layer L;
       layer_make(r, names[i], shapes[s][0], shapes[s][1], shapes[s][2], 900 + 10 * i + s, &L);
+      const int row_w = !strcmp(names[i], "nvfp4_row") || !strcmp(names[i], "nvfp4_rmix");
       for (int g = 0; g < 3; g++) {
         char what[96];
         snprintf(what, sizeof what, "%s %lldx%lldx%lld %s", names[i], (long long)shapes[s][0],
@@ -1309,7 +1316,7 @@ static void test_nvfp4_module_gemm(void **state) {
         hq_gemm_info info = {.struct_size = sizeof info};
         HQ_OK_OR_FAIL(hq_gemm_plan(gpu, c.ag, c.ta, c.bg, c.tb, NULL, NULL, &info));
         if (!strstr(info.reason, "cublaslt")) fail_msg("%s: reason '%s'", what, info.reason);
-        if (g == FPROP) {
+        if (g == FPROP && !row_w) { /* the fused kernel reads no row-scaled weight */
           hq_gemm_args args;
           args_init(&args, NULL, 0, what);
           args.flags = HQ_GEMM_FUSED_ALWAYS;

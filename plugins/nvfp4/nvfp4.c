@@ -1074,19 +1074,18 @@ static int gemm_operand(const hq_host_api *h, const hq_storage *s, const char *w
   if (rc) return rc;
   const nvfp4_mode md = v.md;
   const uint32_t dir = s->dir;
-  /* the stored matrix: [rows, cols] rowwise, [cols, rows] columnwise (transposed); a global
-     scale per row is the emulated path's to apply; the codes are read 8 bytes at a time */
+  /* the stored matrix: [rows, cols] rowwise, [cols, rows] columnwise (transposed), with a
+     global amax per stored row when row-scaled; the codes are read 8 bytes at a time */
   const int64_t R = dir == HQ_ROWWISE ? s->rows : s->cols;
   const int64_t C = dir == HQ_ROWWISE ? s->cols : s->rows;
   const hq_buffer *d = hq_storage_cbuf(s, NVFP4_DATA);
-  if (R != outer || C != k || C % 16 || md.global == HQ_NVFP4_GLOBAL_ROW ||
-      ((uintptr_t)d->ptr & 7u))
-    return HQ_ENOTSUP;
+  if (R != outer || C != k || C % 16 || ((uintptr_t)d->ptr & 7u)) return HQ_ENOTSUP;
   o->q = d->ptr;
   o->scale = hq_storage_cbuf(s, NVFP4_SCALE_INV)->ptr;
   o->amax = md.global == HQ_NVFP4_GLOBAL_NONE ? NULL : hq_storage_cbuf(s, NVFP4_AMAX)->ptr;
   o->kind = md.scale_kind;
   o->swizzle = v.swizzle;
+  o->row = md.global == HQ_NVFP4_GLOBAL_ROW;
   return HQ_OK;
 }
 #endif
@@ -1094,13 +1093,14 @@ static int gemm_operand(const hq_host_api *h, const hq_storage *s, const char *w
 /* The module's own GEMM (ABI 2.1's gemm op): on Hopper (compute capability 9.x, no FP4 tensor
    cores; the build has its code for sm_90 and Blackwell alone) a small problem's emulated product
    in one kernel (nvfp4_gemm.cu), in place of the emulated path's dequantize and cuBLASLt GEMM --
-   the same raw values in BF16, FP32 accumulation, the factors folded into alpha in the same order,
-   so the result equals that path's up to the order of accumulation. It reports the product as
-   emulated in BF16 (2.6's emul_out). Everything else is declined without a message -- the host,
-   Blackwell (cuBLASLt multiplies NVFP4 natively), problems above HQ_NVFP4_GEMM_MAX_MNK, row-scaled
-   operands, a core too old to be told the product is emulated -- and takes the core's paths, whose
-   providers say why it is not native: the kernel is a faster emulated path, not a native one, so
-   its declines are no such reason. */
+   the same raw values in BF16, FP32 accumulation, the per-tensor factors folded into alpha and a
+   row-scaled operand's row factors multiplying the product in the same order, so the result
+   equals that path's up to the order of accumulation. It reports the product as emulated in BF16
+   (2.6's emul_out). Everything else is declined without a message -- the host, Blackwell
+   (cuBLASLt multiplies NVFP4 natively), problems above HQ_NVFP4_GEMM_MAX_MNK, a core too old to
+   be told the product is emulated -- and takes the core's paths, whose providers say why it is
+   not native: the kernel is a faster emulated path, not a native one, so its declines are no
+   such reason. */
 static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem *p) {
   (void)cfgp; /* the storages describe themselves */
   hq_dtype *emul = hq_gemm_problem_emul_out(p);

@@ -81,14 +81,15 @@ int nvfp4_cuda_dequantize(const hq_call *call, const nvfp4_deq *d);
 int nvfp4_cuda_dequantize_pair(const hq_call *call, const nvfp4_deq *a, const nvfp4_deq *b);
 /* The module's own GEMM on a device (nvfp4_gemm.cu): p's D = ((alpha * fa) * fb) * A B^T
    (+ beta * D) (+ bias) of two k-contiguous storages' raw values in BF16, FP32 accumulation, one
-   launch on call->stream. An operand: codes [outer, k / 2], scales at hq_nvfp4_scale_offset,
-   amax NULL for a factor of 1 (global_scale = none), else [1]. A CTA makes an NVFP4_GEMM_TILE
-   square of D, the grid's x over m, its y (at most 65535) over n. */
+   launch on call->stream; a row-scaled operand's row factors multiply the product instead. An
+   operand: codes [outer, k / 2], scales at hq_nvfp4_scale_offset, amax NULL for a factor of 1
+   (global_scale = none), else [1], or [outer] with row. A CTA makes an NVFP4_GEMM_TILE square of
+   D, the grid's x over m, its y (at most 65535) over n. */
 #define NVFP4_GEMM_TILE 32
 typedef struct nvfp4_gemm_operand {
   const uint8_t *q, *scale;
-  const float *amax;
-  int kind, swizzle;
+  const float *amax; /* NULL: factor 1; [1]: the tensor's; [outer] with row: each row's */
+  int kind, swizzle, row;
 } nvfp4_gemm_operand;
 int nvfp4_cuda_gemm(const hq_call *call, const hq_gemm_problem *p, const nvfp4_gemm_operand *a,
                     const nvfp4_gemm_operand *b);

@@ -13,7 +13,10 @@
 ** D(i, j) = ((alpha * fa) * fb) * sum_k raw_A(i, k) raw_B(j, k) (+ beta * D(i, j)) (+ bias[i]), i <
 ** m over A's stored rows, j < n over B's, D row-major [n, m] in F32 or BF16, rounded once; fa, fb
 ** the storages' per-tensor factors hq_nvfp4_tensor_factor_k(amax) (1 with global_scale = none),
-** multiplied into alpha in the emulated path's order. Each operand is a k-contiguous nvfp4 storage
+** multiplied into alpha in the emulated path's order. A row-scaled operand (global_scale = row)
+** has no factor in alpha: the product is multiplied by its row's factor
+** hq_nvfp4_tensor_factor_k(amax[i]) (A's, then B's amax[j]) before beta and the bias, as the
+** emulated path's epilogue multiplies it. Each operand is a k-contiguous nvfp4 storage
 ** (the direction the core picks for a GEMM always is): codes [outer, k / 2] bytes, low nibble
 ** first, and one scale byte per 1x16 block at hq_nvfp4_scale_offset (compact or swizzled; block_2d
 ** stores its tile's scale in every row). raw = e2m1(code) * fp32(sf) has at most 6 significant bits
@@ -124,7 +127,8 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 
 struct GemmArgs {
   Operand a, b;
-  const float *amax_a, *amax_b; /* NULL: factor 1 */
+  const float *amax_a, *amax_b; /* NULL: factor 1; else the tensor's, or each row's (row_*) */
+  int row_a, row_b;
   int64_t m, n, k;
   void *d;
   int d_f32;
@@ -170,10 +174,11 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
     }
     __syncthreads(); /* every warp is done reading the chunk */
   }
-  /* the emulated path's alpha: (alpha * fa) * fb */
+  /* the emulated path's alpha: (alpha * fa) * fb of the per-tensor factors; a row-scaled
+     operand's factors multiply the product after it, as that path's epilogue does */
   float alpha = g.alpha;
-  if (g.amax_a) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_a, g.a.kind);
-  if (g.amax_b) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_b, g.b.kind);
+  if (g.amax_a && !g.row_a) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_a, g.a.kind);
+  if (g.amax_b && !g.row_b) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_b, g.b.kind);
   /* accumulator e of n8 tile h: row (of A) lane / 4 + 8 * (e / 2), column (of B)
      2 * (lane % 4) + e % 2 */
 #pragma unroll
@@ -185,6 +190,8 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
       if (i >= g.m || j >= g.n) continue;
       const int64_t at = j * g.m + i;
       float o = alpha * acc[h][e];
+      if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
+      if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
       if (g.beta != 0.0f)
         o = o + g.beta * (g.d_f32 ? static_cast<const float *>(g.d)[at]
                                   : hq_bf16_to_f32(static_cast<const uint16_t *>(g.d)[at]));
@@ -205,6 +212,8 @@ extern "C" int nvfp4_cuda_gemm(const hq_call *call, const hq_gemm_problem *p,
                       Operand{b->q, b->scale, p->n, b->swizzle, b->kind},
                       a->amax,
                       b->amax,
+                      a->row,
+                      b->row,
                       p->m,
                       p->n,
                       p->k,
