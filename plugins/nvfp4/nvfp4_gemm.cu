@@ -131,9 +131,9 @@ struct GemmArgs {
   int row_a, row_b;
   int64_t m, n, k;
   void *d;
-  int d_f32;
+  int d_dtype;      /* HQ_F32 or HQ_BF16 */
   const void *bias; /* NULL or [m] */
-  int bias_f32;
+  int bias_dtype;
   float alpha, beta;
 };
 
@@ -192,14 +192,9 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
       float o = alpha * acc[h][e];
       if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
       if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
-      if (g.beta != 0.0f)
-        o = o + g.beta * (g.d_f32 ? static_cast<const float *>(g.d)[at]
-                                  : hq_bf16_to_f32(static_cast<const uint16_t *>(g.d)[at]));
-      if (g.bias)
-        o = o + (g.bias_f32 ? static_cast<const float *>(g.bias)[i]
-                            : hq_bf16_to_f32(static_cast<const uint16_t *>(g.bias)[i]));
-      if (g.d_f32) static_cast<float *>(g.d)[at] = o;
-      else static_cast<uint16_t *>(g.d)[at] = hq_f32_to_bf16(o);
+      if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, g.d_dtype);
+      if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
+      hq_store_hp(g.d, at, g.d_dtype, o);
     }
   }
 }
@@ -218,9 +213,9 @@ extern "C" int nvfp4_cuda_gemm(const hq_call *call, const hq_gemm_problem *p,
                       p->n,
                       p->k,
                       p->d->data,
-                      p->d->dtype == HQ_F32,
+                      (int)p->d->dtype,
                       p->bias,
-                      p->bias_dtype == HQ_F32,
+                      (int)p->bias_dtype,
                       p->alpha,
                       p->beta};
   const dim3 grid((unsigned)((p->m + kTile - 1) / kTile), (unsigned)((p->n + kTile - 1) / kTile));
