@@ -728,7 +728,7 @@ __device__ __forceinline__ void store_scale_word(uint8_t *scale, int64_t r, int6
 __device__ __forceinline__ void put_scale_word(const QArgs &a, uint8_t *scale, uint32_t ld,
                                                uint32_t rows, uint32_t n, uint32_t r, uint32_t b,
                                                bool full, uint32_t w) {
-  if (full && a.a4 && !a.swz)
+  if (__builtin_expect(full && a.a4 && !a.swz, 1)) /* the fall-through, as in store_lines */
     *reinterpret_cast<uint32_t *>(scale + ((uint64_t)r * ld + b)) = w;
   else if (r < rows && b < n / 16)
     store_scale_word(scale, r, b, n, a.swz, a.a4, w);
@@ -1158,7 +1158,9 @@ __device__ __forceinline__ void store_lines(uint8_t *buf, uint32_t l0, uint32_t 
   constexpr int kPass = kThreads / kWords; /* lines per pass */
   uint8_t *const p = buf + ((uint64_t)(l0 + t / kWords) * ld + (c0 + 8 * (t % kWords)));
   const uint64_t pass = (uint64_t)kPass * ld;
-  if (full && a8) {
+  /* expected: the wholly-inside tile's stores then follow on in the code, where the
+     instruction fetch of a small call's one pass through it is already heading */
+  if (__builtin_expect(full && a8, 1)) {
 #pragma unroll
     for (int s = 0; s < kLines / kPass; s++)
       *reinterpret_cast<uint2 *>(p + s * pass) = val(t / kWords + s * kPass, t % kWords);
@@ -1301,29 +1303,33 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      wait for that CTA to have started (hq_cuda_cluster_max2_all) */
   if constexpr (CA) cooperative_groups::this_cluster().barrier_arrive();
   if (RHT && t < 16) flip[t] = flip_word<DT>(a.mask, t); /* read after a barrier */
-  float ga[2] = {0.0f, 0.0f}; /* CA: the global amaxes the cluster reduced */
+  /* the global amaxes: the cluster's own (CA, below), or what the call brought or the pass
+     before this kernel wrote, both loaded before anything is stored (a store to the amax
+     buffers between them would order the second load after the first's use) */
+  float ga[2] = {0.0f, 0.0f};
+  if (!CA && !none) {
+    if (kRow && OPT != 2) ga[0] = a.given ? a.given[0] : *a.ramax;
+    if (kCol && OPT != 2) ga[1] = a.given ? a.given[1] : *a.camax;
+  }
   /* the directions' constants and encode tables; the amax buffers get what the call brought
-     or the cluster made (the pass before this kernel wrote them otherwise) */
+     or the cluster made */
   auto dir_consts = [&]() {
     if (kRow && OPT != 2) {
-      const DirConst d =
-          dir_const_k(none ? 0.0f : CA ? ga[0] : a.given ? a.given[0] : *a.ramax, kind, none);
+      const DirConst d = dir_const_k(ga[0], kind, none);
       hr.m = d.m;
       enc_tab[0][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
       if ((CA || a.given) && blockIdx.x == 0 && t == 0) *a.ramax = d.amax;
     }
     if (kCol && OPT != 2) {
-      const DirConst d =
-          dir_const_k(none ? 0.0f : CA ? ga[1] : a.given ? a.given[1] : *a.camax, kind, none);
+      const DirConst d = dir_const_k(ga[1], kind, none);
       hc.m = d.m;
       enc_tab[1][t] = hq_nvfp4_encode_mult_k((uint8_t)t, d.s_dec, kind);
       if ((CA || a.given) && blockIdx.x == 0 && t == 0) *a.camax = d.amax;
     }
   };
-  if constexpr (!CA) dir_consts();
-  /* rht: the columnwise Head with m * 0.25, for the unscaled amaxes (block_heads2) */
+  /* rht: the columnwise Head with m * 0.25, for the unscaled amaxes (block_heads2), made with
+     the constants below, after the first tiles' copies are issued (they need none of them) */
   Head<OPT> hc4 = hc;
-  hc4.m = hq_mul_rn(hc.m, 0.25f);
   /* block_2d, a kernel of its own (the configuration refuses it with rht or stochastic
      rounding: no code for it in those kernels), so that the plain kernel carries none of its
      code and block_2d none of the plain kernel's branches */
@@ -1379,6 +1385,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
                              tiles_s + s * R::kBytes, tma, &tm_x, bar_s + 8u * s);
     hq_cuda_cp_async_commit();
     ahead = ahead.next();
+  }
+  if constexpr (!CA) {
+    /* the constants while the first tiles' copies are in flight */
+    dir_consts();
+    hc4 = hc;
+    hc4.m = hq_mul_rn(hc.m, 0.25f);
   }
   if constexpr (CA) {
     /* the global amaxes while the first tiles' copies are in flight: this CTA's share of the
