@@ -1063,6 +1063,8 @@ static int tensor_factor(const void *cfgp, const hq_call *call, const hq_storage
 #ifndef HQ_NVFP4_GEMM_MAX_MNK
 #define HQ_NVFP4_GEMM_MAX_MNK (1ll << 25)
 #endif
+/* the kernel addresses an operand's codes with 32-bit offsets (m * k / 2 bytes at most) */
+_Static_assert(HQ_NVFP4_GEMM_MAX_MNK <= (1ll << 31), "HQ_NVFP4_GEMM_MAX_MNK above 2^31");
 
 #ifdef HQ_HAVE_CUDA
 /* One operand of the module's GEMM: s a k-contiguous storage of `outer` rows of k. HQ_ENOTSUP,

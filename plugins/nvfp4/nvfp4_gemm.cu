@@ -58,7 +58,7 @@ __device__ __forceinline__ uint32_t e2m1_bf16(uint32_t c) {
   return __float_as_uint(hq_e2m1_to_f32(c)) >> 16;
 }
 
-/* One operand's chunk: rows r0 .. r0 + kTile - 1, k from k0, into s (kTile rows of kLd). */
+/* One operand's rows and its scale decode: rows past `rows` read as zeros. */
 struct Operand {
   const uint8_t *q, *sc;
   int64_t rows;
@@ -66,35 +66,37 @@ struct Operand {
   int kind;
 };
 
-__device__ __forceinline__ void load_blocks(const Operand &o, int64_t r0, int64_t k, int64_t k0,
+/* The thread's blocks of one operand for the chunk from k0: block column blk (t % kBlocks) of
+   rows r0 + kRowStep * j. Offsets fit 32 bits: the op takes m * n * k <= 2^31 (nvfp4.c). */
+constexpr int kRowStep = kThreads / kBlocks;
+__device__ __forceinline__ void load_blocks(const Operand &o, uint32_t r0, uint32_t k, uint32_t k0,
                                             uint2 code[kPerThread], uint8_t sf[kPerThread]) {
-  const int t = threadIdx.x;
+  const uint32_t kb = k0 / 16 + (uint32_t)(threadIdx.x % kBlocks);
+  const bool in_k = kb * 16 < k;
 #pragma unroll
   for (int j = 0; j < kPerThread; j++) {
-    const int b = t + j * kThreads, row = b / kBlocks, blk = b % kBlocks;
-    const int64_t r = r0 + row, kb = k0 / 16 + blk;
+    const uint32_t r = r0 + kRowStep * j;
     code[j] = make_uint2(0u, 0u);
     sf[j] = 0;
-    if (r < o.rows && kb * 16 < k) {
-      code[j] = *reinterpret_cast<const uint2 *>(o.q + r * (k / 2) + kb * 8);
+    if (in_k && r < (uint64_t)o.rows) {
+      code[j] = *reinterpret_cast<const uint2 *>(o.q + (r * (k / 2) + kb * 8));
       sf[j] = o.sc[hq_nvfp4_scale_offset(r, kb, k, o.swizzle)];
     }
   }
 }
 
 /* The raw values of the loaded blocks, BF16, into s: byte e of a block's codes holds elements 2e
-   (low nibble) and 2e + 1; one BF16x2 multiply by (sf, sf) per byte, exact (see the top). */
-__device__ __forceinline__ void store_blocks(const Operand &o, const uint32_t *tab, uint16_t *s,
+   (low nibble) and 2e + 1; one BF16x2 multiply by (sf, sf) per byte, exact (see the top). stab:
+   the operand's fp32(sf) as BF16 bits, exact (at most 4 significant bits; NaN stays NaN). */
+__device__ __forceinline__ void store_blocks(const uint32_t *tab, const uint16_t *stab, uint16_t *s,
                                              const uint2 code[kPerThread],
                                              const uint8_t sf[kPerThread]) {
   const int t = threadIdx.x;
 #pragma unroll
   for (int j = 0; j < kPerThread; j++) {
-    const int b = t + j * kThreads, row = b / kBlocks, blk = b % kBlocks;
-    /* fp32(sf) is exact in BF16 (at most 4 significant bits; NaN stays NaN) */
-    const uint32_t sb = __float_as_uint(hq_nvfp4_raw_mult_k(sf[j], o.kind)) >> 16;
-    const __nv_bfloat162 s2 = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)sb),
-                                                 __ushort_as_bfloat16((unsigned short)sb));
+    const int row = t / kBlocks + kRowStep * j, blk = t % kBlocks;
+    const __nv_bfloat16 sb = __ushort_as_bfloat16(stab[sf[j]]);
+    const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb);
     uint32_t w[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) {
@@ -131,40 +133,57 @@ struct GemmArgs {
   int row_a, row_b;
   int64_t m, n, k;
   void *d;
-  int d_dtype;      /* HQ_F32 or HQ_BF16 */
   const void *bias; /* NULL or [m] */
   int bias_dtype;
   float alpha, beta;
 };
 
-__global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
+/* The tile of accumulators in shared memory for the epilogue, rows of kTile + 1 floats. */
+constexpr int kCsLd = kTile + 1;
+static_assert(kTile * kCsLd * sizeof(float) <= kTile * kLd * sizeof(uint16_t), "fits in sa");
+
+/* DT: D's dtype (HQ_F32 or HQ_BF16), a template parameter so that D's loads and stores are
+   one instruction each. A small call runs each instruction about once per SM, so every
+   instruction is fetched cold: the loops that do not hide a load's latency are kept rolled
+   and the epilogue is one loop over the tile through shared memory. */
+template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
   __shared__ __align__(16) uint16_t sa[kTile * kLd], sb[kTile * kLd];
-  __shared__ uint32_t tab[256]; /* code byte -> its two E2M1 values as BF16x2 (low nibble low) */
+  __shared__ uint32_t tab[256];     /* code byte -> its two E2M1 values as BF16x2 (low nibble low) */
+  __shared__ uint16_t stab[2][256]; /* scale byte -> fp32(sf) as BF16 bits, per operand's kind */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  for (int i = t; i < 256; i += kThreads) tab[i] = e2m1_bf16(i & 15u) | (e2m1_bf16(i >> 4) << 16);
-  const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
-  const int wm = warp >> 1, wn = warp & 1; /* the warp's 16 x 16 of the tile */
-  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  const uint32_t i0 = blockIdx.x * kTile, j0 = blockIdx.y * kTile, k = (uint32_t)g.k;
+  const uint32_t r0 = (uint32_t)(t / kBlocks);
   uint2 ca[kPerThread], cb[kPerThread];
   uint8_t fa[kPerThread], fb[kPerThread];
-  load_blocks(g.a, i0, g.k, 0, ca, fa);
-  load_blocks(g.b, j0, g.k, 0, cb, fb);
-  __syncthreads(); /* the table */
-  for (int64_t k0 = 0; k0 < g.k; k0 += kChunk) {
-    store_blocks(g.a, tab, sa, ca, fa);
-    store_blocks(g.b, tab, sb, cb, fb);
+  /* the first chunk's codes in flight while the tables are made */
+  load_blocks(g.a, i0 + r0, k, 0, ca, fa);
+  load_blocks(g.b, j0 + r0, k, 0, cb, fb);
+#pragma unroll 1
+  for (int i = t; i < 256; i += kThreads) {
+    tab[i] = e2m1_bf16(i & 15u) | (e2m1_bf16(i >> 4) << 16);
+    stab[0][i] = (uint16_t)(__float_as_uint(hq_nvfp4_raw_mult_k((uint8_t)i, g.a.kind)) >> 16);
+    stab[1][i] = (uint16_t)(__float_as_uint(hq_nvfp4_raw_mult_k((uint8_t)i, g.b.kind)) >> 16);
+  }
+  const int wm = warp >> 1, wn = warp & 1; /* the warp's 16 x 16 of the tile */
+  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  __syncthreads(); /* the tables */
+  /* ldmatrix rows: A's 16 rows (lanes 0-15 columns 0-7, 16-31 columns 8-15); B's 16 rows as
+     two n8 tiles (lanes 0-7 and 16-23 columns 0-7, 8-15 and 24-31 columns 8-15) */
+  const uint16_t *pa = sa + (wm * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
+  const uint16_t *pb = sb + (wn * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLd +
+                       ((lane >> 3) & 1) * 8;
+#pragma unroll 1
+  for (uint32_t k0 = 0; k0 < k; k0 += kChunk) {
+    store_blocks(tab, stab[0], sa, ca, fa);
+    store_blocks(tab, stab[1], sb, cb, fb);
     __syncthreads(); /* the chunk is in shared memory */
     /* the next chunk's codes in flight while this one is multiplied */
-    if (k0 + kChunk < g.k) {
-      load_blocks(g.a, i0, g.k, k0 + kChunk, ca, fa);
-      load_blocks(g.b, j0, g.k, k0 + kChunk, cb, fb);
+    if (k0 + kChunk < k) {
+      load_blocks(g.a, i0 + r0, k, k0 + kChunk, ca, fa);
+      load_blocks(g.b, j0 + r0, k, k0 + kChunk, cb, fb);
     }
-    const int steps = (int)((g.k - k0 < kChunk ? g.k - k0 : kChunk) / 16);
-    /* ldmatrix rows: A's 16 rows (lanes 0-15 columns 0-7, 16-31 columns 8-15); B's 16 rows as
-       two n8 tiles (lanes 0-7 and 16-23 columns 0-7, 8-15 and 24-31 columns 8-15) */
-    const uint16_t *pa = sa + (wm * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
-    const uint16_t *pb = sb + (wn * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLd +
-                         ((lane >> 3) & 1) * 8;
+    const int steps = (int)((k - k0 < kChunk ? k - k0 : kChunk) / 16);
+#pragma unroll 4
     for (int s = 0; s < steps; s++) {
       uint32_t af[4], bf[4];
       ldmatrix_x4(af, pa + 16 * s);
@@ -174,28 +193,34 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
     }
     __syncthreads(); /* every warp is done reading the chunk */
   }
+  /* the accumulators into shared memory (sa is free after the loop's last barrier): accumulator
+     e of n8 tile h is row (of A) lane / 4 + 8 * (e / 2), column (of B) 2 * (lane % 4) + e % 2 */
+  float *cs = reinterpret_cast<float *>(sa);
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      cs[(wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1)) * kCsLd + wm * 16 + (lane >> 2) +
+         8 * (e >> 1)] = acc[h][e];
   /* the emulated path's alpha: (alpha * fa) * fb of the per-tensor factors; a row-scaled
      operand's factors multiply the product after it, as that path's epilogue does */
   float alpha = g.alpha;
   if (g.amax_a && !g.row_a) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_a, g.a.kind);
   if (g.amax_b && !g.row_b) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_b, g.b.kind);
-  /* accumulator e of n8 tile h: row (of A) lane / 4 + 8 * (e / 2), column (of B)
-     2 * (lane % 4) + e % 2 */
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int64_t i = i0 + wm * 16 + (lane >> 2) + 8 * (e >> 1);
-      const int64_t j = j0 + wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1);
-      if (i >= g.m || j >= g.n) continue;
-      const int64_t at = j * g.m + i;
-      float o = alpha * acc[h][e];
-      if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
-      if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
-      if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, g.d_dtype);
-      if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
-      hq_store_hp(g.d, at, g.d_dtype, o);
-    }
+  __syncthreads();
+  /* D's tile, consecutive threads on consecutive rows of A (D's contiguous index) */
+#pragma unroll 1
+  for (int e = t; e < kTile * kTile; e += kThreads) {
+    const uint32_t ii = (uint32_t)e % kTile, jj = (uint32_t)e / kTile;
+    const int64_t i = i0 + ii, j = j0 + jj;
+    if (i >= g.m || j >= g.n) continue;
+    const int64_t at = j * g.m + i;
+    float o = alpha * cs[jj * kCsLd + ii];
+    if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
+    if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
+    if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, DT);
+    if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
+    hq_store_hp(g.d, at, DT, o);
   }
 }
 
@@ -213,13 +238,16 @@ extern "C" int nvfp4_cuda_gemm(const hq_call *call, const hq_gemm_problem *p,
                       p->n,
                       p->k,
                       p->d->data,
-                      (int)p->d->dtype,
                       p->bias,
                       (int)p->bias_dtype,
                       p->alpha,
                       p->beta};
   const dim3 grid((unsigned)((p->m + kTile - 1) / kTile), (unsigned)((p->n + kTile - 1) / kTile));
-  small_gemm_kernel<<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(g);
+  /* the op admits D in F32 or BF16 alone (nvfp4.c) */
+  if (p->d->dtype == HQ_F32)
+    small_gemm_kernel<HQ_F32><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(g);
+  else
+    small_gemm_kernel<HQ_BF16><<<grid, kThreads, 0, (cudaStream_t)call->stream>>>(g);
   CHECK_LAUNCH(call, "nvfp4 GEMM kernel");
   return HQ_OK;
 }
