@@ -26,9 +26,11 @@
 **
 ** The kernel: a CTA makes a 32 x 32 tile of D with 4 warps (2 x 2, each 16 x 16: two m16n8k16 BF16
 ** MMAs per 16 of k). k is walked in chunks of kChunk: each thread loads 4 blocks of A and 4 of B (8
-** code bytes and a scale byte each), decodes them through a 256-entry table of E2M1 pairs and one
-** BF16x2 multiply per code byte, and stores them into the chunk's row of shared memory; after a
-** barrier the warps read their fragments with ldmatrix. Blocks past k or rows past m / n are zeros.
+** code bytes and a scale byte each), decodes them through a 256-entry table of E2M1 pairs, a
+** 256-entry table of the operand's fp32(sf) and one BF16x2 multiply per code byte, and stores them
+** into the chunk's row of shared memory; after a barrier the warps read their fragments with
+** ldmatrix. Blocks past k or rows past m / n are zeros. The accumulators go through shared memory
+** to one loop of coalesced stores of D.
 ** Small tiles keep the CTAs many (64 at 256 x 256): the decode of a chunk, not the MMAs, is each
 ** CTA's work, and it is redone for every tile along the other dimension, which is why the module
 ** takes small problems only.
