@@ -587,7 +587,8 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
   const hq_host_api *h = call->host;
   const int arch = h->device_arch ? h->device_arch(call->device) : 0;
   if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 || p->k > HQ_FP8B_GEMM_MAX_K ||
-      p->m * p->n > HQ_FP8B_GEMM_MAX_MNK / p->k || p->n > 65535ll * FP8B_GEMM_TILE ||
+      p->m > HQ_FP8B_GEMM_MAX_MNK / p->k ||
+      p->n > HQ_FP8B_GEMM_MAX_MNK / p->k / p->m || p->n > 65535ll * FP8B_GEMM_TILE ||
       (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
       (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
     return HQ_ENOTSUP;

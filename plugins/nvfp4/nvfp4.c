@@ -1113,7 +1113,8 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
   const hq_host_api *h = call->host;
   const int arch = h->device_arch ? h->device_arch(call->device) : 0;
   if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 ||
-      p->m * p->n > HQ_NVFP4_GEMM_MAX_MNK / p->k || p->n > 65535ll * NVFP4_GEMM_TILE ||
+      p->m > HQ_NVFP4_GEMM_MAX_MNK / p->k ||
+      p->n > HQ_NVFP4_GEMM_MAX_MNK / p->k / p->m || p->n > 65535ll * NVFP4_GEMM_TILE ||
       (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
       (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
     return HQ_ENOTSUP;

@@ -69,7 +69,9 @@ struct Operand {
 };
 
 /* The thread's blocks of one operand for the chunk from k0: block column blk (t % kBlocks) of
-   rows r0 + kRowStep * j. Offsets fit 32 bits: the op takes m * n * k <= 2^31 (nvfp4.c). */
+   rows r0 + kRowStep * j. Offsets fit 32 bits: the op takes m * n * k <= HQ_NVFP4_GEMM_MAX_MNK,
+   which nvfp4.c keeps at most 2^31. */
+static_assert(kThreads % kBlocks == 0, "a thread's blocks share one block column");
 constexpr int kRowStep = kThreads / kBlocks;
 __device__ __forceinline__ void load_blocks(const Operand &o, uint32_t r0, uint32_t k, uint32_t k0,
                                             uint2 code[kPerThread], uint8_t sf[kPerThread]) {
@@ -118,7 +120,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t *p) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+               : "r"(a)
+               : "memory");
 }
 
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
@@ -140,17 +143,23 @@ struct GemmArgs {
   float alpha, beta;
 };
 
-/* The tile of accumulators in shared memory for the epilogue, rows of kTile + 1 floats. */
-constexpr int kCsLd = kTile + 1;
-static_assert(kTile * kCsLd * sizeof(float) <= kTile * kLd * sizeof(uint16_t), "fits in sa");
+/* The tile of accumulators in shared memory for the epilogue, rows of kTile + 4 floats: a
+   warp's fragment stores (2 (lane % 4) rows apart, lane / 4 columns) then hit 32 banks. */
+constexpr int kCsLd = kTile + 4;
 
 /* DT: D's dtype (HQ_F32 or HQ_BF16), a template parameter so that D's loads and stores are
    one instruction each. A small call runs each instruction about once per SM, so every
    instruction is fetched cold: the loops that do not hide a load's latency are kept rolled
    and the epilogue is one loop over the tile through shared memory. */
 template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
-  __shared__ __align__(16) uint16_t sa[kTile * kLd], sb[kTile * kLd];
+  /* A's chunk, then (after the loop) the accumulators */
+  __shared__ __align__(16) union {
+    uint16_t h[kTile * kLd];
+    float f[kTile * kCsLd];
+  } sa_u;
+  __shared__ __align__(16) uint16_t sb[kTile * kLd];
   __shared__ uint32_t tab[256];     /* code byte -> its two E2M1 values as BF16x2 (low nibble low) */
+  uint16_t *const sa = sa_u.h;
   __shared__ uint16_t stab[2][256]; /* scale byte -> fp32(sf) as BF16 bits, per operand's kind */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const uint32_t i0 = blockIdx.x * kTile, j0 = blockIdx.y * kTile, k = (uint32_t)g.k;
@@ -197,7 +206,7 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
   }
   /* the accumulators into shared memory (sa is free after the loop's last barrier): accumulator
      e of n8 tile h is row (of A) lane / 4 + 8 * (e / 2), column (of B) 2 * (lane % 4) + e % 2 */
-  float *cs = reinterpret_cast<float *>(sa);
+  float *const cs = sa_u.f;
 #pragma unroll
   for (int h = 0; h < 2; h++)
 #pragma unroll
