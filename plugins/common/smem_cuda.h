@@ -85,4 +85,14 @@ template <int N> __device__ __forceinline__ void hq_cuda_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Four 8x8 b16 matrices from shared memory (ldmatrix .x4), the MMA fragment loads of the
+   modules' own GEMM kernels: lane l gives row address p of matrix l / 8, and register i holds
+   the lane's share of matrix i. 8-bit codes load as b16 byte pairs. */
+__device__ __forceinline__ void hq_ldmatrix_x4(uint32_t r[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(hq_smem_addr(p))
+               : "memory");
+}
+
 #endif /* HQ_SMEM_CUDA_H */

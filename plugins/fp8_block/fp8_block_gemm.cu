@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "smem_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_block_gemm.h"
 #include "fp8_block_rules.h"
@@ -81,13 +82,6 @@ __device__ __forceinline__ void store_block(uint8_t *s, float *ss, const uint4 v
     *reinterpret_cast<uint4 *>(s + row * kLd + col) = v[j];
   }
   if (t < kTile) ss[t] = sf;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint8_t *p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
 }
 
 /* c += A B of one m16n8k32 step, A's and B's FP8 dtypes E4 (E4M3) or not (E5M2) */
@@ -147,8 +141,8 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
     const int rest = (int)(g.k - kb * kBlk < kBlk ? g.k - kb * kBlk : kBlk);
     for (int s = 0; s < (rest + 31) / 32; s++) {
       uint32_t af[4], bf[4];
-      ldmatrix_x4(af, pa + 32 * s);
-      ldmatrix_x4(bf, pb + 32 * s);
+      hq_ldmatrix_x4(af, pa + 32 * s);
+      hq_ldmatrix_x4(bf, pb + 32 * s);
       mma_fp8<E4A, E4B>(part[0], af, bf[0], bf[1]);
       mma_fp8<E4A, E4B>(part[1], af, bf[2], bf[3]);
     }

@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "smem_cuda.h"
 #include "hq/numerics.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
@@ -116,14 +117,6 @@ __device__ __forceinline__ void store_blocks(const uint32_t *tab, const uint16_t
   }
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t *p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
                                          uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
@@ -197,8 +190,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
 #pragma unroll 4
     for (int s = 0; s < steps; s++) {
       uint32_t af[4], bf[4];
-      ldmatrix_x4(af, pa + 16 * s);
-      ldmatrix_x4(bf, pb + 16 * s);
+      hq_ldmatrix_x4(af, pa + 16 * s);
+      hq_ldmatrix_x4(bf, pb + 16 * s);
       mma_bf16(acc[0], af, bf[0], bf[1]);
       mma_bf16(acc[1], af, bf[2], bf[3]);
     }
