@@ -86,6 +86,7 @@
 #include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/numerics.h"
 #include "hq/plugin.h"
+#include "small_gemm.h"
 #include "fp8_block_gemm.h"
 #include "fp8_block_rules.h"
 
@@ -586,11 +587,7 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
 #else
   const hq_host_api *h = call->host;
   const int arch = h->device_arch ? h->device_arch(call->device) : 0;
-  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 || p->k > HQ_FP8B_GEMM_MAX_K ||
-      p->m > HQ_FP8B_GEMM_MAX_MNK / p->k ||
-      p->n > HQ_FP8B_GEMM_MAX_MNK / p->k / p->m || p->n > 65535ll * FP8B_GEMM_TILE ||
-      (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
-      (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
+  if (!hq_small_gemm_fits(p, arch, HQ_FP8B_GEMM_MAX_MNK, HQ_FP8B_GEMM_MAX_K, FP8B_GEMM_TILE))
     return HQ_ENOTSUP;
   fp8b_gemm_operand a, b;
   int rc = gemm_operand(h, p->a, p->m, p->k, &a);

@@ -119,6 +119,7 @@
 
 #include "config.h" /* PACKAGE_VERSION: a stock module reports the package version */
 #include "hq/plugin.h"
+#include "small_gemm.h"
 #include "nvfp4.h"
 #include "nvfp4_rules.h"
 
@@ -1112,11 +1113,8 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
 #else
   const hq_host_api *h = call->host;
   const int arch = h->device_arch ? h->device_arch(call->device) : 0;
-  if (arch / 10 != 9 || p->m <= 0 || p->n <= 0 || p->k <= 0 ||
-      p->m > HQ_NVFP4_GEMM_MAX_MNK / p->k ||
-      p->n > HQ_NVFP4_GEMM_MAX_MNK / p->k / p->m || p->n > 65535ll * NVFP4_GEMM_TILE ||
-      (p->d->dtype != HQ_F32 && p->d->dtype != HQ_BF16) ||
-      (p->bias && p->bias_dtype != HQ_F32 && p->bias_dtype != HQ_BF16))
+  /* no bound on k of its own: m * n * k <= HQ_NVFP4_GEMM_MAX_MNK bounds it */
+  if (!hq_small_gemm_fits(p, arch, HQ_NVFP4_GEMM_MAX_MNK, HQ_NVFP4_GEMM_MAX_MNK, NVFP4_GEMM_TILE))
     return HQ_ENOTSUP;
   nvfp4_gemm_operand a, b;
   int rc = gemm_operand(h, p->a, "the GEMM's operand A", p->m, p->k, &a);
