@@ -10,12 +10,14 @@
 
 #include "hq/plugin.h"
 
-/* 1 when problem p fits such a kernel on a device of compute capability arch (major * 10 +
-   minor): Hopper, m, n, k > 0, k <= max_k, m * n * k <= max_mnk (tested without forming the
-   product, which a huge n would overflow), n tiles of `tile` within the grid's y (65535), D
-   and the bias F32 or BF16. 0 otherwise: the module declines and the core's paths take it. */
-static inline int hq_small_gemm_fits(const hq_gemm_problem *p, int arch, int64_t max_mnk,
-                                     int64_t max_k, int64_t tile) {
+/* 1 when problem p fits such a kernel on call's device: compute capability 9.x (Hopper), m, n,
+   k > 0, k <= max_k, m * n * k <= max_mnk (tested without forming the product, which a huge n
+   would overflow), n tiles of `tile` within the grid's y (65535), D and the bias F32 or BF16.
+   0 otherwise: the module declines and the core's paths take it. */
+static inline int hq_small_gemm_fits(const hq_call *call, const hq_gemm_problem *p,
+                                     int64_t max_mnk, int64_t max_k, int64_t tile) {
+  const hq_host_api *h = call->host;
+  const int arch = h->device_arch ? h->device_arch(call->device) : 0;
   return arch / 10 == 9 && p->m > 0 && p->n > 0 && p->k > 0 && p->k <= max_k &&
          p->m <= max_mnk / p->k && p->n <= max_mnk / p->k / p->m && p->n <= 65535 * tile &&
          (p->d->dtype == HQ_F32 || p->d->dtype == HQ_BF16) &&

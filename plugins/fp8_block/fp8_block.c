@@ -585,10 +585,9 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
   (void)p;
   return HQ_ENOTSUP;
 #else
-  const hq_host_api *h = call->host;
-  const int arch = h->device_arch ? h->device_arch(call->device) : 0;
-  if (!hq_small_gemm_fits(p, arch, HQ_FP8B_GEMM_MAX_MNK, HQ_FP8B_GEMM_MAX_K, FP8B_GEMM_TILE))
+  if (!hq_small_gemm_fits(call, p, HQ_FP8B_GEMM_MAX_MNK, HQ_FP8B_GEMM_MAX_K, FP8B_GEMM_TILE))
     return HQ_ENOTSUP;
+  const hq_host_api *h = call->host;
   fp8b_gemm_operand a, b;
   int rc = gemm_operand(h, p->a, p->m, p->k, &a);
   if (!rc) rc = gemm_operand(h, p->b, p->n, p->k, &b);

@@ -1111,11 +1111,10 @@ static int gemm_op(const void *cfgp, const hq_call *call, const hq_gemm_problem 
 #ifndef HQ_HAVE_CUDA
   return HQ_ENOTSUP;
 #else
-  const hq_host_api *h = call->host;
-  const int arch = h->device_arch ? h->device_arch(call->device) : 0;
   /* no bound on k of its own: m * n * k <= HQ_NVFP4_GEMM_MAX_MNK bounds it */
-  if (!hq_small_gemm_fits(p, arch, HQ_NVFP4_GEMM_MAX_MNK, HQ_NVFP4_GEMM_MAX_MNK, NVFP4_GEMM_TILE))
+  if (!hq_small_gemm_fits(call, p, HQ_NVFP4_GEMM_MAX_MNK, HQ_NVFP4_GEMM_MAX_MNK, NVFP4_GEMM_TILE))
     return HQ_ENOTSUP;
+  const hq_host_api *h = call->host;
   nvfp4_gemm_operand a, b;
   int rc = gemm_operand(h, p->a, "the GEMM's operand A", p->m, p->k, &a);
   if (!rc) rc = gemm_operand(h, p->b, "the GEMM's operand B", p->n, p->k, &b);
