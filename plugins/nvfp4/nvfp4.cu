@@ -1274,6 +1274,12 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      across the two directions), then stored coalesced (Staged) */
   /* both directions with round to nearest: the columnwise bytes go to ColGroups (kGroupC) */
   constexpr bool kGroup = kGroupC<DIRS, SR, UG>;
+  /* CA: one cluster with a CTA per tile (no groups: the launcher's kOwn), so each CTA encodes
+     one tile, and the code that copies a next tile or stores a previous one is left out of the
+     kernel: a small call runs each instruction once per SM, and its path jumped over that code
+     to targets not yet fetched */
+  constexpr bool kOne = CA;
+  static_assert(!kOne || !kGroup, "a CTA per tile");
   __shared__ Staged<DIRS, kGroup> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (flip_word) */
   __shared__ __align__(8) uint64_t full_bar[kStages]; /* TMA tiles: buffer s's copy has landed */
@@ -1380,7 +1386,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   (void)rc_i0, (void)cc_k0, (void)rc, (void)cc; /* read by OPT 2 alone */
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
-    if (ahead.valid())
+    if ((!kOne || s == 0) && ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
                              tiles_s + s * R::kBytes, tma, &tm_x, bar_s + 8u * s);
     hq_cuda_cp_async_commit();
@@ -1450,7 +1456,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     /* the copy of the next tile into the buffer of tile n - 1, first: before any store of this
        pass, so that no store waits ahead of it in the SM's memory pipeline */
     const int nb = buf == 0 ? kStages - 1 : buf - 1;
-    if (ahead.valid())
+    if (!kOne && ahead.valid())
       issue_tile<DT, TM, TK>(a.x, M32, K32, ahead.i0(), ahead.k0(), a.vec,
                              tiles_s + nb * R::kBytes, tma, &tm_x, bar_s + 8u * nb);
     hq_cuda_cp_async_commit();
@@ -1460,7 +1466,7 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     constexpr bool kMidStore = DIRS == 3;
     /* tile n - 1's origin, copied before the update below (the update at the loop's end
        instead, without these copies, was slower for stochastic rounding) */
-    const bool spend = !first;
+    const bool spend = !kOne && !first;
     const uint32_t si0 = pi0, sk0 = pk0;
     const bool sfull = pfull;
     if (!kMidStore && spend)
@@ -1705,6 +1711,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT, CA>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
                                                   hc0, hc1, M, K, i0, k0, b2d, a.seed,
                                                   offset, st);
+    }
+    if constexpr (kOne) { /* the CTA's one tile: the staging buffer flipped as the loop's step
+                             flips it, for the store below */
+      sb ^= 1;
+      break;
     }
   }
   if (bulk) hq_fence_proxy_async(); /* the last group's ColGroup, for the bulk stores below */
