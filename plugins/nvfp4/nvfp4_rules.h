@@ -136,7 +136,9 @@ HQ_HD uint8_t hq_nvfp4_block_scale(float block_amax, float m) {
    the product is 0 (a zero or tiny block: its codes may saturate but dequantize to 0). */
 HQ_HD float hq_nvfp4_encode_mult_k(uint8_t sf, float s_dec, int kind) {
   float d = hq_mul_rn(hq_nvfp4_scale_to_f32(sf, kind), s_dec);
-  if (d == 0.0f) return FLT_MAX;
+  /* 0 and NaN (the NaN scale codes) take FLT_MAX, what the reciprocal below gives a NaN too;
+     said here, a kernel's threads of those codes take no out-of-line reciprocal */
+  if (d == 0.0f || d != d) return FLT_MAX;
   /* RN(1 / d) by the correctly rounded reciprocal: the IEEE quotient 1 / d, the same bits (the
      device's reciprocal sequence is shorter than its division's) */
   float e = hq_rcp_rn(d);
