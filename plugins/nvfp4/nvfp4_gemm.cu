@@ -162,6 +162,10 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
   /* the first chunk's codes in flight while the tables are made */
   load_blocks(g.a, i0 + r0, k, 0, ca, fa);
   load_blocks(g.b, j0 + r0, k, 0, cb, fb);
+  /* the per-tensor amaxes loaded with the codes (not after the MMAs, where their latency was
+     the epilogue's) */
+  const bool fac_a = g.amax_a && !g.row_a, fac_b = g.amax_b && !g.row_b;
+  const float amax_a = fac_a ? __ldg(g.amax_a) : 0.0f, amax_b = fac_b ? __ldg(g.amax_b) : 0.0f;
 #pragma unroll 1
   for (int i = t; i < 256; i += kThreads) {
     tab[i] = e2m1_bf16(i & 15u) | (e2m1_bf16(i >> 4) << 16);
@@ -171,6 +175,11 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
   const int wm = warp >> 1, wn = warp & 1; /* the warp's 16 x 16 of the tile */
   float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
   __syncthreads(); /* the tables */
+  /* the emulated path's alpha: (alpha * fa) * fb of the per-tensor factors; a row-scaled
+     operand's factors multiply the product after it, as that path's epilogue does */
+  float alpha = g.alpha;
+  if (fac_a) alpha = alpha * hq_nvfp4_tensor_factor_k(amax_a, g.a.kind);
+  if (fac_b) alpha = alpha * hq_nvfp4_tensor_factor_k(amax_b, g.b.kind);
   /* ldmatrix rows: A's 16 rows (lanes 0-15 columns 0-7, 16-31 columns 8-15); B's 16 rows as
      two n8 tiles (lanes 0-7 and 16-23 columns 0-7, 8-15 and 24-31 columns 8-15) */
   const uint16_t *pa = sa + (wm * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
@@ -206,11 +215,6 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
     for (int e = 0; e < 4; e++)
       cs[(wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1)) * kCsLd + wm * 16 + (lane >> 2) +
          8 * (e >> 1)] = acc[h][e];
-  /* the emulated path's alpha: (alpha * fa) * fb of the per-tensor factors; a row-scaled
-     operand's factors multiply the product after it, as that path's epilogue does */
-  float alpha = g.alpha;
-  if (g.amax_a && !g.row_a) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_a, g.a.kind);
-  if (g.amax_b && !g.row_b) alpha = alpha * hq_nvfp4_tensor_factor_k(*g.amax_b, g.b.kind);
   __syncthreads();
   /* D's tile, consecutive threads on consecutive rows of A (D's contiguous index) */
 #pragma unroll 1
