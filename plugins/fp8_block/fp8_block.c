@@ -546,6 +546,8 @@ static int dequantize(const void *cfgp, const hq_call *call, const hq_storage *s
 #ifndef HQ_FP8B_GEMM_MAX_MNK
 #define HQ_FP8B_GEMM_MAX_MNK (1ll << 25)
 #endif
+/* the kernel addresses an operand's codes with 32-bit offsets (m * k bytes at most) */
+_Static_assert(HQ_FP8B_GEMM_MAX_MNK <= (1ll << 31), "HQ_FP8B_GEMM_MAX_MNK above 2^31");
 /* ... and at most this k: each CTA walks k alone, block after block, where cuBLASLt splits a long
    k across CTAs (a few tiles of a long k would leave most SMs idle). */
 #define HQ_FP8B_GEMM_MAX_K 2048

@@ -21,8 +21,9 @@
 ** while this one is multiplied) and, for one row, its scale; after a barrier the warps read their
 ** fragments with ldmatrix (8-bit MMA fragments are the b16 ones with byte pairs), multiply the
 ** block into a zeroed partial, and add it scaled. Rows past m / n and k past the operand are
-** zeros. The MMAs take the codes themselves and the scales are applied per block as a
-** block-scaled GEMM applies them, so the path is reported native.
+** zeros. The accumulators go through shared memory to one loop of coalesced stores of D. The
+** MMAs take the codes themselves and the scales are applied per block as a block-scaled GEMM
+** applies them, so the path is reported native.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -53,19 +54,21 @@ struct Operand {
 };
 
 /* Block kb of rows r0 .. r0 + kTile - 1 into registers: codes (zeros past the rows or k) and,
-   for thread t < kTile, row r0 + t's scale. */
-__device__ __forceinline__ void load_block(const Operand &o, int64_t r0, int64_t k, int64_t kb,
+   for thread t < kTile, row r0 + t's scale. Code offsets fit 32 bits: the op takes m * n * k <=
+   HQ_FP8B_GEMM_MAX_MNK, which fp8_block.c keeps at most 2^31. */
+static_assert(kThreads % (kBlk / 16) == 0, "a thread's pieces share one column");
+__device__ __forceinline__ void load_block(const Operand &o, uint32_t r0, uint32_t k, uint32_t kb,
                                            uint4 v[kPerThread], float *sf) {
   const int t = threadIdx.x;
+  const uint32_t c = kb * kBlk + (uint32_t)(t % (kBlk / 16)) * 16;
 #pragma unroll
   for (int j = 0; j < kPerThread; j++) {
-    const int p = t + j * kThreads, row = p / (kBlk / 16), col = (p % (kBlk / 16)) * 16;
-    const int64_t r = r0 + row, c = kb * kBlk + col;
+    const uint32_t r = r0 + (uint32_t)(t + j * kThreads) / (kBlk / 16);
     v[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < o.rows && c < k) v[j] = *reinterpret_cast<const uint4 *>(o.q + r * k + c);
+    if (r < (uint64_t)o.rows && c < k) v[j] = *reinterpret_cast<const uint4 *>(o.q + (r * k + c));
   }
   if (t < kTile) {
-    const int64_t r = r0 + t;
+    const int64_t r = (int64_t)r0 + t;
     *sf = 0.0f;
     if (r < o.rows)
       *sf = o.scale[o.two_d ? hq_fp8b_row2d_index(r, kb * kBlk, k)
@@ -104,41 +107,53 @@ struct GemmArgs {
   Operand a, b;
   int64_t m, n, k;
   void *d;
-  int d_dtype;      /* HQ_F32 or HQ_BF16 */
   const void *bias; /* NULL or [m] */
   int bias_dtype;
   float alpha, beta;
 };
 
-template <bool E4A, bool E4B>
+/* The tile of accumulators in shared memory for the epilogue, rows of kTile + 4 floats: a
+   warp's fragment stores (2 (lane % 4) rows apart, lane / 4 columns) then hit 32 banks. */
+constexpr int kCsLd = kTile + 4;
+
+/* DT: D's dtype (HQ_F32 or HQ_BF16), a template parameter so that D's loads and stores are one
+   instruction each. A small call runs each instruction about once per SM, so every instruction
+   is fetched cold: the epilogue is one loop over the tile through shared memory. */
+template <bool E4A, bool E4B, int DT>
 __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
-  __shared__ __align__(16) uint8_t sa[kTile * kLd], sb[kTile * kLd];
+  /* A's block, then (after the loop) the accumulators */
+  __shared__ __align__(16) union {
+    uint8_t b[kTile * kLd];
+    float f[kTile * kCsLd];
+  } sa_u;
+  __shared__ __align__(16) uint8_t sb[kTile * kLd];
   __shared__ float ssa[kTile], ssb[kTile];
+  uint8_t *const sa = sa_u.b;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t i0 = (int64_t)blockIdx.x * kTile, j0 = (int64_t)blockIdx.y * kTile;
+  const uint32_t i0 = blockIdx.x * kTile, j0 = blockIdx.y * kTile, k = (uint32_t)g.k;
   const int wm = warp >> 1, wn = warp & 1; /* the warp's 16 x 16 of the tile */
   float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
   uint4 va[kPerThread], vb[kPerThread];
   float fa = 0.0f, fb = 0.0f;
-  load_block(g.a, i0, g.k, 0, va, &fa);
-  load_block(g.b, j0, g.k, 0, vb, &fb);
+  load_block(g.a, i0, k, 0, va, &fa);
+  load_block(g.b, j0, k, 0, vb, &fb);
   /* ldmatrix rows, as the BF16 fragments with two codes per b16: A's 16 rows (lanes 0-15 bytes
      0-15, 16-31 bytes 16-31); B's 16 rows as two n8 tiles (lanes 0-7 and 16-23 bytes 0-15, 8-15
      and 24-31 bytes 16-31) */
   const uint8_t *pa = sa + (wm * 16 + (lane & 15)) * kLd + (lane >> 4) * 16;
   const uint8_t *pb = sb + (wn * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLd +
                       ((lane >> 3) & 1) * 16;
-  const int64_t nb = hq_fp8b_nblocks(g.k);
-  for (int64_t kb = 0; kb < nb; kb++) {
+  const uint32_t nb = (uint32_t)hq_fp8b_nblocks(g.k);
+  for (uint32_t kb = 0; kb < nb; kb++) {
     store_block(sa, ssa, va, fa);
     store_block(sb, ssb, vb, fb);
     __syncthreads(); /* the block is in shared memory */
     if (kb + 1 < nb) { /* the next block's codes in flight while this one is multiplied */
-      load_block(g.a, i0, g.k, kb + 1, va, &fa);
-      load_block(g.b, j0, g.k, kb + 1, vb, &fb);
+      load_block(g.a, i0, k, kb + 1, va, &fa);
+      load_block(g.b, j0, k, kb + 1, vb, &fb);
     }
     float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    const int rest = (int)(g.k - kb * kBlk < kBlk ? g.k - kb * kBlk : kBlk);
+    const int rest = (int)(k - kb * kBlk < kBlk ? k - kb * kBlk : kBlk);
     for (int s = 0; s < (rest + 31) / 32; s++) {
       uint32_t af[4], bf[4];
       hq_ldmatrix_x4(af, pa + 32 * s);
@@ -158,19 +173,28 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
       }
     __syncthreads(); /* every warp is done reading the block */
   }
+  /* the accumulators into shared memory (sa is free after the loop's last barrier): element e
+     of n8 tile h is row (of A) lane / 4 + 8 * (e / 2), column (of B) 2 * (lane % 4) + e % 2 */
+  float *const cs = sa_u.f;
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
+  for (int h = 0; h < 2; h++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int64_t i = i0 + wm * 16 + (lane >> 2) + 8 * (e >> 1);
-      const int64_t j = j0 + wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1);
-      if (i >= g.m || j >= g.n) continue;
-      const int64_t at = j * g.m + i;
-      float o = g.alpha * acc[h][e];
-      if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, g.d_dtype);
-      if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
-      hq_store_hp(g.d, at, g.d_dtype, o);
-    }
+    for (int e = 0; e < 4; e++)
+      cs[(wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1)) * kCsLd + wm * 16 + (lane >> 2) +
+         8 * (e >> 1)] = acc[h][e];
+  __syncthreads();
+  /* D's tile, consecutive threads on consecutive rows of A (D's contiguous index); two
+     elements an iteration (rolled whole, ptxas spilled a register) */
+#pragma unroll 2
+  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+    const uint32_t ii = (uint32_t)e % kTile, jj = (uint32_t)e / kTile;
+    const int64_t i = i0 + ii, j = j0 + jj;
+    if (i >= g.m || j >= g.n) continue;
+    const int64_t at = j * g.m + i;
+    float o = g.alpha * cs[jj * kCsLd + ii];
+    if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, DT);
+    if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
+    hq_store_hp(g.d, at, DT, o);
   }
 }
 
@@ -184,7 +208,6 @@ extern "C" int fp8b_cuda_gemm(const hq_call *call, const hq_gemm_problem *p,
                       p->n,
                       p->k,
                       p->d->data,
-                      (int)p->d->dtype,
                       p->bias,
                       (int)p->bias_dtype,
                       p->alpha,
@@ -192,10 +215,16 @@ extern "C" int fp8b_cuda_gemm(const hq_call *call, const hq_gemm_problem *p,
   const dim3 grid((unsigned)((p->m + kTile - 1) / kTile), (unsigned)((p->n + kTile - 1) / kTile));
   cudaStream_t st = (cudaStream_t)call->stream;
   const bool e4a = a->elem == HQ_E4M3, e4b = b->elem == HQ_E4M3;
-  if (e4a && e4b) small_gemm_kernel<true, true><<<grid, kThreads, 0, st>>>(g);
-  else if (e4a) small_gemm_kernel<true, false><<<grid, kThreads, 0, st>>>(g);
-  else if (e4b) small_gemm_kernel<false, true><<<grid, kThreads, 0, st>>>(g);
-  else small_gemm_kernel<false, false><<<grid, kThreads, 0, st>>>(g);
+  /* the op admits D in F32 or BF16 alone (fp8_block.c) */
+  const bool f32 = p->d->dtype == HQ_F32;
+#define HQ_FP8B_LAUNCH(A, B)                                                                   \
+  (f32 ? small_gemm_kernel<A, B, HQ_F32><<<grid, kThreads, 0, st>>>(g)                          \
+       : small_gemm_kernel<A, B, HQ_BF16><<<grid, kThreads, 0, st>>>(g))
+  if (e4a && e4b) HQ_FP8B_LAUNCH(true, true);
+  else if (e4a) HQ_FP8B_LAUNCH(true, false);
+  else if (e4b) HQ_FP8B_LAUNCH(false, true);
+  else HQ_FP8B_LAUNCH(false, false);
+#undef HQ_FP8B_LAUNCH
   CHECK_LAUNCH(call, "fp8_block GEMM kernel");
   return HQ_OK;
 }
