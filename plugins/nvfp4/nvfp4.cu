@@ -1274,11 +1274,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
      across the two directions), then stored coalesced (Staged) */
   /* both directions with round to nearest: the columnwise bytes go to ColGroups (kGroupC) */
   constexpr bool kGroup = kGroupC<DIRS, SR, UG>;
-  /* CA: one cluster with a CTA per tile (no groups: the launcher's kOwn), so each CTA encodes
-     one tile, and the code that copies a next tile or stores a previous one is left out of the
-     kernel: a small call runs each instruction once per SM, and its path jumped over that code
-     to targets not yet fetched */
-  constexpr bool kOne = CA;
+  /* CA (one cluster: the launcher's kOwn) and UG (fewer groups than SMs) launch a CTA per tile
+     (no groups), so each CTA encodes one tile, and the code that copies a next tile or stores a
+     previous one is left out of the kernel: a small call runs each instruction once per SM, and
+     its path jumped over that code to targets not yet fetched */
+  constexpr bool kOne = CA || UG;
   static_assert(!kOne || !kGroup, "a CTA per tile");
   __shared__ Staged<DIRS, kGroup> staged[2];
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (flip_word) */
@@ -2493,7 +2493,8 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
   }
   constexpr auto kern = quantize_kernel<DT, RHT, SR, DIRS, B2D, OPT, UG, false>;
   CHECK_CUDA(call, (hq_cuda_resident<kern>(kThreads, dyn, &resident)));
-  if ((int64_t)grid > resident) grid = (unsigned)resident;
+  /* UG: a CTA per tile (the kernel's kOne), fewer than 4 per SM, in waves where more than fit */
+  if (!UG && (int64_t)grid > resident) grid = (unsigned)resident;
   kern<<<grid, kThreads, dyn, (cudaStream_t)call->stream>>>(a, tx, tcd, tcs);
   if (cudaPeekAtLastError() != cudaSuccess) hq_cuda_resident_forget<kern>();
   CHECK_LAUNCH(call, "nvfp4 quantize kernel");
