@@ -22,12 +22,16 @@
 ** the tensor, which the cast kernel after it in the same call reads first (the caches keep what
 ** was read last). HQ_AMAX_FORWARD=1 walks it forwards (for measuring).
 **
-** hq_cuda_cluster_max(m, t0, t1, cmax): the cluster form's ending, shared with the plugins' own
-** amax kernels (nvfp4's RHT pass): every thread's m in, the cluster's maximum stored by the first
-** thread of the first CTA. hq_cuda_cluster_max2_all(m0, m1, slot): two maxima over a cluster,
-** returned to every thread, for a kernel that goes on to use them (nvfp4's small quantize, which
-** makes its own global amaxes). hq_cuda_cta_atomic_max(u, t0, t1): the atomic form's ending,
-** shared the same way (nvfp4's pass, fp8_tensor's delayed cast, adam_cuda.h's write-back amax).
+** The cluster form's maxima go through a mailbox, HqClusterBox (tma_cuda.h's st.async into
+** the receivers' shared memory, counted on their mbarrier): each receiver waits on its own
+** mbarrier, and no cluster barrier with release semantics (a GPU-wide memory barrier, about a
+** tenth of the warp samples of nvfp4's small quantize for each of its two) is left in them.
+** hq_cuda_cluster_open(box, receives) at the kernel's start; hq_cuda_cluster_max_first(m0, m1,
+** box): two maxima over the cluster to the first CTA's thread 0 (nvfp4's one-cluster RHT pass,
+** the cluster form here); hq_cuda_cluster_max2_all(m0, m1, box): to every thread of every CTA,
+** for a kernel that goes on to use them (nvfp4's small quantize, which makes its own global
+** amaxes). hq_cuda_cta_atomic_max(u, t0, t1): the atomic form's ending, shared the same way
+** (nvfp4's pass, fp8_tensor's delayed cast, adam_cuda.h's write-back amax).
 */
 #ifndef HQ_AMAX_CUDA_H
 #define HQ_AMAX_CUDA_H
@@ -37,6 +41,8 @@
 
 #include "hp_load_cuda.h"
 #include "launch_cuda.h"
+#include "smem_cuda.h"
+#include "tma_cuda.h"
 
 constexpr int kHqAmaxThreads = 256;
 /* 8 CTAs: the portable cluster size; 2^17 elements are 8 vectors per thread of such a cluster,
@@ -92,37 +98,31 @@ __device__ __forceinline__ void hq_cuda_cta_atomic_max(uint32_t u, float *t0, fl
   }
 }
 
-/* The cluster form's ending: each CTA's maximum into slot `rank` of the first CTA's cmax (a
-   __shared__ array of kHqAmaxCluster floats in the caller), a cluster barrier (release /
-   acquire: the slots are visible after it), then the first CTA's thread 0 stores the maximum
-   into each non-NULL target. Every thread of every CTA calls it. */
-template <int THREADS>
-__device__ __forceinline__ void hq_cuda_cluster_max(float m, float *t0, float *t1, float *cmax) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  m = hq_cuda_cta_max<THREADS>(m);
-  if (threadIdx.x == 0) cl.map_shared_rank(cmax, 0)[cl.block_rank()] = m;
-  cl.sync();
-  if (cl.block_rank() == 0 && threadIdx.x == 0) {
-    float r = 0.0f;
-    for (unsigned c = 0; c < cl.num_blocks(); c++) r = fmaxf(r, cmax[c]);
-    if (t0) *t0 = r;
-    if (t1) *t1 = r;
+/* A cluster's mailbox: slot c receives CTA c's pair of maxima, the mbarrier counts their
+   bytes. Every CTA's box is at the same shared-memory offset (one kernel's static layout). */
+struct HqClusterBox {
+  float2 v[kHqAmaxCluster];
+  uint64_t bar;
+};
+
+/* Every thread, at the kernel's start: a receiving CTA's box made ready for every CTA's pair,
+   then this CTA's relaxed arrival (the barrier's wait, before the first push, proves the
+   receivers have started and made their mbarriers). */
+__device__ __forceinline__ void hq_cuda_cluster_open(HqClusterBox *box, bool receives) {
+  if (receives && threadIdx.x == 0) {
+    const uint32_t bar = hq_smem_addr(&box->bar);
+    hq_mbar_init(bar, 1);
+    hq_mbar_expect_tx(bar, 8u * cooperative_groups::this_cluster().num_blocks());
+    hq_mbar_init_fence();
   }
+  hq_cluster_arrive_relaxed();
 }
 
-/* Every thread's m0 and m1 maxed over the whole cluster (at most kHqAmaxCluster CTAs) and
-   returned to every thread of every CTA. Each CTA's two maxima go into slot `rank` of every
-   CTA's `slot` (a __shared__ array of kHqAmaxCluster in the caller), a cluster barrier, then
-   each thread reduces its own CTA's slots, so no CTA reads another's memory after that barrier
-   and none waits for the others to exit. The caller made its cluster arrival
-   (cl.barrier_arrive()) at its start: the wait for it here, before the first write into another
-   CTA's shared memory, is what proves that CTA has started. The maxima are of non-negative
-   values from 0 (fmaxf would drop a NaN, so a NaN may not stand for one). */
+/* Every thread's (m0, m1) maxed over the CTA, pushed into slot `rank` of the boxes of CTAs 0 ..
+   receivers - 1 (thread c to CTA c); every thread calls it once, after hq_cuda_cluster_open. */
 template <int THREADS>
-__device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, float2 *slot) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
+__device__ __forceinline__ void hq_cuda_cluster_push_max(float m0, float m1, HqClusterBox *box,
+                                                         unsigned receivers) {
   __shared__ float2 warp_max[THREADS / 32];
   for (int off = 16; off > 0; off >>= 1) {
     m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, off));
@@ -131,26 +131,60 @@ __device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, f
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_max[warp] = make_float2(m0, m1);
   __syncthreads();
-  cl.barrier_wait();
-  if (threadIdx.x < cl.num_blocks()) { /* thread c writes this CTA's maxima into CTA c */
+  hq_cluster_wait();
+  if (threadIdx.x < receivers) {
     float2 r = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < THREADS / 32; w++)
       r = make_float2(fmaxf(r.x, warp_max[w].x), fmaxf(r.y, warp_max[w].y));
-    cl.map_shared_rank(slot, threadIdx.x)[cl.block_rank()] = r;
+    const unsigned rank = cooperative_groups::this_cluster().block_rank();
+    hq_cluster_push(hq_smem_addr(&box->v[rank]), threadIdx.x, __float_as_uint(r.x),
+                    __float_as_uint(r.y), hq_smem_addr(&box->bar));
   }
-  cl.sync();
-  float r0 = 0.0f, r1 = 0.0f;
-  for (unsigned c = 0; c < cl.num_blocks(); c++)
-    r0 = fmaxf(r0, slot[c].x), r1 = fmaxf(r1, slot[c].y);
-  m0 = r0, m1 = r1;
 }
 
-/* CL: launched as one cluster of kHqAmaxCluster CTAs (hq_cuda_cluster_max stores the result),
+/* The pairs this CTA's box received (it waits for all of them), maxed. */
+__device__ __forceinline__ float2 hq_cuda_cluster_box_max(HqClusterBox *box) {
+  hq_mbar_wait_cluster(hq_smem_addr(&box->bar), 0);
+  const unsigned n = cooperative_groups::this_cluster().num_blocks();
+  float2 r = make_float2(0.0f, 0.0f);
+  for (unsigned c = 0; c < n; c++)
+    r = make_float2(fmaxf(r.x, box->v[c].x), fmaxf(r.y, box->v[c].y));
+  return r;
+}
+
+/* The cluster form's ending: every thread's m0 and m1 maxed over the cluster, returned to the
+   first CTA's thread 0 (true there, false elsewhere; only the first CTA opened its box to
+   receive). No CTA waits for another after its push. */
+template <int THREADS>
+__device__ __forceinline__ bool hq_cuda_cluster_max_first(float &m0, float &m1,
+                                                          HqClusterBox *box) {
+  hq_cuda_cluster_push_max<THREADS>(m0, m1, box, 1);
+  if (cooperative_groups::this_cluster().block_rank() != 0 || threadIdx.x != 0) return false;
+  const float2 r = hq_cuda_cluster_box_max(box);
+  m0 = r.x, m1 = r.y;
+  return true;
+}
+
+/* Every thread's m0 and m1 maxed over the whole cluster and returned to every thread of every
+   CTA (every CTA opened its box to receive): each CTA's pair goes to every box, and each
+   thread reduces its own CTA's, so no CTA reads another's memory and none waits for the others
+   to exit. The maxima are of non-negative values from 0 (fmaxf would drop a NaN, so a NaN may
+   not stand for one). */
+template <int THREADS>
+__device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, HqClusterBox *box) {
+  hq_cuda_cluster_push_max<THREADS>(m0, m1, box, cooperative_groups::this_cluster().num_blocks());
+  const float2 r = hq_cuda_cluster_box_max(box);
+  m0 = r.x, m1 = r.y;
+}
+
+/* CL: launched as one cluster of kHqAmaxCluster CTAs (the first CTA stores the result),
    else any grid (atomicMax into targets the launcher zeroed). */
 template <int DT, bool VEC, bool CL>
 __global__ void __launch_bounds__(kHqAmaxThreads)
     hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n, float *t0, float *t1) {
+  __shared__ HqClusterBox box;
+  if (CL) hq_cuda_cluster_open(&box, blockIdx.x == 0); /* one cluster: rank = blockIdx.x */
   const int64_t n8 = n / 8;
   float m = 0.0f;
   if (blockIdx.x == 0 && threadIdx.x < n % 8) m = fabsf(hq_load_hp(x, n8 * 8 + threadIdx.x, DT));
@@ -174,9 +208,12 @@ __global__ void __launch_bounds__(kHqAmaxThreads)
 #pragma unroll
     for (int e = 0; e < 8; e++) m = hq_cuda_amax_step(m, v[e]);
   }
-  if (CL) {
-    __shared__ float cmax[kHqAmaxCluster];
-    hq_cuda_cluster_max<kHqAmaxThreads>(m, t0, t1, cmax);
+  if (CL) { /* the first CTA's thread 0 stores the maximum */
+    float unused = 0.0f;
+    if (hq_cuda_cluster_max_first<kHqAmaxThreads>(m, unused, &box)) {
+      if (t0) *t0 = m;
+      if (t1) *t1 = m;
+    }
     return;
   }
   hq_cuda_cta_atomic_max(__float_as_uint(m), t0, t1);

@@ -34,6 +34,21 @@
 **                                   TMA's later reads (a bulk store issued after a barrier)
 **   hq_swz128(box, row, chunk, inner)   the address of byte `inner` of 16-byte chunk `chunk`
 **                                   of a row of the box at `box` (CU_TENSOR_MAP_SWIZZLE_128B)
+**
+** A cluster's small exchanges (one-cluster kernels) through the same mbarriers, without the
+** GPU-scope memory barrier that a cluster barrier with release semantics compiles to (what
+** cooperative groups' barrier_arrive() and sync() issue: MEMBAR.ALL.GPU, then ERRBAR, which
+** waits for every memory operation the thread has in flight):
+**   hq_cluster_arrive_relaxed()     the cluster barrier's arrival, no memory ordering: it says
+**                                   this CTA has started (after hq_mbar_init_fence(), its
+**                                   mbarriers are ready for other CTAs' st.async)
+**   hq_cluster_wait()               waits for every CTA's arrival (acquire)
+**   hq_cluster_push(dst, rank, lo, hi, bar)   two words into shared-window address dst of CTA
+**                                   `rank` of the cluster (st.async), 8 bytes counted on the
+**                                   mbarrier at address bar of that CTA
+**   hq_cluster_push1(dst, rank, w, bar)   one word, 4 bytes counted
+**   hq_mbar_wait_cluster(bar, parity)   hq_mbar_wait acquiring at cluster scope: what other
+**                                   CTAs pushed is visible after it
 */
 #ifndef HQ_TMA_CUDA_H
 #define HQ_TMA_CUDA_H
@@ -149,6 +164,42 @@ template <int N> __device__ __forceinline__ void hq_tma_store_wait() {
 __device__ __forceinline__ void hq_fence_proxy_async() {
   HQ_TMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
+__device__ __forceinline__ void hq_cluster_arrive_relaxed() {
+  HQ_TMA_ASM("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void hq_cluster_wait() {
+  HQ_TMA_ASM("barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void hq_cluster_push(uint32_t dst, uint32_t rank, uint32_t lo,
+                                                uint32_t hi, uint32_t bar) {
+  HQ_TMA_ASM("{\n.reg .b32 D, B;\n"
+             "mapa.shared::cluster.u32 D, %0, %4;\n"
+             "mapa.shared::cluster.u32 B, %3, %4;\n"
+             "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [D], {%1, %2}, [B];\n}"
+             ::"r"(dst), "r"(lo), "r"(hi), "r"(bar), "r"(rank)
+             : "memory");
+}
+__device__ __forceinline__ void hq_cluster_push1(uint32_t dst, uint32_t rank, uint32_t w,
+                                                 uint32_t bar) {
+  HQ_TMA_ASM("{\n.reg .b32 D, B;\n"
+             "mapa.shared::cluster.u32 D, %0, %3;\n"
+             "mapa.shared::cluster.u32 B, %2, %3;\n"
+             "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [D], %1, [B];\n}"
+             ::"r"(dst), "r"(w), "r"(bar), "r"(rank)
+             : "memory");
+}
+__device__ __forceinline__ void hq_mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 1; /* the wait's result (1 where the wait is a trap) */
+  do {
+    HQ_TMA_ASM("{\n.reg .pred P;\n"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, P;\n}\n"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
+  } while (!done);
+}
+
 /* The 128-byte swizzle (the box 1024-byte aligned): rows of 128 bytes, row r's 16-byte chunk
    (0-7) at chunk ^ (r & 7), so that 8 consecutive rows' same chunk falls on distinct banks; the
    address of byte `inner` (0-15) of that chunk in the box at `box`. */

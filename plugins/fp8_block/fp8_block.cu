@@ -51,6 +51,8 @@
 #include "hp_load_cuda.h"
 #include "hq/adamw.h"
 #include "hq/numerics.h"
+#include "smem_cuda.h"
+#include "tma_cuda.h"
 #include "fp8_block_rules.h"
 
 extern "C" {
@@ -459,6 +461,7 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   __shared__ float slot[kSplit][kB];                 /* the cluster's partial maxima, by rank */
+  __shared__ uint64_t slot_bar;                      /* counts the bytes pushed into slot */
   __shared__ float wmax[kThreads / 32][kB];          /* per-warp column maxima (1-D columnwise) */
   __shared__ float cscale[kB];                       /* column scales (1-D columnwise) */
   __shared__ uint8_t ctile[kB][kSplitRows + 1];      /* [tile column][CTA row] codes, padded */
@@ -471,9 +474,19 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
   const int r = (int)rank * kSplitRows + lr; /* this thread's row in the tile */
   const bool row_in = r < nr, col_in = c0 < nc;
   const int64_t i = m0 + r;
-  /* every CTA of the cluster has started before any writes into another's shared memory: the
-     arrival here, the wait just before the first such write (the load overlaps it) */
-  if (TWO_D || a.cd) cl.barrier_arrive();
+  /* each CTA's maxima are pushed into every CTA's slot (st.async, counted on slot_bar: the
+     receiver's wait on it is the only synchronization, tma_cuda.h); every CTA of the cluster has
+     started, its slot_bar made, before any push: the relaxed arrival here, the wait just before
+     the first push (the load overlaps it) */
+  const uint32_t sbar = hq_smem_addr(&slot_bar);
+  if (TWO_D || a.cd) {
+    if (t == 0) {
+      hq_mbar_init(sbar, 1);
+      hq_mbar_expect_tx(sbar, (uint32_t)(kSplit * (TWO_D ? 1 : kB) * sizeof(float)));
+      hq_mbar_init_fence();
+    }
+    hq_cluster_arrive_relaxed();
+  }
 
   float y[8];
   if (row_in && col_in && a.vec_in) {
@@ -490,10 +503,11 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
     #pragma unroll
     for (int j = 0; j < 8; j++) m = hq_cuda_amax_step(m, y[j]);
     m = hq_cuda_cta_max<kThreads>(m); /* on thread 0 */
-    cl.barrier_wait();
+    hq_cluster_wait();
     if (t == 0)
-      for (unsigned c = 0; c < kSplit; c++) cl.map_shared_rank(&slot[0][0], c)[rank] = m;
-    cl.sync();
+      for (unsigned c = 0; c < kSplit; c++)
+        hq_cluster_push1(hq_smem_addr(&slot[0][rank]), c, __float_as_uint(m), sbar);
+    hq_mbar_wait_cluster(sbar, 0);
     float tm = 0.0f;
     #pragma unroll
     for (int c = 0; c < kSplit; c++) tm = fmaxf(tm, slot[0][c]);
@@ -530,14 +544,15 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
         #pragma unroll
         for (int j = 0; j < 8; j++) wmax[warp][c0 + j] = cm[j];
       __syncthreads();
-      cl.barrier_wait();
+      hq_cluster_wait();
       if (t < kB) {
         float m = 0.0f;
         #pragma unroll
         for (int w = 0; w < kThreads / 32; w++) m = fmaxf(m, wmax[w][t]);
-        for (unsigned c = 0; c < kSplit; c++) cl.map_shared_rank(&slot[0][0], c)[rank * kB + t] = m;
+        for (unsigned c = 0; c < kSplit; c++)
+          hq_cluster_push1(hq_smem_addr(&slot[rank][t]), c, __float_as_uint(m), sbar);
       }
-      cl.sync();
+      hq_mbar_wait_cluster(sbar, 0);
       if (t < kB) {
         float m = 0.0f;
         #pragma unroll

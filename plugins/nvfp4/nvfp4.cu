@@ -918,14 +918,19 @@ __device__ __forceinline__ void amax_patches(const AmaxArgs &a, int64_t first, i
 template <int DT, bool CL>
 __global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(AmaxArgs a) {
   constexpr int kT = CL ? kAmaxClThreads : kThreads;
+  __shared__ HqClusterBox box;
+  if (CL) hq_cuda_cluster_open(&box, blockIdx.x == 0); /* one cluster: rank = blockIdx.x */
   float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
   uint32_t mt = 0;
   amax_patches<DT, CL ? 1 : 4>(a, blockIdx.x * (int64_t)kT + threadIdx.x, (int64_t)gridDim.x * kT,
                                mx, mt);
   if (CL) { /* one cluster: the first CTA stores each maximum (amax_cuda.h) */
-    __shared__ float cmax[kHqAmaxCluster], cmt[kHqAmaxCluster];
-    if (a.x0 || a.x1) hq_cuda_cluster_max<kT>(mx, a.x0, a.x1, cmax);
-    if (a.t) hq_cuda_cluster_max<kT>(__uint_as_float(mt), a.t, NULL, cmt);
+    float m1 = __uint_as_float(mt);
+    if (hq_cuda_cluster_max_first<kT>(mx, m1, &box)) {
+      if (a.x0) *a.x0 = mx;
+      if (a.x1) *a.x1 = mx;
+      if (a.t) *a.t = m1;
+    }
     return;
   }
   /* one atomic per CTA and target: the pass's CTAs are the resident ones, a few hundred */
@@ -1304,10 +1309,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   const bool none = OPT == 1 && a.global == HQ_NVFP4_GLOBAL_NONE;
   /* the directions' Heads: rowwise, columnwise (OPT 2: m and S_dec set per tile) */
   Head<OPT> hr{enc_tab[0], 0.0f, 0.0f, kind}, hc{enc_tab[1], 0.0f, 0.0f, kind};
-  /* CA: the kernel is one cluster that makes the global amaxes itself (below); every CTA
-     arrives now, so that the reduction's first write into another CTA's shared memory can
-     wait for that CTA to have started (hq_cuda_cluster_max2_all) */
-  if constexpr (CA) cooperative_groups::this_cluster().barrier_arrive();
+  /* CA: the kernel is one cluster that makes the global amaxes itself (below); every CTA's
+     mailbox is made and its arrival given now, so that the reduction's first push into
+     another CTA can wait for that CTA to have started (amax_cuda.h) */
+  __shared__ HqClusterBox cbox;
+  if constexpr (CA) hq_cuda_cluster_open(&cbox, true);
   if (RHT && t < 16) flip[t] = flip_word<DT>(a.mask, t); /* read after a barrier */
   /* the global amaxes: the cluster's own (CA, below), or what the call brought or the pass
      before this kernel wrote, both loaded before anything is stored (a store to the amax
@@ -1404,14 +1410,13 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
        maxed over the cluster and taken by every thread; max |x| for the rowwise copy, the
        transformed values' for the columnwise one (the pass's outputs, the same bits) */
     static_assert(RHT && kCol, "the one-cluster form is the RHT pass's; the launcher's kOwn");
-    __shared__ float2 cslot[kHqAmaxCluster];
     const AmaxArgs am{a.x, a.M, a.K, a.vec, NULL, NULL, a.camax, a.mask};
     float mx = 0.0f;
     uint32_t mt = 0;
     amax_patches<DT, 1>(am, blockIdx.x * (int64_t)kThreads + t, (int64_t)gridDim.x * kThreads,
                         mx, mt);
     float m1 = __uint_as_float(mt);
-    hq_cuda_cluster_max2_all<kThreads>(mx, m1, cslot);
+    hq_cuda_cluster_max2_all<kThreads>(mx, m1, &cbox);
     ga[0] = mx, ga[1] = m1;
     dir_consts();
     hc4 = hc;
