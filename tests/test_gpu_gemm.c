@@ -296,6 +296,7 @@ static const char *k_recipe =
     "[format nv_sw]\nplugin = nvfp4\nswizzle = true\n"
     "[format nv_ue]\nplugin = nvfp4\nscale_dtype = ue5m3\nglobal_scale = none\n"
     "[format nv_ut]\nplugin = nvfp4\nscale_dtype = ue5m3\nrht = true\n"
+    "[format nv_utw]\nplugin = nvfp4\nscale_dtype = ue5m3\n"
     "[format fb]\nplugin = fp8_block\n"
     "[format fb_b]\nplugin = fp8_block\n"
     "[format fb2]\nplugin = fp8_block\nblock = 2d\n"
@@ -314,7 +315,9 @@ static const char *k_recipe =
     "[role linear:weight:nvfp4_rht]\nrowwise = nv_w\ncolumnwise = nv_w\n"
     "[role linear:*:nvfp4_row]\nrowwise = nvr\ncolumnwise = nvr\n"
     /* the module's own GEMM: swizzled scales; UE5M3 scales without a global scale (factor 1)
-       against E4M3 ones; UE5M3 with a global scale and RHT on the wgrad operands */
+       against E4M3 ones; UE5M3 with a global scale and RHT on the wgrad operands (rht
+       transforms the columnwise copy, so the weights, whose columnwise copy dgrad multiplies
+       by the gradient's rowwise one, take none) */
     "[role linear:*:nvfp4_sw]\nrowwise = nv_sw\ncolumnwise = nv_sw\n"
     "[role linear:*:nvfp4_ue]\nrowwise = nv_ue\ncolumnwise = nv_ue\n"
     /* row-scaled weights against per-tensor activations and gradients: a row factor on A
@@ -323,6 +326,7 @@ static const char *k_recipe =
     "[role linear:weight:nvfp4_rmix]\nrowwise = nvr\ncolumnwise = nvr\n"
     "[role linear:weight:nvfp4_ue]\nrowwise = nv\ncolumnwise = nv_sw\n"
     "[role linear:*:nvfp4_ut]\nrowwise = nv_ut\ncolumnwise = nv_ut\n"
+    "[role linear:weight:nvfp4_ut]\nrowwise = nv_utw\ncolumnwise = nv_utw\n"
     "[role linear:*:fp8_block]\nrowwise = fb\ncolumnwise = fb\n"
     "[role linear:weight:fp8_block]\nrowwise = fb2\ncolumnwise = fb2\n"
     "[role linear:*:fp8_block_b2]\nrowwise = fb\ncolumnwise = fb\n"
