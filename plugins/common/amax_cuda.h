@@ -107,12 +107,15 @@ struct HqClusterBox {
 
 /* Every thread, at the kernel's start: a receiving CTA's box made ready for every CTA's pair,
    then this CTA's relaxed arrival (the barrier's wait, before the first push, proves the
-   receivers have started and made their mbarriers). */
+   receivers have started and made their mbarriers). A cluster of one CTA (nvfp4's one-cluster
+   quantize of a one-tile tensor) needs no mbarrier: st.async is undefined there (PTX ISA), so
+   its pair is stored and read back in place. */
 __device__ __forceinline__ void hq_cuda_cluster_open(HqClusterBox *box, bool receives) {
-  if (receives && threadIdx.x == 0) {
+  const unsigned n = cooperative_groups::this_cluster().num_blocks();
+  if (receives && n > 1 && threadIdx.x == 0) {
     const uint32_t bar = hq_smem_addr(&box->bar);
     hq_mbar_init(bar, 1);
-    hq_mbar_expect_tx(bar, 8u * cooperative_groups::this_cluster().num_blocks());
+    hq_mbar_expect_tx(bar, 8u * n);
     hq_mbar_init_fence();
   }
   hq_cluster_arrive_relaxed();
@@ -137,16 +140,20 @@ __device__ __forceinline__ void hq_cuda_cluster_push_max(float m0, float m1, HqC
 #pragma unroll
     for (int w = 0; w < THREADS / 32; w++)
       r = make_float2(fmaxf(r.x, warp_max[w].x), fmaxf(r.y, warp_max[w].y));
-    const unsigned rank = cooperative_groups::this_cluster().block_rank();
-    hq_cluster_push(hq_smem_addr(&box->v[rank]), threadIdx.x, __float_as_uint(r.x),
-                    __float_as_uint(r.y), hq_smem_addr(&box->bar));
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    if (cl.num_blocks() == 1)
+      box->v[0] = r; /* thread 0, to itself (hq_cuda_cluster_open) */
+    else
+      hq_cluster_push(hq_smem_addr(&box->v[cl.block_rank()]), threadIdx.x, __float_as_uint(r.x),
+                      __float_as_uint(r.y), hq_smem_addr(&box->bar));
   }
 }
 
-/* The pairs this CTA's box received (it waits for all of them), maxed. */
+/* The pairs this CTA's box received (it waits for all of them), maxed. In a cluster of one
+   CTA the caller orders thread 0's store before the reads. */
 __device__ __forceinline__ float2 hq_cuda_cluster_box_max(HqClusterBox *box) {
-  hq_mbar_wait_cluster(hq_smem_addr(&box->bar), 0);
   const unsigned n = cooperative_groups::this_cluster().num_blocks();
+  if (n > 1) hq_mbar_wait_cluster(hq_smem_addr(&box->bar), 0);
   float2 r = make_float2(0.0f, 0.0f);
   for (unsigned c = 0; c < n; c++)
     r = make_float2(fmaxf(r.x, box->v[c].x), fmaxf(r.y, box->v[c].y));
@@ -155,7 +162,8 @@ __device__ __forceinline__ float2 hq_cuda_cluster_box_max(HqClusterBox *box) {
 
 /* The cluster form's ending: every thread's m0 and m1 maxed over the cluster, returned to the
    first CTA's thread 0 (true there, false elsewhere; only the first CTA opened its box to
-   receive). No CTA waits for another after its push. */
+   receive; in a cluster of one that thread stored its pair itself). No CTA waits for another
+   after its push. */
 template <int THREADS>
 __device__ __forceinline__ bool hq_cuda_cluster_max_first(float &m0, float &m1,
                                                           HqClusterBox *box) {
@@ -173,7 +181,9 @@ __device__ __forceinline__ bool hq_cuda_cluster_max_first(float &m0, float &m1,
    not stand for one). */
 template <int THREADS>
 __device__ __forceinline__ void hq_cuda_cluster_max2_all(float &m0, float &m1, HqClusterBox *box) {
-  hq_cuda_cluster_push_max<THREADS>(m0, m1, box, cooperative_groups::this_cluster().num_blocks());
+  const unsigned n = cooperative_groups::this_cluster().num_blocks();
+  hq_cuda_cluster_push_max<THREADS>(m0, m1, box, n);
+  if (n == 1) __syncthreads(); /* thread 0's pair, stored in place */
   const float2 r = hq_cuda_cluster_box_max(box);
   m0 = r.x, m1 = r.y;
 }
@@ -184,7 +194,7 @@ template <int DT, bool VEC, bool CL>
 __global__ void __launch_bounds__(kHqAmaxThreads)
     hq_cuda_amax_kernel(const void *__restrict__ x, int64_t n, float *t0, float *t1) {
   __shared__ HqClusterBox box;
-  if (CL) hq_cuda_cluster_open(&box, blockIdx.x == 0); /* one cluster: rank = blockIdx.x */
+  if (CL) hq_cuda_cluster_open(&box, cooperative_groups::this_cluster().block_rank() == 0);
   const int64_t n8 = n / 8;
   float m = 0.0f;
   if (blockIdx.x == 0 && threadIdx.x < n % 8) m = fabsf(hq_load_hp(x, n8 * 8 + threadIdx.x, DT));

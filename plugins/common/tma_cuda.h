@@ -120,15 +120,19 @@ __device__ __forceinline__ void hq_mbar_expect_tx(uint32_t bar, uint32_t bytes) 
 __device__ __forceinline__ void hq_mbar_arrive(uint32_t bar) {
   HQ_TMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+/* kCluster: acquire at cluster scope (hq_mbar_wait_cluster), else at the CTA's (the default) */
+#define HQ_MBAR_TRY_WAIT(SEM)                                                                  \
+  "{\n.reg .pred P;\nmbarrier.try_wait.parity" SEM ".shared::cta.b64 P, [%1], %2;\n"           \
+  "selp.u32 %0, 1, 0, P;\n}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void hq_mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 1; /* the wait's result (1 where the wait is a trap) */
   do {
-    HQ_TMA_ASM("{\n.reg .pred P;\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-               "selp.u32 %0, 1, 0, P;\n}\n"
-               : "=r"(done)
-               : "r"(bar), "r"(parity)
-               : "memory");
+    if constexpr (kCluster)
+      HQ_TMA_ASM(HQ_MBAR_TRY_WAIT(".acquire.cluster") : "=r"(done) : "r"(bar), "r"(parity)
+                 : "memory");
+    else
+      HQ_TMA_ASM(HQ_MBAR_TRY_WAIT("") : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
 __device__ __forceinline__ void hq_tma_load_1d(uint32_t dst, const void *src, uint32_t bytes,
@@ -189,15 +193,7 @@ __device__ __forceinline__ void hq_cluster_push1(uint32_t dst, uint32_t rank, ui
              : "memory");
 }
 __device__ __forceinline__ void hq_mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 1; /* the wait's result (1 where the wait is a trap) */
-  do {
-    HQ_TMA_ASM("{\n.reg .pred P;\n"
-               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P, [%1], %2;\n"
-               "selp.u32 %0, 1, 0, P;\n}\n"
-               : "=r"(done)
-               : "r"(bar), "r"(parity)
-               : "memory");
-  } while (!done);
+  hq_mbar_wait<true>(bar, parity);
 }
 
 /* The 128-byte swizzle (the box 1024-byte aligned): rows of 128 bytes, row r's 16-byte chunk

@@ -445,9 +445,9 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
    runs its whole tile's chain of loads, reductions and casts). Thread t holds row t / 16's eight
    columns 8 (t % 16) .. + 7 as FP32. A 1x128 rowwise block is one CTA's row (16 lanes' shuffles);
    a 128x1 columnwise block's amax and a 128x128 block's amax are reduced over the cluster: each
-   CTA writes its partial maxima into every CTA's shared slots (distributed shared memory), one
-   cluster barrier, then each CTA reduces the 8 slots locally, so no CTA reads another's memory
-   after the barrier and none has to wait for the others to exit. The amaxes, scales and casts are
+   CTA pushes its partial maxima into every CTA's shared slots (st.async, counted on the
+   receiver's mbarrier: tma_cuda.h), then each CTA reduces its 8 slots once they have all come,
+   so no CTA reads another's memory and none has to wait for the others to exit. The amaxes, scales and casts are
    the one-CTA kernel's (hq_cuda_amax_step, hq_fp8b_scale, hq_cuda_cast8): the same bytes. The
    fused optimizer step keeps the one-CTA kernel. */
 constexpr int kSplit = 8, kSplitRows = kB / kSplit;

@@ -919,7 +919,7 @@ template <int DT, bool CL>
 __global__ void __launch_bounds__(CL ? kAmaxClThreads : kThreads) amax_kernel(AmaxArgs a) {
   constexpr int kT = CL ? kAmaxClThreads : kThreads;
   __shared__ HqClusterBox box;
-  if (CL) hq_cuda_cluster_open(&box, blockIdx.x == 0); /* one cluster: rank = blockIdx.x */
+  if (CL) hq_cuda_cluster_open(&box, cooperative_groups::this_cluster().block_rank() == 0);
   float mx = 0.0f; /* max |x|: fmaxf drops NaN (IEEE maxNum) */
   uint32_t mt = 0;
   amax_patches<DT, CL ? 1 : 4>(a, blockIdx.x * (int64_t)kT + threadIdx.x, (int64_t)gridDim.x * kT,
