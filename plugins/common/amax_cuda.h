@@ -24,8 +24,9 @@
 **
 ** The cluster form's maxima go through a mailbox, HqClusterBox (tma_cuda.h's st.async into
 ** the receivers' shared memory, counted on their mbarrier): each receiver waits on its own
-** mbarrier, and no cluster barrier with release semantics (a GPU-wide memory barrier, about a
-** tenth of the warp samples of nvfp4's small quantize for each of its two) is left in them.
+** mbarrier, and no cluster barrier with release semantics is left in them (it compiles to a
+** GPU-wide memory barrier that waits for all the thread's memory operations in flight, a large
+** share of a small kernel that exchanges a few words).
 ** hq_cuda_cluster_open(box, receives) at the kernel's start; hq_cuda_cluster_max_first(m0, m1,
 ** box): two maxima over the cluster to the first CTA's thread 0 (nvfp4's one-cluster RHT pass,
 ** the cluster form here); hq_cuda_cluster_max2_all(m0, m1, box): to every thread of every CTA,
