@@ -3,9 +3,11 @@ hqplugin_LTLIBRARIES += plugins/nvfp4/nvfp4.la
 plugins_nvfp4_nvfp4_la_SOURCES = plugins/nvfp4/nvfp4_rules.h plugins/nvfp4/nvfp4.c plugins/nvfp4/nvfp4.h
 plugins_nvfp4_nvfp4_la_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS)
 plugins_nvfp4_nvfp4_la_LDFLAGS = $(HQ_PLUGIN_LDFLAGS)
-EXTRA_DIST += plugins/nvfp4/nvfp4.cu plugins/nvfp4/nvfp4_gemm.cu
+EXTRA_DIST += plugins/nvfp4/nvfp4.cu plugins/nvfp4/nvfp4_f16.cu plugins/nvfp4/nvfp4_bf16.cu \
+	plugins/nvfp4/nvfp4_gemm.cu
 if HAVE_CUDA
-plugins_nvfp4_nvfp4_la_LIBADD = plugins/nvfp4/nvfp4.lo plugins/nvfp4/nvfp4_gemm.lo $(CUDA_LIBS)
+plugins_nvfp4_nvfp4_la_LIBADD = plugins/nvfp4/nvfp4.lo plugins/nvfp4/nvfp4_f16.lo \
+	plugins/nvfp4/nvfp4_bf16.lo plugins/nvfp4/nvfp4_gemm.lo $(CUDA_LIBS)
 plugins_nvfp4_nvfp4_la_LDFLAGS += $(CUDA_LDFLAGS)
 endif
 HQ_TEST_PLUGIN_DIRS += $(abs_top_builddir)/plugins/nvfp4/.libs

@@ -7,6 +7,11 @@
 ** Every launch and memset is queued on call->stream; nothing allocates (scratch_size is 0 on a
 ** device) and nothing synchronizes, so quantize/update can be captured in a CUDA graph.
 **
+** Three translation units: this file, and nvfp4_f16.cu and nvfp4_bf16.cu, which include it with
+** HQ_NVFP4_TU_DT set and keep the quantize launches and kernels of that source dtype alone (the
+** dequantizes, the row amax pass and the module's entry points are this unit's), so that the
+** three dtypes' kernels, most of the module's build, compile in parallel.
+**
 ** The comments say why each choice was made; what was measured for it, when, and the
 ** alternatives that were not kept are in docs/performance.md (sections 3 to 5).
 **
@@ -653,6 +658,13 @@ template <class V> __device__ __forceinline__ uint2 signs_of(V v) {
 /* Whether a non-negative float (or NaN) is NaN. */
 __device__ __forceinline__ int is_nan_abs(float a) { return hq_f32_bits(a) > 0x7f800000u; }
 
+} // namespace
+
+/* QArgs is one type in all three of the module's CUDA translation units: the quantize launches
+   for F16 and BF16 sources are compiled in units of their own (nvfp4_f16.cu, nvfp4_bf16.cu, which
+   include this file with HQ_NVFP4_TU_DT set), so that the three dtypes' kernels compile in
+   parallel; quantize<DT> and rowq<DT> are launch_quantize<DT> and launch_rowq<DT> there. */
+namespace hq_nvfp4_cuda {
 struct QArgs {
   const void *x;
   int64_t M, K;
@@ -690,6 +702,16 @@ struct QArgs {
      cleared for the quantize that follows) */
   int own;
 };
+template <int DT> int quantize(const hq_call *call, const QArgs &a);
+template <int DT> int rowq(const hq_call *call, const QArgs &a);
+template <> int quantize<HQ_F16>(const hq_call *call, const QArgs &a);
+template <> int quantize<HQ_BF16>(const hq_call *call, const QArgs &a);
+template <> int rowq<HQ_F16>(const hq_call *call, const QArgs &a);
+template <> int rowq<HQ_BF16>(const hq_call *call, const QArgs &a);
+} // namespace hq_nvfp4_cuda
+
+namespace {
+using hq_nvfp4_cuda::QArgs;
 
 /* The call's random-stream offset, once per thread at a kernel's start: from the step a graph
    replay reads on the device (the host set it before the replay), else the host's; 0 without
@@ -2074,6 +2096,7 @@ __global__ void __launch_bounds__(kThreads, (RqShape<SR, SMALL>::kMinBlocks))
   }
 }
 
+#ifndef HQ_NVFP4_TU_DT /* the dequantizes and the row amax pass: nvfp4.cu alone */
 struct DArgs {
   const uint8_t *q, *scale;
   const float *amax; /* [1] (global_scale = tensor), one per stored row (row), NULL (none) */
@@ -2354,11 +2377,13 @@ template <int DT> __global__ void __launch_bounds__(kThreads) row_amax_kernel(Ro
   if (m && kc < a.K) atomicMax(reinterpret_cast<unsigned int *>(a.col + kc), m);
 }
 
-bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+#endif
+
+inline bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 /* The 1-D grid of tm x tk tiles of an [M, K] tensor (M, K > 0; 64x128 unless told). */
-int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid, int tm = kTM,
-              int tk = kTK) {
+inline int tile_grid(const hq_call *call, int64_t M, int64_t K, unsigned *grid,
+                      int tm = kTM, int tk = kTK) {
   const int64_t n = ((M + tm - 1) / tm) * ((K + tk - 1) / tk);
   if (n > 0x7fffffff)
     return call->host->error(HQ_ESHAPE, "nvfp4 CUDA: shape [%lld, %lld] exceeds the grid limit",
@@ -2392,7 +2417,7 @@ template <int DT> int launch_amax(const hq_call *call, const AmaxArgs &a) {
   return HQ_OK;
 }
 
-int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
+inline int amax_dispatch(const hq_call *call, int dtype, const AmaxArgs &a) {
   switch (dtype) {
   case HQ_F32:
     return launch_amax<HQ_F32>(call, a);
@@ -2590,6 +2615,20 @@ template <int DT> int launch_rowq(const hq_call *call, const QArgs &a) {
   return a.sr ? launch_rowq_k<DT, true>(call, a) : launch_rowq_k<DT, false>(call, a);
 }
 
+} // namespace
+
+#ifdef HQ_NVFP4_TU_DT /* nvfp4_f16.cu or nvfp4_bf16.cu: this dtype's launches, nothing else */
+namespace hq_nvfp4_cuda {
+template <> int quantize<HQ_NVFP4_TU_DT>(const hq_call *call, const QArgs &a) {
+  return launch_quantize<HQ_NVFP4_TU_DT>(call, a);
+}
+template <> int rowq<HQ_NVFP4_TU_DT>(const hq_call *call, const QArgs &a) {
+  return launch_rowq<HQ_NVFP4_TU_DT>(call, a);
+}
+} // namespace hq_nvfp4_cuda
+#else
+namespace {
+
 template <int DT> int launch_dequantize(const hq_call *call, const DArgs &a) {
   cudaStream_t stream = (cudaStream_t)call->stream;
   if (!a.colwise) {
@@ -2757,9 +2796,9 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
     case HQ_F32:
       return launch_rowq<HQ_F32>(call, a);
     case HQ_F16:
-      return launch_rowq<HQ_F16>(call, a);
+      return hq_nvfp4_cuda::rowq<HQ_F16>(call, a);
     default:
-      return launch_rowq<HQ_BF16>(call, a);
+      return hq_nvfp4_cuda::rowq<HQ_BF16>(call, a);
     }
   }
   /* the global amaxes into the storages' amax buffers -- per stored row with global_scale =
@@ -2775,9 +2814,9 @@ extern "C" int nvfp4_cuda_quantize(const nvfp4_cfg *cfg, const hq_call *call, co
   case HQ_F32:
     return launch_quantize<HQ_F32>(call, a);
   case HQ_F16:
-    return launch_quantize<HQ_F16>(call, a);
+    return hq_nvfp4_cuda::quantize<HQ_F16>(call, a);
   case HQ_BF16:
-    return launch_quantize<HQ_BF16>(call, a);
+    return hq_nvfp4_cuda::quantize<HQ_BF16>(call, a);
   default:
     return call->host->error(HQ_EINVAL, "nvfp4 CUDA: source dtype %d", (int)src->dtype);
   }
@@ -2882,3 +2921,5 @@ extern "C" int nvfp4_cuda_memset(const hq_call *call, void *p, size_t bytes) {
   CHECK_CUDA(call, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)call->stream));
   return HQ_OK;
 }
+
+#endif /* HQ_NVFP4_TU_DT */
