@@ -113,13 +113,7 @@ struct HqClusterBox {
    its pair is stored and read back in place. */
 __device__ __forceinline__ void hq_cuda_cluster_open(HqClusterBox *box, bool receives) {
   const unsigned n = cooperative_groups::this_cluster().num_blocks();
-  if (receives && n > 1 && threadIdx.x == 0) {
-    const uint32_t bar = hq_smem_addr(&box->bar);
-    hq_mbar_init(bar, 1);
-    hq_mbar_expect_tx(bar, 8u * n);
-    hq_mbar_init_fence();
-  }
-  hq_cluster_arrive_relaxed();
+  hq_cluster_open(hq_smem_addr(&box->bar), receives && n > 1, 8u * n);
 }
 
 /* Every thread's (m0, m1) maxed over the CTA, pushed into slot `rank` of the boxes of CTAs 0 ..

@@ -43,6 +43,9 @@
 **                                   this CTA has started (after hq_mbar_init_fence(), its
 **                                   mbarriers are ready for other CTAs' st.async)
 **   hq_cluster_wait()               waits for every CTA's arrival (acquire)
+**   hq_cluster_open(bar, make, bytes)   every thread at a kernel's start: where `make`, thread
+**                                   0 makes the mbarrier at bar to receive `bytes` from other
+**                                   CTAs' pushes; then the relaxed arrival
 **   hq_cluster_push(dst, rank, lo, hi, bar)   two words into shared-window address dst of CTA
 **                                   `rank` of the cluster (st.async), 8 bytes counted on the
 **                                   mbarrier at address bar of that CTA
@@ -173,6 +176,14 @@ __device__ __forceinline__ void hq_cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void hq_cluster_wait() {
   HQ_TMA_ASM("barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void hq_cluster_open(uint32_t bar, bool make, uint32_t bytes) {
+  if (make && threadIdx.x == 0) {
+    hq_mbar_init(bar, 1);
+    hq_mbar_expect_tx(bar, bytes);
+    hq_mbar_init_fence();
+  }
+  hq_cluster_arrive_relaxed();
 }
 __device__ __forceinline__ void hq_cluster_push(uint32_t dst, uint32_t rank, uint32_t lo,
                                                 uint32_t hi, uint32_t bar) {

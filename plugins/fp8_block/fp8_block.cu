@@ -447,9 +447,9 @@ __global__ void __launch_bounds__(kThreads, GT ? HQ_FP8B_ADAM_MIN_BLOCKS : HQ_FP
    a 128x1 columnwise block's amax and a 128x128 block's amax are reduced over the cluster: each
    CTA pushes its partial maxima into every CTA's shared slots (st.async, counted on the
    receiver's mbarrier: tma_cuda.h), then each CTA reduces its 8 slots once they have all come,
-   so no CTA reads another's memory and none has to wait for the others to exit. The amaxes, scales and casts are
-   the one-CTA kernel's (hq_cuda_amax_step, hq_fp8b_scale, hq_cuda_cast8): the same bytes. The
-   fused optimizer step keeps the one-CTA kernel. */
+   so no CTA reads another's memory and none has to wait for the others to exit. The amaxes,
+   scales and casts are the one-CTA kernel's (hq_cuda_amax_step, hq_fp8b_scale,
+   hq_cuda_cast8): the same bytes. The fused optimizer step keeps the one-CTA kernel. */
 constexpr int kSplit = 8, kSplitRows = kB / kSplit;
 static_assert(kSplitRows * 16 == kThreads, "a thread per row and 8-column group of a CTA's rows");
 #ifndef HQ_FP8B_SPLIT_TILES
@@ -479,14 +479,8 @@ __global__ void __launch_bounds__(kThreads) quantize_split_kernel(QArgs a) {
      started, its slot_bar made, before any push: the relaxed arrival here, the wait just before
      the first push (the load overlaps it) */
   const uint32_t sbar = hq_smem_addr(&slot_bar);
-  if (TWO_D || a.cd) {
-    if (t == 0) {
-      hq_mbar_init(sbar, 1);
-      hq_mbar_expect_tx(sbar, (uint32_t)(kSplit * (TWO_D ? 1 : kB) * sizeof(float)));
-      hq_mbar_init_fence();
-    }
-    hq_cluster_arrive_relaxed();
-  }
+  if (TWO_D || a.cd)
+    hq_cluster_open(sbar, true, (uint32_t)(kSplit * (TWO_D ? 1 : kB) * sizeof(float)));
 
   float y[8];
   if (row_in && col_in && a.vec_in) {
