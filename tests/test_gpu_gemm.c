@@ -121,6 +121,8 @@ typedef struct gcase {
   uint8_t *out;             /* when set: receives the device D's bytes (n * m elements) */
   const char *provider;     /* when set: the provider expected to run it */
   int vs_forced;            /* compare with the forced emulated path even when not native */
+  int rht16;                /* both operands hold 16-point RHTs along k (the GEMM multiplies
+                               the transformed values; af and bf are transformed back) */
 } gcase;
 
 /* Max over D of |x - y| / (coef * S + extra), where x is D and y the reference (or a second
@@ -141,6 +143,22 @@ static void reference(const gcase *c, const float *d0, const float *bias, refdat
         double t = opv(c->af, c->a1, c->ta, i, p) * opv(c->bf, c->b1, c->tb, p, j);
         s += t;
         mag += fabs(t);
+      }
+      if (c->rht16) {
+        /* the GEMM accumulates products of transformed values, each at most a quarter of its
+           16-group's sum of magnitudes: S_rht <= sum over groups of (sum |a|) (sum |b|), which
+           can exceed S of the values transformed back by orders of magnitude (an outlier
+           spreads over its group while its neighbours quantize to 0) */
+        double g = 0;
+        for (int64_t p0 = 0; p0 < c->k; p0 += 16) {
+          double sa = 0, sb = 0;
+          for (int64_t p = p0; p < p0 + 16 && p < c->k; p++) {
+            sa += fabs(opv(c->af, c->a1, c->ta, i, p));
+            sb += fabs(opv(c->bf, c->b1, c->tb, p, j));
+          }
+          g += sa * sb;
+        }
+        if (g > mag) mag = g;
       }
       size_t e = (size_t)(j * c->m + i);
       double bd = c->beta != 0 ? (double)c->beta * d0[e] : 0.0, bi = bias ? bias[i] : 0.0;
@@ -465,6 +483,10 @@ static gcase layer_case(const layer *L, int g, const char *what) {
   c.bf = B->deq[c.tb ? 1 : 0];  /* B: N -> rowwise, T -> columnwise */
   c.a1 = A->h.cols;
   c.b1 = B->h.cols;
+  const hq_storage *sa = hq_qtensor_storage(A->c, c.ta ? HQ_ROWWISE : HQ_COLWISE);
+  const hq_storage *sb = hq_qtensor_storage(B->c, c.tb ? HQ_COLWISE : HQ_ROWWISE);
+  c.rht16 = sa && sb && sa->desc.transform == HQ_TRANSFORM_RHT16 &&
+            sb->desc.transform == HQ_TRANSFORM_RHT16;
   return c;
 }
 
