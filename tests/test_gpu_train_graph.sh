@@ -42,6 +42,18 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     if r["graph_kernels"] < 9 or r["graph_copies"] < 2:
         sys.exit("FAIL: %s: the graph's nodes: %s kernels, %s copies" %
                  (r["name"], r["graph_kernels"], r["graph_copies"]))
+    # every captured step has the second stream with its three wgrads (2^19-2^20 multiply-adds:
+    # under the size limit); the two layers' inputs and output gradients split their directions
+    # where each is a storage of its own (tensors of 2^13-2^14 elements: under the limit), never
+    # an identity copy's shared buffer
+    splits = {"nvfp4": 4, "mxfp8": 4, "mxfp8-forward-nvfp4-backward": 4, "bf16-baseline": 0}
+    if not r["graph_side_stream"] or r["graph_side_wgrads"] != 3:
+        sys.exit("FAIL: %s: second stream %s, %s wgrads on it" %
+                 (r["name"], r["graph_side_stream"], r["graph_side_wgrads"]))
+    want = 0 if r["name"].startswith("fp32") else splits.get(r["name"])
+    if want is not None and r["graph_side_splits"] != want:
+        sys.exit("FAIL: %s: %s columnwise copies on the second stream, expected %s"
+                 % (r["name"], r["graph_side_splits"], want))
 PY
 grep -q -- "--cuda-graph:" "$tmp/on.err" && { cat "$tmp/on.err"; fail "a --cuda-graph note: every recipe is captured"; }
 
@@ -59,6 +71,9 @@ for a, b in zip(on, off):
         sys.exit("FAIL: %s: the losses differ with the graph on and off" % a["name"])
     if a["graph_replays"] != 10:
         sys.exit("FAIL: %s: %s replays, expected 10" % (a["name"], a["graph_replays"]))
+    # bf16-direct calls cuBLASLt in its own order, on one stream
+    if a["name"] == "bf16-direct" and a["graph_side_stream"]:
+        sys.exit("FAIL: bf16-direct: a second stream")
 PY
 
 # --profile times phases between the kernels: eager, said once

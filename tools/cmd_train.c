@@ -823,6 +823,9 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kint(j, "graph_memsets", r->graph_nodes[TRAIN_GRAPH_MEMSETS]);
   json_kint(j, "graph_allocs", r->graph_nodes[TRAIN_GRAPH_ALLOCS]);
   json_kint(j, "graph_other", r->graph_nodes[TRAIN_GRAPH_OTHER]);
+  json_kbool(j, "graph_side_stream", r->side_lane);
+  json_kint(j, "graph_side_splits", r->side_splits);
+  json_kint(j, "graph_side_wgrads", r->side_wgrads);
   json_key(j, "graph_note");
   if (r->graph_note[0]) json_str(j, r->graph_note);
   else json_null(j);
@@ -962,10 +965,15 @@ static void report_text(const train_config *cfg, const session *s) {
     for (int i = 0; i < s->n_runs; i++) {
       const train_result *r = &s->runs[i].res;
       const int *g = r->graph_nodes;
-      if (r->graph_replays > 0)
+      if (r->graph_replays > 0) {
         printf("  %-30s %d kernels, %d copies, %d memsets, %d allocations and frees, %d other\n",
                s->runs[i].name, g[TRAIN_GRAPH_KERNELS], g[TRAIN_GRAPH_COPIES],
                g[TRAIN_GRAPH_MEMSETS], g[TRAIN_GRAPH_ALLOCS], g[TRAIN_GRAPH_OTHER]);
+        if (r->side_lane)
+          printf("  %-30s on a second stream: %d wgrad%s and %d columnwise cop%s\n", "",
+                 r->side_wgrads, r->side_wgrads == 1 ? "" : "s", r->side_splits,
+                 r->side_splits == 1 ? "y" : "ies");
+      }
       else printf("  %-30s (not captured)\n", s->runs[i].name);
     }
   }

@@ -63,9 +63,7 @@ static int evaluate(train_model *m, const train_data *d, int64_t batches, int32_
 /* The step keys stochastic rounding's random stream (with each role's name): a resumed run and
    one with evaluations in between draw the same bits at every step. */
 static int set_rng(train_model *m, int64_t step, char *e, size_t n) {
-  if (!hq_ctx_set_rng_offset(m->ctx, (uint64_t)step)) return 0;
-  snprintf(e, n, "the random stream: %s", hq_last_error());
-  return -1;
+  return train_model_set_rng(m, (uint64_t)step, e, n);
 }
 
 /* A train loss that is not finite fails the run. */
@@ -109,7 +107,48 @@ typedef struct step_graph {
   int pinned;
   int64_t eager;                 /* steps run eagerly in this mode so far */
   int64_t replays;
+  /* the model's side lane (train_model_side): a context on a stream of its own and the two
+     events that order it against the main one; NULL when no layer takes it */
+  hq_ctx *side;
+  void *side_stream, *side_ev[TRAIN_SIDE_EVENTS];
 } step_graph;
+
+static void side_free(step_graph *sg) {
+  if (sg->side) hq_ctx_destroy(sg->side);
+  /* after the context, whose last work is queued on the stream */
+  train_cuda_stream_destroy(sg->side_stream);
+  for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) {
+    train_cuda_order_event_free(sg->side_ev[k]);
+    sg->side_ev[k] = NULL;
+  }
+  sg->side = NULL;
+  sg->side_stream = NULL;
+}
+
+/* A side lane for m (train_model_side) on the device of desc: its context is desc's on a stream
+   of its own. Freed again when m does not take it; 0, or -1 with the message in e. */
+static int side_make(train_model *m, step_graph *sg, const hq_ctx_desc *desc, char *e,
+                     size_t n) {
+  char ce[200];
+  hq_ctx_desc sd = *desc;
+  int rc = train_cuda_stream_create(sg->device, &sg->side_stream, ce, sizeof ce);
+  for (int k = 0; !rc && k < TRAIN_SIDE_EVENTS; k++)
+    rc = train_cuda_order_event(sg->device, &sg->side_ev[k], ce, sizeof ce);
+  if (rc) {
+    snprintf(e, n, "the side lane: %s", ce);
+    side_free(sg);
+    return -1;
+  }
+  sd.stream = sg->side_stream;
+  if (hq_ctx_create(&sd, &sg->side)) {
+    snprintf(e, n, "the side lane's context: %s", hq_last_error());
+    side_free(sg);
+    return -1;
+  }
+  rc = train_model_side(m, sg->side, sg->side_ev, e, n);
+  if (rc <= 0) side_free(sg);
+  return rc < 0 ? -1 : 0;
+}
 /* The eager steps before the capture: the first makes the kept qtensors, the scaling state's
    buffer, the GEMM plans and the context's workspace; the second runs the in-place refresh of
    every kept qtensor once before it is recorded. */
@@ -438,6 +477,8 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       goto out;
     }
     if (sg.split) train_model_keep_q(&m);
+    /* a captured step runs its wgrads and columnwise copies on a side lane (model.c) */
+    if (sg.split && sg.on && side_make(&m, &sg, &desc, e, sizeof e)) goto out;
   }
 
   uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
@@ -588,6 +629,11 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   res->tokens_per_s = res->train_s > 0 ? (double)res->tokens / res->train_s
                                         : (double)all_tokens / all_s;
   res->graph_replays = sg.replays;
+  res->side_lane = m.side != NULL;
+  for (int i = 0; m.side && i < m.n_lin; i++) {
+    res->side_splits += m.lin[i].split_in + m.lin[i].split_grad;
+    res->side_wgrads += m.lin[i].wgrad_side;
+  }
   if (sg.g) train_graph_nodes(sg.g, res->graph_nodes);
   if (res->graph_note[0] && rank == 0)
     fprintf(stderr, "hq train: recipe '%s': --cuda-graph: %s; its steps ran eagerly\n",
@@ -632,6 +678,7 @@ out:
     free(sg.sy);
   }
   train_model_free(&m);
+  side_free(&sg);   /* after the model, whose kept columnwise copies it made */
   if (ctx) hq_ctx_destroy(ctx);
   /* after the context, whose last work (its frees) is queued on it: destroying a stream lets
      that work finish */

@@ -326,6 +326,8 @@ void train_model_free(train_model *m) {
     drop_qx(l);
     if (l->kx) hq_qtensor_free(l->kx);
     if (l->kdy) hq_qtensor_free(l->kdy);
+    if (l->kxc) hq_qtensor_free(l->kxc);
+    if (l->kdyc) hq_qtensor_free(l->kdyc);
     if (l->qw) hq_qtensor_free(l->qw);
     hq_quantizer_free(l->q_in);
     hq_quantizer_free(l->q_w);
@@ -509,6 +511,62 @@ static int quantize_kept(train_model *m, hq_quantizer *q, const hq_tensor *src, 
   return hq_qtensor_update_ex(*slot, m->ctx, src, &args);
 }
 
+/* The side lane (train_model_side): the side stream made to wait for the main one's work so far
+   (fork), the main stream for the side's (join); `what` names the place in a failure's
+   message. */
+static int side_order(train_model *m, int fork, const char *what, char *err, size_t err_len) {
+  void *ms = hq_ctx_stream(m->ctx), *ss = hq_ctx_stream(m->side);
+  char ce[200];
+  if (train_cuda_order(m->side_ev[fork ? TRAIN_SIDE_FORK : TRAIN_SIDE_JOIN], fork ? ms : ss,
+                       fork ? ss : ms, ce, sizeof ce))
+    return train_fail(err, err_len, "%s: the side lane's %s: %s", what, fork ? "fork" : "join",
+                      ce);
+  m->side_queued = fork;
+  if (!fork) m->side_read = 0;
+  return 0;
+}
+
+/* The side lane's reads of a layer's output gradient: marked once queued (mark), waited for by
+   the main stream before it writes that buffer (wait; nothing when none is pending). */
+static int side_read(train_model *m, int mark, const char *what, char *err, size_t err_len) {
+  char ce[200];
+  void *ev = m->side_ev[TRAIN_SIDE_READ];
+  if (!mark && !m->side_read) return 0;
+  if (mark ? train_cuda_order_mark(ev, hq_ctx_stream(m->side), ce, sizeof ce)
+           : train_cuda_order_wait(ev, hq_ctx_stream(m->ctx), ce, sizeof ce))
+    return train_fail(err, err_len, "%s: the side lane's reads: %s", what, ce);
+  m->side_read = mark;
+  return 0;
+}
+
+/* One direction of src into its kept qtensor *slot on ctx: made at the first step, refreshed in
+   place at every later one. */
+static int kept_dir(hq_ctx *ctx, hq_quantizer *q, const hq_tensor *src, const float *fused,
+                    uint32_t dir, hq_qtensor **slot) {
+  hq_quantize_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.amax = fused;
+  args.dirs = dir;
+  return *slot ? hq_qtensor_update_ex(*slot, ctx, src, &args)
+               : hq_quantize_ex(q, ctx, src, &args, slot);
+}
+
+/* Layer l's src (`what`: its name in a message) in two directions on the two lanes: the
+   columnwise copy into *col on the side stream, once src is ready there, and the rowwise one into
+   *row on the main stream. */
+static int quantize_lanes(train_model *m, const train_linear *l, hq_quantizer *q,
+                          const hq_tensor *src, const float *fused, hq_qtensor **row,
+                          hq_qtensor **col, const char *what, char *err, size_t err_len) {
+  char where[96];
+  snprintf(where, sizeof where, "layer %s: %s", l->name, what);
+  if (side_order(m, 1, where, err, err_len)) return -1;
+  if (kept_dir(m->side, q, src, fused, HQ_COLWISE, col) ||
+      kept_dir(m->ctx, q, src, fused, HQ_ROWWISE, row))
+    return hq_fail(err, err_len, l, what);
+  return 0;
+}
+
 int train_model_profile(train_model *m, train_profile *p, char *err, size_t err_len) {
   if (!m->prof_amax && dev_alloc(m, 2 * sizeof(float), &m->prof_amax))
     return train_fail(err, err_len, "--profile: the amax buffer: %s", hq_last_error());
@@ -524,7 +582,12 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   hq_tensor xt = f32(m, l->x, B, l->in), yt = f32(m, l->y, B, l->out);
   hq_quantizer_set_usage(l->q_in, training ? HQ_BOTH : HQ_ROWWISE);
   const float *fa = fused_amax(m, i, TRAIN_QT_INPUT);
-  if (training && m->keep_q) {
+  if (training && m->side && l->split_in) {
+    if (quantize_lanes(m, l, l->q_in, &xt, fa, &l->kx, &l->kxc, "quantizing the input", err,
+                       err_len))
+      return -1;
+    l->qx = l->kx;
+  } else if (training && m->keep_q) {
     if (quantize_kept(m, l->q_in, &xt, TRAIN_QT_INPUT, fa, &l->kx, &l->kx_alias))
       return hq_fail(err, err_len, l, "quantizing the input");
     l->qx = l->kx;
@@ -628,8 +691,65 @@ const char *train_model_graph_refusal(train_model *m) {
 
 void train_model_keep_q(train_model *m) { m->keep_q = 1; }
 
+/* A tensor of at most this many elements is small enough for a quantize of both directions in
+   one call to be bound by latency rather than bandwidth (the default model's are 2^15-2^16, the
+   wide preset's 2^22): splitting that call reads the source twice at no cost and takes half its
+   time off the main stream. A larger one is read once. */
+#define TRAIN_SIDE_SPLIT_MAX ((int64_t)1 << 20)
+/* A wgrad of at most this many multiply-adds cannot fill the GPU (the default model's are
+   2^21-2^24; the wide preset's 2^27-2^32, which overlapped with dgrad ran slower): it runs on the
+   side lane beside the main stream's work; a larger one stays on the main stream. */
+#define TRAIN_SIDE_WGRAD_MAX ((int64_t)1 << 26)
+
+/* Whether q's two directions of a [rows, cols] tensor go to the two lanes: storages of their own
+   (a direction that shares the other's buffer, as an identity copy does, would be made twice),
+   no scaling state (a fused quantizer's state serves both directions at once), and either two
+   calls already (two formats, or one that cannot make both at once) or a small tensor
+   (TRAIN_SIDE_SPLIT_MAX). Probed on an empty qtensor. */
+static int splits(train_model *m, hq_quantizer *q, int64_t rows, int64_t cols, int *out) {
+  hq_state_slice sl = {.struct_size = sizeof sl};
+  *out = 0;
+  if (hq_quantizer_state_slice(q, HQ_ROWWISE, &sl) != HQ_ENOENT ||
+      hq_quantizer_state_slice(q, HQ_COLWISE, &sl) != HQ_ENOENT ||
+      hq_quantizer_columnwise_source(q) != HQ_SOURCE_ORIGINAL ||
+      (hq_quantizer_fused(q) && rows * cols > TRAIN_SIDE_SPLIT_MAX))
+    return 0;
+  const uint32_t usage = hq_quantizer_usage(q);
+  hq_qtensor *probe = NULL;
+  int rc = hq_quantizer_set_usage(q, HQ_BOTH) ||
+           hq_make_empty(q, m->ctx, rows, cols, HQ_F32, &probe);
+  if (!rc) *out = hq_qtensor_bytes(probe, HQ_COLWISE) > 0;
+  hq_qtensor_free(probe);
+  hq_quantizer_set_usage(q, usage);
+  return rc ? -1 : 0;
+}
+
+int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *err,
+                     size_t err_len) {
+  if (!m->keep_q || m->direct || m->cfg.dist) return 0;
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
+    if (splits(m, l->q_in, m->cfg.batch, l->in, &l->split_in) ||
+        splits(m, l->q_grad, m->cfg.batch, l->out, &l->split_grad))
+      return hq_fail(err, err_len, l, "the side lane's probe");
+    l->wgrad_side = m->cfg.batch * l->in * l->out <= TRAIN_SIDE_WGRAD_MAX;
+  }
+  m->side = side;
+  for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) m->side_ev[k] = events[k];
+  return 1;
+}
+
+int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len) {
+  if (hq_ctx_set_rng_offset(m->ctx, step) || (m->side && hq_ctx_set_rng_offset(m->side, step)))
+    return train_fail(err, err_len, "the random stream: %s", hq_last_error());
+  /* the side context's step is written on its stream; the main stream's next work (a replay of
+     the step, whose side branch reads it) waits for it */
+  return m->side ? side_order(m, 0, "the random stream", err, err_len) : 0;
+}
+
 /* Layer l's output gradient dy quantized, its wgrad (into l->gw) and dgrad (into dx) through
-   libhqcore; the input kept by its training forward freed. */
+   libhqcore; the input kept by its training forward freed. With a side lane (train_model_side)
+   wgrad runs there, and the split layers' columnwise copies are made there. */
 static int linear_backward(train_model *m, train_linear *l, const float *dy, float *dx, char *err,
                            size_t err_len) {
   const int64_t B = m->cfg.batch;
@@ -640,7 +760,15 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   hq_tensor dxt = f32(m, dx, B, l->in);
   hq_qtensor *qdy = NULL;
   const float *fa = fused_amax(m, i, TRAIN_QT_GRAD);
-  if (m->keep_q) {
+  char where[96];
+  snprintf(where, sizeof where, "layer %s", l->name);
+  const int side_wgrad = m->side && l->wgrad_side;
+  if (m->side && l->split_grad) {
+    if (quantize_lanes(m, l, l->q_grad, &dyt, fa, &l->kdy, &l->kdyc,
+                       "quantizing the output gradient", err, err_len))
+      return -1;
+    qdy = l->kdy;
+  } else if (m->keep_q) {
     /* a borrowed source must stay the buffer it borrowed: the backward's order fixes it */
     if (l->kdy && l->kdy_alias && l->kdy_src != dy)
       return train_fail(err, err_len,
@@ -651,13 +779,27 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
       return hq_fail(err, err_len, l, "quantizing the output gradient");
     l->kdy_src = dy;
     qdy = l->kdy;
+    /* the side lane's wgrad reads both operands as made so far */
+    if (side_wgrad && side_order(m, 1, where, err, err_len)) return -1;
   } else if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fa, &qdy)) {
     return hq_fail(err, err_len, l, "quantizing the output gradient");
   }
+  hq_qtensor *qx_col = m->side && l->split_in ? l->kxc : l->qx;
+  hq_qtensor *qdy_col = m->side && l->split_grad ? l->kdyc : qdy;
+  /* a large wgrad stays on the main stream, in its place before dgrad, once the side lane's
+     columnwise copies are made */
+  int rc = !side_wgrad && m->side_queued ? side_order(m, 0, where, err, err_len) : 0;
   hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
-  int rc = PROF_GEMM(m, gi, hq_linear_wgrad(m->ctx, hq_operand_q(l->qx), hq_operand_q(qdy), &gwt,
-                                            0, gi));
-  if (rc) hq_fail(err, err_len, l, "wgrad");
+  if (!rc) {
+    rc = PROF_GEMM(m, gi, hq_linear_wgrad(side_wgrad ? m->side : m->ctx, hq_operand_q(qx_col),
+                                          hq_operand_q(qdy_col), &gwt, 0, gi));
+    if (rc) hq_fail(err, err_len, l, "wgrad");
+  }
+  /* dy's buffer is the next layer's dx: the previous layer's reads of this dx (its columnwise
+     copy, a qtensor that borrows it) end before dgrad writes it, and this layer's are marked
+     for the next */
+  if (!rc && m->side) rc = side_read(m, 0, where, err, err_len);
+  if (!rc && side_wgrad) rc = side_read(m, 1, where, err, err_len);
   if (!rc) {
     gi = gemm_info(m, l, TRAIN_DGRAD, &local);
     rc = PROF_GEMM(m, gi, hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
@@ -705,7 +847,9 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     dy = dx;
     next ^= 1;
   }
-  return 0;
+  /* every layer's wgrad joined the side lane before it ran; nothing is left there (a capture
+     must end with the side stream joined) */
+  return m->side_queued ? side_order(m, 0, "the backward's end", err, err_len) : 0;
 }
 
 /* The two sets of constants a step applies: AdamW without weight decay (the embedding, the

@@ -156,6 +156,28 @@ void train_graph_nodes(const train_graph *g, int *counts) {
   (void)g;
   for (int k = 0; k < TRAIN_GRAPH_NODE_KINDS; k++) counts[k] = 0;
 }
+int train_cuda_order_event(int device, void **ev, char *err, size_t err_len) {
+  (void)device;
+  *ev = NULL;
+  return no_cuda(err, err_len);
+}
+void train_cuda_order_event_free(void *ev) { (void)ev; }
+int train_cuda_order(void *ev, void *from, void *to, char *err, size_t err_len) {
+  (void)ev;
+  (void)from;
+  (void)to;
+  return no_cuda(err, err_len);
+}
+int train_cuda_order_mark(void *ev, void *from, char *err, size_t err_len) {
+  (void)ev;
+  (void)from;
+  return no_cuda(err, err_len);
+}
+int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_len) {
+  (void)ev;
+  (void)to;
+  return no_cuda(err, err_len);
+}
 int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len) {
   (void)device;
   (void)bytes;

@@ -600,6 +600,40 @@ static void graph_leave(int device, int cur) {
   if (cur >= 0 && cur != device) cudaSetDevice(cur);
 }
 
+extern "C" int train_cuda_order_event(int device, void **ev, char *err, size_t err_len) {
+  *ev = nullptr;
+  int cur;
+  cudaEvent_t e = nullptr;
+  int rc = graph_enter(device, &cur, err, err_len);
+  if (!rc)
+    rc = graph_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags", err, err_len);
+  graph_leave(device, cur);
+  *ev = e;
+  return rc;
+}
+
+extern "C" void train_cuda_order_event_free(void *ev) {
+  if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int train_cuda_order_mark(void *ev, void *from, char *err, size_t err_len) {
+  return graph_check(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)from), "cudaEventRecord",
+                     err, err_len);
+}
+
+extern "C" int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_len) {
+  return graph_check(cudaStreamWaitEvent((cudaStream_t)to, (cudaEvent_t)ev, 0),
+                     "cudaStreamWaitEvent", err, err_len);
+}
+
+extern "C" int train_cuda_order(void *ev, void *from, void *to, char *err, size_t err_len) {
+  return train_cuda_order_mark(ev, from, err, err_len) ||
+                 train_cuda_order_wait(ev, to, err, err_len)
+             ? -1
+             : 0;
+}
+
 extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
   int cur;
   int rc = graph_enter(device, &cur, err, err_len);

@@ -131,6 +131,13 @@ typedef struct train_linear {
   hq_qtensor *kx, *kdy;
   const float *kdy_src;
   int kx_alias, kdy_alias;
+  /* train_model_side: the input's and the output gradient's columnwise copies (wgrad's
+     operands) kept apart, made on the side lane while the main one makes the rowwise copy and
+     runs the GEMMs that read it (kx, kdy then hold the rowwise copy alone); split_*: the
+     role's two directions are storages of their own (a shared one is left whole) */
+  hq_qtensor *kxc, *kdyc;
+  int split_in, split_grad;
+  int wgrad_side;   /* its wgrad on the side lane (a small one), else after dgrad on ctx */
 } train_linear;
 
 typedef struct train_model {
@@ -171,7 +178,18 @@ typedef struct train_model {
      kc_dev on the stream ahead of the kernels that read them (hq_adam.consts_dev); NULL: the
      constants go to the kernels as arguments */
   void *kc_host, *kc_dev;
+  /* train_model_side: a second context on a stream of its own (the same device and seed),
+     where the wgrads and the split layers' columnwise copies run; side_ev: the events that
+     order the two streams (TRAIN_SIDE_*); side_queued: side work not yet joined into the main
+     stream; side_read: a layer's output gradient still read there (the next layer's dgrad
+     overwrites its buffer). NULL: every call on ctx. */
+  hq_ctx *side;
+  void *side_ev[3];
+  int side_queued, side_read;
 } train_model;
+/* train_model.side_ev: the main stream's work so far (fork), the side's (join), the side's
+   reads of a layer's output gradient (read). */
+enum { TRAIN_SIDE_FORK, TRAIN_SIDE_JOIN, TRAIN_SIDE_READ, TRAIN_SIDE_EVENTS };
 
 /* The message into err (err_len bytes), and -1: how every train_* function that takes err
    reports a failure. */
@@ -202,6 +220,21 @@ int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_le
    device memory. */
 const char *train_model_graph_refusal(train_model *m);
 void train_model_keep_q(train_model *m);
+/* Give a model that keeps its qtensors (train_model_keep_q) a side lane: `side`, a context on
+   m's device and seed with a stream of its own, and TRAIN_SIDE_EVENTS ordering events (device.h,
+   train_cuda_order_event). Every layer's wgrad then runs on the side stream, which only the
+   optimizer waits for, and a layer whose input or output gradient quantizes its two directions
+   into storages of their own makes the columnwise copy (read by wgrad alone) there too, beside
+   the rowwise copy and the GEMMs that read it on the main stream. The same calls make the same
+   bytes (a direction's random bits depend on its role, step and direction, not on the
+   context). Returns 1 when m takes it, 0 when it does not (a model that keeps no qtensors, the
+   bf16-direct run, a run across ranks: m keeps no reference to side), -1 with the message in
+   err. */
+int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *err,
+                     size_t err_len);
+/* The step keying stochastic rounding's random stream set on m's contexts (the side lane's too,
+   its write ordered before the main stream's next work). Returns 0, or -1 with the message. */
+int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len);
 /* Backward pass of the last training forward: every gradient (no accumulation). */
 int train_model_backward(train_model *m, char *err, size_t err_len);
 /* Evaluation must not change training: train_model_eval_begin stashes what a quantize
@@ -324,6 +357,11 @@ typedef struct train_result {
   uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
   int64_t graph_replays;                     /* --cuda-graph: steps replayed from the graph */
   int graph_nodes[TRAIN_GRAPH_NODE_KINDS];    /* its nodes per kind (train_graph_nodes) */
+  int side_lane;                             /* the captured step's side stream (model.c,
+                                                train_model_side): 1 when it has one */
+  int side_splits;                           /* the layers' inputs and output gradients whose
+                                                columnwise copies it makes */
+  int side_wgrads;                           /* the layers whose wgrad it runs */
   char graph_note[256];                      /* why the run did not capture ("": it did, or
                                                 --cuda-graph off, or the CPU) */
 } train_result;
