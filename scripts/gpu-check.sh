@@ -44,7 +44,10 @@
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
 # (HQ_MEM_KERNEL, HQ_NCU_ARGS; scripts/ncu_mem.py reads ncu's counters); --step-kernels sums
 # each shipped recipe's training step by kernel (Nsight Compute over eager hq train steps,
-# HQ_STEP_PRESET, HQ_STEP_STEPS; scripts/ncu_steps.py) into step_kernels.txt. --probe builds nothing
+# HQ_STEP_PRESET, HQ_STEP_STEPS; scripts/ncu_steps.py) into step_kernels.txt; --launch-times
+# times given launches of given kernels in hq bench, on this tree and an earlier one
+# (HQ_LT_SPECS, HQ_LT_SKIP, HQ_LT_COUNT, HQ_DEVDIST_BEFORE; scripts/ncu_launches.py) into
+# launch_times.txt. --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
 # and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
 # likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
@@ -68,7 +71,8 @@ if [ "${1:-}" = "--on-device" ]; then
   # the device tool brings back at most 8 files: keep the summaries (HQ_KEEP) as they are and
   # pack every other log into logs.tgz when the run ends, however it ends
   pack_out() {
-    local keep=" ${HQ_KEEP:-test-suite.log train.json train_wide.json train_ab.md bench.txt bench.json peers.txt} "
+    local keep="test-suite.log train.json train_wide.json train_ab.md bench.txt bench.json"
+    keep=" ${HQ_KEEP:-$keep peers.txt launch_times.txt} "
     local f rest=()
     for f in $(cd "$out" && ls); do [[ "$keep" == *" $f "* ]] || rest+=("$f"); done
     if [ ${#rest[@]} -gt 0 ]; then
@@ -213,9 +217,21 @@ if [ "${1:-}" = "--on-device" ]; then
       done
     done | tee "$out/ab.txt"
   fi
+  # the earlier tree of a before/after mode (--train-ab, --launch-times): the carried tarball
+  # HQ_DEVDIST_BEFORE (an earlier tree's make dist) built --quick in its own folder, its root in
+  # $before; from the carried tree's root, where the nested call finds the tarball and .devdeps
+  before_tree() { # MODE
+    [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "$1: set HQ_DEVDIST_BEFORE"; exit 2; }
+    (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
+      --on-device --quick) > "$out/before-build.txt" 2>&1 \
+      || { tail -20 "$out/before-build.txt"; exit 1; }
+    before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
+  }
   ncu=
-  if [[ "$modes" == *" --ncu "* || "$modes" == *" --mem "* || "$modes" == *" --step-kernels "* ]]; then
-    # Nsight Compute, for --ncu, --mem and --step-kernels: on PATH or in the toolkit's own folder
+  if [[ "$modes" == *" --ncu "* || "$modes" == *" --mem "* || "$modes" == *" --step-kernels "* ||
+        "$modes" == *" --launch-times "* ]]; then
+    # Nsight Compute, for --ncu, --mem, --step-kernels and --launch-times: on PATH or in the
+    # toolkit's own folder
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
     [ -n "$ncu" ] || { echo "--ncu/--mem: no ncu on PATH nor in /opt/nvidia/nsight-compute"; rc=1; }
   fi
@@ -295,6 +311,37 @@ if len(rows) >= 3:
     python3 "$root/scripts/ncu_steps.py" ${HQ_STEP_CALLS:+--calls "$HQ_STEP_CALLS"} "${labels[@]}" \
       | tee "$out/step_kernels.txt" || rc=1
   fi
+  if [[ "$modes" == *" --launch-times "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
+    # the per-launch times docs/performance.md quotes (Nsight Compute, clocks left alone): for
+    # each line "LABEL|KERNEL-REGEX|hq bench arguments" of HQ_LT_SPECS, the HQ_LT_COUNT (5)
+    # launches after the first HQ_LT_SKIP (3) of the kernels whose mangled names match, in `hq
+    # bench --device cuda ARGUMENTS` (for a quantize: its 1st call makes the plan, the 2nd and
+    # 3rd compute their own amaxes, the rest are given them -- the timed calls of hq bench);
+    # with HQ_DEVDIST_BEFORE also with that earlier tree, each spec on both trees in turn; the
+    # microseconds of each launch in launch_times.txt
+    [ -n "${HQ_LT_SPECS:-}" ] || { echo "--launch-times: set HQ_LT_SPECS"; exit 2; }
+    here=$PWD
+    trees=(after)
+    if [ -n "${HQ_DEVDIST_BEFORE:-}" ]; then
+      before_tree --launch-times
+      trees=(before after)
+    fi
+    : > "$out/launch_times.txt"
+    while IFS='|' read -r label kre args; do
+      [ -n "$label" ] || continue
+      for v in "${trees[@]}"; do
+        d=$here; [ $v = before ] && d=$before
+        pp=$(ls -d "$d"/plugins/*/.libs | tr '\n' ':')
+        eval set -- "$args"
+        (cd "$d" && HQ_PLUGIN_PATH=$pp timeout 120 "$ncu" --clock-control none --csv \
+           --metrics gpu__time_duration.sum --kernel-name-base mangled --kernel-name "regex:$kre" \
+           --launch-skip "${HQ_LT_SKIP:-3}" --launch-count "${HQ_LT_COUNT:-5}" \
+           ./tools/hq bench --device cuda "$@") > "$out/lt.csv" 2>&1 || rc=1
+        t=$(python3 "$root/scripts/ncu_steps.py" --launches "$out/lt.csv" 2>&1) || rc=1
+        printf '%-40s %-6s %s\n' "$label" "$v" "$t" | tee -a "$out/launch_times.txt"
+      done
+    done <<< "$HQ_LT_SPECS"
+  fi
   if [[ "$modes" == *" --bench "* && "$modes" != *" --peers "* ]] && [ -x tools/hq ]; then
     set -- ${HQ_BENCH_ARGS:---all}
     HQ_PLUGIN_PATH=$plugins ./tools/hq bench --device cuda "$@" \
@@ -357,13 +404,7 @@ if len(rows) >= 3:
         > "$out/before-build.txt" 2>&1 || { tail -20 "$out/before-build.txt"; exit 1; }
       before=$here
     else
-      [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "--train-ab: set HQ_DEVDIST_BEFORE or" \
-        "HQ_AB_BEFORE_CPPFLAGS"; exit 2; }
-      # from the carried tree's root, where the nested call finds the tarball and .devdeps
-      (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
-        --on-device --quick) > "$out/before-build.txt" 2>&1 \
-        || { tail -20 "$out/before-build.txt"; exit 1; }
-      before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
+      before_tree "--train-ab (or HQ_AB_BEFORE_CPPFLAGS)"
     fi
     # HQ_AB_RECIPES: the recipes (paths from the tree's root; the BF16 one, the baseline, is
     # always run), default every shipped one; HQ_AB_SIZES: default and wide; HQ_AB_ROUNDS

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""ncu_steps.py [--step-kernel REGEX] [--top N] LABEL=CSV... -- where a training step's kernel
-time goes, from `ncu --csv --metrics gpu__time_duration.sum hq train ... --cuda-graph off`
-(scripts/gpu-check.sh --step-kernels; docs/performance.md cites its sums).
+"""ncu_steps.py [--step-kernel REGEX] [--top N] LABEL=CSV... | --launches CSV -- where a training
+step's kernel time goes, from `ncu --csv --metrics gpu__time_duration.sum hq train ... --cuda-graph
+off` (scripts/gpu-check.sh --step-kernels; docs/performance.md cites its sums).
 
 The launches of a file, in their order, are cut into whole steps at the launches of the step
 kernel (default the embedding's backward, embed_bwd_part_k, which runs once a training step and
@@ -14,6 +14,10 @@ launches and their microseconds, then each kernel (its name up to the first '(' 
 Lines of the file that are not ncu's CSV (the program's own output, ==PROF== lines) are ignored.
 Exits non-zero, naming the file, when it holds no counters, a time in a unit it does not know or
 fewer than two step kernels.
+
+--launches CSV prints the microseconds of every launch in the file, in order, on one line
+(scripts/gpu-check.sh --launch-times: the per-launch times docs/performance.md quotes), and exits
+non-zero when it holds none.
 
 --calls REGEX lists, after a file's sums, every launch of its first whole step whose name matches
 REGEX, in order: name, grid, microseconds and, when the file also holds ncu's
@@ -100,7 +104,22 @@ def summary(label, path, step_re, top, calls_re=None):
     return 0
 
 
+def launch_times(path):
+    try:
+        ts = [us for _, us, _, _ in launches(path)]
+    except (ValueError, KeyError) as e:
+        sys.stderr.write("%s: not ncu's gpu__time_duration.sum CSV: %s\n" % (path, e))
+        return 1
+    if not ts:
+        sys.stderr.write("%s holds no gpu__time_duration.sum counters\n" % path)
+        return 1
+    print(" ".join("%.2f" % t for t in ts) + " us")
+    return 0
+
+
 def main(argv):
+    if len(argv) == 2 and argv[0] == "--launches":
+        return launch_times(argv[1])
     step, top, calls, files = "embed_bwd_part_k", 12, None, []
     i = 0
     while i < len(argv):

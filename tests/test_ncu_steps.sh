@@ -6,7 +6,8 @@
 # backward) and after the last (an evaluation's forwards, whose loss sums once ended each "step")
 # are left out, the two whole steps between them summed by hand below. A file with one step
 # kernel, a time in an unknown unit and a bad argument are refused by name; --calls lists one
-# step's launches of a kernel. Exit 0 pass, 1 fail, 77 skip (automake).
+# step's launches of a kernel; --launches prints every launch's time. Exit 0 pass, 1 fail, 77
+# skip (automake).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_ncu_steps.XXXXXX")
@@ -80,4 +81,14 @@ grep -q "u: $tmp/unit.csv: not ncu's gpu__time_duration.sum CSV: unknown time un
 python3 "$src/scripts/ncu_steps.py" "$tmp/a.csv" > /dev/null 2> "$tmp/err.txt" \
   && fail "an argument without a label accepted"
 grep -q "want LABEL=CSV" "$tmp/err.txt" || fail "no label: $(cat "$tmp/err.txt")"
+# --launches: every launch's microseconds in order (the ==PROF== and program lines skipped)
+python3 "$src/scripts/ncu_steps.py" --launches "$tmp/a.csv" > "$tmp/out.txt" \
+  || fail "--launches on a good file"
+echo "5.00 2.00 3.00 5.00 2.00 2.00 4.00 5.00 2.00 2.00 1.00 1.00 1.00 1.00 us" > "$tmp/want.txt"
+diff "$tmp/want.txt" "$tmp/out.txt" || fail "--launches"
+echo "==PROF== nothing" > "$tmp/none.csv"
+python3 "$src/scripts/ncu_steps.py" --launches "$tmp/none.csv" > /dev/null 2> "$tmp/err.txt" \
+  && fail "--launches on a file without counters"
+grep -q "holds no gpu__time_duration.sum counters" "$tmp/err.txt" \
+  || fail "--launches: $(cat "$tmp/err.txt")"
 echo "PASS: ncu_steps.py"
