@@ -220,7 +220,9 @@ if [ "${1:-}" = "--on-device" ]; then
   # the earlier tree of a before/after mode (--train-ab, --launch-times): the carried tarball
   # HQ_DEVDIST_BEFORE (an earlier tree's make dist) built --quick in its own folder, its root in
   # $before; from the carried tree's root, where the nested call finds the tarball and .devdeps
-  before_tree() { # MODE
+  before=
+  before_tree() { # MODE (built once for the modes of one call)
+    [ -z "$before" ] || return 0
     [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "$1: set HQ_DEVDIST_BEFORE"; exit 2; }
     (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
       --on-device --quick) > "$out/before-build.txt" 2>&1 \
