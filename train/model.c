@@ -749,7 +749,7 @@ int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len
 
 /* Layer l's output gradient dy quantized, its wgrad (into l->gw) and dgrad (into dx) through
    libhqcore; the input kept by its training forward freed. With a side lane (train_model_side)
-   wgrad runs there, and the split layers' columnwise copies are made there. */
+   a small wgrad runs there, and the split layers' columnwise copies are made there. */
 static int linear_backward(train_model *m, train_linear *l, const float *dy, float *dx, char *err,
                            size_t err_len) {
   const int64_t B = m->cfg.batch;
@@ -847,8 +847,8 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
     dy = dx;
     next ^= 1;
   }
-  /* every layer's wgrad joined the side lane before it ran; nothing is left there (a capture
-     must end with the side stream joined) */
+  /* the optimizer reads the side lane's wgrads and the next step overwrites what it read: the
+     main stream waits for it here (a capture must also end with the side stream joined) */
   return m->side_queued ? side_order(m, 0, "the backward's end", err, err_len) : 0;
 }
 

@@ -179,7 +179,7 @@ typedef struct train_model {
      constants go to the kernels as arguments */
   void *kc_host, *kc_dev;
   /* train_model_side: a second context on a stream of its own (the same device and seed),
-     where the wgrads and the split layers' columnwise copies run; side_ev: the events that
+     where the small wgrads and the split layers' columnwise copies run; side_ev: the events that
      order the two streams (TRAIN_SIDE_*); side_queued: side work not yet joined into the main
      stream; side_read: a layer's output gradient still read there (the next layer's dgrad
      overwrites its buffer). NULL: every call on ctx. */
@@ -222,10 +222,11 @@ const char *train_model_graph_refusal(train_model *m);
 void train_model_keep_q(train_model *m);
 /* Give a model that keeps its qtensors (train_model_keep_q) a side lane: `side`, a context on
    m's device and seed with a stream of its own, and TRAIN_SIDE_EVENTS ordering events (device.h,
-   train_cuda_order_event). Every layer's wgrad then runs on the side stream, which only the
-   optimizer waits for, and a layer whose input or output gradient quantizes its two directions
-   into storages of their own makes the columnwise copy (read by wgrad alone) there too, beside
-   the rowwise copy and the GEMMs that read it on the main stream. The same calls make the same
+   train_cuda_order_event). A layer's wgrad of at most 2^26 multiply-adds then runs on the side
+   stream, which only the optimizer waits for, and a layer whose input or output gradient
+   quantizes its two directions into storages of their own (by two calls, or a small tensor)
+   makes the columnwise copy (read by wgrad alone) there too, beside the rowwise copy and the
+   GEMMs that read it on the main stream. The same calls make the same
    bytes (a direction's random bits depend on its role, step and direction, not on the
    context). Returns 1 when m takes it, 0 when it does not (a model that keeps no qtensors, the
    bf16-direct run, a run across ranks: m keeps no reference to side), -1 with the message in
