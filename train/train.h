@@ -137,7 +137,7 @@ typedef struct train_linear {
      role's two directions are storages of their own (a shared one is left whole) */
   hq_qtensor *kxc, *kdyc;
   int split_in, split_grad;
-  int wgrad_side;   /* its wgrad on the side lane (a small one), else after dgrad on ctx */
+  int wgrad_side;   /* its wgrad on the side lane (a small one), else before dgrad on ctx */
 } train_linear;
 
 typedef struct train_model {
