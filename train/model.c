@@ -692,13 +692,15 @@ const char *train_model_graph_refusal(train_model *m) {
 void train_model_keep_q(train_model *m) { m->keep_q = 1; }
 
 /* A tensor of at most this many elements is small enough for a quantize of both directions in
-   one call to be bound by latency rather than bandwidth (the default model's are 2^15-2^16, the
-   wide preset's 2^22): splitting that call reads the source twice at no cost and takes half its
-   time off the main stream. A larger one is read once. */
+   one call to be bound by latency rather than bandwidth: splitting that call reads the source
+   twice at no cost and takes half its time off the main stream. A larger one is read once. The
+   limit lies between the default model's tensors (2^15-2^16) and the wide preset's (2^21-2^22);
+   docs/performance.md, "A second stream for wgrad and the columnwise copies". */
 #define TRAIN_SIDE_SPLIT_MAX ((int64_t)1 << 20)
-/* A wgrad of at most this many multiply-adds cannot fill the GPU (the default model's are
-   2^21-2^24; the wide preset's 2^27-2^32, which overlapped with dgrad ran slower): it runs on the
-   side lane beside the main stream's work; a larger one stays on the main stream. */
+/* A wgrad of at most this many multiply-adds cannot fill the GPU: it runs on the side lane beside
+   the main stream's work. A larger one fills it alone, where running beside dgrad only slows
+   both, and stays on the main stream. Between the default model's (2^21-2^24) and the wide
+   preset's (2^27-2^32), as above. */
 #define TRAIN_SIDE_WGRAD_MAX ((int64_t)1 << 26)
 
 /* Whether q's two directions of a [rows, cols] tensor go to the two lanes: storages of their own
