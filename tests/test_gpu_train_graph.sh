@@ -8,7 +8,8 @@
 # corrections change at every step and the replays draw each step's random bits from the step
 # set on the device, so a replay with the captured constants or bits would part from the eager
 # run). The bf16-direct baseline is captured the same way and its losses equal its eager run's;
-# --profile runs eagerly with a note. Exit 0 pass, 1 fail, 77 skip.
+# --profile runs eagerly with a note; at hidden 1024 the large wgrad on the main stream keeps the
+# losses too. Exit 0 pass, 1 fail, 77 skip.
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -74,6 +75,27 @@ for a, b in zip(on, off):
     # bf16-direct calls cuBLASLt in its own order, on one stream
     if a["name"] == "bf16-direct" and a["graph_side_stream"]:
         sys.exit("FAIL: bf16-direct: a second stream")
+PY
+
+# layers whose wgrads fill the GPU keep them on the main stream, before dgrad, after a join with
+# the second stream's copies (fc2: 256 x 1024 x 1024 = 2^28 multiply-adds, over the limit; fc1's
+# 2^25 and lm_head's 2^25 under it): the same losses with the graph on and off
+for g in on off; do
+  $hq train --device cuda --data "$tmp/words.txt" --steps 8 --batch 256 --hidden 1024 --layers 2 \
+    --eval-every 0 --log-every 1 --recipe "$conf/examples/nvfp4.ini" --recipe "$conf/recipe.ini" \
+    --baseline none --cuda-graph $g --json > "$tmp/w_$g.json" 2> "$tmp/w_$g.err" \
+    || { cat "$tmp/w_$g.err"; fail "--hidden 1024, --cuda-graph $g"; }
+done
+python3 - "$tmp/w_on.json" "$tmp/w_off.json" <<'PY' || exit 1
+import json, sys
+on, off = (json.load(open(p))["recipes"] for p in sys.argv[1:3])
+for a, b in zip(on, off):
+    if a["train_curve"] != b["train_curve"]:
+        sys.exit("FAIL: %s, hidden 1024: the losses differ with the graph on and off" % a["name"])
+    if a["graph_replays"] != 6 or a["graph_side_wgrads"] != 2:
+        sys.exit("FAIL: %s, hidden 1024: %s replays, %s wgrads on the second stream (expected "
+                 "6 and 2: fc2's stays on the main one)"
+                 % (a["name"], a["graph_replays"], a["graph_side_wgrads"]))
 PY
 
 # --profile times phases between the kernels: eager, said once

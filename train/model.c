@@ -694,13 +694,13 @@ void train_model_keep_q(train_model *m) { m->keep_q = 1; }
 /* A tensor of at most this many elements is small enough for a quantize of both directions in
    one call to be bound by latency rather than bandwidth: splitting that call reads the source
    twice at no cost and takes half its time off the main stream. A larger one is read once. The
-   limit lies between the default model's tensors (2^15-2^16) and the wide preset's (2^21-2^22);
-   docs/performance.md, "A second stream for wgrad and the columnwise copies". */
+   limit lies between the default model's tensors (2^15-2^16) and the wide preset's hidden ones
+   (2^21-2^22); docs/performance.md, "A second stream for wgrad and the columnwise copies". */
 #define TRAIN_SIDE_SPLIT_MAX ((int64_t)1 << 20)
 /* A wgrad of at most this many multiply-adds cannot fill the GPU: it runs on the side lane beside
    the main stream's work. A larger one fills it alone, where running beside dgrad only slows
-   both, and stays on the main stream. Between the default model's (2^21-2^24) and the wide
-   preset's (2^27-2^32), as above. */
+   both, and stays on the main stream. Between the default model's (2^23-2^24) and the wide
+   preset's (2^29-2^32), as above. */
 #define TRAIN_SIDE_WGRAD_MAX ((int64_t)1 << 26)
 
 /* Whether q's two directions of a [rows, cols] tensor go to the two lanes: storages of their own
