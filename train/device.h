@@ -96,13 +96,10 @@ enum { TRAIN_GRAPH_KERNELS, TRAIN_GRAPH_COPIES, TRAIN_GRAPH_MEMSETS, TRAIN_GRAPH
        TRAIN_GRAPH_NODE_KINDS };
 void train_graph_nodes(const train_graph *g, int *counts);
 /* The side lane of a captured step (model.c, train_model_side): an event that only orders
-   (no timing) on CUDA device `device`, and `to` made to wait for the work queued on `from` so
-   far (the event recorded on `from`; in a capture, the edge joins `to` to it). */
+   (no timing) on CUDA device `device`; the work queued on `from` so far marked by it, and `to`
+   made to wait for its last mark (in a capture, the edge joins `to` to it). */
 int train_cuda_order_event(int device, void **ev, char *err, size_t err_len);
 void train_cuda_order_event_free(void *ev);
-int train_cuda_order(void *ev, void *from, void *to, char *err, size_t err_len);
-/* The two halves of train_cuda_order: the event recorded on `from` now, `to` made to wait for
-   its last record later. */
 int train_cuda_order_mark(void *ev, void *from, char *err, size_t err_len);
 int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_len);
 /* Page-locked host memory (cudaMallocHost): the batch's staging buffers, whose copies to the

@@ -107,8 +107,8 @@ typedef struct step_graph {
   int pinned;
   int64_t eager;                 /* steps run eagerly in this mode so far */
   int64_t replays;
-  /* the model's side lane (train_model_side): a context on a stream of its own and the two
-     events that order it against the main one; NULL when no layer takes it */
+  /* the model's side lane (train_model_side): a context on a stream of its own and the
+     events that order it against the main one; NULL when the model does not take it */
   hq_ctx *side;
   void *side_stream, *side_ev[TRAIN_SIDE_EVENTS];
 } step_graph;

@@ -492,55 +492,8 @@ static int borrows(const hq_qtensor *qt, const void *src) {
   return dirs != 0;
 }
 
-/* quantize() into a qtensor kept across steps (train_model.keep_q): made at the first call,
-   refreshed in place at every later one (hq_qtensor_update_ex: the bytes of a fresh quantize,
-   the same fused amax taken, nothing allocated). A qtensor that borrows its source already
-   holds the source's new bytes: nothing to do. */
-static int quantize_kept(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
-                         const float *fused, hq_qtensor **slot, int *alias) {
-  if (!*slot) {
-    if (quantize(m, q, src, kind, fused, slot)) return -1;
-    *alias = borrows(*slot, src->data);
-    return 0;
-  }
-  if (*alias) return 0;
-  hq_quantize_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = sizeof args;
-  args.amax = fused;
-  return hq_qtensor_update_ex(*slot, m->ctx, src, &args);
-}
-
-/* The side lane (train_model_side): the side stream made to wait for the main one's work so far
-   (fork), the main stream for the side's (join); `what` names the place in a failure's
-   message. */
-static int side_order(train_model *m, int fork, const char *what, char *err, size_t err_len) {
-  void *ms = hq_ctx_stream(m->ctx), *ss = hq_ctx_stream(m->side);
-  char ce[200];
-  if (train_cuda_order(m->side_ev[fork ? TRAIN_SIDE_FORK : TRAIN_SIDE_JOIN], fork ? ms : ss,
-                       fork ? ss : ms, ce, sizeof ce))
-    return train_fail(err, err_len, "%s: the side lane's %s: %s", what, fork ? "fork" : "join",
-                      ce);
-  m->side_queued = fork;
-  if (!fork) m->side_read = 0;
-  return 0;
-}
-
-/* The side lane's reads of a layer's output gradient: marked once queued (mark), waited for by
-   the main stream before it writes that buffer (wait; nothing when none is pending). */
-static int side_read(train_model *m, int mark, const char *what, char *err, size_t err_len) {
-  char ce[200];
-  void *ev = m->side_ev[TRAIN_SIDE_READ];
-  if (!mark && !m->side_read) return 0;
-  if (mark ? train_cuda_order_mark(ev, hq_ctx_stream(m->side), ce, sizeof ce)
-           : train_cuda_order_wait(ev, hq_ctx_stream(m->ctx), ce, sizeof ce))
-    return train_fail(err, err_len, "%s: the side lane's reads: %s", what, ce);
-  m->side_read = mark;
-  return 0;
-}
-
-/* One direction of src into its kept qtensor *slot on ctx: made at the first step, refreshed in
-   place at every later one. */
+/* Direction(s) `dir` of src (0: the quantizer's usage, or the qtensor's) into its kept qtensor
+   *slot on ctx: made at the first step, refreshed in place at every later one. */
 static int kept_dir(hq_ctx *ctx, hq_quantizer *q, const hq_tensor *src, const float *fused,
                     uint32_t dir, hq_qtensor **slot) {
   hq_quantize_args args;
@@ -552,15 +505,67 @@ static int kept_dir(hq_ctx *ctx, hq_quantizer *q, const hq_tensor *src, const fl
                : hq_quantize_ex(q, ctx, src, &args, slot);
 }
 
+/* quantize() into a qtensor kept across steps (train_model.keep_q): made at the first call,
+   refreshed in place at every later one (hq_qtensor_update_ex: the bytes of a fresh quantize,
+   the same fused amax taken, nothing allocated). A qtensor that borrows its source already
+   holds the source's new bytes: nothing to do. */
+static int quantize_kept(train_model *m, hq_quantizer *q, const hq_tensor *src, int kind,
+                         const float *fused, hq_qtensor **slot, int *alias) {
+  if (!*slot) {
+    if (quantize(m, q, src, kind, fused, slot)) return -1;
+    *alias = borrows(*slot, src->data);
+    return 0;
+  }
+  return *alias ? 0 : kept_dir(m->ctx, q, src, fused, 0, slot);
+}
+
+/* Side lane event ev (TRAIN_SIDE_*) marked on the stream of context `on` (mark), or waited for
+   there; a failure's message names layer l (NULL: none) and `what`. */
+static int side_event(train_model *m, int ev, int mark, hq_ctx *on, const train_linear *l,
+                      const char *what, char *err, size_t err_len) {
+  static const char *const names[TRAIN_SIDE_EVENTS] = {"fork", "join", "reads"};
+  char ce[200];
+  if (!(mark ? train_cuda_order_mark(m->side_ev[ev], hq_ctx_stream(on), ce, sizeof ce)
+             : train_cuda_order_wait(m->side_ev[ev], hq_ctx_stream(on), ce, sizeof ce)))
+    return 0;
+  if (l)
+    return train_fail(err, err_len, "layer %s: %s: the side lane's %s: %s", l->name, what,
+                      names[ev], ce);
+  return train_fail(err, err_len, "%s: the side lane's %s: %s", what, names[ev], ce);
+}
+
+/* The side stream made to wait for the main one's work so far (fork), or the main stream for the
+   side's (join). */
+static int side_order(train_model *m, int fork, const train_linear *l, const char *what,
+                      char *err, size_t err_len) {
+  const int ev = fork ? TRAIN_SIDE_FORK : TRAIN_SIDE_JOIN;
+  if (side_event(m, ev, 1, fork ? m->ctx : m->side, l, what, err, err_len) ||
+      side_event(m, ev, 0, fork ? m->side : m->ctx, l, what, err, err_len))
+    return -1;
+  m->side_queued = fork;
+  if (!fork) m->side_read = 0;
+  return 0;
+}
+
+/* The side lane's reads of a layer's output gradient: marked once queued (mark), waited for by
+   the main stream before it writes that buffer (wait; nothing when none is pending). */
+static int side_read(train_model *m, int mark, const train_linear *l, char *err,
+                     size_t err_len) {
+  if (!mark && !m->side_read) return 0;
+  if (side_event(m, TRAIN_SIDE_READ, mark, mark ? m->side : m->ctx, l, mark ? "wgrad" : "dgrad",
+                 err, err_len))
+    return -1;
+  m->side_read = mark;
+  return 0;
+}
+
 /* Layer l's src (`what`: its name in a message) in two directions on the two lanes: the
    columnwise copy into *col on the side stream, once src is ready there, and the rowwise one into
    *row on the main stream. */
 static int quantize_lanes(train_model *m, const train_linear *l, hq_quantizer *q,
                           const hq_tensor *src, const float *fused, hq_qtensor **row,
                           hq_qtensor **col, const char *what, char *err, size_t err_len) {
-  char where[96];
-  snprintf(where, sizeof where, "layer %s: %s", l->name, what);
-  if (side_order(m, 1, where, err, err_len)) return -1;
+  if (side_order(m, 1, l, what, err, err_len)) return -1;
   if (kept_dir(m->side, q, src, fused, HQ_COLWISE, col) ||
       kept_dir(m->ctx, q, src, fused, HQ_ROWWISE, row))
     return hq_fail(err, err_len, l, what);
@@ -746,7 +751,7 @@ int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len
     return train_fail(err, err_len, "the random stream: %s", hq_last_error());
   /* the side context's step is written on its stream; the main stream's next work (a replay of
      the step, whose side branch reads it) waits for it */
-  return m->side ? side_order(m, 0, "the random stream", err, err_len) : 0;
+  return m->side ? side_order(m, 0, NULL, "the random stream", err, err_len) : 0;
 }
 
 /* Layer l's output gradient dy quantized, its wgrad (into l->gw) and dgrad (into dx) through
@@ -762,8 +767,6 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   hq_tensor dxt = f32(m, dx, B, l->in);
   hq_qtensor *qdy = NULL;
   const float *fa = fused_amax(m, i, TRAIN_QT_GRAD);
-  char where[96];
-  snprintf(where, sizeof where, "layer %s", l->name);
   const int side_wgrad = m->side && l->wgrad_side;
   if (m->side && l->split_grad) {
     if (quantize_lanes(m, l, l->q_grad, &dyt, fa, &l->kdy, &l->kdyc,
@@ -782,7 +785,7 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
     l->kdy_src = dy;
     qdy = l->kdy;
     /* the side lane's wgrad reads both operands as made so far */
-    if (side_wgrad && side_order(m, 1, where, err, err_len)) return -1;
+    if (side_wgrad && side_order(m, 1, l, "wgrad", err, err_len)) return -1;
   } else if (quantize(m, l->q_grad, &dyt, TRAIN_QT_GRAD, fa, &qdy)) {
     return hq_fail(err, err_len, l, "quantizing the output gradient");
   }
@@ -790,7 +793,7 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   hq_qtensor *qdy_col = m->side && l->split_grad ? l->kdyc : qdy;
   /* a large wgrad stays on the main stream, in its place before dgrad, once the side lane's
      columnwise copies are made */
-  int rc = !side_wgrad && m->side_queued ? side_order(m, 0, where, err, err_len) : 0;
+  int rc = !side_wgrad && m->side_queued ? side_order(m, 0, l, "wgrad", err, err_len) : 0;
   hq_gemm_info local, *gi = gemm_info(m, l, TRAIN_WGRAD, &local);
   if (!rc) {
     rc = PROF_GEMM(m, gi, hq_linear_wgrad(side_wgrad ? m->side : m->ctx, hq_operand_q(qx_col),
@@ -800,8 +803,8 @@ static int linear_backward(train_model *m, train_linear *l, const float *dy, flo
   /* dy's buffer is the next layer's dx: the previous layer's reads of this dx (its columnwise
      copy, a qtensor that borrows it) end before dgrad writes it, and this layer's are marked
      for the next */
-  if (!rc && m->side) rc = side_read(m, 0, where, err, err_len);
-  if (!rc && side_wgrad) rc = side_read(m, 1, where, err, err_len);
+  if (!rc && m->side) rc = side_read(m, 0, l, err, err_len);
+  if (!rc && side_wgrad) rc = side_read(m, 1, l, err, err_len);
   if (!rc) {
     gi = gemm_info(m, l, TRAIN_DGRAD, &local);
     rc = PROF_GEMM(m, gi, hq_linear_dgrad(m->ctx, hq_operand_q(qdy), hq_operand_q(l->qw), &dxt,
@@ -851,7 +854,7 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   }
   /* the optimizer reads the side lane's wgrads and the next step overwrites what it read: the
      main stream waits for it here (a capture must also end with the side stream joined) */
-  return m->side_queued ? side_order(m, 0, "the backward's end", err, err_len) : 0;
+  return m->side_queued ? side_order(m, 0, NULL, "the backward's end", err, err_len) : 0;
 }
 
 /* The two sets of constants a step applies: AdamW without weight decay (the embedding, the

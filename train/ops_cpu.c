@@ -162,12 +162,6 @@ int train_cuda_order_event(int device, void **ev, char *err, size_t err_len) {
   return no_cuda(err, err_len);
 }
 void train_cuda_order_event_free(void *ev) { (void)ev; }
-int train_cuda_order(void *ev, void *from, void *to, char *err, size_t err_len) {
-  (void)ev;
-  (void)from;
-  (void)to;
-  return no_cuda(err, err_len);
-}
 int train_cuda_order_mark(void *ev, void *from, char *err, size_t err_len) {
   (void)ev;
   (void)from;

@@ -627,13 +627,6 @@ extern "C" int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_l
                      "cudaStreamWaitEvent", err, err_len);
 }
 
-extern "C" int train_cuda_order(void *ev, void *from, void *to, char *err, size_t err_len) {
-  return train_cuda_order_mark(ev, from, err, err_len) ||
-                 train_cuda_order_wait(ev, to, err, err_len)
-             ? -1
-             : 0;
-}
-
 extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
   int cur;
   int rc = graph_enter(device, &cur, err, err_len);

@@ -140,6 +140,10 @@ typedef struct train_linear {
   int wgrad_side;   /* its wgrad on the side lane (a small one), else before dgrad on ctx */
 } train_linear;
 
+/* train_model.side_ev: the main stream's work so far (fork), the side's (join), the side's
+   reads of a layer's output gradient (read). */
+enum { TRAIN_SIDE_FORK, TRAIN_SIDE_JOIN, TRAIN_SIDE_READ, TRAIN_SIDE_EVENTS };
+
 typedef struct train_model {
   train_model_cfg cfg;
   hq_ctx *ctx;                               /* the device and stream everything runs on */
@@ -184,12 +188,9 @@ typedef struct train_model {
      stream; side_read: a layer's output gradient still read there (the next layer's dgrad
      overwrites its buffer). NULL: every call on ctx. */
   hq_ctx *side;
-  void *side_ev[3];
+  void *side_ev[TRAIN_SIDE_EVENTS];
   int side_queued, side_read;
 } train_model;
-/* train_model.side_ev: the main stream's work so far (fork), the side's (join), the side's
-   reads of a layer's output gradient (read). */
-enum { TRAIN_SIDE_FORK, TRAIN_SIDE_JOIN, TRAIN_SIDE_READ, TRAIN_SIDE_EVENTS };
 
 /* The message into err (err_len bytes), and -1: how every train_* function that takes err
    reports a failure. */
@@ -226,11 +227,10 @@ void train_model_keep_q(train_model *m);
    stream, which only the optimizer waits for, and a layer whose input or output gradient
    quantizes its two directions into storages of their own (by two calls, or a small tensor)
    makes the columnwise copy (read by wgrad alone) there too, beside the rowwise copy and the
-   GEMMs that read it on the main stream. The same calls make the same
-   bytes (a direction's random bits depend on its role, step and direction, not on the
-   context). Returns 1 when m takes it, 0 when it does not (a model that keeps no qtensors, the
-   bf16-direct run, a run across ranks: m keeps no reference to side), -1 with the message in
-   err. */
+   GEMMs that read it on the main stream. The same calls make the same bytes (a direction's
+   random bits depend on its role, step and direction, not on the context). Returns 1 when m
+   takes it, 0 when it does not (a model that keeps no qtensors, the bf16-direct run, a run
+   across ranks: m keeps no reference to side), -1 with the message in err. */
 int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *err,
                      size_t err_len);
 /* The step keying stochastic rounding's random stream set on m's contexts (the side lane's too,
