@@ -46,8 +46,8 @@
 # each shipped recipe's training step by kernel (Nsight Compute over eager hq train steps,
 # HQ_STEP_PRESET, HQ_STEP_STEPS; scripts/ncu_steps.py) into step_kernels.txt; --launch-times
 # times given launches of given kernels in hq bench, on this tree and an earlier one
-# (HQ_LT_SPECS, HQ_LT_SKIP, HQ_LT_COUNT, HQ_DEVDIST_BEFORE; scripts/ncu_launches.py) into
-# launch_times.txt. --probe builds nothing
+# (HQ_LT_SPECS, HQ_LT_SKIP, HQ_LT_COUNT, HQ_DEVDIST_BEFORE; scripts/ncu_steps.py --launches)
+# into launch_times.txt. --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
 # and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
 # likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
@@ -235,7 +235,7 @@ if [ "${1:-}" = "--on-device" ]; then
     # Nsight Compute, for --ncu, --mem, --step-kernels and --launch-times: on PATH or in the
     # toolkit's own folder
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
-    [ -n "$ncu" ] || { echo "--ncu/--mem: no ncu on PATH nor in /opt/nvidia/nsight-compute"; rc=1; }
+    [ -n "$ncu" ] || { echo "$modes: no ncu on PATH nor in /opt/nvidia/nsight-compute"; rc=1; }
   fi
   if [[ "$modes" == *" --ncu "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
     # one kernel's Nsight Compute profile (clocks left alone): the launch after HQ_NCU_SKIP
