@@ -12,12 +12,17 @@
 #ifdef HQ_HAVE_CUDA
 #include <cuda_runtime.h>
 
+/* A failed call's error is also the runtime's last error until read: it is read here, so that
+   the next kernel launch's check does not report it as its own (a caller that clears hq's error,
+   as a free does, would leave it behind). */
 #define HQ_CUDA_CHECK(expr)                                                                   \
   do {                                                                                        \
     cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess)                                                                  \
+    if (err_ != cudaSuccess) {                                                                \
+      cudaGetLastError();                                                                     \
       return hqi_error(HQ_EDEVICE, "%s:%d: %s failed: %s", __FILE__, __LINE__, #expr,        \
                        cudaGetErrorString(err_));                                             \
+    }                                                                                         \
   } while (0)
 
 int hq_built_with_cuda(void) { return 1; }
@@ -255,6 +260,20 @@ int hqi_cuda_capture_query(void *stream, int *capturing) {
   return HQ_OK;
 }
 
+int hqi_cuda_event_record_use(void **ev, void *stream) {
+  int capturing;
+  capture_status(stream, &capturing);
+  if (!capturing) return hqi_cuda_event_record(ev, stream);
+  if (!*ev) {
+    cudaEvent_t e = NULL;
+    HQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *ev = e;
+  }
+  HQ_CUDA_CHECK(cudaEventRecordWithFlags((cudaEvent_t)*ev, (cudaStream_t)stream,
+                                         cudaEventRecordExternal));
+  return HQ_OK;
+}
+
 /* Stream-ordered allocation from hq's pool of `device` on `stream`, with the caller's current
    device restored. */
 int hqi_cuda_malloc(int device, size_t bytes, void *stream, void **out) {
@@ -364,6 +383,10 @@ int hqi_cuda_event_record(void **ev, void *stream) {
 }
 int hqi_cuda_stream_wait_event(void *stream, void *ev) {
   (void)stream; (void)ev;
+  return no_cuda();
+}
+int hqi_cuda_event_record_use(void **ev, void *stream) {
+  (void)ev; (void)stream;
   return no_cuda();
 }
 int hqi_cuda_stream_after(void *waiter, void *signaler) {

@@ -143,6 +143,10 @@ int hqi_cuda_capture_query(void *stream, int *capturing);
 int hqi_cuda_stream_after(void *waiter, void *signaler);
 int hqi_cuda_event_record(void **ev, void *stream);
 int hqi_cuda_stream_wait_event(void *stream, void *ev);
+/* hqi_cuda_event_record for a use of a qtensor's buffers on a foreign stream, which its owner's
+   stream waits for before a free: inside a capture it is an external event node (recorded at
+   each replay), since an event last recorded by a capture cannot be waited on outside it. */
+int hqi_cuda_event_record_use(void **ev, void *stream);
 void hqi_cuda_event_destroy(void *ev);
 /* A stream of its own on `device` (non-blocking: it orders only with what it waits for), and its
    end (after the work queued on it). */

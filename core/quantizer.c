@@ -304,7 +304,7 @@ int hqi_qtensor_foreign_alloc(const hq_qtensor *qt, const hq_ctx *ctx) {
   return foreign(qt, ctx) ? hqi_cuda_stream_after(ctx->stream, qt->ctx->stream) : HQ_OK;
 }
 int hqi_qtensor_mark_use(hq_qtensor *qt, const hq_ctx *ctx) {
-  return foreign(qt, ctx) ? hqi_cuda_event_record(&qt->last_use, ctx->stream) : HQ_OK;
+  return foreign(qt, ctx) ? hqi_cuda_event_record_use(&qt->last_use, ctx->stream) : HQ_OK;
 }
 int hqi_qtensor_owner_frees(const hq_qtensor *qt) {
   return qt->last_use ? hqi_cuda_stream_wait_event(qt->ctx->stream, qt->last_use) : HQ_OK;

@@ -977,6 +977,105 @@ static void test_amax_d_in_a_graph(void **state) {
   hq_recipe_free(r);
 }
 
+/* A weight refreshed on a second context's stream inside a capture (a trainer's second lane:
+   the write-back beside the next optimizer step), for identity BF16 and per-tensor FP8 with
+   current scaling: the replay writes the bytes an eager refresh writes, and the free after it
+   -- the owner's stream waits for the last foreign use first -- fails nothing and leaves no
+   error for the next launch to report (the use, recorded inside a capture, is an external event
+   node there, which a wait outside the capture may take). */
+static void test_foreign_update_in_a_graph(void **state) {
+  (void)state;
+  cudaStream_t side_stream;
+  CK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  hq_ctx_desc d = {0};
+  d.struct_size = sizeof d;
+  d.device = 0;
+  d.stream = side_stream;
+  hq_ctx *side = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_create(&d, &side));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const size_t ks[] = {1, 0}; /* identity bf16, fp8_tensor */
+  for (size_t r_i = 0; r_i < sizeof ks / sizeof *ks; r_i++) {
+    hq_recipe *r = step_recipe(ks[r_i]);
+    hq_quantizer *q = hq_test_quantizer(r, "linear:weight:l");
+    HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
+    hq_tensor first = hq_test_tensor(HQ_F32, N, K, 31, 1.0f);
+    hq_tensor second = hq_test_tensor(HQ_F32, N, K, 32, 2.5f);
+    const size_t bytes = (size_t)(N * K) * sizeof(float);
+    void *p = NULL, *p2 = NULL;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMalloc(&p2, bytes));
+    CK(cudaMemcpy(p, first.data, bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p2, second.data, bytes, cudaMemcpyHostToDevice));
+    hq_tensor src = hq_tensor_2d(p, HQ_F32, 0, N, K), src2 = hq_tensor_2d(p2, HQ_F32, 0, N, K);
+    hq_qtensor *qt = NULL, *want = NULL;
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &src, &qt));
+    HQ_OK_OR_FAIL(hq_quantize(q, gpu, &src2, &want));
+    /* warm: the foreign refresh once, eagerly */
+    HQ_OK_OR_FAIL(hq_qtensor_update(qt, side, &src));
+    CK(cudaStreamSynchronize(side_stream));
+    CK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CK(cudaEventRecord(fork, stream));
+    CK(cudaStreamWaitEvent(side_stream, fork, 0));
+    const int rc = hq_qtensor_update(qt, side, &src);
+    CK(cudaEventRecord(join, side_stream));
+    CK(cudaStreamWaitEvent(stream, join, 0));
+    const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+    if (rc) fail_msg("%s: the foreign refresh under capture: %s", recipes[ks[r_i]],
+                     hq_last_error());
+    CK(ce);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaMemcpyAsync(p, p2, bytes, cudaMemcpyDeviceToDevice, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    for (int dir = 0; dir < 2; dir++) {
+      const uint32_t dd = dir ? HQ_COLWISE : HQ_ROWWISE;
+      hq_tensor a = hq_test_empty(HQ_F32, N, K), b = hq_test_empty(HQ_F32, N, K);
+      void *da = NULL, *db = NULL;
+      CK(cudaMalloc(&da, bytes));
+      CK(cudaMalloc(&db, bytes));
+      hq_tensor ta = hq_tensor_2d(da, HQ_F32, 0, N, K), tb = hq_tensor_2d(db, HQ_F32, 0, N, K);
+      HQ_OK_OR_FAIL(hq_dequantize(qt, gpu, dd, &ta));
+      HQ_OK_OR_FAIL(hq_dequantize(want, gpu, dd, &tb));
+      CK(cudaStreamSynchronize(stream));
+      CK(cudaMemcpy(a.data, da, bytes, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data, db, bytes, cudaMemcpyDeviceToHost));
+      if (memcmp(a.data, b.data, bytes))
+        fail_msg("%s: the replayed foreign refresh differs from a quantize of its source (%s)",
+                 recipes[ks[r_i]], dir ? "columnwise" : "rowwise");
+      CK(cudaFree(da));
+      CK(cudaFree(db));
+      free(a.data);
+      free(b.data);
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    /* the free waits for the foreign stream's last use, recorded by the replay */
+    hq_qtensor_free(qt);
+    const cudaError_t left = cudaGetLastError();
+    if (left != cudaSuccess)
+      fail_msg("%s: the free after a captured foreign refresh left '%s' behind",
+               recipes[ks[r_i]], cudaGetErrorString(left));
+    hq_qtensor_free(want);
+    hq_quantizer_free(q);
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaFree(p));
+    CK(cudaFree(p2));
+    free(first.data);
+    free(second.data);
+    hq_recipe_free(r);
+  }
+  hq_ctx_destroy(side);
+  CK(cudaStreamDestroy(side_stream));
+  CK(cudaEventDestroy(fork));
+  CK(cudaEventDestroy(join));
+}
+
 static int setup(void **state) {
   (void)state;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -1004,6 +1103,7 @@ int main(void) {
                                      cmocka_unit_test(test_quantizer_amax_in_a_graph),
                                      cmocka_unit_test(test_raw_copy_gemm),
                                      cmocka_unit_test(test_amax_d_in_a_graph),
-                                     cmocka_unit_test(test_ctx_capturing)};
+                                     cmocka_unit_test(test_ctx_capturing),
+                                     cmocka_unit_test(test_foreign_update_in_a_graph)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }
