@@ -156,7 +156,9 @@ static int device_step(hq_ctx *ctx, const hq_adam_consts *k, const hq_adam_const
   void *amax = NULL, *owned = NULL;   /* the caller's slot, or one of this call's */
   int saved, rc = hqt_cuda_enter(device, &saved);
   if (rc) return rc;
-  if (qw && amax_from_source(qw)) {
+  /* the write-back's amax: qw's when it takes the new master's, or, without qw, the caller's
+     own write-back's when it gives a slot (hq/train.h) */
+  if (qw ? amax_from_source(qw) : a->amax_dev != NULL) {
     amax = a->amax_dev;
     if (!amax && hq_ctx_alloc(ctx, HQ_ADAM_AMAX_BYTES, &owned))
       rc = hq_set_error(HQ_ENOMEM, "hq_adam_step: 8 bytes on device %d", device);

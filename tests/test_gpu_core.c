@@ -561,14 +561,18 @@ static void test_adam_amax_large(void **state) {
    zeroed by hq_ctx_memset before each step gives the CPU's bytes and is left holding max |w| of
    the new master in both words; a slot holding 1e30 without the flag is zeroed by the step (the
    CPU's bytes again); with the flag the same stale slot is not zeroed, so the write-back's amax
-   is 1e30 -- the proof that the flag, not a leftover zeroing, decides. */
+   is 1e30 -- the proof that the flag, not a leftover zeroing, decides. Without the quantized
+   weight (qw NULL, a zeroed slot and the flag), the step leaves max |w| in the slot all the same,
+   and the caller's own write-back given it (hq_quantize_args.amax) makes the CPU's bytes. */
 static void test_adam_amax_zeroed(void **state) {
   (void)state;
   static const char *fp8 = "[format f]\nplugin = fp8_tensor\n[role *:*:*]\nrowwise = f\n"
                            "columnwise = f\n";
   const int64_t R = 512, C = 768, n = R * C;
   const float stale = 1e30f;
-  for (int mode = 0; mode < 3; mode++) { /* 0: memset + flag, 1: stale, no flag, 2: stale + flag */
+  /* 0: memset + flag, 1: stale, no flag, 2: stale + flag, 3: memset + flag, the caller's own
+     write-back */
+  for (int mode = 0; mode < 4; mode++) {
     hq_tensor g = hq_test_tensor(HQ_BF16, R, C, 31, 0.5f);
     hq_tensor w = hq_test_tensor(HQ_F32, R, C, 32, 0.1f);
     float *m = calloc(n, 4), *v = calloc(n, 4), *back = malloc(n * 4);
@@ -585,7 +589,7 @@ static void test_adam_amax_zeroed(void **state) {
     for (int64_t t = 1; t <= 3; t++) {
       hq_adam a = {sizeof a, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f, t, NULL, slot,
                    mode == 1 ? 0 : HQ_ADAM_AMAX_ZEROED};
-      if (mode == 0) {
+      if (mode == 0 || mode == 3) {
         HQ_OK_OR_FAIL(hq_ctx_memset(gpu, slot, 0, HQ_ADAM_AMAX_BYTES));
       } else {
         const float two[2] = {stale, stale};
@@ -593,7 +597,11 @@ static void test_adam_amax_zeroed(void **state) {
         h2d(slot, two, sizeof two);
       }
       HQ_OK_OR_FAIL(hq_adam_step(cpu, &a, &g, w.data, m, v, qh));
-      HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, qg));
+      HQ_OK_OR_FAIL(hq_adam_step(gpu, &a, &gd, dw, dm, dv, mode == 3 ? NULL : qg));
+      if (mode == 3) {
+        hq_quantize_args qa = {.struct_size = sizeof qa, .amax = slot};
+        HQ_OK_OR_FAIL(hq_qtensor_update_ex(qg, gpu, &wd, &qa));
+      }
     }
     CK(cudaStreamSynchronize(stream));
     CK(cudaMemcpy(back, dw, n * 4, cudaMemcpyDeviceToHost));
@@ -611,7 +619,7 @@ static void test_adam_amax_zeroed(void **state) {
     if (got[0] != expect || got[1] != expect || stored != expect)
       fail_msg("mode %d: slot %.9g %.9g, the write-back's amax %.9g, expected %.9g", mode,
                (double)got[0], (double)got[1], (double)stored, (double)expect);
-    if (mode < 2) {
+    if (mode != 2) {
       char what[48];
       snprintf(what, sizeof what, "amax slot mode %d", mode);
       compare(qh, qg, what);

@@ -73,7 +73,11 @@ extern "C" {
 ** zeroes them all with one hq_ctx_memset a step saves a launch per parameter (in a graph, a
 ** node). The step leaves the amax there; a slot that is not zero gives a larger amax (the
 ** write-back's scale then differs from a fresh quantize's). The flag without amax_dev, and any
-** other bit of flags, is HQ_EINVAL.
+** other bit of flags, is HQ_EINVAL. With qw NULL and amax_dev given, the step's kernel still
+** leaves max |x| of the new master there, for a write-back the caller queues itself -- e.g. on
+** another stream, after an event -- as hq_qtensor_update_ex with hq_quantize_args.amax =
+** amax_dev: the bytes hq_adam_step's own write-back makes (its two-kernel path passes the slot
+** the same way).
 */
 typedef struct hq_adam {
   uint32_t struct_size;          /* sizeof(hq_adam); at least HQ_ADAM_SIZE_0_1 */
