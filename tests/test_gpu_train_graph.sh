@@ -51,6 +51,12 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     if not r["graph_side_stream"] or r["graph_side_wgrads"] != 3:
         sys.exit("FAIL: %s: second stream %s, %s wgrads on it" %
                  (r["name"], r["graph_side_stream"], r["graph_side_wgrads"]))
+    # every weight's write-back there (the FP32 baseline's is a copy of its own) but those
+    # with a scaling state: fp8_delayed.ini's two layers (its lm_head's identity copy goes)
+    wb = 1 if "delayed" in r["name"] else 3
+    if r["graph_side_writebacks"] != wb:
+        sys.exit("FAIL: %s: %s weight write-backs on the second stream, expected %s"
+                 % (r["name"], r["graph_side_writebacks"], wb))
     want = 0 if r["name"].startswith("fp32") else splits.get(r["name"])
     if want is not None and r["graph_side_splits"] != want:
         sys.exit("FAIL: %s: %s columnwise copies on the second stream, expected %s"

@@ -74,9 +74,10 @@ static const char usage[] =
     "                    in a CUDA graph once warm (after 2 steps) and replay it at every later\n"
     "                    step (default on; the same losses and weights, bit for bit; stochastic\n"
     "                    rounding included: each replay draws its step's bits), its small\n"
-    "                    wgrads and columnwise copies on a second stream. A run that\n"
-    "                    cannot be captured (--profile, several ranks, columnwise_source =\n"
-    "                    rowwise_dequantized) runs eagerly, with a one-line note;\n"
+    "                    wgrads, columnwise copies and weights' write-backs on a second\n"
+    "                    stream. A run that cannot be captured (--profile, several ranks,\n"
+    "                    columnwise_source = rowwise_dequantized) runs eagerly, with a\n"
+    "                    one-line note;\n"
     "                    docs/training.md\n"
     "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
     "                    (default /usr/share/dict/words, Debian package wamerican)\n"
@@ -827,6 +828,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kbool(j, "graph_side_stream", r->side_lane);
   json_kint(j, "graph_side_splits", r->side_splits);
   json_kint(j, "graph_side_wgrads", r->side_wgrads);
+  json_kint(j, "graph_side_writebacks", r->side_writebacks);
   json_key(j, "graph_note");
   if (r->graph_note[0]) json_str(j, r->graph_note);
   else json_null(j);
@@ -971,9 +973,10 @@ static void report_text(const train_config *cfg, const session *s) {
                s->runs[i].name, g[TRAIN_GRAPH_KERNELS], g[TRAIN_GRAPH_COPIES],
                g[TRAIN_GRAPH_MEMSETS], g[TRAIN_GRAPH_ALLOCS], g[TRAIN_GRAPH_OTHER]);
         if (r->side_lane)
-          printf("  %-30s on a second stream: %d wgrad%s and %d columnwise cop%s\n", "",
-                 r->side_wgrads, r->side_wgrads == 1 ? "" : "s", r->side_splits,
-                 r->side_splits == 1 ? "y" : "ies");
+          printf("  %-30s on a second stream: %d wgrad%s, %d columnwise cop%s, %d weight "
+                 "write-back%s\n", "", r->side_wgrads, r->side_wgrads == 1 ? "" : "s",
+                 r->side_splits, r->side_splits == 1 ? "y" : "ies", r->side_writebacks,
+                 r->side_writebacks == 1 ? "" : "s");
       }
       else printf("  %-30s (not captured)\n", s->runs[i].name);
     }

@@ -633,6 +633,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   for (int i = 0; m.side && i < m.n_lin; i++) {
     res->side_splits += m.lin[i].split_in + m.lin[i].split_grad;
     res->side_wgrads += m.lin[i].wgrad_side;
+    res->side_writebacks += m.lin[i].wb_side;
   }
   if (sg.g) train_graph_nodes(sg.g, res->graph_nodes);
   if (res->graph_note[0] && rank == 0)

@@ -708,17 +708,21 @@ void train_model_keep_q(train_model *m) { m->keep_q = 1; }
    preset's (2^29-2^32), as above. */
 #define TRAIN_SIDE_WGRAD_MAX ((int64_t)1 << 26)
 
+/* Whether a scaling state serves q (in either direction). */
+static int has_state(const hq_quantizer *q) {
+  hq_state_slice sl = {.struct_size = sizeof sl};
+  return hq_quantizer_state_slice(q, HQ_ROWWISE, &sl) != HQ_ENOENT ||
+         hq_quantizer_state_slice(q, HQ_COLWISE, &sl) != HQ_ENOENT;
+}
+
 /* Whether q's two directions of a [rows, cols] tensor go to the two lanes: storages of their own
    (a direction that shares the other's buffer, as an identity copy does, would be made twice),
    no scaling state (a fused quantizer's state serves both directions at once), and either two
    calls already (two formats, or one that cannot make both at once) or a small tensor
    (TRAIN_SIDE_SPLIT_MAX). Probed on an empty qtensor. */
 static int splits(train_model *m, hq_quantizer *q, int64_t rows, int64_t cols, int *out) {
-  hq_state_slice sl = {.struct_size = sizeof sl};
   *out = 0;
-  if (hq_quantizer_state_slice(q, HQ_ROWWISE, &sl) != HQ_ENOENT ||
-      hq_quantizer_state_slice(q, HQ_COLWISE, &sl) != HQ_ENOENT ||
-      hq_quantizer_columnwise_source(q) != HQ_SOURCE_ORIGINAL ||
+  if (has_state(q) || hq_quantizer_columnwise_source(q) != HQ_SOURCE_ORIGINAL ||
       (hq_quantizer_fused(q) && rows * cols > TRAIN_SIDE_SPLIT_MAX))
     return 0;
   const uint32_t usage = hq_quantizer_usage(q);
@@ -740,6 +744,9 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
         splits(m, l->q_grad, m->cfg.batch, l->out, &l->split_grad))
       return hq_fail(err, err_len, l, "the side lane's probe");
     l->wgrad_side = m->cfg.batch * l->in * l->out <= TRAIN_SIDE_WGRAD_MAX;
+    /* a weight's write-back on the side lane: a qtensor of its own storage (not the master
+       borrowed) with no scaling state */
+    l->wb_side = l->qw && !borrows(l->qw, l->w) && !has_state(l->q_w);
   }
   m->side = side;
   for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) m->side_ev[k] = events[k];
@@ -910,16 +917,30 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
     train_linear *l = &m->lin[i];
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
        written back from it (the bytes of a fresh quantize of the new master) */
+    hq_qtensor *qw = m->cfg.dist || m->direct ? NULL : l->qw;
+    /* with a side lane the write-back runs there (hq_qtensor_update: the bytes of the same
+       step's write-back), beside the main stream's next parameters */
+    const int side_wb = qw && m->side && l->wb_side;
+    /* the side lane's write-back takes the new master's amax from the step's kernel, as
+       hq_adam_step's own write-back does, where its directions take one (amax_fusable) */
+    const int wb_amax = side_wb && m->aslot && amax_fusable(l->q_w);
     adam = adam_of(m, a, TRAIN_KC_DECAY);
-    if (m->aslot) { /* the weight's own slot, zeroed by this step's forward */
+    if (m->aslot && (!side_wb || wb_amax)) { /* the weight's own slot, zeroed by the forward */
       adam.amax_dev = m->aslot + 2 * i;
       adam.flags = HQ_ADAM_AMAX_ZEROED;
     }
     hq_tensor gw = f32(m, l->gws ? l->gws : l->gw, l->rows, l->in);
     if (!m->cfg.dist) train_prof_quantized(m->prof, TRAIN_QT_WRITEBACK, 1);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gw, l->w, l->mw, l->vw,
-                                                 m->cfg.dist || m->direct ? NULL : l->qw)))
+                                                 side_wb ? NULL : qw)))
       return hq_fail(err, err_len, l, "Adam and the quantized weight's write-back");
+    if (side_wb) {
+      hq_tensor wt = f32(m, l->w, l->rows, l->in);
+      const hq_quantize_args wa = {.struct_size = sizeof wa, .amax = adam.amax_dev};
+      if (side_order(m, 1, l, "the weight's write-back", err, err_len)) return -1;
+      if (hq_qtensor_update_ex(qw, m->side, &wt, wb_amax ? &wa : NULL))
+        return hq_fail(err, err_len, l, "the quantized weight's write-back");
+    }
     /* bf16-direct: the weight's BF16 copy from the new master, in the optimizer's phase as the
        write-back above is */
     if (m->direct && PROF(m, TRAIN_PH_OPTIMIZER, train_direct_weight(m->direct, i, l->w)))
@@ -931,6 +952,9 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
   }
+  /* the next forward reads the weights the side lane wrote back, the scaling state's update
+     their amaxes */
+  if (m->side_queued && side_order(m, 0, NULL, "the optimizer's end", err, err_len)) return -1;
   if (m->state && PROF(m, TRAIN_PH_STATE, train_dist_state_update(m->cfg.dist, m->state, m->ctx)))
     return train_fail(err, err_len, "updating the scaling state: %s", hq_last_error());
   return 0;

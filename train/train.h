@@ -138,6 +138,7 @@ typedef struct train_linear {
   hq_qtensor *kxc, *kdyc;
   int split_in, split_grad;
   int wgrad_side;   /* its wgrad on the side lane (a small one), else before dgrad on ctx */
+  int wb_side;      /* its weight's write-back on the side lane (after AdamW on ctx) */
 } train_linear;
 
 /* train_model.side_ev: the main stream's work so far (fork), the side's (join), the side's
@@ -363,6 +364,7 @@ typedef struct train_result {
   int side_splits;                           /* the layers' inputs and output gradients whose
                                                 columnwise copies it makes */
   int side_wgrads;                           /* the layers whose wgrad it runs */
+  int side_writebacks;                       /* the weights whose write-back it runs */
   char graph_note[256];                      /* why the run did not capture ("": it did, or
                                                 --cuda-graph off, or the CPU) */
 } train_result;
