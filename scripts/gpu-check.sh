@@ -47,7 +47,9 @@
 # HQ_STEP_PRESET, HQ_STEP_STEPS; scripts/ncu_steps.py) into step_kernels.txt; --launch-times
 # times given launches of given kernels in hq bench, on this tree and an earlier one
 # (HQ_LT_SPECS, HQ_LT_SKIP, HQ_LT_COUNT, HQ_DEVDIST_BEFORE; scripts/ncu_steps.py --launches)
-# into launch_times.txt. --probe builds nothing
+# into launch_times.txt; --lanes traces a replayed step's streams with CUPTI (scripts/
+# lane_trace.c, HQ_LANES_RECIPES, HQ_LANES_PRESET, HQ_LANES_STEPS; scripts/lanes.py) into
+# lanes.txt. --probe builds nothing
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
 # and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
 # likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
@@ -72,7 +74,7 @@ if [ "${1:-}" = "--on-device" ]; then
   # pack every other log into logs.tgz when the run ends, however it ends
   pack_out() {
     local keep="test-suite.log train.json train_wide.json train_ab.md bench.txt bench.json"
-    keep=" ${HQ_KEEP:-$keep peers.txt launch_times.txt} "
+    keep=" ${HQ_KEEP:-$keep peers.txt launch_times.txt lanes.txt} "
     local f rest=()
     for f in $(cd "$out" && ls); do [[ "$keep" == *" $f "* ]] || rest+=("$f"); done
     if [ ${#rest[@]} -gt 0 ]; then
@@ -312,6 +314,38 @@ if len(rows) >= 3:
     done
     python3 "$root/scripts/ncu_steps.py" ${HQ_STEP_CALLS:+--calls "$HQ_STEP_CALLS"} "${labels[@]}" \
       | tee "$out/step_kernels.txt" || rc=1
+  fi
+  if [[ "$modes" == *" --lanes "* ]] && [ -x tools/hq ]; then
+    # a replayed step's streams (CUPTI's activity tracing, clocks left alone; Nsight Compute
+    # serializes a graph's nodes): hq train with the graph on under scripts/lane_trace.c
+    # (CUDA_INJECTION64_PATH), one process per recipe of HQ_LANES_RECIPES (default the BF16
+    # recipe and nvfp4.ini) at --preset HQ_LANES_PRESET (default) for HQ_LANES_STEPS (60) steps;
+    # scripts/lanes.py --timeline gives each replay's span, idle time, overlap and streams, and
+    # the median replay node by node, into lanes.txt
+    cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+    cupti=$(ls "$cuda"/lib64/libcupti.so "$cuda"/extras/CUPTI/lib64/libcupti.so 2>/dev/null \
+            | head -1)
+    if [ -z "$cupti" ] || ! gcc -shared -fPIC -O2 -I"$cuda/include" \
+         -I"$cuda/extras/CUPTI/include" "$root/scripts/lane_trace.c" -L"$(dirname "$cupti")" \
+         -lcupti -Wl,-rpath,"$(dirname "$cupti")" -o "$build/lane_trace.so" \
+         > "$out/lanes-build.txt" 2>&1; then
+      echo "--lanes: no CUPTI under $cuda, or scripts/lane_trace.c did not build:"
+      tail -5 "$out/lanes-build.txt"; rc=1
+    else
+      mkdir -p "$out/lanes"
+      : > "$out/lanes.txt"
+      data=()
+      [ -r /usr/share/dict/words ] || data=(--data "$root/.devdeps/words")
+      for r in ${HQ_LANES_RECIPES:-conf/examples/high_precision.ini conf/examples/nvfp4.ini}; do
+        l=$(basename "$r" .ini)
+        CUDA_INJECTION64_PATH=$build/lane_trace.so HQ_LANE_TRACE=$out/lanes/$l.csv \
+          HQ_PLUGIN_PATH=$plugins timeout 120 ./tools/hq train --device cuda --baseline none \
+          --eval-every 0 --preset "${HQ_LANES_PRESET:-default}" --steps "${HQ_LANES_STEPS:-60}" \
+          --recipe "$r" ${data[@]+"${data[@]}"} > "$out/lanes/$l.log" 2>&1 || rc=1
+        python3 "$root/scripts/lanes.py" --names "$l" --timeline "$out/lanes/$l.csv" \
+          | tee -a "$out/lanes.txt" || rc=1
+      done
+    fi
   fi
   if [[ "$modes" == *" --launch-times "* ]] && [ -n "$ncu" ] && [ -x tools/hq ]; then
     # the per-launch times docs/performance.md quotes (Nsight Compute, clocks left alone): for

@@ -456,6 +456,9 @@ endif
 # scripts/ncu_steps.py, the kernel sums per step of docs/performance.md (needs no hq)
 TESTS += tests/test_ncu_steps.sh
 EXTRA_DIST += tests/test_ncu_steps.sh scripts/ncu_steps.py
+# scripts/lanes.py, a replayed graph's streams from scripts/lane_trace.c's CUPTI trace
+TESTS += tests/test_lanes.sh
+EXTRA_DIST += tests/test_lanes.sh scripts/lanes.py scripts/lane_trace.c
 # scripts/sanitizer_filters.sh, which failed sanitizer runs gpu-check.sh counts as clean
 TESTS += tests/test_sanitizer_filters.sh
 EXTRA_DIST += tests/test_sanitizer_filters.sh scripts/sanitizer_filters.sh
