@@ -187,12 +187,19 @@ int hqi_cuda_pool_reset_peak(int device) {
   return HQ_OK;
 }
 
-int hqi_cuda_event_record(void **ev, void *stream) {
+/* *ev made at its first use: an event that only orders (no timing) */
+static int event_made(void **ev) {
   if (!*ev) {
     cudaEvent_t e = NULL;
     HQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     *ev = e;
   }
+  return HQ_OK;
+}
+
+int hqi_cuda_event_record(void **ev, void *stream) {
+  const int rc = event_made(ev);
+  if (rc) return rc;
   HQ_CUDA_CHECK(cudaEventRecord((cudaEvent_t)*ev, (cudaStream_t)stream));
   return HQ_OK;
 }
@@ -264,11 +271,8 @@ int hqi_cuda_event_record_use(void **ev, void *stream) {
   int capturing;
   capture_status(stream, &capturing);
   if (!capturing) return hqi_cuda_event_record(ev, stream);
-  if (!*ev) {
-    cudaEvent_t e = NULL;
-    HQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    *ev = e;
-  }
+  const int rc = event_made(ev);
+  if (rc) return rc;
   HQ_CUDA_CHECK(cudaEventRecordWithFlags((cudaEvent_t)*ev, (cudaStream_t)stream,
                                          cudaEventRecordExternal));
   return HQ_OK;
