@@ -228,10 +228,12 @@ void train_model_keep_q(train_model *m);
    stream, which only the optimizer waits for, and a layer whose input or output gradient
    quantizes its two directions into storages of their own (by two calls, or a small tensor)
    makes the columnwise copy (read by wgrad alone) there too, beside the rowwise copy and the
-   GEMMs that read it on the main stream. The same calls make the same bytes (a direction's
-   random bits depend on its role, step and direction, not on the context). Returns 1 when m
-   takes it, 0 when it does not (a model that keeps no qtensors, the bf16-direct run, a run
-   across ranks: m keeps no reference to side), -1 with the message in err. */
+   GEMMs that read it on the main stream; so does each weight's write-back after its AdamW on
+   the main stream (a weight whose quantized copy is not the master borrowed, with no scaling
+   state). The same calls make the same bytes (a direction's random bits depend on its role,
+   step and direction, not on the context). Returns 1 when m takes it, 0 when it does not (a
+   model that keeps no qtensors, the bf16-direct run, a run across ranks: m keeps no reference
+   to side), -1 with the message in err. */
 int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *err,
                      size_t err_len);
 /* The step keying stochastic rounding's random stream set on m's contexts (the side lane's too,
