@@ -323,8 +323,9 @@ if len(rows) >= 3:
     # scripts/lanes.py --timeline gives each replay's span, idle time, overlap and streams, and
     # the median replay node by node, into lanes.txt
     cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+    # (ls fails for the path that is absent: under pipefail the list stands on its own)
     cupti=$(ls "$cuda"/lib64/libcupti.so "$cuda"/extras/CUPTI/lib64/libcupti.so 2>/dev/null \
-            | head -1)
+            | head -1 || true)
     if [ -z "$cupti" ] || ! gcc -shared -fPIC -O2 -I"$cuda/include" \
          -I"$cuda/extras/CUPTI/include" "$root/scripts/lane_trace.c" -L"$(dirname "$cupti")" \
          -lcupti -Wl,-rpath,"$(dirname "$cupti")" -o "$build/lane_trace.so" \
