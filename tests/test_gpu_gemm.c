@@ -1378,6 +1378,63 @@ static void test_nvfp4_module_gemm(void **state) {
   hq_recipe_free(r);
 }
 
+/* The modules' own small GEMMs where D's rows do not start at multiples of 4 elements
+   (fp8_block's 2-D x 2-D at m = 29 and 30: the epilogue's element-wise form,
+   small_gemm_cuda.h) and where they do with partial tiles (fp8_block at m = 36, n = 20; nvfp4,
+   whose rows are multiples of 16, at m = 48, n = 80, with per-row factors on both operands too:
+   its 4-element form), D F32 alone and BF16 with beta and a bias: D agrees with the F64
+   reference, the CPU path and the core's emulated path as in run_case. */
+static void test_module_gemm_odd_m(void **state) {
+  (void)state;
+  if (g_arch / 10 != 9) {
+    printf("module GEMMs, odd m: compute capability %d.%d has none (skipped)\n", g_arch / 10,
+           g_arch % 10);
+    return;
+  }
+  hq_recipe *r = gemm_recipe();
+  static const struct {
+    const char *role, *provider;
+    int64_t m, n, k;
+  } cases[] = {{"linear:weight:fp8_block_2d2d", "fp8_block", 29, 37, 64},
+               {"linear:weight:fp8_block_2d2d", "fp8_block", 30, 33, 256},
+               {"linear:weight:fp8_block_2d2d", "fp8_block", 36, 20, 128},
+               {"linear:weight:nvfp4", "nvfp4", 48, 80, 64},
+               {"linear:weight:nvfp4_row", "nvfp4", 48, 80, 64}};
+  int n_cases = 0;
+  for (size_t f = 0; f < sizeof cases / sizeof *cases; f++)
+    for (int bf = 0; bf < 2; bf++) {
+      const int64_t m = cases[f].m, n = cases[f].n, k = cases[f].k;
+      qop A, B;
+      /* both operands k-contiguous (A [m, k] transposed, B [n, k]): the modules' layout */
+      qop_make(r, cases[f].role, hq_test_tensor(HQ_BF16, m, k, 3100 + f, 1.0f), &A);
+      qop_make(r, cases[f].role, hq_test_tensor(HQ_BF16, n, k, 3200 + f, 1.0f), &B);
+      char what[128];
+      snprintf(what, sizeof what, "%s m=%lld n=%lld k=%lld", cases[f].role, (long long)m,
+               (long long)n, (long long)k);
+      gcase c;
+      memset(&c, 0, sizeof c);
+      c.what = what;
+      c.ag = hq_operand_q(A.g), c.bg = hq_operand_q(B.g);
+      c.ac = hq_operand_q(A.c), c.bc = hq_operand_q(B.c);
+      c.af = A.deq[0], c.bf = B.deq[0];
+      c.ta = 1, c.tb = 0, c.a1 = k, c.b1 = k, c.m = m, c.n = n, c.k = k;
+      c.ddt = bf ? HQ_BF16 : HQ_F32;
+      c.alpha = 0.75f;
+      c.beta = bf ? 0.5f : 0.0f;
+      c.bias_dt = bf ? HQ_F32 : 0;
+      c.provider = cases[f].provider;
+      c.fp8_native = !strcmp(cases[f].provider, "fp8_block");
+      c.vs_forced = 1;
+      run_case(&c);
+      qop_free(&A);
+      qop_free(&B);
+      n_cases++;
+    }
+  printf("module GEMMs, odd m: %d GEMMs agree with the reference, the CPU path and the core's "
+         "emulated path\n", n_cases);
+  hq_recipe_free(r);
+}
+
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -1393,6 +1450,7 @@ int main(void) {
       cmocka_unit_test(test_fused_mx_exact),
       cmocka_unit_test(test_amax_d),
       cmocka_unit_test(test_nvfp4_module_gemm),
+      cmocka_unit_test(test_module_gemm_odd_m),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -21,14 +21,15 @@
 ** while this one is multiplied) and, for one row, its scale; after a barrier the warps read their
 ** fragments with ldmatrix (8-bit MMA fragments are the b16 ones with byte pairs), multiply the
 ** block into a zeroed partial, and add it scaled. Rows past m / n and k past the operand are
-** zeros. The accumulators go through shared memory to one loop of coalesced stores of D. The
-** MMAs take the codes themselves and the scales are applied per block as a block-scaled GEMM
+** zeros. The accumulators go through shared memory to the shared epilogue (small_gemm_cuda.h:
+** 4-element stores of D where its rows allow). The MMAs take the codes themselves and the scales are applied per block as a block-scaled GEMM
 ** applies them, so the path is reported native.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "small_gemm_cuda.h"
 #include "smem_cuda.h"
 #include "hq/numerics.h"
 #include "fp8_block_gemm.h"
@@ -183,19 +184,9 @@ __global__ void __launch_bounds__(kThreads) small_gemm_kernel(GemmArgs g) {
       cs[(wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1)) * kCsLd + wm * 16 + (lane >> 2) +
          8 * (e >> 1)] = acc[h][e];
   __syncthreads();
-  /* D's tile, consecutive threads on consecutive rows of A (D's contiguous index); two
-     elements an iteration (rolled whole, ptxas spilled a register) */
-#pragma unroll 2
-  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-    const uint32_t ii = (uint32_t)e % kTile, jj = (uint32_t)e / kTile;
-    const int64_t i = i0 + ii, j = j0 + jj;
-    if (i >= g.m || j >= g.n) continue;
-    const int64_t at = j * g.m + i;
-    float o = g.alpha * cs[jj * kCsLd + ii];
-    if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, DT);
-    if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
-    hq_store_hp(g.d, at, DT, o);
-  }
+  hq_small_gemm_store<DT, kTile, kThreads>(cs, kCsLd, i0, j0, g.m, g.n, g.d, g.alpha, g.beta,
+                                           g.bias, g.bias_dtype,
+                                           [](float o, int64_t, int64_t) { return o; });
 }
 
 } // namespace

@@ -30,7 +30,7 @@
 ** 256-entry table of the operand's fp32(sf) and one BF16x2 multiply per code byte, and stores them
 ** into the chunk's row of shared memory; after a barrier the warps read their fragments with
 ** ldmatrix. Blocks past k or rows past m / n are zeros. The accumulators go through shared memory
-** to one loop of coalesced stores of D.
+** to the shared epilogue (small_gemm_cuda.h): 4-element stores of D where its rows allow.
 ** Small tiles keep the CTAs many (64 at 256 x 256): the decode of a chunk, not the MMAs, is each
 ** CTA's work, and it is redone for every tile along the other dimension, which is why the module
 ** takes small problems only.
@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "cuda_check.h"
+#include "small_gemm_cuda.h"
 #include "smem_cuda.h"
 #include "hq/numerics.h"
 #include "nvfp4.h"
@@ -216,20 +217,15 @@ template <int DT> __global__ void __launch_bounds__(kThreads) small_gemm_kernel(
       cs[(wn * 16 + 8 * h + 2 * (lane & 3) + (e & 1)) * kCsLd + wm * 16 + (lane >> 2) +
          8 * (e >> 1)] = acc[h][e];
   __syncthreads();
-  /* D's tile, consecutive threads on consecutive rows of A (D's contiguous index) */
-#pragma unroll 1
-  for (int e = t; e < kTile * kTile; e += kThreads) {
-    const uint32_t ii = (uint32_t)e % kTile, jj = (uint32_t)e / kTile;
-    const int64_t i = i0 + ii, j = j0 + jj;
-    if (i >= g.m || j >= g.n) continue;
-    const int64_t at = j * g.m + i;
-    float o = alpha * cs[jj * kCsLd + ii];
-    if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
-    if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
-    if (g.beta != 0.0f) o = o + g.beta * hq_load_hp(g.d, at, DT);
-    if (g.bias) o = o + hq_load_hp(g.bias, i, g.bias_dtype);
-    hq_store_hp(g.d, at, DT, o);
-  }
+  /* D's tile; a row-scaled operand's factors multiply alpha times the product, as the emulated
+     path's epilogue does */
+  hq_small_gemm_store<DT, kTile, kThreads>(
+      cs, kCsLd, i0, j0, g.m, g.n, g.d, alpha, g.beta, g.bias, g.bias_dtype,
+      [&](float o, int64_t i, int64_t j) {
+        if (g.row_a) o = o * hq_nvfp4_tensor_factor_k(g.amax_a[i], g.a.kind);
+        if (g.row_b) o = o * hq_nvfp4_tensor_factor_k(g.amax_b[j], g.b.kind);
+        return o;
+      });
 }
 
 } // namespace
