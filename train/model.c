@@ -745,8 +745,9 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
       return hq_fail(err, err_len, l, "the side lane's probe");
     l->wgrad_side = m->cfg.batch * l->in * l->out <= TRAIN_SIDE_WGRAD_MAX;
     /* a weight's write-back on the side lane: a qtensor of its own storage (not the master
-       borrowed) with no scaling state */
-    l->wb_side = l->qw && !borrows(l->qw, l->w) && !has_state(l->q_w);
+       borrowed); a scaling state's scales and amaxes change only at its update, which follows
+       the optimizer's end, where the lanes join */
+    l->wb_side = l->qw && !borrows(l->qw, l->w);
   }
   m->side = side;
   for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) m->side_ev[k] = events[k];
