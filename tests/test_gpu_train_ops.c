@@ -8,8 +8,9 @@
 ** max |x| of what the kernel wrote (NaN ignored, Inf counted), bit for bit, NaN and Inf cases
 ** included, and equals hq_quantizer_amax of an fp8_tensor (current scaling) quantizer; a
 ** quantize given it makes the same bytes as one that computes its own. Every kernel run twice
-** gives the same bytes. An activation of elements that are not whole rows is refused. Exit 77
-** without a CUDA device.
+** gives the same bytes. An activation of elements that are not whole rows is refused. The batch's
+** upload from page-locked memory read in place equals the host's values. Exit 77 without a CUDA
+** device.
 */
 #include "hq_test.h"
 #include "hq_gpu_test.h"
@@ -456,6 +457,50 @@ static void test_xent(void **state) {
   xent_case(1000, 990, 40, 44);     /* more classes than a warp: a thread per row */
 }
 
+// --- the batch's upload ------------------------------------------------------------------------
+
+/* upload_mapped: tok and tgt from page-locked host buffers (train_cuda_host_alloc, as the graph's
+   staging buffers are made), read in place, equal to them element for element; the buffers
+   rewritten and uploaded again give the new values (the kernel reads them at each call, as a
+   replay must). */
+static void test_upload_mapped(void **state) {
+  (void)state;
+  assert_non_null(ops->upload_mapped);
+  static const int64_t shapes[][2] = {{2048, 256}, {7, 3}, {100003, 1}};
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    const int64_t nt = shapes[s][0], ng = shapes[s][1];
+    char pe[200];
+    void *hx = NULL, *hy = NULL;
+    if (train_cuda_host_alloc(0, (size_t)nt * 4, &hx, pe, sizeof pe) ||
+        train_cuda_host_alloc(0, (size_t)ng * 4, &hy, pe, sizeof pe))
+      fail_msg("page-locked buffers: %s", pe);
+    int32_t *x = hx, *y = hy;
+    int32_t *tok = dev_alloc((size_t)nt * 4), *tgt = dev_alloc((size_t)ng * 4);
+    int32_t *gt = malloc((size_t)nt * 4), *gg = malloc((size_t)ng * 4);
+    for (int round = 0; round < 2; round++) {
+      for (int64_t i = 0; i < nt; i++) x[i] = (int32_t)((i * 7 + round * 13) % V);
+      for (int64_t i = 0; i < ng; i++) y[i] = (int32_t)(-1 - i - round);
+      HQ_OK_OR_FAIL(ops->upload_mapped(gpu, tok, x, nt, tgt, y, ng));
+      down(gt, tok, (size_t)nt * 4);
+      down(gg, tgt, (size_t)ng * 4);
+      for (int64_t i = 0; i < nt; i++)
+        if (gt[i] != x[i])
+          fail_msg("upload %lld + %lld, round %d: tok[%lld] %d, expected %d", (long long)nt,
+                   (long long)ng, round, (long long)i, gt[i], x[i]);
+      for (int64_t i = 0; i < ng; i++)
+        if (gg[i] != y[i])
+          fail_msg("upload %lld + %lld, round %d: tgt[%lld] %d, expected %d", (long long)nt,
+                   (long long)ng, round, (long long)i, gg[i], y[i]);
+    }
+    hq_ctx_free(gpu, tok);
+    hq_ctx_free(gpu, tgt);
+    train_cuda_host_free(hx);
+    train_cuda_host_free(hy);
+    free(gt);
+    free(gg);
+  }
+}
+
 static int setup(void **state) {
   (void)state;
   hq_ctx_desc d = {0};
@@ -484,7 +529,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_activations), cmocka_unit_test(test_amax_nonfinite),
       cmocka_unit_test(test_embedding),   cmocka_unit_test(test_colsum),
-      cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_xent),        cmocka_unit_test(test_upload_mapped),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -61,6 +61,11 @@ typedef struct train_device_ops {
   /* bytes of the scratch the calls above need for a model of batch B, context C, embedding E
      and widest layer `widest` (0: none) */
   size_t (*scratch_bytes)(int64_t B, int C, int E, int64_t widest);
+  /* tok[0, ntok) = x[0, ntok) and tgt[0, ntgt) = y[0, ntgt), where x and y are page-locked host
+     buffers the device reads in place: one kernel where two host-to-device copies would queue a
+     copy-engine node each. NULL: the table has no such path (the caller copies). */
+  int (*upload_mapped)(hq_ctx *ctx, int32_t *tok, const int32_t *x, int64_t ntok, int32_t *tgt,
+                       const int32_t *y, int64_t ntgt);
 } train_device_ops;
 
 const train_device_ops *train_cpu_ops(void);

@@ -158,7 +158,7 @@ static int side_make(train_model *m, step_graph *sg, const hq_ctx_desc *desc, ch
    device work (its constants written by train_model_update_begin) */
 static int device_step(train_model *m, const train_config *cfg, const step_graph *sg, char *e,
                        size_t n) {
-  return train_model_upload(m, sg->sx, sg->sy, e, n) ||
+  return train_model_upload(m, sg->sx, sg->sy, sg->pinned, e, n) ||
                  train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
                  train_model_backward(m, e, n) || train_model_update_dev(m, &cfg->adam, e, n)
              ? -1

@@ -607,11 +607,24 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   return 0;
 }
 
-int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, char *err,
+/* 1: a captured step's batch read in place from its page-locked staging buffers (the device
+   table's upload_mapped) where two copy nodes were. 0 until a device has run the kernel's test
+   (tests/test_gpu_train_ops) and timed both forms. */
+#ifndef TRAIN_UPLOAD_MAPPED
+#define TRAIN_UPLOAD_MAPPED 0
+#endif
+
+int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len) {
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
   const int dev = hq_ctx_device(m->ctx);
+  if (TRAIN_UPLOAD_MAPPED && mapped && m->ops->upload_mapped) {
+    if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, m->tok, x, B * c->context, m->tgt,
+                                                     y, B)))
+      return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());
+    return 0;
+  }
   if (PROF(m, TRAIN_PH_COPY,
            hq_ctx_memcpy(m->ctx, m->tok, dev, x, HQ_DEVICE_HOST, (size_t)(B * c->context) * 4) ||
                hq_ctx_memcpy(m->ctx, m->tgt, dev, y, HQ_DEVICE_HOST, (size_t)B * 4)))
@@ -672,7 +685,7 @@ int train_model_read_loss(train_model *m, double *loss, char *err, size_t err_le
 
 int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int64_t n_valid,
                         int training, double *loss, char *err, size_t err_len) {
-  return train_model_upload(m, x, y, err, err_len) ||
+  return train_model_upload(m, x, y, 0, err, err_len) ||
                  train_model_forward_dev(m, n_valid, training, err, err_len) ||
                  train_model_read_loss(m, loss, err, err_len)
              ? -1

@@ -108,7 +108,7 @@ static size_t cpu_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
 
 static const train_device_ops cpu_ops = {
     "cpu", cpu_embed_fwd, cpu_embed_bwd, cpu_act_fwd, cpu_act_bwd, cpu_xent, cpu_colsum, cpu_error,
-    cpu_scratch_bytes,
+    cpu_scratch_bytes, NULL,
 };
 
 const train_device_ops *train_cpu_ops(void) { return &cpu_ops; }

@@ -461,9 +461,30 @@ size_t cuda_scratch_bytes(int64_t B, int C, int E, int64_t widest) {
 
 const char *cuda_error(void) { return g_err; }
 
+/* The batch from page-locked host memory, read in place through its device mapping (under
+   unified addressing a cudaMallocHost pointer is the device's too): 4-byte reads over the bus,
+   as many in flight as the grid has threads. */
+__global__ void __launch_bounds__(TPB)
+    upload_k(int32_t *__restrict__ tok, const int32_t *__restrict__ x, int64_t ntok,
+             int32_t *__restrict__ tgt, const int32_t *__restrict__ y, int64_t ntgt) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < ntok + ntgt;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    if (i < ntok) tok[i] = x[i];
+    else tgt[i - ntok] = y[i - ntok];
+  }
+}
+
+int cuda_upload_mapped(hq_ctx *ctx, int32_t *tok, const int32_t *x, int64_t ntok, int32_t *tgt,
+                       const int32_t *y, int64_t ntgt) {
+  cudaStream_t s;
+  if (enter(ctx, &s, "the batch's upload")) return -1;
+  upload_k<<<grid_for(ntok + ntgt), TPB, 0, s>>>(tok, x, ntok, tgt, y, ntgt);
+  return check("the batch's upload kernel");
+}
+
 const train_device_ops cuda_ops = {
     "cuda",      cuda_embed_fwd, cuda_embed_bwd, cuda_act_fwd, cuda_act_bwd, cuda_xent,
-    cuda_colsum, cuda_error,     cuda_scratch_bytes,
+    cuda_colsum, cuda_error,     cuda_scratch_bytes, cuda_upload_mapped,
 };
 
 }  // namespace
