@@ -11,7 +11,8 @@
 ** thread loads two vectors of 8 consecutive elements, rows r and r + 16 of the tile (one 16-byte
 ** load each for bf16/f16, kept packed two elements per register, their amaxes taken two per
 ** instruction; two for f32), so every element sits in exactly one thread's registers for both
-** directions.
+** directions. The columnwise copy alone from an aligned 16-bit input by round to nearest (the
+** dgrad / wgrad operand) takes a kernel of its own (COLS), below.
 **   rowwise 1x32: a block is 4 neighbouring lanes; the thread's two rows' amaxes are
 **     reduce-scattered over them (NaN-propagating maxima: a NaN anywhere gives a NaN amax, the
 **     rule's), so that each lane computes one scale code and gets the other row's by a
@@ -21,10 +22,19 @@
 **     threads finish one column each, write its code (128 consecutive bytes), its multiplier
 **     and, with stochastic rounding, its 32 random bytes to shared memory; every thread then
 **     casts its registers with its columns' multipliers.
+** COLS: a warp per 32 x 32 tile (8 warps along K per CTA), no shared memory, no barriers: lane
+** 4g + c loads rows g, g + 8, g + 16, g + 24 of the tile at columns 8c .. 8c + 7 (16-byte loads,
+** kept packed), takes per column the max over its 4 rows, and the column group's 8 lanes
+** reduce-scatter those by three xor shuffles (NaN-propagating), so that each lane finishes one
+** column's scale code (the warp's 32 codes one 32-byte store) and the 8 codes come back to every
+** lane of the group by three more. The warp's rows then take the packed BF16 forms, the fast
+** forms or the rule, as the other kernels' conditions allow for all 32 columns (a choice uniform
+** over the warp: the FP6 stores shuffle); the rule's path reads its rows again, one at a time.
 ** Both copies are stored [M, K] packed along K (the columnwise copy is not transposed), so a
 ** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, one
 ** 4-byte store per lane; FP6 6 bytes, a 4-byte and a 2-byte store per lane, except in the ROWS
-** kernels, where lanes 0..2 of a block write its 24 bytes as three 8-byte stores after shuffles.
+** and COLS kernels, where lanes 0..2 of a block write its 24 bytes as three 8-byte stores after
+** shuffles.
 ** The element casts are the fast forms of mx_rules.h: E2M1 from BF16 on the packed input words
 ** themselves, two elements per instruction (hq_mx_e2m1x8_bf16: two BF16x2 multiply-adds and a
 ** 16-bit three-input min per pair, the multipliers BF16 words made from the scale code);
@@ -46,7 +56,8 @@
 ** Unaligned pointers take scalar loads and stores (quantize: a 16-bit input that is not
 ** 16-byte aligned takes the kernels' VEC = false form, its elements in FP32 registers as an FP32
 ** input's). The aligned 16-bit quantize kernels fit round to nearest in 32 registers, 8 CTAs per
-** SM (HQ_MX_MIN_BLOCKS_PK). Everything on call->stream; nothing allocated, nothing synchronized.
+** SM (HQ_MX_MIN_BLOCKS_PK); the COLS kernels, whose lanes hold 4 rows, in 40, 6 CTAs
+** (HQ_MX_COLS_MIN_BLOCKS). Everything on call->stream; nothing allocated, nothing synchronized.
 */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -93,7 +104,7 @@ struct QArgs {
    by round to nearest every block but a NaN block; FP6 by round to nearest (its FP8 codes
    clipped by hq_mx_fp6x4_of_fp8x4_fin) and E2M1 stochastic rounding (hq_e2m1_sr_biased_lt8)
    every block with a finite amax; FP6 stochastic rounding none. */
-__device__ __forceinline__ bool hq_mx_fast_block(bool fin, uint8_t e, int kind, bool sr) {
+HQ_HD bool hq_mx_fast_block(bool fin, uint8_t e, int kind, bool sr) {
   if (kind == HQ_E2M1X2 && !sr) return e != HQ_E8M0_NAN;
   return fin && (kind == HQ_E2M1X2 || !sr);
 }
@@ -838,6 +849,290 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 8 : 6)
     dq_bf16_rows<KIND, COLWISE, I, false>(data, scale, dst, M, K, bx, i, rstep, (int)threadIdx.x);
 }
 
+/* COLS: the columnwise copy alone (dgrad's and wgrad's operand) from an aligned 16-bit input by
+   round to nearest. A warp per 32 x 32 tile, no shared memory and no barriers: lane l = 4g + c
+   holds rows g, g + 8, g + 16, g + 24 of the tile at its columns 8c .. 8c + 7 (a 16-byte load
+   each; a warp load is 8 rows of 64 consecutive bytes), so its 8 codes of a row are consecutive
+   bytes of the output row and a row's 32-block is lanes 4g .. 4g + 3, as in the other kernels.
+   A CTA is kColsWarps warps along K. The body is written for the host too (its lane exchanges
+   a parameter, L), so that a simulation of the warp can run it against the CPU reference. */
+constexpr int kColsWarps = 8;
+constexpr int kColsCols = kColsWarps * kBlk; /* columns per CTA */
+
+/* #pragma unroll in code for the host too (whose compiler would warn of an unknown pragma) */
+#if defined(__CUDA_ARCH__)
+#define HQ_MX_UNROLL _Pragma("unroll")
+#define HQ_MX_NOUNROLL _Pragma("unroll 1")
+#else
+#define HQ_MX_UNROLL
+#define HQ_MX_NOUNROLL
+#endif
+
+/* The COLS warp's lane exchanges: the CUDA intrinsics. The host forms are never run (a host
+   simulation of the kernel brings its own exchanges). */
+struct CudaLanes {
+  static HQ_HD uint32_t shfl(uint32_t v, int src) {
+#if defined(__CUDA_ARCH__)
+    return __shfl_sync(kAll, v, src);
+#else
+    (void)src;
+    return v;
+#endif
+  }
+  static HQ_HD uint32_t shfl_xor(uint32_t v, int m) {
+#if defined(__CUDA_ARCH__)
+    return __shfl_xor_sync(kAll, v, m);
+#else
+    (void)m;
+    return v;
+#endif
+  }
+  static HQ_HD uint32_t shfl_down(uint32_t v, int d) {
+#if defined(__CUDA_ARCH__)
+    return __shfl_down_sync(kAll, v, d);
+#else
+    (void)d;
+    return v;
+#endif
+  }
+  static HQ_HD uint32_t ballot(bool p) {
+#if defined(__CUDA_ARCH__)
+    return __ballot_sync(kAll, p);
+#else
+    return p ? kAll : 0u;
+#endif
+  }
+};
+
+/* hq_cuda_absmax2<DT, true>: per 16-bit lane the larger magnitude of a and b, a NaN where
+   either is one (sign bits meaningless). The host form (the simulation's) writes a NaN as
+   0x7fff, the same magnitudes otherwise: readers mask the sign and read NaN as NaN. */
+template <int DT> HQ_HD uint32_t cols_absmax2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return hq_cuda_absmax2<DT, true>(a, b);
+#else
+  const uint32_t inf = DT == HQ_BF16 ? 0x7f80u : 0x7c00u;
+  uint32_t d = 0;
+  for (int h = 0; h < 32; h += 16) {
+    const uint32_t x = (a >> h) & 0x7fffu, y = (b >> h) & 0x7fffu;
+    d |= (x > inf || y > inf ? 0x7fffu : x > y ? x : y) << h;
+  }
+  return d;
+#endif
+}
+
+/* One 16-bit element's bits as FP32 (hq_cuda_hp16_to_f32's conversion, on either side) */
+template <int DT> HQ_HD float cols_hp16(uint32_t h) {
+  return DT == HQ_F16 ? hq_f16_to_f32_anynan((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
+}
+
+/* encode8 by round to nearest; the host form (the simulation's) takes the same forms element
+   by element with mx_rules.h's host functions. */
+template <int KIND>
+HQ_HD uint64_t cols_encode8(const float y[8], const float m[8], const uint8_t e[8], bool fast,
+                            int rule) {
+#if defined(__CUDA_ARCH__)
+  return encode8<KIND, false>(y, m, e, make_uint2(0u, 0u), fast, rule);
+#else
+  uint32_t c[8];
+  for (int k = 0; k < 8; k++) {
+    const float v = hq_mul_rn(y[k], fast ? m[k] : hq_mx_encode_mult(e[k], rule));
+    if (!fast)
+      c[k] = hq_mx_cast(v, KIND);
+    else if (KIND == HQ_E2M1X2)
+      c[k] = (hq_mx_e2m1_biased(v) - HQ_E2M1_BIAS_BITS) | ((hq_f32_bits(v) >> 28) & 8u);
+    else
+      c[k] = hq_f32_to_fp8(v, hq_mx_fp6_fp8_elem(KIND));
+  }
+  if (KIND == HQ_E2M1X2) {
+    uint32_t w = 0u;
+    for (int k = 0; k < 8; k++) w |= (c[k] & 15u) << (4 * k);
+    return w;
+  }
+  if (fast)
+    return (uint64_t)hq_mx_fp6x4_of_fp8x4_fin(c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24) |
+           (uint64_t)hq_mx_fp6x4_of_fp8x4_fin(c[4] | c[5] << 8 | c[6] << 16 | c[7] << 24) << 24;
+  return (uint64_t)hq_fp6_pack4(c[0], c[1], c[2], c[3]) |
+         (uint64_t)hq_fp6_pack4(c[4], c[5], c[6], c[7]) << 24;
+#endif
+}
+
+/* The BF16 E2M1 form's multiplier words (hq_mx_bf16_mult2's) of two columns, their scale codes
+   the 16-bit lanes of ew, both with hq_mx_e2m1_bf16_ok (e <= 254: no lane borrows): 2 * mult
+   has the BF16 exponent field 255 - max(e, 1) (the min turns e = 0's 255 into 254), mult one
+   less but for e = 254, whose subnormal 0x40 the max gives. */
+HQ_HD void cols_bf16_mult2(uint32_t ew, uint32_t *m1, uint32_t *m2) {
+  *m2 = hq_mx_min3_u16x2(0x7f807f80u - (ew << 7), 0x7f007f00u, 0x7f007f00u);
+  *m1 = dq_max2(*m2 - 0x00800080u, 0x00400040u);
+}
+
+/* The BF16 FP6 form's lane words (hq_mx_fp6_bf16_nd's) of two columns, their scale codes the
+   16-bit lanes of ew: -(e - emin) << 7 mod 2^16 as (512 + emin - e) << 7, whose 512 vanishes
+   mod 2^16 and keeps each lane positive (no borrow); the mask drops the bit the low lane's
+   shift carries into the high one. */
+HQ_HD uint32_t cols_fp6_nd2(uint32_t ew, int kind) {
+  return (((512u + hq_mx_fp6_bf16_emin(kind)) * 0x10001u - ew) << 7) & 0xff80ff80u;
+}
+
+/* store_codes<KIND, false> of the COLS warp: FP4 4 bytes per lane; FP6 lanes 0..2 of a 32-block
+   write its 24 bytes as three 8-byte words; without st8, byte stores. */
+template <int KIND, class L>
+HQ_HD void cols_store(uint8_t *q, uint64_t v, bool st8, int lane) {
+  if (KIND == HQ_E2M1X2) {
+    if (st8) {
+      *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
+    } else {
+      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
+    }
+    return;
+  }
+  const uint32_t nlo = L::shfl_down((uint32_t)v, 1), nhi = L::shfl_down((uint32_t)(v >> 32), 1);
+  if (st8) {
+    const int k = lane & 3;
+    if (k < 3) {
+      const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
+      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
+    }
+  } else {
+    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
+  }
+}
+
+/* One warp's tile: row block bi, columns jt .. jt + 31 (none where jt >= K), lane `lane`.
+   Per column, the max over the lane's 4 rows, reduce-scattered over the 8 lanes of its columns
+   (lane bits 2..4) by three xor shuffles, NaN-propagating as the rule's amax (a NaN anywhere
+   makes the column's amax NaN): lane 4g + c finishes column 8c + g, writes its scale code (the
+   warp's 32 codes one 32-byte row segment) and the 8 lanes gather their 8 columns' codes by
+   three more. The warp's rows take the BF16 packed form (BP, BP6) where all 32 blocks allow it,
+   the fast forms (hq_mx_fast_block, as in quantize_kernel) where all 32 do, else the rule: the
+   forms and their conditions of the other kernels, decided for the warp, not per 8 columns
+   (the same bytes: each form is the rule wherever it is taken), so that the paths' shuffles
+   are uniform. */
+template <int DT, int KIND, class L>
+HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
+  constexpr bool BP = DT == HQ_BF16 && KIND == HQ_E2M1X2;
+  constexpr bool BP6 = DT == HQ_BF16 && KIND != HQ_E2M1X2;
+  const uint32_t K = (uint32_t)a.K; /* below 2^32, as the rows (the launcher's check) */
+  if (jt >= K) return;              /* uniform over the warp (K % 32 == 0) */
+  const int c = lane & 3, g = lane >> 2;
+  const uint32_t j = jt + 8 * c, i = bi * kBlk + g; /* the lane's first column and row */
+  const uint16_t *x = static_cast<const uint16_t *>(a.x) + ((uint64_t)i * K + j);
+  uint32_t w[4][4];
+  HQ_MX_UNROLL
+  for (int p = 0; p < 4; p++) { /* rows i + 8p */
+    const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
+    w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
+  }
+  uint32_t cm[4]; /* word h: columns 2h, 2h + 1 of the lane's 8 */
+  HQ_MX_UNROLL
+  for (int h = 0; h < 4; h++)
+    cm[h] = cols_absmax2<DT>(cols_absmax2<DT>(w[0][h], w[1][h]),
+                             cols_absmax2<DT>(w[2][h], w[3][h]));
+  /* xor 16 (g's bit 2) halves the words to 2h + (g & 4 ? 2 : 0) + 0, 1; xor 8 (bit 1) to one
+     word; xor 4 (bit 0) the last, whose lane g & 1 is column g */
+  const bool b2 = g & 4, b1 = g & 2, b0 = g & 1;
+  uint32_t r[2];
+  HQ_MX_UNROLL
+  for (int h = 0; h < 2; h++)
+    r[h] = cols_absmax2<DT>(b2 ? cm[2 + h] : cm[h], L::shfl_xor(b2 ? cm[h] : cm[2 + h], 16));
+  uint32_t s = cols_absmax2<DT>(b1 ? r[1] : r[0], L::shfl_xor(b1 ? r[0] : r[1], 8));
+  s = cols_absmax2<DT>(s, L::shfl_xor(s, 4));
+  const uint32_t am = hq_f32_bits(cols_hp16<DT>((b0 ? s >> 16 : s) & 0x7fffu));
+  const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
+  a.cs[(uint64_t)(i / kBlk) * K + j + g] = e; /* hq_mx_scale_idx(1, i, j + g, K) */
+  /* the 8 columns' codes, column k at byte k % 4 of ec[k / 4]: pairs (xor 4), quads (xor 8),
+     all 8 (xor 16), each lane's own below its partner's where its bit is set */
+  const uint32_t e1 = L::shfl_xor(e, 4);
+  const uint32_t e2 = hq_mx_prmt(e, e1, b0 ? 0x04u : 0x40u);
+  const uint32_t e2o = L::shfl_xor(e2, 8);
+  const uint32_t e4 = hq_mx_prmt(e2, e2o, b1 ? 0x1054u : 0x5410u);
+  const uint32_t e4o = L::shfl_xor(e4, 16);
+  const uint32_t ec[2] = {b2 ? e4o : e4, b2 ? e4 : e4o};
+  /* the warp's 32 columns all allow a form (a choice uniform over the warp, so that the FP6
+     stores' shuffles stay in either path) */
+  const bool fin = am < 0x7f800000u;
+  const bool fast = L::ballot(!hq_mx_fast_block(fin, e, KIND, false)) == 0u;
+  bool pk = false;
+  if (BP) pk = L::ballot(!hq_mx_e2m1_bf16_ok(e, a.rule)) == 0u;
+  if (BP6) pk = L::ballot(!(fin && hq_mx_fp6_bf16_ok(e, KIND))) == 0u;
+  const int64_t rowb = a.rowb;
+  uint8_t *q = a.cd + (int64_t)((uint64_t)i * (uint32_t)rowb) +
+               (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
+  if (pk) {
+    uint32_t m1w[4], m2w[4]; /* BP: pair h's multiplier words; BP6: m1w its lane words */
+    HQ_MX_UNROLL
+    for (int h = 0; h < 4; h++) {
+      const uint32_t ew = hq_mx_prmt(ec[h >> 1], 0u, h & 1 ? 0x4342u : 0x4140u);
+      m1w[h] = m2w[h] = 0u;
+      if (BP) cols_bf16_mult2(ew, &m1w[h], &m2w[h]);
+      if (BP6) m1w[h] = cols_fp6_nd2(ew, KIND);
+    }
+    HQ_MX_UNROLL
+    for (int p = 0; p < 4; p++) {
+      const uint64_t v =
+          BP ? hq_mx_e2m1x8_bf16(w[p], m1w, m2w) : hq_mx_fp6x8_bf16(w[p], m1w, KIND);
+      cols_store<KIND, L>(q + 8 * p * rowb, v, a.st8, lane);
+    }
+    return;
+  }
+  /* the fast forms' multipliers of the 8 columns, from the lanes that made them (BF16 to E2M1
+     has no fast form but the packed one) */
+  float m[8];
+  const float mu = KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
+                                     : hq_mx_fp6_fp8_mult(e, a.rule, KIND);
+  HQ_MX_UNROLL
+  for (int k = 0; k < 8; k++) m[k] = 0.0f;
+  if (!BP && fast) { /* uniform over the warp */
+    HQ_MX_UNROLL
+    for (int k = 0; k < 8; k++) m[k] = hq_bits_f32(L::shfl(hq_f32_bits(mu), 4 * k + c));
+  }
+  if (DT == HQ_F16 && fast) {
+    HQ_MX_UNROLL
+    for (int p = 0; p < 4; p++) {
+      float y[8];
+      HQ_MX_UNROLL
+      for (int k = 0; k < 8; k++)
+        y[k] = cols_hp16<DT>(k & 1 ? w[p][k >> 1] >> 16 : w[p][k >> 1] & 0xffffu);
+      cols_store<KIND, L>(q + 8 * p * rowb, cols_encode8<KIND>(y, m, nullptr, true, a.rule),
+                          a.st8, lane);
+    }
+    return;
+  }
+  /* the rule, and BF16 to FP6's FP8 form for a warp with finite blocks below the packed form's
+     codes: rare, so the rows are read again one at a time (L1 hits), which leaves the loop
+     the registers the rule's casts take */
+  HQ_MX_NOUNROLL
+  for (int p = 0; p < 4; p++, q += 8 * rowb) {
+    const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
+    const uint32_t wr[4] = {u.x, u.y, u.z, u.w};
+    float y[8];
+    uint8_t ek[8];
+    HQ_MX_UNROLL
+    for (int k = 0; k < 8; k++) {
+      y[k] = cols_hp16<DT>(k & 1 ? wr[k >> 1] >> 16 : wr[k >> 1] & 0xffffu);
+      ek[k] = (uint8_t)(ec[k >> 2] >> (8 * (k & 3)));
+    }
+    cols_store<KIND, L>(q, cols_encode8<KIND>(y, m, ek, fast && !BP, a.rule), a.st8, lane);
+  }
+}
+
+/* The CTAs of 256 threads per SM the COLS kernels' registers must allow: 6 (40 registers),
+   where no form spills; the BF16 packed forms alone would fit 32, but the warp's rule path
+   beside them spills there. */
+#ifndef HQ_MX_COLS_MIN_BLOCKS
+#define HQ_MX_COLS_MIN_BLOCKS 6
+#endif
+
+/* The CTA's column block along K and its row block (blockIdx swapped as in quantize_kernel) */
+template <int DT, int KIND>
+__global__ void __launch_bounds__(kColsWarps * 32, HQ_MX_COLS_MIN_BLOCKS)
+    quantize_cols_kernel(const QArgs a) {
+  const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
+                 bj = a.row_major ? blockIdx.x : blockIdx.y;
+  cols_tile<DT, KIND, CudaLanes>(a, bi, bj * kColsCols + (threadIdx.x >> 5) * kBlk,
+                                 (int)(threadIdx.x & 31));
+}
+
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 /* rows: the ROWS kernels (mx_cuda_quantize's choice, which sized the grid by a.tiles) */
@@ -874,6 +1169,17 @@ void launch_q_dt(const QArgs &a, int kind, bool sr, bool rows, dim3 grid, cudaSt
     launch_q<DT, HQ_E3M2X4>(a, sr, rows, grid, s);
   else
     launch_q<DT, HQ_E2M3X4>(a, sr, rows, grid, s);
+}
+
+/* The COLS kernels (mx_cuda_quantize's choice for a 16-bit input) */
+template <int DT>
+void launch_cols(const QArgs &a, int kind, dim3 grid, cudaStream_t s) {
+  if (kind == HQ_E2M1X2)
+    quantize_cols_kernel<DT, HQ_E2M1X2><<<grid, kColsWarps * 32, 0, s>>>(a);
+  else if (kind == HQ_E3M2X4)
+    quantize_cols_kernel<DT, HQ_E3M2X4><<<grid, kColsWarps * 32, 0, s>>>(a);
+  else
+    quantize_cols_kernel<DT, HQ_E2M3X4><<<grid, kColsWarps * 32, 0, s>>>(a);
 }
 
 template <int OT, int KIND>
@@ -955,6 +1261,23 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.role_key = a.offset_dev ? call->role_key : 0;
   a.role_count = a.offset_dev ? call->role_count : 0;
   hq_nvfp4_sr_keys(q->seed, a.rk);
+  const int kind = (int)q->kind;
+  /* the columnwise copy alone from an aligned 16-bit input by round to nearest: the COLS
+     kernels, a CTA per 32 rows x kColsCols columns, row-major where the grid's y limit allows */
+  if (!q->sr && a.vec && !a.rd && a.cd && !a.rr && !a.cr &&
+      (src->dtype == HQ_BF16 || src->dtype == HQ_F16)) {
+    const int64_t gc = (K + kColsCols - 1) / kColsCols;
+    a.tiles = 1;
+    a.row_major = gx <= 65535;
+    const dim3 grid =
+        a.row_major ? dim3((unsigned)gc, (unsigned)gx) : dim3((unsigned)gx, (unsigned)gc);
+    if (src->dtype == HQ_BF16)
+      launch_cols<HQ_BF16>(a, kind, grid, stream);
+    else
+      launch_cols<HQ_F16>(a, kind, grid, stream);
+    CHECK_LAUNCH(call, "mx quantize");
+    return HQ_OK;
+  }
   /* the rowwise copy alone from aligned input by round to nearest: the ROWS kernels, a CTA over
      up to HQ_MX_TILES row blocks where the grid keeps two waves of 8 CTAs per SM or more */
   const bool rows = !q->sr && a.vec && !a.cd && !a.rr;
@@ -970,7 +1293,6 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   a.row_major = gt <= 65535;
   const dim3 grid =
       a.row_major ? dim3((unsigned)gy, (unsigned)gt) : dim3((unsigned)gt, (unsigned)gy);
-  const int kind = (int)q->kind;
   switch (src->dtype) {
   case HQ_F32: launch_q_dt<HQ_F32>(a, kind, q->sr != 0, rows, grid, stream); break;
   case HQ_F16: launch_q_dt<HQ_F16>(a, kind, q->sr != 0, rows, grid, stream); break;
