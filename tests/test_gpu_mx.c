@@ -34,14 +34,17 @@ static int teardown(void **state) {
 
 /* set by test_raw_copy: the recipes keep raw copies (raw_copy = bf16) */
 static int raw_copy;
+/* set by test_columnwise_alone: the recipes set the columnwise format alone (rowwise identity) */
+static int cols_only;
 
 static hq_recipe *recipe(int kind, int rceil, int sr) {
   char text[512];
   snprintf(text, sizeof text,
            "[format f]\nplugin = %s\n%sscale = %s\nstochastic_rounding = %s\n%s[role *:*:*]\n"
-           "rowwise = f\ncolumnwise = f\n",
+           "%scolumnwise = f\n",
            kind ? "mxfp6" : "mxfp4", kind == 1 ? "elem = e3m2\n" : kind == 2 ? "elem = e2m3\n" : "",
-           rceil ? "rceil" : "floor", sr ? "true" : "false", raw_copy ? "raw_copy = bf16\n" : "");
+           rceil ? "rceil" : "floor", sr ? "true" : "false", raw_copy ? "raw_copy = bf16\n" : "",
+           cols_only ? "" : "rowwise = f\n");
   return hq_test_recipe(text);
 }
 
@@ -61,6 +64,8 @@ static hq_tensor input(hq_dtype t, int64_t M, int64_t K, uint64_t seed) {
     hq_store_hp(x.data, (M - 1 - n) * K + (K - 1) - n, t, sp[n]);
   }
   for (int k = 0; k < 32 && M >= 64; k++) hq_store_hp(x.data, 32 * K + 32 + k, t, 0.0f);
+  /* an all-zero columnwise block: rows 0..31 of column K/2 (clear of the values above) */
+  for (int r = 0; r < 32; r++) hq_store_hp(x.data, r * K + K / 2, t, r & 1 ? -0.0f : 0.0f);
   /* a rowwise and a columnwise block of values near 2^-133 (BF16 subnormals, scale code 0: the
      BF16 form's multiply-add takes subnormal operands) */
   for (int k = 0; k < 32 && M >= 96 && K >= 128; k++) {
@@ -73,9 +78,12 @@ static hq_tensor input(hq_dtype t, int64_t M, int64_t K, uint64_t seed) {
 
 static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, uint32_t usage,
                 int shift) {
-  char what[160];
-  snprintf(what, sizeof what, "kind %d rceil %d sr %d dtype %d [%lld, %lld] usage %u shift %d",
-           kind, rceil, sr, (int)t, (long long)M, (long long)K, usage, shift);
+  char what[176];
+  snprintf(what, sizeof what, "kind %d rceil %d sr %d dtype %d [%lld, %lld] usage %u shift %d%s",
+           kind, rceil, sr, (int)t, (long long)M, (long long)K, usage, shift,
+           cols_only ? " (columnwise format alone)" : "");
+  /* the directions the module quantizes (a columnwise-only recipe's rowwise copy is identity) */
+  const uint32_t dirs = cols_only ? usage & HQ_COLWISE : usage;
   hq_recipe *r = recipe(kind, rceil, sr);
   hq_quantizer *q = hq_test_quantizer(r, "linear:weight:w");
   HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, usage));
@@ -85,11 +93,11 @@ static void one(int kind, int rceil, int sr, hq_dtype t, int64_t M, int64_t K, u
   HQ_OK_OR_FAIL(hq_quantize(q, cpu, &h, &qh));
   HQ_OK_OR_FAIL(hq_quantize(q, gpu, &g, &qg));
   HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
-  hq_gpu_compare_usage(gpu, qh, qg, usage, what);
+  hq_gpu_compare_usage(gpu, qh, qg, dirs, what);
   /* dequantize each direction on both sides into every dtype */
   const hq_dtype outs[3] = {HQ_F32, HQ_BF16, HQ_F16};
   for (uint32_t d = 1; d <= 2; d++) {
-    if (!(usage & d)) continue;
+    if (!(dirs & d)) continue;
     for (int o = 0; o < 3; o++) {
       hq_tensor yh = hq_test_empty(outs[o], M, K);
       hq_tensor yg0 = hq_test_empty(outs[o], M, K);
@@ -187,6 +195,34 @@ static void test_many_tiles(void **state) {
   one(0, 0, 0, HQ_BF16, 4160, 8224, HQ_BOTH, 0);
 }
 
+/* The columnwise copy alone (a recipe that sets only the columnwise format: the dgrad / wgrad
+   operand) from aligned BF16 and F16 inputs by round to nearest: the COLS kernels (a warp per
+   32 x 32 tile, 8 warps along K per CTA), every element kind, both scale rules; K % 256 = 0, 32,
+   96, 160, 224 (a last CTA with 8, 1, 3, 5, 7 warps of tiles), 4160 x 8224 (several waves of
+   CTAs), and 65537 row blocks of 32 columns (past the grid's y limit: the row blocks along x).
+   Each input holds an all-zero columnwise block and special values (input()), so that warps
+   take the packed forms, the fast forms and the rule. Usage columnwise, and both directions
+   where the rowwise copy (identity) is made beside it. */
+static void test_columnwise_alone(void **state) {
+  (void)state;
+  cols_only = 1;
+  const int64_t shapes[][2] = {{64, 256}, {96, 288}, {32, 352}, {160, 416}, {64, 480},
+                               {1024, 1056}};
+  const hq_dtype dts[2] = {HQ_BF16, HQ_F16};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int kind = 0; kind < 3; kind++)
+      for (int rceil = 0; rceil < 2; rceil++)
+        for (int d = 0; d < 2; d++)
+          one(kind, rceil, 0, dts[d], shapes[s][0], shapes[s][1], s == 1 ? HQ_BOTH : HQ_COLWISE,
+              0);
+  for (int kind = 0; kind < 3; kind++)
+    for (int rceil = 0; rceil < 2; rceil++)
+      one(kind, rceil, 0, dts[(kind + rceil) % 2], 4160, 8224, HQ_COLWISE, 0);
+  for (int kind = 0; kind < 3; kind++)
+    one(kind, kind == 1, 0, dts[kind % 2], 32 * 65537, 32, kind == 2 ? HQ_BOTH : HQ_COLWISE, 0);
+  cols_only = 0;
+}
+
 /* Dequantize of storages whose bytes are written here, not by quantize: every code at every
    position of a pair of codes, every scale code 0..255 (0xFF NaN, 0 the subnormal 2^-127, 254
    past BF16's range) in both directions, on both sides into f32 / bf16 / f16, byte for byte
@@ -260,6 +296,7 @@ int main(void) {
       cmocka_unit_test(test_raw_copy),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_many_tiles),
+      cmocka_unit_test(test_columnwise_alone),
       cmocka_unit_test(test_dequantize_every_byte),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
