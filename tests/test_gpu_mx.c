@@ -196,13 +196,13 @@ static void test_many_tiles(void **state) {
 }
 
 /* The columnwise copy alone (a recipe that sets only the columnwise format: the dgrad / wgrad
-   operand) from aligned BF16 and F16 inputs by round to nearest: the COLS kernels (a warp per
-   32 x 32 tile, 8 warps along K per CTA), every element kind, both scale rules; K % 256 = 0, 32,
-   96, 160, 224 (a last CTA with 8, 1, 3, 5, 7 warps of tiles), 4160 x 8224 (several waves of
-   CTAs), and 65537 row blocks of 32 columns (past the grid's y limit: the row blocks along x).
-   Each input holds an all-zero columnwise block and special values (input()), so that warps
-   take the packed forms, the fast forms and the rule. Usage columnwise, and both directions
-   where the rowwise copy (identity) is made beside it. */
+   operand) from aligned BF16 and F16 inputs by round to nearest: the COLS kernels where HQ_MX_COLS
+   is 1 (a warp per 32 x 32 tile, 8 warps along K per CTA; else the kernel that writes both copies),
+   every element kind, both scale rules; K % 256 = 0, 32, 96, 160, 224 (a last CTA with 8, 1, 3, 5,
+   7 warps of tiles), 4160 x 8224 (several waves of CTAs), and 65537 row blocks of 32 columns (past
+   the grid's y limit: the row blocks along x). Each input holds an all-zero columnwise block and
+   special values (input()), so that warps take the packed forms, the fast forms and the rule. Usage
+   columnwise, and both directions where the rowwise copy (identity) is made beside it. */
 static void test_columnwise_alone(void **state) {
   (void)state;
   cols_only = 1;

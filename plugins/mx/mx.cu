@@ -12,7 +12,7 @@
 ** load each for bf16/f16, kept packed two elements per register, their amaxes taken two per
 ** instruction; two for f32), so every element sits in exactly one thread's registers for both
 ** directions. The columnwise copy alone from an aligned 16-bit input by round to nearest (the
-** dgrad / wgrad operand) takes a kernel of its own (COLS), below.
+** dgrad / wgrad operand) has a kernel of its own (COLS), below, taken where HQ_MX_COLS is 1.
 **   rowwise 1x32: a block is 4 neighbouring lanes; the thread's two rows' amaxes are
 **     reduce-scattered over them (NaN-propagating maxima: a NaN anywhere gives a NaN amax, the
 **     rule's), so that each lane computes one scale code and gets the other row's by a
@@ -1119,6 +1119,13 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
 /* The CTAs of 256 threads per SM the COLS kernels' registers must allow: 6 (40 registers),
    where no form spills; the BF16 packed forms alone would fit 32, but the warp's rule path
    beside them spills there. */
+/* 1: mx_cuda_quantize sends the columnwise copy alone to the COLS kernels. 0 until a device has
+   checked their bytes against the CPU reference (tests/test_gpu_mx) and timed them against the
+   kernel that writes both copies: only a host simulation of the warp has run them, so they are
+   compiled for every architecture and left out of the dispatch. */
+#ifndef HQ_MX_COLS
+#define HQ_MX_COLS 0
+#endif
 #ifndef HQ_MX_COLS_MIN_BLOCKS
 #define HQ_MX_COLS_MIN_BLOCKS 6
 #endif
@@ -1263,8 +1270,9 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   hq_nvfp4_sr_keys(q->seed, a.rk);
   const int kind = (int)q->kind;
   /* the columnwise copy alone from an aligned 16-bit input by round to nearest: the COLS
-     kernels, a CTA per 32 rows x kColsCols columns, row-major where the grid's y limit allows */
-  if (!q->sr && a.vec && !a.rd && a.cd && !a.rr && !a.cr &&
+     kernels (HQ_MX_COLS), a CTA per 32 rows x kColsCols columns, row-major where the grid's y
+     limit allows */
+  if (HQ_MX_COLS && !q->sr && a.vec && !a.rd && a.cd && !a.rr && !a.cr &&
       (src->dtype == HQ_BF16 || src->dtype == HQ_F16)) {
     const int64_t gc = (K + kColsCols - 1) / kColsCols;
     a.tiles = 1;
