@@ -868,40 +868,20 @@ constexpr int kColsCols = kColsWarps * kBlk; /* columns per CTA */
 #define HQ_MX_NOUNROLL
 #endif
 
-/* The COLS warp's lane exchanges: the CUDA intrinsics. The host forms are never run (a host
-   simulation of the kernel brings its own exchanges). */
+/* The COLS warp's lane exchanges: the CUDA intrinsics. The host pass compiles the body too,
+   where these forms are never run (a host simulation of the kernel brings its own). */
 struct CudaLanes {
-  static HQ_HD uint32_t shfl(uint32_t v, int src) {
 #if defined(__CUDA_ARCH__)
-    return __shfl_sync(kAll, v, src);
+  static __device__ uint32_t shfl(uint32_t v, int src) { return __shfl_sync(kAll, v, src); }
+  static __device__ uint32_t shfl_xor(uint32_t v, int m) { return __shfl_xor_sync(kAll, v, m); }
+  static __device__ uint32_t shfl_down(uint32_t v, int d) { return __shfl_down_sync(kAll, v, d); }
+  static __device__ uint32_t ballot(bool p) { return __ballot_sync(kAll, p); }
 #else
-    (void)src;
-    return v;
+  static HQ_HD uint32_t shfl(uint32_t v, int) { return v; }
+  static HQ_HD uint32_t shfl_xor(uint32_t v, int) { return v; }
+  static HQ_HD uint32_t shfl_down(uint32_t v, int) { return v; }
+  static HQ_HD uint32_t ballot(bool p) { return p ? kAll : 0u; }
 #endif
-  }
-  static HQ_HD uint32_t shfl_xor(uint32_t v, int m) {
-#if defined(__CUDA_ARCH__)
-    return __shfl_xor_sync(kAll, v, m);
-#else
-    (void)m;
-    return v;
-#endif
-  }
-  static HQ_HD uint32_t shfl_down(uint32_t v, int d) {
-#if defined(__CUDA_ARCH__)
-    return __shfl_down_sync(kAll, v, d);
-#else
-    (void)d;
-    return v;
-#endif
-  }
-  static HQ_HD uint32_t ballot(bool p) {
-#if defined(__CUDA_ARCH__)
-    return __ballot_sync(kAll, p);
-#else
-    return p ? kAll : 0u;
-#endif
-  }
 };
 
 /* hq_cuda_absmax2<DT, true>: per 16-bit lane the larger magnitude of a and b, a NaN where
