@@ -210,8 +210,8 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
                         int training, double *loss, char *err, size_t err_len);
 /* train_model_forward in three parts, for a step captured in a CUDA graph (loop.c): the batch
    uploaded (host copies; with `mapped`, x and y page-locked, read in place by one kernel where
-   the device table has one), the forward on the device (the loss left in m->loss), the loss
-   read back (synchronizes the stream; after the replay). */
+   the device table has one and model.c's TRAIN_UPLOAD_MAPPED is on), the forward on the device
+   (the loss left in m->loss), the loss read back (synchronizes the stream; after the replay). */
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len);
 int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
