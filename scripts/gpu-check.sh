@@ -24,7 +24,9 @@
 # work elsewhere does not stop it); HQ_BENCH_ARGS gives --bench's hq bench arguments (default
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
 # HQ_CUDA_ARCH=90 configures for sm_90 alone (a measurement on the H200; the default builds every
-# architecture hq supports, as CI does).
+# architecture hq supports, as CI does). HQ_TREE_DEFINES="NAME=VALUE ..." compiles the carried
+# tree's C and CUDA sources with those switches on (e.g. "HQ_MX_COLS=1 TRAIN_UPLOAD_MAPPED=1"),
+# not HQ_DEVDIST_BEFORE's: an A/B of a switch carries the same tarball twice.
 # --train-ab (with --quick, and HQ_DEVDIST_BEFORE=.devdist0: an earlier tree's `make dist`
 # tarball carried too; or HQ_AB_BEFORE_CPPFLAGS="PLUGIN FLAGS": this tree with that plugin's C
 # sources compiled with FLAGS, a compile-time switch, no second build) trains every shipped
@@ -104,8 +106,13 @@ if [ "${1:-}" = "--on-device" ]; then
   tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
   cd "$build"/hq-*/
   # HQ_CUDA_ARCH (e.g. 90) builds for that architecture alone: a measurement on the lent H200
-  # needs no Blackwell code, and the build takes less of the session's device time
-  ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
+  # needs no Blackwell code, and the build takes less of the session's device time.
+  # HQ_TREE_DEFINES ("NAME=VALUE ..."): compile-time switches of this tree's C and CUDA sources
+  # (e.g. "HQ_MX_COLS=1"), not of the earlier tree a before/after mode builds beside it
+  defs=""
+  for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
+  CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
+    ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
   # the modules built from plugins/PLUGIN's sources (plugins/mx: mxfp4.la and mxfp6.la)
@@ -226,8 +233,8 @@ if [ "${1:-}" = "--on-device" ]; then
   before_tree() { # MODE (built once for the modes of one call)
     [ -z "$before" ] || return 0
     [ -n "${HQ_DEVDIST_BEFORE:-}" ] || { echo "$1: set HQ_DEVDIST_BEFORE"; exit 2; }
-    (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE bash scripts/gpu-check.sh \
-      --on-device --quick) > "$out/before-build.txt" 2>&1 \
+    (cd "$root" && OUT=$out/before HQ_DEVDIST=$HQ_DEVDIST_BEFORE HQ_TREE_DEFINES= \
+      bash scripts/gpu-check.sh --on-device --quick) > "$out/before-build.txt" 2>&1 \
       || { tail -20 "$out/before-build.txt"; exit 1; }
     before=$(echo /tmp/hqbuild/$HQ_DEVDIST_BEFORE/hq-*/)
   }
