@@ -402,6 +402,18 @@ tests_test_gpu_train_ops_SOURCES = tests/test_gpu_train_ops.c tests/hq_test.h te
 tests_test_gpu_train_ops_CPPFLAGS = $(HQ_TEST_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(top_srcdir)/train
 tests_test_gpu_train_ops_LDADD = $(HQ_TEST_LDADD) train/ops_cuda.lo -lcudart -lstdc++
 tests_test_gpu_train_ops_LDFLAGS = $(CUDA_LDFLAGS)
+# the MX COLS kernels' body run on the host as a warp of 32 threads against mx.c, byte for byte
+# (no GPU needed: it runs wherever CUDA is configured, CI included)
+check_PROGRAMS += tests/test_mx_cols_host
+tests_test_mx_cols_host_SOURCES = tests/mx_cols_ref.c
+tests_test_mx_cols_host_CPPFLAGS = $(HQ_PLUGIN_CPPFLAGS) -I$(top_srcdir)/plugins/mx -DHQ_MX_FP=6
+tests_test_mx_cols_host_LDADD = tests/test_mx_cols_host.lo -lcudart -lstdc++ -lpthread -lm
+tests_test_mx_cols_host_LDFLAGS = $(CUDA_LDFLAGS)
+# only its host code runs: device code for one virtual architecture (PTX, no ptxas) is enough,
+# which keeps every target's kernels out of make check's build
+tests/test_mx_cols_host.lo: tests/test_mx_cols_host.cu
+	$(AM_V_NVCC)$(SHELL) $(top_srcdir)/build-aux/cuda-lt.sh $@ $(NVCC) $(HQ_NVCCFLAGS_ARCHLESS) \
+	  -gencode arch=compute_90,code=compute_90 $(NVCCFLAGS) -c $<
 # --grad-dtype bf16's conversions on the GPU (train/cast_cuda.cu) against the CPU path's rounding
 # and a reference, bit for bit
 check_PROGRAMS += tests/test_gpu_dist_bf16
@@ -459,6 +471,8 @@ EXTRA_DIST += tests/test_ncu_steps.sh scripts/ncu_steps.py
 # scripts/lanes.py, a replayed graph's streams from scripts/lane_trace.c's CUPTI trace
 TESTS += tests/test_lanes.sh
 EXTRA_DIST += tests/test_lanes.sh scripts/lanes.py scripts/lane_trace.c
+# the source of tests/test_mx_cols_host (built by the .cu rule where CUDA is configured)
+EXTRA_DIST += tests/test_mx_cols_host.cu
 # scripts/sanitizer_filters.sh, which failed sanitizer runs gpu-check.sh counts as clean
 TESTS += tests/test_sanitizer_filters.sh
 EXTRA_DIST += tests/test_sanitizer_filters.sh scripts/sanitizer_filters.sh

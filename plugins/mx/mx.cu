@@ -855,7 +855,8 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 8 : 6)
    each; a warp load is 8 rows of 64 consecutive bytes), so its 8 codes of a row are consecutive
    bytes of the output row and a row's 32-block is lanes 4g .. 4g + 3, as in the other kernels.
    A CTA is kColsWarps warps along K. The body is written for the host too (its lane exchanges
-   a parameter, L), so that a simulation of the warp can run it against the CPU reference. */
+   a parameter, L), so that tests/test_mx_cols_host runs it as a warp of host threads against
+   the CPU reference. */
 constexpr int kColsWarps = 8;
 constexpr int kColsCols = kColsWarps * kBlk; /* columns per CTA */
 
@@ -1096,16 +1097,16 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
   }
 }
 
-/* The CTAs of 256 threads per SM the COLS kernels' registers must allow: 6 (40 registers),
-   where no form spills; the BF16 packed forms alone would fit 32, but the warp's rule path
-   beside them spills there. */
 /* 1: mx_cuda_quantize sends the columnwise copy alone to the COLS kernels. 0 until a device has
    checked their bytes against the CPU reference (tests/test_gpu_mx) and timed them against the
-   kernel that writes both copies: only a host simulation of the warp has run them, so they are
-   compiled for every architecture and left out of the dispatch. */
+   kernel that writes both copies: only tests/test_mx_cols_host (the body on host threads) has
+   run them, so they are compiled for every architecture and left out of the dispatch. */
 #ifndef HQ_MX_COLS
 #define HQ_MX_COLS 0
 #endif
+/* The CTAs of 256 threads per SM the COLS kernels' registers must allow: 6 (40 registers),
+   where no form spills; the BF16 packed forms alone would fit 32, but the warp's rule path
+   beside them spills there. */
 #ifndef HQ_MX_COLS_MIN_BLOCKS
 #define HQ_MX_COLS_MIN_BLOCKS 6
 #endif
