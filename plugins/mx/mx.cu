@@ -185,6 +185,33 @@ __device__ __forceinline__ uint64_t encode8(const float y[8], const float m[8], 
 #ifndef HQ_MX_ST4
 #define HQ_MX_ST4 1
 #endif
+/* A lane's own 4 FP4 code bytes v at q: one 4-byte store (st8: q 4-byte aligned) or byte
+   stores. Shared by store_codes and the COLS kernels' cols_store. */
+HQ_HD void store_fp4_own(uint8_t *q, uint64_t v, bool st8) {
+  if (st8) {
+    *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
+  } else {
+    for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
+  }
+}
+
+/* A 32-block's 24 FP6 code bytes from its 4 lanes (lane k's 6 bytes v at q, the next lane's
+   nlo / nhi brought by a shuffle down): with st8 lanes 0..2 write three 8-byte words (lane k's
+   at q + 2k, 8-byte aligned), else each lane its own bytes. Shared by store_codes and the COLS
+   kernels' cols_store, whose shuffles differ. */
+HQ_HD void store_fp6_words(uint8_t *q, uint64_t v, uint32_t nlo, uint32_t nhi, bool st8,
+                           int lane) {
+  if (st8) {
+    const int k = lane & 3;
+    if (k < 3) {
+      const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
+      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
+    }
+  } else {
+    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
+  }
+}
+
 /* Stores the packed codes v of the thread's 8 elements at q, their first byte in the row (q =
    row + j/2 for FP4, row + j/4*3 for FP6), the 4 lanes of a 32-block together (every lane of
    the warp calls it: shuffles): FP4 the even lane of a pair writes both lanes' 8 bytes, FP6
@@ -198,12 +225,7 @@ template <int KIND, bool ST6>
 __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, bool st8,
                                             int lane) {
   if (KIND == HQ_E2M1X2 && HQ_MX_ST4) {
-    if (!valid) return;
-    if (st8) {
-      *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
-    } else {
-      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
-    }
+    if (valid) store_fp4_own(q, v, st8);
     return;
   }
   if (KIND == HQ_E2M1X2) {
@@ -228,16 +250,7 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
   }
   const uint32_t nlo = __shfl_down_sync(kAll, (uint32_t)v, 1);
   const uint32_t nhi = __shfl_down_sync(kAll, (uint32_t)(v >> 32), 1);
-  if (!valid) return;
-  if (st8) {
-    const int k = lane & 3;
-    if (k < 3) {
-      const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
-      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
-    }
-  } else {
-    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
-  }
+  if (valid) store_fp6_words(q, v, nlo, nhi, st8, lane);
 }
 
 /* The raw values (raw_copy) of the 8 codes packed in v (FP4: nibble k; FP6: bits 6k .. 6k+5)
@@ -960,23 +973,11 @@ HQ_HD uint32_t cols_fp6_nd2(uint32_t ew, int kind) {
 template <int KIND, class L>
 HQ_HD void cols_store(uint8_t *q, uint64_t v, bool st8, int lane) {
   if (KIND == HQ_E2M1X2) {
-    if (st8) {
-      *reinterpret_cast<uint32_t *>(q) = (uint32_t)v;
-    } else {
-      for (int b = 0; b < 4; b++) q[b] = (uint8_t)(v >> (8 * b));
-    }
+    store_fp4_own(q, v, st8);
     return;
   }
   const uint32_t nlo = L::shfl_down((uint32_t)v, 1), nhi = L::shfl_down((uint32_t)(v >> 32), 1);
-  if (st8) {
-    const int k = lane & 3;
-    if (k < 3) {
-      const uint64_t next = (uint64_t)nlo | (uint64_t)nhi << 32;
-      *reinterpret_cast<uint64_t *>(q + 2 * k) = (v >> (16 * k)) | (next << (48 - 16 * k));
-    }
-  } else {
-    for (int b = 0; b < 6; b++) q[b] = (uint8_t)(v >> (8 * b));
-  }
+  store_fp6_words(q, v, nlo, nhi, st8, lane);
 }
 
 /* One warp's tile: row block bi, columns jt .. jt + 31 (none where jt >= K), lane `lane`.
