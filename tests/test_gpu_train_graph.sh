@@ -1,15 +1,16 @@
 #!/bin/sh
 # test_gpu_train_graph.sh -- `hq train --device cuda --cuda-graph on|off` (exit 77 when no GPU can
 # run it): with the graph on, every recipe runs 2 warm steps eagerly, captures the third (the
-# optimizer included, its constants read from device slots the host refills before each launch)
-# and replays it at every later step, and its losses and final state equal the eager run's bit
-# for bit (train_graph.sh: fp32, BF16 identity, per-tensor FP8 current and delayed, MXFP8, and
-# with stochastic rounding NVFP4 and the default recipe.ini; the learning rate and bias
-# corrections change at every step and the replays draw each step's random bits from the step
-# set on the device, so a replay with the captured constants or bits would part from the eager
-# run). The bf16-direct baseline is captured the same way and its losses equal its eager run's;
-# --profile runs eagerly with a note; at hidden 1024 the large wgrad on the main stream keeps the
-# losses too. Exit 0 pass, 1 fail, 77 skip.
+# optimizer included, its constants read from device slots the host refills before each launch) and
+# replays it at every later step, and its losses and final state equal the eager run's bit for bit
+# (train_graph.sh: fp32, BF16 identity, per-tensor FP8 current and delayed, MXFP8, and with
+# stochastic rounding NVFP4 and the default recipe.ini; the learning rate and bias corrections
+# change at every step and the replays draw each step's random bits from the step set on the device,
+# so a replay with the captured constants or bits would part from the eager run; NVFP4's rowwise
+# copies then take the amax of the kernel that wrote them, its columnwise copies on the second
+# stream computing their own). The bf16-direct baseline is captured the same way and its losses
+# equal its eager run's; --profile runs eagerly with a note; at hidden 1024 the large wgrad on the
+# main stream keeps the losses too. Exit 0 pass, 1 fail, 77 skip.
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -61,6 +62,14 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     if want is not None and r["graph_side_splits"] != want:
         sys.exit("FAIL: %s: %s columnwise copies on the second stream, expected %s"
                  % (r["name"], r["graph_side_splits"], want))
+    # NVFP4's activations and gradients (RHT on the columnwise copy, whose amax is its own):
+    # their rowwise copies take the amax of the kernel that wrote them, there alone (recipe.ini:
+    # the gradients; its inputs' MXFP8 rowwise copy has no amax); the other recipes' split
+    # tensors take it in both directions, or none has an amax
+    want = {"nvfp4": 4, "mxfp8-forward-nvfp4-backward": 2}.get(r["name"], 0)
+    if r["graph_side_amaxes"] != want:
+        sys.exit("FAIL: %s: %s rowwise copies take the writer's amax apart, expected %s"
+                 % (r["name"], r["graph_side_amaxes"], want))
 PY
 grep -q -- "--cuda-graph:" "$tmp/on.err" && { cat "$tmp/on.err"; fail "a --cuda-graph note: every recipe is captured"; }
 

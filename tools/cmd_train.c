@@ -827,6 +827,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kint(j, "graph_other", r->graph_nodes[TRAIN_GRAPH_OTHER]);
   json_kbool(j, "graph_side_stream", r->side_lane);
   json_kint(j, "graph_side_splits", r->side_splits);
+  json_kint(j, "graph_side_amaxes", r->side_amaxes);
   json_kint(j, "graph_side_wgrads", r->side_wgrads);
   json_kint(j, "graph_side_writebacks", r->side_writebacks);
   json_key(j, "graph_note");

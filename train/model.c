@@ -100,6 +100,14 @@ static int amax_fusable(const hq_quantizer *q) {
   return (r == HQ_AMAX_INPUT || c == HQ_AMAX_INPUT) && r != HQ_AMAX_OWN && c != HQ_AMAX_OWN;
 }
 
+/* Whether q takes such an amax in one direction while the other makes its own: the writing kernel
+   can hand it to the direction that takes it, where the two are quantized by separate calls. */
+static int amax_part_fusable(const hq_quantizer *q) {
+  const uint32_t r = hq_quantizer_amax_kind(q, HQ_ROWWISE);
+  const uint32_t c = hq_quantizer_amax_kind(q, HQ_COLWISE);
+  return (r == HQ_AMAX_INPUT && c == HQ_AMAX_OWN) || (c == HQ_AMAX_INPUT && r == HQ_AMAX_OWN);
+}
+
 /* The input qtensor of the last training forward given up: freed, unless it is the kept one
    (train_model.keep_q). */
 static void drop_qx(train_linear *l) {
@@ -285,6 +293,7 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
       }
       hq_qtensor_free(probe);
       l->fuse_amax[t / 2] = !cfg->dist && amax_fusable(*q[t]);
+      l->part_amax[t / 2] = !cfg->dist && amax_part_fusable(*q[t]);
     }
     if (train_dist_weight(m, l, 1, err, err_len)) {
       train_model_free(m);
@@ -295,19 +304,24 @@ int train_model_create(train_model *m, const train_model_cfg *cfg, hq_recipe *re
      ones, then one slot per weight for the optimizer's write-back amax (hq_adam.amax_dev with
      HQ_ADAM_AMAX_ZEROED: no zeroing launch per weight), which the step's kernel computes when
      the weight's directions take the new master's amax (the rule of amax_fusable; a host
-     step has no such kernel) */
-  int need_f = 0, need_a = 0;
+     step has no such kernel). The one-direction amaxes (part_amax) are in use, and so zeroed,
+     only once a side lane splits their tensors (train_model_side). */
+  int need_f = 0, need_a = 0, part = 0;
   for (int i = 0; i < m->n_lin; i++) {
     need_f |= m->lin[i].fuse_amax[0] || m->lin[i].fuse_amax[1];
+    part |= m->lin[i].part_amax[0] || m->lin[i].part_amax[1];
     need_a |= !cfg->dist && hq_ctx_device(ctx) >= 0 && amax_fusable(m->lin[i].q_w);
   }
+  const int live = need_f || need_a;
+  need_f |= part;
   const size_t nf = need_f ? (size_t)m->n_lin * 4 : 0, na = need_a ? (size_t)m->n_lin * 2 : 0;
   if (nf + na && dev_alloc(m, (nf + na) * sizeof(float), &m->zbuf)) {
     train_fail(err, err_len, "out of memory for the model: %s", hq_last_error());
     train_model_free(m);
     return -1;
   }
-  m->zbytes = (nf + na) * sizeof(float);
+  m->zalloc = (nf + na) * sizeof(float);
+  m->zbytes = live ? m->zalloc : 0;
   m->famax = nf ? m->zbuf : NULL;
   m->aslot = na ? m->zbuf + nf : NULL;
   return 0;
@@ -429,10 +443,14 @@ static int kernel_done(train_profile *p, int pk, int rc) {
 }
 
 /* The fused amax pair of layer i's input (kind TRAIN_QT_INPUT) or output gradient
-   (TRAIN_QT_GRAD) in m->famax, or NULL when its quantizer does not take one. */
+   (TRAIN_QT_GRAD) in m->famax, or NULL when its quantizer does not take one: in one direction
+   alone (part_amax) it does where the side lane makes the two directions apart. The writing
+   kernel and the quantize of one step ask under the same lanes, so they agree. */
 static float *fused_amax(const train_model *m, int i, int kind) {
   const int t = kind == TRAIN_QT_GRAD;
-  return m->famax && m->lin[i].fuse_amax[t] ? m->famax + 4 * i + 2 * t : NULL;
+  const train_linear *l = &m->lin[i];
+  const int part = l->part_amax[t] && m->side && (t ? l->split_grad : l->split_in);
+  return m->famax && (l->fuse_amax[t] || part) ? m->famax + 4 * i + 2 * t : NULL;
 }
 
 /* A GEMM's info: the layer's slot on the first training step, else, in a profiled step, `local`
@@ -561,13 +579,16 @@ static int side_read(train_model *m, int mark, const train_linear *l, char *err,
 
 /* Layer l's src (`what`: its name in a message) in two directions on the two lanes: the
    columnwise copy into *col on the side stream, once src is ready there, and the rowwise one into
-   *row on the main stream. */
+   *row on the main stream. A direction whose amax is the format's own makes it (fused not
+   passed): the fused pair then holds the other direction's alone (part_amax). */
 static int quantize_lanes(train_model *m, const train_linear *l, hq_quantizer *q,
                           const hq_tensor *src, const float *fused, hq_qtensor **row,
                           hq_qtensor **col, const char *what, char *err, size_t err_len) {
+  const int own_r = hq_quantizer_amax_kind(q, HQ_ROWWISE) == HQ_AMAX_OWN;
+  const int own_c = hq_quantizer_amax_kind(q, HQ_COLWISE) == HQ_AMAX_OWN;
   if (side_order(m, 1, l, what, err, err_len)) return -1;
-  if (kept_dir(m->side, q, src, fused, HQ_COLWISE, col) ||
-      kept_dir(m->ctx, q, src, fused, HQ_ROWWISE, row))
+  if (kept_dir(m->side, q, src, own_c ? NULL : fused, HQ_COLWISE, col) ||
+      kept_dir(m->ctx, q, src, own_r ? NULL : fused, HQ_ROWWISE, row))
     return hq_fail(err, err_len, l, what);
   return 0;
 }
@@ -639,7 +660,7 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
   /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
      by one kernel of this forward or of the backward that follows it; the weights' write-back
      slots with them, for the optimizer that follows every training step's backward */
-  if (m->zbuf && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->zbuf, 0, m->zbytes)))
+  if (m->zbytes && PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->zbuf, 0, m->zbytes)))
     return train_fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
   if (PROFK(m, TRAIN_PK_EMBED,
             m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
@@ -761,6 +782,8 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
        borrowed); a scaling state's scales and amaxes change only at its update, which follows
        the optimizer's end, where the lanes join */
     l->wb_side = l->qw && !borrows(l->qw, l->w);
+    if ((l->split_in && l->part_amax[0]) || (l->split_grad && l->part_amax[1]))
+      m->zbytes = m->zalloc;
   }
   m->side = side;
   for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) m->side_ev[k] = events[k];

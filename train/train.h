@@ -116,6 +116,10 @@ typedef struct train_linear {
      writing the tensor computes (device.h): its per-tensor amax is max |x| (HQ_AMAX_INPUT) in
      one direction at least and format-specific in none; one process */
   int fuse_amax[2];
+  /* ... or would in the direction(s) of kind HQ_AMAX_INPUT alone, the other's amax being the
+     format's own (nvfp4's RHT columnwise copy): taken where the two directions are made apart
+     (split_in, split_grad), the rowwise copy then skipping its amax pass */
+  int part_amax[2];
   /* across ranks (dist.h): w, mw, vw hold this rank's rows [r0, r0 + rows) of W (one process:
      all of them); gw the whole gradient of this rank's part of the batch, gws its shard summed
      over the ranks; qw_shard the shard quantized, gathered into qw by `gather` */
@@ -171,9 +175,10 @@ typedef struct train_model {
   float *aslot;                              /* each weight's write-back amax (hq_adam.amax_dev:
                                                 2 floats per layer), zeroed with famax; NULL
                                                 when no weight's write-back takes one */
-  float *zbuf;                               /* the one allocation of famax and aslot, zeroed
-                                                by one kernel every forward (zbytes) */
-  size_t zbytes;
+  float *zbuf;                               /* the one allocation of famax and aslot (zalloc
+                                                bytes), zeroed by one kernel every forward
+                                                while any slot is in use (zbytes: 0 or zalloc) */
+  size_t zalloc, zbytes;
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
@@ -366,6 +371,9 @@ typedef struct train_result {
                                                 train_model_side): 1 when it has one */
   int side_splits;                           /* the layers' inputs and output gradients whose
                                                 columnwise copies it makes */
+  int side_amaxes;                           /* of those, the ones whose rowwise copy takes
+                                                the writing kernel's amax only there
+                                                (train_linear.part_amax) */
   int side_wgrads;                           /* the layers whose wgrad it runs */
   int side_writebacks;                       /* the weights whose write-back it runs */
   char graph_note[256];                      /* why the run did not capture ("": it did, or
