@@ -825,6 +825,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kint(j, "graph_memsets", r->graph_nodes[TRAIN_GRAPH_MEMSETS]);
   json_kint(j, "graph_allocs", r->graph_nodes[TRAIN_GRAPH_ALLOCS]);
   json_kint(j, "graph_other", r->graph_nodes[TRAIN_GRAPH_OTHER]);
+  json_kbool(j, "graph_batch_mapped", r->batch_mapped);
   json_kbool(j, "graph_side_stream", r->side_lane);
   json_kint(j, "graph_side_splits", r->side_splits);
   json_kint(j, "graph_side_amaxes", r->side_amaxes);

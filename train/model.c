@@ -628,19 +628,16 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   return 0;
 }
 
-/* 1: a captured step's batch read in place from its page-locked staging buffers (the device
-   table's upload_mapped) where two copy nodes were. 0 until a device has run the kernel's test
-   (tests/test_gpu_train_ops) and timed both forms. */
-#ifndef TRAIN_UPLOAD_MAPPED
-#define TRAIN_UPLOAD_MAPPED 0
-#endif
-
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len) {
   const train_model_cfg *c = &m->cfg;
   const int64_t B = c->batch;
   const int dev = hq_ctx_device(m->ctx);
-  if (TRAIN_UPLOAD_MAPPED && mapped && m->ops->upload_mapped) {
+  /* a captured step's batch read in place by one kernel: the two copy nodes it replaces each
+     left the replay idle before its first kernel (docs/performance.md, "The batch read in
+     place") */
+  m->batch_mapped = mapped && m->ops->upload_mapped;
+  if (m->batch_mapped) {
     if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, m->tok, x, B * c->context, m->tgt,
                                                      y, B)))
       return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());

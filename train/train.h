@@ -182,6 +182,8 @@ typedef struct train_model {
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
+  int batch_mapped;                          /* the last upload read the batch in place
+                                                (train_model_upload) */
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
      weight decay, weight decay), written by the host into page-locked kc_host and copied to
@@ -215,7 +217,7 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
                         int training, double *loss, char *err, size_t err_len);
 /* train_model_forward in three parts, for a step captured in a CUDA graph (loop.c): the batch
    uploaded (host copies; with `mapped`, x and y page-locked, read in place by one kernel where
-   the device table has one and model.c's TRAIN_UPLOAD_MAPPED is on), the forward on the device
+   the device table has one: m->batch_mapped), the forward on the device
    (the loss left in m->loss), the loss read back (synchronizes the stream; after the replay). */
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len);
@@ -367,6 +369,8 @@ typedef struct train_result {
   uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
   int64_t graph_replays;                     /* --cuda-graph: steps replayed from the graph */
   int graph_nodes[TRAIN_GRAPH_NODE_KINDS];    /* its nodes per kind (train_graph_nodes) */
+  int batch_mapped;                          /* the captured step read its batch in place
+                                                from page-locked staging (no copy nodes) */
   int side_lane;                             /* the captured step's side stream (model.c,
                                                 train_model_side): 1 when it has one */
   int side_splits;                           /* the layers' inputs and output gradients whose
