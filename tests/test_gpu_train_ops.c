@@ -8,9 +8,9 @@
 ** max |x| of what the kernel wrote (NaN ignored, Inf counted), bit for bit, NaN and Inf cases
 ** included, and equals hq_quantizer_amax of an fp8_tensor (current scaling) quantizer; a
 ** quantize given it makes the same bytes as one that computes its own. Every kernel run twice
-** gives the same bytes. An activation of elements that are not whole rows is refused. The batch's
-** upload from page-locked memory read in place equals the host's values. Exit 77 without a CUDA
-** device.
+** gives the same bytes. An activation of elements that are not whole rows is refused. The upload
+** of the batch and the optimizer's constants from page-locked memory read in place equals the
+** host's values. Exit 77 without a CUDA device.
 */
 #include "hq_test.h"
 #include "hq_gpu_test.h"
@@ -459,46 +459,74 @@ static void test_xent(void **state) {
 
 // --- the batch's upload ------------------------------------------------------------------------
 
-/* upload_mapped: tok and tgt from page-locked host buffers (train_cuda_host_alloc, as the graph's
-   staging buffers are made), read in place, equal to them element for element; the buffers
-   rewritten and uploaded again give the new values (the kernel reads them at each call, as a
-   replay must). */
+/* upload_mapped: up to three spans of 4-byte words from page-locked host buffers
+   (train_cuda_host_alloc, as the graph's staging buffers are made), read in place, equal to them
+   word for word; the buffers rewritten and uploaded again give the new values (the kernel reads
+   them at each call, as a replay must). The spans' sizes: the trainer's (tokens, targets, the
+   optimizer's 2 x 48 bytes of constants), odd counts, an empty span first, between and last, one
+   span alone, one larger than a grid's threads; no span (nothing queued); the words a span does
+   not name are left alone. More spans than the kernel takes, or a negative count, are refused
+   with a message. */
 static void test_upload_mapped(void **state) {
   (void)state;
   assert_non_null(ops->upload_mapped);
-  static const int64_t shapes[][2] = {{2048, 256}, {7, 3}, {100003, 1}};
+  static const int64_t shapes[][TRAIN_UPLOAD_SPANS] = {
+      {2048, 256, 24}, {7, 3, 5}, {0, 9, 1}, {6, 0, 11}, {13, 2, 0}, {100003, 1, 0},
+      {0, 0, 300001}, {1, 0, 0}, {0, 0, 0}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-    const int64_t nt = shapes[s][0], ng = shapes[s][1];
     char pe[200];
-    void *hx = NULL, *hy = NULL;
-    if (train_cuda_host_alloc(0, (size_t)nt * 4, &hx, pe, sizeof pe) ||
-        train_cuda_host_alloc(0, (size_t)ng * 4, &hy, pe, sizeof pe))
-      fail_msg("page-locked buffers: %s", pe);
-    int32_t *x = hx, *y = hy;
-    int32_t *tok = dev_alloc((size_t)nt * 4), *tgt = dev_alloc((size_t)ng * 4);
-    int32_t *gt = malloc((size_t)nt * 4), *gg = malloc((size_t)ng * 4);
-    for (int round = 0; round < 2; round++) {
-      for (int64_t i = 0; i < nt; i++) x[i] = (int32_t)((i * 7 + round * 13) % V);
-      for (int64_t i = 0; i < ng; i++) y[i] = (int32_t)(-1 - i - round);
-      HQ_OK_OR_FAIL(ops->upload_mapped(gpu, tok, x, nt, tgt, y, ng));
-      down(gt, tok, (size_t)nt * 4);
-      down(gg, tgt, (size_t)ng * 4);
-      for (int64_t i = 0; i < nt; i++)
-        if (gt[i] != x[i])
-          fail_msg("upload %lld + %lld, round %d: tok[%lld] %d, expected %d", (long long)nt,
-                   (long long)ng, round, (long long)i, gt[i], x[i]);
-      for (int64_t i = 0; i < ng; i++)
-        if (gg[i] != y[i])
-          fail_msg("upload %lld + %lld, round %d: tgt[%lld] %d, expected %d", (long long)nt,
-                   (long long)ng, round, (long long)i, gg[i], y[i]);
+    void *h[TRAIN_UPLOAD_SPANS] = {NULL, NULL, NULL};
+    int32_t *d[TRAIN_UPLOAD_SPANS], *back[TRAIN_UPLOAD_SPANS];
+    train_span span[TRAIN_UPLOAD_SPANS];
+    for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
+      const int64_t n = shapes[s][k];
+      /* one word more than the span on each side: the guard words keep their sentinel */
+      if (train_cuda_host_alloc(0, (size_t)(n + 1) * 4, &h[k], pe, sizeof pe))
+        fail_msg("page-locked buffers: %s", pe);
+      d[k] = dev_alloc((size_t)(n + 2) * 4);
+      back[k] = malloc((size_t)(n + 2) * 4);
+      assert_non_null(back[k]);
+      for (int64_t i = 0; i < n + 2; i++) back[k][i] = (int32_t)0x5a5a5a5a;
+      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, d[k], 0, back[k], HQ_DEVICE_HOST, (size_t)(n + 2) * 4));
+      span[k] = (train_span){d[k] + 1, h[k], n};
     }
-    hq_ctx_free(gpu, tok);
-    hq_ctx_free(gpu, tgt);
-    train_cuda_host_free(hx);
-    train_cuda_host_free(hy);
-    free(gt);
-    free(gg);
+    for (int round = 0; round < 2; round++) {
+      for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
+        int32_t *x = h[k];
+        for (int64_t i = 0; i < shapes[s][k]; i++)
+          x[i] = (int32_t)((i * 7 + round * 13 + k * 1000003) % 2147483647) - k;
+      }
+      HQ_OK_OR_FAIL(ops->upload_mapped(gpu, span, TRAIN_UPLOAD_SPANS));
+      for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
+        const int64_t n = shapes[s][k];
+        const int32_t *x = h[k];
+        down(back[k], d[k], (size_t)(n + 2) * 4);
+        if (back[k][0] != (int32_t)0x5a5a5a5a || back[k][n + 1] != (int32_t)0x5a5a5a5a)
+          fail_msg("upload %lld / %lld / %lld, round %d: span %d's guard words %08x %08x",
+                   (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
+                   round, k, (unsigned)back[k][0], (unsigned)back[k][n + 1]);
+        for (int64_t i = 0; i < n; i++)
+          if (back[k][i + 1] != x[i])
+            fail_msg("upload %lld / %lld / %lld, round %d: span %d word %lld %d, expected %d",
+                     (long long)shapes[s][0], (long long)shapes[s][1],
+                     (long long)shapes[s][2], round, k, (long long)i, back[k][i + 1], x[i]);
+      }
+    }
+    for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
+      hq_ctx_free(gpu, d[k]);
+      train_cuda_host_free(h[k]);
+      free(back[k]);
+    }
   }
+  /* no span: nothing queued, success */
+  HQ_OK_OR_FAIL(ops->upload_mapped(gpu, NULL, 0));
+  /* refused: more spans than the kernel takes, a negative count */
+  train_span bad[TRAIN_UPLOAD_SPANS + 1] = {{NULL, NULL, 0}};
+  assert_int_not_equal(ops->upload_mapped(gpu, bad, TRAIN_UPLOAD_SPANS + 1), 0);
+  assert_non_null(strstr(ops->error(), "spans, at most"));
+  bad[1].n = -1;
+  assert_int_not_equal(ops->upload_mapped(gpu, bad, 2), 0);
+  assert_non_null(strstr(ops->error(), "span 1 has -1 words"));
 }
 
 static int setup(void **state) {

@@ -23,6 +23,16 @@ extern "C" {
 #define TRAIN_ACT_TANH 0
 #define TRAIN_ACT_GELU 1
 
+/* 4-byte words to move to the device: dst[0, n) = src[0, n) (train_device_ops.upload_mapped) */
+typedef struct train_span {
+  int32_t *dst;
+  const int32_t *src;
+  int64_t n;
+} train_span;
+/* the spans one upload_mapped call takes: the batch's tokens and targets, the optimizer's
+   constants */
+#define TRAIN_UPLOAD_SPANS 3
+
 typedef struct train_device_ops {
   const char *name;
   /* Every `amax` below may be NULL (nothing computed); otherwise amax[0] and amax[1] are each
@@ -61,11 +71,12 @@ typedef struct train_device_ops {
   /* bytes of the scratch the calls above need for a model of batch B, context C, embedding E
      and widest layer `widest` (0: none) */
   size_t (*scratch_bytes)(int64_t B, int C, int E, int64_t widest);
-  /* tok[0, ntok) = x[0, ntok) and tgt[0, ntgt) = y[0, ntgt), where x and y are page-locked host
-     buffers the device reads in place: one kernel where two host-to-device copies would queue a
-     copy-engine node each. NULL: the table has no such path (the caller copies). */
-  int (*upload_mapped)(hq_ctx *ctx, int32_t *tok, const int32_t *x, int64_t ntok, int32_t *tgt,
-                       const int32_t *y, int64_t ntgt);
+  /* span[i].dst[0, n) = span[i].src[0, n) for each of the n_span (at most TRAIN_UPLOAD_SPANS)
+     spans, whose sources are page-locked host buffers the device reads in place: one kernel
+     where a host-to-device copy per span would queue a copy-engine node each (the batch's tokens
+     and targets, the optimizer's constants). NULL: the table has no such path (the caller
+     copies). */
+  int (*upload_mapped)(hq_ctx *ctx, const train_span *span, int n_span);
 } train_device_ops;
 
 const train_device_ops *train_cpu_ops(void);

@@ -628,6 +628,21 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
   return 0;
 }
 
+/* The two sets of constants a step applies: AdamW without weight decay (the embedding, the
+   biases) and with it (the weights). */
+#define TRAIN_KC_PLAIN 0
+#define TRAIN_KC_DECAY 1
+/* A slot's bytes: HQ_ADAM_CONSTS_BYTES rounded up to hq_adam.consts_dev's 16-byte alignment. */
+#define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
+
+/* 1: a captured step's optimizer constants come in with its batch, by the upload kernel at the
+   step's head, where a copy node at the optimizer's head was (in the traces each copy node left
+   the stream idle some 3.5 us before the kernel after it). 0 until a device has run
+   tests/test_gpu_train_graph.sh with it and timed both forms. */
+#ifndef TRAIN_CONSTS_MAPPED
+#define TRAIN_CONSTS_MAPPED 0
+#endif
+
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len) {
   const train_model_cfg *c = &m->cfg;
@@ -637,9 +652,13 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
      left the replay idle before its first kernel (docs/performance.md, "The batch read in
      place") */
   m->batch_mapped = mapped && m->ops->upload_mapped;
+  m->kc_mapped = m->batch_mapped && TRAIN_CONSTS_MAPPED && m->kc_dev;
   if (m->batch_mapped) {
-    if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, m->tok, x, B * c->context, m->tgt,
-                                                     y, B)))
+    const train_span span[TRAIN_UPLOAD_SPANS] = {
+        {m->tok, x, B * c->context},
+        {m->tgt, y, B},
+        {m->kc_dev, m->kc_host, m->kc_mapped ? 2 * TRAIN_KC_STRIDE / 4 : 0}};
+    if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, span, TRAIN_UPLOAD_SPANS)))
       return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());
     return 0;
   }
@@ -898,13 +917,6 @@ int train_model_backward(train_model *m, char *err, size_t err_len) {
   return m->side_queued ? side_order(m, 0, NULL, "the backward's end", err, err_len) : 0;
 }
 
-/* The two sets of constants a step applies: AdamW without weight decay (the embedding, the
-   biases) and with it (the weights). */
-#define TRAIN_KC_PLAIN 0
-#define TRAIN_KC_DECAY 1
-/* A slot's bytes: HQ_ADAM_CONSTS_BYTES rounded up to hq_adam.consts_dev's 16-byte alignment. */
-#define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
-
 static hq_adam adam_of(const train_model *m, const train_adam_cfg *a, int slot) {
   hq_adam adam = {sizeof adam, m->lr, a->beta1, a->beta2, a->eps,
                   slot == TRAIN_KC_DECAY ? a->weight_decay : 0.0f, m->step, NULL, NULL, 0};
@@ -939,9 +951,10 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
   if (train_dist_grads(m, err, err_len)) return -1;
   const int dev = hq_ctx_device(m->ctx);
   /* the step's constants into the slots, queued ahead of the kernels that read them (in a
-     graph, a copy node that reads the host buffer at every replay) */
-  if (m->kc_dev && hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST,
-                                 2 * TRAIN_KC_STRIDE))
+     graph, a copy node that reads the host buffer at every replay), unless the step's upload
+     brought them (kc_mapped) */
+  if (m->kc_dev && !m->kc_mapped &&
+      hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST, 2 * TRAIN_KC_STRIDE))
     return train_fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
   hq_adam adam = adam_of(m, a, TRAIN_KC_PLAIN);
   hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);

@@ -464,22 +464,40 @@ const char *cuda_error(void) { return g_err; }
 /* The batch from page-locked host memory, read in place through its device mapping (under
    unified addressing a cudaMallocHost pointer is the device's too): 4-byte reads over the bus,
    as many in flight as the grid has threads. */
-__global__ void __launch_bounds__(TPB)
-    upload_k(int32_t *__restrict__ tok, const int32_t *__restrict__ x, int64_t ntok,
-             int32_t *__restrict__ tgt, const int32_t *__restrict__ y, int64_t ntgt) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < ntok + ntgt;
+struct UploadSpans {
+  train_span s[TRAIN_UPLOAD_SPANS];
+};
+
+__global__ void __launch_bounds__(TPB) upload_k(UploadSpans sp, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
-    if (i < ntok) tok[i] = x[i];
-    else tgt[i - ntok] = y[i - ntok];
+    int64_t j = i;
+    int k = 0;
+    while (j >= sp.s[k].n) j -= sp.s[k++].n;   /* the spans' counts sum to total */
+    sp.s[k].dst[j] = sp.s[k].src[j];
   }
 }
 
-int cuda_upload_mapped(hq_ctx *ctx, int32_t *tok, const int32_t *x, int64_t ntok, int32_t *tgt,
-                       const int32_t *y, int64_t ntgt) {
+int cuda_upload_mapped(hq_ctx *ctx, const train_span *span, int n_span) {
   cudaStream_t s;
-  if (enter(ctx, &s, "the batch's upload")) return -1;
-  upload_k<<<grid_for(ntok + ntgt), TPB, 0, s>>>(tok, x, ntok, tgt, y, ntgt);
-  return check("the batch's upload kernel");
+  if (n_span < 0 || n_span > TRAIN_UPLOAD_SPANS) {
+    snprintf(g_err, sizeof g_err, "the upload: %d spans, at most %d", n_span, TRAIN_UPLOAD_SPANS);
+    return -1;
+  }
+  if (enter(ctx, &s, "the upload")) return -1;
+  UploadSpans sp = {};
+  int64_t total = 0;
+  for (int k = 0; k < n_span; k++) {
+    if (span[k].n < 0) {
+      snprintf(g_err, sizeof g_err, "the upload: span %d has %lld words", k, (long long)span[k].n);
+      return -1;
+    }
+    sp.s[k] = span[k];
+    total += span[k].n;
+  }
+  if (total == 0) return 0;
+  upload_k<<<grid_for(total), TPB, 0, s>>>(sp, total);
+  return check("the upload kernel");
 }
 
 const train_device_ops cuda_ops = {
