@@ -630,7 +630,9 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
                                         : (double)all_tokens / all_s;
   res->graph_replays = sg.replays;
   res->side_lane = m.side != NULL;
-  res->batch_mapped = sg.replays > 0 && m.batch_mapped;
+  /* as device_step uploads (the final evaluation's upload copies, so m.batch_mapped, which says
+     what the last upload did, no longer tells) */
+  res->batch_mapped = sg.replays > 0 && sg.pinned && m.ops->upload_mapped;
   for (int i = 0; m.side && i < m.n_lin; i++) {
     res->side_splits += m.lin[i].split_in + m.lin[i].split_grad;
     res->side_amaxes += (m.lin[i].split_in && m.lin[i].part_amax[0]) +
