@@ -635,8 +635,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   res->batch_mapped = sg.replays > 0 && sg.pinned && m.ops->upload_mapped;
   for (int i = 0; m.side && i < m.n_lin; i++) {
     res->side_splits += m.lin[i].split_in + m.lin[i].split_grad;
-    res->side_amaxes += (m.lin[i].split_in && m.lin[i].part_amax[0]) +
-                        (m.lin[i].split_grad && m.lin[i].part_amax[1]);
+    res->side_amaxes += m.lin[i].part_amax[0] + m.lin[i].part_amax[1];
     res->side_wgrads += m.lin[i].wgrad_side;
     res->side_writebacks += m.lin[i].wb_side;
   }

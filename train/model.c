@@ -444,13 +444,13 @@ static int kernel_done(train_profile *p, int pk, int rc) {
 
 /* The fused amax pair of layer i's input (kind TRAIN_QT_INPUT) or output gradient
    (TRAIN_QT_GRAD) in m->famax, or NULL when its quantizer does not take one: in one direction
-   alone (part_amax) it does where the side lane makes the two directions apart. The writing
+   alone (part_amax) it does once the side lane makes the two directions apart. The writing
    kernel and the quantize of one step ask under the same lanes, so they agree. */
 static float *fused_amax(const train_model *m, int i, int kind) {
   const int t = kind == TRAIN_QT_GRAD;
   const train_linear *l = &m->lin[i];
-  const int part = l->part_amax[t] && m->side && (t ? l->split_grad : l->split_in);
-  return m->famax && (l->fuse_amax[t] || part) ? m->famax + 4 * i + 2 * t : NULL;
+  const int takes = l->fuse_amax[t] || (l->part_amax[t] && m->side);
+  return m->famax && takes ? m->famax + 4 * i + 2 * t : NULL;
 }
 
 /* A GEMM's info: the layer's slot on the first training step, else, in a profiled step, `local`
@@ -643,6 +643,11 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
 #define TRAIN_CONSTS_MAPPED 0
 #endif
 
+/* Whether the last upload brought the optimizer's constants (TRAIN_CONSTS_MAPPED) */
+static int consts_mapped(const train_model *m) {
+  return TRAIN_CONSTS_MAPPED && m->batch_mapped && m->kc_dev;
+}
+
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len) {
   const train_model_cfg *c = &m->cfg;
@@ -652,12 +657,11 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
      left the replay idle before its first kernel (docs/performance.md, "The batch read in
      place") */
   m->batch_mapped = mapped && m->ops->upload_mapped;
-  m->kc_mapped = m->batch_mapped && TRAIN_CONSTS_MAPPED && m->kc_dev;
   if (m->batch_mapped) {
     const train_span span[TRAIN_UPLOAD_SPANS] = {
         {m->tok, x, B * c->context},
         {m->tgt, y, B},
-        {m->kc_dev, m->kc_host, m->kc_mapped ? 2 * TRAIN_KC_STRIDE / 4 : 0}};
+        {m->kc_dev, m->kc_host, consts_mapped(m) ? 2 * TRAIN_KC_STRIDE / 4 : 0}};
     if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, span, TRAIN_UPLOAD_SPANS)))
       return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());
     return 0;
@@ -798,8 +802,10 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
        borrowed); a scaling state's scales and amaxes change only at its update, which follows
        the optimizer's end, where the lanes join */
     l->wb_side = l->qw && !borrows(l->qw, l->w);
-    if ((l->split_in && l->part_amax[0]) || (l->split_grad && l->part_amax[1]))
-      m->zbytes = m->zalloc;
+    /* a one-direction amax is taken only where the directions are made apart */
+    l->part_amax[0] &= l->split_in;
+    l->part_amax[1] &= l->split_grad;
+    if (l->part_amax[0] || l->part_amax[1]) m->zbytes = m->zalloc;
   }
   m->side = side;
   for (int k = 0; k < TRAIN_SIDE_EVENTS; k++) m->side_ev[k] = events[k];
@@ -952,8 +958,8 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
   const int dev = hq_ctx_device(m->ctx);
   /* the step's constants into the slots, queued ahead of the kernels that read them (in a
      graph, a copy node that reads the host buffer at every replay), unless the step's upload
-     brought them (kc_mapped) */
-  if (m->kc_dev && !m->kc_mapped &&
+     brought them */
+  if (m->kc_dev && !consts_mapped(m) &&
       hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST, 2 * TRAIN_KC_STRIDE))
     return train_fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
   hq_adam adam = adam_of(m, a, TRAIN_KC_PLAIN);

@@ -117,7 +117,8 @@ typedef struct train_linear {
      one direction at least and format-specific in none; one process */
   int fuse_amax[2];
   /* ... or would in the direction(s) of kind HQ_AMAX_INPUT alone, the other's amax being the
-     format's own (nvfp4's RHT columnwise copy): taken where the two directions are made apart
+     format's own (nvfp4's RHT columnwise copy): set by train_model_create where the quantizer
+     allows it, kept by train_model_side only where the two directions are made apart
      (split_in, split_grad), the rowwise copy then skipping its amax pass */
   int part_amax[2];
   /* across ranks (dist.h): w, mw, vw hold this rank's rows [r0, r0 + rows) of W (one process:
@@ -184,7 +185,6 @@ typedef struct train_model {
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
   int batch_mapped;                          /* the last upload read the batch in place
                                                 (train_model_upload) */
-  int kc_mapped;                             /* ... and the optimizer's constants with it */
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
      weight decay, weight decay), written by the host into page-locked kc_host and copied to
