@@ -25,7 +25,7 @@
 # --all: every stock option that changes a kernel or a layout; e.g. "--format mxfp8").
 # HQ_CUDA_ARCH=90 configures for sm_90 alone (a measurement on the H200; the default builds every
 # architecture hq supports, as CI does). HQ_TREE_DEFINES="NAME=VALUE ..." compiles the carried
-# tree's C and CUDA sources with those switches on (e.g. "HQ_MX_COLS=1 TRAIN_CONSTS_MAPPED=1"),
+# tree's C and CUDA sources with those switches on (e.g. "HQ_MX_COLS=1 HQ_NVFP4_RQ_STAGES=3"),
 # not HQ_DEVDIST_BEFORE's: an A/B of a switch carries the same tarball twice.
 # --train-ab (with --quick, and HQ_DEVDIST_BEFORE=.devdist0: an earlier tree's `make dist`
 # tarball carried too; or HQ_AB_BEFORE_CPPFLAGS="PLUGIN FLAGS": this tree with that plugin's C

@@ -40,11 +40,16 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
         sys.exit("FAIL: %s: expected 10 replays (12 steps, 2 warm), got %s (note: %s)"
                  % (r["name"], r["graph_replays"], r["graph_note"]))
     # the graph holds at least the step's GEMMs (2 layers and the head: fprop, dgrad, wgrad
-    # each) and the kernel that reads the batch in place from its page-locked staging buffers
-    # (no copy node for it: the losses above equal the eager run's, which copies the batch)
-    if r["graph_kernels"] < 10 or not r["graph_batch_mapped"]:
-        sys.exit("FAIL: %s: the graph's nodes: %s kernels, batch read in place: %s" %
-                 (r["name"], r["graph_kernels"], r["graph_batch_mapped"]))
+    # each) and the kernel that reads the batch and the optimizer's constants in place from
+    # their page-locked staging buffers: no copy node (the losses above equal the eager run's,
+    # which copies them) but the FP32 baseline's, whose weights' F32 copies are device-to-device
+    # copies, and no memset node
+    copies = 0 if r["name"].startswith("fp32") else r["graph_copies"]
+    if (r["graph_kernels"] < 10 or not r["graph_batch_mapped"] or copies != 0
+            or r["graph_memsets"] != 0):
+        sys.exit("FAIL: %s: the graph's nodes: %s kernels, %s copies, %s memsets, batch read "
+                 "in place: %s" % (r["name"], r["graph_kernels"], r["graph_copies"],
+                                   r["graph_memsets"], r["graph_batch_mapped"]))
     # every captured step has the second stream with its three wgrads (2^19-2^20 multiply-adds:
     # under the size limit); the two layers' inputs and output gradients split their directions
     # where each is a storage of its own (tensors of 2^13-2^14 elements: under the limit), never

@@ -635,17 +635,11 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
 /* A slot's bytes: HQ_ADAM_CONSTS_BYTES rounded up to hq_adam.consts_dev's 16-byte alignment. */
 #define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
 
-/* 1: a captured step's optimizer constants come in with its batch, by the upload kernel at the
-   step's head, where a copy node at the optimizer's head was (in the traces each copy node left
-   the stream idle some 3.5 us before the kernel after it). 0 until a device has run
-   tests/test_gpu_train_graph.sh with it and timed both forms. */
-#ifndef TRAIN_CONSTS_MAPPED
-#define TRAIN_CONSTS_MAPPED 0
-#endif
-
-/* Whether the last upload brought the optimizer's constants (TRAIN_CONSTS_MAPPED) */
+/* Whether the last upload brought the optimizer's constants: a captured step's constants come
+   in with its batch, by the upload kernel at the step's head, where a copy node at the
+   optimizer's head left the stream idle some 3.5 us before the kernel after it. */
 static int consts_mapped(const train_model *m) {
-  return TRAIN_CONSTS_MAPPED && m->batch_mapped && m->kc_dev;
+  return m->batch_mapped && m->kc_dev;
 }
 
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
