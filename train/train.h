@@ -187,9 +187,10 @@ typedef struct train_model {
                                                 (train_model_upload) */
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
-     weight decay, weight decay), written by the host into page-locked kc_host and copied to
-     kc_dev on the stream ahead of the kernels that read them (hq_adam.consts_dev); NULL: the
-     constants go to the kernels as arguments */
+     weight decay, weight decay), written by the host into page-locked kc_host and brought to
+     kc_dev ahead of the kernels that read them (hq_adam.consts_dev): by the upload kernel with
+     a batch read in place (batch_mapped), else by a copy on the stream; NULL: the constants go
+     to the kernels as arguments */
   void *kc_host, *kc_dev;
   /* train_model_side: a second context on a stream of its own (the same device and seed),
      where the small wgrads and the split layers' columnwise copies run; side_ev: the events that
@@ -218,8 +219,9 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
                         int training, double *loss, char *err, size_t err_len);
 /* train_model_forward in three parts, for a step captured in a CUDA graph (loop.c): the batch
    uploaded (host copies; with `mapped`, x and y page-locked, read in place by one kernel where
-   the device table has one: m->batch_mapped), the forward on the device
-   (the loss left in m->loss), the loss read back (synchronizes the stream; after the replay). */
+   the device table has one: m->batch_mapped, the kernel then bringing the optimizer's constants
+   too), the forward on the device (the loss left in m->loss), the loss read back (synchronizes
+   the stream; after the replay). */
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len);
 int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
