@@ -636,8 +636,9 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
 #define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
 
 /* Whether the last upload brought the optimizer's constants: a captured step's constants come
-   in with its batch, by the upload kernel at the step's head, where a copy node at the
-   optimizer's head left the stream idle some 3.5 us before the kernel after it. */
+   in with its batch, by the upload kernel at the step's head, since a copy node at the
+   optimizer's head left the stream idle before the kernel after it (docs/performance.md, "The
+   batch read in place"). */
 static int consts_mapped(const train_model *m) {
   return m->batch_mapped && m->kc_dev;
 }

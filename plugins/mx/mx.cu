@@ -1099,9 +1099,9 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
 }
 
 /* 1: mx_cuda_quantize sends the columnwise copy alone to the COLS kernels. 0: they match the CPU
-   reference on an H100 (tests/test_gpu_mx) but read 89-91% of copy for MXFP6 where the kernel
-   that writes both copies reads 95-96% (MXFP4 from F16 alone gains, 92% -> 95%), so they stay
-   compiled for every architecture and out of the dispatch. */
+   reference (tests/test_gpu_mx) but are slower for MXFP6 than the kernel that writes both copies
+   (docs/performance.md, "MX COLS timed"), so they stay compiled for every architecture and out
+   of the dispatch. */
 #ifndef HQ_MX_COLS
 #define HQ_MX_COLS 0
 #endif
