@@ -632,7 +632,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   res->side_lane = m.side != NULL;
   /* as device_step uploads (the final evaluation's upload copies, so m.batch_mapped, which says
      what the last upload did, no longer tells) */
-  res->batch_mapped = sg.replays > 0 && sg.pinned && m.ops->upload_mapped;
+  res->batch_mapped = sg.replays > 0 && train_model_maps_batch(&m, sg.pinned);
   for (int i = 0; m.side && i < m.n_lin; i++) {
     res->side_splits += m.lin[i].split_in + m.lin[i].split_grad;
     res->side_amaxes += m.lin[i].part_amax[0] + m.lin[i].part_amax[1];

@@ -643,6 +643,10 @@ static int consts_mapped(const train_model *m) {
   return m->batch_mapped && m->kc_dev;
 }
 
+int train_model_maps_batch(const train_model *m, int mapped) {
+  return mapped && m->ops->upload_mapped;
+}
+
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len) {
   const train_model_cfg *c = &m->cfg;
@@ -651,7 +655,7 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
   /* a captured step's batch read in place by one kernel: the two copy nodes it replaces each
      left the replay idle before its first kernel (docs/performance.md, "The batch read in
      place") */
-  m->batch_mapped = mapped && m->ops->upload_mapped;
+  m->batch_mapped = train_model_maps_batch(m, mapped);
   if (m->batch_mapped) {
     const train_span span[TRAIN_UPLOAD_SPANS] = {
         {m->tok, x, B * c->context},

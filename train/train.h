@@ -222,6 +222,9 @@ int train_model_forward(train_model *m, const int32_t *x, const int32_t *y, int6
    the device table has one: m->batch_mapped, the kernel then bringing the optimizer's constants
    too), the forward on the device (the loss left in m->loss), the loss read back (synchronizes
    the stream; after the replay). */
+/* Whether train_model_upload with `mapped` reads the batch in place (the device table has the
+   kernel): what m->batch_mapped says after it. */
+int train_model_maps_batch(const train_model *m, int mapped);
 int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int mapped, char *err,
                        size_t err_len);
 int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char *err,
