@@ -173,13 +173,6 @@ constexpr bool kSRFast = HQ_NVFP4_SR_FAST;
    RS: uint2 per row of the rowwise staging (TK / 16 used, one of padding); CS: uint2 per row
    block of the columnwise staging (TK used; the pad spreads the row blocks a half-warp reads over
    the banks). */
-/* global_scale = row (quantize_kernel's kCoop): 1 has two warps make each tile's column
-   constants once, into shared memory, for the columnwise copy alone; 2 also the rows' constants,
-   and both directions' too; 0 has every thread make its row's or two columns' itself (for
-   measuring) */
-#ifndef HQ_NVFP4_ROW_COOP
-#define HQ_NVFP4_ROW_COOP 0
-#endif
 #ifndef HQ_NVFP4_ONE_DIR_SHAPES /* 0: 64 x 128 for one direction too (for measuring) */
 #define HQ_NVFP4_ONE_DIR_SHAPES 1
 #endif
@@ -1315,23 +1308,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
   constexpr bool kOne = CA || UG;
   static_assert(!kOne || !kGroup, "a CTA per tile");
   __shared__ Staged<DIRS, kGroup> staged[2];
-  /* global_scale = row (kCoop): each tile's column pairs' (m, S_dec, m, S_dec), made by the
-     threads of row blocks 0 (the pair's first column) and 1 (its second), and its rows' (m,
-     S_dec), made by thread r for row r, for the next tile while this one is encoded, and read by
-     every thread after the tile's barrier, so that a stored row's constants (a division and two
-     reciprocals) are made once per tile instead of by each thread that encodes a block of it
-     (the walks change a CTA's rows or columns at almost every tile); two buffers, the next
-     tile's written while this tile's is read */
-  constexpr bool kCoopC = HQ_NVFP4_ROW_COOP >= 1 && OPT == 2 && (DIRS & 2) && !kOne &&
-                          (DIRS == 2 || HQ_NVFP4_ROW_COOP >= 2);
-  constexpr bool kCoopR = HQ_NVFP4_ROW_COOP >= 2 && OPT == 2 && (DIRS & 1) && !kOne;
-  constexpr bool kCoop = kCoopC || kCoopR;
-  static_assert(!kCoopC || (TM >= 32 && TK <= 256), "two row blocks make the constants");
-  static_assert(!kCoopR || TM <= kThreads, "a thread per row makes the constants");
-  __shared__ __align__(16) float ccs[kCoopC ? 2 : 1][kCoopC ? TK / 2 : 1][4];
-  __shared__ __align__(8) float rcs[kCoopR ? 2 : 1][kCoopR ? TM : 1][2];
-  int cpar = 0; /* kCoop: the buffer of the tile being encoded */
-  (void)ccs, (void)rcs, (void)cpar;
   __shared__ __align__(16) uint32_t flip[16];  /* RHT: row e's sign-flip word (flip_word) */
   __shared__ __align__(8) uint64_t full_bar[kStages]; /* TMA tiles: buffer s's copy has landed */
   using R = RawTile<DT, TM, TK>;
@@ -1431,22 +1407,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     }
   };
   if (OPT == 2 && cur.valid()) row_amaxes(cur.i0(), cur.k0(), ra, ca);
-  /* kCoop: a tile's row and column constants into buffer buf, from the amaxes of the thread's
-     row (t % TM) and columns (ra, ca); the first tile's published by the loop's first barrier */
-  auto coop_consts = [&](int buf) {
-    const int cq = t % (TK / 2), crb = t / (TK / 2);
-    if (kCoopC && crb < 2) {
-      const DirConst d = dir_const_k(ca[crb], kind);
-      *reinterpret_cast<float2 *>(&ccs[buf][cq][2 * crb]) = make_float2(d.m, d.s_dec);
-    }
-    if (kCoopR && t < TM) {
-      const DirConst d = dir_const_k(ra, kind);
-      *reinterpret_cast<float2 *>(&rcs[buf][t][0]) = make_float2(d.m, d.s_dec);
-    }
-  };
-  if constexpr (kCoop) {
-    if (cur.valid()) coop_consts(0);
-  }
   /* OPT 2: the (m, S_dec) of the thread's row and columns, made for the tile row rc_i0 and
      the tile column cc_k0 (origins below 2^31: the first tile makes them) */
   uint32_t rc_i0 = 0xffffffffu, cc_k0 = 0xffffffffu;
@@ -1571,17 +1531,11 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
     if constexpr (OPT == 2) {
       /* made again only when the tile's rows (columns) are not the previous tile's: the
          tiles of a group (both directions) share their columns */
-      if (kCoopR) {
-        const float2 v = *reinterpret_cast<const float2 *>(&rcs[cpar][r][0]);
-        rc[0] = v.x, rc[1] = v.y;
-      } else if (kRow && i0 != rc_i0) {
+      if (kRow && i0 != rc_i0) {
         const DirConst d = dir_const_k(ra, kind);
         rc[0] = d.m, rc[1] = d.s_dec, rc_i0 = i0;
       }
-      if (kCoopC) {
-        const float4 v = *reinterpret_cast<const float4 *>(&ccs[cpar][q][0]);
-        cc[0][0] = v.x, cc[0][1] = v.y, cc[1][0] = v.z, cc[1][1] = v.w;
-      } else if (kCol && k0 != cc_k0) {
+      if (kCol && k0 != cc_k0) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const DirConst d = dir_const_k(ca[h], kind);
@@ -1784,10 +1738,6 @@ __launch_bounds__(kThreads, SR ? kMinBlocksSR : DIRS == 3 ? kMinBlocks : kMinBlo
       redo_blocks<DT, RHT, SR, DIRS, kGroup, OPT, CA>(redo, sm, tba[0], tba[1], tba[2], flip, hrt,
                                                   hc0, hc1, M, K, i0, k0, b2d, a.seed,
                                                   offset, st);
-    }
-    if constexpr (kCoop) { /* the next tile's constants (ra, ca hold its amaxes now) */
-      cpar ^= 1;
-      if (cur.valid()) coop_consts(cpar);
     }
     if constexpr (kOne) { /* the CTA's one tile: the staging buffer flipped as the loop's step
                              flips it, for the store below */
