@@ -43,8 +43,8 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     # each) and the kernel that reads the batch and the optimizer's constants in place from
     # their page-locked staging buffers: no copy node (the losses above equal the eager run's,
     # which copies them) but the FP32 baseline's, whose weights' F32 copies are device-to-device
-    # copies, and no memset node but NVFP4's (at hidden 64 each of its block-scale buffers has
-    # padding rows or columns, which its quantize zeroes with a memset)
+    # copies, and no memset node but NVFP4's (its quantize zeroes the padding of a block-scale
+    # buffer with a memset; the buffer's rows are rounded up to 128, and at hidden 64 some have)
     copies = 0 if r["name"].startswith("fp32") else r["graph_copies"]
     memsets = 0 if "nvfp4" in r["name"] else r["graph_memsets"]
     if (r["graph_kernels"] < 10 or not r["graph_batch_mapped"] or copies != 0
