@@ -39,8 +39,9 @@
 # s) and hq only (no make check);
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
-# variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds), into ab.txt,
-# then rebuilds the tree's own source for the modes after it; --ncu profiles one kernel with
+# variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds; HQ_AB_CMD=train:
+# one hq train process each, e.g. HQ_AB_ARGS="--preset wide --steps 300 --recipe ..."), into
+# ab.txt, then rebuilds the tree's own source for the modes after it; --ncu profiles one kernel with
 # Nsight Compute (HQ_NCU_KERNEL, HQ_NCU_ARGS, HQ_NCU_SKIP) into prof.ncu-rep, details.csv,
 # sass.csv and stalls.txt (cycles per issued instruction by warp state, printed too); --mem
 # times what each kernel moves (DRAM bytes, L2 sectors, DRAM rate per launch) into mem.txt
@@ -222,7 +223,13 @@ if [ "${1:-}" = "--on-device" ]; then
         path=$(echo "$plugins" | sed "s|$PWD/plugins/$pl/.libs|$abdir/$b|")
         eval set -- "${HQ_AB_ARGS:---format $pl}"
         echo "=== variant $b round $round"
-        HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
+        if [ "${HQ_AB_CMD:-bench}" = train ]; then
+          # the device image has no word list: the one carried in .devdeps
+          [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
+          HQ_PLUGIN_PATH=$path ./tools/hq train --device cuda "$@" 2>&1 | grep -v '^\[' || rc=1
+        else
+          HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
+        fi
       done
     done | tee "$out/ab.txt"
   fi
