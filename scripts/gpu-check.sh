@@ -66,6 +66,10 @@ if [ "${1:-}" = "--on-device" ]; then
   shift
   modes=" $* "   # any of --bench, --peers, --train, --train-ab, --sanitize, in one call (peers first, sanitize last)
   root=$PWD
+  # hq train's --data where the image has no word list: the one carried in .devdeps (copied
+  # there from wamerican)
+  words=()
+  [ -r /usr/share/dict/words ] || words=(--data "$root/.devdeps/words")
   export PKG_CONFIG_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$root/.devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   out=${OUT:-/tmp/hq-out}
@@ -224,9 +228,8 @@ if [ "${1:-}" = "--on-device" ]; then
         eval set -- "${HQ_AB_ARGS:---format $pl}"
         echo "=== variant $b round $round"
         if [ "${HQ_AB_CMD:-bench}" = train ]; then
-          # the device image has no word list: the one carried in .devdeps
-          [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
-          HQ_PLUGIN_PATH=$path ./tools/hq train --device cuda "$@" 2>&1 | grep -v '^\[' || rc=1
+          HQ_PLUGIN_PATH=$path ./tools/hq train --device cuda "$@" ${words[@]+"${words[@]}"} 2>&1 \
+            | grep -v '^\[' || rc=1
         else
           HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
         fi
@@ -313,8 +316,6 @@ if len(rows) >= 3:
       case " $* " in *" $r "*) continue ;; esac
       set -- "$@" "$r"
     done
-    data=()
-    [ -r /usr/share/dict/words ] || data=(--data "$root/.devdeps/words")
     labels=()
     for r in "$@"; do
       l=$(basename "$r" .ini)
@@ -323,7 +324,7 @@ if len(rows) >= 3:
         --launch-count "${HQ_STEP_LAUNCHES:-1500}" ./tools/hq train --device cuda \
         --cuda-graph off --baseline none --eval-every 0 \
         --preset "${HQ_STEP_PRESET:-default}" --steps "${HQ_STEP_STEPS:-6}" --recipe "$r" \
-        ${data[@]+"${data[@]}"} > "$out/steps/$l.csv" 2>&1 || rc=1
+        ${words[@]+"${words[@]}"} > "$out/steps/$l.csv" 2>&1 || rc=1
       labels+=("$l=$out/steps/$l.csv")
     done
     python3 "$root/scripts/ncu_steps.py" ${HQ_STEP_CALLS:+--calls "$HQ_STEP_CALLS"} "${labels[@]}" \
@@ -349,14 +350,12 @@ if len(rows) >= 3:
     else
       mkdir -p "$out/lanes"
       : > "$out/lanes.txt"
-      data=()
-      [ -r /usr/share/dict/words ] || data=(--data "$root/.devdeps/words")
       for r in ${HQ_LANES_RECIPES:-conf/examples/high_precision.ini conf/examples/nvfp4.ini}; do
         l=$(basename "$r" .ini)
         CUDA_INJECTION64_PATH=$build/lane_trace.so HQ_LANE_TRACE=$out/lanes/$l.csv \
           HQ_PLUGIN_PATH=$plugins timeout 120 ./tools/hq train --device cuda --baseline none \
           --eval-every 0 --preset "${HQ_LANES_PRESET:-default}" --steps "${HQ_LANES_STEPS:-60}" \
-          --recipe "$r" ${data[@]+"${data[@]}"} > "$out/lanes/$l.log" 2>&1 || rc=1
+          --recipe "$r" ${words[@]+"${words[@]}"} > "$out/lanes/$l.log" 2>&1 || rc=1
         python3 "$root/scripts/lanes.py" --names "$l" --timeline "$out/lanes/$l.csv" \
           | tee -a "$out/lanes.txt" || rc=1
       done
@@ -424,8 +423,7 @@ if len(rows) >= 3:
     # train.txt and train_wide.txt
     set -- --recipe conf/recipe.ini
     for r in conf/examples/*.ini; do set -- "$@" --recipe "$r"; done
-    # the device image has no word list: the one carried in .devdeps (copied there from wamerican)
-    [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
+    set -- "$@" ${words[@]+"${words[@]}"}
     # --json documents (train.json, train_wide.json) for docs-tables.py's gpu block, the
     # progress and notes in train.txt and train_wide.txt
     HQ_PLUGIN_PATH=$plugins ./tools/hq train --device cuda "$@" ${HQ_TRAIN_ARGS:-} --json \
@@ -465,7 +463,7 @@ if len(rows) >= 3:
     for r in ${HQ_AB_RECIPES:-conf/recipe.ini conf/examples/*.ini}; do
       [ "$r" = conf/examples/high_precision.ini ] || set -- "$@" --recipe "$r"
     done
-    [ -r /usr/share/dict/words ] || set -- "$@" --data "$root/.devdeps/words"
+    set -- "$@" ${words[@]+"${words[@]}"}
     set -- "$@" --device cuda --eval-every 0 --baseline bf16-baseline --json ${HQ_TRAIN_ARGS:-}
     sizes=${HQ_AB_SIZES:-default wide}
     for round in $(seq 1 "${HQ_AB_ROUNDS:-1}"); do
