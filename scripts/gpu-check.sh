@@ -185,13 +185,17 @@ if [ "${1:-}" = "--on-device" ]; then
     # tree itself is left as built, for the modes after this one (--bench, --sanitize).
     abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/log"
     labels=()
+    # each variant's verdict, printed and kept for the head of ab.txt (the call's printed
+    # output may come back cut)
+    verdicts=()
+    say() { echo "$1"; verdicts+=("$1"); }
     nvar=$(ls "$root"/.devab/*__*.cu 2>/dev/null | wc -l)
     jobs_each=$(( 16 / (nvar > 0 ? nvar : 1) ))
     [ "$jobs_each" -ge 2 ] || jobs_each=2
     for v in "$root"/.devab/*__*.cu; do
       [ -f "$v" ] || continue
       b=$(basename "$v" .cu); pl=${b%%__*}; d="$abdir/tree-$b"
-      cp -a "$PWD" "$d" && cp "$v" "$d/plugins/$pl/$pl.cu" || { echo "variant $b: copy failed"; rc=1; continue; }
+      cp -a "$PWD" "$d" && cp "$v" "$d/plugins/$pl/$pl.cu" || { say "variant $b: copy failed"; rc=1; continue; }
       # a variant's own headers: .devab/PLUGIN__LABEL--NAME.h replaces plugins/PLUGIN/NAME.h
       for h in "$root"/.devab/"$b"--*.h; do
         [ -f "$h" ] && cp "$h" "$d/plugins/$pl/${h##*--}"
@@ -204,16 +208,16 @@ if [ "${1:-}" = "--on-device" ]; then
       [ -f "$v" ] || continue
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}; d="$abdir/tree-$b"
       if [ "$(cat "$abdir/log/$b.build.rc" 2>/dev/null)" != 0 ]; then
-        echo "variant $b: build failed"; grep -m5 error "$abdir/log/$b.build.log"; rc=1
+        say "variant $b: build failed"; grep -m5 error "$abdir/log/$b.build.log"; rc=1
         cp "$abdir/log/$b.build.log" "$out/ab-$b.build.log"; continue
       fi
       if [ -n "${HQ_AB_NOCHECK:-}" ] && [[ "$lab" =~ $HQ_AB_NOCHECK ]]; then
-        echo "variant $b: built (not checked: HQ_AB_NOCHECK)"
+        say "variant $b: built (not checked: HQ_AB_NOCHECK)"
       elif (cd "$d" && HQ_TEST_QUICK=1 make check-TESTS TESTS=tests/test_gpu_$pl \
               abs_top_builddir="$d" abs_top_srcdir="$d" > "$abdir/log/$b.check.log" 2>&1); then
-        echo "variant $b: tests/test_gpu_$pl passed"
+        say "variant $b: tests/test_gpu_$pl passed"
       else
-        echo "variant $b: tests/test_gpu_$pl FAILED"; tail -20 "$d/tests/test_gpu_$pl.log"; rc=1
+        say "variant $b: tests/test_gpu_$pl FAILED"; tail -20 "$d/tests/test_gpu_$pl.log"; rc=1
         cp "$abdir/log/$b.check.log" "$out/ab-$b.check.log"
         # the test's own log names the failing case (make check's log only counts it)
         cp "$d/tests/test_gpu_$pl.log" "$out/ab-$b.test.log" 2>/dev/null || true; continue
@@ -221,6 +225,7 @@ if [ "${1:-}" = "--on-device" ]; then
       mkdir -p "$abdir/$b"; cp "$d"/plugins/$pl/.libs/*.so "$abdir/$b/"
       labels+=("$b")
     done
+    printf '%s\n' ${verdicts[@]+"${verdicts[@]}"} > "$out/ab.txt"
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
       for b in "${labels[@]}"; do
         pl=${b%%__*}
@@ -234,7 +239,7 @@ if [ "${1:-}" = "--on-device" ]; then
           HQ_PLUGIN_PATH=$path ./tools/hq bench --device cuda "$@" 2>&1 | grep -v '^#' || rc=1
         fi
       done
-    done | tee "$out/ab.txt"
+    done | tee -a "$out/ab.txt"
   fi
   # the earlier tree of a before/after mode (--train-ab, --launch-times): the carried tarball
   # HQ_DEVDIST_BEFORE (an earlier tree's make dist) built --quick in its own folder, its root in
