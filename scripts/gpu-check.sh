@@ -178,15 +178,15 @@ if [ "${1:-}" = "--on-device" ]; then
     # per .cu file would leave most cores idle: MX and NVFP4 variants take over a minute each),
     # then each must pass tests/test_gpu_PLUGIN (HQ_TEST_QUICK=1) in its copy, one at a time
     # (make check-TESTS: the harness alone, not check's `all`; abs_top_builddir / abs_top_srcdir
-    # given to make, so that the test loads the copy's modules), and its module is kept; then HQ_AB_ROUNDS rounds (default 2) time every variant
-    # in turn, one hq bench process each (HQ_AB_ARGS, default --format PLUGIN), into ab.txt
-    # (the variants' build and test logs stay in $abdir/log, and only a failed one is copied
-    # to $out: the device tool brings back a few files, and ab.txt must be among them). The
-    # tree itself is left as built, for the modes after this one (--bench, --sanitize).
+    # given to make, so that the test loads the copy's modules), and its module is kept; then
+    # HQ_AB_ROUNDS rounds (default 2) time every variant in turn, one hq bench process each
+    # (HQ_AB_ARGS, default --format PLUGIN; HQ_AB_CMD=train: one hq train process each), into
+    # ab.txt after the variants' verdicts (the call's printed output may come back cut; the
+    # variants' build and test logs stay in $abdir/log, and only a failed one is copied to
+    # $out: the device tool brings back a few files, and ab.txt must be among them). The tree
+    # itself is left as built, for the modes after this one (--bench, --sanitize).
     abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/log"
     labels=()
-    # each variant's verdict, printed and kept for the head of ab.txt (the call's printed
-    # output may come back cut)
     verdicts=()
     say() { echo "$1"; verdicts+=("$1"); }
     nvar=$(ls "$root"/.devab/*__*.cu 2>/dev/null | wc -l)
