@@ -4,13 +4,15 @@
     scripts/train_ab.py "default, before=d0.json" "default, after=d1.json" \\
                         "wide, before=w0.json" "wide, after=w1.json"
     scripts/train_ab.py "default, before=d0a.json,d0b.json,d0c.json" ...
+    scripts/train_ab.py --baseline bf16-baseline "default=d1.json,d2.json" ...
 
 Each argument is LABEL=FILE[,FILE...]: each FILE is the output of one `hq train --json` run
 (every recipe of one model size, one build), several of them the rounds of the same column
 (interleaved with the other columns' runs, so that the machine's drift falls on every column
 alike); LABEL is the column's heading. Prints a Markdown table, one row per recipe of the
 column's first file in the first column's order, each cell the run's tokens/s and its ratio to
-the baseline of the same file (the `--baseline` run, which every file needs), as the
+the baseline of the same file (the `--baseline` run, which every file needs, or with --baseline
+NAME the recipe of that name, for runs made with `hq train --baseline none`), as the
 performance notes print them -- over several rounds the smallest and largest of each, "2.03-
 2.19M (0.89-0.93x)" -- and the held-out loss where the rounds disagree on it ("loss differs"),
 since the same recipe from the same seed gives the same loss bit for bit; a recipe a column's
@@ -31,8 +33,9 @@ def rate(r):
     return "%.0f" % r
 
 
-def load_file(path):
-    """(runs, baseline tokens/s) of one hq train --json document"""
+def load_file(path, base_name=None):
+    """(runs, baseline tokens/s) of one hq train --json document; base_name: the recipe whose
+    run is the baseline, else the run hq train marked as one"""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -41,19 +44,26 @@ def load_file(path):
     runs = doc.get("recipes") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not runs:
         sys.exit("train_ab.py: %s: no 'recipes' list (not the output of hq train --json?)" % path)
-    base = [r for r in runs if r.get("baseline")]
-    if len(base) != 1:
-        sys.exit("train_ab.py: %s: %d baseline runs, expected 1 (run hq train with --baseline)"
-                 % (path, len(base)))
+    if base_name:
+        base = [r for r in runs if r.get("name") == base_name]
+        if len(base) != 1:
+            sys.exit("train_ab.py: %s: %d runs of recipe '%s', expected 1"
+                     % (path, len(base), base_name))
+    else:
+        base = [r for r in runs if r.get("baseline")]
+        if len(base) != 1:
+            sys.exit("train_ab.py: %s: %d baseline runs, expected 1 (run hq train with "
+                     "--baseline, or name the baseline recipe: --baseline NAME)"
+                     % (path, len(base)))
     return runs, base[0]["tokens_per_second"]
 
 
-def load(arg):
+def load(arg, base_name=None):
     """(label, [(runs, baseline), ...]) of one LABEL=FILE[,FILE...] argument"""
     label, sep, paths = arg.partition("=")
     if not sep or not label or not paths or "" in paths.split(","):
         sys.exit("train_ab.py: '%s' is not LABEL=FILE[,FILE...]" % arg)
-    return label, [load_file(p) for p in paths.split(",")]
+    return label, [load_file(p, base_name) for p in paths.split(",")]
 
 
 def span(lo, hi, fmt):
@@ -78,7 +88,12 @@ def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
-    cols = [load(a) for a in argv[1:]]
+    args, base_name = argv[1:], None
+    if args[0] == "--baseline":
+        if len(args) < 3:
+            sys.exit("train_ab.py: --baseline NAME needs a recipe name and a column")
+        base_name, args = args[1], args[2:]
+    cols = [load(a, base_name) for a in args]
     print("| recipe | " + " | ".join(label for label, _ in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for r0 in cols[0][1][0][0]:

@@ -6,7 +6,8 @@
 # one ratio recomputed here from the JSON), "--" where a file lacks the recipe; several files
 # to a column (rounds) give each cell the smallest and largest tokens/s and ratio of its rounds,
 # recomputed here, and "loss differs" only where the rounds' held-out losses do (another seed);
-# bad arguments are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# --baseline NAME takes the named recipe's run as the baseline of files made without one; bad
+# arguments are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -74,6 +75,29 @@ if any("loss differs" in c for c in cells["mxfp8"][:1]):
 if not cells["fp8-current-e4m3"][1].endswith(", loss differs"):
     fail("two seeds' rounds not marked")
 PY
+# --baseline NAME: a run made with `hq train --baseline none` takes the named recipe as its
+# baseline (that recipe 1.00x, mxfp8's ratio to it recomputed); a name no run has is refused
+$hq train --data "$tmp/words.txt" --steps 6 --batch 32 --hidden 32 --eval-every 0 --recipe "$hp" \
+  --recipe "$mx" --baseline none --json > "$tmp/n.json" 2> "$tmp/n.err" ||
+  { cat "$tmp/n.err"; fail "hq train --baseline none"; }
+python3 "$ab" "n=$tmp/n.json" > "$tmp/o" 2>&1 && fail "a file without a baseline run accepted"
+python3 "$ab" --baseline bf16-baseline "n=$tmp/n.json" > "$tmp/n.md" ||
+  fail "train_ab.py --baseline bf16-baseline"
+python3 - "$tmp/n.md" "$tmp/n.json" <<'PY' || exit 1
+import json, sys
+rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+def fail(m):
+    sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+t = {r["name"]: r["tokens_per_second"] for r in json.load(open(sys.argv[2]))["recipes"]}
+if not cells["bf16-baseline"][0].endswith("(1.00x)"):
+    fail("the named baseline is not 1.00x")
+if not cells["mxfp8"][0].endswith("(%.2fx)" % (t["mxfp8"] / t["bf16-baseline"])):
+    fail("mxfp8's ratio to the named baseline")
+PY
+python3 "$ab" --baseline nosuch "n=$tmp/n.json" > "$tmp/o" 2>&1 &&
+  fail "an unknown baseline accepted"
+grep -q "recipe 'nosuch'" "$tmp/o" || { cat "$tmp/o"; fail "the message for --baseline nosuch"; }
 python3 "$ab" "x=$tmp/a.json," > "$tmp/o" 2>&1 && fail "an empty file name accepted"
 python3 "$ab" nolabel > "$tmp/o" 2>&1 && fail "an argument without '=' accepted"
 grep -q "'nolabel' is not LABEL=FILE" "$tmp/o" || { cat "$tmp/o"; fail "the message for 'nolabel'"; }
