@@ -983,6 +983,19 @@ HQ_HD void cols_store(uint8_t *q, uint64_t v, bool st8, int lane) {
   store_fp6_words(q, v, nlo, nhi, st8, lane);
 }
 
+/* The forms a COLS warp takes for its 32 blocks, this lane's with amax bits am and scale code
+   e: every block the fast forms (*fast), every block the BF16 packed form (*pk) -- a choice
+   uniform over the warp, so that the FP6 stores' shuffles stay in either path. */
+template <int DT, int KIND, class L>
+HQ_HD void warp_forms(uint32_t am, uint8_t e, int rule, bool *fast, bool *pk) {
+  const bool fin = am < 0x7f800000u;
+  *fast = L::ballot(!hq_mx_fast_block(fin, e, KIND, false)) == 0u;
+  *pk = false;
+  if (DT == HQ_BF16 && KIND == HQ_E2M1X2) *pk = L::ballot(!hq_mx_e2m1_bf16_ok(e, rule)) == 0u;
+  if (DT == HQ_BF16 && KIND != HQ_E2M1X2)
+    *pk = L::ballot(!(fin && hq_mx_fp6_bf16_ok(e, KIND))) == 0u;
+}
+
 /* BOTH's rowwise copy of the warp's tile (cols_tile's lanes and rows): row i + 8p's 32-block is
    the lanes 4g .. 4g + 3 of its group, so the lane's 4 rows' partial maxima are reduce-scattered
    over them by three xor shuffles (lane 4g + c finishes row i + 8c: its scale code and scale
@@ -1018,11 +1031,8 @@ HQ_HD void rows_part(const QArgs &a, const uint32_t w[4][4], const uint16_t *x, 
   const uint32_t e2 = hq_mx_prmt(e, e1, b0 ? 0x04u : 0x40u);
   const uint32_t e2o = L::shfl_xor(e2, 2);
   const uint32_t er = hq_mx_prmt(e2, e2o, b1 ? 0x1054u : 0x5410u);
-  const bool fin = am < 0x7f800000u;
-  const bool fast = L::ballot(!hq_mx_fast_block(fin, e, KIND, false)) == 0u;
-  bool pk = false;
-  if (BP) pk = L::ballot(!hq_mx_e2m1_bf16_ok(e, a.rule)) == 0u;
-  if (BP6) pk = L::ballot(!(fin && hq_mx_fp6_bf16_ok(e, KIND))) == 0u;
+  bool fast, pk;
+  warp_forms<DT, KIND, L>(am, e, a.rule, &fast, &pk);
   const int64_t rowb = a.rowb;
   const uint32_t j = jt + 8 * c;
   uint8_t *q = a.rd + (int64_t)((uint64_t)i * (uint32_t)rowb) +
@@ -1131,13 +1141,8 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
   const uint32_t e4 = hq_mx_prmt(e2, e2o, b1 ? 0x1054u : 0x5410u);
   const uint32_t e4o = L::shfl_xor(e4, 16);
   const uint32_t ec[2] = {b2 ? e4o : e4, b2 ? e4 : e4o};
-  /* the warp's 32 columns all allow a form (a choice uniform over the warp, so that the FP6
-     stores' shuffles stay in either path) */
-  const bool fin = am < 0x7f800000u;
-  const bool fast = L::ballot(!hq_mx_fast_block(fin, e, KIND, false)) == 0u;
-  bool pk = false;
-  if (BP) pk = L::ballot(!hq_mx_e2m1_bf16_ok(e, a.rule)) == 0u;
-  if (BP6) pk = L::ballot(!(fin && hq_mx_fp6_bf16_ok(e, KIND))) == 0u;
+  bool fast, pk;
+  warp_forms<DT, KIND, L>(am, e, a.rule, &fast, &pk);
   const int64_t rowb = a.rowb;
   uint8_t *q = a.cd + (int64_t)((uint64_t)i * (uint32_t)rowb) +
                (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
