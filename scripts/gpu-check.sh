@@ -187,8 +187,11 @@ if [ "${1:-}" = "--on-device" ]; then
     # itself is left as built, for the modes after this one (--bench, --sanitize).
     abdir=/tmp/hq-ab; rm -rf "$abdir"; mkdir -p "$abdir" "$abdir/log"
     labels=()
-    verdicts=()
-    say() { echo "$1"; verdicts+=("$1"); }
+    # each verdict goes to ab.txt as it is made, so that a call cut short by its time limit
+    # still brings back how far the variants got
+    : > "$out/ab.txt"
+    say() { echo "$1"; echo "$1" >> "$out/ab.txt"; }
+    SECONDS=0
     nvar=$(ls "$root"/.devab/*__*.cu 2>/dev/null | wc -l)
     jobs_each=$(( 16 / (nvar > 0 ? nvar : 1) ))
     [ "$jobs_each" -ge 2 ] || jobs_each=2
@@ -204,6 +207,7 @@ if [ "${1:-}" = "--on-device" ]; then
          > "$abdir/log/$b.build.log" 2>&1; echo $? > "$abdir/log/$b.build.rc") &
     done
     wait
+    say "variants built in ${SECONDS} s"
     for v in "$root"/.devab/*__*.cu; do
       [ -f "$v" ] || continue
       b=$(basename "$v" .cu); pl=${b%%__*}; lab=${b#*__}; d="$abdir/tree-$b"
@@ -225,7 +229,6 @@ if [ "${1:-}" = "--on-device" ]; then
       mkdir -p "$abdir/$b"; cp "$d"/plugins/$pl/.libs/*.so "$abdir/$b/"
       labels+=("$b")
     done
-    printf '%s\n' ${verdicts[@]+"${verdicts[@]}"} > "$out/ab.txt"
     for round in $(seq 1 "${HQ_AB_ROUNDS:-2}"); do
       for b in "${labels[@]}"; do
         pl=${b%%__*}
