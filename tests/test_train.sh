@@ -388,6 +388,20 @@ for r in d["recipes"]:
     assert abs(st["gap_mean"] - gm) < 1e-7 and abs(st["gap_se"] - se) < 1e-7, st
     assert st["gap_exceeds_noise"] == (abs(gm) > 2 * se), st' "$tmp/seeds.json" ||
     fail "--seeds: the statistics in --json"; ok
+  # the machine the throughput was measured on: no GPU on the CPU path, the host CPU's model as
+  # /proc/cpuinfo names it (null where it names none) and its online CPUs
+  python3 -c 'import json, os, sys
+m = json.load(open(sys.argv[1]))["machine"]
+assert m["gpu"] is None and m["sm"] is None, m
+want = None
+if os.path.exists("/proc/cpuinfo"):
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            want = line.split(":", 1)[1].strip() or None
+            break
+assert m["host_cpu"] == want, (m, want)
+assert m["host_cpus"] == os.sysconf("SC_NPROCESSORS_ONLN"), m' "$tmp/seeds.json" ||
+    fail "--json machine"; ok
 fi
 $hq train $small --steps 20 --seeds 2 --recipe "$conf/examples/nvfp4.ini" > "$tmp/seeds.txt" 2>&1 ||
   { cat "$tmp/seeds.txt"; fail "--seeds table"; }

@@ -28,6 +28,9 @@ import json, sys
 on, off = (json.load(open(p)) for p in sys.argv[1:3])
 if on["config"]["cuda_graph"] != "on" or off["config"]["cuda_graph"] != "off":
     print("FAIL: --json config.cuda_graph"); sys.exit(1)
+m = on["machine"]
+if (on["config"]["device"] == "cpu") != (m["gpu"] is None) or (m["gpu"] and not m["sm"] >= 70):
+    print("FAIL: --json machine %s on %s" % (m, on["config"]["device"])); sys.exit(1)
 names = [r["name"] for r in on["recipes"]]
 if len(names) != 7 or names != [r["name"] for r in off["recipes"]]:
     print("FAIL: runs %s / %s" % (names, [r["name"] for r in off["recipes"]])); sys.exit(1)

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -712,6 +713,52 @@ static void run_stats(const session *s, int i, seed_stats *st) {
                     : fabs(st->gap_mean) > 2 * st->gap_se;
 }
 
+/* The host CPU's model name: the first "model name" line of /proc/cpuinfo, "" where there is none
+   (another OS, or an architecture whose cpuinfo names no model). */
+static void host_cpu_model(char *out, size_t n) {
+  out[0] = '\0';
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10)) continue;
+    const char *v = strchr(line, ':');
+    if (v) {
+      v += strspn(v + 1, " \t") + 1;
+      snprintf(out, n, "%s", v);
+      size_t e = strlen(out); /* without the line's end and trailing blanks */
+      while (e > 0 && (out[e - 1] == '\n' || out[e - 1] == ' ' || out[e - 1] == '\t')) e--;
+      out[e] = '\0';
+    }
+    break;
+  }
+  fclose(f);
+}
+
+/* The machine the run's throughput was measured on: a default-size step is paced partly by the
+   host, so runs on two machines of one GPU kind may differ by the host alone. */
+static void machine_json(json *j, const train_args *a) {
+  char gpu[256] = "", cpu[256];
+  int arch = 0;
+  if (a->device != HQ_DEVICE_HOST && hq_device_info(a->device, gpu, sizeof gpu, &arch) != HQ_OK)
+    gpu[0] = '\0';
+  host_cpu_model(cpu, sizeof cpu);
+  const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  json_key(j, "machine");
+  json_obj(j);
+  json_key(j, "gpu");
+  if (gpu[0]) json_str(j, gpu);
+  else json_null(j);
+  json_key(j, "sm");
+  if (gpu[0]) json_int(j, arch);
+  else json_null(j);
+  json_key(j, "host_cpu");
+  if (cpu[0]) json_str(j, cpu);
+  else json_null(j);
+  json_kint(j, "host_cpus", ncpu > 0 ? ncpu : 0);
+  json_close_obj(j);
+}
+
 static void config_json(json *j, const train_args *a, const train_config *cfg, const session *s) {
   json_key(j, "data");
   json_obj(j);
@@ -864,6 +911,7 @@ static void report_json(const train_args *a, const train_config *cfg, const sess
   json_begin(&j, stdout);
   json_obj(&j);
   config_json(&j, a, cfg, s);
+  machine_json(&j, a);
   json_key(&j, "baseline");
   if (s->baseline >= 0) json_str(&j, s->runs[s->baseline].name);
   else json_null(&j);
