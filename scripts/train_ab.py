@@ -16,8 +16,9 @@ NAME the recipe of that name, for runs made with `hq train --baseline none`), as
 performance notes print them -- over several rounds the smallest and largest of each, "2.03-
 2.19M (0.89-0.93x)" -- and the held-out loss where the rounds disagree on it ("loss differs"),
 since the same recipe from the same seed gives the same loss bit for bit; a recipe a column's
-files lack gets "--". Ratios are taken within one file, so builds and sizes compare by ratio
-even when the machine's clocks moved between runs.
+files lack gets "--"; after the table, the machines the files name (hq train's `machine`).
+Ratios are taken within one file, so builds and sizes compare by ratio even when the machine's
+clocks moved between runs.
 scripts/gpu-check.sh --train-ab makes the files on a GPU (docs/building.md).
 """
 import json
@@ -33,9 +34,18 @@ def rate(r):
     return "%.0f" % r
 
 
+def machine(doc):
+    """the machine line of one document's `machine` (hq train --json), None for older files"""
+    m = doc.get("machine") if isinstance(doc, dict) else None
+    if not isinstance(m, dict):
+        return None
+    gpu = m.get("gpu") or "no GPU"
+    return "%s, host %s (%s CPUs)" % (gpu, m.get("host_cpu") or "unnamed", m.get("host_cpus"))
+
+
 def load_file(path, base_name=None):
-    """(runs, baseline tokens/s) of one hq train --json document; base_name: the recipe whose
-    run is the baseline, else the run hq train marked as one"""
+    """(runs, baseline tokens/s, machine line) of one hq train --json document; base_name: the
+    recipe whose run is the baseline, else the run hq train marked as one"""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -55,7 +65,7 @@ def load_file(path, base_name=None):
             sys.exit("train_ab.py: %s: %d baseline runs, expected 1 (run hq train with "
                      "--baseline, or name the baseline recipe: --baseline NAME)"
                      % (path, len(base)))
-    return runs, base[0]["tokens_per_second"]
+    return runs, base[0]["tokens_per_second"], machine(doc)
 
 
 def load(arg, base_name=None):
@@ -72,7 +82,7 @@ def span(lo, hi, fmt):
 
 
 def cell(name, rounds):
-    got = [(next((x for x in runs if x["name"] == name), None), base) for runs, base in rounds]
+    got = [(next((x for x in runs if x["name"] == name), None), base) for runs, base, _ in rounds]
     got = [(r, base) for r, base in got if r is not None and base]
     if not got:
         return "--"
@@ -99,6 +109,15 @@ def main(argv):
     for r0 in cols[0][1][0][0]:
         name = r0["name"]
         print("| %s | %s |" % (name, " | ".join(cell(name, rounds) for _, rounds in cols)))
+    # the machines the files were measured on, each once (files from before hq train's
+    # `machine` have none)
+    seen = []
+    for _, rounds in cols:
+        for _, _, m in rounds:
+            if m and m not in seen:
+                seen.append(m)
+    if seen:
+        print("\nMeasured on: %s." % "; ".join(seen))
     return 0
 
 

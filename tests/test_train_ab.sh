@@ -6,8 +6,9 @@
 # one ratio recomputed here from the JSON), "--" where a file lacks the recipe; several files
 # to a column (rounds) give each cell the smallest and largest tokens/s and ratio of its rounds,
 # recomputed here, and "loss differs" only where the rounds' held-out losses do (another seed);
-# --baseline NAME takes the named recipe's run as the baseline of files made without one; bad
-# arguments are refused by name. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# --baseline NAME takes the named recipe's run as the baseline of files made without one; the
+# machine the files name follows the table, once; bad arguments are refused by name.
+# Exit 0 pass, 1 fail, 77 skip (automake's protocol).
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -35,14 +36,15 @@ python3 "$ab" "x, before=$tmp/a.json" "x, after=$tmp/b.json" > "$tmp/t.md" || fa
 python3 - "$tmp/t.md" "$tmp/a.json" <<'PY' || exit 1
 import json, sys
 rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+trows = [r for r in rows[2:] if r.startswith("|")]  # the table's rows (a machine line follows)
 runs = json.load(open(sys.argv[2]))["recipes"]
 def fail(m):
     sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
 if rows[0] != "| recipe | x, before | x, after |" or rows[1] != "|---|---|---|":
     fail("the header")
-if [r.split(" | ")[0][2:] for r in rows[2:]] != [r["name"] for r in runs]:
+if [r.split(" | ")[0][2:] for r in trows] != [r["name"] for r in runs]:
     fail("the rows are not the first file's recipes in its order")
-cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in trows}
 if not all(c.endswith("(1.00x)") for c in cells["bf16-baseline"]):
     fail("the baseline is not 1.00x in every column")
 if cells["fp8-current-e4m3"][1] != "--":
@@ -61,9 +63,10 @@ python3 "$ab" "r=$tmp/a.json,$tmp/a2.json" "s=$tmp/a.json,$tmp/c.json" > "$tmp/r
 python3 - "$tmp/r.md" "$tmp/a.json" "$tmp/a2.json" <<'PY' || exit 1
 import json, sys
 rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+trows = [r for r in rows[2:] if r.startswith("|")]  # the table's rows (a machine line follows)
 def fail(m):
     sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
-cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in trows}
 docs = [{r["name"]: r["tokens_per_second"] for r in json.load(open(p))["recipes"]} for p in sys.argv[2:]]
 x = sorted(d["mxfp8"] / d["bf16-baseline"] for d in docs)
 f = ["%.2f" % v for v in x]
@@ -86,14 +89,19 @@ python3 "$ab" --baseline bf16-baseline "n=$tmp/n.json" > "$tmp/n.md" ||
 python3 - "$tmp/n.md" "$tmp/n.json" <<'PY' || exit 1
 import json, sys
 rows = [l.rstrip("\n") for l in open(sys.argv[1])]
+trows = [r for r in rows[2:] if r.startswith("|")]  # the table's rows (a machine line follows)
 def fail(m):
     sys.exit("FAIL: %s\n%s" % (m, "\n".join(rows)))
-cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows[2:]}
+cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in trows}
 t = {r["name"]: r["tokens_per_second"] for r in json.load(open(sys.argv[2]))["recipes"]}
 if not cells["bf16-baseline"][0].endswith("(1.00x)"):
     fail("the named baseline is not 1.00x")
 if not cells["mxfp8"][0].endswith("(%.2fx)" % (t["mxfp8"] / t["bf16-baseline"])):
     fail("mxfp8's ratio to the named baseline")
+m = json.load(open(sys.argv[2]))["machine"]
+want = "Measured on: no GPU, host %s (%d CPUs)." % (m["host_cpu"] or "unnamed", m["host_cpus"])
+if rows[-1] != want or rows[-2] != "" or sum(r.startswith("Measured on") for r in rows) != 1:
+    fail("the machine line: expected %r" % want)
 PY
 python3 "$ab" --baseline nosuch "n=$tmp/n.json" > "$tmp/o" 2>&1 &&
   fail "an unknown baseline accepted"
