@@ -374,12 +374,17 @@ def block_gpu():
     for n, c in cells.items():
         rows.append("| %s | %s |" % (n, " | ".join(c)))
     c0, c1 = docs[0]["config"], docs[1]["config"]
-    return ("`hq train --device %s` (`scripts/gpu-check.sh --on-device --train`, one call; seed 1, graph %s): "
+    # the machine, where the documents name it (hq train --json's machine; older ones do not)
+    m = docs[0].get("machine") or {}
+    on = " on an %s (host %s, %s CPUs)" % (m["gpu"], m.get("host_cpu") or "unnamed",
+                                          m.get("host_cpus")) if m.get("gpu") else ""
+    return ("`hq train --device %s`" % dev + on
+            + " (`scripts/gpu-check.sh --on-device --train`, one call; seed 1, graph %s): "
             "the default model (%d steps of %d, H = %d, %d hidden layers) and the wide one (`--preset wide`: "
             "%d steps of %d, H = %d, %d layers, lr %g); gaps to the FP32 baseline of the same run, "
             "tokens/s over the training steps and their ratio to the BF16 recipe (`high_precision.ini`), "
             "peak device memory of the run:\n\n"
-            % (dev, c0["cuda_graph"], c0["steps"], c0["batch"], c0["hidden"], c0["layers"], c1["steps"],
+            % (c0["cuda_graph"], c0["steps"], c0["batch"], c0["hidden"], c0["layers"], c1["steps"],
                c1["batch"], c1["hidden"], c1["layers"], c1["lr"])) + "\n".join(rows) + "\n"
 
 
