@@ -746,15 +746,11 @@ static void machine_json(json *j, const train_args *a) {
   const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   json_key(j, "machine");
   json_obj(j);
-  json_key(j, "gpu");
-  if (gpu[0]) json_str(j, gpu);
-  else json_null(j);
+  json_kstr_or_null(j, "gpu", gpu);
   json_key(j, "sm");
   if (gpu[0]) json_int(j, arch);
   else json_null(j);
-  json_key(j, "host_cpu");
-  if (cpu[0]) json_str(j, cpu);
-  else json_null(j);
+  json_kstr_or_null(j, "host_cpu", cpu);
   json_kint(j, "host_cpus", ncpu > 0 ? ncpu : 0);
   json_close_obj(j);
 }
@@ -878,9 +874,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   json_kint(j, "graph_side_amaxes", r->side_amaxes);
   json_kint(j, "graph_side_wgrads", r->side_wgrads);
   json_kint(j, "graph_side_writebacks", r->side_writebacks);
-  json_key(j, "graph_note");
-  if (r->graph_note[0]) json_str(j, r->graph_note);
-  else json_null(j);
+  json_kstr_or_null(j, "graph_note", r->graph_note);
   json_key(j, "resume_verified");
   if (!a->verify_resume) json_null(j);
   else json_bool(j, r->verified == 1);

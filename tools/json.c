@@ -99,6 +99,11 @@ void json_null(json *j) {
 }
 
 void json_kstr(json *j, const char *k, const char *s) { json_key(j, k); json_str(j, s); }
+void json_kstr_or_null(json *j, const char *k, const char *s) {
+  json_key(j, k);
+  if (s && s[0]) json_str(j, s);
+  else json_null(j);
+}
 void json_kint(json *j, const char *k, int64_t v) { json_key(j, k); json_int(j, v); }
 void json_knum(json *j, const char *k, double v) { json_key(j, k); json_num(j, v); }
 void json_kbool(json *j, const char *k, int v) { json_key(j, k); json_bool(j, v); }

@@ -29,6 +29,7 @@ void json_bool(json *j, int v);
 void json_null(json *j);
 /* key + value shortcuts */
 void json_kstr(json *j, const char *k, const char *s);
+void json_kstr_or_null(json *j, const char *k, const char *s); /* null where s is NULL or "" */
 void json_kint(json *j, const char *k, int64_t v);
 void json_knum(json *j, const char *k, double v);
 void json_kbool(json *j, const char *k, int v);
