@@ -923,6 +923,19 @@ template <int DT> HQ_HD float cols_hp16(uint32_t h) {
   return DT == HQ_F16 ? hq_f16_to_f32_anynan((uint16_t)h) : hq_bf16_to_f32((uint16_t)h);
 }
 
+/* The 8 elements of 4 packed 16-bit words as FP32, element k in word k / 2 (low half first) */
+template <int DT> HQ_HD void cols_y8(const uint32_t w[4], float y[8]) {
+  HQ_MX_UNROLL
+  for (int k = 0; k < 8; k++) y[k] = cols_hp16<DT>(k & 1 ? w[k >> 1] >> 16 : w[k >> 1] & 0xffffu);
+}
+
+/* Row i + 8p of a COLS lane's 4 (x at row i), read again by a rule path, as FP32 */
+template <int DT> HQ_HD void cols_reread8(const uint16_t *x, int p, uint32_t K, float y[8]) {
+  const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  cols_y8<DT>(w, y);
+}
+
 /* encode8 by round to nearest; the host form (the simulation's) takes the same forms element
    by element with mx_rules.h's host functions. */
 template <int KIND>
@@ -1061,11 +1074,9 @@ HQ_HD void rows_part(const QArgs &a, const uint32_t w[4][4], const uint16_t *x, 
     for (int p = 0; p < 4; p++) {
       const float mr = hq_bits_f32(L::shfl(hq_f32_bits(mu), (lane & ~3) + p));
       float y[8], m[8];
+      cols_y8<DT>(w[p], y);
       HQ_MX_UNROLL
-      for (int k = 0; k < 8; k++) {
-        y[k] = cols_hp16<DT>(k & 1 ? w[p][k >> 1] >> 16 : w[p][k >> 1] & 0xffffu);
-        m[k] = mr;
-      }
+      for (int k = 0; k < 8; k++) m[k] = mr;
       cols_store<KIND, L>(q + 8 * p * rowb, cols_encode8<KIND>(y, m, nullptr, true, a.rule),
                           a.st8, lane);
     }
@@ -1076,13 +1087,11 @@ HQ_HD void rows_part(const QArgs &a, const uint32_t w[4][4], const uint16_t *x, 
   HQ_MX_NOUNROLL
   for (int p = 0; p < 4; p++, q += 8 * rowb) {
     const float mr = hq_bits_f32(L::shfl(hq_f32_bits(mu), (lane & ~3) + p));
-    const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
-    const uint32_t wr[4] = {u.x, u.y, u.z, u.w};
     float y[8], m[8];
     uint8_t ek[8];
+    cols_reread8<DT>(x, p, K, y);
     HQ_MX_UNROLL
     for (int k = 0; k < 8; k++) {
-      y[k] = cols_hp16<DT>(k & 1 ? wr[k >> 1] >> 16 : wr[k >> 1] & 0xffffu);
       m[k] = mr;
       ek[k] = (uint8_t)(er >> (8 * p));
     }
@@ -1178,9 +1187,7 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
     HQ_MX_UNROLL
     for (int p = 0; p < 4; p++) {
       float y[8];
-      HQ_MX_UNROLL
-      for (int k = 0; k < 8; k++)
-        y[k] = cols_hp16<DT>(k & 1 ? w[p][k >> 1] >> 16 : w[p][k >> 1] & 0xffffu);
+      cols_y8<DT>(w[p], y);
       cols_store<KIND, L>(q + 8 * p * rowb, cols_encode8<KIND>(y, m, nullptr, true, a.rule),
                           a.st8, lane);
     }
@@ -1191,15 +1198,11 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
      the registers the rule's casts take */
   HQ_MX_NOUNROLL
   for (int p = 0; p < 4; p++, q += 8 * rowb) {
-    const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
-    const uint32_t wr[4] = {u.x, u.y, u.z, u.w};
     float y[8];
     uint8_t ek[8];
+    cols_reread8<DT>(x, p, K, y);
     HQ_MX_UNROLL
-    for (int k = 0; k < 8; k++) {
-      y[k] = cols_hp16<DT>(k & 1 ? wr[k >> 1] >> 16 : wr[k >> 1] & 0xffffu);
-      ek[k] = (uint8_t)(ec[k >> 2] >> (8 * (k & 3)));
-    }
+    for (int k = 0; k < 8; k++) ek[k] = (uint8_t)(ec[k >> 2] >> (8 * (k & 3)));
     cols_store<KIND, L>(q, cols_encode8<KIND>(y, m, ek, fast && !BP, a.rule), a.st8, lane);
   }
 }
