@@ -106,6 +106,10 @@ PY
 python3 "$ab" --baseline nosuch "n=$tmp/n.json" > "$tmp/o" 2>&1 &&
   fail "an unknown baseline accepted"
 grep -q "recipe 'nosuch'" "$tmp/o" || { cat "$tmp/o"; fail "the message for --baseline nosuch"; }
+python3 "$ab" --baseline bf16-baseline > "$tmp/o" 2>&1 &&
+  fail "--baseline without a column accepted"
+grep -q "needs a recipe name and a column" "$tmp/o" ||
+  { cat "$tmp/o"; fail "the message for a bare --baseline"; }
 python3 "$ab" "x=$tmp/a.json," > "$tmp/o" 2>&1 && fail "an empty file name accepted"
 python3 "$ab" nolabel > "$tmp/o" 2>&1 && fail "an argument without '=' accepted"
 grep -q "'nolabel' is not LABEL=FILE" "$tmp/o" || { cat "$tmp/o"; fail "the message for 'nolabel'"; }
