@@ -14,7 +14,10 @@
 ** direction into f32 / bf16 / f16 (through the inverse RHT); update; the device amax
 ** (hq_quantizer_amax and the module's amax op for every set of directions, with and without
 ** rht); quantize and update with a caller-supplied device amax (the own one, larger, smaller,
-** different per direction); make_empty; a shape with a dimension of 2^31 or more refused with a
+** different per direction), of both directions and of the rowwise copy alone (which a tensor of
+** fewer 32 x 256 tiles than the device has SMs makes by the element-wise kernel -- test_options'
+** shapes and most of test_shapes' -- and a larger one by the tile kernel: 1024 x 2048 and
+** test_many_tiles'); make_empty; a shape with a dimension of 2^31 or more refused with a
 ** clear error before anything runs. Dequantized values compare byte for byte except NaN
 ** against NaN (an Inf global amax gives 0 * Inf, whose NaN sign differs between host and
 ** device). The two contexts share the seed and every pair of calls
@@ -213,7 +216,8 @@ static void check_case(const char *options, hq_dtype dt, int64_t M, int64_t K, u
     HQ_OK_OR_FAIL(hq_qtensor_update(g, gpu, &xg));
     HQ_OK_OR_FAIL(hq_ctx_sync(gpu));
     compare_usage(h, g, usages[u], what);
-    if (full && u == 0)
+    /* both directions, and the rowwise copy alone (a small one: the element-wise kernel) */
+    if (full && u <= 1)
       hq_gpu_check_amax_and_update(cpu, gpu, q, usages[u], &x, &xg, h, &y, &yg, rng11, what);
     if (u == 0) { /* a source one element off 16-byte alignment: the element-by-element copy */
       hq_tensor xu = hq_gpu_tensor_at(gpu, &x, hq_dtype_size(dt));

@@ -73,7 +73,11 @@
 **     input dtype, rht, SR, block_2d and the directions, so its body holds no branch on them,
 **     and addresses its tiles and staging buffers through 32-bit shared-window addresses taken
 **     once (smem_cuda.h). A scale buffer with padding entries is zeroed first
-**     (cudaMemsetAsync).
+**     (cudaMemsetAsync). The rowwise copy alone of a tensor of fewer tiles than the device has
+**     SMs (a trainer's activations and gradients) takes rowe_kernel instead: a thread per
+**     block, straight from global memory to its 8 bytes and scale byte, so that a few hundred
+**     rows are spread over tens of CTAs instead of a CTA per tile (block_2d, whose tile amaxes
+**     span 16 rows, keeps the tile kernel).
 **   dequantize: 16-element blocks through hq_nvfp4_decode_mult / hq_nvfp4_dequantize; the
 **     rowwise copy by a grid-stride kernel, one block per thread; the columnwise copy through
 **     hq_nvfp4_rht16_inverse when its descriptor says RHT, transposed back through a shared
@@ -2531,13 +2535,87 @@ int launch_quantize_t(const hq_call *call, QArgs a) {
   return HQ_OK;
 }
 
+/* The rowwise copy alone of a small tensor (fewer 32 x 256 tiles than the device has SMs: a
+   trainer's activations and gradients at a few hundred rows), element-wise: a thread per
+   16-element block, which is 16 consecutive elements of the input and 8 consecutive bytes of the
+   data (block b of row-major [M, K / 16] starts at element 16 b and byte 8 b), so a warp reads
+   and writes contiguous runs with no shared tile, no barrier and no encode table. The tile
+   kernel gives such a tensor a CTA per 8192 elements (8 CTAs for 256 x 256), each a chain of
+   copy, encode and store; here the same work is spread over 16-32 CTAs, each thread one load,
+   one encode and one store. Every bit is the tile kernel's: the same global constants
+   (dir_const_k), block amax, scale code (Head::code), encode multiplier (the function the tile
+   kernel tabulates), fast form or rule, and stochastic rounding's draw for block index b. */
+constexpr int kRowE = 128; /* threads a CTA: 4096 blocks (256 x 256) are 32 CTAs */
+template <int DT, bool SR, int OPT, bool SMALL>
+__global__ void __launch_bounds__(kRowE) rowe_kernel(QArgs a) {
+  const int kind = OPT ? a.kind : HQ_NVFP4_SCALE_E4M3;
+  const bool none = OPT == 1 && a.global == HQ_NVFP4_GLOBAL_NONE;
+  const float ga = none ? 0.0f : a.given ? a.given[0] : *a.ramax;
+  const DirConst d = dir_const_k(ga, kind, none);
+  const Head<OPT> h{nullptr, d.m, 0.0f, kind};
+  if (a.given && blockIdx.x == 0 && threadIdx.x == 0) *a.ramax = d.amax;
+  const uint64_t offset = q_offset<SR>(a);
+  const int64_t nbr = a.K >> 4, nb = a.M * nbr;
+  for (int64_t b = (int64_t)blockIdx.x * kRowE + threadIdx.x; b < nb;
+       b += (int64_t)gridDim.x * kRowE) {
+    float v[16];
+    hq_cuda_load8<DT>(a.x, 16 * b, a.vec, v);
+    hq_cuda_load8<DT>(a.x, 16 * b + 8, a.vec, v + 8);
+    int has_nan;
+    const float bamax = block_amax16(v, &has_nan);
+    const uint8_t sf = (uint8_t)h.code(hq_mul_rn(bamax, h.m));
+    const float enc = hq_nvfp4_encode_mult_k(sf, d.s_dec, kind);
+    auto val = [&](int e) { return v[e]; };
+    const uint2 o = fast_block<SR>(bamax, enc, has_nan)
+                        ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, (uint64_t)b, signs_of(val))
+                        : encode_rule<SR>(val, enc, a.rk, offset, 0u, (uint64_t)b);
+    store8(a.rdata + 8 * b, o, a.a8);
+    int64_t i, kb;
+    hq_cuda_row_col<SMALL>(b, nbr, &i, &kb);
+    a.rscale[hq_nvfp4_scale_offset(i, kb, a.K, a.swz)] = sf;
+  }
+}
+#ifndef HQ_NVFP4_ROWE /* 0: the tile kernel for the rowwise copy alone at every size (measuring) */
+#define HQ_NVFP4_ROWE 1
+#endif
+/* The rowwise copy alone by rowe_kernel where the tensor has fewer rowwise tiles than the device
+   has SMs (1 when it took it, 0 to go on to the tile kernel, or an error); the global amax first
+   when the call brought none (the pass, as for the tile kernel). */
+template <int DT, bool SR, int OPT> int launch_rowe(const hq_call *call, QArgs a, int *took) {
+  *took = 0;
+  unsigned tiles = 0;
+  int rc = tile_grid(call, a.M, a.K, &tiles, QShape<1>::TM, QShape<1>::TK);
+  if (rc || !HQ_NVFP4_ROWE || (int64_t)tiles >= (int64_t)hq_cuda_device_sms(call->device))
+    return rc;
+  if (a.own) {
+    if ((rc = launch_amax<DT>(call, pass_args(a)))) return rc;
+    a.own = 0;
+  }
+  const int64_t nb = a.M * (a.K / 16);
+  const unsigned grid = (unsigned)hq_cuda_stride_grid(call->device, (nb + kRowE - 1) / kRowE);
+  if (nb < ((int64_t)1 << 32))
+    rowe_kernel<DT, SR, OPT, true><<<grid, kRowE, 0, (cudaStream_t)call->stream>>>(a);
+  else
+    rowe_kernel<DT, SR, OPT, false><<<grid, kRowE, 0, (cudaStream_t)call->stream>>>(a);
+  CHECK_LAUNCH(call, "nvfp4 rowwise quantize kernel");
+  *took = 1;
+  return HQ_OK;
+}
+
 /* The kernel for the directions made (1 rowwise, 2 columnwise, 3 both; the RHT is columnwise
    only), so each body holds no branch on them. */
 template <int DT, bool RHT, bool SR, bool B2D, int OPT>
 int launch_quantize_d(const hq_call *call, const QArgs &a) {
   const int dirs = (a.rdata ? 1 : 0) | (a.cdata ? 2 : 0);
   if (dirs == 0) return HQ_OK;
-  if (dirs == 1) return launch_quantize_t<DT, false, SR, 1, B2D, OPT>(call, a);
+  if (dirs == 1) {
+    if constexpr (!B2D && OPT != 2) { /* block_2d's tile amaxes span 16 rows: the tile kernel */
+      int took = 0;
+      const int rc = launch_rowe<DT, SR, OPT>(call, a, &took);
+      if (rc || took) return rc;
+    }
+    return launch_quantize_t<DT, false, SR, 1, B2D, OPT>(call, a);
+  }
   if (dirs == 2) return launch_quantize_t<DT, RHT, SR, 2, B2D, OPT>(call, a);
   if constexpr (kGroupC<3, SR>) {
     /* fewer groups than SMs: a CTA per tile (kGroupC's UG) */
