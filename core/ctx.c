@@ -64,7 +64,9 @@ int hq_ctx_create(const hq_ctx_desc *desc, hq_ctx **out) {
   return HQ_OK;
 }
 
-/* The contexts holding a cuBLASLt workspace, so that hq_device_trim can release them all. */
+/* The contexts keeping device memory between calls (a cuBLASLt workspace, call scratch), so
+   that hq_device_trim can release them all; ws_mu also guards their workspace and scratch
+   against that release. */
 static pthread_mutex_t ws_mu = PTHREAD_MUTEX_INITIALIZER;
 static hq_ctx *ws_list;
 
@@ -75,6 +77,33 @@ static void ws_unlink(hq_ctx *ctx) {
       break;
     }
   ctx->ws_next = NULL;
+  ctx->kept = 0;
+}
+
+/* Under ws_mu: ctx on the list. */
+static void ws_link(hq_ctx *ctx) {
+  if (ctx->kept) return;
+  ctx->ws_next = ws_list;
+  ws_list = ctx;
+  ctx->kept = 1;
+}
+
+/* Under ws_mu: the workspace and the scratch not handed out (all of it: the context's end)
+   freed, stream-ordered (after the work that uses them), on ctx's device, which the caller made
+   current; whether scratch is left. */
+static int kept_free(hq_ctx *ctx, int all) {
+  hqi_ctx_free_raw(ctx, ctx->workspace);
+  ctx->workspace = NULL;
+  ctx->workspace_bytes = 0;
+  int left = 0;
+  for (int i = 0; i < HQI_SCRATCH_SLOTS; i++) {
+    struct hqi_scratch *e = &ctx->scratch[i];
+    if (e->busy && !all) left = 1;
+    if (!e->p || (e->busy && !all)) continue;
+    hqi_ctx_free_raw(ctx, e->p);
+    memset(e, 0, sizeof *e);
+  }
+  return left;
 }
 
 hq_ctx *hqi_ctx_retain(hq_ctx *ctx) {
@@ -84,15 +113,15 @@ hq_ctx *hqi_ctx_retain(hq_ctx *ctx) {
 
 /* The end of a context, once nothing uses it. */
 static void ctx_end(hq_ctx *ctx) {
-  if (ctx->workspace) {
+  if (ctx->kept) {
     pthread_mutex_lock(&ws_mu);
     ws_unlink(ctx);
-    pthread_mutex_unlock(&ws_mu);
     int saved;
     if (hqi_device_enter(ctx->device, &saved) == HQ_OK) {
-      hqi_ctx_free_raw(ctx, ctx->workspace); /* stream-ordered: after the GEMMs that use it */
+      (void)kept_free(ctx, 1);
       hqi_device_leave(saved);
     }
+    pthread_mutex_unlock(&ws_mu);
   }
   if (ctx->offset_dev) {
     int saved;
@@ -146,12 +175,8 @@ int hqi_call_workspace(const hq_call *call, size_t bytes, void **out) {
     return HQ_OK;
   }
   pthread_mutex_lock(&ws_mu);
-  if (ctx->workspace) {
-    hqi_ctx_free_raw(ctx, ctx->workspace);
-  } else {
-    ctx->ws_next = ws_list;
-    ws_list = ctx;
-  }
+  if (ctx->workspace) hqi_ctx_free_raw(ctx, ctx->workspace);
+  ws_link(ctx);
   ctx->workspace = p;
   ctx->workspace_bytes = bytes;
   pthread_mutex_unlock(&ws_mu);
@@ -203,11 +228,14 @@ void hqi_workspaces_release(int device) {
       pp = &c->ws_next;
       continue;
     }
+    /* scratch handed out now (a call of another thread) stays kept, and c on the list */
+    if (kept_free(c, 0)) {
+      pp = &c->ws_next;
+      continue;
+    }
     *pp = c->ws_next;
     c->ws_next = NULL;
-    hqi_ctx_free_raw(c, c->workspace);
-    c->workspace = NULL;
-    c->workspace_bytes = 0;
+    c->kept = 0;
   }
   pthread_mutex_unlock(&ws_mu);
 }
@@ -236,6 +264,68 @@ void *hqi_ctx_alloc_raw(hq_ctx *ctx, size_t bytes) {
 }
 
 void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr) { hqi_ctx_free_on(ctx, ptr, ctx->stream); }
+
+/* Every use of a kept buffer is ordered on the context's stream (a call's side-stream work is
+   joined back before it returns), so a buffer given back may be handed out again at once, as
+   stream-ordered memory is. One handed out inside a capture is pinned: the graph writes it at
+   every replay, so it is never evicted for a larger one (hq_ctx_destroy and hq_device_trim
+   free it, as they do the workspace such a graph uses). A buffer allocated inside a capture is
+   not kept: its allocation and free nodes belong to that graph. */
+void *hqi_ctx_scratch_alloc(hq_ctx *ctx, size_t bytes, void *stream) {
+  if (ctx->device < 0 || stream != ctx->stream) return hqi_ctx_alloc_on(ctx, bytes, stream);
+  const int capturing = hqi_cuda_capturing(ctx->stream);
+  pthread_mutex_lock(&ws_mu);
+  struct hqi_scratch *fit = NULL;
+  for (int i = 0; i < HQI_SCRATCH_SLOTS; i++) {
+    struct hqi_scratch *e = &ctx->scratch[i];
+    if (e->p && !e->busy && e->bytes >= bytes && (!fit || e->bytes < fit->bytes)) fit = e;
+  }
+  if (fit) {
+    fit->busy = 1;
+    fit->pinned |= capturing;
+    pthread_mutex_unlock(&ws_mu);
+    return fit->p;
+  }
+  pthread_mutex_unlock(&ws_mu);
+  void *p = hqi_ctx_alloc_on(ctx, bytes, stream);
+  if (!p || capturing) return p;
+  /* kept in an empty slot, or in place of the smallest unpinned free one that is smaller */
+  pthread_mutex_lock(&ws_mu);
+  struct hqi_scratch *slot = NULL;
+  for (int i = 0; i < HQI_SCRATCH_SLOTS && !(slot && !slot->p); i++) {
+    struct hqi_scratch *e = &ctx->scratch[i];
+    if (!e->p || (!e->busy && !e->pinned && e->bytes < bytes && (!slot || e->bytes < slot->bytes)))
+      slot = e;
+  }
+  if (slot) {
+    hqi_ctx_free_raw(ctx, slot->p);
+    slot->p = p;
+    slot->bytes = bytes;
+    slot->busy = 1;
+    slot->pinned = 0;
+    ws_link(ctx);
+  }
+  pthread_mutex_unlock(&ws_mu);
+  return p;
+}
+
+void hqi_ctx_scratch_free(hq_ctx *ctx, void *ptr, void *stream) {
+  if (!ptr) return;
+  pthread_mutex_lock(&ws_mu);
+  for (int i = 0; ctx->device >= 0 && i < HQI_SCRATCH_SLOTS; i++) {
+    struct hqi_scratch *e = &ctx->scratch[i];
+    if (e->p != ptr) continue;
+    if (stream == ctx->stream) {
+      e->busy = 0;
+      pthread_mutex_unlock(&ws_mu);
+      return;
+    }
+    memset(e, 0, sizeof *e); /* given back on another stream: freed in that stream's order */
+    break;
+  }
+  pthread_mutex_unlock(&ws_mu);
+  hqi_ctx_free_on(ctx, ptr, stream);
+}
 
 void *hqi_ctx_side_stream(hq_ctx *ctx) {
   if (ctx->side || ctx->device < 0 || ctx->side_failed) return ctx->side;

@@ -51,7 +51,8 @@ static int raw_args(const hq_call *call, const hq_gemm_operand *o, hq_dtype dt, 
 
 /* The first half of a raw request: *data the operand's own memory when it holds its raw values
    in dt, in its data or in a raw-values buffer (*tmp NULL, nothing to fill), else a temporary
-   allocated on the context's stream (*tmp = *data), which raw_fill then fills. */
+   from the context's scratch on its stream (*tmp = *data; host->free gives it back), which
+   raw_fill then fills. */
 static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **data,
                        void **tmp) {
   *tmp = NULL;
@@ -60,7 +61,7 @@ static int raw_prepare(hq_ctx *ctx, const hqi_gop *g, hq_dtype dt, const void **
     return HQ_OK;
   }
   const size_t bytes = (size_t)(g->pub.rows * g->pub.cols) * hq_dtype_size(dt);
-  *tmp = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
+  *tmp = hqi_ctx_scratch_alloc(ctx, bytes ? bytes : 1, ctx->stream);
   if (!*tmp)
     return hqi_error(HQ_ENOMEM, "%s: operand %s: %zu bytes for its %s copy on device %d", g->what,
                      g->label, bytes, hq_dtype_name(dt), ctx->device);
@@ -269,8 +270,9 @@ static int svc_raw_rows(const hq_call *call, const hq_gemm_operand *o, hq_dtype 
                      "declare HQ_CAP_DEQ_ROW_FACTOR)", g->what, g->label, g->kind.format);
   const int64_t outer = g->kind.dir == HQ_ROWWISE ? g->pub.rows : g->pub.cols;
   const size_t bytes = (size_t)(g->pub.rows * g->pub.cols) * hq_dtype_size(dt);
-  *data = hqi_ctx_alloc_raw(ctx, bytes ? bytes : 1);
-  if (*data) *factors = hqi_ctx_alloc_raw(ctx, outer ? (size_t)outer * sizeof(float) : 1);
+  *data = hqi_ctx_scratch_alloc(ctx, bytes ? bytes : 1, ctx->stream);
+  if (*data)
+    *factors = hqi_ctx_scratch_alloc(ctx, outer ? (size_t)outer * sizeof(float) : 1, ctx->stream);
   if (!*data || !*factors)
     return hqi_error(HQ_ENOMEM, "%s: operand %s: %zu bytes for its %s values and %lld row "
                      "factors on device %d", g->what, g->label, bytes, hq_dtype_name(dt),

@@ -30,15 +30,16 @@ static void *host_alloc(const hq_call *call, size_t bytes) {
               "(declare scratch_size and use call->scratch)", bytes);
     return NULL;
   }
-  /* on the call's stream: a call may run on the context's side stream (a GEMM's operand pair) */
-  void *p = hqi_ctx_alloc_on(ctx, bytes ? bytes : 1, call->stream);
+  /* on the call's stream: a call may run on the context's side stream (a GEMM's operand pair);
+     on the context's own, from the scratch it keeps between calls */
+  void *p = hqi_ctx_scratch_alloc(ctx, bytes ? bytes : 1, call->stream);
   if (!p) hqi_error(HQ_ENOMEM, "host->alloc: %zu bytes on device %d failed", bytes, ctx->device);
   return p;
 }
 
 static void host_free(const hq_call *call, void *ptr) {
   hq_ctx *ctx = call ? (hq_ctx *)call->core_private : NULL;
-  if (ctx && ptr) hqi_ctx_free_on(ctx, ptr, call->stream);
+  if (ctx && ptr) hqi_ctx_scratch_free(ctx, ptr, call->stream);
 }
 
 static int host_device_arch(int device) { return device < 0 ? 0 : hqi_cuda_arch(device); }

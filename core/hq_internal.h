@@ -199,6 +199,9 @@ typedef struct hqi_gop {
 #define HQI_GEMM_CANDIDATES 12
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
+/* Scratch buffers a context keeps: an emulated GEMM holds up to five at once (two operands, their
+   row factors, the alpha slot); the rest hold the step's other sizes. */
+#define HQI_SCRATCH_SLOTS 8
 struct hq_ctx {
   int refs;                 /* the caller's (until hq_ctx_destroy) + one per live qtensor and
                                hq_state made on it: the context ends when the last one goes */
@@ -223,6 +226,14 @@ struct hq_ctx {
                                context's (hqi_ctx_side_stream), or NULL before its first use */
   void *side_ev[2];         /* the fork and join events between the two, or NULL */
   int side_failed;          /* making the side stream failed once: not asked again */
+  int kept;                 /* on ctx.c's list of contexts keeping device memory between calls
+                               (a workspace or scratch), which hq_device_trim releases */
+  struct hqi_scratch {      /* call scratch kept between calls (hqi_ctx_scratch_alloc) */
+    void *p;
+    size_t bytes;
+    int busy;               /* handed out and not yet given back */
+    int pinned;             /* handed out inside a capture: a graph may use it, never evicted */
+  } scratch[HQI_SCRATCH_SLOTS];
 };
 /* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
    `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of
@@ -239,6 +250,13 @@ void hqi_ctx_free_raw(hq_ctx *ctx, void *ptr);
    context's. */
 void *hqi_ctx_alloc_on(hq_ctx *ctx, size_t bytes, void *stream);
 void hqi_ctx_free_on(hq_ctx *ctx, void *ptr, void *stream);
+/* Scratch for the duration of one call (host->alloc, an emulated GEMM's dequantized operands):
+   on a CUDA context's own stream, from buffers the context keeps between calls, so that a step
+   captured after an eager one holds no allocation nodes (a graph's memory nodes delay its
+   replay's start); elsewhere, or when none fits, hqi_ctx_alloc_on. Given back by
+   hqi_ctx_scratch_free, which frees what was not kept. */
+void *hqi_ctx_scratch_alloc(hq_ctx *ctx, size_t bytes, void *stream);
+void hqi_ctx_scratch_free(hq_ctx *ctx, void *ptr, void *stream);
 /* The context's side stream (made at the first ask, never during a capture of the context's
    stream, so that the capture does not hold it), or NULL on the host, during a capture before
    one exists, or when it cannot be made (no error recorded: the caller runs on one stream). */

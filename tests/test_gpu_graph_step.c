@@ -14,6 +14,8 @@
 ** where eagerly B's fold reads A's product, and only while both operands have at most 2^20
 ** elements; a context's first GEMM captured before it has a side stream runs them in turn, one
 ** chain, with the eager run's bytes; the pair saves the NVFP4 step two kernel nodes a GEMM).
+** The captured step holds no allocation or free node: the GEMMs' scratch (dequantized
+** operands, alpha slots) comes from the buffers the context kept since the eager step.
 ** hq_adam_step with the quantized weight's write-back, captured once warm with its constants in
 ** device memory (hq_adam.consts_dev, filled by a copy from page-locked memory recorded in the
 ** same graph) and replayed for 5 steps whose learning rate and bias corrections change, leaves
@@ -120,6 +122,14 @@ static void graph_shape(cudaGraph_t graph, size_t *nodes, size_t *edges) {
 #endif
 }
 
+/* The nodes of a captured graph that depend on none: work forked at the capture's start, before
+   any node (a fork after one adds an edge instead), makes more than one. */
+static size_t graph_roots(cudaGraph_t graph) {
+  size_t roots = 0;
+  CK(cudaGraphGetRootNodes(graph, NULL, &roots));
+  return roots;
+}
+
 /* The nodes of a captured graph of one kind. */
 static size_t graph_count(cudaGraph_t graph, enum cudaGraphNodeType type) {
   size_t count = 0, n = 0;
@@ -185,6 +195,13 @@ static void test_step_in_a_graph(void **state) {
     size_t nodes = 0, edges = 0;
     graph_shape(graph, &nodes, &edges);
     kernels[k] = graph_count(graph, cudaGraphNodeTypeKernel);
+    /* the emulated GEMMs' dequantized operands and alpha slots come from the scratch the
+       context kept since the eager step: no allocation or free node */
+    const size_t allocs = graph_count(graph, cudaGraphNodeTypeMemAlloc) +
+                          graph_count(graph, cudaGraphNodeTypeMemFree);
+    if (allocs)
+      fail_msg("%s: %zu allocation and free nodes in a step captured after an eager one",
+               recipes[k], allocs);
     /* each emulated GEMM's two dequantizes: one launch of nvfp4's dequantize_pair (a chain),
        or, from the MX modules and the one without the op, two kernels side by side (NVFP4's
        each folding its per-tensor factor into its own product, ABI 1.3) */
@@ -589,8 +606,11 @@ static size_t fprop_captured(int rec, int64_t tokens, int warm, int want_fork) {
   CK(ce);
   size_t nodes = 0, edges = 0;
   graph_shape(graph, &nodes, &edges);
-  const size_t kernels = graph_count(graph, cudaGraphNodeTypeKernel);
-  if (want_fork ? edges < nodes : edges + 1 != nodes)
+  const size_t kernels = graph_count(graph, cudaGraphNodeTypeKernel), roots = graph_roots(graph);
+  /* no node precedes the GEMM's dequantizes (its scratch is the context's since the eager run):
+     a fork makes two roots; one stream's chain has one root and an edge fewer than nodes */
+  const int forked = roots > 1 || edges >= nodes, chain = roots == 1 && edges + 1 == nodes;
+  if (want_fork ? !forked : !chain)
     fail_msg("%s, %lld tokens%s: %zu nodes, %zu edges: %s", recipes[rec], (long long)tokens,
              warm ? " (warm)" : "", nodes, edges,
              want_fork ? "the dequantizes were not forked" : "not one stream's chain");

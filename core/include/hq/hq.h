@@ -55,7 +55,12 @@
 **     (cudaMallocFromPoolAsync / cudaFreeAsync on the context's stream), which keeps what hq
 **     frees for hq's next allocations (hq_device_trim hands it back; the process's default pool
 **     is left alone); an hq_allocator replaces it and receives the stream with every request
-**     and release.
+**     and release. A call's scratch on a CUDA context's own stream (an emulated GEMM's
+**     dequantized operands, a format module's scratch) comes from up to 8 buffers the context
+**     keeps between calls, so that a step captured into a CUDA graph after an eager one holds
+**     no allocation nodes (they delay each replay's start); as with the GEMM workspace, a graph
+**     captured on the context's stream uses them when replayed: replay it while the context
+**     lives and before hq_device_trim, which frees them with the workspaces.
 **   - A call that touches a CUDA device makes the context's device current for its duration and
 **     restores the caller's current device before it returns.
 **   - hq_qtensor_update queues no allocation and no synchronization (its scratch was reserved
@@ -133,7 +138,8 @@ HQ_API int hq_device_count(void);
 /* Name and compute capability (major*10+minor) of a CUDA device. */
 HQ_API int hq_device_info(int device, char *name, size_t name_len, int *arch);
 /* Hand the memory hq's pool of `device` keeps for reuse back to the driver (waits for the
-   device first). Memory still allocated is not touched. */
+   device first), with the GEMM workspaces and call scratch its contexts keep. Memory still
+   allocated is not touched. */
 HQ_API int hq_device_trim(int device);
 /* The memory of hq's pool of a CUDA device: what hq allocated there itself (contexts without an
    hq_allocator), apart from other processes and from the rest of this one -- unlike the
