@@ -275,12 +275,9 @@ void *hqi_ctx_scratch_alloc(hq_ctx *ctx, size_t bytes, void *stream) {
   if (ctx->device < 0 || stream != ctx->stream) return hqi_ctx_alloc_on(ctx, bytes, stream);
   const int capturing = hqi_cuda_capturing(ctx->stream);
   pthread_mutex_lock(&ws_mu);
-  struct hqi_scratch *fit = NULL;
-  for (int i = 0; i < HQI_SCRATCH_SLOTS; i++) {
-    struct hqi_scratch *e = &ctx->scratch[i];
-    if (e->p && !e->busy && e->bytes >= bytes && (!fit || e->bytes < fit->bytes)) fit = e;
-  }
-  if (fit) {
+  const int f = hqi_scratch_fit(ctx->scratch, HQI_SCRATCH_SLOTS, bytes);
+  if (f >= 0) {
+    struct hqi_scratch *fit = &ctx->scratch[f];
     fit->busy = 1;
     fit->pinned |= capturing;
     pthread_mutex_unlock(&ws_mu);
@@ -289,15 +286,10 @@ void *hqi_ctx_scratch_alloc(hq_ctx *ctx, size_t bytes, void *stream) {
   pthread_mutex_unlock(&ws_mu);
   void *p = hqi_ctx_alloc_on(ctx, bytes, stream);
   if (!p || capturing) return p;
-  /* kept in an empty slot, or in place of the smallest unpinned free one that is smaller */
   pthread_mutex_lock(&ws_mu);
-  struct hqi_scratch *slot = NULL;
-  for (int i = 0; i < HQI_SCRATCH_SLOTS && !(slot && !slot->p); i++) {
-    struct hqi_scratch *e = &ctx->scratch[i];
-    if (!e->p || (!e->busy && !e->pinned && e->bytes < bytes && (!slot || e->bytes < slot->bytes)))
-      slot = e;
-  }
-  if (slot) {
+  const int k = hqi_scratch_slot(ctx->scratch, HQI_SCRATCH_SLOTS, bytes);
+  if (k >= 0) {
+    struct hqi_scratch *slot = &ctx->scratch[k];
     hqi_ctx_free_raw(ctx, slot->p);
     slot->p = p;
     slot->bytes = bytes;

@@ -199,6 +199,7 @@ typedef struct hqi_gop {
 #define HQI_GEMM_CANDIDATES 12
 
 // --- contexts (ctx.c) ----------------------------------------------------------------------
+#include "scratch.h"
 /* Scratch buffers a context keeps: an emulated GEMM holds up to five at once (two operands, their
    row factors, the alpha slot); the rest hold the step's other sizes. */
 #define HQI_SCRATCH_SLOTS 8
@@ -228,12 +229,8 @@ struct hq_ctx {
   int side_failed;          /* making the side stream failed once: not asked again */
   int kept;                 /* on ctx.c's list of contexts keeping device memory between calls
                                (a workspace or scratch), which hq_device_trim releases */
-  struct hqi_scratch {      /* call scratch kept between calls (hqi_ctx_scratch_alloc) */
-    void *p;
-    size_t bytes;
-    int busy;               /* handed out and not yet given back */
-    int pinned;             /* handed out inside a capture: a graph may use it, never evicted */
-  } scratch[HQI_SCRATCH_SLOTS];
+  struct hqi_scratch scratch[HQI_SCRATCH_SLOTS]; /* call scratch kept between calls
+                                                   (hqi_ctx_scratch_alloc, scratch.h) */
 };
 /* The random stream (hq_call.offset) of the next quantize or update of the role whose key is
    `role_key` (hqi_role_key) on ctx: a mix of the key, the context's step and how many calls of

@@ -4,10 +4,10 @@ hqincludedir = $(includedir)/hq
 hqinclude_HEADERS = core/include/hq/hq.h core/include/hq/plugin.h core/include/hq/numerics.h \
 	core/include/hq/gemm_provider.h core/include/hq/train.h core/include/hq/adamw.h \
 	core/include/hq/dist.h
-core_libhqcore_la_SOURCES = core/hq_internal.h core/hqi_cuda.h core/error.c core/util.c \
-	core/device.c core/ctx.c core/host_api.c core/loader.c core/options.c core/format.c core/role.c \
-	core/recipe.c core/quantizer.c core/fsdp.c core/forms.c core/gemm.c core/gemm_host.c core/provider.c \
-	core/state.c
+core_libhqcore_la_SOURCES = core/hq_internal.h core/hqi_cuda.h core/scratch.h core/error.c \
+	core/util.c core/device.c core/ctx.c core/host_api.c core/loader.c core/options.c core/format.c \
+	core/role.c core/recipe.c core/quantizer.c core/fsdp.c core/forms.c core/gemm.c \
+	core/gemm_host.c core/provider.c core/state.c
 core_libhqcore_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_builddir)/core $(INIH_CFLAGS) $(OPENBLAS_CFLAGS) \
 	$(CUDA_CPPFLAGS)
 # the built-in identity format (plugins/identity/local.mk) and GEMM providers (gemm/local.mk)

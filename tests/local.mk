@@ -223,6 +223,10 @@ tests_identity_identity_module_la_SOURCES = tests/identity/identity_module.c tes
 tests_identity_identity_module_la_CPPFLAGS = $(AM_CPPFLAGS)
 tests_identity_identity_module_la_LDFLAGS = $(HQ_FIXTURE_LDFLAGS)
 
+check_PROGRAMS += tests/test_scratch
+tests_test_scratch_SOURCES = tests/test_scratch.c tests/hq_test.h
+tests_test_scratch_CPPFLAGS = $(HQ_TEST_CPPFLAGS) -I$(top_srcdir)/core
+tests_test_scratch_LDADD = $(HQ_TEST_LDADD)
 check_PROGRAMS += tests/test_numerics_fp8
 tests_test_numerics_fp8_SOURCES = tests/test_numerics_fp8.c tests/hq_test.h
 tests_test_numerics_fp8_CPPFLAGS = $(HQ_TEST_CPPFLAGS)
