@@ -1,10 +1,9 @@
 /*
 ** test_mx_cols_host.cu -- the MX COLS kernels' body (cols_tile in plugins/mx/mx.cu: the columnwise
-** copy alone, a warp per 32 x 32 tile, and its BOTH form that writes the rowwise copy too) run
-** on the host against the CPU reference (mx.c, the oracle), byte for byte, with no GPU: 32 host
-** threads run the body as the 32 lanes of a warp, its shuffles and ballots exchanged through a
-** barrier (an exchange that not every lane makes at once fails the test, as divergence would on
-** the device). Every case runs the BOTH form, the first variant of each the COLS-only one too.
+** copy alone, a warp per 32 x 32 tile) run on the host against the CPU reference (mx.c, the
+** oracle), byte for byte, with no GPU: 32 host threads run the body as the 32 lanes of a warp,
+** its shuffles and ballots exchanged through a barrier (an exchange that not every lane makes
+** at once fails the test, as divergence would on the device).
 ** Cases: BF16 and F16, every element kind, both scale rules, K % 256 of 0-224 (a last CTA of
 ** 1-8 warps), inputs with NaN, Inf, all-zero, subnormal and RCEIL-boundary blocks, every scale
 ** code, codes about the packed FP6 form's minimum, and an output 4 bytes off its alignment
@@ -75,7 +74,6 @@ struct Job {
   QArgs a;
   int dt, kind;
   uint32_t gx, gc; /* row blocks, CTA column blocks */
-  int both;        /* the BOTH form (ROWW): the rowwise copy too */
 };
 static Job g_job;
 
@@ -84,10 +82,7 @@ template <int DT, int KIND> static void run_lane() {
   for (uint32_t bi = 0; bi < J.gx; bi++)
     for (uint32_t bj = 0; bj < J.gc; bj++)
       for (int wp = 0; wp < kColsWarps; wp++) {
-        if (J.both)
-          cols_tile<DT, KIND, SimLanes, true>(J.a, bi, bj * kColsCols + wp * kBlk, t_lane);
-        else
-          cols_tile<DT, KIND, SimLanes>(J.a, bi, bj * kColsCols + wp * kBlk, t_lane);
+        cols_tile<DT, KIND, SimLanes>(J.a, bi, bj * kColsCols + wp * kBlk, t_lane);
         exch(0, 9, 0, 0); /* every lane ends the tile at the same exchange */
       }
 }
@@ -167,19 +162,15 @@ static int cmp(const char *what, const std::vector<uint8_t> &ref, const uint8_t 
   return 0;
 }
 
-static int one(int dt, int kind, int rule, int64_t M, int64_t K, int variant, int misalign,
-               int both) {
+static int one(int dt, int kind, int rule, int64_t M, int64_t K, int variant, int misalign) {
   std::vector<float> xf = make_input(M, K, variant);
   std::vector<uint16_t> xh((size_t)(M * K));
   for (size_t n = 0; n < xh.size(); n++) hq_store_hp(xh.data(), (int64_t)n, (hq_dtype)dt, xf[n]);
   const int64_t rowb = hq_mx_row_bytes(K, kind);
   std::vector<uint8_t> cd_ref((size_t)(M * rowb), 0xAA), cs_ref((size_t)(M / 32 * K), 0xAA);
   std::vector<uint8_t> cd_buf((size_t)(M * rowb) + 16, 0x55), cs((size_t)(M / 32 * K), 0x55);
-  std::vector<uint8_t> rd_ref((size_t)(M * rowb), 0xAA), rs_ref((size_t)(M * K / 32), 0xAA);
-  std::vector<uint8_t> rd_buf((size_t)(M * rowb) + 16, 0x55);
-  std::vector<uint8_t> rs_buf((size_t)(M * K / 32) + 16, 0x55);
   const int pad = misalign ? 4 : 0;
-  uint8_t *cd = cd_buf.data() + pad, *rd = rd_buf.data() + pad, *rs = rs_buf.data() + pad;
+  uint8_t *cd = cd_buf.data() + pad;
   mx_job q;
   memset(&q, 0, sizeof q);
   q.kind = (hq_dtype)kind;
@@ -188,10 +179,6 @@ static int one(int dt, int kind, int rule, int64_t M, int64_t K, int variant, in
   q.K = K;
   q.cd = cd_ref.data();
   q.cs = cs_ref.data();
-  if (both) {
-    q.rd = rd_ref.data();
-    q.rs = rs_ref.data();
-  }
   mx_cols_ref_quantize(&q, xh.data(), (hq_dtype)dt);
   QArgs a;
   memset(&a, 0, sizeof a);
@@ -202,10 +189,6 @@ static int one(int dt, int kind, int rule, int64_t M, int64_t K, int variant, in
   a.kb = K / 32;
   a.cd = cd;
   a.cs = cs.data();
-  if (both) {
-    a.rd = rd;
-    a.rs = rs;
-  }
   a.rule = rule;
   a.vec = 1;
   a.st8 = ((uintptr_t)cd & 7) == 0;
@@ -214,20 +197,17 @@ static int one(int dt, int kind, int rule, int64_t M, int64_t K, int variant, in
   g_job.a = a;
   g_job.dt = dt;
   g_job.kind = kind;
-  g_job.both = both;
   g_job.gx = (uint32_t)(M / 32);
   g_job.gc = (uint32_t)((K + kColsCols - 1) / kColsCols);
   pthread_t th[32];
   for (int l = 0; l < 32; l++) pthread_create(&th[l], nullptr, lane_main, (void *)(intptr_t)l);
   for (int l = 0; l < 32; l++) pthread_join(th[l], nullptr);
   char tag[128];
-  snprintf(tag, sizeof tag, "dt %d kind %d rule %d [%lld, %lld] v%d mis %d both %d", dt, kind, rule,
-           (long long)M, (long long)K, variant, misalign, both);
+  snprintf(tag, sizeof tag, "dt %d kind %d rule %d [%lld, %lld] v%d mis %d", dt, kind, rule,
+           (long long)M, (long long)K, variant, misalign);
   int bad = g_bad.load();
   if (!bad) bad = cmp("col scale", cs_ref, cs.data(), cs, 0, K, tag);
   if (!bad) bad = cmp("col data", cd_ref, cd, cd_buf, pad, rowb, tag);
-  if (both && !bad) bad = cmp("row scale", rs_ref, rs, rs_buf, pad, K / 32, tag);
-  if (both && !bad) bad = cmp("row data", rd_ref, rd, rd_buf, pad, rowb, tag);
   return bad;
 }
 
@@ -283,12 +263,8 @@ int main(void) {
         for (int rule = 0; rule < 2; rule++)
           for (int variant = 0; variant < 5; variant++) {
             const int mis = (variant == 0 && (sh[1] & 32)) ? 1 : 0;
-            /* the BOTH form checks the columnwise copy too: the COLS-only form (the same
-               columnwise code without the rowwise part) runs on the first variant */
-            for (int both = variant == 0 ? 0 : 1; both < 2; both++) {
-              fails += one(dts[d], kinds[k], rule, sh[0], sh[1], variant, mis, both);
-              runs++;
-            }
+            fails += one(dts[d], kinds[k], rule, sh[0], sh[1], variant, mis);
+            runs++;
           }
   }
   printf("%d runs, %d failures, %ld warp exchanges\n", runs, fails, g_ops.load());

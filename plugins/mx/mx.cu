@@ -30,9 +30,6 @@
 ** lane of the group by three more. The warp's rows then take the packed BF16 forms, the fast
 ** forms or the rule, as the other kernels' conditions allow for all 32 columns (a choice uniform
 ** over the warp: the FP6 stores shuffle); the rule's path reads its rows again, one at a time.
-** BOTH (HQ_MX_BOTH, off until timed): the COLS kernel writing both copies, its lanes' 4 rows
-** also cast rowwise first (a row's 32-block is 4 lanes of one group: three xor shuffles
-** reduce-scatter the 4 rows' amaxes, so that each lane makes one row's scale code).
 ** Both copies are stored [M, K] packed along K (the columnwise copy is not transposed), so a
 ** thread's 8 codes are 8 consecutive elements of one row in either direction: FP4 4 bytes, one
 ** 4-byte store per lane; FP6 6 bytes, a 4-byte and a 2-byte store per lane, except in the ROWS
@@ -1009,96 +1006,6 @@ HQ_HD void warp_forms(uint32_t am, uint8_t e, int rule, bool *fast, bool *pk) {
     *pk = L::ballot(!(fin && hq_mx_fp6_bf16_ok(e, KIND))) == 0u;
 }
 
-/* BOTH's rowwise copy of the warp's tile (cols_tile's lanes and rows): row i + 8p's 32-block is
-   the lanes 4g .. 4g + 3 of its group, so the lane's 4 rows' partial maxima are reduce-scattered
-   over them by three xor shuffles (lane 4g + c finishes row i + 8c: its scale code and scale
-   byte) and the 4 codes come back to the group's lanes by two more; the forms, and the warp's
-   choice among them, are the columnwise part's. */
-template <int DT, int KIND, class L>
-HQ_HD void rows_part(const QArgs &a, const uint32_t w[4][4], const uint16_t *x, uint32_t i,
-                     uint32_t jt, int lane) {
-  constexpr bool BP = DT == HQ_BF16 && KIND == HQ_E2M1X2;
-  constexpr bool BP6 = DT == HQ_BF16 && KIND != HQ_E2M1X2;
-  const uint32_t K = (uint32_t)a.K;
-  const int c = lane & 3;
-  const bool b0 = c & 1, b1 = c & 2;
-  uint32_t pa[4]; /* row p's maximum over the lane's 8 elements, in both 16-bit lanes' max */
-  HQ_MX_UNROLL
-  for (int p = 0; p < 4; p++)
-    pa[p] = cols_absmax2<DT>(cols_absmax2<DT>(w[p][0], w[p][1]),
-                             cols_absmax2<DT>(w[p][2], w[p][3]));
-  /* xor 1 (bit 0) keeps rows 2h + b0, xor 2 (bit 1) the row 2 * b1 + b0 = c */
-  uint32_t r[2];
-  HQ_MX_UNROLL
-  for (int h = 0; h < 2; h++)
-    r[h] = cols_absmax2<DT>(b0 ? pa[2 * h + 1] : pa[2 * h],
-                            L::shfl_xor(b0 ? pa[2 * h] : pa[2 * h + 1], 1));
-  const uint32_t s = cols_absmax2<DT>(b1 ? r[1] : r[0], L::shfl_xor(b1 ? r[0] : r[1], 2));
-  const uint32_t h0 = hq_f32_bits(cols_hp16<DT>(s & 0x7fffu)),
-                 h1 = hq_f32_bits(cols_hp16<DT>((s >> 16) & 0x7fffu));
-  const uint32_t am = h0 > h1 ? h0 : h1; /* a NaN's bits order above every magnitude's */
-  const uint8_t e = hq_mx_scale_code(hq_bits_f32(am), KIND, a.rule);
-  a.rs[(uint64_t)(i + 8 * c) * (uint64_t)a.kb + jt / kBlk] = e; /* hq_mx_scale_idx(0, ...) */
-  /* the 4 rows' codes, row p at byte p of er: pairs (xor 1), then all 4 (xor 2) */
-  const uint32_t e1 = L::shfl_xor(e, 1);
-  const uint32_t e2 = hq_mx_prmt(e, e1, b0 ? 0x04u : 0x40u);
-  const uint32_t e2o = L::shfl_xor(e2, 2);
-  const uint32_t er = hq_mx_prmt(e2, e2o, b1 ? 0x1054u : 0x5410u);
-  bool fast, pk;
-  warp_forms<DT, KIND, L>(am, e, a.rule, &fast, &pk);
-  const int64_t rowb = a.rowb;
-  const uint32_t j = jt + 8 * c;
-  uint8_t *q = a.rd + (int64_t)((uint64_t)i * (uint32_t)rowb) +
-               (KIND == HQ_E2M1X2 ? j / 2 : j / 4 * 3);
-  if (pk) {
-    HQ_MX_UNROLL
-    for (int p = 0; p < 4; p++) {
-      const uint32_t ew = ((er >> (8 * p)) & 0xffu) * 0x10001u;
-      uint32_t m1 = 0u, m2 = 0u;
-      if (BP) cols_bf16_mult2(ew, &m1, &m2);
-      if (BP6) m1 = cols_fp6_nd2(ew, KIND);
-      const uint32_t m1w[4] = {m1, m1, m1, m1}, m2w[4] = {m2, m2, m2, m2};
-      const uint64_t v =
-          BP ? hq_mx_e2m1x8_bf16(w[p], m1w, m2w) : hq_mx_fp6x8_bf16(w[p], m1w, KIND);
-      cols_store<KIND, L>(q + 8 * p * rowb, v, a.st8, lane);
-    }
-    return;
-  }
-  /* the fast forms' multiplier of row p comes from the lane that made it (lane 4g + p); BF16 to
-     E2M1 has no fast form but the packed one */
-  const float mu = !BP && fast ? (KIND == HQ_E2M1X2 ? hq_mx_encode_mult(e, a.rule)
-                                                   : hq_mx_fp6_fp8_mult(e, a.rule, KIND))
-                               : 0.0f;
-  if (DT == HQ_F16 && fast) {
-    HQ_MX_UNROLL
-    for (int p = 0; p < 4; p++) {
-      const float mr = hq_bits_f32(L::shfl(hq_f32_bits(mu), (lane & ~3) + p));
-      float y[8], m[8];
-      cols_y8<DT>(w[p], y);
-      HQ_MX_UNROLL
-      for (int k = 0; k < 8; k++) m[k] = mr;
-      cols_store<KIND, L>(q + 8 * p * rowb, cols_encode8<KIND>(y, m, nullptr, true, a.rule),
-                          a.st8, lane);
-    }
-    return;
-  }
-  /* the rule, and BF16 to FP6's FP8 form for a warp with finite blocks below the packed form's
-     codes: the rows read again one at a time, as the columnwise part's rule path does */
-  HQ_MX_NOUNROLL
-  for (int p = 0; p < 4; p++, q += 8 * rowb) {
-    const float mr = hq_bits_f32(L::shfl(hq_f32_bits(mu), (lane & ~3) + p));
-    float y[8], m[8];
-    uint8_t ek[8];
-    cols_reread8<DT>(x, p, K, y);
-    HQ_MX_UNROLL
-    for (int k = 0; k < 8; k++) {
-      m[k] = mr;
-      ek[k] = (uint8_t)(er >> (8 * p));
-    }
-    cols_store<KIND, L>(q, cols_encode8<KIND>(y, m, ek, fast && !BP, a.rule), a.st8, lane);
-  }
-}
-
 /* One warp's tile: row block bi, columns jt .. jt + 31 (none where jt >= K), lane `lane`.
    Per column, the max over the lane's 4 rows, reduce-scattered over the 8 lanes of its columns
    (lane bits 2..4) by three xor shuffles, NaN-propagating as the rule's amax (a NaN anywhere
@@ -1108,8 +1015,8 @@ HQ_HD void rows_part(const QArgs &a, const uint32_t w[4][4], const uint16_t *x, 
    the fast forms (hq_mx_fast_block, as in quantize_kernel) where all 32 do, else the rule: the
    forms and their conditions of the other kernels, decided for the warp, not per 8 columns
    (the same bytes: each form is the rule wherever it is taken), so that the paths' shuffles
-   are uniform. ROWW (the BOTH kernels): the rowwise copy too, by rows_part, first. */
-template <int DT, int KIND, class L, bool ROWW = false>
+   are uniform. */
+template <int DT, int KIND, class L>
 HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
   constexpr bool BP = DT == HQ_BF16 && KIND == HQ_E2M1X2;
   constexpr bool BP6 = DT == HQ_BF16 && KIND != HQ_E2M1X2;
@@ -1124,7 +1031,6 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
     const uint4 u = dq_ld(reinterpret_cast<const uint4 *>(x + (uint64_t)(8 * p) * K));
     w[p][0] = u.x, w[p][1] = u.y, w[p][2] = u.z, w[p][3] = u.w;
   }
-  if (ROWW) rows_part<DT, KIND, L>(a, w, x, i, jt, lane);
   uint32_t cm[4]; /* word h: columns 2h, 2h + 1 of the lane's 8 */
   HQ_MX_UNROLL
   for (int h = 0; h < 4; h++)
@@ -1221,28 +1127,14 @@ HQ_HD void cols_tile(const QArgs &a, uint32_t bi, uint32_t jt, int lane) {
 #define HQ_MX_COLS_MIN_BLOCKS 6
 #endif
 
-/* 1: mx_cuda_quantize sends both copies from an aligned 16-bit input by round to nearest to the
-   COLS kernels' BOTH form (ROWW: the rowwise copy made from the same registers); 0: to
-   quantize_kernel (the BOTH form is checked by tests/test_mx_cols_host and tests/test_gpu_mx
-   but not yet timed against it). */
-#ifndef HQ_MX_BOTH
-#define HQ_MX_BOTH 0
-#endif
-/* The BOTH kernels' CTAs per SM: 5 (48 registers), where no form spills (BF16 to FP6 spills at
-   6, whose 40 registers the COLS kernels fit). */
-#ifndef HQ_MX_BOTH_MIN_BLOCKS
-#define HQ_MX_BOTH_MIN_BLOCKS 5
-#endif
-
 /* The CTA's column block along K and its row block (blockIdx swapped as in quantize_kernel) */
-template <int DT, int KIND, bool ROWW>
-__global__ void __launch_bounds__(kColsWarps * 32,
-                                  ROWW ? HQ_MX_BOTH_MIN_BLOCKS : HQ_MX_COLS_MIN_BLOCKS)
+template <int DT, int KIND>
+__global__ void __launch_bounds__(kColsWarps * 32, HQ_MX_COLS_MIN_BLOCKS)
     quantize_cols_kernel(const QArgs a) {
   const unsigned bi = a.row_major ? blockIdx.y : blockIdx.x,
                  bj = a.row_major ? blockIdx.x : blockIdx.y;
-  cols_tile<DT, KIND, CudaLanes, ROWW>(a, bi, bj * kColsCols + (threadIdx.x >> 5) * kBlk,
-                                       (int)(threadIdx.x & 31));
+  cols_tile<DT, KIND, CudaLanes>(a, bi, bj * kColsCols + (threadIdx.x >> 5) * kBlk,
+                                 (int)(threadIdx.x & 31));
 }
 
 bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
@@ -1283,15 +1175,14 @@ void launch_q_dt(const QArgs &a, int kind, bool sr, bool rows, dim3 grid, cudaSt
     launch_q<DT, HQ_E2M3X4>(a, sr, rows, grid, s);
 }
 
-/* The COLS kernels (mx_cuda_quantize's choice for a 16-bit input; ROWW: both copies) */
-template <int DT, bool ROWW>
-void launch_cols(const QArgs &a, int kind, dim3 grid, cudaStream_t s) {
+/* The COLS kernels (mx_cuda_quantize's choice for a 16-bit input) */
+template <int DT> void launch_cols(const QArgs &a, int kind, dim3 grid, cudaStream_t s) {
   if (kind == HQ_E2M1X2)
-    quantize_cols_kernel<DT, HQ_E2M1X2, ROWW><<<grid, kColsWarps * 32, 0, s>>>(a);
+    quantize_cols_kernel<DT, HQ_E2M1X2><<<grid, kColsWarps * 32, 0, s>>>(a);
   else if (kind == HQ_E3M2X4)
-    quantize_cols_kernel<DT, HQ_E3M2X4, ROWW><<<grid, kColsWarps * 32, 0, s>>>(a);
+    quantize_cols_kernel<DT, HQ_E3M2X4><<<grid, kColsWarps * 32, 0, s>>>(a);
   else
-    quantize_cols_kernel<DT, HQ_E2M3X4, ROWW><<<grid, kColsWarps * 32, 0, s>>>(a);
+    quantize_cols_kernel<DT, HQ_E2M3X4><<<grid, kColsWarps * 32, 0, s>>>(a);
 }
 
 template <int OT, int KIND>
@@ -1377,22 +1268,17 @@ extern "C" int mx_cuda_quantize(const mx_job *q, const hq_call *call, const hq_t
   /* the columnwise copy alone from an aligned 16-bit input by round to nearest: the COLS
      kernels (HQ_MX_COLS), a CTA per 32 rows x kColsCols columns, row-major where the grid's y
      limit allows */
-  const bool cols = HQ_MX_COLS && !a.rd, both = HQ_MX_BOTH && a.rd;
-  if ((cols || both) && !q->sr && a.vec && a.cd && !a.rr && !a.cr &&
+  if (HQ_MX_COLS && !a.rd && !q->sr && a.vec && a.cd && !a.rr && !a.cr &&
       (src->dtype == HQ_BF16 || src->dtype == HQ_F16)) {
     const int64_t gc = (K + kColsCols - 1) / kColsCols;
     a.tiles = 1;
     a.row_major = gx <= 65535;
     const dim3 grid =
         a.row_major ? dim3((unsigned)gc, (unsigned)gx) : dim3((unsigned)gx, (unsigned)gc);
-    if (src->dtype == HQ_BF16 && both)
-      launch_cols<HQ_BF16, true>(a, kind, grid, stream);
-    else if (src->dtype == HQ_BF16)
-      launch_cols<HQ_BF16, false>(a, kind, grid, stream);
-    else if (both)
-      launch_cols<HQ_F16, true>(a, kind, grid, stream);
+    if (src->dtype == HQ_BF16)
+      launch_cols<HQ_BF16>(a, kind, grid, stream);
     else
-      launch_cols<HQ_F16, false>(a, kind, grid, stream);
+      launch_cols<HQ_F16>(a, kind, grid, stream);
     CHECK_LAUNCH(call, "mx quantize");
     return HQ_OK;
   }
