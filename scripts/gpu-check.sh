@@ -344,7 +344,8 @@ if len(rows) >= 3:
     # (CUDA_INJECTION64_PATH), one process per recipe of HQ_LANES_RECIPES (default the BF16
     # recipe and nvfp4.ini) at --preset HQ_LANES_PRESET (default) for HQ_LANES_STEPS (60) steps;
     # scripts/lanes.py --timeline gives each replay's span, idle time, overlap and streams, and
-    # the median replay node by node, into lanes.txt
+    # the median replay node by node, into lanes.txt; each recipe's graph as Graphviz dot
+    # (--graph-dot) beside its trace, in logs.tgz
     cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
     # (ls fails for the path that is absent: under pipefail the list stands on its own)
     cupti=$(ls "$cuda"/lib64/libcupti.so "$cuda"/extras/CUPTI/lib64/libcupti.so 2>/dev/null \
@@ -363,7 +364,8 @@ if len(rows) >= 3:
         CUDA_INJECTION64_PATH=$build/lane_trace.so HQ_LANE_TRACE=$out/lanes/$l.csv \
           HQ_PLUGIN_PATH=$plugins timeout 120 ./tools/hq train --device cuda --baseline none \
           --eval-every 0 --preset "${HQ_LANES_PRESET:-default}" --steps "${HQ_LANES_STEPS:-60}" \
-          --recipe "$r" ${words[@]+"${words[@]}"} > "$out/lanes/$l.log" 2>&1 || rc=1
+          --graph-dot "$out/lanes/$l.dot" --recipe "$r" ${words[@]+"${words[@]}"} \
+          > "$out/lanes/$l.log" 2>&1 || rc=1
         python3 "$root/scripts/lanes.py" --names "$l" --timeline "$out/lanes/$l.csv" \
           | tee -a "$out/lanes.txt" || rc=1
       done

@@ -10,7 +10,9 @@
 # copies then take the amax of the kernel that wrote them, its columnwise copies on the second
 # stream computing their own). The bf16-direct baseline is captured the same way and its losses
 # equal its eager run's; --profile runs eagerly with a note; at hidden 1024 the large wgrad on the
-# main stream keeps the losses too. Exit 0 pass, 1 fail, 77 skip.
+# main stream keeps the losses too. --graph-dot writes each run's captured step as Graphviz dot,
+# one file per run (FILE-NAME.ext), holding the step's kernels (the batch upload among them).
+# Exit 0 pass, 1 fail, 77 skip.
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -120,6 +122,19 @@ for a, b in zip(on, off):
                  "6 and 2: fc2's stays on the main one)"
                  % (a["name"], a["graph_replays"], a["graph_side_wgrads"]))
 PY
+
+# --graph-dot: one file per run, each a digraph of the captured step, said on stderr
+$hq train --device cuda --data "$tmp/words.txt" --steps 4 --batch 64 --hidden 64 --recipe "$hp" \
+  --recipe "$conf/examples/mxfp8.ini" --baseline none --graph-dot "$tmp/step.dot" > /dev/null \
+  2> "$tmp/dot.err" || { cat "$tmp/dot.err"; fail "--graph-dot"; }
+for name in bf16-baseline mxfp8; do
+  f="$tmp/step-$name.dot"
+  [ -s "$f" ] || { ls "$tmp"; cat "$tmp/dot.err"; fail "--graph-dot: no $f"; }
+  grep -q "digraph" "$f" || fail "--graph-dot: $f is not Graphviz dot"
+  grep -q "upload_k" "$f" || fail "--graph-dot: $f lacks the batch upload kernel"
+  grep -q "$name: the captured step's graph written to $f" "$tmp/dot.err" \
+    || { cat "$tmp/dot.err"; fail "--graph-dot: $name's file not said"; }
+done
 
 # --profile times phases between the kernels: eager, said once
 $hq train --device cuda --data "$tmp/words.txt" --steps 4 --batch 64 --hidden 64 --recipe "$hp" \

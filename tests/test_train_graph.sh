@@ -3,7 +3,9 @@
 # takes the graph mode's kept qtensors (the step's input and output-gradient qtensors made once
 # and refreshed in place, hq_qtensor_update), which must give the same losses and final state,
 # bit for bit, as a fresh quantize every step (train_graph.sh); nothing is replayed and nothing
-# noted; a bad value is refused. Exit 0 pass, 1 fail, 77 skip (automake's protocol).
+# noted; a bad value is refused, and so is --graph-dot without a graph to write (on the CPU,
+# with --cuda-graph off or --profile) or with an empty FILE, each naming the option. Exit 0
+# pass, 1 fail, 77 skip (automake's protocol).
 set -u
 hq=${HQ_BIN:?HQ_BIN is set by make check}
 conf=${HQ_CONF_DIR:?}
@@ -27,4 +29,17 @@ for r in json.load(open('$tmp/on.json'))['recipes']:
 $hq train --cuda-graph yes --steps 1 > /dev/null 2> "$tmp/bad"
 [ $? -eq 2 ] || fail "--cuda-graph yes: expected exit status 2"
 grep -q "cuda-graph 'yes' is not on or off" "$tmp/bad" || { cat "$tmp/bad"; fail "--cuda-graph yes: message"; }
+
+# --graph-dot needs a captured graph: refused before anything runs, naming the option
+for args in "--device cpu" "--device cuda --cuda-graph off" "--device cuda --profile"; do
+  # shellcheck disable=SC2086
+  $hq train $args --graph-dot "$tmp/g.dot" --steps 1 > /dev/null 2> "$tmp/bad"
+  [ $? -eq 2 ] || { cat "$tmp/bad"; fail "--graph-dot with $args: expected exit status 2"; }
+  grep -q -- "--graph-dot .*needs --device cuda and --cuda-graph on" "$tmp/bad" \
+    || { cat "$tmp/bad"; fail "--graph-dot with $args: message"; }
+  [ ! -e "$tmp/g.dot" ] || fail "--graph-dot with $args wrote a file"
+done
+$hq train --graph-dot "" --steps 1 > /dev/null 2> "$tmp/bad"
+[ $? -eq 2 ] || fail "--graph-dot '': expected exit status 2"
+grep -q -- "--graph-dot '' is empty" "$tmp/bad" || { cat "$tmp/bad"; fail "--graph-dot '': message"; }
 exit 0

@@ -32,7 +32,7 @@ static const char usage[] =
     "                [--resume FILE [--no-verify]] [--verify-resume]\n"
     "                [--baseline NAME|fp32|bf16-direct|none] [--seeds N] [--profile]\n"
     "                [--preset default|wide|large|gpt2s] [--grad-dtype fp32|bf16]\n"
-    "                [--cuda-graph on|off]\n"
+    "                [--cuda-graph on|off] [--graph-dot FILE]\n"
     "\n"
     "Train a small character-level language model (makemore-style: the previous C\n"
     "characters predict the next one; embedding -> L hidden linear layers -> lm_head) on a\n"
@@ -80,6 +80,10 @@ static const char usage[] =
     "                    columnwise_source = rowwise_dequantized) runs eagerly, with a\n"
     "                    one-line note;\n"
     "                    docs/training.md\n"
+    "  --graph-dot FILE  with the graph on: write each run's captured step to FILE as Graphviz\n"
+    "                    dot (cudaGraphDebugDotPrint, verbose: every node with its kernel,\n"
+    "                    grid and edges), before it is first replayed; several runs: FILE with\n"
+    "                    -NAME inserted before the extension, one file per run, as --checkpoint\n"
     "  --data FILE       a text file: its whitespace-separated words of the letters a-z\n"
     "                    (default /usr/share/dict/words, Debian package wamerican)\n"
     "  --json            print the results as one JSON document (progress goes to stderr)\n"
@@ -250,6 +254,7 @@ static int64_t window_means(const train_result *r, int64_t w, train_point *out) 
 typedef struct train_args {
   cli_list recipes;
   const char *data_path, *plot_file, *device_s, *act_s, *ckpt_path, *resume_path, *baseline_s;
+  const char *graph_dot;
   const char *preset, *grad_dtype_s, *cuda_graph_s;
   int json, verify_resume, no_verify, profile;
   int lr_given;                              /* --lr on the command line (not --preset's) */
@@ -355,6 +360,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
       {.name = "--preset", .kind = CLI_STR, .dest = &a->preset},
       {.name = "--grad-dtype", .kind = CLI_STR, .dest = &a->grad_dtype_s},
       {.name = "--cuda-graph", .kind = CLI_STR, .dest = &a->cuda_graph_s},
+      {.name = "--graph-dot", .kind = CLI_STR, .dest = &a->graph_dot},
   };
   const cli_command c = {CMD, usage, opts, CLI_NOPTS(opts), NULL, NULL};
   const int st = cli_parse(&c, argc, argv);
@@ -396,6 +402,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
   if (!strcmp(a->cuda_graph_s, "on")) a->cuda_graph = 1;
   else if (strcmp(a->cuda_graph_s, "off"))
     return cli_fail(2, CMD, "--cuda-graph '%s' is not on or off", a->cuda_graph_s);
+  if (check_out_arg("--graph-dot", a->graph_dot, 0)) return 2;
+  if (a->graph_dot && (a->device == HQ_DEVICE_HOST || !a->cuda_graph || a->profile))
+    return cli_fail(2, CMD, "--graph-dot %s writes the step's CUDA graph: it needs --device "
+                    "cuda and --cuda-graph on, without --profile (which runs eagerly)",
+                    a->graph_dot);
   return CLI_RUN;
 }
 
@@ -591,15 +602,16 @@ static char *run_ckpt_path(const char *ckpt_path, const char *name) {
   return path;
 }
 
-/* The file run i saves to with `seed` (a new string, NULL when out of memory): --checkpoint for
-   one run, else one file per run, and per seed with --seeds. */
-static char *run_ckpt_file(const train_args *a, const session *s, int i, uint64_t seed) {
-  if (s->n_runs * s->n_seeds <= 1) return strdup(a->ckpt_path);
+/* The file run i writes with `seed` for an option's FILE `path` (--checkpoint, --graph-dot; a
+   new string, NULL when out of memory): FILE for one run, else one file per run, and per seed
+   with --seeds. */
+static char *run_file(const char *path, const session *s, int i, uint64_t seed) {
+  if (s->n_runs * s->n_seeds <= 1) return strdup(path);
   char ck_name[160];   /* a run's name is under 128 bytes: never cut */
   if (s->n_seeds > 1)
     snprintf(ck_name, sizeof ck_name, "%s-seed%llu", s->runs[i].name, (unsigned long long)seed);
   else snprintf(ck_name, sizeof ck_name, "%s", s->runs[i].name);
-  return run_ckpt_path(a->ckpt_path, ck_name);
+  return run_ckpt_path(path, ck_name);
 }
 
 /* What a run says after it trained: resumed, saved, verified. 1 when the verification failed. */
@@ -608,6 +620,9 @@ static int run_said(const train_args *a, const train_config *cfg, const run *rn,
   if (cfg->resume_path)
     fprintf(po, "hq train: %s: resumed at step %lld (checkpoint loaded in %.1f ms)\n", rn->name,
             (long long)r->resumed_from, 1e3 * r->ckpt_load_s);
+  if (cfg->graph_dot && r->graph_replays > 0)
+    fprintf(po, "hq train: %s: the captured step's graph written to %s (Graphviz dot)\n",
+            rn->name, cfg->graph_dot);
   if (cfg->ckpt_path)
     fprintf(po, "hq train: %s: checkpoint %s: %lld save%s, the last at step %lld (%lld bytes, "
                 "saved in %.1f ms)\n",
@@ -644,10 +659,14 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
   for (int i = 0; i < s->n_runs; i++) {
     run *rn = &s->runs[i];
     progress_state ps = {po, s->seed_k * s->n_runs + i + 1, s->n_runs * s->n_seeds};
-    char *cpath = NULL;
-    if (a->ckpt_path && !(cpath = run_ckpt_file(a, s, i, cfg->seed)))
+    char *cpath = NULL, *dpath = NULL;
+    if ((a->ckpt_path && !(cpath = run_file(a->ckpt_path, s, i, cfg->seed))) ||
+        (a->graph_dot && !(dpath = run_file(a->graph_dot, s, i, cfg->seed)))) {
+      free(cpath);
       return cli_fail(-1, CMD, "out of memory");
+    }
     cfg->ckpt_path = cpath;
+    cfg->graph_dot = dpath;
     /* --resume: the recipe's run (the first; the baseline added after it trains from scratch) */
     cfg->resume_path = i == 0 ? a->resume_path : NULL;
     if (cfg->resume_path)
@@ -663,7 +682,9 @@ static int train_all(const train_args *a, train_config *cfg, session *s, FILE *p
       verify_failed |= run_said(a, cfg, rn, r, po);
     }
     cfg->ckpt_path = a->ckpt_path;
+    cfg->graph_dot = NULL;
     free(cpath);
+    free(dpath);
     if (failed) return cli_fail(-1, CMD, "%s", err);
   }
   return verify_failed;
@@ -1336,8 +1357,8 @@ static int check_ckpt(const char *file) {
 
 /* Every output path checked before the first step (a run must not train for an hour and then
    fail to save): every file the runs save to (with {step}: the last step's, the longest name)
-   and --plot's are files hq may write (cli_output_path) in directories that can be written,
-   gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1
+   and --graph-dot's and --plot's are files hq may write (cli_output_path) in directories that
+   can be written, gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1
    after the message. */
 static int check_outputs(train_args *a, const session *s) {
   /* the path as given first where the runs write beside it (several runs, or {step}: it must
@@ -1350,13 +1371,16 @@ static int check_outputs(train_args *a, const session *s) {
     return 1;
   for (int k = 0; a->ckpt_path && k < s->n_seeds; k++)
     for (int i = 0; i < s->n_runs; i++) {
-      char *file = run_ckpt_file(a, s, i, s->seed0 + (uint64_t)k);
+      char *file = run_file(a->ckpt_path, s, i, s->seed0 + (uint64_t)k);
       char *last = file ? train_step_path(file, a->steps) : NULL;
       const int rc = last ? check_ckpt(last) : cli_fail(1, CMD, "out of memory");
       free(file);
       free(last);
       if (rc) return 1;
     }
+  if (a->graph_dot && (cli_output_path(CMD, "--graph-dot", a->graph_dot, NULL) ||
+                       check_dir("--graph-dot", a->graph_dot, a->graph_dot, NULL)))
+    return 1;
   if (!a->plot_file) return 0;
   char *target = NULL, *probe = NULL; /* check_dir's file, which gnuplot's test draws into */
   int rc = cli_output_path(CMD, "--plot", a->plot_file, &target) ||

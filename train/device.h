@@ -96,11 +96,11 @@ void train_cuda_stream_destroy(void *stream);
    would synchronize or allocate outside the stream's order fails the capture instead of
    running). */
 int train_graph_begin(int device, void *stream, char *err, size_t err_len);
-/* End the capture on `stream` and instantiate it into *out. ok = 0 (a captured call failed):
-   the capture is ended and dropped, *out is NULL and 0 is returned (the caller has the
-   message). */
-int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
-                    size_t err_len);
+/* End the capture on `stream` and instantiate it into *out, after writing it to `dot` as
+   Graphviz dot when not NULL (--graph-dot). ok = 0 (a captured call failed): the capture is
+   ended and dropped, *out is NULL and 0 is returned (the caller has the message). */
+int train_graph_end(int device, void *stream, int ok, const char *dot, train_graph **out,
+                    char *err, size_t err_len);
 /* Replay g on `stream` (queued: nothing waits). */
 int train_graph_launch(int device, train_graph *g, void *stream, char *err,
                        size_t err_len);

@@ -182,7 +182,7 @@ static int graph_device_step(train_model *m, const train_config *cfg, step_graph
       note_set(note, note_len, "", ge);
     } else {
       const int rc = device_step(m, cfg, sg, e, n);
-      if (train_graph_end(sg->device, sg->stream, !rc, &sg->g, ge, sizeof ge))
+      if (train_graph_end(sg->device, sg->stream, !rc, cfg->graph_dot, &sg->g, ge, sizeof ge))
         note_set(note, note_len, "", ge);
       else if (rc)
         note_set(note, note_len, "capturing the step: ", e);

@@ -136,11 +136,12 @@ int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
   (void)stream;
   return no_cuda(err, err_len);
 }
-int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
-                    size_t err_len) {
+int train_graph_end(int device, void *stream, int ok, const char *dot, train_graph **out,
+                    char *err, size_t err_len) {
   (void)device;
   (void)stream;
   (void)ok;
+  (void)dot;
   *out = NULL;
   return no_cuda(err, err_len);
 }

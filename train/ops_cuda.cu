@@ -704,7 +704,8 @@ static int graph_count(cudaGraph_t graph, int *counts, char *err, size_t err_len
   return rc;
 }
 
-static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t err_len) {
+static int graph_end(void *stream, int ok, const char *dot, train_graph **out, char *err,
+                     size_t err_len) {
   cudaGraph_t graph = nullptr;
   /* ended in every case, so that the stream takes eager work again */
   const cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &graph);
@@ -719,6 +720,14 @@ static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t 
   }
   int counts[TRAIN_GRAPH_NODE_KINDS] = {0};
   if (graph_count(graph, counts, err, err_len)) {
+    cudaGraphDestroy(graph);
+    return -1;
+  }
+  /* --graph-dot: the graph as captured, every node with its parameters */
+  if (dot && graph_check(cudaGraphDebugDotPrint(graph, dot, cudaGraphDebugDotFlagsVerbose),
+                         "cudaGraphDebugDotPrint", err, err_len)) {
+    const size_t n = strlen(err);
+    snprintf(err + n, err_len - n, " (--graph-dot %s)", dot);
     cudaGraphDestroy(graph);
     return -1;
   }
@@ -739,13 +748,13 @@ static int graph_end(void *stream, int ok, train_graph **out, char *err, size_t 
   return 0;
 }
 
-extern "C" int train_graph_end(int device, void *stream, int ok, train_graph **out, char *err,
-                               size_t err_len) {
+extern "C" int train_graph_end(int device, void *stream, int ok, const char *dot,
+                               train_graph **out, char *err, size_t err_len) {
   *out = nullptr;
   int cur;
   int rc = graph_enter(device, &cur, err, err_len);
   /* the capture is ended even when the device could not be selected: that is the thread's */
-  const int rc2 = graph_end(stream, ok && !rc, out, err, err_len);
+  const int rc2 = graph_end(stream, ok && !rc, dot, out, err, err_len);
   graph_leave(device, cur);
   return rc ? -1 : rc2;
 }

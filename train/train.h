@@ -324,6 +324,8 @@ typedef struct train_config {
   int profile;                               /* --profile: per-phase times of the last steps */
   int cuda_graph;                            /* --cuda-graph on: the steady-state forward and
                                                 backward captured once and replayed (loop.c) */
+  const char *graph_dot;                     /* --graph-dot: the captured step written there as
+                                                Graphviz dot, or NULL */
 } train_config;
 
 /* What the loop reports while it runs. */
