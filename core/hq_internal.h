@@ -249,8 +249,8 @@ void *hqi_ctx_alloc_on(hq_ctx *ctx, size_t bytes, void *stream);
 void hqi_ctx_free_on(hq_ctx *ctx, void *ptr, void *stream);
 /* Scratch for the duration of one call (host->alloc, an emulated GEMM's dequantized operands):
    on a CUDA context's own stream, from buffers the context keeps between calls, so that a step
-   captured after an eager one holds no allocation nodes (a graph's memory nodes delay its
-   replay's start); elsewhere, or when none fits, hqi_ctx_alloc_on. Given back by
+   captured after an eager one holds no allocation nodes (a graph's memory nodes hold its GEMMs
+   back from the other streams' work); elsewhere, or when none fits, hqi_ctx_alloc_on. Given back by
    hqi_ctx_scratch_free, which frees what was not kept. */
 void *hqi_ctx_scratch_alloc(hq_ctx *ctx, size_t bytes, void *stream);
 void hqi_ctx_scratch_free(hq_ctx *ctx, void *ptr, void *stream);

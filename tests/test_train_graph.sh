@@ -41,5 +41,6 @@ for args in "--device cpu" "--device cuda --cuda-graph off" "--device cuda --pro
 done
 $hq train --graph-dot "" --steps 1 > /dev/null 2> "$tmp/bad"
 [ $? -eq 2 ] || fail "--graph-dot '': expected exit status 2"
-grep -q -- "--graph-dot '' is empty" "$tmp/bad" || { cat "$tmp/bad"; fail "--graph-dot '': message"; }
+grep -q -- "--graph-dot '' is empty" "$tmp/bad" \
+  || { cat "$tmp/bad"; fail "--graph-dot '': message"; }
 exit 0

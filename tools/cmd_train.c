@@ -1358,8 +1358,8 @@ static int check_ckpt(const char *file) {
 /* Every output path checked before the first step (a run must not train for an hour and then
    fail to save): every file the runs save to (with {step}: the last step's, the longest name)
    and --graph-dot's and --plot's are files hq may write (cli_output_path) in directories that
-   can be written, gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and no plot: 0, or 1
-   after the message. */
+   can be written, gnuplot can draw a PNG there. Without gnuplot --plot is a message (now) and
+   no plot: 0, or 1 after the message. */
 static int check_outputs(train_args *a, const session *s) {
   /* the path as given first where the runs write beside it (several runs, or {step}: it must
      not name a device either), and its directory: {step} and -NAME change only the files'

@@ -2566,9 +2566,10 @@ __global__ void __launch_bounds__(kRowE) rowe_kernel(QArgs a) {
     const uint8_t sf = (uint8_t)h.code(hq_mul_rn(bamax, h.m));
     const float enc = hq_nvfp4_encode_mult_k(sf, d.s_dec, kind);
     auto val = [&](int e) { return v[e]; };
+    const uint64_t blk = (uint64_t)b;
     const uint2 o = fast_block<SR>(bamax, enc, has_nan)
-                        ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, (uint64_t)b, signs_of(val))
-                        : encode_rule<SR>(val, enc, a.rk, offset, 0u, (uint64_t)b);
+                        ? encode_fast_any<SR>(val, enc, a.rk, offset, 0u, blk, signs_of(val))
+                        : encode_rule<SR>(val, enc, a.rk, offset, 0u, blk);
     store8(a.rdata + 8 * b, o, a.a8);
     int64_t i, kb;
     hq_cuda_row_col<SMALL>(b, nbr, &i, &kb);

@@ -58,9 +58,9 @@
 **     and release. A call's scratch on a CUDA context's own stream (an emulated GEMM's
 **     dequantized operands, a format module's scratch) comes from up to 8 buffers the context
 **     keeps between calls, so that a step captured into a CUDA graph after an eager one holds
-**     no allocation nodes (they delay each replay's start); as with the GEMM workspace, a graph
-**     captured on the context's stream uses them when replayed: replay it while the context
-**     lives and before hq_device_trim, which frees them with the workspaces.
+**     no allocation nodes (they hold the GEMMs back from other streams' work); as with the GEMM
+**     workspace, a graph captured on the context's stream uses them when replayed: replay it
+**     while the context lives and before hq_device_trim, which frees them with the workspaces.
 **   - A call that touches a CUDA device makes the context's device current for its duration and
 **     restores the caller's current device before it returns.
 **   - hq_qtensor_update queues no allocation and no synchronization (its scratch was reserved
