@@ -123,17 +123,17 @@ for a, b in zip(on, off):
                  % (a["name"], a["graph_replays"], a["graph_side_wgrads"]))
 PY
 
-# --graph-dot: one file per run, each a digraph of the captured step, said on stderr
+# --graph-dot: one file per run, each a digraph of the captured step, said with the progress
 $hq train --device cuda --data "$tmp/words.txt" --steps 4 --batch 64 --hidden 64 --recipe "$hp" \
-  --recipe "$conf/examples/mxfp8.ini" --baseline none --graph-dot "$tmp/step.dot" > /dev/null \
-  2> "$tmp/dot.err" || { cat "$tmp/dot.err"; fail "--graph-dot"; }
+  --recipe "$conf/examples/mxfp8.ini" --baseline none --graph-dot "$tmp/step.dot" \
+  > "$tmp/dot.out" 2> "$tmp/dot.err" || { cat "$tmp/dot.err"; fail "--graph-dot"; }
 for name in bf16-baseline mxfp8; do
   f="$tmp/step-$name.dot"
   [ -s "$f" ] || { ls "$tmp"; cat "$tmp/dot.err"; fail "--graph-dot: no $f"; }
   grep -q "digraph" "$f" || fail "--graph-dot: $f is not Graphviz dot"
   grep -q "upload_k" "$f" || fail "--graph-dot: $f lacks the batch upload kernel"
-  grep -q "$name: the captured step's graph written to $f" "$tmp/dot.err" \
-    || { cat "$tmp/dot.err"; fail "--graph-dot: $name's file not said"; }
+  grep -q "$name: the captured step's graph written to $f" "$tmp/dot.out" \
+    || { cat "$tmp/dot.out"; fail "--graph-dot: $name's file not said"; }
 done
 
 # --profile times phases between the kernels: eager, said once
