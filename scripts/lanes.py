@@ -9,7 +9,8 @@ nodes runs again. The first N replays (--skip, default 2) are left out. Per grap
 the replays: the span (first node's start to last node's end), the nodes' summed time, the busy
 time (at least one node runs: their union) and so the idle time and the overlap (summed minus
 busy), and per stream its nodes, its busy time (the union of its nodes) and where its last node
-ends.
+ends; the longest stretch in which no node runs (the median over the replays of each one's
+longest) and the nodes it most often lies between -- a wait the nodes' own times do not show.
 --timeline also lists the replay of median span node by node (start and duration in us from its
 first node, stream, name). Records outside graphs (eager launches) are left out. Exits non-zero,
 naming the file, when it holds no graph replay."""
@@ -63,6 +64,18 @@ def replays(recs):
     return out
 
 
+def longest_gap(rep):
+    """The longest stretch of rep in which no node runs, with the node whose end began it and the
+    node whose start ended it: (0, None, None) when none."""
+    best, end, last = (0, None, None), None, None
+    for r in sorted(rep, key=lambda r: r["start"]):
+        if end is not None and r["start"] > end and r["start"] - end > best[0]:
+            best = (r["start"] - end, last, r)
+        if end is None or r["end"] > end:
+            end, last = r["end"], r
+    return best
+
+
 def stats(rep):
     t0 = min(r["start"] for r in rep)
     span = max(r["end"] for r in rep) - t0
@@ -73,7 +86,8 @@ def stats(rep):
     for st in sorted({r["stream"] for r in rep}):
         mine = [(r["start"], r["end"]) for r in rep if r["stream"] == st]
         streams[st] = (len(mine), union(mine), max(e for _, e in mine) - t0)
-    return {"span": span, "summed": summed, "busy": busy, "streams": streams, "t0": t0}
+    return {"span": span, "summed": summed, "busy": busy, "streams": streams, "t0": t0,
+            "gap": longest_gap(rep)}
 
 
 def us(ns):
@@ -87,6 +101,14 @@ def report(label, reps, timeline):
     print("%s: %d replays, %d nodes a replay (medians)" % (label, len(reps), len(reps[0])))
     print("  span %.1f us, nodes %.1f us summed, %.1f us busy: idle %.1f us, overlap %.1f us"
           % (us(span), us(summed), us(busy), us(span - busy), us(summed - busy)))
+    gaps = [s["gap"] for s in st if s["gap"][1] is not None]
+    if gaps:
+        pair = collections.Counter((short_name(g[1]["name"]), short_name(g[2]["name"]))
+                                   for g in gaps).most_common(1)[0][0]
+        print("  longest idle stretch %.1f us, after %s and before %s"
+              % (us(statistics.median(s["gap"][0] for s in st)), pair[0], pair[1]))
+    else:
+        print("  longest idle stretch: none")
     for sid in sorted(st[0]["streams"]):
         rows = [s["streams"][sid] for s in st if sid in s["streams"]]
         print("  stream %-6s %3d nodes, busy %7.1f us, its last node ends at %7.1f us"

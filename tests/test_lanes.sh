@@ -3,7 +3,7 @@
 # replayed CUDA graph (scripts/gpu-check.sh --lanes): a hand-made trace of four replays of a
 # four-node graph on two streams (the first two left out by --skip's default), an eager launch
 # and a memcpy outside any graph, and a second graph whose one node runs three times; the medians
-# are worked out by hand below. --timeline lists the median replay; a trace with no replay past
+# and the longest idle stretch are worked out by hand below. --timeline lists the median replay; a trace with no replay past
 # --skip and an unknown argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
@@ -29,10 +29,12 @@ k='_ZN46_GLOBAL__N__b0a10f64_13_nvfp4_gemm_cu_bc32c75617small_gemm_kernelILi1EEE
 python3 "$src/scripts/lanes.py" --names bf16,nvfp4 --timeline "$tmp/t.csv" > "$tmp/out.txt" \
   2> "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "lanes.py on a good trace"; }
 # span 24; summed 10 + 4 + 8 + 10 = 32; union [0, 10] + [12, 24] = 22: idle 2, overlap 10;
-# stream 7 busy 10 + 8 ending at 20, stream 8 busy 4 + 10 ending at 24. Graph 6: one replay left
+# stream 7 busy 10 + 8 ending at 20, stream 8 busy 4 + 10 ending at 24; nothing runs from 10
+# (A's end; B ended at 6) to 12 (the memcpy). Graph 6: one replay left, no idle stretch
 cat > "$tmp/want.txt" <<'W'
 bf16: 2 replays, 4 nodes a replay (medians)
   span 24.0 us, nodes 32.0 us summed, 22.0 us busy: idle 2.0 us, overlap 10.0 us
+  longest idle stretch 2.0 us, after nodeA and before memcpy 1024 bytes
   stream 7        2 nodes, busy    18.0 us, its last node ends at    20.0 us
   stream 8        2 nodes, busy    14.0 us, its last node ends at    24.0 us
   the replay of median span, node by node (start, duration, stream):
@@ -42,6 +44,7 @@ bf16: 2 replays, 4 nodes a replay (medians)
        14.00   10.00  8      quantize
 nvfp4: 1 replays, 1 nodes a replay (medians)
   span 3.0 us, nodes 3.0 us summed, 3.0 us busy: idle 0.0 us, overlap 0.0 us
+  longest idle stretch: none
   stream 9        1 nodes, busy     3.0 us, its last node ends at     3.0 us
   the replay of median span, node by node (start, duration, stream):
         0.00    3.00  9      x
