@@ -56,7 +56,7 @@
 # of hq: it compiles and runs scripts/store_probe.cu (how fast the memory system takes the loads
 # and stores of a quantize layout with no encoding) into probe.txt, and stops; --graph-probe
 # likewise compiles and runs scripts/graph_nodes.cu (what a replayed CUDA graph pays per kernel,
-# allocation, memset and forked node) into graph_nodes.txt. --mx-pairs
+# allocation, memset and forked node, and a replay started on an idle GPU) into graph_nodes.txt. --mx-pairs
 # rebuilds nvfp4 with -DHQ_MX_CVT_PAIRS=1 (the form Blackwell's FP4 convert takes, the software
 # rule in the instruction's place: plugins/common/mx_cvt_cuda.h) and runs tests/test_gpu_nvfp4
 # with it, then rebuilds it as configured.

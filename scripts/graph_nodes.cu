@@ -19,12 +19,20 @@
 // cudaLaunchAttributeProgrammaticStreamSerialization and each kernel waiting for the one before
 // it (griddepcontrol.wait) before it touches memory, having let the next launch early
 // (griddepcontrol.launch_dependents) -- the form every kernel of a step would take.
+//
+// The third asks what a replay costs when it starts on an idle GPU, as `hq train`'s do (it reads
+// each step's loss before it launches the next): a chain of K tiny kernels with P pairs of two
+// more spread over it, each pair's first kernel forked onto a second stream and joined back (an
+// emulated GEMM's two dequantizes) or both on the capturing stream (chained); per configuration
+// the replay's time back to back (as above) and its wall time launched and synchronized one at a
+// time (the host's clock, median of 30 after 20 to warm).
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #define CK(x)                                                                                  \
@@ -72,6 +80,67 @@ static float replay_us(cudaGraph_t g, cudaStream_t s) {
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
   return v[v.size() / 2];
+}
+
+/* The back-to-back time of g on s (replay_us's) and the wall time of one replay launched and
+   synchronized at a time, in *synced (us, median of 30 after 20 to warm); g is destroyed. */
+static float replay_both_us(cudaGraph_t g, cudaStream_t s, float *synced) {
+  cudaGraphExec_t ge;
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  std::vector<float> v;
+  for (int r = 0; r < 50; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (r >= 20) v.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+  }
+  std::sort(v.begin(), v.end());
+  *synced = v[v.size() / 2];
+  CK(cudaGraphExecDestroy(ge));
+  return replay_us(g, s);
+}
+
+/* The graph of K tiny kernels with P pairs (forked or chained) on fresh streams: its two times
+   (replay_both_us). */
+static float run_pairs(int K, int P, bool fork, float *synced) {
+  cudaStream_t s, s2;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  float *base;
+  CK(cudaMalloc(&base, 3 << 20));
+  CK(cudaMemset(base, 0, 3 << 20));
+  float *ta = base + (1 << 18), *tb = base + (2 << 18);
+  cudaEvent_t ev_fork, ev_join;
+  CK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  cudaGraph_t g;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0, p = 0; k < K; k++) {
+    launch_tiny(base, s);
+    if (p < P && k % std::max(1, K / std::max(1, P)) == 0) {
+      if (fork) {
+        CK(cudaEventRecord(ev_fork, s));
+        CK(cudaStreamWaitEvent(s2, ev_fork, 0));
+        launch_tiny(ta, s2);
+        launch_tiny(tb, s);
+        CK(cudaEventRecord(ev_join, s2));
+        CK(cudaStreamWaitEvent(s, ev_join, 0));
+      } else {
+        launch_tiny(ta, s);
+        launch_tiny(tb, s);
+      }
+      p++;
+    }
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  const float us = replay_both_us(g, s, synced);
+  CK(cudaEventDestroy(ev_fork));
+  CK(cudaEventDestroy(ev_join));
+  CK(cudaFree(base));
+  CK(cudaStreamDestroy(s));
+  CK(cudaStreamDestroy(s2));
+  return us;
 }
 
 /* PDL: the next kernel may launch now; this one waits for the one before it to complete (its
@@ -195,6 +264,15 @@ int main() {
     const float a = run_chain(c[0], c[1], c[2], false), b = run_chain(c[0], c[1], c[2], true);
     printf("K %2d  %8d floats (%4d CTAs): %8.2f / %8.2f us  (%.2f us a kernel)\n", c[0], c[1],
            c[2], a, b, (a - b) / c[0]);
+  }
+  printf("\nus per replay of K kernels with P pairs, forked / chained: back to back, and one\n"
+         "replay launched and synchronized at a time (the host's wall clock)\n");
+  const int pairs[][2] = {{40, 0}, {40, 6}, {40, 12}, {60, 12}};
+  for (const auto &c : pairs) {
+    float sf = 0.0f, sc = 0.0f;
+    const float bf = run_pairs(c[0], c[1], true, &sf), bc = run_pairs(c[0], c[1], false, &sc);
+    printf("K %2d  P %2d: back to back %7.2f / %7.2f us, synced %7.2f / %7.2f us\n", c[0],
+           c[1], bf, bc, sf, sc);
   }
   CK(cudaMemPoolDestroy(pool));
   return 0;
