@@ -82,6 +82,40 @@ static float replay_us(cudaGraph_t g, cudaStream_t s) {
   return v[v.size() / 2];
 }
 
+/* What a configuration captures on: two non-blocking streams, a fork and a join event, and a
+   zeroed buffer of `bytes` (probe_free releases them). */
+struct Probe {
+  cudaStream_t s, s2;
+  cudaEvent_t fork, join;
+  float *base;
+};
+static Probe probe_make(size_t bytes) {
+  Probe p;
+  CK(cudaStreamCreateWithFlags(&p.s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&p.s2, cudaStreamNonBlocking));
+  CK(cudaMalloc(&p.base, bytes));
+  CK(cudaMemset(p.base, 0, bytes));
+  CK(cudaEventCreateWithFlags(&p.fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&p.join, cudaEventDisableTiming));
+  return p;
+}
+static void probe_free(Probe &p) {
+  CK(cudaEventDestroy(p.fork));
+  CK(cudaEventDestroy(p.join));
+  CK(cudaFree(p.base));
+  CK(cudaStreamDestroy(p.s));
+  CK(cudaStreamDestroy(p.s2));
+}
+/* A tiny kernel on buf forked onto s2 and joined back to s; with main_buf, one on s beside it. */
+static void forked_tiny(const Probe &p, float *buf, float *main_buf) {
+  CK(cudaEventRecord(p.fork, p.s));
+  CK(cudaStreamWaitEvent(p.s2, p.fork, 0));
+  launch_tiny(buf, p.s2);
+  if (main_buf) launch_tiny(main_buf, p.s);
+  CK(cudaEventRecord(p.join, p.s2));
+  CK(cudaStreamWaitEvent(p.s, p.join, 0));
+}
+
 /* The back-to-back time of g on s (replay_us's) and the wall time of one replay launched and
    synchronized at a time, in *synced (us, median of 30 after 20 to warm); g is destroyed. */
 static float replay_both_us(cudaGraph_t g, cudaStream_t s, float *synced) {
@@ -104,42 +138,25 @@ static float replay_both_us(cudaGraph_t g, cudaStream_t s, float *synced) {
 /* The graph of K tiny kernels with P pairs (forked or chained) on fresh streams: its two times
    (replay_both_us). */
 static float run_pairs(int K, int P, bool fork, float *synced) {
-  cudaStream_t s, s2;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  float *base;
-  CK(cudaMalloc(&base, 3 << 20));
-  CK(cudaMemset(base, 0, 3 << 20));
-  float *ta = base + (1 << 18), *tb = base + (2 << 18);
-  cudaEvent_t ev_fork, ev_join;
-  CK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  Probe pr = probe_make(3 << 20);
+  float *ta = pr.base + (1 << 18), *tb = pr.base + (2 << 18);
   cudaGraph_t g;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CK(cudaStreamBeginCapture(pr.s, cudaStreamCaptureModeThreadLocal));
   for (int k = 0, p = 0; k < K; k++) {
-    launch_tiny(base, s);
+    launch_tiny(pr.base, pr.s);
     if (p < P && k % std::max(1, K / std::max(1, P)) == 0) {
       if (fork) {
-        CK(cudaEventRecord(ev_fork, s));
-        CK(cudaStreamWaitEvent(s2, ev_fork, 0));
-        launch_tiny(ta, s2);
-        launch_tiny(tb, s);
-        CK(cudaEventRecord(ev_join, s2));
-        CK(cudaStreamWaitEvent(s, ev_join, 0));
+        forked_tiny(pr, ta, tb);
       } else {
-        launch_tiny(ta, s);
-        launch_tiny(tb, s);
+        launch_tiny(ta, pr.s);
+        launch_tiny(tb, pr.s);
       }
       p++;
     }
   }
-  CK(cudaStreamEndCapture(s, &g));
-  const float us = replay_both_us(g, s, synced);
-  CK(cudaEventDestroy(ev_fork));
-  CK(cudaEventDestroy(ev_join));
-  CK(cudaFree(base));
-  CK(cudaStreamDestroy(s));
-  CK(cudaStreamDestroy(s2));
+  CK(cudaStreamEndCapture(pr.s, &g));
+  const float us = replay_both_us(g, pr.s, synced);
+  probe_free(pr);
   return us;
 }
 
@@ -193,47 +210,30 @@ static float run_chain(int K, int n, int blocks, bool pdl) {
 
 /* Microseconds per replay of the graph of one configuration. */
 static float run(int K, int A, int S, int side, cudaMemPool_t pool) {
-  cudaStream_t s, s2;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  float *base;
-  CK(cudaMalloc(&base, 1 << 20));
-  CK(cudaMemset(base, 0, 1 << 20));
-  cudaEvent_t fork, join;
-  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  Probe pr = probe_make(1 << 20);
   cudaGraph_t g;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CK(cudaStreamBeginCapture(pr.s, cudaStreamCaptureModeThreadLocal));
   int a = 0, m = 0;
   for (int k = 0; k < K; k++) {
     if (a < A && k % std::max(1, K / std::max(1, A)) == 0) {
       void *t;
-      CK(cudaMallocFromPoolAsync(&t, 256 << 10, pool, s));
-      if (side) {
-        CK(cudaEventRecord(fork, s));
-        CK(cudaStreamWaitEvent(s2, fork, 0));
-        launch_tiny((float *)t, s2);
-        CK(cudaEventRecord(join, s2));
-        CK(cudaStreamWaitEvent(s, join, 0));
-      } else {
-        launch_tiny((float *)t, s);
-      }
-      CK(cudaFreeAsync(t, s));
+      CK(cudaMallocFromPoolAsync(&t, 256 << 10, pool, pr.s));
+      if (side)
+        forked_tiny(pr, (float *)t, nullptr);
+      else
+        launch_tiny((float *)t, pr.s);
+      CK(cudaFreeAsync(t, pr.s));
       a++;
     }
     if (m < S && k % std::max(1, K / std::max(1, S)) == 0) {
-      CK(cudaMemsetAsync(base + 1024 * m, 0, 4, s));
+      CK(cudaMemsetAsync(pr.base + 1024 * m, 0, 4, pr.s));
       m++;
     }
-    launch_tiny(base, s);
+    launch_tiny(pr.base, pr.s);
   }
-  CK(cudaStreamEndCapture(s, &g));
-  const float us = replay_us(g, s);
-  CK(cudaEventDestroy(fork));
-  CK(cudaEventDestroy(join));
-  CK(cudaFree(base));
-  CK(cudaStreamDestroy(s));
-  CK(cudaStreamDestroy(s2));
+  CK(cudaStreamEndCapture(pr.s, &g));
+  const float us = replay_us(g, pr.s);
+  probe_free(pr);
   return us;
 }
 
