@@ -582,18 +582,18 @@ static int name_runs(const train_args *a, const train_config *cfg, const hq_reci
   return 0;
 }
 
-/* --checkpoint with several runs: one file per run, FILE-NAME.ext (a new string, NULL when out
-   of memory). */
-static char *run_ckpt_path(const char *ckpt_path, const char *name) {
-  const size_t len = strlen(ckpt_path) + strlen(name) + 2;
+/* An output FILE (--checkpoint, --graph-dot) with several runs: one file per run,
+   FILE-NAME.ext (a new string, NULL when out of memory). */
+static char *named_path(const char *file, const char *name) {
+  const size_t len = strlen(file) + strlen(name) + 2;
   char *path = malloc(len), *nm = strdup(name);
   if (path && nm) {
     for (char *p = nm; *p; p++)
       if (*p == '/' || *p == ' ') *p = '_';
-    const char *slash = strrchr(ckpt_path, '/'), *dot = strrchr(ckpt_path, '.');
+    const char *slash = strrchr(file, '/'), *dot = strrchr(file, '.');
     if (dot && (!slash || dot > slash + 1))
-      snprintf(path, len, "%.*s-%s%s", (int)(dot - ckpt_path), ckpt_path, nm, dot);
-    else snprintf(path, len, "%s-%s", ckpt_path, nm);
+      snprintf(path, len, "%.*s-%s%s", (int)(dot - file), file, nm, dot);
+    else snprintf(path, len, "%s-%s", file, nm);
   } else {
     free(path);
     path = NULL;
@@ -607,11 +607,11 @@ static char *run_ckpt_path(const char *ckpt_path, const char *name) {
    with --seeds. */
 static char *run_file(const char *path, const session *s, int i, uint64_t seed) {
   if (s->n_runs * s->n_seeds <= 1) return strdup(path);
-  char ck_name[160];   /* a run's name is under 128 bytes: never cut */
+  char run_name[160]; /* a run's name is under 128 bytes: never cut */
   if (s->n_seeds > 1)
-    snprintf(ck_name, sizeof ck_name, "%s-seed%llu", s->runs[i].name, (unsigned long long)seed);
-  else snprintf(ck_name, sizeof ck_name, "%s", s->runs[i].name);
-  return run_ckpt_path(path, ck_name);
+    snprintf(run_name, sizeof run_name, "%s-seed%llu", s->runs[i].name, (unsigned long long)seed);
+  else snprintf(run_name, sizeof run_name, "%s", s->runs[i].name);
+  return named_path(path, run_name);
 }
 
 /* What a run says after it trained: resumed, saved, verified. 1 when the verification failed. */
