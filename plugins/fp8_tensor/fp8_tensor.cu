@@ -354,8 +354,12 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
    history serially (a dependent load and store per row) would take longer than a small model's
    whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
    ignores NaN and so does not depend on the order it is taken in; the roll moves each row up by
-   one, every thread reading its rows of a chunk before any thread writes them. */
+   one. A thread holds the new values of its rows in registers (at most FP8T_STATE_ROWS: the
+   option caps the history at 1024 rows), so one barrier both orders every read of the history
+   before any write and publishes the warps' maxima; the rows are read whatever the new amax, so
+   that their loads and the amax's overlap instead of waiting for each other. */
 #define FP8T_STATE_THREADS 256
+#define FP8T_STATE_ROWS (1024 / FP8T_STATE_THREADS)
 __global__ void __launch_bounds__(FP8T_STATE_THREADS)
     update_state_kernel(float *amax, float *state, int history_len, int most_recent,
                         float scaled_max) {
@@ -363,27 +367,31 @@ __global__ void __launch_bounds__(FP8T_STATE_THREADS)
   float *st = state + (int64_t)blockIdx.x * history_len;
   const float last = amax[blockIdx.x];
   const int t = threadIdx.x;
-  float m = 0.0f;
-  if (last != 0.0f) {
-    for (int i = t; i < history_len; i += FP8T_STATE_THREADS)
-      m = hq_fmax_nan_ignoring(m, i < history_len - 1 ? st[i + 1] : last);
-    for (int off = 16; off > 0; off >>= 1)
-      m = hq_fmax_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if ((t & 31) == 0) warp_max[t >> 5] = m;
-    __syncthreads();
-    m = 0.0f;
-    for (int w = 0; w < FP8T_STATE_THREADS / 32; w++) m = hq_fmax_nan_ignoring(m, warp_max[w]);
-    for (int base = 1; base < history_len; base += FP8T_STATE_THREADS) {
-      const int i = base + t;
-      const float v = i < history_len - 1 ? st[i + 1] : last;
-      __syncthreads();
-      if (i < history_len) st[i] = v;
+  const bool roll = last != 0.0f; /* the same for the whole block */
+  float v[FP8T_STATE_ROWS], m = 0.0f;
+#pragma unroll
+  for (int k = 0; k < FP8T_STATE_ROWS; k++) {
+    const int i = t + k * FP8T_STATE_THREADS;
+    v[k] = i < history_len - 1 ? st[i + 1] : last;
+    if (roll && i < history_len) m = hq_fmax_nan_ignoring(m, v[k]);
+  }
+  for (int off = 16; off > 0; off >>= 1)
+    m = hq_fmax_nan_ignoring(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if ((t & 31) == 0) warp_max[t >> 5] = m;
+  __syncthreads();
+  if (roll) {
+#pragma unroll
+    for (int k = 0; k < FP8T_STATE_ROWS; k++) {
+      const int i = t + k * FP8T_STATE_THREADS;
+      if (i >= 1 && i < history_len) st[i] = v[k];
     }
   }
   if (t == 0) {
+    m = 0.0f;
+    for (int w = 0; w < FP8T_STATE_THREADS / 32; w++) m = hq_fmax_nan_ignoring(m, warp_max[w]);
     if (most_recent) m = last;
     st[0] = fp8t_delayed_scale(m, st[0], scaled_max);
-    if (last != 0.0f) amax[blockIdx.x] = 0.0f;
+    if (roll) amax[blockIdx.x] = 0.0f;
   }
 }
 
@@ -608,6 +616,9 @@ extern "C" int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *ama
   if (n <= 0) return HQ_OK;
   if (n > 0x7fffffff)
     return call->host->error(HQ_ESHAPE, "fp8_tensor CUDA: %lld slices", (long long)n);
+  if (history_len < 1 || history_len > FP8T_STATE_THREADS * FP8T_STATE_ROWS)
+    return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: amax_history_len %d outside 1..%d",
+                             history_len, FP8T_STATE_THREADS * FP8T_STATE_ROWS);
   update_state_kernel<<<(unsigned)n, FP8T_STATE_THREADS, 0, (cudaStream_t)call->stream>>>(
       amax, state, history_len, most_recent, scaled_max);
   CHECK_LAUNCH(call, "update_state kernel");
