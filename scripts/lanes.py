@@ -5,12 +5,13 @@ train under CUPTI's activity tracing).
 
 The records of each graph (in the order its first node ran; --names labels them, e.g. the recipes
 of one hq train process in their order) are cut into replays: a replay ends where one of its
-nodes runs again. The first N replays (--skip, default 2) are left out. Per graph, medians over
-the replays: the span (first node's start to last node's end), the nodes' summed time, the busy
-time (at least one node runs: their union) and so the idle time and the overlap (summed minus
-busy), and per stream its nodes, its busy time (the union of its nodes) and where its last node
-ends; the longest stretch in which no node runs (the median over the replays of each one's
-longest) and the nodes it most often lies between -- a wait the nodes' own times do not show.
+nodes runs again. The first N replays (--skip, default 2) are left out. Per graph, the streams
+its nodes ran on (over every replay kept) and, medians over the replays, the span (first node's
+start to last node's end), the nodes' summed time, the busy time (at least one node runs: their
+union) and so the idle time and the overlap (summed minus busy), and per stream its nodes, its
+busy time (the union of its nodes) and where its last node ends; the longest stretch in which no
+node runs (the median over the replays of each one's longest) and the nodes it most often lies
+between -- a wait the nodes' own times do not show.
 --timeline also lists the replay of median span node by node (start and duration in us from its
 first node, stream, name). Records outside graphs (eager launches) are left out. Exits non-zero,
 naming the file, when it holds no graph replay."""
@@ -98,7 +99,9 @@ def report(label, reps, timeline):
     st = [stats(r) for r in reps]
     med = lambda key: statistics.median(s[key] for s in st)
     span, summed, busy = med("span"), med("summed"), med("busy")
-    print("%s: %d replays, %d nodes a replay (medians)" % (label, len(reps), len(reps[0])))
+    streams = len({r["stream"] for rep in reps for r in rep})
+    print("%s: %d replays, %d nodes a replay on %d streams (medians)"
+          % (label, len(reps), len(reps[0]), streams))
     print("  span %.1f us, nodes %.1f us summed, %.1f us busy: idle %.1f us, overlap %.1f us"
           % (us(span), us(summed), us(busy), us(span - busy), us(summed - busy)))
     gaps = [s["gap"] for s in st if s["gap"][1] is not None]

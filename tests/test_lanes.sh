@@ -2,9 +2,10 @@
 # test_lanes.sh -- scripts/lanes.py, which reads scripts/lane_trace.c's CUPTI timeline of a
 # replayed CUDA graph (scripts/gpu-check.sh --lanes): a hand-made trace of four replays of a
 # four-node graph on two streams (the first two left out by --skip's default), an eager launch
-# and a memcpy outside any graph, and a second graph whose one node runs three times; the medians
-# and the longest idle stretch are worked out by hand below. --timeline lists the median replay; a trace with no replay past
-# --skip and an unknown argument are refused by name. Exit 0 pass, 1 fail, 77 skip (automake).
+# and a memcpy outside any graph, and a second graph whose one node runs three times; the streams,
+# the medians and the longest idle stretch are worked out by hand below. --timeline lists the
+# median replay; a trace with no replay past --skip and an unknown argument are refused by name.
+# Exit 0 pass, 1 fail, 77 skip (automake).
 set -u
 src=${HQ_TEST_SRCDIR:?HQ_TEST_SRCDIR is set by make check}/..
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hq_lanes.XXXXXX")
@@ -32,7 +33,7 @@ python3 "$src/scripts/lanes.py" --names bf16,nvfp4 --timeline "$tmp/t.csv" > "$t
 # stream 7 busy 10 + 8 ending at 20, stream 8 busy 4 + 10 ending at 24; nothing runs from 10
 # (A's end; B ended at 6) to 12 (the memcpy). Graph 6: one replay left, no idle stretch
 cat > "$tmp/want.txt" <<'W'
-bf16: 2 replays, 4 nodes a replay (medians)
+bf16: 2 replays, 4 nodes a replay on 2 streams (medians)
   span 24.0 us, nodes 32.0 us summed, 22.0 us busy: idle 2.0 us, overlap 10.0 us
   longest idle stretch 2.0 us, after nodeA and before memcpy 1024 bytes
   stream 7        2 nodes, busy    18.0 us, its last node ends at    20.0 us
@@ -42,7 +43,7 @@ bf16: 2 replays, 4 nodes a replay (medians)
         2.00    4.00  8      small_gemm_kernel
        12.00    8.00  7      memcpy 1024 bytes
        14.00   10.00  8      quantize
-nvfp4: 1 replays, 1 nodes a replay (medians)
+nvfp4: 1 replays, 1 nodes a replay on 1 streams (medians)
   span 3.0 us, nodes 3.0 us summed, 3.0 us busy: idle 0.0 us, overlap 0.0 us
   longest idle stretch: none
   stream 9        1 nodes, busy     3.0 us, its last node ends at     3.0 us
