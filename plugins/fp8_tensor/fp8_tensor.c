@@ -92,7 +92,8 @@ static const hq_option options[] = {
                      "current: scale from this tensor's amax; delayed: from an amax history "
                      "(needs an hq_state)", "current|delayed", 0, -1},
     [OPT_HISTORY] = {"amax_history_len", HQ_OPT_INT, "1024",
-                     "delayed: steps of amax history the scale is computed from", NULL, 1, 1024},
+                     "delayed: steps of amax history the scale is computed from", NULL, 1,
+                     FP8T_HISTORY_MAX},
     [OPT_ALGO] = {"amax_compute_algo", HQ_OPT_ENUM, "max",
                   "delayed: the amax the scale uses (history max, or the latest step's)",
                   "max|most_recent", 0, -1},

@@ -355,11 +355,13 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
    whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
    ignores NaN and so does not depend on the order it is taken in; the roll moves each row up by
    one. A thread holds the new values of its rows in registers (at most FP8T_STATE_ROWS: the
-   option caps the history at 1024 rows), so one barrier both orders every read of the history
+   option caps the history at FP8T_HISTORY_MAX rows), so one barrier both orders every read of the history
    before any write and publishes the warps' maxima; the rows are read whatever the new amax, so
    that their loads and the amax's overlap instead of waiting for each other. */
 #define FP8T_STATE_THREADS 256
-#define FP8T_STATE_ROWS (1024 / FP8T_STATE_THREADS)
+#define FP8T_STATE_ROWS (FP8T_HISTORY_MAX / FP8T_STATE_THREADS)
+static_assert(FP8T_STATE_ROWS * FP8T_STATE_THREADS == FP8T_HISTORY_MAX,
+              "the update's threads hold every row of the longest history");
 __global__ void __launch_bounds__(FP8T_STATE_THREADS)
     update_state_kernel(float *amax, float *state, int history_len, int most_recent,
                         float scaled_max) {
@@ -616,9 +618,6 @@ extern "C" int fp8t_cuda_update_state(const hq_call *call, int64_t n, float *ama
   if (n <= 0) return HQ_OK;
   if (n > 0x7fffffff)
     return call->host->error(HQ_ESHAPE, "fp8_tensor CUDA: %lld slices", (long long)n);
-  if (history_len < 1 || history_len > FP8T_STATE_THREADS * FP8T_STATE_ROWS)
-    return call->host->error(HQ_EINVAL, "fp8_tensor CUDA: amax_history_len %d outside 1..%d",
-                             history_len, FP8T_STATE_THREADS * FP8T_STATE_ROWS);
   update_state_kernel<<<(unsigned)n, FP8T_STATE_THREADS, 0, (cudaStream_t)call->stream>>>(
       amax, state, history_len, most_recent, scaled_max);
   CHECK_LAUNCH(call, "update_state kernel");

@@ -18,6 +18,10 @@
 
 #include "hq/numerics.h"
 
+/* The longest amax history a slice keeps (amax_history_len's bound, as upstream); the CUDA update
+   holds a thread's share of it in registers, so this bound sizes that share. */
+#define FP8T_HISTORY_MAX 1024
+
 /* Floats of state per slice: the scale and history rows 1 .. L-1. */
 HQ_HD uint32_t fp8t_state_floats(int history_len) { return (uint32_t)history_len; }
 
