@@ -125,15 +125,19 @@ PY
 
 # --graph-dot: one file per run, each a digraph of the captured step, said with the progress
 $hq train --device cuda --data "$tmp/words.txt" --steps 4 --batch 64 --hidden 64 --recipe "$hp" \
-  --recipe "$conf/examples/mxfp8.ini" --baseline none --graph-dot "$tmp/step.dot" \
+  --recipe "$conf/examples/mxfp8.ini" --recipe "$conf/recipe.ini" \
+  --recipe "$conf/examples/fp8_current.ini" --baseline none --graph-dot "$tmp/step.dot" \
   > "$tmp/dot.out" 2> "$tmp/dot.err" || { cat "$tmp/dot.err"; fail "--graph-dot"; }
-for name in bf16-baseline mxfp8; do
+for name in bf16-baseline mxfp8 mxfp8-forward-nvfp4-backward fp8-current-e4m3; do
   f="$tmp/step-$name.dot"
   [ -s "$f" ] || { ls "$tmp"; cat "$tmp/dot.err"; fail "--graph-dot: no $f"; }
   grep -q "digraph" "$f" || fail "--graph-dot: $f is not Graphviz dot"
   grep -q "upload_k" "$f" || fail "--graph-dot: $f lacks the batch upload kernel"
   grep -q "$name: the captured step's graph written to $f" "$tmp/dot.out" \
     || { cat "$tmp/dot.out"; fail "--graph-dot: $name's file not said"; }
+  # the step's amax slots (recipe.ini's NVFP4 gradients, per-tensor FP8's fused amaxes) are
+  # zeroed by the upload kernel, not by a zeroing kernel between it and the embedding
+  ! grep -q "zero_words_kernel" "$f" || fail "--graph-dot: $f zeroes the amaxes in a kernel of its own"
 done
 
 # --profile times phases between the kernels: eager, said once

@@ -459,41 +459,46 @@ static void test_xent(void **state) {
 
 // --- the batch's upload ------------------------------------------------------------------------
 
-/* upload_mapped: up to three spans of 4-byte words from page-locked host buffers
+/* upload_mapped: up to four spans of 4-byte words, the first three from page-locked host buffers
    (train_cuda_host_alloc, as the graph's staging buffers are made), read in place, equal to them
-   word for word; the buffers rewritten and uploaded again give the new values (the kernel reads
-   them at each call, as a replay must). The spans' sizes: the trainer's (tokens, targets, the
-   optimizer's 2 x 48 bytes of constants), odd counts, an empty span first, between and last, one
-   span alone, one larger than a grid's threads; no span (nothing queued); the words a span does
-   not name are left alone. More spans than the kernel takes, or a negative count, are refused
-   with a message. */
+   word for word, the last with no source, zeroed (the trainer's amax slots); the buffers
+   rewritten and uploaded again give the new values (the kernel reads them at each call, as a
+   replay must), and the zeroed span is zero again after the device wrote into it. The spans'
+   sizes: the trainer's (tokens, targets, the optimizer's 2 x 48 bytes of constants, 4 floats a
+   layer), odd counts, an empty span first, between and last, one span alone, one larger than a
+   grid's threads; no span (nothing queued); the words a span does not name are left alone. More
+   spans than the kernel takes, or a negative count, are refused with a message. */
 static void test_upload_mapped(void **state) {
   (void)state;
   assert_non_null(ops->upload_mapped);
+  enum { ZSPAN = TRAIN_UPLOAD_SPANS - 1 }; /* the span without a source */
   static const int64_t shapes[][TRAIN_UPLOAD_SPANS] = {
-      {2048, 256, 24}, {7, 3, 5}, {0, 9, 1}, {6, 0, 11}, {13, 2, 0}, {100003, 1, 0},
-      {0, 0, 300001}, {1, 0, 0}, {0, 0, 0}};
+      {2048, 256, 24, 12}, {7, 3, 5, 1},  {0, 9, 1, 0},        {6, 0, 11, 3},
+      {13, 2, 0, 0},       {100003, 1, 0, 5}, {0, 0, 300001, 0}, {1, 0, 0, 0},
+      {0, 0, 0, 70001},    {0, 0, 0, 0}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     char pe[200];
-    void *h[TRAIN_UPLOAD_SPANS] = {NULL, NULL, NULL};
+    void *h[TRAIN_UPLOAD_SPANS] = {NULL};
     int32_t *d[TRAIN_UPLOAD_SPANS], *back[TRAIN_UPLOAD_SPANS];
     train_span span[TRAIN_UPLOAD_SPANS];
     for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
       const int64_t n = shapes[s][k];
       /* one word more than the span on each side: the guard words keep their sentinel */
-      if (train_cuda_host_alloc(0, (size_t)(n + 1) * 4, &h[k], pe, sizeof pe))
+      if (k != ZSPAN && train_cuda_host_alloc(0, (size_t)(n + 1) * 4, &h[k], pe, sizeof pe))
         fail_msg("page-locked buffers: %s", pe);
       d[k] = dev_alloc((size_t)(n + 2) * 4);
       back[k] = malloc((size_t)(n + 2) * 4);
       assert_non_null(back[k]);
-      for (int64_t i = 0; i < n + 2; i++) back[k][i] = (int32_t)0x5a5a5a5a;
-      HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, d[k], 0, back[k], HQ_DEVICE_HOST, (size_t)(n + 2) * 4));
       span[k] = (train_span){d[k] + 1, h[k], n};
     }
     for (int round = 0; round < 2; round++) {
+      /* every device word a sentinel before each call: the zeroed span must be written again */
       for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
+        const int64_t n = shapes[s][k];
+        for (int64_t i = 0; i < n + 2; i++) back[k][i] = (int32_t)0x5a5a5a5a;
+        HQ_OK_OR_FAIL(hq_ctx_memcpy(gpu, d[k], 0, back[k], HQ_DEVICE_HOST, (size_t)(n + 2) * 4));
         int32_t *x = h[k];
-        for (int64_t i = 0; i < shapes[s][k]; i++)
+        for (int64_t i = 0; x && i < n; i++)
           x[i] = (int32_t)((i * 7 + round * 13 + k * 1000003) % 2147483647) - k;
       }
       HQ_OK_OR_FAIL(ops->upload_mapped(gpu, span, TRAIN_UPLOAD_SPANS));
@@ -502,19 +507,22 @@ static void test_upload_mapped(void **state) {
         const int32_t *x = h[k];
         down(back[k], d[k], (size_t)(n + 2) * 4);
         if (back[k][0] != (int32_t)0x5a5a5a5a || back[k][n + 1] != (int32_t)0x5a5a5a5a)
-          fail_msg("upload %lld / %lld / %lld, round %d: span %d's guard words %08x %08x",
+          fail_msg("upload %lld / %lld / %lld / %lld, round %d: span %d's guard words %08x %08x",
                    (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
-                   round, k, (unsigned)back[k][0], (unsigned)back[k][n + 1]);
+                   (long long)shapes[s][3], round, k, (unsigned)back[k][0],
+                   (unsigned)back[k][n + 1]);
         for (int64_t i = 0; i < n; i++)
-          if (back[k][i + 1] != x[i])
-            fail_msg("upload %lld / %lld / %lld, round %d: span %d word %lld %d, expected %d",
-                     (long long)shapes[s][0], (long long)shapes[s][1],
-                     (long long)shapes[s][2], round, k, (long long)i, back[k][i + 1], x[i]);
+          if (back[k][i + 1] != (x ? x[i] : 0))
+            fail_msg("upload %lld / %lld / %lld / %lld, round %d: span %d word %lld %d, "
+                     "expected %d",
+                     (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
+                     (long long)shapes[s][3], round, k, (long long)i, back[k][i + 1],
+                     x ? x[i] : 0);
       }
     }
     for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {
       hq_ctx_free(gpu, d[k]);
-      train_cuda_host_free(h[k]);
+      if (h[k]) train_cuda_host_free(h[k]);
       free(back[k]);
     }
   }

@@ -23,15 +23,16 @@ extern "C" {
 #define TRAIN_ACT_TANH 0
 #define TRAIN_ACT_GELU 1
 
-/* 4-byte words to move to the device: dst[0, n) = src[0, n) (train_device_ops.upload_mapped) */
+/* 4-byte words to move to the device: dst[0, n) = src[0, n), or zeros where src is NULL
+   (train_device_ops.upload_mapped) */
 typedef struct train_span {
   int32_t *dst;
   const int32_t *src;
   int64_t n;
 } train_span;
 /* the spans one upload_mapped call takes: the batch's tokens and targets, the optimizer's
-   constants */
-#define TRAIN_UPLOAD_SPANS 3
+   constants, the step's amax slots to zero */
+#define TRAIN_UPLOAD_SPANS 4
 
 typedef struct train_device_ops {
   const char *name;
@@ -72,10 +73,11 @@ typedef struct train_device_ops {
      and widest layer `widest` (0: none) */
   size_t (*scratch_bytes)(int64_t B, int C, int E, int64_t widest);
   /* span[i].dst[0, n) = span[i].src[0, n) for each of the n_span (at most TRAIN_UPLOAD_SPANS)
-     spans, whose sources are page-locked host buffers the device reads in place: one kernel
-     where a host-to-device copy per span would queue a copy-engine node each (the batch's tokens
-     and targets, the optimizer's constants). NULL: the table has no such path (the caller
-     copies). */
+     spans, whose sources are page-locked host buffers the device reads in place, or zeros where
+     span[i].src is NULL: one kernel where a host-to-device copy per span would queue a
+     copy-engine node each (the batch's tokens and targets, the optimizer's constants) and a
+     zeroing its own kernel (the step's amax slots). NULL: the table has no such path (the
+     caller copies and zeroes). */
   int (*upload_mapped)(hq_ctx *ctx, const train_span *span, int n_span);
 } train_device_ops;
 

@@ -463,7 +463,7 @@ const char *cuda_error(void) { return g_err; }
 
 /* The batch from page-locked host memory, read in place through its device mapping (under
    unified addressing a cudaMallocHost pointer is the device's too): 4-byte reads over the bus,
-   as many in flight as the grid has threads. */
+   as many in flight as the grid has threads; a span without a source is zeroed. */
 struct UploadSpans {
   train_span s[TRAIN_UPLOAD_SPANS];
 };
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(TPB) upload_k(UploadSpans sp, int64_t total) {
     int64_t j = i;
     int k = 0;
     while (j >= sp.s[k].n) j -= sp.s[k++].n;   /* the spans' counts sum to total */
-    sp.s[k].dst[j] = sp.s[k].src[j];
+    sp.s[k].dst[j] = sp.s[k].src ? sp.s[k].src[j] : 0;
   }
 }
 

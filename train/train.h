@@ -177,14 +177,18 @@ typedef struct train_model {
                                                 2 floats per layer), zeroed with famax; NULL
                                                 when no weight's write-back takes one */
   float *zbuf;                               /* the one allocation of famax and aslot (zalloc
-                                                bytes), zeroed by one kernel every forward
-                                                while any slot is in use (zbytes: 0 or zalloc) */
+                                                bytes), zeroed once a step while any slot is in
+                                                use (zbytes: 0 or zalloc): by the upload kernel
+                                                of a batch read in place, else by a kernel of
+                                                the forward */
   size_t zalloc, zbytes;
   void *kscratch;                            /* the device table's scratch (NULL: none) */
   train_direct *direct;                      /* cfg.direct: the GEMMs and BF16 copies */
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
   int batch_mapped;                          /* the last upload read the batch in place
                                                 (train_model_upload) */
+  int z_uploaded;                            /* that upload also zeroed zbuf's zbytes, so the
+                                                forward after it does not */
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
      weight decay, weight decay), written by the host into page-locked kc_host and brought to
