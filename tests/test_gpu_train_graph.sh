@@ -137,7 +137,8 @@ for name in bf16-baseline mxfp8 mxfp8-forward-nvfp4-backward fp8-current-e4m3; d
     || { cat "$tmp/dot.out"; fail "--graph-dot: $name's file not said"; }
   # the step's amax slots (recipe.ini's NVFP4 gradients, per-tensor FP8's fused amaxes) are
   # zeroed by the upload kernel, not by a zeroing kernel between it and the embedding
-  ! grep -q "zero_words_kernel" "$f" || fail "--graph-dot: $f zeroes the amaxes in a kernel of its own"
+  ! grep -q "zero_words_kernel" "$f" \
+    || fail "--graph-dot: $f zeroes the amaxes in a kernel of its own"
 done
 
 # --profile times phases between the kernels: eager, said once

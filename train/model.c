@@ -656,7 +656,6 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
      left the replay idle before its first kernel (docs/performance.md, "The batch read in
      place") */
   m->batch_mapped = train_model_maps_batch(m, mapped);
-  m->z_uploaded = 0;
   if (m->batch_mapped) {
     const train_span span[TRAIN_UPLOAD_SPANS] = {
         {m->tok, x, B * c->context},
@@ -665,7 +664,6 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
         {(int32_t *)m->zbuf, NULL, (int64_t)(m->zbytes / 4)}};
     if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, span, TRAIN_UPLOAD_SPANS)))
       return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());
-    m->z_uploaded = m->zbytes > 0;
     return 0;
   }
   if (PROF(m, TRAIN_PH_COPY,
@@ -681,13 +679,13 @@ int train_model_forward_dev(train_model *m, int64_t n_valid, int training, char 
   const int64_t B = c->batch;
   /* the fused amaxes are max-accumulated by the kernels: zeroed once a step, each then written
      by one kernel of this forward or of the backward that follows it; the weights' write-back
-     slots with them, for the optimizer that follows every training step's backward. A batch read
-     in place zeroed them in its upload kernel: a kernel of its own here sat between the upload
-     and the embedding on the step's critical path. */
-  if (m->zbytes && !m->z_uploaded &&
+     slots with them, for the optimizer that follows every training step's backward. The upload
+     before every forward zeroed them already when it read the batch in place (its kernel's last
+     span): a kernel of its own here sat between the upload and the embedding on the step's
+     critical path. */
+  if (m->zbytes && !m->batch_mapped &&
       PROF(m, TRAIN_PH_AMAX, hq_ctx_memset(m->ctx, m->zbuf, 0, m->zbytes)))
     return train_fail(err, err_len, "zeroing the fused amaxes: %s", hq_last_error());
-  m->z_uploaded = 0;
   if (PROFK(m, TRAIN_PK_EMBED,
             m->ops->embed_fwd(m->ctx, m->emb, m->tok, m->lin[0].x, B, c->context, c->embed,
                               fused_amax(m, 0, TRAIN_QT_INPUT))))

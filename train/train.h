@@ -187,8 +187,6 @@ typedef struct train_model {
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
   int batch_mapped;                          /* the last upload read the batch in place
                                                 (train_model_upload) */
-  int z_uploaded;                            /* that upload also zeroed zbuf's zbytes, so the
-                                                forward after it does not */
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
      weight decay, weight decay), written by the host into page-locked kc_host and brought to

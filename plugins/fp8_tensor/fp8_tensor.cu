@@ -355,9 +355,9 @@ int launch_amax(const hq_call *call, cudaStream_t stream, const void *x, int64_t
    whole step. The rule is fp8t_delayed_update's: the max over rows 1 .. L-1 and `last`
    ignores NaN and so does not depend on the order it is taken in; the roll moves each row up by
    one. A thread holds the new values of its rows in registers (at most FP8T_STATE_ROWS: the
-   option caps the history at FP8T_HISTORY_MAX rows), so one barrier both orders every read of the history
-   before any write and publishes the warps' maxima; the rows are read whatever the new amax, so
-   that their loads and the amax's overlap instead of waiting for each other. */
+   option caps the history at FP8T_HISTORY_MAX rows), so one barrier both orders every read of
+   the history before any write and publishes the warps' maxima; the rows are read whatever the
+   new amax, so that their loads and the amax's overlap instead of waiting for each other. */
 #define FP8T_STATE_THREADS 256
 #define FP8T_STATE_ROWS (FP8T_HISTORY_MAX / FP8T_STATE_THREADS)
 static_assert(FP8T_STATE_ROWS * FP8T_STATE_THREADS == FP8T_HISTORY_MAX,
