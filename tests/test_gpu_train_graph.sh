@@ -41,6 +41,12 @@ for r in json.load(open(sys.argv[1]))["recipes"]:
     if r["graph_replays"] != 12 - 3 + 1 or r["graph_note"] is not None:
         sys.exit("FAIL: %s: expected 10 replays (12 steps, 2 warm), got %s (note: %s)"
                  % (r["name"], r["graph_replays"], r["graph_note"]))
+    # a step launches the next one's replay ahead when it is replayed itself (from step 2, the
+    # capture, on) and nothing comes between them: every step from 2 to 10 but 4 and 9 (an
+    # evaluation after 5 and 10 steps done), so the replays of steps 3, 4, 6, 7, 8, 9 and 11
+    if r["graph_replays_ahead"] != 7:
+        sys.exit("FAIL: %s: %s replays launched ahead, expected 7"
+                 % (r["name"], r["graph_replays_ahead"]))
     # the graph holds at least the step's GEMMs (2 layers and the head: fprop, dgrad, wgrad
     # each) and the kernel that reads the batch and the optimizer's constants in place from
     # their page-locked staging buffers: no copy node (the losses above equal the eager run's,
@@ -117,6 +123,10 @@ on, off = (json.load(open(p))["recipes"] for p in sys.argv[1:3])
 for a, b in zip(on, off):
     if a["train_curve"] != b["train_curve"]:
         sys.exit("FAIL: %s, hidden 1024: the losses differ with the graph on and off" % a["name"])
+    # every replay but the first (launched by the capture) is launched ahead: no evaluation
+    if a["graph_replays_ahead"] != 5:
+        sys.exit("FAIL: %s, hidden 1024: %s replays launched ahead, expected 5"
+                 % (a["name"], a["graph_replays_ahead"]))
     if a["graph_replays"] != 6 or a["graph_side_wgrads"] != 2:
         sys.exit("FAIL: %s, hidden 1024: %s replays, %s wgrads on the second stream (expected "
                  "6 and 2: fc2's stays on the main one)"

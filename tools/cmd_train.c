@@ -884,6 +884,7 @@ static void run_json(json *j, const train_args *a, const train_config *cfg, cons
   /* --cuda-graph: the steps replayed from the captured graph, and why none were (null: it
      captured, or it was off, or the CPU) */
   json_kint(j, "graph_replays", r->graph_replays);
+  json_kint(j, "graph_replays_ahead", r->graph_ahead);
   json_kint(j, "graph_kernels", r->graph_nodes[TRAIN_GRAPH_KERNELS]);
   json_kint(j, "graph_copies", r->graph_nodes[TRAIN_GRAPH_COPIES]);
   json_kint(j, "graph_memsets", r->graph_nodes[TRAIN_GRAPH_MEMSETS]);

@@ -120,6 +120,12 @@ int train_cuda_order_event(int device, void **ev, char *err, size_t err_len);
 void train_cuda_order_event_free(void *ev);
 int train_cuda_order_mark(void *ev, void *from, char *err, size_t err_len);
 int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_len);
+/* ev marks the work queued on `from` so far as train_cuda_order_mark does, and where `from` is
+   being captured, as an external event node: each replay of the graph then marks ev once that
+   work has run, which the host can wait for while the replay goes on. */
+int train_cuda_order_mark_external(void *ev, void *from, char *err, size_t err_len);
+/* The host waits until the work ev last marked has run. */
+int train_cuda_order_sync(void *ev, char *err, size_t err_len);
 /* Page-locked host memory (cudaMallocHost): the batch's staging buffers, whose copies to the
    device a capture can record (a copy from pageable memory cannot be captured). */
 int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len);

@@ -107,6 +107,13 @@ typedef struct step_graph {
   int pinned;
   int64_t eager;                 /* steps run eagerly in this mode so far */
   int64_t replays;
+  /* a replay launched ahead (graph_step): up_ev, marked in the graph once the upload has read
+     the staging buffers; done_ev[k] and loss_pin[k] (page-locked), the end of a replay of
+     parity k and its loss copied out before the next replay's loss overwrites it; ahead, the
+     step launched ahead of its turn (-1: none); NULL events: no replay is launched ahead */
+  void *up_ev, *done_ev[2];
+  float *loss_pin;
+  int64_t ahead, n_ahead;
   /* the model's side lane (train_model_side): a context on a stream of its own and the
      events that order it against the main one; NULL when the model does not take it */
   hq_ctx *side;
@@ -156,9 +163,12 @@ static int side_make(train_model *m, step_graph *sg, const hq_ctx_desc *desc, ch
 
 /* The batch's copy from the staging buffers, the forward, the backward and the optimizer's
    device work (its constants written by train_model_update_begin) */
-static int device_step(train_model *m, const train_config *cfg, const step_graph *sg, char *e,
-                       size_t n) {
+static int device_step(train_model *m, const train_config *cfg, const step_graph *sg,
+                       int capturing, char *e, size_t n) {
+  /* in the graph, the upload's end marked for the host (graph_step's replays launched ahead) */
   return train_model_upload(m, sg->sx, sg->sy, sg->pinned, e, n) ||
+                 (capturing && sg->up_ev &&
+                  train_cuda_order_mark_external(sg->up_ev, sg->stream, e, n)) ||
                  train_model_forward_dev(m, m->cfg.batch, 1, e, n) ||
                  train_model_backward(m, e, n) || train_model_update_dev(m, &cfg->adam, e, n)
              ? -1
@@ -181,7 +191,7 @@ static int graph_device_step(train_model *m, const train_config *cfg, step_graph
     if (train_graph_begin(sg->device, sg->stream, ge, sizeof ge)) {
       note_set(note, note_len, "", ge);
     } else {
-      const int rc = device_step(m, cfg, sg, e, n);
+      const int rc = device_step(m, cfg, sg, 1, e, n);
       if (train_graph_end(sg->device, sg->stream, !rc, cfg->graph_dot, &sg->g, ge, sizeof ge))
         note_set(note, note_len, "", ge);
       else if (rc)
@@ -199,24 +209,65 @@ static int graph_device_step(train_model *m, const train_config *cfg, step_graph
     return 0;
   }
   sg->eager++;
-  return device_step(m, cfg, sg, e, n);
+  return device_step(m, cfg, sg, 0, e, n);
+}
+
+/* The host's half of a step before its device work: its random stream's step, its batch and the
+   optimizer's constants into the host buffers the step reads. */
+static int step_host(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
+                     const int32_t *x, const int32_t *y, char *e, size_t n) {
+  if (set_rng(m, step, e, n)) return -1;
+  memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
+  memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
+  return train_model_update_begin(m, &cfg->adam, schedule(cfg, step), e, n);
+}
+
+/* After a replay of `step` is queued: its loss copied to the page-locked slot of its parity and
+   its end marked, so that the host reads it while the next replay runs. */
+static int replay_tail(train_model *m, step_graph *sg, int64_t step, char *e, size_t n) {
+  const int k = (int)(step & 1);
+  if (hq_ctx_memcpy(m->ctx, &sg->loss_pin[k], HQ_DEVICE_HOST, m->loss, hq_ctx_device(m->ctx),
+                    sizeof *sg->loss_pin))
+    return train_fail(e, n, "reading the loss: %s", hq_last_error());
+  return train_cuda_order_mark(sg->done_ev[k], sg->stream, e, n);
 }
 
 /* train_step with the graph (sg->split; on the CPU without one): the same calls in the same
    order on the device. The batch and the optimizer's constants are written into their host
-   buffers, which the last step's work no longer reads (its loss was read back, which waited for
-   the whole step). The optimizer runs before the loss is read back; a loss that is not finite
-   then fails the run as in train_step, with the update applied but never used. */
+   buffers, which the last step's work no longer reads. Once the step is captured, a step whose
+   successor follows it with nothing between them (nx, ny: that successor's batch; NULL when an
+   evaluation, a checkpoint or the run's end comes first) launches the successor's replay before
+   it reads its own loss: the host writes the successor's buffers once the replay under way has
+   uploaded them (up_ev), so the GPU finds the next replay queued when a step ends, instead of
+   waiting for the host to read the loss and launch it. The optimizer runs before the loss is
+   read back; a loss that is not finite then fails the run as in train_step, with the update
+   applied but never used (and, launched ahead, the next step's replay run). */
 static int graph_step(train_model *m, const train_config *cfg, step_graph *sg, int64_t step,
-                      const int32_t *x, const int32_t *y, double *loss, char *note,
-                      size_t note_len, char *e, size_t n) {
-  if (set_rng(m, step, e, n)) return -1;
-  memcpy(sg->sx, x, (size_t)(m->cfg.batch * m->cfg.context) * sizeof *x);
-  memcpy(sg->sy, y, (size_t)m->cfg.batch * sizeof *y);
-  if (train_model_update_begin(m, &cfg->adam, schedule(cfg, step), e, n) ||
-      graph_device_step(m, cfg, sg, step, note, note_len, e, n) ||
-      train_model_read_loss(m, loss, e, n))
+                      const int32_t *x, const int32_t *y, const int32_t *nx, const int32_t *ny,
+                      double *loss, char *note, size_t note_len, char *e, size_t n) {
+  int replayed = sg->ahead == step;
+  if (!replayed) {
+    if (step_host(m, cfg, sg, step, x, y, e, n) ||
+        graph_device_step(m, cfg, sg, step, note, note_len, e, n))
+      return -1;
+    replayed = sg->g && sg->up_ev;
+    if (replayed && replay_tail(m, sg, step, e, n)) return -1;
+  }
+  sg->ahead = -1;
+  if (replayed && nx) {
+    if (train_cuda_order_sync(sg->up_ev, e, n) || step_host(m, cfg, sg, step + 1, nx, ny, e, n) ||
+        graph_device_step(m, cfg, sg, step + 1, note, note_len, e, n) ||
+        replay_tail(m, sg, step + 1, e, n))
+      return -1;
+    sg->ahead = step + 1;
+    sg->n_ahead++;
+  }
+  if (replayed) {
+    if (train_cuda_order_sync(sg->done_ev[step & 1], e, n)) return -1;
+    *loss = sg->loss_pin[step & 1];
+  } else if (train_model_read_loss(m, loss, e, n)) {
     return -1;
+  }
   return check_loss(cfg, step, *loss, e, n);
 }
 
@@ -389,14 +440,17 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   step_graph sg;
   memset(&sg, 0, sizeof sg);
   sg.device = cfg->device;
+  sg.ahead = -1;
   train_memwatch mem;
   train_memwatch_begin(&mem, cfg->device);   /* before the context: the level without this run */
   const int64_t B = cfg->model.batch, C = cfg->model.context;
   int32_t *x = malloc((size_t)(B * C) * sizeof *x), *y = malloc((size_t)B * sizeof *y);
+  /* the next step's batch, sampled before this step's loss is read (graph_step) */
+  int32_t *nx = malloc((size_t)(B * C) * sizeof *nx), *ny = malloc((size_t)B * sizeof *ny);
   res->train_curve = calloc((size_t)cfg->steps, sizeof *res->train_curve);
   res->cap_eval_curve = (cfg->eval_every > 0 ? cfg->steps / cfg->eval_every : 0) + 3;
   res->eval_curve = calloc((size_t)res->cap_eval_curve, sizeof *res->eval_curve);
-  if (!x || !y || !res->train_curve || !res->eval_curve) {
+  if (!x || !y || !nx || !ny || !res->train_curve || !res->eval_curve) {
     snprintf(e, sizeof e, "out of memory");
     goto out;
   }
@@ -479,6 +533,16 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     if (sg.split) train_model_keep_q(&m);
     /* a captured step runs its wgrads and columnwise copies on a side lane (model.c) */
     if (sg.split && sg.on && side_make(&m, &sg, &desc, e, sizeof e)) goto out;
+    /* replays launched ahead of their turn (graph_step) */
+    if (sg.split && sg.on) {
+      void *lp = NULL;
+      if (train_cuda_order_event(cfg->device, &sg.up_ev, e, sizeof e) ||
+          train_cuda_order_event(cfg->device, &sg.done_ev[0], e, sizeof e) ||
+          train_cuda_order_event(cfg->device, &sg.done_ev[1], e, sizeof e) ||
+          train_cuda_host_alloc(cfg->device, 2 * sizeof *sg.loss_pin, &lp, e, sizeof e))
+        goto out;
+      sg.loss_pin = lp;
+    }
   }
 
   uint64_t rng = train_rng_stream(cfg->seed, 3);   /* the data order */
@@ -555,16 +619,33 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   const int64_t warm = cfg->steps >= 20 ? (cfg->steps / 10 < 10 ? cfg->steps / 10 : 10) : 0;
   double all_s = 0;
   int64_t all_tokens = 0;
+  int sampled = 0;   /* x, y hold this step's batch already (sampled ahead) */
   for (; step < cfg->steps; step++) {
-    train_data_sample(data, &rng, B, x, y);
+    if (!sampled) train_data_sample(data, &rng, B, x, y);
+    sampled = 0;
     train_prof_step_begin(prof, step + 1);
     const double t0 = train_now();
     double loss;
     const int32_t *xs = x + rank * mc.batch * C, *ys = y + rank * mc.batch;
-    if (sg.split ? graph_step(&m, cfg, &sg, step, xs, ys, &loss, res->graph_note,
-                                   sizeof res->graph_note, e, sizeof e)
-                      : train_step(&m, cfg, step, xs, ys, &loss, e, sizeof e))
+    /* the next step follows this one with nothing between them: its batch now, so that its
+       replay can be launched before this step's loss is read (graph_step); the data order is
+       the same, nothing between the two draws the random stream */
+    const int next = step + 1 < cfg->steps && step + 1 != verify_at &&
+                     !(cfg->eval_every > 0 && (step + 1) % cfg->eval_every == 0) &&
+                     !(cfg->ckpt_path && cfg->ckpt_every > 0 &&
+                       (step + 1) % cfg->ckpt_every == 0);
+    if (next) train_data_sample(data, &rng, B, nx, ny);
+    if (sg.split ? graph_step(&m, cfg, &sg, step, xs, ys, next ? nx + rank * mc.batch * C : NULL,
+                              next ? ny + rank * mc.batch : NULL, &loss, res->graph_note,
+                              sizeof res->graph_note, e, sizeof e)
+                 : train_step(&m, cfg, step, xs, ys, &loss, e, sizeof e))
       goto out;
+    if (next) {   /* the next step's batch where the loop looks for it */
+      int32_t *t = x;
+      x = nx, nx = t;
+      t = y, y = ny, ny = t;
+      sampled = 1;
+    }
     const double dt = train_now() - t0;
     all_s += dt;
     all_tokens += B;
@@ -629,6 +710,7 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
   res->tokens_per_s = res->train_s > 0 ? (double)res->tokens / res->train_s
                                         : (double)all_tokens / all_s;
   res->graph_replays = sg.replays;
+  res->graph_ahead = sg.n_ahead;
   res->side_lane = m.side != NULL;
   /* as device_step uploads (the final evaluation's upload copies, so m.batch_mapped, which says
      what the last upload did, no longer tells) */
@@ -674,7 +756,13 @@ out:
     rmdir(vdir);
   }
   train_prof_free(prof);
+  /* a replay launched ahead of a step that failed may still read the buffers freed below */
+  if (ctx && sg.ahead >= 0) hq_ctx_sync(ctx);
   train_graph_free(sg.g);
+  train_cuda_order_event_free(sg.up_ev);
+  train_cuda_order_event_free(sg.done_ev[0]);
+  train_cuda_order_event_free(sg.done_ev[1]);
+  if (sg.loss_pin) train_cuda_host_free(sg.loss_pin);
   if (sg.pinned) {
     train_cuda_host_free(sg.sx);
     train_cuda_host_free(sg.sy);
@@ -690,6 +778,8 @@ out:
   train_cuda_stream_destroy(sg.stream);
   free(x);
   free(y);
+  free(nx);
+  free(ny);
   res->total_s = train_now() - t_start;
   return rc;
 }

@@ -817,6 +817,9 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
 }
 
 int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len) {
+  /* the side stream writes its context's step once the main stream's work so far has run: a
+     replay launched ahead of this call (loop.c) may still read the last step there */
+  if (m->side && side_order(m, 1, NULL, "the random stream", err, err_len)) return -1;
   if (hq_ctx_set_rng_offset(m->ctx, step) || (m->side && hq_ctx_set_rng_offset(m->side, step)))
     return train_fail(err, err_len, "the random stream: %s", hq_last_error());
   /* the side context's step is written on its stream; the main stream's next work (a replay of

@@ -173,6 +173,15 @@ int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_len) {
   (void)to;
   return no_cuda(err, err_len);
 }
+int train_cuda_order_mark_external(void *ev, void *from, char *err, size_t err_len) {
+  (void)ev;
+  (void)from;
+  return no_cuda(err, err_len);
+}
+int train_cuda_order_sync(void *ev, char *err, size_t err_len) {
+  (void)ev;
+  return no_cuda(err, err_len);
+}
 int train_cuda_host_alloc(int device, size_t bytes, void **out, char *err, size_t err_len) {
   (void)device;
   (void)bytes;

@@ -666,6 +666,17 @@ extern "C" int train_cuda_order_wait(void *ev, void *to, char *err, size_t err_l
                      "cudaStreamWaitEvent", err, err_len);
 }
 
+extern "C" int train_cuda_order_mark_external(void *ev, void *from, char *err, size_t err_len) {
+  return graph_check(cudaEventRecordWithFlags((cudaEvent_t)ev, (cudaStream_t)from,
+                                              cudaEventRecordExternal),
+                     "cudaEventRecordWithFlags", err, err_len);
+}
+
+extern "C" int train_cuda_order_sync(void *ev, char *err, size_t err_len) {
+  return graph_check(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize", err,
+                     err_len);
+}
+
 extern "C" int train_graph_begin(int device, void *stream, char *err, size_t err_len) {
   int cur;
   int rc = graph_enter(device, &cur, err, err_len);

@@ -378,6 +378,8 @@ typedef struct train_result {
   int ranks;                                 /* mpirun -np N (dist.h): N, else 1 */
   uint64_t wire_gathered, wire_bf16, wire_reduced;   /* bytes per step and rank (train_dist_wire) */
   int64_t graph_replays;                     /* --cuda-graph: steps replayed from the graph */
+  int64_t graph_ahead;                       /* of them, launched before the step before them
+                                                had its loss read back */
   int graph_nodes[TRAIN_GRAPH_NODE_KINDS];    /* its nodes per kind (train_graph_nodes) */
   int batch_mapped;                          /* the captured step read its batch in place
                                                 from page-locked staging (no copy nodes) */
