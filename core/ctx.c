@@ -418,20 +418,48 @@ int hq_ctx_capturing(const hq_ctx *ctx, int *capturing) {
 uint64_t hq_ctx_seed(const hq_ctx *ctx) { return ctx ? ctx->seed : 0; }
 uint64_t hq_ctx_rng_offset(const hq_ctx *ctx) { return ctx ? ctx->offset : 0; }
 
-/* The step's copy on the device (ctx->offset_dev), allocated at the first set, then rewritten
-   in stream order: a graph replay that follows on the stream reads the step set before it. */
-static int set_offset_dev(hq_ctx *ctx, uint64_t offset) {
+/* The step on the host: every role's count restarts with it. */
+static void set_offset_host(hq_ctx *ctx, uint64_t offset) {
+  ctx->offset = offset;
+  if (ctx->rng) memset(ctx->rng, 0, ctx->rng_cap * sizeof *ctx->rng);
+  ctx->rng_n = 0;
+}
+
+/* The step's copy on the device (ctx->offset_dev), allocated at the first set or ask, then
+   rewritten in stream order: a graph replay that follows on the stream reads the step set
+   before it. `write`: queue the write of offset there. */
+static int set_offset_dev(hq_ctx *ctx, uint64_t offset, int write, const char *fn) {
   int saved, rc = hqi_device_enter(ctx->device, &saved);
   if (rc) return rc;
   if (!ctx->offset_dev) {
     ctx->offset_dev = hqi_ctx_alloc_raw(ctx, sizeof *ctx->offset_dev);
     if (!ctx->offset_dev)
-      rc = hqi_error(HQ_ENOMEM, "hq_ctx_set_rng_offset: 8 bytes for the step on CUDA device %d",
-                     ctx->device);
+      rc = hqi_error(HQ_ENOMEM, "%s: 8 bytes for the step on CUDA device %d", fn, ctx->device);
   }
-  if (!rc) rc = hqi_cuda_set_u64(ctx->stream, ctx->offset_dev, offset);
+  if (!rc && write) rc = hqi_cuda_set_u64(ctx->stream, ctx->offset_dev, offset);
   hqi_device_leave(saved);
   return rc;
+}
+
+int hq_ctx_rng_offset_device(hq_ctx *ctx, uint64_t **out) {
+  if (out) *out = NULL;
+  if (!ctx || !out) return hqi_error(HQ_EINVAL, "hq_ctx_rng_offset_device: NULL argument");
+  if (ctx->device < 0)
+    return hqi_error(HQ_EINVAL, "hq_ctx_rng_offset_device: a host context keeps no device step");
+  const int rc = set_offset_dev(ctx, 0, 0, "hq_ctx_rng_offset_device");
+  if (rc) return rc;
+  *out = ctx->offset_dev;
+  return HQ_OK;
+}
+
+int hq_ctx_set_rng_offset_ex(hq_ctx *ctx, uint64_t offset, uint32_t flags) {
+  if (!ctx) return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset_ex: ctx is NULL");
+  if (flags & ~HQ_RNG_OFFSET_HOST_ONLY)
+    return hqi_error(HQ_EINVAL, "hq_ctx_set_rng_offset_ex: unknown flags 0x%x",
+                     (unsigned)(flags & ~HQ_RNG_OFFSET_HOST_ONLY));
+  if (!(flags & HQ_RNG_OFFSET_HOST_ONLY)) return hq_ctx_set_rng_offset(ctx, offset);
+  set_offset_host(ctx, offset);
+  return HQ_OK;
 }
 
 int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
@@ -446,12 +474,10 @@ int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset) {
       return hqi_error(HQ_ESTATE, "hq_ctx_set_rng_offset: the context's stream is being "
                        "captured into a CUDA graph: set the step before the capture and before "
                        "each replay, outside the graph");
-    rc = set_offset_dev(ctx, offset);
+    rc = set_offset_dev(ctx, offset, 1, "hq_ctx_set_rng_offset");
     if (rc) return rc;
   }
-  ctx->offset = offset;
-  if (ctx->rng) memset(ctx->rng, 0, ctx->rng_cap * sizeof *ctx->rng);
-  ctx->rng_n = 0;
+  set_offset_host(ctx, offset);
   return HQ_OK;
 }
 

@@ -490,7 +490,24 @@ static void test_rng_offset(void **state) {
                       hq_storage_cbuf(hq_qtensor_storage(s7b, HQ_ROWWISE), 0)->ptr, ba->bytes);
   assert_memory_not_equal(hq_storage_cbuf(hq_qtensor_storage(s7, HQ_ROWWISE), 0)->ptr, ba->ptr,
                           ba->bytes);
-  hq_qtensor *qs[] = {a, b, c, a1, b1, s7, s7b};
+  /* hq_ctx_set_rng_offset_ex with HQ_RNG_OFFSET_HOST_ONLY: the same step and restarted counts
+     (step 7 again after a draw: s7's bytes); unknown flags refused; a host context has no device
+     word, and NULL arguments are refused */
+  hq_qtensor *s7c = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset_ex(ctx, 7, HQ_RNG_OFFSET_HOST_ONLY));
+  assert_int_equal(hq_ctx_rng_offset(ctx), 7);
+  HQ_OK_OR_FAIL(hq_quantize(q, ctx, &x, &s7c));
+  assert_memory_equal(hq_storage_cbuf(hq_qtensor_storage(s7c, HQ_ROWWISE), 0)->ptr,
+                      hq_storage_cbuf(hq_qtensor_storage(s7, HQ_ROWWISE), 0)->ptr, ba->bytes);
+  assert_int_equal(hq_ctx_set_rng_offset_ex(ctx, 8, 2u), HQ_EINVAL);
+  assert_int_equal(hq_ctx_rng_offset(ctx), 7);
+  assert_int_equal(hq_ctx_set_rng_offset_ex(NULL, 8, 0), HQ_EINVAL);
+  uint64_t *word = (uint64_t *)&x;
+  assert_int_equal(hq_ctx_rng_offset_device(ctx, &word), HQ_EINVAL);
+  assert_null(word);
+  assert_non_null(strstr(hq_last_error(), "host context"));
+  assert_int_equal(hq_ctx_rng_offset_device(ctx, NULL), HQ_EINVAL);
+  hq_qtensor *qs[] = {a, b, c, a1, b1, s7, s7b, s7c};
   hq_qtensors_free(qs, sizeof qs / sizeof qs[0]);
   free(x.data);
   hq_ctx_destroy(ctx);

@@ -161,6 +161,69 @@ static void test_replays_draw_their_step(void **state) {
   free(x.data);
 }
 
+/* The step written by the caller: hq_ctx_rng_offset_device's word set on the stream by a copy
+   from page-locked memory ahead of each replay (as hq train's upload kernel brings it), the
+   context's own copy moved by hq_ctx_set_rng_offset_ex(HQ_RNG_OFFSET_HOST_ONLY), which queues
+   nothing: each replay's bytes equal the CPU reference's at its step, as with
+   hq_ctx_set_rng_offset. The word is the same one every call returns; a host context has none. */
+static void test_caller_writes_the_step(void **state) {
+  (void)state;
+  hq_tensor x = hq_test_tensor(HQ_BF16, M, K, 23, 2.0f);
+  hq_tensor xg = hq_gpu_tensor_at(gpu, &x, 0);
+  hq_recipe *r = hq_test_recipe(recipes[0]);
+  hq_quantizer *q = hq_test_quantizer(r, ROLE);
+  HQ_OK_OR_FAIL(hq_quantizer_set_usage(q, HQ_BOTH));
+  uint64_t *word = NULL, *again = NULL, *host_step = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_rng_offset_device(gpu, &word));
+  HQ_OK_OR_FAIL(hq_ctx_rng_offset_device(gpu, &again));
+  assert_non_null(word);
+  assert_ptr_equal(word, again);
+  CK(cudaMallocHost((void **)&host_step, sizeof *host_step));
+  hq_qtensor *qt = NULL;
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 0));
+  HQ_OK_OR_FAIL(hq_quantize(q, gpu, &xg, &qt));
+  HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(gpu, 0));
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  /* the host-only set queues nothing: allowed inside the capture */
+  const int set_rc = hq_ctx_set_rng_offset_ex(gpu, 0, HQ_RNG_OFFSET_HOST_ONLY);
+  const int rc = hq_qtensor_update(qt, gpu, &xg);
+  const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  HQ_OK_OR_FAIL(set_rc);
+  if (rc) fail_msg("the update under capture: %s", hq_last_error());
+  CK(ce);
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (uint64_t s = 4; s <= 5; s++) {
+    qt_zero(qt);
+    *host_step = s;
+    CK(cudaMemcpyAsync(word, host_step, sizeof *word, cudaMemcpyHostToDevice, stream));
+    HQ_OK_OR_FAIL(hq_ctx_set_rng_offset_ex(gpu, s, HQ_RNG_OFFSET_HOST_ONLY));
+    assert_int_equal(hq_ctx_rng_offset(gpu), s);
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    hq_qtensor *ref = NULL;
+    HQ_OK_OR_FAIL(hq_ctx_set_rng_offset(cpu, s));
+    HQ_OK_OR_FAIL(hq_quantize(q, cpu, &x, &ref));
+    char what[96];
+    snprintf(what, sizeof what, "the caller's step %llu against the CPU", (unsigned long long)s);
+    hq_gpu_compare_usage(gpu, ref, qt, HQ_BOTH, what);
+    hq_qtensor_free(ref);
+  }
+  uint64_t *none = word;
+  assert_int_equal(hq_ctx_rng_offset_device(cpu, &none), HQ_EINVAL);
+  assert_null(none);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaFreeHost(host_step));
+  hq_qtensor_free(qt);
+  hq_quantizer_free(q);
+  hq_recipe_free(r);
+  hq_ctx_free(gpu, xg.data);
+  free(x.data);
+}
+
 /* A captured stochastic update that cannot draw a fresh stream at every replay is refused
    (HQ_ESTATE, naming the role), and the capture ends without an error of CUDA's: on a context
    whose step was never set (nothing on the device to read) and by a module without
@@ -235,6 +298,7 @@ static int teardown(void **state) {
 int main(void) {
   if (!hq_gpu_present()) return HQ_TEST_SKIP;
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_replays_draw_their_step),
+                                     cmocka_unit_test(test_caller_writes_the_step),
                                      cmocka_unit_test(test_refusals)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -459,23 +459,25 @@ static void test_xent(void **state) {
 
 // --- the batch's upload ------------------------------------------------------------------------
 
-/* upload_mapped: up to four spans of 4-byte words, the first three from page-locked host buffers
+/* upload_mapped: up to six spans of 4-byte words, the first five from page-locked host buffers
    (train_cuda_host_alloc, as the graph's staging buffers are made), read in place, equal to them
    word for word, the last with no source, zeroed (the trainer's amax slots); the buffers
    rewritten and uploaded again give the new values (the kernel reads them at each call, as a
    replay must), and the zeroed span is zero again after the device wrote into it. The spans'
-   sizes: the trainer's (tokens, targets, the optimizer's 2 x 48 bytes of constants, 4 floats a
-   layer), odd counts, an empty span first, between and last, one span alone, one larger than a
-   grid's threads; no span (nothing queued); the words a span does not name are left alone. More
-   spans than the kernel takes, or a negative count, are refused with a message. */
+   sizes: the trainer's (tokens, targets, the optimizer's 2 x 48 bytes of constants, two 8-byte
+   steps, 4 floats a layer), odd counts, an empty span first, between and last, one span alone,
+   one larger than a grid's threads; no span (nothing queued); the words a span does not name are
+   left alone. More spans than the kernel takes, or a negative count, are refused with a
+   message. */
 static void test_upload_mapped(void **state) {
   (void)state;
   assert_non_null(ops->upload_mapped);
   enum { ZSPAN = TRAIN_UPLOAD_SPANS - 1 }; /* the span without a source */
   static const int64_t shapes[][TRAIN_UPLOAD_SPANS] = {
-      {2048, 256, 24, 12}, {7, 3, 5, 1},  {0, 9, 1, 0},        {6, 0, 11, 3},
-      {13, 2, 0, 0},       {100003, 1, 0, 5}, {0, 0, 300001, 0}, {1, 0, 0, 0},
-      {0, 0, 0, 70001},    {0, 0, 0, 0}};
+      {2048, 256, 24, 2, 2, 12}, {7, 3, 5, 1, 3, 1},       {0, 9, 1, 0, 0, 0},
+      {6, 0, 11, 2, 0, 3},       {13, 2, 0, 0, 2, 0},      {100003, 1, 0, 2, 2, 5},
+      {0, 0, 300001, 0, 0, 0},   {1, 0, 0, 0, 0, 0},       {0, 0, 0, 0, 0, 70001},
+      {0, 0, 0, 5, 0, 0},        {0, 0, 0, 0, 0, 0}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     char pe[200];
     void *h[TRAIN_UPLOAD_SPANS] = {NULL};
@@ -507,17 +509,12 @@ static void test_upload_mapped(void **state) {
         const int32_t *x = h[k];
         down(back[k], d[k], (size_t)(n + 2) * 4);
         if (back[k][0] != (int32_t)0x5a5a5a5a || back[k][n + 1] != (int32_t)0x5a5a5a5a)
-          fail_msg("upload %lld / %lld / %lld / %lld, round %d: span %d's guard words %08x %08x",
-                   (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
-                   (long long)shapes[s][3], round, k, (unsigned)back[k][0],
-                   (unsigned)back[k][n + 1]);
+          fail_msg("upload shape %zu, round %d: span %d's guard words %08x %08x", s, round, k,
+                   (unsigned)back[k][0], (unsigned)back[k][n + 1]);
         for (int64_t i = 0; i < n; i++)
           if (back[k][i + 1] != (x ? x[i] : 0))
-            fail_msg("upload %lld / %lld / %lld / %lld, round %d: span %d word %lld %d, "
-                     "expected %d",
-                     (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
-                     (long long)shapes[s][3], round, k, (long long)i, back[k][i + 1],
-                     x ? x[i] : 0);
+            fail_msg("upload shape %zu, round %d: span %d word %lld %d, expected %d", s, round,
+                     k, (long long)i, back[k][i + 1], x ? x[i] : 0);
       }
     }
     for (int k = 0; k < TRAIN_UPLOAD_SPANS; k++) {

@@ -31,8 +31,9 @@ typedef struct train_span {
   int64_t n;
 } train_span;
 /* the spans one upload_mapped call takes: the batch's tokens and targets, the optimizer's
-   constants, the step's amax slots to zero */
-#define TRAIN_UPLOAD_SPANS 4
+   constants, the step of the random stream for each of the two contexts, the step's amax slots
+   to zero */
+#define TRAIN_UPLOAD_SPANS 6
 
 typedef struct train_device_ops {
   const char *name;

@@ -634,6 +634,9 @@ static int linear_fprop(train_model *m, train_linear *l, int training, char *err
 #define TRAIN_KC_DECAY 1
 /* A slot's bytes: HQ_ADAM_CONSTS_BYTES rounded up to hq_adam.consts_dev's 16-byte alignment. */
 #define TRAIN_KC_STRIDE ((HQ_ADAM_CONSTS_BYTES + 15) / 16 * 16)
+/* After the two slots in the page-locked buffer: the step of the random stream, 8 bytes, which
+   the upload kernel writes into each context's device word (train_model_rng_upload). */
+#define TRAIN_KC_STEP (2 * TRAIN_KC_STRIDE)
 
 /* Whether the last upload brought the optimizer's constants: a captured step's constants come
    in with its batch, by the upload kernel at the step's head, since a copy node at the
@@ -657,10 +660,14 @@ int train_model_upload(train_model *m, const int32_t *x, const int32_t *y, int m
      place") */
   m->batch_mapped = train_model_maps_batch(m, mapped);
   if (m->batch_mapped) {
+    const int32_t *step_words = m->kc_host ? (const int32_t *)((char *)m->kc_host + TRAIN_KC_STEP)
+                                           : NULL;
     const train_span span[TRAIN_UPLOAD_SPANS] = {
         {m->tok, x, B * c->context},
         {m->tgt, y, B},
         {m->kc_dev, m->kc_host, consts_mapped(m) ? 2 * TRAIN_KC_STRIDE / 4 : 0},
+        {(int32_t *)m->rng_dev[0], step_words, m->rng_dev[0] ? 2 : 0},
+        {(int32_t *)m->rng_dev[1], step_words, m->rng_dev[1] ? 2 : 0},
         {(int32_t *)m->zbuf, NULL, (int64_t)(m->zbytes / 4)}};
     if (PROF(m, TRAIN_PH_COPY, m->ops->upload_mapped(m->ctx, span, TRAIN_UPLOAD_SPANS)))
       return train_fail(err, err_len, "uploading the batch: %s", m->ops->error());
@@ -816,7 +823,24 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
   return 1;
 }
 
+int train_model_rng_upload(train_model *m, char *err, size_t err_len) {
+  if (!m->kc_host || !m->ops->upload_mapped) return 0;
+  hq_ctx *c[2] = {m->ctx, m->side};
+  for (int k = 0; k < 2; k++)
+    if (c[k] && hq_ctx_rng_offset_device(c[k], &m->rng_dev[k]))
+      return train_fail(err, err_len, "the random stream's device step: %s", hq_last_error());
+  return 0;
+}
+
 int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len) {
+  /* brought by the step's upload kernel: the host's copies here, the device words there */
+  if (m->rng_dev[0]) {
+    memcpy((char *)m->kc_host + TRAIN_KC_STEP, &step, sizeof step);
+    if (hq_ctx_set_rng_offset_ex(m->ctx, step, HQ_RNG_OFFSET_HOST_ONLY) ||
+        (m->side && hq_ctx_set_rng_offset_ex(m->side, step, HQ_RNG_OFFSET_HOST_ONLY)))
+      return train_fail(err, err_len, "the random stream: %s", hq_last_error());
+    return 0;
+  }
   /* the side stream writes its context's step once the main stream's work so far has run: a
      replay launched ahead of this call (loop.c) may still read the last step there */
   if (m->side && side_order(m, 1, NULL, "the random stream", err, err_len)) return -1;
@@ -939,7 +963,9 @@ static hq_adam adam_of(const train_model *m, const train_adam_cfg *a, int slot) 
 
 int train_model_graph_consts(train_model *m, char *err, size_t err_len) {
   const size_t bytes = 2 * TRAIN_KC_STRIDE;
-  if (train_cuda_host_alloc(hq_ctx_device(m->ctx), bytes, &m->kc_host, err, err_len)) return -1;
+  if (train_cuda_host_alloc(hq_ctx_device(m->ctx), TRAIN_KC_STEP + sizeof(uint64_t), &m->kc_host,
+                            err, err_len))
+    return -1;
   if (dev_alloc(m, bytes, &m->kc_dev)) {
     train_cuda_host_free(m->kc_host);
     m->kc_host = NULL;

@@ -187,6 +187,11 @@ typedef struct train_model {
   int keep_q;                                /* the step's qtensors kept (train_linear.kx) */
   int batch_mapped;                          /* the last upload read the batch in place
                                                 (train_model_upload) */
+  /* train_model_rng_upload: each context's device word of the random stream's step (main,
+     side; NULL: none), which the upload kernel of a batch read in place writes from kc_host, so
+     that train_model_set_rng queues nothing: every step of a captured run uploads its batch in
+     place, and a kernel per context between replays sat on the critical path */
+  uint64_t *rng_dev[2];
   float lr;                                  /* the learning rate of the step under way */
   /* train_model_graph_consts: the optimizer's constants of the step under way (two slots: no
      weight decay, weight decay), written by the host into page-locked kc_host and brought to
@@ -255,6 +260,10 @@ int train_model_side(train_model *m, hq_ctx *side, void *const *events, char *er
 /* The step keying stochastic rounding's random stream set on m's contexts (the side lane's too,
    its write ordered before the main stream's next work). Returns 0, or -1 with the message. */
 int train_model_set_rng(train_model *m, uint64_t step, char *err, size_t err_len);
+/* After train_model_graph_consts and train_model_side: the random stream's step brought to each
+   context by the upload kernel from then on (train_model.rng_dev), where the device table has
+   one. */
+int train_model_rng_upload(train_model *m, char *err, size_t err_len);
 /* Backward pass of the last training forward: every gradient (no accumulation). */
 int train_model_backward(train_model *m, char *err, size_t err_len);
 /* Evaluation must not change training: train_model_eval_begin stashes what a quantize

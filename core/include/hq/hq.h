@@ -70,7 +70,8 @@
 **     alone of a tensor whose two directions share a buffer (the direction left alone receives
 **     its own copy, once). A captured stochastic rounding draws from the step the context holds
 **     at each replay: set it (hq_ctx_set_rng_offset) before the capture and before every
-**     replay, outside the graph (docs/embedding.md, section 11).
+**     replay, outside the graph, or write its device word yourself (hq_ctx_rng_offset_device;
+**     docs/embedding.md, section 11).
 **
 ** Example
 **     hq_ctx *ctx;       hq_ctx_create(NULL, &ctx);                     // host
@@ -248,6 +249,19 @@ HQ_API int hq_ctx_capturing(const hq_ctx *ctx, int *capturing);
 HQ_API uint64_t hq_ctx_seed(const hq_ctx *ctx);
 HQ_API uint64_t hq_ctx_rng_offset(const hq_ctx *ctx);
 HQ_API int hq_ctx_set_rng_offset(hq_ctx *ctx, uint64_t offset);
+/* The device word a CUDA context's captured operations read the step from at each replay
+   (allocated here when no step was set yet). A caller that writes the step there itself, in
+   stream order ahead of the work that draws from it -- a kernel at the head of a captured step
+   that brings the step in with the batch, as hq train's does -- sets the context's own copy with
+   hq_ctx_set_rng_offset_ex(ctx, step, HQ_RNG_OFFSET_HOST_ONLY) and saves the launch that would
+   write it. HQ_EINVAL for a host context or a NULL argument, HQ_ENOMEM when it cannot be made. */
+HQ_API int hq_ctx_rng_offset_device(hq_ctx *ctx, uint64_t **out);
+/* hq_ctx_set_rng_offset with flags. HQ_RNG_OFFSET_HOST_ONLY: the step set and every role's
+   count restarted as hq_ctx_set_rng_offset does, the device word left to the caller
+   (hq_ctx_rng_offset_device); nothing is queued, so it may be called while the context's stream
+   is being captured. Unknown flags: HQ_EINVAL. */
+#define HQ_RNG_OFFSET_HOST_ONLY 1u
+HQ_API int hq_ctx_set_rng_offset_ex(hq_ctx *ctx, uint64_t offset, uint32_t flags);
 
 /* ---------------------------------------------------------------------------------------------
 ** Plugins
