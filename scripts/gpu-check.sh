@@ -123,13 +123,18 @@ if [ "${1:-}" = "--on-device" ]; then
   # the modules built from plugins/PLUGIN's sources (plugins/mx: mxfp4.la and mxfp6.la)
   ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
                 | grep . || echo "plugins/$1/$1.la"; }
+  # with test programs named, the test modules they load (tests/wrap: stock modules with a
+  # capability taken away, e.g. test_gpu_rng_graph's nvfp4_norng), which are small
+  wrap_mods() { [ -n "${HQ_SAN_TESTS:-}" ] &&
+                  sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk; }
   if [[ "$modes" == *" --quick "* ]]; then
     # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
     # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
     SECONDS=0
     make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
       $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do ab_mods $p; done) \
-      tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) >> "$out/build.log" 2>&1 \
+      tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) \
+      $(wrap_mods) >> "$out/build.log" 2>&1 \
       || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
   elif [ -n "${HQ_ONLY:-}" ]; then
