@@ -629,13 +629,16 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     const double t0 = train_now();
     double loss;
     const int32_t *xs = x + rank * mc.batch * C, *ys = y + rank * mc.batch;
+    /* what runs after this step: the resume check's save, an evaluation, a checkpoint */
+    const int64_t done = step + 1;
+    const int at_verify = done == verify_at;
+    const int at_eval = cfg->eval_every > 0 && done % cfg->eval_every == 0 && done < cfg->steps;
+    const int at_ckpt = cfg->ckpt_path && ((cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0) ||
+                                           done == cfg->steps);
     /* the next step follows this one with nothing between them: its batch now, so that its
        replay can be launched before this step's loss is read (graph_step); the data order is
        the same, nothing between the two draws the random stream */
-    const int next = step + 1 < cfg->steps && step + 1 != verify_at &&
-                     !(cfg->eval_every > 0 && (step + 1) % cfg->eval_every == 0) &&
-                     !(cfg->ckpt_path && cfg->ckpt_every > 0 &&
-                       (step + 1) % cfg->ckpt_every == 0);
+    const int next = done < cfg->steps && !at_verify && !at_eval && !at_ckpt;
     if (next) train_data_sample(data, &rng, B, nx, ny);
     if (sg.split ? graph_step(&m, cfg, &sg, step, xs, ys, next ? nx + rank * mc.batch * C : NULL,
                               next ? ny + rank * mc.batch : NULL, &loss, res->graph_note,
@@ -661,19 +664,15 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
     interval_sum += loss;
     interval_n++;
 
-    const int64_t done = step + 1;
-    if (done == verify_at &&
-        save(&m, recipe, cfg, data, rng, res, v_k, res, e, sizeof e))
-      goto out;
+    if (at_verify && save(&m, recipe, cfg, data, rng, res, v_k, res, e, sizeof e)) goto out;
     double eval_loss = NAN;
-    if (cfg->eval_every > 0 && done % cfg->eval_every == 0 && done < cfg->steps) {
+    if (at_eval) {
       if (evaluate(&m, data, cfg->eval_batches, x, y, &eval_loss, e, sizeof e)) goto out;
       res->eval_curve[res->n_eval_curve++] = (train_point){done, eval_loss};
     }
     /* after this step's eval (which changes nothing the training reads), so that the saved eval
        curve is the one a resumed run continues */
-    if (cfg->ckpt_path &&
-        ((cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0) || done == cfg->steps)) {
+    if (at_ckpt) {
       char *cp = train_step_path(cfg->ckpt_path, done);
       if (!cp) {
         snprintf(e, sizeof e, "--checkpoint: out of memory");
