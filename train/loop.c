@@ -757,8 +757,9 @@ out:
     rmdir(vdir);
   }
   train_prof_free(prof);
-  /* a replay launched ahead of a step that failed may still read the buffers freed below */
-  if (ctx && sg.ahead >= 0) hq_ctx_sync(ctx);
+  /* work still queued after a failed step (its replay, or the next one's launched ahead) may
+     read the buffers freed below */
+  if (ctx) hq_ctx_sync(ctx);
   train_graph_free(sg.g);
   train_cuda_order_event_free(sg.up_ev);
   train_cuda_order_event_free(sg.done_ev[0]);
