@@ -995,10 +995,11 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
   if (m->kc_dev && !consts_mapped(m) &&
       hq_ctx_memcpy(m->ctx, m->kc_dev, dev, m->kc_host, HQ_DEVICE_HOST, 2 * TRAIN_KC_STRIDE))
     return train_fail(err, err_len, "the optimizer's constants: %s", hq_last_error());
-  hq_adam adam = adam_of(m, a, TRAIN_KC_PLAIN);
-  hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
-  if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL)))
-    return train_fail(err, err_len, "Adam (embedding): %s", hq_last_error());
+  /* the weights first, the embedding and the biases after them: each weight's write-back on the
+     side lane then starts as early as it can and runs beside the main stream's later steps, where
+     behind them it ended the step after the main stream (each parameter's step is independent of
+     the others', so the order changes no bit) */
+  hq_adam adam;
   for (int i = 0; i < m->n_lin; i++) {
     train_linear *l = &m->lin[i];
     /* the weight: AdamW on the FP32 master, then every direction the quantized weight holds
@@ -1033,7 +1034,13 @@ int train_model_update_dev(train_model *m, const train_adam_cfg *a, char *err, s
       return train_fail(err, err_len, "layer %s: %s", l->name, train_direct_error(m->direct));
     /* across ranks: the shard quantized with the shared amax, then gathered into qw */
     if (m->cfg.dist && train_dist_weight(m, l, 0, err, err_len)) return -1;
-    adam = adam_of(m, a, TRAIN_KC_PLAIN);
+  }
+  adam = adam_of(m, a, TRAIN_KC_PLAIN);
+  hq_tensor g = hq_tensor_2d(m->gemb, HQ_F32, dev, TRAIN_VOCAB, m->cfg.embed);
+  if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &g, m->emb, m->memb, m->vemb, NULL)))
+    return train_fail(err, err_len, "Adam (embedding): %s", hq_last_error());
+  for (int i = 0; i < m->n_lin; i++) {
+    train_linear *l = &m->lin[i];
     hq_tensor gb = f32(m, l->gb, 1, l->out);
     if (PROF(m, TRAIN_PH_OPTIMIZER, hq_adam_step(m->ctx, &adam, &gb, l->b, l->mb, l->vb, NULL)))
       return hq_fail(err, err_len, l, "Adam (bias)");
