@@ -36,7 +36,11 @@
 # how many interleaved rounds).
 # Kernel work: --quick builds the library, the stock plugins (HQ_QUICK_PLUGINS="fp8_block mx":
 # those alone; on the H200 machine a quick build of fp8_block alone took 35 s, of all six 110-125
-# s) and hq only (no make check);
+# s) and hq only (no make check); `scripts/gpu-check.sh --prebuild` here (same HQ_QUICK_PLUGINS,
+# HQ_SAN_TESTS, HQ_CUDA_ARCH, default 90, and HQ_TREE_DEFINES as the device call will have) makes
+# that quick build on this machine into .devbuild, and --on-device --quick unpacks it instead of
+# building when its stamp matches (carry ".devbuild" too): about 1 s of device time in place of
+# 110-175;
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
 # variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds; HQ_AB_CMD=train:
@@ -61,6 +65,13 @@
 # rule in the instruction's place: plugins/common/mx_cvt_cuda.h) and runs tests/test_gpu_nvfp4
 # with it, then rebuilds it as configured.
 set -euo pipefail
+
+# what a prebuilt quick build was made from: the tarball's digest, the plugins, the named tests,
+# the architecture and the compile-time switches (a prebuilt tree is used only where all match)
+prebuild_stamp() {
+  echo "$(sha256sum "$1" | cut -c1-16) plugins=${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}" \
+    "tests=${HQ_SAN_TESTS:-} arch=${HQ_CUDA_ARCH:-90} defines=${HQ_TREE_DEFINES:-}"
+}
 
 if [ "${1:-}" = "--on-device" ]; then
   shift
@@ -108,7 +119,17 @@ if [ "${1:-}" = "--on-device" ]; then
   [[ "$modes" == *" --graph-probe "* ]] && probe graph_nodes graph_nodes.txt -O2 \
     -gencode arch=compute_90,code=sm_90
   rm -rf "$build"/hq-*/
-  tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
+  # a quick build made here by `gpu-check.sh --prebuild` (same tarball, plugins, tests and
+  # architecture) is unpacked in place of building: it saves the build's minutes of device time
+  prebuilt=0
+  if [[ "$modes" == *" --quick "* ]] && [ -f "$root/.devbuild/hqbuild.tgz" ]; then
+    if [ "$(cat "$root/.devbuild/stamp")" = "$(prebuild_stamp "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz)" ]; then
+      tar xzf "$root/.devbuild/hqbuild.tgz" -C /tmp/hqbuild && prebuilt=1
+    else
+      echo "the prebuilt tree in .devbuild is not this tarball's quick build (stamp differs): building"
+    fi
+  fi
+  [ $prebuilt = 1 ] || tar xzf "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz -C "$build"
   cd "$build"/hq-*/
   # HQ_CUDA_ARCH (e.g. 90) builds for that architecture alone: a measurement on the lent H200
   # needs no Blackwell code, and the build takes less of the session's device time.
@@ -116,7 +137,7 @@ if [ "${1:-}" = "--on-device" ]; then
   # (e.g. "HQ_MX_COLS=1"), not of the earlier tree a before/after mode builds beside it
   defs=""
   for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
-  CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
+  [ $prebuilt = 1 ] || CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
     ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
@@ -127,7 +148,9 @@ if [ "${1:-}" = "--on-device" ]; then
   # capability taken away, e.g. test_gpu_rng_graph's nvfp4_norng), which are small
   wrap_mods() { [ -n "${HQ_SAN_TESTS:-}" ] &&
                   sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk; }
-  if [[ "$modes" == *" --quick "* ]]; then
+  if [ $prebuilt = 1 ]; then
+    echo "built (quick): the prebuilt tree of .devbuild ($(cut -d' ' -f2- "$root/.devbuild/stamp"))"
+  elif [[ "$modes" == *" --quick "* ]]; then
     # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
     # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
     SECONDS=0
@@ -567,9 +590,36 @@ if [ ! -f .devdeps/usr/include/jansson.h ] || [ ! -f .devdeps/usr/include/xxhash
     .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/jansson.pc \
     .devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/libxxhash.pc
 fi
+# --prebuild: the --quick build made here, at the folder the device builds in, and packed into
+# .devbuild (carried with the tarball): this machine's nvcc compiles what the device's would, and
+# the device's minutes go to the run. HQ_CUDA_ARCH defaults to 90 here (the lent GPUs' sm_90).
+if [ "${1:-}" = "--prebuild" ]; then
+  export HQ_CUDA_ARCH=${HQ_CUDA_ARCH:-90}
+  pb=/tmp/hqbuild/$dd
+  rm -rf "$pb" && mkdir -p "$pb" && tar xzf "$dd"/hq-*.tar.gz -C "$pb"
+  defs=""
+  for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
+  (cd "$pb"/hq-*/ &&
+     CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
+       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" > "$pb/configure.log" 2>&1 &&
+     make core/hq_paths.h > "$pb/build.log" 2>&1 &&
+     make -j"$(nproc)" core/libhqcore.la \
+       $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do
+           sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$p/local.mk" 2>/dev/null | grep . ||
+             echo "plugins/$p/$p.la"; done) \
+       tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) \
+       $([ -n "${HQ_SAN_TESTS:-}" ] && sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk) \
+       >> "$pb/build.log" 2>&1) || { tail -30 "$pb/build.log" "$pb/configure.log"; exit 1; }
+  mkdir -p .devbuild
+  # objects stay behind: the device runs what was linked, and never rebuilds a prebuilt tree
+  tar czf .devbuild/hqbuild.tgz -C /tmp/hqbuild --exclude='*.o' --exclude='*.lo' "$dd"
+  prebuild_stamp "$dd"/hq-*.tar.gz > .devbuild/stamp
+  echo "prebuilt: .devbuild ($(du -sh .devbuild | cut -f1); $(cut -d' ' -f2- .devbuild/stamp))"
+fi
 cat <<MSG
 ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))
 device tool call:
-  run  carry   = ["$dd", ".devdeps"]   (with HQ_DEVDIST=$dd set in the command when not .devdist)
+  run  carry   = ["$dd", ".devdeps"]   (with HQ_DEVDIST=$dd set in the command when not .devdist;
+                                        add ".devbuild" after --prebuild, for --on-device --quick)
        command = "bash scripts/gpu-check.sh --on-device"  (add --bench, --peers or --sanitize)
 MSG
