@@ -38,9 +38,10 @@
 # those alone; on the H200 machine a quick build of fp8_block alone took 35 s, of all six 110-125
 # s) and hq only (no make check); `scripts/gpu-check.sh --prebuild` here (same HQ_QUICK_PLUGINS,
 # HQ_SAN_TESTS, HQ_CUDA_ARCH, default 90, and HQ_TREE_DEFINES as the device call will have) makes
-# that quick build on this machine into .devbuild, and --on-device --quick unpacks it instead of
-# building when its stamp matches (carry ".devbuild" too): about 1 s of device time in place of
-# 110-175;
+# that quick build on this machine into .devbuild (one per HQ_DEVDIST: a before/after mode's
+# HQ_DEVDIST_BEFORE tree is prebuilt by HQ_DEVDIST=.devdist0 ... --prebuild), and --on-device
+# --quick unpacks it instead of building when its stamp matches (carry ".devbuild" too): about
+# 1 s of device time in place of 110-175;
 # --ab builds each carried .devab/PLUGIN__LABEL.cu (git-ignored) as PLUGIN's source, checks it
 # with tests/test_gpu_PLUGIN (but labels matching the regex HQ_AB_NOCHECK) and times the
 # variants in turn, one hq bench process each (HQ_AB_ARGS, HQ_AB_ROUNDS rounds; HQ_AB_CMD=train:
@@ -122,9 +123,10 @@ if [ "${1:-}" = "--on-device" ]; then
   # a quick build made here by `gpu-check.sh --prebuild` (same tarball, plugins, tests and
   # architecture) is unpacked in place of building: it saves the build's minutes of device time
   prebuilt=0
-  if [[ "$modes" == *" --quick "* ]] && [ -f "$root/.devbuild/hqbuild.tgz" ]; then
-    if [ "$(cat "$root/.devbuild/stamp")" = "$(prebuild_stamp "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz)" ]; then
-      tar xzf "$root/.devbuild/hqbuild.tgz" -C /tmp/hqbuild && prebuilt=1
+  pbt=$root/.devbuild/$(basename "${HQ_DEVDIST:-.devdist}" | sed 's/^\.//')
+  if [[ "$modes" == *" --quick "* ]] && [ -f "$pbt.tgz" ]; then
+    if [ "$(cat "$pbt.stamp")" = "$(prebuild_stamp "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz)" ]; then
+      tar xzf "$pbt.tgz" -C /tmp/hqbuild && prebuilt=1
     else
       echo "the prebuilt tree in .devbuild is not this tarball's quick build (stamp differs): building"
     fi
@@ -149,7 +151,7 @@ if [ "${1:-}" = "--on-device" ]; then
   wrap_mods() { [ -n "${HQ_SAN_TESTS:-}" ] &&
                   sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk; }
   if [ $prebuilt = 1 ]; then
-    echo "built (quick): the prebuilt tree of .devbuild ($(cut -d' ' -f2- "$root/.devbuild/stamp"))"
+    echo "built (quick): the prebuilt tree of .devbuild ($(cut -d' ' -f2- "$pbt.stamp"))"
   elif [[ "$modes" == *" --quick "* ]]; then
     # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
     # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
@@ -601,20 +603,21 @@ if [ "${1:-}" = "--prebuild" ]; then
   for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
   (cd "$pb"/hq-*/ &&
      CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
-       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" > "$pb/configure.log" 2>&1 &&
-     make core/hq_paths.h > "$pb/build.log" 2>&1 &&
+       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" > "/tmp/hqbuild/prebuild-configure.log" 2>&1 &&
+     make core/hq_paths.h > "/tmp/hqbuild/prebuild-build.log" 2>&1 &&
      make -j"$(nproc)" core/libhqcore.la \
        $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do
            sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$p/local.mk" 2>/dev/null | grep . ||
              echo "plugins/$p/$p.la"; done) \
        tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) \
        $([ -n "${HQ_SAN_TESTS:-}" ] && sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk) \
-       >> "$pb/build.log" 2>&1) || { tail -30 "$pb/build.log" "$pb/configure.log"; exit 1; }
+       >> "/tmp/hqbuild/prebuild-build.log" 2>&1) || { tail -30 "/tmp/hqbuild/prebuild-build.log" "/tmp/hqbuild/prebuild-configure.log"; exit 1; }
   mkdir -p .devbuild
+  pbt=.devbuild/$(basename "$dd" | sed 's/^\.//')
   # objects stay behind: the device runs what was linked, and never rebuilds a prebuilt tree
-  tar czf .devbuild/hqbuild.tgz -C /tmp/hqbuild --exclude='*.o' --exclude='*.lo' "$dd"
-  prebuild_stamp "$dd"/hq-*.tar.gz > .devbuild/stamp
-  echo "prebuilt: .devbuild ($(du -sh .devbuild | cut -f1); $(cut -d' ' -f2- .devbuild/stamp))"
+  tar czf "$pbt.tgz" -C /tmp/hqbuild --exclude='*.o' --exclude='*.lo' "$dd"
+  prebuild_stamp "$dd"/hq-*.tar.gz > "$pbt.stamp"
+  echo "prebuilt: $pbt.tgz ($(du -sh "$pbt.tgz" | cut -f1); $(cut -d' ' -f2- "$pbt.stamp"))"
 fi
 cat <<MSG
 ready: $(ls "$dd"/) in $dd and .devdeps/ ($(du -sh .devdeps | cut -f1))
