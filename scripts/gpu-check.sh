@@ -74,6 +74,23 @@ prebuild_stamp() {
     "tests=${HQ_SAN_TESTS:-} arch=${HQ_CUDA_ARCH:-90} defines=${HQ_TREE_DEFINES:-}"
 }
 
+# (run in an unpacked tree) the modules built from plugins/PLUGIN's sources (plugins/mx:
+# mxfp4.la and mxfp6.la)
+ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
+              | grep . || echo "plugins/$1/$1.la"; }
+# with test programs named, the test modules they load (tests/wrap: stock modules with a
+# capability taken away, e.g. test_gpu_rng_graph's nvfp4_norng), which are small
+wrap_mods() { [ -n "${HQ_SAN_TESTS:-}" ] &&
+                sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk; }
+# the targets of a quick build: the library, HQ_QUICK_PLUGINS' modules, hq, the named tests
+quick_targets() {
+  echo core/libhqcore.la
+  for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do ab_mods "$p"; done
+  echo tools/hq
+  for t in ${HQ_SAN_TESTS:-}; do echo "tests/$t"; done
+  wrap_mods || true
+}
+
 if [ "${1:-}" = "--on-device" ]; then
   shift
   modes=" $* "   # any of --bench, --peers, --train, --train-ab, --sanitize, in one call (peers first, sanitize last)
@@ -143,24 +160,14 @@ if [ "${1:-}" = "--on-device" ]; then
     ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   rc=0
-  # the modules built from plugins/PLUGIN's sources (plugins/mx: mxfp4.la and mxfp6.la)
-  ab_mods() { sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$1/local.mk" 2>/dev/null \
-                | grep . || echo "plugins/$1/$1.la"; }
-  # with test programs named, the test modules they load (tests/wrap: stock modules with a
-  # capability taken away, e.g. test_gpu_rng_graph's nvfp4_norng), which are small
-  wrap_mods() { [ -n "${HQ_SAN_TESTS:-}" ] &&
-                  sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk; }
   if [ $prebuilt = 1 ]; then
     echo "built (quick): the prebuilt tree of .devbuild ($(cut -d' ' -f2- "$pbt.stamp"))"
   elif [[ "$modes" == *" --quick "* ]]; then
     # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
     # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
     SECONDS=0
-    make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 core/libhqcore.la \
-      $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do ab_mods $p; done) \
-      tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) \
-      $(wrap_mods) >> "$out/build.log" 2>&1 \
-      || { tail -40 "$out/build.log"; exit 1; }
+    make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 $(quick_targets) \
+      >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
   elif [ -n "${HQ_ONLY:-}" ]; then
     # one test program (HQ_ONLY=test_gpu_mxfp8), built with -k so that work in progress
@@ -603,15 +610,11 @@ if [ "${1:-}" = "--prebuild" ]; then
   for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
   (cd "$pb"/hq-*/ &&
      CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
-       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" > "/tmp/hqbuild/prebuild-configure.log" 2>&1 &&
-     make core/hq_paths.h > "/tmp/hqbuild/prebuild-build.log" 2>&1 &&
-     make -j"$(nproc)" core/libhqcore.la \
-       $(for p in ${HQ_QUICK_PLUGINS:-fp8_tensor mxfp8 nvfp4 fp8_block mx}; do
-           sed -n 's/^hqplugin_LTLIBRARIES += //p' "plugins/$p/local.mk" 2>/dev/null | grep . ||
-             echo "plugins/$p/$p.la"; done) \
-       tools/hq $(for t in ${HQ_SAN_TESTS:-}; do echo tests/$t; done) \
-       $([ -n "${HQ_SAN_TESTS:-}" ] && sed -n 's/^check_LTLIBRARIES += \(tests\/wrap\/.*\)/\1/p' tests/local.mk) \
-       >> "/tmp/hqbuild/prebuild-build.log" 2>&1) || { tail -30 "/tmp/hqbuild/prebuild-build.log" "/tmp/hqbuild/prebuild-configure.log"; exit 1; }
+       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" \
+         > /tmp/hqbuild/prebuild-configure.log 2>&1 &&
+     make core/hq_paths.h > /tmp/hqbuild/prebuild-build.log 2>&1 &&
+     make -j"$(nproc)" $(quick_targets) >> /tmp/hqbuild/prebuild-build.log 2>&1) ||
+    { tail -30 /tmp/hqbuild/prebuild-build.log /tmp/hqbuild/prebuild-configure.log; exit 1; }
   mkdir -p .devbuild
   pbt=.devbuild/$(basename "$dd" | sed 's/^\.//')
   # objects stay behind: the device runs what was linked, and never rebuilds a prebuilt tree
