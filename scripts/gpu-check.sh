@@ -617,8 +617,9 @@ if [ "${1:-}" = "--prebuild" ]; then
     { tail -30 /tmp/hqbuild/prebuild-build.log /tmp/hqbuild/prebuild-configure.log; exit 1; }
   mkdir -p .devbuild
   pbt=.devbuild/$(basename "$dd" | sed 's/^\.//')
-  # objects stay behind: the device runs what was linked, and never rebuilds a prebuilt tree
-  tar czf "$pbt.tgz" -C /tmp/hqbuild --exclude='*.o' --exclude='*.lo' "$dd"
+  # with its objects and their times, so that a mode that builds more on the device (--ab, a
+  # test) rebuilds only what it changes, as in a tree built there
+  tar czf "$pbt.tgz" -C /tmp/hqbuild "$dd"
   prebuild_stamp "$dd"/hq-*.tar.gz > "$pbt.stamp"
   echo "prebuilt: $pbt.tgz ($(du -sh "$pbt.tgz" | cut -f1); $(cut -d' ' -f2- "$pbt.stamp"))"
 fi
