@@ -90,6 +90,22 @@ quick_targets() {
   for t in ${HQ_SAN_TESTS:-}; do echo "tests/$t"; done
   wrap_mods || true
 }
+# (run in an unpacked tree) configure --with-cuda for HQ_CUDA_ARCH with HQ_TREE_DEFINES' switches
+# ("NAME=VALUE ..."), its output into LOG
+configure_cuda() { # LOG
+  local defs="" d
+  for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
+  CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
+    ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} > "$1" 2>&1
+}
+# (run in a configured tree) the quick build with JOBS jobs, its output into LOG
+quick_build() { # JOBS LOG
+  make core/hq_paths.h > "$2" 2>&1 && make -j"$1" $(quick_targets) >> "$2" 2>&1
+}
+# where --prebuild packs the tree of the carried folder DIST: .devbuild/DIST without its dot
+prebuilt_path() { # DIST
+  echo ".devbuild/$(basename "$1" | sed 's/^\.//')"
+}
 
 if [ "${1:-}" = "--on-device" ]; then
   shift
@@ -140,7 +156,7 @@ if [ "${1:-}" = "--on-device" ]; then
   # a quick build made here by `gpu-check.sh --prebuild` (same tarball, plugins, tests and
   # architecture) is unpacked in place of building: it saves the build's minutes of device time
   prebuilt=0
-  pbt=$root/.devbuild/$(basename "${HQ_DEVDIST:-.devdist}" | sed 's/^\.//')
+  pbt=$root/$(prebuilt_path "${HQ_DEVDIST:-.devdist}")
   if [[ "$modes" == *" --quick "* ]] && [ -f "$pbt.tgz" ]; then
     if [ "$(cat "$pbt.stamp")" = "$(prebuild_stamp "$root"/${HQ_DEVDIST:-.devdist}/hq-*.tar.gz)" ]; then
       tar xzf "$pbt.tgz" -C /tmp/hqbuild && prebuilt=1
@@ -154,11 +170,8 @@ if [ "${1:-}" = "--on-device" ]; then
   # needs no Blackwell code, and the build takes less of the session's device time.
   # HQ_TREE_DEFINES ("NAME=VALUE ..."): compile-time switches of this tree's C and CUDA sources
   # (e.g. "HQ_MX_COLS=1"), not of the earlier tree a before/after mode builds beside it
-  defs=""
-  for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
-  [ $prebuilt = 1 ] || CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
-    ./configure -q --with-cuda ${HQ_CUDA_ARCH:+--with-cuda-arch=$HQ_CUDA_ARCH} \
-    > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  [ $prebuilt = 1 ] || configure_cuda "$out/configure.log" ||
+    { tail -30 "$out/configure.log"; exit 1; }
   rc=0
   if [ $prebuilt = 1 ]; then
     echo "built (quick): the prebuilt tree of .devbuild ($(cut -d' ' -f2- "$pbt.stamp"))"
@@ -166,8 +179,7 @@ if [ "${1:-}" = "--on-device" ]; then
     # the library, the stock plugins (HQ_QUICK_PLUGINS: those named, e.g. "fp8_block": nvfp4's
     # and mx's sources take most of the build) and hq only (no tests), for --ab and --ncu
     SECONDS=0
-    make core/hq_paths.h > "$out/build.log" 2>&1 && make -j16 $(quick_targets) \
-      >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    quick_build 16 "$out/build.log" || { tail -40 "$out/build.log"; exit 1; }
     echo "built (quick) in ${SECONDS} s"
   elif [ -n "${HQ_ONLY:-}" ]; then
     # one test program (HQ_ONLY=test_gpu_mxfp8), built with -k so that work in progress
@@ -606,17 +618,11 @@ if [ "${1:-}" = "--prebuild" ]; then
   export HQ_CUDA_ARCH=${HQ_CUDA_ARCH:-90}
   pb=/tmp/hqbuild/$dd
   rm -rf "$pb" && mkdir -p "$pb" && tar xzf "$dd"/hq-*.tar.gz -C "$pb"
-  defs=""
-  for d in ${HQ_TREE_DEFINES:-}; do defs="$defs -D$d"; done
-  (cd "$pb"/hq-*/ &&
-     CPPFLAGS="${CPPFLAGS:-}$defs" NVCCFLAGS="${NVCCFLAGS:-}$defs" \
-       ./configure -q --with-cuda --with-cuda-arch="$HQ_CUDA_ARCH" \
-         > /tmp/hqbuild/prebuild-configure.log 2>&1 &&
-     make core/hq_paths.h > /tmp/hqbuild/prebuild-build.log 2>&1 &&
-     make -j"$(nproc)" $(quick_targets) >> /tmp/hqbuild/prebuild-build.log 2>&1) ||
+  (cd "$pb"/hq-*/ && configure_cuda /tmp/hqbuild/prebuild-configure.log &&
+     quick_build "$(nproc)" /tmp/hqbuild/prebuild-build.log) ||
     { tail -30 /tmp/hqbuild/prebuild-build.log /tmp/hqbuild/prebuild-configure.log; exit 1; }
   mkdir -p .devbuild
-  pbt=.devbuild/$(basename "$dd" | sed 's/^\.//')
+  pbt=$(prebuilt_path "$dd")
   # with its objects and their times, so that a mode that builds more on the device (--ab, a
   # test) rebuilds only what it changes, as in a tree built there
   tar czf "$pbt.tgz" -C /tmp/hqbuild "$dd"
