@@ -531,14 +531,13 @@ int train_run(const train_config *cfg, const train_data *data, hq_recipe *recipe
       goto out;
     }
     if (sg.split) train_model_keep_q(&m);
-    /* a captured step runs its wgrads and columnwise copies on a side lane (model.c) */
-    if (sg.split && sg.on && side_make(&m, &sg, &desc, e, sizeof e)) goto out;
-    /* replays launched ahead of their turn (graph_step); the random stream's step brought in
-       with each batch */
-    if (sg.split && sg.on && train_model_rng_upload(&m, e, sizeof e)) goto out;
     if (sg.split && sg.on) {
+      /* a captured step runs its wgrads and columnwise copies on a side lane (model.c); the
+         random stream's step comes in with each batch; replays are launched ahead of their
+         turn (graph_step) */
       void *lp = NULL;
-      if (train_cuda_order_event(cfg->device, &sg.up_ev, e, sizeof e) ||
+      if (side_make(&m, &sg, &desc, e, sizeof e) || train_model_rng_upload(&m, e, sizeof e) ||
+          train_cuda_order_event(cfg->device, &sg.up_ev, e, sizeof e) ||
           train_cuda_order_event(cfg->device, &sg.done_ev[0], e, sizeof e) ||
           train_cuda_order_event(cfg->device, &sg.done_ev[1], e, sizeof e) ||
           train_cuda_host_alloc(cfg->device, 2 * sizeof *sg.loss_pin, &lp, e, sizeof e))
