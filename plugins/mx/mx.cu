@@ -255,7 +255,10 @@ __device__ __forceinline__ void store_codes(uint8_t *q, uint64_t v, bool valid, 
 
 /* The raw values (raw_copy) of the 8 codes packed in v (FP4: nibble k; FP6: bits 6k .. 6k+5)
    with their scale codes e[k]: hq_mx_dequantize rounded to BF16 -- the bytes a dequantize into a
-   BF16 tensor writes -- in one 16-byte store (v16) or element stores. */
+   BF16 tensor writes -- in one 16-byte store (v16) or element stores. A pair whose two scale
+   codes are at most hq_mx_bf16_one_max takes the BF16 pair rule's one-multiply form lane by lane
+   (hq_mx_dequantize_bf16x2: each lane's factor 2^(e - bias) from its own code), the rest the
+   rule in FP32. */
 template <int KIND>
 __device__ __forceinline__ void store_raw8(uint16_t *p, uint64_t v, const uint8_t e[8], bool v16) {
   uint32_t h[4];
@@ -264,8 +267,13 @@ __device__ __forceinline__ void store_raw8(uint16_t *p, uint64_t v, const uint8_
     const int w = KIND == HQ_E2M1X2 ? 4 : 6;
     const uint32_t m = (1u << w) - 1u;
     const uint32_t c0 = (uint32_t)(v >> (w * k)) & m, c1 = (uint32_t)(v >> (w * (k + 1))) & m;
-    h[k / 2] = (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c0, e[k], KIND)) |
-               (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c1, e[k + 1], KIND)) << 16;
+    if (e[k] <= hq_mx_bf16_one_max(KIND) && e[k + 1] <= hq_mx_bf16_one_max(KIND))
+      h[k / 2] = hq_mx_bf16x2_mul(hq_mx_bf16_raw2(c0 | c1 << 16, KIND),
+                                  (hq_mx_bf16_one2(e[k], KIND) & 0xffffu) |
+                                      (hq_mx_bf16_one2(e[k + 1], KIND) & 0xffff0000u));
+    else
+      h[k / 2] = (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c0, e[k], KIND)) |
+                 (uint32_t)hq_f32_to_bf16(hq_mx_dequantize(c1, e[k + 1], KIND)) << 16;
   }
   if (v16) {
     *reinterpret_cast<uint4 *>(p) = make_uint4(h[0], h[1], h[2], h[3]);

@@ -119,17 +119,44 @@ __device__ __forceinline__ float deq(uint8_t q, uint8_t e, int elem) {
   return hq_bits_f32(nb | 0x00400000u);
 }
 
-/* The raw values (raw_copy) of 8 codes just made, packed in q (byte k: element k), with their
-   scale codes e[k]: deq's value, rounded to BF16 as hq_store_hp rounds it -- the bytes the
-   dequantize kernel writes into a BF16 tensor -- in one 16-byte store (VEC) or element stores. */
-template <int ELEM, bool VEC>
-__device__ __forceinline__ void store_raw8(uint16_t *p, uint2 q, const uint8_t e[8]) {
-  uint32_t h[4];
+/* The BF16 raw values of 8 codes by the rule (deq, then hq_f32_to_bf16): store_raw8's path for a
+   vector with a special code or a NaN scale. Not inlined: the kernels that call it keep the
+   registers of their common path. */
+template <int ELEM>
+__device__ __noinline__ void raw8_rule(uint2 q, const uint8_t e[8], uint32_t h[4]) {
   for (int k = 0; k < 8; k += 2) {
     const uint8_t c0 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4)));
     const uint8_t c1 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4 + 1)));
     h[k / 2] = (uint32_t)hq_f32_to_bf16(deq(c0, e[k], ELEM)) |
                (uint32_t)hq_f32_to_bf16(deq(c1, e[k + 1], ELEM)) << 16;
+  }
+}
+
+/* The raw values (raw_copy) of 8 codes just made, packed in q (byte k: element k), with their
+   scale codes e[k]: deq's value, rounded to BF16 as hq_store_hp rounds it -- the bytes the
+   dequantize kernel writes into a BF16 tensor -- in one 16-byte store (VEC) or element stores.
+   Ordinary codes with scales that are not NaN take the dequantize's fast route (shifts and two
+   multiplies an element, hq_mxfp8_dequantize_fast), a pair's BF16 high halves taken as they are
+   where both low halves are zero (exact), else rounded by hq_f32_to_bf16; the rest raw8_rule. */
+template <int ELEM, bool VEC>
+__device__ __forceinline__ void store_raw8(uint16_t *p, uint2 q, const uint8_t e[8]) {
+  uint32_t h[4];
+  uint32_t special = hq_fp8_word_special(q.x, ELEM) | hq_fp8_word_special(q.y, ELEM);
+  for (int k = 0; k < 8; k++) special |= e[k] == HQ_E8M0_NAN;
+  if (!special) {
+    for (int k = 0; k < 8; k += 2) {
+      const uint32_t w = k < 4 ? q.x : q.y;
+      const uint32_t b0 = hq_f32_bits(hq_mxfp8_dequantize_fast(
+                         (uint8_t)(w >> (8 * (k % 4))), hq_e8m0_to_f32(e[k]), ELEM)),
+                     b1 = hq_f32_bits(hq_mxfp8_dequantize_fast(
+                         (uint8_t)(w >> (8 * (k % 4 + 1))), hq_e8m0_to_f32(e[k + 1]), ELEM));
+      h[k / 2] = ((b0 | b1) & 0xffffu) == 0
+                     ? __byte_perm(b0, b1, 0x7632)
+                     : (uint32_t)hq_f32_to_bf16(hq_bits_f32(b0)) |
+                           (uint32_t)hq_f32_to_bf16(hq_bits_f32(b1)) << 16;
+    }
+  } else {
+    raw8_rule<ELEM>(q, e, h);
   }
   if (VEC) {
     *reinterpret_cast<uint4 *>(p) = make_uint4(h[0], h[1], h[2], h[3]);
