@@ -127,8 +127,7 @@ __device__ __noinline__ void raw8_rule(uint2 q, const uint8_t e[8], uint32_t h[4
   for (int k = 0; k < 8; k += 2) {
     const uint8_t c0 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4)));
     const uint8_t c1 = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k % 4 + 1)));
-    h[k / 2] = (uint32_t)hq_f32_to_bf16(deq(c0, e[k], ELEM)) |
-               (uint32_t)hq_f32_to_bf16(deq(c1, e[k + 1], ELEM)) << 16;
+    h[k / 2] = hq_pack2_hp16(deq(c0, e[k], ELEM), deq(c1, e[k + 1], ELEM), HQ_BF16);
   }
 }
 
@@ -152,8 +151,7 @@ __device__ __forceinline__ void store_raw8(uint16_t *p, uint2 q, const uint8_t e
                          (uint8_t)(w >> (8 * (k % 4 + 1))), hq_e8m0_to_f32(e[k + 1]), ELEM));
       h[k / 2] = ((b0 | b1) & 0xffffu) == 0
                      ? __byte_perm(b0, b1, 0x7632)
-                     : (uint32_t)hq_f32_to_bf16(hq_bits_f32(b0)) |
-                           (uint32_t)hq_f32_to_bf16(hq_bits_f32(b1)) << 16;
+                     : hq_pack2_hp16(hq_bits_f32(b0), hq_bits_f32(b1), HQ_BF16);
     }
   } else {
     raw8_rule<ELEM>(q, e, h);
