@@ -57,7 +57,8 @@ case " $* " in
 *" install "*)
   prefix=$(sed -n 's/^prefix = //p' Makefile)
   mkdir -p "$prefix/bin"
-  { echo '#!/bin/sh'; echo "echo \"hq \$* from \$(dirname \"\$(dirname \"\$0\")\")\""; } > "$prefix/bin/hq"
+  { echo '#!/bin/sh'; echo "echo \"hq \$* from \$(dirname \"\$(dirname \"\$0\")\")\""
+    echo 'echo "blas ${OPENBLAS_CORETYPE:-default}"'; } > "$prefix/bin/hq"
   chmod +x "$prefix/bin/hq" ;;
 esac
 EOF
@@ -68,11 +69,13 @@ printf '#!/bin/sh\nexit 0\n' > "$tmp/bin/ldconfig"
 chmod +x "$tmp/bin/make" "$tmp/bin/dpkg" "$tmp/bin/apt-get" "$tmp/bin/sudo" "$tmp/bin/ldconfig"
 
 # run_install PREFIX: run the script with that prefix (no nvcc, unless $cuda names a folder with
-# one); the output is in $tmp/out
-cuda=$tmp/nocuda arch=none
+# one; the CPU flags of $cpuinfo); the output is in $tmp/out
+cuda=$tmp/nocuda arch=none cpuinfo=$tmp/cpuinfo
+printf 'processor\t: 0\nflags\t\t: fpu sse2 avx fma4\n' > "$tmp/cpuinfo"
 run_install() {
   PATH="$tmp/bin:$PATH" PREFIX=$1 HQ_CUDA_BIN=$cuda HQ_CUDA_ARCH=$arch HQ_CCACHE=no \
-    bash "$tree/scripts/install.sh" > "$tmp/out" 2>&1 || fail "install.sh with PREFIX=$1 exited with status $?"
+    HQ_CPUINFO=$cpuinfo bash "$tree/scripts/install.sh" > "$tmp/out" 2>&1 ||
+    fail "install.sh with PREFIX=$1 exited with status $?"
 }
 configures() { grep -c '^configure' "$log"; }
 
@@ -81,6 +84,20 @@ run_install "$a"
 [ "$(configures)" -eq 1 ] || fail "first run: $(configures) configure calls"; ok
 grep -qxF "configure [-q] [--prefix=$a] [--without-cuda]" "$log" || fail "first run: configure's arguments"; ok
 grep -qxF "hq train from $a" "$tmp/out" || fail "first run: hq train from $a"; ok
+
+grep -qxF "blas default" "$tmp/out" || fail "a CPU without AVX2: OpenBLAS's kernel choice changed"; ok
+
+# the main job with OpenBLAS's AVX2 kernels, the README's figures, where the CPU has AVX2 and
+# FMA; a kernel the user chose is kept
+printf 'processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n' > "$tmp/cpuinfo_avx2"
+cpuinfo=$tmp/cpuinfo_avx2
+run_install "$a"
+grep -qxF "blas Haswell" "$tmp/out" || fail "AVX2 and FMA: not OPENBLAS_CORETYPE=Haswell"; ok
+grep -qF "with OPENBLAS_CORETYPE=Haswell: the AVX2 kernels of OpenBLAS" "$tmp/out" || fail "AVX2: the reason"; ok
+OPENBLAS_CORETYPE=Zen run_install "$a"
+grep -qxF "blas Zen" "$tmp/out" || fail "OPENBLAS_CORETYPE=Zen was not kept"; ok
+unset OPENBLAS_CORETYPE # (an assignment before a function call may outlive it in sh)
+cpuinfo=$tmp/cpuinfo
 
 run_install "$a"
 [ "$(configures)" -eq 1 ] || fail "the same PREFIX again reconfigured"; ok
