@@ -269,6 +269,42 @@ failure "hq recipe check: $tmp/nonexistent.ini: cannot open: No such file or dir
 [ -s "$tmp/out" ] && fail "recipe check of a missing file: stdout"
 usage_error "hq recipe check: no recipe file given (see --help)" recipe check
 
+# a recipe named by a relative path that does not exist from here is the shipped one of that name
+# ($conf/NAME, said on stderr), in every command that takes a recipe; a file of that name here
+# wins, and ./NAME or an absolute path is taken as it is
+mkdir -p "$tmp/cwd"
+(cd "$tmp/cwd" && $hq recipe check recipe.ini > "$tmp/out" 2> "$tmp/err") ||
+  { cat "$tmp/err"; fail "recipe check recipe.ini from an empty directory"; }
+grep -qxF "hq recipe check: recipe recipe.ini: the shipped one, $conf/recipe.ini" "$tmp/err" ||
+  { cat "$tmp/err"; fail "recipe check recipe.ini: the note"; }
+[ "$(head -n 1 "$tmp/out")" = "recipe $conf/recipe.ini (mxfp8-forward-nvfp4-backward)" ] ||
+  { head -n 1 "$tmp/out"; fail "recipe check recipe.ini: not the shipped file"; }; ok
+(cd "$tmp/cwd" && $hq quantize --recipe examples/mxfp8.ini --role linear:weight:fc1 --random 32x32 \
+   > "$tmp/out" 2> "$tmp/err") || { cat "$tmp/err"; fail "quantize --recipe examples/mxfp8.ini"; }
+grep -qxF "role linear:weight:fc1 -> $conf/examples/mxfp8.ini, shape 32x32 f32 on cpu" "$tmp/out" ||
+  { cat "$tmp/out"; fail "quantize: the shipped examples/mxfp8.ini"; }; ok
+for c in "bench --shape 64x64 --iters 1" "bench --gemm --shape 32x32x32 --iters 1"; do
+  (cd "$tmp/cwd" && $hq $c --recipe recipe.ini --role linear:weight:fc1 > "$tmp/out" 2> "$tmp/err") ||
+    { cat "$tmp/err"; fail "$c --recipe recipe.ini"; }
+  grep -qF "recipe recipe.ini: the shipped one, $conf/recipe.ini" "$tmp/err" || fail "$c: the note"; ok
+done
+(cd "$tmp/cwd" && $hq train --recipe examples/fp8_current.ini --steps 2 --batch 32 --hidden 16 \
+   --eval-every 0 --baseline none > "$tmp/out" 2> "$tmp/err") ||
+  { cat "$tmp/err"; fail "train --recipe examples/fp8_current.ini"; }
+grep -qF "hq train: recipe examples/fp8_current.ini: the shipped one, $conf/examples/fp8_current.ini" \
+  "$tmp/err" || fail "train: the note"; ok
+cp "$tmp/shadow.ini" "$tmp/cwd/recipe.ini"
+(cd "$tmp/cwd" && $hq recipe check recipe.ini > "$tmp/out" 2> "$tmp/err")
+grep -qF "the shipped one" "$tmp/err" && { cat "$tmp/err"; fail "a recipe.ini here: a note"; }
+[ "$(head -n 1 "$tmp/out")" = "recipe recipe.ini" ] || { head -n 1 "$tmp/out"; fail "a recipe.ini here lost"; }; ok
+rm "$tmp/cwd/recipe.ini"
+(cd "$tmp/cwd" && $hq recipe check ./recipe.ini > "$tmp/out" 2> "$tmp/err") && fail "./recipe.ini found"
+[ "$(cat "$tmp/err")" = "hq recipe check: ./recipe.ini: cannot open: No such file or directory" ] ||
+  { cat "$tmp/err"; fail "./recipe.ini: the message"; }; ok
+(cd "$tmp/cwd" && $hq recipe check nosuch.ini > "$tmp/out" 2> "$tmp/err") && fail "nosuch.ini found"
+[ "$(cat "$tmp/err")" = "hq recipe check: nosuch.ini: cannot open: No such file or directory" ] ||
+  { cat "$tmp/err"; fail "nosuch.ini: the message"; }; ok
+
 # quantize: random input, JSON fields, error in the FP8 band
 $hq quantize --recipe "$conf/examples/fp8_current_hybrid.ini" --role linear:weight:fc1 --random 128x256 --json > "$tmp/q.json" || fail "quantize --json"
 for s in '"direction":"rowwise"' '"direction":"columnwise"' '"plugin":"fp8_tensor"' '"rel_rms_error":0.02' '"bytes":32776' '"fused":true'; do

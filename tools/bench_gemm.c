@@ -59,7 +59,8 @@ static const char usage[] =
     "train's GEMMs write it, for the baseline and every row) and f32 on the CPU. On the CPU\n"
     "by default, as every hq command; --device cuda for the GPU.\n"
     "--format (one row per configuration) and --recipe/--role (the role's rowwise format, both\n"
-    "operands quantized with it) replace hq's quantized rows: each is timed against the\n"
+    "operands quantized with it; a relative FILE that is not here: the shipped recipe of that\n"
+    "name) replace hq's quantized rows: each is timed against the\n"
     "baseline (the direct BF16 call on a GPU, the direct sgemm on the CPU). --path picks\n"
     "the path of those rows: auto (default: the one hq_gemm picks), fused (a fused kernel\n"
     "wherever one can run: HQ_GEMM_FUSED_ALWAYS), unfused (no fused kernel:\n"
@@ -1220,6 +1221,8 @@ static int parse_args(int argc, char **argv, gemm_args *a) {
       return cli_fail(2, CMD, "--shape '%s' is not MxNxK with positive sizes", a->shape_s.v[i]);
   if (cli_device_arg(CMD, a->device_s, &a->device)) return 2;
   if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
+  static char recipe_path[CLI_PATH_MAX];
+  if (a->recipe) a->recipe = cli_recipe_path(CMD, a->recipe, recipe_path);
   if (a->path_s && strcmp(a->path_s, "auto") && strcmp(a->path_s, "fused") &&
       strcmp(a->path_s, "unfused") && strcmp(a->path_s, "emulated"))
     return cli_fail(2, CMD, "--path '%s' is not auto, fused, unfused or emulated", a->path_s);

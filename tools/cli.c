@@ -36,6 +36,18 @@ char *cli_recipe_dir(void) {
 #endif
 }
 
+const char *cli_recipe_path(const char *cmd, const char *arg, char *buf) {
+  struct stat st;
+  if (stat(arg, &st) == 0 || arg[0] == '/' || !strncmp(arg, "./", 2) || !strncmp(arg, "../", 3))
+    return arg;
+  char *dir = cli_recipe_dir();
+  const int n = dir ? snprintf(buf, CLI_PATH_MAX, "%s/%s", dir, arg) : -1;
+  free(dir);
+  if (n < 0 || n >= CLI_PATH_MAX || stat(buf, &st) != 0) return arg;
+  fprintf(stderr, "hq %s: recipe %s: the shipped one, %s\n", cmd, arg, buf);
+  return buf;
+}
+
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
 /* A section's pattern split into its parts, with the counts the precedence compares (fewer '*',

@@ -71,6 +71,15 @@ hq_recipe_opts cli_recipe_opts(const cli_list *dirs);
    NULL when out of memory. */
 char *cli_recipe_dir(void);
 
+/* The file a recipe argument names (hq train --recipe, hq recipe check, hq quantize and hq bench
+   --recipe): the argument itself where that path exists, is absolute or starts with ./ or ../;
+   else the shipped recipe of that name, cli_recipe_dir()/ARG, written into buf (CLI_PATH_MAX
+   bytes), where one exists -- said on stderr ("hq CMD: recipe ARG: the shipped one, PATH") --,
+   so that `recipe.ini` or `examples/mxfp8.ini` names an installed recipe from any directory;
+   else the argument (whose open then reports it missing). */
+#define CLI_PATH_MAX 4096
+const char *cli_recipe_path(const char *cmd, const char *arg, char *buf);
+
 /* Warn (on stderr, "hq CMD: warning: FILE:LINE: ...") about each [role] section with a literal
    layer name and a wildcard tensor type that loses, for the roles of that name and some tensor
    type, to a section with a wildcard name and that literal tensor type -- [role linear:*:lm_head]

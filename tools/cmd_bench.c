@@ -35,7 +35,8 @@ static const char usage[] =
     "changes a kernel or a layout, one at a time (and nvfp4's rht with stochastic rounding,\n"
     "block_2d with swizzle); --format replaces either list. --recipe/--role times one recipe\n"
     "role's (hybrid) quantizer and reports both / (rowwise + columnwise), against the\n"
-    "<= 1.1x target for a hybrid of two formats.\n"
+    "<= 1.1x target for a hybrid of two formats (a relative --recipe FILE that is not here\n"
+    "names the shipped recipe of that name).\n"
     "Formats with a per-tensor amax are timed twice: computing it inside the call (amax own)\n"
     "and with it computed once beforehand by hq_quantizer_amax and passed in (amax given).\n"
     "ws: the peak memory the context's (counting) allocator held during the updates beyond\n"
@@ -229,6 +230,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
   if (cli_device_arg(CMD, a->device_s, &a->device) || cli_dtype_arg(CMD, a->dtype_s, &a->dtype))
     return 2;
   if (!!a->recipe != !!a->role_s) return cli_fail(2, CMD, "--recipe and --role go together");
+  static char recipe_path[CLI_PATH_MAX];
+  if (a->recipe) a->recipe = cli_recipe_path(CMD, a->recipe, recipe_path);
   a->rows = a->cols = a->device >= 0 ? 8192 : 2048;
   if (a->shape_s && cli_shape_arg(CMD, "--shape", a->shape_s, &a->rows, &a->cols)) return 2;
   if (!a->iters) a->iters = a->device >= 0 ? 50 : 5;

@@ -31,7 +31,8 @@ static const char usage[] =
     "dequantize each direction and print per direction: format, plugin, bytes, bits per\n"
     "element, relative RMS error, max abs error and SQNR, then the direction's buffers (name,\n"
     "dtype, shape, bytes; a columnwise buffer that is the rowwise one says so).\n"
-    "  --recipe FILE  the recipe (.ini) to read\n"
+    "  --recipe FILE  the recipe (.ini) to read (a relative FILE that is not here: the\n"
+    "                 shipped recipe of that name, e.g. recipe.ini or examples/mxfp8.ini)\n"
     "  --role M:T:N   the tensor's role: module_type:tensor_type:name (linear:weight:fc1),\n"
     "                 no part empty, as in a [role] section; a role no section matches stays\n"
     "                 in high precision, with a warning unless the recipe says `unmatched`\n"
@@ -382,6 +383,8 @@ static int parse_args(int argc, char **argv, quantize_args *a) {
   if (a->name && !a->save) return cli_fail(2, CMD, "--name names the tensor in --save's file: "
                                               "give --save too");
   if (!a->recipe || !a->role_text) return cli_fail(2, CMD, "--recipe and --role are required");
+  static char recipe_path[CLI_PATH_MAX];
+  a->recipe = cli_recipe_path(CMD, a->recipe, recipe_path);
   if (!!a->random == !!a->input)
     return cli_fail(2, CMD, "give exactly one of --random and --input");
   /* an option the others make meaningless is refused, never silently dropped */

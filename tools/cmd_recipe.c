@@ -25,6 +25,8 @@ static const char usage[] =
     "(operands transformed differently along k, e.g. RHT on one wgrad operand only) is an\n"
     "error naming the role section's FILE:LINE. A failure of the check itself (e.g. out of\n"
     "memory) is reported as FILE: check incomplete: ... and makes the recipe not valid.\n"
+    "A relative FILE that is not here names the shipped recipe of that name (recipe.ini,\n"
+    "examples/*.ini: `hq info` says where they are), and a line on stderr says so.\n"
     "Exit status: 0 valid, 1 errors found, 2 bad usage.\n";
 
 /* The module file a format instance of plugin `name` comes from. */
@@ -253,6 +255,8 @@ static int parse_args(int argc, char **argv, recipe_args *a) {
   const int st = cli_parse(&c, argc, argv);
   if (st != CLI_RUN) return st;
   if (!a->file) return cli_fail(2, CMD, "no recipe file given (see --help)");
+  static char path[CLI_PATH_MAX];
+  a->file = cli_recipe_path(CMD, a->file, path);
   return CLI_RUN;
 }
 

@@ -49,7 +49,8 @@ static const char usage[] =
     "(OPENBLAS_CORETYPE=Haswell: the same kernel, and losses, on any x86-64 CPU with AVX2).\n"
     "See docs/training.md.\n"
     "\n"
-    "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini)\n"
+    "  --recipe FILE     a recipe (repeatable; default: the installed recipe.ini); a relative\n"
+    "                    FILE that is not here names the shipped recipe (examples/mxfp8.ini)\n"
     "  --device D        cpu (default) or cuda (under mpirun -np N: one GPU per rank, the\n"
     "                    local rank's, through NCCL; docs/distributed.md)\n"
     "  --steps N         optimizer steps per recipe (default 1000)\n"
@@ -491,7 +492,8 @@ typedef struct session {
 static int load_recipes(const train_args *a, const hq_recipe_opts *ro, session *s) {
   for (size_t i = 0; i < a->recipes.n; i++) {
     struct stat st;
-    const char *file = a->recipes.v[i];
+    char path[CLI_PATH_MAX];
+    const char *file = cli_recipe_path(CMD, a->recipes.v[i], path);
     if (stat(file, &st) != 0) return cli_fail(1, CMD, "recipe %s: %s", file, strerror(errno));
     hq_recipe *r;
     if (hq_recipe_parse(file, ro, &r))
